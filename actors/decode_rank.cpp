@@ -1,0 +1,276 @@
+#include "actors/decode_rank.hpp"
+
+#include <caf/actor_system.hpp>
+#include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
+
+#include "actors/executor_bridge.hpp"
+#include "gpu/executor.hpp"
+#include "gpu/sampling.hpp"
+#include "transport/transport.hpp"
+
+namespace baton {
+
+namespace {
+
+/// A KV reservation. Its life:
+///
+///   reserved --all layers landed + decode_order--> decoding --eos / max tokens--> freed
+///      |                                               |
+///      +--lease_ms passes, or kv_release--> freed      +--kv_release--> freed
+struct lease {
+  uint64_t request_id = 0;
+  std::vector<uint32_t> pages;
+  std::vector<bool> landed;  ///< per layer
+  uint32_t num_landed = 0;
+  bool decoding = false;
+  bool has_order = false;
+  bool release_after_step = false;  ///< released while a step was writing its pages
+  decode_order order;
+  caf::typed_response_promise<decode_summary> promise;
+};
+
+/// A sequence in the continuous batch.
+struct running_seq {
+  uint64_t lease_id = 0;
+  uint32_t pos = 0;             ///< position of `next_input`
+  int32_t next_input = 0;       ///< token fed to the next step
+  uint32_t num_generated = 0;   ///< tokens generated on this rank
+};
+
+struct decode_state {
+  decode_rank_config cfg;
+  std::shared_ptr<transport::transport> xport;  // before exec: outlives the executor thread
+  std::shared_ptr<gpu::executor> exec;
+  std::unique_ptr<timer_runner> runner;
+  std::shared_ptr<event_log> log = std::make_shared<event_log>();
+  kv_region_desc region;
+  std::string setup_error;
+  uint64_t last_lease = 0;
+  uint64_t last_job = 0;
+  uint64_t num_steps = 0;
+  std::unordered_map<uint64_t, lease> leases;
+  std::vector<running_seq> batch;
+  bool step_in_flight = false;
+  std::vector<uint64_t> step_leases;  ///< lease ids of the step in flight, in row order
+  static inline const char* name = "baton.decode_rank";
+};
+
+using decode_pointer = decode_rank_actor::stateful_pointer<decode_state>;
+
+void free_lease(decode_pointer self, uint64_t lease_id) {
+  auto& st = self->state;
+  auto i = st.leases.find(lease_id);
+  if (i == st.leases.end()) return;
+  st.exec->kv().kv_page_free(i->second.pages);
+  st.leases.erase(i);
+}
+
+void maybe_step(decode_pointer self) {
+  auto& st = self->state;
+  if (st.step_in_flight || st.batch.empty()) return;
+  gpu::forward_job job{++st.last_job, {}};
+  st.step_leases.clear();
+  for (const auto& s : st.batch) {
+    if (job.seqs.size() == st.cfg.max_batch_size) break;
+    const auto& l = st.leases.at(s.lease_id);
+    job.seqs.push_back(gpu::forward_seq{l.request_id, {s.next_input}, s.pos, l.pages, true});
+    st.step_leases.push_back(s.lease_id);
+  }
+  st.log->add({0, "step", 0, 0, 0, static_cast<uint32_t>(job.seqs.size())});
+  st.step_in_flight = true;
+  st.exec->submit(std::move(job), std::make_shared<forwarding_sink>(self->address()));
+}
+
+/// Joins the batch once every layer has landed and the order is here; the batch changes only
+/// between steps.
+void maybe_admit(decode_pointer self, uint64_t lease_id) {
+  auto& st = self->state;
+  auto i = st.leases.find(lease_id);
+  if (i == st.leases.end()) return;
+  auto& l = i->second;
+  if (l.decoding || !l.has_order || l.num_landed != st.exec->config().num_hidden_layers) return;
+  l.decoding = true;
+  st.batch.push_back(running_seq{lease_id, l.order.prompt_len, l.order.first_token, 0});
+  maybe_step(self);
+}
+
+void finish_seq(decode_pointer self, uint64_t lease_id, const std::string& reason) {
+  auto& st = self->state;
+  auto i = st.leases.find(lease_id);
+  if (i == st.leases.end()) return;
+  uint32_t generated = 0;
+  for (auto s = st.batch.begin(); s != st.batch.end(); ++s)
+    if (s->lease_id == lease_id) {
+      generated = s->num_generated;
+      st.batch.erase(s);
+      break;
+    }
+  i->second.promise.deliver(decode_summary{i->second.request_id, generated, reason});
+  free_lease(self, lease_id);
+}
+
+void on_step_done(decode_pointer self, std::vector<std::vector<float>>& logits) {
+  auto& st = self->state;
+  st.step_in_flight = false;
+  ++st.num_steps;
+  const auto eos = st.exec->config().eos_token_id;
+  for (size_t row = 0; row < st.step_leases.size(); ++row) {
+    const uint64_t lease_id = st.step_leases[row];
+    auto li = st.leases.find(lease_id);
+    if (li == st.leases.end()) continue;  // released while the step ran
+    auto& l = li->second;
+    auto s = std::find_if(st.batch.begin(), st.batch.end(), [&](auto& x) { return x.lease_id == lease_id; });
+    if (s == st.batch.end()) continue;
+    if (l.release_after_step) {
+      finish_seq(self, lease_id, "released");
+      continue;
+    }
+    const gpu::sampling_config sc{l.order.temperature, l.order.seed};
+    const int32_t tok = gpu::sample_token(logits[row], sc, s->pos + 1);
+    ++s->num_generated;
+    token_event ev{l.request_id, s->num_generated, tok, {}};
+    if (l.order.return_logits) ev.logits = std::move(logits[row]);
+    self->send(l.order.stream_to, std::move(ev));
+    if (tok == eos)
+      finish_seq(self, lease_id, "eos");
+    else if (s->num_generated >= l.order.max_new_tokens)
+      finish_seq(self, lease_id, "length");
+    else {
+      ++s->pos;
+      s->next_input = tok;
+    }
+  }
+  maybe_step(self);
+}
+
+decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_rank_config cfg,
+                                                  std::shared_ptr<gpu::executor> exec,
+                                                  std::shared_ptr<transport::transport> xport) {
+  auto& st = self->state;
+  st.cfg = std::move(cfg);
+  st.exec = std::move(exec);
+  st.xport = std::move(xport);
+  st.runner = std::make_unique<timer_runner>(self->address());
+  st.exec->bind_runner(st.runner.get());
+  auto& kv = st.exec->kv();
+  transport::xfer_error err;
+  if (auto key = st.xport->register_region(kv.data(), kv.size_bytes(), &err)) {
+    const auto& lay = kv.layout();
+    st.region = kv_region_desc{key->backend, key->region_id, key->size_bytes, key->packed,
+                               lay.num_layers, lay.num_pages, lay.page_size_tokens, lay.kv_dim};
+  } else {
+    st.setup_error = "cannot register KV pool with transport: " + err.what;
+  }
+  self->attach_functor([xp = st.xport, region = st.region.region_id] {
+    if (region) xp->deregister_region(region);
+  });
+  return {
+      [=](reserve_atom, const kv_lease_reserve& req) -> caf::result<kv_lease_grant> {
+        auto& s = self->state;
+        const auto stage = where(req.request_id, s.cfg.name, "kv_reserve");
+        if (!s.setup_error.empty()) return make_error(errc::executor_failed, stage + ": " + s.setup_error);
+        auto& pool = s.exec->kv();
+        const uint32_t need = pool.pages_for_tokens(req.num_tokens);
+        auto pages = pool.kv_page_alloc(need);
+        if (!pages)
+          return make_error(errc::kv_capacity, stage + ": needs " + std::to_string(need) + " KV pages for " +
+                                                   std::to_string(req.num_tokens) + " tokens, " +
+                                                   std::to_string(pool.num_free_pages()) + " free");
+        const uint64_t id = ++s.last_lease;
+        auto& l = s.leases[id];
+        l.request_id = req.request_id;
+        l.pages = *pages;
+        l.landed.assign(s.exec->config().num_hidden_layers, false);
+        self->delayed_send(self, std::chrono::milliseconds{req.lease_ms}, expire_atom::value, id);
+        return kv_lease_grant{req.request_id, id, s.cfg.name, s.region, *pages};
+      },
+      [=](release_atom, uint64_t lease_id) {
+        auto& s = self->state;
+        auto i = s.leases.find(lease_id);
+        if (i == s.leases.end()) return;
+        const bool in_step = s.step_in_flight && std::count(s.step_leases.begin(), s.step_leases.end(), lease_id);
+        if (in_step)
+          i->second.release_after_step = true;  // the executor still writes these pages
+        else if (i->second.decoding)
+          finish_seq(self, lease_id, "released");
+        else {
+          if (i->second.has_order) i->second.promise.deliver(decode_summary{i->second.request_id, 0, "released"});
+          free_lease(self, lease_id);
+        }
+      },
+      [=](const kv_layer_ready& ev) {
+        auto& s = self->state;
+        auto i = s.leases.find(ev.lease_id);
+        if (i == s.leases.end() || i->second.request_id != ev.request_id || ev.layer >= i->second.landed.size())
+          return;  // a late layer of a lease that already expired: nothing to do
+        if (!i->second.landed[ev.layer]) {
+          i->second.landed[ev.layer] = true;
+          ++i->second.num_landed;
+        }
+        maybe_admit(self, ev.lease_id);
+      },
+      [=](decode_order& order) -> caf::result<decode_summary> {
+        auto& s = self->state;
+        auto i = s.leases.find(order.lease_id);
+        if (i == s.leases.end() || i->second.request_id != order.request_id)
+          return make_error(errc::lease_expired, where(order.request_id, s.cfg.name, "decode") + ": lease " +
+                                                     std::to_string(order.lease_id) +
+                                                     " expired or was never granted");
+        auto& l = i->second;
+        l.order = std::move(order);
+        l.has_order = true;
+        l.promise = self->make_response_promise<decode_summary>();
+        auto promise = l.promise;
+        maybe_admit(self, i->first);
+        return promise;
+      },
+      [=](stats_atom) {
+        auto& s = self->state;
+        const auto& pool = s.exec->kv();
+        return rank_stats{s.cfg.name, pool.num_free_pages(), pool.layout().num_pages,
+                          static_cast<uint32_t>(s.batch.size()),
+                          static_cast<uint32_t>(s.leases.size() - s.batch.size()), s.num_steps};
+      },
+      [=](events_atom) { return self->state.log->snapshot(); },
+      [=](exec_done_atom, uint64_t, std::vector<std::vector<float>>& logits) { on_step_done(self, logits); },
+      [=](exec_fail_atom, uint64_t, std::string& what) {
+        // A refused step fails every request in it; the rank keeps serving the others.
+        auto& s = self->state;
+        s.step_in_flight = false;
+        auto failed = s.step_leases;
+        for (auto id : failed) {
+          auto i = s.leases.find(id);
+          if (i == s.leases.end()) continue;
+          i->second.promise.deliver(
+              make_error(errc::executor_failed, where(i->second.request_id, s.cfg.name, "decode") + ": " + what));
+          s.batch.erase(std::remove_if(s.batch.begin(), s.batch.end(), [&](auto& x) { return x.lease_id == id; }),
+                        s.batch.end());
+          free_lease(self, id);
+        }
+        maybe_step(self);
+      },
+      [=](timer_atom, uint64_t id) { self->state.runner->fire(id); },
+      [=](expire_atom, uint64_t lease_id) {
+        auto& s = self->state;
+        auto i = s.leases.find(lease_id);
+        if (i == s.leases.end() || i->second.decoding) return;
+        if (i->second.has_order)
+          i->second.promise.deliver(make_error(
+              errc::lease_expired, where(i->second.request_id, s.cfg.name, "kv_recv") + ": only " +
+                                       std::to_string(i->second.num_landed) + " of " +
+                                       std::to_string(i->second.landed.size()) + " layers landed before the lease expired"));
+        free_lease(self, lease_id);
+      },
+  };
+}
+
+}  // namespace
+
+decode_rank_actor spawn_decode_rank(caf::actor_system& sys, decode_rank_config cfg,
+                                    std::shared_ptr<gpu::executor> exec,
+                                    std::shared_ptr<transport::transport> xport) {
+  return sys.spawn(decode_rank_impl, std::move(cfg), std::move(exec), std::move(xport));
+}
+
+}  // namespace baton

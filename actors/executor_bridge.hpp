@@ -1,0 +1,70 @@
+#pragma once
+
+// Glue between CAF-free executors and the rank actors that own them: a sink that turns
+// executor callbacks into messages, a deferred_runner built on actor timers, and a
+// thread-safe event log. Included only by rank .cpp files.
+
+#include <atomic>
+#include <functional>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include <caf/actor_addr.hpp>
+
+#include "actors/messages.hpp"
+#include "gpu/executor.hpp"
+
+namespace baton {
+
+/// Events in the order they happened, across threads (seq is global to the log).
+class event_log {
+public:
+  void add(rank_event ev) {
+    std::lock_guard<std::mutex> lock{mutex_};
+    ev.seq = ++seq_;
+    events_.push_back(std::move(ev));
+  }
+  std::vector<rank_event> snapshot() const {
+    std::lock_guard<std::mutex> lock{mutex_};
+    return events_;
+  }
+
+private:
+  mutable std::mutex mutex_;
+  uint64_t seq_ = 0;
+  std::vector<rank_event> events_;
+};
+
+/// Sends exec_done / exec_fail to the owning rank. Holds only the rank's address, so an
+/// executor finishing after its rank stopped sends nothing. `on_layer` runs on the executor's
+/// thread (stream order) and must be thread-safe.
+class forwarding_sink : public gpu::executor_sink {
+public:
+  forwarding_sink(caf::actor_addr owner, std::function<void(uint64_t, uint32_t)> on_layer = {})
+    : owner_(std::move(owner)), on_layer_(std::move(on_layer)) {}
+  void on_layer_done(uint64_t job_id, uint32_t layer) override;
+  void on_done(uint64_t job_id, std::vector<std::vector<float>> logits) override;
+  void on_failed(uint64_t job_id, std::string what) override;
+
+private:
+  caf::actor_addr owner_;
+  std::function<void(uint64_t, uint32_t)> on_layer_;
+};
+
+/// deferred_runner on the owning actor's timers (virtual time under the test coordinator).
+/// run_after and fire are called on the owner's thread only.
+class timer_runner : public gpu::deferred_runner {
+public:
+  explicit timer_runner(caf::actor_addr owner) : owner_(std::move(owner)) {}
+  void run_after(std::chrono::nanoseconds delay, std::function<void()> fn) override;
+  /// Runs the callback of a timer_atom message.
+  void fire(uint64_t id);
+
+private:
+  caf::actor_addr owner_;
+  uint64_t last_id_ = 0;
+  std::unordered_map<uint64_t, std::function<void()>> pending_;
+};
+
+}  // namespace baton

@@ -1,0 +1,51 @@
+#include "actors/local_cluster.hpp"
+
+#include <caf/actor_system.hpp>
+
+#include "actors/decode_rank.hpp"
+#include "actors/prefill_rank.hpp"
+#include "gpu/cpu_executor.hpp"
+#include "transport/loopback.hpp"
+
+namespace baton {
+
+std::string local_cluster_config::validate() const {
+  if (auto e = model.validate(); !e.empty()) return "model: " + e;
+  if (auto e = executor.validate(); !e.empty()) return "executor: " + e;
+  if (auto e = prefill.validate(); !e.empty()) return e;
+  if (auto e = decode.validate(); !e.empty()) return e;
+  if (auto e = router.request.validate(); !e.empty()) return e;
+  if (num_prefill_ranks == 0 || num_decode_ranks == 0) return "need at least one prefill and one decode rank";
+  return {};
+}
+
+local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_config& cfg,
+                                  executor_factory make_executor, transport_wrapper wrap) {
+  if (!make_executor) {
+    auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
+    make_executor = [weights, &cfg](const std::string&) -> std::shared_ptr<gpu::executor> {
+      return gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
+    };
+  }
+  auto fabric = transport::make_loopback_fabric();
+  auto make_transport = [&](const std::string& name) -> std::shared_ptr<transport::transport> {
+    auto t = transport::make_loopback_transport(fabric, name);
+    if (wrap) return wrap(std::move(t), name);
+    return std::shared_ptr<transport::transport>{std::move(t)};
+  };
+  local_cluster out;
+  for (uint32_t i = 0; i < cfg.num_decode_ranks; ++i) {
+    auto rc = cfg.decode;
+    rc.name = cfg.decode.name + "-" + std::to_string(i);
+    out.decode.push_back({rc.name, spawn_decode_rank(sys, rc, make_executor(rc.name), make_transport(rc.name))});
+  }
+  for (uint32_t i = 0; i < cfg.num_prefill_ranks; ++i) {
+    auto rc = cfg.prefill;
+    rc.name = cfg.prefill.name + "-" + std::to_string(i);
+    out.prefill.push_back({rc.name, spawn_prefill_rank(sys, rc, make_executor(rc.name), make_transport(rc.name))});
+  }
+  out.router = spawn_router(sys, cfg.router, cfg.model, out.prefill, out.decode);
+  return out;
+}
+
+}  // namespace baton

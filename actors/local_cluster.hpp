@@ -1,0 +1,57 @@
+#pragma once
+
+// A whole cluster inside one actor system: router, prefill and decode ranks on CPU executors,
+// KV handoff over the in-process loopback transport. `baton local`, tests and sims build on it.
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "actors/config.hpp"
+#include "actors/messages.hpp"
+#include "actors/router.hpp"
+#include "gpu/executor.hpp"
+#include "gpu/weights.hpp"
+#include "transport/transport.hpp"
+
+namespace caf {
+class actor_system;
+}
+
+namespace baton {
+
+struct local_cluster_config {
+  gpu::model_config model = gpu::builtin_tiny_config();
+  uint64_t weights_seed = 20261130;
+  uint32_t num_prefill_ranks = 1;
+  uint32_t num_decode_ranks = 1;
+  gpu::cpu_executor_config executor;
+  prefill_rank_config prefill;  ///< name is a prefix: ranks are <name>-0, <name>-1, ...
+  decode_rank_config decode;
+  router_config router;
+
+  local_cluster_config() {
+    prefill.name = "prefill";
+    decode.name = "decode";
+  }
+  std::string validate() const;
+};
+
+/// Makes the executor of a rank (sims pass modelled executors). Default: CPU executors.
+using executor_factory = std::function<std::shared_ptr<gpu::executor>(const std::string& rank_name)>;
+/// Wraps a rank's transport (tests wrap a fault proxy around it). Default: none.
+using transport_wrapper = std::function<std::shared_ptr<transport::transport>(
+    std::unique_ptr<transport::transport> inner, const std::string& rank_name)>;
+
+struct local_cluster {
+  router_actor router;
+  std::vector<named_rank<prefill_rank_actor>> prefill;
+  std::vector<named_rank<decode_rank_actor>> decode;
+};
+
+/// Spawns the cluster. The config must validate (callers report validate()'s sentence).
+local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_config& cfg,
+                                  executor_factory make_executor = {}, transport_wrapper wrap = {});
+
+}  // namespace baton

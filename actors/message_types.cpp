@@ -1,0 +1,66 @@
+#include <caf/actor_system_config.hpp>
+#include <caf/message.hpp>
+
+#include "actors/messages.hpp"
+
+namespace baton {
+
+std::string to_string(errc x) {
+  switch (x) {
+    case errc::bad_request: return "bad_request";
+    case errc::kv_capacity: return "kv_capacity";
+    case errc::rank_unavailable: return "rank_unavailable";
+    case errc::deadline_exceeded: return "deadline_exceeded";
+    case errc::transfer_failed: return "transfer_failed";
+    case errc::executor_failed: return "executor_failed";
+    case errc::lease_expired: return "lease_expired";
+    case errc::layout_mismatch: return "layout_mismatch";
+  }
+  return "unknown";
+}
+
+bool is_retryable(errc x) {
+  switch (x) {
+    case errc::kv_capacity:
+    case errc::rank_unavailable:
+    case errc::deadline_exceeded:
+    case errc::transfer_failed:
+    case errc::lease_expired: return true;
+    default: return false;
+  }
+}
+
+caf::error make_error(errc code, std::string context) {
+  return caf::error{static_cast<uint8_t>(code), caf::atom("baton"), caf::make_message(std::move(context))};
+}
+
+std::string where(uint64_t request_id, const std::string& rank, const std::string& stage) {
+  std::string out = "request " + std::to_string(request_id);
+  if (!rank.empty()) out += ", rank " + rank;
+  return out + ", stage " + stage;
+}
+
+void register_message_types(caf::actor_system_config& cfg) {
+  cfg.add_message_type<generate_request>("baton::generate_request")
+      .add_message_type<completion>("baton::completion")
+      .add_message_type<kv_lease_reserve>("baton::kv_lease_reserve")
+      .add_message_type<kv_region_desc>("baton::kv_region_desc")
+      .add_message_type<kv_lease_grant>("baton::kv_lease_grant")
+      .add_message_type<kv_layer_ready>("baton::kv_layer_ready")
+      .add_message_type<token_event>("baton::token_event")
+      .add_message_type<decode_summary>("baton::decode_summary")
+      .add_message_type<prefill_result>("baton::prefill_result")
+      .add_message_type<rank_event>("baton::rank_event")
+      .add_message_type<std::vector<rank_event>>("std::vector<baton::rank_event>")
+      .add_message_type<rank_stats>("baton::rank_stats")
+      .add_message_type<decode_order>("baton::decode_order")
+      .add_message_type<prefill_order>("baton::prefill_order")
+      .add_message_type<std::vector<std::vector<float>>>("std::vector<std::vector<float>>");
+  cfg.add_error_category(caf::atom("baton"), [](uint8_t code, caf::atom_value, const caf::message& ctx) {
+    std::string out = "baton::" + to_string(static_cast<errc>(code));
+    if (ctx.match_elements<std::string>()) out += ": " + ctx.get_as<std::string>(0);
+    return out;
+  });
+}
+
+}  // namespace baton

@@ -1,0 +1,271 @@
+#pragma once
+
+// Every message type of the runtime, in one place (design.md §1), CAF 0.17 style: atoms as
+// atom_constant, an inspect() for every struct. All of them are registered with
+// add_message_type in register_message_types() (actors/message_types.cpp), so they can cross
+// processes. Only actor .cpp files and tests include this header (it pulls in CAF).
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <caf/atom.hpp>
+#include <caf/error.hpp>
+#include <caf/meta/type_name.hpp>
+#include <caf/replies_to.hpp>
+#include <caf/typed_actor.hpp>
+
+namespace caf {
+class actor_system_config;
+}
+
+namespace baton {
+
+// --- atoms (0.17: at most 10 characters) -------------------------------------------------
+using generate_atom = caf::atom_constant<caf::atom("generate")>;
+using run_atom = caf::atom_constant<caf::atom("run")>;
+using reserve_atom = caf::atom_constant<caf::atom("kv_reserve")>;
+using release_atom = caf::atom_constant<caf::atom("kv_release")>;
+using stats_atom = caf::atom_constant<caf::atom("stats")>;
+using events_atom = caf::atom_constant<caf::atom("events")>;
+using exec_done_atom = caf::atom_constant<caf::atom("exec_done")>;
+using exec_fail_atom = caf::atom_constant<caf::atom("exec_fail")>;
+using timer_atom = caf::atom_constant<caf::atom("timer")>;
+using xfer_atom = caf::atom_constant<caf::atom("xfer")>;
+using poll_atom = caf::atom_constant<caf::atom("poll")>;
+using expire_atom = caf::atom_constant<caf::atom("lease_exp")>;
+
+// --- errors ---------------------------------------------------------------------------------
+/// Baton's error codes (category atom "baton"). The context string of every error names the
+/// request, the rank or peer, and the stage (prefill, kv_send, kv_recv, decode, ...).
+enum class errc : uint8_t {
+  bad_request = 1,    ///< fatal: the request itself is invalid; the message says which field
+  kv_capacity,        ///< retryable: a rank has too few free KV pages right now
+  rank_unavailable,   ///< retryable: no rank of the needed kind, or it stopped answering
+  deadline_exceeded,  ///< retryable: a hop did not answer in time
+  transfer_failed,    ///< retryable unless the transport said fatal: KV did not arrive
+  executor_failed,    ///< fatal: the executor refused or failed a job
+  lease_expired,      ///< retryable: the KV reservation timed out before decode began
+  layout_mismatch,    ///< fatal: prefill and decode ranks disagree on the KV page layout
+};
+std::string to_string(errc x);
+bool is_retryable(errc x);
+caf::error make_error(errc code, std::string context);
+/// "request 7, rank decode-0, stage kv_recv: ..." -- the one format for error contexts.
+std::string where(uint64_t request_id, const std::string& rank, const std::string& stage);
+
+// --- client-facing ----------------------------------------------------------------------------
+struct generate_request {
+  std::string prompt;                  ///< text, tokenized by the router; or ...
+  std::vector<int32_t> prompt_tokens;  ///< ... token ids (give one of the two)
+  int32_t max_tokens = 16;             ///< tokens to generate, >= 1
+  float temperature = 0.0f;            ///< 0 = greedy
+  uint64_t seed = 0;                   ///< sampling seed when temperature > 0
+  bool return_logits = false;          ///< attach each step's logits to the completion (tests)
+  std::string traffic_class = "chat";  ///< chat | agent | batch: store retention later
+  std::string priority = "interactive";
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, generate_request& x) {
+  return f(caf::meta::type_name("generate_request"), x.prompt, x.prompt_tokens, x.max_tokens, x.temperature,
+           x.seed, x.return_logits, x.traffic_class, x.priority);
+}
+
+struct completion {
+  uint64_t request_id = 0;
+  uint32_t num_prompt_tokens = 0;
+  std::vector<int32_t> tokens;                 ///< generated tokens, first one from prefill
+  std::string text;                            ///< detokenized `tokens`
+  std::string finish_reason;                   ///< "length" or "eos"
+  int64_t ttft_us = 0;                         ///< arrival at the request actor -> first token
+  std::vector<int64_t> tbt_us;                 ///< each interval between consecutive tokens
+  std::vector<std::vector<float>> step_logits; ///< step_logits[i] chose tokens[i] (if asked)
+  std::string prefill_rank;
+  std::string decode_rank;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, completion& x) {
+  return f(caf::meta::type_name("completion"), x.request_id, x.num_prompt_tokens, x.tokens, x.text,
+           x.finish_reason, x.ttft_us, x.tbt_us, x.step_logits, x.prefill_rank, x.decode_rank);
+}
+
+// --- KV leases and handoff ---------------------------------------------------------------------
+struct kv_lease_reserve {
+  uint64_t request_id = 0;
+  uint32_t num_tokens = 0;  ///< prompt + max new tokens: the pages cover the whole sequence
+  uint32_t lease_ms = 0;    ///< pages are freed if decode has not begun by then
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, kv_lease_reserve& x) {
+  return f(caf::meta::type_name("kv_lease_reserve"), x.request_id, x.num_tokens, x.lease_ms);
+}
+
+/// Where a decode rank's KV pool lives and how it is laid out (see gpu::kv_layout).
+struct kv_region_desc {
+  std::string backend;
+  uint64_t region_id = 0;
+  uint64_t size_bytes = 0;
+  std::vector<uint8_t> packed_key;
+  uint32_t num_layers = 0;
+  uint32_t num_pages = 0;
+  uint32_t page_size_tokens = 0;
+  uint32_t kv_dim = 0;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, kv_region_desc& x) {
+  return f(caf::meta::type_name("kv_region_desc"), x.backend, x.region_id, x.size_bytes, x.packed_key,
+           x.num_layers, x.num_pages, x.page_size_tokens, x.kv_dim);
+}
+
+struct kv_lease_grant {
+  uint64_t request_id = 0;
+  uint64_t lease_id = 0;
+  std::string rank;                ///< the decode rank's name
+  kv_region_desc region;
+  std::vector<uint32_t> page_ids;  ///< page i holds positions [i·P, (i+1)·P)
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, kv_lease_grant& x) {
+  return f(caf::meta::type_name("kv_lease_grant"), x.request_id, x.lease_id, x.rank, x.region, x.page_ids);
+}
+
+/// Prefill -> decode: every chunk's KV of `layer` has landed in the lease's pages.
+struct kv_layer_ready {
+  uint64_t request_id = 0;
+  uint64_t lease_id = 0;
+  uint32_t layer = 0;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, kv_layer_ready& x) {
+  return f(caf::meta::type_name("kv_layer_ready"), x.request_id, x.lease_id, x.layer);
+}
+
+struct token_event {
+  uint64_t request_id = 0;
+  uint32_t index = 0;          ///< 0 is the first (prefill) token
+  int32_t token = 0;
+  std::vector<float> logits;   ///< only when the request asked for logits
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, token_event& x) {
+  return f(caf::meta::type_name("token_event"), x.request_id, x.index, x.token, x.logits);
+}
+
+struct decode_summary {
+  uint64_t request_id = 0;
+  uint32_t num_tokens = 0;  ///< tokens the decode rank generated (after the first)
+  std::string finish_reason;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, decode_summary& x) {
+  return f(caf::meta::type_name("decode_summary"), x.request_id, x.num_tokens, x.finish_reason);
+}
+
+struct prefill_result {
+  uint64_t request_id = 0;
+  int32_t first_token = 0;
+  std::vector<float> logits;  ///< the logits that chose first_token (if asked)
+  std::string rank;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, prefill_result& x) {
+  return f(caf::meta::type_name("prefill_result"), x.request_id, x.first_token, x.logits, x.rank);
+}
+
+/// One entry of a rank's event log: what happened, in the order it happened (seq).
+struct rank_event {
+  uint64_t seq = 0;
+  std::string kind;  ///< "compute_done", "send_posted", "send_done", "step"
+  uint64_t request_id = 0;
+  uint32_t chunk = 0;
+  uint32_t layer = 0;
+  uint32_t batch_size = 0;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, rank_event& x) {
+  return f(caf::meta::type_name("rank_event"), x.seq, x.kind, x.request_id, x.chunk, x.layer, x.batch_size);
+}
+
+struct rank_stats {
+  std::string name;
+  uint32_t num_free_pages = 0;
+  uint32_t num_total_pages = 0;
+  uint32_t num_running = 0;   ///< requests in the decode batch / prefills in progress
+  uint32_t num_waiting = 0;   ///< reserved leases not yet decoding / queued prefill chunks
+  uint64_t num_steps = 0;     ///< forward jobs completed
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, rank_stats& x) {
+  return f(caf::meta::type_name("rank_stats"), x.name, x.num_free_pages, x.num_total_pages, x.num_running,
+           x.num_waiting, x.num_steps);
+}
+
+// --- actor interfaces ---------------------------------------------------------------------------
+// Internal messages (executor completions, timers) are part of the interfaces because typed
+// actors can only message themselves through their own interface.
+
+using request_actor = caf::typed_actor<                       //
+    caf::replies_to<run_atom>::with<completion>,               // start; answers when finished
+    caf::reacts_to<token_event>>;                              // from the decode rank
+
+struct decode_order {
+  uint64_t request_id = 0;
+  uint64_t lease_id = 0;
+  int32_t first_token = 0;       ///< sampled by the prefill rank; fed to the first step
+  uint32_t prompt_len = 0;       ///< first_token sits at this position
+  uint32_t max_new_tokens = 0;   ///< tokens still to generate after first_token
+  float temperature = 0.0f;
+  uint64_t seed = 0;
+  bool return_logits = false;
+  request_actor stream_to;       ///< receives one token_event per step
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, decode_order& x) {
+  return f(caf::meta::type_name("decode_order"), x.request_id, x.lease_id, x.first_token, x.prompt_len,
+           x.max_new_tokens, x.temperature, x.seed, x.return_logits, x.stream_to);
+}
+
+using decode_rank_actor = caf::typed_actor<
+    caf::replies_to<reserve_atom, kv_lease_reserve>::with<kv_lease_grant>,
+    caf::reacts_to<release_atom, uint64_t>,                     // lease id
+    caf::reacts_to<kv_layer_ready>,
+    caf::replies_to<decode_order>::with<decode_summary>,
+    caf::replies_to<stats_atom>::with<rank_stats>,
+    caf::replies_to<events_atom>::with<std::vector<rank_event>>,
+    caf::reacts_to<exec_done_atom, uint64_t, std::vector<std::vector<float>>>,
+    caf::reacts_to<exec_fail_atom, uint64_t, std::string>,
+    caf::reacts_to<timer_atom, uint64_t>,
+    caf::reacts_to<expire_atom, uint64_t>>;
+
+struct prefill_order {
+  uint64_t request_id = 0;
+  std::vector<int32_t> tokens;
+  float temperature = 0.0f;
+  uint64_t seed = 0;
+  bool return_logits = false;
+  kv_lease_grant grant;          ///< where each layer's KV goes
+  decode_rank_actor decode;      ///< told kv_layer_ready per layer
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, prefill_order& x) {
+  return f(caf::meta::type_name("prefill_order"), x.request_id, x.tokens, x.temperature, x.seed,
+           x.return_logits, x.grant, x.decode);
+}
+
+using prefill_rank_actor = caf::typed_actor<
+    caf::replies_to<prefill_order>::with<prefill_result>,
+    caf::replies_to<stats_atom>::with<rank_stats>,
+    caf::replies_to<events_atom>::with<std::vector<rank_event>>,
+    caf::reacts_to<exec_done_atom, uint64_t, std::vector<std::vector<float>>>,
+    caf::reacts_to<exec_fail_atom, uint64_t, std::string>,
+    caf::reacts_to<timer_atom, uint64_t>,
+    caf::reacts_to<xfer_atom, uint64_t, uint32_t, uint64_t>,   // request, layer, transfer id
+    caf::reacts_to<poll_atom>>;
+
+using router_actor = caf::typed_actor<caf::replies_to<generate_atom, generate_request>::with<completion>>;
+
+/// Registers every type above (and the error category) with a config, before the actor
+/// system is built. Call it in every process.
+void register_message_types(caf::actor_system_config& cfg);
+
+}  // namespace baton

@@ -1,0 +1,298 @@
+#include "actors/prefill_rank.hpp"
+
+#include <caf/actor_system.hpp>
+#include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
+
+#include "actors/executor_bridge.hpp"
+#include "gpu/executor.hpp"
+#include "gpu/sampling.hpp"
+#include "transport/transport.hpp"
+
+namespace baton {
+
+namespace {
+
+/// Everything the executor thread needs to ship one chunk's layers. Immutable once built, so the
+/// executor thread and the actor can both read it.
+struct chunk_sender {
+  uint64_t request_id;
+  uint32_t chunk;
+  uint32_t first_page, end_page;  ///< pages [first, end) of the sequence hold this chunk's tokens
+  std::vector<uint32_t> local_pages, remote_pages;
+  gpu::kv_layout local_layout, remote_layout;
+  uint64_t local_region;
+  transport::region_key remote_key;
+  std::string peer;
+
+  transport::put_desc put_for_layer(uint32_t layer) const {
+    transport::put_desc d{request_id, layer, peer, local_region, remote_key, {}};
+    for (uint32_t i = first_page; i < end_page; ++i)
+      d.segments.push_back({local_layout.offset_bytes(layer, local_pages[i]),
+                            remote_layout.offset_bytes(layer, remote_pages[i]), local_layout.page_bytes()});
+    return d;
+  }
+};
+
+struct pending_put {
+  uint64_t request_id;
+  uint32_t layer;
+  uint64_t xfer_id;
+  caf::actor_clock::time_point posted_at;
+};
+
+/// A prompt in flight on this rank.
+///
+///   computing --all chunks done and every layer's puts landed--> answered (pages freed)
+///       |
+///       +--executor or transport failure--> failed (answered with the error; pages freed once
+///                                           the executor has finished the queued chunks)
+struct prefill_job_state {
+  prefill_order order;
+  caf::typed_response_promise<prefill_result> promise;
+  std::vector<uint32_t> local_pages;
+  uint32_t num_chunks = 0;
+  uint32_t chunks_done = 0;
+  std::vector<uint32_t> puts_done;   ///< per layer: chunks whose put of this layer landed
+  uint32_t layers_ready = 0;         ///< layers announced to the decode rank
+  bool have_logits = false;
+  int32_t first_token = -1;
+  std::vector<float> logits;
+  bool failed = false;
+};
+
+struct prefill_state {
+  prefill_rank_config cfg;
+  std::shared_ptr<transport::transport> xport;  // before exec: outlives the executor thread
+  std::shared_ptr<gpu::executor> exec;
+  std::unique_ptr<timer_runner> runner;
+  std::shared_ptr<event_log> log = std::make_shared<event_log>();
+  uint64_t local_region = 0;
+  std::string setup_error;
+  uint64_t last_job = 0;
+  uint64_t num_jobs_done = 0;
+  std::unordered_map<uint64_t, uint64_t> job_to_request;
+  std::unordered_map<uint64_t, prefill_job_state> requests;
+  std::vector<pending_put> pending;
+  bool poll_scheduled = false;
+  static inline const char* name = "baton.prefill_rank";
+};
+
+using prefill_pointer = prefill_rank_actor::stateful_pointer<prefill_state>;
+
+void finish_if_done(prefill_pointer self, uint64_t request_id) {
+  auto& st = self->state;
+  auto i = st.requests.find(request_id);
+  if (i == st.requests.end()) return;
+  auto& r = i->second;
+  const bool compute_finished = r.chunks_done == r.num_chunks;
+  if (!r.failed && !(compute_finished && r.have_logits && r.layers_ready == st.exec->config().num_hidden_layers))
+    return;
+  if (!r.failed)
+    r.promise.deliver(prefill_result{request_id, r.first_token, std::move(r.logits), st.cfg.name});
+  // Pages are reused only when no queued chunk can still write into them.
+  if (compute_finished) {
+    st.exec->kv().kv_page_free(r.local_pages);
+    st.requests.erase(i);
+  }
+}
+
+void fail_request(prefill_pointer self, uint64_t request_id, errc code, const std::string& stage,
+                  const std::string& what) {
+  auto i = self->state.requests.find(request_id);
+  if (i == self->state.requests.end() || i->second.failed) return;
+  i->second.failed = true;
+  i->second.promise.deliver(make_error(code, where(request_id, self->state.cfg.name, stage) + ": " + what));
+  finish_if_done(self, request_id);
+}
+
+void on_put_landed(prefill_pointer self, uint64_t request_id, uint32_t layer) {
+  auto& st = self->state;
+  auto i = st.requests.find(request_id);
+  if (i == st.requests.end() || i->second.failed) return;
+  auto& r = i->second;
+  if (++r.puts_done[layer] == r.num_chunks) {
+    ++r.layers_ready;
+    self->send(r.order.decode, kv_layer_ready{request_id, r.order.grant.lease_id, layer});
+  }
+  finish_if_done(self, request_id);
+}
+
+/// Polls one transfer; returns true when it is finished (landed or failed).
+bool settle(prefill_pointer self, const pending_put& p) {
+  auto& st = self->state;
+  transport::xfer_error err;
+  switch (st.xport->poll(p.xfer_id, &err)) {
+    case transport::xfer_state::pending: {
+      const auto waited = self->clock().now() - p.posted_at;
+      if (waited < std::chrono::milliseconds{st.cfg.kv_send_timeout_ms}) return false;
+      st.xport->release(p.xfer_id);
+      fail_request(self, p.request_id, errc::transfer_failed, "kv_send",
+                   "put of layer " + std::to_string(p.layer) + " still pending after " +
+                       std::to_string(st.cfg.kv_send_timeout_ms) + " ms");
+      return true;
+    }
+    case transport::xfer_state::done:
+      st.xport->release(p.xfer_id);
+      on_put_landed(self, p.request_id, p.layer);
+      return true;
+    case transport::xfer_state::failed:
+      st.xport->release(p.xfer_id);
+      fail_request(self, p.request_id, errc::transfer_failed, "kv_send", err.to_string());
+      return true;
+  }
+  return true;
+}
+
+caf::result<prefill_result> start_prefill(prefill_pointer self, prefill_order order) {
+  auto& st = self->state;
+  const auto rid = order.request_id;
+  const auto stage = where(rid, st.cfg.name, "prefill");
+  if (!st.setup_error.empty()) return make_error(errc::executor_failed, stage + ": " + st.setup_error);
+  if (st.requests.count(rid)) return make_error(errc::bad_request, stage + ": request id already in progress");
+  auto& kv = st.exec->kv();
+  const auto& local = kv.layout();
+  const auto& reg = order.grant.region;
+  if (reg.num_layers != local.num_layers || reg.page_size_tokens != local.page_size_tokens ||
+      reg.kv_dim != local.kv_dim)
+    return make_error(errc::layout_mismatch,
+                      stage + ": decode rank " + order.grant.rank + " pages are " + std::to_string(reg.num_layers) +
+                          " layers x " + std::to_string(reg.page_size_tokens) + " tokens x " +
+                          std::to_string(reg.kv_dim) + " values, this rank's are " +
+                          std::to_string(local.num_layers) + " x " + std::to_string(local.page_size_tokens) +
+                          " x " + std::to_string(local.kv_dim));
+  const auto num_tokens = static_cast<uint32_t>(order.tokens.size());
+  const uint32_t num_pages = kv.pages_for_tokens(num_tokens);
+  if (num_tokens == 0) return make_error(errc::bad_request, stage + ": empty prompt");
+  if (order.grant.page_ids.size() < num_pages)
+    return make_error(errc::layout_mismatch, stage + ": lease has " + std::to_string(order.grant.page_ids.size()) +
+                                                 " pages, the prompt needs " + std::to_string(num_pages));
+  auto pages = kv.kv_page_alloc(num_pages);
+  if (!pages)
+    return make_error(errc::kv_capacity, stage + ": needs " + std::to_string(num_pages) + " KV pages, " +
+                                             std::to_string(kv.num_free_pages()) + " free");
+
+  gpu::kv_layout remote_layout{reg.num_layers, reg.num_pages, reg.page_size_tokens, reg.kv_dim};
+  transport::region_key remote_key{reg.backend, reg.region_id, reg.size_bytes, reg.packed_key};
+  const uint32_t chunk = st.cfg.chunk_tokens;
+  auto& r = st.requests[rid];
+  r.promise = self->make_response_promise<prefill_result>();
+  r.local_pages = *pages;
+  r.num_chunks = (num_tokens + chunk - 1) / chunk;
+  r.puts_done.assign(local.num_layers, 0);
+  const uint32_t ps = local.page_size_tokens;
+  for (uint32_t c = 0; c < r.num_chunks; ++c) {
+    const uint32_t start = c * chunk, end = std::min(num_tokens, start + chunk);
+    auto sender = std::make_shared<const chunk_sender>(chunk_sender{
+        rid, c, start / ps, (end + ps - 1) / ps, *pages, order.grant.page_ids, local, remote_layout,
+        st.local_region, remote_key, order.grant.rank});
+    // Runs on the executor thread right after layer `l` is computed, before layer l + 1: the
+    // put is posted in stream order, and the actor polls it.
+    auto on_layer = [sender, xport = st.xport, log = st.log, owner = self->address()](uint64_t, uint32_t l) {
+      log->add({0, "compute_done", sender->request_id, sender->chunk, l, 0});
+      const uint64_t xfer = xport->post_put(sender->put_for_layer(l));
+      log->add({0, "send_posted", sender->request_id, sender->chunk, l, 0});
+      if (auto h = caf::actor_cast<caf::actor>(owner)) caf::anon_send(h, xfer_atom::value, sender->request_id, l, xfer);
+    };
+    const uint64_t job_id = ++st.last_job;
+    st.job_to_request[job_id] = rid;
+    gpu::forward_job job{job_id, {gpu::forward_seq{rid, {order.tokens.begin() + start, order.tokens.begin() + end},
+                                                   start, *pages, end == num_tokens}}};
+    st.exec->submit(std::move(job), std::make_shared<forwarding_sink>(self->address(), std::move(on_layer)));
+  }
+  r.order = std::move(order);
+  return r.promise;
+}
+
+prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefill_rank_config cfg,
+                                                    std::shared_ptr<gpu::executor> exec,
+                                                    std::shared_ptr<transport::transport> xport) {
+  auto& st = self->state;
+  st.cfg = std::move(cfg);
+  st.exec = std::move(exec);
+  st.xport = std::move(xport);
+  st.runner = std::make_unique<timer_runner>(self->address());
+  st.exec->bind_runner(st.runner.get());
+  transport::xfer_error err;
+  if (auto key = st.xport->register_region(st.exec->kv().data(), st.exec->kv().size_bytes(), &err))
+    st.local_region = key->region_id;
+  else
+    st.setup_error = "cannot register KV pool with transport: " + err.what;
+  self->attach_functor([xp = st.xport, region = st.local_region] {
+    if (region) xp->deregister_region(region);
+  });
+  return {
+      [=](prefill_order& order) { return start_prefill(self, std::move(order)); },
+      [=](stats_atom) {
+        auto& s = self->state;
+        const auto& kv = s.exec->kv();
+        uint32_t queued = 0;
+        for (auto& [id, r] : s.requests) queued += r.num_chunks - r.chunks_done;
+        return rank_stats{s.cfg.name, kv.num_free_pages(), kv.layout().num_pages,
+                          static_cast<uint32_t>(s.requests.size()), queued, s.num_jobs_done};
+      },
+      [=](events_atom) { return self->state.log->snapshot(); },
+      [=](exec_done_atom, uint64_t job_id, std::vector<std::vector<float>>& logits) {
+        auto& s = self->state;
+        ++s.num_jobs_done;
+        auto j = s.job_to_request.find(job_id);
+        if (j == s.job_to_request.end()) return;
+        const uint64_t rid = j->second;
+        s.job_to_request.erase(j);
+        auto i = s.requests.find(rid);
+        if (i == s.requests.end()) return;
+        auto& r = i->second;
+        ++r.chunks_done;
+        if (r.chunks_done == r.num_chunks && !logits.empty() && !logits[0].empty()) {
+          gpu::sampling_config sc{r.order.temperature, r.order.seed};
+          r.first_token = gpu::sample_token(logits[0], sc, static_cast<uint32_t>(r.order.tokens.size()));
+          if (r.order.return_logits) r.logits = std::move(logits[0]);
+          r.have_logits = true;
+        }
+        finish_if_done(self, rid);
+      },
+      [=](exec_fail_atom, uint64_t job_id, std::string& what) {
+        auto& s = self->state;
+        ++s.num_jobs_done;
+        auto j = s.job_to_request.find(job_id);
+        if (j == s.job_to_request.end()) return;
+        const uint64_t rid = j->second;
+        s.job_to_request.erase(j);
+        if (auto i = s.requests.find(rid); i != s.requests.end()) ++i->second.chunks_done;
+        fail_request(self, rid, errc::executor_failed, "prefill", what);
+        finish_if_done(self, rid);
+      },
+      [=](timer_atom, uint64_t id) { self->state.runner->fire(id); },
+      [=](xfer_atom, uint64_t request_id, uint32_t layer, uint64_t xfer_id) {
+        pending_put p{request_id, layer, xfer_id, self->clock().now()};
+        if (settle(self, p)) return;
+        self->state.pending.push_back(p);
+        if (!self->state.poll_scheduled) {
+          self->state.poll_scheduled = true;
+          self->delayed_send(self, std::chrono::microseconds{self->state.cfg.poll_interval_us}, poll_atom::value);
+        }
+      },
+      [=](poll_atom) {
+        auto& s = self->state;
+        s.poll_scheduled = false;
+        std::vector<pending_put> still;
+        for (const auto& p : s.pending)
+          if (!settle(self, p)) still.push_back(p);
+        s.pending = std::move(still);
+        if (!s.pending.empty()) {
+          s.poll_scheduled = true;
+          self->delayed_send(self, std::chrono::microseconds{s.cfg.poll_interval_us}, poll_atom::value);
+        }
+      },
+  };
+}
+
+}  // namespace
+
+prefill_rank_actor spawn_prefill_rank(caf::actor_system& sys, prefill_rank_config cfg,
+                                      std::shared_ptr<gpu::executor> exec,
+                                      std::shared_ptr<transport::transport> xport) {
+  return sys.spawn(prefill_rank_impl, std::move(cfg), std::move(exec), std::move(xport));
+}
+
+}  // namespace baton

@@ -1,0 +1,46 @@
+# Every dependency comes from Debian packages (scripts/setup.sh) except CUDA, which is optional.
+
+find_package(Threads REQUIRED)
+find_package(nlohmann_json 3.11 REQUIRED)
+
+# CAF 0.17.6: Debian ships no CMake config and no .pc file, so we import it by hand.
+find_path(CAF_INCLUDE_DIR caf/all.hpp REQUIRED)
+find_library(CAF_CORE_LIBRARY NAMES caf_core REQUIRED)
+find_library(CAF_IO_LIBRARY NAMES caf_io REQUIRED)
+add_library(caf_core_imp INTERFACE)
+target_include_directories(caf_core_imp SYSTEM INTERFACE ${CAF_INCLUDE_DIR})
+target_link_libraries(caf_core_imp INTERFACE ${CAF_CORE_LIBRARY} Threads::Threads)
+add_library(CAF::core ALIAS caf_core_imp)
+add_library(caf_io_imp INTERFACE)
+target_link_libraries(caf_io_imp INTERFACE ${CAF_IO_LIBRARY} CAF::core)
+add_library(CAF::io ALIAS caf_io_imp)
+
+# OpenBLAS only for the sgemm ceiling in bench/; the executor never calls it.
+find_library(OPENBLAS_LIBRARY NAMES openblas)
+find_path(CBLAS_INCLUDE_DIR cblas.h PATH_SUFFIXES openblas)
+
+# CUDA: optional, exactly as platform-notes §3. The CPU backend is always built.
+option(WITH_CUDA "Build CUDA kernels if a CUDA compiler is found" ON)
+set(HAVE_CUDA OFF)
+if(WITH_CUDA)
+  if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+  endif()
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 90)
+    endif()
+    enable_language(CUDA)
+    if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION)  # CMake 3.25 lacks these for nvcc
+      set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+      set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+    endif()
+    set(CMAKE_CUDA_STANDARD 20)
+    set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+    find_package(CUDAToolkit REQUIRED)
+    set(HAVE_CUDA ON)
+  endif()
+endif()
+message(STATUS "baton: CUDA backend ${HAVE_CUDA}")

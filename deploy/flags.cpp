@@ -1,0 +1,107 @@
+#include "deploy/flags.hpp"
+
+#include <charconv>
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <stdexcept>
+
+namespace baton::deploy {
+
+namespace {
+
+template <class T>
+std::string parse_integer(const std::string& v, T* out) {
+  T x{};
+  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+  if (ec != std::errc{} || p != v.data() + v.size()) return "expects a non-negative integer, got '" + v + "'";
+  *out = x;
+  return {};
+}
+
+}  // namespace
+
+void flag_set::add(std::string name, uint32_t* t, std::string help) {
+  flags_.push_back({std::move(name), std::move(help), true,
+                    [t](const std::string& v) { return parse_integer(v, t); }, std::to_string(*t)});
+}
+void flag_set::add(std::string name, uint64_t* t, std::string help) {
+  flags_.push_back({std::move(name), std::move(help), true,
+                    [t](const std::string& v) { return parse_integer(v, t); }, std::to_string(*t)});
+}
+void flag_set::add(std::string name, float* t, std::string help) {
+  flags_.push_back({std::move(name), std::move(help), true,
+                    [t](const std::string& v) -> std::string {
+                      try {
+                        size_t used = 0;
+                        const float x = std::stof(v, &used);
+                        if (used != v.size() || !std::isfinite(x)) throw std::invalid_argument{v};
+                        *t = x;
+                        return {};
+                      } catch (const std::exception&) {
+                        return "expects a number, got '" + v + "'";
+                      }
+                    },
+                    std::to_string(*t)});
+}
+void flag_set::add(std::string name, std::string* t, std::string help) {
+  flags_.push_back({std::move(name), std::move(help), true,
+                    [t](const std::string& v) {
+                      *t = v;
+                      return std::string{};
+                    },
+                    *t});
+}
+void flag_set::add(std::string name, std::vector<std::string>* t, std::string help) {
+  flags_.push_back({std::move(name), std::move(help), true,
+                    [t, first = std::make_shared<bool>(true)](const std::string& v) {
+                      if (*first) t->clear();  // given on the command line: replaces the defaults
+                      *first = false;
+                      t->push_back(v);
+                      return std::string{};
+                    },
+                    "(repeatable)"});
+}
+void flag_set::add(std::string name, bool* t, std::string help) {
+  flags_.push_back({std::move(name), std::move(help), false,
+                    [t](const std::string&) {
+                      *t = true;
+                      return std::string{};
+                    },
+                    *t ? "true" : "false"});
+}
+
+std::string flag_set::parse(const std::vector<std::string>& args) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string arg = args[i], value;
+    if (arg == "--help" || arg == "-h") {
+      help_ = true;
+      continue;
+    }
+    const auto eq = arg.find('=');
+    const bool inline_value = eq != std::string::npos;
+    if (inline_value) {
+      value = arg.substr(eq + 1);
+      arg = arg.substr(0, eq);
+    }
+    auto f = std::find_if(flags_.begin(), flags_.end(), [&](const flag& x) { return x.name == arg; });
+    if (f == flags_.end()) return "unknown flag '" + arg + "' (see --help)";
+    if (f->takes_value && !inline_value) {
+      if (i + 1 >= args.size()) return "flag " + arg + " needs a value";
+      value = args[++i];
+    }
+    if (auto err = f->set(value); !err.empty()) return "flag " + arg + " " + err;
+  }
+  return {};
+}
+
+std::string flag_set::usage() const {
+  std::string out;
+  for (const auto& f : flags_) {
+    out += "  " + f.name + (f.takes_value ? " <value>" : "");
+    out += std::string(f.name.size() < 24 ? 24 - f.name.size() : 1, ' ') + f.help + " [" + f.current + "]\n";
+  }
+  return out;
+}
+
+}  // namespace baton::deploy

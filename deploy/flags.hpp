@@ -1,0 +1,39 @@
+#pragma once
+
+// Command-line flags bound directly to fields of the typed config structs, so a flag and the
+// config key it sets are declared once. Unknown flags and malformed values are errors that
+// name the flag.
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace baton::deploy {
+
+class flag_set {
+public:
+  void add(std::string name, uint32_t* target, std::string help);
+  void add(std::string name, uint64_t* target, std::string help);
+  void add(std::string name, float* target, std::string help);
+  void add(std::string name, std::string* target, std::string help);
+  void add(std::string name, std::vector<std::string>* target, std::string help);  ///< repeatable
+  void add(std::string name, bool* target, std::string help);                      ///< no value
+
+  /// Parses args; returns an error sentence, or empty. "--help" sets help_requested().
+  std::string parse(const std::vector<std::string>& args);
+  bool help_requested() const { return help_; }
+  std::string usage() const;
+
+private:
+  struct flag {
+    std::string name, help;
+    bool takes_value = true;
+    std::function<std::string(const std::string&)> set;  ///< returns an error or empty
+    std::string current;
+  };
+  std::vector<flag> flags_;
+  bool help_ = false;
+};
+
+}  // namespace baton::deploy

@@ -1,0 +1,36 @@
+// The `baton` executable: one binary, subcommands (design.md).
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "deploy/commands.hpp"
+
+namespace {
+
+const char* usage =
+    "usage: baton <command> [flags]\n"
+    "\n"
+    "commands:\n"
+    "  local     run a disaggregated cluster (router, prefill and decode ranks) in this\n"
+    "            process on the built-in model and answer sample prompts\n"
+    "\n"
+    "`baton <command> --help` lists a command's flags.\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fputs(usage, stderr);
+    return 2;
+  }
+  const std::string cmd = argv[1];
+  std::vector<std::string> args(argv + 2, argv + argc);
+  if (cmd == "local") return baton::deploy::run_local(args);
+  if (cmd == "--help" || cmd == "-h" || cmd == "help") {
+    std::fputs(usage, stdout);
+    return 0;
+  }
+  std::fprintf(stderr, "baton: unknown command '%s'\n\n%s", cmd.c_str(), usage);
+  return 2;
+}

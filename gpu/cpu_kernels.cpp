@@ -1,0 +1,128 @@
+#include "gpu/cpu_kernels.hpp"
+
+#include <cmath>
+#include <cstring>
+
+#include "gpu/thread_pool.hpp"
+
+namespace baton::gpu {
+
+namespace {
+
+using v8 = float __attribute__((vector_size(32)));
+
+inline v8 load8(const float* p) {
+  v8 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+/// The one place that defines how 8 lane partial sums become a scalar.
+inline float reduce8(v8 a) {
+  return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+}
+
+/// R rows of x against C rows of w. Lane j of acc[r][c] sums x[r][i]·w[c][i] over i ≡ j (mod 8)
+/// in increasing i; the tail k % 8 goes to lanes 0.. in order. Same per element for any R, C.
+template <int R, int C>
+#if defined(__x86_64__) && !defined(__AVX2__)
+__attribute__((target_clones("avx2", "default")))
+#endif
+void micro_kernel(const float* const* xs, const float* const* ws, size_t k, float* out /* [R][C] */) {
+  v8 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = v8{0, 0, 0, 0, 0, 0, 0, 0};
+  size_t i = 0;
+  for (; i + 8 <= k; i += 8) {
+    v8 wv[C];
+    for (int c = 0; c < C; ++c) wv[c] = load8(ws[c] + i);
+    for (int r = 0; r < R; ++r) {
+      const v8 xv = load8(xs[r] + i);
+      for (int c = 0; c < C; ++c) acc[r][c] += xv * wv[c];
+    }
+  }
+  for (size_t j = 0; i + j < k; ++j)
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) acc[r][c][j] += xs[r][i + j] * ws[c][i + j];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) out[r * C + c] = reduce8(acc[r][c]);
+}
+
+template <int C>
+void rows_against(const float* x, size_t m, size_t k, const float* w, size_t n0, float* y, size_t n) {
+  const float* ws[C];
+  for (int c = 0; c < C; ++c) ws[c] = w + (n0 + c) * k;
+  size_t r = 0;
+  float out[2 * C];
+  for (; r + 2 <= m; r += 2) {
+    const float* xs[2] = {x + r * k, x + (r + 1) * k};
+    micro_kernel<2, C>(xs, ws, k, out);
+    for (int c = 0; c < C; ++c) {
+      y[r * n + n0 + c] = out[c];
+      y[(r + 1) * n + n0 + c] = out[C + c];
+    }
+  }
+  for (; r < m; ++r) {
+    const float* xs[1] = {x + r * k};
+    micro_kernel<1, C>(xs, ws, k, out);
+    for (int c = 0; c < C; ++c) y[r * n + n0 + c] = out[c];
+  }
+}
+
+}  // namespace
+
+float dot_fixed(const float* a, const float* b, size_t k) {
+  float out;
+  const float* xs[1] = {a};
+  const float* ws[1] = {b};
+  micro_kernel<1, 1>(xs, ws, k, &out);
+  return out;
+}
+
+void matmul_nt(const float* x, size_t m, size_t k, const float* w, size_t n, float* y, thread_pool* pool) {
+  constexpr size_t tile = 4;
+  auto body = [&](size_t begin, size_t end) {
+    size_t j = begin;
+    for (; j + tile <= end; j += tile) rows_against<tile>(x, m, k, w, j, y, n);
+    for (; j < end; ++j) rows_against<1>(x, m, k, w, j, y, n);
+  };
+  if (pool)
+    pool->parallel_for(n, tile, body);
+  else
+    body(0, n);
+}
+
+void rmsnorm(const float* x, const float* weight, size_t rows, size_t dim, float eps, float* y) {
+  for (size_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * dim;
+    float* yr = y + r * dim;
+    const float mean_sq = dot_fixed(xr, xr, dim) / static_cast<float>(dim);
+    const float inv = 1.0f / std::sqrt(mean_sq + eps);
+    for (size_t i = 0; i < dim; ++i) yr[i] = weight[i] * (xr[i] * inv);
+  }
+}
+
+void rope_apply(float* x, uint32_t num_heads, uint32_t head_dim, uint32_t pos, float theta) {
+  const uint32_t half = head_dim / 2;
+  for (uint32_t i = 0; i < half; ++i) {
+    const float inv_freq = 1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
+    const float angle = static_cast<float>(pos) * inv_freq;
+    const float c = std::cos(angle), s = std::sin(angle);
+    for (uint32_t h = 0; h < num_heads; ++h) {
+      float* v = x + h * head_dim;
+      const float x1 = v[i], x2 = v[i + half];
+      v[i] = x1 * c - x2 * s;
+      v[i + half] = x2 * c + x1 * s;
+    }
+  }
+}
+
+void swiglu(const float* gate, const float* up, size_t n, float* a) {
+  for (size_t i = 0; i < n; ++i) a[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+}
+
+void add_inplace(float* x, const float* y, size_t n) {
+  for (size_t i = 0; i < n; ++i) x[i] += y[i];
+}
+
+}  // namespace baton::gpu

@@ -1,0 +1,35 @@
+#pragma once
+
+// Reference CPU kernels of the executor. Each output element has one fixed reduction order
+// (8 interleaved partial sums over k, combined pairwise), whatever the batch size, the tiling
+// or the thread count: this is what makes a request's numbers independent of who shares its
+// batch, and a chunked prefill equal to token-by-token decoding.
+
+#include <cstddef>
+#include <cstdint>
+
+namespace baton::gpu {
+
+class thread_pool;
+
+/// Fixed-order dot product of two length-k vectors.
+float dot_fixed(const float* a, const float* b, size_t k);
+
+/// y[m][n] = x[m][k] · w[n][k]ᵀ (w is row-major [out][in], as nn.Linear stores it).
+/// `pool` may be null (single thread).
+void matmul_nt(const float* x, size_t m, size_t k, const float* w, size_t n, float* y, thread_pool* pool);
+
+/// y = x / sqrt(mean(x²) + eps) · weight, for `rows` rows of `dim` values.
+void rmsnorm(const float* x, const float* weight, size_t rows, size_t dim, float eps, float* y);
+
+/// Rotary embedding in Hugging Face's rotate_half convention (pairs i and i + head_dim/2),
+/// applied in place to `num_heads` heads of one token at position `pos`.
+void rope_apply(float* x, uint32_t num_heads, uint32_t head_dim, uint32_t pos, float theta);
+
+/// a[i] = silu(gate[i]) · up[i]
+void swiglu(const float* gate, const float* up, size_t n, float* a);
+
+/// In-place x[i] += y[i].
+void add_inplace(float* x, const float* y, size_t n);
+
+}  // namespace baton::gpu

@@ -1,0 +1,83 @@
+#pragma once
+
+// The executor interface: the model on one device (or CPU threads), driven asynchronously.
+//
+// An actor submits a forward job and returns at once; the executor runs it on its own threads
+// (or, when modelled, on virtual time) and reports through the job's sink. Nothing here knows
+// about CAF, so the same executors serve the runtime, tests, benchmarks and sims.
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gpu/kv_cache.hpp"
+#include "gpu/model_config.hpp"
+
+namespace baton::gpu {
+
+/// One sequence's part of a forward pass: `tokens` at positions start_pos, start_pos+1, ...
+/// Prefill chunks have many tokens; decode steps have one.
+struct forward_seq {
+  uint64_t seq_id = 0;             ///< the request id, for error messages and logs
+  std::vector<int32_t> tokens;
+  uint32_t start_pos = 0;          ///< tokens already in this sequence's KV (cached prefix)
+  std::vector<uint32_t> pages;     ///< KV pages covering positions [0, start_pos + tokens.size())
+  bool want_logits = true;         ///< logits of the last token are returned
+};
+
+/// A batch: rows of all sequences go through each matrix product together.
+struct forward_job {
+  uint64_t job_id = 0;
+  std::vector<forward_seq> seqs;
+};
+
+/// Where an executor reports. Calls come from the executor's own thread (CPU backend) or from
+/// the owner's thread (modelled backend), in this order per job: on_layer_done(0..L-1), then
+/// on_done or on_failed. Implementations must be thread-safe and must not block.
+class executor_sink {
+public:
+  virtual ~executor_sink() = default;
+  /// Layer `layer` of every sequence in the job has its KV written: a sender may ship it now.
+  /// Called before the next layer's compute finishes (stream order).
+  virtual void on_layer_done(uint64_t job_id, uint32_t layer) = 0;
+  /// logits[i] is sequence i's last-token logits (empty when it did not want them).
+  virtual void on_done(uint64_t job_id, std::vector<std::vector<float>> logits) = 0;
+  virtual void on_failed(uint64_t job_id, std::string what) = 0;
+};
+
+/// Runs callbacks later on the owner's timeline. The owning actor implements it with timers,
+/// so a modelled executor advances virtual time under CAF's test coordinator. Callbacks run on
+/// the owner's thread.
+class deferred_runner {
+public:
+  virtual ~deferred_runner() = default;
+  virtual void run_after(std::chrono::nanoseconds delay, std::function<void()> fn) = 0;
+};
+
+class executor {
+public:
+  virtual ~executor() = default;
+  virtual const model_config& config() const = 0;
+  /// The KV pool this executor computes into. Its allocator belongs to the owning actor.
+  virtual kv_cache& kv() = 0;
+  /// A short description for logs ("cpu x2 threads", "modelled").
+  virtual std::string describe() const = 0;
+  /// Queues the job; jobs run in submission order. Never blocks on compute.
+  virtual void submit(forward_job job, std::shared_ptr<executor_sink> sink) = 0;
+  /// Gives a modelled executor its timeline; real executors ignore it.
+  virtual void bind_runner(deferred_runner*) {}
+};
+
+/// How the CPU executor is built.
+struct cpu_executor_config {
+  unsigned num_threads = 1;      ///< threads doing math (one of them also runs the job queue)
+  uint32_t num_kv_pages = 512;
+  uint32_t page_size_tokens = 16;
+
+  std::string validate() const;
+};
+
+}  // namespace baton::gpu

@@ -1,0 +1,68 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+namespace baton::gpu {
+
+/// Byte layout of a paged KV pool, shipped to peers so they can address pages they do not own.
+///
+/// Memory is layer-major: [layer][page][k|v][slot][kv_dim] fp32. One layer of many pages is
+/// therefore one strided region, which is what a per-layer send (and later a per-layer store
+/// prefetch) reads.
+struct kv_layout {
+  uint32_t num_layers = 0;
+  uint32_t num_pages = 0;
+  uint32_t page_size_tokens = 16;
+  uint32_t kv_dim = 0;  ///< num_key_value_heads * head_dim floats per token, for K and for V
+
+  uint64_t page_bytes() const { return uint64_t{2} * page_size_tokens * kv_dim * sizeof(float); }
+  uint64_t layer_stride_bytes() const { return page_bytes() * num_pages; }
+  uint64_t total_bytes() const { return layer_stride_bytes() * num_layers; }
+  /// Byte offset of (layer, page) inside the pool.
+  uint64_t offset_bytes(uint32_t layer, uint32_t page) const {
+    return layer * layer_stride_bytes() + page * page_bytes();
+  }
+};
+
+/// A pool of KV pages and its allocator.
+///
+/// Ownership: the allocator (kv_page_alloc / kv_page_free) belongs to the one actor that owns
+/// the pool; the page memory is written by that actor's executor thread and by transports
+/// (incoming KV), each only on pages the owner handed to them.
+class kv_cache {
+public:
+  explicit kv_cache(kv_layout layout);
+
+  const kv_layout& layout() const { return layout_; }
+  std::byte* data() { return reinterpret_cast<std::byte*>(memory_.data()); }
+  uint64_t size_bytes() const { return layout_.total_bytes(); }
+
+  /// Pointer to the K (or V) vector of token slot `slot` of `page` in `layer`.
+  float* k_at(uint32_t layer, uint32_t page, uint32_t slot) {
+    return memory_.data() + (layout_.offset_bytes(layer, page) / sizeof(float)) +
+           uint64_t{slot} * layout_.kv_dim;
+  }
+  float* v_at(uint32_t layer, uint32_t page, uint32_t slot) {
+    return k_at(layer, page, slot) + uint64_t{layout_.page_size_tokens} * layout_.kv_dim;
+  }
+
+  /// Takes `num_pages` free pages, or nothing when fewer are free (no partial allocation).
+  /// Pages come from a LIFO free list, so a pool with history hands out non-contiguous pages.
+  std::optional<std::vector<uint32_t>> kv_page_alloc(uint32_t num_pages);
+  void kv_page_free(const std::vector<uint32_t>& pages);
+  uint32_t num_free_pages() const { return static_cast<uint32_t>(free_.size()); }
+  uint32_t pages_for_tokens(uint32_t num_tokens) const {
+    return (num_tokens + layout_.page_size_tokens - 1) / layout_.page_size_tokens;
+  }
+
+private:
+  kv_layout layout_;
+  std::vector<float> memory_;
+  std::vector<uint32_t> free_;        ///< back() is handed out next
+  std::vector<bool> in_use_;          ///< guards against double free
+};
+
+}  // namespace baton::gpu

@@ -1,0 +1,35 @@
+#pragma once
+
+// Blocking helpers over the asynchronous executor, for tests, benchmarks and `baton profile`:
+// never call them from an actor handler.
+
+#include <string>
+#include <vector>
+
+#include "gpu/executor.hpp"
+#include "gpu/sampling.hpp"
+
+namespace baton::gpu {
+
+struct forward_outcome {
+  std::vector<std::vector<float>> logits;  ///< per sequence, as executor_sink::on_done gives them
+  std::string error;                       ///< non-empty when the executor refused the job
+};
+
+/// Submits one job and waits for it.
+forward_outcome run_blocking(executor& exec, forward_job job);
+
+struct colocated_generation {
+  std::vector<int32_t> tokens;                   ///< generated tokens, first one from prefill
+  std::vector<std::vector<float>> step_logits;   ///< step_logits[i] chose tokens[i]
+  std::vector<uint32_t> pages;                   ///< the KV pages the sequence used (freed)
+  std::string error;
+};
+
+/// The colocated reference: prefill in chunks of `chunk_tokens`, then decode one token per
+/// step, all on one executor and one page table. Stops after `max_new_tokens` or at <eos>.
+colocated_generation generate_colocated(executor& exec, const std::vector<int32_t>& prompt,
+                                        uint32_t max_new_tokens, uint32_t chunk_tokens,
+                                        const sampling_config& sampling = {});
+
+}  // namespace baton::gpu

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Installs every Debian package Baton needs. Idempotent: when everything is present it only
+# queries dpkg and exits (well under a second). CUDA is optional and never installed here:
+# the build picks up nvcc from /usr/local/cuda when it exists.
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config git ca-certificates
+  libcaf-dev            # CAF 0.17.6: actors, io middleman
+  libucx-dev ucx-utils  # UCX 1.13.1: KV transport between processes
+  nlohmann-json3-dev    # configs, cluster specs, traces
+  doctest-dev           # unit tests
+  libopenblas-dev       # sgemm ceiling in bench/ (the executor does not use it)
+  procps                # ps/pkill used by the cluster scripts
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+echo "setup: installing ${missing[*]}"
+sudo_cmd=()
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null 2>&1; then sudo_cmd=(sudo); else
+    echo "setup: need root (or sudo) to install: ${missing[*]}" >&2; exit 1
+  fi
+fi
+export DEBIAN_FRONTEND=noninteractive
+"${sudo_cmd[@]}" apt-get update -q
+"${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+echo "setup: done"

@@ -1,0 +1,127 @@
+#include "transport/fault_proxy.hpp"
+
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace baton::transport {
+
+namespace {
+
+class fault_proxy_impl final : public fault_proxy {
+public:
+  fault_proxy_impl(std::unique_ptr<transport> inner, fault_plan plan) : inner_(std::move(inner)), plan_(plan) {}
+
+  ~fault_proxy_impl() override {
+    if (scratch_key_) inner_->deregister_region(scratch_key_->region_id);
+  }
+
+  capabilities caps() const override {
+    auto c = inner_->caps();
+    c.name = "fault_proxy(" + c.name + ")";
+    return c;
+  }
+
+  std::optional<region_key> register_region(std::byte* base, uint64_t size_bytes, xfer_error* err) override {
+    auto key = inner_->register_region(base, size_bytes, err);
+    if (key) {
+      std::lock_guard<std::mutex> lock{mutex_};
+      local_bases_[key->region_id] = base;
+    }
+    return key;
+  }
+
+  void deregister_region(uint64_t region_id) override {
+    {
+      std::lock_guard<std::mutex> lock{mutex_};
+      local_bases_.erase(region_id);
+    }
+    inner_->deregister_region(region_id);
+  }
+
+  uint64_t post_put(const put_desc& d) override {
+    std::unique_lock<std::mutex> lock{mutex_};
+    const bool hit = injected_ < plan_.max_faults && (!plan_.at_layer || *plan_.at_layer == d.layer) &&
+                     (!plan_.for_request || *plan_.for_request == d.request_id) && !d.segments.empty();
+    if (!hit) {
+      lock.unlock();
+      return inner_->post_put(d);
+    }
+    ++injected_;
+    const uint64_t id = ++last_own_id_ | own_bit;
+    switch (plan_.kind) {
+      case fault_kind::fail:
+        own_[id] = {xfer_errc::injected_failure, true, d.request_id, d.peer, d.layer, "fault proxy failed this put"};
+        return id;
+      case fault_kind::stall:
+        stalled_.insert(id);
+        return id;
+      case fault_kind::corrupt_byte:
+        break;
+    }
+    // Land the put, then overwrite one byte at the destination with its flipped value, sent
+    // from a one-byte scratch region through the inner transport.
+    lock.unlock();
+    const uint64_t real = inner_->post_put(d);
+    lock.lock();
+    uint64_t r = plan_.seed * 0x9E3779B97F4A7C15ull + injected_;
+    const auto& seg = d.segments[r % d.segments.size()];
+    const uint64_t off = (r >> 16) % seg.size_bytes;
+    auto base = local_bases_.find(d.local_region);
+    if (base == local_bases_.end()) return real;  // unknown local region: the inner put reports it
+    if (!scratch_key_) {
+      xfer_error ignored;
+      scratch_key_ = inner_->register_region(&scratch_, 1, &ignored);
+    }
+    scratch_ = static_cast<std::byte>(~static_cast<uint8_t>(base->second[seg.src_offset + off]));
+    put_desc flip{d.request_id, d.layer, d.peer, scratch_key_->region_id, d.remote, {{0, seg.dst_offset + off, 1}}};
+    lock.unlock();
+    // Ordering: the loopback backend completes puts in post order, so the flip lands last.
+    inner_->release(inner_->post_put(flip));
+    return real;
+  }
+
+  xfer_state poll(uint64_t xfer_id, xfer_error* err) override {
+    if (!(xfer_id & own_bit)) return inner_->poll(xfer_id, err);
+    std::lock_guard<std::mutex> lock{mutex_};
+    if (stalled_.count(xfer_id)) return xfer_state::pending;
+    auto i = own_.find(xfer_id);
+    if (i == own_.end()) return xfer_state::failed;
+    if (err) *err = i->second;
+    return xfer_state::failed;
+  }
+
+  void release(uint64_t xfer_id) override {
+    if (!(xfer_id & own_bit)) return inner_->release(xfer_id);
+    std::lock_guard<std::mutex> lock{mutex_};
+    own_.erase(xfer_id);
+    stalled_.erase(xfer_id);
+  }
+
+  uint32_t num_injected() const override {
+    std::lock_guard<std::mutex> lock{mutex_};
+    return injected_;
+  }
+
+private:
+  static constexpr uint64_t own_bit = uint64_t{1} << 63;  ///< ids the proxy answers itself
+
+  std::unique_ptr<transport> inner_;
+  fault_plan plan_;
+  mutable std::mutex mutex_;
+  uint32_t injected_ = 0;
+  uint64_t last_own_id_ = 0;
+  std::unordered_map<uint64_t, std::byte*> local_bases_;
+  std::unordered_map<uint64_t, xfer_error> own_;
+  std::unordered_set<uint64_t> stalled_;
+  std::byte scratch_{};
+  std::optional<region_key> scratch_key_;
+};
+
+}  // namespace
+
+std::unique_ptr<fault_proxy> make_fault_proxy(std::unique_ptr<transport> inner, fault_plan plan) {
+  return std::make_unique<fault_proxy_impl>(std::move(inner), plan);
+}
+
+}  // namespace baton::transport

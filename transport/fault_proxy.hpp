@@ -1,0 +1,36 @@
+#pragma once
+
+// A transport that wraps another and injects faults, for tests and sims only (never a default).
+// Seeded: the same plan and seed damage the same byte of the same transfer on every run.
+
+#include <memory>
+#include <optional>
+
+#include "transport/transport.hpp"
+
+namespace baton::transport {
+
+enum class fault_kind : uint8_t {
+  corrupt_byte,  ///< the put lands, then one byte of it in the destination is flipped
+  fail,          ///< the put does nothing and reports injected_failure
+  stall,         ///< the put does nothing and stays pending forever
+};
+
+struct fault_plan {
+  fault_kind kind = fault_kind::corrupt_byte;
+  std::optional<uint32_t> at_layer;       ///< only puts of this layer (any layer when empty)
+  std::optional<uint64_t> for_request;    ///< only puts of this request (any when empty)
+  uint32_t max_faults = 1;                ///< faults injected before the proxy turns transparent
+  uint64_t seed = 1;                      ///< picks which segment and byte get corrupted
+};
+
+/// Wraps `inner`. Regions must be registered through the proxy (it needs the local bytes to
+/// corrupt a copy of them). `num_injected()` counts faults so tests can assert they happened.
+class fault_proxy : public transport {
+public:
+  virtual uint32_t num_injected() const = 0;
+};
+
+std::unique_ptr<fault_proxy> make_fault_proxy(std::unique_ptr<transport> inner, fault_plan plan);
+
+}  // namespace baton::transport

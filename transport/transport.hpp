@@ -1,0 +1,88 @@
+#pragma once
+
+// Moving KV bytes between ranks. One interface, several backends (in-process loopback now;
+// UCX and NCCL in their own issue), and a fault-injecting proxy for tests and sims.
+//
+// Lifecycle, as NIXL's backends: prepare (register_region on both sides, ship the region_key
+// to the peer in a message) -> post_put -> poll until done or failed -> release.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace baton::transport {
+
+/// Each code is documented as retryable (the same put may succeed later, or elsewhere) or fatal.
+enum class xfer_errc : uint8_t {
+  none = 0,
+  unknown_region,    ///< fatal: the key names no registered region (stale key, wrong fabric)
+  out_of_bounds,     ///< fatal: a segment leaves its region
+  peer_unreachable,  ///< retryable: the peer's endpoint is gone
+  injected_failure,  ///< retryable: the fault proxy failed the put on purpose
+  backend_error,     ///< fatal: the backend library reported an error
+};
+
+struct xfer_error {
+  xfer_errc code = xfer_errc::none;
+  bool retryable = false;
+  uint64_t request_id = 0;
+  std::string peer;
+  uint32_t layer = 0;
+  std::string what;
+  /// "request 7, peer decode-0, layer 3: segment [4096, 8192) outside region of 4096 bytes"
+  std::string to_string() const;
+};
+
+/// Describes a registered region to a peer; travels inside messages (plain data only).
+struct region_key {
+  std::string backend;          ///< which backend made it ("loopback", "ucx")
+  uint64_t region_id = 0;
+  uint64_t size_bytes = 0;
+  std::vector<uint8_t> packed;  ///< backend-specific remote key (e.g. a packed UCX rkey)
+};
+
+struct capabilities {
+  std::string name;
+  bool one_sided_put = false;     ///< writes into the peer's memory without its CPU
+  bool crosses_processes = false;
+  bool device_memory = false;     ///< can register GPU memory
+};
+
+/// One contiguous copy; offsets are relative to the start of each region.
+struct segment {
+  uint64_t src_offset = 0;
+  uint64_t dst_offset = 0;
+  uint64_t size_bytes = 0;
+};
+
+struct put_desc {
+  uint64_t request_id = 0;  ///< for error messages
+  uint32_t layer = 0;       ///< for error messages and fault targeting
+  std::string peer;         ///< the destination rank's name
+  uint64_t local_region = 0;
+  region_key remote;
+  std::vector<segment> segments;
+};
+
+enum class xfer_state : uint8_t { pending, done, failed };
+
+/// Backends are thread-safe: posts may come from an executor's thread while the owning actor
+/// polls. A post never blocks on the transfer itself.
+class transport {
+public:
+  virtual ~transport() = default;
+  virtual capabilities caps() const = 0;
+  /// prepare: makes [base, base + size_bytes) reachable by peers holding the returned key.
+  virtual std::optional<region_key> register_region(std::byte* base, uint64_t size_bytes, xfer_error* err) = 0;
+  virtual void deregister_region(uint64_t region_id) = 0;
+  /// Starts a put; the returned id is polled. Errors (also validation errors) surface in poll.
+  virtual uint64_t post_put(const put_desc& desc) = 0;
+  virtual xfer_state poll(uint64_t xfer_id, xfer_error* err) = 0;
+  /// Forgets a finished (or abandoned) transfer.
+  virtual void release(uint64_t xfer_id) = 0;
+};
+
+}  // namespace baton::transport
