@@ -69,7 +69,7 @@ void free_lease(decode_pointer self, uint64_t lease_id) {
 void maybe_step(decode_pointer self) {
   auto& st = self->state;
   if (st.step_in_flight || st.batch.empty()) return;
-  gpu::forward_job job{++st.last_job, {}};
+  gpu::forward_job job{++st.last_job, {}, gpu::forward_job::decode};
   st.step_leases.clear();
   for (const auto& s : st.batch) {
     if (job.seqs.size() == st.cfg.max_batch_size) break;

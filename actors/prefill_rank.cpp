@@ -1,5 +1,7 @@
 #include "actors/prefill_rank.hpp"
 
+#include <atomic>
+
 #include <caf/actor_system.hpp>
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
@@ -59,6 +61,9 @@ struct prefill_job_state {
   int32_t first_token = -1;
   std::vector<float> logits;
   bool failed = false;
+  caf::error failure;                 ///< answered once no queued chunk can still post a put
+  /// Read by the executor thread before each post: a failed request ships nothing more.
+  std::shared_ptr<std::atomic<bool>> cancelled = std::make_shared<std::atomic<bool>>(false);
 };
 
 struct prefill_state {
@@ -88,13 +93,15 @@ void finish_if_done(prefill_pointer self, uint64_t request_id) {
   const bool compute_finished = r.chunks_done == r.num_chunks;
   if (!r.failed && !(compute_finished && r.have_logits && r.layers_ready == st.exec->config().num_hidden_layers))
     return;
-  if (!r.failed)
+  // A failure is answered only when the executor is done with the request: after that no put
+  // of it can still be posted, so the decode rank may safely reuse the lease's pages.
+  if (r.failed && !compute_finished) return;
+  if (r.failed)
+    r.promise.deliver(std::move(r.failure));
+  else
     r.promise.deliver(prefill_result{request_id, r.first_token, std::move(r.logits), st.cfg.name});
-  // Pages are reused only when no queued chunk can still write into them.
-  if (compute_finished) {
-    st.exec->kv().kv_page_free(r.local_pages);
-    st.requests.erase(i);
-  }
+  st.exec->kv().kv_page_free(r.local_pages);
+  st.requests.erase(i);
 }
 
 void fail_request(prefill_pointer self, uint64_t request_id, errc code, const std::string& stage,
@@ -102,7 +109,8 @@ void fail_request(prefill_pointer self, uint64_t request_id, errc code, const st
   auto i = self->state.requests.find(request_id);
   if (i == self->state.requests.end() || i->second.failed) return;
   i->second.failed = true;
-  i->second.promise.deliver(make_error(code, where(request_id, self->state.cfg.name, stage) + ": " + what));
+  i->second.cancelled->store(true);
+  i->second.failure = make_error(code, where(request_id, self->state.cfg.name, stage) + ": " + what);
   finish_if_done(self, request_id);
 }
 
@@ -188,8 +196,10 @@ caf::result<prefill_result> start_prefill(prefill_pointer self, prefill_order or
         st.local_region, remote_key, order.grant.rank});
     // Runs on the executor thread right after layer `l` is computed, before layer l + 1: the
     // put is posted in stream order, and the actor polls it.
-    auto on_layer = [sender, xport = st.xport, log = st.log, owner = self->address()](uint64_t, uint32_t l) {
+    auto on_layer = [sender, xport = st.xport, log = st.log, owner = self->address(),
+                     cancelled = r.cancelled](uint64_t, uint32_t l) {
       log->add({0, "compute_done", sender->request_id, sender->chunk, l, 0});
+      if (cancelled->load()) return;
       const uint64_t xfer = xport->post_put(sender->put_for_layer(l));
       log->add({0, "send_posted", sender->request_id, sender->chunk, l, 0});
       if (auto h = caf::actor_cast<caf::actor>(owner)) caf::anon_send(h, xfer_atom::value, sender->request_id, l, xfer);

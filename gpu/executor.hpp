@@ -30,8 +30,10 @@ struct forward_seq {
 
 /// A batch: rows of all sequences go through each matrix product together.
 struct forward_job {
+  enum kind_t : uint8_t { prefill, decode };
   uint64_t job_id = 0;
   std::vector<forward_seq> seqs;
+  kind_t kind = prefill;  ///< the math is the same; cost models and logs tell them apart
 };
 
 /// Where an executor reports. Calls come from the executor's own thread (CPU backend) or from

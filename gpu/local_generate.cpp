@@ -58,7 +58,7 @@ colocated_generation generate_colocated(executor& exec, const std::vector<int32_
     out.tokens.push_back(tok);
     out.step_logits.push_back(last);
     if (tok == exec.config().eos_token_id || out.tokens.size() == max_new_tokens) break;
-    auto r = run_blocking(exec, forward_job{pos, {forward_seq{1, {tok}, pos, *pages, true}}});
+    auto r = run_blocking(exec, forward_job{pos, {forward_seq{1, {tok}, pos, *pages, true}}, forward_job::decode});
     if (!r.error.empty()) {
       out.error = r.error;
       break;

@@ -1,0 +1,86 @@
+#include "sims/modelled_executor.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+
+namespace baton::sims {
+
+int64_t modelled_layer_ns(const gpu::forward_job& job, const gpu::model_config& model,
+                          const modelled_executor_config& cfg) {
+  double us = 0.0;
+  if (job.kind == gpu::forward_job::decode) {
+    uint64_t context = 0;
+    for (const auto& s : job.seqs) context += s.start_pos + 1;
+    us = cfg.decode.step_us(job.seqs.size(), context);
+  } else {
+    for (const auto& s : job.seqs) us += cfg.prefill.prefill_us(s.tokens.size(), s.start_pos);
+  }
+  return std::llround(us * 1000.0 / model.num_hidden_layers);
+}
+
+namespace {
+
+class modelled_executor final : public gpu::executor {
+public:
+  modelled_executor(gpu::model_config model, modelled_executor_config cfg)
+    : model_(std::move(model)),
+      cfg_(cfg),
+      kv_(gpu::kv_layout{model_.num_hidden_layers, cfg.num_kv_pages, cfg.page_size_tokens, model_.kv_dim()}) {}
+
+  const gpu::model_config& config() const override { return model_; }
+  gpu::kv_cache& kv() override { return kv_; }
+  std::string describe() const override { return "modelled"; }
+  void bind_runner(gpu::deferred_runner* runner) override { runner_ = runner; }
+
+  void submit(gpu::forward_job job, std::shared_ptr<gpu::executor_sink> sink) override {
+    queue_.emplace_back(std::move(job), std::move(sink));
+    if (!busy_) start_next();
+  }
+
+private:
+  /// Runs queued jobs one at a time: layer l of a job ends (l + 1) · layer_ns after it starts.
+  void start_next() {
+    if (queue_.empty() || !runner_) {
+      busy_ = false;
+      return;
+    }
+    busy_ = true;
+    auto [job, sink] = std::move(queue_.front());
+    queue_.pop_front();
+    const int64_t layer_ns = modelled_layer_ns(job, model_, cfg_);
+    auto shared_job = std::make_shared<gpu::forward_job>(std::move(job));
+    step_layer(shared_job, sink, 0, layer_ns);
+  }
+
+  void step_layer(std::shared_ptr<gpu::forward_job> job, std::shared_ptr<gpu::executor_sink> sink, uint32_t layer,
+                  int64_t layer_ns) {
+    runner_->run_after(std::chrono::nanoseconds{layer_ns}, [this, job, sink, layer, layer_ns] {
+      sink->on_layer_done(job->job_id, layer);
+      if (layer + 1 < model_.num_hidden_layers) return step_layer(job, sink, layer + 1, layer_ns);
+      std::vector<std::vector<float>> logits(job->seqs.size());
+      for (size_t i = 0; i < job->seqs.size(); ++i)
+        if (job->seqs[i].want_logits) {
+          logits[i].assign(model_.vocab_size, 0.0f);
+          logits[i][static_cast<size_t>(cfg_.emitted_token) % model_.vocab_size] = 1.0f;
+        }
+      sink->on_done(job->job_id, std::move(logits));
+      start_next();
+    });
+  }
+
+  gpu::model_config model_;
+  modelled_executor_config cfg_;
+  gpu::kv_cache kv_;
+  gpu::deferred_runner* runner_ = nullptr;
+  std::deque<std::pair<gpu::forward_job, std::shared_ptr<gpu::executor_sink>>> queue_;
+  bool busy_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<gpu::executor> make_modelled_executor(gpu::model_config model, modelled_executor_config cfg) {
+  return std::make_unique<modelled_executor>(std::move(model), cfg);
+}
+
+}  // namespace baton::sims

@@ -1,0 +1,29 @@
+#pragma once
+
+// An executor that computes nothing and takes modelled time: the sim's stand-in for a GPU.
+// Its timeline is the owning actor's (deferred_runner), i.e. virtual time under CAF's test
+// coordinator. It owns a real (small) KV pool so transports have real regions to move.
+
+#include <memory>
+
+#include "gpu/executor.hpp"
+#include "policies/cost_model.hpp"
+
+namespace baton::sims {
+
+struct modelled_executor_config {
+  policies::cost_model prefill;            ///< time of a prefill chunk (split evenly over layers)
+  policies::decode_cost_model decode;      ///< time of a decode step
+  uint32_t num_kv_pages = 256;
+  uint32_t page_size_tokens = 16;
+  int32_t emitted_token = 'a';             ///< the token every step "predicts"
+};
+
+std::unique_ptr<gpu::executor> make_modelled_executor(gpu::model_config model, modelled_executor_config cfg);
+
+/// The modelled duration of a job, in nanoseconds per layer (the job takes L times this).
+/// Exposed so tests can sum the model independently of the actors.
+int64_t modelled_layer_ns(const gpu::forward_job& job, const gpu::model_config& model,
+                          const modelled_executor_config& cfg);
+
+}  // namespace baton::sims

@@ -1,0 +1,60 @@
+#pragma once
+
+// A real-threaded actor system with an in-process cluster, for actor tests.
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/scoped_actor.hpp>
+
+#include "actors/local_cluster.hpp"
+#include "actors/messages.hpp"
+
+namespace baton::test {
+
+struct cluster_system {
+  caf::actor_system_config cfg;
+  caf::actor_system sys;
+  static caf::actor_system_config& init(caf::actor_system_config& c) {
+    register_message_types(c);
+    c.set("scheduler.max-threads", 2);
+    c.set("logger.console-verbosity", caf::atom("quiet"));
+    return c;
+  }
+  cluster_system() : sys(init(cfg)) {}
+
+  /// Sends one request and waits (bounded) for its completion or error.
+  caf::expected<completion> generate(const router_actor& router, generate_request req) {
+    caf::scoped_actor self{sys};
+    caf::expected<completion> out{caf::error{}};
+    self->request(router, std::chrono::seconds{60}, generate_atom::value, std::move(req))
+        .receive([&](completion& c) { out = std::move(c); }, [&](caf::error& e) { out = std::move(e); });
+    return out;
+  }
+
+  template <class Handle>
+  std::vector<rank_event> events(const Handle& rank) {
+    caf::scoped_actor self{sys};
+    std::vector<rank_event> out;
+    self->request(rank, std::chrono::seconds{10}, events_atom::value)
+        .receive([&](std::vector<rank_event>& e) { out = std::move(e); }, [&](caf::error&) {});
+    return out;
+  }
+
+  template <class Handle>
+  rank_stats stats(const Handle& rank) {
+    caf::scoped_actor self{sys};
+    rank_stats out;
+    self->request(rank, std::chrono::seconds{10}, stats_atom::value)
+        .receive([&](rank_stats& s) { out = std::move(s); }, [&](caf::error&) {});
+    return out;
+  }
+
+  void stop(const local_cluster& c) {
+    caf::scoped_actor self{sys};
+    self->send_exit(c.router, caf::exit_reason::user_shutdown);
+    for (auto& r : c.prefill) self->send_exit(r.handle, caf::exit_reason::user_shutdown);
+    for (auto& r : c.decode) self->send_exit(r.handle, caf::exit_reason::user_shutdown);
+  }
+};
+
+}  // namespace baton::test

@@ -1,0 +1,208 @@
+#include <doctest/doctest.h>
+
+#include <map>
+
+#include "gpu/byte_tokenizer.hpp"
+#include "gpu/cpu_executor.hpp"
+#include "gpu/local_generate.hpp"
+#include "tests/actors/cluster_fixture.hpp"
+#include "tests/test_util.hpp"
+#include "transport/fault_proxy.hpp"
+
+using namespace baton;
+
+namespace {
+
+constexpr uint32_t chunk_tokens = 16;
+
+local_cluster_config small_cluster() {
+  local_cluster_config cfg;
+  cfg.executor.num_threads = 1;
+  cfg.executor.num_kv_pages = 64;
+  cfg.prefill.chunk_tokens = chunk_tokens;
+  return cfg;
+}
+
+/// The same prompt on one executor, same chunk schedule, same weights.
+gpu::colocated_generation colocated(const local_cluster_config& cfg, const std::vector<int32_t>& prompt,
+                                    uint32_t max_tokens) {
+  auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
+  auto exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
+  return gpu::generate_colocated(*exec, prompt, max_tokens, chunk_tokens);
+}
+
+std::vector<int32_t> encode(const local_cluster_config& cfg, const std::string& text) {
+  return gpu::byte_tokenizer{cfg.model.bos_token_id, cfg.model.eos_token_id}.encode(text);
+}
+
+const std::vector<std::string> prompts = {
+    "The capital of France is",                                  // < one chunk
+    "def fibonacci(n): return n if n < 2 else fibonacci(n-1)",   // several chunks
+    "Once upon a time, in a land far away, there lived a decode rank.",
+};
+
+}  // namespace
+
+TEST_CASE("disaggregated tokens and every step's logits equal the colocated run, bit for bit") {
+  test::cluster_system t;
+  auto cfg = small_cluster();
+  auto cluster = start_local_cluster(t.sys, cfg);
+  std::vector<std::vector<int32_t>> outputs;
+  for (const auto& p : prompts) {
+    generate_request req;
+    req.prompt = p;
+    req.max_tokens = 12;
+    req.return_logits = true;
+    auto got = t.generate(cluster.router, req);
+    REQUIRE_MESSAGE(got, t.sys.render(got.error()));
+    auto ref = colocated(cfg, encode(cfg, p), 12);
+    REQUIRE(ref.error.empty());
+    CHECK(got->tokens == ref.tokens);
+    REQUIRE(got->step_logits.size() == ref.step_logits.size());
+    for (size_t i = 0; i < ref.step_logits.size(); ++i)
+      CHECK_MESSAGE(test::same_bits(got->step_logits[i], ref.step_logits[i]), "step " << i << " of '" << p << "'");
+    CHECK(got->prefill_rank == "prefill-0");
+    CHECK(got->decode_rank == "decode-0");
+    CHECK(got->tbt_us.size() + 1 == got->tokens.size());
+    outputs.push_back(got->tokens);
+  }
+  // The prompts continue differently, so equality above is not a coincidence of a constant model.
+  CHECK(outputs[0] != outputs[1]);
+  CHECK(outputs[1] != outputs[2]);
+  CHECK(outputs[0] != outputs[2]);
+  // Every lease was returned.
+  CHECK(t.stats(cluster.decode[0].handle).num_free_pages == cfg.executor.num_kv_pages);
+  CHECK(t.stats(cluster.prefill[0].handle).num_free_pages == cfg.executor.num_kv_pages);
+  t.stop(cluster);
+}
+
+TEST_CASE("negative control: one flipped byte in one transferred layer changes the decode rank's logits") {
+  test::cluster_system t;
+  auto cfg = small_cluster();
+  transport::fault_proxy* proxy = nullptr;
+  auto wrap = [&](std::unique_ptr<transport::transport> inner, const std::string& name)
+      -> std::shared_ptr<transport::transport> {
+    if (name != "prefill-0") return std::shared_ptr<transport::transport>{std::move(inner)};
+    auto p = transport::make_fault_proxy(std::move(inner), {transport::fault_kind::corrupt_byte, 2, {}, 1, 5});
+    proxy = p.get();
+    return std::shared_ptr<transport::transport>{std::move(p)};
+  };
+  auto cluster = start_local_cluster(t.sys, cfg, {}, wrap);
+  generate_request req;
+  req.prompt = prompts[1];
+  req.max_tokens = 6;
+  req.return_logits = true;
+  auto got = t.generate(cluster.router, req);
+  REQUIRE(got);
+  REQUIRE(proxy != nullptr);
+  CHECK(proxy->num_injected() == 1);
+  auto ref = colocated(cfg, encode(cfg, prompts[1]), 6);
+  // The first token comes from the prefill rank's own KV: unaffected.
+  CHECK(test::same_bits(got->step_logits[0], ref.step_logits[0]));
+  // Decode steps read the corrupted page: their logits differ.
+  bool any_differs = false;
+  for (size_t i = 1; i < std::min(got->step_logits.size(), ref.step_logits.size()); ++i)
+    any_differs |= !test::same_bits(got->step_logits[i], ref.step_logits[i]);
+  CHECK(any_differs);
+  t.stop(cluster);
+}
+
+TEST_CASE("layer-wise handoff: layer l's send is posted before layer l+1's compute finishes") {
+  test::cluster_system t;
+  auto cfg = small_cluster();
+  auto cluster = start_local_cluster(t.sys, cfg);
+  generate_request req;
+  req.prompt = prompts[2];  // 66 tokens: 5 chunks of 16
+  req.max_tokens = 2;
+  REQUIRE(t.generate(cluster.router, req));
+  auto log = t.events(cluster.prefill[0].handle);
+  const uint32_t layers = cfg.model.num_hidden_layers;
+  std::map<std::tuple<std::string, uint32_t, uint32_t>, uint64_t> seq;  // (kind, chunk, layer) -> seq
+  for (const auto& e : log) seq[{e.kind, e.chunk, e.layer}] = e.seq;
+  const uint32_t chunks = (static_cast<uint32_t>(encode(cfg, prompts[2]).size()) + chunk_tokens - 1) / chunk_tokens;
+  REQUIRE(chunks >= 3);
+  for (uint32_t c = 0; c < chunks; ++c)
+    for (uint32_t l = 0; l + 1 < layers; ++l) {
+      REQUIRE(seq.count({"send_posted", c, l}));
+      REQUIRE(seq.count({"compute_done", c, l + 1}));
+      CHECK(seq[{"send_posted", c, l}] < seq[{"compute_done", c, l + 1}]);
+    }
+  t.stop(cluster);
+}
+
+TEST_CASE("bad input gets a clear error naming the problem, and the cluster keeps serving") {
+  test::cluster_system t;
+  auto cfg = small_cluster();
+  auto cluster = start_local_cluster(t.sys, cfg);
+  auto expect_bad = [&](generate_request req, const std::string& words) {
+    auto got = t.generate(cluster.router, std::move(req));
+    REQUIRE_FALSE(got);
+    const auto text = t.sys.render(got.error());
+    CHECK_MESSAGE(text.find("bad_request") != std::string::npos, text);
+    CHECK_MESSAGE(text.find(words) != std::string::npos, text);
+  };
+  generate_request empty;
+  expect_bad(empty, "prompt is empty");
+  generate_request too_long;
+  too_long.prompt = std::string(cfg.model.max_position_embeddings, 'x');
+  expect_bad(too_long, "exceeds the model's context of 2048 tokens");
+  generate_request zero;
+  zero.prompt = "hi";
+  zero.max_tokens = 0;
+  expect_bad(zero, "max_tokens must be >= 1, got 0");
+  zero.max_tokens = -5;
+  expect_bad(zero, "max_tokens must be >= 1, got -5");
+  generate_request huge;
+  huge.prompt = "hi";
+  huge.max_tokens = 1'000'000'000;
+  expect_bad(huge, "max_tokens 1000000000 exceeds the limit of 2048");
+  generate_request unknown;
+  unknown.prompt_tokens = {256, 72, 9999, 1};
+  expect_bad(unknown, "prompt token 9999 at position 2 is outside the vocabulary [0, 259)");
+  unknown.prompt_tokens = {-1};
+  expect_bad(unknown, "prompt token -1 at position 0");
+  generate_request both;
+  both.prompt = "a";
+  both.prompt_tokens = {1};
+  expect_bad(both, "not both");
+  generate_request hot;
+  hot.prompt = "a";
+  hot.temperature = -1.0f;
+  expect_bad(hot, "temperature must be");
+
+  generate_request good;
+  good.prompt = "still serving?";
+  good.max_tokens = 3;
+  auto got = t.generate(cluster.router, good);
+  REQUIRE(got);
+  CHECK(got->tokens.size() >= 1);
+  CHECK(t.stats(cluster.decode[0].handle).num_free_pages == cfg.executor.num_kv_pages);
+  t.stop(cluster);
+}
+
+TEST_CASE("a failed transfer fails the request with request, rank and stage named and the next one succeeds") {
+  test::cluster_system t;
+  auto cfg = small_cluster();
+  auto wrap = [&](std::unique_ptr<transport::transport> inner, const std::string& name)
+      -> std::shared_ptr<transport::transport> {
+    if (name != "prefill-0") return std::shared_ptr<transport::transport>{std::move(inner)};
+    return std::shared_ptr<transport::transport>{
+        transport::make_fault_proxy(std::move(inner), {transport::fault_kind::fail, 1, {}, 1, 5})};
+  };
+  auto cluster = start_local_cluster(t.sys, cfg, {}, wrap);
+  generate_request req;
+  req.prompt = "this one loses layer 1";
+  req.max_tokens = 4;
+  auto got = t.generate(cluster.router, req);
+  REQUIRE_FALSE(got);
+  const auto text = t.sys.render(got.error());
+  CHECK_MESSAGE(text.find("transfer_failed") != std::string::npos, text);
+  CHECK_MESSAGE(text.find("request 1, rank prefill-0, stage kv_send") != std::string::npos, text);
+  CHECK_MESSAGE(text.find("layer 1") != std::string::npos, text);
+  req.prompt = "this one is fine";
+  got = t.generate(cluster.router, req);
+  CHECK(got);
+  // The failed request's lease went back to the decode rank.
+  CHECK(t.stats(cluster.decode[0].handle).num_free_pages == cfg.executor.num_kv_pages);
+  t.stop(cluster);
+}

@@ -1,0 +1,144 @@
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <memory>
+#include <numeric>
+
+#include "gpu/byte_tokenizer.hpp"
+#include "gpu/cpu_executor.hpp"
+#include "gpu/cpu_kernels.hpp"
+#include "gpu/local_generate.hpp"
+#include "gpu/thread_pool.hpp"
+#include "tests/test_util.hpp"
+
+using namespace baton;
+using namespace baton::gpu;
+
+namespace {
+
+std::shared_ptr<const model_weights> tiny_weights() {
+  static auto w = std::make_shared<const model_weights>(make_seeded_weights(builtin_tiny_config(), 7));
+  return w;
+}
+
+std::unique_ptr<executor> tiny_executor(unsigned threads = 1, uint32_t pages = 128) {
+  return make_cpu_executor(builtin_tiny_config(), tiny_weights(), cpu_executor_config{threads, pages, 16});
+}
+
+std::vector<int32_t> prompt(const char* text) {
+  auto c = builtin_tiny_config();
+  return byte_tokenizer{c.bos_token_id, c.eos_token_id}.encode(text);
+}
+
+}  // namespace
+
+TEST_CASE("matmul gives every element the same bits whatever the batch, tiling and threads") {
+  const size_t k = 67, n = 13;  // odd sizes: tails in k and in the 4-wide column tiles
+  std::vector<float> x(5 * k), w(n * k);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(static_cast<float>(i) * 0.37f);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = std::cos(static_cast<float>(i) * 0.11f);
+  std::vector<float> batched(5 * n), alone(n), threaded(5 * n);
+  matmul_nt(x.data(), 5, k, w.data(), n, batched.data(), nullptr);
+  thread_pool pool{3};
+  matmul_nt(x.data(), 5, k, w.data(), n, threaded.data(), &pool);
+  CHECK(test::same_bits(batched, threaded));
+  for (size_t r = 0; r < 5; ++r) {
+    matmul_nt(x.data() + r * k, 1, k, w.data(), n, alone.data(), nullptr);
+    CHECK(test::same_bits(alone, std::vector<float>(batched.begin() + r * n, batched.begin() + (r + 1) * n)));
+    // and it is a dot product: compare with a plain double-precision sum
+    for (size_t c = 0; c < n; ++c) {
+      double ref = 0;
+      for (size_t i = 0; i < k; ++i) ref += double{x[r * k + i]} * w[c * k + i];
+      CHECK(alone[c] == doctest::Approx(ref).epsilon(1e-5));
+    }
+  }
+}
+
+TEST_CASE("rmsnorm, rope and swiglu match their definitions") {
+  std::vector<float> x = {1, -2, 3, -4}, wt = {1, 1, 2, 0.5f}, y(4);
+  rmsnorm(x.data(), wt.data(), 1, 4, 0.0f, y.data());
+  const float inv = 1.0f / std::sqrt(30.0f / 4.0f);
+  CHECK(y[2] == doctest::Approx(2 * 3 * inv));
+  std::vector<float> v = {1, 0, 0, 1};  // one head of dim 4: pairs (0,2) and (1,3)
+  rope_apply(v.data(), 1, 4, 1, 10000.0f);
+  CHECK(v[0] == doctest::Approx(std::cos(1.0f)));
+  CHECK(v[2] == doctest::Approx(std::sin(1.0f)));
+  CHECK(v[3] == doctest::Approx(std::cos(0.01f)));  // inv_freq of pair 1 is 10000^(-1/2)
+  std::vector<float> g = {0.0f, 2.0f}, u = {3.0f, 1.0f}, a(2);
+  swiglu(g.data(), u.data(), 2, a.data());
+  CHECK(a[0] == 0.0f);
+  CHECK(a[1] == doctest::Approx(2.0f / (1.0f + std::exp(-2.0f))));
+}
+
+TEST_CASE("chunked prefill equals token-by-token, and one request's numbers do not depend on its batch") {
+  auto exec = tiny_executor(2);
+  const auto p = prompt("Layer by layer, the key-value cache moves.");
+  // Whole prompt in one chunk vs chunks of 5 tokens: same logits, same tokens.
+  auto whole = generate_colocated(*exec, p, 6, 0);
+  auto chunked = generate_colocated(*exec, p, 6, 5);
+  REQUIRE(whole.error.empty());
+  CHECK(whole.tokens == chunked.tokens);
+  CHECK(test::same_bits(whole.step_logits, chunked.step_logits));
+
+  // Three sequences of different lengths in one batch vs each alone.
+  const std::vector<std::vector<int32_t>> prompts = {prompt("a"), prompt("a longer prompt"), prompt("mid length")};
+  auto& kv = exec->kv();
+  std::vector<std::vector<uint32_t>> pages;
+  for (size_t i = 0; i < prompts.size(); ++i) pages.push_back(*kv.kv_page_alloc(2));
+  forward_job batch{1, {}};
+  for (size_t i = 0; i < prompts.size(); ++i) batch.seqs.push_back({i, prompts[i], 0, pages[i], true});
+  auto together = run_blocking(*exec, batch);
+  REQUIRE(together.error.empty());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto alone = run_blocking(*exec, forward_job{2, {forward_seq{i, prompts[i], 0, pages[i], true}}});
+    CHECK(test::same_bits(alone.logits[0], together.logits[i]));
+  }
+}
+
+TEST_CASE("paging is real: a fragmented pool gives non-contiguous pages and the same tokens") {
+  const auto p = prompt("Pages of sixteen tokens, scattered across the pool, hold the same numbers.");
+  auto fresh = tiny_executor();
+  auto ref = generate_colocated(*fresh, p, 8, 16);
+  REQUIRE(ref.error.empty());
+
+  auto exec = tiny_executor();
+  auto& kv = exec->kv();
+  std::vector<std::vector<uint32_t>> held;
+  for (int i = 0; i < 6; ++i) held.push_back(*kv.kv_page_alloc(2));
+  kv.kv_page_free(held[1]);
+  kv.kv_page_free(held[4]);
+  kv.kv_page_free(held[2]);
+  auto frag = generate_colocated(*exec, p, 8, 16);
+  REQUIRE(frag.error.empty());
+  bool contiguous = true;
+  for (size_t i = 1; i < frag.pages.size(); ++i) contiguous &= frag.pages[i] == frag.pages[i - 1] + 1;
+  CHECK_FALSE(contiguous);
+  CHECK(frag.pages != ref.pages);
+  CHECK(frag.tokens == ref.tokens);
+  CHECK(test::same_bits(frag.step_logits, ref.step_logits));
+}
+
+TEST_CASE("the executor refuses bad jobs with a message naming the sequence and the problem") {
+  auto exec = tiny_executor(1, 8);
+  auto pages = *exec->kv().kv_page_alloc(1);
+  auto r = run_blocking(*exec, forward_job{1, {forward_seq{42, {300}, 0, pages, true}}});
+  CHECK(r.error.find("sequence 42") != std::string::npos);
+  CHECK(r.error.find("token id 300 outside the vocabulary") != std::string::npos);
+  r = run_blocking(*exec, forward_job{1, {forward_seq{43, std::vector<int32_t>(20, 1), 0, pages, true}}});
+  CHECK(r.error.find("cannot hold 20 tokens") != std::string::npos);
+  r = run_blocking(*exec, forward_job{1, {forward_seq{44, {1}, 0, {99}, true}}});
+  CHECK(r.error.find("KV page 99 does not exist") != std::string::npos);
+  // ... and keeps working afterwards.
+  r = run_blocking(*exec, forward_job{1, {forward_seq{45, {1, 2}, 0, pages, true}}});
+  CHECK(r.error.empty());
+  CHECK(r.logits[0].size() == builtin_tiny_config().vocab_size);
+}
+
+TEST_CASE("seeded weights are deterministic and the model is sensitive to its input") {
+  auto a = make_seeded_weights(builtin_tiny_config(), 7);
+  CHECK(test::same_bits(a.layers[2].w_up, tiny_weights()->layers[2].w_up));
+  auto exec = tiny_executor();
+  auto x = generate_colocated(*exec, prompt("The capital of France is"), 8, 0);
+  auto y = generate_colocated(*exec, prompt("def fibonacci(n):"), 8, 0);
+  CHECK(x.tokens != y.tokens);
+}
