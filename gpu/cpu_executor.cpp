@@ -159,16 +159,22 @@ private:
       sink.on_layer_done(job.job_id, l);
     }
 
-    std::vector<std::vector<float>> logits(job.seqs.size());
+    // LM head: one matrix product over the last row of every sequence that wants logits, so the
+    // (large) head matrix is streamed once per step, not once per sequence.
+    std::vector<size_t> wanting;
     size_t last_row = 0;
-    std::vector<float> normed(h);
     for (size_t s = 0; s < job.seqs.size(); ++s) {
       last_row += job.seqs[s].tokens.size();
       if (!job.seqs[s].want_logits) continue;
-      rmsnorm(act_.x.data() + (last_row - 1) * h, w.final_norm.data(), 1, h, c.rms_norm_eps, normed.data());
-      logits[s].resize(c.vocab_size);
-      matmul_nt(normed.data(), 1, h, w.lm_head_data(), c.vocab_size, logits[s].data(), &pool_);
+      rmsnorm(act_.x.data() + (last_row - 1) * h, w.final_norm.data(), 1, h, c.rms_norm_eps,
+              act_.hn.data() + wanting.size() * h);
+      wanting.push_back(s);
     }
+    std::vector<float> all_logits(wanting.size() * c.vocab_size);
+    matmul_nt(act_.hn.data(), wanting.size(), h, w.lm_head_data(), c.vocab_size, all_logits.data(), &pool_);
+    std::vector<std::vector<float>> logits(job.seqs.size());
+    for (size_t i = 0; i < wanting.size(); ++i)
+      logits[wanting[i]].assign(all_logits.begin() + i * c.vocab_size, all_logits.begin() + (i + 1) * c.vocab_size);
     sink.on_done(job.job_id, std::move(logits));
   }
 

@@ -86,7 +86,9 @@ void matmul_nt(const float* x, size_t m, size_t k, const float* w, size_t n, flo
     for (; j + tile <= end; j += tile) rows_against<tile>(x, m, k, w, j, y, n);
     for (; j < end; ++j) rows_against<1>(x, m, k, w, j, y, n);
   };
-  if (pool)
+  // Waking the pool costs tens of microseconds: not worth it for small products.
+  constexpr size_t min_parallel_macs = size_t{1} << 20;
+  if (pool && m * n * k >= min_parallel_macs)
     pool->parallel_for(n, tile, body);
   else
     body(0, n);

@@ -1,0 +1,138 @@
+// CPU executor throughput next to the machine's ceilings, measured in the same run:
+//   - OpenBLAS sgemm at the executor's matrix shapes (the compute ceiling for prefill),
+//   - our fixed-order matmul at the same shapes (what batch invariance costs),
+//   - memcpy bandwidth (the ceiling for batch-1 decode, which streams every weight once).
+// Prints a markdown table for docs/perf.md. Usage: baton_bench_cpu [--threads N] [--quick]
+
+#include <cblas.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gpu/cpu_executor.hpp"
+#include "gpu/cpu_kernels.hpp"
+#include "gpu/local_generate.hpp"
+#include "gpu/thread_pool.hpp"
+
+extern "C" void openblas_set_num_threads(int);
+
+using namespace baton::gpu;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+/// Best of `reps` timings of fn (seconds).
+template <class F>
+double best_of(int reps, F&& fn) {
+  double best = 1e30;
+  for (int i = 0; i < reps; ++i) {
+    auto t0 = clock_type::now();
+    fn();
+    best = std::min(best, seconds_since(t0));
+  }
+  return best;
+}
+
+void gemm_row(const char* what, size_t m, size_t n, size_t k, unsigned threads) {
+  std::vector<float> a(m * k, 0.5f), b(n * k, 0.25f), c(m * n);
+  const double flops = 2.0 * static_cast<double>(m) * n * k;
+  openblas_set_num_threads(static_cast<int>(threads));
+  const double t_blas = best_of(5, [&] {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n),
+                static_cast<int>(k), 1.0f, a.data(), static_cast<int>(k), b.data(), static_cast<int>(k), 0.0f,
+                c.data(), static_cast<int>(n));
+  });
+  thread_pool pool{threads};
+  const double t_ours = best_of(5, [&] { matmul_nt(a.data(), m, k, b.data(), n, c.data(), &pool); });
+  std::printf("| %s | %zux%zux%zu | %.1f | %.1f | %.0f %% |\n", what, m, n, k, flops / t_blas / 1e9,
+              flops / t_ours / 1e9, 100.0 * t_blas / t_ours);
+}
+
+double memcpy_gbps() {
+  const size_t bytes = size_t{512} << 20;
+  std::vector<char> src(bytes, 1), dst(bytes, 0);
+  const double t = best_of(3, [&] { std::memcpy(dst.data(), src.data(), bytes); });
+  return 2.0 * static_cast<double>(bytes) / t / 1e9;  // bytes read + bytes written
+}
+
+void model_rows(const model_config& cfg, unsigned threads, uint32_t prompt_len, double mem_gbps, bool quick) {
+  auto weights = std::make_shared<const model_weights>(make_seeded_weights(cfg, 1));
+  auto exec = make_cpu_executor(cfg, weights, cpu_executor_config{threads, 512, 16});
+  std::vector<int32_t> prompt(prompt_len);
+  for (uint32_t i = 0; i < prompt_len; ++i) prompt[i] = static_cast<int32_t>((i * 7919) % 250);
+  // Per token, the decoder layers multiply every layer weight once (2 FLOPs each); the LM head
+  // runs once per sequence and the embedding is a lookup, so neither counts here.
+  const uint64_t head = uint64_t{cfg.vocab_size} * cfg.hidden_size;
+  const uint64_t layer_params = cfg.num_parameters() - head * (cfg.tie_word_embeddings ? 1 : 2) - cfg.hidden_size;
+  const double matmul_flops_per_token = 2.0 * static_cast<double>(layer_params);
+  auto& kv = exec->kv();
+  auto pages = *kv.kv_page_alloc(kv.pages_for_tokens(prompt_len + 64));
+  const int reps = quick ? 1 : 3;
+  const double t_prefill = best_of(reps, [&] {
+    run_blocking(*exec, forward_job{1, {forward_seq{1, prompt, 0, pages, true}}});
+  });
+  std::printf("| %s | prefill %u tokens | %u | %.0f tok/s | %.1f GFLOP/s (matmul part) |\n", cfg.name.c_str(),
+              prompt_len, threads, prompt_len / t_prefill, matmul_flops_per_token * prompt_len / t_prefill / 1e9);
+  for (uint32_t batch : {1u, 8u}) {
+    std::vector<std::vector<uint32_t>> seq_pages(batch, pages);
+    std::vector<std::vector<uint32_t>> own;
+    for (uint32_t b = 1; b < batch; ++b) {
+      own.push_back(*kv.kv_page_alloc(kv.pages_for_tokens(prompt_len + 64)));
+      run_blocking(*exec, forward_job{1, {forward_seq{b + 1, prompt, 0, own.back(), false}}});
+      seq_pages[b] = own.back();
+    }
+    const uint32_t steps = quick ? 4 : 16;
+    auto t0 = clock_type::now();
+    for (uint32_t s = 0; s < steps; ++s) {
+      forward_job job{2, {}, forward_job::decode};
+      for (uint32_t b = 0; b < batch; ++b) job.seqs.push_back({b + 1, {65}, prompt_len + s, seq_pages[b], true});
+      run_blocking(*exec, std::move(job));
+    }
+    const double per_step = seconds_since(t0) / steps;
+    // A decode step streams every layer weight and the LM head once, whatever the batch.
+    const double weight_bytes = static_cast<double>(layer_params + head) * sizeof(float);
+    std::printf("| %s | decode batch %u, context %u | %u | %.0f tok/s | %.1f GB/s of weights (memcpy %.1f) |\n",
+                cfg.name.c_str(), batch, prompt_len, threads, batch / per_step, weight_bytes / per_step / 1e9,
+                mem_gbps);
+    for (auto& p : own) kv.kv_page_free(p);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  unsigned threads = 1;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--threads" && i + 1 < argc)
+      threads = static_cast<unsigned>(std::stoul(argv[++i]));
+    else if (a == "--quick")
+      quick = true;
+    else {
+      std::fprintf(stderr, "usage: %s [--threads N] [--quick]\n", argv[0]);
+      return 2;
+    }
+  }
+  std::printf("## CPU executor, %u thread(s)\n\n", threads);
+  std::printf("| matmul | m x n x k | OpenBLAS sgemm GFLOP/s | Baton matmul_nt GFLOP/s | ours / OpenBLAS |\n");
+  std::printf("|---|---|---|---|---|\n");
+  gemm_row("prefill, 100M q-proj", 512, 768, 768, threads);
+  gemm_row("prefill, 100M mlp-up", 512, 2048, 768, threads);
+  gemm_row("decode batch 8, mlp-up", 8, 2048, 768, threads);
+  gemm_row("decode batch 1, mlp-up", 1, 2048, 768, threads);
+  const double mem = memcpy_gbps();
+  std::printf("\nmemcpy (512 MiB, read + write): %.1f GB/s\n\n", mem);
+  std::printf("| model | work | threads | throughput | vs ceiling |\n|---|---|---|---|---|\n");
+  model_rows(builtin_tiny_config(), threads, 256, mem, quick);
+  model_rows(llama_100m_config(), threads, quick ? 128 : 512, mem, quick);
+  return 0;
+}
