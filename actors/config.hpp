@@ -35,13 +35,14 @@ struct decode_rank_config {
 
 /// Deadlines of a request's hops. Each failure names the hop (stage) that timed out.
 struct request_config {
+  uint32_t place_timeout_ms = 5000;     ///< a balancer answers a placement
   uint32_t reserve_timeout_ms = 5000;   ///< decode rank answers a KV reservation
   uint32_t prefill_timeout_ms = 60000;  ///< prefill rank computes and ships every layer
-  uint32_t decode_timeout_ms = 300000;  ///< decode rank finishes the whole generation
+  uint32_t token_timeout_ms = 30000;    ///< decode rank produces the next token
   uint32_t lease_ms = 30000;            ///< KV reservation lifetime until decode begins
 
   std::string validate() const {
-    if (!reserve_timeout_ms || !prefill_timeout_ms || !decode_timeout_ms || !lease_ms)
+    if (!place_timeout_ms || !reserve_timeout_ms || !prefill_timeout_ms || !token_timeout_ms || !lease_ms)
       return "request timeouts and lease_ms must all be >= 1 ms";
     if (lease_ms < prefill_timeout_ms / 1000) return "lease_ms is shorter than any useful prefill";
     return {};

@@ -26,6 +26,8 @@ struct lease {
   bool decoding = false;
   bool has_order = false;
   bool release_after_step = false;  ///< released while a step was writing its pages
+  caf::actor_clock::time_point order_at;  ///< decode order arrival (queue time starts)
+  int64_t queue_us = 0;                   ///< order arrival -> joined the batch
   decode_order order;
   caf::typed_response_promise<decode_summary> promise;
 };
@@ -53,10 +55,26 @@ struct decode_state {
   std::vector<running_seq> batch;
   bool step_in_flight = false;
   std::vector<uint64_t> step_leases;  ///< lease ids of the step in flight, in row order
+  size_t batch_cursor = 0;            ///< where the next step starts when the batch exceeds max_batch_size
+  decode_balancer_actor balancer;     ///< told our load after every change (may be null)
   static inline const char* name = "baton.decode_rank";
 };
 
 using decode_pointer = decode_rank_actor::stateful_pointer<decode_state>;
+
+int64_t micros(caf::actor_clock::duration_type d) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(d).count();
+}
+
+void report_load(decode_pointer self) {
+  auto& st = self->state;
+  if (!st.balancer) return;
+  const auto& pool = st.exec->kv();
+  self->send(st.balancer, load_atom::value,
+             rank_load{st.cfg.name, 0, static_cast<uint32_t>(st.leases.size()), pool.num_free_pages(),
+                       pool.layout().num_pages},
+             caf::actor_cast<decode_rank_actor>(self));
+}
 
 void free_lease(decode_pointer self, uint64_t lease_id) {
   auto& st = self->state;
@@ -64,6 +82,7 @@ void free_lease(decode_pointer self, uint64_t lease_id) {
   if (i == st.leases.end()) return;
   st.exec->kv().kv_page_free(i->second.pages);
   st.leases.erase(i);
+  report_load(self);
 }
 
 void maybe_step(decode_pointer self) {
@@ -71,13 +90,21 @@ void maybe_step(decode_pointer self) {
   if (st.step_in_flight || st.batch.empty()) return;
   gpu::forward_job job{++st.last_job, {}, gpu::forward_job::decode};
   st.step_leases.clear();
-  for (const auto& s : st.batch) {
-    if (job.seqs.size() == st.cfg.max_batch_size) break;
+  rank_event ev{0, "step", 0, 0, 0, {}, {}};
+  // When more sequences wait than one step takes, start each step where the last one stopped,
+  // so every sequence advances in turn.
+  const size_t n = std::min<size_t>(st.batch.size(), st.cfg.max_batch_size);
+  const size_t first = st.batch.size() > n ? st.batch_cursor % st.batch.size() : 0;
+  for (size_t k = 0; k < n; ++k) {
+    const auto& s = st.batch[(first + k) % st.batch.size()];
     const auto& l = st.leases.at(s.lease_id);
     job.seqs.push_back(gpu::forward_seq{l.request_id, {s.next_input}, s.pos, l.pages, true});
     st.step_leases.push_back(s.lease_id);
+    ev.batch_requests.push_back(l.request_id);
+    ev.batch_contexts.push_back(s.pos + 1);
   }
-  st.log->add({0, "step", 0, 0, 0, static_cast<uint32_t>(job.seqs.size())});
+  st.batch_cursor = first + n;
+  st.log->add(std::move(ev));
   st.step_in_flight = true;
   st.exec->submit(std::move(job), std::make_shared<forwarding_sink>(self->address()));
 }
@@ -91,6 +118,7 @@ void maybe_admit(decode_pointer self, uint64_t lease_id) {
   auto& l = i->second;
   if (l.decoding || !l.has_order || l.num_landed != st.exec->config().num_hidden_layers) return;
   l.decoding = true;
+  l.queue_us = micros(self->clock().now() - l.order_at);
   st.batch.push_back(running_seq{lease_id, l.order.prompt_len, l.order.first_token, 0});
   maybe_step(self);
 }
@@ -106,7 +134,7 @@ void finish_seq(decode_pointer self, uint64_t lease_id, const std::string& reaso
       st.batch.erase(s);
       break;
     }
-  i->second.promise.deliver(decode_summary{i->second.request_id, generated, reason});
+  i->second.promise.deliver(decode_summary{i->second.request_id, generated, reason, i->second.queue_us});
   free_lease(self, lease_id);
 }
 
@@ -146,8 +174,10 @@ void on_step_done(decode_pointer self, std::vector<std::vector<float>>& logits) 
 
 decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_rank_config cfg,
                                                   std::shared_ptr<gpu::executor> exec,
-                                                  std::shared_ptr<transport::transport> xport) {
+                                                  std::shared_ptr<transport::transport> xport,
+                                                  decode_balancer_actor balancer) {
   auto& st = self->state;
+  st.balancer = std::move(balancer);
   st.cfg = std::move(cfg);
   st.exec = std::move(exec);
   st.xport = std::move(xport);
@@ -165,6 +195,7 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
   self->attach_functor([xp = st.xport, region = st.region.region_id] {
     if (region) xp->deregister_region(region);
   });
+  report_load(self);  // registers this rank with its balancer
   return {
       [=](reserve_atom, const kv_lease_reserve& req) -> caf::result<kv_lease_grant> {
         auto& s = self->state;
@@ -183,6 +214,7 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
         l.pages = *pages;
         l.landed.assign(s.exec->config().num_hidden_layers, false);
         self->delayed_send(self, std::chrono::milliseconds{req.lease_ms}, expire_atom::value, id);
+        report_load(self);
         return kv_lease_grant{req.request_id, id, s.cfg.name, s.region, *pages};
       },
       [=](release_atom, uint64_t lease_id) {
@@ -220,6 +252,7 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
         auto& l = i->second;
         l.order = std::move(order);
         l.has_order = true;
+        l.order_at = self->clock().now();
         l.promise = self->make_response_promise<decode_summary>();
         auto promise = l.promise;
         maybe_admit(self, i->first);
@@ -269,8 +302,8 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
 
 decode_rank_actor spawn_decode_rank(caf::actor_system& sys, decode_rank_config cfg,
                                     std::shared_ptr<gpu::executor> exec,
-                                    std::shared_ptr<transport::transport> xport) {
-  return sys.spawn(decode_rank_impl, std::move(cfg), std::move(exec), std::move(xport));
+                                    std::shared_ptr<transport::transport> xport, decode_balancer_actor balancer) {
+  return sys.spawn(decode_rank_impl, std::move(cfg), std::move(exec), std::move(xport), std::move(balancer));
 }
 
 }  // namespace baton

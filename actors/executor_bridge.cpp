@@ -6,6 +6,11 @@
 
 namespace baton {
 
+void forwarding_sink::on_started(uint64_t job_id) {
+  if (!report_start_) return;
+  if (auto owner = caf::actor_cast<caf::actor>(owner_)) caf::anon_send(owner, exec_start_atom::value, job_id);
+}
+
 void forwarding_sink::on_layer_done(uint64_t job_id, uint32_t layer) {
   if (on_layer_) on_layer_(job_id, layer);
 }

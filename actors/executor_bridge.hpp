@@ -41,8 +41,11 @@ private:
 /// thread (stream order) and must be thread-safe.
 class forwarding_sink : public gpu::executor_sink {
 public:
-  forwarding_sink(caf::actor_addr owner, std::function<void(uint64_t, uint32_t)> on_layer = {})
-    : owner_(std::move(owner)), on_layer_(std::move(on_layer)) {}
+  forwarding_sink(caf::actor_addr owner, std::function<void(uint64_t, uint32_t)> on_layer = {},
+                  bool report_start = false)
+    : owner_(std::move(owner)), on_layer_(std::move(on_layer)), report_start_(report_start) {}
+  /// Sends exec_start only when asked (report_start): most owners do not need it.
+  void on_started(uint64_t job_id) override;
   void on_layer_done(uint64_t job_id, uint32_t layer) override;
   void on_done(uint64_t job_id, std::vector<std::vector<float>> logits) override;
   void on_failed(uint64_t job_id, std::string what) override;
@@ -50,6 +53,7 @@ public:
 private:
   caf::actor_addr owner_;
   std::function<void(uint64_t, uint32_t)> on_layer_;
+  bool report_start_;
 };
 
 /// deferred_runner on the owning actor's timers (virtual time under the test coordinator).

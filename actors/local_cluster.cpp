@@ -2,7 +2,9 @@
 
 #include <caf/actor_system.hpp>
 
+#include "actors/decode_balancer.hpp"
 #include "actors/decode_rank.hpp"
+#include "actors/prefill_balancer.hpp"
 #include "actors/prefill_rank.hpp"
 #include "gpu/cpu_executor.hpp"
 #include "transport/loopback.hpp"
@@ -34,17 +36,21 @@ local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_co
     return std::shared_ptr<transport::transport>{std::move(t)};
   };
   local_cluster out;
+  out.prefill_balancer = spawn_prefill_balancer(sys);
+  out.decode_balancer = spawn_decode_balancer(sys, cfg.executor.page_size_tokens);
   for (uint32_t i = 0; i < cfg.num_decode_ranks; ++i) {
     auto rc = cfg.decode;
     rc.name = cfg.decode.name + "-" + std::to_string(i);
-    out.decode.push_back({rc.name, spawn_decode_rank(sys, rc, make_executor(rc.name), make_transport(rc.name))});
+    out.decode.push_back({rc.name, spawn_decode_rank(sys, rc, make_executor(rc.name), make_transport(rc.name),
+                                                           out.decode_balancer)});
   }
   for (uint32_t i = 0; i < cfg.num_prefill_ranks; ++i) {
     auto rc = cfg.prefill;
     rc.name = cfg.prefill.name + "-" + std::to_string(i);
-    out.prefill.push_back({rc.name, spawn_prefill_rank(sys, rc, make_executor(rc.name), make_transport(rc.name))});
+    out.prefill.push_back({rc.name, spawn_prefill_rank(sys, rc, make_executor(rc.name), make_transport(rc.name),
+                                                             out.prefill_balancer)});
   }
-  out.router = spawn_router(sys, cfg.router, cfg.model, out.prefill, out.decode);
+  out.router = spawn_router(sys, cfg.router, cfg.model, out.prefill_balancer, out.decode_balancer);
   return out;
 }
 

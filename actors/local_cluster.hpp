@@ -24,8 +24,8 @@ namespace baton {
 struct local_cluster_config {
   gpu::model_config model = gpu::builtin_tiny_config();
   uint64_t weights_seed = 20261130;
-  uint32_t num_prefill_ranks = 1;
-  uint32_t num_decode_ranks = 1;
+  uint32_t num_prefill_ranks = 2;
+  uint32_t num_decode_ranks = 2;
   gpu::cpu_executor_config executor;
   prefill_rank_config prefill;  ///< name is a prefix: ranks are <name>-0, <name>-1, ...
   decode_rank_config decode;
@@ -44,8 +44,16 @@ using executor_factory = std::function<std::shared_ptr<gpu::executor>(const std:
 using transport_wrapper = std::function<std::shared_ptr<transport::transport>(
     std::unique_ptr<transport::transport> inner, const std::string& rank_name)>;
 
+template <class Handle>
+struct named_rank {
+  std::string name;
+  Handle handle;
+};
+
 struct local_cluster {
   router_actor router;
+  prefill_balancer_actor prefill_balancer;
+  decode_balancer_actor decode_balancer;
   std::vector<named_rank<prefill_rank_actor>> prefill;
   std::vector<named_rank<decode_rank_actor>> decode;
 };

@@ -55,6 +55,10 @@ void register_message_types(caf::actor_system_config& cfg) {
       .add_message_type<rank_stats>("baton::rank_stats")
       .add_message_type<decode_order>("baton::decode_order")
       .add_message_type<prefill_order>("baton::prefill_order")
+      .add_message_type<rank_load>("baton::rank_load")
+      .add_message_type<std::vector<rank_load>>("std::vector<baton::rank_load>")
+      .add_message_type<prefill_placement>("baton::prefill_placement")
+      .add_message_type<decode_placement>("baton::decode_placement")
       .add_message_type<std::vector<std::vector<float>>>("std::vector<std::vector<float>>");
   cfg.add_error_category(caf::atom("baton"), [](uint8_t code, caf::atom_value, const caf::message& ctx) {
     std::string out = "baton::" + to_string(static_cast<errc>(code));

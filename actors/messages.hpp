@@ -34,6 +34,10 @@ using timer_atom = caf::atom_constant<caf::atom("timer")>;
 using xfer_atom = caf::atom_constant<caf::atom("xfer")>;
 using poll_atom = caf::atom_constant<caf::atom("poll")>;
 using expire_atom = caf::atom_constant<caf::atom("lease_exp")>;
+using exec_start_atom = caf::atom_constant<caf::atom("exec_start")>;
+using place_atom = caf::atom_constant<caf::atom("place")>;
+using load_atom = caf::atom_constant<caf::atom("load")>;
+using watchdog_atom = caf::atom_constant<caf::atom("watchdog")>;
 
 // --- errors ---------------------------------------------------------------------------------
 /// Baton's error codes (category atom "baton"). The context string of every error names the
@@ -82,11 +86,18 @@ struct completion {
   std::vector<std::vector<float>> step_logits; ///< step_logits[i] chose tokens[i] (if asked)
   std::string prefill_rank;
   std::string decode_rank;
+  // Where the time went, per stage (microseconds, actor clock: virtual in sims).
+  int64_t place_us = 0;          ///< asking both balancers
+  int64_t reserve_us = 0;        ///< KV lease round trip to the decode rank
+  int64_t prefill_queue_us = 0;  ///< prefill order arrival -> its first chunk starts computing
+  int64_t prefill_us = 0;        ///< prefill order sent -> first token back (queue + compute + send)
+  int64_t decode_queue_us = 0;   ///< decode order arrival -> joins the batch (waits for KV layers)
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, completion& x) {
   return f(caf::meta::type_name("completion"), x.request_id, x.num_prompt_tokens, x.tokens, x.text,
-           x.finish_reason, x.ttft_us, x.tbt_us, x.step_logits, x.prefill_rank, x.decode_rank);
+           x.finish_reason, x.ttft_us, x.tbt_us, x.step_logits, x.prefill_rank, x.decode_rank, x.place_us,
+           x.reserve_us, x.prefill_queue_us, x.prefill_us, x.decode_queue_us);
 }
 
 // --- KV leases and handoff ---------------------------------------------------------------------
@@ -155,10 +166,11 @@ struct decode_summary {
   uint64_t request_id = 0;
   uint32_t num_tokens = 0;  ///< tokens the decode rank generated (after the first)
   std::string finish_reason;
+  int64_t queue_us = 0;     ///< order arrival -> joined the batch
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, decode_summary& x) {
-  return f(caf::meta::type_name("decode_summary"), x.request_id, x.num_tokens, x.finish_reason);
+  return f(caf::meta::type_name("decode_summary"), x.request_id, x.num_tokens, x.finish_reason, x.queue_us);
 }
 
 struct prefill_result {
@@ -166,10 +178,11 @@ struct prefill_result {
   int32_t first_token = 0;
   std::vector<float> logits;  ///< the logits that chose first_token (if asked)
   std::string rank;
+  int64_t queue_us = 0;       ///< order arrival -> first chunk started computing
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, prefill_result& x) {
-  return f(caf::meta::type_name("prefill_result"), x.request_id, x.first_token, x.logits, x.rank);
+  return f(caf::meta::type_name("prefill_result"), x.request_id, x.first_token, x.logits, x.rank, x.queue_us);
 }
 
 /// One entry of a rank's event log: what happened, in the order it happened (seq).
@@ -179,11 +192,27 @@ struct rank_event {
   uint64_t request_id = 0;
   uint32_t chunk = 0;
   uint32_t layer = 0;
-  uint32_t batch_size = 0;
+  std::vector<uint64_t> batch_requests;  ///< "step": the requests in the step, in row order
+  std::vector<uint32_t> batch_contexts;  ///< "step": each one's context length (tokens incl. this one)
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, rank_event& x) {
-  return f(caf::meta::type_name("rank_event"), x.seq, x.kind, x.request_id, x.chunk, x.layer, x.batch_size);
+  return f(caf::meta::type_name("rank_event"), x.seq, x.kind, x.request_id, x.chunk, x.layer, x.batch_requests,
+           x.batch_contexts);
+}
+
+/// What a rank tells its balancer after every change of its load.
+struct rank_load {
+  std::string name;
+  uint64_t queued_tokens = 0;    ///< prefill: prompt tokens accepted, not yet computed
+  uint32_t num_running = 0;      ///< prefill: prompts in progress; decode: sequences + leases
+  uint32_t num_free_pages = 0;
+  uint32_t num_total_pages = 0;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, rank_load& x) {
+  return f(caf::meta::type_name("rank_load"), x.name, x.queued_tokens, x.num_running, x.num_free_pages,
+           x.num_total_pages);
 }
 
 struct rank_stats {
@@ -206,7 +235,8 @@ typename Inspector::result_type inspect(Inspector& f, rank_stats& x) {
 
 using request_actor = caf::typed_actor<                       //
     caf::replies_to<run_atom>::with<completion>,               // start; answers when finished
-    caf::reacts_to<token_event>>;                              // from the decode rank
+    caf::reacts_to<token_event>,                               // from the decode rank
+    caf::reacts_to<watchdog_atom, uint64_t>>;                  // token deadline check
 
 struct decode_order {
   uint64_t request_id = 0;
@@ -258,9 +288,40 @@ using prefill_rank_actor = caf::typed_actor<
     caf::replies_to<events_atom>::with<std::vector<rank_event>>,
     caf::reacts_to<exec_done_atom, uint64_t, std::vector<std::vector<float>>>,
     caf::reacts_to<exec_fail_atom, uint64_t, std::string>,
+    caf::reacts_to<exec_start_atom, uint64_t>,
     caf::reacts_to<timer_atom, uint64_t>,
     caf::reacts_to<xfer_atom, uint64_t, uint32_t, uint64_t>,   // request, layer, transfer id
     caf::reacts_to<poll_atom>>;
+
+struct prefill_placement {
+  std::string name;
+  prefill_rank_actor rank;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, prefill_placement& x) {
+  return f(caf::meta::type_name("prefill_placement"), x.name, x.rank);
+}
+
+struct decode_placement {
+  std::string name;
+  decode_rank_actor rank;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, decode_placement& x) {
+  return f(caf::meta::type_name("decode_placement"), x.name, x.rank);
+}
+
+/// Places prompts on prefill ranks from their reported loads (policies/placement.hpp).
+using prefill_balancer_actor = caf::typed_actor<
+    caf::replies_to<place_atom, uint64_t, uint32_t>::with<prefill_placement>,  // request id, new tokens
+    caf::reacts_to<load_atom, rank_load, prefill_rank_actor>,
+    caf::replies_to<stats_atom>::with<std::vector<rank_load>>>;
+
+/// Places sequences on decode ranks from their reported loads.
+using decode_balancer_actor = caf::typed_actor<
+    caf::replies_to<place_atom, uint64_t, uint32_t>::with<decode_placement>,   // request id, total tokens
+    caf::reacts_to<load_atom, rank_load, decode_rank_actor>,
+    caf::replies_to<stats_atom>::with<std::vector<rank_load>>>;
 
 using router_actor = caf::typed_actor<caf::replies_to<generate_atom, generate_request>::with<completion>>;
 

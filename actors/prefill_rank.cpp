@@ -55,6 +55,9 @@ struct prefill_job_state {
   std::vector<uint32_t> local_pages;
   uint32_t num_chunks = 0;
   uint32_t chunks_done = 0;
+  uint64_t tokens_left = 0;          ///< prompt tokens of chunks not yet computed
+  caf::actor_clock::time_point arrived_at;
+  int64_t queue_us = 0;              ///< arrival -> first chunk started
   std::vector<uint32_t> puts_done;   ///< per layer: chunks whose put of this layer landed
   uint32_t layers_ready = 0;         ///< layers announced to the decode rank
   bool have_logits = false;
@@ -80,10 +83,23 @@ struct prefill_state {
   std::unordered_map<uint64_t, prefill_job_state> requests;
   std::vector<pending_put> pending;
   bool poll_scheduled = false;
+  prefill_balancer_actor balancer;  ///< told our load after every change (may be null)
   static inline const char* name = "baton.prefill_rank";
 };
 
 using prefill_pointer = prefill_rank_actor::stateful_pointer<prefill_state>;
+
+void report_load(prefill_pointer self) {
+  auto& st = self->state;
+  if (!st.balancer) return;
+  uint64_t queued = 0;
+  for (const auto& [id, r] : st.requests) queued += r.tokens_left;
+  const auto& kv = st.exec->kv();
+  self->send(st.balancer, load_atom::value,
+             rank_load{st.cfg.name, queued, static_cast<uint32_t>(st.requests.size()), kv.num_free_pages(),
+                       kv.layout().num_pages},
+             caf::actor_cast<prefill_rank_actor>(self));
+}
 
 void finish_if_done(prefill_pointer self, uint64_t request_id) {
   auto& st = self->state;
@@ -99,9 +115,10 @@ void finish_if_done(prefill_pointer self, uint64_t request_id) {
   if (r.failed)
     r.promise.deliver(std::move(r.failure));
   else
-    r.promise.deliver(prefill_result{request_id, r.first_token, std::move(r.logits), st.cfg.name});
+    r.promise.deliver(prefill_result{request_id, r.first_token, std::move(r.logits), st.cfg.name, r.queue_us});
   st.exec->kv().kv_page_free(r.local_pages);
   st.requests.erase(i);
+  report_load(self);
 }
 
 void fail_request(prefill_pointer self, uint64_t request_id, errc code, const std::string& stage,
@@ -188,6 +205,8 @@ caf::result<prefill_result> start_prefill(prefill_pointer self, prefill_order or
   r.local_pages = *pages;
   r.num_chunks = (num_tokens + chunk - 1) / chunk;
   r.puts_done.assign(local.num_layers, 0);
+  r.tokens_left = num_tokens;
+  r.arrived_at = self->clock().now();
   const uint32_t ps = local.page_size_tokens;
   for (uint32_t c = 0; c < r.num_chunks; ++c) {
     const uint32_t start = c * chunk, end = std::min(num_tokens, start + chunk);
@@ -198,26 +217,30 @@ caf::result<prefill_result> start_prefill(prefill_pointer self, prefill_order or
     // put is posted in stream order, and the actor polls it.
     auto on_layer = [sender, xport = st.xport, log = st.log, owner = self->address(),
                      cancelled = r.cancelled](uint64_t, uint32_t l) {
-      log->add({0, "compute_done", sender->request_id, sender->chunk, l, 0});
+      log->add({0, "compute_done", sender->request_id, sender->chunk, l, {}, {}});
       if (cancelled->load()) return;
       const uint64_t xfer = xport->post_put(sender->put_for_layer(l));
-      log->add({0, "send_posted", sender->request_id, sender->chunk, l, 0});
+      log->add({0, "send_posted", sender->request_id, sender->chunk, l, {}, {}});
       if (auto h = caf::actor_cast<caf::actor>(owner)) caf::anon_send(h, xfer_atom::value, sender->request_id, l, xfer);
     };
     const uint64_t job_id = ++st.last_job;
     st.job_to_request[job_id] = rid;
     gpu::forward_job job{job_id, {gpu::forward_seq{rid, {order.tokens.begin() + start, order.tokens.begin() + end},
                                                    start, *pages, end == num_tokens}}};
-    st.exec->submit(std::move(job), std::make_shared<forwarding_sink>(self->address(), std::move(on_layer)));
+    st.exec->submit(std::move(job),
+                    std::make_shared<forwarding_sink>(self->address(), std::move(on_layer), /*report_start*/ c == 0));
   }
   r.order = std::move(order);
+  report_load(self);
   return r.promise;
 }
 
 prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefill_rank_config cfg,
                                                     std::shared_ptr<gpu::executor> exec,
-                                                    std::shared_ptr<transport::transport> xport) {
+                                                    std::shared_ptr<transport::transport> xport,
+                                                    prefill_balancer_actor balancer) {
   auto& st = self->state;
+  st.balancer = std::move(balancer);
   st.cfg = std::move(cfg);
   st.exec = std::move(exec);
   st.xport = std::move(xport);
@@ -231,6 +254,7 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
   self->attach_functor([xp = st.xport, region = st.local_region] {
     if (region) xp->deregister_region(region);
   });
+  report_load(self);  // registers this rank with its balancer
   return {
       [=](prefill_order& order) { return start_prefill(self, std::move(order)); },
       [=](stats_atom) {
@@ -253,6 +277,7 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
         if (i == s.requests.end()) return;
         auto& r = i->second;
         ++r.chunks_done;
+        r.tokens_left -= std::min<uint64_t>(r.tokens_left, s.cfg.chunk_tokens);
         if (r.chunks_done == r.num_chunks && !logits.empty() && !logits[0].empty()) {
           gpu::sampling_config sc{r.order.temperature, r.order.seed};
           r.first_token = gpu::sample_token(logits[0], sc, static_cast<uint32_t>(r.order.tokens.size()));
@@ -271,6 +296,14 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
         if (auto i = s.requests.find(rid); i != s.requests.end()) ++i->second.chunks_done;
         fail_request(self, rid, errc::executor_failed, "prefill", what);
         finish_if_done(self, rid);
+      },
+      [=](exec_start_atom, uint64_t job_id) {
+        auto& s = self->state;
+        auto j = s.job_to_request.find(job_id);
+        if (j == s.job_to_request.end()) return;
+        if (auto i = s.requests.find(j->second); i != s.requests.end())
+          i->second.queue_us =
+              std::chrono::duration_cast<std::chrono::microseconds>(self->clock().now() - i->second.arrived_at).count();
       },
       [=](timer_atom, uint64_t id) { self->state.runner->fire(id); },
       [=](xfer_atom, uint64_t request_id, uint32_t layer, uint64_t xfer_id) {
@@ -301,8 +334,9 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
 
 prefill_rank_actor spawn_prefill_rank(caf::actor_system& sys, prefill_rank_config cfg,
                                       std::shared_ptr<gpu::executor> exec,
-                                      std::shared_ptr<transport::transport> xport) {
-  return sys.spawn(prefill_rank_impl, std::move(cfg), std::move(exec), std::move(xport));
+                                      std::shared_ptr<transport::transport> xport,
+                                      prefill_balancer_actor balancer) {
+  return sys.spawn(prefill_rank_impl, std::move(cfg), std::move(exec), std::move(xport), std::move(balancer));
 }
 
 }  // namespace baton

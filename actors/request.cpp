@@ -11,12 +11,20 @@ namespace baton {
 
 namespace {
 
+//  placing --both balancers answer--> reserving --lease granted--> prefilling
+//                                                                     |
+//     answered <--last token-- decoding <--first token (TTFT)---------+
+//  Any hop's error or deadline goes straight to `answered` with that error (lease released).
 struct request_state {
   request_plan plan;
   caf::typed_response_promise<completion> promise;
   completion out;
-  caf::actor_clock::time_point started, last_token_at;
-  uint64_t lease_id = 0;  ///< 0 = none held
+  std::string prefill_name, decode_name;
+  prefill_rank_actor prefill;
+  decode_rank_actor decode;
+  caf::actor_clock::time_point started, stage_started, last_token_at;
+  uint64_t lease_id = 0;   ///< 0 = none held
+  uint64_t watch_seq = 0;  ///< the token watchdog only acts on its latest arming
   bool answered = false;
   static inline const char* name = "baton.request";
 };
@@ -27,11 +35,19 @@ int64_t micros(caf::actor_clock::duration_type d) {
   return std::chrono::duration_cast<std::chrono::microseconds>(d).count();
 }
 
+/// Microseconds since the current stage started; starts the next stage.
+int64_t lap(request_pointer self) {
+  const auto now = self->clock().now();
+  const auto us = micros(now - self->state.stage_started);
+  self->state.stage_started = now;
+  return us;
+}
+
 void answer(request_pointer self, caf::error err) {
   auto& st = self->state;
   if (st.answered) return;
   st.answered = true;
-  if (st.lease_id != 0) self->send(st.plan.decode, release_atom::value, st.lease_id);
+  if (st.lease_id != 0) self->send(st.decode, release_atom::value, st.lease_id);
   st.lease_id = 0;
   if (err)
     st.promise.deliver(std::move(err));
@@ -52,8 +68,15 @@ caf::error hop_error(request_pointer self, const caf::error& err, const std::str
     return make_error(errc::deadline_exceeded,
                       where(id, rank, stage) + ": no answer within " + std::to_string(timeout_ms) + " ms");
   if (err == caf::sec::request_receiver_down)
-    return make_error(errc::rank_unavailable, where(id, rank, stage) + ": rank is down");
+    return make_error(errc::rank_unavailable, where(id, rank, stage) + ": the actor is down");
   return make_error(errc::rank_unavailable, where(id, rank, stage) + ": " + self->system().render(err));
+}
+
+/// The decode deadline: the next token must come within token_timeout_ms of the last one.
+void arm_watchdog(request_pointer self) {
+  auto& st = self->state;
+  self->delayed_send(self, std::chrono::milliseconds{st.plan.cfg.token_timeout_ms}, watchdog_atom::value,
+                     ++st.watch_seq);
 }
 
 void record_token(request_pointer self, int32_t token, std::vector<float> logits) {
@@ -80,29 +103,32 @@ void start_decode(request_pointer self) {
                      p.params.seed,
                      p.params.return_logits,
                      self};
-  self->request(p.decode, std::chrono::milliseconds{p.cfg.decode_timeout_ms}, std::move(order))
+  arm_watchdog(self);
+  // No deadline on the whole generation: the watchdog bounds each token instead.
+  self->request(st.decode, caf::infinite, std::move(order))
       .then(
           [=](const decode_summary& s) {
             auto& st = self->state;
             st.lease_id = 0;  // the decode rank freed it
             st.out.finish_reason = s.finish_reason;
+            st.out.decode_queue_us = s.queue_us;
             answer(self, caf::error{});
           },
-          [=](caf::error& err) {
-            auto& p = self->state.plan;
-            answer(self, hop_error(self, err, p.decode_name, "decode", p.cfg.decode_timeout_ms));
-          });
+          [=](caf::error& err) { answer(self, hop_error(self, err, self->state.decode_name, "decode", 0)); });
 }
 
 void start_prefill(request_pointer self, kv_lease_grant grant) {
-  auto& p = self->state.plan;
+  auto& st = self->state;
+  auto& p = st.plan;
+  st.out.reserve_us = lap(self);
   prefill_order order{p.request_id, p.prompt_tokens, p.params.temperature, p.params.seed, p.params.return_logits,
-                      std::move(grant), p.decode};
-  self->request(p.prefill, std::chrono::milliseconds{p.cfg.prefill_timeout_ms}, std::move(order))
+                      std::move(grant), st.decode};
+  self->request(st.prefill, std::chrono::milliseconds{p.cfg.prefill_timeout_ms}, std::move(order))
       .then(
           [=](prefill_result& r) {
             auto& st = self->state;
-            st.out.prefill_rank = r.rank;
+            st.out.prefill_us = lap(self);
+            st.out.prefill_queue_us = r.queue_us;
             record_token(self, r.first_token, std::move(r.logits));
             if (r.first_token == st.plan.eos_token_id || st.plan.params.max_tokens == 1) {
               st.out.finish_reason = r.first_token == st.plan.eos_token_id ? "eos" : "length";
@@ -112,8 +138,59 @@ void start_prefill(request_pointer self, kv_lease_grant grant) {
             start_decode(self);
           },
           [=](caf::error& err) {
-            auto& p = self->state.plan;
-            answer(self, hop_error(self, err, p.prefill_name, "prefill", p.cfg.prefill_timeout_ms));
+            auto& st = self->state;
+            answer(self, hop_error(self, err, st.prefill_name, "prefill", st.plan.cfg.prefill_timeout_ms));
+          });
+}
+
+void reserve(request_pointer self) {
+  auto& st = self->state;
+  const auto& p = st.plan;
+  st.out.place_us = lap(self);
+  st.out.prefill_rank = st.prefill_name;
+  st.out.decode_rank = st.decode_name;
+  kv_lease_reserve req{p.request_id, static_cast<uint32_t>(p.prompt_tokens.size() + p.params.max_tokens),
+                       p.cfg.lease_ms};
+  self->request(st.decode, std::chrono::milliseconds{p.cfg.reserve_timeout_ms}, reserve_atom::value, req)
+      .then(
+          [=](kv_lease_grant& grant) {
+            self->state.lease_id = grant.lease_id;
+            start_prefill(self, std::move(grant));
+          },
+          [=](caf::error& err) {
+            auto& st = self->state;
+            answer(self, hop_error(self, err, st.decode_name, "kv_reserve", st.plan.cfg.reserve_timeout_ms));
+          });
+}
+
+void place(request_pointer self) {
+  auto& st = self->state;
+  const auto& p = st.plan;
+  const auto timeout = std::chrono::milliseconds{p.cfg.place_timeout_ms};
+  const auto total = static_cast<uint32_t>(p.prompt_tokens.size() + p.params.max_tokens);
+  self->request(p.decode_balancer, timeout, place_atom::value, p.request_id, total)
+      .then(
+          [=](decode_placement& d) {
+            auto& st = self->state;
+            st.decode_name = d.name;
+            st.decode = d.rank;
+            const auto& p = st.plan;
+            self->request(p.prefill_balancer, std::chrono::milliseconds{p.cfg.place_timeout_ms}, place_atom::value,
+                          p.request_id, static_cast<uint32_t>(p.prompt_tokens.size()))
+                .then(
+                    [=](prefill_placement& pp) {
+                      self->state.prefill_name = pp.name;
+                      self->state.prefill = pp.rank;
+                      reserve(self);
+                    },
+                    [=](caf::error& err) {
+                      answer(self, hop_error(self, err, "prefill_balancer", "place_prefill",
+                                             self->state.plan.cfg.place_timeout_ms));
+                    });
+          },
+          [=](caf::error& err) {
+            answer(self,
+                   hop_error(self, err, "decode_balancer", "place_decode", self->state.plan.cfg.place_timeout_ms));
           });
 }
 
@@ -123,27 +200,25 @@ request_actor::behavior_type request_impl(request_pointer self, request_plan pla
       [=](run_atom) {
         auto& st = self->state;
         st.promise = self->make_response_promise<completion>();
-        st.started = self->clock().now();
-        const auto& p = st.plan;
-        st.out.request_id = p.request_id;
-        st.out.num_prompt_tokens = static_cast<uint32_t>(p.prompt_tokens.size());
-        st.out.decode_rank = p.decode_name;
-        kv_lease_reserve req{p.request_id, static_cast<uint32_t>(p.prompt_tokens.size() + p.params.max_tokens),
-                             p.cfg.lease_ms};
-        self->request(p.decode, std::chrono::milliseconds{p.cfg.reserve_timeout_ms}, reserve_atom::value, req)
-            .then(
-                [=](kv_lease_grant& grant) {
-                  self->state.lease_id = grant.lease_id;
-                  if (self->state.answered) return answer(self, caf::error{});
-                  start_prefill(self, std::move(grant));
-                },
-                [=](caf::error& err) {
-                  auto& p = self->state.plan;
-                  answer(self, hop_error(self, err, p.decode_name, "kv_reserve", p.cfg.reserve_timeout_ms));
-                });
+        st.started = st.stage_started = self->clock().now();
+        st.out.request_id = st.plan.request_id;
+        st.out.num_prompt_tokens = static_cast<uint32_t>(st.plan.prompt_tokens.size());
+        place(self);
         return st.promise;
       },
-      [=](token_event& ev) { record_token(self, ev.token, std::move(ev.logits)); },
+      [=](token_event& ev) {
+        if (self->state.answered) return;
+        record_token(self, ev.token, std::move(ev.logits));
+        arm_watchdog(self);
+      },
+      [=](watchdog_atom, uint64_t seq) {
+        auto& st = self->state;
+        if (seq != st.watch_seq || st.answered) return;
+        answer(self, make_error(errc::deadline_exceeded,
+                                where(st.plan.request_id, st.decode_name, "decode") + ": no token within " +
+                                    std::to_string(st.plan.cfg.token_timeout_ms) + " ms after token " +
+                                    std::to_string(st.out.tokens.size() - 1)));
+      },
   };
 }
 

@@ -12,22 +12,20 @@ class actor_system;
 
 namespace baton {
 
-/// Everything a request actor is born with: its validated tokens and where it was placed.
+/// Everything a request actor is born with: its validated tokens and whom to ask for placement.
 struct request_plan {
   uint64_t request_id = 0;
   std::vector<int32_t> prompt_tokens;
   generate_request params;
-  std::string prefill_name;
-  prefill_rank_actor prefill;
-  std::string decode_name;
-  decode_rank_actor decode;
+  prefill_balancer_actor prefill_balancer;
+  decode_balancer_actor decode_balancer;
   int32_t eos_token_id = -1;
   request_config cfg;
 };
 
 /// One request's state machine. It answers `run` exactly once: with the completion, or with an
-/// error naming the request, the rank and the stage that failed. It releases any KV lease it
-/// holds on every failure path.
+/// error naming the request, the rank and the stage that failed. Every hop has a deadline; it
+/// releases any KV lease it holds on every failure path.
 request_actor spawn_request(caf::actor_system& sys, request_plan plan);
 
 }  // namespace baton

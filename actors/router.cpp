@@ -48,18 +48,16 @@ namespace {
 struct router_state {
   router_config cfg;
   gpu::model_config model;
-  std::vector<named_rank<prefill_rank_actor>> prefill;
-  std::vector<named_rank<decode_rank_actor>> decode;
+  prefill_balancer_actor prefill;
+  decode_balancer_actor decode;
   uint64_t last_request = 0;
-  size_t next_prefill = 0, next_decode = 0;  ///< round robin until the balancers take over
   static inline const char* name = "baton.router";
 };
 
 using router_pointer = router_actor::stateful_pointer<router_state>;
 
 router_actor::behavior_type router_impl(router_pointer self, router_config cfg, gpu::model_config model,
-                                        std::vector<named_rank<prefill_rank_actor>> prefill,
-                                        std::vector<named_rank<decode_rank_actor>> decode) {
+                                        prefill_balancer_actor prefill, decode_balancer_actor decode) {
   auto& st = self->state;
   st.cfg = std::move(cfg);
   st.model = std::move(model);
@@ -72,15 +70,8 @@ router_actor::behavior_type router_impl(router_pointer self, router_config cfg, 
         std::vector<int32_t> tokens;
         if (auto why = tokenize_and_validate(req, s.model, s.cfg.max_new_tokens_limit, &tokens); !why.empty())
           return make_error(errc::bad_request, where(id, "", "admission") + ": " + why);
-        if (s.prefill.empty() || s.decode.empty())
-          return make_error(errc::rank_unavailable, where(id, "", "placement") + ": the cluster has " +
-                                                        std::to_string(s.prefill.size()) + " prefill and " +
-                                                        std::to_string(s.decode.size()) + " decode ranks");
-        const auto& p = s.prefill[s.next_prefill++ % s.prefill.size()];
-        const auto& d = s.decode[s.next_decode++ % s.decode.size()];
-        auto r = spawn_request(self->system(),
-                               request_plan{id, std::move(tokens), std::move(req), p.name, p.handle, d.name, d.handle,
-                                            s.model.eos_token_id, s.cfg.request});
+        auto r = spawn_request(self->system(), request_plan{id, std::move(tokens), std::move(req), s.prefill,
+                                                            s.decode, s.model.eos_token_id, s.cfg.request});
         return self->delegate(r, run_atom::value);
       },
   };
@@ -89,8 +80,7 @@ router_actor::behavior_type router_impl(router_pointer self, router_config cfg, 
 }  // namespace
 
 router_actor spawn_router(caf::actor_system& sys, router_config cfg, gpu::model_config model,
-                          std::vector<named_rank<prefill_rank_actor>> prefill,
-                          std::vector<named_rank<decode_rank_actor>> decode) {
+                          prefill_balancer_actor prefill, decode_balancer_actor decode) {
   return sys.spawn(router_impl, std::move(cfg), std::move(model), std::move(prefill), std::move(decode));
 }
 

@@ -1,5 +1,8 @@
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <map>
 #include <thread>
 
 #include <caf/actor_system.hpp>
@@ -26,8 +29,11 @@ struct local_options {
   };
   uint32_t max_tokens = 24;
   float temperature = 0.0f;
+  uint32_t num_requests = 0;       ///< 0 = one per prompt; more cycles through the prompts
   uint32_t scheduler_threads = 0;  ///< 0 = number of hardware threads
+  uint32_t poll_attempts = 0;      ///< CAF work-stealing moderate-poll-attempts (0 avoids 50 us sleeps)
   uint32_t timeout_ms = 120000;
+  bool quiet = false;              ///< only the summary
 };
 
 double mean(const std::vector<int64_t>& xs) {
@@ -35,6 +41,19 @@ double mean(const std::vector<int64_t>& xs) {
   double s = 0;
   for (auto x : xs) s += static_cast<double>(x);
   return s / static_cast<double>(xs.size());
+}
+
+/// Nearest-rank percentile of microsecond samples, in milliseconds.
+double percentile_ms(std::vector<int64_t> xs, double p) {
+  if (xs.empty()) return 0.0;
+  std::sort(xs.begin(), xs.end());
+  const size_t rank = static_cast<size_t>(std::ceil(p / 100.0 * static_cast<double>(xs.size())));
+  return static_cast<double>(xs[std::clamp<size_t>(rank, 1, xs.size()) - 1]) / 1000.0;
+}
+
+void print_row(const char* what, const std::vector<int64_t>& us) {
+  std::printf("  %-22s p50 %9.3f   p90 %9.3f   p99 %9.3f ms   (%zu samples)\n", what, percentile_ms(us, 50),
+              percentile_ms(us, 90), percentile_ms(us, 99), us.size());
 }
 
 }  // namespace
@@ -52,8 +71,11 @@ int run_local(const std::vector<std::string>& args) {
   flags.add("--prompt", &opt.prompts, "a prompt to answer (repeat for several)");
   flags.add("--max-tokens", &opt.max_tokens, "tokens to generate per prompt");
   flags.add("--temperature", &opt.temperature, "0 = greedy");
+  flags.add("--num-requests", &opt.num_requests, "requests to send at once, cycling through the prompts (0 = one each)");
   flags.add("--scheduler-threads", &opt.scheduler_threads, "CAF scheduler threads (0 = hardware threads)");
+  flags.add("--poll-attempts", &opt.poll_attempts, "CAF work-stealing moderate-poll-attempts");
   flags.add("--timeout-ms", &opt.timeout_ms, "give up on a request after this long");
+  flags.add("--quiet", &opt.quiet, "print only the summary");
   if (auto err = flags.parse(args); !err.empty()) {
     std::fprintf(stderr, "baton local: %s\n", err.c_str());
     return 2;
@@ -71,6 +93,9 @@ int run_local(const std::vector<std::string>& args) {
   register_message_types(cfg);
   const unsigned threads = opt.scheduler_threads ? opt.scheduler_threads : std::max(2u, std::thread::hardware_concurrency());
   cfg.set("scheduler.max-threads", threads);
+  // The default work-stealing policy sleeps 50 us between polls in its "moderate" phase, which
+  // adds ~100 us to every hop onto an idle worker (platform-notes §1.4).
+  cfg.set("work-stealing.moderate-poll-attempts", opt.poll_attempts);
   cfg.set("logger.console-verbosity", caf::atom("quiet"));
   caf::actor_system sys{cfg};
 
@@ -87,7 +112,14 @@ int run_local(const std::vector<std::string>& args) {
     decltype(self->request(cluster.router, caf::infinite, generate_atom::value, generate_request{})) handle;
   };
   std::vector<pending> inflight;
-  for (const auto& p : opt.prompts) {
+  const size_t num_requests = opt.num_requests ? opt.num_requests : opt.prompts.size();
+  if (opt.prompts.empty()) {
+    std::fprintf(stderr, "baton local: no prompts\n");
+    return 2;
+  }
+  const auto started = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < num_requests; ++i) {
+    const auto& p = opt.prompts[i % opt.prompts.size()];
     generate_request req;
     req.prompt = p;
     req.max_tokens = static_cast<int32_t>(opt.max_tokens);
@@ -96,9 +128,23 @@ int run_local(const std::vector<std::string>& args) {
                                          generate_atom::value, std::move(req))});
   }
   int failures = 0;
+  size_t num_tokens = 0;
+  std::vector<int64_t> ttft, tbt, place, reserve, prefill_queue, prefill, decode_queue;
+  std::map<std::string, int> per_rank;
   for (auto& f : inflight) {
     f.handle.receive(
         [&](const completion& c) {
+          num_tokens += c.tokens.size();
+          ttft.push_back(c.ttft_us);
+          tbt.insert(tbt.end(), c.tbt_us.begin(), c.tbt_us.end());
+          place.push_back(c.place_us);
+          reserve.push_back(c.reserve_us);
+          prefill_queue.push_back(c.prefill_queue_us);
+          prefill.push_back(c.prefill_us);
+          decode_queue.push_back(c.decode_queue_us);
+          ++per_rank[c.prefill_rank];
+          ++per_rank[c.decode_rank];
+          if (opt.quiet) return;
           std::printf("\n[request %llu] %s -> %s\n", static_cast<unsigned long long>(c.request_id),
                       c.prefill_rank.c_str(), c.decode_rank.c_str());
           std::printf("  prompt : %s\n", gpu::byte_tokenizer::escape(f.prompt).c_str());
@@ -112,7 +158,20 @@ int run_local(const std::vector<std::string>& args) {
                       sys.render(err).c_str());
         });
   }
-  std::printf("\nbaton local: %zu requests, %d failed\n", inflight.size(), failures);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  std::printf("\nbaton local: %zu requests, %d failed, %zu tokens in %.3f s: %.1f requests/s, %.1f tokens/s\n",
+              inflight.size(), failures, num_tokens, seconds, static_cast<double>(inflight.size() - failures) / seconds,
+              static_cast<double>(num_tokens) / seconds);
+  print_row("TTFT", ttft);
+  print_row("TBT (every interval)", tbt);
+  print_row("placement", place);
+  print_row("KV reserve", reserve);
+  print_row("prefill queue", prefill_queue);
+  print_row("prefill (whole hop)", prefill);
+  print_row("decode queue", decode_queue);
+  std::printf("  requests per rank:");
+  for (const auto& [rank, n] : per_rank) std::printf(" %s=%d", rank.c_str(), n);
+  std::printf("\n");
   self->send_exit(cluster.router, caf::exit_reason::user_shutdown);
   for (auto& r : cluster.prefill) self->send_exit(r.handle, caf::exit_reason::user_shutdown);
   for (auto& r : cluster.decode) self->send_exit(r.handle, caf::exit_reason::user_shutdown);

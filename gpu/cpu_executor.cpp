@@ -89,6 +89,7 @@ private:
         item.second->on_failed(item.first.job_id, std::move(err));
         continue;
       }
+      item.second->on_started(item.first.job_id);
       forward(item.first, *item.second);
     }
   }

@@ -37,11 +37,13 @@ struct forward_job {
 };
 
 /// Where an executor reports. Calls come from the executor's own thread (CPU backend) or from
-/// the owner's thread (modelled backend), in this order per job: on_layer_done(0..L-1), then
+/// the owner's thread (modelled backend), in this order per job: on_started, on_layer_done(0..L-1), then
 /// on_done or on_failed. Implementations must be thread-safe and must not block.
 class executor_sink {
 public:
   virtual ~executor_sink() = default;
+  /// The job leaves the queue and starts computing (queueing time ends here).
+  virtual void on_started(uint64_t /*job_id*/) {}
   /// Layer `layer` of every sequence in the job has its KV written: a sender may ship it now.
   /// Called before the next layer's compute finishes (stream order).
   virtual void on_layer_done(uint64_t job_id, uint32_t layer) = 0;

@@ -49,6 +49,7 @@ private:
     auto [job, sink] = std::move(queue_.front());
     queue_.pop_front();
     const int64_t layer_ns = modelled_layer_ns(job, model_, cfg_);
+    sink->on_started(job.job_id);
     auto shared_job = std::make_shared<gpu::forward_job>(std::move(job));
     step_layer(shared_job, sink, 0, layer_ns);
   }
