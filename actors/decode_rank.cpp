@@ -215,7 +215,7 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
         l.landed.assign(s.exec->config().num_hidden_layers, false);
         self->delayed_send(self, std::chrono::milliseconds{req.lease_ms}, expire_atom::value, id);
         report_load(self);
-        return kv_lease_grant{req.request_id, id, s.cfg.name, s.region, *pages};
+        return kv_lease_grant{req.request_id, id, s.cfg.name, s.region, *pages, req.lease_ms};
       },
       [=](release_atom, uint64_t lease_id) {
         auto& s = self->state;

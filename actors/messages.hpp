@@ -134,10 +134,12 @@ struct kv_lease_grant {
   std::string rank;                ///< the decode rank's name
   kv_region_desc region;
   std::vector<uint32_t> page_ids;  ///< page i holds positions [i·P, (i+1)·P)
+  uint32_t lease_ms = 0;           ///< the pages are freed this long after the grant unless decode began
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, kv_lease_grant& x) {
-  return f(caf::meta::type_name("kv_lease_grant"), x.request_id, x.lease_id, x.rank, x.region, x.page_ids);
+  return f(caf::meta::type_name("kv_lease_grant"), x.request_id, x.lease_id, x.rank, x.region, x.page_ids,
+           x.lease_ms);
 }
 
 /// Prefill -> decode: every chunk's KV of `layer` has landed in the lease's pages.

@@ -1,6 +1,8 @@
 #include "actors/prefill_rank.hpp"
 
+#include <algorithm>
 #include <atomic>
+#include <deque>
 
 #include <caf/actor_system.hpp>
 #include <caf/stateful_actor.hpp>
@@ -69,6 +71,13 @@ struct prefill_job_state {
   std::shared_ptr<std::atomic<bool>> cancelled = std::make_shared<std::atomic<bool>>(false);
 };
 
+/// A prompt accepted but not yet started: it waits for local KV pages.
+struct waiting_order {
+  prefill_order order;
+  caf::typed_response_promise<prefill_result> promise;
+  caf::actor_clock::time_point arrived_at;
+};
+
 struct prefill_state {
   prefill_rank_config cfg;
   std::shared_ptr<transport::transport> xport;  // before exec: outlives the executor thread
@@ -81,6 +90,7 @@ struct prefill_state {
   uint64_t num_jobs_done = 0;
   std::unordered_map<uint64_t, uint64_t> job_to_request;
   std::unordered_map<uint64_t, prefill_job_state> requests;
+  std::deque<waiting_order> waiting;  ///< FIFO: accepted, waiting for local KV pages
   std::vector<pending_put> pending;
   bool poll_scheduled = false;
   prefill_balancer_actor balancer;  ///< told our load after every change (may be null)
@@ -94,12 +104,16 @@ void report_load(prefill_pointer self) {
   if (!st.balancer) return;
   uint64_t queued = 0;
   for (const auto& [id, r] : st.requests) queued += r.tokens_left;
+  for (const auto& w : st.waiting) queued += w.order.tokens.size();
   const auto& kv = st.exec->kv();
   self->send(st.balancer, load_atom::value,
-             rank_load{st.cfg.name, queued, static_cast<uint32_t>(st.requests.size()), kv.num_free_pages(),
+             rank_load{st.cfg.name, queued, static_cast<uint32_t>(st.requests.size() + st.waiting.size()),
+                       kv.num_free_pages(),
                        kv.layout().num_pages},
              caf::actor_cast<prefill_rank_actor>(self));
 }
+
+void drain_waiting(prefill_pointer self);
 
 void finish_if_done(prefill_pointer self, uint64_t request_id) {
   auto& st = self->state;
@@ -118,7 +132,7 @@ void finish_if_done(prefill_pointer self, uint64_t request_id) {
     r.promise.deliver(prefill_result{request_id, r.first_token, std::move(r.logits), st.cfg.name, r.queue_us});
   st.exec->kv().kv_page_free(r.local_pages);
   st.requests.erase(i);
-  report_load(self);
+  drain_waiting(self);  // freed pages may start a waiting prompt; reports the load
 }
 
 void fail_request(prefill_pointer self, uint64_t request_id, errc code, const std::string& stage,
@@ -169,12 +183,86 @@ bool settle(prefill_pointer self, const pending_put& p) {
   return true;
 }
 
-caf::result<prefill_result> start_prefill(prefill_pointer self, prefill_order order) {
+/// Starts a prompt whose local pages are allocated: one executor job per chunk, each of which
+/// posts its layers' puts from the executor thread.
+void launch(prefill_pointer self, waiting_order w, std::vector<uint32_t> pages) {
+  auto& st = self->state;
+  auto& order = w.order;
+  const auto rid = order.request_id;
+  const auto& local = st.exec->kv().layout();
+  const auto& reg = order.grant.region;
+  gpu::kv_layout remote_layout{reg.num_layers, reg.num_pages, reg.page_size_tokens, reg.kv_dim};
+  transport::region_key remote_key{reg.backend, reg.region_id, reg.size_bytes, reg.packed_key};
+  const auto num_tokens = static_cast<uint32_t>(order.tokens.size());
+  const uint32_t chunk = st.cfg.chunk_tokens;
+  auto& r = st.requests[rid];
+  r.promise = std::move(w.promise);
+  r.local_pages = pages;
+  r.num_chunks = (num_tokens + chunk - 1) / chunk;
+  r.puts_done.assign(local.num_layers, 0);
+  r.tokens_left = num_tokens;
+  r.arrived_at = w.arrived_at;
+  const uint32_t ps = local.page_size_tokens;
+  for (uint32_t c = 0; c < r.num_chunks; ++c) {
+    const uint32_t start = c * chunk, end = std::min(num_tokens, start + chunk);
+    auto sender = std::make_shared<const chunk_sender>(chunk_sender{
+        rid, c, start / ps, (end + ps - 1) / ps, pages, order.grant.page_ids, local, remote_layout,
+        st.local_region, remote_key, order.grant.rank});
+    // Runs on the executor thread right after layer `l` is computed, before layer l + 1: the
+    // put is posted in stream order, and the actor polls it.
+    auto on_layer = [sender, xport = st.xport, log = st.log, owner = self->address(),
+                     cancelled = r.cancelled](uint64_t, uint32_t l) {
+      log->add({0, "compute_done", sender->request_id, sender->chunk, l, {}, {}});
+      if (cancelled->load()) return;
+      const uint64_t xfer = xport->post_put(sender->put_for_layer(l));
+      log->add({0, "send_posted", sender->request_id, sender->chunk, l, {}, {}});
+      if (auto h = caf::actor_cast<caf::actor>(owner)) caf::anon_send(h, xfer_atom::value, sender->request_id, l, xfer);
+    };
+    const uint64_t job_id = ++st.last_job;
+    st.job_to_request[job_id] = rid;
+    gpu::forward_job job{job_id, {gpu::forward_seq{rid, {order.tokens.begin() + start, order.tokens.begin() + end},
+                                                   start, pages, end == num_tokens}}};
+    st.exec->submit(std::move(job),
+                    std::make_shared<forwarding_sink>(self->address(), std::move(on_layer), /*report_start*/ c == 0));
+  }
+  r.order = std::move(order);
+}
+
+/// Starts waiting prompts, oldest first, while local KV pages last. A prompt that waited past
+/// its lease is refused: the decode rank has freed (and may reuse) the pages it would write.
+void drain_waiting(prefill_pointer self) {
+  auto& st = self->state;
+  auto& kv = st.exec->kv();
+  while (!st.waiting.empty()) {
+    auto& w = st.waiting.front();
+    const auto waited = self->clock().now() - w.arrived_at;
+    if (waited >= std::chrono::milliseconds{w.order.grant.lease_ms}) {
+      w.promise.deliver(make_error(errc::lease_expired,
+                                   where(w.order.request_id, st.cfg.name, "prefill") + ": waited " +
+                                       std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(waited).count()) +
+                                       " ms for KV pages, longer than the " + std::to_string(w.order.grant.lease_ms) +
+                                       " ms lease"));
+      st.waiting.pop_front();
+      continue;
+    }
+    auto pages = kv.kv_page_alloc(kv.pages_for_tokens(static_cast<uint32_t>(w.order.tokens.size())));
+    if (!pages) break;
+    auto entry = std::move(w);
+    st.waiting.pop_front();
+    launch(self, std::move(entry), std::move(*pages));
+  }
+  report_load(self);
+}
+
+/// Checks an order and queues it; it starts as soon as local KV pages are free.
+caf::result<prefill_result> accept_prefill(prefill_pointer self, prefill_order order) {
   auto& st = self->state;
   const auto rid = order.request_id;
   const auto stage = where(rid, st.cfg.name, "prefill");
   if (!st.setup_error.empty()) return make_error(errc::executor_failed, stage + ": " + st.setup_error);
-  if (st.requests.count(rid)) return make_error(errc::bad_request, stage + ": request id already in progress");
+  if (st.requests.count(rid) ||
+      std::any_of(st.waiting.begin(), st.waiting.end(), [&](auto& w) { return w.order.request_id == rid; }))
+    return make_error(errc::bad_request, stage + ": request id already in progress");
   auto& kv = st.exec->kv();
   const auto& local = kv.layout();
   const auto& reg = order.grant.region;
@@ -192,47 +280,13 @@ caf::result<prefill_result> start_prefill(prefill_pointer self, prefill_order or
   if (order.grant.page_ids.size() < num_pages)
     return make_error(errc::layout_mismatch, stage + ": lease has " + std::to_string(order.grant.page_ids.size()) +
                                                  " pages, the prompt needs " + std::to_string(num_pages));
-  auto pages = kv.kv_page_alloc(num_pages);
-  if (!pages)
-    return make_error(errc::kv_capacity, stage + ": needs " + std::to_string(num_pages) + " KV pages, " +
-                                             std::to_string(kv.num_free_pages()) + " free");
-
-  gpu::kv_layout remote_layout{reg.num_layers, reg.num_pages, reg.page_size_tokens, reg.kv_dim};
-  transport::region_key remote_key{reg.backend, reg.region_id, reg.size_bytes, reg.packed_key};
-  const uint32_t chunk = st.cfg.chunk_tokens;
-  auto& r = st.requests[rid];
-  r.promise = self->make_response_promise<prefill_result>();
-  r.local_pages = *pages;
-  r.num_chunks = (num_tokens + chunk - 1) / chunk;
-  r.puts_done.assign(local.num_layers, 0);
-  r.tokens_left = num_tokens;
-  r.arrived_at = self->clock().now();
-  const uint32_t ps = local.page_size_tokens;
-  for (uint32_t c = 0; c < r.num_chunks; ++c) {
-    const uint32_t start = c * chunk, end = std::min(num_tokens, start + chunk);
-    auto sender = std::make_shared<const chunk_sender>(chunk_sender{
-        rid, c, start / ps, (end + ps - 1) / ps, *pages, order.grant.page_ids, local, remote_layout,
-        st.local_region, remote_key, order.grant.rank});
-    // Runs on the executor thread right after layer `l` is computed, before layer l + 1: the
-    // put is posted in stream order, and the actor polls it.
-    auto on_layer = [sender, xport = st.xport, log = st.log, owner = self->address(),
-                     cancelled = r.cancelled](uint64_t, uint32_t l) {
-      log->add({0, "compute_done", sender->request_id, sender->chunk, l, {}, {}});
-      if (cancelled->load()) return;
-      const uint64_t xfer = xport->post_put(sender->put_for_layer(l));
-      log->add({0, "send_posted", sender->request_id, sender->chunk, l, {}, {}});
-      if (auto h = caf::actor_cast<caf::actor>(owner)) caf::anon_send(h, xfer_atom::value, sender->request_id, l, xfer);
-    };
-    const uint64_t job_id = ++st.last_job;
-    st.job_to_request[job_id] = rid;
-    gpu::forward_job job{job_id, {gpu::forward_seq{rid, {order.tokens.begin() + start, order.tokens.begin() + end},
-                                                   start, *pages, end == num_tokens}}};
-    st.exec->submit(std::move(job),
-                    std::make_shared<forwarding_sink>(self->address(), std::move(on_layer), /*report_start*/ c == 0));
-  }
-  r.order = std::move(order);
-  report_load(self);
-  return r.promise;
+  if (num_pages > local.num_pages)
+    return make_error(errc::kv_capacity, stage + ": the prompt needs " + std::to_string(num_pages) +
+                                             " KV pages, this rank has " + std::to_string(local.num_pages) + " in all");
+  auto promise = self->make_response_promise<prefill_result>();
+  st.waiting.push_back(waiting_order{std::move(order), promise, self->clock().now()});
+  drain_waiting(self);
+  return promise;
 }
 
 prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefill_rank_config cfg,
@@ -256,14 +310,13 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
   });
   report_load(self);  // registers this rank with its balancer
   return {
-      [=](prefill_order& order) { return start_prefill(self, std::move(order)); },
+      [=](prefill_order& order) { return accept_prefill(self, std::move(order)); },
       [=](stats_atom) {
         auto& s = self->state;
         const auto& kv = s.exec->kv();
-        uint32_t queued = 0;
-        for (auto& [id, r] : s.requests) queued += r.num_chunks - r.chunks_done;
         return rank_stats{s.cfg.name, kv.num_free_pages(), kv.layout().num_pages,
-                          static_cast<uint32_t>(s.requests.size()), queued, s.num_jobs_done};
+                          static_cast<uint32_t>(s.requests.size()), static_cast<uint32_t>(s.waiting.size()),
+                          s.num_jobs_done};
       },
       [=](events_atom) { return self->state.log->snapshot(); },
       [=](exec_done_atom, uint64_t job_id, std::vector<std::vector<float>>& logits) {

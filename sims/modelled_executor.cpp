@@ -41,10 +41,11 @@ public:
 private:
   /// Runs queued jobs one at a time: layer l of a job ends (l + 1) · layer_ns after it starts.
   void start_next() {
-    if (queue_.empty() || !runner_) {
-      busy_ = false;
+    if (queue_.empty() || !runner_ || (cfg_.hang_after_jobs && num_started_ >= *cfg_.hang_after_jobs)) {
+      busy_ = !queue_.empty();  // a hung device stays busy with its queue forever
       return;
     }
+    ++num_started_;
     busy_ = true;
     auto [job, sink] = std::move(queue_.front());
     queue_.pop_front();
@@ -76,6 +77,7 @@ private:
   gpu::deferred_runner* runner_ = nullptr;
   std::deque<std::pair<gpu::forward_job, std::shared_ptr<gpu::executor_sink>>> queue_;
   bool busy_ = false;
+  uint32_t num_started_ = 0;
 };
 
 }  // namespace

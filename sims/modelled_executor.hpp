@@ -5,6 +5,7 @@
 // coordinator. It owns a real (small) KV pool so transports have real regions to move.
 
 #include <memory>
+#include <optional>
 
 #include "gpu/executor.hpp"
 #include "policies/cost_model.hpp"
@@ -17,6 +18,9 @@ struct modelled_executor_config {
   uint32_t num_kv_pages = 256;
   uint32_t page_size_tokens = 16;
   int32_t emitted_token = 'a';             ///< the token every step "predicts"
+  /// Failure modelling: after this many jobs the device hangs (no further job ever finishes),
+  /// as a GPU whose kernel never returns. Empty = never.
+  std::optional<uint32_t> hang_after_jobs;
 };
 
 std::unique_ptr<gpu::executor> make_modelled_executor(gpu::model_config model, modelled_executor_config cfg);

@@ -95,6 +95,26 @@ TEST_CASE("chunked prefill equals token-by-token, and one request's numbers do n
   }
 }
 
+TEST_CASE("a batched decode step gives each sequence exactly the logits of stepping it alone") {
+  auto exec = tiny_executor(2);
+  auto& kv = exec->kv();
+  const std::vector<std::vector<int32_t>> prompts = {prompt("x"), prompt("a rather longer prompt here"),
+                                                     prompt("medium prompt")};
+  std::vector<std::vector<uint32_t>> pages;
+  for (const auto& p : prompts) {
+    pages.push_back(*kv.kv_page_alloc(3));
+    REQUIRE(run_blocking(*exec, forward_job{1, {forward_seq{1, p, 0, pages.back(), false}}}).error.empty());
+  }
+  forward_job step{2, {}, forward_job::decode};
+  for (size_t i = 0; i < prompts.size(); ++i)
+    step.seqs.push_back({i, {'z'}, static_cast<uint32_t>(prompts[i].size()), pages[i], true});
+  auto together = run_blocking(*exec, step);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto alone = run_blocking(*exec, forward_job{3, {step.seqs[i]}, forward_job::decode});
+    CHECK(test::same_bits(alone.logits[0], together.logits[i]));
+  }
+}
+
 TEST_CASE("paging is real: a fragmented pool gives non-contiguous pages and the same tokens") {
   const auto p = prompt("Pages of sixteen tokens, scattered across the pool, hold the same numbers.");
   auto fresh = tiny_executor();

@@ -1,40 +1,12 @@
 #include <doctest/doctest.h>
 
-#include <caf/actor_system.hpp>
-#include <caf/actor_system_config.hpp>
-#include <caf/event_based_actor.hpp>
-#include <caf/scheduler/test_coordinator.hpp>
-
 #include "actors/local_cluster.hpp"
 #include "sims/modelled_executor.hpp"
+#include "tests/sims/sim_fixture.hpp"
 
 using namespace baton;
 
 namespace {
-
-/// CAF's test coordinator as a discrete-event engine: one thread, virtual time.
-struct sim_system {
-  caf::actor_system_config cfg;
-  caf::actor_system sys;
-  caf::scheduler::test_coordinator& sched;
-  static caf::actor_system_config& init(caf::actor_system_config& c) {
-    register_message_types(c);
-    c.set("scheduler.policy", caf::atom("testing"));
-    c.set("logger.file-verbosity", caf::atom("quiet"));
-    return c;
-  }
-  sim_system() : sys(init(cfg)), sched(dynamic_cast<caf::scheduler::test_coordinator&>(sys.scheduler())) {}
-
-  /// Runs ready jobs, then jumps to the earliest timer, until nothing is left or `limit` events.
-  void run_until_idle(size_t limit = 1'000'000) {
-    for (size_t i = 0; i < limit; ++i) {
-      sched.run();
-      if (!sched.has_pending_timeout()) return;
-      sched.trigger_timeout();
-    }
-    FAIL("simulation did not settle");
-  }
-};
 
 sims::modelled_executor_config model_times() {
   sims::modelled_executor_config m;
@@ -44,53 +16,126 @@ sims::modelled_executor_config model_times() {
   return m;
 }
 
+/// The modelled time of a prompt of n tokens in chunks of `chunk`, summed independently of the actors.
+int64_t prefill_ns(const local_cluster_config& cfg, const sims::modelled_executor_config& times, uint32_t n,
+                   uint32_t chunk) {
+  int64_t ns = 0;
+  for (uint32_t start = 0; start < n; start += chunk) {
+    gpu::forward_job job{0, {gpu::forward_seq{0, std::vector<int32_t>(std::min(chunk, n - start), 1), start, {}, true}}};
+    ns += sims::modelled_layer_ns(job, cfg.model, times) * cfg.model.num_hidden_layers;
+  }
+  return ns;
+}
+
+/// The modelled time of one decode step of a single sequence whose input sits at `pos`.
+int64_t step_ns(const local_cluster_config& cfg, const sims::modelled_executor_config& times, uint32_t pos) {
+  gpu::forward_job step{0, {gpu::forward_seq{0, {1}, pos, {}, true}}, gpu::forward_job::decode};
+  return sims::modelled_layer_ns(step, cfg.model, times) * cfg.model.num_hidden_layers;
+}
+
+local_cluster_config one_by_one() {
+  local_cluster_config cfg;
+  cfg.num_prefill_ranks = 1;
+  cfg.num_decode_ranks = 1;
+  cfg.prefill.chunk_tokens = 16;
+  return cfg;
+}
+
+const char* forty_token_prompt = "forty bytes of prompt, in three chunks!";  // + <bos> = 40: 16 + 16 + 8
+
 }  // namespace
 
 TEST_CASE("sim seam: the production actors serve a request in virtual time and TTFT is the modelled times summed") {
-  sim_system s;
-  local_cluster_config cfg;
-  cfg.prefill.chunk_tokens = 16;
+  test::sim_system s;
+  auto cfg = one_by_one();
   const auto times = model_times();
-  auto make_exec = [&](const std::string&) -> std::shared_ptr<gpu::executor> {
+  auto cluster = start_local_cluster(s.sys, cfg, [&](const std::string&) -> std::shared_ptr<gpu::executor> {
     return sims::make_modelled_executor(cfg.model, times);
-  };
-  auto cluster = start_local_cluster(s.sys, cfg, make_exec);
-
-  generate_request req;
-  req.prompt = "forty bytes of prompt, in three chunks!";  // + <bos> = 40 tokens: 16 + 16 + 8
-  req.max_tokens = 5;
-  auto result = std::make_shared<caf::expected<completion>>(caf::error{});
-  const auto t0 = s.sched.clock().now();
-  s.sys.spawn([=](caf::event_based_actor* self) {
-    self->request(cluster.router, std::chrono::seconds{60}, generate_atom::value, req)
-        .then([=](completion& c) { *result = std::move(c); }, [=](caf::error& e) { *result = std::move(e); });
   });
-  s.run_until_idle();
-  REQUIRE_MESSAGE(*result, s.sys.render(result->error()));
-  const auto& c = **result;
-
-  // Expected TTFT: the three chunks' modelled times, summed independently of the actors.
-  const uint32_t layers = cfg.model.num_hidden_layers;
-  const uint32_t n = c.num_prompt_tokens;
-  REQUIRE(n == 40);
-  int64_t expected_ns = 0;
-  for (uint32_t start = 0; start < n; start += 16) {
-    gpu::forward_job job{0, {gpu::forward_seq{0, std::vector<int32_t>(std::min(16u, n - start), 1), start, {}, true}}};
-    expected_ns += sims::modelled_layer_ns(job, cfg.model, times) * layers;
-  }
-  CHECK(c.ttft_us * 1000 == expected_ns / 1000 * 1000);
-  CHECK(c.ttft_us == expected_ns / 1000);
-  // Each decode step took exactly its modelled time too.
+  test::sim_system::stopper stop{s, cluster};
+  generate_request req;
+  req.prompt = forty_token_prompt;
+  req.max_tokens = 5;
+  auto result = s.generate(cluster.router, req);
+  REQUIRE(s.run_until_idle());
+  REQUIRE(result->has_value());
+  REQUIRE_MESSAGE(**result, s.sys.render((*result)->error()));
+  const auto& c = ***result;
+  REQUIRE(c.num_prompt_tokens == 40);
+  CHECK(c.ttft_us == prefill_ns(cfg, times, 40, 16) / 1000);
   REQUIRE(c.tokens.size() == 5);
   REQUIRE(c.tbt_us.size() == 4);
-  for (uint32_t i = 0; i < 4; ++i) {
-    gpu::forward_job step{0, {gpu::forward_seq{0, {1}, n + i, {}, true}}, gpu::forward_job::decode};
-    CHECK(c.tbt_us[i] == sims::modelled_layer_ns(step, cfg.model, times) * layers / 1000);
-  }
+  for (uint32_t i = 0; i < 4; ++i) CHECK(c.tbt_us[i] == step_ns(cfg, times, 40 + i) / 1000);
   CHECK(c.tokens[0] == 'a');
-  CHECK(s.sched.clock().now() - t0 >= std::chrono::microseconds{c.ttft_us});
-  caf::anon_send_exit(cluster.router, caf::exit_reason::user_shutdown);
-  for (auto& r : cluster.prefill) caf::anon_send_exit(r.handle, caf::exit_reason::user_shutdown);
-  for (auto& r : cluster.decode) caf::anon_send_exit(r.handle, caf::exit_reason::user_shutdown);
-  s.run_until_idle();
+}
+
+TEST_CASE("deadline: a decode rank that stops producing fails its request exactly one token deadline after the last token") {
+  test::sim_system s;
+  auto cfg = one_by_one();
+  cfg.router.request.token_timeout_ms = 2000;
+  const auto times = model_times();
+  auto cluster = start_local_cluster(s.sys, cfg, [&](const std::string& name) -> std::shared_ptr<gpu::executor> {
+    auto t = times;
+    if (name == "decode-0") t.hang_after_jobs = 2;  // two steps, then the device hangs
+    return sims::make_modelled_executor(cfg.model, t);
+  });
+  test::sim_system::stopper stop{s, cluster};
+  generate_request req;
+  req.prompt = forty_token_prompt;
+  req.max_tokens = 10;
+  const auto t0 = s.now();
+  auto at = std::make_shared<test::sim_system::time_point>();
+  auto result = s.generate(cluster.router, req, at);
+  const auto last_token = std::chrono::nanoseconds{prefill_ns(cfg, times, 40, 16) + step_ns(cfg, times, 40) +
+                                                   step_ns(cfg, times, 41)};
+  const auto deadline = t0 + last_token + std::chrono::milliseconds{2000};
+  s.run_until(deadline - std::chrono::nanoseconds{1});
+  CHECK_MESSAGE(!result->has_value(), "answered before the deadline");
+  s.run_until(deadline);
+  REQUIRE(result->has_value());
+  REQUIRE_FALSE(**result);
+  const auto text = s.sys.render((*result)->error());
+  CHECK_MESSAGE(text.find("deadline_exceeded") != std::string::npos, text);
+  CHECK_MESSAGE(text.find("request 1, rank decode-0, stage decode: no token within 2000 ms after token 2") !=
+                    std::string::npos,
+                text);
+  CHECK(*at == deadline);
+}
+
+TEST_CASE("lease: an unfinished handoff's pages return to the decode rank when the lease expires, not before") {
+  test::sim_system s;
+  auto cfg = one_by_one();
+  cfg.router.request.lease_ms = 1000;
+  cfg.router.request.prefill_timeout_ms = 5000;
+  const auto times = model_times();
+  auto cluster = start_local_cluster(s.sys, cfg, [&](const std::string& name) -> std::shared_ptr<gpu::executor> {
+    auto t = times;
+    if (name == "prefill-0") t.hang_after_jobs = 0;  // prefill never finishes: the handoff stalls
+    return sims::make_modelled_executor(cfg.model, t);
+  });
+  test::sim_system::stopper stop{s, cluster};
+  const auto& decode = cluster.decode[0].handle;
+  const uint32_t start_free = s.stats(decode).num_free_pages;
+  REQUIRE(start_free == times.num_kv_pages);
+  generate_request req;
+  req.prompt = forty_token_prompt;
+  req.max_tokens = 10;
+  const auto t0 = s.now();
+  auto at = std::make_shared<test::sim_system::time_point>();
+  auto result = s.generate(cluster.router, req, at);
+  s.run_until(t0 + std::chrono::milliseconds{999});
+  CHECK(s.stats(decode).num_free_pages == start_free - 4);  // 50 tokens -> 4 pages of 16, still leased
+  s.run_until(t0 + std::chrono::milliseconds{1000});
+  CHECK(s.stats(decode).num_free_pages == start_free);      // lease expired: pages back
+  CHECK(s.stats(decode).num_waiting == 0);
+  // The request itself fails at its prefill deadline, naming rank and stage.
+  s.run_until(t0 + std::chrono::milliseconds{4999});
+  CHECK_FALSE(result->has_value());
+  s.run_until(t0 + std::chrono::milliseconds{5000});
+  REQUIRE(result->has_value());
+  REQUIRE_FALSE(**result);
+  const auto text = s.sys.render((*result)->error());
+  CHECK_MESSAGE(text.find("request 1, rank prefill-0, stage prefill: no answer within 5000 ms") != std::string::npos,
+                text);
+  CHECK(*at == t0 + std::chrono::milliseconds{5000});
 }

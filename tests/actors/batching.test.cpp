@@ -1,0 +1,141 @@
+#include <doctest/doctest.h>
+
+#include <set>
+#include <thread>
+
+#include "gpu/byte_tokenizer.hpp"
+#include "gpu/cpu_executor.hpp"
+#include "gpu/local_generate.hpp"
+#include "tests/actors/cluster_fixture.hpp"
+#include "tests/test_util.hpp"
+
+using namespace baton;
+
+namespace {
+
+local_cluster_config shared_decode_rank() {
+  local_cluster_config cfg;
+  cfg.num_prefill_ranks = 1;
+  cfg.num_decode_ranks = 1;
+  cfg.executor.num_kv_pages = 64;
+  cfg.prefill.chunk_tokens = 16;
+  return cfg;
+}
+
+}  // namespace
+
+TEST_CASE("continuous batching: requests of different lengths share steps, one joins mid-stream, and every "
+          "request's tokens and logits equal its single-request run") {
+  test::cluster_system t;
+  auto cfg = shared_decode_rank();
+  auto cluster = start_local_cluster(t.sys, cfg);
+  const auto& decode = cluster.decode[0].handle;
+  // Context lengths can never coincide: the second prompt is longer than the first, and the late
+  // one is shorter than the first's context when it joins (>= 10 + 5 steps).
+  const std::vector<std::string> prompts = {"short one", "a noticeably longer prompt than the first", "late"};
+  const std::vector<int32_t> max_tokens = {300, 300, 12};
+  caf::scoped_actor self{t.sys};
+  auto send = [&](size_t i) {
+    generate_request req;
+    req.prompt = prompts[i];
+    req.max_tokens = max_tokens[i];
+    req.return_logits = true;
+    return self->request(cluster.router, std::chrono::seconds{60}, generate_atom::value, std::move(req));
+  };
+  auto first = send(0);
+  auto second = send(1);
+  // Wait (bounded) until the first two are decoding together, then send the third.
+  for (int i = 0; i < 2000 && t.stats(decode).num_steps < 5; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{1});
+  REQUIRE(t.stats(decode).num_steps >= 5);
+  auto third = send(2);
+  std::vector<completion> done(3);
+  auto collect = [&](auto& handle, size_t i) {
+    handle.receive([&](completion& c) { done[i] = std::move(c); },
+                   [&](caf::error& e) { FAIL("request " << i << " failed: " << t.sys.render(e)); });
+  };
+  collect(first, 0);
+  collect(second, 1);
+  collect(third, 2);
+
+  // The step log: some step ran all three with three different context lengths, and the third
+  // request first appears after steps that ran without it.
+  const auto log = t.events(decode);
+  bool three_together = false;
+  size_t first_step_of_third = SIZE_MAX, steps_before = 0;
+  for (size_t i = 0; i < log.size(); ++i) {
+    const auto& e = log[i];
+    if (e.kind != "step") continue;
+    std::set<uint64_t> ids(e.batch_requests.begin(), e.batch_requests.end());
+    std::set<uint32_t> ctx(e.batch_contexts.begin(), e.batch_contexts.end());
+    const bool has_third = ids.count(done[2].request_id) > 0;
+    if (has_third && first_step_of_third == SIZE_MAX) first_step_of_third = i;
+    if (!has_third && first_step_of_third == SIZE_MAX) ++steps_before;
+    if (ids.size() >= 3 && ctx.size() >= 3) three_together = true;
+  }
+  CHECK(three_together);
+  CHECK(steps_before >= 5);
+  CHECK(first_step_of_third != SIZE_MAX);
+
+  // Batched, every request got exactly what it gets alone on one executor.
+  auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
+  auto exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
+  const gpu::byte_tokenizer tok{cfg.model.bos_token_id, cfg.model.eos_token_id};
+  for (size_t i = 0; i < 3; ++i) {
+    auto ref = gpu::generate_colocated(*exec, tok.encode(prompts[i]), max_tokens[i], cfg.prefill.chunk_tokens);
+    CHECK(done[i].tokens == ref.tokens);
+    CHECK(test::same_bits(done[i].step_logits, ref.step_logits));
+  }
+  t.stop(cluster);
+}
+
+TEST_CASE("load spreads over 2 prefill and 2 decode ranks, and placement follows the reported loads") {
+  test::cluster_system t;
+  local_cluster_config cfg;  // defaults: 2 + 2 ranks
+  cfg.executor.num_kv_pages = 128;
+  auto cluster = start_local_cluster(t.sys, cfg);
+  caf::scoped_actor self{t.sys};
+  // Placement alone, without reports in between: the balancer counts its own placements, so
+  // consecutive prompts alternate between the two idle ranks.
+  std::vector<std::string> placed;
+  for (int i = 0; i < 4; ++i)
+    self->request(cluster.prefill_balancer, std::chrono::seconds{10}, place_atom::value, uint64_t{100} + i, 256u)
+        .receive([&](prefill_placement& p) { placed.push_back(p.name); }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
+  CHECK(placed == std::vector<std::string>{"prefill-0", "prefill-1", "prefill-0", "prefill-1"});
+  // Reports bring the balancer's view back to the ranks' real (idle) state.
+  self->send(cluster.prefill_balancer, load_atom::value, rank_load{"prefill-0", 0, 0, 128, 128}, cluster.prefill[0].handle);
+  self->send(cluster.prefill_balancer, load_atom::value, rank_load{"prefill-1", 0, 0, 128, 128}, cluster.prefill[1].handle);
+
+  // A burst through the whole cluster: prompts long enough (~300 tokens) that each takes far
+  // longer to prefill than to place, so both ranks of each kind get work.
+  std::vector<decltype(self->request(cluster.router, caf::infinite, generate_atom::value, generate_request{}))> burst;
+  for (int i = 0; i < 8; ++i) {
+    generate_request req;
+    req.prompt = std::string(300, 'a' + i);
+    req.max_tokens = 6;
+    burst.push_back(self->request(cluster.router, std::chrono::seconds{60}, generate_atom::value, req));
+  }
+  std::map<std::string, int> per_rank;
+  for (auto& h : burst)
+    h.receive([&](completion& c) { ++per_rank[c.prefill_rank], ++per_rank[c.decode_rank]; },
+              [&](caf::error& e) { FAIL(t.sys.render(e)); });
+  CHECK(per_rank["prefill-0"] >= 1);
+  CHECK(per_rank["prefill-1"] >= 1);
+  CHECK(per_rank["decode-0"] >= 1);
+  CHECK(per_rank["decode-1"] >= 1);
+
+  // A rank that reports itself busy gets no new work until it reports otherwise.
+  auto busy = rank_load{"prefill-0", 1000000, 50, 128, 128};
+  self->send(cluster.prefill_balancer, load_atom::value, busy, cluster.prefill[0].handle);
+  auto full = rank_load{"decode-1", 0, 0, 0, 64};  // no free pages
+  self->send(cluster.decode_balancer, load_atom::value, full, cluster.decode[1].handle);
+  for (int i = 0; i < 3; ++i) {
+    generate_request req;
+    req.prompt = "after the reports";
+    req.max_tokens = 2;
+    auto got = t.generate(cluster.router, req);
+    REQUIRE(got);
+    CHECK(got->prefill_rank == "prefill-1");
+    CHECK(got->decode_rank == "decode-0");
+  }
+  t.stop(cluster);
+}
