@@ -160,7 +160,7 @@ void on_step_done(decode_pointer self, std::vector<std::vector<float>>& logits) 
     token_event ev{l.request_id, s->num_generated, tok, {}};
     if (l.order.return_logits) ev.logits = std::move(logits[row]);
     self->send(l.order.stream_to, std::move(ev));
-    if (tok == eos)
+    if (tok == eos && !l.order.ignore_eos)
       finish_seq(self, lease_id, "eos");
     else if (s->num_generated >= l.order.max_new_tokens)
       finish_seq(self, lease_id, "length");

@@ -66,13 +66,14 @@ struct generate_request {
   float temperature = 0.0f;            ///< 0 = greedy
   uint64_t seed = 0;                   ///< sampling seed when temperature > 0
   bool return_logits = false;          ///< attach each step's logits to the completion (tests)
+  bool ignore_eos = false;             ///< generate max_tokens even past <eos> (benchmarks)
   std::string traffic_class = "chat";  ///< chat | agent | batch: store retention later
   std::string priority = "interactive";
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, generate_request& x) {
   return f(caf::meta::type_name("generate_request"), x.prompt, x.prompt_tokens, x.max_tokens, x.temperature,
-           x.seed, x.return_logits, x.traffic_class, x.priority);
+           x.seed, x.return_logits, x.ignore_eos, x.traffic_class, x.priority);
 }
 
 struct completion {
@@ -249,12 +250,13 @@ struct decode_order {
   float temperature = 0.0f;
   uint64_t seed = 0;
   bool return_logits = false;
+  bool ignore_eos = false;
   request_actor stream_to;       ///< receives one token_event per step
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, decode_order& x) {
   return f(caf::meta::type_name("decode_order"), x.request_id, x.lease_id, x.first_token, x.prompt_len,
-           x.max_new_tokens, x.temperature, x.seed, x.return_logits, x.stream_to);
+           x.max_new_tokens, x.temperature, x.seed, x.return_logits, x.ignore_eos, x.stream_to);
 }
 
 using decode_rank_actor = caf::typed_actor<

@@ -2,6 +2,8 @@
 
 #include <vector>
 
+#include <caf/typed_response_promise.hpp>
+
 #include "actors/messages.hpp"
 
 namespace baton {
@@ -23,6 +25,14 @@ struct rank_registry {
     ranks.push_back(std::move(rank));
     loads.push_back(std::move(load));
   }
+};
+
+/// A placement request waiting for a rank that can take it.
+template <class Placement>
+struct parked_placement {
+  uint64_t request_id = 0;
+  uint32_t num_tokens = 0;
+  caf::typed_response_promise<Placement> promise;
 };
 
 }  // namespace baton

@@ -102,6 +102,7 @@ void start_decode(request_pointer self) {
                      p.params.temperature,
                      p.params.seed,
                      p.params.return_logits,
+                     p.params.ignore_eos,
                      self};
   arm_watchdog(self);
   // No deadline on the whole generation: the watchdog bounds each token instead.
@@ -130,8 +131,9 @@ void start_prefill(request_pointer self, kv_lease_grant grant) {
             st.out.prefill_us = lap(self);
             st.out.prefill_queue_us = r.queue_us;
             record_token(self, r.first_token, std::move(r.logits));
-            if (r.first_token == st.plan.eos_token_id || st.plan.params.max_tokens == 1) {
-              st.out.finish_reason = r.first_token == st.plan.eos_token_id ? "eos" : "length";
+            const bool eos = r.first_token == st.plan.eos_token_id && !st.plan.params.ignore_eos;
+            if (eos || st.plan.params.max_tokens == 1) {
+              st.out.finish_reason = eos ? "eos" : "length";
               answer(self, caf::error{});  // releases the unused lease
               return;
             }

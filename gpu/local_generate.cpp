@@ -30,7 +30,7 @@ forward_outcome run_blocking(executor& exec, forward_job job) {
 
 colocated_generation generate_colocated(executor& exec, const std::vector<int32_t>& prompt,
                                         uint32_t max_new_tokens, uint32_t chunk_tokens,
-                                        const sampling_config& sampling) {
+                                        const sampling_config& sampling, bool ignore_eos) {
   colocated_generation out;
   auto& kv = exec.kv();
   const uint32_t total = static_cast<uint32_t>(prompt.size()) + max_new_tokens;
@@ -57,7 +57,7 @@ colocated_generation generate_colocated(executor& exec, const std::vector<int32_
     const int32_t tok = sample_token(last, sampling, pos);
     out.tokens.push_back(tok);
     out.step_logits.push_back(last);
-    if (tok == exec.config().eos_token_id || out.tokens.size() == max_new_tokens) break;
+    if ((tok == exec.config().eos_token_id && !ignore_eos) || out.tokens.size() == max_new_tokens) break;
     auto r = run_blocking(exec, forward_job{pos, {forward_seq{1, {tok}, pos, *pages, true}}, forward_job::decode});
     if (!r.error.empty()) {
       out.error = r.error;

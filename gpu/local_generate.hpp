@@ -27,9 +27,10 @@ struct colocated_generation {
 };
 
 /// The colocated reference: prefill in chunks of `chunk_tokens`, then decode one token per
-/// step, all on one executor and one page table. Stops after `max_new_tokens` or at <eos>.
+/// step, all on one executor and one page table. Stops after `max_new_tokens`, or at <eos>
+/// unless `ignore_eos`.
 colocated_generation generate_colocated(executor& exec, const std::vector<int32_t>& prompt,
                                         uint32_t max_new_tokens, uint32_t chunk_tokens,
-                                        const sampling_config& sampling = {});
+                                        const sampling_config& sampling = {}, bool ignore_eos = false);
 
 }  // namespace baton::gpu

@@ -49,6 +49,14 @@ struct cluster_system {
     return out;
   }
 
+  /// Stops the cluster when the test leaves scope, also after a failed REQUIRE (the actor
+  /// system's destructor waits for every actor).
+  struct stopper {
+    cluster_system& t;
+    const local_cluster& c;
+    ~stopper() { t.stop(c); }
+  };
+
   void stop(const local_cluster& c) {
     caf::scoped_actor self{sys};
     self->send_exit(c.router, caf::exit_reason::user_shutdown);

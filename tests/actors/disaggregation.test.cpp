@@ -17,6 +17,8 @@ constexpr uint32_t chunk_tokens = 16;
 
 local_cluster_config small_cluster() {
   local_cluster_config cfg;
+  cfg.num_prefill_ranks = 1;  // faults are injected on prefill-0's transport: all prompts go there
+  cfg.num_decode_ranks = 1;
   cfg.executor.num_threads = 1;
   cfg.executor.num_kv_pages = 64;
   cfg.prefill.chunk_tokens = chunk_tokens;
@@ -47,6 +49,7 @@ TEST_CASE("disaggregated tokens and every step's logits equal the colocated run,
   test::cluster_system t;
   auto cfg = small_cluster();
   auto cluster = start_local_cluster(t.sys, cfg);
+  test::cluster_system::stopper stop{t, cluster};
   std::vector<std::vector<int32_t>> outputs;
   for (const auto& p : prompts) {
     generate_request req;
@@ -73,7 +76,6 @@ TEST_CASE("disaggregated tokens and every step's logits equal the colocated run,
   // Every lease was returned.
   CHECK(t.stats(cluster.decode[0].handle).num_free_pages == cfg.executor.num_kv_pages);
   CHECK(t.stats(cluster.prefill[0].handle).num_free_pages == cfg.executor.num_kv_pages);
-  t.stop(cluster);
 }
 
 TEST_CASE("negative control: one flipped byte in one transferred layer changes the decode rank's logits") {
@@ -88,6 +90,7 @@ TEST_CASE("negative control: one flipped byte in one transferred layer changes t
     return std::shared_ptr<transport::transport>{std::move(p)};
   };
   auto cluster = start_local_cluster(t.sys, cfg, {}, wrap);
+  test::cluster_system::stopper stop{t, cluster};
   generate_request req;
   req.prompt = prompts[1];
   req.max_tokens = 6;
@@ -104,13 +107,13 @@ TEST_CASE("negative control: one flipped byte in one transferred layer changes t
   for (size_t i = 1; i < std::min(got->step_logits.size(), ref.step_logits.size()); ++i)
     any_differs |= !test::same_bits(got->step_logits[i], ref.step_logits[i]);
   CHECK(any_differs);
-  t.stop(cluster);
 }
 
 TEST_CASE("layer-wise handoff: layer l's send is posted before layer l+1's compute finishes") {
   test::cluster_system t;
   auto cfg = small_cluster();
   auto cluster = start_local_cluster(t.sys, cfg);
+  test::cluster_system::stopper stop{t, cluster};
   generate_request req;
   req.prompt = prompts[2];  // 66 tokens: 5 chunks of 16
   req.max_tokens = 2;
@@ -127,13 +130,13 @@ TEST_CASE("layer-wise handoff: layer l's send is posted before layer l+1's compu
       REQUIRE(seq.count({"compute_done", c, l + 1}));
       CHECK(seq[{"send_posted", c, l}] < seq[{"compute_done", c, l + 1}]);
     }
-  t.stop(cluster);
 }
 
 TEST_CASE("bad input gets a clear error naming the problem, and the cluster keeps serving") {
   test::cluster_system t;
   auto cfg = small_cluster();
   auto cluster = start_local_cluster(t.sys, cfg);
+  test::cluster_system::stopper stop{t, cluster};
   auto expect_bad = [&](generate_request req, const std::string& words) {
     auto got = t.generate(cluster.router, std::move(req));
     REQUIRE_FALSE(got);
@@ -177,7 +180,6 @@ TEST_CASE("bad input gets a clear error naming the problem, and the cluster keep
   REQUIRE(got);
   CHECK(got->tokens.size() >= 1);
   CHECK(t.stats(cluster.decode[0].handle).num_free_pages == cfg.executor.num_kv_pages);
-  t.stop(cluster);
 }
 
 TEST_CASE("a failed transfer fails the request with request, rank and stage named and the next one succeeds") {
@@ -190,6 +192,7 @@ TEST_CASE("a failed transfer fails the request with request, rank and stage name
         transport::make_fault_proxy(std::move(inner), {transport::fault_kind::fail, 1, {}, 1, 5})};
   };
   auto cluster = start_local_cluster(t.sys, cfg, {}, wrap);
+  test::cluster_system::stopper stop{t, cluster};
   generate_request req;
   req.prompt = "this one loses layer 1";
   req.max_tokens = 4;
@@ -204,5 +207,4 @@ TEST_CASE("a failed transfer fails the request with request, rank and stage name
   CHECK(got);
   // The failed request's lease went back to the decode rank.
   CHECK(t.stats(cluster.decode[0].handle).num_free_pages == cfg.executor.num_kv_pages);
-  t.stop(cluster);
 }
