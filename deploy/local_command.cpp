@@ -34,6 +34,7 @@ struct local_options {
   uint32_t poll_attempts = 0;      ///< CAF work-stealing moderate-poll-attempts (0 avoids 50 us sleeps)
   uint32_t timeout_ms = 120000;
   bool quiet = false;              ///< only the summary
+  bool ignore_eos = false;         ///< always generate max_tokens (throughput runs)
 };
 
 double mean(const std::vector<int64_t>& xs) {
@@ -76,6 +77,7 @@ int run_local(const std::vector<std::string>& args) {
   flags.add("--poll-attempts", &opt.poll_attempts, "CAF work-stealing moderate-poll-attempts");
   flags.add("--timeout-ms", &opt.timeout_ms, "give up on a request after this long");
   flags.add("--quiet", &opt.quiet, "print only the summary");
+  flags.add("--ignore-eos", &opt.ignore_eos, "generate max-tokens even past <eos>");
   if (auto err = flags.parse(args); !err.empty()) {
     std::fprintf(stderr, "baton local: %s\n", err.c_str());
     return 2;
@@ -124,6 +126,7 @@ int run_local(const std::vector<std::string>& args) {
     req.prompt = p;
     req.max_tokens = static_cast<int32_t>(opt.max_tokens);
     req.temperature = opt.temperature;
+    req.ignore_eos = opt.ignore_eos;
     inflight.push_back({p, self->request(cluster.router, std::chrono::milliseconds{opt.timeout_ms},
                                          generate_atom::value, std::move(req))});
   }
