@@ -61,12 +61,7 @@ decode_balancer_actor::behavior_type decode_balancer_impl(pointer self, uint32_t
       [=](load_atom, rank_load& load, decode_rank_actor& rank) {
         auto& st = self->state;
         st.registry.report(std::move(load), std::move(rank));
-        while (!st.parked.empty()) {
-          auto p = try_place(self, st.parked.front().num_tokens);
-          if (!p) break;
-          st.parked.front().promise.deliver(std::move(*p));
-          st.parked.pop_front();
-        }
+        serve_parked(st.parked, [=](uint32_t num_tokens) { return try_place(self, num_tokens); });
       },
       [=](stats_atom) { return self->state.registry.loads; },
   };

@@ -42,12 +42,8 @@ struct running_seq {
 
 struct decode_state {
   decode_rank_config cfg;
-  std::shared_ptr<transport::transport> xport;  // before exec: outlives the executor thread
-  std::shared_ptr<gpu::executor> exec;
-  std::unique_ptr<timer_runner> runner;
-  std::shared_ptr<event_log> log = std::make_shared<event_log>();
-  kv_region_desc region;
-  std::string setup_error;
+  rank_core core;
+  kv_region_desc region;  ///< the KV pool as prefill ranks address it
   uint64_t last_lease = 0;
   uint64_t last_job = 0;
   uint64_t num_steps = 0;
@@ -69,7 +65,7 @@ int64_t micros(caf::actor_clock::duration_type d) {
 void report_load(decode_pointer self) {
   auto& st = self->state;
   if (!st.balancer) return;
-  const auto& pool = st.exec->kv();
+  const auto& pool = st.core.exec->kv();
   self->send(st.balancer, load_atom::value,
              rank_load{st.cfg.name, 0, static_cast<uint32_t>(st.leases.size()), pool.num_free_pages(),
                        pool.layout().num_pages},
@@ -80,7 +76,7 @@ void free_lease(decode_pointer self, uint64_t lease_id) {
   auto& st = self->state;
   auto i = st.leases.find(lease_id);
   if (i == st.leases.end()) return;
-  st.exec->kv().kv_page_free(i->second.pages);
+  st.core.exec->kv().kv_page_free(i->second.pages);
   st.leases.erase(i);
   report_load(self);
 }
@@ -104,9 +100,9 @@ void maybe_step(decode_pointer self) {
     ev.batch_contexts.push_back(s.pos + 1);
   }
   st.batch_cursor = first + n;
-  st.log->add(std::move(ev));
+  st.core.log->add(std::move(ev));
   st.step_in_flight = true;
-  st.exec->submit(std::move(job), std::make_shared<forwarding_sink>(self->address()));
+  st.core.exec->submit(std::move(job), std::make_shared<forwarding_sink>(self->address()));
 }
 
 /// Joins the batch once every layer has landed and the order is here; the batch changes only
@@ -116,7 +112,7 @@ void maybe_admit(decode_pointer self, uint64_t lease_id) {
   auto i = st.leases.find(lease_id);
   if (i == st.leases.end()) return;
   auto& l = i->second;
-  if (l.decoding || !l.has_order || l.num_landed != st.exec->config().num_hidden_layers) return;
+  if (l.decoding || !l.has_order || l.num_landed != st.core.exec->config().num_hidden_layers) return;
   l.decoding = true;
   l.queue_us = micros(self->clock().now() - l.order_at);
   st.batch.push_back(running_seq{lease_id, l.order.prompt_len, l.order.first_token, 0});
@@ -142,7 +138,7 @@ void on_step_done(decode_pointer self, std::vector<std::vector<float>>& logits) 
   auto& st = self->state;
   st.step_in_flight = false;
   ++st.num_steps;
-  const auto eos = st.exec->config().eos_token_id;
+  const auto eos = st.core.exec->config().eos_token_id;
   for (size_t row = 0; row < st.step_leases.size(); ++row) {
     const uint64_t lease_id = st.step_leases[row];
     auto li = st.leases.find(lease_id);
@@ -179,29 +175,20 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
   auto& st = self->state;
   st.balancer = std::move(balancer);
   st.cfg = std::move(cfg);
-  st.exec = std::move(exec);
-  st.xport = std::move(xport);
-  st.runner = std::make_unique<timer_runner>(self->address());
-  st.exec->bind_runner(st.runner.get());
-  auto& kv = st.exec->kv();
-  transport::xfer_error err;
-  if (auto key = st.xport->register_region(kv.data(), kv.size_bytes(), &err)) {
-    const auto& lay = kv.layout();
-    st.region = kv_region_desc{key->backend, key->region_id, key->size_bytes, key->packed,
+  st.core.start(self, std::move(exec), std::move(xport));
+  if (st.core.pool_key) {
+    const auto& key = *st.core.pool_key;
+    const auto& lay = st.core.exec->kv().layout();
+    st.region = kv_region_desc{key.backend, key.region_id, key.size_bytes, key.packed,
                                lay.num_layers, lay.num_pages, lay.page_size_tokens, lay.kv_dim};
-  } else {
-    st.setup_error = "cannot register KV pool with transport: " + err.what;
   }
-  self->attach_functor([xp = st.xport, region = st.region.region_id] {
-    if (region) xp->deregister_region(region);
-  });
   report_load(self);  // registers this rank with its balancer
   return {
       [=](reserve_atom, const kv_lease_reserve& req) -> caf::result<kv_lease_grant> {
         auto& s = self->state;
         const auto stage = where(req.request_id, s.cfg.name, "kv_reserve");
-        if (!s.setup_error.empty()) return make_error(errc::executor_failed, stage + ": " + s.setup_error);
-        auto& pool = s.exec->kv();
+        if (!s.core.setup_error.empty()) return make_error(errc::executor_failed, stage + ": " + s.core.setup_error);
+        auto& pool = s.core.exec->kv();
         const uint32_t need = pool.pages_for_tokens(req.num_tokens);
         auto pages = pool.kv_page_alloc(need);
         if (!pages)
@@ -212,7 +199,7 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
         auto& l = s.leases[id];
         l.request_id = req.request_id;
         l.pages = *pages;
-        l.landed.assign(s.exec->config().num_hidden_layers, false);
+        l.landed.assign(s.core.exec->config().num_hidden_layers, false);
         self->delayed_send(self, std::chrono::milliseconds{req.lease_ms}, expire_atom::value, id);
         report_load(self);
         return kv_lease_grant{req.request_id, id, s.cfg.name, s.region, *pages, req.lease_ms};
@@ -260,12 +247,12 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
       },
       [=](stats_atom) {
         auto& s = self->state;
-        const auto& pool = s.exec->kv();
+        const auto& pool = s.core.exec->kv();
         return rank_stats{s.cfg.name, pool.num_free_pages(), pool.layout().num_pages,
                           static_cast<uint32_t>(s.batch.size()),
                           static_cast<uint32_t>(s.leases.size() - s.batch.size()), s.num_steps};
       },
-      [=](events_atom) { return self->state.log->snapshot(); },
+      [=](events_atom) { return self->state.core.log->snapshot(); },
       [=](exec_done_atom, uint64_t, std::vector<std::vector<float>>& logits) { on_step_done(self, logits); },
       [=](exec_fail_atom, uint64_t, std::string& what) {
         // A refused step fails every request in it; the rank keeps serving the others.
@@ -283,7 +270,7 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
         }
         maybe_step(self);
       },
-      [=](timer_atom, uint64_t id) { self->state.runner->fire(id); },
+      [=](timer_atom, uint64_t id) { self->state.core.runner->fire(id); },
       [=](expire_atom, uint64_t lease_id) {
         auto& s = self->state;
         auto i = s.leases.find(lease_id);

@@ -2,6 +2,7 @@
 
 #include <caf/actor.hpp>
 #include <caf/actor_cast.hpp>
+#include <caf/local_actor.hpp>
 #include <caf/send.hpp>
 
 namespace baton {
@@ -37,6 +38,21 @@ void timer_runner::fire(uint64_t id) {
   auto fn = std::move(i->second);
   pending_.erase(i);
   fn();
+}
+
+void rank_core::start(caf::local_actor* self, std::shared_ptr<gpu::executor> executor,
+                      std::shared_ptr<transport::transport> transport) {
+  exec = std::move(executor);
+  xport = std::move(transport);
+  runner = std::make_unique<timer_runner>(self->address());
+  exec->bind_runner(runner.get());
+  transport::xfer_error err;
+  pool_key = xport->register_region(exec->kv().data(), exec->kv().size_bytes(), &err);
+  if (!pool_key) {
+    setup_error = "cannot register the KV pool with the transport: " + err.what;
+    return;
+  }
+  self->attach_functor([xp = xport, region = pool_key->region_id] { xp->deregister_region(region); });
 }
 
 }  // namespace baton

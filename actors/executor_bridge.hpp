@@ -10,10 +10,16 @@
 #include <unordered_map>
 #include <vector>
 
+#include <memory>
+#include <optional>
+#include <string>
+
 #include <caf/actor_addr.hpp>
+#include <caf/fwd.hpp>
 
 #include "actors/messages.hpp"
 #include "gpu/executor.hpp"
+#include "transport/transport.hpp"
 
 namespace baton {
 
@@ -69,6 +75,22 @@ private:
   caf::actor_addr owner_;
   uint64_t last_id_ = 0;
   std::unordered_map<uint64_t, std::function<void()>> pending_;
+};
+
+/// What every rank owns: its executor, its transport endpoint with the KV pool registered, the
+/// timers a modelled executor runs on, and its event log.
+struct rank_core {
+  std::shared_ptr<transport::transport> xport;  // declared before exec: outlives the executor thread
+  std::shared_ptr<gpu::executor> exec;
+  std::unique_ptr<timer_runner> runner;
+  std::shared_ptr<event_log> log = std::make_shared<event_log>();
+  std::optional<transport::region_key> pool_key;  ///< how peers address this rank's KV pool
+  std::string setup_error;                        ///< non-empty: the rank refuses work, saying why
+
+  /// Binds the executor to the actor's timers and registers the KV pool with the transport; the
+  /// pool is deregistered when the actor terminates.
+  void start(caf::local_actor* self, std::shared_ptr<gpu::executor> executor,
+             std::shared_ptr<transport::transport> transport);
 };
 
 }  // namespace baton

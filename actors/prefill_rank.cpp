@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <deque>
+#include <optional>
 
 #include <caf/actor_system.hpp>
 #include <caf/stateful_actor.hpp>
@@ -80,12 +81,7 @@ struct waiting_order {
 
 struct prefill_state {
   prefill_rank_config cfg;
-  std::shared_ptr<transport::transport> xport;  // before exec: outlives the executor thread
-  std::shared_ptr<gpu::executor> exec;
-  std::unique_ptr<timer_runner> runner;
-  std::shared_ptr<event_log> log = std::make_shared<event_log>();
-  uint64_t local_region = 0;
-  std::string setup_error;
+  rank_core core;
   uint64_t last_job = 0;
   uint64_t num_jobs_done = 0;
   std::unordered_map<uint64_t, uint64_t> job_to_request;
@@ -105,7 +101,7 @@ void report_load(prefill_pointer self) {
   uint64_t queued = 0;
   for (const auto& [id, r] : st.requests) queued += r.tokens_left;
   for (const auto& w : st.waiting) queued += w.order.tokens.size();
-  const auto& kv = st.exec->kv();
+  const auto& kv = st.core.exec->kv();
   self->send(st.balancer, load_atom::value,
              rank_load{st.cfg.name, queued, static_cast<uint32_t>(st.requests.size() + st.waiting.size()),
                        kv.num_free_pages(),
@@ -115,13 +111,24 @@ void report_load(prefill_pointer self) {
 
 void drain_waiting(prefill_pointer self);
 
+/// Counts a finished executor job and returns the request it belonged to (forgetting the job).
+std::optional<uint64_t> take_job(prefill_pointer self, uint64_t job_id) {
+  auto& st = self->state;
+  ++st.num_jobs_done;
+  auto j = st.job_to_request.find(job_id);
+  if (j == st.job_to_request.end()) return std::nullopt;
+  const uint64_t rid = j->second;
+  st.job_to_request.erase(j);
+  return rid;
+}
+
 void finish_if_done(prefill_pointer self, uint64_t request_id) {
   auto& st = self->state;
   auto i = st.requests.find(request_id);
   if (i == st.requests.end()) return;
   auto& r = i->second;
   const bool compute_finished = r.chunks_done == r.num_chunks;
-  if (!r.failed && !(compute_finished && r.have_logits && r.layers_ready == st.exec->config().num_hidden_layers))
+  if (!r.failed && !(compute_finished && r.have_logits && r.layers_ready == st.core.exec->config().num_hidden_layers))
     return;
   // A failure is answered only when the executor is done with the request: after that no put
   // of it can still be posted, so the decode rank may safely reuse the lease's pages.
@@ -130,7 +137,7 @@ void finish_if_done(prefill_pointer self, uint64_t request_id) {
     r.promise.deliver(std::move(r.failure));
   else
     r.promise.deliver(prefill_result{request_id, r.first_token, std::move(r.logits), st.cfg.name, r.queue_us});
-  st.exec->kv().kv_page_free(r.local_pages);
+  st.core.exec->kv().kv_page_free(r.local_pages);
   st.requests.erase(i);
   drain_waiting(self);  // freed pages may start a waiting prompt; reports the load
 }
@@ -161,22 +168,22 @@ void on_put_landed(prefill_pointer self, uint64_t request_id, uint32_t layer) {
 bool settle(prefill_pointer self, const pending_put& p) {
   auto& st = self->state;
   transport::xfer_error err;
-  switch (st.xport->poll(p.xfer_id, &err)) {
+  switch (st.core.xport->poll(p.xfer_id, &err)) {
     case transport::xfer_state::pending: {
       const auto waited = self->clock().now() - p.posted_at;
       if (waited < std::chrono::milliseconds{st.cfg.kv_send_timeout_ms}) return false;
-      st.xport->release(p.xfer_id);
+      st.core.xport->release(p.xfer_id);
       fail_request(self, p.request_id, errc::transfer_failed, "kv_send",
                    "put of layer " + std::to_string(p.layer) + " still pending after " +
                        std::to_string(st.cfg.kv_send_timeout_ms) + " ms");
       return true;
     }
     case transport::xfer_state::done:
-      st.xport->release(p.xfer_id);
+      st.core.xport->release(p.xfer_id);
       on_put_landed(self, p.request_id, p.layer);
       return true;
     case transport::xfer_state::failed:
-      st.xport->release(p.xfer_id);
+      st.core.xport->release(p.xfer_id);
       fail_request(self, p.request_id, errc::transfer_failed, "kv_send", err.to_string());
       return true;
   }
@@ -189,7 +196,7 @@ void launch(prefill_pointer self, waiting_order w, std::vector<uint32_t> pages) 
   auto& st = self->state;
   auto& order = w.order;
   const auto rid = order.request_id;
-  const auto& local = st.exec->kv().layout();
+  const auto& local = st.core.exec->kv().layout();
   const auto& reg = order.grant.region;
   gpu::kv_layout remote_layout{reg.num_layers, reg.num_pages, reg.page_size_tokens, reg.kv_dim};
   transport::region_key remote_key{reg.backend, reg.region_id, reg.size_bytes, reg.packed_key};
@@ -207,10 +214,10 @@ void launch(prefill_pointer self, waiting_order w, std::vector<uint32_t> pages) 
     const uint32_t start = c * chunk, end = std::min(num_tokens, start + chunk);
     auto sender = std::make_shared<const chunk_sender>(chunk_sender{
         rid, c, start / ps, (end + ps - 1) / ps, pages, order.grant.page_ids, local, remote_layout,
-        st.local_region, remote_key, order.grant.rank});
+        st.core.pool_key->region_id, remote_key, order.grant.rank});
     // Runs on the executor thread right after layer `l` is computed, before layer l + 1: the
     // put is posted in stream order, and the actor polls it.
-    auto on_layer = [sender, xport = st.xport, log = st.log, owner = self->address(),
+    auto on_layer = [sender, xport = st.core.xport, log = st.core.log, owner = self->address(),
                      cancelled = r.cancelled](uint64_t, uint32_t l) {
       log->add({0, "compute_done", sender->request_id, sender->chunk, l, {}, {}});
       if (cancelled->load()) return;
@@ -222,7 +229,7 @@ void launch(prefill_pointer self, waiting_order w, std::vector<uint32_t> pages) 
     st.job_to_request[job_id] = rid;
     gpu::forward_job job{job_id, {gpu::forward_seq{rid, {order.tokens.begin() + start, order.tokens.begin() + end},
                                                    start, pages, end == num_tokens}}};
-    st.exec->submit(std::move(job),
+    st.core.exec->submit(std::move(job),
                     std::make_shared<forwarding_sink>(self->address(), std::move(on_layer), /*report_start*/ c == 0));
   }
   r.order = std::move(order);
@@ -232,7 +239,7 @@ void launch(prefill_pointer self, waiting_order w, std::vector<uint32_t> pages) 
 /// its lease is refused: the decode rank has freed (and may reuse) the pages it would write.
 void drain_waiting(prefill_pointer self) {
   auto& st = self->state;
-  auto& kv = st.exec->kv();
+  auto& kv = st.core.exec->kv();
   while (!st.waiting.empty()) {
     auto& w = st.waiting.front();
     const auto waited = self->clock().now() - w.arrived_at;
@@ -259,11 +266,11 @@ caf::result<prefill_result> accept_prefill(prefill_pointer self, prefill_order o
   auto& st = self->state;
   const auto rid = order.request_id;
   const auto stage = where(rid, st.cfg.name, "prefill");
-  if (!st.setup_error.empty()) return make_error(errc::executor_failed, stage + ": " + st.setup_error);
+  if (!st.core.setup_error.empty()) return make_error(errc::executor_failed, stage + ": " + st.core.setup_error);
   if (st.requests.count(rid) ||
       std::any_of(st.waiting.begin(), st.waiting.end(), [&](auto& w) { return w.order.request_id == rid; }))
     return make_error(errc::bad_request, stage + ": request id already in progress");
-  auto& kv = st.exec->kv();
+  auto& kv = st.core.exec->kv();
   const auto& local = kv.layout();
   const auto& reg = order.grant.region;
   if (reg.num_layers != local.num_layers || reg.page_size_tokens != local.page_size_tokens ||
@@ -296,37 +303,23 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
   auto& st = self->state;
   st.balancer = std::move(balancer);
   st.cfg = std::move(cfg);
-  st.exec = std::move(exec);
-  st.xport = std::move(xport);
-  st.runner = std::make_unique<timer_runner>(self->address());
-  st.exec->bind_runner(st.runner.get());
-  transport::xfer_error err;
-  if (auto key = st.xport->register_region(st.exec->kv().data(), st.exec->kv().size_bytes(), &err))
-    st.local_region = key->region_id;
-  else
-    st.setup_error = "cannot register KV pool with transport: " + err.what;
-  self->attach_functor([xp = st.xport, region = st.local_region] {
-    if (region) xp->deregister_region(region);
-  });
+  st.core.start(self, std::move(exec), std::move(xport));
   report_load(self);  // registers this rank with its balancer
   return {
       [=](prefill_order& order) { return accept_prefill(self, std::move(order)); },
       [=](stats_atom) {
         auto& s = self->state;
-        const auto& kv = s.exec->kv();
+        const auto& kv = s.core.exec->kv();
         return rank_stats{s.cfg.name, kv.num_free_pages(), kv.layout().num_pages,
                           static_cast<uint32_t>(s.requests.size()), static_cast<uint32_t>(s.waiting.size()),
                           s.num_jobs_done};
       },
-      [=](events_atom) { return self->state.log->snapshot(); },
+      [=](events_atom) { return self->state.core.log->snapshot(); },
       [=](exec_done_atom, uint64_t job_id, std::vector<std::vector<float>>& logits) {
         auto& s = self->state;
-        ++s.num_jobs_done;
-        auto j = s.job_to_request.find(job_id);
-        if (j == s.job_to_request.end()) return;
-        const uint64_t rid = j->second;
-        s.job_to_request.erase(j);
-        auto i = s.requests.find(rid);
+        const auto rid = take_job(self, job_id);
+        if (!rid) return;
+        auto i = s.requests.find(*rid);
         if (i == s.requests.end()) return;
         auto& r = i->second;
         ++r.chunks_done;
@@ -337,18 +330,14 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
           if (r.order.return_logits) r.logits = std::move(logits[0]);
           r.have_logits = true;
         }
-        finish_if_done(self, rid);
+        finish_if_done(self, *rid);
       },
       [=](exec_fail_atom, uint64_t job_id, std::string& what) {
-        auto& s = self->state;
-        ++s.num_jobs_done;
-        auto j = s.job_to_request.find(job_id);
-        if (j == s.job_to_request.end()) return;
-        const uint64_t rid = j->second;
-        s.job_to_request.erase(j);
-        if (auto i = s.requests.find(rid); i != s.requests.end()) ++i->second.chunks_done;
-        fail_request(self, rid, errc::executor_failed, "prefill", what);
-        finish_if_done(self, rid);
+        const auto rid = take_job(self, job_id);
+        if (!rid) return;
+        if (auto i = self->state.requests.find(*rid); i != self->state.requests.end()) ++i->second.chunks_done;
+        fail_request(self, *rid, errc::executor_failed, "prefill", what);
+        finish_if_done(self, *rid);
       },
       [=](exec_start_atom, uint64_t job_id) {
         auto& s = self->state;
@@ -358,7 +347,7 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
           i->second.queue_us =
               std::chrono::duration_cast<std::chrono::microseconds>(self->clock().now() - i->second.arrived_at).count();
       },
-      [=](timer_atom, uint64_t id) { self->state.runner->fire(id); },
+      [=](timer_atom, uint64_t id) { self->state.core.runner->fire(id); },
       [=](xfer_atom, uint64_t request_id, uint32_t layer, uint64_t xfer_id) {
         pending_put p{request_id, layer, xfer_id, self->clock().now()};
         if (settle(self, p)) return;

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <deque>
 #include <vector>
 
 #include <caf/typed_response_promise.hpp>
@@ -34,5 +35,16 @@ struct parked_placement {
   uint32_t num_tokens = 0;
   caf::typed_response_promise<Placement> promise;
 };
+
+/// Serves parked placements, oldest first, while `try_place(num_tokens)` finds a rank.
+template <class Placement, class TryPlace>
+void serve_parked(std::deque<parked_placement<Placement>>& parked, TryPlace try_place) {
+  while (!parked.empty()) {
+    auto placed = try_place(parked.front().num_tokens);
+    if (!placed) return;
+    parked.front().promise.deliver(std::move(*placed));
+    parked.pop_front();
+  }
+}
 
 }  // namespace baton
