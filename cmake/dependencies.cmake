@@ -2,6 +2,7 @@
 
 find_package(Threads REQUIRED)
 find_package(nlohmann_json 3.11 REQUIRED)
+find_package(ucx REQUIRED)  # UCX 1.13.1: ucx::ucp
 
 # CAF 0.17.6: Debian ships no CMake config and no .pc file, so we import it by hand.
 find_path(CAF_INCLUDE_DIR caf/all.hpp REQUIRED)

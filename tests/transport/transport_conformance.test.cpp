@@ -1,0 +1,130 @@
+#include <doctest/doctest.h>
+
+#include <thread>
+
+#include "transport/fault_proxy.hpp"
+#include "transport/loopback.hpp"
+#include "transport/ucx.hpp"
+
+using namespace baton::transport;
+
+namespace {
+
+struct two_ranks {
+  std::shared_ptr<loopback_fabric> fabric = make_loopback_fabric();
+  std::vector<std::byte> src = std::vector<std::byte>(4096), dst = std::vector<std::byte>(4096);
+  two_ranks() {
+    for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::byte>(i * 7);
+  }
+};
+
+/// Two endpoints of one backend: the sender and the receiver.
+struct endpoints {
+  std::unique_ptr<transport> a, b;
+};
+
+endpoints make_endpoints(const std::string& backend, two_ranks& t) {
+  if (backend == "loopback") return {make_loopback_transport(t.fabric, "a"), make_loopback_transport(t.fabric, "b")};
+  std::string why;
+  auto a = make_ucx_transport({"a"}, &why);
+  REQUIRE_MESSAGE(a, why);
+  auto b = make_ucx_transport({"b"}, &why);
+  REQUIRE_MESSAGE(b, why);
+  return {std::move(a), std::move(b)};
+}
+
+/// Polls until the transfer leaves `pending` (bounded).
+xfer_state wait(transport& t, uint64_t id, xfer_error* err) {
+  for (int i = 0; i < 2'000'000; ++i) {
+    const auto s = t.poll(id, err);
+    if (s != xfer_state::pending) return s;
+    std::this_thread::yield();
+  }
+  return xfer_state::pending;
+}
+
+}  // namespace
+
+// The same expectations for every backend (design.md §8: conformance suites).
+TEST_CASE("transport conformance: a put copies its segments and nothing else") {
+  for (const std::string backend : {"loopback", "ucx"}) {
+    CAPTURE(backend);
+    two_ranks t;
+    auto [a, b] = make_endpoints(backend, t);
+    CHECK(a->caps().one_sided_put);
+    xfer_error err;
+    auto ka = a->register_region(t.src.data(), t.src.size(), &err);
+    auto kb = b->register_region(t.dst.data(), t.dst.size(), &err);
+    REQUIRE(ka);
+    REQUIRE(kb);
+    auto id = a->post_put({1, 0, "b", ka->region_id, *kb, {{0, 1024, 512}, {2048, 0, 256}}});
+    CHECK(wait(*a, id, &err) == xfer_state::done);
+    a->release(id);
+    CHECK(std::equal(t.src.begin(), t.src.begin() + 512, t.dst.begin() + 1024));
+    CHECK(std::equal(t.src.begin() + 2048, t.src.begin() + 2304, t.dst.begin()));
+    CHECK(t.dst[600] == std::byte{0});  // untouched
+    // Many transfers in flight at once all land.
+    std::vector<uint64_t> ids;
+    for (uint64_t i = 0; i < 16; ++i) ids.push_back(a->post_put({2, uint32_t(i), "b", ka->region_id, *kb, {{i * 256, i * 256, 256}}}));
+    for (auto x : ids) CHECK(wait(*a, x, &err) == xfer_state::done);
+    CHECK(std::equal(t.src.begin(), t.src.end(), t.dst.begin()));
+  }
+}
+
+TEST_CASE("transport conformance: errors name request, peer and layer") {
+  for (const std::string backend : {"loopback", "ucx"}) {
+    CAPTURE(backend);
+    two_ranks t;
+    auto [a, b] = make_endpoints(backend, t);
+    xfer_error err;
+    auto ka = a->register_region(t.src.data(), t.src.size(), &err);
+    auto kb = b->register_region(t.dst.data(), t.dst.size(), &err);
+    auto id = a->post_put({7, 3, "decode-0", ka->region_id, *kb, {{4000, 0, 200}}});
+    CHECK(wait(*a, id, &err) == xfer_state::failed);
+    CHECK(err.code == xfer_errc::out_of_bounds);
+    CHECK(err.to_string().find("request 7, peer decode-0, layer 3") != std::string::npos);
+    id = a->post_put({8, 1, "decode-0", ka->region_id + 1000, *kb, {{0, 0, 10}}});
+    CHECK(wait(*a, id, &err) == xfer_state::failed);
+    CHECK(err.code == xfer_errc::unknown_region);
+    CHECK(err.what.find("local region") != std::string::npos);
+    auto foreign = *kb;
+    foreign.backend = backend == "ucx" ? "loopback" : "ucx";
+    id = a->post_put({9, 1, "decode-0", ka->region_id, foreign, {{0, 0, 10}}});
+    CHECK(wait(*a, id, &err) == xfer_state::failed);
+    CHECK(err.code == xfer_errc::unknown_region);
+  }
+}
+
+TEST_CASE("fault proxy: corrupt flips exactly one byte of the chosen layer, fail and stall are reported") {
+  two_ranks t;
+  auto proxy = make_fault_proxy(make_loopback_transport(t.fabric, "a"), {fault_kind::corrupt_byte, 2, {}, 1, 99});
+  auto b = make_loopback_transport(t.fabric, "b");
+  xfer_error err;
+  auto ka = proxy->register_region(t.src.data(), t.src.size(), &err);
+  auto kb = b->register_region(t.dst.data(), t.dst.size(), &err);
+  for (uint32_t layer = 0; layer < 4; ++layer) {
+    auto id = proxy->post_put({1, layer, "b", ka->region_id, *kb, {{layer * 1024ull, layer * 1024ull, 1024}}});
+    CHECK(proxy->poll(id, &err) == xfer_state::done);
+    proxy->release(id);
+  }
+  CHECK(proxy->num_injected() == 1);
+  size_t differing = 0, where = 0;
+  for (size_t i = 0; i < t.src.size(); ++i)
+    if (t.src[i] != t.dst[i]) ++differing, where = i;
+  CHECK(differing == 1);
+  CHECK(where / 1024 == 2);
+
+  auto failing = make_fault_proxy(make_loopback_transport(t.fabric, "c"), {fault_kind::fail, {}, 5, 1, 1});
+  auto kc = failing->register_region(t.src.data(), t.src.size(), &err);
+  auto id = failing->post_put({5, 0, "b", kc->region_id, *kb, {{0, 0, 8}}});
+  CHECK(failing->poll(id, &err) == xfer_state::failed);
+  CHECK(err.code == xfer_errc::injected_failure);
+  CHECK(err.retryable);
+  auto ok = failing->post_put({6, 0, "b", kc->region_id, *kb, {{0, 0, 8}}});  // other request: untouched
+  CHECK(failing->poll(ok, &err) == xfer_state::done);
+
+  auto stalling = make_fault_proxy(make_loopback_transport(t.fabric, "d"), {fault_kind::stall, {}, {}, 1, 1});
+  auto kd = stalling->register_region(t.src.data(), t.src.size(), &err);
+  id = stalling->post_put({9, 0, "b", kd->region_id, *kb, {{0, 0, 8}}});
+  CHECK(stalling->poll(id, &err) == xfer_state::pending);
+}

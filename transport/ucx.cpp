@@ -1,0 +1,378 @@
+#include "transport/ucx.hpp"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <future>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include <ucp/api/ucp.h>
+
+namespace baton::transport {
+
+namespace {
+
+/// The region_key's packed bytes: [remote base address u64][worker address length u32]
+/// [worker address][rkey]. Everything a peer needs to put into the region.
+std::vector<uint8_t> pack_key(uint64_t base, const void* worker_addr, uint32_t addr_len, const void* rkey,
+                              size_t rkey_len) {
+  std::vector<uint8_t> out(8 + 4 + addr_len + rkey_len);
+  std::memcpy(out.data(), &base, 8);
+  std::memcpy(out.data() + 8, &addr_len, 4);
+  std::memcpy(out.data() + 12, worker_addr, addr_len);
+  std::memcpy(out.data() + 12 + addr_len, rkey, rkey_len);
+  return out;
+}
+
+struct unpacked_key {
+  uint64_t base = 0;
+  std::string worker_addr;  ///< bytes
+  std::string rkey;         ///< bytes
+};
+
+bool unpack_key(const std::vector<uint8_t>& packed, unpacked_key* out) {
+  if (packed.size() < 12) return false;
+  uint32_t addr_len = 0;
+  std::memcpy(&out->base, packed.data(), 8);
+  std::memcpy(&addr_len, packed.data() + 8, 4);
+  if (packed.size() < 12 + size_t{addr_len}) return false;
+  out->worker_addr.assign(reinterpret_cast<const char*>(packed.data()) + 12, addr_len);
+  out->rkey.assign(reinterpret_cast<const char*>(packed.data()) + 12 + addr_len, packed.size() - 12 - addr_len);
+  return true;
+}
+
+/// One transfer: its puts, then a flush; done when the flush completes.
+struct transfer {
+  put_desc desc;
+  std::vector<void*> pending;  ///< UCX requests still in flight
+  bool flushed = false;        ///< the flush has been posted
+  xfer_state state = xfer_state::pending;
+  xfer_error error;
+};
+
+struct remote_peer {
+  ucp_ep_h ep = nullptr;
+  std::map<std::string, ucp_rkey_h> rkeys;  ///< by packed rkey bytes
+};
+
+class ucx_transport final : public transport {
+public:
+  explicit ucx_transport(ucx_config cfg) : cfg_(std::move(cfg)) {}
+
+  bool init(std::string* why) {
+    ucp_config_t* config = nullptr;
+    if (auto s = ucp_config_read(nullptr, nullptr, &config); s != UCS_OK) return fail(why, "ucp_config_read", s);
+    ucp_params_t params{};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES;
+    params.features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
+    auto s = ucp_init(&params, config, &context_);
+    ucp_config_release(config);
+    if (s != UCS_OK) return fail(why, "ucp_init", s);
+    ucp_worker_params_t wp{};
+    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wp.thread_mode = UCS_THREAD_MODE_SINGLE;  // only the progress thread touches the worker
+    if (s = ucp_worker_create(context_, &wp, &worker_); s != UCS_OK) return fail(why, "ucp_worker_create", s);
+    ucp_address_t* addr = nullptr;
+    size_t len = 0;
+    if (s = ucp_worker_get_address(worker_, &addr, &len); s != UCS_OK) return fail(why, "ucp_worker_get_address", s);
+    worker_addr_.assign(reinterpret_cast<const char*>(addr), len);
+    ucp_worker_release_address(worker_, addr);
+    if (s = ucp_worker_get_efd(worker_, &ucx_fd_); s != UCS_OK) return fail(why, "ucp_worker_get_efd", s);
+    wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (wake_fd_ < 0) return fail(why, "eventfd", UCS_ERR_IO_ERROR);
+    thread_ = std::thread([this] { progress_loop(); });
+    return true;
+  }
+
+  ~ucx_transport() override {
+    if (thread_.joinable()) {
+      run_on_thread([this] { stop_ = true; });
+      thread_.join();
+    }
+    if (wake_fd_ >= 0) close(wake_fd_);
+    if (worker_) ucp_worker_destroy(worker_);
+    if (context_) ucp_cleanup(context_);
+  }
+
+  capabilities caps() const override { return {"ucx", true, true, false}; }
+
+  std::optional<region_key> register_region(std::byte* base, uint64_t size_bytes, xfer_error* err) override {
+    return run_on_thread([&]() -> std::optional<region_key> {
+      ucp_mem_map_params_t mp{};
+      mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+      mp.address = base;
+      mp.length = size_bytes;
+      ucp_mem_h memh = nullptr;
+      if (auto s = ucp_mem_map(context_, &mp, &memh); s != UCS_OK) {
+        if (err) *err = {xfer_errc::backend_error, false, 0, cfg_.name, 0, std::string{"ucp_mem_map: "} + ucs_status_string(s)};
+        return std::nullopt;
+      }
+      void* rkey = nullptr;
+      size_t rkey_len = 0;
+      if (auto s = ucp_rkey_pack(context_, memh, &rkey, &rkey_len); s != UCS_OK) {
+        ucp_mem_unmap(context_, memh);
+        if (err) *err = {xfer_errc::backend_error, false, 0, cfg_.name, 0, std::string{"ucp_rkey_pack: "} + ucs_status_string(s)};
+        return std::nullopt;
+      }
+      const uint64_t id = ++last_region_;
+      regions_[id] = {base, size_bytes, memh};
+      region_key key{"ucx", id, size_bytes,
+                     pack_key(reinterpret_cast<uint64_t>(base), worker_addr_.data(),
+                              static_cast<uint32_t>(worker_addr_.size()), rkey, rkey_len)};
+      ucp_rkey_buffer_release(rkey);
+      return key;
+    });
+  }
+
+  void deregister_region(uint64_t region_id) override {
+    run_on_thread([&] {
+      auto i = regions_.find(region_id);
+      if (i == regions_.end()) return;
+      ucp_mem_unmap(context_, i->second.memh);
+      regions_.erase(i);
+    });
+  }
+
+  uint64_t post_put(const put_desc& desc) override {
+    uint64_t id;
+    {
+      std::lock_guard<std::mutex> lock{mutex_};
+      id = ++last_xfer_;
+      status_[id] = {xfer_state::pending, {}};
+      queue_.push_back([this, id, desc] { start(id, desc); });
+    }
+    wake();
+    return id;
+  }
+
+  xfer_state poll(uint64_t xfer_id, xfer_error* err) override {
+    std::lock_guard<std::mutex> lock{mutex_};
+    auto i = status_.find(xfer_id);
+    if (i == status_.end()) {
+      if (err) *err = {xfer_errc::unknown_region, false, 0, cfg_.name, 0, "unknown transfer id " + std::to_string(xfer_id)};
+      return xfer_state::failed;
+    }
+    if (i->second.first == xfer_state::failed && err) *err = i->second.second;
+    return i->second.first;
+  }
+
+  void release(uint64_t xfer_id) override {
+    std::lock_guard<std::mutex> lock{mutex_};
+    status_.erase(xfer_id);  // a transfer still in flight finishes unobserved
+  }
+
+private:
+  struct registered {
+    std::byte* base;
+    uint64_t size_bytes;
+    ucp_mem_h memh;
+  };
+
+  static bool fail(std::string* why, const char* what, ucs_status_t s) {
+    if (why) *why = std::string{what} + ": " + ucs_status_string(s);
+    return false;
+  }
+
+  void wake() {
+    uint64_t one = 1;
+    [[maybe_unused]] auto n = write(wake_fd_, &one, sizeof(one));
+  }
+
+  /// Runs fn on the progress thread and waits for it (registration, shutdown: rare calls).
+  template <class F>
+  auto run_on_thread(F fn) -> decltype(fn()) {
+    using R = decltype(fn());
+    std::packaged_task<R()> task{std::move(fn)};
+    auto fut = task.get_future();
+    {
+      std::lock_guard<std::mutex> lock{mutex_};
+      queue_.push_back([&task] { task(); });
+    }
+    wake();
+    return fut.get();
+  }
+
+  void finish(uint64_t id, xfer_state state, xfer_error err = {}) {
+    std::lock_guard<std::mutex> lock{mutex_};
+    auto i = status_.find(id);
+    if (i != status_.end()) i->second = {state, std::move(err)};
+  }
+
+  /// Progress thread: validates and posts the puts of one transfer.
+  void start(uint64_t id, const put_desc& d) {
+    xfer_error err{xfer_errc::none, false, d.request_id, d.peer, d.layer, {}};
+    auto local = regions_.find(d.local_region);
+    unpacked_key key;
+    if (d.remote.backend != "ucx" || !unpack_key(d.remote.packed, &key)) {
+      err.code = xfer_errc::unknown_region;
+      err.what = "remote key is not a UCX key (backend '" + d.remote.backend + "')";
+      return finish(id, xfer_state::failed, err);
+    }
+    if (local == regions_.end()) {
+      err.code = xfer_errc::unknown_region;
+      err.what = "local region " + std::to_string(d.local_region) + " is not registered";
+      return finish(id, xfer_state::failed, err);
+    }
+    for (const auto& s : d.segments)
+      if (s.src_offset + s.size_bytes > local->second.size_bytes || s.dst_offset + s.size_bytes > d.remote.size_bytes) {
+        err.code = xfer_errc::out_of_bounds;
+        err.what = "segment src [" + std::to_string(s.src_offset) + ", +" + std::to_string(s.size_bytes) + ") dst [" +
+                   std::to_string(s.dst_offset) + ", +" + std::to_string(s.size_bytes) + ") outside its region";
+        return finish(id, xfer_state::failed, err);
+      }
+    auto& peer = peers_[key.worker_addr];
+    if (!peer.ep) {
+      ucp_ep_params_t ep{};
+      ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+      ep.address = reinterpret_cast<const ucp_address_t*>(key.worker_addr.data());
+      ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;  // PEER mode would disable shared memory
+      if (auto s = ucp_ep_create(worker_, &ep, &peer.ep); s != UCS_OK) {
+        peers_.erase(key.worker_addr);
+        err.code = xfer_errc::peer_unreachable;
+        err.retryable = true;
+        err.what = std::string{"ucp_ep_create: "} + ucs_status_string(s);
+        return finish(id, xfer_state::failed, err);
+      }
+    }
+    auto& rkey = peer.rkeys[key.rkey];
+    if (!rkey) {
+      if (auto s = ucp_ep_rkey_unpack(peer.ep, key.rkey.data(), &rkey); s != UCS_OK) {
+        peer.rkeys.erase(key.rkey);
+        err.code = xfer_errc::backend_error;
+        err.what = std::string{"ucp_ep_rkey_unpack: "} + ucs_status_string(s);
+        return finish(id, xfer_state::failed, err);
+      }
+    }
+    transfer t{d, {}, false, xfer_state::pending, err};
+    ucp_request_param_t rp{};
+    for (const auto& s : d.segments) {
+      auto req = ucp_put_nbx(peer.ep, local->second.base + s.src_offset, s.size_bytes, key.base + s.dst_offset, rkey, &rp);
+      if (UCS_PTR_IS_ERR(req)) {
+        t.error.code = xfer_errc::backend_error;
+        t.error.what = std::string{"ucp_put_nbx: "} + ucs_status_string(UCS_PTR_STATUS(req));
+        t.state = xfer_state::failed;
+        break;
+      }
+      if (req) t.pending.push_back(req);
+    }
+    // The flush completes when every put above is complete at the target.
+    if (t.state == xfer_state::pending) {
+      auto req = ucp_ep_flush_nbx(peer.ep, &rp);
+      if (UCS_PTR_IS_ERR(req)) {
+        t.error.code = xfer_errc::backend_error;
+        t.error.what = std::string{"ucp_ep_flush_nbx: "} + ucs_status_string(UCS_PTR_STATUS(req));
+        t.state = xfer_state::failed;
+      } else if (req) {
+        t.pending.push_back(req);
+      }
+      t.flushed = true;
+    }
+    inflight_.emplace(id, std::move(t));
+  }
+
+  /// Progress thread: retires UCX requests, reports finished transfers.
+  void check_inflight() {
+    for (auto i = inflight_.begin(); i != inflight_.end();) {
+      auto& t = i->second;
+      for (auto r = t.pending.begin(); r != t.pending.end();) {
+        const auto s = ucp_request_check_status(*r);
+        if (s == UCS_INPROGRESS) {
+          ++r;
+          continue;
+        }
+        if (s != UCS_OK && t.state == xfer_state::pending) {
+          t.state = xfer_state::failed;
+          t.error.code = xfer_errc::peer_unreachable;
+          t.error.retryable = true;
+          t.error.what = std::string{"put failed: "} + ucs_status_string(s);
+        }
+        ucp_request_free(*r);
+        r = t.pending.erase(r);
+      }
+      if (!t.pending.empty()) {
+        ++i;
+        continue;
+      }
+      finish(i->first, t.state == xfer_state::pending ? xfer_state::done : xfer_state::failed, t.error);
+      i = inflight_.erase(i);
+    }
+  }
+
+  void progress_loop() {
+    while (!stop_) {
+      std::deque<std::function<void()>> work;
+      {
+        std::lock_guard<std::mutex> lock{mutex_};
+        work.swap(queue_);
+      }
+      for (auto& fn : work) fn();
+      while (ucp_worker_progress(worker_) != 0) {
+      }
+      check_inflight();
+      if (stop_) break;
+      if (!inflight_.empty()) continue;  // busy while transfers are in flight
+      // Idle: sleep until UCX has events (incoming puts over TCP need our progress) or a
+      // command arrives.
+      if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
+      pollfd fds[2] = {{ucx_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+      ::poll(fds, 2, static_cast<int>(cfg_.idle_wait_ms));
+      uint64_t drained;
+      [[maybe_unused]] auto n = read(wake_fd_, &drained, sizeof(drained));
+    }
+    for (auto& [addr, peer] : peers_) {
+      for (auto& [bytes, rkey] : peer.rkeys) ucp_rkey_destroy(rkey);
+      ucp_request_param_t rp{};
+      rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+      rp.flags = UCP_EP_CLOSE_FLAG_FORCE;
+      auto req = ucp_ep_close_nbx(peer.ep, &rp);
+      if (UCS_PTR_IS_PTR(req)) {
+        while (ucp_request_check_status(req) == UCS_INPROGRESS) ucp_worker_progress(worker_);
+        ucp_request_free(req);
+      }
+    }
+    for (auto& [id, r] : regions_) ucp_mem_unmap(context_, r.memh);
+    regions_.clear();
+  }
+
+  ucx_config cfg_;
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  std::string worker_addr_;
+  int ucx_fd_ = -1;
+  int wake_fd_ = -1;
+  std::thread thread_;
+  bool stop_ = false;  ///< set and read on the progress thread only
+
+  // Progress-thread state.
+  uint64_t last_region_ = 0;
+  std::unordered_map<uint64_t, registered> regions_;
+  std::unordered_map<std::string, remote_peer> peers_;
+  std::unordered_map<uint64_t, transfer> inflight_;
+
+  // Shared with callers.
+  std::mutex mutex_;
+  std::deque<std::function<void()>> queue_;
+  uint64_t last_xfer_ = 0;
+  std::unordered_map<uint64_t, std::pair<xfer_state, xfer_error>> status_;
+};
+
+}  // namespace
+
+std::unique_ptr<transport> make_ucx_transport(const ucx_config& cfg, std::string* why) {
+  if (auto e = cfg.validate(); !e.empty()) {
+    if (why) *why = e;
+    return nullptr;
+  }
+  auto t = std::make_unique<ucx_transport>(cfg);
+  if (!t->init(why)) return nullptr;
+  return t;
+}
+
+}  // namespace baton::transport

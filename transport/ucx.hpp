@@ -1,0 +1,31 @@
+#pragma once
+
+// The UCX backend (UCX 1.13.1 from Debian): one UCP worker per rank, driven by its own progress
+// thread so the owning actor never blocks. Peers learn each other's worker address and memory
+// key from the region_key that travels in CAF messages (out-of-band address exchange: no
+// listener, so UCX_TLS=sm works). One-sided puts land in the peer's registered KV pool; a flush
+// after each transfer makes it remote-complete before poll() says done.
+//
+// Transports come from UCX's configuration (UCX_TLS, UCX_NET_DEVICES): shared memory between
+// processes of one host (sysv/posix/cma), TCP, or RDMA verbs where such hardware exists (verbs are
+// compiled into Debian's UCX but untested here). Error mode NONE, because PEER mode disables
+// UCX's shared-memory transports (platform-notes §2).
+
+#include <memory>
+#include <string>
+
+#include "transport/transport.hpp"
+
+namespace baton::transport {
+
+struct ucx_config {
+  std::string name;          ///< this endpoint's rank name, for errors
+  uint32_t idle_wait_ms = 50;  ///< how long the progress thread sleeps when nothing happens
+
+  std::string validate() const { return name.empty() ? "ucx transport needs a rank name" : std::string{}; }
+};
+
+/// Creates a UCX endpoint, or nothing with `*why` saying what UCX refused.
+std::unique_ptr<transport> make_ucx_transport(const ucx_config& cfg, std::string* why);
+
+}  // namespace baton::transport
