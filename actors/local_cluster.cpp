@@ -8,6 +8,7 @@
 #include "actors/prefill_rank.hpp"
 #include "gpu/cpu_executor.hpp"
 #include "transport/loopback.hpp"
+#include "transport/ucx.hpp"
 
 namespace baton {
 
@@ -18,6 +19,8 @@ std::string local_cluster_config::validate() const {
   if (auto e = decode.validate(); !e.empty()) return e;
   if (auto e = router.request.validate(); !e.empty()) return e;
   if (num_prefill_ranks == 0 || num_decode_ranks == 0) return "need at least one prefill and one decode rank";
+  if (transport != "loopback" && transport != "ucx")
+    return "transport must be loopback or ucx, got '" + transport + "'";
   return {};
 }
 
@@ -31,7 +34,15 @@ local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_co
   }
   auto fabric = transport::make_loopback_fabric();
   auto make_transport = [&](const std::string& name) -> std::shared_ptr<transport::transport> {
-    auto t = transport::make_loopback_transport(fabric, name);
+    std::unique_ptr<transport::transport> t;
+    if (cfg.transport == "ucx") {
+      std::string why;
+      t = transport::make_ucx_transport({name}, &why);
+      // A rank without a transport refuses work and says why (rank_core::setup_error).
+      if (!t) t = std::make_unique<transport::failed_transport>("ucx: " + why);
+    } else {
+      t = transport::make_loopback_transport(fabric, name);
+    }
     if (wrap) return wrap(std::move(t), name);
     return std::shared_ptr<transport::transport>{std::move(t)};
   };

@@ -26,6 +26,7 @@ struct local_cluster_config {
   uint64_t weights_seed = 20261130;
   uint32_t num_prefill_ranks = 2;
   uint32_t num_decode_ranks = 2;
+  std::string transport = "loopback";  ///< KV handoff backend: loopback (in-process memcpy) or ucx
   gpu::cpu_executor_config executor;
   prefill_rank_config prefill;  ///< name is a prefix: ranks are <name>-0, <name>-1, ...
   decode_rank_config decode;

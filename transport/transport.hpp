@@ -85,4 +85,26 @@ public:
   virtual void release(uint64_t xfer_id) = 0;
 };
 
+/// Stands in for a backend that could not start: every call fails with the reason, so the
+/// rank owning it refuses work with a clear error instead of crashing.
+class failed_transport final : public transport {
+public:
+  explicit failed_transport(std::string why) : why_(std::move(why)) {}
+  capabilities caps() const override { return {"failed", false, false, false}; }
+  std::optional<region_key> register_region(std::byte*, uint64_t, xfer_error* err) override {
+    if (err) *err = {xfer_errc::backend_error, false, 0, {}, 0, why_};
+    return std::nullopt;
+  }
+  void deregister_region(uint64_t) override {}
+  uint64_t post_put(const put_desc&) override { return 0; }
+  xfer_state poll(uint64_t, xfer_error* err) override {
+    if (err) *err = {xfer_errc::backend_error, false, 0, {}, 0, why_};
+    return xfer_state::failed;
+  }
+  void release(uint64_t) override {}
+
+private:
+  std::string why_;
+};
+
 }  // namespace baton::transport

@@ -46,8 +46,11 @@ const std::vector<std::string> prompts = {
 }  // namespace
 
 TEST_CASE("disaggregated tokens and every step's logits equal the colocated run, bit for bit") {
+  for (const std::string transport : {"loopback", "ucx"}) {
+  CAPTURE(transport);
   test::cluster_system t;
   auto cfg = small_cluster();
+  cfg.transport = transport;
   auto cluster = start_local_cluster(t.sys, cfg);
   test::cluster_system::stopper stop{t, cluster};
   std::vector<std::vector<int32_t>> outputs;
@@ -76,6 +79,7 @@ TEST_CASE("disaggregated tokens and every step's logits equal the colocated run,
   // Every lease was returned.
   CHECK(t.stats(cluster.decode[0].handle).num_free_pages == cfg.executor.num_kv_pages);
   CHECK(t.stats(cluster.prefill[0].handle).num_free_pages == cfg.executor.num_kv_pages);
+  }
 }
 
 TEST_CASE("negative control: one flipped byte in one transferred layer changes the decode rank's logits") {
