@@ -18,7 +18,8 @@ std::string local_cluster_config::validate() const {
   if (auto e = prefill.validate(); !e.empty()) return e;
   if (auto e = decode.validate(); !e.empty()) return e;
   if (auto e = router.request.validate(); !e.empty()) return e;
-  if (num_prefill_ranks == 0 || num_decode_ranks == 0) return "need at least one prefill and one decode rank";
+  // Decode ranks may also join from other processes (`baton node`), so 0 in-process is valid.
+  if (num_prefill_ranks == 0) return "need at least one prefill rank";
   if (transport != "loopback" && transport != "ucx")
     return "transport must be loopback or ucx, got '" + transport + "'";
   return {};

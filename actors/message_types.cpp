@@ -59,7 +59,14 @@ void register_message_types(caf::actor_system_config& cfg) {
       .add_message_type<std::vector<rank_load>>("std::vector<baton::rank_load>")
       .add_message_type<prefill_placement>("baton::prefill_placement")
       .add_message_type<decode_placement>("baton::decode_placement")
-      .add_message_type<std::vector<std::vector<float>>>("std::vector<std::vector<float>>");
+      .add_message_type<std::vector<std::vector<float>>>("std::vector<std::vector<float>>")
+      // Actor handles that travel as message elements (load reports, placements, orders).
+      .add_message_type<request_actor>("baton::request_actor")
+      .add_message_type<decode_rank_actor>("baton::decode_rank_actor")
+      .add_message_type<prefill_rank_actor>("baton::prefill_rank_actor")
+      .add_message_type<prefill_balancer_actor>("baton::prefill_balancer_actor")
+      .add_message_type<decode_balancer_actor>("baton::decode_balancer_actor")
+      .add_message_type<router_actor>("baton::router_actor");
   cfg.add_error_category(caf::atom("baton"), [](uint8_t code, caf::atom_value, const caf::message& ctx) {
     std::string out = "baton::" + to_string(static_cast<errc>(code));
     if (ctx.match_elements<std::string>()) out += ": " + ctx.get_as<std::string>(0);

@@ -9,4 +9,8 @@ namespace baton::deploy {
 /// answering sample prompts. Returns the process exit code.
 int run_local(const std::vector<std::string>& args);
 
+/// `baton node --role decode`: one rank in its own process, joined to a head over CAF's
+/// network layer, with KV over UCX.
+int run_node(const std::vector<std::string>& args);
+
 }  // namespace baton::deploy

@@ -7,12 +7,14 @@
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
+#include <caf/io/middleman.hpp>
 #include <caf/scoped_actor.hpp>
 
 #include "actors/local_cluster.hpp"
 #include "actors/messages.hpp"
 #include "deploy/commands.hpp"
 #include "deploy/flags.hpp"
+#include "deploy/processes.hpp"
 #include "gpu/byte_tokenizer.hpp"
 
 namespace baton::deploy {
@@ -30,6 +32,7 @@ struct local_options {
   uint32_t max_tokens = 24;
   float temperature = 0.0f;
   uint32_t num_requests = 0;       ///< 0 = one per prompt; more cycles through the prompts
+  uint32_t decode_processes = 0;   ///< decode ranks in their own processes (`baton node`), over UCX
   uint32_t scheduler_threads = 0;  ///< 0 = number of hardware threads
   uint32_t poll_attempts = 0;      ///< CAF work-stealing moderate-poll-attempts (0 avoids 50 us sleeps)
   uint32_t timeout_ms = 120000;
@@ -77,6 +80,9 @@ int run_local(const std::vector<std::string>& args) {
   flags.add("--poll-attempts", &opt.poll_attempts, "CAF work-stealing moderate-poll-attempts");
   flags.add("--timeout-ms", &opt.timeout_ms, "give up on a request after this long");
   flags.add("--quiet", &opt.quiet, "print only the summary");
+  flags.add("--transport", &opt.cluster.transport, "KV handoff: loopback (in-process) or ucx");
+  flags.add("--decode-processes", &opt.decode_processes,
+            "run this many decode ranks as separate `baton node` processes (KV over UCX) instead of in-process");
   flags.add("--ignore-eos", &opt.ignore_eos, "generate max-tokens even past <eos>");
   if (auto err = flags.parse(args); !err.empty()) {
     std::fprintf(stderr, "baton local: %s\n", err.c_str());
@@ -85,6 +91,14 @@ int run_local(const std::vector<std::string>& args) {
   if (flags.help_requested()) {
     std::printf("usage: baton local [flags]\n\n%s", flags.usage().c_str());
     return 0;
+  }
+  if (opt.decode_processes > 0) {
+    opt.cluster.num_decode_ranks = 0;  // they join from their own processes
+    opt.cluster.transport = "ucx";     // loopback cannot cross processes
+  }
+  if (opt.cluster.num_decode_ranks == 0 && opt.decode_processes == 0) {
+    std::fprintf(stderr, "baton local: need --decode-ranks >= 1 or --decode-processes >= 1\n");
+    return 2;
   }
   if (auto err = opt.cluster.validate(); !err.empty()) {
     std::fprintf(stderr, "baton local: %s\n", err.c_str());
@@ -99,6 +113,7 @@ int run_local(const std::vector<std::string>& args) {
   // adds ~100 us to every hop onto an idle worker (platform-notes §1.4).
   cfg.set("work-stealing.moderate-poll-attempts", opt.poll_attempts);
   cfg.set("logger.console-verbosity", caf::atom("quiet"));
+  if (opt.decode_processes > 0) cfg.load<caf::io::middleman>();
   caf::actor_system sys{cfg};
 
   const auto& m = opt.cluster.model;
@@ -107,8 +122,51 @@ int run_local(const std::vector<std::string>& args) {
               m.name.c_str(), m.num_hidden_layers, m.hidden_size, static_cast<double>(m.num_parameters()) / 1e6,
               opt.cluster.num_prefill_ranks, opt.cluster.num_decode_ranks, opt.cluster.executor.num_threads);
   auto cluster = start_local_cluster(sys, opt.cluster);
-
   caf::scoped_actor self{sys};
+
+  std::vector<pid_t> children;
+  struct reaper {
+    std::vector<pid_t>& pids;
+    ~reaper() { stop_processes(pids); }
+  } reap{children};
+  if (opt.decode_processes > 0) {
+    auto port = sys.middleman().publish(cluster.decode_balancer, 0, "127.0.0.1", true);
+    if (!port) {
+      std::fprintf(stderr, "baton local: cannot publish the decode balancer: %s\n", sys.render(port.error()).c_str());
+      return 1;
+    }
+    for (uint32_t i = 0; i < opt.decode_processes; ++i) {
+      std::string why;
+      const auto& e = opt.cluster.executor;
+      auto pid = spawn_process({self_executable(), "node", "--role", "decode", "--name", "decode-" + std::to_string(i),
+                                "--connect", "127.0.0.1:" + std::to_string(*port), "--kv-pages",
+                                std::to_string(e.num_kv_pages), "--page-tokens", std::to_string(e.page_size_tokens),
+                                "--executor-threads", std::to_string(e.num_threads), "--weights-seed",
+                                std::to_string(opt.cluster.weights_seed), "--poll-attempts",
+                                std::to_string(opt.poll_attempts)},
+                               &why);
+      if (pid < 0) {
+        std::fprintf(stderr, "baton local: %s\n", why.c_str());
+        return 1;
+      }
+      children.push_back(pid);
+    }
+    // Wait (bounded) until every decode process has registered with the balancer.
+    size_t joined = 0;
+    for (int i = 0; i < 300 && joined < opt.decode_processes; ++i) {
+      self->request(cluster.decode_balancer, std::chrono::seconds{5}, stats_atom::value)
+          .receive([&](std::vector<rank_load>& loads) { joined = loads.size(); }, [](caf::error&) {});
+      if (joined < opt.decode_processes) std::this_thread::sleep_for(std::chrono::milliseconds{100});
+    }
+    if (joined < opt.decode_processes) {
+      std::fprintf(stderr, "baton local: only %zu of %u decode processes joined within 30 s\n", joined,
+                   opt.decode_processes);
+      return 1;
+    }
+    std::printf("baton local: %u decode process(es) joined over 127.0.0.1:%u, KV over UCX\n", opt.decode_processes,
+                static_cast<unsigned>(*port));
+  }
+
   struct pending {
     std::string prompt;
     decltype(self->request(cluster.router, caf::infinite, generate_atom::value, generate_request{})) handle;
@@ -176,6 +234,8 @@ int run_local(const std::vector<std::string>& args) {
   for (const auto& [rank, n] : per_rank) std::printf(" %s=%d", rank.c_str(), n);
   std::printf("\n");
   self->send_exit(cluster.router, caf::exit_reason::user_shutdown);
+  self->send_exit(cluster.prefill_balancer, caf::exit_reason::user_shutdown);
+  self->send_exit(cluster.decode_balancer, caf::exit_reason::user_shutdown);
   for (auto& r : cluster.prefill) self->send_exit(r.handle, caf::exit_reason::user_shutdown);
   for (auto& r : cluster.decode) self->send_exit(r.handle, caf::exit_reason::user_shutdown);
   return failures == 0 ? 0 : 1;

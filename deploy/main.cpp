@@ -14,6 +14,8 @@ const char* usage =
     "commands:\n"
     "  local     run a disaggregated cluster (router, prefill and decode ranks) in this\n"
     "            process on the built-in model and answer sample prompts\n"
+    "            (--decode-processes N puts the decode ranks in their own processes)\n"
+    "  node      one rank in its own process, joined to a head (what `local` starts)\n"
     "\n"
     "`baton <command> --help` lists a command's flags.\n";
 
@@ -27,6 +29,7 @@ int main(int argc, char** argv) {
   const std::string cmd = argv[1];
   std::vector<std::string> args(argv + 2, argv + argc);
   if (cmd == "local") return baton::deploy::run_local(args);
+  if (cmd == "node") return baton::deploy::run_node(args);
   if (cmd == "--help" || cmd == "-h" || cmd == "help") {
     std::fputs(usage, stdout);
     return 0;

@@ -1,0 +1,105 @@
+// `baton node --role decode`: a decode rank in its own process. It connects to the decode
+// balancer that the head process publishes, registers by reporting its load, receives KV over
+// UCX and streams tokens back to request actors in the head -- all through CAF's network layer.
+// It exits when the head goes away or on SIGTERM/SIGINT.
+
+#include <cstdio>
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/io/middleman.hpp>
+#include <caf/scoped_actor.hpp>
+
+#include "actors/decode_rank.hpp"
+#include "actors/local_cluster.hpp"
+#include "actors/messages.hpp"
+#include "deploy/commands.hpp"
+#include "deploy/flags.hpp"
+#include "deploy/processes.hpp"
+#include "gpu/cpu_executor.hpp"
+#include "transport/ucx.hpp"
+
+namespace baton::deploy {
+
+int run_node(const std::vector<std::string>& args) {
+  std::string role = "decode", connect;
+  decode_rank_config rank;
+  gpu::cpu_executor_config exec_cfg;
+  uint64_t weights_seed = local_cluster_config{}.weights_seed;
+  uint32_t scheduler_threads = 2, poll_attempts = 0;
+  flag_set flags;
+  flags.add("--role", &role, "what this node runs (decode)");
+  flags.add("--name", &rank.name, "the rank's name");
+  flags.add("--connect", &connect, "host:port of the head's decode balancer");
+  flags.add("--kv-pages", &exec_cfg.num_kv_pages, "KV pages");
+  flags.add("--page-tokens", &exec_cfg.page_size_tokens, "tokens per KV page");
+  flags.add("--executor-threads", &exec_cfg.num_threads, "math threads");
+  flags.add("--weights-seed", &weights_seed, "seed of the built-in model's weights (must match the head)");
+  flags.add("--scheduler-threads", &scheduler_threads, "CAF scheduler threads");
+  flags.add("--poll-attempts", &poll_attempts, "CAF work-stealing moderate-poll-attempts");
+  if (auto err = flags.parse(args); !err.empty()) {
+    std::fprintf(stderr, "baton node: %s\n", err.c_str());
+    return 2;
+  }
+  if (flags.help_requested()) {
+    std::printf("usage: baton node --role decode --connect HOST:PORT [flags]\n\n%s", flags.usage().c_str());
+    return 0;
+  }
+  const auto colon = connect.rfind(':');
+  if (role != "decode") {
+    std::fprintf(stderr, "baton node: --role must be decode (got '%s')\n", role.c_str());
+    return 2;
+  }
+  if (colon == std::string::npos || colon + 1 == connect.size()) {
+    std::fprintf(stderr, "baton node: --connect needs HOST:PORT, got '%s'\n", connect.c_str());
+    return 2;
+  }
+  uint32_t port = 0;
+  if (flag_set ports; true) {
+    ports.add("--port", &port, "");
+    if (auto err = ports.parse({"--port", connect.substr(colon + 1)}); !err.empty() || port == 0 || port > 65535) {
+      std::fprintf(stderr, "baton node: --connect has a bad port in '%s'\n", connect.c_str());
+      return 2;
+    }
+  }
+  auto model = gpu::builtin_tiny_config();
+  if (auto err = rank.validate() + exec_cfg.validate(); !err.empty()) {
+    std::fprintf(stderr, "baton node: %s\n", err.c_str());
+    return 2;
+  }
+
+  install_stop_signals();
+  caf::actor_system_config cfg;
+  register_message_types(cfg);
+  cfg.load<caf::io::middleman>();
+  cfg.set("scheduler.max-threads", scheduler_threads);
+  cfg.set("work-stealing.moderate-poll-attempts", poll_attempts);
+  caf::actor_system sys{cfg};
+  auto balancer = sys.middleman().remote_actor<decode_balancer_actor>(connect.substr(0, colon),
+                                                                      static_cast<uint16_t>(port));
+  if (!balancer) {
+    std::fprintf(stderr, "baton node %s: cannot reach the decode balancer at %s: %s\n", rank.name.c_str(),
+                 connect.c_str(), sys.render(balancer.error()).c_str());
+    return 1;
+  }
+  std::string why;
+  auto xport = transport::make_ucx_transport({rank.name}, &why);
+  if (!xport) {
+    std::fprintf(stderr, "baton node %s: UCX: %s\n", rank.name.c_str(), why.c_str());
+    return 1;
+  }
+  auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(model, weights_seed));
+  auto decode = spawn_decode_rank(sys, rank, gpu::make_cpu_executor(model, weights, exec_cfg), std::move(xport),
+                                  *balancer);
+  caf::scoped_actor self{sys};
+  self->monitor(*balancer);
+  bool head_gone = false;
+  while (!head_gone && !stop_requested()) {
+    self->receive([&](const caf::down_msg&) { head_gone = true; },
+                  caf::after(std::chrono::milliseconds{200}) >> [] {});
+  }
+  self->send_exit(decode, caf::exit_reason::user_shutdown);
+  return 0;
+}
+
+}  // namespace baton::deploy

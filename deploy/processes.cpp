@@ -1,0 +1,73 @@
+#include "deploy/processes.hpp"
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cstring>
+#include <thread>
+
+extern char** environ;
+
+namespace baton::deploy {
+
+namespace {
+std::atomic<bool> stop_flag{false};
+void on_signal(int) { stop_flag = true; }
+}  // namespace
+
+pid_t spawn_process(const std::vector<std::string>& argv, std::string* why) {
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = -1;
+  if (int rc = posix_spawn(&pid, args[0], nullptr, nullptr, args.data(), environ); rc != 0) {
+    if (why) *why = "cannot start " + argv[0] + ": " + std::strerror(rc);
+    return -1;
+  }
+  return pid;
+}
+
+bool process_alive(pid_t pid) {
+  int status = 0;
+  return waitpid(pid, &status, WNOHANG) == 0;
+}
+
+void stop_processes(std::vector<pid_t>& pids, int grace_ms) {
+  for (auto pid : pids) kill(pid, SIGTERM);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds{grace_ms};
+  for (auto pid : pids) {
+    int status = 0;
+    while (waitpid(pid, &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds{10});
+    }
+  }
+  pids.clear();
+}
+
+std::string self_executable() {
+  char buf[PATH_MAX];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string{"baton"};
+}
+
+void install_stop_signals() {
+  struct sigaction sa{};
+  sa.sa_handler = on_signal;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
+
+bool stop_requested() { return stop_flag.load(); }
+
+}  // namespace baton::deploy

@@ -1,0 +1,29 @@
+#pragma once
+
+// Child processes of a node launcher: started with posix_spawn, stopped with SIGTERM (then
+// SIGKILL after a grace period), always reaped.
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+namespace baton::deploy {
+
+/// Starts `argv[0]` with `argv`; returns the pid, or -1 with `*why` set.
+pid_t spawn_process(const std::vector<std::string>& argv, std::string* why);
+
+/// SIGTERM to each, wait up to `grace_ms`, then SIGKILL what is left; reaps all.
+void stop_processes(std::vector<pid_t>& pids, int grace_ms = 3000);
+
+/// True while `pid` has not exited (reaps it if it has).
+bool process_alive(pid_t pid);
+
+/// This executable's path (/proc/self/exe), to start sibling nodes.
+std::string self_executable();
+
+/// Installs SIGINT/SIGTERM handlers that set a flag read by stop_requested().
+void install_stop_signals();
+bool stop_requested();
+
+}  // namespace baton::deploy

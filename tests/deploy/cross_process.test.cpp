@@ -1,0 +1,104 @@
+// Disaggregation across processes: prefill rank here, decode rank in a `baton node` process,
+// joined through CAF's network layer, KV over UCX -- shared memory, then TCP on 127.0.0.1.
+
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <thread>
+
+#include <caf/io/middleman.hpp>
+
+#include "deploy/processes.hpp"
+#include "gpu/byte_tokenizer.hpp"
+#include "gpu/cpu_executor.hpp"
+#include "gpu/local_generate.hpp"
+#include "tests/actors/cluster_fixture.hpp"
+#include "tests/test_util.hpp"
+
+using namespace baton;
+
+namespace {
+
+struct network_system {
+  caf::actor_system_config cfg;
+  caf::actor_system sys;
+  static caf::actor_system_config& init(caf::actor_system_config& c) {
+    register_message_types(c);
+    c.load<caf::io::middleman>();
+    c.set("scheduler.max-threads", 2);
+    c.set("work-stealing.moderate-poll-attempts", 0);
+    return c;
+  }
+  network_system() : sys(init(cfg)) {}
+};
+
+void run_across_processes(const char* ucx_tls) {
+  // UCX reads its configuration from the environment, in this process and in the child.
+  setenv("UCX_TLS", ucx_tls, 1);
+  network_system n;
+  local_cluster_config cfg;
+  cfg.num_prefill_ranks = 1;
+  cfg.num_decode_ranks = 0;
+  cfg.transport = "ucx";
+  cfg.prefill.chunk_tokens = 16;
+  cfg.executor.num_kv_pages = 64;
+  auto cluster = start_local_cluster(n.sys, cfg);
+  caf::scoped_actor self{n.sys};
+  auto port = n.sys.middleman().publish(cluster.decode_balancer, 0, "127.0.0.1", true);
+  REQUIRE(port);
+  std::vector<pid_t> children;
+  struct guard {
+    std::vector<pid_t>& pids;
+    caf::scoped_actor& self;
+    local_cluster& c;
+    ~guard() {
+      deploy::stop_processes(pids);
+      self->send_exit(c.router, caf::exit_reason::user_shutdown);
+      self->send_exit(c.prefill_balancer, caf::exit_reason::user_shutdown);
+      self->send_exit(c.decode_balancer, caf::exit_reason::user_shutdown);
+      for (auto& r : c.prefill) self->send_exit(r.handle, caf::exit_reason::user_shutdown);
+    }
+  } g{children, self, cluster};
+  std::string why;
+  auto pid = deploy::spawn_process({BATON_BINARY, "node", "--role", "decode", "--name", "decode-remote", "--connect",
+                                    "127.0.0.1:" + std::to_string(*port), "--kv-pages", "64", "--weights-seed",
+                                    std::to_string(cfg.weights_seed)},
+                                   &why);
+  REQUIRE_MESSAGE(pid > 0, why);
+  children.push_back(pid);
+  size_t joined = 0;
+  for (int i = 0; i < 300 && joined == 0; ++i) {
+    self->request(cluster.decode_balancer, std::chrono::seconds{5}, stats_atom::value)
+        .receive([&](std::vector<rank_load>& loads) { joined = loads.size(); }, [](caf::error&) {});
+    if (joined == 0) std::this_thread::sleep_for(std::chrono::milliseconds{50});
+  }
+  REQUIRE(joined == 1);
+
+  auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
+  auto exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
+  const gpu::byte_tokenizer tok{cfg.model.bos_token_id, cfg.model.eos_token_id};
+  for (const std::string prompt : {"across two processes", "a prompt long enough for three chunks of sixteen tokens"}) {
+    generate_request req;
+    req.prompt = prompt;
+    req.max_tokens = 8;
+    req.return_logits = true;
+    caf::expected<completion> got{caf::error{}};
+    self->request(cluster.router, std::chrono::seconds{60}, generate_atom::value, req)
+        .receive([&](completion& c) { got = std::move(c); }, [&](caf::error& e) { got = std::move(e); });
+    REQUIRE_MESSAGE(got, n.sys.render(got.error()));
+    CHECK(got->decode_rank == "decode-remote");
+    auto ref = gpu::generate_colocated(*exec, tok.encode(prompt), 8, cfg.prefill.chunk_tokens);
+    CHECK(got->tokens == ref.tokens);
+    CHECK(test::same_bits(got->step_logits, ref.step_logits));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("across processes over UCX shared memory: tokens and logits equal the colocated run") {
+  run_across_processes("sm");
+}
+
+TEST_CASE("across processes over UCX TCP on 127.0.0.1: tokens and logits equal the colocated run") {
+  run_across_processes("tcp");
+}
