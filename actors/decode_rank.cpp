@@ -20,6 +20,8 @@ namespace {
 ///      +--lease_ms passes, or kv_release--> freed      +--kv_release--> freed
 struct lease {
   uint64_t request_id = 0;
+  caf::actor_clock::time_point expires_at;  ///< pushed back by every landed layer
+  uint32_t lease_ms = 0;
   std::vector<uint32_t> pages;
   std::vector<bool> landed;  ///< per layer
   uint32_t num_landed = 0;
@@ -48,6 +50,9 @@ struct decode_state {
   uint64_t last_job = 0;
   uint64_t num_steps = 0;
   std::unordered_map<uint64_t, lease> leases;
+  /// Leases dropped because a layer failed its checksum, with the reason, so that a decode
+  /// order arriving afterwards gets that reason rather than "expired".
+  std::unordered_map<uint64_t, std::string> corrupted;
   std::vector<running_seq> batch;
   bool step_in_flight = false;
   std::vector<uint64_t> step_leases;  ///< lease ids of the step in flight, in row order
@@ -200,6 +205,8 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
         l.request_id = req.request_id;
         l.pages = *pages;
         l.landed.assign(s.core.exec->config().num_hidden_layers, false);
+        l.lease_ms = req.lease_ms;
+        l.expires_at = self->clock().now() + std::chrono::milliseconds{req.lease_ms};
         self->delayed_send(self, std::chrono::milliseconds{req.lease_ms}, expire_atom::value, id);
         report_load(self);
         return kv_lease_grant{req.request_id, id, s.cfg.name, s.region, *pages, req.lease_ms};
@@ -223,15 +230,37 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
         auto i = s.leases.find(ev.lease_id);
         if (i == s.leases.end() || i->second.request_id != ev.request_id || ev.layer >= i->second.landed.size())
           return;  // a late layer of a lease that already expired: nothing to do
-        if (!i->second.landed[ev.layer]) {
-          i->second.landed[ev.layer] = true;
-          ++i->second.num_landed;
+        auto& l = i->second;
+        if (s.cfg.verify_kv_checksums) {
+          const auto& kv = s.core.exec->kv();
+          const uint32_t pages = std::min<uint32_t>(kv.pages_for_tokens(ev.num_tokens), l.pages.size());
+          const uint64_t got = std::max<uint64_t>(1, kv.kv_layer_checksum(ev.layer, l.pages, pages));
+          if (got != ev.checksum) {
+            // Corrupt KV never reaches a decode step: the lease is dropped, the request told why.
+            auto why = where(ev.request_id, s.cfg.name, "kv_recv") + ": layer " + std::to_string(ev.layer) +
+                       " failed its checksum (sent " + std::to_string(ev.checksum) + ", landed " +
+                       std::to_string(got) + ")";
+            if (l.has_order) l.promise.deliver(make_error(errc::transfer_failed, why));
+            s.corrupted[ev.lease_id] = std::move(why);
+            free_lease(self, ev.lease_id);
+            return;
+          }
         }
+        if (!l.landed[ev.layer]) {
+          l.landed[ev.layer] = true;
+          ++l.num_landed;
+        }
+        l.expires_at = self->clock().now() + std::chrono::milliseconds{l.lease_ms};  // progress renews
         maybe_admit(self, ev.lease_id);
       },
       [=](decode_order& order) -> caf::result<decode_summary> {
         auto& s = self->state;
         auto i = s.leases.find(order.lease_id);
+        if (auto c = s.corrupted.find(order.lease_id); i == s.leases.end() && c != s.corrupted.end()) {
+          auto why = std::move(c->second);
+          s.corrupted.erase(c);
+          return make_error(errc::transfer_failed, why);
+        }
         if (i == s.leases.end() || i->second.request_id != order.request_id)
           return make_error(errc::lease_expired, where(order.request_id, s.cfg.name, "decode") + ": lease " +
                                                      std::to_string(order.lease_id) +
@@ -275,6 +304,11 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
         auto& s = self->state;
         auto i = s.leases.find(lease_id);
         if (i == s.leases.end() || i->second.decoding) return;
+        const auto now = self->clock().now();
+        if (now < i->second.expires_at) {  // renewed since this timer was set
+          self->delayed_send(self, i->second.expires_at - now, expire_atom::value, lease_id);
+          return;
+        }
         if (i->second.has_order)
           i->second.promise.deliver(make_error(
               errc::lease_expired, where(i->second.request_id, s.cfg.name, "kv_recv") + ": only " +

@@ -148,10 +148,12 @@ struct kv_layer_ready {
   uint64_t request_id = 0;
   uint64_t lease_id = 0;
   uint32_t layer = 0;
+  uint32_t num_tokens = 0;  ///< prompt tokens whose KV the layer holds
+  uint64_t checksum = 0;    ///< kv_layer_checksum of the prompt's pages at the sender
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, kv_layer_ready& x) {
-  return f(caf::meta::type_name("kv_layer_ready"), x.request_id, x.lease_id, x.layer);
+  return f(caf::meta::type_name("kv_layer_ready"), x.request_id, x.lease_id, x.layer, x.num_tokens, x.checksum);
 }
 
 struct token_event {
@@ -294,7 +296,7 @@ using prefill_rank_actor = caf::typed_actor<
     caf::reacts_to<exec_fail_atom, uint64_t, std::string>,
     caf::reacts_to<exec_start_atom, uint64_t>,
     caf::reacts_to<timer_atom, uint64_t>,
-    caf::reacts_to<xfer_atom, uint64_t, uint32_t, uint64_t>,   // request, layer, transfer id
+    caf::reacts_to<xfer_atom, uint64_t, uint32_t, uint64_t, uint64_t>,  // request, layer, transfer, checksum
     caf::reacts_to<poll_atom>>;
 
 struct prefill_placement {

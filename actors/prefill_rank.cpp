@@ -23,6 +23,7 @@ namespace {
 struct chunk_sender {
   uint64_t request_id;
   uint32_t chunk;
+  bool last;                      ///< the last chunk: its layers complete the prompt's KV
   uint32_t first_page, end_page;  ///< pages [first, end) of the sequence hold this chunk's tokens
   std::vector<uint32_t> local_pages, remote_pages;
   gpu::kv_layout local_layout, remote_layout;
@@ -43,6 +44,7 @@ struct pending_put {
   uint64_t request_id;
   uint32_t layer;
   uint64_t xfer_id;
+  uint64_t checksum;  ///< non-zero on the last chunk's put
   caf::actor_clock::time_point posted_at;
 };
 
@@ -62,6 +64,7 @@ struct prefill_job_state {
   caf::actor_clock::time_point arrived_at;
   int64_t queue_us = 0;              ///< arrival -> first chunk started
   std::vector<uint32_t> puts_done;   ///< per layer: chunks whose put of this layer landed
+  std::vector<uint64_t> checksums;   ///< per layer: the prompt's KV checksum, from the last chunk
   uint32_t layers_ready = 0;         ///< layers announced to the decode rank
   bool have_logits = false;
   int32_t first_token = -1;
@@ -152,14 +155,16 @@ void fail_request(prefill_pointer self, uint64_t request_id, errc code, const st
   finish_if_done(self, request_id);
 }
 
-void on_put_landed(prefill_pointer self, uint64_t request_id, uint32_t layer) {
+void on_put_landed(prefill_pointer self, uint64_t request_id, uint32_t layer, uint64_t checksum) {
   auto& st = self->state;
   auto i = st.requests.find(request_id);
   if (i == st.requests.end() || i->second.failed) return;
   auto& r = i->second;
+  if (checksum != 0) r.checksums[layer] = checksum;
   if (++r.puts_done[layer] == r.num_chunks) {
     ++r.layers_ready;
-    self->send(r.order.decode, kv_layer_ready{request_id, r.order.grant.lease_id, layer});
+    self->send(r.order.decode, kv_layer_ready{request_id, r.order.grant.lease_id, layer,
+                                              static_cast<uint32_t>(r.order.tokens.size()), r.checksums[layer]});
   }
   finish_if_done(self, request_id);
 }
@@ -180,7 +185,7 @@ bool settle(prefill_pointer self, const pending_put& p) {
     }
     case transport::xfer_state::done:
       st.core.xport->release(p.xfer_id);
-      on_put_landed(self, p.request_id, p.layer);
+      on_put_landed(self, p.request_id, p.layer, p.checksum);
       return true;
     case transport::xfer_state::failed:
       st.core.xport->release(p.xfer_id);
@@ -207,23 +212,29 @@ void launch(prefill_pointer self, waiting_order w, std::vector<uint32_t> pages) 
   r.local_pages = pages;
   r.num_chunks = (num_tokens + chunk - 1) / chunk;
   r.puts_done.assign(local.num_layers, 0);
+  r.checksums.assign(local.num_layers, 0);
   r.tokens_left = num_tokens;
   r.arrived_at = w.arrived_at;
   const uint32_t ps = local.page_size_tokens;
   for (uint32_t c = 0; c < r.num_chunks; ++c) {
     const uint32_t start = c * chunk, end = std::min(num_tokens, start + chunk);
     auto sender = std::make_shared<const chunk_sender>(chunk_sender{
-        rid, c, start / ps, (end + ps - 1) / ps, pages, order.grant.page_ids, local, remote_layout,
+        rid, c, end == num_tokens, start / ps, (end + ps - 1) / ps, pages, order.grant.page_ids, local, remote_layout,
         st.core.pool_key->region_id, remote_key, order.grant.rank});
     // Runs on the executor thread right after layer `l` is computed, before layer l + 1: the
     // put is posted in stream order, and the actor polls it.
-    auto on_layer = [sender, xport = st.core.xport, log = st.core.log, owner = self->address(),
+    auto on_layer = [sender, xport = st.core.xport, log = st.core.log, exec = st.core.exec, owner = self->address(),
                      cancelled = r.cancelled](uint64_t, uint32_t l) {
       log->add({0, "compute_done", sender->request_id, sender->chunk, l, {}, {}});
       if (cancelled->load()) return;
+      // The last chunk completes layer l of the whole prompt: its checksum goes with the
+      // layer-ready signal so the decode rank can prove the layer landed intact.
+      const uint64_t checksum =
+          sender->last ? std::max<uint64_t>(1, exec->kv().kv_layer_checksum(l, sender->local_pages, sender->end_page)) : 0;
       const uint64_t xfer = xport->post_put(sender->put_for_layer(l));
       log->add({0, "send_posted", sender->request_id, sender->chunk, l, {}, {}});
-      if (auto h = caf::actor_cast<caf::actor>(owner)) caf::anon_send(h, xfer_atom::value, sender->request_id, l, xfer);
+      if (auto h = caf::actor_cast<caf::actor>(owner))
+        caf::anon_send(h, xfer_atom::value, sender->request_id, l, xfer, checksum);
     };
     const uint64_t job_id = ++st.last_job;
     st.job_to_request[job_id] = rid;
@@ -348,8 +359,8 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
               std::chrono::duration_cast<std::chrono::microseconds>(self->clock().now() - i->second.arrived_at).count();
       },
       [=](timer_atom, uint64_t id) { self->state.core.runner->fire(id); },
-      [=](xfer_atom, uint64_t request_id, uint32_t layer, uint64_t xfer_id) {
-        pending_put p{request_id, layer, xfer_id, self->clock().now()};
+      [=](xfer_atom, uint64_t request_id, uint32_t layer, uint64_t xfer_id, uint64_t checksum) {
+        pending_put p{request_id, layer, xfer_id, checksum, self->clock().now()};
         if (settle(self, p)) return;
         self->state.pending.push_back(p);
         if (!self->state.poll_scheduled) {

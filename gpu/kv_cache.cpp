@@ -1,5 +1,7 @@
 #include "gpu/kv_cache.hpp"
 
+#include <cstring>
+
 namespace baton::gpu {
 
 kv_cache::kv_cache(kv_layout layout)
@@ -27,6 +29,22 @@ void kv_cache::kv_page_free(const std::vector<uint32_t>& pages) {
       free_.push_back(p);
     }
   }
+}
+
+uint64_t kv_cache::kv_layer_checksum(uint32_t layer, const std::vector<uint32_t>& pages, uint32_t num_pages) const {
+  // Word-wise multiply-xorshift: ~1 word per cycle, and any flipped bit changes the result.
+  uint64_t h = 0x9E3779B97F4A7C15ull ^ layer;
+  const auto* base = reinterpret_cast<const unsigned char*>(memory_.data());
+  for (uint32_t i = 0; i < num_pages && i < pages.size(); ++i) {
+    const unsigned char* p = base + layout_.offset_bytes(layer, pages[i]);
+    for (uint64_t off = 0; off < layout_.page_bytes(); off += 8) {
+      uint64_t w;
+      std::memcpy(&w, p + off, 8);
+      h = (h ^ w) * 0xFF51AFD7ED558CCDull;
+      h ^= h >> 32;
+    }
+  }
+  return h;
 }
 
 }  // namespace baton::gpu

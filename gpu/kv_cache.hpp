@@ -54,6 +54,9 @@ public:
   std::optional<std::vector<uint32_t>> kv_page_alloc(uint32_t num_pages);
   void kv_page_free(const std::vector<uint32_t>& pages);
   uint32_t num_free_pages() const { return static_cast<uint32_t>(free_.size()); }
+  /// A 64-bit checksum of layer `layer` of the first `num_pages` of `pages` (whole pages, in
+  /// order): both ends of a KV transfer compute it to prove the layer landed intact.
+  uint64_t kv_layer_checksum(uint32_t layer, const std::vector<uint32_t>& pages, uint32_t num_pages) const;
   uint32_t pages_for_tokens(uint32_t num_tokens) const {
     return (num_tokens + layout_.page_size_tokens - 1) / layout_.page_size_tokens;
   }

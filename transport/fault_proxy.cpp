@@ -41,6 +41,11 @@ public:
 
   uint64_t post_put(const put_desc& d) override {
     std::unique_lock<std::mutex> lock{mutex_};
+    if (disconnected_) {
+      const uint64_t id = ++last_own_id_ | own_bit;
+      own_[id] = {xfer_errc::peer_unreachable, true, d.request_id, d.peer, d.layer, "fault proxy: peer disconnected"};
+      return id;
+    }
     const bool hit = injected_ < plan_.max_faults && (!plan_.at_layer || *plan_.at_layer == d.layer) &&
                      (!plan_.for_request || *plan_.for_request == d.request_id) && !d.segments.empty();
     if (!hit) {
@@ -56,6 +61,20 @@ public:
       case fault_kind::stall:
         stalled_.insert(id);
         return id;
+      case fault_kind::drop:
+        dropped_.insert(id);
+        return id;
+      case fault_kind::disconnect:
+        disconnected_ = true;
+        own_[id] = {xfer_errc::peer_unreachable, true, d.request_id, d.peer, d.layer, "fault proxy: peer disconnected"};
+        return id;
+      case fault_kind::delay: {
+        lock.unlock();
+        const uint64_t real = inner_->post_put(d);
+        lock.lock();
+        delayed_[real] = plan_.delay_polls;
+        return real;
+      }
       case fault_kind::corrupt_byte:
         break;
     }
@@ -82,9 +101,19 @@ public:
   }
 
   xfer_state poll(uint64_t xfer_id, xfer_error* err) override {
-    if (!(xfer_id & own_bit)) return inner_->poll(xfer_id, err);
+    if (!(xfer_id & own_bit)) {
+      {
+        std::lock_guard<std::mutex> lock{mutex_};
+        if (auto d = delayed_.find(xfer_id); d != delayed_.end() && d->second > 0) {
+          --d->second;
+          return xfer_state::pending;
+        }
+      }
+      return inner_->poll(xfer_id, err);
+    }
     std::lock_guard<std::mutex> lock{mutex_};
     if (stalled_.count(xfer_id)) return xfer_state::pending;
+    if (dropped_.count(xfer_id)) return xfer_state::done;
     auto i = own_.find(xfer_id);
     if (i == own_.end()) return xfer_state::failed;
     if (err) *err = i->second;
@@ -92,10 +121,17 @@ public:
   }
 
   void release(uint64_t xfer_id) override {
-    if (!(xfer_id & own_bit)) return inner_->release(xfer_id);
+    if (!(xfer_id & own_bit)) {
+      {
+        std::lock_guard<std::mutex> lock{mutex_};
+        delayed_.erase(xfer_id);
+      }
+      return inner_->release(xfer_id);
+    }
     std::lock_guard<std::mutex> lock{mutex_};
     own_.erase(xfer_id);
     stalled_.erase(xfer_id);
+    dropped_.erase(xfer_id);
   }
 
   uint32_t num_injected() const override {
@@ -114,6 +150,9 @@ private:
   std::unordered_map<uint64_t, std::byte*> local_bases_;
   std::unordered_map<uint64_t, xfer_error> own_;
   std::unordered_set<uint64_t> stalled_;
+  std::unordered_set<uint64_t> dropped_;
+  std::unordered_map<uint64_t, uint32_t> delayed_;  ///< inner transfer id -> polls left
+  bool disconnected_ = false;
   std::byte scratch_{};
   std::optional<region_key> scratch_key_;
 };

@@ -12,8 +12,11 @@ namespace baton::transport {
 
 enum class fault_kind : uint8_t {
   corrupt_byte,  ///< the put lands, then one byte of it in the destination is flipped
+  drop,          ///< the put does nothing but reports success (a silently lost write)
+  delay,         ///< the put lands, but poll() says pending for the first `delay_polls` polls
   fail,          ///< the put does nothing and reports injected_failure
   stall,         ///< the put does nothing and stays pending forever
+  disconnect,    ///< this put and every later one fail with peer_unreachable
 };
 
 struct fault_plan {
@@ -22,6 +25,7 @@ struct fault_plan {
   std::optional<uint64_t> for_request;    ///< only puts of this request (any when empty)
   uint32_t max_faults = 1;                ///< faults injected before the proxy turns transparent
   uint64_t seed = 1;                      ///< picks which segment and byte get corrupted
+  uint32_t delay_polls = 1000;            ///< kind delay: polls that still see `pending`
 };
 
 /// Wraps `inner`. Regions must be registered through the proxy (it needs the local bytes to

@@ -1,6 +1,7 @@
 #include <doctest/doctest.h>
 
 #include <map>
+#include <thread>
 
 #include "gpu/byte_tokenizer.hpp"
 #include "gpu/cpu_executor.hpp"
@@ -85,6 +86,7 @@ TEST_CASE("disaggregated tokens and every step's logits equal the colocated run,
 TEST_CASE("negative control: one flipped byte in one transferred layer changes the decode rank's logits") {
   test::cluster_system t;
   auto cfg = small_cluster();
+  cfg.decode.verify_kv_checksums = false;  // let the damage through, to prove the handoff is used
   transport::fault_proxy* proxy = nullptr;
   auto wrap = [&](std::unique_ptr<transport::transport> inner, const std::string& name)
       -> std::shared_ptr<transport::transport> {
@@ -211,4 +213,88 @@ TEST_CASE("a failed transfer fails the request with request, rank and stage name
   CHECK(got);
   // The failed request's lease went back to the decode rank.
   CHECK(t.stats(cluster.decode[0].handle).num_free_pages == cfg.executor.num_kv_pages);
+}
+
+namespace {
+
+/// A cluster whose prefill-0 transport goes through a fault proxy with `plan`.
+struct faulty_cluster {
+  test::cluster_system t;
+  local_cluster_config cfg = small_cluster();
+  local_cluster cluster;
+  std::unique_ptr<test::cluster_system::stopper> stop;
+  explicit faulty_cluster(transport::fault_plan plan, uint32_t lease_ms = 2000) {
+    cfg.router.request.lease_ms = lease_ms;
+    cfg.prefill.kv_send_timeout_ms = lease_ms;
+    cluster = start_local_cluster(t.sys, cfg, {}, [plan](std::unique_ptr<transport::transport> inner,
+                                                         const std::string& name) -> std::shared_ptr<transport::transport> {
+      if (name != "prefill-0") return std::shared_ptr<transport::transport>{std::move(inner)};
+      return std::shared_ptr<transport::transport>{transport::make_fault_proxy(std::move(inner), plan)};
+    });
+    stop.reset(new test::cluster_system::stopper{t, cluster});  // in place: a temporary would stop it now
+  }
+  std::string fail_one() {
+    generate_request req;
+    req.prompt = prompts[1];
+    req.max_tokens = 6;
+    auto got = t.generate(cluster.router, req);
+    return got ? std::string{"no error"} : t.sys.render(got.error());
+  }
+  /// Waits (bounded) until the decode rank's pages are all free again.
+  bool decode_pages_back() {
+    for (int i = 0; i < 500; ++i) {
+      if (t.stats(cluster.decode[0].handle).num_free_pages == cfg.executor.num_kv_pages) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds{10});
+    }
+    return false;
+  }
+  bool decoded_any() {
+    for (const auto& e : t.events(cluster.decode[0].handle))
+      if (e.kind == "step") return true;
+    return false;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a corrupted layer is caught by its checksum and never reaches decoding") {
+  faulty_cluster f{{transport::fault_kind::corrupt_byte, 2, {}, 1, 5}};
+  const auto text = f.fail_one();
+  CHECK_MESSAGE(text.find("transfer_failed") != std::string::npos, text);
+  CHECK_MESSAGE(text.find("rank decode-0, stage kv_recv: layer 2 failed its checksum") != std::string::npos, text);
+  CHECK_FALSE(f.decoded_any());
+  CHECK(f.decode_pages_back());
+}
+
+TEST_CASE("a dropped layer (reported sent, never landed) is caught by its checksum") {
+  faulty_cluster f{{transport::fault_kind::drop, 1, {}, 1, 5}};
+  const auto text = f.fail_one();
+  CHECK_MESSAGE(text.find("layer 1 failed its checksum") != std::string::npos, text);
+  CHECK_FALSE(f.decoded_any());
+  CHECK(f.decode_pages_back());
+}
+
+TEST_CASE("a stalled layer expires the lease, frees the decode rank's pages and fails the request clearly") {
+  faulty_cluster f{{transport::fault_kind::stall, 3, {}, 1, 5}, /*lease_ms*/ 300};
+  const auto text = f.fail_one();
+  CHECK_MESSAGE(text.find("request 1, rank prefill-0, stage kv_send: put of layer 3 still pending after 300 ms") !=
+                    std::string::npos,
+                text);
+  CHECK(f.decode_pages_back());
+  CHECK_FALSE(f.decoded_any());
+  // The cluster keeps serving.
+  generate_request req;
+  req.prompt = "after the stall";
+  req.max_tokens = 3;
+  CHECK(f.t.generate(f.cluster.router, req));
+}
+
+TEST_CASE("a delayed layer only delays: tokens still equal the colocated run") {
+  faulty_cluster f{{transport::fault_kind::delay, 0, {}, 4, 5, 200}};
+  generate_request req;
+  req.prompt = prompts[1];
+  req.max_tokens = 6;
+  auto got = f.t.generate(f.cluster.router, req);
+  REQUIRE(got);
+  CHECK(got->tokens == colocated(f.cfg, encode(f.cfg, prompts[1]), 6).tokens);
 }

@@ -95,7 +95,7 @@ TEST_CASE("transport conformance: errors name request, peer and layer") {
   }
 }
 
-TEST_CASE("fault proxy: corrupt flips exactly one byte of the chosen layer, fail and stall are reported") {
+TEST_CASE("fault proxy: corrupt flips exactly one byte of the chosen layer and drop, delay, disconnect, fail and stall behave as named") {
   two_ranks t;
   auto proxy = make_fault_proxy(make_loopback_transport(t.fabric, "a"), {fault_kind::corrupt_byte, 2, {}, 1, 99});
   auto b = make_loopback_transport(t.fabric, "b");
@@ -122,6 +122,29 @@ TEST_CASE("fault proxy: corrupt flips exactly one byte of the chosen layer, fail
   CHECK(err.retryable);
   auto ok = failing->post_put({6, 0, "b", kc->region_id, *kb, {{0, 0, 8}}});  // other request: untouched
   CHECK(failing->poll(ok, &err) == xfer_state::done);
+
+  auto dropping = make_fault_proxy(make_loopback_transport(t.fabric, "e"), {fault_kind::drop, {}, {}, 1, 1});
+  auto ke = dropping->register_region(t.src.data(), t.src.size(), &err);
+  std::fill(t.dst.begin(), t.dst.end(), std::byte{0});
+  id = dropping->post_put({10, 0, "b", ke->region_id, *kb, {{0, 0, 64}}});
+  CHECK(dropping->poll(id, &err) == xfer_state::done);  // reports success ...
+  CHECK(t.dst[1] == std::byte{0});                        // ... but nothing landed
+
+  auto slow = make_fault_proxy(make_loopback_transport(t.fabric, "f"), {fault_kind::delay, {}, {}, 1, 1, 3});
+  auto kf = slow->register_region(t.src.data(), t.src.size(), &err);
+  id = slow->post_put({11, 0, "b", kf->region_id, *kb, {{0, 0, 64}}});
+  for (int i = 0; i < 3; ++i) CHECK(slow->poll(id, &err) == xfer_state::pending);
+  CHECK(slow->poll(id, &err) == xfer_state::done);
+
+  auto cut = make_fault_proxy(make_loopback_transport(t.fabric, "g"), {fault_kind::disconnect, 1, {}, 1, 1});
+  auto kg = cut->register_region(t.src.data(), t.src.size(), &err);
+  id = cut->post_put({12, 0, "b", kg->region_id, *kb, {{0, 0, 8}}});
+  CHECK(cut->poll(id, &err) == xfer_state::done);  // layer 0 passes
+  for (uint32_t layer : {1u, 2u}) {                // from layer 1 on, the peer is gone
+    id = cut->post_put({12, layer, "b", kg->region_id, *kb, {{0, 0, 8}}});
+    CHECK(cut->poll(id, &err) == xfer_state::failed);
+    CHECK(err.code == xfer_errc::peer_unreachable);
+  }
 
   auto stalling = make_fault_proxy(make_loopback_transport(t.fabric, "d"), {fault_kind::stall, {}, {}, 1, 1});
   auto kd = stalling->register_region(t.src.data(), t.src.size(), &err);
