@@ -241,6 +241,7 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
                        " failed its checksum (sent " + std::to_string(ev.checksum) + ", landed " +
                        std::to_string(got) + ")";
             if (l.has_order) l.promise.deliver(make_error(errc::transfer_failed, why));
+            if (s.corrupted.size() >= 1024) s.corrupted.erase(s.corrupted.begin());  // bounded: orders may never come
             s.corrupted[ev.lease_id] = std::move(why);
             free_lease(self, ev.lease_id);
             return;

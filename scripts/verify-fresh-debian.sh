@@ -11,8 +11,12 @@ if [ ! -x "$root/bin/bash" ]; then
 fi
 rm -rf "$root/baton" && mkdir -p "$root/baton"
 git -C "$repo" archive HEAD | tar -x -C "$root/baton"
+# A real machine has /proc, /sys (UCX's TCP transport lists /sys/class/net) and /dev (shared memory).
 mountpoint -q "$root/proc" || mount -t proc proc "$root/proc"
-trap 'umount "$root/proc" 2>/dev/null || true' EXIT
+mountpoint -q "$root/sys" || mount -t sysfs sysfs "$root/sys"
+mountpoint -q "$root/dev" || mount --bind /dev "$root/dev"
+mountpoint -q "$root/dev/shm" || mount -t tmpfs tmpfs "$root/dev/shm"
+trap 'umount "$root/dev/shm" "$root/dev" "$root/sys" "$root/proc" 2>/dev/null || true' EXIT
 echo "== README command 1: scripts/run-local.sh"
 chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root bash -c 'cd /baton && ./scripts/run-local.sh'
 echo "== README command 2: scripts/test.sh"

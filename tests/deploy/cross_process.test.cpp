@@ -68,6 +68,7 @@ void run_across_processes(const char* ucx_tls) {
   children.push_back(pid);
   size_t joined = 0;
   for (int i = 0; i < 300 && joined == 0; ++i) {
+    REQUIRE_MESSAGE(deploy::process_alive(pid), "the decode node exited before joining (its stderr says why)");
     self->request(cluster.decode_balancer, std::chrono::seconds{5}, stats_atom::value)
         .receive([&](std::vector<rank_load>& loads) { joined = loads.size(); }, [](caf::error&) {});
     if (joined == 0) std::this_thread::sleep_for(std::chrono::milliseconds{50});
