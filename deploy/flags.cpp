@@ -3,6 +3,7 @@
 #include <charconv>
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <memory>
 #include <stdexcept>
 
@@ -93,6 +94,19 @@ std::string flag_set::parse(const std::vector<std::string>& args) {
     if (auto err = f->set(value); !err.empty()) return "flag " + arg + " " + err;
   }
   return {};
+}
+
+std::optional<int> flag_set::parse_command_line(const std::vector<std::string>& args, const std::string& command,
+                                                const std::string& usage_line) {
+  if (auto err = parse(args); !err.empty()) {
+    std::fprintf(stderr, "baton %s: %s\n", command.c_str(), err.c_str());
+    return 2;
+  }
+  if (help_) {
+    std::printf("usage: %s\n\n%s", usage_line.c_str(), usage().c_str());
+    return 0;
+  }
+  return std::nullopt;
 }
 
 std::string flag_set::usage() const {

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,10 @@ public:
   /// Parses args; returns an error sentence, or empty. "--help" sets help_requested().
   std::string parse(const std::vector<std::string>& args);
   bool help_requested() const { return help_; }
+  /// For a subcommand's main: parses; on a bad flag prints "baton <command>: <why>" and returns
+  /// 2, on --help prints `usage_line` and the flags and returns 0; otherwise returns nothing.
+  std::optional<int> parse_command_line(const std::vector<std::string>& args, const std::string& command,
+                                        const std::string& usage_line);
   std::string usage() const;
 
 private:

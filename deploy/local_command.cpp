@@ -84,14 +84,7 @@ int run_local(const std::vector<std::string>& args) {
   flags.add("--decode-processes", &opt.decode_processes,
             "run this many decode ranks as separate `baton node` processes (KV over UCX) instead of in-process");
   flags.add("--ignore-eos", &opt.ignore_eos, "generate max-tokens even past <eos>");
-  if (auto err = flags.parse(args); !err.empty()) {
-    std::fprintf(stderr, "baton local: %s\n", err.c_str());
-    return 2;
-  }
-  if (flags.help_requested()) {
-    std::printf("usage: baton local [flags]\n\n%s", flags.usage().c_str());
-    return 0;
-  }
+  if (auto rc = flags.parse_command_line(args, "local", "baton local [flags]")) return *rc;
   if (opt.decode_processes > 0) {
     opt.cluster.num_decode_ranks = 0;  // they join from their own processes
     opt.cluster.transport = "ucx";     // loopback cannot cross processes

@@ -37,14 +37,7 @@ int run_node(const std::vector<std::string>& args) {
   flags.add("--weights-seed", &weights_seed, "seed of the built-in model's weights (must match the head)");
   flags.add("--scheduler-threads", &scheduler_threads, "CAF scheduler threads");
   flags.add("--poll-attempts", &poll_attempts, "CAF work-stealing moderate-poll-attempts");
-  if (auto err = flags.parse(args); !err.empty()) {
-    std::fprintf(stderr, "baton node: %s\n", err.c_str());
-    return 2;
-  }
-  if (flags.help_requested()) {
-    std::printf("usage: baton node --role decode --connect HOST:PORT [flags]\n\n%s", flags.usage().c_str());
-    return 0;
-  }
+  if (auto rc = flags.parse_command_line(args, "node", "baton node --role decode --connect HOST:PORT [flags]")) return *rc;
   const auto colon = connect.rfind(':');
   if (role != "decode") {
     std::fprintf(stderr, "baton node: --role must be decode (got '%s')\n", role.c_str());
