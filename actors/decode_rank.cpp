@@ -119,6 +119,7 @@ void maybe_admit(decode_pointer self, uint64_t lease_id) {
   auto& l = i->second;
   if (l.decoding || !l.has_order || l.num_landed != st.core.exec->config().num_hidden_layers) return;
   l.decoding = true;
+  st.core.log->add({0, "admit", l.request_id, 0, 0, {}, {}});
   l.queue_us = micros(self->clock().now() - l.order_at);
   st.batch.push_back(running_seq{lease_id, l.order.prompt_len, l.order.first_token, 0});
   maybe_step(self);
@@ -249,7 +250,7 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
         }
         if (!l.landed[ev.layer]) {
           l.landed[ev.layer] = true;
-          ++l.num_landed;
+          if (++l.num_landed == l.landed.size()) s.core.log->add({0, "kv_landed", l.request_id, 0, 0, {}, {}});
         }
         l.expires_at = self->clock().now() + std::chrono::milliseconds{l.lease_ms};  // progress renews
         maybe_admit(self, ev.lease_id);

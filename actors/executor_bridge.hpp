@@ -5,6 +5,7 @@
 // thread-safe event log. Included only by rank .cpp files.
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <mutex>
 #include <unordered_map>
@@ -27,6 +28,9 @@ namespace baton {
 class event_log {
 public:
   void add(rank_event ev) {
+    ev.wall_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                     std::chrono::steady_clock::now().time_since_epoch())
+                     .count();
     std::lock_guard<std::mutex> lock{mutex_};
     ev.seq = ++seq_;
     events_.push_back(std::move(ev));

@@ -193,17 +193,18 @@ typename Inspector::result_type inspect(Inspector& f, prefill_result& x) {
 /// One entry of a rank's event log: what happened, in the order it happened (seq).
 struct rank_event {
   uint64_t seq = 0;
-  std::string kind;  ///< "compute_done", "send_posted", "send_done", "step"
+  std::string kind;  ///< "compute_done", "send_posted", "layer_ready", "kv_landed", "admit", "step"
   uint64_t request_id = 0;
   uint32_t chunk = 0;
   uint32_t layer = 0;
   std::vector<uint64_t> batch_requests;  ///< "step": the requests in the step, in row order
   std::vector<uint32_t> batch_contexts;  ///< "step": each one's context length (tokens incl. this one)
+  int64_t wall_ns = 0;                   ///< steady_clock when logged (for benchmarks; tests use seq)
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, rank_event& x) {
   return f(caf::meta::type_name("rank_event"), x.seq, x.kind, x.request_id, x.chunk, x.layer, x.batch_requests,
-           x.batch_contexts);
+           x.batch_contexts, x.wall_ns);
 }
 
 /// What a rank tells its balancer after every change of its load.

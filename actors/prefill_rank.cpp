@@ -163,6 +163,7 @@ void on_put_landed(prefill_pointer self, uint64_t request_id, uint32_t layer, ui
   if (checksum != 0) r.checksums[layer] = checksum;
   if (++r.puts_done[layer] == r.num_chunks) {
     ++r.layers_ready;
+    st.core.log->add({0, "layer_ready", request_id, 0, layer, {}, {}});
     self->send(r.order.decode, kv_layer_ready{request_id, r.order.grant.lease_id, layer,
                                               static_cast<uint32_t>(r.order.tokens.size()), r.checksums[layer]});
   }

@@ -20,7 +20,9 @@ namespace baton::transport {
 
 struct ucx_config {
   std::string name;          ///< this endpoint's rank name, for errors
-  uint32_t idle_wait_ms = 50;  ///< how long the progress thread sleeps when nothing happens
+  /// How long the progress thread sleeps when idle. Short, because some shared-memory paths need
+  /// the target's progress to complete a peer's flush and do not signal the wakeup fd.
+  uint32_t idle_wait_ms = 1;
 
   std::string validate() const { return name.empty() ? "ucx transport needs a rank name" : std::string{}; }
 };

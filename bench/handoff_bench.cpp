@@ -1,0 +1,145 @@
+// Exposed KV transfer time of a disaggregated prefill: decode admission minus the moment the
+// prefill's last layer finished computing, against (a) one layer's send time and (b) the time
+// to send all layers after the prefill, both measured with the same transport in the same run.
+// Layer-wise sends hide under compute when (exposed) is close to one layer's send, not to (b).
+//
+// Usage: baton_bench_handoff [--model tiny|100m] [--prompt-tokens N] [--transport ucx|loopback]
+//        [--verbose]  (per-layer posted -> ready times on stderr; put it last)
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <thread>
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/scoped_actor.hpp>
+
+#include "actors/local_cluster.hpp"
+#include "transport/loopback.hpp"
+#include "transport/ucx.hpp"
+
+using namespace baton;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+std::unique_ptr<transport::transport> make(const std::string& kind, std::shared_ptr<transport::loopback_fabric> f,
+                                           const std::string& name) {
+  if (kind == "loopback") return transport::make_loopback_transport(std::move(f), name);
+  std::string why;
+  auto t = transport::make_ucx_transport({name}, &why);
+  if (!t) std::fprintf(stderr, "ucx: %s\n", why.c_str());
+  return t;
+}
+
+/// Microseconds to send `num_layers` layers of `layer_bytes` back to back (all posted, then all
+/// awaited), median of 5.
+double send_us(const std::string& kind, uint64_t layer_bytes, uint32_t num_layers) {
+  auto fabric = transport::make_loopback_fabric();
+  auto a = make(kind, fabric, "a"), b = make(kind, fabric, "b");
+  std::vector<std::byte> src(layer_bytes * num_layers, std::byte{1}), dst(src.size());
+  transport::xfer_error err;
+  auto ka = a->register_region(src.data(), src.size(), &err);
+  auto kb = b->register_region(dst.data(), dst.size(), &err);
+  std::vector<double> runs;
+  for (int rep = 0; rep < 5; ++rep) {
+    auto t0 = clock_type::now();
+    std::vector<uint64_t> ids;
+    for (uint32_t l = 0; l < num_layers; ++l)
+      ids.push_back(a->post_put({0, l, "b", ka->region_id, *kb, {{l * layer_bytes, l * layer_bytes, layer_bytes}}}));
+    for (auto id : ids) {
+      while (a->poll(id, &err) == transport::xfer_state::pending) std::this_thread::yield();
+      a->release(id);
+    }
+    runs.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - t0).count());
+  }
+  std::sort(runs.begin(), runs.end());
+  return runs[2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model = "100m", kind = "ucx";
+  uint32_t prompt_tokens = 512;
+  bool verbose = false;
+  for (int i = 1; i < argc; ++i)
+    if (std::string{argv[i]} == "--verbose") verbose = true;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    if (a == "--model") model = argv[i + 1];
+    else if (a == "--prompt-tokens") prompt_tokens = static_cast<uint32_t>(std::stoul(argv[i + 1]));
+    else if (a == "--transport") kind = argv[i + 1];
+  }
+  local_cluster_config cfg;
+  cfg.model = model == "tiny" ? gpu::builtin_tiny_config() : gpu::llama_100m_config();
+  cfg.num_prefill_ranks = 1;
+  cfg.num_decode_ranks = 1;
+  cfg.transport = kind;
+  cfg.prefill.chunk_tokens = prompt_tokens;
+  cfg.executor.num_kv_pages = (prompt_tokens + 64) / 16 + 8;
+  caf::actor_system_config sys_cfg;
+  register_message_types(sys_cfg);
+  sys_cfg.set("scheduler.max-threads", 2);
+  sys_cfg.set("work-stealing.moderate-poll-attempts", 0);
+  caf::actor_system sys{sys_cfg};
+  auto cluster = start_local_cluster(sys, cfg);
+  caf::scoped_actor self{sys};
+
+  const uint32_t layers = cfg.model.num_hidden_layers;
+  std::vector<double> exposed, admitted;
+  for (int rep = 0; rep < 3; ++rep) {
+    generate_request req;
+    req.prompt_tokens.assign(prompt_tokens, 65);
+    req.prompt_tokens[0] = cfg.model.bos_token_id;
+    req.max_tokens = 2;
+    req.ignore_eos = true;
+    uint64_t id = 0;
+    self->request(cluster.router, std::chrono::seconds{600}, generate_atom::value, req)
+        .receive([&](completion& c) { id = c.request_id; }, [&](caf::error& e) { std::fprintf(stderr, "%s\n", sys.render(e).c_str()); });
+    if (id == 0) return 1;
+    int64_t last_compute = 0, landed = 0, admit = 0;
+    self->request(cluster.prefill[0].handle, std::chrono::seconds{10}, events_atom::value)
+        .receive([&](std::vector<rank_event>& ev) {
+                   std::vector<int64_t> posted(layers, 0);
+                   for (auto& e : ev) {
+                     if (e.request_id != id) continue;
+                     if (e.kind == "compute_done" && e.layer == layers - 1) last_compute = e.wall_ns;
+                     if (e.kind == "send_posted") posted[e.layer] = e.wall_ns;
+                     if (e.kind == "layer_ready" && verbose)
+                       std::fprintf(stderr, "layer %u: posted -> ready %.0f us\n", e.layer, (e.wall_ns - posted[e.layer]) / 1e3);
+                   }
+                 },
+                 [](caf::error&) {});
+    self->request(cluster.decode[0].handle, std::chrono::seconds{10}, events_atom::value)
+        .receive([&](std::vector<rank_event>& ev) {
+                   for (auto& e : ev) {
+                     if (e.request_id == id && e.kind == "admit") admit = e.wall_ns;
+                     if (e.request_id == id && e.kind == "kv_landed") landed = e.wall_ns;
+                   }
+                 },
+                 [](caf::error&) {});
+    exposed.push_back(static_cast<double>(landed - last_compute) / 1000.0);
+    admitted.push_back(static_cast<double>(admit - last_compute) / 1000.0);
+  }
+  std::sort(exposed.begin(), exposed.end());
+  std::sort(admitted.begin(), admitted.end());
+  const uint64_t pages = (prompt_tokens + 15) / 16;
+  const uint64_t layer_bytes = pages * 2 * 16 * cfg.model.kv_dim() * sizeof(float);
+  const double one = send_us(kind, layer_bytes, 1), all = send_us(kind, layer_bytes, layers);
+  std::printf("| model | transport | prompt | KV per layer | one layer's send | all %u layers after prefill | "
+              "exposed: all KV landed - last layer computed | exposed / one layer | decode admission - last layer computed |\n",
+              layers);
+  std::printf("|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("| %s | %s | %u tokens | %.2f MiB | %.0f us | %.0f us | %.0f us | %.1f | %.0f us |\n", cfg.model.name.c_str(),
+              kind.c_str(), prompt_tokens, static_cast<double>(layer_bytes) / (1 << 20), one, all, exposed[1],
+              exposed[1] / one, admitted[1]);
+  self->send_exit(cluster.router, caf::exit_reason::user_shutdown);
+  self->send_exit(cluster.prefill_balancer, caf::exit_reason::user_shutdown);
+  self->send_exit(cluster.decode_balancer, caf::exit_reason::user_shutdown);
+  for (auto& r : cluster.prefill) self->send_exit(r.handle, caf::exit_reason::user_shutdown);
+  for (auto& r : cluster.decode) self->send_exit(r.handle, caf::exit_reason::user_shutdown);
+  return 0;
+}
