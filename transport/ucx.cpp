@@ -317,7 +317,13 @@ private:
       }
       check_inflight();
       if (stop_) break;
-      if (!inflight_.empty()) continue;  // busy while transfers are in flight
+      if (!inflight_.empty()) {
+        // Busy while transfers are in flight, but every so often let the other threads of this
+        // core run: on a small machine the executor and the peer's progress thread (which some
+        // shared-memory flushes wait for) need it too.
+        if (++spins_ % 256 == 0) std::this_thread::yield();
+        continue;
+      }
       // Idle: sleep until UCX has events (incoming puts over TCP need our progress) or a
       // command arrives.
       if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
@@ -349,6 +355,7 @@ private:
   int wake_fd_ = -1;
   std::thread thread_;
   bool stop_ = false;  ///< set and read on the progress thread only
+  uint64_t spins_ = 0;
 
   // Progress-thread state.
   uint64_t last_region_ = 0;
