@@ -255,6 +255,13 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
         l.expires_at = self->clock().now() + std::chrono::milliseconds{l.lease_ms};  // progress renews
         maybe_admit(self, ev.lease_id);
       },
+      [=](keepalive_atom, uint64_t request_id, uint64_t lease_id) {
+        // The prompt waits in a prefill rank's queue: that rank is alive and busy, keep the pages.
+        auto& s = self->state;
+        auto i = s.leases.find(lease_id);
+        if (i == s.leases.end() || i->second.request_id != request_id || i->second.decoding) return;
+        i->second.expires_at = self->clock().now() + std::chrono::milliseconds{i->second.lease_ms};
+      },
       [=](decode_order& order) -> caf::result<decode_summary> {
         auto& s = self->state;
         auto i = s.leases.find(order.lease_id);

@@ -38,6 +38,7 @@ using exec_start_atom = caf::atom_constant<caf::atom("exec_start")>;
 using place_atom = caf::atom_constant<caf::atom("place")>;
 using load_atom = caf::atom_constant<caf::atom("load")>;
 using watchdog_atom = caf::atom_constant<caf::atom("watchdog")>;
+using keepalive_atom = caf::atom_constant<caf::atom("kv_keep")>;
 
 // --- errors ---------------------------------------------------------------------------------
 /// Baton's error codes (category atom "baton"). The context string of every error names the
@@ -266,6 +267,7 @@ using decode_rank_actor = caf::typed_actor<
     caf::replies_to<reserve_atom, kv_lease_reserve>::with<kv_lease_grant>,
     caf::reacts_to<release_atom, uint64_t>,                     // lease id
     caf::reacts_to<kv_layer_ready>,
+    caf::reacts_to<keepalive_atom, uint64_t, uint64_t>,         // request, lease: still queued at prefill
     caf::replies_to<decode_order>::with<decode_summary>,
     caf::replies_to<stats_atom>::with<rank_stats>,
     caf::replies_to<events_atom>::with<std::vector<rank_event>>,
@@ -298,7 +300,8 @@ using prefill_rank_actor = caf::typed_actor<
     caf::reacts_to<exec_start_atom, uint64_t>,
     caf::reacts_to<timer_atom, uint64_t>,
     caf::reacts_to<xfer_atom, uint64_t, uint32_t, uint64_t, uint64_t>,  // request, layer, transfer, checksum
-    caf::reacts_to<poll_atom>>;
+    caf::reacts_to<poll_atom>,
+    caf::reacts_to<keepalive_atom>>;                             // tick: renew queued prompts' leases
 
 struct prefill_placement {
   std::string name;

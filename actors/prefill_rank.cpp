@@ -93,6 +93,7 @@ struct prefill_state {
   std::vector<pending_put> pending;
   bool poll_scheduled = false;
   prefill_balancer_actor balancer;  ///< told our load after every change (may be null)
+  bool keepalive_scheduled = false;
   static inline const char* name = "baton.prefill_rank";
 };
 
@@ -161,6 +162,10 @@ void on_put_landed(prefill_pointer self, uint64_t request_id, uint32_t layer, ui
   if (i == st.requests.end() || i->second.failed) return;
   auto& r = i->second;
   if (checksum != 0) r.checksums[layer] = checksum;
+  // Chunks before the last make progress the decode rank cannot see (a layer completes only with
+  // the last chunk): each of their landed layers renews the lease.
+  if (r.puts_done[layer] + 1 < r.num_chunks)
+    self->send(r.order.decode, keepalive_atom::value, request_id, r.order.grant.lease_id);
   if (++r.puts_done[layer] == r.num_chunks) {
     ++r.layers_ready;
     st.core.log->add({0, "layer_ready", request_id, 0, layer, {}, {}});
@@ -247,23 +252,14 @@ void launch(prefill_pointer self, waiting_order w, std::vector<uint32_t> pages) 
   r.order = std::move(order);
 }
 
-/// Starts waiting prompts, oldest first, while local KV pages last. A prompt that waited past
-/// its lease is refused: the decode rank has freed (and may reuse) the pages it would write.
+/// Starts waiting prompts, oldest first, while local KV pages last. While a prompt waits, the
+/// keepalive tick renews its lease at the decode rank (a lease otherwise lives only as long as
+/// progress: once computing, every landed layer renews it).
 void drain_waiting(prefill_pointer self) {
   auto& st = self->state;
   auto& kv = st.core.exec->kv();
   while (!st.waiting.empty()) {
     auto& w = st.waiting.front();
-    const auto waited = self->clock().now() - w.arrived_at;
-    if (waited >= std::chrono::milliseconds{w.order.grant.lease_ms}) {
-      w.promise.deliver(make_error(errc::lease_expired,
-                                   where(w.order.request_id, st.cfg.name, "prefill") + ": waited " +
-                                       std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(waited).count()) +
-                                       " ms for KV pages, longer than the " + std::to_string(w.order.grant.lease_ms) +
-                                       " ms lease"));
-      st.waiting.pop_front();
-      continue;
-    }
     auto pages = kv.kv_page_alloc(kv.pages_for_tokens(static_cast<uint32_t>(w.order.tokens.size())));
     if (!pages) break;
     auto entry = std::move(w);
@@ -271,6 +267,16 @@ void drain_waiting(prefill_pointer self) {
     launch(self, std::move(entry), std::move(*pages));
   }
   report_load(self);
+}
+
+/// Arms the keepalive tick while prompts wait, at a third of the shortest waiting lease.
+void schedule_keepalive(prefill_pointer self) {
+  auto& st = self->state;
+  if (st.keepalive_scheduled || st.waiting.empty()) return;
+  uint32_t lease_ms = UINT32_MAX;
+  for (const auto& w : st.waiting) lease_ms = std::min(lease_ms, w.order.grant.lease_ms);
+  st.keepalive_scheduled = true;
+  self->delayed_send(self, std::chrono::milliseconds{std::max<uint32_t>(1, lease_ms / 3)}, keepalive_atom::value);
 }
 
 /// Checks an order and queues it; it starts as soon as local KV pages are free.
@@ -305,6 +311,7 @@ caf::result<prefill_result> accept_prefill(prefill_pointer self, prefill_order o
   auto promise = self->make_response_promise<prefill_result>();
   st.waiting.push_back(waiting_order{std::move(order), promise, self->clock().now()});
   drain_waiting(self);
+  schedule_keepalive(self);
   return promise;
 }
 
@@ -368,6 +375,13 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
           self->state.poll_scheduled = true;
           self->delayed_send(self, std::chrono::microseconds{self->state.cfg.poll_interval_us}, poll_atom::value);
         }
+      },
+      [=](keepalive_atom) {
+        auto& s = self->state;
+        s.keepalive_scheduled = false;
+        for (const auto& w : s.waiting)
+          self->send(w.order.decode, keepalive_atom::value, w.order.request_id, w.order.grant.lease_id);
+        schedule_keepalive(self);
       },
       [=](poll_atom) {
         auto& s = self->state;

@@ -139,3 +139,30 @@ TEST_CASE("lease: an unfinished handoff's pages return to the decode rank when t
                 text);
   CHECK(*at == t0 + std::chrono::milliseconds{5000});
 }
+
+TEST_CASE("a prompt queued at a busy prefill rank longer than the lease still completes: the queue keeps its lease") {
+  test::sim_system s;
+  auto cfg = one_by_one();
+  cfg.router.request.lease_ms = 1000;
+  cfg.router.request.prefill_timeout_ms = 60000;
+  auto times = model_times();
+  times.prefill.gamma_us = 75000.0;  // 40 tokens take 3 s of modelled prefill
+  auto cluster = start_local_cluster(s.sys, cfg, [&](const std::string& name) -> std::shared_ptr<gpu::executor> {
+    auto t = times;
+    if (name == "prefill-0") t.num_kv_pages = 3;  // room for one 40-token prompt at a time
+    return sims::make_modelled_executor(cfg.model, t);
+  });
+  test::sim_system::stopper stop{s, cluster};
+  generate_request req;
+  req.prompt = forty_token_prompt;
+  req.max_tokens = 3;
+  auto first = s.generate(cluster.router, req);
+  auto second = s.generate(cluster.router, req);  // waits ~3 s for the first one's pages
+  REQUIRE(s.run_until_idle());
+  REQUIRE(first->has_value());
+  REQUIRE(second->has_value());
+  CHECK_MESSAGE(**first, s.sys.render((*first)->error()));
+  REQUIRE_MESSAGE(**second, s.sys.render((*second)->error()));
+  CHECK((***second).prefill_queue_us >= 3000000);  // it really waited three leases long
+  CHECK(s.stats(cluster.decode[0].handle).num_free_pages == times.num_kv_pages);
+}
