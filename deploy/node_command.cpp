@@ -3,6 +3,7 @@
 // UCX and streams tokens back to request actors in the head -- all through CAF's network layer.
 // It exits when the head goes away or on SIGTERM/SIGINT.
 
+#include <charconv>
 #include <cstdio>
 
 #include <caf/actor_system.hpp>
@@ -48,12 +49,11 @@ int run_node(const std::vector<std::string>& args) {
     return 2;
   }
   uint32_t port = 0;
-  if (flag_set ports; true) {
-    ports.add("--port", &port, "");
-    if (auto err = ports.parse({"--port", connect.substr(colon + 1)}); !err.empty() || port == 0 || port > 65535) {
-      std::fprintf(stderr, "baton node: --connect has a bad port in '%s'\n", connect.c_str());
-      return 2;
-    }
+  const auto port_text = connect.substr(colon + 1);
+  const auto [end, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
+  if (ec != std::errc{} || end != port_text.data() + port_text.size() || port == 0 || port > 65535) {
+    std::fprintf(stderr, "baton node: --connect has a bad port in '%s'\n", connect.c_str());
+    return 2;
   }
   auto model = gpu::builtin_tiny_config();
   if (auto err = rank.validate() + exec_cfg.validate(); !err.empty()) {

@@ -28,10 +28,10 @@ local_cluster_config small_cluster() {
 
 /// The same prompt on one executor, same chunk schedule, same weights.
 gpu::colocated_generation colocated(const local_cluster_config& cfg, const std::vector<int32_t>& prompt,
-                                    uint32_t max_tokens) {
+                                    uint32_t max_tokens, const gpu::sampling_config& sampling = {}) {
   auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
   auto exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
-  return gpu::generate_colocated(*exec, prompt, max_tokens, chunk_tokens);
+  return gpu::generate_colocated(*exec, prompt, max_tokens, chunk_tokens, sampling);
 }
 
 std::vector<int32_t> encode(const local_cluster_config& cfg, const std::string& text) {
@@ -46,9 +46,11 @@ const std::vector<std::string> prompts = {
 
 }  // namespace
 
-TEST_CASE("disaggregated tokens and every step's logits equal the colocated run, bit for bit") {
-  for (const std::string transport : {"loopback", "ucx"}) {
+/// Three prompts through prefill rank -> KV handoff -> decode rank, each compared with the same
+/// prompt run colocated on one executor with the same chunk schedule and sampling.
+static void check_disaggregated_equals_colocated(const std::string& transport, float temperature) {
   CAPTURE(transport);
+  CAPTURE(temperature);
   test::cluster_system t;
   auto cfg = small_cluster();
   cfg.transport = transport;
@@ -59,10 +61,12 @@ TEST_CASE("disaggregated tokens and every step's logits equal the colocated run,
     generate_request req;
     req.prompt = p;
     req.max_tokens = 12;
+    req.temperature = temperature;
+    req.seed = 7;
     req.return_logits = true;
     auto got = t.generate(cluster.router, req);
     REQUIRE_MESSAGE(got, t.sys.render(got.error()));
-    auto ref = colocated(cfg, encode(cfg, p), 12);
+    auto ref = colocated(cfg, encode(cfg, p), 12, {temperature, 7});
     REQUIRE(ref.error.empty());
     CHECK(got->tokens == ref.tokens);
     REQUIRE(got->step_logits.size() == ref.step_logits.size());
@@ -80,7 +84,15 @@ TEST_CASE("disaggregated tokens and every step's logits equal the colocated run,
   // Every lease was returned.
   CHECK(t.stats(cluster.decode[0].handle).num_free_pages == cfg.executor.num_kv_pages);
   CHECK(t.stats(cluster.prefill[0].handle).num_free_pages == cfg.executor.num_kv_pages);
-  }
+}
+
+TEST_CASE("disaggregated tokens and every step's logits equal the colocated run, bit for bit") {
+  check_disaggregated_equals_colocated("loopback", 0.0f);
+  check_disaggregated_equals_colocated("ucx", 0.0f);
+}
+
+TEST_CASE("sampled tokens are the same whether the first is drawn on the prefill rank and the rest on decode") {
+  check_disaggregated_equals_colocated("loopback", 0.8f);
 }
 
 TEST_CASE("negative control: one flipped byte in one transferred layer changes the decode rank's logits") {

@@ -1,5 +1,7 @@
 #include <doctest/doctest.h>
 
+#include <functional>
+
 #include "actors/local_cluster.hpp"
 #include "sims/modelled_executor.hpp"
 #include "tests/sims/sim_fixture.hpp"
@@ -41,6 +43,17 @@ local_cluster_config one_by_one() {
   return cfg;
 }
 
+/// A cluster on modelled executors; `tweak` adjusts one rank's model (hangs, fewer pages).
+local_cluster modelled_cluster(test::sim_system& s, const local_cluster_config& cfg,
+                               const sims::modelled_executor_config& times,
+                               std::function<void(const std::string&, sims::modelled_executor_config&)> tweak = {}) {
+  return start_local_cluster(s.sys, cfg, [&cfg, times, tweak](const std::string& name) -> std::shared_ptr<gpu::executor> {
+    auto t = times;
+    if (tweak) tweak(name, t);
+    return sims::make_modelled_executor(cfg.model, t);
+  });
+}
+
 const char* forty_token_prompt = "forty bytes of prompt, in three chunks!";  // + <bos> = 40: 16 + 16 + 8
 
 }  // namespace
@@ -49,9 +62,7 @@ TEST_CASE("sim seam: the production actors serve a request in virtual time and T
   test::sim_system s;
   auto cfg = one_by_one();
   const auto times = model_times();
-  auto cluster = start_local_cluster(s.sys, cfg, [&](const std::string&) -> std::shared_ptr<gpu::executor> {
-    return sims::make_modelled_executor(cfg.model, times);
-  });
+  auto cluster = modelled_cluster(s, cfg, times);
   test::sim_system::stopper stop{s, cluster};
   generate_request req;
   req.prompt = forty_token_prompt;
@@ -74,10 +85,8 @@ TEST_CASE("deadline: a decode rank that stops producing fails its request exactl
   auto cfg = one_by_one();
   cfg.router.request.token_timeout_ms = 2000;
   const auto times = model_times();
-  auto cluster = start_local_cluster(s.sys, cfg, [&](const std::string& name) -> std::shared_ptr<gpu::executor> {
-    auto t = times;
+  auto cluster = modelled_cluster(s, cfg, times, [](const std::string& name, auto& t) {
     if (name == "decode-0") t.hang_after_jobs = 2;  // two steps, then the device hangs
-    return sims::make_modelled_executor(cfg.model, t);
   });
   test::sim_system::stopper stop{s, cluster};
   generate_request req;
@@ -108,10 +117,8 @@ TEST_CASE("lease: an unfinished handoff's pages return to the decode rank when t
   cfg.router.request.lease_ms = 1000;
   cfg.router.request.prefill_timeout_ms = 5000;
   const auto times = model_times();
-  auto cluster = start_local_cluster(s.sys, cfg, [&](const std::string& name) -> std::shared_ptr<gpu::executor> {
-    auto t = times;
+  auto cluster = modelled_cluster(s, cfg, times, [](const std::string& name, auto& t) {
     if (name == "prefill-0") t.hang_after_jobs = 0;  // prefill never finishes: the handoff stalls
-    return sims::make_modelled_executor(cfg.model, t);
   });
   test::sim_system::stopper stop{s, cluster};
   const auto& decode = cluster.decode[0].handle;
@@ -147,10 +154,8 @@ TEST_CASE("a prompt queued at a busy prefill rank longer than the lease still co
   cfg.router.request.prefill_timeout_ms = 60000;
   auto times = model_times();
   times.prefill.gamma_us = 75000.0;  // 40 tokens take 3 s of modelled prefill
-  auto cluster = start_local_cluster(s.sys, cfg, [&](const std::string& name) -> std::shared_ptr<gpu::executor> {
-    auto t = times;
+  auto cluster = modelled_cluster(s, cfg, times, [](const std::string& name, auto& t) {
     if (name == "prefill-0") t.num_kv_pages = 3;  // room for one 40-token prompt at a time
-    return sims::make_modelled_executor(cfg.model, t);
   });
   test::sim_system::stopper stop{s, cluster};
   generate_request req;
