@@ -1,13 +1,25 @@
 #pragma once
 
-// Least-loaded placement: the baseline policies of the balancers (design.md §4). Pure: value
-// snapshots in, a decision out; ties go to the lowest index, so decisions are deterministic.
+// The baseline and alternative placement policies the seed's policies are compared with
+// (design.md §4; seed 001 §2.1 and seed 002's scheduling table). Pure: value snapshots in, a
+// decision out; ties go to the lowest index, so decisions are deterministic.
 
 #include <cstdint>
+#include <deque>
 #include <optional>
+#include <string>
 #include <vector>
 
 namespace baton::policies {
+
+/// Placement policies selectable by name in the cluster configuration.
+enum class prefill_policy { seed, least_loaded, round_robin, cache_affinity };
+enum class decode_policy { seed, least_loaded, round_robin };
+/// "seed" | "least_loaded" | "round_robin" | "cache_affinity"; nullopt for anything else.
+std::optional<prefill_policy> parse_prefill_policy(const std::string& name);
+std::optional<decode_policy> parse_decode_policy(const std::string& name);
+std::string to_string(prefill_policy p);
+std::string to_string(decode_policy p);
 
 struct prefill_rank_load {
   uint64_t queued_tokens = 0;  ///< prompt tokens accepted but not yet computed
@@ -28,5 +40,61 @@ std::optional<size_t> least_loaded_prefill(const std::vector<prefill_rank_load>&
 /// Among ranks with at least `pages_needed` free pages, the one with the fewest running
 /// sequences (then the most free pages). Never a rank that cannot hold the request.
 std::optional<size_t> least_loaded_decode(const std::vector<decode_rank_load>& ranks, uint32_t pages_needed);
+
+/// The next available rank at or after `cursor` (cyclically); advances the cursor past it.
+std::optional<size_t> round_robin(const std::vector<bool>& available, uint64_t& cursor);
+
+/// Seed 001 §2.1, KV-cache-aware routing: the rank holding the longest cached prefix of this
+/// request (`cached_tokens[i]` on rank i), unless its queue exceeds `max_queued_tokens`, in
+/// which case (or when no rank holds any prefix) the least-loaded rank.
+struct affinity_decision {
+  size_t rank = 0;
+  bool by_affinity = false;  ///< false: fell back to least-loaded
+  uint64_t cached_tokens = 0;
+};
+std::optional<affinity_decision> cache_affinity_prefill(const std::vector<prefill_rank_load>& ranks,
+                                                        const std::vector<uint64_t>& cached_tokens,
+                                                        uint64_t max_queued_tokens);
+
+/// Seed 002, hybrid PD: prompts with fewer than `threshold_tokens` new tokens are prefilled on
+/// the decode rank itself (no KV transfer); longer ones go to the prefill pool. 0 = never.
+inline bool prefill_on_decode_rank(uint64_t new_tokens, uint64_t threshold_tokens) {
+  return new_tokens < threshold_tokens;
+}
+
+/// Seed 002, request-level priority queues: interactive items before batch items, except that
+/// a batch item at the head of its queue is passed over by at most `max_bypass` interactive
+/// items in a row (so batch work is never starved). State has one owner: the queue's holder.
+template <class T>
+class priority_classes {
+ public:
+  explicit priority_classes(uint32_t max_bypass) : max_bypass_(max_bypass) {}
+
+  void push(T item, bool batch) { (batch ? batch_ : interactive_).push_back(std::move(item)); }
+  bool empty() const { return interactive_.empty() && batch_.empty(); }
+  size_t size() const { return interactive_.size() + batch_.size(); }
+
+  std::optional<T> pop() {
+    if (empty()) return std::nullopt;
+    const bool take_batch = !batch_.empty() && (interactive_.empty() || bypassed_ >= max_bypass_);
+    auto& q = take_batch ? batch_ : interactive_;
+    T out = std::move(q.front());
+    q.pop_front();
+    bypassed_ = take_batch ? 0 : (batch_.empty() ? 0 : bypassed_ + 1);
+    return out;
+  }
+
+  /// Visits every queued item (interactive first) — for load reports and keepalives.
+  template <class F>
+  void for_each(F f) const {
+    for (const auto& x : interactive_) f(x);
+    for (const auto& x : batch_) f(x);
+  }
+
+ private:
+  std::deque<T> interactive_, batch_;
+  uint32_t max_bypass_;
+  uint32_t bypassed_ = 0;
+};
 
 }  // namespace baton::policies

@@ -1,0 +1,45 @@
+#pragma once
+
+// Seed 000 §3.2: decode placement in two dimensions. A step's cost has two parts: the batch
+// size (linear and MoE layers, communication) and the total KV length (the attention scan and
+// HBM capacity). Short-context requests go where few sequences run, even if that rank holds a
+// lot of KV; long-context requests go where the KV total is small. Never over KV capacity.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace baton::policies {
+
+struct decode_rank_view {
+  uint32_t num_running = 0;        ///< sequences decoding or holding a lease
+  uint64_t kv_tokens = 0;          ///< tokens of KV held (running + leased)
+  uint64_t kv_free_tokens = 0;     ///< room left, in tokens (whole free pages × page size)
+  uint64_t kv_capacity_tokens = 0;
+  bool available = true;
+};
+
+struct decode_2d_config {
+  /// A request whose context (prompt + output budget) is at least this long counts as long.
+  uint64_t long_context_tokens = 8192;
+  /// Short requests avoid ranks whose KV would be fuller than this fraction after placement
+  /// (when another rank can take them): a nearly full rank is kept for what it already holds.
+  double kv_high_watermark = 0.9;
+
+  std::string validate() const;
+};
+
+struct decode_decision {
+  size_t rank = 0;
+  bool long_context = false;
+  uint32_t rank_running = 0;
+  uint64_t rank_kv_tokens = 0;
+  std::string explain() const;
+};
+
+/// The rank for a request needing `context_tokens` of KV, or nullopt if none can hold it.
+std::optional<decode_decision> place_decode_2d(const std::vector<decode_rank_view>& ranks, uint64_t context_tokens,
+                                               const decode_2d_config& cfg);
+
+}  // namespace baton::policies

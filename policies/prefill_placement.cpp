@@ -1,0 +1,142 @@
+#include "policies/prefill_placement.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+namespace baton::policies {
+
+std::string bucket_config::validate() const {
+  for (size_t i = 0; i < upper_bounds_tokens.size(); ++i)
+    if (upper_bounds_tokens[i] == 0 || (i > 0 && upper_bounds_tokens[i] <= upper_bounds_tokens[i - 1]))
+      return "bucket upper_bounds_tokens must be positive and strictly increasing";
+  if (!(demand_half_life_s > 0)) return "bucket demand_half_life_s must be > 0";
+  if (hysteresis_engines < 0 || hysteresis_fraction < 0) return "bucket hysteresis values must be >= 0";
+  if (min_move_interval_s < 0) return "bucket min_move_interval_s must be >= 0";
+  return {};
+}
+
+bucket_allocator::bucket_allocator(bucket_config cfg, uint32_t num_engines) : cfg_(std::move(cfg)) {
+  demand_.assign(num_buckets(), 0.0);
+  demand_at_s_.assign(num_buckets(), 0.0);
+  for (uint32_t e = 0; e < num_engines; ++e) engine_bucket_.push_back(e % num_buckets());
+}
+
+uint32_t bucket_allocator::bucket_of(uint64_t prompt_tokens) const {
+  const auto& ub = cfg_.upper_bounds_tokens;
+  return static_cast<uint32_t>(std::upper_bound(ub.begin(), ub.end(), prompt_tokens) - ub.begin());
+}
+
+double bucket_allocator::demand(uint32_t bucket, double now_s) const {
+  const double age = std::max(0.0, now_s - demand_at_s_[bucket]);
+  return demand_[bucket] * std::exp2(-age / cfg_.demand_half_life_s);
+}
+
+void bucket_allocator::record_demand(uint32_t bucket, double cost_us, double now_s) {
+  demand_[bucket] = demand(bucket, now_s) + cost_us;
+  demand_at_s_[bucket] = now_s;
+}
+
+std::vector<uint32_t> bucket_allocator::engine_counts() const {
+  std::vector<uint32_t> n(num_buckets(), 0);
+  for (auto b : engine_bucket_) ++n[b];
+  return n;
+}
+
+std::optional<engine_move> bucket_allocator::rebalance(double now_s) {
+  if (engine_bucket_.empty() || now_s - last_move_s_ < cfg_.min_move_interval_s) return std::nullopt;
+  const uint32_t nb = num_buckets();
+  std::vector<double> share(nb);
+  double total = 0.0;
+  for (uint32_t b = 0; b < nb; ++b) total += share[b] = demand(b, now_s);
+  if (total <= 0.0) return std::nullopt;
+  for (auto& s : share) s = s / total * static_cast<double>(engine_bucket_.size());
+  const auto count = engine_counts();
+  auto bar = [&](uint32_t b) { return 0.5 + cfg_.hysteresis_engines + cfg_.hysteresis_fraction * share[b]; };
+  std::optional<uint32_t> to, from;
+  for (uint32_t b = 0; b < nb; ++b) {
+    const double deficit = share[b] - count[b];
+    if (deficit > bar(b) && (!to || deficit > share[*to] - count[*to])) to = b;
+    // A giver keeps its last engine unless it has almost no demand of its own.
+    const bool can_give = count[b] >= 2 || (count[b] == 1 && share[b] < 0.25);
+    const double surplus = count[b] - share[b];
+    if (can_give && surplus > bar(b) && (!from || surplus > count[*from] - share[*from])) from = b;
+  }
+  if (!to || !from) return std::nullopt;
+  // The giver's highest-numbered engine moves (a stable, explainable choice).
+  for (size_t e = engine_bucket_.size(); e-- > 0;)
+    if (engine_bucket_[e] == *from) {
+      engine_bucket_[e] = *to;
+      last_move_s_ = now_s;
+      return engine_move{static_cast<uint32_t>(e), *from, *to};
+    }
+  return std::nullopt;
+}
+
+std::vector<uint32_t> bucket_allocator::engines_for(uint32_t bucket, bool* borrowed) const {
+  const auto count = engine_counts();
+  const auto nb = static_cast<int>(num_buckets());
+  // Distance 0 is the bucket itself; then the nearer neighbours, the shorter one first.
+  for (int d = 0; d < nb; ++d)
+    for (int b : {static_cast<int>(bucket) - d, static_cast<int>(bucket) + d}) {
+      if (b < 0 || b >= nb || count[b] == 0) continue;
+      if (borrowed) *borrowed = d != 0;
+      std::vector<uint32_t> out;
+      for (uint32_t e = 0; e < engine_bucket_.size(); ++e)
+        if (engine_bucket_[e] == static_cast<uint32_t>(b)) out.push_back(e);
+      return out;
+    }
+  return {};
+}
+
+double prefill_engine_view::remaining_quota_us() const {
+  double used = 0.0;
+  for (const auto& r : ranks) used += r.predicted_us;
+  return quota_us - used;
+}
+
+std::string prefill_decision::explain() const {
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "bucket %u%s -> engine %u (remaining quota %.0f us) -> rank %u (predicted load %.0f us); "
+                "this request %.0f us",
+                bucket, borrowed ? " (borrowed)" : "", engine, engine_remaining_quota_us, rank, rank_predicted_us,
+                predicted_us);
+  return buf;
+}
+
+std::optional<prefill_decision> place_prefill(const bucket_allocator& buckets,
+                                              const std::vector<prefill_engine_view>& engines,
+                                              const cost_model& model, uint64_t q, uint64_t c) {
+  prefill_decision d;
+  d.bucket = buckets.bucket_of(q + c);
+  d.predicted_us = model.prefill_us(q, c);
+  std::optional<uint32_t> best_engine;
+  for (uint32_t e : buckets.engines_for(d.bucket, &d.borrowed)) {
+    if (e >= engines.size()) continue;
+    const auto& ev = engines[e];
+    if (std::none_of(ev.ranks.begin(), ev.ranks.end(), [](auto& r) { return r.available; })) continue;
+    if (!best_engine || ev.remaining_quota_us() > engines[*best_engine].remaining_quota_us()) best_engine = e;
+  }
+  if (!best_engine) return std::nullopt;
+  const auto& ev = engines[*best_engine];
+  std::optional<uint32_t> best_rank;
+  for (uint32_t r = 0; r < ev.ranks.size(); ++r) {
+    if (!ev.ranks[r].available) continue;
+    if (!best_rank || ev.ranks[r].predicted_us < ev.ranks[*best_rank].predicted_us) best_rank = r;
+  }
+  d.engine = *best_engine;
+  d.rank = *best_rank;
+  d.engine_remaining_quota_us = ev.remaining_quota_us();
+  d.rank_predicted_us = ev.ranks[*best_rank].predicted_us;
+  return d;
+}
+
+std::vector<uint64_t> engine_step_chunks(const cost_model& m, const std::vector<rank_head>& heads, double budget_us) {
+  std::vector<uint64_t> out;
+  out.reserve(heads.size());
+  for (const auto& h : heads) out.push_back(largest_chunk(m, h.context, h.remaining, budget_us));
+  return out;
+}
+
+}  // namespace baton::policies
