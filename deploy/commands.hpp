@@ -13,4 +13,8 @@ int run_local(const std::vector<std::string>& args);
 /// network layer, with KV over UCX.
 int run_node(const std::vector<std::string>& args);
 
+/// `baton profile`: measures the CPU executor over a grid of prefill and decode shapes, fits
+/// the cost models and writes them, with the samples and held-out error, to a profile file.
+int run_profile(const std::vector<std::string>& args);
+
 }  // namespace baton::deploy

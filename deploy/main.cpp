@@ -16,6 +16,8 @@ const char* usage =
     "            process on the built-in model and answer sample prompts\n"
     "            (--decode-processes N puts the decode ranks in their own processes)\n"
     "  node      one rank in its own process, joined to a head (what `local` starts)\n"
+    "  profile   measure the executor, fit the prefill and decode cost models, write a\n"
+    "            profile file (--out) that balancers and sims load\n"
     "\n"
     "`baton <command> --help` lists a command's flags.\n";
 
@@ -30,6 +32,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 2, argv + argc);
   if (cmd == "local") return baton::deploy::run_local(args);
   if (cmd == "node") return baton::deploy::run_node(args);
+  if (cmd == "profile") return baton::deploy::run_profile(args);
   if (cmd == "--help" || cmd == "-h" || cmd == "help") {
     std::fputs(usage, stdout);
     return 0;

@@ -88,11 +88,19 @@ std::optional<cost_model> fit_cost_model(const std::vector<prefill_sample>& samp
       samples,
       [](const prefill_sample& s) {
         const double q = static_cast<double>(s.q), c = static_cast<double>(s.c);
+        return std::vector<double>{q * q, q * c, q, 1.0};
+      },
+      4, why);
+  if (x && (*x)[3] >= 0.0) return cost_model{(*x)[0], (*x)[1], (*x)[2], (*x)[3]};
+  auto y = fit_relative(
+      samples,
+      [](const prefill_sample& s) {
+        const double q = static_cast<double>(s.q), c = static_cast<double>(s.c);
         return std::vector<double>{q * q, q * c, q};
       },
       3, why);
-  if (!x) return std::nullopt;
-  return cost_model{(*x)[0], (*x)[1], (*x)[2]};
+  if (!y) return std::nullopt;
+  return cost_model{(*y)[0], (*y)[1], (*y)[2], 0.0};
 }
 
 std::optional<decode_cost_model> fit_decode_cost_model(const std::vector<decode_sample>& samples, std::string* why) {

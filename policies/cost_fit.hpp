@@ -39,8 +39,9 @@ struct fit_error {
 std::optional<std::vector<double>> least_squares(const std::vector<std::vector<double>>& rows,
                                                  const std::vector<double>& y, const std::vector<double>& weights);
 
-/// Fits alpha, beta, gamma. Rows are weighted by 1/us, so the fit minimises *relative* error:
-/// timings span orders of magnitude and a 2-token chunk matters as much as a 4K one. `why`
+/// Fits alpha, beta, gamma and delta. Rows are weighted by 1/us, so the fit minimises
+/// *relative* error: timings span orders of magnitude and a 16-token chunk matters as much as a
+/// 2K one. If noise makes delta negative, it is pinned at 0 and the other three refitted. `why`
 /// (when given) receives a sentence on failure.
 std::optional<cost_model> fit_cost_model(const std::vector<prefill_sample>& samples, std::string* why = nullptr);
 std::optional<decode_cost_model> fit_decode_cost_model(const std::vector<decode_sample>& samples,

@@ -8,13 +8,14 @@ namespace baton::policies {
 uint64_t largest_chunk(const cost_model& m, uint64_t cached, uint64_t remaining, double budget_us) {
   if (remaining == 0) return 0;
   if (!m.usable()) return remaining;
-  // alpha·q² + b·q - budget <= 0 with b = beta·c + gamma > 0.
+  // alpha·q² + b·q - room <= 0 with b = beta·c + gamma > 0 and room = budget - delta.
   const double b = m.beta_us * static_cast<double>(cached) + m.gamma_us;
+  const double room = std::max(0.0, budget_us - m.delta_us);
   double q = 0.0;
   if (m.alpha_us > 0.0)
-    q = (-b + std::sqrt(b * b + 4.0 * m.alpha_us * budget_us)) / (2.0 * m.alpha_us);
+    q = (-b + std::sqrt(b * b + 4.0 * m.alpha_us * room)) / (2.0 * m.alpha_us);
   else
-    q = budget_us / b;
+    q = room / b;
   auto n = static_cast<uint64_t>(std::max(0.0, std::floor(q)));
   // Floating point may put the root a hair above the exact boundary: step back until it fits.
   while (n > 1 && m.prefill_us(n, cached) > budget_us) --n;

@@ -10,19 +10,24 @@
 namespace baton::policies {
 
 /// Predicted prefill time of q new tokens on top of c cached ones (seed 000 §3.1):
-///   cost(q, c) = alpha·q² + beta·q·c + gamma·q   [microseconds]
-/// Coefficients are data: fitted from measured timings of the executor in use (cost_fit.hpp).
+///   cost(q, c) = alpha·q² + beta·q·c + gamma·q + delta   [microseconds]
+/// The seed's model plus delta, the fixed cost of one forward pass (every weight is read once
+/// per step): negligible for the seed's GPU-sized chunks, but on the CPU executor a 16-token
+/// chunk costs twice what the three seed terms predict, and leaving delta out biases alpha low.
+/// delta = 0 is exactly the seed's model. Coefficients are data: fitted from measured timings of
+/// the executor in use (cost_fit.hpp).
 struct cost_model {
   double alpha_us = 0.0;  ///< per new-token pair (attention among the new tokens)
   double beta_us = 0.0;   ///< per (new token × cached token) (attention to the prefix)
   double gamma_us = 0.0;  ///< per new token (matrix products)
+  double delta_us = 0.0;  ///< per forward pass (chunk)
 
   double prefill_us(uint64_t q, uint64_t c) const {
     const double qd = static_cast<double>(q), cd = static_cast<double>(c);
-    return alpha_us * qd * qd + beta_us * qd * cd + gamma_us * qd;
+    return alpha_us * qd * qd + beta_us * qd * cd + gamma_us * qd + (q ? delta_us : 0.0);
   }
   /// True when the model predicts a positive, non-decreasing time for every q >= 1 and c >= 0.
-  bool usable() const { return alpha_us >= 0 && beta_us >= 0 && gamma_us > 0; }
+  bool usable() const { return alpha_us >= 0 && beta_us >= 0 && gamma_us > 0 && delta_us >= 0; }
 };
 
 /// Predicted time of one decode step over a batch: fixed cost (weights read once per step) plus

@@ -197,7 +197,7 @@ TEST_CASE("policy names parse, and unknown names are refused") {
 }
 
 TEST_CASE("least-squares fit recovers known alpha, beta, gamma from noisy samples, judged on held-out points") {
-  const cost_model truth{3e-5, 7e-5, 45.0};
+  const cost_model truth{3e-5, 7e-5, 45.0, 800.0};
   std::mt19937_64 rng{42};
   std::normal_distribution<double> noise{0.0, 0.03};  // 3% timing noise
   std::vector<prefill_sample> fit_set, held_out;
@@ -213,6 +213,7 @@ TEST_CASE("least-squares fit recovers known alpha, beta, gamma from noisy sample
   CHECK(fit->alpha_us == doctest::Approx(truth.alpha_us).epsilon(0.10));
   CHECK(fit->beta_us == doctest::Approx(truth.beta_us).epsilon(0.10));
   CHECK(fit->gamma_us == doctest::Approx(truth.gamma_us).epsilon(0.05));
+  CHECK(fit->delta_us == doctest::Approx(truth.delta_us).epsilon(0.25));
   const auto err = evaluate(*fit, held_out);
   CHECK(err.count == held_out.size());
   CHECK(err.mean_rel < 0.06);
@@ -221,6 +222,14 @@ TEST_CASE("least-squares fit recovers known alpha, beta, gamma from noisy sample
   for (uint64_t q : {16, 64, 256, 1024}) no_c.push_back({q, 0, truth.prefill_us(q, 0)});
   CHECK_FALSE(fit_cost_model(no_c, &why));
   CHECK(why.find("do not determine") != std::string::npos);
+  // Without a fixed cost in the data, delta comes out near zero (or is pinned there).
+  std::vector<prefill_sample> seed_form;
+  for (uint64_t q : {16, 64, 256, 1024})
+    for (uint64_t c : {0, 1024, 8192}) seed_form.push_back({q, c, cost_model{3e-5, 7e-5, 45.0}.prefill_us(q, c)});
+  auto f0 = fit_cost_model(seed_form);
+  REQUIRE(f0);
+  CHECK(std::abs(f0->delta_us) < 1.0);
+  CHECK(f0->alpha_us == doctest::Approx(3e-5).epsilon(0.01));
   CHECK_FALSE(fit_cost_model({{1, 1, -5.0}, {2, 2, 1.0}, {3, 3, 1.0}}, &why));
   CHECK(why.find("non-positive") != std::string::npos);
 }

@@ -1,0 +1,117 @@
+#include "deploy/profile_file.hpp"
+
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+namespace baton::deploy {
+
+using nlohmann::json;
+
+std::string write_profile(const std::string& path, const executor_profile& p) {
+  json j;
+  j["format"] = "baton-profile-1";
+  j["executor"] = p.executor;
+  j["model"] = p.model;
+  j["machine"] = p.machine;
+  j["date"] = p.date;
+  j["prefill"] = {{"alpha_us", p.prefill.alpha_us},
+                  {"beta_us", p.prefill.beta_us},
+                  {"gamma_us", p.prefill.gamma_us},
+                  {"delta_us", p.prefill.delta_us},
+                  {"held_out_mean_rel_error", p.prefill_held_out.mean_rel},
+                  {"held_out_max_rel_error", p.prefill_held_out.max_rel},
+                  {"held_out_points", p.prefill_held_out.count}};
+  j["decode"] = {{"step_base_us", p.decode.step_base_us},
+                 {"per_seq_us", p.decode.per_seq_us},
+                 {"per_context_token_us", p.decode.per_context_token_us},
+                 {"held_out_mean_rel_error", p.decode_held_out.mean_rel},
+                 {"held_out_max_rel_error", p.decode_held_out.max_rel},
+                 {"held_out_points", p.decode_held_out.count}};
+  j["prefill_samples"] = json::array();
+  for (const auto& s : p.prefill_samples) j["prefill_samples"].push_back({{"q", s.q}, {"c", s.c}, {"us", s.us}});
+  j["decode_samples"] = json::array();
+  for (const auto& s : p.decode_samples)
+    j["decode_samples"].push_back({{"num_seqs", s.num_seqs}, {"context_tokens", s.context_tokens}, {"us", s.us}});
+  std::ofstream f{path};
+  if (!f) return "cannot write profile file " + path;
+  f << j.dump(2) << '\n';
+  if (!f) return "error while writing profile file " + path;
+  return {};
+}
+
+namespace {
+
+bool read_profile_unchecked(const std::string& path, executor_profile* out, std::string* why) {
+  std::ifstream f{path};
+  if (!f) {
+    *why = "profile file " + path + ": cannot open it";
+    return false;
+  }
+  json j = json::parse(f, nullptr, /*allow_exceptions*/ false);
+  if (j.is_discarded()) {
+    *why = "profile file " + path + ": not valid JSON";
+    return false;
+  }
+  // Reads a required number; names the missing or mistyped key.
+  auto number = [&](const json& obj, const char* section, const char* key, double* dst) {
+    if (!obj.contains(section) || !obj[section].is_object() || !obj[section].contains(key) ||
+        !obj[section][key].is_number()) {
+      *why = "profile file " + path + ": missing or non-numeric " + section + "." + key;
+      return false;
+    }
+    *dst = obj[section][key].get<double>();
+    return true;
+  };
+  if (j.value("format", "") != "baton-profile-1") {
+    *why = "profile file " + path + ": format is not baton-profile-1";
+    return false;
+  }
+  executor_profile p;
+  p.executor = j.value("executor", "");
+  p.model = j.value("model", "");
+  p.machine = j.value("machine", "");
+  p.date = j.value("date", "");
+  if (!number(j, "prefill", "alpha_us", &p.prefill.alpha_us) || !number(j, "prefill", "beta_us", &p.prefill.beta_us) ||
+      !number(j, "prefill", "gamma_us", &p.prefill.gamma_us) ||
+      !number(j, "prefill", "delta_us", &p.prefill.delta_us) ||
+      !number(j, "decode", "step_base_us", &p.decode.step_base_us) ||
+      !number(j, "decode", "per_seq_us", &p.decode.per_seq_us) ||
+      !number(j, "decode", "per_context_token_us", &p.decode.per_context_token_us))
+    return false;
+  number(j, "prefill", "held_out_mean_rel_error", &p.prefill_held_out.mean_rel);
+  number(j, "prefill", "held_out_max_rel_error", &p.prefill_held_out.max_rel);
+  number(j, "decode", "held_out_mean_rel_error", &p.decode_held_out.mean_rel);
+  number(j, "decode", "held_out_max_rel_error", &p.decode_held_out.max_rel);
+  double points = 0;
+  if (number(j, "prefill", "held_out_points", &points)) p.prefill_held_out.count = static_cast<size_t>(points);
+  if (number(j, "decode", "held_out_points", &points)) p.decode_held_out.count = static_cast<size_t>(points);
+  why->clear();
+  if (j.contains("prefill_samples") && j["prefill_samples"].is_array())
+    for (const auto& s : j["prefill_samples"])
+      p.prefill_samples.push_back({s.value("q", uint64_t{0}), s.value("c", uint64_t{0}), s.value("us", 0.0)});
+  if (j.contains("decode_samples") && j["decode_samples"].is_array())
+    for (const auto& s : j["decode_samples"])
+      p.decode_samples.push_back(
+          {s.value("num_seqs", uint64_t{0}), s.value("context_tokens", uint64_t{0}), s.value("us", 0.0)});
+  if (!p.prefill.usable()) {
+    *why = "profile file " + path + ": prefill coefficients are not usable (need alpha, beta >= 0 and gamma > 0)";
+    return false;
+  }
+  *out = std::move(p);
+  return true;
+}
+
+}  // namespace
+
+bool read_profile(const std::string& path, executor_profile* out, std::string* why) {
+  // nlohmann throws on mistyped values inside the sample arrays; no exception leaves here.
+  try {
+    return read_profile_unchecked(path, out, why);
+  } catch (const nlohmann::json::exception& e) {
+    *why = "profile file " + path + ": " + e.what();
+    return false;
+  }
+}
+
+}  // namespace baton::deploy
