@@ -6,18 +6,78 @@
 #include <cstdint>
 #include <string>
 
+#include "policies/cost_model.hpp"
+#include "policies/decode_placement.hpp"
+#include "policies/placement.hpp"
+#include "policies/prefill_placement.hpp"
+
 namespace baton {
+
+/// The built-in model's prefill cost on one CPU executor thread, as `baton profile` measured it
+/// (deploy/profiles/cpu_builtin_1thread.json; held-out error 1.7% mean). Run `baton profile`
+/// on your machine and pass the file to use your own.
+inline policies::cost_model builtin_cpu_cost_model() { return {0.2205, 0.4303, 105.0, 1262.0}; }
 
 struct prefill_rank_config {
   std::string name = "prefill-0";
-  uint32_t chunk_tokens = 64;           ///< prefill chunk size (a time budget replaces it later)
+  /// Chunk size cap in tokens; with step_budget_us = 0, every chunk has exactly this size.
+  uint32_t chunk_tokens = 64;
+  /// Seed 000 §3.1 level 4: each chunk is the largest whose predicted cost fits this budget
+  /// (chunks shrink as the context grows). 0 = fixed chunk_tokens.
+  uint32_t step_budget_us = 0;
+  policies::cost_model cost = builtin_cpu_cost_model();
+  /// Priority classes: a batch prompt waits behind at most this many interactive ones.
+  uint32_t batch_max_bypass = 4;
   uint32_t kv_send_timeout_ms = 2000;   ///< a layer's put pending longer than this fails the request
   uint32_t poll_interval_us = 100;      ///< how often pending puts are polled
 
   std::string validate() const {
     if (name.empty()) return "prefill rank name must not be empty";
     if (chunk_tokens == 0) return "prefill chunk_tokens must be >= 1";
+    if (step_budget_us > 0 && !cost.usable())
+      return "prefill step_budget_us needs a usable cost model (alpha, beta, delta >= 0, gamma > 0)";
     if (kv_send_timeout_ms == 0) return "prefill kv_send_timeout_ms must be >= 1";
+    return {};
+  }
+};
+
+/// How the prefill balancer places prompts (design.md §4).
+struct prefill_balancer_config {
+  /// seed (4 levels, seed 000 §3.1) | least_loaded | round_robin | cache_affinity (seed 001)
+  std::string policy = "seed";
+  policies::cost_model cost = builtin_cpu_cost_model();
+  policies::bucket_config buckets;
+  /// Prefill ranks per engine (DP group), in registration order.
+  uint32_t ranks_per_engine = 1;
+  /// Compute an engine absorbs per scheduling window; remaining quota = this minus the
+  /// predicted time of the work queued on its ranks.
+  double engine_quota_us = 1e6;
+  /// cache_affinity: a rank whose queue is longer than this loses its affinity.
+  uint64_t affinity_max_queued_tokens = 16384;
+  uint32_t decision_log_size = 256;  ///< recent decisions kept for `events`
+
+  std::string validate() const {
+    if (!policies::parse_prefill_policy(policy))
+      return "prefill balancer policy must be seed, least_loaded, round_robin or cache_affinity, got '" + policy + "'";
+    if (ranks_per_engine == 0) return "prefill balancer ranks_per_engine must be >= 1";
+    if (auto e = buckets.validate(); !e.empty()) return "prefill balancer " + e;
+    if (!cost.usable()) return "prefill balancer cost model is not usable";
+    return {};
+  }
+};
+
+/// How the decode balancer places sequences.
+struct decode_balancer_config {
+  std::string policy = "seed";  ///< seed (2D, seed 000 §3.2) | least_loaded | round_robin
+  policies::decode_2d_config two_d;
+  uint32_t page_size_tokens = 16;
+  uint32_t decision_log_size = 256;
+
+  std::string validate() const {
+    if (!policies::parse_decode_policy(policy))
+      return "decode balancer policy must be seed, least_loaded or round_robin, got '" + policy + "'";
+    if (page_size_tokens == 0) return "decode balancer page_size_tokens must be >= 1";
+    if (auto e = two_d.validate(); !e.empty()) return e;
     return {};
   }
 };

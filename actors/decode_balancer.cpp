@@ -4,73 +4,127 @@
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
+#include <algorithm>
 #include <deque>
+#include <optional>
 
 #include "actors/rank_registry.hpp"
+#include "policies/decode_placement.hpp"
 #include "policies/placement.hpp"
-
-#include <algorithm>
-#include <optional>
 
 namespace baton {
 
 namespace {
 
 struct decode_balancer_state {
-  uint32_t page_size_tokens = 16;
+  decode_balancer_config cfg;
+  policies::decode_policy policy = policies::decode_policy::seed;
   rank_registry<decode_rank_actor> registry;
   /// Placements that found no rank (none registered yet, or none with room): retried, oldest
   /// first, after every load report. The requester's place deadline bounds the wait.
   std::deque<parked_placement<decode_placement>> parked;
+  uint64_t rr_cursor = 0;
+  decision_log log;
   static inline const char* name = "baton.decode_balancer";
 };
 
 using pointer = decode_balancer_actor::stateful_pointer<decode_balancer_state>;
 
-/// The least-loaded rank with room for `num_tokens`, counted as its load until its next report.
-std::optional<decode_placement> try_place(pointer self, uint32_t num_tokens) {
-  auto& st = self->state;
-  const uint32_t pages = (num_tokens + st.page_size_tokens - 1) / st.page_size_tokens;
-  std::vector<policies::decode_rank_load> loads;
-  for (const auto& r : st.registry.loads) loads.push_back({r.num_running, r.num_free_pages, r.num_total_pages, true});
-  auto pick = policies::least_loaded_decode(loads, pages);
-  if (!pick) return std::nullopt;
-  auto& r = st.registry.loads[*pick];
-  r.num_running += 1;
-  r.num_free_pages -= pages;
-  return decode_placement{r.name, st.registry.ranks[*pick]};
+uint32_t page_size(const decode_balancer_state& st, const rank_load& r) {
+  return r.page_size_tokens ? r.page_size_tokens : st.cfg.page_size_tokens;
 }
 
-decode_balancer_actor::behavior_type decode_balancer_impl(pointer self, uint32_t page_size_tokens) {
-  self->state.page_size_tokens = page_size_tokens;
+/// The chosen rank with room for the sequence's KV, counted as its load until its next report.
+std::optional<decode_placement> try_place(pointer self, const place_query& q) {
+  auto& st = self->state;
+  const auto& loads = st.registry.loads;
+  std::optional<size_t> pick;
+  std::string why;
+  switch (st.policy) {
+    case policies::decode_policy::seed: {
+      std::vector<policies::decode_rank_view> views;
+      for (const auto& r : loads) {
+        const uint64_t ps = page_size(st, r);
+        views.push_back({r.num_running, r.kv_tokens, uint64_t{r.num_free_pages} * ps, uint64_t{r.num_total_pages} * ps,
+                         true});
+      }
+      // Whole pages: a sequence needs its tokens rounded up to the page size.
+      const uint64_t ps = loads.empty() ? st.cfg.page_size_tokens : page_size(st, loads.front());
+      const uint64_t need = (q.total_tokens + ps - 1) / ps * ps;
+      if (auto d = policies::place_decode_2d(views, need, st.cfg.two_d)) {
+        pick = d->rank;
+        why = "seed 2D: " + d->explain();
+      }
+      break;
+    }
+    case policies::decode_policy::least_loaded:
+    case policies::decode_policy::round_robin: {
+      std::vector<policies::decode_rank_load> views;
+      std::vector<bool> fits;
+      for (const auto& r : loads) {
+        const uint32_t pages = (q.total_tokens + page_size(st, r) - 1) / page_size(st, r);
+        views.push_back({r.num_running, r.num_free_pages >= pages ? r.num_free_pages : 0, r.num_total_pages, true});
+        fits.push_back(r.num_free_pages >= pages);
+      }
+      if (st.policy == policies::decode_policy::least_loaded) {
+        pick = policies::least_loaded_decode(views, 1);
+        why = "least_loaded";
+      } else {
+        pick = policies::round_robin(fits, st.rr_cursor);
+        why = "round_robin";
+      }
+      if (pick) why += ": " + std::to_string(loads[*pick].num_running) + " running";
+      break;
+    }
+  }
+  if (!pick) return std::nullopt;
+  auto& r = st.registry.loads[*pick];
+  const uint32_t ps = page_size(st, r);
+  const uint32_t pages = (q.total_tokens + ps - 1) / ps;
+  r.num_running += 1;
+  r.num_free_pages -= std::min(r.num_free_pages, pages);
+  r.kv_tokens += uint64_t{pages} * ps;
+  why += " [needs " + std::to_string(q.total_tokens) + " tokens]";
+  st.log.add({q.request_id, r.name, why});
+  return decode_placement{r.name, st.registry.ranks[*pick], why};
+}
+
+decode_balancer_actor::behavior_type decode_balancer_impl(pointer self, decode_balancer_config cfg) {
+  auto& st = self->state;
+  st.policy = *policies::parse_decode_policy(cfg.policy);  // validated by the caller
+  st.log.capacity = cfg.decision_log_size;
+  st.cfg = std::move(cfg);
   return {
-      [=](place_atom, uint64_t request_id, uint32_t num_tokens) -> caf::result<decode_placement> {
+      [=](place_atom, place_query& q) -> caf::result<decode_placement> {
         auto& st = self->state;
-        const uint32_t pages = (num_tokens + st.page_size_tokens - 1) / st.page_size_tokens;
-        uint32_t largest = 0;
-        for (const auto& r : st.registry.loads) largest = std::max(largest, r.num_total_pages);
-        if (!st.registry.loads.empty() && pages > largest)
-          return make_error(errc::kv_capacity, where(request_id, "", "place_decode") + ": needs " +
-                                                   std::to_string(pages) + " KV pages, the largest decode rank has " +
+        // Refuse at once what no rank could ever hold, instead of parking it until the deadline.
+        uint64_t largest = 0;
+        for (const auto& r : st.registry.loads)
+          largest = std::max<uint64_t>(largest, uint64_t{r.num_total_pages} * page_size(st, r));
+        if (!st.registry.loads.empty() && q.total_tokens > largest)
+          return make_error(errc::kv_capacity, where(q.request_id, "", "place_decode") + ": needs " +
+                                                   std::to_string(q.total_tokens) +
+                                                   " tokens of KV, the largest decode rank holds " +
                                                    std::to_string(largest) + " in all");
-        if (auto p = try_place(self, num_tokens)) return std::move(*p);
+        if (auto p = try_place(self, q)) return std::move(*p);
         auto promise = self->make_response_promise<decode_placement>();
-        st.parked.push_back({request_id, num_tokens, promise});
+        st.parked.push_back({std::move(q), promise});
         return promise;
       },
       [=](load_atom, rank_load& load, decode_rank_actor& rank) {
         auto& st = self->state;
         st.registry.report(std::move(load), std::move(rank));
-        serve_parked(st.parked, [=](uint32_t num_tokens) { return try_place(self, num_tokens); });
+        serve_parked(st.parked, [=](const place_query& q) { return try_place(self, q); });
       },
       [=](stats_atom) { return self->state.registry.loads; },
+      [=](events_atom) { return self->state.log.snapshot(); },
   };
 }
 
 }  // namespace
 
-decode_balancer_actor spawn_decode_balancer(caf::actor_system& sys, uint32_t page_size_tokens) {
-  return sys.spawn(decode_balancer_impl, page_size_tokens);
+decode_balancer_actor spawn_decode_balancer(caf::actor_system& sys, decode_balancer_config cfg) {
+  return sys.spawn(decode_balancer_impl, std::move(cfg));
 }
 
 }  // namespace baton

@@ -71,10 +71,11 @@ void report_load(decode_pointer self) {
   auto& st = self->state;
   if (!st.balancer) return;
   const auto& pool = st.core.exec->kv();
-  self->send(st.balancer, load_atom::value,
-             rank_load{st.cfg.name, 0, static_cast<uint32_t>(st.leases.size()), pool.num_free_pages(),
-                       pool.layout().num_pages},
-             caf::actor_cast<decode_rank_actor>(self));
+  const auto& layout = pool.layout();
+  rank_load load{st.cfg.name, 0, static_cast<uint32_t>(st.leases.size()), pool.num_free_pages(), layout.num_pages};
+  load.page_size_tokens = layout.page_size_tokens;
+  load.kv_tokens = uint64_t{layout.num_pages - pool.num_free_pages()} * layout.page_size_tokens;
+  self->send(st.balancer, load_atom::value, std::move(load), caf::actor_cast<decode_rank_actor>(self));
 }
 
 void free_lease(decode_pointer self, uint64_t lease_id) {

@@ -18,6 +18,8 @@ std::string local_cluster_config::validate() const {
   if (auto e = prefill.validate(); !e.empty()) return e;
   if (auto e = decode.validate(); !e.empty()) return e;
   if (auto e = router.request.validate(); !e.empty()) return e;
+  if (auto e = prefill_balancer.validate(); !e.empty()) return e;
+  if (auto e = decode_balancer.validate(); !e.empty()) return e;
   // Decode ranks may also join from other processes (`baton node`), so 0 in-process is valid.
   if (num_prefill_ranks == 0) return "need at least one prefill rank";
   if (transport != "loopback" && transport != "ucx")
@@ -48,8 +50,10 @@ local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_co
     return std::shared_ptr<transport::transport>{std::move(t)};
   };
   local_cluster out;
-  out.prefill_balancer = spawn_prefill_balancer(sys);
-  out.decode_balancer = spawn_decode_balancer(sys, cfg.executor.page_size_tokens);
+  out.prefill_balancer = spawn_prefill_balancer(sys, cfg.prefill_balancer);
+  auto dbc = cfg.decode_balancer;
+  dbc.page_size_tokens = cfg.executor.page_size_tokens;
+  out.decode_balancer = spawn_decode_balancer(sys, dbc);
   for (uint32_t i = 0; i < cfg.num_decode_ranks; ++i) {
     auto rc = cfg.decode;
     rc.name = cfg.decode.name + "-" + std::to_string(i);

@@ -30,6 +30,8 @@ struct local_cluster_config {
   gpu::cpu_executor_config executor;
   prefill_rank_config prefill;  ///< name is a prefix: ranks are <name>-0, <name>-1, ...
   decode_rank_config decode;
+  prefill_balancer_config prefill_balancer;
+  decode_balancer_config decode_balancer;  ///< page_size_tokens is taken from `executor`
   router_config router;
 
   local_cluster_config() {

@@ -58,6 +58,9 @@ void register_message_types(caf::actor_system_config& cfg) {
       .add_message_type<rank_load>("baton::rank_load")
       .add_message_type<std::vector<rank_load>>("std::vector<baton::rank_load>")
       .add_message_type<prefill_placement>("baton::prefill_placement")
+      .add_message_type<place_query>("baton::place_query")
+      .add_message_type<placement_record>("baton::placement_record")
+      .add_message_type<std::vector<placement_record>>("std::vector<baton::placement_record>")
       .add_message_type<decode_placement>("baton::decode_placement")
       .add_message_type<std::vector<std::vector<float>>>("std::vector<std::vector<float>>")
       // Actor handles that travel as message elements (load reports, placements, orders).

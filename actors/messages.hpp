@@ -94,12 +94,16 @@ struct completion {
   int64_t prefill_queue_us = 0;  ///< prefill order arrival -> its first chunk starts computing
   int64_t prefill_us = 0;        ///< prefill order sent -> first token back (queue + compute + send)
   int64_t decode_queue_us = 0;   ///< decode order arrival -> joins the batch (waits for KV layers)
+  /// Why the balancers placed the request where they did: policy, inputs and choice.
+  std::string prefill_placement_why;
+  std::string decode_placement_why;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, completion& x) {
   return f(caf::meta::type_name("completion"), x.request_id, x.num_prompt_tokens, x.tokens, x.text,
            x.finish_reason, x.ttft_us, x.tbt_us, x.step_logits, x.prefill_rank, x.decode_rank, x.place_us,
-           x.reserve_us, x.prefill_queue_us, x.prefill_us, x.decode_queue_us);
+           x.reserve_us, x.prefill_queue_us, x.prefill_us, x.decode_queue_us, x.prefill_placement_why,
+           x.decode_placement_why);
 }
 
 // --- KV leases and handoff ---------------------------------------------------------------------
@@ -215,11 +219,28 @@ struct rank_load {
   uint32_t num_running = 0;      ///< prefill: prompts in progress; decode: sequences + leases
   uint32_t num_free_pages = 0;
   uint32_t num_total_pages = 0;
+  uint32_t page_size_tokens = 0;
+  double predicted_us = 0.0;     ///< prefill: predicted time of the queued work (cost model)
+  uint64_t kv_tokens = 0;        ///< decode: KV tokens held by running sequences and leases
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, rank_load& x) {
   return f(caf::meta::type_name("rank_load"), x.name, x.queued_tokens, x.num_running, x.num_free_pages,
-           x.num_total_pages);
+           x.num_total_pages, x.page_size_tokens, x.predicted_us, x.kv_tokens);
+}
+
+/// A request asking a balancer for a rank.
+struct place_query {
+  uint64_t request_id = 0;
+  uint32_t new_tokens = 0;     ///< prompt tokens to compute (q)
+  uint32_t cached_tokens = 0;  ///< prompt tokens whose KV is cached (c)
+  uint32_t total_tokens = 0;   ///< the whole sequence: prompt + max new tokens (decode's KV need)
+  std::string priority = "interactive";
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, place_query& x) {
+  return f(caf::meta::type_name("place_query"), x.request_id, x.new_tokens, x.cached_tokens, x.total_tokens,
+           x.priority);
 }
 
 struct rank_stats {
@@ -282,13 +303,14 @@ struct prefill_order {
   float temperature = 0.0f;
   uint64_t seed = 0;
   bool return_logits = false;
+  bool batch_priority = false;   ///< queued behind interactive prompts (with a starvation bound)
   kv_lease_grant grant;          ///< where each layer's KV goes
   decode_rank_actor decode;      ///< told kv_layer_ready per layer
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, prefill_order& x) {
   return f(caf::meta::type_name("prefill_order"), x.request_id, x.tokens, x.temperature, x.seed,
-           x.return_logits, x.grant, x.decode);
+           x.return_logits, x.batch_priority, x.grant, x.decode);
 }
 
 using prefill_rank_actor = caf::typed_actor<
@@ -306,32 +328,47 @@ using prefill_rank_actor = caf::typed_actor<
 struct prefill_placement {
   std::string name;
   prefill_rank_actor rank;
+  std::string why;  ///< the policy, its inputs and its choice, for the request's record
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, prefill_placement& x) {
-  return f(caf::meta::type_name("prefill_placement"), x.name, x.rank);
+  return f(caf::meta::type_name("prefill_placement"), x.name, x.rank, x.why);
 }
 
 struct decode_placement {
   std::string name;
   decode_rank_actor rank;
+  std::string why;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, decode_placement& x) {
-  return f(caf::meta::type_name("decode_placement"), x.name, x.rank);
+  return f(caf::meta::type_name("decode_placement"), x.name, x.rank, x.why);
 }
 
-/// Places prompts on prefill ranks from their reported loads (policies/placement.hpp).
-using prefill_balancer_actor = caf::typed_actor<
-    caf::replies_to<place_atom, uint64_t, uint32_t>::with<prefill_placement>,  // request id, new tokens
-    caf::reacts_to<load_atom, rank_load, prefill_rank_actor>,
-    caf::replies_to<stats_atom>::with<std::vector<rank_load>>>;
+/// One placement a balancer made, kept (bounded) so it can be explained afterwards.
+struct placement_record {
+  uint64_t request_id = 0;
+  std::string rank;
+  std::string why;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, placement_record& x) {
+  return f(caf::meta::type_name("placement_record"), x.request_id, x.rank, x.why);
+}
 
-/// Places sequences on decode ranks from their reported loads.
+/// Places prompts on prefill ranks from their reported loads (policies/prefill_placement.hpp).
+using prefill_balancer_actor = caf::typed_actor<
+    caf::replies_to<place_atom, place_query>::with<prefill_placement>,
+    caf::reacts_to<load_atom, rank_load, prefill_rank_actor>,
+    caf::replies_to<stats_atom>::with<std::vector<rank_load>>,
+    caf::replies_to<events_atom>::with<std::vector<placement_record>>>;  // recent decisions
+
+/// Places sequences on decode ranks from their reported loads (policies/decode_placement.hpp).
 using decode_balancer_actor = caf::typed_actor<
-    caf::replies_to<place_atom, uint64_t, uint32_t>::with<decode_placement>,   // request id, total tokens
+    caf::replies_to<place_atom, place_query>::with<decode_placement>,
     caf::reacts_to<load_atom, rank_load, decode_rank_actor>,
-    caf::replies_to<stats_atom>::with<std::vector<rank_load>>>;
+    caf::replies_to<stats_atom>::with<std::vector<rank_load>>,
+    caf::replies_to<events_atom>::with<std::vector<placement_record>>>;
 
 using router_actor = caf::typed_actor<caf::replies_to<generate_atom, generate_request>::with<completion>>;
 

@@ -4,59 +4,143 @@
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
+#include <cstdio>
 #include <deque>
+#include <optional>
 
 #include "actors/rank_registry.hpp"
 #include "policies/placement.hpp"
-
-#include <optional>
+#include "policies/prefill_placement.hpp"
 
 namespace baton {
 
 namespace {
 
 struct prefill_balancer_state {
+  prefill_balancer_config cfg;
+  policies::prefill_policy policy = policies::prefill_policy::seed;
   rank_registry<prefill_rank_actor> registry;
   /// Placements that found no rank (none registered yet, or none with room): retried, oldest
   /// first, after every load report. The requester's place deadline bounds the wait.
   std::deque<parked_placement<prefill_placement>> parked;
+  /// Level 1 of the seed policy; rebuilt when the number of engines changes (ranks joining).
+  std::optional<policies::bucket_allocator> buckets;
+  uint64_t rr_cursor = 0;
+  decision_log log;
+  caf::actor_clock::time_point started;
   static inline const char* name = "baton.prefill_balancer";
 };
 
 using pointer = prefill_balancer_actor::stateful_pointer<prefill_balancer_state>;
 
-/// The least-loaded rank for `num_tokens` new tokens, counted as its load until its next report.
-std::optional<prefill_placement> try_place(pointer self, uint32_t num_tokens) {
+double seconds_since_start(pointer self) {
+  return std::chrono::duration<double>(self->clock().now() - self->state.started).count();
+}
+
+std::string fmt(const char* f, double a, double b = 0) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, f, a, b);
+  return buf;
+}
+
+/// Levels 1-3 of seed 000 §3.1 over the registered ranks, grouped into engines of
+/// ranks_per_engine in registration order.
+std::optional<size_t> place_seed(pointer self, const place_query& q, std::string* why) {
+  auto& st = self->state;
+  const uint32_t rpe = st.cfg.ranks_per_engine;
+  const auto num_ranks = st.registry.loads.size();
+  const auto num_engines = static_cast<uint32_t>((num_ranks + rpe - 1) / rpe);
+  if (num_engines == 0) return std::nullopt;
+  if (!st.buckets || st.buckets->engine_buckets().size() != num_engines)
+    st.buckets.emplace(st.cfg.buckets, num_engines);
+  const double now = seconds_since_start(self);
+  std::string moved;
+  if (auto m = st.buckets->rebalance(now))
+    moved = "; moved engine " + std::to_string(m->engine) + " from bucket " + std::to_string(m->from_bucket) +
+            " to " + std::to_string(m->to_bucket);
+  std::vector<policies::prefill_engine_view> engines(num_engines);
+  for (size_t i = 0; i < num_ranks; ++i) {
+    auto& e = engines[i / rpe];
+    e.quota_us = st.cfg.engine_quota_us;
+    e.ranks.push_back({st.registry.loads[i].predicted_us, true});
+  }
+  auto d = policies::place_prefill(*st.buckets, engines, st.cfg.cost, q.new_tokens, q.cached_tokens);
+  if (!d) return std::nullopt;
+  st.buckets->record_demand(d->bucket, d->predicted_us, now);
+  *why = "seed: " + d->explain() + moved;
+  return static_cast<size_t>(d->engine) * rpe + d->rank;
+}
+
+/// The chosen rank for `q` under the configured policy, counted as its load until its next
+/// report (so a burst spreads instead of piling onto the rank that looked idle).
+std::optional<prefill_placement> try_place(pointer self, const place_query& q) {
   auto& st = self->state;
   std::vector<policies::prefill_rank_load> loads;
   for (const auto& r : st.registry.loads) loads.push_back({r.queued_tokens, r.num_running, true});
-  auto pick = policies::least_loaded_prefill(loads);
+  std::optional<size_t> pick;
+  std::string why;
+  switch (st.policy) {
+    case policies::prefill_policy::seed: pick = place_seed(self, q, &why); break;
+    case policies::prefill_policy::least_loaded:
+      pick = policies::least_loaded_prefill(loads);
+      if (pick) why = "least_loaded: " + std::to_string(loads[*pick].queued_tokens) + " queued tokens";
+      break;
+    case policies::prefill_policy::round_robin: {
+      std::vector<bool> avail(loads.size(), true);
+      pick = policies::round_robin(avail, st.rr_cursor);
+      why = "round_robin";
+      break;
+    }
+    case policies::prefill_policy::cache_affinity: {
+      // Where prefixes live is the block index's knowledge (issue 7); until ranks report
+      // cached prefixes, every rank holds none and the policy falls back to least-loaded.
+      std::vector<uint64_t> cached(loads.size(), 0);
+      if (auto d = policies::cache_affinity_prefill(loads, cached, st.cfg.affinity_max_queued_tokens)) {
+        pick = d->rank;
+        why = d->by_affinity ? "cache_affinity: holds " + std::to_string(d->cached_tokens) + " cached tokens"
+                             : "cache_affinity: no rank holds the prefix, least-loaded";
+      }
+      break;
+    }
+  }
   if (!pick) return std::nullopt;
   auto& r = st.registry.loads[*pick];
-  r.queued_tokens += num_tokens;
+  const double cost = st.cfg.cost.prefill_us(q.new_tokens, q.cached_tokens);
+  why += fmt(" [q %.0f, c %.0f]", q.new_tokens, q.cached_tokens);
+  r.queued_tokens += q.new_tokens;
   r.num_running += 1;
-  return prefill_placement{r.name, st.registry.ranks[*pick]};
+  r.predicted_us += cost;
+  st.log.add({q.request_id, r.name, why});
+  return prefill_placement{r.name, st.registry.ranks[*pick], why};
 }
 
-prefill_balancer_actor::behavior_type prefill_balancer_impl(pointer self) {
+prefill_balancer_actor::behavior_type prefill_balancer_impl(pointer self, prefill_balancer_config cfg) {
+  auto& st = self->state;
+  st.policy = *policies::parse_prefill_policy(cfg.policy);  // validated by the caller
+  st.log.capacity = cfg.decision_log_size;
+  st.cfg = std::move(cfg);
+  st.started = self->clock().now();
   return {
-      [=](place_atom, uint64_t request_id, uint32_t num_tokens) -> caf::result<prefill_placement> {
-        if (auto p = try_place(self, num_tokens)) return std::move(*p);
+      [=](place_atom, place_query& q) -> caf::result<prefill_placement> {
+        if (auto p = try_place(self, q)) return std::move(*p);
         auto promise = self->make_response_promise<prefill_placement>();
-        self->state.parked.push_back({request_id, num_tokens, promise});
+        self->state.parked.push_back({std::move(q), promise});
         return promise;
       },
       [=](load_atom, rank_load& load, prefill_rank_actor& rank) {
         auto& st = self->state;
         st.registry.report(std::move(load), std::move(rank));
-        serve_parked(st.parked, [=](uint32_t num_tokens) { return try_place(self, num_tokens); });
+        serve_parked(st.parked, [=](const place_query& q) { return try_place(self, q); });
       },
       [=](stats_atom) { return self->state.registry.loads; },
+      [=](events_atom) { return self->state.log.snapshot(); },
   };
 }
 
 }  // namespace
 
-prefill_balancer_actor spawn_prefill_balancer(caf::actor_system& sys) { return sys.spawn(prefill_balancer_impl); }
+prefill_balancer_actor spawn_prefill_balancer(caf::actor_system& sys, prefill_balancer_config cfg) {
+  return sys.spawn(prefill_balancer_impl, std::move(cfg));
+}
 
 }  // namespace baton

@@ -11,6 +11,8 @@
 
 #include "actors/executor_bridge.hpp"
 #include "gpu/executor.hpp"
+#include "policies/cost_model.hpp"
+#include "policies/placement.hpp"
 #include "gpu/sampling.hpp"
 #include "transport/transport.hpp"
 
@@ -58,7 +60,9 @@ struct prefill_job_state {
   prefill_order order;
   caf::typed_response_promise<prefill_result> promise;
   std::vector<uint32_t> local_pages;
-  uint32_t num_chunks = 0;
+  std::vector<uint32_t> chunk_sizes;  ///< the chunk plan (fixed size, or sized by time budget)
+  uint32_t num_chunks = 0;            ///< chunks that will run (cut short to those submitted on failure)
+  uint32_t chunks_submitted = 0;
   uint32_t chunks_done = 0;
   uint64_t tokens_left = 0;          ///< prompt tokens of chunks not yet computed
   caf::actor_clock::time_point arrived_at;
@@ -82,14 +86,31 @@ struct waiting_order {
   caf::actor_clock::time_point arrived_at;
 };
 
+/// A chunk job in the executor: which request, and how many of its tokens.
+struct chunk_job {
+  uint64_t request_id;
+  uint32_t tokens;
+};
+
+/// Chunk jobs kept in the executor at once: one computing, one queued behind it, so the
+/// executor never idles between chunks while the next chunk is still chosen per step (which
+/// is what lets an interactive prompt overtake a long batch prompt at a chunk boundary).
+constexpr uint32_t max_chunks_in_executor = 2;
+
 struct prefill_state {
   prefill_rank_config cfg;
   rank_core core;
   uint64_t last_job = 0;
   uint64_t num_jobs_done = 0;
-  std::unordered_map<uint64_t, uint64_t> job_to_request;
+  std::unordered_map<uint64_t, chunk_job> job_to_request;
   std::unordered_map<uint64_t, prefill_job_state> requests;
-  std::deque<waiting_order> waiting;  ///< FIFO: accepted, waiting for local KV pages
+  /// Accepted, waiting for local KV pages: interactive first, batch after at most
+  /// cfg.batch_max_bypass interactive prompts.
+  policies::priority_classes<waiting_order> waiting{4};
+  /// Started prompts with chunks left to submit, chosen the same way per chunk. A prompt goes
+  /// back to the head of its class after each chunk, so within a class prompts run in order.
+  policies::priority_classes<uint64_t> runnable{4};
+  uint32_t chunks_in_executor = 0;
   std::vector<pending_put> pending;
   bool poll_scheduled = false;
   prefill_balancer_actor balancer;  ///< told our load after every change (may be null)
@@ -103,27 +124,39 @@ void report_load(prefill_pointer self) {
   auto& st = self->state;
   if (!st.balancer) return;
   uint64_t queued = 0;
-  for (const auto& [id, r] : st.requests) queued += r.tokens_left;
-  for (const auto& w : st.waiting) queued += w.order.tokens.size();
+  double predicted = 0.0;
+  for (const auto& [id, r] : st.requests) {
+    queued += r.tokens_left;
+    uint64_t start = 0;
+    for (uint32_t c = 0; c < r.num_chunks; ++c) {
+      if (c >= r.chunks_done) predicted += st.cfg.cost.prefill_us(r.chunk_sizes[c], start);
+      start += r.chunk_sizes[c];
+    }
+  }
+  st.waiting.for_each([&](const waiting_order& w) {
+    queued += w.order.tokens.size();
+    predicted += st.cfg.cost.prefill_us(w.order.tokens.size(), 0);
+  });
   const auto& kv = st.core.exec->kv();
-  self->send(st.balancer, load_atom::value,
-             rank_load{st.cfg.name, queued, static_cast<uint32_t>(st.requests.size() + st.waiting.size()),
-                       kv.num_free_pages(),
-                       kv.layout().num_pages},
-             caf::actor_cast<prefill_rank_actor>(self));
+  rank_load load{st.cfg.name, queued, static_cast<uint32_t>(st.requests.size() + st.waiting.size()),
+                 kv.num_free_pages(), kv.layout().num_pages};
+  load.page_size_tokens = kv.layout().page_size_tokens;
+  load.predicted_us = predicted;
+  self->send(st.balancer, load_atom::value, std::move(load), caf::actor_cast<prefill_rank_actor>(self));
 }
 
 void drain_waiting(prefill_pointer self);
 
 /// Counts a finished executor job and returns the request it belonged to (forgetting the job).
-std::optional<uint64_t> take_job(prefill_pointer self, uint64_t job_id) {
+std::optional<chunk_job> take_job(prefill_pointer self, uint64_t job_id) {
   auto& st = self->state;
   ++st.num_jobs_done;
   auto j = st.job_to_request.find(job_id);
   if (j == st.job_to_request.end()) return std::nullopt;
-  const uint64_t rid = j->second;
+  const chunk_job cj = j->second;
   st.job_to_request.erase(j);
-  return rid;
+  if (st.chunks_in_executor > 0) --st.chunks_in_executor;
+  return cj;
 }
 
 void finish_if_done(prefill_pointer self, uint64_t request_id) {
@@ -152,6 +185,7 @@ void fail_request(prefill_pointer self, uint64_t request_id, errc code, const st
   if (i == self->state.requests.end() || i->second.failed) return;
   i->second.failed = true;
   i->second.cancelled->store(true);
+  i->second.num_chunks = i->second.chunks_submitted;  // chunks not yet submitted never will be
   i->second.failure = make_error(code, where(request_id, self->state.cfg.name, stage) + ": " + what);
   finish_if_done(self, request_id);
 }
@@ -201,71 +235,102 @@ bool settle(prefill_pointer self, const pending_put& p) {
   return true;
 }
 
-/// Starts a prompt whose local pages are allocated: one executor job per chunk, each of which
-/// posts its layers' puts from the executor thread.
-void launch(prefill_pointer self, waiting_order w, std::vector<uint32_t> pages) {
+/// Submits one chunk of a started prompt. Its layers' puts are posted from the executor thread.
+void submit_chunk(prefill_pointer self, uint64_t rid) {
   auto& st = self->state;
-  auto& order = w.order;
-  const auto rid = order.request_id;
+  auto& r = st.requests.at(rid);
+  const auto& order = r.order;
   const auto& local = st.core.exec->kv().layout();
   const auto& reg = order.grant.region;
   gpu::kv_layout remote_layout{reg.num_layers, reg.num_pages, reg.page_size_tokens, reg.kv_dim};
   transport::region_key remote_key{reg.backend, reg.region_id, reg.size_bytes, reg.packed_key};
   const auto num_tokens = static_cast<uint32_t>(order.tokens.size());
-  const uint32_t chunk = st.cfg.chunk_tokens;
+  const uint32_t c = r.chunks_submitted++;
+  uint32_t start = 0;
+  for (uint32_t k = 0; k < c; ++k) start += r.chunk_sizes[k];
+  const uint32_t end = start + r.chunk_sizes[c];
+  const uint32_t ps = local.page_size_tokens;
+  auto sender = std::make_shared<const chunk_sender>(chunk_sender{
+      rid, c, end == num_tokens, start / ps, (end + ps - 1) / ps, r.local_pages, order.grant.page_ids, local,
+      remote_layout, st.core.pool_key->region_id, remote_key, order.grant.rank});
+  // Runs on the executor thread right after layer `l` is computed, before layer l + 1: the
+  // put is posted in stream order, and the actor polls it.
+  auto on_layer = [sender, xport = st.core.xport, log = st.core.log, exec = st.core.exec, owner = self->address(),
+                   cancelled = r.cancelled](uint64_t, uint32_t l) {
+    log->add({0, "compute_done", sender->request_id, sender->chunk, l, {}, {}});
+    if (cancelled->load()) return;
+    // The last chunk completes layer l of the whole prompt: its checksum goes with the
+    // layer-ready signal so the decode rank can prove the layer landed intact.
+    const uint64_t checksum =
+        sender->last ? std::max<uint64_t>(1, exec->kv().kv_layer_checksum(l, sender->local_pages, sender->end_page)) : 0;
+    const uint64_t xfer = xport->post_put(sender->put_for_layer(l));
+    log->add({0, "send_posted", sender->request_id, sender->chunk, l, {}, {}});
+    if (auto h = caf::actor_cast<caf::actor>(owner))
+      caf::anon_send(h, xfer_atom::value, sender->request_id, l, xfer, checksum);
+  };
+  const uint64_t job_id = ++st.last_job;
+  st.job_to_request[job_id] = chunk_job{rid, end - start};
+  ++st.chunks_in_executor;
+  gpu::forward_job job{job_id, {gpu::forward_seq{rid, {order.tokens.begin() + start, order.tokens.begin() + end},
+                                                 start, r.local_pages, end == num_tokens}}};
+  st.core.exec->submit(std::move(job),
+                       std::make_shared<forwarding_sink>(self->address(), std::move(on_layer), /*report_start*/ c == 0));
+}
+
+/// Keeps the executor fed: picks the next chunk by priority class while fewer than
+/// max_chunks_in_executor are in it.
+void pump(prefill_pointer self) {
+  auto& st = self->state;
+  while (st.chunks_in_executor < max_chunks_in_executor) {
+    auto rid = st.runnable.pop();
+    if (!rid) return;
+    auto i = st.requests.find(*rid);
+    if (i == st.requests.end() || i->second.failed || i->second.chunks_submitted >= i->second.chunk_sizes.size())
+      continue;
+    submit_chunk(self, *rid);
+    if (i->second.chunks_submitted < i->second.chunk_sizes.size())
+      st.runnable.push_front(*rid, i->second.order.batch_priority);
+  }
+}
+
+/// Starts a prompt whose local pages are allocated: plans its chunks and makes it runnable.
+void launch(prefill_pointer self, waiting_order w, std::vector<uint32_t> pages) {
+  auto& st = self->state;
+  const auto rid = w.order.request_id;
+  const auto num_tokens = static_cast<uint32_t>(w.order.tokens.size());
   auto& r = st.requests[rid];
   r.promise = std::move(w.promise);
-  r.local_pages = pages;
-  r.num_chunks = (num_tokens + chunk - 1) / chunk;
+  r.local_pages = std::move(pages);
+  // Seed 000 §3.1 level 4: with a step budget, each chunk is the largest whose predicted cost
+  // fits it, so chunks shrink as the context grows; chunk_tokens caps them either way.
+  if (st.cfg.step_budget_us > 0)
+    r.chunk_sizes = policies::plan_chunks(st.cfg.cost, 0, num_tokens, st.cfg.step_budget_us, st.cfg.chunk_tokens);
+  else
+    for (uint32_t done = 0; done < num_tokens; done += st.cfg.chunk_tokens)
+      r.chunk_sizes.push_back(std::min(st.cfg.chunk_tokens, num_tokens - done));
+  r.num_chunks = static_cast<uint32_t>(r.chunk_sizes.size());
+  const auto& local = st.core.exec->kv().layout();
   r.puts_done.assign(local.num_layers, 0);
   r.checksums.assign(local.num_layers, 0);
   r.tokens_left = num_tokens;
   r.arrived_at = w.arrived_at;
-  const uint32_t ps = local.page_size_tokens;
-  for (uint32_t c = 0; c < r.num_chunks; ++c) {
-    const uint32_t start = c * chunk, end = std::min(num_tokens, start + chunk);
-    auto sender = std::make_shared<const chunk_sender>(chunk_sender{
-        rid, c, end == num_tokens, start / ps, (end + ps - 1) / ps, pages, order.grant.page_ids, local, remote_layout,
-        st.core.pool_key->region_id, remote_key, order.grant.rank});
-    // Runs on the executor thread right after layer `l` is computed, before layer l + 1: the
-    // put is posted in stream order, and the actor polls it.
-    auto on_layer = [sender, xport = st.core.xport, log = st.core.log, exec = st.core.exec, owner = self->address(),
-                     cancelled = r.cancelled](uint64_t, uint32_t l) {
-      log->add({0, "compute_done", sender->request_id, sender->chunk, l, {}, {}});
-      if (cancelled->load()) return;
-      // The last chunk completes layer l of the whole prompt: its checksum goes with the
-      // layer-ready signal so the decode rank can prove the layer landed intact.
-      const uint64_t checksum =
-          sender->last ? std::max<uint64_t>(1, exec->kv().kv_layer_checksum(l, sender->local_pages, sender->end_page)) : 0;
-      const uint64_t xfer = xport->post_put(sender->put_for_layer(l));
-      log->add({0, "send_posted", sender->request_id, sender->chunk, l, {}, {}});
-      if (auto h = caf::actor_cast<caf::actor>(owner))
-        caf::anon_send(h, xfer_atom::value, sender->request_id, l, xfer, checksum);
-    };
-    const uint64_t job_id = ++st.last_job;
-    st.job_to_request[job_id] = rid;
-    gpu::forward_job job{job_id, {gpu::forward_seq{rid, {order.tokens.begin() + start, order.tokens.begin() + end},
-                                                   start, pages, end == num_tokens}}};
-    st.core.exec->submit(std::move(job),
-                    std::make_shared<forwarding_sink>(self->address(), std::move(on_layer), /*report_start*/ c == 0));
-  }
-  r.order = std::move(order);
+  const bool batch = w.order.batch_priority;
+  r.order = std::move(w.order);
+  st.runnable.push(rid, batch);
 }
 
-/// Starts waiting prompts, oldest first, while local KV pages last. While a prompt waits, the
-/// keepalive tick renews its lease at the decode rank (a lease otherwise lives only as long as
-/// progress: once computing, every landed layer renews it).
+/// Starts waiting prompts, in priority order, while local KV pages last; then feeds the
+/// executor. While a prompt waits, the keepalive tick renews its lease at the decode rank (a
+/// lease otherwise lives only as long as progress: once computing, every landed layer renews it).
 void drain_waiting(prefill_pointer self) {
   auto& st = self->state;
   auto& kv = st.core.exec->kv();
-  while (!st.waiting.empty()) {
-    auto& w = st.waiting.front();
-    auto pages = kv.kv_page_alloc(kv.pages_for_tokens(static_cast<uint32_t>(w.order.tokens.size())));
+  while (const auto* w = st.waiting.peek()) {
+    auto pages = kv.kv_page_alloc(kv.pages_for_tokens(static_cast<uint32_t>(w->order.tokens.size())));
     if (!pages) break;
-    auto entry = std::move(w);
-    st.waiting.pop_front();
-    launch(self, std::move(entry), std::move(*pages));
+    launch(self, std::move(*st.waiting.pop()), std::move(*pages));
   }
+  pump(self);
   report_load(self);
 }
 
@@ -274,7 +339,7 @@ void schedule_keepalive(prefill_pointer self) {
   auto& st = self->state;
   if (st.keepalive_scheduled || st.waiting.empty()) return;
   uint32_t lease_ms = UINT32_MAX;
-  for (const auto& w : st.waiting) lease_ms = std::min(lease_ms, w.order.grant.lease_ms);
+  st.waiting.for_each([&](const waiting_order& w) { lease_ms = std::min(lease_ms, w.order.grant.lease_ms); });
   st.keepalive_scheduled = true;
   self->delayed_send(self, std::chrono::milliseconds{std::max<uint32_t>(1, lease_ms / 3)}, keepalive_atom::value);
 }
@@ -285,9 +350,9 @@ caf::result<prefill_result> accept_prefill(prefill_pointer self, prefill_order o
   const auto rid = order.request_id;
   const auto stage = where(rid, st.cfg.name, "prefill");
   if (!st.core.setup_error.empty()) return make_error(errc::executor_failed, stage + ": " + st.core.setup_error);
-  if (st.requests.count(rid) ||
-      std::any_of(st.waiting.begin(), st.waiting.end(), [&](auto& w) { return w.order.request_id == rid; }))
-    return make_error(errc::bad_request, stage + ": request id already in progress");
+  bool duplicate = st.requests.count(rid) > 0;
+  st.waiting.for_each([&](const waiting_order& w) { duplicate = duplicate || w.order.request_id == rid; });
+  if (duplicate) return make_error(errc::bad_request, stage + ": request id already in progress");
   auto& kv = st.core.exec->kv();
   const auto& local = kv.layout();
   const auto& reg = order.grant.region;
@@ -309,7 +374,8 @@ caf::result<prefill_result> accept_prefill(prefill_pointer self, prefill_order o
     return make_error(errc::kv_capacity, stage + ": the prompt needs " + std::to_string(num_pages) +
                                              " KV pages, this rank has " + std::to_string(local.num_pages) + " in all");
   auto promise = self->make_response_promise<prefill_result>();
-  st.waiting.push_back(waiting_order{std::move(order), promise, self->clock().now()});
+  const bool batch = order.batch_priority;
+  st.waiting.push(waiting_order{std::move(order), promise, self->clock().now()}, batch);
   drain_waiting(self);
   schedule_keepalive(self);
   return promise;
@@ -321,6 +387,8 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
                                                     prefill_balancer_actor balancer) {
   auto& st = self->state;
   st.balancer = std::move(balancer);
+  st.waiting = policies::priority_classes<waiting_order>{cfg.batch_max_bypass};
+  st.runnable = policies::priority_classes<uint64_t>{cfg.batch_max_bypass};
   st.cfg = std::move(cfg);
   st.core.start(self, std::move(exec), std::move(xport));
   report_load(self);  // registers this rank with its balancer
@@ -336,13 +404,15 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
       [=](events_atom) { return self->state.core.log->snapshot(); },
       [=](exec_done_atom, uint64_t job_id, std::vector<std::vector<float>>& logits) {
         auto& s = self->state;
-        const auto rid = take_job(self, job_id);
-        if (!rid) return;
+        const auto cj = take_job(self, job_id);
+        if (!cj) return;
+        pump(self);
+        const auto rid = &cj->request_id;
         auto i = s.requests.find(*rid);
         if (i == s.requests.end()) return;
         auto& r = i->second;
         ++r.chunks_done;
-        r.tokens_left -= std::min<uint64_t>(r.tokens_left, s.cfg.chunk_tokens);
+        r.tokens_left -= std::min<uint64_t>(r.tokens_left, cj->tokens);
         if (r.chunks_done == r.num_chunks && !logits.empty() && !logits[0].empty()) {
           gpu::sampling_config sc{r.order.temperature, r.order.seed};
           r.first_token = gpu::sample_token(logits[0], sc, static_cast<uint32_t>(r.order.tokens.size()));
@@ -352,17 +422,19 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
         finish_if_done(self, *rid);
       },
       [=](exec_fail_atom, uint64_t job_id, std::string& what) {
-        const auto rid = take_job(self, job_id);
-        if (!rid) return;
-        if (auto i = self->state.requests.find(*rid); i != self->state.requests.end()) ++i->second.chunks_done;
-        fail_request(self, *rid, errc::executor_failed, "prefill", what);
-        finish_if_done(self, *rid);
+        const auto cj = take_job(self, job_id);
+        if (!cj) return;
+        if (auto i = self->state.requests.find(cj->request_id); i != self->state.requests.end())
+          ++i->second.chunks_done;
+        fail_request(self, cj->request_id, errc::executor_failed, "prefill", what);
+        finish_if_done(self, cj->request_id);
+        pump(self);
       },
       [=](exec_start_atom, uint64_t job_id) {
         auto& s = self->state;
         auto j = s.job_to_request.find(job_id);
         if (j == s.job_to_request.end()) return;
-        if (auto i = s.requests.find(j->second); i != s.requests.end())
+        if (auto i = s.requests.find(j->second.request_id); i != s.requests.end())
           i->second.queue_us =
               std::chrono::duration_cast<std::chrono::microseconds>(self->clock().now() - i->second.arrived_at).count();
       },
@@ -379,8 +451,9 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
       [=](keepalive_atom) {
         auto& s = self->state;
         s.keepalive_scheduled = false;
-        for (const auto& w : s.waiting)
+        s.waiting.for_each([&](const waiting_order& w) {
           self->send(w.order.decode, keepalive_atom::value, w.order.request_id, w.order.grant.lease_id);
+        });
         schedule_keepalive(self);
       },
       [=](poll_atom) {

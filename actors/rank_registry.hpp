@@ -1,6 +1,7 @@
 #pragma once
 
 #include <deque>
+#include <string>
 #include <vector>
 
 #include <caf/typed_response_promise.hpp>
@@ -31,20 +32,30 @@ struct rank_registry {
 /// A placement request waiting for a rank that can take it.
 template <class Placement>
 struct parked_placement {
-  uint64_t request_id = 0;
-  uint32_t num_tokens = 0;
+  place_query query;
   caf::typed_response_promise<Placement> promise;
 };
 
-/// Serves parked placements, oldest first, while `try_place(num_tokens)` finds a rank.
+/// Serves parked placements, oldest first, while `try_place(query)` finds a rank.
 template <class Placement, class TryPlace>
 void serve_parked(std::deque<parked_placement<Placement>>& parked, TryPlace try_place) {
   while (!parked.empty()) {
-    auto placed = try_place(parked.front().num_tokens);
+    auto placed = try_place(parked.front().query);
     if (!placed) return;
     parked.front().promise.deliver(std::move(*placed));
     parked.pop_front();
   }
 }
+
+/// The balancers' bounded record of recent decisions (`events` answers with it).
+struct decision_log {
+  std::deque<placement_record> records;
+  size_t capacity = 256;
+  void add(placement_record r) {
+    records.push_back(std::move(r));
+    while (records.size() > capacity) records.pop_front();
+  }
+  std::vector<placement_record> snapshot() const { return {records.begin(), records.end()}; }
+};
 
 }  // namespace baton

@@ -122,8 +122,9 @@ void start_prefill(request_pointer self, kv_lease_grant grant) {
   auto& st = self->state;
   auto& p = st.plan;
   st.out.reserve_us = lap(self);
-  prefill_order order{p.request_id, p.prompt_tokens, p.params.temperature, p.params.seed, p.params.return_logits,
-                      std::move(grant), st.decode};
+  prefill_order order{p.request_id,      p.prompt_tokens,           p.params.temperature,
+                      p.params.seed,     p.params.return_logits,    p.params.priority == "batch",
+                      std::move(grant),  st.decode};
   self->request(st.prefill, std::chrono::milliseconds{p.cfg.prefill_timeout_ms}, std::move(order))
       .then(
           [=](prefill_result& r) {
@@ -169,20 +170,23 @@ void place(request_pointer self) {
   auto& st = self->state;
   const auto& p = st.plan;
   const auto timeout = std::chrono::milliseconds{p.cfg.place_timeout_ms};
-  const auto total = static_cast<uint32_t>(p.prompt_tokens.size() + p.params.max_tokens);
-  self->request(p.decode_balancer, timeout, place_atom::value, p.request_id, total)
+  // No prefix cache yet (the block store, issue 7): every prompt token is new.
+  place_query q{p.request_id, static_cast<uint32_t>(p.prompt_tokens.size()), 0,
+                static_cast<uint32_t>(p.prompt_tokens.size() + p.params.max_tokens), p.params.priority};
+  self->request(p.decode_balancer, timeout, place_atom::value, q)
       .then(
           [=](decode_placement& d) {
             auto& st = self->state;
             st.decode_name = d.name;
             st.decode = d.rank;
+            st.out.decode_placement_why = std::move(d.why);
             const auto& p = st.plan;
-            self->request(p.prefill_balancer, std::chrono::milliseconds{p.cfg.place_timeout_ms}, place_atom::value,
-                          p.request_id, static_cast<uint32_t>(p.prompt_tokens.size()))
+            self->request(p.prefill_balancer, std::chrono::milliseconds{p.cfg.place_timeout_ms}, place_atom::value, q)
                 .then(
                     [=](prefill_placement& pp) {
                       self->state.prefill_name = pp.name;
                       self->state.prefill = pp.rank;
+                      self->state.out.prefill_placement_why = std::move(pp.why);
                       reserve(self);
                     },
                     [=](caf::error& err) {

@@ -71,16 +71,24 @@ class priority_classes {
   explicit priority_classes(uint32_t max_bypass) : max_bypass_(max_bypass) {}
 
   void push(T item, bool batch) { (batch ? batch_ : interactive_).push_back(std::move(item)); }
+  /// Puts an item back at the head of its class (it continues before others of its class).
+  void push_front(T item, bool batch) { (batch ? batch_ : interactive_).push_front(std::move(item)); }
   bool empty() const { return interactive_.empty() && batch_.empty(); }
   size_t size() const { return interactive_.size() + batch_.size(); }
 
+  /// The item pop() would return, without taking it (nullptr when empty).
+  const T* peek() const {
+    if (empty()) return nullptr;
+    return take_batch() ? &batch_.front() : &interactive_.front();
+  }
+
   std::optional<T> pop() {
     if (empty()) return std::nullopt;
-    const bool take_batch = !batch_.empty() && (interactive_.empty() || bypassed_ >= max_bypass_);
-    auto& q = take_batch ? batch_ : interactive_;
+    const bool from_batch = take_batch();
+    auto& q = from_batch ? batch_ : interactive_;
     T out = std::move(q.front());
     q.pop_front();
-    bypassed_ = take_batch ? 0 : (batch_.empty() ? 0 : bypassed_ + 1);
+    bypassed_ = from_batch ? 0 : (batch_.empty() ? 0 : bypassed_ + 1);
     return out;
   }
 
@@ -92,6 +100,8 @@ class priority_classes {
   }
 
  private:
+  bool take_batch() const { return !batch_.empty() && (interactive_.empty() || bypassed_ >= max_bypass_); }
+
   std::deque<T> interactive_, batch_;
   uint32_t max_bypass_;
   uint32_t bypassed_ = 0;

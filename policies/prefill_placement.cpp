@@ -19,7 +19,7 @@ std::string bucket_config::validate() const {
 bucket_allocator::bucket_allocator(bucket_config cfg, uint32_t num_engines) : cfg_(std::move(cfg)) {
   demand_.assign(num_buckets(), 0.0);
   demand_at_s_.assign(num_buckets(), 0.0);
-  for (uint32_t e = 0; e < num_engines; ++e) engine_bucket_.push_back(e % num_buckets());
+  engine_bucket_.assign(num_engines, 0);
 }
 
 uint32_t bucket_allocator::bucket_of(uint64_t prompt_tokens) const {
@@ -44,7 +44,7 @@ std::vector<uint32_t> bucket_allocator::engine_counts() const {
 }
 
 std::optional<engine_move> bucket_allocator::rebalance(double now_s) {
-  if (engine_bucket_.empty() || now_s - last_move_s_ < cfg_.min_move_interval_s) return std::nullopt;
+  if (engine_bucket_.empty()) return std::nullopt;
   const uint32_t nb = num_buckets();
   std::vector<double> share(nb);
   double total = 0.0;
@@ -63,6 +63,10 @@ std::optional<engine_move> bucket_allocator::rebalance(double now_s) {
     if (can_give && surplus > bar(b) && (!from || surplus > count[*from] - share[*from])) from = b;
   }
   if (!to || !from) return std::nullopt;
+  // Within the settling interval only an urgent move happens: the receiver is more than a whole
+  // engine short beyond the hysteresis (a cold start, or demand that jumped).
+  if (now_s - last_move_s_ < cfg_.min_move_interval_s && share[*to] - count[*to] <= bar(*to) + 1.0)
+    return std::nullopt;
   // The giver's highest-numbered engine moves (a stable, explainable choice).
   for (size_t e = engine_bucket_.size(); e-- > 0;)
     if (engine_bucket_[e] == *from) {

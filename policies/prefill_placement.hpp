@@ -33,7 +33,7 @@ struct bucket_config {
   /// which grows with the share.
   double hysteresis_engines = 0.25;
   double hysteresis_fraction = 0.1;
-  /// At least this long between two moves (settling time for the demand estimate).
+  /// At least this long between two non-urgent moves (settling time for the demand estimate).
   double min_move_interval_s = 300.0;
 
   std::string validate() const;
@@ -45,10 +45,11 @@ struct engine_move {
   uint32_t to_bucket = 0;
 };
 
-/// Level 1. Engines start spread over the buckets round-robin from bucket 0 (so the short
-/// bucket, usually the busiest, gets the most); rebalance() moves one engine at a time toward
-/// each bucket's share of the demand. A bucket with demand is never starved: while it owns no
-/// engine its requests borrow the nearest bucket's engines, and it gets the next move.
+/// Level 1. Engines start in bucket 0 (short prompts, usually the bulk); rebalance() moves one
+/// engine at a time toward each bucket's share of the demand: at once while a bucket is more
+/// than a whole engine short, otherwise at most once per min_move_interval_s. A bucket with
+/// demand is never starved: while it owns no engine its requests borrow the nearest bucket's
+/// engines, and its demand wins it an engine.
 class bucket_allocator {
  public:
   bucket_allocator(bucket_config cfg, uint32_t num_engines);

@@ -102,7 +102,8 @@ TEST_CASE("load spreads over 2 prefill and 2 decode ranks, and placement follows
   // consecutive prompts alternate between the two idle ranks.
   std::vector<std::string> placed;
   for (int i = 0; i < 4; ++i)
-    self->request(cluster.prefill_balancer, std::chrono::seconds{10}, place_atom::value, uint64_t{100} + i, 256u)
+    self->request(cluster.prefill_balancer, std::chrono::seconds{10}, place_atom::value,
+                  place_query{uint64_t{100} + i, 256u, 0u, 262u})
         .receive([&](prefill_placement& p) { placed.push_back(p.name); }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
   CHECK(placed == std::vector<std::string>{"prefill-0", "prefill-1", "prefill-0", "prefill-1"});
   // Reports bring the balancer's view back to the ranks' real (idle) state.
@@ -129,6 +130,7 @@ TEST_CASE("load spreads over 2 prefill and 2 decode ranks, and placement follows
 
   // A rank that reports itself busy gets no new work until it reports otherwise.
   auto busy = rank_load{"prefill-0", 1000000, 50, 128, 128};
+  busy.predicted_us = 1e9;
   self->send(cluster.prefill_balancer, load_atom::value, busy, cluster.prefill[0].handle);
   auto full = rank_load{"decode-1", 0, 0, 0, 64};  // no free pages
   self->send(cluster.decode_balancer, load_atom::value, full, cluster.decode[1].handle);

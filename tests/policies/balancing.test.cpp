@@ -251,7 +251,7 @@ TEST_CASE("decode step model fit recovers a known base, per-sequence and per-tok
 TEST_CASE("bucket engine counts follow a shift in demand and come back") {
   bucket_config cfg;  // defaults: 120 s between moves, 300 s half-life
   bucket_allocator b{cfg, 8};
-  CHECK(b.engine_counts() == std::vector<uint32_t>{2, 2, 2, 2});
+  CHECK(b.engine_counts() == std::vector<uint32_t>{8, 0, 0, 0});
   CHECK(b.bucket_of(16383) == 0);
   CHECK(b.bucket_of(16384) == 1);
   CHECK(b.bucket_of(300000) == 3);
@@ -304,7 +304,7 @@ TEST_CASE("under steady Poisson load, at most one engine move per bucket per vir
     }
   }
   for (const auto& [key, n] : moves_per_hour_bucket) CHECK_MESSAGE(n <= 1, "hour " << key.first << " bucket " << key.second);
-  // The counts did move from the initial 4/4/4/4 toward the demand shares (about 1.2, 2.7,
+  // The counts did move from the initial 16/0/0/0 toward the demand shares (about 1.2, 2.7,
   // 5.2, 6.7 engines), and every bucket with demand owns an engine.
   const auto counts = b.engine_counts();
   INFO(counts[0] << " " << counts[1] << " " << counts[2] << " " << counts[3]);
