@@ -15,6 +15,7 @@
 #include "deploy/commands.hpp"
 #include "deploy/flags.hpp"
 #include "deploy/processes.hpp"
+#include "deploy/profile_file.hpp"
 #include "gpu/byte_tokenizer.hpp"
 
 namespace baton::deploy {
@@ -22,7 +23,12 @@ namespace baton::deploy {
 namespace {
 
 struct local_options {
-  local_cluster_config cluster;
+  local_cluster_config cluster = [] {
+    local_cluster_config c;
+    c.prefill.step_budget_us = 20000;  // seed 000 §3.1 level 4: 20 ms steps
+    c.prefill.chunk_tokens = 512;      // a cap; the budget sizes the chunks
+    return c;
+  }();
   std::vector<std::string> prompts = {
       "The capital of France is",
       "def fibonacci(n):",
@@ -38,6 +44,8 @@ struct local_options {
   uint32_t timeout_ms = 120000;
   bool quiet = false;              ///< only the summary
   bool ignore_eos = false;         ///< always generate max_tokens (throughput runs)
+  bool explain = false;            ///< print each placement's reasons
+  std::string profile;             ///< cost-model profile file; empty = built-in CPU profile
 };
 
 double mean(const std::vector<int64_t>& xs) {
@@ -70,7 +78,15 @@ int run_local(const std::vector<std::string>& args) {
   flags.add("--executor-threads", &opt.cluster.executor.num_threads, "math threads per rank's executor");
   flags.add("--kv-pages", &opt.cluster.executor.num_kv_pages, "KV pages per rank");
   flags.add("--page-tokens", &opt.cluster.executor.page_size_tokens, "tokens per KV page");
-  flags.add("--chunk-tokens", &opt.cluster.prefill.chunk_tokens, "prefill chunk size in tokens");
+  flags.add("--chunk-tokens", &opt.cluster.prefill.chunk_tokens, "largest prefill chunk, in tokens");
+  flags.add("--step-budget-us", &opt.cluster.prefill.step_budget_us,
+            "size each prefill chunk to this predicted time (0 = fixed --chunk-tokens)");
+  flags.add("--profile", &opt.profile, "cost-model profile from `baton profile` (default: the built-in CPU one)");
+  flags.add("--prefill-policy", &opt.cluster.prefill_balancer.policy,
+            "prefill placement: seed | least_loaded | round_robin | cache_affinity");
+  flags.add("--decode-policy", &opt.cluster.decode_balancer.policy, "decode placement: seed | least_loaded | round_robin");
+  flags.add("--ranks-per-engine", &opt.cluster.prefill_balancer.ranks_per_engine, "prefill ranks per engine (DP group)");
+  flags.add("--explain", &opt.explain, "print why each request was placed where it was");
   flags.add("--weights-seed", &opt.cluster.weights_seed, "seed of the built-in model's weights");
   flags.add("--prompt", &opt.prompts, "a prompt to answer (repeat for several)");
   flags.add("--max-tokens", &opt.max_tokens, "tokens to generate per prompt");
@@ -85,6 +101,15 @@ int run_local(const std::vector<std::string>& args) {
             "run this many decode ranks as separate `baton node` processes (KV over UCX) instead of in-process");
   flags.add("--ignore-eos", &opt.ignore_eos, "generate max-tokens even past <eos>");
   if (auto rc = flags.parse_command_line(args, "local", "baton local [flags]")) return *rc;
+  if (!opt.profile.empty()) {
+    executor_profile prof;
+    std::string why;
+    if (!read_profile(opt.profile, &prof, &why)) {
+      std::fprintf(stderr, "baton local: %s\n", why.c_str());
+      return 2;
+    }
+    opt.cluster.prefill.cost = opt.cluster.prefill_balancer.cost = prof.prefill;
+  }
   if (opt.decode_processes > 0) {
     opt.cluster.num_decode_ranks = 0;  // they join from their own processes
     opt.cluster.transport = "ucx";     // loopback cannot cross processes
@@ -205,6 +230,9 @@ int run_local(const std::vector<std::string>& args) {
           std::printf("  output : %s\n", gpu::byte_tokenizer::escape(c.text).c_str());
           std::printf("  tokens : %zu (%s)   TTFT %.3f ms   mean TBT %.3f ms\n", c.tokens.size(),
                       c.finish_reason.c_str(), static_cast<double>(c.ttft_us) / 1000.0, mean(c.tbt_us) / 1000.0);
+          if (opt.explain)
+            std::printf("  placed : prefill %s\n           decode  %s\n", c.prefill_placement_why.c_str(),
+                        c.decode_placement_why.c_str());
         },
         [&](const caf::error& err) {
           ++failures;

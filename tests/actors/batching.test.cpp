@@ -144,3 +144,50 @@ TEST_CASE("load spreads over 2 prefill and 2 decode ranks, and placement follows
     CHECK(got->decode_rank == "decode-0");
   }
 }
+
+TEST_CASE("placement policies are chosen by name, and every decision is explained in the completion and the balancer's log") {
+  {
+    local_cluster_config bad;
+    bad.prefill_balancer.policy = "fastest";
+    CHECK(bad.validate().find("prefill balancer policy must be seed, least_loaded, round_robin or cache_affinity, got 'fastest'") !=
+          std::string::npos);
+    bad = {};
+    bad.decode_balancer.policy = "random";
+    CHECK(bad.validate().find("got 'random'") != std::string::npos);
+  }
+  for (const std::string policy : {"seed", "round_robin", "least_loaded"}) {
+    CAPTURE(policy);
+    test::cluster_system t;
+    local_cluster_config cfg;
+    cfg.executor.num_kv_pages = 128;
+    cfg.prefill_balancer.policy = policy == "least_loaded" ? "least_loaded" : policy;
+    cfg.decode_balancer.policy = policy;
+    auto cluster = start_local_cluster(t.sys, cfg);
+    test::cluster_system::stopper stop{t, cluster};
+    caf::scoped_actor self{t.sys};
+    // Four placements without reports in between: each policy spreads them over both ranks.
+    std::vector<std::string> placed;
+    for (uint64_t i = 0; i < 4; ++i)
+      self->request(cluster.prefill_balancer, std::chrono::seconds{10}, place_atom::value,
+                    place_query{100 + i, 64, 0, 80})
+          .receive([&](prefill_placement& p) { placed.push_back(p.name); }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
+    CHECK(placed == std::vector<std::string>{"prefill-0", "prefill-1", "prefill-0", "prefill-1"});
+    generate_request req;
+    req.prompt = "explain yourself";
+    req.max_tokens = 3;
+    auto got = t.generate(cluster.router, req);
+    REQUIRE(got);
+    const std::string expect = policy == "seed" ? "seed" : policy;
+    CHECK_MESSAGE(got->prefill_placement_why.rfind(expect, 0) == 0, got->prefill_placement_why);
+    CHECK_MESSAGE(got->decode_placement_why.rfind(policy == "seed" ? "seed 2D: short context" : policy, 0) == 0,
+                  got->decode_placement_why);
+    std::vector<placement_record> log;
+    self->request(cluster.prefill_balancer, std::chrono::seconds{10}, events_atom::value)
+        .receive([&](std::vector<placement_record>& l) { log = std::move(l); }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
+    REQUIRE(log.size() == 5);
+    CHECK(log[0].request_id == 100);
+    CHECK(log.back().request_id == got->request_id);
+    CHECK(log.back().rank == got->prefill_rank);
+    CHECK(log.back().why == got->prefill_placement_why);
+  }
+}

@@ -89,6 +89,19 @@ struct sim_system {
     }
   };
 
+  /// A rank's event log, answered without advancing virtual time.
+  template <class Handle>
+  std::vector<rank_event> events(const Handle& rank) {
+    auto out = std::make_shared<std::vector<rank_event>>();
+    sys.spawn([=](caf::event_based_actor* self) {
+      self->request(rank, std::chrono::seconds{3600}, events_atom::value).then([=](std::vector<rank_event>& e) {
+        *out = std::move(e);
+      });
+    });
+    sched.run();
+    return *out;
+  }
+
   /// A rank's stats, answered without advancing virtual time.
   template <class Handle>
   rank_stats stats(const Handle& rank) {

@@ -3,6 +3,7 @@
 #include <functional>
 
 #include "actors/local_cluster.hpp"
+#include "policies/cost_model.hpp"
 #include "sims/modelled_executor.hpp"
 #include "tests/sims/sim_fixture.hpp"
 
@@ -170,4 +171,108 @@ TEST_CASE("a prompt queued at a busy prefill rank longer than the lease still co
   REQUIRE_MESSAGE(**second, s.sys.render((*second)->error()));
   CHECK((***second).prefill_queue_us >= 3000000);  // it really waited three leases long
   CHECK(s.stats(cluster.decode[0].handle).num_free_pages == times.num_kv_pages);
+}
+
+namespace {
+
+/// The executor order of a prefill rank's chunks: (request, chunk) of each layer-0 completion.
+std::vector<std::pair<uint64_t, uint32_t>> chunk_order(const std::vector<rank_event>& events) {
+  std::vector<std::pair<uint64_t, uint32_t>> out;
+  for (const auto& e : events)
+    if (e.kind == "compute_done" && e.layer == 0) out.emplace_back(e.request_id, e.chunk);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("time-budget chunking at the rank: chunks shrink along the prompt and TTFT is their modelled times summed") {
+  test::sim_system s;
+  auto cfg = one_by_one();
+  auto times = model_times();
+  times.prefill = {0.01, 0.05, 5.0};  // attention to the prefix matters: chunks must shrink
+  cfg.prefill.cost = times.prefill;   // the rank plans with the model the executor follows
+  cfg.prefill.step_budget_us = 1000;
+  cfg.prefill.chunk_tokens = 1024;    // the budget, not the cap, sizes the chunks
+  auto cluster = modelled_cluster(s, cfg, times);
+  test::sim_system::stopper stop{s, cluster};
+  generate_request req;
+  req.prompt = std::string(400, 'x');  // + <bos> = 401 tokens
+  req.max_tokens = 2;
+  auto result = s.generate(cluster.router, req);
+  REQUIRE(s.run_until_idle());
+  REQUIRE(result->has_value());
+  REQUIRE_MESSAGE(**result, s.sys.render((*result)->error()));
+  const auto plan = policies::plan_chunks(cfg.prefill.cost, 0, 401, 1000, 1024);
+  REQUIRE(plan.size() >= 3);
+  int64_t ns = 0;
+  uint32_t start = 0;
+  for (size_t i = 0; i < plan.size(); ++i) {
+    if (i + 1 < plan.size()) CHECK(plan[i] < (i ? plan[i - 1] : 100000u));
+    CHECK(cfg.prefill.cost.prefill_us(plan[i], start) <= 1000.0);
+    gpu::forward_job job{0, {gpu::forward_seq{0, std::vector<int32_t>(plan[i], 1), start, {}, true}}};
+    ns += sims::modelled_layer_ns(job, cfg.model, times) * cfg.model.num_hidden_layers;
+    start += plan[i];
+  }
+  CHECK((***result).ttft_us == ns / 1000);
+  const auto order = chunk_order(s.events(cluster.prefill[0].handle));
+  REQUIRE(order.size() == plan.size());
+  for (uint32_t i = 0; i < order.size(); ++i) CHECK(order[i].second == i);
+}
+
+TEST_CASE("priority classes at a prefill rank: a batch prompt yields to interactive ones, but at most N chunks in a row") {
+  for (const bool batch : {true, false}) {
+    CAPTURE(batch);
+    test::sim_system s;
+    auto cfg = one_by_one();
+    cfg.prefill.batch_max_bypass = 2;
+    auto times = model_times();
+    times.num_kv_pages = 128;
+    auto cluster = modelled_cluster(s, cfg, times);
+    test::sim_system::stopper stop{s, cluster};
+    generate_request big;
+    big.prompt = std::string(200, 'b');  // 201 tokens: 13 chunks of 16
+    big.max_tokens = 2;
+    big.priority = batch ? "batch" : "interactive";
+    auto at_big = std::make_shared<test::sim_system::time_point>();
+    auto big_result = s.generate(cluster.router, big, at_big);
+    std::vector<test::sim_system::result_slot> small;
+    std::vector<std::shared_ptr<test::sim_system::time_point>> at_small;
+    for (int i = 0; i < 5; ++i) {
+      generate_request r;
+      r.prompt = std::string(20, static_cast<char>('k' + i));  // 2 chunks each
+      r.max_tokens = 2;
+      at_small.push_back(std::make_shared<test::sim_system::time_point>());
+      small.push_back(s.generate(cluster.router, r, at_small.back()));
+    }
+    REQUIRE(s.run_until_idle());
+    REQUIRE(big_result->has_value());
+    REQUIRE(**big_result);
+    const uint64_t big_id = (***big_result).request_id;
+    int64_t small_ttft_max = 0;
+    for (auto& r : small) {
+      REQUIRE(r->has_value());
+      REQUIRE(**r);
+      small_ttft_max = std::max(small_ttft_max, (***r).ttft_us);
+    }
+    const auto order = chunk_order(s.events(cluster.prefill[0].handle));
+    REQUIRE(order.size() == 13 + 5 * 2);
+    if (batch) {
+      // Every interactive prompt got its first token before the batch prompt did ...
+      CHECK(small_ttft_max < (***big_result).ttft_us);
+      // ... but while the batch prompt had chunks left, at most 2 interactive chunks ran in a row.
+      size_t first_big = order.size(), last_big = 0;
+      for (size_t i = 0; i < order.size(); ++i)
+        if (order[i].first == big_id) first_big = std::min(first_big, i), last_big = i;
+      int run = 0, longest = 0;
+      for (size_t i = first_big; i <= last_big; ++i) {
+        run = order[i].first == big_id ? 0 : run + 1;
+        longest = std::max(longest, run);
+      }
+      CHECK(longest == 2);
+    } else {
+      // Negative control: all interactive, first come first served — the long prompt, which
+      // arrived first, runs to its end and the short ones wait behind it.
+      CHECK((***big_result).ttft_us < small_ttft_max);
+    }
+  }
 }
