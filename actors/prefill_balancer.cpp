@@ -25,6 +25,9 @@ struct prefill_balancer_state {
   std::deque<parked_placement<prefill_placement>> parked;
   /// Level 1 of the seed policy; rebuilt when the number of engines changes (ranks joining).
   std::optional<policies::bucket_allocator> buckets;
+  /// Levels 2-3 inputs, kept in step with the registry (rank i is engine i / rpe, slot i % rpe)
+  /// so a decision does not rebuild them: a decision at 1,024 ranks stays within microseconds.
+  std::vector<policies::prefill_engine_view> engines;
   uint64_t rr_cursor = 0;
   decision_log log;
   caf::actor_clock::time_point started;
@@ -58,17 +61,20 @@ std::optional<size_t> place_seed(pointer self, const place_query& q, std::string
   if (auto m = st.buckets->rebalance(now))
     moved = "; moved engine " + std::to_string(m->engine) + " from bucket " + std::to_string(m->from_bucket) +
             " to " + std::to_string(m->to_bucket);
-  std::vector<policies::prefill_engine_view> engines(num_engines);
-  for (size_t i = 0; i < num_ranks; ++i) {
-    auto& e = engines[i / rpe];
-    e.quota_us = st.cfg.engine_quota_us;
-    e.ranks.push_back({st.registry.loads[i].predicted_us, true});
-  }
-  auto d = policies::place_prefill(*st.buckets, engines, st.cfg.cost, q.new_tokens, q.cached_tokens);
+  auto d = policies::place_prefill(*st.buckets, st.engines, st.cfg.cost, q.new_tokens, q.cached_tokens);
   if (!d) return std::nullopt;
   st.buckets->record_demand(d->bucket, d->predicted_us, now);
   *why = "seed: " + d->explain() + moved;
   return static_cast<size_t>(d->engine) * rpe + d->rank;
+}
+
+/// Mirrors rank i's predicted load into the engine views.
+void sync_view(prefill_balancer_state& st, size_t i) {
+  const uint32_t rpe = st.cfg.ranks_per_engine;
+  if (st.engines.size() <= i / rpe) st.engines.resize(i / rpe + 1, {st.cfg.engine_quota_us, {}});
+  auto& ranks = st.engines[i / rpe].ranks;
+  if (ranks.size() <= i % rpe) ranks.resize(i % rpe + 1);
+  ranks[i % rpe] = {st.registry.loads[i].predicted_us, true};
 }
 
 /// The chosen rank for `q` under the configured policy, counted as its load until its next
@@ -76,7 +82,8 @@ std::optional<size_t> place_seed(pointer self, const place_query& q, std::string
 std::optional<prefill_placement> try_place(pointer self, const place_query& q) {
   auto& st = self->state;
   std::vector<policies::prefill_rank_load> loads;
-  for (const auto& r : st.registry.loads) loads.push_back({r.queued_tokens, r.num_running, true});
+  if (st.policy != policies::prefill_policy::seed)
+    for (const auto& r : st.registry.loads) loads.push_back({r.queued_tokens, r.num_running, true});
   std::optional<size_t> pick;
   std::string why;
   switch (st.policy) {
@@ -86,7 +93,7 @@ std::optional<prefill_placement> try_place(pointer self, const place_query& q) {
       if (pick) why = "least_loaded: " + std::to_string(loads[*pick].queued_tokens) + " queued tokens";
       break;
     case policies::prefill_policy::round_robin: {
-      std::vector<bool> avail(loads.size(), true);
+      std::vector<bool> avail(st.registry.loads.size(), true);
       pick = policies::round_robin(avail, st.rr_cursor);
       why = "round_robin";
       break;
@@ -110,6 +117,7 @@ std::optional<prefill_placement> try_place(pointer self, const place_query& q) {
   r.queued_tokens += q.new_tokens;
   r.num_running += 1;
   r.predicted_us += cost;
+  sync_view(st, *pick);
   st.log.add({q.request_id, r.name, why});
   return prefill_placement{r.name, st.registry.ranks[*pick], why};
 }
@@ -129,7 +137,9 @@ prefill_balancer_actor::behavior_type prefill_balancer_impl(pointer self, prefil
       },
       [=](load_atom, rank_load& load, prefill_rank_actor& rank) {
         auto& st = self->state;
-        st.registry.report(std::move(load), std::move(rank));
+        st.registry.report(std::move(load), rank);
+        for (size_t i = 0; i < st.registry.ranks.size(); ++i)
+          if (st.registry.ranks[i] == rank) sync_view(st, i);
         serve_parked(st.parked, [=](const place_query& q) { return try_place(self, q); });
       },
       [=](stats_atom) { return self->state.registry.loads; },

@@ -7,6 +7,7 @@
 namespace baton::policies {
 
 std::string bucket_config::validate() const {
+  if (upper_bounds_tokens.size() > 15) return "bucket upper_bounds_tokens: at most 15 bounds (16 buckets)";
   for (size_t i = 0; i < upper_bounds_tokens.size(); ++i)
     if (upper_bounds_tokens[i] == 0 || (i > 0 && upper_bounds_tokens[i] <= upper_bounds_tokens[i - 1]))
       return "bucket upper_bounds_tokens must be positive and strictly increasing";
@@ -20,6 +21,8 @@ bucket_allocator::bucket_allocator(bucket_config cfg, uint32_t num_engines) : cf
   demand_.assign(num_buckets(), 0.0);
   demand_at_s_.assign(num_buckets(), 0.0);
   engine_bucket_.assign(num_engines, 0);
+  bucket_engines_.resize(num_buckets());
+  for (uint32_t e = 0; e < num_engines; ++e) bucket_engines_[0].push_back(e);
 }
 
 uint32_t bucket_allocator::bucket_of(uint64_t prompt_tokens) const {
@@ -38,20 +41,25 @@ void bucket_allocator::record_demand(uint32_t bucket, double cost_us, double now
 }
 
 std::vector<uint32_t> bucket_allocator::engine_counts() const {
-  std::vector<uint32_t> n(num_buckets(), 0);
-  for (auto b : engine_bucket_) ++n[b];
+  std::vector<uint32_t> n;
+  for (const auto& e : bucket_engines_) n.push_back(static_cast<uint32_t>(e.size()));
   return n;
 }
 
 std::optional<engine_move> bucket_allocator::rebalance(double now_s) {
   if (engine_bucket_.empty()) return std::nullopt;
   const uint32_t nb = num_buckets();
-  std::vector<double> share(nb);
+  constexpr uint32_t max_buckets = 16;  // shares live on the stack: this runs on every decision
+  double share[max_buckets];
+  double count[max_buckets];
+  if (nb > max_buckets) return std::nullopt;
   double total = 0.0;
-  for (uint32_t b = 0; b < nb; ++b) total += share[b] = demand(b, now_s);
+  for (uint32_t b = 0; b < nb; ++b) {
+    total += share[b] = demand(b, now_s);
+    count[b] = static_cast<double>(bucket_engines_[b].size());
+  }
   if (total <= 0.0) return std::nullopt;
-  for (auto& s : share) s = s / total * static_cast<double>(engine_bucket_.size());
-  const auto count = engine_counts();
+  for (uint32_t b = 0; b < nb; ++b) share[b] = share[b] / total * static_cast<double>(engine_bucket_.size());
   auto bar = [&](uint32_t b) { return 0.5 + cfg_.hysteresis_engines + cfg_.hysteresis_fraction * share[b]; };
   std::optional<uint32_t> to, from;
   for (uint32_t b = 0; b < nb; ++b) {
@@ -68,29 +76,27 @@ std::optional<engine_move> bucket_allocator::rebalance(double now_s) {
   if (now_s - last_move_s_ < cfg_.min_move_interval_s && share[*to] - count[*to] <= bar(*to) + 1.0)
     return std::nullopt;
   // The giver's highest-numbered engine moves (a stable, explainable choice).
-  for (size_t e = engine_bucket_.size(); e-- > 0;)
-    if (engine_bucket_[e] == *from) {
-      engine_bucket_[e] = *to;
-      last_move_s_ = now_s;
-      return engine_move{static_cast<uint32_t>(e), *from, *to};
-    }
-  return std::nullopt;
+  auto& giver = bucket_engines_[*from];
+  auto highest = std::max_element(giver.begin(), giver.end());
+  const uint32_t e = *highest;
+  giver.erase(highest);
+  auto& taker = bucket_engines_[*to];
+  taker.insert(std::upper_bound(taker.begin(), taker.end(), e), e);
+  engine_bucket_[e] = *to;
+  last_move_s_ = now_s;
+  return engine_move{e, *from, *to};
 }
 
-std::vector<uint32_t> bucket_allocator::engines_for(uint32_t bucket, bool* borrowed) const {
-  const auto count = engine_counts();
+const std::vector<uint32_t>& bucket_allocator::engines_for(uint32_t bucket, bool* borrowed) const {
   const auto nb = static_cast<int>(num_buckets());
   // Distance 0 is the bucket itself; then the nearer neighbours, the shorter one first.
   for (int d = 0; d < nb; ++d)
     for (int b : {static_cast<int>(bucket) - d, static_cast<int>(bucket) + d}) {
-      if (b < 0 || b >= nb || count[b] == 0) continue;
+      if (b < 0 || b >= nb || bucket_engines_[b].empty()) continue;
       if (borrowed) *borrowed = d != 0;
-      std::vector<uint32_t> out;
-      for (uint32_t e = 0; e < engine_bucket_.size(); ++e)
-        if (engine_bucket_[e] == static_cast<uint32_t>(b)) out.push_back(e);
-      return out;
+      return bucket_engines_[b];
     }
-  return {};
+  return bucket_engines_[0];  // no engines anywhere: empty
 }
 
 double prefill_engine_view::remaining_quota_us() const {
@@ -116,11 +122,13 @@ std::optional<prefill_decision> place_prefill(const bucket_allocator& buckets,
   d.bucket = buckets.bucket_of(q + c);
   d.predicted_us = model.prefill_us(q, c);
   std::optional<uint32_t> best_engine;
+  double best_remaining = 0.0;
   for (uint32_t e : buckets.engines_for(d.bucket, &d.borrowed)) {
     if (e >= engines.size()) continue;
     const auto& ev = engines[e];
     if (std::none_of(ev.ranks.begin(), ev.ranks.end(), [](auto& r) { return r.available; })) continue;
-    if (!best_engine || ev.remaining_quota_us() > engines[*best_engine].remaining_quota_us()) best_engine = e;
+    const double remaining = ev.remaining_quota_us();
+    if (!best_engine || remaining > best_remaining) best_engine = e, best_remaining = remaining;
   }
   if (!best_engine) return std::nullopt;
   const auto& ev = engines[*best_engine];

@@ -63,14 +63,15 @@ class bucket_allocator {
   /// Moves at most one engine toward the demand shares; returns it.
   std::optional<engine_move> rebalance(double now_s);
   /// Engines of `bucket`, or (when it owns none) of the nearest bucket that owns some; sets
-  /// `*borrowed` accordingly.
-  std::vector<uint32_t> engines_for(uint32_t bucket, bool* borrowed = nullptr) const;
+  /// `*borrowed` accordingly. Empty when there are no engines at all.
+  const std::vector<uint32_t>& engines_for(uint32_t bucket, bool* borrowed = nullptr) const;
   const std::vector<uint32_t>& engine_buckets() const { return engine_bucket_; }
   std::vector<uint32_t> engine_counts() const;
 
  private:
   bucket_config cfg_;
   std::vector<uint32_t> engine_bucket_;
+  std::vector<std::vector<uint32_t>> bucket_engines_;  ///< kept in step with engine_bucket_
   std::vector<double> demand_;
   std::vector<double> demand_at_s_;
   double last_move_s_ = -1e300;
