@@ -86,10 +86,14 @@ struct decode_rank_config {
   std::string name = "decode-0";
   uint32_t max_batch_size = 64;  ///< sequences in one decode step
   bool verify_kv_checksums = true;  ///< check every landed layer against the sender's checksum
+  /// Hybrid PD: prompts prefilled on this rank run in chunks of at most this many tokens, one
+  /// chunk per decode step (riding in the same batch), so running sequences keep stepping.
+  uint32_t local_prefill_chunk_tokens = 256;
 
   std::string validate() const {
     if (name.empty()) return "decode rank name must not be empty";
     if (max_batch_size == 0) return "decode max_batch_size must be >= 1";
+    if (local_prefill_chunk_tokens == 0) return "decode local_prefill_chunk_tokens must be >= 1";
     return {};
   }
 };
@@ -103,6 +107,10 @@ struct request_config {
   /// A KV reservation expires this long after its last progress (the grant, or a layer landing)
   /// unless decode has begun: a stalled handoff strands pages for at most this long.
   uint32_t lease_ms = 2000;
+  /// Hybrid PD (seed 002): prompts shorter than this are prefilled on their decode rank, with
+  /// no KV transfer; 0 = never (pure disaggregation). A very large value gives a colocated
+  /// cluster (every prompt prefilled where it decodes), the baseline PD disaggregation beats.
+  uint32_t hybrid_prefill_below_tokens = 0;
 
   std::string validate() const {
     if (!place_timeout_ms || !reserve_timeout_ms || !prefill_timeout_ms || !token_timeout_ms || !lease_ms)

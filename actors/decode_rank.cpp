@@ -4,6 +4,9 @@
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
+#include <deque>
+#include <optional>
+
 #include "actors/executor_bridge.hpp"
 #include "gpu/executor.hpp"
 #include "gpu/sampling.hpp"
@@ -34,6 +37,16 @@ struct lease {
   caf::typed_response_promise<decode_summary> promise;
 };
 
+/// Hybrid PD: a prompt prefilled on this rank into its lease's pages, one chunk per step.
+struct local_prefill {
+  uint64_t lease_id = 0;
+  prefill_order order;
+  caf::typed_response_promise<prefill_result> promise;
+  uint32_t next_pos = 0;  ///< prompt tokens computed so far
+  caf::actor_clock::time_point arrived_at;
+  int64_t queue_us = -1;  ///< arrival -> its first chunk started (-1: not yet)
+};
+
 /// A sequence in the continuous batch.
 struct running_seq {
   uint64_t lease_id = 0;
@@ -57,6 +70,8 @@ struct decode_state {
   bool step_in_flight = false;
   std::vector<uint64_t> step_leases;  ///< lease ids of the step in flight, in row order
   size_t batch_cursor = 0;            ///< where the next step starts when the batch exceeds max_batch_size
+  std::deque<local_prefill> local_prefills;  ///< hybrid PD prompts, first come first served
+  std::optional<uint32_t> step_chunk_tokens;  ///< the step in flight carries the head prompt's next chunk
   decode_balancer_actor balancer;     ///< told our load after every change (may be null)
   static inline const char* name = "baton.decode_rank";
 };
@@ -89,9 +104,17 @@ void free_lease(decode_pointer self, uint64_t lease_id) {
 
 void maybe_step(decode_pointer self) {
   auto& st = self->state;
-  if (st.step_in_flight || st.batch.empty()) return;
+  // A local prompt whose lease expired (or was released) while it queued cannot run.
+  while (!st.local_prefills.empty() && !st.step_in_flight && !st.leases.count(st.local_prefills.front().lease_id)) {
+    auto& p = st.local_prefills.front();
+    p.promise.deliver(make_error(errc::lease_expired, where(p.order.request_id, st.cfg.name, "prefill") +
+                                                          ": the lease expired before the local prefill ran"));
+    st.local_prefills.pop_front();
+  }
+  if (st.step_in_flight || (st.batch.empty() && st.local_prefills.empty())) return;
   gpu::forward_job job{++st.last_job, {}, gpu::forward_job::decode};
   st.step_leases.clear();
+  st.step_chunk_tokens.reset();
   rank_event ev{0, "step", 0, 0, 0, {}, {}};
   // When more sequences wait than one step takes, start each step where the last one stopped,
   // so every sequence advances in turn.
@@ -106,9 +129,51 @@ void maybe_step(decode_pointer self) {
     ev.batch_contexts.push_back(s.pos + 1);
   }
   st.batch_cursor = first + n;
-  st.core.log->add(std::move(ev));
+  if (n > 0) st.core.log->add(std::move(ev));
+  // Hybrid PD: the head local prompt's next chunk rides in the same batch (its rows after the
+  // decode rows), so a prompt delays each step by one chunk, never by the whole prompt.
+  if (!st.local_prefills.empty()) {
+    auto& p = st.local_prefills.front();
+    const auto& l = st.leases.at(p.lease_id);
+    const auto total = static_cast<uint32_t>(p.order.tokens.size());
+    const uint32_t len = std::min(st.cfg.local_prefill_chunk_tokens, total - p.next_pos);
+    if (p.queue_us < 0) p.queue_us = micros(self->clock().now() - p.arrived_at);
+    job.seqs.push_back(gpu::forward_seq{p.order.request_id,
+                                        {p.order.tokens.begin() + p.next_pos, p.order.tokens.begin() + p.next_pos + len},
+                                        p.next_pos, l.pages, p.next_pos + len == total});
+    job.kind = gpu::forward_job::prefill;
+    st.step_chunk_tokens = len;
+    st.core.log->add({0, "local_chunk", p.order.request_id, p.next_pos / st.cfg.local_prefill_chunk_tokens, 0, {}, {}});
+  }
   st.step_in_flight = true;
   st.core.exec->submit(std::move(job), std::make_shared<forwarding_sink>(self->address()));
+}
+
+/// The step carrying a local prefill chunk finished: advance the prompt; after its last chunk
+/// every layer of the lease holds the prompt's KV, so the first token is sampled and answered.
+void on_local_chunk_done(decode_pointer self, std::vector<float>* logits) {
+  auto& st = self->state;
+  auto& p = st.local_prefills.front();
+  p.next_pos += *st.step_chunk_tokens;
+  auto li = st.leases.find(p.lease_id);
+  if (li == st.leases.end()) {  // released while the chunk ran
+    p.promise.deliver(make_error(errc::lease_expired, where(p.order.request_id, st.cfg.name, "prefill") +
+                                                          ": the lease was released during the local prefill"));
+    st.local_prefills.pop_front();
+    return;
+  }
+  auto& l = li->second;
+  l.expires_at = self->clock().now() + std::chrono::milliseconds{l.lease_ms};  // progress renews
+  if (p.next_pos < p.order.tokens.size()) return;
+  const gpu::sampling_config sc{p.order.temperature, p.order.seed};
+  const auto len = static_cast<uint32_t>(p.order.tokens.size());
+  prefill_result r{p.order.request_id, gpu::sample_token(*logits, sc, len), {}, st.cfg.name, p.queue_us};
+  if (p.order.return_logits) r.logits = std::move(*logits);
+  std::fill(l.landed.begin(), l.landed.end(), true);
+  l.num_landed = static_cast<uint32_t>(l.landed.size());
+  st.core.log->add({0, "kv_landed", l.request_id, 0, 0, {}, {}});
+  p.promise.deliver(std::move(r));
+  st.local_prefills.pop_front();
 }
 
 /// Joins the batch once every layer has landed and the order is here; the batch changes only
@@ -145,6 +210,7 @@ void on_step_done(decode_pointer self, std::vector<std::vector<float>>& logits) 
   auto& st = self->state;
   st.step_in_flight = false;
   ++st.num_steps;
+  if (st.step_chunk_tokens) on_local_chunk_done(self, &logits.back());
   const auto eos = st.core.exec->config().eos_token_id;
   for (size_t row = 0; row < st.step_leases.size(); ++row) {
     const uint64_t lease_id = st.step_leases[row];
@@ -213,12 +279,43 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
         report_load(self);
         return kv_lease_grant{req.request_id, id, s.cfg.name, s.region, *pages, req.lease_ms};
       },
+      [=](prefill_order& order) -> caf::result<prefill_result> {
+        auto& s = self->state;
+        const auto stage = where(order.request_id, s.cfg.name, "prefill");
+        if (!s.core.setup_error.empty()) return make_error(errc::executor_failed, stage + ": " + s.core.setup_error);
+        auto i = s.leases.find(order.grant.lease_id);
+        if (i == s.leases.end() || i->second.request_id != order.request_id)
+          return make_error(errc::lease_expired, stage + ": lease " + std::to_string(order.grant.lease_id) +
+                                                     " expired or was never granted");
+        if (order.tokens.empty()) return make_error(errc::bad_request, stage + ": empty prompt");
+        if (s.core.exec->kv().pages_for_tokens(static_cast<uint32_t>(order.tokens.size())) > i->second.pages.size())
+          return make_error(errc::layout_mismatch, stage + ": the lease is too small for the prompt");
+        for (const auto& p : s.local_prefills)
+          if (p.lease_id == i->first) return make_error(errc::bad_request, stage + ": already prefilling this lease");
+        auto promise = self->make_response_promise<prefill_result>();
+        const uint64_t lease_id = i->first;
+        s.local_prefills.push_back(local_prefill{lease_id, std::move(order), promise, 0, self->clock().now()});
+        i->second.expires_at = self->clock().now() + std::chrono::milliseconds{i->second.lease_ms};
+        maybe_step(self);
+        return promise;
+      },
       [=](release_atom, uint64_t lease_id) {
         auto& s = self->state;
         auto i = s.leases.find(lease_id);
         if (i == s.leases.end()) return;
+        // A queued local prefill of this lease is dropped (unless its chunk is in the step in
+        // flight: on_local_chunk_done notices the lease is gone).
+        const bool chunk_in_step = s.step_in_flight && s.step_chunk_tokens && !s.local_prefills.empty() &&
+                                   s.local_prefills.front().lease_id == lease_id;
+        for (auto p = s.local_prefills.begin(); p != s.local_prefills.end(); ++p)
+          if (p->lease_id == lease_id && !(chunk_in_step && p == s.local_prefills.begin())) {
+            p->promise.deliver(make_error(errc::lease_expired, where(p->order.request_id, s.cfg.name, "prefill") +
+                                                                   ": the lease was released before the local prefill"));
+            s.local_prefills.erase(p);
+            break;
+          }
         const bool in_step = s.step_in_flight && std::count(s.step_leases.begin(), s.step_leases.end(), lease_id);
-        if (in_step)
+        if (in_step || chunk_in_step)
           i->second.release_after_step = true;  // the executor still writes these pages
         else if (i->second.decoding)
           finish_seq(self, lease_id, "released");
@@ -297,6 +394,12 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
         // A refused step fails every request in it; the rank keeps serving the others.
         auto& s = self->state;
         s.step_in_flight = false;
+        if (s.step_chunk_tokens && !s.local_prefills.empty()) {
+          auto& p = s.local_prefills.front();
+          p.promise.deliver(make_error(errc::executor_failed, where(p.order.request_id, s.cfg.name, "prefill") + ": " + what));
+          s.local_prefills.pop_front();
+        }
+        s.step_chunk_tokens.reset();
         auto failed = s.step_leases;
         for (auto id : failed) {
           auto i = s.leases.find(id);

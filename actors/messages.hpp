@@ -284,8 +284,14 @@ typename Inspector::result_type inspect(Inspector& f, decode_order& x) {
            x.max_new_tokens, x.temperature, x.seed, x.return_logits, x.ignore_eos, x.stream_to);
 }
 
+struct prefill_order;
+struct prefill_result;
+
 using decode_rank_actor = caf::typed_actor<
     caf::replies_to<reserve_atom, kv_lease_reserve>::with<kv_lease_grant>,
+    // Hybrid PD (seed 002): the prompt is prefilled here, into the lease's pages, in chunks
+    // that ride along with decode steps. The order's grant names the lease.
+    caf::replies_to<prefill_order>::with<prefill_result>,
     caf::reacts_to<release_atom, uint64_t>,                     // lease id
     caf::reacts_to<kv_layer_ready>,
     caf::reacts_to<keepalive_atom, uint64_t, uint64_t>,         // request, lease: still queued at prefill

@@ -6,6 +6,7 @@
 #include <caf/typed_event_based_actor.hpp>
 
 #include "gpu/byte_tokenizer.hpp"
+#include "policies/placement.hpp"
 
 namespace baton {
 
@@ -25,6 +26,7 @@ struct request_state {
   caf::actor_clock::time_point started, stage_started, last_token_at;
   uint64_t lease_id = 0;   ///< 0 = none held
   uint64_t watch_seq = 0;  ///< the token watchdog only acts on its latest arming
+  bool hybrid = false;     ///< hybrid PD: the decode rank prefills the prompt itself
   bool answered = false;
   static inline const char* name = "baton.request";
 };
@@ -125,8 +127,9 @@ void start_prefill(request_pointer self, kv_lease_grant grant) {
   prefill_order order{p.request_id,      p.prompt_tokens,           p.params.temperature,
                       p.params.seed,     p.params.return_logits,    p.params.priority == "batch",
                       std::move(grant),  st.decode};
-  self->request(st.prefill, std::chrono::milliseconds{p.cfg.prefill_timeout_ms}, std::move(order))
-      .then(
+  auto pending = st.hybrid ? self->request(st.decode, std::chrono::milliseconds{p.cfg.prefill_timeout_ms}, std::move(order))
+                           : self->request(st.prefill, std::chrono::milliseconds{p.cfg.prefill_timeout_ms}, std::move(order));
+  std::move(pending).then(
           [=](prefill_result& r) {
             auto& st = self->state;
             st.out.prefill_us = lap(self);
@@ -181,6 +184,17 @@ void place(request_pointer self) {
             st.decode = d.rank;
             st.out.decode_placement_why = std::move(d.why);
             const auto& p = st.plan;
+            if (policies::prefill_on_decode_rank(p.prompt_tokens.size(), p.cfg.hybrid_prefill_below_tokens)) {
+              // Seed 002, hybrid PD: a short prompt is cheaper to prefill where it decodes than
+              // to ship; no prefill rank is involved.
+              st.hybrid = true;
+              st.prefill_name = d.name;
+              st.out.prefill_placement_why = "hybrid PD: " + std::to_string(p.prompt_tokens.size()) + " < " +
+                                             std::to_string(p.cfg.hybrid_prefill_below_tokens) +
+                                             " tokens, prefilled on the decode rank";
+              reserve(self);
+              return;
+            }
             self->request(p.prefill_balancer, std::chrono::milliseconds{p.cfg.place_timeout_ms}, place_atom::value, q)
                 .then(
                     [=](prefill_placement& pp) {

@@ -191,3 +191,69 @@ TEST_CASE("placement policies are chosen by name, and every decision is explaine
     CHECK(log.back().why == got->prefill_placement_why);
   }
 }
+
+TEST_CASE("hybrid PD: short prompts are prefilled on the decode rank in chunks riding with decode steps, long ones "
+          "on the prefill pool, and every request's tokens and logits equal its colocated run") {
+  test::cluster_system t;
+  auto cfg = shared_decode_rank();
+  cfg.router.request.hybrid_prefill_below_tokens = 40;
+  cfg.decode.local_prefill_chunk_tokens = 16;
+  auto cluster = start_local_cluster(t.sys, cfg);
+  test::cluster_system::stopper stop{t, cluster};
+  const auto& decode = cluster.decode[0].handle;
+  caf::scoped_actor self{t.sys};
+  auto send = [&](const std::string& prompt, int32_t max_tokens) {
+    generate_request req;
+    req.prompt = prompt;
+    req.max_tokens = max_tokens;
+    req.return_logits = true;
+    req.ignore_eos = true;
+    return self->request(cluster.router, std::chrono::seconds{60}, generate_atom::value, std::move(req));
+  };
+  const std::vector<std::string> prompts = {
+      "a short one",                                                     // 12 tokens: hybrid
+      "thirty-odd tokens, prefilled locally",                            // 37 tokens: hybrid, 3 chunks
+      "a prompt long enough to go to the prefill pool instead, surely",  // 63 tokens: disaggregated
+  };
+  auto first = send(prompts[0], 200);
+  for (int i = 0; i < 2000 && t.stats(decode).num_steps < 5; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{1});
+  REQUIRE(t.stats(decode).num_steps >= 5);
+  auto second = send(prompts[1], 10);
+  auto third = send(prompts[2], 10);
+  std::vector<completion> done(3);
+  auto collect = [&](auto& handle, size_t i) {
+    handle.receive([&](completion& c) { done[i] = std::move(c); },
+                   [&](caf::error& e) { FAIL("request " << i << " failed: " << t.sys.render(e)); });
+  };
+  collect(first, 0);
+  collect(second, 1);
+  collect(third, 2);
+  CHECK(done[0].prefill_rank == "decode-0");
+  CHECK(done[1].prefill_rank == "decode-0");
+  CHECK(done[2].prefill_rank == "prefill-0");
+  CHECK(done[1].prefill_placement_why.rfind("hybrid PD: 37 < 40", 0) == 0);
+  CHECK(done[2].prefill_placement_why.rfind("seed", 0) == 0);
+  // The second prompt's three chunks each rode in a step that also advanced the first request.
+  const auto events = t.events(decode);
+  std::vector<uint32_t> chunks;
+  for (size_t i = 0; i < events.size(); ++i)
+    if (events[i].kind == "local_chunk" && events[i].request_id == done[1].request_id) {
+      chunks.push_back(events[i].chunk);
+      REQUIRE(i > 0);
+      CHECK(events[i - 1].kind == "step");
+      CHECK(std::count(events[i - 1].batch_requests.begin(), events[i - 1].batch_requests.end(), done[0].request_id) == 1);
+    }
+  CHECK(chunks == std::vector<uint32_t>{0, 1, 2});
+  auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
+  for (size_t i = 0; i < 3; ++i) {
+    auto exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
+    const auto prompt = gpu::byte_tokenizer{cfg.model.bos_token_id, cfg.model.eos_token_id}.encode(prompts[i]);
+    auto ref = gpu::generate_colocated(*exec, prompt, done[i].tokens.size(), 16, {}, true);
+    CHECK(done[i].tokens == ref.tokens);
+    REQUIRE(done[i].step_logits.size() == ref.step_logits.size());
+    for (size_t k = 0; k < ref.step_logits.size(); ++k)
+      CHECK_MESSAGE(test::same_bits(done[i].step_logits[k], ref.step_logits[k]), "request " << i << " step " << k);
+  }
+  // Every lease was released: the decode rank's pages are all free again.
+  CHECK(t.stats(decode).num_free_pages == cfg.executor.num_kv_pages);
+}
