@@ -22,6 +22,22 @@ local_cluster_config shared_decode_rank() {
   return cfg;
 }
 
+/// Waits (bounded) until the decode rank has run at least `n` steps.
+void wait_for_steps(test::cluster_system& t, const decode_rank_actor& decode, uint64_t n) {
+  for (int i = 0; i < 2000 && t.stats(decode).num_steps < n; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{1});
+  REQUIRE(t.stats(decode).num_steps >= n);
+}
+
+/// Each request's completion, in order; a failed request fails the test, naming it.
+template <class Handle>
+std::vector<completion> collect_all(test::cluster_system& t, std::vector<Handle>& handles) {
+  std::vector<completion> done(handles.size());
+  for (size_t i = 0; i < handles.size(); ++i)
+    handles[i].receive([&](completion& c) { done[i] = std::move(c); },
+                       [&](caf::error& e) { FAIL("request " << i << " failed: " << t.sys.render(e)); });
+  return done;
+}
+
 }  // namespace
 
 TEST_CASE("continuous batching: requests of different lengths share steps, one joins mid-stream, and every "
@@ -44,20 +60,13 @@ TEST_CASE("continuous batching: requests of different lengths share steps, one j
     req.ignore_eos = true;  // the first two must still be decoding when the third joins
     return self->request(cluster.router, std::chrono::seconds{60}, generate_atom::value, std::move(req));
   };
-  auto first = send(0);
-  auto second = send(1);
+  std::vector<decltype(send(0))> handles;
+  handles.push_back(send(0));
+  handles.push_back(send(1));
   // Wait (bounded) until the first two are decoding together, then send the third.
-  for (int i = 0; i < 2000 && t.stats(decode).num_steps < 5; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{1});
-  REQUIRE(t.stats(decode).num_steps >= 5);
-  auto third = send(2);
-  std::vector<completion> done(3);
-  auto collect = [&](auto& handle, size_t i) {
-    handle.receive([&](completion& c) { done[i] = std::move(c); },
-                   [&](caf::error& e) { FAIL("request " << i << " failed: " << t.sys.render(e)); });
-  };
-  collect(first, 0);
-  collect(second, 1);
-  collect(third, 2);
+  wait_for_steps(t, decode, 5);
+  handles.push_back(send(2));
+  auto done = collect_all(t, handles);
 
   // The step log: some step ran all three with three different context lengths, and the third
   // request first appears after steps that ran without it.
@@ -215,19 +224,12 @@ TEST_CASE("hybrid PD: short prompts are prefilled on the decode rank in chunks r
       "thirty-odd tokens, prefilled locally",                            // 37 tokens: hybrid, 3 chunks
       "a prompt long enough to go to the prefill pool instead, surely",  // 63 tokens: disaggregated
   };
-  auto first = send(prompts[0], 200);
-  for (int i = 0; i < 2000 && t.stats(decode).num_steps < 5; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{1});
-  REQUIRE(t.stats(decode).num_steps >= 5);
-  auto second = send(prompts[1], 10);
-  auto third = send(prompts[2], 10);
-  std::vector<completion> done(3);
-  auto collect = [&](auto& handle, size_t i) {
-    handle.receive([&](completion& c) { done[i] = std::move(c); },
-                   [&](caf::error& e) { FAIL("request " << i << " failed: " << t.sys.render(e)); });
-  };
-  collect(first, 0);
-  collect(second, 1);
-  collect(third, 2);
+  std::vector<decltype(send(prompts[0], 1))> handles;
+  handles.push_back(send(prompts[0], 200));
+  wait_for_steps(t, decode, 5);  // the first request is decoding: the next chunks ride with it
+  handles.push_back(send(prompts[1], 10));
+  handles.push_back(send(prompts[2], 10));
+  auto done = collect_all(t, handles);
   CHECK(done[0].prefill_rank == "decode-0");
   CHECK(done[1].prefill_rank == "decode-0");
   CHECK(done[2].prefill_rank == "prefill-0");
