@@ -1,0 +1,173 @@
+#include "store/block_file.hpp"
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+namespace baton::store {
+
+namespace {
+
+constexpr char magic[8] = {'B', 'A', 'T', 'O', 'N', 'K', 'V', '1'};
+
+/// Little-endian field writer/reader over the fixed 4 KiB header.
+struct cursor {
+  unsigned char* p;
+  size_t off = 0;
+  template <class T>
+  void put(T v) {
+    std::memcpy(p + off, &v, sizeof v);
+    off += sizeof v;
+  }
+  template <class T>
+  T get() {
+    T v;
+    std::memcpy(&v, p + off, sizeof v);
+    off += sizeof v;
+    return v;
+  }
+};
+
+uint64_t bytes_checksum(const unsigned char* p, size_t n) {
+  uint64_t h = 0xCBF29CE484222325ull;
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001B3ull;
+  return h;
+}
+
+bool write_all(int fd, const void* data, size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+bool pread_all(int fd, void* data, size_t n, uint64_t off) {
+  auto* p = static_cast<unsigned char*>(data);
+  while (n > 0) {
+    const ssize_t r = ::pread(fd, p, n, static_cast<off_t>(off));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<size_t>(r);
+    off += static_cast<uint64_t>(r);
+  }
+  return true;
+}
+
+void encode(const block_header& h, unsigned char* buf) {
+  std::memset(buf, 0, 4096);
+  cursor c{buf};
+  for (char m : magic) c.put(m);
+  c.put(block_header::version);
+  for (const auto* k : {&h.salt, &h.key, &h.parent}) {
+    c.put(k->hi);
+    c.put(k->lo);
+  }
+  c.put(h.num_layers);
+  c.put(h.kv_dim);
+  c.put(h.block_tokens);
+  c.put(h.page_tokens);
+  c.put(h.layer_bytes);
+  for (auto x : h.layer_checksums) c.put(x);
+  const uint64_t sum = bytes_checksum(buf, c.off);
+  c.put(sum);
+}
+
+}  // namespace
+
+std::string block_path(const std::string& dir, const block_key& key) {
+  const auto hex = key.hex();
+  return dir + "/" + hex.substr(0, 2) + "/" + hex + ".blk";
+}
+
+std::string write_block_file(const std::string& path, const block_header& h,
+                             const std::function<layer_pieces(uint32_t layer)>& layer_data) {
+  // 8 bytes per layer checksum must fit the fixed header with the fields before it.
+  if (h.num_layers > 400 || h.layer_checksums.size() != h.num_layers)
+    return "block header: " + std::to_string(h.num_layers) + " layers and " +
+           std::to_string(h.layer_checksums.size()) + " checksums";
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return "cannot create " + tmp + ": " + std::strerror(errno);
+  unsigned char header[4096];
+  encode(h, header);
+  bool ok = write_all(fd, header, sizeof header);
+  for (uint32_t l = 0; ok && l < h.num_layers; ++l) {
+    uint64_t written = 0;
+    for (const auto& [p, n] : layer_data(l)) {
+      ok = ok && write_all(fd, p, n);
+      written += n;
+    }
+    ok = ok && written == h.layer_bytes;
+  }
+  ok = (::close(fd) == 0) && ok;
+  if (!ok) {
+    ::unlink(tmp.c_str());
+    return "cannot write " + path + ": " + (errno ? std::strerror(errno) : "short layer data");
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    ::unlink(tmp.c_str());
+    return "cannot rename " + tmp + ": " + std::strerror(errno);
+  }
+  return {};
+}
+
+int open_block_file(const std::string& path, const block_key& salt, const block_key& key, block_header* out,
+                    std::string* why) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    *why = path + ": " + std::strerror(errno);
+    return -1;
+  }
+  auto fail = [&](const std::string& s) {
+    ::close(fd);
+    *why = path + ": " + s;
+    return -1;
+  };
+  unsigned char buf[4096];
+  if (!pread_all(fd, buf, sizeof buf, 0)) return fail("truncated header");
+  cursor c{buf};
+  char m[8];
+  for (char& x : m) x = c.get<char>();
+  if (std::memcmp(m, magic, 8) != 0) return fail("not a Baton KV block");
+  if (c.get<uint32_t>() != block_header::version) return fail("unknown block format version");
+  block_header h;
+  for (auto* k : {&h.salt, &h.key, &h.parent}) {
+    k->hi = c.get<uint64_t>();
+    k->lo = c.get<uint64_t>();
+  }
+  h.num_layers = c.get<uint32_t>();
+  h.kv_dim = c.get<uint32_t>();
+  h.block_tokens = c.get<uint32_t>();
+  h.page_tokens = c.get<uint32_t>();
+  h.layer_bytes = c.get<uint64_t>();
+  if (h.num_layers > 400) return fail("corrupt header (layer count)");
+  for (uint32_t l = 0; l < h.num_layers; ++l) h.layer_checksums.push_back(c.get<uint64_t>());
+  const uint64_t expect = bytes_checksum(buf, c.off);
+  if (c.get<uint64_t>() != expect) return fail("corrupt header (checksum)");
+  if (!(h.salt == salt)) return fail("written for another model or KV layout");
+  if (!(h.key == key)) return fail("holds another block");
+  const off_t size = ::lseek(fd, 0, SEEK_END);
+  if (size < 0 || static_cast<uint64_t>(size) != h.file_bytes())
+    return fail("truncated (" + std::to_string(size) + " of " + std::to_string(h.file_bytes()) + " bytes)");
+  *out = std::move(h);
+  return fd;
+}
+
+std::string read_block_layer(int fd, const block_header& h, uint32_t layer, std::byte* dst) {
+  if (layer >= h.num_layers) return "layer " + std::to_string(layer) + " out of range";
+  if (!pread_all(fd, dst, h.layer_bytes, h.layer_offset(layer))) return "short read of layer " + std::to_string(layer);
+  return {};
+}
+
+}  // namespace baton::store

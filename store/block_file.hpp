@@ -1,0 +1,54 @@
+#pragma once
+
+// One KV block on disk: a header (model salt, key, parent, layout, per-layer checksums, its own
+// checksum) padded to 4 KiB, then the block's KV layer-major — layer 0 of all its pages, layer
+// 1, ... — so one layer of many blocks is one read per file at a known offset. Files are written
+// to a temporary name and renamed, so a reader never sees half a block.
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "store/block_key.hpp"
+
+namespace baton::store {
+
+struct block_header {
+  static constexpr uint32_t version = 1;
+  block_key salt;     ///< model identity and KV layout (kv_identity)
+  block_key key;
+  block_key parent;   ///< empty for a prompt's first block
+  uint32_t num_layers = 0;
+  uint32_t kv_dim = 0;
+  uint32_t block_tokens = 0;
+  uint32_t page_tokens = 0;
+  uint64_t layer_bytes = 0;                ///< bytes of one layer of the block
+  std::vector<uint64_t> layer_checksums;   ///< gpu::kv_cache::kv_layer_checksum of each layer's pages
+
+  uint64_t header_bytes() const { return 4096; }
+  uint64_t layer_offset(uint32_t layer) const { return header_bytes() + uint64_t{layer} * layer_bytes; }
+  uint64_t file_bytes() const { return header_bytes() + uint64_t{num_layers} * layer_bytes; }
+};
+
+/// Pieces of one layer's bytes, in order (a block's pages need not be contiguous in a pool).
+using layer_pieces = std::vector<std::pair<const std::byte*, uint64_t>>;
+
+/// dir/<first two hex digits>/<32 hex digits>.blk
+std::string block_path(const std::string& dir, const block_key& key);
+
+/// Writes the block atomically; returns an error sentence or empty.
+std::string write_block_file(const std::string& path, const block_header& h,
+                             const std::function<layer_pieces(uint32_t layer)>& layer_data);
+
+/// Opens and validates a block file against the expected salt and key. On failure returns -1
+/// and a sentence (missing, truncated, corrupt header, other model...).
+int open_block_file(const std::string& path, const block_key& salt, const block_key& key, block_header* out,
+                    std::string* why);
+
+/// Reads layer `layer` of an open block into dst (h.layer_bytes); error sentence or empty.
+std::string read_block_layer(int fd, const block_header& h, uint32_t layer, std::byte* dst);
+
+}  // namespace baton::store

@@ -1,0 +1,151 @@
+#include "store/block_index.hpp"
+
+#include <algorithm>
+
+namespace baton::store {
+
+std::optional<retention> parse_retention(const std::string& name) {
+  if (name == "chat") return retention::chat;
+  if (name == "agent") return retention::agent;
+  if (name == "batch") return retention::batch;
+  return std::nullopt;
+}
+
+std::string to_string(retention r) {
+  switch (r) {
+    case retention::chat: return "chat";
+    case retention::agent: return "agent";
+    case retention::batch: return "batch";
+  }
+  return "?";
+}
+
+double retention_policy::ttl_s(retention r) const {
+  switch (r) {
+    case retention::chat: return chat_ttl_s;
+    case retention::agent: return agent_ttl_s;
+    case retention::batch: return batch_ttl_s;
+  }
+  return 0.0;
+}
+
+size_t block_index::longest_prefix(const std::vector<block_key>& keys, double now_s) const {
+  size_t n = 0;
+  for (const auto& k : keys) {
+    auto i = entries_.find(k);
+    if (i == entries_.end() || i->second.meta.expires_at_s <= now_s) break;
+    ++n;
+  }
+  return n;
+}
+
+const block_meta* block_index::find(const block_key& key) const {
+  auto i = entries_.find(key);
+  return i == entries_.end() ? nullptr : &i->second.meta;
+}
+
+void block_index::make_recent(entry& e) { lru_.splice(lru_.begin(), lru_, e.lru); }
+
+void block_index::upsert(block_meta meta, double now_s) {
+  auto i = entries_.find(meta.key);
+  if (i == entries_.end()) {
+    lru_.push_front(meta.key);
+    const auto exp = meta.expires_at_s;
+    const auto key = meta.key;
+    meta.last_access_s = now_s;
+    entry e{std::move(meta), lru_.begin(), by_expiry_.emplace(exp, key), 0};
+    entries_.emplace(key, std::move(e));
+    return;
+  }
+  auto& e = i->second;
+  make_recent(e);
+  e.meta.last_access_s = now_s;
+  for (auto s : meta.servers)
+    if (std::find(e.meta.servers.begin(), e.meta.servers.end(), s) == e.meta.servers.end()) e.meta.servers.push_back(s);
+  if (meta.expires_at_s > e.meta.expires_at_s) {
+    by_expiry_.erase(e.expiry);
+    e.meta.expires_at_s = meta.expires_at_s;
+    e.meta.cls = meta.cls;
+    e.expiry = by_expiry_.emplace(e.meta.expires_at_s, e.meta.key);
+  }
+}
+
+void block_index::touch_chain(const std::vector<block_key>& keys, double now_s) {
+  for (auto k = keys.rbegin(); k != keys.rend(); ++k) {
+    auto i = entries_.find(*k);
+    if (i == entries_.end()) continue;
+    make_recent(i->second);
+    i->second.meta.last_access_s = now_s;
+  }
+}
+
+void block_index::erase(const block_key& key) {
+  auto i = entries_.find(key);
+  if (i == entries_.end()) return;
+  lru_.erase(i->second.lru);
+  by_expiry_.erase(i->second.expiry);
+  entries_.erase(i);
+}
+
+void block_index::pin(const block_key& key) {
+  if (auto i = entries_.find(key); i != entries_.end()) ++i->second.pins;
+}
+
+void block_index::unpin(const block_key& key) {
+  if (auto i = entries_.find(key); i != entries_.end() && i->second.pins > 0) --i->second.pins;
+}
+
+std::vector<block_meta> block_index::evict_to_capacity() {
+  std::vector<block_meta> out;
+  if (capacity_ == 0) return out;
+  auto it = lru_.end();
+  while (entries_.size() > capacity_ && it != lru_.begin()) {
+    --it;
+    auto e = entries_.find(*it);
+    if (e->second.pins > 0) continue;
+    out.push_back(e->second.meta);
+    by_expiry_.erase(e->second.expiry);
+    it = lru_.erase(it);
+    entries_.erase(e);
+  }
+  return out;
+}
+
+std::vector<block_meta> block_index::expire(double now_s) {
+  std::vector<block_meta> out;
+  for (auto it = by_expiry_.begin(); it != by_expiry_.end() && it->first <= now_s;) {
+    auto e = entries_.find(it->second);
+    if (e->second.pins > 0) {
+      ++it;
+      continue;
+    }
+    out.push_back(e->second.meta);
+    lru_.erase(e->second.lru);
+    entries_.erase(e);
+    it = by_expiry_.erase(it);
+  }
+  return out;
+}
+
+server_ring::server_ring(uint32_t num_servers, uint32_t virtual_nodes) : num_servers_(num_servers) {
+  for (uint32_t s = 0; s < num_servers; ++s)
+    for (uint32_t v = 0; v < virtual_nodes; ++v) {
+      const int32_t words[2] = {static_cast<int32_t>(s), static_cast<int32_t>(v)};
+      ring_.emplace_back(chain_step({0x5bd1e995, s}, words, 2).lo, s);
+    }
+  std::sort(ring_.begin(), ring_.end());
+}
+
+std::vector<uint32_t> server_ring::servers_for(const block_key& key, uint32_t replicas) const {
+  std::vector<uint32_t> out;
+  if (ring_.empty()) return out;
+  replicas = std::min(replicas, num_servers_);
+  auto it = std::lower_bound(ring_.begin(), ring_.end(), std::make_pair(key.hi, uint32_t{0}));
+  for (size_t step = 0; step < ring_.size() && out.size() < replicas; ++step, ++it) {
+    if (it == ring_.end()) it = ring_.begin();
+    if (std::find(out.begin(), out.end(), it->second) == out.end()) out.push_back(it->second);
+  }
+  return out;
+}
+
+}  // namespace baton::store

@@ -1,0 +1,97 @@
+#pragma once
+
+// The store's metadata (seed 000 §2.2): which blocks exist, where, until when, and in which LRU
+// order. Pure and single-owner (the block_index actor, or a trace replay): time is passed in.
+//
+// Eviction is leaf-first LRU: callers insert and touch a request's blocks last block first, so a
+// prefix's leading blocks are always more recently used than its tail and a chain is evicted
+// from its leaves (../shared/traces/README.md §1 gives the same semantics and reference ratios).
+
+#include <cstdint>
+#include <list>
+#include <map>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "store/block_key.hpp"
+
+namespace baton::store {
+
+/// Retention classes of design.md §2: chat kept 7 days, agent 3 days, batch not stored.
+enum class retention : uint8_t { chat = 0, agent = 1, batch = 2 };
+std::optional<retention> parse_retention(const std::string& name);
+std::string to_string(retention r);
+
+struct retention_policy {
+  double chat_ttl_s = 7 * 86400.0;
+  double agent_ttl_s = 3 * 86400.0;
+  double batch_ttl_s = 0.0;  ///< 0: the class is not written back at all
+  double ttl_s(retention r) const;
+};
+
+struct block_meta {
+  block_key key;
+  block_key parent;               ///< empty for a prompt's first block
+  std::vector<uint32_t> servers;  ///< block servers holding a copy (replicas), primary first
+  uint64_t size_bytes = 0;
+  retention cls = retention::chat;
+  double expires_at_s = 0.0;
+  double last_access_s = 0.0;
+};
+
+class block_index {
+ public:
+  /// capacity_blocks = 0: unbounded.
+  explicit block_index(uint64_t capacity_blocks = 0) : capacity_(capacity_blocks) {}
+
+  /// How many leading keys are present and unexpired at now_s (CHECK). Touches nothing.
+  size_t longest_prefix(const std::vector<block_key>& keys, double now_s) const;
+  const block_meta* find(const block_key& key) const;
+  /// Inserts, or refreshes an existing block: it becomes most recently used, its expiry the later
+  /// of the two, its servers the union.
+  void upsert(block_meta meta, double now_s);
+  /// Marks `keys` used, last one first (a read hit).
+  void touch_chain(const std::vector<block_key>& keys, double now_s);
+  void erase(const block_key& key);
+  /// Pins blocks that are being read: pinned blocks are neither evicted nor expired.
+  void pin(const block_key& key);
+  void unpin(const block_key& key);
+  /// Evicts least recently used unpinned blocks until at most capacity remain; returns them.
+  std::vector<block_meta> evict_to_capacity();
+  /// Removes every unpinned block whose expiry has passed; returns them.
+  std::vector<block_meta> expire(double now_s);
+
+  size_t size() const { return entries_.size(); }
+  uint64_t capacity() const { return capacity_; }
+  void set_capacity(uint64_t blocks) { capacity_ = blocks; }
+
+ private:
+  struct entry {
+    block_meta meta;
+    std::list<block_key>::iterator lru;  ///< position in lru_ (front = most recent)
+    std::multimap<double, block_key>::iterator expiry;
+    uint32_t pins = 0;
+  };
+  void make_recent(entry& e);
+  std::unordered_map<block_key, entry, block_key_hash> entries_;
+  std::list<block_key> lru_;
+  std::multimap<double, block_key> by_expiry_;
+  uint64_t capacity_;
+};
+
+/// Consistent hashing of keys onto block servers (with virtual nodes, so adding a server moves
+/// ~1/n of the keys): the servers that should hold `key`, `replicas` distinct ones.
+class server_ring {
+ public:
+  explicit server_ring(uint32_t num_servers, uint32_t virtual_nodes = 64);
+  std::vector<uint32_t> servers_for(const block_key& key, uint32_t replicas) const;
+  uint32_t num_servers() const { return num_servers_; }
+
+ private:
+  uint32_t num_servers_;
+  std::vector<std::pair<uint64_t, uint32_t>> ring_;  ///< (point, server), sorted
+};
+
+}  // namespace baton::store

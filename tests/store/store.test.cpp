@@ -1,0 +1,223 @@
+// The block store engine: keys, block files, the index (LRU, expiry, pins), the server ring,
+// and the Mooncake trace's reference hit ratios.
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "gpu/kv_cache.hpp"
+#include "store/block_file.hpp"
+#include "store/block_index.hpp"
+#include "store/block_key.hpp"
+
+using namespace baton;
+using namespace baton::store;
+
+namespace {
+
+kv_identity tiny_identity() { return {"baton-tiny seed 1", 4, 64, 32, 16, "f32"}; }
+
+std::vector<int32_t> tokens(size_t n, int32_t offset = 0) {
+  std::vector<int32_t> t(n);
+  for (size_t i = 0; i < n; ++i) t[i] = static_cast<int32_t>((i * 31 + offset) % 259);
+  return t;
+}
+
+std::string temp_dir(const std::string& name) {
+  auto d = std::filesystem::temp_directory_path() / ("baton-store-test-" + name + "-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d.string();
+}
+
+}  // namespace
+
+TEST_CASE("block keys chain over full blocks, and depend on every earlier token and on the model identity") {
+  const auto salt = salt_of(tiny_identity());
+  const auto a = tokens(100);
+  const auto ka = chain_keys(salt, a, 32);
+  CHECK(ka.size() == 3);  // 100 tokens: three full blocks of 32, the partial fourth has no key
+  auto b = a;
+  b.resize(96);
+  CHECK(chain_keys(salt, b, 32) == ka);  // a shared prefix shares its keys
+  b[5] ^= 1;                              // one token of block 0 differs: every key differs
+  const auto kb = chain_keys(salt, b, 32);
+  for (size_t i = 0; i < 3; ++i) CHECK_FALSE(kb[i] == ka[i]);
+  auto other = tiny_identity();
+  other.kv_dim = 128;  // another KV layout: blocks never mix
+  CHECK_FALSE(chain_keys(salt_of(other), a, 32)[0] == ka[0]);
+  other = tiny_identity();
+  other.model_id = "baton-tiny seed 2";
+  CHECK_FALSE(chain_keys(salt_of(other), a, 32)[0] == ka[0]);
+  CHECK(ka[0].hex().size() == 32);
+}
+
+TEST_CASE("block files round-trip layer by layer, and every kind of damage is refused with a sentence") {
+  const auto id = tiny_identity();
+  gpu::kv_cache pool{{id.num_layers, 8, id.page_tokens, id.kv_dim}};
+  for (uint64_t i = 0; i < pool.size_bytes() / sizeof(float); ++i)
+    reinterpret_cast<float*>(pool.data())[i] = static_cast<float>(i % 977) * 0.5f;
+  const std::vector<uint32_t> pages = {5, 2};  // a block of 32 tokens = 2 pages, not contiguous
+  const auto salt = salt_of(id);
+  const auto key = chain_keys(salt, tokens(32), 32)[0];
+  block_header h;
+  h.salt = salt;
+  h.key = key;
+  h.num_layers = id.num_layers;
+  h.kv_dim = id.kv_dim;
+  h.block_tokens = 32;
+  h.page_tokens = 16;
+  h.layer_bytes = 2 * pool.layout().page_bytes();
+  for (uint32_t l = 0; l < id.num_layers; ++l) h.layer_checksums.push_back(pool.kv_layer_checksum(l, pages, 2));
+  auto pieces = [&](uint32_t l) {
+    layer_pieces p;
+    for (auto pg : pages) p.emplace_back(pool.data() + pool.layout().offset_bytes(l, pg), pool.layout().page_bytes());
+    return p;
+  };
+  const auto dir = temp_dir("files");
+  const auto path = block_path(dir, key);
+  REQUIRE(write_block_file(path, h, pieces).empty());
+
+  // Read every layer into two other pages of a fresh pool: the checksums match.
+  gpu::kv_cache reader{pool.layout()};
+  std::string why;
+  block_header got;
+  int fd = open_block_file(path, salt, key, &got, &why);
+  REQUIRE_MESSAGE(fd >= 0, why);
+  CHECK(got.layer_checksums == h.layer_checksums);
+  std::vector<std::byte> buf(h.layer_bytes);
+  const std::vector<uint32_t> dst = {0, 7};
+  for (uint32_t l = 0; l < id.num_layers; ++l) {
+    REQUIRE(read_block_layer(fd, got, l, buf.data()).empty());
+    for (size_t i = 0; i < 2; ++i)
+      std::memcpy(reader.data() + reader.layout().offset_bytes(l, dst[i]), buf.data() + i * reader.layout().page_bytes(),
+                  reader.layout().page_bytes());
+    CHECK(reader.kv_layer_checksum(l, dst, 2) == h.layer_checksums[l]);
+  }
+  ::close(fd);
+
+  // Other model: refused.
+  auto other = id;
+  other.model_id = "other";
+  CHECK(open_block_file(path, salt_of(other), key, &got, &why) < 0);
+  CHECK(why.find("another model") != std::string::npos);
+  // A flipped data byte passes the header but not the layer checksum.
+  {
+    std::fstream f{path, std::ios::in | std::ios::out | std::ios::binary};
+    f.seekp(static_cast<std::streamoff>(h.layer_offset(2) + 100));
+    char c;
+    f.read(&c, 1);
+    c ^= 0x10;
+    f.seekp(static_cast<std::streamoff>(h.layer_offset(2) + 100));
+    f.write(&c, 1);
+  }
+  fd = open_block_file(path, salt, key, &got, &why);
+  REQUIRE(fd >= 0);
+  REQUIRE(read_block_layer(fd, got, 2, buf.data()).empty());
+  std::memcpy(reader.data() + reader.layout().offset_bytes(2, 0), buf.data(), h.layer_bytes / 2);
+  std::memcpy(reader.data() + reader.layout().offset_bytes(2, 7), buf.data() + h.layer_bytes / 2, h.layer_bytes / 2);
+  CHECK(reader.kv_layer_checksum(2, dst, 2) != h.layer_checksums[2]);
+  ::close(fd);
+  // A flipped header byte, a truncated file, a missing file.
+  {
+    std::fstream f{path, std::ios::in | std::ios::out | std::ios::binary};
+    f.seekp(60);
+    f.put('\x7f');
+  }
+  CHECK(open_block_file(path, salt, key, &got, &why) < 0);
+  CHECK(why.find("corrupt header") != std::string::npos);
+  REQUIRE(write_block_file(path, h, pieces).empty());
+  std::filesystem::resize_file(path, h.file_bytes() - 1);
+  CHECK(open_block_file(path, salt, key, &got, &why) < 0);
+  CHECK(why.find("truncated") != std::string::npos);
+  std::filesystem::remove(path);
+  CHECK(open_block_file(path, salt, key, &got, &why) < 0);
+  CHECK(why.find("No such file") != std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("the index: longest cached prefix, leaf-first LRU eviction, expiry by class, pins") {
+  retention_policy ret;
+  block_index idx{3};
+  auto key = [](uint64_t i) { return block_key{0, i}; };
+  auto add_chain = [&](std::vector<uint64_t> ids, retention cls, double now) {
+    for (auto i = ids.rbegin(); i != ids.rend(); ++i)  // last block first: leading blocks most recent
+      idx.upsert({key(*i), {}, {0}, 100, cls, now + ret.ttl_s(cls), 0}, now);
+    return idx.evict_to_capacity();
+  };
+  CHECK(add_chain({1, 2, 3}, retention::chat, 0).empty());
+  CHECK(idx.longest_prefix({key(1), key(2), key(3), key(4)}, 1) == 3);
+  CHECK(idx.longest_prefix({key(2), key(3)}, 1) == 2);
+  CHECK(idx.longest_prefix({key(9), key(2)}, 1) == 0);  // a prefix must start at the first block
+  // A new chain sharing block 1: the old chain's leaves go first.
+  const auto evicted = add_chain({1, 5}, retention::chat, 2);
+  REQUIRE(evicted.size() == 1);
+  CHECK(evicted[0].key == key(3));
+  CHECK(idx.longest_prefix({key(1), key(2), key(3)}, 3) == 2);
+  // Expiry: an agent chain expires after 3 days, chat survives until 7.
+  block_index big;
+  for (uint64_t i = 10; i < 13; ++i) big.upsert({key(i), {}, {0}, 1, retention::agent, ret.agent_ttl_s, 0}, 0);
+  for (uint64_t i = 20; i < 23; ++i) big.upsert({key(i), {}, {0}, 1, retention::chat, ret.chat_ttl_s, 0}, 0);
+  big.pin(key(12));
+  CHECK(big.expire(3 * 86400.0 - 1).empty());
+  const auto gone = big.expire(3 * 86400.0);
+  CHECK(gone.size() == 2);  // 10 and 11; 12 is pinned (being read)
+  CHECK(big.longest_prefix({key(20), key(21), key(22)}, 3 * 86400.0) == 3);
+  big.unpin(key(12));
+  CHECK(big.expire(3 * 86400.0).size() == 1);
+  CHECK(big.expire(7 * 86400.0).size() == 3);
+  CHECK(big.size() == 0);
+  CHECK(parse_retention("agent") == retention::agent);
+  CHECK_FALSE(parse_retention("forever"));
+}
+
+TEST_CASE("the server ring: distinct replicas, and a new server takes about 1/n of the keys") {
+  server_ring four{4}, five{5};
+  size_t moved = 0, n = 20000;
+  for (uint64_t i = 0; i < n; ++i) {
+    const block_key k = chain_step({1, 2}, reinterpret_cast<const int32_t*>(&i), 2);
+    const auto r = four.servers_for(k, 2);
+    REQUIRE(r.size() == 2);
+    CHECK(r[0] != r[1]);
+    if (five.servers_for(k, 1)[0] != r[0]) ++moved;
+  }
+  CHECK(moved > n / 10);  // about 1/5 move to the new server ...
+  CHECK(moved < n / 3);   // ... not a reshuffle
+}
+
+TEST_CASE("Mooncake conversation trace through the index: the README's LRU hit ratios, and 0.3664 unbounded") {
+  std::ifstream f{BATON_SOURCE_DIR "/tests/data/traces/mooncake_conversation_trace.jsonl"};
+  REQUIRE(f);
+  std::vector<std::vector<block_key>> requests;
+  std::string line;
+  while (std::getline(f, line)) {
+    auto j = nlohmann::json::parse(line);
+    std::vector<block_key> keys;
+    for (auto id : j["hash_ids"]) keys.push_back({1, id.get<uint64_t>()});
+    requests.push_back(std::move(keys));
+  }
+  REQUIRE(requests.size() == 12031);
+  const std::vector<std::pair<uint64_t, double>> expected = {
+      {512, 0.0422}, {2048, 0.0550}, {6144, 0.1413}, {20480, 0.2904}, {65536, 0.3594}, {204800, 0.3664}, {0, 0.3664}};
+  for (const auto& [capacity, ratio] : expected) {
+    CAPTURE(capacity);
+    block_index idx{capacity};
+    uint64_t hits = 0, total = 0;
+    for (const auto& keys : requests) {
+      hits += idx.longest_prefix(keys, 0);
+      total += keys.size();
+      for (auto k = keys.rbegin(); k != keys.rend(); ++k) idx.upsert({*k, {}, {0}, 1, retention::chat, 1e18, 0}, 0);
+      idx.evict_to_capacity();
+    }
+    const double got = static_cast<double>(hits) / static_cast<double>(total);
+    CHECK_MESSAGE(std::abs(got - ratio) <= 0.001, "hit ratio " << got << ", reference " << ratio);
+  }
+}
