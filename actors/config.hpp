@@ -10,6 +10,7 @@
 #include "policies/decode_placement.hpp"
 #include "policies/placement.hpp"
 #include "policies/prefill_placement.hpp"
+#include "store/block_index.hpp"
 
 namespace baton {
 
@@ -37,6 +38,33 @@ struct prefill_rank_config {
     if (step_budget_us > 0 && !cost.usable())
       return "prefill step_budget_us needs a usable cost model (alpha, beta, delta >= 0, gamma > 0)";
     if (kv_send_timeout_ms == 0) return "prefill kv_send_timeout_ms must be >= 1";
+    return {};
+  }
+};
+
+/// The KV block store (store/, seed 000 §2.2): block servers, the index, retention.
+struct store_config {
+  bool enabled = false;
+  std::string dir;                    ///< block server i keeps its files in <dir>/server-<i>
+  uint32_t num_servers = 1;           ///< the key space is shared by consistent hashing
+  uint32_t replicas = 1;              ///< copies of each block (1 or 2)
+  uint32_t block_tokens = 512;        ///< B: a multiple of the KV page size
+  uint64_t capacity_blocks = 0;       ///< index capacity; 0 = unbounded (leaf-first LRU beyond it)
+  store::retention_policy retention;  ///< chat 7 d, agent 3 d, batch not written
+  uint32_t housekeeping_interval_ms = 60000;  ///< expiry and eviction run this often
+  uint32_t read_timeout_ms = 5000;    ///< a read not answered by then is a miss (recompute)
+  uint64_t staging_bytes = 64ull << 20;  ///< a block server's registered buffer for reads
+  uint64_t max_pending_write_bytes = 256ull << 20;  ///< write-back beyond this is dropped (counted)
+
+  std::string validate(uint32_t page_size_tokens) const {
+    if (!enabled) return {};
+    if (dir.empty()) return "store dir must be set when the store is enabled";
+    if (num_servers == 0) return "store num_servers must be >= 1";
+    if (replicas == 0 || replicas > num_servers) return "store replicas must be between 1 and num_servers";
+    if (block_tokens == 0 || block_tokens % page_size_tokens != 0)
+      return "store block_tokens must be a positive multiple of the KV page size (" +
+             std::to_string(page_size_tokens) + ")";
+    if (housekeeping_interval_ms == 0 || read_timeout_ms == 0) return "store intervals must be >= 1 ms";
     return {};
   }
 };

@@ -4,10 +4,14 @@
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
+#include <cstring>
 #include <deque>
 #include <optional>
 
 #include "actors/executor_bridge.hpp"
+#include "actors/store_access.hpp"
+#include "store/block_index.hpp"
+#include "store/block_key.hpp"
 #include "gpu/executor.hpp"
 #include "gpu/sampling.hpp"
 #include "transport/transport.hpp"
@@ -35,6 +39,7 @@ struct lease {
   int64_t queue_us = 0;                   ///< order arrival -> joined the batch
   decode_order order;
   caf::typed_response_promise<decode_summary> promise;
+  std::vector<int32_t> fed;  ///< tokens fed to steps so far (their KV follows the prompt's)
 };
 
 /// Hybrid PD: a prompt prefilled on this rank into its lease's pages, one chunk per step.
@@ -73,6 +78,11 @@ struct decode_state {
   std::deque<local_prefill> local_prefills;  ///< hybrid PD prompts, first come first served
   std::optional<uint32_t> step_chunk_tokens;  ///< the step in flight carries the head prompt's next chunk
   decode_balancer_actor balancer;     ///< told our load after every change (may be null)
+  store_access store;
+  std::optional<store::server_ring> ring;  ///< which block servers hold a key
+  uint64_t pending_write_bytes = 0;        ///< write-back sent, not yet acknowledged
+  uint64_t blocks_written_back = 0;
+  uint64_t write_backs_dropped = 0;
   static inline const char* name = "baton.decode_rank";
 };
 
@@ -191,6 +201,51 @@ void maybe_admit(decode_pointer self, uint64_t lease_id) {
   maybe_step(self);
 }
 
+/// Writes the sequence's full blocks that did not come from the store, each to the servers the
+/// ring assigns it. Copies the pages now (they are freed right after); the writes themselves run
+/// on the block servers' I/O threads and no step waits for them.
+void write_back(decode_pointer self, const lease& l) {
+  auto& st = self->state;
+  const auto& o = l.order;
+  const uint32_t b = st.store.block_tokens();
+  std::vector<int32_t> seq = o.prompt_tokens;
+  seq.insert(seq.end(), l.fed.begin(), l.fed.end());
+  const auto keys = store::chain_keys(store::salt_of(st.store.identity), seq, b);
+  auto& kv = st.core.exec->kv();
+  const auto& lay = kv.layout();
+  const uint32_t ppb = b / lay.page_size_tokens;
+  const uint64_t block_bytes = uint64_t{ppb} * lay.page_bytes() * lay.num_layers;
+  for (size_t k = o.cached_blocks; k < keys.size(); ++k) {
+    if (st.pending_write_bytes + block_bytes > st.store.max_pending_write_bytes) {
+      ++st.write_backs_dropped;  // backpressure: a miss later, never a stall now
+      continue;
+    }
+    std::vector<uint32_t> pages(l.pages.begin() + k * ppb, l.pages.begin() + (k + 1) * ppb);
+    store_write_order w;
+    w.request_id = l.request_id;
+    w.block = {keys[k].hi, keys[k].lo, {}};
+    if (k > 0) w.parent_hi = keys[k - 1].hi, w.parent_lo = keys[k - 1].lo;
+    w.retention = o.traffic_class;
+    w.block_tokens = b;
+    w.page_tokens = lay.page_size_tokens;
+    w.kv_dim = lay.kv_dim;
+    w.bytes.resize(block_bytes);
+    for (uint32_t layer = 0; layer < lay.num_layers; ++layer) {
+      w.checksums.push_back(std::max<uint64_t>(1, kv.kv_layer_checksum(layer, pages, ppb)));
+      for (uint32_t p = 0; p < ppb; ++p)
+        std::memcpy(w.bytes.data() + (uint64_t{layer} * ppb + p) * lay.page_bytes(),
+                    kv.data() + lay.offset_bytes(layer, pages[p]), lay.page_bytes());
+    }
+    for (auto server : st.ring->servers_for(keys[k], st.store.replicas)) {
+      st.pending_write_bytes += block_bytes;
+      self->request(st.store.servers[server], caf::infinite, w)
+          .then([=](uint64_t) { self->state.pending_write_bytes -= block_bytes; },
+                [=](caf::error&) { self->state.pending_write_bytes -= block_bytes; });
+    }
+    ++st.blocks_written_back;
+  }
+}
+
 void finish_seq(decode_pointer self, uint64_t lease_id, const std::string& reason) {
   auto& st = self->state;
   auto i = st.leases.find(lease_id);
@@ -202,6 +257,8 @@ void finish_seq(decode_pointer self, uint64_t lease_id, const std::string& reaso
       st.batch.erase(s);
       break;
     }
+  if (st.store.enabled() && (reason == "eos" || reason == "length") && !i->second.order.prompt_tokens.empty())
+    write_back(self, i->second);
   i->second.promise.deliver(decode_summary{i->second.request_id, generated, reason, i->second.queue_us});
   free_lease(self, lease_id);
 }
@@ -223,6 +280,7 @@ void on_step_done(decode_pointer self, std::vector<std::vector<float>>& logits) 
       finish_seq(self, lease_id, "released");
       continue;
     }
+    l.fed.push_back(s->next_input);  // its KV is now at position s->pos
     const gpu::sampling_config sc{l.order.temperature, l.order.seed};
     const int32_t tok = gpu::sample_token(logits[row], sc, s->pos + 1);
     ++s->num_generated;
@@ -244,9 +302,11 @@ void on_step_done(decode_pointer self, std::vector<std::vector<float>>& logits) 
 decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_rank_config cfg,
                                                   std::shared_ptr<gpu::executor> exec,
                                                   std::shared_ptr<transport::transport> xport,
-                                                  decode_balancer_actor balancer) {
+                                                  decode_balancer_actor balancer, store_access store) {
   auto& st = self->state;
   st.balancer = std::move(balancer);
+  st.store = std::move(store);
+  if (st.store.enabled()) st.ring.emplace(static_cast<uint32_t>(st.store.servers.size()));
   st.cfg = std::move(cfg);
   st.core.start(self, std::move(exec), std::move(xport));
   if (st.core.pool_key) {
@@ -386,7 +446,8 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
         const auto& pool = s.core.exec->kv();
         return rank_stats{s.cfg.name, pool.num_free_pages(), pool.layout().num_pages,
                           static_cast<uint32_t>(s.batch.size()),
-                          static_cast<uint32_t>(s.leases.size() - s.batch.size()), s.num_steps};
+                          static_cast<uint32_t>(s.leases.size() - s.batch.size()), s.num_steps,
+                          s.blocks_written_back, s.write_backs_dropped};
       },
       [=](events_atom) { return self->state.core.log->snapshot(); },
       [=](exec_done_atom, uint64_t, std::vector<std::vector<float>>& logits) { on_step_done(self, logits); },
@@ -436,8 +497,10 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
 
 decode_rank_actor spawn_decode_rank(caf::actor_system& sys, decode_rank_config cfg,
                                     std::shared_ptr<gpu::executor> exec,
-                                    std::shared_ptr<transport::transport> xport, decode_balancer_actor balancer) {
-  return sys.spawn(decode_rank_impl, std::move(cfg), std::move(exec), std::move(xport), std::move(balancer));
+                                    std::shared_ptr<transport::transport> xport, decode_balancer_actor balancer,
+                                    store_access store) {
+  return sys.spawn(decode_rank_impl, std::move(cfg), std::move(exec), std::move(xport), std::move(balancer),
+                   std::move(store));
 }
 
 }  // namespace baton

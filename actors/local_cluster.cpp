@@ -1,7 +1,10 @@
 #include "actors/local_cluster.hpp"
 
 #include <caf/actor_system.hpp>
+#include <caf/send.hpp>
 
+#include "actors/block_index.hpp"
+#include "actors/block_server.hpp"
 #include "actors/decode_balancer.hpp"
 #include "actors/decode_rank.hpp"
 #include "actors/prefill_balancer.hpp"
@@ -20,6 +23,7 @@ std::string local_cluster_config::validate() const {
   if (auto e = router.request.validate(); !e.empty()) return e;
   if (auto e = prefill_balancer.validate(); !e.empty()) return e;
   if (auto e = decode_balancer.validate(); !e.empty()) return e;
+  if (auto e = store.validate(executor.page_size_tokens); !e.empty()) return e;
   // Decode ranks may also join from other processes (`baton node`), so 0 in-process is valid.
   if (num_prefill_ranks == 0) return "need at least one prefill rank";
   if (transport != "loopback" && transport != "ucx")
@@ -50,6 +54,28 @@ local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_co
     return std::shared_ptr<transport::transport>{std::move(t)};
   };
   local_cluster out;
+  store_access access;
+  if (cfg.store.enabled) {
+    const auto& m = cfg.model;
+    access.identity = {m.name + " seed " + std::to_string(cfg.weights_seed), m.num_hidden_layers, m.kv_dim(),
+                       cfg.store.block_tokens, cfg.executor.page_size_tokens, "f32"};
+    access.replicas = cfg.store.replicas;
+    access.read_timeout_ms = cfg.store.read_timeout_ms;
+    access.max_pending_write_bytes = cfg.store.max_pending_write_bytes;
+    access.retention = cfg.store.retention;
+    out.store_index = spawn_block_index(
+        sys, {cfg.store.capacity_blocks, cfg.store.retention, cfg.store.housekeeping_interval_ms}, {});
+    for (uint32_t i = 0; i < cfg.store.num_servers; ++i) {
+      const std::string name = "store-" + std::to_string(i);
+      auto server = spawn_block_server(
+          sys, {i, name, cfg.store.dir + "/server-" + std::to_string(i), access.identity, cfg.store.staging_bytes},
+          make_transport(name), out.store_index);
+      out.store_servers.push_back({name, server});
+      access.servers.push_back(server);
+    }
+    caf::anon_send(out.store_index, access.servers);
+    access.index = out.store_index;
+  }
   out.prefill_balancer = spawn_prefill_balancer(sys, cfg.prefill_balancer);
   auto dbc = cfg.decode_balancer;
   dbc.page_size_tokens = cfg.executor.page_size_tokens;
@@ -58,15 +84,25 @@ local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_co
     auto rc = cfg.decode;
     rc.name = cfg.decode.name + "-" + std::to_string(i);
     out.decode.push_back({rc.name, spawn_decode_rank(sys, rc, make_executor(rc.name), make_transport(rc.name),
-                                                           out.decode_balancer)});
+                                                           out.decode_balancer, access)});
   }
   for (uint32_t i = 0; i < cfg.num_prefill_ranks; ++i) {
     auto rc = cfg.prefill;
     rc.name = cfg.prefill.name + "-" + std::to_string(i);
     out.prefill.push_back({rc.name, spawn_prefill_rank(sys, rc, make_executor(rc.name), make_transport(rc.name),
-                                                             out.prefill_balancer)});
+                                                             out.prefill_balancer, access)});
   }
-  out.router = spawn_router(sys, cfg.router, cfg.model, out.prefill_balancer, out.decode_balancer);
+  out.router = spawn_router(sys, cfg.router, cfg.model, out.prefill_balancer, out.decode_balancer, access);
+  return out;
+}
+
+std::vector<caf::actor> local_cluster::actors() const {
+  std::vector<caf::actor> out{caf::actor_cast<caf::actor>(router), caf::actor_cast<caf::actor>(prefill_balancer),
+                              caf::actor_cast<caf::actor>(decode_balancer)};
+  for (const auto& r : prefill) out.push_back(caf::actor_cast<caf::actor>(r.handle));
+  for (const auto& r : decode) out.push_back(caf::actor_cast<caf::actor>(r.handle));
+  if (store_index) out.push_back(caf::actor_cast<caf::actor>(store_index));
+  for (const auto& s : store_servers) out.push_back(caf::actor_cast<caf::actor>(s.handle));
   return out;
 }
 

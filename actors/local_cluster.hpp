@@ -11,6 +11,7 @@
 #include "actors/config.hpp"
 #include "actors/messages.hpp"
 #include "actors/router.hpp"
+#include "actors/store_access.hpp"
 #include "gpu/executor.hpp"
 #include "gpu/weights.hpp"
 #include "transport/transport.hpp"
@@ -32,6 +33,7 @@ struct local_cluster_config {
   decode_rank_config decode;
   prefill_balancer_config prefill_balancer;
   decode_balancer_config decode_balancer;  ///< page_size_tokens is taken from `executor`
+  store_config store;                      ///< off by default
   router_config router;
 
   local_cluster_config() {
@@ -59,6 +61,11 @@ struct local_cluster {
   decode_balancer_actor decode_balancer;
   std::vector<named_rank<prefill_rank_actor>> prefill;
   std::vector<named_rank<decode_rank_actor>> decode;
+  block_index_actor store_index;  ///< null when the store is off
+  std::vector<named_rank<block_server_actor>> store_servers;
+
+  /// Every actor of the cluster, for shutting it down.
+  std::vector<caf::actor> actors() const;
 };
 
 /// Spawns the cluster. The config must validate (callers report validate()'s sentence).

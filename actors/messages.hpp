@@ -39,6 +39,10 @@ using place_atom = caf::atom_constant<caf::atom("place")>;
 using load_atom = caf::atom_constant<caf::atom("load")>;
 using watchdog_atom = caf::atom_constant<caf::atom("watchdog")>;
 using keepalive_atom = caf::atom_constant<caf::atom("kv_keep")>;
+using check_atom = caf::atom_constant<caf::atom("check")>;
+using commit_atom = caf::atom_constant<caf::atom("blk_commit")>;
+using delete_atom = caf::atom_constant<caf::atom("blk_delete")>;
+using io_atom = caf::atom_constant<caf::atom("io_done")>;
 
 // --- errors ---------------------------------------------------------------------------------
 /// Baton's error codes (category atom "baton"). The context string of every error names the
@@ -97,13 +101,16 @@ struct completion {
   /// Why the balancers placed the request where they did: policy, inputs and choice.
   std::string prefill_placement_why;
   std::string decode_placement_why;
+  int64_t check_us = 0;            ///< CHECK against the store's index
+  uint32_t cached_tokens = 0;      ///< prompt tokens loaded from the store instead of computed
+  uint32_t recomputed_blocks = 0;  ///< cached blocks that could not be used (recomputed)
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, completion& x) {
   return f(caf::meta::type_name("completion"), x.request_id, x.num_prompt_tokens, x.tokens, x.text,
            x.finish_reason, x.ttft_us, x.tbt_us, x.step_logits, x.prefill_rank, x.decode_rank, x.place_us,
            x.reserve_us, x.prefill_queue_us, x.prefill_us, x.decode_queue_us, x.prefill_placement_why,
-           x.decode_placement_why);
+           x.decode_placement_why, x.check_us, x.cached_tokens, x.recomputed_blocks);
 }
 
 // --- KV leases and handoff ---------------------------------------------------------------------
@@ -189,10 +196,13 @@ struct prefill_result {
   std::vector<float> logits;  ///< the logits that chose first_token (if asked)
   std::string rank;
   int64_t queue_us = 0;       ///< order arrival -> first chunk started computing
+  uint32_t cached_tokens = 0; ///< prompt tokens whose KV came from the store (after verification)
+  uint32_t recomputed_blocks = 0;  ///< cached blocks that failed (missing, corrupt, server down)
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, prefill_result& x) {
-  return f(caf::meta::type_name("prefill_result"), x.request_id, x.first_token, x.logits, x.rank, x.queue_us);
+  return f(caf::meta::type_name("prefill_result"), x.request_id, x.first_token, x.logits, x.rank, x.queue_us,
+           x.cached_tokens, x.recomputed_blocks);
 }
 
 /// One entry of a rank's event log: what happened, in the order it happened (seq).
@@ -250,12 +260,120 @@ struct rank_stats {
   uint32_t num_running = 0;   ///< requests in the decode batch / prefills in progress
   uint32_t num_waiting = 0;   ///< reserved leases not yet decoding / queued prefill chunks
   uint64_t num_steps = 0;     ///< forward jobs completed
+  uint64_t blocks_written_back = 0;  ///< decode: full blocks sent to the block store
+  uint64_t write_backs_dropped = 0;  ///< decode: blocks not written because the queue was full
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, rank_stats& x) {
   return f(caf::meta::type_name("rank_stats"), x.name, x.num_free_pages, x.num_total_pages, x.num_running,
-           x.num_waiting, x.num_steps);
+           x.num_waiting, x.num_steps, x.blocks_written_back, x.write_backs_dropped);
 }
+
+// --- block store (store/, design.md §2) ------------------------------------------------------
+/// A KV block of the store: its 128-bit key and the block servers holding a copy.
+struct block_ref {
+  uint64_t hi = 0;
+  uint64_t lo = 0;
+  std::vector<uint32_t> servers;  ///< indexes into the cluster's block servers, primary first
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, block_ref& x) {
+  return f(caf::meta::type_name("block_ref"), x.hi, x.lo, x.servers);
+}
+
+/// Reader -> block server: put these blocks, every layer, into my KV pages.
+struct store_read_order {
+  uint64_t request_id = 0;
+  std::vector<block_ref> blocks;       ///< blocks this server holds
+  std::vector<uint32_t> block_index;   ///< each block's position in the prompt (block i = tokens [iB, (i+1)B))
+  uint32_t block_tokens = 0;
+  kv_region_desc region;               ///< the reader's KV pool
+  std::vector<uint32_t> page_ids;      ///< the reader's pages for the whole prompt
+  std::string reader;                  ///< for error messages and the transport's peer name
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, store_read_order& x) {
+  return f(caf::meta::type_name("store_read_order"), x.request_id, x.blocks, x.block_index, x.block_tokens, x.region,
+           x.page_ids, x.reader);
+}
+
+/// Block server -> reader: what landed. Per block (in the order's order): an empty error and its
+/// per-layer checksums from the block's header (the reader verifies its pages against them), or
+/// the reason it could not be read (missing, corrupt, other model, transfer failed).
+struct store_read_result {
+  uint64_t request_id = 0;
+  std::vector<uint32_t> block_index;
+  std::vector<std::string> errors;
+  std::vector<std::vector<uint64_t>> checksums;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, store_read_result& x) {
+  return f(caf::meta::type_name("store_read_result"), x.request_id, x.block_index, x.errors, x.checksums);
+}
+
+/// Writer -> block server: one block, its KV layer-major in `bytes` (num_layers × layer_bytes).
+struct store_write_order {
+  uint64_t request_id = 0;
+  block_ref block;
+  uint64_t parent_hi = 0, parent_lo = 0;
+  std::string retention;  ///< chat | agent
+  uint32_t block_tokens = 0;
+  uint32_t page_tokens = 0;
+  uint32_t kv_dim = 0;
+  std::vector<uint64_t> checksums;  ///< per layer
+  std::vector<uint8_t> bytes;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, store_write_order& x) {
+  return f(caf::meta::type_name("store_write_order"), x.request_id, x.block, x.parent_hi, x.parent_lo, x.retention,
+           x.block_tokens, x.page_tokens, x.kv_dim, x.checksums, x.bytes);
+}
+
+/// Block server -> index: a block is on disk.
+struct block_commit {
+  block_ref block;  ///< servers = {this server}
+  uint64_t parent_hi = 0, parent_lo = 0;
+  std::string retention;
+  uint64_t size_bytes = 0;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, block_commit& x) {
+  return f(caf::meta::type_name("block_commit"), x.block, x.parent_hi, x.parent_lo, x.retention, x.size_bytes);
+}
+
+/// Counters of the store's actors (index and servers fill their own fields).
+struct store_stats {
+  uint64_t blocks = 0;           ///< index: blocks known
+  uint64_t checks = 0;           ///< index: CHECK queries answered
+  uint64_t hit_blocks = 0;       ///< index: blocks found by CHECK
+  uint64_t evicted = 0;          ///< index: blocks evicted for capacity
+  uint64_t expired = 0;          ///< index: blocks expired by retention class
+  uint64_t blocks_written = 0;   ///< server: block files written
+  uint64_t blocks_read = 0;      ///< server: blocks put to readers
+  uint64_t read_failures = 0;    ///< server: blocks it could not serve (missing, corrupt, ...)
+  uint64_t bytes_read = 0;
+  uint64_t bytes_written = 0;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, store_stats& x) {
+  return f(caf::meta::type_name("store_stats"), x.blocks, x.checks, x.hit_blocks, x.evicted, x.expired,
+           x.blocks_written, x.blocks_read, x.read_failures, x.bytes_read, x.bytes_written);
+}
+
+using block_server_actor = caf::typed_actor<
+    caf::replies_to<store_read_order>::with<store_read_result>,
+    caf::replies_to<store_write_order>::with<uint64_t>,         // bytes written (0: failed)
+    caf::reacts_to<delete_atom, uint64_t, uint64_t>,           // key hi, lo: evicted or expired
+    caf::replies_to<stats_atom>::with<store_stats>,
+    caf::reacts_to<io_atom, uint64_t>>;                         // an I/O job finished (internal)
+
+/// Answers CHECK with metadata only; keeps retention and capacity in the background.
+using block_index_actor = caf::typed_actor<
+    caf::replies_to<check_atom, uint64_t, std::vector<block_ref>>::with<std::vector<block_ref>>,  // cached prefix
+    caf::reacts_to<commit_atom, block_commit>,
+    caf::reacts_to<timer_atom, uint64_t>,                       // housekeeping tick (internal)
+    caf::reacts_to<std::vector<block_server_actor>>,            // the block servers (index = server id)
+    caf::replies_to<stats_atom>::with<store_stats>>;
 
 // --- actor interfaces ---------------------------------------------------------------------------
 // Internal messages (executor completions, timers) are part of the interfaces because typed
@@ -277,11 +395,16 @@ struct decode_order {
   bool return_logits = false;
   bool ignore_eos = false;
   request_actor stream_to;       ///< receives one token_event per step
+  // Write-back to the block store when the sequence finishes (empty prompt_tokens: none).
+  std::vector<int32_t> prompt_tokens;
+  std::string traffic_class;     ///< retention class of the written blocks
+  uint32_t cached_blocks = 0;    ///< leading blocks that came from the store (not written again)
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, decode_order& x) {
   return f(caf::meta::type_name("decode_order"), x.request_id, x.lease_id, x.first_token, x.prompt_len,
-           x.max_new_tokens, x.temperature, x.seed, x.return_logits, x.ignore_eos, x.stream_to);
+           x.max_new_tokens, x.temperature, x.seed, x.return_logits, x.ignore_eos, x.stream_to, x.prompt_tokens,
+           x.traffic_class, x.cached_blocks);
 }
 
 struct prefill_order;
@@ -312,11 +435,13 @@ struct prefill_order {
   bool batch_priority = false;   ///< queued behind interactive prompts (with a starvation bound)
   kv_lease_grant grant;          ///< where each layer's KV goes
   decode_rank_actor decode;      ///< told kv_layer_ready per layer
+  std::vector<block_ref> prefix; ///< CHECK's cached blocks: loaded from the store, not computed
+  uint32_t block_tokens = 0;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, prefill_order& x) {
   return f(caf::meta::type_name("prefill_order"), x.request_id, x.tokens, x.temperature, x.seed,
-           x.return_logits, x.batch_priority, x.grant, x.decode);
+           x.return_logits, x.batch_priority, x.grant, x.decode, x.prefix, x.block_tokens);
 }
 
 using prefill_rank_actor = caf::typed_actor<

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <deque>
+#include <map>
 #include <optional>
 
 #include <caf/actor_system.hpp>
@@ -10,6 +11,7 @@
 #include <caf/typed_event_based_actor.hpp>
 
 #include "actors/executor_bridge.hpp"
+#include "actors/store_access.hpp"
 #include "gpu/executor.hpp"
 #include "policies/cost_model.hpp"
 #include "policies/placement.hpp"
@@ -50,6 +52,18 @@ struct pending_put {
   caf::actor_clock::time_point posted_at;
 };
 
+/// Loading a prompt's cached prefix from the block store: per block, where it is tried and how
+/// it went. A block that fails on one server is retried on its next replica.
+struct prefix_load {
+  enum status : int8_t { pending, in_flight, retrying, ok, failed };
+  std::vector<block_ref> blocks;
+  std::vector<status> state;
+  std::vector<uint32_t> tried;  ///< index into blocks[b].servers of the server asked
+  std::vector<std::string> errors;
+  uint32_t outstanding = 0;     ///< read orders of the current round not yet answered
+};
+using prefill_load_state = prefix_load;
+
 /// A prompt in flight on this rank.
 ///
 ///   computing --all chunks done and every layer's puts landed--> answered (pages freed)
@@ -61,6 +75,9 @@ struct prefill_job_state {
   caf::typed_response_promise<prefill_result> promise;
   std::vector<uint32_t> local_pages;
   std::vector<uint32_t> chunk_sizes;  ///< the chunk plan (fixed size, or sized by time budget)
+  uint32_t cached_tokens = 0;         ///< leading tokens whose KV came from the store
+  uint32_t recomputed_blocks = 0;     ///< cached blocks that could not be used
+  prefix_load load;
   uint32_t num_chunks = 0;            ///< chunks that will run (cut short to those submitted on failure)
   uint32_t chunks_submitted = 0;
   uint32_t chunks_done = 0;
@@ -114,6 +131,7 @@ struct prefill_state {
   std::vector<pending_put> pending;
   bool poll_scheduled = false;
   prefill_balancer_actor balancer;  ///< told our load after every change (may be null)
+  store_access store;               ///< the block store (off when it has no index)
   bool keepalive_scheduled = false;
   static inline const char* name = "baton.prefill_rank";
 };
@@ -127,7 +145,7 @@ void report_load(prefill_pointer self) {
   double predicted = 0.0;
   for (const auto& [id, r] : st.requests) {
     queued += r.tokens_left;
-    uint64_t start = 0;
+    uint64_t start = r.cached_tokens;
     for (uint32_t c = 0; c < r.num_chunks; ++c) {
       if (c >= r.chunks_done) predicted += st.cfg.cost.prefill_us(r.chunk_sizes[c], start);
       start += r.chunk_sizes[c];
@@ -173,7 +191,8 @@ void finish_if_done(prefill_pointer self, uint64_t request_id) {
   if (r.failed)
     r.promise.deliver(std::move(r.failure));
   else
-    r.promise.deliver(prefill_result{request_id, r.first_token, std::move(r.logits), st.cfg.name, r.queue_us});
+    r.promise.deliver(prefill_result{request_id, r.first_token, std::move(r.logits), st.cfg.name, r.queue_us,
+                                     r.cached_tokens, r.recomputed_blocks});
   st.core.exec->kv().kv_page_free(r.local_pages);
   st.requests.erase(i);
   drain_waiting(self);  // freed pages may start a waiting prompt; reports the load
@@ -246,13 +265,14 @@ void submit_chunk(prefill_pointer self, uint64_t rid) {
   transport::region_key remote_key{reg.backend, reg.region_id, reg.size_bytes, reg.packed_key};
   const auto num_tokens = static_cast<uint32_t>(order.tokens.size());
   const uint32_t c = r.chunks_submitted++;
-  uint32_t start = 0;
+  uint32_t start = r.cached_tokens;
   for (uint32_t k = 0; k < c; ++k) start += r.chunk_sizes[k];
   const uint32_t end = start + r.chunk_sizes[c];
   const uint32_t ps = local.page_size_tokens;
+  // The first chunk also ships the prefix loaded from the store: the decode rank needs all of it.
   auto sender = std::make_shared<const chunk_sender>(chunk_sender{
-      rid, c, end == num_tokens, start / ps, (end + ps - 1) / ps, r.local_pages, order.grant.page_ids, local,
-      remote_layout, st.core.pool_key->region_id, remote_key, order.grant.rank});
+      rid, c, end == num_tokens, c == 0 ? 0 : start / ps, (end + ps - 1) / ps, r.local_pages, order.grant.page_ids,
+      local, remote_layout, st.core.pool_key->region_id, remote_key, order.grant.rank});
   // Runs on the executor thread right after layer `l` is computed, before layer l + 1: the
   // put is posted in stream order, and the actor polls it.
   auto on_layer = [sender, xport = st.core.xport, log = st.core.log, exec = st.core.exec, owner = self->address(),
@@ -293,30 +313,158 @@ void pump(prefill_pointer self) {
   }
 }
 
-/// Starts a prompt whose local pages are allocated: plans its chunks and makes it runnable.
-void launch(prefill_pointer self, waiting_order w, std::vector<uint32_t> pages) {
+/// Plans the chunks of a prompt whose first `cached` tokens already have KV in its pages, and
+/// makes it runnable.
+void start_compute(prefill_pointer self, uint64_t rid, uint32_t cached) {
   auto& st = self->state;
-  const auto rid = w.order.request_id;
-  const auto num_tokens = static_cast<uint32_t>(w.order.tokens.size());
-  auto& r = st.requests[rid];
-  r.promise = std::move(w.promise);
-  r.local_pages = std::move(pages);
+  auto& r = st.requests.at(rid);
+  const auto num_tokens = static_cast<uint32_t>(r.order.tokens.size());
+  r.cached_tokens = cached;
+  const uint32_t todo = num_tokens - cached;
   // Seed 000 §3.1 level 4: with a step budget, each chunk is the largest whose predicted cost
   // fits it, so chunks shrink as the context grows; chunk_tokens caps them either way.
   if (st.cfg.step_budget_us > 0)
-    r.chunk_sizes = policies::plan_chunks(st.cfg.cost, 0, num_tokens, st.cfg.step_budget_us, st.cfg.chunk_tokens);
+    r.chunk_sizes = policies::plan_chunks(st.cfg.cost, cached, todo, st.cfg.step_budget_us, st.cfg.chunk_tokens);
   else
-    for (uint32_t done = 0; done < num_tokens; done += st.cfg.chunk_tokens)
-      r.chunk_sizes.push_back(std::min(st.cfg.chunk_tokens, num_tokens - done));
+    for (uint32_t done = 0; done < todo; done += st.cfg.chunk_tokens)
+      r.chunk_sizes.push_back(std::min(st.cfg.chunk_tokens, todo - done));
   r.num_chunks = static_cast<uint32_t>(r.chunk_sizes.size());
+  r.tokens_left = todo;
+  st.runnable.push(rid, r.order.batch_priority);
+  pump(self);
+  report_load(self);
+}
+
+void load_round(prefill_pointer self, uint64_t rid);
+
+/// The reads of a round are all answered: verify what landed, retry failed blocks on their next
+/// replica, or start computing after the longest verified prefix.
+void on_round_done(prefill_pointer self, uint64_t rid) {
+  auto& st = self->state;
+  auto& r = st.requests.at(rid);
+  auto& ld = r.load;
+  self->send(r.order.decode, keepalive_atom::value, rid, r.order.grant.lease_id);  // loading is progress
+  bool retry = false;
+  for (size_t b = 0; b < ld.state.size(); ++b)
+    if (ld.state[b] == prefix_load::retrying) {
+      ld.state[b] = prefix_load::pending;
+      retry = true;
+    }
+  if (retry) return load_round(self, rid);
+  uint32_t good = 0;
+  while (good < ld.state.size() && ld.state[good] == prefix_load::ok) ++good;
+  r.recomputed_blocks = static_cast<uint32_t>(ld.state.size()) - good;
+  st.core.log->add({0, "prefix_loaded", rid, good, 0, {}, {}});
+  if (r.recomputed_blocks) st.core.log->add({0, "prefix_recompute", rid, r.recomputed_blocks, 0, {}, {}});
+  start_compute(self, rid, good * r.order.block_tokens);
+}
+
+/// Marks block b failed on its current server: the next replica gets it next round, if any.
+void block_failed(prefill_load_state& ld, size_t b, const std::string& why) {
+  ld.errors[b] = why;
+  ld.state[b] = ++ld.tried[b] < ld.blocks[b].servers.size() ? prefix_load::retrying : prefix_load::failed;
+}
+
+/// Asks each block's current server for the pending blocks, one read order per server.
+void load_round(prefill_pointer self, uint64_t rid) {
+  auto& st = self->state;
+  auto& r = st.requests.at(rid);
+  auto& ld = r.load;
+  std::map<uint32_t, store_read_order> orders;
+  const auto& pool = st.core.exec->kv();
+  for (size_t b = 0; b < ld.state.size(); ++b) {
+    if (ld.state[b] != prefix_load::pending) continue;
+    const uint32_t server = ld.blocks[b].servers[ld.tried[b]];
+    if (server >= st.store.servers.size()) {
+      block_failed(ld, b, "unknown block server " + std::to_string(server));
+      continue;
+    }
+    auto& o = orders[server];
+    if (o.blocks.empty()) {
+      const auto& lay = pool.layout();
+      o.request_id = rid;
+      o.block_tokens = r.order.block_tokens;
+      o.region = kv_region_desc{st.core.pool_key->backend, st.core.pool_key->region_id, st.core.pool_key->size_bytes,
+                                st.core.pool_key->packed, lay.num_layers, lay.num_pages, lay.page_size_tokens,
+                                lay.kv_dim};
+      o.page_ids = r.local_pages;
+      o.reader = st.cfg.name;
+    }
+    o.blocks.push_back(ld.blocks[b]);
+    o.block_index.push_back(static_cast<uint32_t>(b));
+    ld.state[b] = prefix_load::in_flight;
+  }
+  if (orders.empty()) return on_round_done(self, rid);
+  ld.outstanding = static_cast<uint32_t>(orders.size());
+  for (auto& [server, order] : orders) {
+    const std::vector<uint32_t> asked = order.block_index;
+    auto on_reply = [=](store_read_result& res) {
+      auto& st = self->state;
+      auto i = st.requests.find(rid);
+      if (i == st.requests.end()) return;
+      auto& r = i->second;
+      auto& kv = st.core.exec->kv();
+      const uint32_t ppb = r.order.block_tokens / kv.layout().page_size_tokens;
+      for (size_t k = 0; k < res.block_index.size() && k < res.errors.size(); ++k) {
+        const uint32_t b = res.block_index[k];
+        if (!res.errors[k].empty()) {
+          block_failed(r.load, b, res.errors[k]);
+          continue;
+        }
+        // End to end: the bytes now in our pages must match what the writer checksummed.
+        std::vector<uint32_t> pages(r.local_pages.begin() + b * ppb, r.local_pages.begin() + (b + 1) * ppb);
+        bool intact = res.checksums[k].size() == kv.layout().num_layers;
+        for (uint32_t l = 0; intact && l < kv.layout().num_layers; ++l)
+          intact = std::max<uint64_t>(1, kv.kv_layer_checksum(l, pages, ppb)) == std::max<uint64_t>(1, res.checksums[k][l]);
+        if (intact)
+          r.load.state[b] = prefix_load::ok;
+        else
+          block_failed(r.load, b, "block failed its checksum after landing");
+      }
+      for (auto b : asked)  // blocks the server did not mention
+        if (r.load.state[b] == prefix_load::in_flight) block_failed(r.load, b, "not in the server's answer");
+      if (--r.load.outstanding == 0) on_round_done(self, rid);
+    };
+    auto on_error = [=](caf::error& err) {
+      auto& st = self->state;
+      auto i = st.requests.find(rid);
+      if (i == st.requests.end()) return;
+      for (auto b : asked)
+        if (i->second.load.state[b] == prefix_load::in_flight)
+          block_failed(i->second.load, b, "block server " + std::to_string(server) + ": " + self->system().render(err));
+      if (--i->second.load.outstanding == 0) on_round_done(self, rid);
+    };
+    self->request(st.store.servers[server], std::chrono::milliseconds{st.store.read_timeout_ms}, std::move(order))
+        .then(std::move(on_reply), std::move(on_error));
+  }
+}
+
+/// Starts a prompt whose local pages are allocated: loads its cached prefix from the block
+/// store first when CHECK found one, then computes the rest.
+void launch(prefill_pointer self, waiting_order w, std::vector<uint32_t> pages) {
+  auto& st = self->state;
+  const auto rid = w.order.request_id;
+  auto& r = st.requests[rid];
+  r.promise = std::move(w.promise);
+  r.local_pages = std::move(pages);
   const auto& local = st.core.exec->kv().layout();
   r.puts_done.assign(local.num_layers, 0);
   r.checksums.assign(local.num_layers, 0);
-  r.tokens_left = num_tokens;
   r.arrived_at = w.arrived_at;
-  const bool batch = w.order.batch_priority;
   r.order = std::move(w.order);
-  st.runnable.push(rid, batch);
+  const auto& o = r.order;
+  const bool can_load = st.store.enabled() && st.core.pool_key && !o.prefix.empty() && o.block_tokens > 0 &&
+                        o.block_tokens % local.page_size_tokens == 0 &&
+                        uint64_t{o.prefix.size()} * o.block_tokens < o.tokens.size();
+  if (!can_load) return start_compute(self, rid, 0);
+  auto& ld = r.load;
+  ld.blocks = o.prefix;
+  ld.state.assign(o.prefix.size(), prefix_load::pending);
+  ld.tried.assign(o.prefix.size(), 0);
+  ld.errors.assign(o.prefix.size(), {});
+  for (size_t b = 0; b < ld.blocks.size(); ++b)
+    if (ld.blocks[b].servers.empty()) block_failed(ld, b, "no server holds the block");
+  load_round(self, rid);
 }
 
 /// Starts waiting prompts, in priority order, while local KV pages last; then feeds the
@@ -384,8 +532,9 @@ caf::result<prefill_result> accept_prefill(prefill_pointer self, prefill_order o
 prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefill_rank_config cfg,
                                                     std::shared_ptr<gpu::executor> exec,
                                                     std::shared_ptr<transport::transport> xport,
-                                                    prefill_balancer_actor balancer) {
+                                                    prefill_balancer_actor balancer, store_access store) {
   auto& st = self->state;
+  st.store = std::move(store);
   st.balancer = std::move(balancer);
   st.waiting = policies::priority_classes<waiting_order>{cfg.batch_max_bypass};
   st.runnable = policies::priority_classes<uint64_t>{cfg.batch_max_bypass};
@@ -476,8 +625,9 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
 prefill_rank_actor spawn_prefill_rank(caf::actor_system& sys, prefill_rank_config cfg,
                                       std::shared_ptr<gpu::executor> exec,
                                       std::shared_ptr<transport::transport> xport,
-                                      prefill_balancer_actor balancer) {
-  return sys.spawn(prefill_rank_impl, std::move(cfg), std::move(exec), std::move(xport), std::move(balancer));
+                                      prefill_balancer_actor balancer, store_access store) {
+  return sys.spawn(prefill_rank_impl, std::move(cfg), std::move(exec), std::move(xport), std::move(balancer),
+                   std::move(store));
 }
 
 }  // namespace baton

@@ -12,7 +12,8 @@ namespace baton {
 
 namespace {
 
-//  placing --both balancers answer--> reserving --lease granted--> prefilling
+//  checking --index answers (or store off)--> placing --both balancers answer--> reserving
+//  --lease granted--> prefilling
 //                                                                     |
 //     answered <--last token-- decoding <--first token (TTFT)---------+
 //  Any hop's error or deadline goes straight to `answered` with that error (lease released).
@@ -27,6 +28,8 @@ struct request_state {
   uint64_t lease_id = 0;   ///< 0 = none held
   uint64_t watch_seq = 0;  ///< the token watchdog only acts on its latest arming
   bool hybrid = false;     ///< hybrid PD: the decode rank prefills the prompt itself
+  std::vector<block_ref> prefix;  ///< CHECK: the cached leading blocks and their servers
+  uint32_t cached_blocks = 0;     ///< blocks the prefill rank actually loaded (after verification)
   bool answered = false;
   static inline const char* name = "baton.request";
 };
@@ -106,6 +109,15 @@ void start_decode(request_pointer self) {
                      p.params.return_logits,
                      p.params.ignore_eos,
                      self};
+  // Write-back: the decode rank stores the sequence's full blocks when it finishes, unless the
+  // request's class is not kept at all.
+  if (p.store.enabled()) {
+    if (auto cls = store::parse_retention(p.params.traffic_class); cls && p.store.retention.ttl_s(*cls) > 0) {
+      order.prompt_tokens = p.prompt_tokens;
+      order.traffic_class = p.params.traffic_class;
+      order.cached_blocks = st.cached_blocks;
+    }
+  }
   arm_watchdog(self);
   // No deadline on the whole generation: the watchdog bounds each token instead.
   self->request(st.decode, caf::infinite, std::move(order))
@@ -127,6 +139,10 @@ void start_prefill(request_pointer self, kv_lease_grant grant) {
   prefill_order order{p.request_id,      p.prompt_tokens,           p.params.temperature,
                       p.params.seed,     p.params.return_logits,    p.params.priority == "batch",
                       std::move(grant),  st.decode};
+  if (!st.hybrid) {
+    order.prefix = st.prefix;
+    order.block_tokens = p.store.block_tokens();
+  }
   auto pending = st.hybrid ? self->request(st.decode, std::chrono::milliseconds{p.cfg.prefill_timeout_ms}, std::move(order))
                            : self->request(st.prefill, std::chrono::milliseconds{p.cfg.prefill_timeout_ms}, std::move(order));
   std::move(pending).then(
@@ -134,6 +150,9 @@ void start_prefill(request_pointer self, kv_lease_grant grant) {
             auto& st = self->state;
             st.out.prefill_us = lap(self);
             st.out.prefill_queue_us = r.queue_us;
+            st.out.cached_tokens = r.cached_tokens;
+            st.out.recomputed_blocks = r.recomputed_blocks;
+            if (st.plan.store.enabled()) st.cached_blocks = r.cached_tokens / st.plan.store.block_tokens();
             record_token(self, r.first_token, std::move(r.logits));
             const bool eos = r.first_token == st.plan.eos_token_id && !st.plan.params.ignore_eos;
             if (eos || st.plan.params.max_tokens == 1) {
@@ -173,8 +192,8 @@ void place(request_pointer self) {
   auto& st = self->state;
   const auto& p = st.plan;
   const auto timeout = std::chrono::milliseconds{p.cfg.place_timeout_ms};
-  // No prefix cache yet (the block store, issue 7): every prompt token is new.
-  place_query q{p.request_id, static_cast<uint32_t>(p.prompt_tokens.size()), 0,
+  const auto cached = static_cast<uint32_t>(st.prefix.size() * p.store.block_tokens());
+  place_query q{p.request_id, static_cast<uint32_t>(p.prompt_tokens.size()) - cached, cached,
                 static_cast<uint32_t>(p.prompt_tokens.size() + p.params.max_tokens), p.params.priority};
   self->request(p.decode_balancer, timeout, place_atom::value, q)
       .then(
@@ -214,6 +233,33 @@ void place(request_pointer self) {
           });
 }
 
+/// CHECK (seed 000 §2.2): the prompt's key chain against the store's index, metadata only. At
+/// least one prompt token is always computed (its logits give the first token), so the last
+/// block counts only if a token follows it. An unanswered CHECK is a miss, never a failure.
+void check(request_pointer self) {
+  auto& st = self->state;
+  const auto& p = st.plan;
+  const uint32_t b = p.store.block_tokens();
+  const size_t usable = (p.prompt_tokens.size() - 1) / b;
+  auto keys = store::chain_keys(store::salt_of(p.store.identity), p.prompt_tokens, b);
+  keys.resize(std::min(keys.size(), usable));
+  if (keys.empty()) return place(self);
+  std::vector<block_ref> chain;
+  for (const auto& k : keys) chain.push_back({k.hi, k.lo, {}});
+  self->request(p.store.index, std::chrono::milliseconds{p.store.read_timeout_ms}, check_atom::value, p.request_id,
+                std::move(chain))
+      .then(
+          [=](std::vector<block_ref>& prefix) {
+            self->state.out.check_us = lap(self);
+            self->state.prefix = std::move(prefix);
+            place(self);
+          },
+          [=](caf::error&) {
+            self->state.out.check_us = lap(self);
+            place(self);
+          });
+}
+
 request_actor::behavior_type request_impl(request_pointer self, request_plan plan) {
   self->state.plan = std::move(plan);
   return {
@@ -223,7 +269,10 @@ request_actor::behavior_type request_impl(request_pointer self, request_plan pla
         st.started = st.stage_started = self->clock().now();
         st.out.request_id = st.plan.request_id;
         st.out.num_prompt_tokens = static_cast<uint32_t>(st.plan.prompt_tokens.size());
-        place(self);
+        if (st.plan.store.enabled())
+          check(self);
+        else
+          place(self);
         return st.promise;
       },
       [=](token_event& ev) {

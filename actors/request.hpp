@@ -5,6 +5,7 @@
 
 #include "actors/config.hpp"
 #include "actors/messages.hpp"
+#include "actors/store_access.hpp"
 
 namespace caf {
 class actor_system;
@@ -21,6 +22,7 @@ struct request_plan {
   decode_balancer_actor decode_balancer;
   int32_t eos_token_id = -1;
   request_config cfg;
+  store_access store;  ///< off by default: no CHECK, no prefix loading, no write-back
 };
 
 /// One request's state machine. It answers `run` exactly once: with the completion, or with an

@@ -50,6 +50,7 @@ struct router_state {
   gpu::model_config model;
   prefill_balancer_actor prefill;
   decode_balancer_actor decode;
+  store_access store;
   uint64_t last_request = 0;
   static inline const char* name = "baton.router";
 };
@@ -57,8 +58,10 @@ struct router_state {
 using router_pointer = router_actor::stateful_pointer<router_state>;
 
 router_actor::behavior_type router_impl(router_pointer self, router_config cfg, gpu::model_config model,
-                                        prefill_balancer_actor prefill, decode_balancer_actor decode) {
+                                        prefill_balancer_actor prefill, decode_balancer_actor decode,
+                                        store_access store) {
   auto& st = self->state;
+  st.store = std::move(store);
   st.cfg = std::move(cfg);
   st.model = std::move(model);
   st.prefill = std::move(prefill);
@@ -71,7 +74,7 @@ router_actor::behavior_type router_impl(router_pointer self, router_config cfg, 
         if (auto why = tokenize_and_validate(req, s.model, s.cfg.max_new_tokens_limit, &tokens); !why.empty())
           return make_error(errc::bad_request, where(id, "", "admission") + ": " + why);
         auto r = spawn_request(self->system(), request_plan{id, std::move(tokens), std::move(req), s.prefill,
-                                                            s.decode, s.model.eos_token_id, s.cfg.request});
+                                                            s.decode, s.model.eos_token_id, s.cfg.request, s.store});
         return self->delegate(r, run_atom::value);
       },
   };
@@ -80,8 +83,9 @@ router_actor::behavior_type router_impl(router_pointer self, router_config cfg, 
 }  // namespace
 
 router_actor spawn_router(caf::actor_system& sys, router_config cfg, gpu::model_config model,
-                          prefill_balancer_actor prefill, decode_balancer_actor decode) {
-  return sys.spawn(router_impl, std::move(cfg), std::move(model), std::move(prefill), std::move(decode));
+                          prefill_balancer_actor prefill, decode_balancer_actor decode, store_access store) {
+  return sys.spawn(router_impl, std::move(cfg), std::move(model), std::move(prefill), std::move(decode),
+                   std::move(store));
 }
 
 }  // namespace baton

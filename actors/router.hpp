@@ -5,6 +5,7 @@
 
 #include "actors/config.hpp"
 #include "actors/messages.hpp"
+#include "actors/store_access.hpp"
 #include "gpu/model_config.hpp"
 
 namespace caf {
@@ -17,7 +18,7 @@ namespace baton {
 /// request, which asks the balancers for placement. Bad input is answered with
 /// errc::bad_request naming the field; the router itself never stops for it.
 router_actor spawn_router(caf::actor_system& sys, router_config cfg, gpu::model_config model,
-                          prefill_balancer_actor prefill, decode_balancer_actor decode);
+                          prefill_balancer_actor prefill, decode_balancer_actor decode, store_access store = {});
 
 /// The router's input checks, exposed for tests: fills `tokens` or returns why not.
 std::string tokenize_and_validate(const generate_request& req, const gpu::model_config& model,

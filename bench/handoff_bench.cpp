@@ -136,10 +136,6 @@ int main(int argc, char** argv) {
   std::printf("| %s | %s | %u tokens | %.2f MiB | %.0f us | %.0f us | %.0f us | %.1f | %.0f us |\n", cfg.model.name.c_str(),
               kind.c_str(), prompt_tokens, static_cast<double>(layer_bytes) / (1 << 20), one, all, exposed[1],
               exposed[1] / one, admitted[1]);
-  self->send_exit(cluster.router, caf::exit_reason::user_shutdown);
-  self->send_exit(cluster.prefill_balancer, caf::exit_reason::user_shutdown);
-  self->send_exit(cluster.decode_balancer, caf::exit_reason::user_shutdown);
-  for (auto& r : cluster.prefill) self->send_exit(r.handle, caf::exit_reason::user_shutdown);
-  for (auto& r : cluster.decode) self->send_exit(r.handle, caf::exit_reason::user_shutdown);
+  for (auto& a : cluster.actors()) self->send_exit(a, caf::exit_reason::user_shutdown);
   return 0;
 }

@@ -108,11 +108,7 @@ result run(const options& opt, bool colocated) {
             ++out.failures;
             std::fprintf(stderr, "stream failed: %s\n", sys.render(e).c_str());
           });
-    self->send_exit(cluster.router, caf::exit_reason::user_shutdown);
-    self->send_exit(cluster.prefill_balancer, caf::exit_reason::user_shutdown);
-    self->send_exit(cluster.decode_balancer, caf::exit_reason::user_shutdown);
-    for (auto& r : cluster.prefill) self->send_exit(r.handle, caf::exit_reason::user_shutdown);
-    for (auto& r : cluster.decode) self->send_exit(r.handle, caf::exit_reason::user_shutdown);
+    for (auto& a : cluster.actors()) self->send_exit(a, caf::exit_reason::user_shutdown);
   }
   return out;
 }

@@ -254,11 +254,7 @@ int run_local(const std::vector<std::string>& args) {
   std::printf("  requests per rank:");
   for (const auto& [rank, n] : per_rank) std::printf(" %s=%d", rank.c_str(), n);
   std::printf("\n");
-  self->send_exit(cluster.router, caf::exit_reason::user_shutdown);
-  self->send_exit(cluster.prefill_balancer, caf::exit_reason::user_shutdown);
-  self->send_exit(cluster.decode_balancer, caf::exit_reason::user_shutdown);
-  for (auto& r : cluster.prefill) self->send_exit(r.handle, caf::exit_reason::user_shutdown);
-  for (auto& r : cluster.decode) self->send_exit(r.handle, caf::exit_reason::user_shutdown);
+  for (auto& a : cluster.actors()) self->send_exit(a, caf::exit_reason::user_shutdown);
   return failures == 0 ? 0 : 1;
 }
 

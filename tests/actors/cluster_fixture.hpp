@@ -59,11 +59,7 @@ struct cluster_system {
 
   void stop(const local_cluster& c) {
     caf::scoped_actor self{sys};
-    self->send_exit(c.router, caf::exit_reason::user_shutdown);
-    self->send_exit(c.prefill_balancer, caf::exit_reason::user_shutdown);
-    self->send_exit(c.decode_balancer, caf::exit_reason::user_shutdown);
-    for (auto& r : c.prefill) self->send_exit(r.handle, caf::exit_reason::user_shutdown);
-    for (auto& r : c.decode) self->send_exit(r.handle, caf::exit_reason::user_shutdown);
+    for (auto& a : c.actors()) self->send_exit(a, caf::exit_reason::user_shutdown);
   }
 };
 

@@ -53,10 +53,7 @@ void run_across_processes(const char* ucx_tls) {
     local_cluster& c;
     ~guard() {
       deploy::stop_processes(pids);
-      self->send_exit(c.router, caf::exit_reason::user_shutdown);
-      self->send_exit(c.prefill_balancer, caf::exit_reason::user_shutdown);
-      self->send_exit(c.decode_balancer, caf::exit_reason::user_shutdown);
-      for (auto& r : c.prefill) self->send_exit(r.handle, caf::exit_reason::user_shutdown);
+      for (auto& a : c.actors()) self->send_exit(a, caf::exit_reason::user_shutdown);
     }
   } g{children, self, cluster};
   std::string why;

@@ -80,11 +80,7 @@ struct sim_system {
     sim_system& sim;
     local_cluster& cluster;
     ~stopper() {
-      caf::anon_send_exit(cluster.router, caf::exit_reason::user_shutdown);
-      caf::anon_send_exit(cluster.prefill_balancer, caf::exit_reason::user_shutdown);
-      caf::anon_send_exit(cluster.decode_balancer, caf::exit_reason::user_shutdown);
-      for (auto& r : cluster.prefill) caf::anon_send_exit(r.handle, caf::exit_reason::user_shutdown);
-      for (auto& r : cluster.decode) caf::anon_send_exit(r.handle, caf::exit_reason::user_shutdown);
+      for (auto& a : cluster.actors()) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
       sim.run_until_idle();
     }
   };

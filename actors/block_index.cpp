@@ -1,0 +1,101 @@
+#include "actors/block_index.hpp"
+
+#include <caf/actor_system.hpp>
+#include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
+
+namespace baton {
+
+namespace {
+
+struct block_index_state {
+  block_index_config cfg;
+  store::block_index index;
+  std::vector<block_server_actor> servers;
+  caf::actor_clock::time_point started;
+  store_stats stats;
+  static inline const char* name = "baton.block_index";
+};
+
+using pointer = block_index_actor::stateful_pointer<block_index_state>;
+
+double now_s(pointer self) {
+  return std::chrono::duration<double>(self->clock().now() - self->state.started).count();
+}
+
+void drop(pointer self, const std::vector<store::block_meta>& gone) {
+  for (const auto& m : gone)
+    for (auto s : m.servers)
+      if (s < self->state.servers.size()) self->send(self->state.servers[s], delete_atom::value, m.key.hi, m.key.lo);
+}
+
+void schedule_housekeeping(pointer self) {
+  self->delayed_send(self, std::chrono::milliseconds{self->state.cfg.housekeeping_interval_ms}, timer_atom::value,
+                     uint64_t{0});
+}
+
+block_index_actor::behavior_type block_index_impl(pointer self, block_index_config cfg,
+                                                  std::vector<block_server_actor> servers) {
+  auto& st = self->state;
+  st.index.set_capacity(cfg.capacity_blocks);
+  st.cfg = std::move(cfg);
+  st.servers = std::move(servers);
+  st.started = self->clock().now();
+  schedule_housekeeping(self);
+  return {
+      [=](check_atom, uint64_t, std::vector<block_ref>& chain) {
+        auto& st = self->state;
+        const double now = now_s(self);
+        std::vector<block_ref> out;
+        for (const auto& b : chain) {
+          const auto* m = st.index.find({b.hi, b.lo});
+          if (!m || m->expires_at_s <= now) break;
+          out.push_back({b.hi, b.lo, m->servers});
+        }
+        // A hit is a use: the prefix becomes most recently used, leading blocks last.
+        std::vector<store::block_key> keys;
+        for (const auto& b : out) keys.push_back({b.hi, b.lo});
+        st.index.touch_chain(keys, now);
+        ++st.stats.checks;
+        st.stats.hit_blocks += out.size();
+        return out;
+      },
+      [=](commit_atom, block_commit& c) {
+        auto& st = self->state;
+        const auto cls = store::parse_retention(c.retention).value_or(store::retention::chat);
+        const double now = now_s(self);
+        st.index.upsert({{c.block.hi, c.block.lo}, {c.parent_hi, c.parent_lo}, c.block.servers, c.size_bytes, cls,
+                         now + st.cfg.retention.ttl_s(cls), now},
+                        now);
+        auto evicted = st.index.evict_to_capacity();
+        st.stats.evicted += evicted.size();
+        drop(self, evicted);
+      },
+      [=](timer_atom, uint64_t) {
+        // Background housekeeping: reads and CHECKs are never blocked by it (one actor turn).
+        auto& st = self->state;
+        auto expired = st.index.expire(now_s(self));
+        st.stats.expired += expired.size();
+        drop(self, expired);
+        auto evicted = st.index.evict_to_capacity();
+        st.stats.evicted += evicted.size();
+        drop(self, evicted);
+        schedule_housekeeping(self);
+      },
+      [=](std::vector<block_server_actor>& servers) { self->state.servers = std::move(servers); },
+      [=](stats_atom) {
+        auto s = self->state.stats;
+        s.blocks = self->state.index.size();
+        return s;
+      },
+  };
+}
+
+}  // namespace
+
+block_index_actor spawn_block_index(caf::actor_system& sys, block_index_config cfg,
+                                    std::vector<block_server_actor> servers) {
+  return sys.spawn(block_index_impl, std::move(cfg), std::move(servers));
+}
+
+}  // namespace baton

@@ -1,0 +1,306 @@
+#include "actors/block_server.hpp"
+
+#include <caf/actor_system.hpp>
+#include <caf/send.hpp>
+#include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
+
+#include <condition_variable>
+#include <deque>
+#include <filesystem>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include <unistd.h>
+
+#include "gpu/kv_cache.hpp"
+#include "store/block_file.hpp"
+#include "transport/transport.hpp"
+
+namespace baton {
+
+namespace {
+
+/// One thread running blocking jobs in order; each job's completion goes back to the actor as
+/// an io_atom message carrying the job id.
+class io_worker {
+ public:
+  io_worker() : thread_([this] { loop(); }) {}
+  ~io_worker() {
+    {
+      std::lock_guard<std::mutex> lock{mutex_};
+      stop_ = true;
+    }
+    cv_.notify_one();
+    thread_.join();
+  }
+  void post(std::function<void()> job) {
+    {
+      std::lock_guard<std::mutex> lock{mutex_};
+      jobs_.push_back(std::move(job));
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      std::function<void()> job;
+      {
+        std::unique_lock<std::mutex> lock{mutex_};
+        cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;  // stop_ and drained
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      job();
+    }
+  }
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;
+  bool stop_ = false;
+  std::thread thread_;  // last: starts after the other members exist
+};
+
+/// What the I/O thread shares with the actor; owned by a shared_ptr so jobs in flight outlive
+/// neither the staging buffer nor the transport.
+struct io_context {
+  block_server_config cfg;
+  store::block_key salt;
+  std::shared_ptr<transport::transport> xport;
+  std::vector<std::byte> staging;
+  uint64_t staging_region = 0;
+  std::string setup_error;
+  // Results handed from the I/O thread to the actor, by job id.
+  std::mutex mutex;
+  std::unordered_map<uint64_t, std::function<void()>> done;
+};
+
+/// Puts `segments` from staging into the reader and waits (this is the I/O thread) until they
+/// land or fail; returns an error or empty.
+std::string put_and_wait(io_context& io, const store_read_order& order, uint32_t layer,
+                         std::vector<transport::segment> segments) {
+  const auto& reg = order.region;
+  transport::put_desc d{order.request_id, layer, order.reader, io.staging_region,
+                        transport::region_key{reg.backend, reg.region_id, reg.size_bytes, reg.packed_key},
+                        std::move(segments)};
+  const uint64_t id = io.xport->post_put(d);
+  transport::xfer_error err;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds{10};
+  for (;;) {
+    const auto s = io.xport->poll(id, &err);
+    if (s == transport::xfer_state::done) break;
+    if (s == transport::xfer_state::failed) {
+      io.xport->release(id);
+      return err.to_string();
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      io.xport->release(id);
+      return "put of layer " + std::to_string(layer) + " still pending after 10 s";
+    }
+    std::this_thread::yield();
+  }
+  io.xport->release(id);
+  return {};
+}
+
+/// Serves a read on the I/O thread: layer-major, each layer of all blocks (in staging-sized
+/// batches) read then put, so the reader's layer l lands before layer l + 1.
+store_read_result serve_read(io_context& io, const store_read_order& order, uint64_t* bytes) {
+  const size_t n = order.blocks.size();
+  store_read_result r{order.request_id, order.block_index, std::vector<std::string>(n), std::vector<std::vector<uint64_t>>(n)};
+  const auto& reg = order.region;
+  const gpu::kv_layout layout{reg.num_layers, reg.num_pages, reg.page_size_tokens, reg.kv_dim};
+  const uint32_t ppb = order.block_tokens / reg.page_size_tokens;
+  std::vector<int> fds(n, -1);
+  std::vector<store::block_header> headers(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (!io.setup_error.empty()) {
+      r.errors[i] = io.setup_error;
+      continue;
+    }
+    const store::block_key key{order.blocks[i].hi, order.blocks[i].lo};
+    std::string why;
+    fds[i] = store::open_block_file(store::block_path(io.cfg.dir, key), io.salt, key, &headers[i], &why);
+    if (fds[i] < 0) {
+      r.errors[i] = why;
+      continue;
+    }
+    const auto& h = headers[i];
+    if (h.num_layers != layout.num_layers || h.kv_dim != layout.kv_dim || h.block_tokens != order.block_tokens ||
+        h.page_tokens != layout.page_size_tokens || uint64_t{order.block_index[i] + 1} * ppb > order.page_ids.size()) {
+      r.errors[i] = "block layout does not match the reader's pages";
+      ::close(fds[i]);
+      fds[i] = -1;
+      continue;
+    }
+    r.checksums[i] = h.layer_checksums;
+  }
+  const uint64_t block_layer_bytes = uint64_t{ppb} * layout.page_bytes();
+  const size_t per_batch = std::max<uint64_t>(1, io.staging.size() / std::max<uint64_t>(1, block_layer_bytes));
+  for (uint32_t l = 0; l < layout.num_layers; ++l) {
+    for (size_t first = 0; first < n; first += per_batch) {
+      std::vector<transport::segment> segs;
+      for (size_t i = first; i < std::min(n, first + per_batch); ++i) {
+        if (fds[i] < 0 || !r.errors[i].empty()) continue;
+        std::byte* slot = io.staging.data() + (i - first) * block_layer_bytes;
+        if (auto err = store::read_block_layer(fds[i], headers[i], l, slot); !err.empty()) {
+          r.errors[i] = err;
+          continue;
+        }
+        for (uint32_t p = 0; p < ppb; ++p)
+          segs.push_back({(i - first) * block_layer_bytes + p * layout.page_bytes(),
+                          layout.offset_bytes(l, order.page_ids[order.block_index[i] * ppb + p]), layout.page_bytes()});
+        *bytes += block_layer_bytes;
+      }
+      if (segs.empty()) continue;
+      if (auto err = put_and_wait(io, order, l, std::move(segs)); !err.empty())
+        for (size_t i = first; i < std::min(n, first + per_batch); ++i)
+          if (r.errors[i].empty() && fds[i] >= 0) r.errors[i] = err;
+    }
+  }
+  for (int fd : fds)
+    if (fd >= 0) ::close(fd);
+  return r;
+}
+
+struct block_server_state {
+  std::shared_ptr<io_context> io;
+  std::unique_ptr<io_worker> worker;
+  block_index_actor index;
+  uint64_t last_job = 0;
+  store_stats stats;
+  static inline const char* name = "baton.block_server";
+};
+
+using pointer = block_server_actor::stateful_pointer<block_server_state>;
+
+/// Runs `work` on the I/O thread; `then` runs on the actor afterwards.
+template <class Work, class Then>
+void run_io(pointer self, Work work, Then then) {
+  auto& st = self->state;
+  const uint64_t id = ++st.last_job;
+  st.worker->post([io = st.io, id, work = std::move(work), then = std::move(then), owner = self->address()]() mutable {
+    auto result = work(*io);
+    {
+      std::lock_guard<std::mutex> lock{io->mutex};
+      io->done[id] = [then = std::move(then), result = std::move(result)]() mutable { then(std::move(result)); };
+    }
+    if (auto h = caf::actor_cast<caf::actor>(owner)) caf::anon_send(h, io_atom::value, id);
+  });
+}
+
+block_server_actor::behavior_type block_server_impl(pointer self, block_server_config cfg,
+                                                    std::shared_ptr<transport::transport> xport,
+                                                    block_index_actor index) {
+  auto& st = self->state;
+  st.index = std::move(index);
+  st.io = std::make_shared<io_context>();
+  auto& io = *st.io;
+  io.salt = store::salt_of(cfg.identity);
+  io.xport = std::move(xport);
+  io.staging.resize(cfg.staging_bytes);
+  transport::xfer_error err;
+  if (auto key = io.xport->register_region(io.staging.data(), io.staging.size(), &err))
+    io.staging_region = key->region_id;
+  else
+    io.setup_error = cfg.name + ": cannot register the staging buffer: " + err.to_string();
+  std::error_code ec;
+  std::filesystem::create_directories(cfg.dir, ec);
+  if (ec) io.setup_error = cfg.name + ": cannot create " + cfg.dir + ": " + ec.message();
+  io.cfg = std::move(cfg);
+  st.worker = std::make_unique<io_worker>();
+  self->attach_functor([io = st.io] {
+    if (io->staging_region) io->xport->deregister_region(io->staging_region);
+  });
+  return {
+      [=](store_read_order& order) -> caf::result<store_read_result> {
+        auto promise = self->make_response_promise<store_read_result>();
+        run_io(
+            self,
+            [order = std::move(order)](io_context& io) {
+              uint64_t bytes = 0;
+              auto r = serve_read(io, order, &bytes);
+              return std::make_pair(std::move(r), bytes);
+            },
+            [=](std::pair<store_read_result, uint64_t> out) mutable {
+              auto& s = self->state.stats;
+              for (const auto& e : out.first.errors) ++(e.empty() ? s.blocks_read : s.read_failures);
+              s.bytes_read += out.second;
+              promise.deliver(std::move(out.first));
+            });
+        return promise;
+      },
+      [=](store_write_order& w) -> caf::result<uint64_t> {
+        auto promise = self->make_response_promise<uint64_t>();
+        run_io(
+            self,
+            [w = std::move(w)](io_context& io) {
+              const store::block_key key{w.block.hi, w.block.lo};
+              const auto path = store::block_path(io.cfg.dir, key);
+              const uint32_t layers = static_cast<uint32_t>(w.checksums.size());
+              if (!io.setup_error.empty()) return std::make_pair(std::move(w), io.setup_error);
+              if (layers == 0 || w.bytes.size() % layers != 0)
+                return std::make_pair(std::move(w), std::string{"block bytes are not whole layers"});
+              // Always (re)written, atomically: a block that failed a reader's checksum is repaired
+              // by the next write-back of it (writers skip blocks they loaded intact).
+              store::block_header h{io.salt, key, {w.parent_hi, w.parent_lo}, layers, w.kv_dim, w.block_tokens,
+                                    w.page_tokens, w.bytes.size() / layers, w.checksums};
+              const auto* base = reinterpret_cast<const std::byte*>(w.bytes.data());
+              auto err = store::write_block_file(path, h, [&](uint32_t l) {
+                return store::layer_pieces{{base + l * h.layer_bytes, h.layer_bytes}};
+              });
+              return std::make_pair(std::move(w), std::move(err));
+            },
+            [=](std::pair<store_write_order, std::string> out) mutable {
+              auto& s = self->state;
+              if (!out.second.empty()) {  // a failed write-back is a future miss, nothing more
+                promise.deliver(uint64_t{0});
+                return;
+              }
+              promise.deliver(static_cast<uint64_t>(out.first.bytes.size()));
+              ++s.stats.blocks_written;
+              s.stats.bytes_written += out.first.bytes.size();
+              block_ref b{out.first.block.hi, out.first.block.lo, {s.io->cfg.server_id}};
+              self->send(s.index, commit_atom::value,
+                         block_commit{b, out.first.parent_hi, out.first.parent_lo, out.first.retention,
+                                      out.first.bytes.size()});
+            });
+        return promise;
+      },
+      [=](delete_atom, uint64_t hi, uint64_t lo) {
+        run_io(
+            self,
+            [hi, lo](io_context& io) {
+              ::unlink(store::block_path(io.cfg.dir, {hi, lo}).c_str());
+              return 0;
+            },
+            [](int) {});
+      },
+      [=](stats_atom) { return self->state.stats; },
+      [=](io_atom, uint64_t id) {
+        std::function<void()> then;
+        {
+          auto& io = *self->state.io;
+          std::lock_guard<std::mutex> lock{io.mutex};
+          auto i = io.done.find(id);
+          if (i == io.done.end()) return;
+          then = std::move(i->second);
+          io.done.erase(i);
+        }
+        then();
+      },
+  };
+}
+
+}  // namespace
+
+block_server_actor spawn_block_server(caf::actor_system& sys, block_server_config cfg,
+                                      std::shared_ptr<transport::transport> xport, block_index_actor index) {
+  return sys.spawn(block_server_impl, std::move(cfg), std::move(xport), std::move(index));
+}
+
+}  // namespace baton
