@@ -2,6 +2,7 @@
 
 #include <functional>
 
+#include "actors/block_index.hpp"
 #include "actors/local_cluster.hpp"
 #include "policies/cost_model.hpp"
 #include "sims/modelled_executor.hpp"
@@ -275,4 +276,49 @@ TEST_CASE("priority classes at a prefill rank: a batch prompt yields to interact
       CHECK((***big_result).ttft_us < small_ttft_max);
     }
   }
+}
+
+TEST_CASE("store retention under virtual time: agent blocks expire after 3 days, chat blocks survive until 7") {
+  test::sim_system s;
+  block_index_config cfg;
+  cfg.housekeeping_interval_ms = 3600 * 1000;  // hourly
+  auto index = spawn_block_index(s.sys, cfg, {});
+  auto commit = [&](uint64_t id, const char* cls) {
+    caf::anon_send(index, commit_atom::value, block_commit{{1, id, {0}}, 0, 0, cls, 4096});
+  };
+  commit(10, "agent");
+  commit(11, "agent");
+  commit(20, "chat");
+  commit(21, "chat");
+  auto check = [&](std::vector<uint64_t> ids) {
+    auto out = std::make_shared<size_t>(99);
+    std::vector<block_ref> chain;
+    for (auto id : ids) chain.push_back({1, id, {}});
+    s.sys.spawn([=](caf::event_based_actor* self) {
+      self->request(index, std::chrono::seconds{1}, check_atom::value, uint64_t{1}, chain)
+          .then([=](std::vector<block_ref>& prefix) { *out = prefix.size(); });
+    });
+    s.sched.run();
+    return *out;
+  };
+  s.sched.run();
+  const auto t0 = s.now();
+  CHECK(check({10, 11}) == 2);
+  CHECK(check({20, 21}) == 2);
+  s.run_until(t0 + std::chrono::hours{71});
+  CHECK(check({10, 11}) == 2);  // not yet 3 days
+  s.run_until(t0 + std::chrono::hours{72});
+  CHECK(check({10, 11}) == 0);  // agent: gone at 3 days
+  CHECK(check({20, 21}) == 2);  // chat: kept
+  auto stats = std::make_shared<store_stats>();
+  s.sys.spawn([=](caf::event_based_actor* self) {
+    self->request(index, std::chrono::seconds{1}, stats_atom::value).then([=](store_stats& x) { *stats = x; });
+  });
+  s.sched.run();
+  CHECK(stats->expired == 2);  // the background housekeeping removed them (and told the servers)
+  CHECK(stats->blocks == 2);
+  s.run_until(t0 + std::chrono::hours{168});
+  CHECK(check({20, 21}) == 0);  // chat: gone at 7 days
+  caf::anon_send_exit(index, caf::exit_reason::user_shutdown);
+  s.run_until_idle();
 }

@@ -1,0 +1,247 @@
+// The block store in a running cluster: write-back, CHECK, prefix loading, and every way a
+// cached block can fail ending as a recompute with correct output.
+
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <unistd.h>
+
+#include "gpu/byte_tokenizer.hpp"
+#include "gpu/cpu_executor.hpp"
+#include "gpu/local_generate.hpp"
+#include "store/block_file.hpp"
+#include "store/block_key.hpp"
+#include "tests/actors/cluster_fixture.hpp"
+#include "tests/test_util.hpp"
+
+using namespace baton;
+
+namespace {
+
+struct temp_dir {
+  std::string path;
+  explicit temp_dir(const std::string& name)
+    : path((std::filesystem::temp_directory_path() / ("baton-store-" + name + "-" + std::to_string(::getpid()))).string()) {
+    std::filesystem::remove_all(path);
+  }
+  ~temp_dir() { std::filesystem::remove_all(path); }
+};
+
+local_cluster_config store_cluster(const std::string& dir, uint32_t servers = 1, uint32_t replicas = 1) {
+  local_cluster_config cfg;
+  cfg.num_prefill_ranks = 1;
+  cfg.num_decode_ranks = 1;
+  cfg.executor.num_kv_pages = 128;
+  cfg.prefill.chunk_tokens = 16;
+  cfg.store.enabled = true;
+  cfg.store.dir = dir;
+  cfg.store.block_tokens = 32;
+  cfg.store.num_servers = servers;
+  cfg.store.replicas = replicas;
+  cfg.store.read_timeout_ms = 2000;
+  return cfg;
+}
+
+/// <bos> then n bytes of text: exactly n + 1 tokens.
+std::vector<int32_t> prompt_tokens(const local_cluster_config& cfg, size_t n, char seed) {
+  std::string text;
+  for (size_t i = 0; i < n; ++i) text.push_back(static_cast<char>('a' + (i * 7 + seed) % 26));
+  return gpu::byte_tokenizer{cfg.model.bos_token_id, cfg.model.eos_token_id}.encode(text);
+}
+
+generate_request request_for(const std::vector<int32_t>& tokens) {
+  generate_request req;
+  req.prompt_tokens = tokens;
+  req.max_tokens = 8;
+  req.return_logits = true;
+  req.ignore_eos = true;
+  return req;
+}
+
+gpu::colocated_generation reference(const local_cluster_config& cfg, const std::vector<int32_t>& tokens) {
+  auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
+  auto exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
+  return gpu::generate_colocated(*exec, tokens, 8, 16, {}, true);
+}
+
+void check_equal(const completion& got, const gpu::colocated_generation& ref) {
+  CHECK(got.tokens == ref.tokens);
+  REQUIRE(got.step_logits.size() == ref.step_logits.size());
+  for (size_t i = 0; i < ref.step_logits.size(); ++i) CHECK_MESSAGE(test::same_bits(got.step_logits[i], ref.step_logits[i]), "step " << i);
+}
+
+store_stats index_stats(test::cluster_system& t, const local_cluster& c) {
+  caf::scoped_actor self{t.sys};
+  store_stats out;
+  self->request(c.store_index, std::chrono::seconds{5}, stats_atom::value)
+      .receive([&](store_stats& s) { out = s; }, [](caf::error&) {});
+  return out;
+}
+
+/// Waits (bounded) until the index knows at least `n` blocks: write-back is asynchronous.
+void wait_for_blocks(test::cluster_system& t, const local_cluster& c, uint64_t n) {
+  for (int i = 0; i < 500 && index_stats(t, c).blocks < n; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{4});
+  REQUIRE(index_stats(t, c).blocks >= n);
+}
+
+/// The key of block `b` of `tokens` in this cluster's store.
+store::block_key key_of(const local_cluster_config& cfg, const std::vector<int32_t>& tokens, size_t b) {
+  const auto& m = cfg.model;
+  const store::kv_identity id{m.name + " seed " + std::to_string(cfg.weights_seed), m.num_hidden_layers, m.kv_dim(),
+                              cfg.store.block_tokens, cfg.executor.page_size_tokens, "f32"};
+  return store::chain_keys(store::salt_of(id), tokens, cfg.store.block_tokens).at(b);
+}
+
+}  // namespace
+
+TEST_CASE("store: a prefix loaded from the store gives the same tokens and logits as computing it, "
+          "also when the prompt's last block is partial") {
+  temp_dir dir{"equal"};
+  test::cluster_system t;
+  auto cfg = store_cluster(dir.path);
+  auto cluster = start_local_cluster(t.sys, cfg);
+  test::cluster_system::stopper stop{t, cluster};
+  const auto p = prompt_tokens(cfg, 99, 1);  // 100 tokens: 3 full blocks of 32 + 4
+  auto first = t.generate(cluster.router, request_for(p));
+  REQUIRE_MESSAGE(first, t.sys.render(first.error()));
+  CHECK(first->cached_tokens == 0);
+  check_equal(*first, reference(cfg, p));
+  // Write-back: 100 prompt tokens + 7 fed outputs have KV: 3 full blocks.
+  wait_for_blocks(t, cluster, 3);
+  CHECK(t.stats(cluster.decode[0].handle).blocks_written_back == 3);
+
+  auto again = t.generate(cluster.router, request_for(p));
+  REQUIRE_MESSAGE(again, t.sys.render(again.error()));
+  CHECK(again->cached_tokens == 96);
+  CHECK(again->recomputed_blocks == 0);
+  check_equal(*again, reference(cfg, p));
+  CHECK(again->tokens == first->tokens);
+
+  // A longer prompt sharing the 3 blocks, its own last block partial (120 tokens).
+  auto longer = p;
+  const auto tail = prompt_tokens(cfg, 20, 9);
+  longer.insert(longer.end(), tail.begin() + 1, tail.end());
+  REQUIRE(longer.size() == 120);
+  auto ext = t.generate(cluster.router, request_for(longer));
+  REQUIRE_MESSAGE(ext, t.sys.render(ext.error()));
+  CHECK(ext->cached_tokens == 96);
+  check_equal(*ext, reference(cfg, longer));
+  const auto s = index_stats(t, cluster);
+  CHECK(s.checks == 3);
+  CHECK(s.hit_blocks == 6);
+}
+
+TEST_CASE("store: a corrupted block file and a deleted one end as recomputation with correct output") {
+  temp_dir dir{"damage"};
+  test::cluster_system t;
+  auto cfg = store_cluster(dir.path);
+  auto cluster = start_local_cluster(t.sys, cfg);
+  test::cluster_system::stopper stop{t, cluster};
+  const auto p = prompt_tokens(cfg, 99, 2);
+  const auto ref = reference(cfg, p);
+  REQUIRE(t.generate(cluster.router, request_for(p)));
+  wait_for_blocks(t, cluster, 3);
+  const auto server_dir = dir.path + "/server-0";
+  {  // flip one byte of block 1's KV (layer 2): the header is intact, the landed layer is not
+    const auto path = store::block_path(server_dir, key_of(cfg, p, 1));
+    std::fstream f{path, std::ios::in | std::ios::out | std::ios::binary};
+    REQUIRE(f);
+    const std::streamoff at = 4096 + 2 * (cfg.store.block_tokens * 2 * cfg.model.kv_dim() * 4) + 123;
+    f.seekg(at);
+    char c = 0;
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 0x40);
+    f.seekp(at);
+    f.write(&c, 1);
+  }
+  auto got = t.generate(cluster.router, request_for(p));
+  REQUIRE_MESSAGE(got, t.sys.render(got.error()));
+  CHECK(got->cached_tokens == 32);      // block 0 loaded ...
+  CHECK(got->recomputed_blocks == 2);   // ... block 1 failed its checksum, and block 2 follows it
+  check_equal(*got, ref);
+  const auto events = t.events(cluster.prefill[0].handle);
+  CHECK(std::any_of(events.begin(), events.end(), [](auto& e) { return e.kind == "prefix_recompute" && e.chunk == 2; }));
+
+  // The recompute's write-back repaired block 1 (from cached_blocks = 1 on); now delete block 0.
+  std::this_thread::sleep_for(std::chrono::milliseconds{100});
+  std::filesystem::remove(store::block_path(server_dir, key_of(cfg, p, 0)));
+  got = t.generate(cluster.router, request_for(p));
+  REQUIRE_MESSAGE(got, t.sys.render(got.error()));
+  CHECK(got->cached_tokens == 0);
+  CHECK(got->recomputed_blocks == 3);
+  check_equal(*got, ref);
+  // The block server counted what it could not serve.
+  caf::scoped_actor self{t.sys};
+  store_stats s;
+  self->request(cluster.store_servers[0].handle, std::chrono::seconds{5}, stats_atom::value)
+      .receive([&](store_stats& x) { s = x; }, [](caf::error&) {});
+  CHECK(s.read_failures >= 1);
+}
+
+TEST_CASE("store: with 2 replicas, a killed block server still yields hits; with 1, its blocks are recomputed") {
+  for (uint32_t replicas : {2u, 1u}) {
+    CAPTURE(replicas);
+    temp_dir dir{"replicas" + std::to_string(replicas)};
+    test::cluster_system t;
+    auto cfg = store_cluster(dir.path, 2, replicas);
+    auto cluster = start_local_cluster(t.sys, cfg);
+    test::cluster_system::stopper stop{t, cluster};
+    const auto p = prompt_tokens(cfg, 99, 3);
+    const auto ref = reference(cfg, p);
+    REQUIRE(t.generate(cluster.router, request_for(p)));
+    wait_for_blocks(t, cluster, 3);
+    std::this_thread::sleep_for(std::chrono::milliseconds{100});  // replicas' writes land too
+    // Kill the server holding block 0's primary copy.
+    const store::server_ring ring{2};
+    const auto primary = ring.servers_for(key_of(cfg, p, 0), 1)[0];
+    {
+      caf::scoped_actor self{t.sys};
+      self->send_exit(cluster.store_servers[primary].handle, caf::exit_reason::kill);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds{50});
+    auto got = t.generate(cluster.router, request_for(p));
+    REQUIRE_MESSAGE(got, t.sys.render(got.error()));
+    check_equal(*got, ref);
+    if (replicas == 2) {
+      CHECK(got->cached_tokens == 96);
+      CHECK(got->recomputed_blocks == 0);
+    } else {
+      CHECK(got->cached_tokens == 0);  // block 0 was on the dead server: nothing before it to keep
+      CHECK(got->recomputed_blocks == 3);
+    }
+  }
+}
+
+TEST_CASE("store: write-back beyond the pending-bytes bound is dropped and counted, never waited for") {
+  temp_dir dir{"backpressure"};
+  test::cluster_system t;
+  auto cfg = store_cluster(dir.path);
+  cfg.store.max_pending_write_bytes = 1;  // nothing fits
+  auto cluster = start_local_cluster(t.sys, cfg);
+  test::cluster_system::stopper stop{t, cluster};
+  const auto p = prompt_tokens(cfg, 99, 4);
+  auto got = t.generate(cluster.router, request_for(p));
+  REQUIRE(got);
+  check_equal(*got, reference(cfg, p));
+  const auto st = t.stats(cluster.decode[0].handle);
+  CHECK(st.write_backs_dropped == 3);
+  CHECK(st.blocks_written_back == 0);
+}
+
+TEST_CASE("store: batch-class requests are not written back (their retention is none)") {
+  temp_dir dir{"batch"};
+  test::cluster_system t;
+  auto cfg = store_cluster(dir.path);
+  auto cluster = start_local_cluster(t.sys, cfg);
+  test::cluster_system::stopper stop{t, cluster};
+  auto req = request_for(prompt_tokens(cfg, 99, 5));
+  req.traffic_class = "batch";
+  REQUIRE(t.generate(cluster.router, req));
+  req.traffic_class = "agent";  // the control: the same prompt as agent traffic is written
+  REQUIRE(t.generate(cluster.router, req));
+  wait_for_blocks(t, cluster, 3);
+  CHECK(t.stats(cluster.decode[0].handle).blocks_written_back == 3);  // all from the agent request
+}
