@@ -45,6 +45,7 @@ struct local_options {
   bool quiet = false;              ///< only the summary
   bool ignore_eos = false;         ///< always generate max_tokens (throughput runs)
   bool explain = false;            ///< print each placement's reasons
+  uint32_t repeat = 1;             ///< rounds of the prompts, sequentially (a later round can hit the store)
   std::string profile;             ///< cost-model profile file; empty = built-in CPU profile
 };
 
@@ -87,6 +88,12 @@ int run_local(const std::vector<std::string>& args) {
   flags.add("--decode-policy", &opt.cluster.decode_balancer.policy, "decode placement: seed | least_loaded | round_robin");
   flags.add("--ranks-per-engine", &opt.cluster.prefill_balancer.ranks_per_engine, "prefill ranks per engine (DP group)");
   flags.add("--explain", &opt.explain, "print why each request was placed where it was");
+  flags.add("--store-dir", &opt.cluster.store.dir,
+            "enable the KV block store with its files here (prefixes are reused across requests)");
+  flags.add("--store-servers", &opt.cluster.store.num_servers, "block servers sharing the key space");
+  flags.add("--store-replicas", &opt.cluster.store.replicas, "copies of each block (1 or 2)");
+  flags.add("--block-tokens", &opt.cluster.store.block_tokens, "tokens per store block");
+  flags.add("--repeat", &opt.repeat, "send the prompts this many rounds, one round after another (store reuse)");
   flags.add("--weights-seed", &opt.cluster.weights_seed, "seed of the built-in model's weights");
   flags.add("--prompt", &opt.prompts, "a prompt to answer (repeat for several)");
   flags.add("--max-tokens", &opt.max_tokens, "tokens to generate per prompt");
@@ -101,6 +108,11 @@ int run_local(const std::vector<std::string>& args) {
             "run this many decode ranks as separate `baton node` processes (KV over UCX) instead of in-process");
   flags.add("--ignore-eos", &opt.ignore_eos, "generate max-tokens even past <eos>");
   if (auto rc = flags.parse_command_line(args, "local", "baton local [flags]")) return *rc;
+  opt.cluster.store.enabled = !opt.cluster.store.dir.empty();
+  if (opt.repeat == 0) {
+    std::fprintf(stderr, "baton local: --repeat must be >= 1\n");
+    return 2;
+  }
   if (!opt.profile.empty()) {
     executor_profile prof;
     std::string why;
@@ -196,54 +208,70 @@ int run_local(const std::vector<std::string>& args) {
     return 2;
   }
   const auto started = std::chrono::steady_clock::now();
-  for (size_t i = 0; i < num_requests; ++i) {
-    const auto& p = opt.prompts[i % opt.prompts.size()];
-    generate_request req;
-    req.prompt = p;
-    req.max_tokens = static_cast<int32_t>(opt.max_tokens);
-    req.temperature = opt.temperature;
-    req.ignore_eos = opt.ignore_eos;
-    inflight.push_back({p, self->request(cluster.router, std::chrono::milliseconds{opt.timeout_ms},
-                                         generate_atom::value, std::move(req))});
-  }
   int failures = 0;
-  size_t num_tokens = 0;
+  size_t num_tokens = 0, num_sent = 0;
+  uint64_t cached_tokens = 0, prompt_tokens = 0;
   std::vector<int64_t> ttft, tbt, place, reserve, prefill_queue, prefill, decode_queue;
   std::map<std::string, int> per_rank;
-  for (auto& f : inflight) {
-    f.handle.receive(
-        [&](const completion& c) {
-          num_tokens += c.tokens.size();
-          ttft.push_back(c.ttft_us);
-          tbt.insert(tbt.end(), c.tbt_us.begin(), c.tbt_us.end());
-          place.push_back(c.place_us);
-          reserve.push_back(c.reserve_us);
-          prefill_queue.push_back(c.prefill_queue_us);
-          prefill.push_back(c.prefill_us);
-          decode_queue.push_back(c.decode_queue_us);
-          ++per_rank[c.prefill_rank];
-          ++per_rank[c.decode_rank];
-          if (opt.quiet) return;
-          std::printf("\n[request %llu] %s -> %s\n", static_cast<unsigned long long>(c.request_id),
-                      c.prefill_rank.c_str(), c.decode_rank.c_str());
-          std::printf("  prompt : %s\n", gpu::byte_tokenizer::escape(f.prompt).c_str());
-          std::printf("  output : %s\n", gpu::byte_tokenizer::escape(c.text).c_str());
-          std::printf("  tokens : %zu (%s)   TTFT %.3f ms   mean TBT %.3f ms\n", c.tokens.size(),
-                      c.finish_reason.c_str(), static_cast<double>(c.ttft_us) / 1000.0, mean(c.tbt_us) / 1000.0);
-          if (opt.explain)
-            std::printf("  placed : prefill %s\n           decode  %s\n", c.prefill_placement_why.c_str(),
-                        c.decode_placement_why.c_str());
-        },
-        [&](const caf::error& err) {
-          ++failures;
-          std::printf("\n[request] %s\n  error  : %s\n", gpu::byte_tokenizer::escape(f.prompt).c_str(),
-                      sys.render(err).c_str());
-        });
+  // Rounds run one after another, so a later round can find an earlier one's blocks in the store.
+  for (uint32_t round = 0; round < opt.repeat; ++round) {
+    inflight.clear();
+    if (opt.repeat > 1 && !opt.quiet) std::printf("\n=== round %u of %u ===\n", round + 1, opt.repeat);
+    for (size_t i = 0; i < num_requests; ++i) {
+      const auto& p = opt.prompts[i % opt.prompts.size()];
+      generate_request req;
+      req.prompt = p;
+      req.max_tokens = static_cast<int32_t>(opt.max_tokens);
+      req.temperature = opt.temperature;
+      req.ignore_eos = opt.ignore_eos;
+      inflight.push_back({p, self->request(cluster.router, std::chrono::milliseconds{opt.timeout_ms},
+                                           generate_atom::value, std::move(req))});
+    }
+    num_sent += inflight.size();
+    for (auto& f : inflight) {
+      f.handle.receive(
+          [&](const completion& c) {
+            num_tokens += c.tokens.size();
+            cached_tokens += c.cached_tokens;
+            prompt_tokens += c.num_prompt_tokens;
+            ttft.push_back(c.ttft_us);
+            tbt.insert(tbt.end(), c.tbt_us.begin(), c.tbt_us.end());
+            place.push_back(c.place_us);
+            reserve.push_back(c.reserve_us);
+            prefill_queue.push_back(c.prefill_queue_us);
+            prefill.push_back(c.prefill_us);
+            decode_queue.push_back(c.decode_queue_us);
+            ++per_rank[c.prefill_rank];
+            ++per_rank[c.decode_rank];
+            if (opt.quiet) return;
+            std::printf("\n[request %llu] %s -> %s\n", static_cast<unsigned long long>(c.request_id),
+                        c.prefill_rank.c_str(), c.decode_rank.c_str());
+            std::printf("  prompt : %s\n", gpu::byte_tokenizer::escape(f.prompt).c_str());
+            std::printf("  output : %s\n", gpu::byte_tokenizer::escape(c.text).c_str());
+            std::printf("  tokens : %zu (%s)   TTFT %.3f ms   mean TBT %.3f ms\n", c.tokens.size(),
+                        c.finish_reason.c_str(), static_cast<double>(c.ttft_us) / 1000.0, mean(c.tbt_us) / 1000.0);
+            if (opt.cluster.store.enabled)
+              std::printf("  store  : %u of %u prompt tokens loaded from the store%s (CHECK %lld us)\n",
+                          c.cached_tokens, c.num_prompt_tokens,
+                          c.recomputed_blocks ? ", some blocks recomputed" : "", static_cast<long long>(c.check_us));
+            if (opt.explain)
+              std::printf("  placed : prefill %s\n           decode  %s\n", c.prefill_placement_why.c_str(),
+                          c.decode_placement_why.c_str());
+          },
+          [&](const caf::error& err) {
+            ++failures;
+            std::printf("\n[request] %s\n  error  : %s\n", gpu::byte_tokenizer::escape(f.prompt).c_str(),
+                        sys.render(err).c_str());
+          });
+    }
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   std::printf("\nbaton local: %zu requests, %d failed, %zu tokens in %.3f s: %.1f requests/s, %.1f tokens/s\n",
-              inflight.size(), failures, num_tokens, seconds, static_cast<double>(inflight.size() - failures) / seconds,
+              num_sent, failures, num_tokens, seconds, static_cast<double>(num_sent - failures) / seconds,
               static_cast<double>(num_tokens) / seconds);
+  if (opt.cluster.store.enabled)
+    std::printf("  store: %llu of %llu prompt tokens loaded instead of computed\n",
+                static_cast<unsigned long long>(cached_tokens), static_cast<unsigned long long>(prompt_tokens));
   print_row("TTFT", ttft);
   print_row("TBT (every interval)", tbt);
   print_row("placement", place);
