@@ -29,6 +29,9 @@ struct prefill_rank_config {
   policies::cost_model cost = builtin_cpu_cost_model();
   /// Priority classes: a batch prompt waits behind at most this many interactive ones.
   uint32_t batch_max_bypass = 4;
+  /// The rank-local prefix tier (with the store on): full prompt blocks kept in this rank's KV
+  /// pages after their prompt, shared by later prompts with the same prefix; 0 = off.
+  uint32_t prefix_cache_blocks = 64;
   uint32_t kv_send_timeout_ms = 2000;   ///< a layer's put pending longer than this fails the request
   uint32_t poll_interval_us = 100;      ///< how often pending puts are polled
 

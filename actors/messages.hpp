@@ -102,7 +102,8 @@ struct completion {
   std::string prefill_placement_why;
   std::string decode_placement_why;
   int64_t check_us = 0;            ///< CHECK against the store's index
-  uint32_t cached_tokens = 0;      ///< prompt tokens loaded from the store instead of computed
+  uint32_t cached_tokens = 0;      ///< prompt tokens not computed (rank-local tier or store)
+  uint32_t local_cached_tokens = 0;  ///< of those, found in the prefill rank's own pages
   uint32_t recomputed_blocks = 0;  ///< cached blocks that could not be used (recomputed)
 };
 template <class Inspector>
@@ -110,7 +111,7 @@ typename Inspector::result_type inspect(Inspector& f, completion& x) {
   return f(caf::meta::type_name("completion"), x.request_id, x.num_prompt_tokens, x.tokens, x.text,
            x.finish_reason, x.ttft_us, x.tbt_us, x.step_logits, x.prefill_rank, x.decode_rank, x.place_us,
            x.reserve_us, x.prefill_queue_us, x.prefill_us, x.decode_queue_us, x.prefill_placement_why,
-           x.decode_placement_why, x.check_us, x.cached_tokens, x.recomputed_blocks);
+           x.decode_placement_why, x.check_us, x.cached_tokens, x.local_cached_tokens, x.recomputed_blocks);
 }
 
 // --- KV leases and handoff ---------------------------------------------------------------------
@@ -196,13 +197,14 @@ struct prefill_result {
   std::vector<float> logits;  ///< the logits that chose first_token (if asked)
   std::string rank;
   int64_t queue_us = 0;       ///< order arrival -> first chunk started computing
-  uint32_t cached_tokens = 0; ///< prompt tokens whose KV came from the store (after verification)
+  uint32_t cached_tokens = 0; ///< prompt tokens not computed: rank-local tier + store (verified)
   uint32_t recomputed_blocks = 0;  ///< cached blocks that failed (missing, corrupt, server down)
+  uint32_t local_cached_tokens = 0;  ///< of cached_tokens, those found in the rank's own pages
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, prefill_result& x) {
   return f(caf::meta::type_name("prefill_result"), x.request_id, x.first_token, x.logits, x.rank, x.queue_us,
-           x.cached_tokens, x.recomputed_blocks);
+           x.cached_tokens, x.recomputed_blocks, x.local_cached_tokens);
 }
 
 /// One entry of a rank's event log: what happened, in the order it happened (seq).

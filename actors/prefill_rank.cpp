@@ -12,6 +12,7 @@
 
 #include "actors/executor_bridge.hpp"
 #include "actors/store_access.hpp"
+#include "store/prefix_cache.hpp"
 #include "gpu/executor.hpp"
 #include "policies/cost_model.hpp"
 #include "policies/placement.hpp"
@@ -75,7 +76,9 @@ struct prefill_job_state {
   caf::typed_response_promise<prefill_result> promise;
   std::vector<uint32_t> local_pages;
   std::vector<uint32_t> chunk_sizes;  ///< the chunk plan (fixed size, or sized by time budget)
-  uint32_t cached_tokens = 0;         ///< leading tokens whose KV came from the store
+  uint32_t cached_tokens = 0;         ///< leading tokens not computed (local tier or store)
+  std::vector<store::block_key> keys; ///< the prompt's full blocks (rank-local tier on)
+  uint32_t shared_blocks = 0;         ///< leading blocks on pages shared from the local tier
   uint32_t recomputed_blocks = 0;     ///< cached blocks that could not be used
   prefix_load load;
   uint32_t num_chunks = 0;            ///< chunks that will run (cut short to those submitted on failure)
@@ -132,6 +135,8 @@ struct prefill_state {
   bool poll_scheduled = false;
   prefill_balancer_actor balancer;  ///< told our load after every change (may be null)
   store_access store;               ///< the block store (off when it has no index)
+  std::optional<store::prefix_cache> local;  ///< the rank-local prefix tier (store on)
+  store::block_key salt;
   bool keepalive_scheduled = false;
   static inline const char* name = "baton.prefill_rank";
 };
@@ -177,6 +182,30 @@ std::optional<chunk_job> take_job(prefill_pointer self, uint64_t job_id) {
   return cj;
 }
 
+/// Gives a finished prompt's pages back: shared ones are unpinned; after a success its own full
+/// blocks join the rank-local tier (their KV is the prompt's, computed or loaded and verified);
+/// the rest is freed.
+void return_pages(prefill_pointer self, prefill_job_state& r, bool success) {
+  auto& st = self->state;
+  auto& kv = st.core.exec->kv();
+  if (!st.local) {
+    kv.kv_page_free(r.local_pages);
+    return;
+  }
+  const uint32_t ppb = st.local->pages_per_block();
+  st.local->release(r.keys, r.shared_blocks);
+  size_t own_from = size_t{r.shared_blocks} * ppb;
+  if (success) {
+    const size_t full = r.keys.size();
+    for (size_t b = full; b-- > r.shared_blocks;)
+      kv.kv_page_free(st.local->insert(
+          r.keys[b], {r.local_pages.begin() + b * ppb, r.local_pages.begin() + (b + 1) * ppb}));
+    own_from = full * ppb;
+    kv.kv_page_free(st.local->evict(0));  // down to capacity
+  }
+  kv.kv_page_free({r.local_pages.begin() + std::min(own_from, r.local_pages.size()), r.local_pages.end()});
+}
+
 void finish_if_done(prefill_pointer self, uint64_t request_id) {
   auto& st = self->state;
   auto i = st.requests.find(request_id);
@@ -192,8 +221,8 @@ void finish_if_done(prefill_pointer self, uint64_t request_id) {
     r.promise.deliver(std::move(r.failure));
   else
     r.promise.deliver(prefill_result{request_id, r.first_token, std::move(r.logits), st.cfg.name, r.queue_us,
-                                     r.cached_tokens, r.recomputed_blocks});
-  st.core.exec->kv().kv_page_free(r.local_pages);
+                                     r.cached_tokens, r.recomputed_blocks, r.shared_blocks * st.store.block_tokens()});
+  return_pages(self, r, !r.failed);
   st.requests.erase(i);
   drain_waiting(self);  // freed pages may start a waiting prompt; reports the load
 }
@@ -441,28 +470,33 @@ void load_round(prefill_pointer self, uint64_t rid) {
 
 /// Starts a prompt whose local pages are allocated: loads its cached prefix from the block
 /// store first when CHECK found one, then computes the rest.
-void launch(prefill_pointer self, waiting_order w, std::vector<uint32_t> pages) {
+void launch(prefill_pointer self, waiting_order w, std::vector<uint32_t> pages, std::vector<store::block_key> keys,
+            uint32_t shared_blocks) {
   auto& st = self->state;
   const auto rid = w.order.request_id;
   auto& r = st.requests[rid];
   r.promise = std::move(w.promise);
   r.local_pages = std::move(pages);
+  r.keys = std::move(keys);
+  r.shared_blocks = shared_blocks;
+  if (shared_blocks) st.core.log->add({0, "prefix_local_hit", rid, shared_blocks, 0, {}, {}});
   const auto& local = st.core.exec->kv().layout();
   r.puts_done.assign(local.num_layers, 0);
   r.checksums.assign(local.num_layers, 0);
   r.arrived_at = w.arrived_at;
   r.order = std::move(w.order);
   const auto& o = r.order;
-  const bool can_load = st.store.enabled() && st.core.pool_key && !o.prefix.empty() && o.block_tokens > 0 &&
-                        o.block_tokens % local.page_size_tokens == 0 &&
+  const bool can_load = st.store.enabled() && st.core.pool_key && o.prefix.size() > shared_blocks &&
+                        o.block_tokens > 0 && o.block_tokens % local.page_size_tokens == 0 &&
                         uint64_t{o.prefix.size()} * o.block_tokens < o.tokens.size();
-  if (!can_load) return start_compute(self, rid, 0);
+  if (!can_load) return start_compute(self, rid, shared_blocks * st.store.block_tokens());
   auto& ld = r.load;
   ld.blocks = o.prefix;
   ld.state.assign(o.prefix.size(), prefix_load::pending);
+  for (uint32_t b = 0; b < shared_blocks; ++b) ld.state[b] = prefix_load::ok;  // already in our pages
   ld.tried.assign(o.prefix.size(), 0);
   ld.errors.assign(o.prefix.size(), {});
-  for (size_t b = 0; b < ld.blocks.size(); ++b)
+  for (size_t b = shared_blocks; b < ld.blocks.size(); ++b)
     if (ld.blocks[b].servers.empty()) block_failed(ld, b, "no server holds the block");
   load_round(self, rid);
 }
@@ -474,9 +508,28 @@ void drain_waiting(prefill_pointer self) {
   auto& st = self->state;
   auto& kv = st.core.exec->kv();
   while (const auto* w = st.waiting.peek()) {
-    auto pages = kv.kv_page_alloc(kv.pages_for_tokens(static_cast<uint32_t>(w->order.tokens.size())));
-    if (!pages) break;
-    launch(self, std::move(*st.waiting.pop()), std::move(*pages));
+    const auto len = static_cast<uint32_t>(w->order.tokens.size());
+    std::vector<store::block_key> keys;
+    size_t hit = 0;
+    std::vector<uint32_t> shared;
+    if (st.local) {
+      // The rank-local tier first: blocks already in our pages are shared, pinned, not copied.
+      keys = store::chain_keys(st.salt, w->order.tokens, st.store.block_tokens());
+      hit = std::min<size_t>(st.local->match(keys), (len - 1) / st.store.block_tokens());
+      shared = st.local->acquire(keys, hit);
+    }
+    const auto fresh_needed = static_cast<uint32_t>(kv.pages_for_tokens(len) - shared.size());
+    auto fresh = kv.kv_page_alloc(fresh_needed);
+    if (!fresh && st.local) {  // make room from unpinned local blocks, oldest first
+      kv.kv_page_free(st.local->evict(fresh_needed - std::min(fresh_needed, kv.num_free_pages())));
+      fresh = kv.kv_page_alloc(fresh_needed);
+    }
+    if (!fresh) {
+      if (st.local) st.local->release(keys, hit);
+      break;
+    }
+    shared.insert(shared.end(), fresh->begin(), fresh->end());
+    launch(self, std::move(*st.waiting.pop()), std::move(shared), std::move(keys), static_cast<uint32_t>(hit));
   }
   pump(self);
   report_load(self);
@@ -535,6 +588,10 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
                                                     prefill_balancer_actor balancer, store_access store) {
   auto& st = self->state;
   st.store = std::move(store);
+  if (st.store.enabled() && cfg.prefix_cache_blocks > 0 && st.store.block_tokens() % exec->kv().layout().page_size_tokens == 0) {
+    st.local.emplace(st.store.block_tokens() / exec->kv().layout().page_size_tokens, cfg.prefix_cache_blocks);
+    st.salt = store::salt_of(st.store.identity);
+  }
   st.balancer = std::move(balancer);
   st.waiting = policies::priority_classes<waiting_order>{cfg.batch_max_bypass};
   st.runnable = policies::priority_classes<uint64_t>{cfg.batch_max_bypass};

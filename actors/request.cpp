@@ -151,6 +151,7 @@ void start_prefill(request_pointer self, kv_lease_grant grant) {
             st.out.prefill_us = lap(self);
             st.out.prefill_queue_us = r.queue_us;
             st.out.cached_tokens = r.cached_tokens;
+            st.out.local_cached_tokens = r.local_cached_tokens;
             st.out.recomputed_blocks = r.recomputed_blocks;
             if (st.plan.store.enabled()) st.cached_blocks = r.cached_tokens / st.plan.store.block_tokens();
             record_token(self, r.first_token, std::move(r.logits));

@@ -107,6 +107,7 @@ TEST_CASE("load spreads over 2 prefill and 2 decode ranks, and placement follows
   auto cluster = start_local_cluster(t.sys, cfg);
   test::cluster_system::stopper stop{t, cluster};
   caf::scoped_actor self{t.sys};
+  REQUIRE(t.wait_registered(cluster));
   // Placement alone, without reports in between: the balancer counts its own placements, so
   // consecutive prompts alternate between the two idle ranks.
   std::vector<std::string> placed;
@@ -174,6 +175,7 @@ TEST_CASE("placement policies are chosen by name, and every decision is explaine
     auto cluster = start_local_cluster(t.sys, cfg);
     test::cluster_system::stopper stop{t, cluster};
     caf::scoped_actor self{t.sys};
+    REQUIRE(t.wait_registered(cluster));
     // Four placements without reports in between: each policy spreads them over both ranks.
     std::vector<std::string> placed;
     for (uint64_t i = 0; i < 4; ++i)

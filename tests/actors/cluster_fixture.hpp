@@ -2,6 +2,8 @@
 
 // A real-threaded actor system with an in-process cluster, for actor tests.
 
+#include <thread>
+
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
 #include <caf/scoped_actor.hpp>
@@ -47,6 +49,22 @@ struct cluster_system {
     self->request(rank, std::chrono::seconds{10}, stats_atom::value)
         .receive([&](rank_stats& s) { out = std::move(s); }, [&](caf::error&) {});
     return out;
+  }
+
+  /// Waits (bounded) until every in-process rank has registered with its balancer: ranks
+  /// register by reporting their load once they start, asynchronously.
+  bool wait_registered(const local_cluster& c) {
+    caf::scoped_actor self{sys};
+    for (int i = 0; i < 1000; ++i) {
+      size_t p = 0, d = 0;
+      self->request(c.prefill_balancer, std::chrono::seconds{5}, stats_atom::value)
+          .receive([&](std::vector<rank_load>& l) { p = l.size(); }, [](caf::error&) {});
+      self->request(c.decode_balancer, std::chrono::seconds{5}, stats_atom::value)
+          .receive([&](std::vector<rank_load>& l) { d = l.size(); }, [](caf::error&) {});
+      if (p == c.prefill.size() && d == c.decode.size()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds{2});
+    }
+    return false;
   }
 
   /// Stops the cluster when the test leaves scope, also after a failed REQUIRE (the actor

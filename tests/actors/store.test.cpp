@@ -42,6 +42,7 @@ local_cluster_config store_cluster(const std::string& dir, uint32_t servers = 1,
   cfg.store.num_servers = servers;
   cfg.store.replicas = replicas;
   cfg.store.read_timeout_ms = 2000;
+  cfg.prefill.prefix_cache_blocks = 0;  // these tests exercise the store itself; the local tier has its own
   return cfg;
 }
 
@@ -244,4 +245,40 @@ TEST_CASE("store: batch-class requests are not written back (their retention is 
   REQUIRE(t.generate(cluster.router, req));
   wait_for_blocks(t, cluster, 3);
   CHECK(t.stats(cluster.decode[0].handle).blocks_written_back == 3);  // all from the agent request
+}
+
+TEST_CASE("store: the rank-local tier shares a finished prompt's full blocks with the next prompt on the rank") {
+  temp_dir dir{"local"};
+  test::cluster_system t;
+  auto cfg = store_cluster(dir.path);
+  cfg.prefill.prefix_cache_blocks = 8;
+  auto cluster = start_local_cluster(t.sys, cfg);
+  test::cluster_system::stopper stop{t, cluster};
+  const auto p = prompt_tokens(cfg, 99, 6);
+  auto first = t.generate(cluster.router, request_for(p));
+  REQUIRE(first);
+  CHECK(first->local_cached_tokens == 0);
+  // A second prompt sharing the first 3 blocks, on the same (only) prefill rank: its prefix is
+  // already in the rank's pages. No store read is needed (the store may not even have it yet).
+  auto longer = p;
+  const auto tail = prompt_tokens(cfg, 20, 7);
+  longer.insert(longer.end(), tail.begin() + 1, tail.end());
+  auto second = t.generate(cluster.router, request_for(longer));
+  REQUIRE_MESSAGE(second, t.sys.render(second.error()));
+  CHECK(second->local_cached_tokens == 96);
+  CHECK(second->cached_tokens == 96);
+  check_equal(*second, reference(cfg, longer));
+  const auto events = t.events(cluster.prefill[0].handle);
+  CHECK(std::count_if(events.begin(), events.end(), [](auto& e) { return e.kind == "prefix_local_hit" && e.chunk == 3; }) == 1);
+  caf::scoped_actor self{t.sys};
+  store_stats s;
+  self->request(cluster.store_servers[0].handle, std::chrono::seconds{5}, stats_atom::value)
+      .receive([&](store_stats& x) { s = x; }, [](caf::error&) {});
+  CHECK(s.blocks_read == 0);
+  // The rank's pages are all accounted for: in use by nobody, cached or free.
+  const auto st = t.stats(cluster.prefill[0].handle);
+  CHECK(st.num_running == 0);
+  // Cached: the 3 shared blocks, 2 pages each (longer's own full blocks are the same 3); the
+  // partial blocks' pages went back to the pool.
+  CHECK(st.num_free_pages == cfg.executor.num_kv_pages - 3 * 2);
 }

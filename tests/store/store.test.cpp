@@ -17,6 +17,7 @@
 #include "store/block_file.hpp"
 #include "store/block_index.hpp"
 #include "store/block_key.hpp"
+#include "store/prefix_cache.hpp"
 
 using namespace baton;
 using namespace baton::store;
@@ -220,4 +221,24 @@ TEST_CASE("Mooncake conversation trace through the index: the README's LRU hit r
     const double got = static_cast<double>(hits) / static_cast<double>(total);
     CHECK_MESSAGE(std::abs(got - ratio) <= 0.001, "hit ratio " << got << ", reference " << ratio);
   }
+}
+
+TEST_CASE("the rank-local prefix cache: shared pinned pages, duplicates handed back, leaf-first eviction") {
+  prefix_cache c{2, 3};
+  const std::vector<block_key> chain = {{0, 1}, {0, 2}, {0, 3}};
+  CHECK(c.match(chain) == 0);
+  // Insert a chain last block first; the cache owns the pages now.
+  CHECK(c.insert(chain[1], {12, 13}).empty());
+  CHECK(c.insert(chain[0], {10, 11}).empty());
+  CHECK(c.match(chain) == 2);
+  CHECK(c.insert(chain[0], {20, 21}) == std::vector<uint32_t>{20, 21});  // already cached: caller frees
+  auto pages = c.acquire(chain, 2);
+  CHECK(pages == std::vector<uint32_t>{10, 11, 12, 13});
+  CHECK(c.evict(4).empty());  // both pinned
+  c.release(chain, 2);
+  CHECK(c.insert({0, 9}, {30, 31}).empty());  // another chain, most recent
+  // Pages are wanted: the least recently used goes first, the chain's leaf before its root.
+  CHECK(c.evict(2) == std::vector<uint32_t>{12, 13});
+  CHECK(c.match(chain) == 1);
+  CHECK(c.blocks() == 2);
 }
