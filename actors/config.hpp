@@ -120,6 +120,10 @@ struct decode_rank_config {
   /// Hybrid PD: prompts prefilled on this rank run in chunks of at most this many tokens, one
   /// chunk per decode step (riding in the same batch), so running sequences keep stepping.
   uint32_t local_prefill_chunk_tokens = 256;
+  /// Host memory for preempted sequences, in pages (each page with all its layers): when a KV
+  /// reservation finds too few free pages, running sequences are offloaded here (youngest first)
+  /// and resumed, bit-identically, when pages free up. 0 = off (the reservation fails instead).
+  uint32_t host_offload_pages = 0;
 
   std::string validate() const {
     if (name.empty()) return "decode rank name must not be empty";

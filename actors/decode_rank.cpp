@@ -60,6 +60,18 @@ struct running_seq {
   uint32_t num_generated = 0;   ///< tokens generated on this rank
 };
 
+/// A running sequence moved to host memory; its lease stays, its device pages were freed.
+struct paused_seq {
+  running_seq seq;
+  std::vector<uint32_t> host_slots;  ///< one per device page it had, in page order
+};
+
+/// A KV reservation that waits for an offload to free pages.
+struct pending_reserve {
+  kv_lease_reserve req;
+  caf::typed_response_promise<kv_lease_grant> promise;
+};
+
 struct decode_state {
   decode_rank_config cfg;
   rank_core core;
@@ -83,6 +95,12 @@ struct decode_state {
   uint64_t pending_write_bytes = 0;        ///< write-back sent, not yet acknowledged
   uint64_t blocks_written_back = 0;
   uint64_t write_backs_dropped = 0;
+  // Offload to host memory (cfg.host_offload_pages > 0).
+  std::vector<std::byte> host_pool;      ///< host pages, each with all layers of one KV page
+  std::vector<uint32_t> host_free;       ///< free host page slots
+  std::deque<paused_seq> paused;         ///< offloaded sequences, oldest first
+  std::deque<pending_reserve> reserves;  ///< reservations waiting for pages an offload will free
+  uint64_t offloaded = 0, resumed = 0;
   static inline const char* name = "baton.decode_rank";
 };
 
@@ -97,18 +115,108 @@ void report_load(decode_pointer self) {
   if (!st.balancer) return;
   const auto& pool = st.core.exec->kv();
   const auto& layout = pool.layout();
-  rank_load load{st.cfg.name, 0, static_cast<uint32_t>(st.leases.size()), pool.num_free_pages(), layout.num_pages};
+  // With host memory for offloads, pages of running sequences that could move there count as
+  // room: the balancer may place a sequence here, and the rank makes the room between steps.
+  uint64_t offloadable = 0;
+  if (!st.host_free.empty())
+    for (const auto& b : st.batch) offloadable += st.leases.at(b.lease_id).pages.size();
+  const auto room = static_cast<uint32_t>(pool.num_free_pages() + std::min<uint64_t>(offloadable, st.host_free.size()));
+  rank_load load{st.cfg.name, 0, static_cast<uint32_t>(st.leases.size()), room, layout.num_pages};
   load.page_size_tokens = layout.page_size_tokens;
   load.kv_tokens = uint64_t{layout.num_pages - pool.num_free_pages()} * layout.page_size_tokens;
   self->send(st.balancer, load_atom::value, std::move(load), caf::actor_cast<decode_rank_actor>(self));
 }
+
+void rebalance_memory(decode_pointer self);
 
 void free_lease(decode_pointer self, uint64_t lease_id) {
   auto& st = self->state;
   auto i = st.leases.find(lease_id);
   if (i == st.leases.end()) return;
   st.core.exec->kv().kv_page_free(i->second.pages);
+  for (auto p = st.paused.begin(); p != st.paused.end(); ++p)  // an offloaded sequence's host pages
+    if (p->seq.lease_id == lease_id) {
+      st.host_free.insert(st.host_free.end(), p->host_slots.begin(), p->host_slots.end());
+      st.paused.erase(p);
+      break;
+    }
   st.leases.erase(i);
+  if (!st.reserves.empty() || !st.paused.empty()) rebalance_memory(self);
+  report_load(self);
+}
+
+kv_lease_grant grant_lease(decode_pointer self, const kv_lease_reserve& req, std::vector<uint32_t> pages) {
+  auto& s = self->state;
+  const uint64_t id = ++s.last_lease;
+  auto& l = s.leases[id];
+  l.request_id = req.request_id;
+  l.pages = std::move(pages);
+  l.landed.assign(s.core.exec->config().num_hidden_layers, false);
+  l.lease_ms = req.lease_ms;
+  l.expires_at = self->clock().now() + std::chrono::milliseconds{req.lease_ms};
+  self->delayed_send(self, std::chrono::milliseconds{req.lease_ms}, expire_atom::value, id);
+  report_load(self);
+  return kv_lease_grant{req.request_id, id, s.cfg.name, s.region, l.pages, req.lease_ms};
+}
+
+/// Copies every layer of `pages` to (or from) host slots.
+void copy_pages(decode_state& st, const std::vector<uint32_t>& pages, const std::vector<uint32_t>& slots, bool to_host) {
+  auto& kv = st.core.exec->kv();
+  const auto& lay = kv.layout();
+  const uint64_t slot_bytes = lay.page_bytes() * lay.num_layers;
+  for (size_t i = 0; i < pages.size(); ++i)
+    for (uint32_t l = 0; l < lay.num_layers; ++l) {
+      std::byte* dev = kv.data() + lay.offset_bytes(l, pages[i]);
+      std::byte* host = st.host_pool.data() + slots[i] * slot_bytes + l * lay.page_bytes();
+      if (to_host)
+        std::memcpy(host, dev, lay.page_bytes());
+      else
+        std::memcpy(dev, host, lay.page_bytes());
+    }
+}
+
+/// Between steps only (no step writes the pages): grants waiting reservations, offloading the
+/// youngest running sequences to host memory while that frees enough pages; then, with no
+/// reservation waiting, resumes offloaded sequences, oldest first, as pages allow.
+void rebalance_memory(decode_pointer self) {
+  auto& st = self->state;
+  if (st.step_in_flight) return;
+  auto& kv = st.core.exec->kv();
+  while (!st.reserves.empty()) {
+    auto& r = st.reserves.front();
+    const uint32_t need = kv.pages_for_tokens(r.req.num_tokens);
+    if (auto pages = kv.kv_page_alloc(need)) {
+      r.promise.deliver(grant_lease(self, r.req, std::move(*pages)));
+      st.reserves.pop_front();
+      continue;
+    }
+    if (st.batch.empty()) break;  // nothing to offload: wait for sequences to finish
+    auto victim = st.batch.back();
+    auto& l = st.leases.at(victim.lease_id);
+    if (st.host_free.size() < l.pages.size()) break;  // host memory full too
+    std::vector<uint32_t> slots(st.host_free.end() - l.pages.size(), st.host_free.end());
+    st.host_free.resize(st.host_free.size() - l.pages.size());
+    copy_pages(st, l.pages, slots, true);
+    kv.kv_page_free(l.pages);
+    l.pages.clear();
+    st.batch.pop_back();
+    st.paused.push_back({victim, std::move(slots)});
+    ++st.offloaded;
+    st.core.log->add({0, "offload", l.request_id, 0, 0, {}, {}});
+  }
+  while (st.reserves.empty() && !st.paused.empty()) {
+    auto& p = st.paused.front();
+    auto pages = kv.kv_page_alloc(static_cast<uint32_t>(p.host_slots.size()));
+    if (!pages) break;
+    auto& l = st.leases.at(p.seq.lease_id);
+    l.pages = std::move(*pages);
+    copy_pages(st, l.pages, p.host_slots, false);
+    st.host_free.insert(st.host_free.end(), p.host_slots.begin(), p.host_slots.end());
+    st.batch.push_back(p.seq);
+    st.paused.pop_front();
+    ++st.resumed;
+    st.core.log->add({0, "resume", l.request_id, 0, 0, {}, {}});
+  }
   report_load(self);
 }
 
@@ -198,6 +306,7 @@ void maybe_admit(decode_pointer self, uint64_t lease_id) {
   st.core.log->add({0, "admit", l.request_id, 0, 0, {}, {}});
   l.queue_us = micros(self->clock().now() - l.order_at);
   st.batch.push_back(running_seq{lease_id, l.order.prompt_len, l.order.first_token, 0});
+  if (!st.host_free.empty()) report_load(self);  // its pages are now offloadable room
   maybe_step(self);
 }
 
@@ -296,6 +405,7 @@ void on_step_done(decode_pointer self, std::vector<std::vector<float>>& logits) 
       s->next_input = tok;
     }
   }
+  if (!st.reserves.empty() || !st.paused.empty()) rebalance_memory(self);
   maybe_step(self);
 }
 
@@ -307,6 +417,11 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
   st.balancer = std::move(balancer);
   st.store = std::move(store);
   if (st.store.enabled()) st.ring.emplace(static_cast<uint32_t>(st.store.servers.size()));
+  if (cfg.host_offload_pages > 0) {
+    const auto& lay = exec->kv().layout();
+    st.host_pool.resize(uint64_t{cfg.host_offload_pages} * lay.page_bytes() * lay.num_layers);
+    for (uint32_t i = cfg.host_offload_pages; i-- > 0;) st.host_free.push_back(i);
+  }
   st.cfg = std::move(cfg);
   st.core.start(self, std::move(exec), std::move(xport));
   if (st.core.pool_key) {
@@ -323,21 +438,19 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
         if (!s.core.setup_error.empty()) return make_error(errc::executor_failed, stage + ": " + s.core.setup_error);
         auto& pool = s.core.exec->kv();
         const uint32_t need = pool.pages_for_tokens(req.num_tokens);
-        auto pages = pool.kv_page_alloc(need);
-        if (!pages)
-          return make_error(errc::kv_capacity, stage + ": needs " + std::to_string(need) + " KV pages for " +
-                                                   std::to_string(req.num_tokens) + " tokens, " +
-                                                   std::to_string(pool.num_free_pages()) + " free");
-        const uint64_t id = ++s.last_lease;
-        auto& l = s.leases[id];
-        l.request_id = req.request_id;
-        l.pages = *pages;
-        l.landed.assign(s.core.exec->config().num_hidden_layers, false);
-        l.lease_ms = req.lease_ms;
-        l.expires_at = self->clock().now() + std::chrono::milliseconds{req.lease_ms};
-        self->delayed_send(self, std::chrono::milliseconds{req.lease_ms}, expire_atom::value, id);
-        report_load(self);
-        return kv_lease_grant{req.request_id, id, s.cfg.name, s.region, *pages, req.lease_ms};
+        if (s.reserves.empty())
+          if (auto pages = pool.kv_page_alloc(need)) return grant_lease(self, req, std::move(*pages));
+        // Short of pages: with host memory for offloads, running sequences make room (between
+        // steps); otherwise refuse now and let the request re-place itself.
+        if (s.cfg.host_offload_pages > 0 && need <= pool.layout().num_pages && !s.batch.empty()) {
+          auto promise = self->make_response_promise<kv_lease_grant>();
+          s.reserves.push_back({req, promise});
+          rebalance_memory(self);
+          return promise;
+        }
+        return make_error(errc::kv_capacity, stage + ": needs " + std::to_string(need) + " KV pages for " +
+                                                 std::to_string(req.num_tokens) + " tokens, " +
+                                                 std::to_string(pool.num_free_pages()) + " free");
       },
       [=](prefill_order& order) -> caf::result<prefill_result> {
         auto& s = self->state;
@@ -447,7 +560,7 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
         return rank_stats{s.cfg.name, pool.num_free_pages(), pool.layout().num_pages,
                           static_cast<uint32_t>(s.batch.size()),
                           static_cast<uint32_t>(s.leases.size() - s.batch.size()), s.num_steps,
-                          s.blocks_written_back, s.write_backs_dropped};
+                          s.blocks_written_back, s.write_backs_dropped, s.offloaded, s.resumed};
       },
       [=](events_atom) { return self->state.core.log->snapshot(); },
       [=](exec_done_atom, uint64_t, std::vector<std::vector<float>>& logits) { on_step_done(self, logits); },

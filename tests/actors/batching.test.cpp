@@ -261,3 +261,51 @@ TEST_CASE("hybrid PD: short prompts are prefilled on the decode rank in chunks r
   // Every lease was released: the decode rank's pages are all free again.
   CHECK(t.stats(decode).num_free_pages == cfg.executor.num_kv_pages);
 }
+
+TEST_CASE("a decode rank short of pages offloads a running sequence to host memory and resumes it with "
+          "identical tokens and logits") {
+  test::cluster_system t;
+  auto cfg = shared_decode_rank();
+  cfg.executor.num_kv_pages = 16;  // 256 tokens per rank
+  cfg.decode.host_offload_pages = 32;
+  auto cluster = start_local_cluster(t.sys, cfg);
+  test::cluster_system::stopper stop{t, cluster};
+  const auto& decode = cluster.decode[0].handle;
+  caf::scoped_actor self{t.sys};
+  auto send = [&](const std::string& prompt, int32_t max_tokens) {
+    generate_request req;
+    req.prompt = prompt;
+    req.max_tokens = max_tokens;
+    req.return_logits = true;
+    req.ignore_eos = true;
+    return self->request(cluster.router, std::chrono::seconds{60}, generate_atom::value, std::move(req));
+  };
+  const std::string a_prompt(39, 'a');   // 40 tokens + 120 = 160: 10 of the 16 pages
+  const std::string b_prompt(99, 'b');   // 100 tokens + 20 = 120: 8 pages, only 6 are free
+  std::vector<decltype(send(a_prompt, 1))> handles;
+  handles.push_back(send(a_prompt, 120));
+  wait_for_steps(t, decode, 5);
+  handles.push_back(send(b_prompt, 20));
+  auto done = collect_all(t, handles);
+  const auto st = t.stats(decode);
+  CHECK(st.offloaded == 1);
+  CHECK(st.resumed == 1);
+  CHECK(st.num_free_pages == 16);
+  // B ran while A was in host memory: A's tokens came after B's last one.
+  const auto events = t.events(decode);
+  auto at = [&](const char* kind) {
+    return std::find_if(events.begin(), events.end(), [&](auto& e) { return e.kind == kind; }) - events.begin();
+  };
+  CHECK(at("offload") < at("resume"));
+  auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
+  const std::vector<std::string> prompts = {a_prompt, b_prompt};
+  for (size_t i = 0; i < 2; ++i) {
+    auto exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
+    const auto prompt = gpu::byte_tokenizer{cfg.model.bos_token_id, cfg.model.eos_token_id}.encode(prompts[i]);
+    auto ref = gpu::generate_colocated(*exec, prompt, done[i].tokens.size(), 16, {}, true);
+    CHECK(done[i].tokens == ref.tokens);
+    REQUIRE(done[i].step_logits.size() == ref.step_logits.size());
+    for (size_t k = 0; k < ref.step_logits.size(); ++k)
+      CHECK_MESSAGE(test::same_bits(done[i].step_logits[k], ref.step_logits[k]), "request " << i << " step " << k);
+  }
+}
