@@ -498,6 +498,7 @@ void launch(prefill_pointer self, waiting_order w, std::vector<uint32_t> pages, 
   ld.errors.assign(o.prefix.size(), {});
   for (size_t b = shared_blocks; b < ld.blocks.size(); ++b)
     if (ld.blocks[b].servers.empty()) block_failed(ld, b, "no server holds the block");
+  st.core.log->add({0, "prefix_load_start", rid, static_cast<uint32_t>(ld.blocks.size() - shared_blocks), 0, {}, {}});
   load_round(self, rid);
 }
 
