@@ -248,11 +248,15 @@ struct place_query {
   uint32_t cached_tokens = 0;  ///< prompt tokens whose KV is cached (c)
   uint32_t total_tokens = 0;   ///< the whole sequence: prompt + max new tokens (decode's KV need)
   std::string priority = "interactive";
+  /// Keys of the prompt's full blocks (hi, lo pairs, in order), when the store is on: lets
+  /// cache-affinity routing find the rank whose own pages hold the longest prefix.
+  std::vector<uint64_t> block_keys;
+  uint32_t block_tokens = 0;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, place_query& x) {
   return f(caf::meta::type_name("place_query"), x.request_id, x.new_tokens, x.cached_tokens, x.total_tokens,
-           x.priority);
+           x.priority, x.block_keys, x.block_tokens);
 }
 
 struct rank_stats {

@@ -6,6 +6,8 @@
 
 #include <cstdio>
 #include <deque>
+#include <list>
+#include <map>
 #include <optional>
 
 #include "actors/rank_registry.hpp"
@@ -15,6 +17,30 @@
 namespace baton {
 
 namespace {
+
+/// A bounded set of block keys, least recently placed forgotten first.
+struct recent_keys {
+  static constexpr size_t capacity = 4096;
+  std::list<std::pair<uint64_t, uint64_t>> order;
+  std::map<std::pair<uint64_t, uint64_t>, std::list<std::pair<uint64_t, uint64_t>>::iterator> where;
+  size_t leading(const std::vector<uint64_t>& keys) const {
+    size_t n = 0;
+    while (2 * n + 1 < keys.size() && where.count({keys[2 * n], keys[2 * n + 1]})) ++n;
+    return n;
+  }
+  void add(const std::vector<uint64_t>& keys) {
+    for (size_t i = 0; i + 1 < keys.size(); i += 2) {
+      const std::pair<uint64_t, uint64_t> k{keys[i], keys[i + 1]};
+      if (auto w = where.find(k); w != where.end()) order.erase(w->second);
+      order.push_front(k);
+      where[k] = order.begin();
+    }
+    while (order.size() > capacity) {
+      where.erase(order.back());
+      order.pop_back();
+    }
+  }
+};
 
 struct prefill_balancer_state {
   prefill_balancer_config cfg;
@@ -28,6 +54,9 @@ struct prefill_balancer_state {
   /// Levels 2-3 inputs, kept in step with the registry (rank i is engine i / rpe, slot i % rpe)
   /// so a decision does not rebuild them: a decision at 1,024 ranks stays within microseconds.
   std::vector<policies::prefill_engine_view> engines;
+  /// cache_affinity: per rank, the block keys of prompts recently placed there (bounded LRU), an
+  /// approximation of what its rank-local tier holds (sgl-router keeps a similar tree).
+  std::vector<recent_keys> placed_keys;
   uint64_t rr_cursor = 0;
   decision_log log;
   caf::actor_clock::time_point started;
@@ -99,9 +128,12 @@ std::optional<prefill_placement> try_place(pointer self, const place_query& q) {
       break;
     }
     case policies::prefill_policy::cache_affinity: {
-      // Where prefixes live is the block index's knowledge (issue 7); until ranks report
-      // cached prefixes, every rank holds none and the policy falls back to least-loaded.
+      // Cached tokens per rank: the leading blocks of this prompt that were placed there before
+      // (and so sit in that rank's local tier unless evicted since).
+      st.placed_keys.resize(loads.size());
+      const uint64_t block = q.block_tokens;
       std::vector<uint64_t> cached(loads.size(), 0);
+      for (size_t i = 0; i < loads.size(); ++i) cached[i] = st.placed_keys[i].leading(q.block_keys) * block;
       if (auto d = policies::cache_affinity_prefill(loads, cached, st.cfg.affinity_max_queued_tokens)) {
         pick = d->rank;
         why = d->by_affinity ? "cache_affinity: holds " + std::to_string(d->cached_tokens) + " cached tokens"
@@ -118,6 +150,10 @@ std::optional<prefill_placement> try_place(pointer self, const place_query& q) {
   r.num_running += 1;
   r.predicted_us += cost;
   sync_view(st, *pick);
+  if (!q.block_keys.empty()) {
+    st.placed_keys.resize(st.registry.loads.size());
+    st.placed_keys[*pick].add(q.block_keys);
+  }
   st.log.add({q.request_id, r.name, why});
   return prefill_placement{r.name, st.registry.ranks[*pick], why};
 }

@@ -29,6 +29,7 @@ struct request_state {
   uint64_t watch_seq = 0;  ///< the token watchdog only acts on its latest arming
   bool hybrid = false;     ///< hybrid PD: the decode rank prefills the prompt itself
   std::vector<block_ref> prefix;  ///< CHECK: the cached leading blocks and their servers
+  std::vector<uint64_t> block_keys;  ///< the prompt's full blocks' keys (hi, lo), store on
   uint32_t cached_blocks = 0;     ///< blocks the prefill rank actually loaded (after verification)
   bool answered = false;
   static inline const char* name = "baton.request";
@@ -195,7 +196,8 @@ void place(request_pointer self) {
   const auto timeout = std::chrono::milliseconds{p.cfg.place_timeout_ms};
   const auto cached = static_cast<uint32_t>(st.prefix.size() * p.store.block_tokens());
   place_query q{p.request_id, static_cast<uint32_t>(p.prompt_tokens.size()) - cached, cached,
-                static_cast<uint32_t>(p.prompt_tokens.size() + p.params.max_tokens), p.params.priority};
+                static_cast<uint32_t>(p.prompt_tokens.size() + p.params.max_tokens), p.params.priority,
+                st.block_keys, p.store.block_tokens()};
   self->request(p.decode_balancer, timeout, place_atom::value, q)
       .then(
           [=](decode_placement& d) {
@@ -243,6 +245,7 @@ void check(request_pointer self) {
   const uint32_t b = p.store.block_tokens();
   const size_t usable = (p.prompt_tokens.size() - 1) / b;
   auto keys = store::chain_keys(store::salt_of(p.store.identity), p.prompt_tokens, b);
+  for (const auto& k : keys) st.block_keys.insert(st.block_keys.end(), {k.hi, k.lo});
   keys.resize(std::min(keys.size(), usable));
   if (keys.empty()) return place(self);
   std::vector<block_ref> chain;

@@ -282,3 +282,36 @@ TEST_CASE("store: the rank-local tier shares a finished prompt's full blocks wit
   // partial blocks' pages went back to the pool.
   CHECK(st.num_free_pages == cfg.executor.num_kv_pages - 3 * 2);
 }
+
+TEST_CASE("store: cache-affinity routing sends a prompt to the prefill rank whose own pages hold its prefix") {
+  for (const std::string policy : {"cache_affinity", "round_robin"}) {
+    CAPTURE(policy);
+    temp_dir dir{"affinity-" + policy};
+    test::cluster_system t;
+    auto cfg = store_cluster(dir.path);
+    cfg.num_prefill_ranks = 2;
+    cfg.prefill.prefix_cache_blocks = 8;
+    cfg.prefill_balancer.policy = policy;
+    auto cluster = start_local_cluster(t.sys, cfg);
+    test::cluster_system::stopper stop{t, cluster};
+    REQUIRE(t.wait_registered(cluster));
+    const auto p = prompt_tokens(cfg, 99, 8);
+    auto first = t.generate(cluster.router, request_for(p));
+    REQUIRE(first);
+    auto longer = p;
+    const auto tail = prompt_tokens(cfg, 20, 9);
+    longer.insert(longer.end(), tail.begin() + 1, tail.end());
+    auto second = t.generate(cluster.router, request_for(longer));
+    REQUIRE_MESSAGE(second, t.sys.render(second.error()));
+    check_equal(*second, reference(cfg, longer));
+    if (policy == "cache_affinity") {
+      CHECK(second->prefill_rank == first->prefill_rank);
+      CHECK(second->local_cached_tokens == 96);
+      CHECK_MESSAGE(second->prefill_placement_why.rfind("cache_affinity: holds 96 cached tokens", 0) == 0,
+                    second->prefill_placement_why);
+    } else {  // the control: round robin goes to the other rank, whose pages hold nothing
+      CHECK(second->prefill_rank != first->prefill_rank);
+      CHECK(second->local_cached_tokens == 0);
+    }
+  }
+}
