@@ -5,6 +5,7 @@
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <filesystem>
@@ -74,6 +75,10 @@ struct io_context {
   std::vector<std::byte> staging;
   uint64_t staging_region = 0;
   std::string setup_error;
+  std::atomic<bool> stopping{false};  ///< the actor is gone: abandon waits at once
+  ~io_context() {
+    if (staging_region) xport->deregister_region(staging_region);
+  }
   // Results handed from the I/O thread to the actor, by job id.
   std::mutex mutex;
   std::unordered_map<uint64_t, std::function<void()>> done;
@@ -97,9 +102,9 @@ std::string put_and_wait(io_context& io, const store_read_order& order, uint32_t
       io.xport->release(id);
       return err.to_string();
     }
-    if (std::chrono::steady_clock::now() > deadline) {
+    if (std::chrono::steady_clock::now() > deadline || io.stopping.load()) {
       io.xport->release(id);
-      return "put of layer " + std::to_string(layer) + " still pending after 10 s";
+      return "put of layer " + std::to_string(layer) + (io.stopping.load() ? " abandoned: the server stopped" : " still pending after 10 s");
     }
     std::this_thread::yield();
   }
@@ -169,7 +174,20 @@ store_read_result serve_read(io_context& io, const store_read_order& order, uint
 
 struct block_server_state {
   std::shared_ptr<io_context> io;
-  std::unique_ptr<io_worker> worker;
+  std::unique_ptr<io_worker> worker;  // destroyed first: joins the I/O thread
+  /// CAF destroys the state before it runs attached functors, so the I/O thread is told to
+  /// abandon its waits here, before the worker joins it. Jobs it drops take their response
+  /// promises with them: readers get a broken-promise error at once, not a timeout.
+  ~block_server_state() {
+    if (io) io->stopping.store(true);
+    for (auto& [id, r] : reads)
+      r.second.deliver(make_error(errc::rank_unavailable, where(r.first, name_of_server, "store_read") +
+                                                              ": the block server stopped during the read"));
+  }
+  uint64_t last_read = 0;
+  /// Reads in progress (request id, promise): answered with an error if the server stops.
+  std::unordered_map<uint64_t, std::pair<uint64_t, caf::typed_response_promise<store_read_result>>> reads;
+  std::string name_of_server;
   block_index_actor index;
   uint64_t last_job = 0;
   store_stats stats;
@@ -211,14 +229,16 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
   std::error_code ec;
   std::filesystem::create_directories(cfg.dir, ec);
   if (ec) io.setup_error = cfg.name + ": cannot create " + cfg.dir + ": " + ec.message();
+  st.name_of_server = cfg.name;
   io.cfg = std::move(cfg);
   st.worker = std::make_unique<io_worker>();
-  self->attach_functor([io = st.io] {
-    if (io->staging_region) io->xport->deregister_region(io->staging_region);
-  });
+  // The staging buffer is deregistered when the last holder of the context (the I/O thread's
+  // job, or the state) lets go of it.
   return {
       [=](store_read_order& order) -> caf::result<store_read_result> {
         auto promise = self->make_response_promise<store_read_result>();
+        const uint64_t read_id = ++self->state.last_read;
+        self->state.reads[read_id] = {order.request_id, promise};
         run_io(
             self,
             [order = std::move(order)](io_context& io) {
@@ -227,9 +247,10 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
               return std::make_pair(std::move(r), bytes);
             },
             [=](std::pair<store_read_result, uint64_t> out) mutable {
-              auto& s = self->state.stats;
-              for (const auto& e : out.first.errors) ++(e.empty() ? s.blocks_read : s.read_failures);
-              s.bytes_read += out.second;
+              auto& st = self->state;
+              for (const auto& e : out.first.errors) ++(e.empty() ? st.stats.blocks_read : st.stats.read_failures);
+              st.stats.bytes_read += out.second;
+              st.reads.erase(read_id);
               promise.deliver(std::move(out.first));
             });
         return promise;

@@ -365,6 +365,7 @@ void start_compute(prefill_pointer self, uint64_t rid, uint32_t cached) {
 }
 
 void load_round(prefill_pointer self, uint64_t rid);
+void schedule_keepalive(prefill_pointer self);
 
 /// The reads of a round are all answered: verify what landed, retry failed blocks on their next
 /// replica, or start computing after the longest verified prefix.
@@ -425,6 +426,7 @@ void load_round(prefill_pointer self, uint64_t rid) {
   }
   if (orders.empty()) return on_round_done(self, rid);
   ld.outstanding = static_cast<uint32_t>(orders.size());
+  schedule_keepalive(self);  // a slow read must not let the decode rank's lease expire
   for (auto& [server, order] : orders) {
     const std::vector<uint32_t> asked = order.block_index;
     auto on_reply = [=](store_read_result& res) {
@@ -539,9 +541,11 @@ void drain_waiting(prefill_pointer self) {
 /// Arms the keepalive tick while prompts wait, at a third of the shortest waiting lease.
 void schedule_keepalive(prefill_pointer self) {
   auto& st = self->state;
-  if (st.keepalive_scheduled || st.waiting.empty()) return;
   uint32_t lease_ms = UINT32_MAX;
   st.waiting.for_each([&](const waiting_order& w) { lease_ms = std::min(lease_ms, w.order.grant.lease_ms); });
+  for (const auto& [id, r] : st.requests)  // prompts whose prefix is still being read from the store
+    if (r.load.outstanding > 0) lease_ms = std::min(lease_ms, r.order.grant.lease_ms);
+  if (st.keepalive_scheduled || lease_ms == UINT32_MAX) return;
   st.keepalive_scheduled = true;
   self->delayed_send(self, std::chrono::milliseconds{std::max<uint32_t>(1, lease_ms / 3)}, keepalive_atom::value);
 }
@@ -661,6 +665,8 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
         s.waiting.for_each([&](const waiting_order& w) {
           self->send(w.order.decode, keepalive_atom::value, w.order.request_id, w.order.grant.lease_id);
         });
+        for (const auto& [id, r] : s.requests)
+          if (r.load.outstanding > 0) self->send(r.order.decode, keepalive_atom::value, id, r.order.grant.lease_id);
         schedule_keepalive(self);
       },
       [=](poll_atom) {

@@ -16,6 +16,7 @@
 #include "store/block_key.hpp"
 #include "tests/actors/cluster_fixture.hpp"
 #include "tests/test_util.hpp"
+#include "transport/fault_proxy.hpp"
 
 using namespace baton;
 
@@ -314,4 +315,38 @@ TEST_CASE("store: cache-affinity routing sends a prompt to the prefill rank whos
       CHECK(second->local_cached_tokens == 0);
     }
   }
+}
+
+TEST_CASE("store: a block server killed in the middle of a read ends as a recompute with correct output") {
+  temp_dir dir{"killed"};
+  test::cluster_system t;
+  auto cfg = store_cluster(dir.path);
+  transport::fault_proxy* proxy = nullptr;
+  // The server's puts of layer 1 stall (after the first request's write-back, which uses no puts).
+  auto wrap = [&](std::unique_ptr<transport::transport> inner, const std::string& name)
+      -> std::shared_ptr<transport::transport> {
+    if (name != "store-0") return std::shared_ptr<transport::transport>{std::move(inner)};
+    auto p = transport::make_fault_proxy(std::move(inner), {transport::fault_kind::stall, 1, {}, 1, 1});
+    proxy = p.get();
+    return std::shared_ptr<transport::transport>{std::move(p)};
+  };
+  auto cluster = start_local_cluster(t.sys, cfg, {}, wrap);
+  test::cluster_system::stopper stop{t, cluster};
+  REQUIRE(proxy != nullptr);
+  const auto p = prompt_tokens(cfg, 99, 10);
+  REQUIRE(t.generate(cluster.router, request_for(p)));
+  wait_for_blocks(t, cluster, 3);
+  caf::scoped_actor self{t.sys};
+  auto pending = self->request(cluster.router, std::chrono::seconds{60}, generate_atom::value, request_for(p));
+  // Mid-read: layer 0 of the blocks landed, layer 1's put is stuck. Then the server dies.
+  for (int i = 0; i < 2000 && proxy->num_injected() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{1});
+  REQUIRE(proxy->num_injected() == 1);
+  self->send_exit(cluster.store_servers[0].handle, caf::exit_reason::kill);
+  completion got;
+  const auto t0 = std::chrono::steady_clock::now();
+  pending.receive([&](completion& c) { got = std::move(c); }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
+  CHECK(got.cached_tokens == 0);
+  CHECK(got.recomputed_blocks == 3);
+  MESSAGE("answered after " << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() << " s");
+  check_equal(got, reference(cfg, p));
 }
