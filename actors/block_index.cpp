@@ -43,22 +43,24 @@ block_index_actor::behavior_type block_index_impl(pointer self, block_index_conf
   st.started = self->clock().now();
   schedule_housekeeping(self);
   return {
-      [=](check_atom, uint64_t, std::vector<block_ref>& chain) {
+      [=](check_atom, uint64_t, std::vector<block_ref>& keys) {
+        // Per key, where it lives (no servers: absent or expired). With several index shards a
+        // request asks each for its own keys and takes the leading run that all of them hold.
         auto& st = self->state;
         const double now = now_s(self);
-        std::vector<block_ref> out;
-        for (const auto& b : chain) {
+        std::vector<store::block_key> hits;
+        for (auto& b : keys) {
           const auto* m = st.index.find({b.hi, b.lo});
-          if (!m || m->expires_at_s <= now) break;
-          out.push_back({b.hi, b.lo, m->servers});
+          b.servers.clear();
+          if (!m || m->expires_at_s <= now) continue;
+          b.servers = m->servers;
+          hits.push_back({b.hi, b.lo});
         }
-        // A hit is a use: the prefix becomes most recently used, leading blocks last.
-        std::vector<store::block_key> keys;
-        for (const auto& b : out) keys.push_back({b.hi, b.lo});
-        st.index.touch_chain(keys, now);
+        // A hit is a use: the blocks become most recently used, leading ones last.
+        st.index.touch_chain(hits, now);
         ++st.stats.checks;
-        st.stats.hit_blocks += out.size();
-        return out;
+        st.stats.hit_blocks += hits.size();
+        return keys;
       },
       [=](commit_atom, block_commit& c) {
         auto& st = self->state;

@@ -17,11 +17,16 @@ struct block_index_config {
   uint32_t housekeeping_interval_ms = 60000;
 };
 
-/// The store's index (seed 000 §2.2): answers CHECK with the longest cached prefix of a key
-/// chain and where its blocks live (metadata only, no KV bytes); learns blocks from the block
+/// One shard of the store's index (seed 000 §2.2; keys are sharded by `shard_of`): answers CHECK
+/// with where each asked block lives, if anywhere (metadata only, no KV bytes); learns blocks from the block
 /// servers' commits; expires blocks by retention class and evicts leaf-first LRU beyond capacity
 /// on a timer (the actor clock: virtual time in sims), telling the servers to delete the files.
 /// `servers` receive the deletes (index i = server id i).
+/// The index shard that owns `key` among `num_shards`.
+inline uint32_t shard_of(const store::block_key& key, uint32_t num_shards) {
+  return num_shards <= 1 ? 0 : static_cast<uint32_t>(key.hi % num_shards);
+}
+
 block_index_actor spawn_block_index(caf::actor_system& sys, block_index_config cfg,
                                     std::vector<block_server_actor> servers);
 

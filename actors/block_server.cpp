@@ -1,5 +1,7 @@
 #include "actors/block_server.hpp"
 
+#include "actors/block_index.hpp"
+
 #include <caf/actor_system.hpp>
 #include <caf/send.hpp>
 #include <caf/stateful_actor.hpp>
@@ -188,7 +190,7 @@ struct block_server_state {
   /// Reads in progress (request id, promise): answered with an error if the server stops.
   std::unordered_map<uint64_t, std::pair<uint64_t, caf::typed_response_promise<store_read_result>>> reads;
   std::string name_of_server;
-  block_index_actor index;
+  std::vector<block_index_actor> index;  ///< shards; a commit goes to its key's shard
   uint64_t last_job = 0;
   store_stats stats;
   static inline const char* name = "baton.block_server";
@@ -213,7 +215,7 @@ void run_io(pointer self, Work work, Then then) {
 
 block_server_actor::behavior_type block_server_impl(pointer self, block_server_config cfg,
                                                     std::shared_ptr<transport::transport> xport,
-                                                    block_index_actor index) {
+                                                    std::vector<block_index_actor> index) {
   auto& st = self->state;
   st.index = std::move(index);
   st.io = std::make_shared<io_context>();
@@ -286,7 +288,7 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
               ++s.stats.blocks_written;
               s.stats.bytes_written += out.first.bytes.size();
               block_ref b{out.first.block.hi, out.first.block.lo, {s.io->cfg.server_id}};
-              self->send(s.index, commit_atom::value,
+              self->send(s.index[shard_of({b.hi, b.lo}, static_cast<uint32_t>(s.index.size()))], commit_atom::value,
                          block_commit{b, out.first.parent_hi, out.first.parent_lo, out.first.retention,
                                       out.first.bytes.size()});
             });
@@ -320,7 +322,8 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
 }  // namespace
 
 block_server_actor spawn_block_server(caf::actor_system& sys, block_server_config cfg,
-                                      std::shared_ptr<transport::transport> xport, block_index_actor index) {
+                                      std::shared_ptr<transport::transport> xport,
+                                      std::vector<block_index_actor> index) {
   return sys.spawn(block_server_impl, std::move(cfg), std::move(xport), std::move(index));
 }
 

@@ -2,6 +2,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "actors/messages.hpp"
 #include "store/block_key.hpp"
@@ -29,6 +30,7 @@ struct block_server_config {
 /// why a block could not be served. Writes store a block file and commit it to the index. All
 /// file I/O runs on the server's own I/O thread; the actor never blocks.
 block_server_actor spawn_block_server(caf::actor_system& sys, block_server_config cfg,
-                                      std::shared_ptr<transport::transport> xport, block_index_actor index);
+                                      std::shared_ptr<transport::transport> xport,
+                                      std::vector<block_index_actor> index_shards);
 
 }  // namespace baton

@@ -50,6 +50,7 @@ struct store_config {
   bool enabled = false;
   std::string dir;                    ///< block server i keeps its files in <dir>/server-<i>
   uint32_t num_servers = 1;           ///< the key space is shared by consistent hashing
+  uint32_t index_shards = 1;          ///< block index actors; a key's shard is its hash mod this
   uint32_t replicas = 1;              ///< copies of each block (1 or 2)
   uint32_t block_tokens = 512;        ///< B: a multiple of the KV page size
   uint64_t capacity_blocks = 0;       ///< index capacity; 0 = unbounded (leaf-first LRU beyond it)
@@ -63,6 +64,7 @@ struct store_config {
     if (!enabled) return {};
     if (dir.empty()) return "store dir must be set when the store is enabled";
     if (num_servers == 0) return "store num_servers must be >= 1";
+    if (index_shards == 0) return "store index_shards must be >= 1";
     if (replicas == 0 || replicas > num_servers) return "store replicas must be between 1 and num_servers";
     if (block_tokens == 0 || block_tokens % page_size_tokens != 0)
       return "store block_tokens must be a positive multiple of the KV page size (" +

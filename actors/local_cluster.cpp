@@ -63,8 +63,12 @@ local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_co
     access.read_timeout_ms = cfg.store.read_timeout_ms;
     access.max_pending_write_bytes = cfg.store.max_pending_write_bytes;
     access.retention = cfg.store.retention;
-    out.store_index = spawn_block_index(
-        sys, {cfg.store.capacity_blocks, cfg.store.retention, cfg.store.housekeeping_interval_ms}, {});
+    for (uint32_t i = 0; i < cfg.store.index_shards; ++i)  // capacity is split over the shards
+      out.store_index.push_back(spawn_block_index(
+          sys,
+          {(cfg.store.capacity_blocks + cfg.store.index_shards - 1) / cfg.store.index_shards, cfg.store.retention,
+           cfg.store.housekeeping_interval_ms},
+          {}));
     for (uint32_t i = 0; i < cfg.store.num_servers; ++i) {
       const std::string name = "store-" + std::to_string(i);
       auto server = spawn_block_server(
@@ -73,7 +77,7 @@ local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_co
       out.store_servers.push_back({name, server});
       access.servers.push_back(server);
     }
-    caf::anon_send(out.store_index, access.servers);
+    for (const auto& shard : out.store_index) caf::anon_send(shard, access.servers);
     access.index = out.store_index;
   }
   out.prefill_balancer = spawn_prefill_balancer(sys, cfg.prefill_balancer);
@@ -101,7 +105,7 @@ std::vector<caf::actor> local_cluster::actors() const {
                               caf::actor_cast<caf::actor>(decode_balancer)};
   for (const auto& r : prefill) out.push_back(caf::actor_cast<caf::actor>(r.handle));
   for (const auto& r : decode) out.push_back(caf::actor_cast<caf::actor>(r.handle));
-  if (store_index) out.push_back(caf::actor_cast<caf::actor>(store_index));
+  for (const auto& shard : store_index) out.push_back(caf::actor_cast<caf::actor>(shard));
   for (const auto& s : store_servers) out.push_back(caf::actor_cast<caf::actor>(s.handle));
   return out;
 }

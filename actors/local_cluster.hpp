@@ -61,7 +61,7 @@ struct local_cluster {
   decode_balancer_actor decode_balancer;
   std::vector<named_rank<prefill_rank_actor>> prefill;
   std::vector<named_rank<decode_rank_actor>> decode;
-  block_index_actor store_index;  ///< null when the store is off
+  std::vector<block_index_actor> store_index;  ///< index shards; empty when the store is off
   std::vector<named_rank<block_server_actor>> store_servers;
 
   /// Every actor of the cluster, for shutting it down.

@@ -377,7 +377,8 @@ using block_server_actor = caf::typed_actor<
 
 /// Answers CHECK with metadata only; keeps retention and capacity in the background.
 using block_index_actor = caf::typed_actor<
-    caf::replies_to<check_atom, uint64_t, std::vector<block_ref>>::with<std::vector<block_ref>>,  // cached prefix
+    // request id, keys -> the same keys, each with the servers holding it (none: absent)
+    caf::replies_to<check_atom, uint64_t, std::vector<block_ref>>::with<std::vector<block_ref>>,
     caf::reacts_to<commit_atom, block_commit>,
     caf::reacts_to<timer_atom, uint64_t>,                       // housekeeping tick (internal)
     caf::reacts_to<std::vector<block_server_actor>>,            // the block servers (index = server id)

@@ -1,5 +1,7 @@
 #include "actors/request.hpp"
 
+#include "actors/block_index.hpp"
+
 #include <caf/actor_system.hpp>
 #include <caf/sec.hpp>
 #include <caf/stateful_actor.hpp>
@@ -248,20 +250,42 @@ void check(request_pointer self) {
   for (const auto& k : keys) st.block_keys.insert(st.block_keys.end(), {k.hi, k.lo});
   keys.resize(std::min(keys.size(), usable));
   if (keys.empty()) return place(self);
-  std::vector<block_ref> chain;
-  for (const auto& k : keys) chain.push_back({k.hi, k.lo, {}});
-  self->request(p.store.index, std::chrono::milliseconds{p.store.read_timeout_ms}, check_atom::value, p.request_id,
-                std::move(chain))
-      .then(
-          [=](std::vector<block_ref>& prefix) {
-            self->state.out.check_us = lap(self);
-            self->state.prefix = std::move(prefix);
-            place(self);
-          },
-          [=](caf::error&) {
-            self->state.out.check_us = lap(self);
-            place(self);
-          });
+  // Each index shard is asked for its own keys, in parallel; the cached prefix is the leading
+  // run of keys that some shard holds. A shard that does not answer holds nothing.
+  const auto shards = static_cast<uint32_t>(p.store.index.size());
+  auto found = std::make_shared<std::vector<block_ref>>(keys.size());
+  auto outstanding = std::make_shared<uint32_t>(0);
+  std::vector<std::vector<block_ref>> asks(shards);
+  std::vector<std::vector<size_t>> positions(shards);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const auto s = shard_of(keys[i], shards);
+    asks[s].push_back({keys[i].hi, keys[i].lo, {}});
+    positions[s].push_back(i);
+  }
+  auto finish = [=] {
+    auto& st = self->state;
+    st.out.check_us = lap(self);
+    for (auto& b : *found) {
+      if (b.servers.empty()) break;
+      st.prefix.push_back(std::move(b));
+    }
+    place(self);
+  };
+  for (uint32_t s = 0; s < shards; ++s) {
+    if (asks[s].empty()) continue;
+    ++*outstanding;
+    const auto pos = positions[s];
+    self->request(p.store.index[s], std::chrono::milliseconds{p.store.read_timeout_ms}, check_atom::value,
+                  p.request_id, std::move(asks[s]))
+        .then(
+            [=](std::vector<block_ref>& answer) {
+              for (size_t k = 0; k < answer.size() && k < pos.size(); ++k) (*found)[pos[k]] = std::move(answer[k]);
+              if (--*outstanding == 0) finish();
+            },
+            [=](caf::error&) {
+              if (--*outstanding == 0) finish();
+            });
+  }
 }
 
 request_actor::behavior_type request_impl(request_pointer self, request_plan plan) {

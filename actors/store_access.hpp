@@ -12,7 +12,7 @@
 namespace baton {
 
 struct store_access {
-  block_index_actor index;
+  std::vector<block_index_actor> index;     ///< the index shards (store::block_key -> shard_of)
   std::vector<block_server_actor> servers;  ///< index = server id
   store::kv_identity identity;              ///< identity.block_tokens is B
   uint32_t replicas = 1;
@@ -20,7 +20,7 @@ struct store_access {
   uint64_t max_pending_write_bytes = 256ull << 20;
   store::retention_policy retention;
 
-  bool enabled() const { return static_cast<bool>(index) && !servers.empty(); }
+  bool enabled() const { return !index.empty() && !servers.empty(); }
   uint32_t block_tokens() const { return identity.block_tokens; }
 };
 

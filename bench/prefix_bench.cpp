@@ -72,7 +72,7 @@ int main(int argc, char** argv) {
     const uint64_t want = (tokens + 1) / block;
     for (int i = 0; i < 1000; ++i) {
       store_stats s;
-      self->request(cluster.store_index, std::chrono::seconds{5}, stats_atom::value)
+      self->request(cluster.store_index[0], std::chrono::seconds{5}, stats_atom::value)
           .receive([&](store_stats& x) { s = x; }, [](caf::error&) {});
       if (s.blocks >= want) break;
       std::this_thread::sleep_for(std::chrono::milliseconds{10});

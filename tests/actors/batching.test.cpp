@@ -115,7 +115,11 @@ TEST_CASE("load spreads over 2 prefill and 2 decode ranks, and placement follows
     self->request(cluster.prefill_balancer, std::chrono::seconds{10}, place_atom::value,
                   place_query{uint64_t{100} + i, 256u, 0u, 262u})
         .receive([&](prefill_placement& p) { placed.push_back(p.name); }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
-  CHECK(placed == std::vector<std::string>{"prefill-0", "prefill-1", "prefill-0", "prefill-1"});
+  // Ranks register in whichever order they start; the placements alternate between the two.
+  REQUIRE(placed.size() == 4);
+  CHECK(placed[0] != placed[1]);
+  CHECK(placed[2] == placed[0]);
+  CHECK(placed[3] == placed[1]);
   // Reports bring the balancer's view back to the ranks' real (idle) state.
   self->send(cluster.prefill_balancer, load_atom::value, rank_load{"prefill-0", 0, 0, 128, 128}, cluster.prefill[0].handle);
   self->send(cluster.prefill_balancer, load_atom::value, rank_load{"prefill-1", 0, 0, 128, 128}, cluster.prefill[1].handle);
@@ -182,7 +186,11 @@ TEST_CASE("placement policies are chosen by name, and every decision is explaine
       self->request(cluster.prefill_balancer, std::chrono::seconds{10}, place_atom::value,
                     place_query{100 + i, 64, 0, 80})
           .receive([&](prefill_placement& p) { placed.push_back(p.name); }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
-    CHECK(placed == std::vector<std::string>{"prefill-0", "prefill-1", "prefill-0", "prefill-1"});
+    // Ranks register in whichever order they start; the placements alternate between the two.
+  REQUIRE(placed.size() == 4);
+  CHECK(placed[0] != placed[1]);
+  CHECK(placed[2] == placed[0]);
+  CHECK(placed[3] == placed[1]);
     generate_request req;
     req.prompt = "explain yourself";
     req.max_tokens = 3;
