@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 
@@ -20,6 +21,7 @@
 
 #include "gpu/kv_cache.hpp"
 #include "store/block_file.hpp"
+#include "store/staging_pool.hpp"
 #include "transport/transport.hpp"
 
 namespace baton {
@@ -74,12 +76,15 @@ struct io_context {
   block_server_config cfg;
   store::block_key salt;
   std::shared_ptr<transport::transport> xport;
-  std::vector<std::byte> staging;
+  std::vector<std::byte> staging;        ///< reads: file -> here -> put to the reader
   uint64_t staging_region = 0;
+  std::vector<std::byte> write_staging;  ///< writes: the writer puts here, the I/O thread writes the file
+  std::optional<transport::region_key> write_key;
   std::string setup_error;
   std::atomic<bool> stopping{false};  ///< the actor is gone: abandon waits at once
   ~io_context() {
     if (staging_region) xport->deregister_region(staging_region);
+    if (write_key) xport->deregister_region(write_key->region_id);
   }
   // Results handed from the I/O thread to the actor, by job id.
   std::mutex mutex;
@@ -187,6 +192,9 @@ struct block_server_state {
                                                               ": the block server stopped during the read"));
   }
   uint64_t last_read = 0;
+  store::staging_pool write_slots{0};
+  std::unordered_map<uint64_t, uint64_t> slots;  ///< write slot id -> offset in the write staging
+  uint64_t last_slot = 0;
   /// Reads in progress (request id, promise): answered with an error if the server stops.
   std::unordered_map<uint64_t, std::pair<uint64_t, caf::typed_response_promise<store_read_result>>> reads;
   std::string name_of_server;
@@ -228,6 +236,12 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
     io.staging_region = key->region_id;
   else
     io.setup_error = cfg.name + ": cannot register the staging buffer: " + err.to_string();
+  io.write_staging.resize(cfg.staging_bytes);
+  if (io.setup_error.empty()) {
+    io.write_key = io.xport->register_region(io.write_staging.data(), io.write_staging.size(), &err);
+    if (!io.write_key) io.setup_error = cfg.name + ": cannot register the write staging: " + err.to_string();
+  }
+  st.write_slots = store::staging_pool{io.write_staging.size()};
   std::error_code ec;
   std::filesystem::create_directories(cfg.dir, ec);
   if (ec) io.setup_error = cfg.name + ": cannot create " + cfg.dir + ": " + ec.message();
@@ -257,22 +271,46 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
             });
         return promise;
       },
+      [=](store_write_begin& b) -> caf::result<store_write_slot> {
+        // Write step 1: a slot in the registered write staging, for the writer's one-sided put.
+        auto& st = self->state;
+        const auto where_ = where(b.request_id, st.name_of_server, "store_write");
+        if (!st.io->setup_error.empty() || !st.io->write_key)
+          return make_error(errc::rank_unavailable, where_ + ": " + st.io->setup_error);
+        auto off = st.write_slots.acquire(b.bytes);
+        if (!off) return make_error(errc::kv_capacity, where_ + ": write staging is full");
+        const uint64_t id = ++st.last_slot;
+        st.slots[id] = *off;
+        const auto& k = *st.io->write_key;
+        kv_region_desc region;
+        region.backend = k.backend;
+        region.region_id = k.region_id;
+        region.size_bytes = k.size_bytes;
+        region.packed_key = k.packed;
+        return store_write_slot{id, *off, std::move(region)};
+      },
       [=](store_write_order& w) -> caf::result<uint64_t> {
+        // Write step 2: the bytes are in the slot; the I/O thread writes the block file from it.
+        auto& st = self->state;
+        auto slot = st.slots.find(w.slot_id);
+        if (slot == st.slots.end())
+          return make_error(errc::bad_request, where(w.request_id, st.name_of_server, "store_write") + ": unknown slot");
+        const uint64_t offset = slot->second;
         auto promise = self->make_response_promise<uint64_t>();
         run_io(
             self,
-            [w = std::move(w)](io_context& io) {
+            [w = std::move(w), offset](io_context& io) {
               const store::block_key key{w.block.hi, w.block.lo};
               const auto path = store::block_path(io.cfg.dir, key);
               const uint32_t layers = static_cast<uint32_t>(w.checksums.size());
               if (!io.setup_error.empty()) return std::make_pair(std::move(w), io.setup_error);
-              if (layers == 0 || w.bytes.size() % layers != 0)
+              if (layers == 0 || w.bytes % layers != 0 || offset + w.bytes > io.write_staging.size())
                 return std::make_pair(std::move(w), std::string{"block bytes are not whole layers"});
               // Always (re)written, atomically: a block that failed a reader's checksum is repaired
               // by the next write-back of it (writers skip blocks they loaded intact).
               store::block_header h{io.salt, key, {w.parent_hi, w.parent_lo}, layers, w.kv_dim, w.block_tokens,
-                                    w.page_tokens, w.bytes.size() / layers, w.checksums};
-              const auto* base = reinterpret_cast<const std::byte*>(w.bytes.data());
+                                    w.page_tokens, w.bytes / layers, w.checksums};
+              const auto* base = io.write_staging.data() + offset;
               auto err = store::write_block_file(path, h, [&](uint32_t l) {
                 return store::layer_pieces{{base + l * h.layer_bytes, h.layer_bytes}};
               });
@@ -280,17 +318,21 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
             },
             [=](std::pair<store_write_order, std::string> out) mutable {
               auto& s = self->state;
+              if (auto sl = s.slots.find(out.first.slot_id); sl != s.slots.end()) {
+                s.write_slots.release(sl->second);
+                s.slots.erase(sl);
+              }
               if (!out.second.empty()) {  // a failed write-back is a future miss, nothing more
                 promise.deliver(uint64_t{0});
                 return;
               }
-              promise.deliver(static_cast<uint64_t>(out.first.bytes.size()));
+              promise.deliver(out.first.bytes);
               ++s.stats.blocks_written;
-              s.stats.bytes_written += out.first.bytes.size();
+              s.stats.bytes_written += out.first.bytes;
               block_ref b{out.first.block.hi, out.first.block.lo, {s.io->cfg.server_id}};
               self->send(s.index[shard_of({b.hi, b.lo}, static_cast<uint32_t>(s.index.size()))], commit_atom::value,
                          block_commit{b, out.first.parent_hi, out.first.parent_lo, out.first.retention,
-                                      out.first.bytes.size()});
+                                      out.first.bytes});
             });
         return promise;
       },

@@ -58,7 +58,8 @@ struct store_config {
   uint32_t housekeeping_interval_ms = 60000;  ///< expiry and eviction run this often
   uint32_t read_timeout_ms = 5000;    ///< a read not answered by then is a miss (recompute)
   uint64_t staging_bytes = 64ull << 20;  ///< a block server's registered buffer for reads
-  uint64_t max_pending_write_bytes = 256ull << 20;  ///< write-back beyond this is dropped (counted)
+  /// Each decode rank's registered write-back staging; blocks beyond it are dropped (counted).
+  uint64_t max_pending_write_bytes = 64ull << 20;
 
   std::string validate(uint32_t page_size_tokens) const {
     if (!enabled) return {};

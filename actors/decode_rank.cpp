@@ -12,6 +12,7 @@
 #include "actors/store_access.hpp"
 #include "store/block_index.hpp"
 #include "store/block_key.hpp"
+#include "store/staging_pool.hpp"
 #include "gpu/executor.hpp"
 #include "gpu/sampling.hpp"
 #include "transport/transport.hpp"
@@ -60,6 +61,21 @@ struct running_seq {
   uint32_t num_generated = 0;   ///< tokens generated on this rank
 };
 
+/// One block being written back: its range of the write staging and the servers still at it.
+struct write_job {
+  uint64_t offset = 0;
+  uint32_t servers_left = 0;
+  store_write_order order;  ///< everything but the server's slot
+};
+
+/// A write-back put in flight to one server's slot.
+struct write_put {
+  uint64_t job = 0;
+  uint32_t server = 0;
+  uint64_t slot_id = 0;
+  uint64_t xfer = 0;
+};
+
 /// A running sequence moved to host memory; its lease stays, its device pages were freed.
 struct paused_seq {
   running_seq seq;
@@ -92,7 +108,14 @@ struct decode_state {
   decode_balancer_actor balancer;     ///< told our load after every change (may be null)
   store_access store;
   std::optional<store::server_ring> ring;  ///< which block servers hold a key
-  uint64_t pending_write_bytes = 0;        ///< write-back sent, not yet acknowledged
+  // Write-back: a registered staging buffer, its ranges per job, and the puts in flight.
+  std::vector<std::byte> write_staging;
+  std::optional<transport::region_key> write_key;
+  store::staging_pool write_slots{0};
+  std::unordered_map<uint64_t, write_job> writes;
+  std::vector<write_put> write_puts;
+  uint64_t last_write = 0;
+  bool write_poll_scheduled = false;
   uint64_t blocks_written_back = 0;
   uint64_t write_backs_dropped = 0;
   // Offload to host memory (cfg.host_offload_pages > 0).
@@ -310,9 +333,57 @@ void maybe_admit(decode_pointer self, uint64_t lease_id) {
   maybe_step(self);
 }
 
+/// One server finished (or gave up on) a write-back job; the staging range is freed after the last.
+void write_done_one(decode_pointer self, uint64_t job) {
+  auto& st = self->state;
+  auto j = st.writes.find(job);
+  if (j == st.writes.end()) return;
+  if (--j->second.servers_left > 0) return;
+  st.write_slots.release(j->second.offset);
+  st.writes.erase(j);
+}
+
+void schedule_write_poll(decode_pointer self) {
+  auto& st = self->state;
+  if (st.write_poll_scheduled || st.write_puts.empty()) return;
+  st.write_poll_scheduled = true;
+  self->delayed_send(self, std::chrono::microseconds{200}, poll_atom::value);
+}
+
+/// Polls the write-back puts; a landed one is followed by the order to write the file.
+void poll_writes(decode_pointer self) {
+  auto& st = self->state;
+  st.write_poll_scheduled = false;
+  std::vector<write_put> still;
+  for (const auto& p : st.write_puts) {
+    transport::xfer_error err;
+    const auto state = st.core.xport->poll(p.xfer, &err);
+    if (state == transport::xfer_state::pending) {
+      still.push_back(p);
+      continue;
+    }
+    st.core.xport->release(p.xfer);
+    auto j = st.writes.find(p.job);
+    if (j == st.writes.end()) continue;
+    if (state == transport::xfer_state::failed) {
+      write_done_one(self, p.job);
+      continue;
+    }
+    auto order = j->second.order;
+    order.slot_id = p.slot_id;
+    const uint64_t job = p.job;
+    self->request(st.store.servers[p.server], caf::infinite, std::move(order))
+        .then([=](uint64_t) { write_done_one(self, job); }, [=](caf::error&) { write_done_one(self, job); });
+  }
+  st.write_puts = std::move(still);
+  schedule_write_poll(self);
+}
+
 /// Writes the sequence's full blocks that did not come from the store, each to the servers the
-/// ring assigns it. Copies the pages now (they are freed right after); the writes themselves run
-/// on the block servers' I/O threads and no step waits for them.
+/// ring assigns it: the pages are copied into this rank's registered write staging now (they are
+/// freed right after), then per server: a slot there (write_begin), a one-sided put into it
+/// through the transport, and the order to write the file. No step waits for any of it; a full
+/// staging drops the block (counted).
 void write_back(decode_pointer self, const lease& l) {
   auto& st = self->state;
   const auto& o = l.order;
@@ -325,32 +396,47 @@ void write_back(decode_pointer self, const lease& l) {
   const uint32_t ppb = b / lay.page_size_tokens;
   const uint64_t block_bytes = uint64_t{ppb} * lay.page_bytes() * lay.num_layers;
   for (size_t k = o.cached_blocks; k < keys.size(); ++k) {
-    if (st.pending_write_bytes + block_bytes > st.store.max_pending_write_bytes) {
+    auto off = st.write_key ? st.write_slots.acquire(block_bytes) : std::nullopt;
+    if (!off) {
       ++st.write_backs_dropped;  // backpressure: a miss later, never a stall now
       continue;
     }
     std::vector<uint32_t> pages(l.pages.begin() + k * ppb, l.pages.begin() + (k + 1) * ppb);
     store_write_order w;
     w.request_id = l.request_id;
+    w.bytes = block_bytes;
     w.block = {keys[k].hi, keys[k].lo, {}};
     if (k > 0) w.parent_hi = keys[k - 1].hi, w.parent_lo = keys[k - 1].lo;
     w.retention = o.traffic_class;
     w.block_tokens = b;
     w.page_tokens = lay.page_size_tokens;
     w.kv_dim = lay.kv_dim;
-    w.bytes.resize(block_bytes);
     for (uint32_t layer = 0; layer < lay.num_layers; ++layer) {
       w.checksums.push_back(std::max<uint64_t>(1, kv.kv_layer_checksum(layer, pages, ppb)));
       for (uint32_t p = 0; p < ppb; ++p)
-        std::memcpy(w.bytes.data() + (uint64_t{layer} * ppb + p) * lay.page_bytes(),
+        std::memcpy(st.write_staging.data() + *off + (uint64_t{layer} * ppb + p) * lay.page_bytes(),
                     kv.data() + lay.offset_bytes(layer, pages[p]), lay.page_bytes());
     }
-    for (auto server : st.ring->servers_for(keys[k], st.store.replicas)) {
-      st.pending_write_bytes += block_bytes;
-      self->request(st.store.servers[server], caf::infinite, w)
-          .then([=](uint64_t) { self->state.pending_write_bytes -= block_bytes; },
-                [=](caf::error&) { self->state.pending_write_bytes -= block_bytes; });
-    }
+    const auto servers = st.ring->servers_for(keys[k], st.store.replicas);
+    const uint64_t job = ++st.last_write;
+    st.writes[job] = write_job{*off, static_cast<uint32_t>(servers.size()), std::move(w)};
+    for (auto server : servers)
+      self->request(st.store.servers[server], std::chrono::milliseconds{st.store.read_timeout_ms},
+                    store_write_begin{l.request_id, block_bytes})
+          .then(
+              [=](store_write_slot& slot) {
+                auto& st = self->state;
+                auto j = st.writes.find(job);
+                if (j == st.writes.end()) return;
+                const auto& r = slot.region;
+                transport::put_desc d{j->second.order.request_id, 0, "store-" + std::to_string(server),
+                                      st.write_key->region_id,
+                                      transport::region_key{r.backend, r.region_id, r.size_bytes, r.packed_key},
+                                      {{j->second.offset, slot.offset, block_bytes}}};
+                st.write_puts.push_back({job, server, slot.slot_id, st.core.xport->post_put(d)});
+                schedule_write_poll(self);
+              },
+              [=](caf::error&) { write_done_one(self, job); });
     ++st.blocks_written_back;
   }
 }
@@ -429,6 +515,15 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
     const auto& lay = st.core.exec->kv().layout();
     st.region = kv_region_desc{key.backend, key.region_id, key.size_bytes, key.packed,
                                lay.num_layers, lay.num_pages, lay.page_size_tokens, lay.kv_dim};
+  }
+  if (st.store.enabled() && st.core.setup_error.empty()) {
+    st.write_staging.resize(st.store.max_pending_write_bytes);
+    transport::xfer_error err;
+    st.write_key = st.core.xport->register_region(st.write_staging.data(), st.write_staging.size(), &err);
+    if (st.write_key) {
+      st.write_slots = store::staging_pool{st.write_staging.size()};
+      self->attach_functor([x = st.core.xport, id = st.write_key->region_id] { x->deregister_region(id); });
+    }
   }
   report_load(self);  // registers this rank with its balancer
   return {
@@ -587,6 +682,7 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
         maybe_step(self);
       },
       [=](timer_atom, uint64_t id) { self->state.core.runner->fire(id); },
+      [=](poll_atom) { poll_writes(self); },
       [=](expire_atom, uint64_t lease_id) {
         auto& s = self->state;
         auto i = s.leases.find(lease_id);

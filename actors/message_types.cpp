@@ -64,6 +64,8 @@ void register_message_types(caf::actor_system_config& cfg) {
       .add_message_type<store_read_order>("baton::store_read_order")
       .add_message_type<store_read_result>("baton::store_read_result")
       .add_message_type<store_write_order>("baton::store_write_order")
+      .add_message_type<store_write_begin>("baton::store_write_begin")
+      .add_message_type<store_write_slot>("baton::store_write_slot")
       .add_message_type<block_commit>("baton::block_commit")
       .add_message_type<store_stats>("baton::store_stats")
       .add_message_type<std::vector<std::vector<uint64_t>>>("std::vector<std::vector<uint64_t>>")

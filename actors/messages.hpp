@@ -319,9 +319,32 @@ typename Inspector::result_type inspect(Inspector& f, store_read_result& x) {
   return f(caf::meta::type_name("store_read_result"), x.request_id, x.block_index, x.errors, x.checksums);
 }
 
-/// Writer -> block server: one block, its KV layer-major in `bytes` (num_layers × layer_bytes).
+/// Writer -> block server: reserve room in your registered write staging for one block.
+struct store_write_begin {
+  uint64_t request_id = 0;
+  uint64_t bytes = 0;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, store_write_begin& x) {
+  return f(caf::meta::type_name("store_write_begin"), x.request_id, x.bytes);
+}
+
+/// Block server -> writer: put the block's bytes at `offset` of `region` (its write staging).
+struct store_write_slot {
+  uint64_t slot_id = 0;
+  uint64_t offset = 0;
+  kv_region_desc region;  ///< only backend, region_id, size_bytes, packed_key are used
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, store_write_slot& x) {
+  return f(caf::meta::type_name("store_write_slot"), x.slot_id, x.offset, x.region);
+}
+
+/// Writer -> block server: the block's KV, layer-major, has landed in slot `slot_id`; write it.
 struct store_write_order {
   uint64_t request_id = 0;
+  uint64_t slot_id = 0;
+  uint64_t bytes = 0;     ///< num_layers × layer bytes
   block_ref block;
   uint64_t parent_hi = 0, parent_lo = 0;
   std::string retention;  ///< chat | agent
@@ -329,12 +352,11 @@ struct store_write_order {
   uint32_t page_tokens = 0;
   uint32_t kv_dim = 0;
   std::vector<uint64_t> checksums;  ///< per layer
-  std::vector<uint8_t> bytes;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, store_write_order& x) {
-  return f(caf::meta::type_name("store_write_order"), x.request_id, x.block, x.parent_hi, x.parent_lo, x.retention,
-           x.block_tokens, x.page_tokens, x.kv_dim, x.checksums, x.bytes);
+  return f(caf::meta::type_name("store_write_order"), x.request_id, x.slot_id, x.bytes, x.block, x.parent_hi,
+           x.parent_lo, x.retention, x.block_tokens, x.page_tokens, x.kv_dim, x.checksums);
 }
 
 /// Block server -> index: a block is on disk.
@@ -370,7 +392,8 @@ typename Inspector::result_type inspect(Inspector& f, store_stats& x) {
 
 using block_server_actor = caf::typed_actor<
     caf::replies_to<store_read_order>::with<store_read_result>,
-    caf::replies_to<store_write_order>::with<uint64_t>,         // bytes written (0: failed)
+    caf::replies_to<store_write_begin>::with<store_write_slot>,  // write step 1: where to put it
+    caf::replies_to<store_write_order>::with<uint64_t>,         // step 2 (after the put): bytes written (0: failed)
     caf::reacts_to<delete_atom, uint64_t, uint64_t>,           // key hi, lo: evicted or expired
     caf::replies_to<stats_atom>::with<store_stats>,
     caf::reacts_to<io_atom, uint64_t>>;                         // an I/O job finished (internal)
@@ -433,7 +456,8 @@ using decode_rank_actor = caf::typed_actor<
     caf::reacts_to<exec_done_atom, uint64_t, std::vector<std::vector<float>>>,
     caf::reacts_to<exec_fail_atom, uint64_t, std::string>,
     caf::reacts_to<timer_atom, uint64_t>,
-    caf::reacts_to<expire_atom, uint64_t>>;
+    caf::reacts_to<expire_atom, uint64_t>,
+    caf::reacts_to<poll_atom>>;                                 // write-back puts in flight
 
 struct prefill_order {
   uint64_t request_id = 0;

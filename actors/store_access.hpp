@@ -17,7 +17,7 @@ struct store_access {
   store::kv_identity identity;              ///< identity.block_tokens is B
   uint32_t replicas = 1;
   uint32_t read_timeout_ms = 5000;
-  uint64_t max_pending_write_bytes = 256ull << 20;
+  uint64_t max_pending_write_bytes = 64ull << 20;
   store::retention_policy retention;
 
   bool enabled() const { return !index.empty() && !servers.empty(); }

@@ -362,3 +362,20 @@ TEST_CASE("store: a block server killed in the middle of a read ends as a recomp
   MESSAGE("answered after " << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() << " s");
   check_equal(got, reference(cfg, p));
 }
+
+TEST_CASE("store over UCX: write-back puts and prefix reads go through UCX, output equals computing it") {
+  temp_dir dir{"ucx"};
+  test::cluster_system t;
+  auto cfg = store_cluster(dir.path);
+  cfg.transport = "ucx";
+  auto cluster = start_local_cluster(t.sys, cfg);
+  test::cluster_system::stopper stop{t, cluster};
+  const auto p = prompt_tokens(cfg, 99, 11);
+  auto first = t.generate(cluster.router, request_for(p));
+  REQUIRE_MESSAGE(first, t.sys.render(first.error()));
+  wait_for_blocks(t, cluster, 3);
+  auto again = t.generate(cluster.router, request_for(p));
+  REQUIRE_MESSAGE(again, t.sys.render(again.error()));
+  CHECK(again->cached_tokens == 96);
+  check_equal(*again, reference(cfg, p));
+}

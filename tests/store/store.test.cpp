@@ -18,6 +18,7 @@
 #include "store/block_index.hpp"
 #include "store/block_key.hpp"
 #include "store/prefix_cache.hpp"
+#include "store/staging_pool.hpp"
 
 using namespace baton;
 using namespace baton::store;
@@ -241,4 +242,19 @@ TEST_CASE("the rank-local prefix cache: shared pinned pages, duplicates handed b
   CHECK(c.evict(2) == std::vector<uint32_t>{12, 13});
   CHECK(c.match(chain) == 1);
   CHECK(c.blocks() == 2);
+}
+
+TEST_CASE("the staging pool hands out disjoint ranges and merges them back") {
+  staging_pool p{100};
+  auto a = p.acquire(40), b = p.acquire(40);
+  REQUIRE(a);
+  REQUIRE(b);
+  CHECK(*b == 40);
+  CHECK_FALSE(p.acquire(30));  // 20 left
+  p.release(*a);
+  CHECK(p.acquire(30) == 0u);  // first fit reuses the front
+  p.release(0);
+  p.release(*b);
+  CHECK(p.used_bytes() == 0);
+  CHECK(p.acquire(100) == 0u);  // everything merged into one range again
 }
