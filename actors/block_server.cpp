@@ -173,6 +173,16 @@ store_read_result serve_read(io_context& io, const store_read_order& order, uint
         for (size_t i = first; i < std::min(n, first + per_batch); ++i)
           if (r.errors[i].empty() && fds[i] >= 0) r.errors[i] = err;
     }
+    // This layer of every good block is in the reader's pages: it may compute the layer now.
+    if (order.reader_actor) {
+      store_layer_landed ev{order.request_id, l, {}, {}};
+      for (size_t i = 0; i < n; ++i)
+        if (fds[i] >= 0 && r.errors[i].empty()) {
+          ev.block_index.push_back(order.block_index[i]);
+          ev.checksums.push_back(headers[i].layer_checksums[l]);
+        }
+      caf::anon_send(order.reader_actor, std::move(ev));
+    }
   }
   for (int fd : fds)
     if (fd >= 0) ::close(fd);

@@ -32,6 +32,9 @@ struct prefill_rank_config {
   /// The rank-local prefix tier (with the store on): full prompt blocks kept in this rank's KV
   /// pages after their prompt, shared by later prompts with the same prefix; 0 = off.
   uint32_t prefix_cache_blocks = 64;
+  /// Seed 000 §2.3: compute while a cached prefix streams in from the store, each layer waiting
+  /// only for that layer of the prefix (false: load the whole prefix, then compute).
+  bool overlap_prefix_load = true;
   uint32_t kv_send_timeout_ms = 2000;   ///< a layer's put pending longer than this fails the request
   uint32_t poll_interval_us = 100;      ///< how often pending puts are polled
 

@@ -63,6 +63,7 @@ void register_message_types(caf::actor_system_config& cfg) {
       .add_message_type<std::vector<block_ref>>("std::vector<baton::block_ref>")
       .add_message_type<store_read_order>("baton::store_read_order")
       .add_message_type<store_read_result>("baton::store_read_result")
+      .add_message_type<store_layer_landed>("baton::store_layer_landed")
       .add_message_type<store_write_order>("baton::store_write_order")
       .add_message_type<store_write_begin>("baton::store_write_begin")
       .add_message_type<store_write_slot>("baton::store_write_slot")

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include <caf/actor.hpp>
 #include <caf/atom.hpp>
 #include <caf/error.hpp>
 #include <caf/meta/type_name.hpp>
@@ -298,11 +299,25 @@ struct store_read_order {
   kv_region_desc region;               ///< the reader's KV pool
   std::vector<uint32_t> page_ids;      ///< the reader's pages for the whole prompt
   std::string reader;                  ///< for error messages and the transport's peer name
+  caf::actor reader_actor;             ///< told store_layer_landed after each layer (may be null)
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, store_read_order& x) {
   return f(caf::meta::type_name("store_read_order"), x.request_id, x.blocks, x.block_index, x.block_tokens, x.region,
-           x.page_ids, x.reader);
+           x.page_ids, x.reader, x.reader_actor);
+}
+
+/// Block server -> reader, while a read streams: layer `layer` of these blocks has landed in the
+/// reader's pages (the pipeline of seed 000 §2.3: the reader computes layer l meanwhile).
+struct store_layer_landed {
+  uint64_t request_id = 0;
+  uint32_t layer = 0;
+  std::vector<uint32_t> block_index;  ///< blocks whose layer landed
+  std::vector<uint64_t> checksums;    ///< their header checksum of this layer
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, store_layer_landed& x) {
+  return f(caf::meta::type_name("store_layer_landed"), x.request_id, x.layer, x.block_index, x.checksums);
 }
 
 /// Block server -> reader: what landed. Per block (in the order's order): an empty error and its
@@ -485,7 +500,8 @@ using prefill_rank_actor = caf::typed_actor<
     caf::reacts_to<exec_fail_atom, uint64_t, std::string>,
     caf::reacts_to<exec_start_atom, uint64_t>,
     caf::reacts_to<timer_atom, uint64_t>,
-    caf::reacts_to<xfer_atom, uint64_t, uint32_t, uint64_t, uint64_t>,  // request, layer, transfer, checksum
+    caf::reacts_to<xfer_atom, uint64_t, uint32_t, uint64_t, uint64_t, uint32_t>,  // request, layer, transfer, checksum, attempt
+    caf::reacts_to<store_layer_landed>,
     caf::reacts_to<poll_atom>,
     caf::reacts_to<keepalive_atom>>;                             // tick: renew queued prompts' leases
 

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <deque>
 #include <map>
 #include <optional>
@@ -27,6 +29,7 @@ namespace {
 /// executor thread and the actor can both read it.
 struct chunk_sender {
   uint64_t request_id;
+  uint32_t attempt;
   uint32_t chunk;
   bool last;                      ///< the last chunk: its layers complete the prompt's KV
   uint32_t first_page, end_page;  ///< pages [first, end) of the sequence hold this chunk's tokens
@@ -51,10 +54,47 @@ struct pending_put {
   uint64_t xfer_id;
   uint64_t checksum;  ///< non-zero on the last chunk's put
   caf::actor_clock::time_point posted_at;
+  uint32_t attempt;
+};
+
+/// The consumer end of the store -> pages pipeline (seed 000 §2.3): the executor thread waits
+/// here before a layer's attention until the actor has verified that layer of every cached block.
+class prefix_gate final : public gpu::layer_gate {
+public:
+  bool wait(uint32_t layer) const override {
+    std::unique_lock<std::mutex> lock{mutex_};
+    // Bounded: an actor that vanished without aborting must not hang the executor forever.
+    cv_.wait_for(lock, std::chrono::seconds{30}, [&] { return aborted_ || layer < open_; });
+    return !aborted_ && layer < open_;
+  }
+  void open_through(uint32_t layers) {
+    {
+      std::lock_guard<std::mutex> lock{mutex_};
+      open_ = std::max(open_, layers);
+    }
+    cv_.notify_all();
+  }
+  void abort() {
+    {
+      std::lock_guard<std::mutex> lock{mutex_};
+      aborted_ = true;
+    }
+    cv_.notify_all();
+  }
+
+private:
+  mutable std::mutex mutex_;
+  mutable std::condition_variable cv_;
+  uint32_t open_ = 0;
+  bool aborted_ = false;
 };
 
 /// Loading a prompt's cached prefix from the block store: per block, where it is tried and how
 /// it went. A block that fails on one server is retried on its next replica.
+///
+/// Streaming (cfg.overlap_prefix_load): the prompt computes optimistically while its prefix
+/// arrives, each layer gated on that layer of every block being verified. A block that fails
+/// aborts the attempt; once the reads settle, compute restarts after the blocks that are good.
 struct prefix_load {
   enum status : int8_t { pending, in_flight, retrying, ok, failed };
   std::vector<block_ref> blocks;
@@ -62,6 +102,9 @@ struct prefix_load {
   std::vector<uint32_t> tried;  ///< index into blocks[b].servers of the server asked
   std::vector<std::string> errors;
   uint32_t outstanding = 0;     ///< read orders of the current round not yet answered
+  std::vector<uint32_t> verified;  ///< per block: leading layers landed and verified this round
+  std::shared_ptr<prefix_gate> gate;  ///< streaming: the running attempt's gate
+  bool aborted = false;               ///< streaming: a block failed; compute restarts after the reads
 };
 using prefill_load_state = prefix_load;
 
@@ -90,6 +133,10 @@ struct prefill_job_state {
   std::vector<uint32_t> puts_done;   ///< per layer: chunks whose put of this layer landed
   std::vector<uint64_t> checksums;   ///< per layer: the prompt's KV checksum, from the last chunk
   uint32_t layers_ready = 0;         ///< layers announced to the decode rank
+  std::vector<bool> announced;       ///< per layer: announced (a restarted attempt does not repeat it)
+  uint32_t attempt = 0;              ///< bumped when a streaming prefix load aborts the computation
+  uint32_t jobs_in_executor = 0;     ///< chunk jobs of any attempt not yet finished
+  std::optional<uint32_t> restart_from;  ///< after an abort: recompute from here once jobs drain
   bool have_logits = false;
   int32_t first_token = -1;
   std::vector<float> logits;
@@ -110,6 +157,7 @@ struct waiting_order {
 struct chunk_job {
   uint64_t request_id;
   uint32_t tokens;
+  uint32_t attempt;
 };
 
 /// Chunk jobs kept in the executor at once: one computing, one queued behind it, so the
@@ -216,7 +264,7 @@ void finish_if_done(prefill_pointer self, uint64_t request_id) {
     return;
   // A failure is answered only when the executor is done with the request: after that no put
   // of it can still be posted, so the decode rank may safely reuse the lease's pages.
-  if (r.failed && !compute_finished) return;
+  if (r.failed && r.jobs_in_executor > 0) return;
   if (r.failed)
     r.promise.deliver(std::move(r.failure));
   else
@@ -238,17 +286,20 @@ void fail_request(prefill_pointer self, uint64_t request_id, errc code, const st
   finish_if_done(self, request_id);
 }
 
-void on_put_landed(prefill_pointer self, uint64_t request_id, uint32_t layer, uint64_t checksum) {
+void on_put_landed(prefill_pointer self, uint64_t request_id, uint32_t layer, uint64_t checksum, uint32_t attempt) {
   auto& st = self->state;
   auto i = st.requests.find(request_id);
-  if (i == st.requests.end() || i->second.failed) return;
+  if (i == st.requests.end() || i->second.failed || i->second.attempt != attempt) return;  // stale attempt
   auto& r = i->second;
   if (checksum != 0) r.checksums[layer] = checksum;
   // Chunks before the last make progress the decode rank cannot see (a layer completes only with
   // the last chunk): each of their landed layers renews the lease.
   if (r.puts_done[layer] + 1 < r.num_chunks)
     self->send(r.order.decode, keepalive_atom::value, request_id, r.order.grant.lease_id);
-  if (++r.puts_done[layer] == r.num_chunks) {
+  if (++r.puts_done[layer] == r.num_chunks && !r.announced[layer]) {
+    // A layer announced by an aborted attempt stays announced: its bytes were computed from a
+    // verified prefix layer, and the restart rewrites them identically.
+    r.announced[layer] = true;
     ++r.layers_ready;
     st.core.log->add({0, "layer_ready", request_id, 0, layer, {}, {}});
     self->send(r.order.decode, kv_layer_ready{request_id, r.order.grant.lease_id, layer,
@@ -261,6 +312,11 @@ void on_put_landed(prefill_pointer self, uint64_t request_id, uint32_t layer, ui
 bool settle(prefill_pointer self, const pending_put& p) {
   auto& st = self->state;
   transport::xfer_error err;
+  if (auto i = st.requests.find(p.request_id); i != st.requests.end() && i->second.attempt != p.attempt) {
+    if (st.core.xport->poll(p.xfer_id, &err) == transport::xfer_state::pending) return false;
+    st.core.xport->release(p.xfer_id);  // an aborted attempt's put: its outcome no longer matters
+    return true;
+  }
   switch (st.core.xport->poll(p.xfer_id, &err)) {
     case transport::xfer_state::pending: {
       const auto waited = self->clock().now() - p.posted_at;
@@ -273,7 +329,7 @@ bool settle(prefill_pointer self, const pending_put& p) {
     }
     case transport::xfer_state::done:
       st.core.xport->release(p.xfer_id);
-      on_put_landed(self, p.request_id, p.layer, p.checksum);
+      on_put_landed(self, p.request_id, p.layer, p.checksum, p.attempt);
       return true;
     case transport::xfer_state::failed:
       st.core.xport->release(p.xfer_id);
@@ -300,11 +356,16 @@ void submit_chunk(prefill_pointer self, uint64_t rid) {
   const uint32_t ps = local.page_size_tokens;
   // The first chunk also ships the prefix loaded from the store: the decode rank needs all of it.
   auto sender = std::make_shared<const chunk_sender>(chunk_sender{
-      rid, c, end == num_tokens, c == 0 ? 0 : start / ps, (end + ps - 1) / ps, r.local_pages, order.grant.page_ids,
-      local, remote_layout, st.core.pool_key->region_id, remote_key, order.grant.rank});
+      rid, r.attempt, c, end == num_tokens, c == 0 ? 0 : start / ps, (end + ps - 1) / ps, r.local_pages,
+      order.grant.page_ids, local, remote_layout, st.core.pool_key->region_id, remote_key, order.grant.rank});
   // Runs on the executor thread right after layer `l` is computed, before layer l + 1: the
   // put is posted in stream order, and the actor polls it.
-  auto on_layer = [sender, xport = st.core.xport, log = st.core.log, exec = st.core.exec, owner = self->address(),
+  // Raw pointers on purpose: the callback runs on the executor's thread, and if it held the last
+  // reference to the executor, the executor would be destroyed on (and try to join) its own thread.
+  // rank_core destroys the executor (joining its thread) before the transport, so both outlive
+  // every callback.
+  auto on_layer = [sender, xport = st.core.xport.get(), log = st.core.log, exec = st.core.exec.get(),
+                   owner = self->address(),
                    cancelled = r.cancelled](uint64_t, uint32_t l) {
     log->add({0, "compute_done", sender->request_id, sender->chunk, l, {}, {}});
     if (cancelled->load()) return;
@@ -315,13 +376,15 @@ void submit_chunk(prefill_pointer self, uint64_t rid) {
     const uint64_t xfer = xport->post_put(sender->put_for_layer(l));
     log->add({0, "send_posted", sender->request_id, sender->chunk, l, {}, {}});
     if (auto h = caf::actor_cast<caf::actor>(owner))
-      caf::anon_send(h, xfer_atom::value, sender->request_id, l, xfer, checksum);
+      caf::anon_send(h, xfer_atom::value, sender->request_id, l, xfer, checksum, sender->attempt);
   };
   const uint64_t job_id = ++st.last_job;
-  st.job_to_request[job_id] = chunk_job{rid, end - start};
+  st.job_to_request[job_id] = chunk_job{rid, end - start, r.attempt};
   ++st.chunks_in_executor;
+  ++r.jobs_in_executor;
   gpu::forward_job job{job_id, {gpu::forward_seq{rid, {order.tokens.begin() + start, order.tokens.begin() + end},
                                                  start, r.local_pages, end == num_tokens}}};
+  if (r.load.gate && !r.load.aborted) job.seqs[0].gate = r.load.gate;  // streaming prefix: wait per layer
   st.core.exec->submit(std::move(job),
                        std::make_shared<forwarding_sink>(self->address(), std::move(on_layer), /*report_start*/ c == 0));
 }
@@ -350,6 +413,11 @@ void start_compute(prefill_pointer self, uint64_t rid, uint32_t cached) {
   const auto num_tokens = static_cast<uint32_t>(r.order.tokens.size());
   r.cached_tokens = cached;
   const uint32_t todo = num_tokens - cached;
+  r.chunk_sizes.clear();
+  r.chunks_submitted = r.chunks_done = 0;
+  std::fill(r.puts_done.begin(), r.puts_done.end(), 0);
+  std::fill(r.checksums.begin(), r.checksums.end(), 0);
+  r.have_logits = false;
   // Seed 000 §3.1 level 4: with a step budget, each chunk is the largest whose predicted cost
   // fits it, so chunks shrink as the context grows; chunk_tokens caps them either way.
   if (st.cfg.step_budget_us > 0)
@@ -366,6 +434,57 @@ void start_compute(prefill_pointer self, uint64_t rid, uint32_t cached) {
 
 void load_round(prefill_pointer self, uint64_t rid);
 void schedule_keepalive(prefill_pointer self);
+
+/// Streaming: a cached block failed, so the optimistic computation cannot stand. Its jobs are
+/// told to stop (the gate) and their results become stale (the attempt number).
+void abort_attempt(prefill_pointer self, prefill_job_state& r) {
+  auto& ld = r.load;
+  if (!ld.gate || ld.aborted) return;
+  ld.aborted = true;
+  ld.gate->abort();
+  ++r.attempt;
+  r.cancelled->store(true);  // the old attempt's layers post nothing more
+  r.cancelled = std::make_shared<std::atomic<bool>>(false);
+  r.chunk_sizes.clear();
+  r.num_chunks = r.chunks_submitted = r.chunks_done = 0;
+  self->state.core.log->add({0, "prefix_abort", r.order.request_id, r.attempt, 0, {}, {}});
+}
+
+/// After an abort: recompute from `restart_from` once the old attempt's jobs have left the
+/// executor (they fail at the gate quickly).
+void maybe_restart(prefill_pointer self, uint64_t rid) {
+  auto& st = self->state;
+  auto i = st.requests.find(rid);
+  if (i == st.requests.end() || !i->second.restart_from || i->second.jobs_in_executor > 0) return;
+  const uint32_t from = *i->second.restart_from;
+  i->second.restart_from.reset();
+  start_compute(self, rid, from);
+}
+
+/// Streaming: layer `ev.layer` of some blocks landed. Each is verified in our pages; when that
+/// layer of every block is good, the gate lets the computation's layer through.
+void on_layer_landed(prefill_pointer self, const store_layer_landed& ev) {
+  auto& st = self->state;
+  auto i = st.requests.find(ev.request_id);
+  if (i == st.requests.end()) return;
+  auto& r = i->second;
+  auto& ld = r.load;
+  if (!ld.gate || ld.aborted) return;
+  auto& kv = st.core.exec->kv();
+  const uint32_t ppb = r.order.block_tokens / kv.layout().page_size_tokens;
+  for (size_t k = 0; k < ev.block_index.size() && k < ev.checksums.size(); ++k) {
+    const uint32_t b = ev.block_index[k];
+    if (b >= ld.verified.size() || ld.verified[b] != ev.layer) continue;  // out of order: the final answer decides
+    std::vector<uint32_t> pages(r.local_pages.begin() + b * ppb, r.local_pages.begin() + (b + 1) * ppb);
+    if (std::max<uint64_t>(1, kv.kv_layer_checksum(ev.layer, pages, ppb)) == std::max<uint64_t>(1, ev.checksums[k]))
+      ++ld.verified[b];
+    else
+      return abort_attempt(self, r);  // the final answer marks the block failed
+  }
+  uint32_t open = kv.layout().num_layers;
+  for (size_t b = r.shared_blocks; b < ld.verified.size(); ++b) open = std::min(open, ld.verified[b]);
+  ld.gate->open_through(open);
+}
 
 /// The reads of a round are all answered: verify what landed, retry failed blocks on their next
 /// replica, or start computing after the longest verified prefix.
@@ -386,13 +505,21 @@ void on_round_done(prefill_pointer self, uint64_t rid) {
   r.recomputed_blocks = static_cast<uint32_t>(ld.state.size()) - good;
   st.core.log->add({0, "prefix_loaded", rid, good, 0, {}, {}});
   if (r.recomputed_blocks) st.core.log->add({0, "prefix_recompute", rid, r.recomputed_blocks, 0, {}, {}});
-  start_compute(self, rid, good * r.order.block_tokens);
+  if (!ld.gate) return start_compute(self, rid, good * r.order.block_tokens);
+  if (r.recomputed_blocks == 0 && !ld.aborted) {
+    ld.gate->open_through(st.core.exec->kv().layout().num_layers);  // every layer verified
+    return;
+  }
+  abort_attempt(self, r);
+  r.restart_from = good * r.order.block_tokens;
+  maybe_restart(self, rid);
 }
 
 /// Marks block b failed on its current server: the next replica gets it next round, if any.
 void block_failed(prefill_load_state& ld, size_t b, const std::string& why) {
   ld.errors[b] = why;
   ld.state[b] = ++ld.tried[b] < ld.blocks[b].servers.size() ? prefix_load::retrying : prefix_load::failed;
+  if (b < ld.verified.size()) ld.verified[b] = 0;  // a replica streams it again from layer 0
 }
 
 /// Asks each block's current server for the pending blocks, one read order per server.
@@ -419,6 +546,7 @@ void load_round(prefill_pointer self, uint64_t rid) {
                                 lay.kv_dim};
       o.page_ids = r.local_pages;
       o.reader = st.cfg.name;
+      if (r.load.gate) o.reader_actor = caf::actor_cast<caf::actor>(self);
     }
     o.blocks.push_back(ld.blocks[b]);
     o.block_index.push_back(static_cast<uint32_t>(b));
@@ -454,6 +582,10 @@ void load_round(prefill_pointer self, uint64_t rid) {
       }
       for (auto b : asked)  // blocks the server did not mention
         if (r.load.state[b] == prefix_load::in_flight) block_failed(r.load, b, "not in the server's answer");
+      if (r.load.gate && std::any_of(r.load.state.begin(), r.load.state.end(), [](auto x) {
+            return x == prefix_load::retrying || x == prefix_load::failed;
+          }))
+        abort_attempt(self, r);  // the optimistic computation read a block that is not good
       if (--r.load.outstanding == 0) on_round_done(self, rid);
     };
     auto on_error = [=](caf::error& err) {
@@ -463,6 +595,7 @@ void load_round(prefill_pointer self, uint64_t rid) {
       for (auto b : asked)
         if (i->second.load.state[b] == prefix_load::in_flight)
           block_failed(i->second.load, b, "block server " + std::to_string(server) + ": " + self->system().render(err));
+      abort_attempt(self, i->second);
       if (--i->second.load.outstanding == 0) on_round_done(self, rid);
     };
     self->request(st.store.servers[server], std::chrono::milliseconds{st.store.read_timeout_ms}, std::move(order))
@@ -485,6 +618,7 @@ void launch(prefill_pointer self, waiting_order w, std::vector<uint32_t> pages, 
   const auto& local = st.core.exec->kv().layout();
   r.puts_done.assign(local.num_layers, 0);
   r.checksums.assign(local.num_layers, 0);
+  r.announced.assign(local.num_layers, false);
   r.arrived_at = w.arrived_at;
   r.order = std::move(w.order);
   const auto& o = r.order;
@@ -501,6 +635,15 @@ void launch(prefill_pointer self, waiting_order w, std::vector<uint32_t> pages, 
   for (size_t b = shared_blocks; b < ld.blocks.size(); ++b)
     if (ld.blocks[b].servers.empty()) block_failed(ld, b, "no server holds the block");
   st.core.log->add({0, "prefix_load_start", rid, static_cast<uint32_t>(ld.blocks.size() - shared_blocks), 0, {}, {}});
+  ld.verified.assign(o.prefix.size(), local.num_layers);  // shared blocks: all layers in place
+  for (size_t b = shared_blocks; b < ld.blocks.size(); ++b) ld.verified[b] = 0;
+  const bool streaming = st.cfg.overlap_prefix_load &&
+                         std::none_of(ld.state.begin(), ld.state.end(), [](auto x) { return x == prefix_load::failed || x == prefix_load::retrying; });
+  if (streaming) {
+    // Seed 000 §2.3: compute while the prefix streams in, each layer gated on its arrival.
+    ld.gate = std::make_shared<prefix_gate>();
+    start_compute(self, rid, static_cast<uint32_t>(ld.blocks.size()) * o.block_tokens);
+  }
   load_round(self, rid);
 }
 
@@ -622,6 +765,8 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
         auto i = s.requests.find(*rid);
         if (i == s.requests.end()) return;
         auto& r = i->second;
+        --r.jobs_in_executor;
+        if (cj->attempt != r.attempt) return maybe_restart(self, *rid);  // an aborted attempt's chunk
         ++r.chunks_done;
         r.tokens_left -= std::min<uint64_t>(r.tokens_left, cj->tokens);
         if (r.chunks_done == r.num_chunks && !logits.empty() && !logits[0].empty()) {
@@ -635,8 +780,15 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
       [=](exec_fail_atom, uint64_t job_id, std::string& what) {
         const auto cj = take_job(self, job_id);
         if (!cj) return;
-        if (auto i = self->state.requests.find(cj->request_id); i != self->state.requests.end())
+        if (auto i = self->state.requests.find(cj->request_id); i != self->state.requests.end()) {
+          --i->second.jobs_in_executor;
+          if (cj->attempt != i->second.attempt) {  // stopped at the gate of an aborted attempt
+            maybe_restart(self, cj->request_id);
+            pump(self);
+            return;
+          }
           ++i->second.chunks_done;
+        }
         fail_request(self, cj->request_id, errc::executor_failed, "prefill", what);
         finish_if_done(self, cj->request_id);
         pump(self);
@@ -650,8 +802,9 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
               std::chrono::duration_cast<std::chrono::microseconds>(self->clock().now() - i->second.arrived_at).count();
       },
       [=](timer_atom, uint64_t id) { self->state.core.runner->fire(id); },
-      [=](xfer_atom, uint64_t request_id, uint32_t layer, uint64_t xfer_id, uint64_t checksum) {
-        pending_put p{request_id, layer, xfer_id, checksum, self->clock().now()};
+      [=](store_layer_landed& ev) { on_layer_landed(self, ev); },
+      [=](xfer_atom, uint64_t request_id, uint32_t layer, uint64_t xfer_id, uint64_t checksum, uint32_t attempt) {
+        pending_put p{request_id, layer, xfer_id, checksum, self->clock().now(), attempt};
         if (settle(self, p)) return;
         self->state.pending.push_back(p);
         if (!self->state.poll_scheduled) {

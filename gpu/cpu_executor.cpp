@@ -147,6 +147,14 @@ private:
         std::copy_n(act_.k.data() + r * kvd, kvd, kv_.k_at(l, page, slot));
         std::copy_n(act_.v.data() + r * kvd, kvd, kv_.v_at(l, page, slot));
       }
+      // The pipeline's consumer end: a sequence whose cached prefix is still arriving waits here
+      // for this layer of it, while its Q, K and V were computed above.
+      for (const auto& s : job.seqs)
+        if (s.gate && !s.gate->wait(l)) {
+          sink.on_failed(job.job_id, "sequence " + std::to_string(s.seq_id) + ": layer " + std::to_string(l) +
+                                         " of its cached prefix will not arrive");
+          return;
+        }
       attention(job, rows, l);
       matmul_nt(act_.attn.data(), n, qd, lw.wo.data(), h, act_.proj.data(), &pool_);
       add_inplace(act_.x.data(), act_.proj.data(), n * h);

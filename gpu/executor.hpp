@@ -18,6 +18,16 @@
 
 namespace baton::gpu {
 
+/// Lets a job compute a layer only once its inputs from elsewhere are in place: the seed's
+/// store -> host pipeline (seed 000 §2.3), where the cached prefix's layer l is still arriving
+/// while layer l - 1 is computed. wait() is called on the executor's thread before a layer's
+/// attention reads the KV; false means the inputs will never come (the job then fails).
+class layer_gate {
+public:
+  virtual ~layer_gate() = default;
+  virtual bool wait(uint32_t layer) const = 0;
+};
+
 /// One sequence's part of a forward pass: `tokens` at positions start_pos, start_pos+1, ...
 /// Prefill chunks have many tokens; decode steps have one.
 struct forward_seq {
@@ -26,6 +36,7 @@ struct forward_seq {
   uint32_t start_pos = 0;          ///< tokens already in this sequence's KV (cached prefix)
   std::vector<uint32_t> pages;     ///< KV pages covering positions [0, start_pos + tokens.size())
   bool want_logits = true;         ///< logits of the last token are returned
+  std::shared_ptr<const layer_gate> gate = nullptr;  ///< when set, layer l's attention waits for gate->wait(l)
 };
 
 /// A batch: rows of all sequences go through each matrix product together.

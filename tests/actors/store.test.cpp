@@ -178,6 +178,9 @@ TEST_CASE("store: a corrupted block file and a deleted one end as recomputation 
   check_equal(*got, ref);
   const auto events = t.events(cluster.prefill[0].handle);
   CHECK(std::any_of(events.begin(), events.end(), [](auto& e) { return e.kind == "prefix_recompute" && e.chunk == 2; }));
+  // Streaming: the computation started on the optimistic prefix and was aborted when layer 2 of
+  // block 1 failed its checksum, then restarted after block 0.
+  CHECK(std::any_of(events.begin(), events.end(), [](auto& e) { return e.kind == "prefix_abort"; }));
 
   // The recompute's write-back repaired block 1 (from cached_blocks = 1 on); now delete block 0.
   std::this_thread::sleep_for(std::chrono::milliseconds{100});
@@ -378,4 +381,44 @@ TEST_CASE("store over UCX: write-back puts and prefix reads go through UCX, outp
   REQUIRE_MESSAGE(again, t.sys.render(again.error()));
   CHECK(again->cached_tokens == 96);
   check_equal(*again, reference(cfg, p));
+}
+
+TEST_CASE("store pipeline: the prompt computes layer by layer while its prefix streams in (seed 000 §2.3)") {
+  temp_dir dir{"pipeline"};
+  test::cluster_system t;
+  auto cfg = store_cluster(dir.path);
+  cfg.store.read_timeout_ms = 2000;
+  // The server's puts of layer 3 stall: layers 0-2 of the prefix land, layer 3 never does.
+  auto wrap = [&](std::unique_ptr<transport::transport> inner, const std::string& name)
+      -> std::shared_ptr<transport::transport> {
+    if (name != "store-0") return std::shared_ptr<transport::transport>{std::move(inner)};
+    return std::shared_ptr<transport::transport>{
+        transport::make_fault_proxy(std::move(inner), {transport::fault_kind::stall, 3, {}, 1, 1})};
+  };
+  auto cluster = start_local_cluster(t.sys, cfg, {}, wrap);
+  test::cluster_system::stopper stop{t, cluster};
+  const auto p = prompt_tokens(cfg, 99, 12);
+  REQUIRE(t.generate(cluster.router, request_for(p)));
+  wait_for_blocks(t, cluster, 3);
+  auto got = t.generate(cluster.router, request_for(p));
+  REQUIRE_MESSAGE(got, t.sys.render(got.error()));
+  check_equal(*got, reference(cfg, p));  // the stalled read timed out: recomputed, still correct
+  CHECK(got->cached_tokens == 0);
+  // While layer 3 was stuck, layers 0, 1 and 2 of the first chunk had already been computed on the
+  // streamed prefix: compute and I/O overlapped, layer by layer.
+  const auto ev = t.events(cluster.prefill[0].handle);
+  const auto rid = got->request_id;
+  auto first = [&](const char* kind, uint32_t layer) {
+    for (size_t i = 0; i < ev.size(); ++i)
+      if (ev[i].kind == kind && ev[i].request_id == rid && ev[i].layer == layer) return static_cast<long>(i);
+    return -1L;
+  };
+  const long loaded = first("prefix_loaded", 0);
+  REQUIRE(loaded >= 0);
+  for (uint32_t l : {0u, 1u, 2u}) {
+    CAPTURE(l);
+    CHECK(first("compute_done", l) >= 0);
+    CHECK(first("compute_done", l) < loaded);
+  }
+  CHECK(first("prefix_abort", 0) > first("compute_done", 2));
 }
