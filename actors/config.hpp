@@ -80,8 +80,11 @@ struct store_config {
 
 /// How the prefill balancer places prompts (design.md §4).
 struct prefill_balancer_config {
-  /// seed (4 levels, seed 000 §3.1) | least_loaded | round_robin | cache_affinity (seed 001)
+  /// seed (4 levels, seed 000 §3.1) | least_loaded | round_robin | cache_affinity (seed 001) |
+  /// split (seed 002: long prompts split over several ranks, the rest least-loaded)
   std::string policy = "seed";
+  uint32_t split_min_tokens = 1024;  ///< split: prompts with fewer new tokens are not split
+  uint32_t split_max_parts = 4;      ///< split: at most this many ranks per prompt
   policies::cost_model cost = builtin_cpu_cost_model();
   policies::bucket_config buckets;
   /// Prefill ranks per engine (DP group), in registration order.
@@ -95,8 +98,10 @@ struct prefill_balancer_config {
 
   std::string validate() const {
     if (!policies::parse_prefill_policy(policy))
-      return "prefill balancer policy must be seed, least_loaded, round_robin or cache_affinity, got '" + policy + "'";
+      return "prefill balancer policy must be seed, least_loaded, round_robin, cache_affinity or split, got '" +
+             policy + "'";
     if (ranks_per_engine == 0) return "prefill balancer ranks_per_engine must be >= 1";
+    if (split_max_parts == 0) return "prefill balancer split_max_parts must be >= 1";
     if (auto e = buckets.validate(); !e.empty()) return "prefill balancer " + e;
     if (!cost.usable()) return "prefill balancer cost model is not usable";
     return {};

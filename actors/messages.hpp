@@ -485,11 +485,43 @@ struct prefill_order {
   decode_rank_actor decode;      ///< told kv_layer_ready per layer
   std::vector<block_ref> prefix; ///< CHECK's cached blocks: loaded from the store, not computed
   uint32_t block_tokens = 0;
+  // Dynamic prefill split (seed 002): this rank computes part `part_index` of the prompt,
+  // tokens [part_bounds[i], part_bounds[i + 1]), with the earlier parts' KV streamed in from
+  // their ranks layer by layer. Empty part_ranks: the whole prompt here.
+  uint32_t part_index = 0;
+  std::vector<uint32_t> part_bounds;
+  std::vector<caf::actor> part_ranks;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, prefill_order& x) {
   return f(caf::meta::type_name("prefill_order"), x.request_id, x.tokens, x.temperature, x.seed,
-           x.return_logits, x.batch_priority, x.grant, x.decode, x.prefix, x.block_tokens);
+           x.return_logits, x.batch_priority, x.grant, x.decode, x.prefix, x.block_tokens, x.part_index,
+           x.part_bounds, x.part_ranks);
+}
+
+/// Split prefill: a later part's rank tells an earlier part's rank where its pages are.
+struct split_peer {
+  uint64_t request_id = 0;
+  uint32_t part_index = 0;         ///< the later part
+  kv_region_desc region;
+  std::vector<uint32_t> page_ids;  ///< its pages for positions [0, its part's end)
+  caf::actor rank;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, split_peer& x) {
+  return f(caf::meta::type_name("split_peer"), x.request_id, x.part_index, x.region, x.page_ids, x.rank);
+}
+
+/// Split prefill: layer `layer` of part `from_part` has landed in the receiver's pages (and in the
+/// decode rank's).
+struct split_layer {
+  uint64_t request_id = 0;
+  uint32_t from_part = 0;
+  uint32_t layer = 0;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, split_layer& x) {
+  return f(caf::meta::type_name("split_layer"), x.request_id, x.from_part, x.layer);
 }
 
 using prefill_rank_actor = caf::typed_actor<
@@ -502,6 +534,8 @@ using prefill_rank_actor = caf::typed_actor<
     caf::reacts_to<timer_atom, uint64_t>,
     caf::reacts_to<xfer_atom, uint64_t, uint32_t, uint64_t, uint64_t, uint32_t>,  // request, layer, transfer, checksum, attempt
     caf::reacts_to<store_layer_landed>,
+    caf::reacts_to<split_peer>,
+    caf::reacts_to<split_layer>,
     caf::reacts_to<poll_atom>,
     caf::reacts_to<keepalive_atom>>;                             // tick: renew queued prompts' leases
 
@@ -509,10 +543,16 @@ struct prefill_placement {
   std::string name;
   prefill_rank_actor rank;
   std::string why;  ///< the policy, its inputs and its choice, for the request's record
+  // Dynamic prefill split: the ranks of the parts in order (rank above is the last part's) and
+  // the parts' token bounds (size parts + 1). Empty: no split.
+  std::vector<prefill_rank_actor> part_ranks;
+  std::vector<std::string> part_names;
+  std::vector<uint32_t> part_bounds;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, prefill_placement& x) {
-  return f(caf::meta::type_name("prefill_placement"), x.name, x.rank, x.why);
+  return f(caf::meta::type_name("prefill_placement"), x.name, x.rank, x.why, x.part_ranks, x.part_names,
+           x.part_bounds);
 }
 
 struct decode_placement {

@@ -4,6 +4,7 @@
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <deque>
 #include <list>
@@ -11,6 +12,7 @@
 #include <optional>
 
 #include "actors/rank_registry.hpp"
+#include "policies/cost_model.hpp"
 #include "policies/placement.hpp"
 #include "policies/prefill_placement.hpp"
 
@@ -106,6 +108,47 @@ void sync_view(prefill_balancer_state& st, size_t i) {
   ranks[i % rpe] = {st.registry.loads[i].predicted_us, true};
 }
 
+/// Seed 002 dynamic prefill split over the `parts` least-loaded ranks.
+std::optional<prefill_placement> place_split(pointer self, const place_query& q, uint32_t parts, uint32_t ps) {
+  auto& st = self->state;
+  std::vector<size_t> order(st.registry.loads.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return st.registry.loads[a].predicted_us < st.registry.loads[b].predicted_us;
+  });
+  // The least-loaded ranks take the parts in registration order: a rank only ever waits for
+  // parts on ranks registered before it, so concurrent split prompts cannot wait in a cycle.
+  order.resize(parts);
+  std::sort(order.begin(), order.end());
+  auto sizes = policies::split_prefill(st.cfg.cost, 0, q.new_tokens, parts);
+  prefill_placement out;
+  out.part_bounds.push_back(0);
+  uint64_t at = 0;
+  for (size_t i = 0; i + 1 < sizes.size(); ++i) {
+    at += sizes[i];
+    const auto aligned = static_cast<uint32_t>((at + ps / 2) / ps * ps);  // nearest page boundary
+    if (aligned > out.part_bounds.back() && aligned < q.new_tokens) out.part_bounds.push_back(aligned);
+  }
+  out.part_bounds.push_back(q.new_tokens);
+  std::string why = "split: " + std::to_string(q.new_tokens) + " tokens into";
+  for (size_t i = 0; i + 1 < out.part_bounds.size(); ++i) {
+    auto& r = st.registry.loads[order[i]];
+    const uint32_t a = out.part_bounds[i], b = out.part_bounds[i + 1];
+    why += " [" + std::to_string(a) + ", " + std::to_string(b) + ") on " + r.name;
+    r.queued_tokens += b - a;
+    r.num_running += 1;
+    r.predicted_us += st.cfg.cost.prefill_us(b - a, a);
+    sync_view(st, order[i]);
+    out.part_ranks.push_back(st.registry.ranks[order[i]]);
+    out.part_names.push_back(r.name);
+  }
+  out.name = out.part_names.back();
+  out.rank = out.part_ranks.back();
+  out.why = why;
+  st.log.add({q.request_id, out.name, why});
+  return out;
+}
+
 /// The chosen rank for `q` under the configured policy, counted as its load until its next
 /// report (so a burst spreads instead of piling onto the rank that looked idle).
 std::optional<prefill_placement> try_place(pointer self, const place_query& q) {
@@ -125,6 +168,18 @@ std::optional<prefill_placement> try_place(pointer self, const place_query& q) {
       std::vector<bool> avail(st.registry.loads.size(), true);
       pick = policies::round_robin(avail, st.rr_cursor);
       why = "round_robin";
+      break;
+    }
+    case policies::prefill_policy::split: {
+      // Seed 002: a long prompt goes to several ranks, in parts of equal predicted time (later
+      // parts are shorter: they attend to more), page-aligned so no two ranks write one page.
+      const uint32_t ps = loads.empty() ? 16 : std::max<uint32_t>(1, st.registry.loads[0].page_size_tokens);
+      const uint32_t parts = std::min<uint32_t>({st.cfg.split_max_parts, static_cast<uint32_t>(loads.size()),
+                                                 q.new_tokens / std::max<uint32_t>(ps, 1)});
+      if (q.cached_tokens == 0 && q.new_tokens >= st.cfg.split_min_tokens && parts >= 2)
+        return place_split(self, q, parts, ps);
+      pick = policies::least_loaded_prefill(loads);
+      if (pick) why = "split: not split (" + std::to_string(q.new_tokens) + " tokens), least_loaded";
       break;
     }
     case policies::prefill_policy::cache_affinity: {

@@ -55,6 +55,7 @@ struct pending_put {
   uint64_t checksum;  ///< non-zero on the last chunk's put
   caf::actor_clock::time_point posted_at;
   uint32_t attempt;
+  int32_t peer = -1;  ///< split: index into the request's peers (-1: a put to the decode rank)
 };
 
 /// The consumer end of the store -> pages pipeline (seed 000 §2.3): the executor thread waits
@@ -108,6 +109,27 @@ struct prefix_load {
 };
 using prefill_load_state = prefix_load;
 
+/// Dynamic prefill split (seed 002): this rank computes one part of a prompt. Earlier parts'
+/// KV streams into our pages layer by layer (each earlier rank puts it and says so), gating our
+/// layers; our part's KV goes to the decode rank and to every later part's pages. The last part
+/// announces each layer to the decode rank once all parts have it there.
+struct split_state {
+  struct peer {
+    uint32_t part = 0;
+    kv_region_desc region;
+    std::vector<uint32_t> pages;
+    caf::actor rank;
+  };
+  bool active = false;
+  uint32_t index = 0, parts = 1;
+  uint32_t begin = 0, end = 0;       ///< our part's tokens
+  std::vector<uint32_t> seen;        ///< per layer: earlier parts whose KV landed in our pages
+  std::vector<bool> layer_done;      ///< per layer: our decode puts of it all landed
+  std::vector<peer> peers;           ///< later parts that told us their pages
+  uint32_t peer_puts_landed = 0;     ///< (peer, layer) puts landed
+  bool last() const { return index + 1 == parts; }
+};
+
 /// A prompt in flight on this rank.
 ///
 ///   computing --all chunks done and every layer's puts landed--> answered (pages freed)
@@ -137,6 +159,7 @@ struct prefill_job_state {
   uint32_t attempt = 0;              ///< bumped when a streaming prefix load aborts the computation
   uint32_t jobs_in_executor = 0;     ///< chunk jobs of any attempt not yet finished
   std::optional<uint32_t> restart_from;  ///< after an abort: recompute from here once jobs drain
+  split_state split;
   bool have_logits = false;
   int32_t first_token = -1;
   std::vector<float> logits;
@@ -145,6 +168,11 @@ struct prefill_job_state {
   /// Read by the executor thread before each post: a failed request ships nothing more.
   std::shared_ptr<std::atomic<bool>> cancelled = std::make_shared<std::atomic<bool>>(false);
 };
+
+/// The tokens this rank computes end here: the prompt's end, or its part's with a split.
+uint32_t prompt_end(const prefill_job_state& r) {
+  return r.split.active ? r.split.end : static_cast<uint32_t>(r.order.tokens.size());
+}
 
 /// A prompt accepted but not yet started: it waits for local KV pages.
 struct waiting_order {
@@ -184,6 +212,7 @@ struct prefill_state {
   prefill_balancer_actor balancer;  ///< told our load after every change (may be null)
   store_access store;               ///< the block store (off when it has no index)
   std::optional<store::prefix_cache> local;  ///< the rank-local prefix tier (store on)
+  std::unordered_map<uint64_t, std::vector<split_peer>> early_peers;  ///< split: peers before our launch
   store::block_key salt;
   bool keepalive_scheduled = false;
   static inline const char* name = "baton.prefill_rank";
@@ -259,9 +288,15 @@ void finish_if_done(prefill_pointer self, uint64_t request_id) {
   auto i = st.requests.find(request_id);
   if (i == st.requests.end()) return;
   auto& r = i->second;
-  const bool compute_finished = r.chunks_done == r.num_chunks;
-  if (!r.failed && !(compute_finished && r.have_logits && r.layers_ready == st.core.exec->config().num_hidden_layers))
-    return;
+  const bool compute_finished = r.chunks_done == r.num_chunks && r.num_chunks > 0;
+  const uint32_t layers = st.core.exec->config().num_hidden_layers;
+  bool done = compute_finished && r.have_logits && r.layers_ready == layers;
+  if (r.split.active && !r.split.last()) {  // an earlier part: done when every later part has our KV
+    const auto peers_expected = r.split.parts - 1 - r.split.index;
+    done = compute_finished && std::all_of(r.split.layer_done.begin(), r.split.layer_done.end(), [](bool b) { return b; }) &&
+           r.split.peers.size() == peers_expected && r.split.peer_puts_landed == peers_expected * layers;
+  }
+  if (!r.failed && !done) return;
   // A failure is answered only when the executor is done with the request: after that no put
   // of it can still be posted, so the decode rank may safely reuse the lease's pages.
   if (r.failed && r.jobs_in_executor > 0) return;
@@ -269,7 +304,8 @@ void finish_if_done(prefill_pointer self, uint64_t request_id) {
     r.promise.deliver(std::move(r.failure));
   else
     r.promise.deliver(prefill_result{request_id, r.first_token, std::move(r.logits), st.cfg.name, r.queue_us,
-                                     r.cached_tokens, r.recomputed_blocks, r.shared_blocks * st.store.block_tokens()});
+                                     r.split.active ? 0 : r.cached_tokens, r.recomputed_blocks,
+                                     r.shared_blocks * st.store.block_tokens()});
   return_pages(self, r, !r.failed);
   st.requests.erase(i);
   drain_waiting(self);  // freed pages may start a waiting prompt; reports the load
@@ -286,6 +322,43 @@ void fail_request(prefill_pointer self, uint64_t request_id, errc code, const st
   finish_if_done(self, request_id);
 }
 
+/// Tells the decode rank that layer `layer` of the whole prompt is in its pages.
+void announce_layer(prefill_pointer self, prefill_job_state& r, uint32_t layer) {
+  if (r.announced[layer]) return;
+  // A layer announced by an aborted attempt stays announced: its bytes were computed from a
+  // verified prefix layer, and the restart rewrites them identically.
+  r.announced[layer] = true;
+  ++r.layers_ready;
+  self->state.core.log->add({0, "layer_ready", r.order.request_id, 0, layer, {}, {}});
+  self->send(r.order.decode, kv_layer_ready{r.order.request_id, r.order.grant.lease_id, layer,
+                                            static_cast<uint32_t>(r.order.tokens.size()), r.checksums[layer]});
+}
+
+void track_put(prefill_pointer self, pending_put p);
+
+/// Split: our part's layer `layer` into a later part's pages.
+void put_to_peer(prefill_pointer self, prefill_job_state& r, size_t peer, uint32_t layer) {
+  auto& st = self->state;
+  const auto& pr = r.split.peers[peer];
+  const auto& lay = st.core.exec->kv().layout();
+  const auto& reg = pr.region;
+  const gpu::kv_layout remote{reg.num_layers, reg.num_pages, reg.page_size_tokens, reg.kv_dim};
+  transport::put_desc d{r.order.request_id, layer, "part-" + std::to_string(pr.part), st.core.pool_key->region_id,
+                        transport::region_key{reg.backend, reg.region_id, reg.size_bytes, reg.packed_key}, {}};
+  const uint32_t ps = lay.page_size_tokens;
+  for (uint32_t pg = r.split.begin / ps; pg < (r.split.end + ps - 1) / ps && pg < pr.pages.size(); ++pg)
+    d.segments.push_back({lay.offset_bytes(layer, r.local_pages[pg]), remote.offset_bytes(layer, pr.pages[pg]),
+                          lay.page_bytes()});
+  track_put(self, {r.order.request_id, layer, st.core.xport->post_put(d), 0, self->clock().now(), r.attempt,
+                   static_cast<int32_t>(peer)});
+}
+
+/// Split, the last part: a layer is announced once our puts and every earlier part's have it.
+void maybe_announce_split(prefill_pointer self, prefill_job_state& r, uint32_t layer) {
+  if (r.split.last() && r.split.layer_done[layer] && r.split.seen[layer] == r.split.index)
+    announce_layer(self, r, layer);
+}
+
 void on_put_landed(prefill_pointer self, uint64_t request_id, uint32_t layer, uint64_t checksum, uint32_t attempt) {
   auto& st = self->state;
   auto i = st.requests.find(request_id);
@@ -296,15 +369,26 @@ void on_put_landed(prefill_pointer self, uint64_t request_id, uint32_t layer, ui
   // the last chunk): each of their landed layers renews the lease.
   if (r.puts_done[layer] + 1 < r.num_chunks)
     self->send(r.order.decode, keepalive_atom::value, request_id, r.order.grant.lease_id);
-  if (++r.puts_done[layer] == r.num_chunks && !r.announced[layer]) {
-    // A layer announced by an aborted attempt stays announced: its bytes were computed from a
-    // verified prefix layer, and the restart rewrites them identically.
-    r.announced[layer] = true;
-    ++r.layers_ready;
-    st.core.log->add({0, "layer_ready", request_id, 0, layer, {}, {}});
-    self->send(r.order.decode, kv_layer_ready{request_id, r.order.grant.lease_id, layer,
-                                              static_cast<uint32_t>(r.order.tokens.size()), r.checksums[layer]});
+  if (++r.puts_done[layer] == r.num_chunks) {
+    if (!r.split.active) {
+      announce_layer(self, r, layer);
+    } else {
+      r.split.layer_done[layer] = true;
+      for (size_t p = 0; p < r.split.peers.size(); ++p) put_to_peer(self, r, p, layer);
+      maybe_announce_split(self, r, layer);
+    }
   }
+  finish_if_done(self, request_id);
+}
+
+/// Split: our layer landed in a later part's pages (and, before that, in the decode rank's).
+void on_peer_put_landed(prefill_pointer self, uint64_t request_id, int32_t peer, uint32_t layer) {
+  auto& st = self->state;
+  auto i = st.requests.find(request_id);
+  if (i == st.requests.end() || i->second.failed) return;
+  auto& r = i->second;
+  caf::anon_send(r.split.peers[peer].rank, split_layer{request_id, r.split.index, layer});
+  ++r.split.peer_puts_landed;
   finish_if_done(self, request_id);
 }
 
@@ -329,7 +413,10 @@ bool settle(prefill_pointer self, const pending_put& p) {
     }
     case transport::xfer_state::done:
       st.core.xport->release(p.xfer_id);
-      on_put_landed(self, p.request_id, p.layer, p.checksum, p.attempt);
+      if (p.peer >= 0)
+        on_peer_put_landed(self, p.request_id, p.peer, p.layer);
+      else
+        on_put_landed(self, p.request_id, p.layer, p.checksum, p.attempt);
       return true;
     case transport::xfer_state::failed:
       st.core.xport->release(p.xfer_id);
@@ -337,6 +424,16 @@ bool settle(prefill_pointer self, const pending_put& p) {
       return true;
   }
   return true;
+}
+
+/// Polls `p` from now on (never settles it on the spot: callers may be iterating state it changes).
+void track_put(prefill_pointer self, pending_put p) {
+  auto& st = self->state;
+  st.pending.push_back(p);
+  if (!st.poll_scheduled) {
+    st.poll_scheduled = true;
+    self->delayed_send(self, std::chrono::microseconds{st.cfg.poll_interval_us}, poll_atom::value);
+  }
 }
 
 /// Submits one chunk of a started prompt. Its layers' puts are posted from the executor thread.
@@ -348,7 +445,7 @@ void submit_chunk(prefill_pointer self, uint64_t rid) {
   const auto& reg = order.grant.region;
   gpu::kv_layout remote_layout{reg.num_layers, reg.num_pages, reg.page_size_tokens, reg.kv_dim};
   transport::region_key remote_key{reg.backend, reg.region_id, reg.size_bytes, reg.packed_key};
-  const auto num_tokens = static_cast<uint32_t>(order.tokens.size());
+  const auto num_tokens = prompt_end(r);
   const uint32_t c = r.chunks_submitted++;
   uint32_t start = r.cached_tokens;
   for (uint32_t k = 0; k < c; ++k) start += r.chunk_sizes[k];
@@ -356,7 +453,7 @@ void submit_chunk(prefill_pointer self, uint64_t rid) {
   const uint32_t ps = local.page_size_tokens;
   // The first chunk also ships the prefix loaded from the store: the decode rank needs all of it.
   auto sender = std::make_shared<const chunk_sender>(chunk_sender{
-      rid, r.attempt, c, end == num_tokens, c == 0 ? 0 : start / ps, (end + ps - 1) / ps, r.local_pages,
+      rid, r.attempt, c, end == num_tokens, c == 0 && !r.split.active ? 0 : start / ps, (end + ps - 1) / ps, r.local_pages,
       order.grant.page_ids, local, remote_layout, st.core.pool_key->region_id, remote_key, order.grant.rank});
   // Runs on the executor thread right after layer `l` is computed, before layer l + 1: the
   // put is posted in stream order, and the actor polls it.
@@ -410,7 +507,7 @@ void pump(prefill_pointer self) {
 void start_compute(prefill_pointer self, uint64_t rid, uint32_t cached) {
   auto& st = self->state;
   auto& r = st.requests.at(rid);
-  const auto num_tokens = static_cast<uint32_t>(r.order.tokens.size());
+  const auto num_tokens = prompt_end(r);
   r.cached_tokens = cached;
   const uint32_t todo = num_tokens - cached;
   r.chunk_sizes.clear();
@@ -603,6 +700,73 @@ void load_round(prefill_pointer self, uint64_t rid) {
   }
 }
 
+void on_split_peer(prefill_pointer self, split_peer peer);
+
+/// Split: starts our part. The earlier parts' ranks learn where our pages are, so they can put
+/// their KV there; each of our layers waits for theirs.
+void launch_split(prefill_pointer self, uint64_t rid) {
+  auto& st = self->state;
+  auto& r = st.requests.at(rid);
+  const auto& o = r.order;
+  const uint32_t layers = st.core.exec->kv().layout().num_layers;
+  auto& sp = r.split;
+  sp.active = true;
+  sp.index = o.part_index;
+  sp.parts = static_cast<uint32_t>(o.part_ranks.size());
+  sp.begin = o.part_bounds.at(sp.index);
+  sp.end = o.part_bounds.at(sp.index + 1);
+  sp.seen.assign(layers, 0);
+  sp.layer_done.assign(layers, false);
+  st.core.log->add({0, "split_part", rid, sp.index, 0, {}, {}});
+  if (sp.index > 0) {
+    r.load.gate = std::make_shared<prefix_gate>();
+    const auto& lay = st.core.exec->kv().layout();
+    const auto& key = *st.core.pool_key;
+    kv_region_desc region{key.backend, key.region_id, key.size_bytes, key.packed, lay.num_layers, lay.num_pages,
+                          lay.page_size_tokens, lay.kv_dim};
+    for (uint32_t j = 0; j < sp.index; ++j)
+      caf::anon_send(o.part_ranks[j], split_peer{rid, sp.index, region, r.local_pages, caf::actor_cast<caf::actor>(self)});
+  }
+  if (auto e = st.early_peers.find(rid); e != st.early_peers.end()) {
+    auto peers = std::move(e->second);
+    st.early_peers.erase(e);
+    for (auto& p : peers) on_split_peer(self, std::move(p));
+  }
+  start_compute(self, rid, sp.begin);
+}
+
+/// Split: a later part's pages are known: every layer we have finished goes there now, the rest
+/// as they finish.
+void on_split_peer(prefill_pointer self, split_peer peer) {
+  auto& st = self->state;
+  auto i = st.requests.find(peer.request_id);
+  if (i == st.requests.end() || !i->second.split.active) {
+    auto& early = st.early_peers[peer.request_id];  // our order has not started yet
+    if (early.size() < 64) early.push_back(std::move(peer));
+    return;
+  }
+  auto& r = i->second;
+  r.split.peers.push_back({peer.part_index, std::move(peer.region), std::move(peer.page_ids), std::move(peer.rank)});
+  const size_t p = r.split.peers.size() - 1;
+  for (uint32_t l = 0; l < r.split.layer_done.size(); ++l)
+    if (r.split.layer_done[l]) put_to_peer(self, r, p, l);
+  finish_if_done(self, r.order.request_id);
+}
+
+/// Split: an earlier part's layer landed in our pages; the layer gate follows the slowest part.
+void on_split_layer(prefill_pointer self, const split_layer& ev) {
+  auto& st = self->state;
+  auto i = st.requests.find(ev.request_id);
+  if (i == st.requests.end() || !i->second.split.active || ev.layer >= i->second.split.seen.size()) return;
+  auto& r = i->second;
+  ++r.split.seen[ev.layer];
+  uint32_t open = 0;
+  while (open < r.split.seen.size() && r.split.seen[open] == r.split.index) ++open;
+  if (r.load.gate) r.load.gate->open_through(open);
+  maybe_announce_split(self, r, ev.layer);
+  finish_if_done(self, ev.request_id);
+}
+
 /// Starts a prompt whose local pages are allocated: loads its cached prefix from the block
 /// store first when CHECK found one, then computes the rest.
 void launch(prefill_pointer self, waiting_order w, std::vector<uint32_t> pages, std::vector<store::block_key> keys,
@@ -622,6 +786,7 @@ void launch(prefill_pointer self, waiting_order w, std::vector<uint32_t> pages, 
   r.arrived_at = w.arrived_at;
   r.order = std::move(w.order);
   const auto& o = r.order;
+  if (o.part_ranks.size() > 1) return launch_split(self, rid);
   const bool can_load = st.store.enabled() && st.core.pool_key && o.prefix.size() > shared_blocks &&
                         o.block_tokens > 0 && o.block_tokens % local.page_size_tokens == 0 &&
                         uint64_t{o.prefix.size()} * o.block_tokens < o.tokens.size();
@@ -654,11 +819,12 @@ void drain_waiting(prefill_pointer self) {
   auto& st = self->state;
   auto& kv = st.core.exec->kv();
   while (const auto* w = st.waiting.peek()) {
-    const auto len = static_cast<uint32_t>(w->order.tokens.size());
+    const bool split = w->order.part_ranks.size() > 1;
+    const auto len = split ? w->order.part_bounds.at(w->order.part_index + 1) : static_cast<uint32_t>(w->order.tokens.size());
     std::vector<store::block_key> keys;
     size_t hit = 0;
     std::vector<uint32_t> shared;
-    if (st.local) {
+    if (st.local && !split) {
       // The rank-local tier first: blocks already in our pages are shared, pinned, not copied.
       keys = store::chain_keys(st.salt, w->order.tokens, st.store.block_tokens());
       hit = std::min<size_t>(st.local->match(keys), (len - 1) / st.store.block_tokens());
@@ -803,14 +969,12 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
       },
       [=](timer_atom, uint64_t id) { self->state.core.runner->fire(id); },
       [=](store_layer_landed& ev) { on_layer_landed(self, ev); },
+      [=](split_peer& p) { on_split_peer(self, std::move(p)); },
+      [=](split_layer& ev) { on_split_layer(self, ev); },
       [=](xfer_atom, uint64_t request_id, uint32_t layer, uint64_t xfer_id, uint64_t checksum, uint32_t attempt) {
         pending_put p{request_id, layer, xfer_id, checksum, self->clock().now(), attempt};
         if (settle(self, p)) return;
-        self->state.pending.push_back(p);
-        if (!self->state.poll_scheduled) {
-          self->state.poll_scheduled = true;
-          self->delayed_send(self, std::chrono::microseconds{self->state.cfg.poll_interval_us}, poll_atom::value);
-        }
+        track_put(self, p);
       },
       [=](keepalive_atom) {
         auto& s = self->state;

@@ -30,6 +30,7 @@ struct request_state {
   uint64_t lease_id = 0;   ///< 0 = none held
   uint64_t watch_seq = 0;  ///< the token watchdog only acts on its latest arming
   bool hybrid = false;     ///< hybrid PD: the decode rank prefills the prompt itself
+  prefill_placement split; ///< dynamic prefill split: the parts' ranks and bounds (none: no split)
   std::vector<block_ref> prefix;  ///< CHECK: the cached leading blocks and their servers
   std::vector<uint64_t> block_keys;  ///< the prompt's full blocks' keys (hi, lo), store on
   uint32_t cached_blocks = 0;     ///< blocks the prefill rank actually loaded (after verification)
@@ -135,6 +136,51 @@ void start_decode(request_pointer self) {
           [=](caf::error& err) { answer(self, hop_error(self, err, self->state.decode_name, "decode", 0)); });
 }
 
+void on_prefill_result(request_pointer self, prefill_result& r) {
+  auto& st = self->state;
+  st.out.prefill_us = lap(self);
+  st.out.prefill_queue_us = r.queue_us;
+  st.out.cached_tokens = r.cached_tokens;
+  st.out.local_cached_tokens = r.local_cached_tokens;
+  st.out.recomputed_blocks = r.recomputed_blocks;
+  if (st.plan.store.enabled()) st.cached_blocks = r.cached_tokens / st.plan.store.block_tokens();
+  record_token(self, r.first_token, std::move(r.logits));
+  const bool eos = r.first_token == st.plan.eos_token_id && !st.plan.params.ignore_eos;
+  if (eos || st.plan.params.max_tokens == 1) {
+    st.out.finish_reason = eos ? "eos" : "length";
+    answer(self, caf::error{});  // releases the unused lease
+    return;
+  }
+  start_decode(self);
+}
+
+/// Dynamic prefill split: every part's rank gets the order with its part; the last part's
+/// answer carries the first token; any part's failure fails the request.
+void start_split_prefill(request_pointer self, prefill_order order) {
+  auto& st = self->state;
+  const auto& sp = st.split;
+  order.prefix.clear();
+  order.part_bounds = sp.part_bounds;
+  for (const auto& r : sp.part_ranks) order.part_ranks.push_back(caf::actor_cast<caf::actor>(r));
+  auto left = std::make_shared<size_t>(sp.part_ranks.size());
+  auto last = std::make_shared<prefill_result>();
+  for (uint32_t i = 0; i < sp.part_ranks.size(); ++i) {
+    auto o = order;
+    o.part_index = i;
+    const bool is_last = i + 1 == sp.part_ranks.size();
+    const std::string name = sp.part_names[i];
+    self->request(sp.part_ranks[i], std::chrono::milliseconds{st.plan.cfg.prefill_timeout_ms}, std::move(o))
+        .then(
+            [=](prefill_result& r) {
+              if (is_last) *last = std::move(r);
+              if (--*left == 0) on_prefill_result(self, *last);
+            },
+            [=](caf::error& err) {
+              answer(self, hop_error(self, err, name, "prefill", self->state.plan.cfg.prefill_timeout_ms));
+            });
+  }
+}
+
 void start_prefill(request_pointer self, kv_lease_grant grant) {
   auto& st = self->state;
   auto& p = st.plan;
@@ -146,26 +192,11 @@ void start_prefill(request_pointer self, kv_lease_grant grant) {
     order.prefix = st.prefix;
     order.block_tokens = p.store.block_tokens();
   }
+  if (!st.hybrid && st.split.part_ranks.size() > 1) return start_split_prefill(self, std::move(order));
   auto pending = st.hybrid ? self->request(st.decode, std::chrono::milliseconds{p.cfg.prefill_timeout_ms}, std::move(order))
                            : self->request(st.prefill, std::chrono::milliseconds{p.cfg.prefill_timeout_ms}, std::move(order));
   std::move(pending).then(
-          [=](prefill_result& r) {
-            auto& st = self->state;
-            st.out.prefill_us = lap(self);
-            st.out.prefill_queue_us = r.queue_us;
-            st.out.cached_tokens = r.cached_tokens;
-            st.out.local_cached_tokens = r.local_cached_tokens;
-            st.out.recomputed_blocks = r.recomputed_blocks;
-            if (st.plan.store.enabled()) st.cached_blocks = r.cached_tokens / st.plan.store.block_tokens();
-            record_token(self, r.first_token, std::move(r.logits));
-            const bool eos = r.first_token == st.plan.eos_token_id && !st.plan.params.ignore_eos;
-            if (eos || st.plan.params.max_tokens == 1) {
-              st.out.finish_reason = eos ? "eos" : "length";
-              answer(self, caf::error{});  // releases the unused lease
-              return;
-            }
-            start_decode(self);
-          },
+          [=](prefill_result& r) { on_prefill_result(self, r); },
           [=](caf::error& err) {
             auto& st = self->state;
             answer(self, hop_error(self, err, st.prefill_name, "prefill", st.plan.cfg.prefill_timeout_ms));
@@ -225,6 +256,7 @@ void place(request_pointer self) {
                       self->state.prefill_name = pp.name;
                       self->state.prefill = pp.rank;
                       self->state.out.prefill_placement_why = std::move(pp.why);
+                      self->state.split = std::move(pp);
                       reserve(self);
                     },
                     [=](caf::error& err) {

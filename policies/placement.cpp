@@ -9,6 +9,7 @@ std::optional<prefill_policy> parse_prefill_policy(const std::string& name) {
   if (name == "least_loaded") return prefill_policy::least_loaded;
   if (name == "round_robin") return prefill_policy::round_robin;
   if (name == "cache_affinity") return prefill_policy::cache_affinity;
+  if (name == "split") return prefill_policy::split;
   return std::nullopt;
 }
 
@@ -25,6 +26,7 @@ std::string to_string(prefill_policy p) {
     case prefill_policy::least_loaded: return "least_loaded";
     case prefill_policy::round_robin: return "round_robin";
     case prefill_policy::cache_affinity: return "cache_affinity";
+    case prefill_policy::split: return "split";
   }
   return "?";
 }

@@ -13,9 +13,9 @@
 namespace baton::policies {
 
 /// Placement policies selectable by name in the cluster configuration.
-enum class prefill_policy { seed, least_loaded, round_robin, cache_affinity };
+enum class prefill_policy { seed, least_loaded, round_robin, cache_affinity, split };
 enum class decode_policy { seed, least_loaded, round_robin };
-/// "seed" | "least_loaded" | "round_robin" | "cache_affinity"; nullopt for anything else.
+/// "seed" | "least_loaded" | "round_robin" | "cache_affinity" | "split"; nullopt for anything else.
 std::optional<prefill_policy> parse_prefill_policy(const std::string& name);
 std::optional<decode_policy> parse_decode_policy(const std::string& name);
 std::string to_string(prefill_policy p);

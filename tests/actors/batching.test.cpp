@@ -163,7 +163,7 @@ TEST_CASE("placement policies are chosen by name, and every decision is explaine
   {
     local_cluster_config bad;
     bad.prefill_balancer.policy = "fastest";
-    CHECK(bad.validate().find("prefill balancer policy must be seed, least_loaded, round_robin or cache_affinity, got 'fastest'") !=
+    CHECK(bad.validate().find("prefill balancer policy must be seed, least_loaded, round_robin, cache_affinity or split, got 'fastest'") !=
           std::string::npos);
     bad = {};
     bad.decode_balancer.policy = "random";
@@ -316,4 +316,48 @@ TEST_CASE("a decode rank short of pages offloads a running sequence to host memo
     for (size_t k = 0; k < ref.step_logits.size(); ++k)
       CHECK_MESSAGE(test::same_bits(done[i].step_logits[k], ref.step_logits[k]), "request " << i << " step " << k);
   }
+}
+
+TEST_CASE("dynamic prefill split: a long prompt computed in parts on three prefill ranks, each part's KV "
+          "streamed to the later parts layer by layer, gives the colocated tokens and logits") {
+  test::cluster_system t;
+  local_cluster_config cfg;
+  cfg.num_prefill_ranks = 3;
+  cfg.num_decode_ranks = 1;
+  cfg.executor.num_kv_pages = 64;
+  cfg.prefill.chunk_tokens = 64;
+  cfg.prefill_balancer.policy = "split";
+  cfg.prefill_balancer.split_min_tokens = 128;
+  auto cluster = start_local_cluster(t.sys, cfg);
+  test::cluster_system::stopper stop{t, cluster};
+  REQUIRE(t.wait_registered(cluster));
+  std::string text;
+  for (int i = 0; i < 399; ++i) text.push_back(static_cast<char>('a' + (i * 11) % 26));  // 400 tokens
+  generate_request req;
+  req.prompt = text;
+  req.max_tokens = 8;
+  req.return_logits = true;
+  req.ignore_eos = true;
+  auto got = t.generate(cluster.router, req);
+  REQUIRE_MESSAGE(got, t.sys.render(got.error()));
+  CHECK_MESSAGE(got->prefill_placement_why.rfind("split: 400 tokens into [0, ", 0) == 0, got->prefill_placement_why);
+  int ranks_with_part = 0;
+  for (const auto& r : cluster.prefill) {
+    const auto ev = t.events(r.handle);
+    ranks_with_part += std::any_of(ev.begin(), ev.end(), [](auto& e) { return e.kind == "split_part"; });
+  }
+  CHECK(ranks_with_part == 3);
+  auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
+  auto exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
+  const auto prompt = gpu::byte_tokenizer{cfg.model.bos_token_id, cfg.model.eos_token_id}.encode(text);
+  auto ref = gpu::generate_colocated(*exec, prompt, 8, 64, {}, true);
+  CHECK(got->tokens == ref.tokens);
+  REQUIRE(got->step_logits.size() == ref.step_logits.size());
+  for (size_t k = 0; k < ref.step_logits.size(); ++k) CHECK_MESSAGE(test::same_bits(got->step_logits[k], ref.step_logits[k]), "step " << k);
+  // A short prompt is not split.
+  req.prompt = "short";
+  auto small = t.generate(cluster.router, req);
+  REQUIRE(small);
+  CHECK(small->prefill_placement_why.rfind("split: not split", 0) == 0);
+  for (const auto& r : cluster.prefill) CHECK(t.stats(r.handle).num_running == 0);
 }
