@@ -25,6 +25,7 @@ struct decode_balancer_state {
   std::deque<parked_placement<decode_placement>> parked;
   uint64_t rr_cursor = 0;
   decision_log log;
+  store_info store;  ///< handed to decode ranks that join from other processes
   static inline const char* name = "baton.decode_balancer";
 };
 
@@ -89,8 +90,9 @@ std::optional<decode_placement> try_place(pointer self, const place_query& q) {
   return decode_placement{r.name, st.registry.ranks[*pick], why};
 }
 
-decode_balancer_actor::behavior_type decode_balancer_impl(pointer self, decode_balancer_config cfg) {
+decode_balancer_actor::behavior_type decode_balancer_impl(pointer self, decode_balancer_config cfg, store_info store) {
   auto& st = self->state;
+  st.store = std::move(store);
   st.policy = *policies::parse_decode_policy(cfg.policy);  // validated by the caller
   st.log.capacity = cfg.decision_log_size;
   st.cfg = std::move(cfg);
@@ -118,13 +120,14 @@ decode_balancer_actor::behavior_type decode_balancer_impl(pointer self, decode_b
       },
       [=](stats_atom) { return self->state.registry.loads; },
       [=](events_atom) { return self->state.log.snapshot(); },
+      [=](store_atom) { return self->state.store; },
   };
 }
 
 }  // namespace
 
-decode_balancer_actor spawn_decode_balancer(caf::actor_system& sys, decode_balancer_config cfg) {
-  return sys.spawn(decode_balancer_impl, std::move(cfg));
+decode_balancer_actor spawn_decode_balancer(caf::actor_system& sys, decode_balancer_config cfg, store_info store) {
+  return sys.spawn(decode_balancer_impl, std::move(cfg), std::move(store));
 }
 
 }  // namespace baton

@@ -15,6 +15,7 @@ namespace baton {
 /// ranks' reports plus the balancer's own placements since each rank's last report. Every
 /// decision is explained in the placement and kept in a bounded log (`events`). The config must
 /// validate.
-decode_balancer_actor spawn_decode_balancer(caf::actor_system& sys, decode_balancer_config cfg = {});
+decode_balancer_actor spawn_decode_balancer(caf::actor_system& sys, decode_balancer_config cfg = {},
+                                            store_info store = {});
 
 }  // namespace baton

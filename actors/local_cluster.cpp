@@ -83,7 +83,7 @@ local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_co
   out.prefill_balancer = spawn_prefill_balancer(sys, cfg.prefill_balancer);
   auto dbc = cfg.decode_balancer;
   dbc.page_size_tokens = cfg.executor.page_size_tokens;
-  out.decode_balancer = spawn_decode_balancer(sys, dbc);
+  out.decode_balancer = spawn_decode_balancer(sys, dbc, access.enabled() ? access.to_info() : store_info{});
   for (uint32_t i = 0; i < cfg.num_decode_ranks; ++i) {
     auto rc = cfg.decode;
     rc.name = cfg.decode.name + "-" + std::to_string(i);

@@ -44,6 +44,7 @@ using check_atom = caf::atom_constant<caf::atom("check")>;
 using commit_atom = caf::atom_constant<caf::atom("blk_commit")>;
 using delete_atom = caf::atom_constant<caf::atom("blk_delete")>;
 using io_atom = caf::atom_constant<caf::atom("io_done")>;
+using store_atom = caf::atom_constant<caf::atom("store")>;
 
 // --- errors ---------------------------------------------------------------------------------
 /// Baton's error codes (category atom "baton"). The context string of every error names the
@@ -422,6 +423,26 @@ using block_index_actor = caf::typed_actor<
     caf::reacts_to<std::vector<block_server_actor>>,            // the block servers (index = server id)
     caf::replies_to<stats_atom>::with<store_stats>>;
 
+/// How to use the cluster's block store, for ranks that join from other processes (`baton node`
+/// asks the decode balancer for it). No index: the store is off.
+struct store_info {
+  std::vector<block_index_actor> index;
+  std::vector<block_server_actor> servers;
+  std::string model_id;
+  uint32_t num_layers = 0, kv_dim = 0, block_tokens = 0, page_tokens = 0;
+  std::string dtype;
+  uint32_t replicas = 1;
+  uint32_t read_timeout_ms = 5000;
+  uint64_t max_pending_write_bytes = 0;
+  double chat_ttl_s = 0, agent_ttl_s = 0, batch_ttl_s = 0;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, store_info& x) {
+  return f(caf::meta::type_name("store_info"), x.index, x.servers, x.model_id, x.num_layers, x.kv_dim,
+           x.block_tokens, x.page_tokens, x.dtype, x.replicas, x.read_timeout_ms, x.max_pending_write_bytes,
+           x.chat_ttl_s, x.agent_ttl_s, x.batch_ttl_s);
+}
+
 // --- actor interfaces ---------------------------------------------------------------------------
 // Internal messages (executor completions, timers) are part of the interfaces because typed
 // actors can only message themselves through their own interface.
@@ -588,7 +609,8 @@ using decode_balancer_actor = caf::typed_actor<
     caf::replies_to<place_atom, place_query>::with<decode_placement>,
     caf::reacts_to<load_atom, rank_load, decode_rank_actor>,
     caf::replies_to<stats_atom>::with<std::vector<rank_load>>,
-    caf::replies_to<events_atom>::with<std::vector<placement_record>>>;
+    caf::replies_to<events_atom>::with<std::vector<placement_record>>,
+    caf::replies_to<store_atom>::with<store_info>>;              // the store, for ranks joining later
 
 using router_actor = caf::typed_actor<caf::replies_to<generate_atom, generate_request>::with<completion>>;
 

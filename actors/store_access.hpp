@@ -22,6 +22,23 @@ struct store_access {
 
   bool enabled() const { return !index.empty() && !servers.empty(); }
   uint32_t block_tokens() const { return identity.block_tokens; }
+
+  store_info to_info() const {
+    return {index, servers, identity.model_id, identity.num_layers, identity.kv_dim, identity.block_tokens,
+            identity.page_tokens, identity.dtype, replicas, read_timeout_ms, max_pending_write_bytes,
+            retention.chat_ttl_s, retention.agent_ttl_s, retention.batch_ttl_s};
+  }
+  static store_access from_info(const store_info& i) {
+    store_access a;
+    a.index = i.index;
+    a.servers = i.servers;
+    a.identity = {i.model_id, i.num_layers, i.kv_dim, i.block_tokens, i.page_tokens, i.dtype};
+    a.replicas = i.replicas;
+    a.read_timeout_ms = i.read_timeout_ms;
+    a.max_pending_write_bytes = i.max_pending_write_bytes;
+    a.retention = {i.chat_ttl_s, i.agent_ttl_s, i.batch_ttl_s};
+    return a;
+  }
 };
 
 }  // namespace baton

@@ -82,9 +82,18 @@ int run_node(const std::vector<std::string>& args) {
     return 1;
   }
   auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(model, weights_seed));
-  auto decode = spawn_decode_rank(sys, rank, gpu::make_cpu_executor(model, weights, exec_cfg), std::move(xport),
-                                  *balancer);
   caf::scoped_actor self{sys};
+  // The head's block store, if it runs one: this rank writes its finished sequences back to it
+  // through UCX, like the head's own ranks.
+  store_access store;
+  self->request(*balancer, std::chrono::seconds{10}, store_atom::value)
+      .receive([&](store_info& info) { store = store_access::from_info(info); },
+               [&](caf::error& e) {
+                 std::fprintf(stderr, "baton node %s: no store information from the head: %s\n", rank.name.c_str(),
+                              sys.render(e).c_str());
+               });
+  auto decode = spawn_decode_rank(sys, rank, gpu::make_cpu_executor(model, weights, exec_cfg), std::move(xport),
+                                  *balancer, store);
   self->monitor(*balancer);
   bool head_gone = false;
   while (!head_gone && !stop_requested()) {

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <thread>
 
 #include <caf/io/middleman.hpp>
@@ -14,6 +15,8 @@
 #include "gpu/local_generate.hpp"
 #include "tests/actors/cluster_fixture.hpp"
 #include "tests/test_util.hpp"
+
+#include <unistd.h>
 
 using namespace baton;
 
@@ -32,7 +35,7 @@ struct network_system {
   network_system() : sys(init(cfg)) {}
 };
 
-void run_across_processes(const char* ucx_tls) {
+void run_across_processes(const char* ucx_tls, bool with_store = false) {
   // UCX reads its configuration from the environment, in this process and in the child.
   setenv("UCX_TLS", ucx_tls, 1);
   network_system n;
@@ -42,6 +45,14 @@ void run_across_processes(const char* ucx_tls) {
   cfg.transport = "ucx";
   cfg.prefill.chunk_tokens = 16;
   cfg.executor.num_kv_pages = 64;
+  const std::string store_dir = "/tmp/baton-cross-store-" + std::to_string(::getpid());
+  if (with_store) {  // block servers here; the remote decode rank writes back to them over UCX
+    std::filesystem::remove_all(store_dir);
+    cfg.store.enabled = true;
+    cfg.store.dir = store_dir;
+    cfg.store.block_tokens = 16;
+    cfg.prefill.prefix_cache_blocks = 0;  // prefixes must come from the store, not this rank's pages
+  }
   auto cluster = start_local_cluster(n.sys, cfg);
   caf::scoped_actor self{n.sys};
   auto port = n.sys.middleman().publish(cluster.decode_balancer, 0, "127.0.0.1", true);
@@ -89,6 +100,30 @@ void run_across_processes(const char* ucx_tls) {
     CHECK(got->tokens == ref.tokens);
     CHECK(test::same_bits(got->step_logits, ref.step_logits));
   }
+  if (!with_store) return;
+  // The remote decode rank wrote the long prompt's blocks back across processes; wait for them,
+  // then the same prompt loads its prefix from the store and still gives the same output.
+  const std::string prompt = "a prompt long enough for three chunks of sixteen tokens";  // 57 tokens
+  for (int i = 0; i < 500; ++i) {
+    store_stats s;
+    self->request(cluster.store_index[0], std::chrono::seconds{5}, stats_atom::value)
+        .receive([&](store_stats& x) { s = x; }, [](caf::error&) {});
+    if (s.blocks >= 5) break;  // 1 block of the short prompt + 4 of the long one
+    std::this_thread::sleep_for(std::chrono::milliseconds{10});
+  }
+  generate_request req;
+  req.prompt = prompt;
+  req.max_tokens = 8;
+  req.return_logits = true;
+  caf::expected<completion> got{caf::error{}};
+  self->request(cluster.router, std::chrono::seconds{60}, generate_atom::value, req)
+      .receive([&](completion& c) { got = std::move(c); }, [&](caf::error& e) { got = std::move(e); });
+  REQUIRE_MESSAGE(got, n.sys.render(got.error()));
+  CHECK(got->cached_tokens == 48);
+  auto ref = gpu::generate_colocated(*exec, tok.encode(prompt), 8, cfg.prefill.chunk_tokens);
+  CHECK(got->tokens == ref.tokens);
+  CHECK(test::same_bits(got->step_logits, ref.step_logits));
+  std::filesystem::remove_all(store_dir);
 }
 
 }  // namespace
@@ -99,4 +134,9 @@ TEST_CASE("across processes over UCX shared memory: tokens and logits equal the 
 
 TEST_CASE("across processes over UCX TCP on 127.0.0.1: tokens and logits equal the colocated run") {
   run_across_processes("tcp");
+}
+
+TEST_CASE("across processes with the block store: a remote decode rank writes blocks back over UCX, the "
+          "next request loads them, same tokens and logits") {
+  run_across_processes("sm", true);
 }
