@@ -84,9 +84,15 @@ int run_local(const std::vector<std::string>& args) {
             "size each prefill chunk to this predicted time (0 = fixed --chunk-tokens)");
   flags.add("--profile", &opt.profile, "cost-model profile from `baton profile` (default: the built-in CPU one)");
   flags.add("--prefill-policy", &opt.cluster.prefill_balancer.policy,
-            "prefill placement: seed | least_loaded | round_robin | cache_affinity");
+            "prefill placement: seed | least_loaded | round_robin | cache_affinity | split");
   flags.add("--decode-policy", &opt.cluster.decode_balancer.policy, "decode placement: seed | least_loaded | round_robin");
   flags.add("--ranks-per-engine", &opt.cluster.prefill_balancer.ranks_per_engine, "prefill ranks per engine (DP group)");
+  flags.add("--split-min-tokens", &opt.cluster.prefill_balancer.split_min_tokens,
+            "--prefill-policy split: prompts with at least this many new tokens are split over ranks");
+  flags.add("--hybrid-below-tokens", &opt.cluster.router.request.hybrid_prefill_below_tokens,
+            "hybrid PD: prompts shorter than this are prefilled on their decode rank (0 = never)");
+  flags.add("--host-offload-pages", &opt.cluster.decode.host_offload_pages,
+            "decode ranks: host memory (in KV pages) for offloading sequences when pages run short");
   flags.add("--explain", &opt.explain, "print why each request was placed where it was");
   flags.add("--store-dir", &opt.cluster.store.dir,
             "enable the KV block store with its files here (prefixes are reused across requests)");
