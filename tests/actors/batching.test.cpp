@@ -38,6 +38,43 @@ std::vector<completion> collect_all(test::cluster_system& t, std::vector<Handle>
   return done;
 }
 
+/// Four placements of `new_tokens`-token prompts asked of the prefill balancer directly, without
+/// load reports in between; the ranks they went to, in order.
+std::vector<std::string> four_placements(test::cluster_system& t, caf::scoped_actor& self, const local_cluster& c,
+                                         uint32_t new_tokens) {
+  std::vector<std::string> placed;
+  for (uint64_t i = 0; i < 4; ++i)
+    self->request(c.prefill_balancer, std::chrono::seconds{10}, place_atom::value,
+                  place_query{100 + i, new_tokens, 0, new_tokens + 6})
+        .receive([&](prefill_placement& p) { placed.push_back(p.name); }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
+  return placed;
+}
+
+/// A streaming request that returns its logits and ignores <eos>, sent from `self`.
+auto send_request(caf::scoped_actor& self, const router_actor& router, const std::string& prompt, int32_t max_tokens) {
+  generate_request req;
+  req.prompt = prompt;
+  req.max_tokens = max_tokens;
+  req.return_logits = true;
+  req.ignore_eos = true;
+  return self->request(router, std::chrono::seconds{60}, generate_atom::value, std::move(req));
+}
+
+/// Each completion's tokens and logits equal its prompt run alone, colocated, chunks of 16.
+void check_colocated(const local_cluster_config& cfg, const std::vector<std::string>& prompts,
+                     const std::vector<completion>& done) {
+  auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
+    const auto prompt = gpu::byte_tokenizer{cfg.model.bos_token_id, cfg.model.eos_token_id}.encode(prompts[i]);
+    auto ref = gpu::generate_colocated(*exec, prompt, done[i].tokens.size(), 16, {}, true);
+    CHECK(done[i].tokens == ref.tokens);
+    REQUIRE(done[i].step_logits.size() == ref.step_logits.size());
+    for (size_t k = 0; k < ref.step_logits.size(); ++k)
+      CHECK_MESSAGE(test::same_bits(done[i].step_logits[k], ref.step_logits[k]), "request " << i << " step " << k);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("continuous batching: requests of different lengths share steps, one joins mid-stream, and every "
@@ -110,11 +147,7 @@ TEST_CASE("load spreads over 2 prefill and 2 decode ranks, and placement follows
   REQUIRE(t.wait_registered(cluster));
   // Placement alone, without reports in between: the balancer counts its own placements, so
   // consecutive prompts alternate between the two idle ranks.
-  std::vector<std::string> placed;
-  for (int i = 0; i < 4; ++i)
-    self->request(cluster.prefill_balancer, std::chrono::seconds{10}, place_atom::value,
-                  place_query{uint64_t{100} + i, 256u, 0u, 262u})
-        .receive([&](prefill_placement& p) { placed.push_back(p.name); }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
+  const auto placed = four_placements(t, self, cluster, 256);
   // Ranks register in whichever order they start; the placements alternate between the two.
   REQUIRE(placed.size() == 4);
   CHECK(placed[0] != placed[1]);
@@ -174,18 +207,14 @@ TEST_CASE("placement policies are chosen by name, and every decision is explaine
     test::cluster_system t;
     local_cluster_config cfg;
     cfg.executor.num_kv_pages = 128;
-    cfg.prefill_balancer.policy = policy == "least_loaded" ? "least_loaded" : policy;
+    cfg.prefill_balancer.policy = policy;
     cfg.decode_balancer.policy = policy;
     auto cluster = start_local_cluster(t.sys, cfg);
     test::cluster_system::stopper stop{t, cluster};
     caf::scoped_actor self{t.sys};
     REQUIRE(t.wait_registered(cluster));
     // Four placements without reports in between: each policy spreads them over both ranks.
-    std::vector<std::string> placed;
-    for (uint64_t i = 0; i < 4; ++i)
-      self->request(cluster.prefill_balancer, std::chrono::seconds{10}, place_atom::value,
-                    place_query{100 + i, 64, 0, 80})
-          .receive([&](prefill_placement& p) { placed.push_back(p.name); }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
+    const auto placed = four_placements(t, self, cluster, 64);
     // Ranks register in whichever order they start; the placements alternate between the two.
   REQUIRE(placed.size() == 4);
   CHECK(placed[0] != placed[1]);
@@ -222,12 +251,7 @@ TEST_CASE("hybrid PD: short prompts are prefilled on the decode rank in chunks r
   const auto& decode = cluster.decode[0].handle;
   caf::scoped_actor self{t.sys};
   auto send = [&](const std::string& prompt, int32_t max_tokens) {
-    generate_request req;
-    req.prompt = prompt;
-    req.max_tokens = max_tokens;
-    req.return_logits = true;
-    req.ignore_eos = true;
-    return self->request(cluster.router, std::chrono::seconds{60}, generate_atom::value, std::move(req));
+    return send_request(self, cluster.router, prompt, max_tokens);
   };
   const std::vector<std::string> prompts = {
       "a short one",                                                     // 12 tokens: hybrid
@@ -256,16 +280,7 @@ TEST_CASE("hybrid PD: short prompts are prefilled on the decode rank in chunks r
       CHECK(std::count(events[i - 1].batch_requests.begin(), events[i - 1].batch_requests.end(), done[0].request_id) == 1);
     }
   CHECK(chunks == std::vector<uint32_t>{0, 1, 2});
-  auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
-  for (size_t i = 0; i < 3; ++i) {
-    auto exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
-    const auto prompt = gpu::byte_tokenizer{cfg.model.bos_token_id, cfg.model.eos_token_id}.encode(prompts[i]);
-    auto ref = gpu::generate_colocated(*exec, prompt, done[i].tokens.size(), 16, {}, true);
-    CHECK(done[i].tokens == ref.tokens);
-    REQUIRE(done[i].step_logits.size() == ref.step_logits.size());
-    for (size_t k = 0; k < ref.step_logits.size(); ++k)
-      CHECK_MESSAGE(test::same_bits(done[i].step_logits[k], ref.step_logits[k]), "request " << i << " step " << k);
-  }
+  check_colocated(cfg, prompts, done);
   // Every lease was released: the decode rank's pages are all free again.
   CHECK(t.stats(decode).num_free_pages == cfg.executor.num_kv_pages);
 }
@@ -281,12 +296,7 @@ TEST_CASE("a decode rank short of pages offloads a running sequence to host memo
   const auto& decode = cluster.decode[0].handle;
   caf::scoped_actor self{t.sys};
   auto send = [&](const std::string& prompt, int32_t max_tokens) {
-    generate_request req;
-    req.prompt = prompt;
-    req.max_tokens = max_tokens;
-    req.return_logits = true;
-    req.ignore_eos = true;
-    return self->request(cluster.router, std::chrono::seconds{60}, generate_atom::value, std::move(req));
+    return send_request(self, cluster.router, prompt, max_tokens);
   };
   const std::string a_prompt(39, 'a');   // 40 tokens + 120 = 160: 10 of the 16 pages
   const std::string b_prompt(99, 'b');   // 100 tokens + 20 = 120: 8 pages, only 6 are free
@@ -305,17 +315,7 @@ TEST_CASE("a decode rank short of pages offloads a running sequence to host memo
     return std::find_if(events.begin(), events.end(), [&](auto& e) { return e.kind == kind; }) - events.begin();
   };
   CHECK(at("offload") < at("resume"));
-  auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
-  const std::vector<std::string> prompts = {a_prompt, b_prompt};
-  for (size_t i = 0; i < 2; ++i) {
-    auto exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
-    const auto prompt = gpu::byte_tokenizer{cfg.model.bos_token_id, cfg.model.eos_token_id}.encode(prompts[i]);
-    auto ref = gpu::generate_colocated(*exec, prompt, done[i].tokens.size(), 16, {}, true);
-    CHECK(done[i].tokens == ref.tokens);
-    REQUIRE(done[i].step_logits.size() == ref.step_logits.size());
-    for (size_t k = 0; k < ref.step_logits.size(); ++k)
-      CHECK_MESSAGE(test::same_bits(done[i].step_logits[k], ref.step_logits[k]), "request " << i << " step " << k);
-  }
+  check_colocated(cfg, {a_prompt, b_prompt}, done);
 }
 
 TEST_CASE("dynamic prefill split: a long prompt computed in parts on three prefill ranks, each part's KV "

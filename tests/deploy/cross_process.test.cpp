@@ -35,6 +35,18 @@ struct network_system {
   network_system() : sys(init(cfg)) {}
 };
 
+/// Asks the router for `prompt` (8 tokens, logits returned) and waits for the answer.
+caf::expected<completion> ask(caf::scoped_actor& self, const router_actor& router, const std::string& prompt) {
+  generate_request req;
+  req.prompt = prompt;
+  req.max_tokens = 8;
+  req.return_logits = true;
+  caf::expected<completion> got{caf::error{}};
+  self->request(router, std::chrono::seconds{60}, generate_atom::value, req)
+      .receive([&](completion& c) { got = std::move(c); }, [&](caf::error& e) { got = std::move(e); });
+  return got;
+}
+
 void run_across_processes(const char* ucx_tls, bool with_store = false) {
   // UCX reads its configuration from the environment, in this process and in the child.
   setenv("UCX_TLS", ucx_tls, 1);
@@ -87,13 +99,7 @@ void run_across_processes(const char* ucx_tls, bool with_store = false) {
   auto exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
   const gpu::byte_tokenizer tok{cfg.model.bos_token_id, cfg.model.eos_token_id};
   for (const std::string prompt : {"across two processes", "a prompt long enough for three chunks of sixteen tokens"}) {
-    generate_request req;
-    req.prompt = prompt;
-    req.max_tokens = 8;
-    req.return_logits = true;
-    caf::expected<completion> got{caf::error{}};
-    self->request(cluster.router, std::chrono::seconds{60}, generate_atom::value, req)
-        .receive([&](completion& c) { got = std::move(c); }, [&](caf::error& e) { got = std::move(e); });
+    auto got = ask(self, cluster.router, prompt);
     REQUIRE_MESSAGE(got, n.sys.render(got.error()));
     CHECK(got->decode_rank == "decode-remote");
     auto ref = gpu::generate_colocated(*exec, tok.encode(prompt), 8, cfg.prefill.chunk_tokens);
@@ -111,13 +117,7 @@ void run_across_processes(const char* ucx_tls, bool with_store = false) {
     if (s.blocks >= 5) break;  // 1 block of the short prompt + 4 of the long one
     std::this_thread::sleep_for(std::chrono::milliseconds{10});
   }
-  generate_request req;
-  req.prompt = prompt;
-  req.max_tokens = 8;
-  req.return_logits = true;
-  caf::expected<completion> got{caf::error{}};
-  self->request(cluster.router, std::chrono::seconds{60}, generate_atom::value, req)
-      .receive([&](completion& c) { got = std::move(c); }, [&](caf::error& e) { got = std::move(e); });
+  auto got = ask(self, cluster.router, prompt);
   REQUIRE_MESSAGE(got, n.sys.render(got.error()));
   CHECK(got->cached_tokens == 48);
   auto ref = gpu::generate_colocated(*exec, tok.encode(prompt), 8, cfg.prefill.chunk_tokens);
