@@ -16,4 +16,9 @@ export UCX_NET_DEVICES=lo
   .device/bin/baton_tests --test-case-exclude="across processes*" 2>&1 | tail -3
   echo "== CPU executor benchmark (host CPU of the GPU machine)"
   .device/bin/baton_bench_cpu --threads 4 --quick 2>&1
+  echo "== placement decision (16/256/1024 ranks) and store CHECK/read on the host"
+  .device/bin/baton_bench_placement --decisions 5001 2>&1
+  .device/bin/baton_bench_store --dir "$out" 2>&1
+  echo "== cost profile of the CPU executor, 4 threads"
+  .device/bin/baton profile --executor-threads 4 --repeats 1 --out "$out/cpu_profile_4threads.json" 2>&1 | tail -3
 } | tee "$out/device-check.txt"

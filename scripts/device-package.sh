@@ -6,7 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf .device && mkdir -p .device/bin .device/lib
-bins=(build/tests/baton_gpu_tests build/tests/baton_tests build/deploy/baton build/bench/baton_bench_cpu)
+bins=(build/tests/baton_gpu_tests build/tests/baton_tests build/deploy/baton build/bench/baton_bench_cpu
+      build/bench/baton_bench_placement build/bench/baton_bench_store)
 for b in "${bins[@]}"; do
   [ -x "$b" ] || { echo "device-package: $b missing (build with nvcc first)" >&2; exit 1; }
   cp "$b" .device/bin/
