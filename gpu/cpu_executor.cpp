@@ -1,5 +1,7 @@
 #include "gpu/cpu_executor.hpp"
 
+#include "gpu/hf_model.hpp"
+
 #include <cmath>
 #include <condition_variable>
 #include <deque>
@@ -49,7 +51,8 @@ public:
       weights_(std::move(weights)),
       kv_(kv_layout{cfg_.num_hidden_layers, ecfg.num_kv_pages, ecfg.page_size_tokens, cfg_.kv_dim()}),
       pool_(ecfg.num_threads),
-      num_threads_(ecfg.num_threads) {
+      num_threads_(ecfg.num_threads),
+      inv_freq_(rope_inv_freq(cfg_)) {
     thread_ = std::thread([this] { run_queue(); });
   }
 
@@ -138,9 +141,19 @@ private:
       matmul_nt(act_.hn.data(), n, h, lw.wq.data(), qd, act_.q.data(), &pool_);
       matmul_nt(act_.hn.data(), n, h, lw.wk.data(), kvd, act_.k.data(), &pool_);
       matmul_nt(act_.hn.data(), n, h, lw.wv.data(), kvd, act_.v.data(), &pool_);
+      if (!lw.bq.empty())  // Qwen2: biased q, k, v projections
+        for (size_t r = 0; r < n; ++r) {
+          add_inplace(act_.q.data() + r * qd, lw.bq.data(), qd);
+          add_inplace(act_.k.data() + r * kvd, lw.bk.data(), kvd);
+          add_inplace(act_.v.data() + r * kvd, lw.bv.data(), kvd);
+        }
+      if (!lw.q_norm.empty()) {  // Qwen3: each head of q and k RMS-normalised before RoPE
+        rmsnorm(act_.q.data(), lw.q_norm.data(), n * c.num_attention_heads, c.head_dim, c.rms_norm_eps, act_.q.data());
+        rmsnorm(act_.k.data(), lw.k_norm.data(), n * c.num_key_value_heads, c.head_dim, c.rms_norm_eps, act_.k.data());
+      }
       for (size_t r = 0; r < n; ++r) {
-        rope_apply(act_.q.data() + r * qd, c.num_attention_heads, c.head_dim, rows[r].pos, c.rope_theta);
-        rope_apply(act_.k.data() + r * kvd, c.num_key_value_heads, c.head_dim, rows[r].pos, c.rope_theta);
+        rope_apply(act_.q.data() + r * qd, c.num_attention_heads, c.head_dim, rows[r].pos, inv_freq_.data());
+        rope_apply(act_.k.data() + r * kvd, c.num_key_value_heads, c.head_dim, rows[r].pos, inv_freq_.data());
         const auto& pages = job.seqs[rows[r].seq].pages;
         const uint32_t ps = kv_.layout().page_size_tokens;
         const uint32_t page = pages[rows[r].pos / ps], slot = rows[r].pos % ps;
@@ -231,6 +244,7 @@ private:
   kv_cache kv_;
   thread_pool pool_;
   unsigned num_threads_;
+  std::vector<float> inv_freq_;  ///< RoPE inverse frequencies (scaled per the config), once
   activations act_;  ///< touched only by the queue thread (and the pool inside a job)
 
   std::mutex mutex_;

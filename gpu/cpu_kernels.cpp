@@ -1,6 +1,7 @@
 #include "gpu/cpu_kernels.hpp"
 
 #include <cmath>
+#include <vector>
 #include <cstring>
 
 #include "gpu/thread_pool.hpp"
@@ -104,11 +105,10 @@ void rmsnorm(const float* x, const float* weight, size_t rows, size_t dim, float
   }
 }
 
-void rope_apply(float* x, uint32_t num_heads, uint32_t head_dim, uint32_t pos, float theta) {
+void rope_apply(float* x, uint32_t num_heads, uint32_t head_dim, uint32_t pos, const float* inv_freq) {
   const uint32_t half = head_dim / 2;
   for (uint32_t i = 0; i < half; ++i) {
-    const float inv_freq = 1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
-    const float angle = static_cast<float>(pos) * inv_freq;
+    const float angle = static_cast<float>(pos) * inv_freq[i];
     const float c = std::cos(angle), s = std::sin(angle);
     for (uint32_t h = 0; h < num_heads; ++h) {
       float* v = x + h * head_dim;
@@ -117,6 +117,13 @@ void rope_apply(float* x, uint32_t num_heads, uint32_t head_dim, uint32_t pos, f
       v[i + half] = x2 * c + x1 * s;
     }
   }
+}
+
+void rope_apply(float* x, uint32_t num_heads, uint32_t head_dim, uint32_t pos, float theta) {
+  std::vector<float> inv_freq(head_dim / 2);
+  for (uint32_t i = 0; i < head_dim / 2; ++i)
+    inv_freq[i] = 1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
+  rope_apply(x, num_heads, head_dim, pos, inv_freq.data());
 }
 
 void swiglu(const float* gate, const float* up, size_t n, float* a) {

@@ -25,6 +25,9 @@ void rmsnorm(const float* x, const float* weight, size_t rows, size_t dim, float
 /// Rotary embedding in Hugging Face's rotate_half convention (pairs i and i + head_dim/2),
 /// applied in place to `num_heads` heads of one token at position `pos`.
 void rope_apply(float* x, uint32_t num_heads, uint32_t head_dim, uint32_t pos, float theta);
+/// The same with precomputed inverse frequencies (head_dim / 2 of them; see rope_inv_freq), which
+/// is how scaled RoPE (Llama 3) enters: identical arithmetic to the theta form when unscaled.
+void rope_apply(float* x, uint32_t num_heads, uint32_t head_dim, uint32_t pos, const float* inv_freq);
 
 /// a[i] = silu(gate[i]) · up[i]
 void swiglu(const float* gate, const float* up, size_t n, float* a);

@@ -22,6 +22,18 @@ struct model_config {
   bool tie_word_embeddings = false;  ///< the built-in model has its own LM head
   int32_t bos_token_id = 256;
   int32_t eos_token_id = 257;
+  // Family features (Hugging Face config.json): all off for the built-in model.
+  std::string architecture = "LlamaForCausalLM";
+  bool attention_bias = false;  ///< Qwen2: the q, k and v projections add a bias
+  bool qk_norm = false;         ///< Qwen3: RMSNorm over each head of q and k, before RoPE
+  /// Llama 3 RoPE scaling ("rope_type": "llama3"); empty type = none.
+  struct rope_scaling_t {
+    std::string type;
+    float factor = 1.0f;
+    float low_freq_factor = 1.0f;
+    float high_freq_factor = 4.0f;
+    uint32_t original_max_position_embeddings = 8192;
+  } rope_scaling;
 
   uint32_t q_dim() const { return num_attention_heads * head_dim; }
   uint32_t kv_dim() const { return num_key_value_heads * head_dim; }

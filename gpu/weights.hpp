@@ -19,6 +19,8 @@ struct layer_weights {
   std::vector<float> w_gate;     ///< [intermediate][hidden]
   std::vector<float> w_up;       ///< [intermediate][hidden]
   std::vector<float> w_down;     ///< [hidden][intermediate]
+  std::vector<float> bq, bk, bv;  ///< [q_dim], [kv_dim], [kv_dim]: empty unless attention_bias
+  std::vector<float> q_norm, k_norm;  ///< [head_dim]: empty unless qk_norm
 };
 
 struct model_weights {

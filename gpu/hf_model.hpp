@@ -1,0 +1,41 @@
+#pragma once
+
+// Loading a Hugging Face model directory: config.json (Llama, Mistral, Qwen2 and Qwen3 families),
+// *.safetensors (single or sharded; bf16, fp16, fp32; converted to fp32 once, at load), and
+// generation_config.json defaults. Each malformed input is refused with a sentence naming the file,
+// the field or tensor, and what is wrong.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gpu/model_config.hpp"
+#include "gpu/weights.hpp"
+
+namespace baton::gpu {
+
+/// generation_config.json: the model's sampling defaults (absent fields keep these values).
+struct generation_defaults {
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  uint32_t top_k = 0;
+  bool do_sample = false;
+  std::vector<int32_t> eos_token_ids;
+};
+
+struct hf_model {
+  model_config config;
+  std::shared_ptr<const model_weights> weights;
+  generation_defaults generation;
+};
+
+/// Parses config.json text into `out`; false and a sentence on failure. `source` names the file.
+bool parse_hf_config(const std::string& json_text, const std::string& source, model_config* out, std::string* why);
+
+/// Loads config.json, the weights and generation_config.json from `dir`.
+bool load_hf_model(const std::string& dir, hf_model* out, std::string* why);
+
+/// RoPE inverse frequencies for every pair of a head (head_dim / 2), with the config's scaling.
+std::vector<float> rope_inv_freq(const model_config& cfg);
+
+}  // namespace baton::gpu

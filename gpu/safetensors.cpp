@@ -1,0 +1,270 @@
+#include "gpu/safetensors.hpp"
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+namespace baton::gpu {
+
+namespace {
+
+uint32_t dtype_size(st_dtype d) { return d == st_dtype::f32 ? 4 : 2; }
+
+bool parse_dtype(const std::string& s, st_dtype* d) {
+  if (s == "F32") *d = st_dtype::f32;
+  else if (s == "F16") *d = st_dtype::f16;
+  else if (s == "BF16") *d = st_dtype::bf16;
+  else return false;
+  return true;
+}
+
+const char* dtype_name(st_dtype d) {
+  switch (d) {
+    case st_dtype::f32: return "F32";
+    case st_dtype::f16: return "F16";
+    case st_dtype::bf16: return "BF16";
+  }
+  return "?";
+}
+
+float half_to_float(uint16_t h) {
+  const uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1F, mant = h & 0x3FF;
+  uint32_t bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {  // subnormal: normalise
+      uint32_t e = 127 - 15 + 1, m = mant;
+      while (!(m & 0x400)) {
+        m <<= 1;
+        --e;
+      }
+      bits = sign | (e << 23) | ((m & 0x3FF) << 13);
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7F800000u | (mant << 13);
+  } else {
+    bits = sign | ((exp - 15 + 127) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+uint16_t float_to_bf16(float f) {  // round to nearest even (test writer only)
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  const uint32_t lsb = (b >> 16) & 1;
+  return static_cast<uint16_t>((b + 0x7FFF + lsb) >> 16);
+}
+
+uint16_t float_to_half(float f) {  // normal range only, round to nearest (test writer only)
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  const uint32_t sign = (b >> 16) & 0x8000;
+  const int32_t exp = static_cast<int32_t>((b >> 23) & 0xFF) - 127 + 15;
+  if (exp <= 0) return static_cast<uint16_t>(sign);
+  if (exp >= 31) return static_cast<uint16_t>(sign | 0x7C00);
+  const uint32_t mant = (b & 0x7FFFFF) + 0x1000;  // round
+  return static_cast<uint16_t>(sign | (static_cast<uint32_t>(exp) << 10) | (mant >> 13));
+}
+
+}  // namespace
+
+uint64_t st_tensor::elements() const {
+  uint64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
+safetensors_file::~safetensors_file() {
+  if (map_) ::munmap(map_, size_);
+}
+
+std::unique_ptr<safetensors_file> safetensors_file::open(const std::string& path, std::string* why) {
+  auto fail = [&](const std::string& s) -> std::unique_ptr<safetensors_file> {
+    *why = path + ": " + s;
+    return nullptr;
+  };
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return fail(std::strerror(errno));
+  struct stat sb {};
+  ::fstat(fd, &sb);
+  const auto size = static_cast<uint64_t>(sb.st_size);
+  if (size < 8) {
+    ::close(fd);
+    return fail("truncated: " + std::to_string(size) + " bytes, not even a header length");
+  }
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (map == MAP_FAILED) return fail(std::string{"cannot map: "} + std::strerror(errno));
+  std::unique_ptr<safetensors_file> f{new safetensors_file};
+  f->path_ = path;
+  f->map_ = map;
+  f->size_ = size;
+  const auto* base = static_cast<const std::byte*>(map);
+  uint64_t header_len = 0;
+  std::memcpy(&header_len, base, 8);  // little-endian on every platform Baton builds for
+  if (header_len > 100'000'000 || 8 + header_len > size)
+    return fail("header length " + std::to_string(header_len) + " does not fit the file (" + std::to_string(size) +
+                " bytes): truncated or not a safetensors file");
+  auto header = nlohmann::json::parse(reinterpret_cast<const char*>(base + 8),
+                                      reinterpret_cast<const char*>(base + 8 + header_len), nullptr, false);
+  if (header.is_discarded() || !header.is_object()) return fail("the header is not a JSON object");
+  const uint64_t data_size = size - 8 - header_len;
+  const auto* data = base + 8 + header_len;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    if (it.key() == "__metadata__") continue;
+    const auto& v = it.value();
+    const std::string name = it.key();
+    if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets") ||
+        !v["dtype"].is_string() || !v["shape"].is_array() || !v["data_offsets"].is_array() ||
+        v["data_offsets"].size() != 2)
+      return fail("tensor " + name + ": needs dtype, shape and two data_offsets");
+    st_tensor t;
+    if (!parse_dtype(v["dtype"].get<std::string>(), &t.dtype))
+      return fail("tensor " + name + ": dtype " + v["dtype"].get<std::string>() + " is not supported (F32, F16, BF16)");
+    for (const auto& d : v["shape"]) {
+      if (!d.is_number_unsigned()) return fail("tensor " + name + ": shape has a non-integer dimension");
+      t.shape.push_back(d.get<uint64_t>());
+    }
+    const auto& off = v["data_offsets"];
+    if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+      return fail("tensor " + name + ": data_offsets are not integers");
+    const uint64_t b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
+    if (b > e || e > data_size)
+      return fail("tensor " + name + ": bytes [" + std::to_string(b) + ", " + std::to_string(e) +
+                  ") lie outside the data (" + std::to_string(data_size) + " bytes): truncated file?");
+    if (e - b != t.elements() * dtype_size(t.dtype))
+      return fail("tensor " + name + ": " + std::to_string(e - b) + " bytes for " + std::to_string(t.elements()) +
+                  " " + dtype_name(t.dtype) + " values");
+    t.data = data + b;
+    t.bytes = e - b;
+    f->tensors_.emplace(name, t);
+  }
+  return f;
+}
+
+std::unique_ptr<safetensors_set> safetensors_set::open_dir(const std::string& dir, std::string* why) {
+  std::unique_ptr<safetensors_set> set{new safetensors_set};
+  const std::string single = dir + "/model.safetensors", index = dir + "/model.safetensors.index.json";
+  std::map<std::string, std::string> weight_map;  // tensor -> shard file
+  if (std::filesystem::exists(index)) {
+    std::ifstream in{index};
+    auto j = nlohmann::json::parse(in, nullptr, false);
+    if (j.is_discarded() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
+      *why = index + ": not a JSON object with a weight_map";
+      return nullptr;
+    }
+    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+      if (!it.value().is_string()) {
+        *why = index + ": weight_map entry " + it.key() + " is not a file name";
+        return nullptr;
+      }
+      const auto file = it.value().get<std::string>();
+      if (file.find('/') != std::string::npos || file.find("..") != std::string::npos) {
+        *why = index + ": shard name " + file + " leaves the model directory";
+        return nullptr;
+      }
+      weight_map[it.key()] = file;
+    }
+    std::map<std::string, size_t> opened;
+    for (const auto& [tensor, file] : weight_map) {
+      if (!opened.count(file)) {
+        auto f = safetensors_file::open(dir + "/" + file, why);
+        if (!f) return nullptr;
+        opened[file] = set->files_.size();
+        set->files_.push_back(std::move(f));
+      }
+      const auto& tensors = set->files_[opened[file]]->tensors();
+      auto t = tensors.find(tensor);
+      if (t == tensors.end()) {
+        *why = dir + "/" + file + ": the index maps tensor " + tensor + " here, but the shard does not hold it";
+        return nullptr;
+      }
+      set->by_name_[tensor] = &t->second;
+    }
+  } else if (std::filesystem::exists(single)) {
+    auto f = safetensors_file::open(single, why);
+    if (!f) return nullptr;
+    for (const auto& [name, t] : f->tensors()) set->by_name_[name] = &t;
+    set->files_.push_back(std::move(f));
+  } else {
+    *why = dir + ": neither model.safetensors nor model.safetensors.index.json";
+    return nullptr;
+  }
+  return set;
+}
+
+const st_tensor* safetensors_set::find(const std::string& name) const {
+  auto i = by_name_.find(name);
+  return i == by_name_.end() ? nullptr : i->second;
+}
+
+std::vector<std::string> safetensors_set::names() const {
+  std::vector<std::string> out;
+  for (const auto& [n, t] : by_name_) out.push_back(n);
+  return out;
+}
+
+std::vector<float> to_f32(const st_tensor& t) {
+  std::vector<float> out(t.elements());
+  switch (t.dtype) {
+    case st_dtype::f32: std::memcpy(out.data(), t.data, t.bytes); break;
+    case st_dtype::bf16:
+      for (size_t i = 0; i < out.size(); ++i) {
+        uint16_t h;
+        std::memcpy(&h, t.data + 2 * i, 2);
+        const uint32_t bits = uint32_t{h} << 16;
+        std::memcpy(&out[i], &bits, 4);
+      }
+      break;
+    case st_dtype::f16:
+      for (size_t i = 0; i < out.size(); ++i) {
+        uint16_t h;
+        std::memcpy(&h, t.data + 2 * i, 2);
+        out[i] = half_to_float(h);
+      }
+      break;
+  }
+  return out;
+}
+
+std::string write_safetensors(const std::string& path, const std::vector<st_write_tensor>& tensors) {
+  nlohmann::json header = nlohmann::json::object();
+  std::vector<unsigned char> data;
+  for (const auto& t : tensors) {
+    const uint64_t begin = data.size();
+    for (float v : t.values) {
+      if (t.dtype == st_dtype::f32) {
+        unsigned char b[4];
+        std::memcpy(b, &v, 4);
+        data.insert(data.end(), b, b + 4);
+      } else {
+        const uint16_t h = t.dtype == st_dtype::bf16 ? float_to_bf16(v) : float_to_half(v);
+        data.push_back(static_cast<unsigned char>(h & 0xFF));
+        data.push_back(static_cast<unsigned char>(h >> 8));
+      }
+    }
+    header[t.name] = {{"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {begin, data.size()}}};
+  }
+  header["__metadata__"] = {{"format", "pt"}};
+  const std::string h = header.dump();
+  std::ofstream out{path, std::ios::binary};
+  if (!out) return "cannot write " + path;
+  const uint64_t len = h.size();
+  out.write(reinterpret_cast<const char*>(&len), 8);
+  out.write(h.data(), static_cast<std::streamsize>(h.size()));
+  out.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size()));
+  return out ? std::string{} : "error while writing " + path;
+}
+
+}  // namespace baton::gpu
