@@ -9,6 +9,7 @@ packages=(
   libcaf-dev            # CAF 0.17.6: actors, io middleman
   libucx-dev ucx-utils  # UCX 1.13.1: KV transport between processes
   nlohmann-json3-dev    # configs, cluster specs, traces
+  libpcre2-dev          # tokenizer pre-split patterns (Unicode classes \p{L}, \p{N})
   doctest-dev           # unit tests
   libopenblas-dev       # sgemm ceiling in bench/ (the executor does not use it)
   procps                # ps/pkill used by the cluster scripts

@@ -1,0 +1,335 @@
+#include "gpu/bpe_tokenizer.hpp"
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include <nlohmann/json.hpp>
+
+namespace baton::gpu {
+
+namespace {
+
+using nlohmann::json;
+
+/// GPT-2's ByteLevel pre-tokenizer pattern (use_regex: true).
+const char* gpt2_pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+std::string utf8(uint32_t cp) {
+  std::string s;
+  if (cp < 0x80) {
+    s.push_back(static_cast<char>(cp));
+  } else if (cp < 0x800) {
+    s.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+    s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else {
+    s.push_back(static_cast<char>(0xE0 | (cp >> 12)));
+    s.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  }
+  return s;
+}
+
+/// Length of the UTF-8 sequence starting with byte b (1 for continuation or invalid bytes).
+size_t utf8_len(unsigned char b) {
+  if (b >= 0xF0) return 4;
+  if (b >= 0xE0) return 3;
+  if (b >= 0xC0) return 2;
+  return 1;
+}
+
+pcre2_code* compile(const std::string& pattern, std::string* why) {
+  int err = 0;
+  PCRE2_SIZE off = 0;
+  auto* re = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.c_str()), PCRE2_ZERO_TERMINATED,
+                           PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &off, nullptr);
+  if (!re) {
+    PCRE2_UCHAR msg[256];
+    pcre2_get_error_message(err, msg, sizeof msg);
+    *why = "split pattern does not compile at offset " + std::to_string(off) + ": " + reinterpret_cast<char*>(msg);
+    return nullptr;
+  }
+  pcre2_jit_compile(re, PCRE2_JIT_COMPLETE);  // best effort: the interpreter is used if JIT is unavailable
+  return re;
+}
+
+/// Splits every piece at the pattern's matches, keeping matches and the gaps between them
+/// (Hugging Face's Split with behavior "Isolated").
+std::vector<std::string> split_isolated(pcre2_code* re, const std::vector<std::string>& pieces) {
+  std::vector<std::string> out;
+  auto* md = pcre2_match_data_create_from_pattern(re, nullptr);
+  for (const auto& p : pieces) {
+    size_t at = 0, gap_start = 0;
+    while (at <= p.size()) {
+      const int rc = pcre2_match(re, reinterpret_cast<PCRE2_SPTR>(p.data()), p.size(), at, 0, md, nullptr);
+      if (rc < 0) break;
+      const auto* ov = pcre2_get_ovector_pointer(md);
+      const size_t b = ov[0], e = ov[1];
+      if (e == b) {  // empty match: step over one character
+        at = b + (b < p.size() ? utf8_len(static_cast<unsigned char>(p[b])) : 1);
+        continue;
+      }
+      if (b > gap_start) out.push_back(p.substr(gap_start, b - gap_start));
+      out.push_back(p.substr(b, e - b));
+      gap_start = at = e;
+    }
+    if (gap_start < p.size()) out.push_back(p.substr(gap_start));
+  }
+  pcre2_match_data_free(md);
+  return out;
+}
+
+}  // namespace
+
+bpe_tokenizer::~bpe_tokenizer() {
+  for (auto* p : patterns_) pcre2_code_free(static_cast<pcre2_code*>(p));
+}
+
+std::unique_ptr<bpe_tokenizer> bpe_tokenizer::load(const std::string& path, std::string* why) {
+  std::ifstream in{path};
+  if (!in) {
+    *why = path + ": cannot read it";
+    return nullptr;
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return from_json(ss.str(), path, why);
+}
+
+std::unique_ptr<bpe_tokenizer> bpe_tokenizer::from_json(const std::string& text, const std::string& source,
+                                                        std::string* why) {
+  auto fail = [&](const std::string& s) -> std::unique_ptr<bpe_tokenizer> {
+    *why = source + ": " + s;
+    return nullptr;
+  };
+  try {
+    auto j = json::parse(text, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) return fail("not a JSON object");
+    if (!j.contains("model") || !j["model"].is_object()) return fail("no \"model\"");
+    const auto& m = j["model"];
+    if (m.value("type", std::string{}) != "BPE") return fail("model type " + m.value("type", std::string{"?"}) + " is not supported (BPE is)");
+    if (m.value("byte_fallback", false)) return fail("byte_fallback BPE (SentencePiece-style) is not supported");
+    std::unique_ptr<bpe_tokenizer> t{new bpe_tokenizer};
+    t->ignore_merges_ = m.value("ignore_merges", false);
+    // GPT-2's reversible byte -> printable symbol map.
+    std::vector<int> bs;
+    for (int b = '!'; b <= '~'; ++b) bs.push_back(b);
+    for (int b = 0xA1; b <= 0xAC; ++b) bs.push_back(b);
+    for (int b = 0xAE; b <= 0xFF; ++b) bs.push_back(b);
+    std::vector<int> cs = bs;
+    int n = 0;
+    for (int b = 0; b < 256; ++b)
+      if (std::find(bs.begin(), bs.end(), b) == bs.end()) {
+        bs.push_back(b);
+        cs.push_back(256 + n++);
+      }
+    for (size_t i = 0; i < bs.size(); ++i) {
+      t->byte_to_symbol_[bs[i]] = utf8(static_cast<uint32_t>(cs[i]));
+      t->symbol_to_byte_[t->byte_to_symbol_[bs[i]]] = static_cast<uint8_t>(bs[i]);
+    }
+    if (!m.contains("vocab") || !m["vocab"].is_object()) return fail("model has no vocab");
+    for (auto it = m["vocab"].begin(); it != m["vocab"].end(); ++it) {
+      if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 || it.value().get<int64_t>() > (1 << 24))
+        return fail("vocab entry " + it.key() + " has no valid id");
+      const auto id = it.value().get<int32_t>();
+      t->vocab_[it.key()] = id;
+      if (static_cast<size_t>(id) >= t->id_to_token_.size()) t->id_to_token_.resize(id + 1);
+      t->id_to_token_[id] = it.key();
+    }
+    if (m.contains("merges") && m["merges"].is_array()) {
+      uint32_t rank = 0;
+      for (const auto& mg : m["merges"]) {
+        std::string pair;
+        if (mg.is_string()) pair = mg.get<std::string>();
+        else if (mg.is_array() && mg.size() == 2 && mg[0].is_string() && mg[1].is_string())
+          pair = mg[0].get<std::string>() + " " + mg[1].get<std::string>();
+        else return fail("merge " + std::to_string(rank) + " is neither \"a b\" nor [a, b]");
+        t->ranks_.emplace(pair, rank++);
+      }
+    }
+    if (j.contains("added_tokens") && j["added_tokens"].is_array())
+      for (const auto& a : j["added_tokens"]) {
+        if (!a.contains("id") || !a.contains("content") || !a["id"].is_number_integer() || !a["content"].is_string())
+          return fail("an added token needs an id and a content");
+        const auto id = a["id"].get<int32_t>();
+        t->added_.push_back({a["content"].get<std::string>(), id, a.value("special", false)});
+        if (static_cast<size_t>(id) >= t->id_to_token_.size()) t->id_to_token_.resize(id + 1);
+      }
+    std::sort(t->added_.begin(), t->added_.end(), [](auto& a, auto& b) { return a.content.size() > b.content.size(); });
+    t->is_special_.assign(t->id_to_token_.size(), false);
+    for (const auto& a : t->added_) t->is_special_[a.id] = a.special;
+    if (j.contains("normalizer") && !j["normalizer"].is_null()) {
+      // Inputs are taken as given: NFC normalisation (Qwen2) changes nothing for NFC text.
+      const auto type = j["normalizer"].value("type", std::string{});
+      if (type != "NFC") return fail("normalizer " + type + " is not supported (none or NFC)");
+    }
+    // The pre-tokenizer: ByteLevel, Split(Isolated) or a Sequence of them.
+    std::vector<json> steps;
+    if (j.contains("pre_tokenizer") && j["pre_tokenizer"].is_object()) {
+      const auto& p = j["pre_tokenizer"];
+      if (p.value("type", std::string{}) == "Sequence" && p.contains("pretokenizers"))
+        for (const auto& s : p["pretokenizers"]) steps.push_back(s);
+      else
+        steps.push_back(p);
+    }
+    bool byte_level = false;
+    for (const auto& s : steps) {
+      const auto type = s.value("type", std::string{});
+      std::string pattern;
+      if (type == "ByteLevel") {
+        byte_level = true;
+        t->add_prefix_space_ = s.value("add_prefix_space", false);
+        if (!s.value("use_regex", true)) continue;
+        pattern = gpt2_pattern;
+      } else if (type == "Split") {
+        if (s.value("behavior", std::string{}) != "Isolated" || s.value("invert", false))
+          return fail("Split pre-tokenizer behaviour " + s.value("behavior", std::string{"?"}) +
+                      " is not supported (Isolated is)");
+        if (!s.contains("pattern") || !s["pattern"].is_object()) return fail("Split pre-tokenizer has no pattern");
+        const auto& pat = s["pattern"];
+        if (pat.contains("Regex")) pattern = pat["Regex"].get<std::string>();
+        else if (pat.contains("String")) pattern = "\\Q" + pat["String"].get<std::string>() + "\\E";
+        else return fail("Split pattern is neither Regex nor String");
+      } else {
+        return fail("pre_tokenizer " + type + " is not supported (ByteLevel, Split, Sequence)");
+      }
+      std::string err;
+      auto* re = compile(pattern, &err);
+      if (!re) return fail(err);
+      t->patterns_.push_back(re);
+    }
+    if (!byte_level) return fail("not a byte-level BPE (no ByteLevel pre-tokenizer)");
+    return t;
+  } catch (const json::exception& e) {
+    return fail(e.what());
+  }
+}
+
+int32_t bpe_tokenizer::token_id(const std::string& content) const {
+  for (const auto& a : added_)
+    if (a.content == content) return a.id;
+  std::string sym;
+  for (unsigned char c : content) sym += byte_to_symbol_[c];
+  auto i = vocab_.find(sym);
+  return i == vocab_.end() ? -1 : i->second;
+}
+
+void bpe_tokenizer::encode_piece(const std::string& piece, std::vector<int32_t>* out) const {
+  std::vector<std::string> word;
+  std::string whole;
+  for (unsigned char c : piece) {
+    word.push_back(byte_to_symbol_[c]);
+    whole += byte_to_symbol_[c];
+  }
+  if (ignore_merges_)
+    if (auto i = vocab_.find(whole); i != vocab_.end()) {
+      out->push_back(i->second);
+      return;
+    }
+  while (word.size() > 1) {
+    uint32_t best = UINT32_MAX;
+    for (size_t i = 0; i + 1 < word.size(); ++i)
+      if (auto r = ranks_.find(word[i] + " " + word[i + 1]); r != ranks_.end()) best = std::min(best, r->second);
+    if (best == UINT32_MAX) break;
+    std::vector<std::string> merged;
+    for (size_t i = 0; i < word.size();) {
+      if (i + 1 < word.size()) {
+        auto r = ranks_.find(word[i] + " " + word[i + 1]);
+        if (r != ranks_.end() && r->second == best) {
+          merged.push_back(word[i] + word[i + 1]);
+          i += 2;
+          continue;
+        }
+      }
+      merged.push_back(word[i++]);
+    }
+    word = std::move(merged);
+  }
+  for (const auto& s : word)
+    if (auto i = vocab_.find(s); i != vocab_.end()) out->push_back(i->second);
+}
+
+void bpe_tokenizer::encode_plain(const std::string& text, std::vector<int32_t>* out) const {
+  if (text.empty()) return;
+  std::vector<std::string> pieces{add_prefix_space_ && text[0] != ' ' ? " " + text : text};
+  for (auto* p : patterns_) pieces = split_isolated(static_cast<pcre2_code*>(p), pieces);
+  for (const auto& p : pieces) encode_piece(p, out);
+}
+
+std::vector<int32_t> bpe_tokenizer::encode(const std::string& text) const {
+  std::vector<int32_t> out;
+  size_t at = 0;
+  while (at < text.size()) {
+    // The earliest added token at or after `at` (the longest one at a tie).
+    size_t best_pos = std::string::npos;
+    const added* best = nullptr;
+    for (const auto& a : added_) {
+      if (a.content.empty()) continue;
+      const size_t p = text.find(a.content, at);
+      if (p < best_pos) {
+        best_pos = p;
+        best = &a;
+      }
+    }
+    if (!best) {
+      encode_plain(text.substr(at), &out);
+      break;
+    }
+    encode_plain(text.substr(at, best_pos - at), &out);
+    out.push_back(best->id);
+    at = best_pos + best->content.size();
+  }
+  return out;
+}
+
+std::string bpe_tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special) const {
+  std::string out;
+  for (auto id : ids) {
+    if (id < 0 || static_cast<size_t>(id) >= id_to_token_.size()) continue;
+    if (is_special_[id]) {
+      if (skip_special) continue;
+    }
+    bool added_token = false;
+    for (const auto& a : added_)
+      if (a.id == id) {
+        out += a.content;
+        added_token = true;
+        break;
+      }
+    if (added_token) continue;
+    const auto& tok = id_to_token_[id];
+    for (size_t i = 0; i < tok.size();) {
+      const size_t len = utf8_len(static_cast<unsigned char>(tok[i]));
+      auto b = symbol_to_byte_.find(tok.substr(i, len));
+      if (b != symbol_to_byte_.end()) out.push_back(static_cast<char>(b->second));
+      i += len;
+    }
+  }
+  return out;
+}
+
+std::string bpe_tokenizer::stream::push(int32_t id) {
+  pending_ += t_.decode({id}, skip_);
+  // Emit the longest prefix that ends on a character boundary.
+  size_t i = 0, complete = 0;
+  while (i < pending_.size()) {
+    const size_t len = utf8_len(static_cast<unsigned char>(pending_[i]));
+    if (i + len > pending_.size()) break;
+    i += len;
+    complete = i;
+  }
+  std::string out = pending_.substr(0, complete);
+  pending_.erase(0, complete);
+  return out;
+}
+
+std::string bpe_tokenizer::stream::flush() {
+  std::string out;
+  out.swap(pending_);
+  return out;
+}
+
+}  // namespace baton::gpu
