@@ -1,11 +1,29 @@
 #include "gpu/sampling.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <numeric>
+#include <unordered_set>
 
 namespace baton::gpu {
 
-int32_t sample_token(const std::vector<float>& logits, const sampling_config& cfg, uint32_t position) {
-  if (logits.empty()) return -1;
+int32_t sample_token(const std::vector<float>& raw, const sampling_config& cfg, uint32_t position,
+                     const std::vector<int32_t>* history) {
+  if (raw.empty()) return -1;
+  const std::vector<float>* logits_ptr = &raw;
+  std::vector<float> penalised;
+  if (cfg.penalised() && history) {
+    penalised = raw;
+    std::unordered_set<int32_t> seen(history->begin(), history->end());
+    for (int32_t t : seen) {
+      if (t < 0 || static_cast<size_t>(t) >= penalised.size()) continue;
+      float& x = penalised[t];
+      if (cfg.repetition_penalty != 1.0f) x = x > 0 ? x / cfg.repetition_penalty : x * cfg.repetition_penalty;
+      x -= cfg.presence_penalty;
+    }
+    logits_ptr = &penalised;
+  }
+  const auto& logits = *logits_ptr;
   size_t best = 0;
   for (size_t i = 1; i < logits.size(); ++i)
     if (logits[i] > logits[best]) best = i;
@@ -16,18 +34,36 @@ int32_t sample_token(const std::vector<float>& logits, const sampling_config& cf
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   z ^= z >> 31;
   const double u = static_cast<double>(z >> 11) * (1.0 / 9007199254740992.0);
-  double total = 0.0;
   std::vector<double> p(logits.size());
-  for (size_t i = 0; i < logits.size(); ++i) {
+  for (size_t i = 0; i < logits.size(); ++i)
     p[i] = std::exp((static_cast<double>(logits[i]) - logits[best]) / cfg.temperature);
-    total += p[i];
+  // Candidates in a fixed order (probability, then id), so ties never depend on the sort.
+  std::vector<uint32_t> idx(p.size());
+  std::iota(idx.begin(), idx.end(), 0u);
+  const bool truncate = cfg.top_k > 0 || cfg.top_p < 1.0f;
+  if (truncate) {
+    std::stable_sort(idx.begin(), idx.end(), [&](uint32_t a, uint32_t b) { return p[a] > p[b]; });
+    if (cfg.top_k > 0 && cfg.top_k < idx.size()) idx.resize(cfg.top_k);
+    if (cfg.top_p < 1.0f) {
+      double total = 0.0;
+      for (auto i : idx) total += p[i];
+      double acc = 0.0;
+      size_t keep = 0;
+      while (keep < idx.size()) {
+        acc += p[idx[keep++]] / total;
+        if (acc >= cfg.top_p) break;
+      }
+      idx.resize(std::max<size_t>(1, keep));
+    }
   }
+  double total = 0.0;
+  for (auto i : idx) total += p[i];
   double acc = 0.0;
-  for (size_t i = 0; i < p.size(); ++i) {
+  for (auto i : idx) {
     acc += p[i] / total;
     if (u < acc) return static_cast<int32_t>(i);
   }
-  return static_cast<int32_t>(best);
+  return static_cast<int32_t>(idx.back());
 }
 
 }  // namespace baton::gpu

@@ -8,11 +8,19 @@ namespace baton::gpu {
 struct sampling_config {
   float temperature = 0.0f;  ///< 0 = greedy (argmax, lowest id on ties)
   uint64_t seed = 0;         ///< with temperature > 0: same seed, same tokens, on any rank
+  uint32_t top_k = 0;        ///< sample among the k most likely (0 = all)
+  float top_p = 1.0f;        ///< ... and within them the smallest set holding this much probability
+  float repetition_penalty = 1.0f;  ///< Hugging Face's: a seen token's logit divided (>0) or multiplied (<0)
+  float presence_penalty = 0.0f;    ///< OpenAI's: subtracted from a seen token's logit
+  bool penalised() const { return repetition_penalty != 1.0f || presence_penalty != 0.0f; }
 };
 
-/// Picks the token for position `position` of a sequence. The random draw depends only on
-/// (seed, position), never on which rank samples or what shares the batch, so a request sampled
-/// partly on a prefill rank and partly on a decode rank gets the same tokens as on one rank.
-int32_t sample_token(const std::vector<float>& logits, const sampling_config& cfg, uint32_t position);
+/// Picks the token for position `position` of a sequence; `history` is every token before it
+/// (prompt and output), needed only for the penalties. The random draw depends only on (seed,
+/// position), never on which rank samples or what shares the batch, so a request sampled partly
+/// on a prefill rank and partly on a decode rank gets the same tokens as on one rank.
+/// Order: penalties, then temperature, top-k, top-p, draw (greedy: penalties, then argmax).
+int32_t sample_token(const std::vector<float>& logits, const sampling_config& cfg, uint32_t position,
+                     const std::vector<int32_t>* history = nullptr);
 
 }  // namespace baton::gpu

@@ -1,0 +1,43 @@
+#pragma once
+
+// What the router needs from a model's tokenizer: prompt text to ids (with the model's leading
+// special tokens), ids back to text, and chat messages rendered through the model's chat
+// template. Two implementations: the built-in byte tokenizer, and a Hugging Face tokenizer.json
+// (byte-level BPE) with the chat template its directory names.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gpu/model_config.hpp"
+
+namespace baton::gpu {
+
+struct chat_message {
+  std::string role;  ///< system | user | assistant
+  std::string content;
+};
+
+class tokenizer {
+public:
+  virtual ~tokenizer() = default;
+  /// Ids of a prompt, starting with the model's begin-of-text token when it has one.
+  virtual std::vector<int32_t> encode_prompt(const std::string& text) const = 0;
+  /// Text of generated ids (special tokens left out).
+  virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
+  /// The chat as the model was trained to see it, ending where the assistant's answer starts;
+  /// false and a sentence when the model has no (supported) chat template.
+  virtual bool render_chat(const std::vector<chat_message>& messages, std::string* text, std::string* why) const = 0;
+  /// Short description for logs ("bytes", "bpe 771 tokens, chatml").
+  virtual std::string describe() const = 0;
+};
+
+/// The built-in model's tokenizer (one id per byte, <bos> first); no chat template.
+std::shared_ptr<const tokenizer> make_byte_tokenizer(const model_config& cfg);
+
+/// tokenizer.json (and tokenizer_config.json for the chat template: ChatML or Llama 3) of a
+/// model directory. nullptr and a sentence on failure.
+std::shared_ptr<const tokenizer> load_model_tokenizer(const std::string& dir, const model_config& cfg, std::string* why);
+
+}  // namespace baton::gpu
