@@ -4,6 +4,7 @@
 // units in the names, validate() returns an empty string or a sentence naming the bad field.
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "policies/cost_model.hpp"
@@ -11,6 +12,7 @@
 #include "policies/placement.hpp"
 #include "policies/prefill_placement.hpp"
 #include "store/block_index.hpp"
+#include "gpu/tokenizer.hpp"
 
 namespace baton {
 
@@ -167,6 +169,8 @@ struct request_config {
 
 struct router_config {
   request_config request;
+  /// The model's tokenizer; null: the built-in byte tokenizer for the cluster's model.
+  std::shared_ptr<const gpu::tokenizer> tokenizer;
   /// Upper bound on max_tokens per request; 0 = the model's context length.
   uint32_t max_new_tokens_limit = 0;
 };

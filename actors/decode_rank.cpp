@@ -306,9 +306,11 @@ void on_local_chunk_done(decode_pointer self, std::vector<float>* logits) {
   auto& l = li->second;
   l.expires_at = self->clock().now() + std::chrono::milliseconds{l.lease_ms};  // progress renews
   if (p.next_pos < p.order.tokens.size()) return;
-  const gpu::sampling_config sc{p.order.temperature, p.order.seed};
+  const gpu::sampling_config sc{p.order.temperature, p.order.seed, p.order.top_k, p.order.top_p,
+                                p.order.repetition_penalty, p.order.presence_penalty};
   const auto len = static_cast<uint32_t>(p.order.tokens.size());
-  prefill_result r{p.order.request_id, gpu::sample_token(*logits, sc, len), {}, st.cfg.name, p.queue_us};
+  prefill_result r{p.order.request_id, gpu::sample_token(*logits, sc, len, &p.order.tokens), {}, st.cfg.name,
+                   p.queue_us};
   if (p.order.return_logits) r.logits = std::move(*logits);
   std::fill(l.landed.begin(), l.landed.end(), true);
   l.num_landed = static_cast<uint32_t>(l.landed.size());
@@ -452,7 +454,7 @@ void finish_seq(decode_pointer self, uint64_t lease_id, const std::string& reaso
       st.batch.erase(s);
       break;
     }
-  if (st.store.enabled() && (reason == "eos" || reason == "length") && !i->second.order.prompt_tokens.empty())
+  if (st.store.enabled() && (reason == "eos" || reason == "length") && i->second.order.write_back)
     write_back(self, i->second);
   i->second.promise.deliver(decode_summary{i->second.request_id, generated, reason, i->second.queue_us});
   free_lease(self, lease_id);
@@ -476,8 +478,14 @@ void on_step_done(decode_pointer self, std::vector<std::vector<float>>& logits) 
       continue;
     }
     l.fed.push_back(s->next_input);  // its KV is now at position s->pos
-    const gpu::sampling_config sc{l.order.temperature, l.order.seed};
-    const int32_t tok = gpu::sample_token(logits[row], sc, s->pos + 1);
+    const gpu::sampling_config sc{l.order.temperature, l.order.seed, l.order.top_k, l.order.top_p,
+                                  l.order.repetition_penalty, l.order.presence_penalty};
+    std::vector<int32_t> history;
+    if (sc.penalised()) {  // every token before the one sampled: prompt, then what was fed
+      history = l.order.prompt_tokens;
+      history.insert(history.end(), l.fed.begin(), l.fed.end());
+    }
+    const int32_t tok = gpu::sample_token(logits[row], sc, s->pos + 1, sc.penalised() ? &history : nullptr);
     ++s->num_generated;
     token_event ev{l.request_id, s->num_generated, tok, {}};
     if (l.order.return_logits) ev.logits = std::move(logits[row]);

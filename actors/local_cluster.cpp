@@ -34,7 +34,8 @@ std::string local_cluster_config::validate() const {
 local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_config& cfg,
                                   executor_factory make_executor, transport_wrapper wrap) {
   if (!make_executor) {
-    auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
+    auto weights = cfg.weights ? cfg.weights
+                               : std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
     make_executor = [weights, &cfg](const std::string&) -> std::shared_ptr<gpu::executor> {
       return gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
     };
@@ -96,7 +97,9 @@ local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_co
     out.prefill.push_back({rc.name, spawn_prefill_rank(sys, rc, make_executor(rc.name), make_transport(rc.name),
                                                              out.prefill_balancer, access)});
   }
-  out.router = spawn_router(sys, cfg.router, cfg.model, out.prefill_balancer, out.decode_balancer, access);
+  auto rc = cfg.router;
+  if (!rc.tokenizer) rc.tokenizer = gpu::make_byte_tokenizer(cfg.model);
+  out.router = spawn_router(sys, rc, cfg.model, out.prefill_balancer, out.decode_balancer, access);
   return out;
 }
 

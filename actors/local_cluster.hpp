@@ -25,6 +25,8 @@ namespace baton {
 struct local_cluster_config {
   gpu::model_config model = gpu::builtin_tiny_config();
   uint64_t weights_seed = 20261130;
+  /// Weights loaded from a model directory; null: the built-in model's, drawn from weights_seed.
+  std::shared_ptr<const gpu::model_weights> weights;
   uint32_t num_prefill_ranks = 2;
   uint32_t num_decode_ranks = 2;
   std::string transport = "loopback";  ///< KV handoff backend: loopback (in-process memcpy) or ucx

@@ -41,7 +41,9 @@ std::string where(uint64_t request_id, const std::string& rank, const std::strin
 }
 
 void register_message_types(caf::actor_system_config& cfg) {
-  cfg.add_message_type<generate_request>("baton::generate_request")
+  cfg.add_message_type<chat_turn>("baton::chat_turn")
+      .add_message_type<std::vector<chat_turn>>("std::vector<baton::chat_turn>")
+      .add_message_type<generate_request>("baton::generate_request")
       .add_message_type<completion>("baton::completion")
       .add_message_type<kv_lease_reserve>("baton::kv_lease_reserve")
       .add_message_type<kv_region_desc>("baton::kv_region_desc")

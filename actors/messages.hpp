@@ -66,6 +66,16 @@ caf::error make_error(errc code, std::string context);
 std::string where(uint64_t request_id, const std::string& rank, const std::string& stage);
 
 // --- client-facing ----------------------------------------------------------------------------
+/// One message of a chat request.
+struct chat_turn {
+  std::string role;  ///< system | user | assistant
+  std::string content;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, chat_turn& x) {
+  return f(caf::meta::type_name("chat_turn"), x.role, x.content);
+}
+
 struct generate_request {
   std::string prompt;                  ///< text, tokenized by the router; or ...
   std::vector<int32_t> prompt_tokens;  ///< ... token ids (give one of the two)
@@ -76,11 +86,19 @@ struct generate_request {
   bool ignore_eos = false;             ///< generate max_tokens even past <eos> (benchmarks)
   std::string traffic_class = "chat";  ///< chat | agent | batch: store retention later
   std::string priority = "interactive";
+  std::vector<chat_turn> messages;     ///< a chat instead of a prompt: rendered by the model's template
+  uint32_t top_k = 0;                  ///< 0 = off
+  float top_p = 1.0f;                  ///< 1 = off
+  float repetition_penalty = 1.0f;     ///< 1 = off
+  float presence_penalty = 0.0f;       ///< 0 = off
+  std::vector<std::string> stop;       ///< generation ends when the text contains one (it is cut off)
+  std::vector<int32_t> stop_token_ids; ///< ... or when one of these tokens is generated
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, generate_request& x) {
   return f(caf::meta::type_name("generate_request"), x.prompt, x.prompt_tokens, x.max_tokens, x.temperature,
-           x.seed, x.return_logits, x.ignore_eos, x.traffic_class, x.priority);
+           x.seed, x.return_logits, x.ignore_eos, x.traffic_class, x.priority, x.messages, x.top_k, x.top_p,
+           x.repetition_penalty, x.presence_penalty, x.stop, x.stop_token_ids);
 }
 
 struct completion {
@@ -464,15 +482,21 @@ struct decode_order {
   bool ignore_eos = false;
   request_actor stream_to;       ///< receives one token_event per step
   // Write-back to the block store when the sequence finishes (empty prompt_tokens: none).
-  std::vector<int32_t> prompt_tokens;
+  std::vector<int32_t> prompt_tokens;  ///< for write-back and for the penalties' history
   std::string traffic_class;     ///< retention class of the written blocks
   uint32_t cached_blocks = 0;    ///< leading blocks that came from the store (not written again)
+  bool write_back = false;       ///< write the finished sequence's blocks to the store
+  uint32_t top_k = 0;
+  float top_p = 1.0f;
+  float repetition_penalty = 1.0f;
+  float presence_penalty = 0.0f;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, decode_order& x) {
   return f(caf::meta::type_name("decode_order"), x.request_id, x.lease_id, x.first_token, x.prompt_len,
            x.max_new_tokens, x.temperature, x.seed, x.return_logits, x.ignore_eos, x.stream_to, x.prompt_tokens,
-           x.traffic_class, x.cached_blocks);
+           x.traffic_class, x.cached_blocks, x.write_back, x.top_k, x.top_p, x.repetition_penalty,
+           x.presence_penalty);
 }
 
 struct prefill_order;
@@ -512,12 +536,16 @@ struct prefill_order {
   uint32_t part_index = 0;
   std::vector<uint32_t> part_bounds;
   std::vector<caf::actor> part_ranks;
+  uint32_t top_k = 0;
+  float top_p = 1.0f;
+  float repetition_penalty = 1.0f;
+  float presence_penalty = 0.0f;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, prefill_order& x) {
   return f(caf::meta::type_name("prefill_order"), x.request_id, x.tokens, x.temperature, x.seed,
            x.return_logits, x.batch_priority, x.grant, x.decode, x.prefix, x.block_tokens, x.part_index,
-           x.part_bounds, x.part_ranks);
+           x.part_bounds, x.part_ranks, x.top_k, x.top_p, x.repetition_penalty, x.presence_penalty);
 }
 
 /// Split prefill: a later part's rank tells an earlier part's rank where its pages are.

@@ -936,8 +936,10 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
         ++r.chunks_done;
         r.tokens_left -= std::min<uint64_t>(r.tokens_left, cj->tokens);
         if (r.chunks_done == r.num_chunks && !logits.empty() && !logits[0].empty()) {
-          gpu::sampling_config sc{r.order.temperature, r.order.seed};
-          r.first_token = gpu::sample_token(logits[0], sc, static_cast<uint32_t>(r.order.tokens.size()));
+          const gpu::sampling_config sc{r.order.temperature, r.order.seed, r.order.top_k, r.order.top_p,
+                                        r.order.repetition_penalty, r.order.presence_penalty};
+          r.first_token =
+              gpu::sample_token(logits[0], sc, static_cast<uint32_t>(r.order.tokens.size()), &r.order.tokens);
           if (r.order.return_logits) r.logits = std::move(logits[0]);
           r.have_logits = true;
         }

@@ -2,6 +2,8 @@
 
 #include "actors/block_index.hpp"
 
+#include <algorithm>
+
 #include <caf/actor_system.hpp>
 #include <caf/sec.hpp>
 #include <caf/stateful_actor.hpp>
@@ -30,6 +32,7 @@ struct request_state {
   uint64_t lease_id = 0;   ///< 0 = none held
   uint64_t watch_seq = 0;  ///< the token watchdog only acts on its latest arming
   bool hybrid = false;     ///< hybrid PD: the decode rank prefills the prompt itself
+  bool stopped = false;    ///< a stop token or string ended generation (out.text already cut)
   prefill_placement split; ///< dynamic prefill split: the parts' ranks and bounds (none: no split)
   std::vector<block_ref> prefix;  ///< CHECK: the cached leading blocks and their servers
   std::vector<uint64_t> block_keys;  ///< the prompt's full blocks' keys (hi, lo), store on
@@ -52,6 +55,11 @@ int64_t lap(request_pointer self) {
   return us;
 }
 
+std::string decode_text(const request_state& st) {
+  if (st.plan.tokenizer) return st.plan.tokenizer->decode(st.out.tokens);
+  return gpu::byte_tokenizer{-1, -1}.decode(st.out.tokens);
+}
+
 void answer(request_pointer self, caf::error err) {
   auto& st = self->state;
   if (st.answered) return;
@@ -61,7 +69,7 @@ void answer(request_pointer self, caf::error err) {
   if (err)
     st.promise.deliver(std::move(err));
   else {
-    st.out.text = gpu::byte_tokenizer{-1, -1}.decode(st.out.tokens);
+    if (!st.stopped) st.out.text = decode_text(st);
     st.promise.deliver(std::move(st.out));
   }
   self->quit();
@@ -86,6 +94,24 @@ void arm_watchdog(request_pointer self) {
   auto& st = self->state;
   self->delayed_send(self, std::chrono::milliseconds{st.plan.cfg.token_timeout_ms}, watchdog_atom::value,
                      ++st.watch_seq);
+}
+
+/// Stop conditions of the request: a stop token, or a stop string in the text so far (the text
+/// is cut before it). True when generation should end here.
+bool hits_stop(request_state& st, int32_t token) {
+  const auto& p = st.plan.params;
+  if (std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) != p.stop_token_ids.end()) {
+    st.out.text = decode_text(st);
+    return true;
+  }
+  if (p.stop.empty()) return false;
+  auto text = decode_text(st);
+  size_t cut = std::string::npos;
+  for (const auto& s : p.stop)
+    if (!s.empty()) cut = std::min(cut, text.find(s));
+  if (cut == std::string::npos) return false;
+  st.out.text = text.substr(0, cut);
+  return true;
 }
 
 void record_token(request_pointer self, int32_t token, std::vector<float> logits) {
@@ -120,8 +146,14 @@ void start_decode(request_pointer self) {
       order.prompt_tokens = p.prompt_tokens;
       order.traffic_class = p.params.traffic_class;
       order.cached_blocks = st.cached_blocks;
+      order.write_back = true;
     }
   }
+  order.top_k = p.params.top_k;
+  order.top_p = p.params.top_p;
+  order.repetition_penalty = p.params.repetition_penalty;
+  order.presence_penalty = p.params.presence_penalty;
+  if (order.repetition_penalty != 1.0f || order.presence_penalty != 0.0f) order.prompt_tokens = p.prompt_tokens;
   arm_watchdog(self);
   // No deadline on the whole generation: the watchdog bounds each token instead.
   self->request(st.decode, caf::infinite, std::move(order))
@@ -146,8 +178,9 @@ void on_prefill_result(request_pointer self, prefill_result& r) {
   if (st.plan.store.enabled()) st.cached_blocks = r.cached_tokens / st.plan.store.block_tokens();
   record_token(self, r.first_token, std::move(r.logits));
   const bool eos = r.first_token == st.plan.eos_token_id && !st.plan.params.ignore_eos;
-  if (eos || st.plan.params.max_tokens == 1) {
-    st.out.finish_reason = eos ? "eos" : "length";
+  st.stopped = hits_stop(st, r.first_token);
+  if (eos || st.stopped || st.plan.params.max_tokens == 1) {
+    st.out.finish_reason = st.stopped ? "stop" : eos ? "eos" : "length";
     answer(self, caf::error{});  // releases the unused lease
     return;
   }
@@ -192,6 +225,10 @@ void start_prefill(request_pointer self, kv_lease_grant grant) {
     order.prefix = st.prefix;
     order.block_tokens = p.store.block_tokens();
   }
+  order.top_k = p.params.top_k;
+  order.top_p = p.params.top_p;
+  order.repetition_penalty = p.params.repetition_penalty;
+  order.presence_penalty = p.params.presence_penalty;
   if (!st.hybrid && st.split.part_ranks.size() > 1) return start_split_prefill(self, std::move(order));
   auto pending = st.hybrid ? self->request(st.decode, std::chrono::milliseconds{p.cfg.prefill_timeout_ms}, std::move(order))
                            : self->request(st.prefill, std::chrono::milliseconds{p.cfg.prefill_timeout_ms}, std::move(order));
@@ -336,8 +373,16 @@ request_actor::behavior_type request_impl(request_pointer self, request_plan pla
         return st.promise;
       },
       [=](token_event& ev) {
-        if (self->state.answered) return;
+        auto& st = self->state;
+        if (st.answered) return;
         record_token(self, ev.token, std::move(ev.logits));
+        if (hits_stop(st, ev.token)) {
+          // Done here: the lease is released, the decode rank drops the sequence at its next step.
+          st.stopped = true;
+          st.out.finish_reason = "stop";
+          answer(self, caf::error{});
+          return;
+        }
         arm_watchdog(self);
       },
       [=](watchdog_atom, uint64_t seq) {

@@ -1,11 +1,13 @@
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "actors/config.hpp"
 #include "actors/messages.hpp"
 #include "actors/store_access.hpp"
+#include "gpu/tokenizer.hpp"
 
 namespace caf {
 class actor_system;
@@ -23,6 +25,7 @@ struct request_plan {
   int32_t eos_token_id = -1;
   request_config cfg;
   store_access store;  ///< off by default: no CHECK, no prefix loading, no write-back
+  std::shared_ptr<const gpu::tokenizer> tokenizer;  ///< decodes the completion's text (null: bytes)
 };
 
 /// One request's state machine. It answers `run` exactly once: with the completion, or with an

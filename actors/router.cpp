@@ -12,9 +12,18 @@
 namespace baton {
 
 std::string tokenize_and_validate(const generate_request& req, const gpu::model_config& model,
-                                  uint32_t max_new_tokens_limit, std::vector<int32_t>* tokens) {
-  if (!req.prompt.empty() && !req.prompt_tokens.empty()) return "give either prompt or prompt_tokens, not both";
-  if (req.prompt.empty() && req.prompt_tokens.empty()) return "prompt is empty";
+                                  uint32_t max_new_tokens_limit, std::vector<int32_t>* tokens,
+                                  const gpu::tokenizer* tokenizer) {
+  const int given = !req.prompt.empty() + !req.prompt_tokens.empty() + !req.messages.empty();
+  if (given > 1) return "give one of prompt, prompt_tokens or messages, not several";
+  if (given == 0) return "prompt is empty";
+  if (req.top_p <= 0.0f || req.top_p > 1.0f || !std::isfinite(req.top_p))
+    return "top_p must be in (0, 1], got " + std::to_string(req.top_p);
+  if (req.repetition_penalty <= 0.0f || !std::isfinite(req.repetition_penalty))
+    return "repetition_penalty must be > 0, got " + std::to_string(req.repetition_penalty);
+  if (!std::isfinite(req.presence_penalty) || std::abs(req.presence_penalty) > 100.0f)
+    return "presence_penalty must be a finite number in [-100, 100], got " + std::to_string(req.presence_penalty);
+  if (req.stop.size() > 16) return "at most 16 stop strings";
   const uint32_t ctx = model.max_position_embeddings;
   const uint32_t limit = max_new_tokens_limit ? std::min(max_new_tokens_limit, ctx) : ctx;
   if (req.max_tokens <= 0) return "max_tokens must be >= 1, got " + std::to_string(req.max_tokens);
@@ -34,6 +43,15 @@ std::string tokenize_and_validate(const generate_request& req, const gpu::model_
                " is outside the vocabulary [0, " + std::to_string(model.vocab_size) + ")";
     }
     *tokens = req.prompt_tokens;
+  } else if (!req.messages.empty()) {
+    if (!tokenizer) return "messages need the model's chat template; this router has none";
+    std::vector<gpu::chat_message> chat;
+    for (const auto& m : req.messages) chat.push_back({m.role, m.content});
+    std::string text, why;
+    if (!tokenizer->render_chat(chat, &text, &why)) return why;
+    *tokens = tokenizer->encode_prompt(text);
+  } else if (tokenizer) {
+    *tokens = tokenizer->encode_prompt(req.prompt);
   } else {
     *tokens = gpu::byte_tokenizer{model.bos_token_id, model.eos_token_id}.encode(req.prompt);
   }
@@ -71,10 +89,12 @@ router_actor::behavior_type router_impl(router_pointer self, router_config cfg, 
         auto& s = self->state;
         const uint64_t id = ++s.last_request;
         std::vector<int32_t> tokens;
-        if (auto why = tokenize_and_validate(req, s.model, s.cfg.max_new_tokens_limit, &tokens); !why.empty())
+        if (auto why = tokenize_and_validate(req, s.model, s.cfg.max_new_tokens_limit, &tokens, s.cfg.tokenizer.get());
+            !why.empty())
           return make_error(errc::bad_request, where(id, "", "admission") + ": " + why);
         auto r = spawn_request(self->system(), request_plan{id, std::move(tokens), std::move(req), s.prefill,
-                                                            s.decode, s.model.eos_token_id, s.cfg.request, s.store});
+                                                            s.decode, s.model.eos_token_id, s.cfg.request, s.store,
+                                                            s.cfg.tokenizer});
         return self->delegate(r, run_atom::value);
       },
   };

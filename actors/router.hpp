@@ -22,6 +22,7 @@ router_actor spawn_router(caf::actor_system& sys, router_config cfg, gpu::model_
 
 /// The router's input checks, exposed for tests: fills `tokens` or returns why not.
 std::string tokenize_and_validate(const generate_request& req, const gpu::model_config& model,
-                                  uint32_t max_new_tokens_limit, std::vector<int32_t>* tokens);
+                                  uint32_t max_new_tokens_limit, std::vector<int32_t>* tokens,
+                                  const gpu::tokenizer* tokenizer = nullptr);
 
 }  // namespace baton

@@ -53,8 +53,10 @@ colocated_generation generate_colocated(executor& exec, const std::vector<int32_
     last = std::move(r.logits[0]);
   }
   uint32_t pos = static_cast<uint32_t>(prompt.size());
+  std::vector<int32_t> history = prompt;  // for the penalties: every token before the one sampled
   while (out.error.empty() && out.tokens.size() < max_new_tokens) {
-    const int32_t tok = sample_token(last, sampling, pos);
+    const int32_t tok = sample_token(last, sampling, pos, &history);
+    history.push_back(tok);
     out.tokens.push_back(tok);
     out.step_logits.push_back(last);
     if ((tok == exec.config().eos_token_id && !ignore_eos) || out.tokens.size() == max_new_tokens) break;

@@ -185,11 +185,21 @@ TEST_CASE("bad input gets a clear error naming the problem, and the cluster keep
   generate_request both;
   both.prompt = "a";
   both.prompt_tokens = {1};
-  expect_bad(both, "not both");
+  expect_bad(both, "give one of prompt, prompt_tokens or messages, not several");
   generate_request hot;
   hot.prompt = "a";
   hot.temperature = -1.0f;
   expect_bad(hot, "temperature must be");
+  generate_request sampling;
+  sampling.prompt = "a";
+  sampling.top_p = 0.0f;
+  expect_bad(sampling, "top_p must be in (0, 1], got 0");
+  sampling.top_p = 1.0f;
+  sampling.repetition_penalty = -2.0f;
+  expect_bad(sampling, "repetition_penalty must be > 0");
+  generate_request chat;
+  chat.messages = {{"user", "hello"}};
+  expect_bad(chat, "the built-in byte model has no chat template");
 
   generate_request good;
   good.prompt = "still serving?";
@@ -309,4 +319,61 @@ TEST_CASE("a delayed layer only delays: tokens still equal the colocated run") {
   auto got = f.t.generate(f.cluster.router, req);
   REQUIRE(got);
   CHECK(got->tokens == colocated(f.cfg, encode(f.cfg, prompts[1]), 6).tokens);
+}
+
+TEST_CASE("top-k, top-p and penalties sample the same tokens disaggregated as colocated; stop tokens and strings "
+          "end generation early") {
+  test::cluster_system t;
+  auto cfg = small_cluster();
+  auto cluster = start_local_cluster(t.sys, cfg);
+  test::cluster_system::stopper stop{t, cluster};
+  const std::string prompt = "sampling with every knob turned";
+  generate_request req;
+  req.prompt = prompt;
+  req.max_tokens = 16;
+  req.temperature = 0.9f;
+  req.seed = 11;
+  req.top_k = 20;
+  req.top_p = 0.9f;
+  req.repetition_penalty = 1.3f;
+  req.presence_penalty = 0.4f;
+  req.ignore_eos = true;
+  auto got = t.generate(cluster.router, req);
+  REQUIRE_MESSAGE(got, t.sys.render(got.error()));
+  const gpu::sampling_config sc{0.9f, 11, 20, 0.9f, 1.3f, 0.4f};
+  auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
+  auto exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
+  auto ref = gpu::generate_colocated(*exec, encode(cfg, prompt), 16, chunk_tokens, sc, true);
+  CHECK(got->tokens == ref.tokens);
+  // The penalties matter: without them the same seed samples something else.
+  auto plain = gpu::generate_colocated(*exec, encode(cfg, prompt), 16, chunk_tokens, {0.9f, 11, 20, 0.9f}, true);
+  CHECK(plain.tokens != ref.tokens);
+
+  // Stop token: the greedy run's 4th token stops generation right there.
+  generate_request greedy;
+  greedy.prompt = prompt;
+  greedy.max_tokens = 12;
+  greedy.ignore_eos = true;
+  auto full = t.generate(cluster.router, greedy);
+  REQUIRE(full);
+  REQUIRE(full->tokens.size() == 12);
+  auto stopped = greedy;
+  stopped.stop_token_ids = {full->tokens[3]};
+  auto s1 = t.generate(cluster.router, stopped);
+  REQUIRE(s1);
+  CHECK(s1->finish_reason == "stop");
+  const auto first_hit = std::find(full->tokens.begin(), full->tokens.end(), full->tokens[3]) - full->tokens.begin();
+  CHECK(s1->tokens.size() == static_cast<size_t>(first_hit) + 1);
+  // Stop string: the text ends before it.
+  auto by_text = greedy;
+  const std::string needle = full->text.substr(5, 2);
+  by_text.stop = {needle};
+  auto s2 = t.generate(cluster.router, by_text);
+  REQUIRE(s2);
+  CHECK(s2->finish_reason == "stop");
+  CHECK(s2->text == full->text.substr(0, full->text.find(needle)));
+  // Every lease comes back (a stopped request's release reaches the decode rank asynchronously).
+  for (int i = 0; i < 1000 && t.stats(cluster.decode[0].handle).num_free_pages != cfg.executor.num_kv_pages; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds{2});
+  CHECK(t.stats(cluster.decode[0].handle).num_free_pages == cfg.executor.num_kv_pages);
 }

@@ -7,10 +7,12 @@
 #include <cmath>
 #include <memory>
 #include <numeric>
+#include <set>
 
 #include "gpu/byte_tokenizer.hpp"
 #include "gpu/cpu_executor.hpp"
 #include "gpu/cpu_kernels.hpp"
+#include "gpu/sampling.hpp"
 #include "gpu/local_generate.hpp"
 #include "gpu/thread_pool.hpp"
 #include "tests/test_util.hpp"
@@ -223,4 +225,30 @@ TEST_CASE("a layer gate holds each layer until it opens, without changing a bit,
   job.seqs[0].gate = stop;
   const auto failed = gpu::run_blocking(*exec, job);
   CHECK(failed.error.find("layer 0 of its cached prefix will not arrive") != std::string::npos);
+}
+
+TEST_CASE("sampling: top-k 1 and a tiny top-p are greedy, penalties move a seen token down, draws are reproducible") {
+  const std::vector<float> logits = {1.0f, 3.0f, 2.9f, -1.0f, 0.5f};
+  gpu::sampling_config greedy;
+  CHECK(gpu::sample_token(logits, greedy, 0) == 1);
+  gpu::sampling_config k1{1.0f, 9, 1};
+  gpu::sampling_config p_small{1.0f, 9, 0, 1e-6f};
+  for (uint32_t pos = 0; pos < 50; ++pos) {
+    CHECK(gpu::sample_token(logits, k1, pos) == 1);
+    CHECK(gpu::sample_token(logits, p_small, pos) == 1);
+  }
+  // top-k 2: only ids 1 and 2 ever come out.
+  gpu::sampling_config k2{1.0f, 3, 2};
+  std::set<int32_t> seen;
+  for (uint32_t pos = 0; pos < 200; ++pos) seen.insert(gpu::sample_token(logits, k2, pos));
+  CHECK(seen == std::set<int32_t>{1, 2});
+  // Repetition penalty 2 halves the positive logit of a seen token: 3.0 -> 1.5 < 2.9.
+  const std::vector<int32_t> history = {4, 1};
+  gpu::sampling_config rep{0.0f, 0, 0, 1.0f, 2.0f};
+  CHECK(gpu::sample_token(logits, rep, 0, &history) == 2);
+  gpu::sampling_config pres{0.0f, 0, 0, 1.0f, 1.0f, 0.2f};
+  CHECK(gpu::sample_token(logits, pres, 0, &history) == 2);  // 3.0 - 0.2 < 2.9
+  // The same (seed, position) draws the same token; another seed may not.
+  gpu::sampling_config a{1.0f, 42}, b{1.0f, 42};
+  for (uint32_t pos = 0; pos < 20; ++pos) CHECK(gpu::sample_token(logits, a, pos) == gpu::sample_token(logits, b, pos));
 }
