@@ -2,10 +2,12 @@
 //   - OpenBLAS sgemm at the executor's matrix shapes (the compute ceiling for prefill),
 //   - our fixed-order matmul at the same shapes (what batch invariance costs),
 //   - memcpy bandwidth (the ceiling for batch-1 decode, which streams every weight once).
-// Prints a markdown table for docs/perf.md. Usage: baton_bench_cpu [--threads N] [--quick]
+// Prints a markdown table for docs/perf.md. Usage: baton_bench_cpu [--threads N] [--quick] [--0.5b]
+// (--0.5b adds a ~0.47B-parameter Llama shape: 1.9 GB of fp32 weights, a minute or two).
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -15,6 +17,7 @@
 
 #include "gpu/cpu_executor.hpp"
 #include "gpu/cpu_kernels.hpp"
+#include "gpu/hf_model.hpp"
 #include "gpu/local_generate.hpp"
 #include "gpu/thread_pool.hpp"
 
@@ -63,11 +66,25 @@ double memcpy_gbps() {
   return 2.0 * static_cast<double>(bytes) / t / 1e9;  // bytes read + bytes written
 }
 
-void model_rows(const model_config& cfg, unsigned threads, uint32_t prompt_len, double mem_gbps, bool quick) {
-  auto weights = std::make_shared<const model_weights>(make_seeded_weights(cfg, 1));
+/// A Llama shape of ~0.47B parameters (hidden 1024, 36 layers, GQA 16/4, vocab 32000).
+model_config llama_500m_config() {
+  model_config c = llama_100m_config();
+  c.name = "llama-0.5b-shape";
+  c.hidden_size = 1024;
+  c.intermediate_size = 2816;
+  c.num_hidden_layers = 36;
+  c.num_attention_heads = 16;
+  c.num_key_value_heads = 4;
+  c.head_dim = 64;
+  return c;
+}
+
+void model_rows(const model_config& cfg, unsigned threads, uint32_t prompt_len, double mem_gbps, bool quick,
+                std::shared_ptr<const model_weights> loaded = nullptr) {
+  auto weights = loaded ? loaded : std::make_shared<const model_weights>(make_seeded_weights(cfg, 1));
   auto exec = make_cpu_executor(cfg, weights, cpu_executor_config{threads, 512, 16});
   std::vector<int32_t> prompt(prompt_len);
-  for (uint32_t i = 0; i < prompt_len; ++i) prompt[i] = static_cast<int32_t>((i * 7919) % 250);
+  for (uint32_t i = 0; i < prompt_len; ++i) prompt[i] = static_cast<int32_t>((i * 7919) % std::min(250u, cfg.vocab_size));
   // Per token, the decoder layers multiply every layer weight once (2 FLOPs each); the LM head
   // runs once per sequence and the embedding is a lookup, so neither counts here.
   const uint64_t head = uint64_t{cfg.vocab_size} * cfg.hidden_size;
@@ -110,15 +127,17 @@ void model_rows(const model_config& cfg, unsigned threads, uint32_t prompt_len, 
 
 int main(int argc, char** argv) {
   unsigned threads = 1;
-  bool quick = false;
+  bool quick = false, with_500m = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--threads" && i + 1 < argc)
       threads = static_cast<unsigned>(std::stoul(argv[++i]));
     else if (a == "--quick")
       quick = true;
+    else if (a == "--0.5b")
+      with_500m = true;
     else {
-      std::fprintf(stderr, "usage: %s [--threads N] [--quick]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--threads N] [--quick] [--0.5b]\n", argv[0]);
       return 2;
     }
   }
@@ -132,7 +151,17 @@ int main(int argc, char** argv) {
   const double mem = memcpy_gbps();
   std::printf("\nmemcpy (512 MiB, read + write): %.1f GB/s\n\n", mem);
   std::printf("| model | work | threads | throughput | vs ceiling |\n|---|---|---|---|---|\n");
-  model_rows(builtin_tiny_config(), threads, 256, mem, quick);
+  // The built-in model as `baton local` serves it (the trained directory when it is there).
+  hf_model builtin;
+  std::string why;
+  if (load_hf_model(BATON_MODELS_DIR "/baton-kjv-tiny", &builtin, &why))
+    model_rows(builtin.config, threads, 256, mem, quick, builtin.weights);
+  else
+    model_rows(builtin_tiny_config(), threads, 256, mem, quick);
   model_rows(llama_100m_config(), threads, quick ? 128 : 512, mem, quick);
+  if (with_500m) {
+    gemm_row("prefill, 0.5B mlp-up", 256, 2816, 1024, threads);
+    model_rows(llama_500m_config(), threads, 256, mem, quick);
+  }
   return 0;
 }

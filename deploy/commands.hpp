@@ -3,6 +3,10 @@
 #include <string>
 #include <vector>
 
+namespace baton {
+struct local_cluster_config;
+}
+
 namespace baton::deploy {
 
 /// `baton local`: a whole disaggregated cluster in this process on the built-in model,
@@ -12,6 +16,9 @@ int run_local(const std::vector<std::string>& args);
 /// `baton node --role decode`: one rank in its own process, joined to a head over CAF's
 /// network layer, with KV over UCX.
 int run_node(const std::vector<std::string>& args);
+
+/// Loads a Hugging Face model directory (config, weights and tokenizer) into a cluster config.
+bool load_model_into(const std::string& dir, local_cluster_config* cfg, std::string* why);
 
 /// `baton profile`: measures the CPU executor over a grid of prefill and decode shapes, fits
 /// the cost models and writes them, with the samples and held-out error, to a profile file.

@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <cstdio>
 #include <map>
 #include <thread>
@@ -16,11 +17,19 @@
 #include "deploy/flags.hpp"
 #include "deploy/processes.hpp"
 #include "deploy/profile_file.hpp"
+#include "gpu/hf_model.hpp"
+#include "gpu/tokenizer.hpp"
 #include "gpu/byte_tokenizer.hpp"
 
 namespace baton::deploy {
 
 namespace {
+
+/// The built-in model: the trained one shipped in the repository (models/), when it is there.
+std::string default_model_dir() {
+  const std::string dir = BATON_MODELS_DIR "/baton-kjv-tiny";
+  return std::filesystem::exists(dir + "/config.json") ? dir : "random";
+}
 
 struct local_options {
   local_cluster_config cluster = [] {
@@ -45,6 +54,8 @@ struct local_options {
   bool quiet = false;              ///< only the summary
   bool ignore_eos = false;         ///< always generate max_tokens (throughput runs)
   bool explain = false;            ///< print each placement's reasons
+  std::string model = default_model_dir();  ///< a model directory, or "random"
+  bool chat = false;               ///< prompts as chat messages
   uint32_t repeat = 1;             ///< rounds of the prompts, sequentially (a later round can hit the store)
   std::string profile;             ///< cost-model profile file; empty = built-in CPU profile
 };
@@ -70,6 +81,17 @@ void print_row(const char* what, const std::vector<int64_t>& us) {
 }
 
 }  // namespace
+
+bool load_model_into(const std::string& dir, local_cluster_config* cfg, std::string* why) {
+  gpu::hf_model m;
+  if (!gpu::load_hf_model(dir, &m, why)) return false;
+  auto tok = gpu::load_model_tokenizer(dir, m.config, why);
+  if (!tok) return false;
+  cfg->model = m.config;
+  cfg->weights = m.weights;
+  cfg->router.tokenizer = std::move(tok);
+  return true;
+}
 
 int run_local(const std::vector<std::string>& args) {
   local_options opt;
@@ -100,7 +122,9 @@ int run_local(const std::vector<std::string>& args) {
   flags.add("--store-replicas", &opt.cluster.store.replicas, "copies of each block (1 or 2)");
   flags.add("--block-tokens", &opt.cluster.store.block_tokens, "tokens per store block");
   flags.add("--repeat", &opt.repeat, "send the prompts this many rounds, one round after another (store reuse)");
-  flags.add("--weights-seed", &opt.cluster.weights_seed, "seed of the built-in model's weights");
+  flags.add("--weights-seed", &opt.cluster.weights_seed, "seed of the random model's weights (--model random)");
+  flags.add("--model", &opt.model, "a Hugging Face model directory, or `random` for the seeded random model");
+  flags.add("--chat", &opt.chat, "send each prompt as a user message through the model's chat template");
   flags.add("--prompt", &opt.prompts, "a prompt to answer (repeat for several)");
   flags.add("--max-tokens", &opt.max_tokens, "tokens to generate per prompt");
   flags.add("--temperature", &opt.temperature, "0 = greedy");
@@ -114,6 +138,13 @@ int run_local(const std::vector<std::string>& args) {
             "run this many decode ranks as separate `baton node` processes (KV over UCX) instead of in-process");
   flags.add("--ignore-eos", &opt.ignore_eos, "generate max-tokens even past <eos>");
   if (auto rc = flags.parse_command_line(args, "local", "baton local [flags]")) return *rc;
+  if (opt.model != "random") {
+    std::string why;
+    if (!load_model_into(opt.model, &opt.cluster, &why)) {
+      std::fprintf(stderr, "baton local: %s\n", why.c_str());
+      return 2;
+    }
+  }
   opt.cluster.store.enabled = !opt.cluster.store.dir.empty();
   if (opt.repeat == 0) {
     std::fprintf(stderr, "baton local: --repeat must be >= 1\n");
@@ -153,9 +184,10 @@ int run_local(const std::vector<std::string>& args) {
   caf::actor_system sys{cfg};
 
   const auto& m = opt.cluster.model;
-  std::printf("baton local: model %s (%u layers, hidden %u, %.2fM parameters), %u prefill + %u decode ranks, "
-              "executor %u thread(s) each\n",
+  std::printf("baton local: model %s (%u layers, hidden %u, %.2fM parameters, tokenizer %s), %u prefill + %u decode "
+              "ranks, executor %u thread(s) each\n",
               m.name.c_str(), m.num_hidden_layers, m.hidden_size, static_cast<double>(m.num_parameters()) / 1e6,
+              opt.cluster.router.tokenizer ? opt.cluster.router.tokenizer->describe().c_str() : "bytes",
               opt.cluster.num_prefill_ranks, opt.cluster.num_decode_ranks, opt.cluster.executor.num_threads);
   auto cluster = start_local_cluster(sys, opt.cluster);
   caf::scoped_actor self{sys};
@@ -179,7 +211,7 @@ int run_local(const std::vector<std::string>& args) {
                                 std::to_string(e.num_kv_pages), "--page-tokens", std::to_string(e.page_size_tokens),
                                 "--executor-threads", std::to_string(e.num_threads), "--weights-seed",
                                 std::to_string(opt.cluster.weights_seed), "--poll-attempts",
-                                std::to_string(opt.poll_attempts)},
+                                std::to_string(opt.poll_attempts), "--model", opt.model},
                                &why);
       if (pid < 0) {
         std::fprintf(stderr, "baton local: %s\n", why.c_str());
@@ -226,7 +258,10 @@ int run_local(const std::vector<std::string>& args) {
     for (size_t i = 0; i < num_requests; ++i) {
       const auto& p = opt.prompts[i % opt.prompts.size()];
       generate_request req;
-      req.prompt = p;
+      if (opt.chat)
+        req.messages = {{"user", p}};
+      else
+        req.prompt = p;
       req.max_tokens = static_cast<int32_t>(opt.max_tokens);
       req.temperature = opt.temperature;
       req.ignore_eos = opt.ignore_eos;

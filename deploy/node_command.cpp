@@ -38,6 +38,8 @@ int run_node(const std::vector<std::string>& args) {
   flags.add("--weights-seed", &weights_seed, "seed of the built-in model's weights (must match the head)");
   flags.add("--scheduler-threads", &scheduler_threads, "CAF scheduler threads");
   flags.add("--poll-attempts", &poll_attempts, "CAF work-stealing moderate-poll-attempts");
+  std::string model_dir = "random";
+  flags.add("--model", &model_dir, "the head's model directory, or `random` for the seeded random model");
   if (auto rc = flags.parse_command_line(args, "node", "baton node --role decode --connect HOST:PORT [flags]")) return *rc;
   const auto colon = connect.rfind(':');
   if (role != "decode") {
@@ -55,7 +57,15 @@ int run_node(const std::vector<std::string>& args) {
     std::fprintf(stderr, "baton node: --connect has a bad port in '%s'\n", connect.c_str());
     return 2;
   }
-  auto model = gpu::builtin_tiny_config();
+  local_cluster_config loaded;  // the model this node serves: the head's
+  if (model_dir != "random") {
+    std::string why;
+    if (!load_model_into(model_dir, &loaded, &why)) {
+      std::fprintf(stderr, "baton node: %s\n", why.c_str());
+      return 2;
+    }
+  }
+  auto model = loaded.model;
   if (auto err = rank.validate() + exec_cfg.validate(); !err.empty()) {
     std::fprintf(stderr, "baton node: %s\n", err.c_str());
     return 2;
@@ -81,7 +91,8 @@ int run_node(const std::vector<std::string>& args) {
     std::fprintf(stderr, "baton node %s: UCX: %s\n", rank.name.c_str(), why.c_str());
     return 1;
   }
-  auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(model, weights_seed));
+  auto weights = loaded.weights ? loaded.weights
+                                : std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(model, weights_seed));
   caf::scoped_actor self{sys};
   // The head's block store, if it runs one: this rank writes its finished sequences back to it
   // through UCX, like the head's own ranks.
