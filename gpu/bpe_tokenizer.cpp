@@ -84,6 +84,26 @@ std::vector<std::string> split_isolated(pcre2_code* re, const std::vector<std::s
 
 }  // namespace
 
+const std::vector<std::string>& byte_level_symbols() {
+  static const std::vector<std::string> symbols = [] {
+    std::vector<int> bs;
+    for (int b = '!'; b <= '~'; ++b) bs.push_back(b);
+    for (int b = 0xA1; b <= 0xAC; ++b) bs.push_back(b);
+    for (int b = 0xAE; b <= 0xFF; ++b) bs.push_back(b);
+    std::vector<int> cs = bs;
+    int n = 0;
+    for (int b = 0; b < 256; ++b)
+      if (std::find(bs.begin(), bs.end(), b) == bs.end()) {
+        bs.push_back(b);
+        cs.push_back(256 + n++);
+      }
+    std::vector<std::string> out(256);
+    for (size_t i = 0; i < bs.size(); ++i) out[bs[i]] = utf8(static_cast<uint32_t>(cs[i]));
+    return out;
+  }();
+  return symbols;
+}
+
 bpe_tokenizer::~bpe_tokenizer() {
   for (auto* p : patterns_) pcre2_code_free(static_cast<pcre2_code*>(p));
 }
@@ -114,21 +134,10 @@ std::unique_ptr<bpe_tokenizer> bpe_tokenizer::from_json(const std::string& text,
     if (m.value("byte_fallback", false)) return fail("byte_fallback BPE (SentencePiece-style) is not supported");
     std::unique_ptr<bpe_tokenizer> t{new bpe_tokenizer};
     t->ignore_merges_ = m.value("ignore_merges", false);
-    // GPT-2's reversible byte -> printable symbol map.
-    std::vector<int> bs;
-    for (int b = '!'; b <= '~'; ++b) bs.push_back(b);
-    for (int b = 0xA1; b <= 0xAC; ++b) bs.push_back(b);
-    for (int b = 0xAE; b <= 0xFF; ++b) bs.push_back(b);
-    std::vector<int> cs = bs;
-    int n = 0;
-    for (int b = 0; b < 256; ++b)
-      if (std::find(bs.begin(), bs.end(), b) == bs.end()) {
-        bs.push_back(b);
-        cs.push_back(256 + n++);
-      }
-    for (size_t i = 0; i < bs.size(); ++i) {
-      t->byte_to_symbol_[bs[i]] = utf8(static_cast<uint32_t>(cs[i]));
-      t->symbol_to_byte_[t->byte_to_symbol_[bs[i]]] = static_cast<uint8_t>(bs[i]);
+    const auto& symbols = byte_level_symbols();
+    for (int b = 0; b < 256; ++b) {
+      t->byte_to_symbol_[b] = symbols[b];
+      t->symbol_to_byte_[symbols[b]] = static_cast<uint8_t>(b);
     }
     if (!m.contains("vocab") || !m["vocab"].is_object()) return fail("model has no vocab");
     for (auto it = m["vocab"].begin(); it != m["vocab"].end(); ++it) {

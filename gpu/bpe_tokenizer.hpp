@@ -13,6 +13,10 @@
 
 namespace baton::gpu {
 
+/// GPT-2's reversible byte -> printable symbol map (UTF-8 of each byte's symbol), which byte-level
+/// BPE vocabularies are written in.
+const std::vector<std::string>& byte_level_symbols();
+
 class bpe_tokenizer {
  public:
   /// Loads tokenizer.json; nullptr and a sentence naming what is unsupported or malformed.

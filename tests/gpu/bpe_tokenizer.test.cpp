@@ -23,22 +23,7 @@ const char* llama3_split =
 /// Byte-level vocabulary (the 256 symbols, ids 0-255, in GPT-2's byte order) plus merges.
 std::string tokenizer_json(const std::vector<std::pair<std::string, std::string>>& merges, bool llama3 = true) {
   nlohmann::json vocab = nlohmann::json::object();
-  std::vector<int> bs;
-  for (int b = '!'; b <= '~'; ++b) bs.push_back(b);
-  for (int b = 0xA1; b <= 0xAC; ++b) bs.push_back(b);
-  for (int b = 0xAE; b <= 0xFF; ++b) bs.push_back(b);
-  std::vector<int> cs = bs;
-  int n = 0;
-  for (int b = 0; b < 256; ++b)
-    if (std::find(bs.begin(), bs.end(), b) == bs.end()) bs.push_back(b), cs.push_back(256 + n++);
-  auto sym = [](int cp) {
-    std::string s;
-    if (cp < 0x80) s.push_back(static_cast<char>(cp));
-    else s.push_back(static_cast<char>(0xC0 | (cp >> 6))), s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    return s;
-  };
-  std::map<int, std::string> byte_sym;
-  for (size_t i = 0; i < bs.size(); ++i) byte_sym[bs[i]] = sym(cs[i]);
+  const auto& byte_sym = byte_level_symbols();
   for (int b = 0; b < 256; ++b) vocab[byte_sym[b]] = b;
   int next = 256;
   nlohmann::json m = nlohmann::json::array();
@@ -85,7 +70,7 @@ TEST_CASE("BPE: ranked merges, the Llama 3 split, added tokens, and exact round 
   CHECK(ids == std::vector<int32_t>{hello, eot, hello});
   CHECK(t->decode(ids) == "hello<|eot|>hello");
   CHECK(t->decode(ids, true) == "hellohello");
-  for (const std::string s : std::vector<std::string>{"Grüße, 世界! 🎉🎉 naïve café", "   leading and trailing   ", "tabs\tand\nnewlines\r\n\n",
+  for (const std::string& s : std::vector<std::string>{"Grüße, 世界! 🎉🎉 naïve café", "   leading and trailing   ", "tabs\tand\nnewlines\r\n\n",
                               "x = f(a[1], {b: 2}) // 3.14159 + 42", "emoji 👩‍👩‍👧 and ZWJ", "0123456789",
                               "don't I'LL we've", std::string("\xf0\x9f\x98\x80 end")})
     CHECK_MESSAGE(t->decode(t->encode(s)) == s, s);
