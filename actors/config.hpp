@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "policies/cost_model.hpp"
 #include "policies/decode_placement.hpp"
@@ -171,6 +172,9 @@ struct router_config {
   request_config request;
   /// The model's tokenizer; null: the built-in byte tokenizer for the cluster's model.
   std::shared_ptr<const gpu::tokenizer> tokenizer;
+  /// More end-of-sequence tokens than config.json's one (generation_config.json lists them, e.g.
+  /// Llama 3's <|eot_id|>): generation ends there too, with finish_reason "eos".
+  std::vector<int32_t> extra_eos_token_ids;
   /// Upper bound on max_tokens per request; 0 = the model's context length.
   uint32_t max_new_tokens_limit = 0;
 };

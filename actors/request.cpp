@@ -33,6 +33,7 @@ struct request_state {
   uint64_t watch_seq = 0;  ///< the token watchdog only acts on its latest arming
   bool hybrid = false;     ///< hybrid PD: the decode rank prefills the prompt itself
   bool stopped = false;    ///< a stop token or string ended generation (out.text already cut)
+  bool eos_hit = false;    ///< ... and it was one of the model's extra end-of-sequence tokens
   prefill_placement split; ///< dynamic prefill split: the parts' ranks and bounds (none: no split)
   std::vector<block_ref> prefix;  ///< CHECK: the cached leading blocks and their servers
   std::vector<uint64_t> block_keys;  ///< the prompt's full blocks' keys (hi, lo), store on
@@ -100,6 +101,12 @@ void arm_watchdog(request_pointer self) {
 /// is cut before it). True when generation should end here.
 bool hits_stop(request_state& st, int32_t token) {
   const auto& p = st.plan.params;
+  if (!p.ignore_eos && std::find(st.plan.extra_eos_token_ids.begin(), st.plan.extra_eos_token_ids.end(), token) !=
+                           st.plan.extra_eos_token_ids.end()) {
+    st.out.text = decode_text(st);
+    st.eos_hit = true;
+    return true;
+  }
   if (std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) != p.stop_token_ids.end()) {
     st.out.text = decode_text(st);
     return true;
@@ -180,7 +187,7 @@ void on_prefill_result(request_pointer self, prefill_result& r) {
   const bool eos = r.first_token == st.plan.eos_token_id && !st.plan.params.ignore_eos;
   st.stopped = hits_stop(st, r.first_token);
   if (eos || st.stopped || st.plan.params.max_tokens == 1) {
-    st.out.finish_reason = st.stopped ? "stop" : eos ? "eos" : "length";
+    st.out.finish_reason = st.eos_hit || eos ? "eos" : st.stopped ? "stop" : "length";
     answer(self, caf::error{});  // releases the unused lease
     return;
   }
@@ -379,7 +386,7 @@ request_actor::behavior_type request_impl(request_pointer self, request_plan pla
         if (hits_stop(st, ev.token)) {
           // Done here: the lease is released, the decode rank drops the sequence at its next step.
           st.stopped = true;
-          st.out.finish_reason = "stop";
+          st.out.finish_reason = st.eos_hit ? "eos" : "stop";
           answer(self, caf::error{});
           return;
         }

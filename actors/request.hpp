@@ -26,6 +26,7 @@ struct request_plan {
   request_config cfg;
   store_access store;  ///< off by default: no CHECK, no prefix loading, no write-back
   std::shared_ptr<const gpu::tokenizer> tokenizer;  ///< decodes the completion's text (null: bytes)
+  std::vector<int32_t> extra_eos_token_ids;         ///< also end the sequence (unless ignore_eos)
 };
 
 /// One request's state machine. It answers `run` exactly once: with the completion, or with an

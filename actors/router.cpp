@@ -94,7 +94,7 @@ router_actor::behavior_type router_impl(router_pointer self, router_config cfg, 
           return make_error(errc::bad_request, where(id, "", "admission") + ": " + why);
         auto r = spawn_request(self->system(), request_plan{id, std::move(tokens), std::move(req), s.prefill,
                                                             s.decode, s.model.eos_token_id, s.cfg.request, s.store,
-                                                            s.cfg.tokenizer});
+                                                            s.cfg.tokenizer, s.cfg.extra_eos_token_ids});
         return self->delegate(r, run_atom::value);
       },
   };

@@ -90,6 +90,8 @@ bool load_model_into(const std::string& dir, local_cluster_config* cfg, std::str
   cfg->model = m.config;
   cfg->weights = m.weights;
   cfg->router.tokenizer = std::move(tok);
+  for (auto id : m.generation.eos_token_ids)
+    if (id != m.config.eos_token_id) cfg->router.extra_eos_token_ids.push_back(id);
   return true;
 }
 

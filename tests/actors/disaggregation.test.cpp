@@ -377,3 +377,28 @@ TEST_CASE("top-k, top-p and penalties sample the same tokens disaggregated as co
     std::this_thread::sleep_for(std::chrono::milliseconds{2});
   CHECK(t.stats(cluster.decode[0].handle).num_free_pages == cfg.executor.num_kv_pages);
 }
+
+TEST_CASE("extra end-of-sequence tokens (generation_config.json's list) end generation as eos, unless ignore_eos") {
+  auto cfg = small_cluster();
+  const std::string prompt = "where does it end";
+  auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
+  auto exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
+  const auto ref = gpu::generate_colocated(*exec, encode(cfg, prompt), 10, chunk_tokens, {}, true);
+  REQUIRE(ref.tokens.size() == 10);
+  cfg.router.extra_eos_token_ids = {ref.tokens[4]};
+  test::cluster_system t;
+  auto cluster = start_local_cluster(t.sys, cfg);
+  test::cluster_system::stopper stop{t, cluster};
+  generate_request req;
+  req.prompt = prompt;
+  req.max_tokens = 10;
+  auto got = t.generate(cluster.router, req);
+  REQUIRE_MESSAGE(got, t.sys.render(got.error()));
+  CHECK(got->finish_reason == "eos");
+  const auto first = std::find(ref.tokens.begin(), ref.tokens.end(), ref.tokens[4]) - ref.tokens.begin();
+  CHECK(got->tokens == std::vector<int32_t>(ref.tokens.begin(), ref.tokens.begin() + first + 1));
+  req.ignore_eos = true;
+  got = t.generate(cluster.router, req);
+  REQUIRE(got);
+  CHECK(got->tokens == ref.tokens);
+}
