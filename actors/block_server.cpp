@@ -198,7 +198,7 @@ struct block_server_state {
   ~block_server_state() {
     if (io) io->stopping.store(true);
     for (auto& [id, r] : reads)
-      r.second.deliver(make_error(errc::rank_unavailable, where(r.first, name_of_server, "store_read") +
+      r.second.deliver(make_error(errc::rank_unavailable, where(r.first, io ? io->cfg.name : std::string{}, "store_read") +
                                                               ": the block server stopped during the read"));
   }
   uint64_t last_read = 0;
@@ -207,7 +207,6 @@ struct block_server_state {
   uint64_t last_slot = 0;
   /// Reads in progress (request id, promise): answered with an error if the server stops.
   std::unordered_map<uint64_t, std::pair<uint64_t, caf::typed_response_promise<store_read_result>>> reads;
-  std::string name_of_server;
   std::vector<block_index_actor> index;  ///< shards; a commit goes to its key's shard
   uint64_t last_job = 0;
   store_stats stats;
@@ -255,7 +254,6 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
   std::error_code ec;
   std::filesystem::create_directories(cfg.dir, ec);
   if (ec) io.setup_error = cfg.name + ": cannot create " + cfg.dir + ": " + ec.message();
-  st.name_of_server = cfg.name;
   io.cfg = std::move(cfg);
   st.worker = std::make_unique<io_worker>();
   // The staging buffer is deregistered when the last holder of the context (the I/O thread's
@@ -284,7 +282,7 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
       [=](store_write_begin& b) -> caf::result<store_write_slot> {
         // Write step 1: a slot in the registered write staging, for the writer's one-sided put.
         auto& st = self->state;
-        const auto where_ = where(b.request_id, st.name_of_server, "store_write");
+        const auto where_ = where(b.request_id, st.io->cfg.name, "store_write");
         if (!st.io->setup_error.empty() || !st.io->write_key)
           return make_error(errc::rank_unavailable, where_ + ": " + st.io->setup_error);
         auto off = st.write_slots.acquire(b.bytes);
@@ -304,7 +302,7 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
         auto& st = self->state;
         auto slot = st.slots.find(w.slot_id);
         if (slot == st.slots.end())
-          return make_error(errc::bad_request, where(w.request_id, st.name_of_server, "store_write") + ": unknown slot");
+          return make_error(errc::bad_request, where(w.request_id, st.io->cfg.name, "store_write") + ": unknown slot");
         const uint64_t offset = slot->second;
         auto promise = self->make_response_promise<uint64_t>();
         run_io(

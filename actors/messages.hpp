@@ -270,7 +270,7 @@ struct place_query {
   std::string priority = "interactive";
   /// Keys of the prompt's full blocks (hi, lo pairs, in order), when the store is on: lets
   /// cache-affinity routing find the rank whose own pages hold the longest prefix.
-  std::vector<uint64_t> block_keys;
+  std::vector<uint64_t> block_keys = {};
   uint32_t block_tokens = 0;
 };
 template <class Inspector>
@@ -482,8 +482,8 @@ struct decode_order {
   bool ignore_eos = false;
   request_actor stream_to;       ///< receives one token_event per step
   // Write-back to the block store when the sequence finishes (empty prompt_tokens: none).
-  std::vector<int32_t> prompt_tokens;  ///< for write-back and for the penalties' history
-  std::string traffic_class;     ///< retention class of the written blocks
+  std::vector<int32_t> prompt_tokens = {};  ///< for write-back and for the penalties' history
+  std::string traffic_class = {};  ///< retention class of the written blocks
   uint32_t cached_blocks = 0;    ///< leading blocks that came from the store (not written again)
   bool write_back = false;       ///< write the finished sequence's blocks to the store
   uint32_t top_k = 0;
@@ -528,14 +528,14 @@ struct prefill_order {
   bool batch_priority = false;   ///< queued behind interactive prompts (with a starvation bound)
   kv_lease_grant grant;          ///< where each layer's KV goes
   decode_rank_actor decode;      ///< told kv_layer_ready per layer
-  std::vector<block_ref> prefix; ///< CHECK's cached blocks: loaded from the store, not computed
+  std::vector<block_ref> prefix = {};  ///< CHECK's cached blocks: loaded from the store, not computed
   uint32_t block_tokens = 0;
   // Dynamic prefill split (seed 002): this rank computes part `part_index` of the prompt,
   // tokens [part_bounds[i], part_bounds[i + 1]), with the earlier parts' KV streamed in from
   // their ranks layer by layer. Empty part_ranks: the whole prompt here.
   uint32_t part_index = 0;
-  std::vector<uint32_t> part_bounds;
-  std::vector<caf::actor> part_ranks;
+  std::vector<uint32_t> part_bounds = {};
+  std::vector<caf::actor> part_ranks = {};
   uint32_t top_k = 0;
   float top_p = 1.0f;
   float repetition_penalty = 1.0f;
@@ -594,9 +594,9 @@ struct prefill_placement {
   std::string why;  ///< the policy, its inputs and its choice, for the request's record
   // Dynamic prefill split: the ranks of the parts in order (rank above is the last part's) and
   // the parts' token bounds (size parts + 1). Empty: no split.
-  std::vector<prefill_rank_actor> part_ranks;
-  std::vector<std::string> part_names;
-  std::vector<uint32_t> part_bounds;
+  std::vector<prefill_rank_actor> part_ranks = {};
+  std::vector<std::string> part_names = {};
+  std::vector<uint32_t> part_bounds = {};
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, prefill_placement& x) {

@@ -34,6 +34,7 @@ struct request_state {
   bool hybrid = false;     ///< hybrid PD: the decode rank prefills the prompt itself
   bool stopped = false;    ///< a stop token or string ended generation (out.text already cut)
   bool eos_hit = false;    ///< ... and it was one of the model's extra end-of-sequence tokens
+  std::string text;        ///< with stop strings: the text so far, grown token by token
   prefill_placement split; ///< dynamic prefill split: the parts' ranks and bounds (none: no split)
   std::vector<block_ref> prefix;  ///< CHECK: the cached leading blocks and their servers
   std::vector<uint64_t> block_keys;  ///< the prompt's full blocks' keys (hi, lo), store on
@@ -112,12 +113,19 @@ bool hits_stop(request_state& st, int32_t token) {
     return true;
   }
   if (p.stop.empty()) return false;
-  auto text = decode_text(st);
+  // Byte-level tokens decode independently, so the text grows by this token's bytes; a stop
+  // string can only end inside them, so only the tail needs searching (not the whole text
+  // again at every token).
+  const size_t before = st.text.size();
+  st.text += st.plan.tokenizer ? st.plan.tokenizer->decode({token}) : gpu::byte_tokenizer{-1, -1}.decode({token});
+  size_t longest = 0;
+  for (const auto& s : p.stop) longest = std::max(longest, s.size());
+  const size_t from = before >= longest ? before - longest + 1 : 0;
   size_t cut = std::string::npos;
   for (const auto& s : p.stop)
-    if (!s.empty()) cut = std::min(cut, text.find(s));
+    if (!s.empty()) cut = std::min(cut, st.text.find(s, from));
   if (cut == std::string::npos) return false;
-  st.out.text = text.substr(0, cut);
+  st.out.text = st.text.substr(0, cut);
   return true;
 }
 

@@ -42,6 +42,8 @@ int main(int argc, char** argv) {
   cfg.store.enabled = true;
   cfg.store.dir = dir;
   cfg.store.block_tokens = block;
+  cfg.store.max_pending_write_bytes = 512ull << 20;  // the whole prompt's blocks at once
+  cfg.prefill.prefix_cache_blocks = tokens / block + 1;
   caf::actor_system_config sys_cfg;
   register_message_types(sys_cfg);
   sys_cfg.set("scheduler.max-threads", 2);

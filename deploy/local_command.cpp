@@ -2,6 +2,8 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+
+#include <unistd.h>
 #include <cstdio>
 #include <map>
 #include <thread>
@@ -148,6 +150,15 @@ int run_local(const std::vector<std::string>& args) {
     }
   }
   opt.cluster.store.enabled = !opt.cluster.store.dir.empty();
+  if (opt.cluster.store.enabled) {  // a block server would only say so per request; say it now
+    std::error_code ec;
+    std::filesystem::create_directories(opt.cluster.store.dir, ec);
+    if (ec || ::access(opt.cluster.store.dir.c_str(), W_OK) != 0) {
+      std::fprintf(stderr, "baton local: --store-dir %s is not a writable directory%s%s\n",
+                   opt.cluster.store.dir.c_str(), ec ? ": " : "", ec ? ec.message().c_str() : "");
+      return 2;
+    }
+  }
   if (opt.repeat == 0) {
     std::fprintf(stderr, "baton local: --repeat must be >= 1\n");
     return 2;

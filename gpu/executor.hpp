@@ -6,10 +6,13 @@
 // (or, when modelled, on virtual time) and reports through the job's sink. Nothing here knows
 // about CAF, so the same executors serve the runtime, tests, benchmarks and sims.
 
+#include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -26,6 +29,41 @@ class layer_gate {
 public:
   virtual ~layer_gate() = default;
   virtual bool wait(uint32_t layer) const = 0;
+};
+
+/// The usual gate: layers open in order as their inputs arrive (open_through), or all at once
+/// fail (abort). A wait gives up after `timeout` so an owner that vanished without aborting
+/// cannot hang the executor.
+class streamed_layers_gate final : public layer_gate {
+public:
+  explicit streamed_layers_gate(std::chrono::milliseconds timeout = std::chrono::seconds{30}) : timeout_(timeout) {}
+  bool wait(uint32_t layer) const override {
+    std::unique_lock<std::mutex> lock{mutex_};
+    cv_.wait_for(lock, timeout_, [&] { return aborted_ || layer < open_; });
+    return !aborted_ && layer < open_;
+  }
+  /// Layers [0, layers) may run.
+  void open_through(uint32_t layers) {
+    {
+      std::lock_guard<std::mutex> lock{mutex_};
+      open_ = std::max(open_, layers);
+    }
+    cv_.notify_all();
+  }
+  void abort() {
+    {
+      std::lock_guard<std::mutex> lock{mutex_};
+      aborted_ = true;
+    }
+    cv_.notify_all();
+  }
+
+private:
+  std::chrono::milliseconds timeout_;
+  mutable std::mutex mutex_;
+  mutable std::condition_variable cv_;
+  uint32_t open_ = 0;
+  bool aborted_ = false;
 };
 
 /// One sequence's part of a forward pass: `tokens` at positions start_pos, start_pos+1, ...

@@ -169,33 +169,6 @@ TEST_CASE("seeded weights are deterministic and the model is sensitive to its in
   CHECK(x.tokens != y.tokens);
 }
 
-namespace {
-
-/// A gate opened from another thread, one layer at a time, or aborted.
-class test_gate final : public gpu::layer_gate {
-public:
-  bool wait(uint32_t layer) const override {
-    std::unique_lock<std::mutex> lock{m_};
-    cv_.wait(lock, [&] { return aborted_ || layer < open_; });
-    return !aborted_;
-  }
-  void open(uint32_t n) {
-    { std::lock_guard<std::mutex> lock{m_}; open_ = n; }
-    cv_.notify_all();
-  }
-  void abort() {
-    { std::lock_guard<std::mutex> lock{m_}; aborted_ = true; }
-    cv_.notify_all();
-  }
-
-private:
-  mutable std::mutex m_;
-  mutable std::condition_variable cv_;
-  uint32_t open_ = 0;
-  bool aborted_ = false;
-};
-
-}  // namespace
 
 TEST_CASE("a layer gate holds each layer until it opens, without changing a bit, and an aborted gate fails the job") {
   const auto cfg = gpu::builtin_tiny_config();
@@ -205,21 +178,21 @@ TEST_CASE("a layer gate holds each layer until it opens, without changing a bit,
   const std::vector<int32_t> prompt(40, 'g');
   const auto plain = gpu::run_blocking(*exec, {1, {{1, prompt, 0, pages, true}}});
   REQUIRE(plain.error.empty());
-  auto gate = std::make_shared<test_gate>();
+  auto gate = std::make_shared<gpu::streamed_layers_gate>();
   gpu::forward_job job{2, {{1, prompt, 0, pages, true}}};
   job.seqs[0].gate = gate;
   std::thread opener([&] {
     for (uint32_t l = 1; l <= cfg.num_hidden_layers; ++l) {
       std::this_thread::sleep_for(std::chrono::milliseconds{2});
-      gate->open(l);
+      gate->open_through(l);
     }
   });
   const auto gated = gpu::run_blocking(*exec, job);
   opener.join();
   REQUIRE(gated.error.empty());
   CHECK(test::same_bits(gated.logits[0], plain.logits[0]));
-  auto stop = std::make_shared<test_gate>();
-  stop->open(2);
+  auto stop = std::make_shared<gpu::streamed_layers_gate>();
+  stop->open_through(2);
   stop->abort();
   job.job_id = 3;
   job.seqs[0].gate = stop;

@@ -284,7 +284,11 @@ TEST_CASE("store retention under virtual time: agent blocks expire after 3 days,
   cfg.housekeeping_interval_ms = 3600 * 1000;  // hourly
   auto index = spawn_block_index(s.sys, cfg, {});
   auto commit = [&](uint64_t id, const char* cls) {
-    caf::anon_send(index, commit_atom::value, block_commit{{1, id, {0}}, 0, 0, cls, 4096});
+    block_commit c;
+    c.block = {1, id, {0}};
+    c.retention = cls;
+    c.size_bytes = 4096;
+    caf::anon_send(index, commit_atom::value, c);
   };
   commit(10, "agent");
   commit(11, "agent");

@@ -1,0 +1,215 @@
+#pragma once
+
+// The prefill rank's state and the functions its two translation units share (internal: only
+// prefill_rank.cpp and prefill_streams.cpp include this). prefill_rank.cpp is the rank itself:
+// queue, chunks, executor, puts to the decode rank. prefill_streams.cpp is KV that streams in
+// from elsewhere while the rank computes: a cached prefix from the block store, and the earlier
+// parts of a split prompt from other prefill ranks.
+
+#include <atomic>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <caf/actor_clock.hpp>
+#include <caf/stateful_actor.hpp>
+#include <caf/typed_response_promise.hpp>
+
+#include "actors/config.hpp"
+#include "actors/executor_bridge.hpp"
+#include "actors/messages.hpp"
+#include "actors/store_access.hpp"
+#include "gpu/executor.hpp"
+#include "policies/placement.hpp"
+#include "store/block_key.hpp"
+#include "store/prefix_cache.hpp"
+#include "transport/transport.hpp"
+
+namespace baton::prefill_detail {
+
+/// Everything the executor thread needs to ship one chunk's layers. Immutable once built, so the
+/// executor thread and the actor can both read it.
+struct chunk_sender {
+  uint64_t request_id;
+  uint32_t attempt;
+  uint32_t chunk;
+  bool last;                      ///< the last chunk: its layers complete the prompt's KV
+  uint32_t first_page, end_page;  ///< pages [first, end) of the sequence hold this chunk's tokens
+  std::vector<uint32_t> local_pages, remote_pages;
+  gpu::kv_layout local_layout, remote_layout;
+  uint64_t local_region;
+  transport::region_key remote_key;
+  std::string peer;
+
+  transport::put_desc put_for_layer(uint32_t layer) const {
+    transport::put_desc d{request_id, layer, peer, local_region, remote_key, {}};
+    for (uint32_t i = first_page; i < end_page; ++i)
+      d.segments.push_back({local_layout.offset_bytes(layer, local_pages[i]),
+                            remote_layout.offset_bytes(layer, remote_pages[i]), local_layout.page_bytes()});
+    return d;
+  }
+};
+
+struct pending_put {
+  uint64_t request_id;
+  uint32_t layer;
+  uint64_t xfer_id;
+  uint64_t checksum;  ///< non-zero on the last chunk's put
+  caf::actor_clock::time_point posted_at;
+  uint32_t attempt;
+  int32_t peer = -1;  ///< split: index into the request's peers (-1: a put to the decode rank)
+};
+
+/// Loading a prompt's cached prefix from the block store: per block, where it is tried and how
+/// it went. A block that fails on one server is retried on its next replica.
+///
+/// Streaming (cfg.overlap_prefix_load): the prompt computes optimistically while its prefix
+/// arrives, each layer gated on that layer of every block being verified. A block that fails
+/// aborts the attempt; once the reads settle, compute restarts after the blocks that are good.
+struct prefix_load {
+  enum status : int8_t { pending, in_flight, retrying, ok, failed };
+  std::vector<block_ref> blocks;
+  std::vector<status> state;
+  std::vector<uint32_t> tried;  ///< index into blocks[b].servers of the server asked
+  std::vector<std::string> errors;
+  uint32_t outstanding = 0;     ///< read orders of the current round not yet answered
+  std::vector<uint32_t> verified;  ///< per block: leading layers landed and verified this round
+  std::shared_ptr<gpu::streamed_layers_gate> gate;  ///< streaming: the running attempt's gate
+  bool aborted = false;               ///< streaming: a block failed; compute restarts after the reads
+};
+
+/// Dynamic prefill split (seed 002): this rank computes one part of a prompt. Earlier parts'
+/// KV streams into our pages layer by layer (each earlier rank puts it and says so), gating our
+/// layers; our part's KV goes to the decode rank and to every later part's pages. The last part
+/// announces each layer to the decode rank once all parts have it there.
+struct split_state {
+  struct peer {
+    uint32_t part = 0;
+    kv_region_desc region;
+    std::vector<uint32_t> pages;
+    caf::actor rank;
+  };
+  bool active = false;
+  uint32_t index = 0, parts = 1;
+  uint32_t begin = 0, end = 0;       ///< our part's tokens
+  std::vector<uint32_t> seen;        ///< per layer: earlier parts whose KV landed in our pages
+  std::vector<bool> layer_done;      ///< per layer: our decode puts of it all landed
+  std::vector<peer> peers;           ///< later parts that told us their pages
+  uint32_t peer_puts_landed = 0;     ///< (peer, layer) puts landed
+  bool last() const { return index + 1 == parts; }
+};
+
+/// A prompt in flight on this rank.
+///
+///   computing --all chunks done and every layer's puts landed--> answered (pages freed)
+///       |
+///       +--executor or transport failure--> failed (answered with the error; pages freed once
+///                                           the executor has finished the queued chunks)
+struct prefill_job_state {
+  prefill_order order;
+  caf::typed_response_promise<prefill_result> promise;
+  std::vector<uint32_t> local_pages;
+  std::vector<uint32_t> chunk_sizes;  ///< the chunk plan (fixed size, or sized by time budget)
+  uint32_t cached_tokens = 0;         ///< leading tokens not computed (local tier or store)
+  std::vector<store::block_key> keys; ///< the prompt's full blocks (rank-local tier on)
+  uint32_t shared_blocks = 0;         ///< leading blocks on pages shared from the local tier
+  uint32_t recomputed_blocks = 0;     ///< cached blocks that could not be used
+  prefix_load load;
+  uint32_t num_chunks = 0;            ///< chunks that will run (cut short to those submitted on failure)
+  uint32_t chunks_submitted = 0;
+  uint32_t chunks_done = 0;
+  uint64_t tokens_left = 0;          ///< prompt tokens of chunks not yet computed
+  caf::actor_clock::time_point arrived_at;
+  int64_t queue_us = 0;              ///< arrival -> first chunk started
+  std::vector<uint32_t> puts_done;   ///< per layer: chunks whose put of this layer landed
+  std::vector<uint64_t> checksums;   ///< per layer: the prompt's KV checksum, from the last chunk
+  uint32_t layers_ready = 0;         ///< layers announced to the decode rank
+  std::vector<bool> announced;       ///< per layer: announced (a restarted attempt does not repeat it)
+  uint32_t attempt = 0;              ///< bumped when a streaming prefix load aborts the computation
+  uint32_t jobs_in_executor = 0;     ///< chunk jobs of any attempt not yet finished
+  std::optional<uint32_t> restart_from;  ///< after an abort: recompute from here once jobs drain
+  split_state split;
+  bool have_logits = false;
+  int32_t first_token = -1;
+  std::vector<float> logits;
+  bool failed = false;
+  caf::error failure;                 ///< answered once no queued chunk can still post a put
+  /// Read by the executor thread before each post: a failed request ships nothing more.
+  std::shared_ptr<std::atomic<bool>> cancelled = std::make_shared<std::atomic<bool>>(false);
+};
+
+/// The tokens this rank computes end here: the prompt's end, or its part's with a split.
+inline uint32_t prompt_end(const prefill_job_state& r) {
+  return r.split.active ? r.split.end : static_cast<uint32_t>(r.order.tokens.size());
+}
+
+/// A prompt accepted but not yet started: it waits for local KV pages.
+struct waiting_order {
+  prefill_order order;
+  caf::typed_response_promise<prefill_result> promise;
+  caf::actor_clock::time_point arrived_at;
+};
+
+/// A chunk job in the executor: which request, and how many of its tokens.
+struct chunk_job {
+  uint64_t request_id;
+  uint32_t tokens;
+  uint32_t attempt;
+};
+
+/// Chunk jobs kept in the executor at once: one computing, one queued behind it, so the
+/// executor never idles between chunks while the next chunk is still chosen per step (which
+/// is what lets an interactive prompt overtake a long batch prompt at a chunk boundary).
+constexpr uint32_t max_chunks_in_executor = 2;
+
+struct prefill_state {
+  prefill_rank_config cfg;
+  rank_core core;
+  uint64_t last_job = 0;
+  uint64_t num_jobs_done = 0;
+  std::unordered_map<uint64_t, chunk_job> job_to_request;
+  std::unordered_map<uint64_t, prefill_job_state> requests;
+  /// Accepted, waiting for local KV pages: interactive first, batch after at most
+  /// cfg.batch_max_bypass interactive prompts.
+  policies::priority_classes<waiting_order> waiting{4};
+  /// Started prompts with chunks left to submit, chosen the same way per chunk. A prompt goes
+  /// back to the head of its class after each chunk, so within a class prompts run in order.
+  policies::priority_classes<uint64_t> runnable{4};
+  uint32_t chunks_in_executor = 0;
+  std::vector<pending_put> pending;
+  bool poll_scheduled = false;
+  prefill_balancer_actor balancer;  ///< told our load after every change (may be null)
+  store_access store;               ///< the block store (off when it has no index)
+  std::optional<store::prefix_cache> local;  ///< the rank-local prefix tier (store on)
+  std::unordered_map<uint64_t, std::vector<split_peer>> early_peers;  ///< split: peers before our launch
+  store::block_key salt;
+  bool keepalive_scheduled = false;
+  static inline const char* name = "baton.prefill_rank";
+};
+
+using prefill_pointer = prefill_rank_actor::stateful_pointer<prefill_state>;
+
+// Defined in prefill_rank.cpp, used by both.
+void finish_if_done(prefill_pointer self, uint64_t request_id);
+void announce_layer(prefill_pointer self, prefill_job_state& r, uint32_t layer);
+void track_put(prefill_pointer self, pending_put p);
+void start_compute(prefill_pointer self, uint64_t rid, uint32_t cached);
+void schedule_keepalive(prefill_pointer self);
+
+// Defined in prefill_streams.cpp, used by both.
+void put_to_peer(prefill_pointer self, prefill_job_state& r, size_t peer, uint32_t layer);
+void maybe_announce_split(prefill_pointer self, prefill_job_state& r, uint32_t layer);
+void on_peer_put_landed(prefill_pointer self, uint64_t request_id, int32_t peer, uint32_t layer);
+void maybe_restart(prefill_pointer self, uint64_t rid);
+void on_layer_landed(prefill_pointer self, const store_layer_landed& ev);
+void launch_split(prefill_pointer self, uint64_t rid);
+void on_split_peer(prefill_pointer self, split_peer peer);
+void on_split_layer(prefill_pointer self, const split_layer& ev);
+/// Starts loading the cached prefix (blocks [shared_blocks, prefix) from the store); with
+/// overlap on, starts computing at once, each layer gated on that layer of every block.
+void start_prefix_load(prefill_pointer self, uint64_t rid, uint32_t shared_blocks);
+
+}  // namespace baton::prefill_detail
