@@ -44,6 +44,8 @@ int main(int argc, char** argv) {
   cfg.store.block_tokens = block;
   cfg.store.max_pending_write_bytes = 512ull << 20;  // the whole prompt's blocks at once
   cfg.prefill.prefix_cache_blocks = tokens / block + 1;
+  cfg.router.request.prefill_timeout_ms = 1800000;  // a 32K recompute takes minutes on the CPU
+  cfg.router.request.lease_ms = 60000;               // and one layer of a late chunk seconds
   caf::actor_system_config sys_cfg;
   register_message_types(sys_cfg);
   sys_cfg.set("scheduler.max-threads", 2);
@@ -61,7 +63,7 @@ int main(int argc, char** argv) {
       req.max_tokens = 2;
       req.ignore_eos = true;
       completion out;
-      self->request(cluster.router, std::chrono::seconds{600}, generate_atom::value, req)
+      self->request(cluster.router, std::chrono::seconds{3600}, generate_atom::value, req)
           .receive([&](completion& c) { out = std::move(c); },
                    [&](caf::error& e) {
                      std::fprintf(stderr, "%s failed: %s\n", what, sys.render(e).c_str());
