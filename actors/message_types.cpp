@@ -15,6 +15,7 @@ std::string to_string(errc x) {
     case errc::executor_failed: return "executor_failed";
     case errc::lease_expired: return "lease_expired";
     case errc::layout_mismatch: return "layout_mismatch";
+    case errc::cancelled: return "cancelled";
   }
   return "unknown";
 }
@@ -91,7 +92,10 @@ void register_message_types(caf::actor_system_config& cfg) {
       .add_message_type<prefill_rank_actor>("baton::prefill_rank_actor")
       .add_message_type<prefill_balancer_actor>("baton::prefill_balancer_actor")
       .add_message_type<decode_balancer_actor>("baton::decode_balancer_actor")
-      .add_message_type<router_actor>("baton::router_actor");
+      .add_message_type<router_actor>("baton::router_actor")
+      .add_message_type<stream_chunk>("baton::stream_chunk")
+      .add_message_type<client_sink_actor>("baton::client_sink_actor")
+      .add_message_type<cluster_stats>("baton::cluster_stats");
   cfg.add_error_category(caf::atom("baton"), [](uint8_t code, caf::atom_value, const caf::message& ctx) {
     std::string out = "baton::" + to_string(static_cast<errc>(code));
     if (ctx.match_elements<std::string>()) out += ": " + ctx.get_as<std::string>(0);

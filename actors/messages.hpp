@@ -45,6 +45,9 @@ using commit_atom = caf::atom_constant<caf::atom("blk_commit")>;
 using delete_atom = caf::atom_constant<caf::atom("blk_delete")>;
 using io_atom = caf::atom_constant<caf::atom("io_done")>;
 using store_atom = caf::atom_constant<caf::atom("store")>;
+using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
+using join_atom = caf::atom_constant<caf::atom("join")>;
+using heartbeat_atom = caf::atom_constant<caf::atom("heartbeat")>;
 
 // --- errors ---------------------------------------------------------------------------------
 /// Baton's error codes (category atom "baton"). The context string of every error names the
@@ -58,6 +61,7 @@ enum class errc : uint8_t {
   executor_failed,    ///< fatal: the executor refused or failed a job
   lease_expired,      ///< retryable: the KV reservation timed out before decode began
   layout_mismatch,    ///< fatal: prefill and decode ranks disagree on the KV page layout
+  cancelled,          ///< fatal: the client cancelled the request or went away
 };
 std::string to_string(errc x);
 bool is_retryable(errc x);
@@ -125,13 +129,16 @@ struct completion {
   uint32_t cached_tokens = 0;      ///< prompt tokens not computed (rank-local tier or store)
   uint32_t local_cached_tokens = 0;  ///< of those, found in the prefill rank's own pages
   uint32_t recomputed_blocks = 0;  ///< cached blocks that could not be used (recomputed)
+  uint64_t kv_bytes = 0;           ///< KV shipped from prefill to decode rank (0: hybrid PD)
+  int64_t kv_send_us = 0;          ///< first KV put posted -> last layer announced
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, completion& x) {
   return f(caf::meta::type_name("completion"), x.request_id, x.num_prompt_tokens, x.tokens, x.text,
            x.finish_reason, x.ttft_us, x.tbt_us, x.step_logits, x.prefill_rank, x.decode_rank, x.place_us,
            x.reserve_us, x.prefill_queue_us, x.prefill_us, x.decode_queue_us, x.prefill_placement_why,
-           x.decode_placement_why, x.check_us, x.cached_tokens, x.local_cached_tokens, x.recomputed_blocks);
+           x.decode_placement_why, x.check_us, x.cached_tokens, x.local_cached_tokens, x.recomputed_blocks,
+           x.kv_bytes, x.kv_send_us);
 }
 
 // --- KV leases and handoff ---------------------------------------------------------------------
@@ -220,11 +227,13 @@ struct prefill_result {
   uint32_t cached_tokens = 0; ///< prompt tokens not computed: rank-local tier + store (verified)
   uint32_t recomputed_blocks = 0;  ///< cached blocks that failed (missing, corrupt, server down)
   uint32_t local_cached_tokens = 0;  ///< of cached_tokens, those found in the rank's own pages
+  uint64_t kv_bytes = 0;      ///< KV shipped to the decode rank (every layer of the prompt)
+  int64_t kv_send_us = 0;     ///< first put posted -> last layer announced
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, prefill_result& x) {
   return f(caf::meta::type_name("prefill_result"), x.request_id, x.first_token, x.logits, x.rank, x.queue_us,
-           x.cached_tokens, x.recomputed_blocks, x.local_cached_tokens);
+           x.cached_tokens, x.recomputed_blocks, x.local_cached_tokens, x.kv_bytes, x.kv_send_us);
 }
 
 /// One entry of a rank's event log: what happened, in the order it happened (seq).
@@ -468,7 +477,30 @@ typename Inspector::result_type inspect(Inspector& f, store_info& x) {
 using request_actor = caf::typed_actor<                       //
     caf::replies_to<run_atom>::with<completion>,               // start; answers when finished
     caf::reacts_to<token_event>,                               // from the decode rank
+    caf::reacts_to<cancel_atom>,                               // from the client: stop, release everything
     caf::reacts_to<watchdog_atom, uint64_t>>;                  // token deadline check
+
+/// A piece of a streamed completion, from the request actor to the client's sink, in order.
+/// The first chunk comes with the first token (TTFT); the last one has a finish_reason. The
+/// concatenated `text` of all chunks equals the completion's text: a chunk never ends inside a
+/// UTF-8 character nor inside what could still become a stop string.
+struct stream_chunk {
+  uint64_t request_id = 0;
+  request_actor request;         ///< send it cancel_atom to stop the generation
+  uint32_t first_index = 0;      ///< index of tokens[0] among the generated tokens
+  std::vector<int32_t> tokens;   ///< new tokens since the previous chunk
+  std::string text;              ///< new text since the previous chunk (may be empty)
+  std::string finish_reason;     ///< empty until the last chunk: eos | stop | length
+  uint32_t num_prompt_tokens = 0;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, stream_chunk& x) {
+  return f(caf::meta::type_name("stream_chunk"), x.request_id, x.request, x.first_index, x.tokens, x.text,
+           x.finish_reason, x.num_prompt_tokens);
+}
+
+/// Whatever receives a streamed completion: a client library's actor, a gateway connection.
+using client_sink_actor = caf::typed_actor<caf::reacts_to<stream_chunk>>;
 
 struct decode_order {
   uint64_t request_id = 0;
@@ -640,7 +672,29 @@ using decode_balancer_actor = caf::typed_actor<
     caf::replies_to<events_atom>::with<std::vector<placement_record>>,
     caf::replies_to<store_atom>::with<store_info>>;              // the store, for ranks joining later
 
-using router_actor = caf::typed_actor<caf::replies_to<generate_atom, generate_request>::with<completion>>;
+/// What the router knows of the cluster, for clients (the gateway's /v1/models and /metrics).
+struct cluster_stats {
+  std::string model;                 ///< the served model's name
+  uint32_t context_tokens = 0;       ///< its context length
+  std::vector<rank_load> prefill;    ///< every prefill rank's last load report
+  std::vector<rank_load> decode;     ///< every decode rank's
+  store_stats store;                 ///< index and servers summed (zero when the store is off)
+  uint64_t num_admitted = 0;         ///< requests that passed the router's checks
+  uint64_t num_rejected = 0;         ///< requests refused as bad input
+  uint64_t num_active = 0;           ///< request actors alive now
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, cluster_stats& x) {
+  return f(caf::meta::type_name("cluster_stats"), x.model, x.context_tokens, x.prefill, x.decode, x.store,
+           x.num_admitted, x.num_rejected, x.num_active);
+}
+
+using router_actor = caf::typed_actor<
+    caf::replies_to<generate_atom, generate_request>::with<completion>,
+    // The same, streamed: the sink receives stream_chunks; the answer is the whole completion.
+    // Cancel by sending cancel_atom to stream_chunk::request; a sink that goes down cancels too.
+    caf::replies_to<generate_atom, generate_request, client_sink_actor>::with<completion>,
+    caf::replies_to<stats_atom>::with<cluster_stats>>;
 
 /// Registers every type above (and the error category) with a config, before the actor
 /// system is built. Call it in every process.

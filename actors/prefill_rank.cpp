@@ -108,12 +108,19 @@ void finish_if_done(prefill_pointer self, uint64_t request_id) {
   // A failure is answered only when the executor is done with the request: after that no put
   // of it can still be posted, so the decode rank may safely reuse the lease's pages.
   if (r.failed && r.jobs_in_executor > 0) return;
-  if (r.failed)
+  if (r.failed) {
     r.promise.deliver(std::move(r.failure));
-  else
+  } else {
+    const auto& m = st.core.exec->config();
+    // Every layer of the whole prompt goes to the decode rank, K and V, as f32 pages.
+    const uint64_t kv_bytes = uint64_t{prompt_end(r)} * m.num_hidden_layers * 2 * m.kv_dim() * sizeof(float);
+    const int64_t send_us =
+        r.first_put_at ? std::chrono::duration_cast<std::chrono::microseconds>(self->clock().now() - *r.first_put_at).count()
+                       : 0;
     r.promise.deliver(prefill_result{request_id, r.first_token, std::move(r.logits), st.cfg.name, r.queue_us,
                                      r.split.active ? 0 : r.cached_tokens, r.recomputed_blocks,
-                                     r.shared_blocks * st.store.block_tokens()});
+                                     r.shared_blocks * st.store.block_tokens(), kv_bytes, send_us});
+  }
   return_pages(self, r, !r.failed);
   st.requests.erase(i);
   drain_waiting(self);  // freed pages may start a waiting prompt; reports the load
@@ -497,6 +504,8 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
       [=](split_layer& ev) { on_split_layer(self, ev); },
       [=](xfer_atom, uint64_t request_id, uint32_t layer, uint64_t xfer_id, uint64_t checksum, uint32_t attempt) {
         pending_put p{request_id, layer, xfer_id, checksum, self->clock().now(), attempt};
+        if (auto i = self->state.requests.find(request_id); i != self->state.requests.end() && !i->second.first_put_at)
+          i->second.first_put_at = p.posted_at;
         if (settle(self, p)) return;
         track_put(self, p);
       },

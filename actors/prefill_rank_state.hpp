@@ -124,6 +124,7 @@ struct prefill_job_state {
   uint64_t tokens_left = 0;          ///< prompt tokens of chunks not yet computed
   caf::actor_clock::time_point arrived_at;
   int64_t queue_us = 0;              ///< arrival -> first chunk started
+  std::optional<caf::actor_clock::time_point> first_put_at;  ///< the first KV put posted
   std::vector<uint32_t> puts_done;   ///< per layer: chunks whose put of this layer landed
   std::vector<uint64_t> checksums;   ///< per layer: the prompt's KV checksum, from the last chunk
   uint32_t layers_ready = 0;         ///< layers announced to the decode rank

@@ -39,6 +39,8 @@ struct request_state {
   std::vector<block_ref> prefix;  ///< CHECK: the cached leading blocks and their servers
   std::vector<uint64_t> block_keys;  ///< the prompt's full blocks' keys (hi, lo), store on
   uint32_t cached_blocks = 0;     ///< blocks the prefill rank actually loaded (after verification)
+  size_t emitted_text = 0;        ///< streaming: bytes of `text` already sent to the sink
+  size_t emitted_tokens = 0;      ///< ... and tokens
   bool answered = false;
   static inline const char* name = "baton.request";
 };
@@ -62,6 +64,30 @@ std::string decode_text(const request_state& st) {
   return gpu::byte_tokenizer{-1, -1}.decode(st.out.tokens);
 }
 
+/// Streaming: sends the sink the tokens and the text it has not seen yet. Before the end only
+/// text that no later token can change is sent (streamable_prefix); the last chunk carries
+/// the rest of the final text and the finish reason.
+void stream(request_pointer self, bool last) {
+  auto& st = self->state;
+  if (!st.plan.sink) return;
+  if (!last && st.emitted_tokens == st.out.tokens.size()) return;
+  stream_chunk c;
+  c.request_id = st.plan.request_id;
+  c.request = caf::actor_cast<request_actor>(self);
+  c.first_index = static_cast<uint32_t>(st.emitted_tokens);
+  c.tokens.assign(st.out.tokens.begin() + static_cast<std::ptrdiff_t>(st.emitted_tokens), st.out.tokens.end());
+  c.num_prompt_tokens = st.out.num_prompt_tokens;
+  const std::string& text = last ? st.out.text : st.text;
+  const size_t end = last ? text.size() : streamable_prefix(text, st.plan.params.stop);
+  if (end > st.emitted_text) {
+    c.text = text.substr(st.emitted_text, end - st.emitted_text);
+    st.emitted_text = end;
+  }
+  if (last) c.finish_reason = st.out.finish_reason;
+  st.emitted_tokens = st.out.tokens.size();
+  self->send(st.plan.sink, std::move(c));
+}
+
 void answer(request_pointer self, caf::error err) {
   auto& st = self->state;
   if (st.answered) return;
@@ -72,6 +98,7 @@ void answer(request_pointer self, caf::error err) {
     st.promise.deliver(std::move(err));
   else {
     if (!st.stopped) st.out.text = decode_text(st);
+    stream(self, true);  // before the answer: one sender, so the sink sees it first
     st.promise.deliver(std::move(st.out));
   }
   self->quit();
@@ -102,6 +129,12 @@ void arm_watchdog(request_pointer self) {
 /// is cut before it). True when generation should end here.
 bool hits_stop(request_state& st, int32_t token) {
   const auto& p = st.plan.params;
+  // Byte-level tokens decode independently, so the text grows by this token's bytes; a stop
+  // string can only end inside them, so only the tail needs searching (not the whole text
+  // again at every token). Streaming sends this text as it grows.
+  const size_t before = st.text.size();
+  if (st.plan.sink || !p.stop.empty())
+    st.text += st.plan.tokenizer ? st.plan.tokenizer->decode({token}) : gpu::byte_tokenizer{-1, -1}.decode({token});
   if (!p.ignore_eos && std::find(st.plan.extra_eos_token_ids.begin(), st.plan.extra_eos_token_ids.end(), token) !=
                            st.plan.extra_eos_token_ids.end()) {
     st.out.text = decode_text(st);
@@ -113,11 +146,6 @@ bool hits_stop(request_state& st, int32_t token) {
     return true;
   }
   if (p.stop.empty()) return false;
-  // Byte-level tokens decode independently, so the text grows by this token's bytes; a stop
-  // string can only end inside them, so only the tail needs searching (not the whole text
-  // again at every token).
-  const size_t before = st.text.size();
-  st.text += st.plan.tokenizer ? st.plan.tokenizer->decode({token}) : gpu::byte_tokenizer{-1, -1}.decode({token});
   size_t longest = 0;
   for (const auto& s : p.stop) longest = std::max(longest, s.size());
   const size_t from = before >= longest ? before - longest + 1 : 0;
@@ -190,6 +218,8 @@ void on_prefill_result(request_pointer self, prefill_result& r) {
   st.out.cached_tokens = r.cached_tokens;
   st.out.local_cached_tokens = r.local_cached_tokens;
   st.out.recomputed_blocks = r.recomputed_blocks;
+  st.out.kv_bytes = st.hybrid ? 0 : r.kv_bytes;
+  st.out.kv_send_us = st.hybrid ? 0 : r.kv_send_us;
   if (st.plan.store.enabled()) st.cached_blocks = r.cached_tokens / st.plan.store.block_tokens();
   record_token(self, r.first_token, std::move(r.logits));
   const bool eos = r.first_token == st.plan.eos_token_id && !st.plan.params.ignore_eos;
@@ -199,6 +229,7 @@ void on_prefill_result(request_pointer self, prefill_result& r) {
     answer(self, caf::error{});  // releases the unused lease
     return;
   }
+  stream(self, false);
   start_decode(self);
 }
 
@@ -381,6 +412,15 @@ request_actor::behavior_type request_impl(request_pointer self, request_plan pla
         st.started = st.stage_started = self->clock().now();
         st.out.request_id = st.plan.request_id;
         st.out.num_prompt_tokens = static_cast<uint32_t>(st.plan.prompt_tokens.size());
+        if (st.plan.sink) {
+          // A client that goes away (its process, its connection) cancels its request.
+          self->monitor(st.plan.sink);
+          self->set_down_handler([=](caf::down_msg& dm) {
+            if (dm.source == caf::actor_cast<caf::actor_addr>(self->state.plan.sink))
+              answer(self, make_error(errc::cancelled, where(self->state.plan.request_id, "", "stream") +
+                                                           ": the client went away"));
+          });
+        }
         if (st.plan.store.enabled())
           check(self);
         else
@@ -398,7 +438,12 @@ request_actor::behavior_type request_impl(request_pointer self, request_plan pla
           answer(self, caf::error{});
           return;
         }
+        stream(self, false);
         arm_watchdog(self);
+      },
+      [=](cancel_atom) {
+        answer(self, make_error(errc::cancelled, where(self->state.plan.request_id, "", "stream") +
+                                                     ": cancelled by the client"));
       },
       [=](watchdog_atom, uint64_t seq) {
         auto& st = self->state;
@@ -412,6 +457,27 @@ request_actor::behavior_type request_impl(request_pointer self, request_plan pla
 }
 
 }  // namespace
+
+size_t streamable_prefix(const std::string& text, const std::vector<std::string>& stop) {
+  size_t end = text.size();
+  // An unfinished UTF-8 character: its lead byte is among the last three bytes and announces
+  // more continuation bytes than follow it.
+  for (size_t back = 1; back <= 3 && back <= end; ++back) {
+    const auto c = static_cast<unsigned char>(text[end - back]);
+    if ((c & 0xC0) == 0x80) continue;  // a continuation byte: keep looking for the lead
+    const size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+    if (need > back) end -= back;
+    break;
+  }
+  size_t hold = 0;
+  for (const auto& s : stop)
+    for (size_t k = std::min(s.size() - (s.empty() ? 0 : 1), end); k > hold; --k)
+      if (text.compare(end - k, k, s, 0, k) == 0) {
+        hold = k;
+        break;
+      }
+  return end - hold;
+}
 
 request_actor spawn_request(caf::actor_system& sys, request_plan plan) {
   return sys.spawn(request_impl, std::move(plan));

@@ -27,9 +27,16 @@ struct request_plan {
   store_access store;  ///< off by default: no CHECK, no prefix loading, no write-back
   std::shared_ptr<const gpu::tokenizer> tokenizer;  ///< decodes the completion's text (null: bytes)
   std::vector<int32_t> extra_eos_token_ids;         ///< also end the sequence (unless ignore_eos)
+  client_sink_actor sink;  ///< streaming: receives stream_chunks (null: the completion only)
 };
 
-/// One request's state machine. It answers `run` exactly once: with the completion, or with an
+/// How much of `text` may be streamed now: all of it but an unfinished UTF-8 character at
+/// its end and the longest tail that is the start of one of the stop strings (which a later
+/// token could complete, and which would then be cut off). Exposed for tests.
+size_t streamable_prefix(const std::string& text, const std::vector<std::string>& stop);
+
+/// One request's state machine. With a sink it streams chunks as tokens come; cancel_atom, or
+/// the sink going down, ends it with errc::cancelled. It answers `run` exactly once: with the completion, or with an
 /// error naming the request, the rank and the stage that failed. Every hop has a deadline; it
 /// releases any KV lease it holds on every failure path.
 request_actor spawn_request(caf::actor_system& sys, request_plan plan);

@@ -70,10 +70,49 @@ struct router_state {
   decode_balancer_actor decode;
   store_access store;
   uint64_t last_request = 0;
+  uint64_t num_rejected = 0;
+  uint64_t num_active = 0;  ///< request actors alive (monitored: their down message counts them out)
   static inline const char* name = "baton.router";
 };
 
 using router_pointer = router_actor::stateful_pointer<router_state>;
+
+/// Asks both balancers and every store actor for their numbers, in parallel; whoever does not
+/// answer within a second is left out (the answer is a snapshot, never an error).
+caf::result<cluster_stats> collect_stats(router_pointer self) {
+  auto& s = self->state;
+  auto out = std::make_shared<cluster_stats>();
+  out->model = s.model.name;
+  out->context_tokens = s.model.max_position_embeddings;
+  out->num_admitted = s.last_request - s.num_rejected;
+  out->num_rejected = s.num_rejected;
+  out->num_active = s.num_active;
+  auto rp = self->make_response_promise<cluster_stats>();
+  auto left = std::make_shared<size_t>(2 + s.store.index.size() + s.store.servers.size());
+  auto done = [rp, out, left]() mutable {
+    if (--*left == 0) rp.deliver(*out);
+  };
+  const auto timeout = std::chrono::seconds{1};
+  auto add = [out](const store_stats& x) {
+    auto& t = out->store;
+    t.blocks += x.blocks, t.checks += x.checks, t.hit_blocks += x.hit_blocks, t.evicted += x.evicted;
+    t.expired += x.expired, t.blocks_written += x.blocks_written, t.blocks_read += x.blocks_read;
+    t.read_failures += x.read_failures, t.bytes_read += x.bytes_read, t.bytes_written += x.bytes_written;
+  };
+  self->request(s.prefill, timeout, stats_atom::value)
+      .then([=](std::vector<rank_load>& l) mutable { out->prefill = std::move(l), done(); },
+            [=](caf::error&) mutable { done(); });
+  self->request(s.decode, timeout, stats_atom::value)
+      .then([=](std::vector<rank_load>& l) mutable { out->decode = std::move(l), done(); },
+            [=](caf::error&) mutable { done(); });
+  for (const auto& shard : s.store.index)
+    self->request(shard, timeout, stats_atom::value)
+        .then([=](store_stats& x) mutable { add(x), done(); }, [=](caf::error&) mutable { done(); });
+  for (const auto& server : s.store.servers)
+    self->request(server, timeout, stats_atom::value)
+        .then([=](store_stats& x) mutable { add(x), done(); }, [=](caf::error&) mutable { done(); });
+  return rp;
+}
 
 router_actor::behavior_type router_impl(router_pointer self, router_config cfg, gpu::model_config model,
                                         prefill_balancer_actor prefill, decode_balancer_actor decode,
@@ -84,19 +123,27 @@ router_actor::behavior_type router_impl(router_pointer self, router_config cfg, 
   st.model = std::move(model);
   st.prefill = std::move(prefill);
   st.decode = std::move(decode);
+  self->set_down_handler([=](caf::down_msg&) { --self->state.num_active; });
+  auto admit = [=](generate_request& req, client_sink_actor sink) -> caf::result<completion> {
+    auto& s = self->state;
+    const uint64_t id = ++s.last_request;
+    std::vector<int32_t> tokens;
+    if (auto why = tokenize_and_validate(req, s.model, s.cfg.max_new_tokens_limit, &tokens, s.cfg.tokenizer.get());
+        !why.empty()) {
+      ++s.num_rejected;
+      return make_error(errc::bad_request, where(id, "", "admission") + ": " + why);
+    }
+    auto r = spawn_request(self->system(), request_plan{id, std::move(tokens), std::move(req), s.prefill, s.decode,
+                                                        s.model.eos_token_id, s.cfg.request, s.store, s.cfg.tokenizer,
+                                                        s.cfg.extra_eos_token_ids, std::move(sink)});
+    self->monitor(r);
+    ++s.num_active;
+    return self->delegate(r, run_atom::value);
+  };
   return {
-      [=](generate_atom, generate_request& req) -> caf::result<completion> {
-        auto& s = self->state;
-        const uint64_t id = ++s.last_request;
-        std::vector<int32_t> tokens;
-        if (auto why = tokenize_and_validate(req, s.model, s.cfg.max_new_tokens_limit, &tokens, s.cfg.tokenizer.get());
-            !why.empty())
-          return make_error(errc::bad_request, where(id, "", "admission") + ": " + why);
-        auto r = spawn_request(self->system(), request_plan{id, std::move(tokens), std::move(req), s.prefill,
-                                                            s.decode, s.model.eos_token_id, s.cfg.request, s.store,
-                                                            s.cfg.tokenizer, s.cfg.extra_eos_token_ids});
-        return self->delegate(r, run_atom::value);
-      },
+      [=](generate_atom, generate_request& req) { return admit(req, {}); },
+      [=](generate_atom, generate_request& req, client_sink_actor& sink) { return admit(req, std::move(sink)); },
+      [=](stats_atom) -> caf::result<cluster_stats> { return collect_stats(self); },
   };
 }
 

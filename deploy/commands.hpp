@@ -24,4 +24,10 @@ bool load_model_into(const std::string& dir, local_cluster_config* cfg, std::str
 /// the cost models and writes them, with the samples and held-out error, to a profile file.
 int run_profile(const std::vector<std::string>& args);
 
+/// `baton gateway`: the OpenAI-compatible HTTP gateway in front of a remote router.
+int run_gateway(const std::vector<std::string>& args);
+
+/// `baton generate`: one or more prompts to a running cluster, streamed to stdout.
+int run_generate(const std::vector<std::string>& args);
+
 }  // namespace baton::deploy

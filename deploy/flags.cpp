@@ -118,4 +118,23 @@ std::string flag_set::usage() const {
   return out;
 }
 
+bool parse_host_port(const std::string& text, const std::string& what, std::string* host, uint16_t* port,
+                     std::string* why) {
+  const auto colon = text.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == text.size()) {
+    *why = what + " needs HOST:PORT, got '" + text + "'";
+    return false;
+  }
+  uint32_t p = 0;
+  const auto port_text = text.substr(colon + 1);
+  const auto [end, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), p);
+  if (ec != std::errc{} || end != port_text.data() + port_text.size() || p > 65535) {
+    *why = what + " has a bad port in '" + text + "'";
+    return false;
+  }
+  *host = text.substr(0, colon);
+  *port = static_cast<uint16_t>(p);
+  return true;
+}
+
 }  // namespace baton::deploy

@@ -41,4 +41,9 @@ private:
   bool help_ = false;
 };
 
+/// Splits "HOST:PORT" (port 0..65535; 0 = any free port when listening). False and a sentence
+/// naming `what` when malformed.
+bool parse_host_port(const std::string& text, const std::string& what, std::string* host, uint16_t* port,
+                     std::string* why);
+
 }  // namespace baton::deploy

@@ -17,6 +17,7 @@
 #include "actors/messages.hpp"
 #include "deploy/commands.hpp"
 #include "deploy/flags.hpp"
+#include "deploy/gateway.hpp"
 #include "deploy/processes.hpp"
 #include "deploy/profile_file.hpp"
 #include "gpu/hf_model.hpp"
@@ -60,6 +61,12 @@ struct local_options {
   bool chat = false;               ///< prompts as chat messages
   uint32_t repeat = 1;             ///< rounds of the prompts, sequentially (a later round can hit the store)
   std::string profile;             ///< cost-model profile file; empty = built-in CPU profile
+  // Serving (--serve): no sample prompts; clients reach the cluster until SIGINT/SIGTERM.
+  bool serve = false;
+  std::string router_listen;       ///< HOST:PORT to publish the router on (C++ clients, gateways)
+  std::string cluster_listen;      ///< HOST:PORT to publish the decode balancer on (`baton node`)
+  std::string http_listen;         ///< HOST:PORT of an in-process OpenAI-compatible gateway
+  std::vector<std::string> api_keys;
 };
 
 double mean(const std::vector<int64_t>& xs) {
@@ -80,6 +87,63 @@ double percentile_ms(std::vector<int64_t> xs, double p) {
 void print_row(const char* what, const std::vector<int64_t>& us) {
   std::printf("  %-22s p50 %9.3f   p90 %9.3f   p99 %9.3f ms   (%zu samples)\n", what, percentile_ms(us, 50),
               percentile_ms(us, 90), percentile_ms(us, 99), us.size());
+}
+
+/// --serve: publishes what clients and nodes connect to, prints where (one line each, for
+/// people and for the launcher), and serves until SIGINT or SIGTERM.
+int serve(caf::actor_system& sys, const local_cluster& cluster, const local_options& opt) {
+  std::string host, why;
+  uint16_t port = 0;
+  if (opt.router_listen.empty() && opt.http_listen.empty()) {
+    std::fprintf(stderr, "baton local: --serve needs --router-listen or --http-listen\n");
+    return 2;
+  }
+  if (!opt.router_listen.empty()) {
+    if (!parse_host_port(opt.router_listen, "--router-listen", &host, &port, &why)) {
+      std::fprintf(stderr, "baton local: %s\n", why.c_str());
+      return 2;
+    }
+    auto bound = sys.middleman().publish(cluster.router, port, host.c_str(), true);
+    if (!bound) {
+      std::fprintf(stderr, "baton local: cannot publish the router on %s: %s\n", opt.router_listen.c_str(),
+                   sys.render(bound.error()).c_str());
+      return 1;
+    }
+    std::printf("baton local: router listening on %s:%u\n", host.c_str(), static_cast<unsigned>(*bound));
+  }
+  if (!opt.cluster_listen.empty()) {
+    if (!parse_host_port(opt.cluster_listen, "--cluster-listen", &host, &port, &why)) {
+      std::fprintf(stderr, "baton local: %s\n", why.c_str());
+      return 2;
+    }
+    auto bound = sys.middleman().publish(cluster.decode_balancer, port, host.c_str(), true);
+    if (!bound) {
+      std::fprintf(stderr, "baton local: cannot publish the decode balancer on %s: %s\n", opt.cluster_listen.c_str(),
+                   sys.render(bound.error()).c_str());
+      return 1;
+    }
+    std::printf("baton local: cluster listening on %s:%u\n", host.c_str(), static_cast<unsigned>(*bound));
+  }
+  gateway_handle gateway;
+  if (!opt.http_listen.empty()) {
+    gateway_config gc;
+    gc.api_keys = opt.api_keys;
+    if (!parse_host_port(opt.http_listen, "--http-listen", &gc.host, &gc.port, &why) ||
+        !spawn_gateway(sys, gc, cluster.router, &gateway, &why)) {
+      std::fprintf(stderr, "baton local: %s\n", why.c_str());
+      return 2;
+    }
+    std::printf("baton local: gateway listening on http://%s:%u\n", gc.host.c_str(), static_cast<unsigned>(gateway.port));
+  }
+  std::printf("baton local: serving; SIGINT or SIGTERM stops\n");
+  std::fflush(stdout);
+  install_stop_signals();
+  while (!stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds{100});
+  caf::scoped_actor self{sys};
+  if (gateway.server) self->send_exit(gateway.server, caf::exit_reason::user_shutdown);
+  for (auto& a : cluster.actors()) self->send_exit(a, caf::exit_reason::user_shutdown);
+  std::printf("baton local: stopped\n");
+  return 0;
 }
 
 }  // namespace
@@ -141,6 +205,12 @@ int run_local(const std::vector<std::string>& args) {
   flags.add("--decode-processes", &opt.decode_processes,
             "run this many decode ranks as separate `baton node` processes (KV over UCX) instead of in-process");
   flags.add("--ignore-eos", &opt.ignore_eos, "generate max-tokens even past <eos>");
+  flags.add("--serve", &opt.serve, "serve clients until SIGINT/SIGTERM instead of answering sample prompts");
+  flags.add("--router-listen", &opt.router_listen, "--serve: publish the router on HOST:PORT (port 0: any free port)");
+  flags.add("--cluster-listen", &opt.cluster_listen,
+            "--serve: publish the decode balancer on HOST:PORT for `baton node` processes to join");
+  flags.add("--http-listen", &opt.http_listen, "--serve: an OpenAI-compatible HTTP gateway on HOST:PORT");
+  flags.add("--api-key", &opt.api_keys, "--serve: an API key the gateway accepts as a bearer token (repeatable)");
   if (auto rc = flags.parse_command_line(args, "local", "baton local [flags]")) return *rc;
   if (opt.model != "random") {
     std::string why;
@@ -176,8 +246,8 @@ int run_local(const std::vector<std::string>& args) {
     opt.cluster.num_decode_ranks = 0;  // they join from their own processes
     opt.cluster.transport = "ucx";     // loopback cannot cross processes
   }
-  if (opt.cluster.num_decode_ranks == 0 && opt.decode_processes == 0) {
-    std::fprintf(stderr, "baton local: need --decode-ranks >= 1 or --decode-processes >= 1\n");
+  if (opt.cluster.num_decode_ranks == 0 && opt.decode_processes == 0 && opt.cluster_listen.empty()) {
+    std::fprintf(stderr, "baton local: need --decode-ranks >= 1, --decode-processes >= 1 or --cluster-listen\n");
     return 2;
   }
   if (auto err = opt.cluster.validate(); !err.empty()) {
@@ -193,7 +263,7 @@ int run_local(const std::vector<std::string>& args) {
   // adds ~100 us to every hop onto an idle worker (platform-notes §1.4).
   cfg.set("work-stealing.moderate-poll-attempts", opt.poll_attempts);
   cfg.set("logger.console-verbosity", caf::atom("quiet"));
-  if (opt.decode_processes > 0) cfg.load<caf::io::middleman>();
+  if (opt.decode_processes > 0 || opt.serve) cfg.load<caf::io::middleman>();
   caf::actor_system sys{cfg};
 
   const auto& m = opt.cluster.model;
@@ -247,6 +317,8 @@ int run_local(const std::vector<std::string>& args) {
     std::printf("baton local: %u decode process(es) joined over 127.0.0.1:%u, KV over UCX\n", opt.decode_processes,
                 static_cast<unsigned>(*port));
   }
+
+  if (opt.serve) return serve(sys, cluster, opt);
 
   struct pending {
     std::string prompt;

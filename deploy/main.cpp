@@ -16,6 +16,8 @@ const char* usage =
     "            process on the built-in model and answer sample prompts\n"
     "            (--decode-processes N puts the decode ranks in their own processes)\n"
     "  node      one rank in its own process, joined to a head (what `local` starts)\n"
+    "  gateway   an OpenAI-compatible HTTP gateway in front of a running cluster's router\n"
+    "  generate  send prompts to a running cluster's router and stream the answers\n"
     "  profile   measure the executor, fit the prefill and decode cost models, write a\n"
     "            profile file (--out) that balancers and sims load\n"
     "\n"
@@ -33,6 +35,8 @@ int main(int argc, char** argv) {
   if (cmd == "local") return baton::deploy::run_local(args);
   if (cmd == "node") return baton::deploy::run_node(args);
   if (cmd == "profile") return baton::deploy::run_profile(args);
+  if (cmd == "gateway") return baton::deploy::run_gateway(args);
+  if (cmd == "generate") return baton::deploy::run_generate(args);
   if (cmd == "--help" || cmd == "-h" || cmd == "help") {
     std::fputs(usage, stdout);
     return 0;

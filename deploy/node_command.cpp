@@ -3,7 +3,6 @@
 // UCX and streams tokens back to request actors in the head -- all through CAF's network layer.
 // It exits when the head goes away or on SIGTERM/SIGINT.
 
-#include <charconv>
 #include <cstdio>
 
 #include <caf/actor_system.hpp>
@@ -41,25 +40,18 @@ int run_node(const std::vector<std::string>& args) {
   std::string model_dir = "random";
   flags.add("--model", &model_dir, "the head's model directory, or `random` for the seeded random model");
   if (auto rc = flags.parse_command_line(args, "node", "baton node --role decode --connect HOST:PORT [flags]")) return *rc;
-  const auto colon = connect.rfind(':');
   if (role != "decode") {
     std::fprintf(stderr, "baton node: --role must be decode (got '%s')\n", role.c_str());
     return 2;
   }
-  if (colon == std::string::npos || colon + 1 == connect.size()) {
-    std::fprintf(stderr, "baton node: --connect needs HOST:PORT, got '%s'\n", connect.c_str());
-    return 2;
-  }
-  uint32_t port = 0;
-  const auto port_text = connect.substr(colon + 1);
-  const auto [end, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
-  if (ec != std::errc{} || end != port_text.data() + port_text.size() || port == 0 || port > 65535) {
-    std::fprintf(stderr, "baton node: --connect has a bad port in '%s'\n", connect.c_str());
+  std::string host, why;
+  uint16_t port = 0;
+  if (!parse_host_port(connect, "--connect", &host, &port, &why) || port == 0) {
+    std::fprintf(stderr, "baton node: %s\n", why.empty() ? "--connect needs a non-zero port" : why.c_str());
     return 2;
   }
   local_cluster_config loaded;  // the model this node serves: the head's
   if (model_dir != "random") {
-    std::string why;
     if (!load_model_into(model_dir, &loaded, &why)) {
       std::fprintf(stderr, "baton node: %s\n", why.c_str());
       return 2;
@@ -78,14 +70,12 @@ int run_node(const std::vector<std::string>& args) {
   cfg.set("scheduler.max-threads", scheduler_threads);
   cfg.set("work-stealing.moderate-poll-attempts", poll_attempts);
   caf::actor_system sys{cfg};
-  auto balancer = sys.middleman().remote_actor<decode_balancer_actor>(connect.substr(0, colon),
-                                                                      static_cast<uint16_t>(port));
+  auto balancer = sys.middleman().remote_actor<decode_balancer_actor>(host, port);
   if (!balancer) {
     std::fprintf(stderr, "baton node %s: cannot reach the decode balancer at %s: %s\n", rank.name.c_str(),
                  connect.c_str(), sys.render(balancer.error()).c_str());
     return 1;
   }
-  std::string why;
   auto xport = transport::make_ucx_transport({rank.name}, &why);
   if (!xport) {
     std::fprintf(stderr, "baton node %s: UCX: %s\n", rank.name.c_str(), why.c_str());

@@ -1,0 +1,95 @@
+#pragma once
+
+// Baton's C++ client: connect to a cluster's router over CAF's network layer, submit requests,
+// receive their tokens as a stream of chunks, cancel. This header has no CAF in it; link the
+// `baton::client` library (`find_package(baton)` after `cmake --install`).
+//
+//   auto conn = baton::client::connection::connect("127.0.0.1", 7100, &why);
+//   auto s = conn->submit({.prompt = "Hello", .max_tokens = 16});
+//   baton::client::token_chunk c;
+//   while (s->next(&c)) std::cout << c.text << std::flush;
+//   if (s->failed()) std::cerr << s->error().message;
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace baton::client {
+
+struct request {
+  std::string prompt;                  ///< text (the cluster tokenizes it); or ...
+  std::vector<int32_t> prompt_tokens;  ///< ... token ids; or ...
+  std::vector<std::pair<std::string, std::string>> messages;  ///< ... a chat: (role, content)
+  int32_t max_tokens = 16;
+  float temperature = 0.0f;            ///< 0 = greedy
+  uint64_t seed = 0;                   ///< sampling seed when temperature > 0
+  uint32_t top_k = 0;                  ///< 0 = off
+  float top_p = 1.0f;
+  float repetition_penalty = 1.0f;
+  float presence_penalty = 0.0f;
+  std::vector<std::string> stop;
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;
+  std::string traffic_class = "chat";  ///< chat | agent | batch
+  std::string priority = "interactive";
+};
+
+/// New tokens of a request, in order; the last chunk has a finish_reason.
+struct token_chunk {
+  uint64_t request_id = 0;
+  uint32_t first_index = 0;     ///< index of tokens[0] among the generated tokens
+  std::vector<int32_t> tokens;
+  std::string text;             ///< never ends inside a UTF-8 character
+  std::string finish_reason;    ///< empty until the last chunk: eos | stop | length
+};
+
+/// The whole answer, when the stream has ended well.
+struct result {
+  uint64_t request_id = 0;
+  std::vector<int32_t> tokens;
+  std::string text;
+  std::string finish_reason;
+  uint32_t num_prompt_tokens = 0;
+  uint32_t cached_tokens = 0;       ///< prompt tokens loaded from a cache instead of computed
+  int64_t ttft_us = 0;
+  std::vector<int64_t> tbt_us;
+  std::string prefill_rank, decode_rank;
+};
+
+struct error {
+  std::string code;     ///< bad_request, kv_capacity, rank_unavailable, deadline_exceeded, cancelled, ...
+  std::string message;  ///< names the request, the rank and the stage
+  bool retryable = false;
+};
+
+/// One request in flight. Not thread-safe: one thread reads it.
+class stream {
+ public:
+  virtual ~stream() = default;
+  /// Waits up to `timeout` for the next chunk; false when the stream has ended (see failed())
+  /// or the wait timed out (see timed_out()).
+  virtual bool next(token_chunk* out, std::chrono::milliseconds timeout = std::chrono::minutes{10}) = 0;
+  /// Stops the generation; the stream then ends with error code "cancelled".
+  virtual void cancel() = 0;
+  virtual bool done() const = 0;       ///< the stream has ended (well or not)
+  virtual bool failed() const = 0;     ///< ... with an error
+  virtual bool timed_out() const = 0;  ///< the last next() gave up waiting
+  virtual const result& final_result() const = 0;  ///< after a good end
+  virtual const error& error_info() const = 0;     ///< after a failure
+};
+
+/// A connection to one router. Thread-safe: several threads may submit.
+class connection {
+ public:
+  virtual ~connection() = default;
+  /// Connects to the router published at host:port; null and why on failure.
+  static std::unique_ptr<connection> connect(const std::string& host, uint16_t port, std::string* why);
+  virtual std::unique_ptr<stream> submit(const request& r) = 0;
+  /// The served model's name and context length, asked from the router.
+  virtual bool model_info(std::string* name, uint32_t* context_tokens, std::string* why) = 0;
+};
+
+}  // namespace baton::client

@@ -1,0 +1,207 @@
+// The client library's one translation unit: an actor system of its own, the router as a remote
+// actor, and per request a small sink actor that turns stream_chunk messages into a queue that
+// the caller's thread reads.
+
+#include "client/baton/client.hpp"
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/event_based_actor.hpp>
+#include <caf/io/middleman.hpp>
+#include <caf/scoped_actor.hpp>
+#include <caf/send.hpp>
+
+#include "actors/messages.hpp"
+
+namespace baton::client {
+
+namespace {
+
+/// What the sink actor hands to the reading thread. The sink pushes, the reader pops.
+struct channel {
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::deque<token_chunk> chunks;
+  bool ended = false;
+  bool failed = false;
+  result done;
+  error err;
+};
+
+error to_client_error(caf::actor_system& sys, const caf::error& e) {
+  error out;
+  if (e.category() == caf::atom("baton")) {
+    const auto code = static_cast<errc>(e.code());
+    out.code = to_string(code);
+    out.retryable = is_retryable(code);
+    out.message = e.context().match_elements<std::string>() ? e.context().get_as<std::string>(0) : sys.render(e);
+  } else {
+    out.code = e == caf::sec::request_receiver_down ? "rank_unavailable" : "transport";
+    out.retryable = true;
+    out.message = "the router: " + sys.render(e);
+  }
+  return out;
+}
+
+generate_request to_request(const request& r) {
+  generate_request g;
+  g.prompt = r.prompt;
+  g.prompt_tokens = r.prompt_tokens;
+  for (const auto& [role, content] : r.messages) g.messages.push_back({role, content});
+  g.max_tokens = r.max_tokens;
+  g.temperature = r.temperature;
+  g.seed = r.seed;
+  g.top_k = r.top_k;
+  g.top_p = r.top_p;
+  g.repetition_penalty = r.repetition_penalty;
+  g.presence_penalty = r.presence_penalty;
+  g.stop = r.stop;
+  g.stop_token_ids = r.stop_token_ids;
+  g.ignore_eos = r.ignore_eos;
+  g.traffic_class = r.traffic_class;
+  g.priority = r.priority;
+  return g;
+}
+
+caf::behavior sink_impl(caf::event_based_actor* self, router_actor router, generate_request req,
+                        std::shared_ptr<channel> ch) {
+  auto end = [ch](auto&& fill) {
+    std::lock_guard<std::mutex> guard{ch->mutex};
+    if (ch->ended) return;
+    fill();
+    ch->ended = true;
+    ch->cv.notify_all();
+  };
+  self->request(router, caf::infinite, generate_atom::value, std::move(req), caf::actor_cast<client_sink_actor>(self))
+      .then(
+          [=](completion& c) {
+            end([&] {
+              ch->done = {c.request_id,   std::move(c.tokens), std::move(c.text), std::move(c.finish_reason),
+                          c.num_prompt_tokens, c.cached_tokens, c.ttft_us,        std::move(c.tbt_us),
+                          c.prefill_rank, c.decode_rank};
+            });
+            self->quit();
+          },
+          [=](caf::error& e) {
+            end([&] {
+              ch->failed = true;
+              ch->err = to_client_error(self->system(), e);
+            });
+            self->quit();
+          });
+  return {
+      [=](stream_chunk& c) {
+        std::lock_guard<std::mutex> guard{ch->mutex};
+        ch->chunks.push_back({c.request_id, c.first_index, std::move(c.tokens), std::move(c.text), std::move(c.finish_reason)});
+        ch->cv.notify_all();
+      },
+  };
+}
+
+class stream_impl final : public stream {
+ public:
+  stream_impl(caf::actor sink, std::shared_ptr<channel> ch) : sink_(std::move(sink)), ch_(std::move(ch)) {}
+  ~stream_impl() override {
+    if (!done()) cancel();
+  }
+
+  bool next(token_chunk* out, std::chrono::milliseconds timeout) override {
+    std::unique_lock<std::mutex> lock{ch_->mutex};
+    timed_out_ = !ch_->cv.wait_for(lock, timeout, [&] { return !ch_->chunks.empty() || ch_->ended; });
+    if (ch_->chunks.empty()) return false;
+    *out = std::move(ch_->chunks.front());
+    ch_->chunks.pop_front();
+    return true;
+  }
+  void cancel() override {
+    {
+      std::lock_guard<std::mutex> guard{ch_->mutex};
+      if (ch_->ended) return;
+      ch_->ended = ch_->failed = true;
+      ch_->err = {"cancelled", "cancelled by the client", false};
+      ch_->cv.notify_all();
+    }
+    // The request actor watches its sink: the sink's exit cancels the generation and frees its KV.
+    caf::anon_send_exit(sink_, caf::exit_reason::user_shutdown);
+  }
+  bool done() const override {
+    std::lock_guard<std::mutex> guard{ch_->mutex};
+    return ch_->ended && ch_->chunks.empty();
+  }
+  bool failed() const override {
+    std::lock_guard<std::mutex> guard{ch_->mutex};
+    return ch_->failed;
+  }
+  bool timed_out() const override { return timed_out_; }
+  const result& final_result() const override { return ch_->done; }
+  const error& error_info() const override { return ch_->err; }
+
+ private:
+  caf::actor sink_;
+  std::shared_ptr<channel> ch_;
+  bool timed_out_ = false;
+};
+
+caf::actor_system_config& client_config(caf::actor_system_config& cfg) {
+  register_message_types(cfg);
+  cfg.load<caf::io::middleman>();
+  cfg.set("scheduler.max-threads", 2);
+  cfg.set("work-stealing.moderate-poll-attempts", 0);
+  cfg.set("logger.console-verbosity", caf::atom("quiet"));
+  return cfg;
+}
+
+class connection_impl final : public connection {
+ public:
+  connection_impl() : sys_{client_config(cfg_)} {}
+  ~connection_impl() override = default;
+
+  bool open(const std::string& host, uint16_t port, std::string* why) {
+    auto r = sys_.middleman().remote_actor<router_actor>(host, port);
+    if (!r) {
+      *why = "cannot reach a Baton router at " + host + ":" + std::to_string(port) + ": " + sys_.render(r.error());
+      return false;
+    }
+    router_ = *r;
+    return true;
+  }
+
+  std::unique_ptr<stream> submit(const request& r) override {
+    auto ch = std::make_shared<channel>();
+    auto sink = sys_.spawn(sink_impl, router_, to_request(r), ch);
+    return std::make_unique<stream_impl>(std::move(sink), std::move(ch));
+  }
+
+  bool model_info(std::string* name, uint32_t* context_tokens, std::string* why) override {
+    caf::scoped_actor self{sys_};
+    bool ok = false;
+    self->request(router_, std::chrono::seconds{10}, stats_atom::value)
+        .receive(
+            [&](cluster_stats& s) {
+              *name = s.model;
+              *context_tokens = s.context_tokens;
+              ok = true;
+            },
+            [&](caf::error& e) { *why = "the router did not answer: " + sys_.render(e); });
+    return ok;
+  }
+
+ private:
+  caf::actor_system_config cfg_;
+  caf::actor_system sys_;
+  router_actor router_;
+};
+
+}  // namespace
+
+std::unique_ptr<connection> connection::connect(const std::string& host, uint16_t port, std::string* why) {
+  auto c = std::make_unique<connection_impl>();
+  if (!c->open(host, port, why)) return nullptr;
+  return c;
+}
+
+}  // namespace baton::client

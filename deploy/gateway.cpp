@@ -1,0 +1,349 @@
+#include "deploy/gateway.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <optional>
+
+#include <caf/actor_system.hpp>
+#include <caf/io/broker.hpp>
+#include <caf/io/middleman.hpp>
+#include <caf/scoped_actor.hpp>
+
+#include "deploy/metrics.hpp"
+#include "deploy/openai.hpp"
+
+namespace baton::deploy {
+
+std::string gateway_config::validate() const {
+  if (host.empty()) return "gateway: host must not be empty";
+  if (request_timeout_ms == 0) return "gateway: request_timeout_ms must be >= 1";
+  if (max_connections == 0) return "gateway: max_connections must be >= 1";
+  for (const auto& k : api_keys)
+    if (k.empty()) return "gateway: an API key must not be empty";
+  if (limits.max_body_bytes == 0 || limits.max_header_bytes < 64) return "gateway: HTTP limits are too small";
+  return {};
+}
+
+namespace {
+
+/// What every connection of one gateway shares.
+struct gateway_shared {
+  gateway_config cfg;
+  router_actor router;
+  std::string model;
+  int64_t started_s = 0;
+  gateway_metrics metrics;
+  std::atomic<uint32_t> num_connections{0};
+  std::atomic<uint64_t> last_id{0};
+};
+using shared_ptr = std::shared_ptr<gateway_shared>;
+
+/// One connection's progress. Requests on a connection are answered one at a time, in order
+/// (HTTP/1.1 pipelining); `busy` holds the next one back until the current one is answered.
+struct connection_state {
+  std::string in;  ///< received, not yet parsed
+  bool busy = false;
+  bool keep_alive = true;
+  std::string route;
+  // The streamed answer in progress, if any.
+  std::optional<openai::call> call;
+  std::string id;
+  int64_t created = 0;
+  bool head_sent = false;
+  bool first_chunk = true;
+};
+using state_ptr = std::shared_ptr<connection_state>;
+
+int64_t unix_seconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+/// The HTTP status and message for a failed generation.
+std::pair<int, std::string> status_of(caf::actor_system& sys, const caf::error& err) {
+  if (err.category() == caf::atom("baton")) {
+    std::string msg = err.context().match_elements<std::string>() ? err.context().get_as<std::string>(0) : sys.render(err);
+    switch (static_cast<errc>(err.code())) {
+      case errc::bad_request: return {400, msg};
+      case errc::deadline_exceeded: return {504, msg};
+      case errc::executor_failed:
+      case errc::layout_mismatch: return {500, msg};
+      case errc::cancelled: return {499, msg};
+      default: return {503, msg};  // retryable: capacity, ranks, transfers, leases
+    }
+  }
+  if (err == caf::sec::request_timeout) return {504, "the cluster did not answer within the gateway's request timeout"};
+  if (err == caf::sec::request_receiver_down) return {503, "the router is not reachable"};
+  return {503, "the router failed the request: " + sys.render(err)};
+}
+
+openai::api_error api_error_of(int status, std::string message) {
+  return {status, std::move(message), status < 500 ? "invalid_request_error" : "server_error", {}};
+}
+
+void write(caf::io::broker* self, caf::io::connection_handle hdl, const std::string& data) {
+  if (data.empty()) return;
+  self->write(hdl, data.size(), data.data());
+  self->flush(hdl);
+}
+
+void pump(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st);
+
+/// Ends the current answer: the next pipelined request may start, or the connection closes.
+void finish(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st) {
+  st->busy = false;
+  st->call.reset();
+  if (!st->keep_alive) {
+    self->close(hdl);
+    self->quit();
+    return;
+  }
+  pump(self, hdl, g, st);
+}
+
+void reply(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st, int status,
+           const std::string& body, const char* content_type = "application/json", http::header_list extra = {}) {
+  g->metrics.count_response(st->route, status);
+  if (status == 503 || status == 429) extra.emplace_back("Retry-After", "1");
+  write(self, hdl, http::response(status, content_type, body, st->keep_alive, extra));
+  finish(self, hdl, g, st);
+}
+
+void reply_error(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st,
+                 const openai::api_error& e, http::header_list extra = {}) {
+  reply(self, hdl, g, st, e.status, openai::error_json(e), "application/json", std::move(extra));
+}
+
+void event(caf::io::broker* self, caf::io::connection_handle hdl, const std::string& data) {
+  write(self, hdl, http::chunk("data: " + data + "\n\n"));
+}
+
+void generate(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st,
+              const http::request& req, bool chat) {
+  openai::call call;
+  openai::api_error err;
+  if (!openai::parse_body(req.body, chat, g->model, &call, &err)) return reply_error(self, hdl, g, st, err);
+  st->id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(g->started_s) + "-" + std::to_string(++g->last_id);
+  st->created = unix_seconds();
+  const auto timeout = std::chrono::milliseconds{g->cfg.request_timeout_ms};
+  auto on_error = [=](caf::error& e) {
+    auto [status, msg] = status_of(self->system(), e);
+    if (!st->head_sent) return reply_error(self, hdl, g, st, api_error_of(status, msg));
+    // The stream has begun (status 200 is sent): the error travels as an event, as OpenAI's do.
+    g->metrics.count_response(st->route, status);
+    event(self, hdl, openai::error_json(api_error_of(status, msg)));
+    write(self, hdl, http::last_chunk());
+    finish(self, hdl, g, st);
+  };
+  if (!call.stream) {
+    auto shared_call = std::make_shared<openai::call>(call);
+    self->request(g->router, timeout, generate_atom::value, std::move(call.req))
+        .then(
+            [=](completion& done) {
+              g->metrics.record(done);
+              reply(self, hdl, g, st, 200, openai::completion_json(*shared_call, done, st->id, st->created));
+            },
+            on_error);
+    return;
+  }
+  st->head_sent = false;
+  st->first_chunk = true;
+  auto req_copy = call.req;
+  st->call = std::move(call);
+  self->request(g->router, timeout, generate_atom::value, std::move(req_copy),
+                caf::actor_cast<client_sink_actor>(self))
+      .then(
+          [=](completion& done) {
+            g->metrics.record(done);
+            g->metrics.count_response(st->route, 200);
+            if (st->call && st->call->include_usage)
+              event(self, hdl, openai::usage_chunk_json(*st->call, done, st->id, st->created));
+            event(self, hdl, "[DONE]");
+            write(self, hdl, http::last_chunk());
+            finish(self, hdl, g, st);
+          },
+          on_error);
+}
+
+/// A chunk of the streamed answer in progress: one server-sent event.
+void on_chunk(caf::io::broker* self, caf::io::connection_handle hdl, const state_ptr& st, const stream_chunk& c) {
+  if (!st->call) return;  // a late chunk of an answer already ended
+  if (!st->head_sent) {
+    write(self, hdl,
+          http::chunked_head(200, "text/event-stream", {{"Connection", st->keep_alive ? "keep-alive" : "close"}}));
+    st->head_sent = true;
+  }
+  // Nothing new to say (e.g. half a UTF-8 character held back): no event.
+  if (c.text.empty() && c.finish_reason.empty() && !(st->first_chunk && st->call->chat)) return;
+  event(self, hdl, openai::chunk_json(*st->call, c, st->id, st->created, st->first_chunk));
+  st->first_chunk = false;
+}
+
+/// Asks the router for the cluster's numbers; `then` gets them, or null when it did not answer.
+template <class F>
+void with_cluster_stats(caf::io::broker* self, const shared_ptr& g, F then) {
+  self->request(g->router, std::chrono::seconds{2}, stats_atom::value)
+      .then([=](cluster_stats& s) mutable { then(&s); }, [=](caf::error&) mutable { then(nullptr); });
+}
+
+bool authorized(const shared_ptr& g, const http::request& req) {
+  if (g->cfg.api_keys.empty() || req.path == "/health") return true;
+  const auto* auth = req.header("authorization");
+  if (!auth || auth->size() < 7 || auth->compare(0, 7, "Bearer ") != 0) return false;
+  const std::string_view key = std::string_view{*auth}.substr(7);
+  bool ok = false;
+  for (const auto& k : g->cfg.api_keys) ok |= http::constant_time_equal(key, k);  // no early exit
+  return ok;
+}
+
+void dispatch(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st,
+              const http::request& req) {
+  struct route {
+    const char* path;
+    const char* method;
+  };
+  static constexpr route routes[] = {{"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"},
+                                     {"/v1/models", "GET"},       {"/health", "GET"},
+                                     {"/metrics", "GET"}};
+  const route* found = nullptr;
+  for (const auto& r : routes)
+    if (req.path == r.path) found = &r;
+  st->route = found ? found->path : "other";
+  if (!found)
+    return reply_error(self, hdl, g, st, {404, "no route " + req.method + " " + req.path.substr(0, 128), "invalid_request_error", {}});
+  if (req.method != found->method)
+    return reply_error(self, hdl, g, st,
+                       {405, req.path + " takes " + found->method + ", not " + req.method.substr(0, 16), "invalid_request_error", {}},
+                       {{"Allow", found->method}});
+  if (!authorized(g, req))
+    return reply_error(self, hdl, g, st,
+                       {401, "missing or wrong API key: send Authorization: Bearer <key>", "invalid_request_error", {}},
+                       {{"WWW-Authenticate", "Bearer"}});
+  if (req.path == "/v1/completions") return generate(self, hdl, g, st, req, false);
+  if (req.path == "/v1/chat/completions") return generate(self, hdl, g, st, req, true);
+  if (req.path == "/v1/models") return reply(self, hdl, g, st, 200, openai::models_json(g->model, g->started_s));
+  if (req.path == "/health")
+    return with_cluster_stats(self, g, [=](const cluster_stats* s) {
+      if (!s) return reply_error(self, hdl, g, st, api_error_of(503, "the router did not answer"));
+      reply(self, hdl, g, st, 200,
+            "{\"status\":\"ok\",\"prefill_ranks\":" + std::to_string(s->prefill.size()) +
+                ",\"decode_ranks\":" + std::to_string(s->decode.size()) + "}");
+    });
+  with_cluster_stats(self, g, [=](const cluster_stats* s) {
+    reply(self, hdl, g, st, 200, g->metrics.render(s), "text/plain; version=0.0.4; charset=utf-8");
+  });
+}
+
+void pump(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st) {
+  if (st->busy || st->in.empty()) return;
+  http::request req;
+  const auto r = http::parse_request(st->in, g->cfg.limits, &req);
+  if (r.status == http::parse_status::incomplete) return;
+  st->busy = true;
+  if (r.status == http::parse_status::error) {
+    st->keep_alive = false;  // the stream cannot be trusted past a malformed request
+    st->route = "malformed";
+    return reply_error(self, hdl, g, st, {r.error_status, r.why, "invalid_request_error", {}});
+  }
+  st->in.erase(0, r.consumed);
+  st->keep_alive = req.keep_alive;
+  dispatch(self, hdl, g, st, req);
+}
+
+caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, shared_ptr g) {
+  auto st = std::make_shared<connection_state>();
+  self->configure_read(hdl, caf::io::receive_policy::at_most(64 * 1024));
+  self->attach_functor([g] { --g->num_connections; });
+  if (++g->num_connections > g->cfg.max_connections) {
+    st->keep_alive = false;
+    st->busy = true;
+    st->route = "refused";
+    reply_error(self, hdl, g, st, api_error_of(503, "too many connections; retry later"));
+  }
+  return {
+      [=](const caf::io::new_data_msg& msg) {
+        st->in.append(msg.buf.begin(), msg.buf.end());
+        // Bounded buffering: a client that pipelines past the limits is cut off by the parser.
+        pump(self, hdl, g, st);
+      },
+      [=](const caf::io::connection_closed_msg&) { self->quit(); },  // cancels a generation in flight
+      [=](stream_chunk& c) { on_chunk(self, hdl, st, c); },
+  };
+}
+
+caf::behavior server(caf::io::broker* self, int fd, shared_ptr g) {
+  self->add_doorman(fd);
+  return {
+      [=](const caf::io::new_connection_msg& msg) { self->fork(connection, msg.handle, g); },
+  };
+}
+
+/// A listening TCP socket on host:port (IPv4 literal or "localhost"); -1 and why on failure.
+int open_listener(const std::string& host, uint16_t port, uint16_t* bound, std::string* why) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  const std::string h = host == "localhost" ? "127.0.0.1" : host;
+  if (inet_pton(AF_INET, h.c_str(), &addr.sin_addr) != 1) {
+    *why = "gateway: host '" + host + "' is not an IPv4 address";
+    return -1;
+  }
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    *why = std::string("gateway: socket: ") + std::strerror(errno);
+    return -1;
+  }
+  const int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(fd, SOMAXCONN) != 0) {
+    *why = "gateway: cannot listen on " + host + ":" + std::to_string(port) + ": " + std::strerror(errno);
+    ::close(fd);
+    return -1;
+  }
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  *bound = ntohs(addr.sin_port);
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+  return fd;
+}
+
+}  // namespace
+
+bool spawn_gateway(caf::actor_system& sys, const gateway_config& cfg, router_actor router, gateway_handle* out,
+                   std::string* why) {
+  if (auto e = cfg.validate(); !e.empty()) {
+    *why = e;
+    return false;
+  }
+  auto g = std::make_shared<gateway_shared>();
+  g->cfg = cfg;
+  g->router = router;
+  g->started_s = unix_seconds();
+  {
+    caf::scoped_actor self{sys};
+    bool ok = false;
+    self->request(router, std::chrono::seconds{10}, stats_atom::value)
+        .receive(
+            [&](cluster_stats& s) {
+              g->model = s.model;
+              ok = true;
+            },
+            [&](caf::error& e) { *why = "gateway: the router did not answer: " + sys.render(e); });
+    if (!ok) return false;
+  }
+  uint16_t port = 0;
+  const int fd = open_listener(cfg.host, cfg.port, &port, why);
+  if (fd < 0) return false;
+  out->server = sys.middleman().spawn_broker(server, fd, g);
+  out->port = port;
+  return true;
+}
+
+}  // namespace baton::deploy

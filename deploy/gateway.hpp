@@ -1,0 +1,42 @@
+#pragma once
+
+// The OpenAI-compatible HTTP gateway: an actor (a CAF broker per connection) that messages the
+// router like any other client. Routes: POST /v1/completions and /v1/chat/completions (with
+// "stream": true as server-sent events), GET /v1/models, /health and /metrics (Prometheus).
+// With API keys configured, every route but /health needs "Authorization: Bearer <key>".
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "actors/messages.hpp"
+#include "deploy/http.hpp"
+
+namespace caf {
+class actor_system;
+}
+
+namespace baton::deploy {
+
+struct gateway_config {
+  std::string host = "127.0.0.1";  ///< where to listen
+  uint16_t port = 8000;            ///< 0 = any free port
+  std::vector<std::string> api_keys;  ///< empty: no authentication
+  http::limits limits;
+  uint32_t request_timeout_ms = 600000;  ///< a generation's whole time, then 504
+  uint32_t max_connections = 1024;       ///< beyond: 503 and close
+  std::string validate() const;
+};
+
+struct gateway_handle {
+  caf::actor server;   ///< the listening broker; send it exit to stop
+  uint16_t port = 0;   ///< the port it listens on
+};
+
+/// Listens on cfg.host:cfg.port and serves until the returned server is stopped. The model's
+/// name for /v1/models comes from the router (asked once here, blocking for at most 10 s).
+bool spawn_gateway(caf::actor_system& sys, const gateway_config& cfg, router_actor router, gateway_handle* out,
+                   std::string* why);
+
+}  // namespace baton::deploy

@@ -1,0 +1,82 @@
+// `baton generate`: one request to a running cluster's router through the C++ client library,
+// its text printed as it streams in.
+
+#include <cstdio>
+
+#include "client/baton/client.hpp"
+#include "deploy/commands.hpp"
+#include "deploy/flags.hpp"
+
+namespace baton::deploy {
+
+int run_generate(const std::vector<std::string>& args) {
+  std::string router = "127.0.0.1:7100";
+  std::vector<std::string> prompts;
+  baton::client::request req;
+  uint32_t max_tokens = 16;
+  uint64_t seed = 0;
+  bool chat = false, verbose = false;
+  flag_set flags;
+  flags.add("--router", &router, "HOST:PORT of the cluster's router");
+  flags.add("--prompt", &prompts, "the prompt (repeat for several, sent one after another)");
+  flags.add("--chat", &chat, "send the prompt as a user message through the model's chat template");
+  flags.add("--max-tokens", &max_tokens, "tokens to generate");
+  flags.add("--temperature", &req.temperature, "0 = greedy");
+  flags.add("--seed", &seed, "sampling seed");
+  flags.add("--top-p", &req.top_p, "nucleus sampling (1 = off)");
+  flags.add("--top-k", &req.top_k, "top-k sampling (0 = off)");
+  flags.add("--stop", &req.stop, "a stop string (repeatable)");
+  flags.add("--verbose", &verbose, "print the request's timings and ranks after its text");
+  if (auto rc = flags.parse_command_line(args, "generate", "baton generate --router HOST:PORT --prompt TEXT [flags]"))
+    return *rc;
+  if (prompts.empty()) {
+    std::fprintf(stderr, "baton generate: give --prompt\n");
+    return 2;
+  }
+  std::string host, why;
+  uint16_t port = 0;
+  if (!parse_host_port(router, "--router", &host, &port, &why)) {
+    std::fprintf(stderr, "baton generate: %s\n", why.c_str());
+    return 2;
+  }
+  auto conn = baton::client::connection::connect(host, port, &why);
+  if (!conn) {
+    std::fprintf(stderr, "baton generate: %s\n", why.c_str());
+    return 1;
+  }
+  req.max_tokens = static_cast<int32_t>(max_tokens);
+  req.seed = seed;
+  int failures = 0;
+  for (const auto& p : prompts) {
+    if (chat)
+      req.messages = {{"user", p}};
+    else
+      req.prompt = p;
+    auto s = conn->submit(req);
+    baton::client::token_chunk c;
+    while (s->next(&c)) {
+      std::fwrite(c.text.data(), 1, c.text.size(), stdout);
+      std::fflush(stdout);
+    }
+    std::printf("\n");
+    if (s->failed()) {
+      ++failures;
+      std::fprintf(stderr, "baton generate: %s: %s\n", s->error_info().code.c_str(), s->error_info().message.c_str());
+      continue;
+    }
+    if (s->timed_out()) {
+      ++failures;
+      std::fprintf(stderr, "baton generate: no answer in time\n");
+      continue;
+    }
+    const auto& r = s->final_result();
+    if (verbose)
+      std::fprintf(stderr, "[request %llu] %zu tokens (%s), %u prompt tokens (%u cached), TTFT %.3f ms, %s -> %s\n",
+                   static_cast<unsigned long long>(r.request_id), r.tokens.size(), r.finish_reason.c_str(),
+                   r.num_prompt_tokens, r.cached_tokens, static_cast<double>(r.ttft_us) / 1000.0,
+                   r.prefill_rank.c_str(), r.decode_rank.c_str());
+  }
+  return failures ? 1 : 0;
+}
+
+}  // namespace baton::deploy

@@ -1,0 +1,167 @@
+#include "deploy/http.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+
+namespace baton::deploy::http {
+
+namespace {
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (auto& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+bool is_token_char(char c) {  // RFC 9110 tchar: what a method or header name may contain
+  return std::isalnum(static_cast<unsigned char>(c)) || std::string_view{"!#$%&'*+-.^_`|~"}.find(c) != std::string_view::npos;
+}
+
+parse_result fail(int status, std::string why) { return {parse_status::error, 0, status, std::move(why)}; }
+
+}  // namespace
+
+const std::string* request::header(std::string_view lower_name) const {
+  for (const auto& [k, v] : headers)
+    if (k == lower_name) return &v;
+  return nullptr;
+}
+
+parse_result parse_request(std::string_view buf, const limits& lim, request* out) {
+  const auto head_end = buf.find("\r\n\r\n");
+  if (head_end == std::string_view::npos) {
+    if (buf.size() > lim.max_header_bytes)
+      return fail(431, "the request line and headers exceed " + std::to_string(lim.max_header_bytes) + " bytes");
+    return {};
+  }
+  if (head_end + 4 > lim.max_header_bytes)
+    return fail(431, "the request line and headers exceed " + std::to_string(lim.max_header_bytes) + " bytes");
+  *out = request{};
+  std::string_view head = buf.substr(0, head_end);
+  const auto line_end = head.find("\r\n");
+  const std::string_view line = head.substr(0, line_end);
+  const auto sp1 = line.find(' ');
+  const auto sp2 = sp1 == std::string_view::npos ? sp1 : line.find(' ', sp1 + 1);
+  if (sp1 == std::string_view::npos || sp2 == std::string_view::npos || line.find(' ', sp2 + 1) != std::string_view::npos)
+    return fail(400, "malformed request line (want METHOD TARGET HTTP/1.1)");
+  out->method = std::string(line.substr(0, sp1));
+  out->target = std::string(line.substr(sp1 + 1, sp2 - sp1 - 1));
+  out->version = std::string(line.substr(sp2 + 1));
+  if (out->method.empty() || !std::all_of(out->method.begin(), out->method.end(), is_token_char))
+    return fail(400, "malformed method in the request line");
+  if (out->target.empty() || out->target.front() != '/') return fail(400, "the request target must start with '/'");
+  if (out->version != "HTTP/1.1" && out->version != "HTTP/1.0")
+    return fail(505, "HTTP version '" + out->version.substr(0, 16) + "' is not supported (HTTP/1.1 or 1.0)");
+  out->path = out->target.substr(0, out->target.find('?'));
+  out->keep_alive = out->version == "HTTP/1.1";
+  if (line_end != std::string_view::npos) {
+    std::string_view rest = head.substr(line_end + 2);
+    while (!rest.empty()) {
+      const auto e = rest.find("\r\n");
+      const std::string_view h = rest.substr(0, e);
+      rest = e == std::string_view::npos ? std::string_view{} : rest.substr(e + 2);
+      const auto colon = h.find(':');
+      if (colon == std::string_view::npos || colon == 0)
+        return fail(400, "malformed header line (want Name: value)");
+      const auto name = h.substr(0, colon);
+      if (!std::all_of(name.begin(), name.end(), is_token_char))
+        return fail(400, "malformed header name '" + std::string(name.substr(0, 64)) + "'");
+      out->headers.emplace_back(lower(name), std::string(trim(h.substr(colon + 1))));
+    }
+  }
+  if (const auto* c = out->header("connection")) {
+    const auto v = lower(*c);
+    if (v.find("close") != std::string::npos) out->keep_alive = false;
+    if (v.find("keep-alive") != std::string::npos) out->keep_alive = true;
+  }
+  if (const auto* te = out->header("transfer-encoding"); te && lower(*te) != "identity")
+    return fail(411, "chunked request bodies are not accepted: send the body with a Content-Length");
+  size_t length = 0;
+  if (const auto* cl = out->header("content-length")) {
+    const auto [end, ec] = std::from_chars(cl->data(), cl->data() + cl->size(), length);
+    if (cl->empty() || ec != std::errc{} || end != cl->data() + cl->size())
+      return fail(400, "Content-Length '" + cl->substr(0, 32) + "' is not a number");
+    if (length > lim.max_body_bytes)
+      return fail(413, "the body of " + std::to_string(length) + " bytes exceeds the limit of " +
+                           std::to_string(lim.max_body_bytes));
+  }
+  const size_t body_at = head_end + 4;
+  if (buf.size() < body_at + length) return {};
+  out->body = std::string(buf.substr(body_at, length));
+  return {parse_status::complete, body_at + length, 0, {}};
+}
+
+const char* reason_phrase(int status) {
+  switch (status) {
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
+    case 411: return "Length Required";
+    case 413: return "Content Too Large";
+    case 429: return "Too Many Requests";
+    case 431: return "Request Header Fields Too Large";
+    case 499: return "Client Closed Request";
+    case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
+    case 503: return "Service Unavailable";
+    case 504: return "Gateway Timeout";
+    case 505: return "HTTP Version Not Supported";
+  }
+  return "Unknown";
+}
+
+namespace {
+std::string head(int status, std::string_view content_type, const header_list& extra) {
+  std::string out = "HTTP/1.1 " + std::to_string(status) + " " + reason_phrase(status) + "\r\n";
+  out += "Content-Type: ";
+  out += content_type;
+  out += "\r\n";
+  for (const auto& [k, v] : extra) out += k + ": " + v + "\r\n";
+  return out;
+}
+}  // namespace
+
+std::string response(int status, std::string_view content_type, std::string_view body, bool keep_alive,
+                     const header_list& extra) {
+  std::string out = head(status, content_type, extra);
+  out += "Content-Length: " + std::to_string(body.size()) + "\r\n";
+  out += keep_alive ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
+  out += body;
+  return out;
+}
+
+std::string chunked_head(int status, std::string_view content_type, const header_list& extra) {
+  return head(status, content_type, extra) + "Transfer-Encoding: chunked\r\nCache-Control: no-cache\r\n\r\n";
+}
+
+std::string chunk(std::string_view data) {
+  if (data.empty()) return {};  // an empty chunk would end the body
+  char size[24];
+  const auto [end, ec] = std::to_chars(size, size + sizeof(size), data.size(), 16);
+  std::string out(size, end);
+  out += "\r\n";
+  out += data;
+  out += "\r\n";
+  return out;
+}
+
+std::string last_chunk() { return "0\r\n\r\n"; }
+
+bool constant_time_equal(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+}  // namespace baton::deploy::http

@@ -1,0 +1,60 @@
+#pragma once
+
+// The part of HTTP/1.1 the gateway speaks (RFC 9112): one request at a time from the front of a
+// connection's buffer, bodies by Content-Length, responses with a length or chunked (for
+// server-sent events). Pure functions, no sockets and no CAF, so fuzz targets and tests use
+// them directly. Every refusal carries the status to answer with and a sentence saying why.
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace baton::deploy::http {
+
+struct limits {
+  size_t max_header_bytes = 16 * 1024;  ///< request line + headers (431 beyond)
+  size_t max_body_bytes = 1 << 20;      ///< Content-Length above this: 413
+};
+
+struct request {
+  std::string method;
+  std::string target;   ///< as sent: path and query
+  std::string path;     ///< target without the query
+  std::string version;  ///< HTTP/1.0 or HTTP/1.1
+  std::vector<std::pair<std::string, std::string>> headers;  ///< names lower-cased
+  std::string body;
+  bool keep_alive = true;
+  /// The first header of that (lower-case) name, or null.
+  const std::string* header(std::string_view lower_name) const;
+};
+
+enum class parse_status { incomplete, complete, error };
+
+struct parse_result {
+  parse_status status = parse_status::incomplete;
+  size_t consumed = 0;     ///< bytes of the buffer the request took (complete)
+  int error_status = 0;    ///< 400, 411, 413, 431, 501, 505 (error)
+  std::string why;         ///< what was wrong (error)
+};
+
+/// Parses one request from the front of `buf` into `out`.
+parse_result parse_request(std::string_view buf, const limits& lim, request* out);
+
+using header_list = std::vector<std::pair<std::string, std::string>>;
+
+/// A whole response with Content-Length.
+std::string response(int status, std::string_view content_type, std::string_view body, bool keep_alive,
+                     const header_list& extra = {});
+/// The head of a chunked response (server-sent events); chunks follow, then last_chunk().
+std::string chunked_head(int status, std::string_view content_type, const header_list& extra = {});
+std::string chunk(std::string_view data);
+std::string last_chunk();
+
+const char* reason_phrase(int status);
+
+/// Compares two secrets in time that depends only on their lengths, not on where they differ.
+bool constant_time_equal(std::string_view a, std::string_view b);
+
+}  // namespace baton::deploy::http

@@ -1,0 +1,146 @@
+#include "deploy/metrics.hpp"
+
+#include <cstdio>
+
+#include "actors/messages.hpp"
+
+namespace baton::deploy {
+
+void histogram::observe(double x) {
+  size_t i = 0;
+  while (i < bounds.size() && x > bounds[i]) ++i;
+  ++counts[i];
+  sum += x;
+  ++count;
+}
+
+namespace {
+
+std::string num(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.9g", x);
+  return buf;
+}
+
+void render_histogram(std::string& out, const char* name, const char* help, const histogram& h) {
+  out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " histogram\n";
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i < h.bounds.size(); ++i) {
+    cumulative += h.counts[i];
+    out += std::string(name) + "_bucket{le=\"" + num(h.bounds[i]) + "\"} " + std::to_string(cumulative) + "\n";
+  }
+  cumulative += h.counts.back();
+  out += std::string(name) + "_bucket{le=\"+Inf\"} " + std::to_string(cumulative) + "\n";
+  out += std::string(name) + "_sum " + num(h.sum) + "\n";
+  out += std::string(name) + "_count " + std::to_string(h.count) + "\n";
+}
+
+void render_counter(std::string& out, const char* name, const char* help, double value, const char* type = "counter") {
+  out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" + name + " " + num(value) +
+         "\n";
+}
+
+/// A label value, escaped as the exposition format asks (backslash, quote, newline).
+std::string label(const std::string& v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+}  // namespace
+
+gateway_metrics::gateway_metrics()
+    : ttft_({0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30}),
+      tbt_({0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}),
+      e2e_({0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120}),
+      kv_send_({0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1}) {}
+
+void gateway_metrics::count_response(const std::string& route, int status) {
+  std::lock_guard<std::mutex> guard{mutex_};
+  ++responses_[{route, status}];
+}
+
+void gateway_metrics::record(const completion& c) {
+  std::lock_guard<std::mutex> guard{mutex_};
+  ++completions_;
+  ttft_.observe(static_cast<double>(c.ttft_us) / 1e6);
+  int64_t total = c.ttft_us;
+  for (auto us : c.tbt_us) {
+    tbt_.observe(static_cast<double>(us) / 1e6);
+    total += us;
+  }
+  e2e_.observe(static_cast<double>(total) / 1e6);
+  if (c.kv_bytes > 0) kv_send_.observe(static_cast<double>(c.kv_send_us) / 1e6);
+  prompt_tokens_ += c.num_prompt_tokens;
+  cached_tokens_ += c.cached_tokens;
+  generated_tokens_ += c.tokens.size();
+  kv_bytes_ += c.kv_bytes;
+}
+
+std::string gateway_metrics::render(const cluster_stats* cluster) const {
+  std::string out;
+  {
+    std::lock_guard<std::mutex> guard{mutex_};
+    out += "# HELP baton_http_responses_total HTTP responses by route and status code\n";
+    out += "# TYPE baton_http_responses_total counter\n";
+    for (const auto& [key, n] : responses_)
+      out += "baton_http_responses_total{route=\"" + label(key.first) + "\",code=\"" + std::to_string(key.second) +
+             "\"} " + std::to_string(n) + "\n";
+    render_histogram(out, "baton_ttft_seconds", "time to first token (request actor clock)", ttft_);
+    render_histogram(out, "baton_tbt_seconds", "every interval between consecutive tokens", tbt_);
+    render_histogram(out, "baton_e2e_seconds", "first token plus every interval: the whole generation", e2e_);
+    render_histogram(out, "baton_kv_transfer_seconds", "per request: first KV put posted to last layer announced",
+                     kv_send_);
+    render_counter(out, "baton_completions_total", "generations finished", static_cast<double>(completions_));
+    render_counter(out, "baton_prompt_tokens_total", "prompt tokens of finished generations",
+                   static_cast<double>(prompt_tokens_));
+    render_counter(out, "baton_cached_prompt_tokens_total", "prompt tokens loaded instead of computed",
+                   static_cast<double>(cached_tokens_));
+    render_counter(out, "baton_generated_tokens_total", "tokens generated", static_cast<double>(generated_tokens_));
+    render_counter(out, "baton_kv_transfer_bytes_total", "KV bytes shipped from prefill to decode ranks",
+                   static_cast<double>(kv_bytes_));
+    render_counter(out, "baton_cache_hit_ratio", "cached prompt tokens / prompt tokens, since start",
+                   prompt_tokens_ ? static_cast<double>(cached_tokens_) / static_cast<double>(prompt_tokens_) : 0.0,
+                   "gauge");
+  }
+  if (!cluster) {
+    render_counter(out, "baton_router_up", "1 when the router answered this scrape", 0, "gauge");
+    return out;
+  }
+  const auto& c = *cluster;
+  render_counter(out, "baton_router_up", "1 when the router answered this scrape", 1, "gauge");
+  render_counter(out, "baton_requests_active", "request actors alive at the router", static_cast<double>(c.num_active),
+                 "gauge");
+  render_counter(out, "baton_requests_admitted_total", "requests that passed the router's checks",
+                 static_cast<double>(c.num_admitted));
+  render_counter(out, "baton_requests_rejected_total", "requests refused as bad input",
+                 static_cast<double>(c.num_rejected));
+  auto per_rank = [&](const char* name, const char* help, auto value) {
+    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " gauge\n";
+    for (const auto& [role, ranks] : {std::pair{"prefill", &c.prefill}, std::pair{"decode", &c.decode}})
+      for (const auto& r : *ranks)
+        out += std::string(name) + "{role=\"" + role + "\",rank=\"" + label(r.name) + "\"} " + num(value(r)) + "\n";
+  };
+  per_rank("baton_rank_queued_tokens", "prefill: prompt tokens accepted but not computed",
+           [](const rank_load& r) { return static_cast<double>(r.queued_tokens); });
+  per_rank("baton_rank_running", "prefill: prompts in progress; decode: sequences and leases",
+           [](const rank_load& r) { return static_cast<double>(r.num_running); });
+  per_rank("baton_rank_free_kv_pages", "free KV pages", [](const rank_load& r) { return static_cast<double>(r.num_free_pages); });
+  per_rank("baton_rank_kv_pages", "KV pages in all", [](const rank_load& r) { return static_cast<double>(r.num_total_pages); });
+  render_counter(out, "baton_store_blocks", "blocks in the KV block store's index", static_cast<double>(c.store.blocks),
+                 "gauge");
+  render_counter(out, "baton_store_bytes_written_total", "bytes the block servers wrote",
+                 static_cast<double>(c.store.bytes_written));
+  render_counter(out, "baton_store_bytes_read_total", "bytes the block servers read", static_cast<double>(c.store.bytes_read));
+  render_counter(out, "baton_store_evicted_blocks_total", "blocks evicted for capacity", static_cast<double>(c.store.evicted));
+  return out;
+}
+
+}  // namespace baton::deploy

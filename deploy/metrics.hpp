@@ -1,0 +1,49 @@
+#pragma once
+
+// The gateway's numbers in the Prometheus text exposition format (version 0.0.4): counters and
+// histograms it records itself from every completion, plus the cluster's gauges (queues per
+// rank, store occupancy) that the router reports at scrape time. Thread-safe: every
+// connection of the gateway records into one registry.
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace baton {
+struct completion;
+struct cluster_stats;
+}  // namespace baton
+
+namespace baton::deploy {
+
+/// A Prometheus histogram with fixed upper bounds (seconds).
+struct histogram {
+  std::vector<double> bounds;
+  std::vector<uint64_t> counts;  ///< per bound, not cumulative; one more for +Inf
+  double sum = 0;
+  uint64_t count = 0;
+  explicit histogram(std::vector<double> b) : bounds(std::move(b)), counts(bounds.size() + 1, 0) {}
+  void observe(double x);
+};
+
+class gateway_metrics {
+ public:
+  gateway_metrics();
+  /// One HTTP answer: its route (e.g. "/v1/completions") and status code.
+  void count_response(const std::string& route, int status);
+  /// One finished generation.
+  void record(const completion& c);
+  /// Everything, rendered; `cluster` may be null when the router did not answer.
+  std::string render(const cluster_stats* cluster) const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<std::pair<std::string, int>, uint64_t> responses_;
+  histogram ttft_, tbt_, e2e_, kv_send_;
+  uint64_t prompt_tokens_ = 0, cached_tokens_ = 0, generated_tokens_ = 0, kv_bytes_ = 0, completions_ = 0;
+};
+
+}  // namespace baton::deploy

@@ -1,0 +1,349 @@
+#include "deploy/openai.hpp"
+
+#include <cmath>
+#include <limits>
+
+#include <nlohmann/json.hpp>
+
+namespace baton::deploy::openai {
+
+using nlohmann::json;
+
+namespace {
+
+/// A bound for a message: integers without a decimal point.
+std::string bound(double x) {
+  if (x == std::floor(x) && std::abs(x) < 1e15) return std::to_string(static_cast<int64_t>(x));
+  return json(x).dump();
+}
+
+api_error bad(std::string param, std::string message) {
+  return {400, std::move(message), "invalid_request_error", std::move(param)};
+}
+
+/// Reads an optional number field into `dst` within [lo, hi]; false and `err` when wrong.
+template <class T>
+bool number_field(const json& j, const char* key, double lo, double hi, T* dst, api_error* err) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return true;
+  if (!it->is_number()) {
+    *err = bad(key, std::string(key) + " must be a number, got " + it->dump().substr(0, 40));
+    return false;
+  }
+  const double v = it->get<double>();
+  if (!std::isfinite(v) || v < lo || v > hi) {
+    *err = bad(key, std::string(key) + " must be in [" + bound(lo) + ", " + bound(hi) + "], got " +
+                        it->dump().substr(0, 40));
+    return false;
+  }
+  if constexpr (std::is_integral_v<T>) {
+    if (v != std::floor(v)) {
+      *err = bad(key, std::string(key) + " must be an integer, got " + it->dump().substr(0, 40));
+      return false;
+    }
+  }
+  *dst = static_cast<T>(v);
+  return true;
+}
+
+bool string_field(const json& j, const char* key, std::string* dst, api_error* err) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return true;
+  if (!it->is_string()) {
+    *err = bad(key, std::string(key) + " must be a string");
+    return false;
+  }
+  *dst = it->get<std::string>();
+  return true;
+}
+
+bool bool_field(const json& j, const char* key, bool* dst, api_error* err) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return true;
+  if (!it->is_boolean()) {
+    *err = bad(key, std::string(key) + " must be true or false");
+    return false;
+  }
+  *dst = it->get<bool>();
+  return true;
+}
+
+/// A message's content: a string, or an array of {"type":"text","text":...} parts.
+bool message_content(const json& m, size_t i, std::string* out, api_error* err) {
+  const std::string param = "messages[" + std::to_string(i) + "].content";
+  auto it = m.find("content");
+  if (it == m.end() || it->is_null()) return true;  // e.g. an assistant turn with tool calls only
+  if (it->is_string()) {
+    *out = it->get<std::string>();
+    return true;
+  }
+  if (!it->is_array()) {
+    *err = bad(param, param + " must be a string or an array of text parts");
+    return false;
+  }
+  for (const auto& part : *it) {
+    if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string()) {
+      *err = bad(param, param + ": only text parts ({\"type\":\"text\",\"text\":...}) are supported");
+      return false;
+    }
+    *out += part["text"].get<std::string>();
+  }
+  return true;
+}
+
+bool parse_prompt(const json& j, generate_request* req, api_error* err) {
+  auto it = j.find("prompt");
+  if (it == j.end() || it->is_null()) {
+    *err = bad("prompt", "prompt is required");
+    return false;
+  }
+  if (it->is_string()) {
+    req->prompt = it->get<std::string>();
+    return true;
+  }
+  if (!it->is_array() || it->empty()) {
+    *err = bad("prompt", "prompt must be a string, an array of one string, or an array of token ids");
+    return false;
+  }
+  if ((*it)[0].is_string()) {
+    if (it->size() != 1) {
+      *err = bad("prompt", "one prompt per request: batches of prompts are not supported, send them separately");
+      return false;
+    }
+    req->prompt = (*it)[0].get<std::string>();
+    return true;
+  }
+  for (const auto& t : *it) {
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+      *err = bad("prompt", "prompt token ids must be non-negative integers");
+      return false;
+    }
+    req->prompt_tokens.push_back(static_cast<int32_t>(t.get<int64_t>()));
+  }
+  return true;
+}
+
+bool parse_messages(const json& j, generate_request* req, api_error* err) {
+  auto it = j.find("messages");
+  if (it == j.end() || !it->is_array() || it->empty()) {
+    *err = bad("messages", "messages must be a non-empty array of {role, content}");
+    return false;
+  }
+  for (size_t i = 0; i < it->size(); ++i) {
+    const auto& m = (*it)[i];
+    const std::string param = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
+      *err = bad(param + ".role", param + " must be an object with a string role");
+      return false;
+    }
+    chat_turn turn{m["role"].get<std::string>(), {}};
+    if (turn.role == "developer") turn.role = "system";  // OpenAI's newer name for it
+    if (turn.role != "system" && turn.role != "user" && turn.role != "assistant") {
+      *err = bad(param + ".role", param + ".role must be system, user or assistant, got '" + turn.role.substr(0, 32) + "'");
+      return false;
+    }
+    if (!message_content(m, i, &turn.content, err)) return false;
+    req->messages.push_back(std::move(turn));
+  }
+  return true;
+}
+
+/// stop: a string or an array of at most 16 strings.
+bool parse_stop(const json& j, generate_request* req, api_error* err) {
+  auto it = j.find("stop");
+  if (it == j.end() || it->is_null()) return true;
+  if (it->is_string()) {
+    req->stop.push_back(it->get<std::string>());
+  } else if (it->is_array()) {
+    for (const auto& s : *it) {
+      if (!s.is_string()) {
+        *err = bad("stop", "stop must be a string or an array of strings");
+        return false;
+      }
+      req->stop.push_back(s.get<std::string>());
+    }
+  } else {
+    *err = bad("stop", "stop must be a string or an array of strings");
+    return false;
+  }
+  for (const auto& s : req->stop)
+    if (s.empty()) {
+      *err = bad("stop", "stop strings must not be empty");
+      return false;
+    }
+  return true;
+}
+
+/// Fields OpenAI defines that Baton does not implement: refused by name, never silently ignored.
+bool refuse_unsupported(const json& j, api_error* err) {
+  if (auto it = j.find("n"); it != j.end() && !it->is_null() && *it != 1) {
+    *err = bad("n", "n must be 1: send one request per choice");
+    return false;
+  }
+  if (auto it = j.find("best_of"); it != j.end() && !it->is_null() && *it != 1) {
+    *err = bad("best_of", "best_of is not supported");
+    return false;
+  }
+  for (const char* key : {"logprobs", "echo", "top_logprobs"}) {
+    auto it = j.find(key);
+    if (it != j.end() && !it->is_null() && *it != false && *it != 0) {
+      *err = bad(key, std::string(key) + " is not supported");
+      return false;
+    }
+  }
+  if (auto it = j.find("frequency_penalty"); it != j.end() && !it->is_null() && *it != 0) {
+    *err = bad("frequency_penalty", "frequency_penalty is not supported; use presence_penalty or repetition_penalty");
+    return false;
+  }
+  for (const char* key : {"tools", "functions", "response_format", "logit_bias"}) {
+    auto it = j.find(key);
+    if (it != j.end() && !it->is_null() && !(it->is_array() && it->empty()) && !(it->is_object() && it->empty())) {
+      if (std::string(key) == "response_format" && it->is_object() && it->value("type", "") == "text") continue;
+      *err = bad(key, std::string(key) + " is not supported");
+      return false;
+    }
+  }
+  return true;
+}
+
+json usage_of(const completion& done) {
+  return {{"prompt_tokens", done.num_prompt_tokens},
+          {"completion_tokens", done.tokens.size()},
+          {"total_tokens", done.num_prompt_tokens + done.tokens.size()},
+          {"prompt_tokens_details", {{"cached_tokens", done.cached_tokens}}}};
+}
+
+}  // namespace
+
+bool parse_body(std::string_view body, bool chat, const std::string& served_model, call* out, api_error* err) {
+  *out = call{};
+  out->chat = chat;
+  auto j = json::parse(body, nullptr, false);
+  if (j.is_discarded()) {
+    *err = bad("", "the body is not valid JSON");
+    return false;
+  }
+  if (!j.is_object()) {
+    *err = bad("", "the body must be a JSON object");
+    return false;
+  }
+  if (!string_field(j, "model", &out->model, err)) return false;
+  if (!out->model.empty() && out->model != served_model) {
+    *err = {404, "the model '" + out->model.substr(0, 128) + "' does not exist; this cluster serves '" + served_model + "'",
+            "invalid_request_error", "model"};
+    return false;
+  }
+  if (out->model.empty()) out->model = served_model;
+  if (!refuse_unsupported(j, err)) return false;
+  auto& r = out->req;
+  if (chat) {
+    if (!parse_messages(j, &r, err)) return false;
+  } else if (!parse_prompt(j, &r, err)) {
+    return false;
+  }
+  r.max_tokens = chat ? default_chat_tokens : default_completion_tokens;
+  constexpr double big = std::numeric_limits<int32_t>::max();
+  if (!number_field(j, "max_tokens", 1, big, &r.max_tokens, err)) return false;
+  if (chat && !number_field(j, "max_completion_tokens", 1, big, &r.max_tokens, err)) return false;
+  if (!number_field(j, "temperature", 0, 2, &r.temperature, err)) return false;
+  if (!number_field(j, "top_p", 0, 1, &r.top_p, err)) return false;
+  if (j.contains("top_p") && r.top_p <= 0.0f) {
+    *err = bad("top_p", "top_p must be in (0, 1]");
+    return false;
+  }
+  if (!number_field(j, "top_k", -1, 1 << 20, &r.top_k, err)) return false;
+  if (auto it = j.find("top_k"); it != j.end() && it->is_number() && it->get<double>() < 0) r.top_k = 0;  // vLLM's -1: off
+  if (!number_field(j, "seed", 0, 9.2e18, &r.seed, err)) return false;
+  if (!number_field(j, "presence_penalty", -2, 2, &r.presence_penalty, err)) return false;
+  if (!number_field(j, "repetition_penalty", 0.01, 100, &r.repetition_penalty, err)) return false;
+  if (!bool_field(j, "ignore_eos", &r.ignore_eos, err)) return false;
+  if (!bool_field(j, "stream", &out->stream, err)) return false;
+  if (auto it = j.find("stream_options"); it != j.end() && !it->is_null()) {
+    if (!it->is_object()) {
+      *err = bad("stream_options", "stream_options must be an object");
+      return false;
+    }
+    if (!bool_field(*it, "include_usage", &out->include_usage, err)) return false;
+  }
+  if (!parse_stop(j, &r, err)) return false;
+  if (auto it = j.find("stop_token_ids"); it != j.end() && !it->is_null()) {
+    if (!it->is_array()) {
+      *err = bad("stop_token_ids", "stop_token_ids must be an array of token ids");
+      return false;
+    }
+    for (const auto& t : *it) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+        *err = bad("stop_token_ids", "stop_token_ids must be non-negative integers");
+        return false;
+      }
+      r.stop_token_ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+    }
+  }
+  if (!string_field(j, "traffic_class", &r.traffic_class, err)) return false;
+  if (!string_field(j, "priority", &r.priority, err)) return false;
+  return true;
+}
+
+std::string finish_reason(const std::string& baton_reason) {
+  return baton_reason == "length" ? "length" : "stop";
+}
+
+std::string completion_json(const call& c, const completion& done, const std::string& id, int64_t created) {
+  json choice = {{"index", 0}, {"finish_reason", finish_reason(done.finish_reason)}, {"logprobs", nullptr}};
+  if (c.chat)
+    choice["message"] = {{"role", "assistant"}, {"content", done.text}};
+  else
+    choice["text"] = done.text;
+  json out = {{"id", id},
+              {"object", c.chat ? "chat.completion" : "text_completion"},
+              {"created", created},
+              {"model", c.model},
+              {"choices", json::array({choice})},
+              {"usage", usage_of(done)}};
+  // Invalid UTF-8 (a model may emit any bytes) becomes U+FFFD instead of failing the answer.
+  return out.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string chunk_json(const call& c, const stream_chunk& chunk, const std::string& id, int64_t created, bool first) {
+  json choice = {{"index", 0}, {"logprobs", nullptr}};
+  choice["finish_reason"] = chunk.finish_reason.empty() ? json(nullptr) : json(finish_reason(chunk.finish_reason));
+  if (c.chat) {
+    json delta = json::object();
+    if (first) delta["role"] = "assistant";
+    if (!chunk.text.empty() || first) delta["content"] = chunk.text;
+    choice["delta"] = delta;
+  } else {
+    choice["text"] = chunk.text;
+  }
+  json out = {{"id", id},
+              {"object", c.chat ? "chat.completion.chunk" : "text_completion"},
+              {"created", created},
+              {"model", c.model},
+              {"choices", json::array({choice})}};
+  if (c.include_usage) out["usage"] = nullptr;
+  return out.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string usage_chunk_json(const call& c, const completion& done, const std::string& id, int64_t created) {
+  json out = {{"id", id},
+              {"object", c.chat ? "chat.completion.chunk" : "text_completion"},
+              {"created", created},
+              {"model", c.model},
+              {"choices", json::array()},
+              {"usage", usage_of(done)}};
+  return out.dump();
+}
+
+std::string error_json(const api_error& e) {
+  json err = {{"message", e.message}, {"type", e.type}, {"code", nullptr}};
+  err["param"] = e.param.empty() ? json(nullptr) : json(e.param);
+  return json{{"error", err}}.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string models_json(const std::string& model, int64_t created) {
+  return json{{"object", "list"},
+              {"data", json::array({{{"id", model}, {"object", "model"}, {"created", created}, {"owned_by", "baton"}}})}}
+      .dump();
+}
+
+}  // namespace baton::deploy::openai

@@ -1,0 +1,53 @@
+#pragma once
+
+// The OpenAI API's JSON on top of Baton's messages: request bodies of /v1/completions and
+// /v1/chat/completions into a generate_request, completions and stream chunks into response
+// bodies, errors into OpenAI's error object. Pure functions (no sockets, no actors).
+//
+// Accepted beyond OpenAI's own fields, as vLLM does: top_k, repetition_penalty, ignore_eos,
+// stop_token_ids; and Baton's traffic_class and priority. Fields Baton cannot honour (n > 1,
+// logprobs, echo, best_of, frequency_penalty) are refused by name rather than ignored;
+// unknown fields are ignored, as OpenAI's servers do.
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "actors/messages.hpp"
+
+namespace baton::deploy::openai {
+
+struct call {
+  bool chat = false;           ///< /v1/chat/completions
+  bool stream = false;         ///< answer as server-sent events
+  bool include_usage = false;  ///< stream_options.include_usage: a last chunk with the usage
+  std::string model;           ///< the model the client named (echoed back)
+  generate_request req;
+};
+
+struct api_error {
+  int status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;  ///< the offending field, if one
+};
+
+/// Default max_tokens: OpenAI's 16 for completions; chat answers are usually longer.
+inline constexpr int32_t default_completion_tokens = 16;
+inline constexpr int32_t default_chat_tokens = 128;
+
+/// Parses a request body; false and `err` (naming the field) when it is not acceptable.
+bool parse_body(std::string_view body, bool chat, const std::string& served_model, call* out, api_error* err);
+
+/// OpenAI's finish_reason for Baton's: eos and stop -> "stop", length -> "length".
+std::string finish_reason(const std::string& baton_reason);
+
+std::string completion_json(const call& c, const completion& done, const std::string& id, int64_t created);
+/// One streamed chunk; `first` adds the chat's assistant role.
+std::string chunk_json(const call& c, const stream_chunk& chunk, const std::string& id, int64_t created, bool first);
+/// The usage chunk that ends a stream when stream_options.include_usage is set.
+std::string usage_chunk_json(const call& c, const completion& done, const std::string& id, int64_t created);
+std::string error_json(const api_error& e);
+std::string models_json(const std::string& model, int64_t created);
+
+}  // namespace baton::deploy::openai
