@@ -1,0 +1,465 @@
+// The client-facing paths: streaming from the request actor, the HTTP parser and OpenAI
+// mapping, the gateway over real sockets on 127.0.0.1, and the C++ client library.
+
+#include <doctest/doctest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/io/middleman.hpp>
+#include <caf/scoped_actor.hpp>
+#include <nlohmann/json.hpp>
+
+#include "actors/local_cluster.hpp"
+#include "actors/messages.hpp"
+#include "actors/request.hpp"
+#include "client/baton/client.hpp"
+#include "deploy/commands.hpp"
+#include "deploy/gateway.hpp"
+#include "deploy/http.hpp"
+#include "deploy/openai.hpp"
+
+using namespace baton;
+using nlohmann::json;
+
+namespace {
+
+/// A whole HTTP response as read off the socket (a chunked body already joined).
+struct http_answer {
+  int status = 0;
+  std::string head;
+  std::string body;
+};
+
+int connect_to(uint16_t port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  timeval tv{30, 0};  // bounded: a test never waits forever on a silent gateway
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  ::inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  return fd;
+}
+
+void send_all(int fd, const std::string& data) {
+  size_t off = 0;
+  while (off < data.size()) {
+    const auto n = ::send(fd, data.data() + off, data.size() - off, MSG_NOSIGNAL);
+    REQUIRE(n > 0);
+    off += static_cast<size_t>(n);
+  }
+}
+
+/// Reads one response from `buf` + the socket; what follows it stays in `buf`.
+http_answer read_answer(int fd, std::string& buf) {
+  auto fill = [&] {
+    char tmp[65536];
+    const auto n = ::recv(fd, tmp, sizeof(tmp), 0);
+    if (n <= 0) return false;
+    buf.append(tmp, static_cast<size_t>(n));
+    return true;
+  };
+  http_answer a;
+  size_t head_end;
+  while ((head_end = buf.find("\r\n\r\n")) == std::string::npos)
+    if (!fill()) return a;
+  a.head = buf.substr(0, head_end);
+  a.status = std::stoi(a.head.substr(9, 3));
+  buf.erase(0, head_end + 4);
+  if (a.head.find("Transfer-Encoding: chunked") != std::string::npos) {
+    for (;;) {
+      size_t line;
+      while ((line = buf.find("\r\n")) == std::string::npos)
+        if (!fill()) return a;
+      const size_t size = std::stoul(buf.substr(0, line), nullptr, 16);
+      while (buf.size() < line + 2 + size + 2)
+        if (!fill()) return a;
+      a.body += buf.substr(line + 2, size);
+      buf.erase(0, line + 2 + size + 2);
+      if (size == 0) return a;
+    }
+  }
+  const auto cl = a.head.find("Content-Length: ");
+  const size_t length = std::stoul(a.head.substr(cl + 16));
+  while (buf.size() < length)
+    if (!fill()) return a;
+  a.body = buf.substr(0, length);
+  buf.erase(0, length);
+  return a;
+}
+
+std::string post(const std::string& path, const std::string& body, const std::string& key = "sk-test") {
+  return "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" +
+         (key.empty() ? std::string{} : "Authorization: Bearer " + key + "\r\n") +
+         "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+}
+
+std::string get(const std::string& path, const std::string& key = "sk-test") {
+  return "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\n" +
+         (key.empty() ? std::string{} : "Authorization: Bearer " + key + "\r\n") + "\r\n";
+}
+
+http_answer round_trip(uint16_t port, const std::string& raw) {
+  const int fd = connect_to(port);
+  send_all(fd, raw);
+  std::string buf;
+  auto a = read_answer(fd, buf);
+  ::close(fd);
+  return a;
+}
+
+/// The text of a server-sent-event stream's events, joined; the parsed events in `events`.
+std::string sse_text(const std::string& body, std::vector<json>* events, bool chat = false) {
+  std::string text;
+  size_t pos = 0;
+  while ((pos = body.find("data: ", pos)) != std::string::npos) {
+    const auto end = body.find("\n\n", pos);
+    const auto data = body.substr(pos + 6, end - pos - 6);
+    pos = end;
+    if (data == "[DONE]") {
+      events->push_back("[DONE]");
+      continue;
+    }
+    auto j = json::parse(data);
+    events->push_back(j);
+    if (j.contains("choices") && !j["choices"].empty()) {
+      const auto& c = j["choices"][0];
+      if (chat && c["delta"].contains("content")) text += c["delta"]["content"].get<std::string>();
+      if (!chat) text += c["text"].get<std::string>();
+    }
+  }
+  return text;
+}
+
+struct served_cluster {
+  caf::actor_system_config cfg;
+  caf::actor_system sys;
+  local_cluster cluster;
+  deploy::gateway_handle gateway;
+  static caf::actor_system_config& init(caf::actor_system_config& c) {
+    register_message_types(c);
+    c.load<caf::io::middleman>();
+    c.set("scheduler.max-threads", 2);
+    c.set("logger.console-verbosity", caf::atom("quiet"));
+    return c;
+  }
+  explicit served_cluster(deploy::gateway_config gc = {}) : sys(init(cfg)) {
+    // The trained built-in model: its text is real UTF-8 (a random model's bytes would not be).
+    local_cluster_config cc;
+    std::string why;
+    REQUIRE_MESSAGE(deploy::load_model_into(BATON_SOURCE_DIR "/models/baton-kjv-tiny", &cc, &why), why);
+    cluster = start_local_cluster(sys, cc);
+    gc.port = 0;
+    if (gc.api_keys.empty()) gc.api_keys = {"sk-other", "sk-test"};
+    REQUIRE_MESSAGE(deploy::spawn_gateway(sys, gc, cluster.router, &gateway, &why), why);
+    wait_registered();
+  }
+  ~served_cluster() {
+    caf::scoped_actor self{sys};
+    self->send_exit(gateway.server, caf::exit_reason::user_shutdown);
+    for (auto& a : cluster.actors()) self->send_exit(a, caf::exit_reason::user_shutdown);
+  }
+  cluster_stats stats() {
+    caf::scoped_actor self{sys};
+    cluster_stats out;
+    self->request(cluster.router, std::chrono::seconds{5}, stats_atom::value)
+        .receive([&](cluster_stats& s) { out = std::move(s); }, [](caf::error&) {});
+    return out;
+  }
+  void wait_registered() {
+    for (int i = 0; i < 1000; ++i) {
+      auto s = stats();
+      if (s.prefill.size() == cluster.prefill.size() && s.decode.size() == cluster.decode.size()) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds{2});
+    }
+    FAIL("ranks did not register");
+  }
+  completion direct(generate_request req) {
+    caf::scoped_actor self{sys};
+    completion out;
+    self->request(cluster.router, std::chrono::seconds{60}, generate_atom::value, std::move(req))
+        .receive([&](completion& c) { out = std::move(c); }, [&](caf::error& e) { FAIL(sys.render(e)); });
+    return out;
+  }
+  /// Waits (bounded) until no request is alive and every decode rank's pages are free again.
+  bool settles() {
+    for (int i = 0; i < 2000; ++i) {
+      auto s = stats();
+      bool free = s.num_active == 0 && s.decode.size() == cluster.decode.size();
+      for (const auto& d : s.decode) free = free && d.num_free_pages == d.num_total_pages && d.num_running == 0;
+      if (free) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds{5});
+    }
+    return false;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("streamable_prefix holds back half a UTF-8 character and the start of a stop string") {
+  CHECK(streamable_prefix("hello", {}) == 5);
+  CHECK(streamable_prefix("caf\xC3", {}) == 3);          // é's first byte only
+  CHECK(streamable_prefix("caf\xC3\xA9", {}) == 5);      // é complete
+  CHECK(streamable_prefix("x\xE2\x82", {}) == 1);        // € missing its last byte
+  CHECK(streamable_prefix("x\xF0\x9F\x98\x80", {}) == 5);  // a whole emoji
+  CHECK(streamable_prefix("the end. S", {"STOP"}) == 9);
+  CHECK(streamable_prefix("the end. ST", {"STOP", "xyz"}) == 9);
+  CHECK(streamable_prefix("the end. SX", {"STOP"}) == 11);
+  CHECK(streamable_prefix("abc", {"", "bcd"}) == 1);
+}
+
+TEST_CASE("the HTTP parser takes whole requests, waits for partial ones and refuses bad ones with a status") {
+  deploy::http::limits lim;
+  lim.max_body_bytes = 100;
+  deploy::http::request req;
+  const std::string two = "POST /v1/completions HTTP/1.1\r\nContent-Length: 2\r\nX-A:  b \r\n\r\n{}GET /health HTTP/1.0\r\n\r\n";
+  auto r = deploy::http::parse_request(two, lim, &req);
+  REQUIRE(r.status == deploy::http::parse_status::complete);
+  CHECK(req.method == "POST");
+  CHECK(req.body == "{}");
+  CHECK(*req.header("x-a") == "b");
+  CHECK(req.keep_alive);
+  r = deploy::http::parse_request(std::string_view{two}.substr(r.consumed), lim, &req);
+  REQUIRE(r.status == deploy::http::parse_status::complete);
+  CHECK(req.path == "/health");
+  CHECK_FALSE(req.keep_alive);  // HTTP/1.0 without keep-alive
+  CHECK(deploy::http::parse_request("POST / HTTP/1.1\r\nContent-Length: 5\r\n\r\nab", lim, &req).status ==
+        deploy::http::parse_status::incomplete);
+  CHECK(deploy::http::parse_request("GET / HTTP/1.1\r\nHost: x", lim, &req).status == deploy::http::parse_status::incomplete);
+  auto status = [&](const std::string& text) { return deploy::http::parse_request(text, lim, &req).error_status; };
+  CHECK(status("POST / HTTP/1.1\r\nContent-Length: 101\r\n\r\n") == 413);
+  CHECK(status("POST / HTTP/1.1\r\nContent-Length: -1\r\n\r\n") == 400);
+  CHECK(status("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n") == 411);
+  CHECK(status("GET / HTTP/2.0\r\n\r\n") == 505);
+  CHECK(status("GET /\r\n\r\n") == 400);
+  CHECK(status("GET nope HTTP/1.1\r\n\r\n") == 400);
+  CHECK(status("GET / HTTP/1.1\r\nno colon\r\n\r\n") == 400);
+  CHECK(status(std::string(20000, 'a')) == 431);
+  CHECK(deploy::http::chunk("") == "");  // an empty chunk would end the body early
+  CHECK(deploy::http::constant_time_equal("sk-1", "sk-1"));
+  CHECK_FALSE(deploy::http::constant_time_equal("sk-1", "sk-2"));
+  CHECK_FALSE(deploy::http::constant_time_equal("sk-1", "sk-12"));
+}
+
+TEST_CASE("OpenAI request bodies map onto generate_request, and refusals name the field") {
+  deploy::openai::call c;
+  deploy::openai::api_error e;
+  REQUIRE(deploy::openai::parse_body(R"({"model":"m","prompt":"hi","max_tokens":5,"temperature":0.5,"top_p":0.9,
+      "top_k":-1,"seed":7,"stop":"\n","stream":true,"stream_options":{"include_usage":true},"user":"x"})",
+                                     false, "m", &c, &e));
+  CHECK(c.req.prompt == "hi");
+  CHECK(c.req.max_tokens == 5);
+  CHECK(c.req.temperature == doctest::Approx(0.5));
+  CHECK(c.req.top_k == 0);
+  CHECK(c.req.seed == 7);
+  CHECK(c.req.stop == std::vector<std::string>{"\n"});
+  CHECK(c.stream);
+  CHECK(c.include_usage);
+  REQUIRE(deploy::openai::parse_body(R"({"prompt":[1,2,3]})", false, "m", &c, &e));
+  CHECK(c.req.prompt_tokens == std::vector<int32_t>{1, 2, 3});
+  CHECK(c.req.max_tokens == deploy::openai::default_completion_tokens);
+  CHECK(c.model == "m");
+  REQUIRE(deploy::openai::parse_body(
+      R"({"messages":[{"role":"developer","content":"be brief"},{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}]})",
+      true, "m", &c, &e));
+  REQUIRE(c.req.messages.size() == 2);
+  CHECK(c.req.messages[0].role == "system");
+  CHECK(c.req.messages[1].content == "ab");
+  auto refused = [&](const std::string& body, bool chat = false) {
+    e = {};
+    CHECK_FALSE(deploy::openai::parse_body(body, chat, "m", &c, &e));
+    return e;
+  };
+  CHECK(refused("{not json").message == "the body is not valid JSON");
+  CHECK(refused(R"({"prompt":"a","n":2})").param == "n");
+  CHECK(refused(R"({"prompt":"a","logprobs":3})").param == "logprobs");
+  CHECK(refused(R"({"prompt":"a","frequency_penalty":0.5})").param == "frequency_penalty");
+  CHECK(refused(R"({"prompt":"a","max_tokens":"5"})").param == "max_tokens");
+  CHECK(refused(R"({"prompt":"a","max_tokens":2.5})").message.find("integer") != std::string::npos);
+  CHECK(refused(R"({"prompt":"a","temperature":7})").message == "temperature must be in [0, 2], got 7");
+  CHECK(refused(R"({"prompt":["a","b"]})").param == "prompt");
+  CHECK(refused(R"({"prompt":[1,-2]})").param == "prompt");
+  CHECK(refused(R"({"prompt":"a","model":"gpt-4"})").status == 404);
+  CHECK(refused(R"({"messages":[{"role":"tool","content":"x"}]})", true).param == "messages[0].role");
+  CHECK(refused(R"({"messages":[{"role":"user","content":[{"type":"image_url"}]}]})", true).param ==
+        "messages[0].content");
+  CHECK(refused(R"({"prompt":"a","stop":["ok",""]})").param == "stop");
+  CHECK(refused(R"({"prompt":"a","tools":[{"type":"function"}]})").param == "tools");
+}
+
+TEST_CASE("the gateway answers OpenAI requests over HTTP with the router's tokens, streamed or whole") {
+  served_cluster s;
+  const uint16_t port = s.gateway.port;
+  generate_request ref_req;
+  ref_req.prompt = "The quick brown fox";
+  ref_req.max_tokens = 12;
+  ref_req.ignore_eos = true;
+  const auto ref = s.direct(ref_req);
+  REQUIRE(ref.tokens.size() == 12);
+
+  auto whole = round_trip(port, post("/v1/completions", R"({"prompt":"The quick brown fox","max_tokens":12,"ignore_eos":true})"));
+  REQUIRE(whole.status == 200);
+  auto j = json::parse(whole.body);
+  CHECK(j["object"] == "text_completion");
+  CHECK(j["choices"][0]["text"] == json(ref.text).get<std::string>());
+  CHECK(j["choices"][0]["finish_reason"] == "length");
+  CHECK(j["usage"]["completion_tokens"] == 12);
+  CHECK(j["usage"]["prompt_tokens"] == ref.num_prompt_tokens);
+
+  // Streamed: the events' text joins to the same text; the last content event says why it ended.
+  auto streamed = round_trip(port, post("/v1/completions", R"({"prompt":"The quick brown fox","max_tokens":12,
+      "ignore_eos":true,"stream":true,"stream_options":{"include_usage":true}})"));
+  REQUIRE(streamed.status == 200);
+  CHECK(streamed.head.find("text/event-stream") != std::string::npos);
+  std::vector<json> events;
+  CHECK(sse_text(streamed.body, &events) == ref.text);
+  REQUIRE(events.size() >= 3);
+  CHECK(events.back() == "[DONE]");
+  CHECK(events[events.size() - 2]["usage"]["completion_tokens"] == 12);
+  CHECK(events[events.size() - 3]["choices"][0]["finish_reason"] == "length");
+  CHECK(events.size() >= 5);  // tokens arrive as they are made, not in one piece
+
+  // A stop string: the stream never shows the text it cuts.
+  ref_req.stop = {ref.text.substr(6, 3)};
+  const auto cut = s.direct(ref_req);
+  CHECK(cut.finish_reason == "stop");
+  events.clear();
+  auto stopped = round_trip(port, post("/v1/completions", json{{"prompt", "The quick brown fox"}, {"max_tokens", 12},
+                                                             {"ignore_eos", true}, {"stream", true},
+                                                             {"stop", ref_req.stop[0]}}.dump()));
+  CHECK(sse_text(stopped.body, &events) == cut.text);
+
+  // Two pipelined requests on one connection are answered in order.
+  const int fd = connect_to(port);
+  send_all(fd, get("/v1/models") + post("/v1/completions", R"({"prompt":"a","max_tokens":2})"));
+  std::string buf;
+  auto first = read_answer(fd, buf);
+  auto second = read_answer(fd, buf);
+  ::close(fd);
+  CHECK(first.status == 200);
+  CHECK(json::parse(first.body)["data"][0]["id"] == s.stats().model);
+  CHECK(second.status == 200);
+  CHECK(json::parse(second.body)["choices"][0]["finish_reason"].is_string());
+}
+
+TEST_CASE("the gateway refuses what it cannot serve with the right status and a sentence") {
+  deploy::gateway_config gc;
+  gc.limits.max_body_bytes = 4096;
+  served_cluster s{gc};
+  const uint16_t port = s.gateway.port;
+  CHECK(round_trip(port, get("/health", "")).status == 200);  // no key needed for health checks
+  auto unauth = round_trip(port, get("/v1/models", ""));
+  CHECK(unauth.status == 401);
+  CHECK(unauth.head.find("WWW-Authenticate: Bearer") != std::string::npos);
+  CHECK(round_trip(port, get("/v1/models", "sk-wrong")).status == 401);
+  CHECK(round_trip(port, get("/v1/models", "sk-other")).status == 200);
+  CHECK(round_trip(port, get("/v1/nothing")).status == 404);
+  auto wrong_method = round_trip(port, get("/v1/completions"));
+  CHECK(wrong_method.status == 405);
+  CHECK(wrong_method.head.find("Allow: POST") != std::string::npos);
+  auto bad = round_trip(port, post("/v1/completions", R"({"prompt":"a","max_tokens":100000})"));
+  CHECK(bad.status == 400);
+  CHECK(json::parse(bad.body)["error"]["message"].get<std::string>().find("max_tokens") != std::string::npos);
+  CHECK(round_trip(port, post("/v1/completions", R"({"prompt":"a","model":"nope"})")).status == 404);
+  CHECK(round_trip(port, post("/v1/completions", std::string(5000, ' '))).status == 413);
+  CHECK(round_trip(port, "BROKEN\r\n\r\n").status == 400);
+  // A chat needs a template; the built-in model has none: a clear 400, not a crash.
+  auto chat = round_trip(port, post("/v1/chat/completions", R"({"messages":[{"role":"user","content":"hi"}]})"));
+  CHECK(chat.status == 400);
+  CHECK(json::parse(chat.body)["error"]["message"].get<std::string>().find("chat template") != std::string::npos);
+  // The gateway still serves after all of that, and counts it.
+  CHECK(round_trip(port, post("/v1/completions", R"({"prompt":"a","max_tokens":2})")).status == 200);
+  auto metrics = round_trip(port, get("/metrics"));
+  REQUIRE(metrics.status == 200);
+  CHECK(metrics.body.find("baton_http_responses_total{route=\"/v1/completions\",code=\"400\"} 1") != std::string::npos);
+  CHECK(metrics.body.find("baton_ttft_seconds_count 1") != std::string::npos);
+  CHECK(metrics.body.find("baton_rank_free_kv_pages{role=\"decode\",rank=\"decode-0\"}") != std::string::npos);
+  CHECK(metrics.body.find("baton_router_up 1") != std::string::npos);
+}
+
+TEST_CASE("a client that hangs up mid-stream cancels its request and its KV pages come back") {
+  served_cluster s;
+  const int fd = connect_to(s.gateway.port);
+  send_all(fd, post("/v1/completions", R"({"prompt":"Once upon a time","max_tokens":200,"ignore_eos":true,"stream":true})"));
+  std::string buf;
+  char tmp[4096];
+  while (buf.find("data: ") == std::string::npos) {  // the stream has begun
+    const auto n = ::recv(fd, tmp, sizeof(tmp), 0);
+    REQUIRE(n > 0);
+    buf.append(tmp, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  CHECK(s.settles());
+}
+
+TEST_CASE("the C++ client library streams a request's tokens and can cancel it") {
+  served_cluster s;
+  caf::scoped_actor self{s.sys};
+  auto port = s.sys.middleman().publish(s.cluster.router, 0, "127.0.0.1", true);
+  REQUIRE(port);
+  std::string why;
+  auto conn = baton::client::connection::connect("127.0.0.1", *port, &why);
+  REQUIRE_MESSAGE(conn, why);
+  std::string model;
+  uint32_t context = 0;
+  REQUIRE(conn->model_info(&model, &context, &why));
+  CHECK(model == s.stats().model);
+  CHECK(context == 256);
+
+  generate_request ref_req;
+  ref_req.prompt = "Disaggregated serving";
+  ref_req.max_tokens = 10;
+  ref_req.ignore_eos = true;
+  const auto ref = s.direct(ref_req);
+  baton::client::request req;
+  req.prompt = ref_req.prompt;
+  req.max_tokens = 10;
+  req.ignore_eos = true;
+  auto stream = conn->submit(req);
+  baton::client::token_chunk c;
+  std::vector<int32_t> tokens;
+  std::string text;
+  uint32_t chunks = 0;
+  while (stream->next(&c, std::chrono::seconds{60})) {
+    CHECK(c.first_index == tokens.size());
+    tokens.insert(tokens.end(), c.tokens.begin(), c.tokens.end());
+    text += c.text;
+    ++chunks;
+  }
+  REQUIRE_FALSE(stream->failed());
+  CHECK(tokens == ref.tokens);
+  CHECK(text == ref.text);
+  // One chunk per token (the first from prefill, then one per decode step) as it is made, and
+  // the last, which only says why it ended.
+  CHECK(chunks == 11);
+  CHECK(stream->final_result().tokens == ref.tokens);
+  CHECK(c.finish_reason == "length");
+
+  // Bad input comes back as an error naming the field.
+  req.max_tokens = 0;
+  auto bad = conn->submit(req);
+  while (bad->next(&c, std::chrono::seconds{30})) {
+  }
+  REQUIRE(bad->failed());
+  CHECK(bad->error_info().code == "bad_request");
+  CHECK(bad->error_info().message.find("max_tokens") != std::string::npos);
+
+  // Cancel after the first chunk: the stream ends as cancelled, the cluster frees everything.
+  req.max_tokens = 200;
+  auto long_one = conn->submit(req);
+  REQUIRE(long_one->next(&c, std::chrono::seconds{60}));
+  long_one->cancel();
+  while (long_one->next(&c, std::chrono::seconds{5})) {
+  }
+  CHECK(long_one->failed());
+  CHECK(long_one->error_info().code == "cancelled");
+  CHECK(s.settles());
+}
