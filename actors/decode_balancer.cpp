@@ -47,7 +47,7 @@ std::optional<decode_placement> try_place(pointer self, const place_query& q) {
       for (const auto& r : loads) {
         const uint64_t ps = page_size(st, r);
         views.push_back({r.num_running, r.kv_tokens, uint64_t{r.num_free_pages} * ps, uint64_t{r.num_total_pages} * ps,
-                         true});
+                         !st.registry.draining[views.size()]});
       }
       // Whole pages: a sequence needs its tokens rounded up to the page size.
       const uint64_t ps = loads.empty() ? st.cfg.page_size_tokens : page_size(st, loads.front());
@@ -64,8 +64,9 @@ std::optional<decode_placement> try_place(pointer self, const place_query& q) {
       std::vector<bool> fits;
       for (const auto& r : loads) {
         const uint32_t pages = (q.total_tokens + page_size(st, r) - 1) / page_size(st, r);
-        views.push_back({r.num_running, r.num_free_pages >= pages ? r.num_free_pages : 0, r.num_total_pages, true});
-        fits.push_back(r.num_free_pages >= pages);
+        const bool open = !st.registry.draining[fits.size()];
+        views.push_back({r.num_running, r.num_free_pages >= pages ? r.num_free_pages : 0, r.num_total_pages, open});
+        fits.push_back(open && r.num_free_pages >= pages);
       }
       if (st.policy == policies::decode_policy::least_loaded) {
         pick = policies::least_loaded_decode(views, 1);
@@ -96,6 +97,8 @@ decode_balancer_actor::behavior_type decode_balancer_impl(pointer self, decode_b
   st.policy = *policies::parse_decode_policy(cfg.policy);  // validated by the caller
   st.log.capacity = cfg.decision_log_size;
   st.cfg = std::move(cfg);
+  // A rank that goes away (its process ended, it drained) takes no more placements.
+  self->set_down_handler([=](caf::down_msg& dm) { self->state.registry.forget(dm.source); });
   return {
       [=](place_atom, place_query& q) -> caf::result<decode_placement> {
         auto& st = self->state;
@@ -115,12 +118,18 @@ decode_balancer_actor::behavior_type decode_balancer_impl(pointer self, decode_b
       },
       [=](load_atom, rank_load& load, decode_rank_actor& rank) {
         auto& st = self->state;
-        st.registry.report(std::move(load), std::move(rank));
+        if (st.registry.report(std::move(load), rank)) self->monitor(rank);
         serve_parked(st.parked, [=](const place_query& q) { return try_place(self, q); });
       },
       [=](stats_atom) { return self->state.registry.loads; },
       [=](events_atom) { return self->state.log.snapshot(); },
       [=](store_atom) { return self->state.store; },
+      [=](drain_atom, decode_rank_actor& rank) {
+        auto& st = self->state;
+        for (size_t i = 0; i < st.registry.ranks.size(); ++i)
+          if (st.registry.ranks[i] == rank) st.log.add({0, st.registry.loads[i].name, "draining: no new placements"});
+        st.registry.drain(rank);
+      },
   };
 }
 

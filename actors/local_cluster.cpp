@@ -7,6 +7,7 @@
 #include "actors/block_server.hpp"
 #include "actors/decode_balancer.hpp"
 #include "actors/decode_rank.hpp"
+#include "actors/node_directory.hpp"
 #include "actors/prefill_balancer.hpp"
 #include "actors/prefill_rank.hpp"
 #include "gpu/cpu_executor.hpp"
@@ -100,12 +101,14 @@ local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_co
   auto rc = cfg.router;
   if (!rc.tokenizer) rc.tokenizer = gpu::make_byte_tokenizer(cfg.model);
   out.router = spawn_router(sys, rc, cfg.model, out.prefill_balancer, out.decode_balancer, access);
+  if (access.enabled()) out.store = access.to_info();
+  out.directory = spawn_node_directory(sys, {}, {out.router, out.prefill_balancer, out.decode_balancer, out.store});
   return out;
 }
 
 std::vector<caf::actor> local_cluster::actors() const {
   std::vector<caf::actor> out{caf::actor_cast<caf::actor>(router), caf::actor_cast<caf::actor>(prefill_balancer),
-                              caf::actor_cast<caf::actor>(decode_balancer)};
+                              caf::actor_cast<caf::actor>(decode_balancer), caf::actor_cast<caf::actor>(directory)};
   for (const auto& r : prefill) out.push_back(caf::actor_cast<caf::actor>(r.handle));
   for (const auto& r : decode) out.push_back(caf::actor_cast<caf::actor>(r.handle));
   for (const auto& shard : store_index) out.push_back(caf::actor_cast<caf::actor>(shard));

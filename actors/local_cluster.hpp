@@ -65,6 +65,9 @@ struct local_cluster {
   std::vector<named_rank<decode_rank_actor>> decode;
   std::vector<block_index_actor> store_index;  ///< index shards; empty when the store is off
   std::vector<named_rank<block_server_actor>> store_servers;
+  store_info store;  ///< for ranks that join from other processes (empty when the store is off)
+  /// Where node processes join (`baton node`): publish it to let them in.
+  node_directory_actor directory;
 
   /// Every actor of the cluster, for shutting it down.
   std::vector<caf::actor> actors() const;

@@ -95,7 +95,12 @@ void register_message_types(caf::actor_system_config& cfg) {
       .add_message_type<router_actor>("baton::router_actor")
       .add_message_type<stream_chunk>("baton::stream_chunk")
       .add_message_type<client_sink_actor>("baton::client_sink_actor")
-      .add_message_type<cluster_stats>("baton::cluster_stats");
+      .add_message_type<cluster_stats>("baton::cluster_stats")
+      .add_message_type<node_hello>("baton::node_hello")
+      .add_message_type<cluster_welcome>("baton::cluster_welcome")
+      .add_message_type<node_status>("baton::node_status")
+      .add_message_type<std::vector<node_status>>("std::vector<baton::node_status>")
+      .add_message_type<node_directory_actor>("baton::node_directory_actor");
   cfg.add_error_category(caf::atom("baton"), [](uint8_t code, caf::atom_value, const caf::message& ctx) {
     std::string out = "baton::" + to_string(static_cast<errc>(code));
     if (ctx.match_elements<std::string>()) out += ": " + ctx.get_as<std::string>(0);

@@ -48,6 +48,7 @@ using store_atom = caf::atom_constant<caf::atom("store")>;
 using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
 using join_atom = caf::atom_constant<caf::atom("join")>;
 using heartbeat_atom = caf::atom_constant<caf::atom("heartbeat")>;
+using drain_atom = caf::atom_constant<caf::atom("drain")>;
 
 // --- errors ---------------------------------------------------------------------------------
 /// Baton's error codes (category atom "baton"). The context string of every error names the
@@ -670,7 +671,8 @@ using decode_balancer_actor = caf::typed_actor<
     caf::reacts_to<load_atom, rank_load, decode_rank_actor>,
     caf::replies_to<stats_atom>::with<std::vector<rank_load>>,
     caf::replies_to<events_atom>::with<std::vector<placement_record>>,
-    caf::replies_to<store_atom>::with<store_info>>;              // the store, for ranks joining later
+    caf::replies_to<store_atom>::with<store_info>,               // the store, for ranks joining later
+    caf::reacts_to<drain_atom, decode_rank_actor>>;              // no new placements on this rank
 
 /// What the router knows of the cluster, for clients (the gateway's /v1/models and /metrics).
 struct cluster_stats {
@@ -695,6 +697,58 @@ using router_actor = caf::typed_actor<
     // Cancel by sending cancel_atom to stream_chunk::request; a sink that goes down cancels too.
     caf::replies_to<generate_atom, generate_request, client_sink_actor>::with<completion>,
     caf::replies_to<stats_atom>::with<cluster_stats>>;
+
+// --- nodes (deploy: `baton node`, `baton gateway`, `baton launch`) ---------------------------
+/// A node process introducing itself to the cluster's directory.
+struct node_hello {
+  std::string name;
+  std::vector<std::string> roles;  ///< decode | gateway
+  int32_t pid = 0;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, node_hello& x) {
+  return f(caf::meta::type_name("node_hello"), x.name, x.roles, x.pid);
+}
+
+/// What a joining node needs to start its actors.
+struct cluster_welcome {
+  router_actor router;
+  prefill_balancer_actor prefill_balancer;
+  decode_balancer_actor decode_balancer;
+  store_info store;
+  uint32_t heartbeat_interval_ms = 500;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, cluster_welcome& x) {
+  return f(caf::meta::type_name("cluster_welcome"), x.router, x.prefill_balancer, x.decode_balancer, x.store,
+           x.heartbeat_interval_ms);
+}
+
+struct node_status {
+  std::string name;
+  std::vector<std::string> roles;
+  int32_t pid = 0;
+  int64_t since_heartbeat_ms = 0;  ///< time since its last heartbeat
+  std::string state;               ///< joined | draining | gone (missed heartbeats or left)
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, node_status& x) {
+  return f(caf::meta::type_name("node_status"), x.name, x.roles, x.pid, x.since_heartbeat_ms, x.state);
+}
+
+/// The head's register of node processes: who joined, their heartbeats, who drains.
+using node_directory_actor = caf::typed_actor<
+    caf::replies_to<join_atom, node_hello>::with<cluster_welcome>,
+    caf::reacts_to<heartbeat_atom, std::string>,   // node name
+    caf::reacts_to<drain_atom, std::string>,       // node name: it is draining and will leave
+    caf::replies_to<stats_atom>::with<std::vector<node_status>>,
+    caf::reacts_to<timer_atom>>;                   // liveness sweep (internal)
+
+/// A node process's agent: joins, heartbeats, and drains the node's actors on request.
+using node_agent_actor = caf::typed_actor<
+    caf::reacts_to<heartbeat_atom>,  // tick (internal)
+    caf::reacts_to<drain_atom>,      // from the process (SIGTERM): finish the work, then leave
+    caf::reacts_to<poll_atom>>;      // drain progress check (internal)
 
 /// Registers every type above (and the error category) with a config, before the actor
 /// system is built. Call it in every process.

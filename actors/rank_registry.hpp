@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include <caf/actor_addr.hpp>
+#include <caf/actor_cast.hpp>
 #include <caf/typed_response_promise.hpp>
 
 #include "actors/messages.hpp"
@@ -16,16 +18,35 @@ template <class Handle>
 struct rank_registry {
   std::vector<Handle> ranks;
   std::vector<rank_load> loads;
+  std::vector<bool> draining;  ///< takes no new work; finishes what it has
 
   /// A report replaces the rank's previous one (including the balancer's own placements since).
-  void report(rank_load load, Handle rank) {
+  /// True when the rank is new (the caller monitors it).
+  bool report(rank_load load, Handle rank) {
     for (size_t i = 0; i < ranks.size(); ++i)
       if (ranks[i] == rank) {
         loads[i] = std::move(load);
-        return;
+        return false;
       }
     ranks.push_back(std::move(rank));
     loads.push_back(std::move(load));
+    draining.push_back(false);
+    return true;
+  }
+  /// A rank that went down (its process ended, it drained) is forgotten.
+  void forget(const caf::actor_addr& addr) {
+    for (size_t i = 0; i < ranks.size(); ++i)
+      if (caf::actor_cast<caf::actor_addr>(ranks[i]) == addr) {
+        ranks.erase(ranks.begin() + static_cast<std::ptrdiff_t>(i));
+        loads.erase(loads.begin() + static_cast<std::ptrdiff_t>(i));
+        draining.erase(draining.begin() + static_cast<std::ptrdiff_t>(i));
+        return;
+      }
+  }
+  bool drain(const Handle& rank) {
+    for (size_t i = 0; i < ranks.size(); ++i)
+      if (ranks[i] == rank) return draining[i] = true;
+    return false;
   }
 };
 

@@ -64,7 +64,7 @@ struct local_options {
   // Serving (--serve): no sample prompts; clients reach the cluster until SIGINT/SIGTERM.
   bool serve = false;
   std::string router_listen;       ///< HOST:PORT to publish the router on (C++ clients, gateways)
-  std::string cluster_listen;      ///< HOST:PORT to publish the decode balancer on (`baton node`)
+  std::string cluster_listen;      ///< HOST:PORT to publish the node directory on (`baton node`)
   std::string http_listen;         ///< HOST:PORT of an in-process OpenAI-compatible gateway
   std::vector<std::string> api_keys;
 };
@@ -116,9 +116,9 @@ int serve(caf::actor_system& sys, const local_cluster& cluster, const local_opti
       std::fprintf(stderr, "baton local: %s\n", why.c_str());
       return 2;
     }
-    auto bound = sys.middleman().publish(cluster.decode_balancer, port, host.c_str(), true);
+    auto bound = sys.middleman().publish(cluster.directory, port, host.c_str(), true);
     if (!bound) {
-      std::fprintf(stderr, "baton local: cannot publish the decode balancer on %s: %s\n", opt.cluster_listen.c_str(),
+      std::fprintf(stderr, "baton local: cannot publish the node directory on %s: %s\n", opt.cluster_listen.c_str(),
                    sys.render(bound.error()).c_str());
       return 1;
     }
@@ -208,7 +208,7 @@ int run_local(const std::vector<std::string>& args) {
   flags.add("--serve", &opt.serve, "serve clients until SIGINT/SIGTERM instead of answering sample prompts");
   flags.add("--router-listen", &opt.router_listen, "--serve: publish the router on HOST:PORT (port 0: any free port)");
   flags.add("--cluster-listen", &opt.cluster_listen,
-            "--serve: publish the decode balancer on HOST:PORT for `baton node` processes to join");
+            "--serve: publish the node directory on HOST:PORT for `baton node` processes to join");
   flags.add("--http-listen", &opt.http_listen, "--serve: an OpenAI-compatible HTTP gateway on HOST:PORT");
   flags.add("--api-key", &opt.api_keys, "--serve: an API key the gateway accepts as a bearer token (repeatable)");
   if (auto rc = flags.parse_command_line(args, "local", "baton local [flags]")) return *rc;
@@ -281,9 +281,9 @@ int run_local(const std::vector<std::string>& args) {
     ~reaper() { stop_processes(pids); }
   } reap{children};
   if (opt.decode_processes > 0) {
-    auto port = sys.middleman().publish(cluster.decode_balancer, 0, "127.0.0.1", true);
+    auto port = sys.middleman().publish(cluster.directory, 0, "127.0.0.1", true);
     if (!port) {
-      std::fprintf(stderr, "baton local: cannot publish the decode balancer: %s\n", sys.render(port.error()).c_str());
+      std::fprintf(stderr, "baton local: cannot publish the node directory: %s\n", sys.render(port.error()).c_str());
       return 1;
     }
     for (uint32_t i = 0; i < opt.decode_processes; ++i) {

@@ -67,7 +67,7 @@ void run_across_processes(const char* ucx_tls, bool with_store = false) {
   }
   auto cluster = start_local_cluster(n.sys, cfg);
   caf::scoped_actor self{n.sys};
-  auto port = n.sys.middleman().publish(cluster.decode_balancer, 0, "127.0.0.1", true);
+  auto port = n.sys.middleman().publish(cluster.directory, 0, "127.0.0.1", true);
   REQUIRE(port);
   std::vector<pid_t> children;
   struct guard {

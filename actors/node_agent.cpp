@@ -1,0 +1,126 @@
+#include "actors/node_agent.hpp"
+
+#include <memory>
+
+#include <caf/actor_system.hpp>
+#include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
+
+namespace baton {
+
+namespace {
+
+struct node_agent_state {
+  node_agent_config cfg;
+  node_directory_actor directory;
+  cluster_welcome welcome;
+  node_actors actors;
+  bool serving = false;
+  bool draining = false;
+  caf::actor_clock::time_point drain_started;
+  static inline const char* name = "baton.node_agent";
+};
+
+using pointer = node_agent_actor::stateful_pointer<node_agent_state>;
+
+void stop_all(pointer self) {
+  auto& a = self->state.actors;
+  for (auto& r : a.decode) self->send_exit(r, caf::exit_reason::user_shutdown);
+  for (auto& o : a.others) self->send_exit(o, caf::exit_reason::user_shutdown);
+}
+
+/// Draining: asks every decode rank whether it still holds work; leaves when none does.
+void check_drained(pointer self) {
+  auto& st = self->state;
+  const auto waited = self->clock().now() - st.drain_started;
+  if (waited > std::chrono::milliseconds{st.cfg.drain_timeout_ms}) {
+    stop_all(self);
+    self->quit(make_error(errc::deadline_exceeded, "node " + st.cfg.hello.name + ", stage drain: work left after " +
+                                                       std::to_string(st.cfg.drain_timeout_ms) + " ms"));
+    return;
+  }
+  auto left = std::make_shared<size_t>(st.actors.decode.size());
+  auto busy = std::make_shared<bool>(false);
+  auto settle = [=] {
+    if (--*left > 0) return;
+    if (*busy) {
+      self->delayed_send(self, std::chrono::milliseconds{self->state.cfg.drain_poll_ms}, poll_atom::value);
+      return;
+    }
+    stop_all(self);
+    self->quit();
+  };
+  if (st.actors.decode.empty()) {
+    stop_all(self);
+    self->quit();
+    return;
+  }
+  for (auto& r : st.actors.decode)
+    self->request(r, std::chrono::seconds{5}, stats_atom::value)
+        .then(
+            [=](const rank_stats& s) {
+              *busy = *busy || s.num_running > 0 || s.num_waiting > 0;
+              settle();
+            },
+            [=](caf::error&) { settle(); });  // a rank that is gone holds nothing
+}
+
+node_agent_actor::behavior_type node_agent_impl(pointer self, node_directory_actor directory, node_agent_config cfg,
+                                                node_start start) {
+  auto& st = self->state;
+  st.cfg = std::move(cfg);
+  st.directory = std::move(directory);
+  self->monitor(st.directory);
+  self->set_down_handler([=](caf::down_msg&) {  // the head went away: nothing left to serve
+    stop_all(self);
+    self->quit(make_error(errc::rank_unavailable, "node " + self->state.cfg.hello.name + ": the head went away"));
+  });
+  self->request(st.directory, std::chrono::milliseconds{st.cfg.join_timeout_ms}, join_atom::value, st.cfg.hello)
+      .then(
+          [=](cluster_welcome& w) {
+            auto& st = self->state;
+            st.welcome = std::move(w);
+            if (auto why = start(self->system(), st.welcome, &st.actors); !why.empty()) {
+              stop_all(self);
+              self->quit(make_error(errc::executor_failed, "node " + st.cfg.hello.name + ", stage start: " + why));
+              return;
+            }
+            st.serving = true;
+            self->send(self, heartbeat_atom::value);
+          },
+          [=](caf::error& e) {
+            self->quit(make_error(errc::rank_unavailable, "node " + self->state.cfg.hello.name +
+                                                              ", stage join: " + self->system().render(e)));
+          });
+  return {
+      [=](heartbeat_atom) {
+        auto& st = self->state;
+        self->send(st.directory, heartbeat_atom::value, st.cfg.hello.name);
+        self->delayed_send(self, std::chrono::milliseconds{st.welcome.heartbeat_interval_ms}, heartbeat_atom::value);
+      },
+      [=](drain_atom) {
+        auto& st = self->state;
+        if (st.draining) return;
+        st.draining = true;
+        st.drain_started = self->clock().now();
+        if (!st.serving) {
+          stop_all(self);
+          self->quit();
+          return;
+        }
+        self->send(st.directory, drain_atom::value, st.cfg.hello.name);
+        for (auto& r : st.actors.decode) self->send(st.welcome.decode_balancer, drain_atom::value, r);
+        check_drained(self);
+      },
+      [=](poll_atom) { check_drained(self); },
+  };
+}
+
+}  // namespace
+
+node_agent_actor spawn_node_agent(caf::actor_system& sys, node_directory_actor directory, node_agent_config cfg,
+                                  node_start start) {
+  return sys.spawn(node_agent_impl, std::move(directory), std::move(cfg), std::move(start));
+}
+
+}  // namespace baton

@@ -1,0 +1,42 @@
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "actors/messages.hpp"
+
+namespace caf {
+class actor_system;
+}
+
+namespace baton {
+
+/// The actors a node process runs, as its agent started them.
+struct node_actors {
+  std::vector<decode_rank_actor> decode;  ///< drained before the node leaves
+  std::vector<caf::actor> others;         ///< stopped when the node leaves
+};
+
+/// Starts the node's actors from what the directory told it; an empty string, or why not.
+using node_start = std::function<std::string(caf::actor_system&, const cluster_welcome&, node_actors*)>;
+
+struct node_agent_config {
+  node_hello hello;
+  uint32_t join_timeout_ms = 10000;
+  uint32_t drain_timeout_ms = 60000;  ///< a drain that takes longer stops the node anyway
+  uint32_t drain_poll_ms = 50;
+};
+
+/// A node process's agent (design.md §1):
+///
+///   joining --welcome: start the node's actors--> serving --drain--> draining --idle--> gone
+///      |                                             |                   (or drain timeout)
+///      +--no answer / start failed--> gone           +--directory down--> gone
+///
+/// Draining tells the directory and the decode balancer (no new placements on the node's ranks),
+/// waits until the ranks hold no sequence and no lease, then stops them and itself. Its exit
+/// reason says why it ended (normal after a drain).
+node_agent_actor spawn_node_agent(caf::actor_system& sys, node_directory_actor directory, node_agent_config cfg,
+                                  node_start start);
+
+}  // namespace baton

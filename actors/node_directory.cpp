@@ -1,0 +1,94 @@
+#include "actors/node_directory.hpp"
+
+#include <map>
+
+#include <caf/actor_system.hpp>
+#include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
+
+namespace baton {
+
+namespace {
+
+struct node_entry {
+  node_hello hello;
+  caf::actor_addr agent;
+  caf::actor_clock::time_point last_heartbeat;
+  std::string state = "joined";
+};
+
+struct node_directory_state {
+  node_directory_config cfg;
+  cluster_welcome welcome;
+  std::map<std::string, node_entry> nodes;
+  bool sweeping = false;  ///< a liveness sweep is scheduled
+  static inline const char* name = "baton.node_directory";
+};
+
+using pointer = node_directory_actor::stateful_pointer<node_directory_state>;
+
+node_directory_actor::behavior_type node_directory_impl(pointer self, node_directory_config cfg,
+                                                        cluster_welcome welcome) {
+  self->state.cfg = cfg;
+  self->state.welcome = std::move(welcome);
+  self->state.welcome.heartbeat_interval_ms = cfg.heartbeat_interval_ms;
+  self->set_down_handler([=](caf::down_msg& dm) {
+    for (auto& [name, n] : self->state.nodes)
+      if (n.agent == dm.source) n.state = "gone";
+  });
+  // The liveness sweep runs only while nodes are registered: an idle directory schedules
+  // nothing (sims run until no event is left).
+  return {
+      [=](join_atom, node_hello& hello) -> cluster_welcome {
+        if (!self->state.sweeping) {
+          self->state.sweeping = true;
+          self->delayed_send(self, std::chrono::milliseconds{self->state.cfg.heartbeat_interval_ms}, timer_atom::value);
+        }
+        auto& n = self->state.nodes[hello.name];  // a node that rejoins replaces its old entry
+        n.hello = std::move(hello);
+        n.agent = caf::actor_cast<caf::actor_addr>(self->current_sender());
+        n.last_heartbeat = self->clock().now();
+        n.state = "joined";
+        if (auto agent = caf::actor_cast<caf::actor>(self->current_sender())) self->monitor(agent);
+        return self->state.welcome;
+      },
+      [=](heartbeat_atom, const std::string& name) {
+        auto i = self->state.nodes.find(name);
+        if (i == self->state.nodes.end()) return;
+        i->second.last_heartbeat = self->clock().now();
+      },
+      [=](drain_atom, const std::string& name) {
+        if (auto i = self->state.nodes.find(name); i != self->state.nodes.end()) i->second.state = "draining";
+      },
+      [=](stats_atom) {
+        std::vector<node_status> out;
+        const auto now = self->clock().now();
+        for (const auto& [name, n] : self->state.nodes)
+          out.push_back({name, n.hello.roles, n.hello.pid,
+                         std::chrono::duration_cast<std::chrono::milliseconds>(now - n.last_heartbeat).count(), n.state});
+        return out;
+      },
+      [=](timer_atom) {
+        auto& st = self->state;
+        const auto silence = std::chrono::milliseconds{uint64_t{st.cfg.heartbeat_interval_ms} * st.cfg.missed_heartbeats};
+        const auto now = self->clock().now();
+        bool watching = false;
+        for (auto& [name, n] : st.nodes) {
+          if (n.state != "gone" && now - n.last_heartbeat > silence) n.state = "gone";
+          watching = watching || n.state != "gone";
+        }
+        st.sweeping = watching;  // every node gone: the sweep restarts at the next join
+        if (watching)
+          self->delayed_send(self, std::chrono::milliseconds{st.cfg.heartbeat_interval_ms}, timer_atom::value);
+
+      },
+  };
+}
+
+}  // namespace
+
+node_directory_actor spawn_node_directory(caf::actor_system& sys, node_directory_config cfg, cluster_welcome welcome) {
+  return sys.spawn(node_directory_impl, cfg, std::move(welcome));
+}
+
+}  // namespace baton

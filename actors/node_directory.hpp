@@ -1,0 +1,31 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "actors/messages.hpp"
+
+namespace caf {
+class actor_system;
+}
+
+namespace baton {
+
+struct node_directory_config {
+  uint32_t heartbeat_interval_ms = 500;  ///< told to every joining node
+  uint32_t missed_heartbeats = 4;        ///< a node silent this many intervals counts as gone
+  std::string validate() const {
+    if (heartbeat_interval_ms == 0 || missed_heartbeats == 0)
+      return "node directory: heartbeat_interval_ms and missed_heartbeats must be >= 1";
+    return {};
+  }
+};
+
+/// The head's register of node processes (`baton node`, `baton gateway`): a node's agent joins
+/// with its name and roles and gets what it needs to start its actors (`welcome`); it then
+/// heartbeats. A node whose agent goes down, or misses heartbeats, is marked gone; one that
+/// announces a drain is marked draining until it leaves. `baton launch` reads the register to
+/// know when every node has joined.
+node_directory_actor spawn_node_directory(caf::actor_system& sys, node_directory_config cfg, cluster_welcome welcome);
+
+}  // namespace baton
