@@ -27,6 +27,16 @@ int run_profile(const std::vector<std::string>& args);
 /// `baton gateway`: the OpenAI-compatible HTTP gateway in front of a remote router.
 int run_gateway(const std::vector<std::string>& args);
 
+/// API keys from the environment (BATON_API_KEYS, comma-separated): how the launcher hands
+/// them to gateways without putting them on a command line.
+std::vector<std::string> api_keys_from_env();
+
+/// `baton launch SPEC`: every node of a cluster spec as processes (ssh for other hosts).
+int run_launch(const std::vector<std::string>& args);
+
+/// `baton deploy k8s|slurm SPEC`: Kubernetes manifests or a Slurm batch script for a spec.
+int run_deploy(const std::vector<std::string>& args);
+
 /// `baton generate`: one or more prompts to a running cluster, streamed to stdout.
 int run_generate(const std::vector<std::string>& args);
 

@@ -128,6 +128,7 @@ int serve(caf::actor_system& sys, const local_cluster& cluster, const local_opti
   if (!opt.http_listen.empty()) {
     gateway_config gc;
     gc.api_keys = opt.api_keys;
+    for (auto& k : api_keys_from_env()) gc.api_keys.push_back(std::move(k));
     if (!parse_host_port(opt.http_listen, "--http-listen", &gc.host, &gc.port, &why) ||
         !spawn_gateway(sys, gc, cluster.router, &gateway, &why)) {
       std::fprintf(stderr, "baton local: %s\n", why.c_str());
@@ -242,10 +243,8 @@ int run_local(const std::vector<std::string>& args) {
     }
     opt.cluster.prefill.cost = opt.cluster.prefill_balancer.cost = prof.prefill;
   }
-  if (opt.decode_processes > 0) {
-    opt.cluster.num_decode_ranks = 0;  // they join from their own processes
-    opt.cluster.transport = "ucx";     // loopback cannot cross processes
-  }
+  if (opt.decode_processes > 0) opt.cluster.num_decode_ranks = 0;  // they join from their own processes
+  if (opt.decode_processes > 0 || !opt.cluster_listen.empty()) opt.cluster.transport = "ucx";  // loopback cannot cross processes
   if (opt.cluster.num_decode_ranks == 0 && opt.decode_processes == 0 && opt.cluster_listen.empty()) {
     std::fprintf(stderr, "baton local: need --decode-ranks >= 1, --decode-processes >= 1 or --cluster-listen\n");
     return 2;

@@ -14,8 +14,11 @@ const char* usage =
     "commands:\n"
     "  local     run a disaggregated cluster (router, prefill and decode ranks) in this\n"
     "            process on the built-in model and answer sample prompts\n"
-    "            (--decode-processes N puts the decode ranks in their own processes)\n"
+    "            (--decode-processes N puts the decode ranks in their own processes;\n"
+    "            --serve with --router-listen/--http-listen serves clients instead)\n"
     "  node      one rank in its own process, joined to a head (what `local` starts)\n"
+    "  launch    start every node of a cluster spec (JSON) as processes, here or over ssh\n"
+    "  deploy    k8s|slurm: write Kubernetes manifests or a Slurm batch script for a spec\n"
     "  gateway   an OpenAI-compatible HTTP gateway in front of a running cluster's router\n"
     "  generate  send prompts to a running cluster's router and stream the answers\n"
     "  profile   measure the executor, fit the prefill and decode cost models, write a\n"
@@ -36,6 +39,8 @@ int main(int argc, char** argv) {
   if (cmd == "node") return baton::deploy::run_node(args);
   if (cmd == "profile") return baton::deploy::run_profile(args);
   if (cmd == "gateway") return baton::deploy::run_gateway(args);
+  if (cmd == "launch") return baton::deploy::run_launch(args);
+  if (cmd == "deploy") return baton::deploy::run_deploy(args);
   if (cmd == "generate") return baton::deploy::run_generate(args);
   if (cmd == "--help" || cmd == "-h" || cmd == "help") {
     std::fputs(usage, stdout);

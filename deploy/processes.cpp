@@ -21,12 +21,17 @@ std::atomic<bool> stop_flag{false};
 void on_signal(int) { stop_flag = true; }
 }  // namespace
 
-pid_t spawn_process(const std::vector<std::string>& argv, std::string* why) {
+pid_t spawn_process(const std::vector<std::string>& argv, std::string* why, const std::vector<std::string>& env) {
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
+  std::vector<char*> envp;
+  for (char** e = environ; *e; ++e) envp.push_back(*e);
+  for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
   pid_t pid = -1;
-  if (int rc = posix_spawn(&pid, args[0], nullptr, nullptr, args.data(), environ); rc != 0) {
+  // posix_spawnp: an ssh command is found on PATH; our own binary comes as an absolute path.
+  if (int rc = posix_spawnp(&pid, args[0], nullptr, nullptr, args.data(), envp.data()); rc != 0) {
     if (why) *why = "cannot start " + argv[0] + ": " + std::strerror(rc);
     return -1;
   }
@@ -36,6 +41,16 @@ pid_t spawn_process(const std::vector<std::string>& argv, std::string* why) {
 bool process_alive(pid_t pid) {
   int status = 0;
   return waitpid(pid, &status, WNOHANG) == 0;
+}
+
+bool process_exited(pid_t pid, std::string* how) {
+  int status = 0;
+  if (waitpid(pid, &status, WNOHANG) != pid) return false;
+  if (WIFEXITED(status))
+    *how = "exit code " + std::to_string(WEXITSTATUS(status));
+  else if (WIFSIGNALED(status))
+    *how = "signal " + std::to_string(WTERMSIG(status));
+  return true;
 }
 
 void stop_processes(std::vector<pid_t>& pids, int grace_ms) {

@@ -10,14 +10,17 @@
 
 namespace baton::deploy {
 
-/// Starts `argv[0]` with `argv`; returns the pid, or -1 with `*why` set.
-pid_t spawn_process(const std::vector<std::string>& argv, std::string* why);
+/// Starts `argv[0]` with `argv` (no shell), this process's environment plus `env` ("K=V");
+/// returns the pid, or -1 with `*why` set.
+pid_t spawn_process(const std::vector<std::string>& argv, std::string* why, const std::vector<std::string>& env = {});
 
 /// SIGTERM to each, wait up to `grace_ms`, then SIGKILL what is left; reaps all.
 void stop_processes(std::vector<pid_t>& pids, int grace_ms = 3000);
 
 /// True while `pid` has not exited (reaps it if it has).
 bool process_alive(pid_t pid);
+/// True when `pid` has exited (reaped); `how` says how: "exit code N" or "signal N".
+bool process_exited(pid_t pid, std::string* how);
 
 /// This executable's path (/proc/self/exe), to start sibling nodes.
 std::string self_executable();

@@ -1,0 +1,439 @@
+#include "deploy/cluster_spec.hpp"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+namespace baton::deploy {
+
+using nlohmann::json;
+
+bool node_spec::has(const std::string& role) const {
+  return std::find(roles.begin(), roles.end(), role) != roles.end();
+}
+
+const node_spec& cluster_spec::head() const {
+  for (const auto& n : nodes)
+    if (n.has("router")) return n;
+  return nodes.front();  // unreachable for a validated spec
+}
+
+namespace {
+
+/// Reads an object's fields strictly: a key the reader never asked for is an error (a typo in a
+/// spec should not be silently ignored).
+class fields {
+ public:
+  fields(const json& j, std::string where) : j_(j), where_(std::move(where)) {}
+
+  bool str(const char* key, std::string* dst, std::string* why) {
+    seen_.insert(key);
+    auto it = j_.find(key);
+    if (it == j_.end()) return true;
+    if (!it->is_string()) return fail(key, "must be a string", why);
+    *dst = it->get<std::string>();
+    return true;
+  }
+  bool strs(const char* key, std::vector<std::string>* dst, std::string* why) {
+    seen_.insert(key);
+    auto it = j_.find(key);
+    if (it == j_.end()) return true;
+    if (!it->is_array()) return fail(key, "must be an array of strings", why);
+    dst->clear();
+    for (const auto& s : *it) {
+      if (!s.is_string()) return fail(key, "must be an array of strings", why);
+      dst->push_back(s.get<std::string>());
+    }
+    return true;
+  }
+  template <class T>
+  bool num(const char* key, T* dst, uint64_t lo, uint64_t hi, std::string* why) {
+    seen_.insert(key);
+    auto it = j_.find(key);
+    if (it == j_.end()) return true;
+    if (!it->is_number_unsigned() || it->get<uint64_t>() < lo || it->get<uint64_t>() > hi)
+      return fail(key, "must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]", why);
+    *dst = static_cast<T>(it->get<uint64_t>());
+    return true;
+  }
+  /// A nested object (absent: an empty one).
+  bool object(const char* key, json* dst, std::string* why) {
+    seen_.insert(key);
+    auto it = j_.find(key);
+    if (it == j_.end()) {
+      *dst = json::object();
+      return true;
+    }
+    if (!it->is_object()) return fail(key, "must be an object", why);
+    *dst = *it;
+    return true;
+  }
+  void mark(const char* key) { seen_.insert(key); }  ///< read by the caller itself
+  bool no_others(std::string* why) {
+    for (auto it = j_.begin(); it != j_.end(); ++it)
+      if (!seen_.count(it.key())) {
+        *why = where_ + ": unknown field '" + it.key() + "'";
+        return false;
+      }
+    return true;
+  }
+  bool fail(const std::string& key, const std::string& what, std::string* why) {
+    *why = where_ + "." + key + " " + what;
+    return false;
+  }
+
+ private:
+  const json& j_;
+  std::string where_;
+  std::set<std::string> seen_;
+};
+
+/// Names become process names, Kubernetes object names and shell words: keep them plain.
+bool plain_name(const std::string& s) {
+  if (s.empty() || s.size() > 40 || s.front() == '-' || s.back() == '-') return false;
+  return std::all_of(s.begin(), s.end(), [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-'; });
+}
+
+bool parse_node(const json& j, size_t i, node_spec* n, std::string* why) {
+  const std::string where = "nodes[" + std::to_string(i) + "]";
+  if (!j.is_object()) {
+    *why = where + " must be an object";
+    return false;
+  }
+  fields f{j, where};
+  json ports;
+  if (!f.str("name", &n->name, why) || !f.str("host", &n->host, why) || !f.strs("roles", &n->roles, why) ||
+      !f.num("gpus", &n->gpus, 1, 64, why) || !f.num("prefill_ranks", &n->prefill_ranks, 1, 256, why) ||
+      !f.object("ports", &ports, why) || !f.no_others(why))
+    return false;
+  if (!plain_name(n->name)) {
+    *why = where + ".name must be 1-40 characters of a-z, 0-9 and '-', got '" + n->name + "'";
+    return false;
+  }
+  fields p{ports, where + ".ports"};
+  if (!p.num("router", &n->router_port, 1, 65535, why) || !p.num("cluster", &n->cluster_port, 1, 65535, why) ||
+      !p.num("http", &n->http_port, 1, 65535, why) || !p.no_others(why))
+    return false;
+  if (n->host.empty() || n->host.find_first_of(" \t'\"$`\\;&|<>") != std::string::npos) {
+    *why = where + ".host '" + n->host + "' is not a host name or address";
+    return false;
+  }
+  if (n->roles.empty()) {
+    *why = where + " (" + n->name + ") has no roles";
+    return false;
+  }
+  for (const auto& r : n->roles)
+    if (r != "router" && r != "prefill" && r != "store" && r != "decode" && r != "gateway") {
+      *why = where + " (" + n->name + "): unknown role '" + r + "' (router, prefill, store, decode, gateway)";
+      return false;
+    }
+  return true;
+}
+
+bool validate(const cluster_spec& s, std::string* why) {
+  if (s.nodes.empty()) {
+    *why = "nodes: a cluster needs at least one node";
+    return false;
+  }
+  size_t routers = 0, decodes = 0;
+  std::set<std::string> names;
+  std::set<std::pair<std::string, uint16_t>> ports;
+  for (const auto& n : s.nodes) {
+    if (!names.insert(n.name).second) {
+      *why = "nodes: the name '" + n.name + "' is used twice";
+      return false;
+    }
+    routers += n.has("router");
+    decodes += n.has("decode");
+    const bool head = n.has("router");
+    // This version runs the balancers, the prefill ranks and the block store in the router's
+    // process (the head); decode ranks and gateways may run anywhere.
+    if ((n.has("prefill") || n.has("store")) && !head) {
+      *why = "node '" + n.name + "': prefill ranks and block servers run in the router's process; give them to the node "
+             "with the router role";
+      return false;
+    }
+    if (head && n.has("decode")) {
+      *why = "node '" + n.name + "': decode ranks run in their own node processes, not on the router's node";
+      return false;
+    }
+    if (head && (!n.router_port || !n.cluster_port)) {
+      *why = "node '" + n.name + "': the router's node needs ports.router and ports.cluster";
+      return false;
+    }
+    if (n.has("gateway") && !n.http_port) {
+      *why = "node '" + n.name + "': a gateway needs ports.http";
+      return false;
+    }
+    for (uint16_t p : {n.router_port, n.cluster_port, n.http_port})
+      if (p && !ports.insert({n.host, p}).second) {
+        *why = "node '" + n.name + "': port " + std::to_string(p) + " on " + n.host + " is taken by another node";
+        return false;
+      }
+  }
+  if (routers != 1) {
+    *why = "nodes: exactly one node must have the router role, found " + std::to_string(routers);
+    return false;
+  }
+  if (decodes == 0) {
+    *why = "nodes: at least one node must have the decode role";
+    return false;
+  }
+  if (!s.head().has("prefill")) {
+    *why = "node '" + s.head().name + "': the router's node must also have the prefill role";
+    return false;
+  }
+  if (!s.store_dir.empty() && !s.head().has("store")) {
+    *why = "store.dir is set but no node has the store role (give it to the router's node)";
+    return false;
+  }
+  if (s.head().has("store") && s.store_dir.empty()) {
+    *why = "node '" + s.head().name + "' has the store role but store.dir is not set";
+    return false;
+  }
+  if (!plain_name(s.name)) {
+    *why = "name must be 1-40 characters of a-z, 0-9 and '-', got '" + s.name + "'";
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool parse_cluster_spec(const std::string& json_text, const std::string& base_dir, cluster_spec* out, std::string* why) {
+  *out = cluster_spec{};
+  auto j = json::parse(json_text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    *why = "the spec is not a JSON object";
+    return false;
+  }
+  fields f{j, "spec"};
+  json policies, executor, store, ssh;
+  if (!f.str("name", &out->name, why) || !f.str("model", &out->model, why) || !f.str("image", &out->image, why) ||
+      !f.str("binary", &out->binary, why) || !f.strs("api_keys", &out->api_keys, why) ||
+      !f.str("api_keys_env", &out->api_keys_env, why) || !f.object("policies", &policies, why) ||
+      !f.object("executor", &executor, why) || !f.object("store", &store, why) || !f.object("ssh", &ssh, why))
+    return false;
+  fields fp{policies, "spec.policies"}, fe{executor, "spec.executor"}, fs{store, "spec.store"}, fh{ssh, "spec.ssh"};
+  if (!fp.str("prefill", &out->prefill_policy, why) || !fp.str("decode", &out->decode_policy, why) ||
+      !fp.no_others(why) || !fe.num("threads", &out->executor_threads, 1, 256, why) ||
+      !fe.num("kv_pages", &out->kv_pages, 1, 1u << 24, why) || !fe.num("page_tokens", &out->page_tokens, 1, 4096, why) ||
+      !fe.no_others(why) || !fs.str("dir", &out->store_dir, why) || !fs.num("servers", &out->store_servers, 1, 64, why) ||
+      !fs.num("block_tokens", &out->block_tokens, 1, 1u << 20, why) || !fs.no_others(why) ||
+      !fh.str("user", &out->ssh_user, why) || !fh.strs("options", &out->ssh_options, why) || !fh.no_others(why))
+    return false;
+  auto nodes = j.find("nodes");
+  if (nodes == j.end() || !nodes->is_array()) {
+    *why = "spec.nodes must be an array of nodes";
+    return false;
+  }
+  f.mark("nodes");
+  if (!f.no_others(why)) return false;
+  for (size_t i = 0; i < nodes->size(); ++i) {
+    node_spec n;
+    if (!parse_node((*nodes)[i], i, &n, why)) return false;
+    out->nodes.push_back(std::move(n));
+  }
+  for (const auto& k : out->api_keys)
+    if (k.size() < 8) {
+      *why = "spec.api_keys: every key needs at least 8 characters";
+      return false;
+    }
+  if (out->model != "random" && !out->model.empty() && out->model.front() != '/' && !base_dir.empty())
+    out->model = (std::filesystem::path(base_dir) / out->model).lexically_normal().string();
+  return validate(*out, why);
+}
+
+bool load_cluster_spec(const std::string& path, cluster_spec* out, std::string* why) {
+  std::ifstream in(path);
+  if (!in) {
+    *why = path + ": cannot read it";
+    return false;
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (!parse_cluster_spec(ss.str(), std::filesystem::path(path).parent_path().string(), out, why)) {
+    *why = path + ": " + *why;
+    return false;
+  }
+  return true;
+}
+
+std::vector<node_launch> plan_launch(const cluster_spec& s, const std::string& binary, const addressing& addr) {
+  std::vector<node_launch> out;
+  const auto& h = s.head();
+  auto listen = [&](const node_spec& n, uint16_t port) {
+    return (addr.listen_any.empty() ? n.host : addr.listen_any) + ":" + std::to_string(port);
+  };
+  const std::string join = addr.head_host + ":" + std::to_string(h.cluster_port);
+  const std::vector<std::string> executor = {"--executor-threads", std::to_string(s.executor_threads), "--kv-pages",
+                                             std::to_string(s.kv_pages), "--page-tokens", std::to_string(s.page_tokens)};
+  std::map<std::string, std::string> key_env;
+  if (!s.api_keys.empty()) {
+    std::string keys;
+    for (const auto& k : s.api_keys) keys += (keys.empty() ? "" : ",") + k;
+    key_env["BATON_API_KEYS"] = keys;
+  }
+  node_launch head{h.name, h.host, "head", {binary, "local", "--serve", "--model", s.model, "--prefill-ranks",
+                                            std::to_string(h.prefill_ranks), "--decode-ranks", "0", "--router-listen",
+                                            listen(h, h.router_port), "--cluster-listen", listen(h, h.cluster_port),
+                                            "--prefill-policy", s.prefill_policy, "--decode-policy", s.decode_policy},
+                   {}};
+  head.argv.insert(head.argv.end(), executor.begin(), executor.end());
+  if (!s.store_dir.empty())
+    head.argv.insert(head.argv.end(), {"--store-dir", s.store_dir, "--store-servers", std::to_string(s.store_servers),
+                                       "--block-tokens", std::to_string(s.block_tokens)});
+  if (h.has("gateway")) {
+    head.argv.insert(head.argv.end(), {"--http-listen", listen(h, h.http_port)});
+    head.env = key_env;
+  }
+  out.push_back(std::move(head));
+  for (const auto& n : s.nodes) {
+    if (n.has("decode")) {
+      node_launch d{n.name, n.host, "decode", {binary, "node", "--role", "decode", "--name", n.name, "--connect", join,
+                                              "--ranks", std::to_string(n.gpus), "--model", s.model},
+                    {}};
+      d.argv.insert(d.argv.end(), executor.begin(), executor.end());
+      out.push_back(std::move(d));
+    }
+    if (n.has("gateway") && !n.has("router"))
+      out.push_back({n.name, n.host, "gateway",
+                     {binary, "gateway", "--name", n.name, "--cluster", join, "--listen", listen(n, n.http_port)},
+                     key_env});
+  }
+  return out;
+}
+
+bool is_local_host(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+std::string shell_quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) {
+    if (c == '\'')
+      out += "'\\''";
+    else
+      out += c;
+  }
+  return out + "'";
+}
+
+std::vector<std::string> ssh_argv(const cluster_spec& spec, const std::string& host, const node_launch& n) {
+  std::vector<std::string> out = {"ssh", "-o", "BatchMode=yes"};
+  out.insert(out.end(), spec.ssh_options.begin(), spec.ssh_options.end());
+  out.push_back(spec.ssh_user.empty() ? host : spec.ssh_user + "@" + host);
+  // ssh joins its arguments into one command line for the remote shell: quote every word.
+  std::string remote = "exec";
+  if (!n.env.empty()) {
+    remote += " env";
+    for (const auto& [k, v] : n.env) remote.append(" ").append(shell_quote(k + "=" + v));
+  }
+  for (const auto& a : n.argv) remote.append(" ").append(shell_quote(a));
+  out.push_back(remote);
+  return out;
+}
+
+namespace {
+
+std::string yaml_str(const std::string& s) { return json(s).dump(); }  // a JSON string is a YAML scalar
+
+std::string object_name(const cluster_spec& s, const node_spec& n) { return s.name + "-" + n.name; }
+
+void yaml_ports(std::ostringstream& y, const node_spec& n, const char* indent, bool service) {
+  std::vector<std::pair<std::string, uint16_t>> ports;
+  if (n.router_port) ports.push_back({"router", n.router_port});
+  if (n.cluster_port) ports.push_back({"cluster", n.cluster_port});
+  if (n.http_port) ports.push_back({"http", n.http_port});
+  for (const auto& [name, p] : ports) {
+    if (service)
+      y << indent << "- name: " << name << "\n" << indent << "  port: " << p << "\n" << indent << "  targetPort: " << p << "\n";
+    else
+      y << indent << "- name: " << name << "\n" << indent << "  containerPort: " << p << "\n";
+  }
+}
+
+}  // namespace
+
+std::string kubernetes_manifests(const cluster_spec& s) {
+  const addressing addr{object_name(s, s.head()), "0.0.0.0"};
+  const auto plan = plan_launch(s, "baton", addr);
+  std::ostringstream y;
+  y << "# Generated by `baton deploy k8s` from the cluster spec '" << s.name << "'. One Pod per node; Services for\n"
+    << "# the head (router, node directory) and each gateway. API keys come from the Secret\n"
+    << "# " << s.name << "-api-keys (key: keys, comma-separated), which this file does not contain.\n";
+  bool first = true;
+  for (const auto& n : s.nodes) {
+    const auto it = std::find_if(plan.begin(), plan.end(), [&](const node_launch& l) { return l.name == n.name; });
+    if (!first) y << "---\n";
+    first = false;
+    y << "apiVersion: v1\nkind: Pod\nmetadata:\n  name: " << object_name(s, n) << "\n  labels:\n"
+      << "    app.kubernetes.io/name: baton\n    baton/cluster: " << s.name << "\n    baton/node: " << n.name << "\n"
+      << "spec:\n  restartPolicy: Always\n  containers:\n  - name: baton\n    image: " << yaml_str(s.image) << "\n"
+      << "    command: [" << yaml_str(it->argv[0]) << "]\n    args:\n";
+    for (size_t i = 1; i < it->argv.size(); ++i) y << "    - " << yaml_str(it->argv[i]) << "\n";
+    if (!it->env.empty())
+      y << "    env:\n    - name: BATON_API_KEYS\n      valueFrom:\n        secretKeyRef:\n          name: " << s.name
+        << "-api-keys\n          key: keys\n";
+    if (n.router_port || n.cluster_port || n.http_port) {
+      y << "    ports:\n";
+      yaml_ports(y, n, "    ", false);
+    }
+    if (n.has("decode"))
+      y << "    resources:\n      limits:\n        nvidia.com/gpu: " << n.gpus << "\n";
+    if (n.has("router") || n.has("gateway")) {
+      y << "---\napiVersion: v1\nkind: Service\nmetadata:\n  name: " << object_name(s, n) << "\nspec:\n  selector:\n"
+        << "    baton/cluster: " << s.name << "\n    baton/node: " << n.name << "\n  ports:\n";
+      yaml_ports(y, n, "  ", true);
+    }
+  }
+  return y.str();
+}
+
+std::string slurm_script(const cluster_spec& s) {
+  // Spec hosts are logical: the i-th distinct host is the i-th node of the allocation.
+  std::vector<std::string> hosts;
+  for (const auto& n : s.nodes)
+    if (std::find(hosts.begin(), hosts.end(), n.host) == hosts.end()) hosts.push_back(n.host);
+  if (s.head().host != hosts.front()) {  // the head's host first: HOSTS[0]
+    hosts.erase(std::find(hosts.begin(), hosts.end(), s.head().host));
+    hosts.insert(hosts.begin(), s.head().host);
+  }
+  uint32_t gpus = 0;
+  for (const auto& n : s.nodes)
+    if (n.has("decode")) gpus = std::max(gpus, n.gpus);
+  const auto plan = plan_launch(s, "@BATON@", {"@HEAD@", "0.0.0.0"});
+  // Each argument quoted for the shell, except the placeholders, which become variables.
+  auto word = [](const std::string& a) {
+    if (a == "@BATON@") return std::string{"\"$BATON\""};
+    const auto at = a.find("@HEAD@");
+    if (at == std::string::npos) return shell_quote(a);
+    return (at ? shell_quote(a.substr(0, at)) : "") + "\"$HEAD\"" + shell_quote(a.substr(at + 6));
+  };
+  std::ostringstream b;
+  b << "#!/bin/bash\n# Generated by `baton deploy slurm` from the cluster spec '" << s.name << "'.\n"
+    << "#SBATCH --job-name=" << s.name << "\n#SBATCH --nodes=" << hosts.size() << "\n#SBATCH --ntasks=" << plan.size()
+    << "\n";
+  if (gpus) b << "#SBATCH --gpus-per-node=" << gpus << "\n";
+  b << "# Gateways read their API keys from BATON_API_KEYS (comma-separated): export it before sbatch.\n"
+    << "set -euo pipefail\nBATON=${BATON:-" << (s.binary.empty() ? "baton" : s.binary) << "}\n"
+    << "mapfile -t HOSTS < <(scontrol show hostnames \"$SLURM_JOB_NODELIST\")\nHEAD=${HOSTS[0]}\n";
+  for (const auto& n : plan) {
+    const size_t k = static_cast<size_t>(std::find(hosts.begin(), hosts.end(), n.host) - hosts.begin());
+    b << "\n# " << n.role << " node " << n.name << "\n";
+    b << "srun --nodes=1 --ntasks=1 --nodelist=\"${HOSTS[" << k << "]}\"";
+    for (const auto& a : n.argv) b << " " << word(a);
+    b << " &\n";
+    if (n.role == "head")  // the others join it: wait (bounded) until its directory port answers
+      b << "for _ in $(seq 120); do (exec 3<>\"/dev/tcp/$HEAD/" << s.head().cluster_port
+        << "\") 2>/dev/null && break; sleep 1; done\n";
+  }
+  b << "\nwait\n";
+  return b.str();
+}
+
+}  // namespace baton::deploy

@@ -1,0 +1,83 @@
+#pragma once
+
+// The cluster spec (JSON) and what it turns into: one `baton` command line per node, started
+// here as processes, over ssh on other hosts, or written out as Kubernetes manifests or a Slurm
+// batch script. Pure: no processes are started in this file. docs/cluster-spec.md describes the
+// format; deploy/examples/ has specs to start from.
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace baton::deploy {
+
+struct node_spec {
+  std::string name;
+  std::string host = "127.0.0.1";
+  std::vector<std::string> roles;  ///< router, prefill, store | decode | gateway
+  uint32_t gpus = 1;               ///< decode: one rank per GPU (CPU executors without CUDA)
+  uint32_t prefill_ranks = 2;      ///< the head's prefill ranks (DP ranks of its engines)
+  uint16_t router_port = 0;        ///< head: C++ clients and gateways connect here
+  uint16_t cluster_port = 0;       ///< head: node processes join here
+  uint16_t http_port = 0;          ///< gateway
+  bool has(const std::string& role) const;
+};
+
+struct cluster_spec {
+  std::string name = "baton";
+  std::string model = "random";   ///< a model directory (relative to the spec file) or `random`
+  std::string image = "baton:latest";  ///< container image (Kubernetes)
+  std::string binary;             ///< the `baton` executable on remote hosts (default: the same path)
+  std::vector<std::string> api_keys;
+  std::string api_keys_env;       ///< or: read the keys from this environment variable at launch
+  std::string prefill_policy = "seed", decode_policy = "seed";
+  uint32_t executor_threads = 1, kv_pages = 512, page_tokens = 16;
+  std::string store_dir;          ///< empty: no block store
+  uint32_t store_servers = 1, block_tokens = 64;
+  std::string ssh_user;
+  std::vector<std::string> ssh_options;
+  std::vector<node_spec> nodes;
+
+  const node_spec& head() const;  ///< the node with the router role (validated: exactly one)
+};
+
+/// Parses and validates a spec; false and a sentence naming the field (and node) on failure.
+/// `base_dir` resolves a relative model path.
+bool parse_cluster_spec(const std::string& json_text, const std::string& base_dir, cluster_spec* out,
+                        std::string* why);
+bool load_cluster_spec(const std::string& path, cluster_spec* out, std::string* why);
+
+/// How node processes reach the head and where they listen.
+struct addressing {
+  std::string head_host;       ///< the head's address as other nodes see it
+  std::string listen_any;      ///< what a process binds to ("" = its spec host; "0.0.0.0" in containers)
+};
+
+/// One node's process: its `baton` arguments (argv[0] = the binary) and environment additions.
+struct node_launch {
+  std::string name;
+  std::string host;
+  std::string role;  ///< head | decode | gateway
+  std::vector<std::string> argv;
+  std::map<std::string, std::string> env;
+};
+
+/// Every node's command line, the head first. Gateways get their API keys through the
+/// environment (BATON_API_KEYS), never on a command line that `ps` shows.
+std::vector<node_launch> plan_launch(const cluster_spec& spec, const std::string& binary, const addressing& addr);
+
+/// True when `host` names this machine (127.0.0.0/8, localhost, ::1).
+bool is_local_host(const std::string& host);
+/// The argv that runs `argv` on `host` through ssh: every argument single-quoted for the remote
+/// shell, so no spec string is ever interpreted by it.
+std::vector<std::string> ssh_argv(const cluster_spec& spec, const std::string& host, const node_launch& n);
+/// A string quoted for a POSIX shell: 'it'\''s'.
+std::string shell_quote(const std::string& s);
+
+/// `baton deploy k8s`: a Pod per node and a Service for the head and for each gateway (YAML).
+std::string kubernetes_manifests(const cluster_spec& spec);
+/// `baton deploy slurm`: a batch script that starts every node with srun on the allocation.
+std::string slurm_script(const cluster_spec& spec);
+
+}  // namespace baton::deploy

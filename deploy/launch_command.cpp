@@ -1,0 +1,259 @@
+// `baton launch SPEC`: starts every node of a cluster spec -- the head (router, balancers,
+// prefill ranks, block store), decode nodes and gateways -- as processes on this machine, or
+// over ssh on other hosts; waits until every node has joined the head's node directory; prints
+// where clients connect; and on SIGINT/SIGTERM stops them, decode nodes and gateways first (they
+// drain), the head last. `baton deploy k8s|slurm SPEC` writes the same nodes for a scheduler.
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <set>
+#include <thread>
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/io/middleman.hpp>
+#include <caf/scoped_actor.hpp>
+
+#include "actors/messages.hpp"
+#include "deploy/cluster_spec.hpp"
+#include "deploy/commands.hpp"
+#include "deploy/flags.hpp"
+#include "deploy/processes.hpp"
+
+namespace baton::deploy {
+
+namespace {
+
+/// The spec path: the first argument that is not a flag (taken out of `args`).
+std::string take_spec_path(std::vector<std::string>& args) {
+  for (size_t i = 0; i < args.size(); ++i)
+    if (args[i].rfind("--", 0) != 0 && (i == 0 || args[i - 1].rfind("--", 0) != 0 || args[i - 1] == "--dry-run")) {
+      auto p = args[i];
+      args.erase(args.begin() + static_cast<std::ptrdiff_t>(i));
+      return p;
+    }
+  return {};
+}
+
+struct child {
+  node_launch node;
+  pid_t pid = -1;
+};
+
+std::vector<std::string> command_of(const cluster_spec& spec, const node_launch& n) {
+  return is_local_host(n.host) ? n.argv : ssh_argv(spec, n.host, n);
+}
+
+std::string printable(const std::vector<std::string>& argv) {
+  std::string out;
+  for (const auto& a : argv) out += (out.empty() ? "" : " ") + (a.find_first_of(" '\"$\\") == std::string::npos ? a : shell_quote(a));
+  return out;
+}
+
+void stop_all(std::vector<child>& children, int drain_ms) {
+  // Decode nodes and gateways first: they drain (finish their streams) before the head goes.
+  std::vector<pid_t> nodes, head;
+  for (const auto& c : children)
+    if (c.pid > 0) (c.node.role == "head" ? head : nodes).push_back(c.pid);
+  stop_processes(nodes, drain_ms);
+  stop_processes(head, 5000);
+  children.clear();
+}
+
+}  // namespace
+
+int run_launch(const std::vector<std::string>& raw_args) {
+  auto args = raw_args;
+  const std::string spec_path = take_spec_path(args);
+  uint32_t wait_s = 60, drain_ms = 30000;
+  bool dry_run = false;
+  flag_set flags;
+  flags.add("--wait-s", &wait_s, "give up when the nodes have not all joined after this long");
+  flags.add("--drain-ms", &drain_ms, "on stop, how long decode nodes may drain before they are killed");
+  flags.add("--dry-run", &dry_run, "print each node's command line and start nothing");
+  if (auto rc = flags.parse_command_line(args, "launch", "baton launch SPEC.json [flags]")) return *rc;
+  if (spec_path.empty()) {
+    std::fprintf(stderr, "baton launch: give the cluster spec file (baton launch SPEC.json)\n");
+    return 2;
+  }
+  cluster_spec spec;
+  std::string why;
+  if (!load_cluster_spec(spec_path, &spec, &why)) {
+    std::fprintf(stderr, "baton launch: %s\n", why.c_str());
+    return 2;
+  }
+  if (spec.api_keys.empty() && !spec.api_keys_env.empty() && !dry_run) {
+    const char* v = std::getenv(spec.api_keys_env.c_str());
+    if (!v || !*v) {
+      std::fprintf(stderr, "baton launch: the spec reads its API keys from $%s, which is not set\n", spec.api_keys_env.c_str());
+      return 2;
+    }
+    std::string cur;
+    for (char c : std::string(v) + ",")
+      if (c == ',') {
+        if (!cur.empty()) spec.api_keys.push_back(cur);
+        cur.clear();
+      } else {
+        cur += c;
+      }
+  }
+  const auto& head = spec.head();
+  const std::string binary = spec.binary.empty() ? self_executable() : spec.binary;
+  auto plan = plan_launch(spec, self_executable(), {head.host, ""});
+  for (auto& n : plan)  // remote hosts run the spec's binary path (default: the same as here)
+    if (!is_local_host(n.host)) n.argv[0] = binary;
+  if (dry_run) {
+    for (const auto& n : plan) std::printf("# %s (%s on %s)\n%s\n", n.name.c_str(), n.role.c_str(), n.host.c_str(),
+                                           printable(command_of(spec, n)).c_str());
+    return 0;
+  }
+
+  install_stop_signals();
+  std::vector<child> children;
+  struct guard {
+    std::vector<child>& c;
+    uint32_t drain_ms;
+    ~guard() { stop_all(c, static_cast<int>(drain_ms)); }
+  } g{children, drain_ms};
+  auto start = [&](const node_launch& n) {
+    std::vector<std::string> env;
+    for (const auto& [k, v] : n.env) env.push_back(k + "=" + v);
+    const auto pid = spawn_process(command_of(spec, n), &why, is_local_host(n.host) ? env : std::vector<std::string>{});
+    if (pid < 0) return false;
+    children.push_back({n, pid});
+    return true;
+  };
+  auto dead_child = [&]() -> const child* {
+    for (const auto& c : children)
+      if (!process_alive(c.pid)) return &c;
+    return nullptr;
+  };
+  if (!start(plan.front())) {
+    std::fprintf(stderr, "baton launch: head %s: %s\n", head.name.c_str(), why.c_str());
+    return 1;
+  }
+
+  caf::actor_system_config cfg;
+  register_message_types(cfg);
+  cfg.load<caf::io::middleman>();
+  cfg.set("scheduler.max-threads", 2);
+  cfg.set("logger.console-verbosity", caf::atom("quiet"));
+  caf::actor_system sys{cfg};
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds{wait_s};
+  // The head loads the model before it listens: try (bounded) until its directory answers.
+  node_directory_actor directory;
+  while (!directory) {
+    if (auto d = dead_child()) {
+      std::fprintf(stderr, "baton launch: the head (%s) exited before it listened; its output says why\n", d->node.name.c_str());
+      return 1;
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      std::fprintf(stderr, "baton launch: the head did not listen on %s:%u within %u s\n", head.host.c_str(),
+                   static_cast<unsigned>(head.cluster_port), wait_s);
+      return 1;
+    }
+    if (auto d = sys.middleman().remote_actor<node_directory_actor>(head.host, head.cluster_port))
+      directory = *d;
+    else
+      std::this_thread::sleep_for(std::chrono::milliseconds{200});
+  }
+  std::printf("baton launch: head %s up: router %s:%u, nodes join at %s:%u\n", head.name.c_str(), head.host.c_str(),
+              static_cast<unsigned>(head.router_port), head.host.c_str(), static_cast<unsigned>(head.cluster_port));
+  std::fflush(stdout);
+  for (size_t i = 1; i < plan.size(); ++i)
+    if (!start(plan[i])) {
+      std::fprintf(stderr, "baton launch: node %s: %s\n", plan[i].name.c_str(), why.c_str());
+      return 1;
+    }
+  std::set<std::string> waiting;
+  for (size_t i = 1; i < plan.size(); ++i) waiting.insert(plan[i].name);
+  caf::scoped_actor self{sys};
+  while (!waiting.empty()) {
+    if (auto d = dead_child()) {
+      std::fprintf(stderr, "baton launch: node %s exited before it joined; its output says why\n", d->node.name.c_str());
+      return 1;
+    }
+    if (std::chrono::steady_clock::now() > deadline || stop_requested()) {
+      std::string names;
+      for (const auto& n : waiting) names += " " + n;
+      std::fprintf(stderr, "baton launch: nodes not joined after %u s:%s\n", wait_s, names.c_str());
+      return 1;
+    }
+    self->request(directory, std::chrono::seconds{5}, stats_atom::value)
+        .receive(
+            [&](std::vector<node_status>& nodes) {
+              for (const auto& n : nodes)
+                if (n.state == "joined" && waiting.erase(n.name))
+                  std::printf("baton launch: node %s joined (%s, pid %d)\n", n.name.c_str(),
+                              n.roles.empty() ? "?" : n.roles.front().c_str(), n.pid);
+            },
+            [&](caf::error&) {});
+    std::fflush(stdout);
+    if (!waiting.empty()) std::this_thread::sleep_for(std::chrono::milliseconds{100});
+  }
+  for (const auto& n : spec.nodes)
+    if (n.has("gateway")) std::printf("baton launch: gateway %s at http://%s:%u\n", n.name.c_str(), n.host.c_str(),
+                                      static_cast<unsigned>(n.http_port));
+  std::printf("baton launch: cluster '%s' is up: %zu processes; SIGINT or SIGTERM stops it\n", spec.name.c_str(),
+              children.size());
+  std::fflush(stdout);
+  // A node that leaves (drained after SIGTERM, or failed) does not take the cluster down with
+  // it: the balancers forget its ranks and the rest serves on. Only the head's end stops all.
+  while (!stop_requested()) {
+    for (auto it = children.begin(); it != children.end();) {
+      std::string how;
+      if (!process_exited(it->pid, &how)) {
+        ++it;
+        continue;
+      }
+      if (it->node.role == "head") {
+        std::fprintf(stderr, "baton launch: the head exited (%s); stopping the cluster\n", how.c_str());
+        it->pid = -1;
+        return 1;
+      }
+      std::printf("baton launch: node %s left (%s)\n", it->node.name.c_str(), how.c_str());
+      std::fflush(stdout);
+      it = children.erase(it);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds{200});
+  }
+  std::printf("baton launch: stopping (decode nodes and gateways drain first)\n");
+  std::fflush(stdout);
+  return 0;
+}
+
+int run_deploy(const std::vector<std::string>& raw_args) {
+  auto args = raw_args;
+  if (args.empty() || (args[0] != "k8s" && args[0] != "slurm")) {
+    std::fprintf(stderr, "usage: baton deploy k8s|slurm SPEC.json [--out FILE]\n");
+    return 2;
+  }
+  const std::string kind = args[0];
+  args.erase(args.begin());
+  const std::string spec_path = take_spec_path(args);
+  std::string out_path;
+  flag_set flags;
+  flags.add("--out", &out_path, "write here instead of standard output");
+  if (auto rc = flags.parse_command_line(args, "deploy", "baton deploy k8s|slurm SPEC.json [--out FILE]")) return *rc;
+  cluster_spec spec;
+  std::string why;
+  if (spec_path.empty() || !load_cluster_spec(spec_path, &spec, &why)) {
+    std::fprintf(stderr, "baton deploy: %s\n", spec_path.empty() ? "give the cluster spec file" : why.c_str());
+    return 2;
+  }
+  const std::string text = kind == "k8s" ? kubernetes_manifests(spec) : slurm_script(spec);
+  if (out_path.empty()) {
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    return 0;
+  }
+  std::ofstream out(out_path);
+  out << text;
+  if (!out) {
+    std::fprintf(stderr, "baton deploy: cannot write %s\n", out_path.c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace baton::deploy
