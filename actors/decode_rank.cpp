@@ -663,7 +663,8 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
         return rank_stats{s.cfg.name, pool.num_free_pages(), pool.layout().num_pages,
                           static_cast<uint32_t>(s.batch.size()),
                           static_cast<uint32_t>(s.leases.size() - s.batch.size()), s.num_steps,
-                          s.blocks_written_back, s.write_backs_dropped, s.offloaded, s.resumed};
+                          s.blocks_written_back, s.write_backs_dropped, s.offloaded, s.resumed,
+                          static_cast<uint32_t>(s.writes.size())};
       },
       [=](events_atom) { return self->state.core.log->snapshot(); },
       [=](exec_done_atom, uint64_t, std::vector<std::vector<float>>& logits) { on_step_done(self, logits); },

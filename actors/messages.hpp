@@ -300,11 +300,14 @@ struct rank_stats {
   uint64_t write_backs_dropped = 0;  ///< decode: blocks not written because the queue was full
   uint64_t offloaded = 0;            ///< decode: sequences moved to host memory for lack of pages
   uint64_t resumed = 0;              ///< decode: offloaded sequences brought back
+  /// decode: write-backs still moving to the block store (their staging must outlive them)
+  uint32_t num_writes_in_flight = 0;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, rank_stats& x) {
   return f(caf::meta::type_name("rank_stats"), x.name, x.num_free_pages, x.num_total_pages, x.num_running,
-           x.num_waiting, x.num_steps, x.blocks_written_back, x.write_backs_dropped, x.offloaded, x.resumed);
+           x.num_waiting, x.num_steps, x.blocks_written_back, x.write_backs_dropped, x.offloaded, x.resumed,
+           x.num_writes_in_flight);
 }
 
 // --- block store (store/, design.md §2) ------------------------------------------------------

@@ -29,7 +29,8 @@ void stop_all(pointer self) {
   for (auto& o : a.others) self->send_exit(o, caf::exit_reason::user_shutdown);
 }
 
-/// Draining: asks every decode rank whether it still holds work; leaves when none does.
+/// Draining: asks every decode rank whether it still holds work (sequences, leases, write-backs
+/// to the store); leaves when none does.
 void check_drained(pointer self) {
   auto& st = self->state;
   const auto waited = self->clock().now() - st.drain_started;
@@ -59,7 +60,8 @@ void check_drained(pointer self) {
     self->request(r, std::chrono::seconds{5}, stats_atom::value)
         .then(
             [=](const rank_stats& s) {
-              *busy = *busy || s.num_running > 0 || s.num_waiting > 0;
+              // Write-backs too: their puts read the rank's staging, which must outlive them.
+              *busy = *busy || s.num_running > 0 || s.num_waiting > 0 || s.num_writes_in_flight > 0;
               settle();
             },
             [=](caf::error&) { settle(); });  // a rank that is gone holds nothing

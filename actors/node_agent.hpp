@@ -34,7 +34,8 @@ struct node_agent_config {
 ///      +--no answer / start failed--> gone           +--directory down--> gone
 ///
 /// Draining tells the directory and the decode balancer (no new placements on the node's ranks),
-/// waits until the ranks hold no sequence and no lease, then stops them and itself. Its exit
+/// waits until the ranks hold no sequence, no lease and no write-back in flight, then stops them
+/// and itself. Its exit
 /// reason says why it ended (normal after a drain).
 node_agent_actor spawn_node_agent(caf::actor_system& sys, node_directory_actor directory, node_agent_config cfg,
                                   node_start start);

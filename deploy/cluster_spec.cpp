@@ -376,7 +376,8 @@ std::string kubernetes_manifests(const cluster_spec& s) {
       << "spec:\n  restartPolicy: Always\n  containers:\n  - name: baton\n    image: " << yaml_str(s.image) << "\n"
       << "    command: [" << yaml_str(it->argv[0]) << "]\n    args:\n";
     for (size_t i = 1; i < it->argv.size(); ++i) y << "    - " << yaml_str(it->argv[i]) << "\n";
-    if (!it->env.empty())
+    const bool keyed = !s.api_keys.empty() || !s.api_keys_env.empty();
+    if (keyed && (it->role == "gateway" || (it->role == "head" && n.has("gateway"))))
       y << "    env:\n    - name: BATON_API_KEYS\n      valueFrom:\n        secretKeyRef:\n          name: " << s.name
         << "-api-keys\n          key: keys\n";
     if (n.router_port || n.cluster_port || n.http_port) {

@@ -13,7 +13,13 @@ packages=(
   doctest-dev           # unit tests
   libopenblas-dev       # sgemm ceiling in bench/ (the executor does not use it)
   procps                # ps/pkill used by the cluster scripts
+  curl                  # the gateway's end-to-end test talks HTTP with it
+  python3 python3-yaml  # the end-to-end test finds free ports and parses the k8s manifests
+  wrk                   # bench/gateway_bench.sh: HTTP load on 127.0.0.1
 )
+# The OpenAI Node.js SDK test (tests/node, test-only) needs Node.js and npm: Debian's, unless
+# the machine already has its own (a NodeSource nodejs bundles npm and conflicts with Debian's).
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then packages+=(nodejs npm); fi
 
 missing=()
 for p in "${packages[@]}"; do
@@ -22,7 +28,18 @@ for p in "${packages[@]}"; do
   fi
 done
 
+# Test-only npm packages, exactly as pinned in tests/node/package-lock.json.
+npm_packages() {
+  local dir
+  dir="$(cd "$(dirname "$0")/.." && pwd)/tests/node"
+  if [ ! -f "$dir/node_modules/openai/package.json" ]; then
+    echo "setup: npm ci in tests/node (the OpenAI SDK test)"
+    npm ci --prefix "$dir" --no-audit --no-fund --loglevel=error
+  fi
+}
+
 if [ ${#missing[@]} -eq 0 ]; then
+  npm_packages
   echo "setup: all ${#packages[@]} packages present"
   exit 0
 fi
@@ -37,4 +54,5 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 "${sudo_cmd[@]}" apt-get update -q
 "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+npm_packages
 echo "setup: done"

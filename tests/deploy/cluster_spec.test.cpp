@@ -1,0 +1,127 @@
+// The cluster spec: strict parsing with errors that name the field, the command lines it turns
+// into, quoting for remote shells, and the Kubernetes/Slurm outputs against golden files
+// (tests/data/deploy/; regenerate with `baton deploy k8s|slurm` after an intended change).
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "deploy/cluster_spec.hpp"
+
+using namespace baton::deploy;
+
+namespace {
+
+std::string read(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+const std::string good = R"({
+  "name": "t", "model": "m",
+  "nodes": [
+    {"name": "head", "roles": ["router", "prefill"], "ports": {"router": 7100, "cluster": 7101}},
+    {"name": "d", "roles": ["decode"], "gpus": 2},
+    {"name": "g", "roles": ["gateway"], "ports": {"http": 8000}}
+  ]})";
+
+/// The spec `good` with `from` replaced by `to`; the error sentence parsing it gives.
+std::string error_of(const std::string& from, const std::string& to) {
+  auto text = good;
+  const auto at = text.find(from);
+  REQUIRE(at != std::string::npos);
+  text.replace(at, from.size(), to);
+  cluster_spec s;
+  std::string why;
+  CHECK_FALSE(parse_cluster_spec(text, "/base", &s, &why));
+  return why;
+}
+
+}  // namespace
+
+TEST_CASE("a cluster spec parses into nodes and plans one command line per node process") {
+  cluster_spec s;
+  std::string why;
+  REQUIRE_MESSAGE(parse_cluster_spec(good, "/base", &s, &why), why);
+  CHECK(s.model == "/base/m");  // relative to the spec file
+  CHECK(s.head().name == "head");
+  const auto plan = plan_launch(s, "/bin/baton", {"127.0.0.1", ""});
+  REQUIRE(plan.size() == 3);
+  CHECK(plan[0].role == "head");
+  CHECK(plan[0].argv[1] == "local");
+  CHECK(plan[1].role == "decode");
+  const auto& d = plan[1].argv;
+  CHECK(std::find(d.begin(), d.end(), "127.0.0.1:7101") != d.end());
+  CHECK(d[std::find(d.begin(), d.end(), "--ranks") - d.begin() + 1] == "2");
+  CHECK(plan[2].role == "gateway");
+  CHECK(plan[2].env.empty());  // no keys in the spec
+  s.api_keys = {"sk-secret-1"};
+  const auto keyed = plan_launch(s, "/bin/baton", {"127.0.0.1", ""});
+  CHECK(keyed[2].env.at("BATON_API_KEYS") == "sk-secret-1");
+  for (const auto& a : keyed[2].argv) CHECK(a.find("sk-secret") == std::string::npos);  // never on a command line
+}
+
+TEST_CASE("cluster spec errors name the field and the node") {
+  CHECK(error_of(R"("gpus": 2)", R"("gpu": 2)") == "nodes[1]: unknown field 'gpu'");
+  CHECK(error_of(R"("gpus": 2)", R"("gpus": 0)") == "nodes[1].gpus must be an integer in [1, 64]");
+  CHECK(error_of(R"("name": "d")", R"("name": "head")") == "nodes: the name 'head' is used twice");
+  CHECK(error_of(R"("name": "d")", R"("name": "D x")").find("nodes[1].name must be") == 0);
+  CHECK(error_of(R"(["decode"])", R"(["decoder"])").find("unknown role 'decoder'") != std::string::npos);
+  CHECK(error_of(R"(["decode"])", R"(["decode", "prefill"])").find("run in the router's process") != std::string::npos);
+  CHECK(error_of(R"("router", "prefill")", R"("prefill")").find("run in the router's process") != std::string::npos);
+  CHECK(error_of(R"(["gateway"], "ports": {"http": 8000})", R"(["router", "prefill"], "ports": {"router": 1, "cluster": 2})") ==
+        "nodes: exactly one node must have the router role, found 2");
+  CHECK(error_of(R"("http": 8000)", R"("http": 7100)").find("port 7100 on 127.0.0.1 is taken") != std::string::npos);
+  CHECK(error_of(R"({"http": 8000})", R"({})").find("a gateway needs ports.http") != std::string::npos);
+  CHECK(error_of(R"("name": "t")", R"("name": "t", "store": {"dir": "/s"})").find("no node has the store role") != std::string::npos);
+  CHECK(error_of(R"("model": "m")", R"("model": "m", "colour": 1)") == "spec: unknown field 'colour'");
+  CHECK(error_of(R"("model": "m")", R"("model": 3)") == "spec.model must be a string");
+  CHECK(error_of(R"("roles": ["decode"])", R"("roles": ["decode"], "host": "a;b")").find("is not a host") != std::string::npos);
+  cluster_spec s;
+  std::string why;
+  CHECK_FALSE(parse_cluster_spec("[1]", "", &s, &why));
+  CHECK(why == "the spec is not a JSON object");
+  CHECK_FALSE(load_cluster_spec("/nonexistent/spec.json", &s, &why));
+  CHECK(why == "/nonexistent/spec.json: cannot read it");
+}
+
+TEST_CASE("shell quoting survives a real shell, so spec strings are never interpreted") {
+  for (const std::string word : {"plain", "two words", "it's", "$HOME `id` \"q\" \\ ;|&", "", "'''"}) {
+    const std::string cmd = "printf %s " + shell_quote(word);
+    FILE* p = ::popen(cmd.c_str(), "r");
+    REQUIRE(p);
+    std::string out;
+    char buf[256];
+    while (size_t n = std::fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
+    CHECK(::pclose(p) == 0);
+    CHECK(out == word);
+  }
+  cluster_spec s;
+  s.ssh_user = "baton";
+  node_launch n{"d", "10.0.0.2", "decode", {"/opt/baton", "node", "--name", "it's"}, {{"K", "v w"}}};
+  const auto argv = ssh_argv(s, "10.0.0.2", n);
+  CHECK(argv[0] == "ssh");
+  CHECK(argv[argv.size() - 2] == "baton@10.0.0.2");
+  CHECK(argv.back() == "exec env 'K=v w' '/opt/baton' 'node' '--name' 'it'\\''s'");
+  CHECK(is_local_host("127.0.0.1"));
+  CHECK(is_local_host("localhost"));
+  CHECK_FALSE(is_local_host("10.0.0.1"));
+}
+
+TEST_CASE("Kubernetes manifests and the Slurm script match their golden files") {
+  cluster_spec s;
+  std::string why;
+  const std::string dir = BATON_SOURCE_DIR "/tests/data/deploy/";
+  REQUIRE_MESSAGE(load_cluster_spec(dir + "two-hosts.json", &s, &why), why);
+  CHECK(kubernetes_manifests(s) == read(dir + "two-hosts.k8s.yaml"));
+  CHECK(slurm_script(s) == read(dir + "two-hosts.slurm.sh"));
+  const auto k8s = kubernetes_manifests(s);
+  CHECK(k8s.find("BATON_PROD_KEYS") == std::string::npos);  // keys come from a Secret, not the file
+  CHECK(k8s.find("secretKeyRef") != std::string::npos);
+  CHECK(k8s.find("nvidia.com/gpu: 4") != std::string::npos);
+}

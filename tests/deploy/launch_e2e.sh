@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# A multi-process cluster from a spec on 127.0.0.1 (head with router, 2 prefill ranks and 2
+# block servers; 2 decode nodes; a gateway node), launched by `baton launch`, serving:
+#   1. the C++ client (`baton generate`) gets exactly the text of a single-process cluster;
+#   2. curl gets the same text over HTTP, whole and streamed;
+#   3. the official OpenAI Node.js SDK passes its checks (tests/node);
+#   4. SIGTERM on a decode node while 4 clients stream: every stream ends well (drain);
+#   5. SIGINT on the launcher stops every process.
+# Usage: launch_e2e.sh BATON_BINARY SOURCE_DIR. Bounded waits throughout; always cleans up.
+set -euo pipefail
+BATON=$1
+SRC=$2
+WORK=$(mktemp -d /tmp/baton-launch-e2e-XXXXXX)
+LAUNCHER="" SINGLE=""
+cleanup() {
+  for p in $LAUNCHER $SINGLE; do kill -INT "$p" 2>/dev/null || true; done
+  for _ in $(seq 100); do
+    alive=0
+    for p in $LAUNCHER $SINGLE; do kill -0 "$p" 2>/dev/null && alive=1; done
+    [ $alive = 0 ] && break
+    sleep 0.1
+  done
+  for p in $LAUNCHER $SINGLE; do kill -9 "$p" 2>/dev/null || true; done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+fail() { echo "launch e2e: FAILED: $*" >&2; echo "--- launcher output:" >&2; cat "$WORK/launch.log" >&2 || true; exit 1; }
+wait_for() {  # wait_for FILE PATTERN SECONDS
+  for _ in $(seq $(( $3 * 10 ))); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
+  fail "no '$2' in $1 within $3 s"
+}
+
+read -r P_ROUTER P_CLUSTER P_HTTP < <(python3 -c '
+import socket
+socks = [socket.socket() for _ in range(3)]
+for s in socks: s.bind(("127.0.0.1", 0))
+print(*[s.getsockname()[1] for s in socks])')
+KEY="sk-e2e-$RANDOM$RANDOM$RANDOM"
+MODEL_DIR="$SRC/models/baton-kjv-tiny"
+cat > "$WORK/spec.json" <<SPEC
+{
+  "name": "e2e",
+  "model": "$MODEL_DIR",
+  "api_keys_env": "BATON_E2E_KEYS",
+  "store": {"dir": "$WORK/store", "servers": 2, "block_tokens": 16},
+  "nodes": [
+    {"name": "head", "host": "127.0.0.1", "roles": ["router", "prefill", "store"], "prefill_ranks": 2,
+     "ports": {"router": $P_ROUTER, "cluster": $P_CLUSTER}},
+    {"name": "decode-a", "host": "127.0.0.1", "roles": ["decode"]},
+    {"name": "decode-b", "host": "127.0.0.1", "roles": ["decode"]},
+    {"name": "gw", "host": "127.0.0.1", "roles": ["gateway"], "ports": {"http": $P_HTTP}}
+  ]
+}
+SPEC
+BATON_E2E_KEYS="$KEY" "$BATON" launch "$WORK/spec.json" --wait-s 90 > "$WORK/launch.log" 2>&1 &
+LAUNCHER=$!
+wait_for "$WORK/launch.log" "is up" 90
+grep -q "node decode-a joined" "$WORK/launch.log" || fail "decode-a did not join"
+
+# 1. The same prompts through a single-process cluster and through the launched one.
+"$BATON" local --serve --model "$MODEL_DIR" --router-listen 127.0.0.1:0 > "$WORK/single.log" 2>&1 &
+SINGLE=$!
+wait_for "$WORK/single.log" "router listening" 60
+P_SINGLE=$(grep -o "router listening on 127.0.0.1:[0-9]*" "$WORK/single.log" | grep -o "[0-9]*$")
+PROMPTS=(--prompt "In the beginning" --prompt "And God said" --prompt "The LORD is my shepherd")
+"$BATON" generate --router "127.0.0.1:$P_SINGLE" "${PROMPTS[@]}" --max-tokens 16 > "$WORK/single.txt" || fail "generate (single)"
+"$BATON" generate --router "127.0.0.1:$P_ROUTER" "${PROMPTS[@]}" --max-tokens 16 > "$WORK/cluster.txt" || fail "generate (cluster)"
+cmp -s "$WORK/single.txt" "$WORK/cluster.txt" || fail "the cluster's text differs from the single process's: $(diff "$WORK/single.txt" "$WORK/cluster.txt")"
+[ "$(wc -l < "$WORK/cluster.txt")" -ge 3 ] || fail "generate printed too little"
+echo "launch e2e: C++ client: 3 prompts, same text as the single-process cluster"
+
+# 2. curl: whole and streamed answers carry the same text as the C++ client's first prompt.
+URL="http://127.0.0.1:$P_HTTP"
+# (generate prints the text and one newline; the file keeps a text that itself ends in newlines)
+"$BATON" generate --router "127.0.0.1:$P_ROUTER" --prompt "In the beginning" --max-tokens 16 > "$WORK/expected.txt"
+EXPECTED="$WORK/expected.txt"
+curl -sf -H "Authorization: Bearer $KEY" "$URL/v1/completions" \
+  -d '{"prompt":"In the beginning","max_tokens":16}' > "$WORK/whole.json" || fail "curl completion"
+python3 - "$WORK/whole.json" "$EXPECTED" <<'PY' || fail "curl: whole completion text"
+import json, sys
+got = json.load(open(sys.argv[1]))["choices"][0]["text"]
+want = open(sys.argv[2]).read()[:-1]
+assert got == want, (got, want)
+PY
+curl -sfN -H "Authorization: Bearer $KEY" "$URL/v1/completions" \
+  -d '{"prompt":"In the beginning","max_tokens":16,"stream":true}' > "$WORK/stream.txt" || fail "curl stream"
+python3 - "$WORK/stream.txt" "$EXPECTED" <<'PY' || fail "curl: streamed text"
+import json, sys
+events = [l[6:] for l in open(sys.argv[1]).read().split("\n") if l.startswith("data: ")]
+assert events[-1] == "[DONE]", events[-1]
+text = "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1])
+want = open(sys.argv[2]).read()[:-1]
+assert text == want, (text, want)
+PY
+[ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/v1/models")" = 401 ] || fail "no key should give 401"
+echo "launch e2e: curl: whole and streamed text equal the C++ client's; no key gives 401"
+
+# 3. The OpenAI Node.js SDK.
+if [ -f "$SRC/tests/node/node_modules/openai/package.json" ] && command -v node > /dev/null; then
+  BATON_GATEWAY_URL="$URL" BATON_API_KEY="$KEY" BATON_MODEL=baton-kjv-tiny BATON_PROMPT="In the beginning" \
+    BATON_EXPECTED_FILE="$EXPECTED" BATON_MAX_TOKENS=16 node "$SRC/tests/node/openai_sdk.test.mjs" || fail "OpenAI SDK"
+else
+  echo "launch e2e: SKIPPED the OpenAI SDK checks: run scripts/setup.sh (Node.js and tests/node/node_modules)"
+fi
+
+# 4. Drain: SIGTERM decode-a while four clients stream long answers; every stream ends well.
+for i in 1 2 3 4; do
+  curl -sN -H "Authorization: Bearer $KEY" "$URL/v1/completions" \
+    -d "{\"prompt\":\"Stream number $i\",\"max_tokens\":150,\"ignore_eos\":true,\"stream\":true}" > "$WORK/drain$i.txt" &
+done
+PID_A=$(grep -o "node decode-a joined (decode, pid [0-9]*" "$WORK/launch.log" | grep -o "[0-9]*$")
+for _ in $(seq 100); do grep -q "data:" "$WORK/drain1.txt" 2>/dev/null && break; sleep 0.05; done
+kill -TERM "$PID_A"
+wait $(jobs -p | grep -v -e "^$LAUNCHER$" -e "^$SINGLE$") 2>/dev/null || true
+for i in 1 2 3 4; do
+  grep -q '"finish_reason":"length"' "$WORK/drain$i.txt" || fail "stream $i did not finish during the drain"
+  ! grep -q '"error"' "$WORK/drain$i.txt" || fail "stream $i saw an error during the drain"
+  [ "$(grep -c '^data: ' "$WORK/drain$i.txt")" -ge 150 ] || fail "stream $i is short"
+done
+wait_for "$WORK/launch.log" "node decode-a left (exit code 0)" 30
+"$BATON" generate --router "127.0.0.1:$P_ROUTER" --prompt "After the drain" --max-tokens 4 > /dev/null || fail "serving after the drain"
+echo "launch e2e: drain: 4 streams finished while decode-a drained and left; the cluster still serves"
+
+# 5. Stop: every process ends.
+PIDS=$(grep -o "pid [0-9]*" "$WORK/launch.log" | grep -o "[0-9]*")
+kill -INT "$LAUNCHER"
+for _ in $(seq 600); do kill -0 "$LAUNCHER" 2>/dev/null || break; sleep 0.1; done
+! kill -0 "$LAUNCHER" 2>/dev/null || fail "the launcher did not stop within 60 s"
+for p in $PIDS; do ! kill -0 "$p" 2>/dev/null || fail "node process $p outlived the launcher"; done
+LAUNCHER=""
+echo "launch e2e: all checks passed"

@@ -1,0 +1,57 @@
+// The official OpenAI Node.js SDK (pinned in package-lock.json) against Baton's gateway: a
+// client written by others. Run by tests/deploy/launch_e2e.sh with the gateway's address, a
+// valid API key, the served model and (in a file) the greedy text that the same prompt gives through
+// Baton's own C++ client. Exits non-zero on the first failed check.
+import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+import OpenAI from 'openai';
+
+const baseURL = process.env.BATON_GATEWAY_URL + '/v1';
+const apiKey = process.env.BATON_API_KEY;
+const model = process.env.BATON_MODEL;
+const prompt = process.env.BATON_PROMPT;
+// The file holds the text and the one newline `baton generate` printed after it.
+const expected = readFileSync(process.env.BATON_EXPECTED_FILE, 'utf8').slice(0, -1);
+const maxTokens = Number(process.env.BATON_MAX_TOKENS);
+const client = new OpenAI({ baseURL, apiKey, maxRetries: 0, timeout: 60_000 });
+let checks = 0;
+
+const models = await client.models.list();
+assert.ok(models.data.some((m) => m.id === model), `models.list() lists ${model}`);
+checks++;
+
+const whole = await client.completions.create({ model, prompt, max_tokens: maxTokens });
+assert.equal(whole.choices[0].text, expected, 'a whole completion has the greedy text');
+assert.equal(whole.usage.completion_tokens, maxTokens);
+checks++;
+
+const stream = await client.completions.create({ model, prompt, max_tokens: maxTokens, stream: true });
+let text = '';
+let events = 0;
+let finish = null;
+for await (const chunk of stream) {
+  events++;
+  text += chunk.choices[0]?.text ?? '';
+  finish = chunk.choices[0]?.finish_reason ?? finish;
+}
+assert.equal(text, expected, 'the streamed pieces join to the greedy text');
+assert.ok(events > 1, 'the answer arrives in several events');
+assert.equal(finish, 'length');
+checks++;
+
+await assert.rejects(client.completions.create({ model, prompt, max_tokens: 100000 }), (err) => {
+  assert.equal(err.status, 400);
+  assert.match(err.message, /max_tokens/);
+  return true;
+});
+checks++;
+
+const stranger = new OpenAI({ baseURL, apiKey: 'sk-not-a-key', maxRetries: 0 });
+await assert.rejects(stranger.models.list(), (err) => err.status === 401);
+checks++;
+
+await assert.rejects(client.completions.create({ model: 'gpt-nonexistent', prompt, max_tokens: 2 }), (err) => err.status === 404);
+checks++;
+
+const { version } = JSON.parse(readFileSync(new URL('./node_modules/openai/package.json', import.meta.url), 'utf8'));
+console.log(`openai sdk ${version}: ${checks} checks passed`);
