@@ -1,6 +1,7 @@
 #include "deploy/cluster_spec.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -60,6 +61,19 @@ class fields {
     *dst = static_cast<T>(it->get<uint64_t>());
     return true;
   }
+  /// An object of string values: environment variables.
+  bool env(const char* key, std::map<std::string, std::string>* dst, std::string* why) {
+    json o;
+    if (!object(key, &o, why)) return false;
+    for (auto it = o.begin(); it != o.end(); ++it) {
+      const auto& k = it.key();
+      const bool name_ok = !k.empty() && !std::isdigit(static_cast<unsigned char>(k[0])) &&
+                           std::all_of(k.begin(), k.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+      if (!name_ok || !it->is_string()) return fail(key, "must map variable names (A-Z, 0-9, _) to strings", why);
+      (*dst)[k] = it->get<std::string>();
+    }
+    return true;
+  }
   /// A nested object (absent: an empty one).
   bool object(const char* key, json* dst, std::string* why) {
     seen_.insert(key);
@@ -108,7 +122,7 @@ bool parse_node(const json& j, size_t i, node_spec* n, std::string* why) {
   json ports;
   if (!f.str("name", &n->name, why) || !f.str("host", &n->host, why) || !f.strs("roles", &n->roles, why) ||
       !f.num("gpus", &n->gpus, 1, 64, why) || !f.num("prefill_ranks", &n->prefill_ranks, 1, 256, why) ||
-      !f.object("ports", &ports, why) || !f.no_others(why))
+      !f.object("ports", &ports, why) || !f.env("env", &n->env, why) || !f.no_others(why))
     return false;
   if (!plain_name(n->name)) {
     *why = where + ".name must be 1-40 characters of a-z, 0-9 and '-', got '" + n->name + "'";
@@ -216,7 +230,8 @@ bool parse_cluster_spec(const std::string& json_text, const std::string& base_di
   if (!f.str("name", &out->name, why) || !f.str("model", &out->model, why) || !f.str("image", &out->image, why) ||
       !f.str("binary", &out->binary, why) || !f.strs("api_keys", &out->api_keys, why) ||
       !f.str("api_keys_env", &out->api_keys_env, why) || !f.object("policies", &policies, why) ||
-      !f.object("executor", &executor, why) || !f.object("store", &store, why) || !f.object("ssh", &ssh, why))
+      !f.object("executor", &executor, why) || !f.object("store", &store, why) || !f.object("ssh", &ssh, why) ||
+      !f.env("env", &out->env, why))
     return false;
   fields fp{policies, "spec.policies"}, fe{executor, "spec.executor"}, fs{store, "spec.store"}, fh{ssh, "spec.ssh"};
   if (!fp.str("prefill", &out->prefill_policy, why) || !fp.str("decode", &out->decode_policy, why) ||
@@ -305,6 +320,12 @@ std::vector<node_launch> plan_launch(const cluster_spec& s, const std::string& b
                      {binary, "gateway", "--name", n.name, "--cluster", join, "--listen", listen(n, n.http_port)},
                      key_env});
   }
+  // The spec's environment, then the node's own over it (the keys stay as they are).
+  for (auto& l : out) {
+    const auto& n = *std::find_if(s.nodes.begin(), s.nodes.end(), [&](const node_spec& x) { return x.name == l.name; });
+    for (const auto* e : {&s.env, &n.env})
+      for (const auto& [k, v] : *e) l.env.insert_or_assign(k, v);
+  }
   return out;
 }
 
@@ -324,7 +345,9 @@ std::string shell_quote(const std::string& s) {
 }
 
 std::vector<std::string> ssh_argv(const cluster_spec& spec, const std::string& host, const node_launch& n) {
-  std::vector<std::string> out = {"ssh", "-o", "BatchMode=yes"};
+  // -tt: a terminal on the remote side, so that when the launcher ends this ssh the remote
+  // process gets SIGHUP and stops (without one it would outlive the session).
+  std::vector<std::string> out = {"ssh", "-tt", "-o", "BatchMode=yes"};
   out.insert(out.end(), spec.ssh_options.begin(), spec.ssh_options.end());
   out.push_back(spec.ssh_user.empty() ? host : spec.ssh_user + "@" + host);
   // ssh joins its arguments into one command line for the remote shell: quote every word.
@@ -376,10 +399,17 @@ std::string kubernetes_manifests(const cluster_spec& s) {
       << "spec:\n  restartPolicy: Always\n  containers:\n  - name: baton\n    image: " << yaml_str(s.image) << "\n"
       << "    command: [" << yaml_str(it->argv[0]) << "]\n    args:\n";
     for (size_t i = 1; i < it->argv.size(); ++i) y << "    - " << yaml_str(it->argv[i]) << "\n";
-    const bool keyed = !s.api_keys.empty() || !s.api_keys_env.empty();
-    if (keyed && (it->role == "gateway" || (it->role == "head" && n.has("gateway"))))
-      y << "    env:\n    - name: BATON_API_KEYS\n      valueFrom:\n        secretKeyRef:\n          name: " << s.name
-        << "-api-keys\n          key: keys\n";
+    const bool keyed = (!s.api_keys.empty() || !s.api_keys_env.empty()) &&
+                       (it->role == "gateway" || (it->role == "head" && n.has("gateway")));
+    bool env_open = false;
+    for (const auto& [k, v] : it->env) {
+      if (k == "BATON_API_KEYS") continue;  // from the Secret below, never written here
+      y << (env_open ? "" : "    env:\n") << "    - name: " << k << "\n      value: " << yaml_str(v) << "\n";
+      env_open = true;
+    }
+    if (keyed)
+      y << (env_open ? "" : "    env:\n") << "    - name: BATON_API_KEYS\n      valueFrom:\n        secretKeyRef:\n          name: "
+        << s.name << "-api-keys\n          key: keys\n";
     if (n.router_port || n.cluster_port || n.http_port) {
       y << "    ports:\n";
       yaml_ports(y, n, "    ", false);
@@ -427,6 +457,12 @@ std::string slurm_script(const cluster_spec& s) {
     const size_t k = static_cast<size_t>(std::find(hosts.begin(), hosts.end(), n.host) - hosts.begin());
     b << "\n# " << n.role << " node " << n.name << "\n";
     b << "srun --nodes=1 --ntasks=1 --nodelist=\"${HOSTS[" << k << "]}\"";
+    bool env_open = false;
+    for (const auto& [key, v] : n.env) {
+      if (key == "BATON_API_KEYS") continue;  // exported by whoever submits the job
+      b << (env_open ? "" : " env") << " " << shell_quote(key + "=" + v);
+      env_open = true;
+    }
     for (const auto& a : n.argv) b << " " << word(a);
     b << " &\n";
     if (n.role == "head")  // the others join it: wait (bounded) until its directory port answers

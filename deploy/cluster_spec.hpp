@@ -21,6 +21,7 @@ struct node_spec {
   uint16_t router_port = 0;        ///< head: C++ clients and gateways connect here
   uint16_t cluster_port = 0;       ///< head: node processes join here
   uint16_t http_port = 0;          ///< gateway
+  std::map<std::string, std::string> env;  ///< this node's processes' environment (over the spec's)
   bool has(const std::string& role) const;
 };
 
@@ -37,6 +38,8 @@ struct cluster_spec {
   uint32_t store_servers = 1, block_tokens = 64;
   std::string ssh_user;
   std::vector<std::string> ssh_options;
+  /// Environment of every node process (e.g. UCX_TLS, UCX_NET_DEVICES, CUDA_VISIBLE_DEVICES).
+  std::map<std::string, std::string> env;
   std::vector<node_spec> nodes;
 
   const node_spec& head() const;  ///< the node with the router role (validated: exactly one)
@@ -63,8 +66,9 @@ struct node_launch {
   std::map<std::string, std::string> env;
 };
 
-/// Every node's command line, the head first. Gateways get their API keys through the
-/// environment (BATON_API_KEYS), never on a command line that `ps` shows.
+/// Every node's command line, the head first, with the spec's and the node's environment.
+/// Gateways get their API keys through the environment (BATON_API_KEYS), never on a command
+/// line that `ps` shows.
 std::vector<node_launch> plan_launch(const cluster_spec& spec, const std::string& binary, const addressing& addr);
 
 /// True when `host` names this machine (127.0.0.0/8, localhost, ::1).

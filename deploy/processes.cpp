@@ -81,6 +81,9 @@ void install_stop_signals() {
   sa.sa_handler = on_signal;
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
+  // A node started over `ssh -tt` gets SIGHUP when its ssh session ends (the launcher stopped
+  // it): the same orderly stop.
+  sigaction(SIGHUP, &sa, nullptr);
 }
 
 bool stop_requested() { return stop_flag.load(); }

@@ -25,7 +25,7 @@ bool process_exited(pid_t pid, std::string* how);
 /// This executable's path (/proc/self/exe), to start sibling nodes.
 std::string self_executable();
 
-/// Installs SIGINT/SIGTERM handlers that set a flag read by stop_requested().
+/// Installs SIGINT/SIGTERM/SIGHUP handlers that set a flag read by stop_requested().
 void install_stop_signals();
 bool stop_requested();
 

@@ -106,6 +106,7 @@ TEST_CASE("shell quoting survives a real shell, so spec strings are never interp
   node_launch n{"d", "10.0.0.2", "decode", {"/opt/baton", "node", "--name", "it's"}, {{"K", "v w"}}};
   const auto argv = ssh_argv(s, "10.0.0.2", n);
   CHECK(argv[0] == "ssh");
+  CHECK(argv[1] == "-tt");  // the remote process ends with the session
   CHECK(argv[argv.size() - 2] == "baton@10.0.0.2");
   CHECK(argv.back() == "exec env 'K=v w' '/opt/baton' 'node' '--name' 'it'\\''s'");
   CHECK(is_local_host("127.0.0.1"));
