@@ -7,6 +7,7 @@
 set -euo pipefail
 BUILD=${1:-build}
 C=${2:-8}
+T=$(( C < 2 ? 1 : 2 ))  # wrk threads (at most one per connection)
 S=${3:-10}
 BATON="$BUILD/deploy/baton"
 WORK=$(mktemp -d /tmp/baton-gateway-bench-XXXXXX)
@@ -38,11 +39,11 @@ echo "== concurrency $C, $S s each, max_tokens 1, prompt 'In the beginning'"
 echo "-- (a) router directly, C++ client"
 "$BUILD/bench/baton_bench_client_load" "$ROUTER" "$C" "$S" 1 "In the beginning"
 echo "-- (b) gateway in the router's process, wrk"
-wrk -t2 -c"$C" -d"${S}s" --latency -s "$WORK/post.lua" "$HTTP/v1/completions" | grep -E "Latency|50%|99%|Requests/sec|Non-2xx|requests in"
+wrk -t"$T" -c"$C" -d"${S}s" --latency -s "$WORK/post.lua" "$HTTP/v1/completions" | grep -E "Latency|50%|99%|Requests/sec|Non-2xx|requests in"
 echo "-- (c) gateway in its own process, wrk"
-wrk -t2 -c"$C" -d"${S}s" --latency -s "$WORK/post.lua" "$HTTP2/v1/completions" | grep -E "Latency|50%|99%|Requests/sec|Non-2xx|requests in"
+wrk -t"$T" -c"$C" -d"${S}s" --latency -s "$WORK/post.lua" "$HTTP2/v1/completions" | grep -E "Latency|50%|99%|Requests/sec|Non-2xx|requests in"
 echo "-- (d) the gateway alone: GET /v1/models (no generation), wrk"
 cat > "$WORK/get.lua" <<'LUA'
 wrk.headers["Authorization"] = "Bearer sk-bench-key"
 LUA
-wrk -t2 -c"$C" -d"${S}s" --latency -s "$WORK/get.lua" "$HTTP/v1/models" | grep -E "Latency|50%|99%|Requests/sec|Non-2xx"
+wrk -t"$T" -c"$C" -d"${S}s" --latency -s "$WORK/get.lua" "$HTTP/v1/models" | grep -E "Latency|50%|99%|Requests/sec|Non-2xx"
