@@ -70,11 +70,7 @@ int run_gateway(const std::vector<std::string>& args) {
   }
   install_stop_signals();
   caf::actor_system_config cfg;
-  register_message_types(cfg);
-  cfg.load<caf::io::middleman>();
-  cfg.set("scheduler.max-threads", scheduler_threads);
-  cfg.set("work-stealing.moderate-poll-attempts", 0);
-  cfg.set("logger.console-verbosity", caf::atom("quiet"));
+  configure_networked_system(cfg, scheduler_threads, 0);
   caf::actor_system sys{cfg};
   router_actor target;
   caf::actor agent;

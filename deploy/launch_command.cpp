@@ -135,10 +135,7 @@ int run_launch(const std::vector<std::string>& raw_args) {
   }
 
   caf::actor_system_config cfg;
-  register_message_types(cfg);
-  cfg.load<caf::io::middleman>();
-  cfg.set("scheduler.max-threads", 2);
-  cfg.set("logger.console-verbosity", caf::atom("quiet"));
+  configure_networked_system(cfg, 2, 0);
   caf::actor_system sys{cfg};
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds{wait_s};
   // The head loads the model before it listens: try (bounded) until its directory answers.

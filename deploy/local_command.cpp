@@ -98,32 +98,28 @@ int serve(caf::actor_system& sys, const local_cluster& cluster, const local_opti
     std::fprintf(stderr, "baton local: --serve needs --router-listen or --http-listen\n");
     return 2;
   }
-  if (!opt.router_listen.empty()) {
-    if (!parse_host_port(opt.router_listen, "--router-listen", &host, &port, &why)) {
+  // Publishes `handle` on the HOST:PORT of `flag`; prints where ("<what> listening on ..."),
+  // or says why not and gives the exit code.
+  auto publish = [&](const std::string& listen, const char* flag, const char* what, const caf::actor& handle) -> int {
+    if (listen.empty()) return 0;
+    if (!parse_host_port(listen, flag, &host, &port, &why)) {
       std::fprintf(stderr, "baton local: %s\n", why.c_str());
       return 2;
     }
-    auto bound = sys.middleman().publish(cluster.router, port, host.c_str(), true);
+    auto bound = sys.middleman().publish(handle, port, host.c_str(), true);
     if (!bound) {
-      std::fprintf(stderr, "baton local: cannot publish the router on %s: %s\n", opt.router_listen.c_str(),
+      std::fprintf(stderr, "baton local: cannot publish the %s on %s: %s\n", what, listen.c_str(),
                    sys.render(bound.error()).c_str());
       return 1;
     }
-    std::printf("baton local: router listening on %s:%u\n", host.c_str(), static_cast<unsigned>(*bound));
-  }
-  if (!opt.cluster_listen.empty()) {
-    if (!parse_host_port(opt.cluster_listen, "--cluster-listen", &host, &port, &why)) {
-      std::fprintf(stderr, "baton local: %s\n", why.c_str());
-      return 2;
-    }
-    auto bound = sys.middleman().publish(cluster.directory, port, host.c_str(), true);
-    if (!bound) {
-      std::fprintf(stderr, "baton local: cannot publish the node directory on %s: %s\n", opt.cluster_listen.c_str(),
-                   sys.render(bound.error()).c_str());
-      return 1;
-    }
-    std::printf("baton local: cluster listening on %s:%u\n", host.c_str(), static_cast<unsigned>(*bound));
-  }
+    std::printf("baton local: %s listening on %s:%u\n", what, host.c_str(), static_cast<unsigned>(*bound));
+    return 0;
+  };
+  if (int rc = publish(opt.router_listen, "--router-listen", "router", caf::actor_cast<caf::actor>(cluster.router)))
+    return rc;
+  // (the node directory: the line says "cluster" -- what `baton node --connect` takes)
+  if (int rc = publish(opt.cluster_listen, "--cluster-listen", "cluster", caf::actor_cast<caf::actor>(cluster.directory)))
+    return rc;
   gateway_handle gateway;
   if (!opt.http_listen.empty()) {
     gateway_config gc;

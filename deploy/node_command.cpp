@@ -77,11 +77,7 @@ int run_node(const std::vector<std::string>& args) {
 
   install_stop_signals();
   caf::actor_system_config cfg;
-  register_message_types(cfg);
-  cfg.load<caf::io::middleman>();
-  cfg.set("scheduler.max-threads", scheduler_threads);
-  cfg.set("work-stealing.moderate-poll-attempts", poll_attempts);
-  cfg.set("logger.console-verbosity", caf::atom("quiet"));
+  configure_networked_system(cfg, scheduler_threads, poll_attempts);
   caf::actor_system sys{cfg};
   auto directory = sys.middleman().remote_actor<node_directory_actor>(host, port);
   if (!directory) {

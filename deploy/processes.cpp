@@ -12,6 +12,11 @@
 #include <cstring>
 #include <thread>
 
+#include <caf/actor_system_config.hpp>
+#include <caf/io/middleman.hpp>
+
+#include "actors/messages.hpp"
+
 extern char** environ;
 
 namespace baton::deploy {
@@ -20,6 +25,14 @@ namespace {
 std::atomic<bool> stop_flag{false};
 void on_signal(int) { stop_flag = true; }
 }  // namespace
+
+void configure_networked_system(caf::actor_system_config& cfg, uint32_t scheduler_threads, uint32_t poll_attempts) {
+  register_message_types(cfg);
+  cfg.load<caf::io::middleman>();
+  cfg.set("scheduler.max-threads", scheduler_threads);
+  cfg.set("work-stealing.moderate-poll-attempts", poll_attempts);
+  cfg.set("logger.console-verbosity", caf::atom("quiet"));
+}
 
 pid_t spawn_process(const std::vector<std::string>& argv, std::string* why, const std::vector<std::string>& env) {
   std::vector<char*> args;

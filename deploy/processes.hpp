@@ -5,10 +5,20 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
+namespace caf {
+class actor_system_config;
+}
+
 namespace baton::deploy {
+
+/// The actor system of a process that talks to others: Baton's message types, the network
+/// layer (middleman), `scheduler_threads` workers, `poll_attempts` moderate polls (0 avoids the
+/// work-stealing scheduler's 50 us sleeps, platform-notes §1.4), a quiet console logger.
+void configure_networked_system(caf::actor_system_config& cfg, uint32_t scheduler_threads, uint32_t poll_attempts);
 
 /// Starts `argv[0]` with `argv` (no shell), this process's environment plus `env` ("K=V");
 /// returns the pid, or -1 with `*why` set.
