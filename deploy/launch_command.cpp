@@ -140,20 +140,23 @@ int run_launch(const std::vector<std::string>& raw_args) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds{wait_s};
   // The head loads the model before it listens: try (bounded) until its directory answers.
   node_directory_actor directory;
+  std::string last_error = "nothing listens there yet";
   while (!directory) {
     if (auto d = dead_child()) {
       std::fprintf(stderr, "baton launch: the head (%s) exited before it listened; its output says why\n", d->node.name.c_str());
       return 1;
     }
     if (std::chrono::steady_clock::now() > deadline) {
-      std::fprintf(stderr, "baton launch: the head did not listen on %s:%u within %u s\n", head.host.c_str(),
-                   static_cast<unsigned>(head.cluster_port), wait_s);
+      std::fprintf(stderr, "baton launch: cannot join the head's node directory at %s:%u within %u s: %s\n",
+                   head.host.c_str(), static_cast<unsigned>(head.cluster_port), wait_s, last_error.c_str());
       return 1;
     }
-    if (auto d = sys.middleman().remote_actor<node_directory_actor>(head.host, head.cluster_port))
+    if (auto d = sys.middleman().remote_actor<node_directory_actor>(head.host, head.cluster_port)) {
       directory = *d;
-    else
+    } else {
+      last_error = sys.render(d.error());
       std::this_thread::sleep_for(std::chrono::milliseconds{200});
+    }
   }
   std::printf("baton launch: head %s up: router %s:%u, nodes join at %s:%u\n", head.name.c_str(), head.host.c_str(),
               static_cast<unsigned>(head.router_port), head.host.c_str(), static_cast<unsigned>(head.cluster_port));

@@ -100,7 +100,8 @@ int serve(caf::actor_system& sys, const local_cluster& cluster, const local_opti
   }
   // Publishes `handle` on the HOST:PORT of `flag`; prints where ("<what> listening on ..."),
   // or says why not and gives the exit code.
-  auto publish = [&](const std::string& listen, const char* flag, const char* what, const caf::actor& handle) -> int {
+  // (typed handles: CAF publishes a handle's interface, which typed remote_actor checks)
+  auto publish = [&](const std::string& listen, const char* flag, const char* what, const auto& handle) -> int {
     if (listen.empty()) return 0;
     if (!parse_host_port(listen, flag, &host, &port, &why)) {
       std::fprintf(stderr, "baton local: %s\n", why.c_str());
@@ -115,10 +116,10 @@ int serve(caf::actor_system& sys, const local_cluster& cluster, const local_opti
     std::printf("baton local: %s listening on %s:%u\n", what, host.c_str(), static_cast<unsigned>(*bound));
     return 0;
   };
-  if (int rc = publish(opt.router_listen, "--router-listen", "router", caf::actor_cast<caf::actor>(cluster.router)))
+  if (int rc = publish(opt.router_listen, "--router-listen", "router", cluster.router))
     return rc;
   // (the node directory: the line says "cluster" -- what `baton node --connect` takes)
-  if (int rc = publish(opt.cluster_listen, "--cluster-listen", "cluster", caf::actor_cast<caf::actor>(cluster.directory)))
+  if (int rc = publish(opt.cluster_listen, "--cluster-listen", "cluster", cluster.directory))
     return rc;
   gateway_handle gateway;
   if (!opt.http_listen.empty()) {
