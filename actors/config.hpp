@@ -160,10 +160,15 @@ struct request_config {
   /// no KV transfer; 0 = never (pure disaggregation). A very large value gives a colocated
   /// cluster (every prompt prefilled where it decodes), the baseline PD disaggregation beats.
   uint32_t hybrid_prefill_below_tokens = 0;
+  /// Attempts per request: a retryable failure (a rank down or silent, KV lost, a lease expired)
+  /// re-places the request, its prompt extended by the tokens already generated, up to this many
+  /// attempts in all; then the client gets the last failure.
+  uint32_t max_attempts = 3;
 
   std::string validate() const {
     if (!place_timeout_ms || !reserve_timeout_ms || !prefill_timeout_ms || !token_timeout_ms || !lease_ms)
       return "request timeouts and lease_ms must all be >= 1 ms";
+    if (max_attempts == 0) return "request max_attempts must be >= 1";
     return {};
   }
 };

@@ -132,6 +132,8 @@ struct completion {
   uint32_t recomputed_blocks = 0;  ///< cached blocks that could not be used (recomputed)
   uint64_t kv_bytes = 0;           ///< KV shipped from prefill to decode rank (0: hybrid PD)
   int64_t kv_send_us = 0;          ///< first KV put posted -> last layer announced
+  uint32_t failovers = 0;          ///< times the request was re-placed after a rank failed
+  std::string failover_why;        ///< the last failure that re-placed it
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, completion& x) {
@@ -139,7 +141,7 @@ typename Inspector::result_type inspect(Inspector& f, completion& x) {
            x.finish_reason, x.ttft_us, x.tbt_us, x.step_logits, x.prefill_rank, x.decode_rank, x.place_us,
            x.reserve_us, x.prefill_queue_us, x.prefill_us, x.decode_queue_us, x.prefill_placement_why,
            x.decode_placement_why, x.check_us, x.cached_tokens, x.local_cached_tokens, x.recomputed_blocks,
-           x.kv_bytes, x.kv_send_us);
+           x.kv_bytes, x.kv_send_us, x.failovers, x.failover_why);
 }
 
 // --- KV leases and handoff ---------------------------------------------------------------------

@@ -39,6 +39,13 @@ struct request_state {
   std::vector<block_ref> prefix;  ///< CHECK: the cached leading blocks and their servers
   std::vector<uint64_t> block_keys;  ///< the prompt's full blocks' keys (hi, lo), store on
   uint32_t cached_blocks = 0;     ///< blocks the prefill rank actually loaded (after verification)
+  // Failover (design.md §2, failure semantics): a retryable failure re-places the request; the
+  // new attempt's prompt is the request's plus every token generated so far, so greedy output
+  // continues exactly where it stopped (the executor is batch- and chunk-invariant).
+  std::vector<int32_t> prompt;    ///< this attempt's prompt
+  int32_t max_new = 0;            ///< tokens this attempt still generates
+  uint32_t attempt = 0;           ///< failovers so far
+  std::string last_failure;       ///< why the last attempt failed
   size_t emitted_text = 0;        ///< streaming: bytes of `text` already sent to the sink
   size_t emitted_tokens = 0;      ///< ... and tokens
   bool answered = false;
@@ -169,14 +176,62 @@ void record_token(request_pointer self, int32_t token, std::vector<float> logits
   if (st.plan.params.return_logits) st.out.step_logits.push_back(std::move(logits));
 }
 
+void check(request_pointer self);
+void place(request_pointer self);
+
+/// A failed attempt: re-placed from the start (CHECK, placement, lease, prefill of the prompt plus
+/// the tokens generated so far) while the failure is retryable and attempts are left; the
+/// request's error otherwise. Answers of the failed attempt that still arrive are ignored.
+void fail_or_retry(request_pointer self, caf::error err) {
+  auto& st = self->state;
+  if (st.answered) return;
+  const bool retryable = err.category() == caf::atom("baton") && is_retryable(static_cast<errc>(err.code()));
+  if (!retryable || st.attempt + 1 >= st.plan.cfg.max_attempts) return answer(self, std::move(err));
+  const int32_t done = static_cast<int32_t>(st.out.tokens.size());
+  if (done >= st.plan.params.max_tokens) {  // every token is here; only the summary went missing
+    st.out.finish_reason = "length";
+    return answer(self, caf::error{});
+  }
+  if (st.lease_id != 0 && st.decode) self->send(st.decode, release_atom::value, st.lease_id);
+  if (st.decode) self->demonitor(caf::actor_cast<caf::actor_addr>(st.decode));
+  if (st.prefill) self->demonitor(caf::actor_cast<caf::actor_addr>(st.prefill));
+  st.lease_id = 0;
+  ++st.attempt;
+  ++st.watch_seq;  // the old attempt's watchdog is void
+  st.last_failure = self->system().render(err);
+  st.out.failovers += 1;
+  st.out.failover_why = st.last_failure;
+  st.prompt = st.plan.prompt_tokens;
+  st.prompt.insert(st.prompt.end(), st.out.tokens.begin(), st.out.tokens.end());
+  st.max_new = st.plan.params.max_tokens - done;
+  st.prefix.clear();
+  st.block_keys.clear();
+  st.split = {};
+  st.hybrid = false;
+  st.cached_blocks = 0;
+  st.prefill = prefill_rank_actor{};
+  st.decode = decode_rank_actor{};
+  st.prefill_name.clear();
+  st.decode_name.clear();
+  st.stage_started = self->clock().now();
+  if (st.plan.store.enabled())
+    check(self);
+  else
+    place(self);
+}
+
+/// True when an answer belongs to an earlier attempt (or the request is over): drop it.
+bool stale(request_pointer self, uint32_t attempt) { return self->state.answered || attempt != self->state.attempt; }
+
 void start_decode(request_pointer self) {
   auto& st = self->state;
   const auto& p = st.plan;
+  const uint32_t attempt = st.attempt;
   decode_order order{p.request_id,
                      st.lease_id,
-                     st.out.tokens.front(),
-                     static_cast<uint32_t>(p.prompt_tokens.size()),
-                     static_cast<uint32_t>(p.params.max_tokens - 1),
+                     st.out.tokens.back(),  // this attempt's first token
+                     static_cast<uint32_t>(st.prompt.size()),
+                     static_cast<uint32_t>(st.max_new - 1),
                      p.params.temperature,
                      p.params.seed,
                      p.params.return_logits,
@@ -186,7 +241,7 @@ void start_decode(request_pointer self) {
   // request's class is not kept at all.
   if (p.store.enabled()) {
     if (auto cls = store::parse_retention(p.params.traffic_class); cls && p.store.retention.ttl_s(*cls) > 0) {
-      order.prompt_tokens = p.prompt_tokens;
+      order.prompt_tokens = st.prompt;
       order.traffic_class = p.params.traffic_class;
       order.cached_blocks = st.cached_blocks;
       order.write_back = true;
@@ -196,19 +251,22 @@ void start_decode(request_pointer self) {
   order.top_p = p.params.top_p;
   order.repetition_penalty = p.params.repetition_penalty;
   order.presence_penalty = p.params.presence_penalty;
-  if (order.repetition_penalty != 1.0f || order.presence_penalty != 0.0f) order.prompt_tokens = p.prompt_tokens;
+  if (order.repetition_penalty != 1.0f || order.presence_penalty != 0.0f) order.prompt_tokens = st.prompt;
   arm_watchdog(self);
   // No deadline on the whole generation: the watchdog bounds each token instead.
   self->request(st.decode, caf::infinite, std::move(order))
       .then(
           [=](const decode_summary& s) {
+            if (stale(self, attempt)) return;
             auto& st = self->state;
             st.lease_id = 0;  // the decode rank freed it
             st.out.finish_reason = s.finish_reason;
             st.out.decode_queue_us = s.queue_us;
             answer(self, caf::error{});
           },
-          [=](caf::error& err) { answer(self, hop_error(self, err, self->state.decode_name, "decode", 0)); });
+          [=](caf::error& err) {
+            if (!stale(self, attempt)) fail_or_retry(self, hop_error(self, err, self->state.decode_name, "decode", 0));
+          });
 }
 
 void on_prefill_result(request_pointer self, prefill_result& r) {
@@ -224,7 +282,7 @@ void on_prefill_result(request_pointer self, prefill_result& r) {
   record_token(self, r.first_token, std::move(r.logits));
   const bool eos = r.first_token == st.plan.eos_token_id && !st.plan.params.ignore_eos;
   st.stopped = hits_stop(st, r.first_token);
-  if (eos || st.stopped || st.plan.params.max_tokens == 1) {
+  if (eos || st.stopped || st.max_new == 1) {
     st.out.finish_reason = st.eos_hit || eos ? "eos" : st.stopped ? "stop" : "length";
     answer(self, caf::error{});  // releases the unused lease
     return;
@@ -243,6 +301,7 @@ void start_split_prefill(request_pointer self, prefill_order order) {
   for (const auto& r : sp.part_ranks) order.part_ranks.push_back(caf::actor_cast<caf::actor>(r));
   auto left = std::make_shared<size_t>(sp.part_ranks.size());
   auto last = std::make_shared<prefill_result>();
+  const uint32_t attempt = st.attempt;
   for (uint32_t i = 0; i < sp.part_ranks.size(); ++i) {
     auto o = order;
     o.part_index = i;
@@ -251,11 +310,13 @@ void start_split_prefill(request_pointer self, prefill_order order) {
     self->request(sp.part_ranks[i], std::chrono::milliseconds{st.plan.cfg.prefill_timeout_ms}, std::move(o))
         .then(
             [=](prefill_result& r) {
+              if (stale(self, attempt)) return;
               if (is_last) *last = std::move(r);
               if (--*left == 0) on_prefill_result(self, *last);
             },
             [=](caf::error& err) {
-              answer(self, hop_error(self, err, name, "prefill", self->state.plan.cfg.prefill_timeout_ms));
+              if (stale(self, attempt)) return;
+              fail_or_retry(self, hop_error(self, err, name, "prefill", self->state.plan.cfg.prefill_timeout_ms));
             });
   }
 }
@@ -264,7 +325,8 @@ void start_prefill(request_pointer self, kv_lease_grant grant) {
   auto& st = self->state;
   auto& p = st.plan;
   st.out.reserve_us = lap(self);
-  prefill_order order{p.request_id,      p.prompt_tokens,           p.params.temperature,
+  const uint32_t attempt = st.attempt;
+  prefill_order order{p.request_id,      st.prompt,                 p.params.temperature,
                       p.params.seed,     p.params.return_logits,    p.params.priority == "batch",
                       std::move(grant),  st.decode};
   if (!st.hybrid) {
@@ -279,10 +341,13 @@ void start_prefill(request_pointer self, kv_lease_grant grant) {
   auto pending = st.hybrid ? self->request(st.decode, std::chrono::milliseconds{p.cfg.prefill_timeout_ms}, std::move(order))
                            : self->request(st.prefill, std::chrono::milliseconds{p.cfg.prefill_timeout_ms}, std::move(order));
   std::move(pending).then(
-          [=](prefill_result& r) { on_prefill_result(self, r); },
+          [=](prefill_result& r) {
+            if (!stale(self, attempt)) on_prefill_result(self, r);
+          },
           [=](caf::error& err) {
+            if (stale(self, attempt)) return;
             auto& st = self->state;
-            answer(self, hop_error(self, err, st.prefill_name, "prefill", st.plan.cfg.prefill_timeout_ms));
+            fail_or_retry(self, hop_error(self, err, st.prefill_name, "prefill", st.plan.cfg.prefill_timeout_ms));
           });
 }
 
@@ -292,17 +357,25 @@ void reserve(request_pointer self) {
   st.out.place_us = lap(self);
   st.out.prefill_rank = st.prefill_name;
   st.out.decode_rank = st.decode_name;
-  kv_lease_reserve req{p.request_id, static_cast<uint32_t>(p.prompt_tokens.size() + p.params.max_tokens),
-                       p.cfg.lease_ms};
+  kv_lease_reserve req{p.request_id, static_cast<uint32_t>(st.prompt.size() + st.max_new), p.cfg.lease_ms};
+  const uint32_t attempt = st.attempt;
+  // Watched from here on: a decode rank (or prefill rank) that goes down re-places the request.
+  self->monitor(st.decode);
+  if (st.prefill) self->monitor(st.prefill);
   self->request(st.decode, std::chrono::milliseconds{p.cfg.reserve_timeout_ms}, reserve_atom::value, req)
       .then(
           [=](kv_lease_grant& grant) {
+            if (stale(self, attempt)) {  // too late: give the pages back
+              self->send(caf::actor_cast<decode_rank_actor>(self->current_sender()), release_atom::value, grant.lease_id);
+              return;
+            }
             self->state.lease_id = grant.lease_id;
             start_prefill(self, std::move(grant));
           },
           [=](caf::error& err) {
+            if (stale(self, attempt)) return;
             auto& st = self->state;
-            answer(self, hop_error(self, err, st.decode_name, "kv_reserve", st.plan.cfg.reserve_timeout_ms));
+            fail_or_retry(self, hop_error(self, err, st.decode_name, "kv_reserve", st.plan.cfg.reserve_timeout_ms));
           });
 }
 
@@ -311,23 +384,25 @@ void place(request_pointer self) {
   const auto& p = st.plan;
   const auto timeout = std::chrono::milliseconds{p.cfg.place_timeout_ms};
   const auto cached = static_cast<uint32_t>(st.prefix.size() * p.store.block_tokens());
-  place_query q{p.request_id, static_cast<uint32_t>(p.prompt_tokens.size()) - cached, cached,
-                static_cast<uint32_t>(p.prompt_tokens.size() + p.params.max_tokens), p.params.priority,
+  place_query q{p.request_id, static_cast<uint32_t>(st.prompt.size()) - cached, cached,
+                static_cast<uint32_t>(st.prompt.size() + st.max_new), p.params.priority,
                 st.block_keys, p.store.block_tokens()};
+  const uint32_t attempt = st.attempt;
   self->request(p.decode_balancer, timeout, place_atom::value, q)
       .then(
           [=](decode_placement& d) {
+            if (stale(self, attempt)) return;
             auto& st = self->state;
             st.decode_name = d.name;
             st.decode = d.rank;
             st.out.decode_placement_why = std::move(d.why);
             const auto& p = st.plan;
-            if (policies::prefill_on_decode_rank(p.prompt_tokens.size(), p.cfg.hybrid_prefill_below_tokens)) {
+            if (policies::prefill_on_decode_rank(st.prompt.size(), p.cfg.hybrid_prefill_below_tokens)) {
               // Seed 002, hybrid PD: a short prompt is cheaper to prefill where it decodes than
               // to ship; no prefill rank is involved.
               st.hybrid = true;
               st.prefill_name = d.name;
-              st.out.prefill_placement_why = "hybrid PD: " + std::to_string(p.prompt_tokens.size()) + " < " +
+              st.out.prefill_placement_why = "hybrid PD: " + std::to_string(st.prompt.size()) + " < " +
                                              std::to_string(p.cfg.hybrid_prefill_below_tokens) +
                                              " tokens, prefilled on the decode rank";
               reserve(self);
@@ -336,6 +411,7 @@ void place(request_pointer self) {
             self->request(p.prefill_balancer, std::chrono::milliseconds{p.cfg.place_timeout_ms}, place_atom::value, q)
                 .then(
                     [=](prefill_placement& pp) {
+                      if (stale(self, attempt)) return;
                       self->state.prefill_name = pp.name;
                       self->state.prefill = pp.rank;
                       self->state.out.prefill_placement_why = std::move(pp.why);
@@ -343,13 +419,15 @@ void place(request_pointer self) {
                       reserve(self);
                     },
                     [=](caf::error& err) {
-                      answer(self, hop_error(self, err, "prefill_balancer", "place_prefill",
-                                             self->state.plan.cfg.place_timeout_ms));
+                      if (stale(self, attempt)) return;
+                      fail_or_retry(self, hop_error(self, err, "prefill_balancer", "place_prefill",
+                                                    self->state.plan.cfg.place_timeout_ms));
                     });
           },
           [=](caf::error& err) {
-            answer(self,
-                   hop_error(self, err, "decode_balancer", "place_decode", self->state.plan.cfg.place_timeout_ms));
+            if (stale(self, attempt)) return;
+            fail_or_retry(self,
+                          hop_error(self, err, "decode_balancer", "place_decode", self->state.plan.cfg.place_timeout_ms));
           });
 }
 
@@ -360,8 +438,8 @@ void check(request_pointer self) {
   auto& st = self->state;
   const auto& p = st.plan;
   const uint32_t b = p.store.block_tokens();
-  const size_t usable = (p.prompt_tokens.size() - 1) / b;
-  auto keys = store::chain_keys(store::salt_of(p.store.identity), p.prompt_tokens, b);
+  const size_t usable = (st.prompt.size() - 1) / b;
+  auto keys = store::chain_keys(store::salt_of(p.store.identity), st.prompt, b);
   for (const auto& k : keys) st.block_keys.insert(st.block_keys.end(), {k.hi, k.lo});
   keys.resize(std::min(keys.size(), usable));
   if (keys.empty()) return place(self);
@@ -377,7 +455,9 @@ void check(request_pointer self) {
     asks[s].push_back({keys[i].hi, keys[i].lo, {}});
     positions[s].push_back(i);
   }
+  const uint32_t attempt = st.attempt;
   auto finish = [=] {
+    if (stale(self, attempt)) return;
     auto& st = self->state;
     st.out.check_us = lap(self);
     for (auto& b : *found) {
@@ -412,15 +492,28 @@ request_actor::behavior_type request_impl(request_pointer self, request_plan pla
         st.started = st.stage_started = self->clock().now();
         st.out.request_id = st.plan.request_id;
         st.out.num_prompt_tokens = static_cast<uint32_t>(st.plan.prompt_tokens.size());
-        if (st.plan.sink) {
-          // A client that goes away (its process, its connection) cancels its request.
-          self->monitor(st.plan.sink);
-          self->set_down_handler([=](caf::down_msg& dm) {
-            if (dm.source == caf::actor_cast<caf::actor_addr>(self->state.plan.sink))
-              answer(self, make_error(errc::cancelled, where(self->state.plan.request_id, "", "stream") +
-                                                           ": the client went away"));
-          });
-        }
+        st.prompt = st.plan.prompt_tokens;
+        st.max_new = st.plan.params.max_tokens;
+        // A client that goes away (its process, its connection) cancels its request; a rank of
+        // this attempt that goes down (its process died, its node was cut off) re-places it.
+        if (st.plan.sink) self->monitor(st.plan.sink);
+        self->set_down_handler([=](caf::down_msg& dm) {
+          auto& st = self->state;
+          const auto id = st.plan.request_id;
+          if (st.plan.sink && dm.source == caf::actor_cast<caf::actor_addr>(st.plan.sink))
+            return answer(self, make_error(errc::cancelled, where(id, "", "stream") + ": the client went away"));
+          if (st.decode && dm.source == caf::actor_cast<caf::actor_addr>(st.decode))
+            return fail_or_retry(self, make_error(errc::rank_unavailable,
+                                                  where(id, st.decode_name, "decode") + ": the rank went down (" +
+                                                      self->system().render(dm.reason) + ")"));
+          // A prefill rank matters until it has produced this attempt's first token.
+          const bool prefilling = st.out.tokens.size() + static_cast<size_t>(st.max_new) ==
+                                  static_cast<size_t>(st.plan.params.max_tokens);
+          if (st.prefill && prefilling && dm.source == caf::actor_cast<caf::actor_addr>(st.prefill))
+            return fail_or_retry(self, make_error(errc::rank_unavailable,
+                                                  where(id, st.prefill_name, "prefill") + ": the rank went down (" +
+                                                      self->system().render(dm.reason) + ")"));
+        });
         if (st.plan.store.enabled())
           check(self);
         else
@@ -430,6 +523,8 @@ request_actor::behavior_type request_impl(request_pointer self, request_plan pla
       [=](token_event& ev) {
         auto& st = self->state;
         if (st.answered) return;
+        // Only this attempt's decode rank speaks for the request (a rank given up on may still).
+        if (caf::actor_cast<caf::actor_addr>(self->current_sender()) != caf::actor_cast<caf::actor_addr>(st.decode)) return;
         record_token(self, ev.token, std::move(ev.logits));
         if (hits_stop(st, ev.token)) {
           // Done here: the lease is released, the decode rank drops the sequence at its next step.
@@ -448,7 +543,7 @@ request_actor::behavior_type request_impl(request_pointer self, request_plan pla
       [=](watchdog_atom, uint64_t seq) {
         auto& st = self->state;
         if (seq != st.watch_seq || st.answered) return;
-        answer(self, make_error(errc::deadline_exceeded,
+        fail_or_retry(self, make_error(errc::deadline_exceeded,
                                 where(st.plan.request_id, st.decode_name, "decode") + ": no token within " +
                                     std::to_string(st.plan.cfg.token_timeout_ms) + " ms after token " +
                                     std::to_string(st.out.tokens.size() - 1)));

@@ -9,7 +9,20 @@
 
 namespace baton::deploy {
 
-int run_generate(const std::vector<std::string>& args) {
+int run_generate(const std::vector<std::string>& raw_args) {
+  // Positional arguments are prompts too: `baton generate --router H:P "prompt"`. Every flag but
+  // --chat, --verbose and --help takes a value, which is not a prompt.
+  std::vector<std::string> args, positional;
+  for (size_t i = 0; i < raw_args.size(); ++i) {
+    const auto& a = raw_args[i];
+    if (a.rfind("--", 0) != 0) {
+      positional.push_back(a);
+      continue;
+    }
+    args.push_back(a);
+    const bool takes_value = a != "--chat" && a != "--verbose" && a != "--help" && a.find('=') == std::string::npos;
+    if (takes_value && i + 1 < raw_args.size()) args.push_back(raw_args[++i]);
+  }
   std::string router = "127.0.0.1:7100";
   std::vector<std::string> prompts;
   baton::client::request req;
@@ -27,10 +40,11 @@ int run_generate(const std::vector<std::string>& args) {
   flags.add("--top-k", &req.top_k, "top-k sampling (0 = off)");
   flags.add("--stop", &req.stop, "a stop string (repeatable)");
   flags.add("--verbose", &verbose, "print the request's timings and ranks after its text");
-  if (auto rc = flags.parse_command_line(args, "generate", "baton generate --router HOST:PORT --prompt TEXT [flags]"))
+  if (auto rc = flags.parse_command_line(args, "generate", "baton generate --router HOST:PORT [flags] PROMPT..."))
     return *rc;
+  prompts.insert(prompts.end(), positional.begin(), positional.end());
   if (prompts.empty()) {
-    std::fprintf(stderr, "baton generate: give --prompt\n");
+    std::fprintf(stderr, "baton generate: give a prompt (baton generate --router HOST:PORT \"prompt\")\n");
     return 2;
   }
   std::string host, why;

@@ -213,6 +213,7 @@ TEST_CASE("bad input gets a clear error naming the problem, and the cluster keep
 TEST_CASE("a failed transfer fails the request with request, rank and stage named and the next one succeeds") {
   test::cluster_system t;
   auto cfg = small_cluster();
+  cfg.router.request.max_attempts = 1;  // how one attempt's failure surfaces (failover: below)
   auto wrap = [&](std::unique_ptr<transport::transport> inner, const std::string& name)
       -> std::shared_ptr<transport::transport> {
     if (name != "prefill-0") return std::shared_ptr<transport::transport>{std::move(inner)};
@@ -245,7 +246,8 @@ struct faulty_cluster {
   local_cluster_config cfg = small_cluster();
   local_cluster cluster;
   std::unique_ptr<test::cluster_system::stopper> stop;
-  explicit faulty_cluster(transport::fault_plan plan, uint32_t lease_ms = 2000) {
+  explicit faulty_cluster(transport::fault_plan plan, uint32_t lease_ms = 2000, uint32_t max_attempts = 1) {
+    cfg.router.request.max_attempts = max_attempts;  // 1: how one attempt's failure surfaces
     cfg.router.request.lease_ms = lease_ms;
     cfg.prefill.kv_send_timeout_ms = lease_ms;
     cluster = start_local_cluster(t.sys, cfg, {}, [plan](std::unique_ptr<transport::transport> inner,
@@ -309,6 +311,23 @@ TEST_CASE("a stalled layer expires the lease, frees the decode rank's pages and 
   req.prompt = "after the stall";
   req.max_tokens = 3;
   CHECK(f.t.generate(f.cluster.router, req));
+}
+
+TEST_CASE("failover: a corrupted, a dropped or a stalled layer re-places the request, which completes with the "
+          "colocated tokens") {
+  for (auto kind : {transport::fault_kind::corrupt_byte, transport::fault_kind::drop, transport::fault_kind::stall}) {
+    CAPTURE(static_cast<int>(kind));
+    faulty_cluster f{{kind, 1, {}, 1, 5}, /*lease_ms*/ 300, /*max_attempts*/ 3};
+    generate_request req;
+    req.prompt = prompts[1];
+    req.max_tokens = 6;
+    auto got = f.t.generate(f.cluster.router, req);
+    REQUIRE_MESSAGE(got, f.t.sys.render(got.error()));
+    CHECK(got->tokens == colocated(f.cfg, encode(f.cfg, prompts[1]), 6).tokens);
+    CHECK(got->failovers == 1);
+    CHECK_MESSAGE(got->failover_why.find("layer 1") != std::string::npos, got->failover_why);
+    CHECK(f.decode_pages_back());
+  }
 }
 
 TEST_CASE("a delayed layer only delays: tokens still equal the colocated run") {

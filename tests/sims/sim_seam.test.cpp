@@ -86,6 +86,7 @@ TEST_CASE("deadline: a decode rank that stops producing fails its request exactl
   test::sim_system s;
   auto cfg = one_by_one();
   cfg.router.request.token_timeout_ms = 2000;
+  cfg.router.request.max_attempts = 1;  // how the deadline surfaces (failover: below)
   const auto times = model_times();
   auto cluster = modelled_cluster(s, cfg, times, [](const std::string& name, auto& t) {
     if (name == "decode-0") t.hang_after_jobs = 2;  // two steps, then the device hangs
@@ -113,9 +114,47 @@ TEST_CASE("deadline: a decode rank that stops producing fails its request exactl
   CHECK(*at == deadline);
 }
 
+TEST_CASE("failover: a decode rank that hangs mid-generation loses its request to another rank one token deadline "
+          "later; the tokens equal an undisturbed run") {
+  auto run = [](bool hang) {
+    test::sim_system s;
+    auto cfg = one_by_one();
+    cfg.num_decode_ranks = 2;
+    cfg.router.request.token_timeout_ms = 2000;
+    const auto times = model_times();
+    auto cluster = modelled_cluster(s, cfg, times, [hang](const std::string& name, auto& t) {
+      if (hang && name == "decode-0") t.hang_after_jobs = 2;  // two steps, then the device hangs
+    });
+    test::sim_system::stopper stop{s, cluster};
+    REQUIRE(s.run_until_idle());  // both decode ranks registered
+    generate_request req;
+    req.prompt = forty_token_prompt;
+    req.max_tokens = 10;
+    auto result = s.generate(cluster.router, req);
+    s.run_until(s.now() + std::chrono::seconds{30});
+    REQUIRE(result->has_value());
+    REQUIRE_MESSAGE(**result, s.sys.render((*result)->error()));
+    return ***result;
+  };
+  const auto calm = run(false);
+  const auto hung = run(true);
+  CHECK(calm.decode_rank == "decode-0");
+  CHECK(calm.failovers == 0);
+  CHECK(hung.tokens == calm.tokens);
+  CHECK(hung.failovers == 1);
+  CHECK_MESSAGE(hung.failover_why.find("rank decode-0, stage decode: no token within 2000 ms after token 2") !=
+                    std::string::npos,
+                hung.failover_why);
+  CHECK(hung.decode_rank == "decode-1");
+  REQUIRE(hung.tbt_us.size() == 9);
+  CHECK(hung.tbt_us[2] > 2000000);  // the gap a client sees: one token deadline plus the re-prefill
+  CHECK(hung.tbt_us[1] == calm.tbt_us[1]);
+}
+
 TEST_CASE("lease: an unfinished handoff's pages return to the decode rank when the lease expires, not before") {
   test::sim_system s;
   auto cfg = one_by_one();
+  cfg.router.request.max_attempts = 1;  // how the expiry surfaces (failover: elsewhere)
   cfg.router.request.lease_ms = 1000;
   cfg.router.request.prefill_timeout_ms = 5000;
   const auto times = model_times();
@@ -152,6 +191,7 @@ TEST_CASE("lease: an unfinished handoff's pages return to the decode rank when t
 TEST_CASE("a prompt queued at a busy prefill rank longer than the lease still completes: the queue keeps its lease") {
   test::sim_system s;
   auto cfg = one_by_one();
+  cfg.router.request.max_attempts = 1;  // it must complete on its first attempt, not by failover
   cfg.router.request.lease_ms = 1000;
   cfg.router.request.prefill_timeout_ms = 60000;
   auto times = model_times();
