@@ -82,6 +82,7 @@ void gateway_metrics::record(const completion& c) {
   cached_tokens_ += c.cached_tokens;
   generated_tokens_ += c.tokens.size();
   kv_bytes_ += c.kv_bytes;
+  failovers_ += c.failovers;
 }
 
 std::string gateway_metrics::render(const cluster_stats* cluster) const {
@@ -106,6 +107,8 @@ std::string gateway_metrics::render(const cluster_stats* cluster) const {
     render_counter(out, "baton_generated_tokens_total", "tokens generated", static_cast<double>(generated_tokens_));
     render_counter(out, "baton_kv_transfer_bytes_total", "KV bytes shipped from prefill to decode ranks",
                    static_cast<double>(kv_bytes_));
+    render_counter(out, "baton_failovers_total", "requests re-placed after a rank failed (summed over requests)",
+                   static_cast<double>(failovers_));
     render_counter(out, "baton_cache_hit_ratio", "cached prompt tokens / prompt tokens, since start",
                    prompt_tokens_ ? static_cast<double>(cached_tokens_) / static_cast<double>(prompt_tokens_) : 0.0,
                    "gauge");

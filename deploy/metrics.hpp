@@ -44,6 +44,7 @@ class gateway_metrics {
   std::map<std::pair<std::string, int>, uint64_t> responses_;
   histogram ttft_, tbt_, e2e_, kv_send_;
   uint64_t prompt_tokens_ = 0, cached_tokens_ = 0, generated_tokens_ = 0, kv_bytes_ = 0, completions_ = 0;
+  uint64_t failovers_ = 0;
 };
 
 }  // namespace baton::deploy
