@@ -26,7 +26,7 @@ inline float reduce8(v8 a) {
 /// R rows of x against C rows of w. Lane j of acc[r][c] sums x[r][i]·w[c][i] over i ≡ j (mod 8)
 /// in increasing i; the tail k % 8 goes to lanes 0.. in order. Same per element for any R, C.
 template <int R, int C>
-#if defined(__x86_64__) && !defined(__AVX2__)
+#if defined(__x86_64__) && !defined(__AVX2__) && !defined(__clang__)  // clang: no target_clones on templates
 __attribute__((target_clones("avx2", "default")))
 #endif
 void micro_kernel(const float* const* xs, const float* const* ws, size_t k, float* out /* [R][C] */) {
