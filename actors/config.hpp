@@ -182,6 +182,11 @@ struct router_config {
   std::vector<int32_t> extra_eos_token_ids;
   /// Upper bound on max_tokens per request; 0 = the model's context length.
   uint32_t max_new_tokens_limit = 0;
+  /// Admission control: requests in flight at most; more are refused at once with
+  /// errc::overloaded (HTTP 429 with Retry-After) instead of queueing without bound. Every
+  /// queue behind the router (balancers' parked placements, ranks' waiting prompts) is bounded
+  /// by it. 0 = no limit.
+  uint32_t max_active_requests = 1024;
 };
 
 }  // namespace baton

@@ -16,6 +16,7 @@ std::string to_string(errc x) {
     case errc::lease_expired: return "lease_expired";
     case errc::layout_mismatch: return "layout_mismatch";
     case errc::cancelled: return "cancelled";
+    case errc::overloaded: return "overloaded";
   }
   return "unknown";
 }
@@ -26,7 +27,8 @@ bool is_retryable(errc x) {
     case errc::rank_unavailable:
     case errc::deadline_exceeded:
     case errc::transfer_failed:
-    case errc::lease_expired: return true;
+    case errc::lease_expired:
+    case errc::overloaded: return true;
     default: return false;
   }
 }

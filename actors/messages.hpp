@@ -63,6 +63,7 @@ enum class errc : uint8_t {
   lease_expired,      ///< retryable: the KV reservation timed out before decode began
   layout_mismatch,    ///< fatal: prefill and decode ranks disagree on the KV page layout
   cancelled,          ///< fatal: the client cancelled the request or went away
+  overloaded,         ///< retryable: the cluster is at its admission limit; retry after a moment
 };
 std::string to_string(errc x);
 bool is_retryable(errc x);
@@ -687,13 +688,14 @@ struct cluster_stats {
   std::vector<rank_load> decode;     ///< every decode rank's
   store_stats store;                 ///< index and servers summed (zero when the store is off)
   uint64_t num_admitted = 0;         ///< requests that passed the router's checks
-  uint64_t num_rejected = 0;         ///< requests refused as bad input
+  uint64_t num_rejected = 0;         ///< requests refused (bad input or overload)
   uint64_t num_active = 0;           ///< request actors alive now
+  uint64_t num_overloaded = 0;       ///< of the refused: by admission control
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, cluster_stats& x) {
   return f(caf::meta::type_name("cluster_stats"), x.model, x.context_tokens, x.prefill, x.decode, x.store,
-           x.num_admitted, x.num_rejected, x.num_active);
+           x.num_admitted, x.num_rejected, x.num_active, x.num_overloaded);
 }
 
 using router_actor = caf::typed_actor<

@@ -71,6 +71,7 @@ struct router_state {
   store_access store;
   uint64_t last_request = 0;
   uint64_t num_rejected = 0;
+  uint64_t num_overloaded = 0;  ///< of the rejected: refused by admission control
   uint64_t num_active = 0;  ///< request actors alive (monitored: their down message counts them out)
   static inline const char* name = "baton.router";
 };
@@ -87,6 +88,7 @@ caf::result<cluster_stats> collect_stats(router_pointer self) {
   out->num_admitted = s.last_request - s.num_rejected;
   out->num_rejected = s.num_rejected;
   out->num_active = s.num_active;
+  out->num_overloaded = s.num_overloaded;
   auto rp = self->make_response_promise<cluster_stats>();
   auto left = std::make_shared<size_t>(2 + s.store.index.size() + s.store.servers.size());
   auto done = [rp, out, left]() mutable {
@@ -127,6 +129,13 @@ router_actor::behavior_type router_impl(router_pointer self, router_config cfg, 
   auto admit = [=](generate_request& req, client_sink_actor sink) -> caf::result<completion> {
     auto& s = self->state;
     const uint64_t id = ++s.last_request;
+    if (s.cfg.max_active_requests && s.num_active >= s.cfg.max_active_requests) {
+      ++s.num_rejected;
+      ++s.num_overloaded;
+      return make_error(errc::overloaded, where(id, "", "admission") + ": " + std::to_string(s.num_active) +
+                                              " requests in flight, the limit is " +
+                                              std::to_string(s.cfg.max_active_requests) + "; retry after a moment");
+    }
     std::vector<int32_t> tokens;
     if (auto why = tokenize_and_validate(req, s.model, s.cfg.max_new_tokens_limit, &tokens, s.cfg.tokenizer.get());
         !why.empty()) {

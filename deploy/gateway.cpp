@@ -76,6 +76,7 @@ std::pair<int, std::string> status_of(caf::actor_system& sys, const caf::error& 
       case errc::executor_failed:
       case errc::layout_mismatch: return {500, msg};
       case errc::cancelled: return {499, msg};
+      case errc::overloaded: return {429, msg};
       default: return {503, msg};  // retryable: capacity, ranks, transfers, leases
     }
   }

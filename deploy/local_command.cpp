@@ -208,6 +208,8 @@ int run_local(const std::vector<std::string>& args) {
   flags.add("--cluster-listen", &opt.cluster_listen,
             "--serve: publish the node directory on HOST:PORT for `baton node` processes to join");
   flags.add("--http-listen", &opt.http_listen, "--serve: an OpenAI-compatible HTTP gateway on HOST:PORT");
+  flags.add("--max-active-requests", &opt.cluster.router.max_active_requests,
+            "admission control: requests in flight at most, more are refused (HTTP 429); 0 = no limit");
   flags.add("--api-key", &opt.api_keys, "--serve: an API key the gateway accepts as a bearer token (repeatable)");
   if (auto rc = flags.parse_command_line(args, "local", "baton local [flags]")) return *rc;
   if (opt.model != "random") {

@@ -123,8 +123,10 @@ std::string gateway_metrics::render(const cluster_stats* cluster) const {
                  "gauge");
   render_counter(out, "baton_requests_admitted_total", "requests that passed the router's checks",
                  static_cast<double>(c.num_admitted));
-  render_counter(out, "baton_requests_rejected_total", "requests refused as bad input",
+  render_counter(out, "baton_requests_rejected_total", "requests refused (bad input or overload)",
                  static_cast<double>(c.num_rejected));
+  render_counter(out, "baton_requests_overloaded_total", "requests refused by admission control (HTTP 429)",
+                 static_cast<double>(c.num_overloaded));
   auto per_rank = [&](const char* name, const char* help, auto value) {
     out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " gauge\n";
     for (const auto& [role, ranks] : {std::pair{"prefill", &c.prefill}, std::pair{"decode", &c.decode}})

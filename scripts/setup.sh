@@ -15,7 +15,8 @@ packages=(
   procps                # ps/pkill used by the cluster scripts
   curl                  # the gateway's end-to-end test talks HTTP with it
   python3 python3-yaml  # the end-to-end test finds free ports and parses the k8s manifests
-  wrk                   # bench/gateway_bench.sh: HTTP load on 127.0.0.1
+  wrk                   # HTTP load on 127.0.0.1 (overload test, gateway and overload benchmarks)
+  clang libclang-rt-14-dev  # libFuzzer targets (scripts/fuzz.sh, run by scripts/test.sh)
 )
 # The OpenAI Node.js SDK test (tests/node, test-only) needs Node.js and npm: Debian's, unless
 # the machine already has its own (a NodeSource nodejs bundles npm and conflicts with Debian's).

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Install what is missing, build, and run every test. GPU tests skip without a device.
+# Install what is missing, build, and run every test, then each fuzz target for a bounded time.
+# GPU tests skip without a device.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export UCX_NET_DEVICES=lo   # tests talk to 127.0.0.1 only
 ./scripts/setup.sh
 ./scripts/build.sh
-cd build
-ctest --output-on-failure -j 2 "$@"
+(cd build && ctest --output-on-failure -j 2 "$@")
+# The fuzz targets, 20 s each (clang + libFuzzer; skipped, saying so, without them).
+./scripts/fuzz.sh "${BATON_FUZZ_SECONDS:-20}"
