@@ -103,6 +103,9 @@ void register_message_types(caf::actor_system_config& cfg) {
       .add_message_type<node_status>("baton::node_status")
       .add_message_type<std::vector<node_status>>("std::vector<baton::node_status>")
       .add_message_type<node_directory_actor>("baton::node_directory_actor");
+  // Every Baton process carries a cluster id in CAF's handshake; this is the default one
+  // (deploy's --cluster-id replaces it: processes of different clusters refuse each other).
+  cfg.set("middleman.app-identifiers", std::vector<std::string>{"baton-cluster:baton"});
   cfg.add_error_category(caf::atom("baton"), [](uint8_t code, caf::atom_value, const caf::message& ctx) {
     std::string out = "baton::" + to_string(static_cast<errc>(code));
     if (ctx.match_elements<std::string>()) out += ": " + ctx.get_as<std::string>(0);

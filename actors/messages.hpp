@@ -758,7 +758,8 @@ using node_agent_actor = caf::typed_actor<
     caf::reacts_to<poll_atom>>;      // drain progress check (internal)
 
 /// Registers every type above (and the error category) with a config, before the actor
-/// system is built. Call it in every process.
+/// system is built, and sets the default cluster id (CAF's middleman.app-identifiers). Call it
+/// in every process.
 void register_message_types(caf::actor_system_config& cfg);
 
 }  // namespace baton

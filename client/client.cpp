@@ -12,6 +12,8 @@
 #include <caf/actor_system_config.hpp>
 #include <caf/event_based_actor.hpp>
 #include <caf/io/middleman.hpp>
+#include <caf/openssl/manager.hpp>
+#include <caf/openssl/remote_actor.hpp>
 #include <caf/scoped_actor.hpp>
 #include <caf/send.hpp>
 
@@ -146,9 +148,17 @@ class stream_impl final : public stream {
   bool timed_out_ = false;
 };
 
-caf::actor_system_config& client_config(caf::actor_system_config& cfg) {
+caf::actor_system_config& client_config(caf::actor_system_config& cfg, const connect_options& o) {
   register_message_types(cfg);
   cfg.load<caf::io::middleman>();
+  // As deploy/net_security.hpp: the cluster's id, and mutual TLS when certificates are given.
+  cfg.set("middleman.app-identifiers", std::vector<std::string>{"baton-cluster:" + o.cluster_id});
+  if (!o.tls_cert.empty()) {
+    cfg.load<caf::openssl::manager>();
+    cfg.openssl_certificate = o.tls_cert;
+    cfg.openssl_key = o.tls_key;
+    cfg.openssl_cafile = o.tls_ca;
+  }
   cfg.set("scheduler.max-threads", 2);
   cfg.set("work-stealing.moderate-poll-attempts", 0);
   cfg.set("logger.console-verbosity", caf::atom("quiet"));
@@ -157,13 +167,20 @@ caf::actor_system_config& client_config(caf::actor_system_config& cfg) {
 
 class connection_impl final : public connection {
  public:
-  connection_impl() : sys_{client_config(cfg_)} {}
+  explicit connection_impl(connect_options o) : options_(std::move(o)), sys_{client_config(cfg_, options_)} {}
   ~connection_impl() override = default;
 
   bool open(const std::string& host, uint16_t port, std::string* why) {
-    auto r = sys_.middleman().remote_actor<router_actor>(host, port);
+    auto r = options_.tls_cert.empty() ? sys_.middleman().remote_actor<router_actor>(host, port)
+                                       : caf::openssl::remote_actor<router_actor>(sys_, host, port);
     if (!r) {
       *why = "cannot reach a Baton router at " + host + ":" + std::to_string(port) + ": " + sys_.render(r.error());
+      const bool tls = !options_.tls_cert.empty();
+      if (why->find("incompatible_application_ids") != std::string::npos)
+        *why += " (the router belongs to another cluster: check the cluster id)";
+      else if (why->find("disconnect_during_handshake") != std::string::npos)
+        *why += tls ? " (the TLS handshake failed: is the certificate signed by the cluster's CA?)"
+                    : " (the router may require mutual TLS: give the cluster's client certificate, key and CA)";
       return false;
     }
     router_ = *r;
@@ -191,6 +208,7 @@ class connection_impl final : public connection {
   }
 
  private:
+  connect_options options_;
   caf::actor_system_config cfg_;
   caf::actor_system sys_;
   router_actor router_;
@@ -199,7 +217,17 @@ class connection_impl final : public connection {
 }  // namespace
 
 std::unique_ptr<connection> connection::connect(const std::string& host, uint16_t port, std::string* why) {
-  auto c = std::make_unique<connection_impl>();
+  return connect(host, port, connect_options{}, why);
+}
+
+std::unique_ptr<connection> connection::connect(const std::string& host, uint16_t port, const connect_options& options,
+                                                std::string* why) {
+  const int given = !options.tls_cert.empty() + !options.tls_key.empty() + !options.tls_ca.empty();
+  if (given != 0 && given != 3) {
+    *why = "TLS needs all three of tls_cert, tls_key and tls_ca";
+    return nullptr;
+  }
+  auto c = std::make_unique<connection_impl>(options);
   if (!c->open(host, port, why)) return nullptr;
   return c;
 }

@@ -17,6 +17,12 @@ add_library(CAF::core ALIAS caf_core_imp)
 add_library(caf_io_imp INTERFACE)
 target_link_libraries(caf_io_imp INTERFACE ${CAF_IO_LIBRARY} CAF::core)
 add_library(CAF::io ALIAS caf_io_imp)
+# CAF's OpenSSL module: mutual TLS between Baton's processes (deploy/net_security.hpp).
+find_library(CAF_OPENSSL_LIBRARY NAMES caf_openssl REQUIRED)
+find_package(OpenSSL REQUIRED)  # libssl-dev: the error-queue workaround (client/openssl_error_queue.cpp)
+add_library(caf_openssl_imp INTERFACE)
+target_link_libraries(caf_openssl_imp INTERFACE ${CAF_OPENSSL_LIBRARY} CAF::io)
+add_library(CAF::openssl ALIAS caf_openssl_imp)
 
 # OpenBLAS only for the sgemm ceiling in bench/; the executor never calls it.
 find_library(OPENBLAS_LIBRARY NAMES openblas)

@@ -227,6 +227,14 @@ bool parse_cluster_spec(const std::string& json_text, const std::string& base_di
   }
   fields f{j, "spec"};
   json policies, executor, store, ssh;
+  if (auto it = j.find("tls"); it != j.end() && !it->is_boolean()) {
+    *why = "spec.tls must be true or false";
+    return false;
+  } else if (it != j.end()) {
+    out->tls = it->get<bool>();
+  }
+  f.mark("tls");
+  if (!f.str("tls_dir", &out->tls_dir, why)) return false;
   if (!f.str("name", &out->name, why) || !f.str("model", &out->model, why) || !f.str("image", &out->image, why) ||
       !f.str("binary", &out->binary, why) || !f.strs("api_keys", &out->api_keys, why) ||
       !f.str("api_keys_env", &out->api_keys_env, why) || !f.object("policies", &policies, why) ||
@@ -260,6 +268,9 @@ bool parse_cluster_spec(const std::string& json_text, const std::string& base_di
     }
   if (out->model != "random" && !out->model.empty() && out->model.front() != '/' && !base_dir.empty())
     out->model = (std::filesystem::path(base_dir) / out->model).lexically_normal().string();
+  if (out->tls_dir.empty()) out->tls_dir = ".baton-tls-" + out->name;
+  if (out->tls_dir.front() != '/' && !base_dir.empty())
+    out->tls_dir = (std::filesystem::path(base_dir) / out->tls_dir).lexically_normal().string();
   return validate(*out, why);
 }
 
@@ -276,6 +287,10 @@ bool load_cluster_spec(const std::string& path, cluster_spec* out, std::string* 
     return false;
   }
   return true;
+}
+
+tls_files tls_files_for(const cluster_spec& s, const std::string& identity) {
+  return {s.tls_dir + "/" + identity + ".pem", s.tls_dir + "/" + identity + ".key", s.tls_dir + "/ca.pem"};
 }
 
 std::vector<node_launch> plan_launch(const cluster_spec& s, const std::string& binary, const addressing& addr) {
@@ -319,6 +334,14 @@ std::vector<node_launch> plan_launch(const cluster_spec& s, const std::string& b
       out.push_back({n.name, n.host, "gateway",
                      {binary, "gateway", "--name", n.name, "--cluster", join, "--listen", listen(n, n.http_port)},
                      key_env});
+  }
+  // Every process carries the cluster's id, and with TLS its own certificate.
+  for (auto& l : out) {
+    l.argv.insert(l.argv.end(), {"--cluster-id", s.name});
+    if (s.tls) {
+      const auto t = tls_files_for(s, l.name);
+      l.argv.insert(l.argv.end(), {"--tls-cert", t.cert, "--tls-key", t.key, "--tls-ca", t.ca});
+    }
   }
   // The spec's environment, then the node's own over it (the keys stay as they are).
   for (auto& l : out) {

@@ -40,6 +40,11 @@ struct cluster_spec {
   std::vector<std::string> ssh_options;
   /// Environment of every node process (e.g. UCX_TLS, UCX_NET_DEVICES, CUDA_VISIBLE_DEVICES).
   std::map<std::string, std::string> env;
+  /// Mutual TLS between the nodes: `baton launch` makes a cluster CA and a certificate per node
+  /// (and one for itself and one for clients) in tls_dir (default: .baton-tls-<name> next to the
+  /// spec); other hosts must see the same paths.
+  bool tls = false;
+  std::string tls_dir;
   std::vector<node_spec> nodes;
 
   const node_spec& head() const;  ///< the node with the router role (validated: exactly one)
@@ -50,6 +55,12 @@ struct cluster_spec {
 bool parse_cluster_spec(const std::string& json_text, const std::string& base_dir, cluster_spec* out,
                         std::string* why);
 bool load_cluster_spec(const std::string& path, cluster_spec* out, std::string* why);
+
+/// The certificate files of one identity (a node, "launcher", "client") in the spec's tls_dir.
+struct tls_files {
+  std::string cert, key, ca;
+};
+tls_files tls_files_for(const cluster_spec& spec, const std::string& identity);
 
 /// How node processes reach the head and where they listen.
 struct addressing {

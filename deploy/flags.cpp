@@ -1,4 +1,5 @@
 #include "deploy/flags.hpp"
+#include "deploy/processes.hpp"
 
 #include <charconv>
 #include <algorithm>
@@ -116,6 +117,13 @@ std::string flag_set::usage() const {
     out += std::string(f.name.size() < 24 ? 24 - f.name.size() : 1, ' ') + f.help + " [" + f.current + "]\n";
   }
   return out;
+}
+
+void add_security_flags(flag_set& flags, net_security* sec) {
+  flags.add("--cluster-id", &sec->cluster_id, "the cluster's id: processes with another id are refused");
+  flags.add("--tls-cert", &sec->tls_cert, "mutual TLS: this process's certificate (PEM), signed by --tls-ca");
+  flags.add("--tls-key", &sec->tls_key, "mutual TLS: its private key (PEM)");
+  flags.add("--tls-ca", &sec->tls_ca, "mutual TLS: the cluster CA's certificate (PEM); peers must be signed by it");
 }
 
 bool parse_host_port(const std::string& text, const std::string& what, std::string* host, uint16_t* port,

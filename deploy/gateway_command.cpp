@@ -19,6 +19,7 @@
 #include "deploy/commands.hpp"
 #include "deploy/flags.hpp"
 #include "deploy/gateway.hpp"
+#include "deploy/net_security.hpp"
 #include "deploy/processes.hpp"
 
 namespace baton::deploy {
@@ -43,7 +44,9 @@ int run_gateway(const std::vector<std::string>& args) {
   std::string router, cluster, name = "gateway", listen = "127.0.0.1:8000";
   gateway_config gc;
   uint32_t scheduler_threads = 2;
+  net_security sec;
   flag_set flags;
+  add_security_flags(flags, &sec);
   flags.add("--router", &router, "HOST:PORT of the router to send requests to");
   flags.add("--cluster", &cluster, "or: HOST:PORT of the head's node directory (join as a node, find the router there)");
   flags.add("--name", &name, "the node's name, with --cluster");
@@ -59,6 +62,10 @@ int run_gateway(const std::vector<std::string>& args) {
   for (auto& k : api_keys_from_env()) gc.api_keys.push_back(std::move(k));
   std::string host, why;
   uint16_t port = 0;
+  if (auto e = sec.validate(); !e.empty()) {
+    std::fprintf(stderr, "baton gateway: %s\n", e.c_str());
+    return 2;
+  }
   if (router.empty() == cluster.empty()) {
     std::fprintf(stderr, "baton gateway: give one of --router or --cluster\n");
     return 2;
@@ -70,23 +77,23 @@ int run_gateway(const std::vector<std::string>& args) {
   }
   install_stop_signals();
   caf::actor_system_config cfg;
-  configure_networked_system(cfg, scheduler_threads, 0);
+  configure_networked_system(cfg, scheduler_threads, 0, sec);
   caf::actor_system sys{cfg};
   router_actor target;
   caf::actor agent;
   if (!router.empty()) {
-    auto r = sys.middleman().remote_actor<router_actor>(host, port);
+    auto r = connect_actor<router_actor>(sys, sec, host, port);
     if (!r) {
-      std::fprintf(stderr, "baton gateway: cannot reach the router at %s: %s\n", router.c_str(), sys.render(r.error()).c_str());
+      std::fprintf(stderr, "baton gateway: cannot reach the router at %s: %s\n", router.c_str(), explain_connect_error(sys.render(r.error()), sec.tls()).c_str());
       return 1;
     }
     target = *r;
   } else {
     // As a node: the agent joins the directory and heartbeats; the welcome names the router.
-    auto dir = sys.middleman().remote_actor<node_directory_actor>(host, port);
+    auto dir = connect_actor<node_directory_actor>(sys, sec, host, port);
     if (!dir) {
       std::fprintf(stderr, "baton gateway: cannot reach the node directory at %s: %s\n", cluster.c_str(),
-                   sys.render(dir.error()).c_str());
+                   explain_connect_error(sys.render(dir.error()), sec.tls()).c_str());
       return 1;
     }
     auto welcome = std::make_shared<std::promise<router_actor>>();

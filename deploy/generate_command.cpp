@@ -29,7 +29,12 @@ int run_generate(const std::vector<std::string>& raw_args) {
   uint32_t max_tokens = 16;
   uint64_t seed = 0;
   bool chat = false, verbose = false;
+  baton::client::connect_options conn_opts;
   flag_set flags;
+  flags.add("--cluster-id", &conn_opts.cluster_id, "the cluster's id");
+  flags.add("--tls-cert", &conn_opts.tls_cert, "mutual TLS: this client's certificate (PEM)");
+  flags.add("--tls-key", &conn_opts.tls_key, "mutual TLS: its key (PEM)");
+  flags.add("--tls-ca", &conn_opts.tls_ca, "mutual TLS: the cluster CA (PEM)");
   flags.add("--router", &router, "HOST:PORT of the cluster's router");
   flags.add("--prompt", &prompts, "the prompt (repeat for several, sent one after another)");
   flags.add("--chat", &chat, "send the prompt as a user message through the model's chat template");
@@ -53,7 +58,7 @@ int run_generate(const std::vector<std::string>& raw_args) {
     std::fprintf(stderr, "baton generate: %s\n", why.c_str());
     return 2;
   }
-  auto conn = baton::client::connection::connect(host, port, &why);
+  auto conn = baton::client::connection::connect(host, port, conn_opts, &why);
   if (!conn) {
     std::fprintf(stderr, "baton generate: %s\n", why.c_str());
     return 1;

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <thread>
@@ -19,6 +20,7 @@
 #include "deploy/cluster_spec.hpp"
 #include "deploy/commands.hpp"
 #include "deploy/flags.hpp"
+#include "deploy/net_security.hpp"
 #include "deploy/processes.hpp"
 
 namespace baton::deploy {
@@ -49,6 +51,43 @@ std::string printable(const std::vector<std::string>& argv) {
   std::string out;
   for (const auto& a : argv) out += (out.empty() ? "" : " ") + (a.find_first_of(" '\"$\\") == std::string::npos ? a : shell_quote(a));
   return out;
+}
+
+/// The cluster CA and a certificate for every node, the launcher and clients, made with the
+/// openssl command (EC P-256, one year). Kept when they exist, so a restarted cluster keeps its
+/// identity; false and why on failure.
+bool make_certificates(const cluster_spec& spec, std::string* why) {
+  std::error_code ec;
+  std::filesystem::create_directories(spec.tls_dir, ec);
+  std::filesystem::permissions(spec.tls_dir, std::filesystem::perms::owner_all, ec);
+  const std::string dir = spec.tls_dir;
+  auto run = [&](std::vector<std::string> argv) {
+    argv.insert(argv.begin(), "openssl");
+    const int rc = run_process(argv, why);
+    if (rc != 0 && why->empty()) *why = "openssl " + argv[1] + " failed (exit code " + std::to_string(rc) + ")";
+    return rc == 0;
+  };
+  const std::vector<std::string> ec_key = {"-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"};
+  if (!std::filesystem::exists(dir + "/ca.pem")) {
+    std::vector<std::string> ca = {"req", "-x509", "-days", "365", "-keyout", dir + "/ca.key", "-out", dir + "/ca.pem",
+                                   "-subj", "/CN=baton-" + spec.name + "-ca"};
+    ca.insert(ca.begin() + 2, ec_key.begin(), ec_key.end());
+    if (!run(ca)) return false;
+  }
+  std::vector<std::string> names = {"launcher", "client"};
+  for (const auto& n : spec.nodes) names.push_back(n.name);
+  for (const auto& n : names) {
+    const auto t = tls_files_for(spec, n);
+    if (std::filesystem::exists(t.cert)) continue;
+    std::vector<std::string> req = {"req", "-keyout", t.key, "-out", dir + "/" + n + ".csr", "-subj",
+                                    "/CN=" + spec.name + "-" + n};
+    req.insert(req.begin() + 1, ec_key.begin(), ec_key.end());
+    if (!run(req) || !run({"x509", "-req", "-in", dir + "/" + n + ".csr", "-CA", dir + "/ca.pem", "-CAkey",
+                           dir + "/ca.key", "-CAcreateserial", "-days", "365", "-out", t.cert}))
+      return false;
+    std::filesystem::remove(dir + "/" + n + ".csr", ec);
+  }
+  return true;
 }
 
 void stop_all(std::vector<child>& children, int drain_ms) {
@@ -109,6 +148,20 @@ int run_launch(const std::vector<std::string>& raw_args) {
     return 0;
   }
 
+  net_security sec;  // the launcher's own connection to the head
+  sec.cluster_id = spec.name;
+  if (spec.tls) {
+    if (!make_certificates(spec, &why)) {
+      std::fprintf(stderr, "baton launch: cannot make the cluster's certificates in %s: %s\n", spec.tls_dir.c_str(),
+                   why.c_str());
+      return 1;
+    }
+    const auto t = tls_files_for(spec, "launcher");
+    sec.tls_cert = t.cert, sec.tls_key = t.key, sec.tls_ca = t.ca;
+    const auto c = tls_files_for(spec, "client");
+    std::printf("baton launch: mutual TLS; clients use --cluster-id %s --tls-cert %s --tls-key %s --tls-ca %s\n",
+                spec.name.c_str(), c.cert.c_str(), c.key.c_str(), c.ca.c_str());
+  }
   install_stop_signals();
   std::vector<child> children;
   struct guard {
@@ -135,7 +188,7 @@ int run_launch(const std::vector<std::string>& raw_args) {
   }
 
   caf::actor_system_config cfg;
-  configure_networked_system(cfg, 2, 0);
+  configure_networked_system(cfg, 2, 0, sec);
   caf::actor_system sys{cfg};
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds{wait_s};
   // The head loads the model before it listens: try (bounded) until its directory answers.
@@ -151,15 +204,16 @@ int run_launch(const std::vector<std::string>& raw_args) {
                    head.host.c_str(), static_cast<unsigned>(head.cluster_port), wait_s, last_error.c_str());
       return 1;
     }
-    if (auto d = sys.middleman().remote_actor<node_directory_actor>(head.host, head.cluster_port)) {
+    if (auto d = connect_actor<node_directory_actor>(sys, sec, head.host, head.cluster_port)) {
       directory = *d;
     } else {
-      last_error = sys.render(d.error());
+      last_error = explain_connect_error(sys.render(d.error()), sec.tls());
       std::this_thread::sleep_for(std::chrono::milliseconds{200});
     }
   }
-  std::printf("baton launch: head %s up: router %s:%u, nodes join at %s:%u\n", head.name.c_str(), head.host.c_str(),
-              static_cast<unsigned>(head.router_port), head.host.c_str(), static_cast<unsigned>(head.cluster_port));
+  std::printf("baton launch: head %s up: router %s:%u (cluster id %s), nodes join at %s:%u\n", head.name.c_str(),
+              head.host.c_str(), static_cast<unsigned>(head.router_port), spec.name.c_str(), head.host.c_str(),
+              static_cast<unsigned>(head.cluster_port));
   std::fflush(stdout);
   for (size_t i = 1; i < plan.size(); ++i)
     if (!start(plan[i])) {

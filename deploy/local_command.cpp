@@ -18,6 +18,7 @@
 #include "deploy/commands.hpp"
 #include "deploy/flags.hpp"
 #include "deploy/gateway.hpp"
+#include "deploy/net_security.hpp"
 #include "deploy/processes.hpp"
 #include "deploy/profile_file.hpp"
 #include "gpu/hf_model.hpp"
@@ -67,6 +68,7 @@ struct local_options {
   std::string cluster_listen;      ///< HOST:PORT to publish the node directory on (`baton node`)
   std::string http_listen;         ///< HOST:PORT of an in-process OpenAI-compatible gateway
   std::vector<std::string> api_keys;
+  net_security sec;                ///< cluster id and TLS of the published router and directory
 };
 
 double mean(const std::vector<int64_t>& xs) {
@@ -107,7 +109,7 @@ int serve(caf::actor_system& sys, const local_cluster& cluster, const local_opti
       std::fprintf(stderr, "baton local: %s\n", why.c_str());
       return 2;
     }
-    auto bound = sys.middleman().publish(handle, port, host.c_str(), true);
+    auto bound = publish_actor(sys, opt.sec, handle, port, host);
     if (!bound) {
       std::fprintf(stderr, "baton local: cannot publish the %s on %s: %s\n", what, listen.c_str(),
                    sys.render(bound.error()).c_str());
@@ -208,6 +210,7 @@ int run_local(const std::vector<std::string>& args) {
   flags.add("--cluster-listen", &opt.cluster_listen,
             "--serve: publish the node directory on HOST:PORT for `baton node` processes to join");
   flags.add("--http-listen", &opt.http_listen, "--serve: an OpenAI-compatible HTTP gateway on HOST:PORT");
+  add_security_flags(flags, &opt.sec);
   flags.add("--max-active-requests", &opt.cluster.router.max_active_requests,
             "admission control: requests in flight at most, more are refused (HTTP 429); 0 = no limit");
   flags.add("--api-key", &opt.api_keys, "--serve: an API key the gateway accepts as a bearer token (repeatable)");
@@ -228,6 +231,10 @@ int run_local(const std::vector<std::string>& args) {
                    opt.cluster.store.dir.c_str(), ec ? ": " : "", ec ? ec.message().c_str() : "");
       return 2;
     }
+  }
+  if (auto e = opt.sec.validate(); !e.empty()) {
+    std::fprintf(stderr, "baton local: %s\n", e.c_str());
+    return 2;
   }
   if (opt.repeat == 0) {
     std::fprintf(stderr, "baton local: --repeat must be >= 1\n");
@@ -261,7 +268,10 @@ int run_local(const std::vector<std::string>& args) {
   // adds ~100 us to every hop onto an idle worker (platform-notes §1.4).
   cfg.set("work-stealing.moderate-poll-attempts", opt.poll_attempts);
   cfg.set("logger.console-verbosity", caf::atom("quiet"));
-  if (opt.decode_processes > 0 || opt.serve) cfg.load<caf::io::middleman>();
+  if (opt.decode_processes > 0 || opt.serve) {
+    cfg.load<caf::io::middleman>();
+    apply_net_security(cfg, opt.sec);
+  }
   caf::actor_system sys{cfg};
 
   const auto& m = opt.cluster.model;
@@ -279,7 +289,7 @@ int run_local(const std::vector<std::string>& args) {
     ~reaper() { stop_processes(pids); }
   } reap{children};
   if (opt.decode_processes > 0) {
-    auto port = sys.middleman().publish(cluster.directory, 0, "127.0.0.1", true);
+    auto port = publish_actor(sys, opt.sec, cluster.directory, 0, "127.0.0.1");
     if (!port) {
       std::fprintf(stderr, "baton local: cannot publish the node directory: %s\n", sys.render(port.error()).c_str());
       return 1;
@@ -287,13 +297,16 @@ int run_local(const std::vector<std::string>& args) {
     for (uint32_t i = 0; i < opt.decode_processes; ++i) {
       std::string why;
       const auto& e = opt.cluster.executor;
-      auto pid = spawn_process({self_executable(), "node", "--role", "decode", "--name", "decode-" + std::to_string(i),
-                                "--connect", "127.0.0.1:" + std::to_string(*port), "--kv-pages",
-                                std::to_string(e.num_kv_pages), "--page-tokens", std::to_string(e.page_size_tokens),
-                                "--executor-threads", std::to_string(e.num_threads), "--weights-seed",
-                                std::to_string(opt.cluster.weights_seed), "--poll-attempts",
-                                std::to_string(opt.poll_attempts), "--model", opt.model},
-                               &why);
+      std::vector<std::string> argv = {self_executable(), "node", "--role", "decode", "--name", "decode-" + std::to_string(i),
+                                       "--connect", "127.0.0.1:" + std::to_string(*port), "--kv-pages",
+                                       std::to_string(e.num_kv_pages), "--page-tokens", std::to_string(e.page_size_tokens),
+                                       "--executor-threads", std::to_string(e.num_threads), "--weights-seed",
+                                       std::to_string(opt.cluster.weights_seed), "--poll-attempts",
+                                       std::to_string(opt.poll_attempts), "--model", opt.model,
+                                       "--cluster-id", opt.sec.cluster_id};
+      if (opt.sec.tls())
+        argv.insert(argv.end(), {"--tls-cert", opt.sec.tls_cert, "--tls-key", opt.sec.tls_key, "--tls-ca", opt.sec.tls_ca});
+      auto pid = spawn_process(argv, &why);
       if (pid < 0) {
         std::fprintf(stderr, "baton local: %s\n", why.c_str());
         return 1;

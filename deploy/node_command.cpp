@@ -20,6 +20,7 @@
 #include "actors/node_agent.hpp"
 #include "deploy/commands.hpp"
 #include "deploy/flags.hpp"
+#include "deploy/net_security.hpp"
 #include "deploy/processes.hpp"
 #include "gpu/cpu_executor.hpp"
 #include "transport/ucx.hpp"
@@ -33,7 +34,9 @@ int run_node(const std::vector<std::string>& args) {
   uint64_t weights_seed = local_cluster_config{}.weights_seed;
   uint32_t scheduler_threads = 2, poll_attempts = 0, num_ranks = 1;
   node_agent_config agent_cfg;
+  net_security sec;
   flag_set flags;
+  add_security_flags(flags, &sec);
   flags.add("--role", &role, "what this node runs (decode)");
   flags.add("--name", &rank.name, "the node's name (its ranks are <name>, or <name>-0, <name>-1, ... with --ranks > 1)");
   flags.add("--connect", &connect, "host:port of the head's node directory");
@@ -58,6 +61,10 @@ int run_node(const std::vector<std::string>& args) {
     std::fprintf(stderr, "baton node: %s\n", why.empty() ? "--connect needs a non-zero port" : why.c_str());
     return 2;
   }
+  if (auto e = sec.validate(); !e.empty()) {
+    std::fprintf(stderr, "baton node: %s\n", e.c_str());
+    return 2;
+  }
   if (num_ranks == 0) {
     std::fprintf(stderr, "baton node: --ranks must be >= 1\n");
     return 2;
@@ -77,12 +84,12 @@ int run_node(const std::vector<std::string>& args) {
 
   install_stop_signals();
   caf::actor_system_config cfg;
-  configure_networked_system(cfg, scheduler_threads, poll_attempts);
+  configure_networked_system(cfg, scheduler_threads, poll_attempts, sec);
   caf::actor_system sys{cfg};
-  auto directory = sys.middleman().remote_actor<node_directory_actor>(host, port);
+  auto directory = connect_actor<node_directory_actor>(sys, sec, host, port);
   if (!directory) {
     std::fprintf(stderr, "baton node %s: cannot reach the head's node directory at %s: %s\n", rank.name.c_str(),
-                 connect.c_str(), sys.render(directory.error()).c_str());
+                 connect.c_str(), explain_connect_error(sys.render(directory.error()), sec.tls()).c_str());
     return 1;
   }
   auto weights = loaded.weights ? loaded.weights

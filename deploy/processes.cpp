@@ -1,5 +1,6 @@
 #include "deploy/processes.hpp"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -12,10 +13,8 @@
 #include <cstring>
 #include <thread>
 
-#include <caf/actor_system_config.hpp>
-#include <caf/io/middleman.hpp>
-
 #include "actors/messages.hpp"
+#include "deploy/net_security.hpp"
 
 extern char** environ;
 
@@ -26,15 +25,47 @@ std::atomic<bool> stop_flag{false};
 void on_signal(int) { stop_flag = true; }
 }  // namespace
 
-void configure_networked_system(caf::actor_system_config& cfg, uint32_t scheduler_threads, uint32_t poll_attempts) {
+std::string explain_connect_error(const std::string& rendered, bool tls) {
+  if (rendered.find("incompatible_application_ids") != std::string::npos)
+    return rendered + " (the peer belongs to another cluster: check --cluster-id)";
+  if (!tls && rendered.find("disconnect_during_handshake") != std::string::npos)
+    return rendered + " (the peer may require mutual TLS: give --tls-cert, --tls-key and --tls-ca of its cluster)";
+  if (tls && rendered.find("disconnect_during_handshake") != std::string::npos)
+    return rendered + " (the TLS handshake failed: is this certificate signed by the peer's cluster CA, and does the "
+                      "peer speak TLS?)";
+  return rendered;
+}
+
+std::string net_security::validate() const {
+  if (cluster_id.empty()) return "--cluster-id must not be empty";
+  const int given = !tls_cert.empty() + !tls_key.empty() + !tls_ca.empty();
+  if (given != 0 && given != 3) return "TLS needs all three of --tls-cert, --tls-key and --tls-ca";
+  for (const auto* f : {&tls_cert, &tls_key, &tls_ca})
+    if (!f->empty() && ::access(f->c_str(), R_OK) != 0) return "cannot read " + *f;
+  return {};
+}
+
+void apply_net_security(caf::actor_system_config& cfg, const net_security& sec) {
+  cfg.set("middleman.app-identifiers", std::vector<std::string>{"baton-cluster:" + sec.cluster_id});
+  if (!sec.tls()) return;
+  cfg.load<caf::openssl::manager>();
+  cfg.openssl_certificate = sec.tls_cert;
+  cfg.openssl_key = sec.tls_key;
+  cfg.openssl_cafile = sec.tls_ca;
+}
+
+void configure_networked_system(caf::actor_system_config& cfg, uint32_t scheduler_threads, uint32_t poll_attempts,
+                                const net_security& sec) {
   register_message_types(cfg);
   cfg.load<caf::io::middleman>();
+  apply_net_security(cfg, sec);
   cfg.set("scheduler.max-threads", scheduler_threads);
   cfg.set("work-stealing.moderate-poll-attempts", poll_attempts);
   cfg.set("logger.console-verbosity", caf::atom("quiet"));
 }
 
-pid_t spawn_process(const std::vector<std::string>& argv, std::string* why, const std::vector<std::string>& env) {
+pid_t spawn_process(const std::vector<std::string>& argv, std::string* why, const std::vector<std::string>& env,
+                    bool quiet) {
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
@@ -43,12 +74,31 @@ pid_t spawn_process(const std::vector<std::string>& argv, std::string* why, cons
   for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
   envp.push_back(nullptr);
   pid_t pid = -1;
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  if (quiet) {
+    posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+    posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
+  }
   // posix_spawnp: an ssh command is found on PATH; our own binary comes as an absolute path.
-  if (int rc = posix_spawnp(&pid, args[0], nullptr, nullptr, args.data(), envp.data()); rc != 0) {
+  const int rc = posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) {
     if (why) *why = "cannot start " + argv[0] + ": " + std::strerror(rc);
     return -1;
   }
   return pid;
+}
+
+int run_process(const std::vector<std::string>& argv, std::string* why) {
+  const pid_t pid = spawn_process(argv, why, {}, /*quiet*/ true);
+  if (pid < 0) return -1;
+  int status = 0;
+  if (waitpid(pid, &status, 0) != pid) {
+    if (why) *why = argv[0] + ": lost track of the process";
+    return -1;
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 bool process_alive(pid_t pid) {

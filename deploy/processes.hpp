@@ -15,14 +15,32 @@ class actor_system_config;
 
 namespace baton::deploy {
 
+/// Who may talk to whom between Baton's processes (deploy/net_security.hpp has the why).
+struct net_security {
+  std::string cluster_id = "baton";       ///< processes of different ids refuse each other
+  std::string tls_cert, tls_key, tls_ca;  ///< PEM files; all three, or none (plain TCP)
+  bool tls() const { return !tls_cert.empty(); }
+  /// Empty, or what is wrong (a missing file, only some of the three).
+  std::string validate() const;
+};
+
 /// The actor system of a process that talks to others: Baton's message types, the network
 /// layer (middleman), `scheduler_threads` workers, `poll_attempts` moderate polls (0 avoids the
 /// work-stealing scheduler's 50 us sleeps, platform-notes §1.4), a quiet console logger.
-void configure_networked_system(caf::actor_system_config& cfg, uint32_t scheduler_threads, uint32_t poll_attempts);
+/// A failed connection's rendered error, with a hint when it is the cluster id or TLS.
+std::string explain_connect_error(const std::string& rendered, bool tls);
+
+/// Also the cluster's id and TLS (deploy/net_security.hpp).
+void configure_networked_system(caf::actor_system_config& cfg, uint32_t scheduler_threads, uint32_t poll_attempts,
+                                const net_security& sec);
 
 /// Starts `argv[0]` with `argv` (no shell), this process's environment plus `env` ("K=V");
 /// returns the pid, or -1 with `*why` set.
-pid_t spawn_process(const std::vector<std::string>& argv, std::string* why, const std::vector<std::string>& env = {});
+pid_t spawn_process(const std::vector<std::string>& argv, std::string* why, const std::vector<std::string>& env = {},
+                    bool quiet = false);
+
+/// Runs `argv` to its end (no shell), its output discarded; its exit code, or -1 with `*why` set.
+int run_process(const std::vector<std::string>& argv, std::string* why);
 
 /// SIGTERM to each, wait up to `grace_ms`, then SIGKILL what is left; reaps all.
 void stop_processes(std::vector<pid_t>& pids, int grace_ms = 3000);

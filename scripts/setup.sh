@@ -6,7 +6,8 @@ set -euo pipefail
 
 packages=(
   build-essential cmake pkg-config git ca-certificates
-  libcaf-dev            # CAF 0.17.6: actors, io middleman
+  libcaf-dev            # CAF 0.17.6: actors, io middleman, OpenSSL module
+  libssl-dev openssl    # mutual TLS between nodes; `baton launch` makes the cluster CA with openssl
   libucx-dev ucx-utils  # UCX 1.13.1: KV transport between processes
   nlohmann-json3-dev    # configs, cluster specs, traces
   libpcre2-dev          # tokenizer pre-split patterns (Unicode classes \p{L}, \p{N})

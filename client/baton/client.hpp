@@ -81,12 +81,22 @@ class stream {
   virtual const error& error_info() const = 0;     ///< after a failure
 };
 
-/// A connection to one router. Thread-safe: several threads may submit.
+/// Who this client is to the cluster: its id, and for a cluster with mutual TLS the client's
+/// certificate and key and the cluster CA (`baton launch` makes them and prints where).
+struct connect_options {
+  std::string cluster_id = "baton";
+  std::string tls_cert, tls_key, tls_ca;  ///< PEM files; all three, or none
+};
+
+/// A connection to one router. Thread-safe: several threads may submit. Streams must not
+/// outlive their connection.
 class connection {
  public:
   virtual ~connection() = default;
   /// Connects to the router published at host:port; null and why on failure.
   static std::unique_ptr<connection> connect(const std::string& host, uint16_t port, std::string* why);
+  static std::unique_ptr<connection> connect(const std::string& host, uint16_t port, const connect_options& options,
+                                             std::string* why);
   virtual std::unique_ptr<stream> submit(const request& r) = 0;
   /// The served model's name and context length, asked from the router.
   virtual bool model_info(std::string* name, uint32_t* context_tokens, std::string* why) = 0;

@@ -64,7 +64,7 @@ wait_for "$WORK/single.log" "router listening" 60
 P_SINGLE=$(grep -o "router listening on 127.0.0.1:[0-9]*" "$WORK/single.log" | grep -o "[0-9]*$")
 PROMPTS=(--prompt "In the beginning" --prompt "And God said" --prompt "The LORD is my shepherd")
 "$BATON" generate --router "127.0.0.1:$P_SINGLE" "${PROMPTS[@]}" --max-tokens 16 > "$WORK/single.txt" || fail "generate (single)"
-"$BATON" generate --router "127.0.0.1:$P_ROUTER" "${PROMPTS[@]}" --max-tokens 16 > "$WORK/cluster.txt" || fail "generate (cluster)"
+"$BATON" generate --router "127.0.0.1:$P_ROUTER" --cluster-id e2e "${PROMPTS[@]}" --max-tokens 16 > "$WORK/cluster.txt" || fail "generate (cluster)"
 cmp -s "$WORK/single.txt" "$WORK/cluster.txt" || fail "the cluster's text differs from the single process's: $(diff "$WORK/single.txt" "$WORK/cluster.txt")"
 [ "$(wc -l < "$WORK/cluster.txt")" -ge 3 ] || fail "generate printed too little"
 echo "launch e2e: C++ client: 3 prompts, same text as the single-process cluster"
@@ -72,7 +72,7 @@ echo "launch e2e: C++ client: 3 prompts, same text as the single-process cluster
 # 2. curl: whole and streamed answers carry the same text as the C++ client's first prompt.
 URL="http://127.0.0.1:$P_HTTP"
 # (generate prints the text and one newline; the file keeps a text that itself ends in newlines)
-"$BATON" generate --router "127.0.0.1:$P_ROUTER" --prompt "In the beginning" --max-tokens 16 > "$WORK/expected.txt"
+"$BATON" generate --router "127.0.0.1:$P_ROUTER" --cluster-id e2e --prompt "In the beginning" --max-tokens 16 > "$WORK/expected.txt"
 EXPECTED="$WORK/expected.txt"
 curl -sf -H "Authorization: Bearer $KEY" "$URL/v1/completions" \
   -d '{"prompt":"In the beginning","max_tokens":16}' > "$WORK/whole.json" || fail "curl completion"
@@ -118,7 +118,7 @@ for i in 1 2 3 4; do
   [ "$(grep -c '^data: ' "$WORK/drain$i.txt")" -ge 150 ] || fail "stream $i is short"
 done
 wait_for "$WORK/launch.log" "node decode-a left (exit code 0)" 30
-"$BATON" generate --router "127.0.0.1:$P_ROUTER" --prompt "After the drain" --max-tokens 4 > /dev/null || fail "serving after the drain"
+"$BATON" generate --router "127.0.0.1:$P_ROUTER" --cluster-id e2e --prompt "After the drain" --max-tokens 4 > /dev/null || fail "serving after the drain"
 echo "launch e2e: drain: 4 streams finished while decode-a drained and left; the cluster still serves"
 
 # 5. Stop: every process ends.

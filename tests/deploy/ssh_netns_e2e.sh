@@ -112,7 +112,7 @@ grep -q "node decode-remote joined" "$WORK/launch.log" || fail "the remote decod
 code=$(ip netns exec "$NS1" curl -s -o "$WORK/answer.json" -w "%{http_code}" -H "Authorization: Bearer sk-netns-test-key" \
   "http://$A:8000/v1/completions" -d '{"prompt":"In the beginning","max_tokens":12}')
 [ "$code" = 200 ] || fail "the gateway answered $code: $(cat "$WORK/answer.json")"
-ip netns exec "$NS2" "$BATON" generate --router "$A:7100" --prompt "In the beginning" --max-tokens 12 > "$WORK/generate.txt" ||
+ip netns exec "$NS2" "$BATON" generate --router "$A:7100" --cluster-id netns --prompt "In the beginning" --max-tokens 12 > "$WORK/generate.txt" ||
   fail "generate from the other host"
 python3 - "$WORK/answer.json" "$WORK/generate.txt" <<'PY' || fail "the gateway's text differs from the C++ client's"
 import json, sys

@@ -1,0 +1,45 @@
+#pragma once
+
+// Who may talk to whom between Baton's processes (issue 10): every process carries its
+// cluster's id (CAF's middleman.app-identifiers: a process of another cluster is refused in the
+// handshake), and with a certificate, key and cluster CA every connection is mutual TLS through
+// CAF's OpenSSL module: a peer without a certificate signed by the cluster CA cannot connect
+// (`baton launch` makes the CA and the certificates when the spec asks for TLS). CAF 0.17's own
+// network layer puts no cap on a message's size: a peer that passes these checks is trusted.
+// Only deploy/ and client/ command files include this header (it pulls in CAF's network layer).
+
+#include <cstdint>
+#include <string>
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/expected.hpp>
+#include <caf/io/middleman.hpp>
+#include <caf/openssl/manager.hpp>
+#include <caf/openssl/publish.hpp>
+#include <caf/openssl/remote_actor.hpp>
+
+#include "deploy/processes.hpp"
+
+namespace baton::deploy {
+
+/// Puts the cluster id and, with TLS, the OpenSSL module and its files into `cfg`.
+void apply_net_security(caf::actor_system_config& cfg, const net_security& sec);
+
+/// Publishes `handle` (typed: its interface is published too) over TLS or plain TCP.
+template <class Handle>
+caf::expected<uint16_t> publish_actor(caf::actor_system& sys, const net_security& sec, const Handle& handle,
+                                      uint16_t port, const std::string& host) {
+  if (sec.tls()) return caf::openssl::publish(handle, port, host.c_str(), true);
+  return sys.middleman().publish(handle, port, host.c_str(), true);
+}
+
+/// Connects to the actor published at host:port over TLS or plain TCP.
+template <class Handle>
+caf::expected<Handle> connect_actor(caf::actor_system& sys, const net_security& sec, const std::string& host,
+                                    uint16_t port) {
+  if (sec.tls()) return caf::openssl::remote_actor<Handle>(sys, host, port);
+  return sys.middleman().remote_actor<Handle>(host, port);
+}
+
+}  // namespace baton::deploy
