@@ -124,6 +124,12 @@ decode_balancer_actor::behavior_type decode_balancer_impl(pointer self, decode_b
       [=](stats_atom) { return self->state.registry.loads; },
       [=](events_atom) { return self->state.log.snapshot(); },
       [=](store_atom) { return self->state.store; },
+      [=](forget_atom, decode_rank_actor& rank) {
+        auto& st = self->state;
+        for (size_t i = 0; i < st.registry.ranks.size(); ++i)
+          if (st.registry.ranks[i] == rank) st.log.add({0, st.registry.loads[i].name, "forgotten: its node is gone"});
+        st.registry.forget(caf::actor_cast<caf::actor_addr>(rank));
+      },
       [=](drain_atom, decode_rank_actor& rank) {
         auto& st = self->state;
         for (size_t i = 0; i < st.registry.ranks.size(); ++i)

@@ -102,7 +102,9 @@ void register_message_types(caf::actor_system_config& cfg) {
       .add_message_type<cluster_welcome>("baton::cluster_welcome")
       .add_message_type<node_status>("baton::node_status")
       .add_message_type<std::vector<node_status>>("std::vector<baton::node_status>")
-      .add_message_type<node_directory_actor>("baton::node_directory_actor");
+      .add_message_type<node_directory_actor>("baton::node_directory_actor")
+      .add_message_type<std::vector<decode_rank_actor>>("std::vector<baton::decode_rank_actor>")
+      .add_message_type<std::vector<std::string>>("std::vector<std::string>");
   // Every Baton process carries a cluster id in CAF's handshake; this is the default one
   // (deploy's --cluster-id replaces it: processes of different clusters refuse each other).
   cfg.set("middleman.app-identifiers", std::vector<std::string>{"baton-cluster:baton"});

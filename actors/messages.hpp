@@ -49,6 +49,8 @@ using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
 using join_atom = caf::atom_constant<caf::atom("join")>;
 using heartbeat_atom = caf::atom_constant<caf::atom("heartbeat")>;
 using drain_atom = caf::atom_constant<caf::atom("drain")>;
+using forget_atom = caf::atom_constant<caf::atom("forget")>;
+using rank_gone_atom = caf::atom_constant<caf::atom("rank_gone")>;
 
 // --- errors ---------------------------------------------------------------------------------
 /// Baton's error codes (category atom "baton"). The context string of every error names the
@@ -485,6 +487,8 @@ using request_actor = caf::typed_actor<                       //
     caf::replies_to<run_atom>::with<completion>,               // start; answers when finished
     caf::reacts_to<token_event>,                               // from the decode rank
     caf::reacts_to<cancel_atom>,                               // from the client: stop, release everything
+    // From the router: these ranks are gone (their node missed its heartbeats), and why.
+    caf::reacts_to<rank_gone_atom, std::vector<std::string>, std::string>,
     caf::reacts_to<watchdog_atom, uint64_t>>;                  // token deadline check
 
 /// A piece of a streamed completion, from the request actor to the client's sink, in order.
@@ -678,7 +682,8 @@ using decode_balancer_actor = caf::typed_actor<
     caf::replies_to<stats_atom>::with<std::vector<rank_load>>,
     caf::replies_to<events_atom>::with<std::vector<placement_record>>,
     caf::replies_to<store_atom>::with<store_info>,               // the store, for ranks joining later
-    caf::reacts_to<drain_atom, decode_rank_actor>>;              // no new placements on this rank
+    caf::reacts_to<drain_atom, decode_rank_actor>,               // no new placements on this rank
+    caf::reacts_to<forget_atom, decode_rank_actor>>;             // the rank's node is gone: drop it
 
 /// What the router knows of the cluster, for clients (the gateway's /v1/models and /metrics).
 struct cluster_stats {
@@ -703,7 +708,9 @@ using router_actor = caf::typed_actor<
     // The same, streamed: the sink receives stream_chunks; the answer is the whole completion.
     // Cancel by sending cancel_atom to stream_chunk::request; a sink that goes down cancels too.
     caf::replies_to<generate_atom, generate_request, client_sink_actor>::with<completion>,
-    caf::replies_to<stats_atom>::with<cluster_stats>>;
+    caf::replies_to<stats_atom>::with<cluster_stats>,
+    // From the node directory: these ranks are gone; every request on them is re-placed.
+    caf::reacts_to<rank_gone_atom, std::vector<std::string>, std::string>>;
 
 // --- nodes (deploy: `baton node`, `baton gateway`, `baton launch`) ---------------------------
 /// A node process introducing itself to the cluster's directory.
@@ -748,6 +755,8 @@ using node_directory_actor = caf::typed_actor<
     caf::replies_to<join_atom, node_hello>::with<cluster_welcome>,
     caf::reacts_to<heartbeat_atom, std::string>,   // node name
     caf::reacts_to<drain_atom, std::string>,       // node name: it is draining and will leave
+    // node name, its decode ranks and their names: what to drop if the node goes silent
+    caf::reacts_to<std::string, std::vector<decode_rank_actor>, std::vector<std::string>>,
     caf::replies_to<stats_atom>::with<std::vector<node_status>>,
     caf::reacts_to<timer_atom>>;                   // liveness sweep (internal)
 

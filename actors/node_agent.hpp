@@ -14,6 +14,7 @@ namespace baton {
 /// The actors a node process runs, as its agent started them.
 struct node_actors {
   std::vector<decode_rank_actor> decode;  ///< drained before the node leaves
+  std::vector<std::string> decode_names;  ///< their names (what requests know them by)
   std::vector<caf::actor> others;         ///< stopped when the node leaves
 };
 

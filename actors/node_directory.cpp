@@ -12,6 +12,8 @@ namespace {
 
 struct node_entry {
   node_hello hello;
+  std::vector<decode_rank_actor> decode;  ///< the node's decode ranks, once it has started them
+  std::vector<std::string> rank_names;
   caf::actor_addr agent;
   caf::actor_clock::time_point last_heartbeat;
   std::string state = "joined";
@@ -27,6 +29,18 @@ struct node_directory_state {
 
 using pointer = node_directory_actor::stateful_pointer<node_directory_state>;
 
+/// A node is gone (silent past the heartbeat timeout, or its agent went down): the decode
+/// balancer forgets its ranks and the router tells every request on them to re-place itself --
+/// without waiting for the network to notice a dead connection, which can take minutes.
+void mark_gone(pointer self, const std::string& name, node_entry& n, const std::string& why) {
+  if (n.state == "gone") return;
+  n.state = "gone";
+  auto& w = self->state.welcome;
+  for (const auto& r : n.decode) self->send(w.decode_balancer, forget_atom::value, r);
+  if (!n.rank_names.empty())
+    self->send(w.router, rank_gone_atom::value, n.rank_names, "node " + name + " " + why);
+}
+
 node_directory_actor::behavior_type node_directory_impl(pointer self, node_directory_config cfg,
                                                         cluster_welcome welcome) {
   self->state.cfg = cfg;
@@ -34,7 +48,7 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
   self->state.welcome.heartbeat_interval_ms = cfg.heartbeat_interval_ms;
   self->set_down_handler([=](caf::down_msg& dm) {
     for (auto& [name, n] : self->state.nodes)
-      if (n.agent == dm.source) n.state = "gone";
+      if (n.agent == dm.source) mark_gone(self, name, n, "went down (" + self->system().render(dm.reason) + ")");
   });
   // The liveness sweep runs only while nodes are registered: an idle directory schedules
   // nothing (sims run until no event is left).
@@ -53,9 +67,25 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
         return self->state.welcome;
       },
       [=](heartbeat_atom, const std::string& name) {
+        auto& st = self->state;
+        auto i = st.nodes.find(name);
+        if (i == st.nodes.end()) return;
+        i->second.last_heartbeat = self->clock().now();
+        // Back after a partition: its ranks rejoin the balancer by their next load report; the
+        // requests that left them got their leases released, so nothing runs twice for long.
+        if (i->second.state == "gone") {
+          i->second.state = "joined";
+          if (!st.sweeping) {
+            st.sweeping = true;
+            self->delayed_send(self, std::chrono::milliseconds{st.cfg.heartbeat_interval_ms}, timer_atom::value);
+          }
+        }
+      },
+      [=](const std::string& name, std::vector<decode_rank_actor>& ranks, std::vector<std::string>& names) {
         auto i = self->state.nodes.find(name);
         if (i == self->state.nodes.end()) return;
-        i->second.last_heartbeat = self->clock().now();
+        i->second.decode = std::move(ranks);
+        i->second.rank_names = std::move(names);
       },
       [=](drain_atom, const std::string& name) {
         if (auto i = self->state.nodes.find(name); i != self->state.nodes.end()) i->second.state = "draining";
@@ -74,7 +104,9 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
         const auto now = self->clock().now();
         bool watching = false;
         for (auto& [name, n] : st.nodes) {
-          if (n.state != "gone" && now - n.last_heartbeat > silence) n.state = "gone";
+          if (n.state != "gone" && now - n.last_heartbeat > silence)
+            mark_gone(self, name, n,
+                      "missed its heartbeats for " + std::to_string(silence.count()) + " ms");
           watching = watching || n.state != "gone";
         }
         st.sweeping = watching;  // every node gone: the sweep restarts at the next join

@@ -536,6 +536,17 @@ request_actor::behavior_type request_impl(request_pointer self, request_plan pla
         stream(self, false);
         arm_watchdog(self);
       },
+      [=](rank_gone_atom, const std::vector<std::string>& ranks, const std::string& why) {
+        auto& st = self->state;
+        if (st.answered) return;
+        auto gone = [&](const std::string& n) { return !n.empty() && std::find(ranks.begin(), ranks.end(), n) != ranks.end(); };
+        const bool prefilling = st.out.tokens.size() + static_cast<size_t>(st.max_new) ==
+                                static_cast<size_t>(st.plan.params.max_tokens);
+        if (gone(st.decode_name))
+          fail_or_retry(self, make_error(errc::rank_unavailable, where(st.plan.request_id, st.decode_name, "decode") + ": " + why));
+        else if (prefilling && gone(st.prefill_name))
+          fail_or_retry(self, make_error(errc::rank_unavailable, where(st.plan.request_id, st.prefill_name, "prefill") + ": " + why));
+      },
       [=](cancel_atom) {
         answer(self, make_error(errc::cancelled, where(self->state.plan.request_id, "", "stream") +
                                                      ": cancelled by the client"));

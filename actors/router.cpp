@@ -1,6 +1,7 @@
 #include "actors/router.hpp"
 
 #include <cmath>
+#include <unordered_map>
 
 #include <caf/actor_system.hpp>
 #include <caf/stateful_actor.hpp>
@@ -73,6 +74,7 @@ struct router_state {
   uint64_t num_rejected = 0;
   uint64_t num_overloaded = 0;  ///< of the rejected: refused by admission control
   uint64_t num_active = 0;  ///< request actors alive (monitored: their down message counts them out)
+  std::unordered_map<caf::actor_addr, request_actor> live;  ///< the same, to tell them of lost ranks
   static inline const char* name = "baton.router";
 };
 
@@ -125,7 +127,10 @@ router_actor::behavior_type router_impl(router_pointer self, router_config cfg, 
   st.model = std::move(model);
   st.prefill = std::move(prefill);
   st.decode = std::move(decode);
-  self->set_down_handler([=](caf::down_msg&) { --self->state.num_active; });
+  self->set_down_handler([=](caf::down_msg& dm) {
+    --self->state.num_active;
+    self->state.live.erase(dm.source);
+  });
   auto admit = [=](generate_request& req, client_sink_actor sink) -> caf::result<completion> {
     auto& s = self->state;
     const uint64_t id = ++s.last_request;
@@ -147,12 +152,16 @@ router_actor::behavior_type router_impl(router_pointer self, router_config cfg, 
                                                         s.cfg.extra_eos_token_ids, std::move(sink)});
     self->monitor(r);
     ++s.num_active;
+    s.live.emplace(caf::actor_cast<caf::actor_addr>(r), r);
     return self->delegate(r, run_atom::value);
   };
   return {
       [=](generate_atom, generate_request& req) { return admit(req, {}); },
       [=](generate_atom, generate_request& req, client_sink_actor& sink) { return admit(req, std::move(sink)); },
       [=](stats_atom) -> caf::result<cluster_stats> { return collect_stats(self); },
+      [=](rank_gone_atom, const std::vector<std::string>& ranks, const std::string& why) {
+        for (const auto& [addr, r] : self->state.live) self->send(r, rank_gone_atom::value, ranks, why);
+      },
   };
 }
 

@@ -107,6 +107,7 @@ int run_node(const std::vector<std::string>& args) {
       if (!xport) return "rank " + rc.name + ": UCX: " + why;
       out->decode.push_back(spawn_decode_rank(sys, rc, gpu::make_cpu_executor(model, weights, exec_cfg),
                                               std::move(xport), w.decode_balancer, store));
+      out->decode_names.push_back(rc.name);
     }
     return {};
   };
