@@ -200,6 +200,8 @@ int run_local(const std::vector<std::string>& args) {
   flags.add("--scheduler-threads", &opt.scheduler_threads, "CAF scheduler threads (0 = hardware threads)");
   flags.add("--poll-attempts", &opt.poll_attempts, "CAF work-stealing moderate-poll-attempts");
   flags.add("--timeout-ms", &opt.timeout_ms, "give up on a request after this long");
+  flags.add("--token-timeout-ms", &opt.cluster.router.request.token_timeout_ms,
+            "a decode rank silent this long after a token loses the request to another rank");
   flags.add("--quiet", &opt.quiet, "print only the summary");
   flags.add("--transport", &opt.cluster.transport, "KV handoff: loopback (in-process) or ucx");
   flags.add("--decode-processes", &opt.decode_processes,

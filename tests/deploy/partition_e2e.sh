@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# A node cut off by its network link (issue 10): two stand-in hosts in network namespaces this
+# test creates, joined by a veth pair. Host A runs the head (router, prefill ranks, gateway) and
+# decode node "near"; host B runs decode node "far". While 8 clients stream, B's link goes down:
+# the head's node directory declares "far" gone when its heartbeats stop (2 s), the balancer
+# forgets its ranks and every request on them is re-placed onto "near" -- the token deadline is
+# set to 10 minutes, so only the heartbeat path can do it within this test's bounded wait. Every
+# client gets exactly the undisturbed text. Then the link comes back: "far" heartbeats again,
+# rejoins, and serves. Skips where namespaces cannot be made; always removes what it made.
+# Usage: partition_e2e.sh BATON_BINARY SOURCE_DIR
+set -uo pipefail
+BATON=$1 SRC=$2
+skip() { echo "partition e2e: SKIPPED: $*"; exit 0; }
+[ "$(id -u)" = 0 ] || skip "creating network namespaces needs root"
+for c in ip curl python3; do command -v "$c" > /dev/null || skip "no $c"; done
+ID=$(( ($$ + 97) % 200 + 20 ))
+NS1="baton-pa-$$" NS2="baton-pb-$$" V1="bpa$$" V2="bpb$$"
+A="10.78.$ID.1" B="10.78.$ID.2"
+WORK=$(mktemp -d /tmp/baton-partition-XXXXXX)
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill -INT "$p" 2>/dev/null; done
+  for _ in $(seq 100); do
+    alive=0; for p in "${PIDS[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+    [ $alive = 0 ] && break; sleep 0.1
+  done
+  for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
+  wait 2>/dev/null
+  ip netns del "$NS1" 2>/dev/null; ip netns del "$NS2" 2>/dev/null
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+fail() { echo "partition e2e: FAILED: $*" >&2; for f in "$WORK"/*.log; do echo "--- $f" >&2; tail -8 "$f" >&2; done; exit 1; }
+ip netns add "$NS1" 2> /dev/null || skip "cannot create network namespaces here"
+ip netns add "$NS2" && ip link add "$V1" type veth peer name "$V2" && ip link set "$V1" netns "$NS1" &&
+  ip link set "$V2" netns "$NS2" && ip -n "$NS1" addr add "$A/24" dev "$V1" && ip -n "$NS2" addr add "$B/24" dev "$V2" &&
+  ip -n "$NS1" link set lo up && ip -n "$NS2" link set lo up && ip -n "$NS1" link set "$V1" up &&
+  ip -n "$NS2" link set "$V2" up || fail "network setup"
+MODEL="$SRC/models/baton-kjv-tiny"
+in_a() { ip netns exec "$NS1" env UCX_TLS=tcp UCX_NET_DEVICES="$V1" "$@"; }
+in_b() { ip netns exec "$NS2" env UCX_TLS=tcp UCX_NET_DEVICES="$V2" "$@"; }
+in_a "$BATON" local --serve --model "$MODEL" --decode-ranks 0 --router-listen "$A:7100" --cluster-listen "$A:7101" \
+  --http-listen "$A:8000" --token-timeout-ms 600000 --cluster-id cut > "$WORK/head.log" 2>&1 &
+PIDS+=($!)
+for _ in $(seq 600); do grep -q "serving" "$WORK/head.log" && break; sleep 0.1; done
+grep -q "serving" "$WORK/head.log" || fail "the head did not start"
+in_a "$BATON" node --role decode --name near --connect "$A:7101" --model "$MODEL" --cluster-id cut > "$WORK/near.log" 2>&1 &
+PIDS+=($!)
+in_b "$BATON" node --role decode --name far --connect "$A:7101" --model "$MODEL" --cluster-id cut > "$WORK/far.log" 2>&1 &
+PIDS+=($!)
+URL="http://$A:8000"
+ranks() { ip netns exec "$NS1" curl -s "$URL/metrics" | grep "^baton_rank_kv_pages{role=\"decode\"" | grep -o 'rank="[a-z]*"' | sort | tr '\n' ' '; }
+for _ in $(seq 300); do [ "$(ranks)" = 'rank="far" rank="near" ' ] && break; sleep 0.1; done
+[ "$(ranks)" = 'rank="far" rank="near" ' ] || fail "both decode nodes should serve, the balancer has: $(ranks)"
+
+N=8 TOKENS=150
+body() { echo "{\"prompt\":\"Psalm $1\",\"max_tokens\":$TOKENS,\"ignore_eos\":true,\"stream\":true}"; }
+for i in $(seq $N); do ip netns exec "$NS1" curl -sN "$URL/v1/completions" -d "$(body "$i")" > "$WORK/calm$i.txt"; done
+CLIENTS=()
+for i in $(seq $N); do
+  ip netns exec "$NS1" curl -sN -m 120 "$URL/v1/completions" -d "$(body "$i")" > "$WORK/cut$i.txt" &
+  CLIENTS+=($!)
+done
+for _ in $(seq 200); do
+  n=0; for i in $(seq $N); do grep -q "data: " "$WORK/cut$i.txt" 2>/dev/null && n=$((n + 1)); done
+  [ $n = $N ] && break; sleep 0.05
+done
+ip -n "$NS2" link set "$V2" down  # host B is cut off; its processes live on
+wait "${CLIENTS[@]}"
+python3 - "$WORK" "$N" <<'PY' || fail "a client did not get the undisturbed text"
+import json, sys
+work, n = sys.argv[1], int(sys.argv[2])
+def text(path):
+    events = [l[6:] for l in open(path).read().split("\n") if l.startswith("data: ")]
+    assert events and events[-1] == "[DONE]", f"{path} did not finish"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert not any("error" in c for c in chunks), f"{path}: an error"
+    return "".join(c["choices"][0]["text"] for c in chunks)
+for i in range(1, n + 1):
+    assert text(f"{work}/calm{i}.txt") == text(f"{work}/cut{i}.txt"), f"request {i} differs"
+PY
+moved=$(ip netns exec "$NS1" curl -s "$URL/metrics" | grep "^baton_failovers_total" | awk '{print $2}')
+[ "${moved:-0}" -ge 1 ] || fail "no request was re-placed (failovers: ${moved:-none})"
+[ "$(ranks)" = 'rank="near" ' ] || fail "the balancer should have forgotten far, it has: $(ranks)"
+echo "partition e2e: far cut off: declared gone by missed heartbeats, $moved request(s) re-placed onto near, $N clients got the undisturbed text"
+
+ip -n "$NS2" link set "$V2" up
+ip netns exec "$NS1" curl -s "$URL/v1/completions" -d '{"prompt":"After","max_tokens":4}' > /dev/null
+for _ in $(seq 300); do [ "$(ranks)" = 'rank="far" rank="near" ' ] && break; sleep 0.1; done
+[ "$(ranks)" = 'rank="far" rank="near" ' ] || fail "far did not rejoin after the link came back: $(ranks)"
+kill -0 "${PIDS[2]}" 2>/dev/null || fail "far's process ended"
+echo "partition e2e: the link came back: far heartbeats again and rejoined the balancer"
+echo "partition e2e: all checks passed"
