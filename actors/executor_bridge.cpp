@@ -52,7 +52,18 @@ void rank_core::start(caf::local_actor* self, std::shared_ptr<gpu::executor> exe
     setup_error = "cannot register the KV pool with the transport: " + err.what;
     return;
   }
-  self->attach_functor([xp = xport, region = pool_key->region_id] { xp->deregister_region(region); });
+  // Shutdown order. CAF destroys the actor's state before it runs attached functors, so this
+  // functor holds the executor and the transport: the executor stops first (no callback can
+  // post a put any more), then the pool leaves the transport and the transport goes with its
+  // progress thread (no peer's put can land in the pool any more), and only then is the pool's
+  // memory freed with the executor. Freed in the other order, a put arriving from a peer wrote
+  // into freed memory (seen as a SIGSEGV in ucp_put_handler when a decode node lost its head).
+  self->attach_functor([xp = xport, ex = exec, region = pool_key->region_id]() mutable {
+    ex->stop();
+    xp->deregister_region(region);
+    xp.reset();
+    ex.reset();
+  });
 }
 
 }  // namespace baton

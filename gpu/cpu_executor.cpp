@@ -56,13 +56,15 @@ public:
     thread_ = std::thread([this] { run_queue(); });
   }
 
-  ~cpu_executor() override {
+  ~cpu_executor() override { stop(); }
+
+  void stop() override {
     {
       std::lock_guard<std::mutex> lock{mutex_};
       stop_ = true;
     }
     wake_.notify_all();
-    thread_.join();
+    if (thread_.joinable()) thread_.join();
   }
 
   const model_config& config() const override { return cfg_; }

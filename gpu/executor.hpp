@@ -122,6 +122,10 @@ public:
   virtual void submit(forward_job job, std::shared_ptr<executor_sink> sink) = 0;
   /// Gives a modelled executor its timeline; real executors ignore it.
   virtual void bind_runner(deferred_runner*) {}
+  /// Ends the executor's threads (idempotent): no job runs and no callback fires afterwards,
+  /// while the KV pool stays valid until the executor is destroyed. Owners call it before they
+  /// take the pool away from a transport (actors/executor_bridge.cpp).
+  virtual void stop() {}
 };
 
 /// How the CPU executor is built.
