@@ -1,0 +1,136 @@
+// Trace readers against the public traces in ../shared/traces (their README gives the figures
+// checked here; the Mooncake file is also committed under tests/data/traces/), malformed lines,
+// windows and rate scaling, and synthetic arrivals.
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <sstream>
+
+#include "sims/trace.hpp"
+
+using namespace baton::sims;
+
+namespace {
+const std::string shared = BATON_SOURCE_DIR "/../shared/traces/";
+bool have(const std::string& f) { return std::filesystem::exists(shared + f); }
+}  // namespace
+
+TEST_CASE("the Mooncake conversation trace: 12,031 requests over 59 minutes, one hash id per 512-token block") {
+  trace t;
+  std::string why;
+  REQUIRE_MESSAGE(load_trace(BATON_SOURCE_DIR "/tests/data/traces/mooncake_conversation_trace.jsonl", {}, &t, &why), why);
+  REQUIRE(t.requests.size() == 12031);
+  CHECK(t.skipped == 0);
+  CHECK(std::lround(t.span_s()) == 3537);
+  double input = 0;
+  for (const auto& r : t.requests) {
+    input += r.input_tokens;
+    CHECK(r.hash_ids.size() == (r.input_tokens + 511) / 512);
+  }
+  CHECK(std::lround(input / 12031) == 12035);
+  CHECK(t.requests.front().hash_ids.front() == 0);  // the shared leading block (README)
+}
+
+TEST_CASE("the Azure 2023 traces and the measured vLLM runs read as their README says") {
+  if (!have("azure2023_code.csv") || !have("vllm_measured/rtx4090_llama-3.1-8b_requests.jsonl")) {
+    MESSAGE("../shared/traces is not here: skipped");
+    return;
+  }
+  trace code, conv, vllm;
+  std::string why;
+  REQUIRE_MESSAGE(load_trace(shared + "azure2023_code.csv", {}, &code, &why), why);
+  REQUIRE_MESSAGE(load_trace(shared + "azure2023_conv.csv", {}, &conv, &why), why);
+  CHECK(code.requests.size() == 8819);
+  CHECK(conv.requests.size() == 19366);
+  CHECK(std::lround(code.span_s()) == 3436);
+  CHECK(std::lround(conv.span_s()) == 3502);
+  REQUIRE_MESSAGE(load_trace(shared + "vllm_measured/rtx4090_llama-3.1-8b_requests.jsonl", {}, &vllm, &why), why);
+  REQUIRE(vllm.requests.size() == 300);
+  double ttft = 0;
+  for (const auto& r : vllm.requests) ttft += r.measured_ttft_s;
+  CHECK(std::lround(ttft / 300 * 1000) == 65457);  // README: TTFT mean 65,457 ms
+  CHECK(vllm.requests.front().id == "bench-0");
+}
+
+TEST_CASE("a malformed trace line is an error naming file and line, or skipped and counted") {
+  const std::string text =
+      "{\"timestamp\": 0, \"input_length\": 600, \"output_length\": 5, \"hash_ids\": [0, 1]}\n"
+      "{\"timestamp\": 1000, \"input_length\": -4, \"output_length\": 5, \"hash_ids\": []}\n"
+      "not json at all\n"
+      "{\"timestamp\": 3000, \"input_length\": 10, \"output_length\": 2, \"hash_ids\": [0]}\n";
+  trace t;
+  std::string why;
+  std::istringstream a{text};
+  CHECK_FALSE(read_trace(a, trace_format::mooncake_jsonl, "t.jsonl", {}, &t, &why));
+  CHECK(why == "t.jsonl:2: input_length must be a non-negative integer");
+  trace_options skip;
+  skip.skip_malformed = true;
+  std::istringstream b{text};
+  REQUIRE(read_trace(b, trace_format::mooncake_jsonl, "t.jsonl", skip, &t, &why));
+  CHECK(t.requests.size() == 2);
+  CHECK(t.skipped == 2);
+  CHECK(t.first_skipped == "t.jsonl:2: input_length must be a non-negative integer");
+  std::istringstream c{"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,4808,10\n2023-13-16 18:17:04,1,1\n"};
+  CHECK_FALSE(read_trace(c, trace_format::azure_csv, "a.csv", {}, &t, &why));
+  CHECK(why.rfind("a.csv:3: bad timestamp", 0) == 0);
+  CHECK_FALSE(load_trace("/nonexistent/x.jsonl", {}, &t, &why));
+  CHECK(why == "/nonexistent/x.jsonl: cannot read it");
+  CHECK_FALSE(load_trace("trace.parquet", {}, &t, &why));
+}
+
+TEST_CASE("a time window and a rate scale cut and compress the trace") {
+  std::string text;
+  for (int i = 0; i < 10; ++i)
+    text += "{\"timestamp\": " + std::to_string(i * 1000) + ", \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [0]}\n";
+  trace t;
+  std::string why;
+  trace_options o;
+  o.window_start_s = 2;
+  o.window_s = 5;
+  o.rate_scale = 2;
+  std::istringstream in{text};
+  REQUIRE(read_trace(in, trace_format::mooncake_jsonl, "w", o, &t, &why));
+  REQUIRE(t.requests.size() == 5);  // seconds 2..6 of the original
+  CHECK(t.requests.front().arrival_us == 0);
+  CHECK(t.requests.back().arrival_us == 2000000);  // 4 s later in the original, at twice the rate
+  o.rate_scale = 0;
+  std::istringstream again{text};
+  CHECK_FALSE(read_trace(again, trace_format::mooncake_jsonl, "w", o, &t, &why));
+}
+
+TEST_CASE("synthetic arrivals: the asked rate, bursty with a larger cv, the same for a seed, different for another") {
+  synthetic_spec s;
+  s.rate_per_s = 20;
+  s.duration_s = 500;
+  s.input = {length_dist::lognormal, 1000, 1.0, 1, 32768};
+  s.output = {length_dist::uniform, 0, 0, 10, 20};
+  REQUIRE(s.validate().empty());
+  const auto a = synthetic_trace(s), b = synthetic_trace(s);
+  REQUIRE(a.requests.size() == b.requests.size());
+  for (size_t i = 0; i < a.requests.size(); ++i) CHECK(a.requests[i].arrival_us == b.requests[i].arrival_us);
+  CHECK(std::abs(static_cast<double>(a.requests.size()) / 500 - 20) < 1.0);  // 10,000 arrivals: within 5 %
+  double input = 0;
+  for (const auto& r : a.requests) {
+    input += r.input_tokens;
+    CHECK(r.output_tokens >= 10);
+    CHECK(r.output_tokens <= 20);
+  }
+  CHECK(std::abs(input / static_cast<double>(a.requests.size()) - 1000) < 60);
+  s.seed = 2;
+  CHECK(synthetic_trace(s).requests[5].arrival_us != a.requests[5].arrival_us);
+  // Burstiness: the variance of arrivals per second grows with the inter-arrival cv.
+  auto per_second_cv = [](const trace& t) {
+    std::vector<double> n(501, 0);
+    for (const auto& r : t.requests) n[static_cast<size_t>(r.arrival_us / 1000000)] += 1;
+    double m = 0, v = 0;
+    for (double x : n) m += x;
+    m /= static_cast<double>(n.size());
+    for (double x : n) v += (x - m) * (x - m);
+    return std::sqrt(v / static_cast<double>(n.size())) / m;
+  };
+  s.seed = 1;
+  s.arrival_cv = 4;
+  CHECK(per_second_cv(synthetic_trace(s)) > 2 * per_second_cv(a));
+}
