@@ -10,20 +10,11 @@ BATON=$1
 SRC=$2
 WORK=$(mktemp -d /tmp/baton-failover-e2e-XXXXXX)
 LAUNCHER=""
-cleanup() {
-  [ -n "$LAUNCHER" ] && kill -INT "$LAUNCHER" 2>/dev/null && for _ in $(seq 300); do kill -0 "$LAUNCHER" 2>/dev/null || break; sleep 0.1; done
-  [ -n "$LAUNCHER" ] && kill -9 "$LAUNCHER" 2>/dev/null
-  pkill -9 -f "$WORK" 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+source "$(dirname "$0")/e2e_lib.sh"
+trap stop_launcher EXIT
 fail() { echo "failover e2e: FAILED: $*" >&2; echo "--- launcher:" >&2; cat "$WORK/launch.log" >&2; exit 1; }
 
-read -r P_ROUTER P_CLUSTER P_HTTP < <(python3 -c '
-import socket
-socks = [socket.socket() for _ in range(3)]
-for s in socks: s.bind(("127.0.0.1", 0))
-print(*[s.getsockname()[1] for s in socks])')
+read -r P_ROUTER P_CLUSTER P_HTTP < <(free_ports 3)
 cat > "$WORK/spec.json" <<SPEC
 {
   "name": "failover",

@@ -30,11 +30,8 @@ wait_for() {  # wait_for FILE PATTERN SECONDS
   fail "no '$2' in $1 within $3 s"
 }
 
-read -r P_ROUTER P_CLUSTER P_HTTP < <(python3 -c '
-import socket
-socks = [socket.socket() for _ in range(3)]
-for s in socks: s.bind(("127.0.0.1", 0))
-print(*[s.getsockname()[1] for s in socks])')
+source "$(dirname "$0")/e2e_lib.sh"
+read -r P_ROUTER P_CLUSTER P_HTTP < <(free_ports 3)
 KEY="sk-e2e-$RANDOM$RANDOM$RANDOM"
 MODEL_DIR="$SRC/models/baton-kjv-tiny"
 cat > "$WORK/spec.json" <<SPEC

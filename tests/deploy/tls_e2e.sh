@@ -11,20 +11,11 @@ BATON=$1
 SRC=$2
 WORK=$(mktemp -d /tmp/baton-tls-e2e-XXXXXX)
 LAUNCHER=""
-cleanup() {
-  [ -n "$LAUNCHER" ] && kill -INT "$LAUNCHER" 2>/dev/null && for _ in $(seq 300); do kill -0 "$LAUNCHER" 2>/dev/null || break; sleep 0.1; done
-  [ -n "$LAUNCHER" ] && kill -9 "$LAUNCHER" 2>/dev/null
-  pkill -9 -f "$WORK" 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+source "$(dirname "$0")/e2e_lib.sh"
+trap stop_launcher EXIT
 fail() { echo "tls e2e: FAILED: $*" >&2; cat "$WORK/launch.log" >&2; exit 1; }
 command -v openssl > /dev/null || { echo "tls e2e: SKIPPED: no openssl command (scripts/setup.sh installs it)"; exit 0; }
-read -r P_ROUTER P_CLUSTER P_HTTP < <(python3 -c '
-import socket
-socks = [socket.socket() for _ in range(3)]
-for s in socks: s.bind(("127.0.0.1", 0))
-print(*[s.getsockname()[1] for s in socks])')
+read -r P_ROUTER P_CLUSTER P_HTTP < <(free_ports 3)
 cat > "$WORK/spec.json" <<SPEC
 {
   "name": "secure",
