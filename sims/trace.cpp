@@ -197,7 +197,16 @@ bool read_trace(std::istream& in, trace_format format, const std::string& source
     const double since = p.arrival_s - t0;
     if (since < 0 || (opt.window_s > 0 && since >= opt.window_s)) continue;
     if (opt.max_requests && out->requests.size() >= opt.max_requests) break;
-    p.r.arrival_us = static_cast<int64_t>(std::llround(since / opt.rate_scale * 1e6));
+    // Microseconds in an int64 reach 292,000 years; a trace claiming more is malformed (found by
+    // fuzzing: an absurd arrival time overflowed the conversion and broke the arrival order).
+    const double us = since / opt.rate_scale * 1e6;
+    if (!(us < 9.0e18)) {
+      *why = source + ": request " + p.r.id + " arrives " + std::to_string(since) +
+             " s after the first one: more than the 292,000 years a trace may span";
+      out->requests.clear();
+      return false;
+    }
+    p.r.arrival_us = static_cast<int64_t>(std::llround(us));
     out->requests.push_back(std::move(p.r));
   }
   return true;

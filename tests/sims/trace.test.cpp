@@ -80,6 +80,20 @@ TEST_CASE("a malformed trace line is an error naming file and line, or skipped a
   CHECK_FALSE(load_trace("trace.parquet", {}, &t, &why));
 }
 
+TEST_CASE("regression (fuzz): an absurd arrival time is refused, not overflowed out of arrival order") {
+  const std::string text =
+      "{\"request_id\": \"a\", \"input_toks\": 1, \"output_toks\": 1, \"arrival_time\": 17872679828070.4, "
+      "\"queued_ts\": 1, \"first_token_ts\": 2, \"last_token_ts\": 3}\n"
+      "{\"request_id\": \"b\", \"input_toks\": 1, \"output_toks\": 1, \"arrival_time\": -3.5e12, "
+      "\"queued_ts\": 1, \"first_token_ts\": 2, \"last_token_ts\": 3}\n";
+  trace t;
+  std::string why;
+  std::istringstream in{text};
+  CHECK_FALSE(read_trace(in, trace_format::vllm_jsonl, "v.jsonl", {}, &t, &why));
+  CHECK(why.find("v.jsonl: request a arrives") == 0);
+  CHECK(t.requests.empty());
+}
+
 TEST_CASE("a time window and a rate scale cut and compress the trace") {
   std::string text;
   for (int i = 0; i < 10; ++i)
