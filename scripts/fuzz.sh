@@ -24,7 +24,9 @@ mkdir -p build-fuzz/crashes
 failed=0
 for t in "${TARGETS[@]}"; do
   work=$(mktemp -d /tmp/baton-fuzz-$t-XXXXXX)
-  if build-fuzz/fuzz/fuzz_$t -max_total_time="$SECONDS_EACH" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
+  # A fixed seed (BATON_FUZZ_SEED, default 1) so that a CI run explores the same way each time;
+  # pass another to explore further by hand.
+  if build-fuzz/fuzz/fuzz_$t -seed="${BATON_FUZZ_SEED:-1}" -max_total_time="$SECONDS_EACH" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
        -artifact_prefix=build-fuzz/crashes/$t- -print_final_stats=1 "$work" "fuzz/corpus/$t" > "build-fuzz/$t.log" 2>&1; then
     echo "fuzz: $t: clean for ${SECONDS_EACH} s ($(grep -o 'stat::number_of_executed_units: [0-9]*' "build-fuzz/$t.log" | grep -o '[0-9]*$') runs)"
   else
