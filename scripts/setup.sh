@@ -36,7 +36,11 @@ npm_packages() {
   dir="$(cd "$(dirname "$0")/.." && pwd)/tests/node"
   if [ ! -f "$dir/node_modules/openai/package.json" ]; then
     echo "setup: npm ci in tests/node (the OpenAI SDK test)"
-    npm ci --prefix "$dir" --no-audit --no-fund --loglevel=error
+    # Test-only: without the registry (offline, or a proxy whose certificate npm does not trust)
+    # Baton still builds and runs; the end-to-end test then skips the SDK checks and says so.
+    if ! npm ci --prefix "$dir" --no-audit --no-fund --loglevel=error; then
+      echo "setup: WARNING: npm ci failed; the OpenAI SDK checks in tests/deploy/launch_e2e.sh will be skipped" >&2
+    fi
   fi
 }
 
