@@ -126,15 +126,17 @@ decode_balancer_actor::behavior_type decode_balancer_impl(pointer self, decode_b
       [=](store_atom) { return self->state.store; },
       [=](forget_atom, decode_rank_actor& rank) {
         auto& st = self->state;
-        for (size_t i = 0; i < st.registry.ranks.size(); ++i)
-          if (st.registry.ranks[i] == rank) st.log.add({0, st.registry.loads[i].name, "forgotten: its node is gone"});
-        st.registry.forget(caf::actor_cast<caf::actor_addr>(rank));
+        if (auto i = st.registry.index_of(rank)) {
+          st.log.add({0, st.registry.loads[*i].name, "forgotten: its node is gone"});
+          st.registry.forget(caf::actor_cast<caf::actor_addr>(rank));
+        }
       },
       [=](drain_atom, decode_rank_actor& rank) {
         auto& st = self->state;
-        for (size_t i = 0; i < st.registry.ranks.size(); ++i)
-          if (st.registry.ranks[i] == rank) st.log.add({0, st.registry.loads[i].name, "draining: no new placements"});
-        st.registry.drain(rank);
+        if (auto i = st.registry.index_of(rank)) {
+          st.log.add({0, st.registry.loads[*i].name, "draining: no new placements"});
+          st.registry.draining[*i] = true;
+        }
       },
   };
 }

@@ -88,9 +88,7 @@ node_agent_actor::behavior_type node_agent_impl(pointer self, node_directory_act
               return;
             }
             st.serving = true;
-            std::vector<std::string> names;
-            for (const auto& r : st.actors.decode_names) names.push_back(r);
-            self->send(st.directory, st.cfg.hello.name, st.actors.decode, names);
+            self->send(st.directory, st.cfg.hello.name, st.actors.decode, st.actors.decode_names);
             self->send(self, heartbeat_atom::value);
           },
           [=](caf::error& e) {

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <deque>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,10 +44,10 @@ struct rank_registry {
         return;
       }
   }
-  bool drain(const Handle& rank) {
+  std::optional<size_t> index_of(const Handle& rank) const {
     for (size_t i = 0; i < ranks.size(); ++i)
-      if (ranks[i] == rank) return draining[i] = true;
-    return false;
+      if (ranks[i] == rank) return i;
+    return std::nullopt;
   }
 };
 

@@ -45,7 +45,6 @@ struct request_state {
   std::vector<int32_t> prompt;    ///< this attempt's prompt
   int32_t max_new = 0;            ///< tokens this attempt still generates
   uint32_t attempt = 0;           ///< failovers so far
-  std::string last_failure;       ///< why the last attempt failed
   size_t emitted_text = 0;        ///< streaming: bytes of `text` already sent to the sink
   size_t emitted_tokens = 0;      ///< ... and tokens
   bool answered = false;
@@ -198,9 +197,8 @@ void fail_or_retry(request_pointer self, caf::error err) {
   st.lease_id = 0;
   ++st.attempt;
   ++st.watch_seq;  // the old attempt's watchdog is void
-  st.last_failure = self->system().render(err);
   st.out.failovers += 1;
-  st.out.failover_why = st.last_failure;
+  st.out.failover_why = self->system().render(err);
   st.prompt = st.plan.prompt_tokens;
   st.prompt.insert(st.prompt.end(), st.out.tokens.begin(), st.out.tokens.end());
   st.max_new = st.plan.params.max_tokens - done;
@@ -222,6 +220,20 @@ void fail_or_retry(request_pointer self, caf::error err) {
 
 /// True when an answer belongs to an earlier attempt (or the request is over): drop it.
 bool stale(request_pointer self, uint32_t attempt) { return self->state.answered || attempt != self->state.attempt; }
+
+/// Ranks were lost (down, or their node declared gone): the request moves if it still depends on
+/// one of them -- the decode rank always, the prefill rank until this attempt's first token.
+void on_ranks_lost(request_pointer self, bool decode_lost, bool prefill_lost, const std::string& why) {
+  auto& st = self->state;
+  if (st.answered) return;
+  const bool prefilling = st.out.tokens.size() + static_cast<size_t>(st.max_new) ==
+                          static_cast<size_t>(st.plan.params.max_tokens);
+  const auto id = st.plan.request_id;
+  if (decode_lost)
+    fail_or_retry(self, make_error(errc::rank_unavailable, where(id, st.decode_name, "decode") + ": " + why));
+  else if (prefill_lost && prefilling)
+    fail_or_retry(self, make_error(errc::rank_unavailable, where(id, st.prefill_name, "prefill") + ": " + why));
+}
 
 void start_decode(request_pointer self) {
   auto& st = self->state;
@@ -499,20 +511,12 @@ request_actor::behavior_type request_impl(request_pointer self, request_plan pla
         if (st.plan.sink) self->monitor(st.plan.sink);
         self->set_down_handler([=](caf::down_msg& dm) {
           auto& st = self->state;
-          const auto id = st.plan.request_id;
           if (st.plan.sink && dm.source == caf::actor_cast<caf::actor_addr>(st.plan.sink))
-            return answer(self, make_error(errc::cancelled, where(id, "", "stream") + ": the client went away"));
-          if (st.decode && dm.source == caf::actor_cast<caf::actor_addr>(st.decode))
-            return fail_or_retry(self, make_error(errc::rank_unavailable,
-                                                  where(id, st.decode_name, "decode") + ": the rank went down (" +
-                                                      self->system().render(dm.reason) + ")"));
-          // A prefill rank matters until it has produced this attempt's first token.
-          const bool prefilling = st.out.tokens.size() + static_cast<size_t>(st.max_new) ==
-                                  static_cast<size_t>(st.plan.params.max_tokens);
-          if (st.prefill && prefilling && dm.source == caf::actor_cast<caf::actor_addr>(st.prefill))
-            return fail_or_retry(self, make_error(errc::rank_unavailable,
-                                                  where(id, st.prefill_name, "prefill") + ": the rank went down (" +
-                                                      self->system().render(dm.reason) + ")"));
+            return answer(self, make_error(errc::cancelled, where(st.plan.request_id, "", "stream") +
+                                                                ": the client went away"));
+          on_ranks_lost(self, st.decode && dm.source == caf::actor_cast<caf::actor_addr>(st.decode),
+                        st.prefill && dm.source == caf::actor_cast<caf::actor_addr>(st.prefill),
+                        "the rank went down (" + self->system().render(dm.reason) + ")");
         });
         if (st.plan.store.enabled())
           check(self);
@@ -537,15 +541,9 @@ request_actor::behavior_type request_impl(request_pointer self, request_plan pla
         arm_watchdog(self);
       },
       [=](rank_gone_atom, const std::vector<std::string>& ranks, const std::string& why) {
-        auto& st = self->state;
-        if (st.answered) return;
+        const auto& st = self->state;
         auto gone = [&](const std::string& n) { return !n.empty() && std::find(ranks.begin(), ranks.end(), n) != ranks.end(); };
-        const bool prefilling = st.out.tokens.size() + static_cast<size_t>(st.max_new) ==
-                                static_cast<size_t>(st.plan.params.max_tokens);
-        if (gone(st.decode_name))
-          fail_or_retry(self, make_error(errc::rank_unavailable, where(st.plan.request_id, st.decode_name, "decode") + ": " + why));
-        else if (prefilling && gone(st.prefill_name))
-          fail_or_retry(self, make_error(errc::rank_unavailable, where(st.plan.request_id, st.prefill_name, "prefill") + ": " + why));
+        on_ranks_lost(self, gone(st.decode_name), gone(st.prefill_name), why);
       },
       [=](cancel_atom) {
         answer(self, make_error(errc::cancelled, where(self->state.plan.request_id, "", "stream") +

@@ -18,6 +18,7 @@
 #include <caf/send.hpp>
 
 #include "actors/messages.hpp"
+#include "client/net_identity.hpp"
 
 namespace baton::client {
 
@@ -151,14 +152,7 @@ class stream_impl final : public stream {
 caf::actor_system_config& client_config(caf::actor_system_config& cfg, const connect_options& o) {
   register_message_types(cfg);
   cfg.load<caf::io::middleman>();
-  // As deploy/net_security.hpp: the cluster's id, and mutual TLS when certificates are given.
-  cfg.set("middleman.app-identifiers", std::vector<std::string>{"baton-cluster:" + o.cluster_id});
-  if (!o.tls_cert.empty()) {
-    cfg.load<caf::openssl::manager>();
-    cfg.openssl_certificate = o.tls_cert;
-    cfg.openssl_key = o.tls_key;
-    cfg.openssl_cafile = o.tls_ca;
-  }
+  net::apply_identity(cfg, o.cluster_id, o.tls_cert, o.tls_key, o.tls_ca);
   cfg.set("scheduler.max-threads", 2);
   cfg.set("work-stealing.moderate-poll-attempts", 0);
   cfg.set("logger.console-verbosity", caf::atom("quiet"));
@@ -174,13 +168,8 @@ class connection_impl final : public connection {
     auto r = options_.tls_cert.empty() ? sys_.middleman().remote_actor<router_actor>(host, port)
                                        : caf::openssl::remote_actor<router_actor>(sys_, host, port);
     if (!r) {
-      *why = "cannot reach a Baton router at " + host + ":" + std::to_string(port) + ": " + sys_.render(r.error());
-      const bool tls = !options_.tls_cert.empty();
-      if (why->find("incompatible_application_ids") != std::string::npos)
-        *why += " (the router belongs to another cluster: check the cluster id)";
-      else if (why->find("disconnect_during_handshake") != std::string::npos)
-        *why += tls ? " (the TLS handshake failed: is the certificate signed by the cluster's CA?)"
-                    : " (the router may require mutual TLS: give the cluster's client certificate, key and CA)";
+      *why = "cannot reach a Baton router at " + host + ":" + std::to_string(port) + ": " +
+             net::explain_connect_error(sys_, r.error(), !options_.tls_cert.empty());
       return false;
     }
     router_ = *r;

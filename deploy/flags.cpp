@@ -119,6 +119,17 @@ std::string flag_set::usage() const {
   return out;
 }
 
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> out;
+  size_t from = 0;
+  while (from <= text.size()) {
+    const size_t comma = std::min(text.find(',', from), text.size());
+    if (comma > from) out.push_back(text.substr(from, comma - from));
+    from = comma + 1;
+  }
+  return out;
+}
+
 void add_security_flags(flag_set& flags, net_security* sec) {
   flags.add("--cluster-id", &sec->cluster_id, "the cluster's id: processes with another id are refused");
   flags.add("--tls-cert", &sec->tls_cert, "mutual TLS: this process's certificate (PEM), signed by --tls-ca");

@@ -45,6 +45,9 @@ struct net_security;
 /// --cluster-id, --tls-cert, --tls-key, --tls-ca: one declaration for every networked command.
 void add_security_flags(flag_set& flags, net_security* sec);
 
+/// "a,b,,c" -> {"a", "b", "c"}: a comma-separated list, empty items dropped.
+std::vector<std::string> split_list(const std::string& text);
+
 /// Splits "HOST:PORT" (port 0..65535; 0 = any free port when listening). False and a sentence
 /// naming `what` when malformed.
 bool parse_host_port(const std::string& text, const std::string& what, std::string* host, uint16_t* port,

@@ -143,28 +143,27 @@ void generate(caf::io::broker* self, caf::io::connection_handle hdl, const share
     write(self, hdl, http::last_chunk());
     finish(self, hdl, g, st);
   };
-  if (!call.stream) {
-    auto shared_call = std::make_shared<openai::call>(call);
-    self->request(g->router, timeout, generate_atom::value, std::move(call.req))
+  // The call lives in the connection's state until its answer is written (finish() drops it).
+  st->head_sent = false;
+  st->first_chunk = true;
+  st->call = std::move(call);
+  const auto& gen = st->call->req;
+  if (!st->call->stream) {
+    self->request(g->router, timeout, generate_atom::value, gen)
         .then(
             [=](completion& done) {
               g->metrics.record(done);
-              reply(self, hdl, g, st, 200, openai::completion_json(*shared_call, done, st->id, st->created));
+              reply(self, hdl, g, st, 200, openai::completion_json(*st->call, done, st->id, st->created));
             },
             on_error);
     return;
   }
-  st->head_sent = false;
-  st->first_chunk = true;
-  auto req_copy = call.req;
-  st->call = std::move(call);
-  self->request(g->router, timeout, generate_atom::value, std::move(req_copy),
-                caf::actor_cast<client_sink_actor>(self))
+  self->request(g->router, timeout, generate_atom::value, gen, caf::actor_cast<client_sink_actor>(self))
       .then(
           [=](completion& done) {
             g->metrics.record(done);
             g->metrics.count_response(st->route, 200);
-            if (st->call && st->call->include_usage)
+            if (st->call->include_usage)
               event(self, hdl, openai::usage_chunk_json(*st->call, done, st->id, st->created));
             event(self, hdl, "[DONE]");
             write(self, hdl, http::last_chunk());
@@ -175,7 +174,7 @@ void generate(caf::io::broker* self, caf::io::connection_handle hdl, const share
 
 /// A chunk of the streamed answer in progress: one server-sent event.
 void on_chunk(caf::io::broker* self, caf::io::connection_handle hdl, const state_ptr& st, const stream_chunk& c) {
-  if (!st->call) return;  // a late chunk of an answer already ended
+  if (!st->call || !st->call->stream) return;  // a late chunk of an answer already ended
   if (!st->head_sent) {
     write(self, hdl,
           http::chunked_head(200, "text/event-stream", {{"Connection", st->keep_alive ? "keep-alive" : "close"}}));

@@ -25,19 +25,8 @@
 namespace baton::deploy {
 
 std::vector<std::string> api_keys_from_env() {
-  std::vector<std::string> out;
   const char* v = std::getenv("BATON_API_KEYS");  // comma-separated; kept off command lines (ps)
-  if (!v) return out;
-  std::string all = v, cur;
-  for (char c : all + ",") {
-    if (c == ',') {
-      if (!cur.empty()) out.push_back(cur);
-      cur.clear();
-    } else {
-      cur += c;
-    }
-  }
-  return out;
+  return v ? split_list(v) : std::vector<std::string>{};
 }
 
 int run_gateway(const std::vector<std::string>& args) {
@@ -84,7 +73,7 @@ int run_gateway(const std::vector<std::string>& args) {
   if (!router.empty()) {
     auto r = connect_actor<router_actor>(sys, sec, host, port);
     if (!r) {
-      std::fprintf(stderr, "baton gateway: cannot reach the router at %s: %s\n", router.c_str(), explain_connect_error(sys.render(r.error()), sec.tls()).c_str());
+      std::fprintf(stderr, "baton gateway: cannot reach the router at %s: %s\n", router.c_str(), explain_connect_error(sys, r.error(), sec.tls()).c_str());
       return 1;
     }
     target = *r;
@@ -93,7 +82,7 @@ int run_gateway(const std::vector<std::string>& args) {
     auto dir = connect_actor<node_directory_actor>(sys, sec, host, port);
     if (!dir) {
       std::fprintf(stderr, "baton gateway: cannot reach the node directory at %s: %s\n", cluster.c_str(),
-                   explain_connect_error(sys.render(dir.error()), sec.tls()).c_str());
+                   explain_connect_error(sys, dir.error(), sec.tls()).c_str());
       return 1;
     }
     auto welcome = std::make_shared<std::promise<router_actor>>();

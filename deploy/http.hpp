@@ -35,7 +35,7 @@ enum class parse_status { incomplete, complete, error };
 struct parse_result {
   parse_status status = parse_status::incomplete;
   size_t consumed = 0;     ///< bytes of the buffer the request took (complete)
-  int error_status = 0;    ///< 400, 411, 413, 431, 501, 505 (error)
+  int error_status = 0;    ///< 400, 411, 413, 431 or 505 (error)
   std::string why;         ///< what was wrong (error)
 };
 
@@ -52,6 +52,7 @@ std::string chunked_head(int status, std::string_view content_type, const header
 std::string chunk(std::string_view data);
 std::string last_chunk();
 
+/// The reason phrase of a status the gateway answers with ("Unknown" for any other).
 const char* reason_phrase(int status);
 
 /// Compares two secrets in time that depends only on their lengths, not on where they differ.

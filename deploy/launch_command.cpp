@@ -128,14 +128,7 @@ int run_launch(const std::vector<std::string>& raw_args) {
       std::fprintf(stderr, "baton launch: the spec reads its API keys from $%s, which is not set\n", spec.api_keys_env.c_str());
       return 2;
     }
-    std::string cur;
-    for (char c : std::string(v) + ",")
-      if (c == ',') {
-        if (!cur.empty()) spec.api_keys.push_back(cur);
-        cur.clear();
-      } else {
-        cur += c;
-      }
+    spec.api_keys = split_list(v);
   }
   const auto& head = spec.head();
   const std::string binary = spec.binary.empty() ? self_executable() : spec.binary;
@@ -207,7 +200,7 @@ int run_launch(const std::vector<std::string>& raw_args) {
     if (auto d = connect_actor<node_directory_actor>(sys, sec, head.host, head.cluster_port)) {
       directory = *d;
     } else {
-      last_error = explain_connect_error(sys.render(d.error()), sec.tls());
+      last_error = explain_connect_error(sys, d.error(), sec.tls());
       std::this_thread::sleep_for(std::chrono::milliseconds{200});
     }
   }

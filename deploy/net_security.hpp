@@ -19,6 +19,7 @@
 #include <caf/openssl/publish.hpp>
 #include <caf/openssl/remote_actor.hpp>
 
+#include "client/net_identity.hpp"
 #include "deploy/processes.hpp"
 
 namespace baton::deploy {
@@ -33,6 +34,8 @@ caf::expected<uint16_t> publish_actor(caf::actor_system& sys, const net_security
   if (sec.tls()) return caf::openssl::publish(handle, port, host.c_str(), true);
   return sys.middleman().publish(handle, port, host.c_str(), true);
 }
+
+using net::explain_connect_error;
 
 /// Connects to the actor published at host:port over TLS or plain TCP.
 template <class Handle>

@@ -89,7 +89,7 @@ int run_node(const std::vector<std::string>& args) {
   auto directory = connect_actor<node_directory_actor>(sys, sec, host, port);
   if (!directory) {
     std::fprintf(stderr, "baton node %s: cannot reach the head's node directory at %s: %s\n", rank.name.c_str(),
-                 connect.c_str(), explain_connect_error(sys.render(directory.error()), sec.tls()).c_str());
+                 connect.c_str(), explain_connect_error(sys, directory.error(), sec.tls()).c_str());
     return 1;
   }
   auto weights = loaded.weights ? loaded.weights

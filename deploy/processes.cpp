@@ -25,17 +25,6 @@ std::atomic<bool> stop_flag{false};
 void on_signal(int) { stop_flag = true; }
 }  // namespace
 
-std::string explain_connect_error(const std::string& rendered, bool tls) {
-  if (rendered.find("incompatible_application_ids") != std::string::npos)
-    return rendered + " (the peer belongs to another cluster: check --cluster-id)";
-  if (!tls && rendered.find("disconnect_during_handshake") != std::string::npos)
-    return rendered + " (the peer may require mutual TLS: give --tls-cert, --tls-key and --tls-ca of its cluster)";
-  if (tls && rendered.find("disconnect_during_handshake") != std::string::npos)
-    return rendered + " (the TLS handshake failed: is this certificate signed by the peer's cluster CA, and does the "
-                      "peer speak TLS?)";
-  return rendered;
-}
-
 std::string net_security::validate() const {
   if (cluster_id.empty()) return "--cluster-id must not be empty";
   const int given = !tls_cert.empty() + !tls_key.empty() + !tls_ca.empty();
@@ -46,12 +35,7 @@ std::string net_security::validate() const {
 }
 
 void apply_net_security(caf::actor_system_config& cfg, const net_security& sec) {
-  cfg.set("middleman.app-identifiers", std::vector<std::string>{"baton-cluster:" + sec.cluster_id});
-  if (!sec.tls()) return;
-  cfg.load<caf::openssl::manager>();
-  cfg.openssl_certificate = sec.tls_cert;
-  cfg.openssl_key = sec.tls_key;
-  cfg.openssl_cafile = sec.tls_ca;
+  net::apply_identity(cfg, sec.cluster_id, sec.tls_cert, sec.tls_key, sec.tls_ca);
 }
 
 void configure_networked_system(caf::actor_system_config& cfg, uint32_t scheduler_threads, uint32_t poll_attempts,

@@ -27,9 +27,6 @@ struct net_security {
 /// The actor system of a process that talks to others: Baton's message types, the network
 /// layer (middleman), `scheduler_threads` workers, `poll_attempts` moderate polls (0 avoids the
 /// work-stealing scheduler's 50 us sleeps, platform-notes §1.4), a quiet console logger.
-/// A failed connection's rendered error, with a hint when it is the cluster id or TLS.
-std::string explain_connect_error(const std::string& rendered, bool tls);
-
 /// Also the cluster's id and TLS (deploy/net_security.hpp).
 void configure_networked_system(caf::actor_system_config& cfg, uint32_t scheduler_threads, uint32_t poll_attempts,
                                 const net_security& sec);

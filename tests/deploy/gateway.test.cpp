@@ -350,6 +350,24 @@ TEST_CASE("the gateway answers OpenAI requests over HTTP with the router's token
   CHECK(json::parse(second.body)["choices"][0]["finish_reason"].is_string());
 }
 
+TEST_CASE("regression: after a streamed answer, the next request on the connection that the cluster refuses gets "
+          "its own status, not a stream event") {
+  served_cluster s;
+  const int fd = connect_to(s.gateway.port);
+  // The prompt fits the built-in model's context, prompt plus max_tokens does not: the router
+  // refuses it, after the gateway has parsed it.
+  send_all(fd, post("/v1/completions", R"({"prompt":"a","max_tokens":2,"stream":true})") +
+                   post("/v1/completions", R"({"prompt":"In the beginning","max_tokens":255})"));
+  std::string buf;
+  auto first = read_answer(fd, buf);
+  auto second = read_answer(fd, buf);
+  ::close(fd);
+  CHECK(first.status == 200);
+  CHECK(second.status == 400);
+  CHECK(second.head.find("Transfer-Encoding: chunked") == std::string::npos);
+  CHECK(json::parse(second.body)["error"]["message"].get<std::string>().find("context") != std::string::npos);
+}
+
 TEST_CASE("the gateway refuses what it cannot serve with the right status and a sentence") {
   deploy::gateway_config gc;
   gc.limits.max_body_bytes = 4096;

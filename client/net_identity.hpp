@@ -1,0 +1,43 @@
+#pragma once
+
+// Who a Baton process is to its peers, shared by the client library and deploy/'s commands:
+// the cluster id (CAF's middleman.app-identifiers: processes of different clusters refuse each
+// other in the handshake) and, with certificate files, mutual TLS through CAF's OpenSSL module.
+// Header-only and internal: included by CAF translation units (client.cpp, deploy/processes.cpp,
+// deploy/net_security.hpp), never by client/baton/client.hpp.
+
+#include <string>
+#include <vector>
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/error.hpp>
+#include <caf/openssl/manager.hpp>
+#include <caf/sec.hpp>
+
+namespace baton::net {
+
+/// Puts the cluster id and, when `tls_cert` is set, the OpenSSL module and its files into `cfg`.
+inline void apply_identity(caf::actor_system_config& cfg, const std::string& cluster_id, const std::string& tls_cert,
+                           const std::string& tls_key, const std::string& tls_ca) {
+  cfg.set("middleman.app-identifiers", std::vector<std::string>{"baton-cluster:" + cluster_id});
+  if (tls_cert.empty()) return;
+  cfg.load<caf::openssl::manager>();
+  cfg.openssl_certificate = tls_cert;
+  cfg.openssl_key = tls_key;
+  cfg.openssl_cafile = tls_ca;
+}
+
+/// A failed connection's error, rendered, with what to check when it is the cluster id or TLS.
+inline std::string explain_connect_error(caf::actor_system& sys, const caf::error& err, bool tls) {
+  std::string out = sys.render(err);
+  if (err == caf::sec::incompatible_application_ids)
+    out += " (the peer belongs to another cluster: check the cluster id)";
+  else if (err == caf::sec::disconnect_during_handshake)
+    out += tls ? " (the TLS handshake failed: is the certificate signed by the peer's cluster CA, and does the peer "
+                 "speak TLS?)"
+               : " (the peer may require mutual TLS: give the cluster's certificate, key and CA)";
+  return out;
+}
+
+}  // namespace baton::net
