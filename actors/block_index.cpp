@@ -12,6 +12,9 @@ struct block_index_state {
   block_index_config cfg;
   store::block_index index;
   std::vector<block_server_actor> servers;
+  /// Servers whose actor went down (their store node died): CHECK no longer names them, so
+  /// readers do not wait on them; their entries age out like any other.
+  std::vector<bool> server_down;
   caf::actor_clock::time_point started;
   store_stats stats;
   static inline const char* name = "baton.block_index";
@@ -24,9 +27,17 @@ double now_s(pointer self) {
 }
 
 void drop(pointer self, const std::vector<store::block_meta>& gone) {
+  auto& st = self->state;
   for (const auto& m : gone)
     for (auto s : m.servers)
-      if (s < self->state.servers.size()) self->send(self->state.servers[s], delete_atom::value, m.key.hi, m.key.lo);
+      if (s < st.servers.size() && !st.server_down[s]) self->send(st.servers[s], delete_atom::value, m.key.hi, m.key.lo);
+}
+
+void set_servers(pointer self, std::vector<block_server_actor> servers) {
+  auto& st = self->state;
+  st.servers = std::move(servers);
+  st.server_down.assign(st.servers.size(), false);
+  for (const auto& s : st.servers) self->monitor(s);
 }
 
 void schedule_housekeeping(pointer self) {
@@ -39,8 +50,13 @@ block_index_actor::behavior_type block_index_impl(pointer self, block_index_conf
   auto& st = self->state;
   st.index.set_capacity(cfg.capacity_blocks);
   st.cfg = std::move(cfg);
-  st.servers = std::move(servers);
+  set_servers(self, std::move(servers));
   st.started = self->clock().now();
+  self->set_down_handler([=](caf::down_msg& dm) {
+    auto& st = self->state;
+    for (size_t i = 0; i < st.servers.size(); ++i)
+      if (caf::actor_cast<caf::actor_addr>(st.servers[i]) == dm.source) st.server_down[i] = true;
+  });
   schedule_housekeeping(self);
   return {
       [=](check_atom, uint64_t, std::vector<block_ref>& keys) {
@@ -53,7 +69,9 @@ block_index_actor::behavior_type block_index_impl(pointer self, block_index_conf
           const auto* m = st.index.find({b.hi, b.lo});
           b.servers.clear();
           if (!m || m->expires_at_s <= now) continue;
-          b.servers = m->servers;
+          for (auto s : m->servers)
+            if (s >= st.server_down.size() || !st.server_down[s]) b.servers.push_back(s);
+          if (b.servers.empty()) continue;  // every copy was on servers that are gone: a miss
           hits.push_back({b.hi, b.lo});
         }
         // A hit is a use: the blocks become most recently used, leading ones last.
@@ -84,7 +102,7 @@ block_index_actor::behavior_type block_index_impl(pointer self, block_index_conf
         drop(self, evicted);
         schedule_housekeeping(self);
       },
-      [=](std::vector<block_server_actor>& servers) { self->state.servers = std::move(servers); },
+      [=](std::vector<block_server_actor>& servers) { set_servers(self, std::move(servers)); },
       [=](stats_atom) {
         auto s = self->state.stats;
         s.blocks = self->state.index.size();

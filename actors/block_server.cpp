@@ -154,6 +154,7 @@ store_read_result serve_read(io_context& io, const store_read_order& order, uint
   const uint64_t block_layer_bytes = uint64_t{ppb} * layout.page_bytes();
   const size_t per_batch = std::max<uint64_t>(1, io.staging.size() / std::max<uint64_t>(1, block_layer_bytes));
   for (uint32_t l = 0; l < layout.num_layers; ++l) {
+    if (io.cfg.fault_layer_delay_ms) std::this_thread::sleep_for(std::chrono::milliseconds{io.cfg.fault_layer_delay_ms});
     for (size_t first = 0; first < n; first += per_batch) {
       std::vector<transport::segment> segs;
       for (size_t i = first; i < std::min(n, first + per_batch); ++i) {

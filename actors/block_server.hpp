@@ -22,6 +22,8 @@ struct block_server_config {
   std::string dir;          ///< where its block files live
   store::kv_identity identity;
   uint64_t staging_bytes = 64ull << 20;
+  /// Fault injection for tests (a slow disk): each layer of a read waits this long first. 0 = off.
+  uint32_t fault_layer_delay_ms = 0;
 };
 
 /// A 3FS-style block server (seed 000 §2.2): owns a directory of block files. Reads put every

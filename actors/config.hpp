@@ -55,7 +55,7 @@ struct prefill_rank_config {
 struct store_config {
   bool enabled = false;
   std::string dir;                    ///< block server i keeps its files in <dir>/server-<i>
-  uint32_t num_servers = 1;           ///< the key space is shared by consistent hashing
+  uint32_t num_servers = 1;           ///< in-process servers; the key space is shared by consistent hashing
   uint32_t index_shards = 1;          ///< block index actors; a key's shard is its hash mod this
   uint32_t replicas = 1;              ///< copies of each block (1 or 2)
   uint32_t block_tokens = 512;        ///< B: a multiple of the KV page size
@@ -67,12 +67,14 @@ struct store_config {
   /// Each decode rank's registered write-back staging; blocks beyond it are dropped (counted).
   uint64_t max_pending_write_bytes = 64ull << 20;
 
-  std::string validate(uint32_t page_size_tokens) const {
+  /// `remote_servers`: block servers adopted from store nodes, after the in-process ones.
+  std::string validate(uint32_t page_size_tokens, size_t remote_servers = 0) const {
     if (!enabled) return {};
-    if (dir.empty()) return "store dir must be set when the store is enabled";
-    if (num_servers == 0) return "store num_servers must be >= 1";
+    if (dir.empty() && num_servers > 0) return "store dir must be set when the store has in-process servers";
+    if (num_servers + remote_servers == 0) return "store needs at least one block server (num_servers or store nodes)";
     if (index_shards == 0) return "store index_shards must be >= 1";
-    if (replicas == 0 || replicas > num_servers) return "store replicas must be between 1 and num_servers";
+    if (replicas == 0 || replicas > num_servers + remote_servers)
+      return "store replicas must be between 1 and the number of block servers";
     if (block_tokens == 0 || block_tokens % page_size_tokens != 0)
       return "store block_tokens must be a positive multiple of the KV page size (" +
              std::to_string(page_size_tokens) + ")";

@@ -1,6 +1,7 @@
 #include "actors/local_cluster.hpp"
 
 #include <caf/actor_system.hpp>
+#include <caf/scoped_actor.hpp>
 #include <caf/send.hpp>
 
 #include "actors/block_index.hpp"
@@ -24,9 +25,10 @@ std::string local_cluster_config::validate() const {
   if (auto e = router.request.validate(); !e.empty()) return e;
   if (auto e = prefill_balancer.validate(); !e.empty()) return e;
   if (auto e = decode_balancer.validate(); !e.empty()) return e;
-  if (auto e = store.validate(executor.page_size_tokens); !e.empty()) return e;
-  // Decode ranks may also join from other processes (`baton node`), so 0 in-process is valid.
-  if (num_prefill_ranks == 0) return "need at least one prefill rank";
+  if (!remote_store_hosts.empty() && !store.enabled) return "store nodes given but the store is off";
+  if (auto e = store.validate(executor.page_size_tokens, remote_store_hosts.size()); !e.empty()) return e;
+  // Prefill and decode ranks may also join from other processes (`baton node`), so 0
+  // in-process is valid.
   if (transport != "loopback" && transport != "ucx")
     return "transport must be loopback or ucx, got '" + transport + "'";
   return {};
@@ -79,6 +81,25 @@ local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_co
       out.store_servers.push_back({name, server});
       access.servers.push_back(server);
     }
+    // Store nodes: each starts the block server we ask for in its own process and disk.
+    if (!cfg.remote_store_hosts.empty()) {
+      caf::scoped_actor self{sys};
+      for (size_t i = 0; i < cfg.remote_store_hosts.size() && out.setup_error.empty(); ++i) {
+        const auto& id = access.identity;
+        store_adoption a{static_cast<uint32_t>(access.servers.size()), out.store_index, id.model_id, id.num_layers,
+                         id.kv_dim, id.block_tokens, id.page_tokens, id.dtype, cfg.store.staging_bytes};
+        self->request(cfg.remote_store_hosts[i], std::chrono::milliseconds{cfg.adopt_timeout_ms}, adopt_atom::value, a)
+            .receive(
+                [&](block_server_actor& server) {
+                  out.store_servers.push_back({"store node " + std::to_string(i), server});
+                  access.servers.push_back(server);
+                },
+                [&](caf::error& e) {
+                  out.setup_error = "store node " + std::to_string(i) + " (server " + std::to_string(a.server_id) +
+                                    "): adoption failed: " + sys.render(e);
+                });
+      }
+    }
     for (const auto& shard : out.store_index) caf::anon_send(shard, access.servers);
     access.index = out.store_index;
   }
@@ -103,6 +124,8 @@ local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_co
   out.router = spawn_router(sys, rc, cfg.model, out.prefill_balancer, out.decode_balancer, access);
   if (access.enabled()) out.store = access.to_info();
   out.directory = spawn_node_directory(sys, {}, {out.router, out.prefill_balancer, out.decode_balancer, out.store});
+  if (!out.setup_error.empty())
+    for (auto& a : out.actors()) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
   return out;
 }
 

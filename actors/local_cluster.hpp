@@ -36,6 +36,11 @@ struct local_cluster_config {
   prefill_balancer_config prefill_balancer;
   decode_balancer_config decode_balancer;  ///< page_size_tokens is taken from `executor`
   store_config store;                      ///< off by default
+  /// Store nodes (`baton node --role store`) whose block servers the cluster adopts, after the
+  /// in-process ones (server ids num_servers, num_servers + 1, ...). Needs a real actor system
+  /// (adoption waits for the answers), not the sims' test coordinator.
+  std::vector<store_host_actor> remote_store_hosts;
+  uint32_t adopt_timeout_ms = 10000;
   router_config router;
 
   local_cluster_config() {
@@ -68,6 +73,9 @@ struct local_cluster {
   store_info store;  ///< for ranks that join from other processes (empty when the store is off)
   /// Where node processes join (`baton node`): publish it to let them in.
   node_directory_actor directory;
+  /// Empty, or why the cluster could not start (a store node refused or did not answer); the
+  /// actors above are then stopped.
+  std::string setup_error;
 
   /// Every actor of the cluster, for shutting it down.
   std::vector<caf::actor> actors() const;

@@ -51,6 +51,7 @@ using heartbeat_atom = caf::atom_constant<caf::atom("heartbeat")>;
 using drain_atom = caf::atom_constant<caf::atom("drain")>;
 using forget_atom = caf::atom_constant<caf::atom("forget")>;
 using rank_gone_atom = caf::atom_constant<caf::atom("rank_gone")>;
+using adopt_atom = caf::atom_constant<caf::atom("adopt")>;
 
 // --- errors ---------------------------------------------------------------------------------
 /// Baton's error codes (category atom "baton"). The context string of every error names the
@@ -479,6 +480,26 @@ typename Inspector::result_type inspect(Inspector& f, store_info& x) {
            x.chat_ttl_s, x.agent_ttl_s, x.batch_ttl_s);
 }
 
+/// The head -> a store node (`baton node --role store`): serve the cluster's blocks as server
+/// `server_id`, committing to these index shards, for KV of this identity.
+struct store_adoption {
+  uint32_t server_id = 0;
+  std::vector<block_index_actor> index;
+  std::string model_id;
+  uint32_t num_layers = 0, kv_dim = 0, block_tokens = 0, page_tokens = 0;
+  std::string dtype;
+  uint64_t staging_bytes = 0;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, store_adoption& x) {
+  return f(caf::meta::type_name("store_adoption"), x.server_id, x.index, x.model_id, x.num_layers, x.kv_dim,
+           x.block_tokens, x.page_tokens, x.dtype, x.staging_bytes);
+}
+
+/// A store node's front: the head adopts its block server, which then lives in the store
+/// node's process, with its files on that node's disk (3FS-style storage servers).
+using store_host_actor = caf::typed_actor<caf::replies_to<adopt_atom, store_adoption>::with<block_server_actor>>;
+
 // --- actor interfaces ---------------------------------------------------------------------------
 // Internal messages (executor completions, timers) are part of the interfaces because typed
 // actors can only message themselves through their own interface.
@@ -673,7 +694,9 @@ using prefill_balancer_actor = caf::typed_actor<
     caf::replies_to<place_atom, place_query>::with<prefill_placement>,
     caf::reacts_to<load_atom, rank_load, prefill_rank_actor>,
     caf::replies_to<stats_atom>::with<std::vector<rank_load>>,
-    caf::replies_to<events_atom>::with<std::vector<placement_record>>>;  // recent decisions
+    caf::replies_to<events_atom>::with<std::vector<placement_record>>,  // recent decisions
+    caf::reacts_to<drain_atom, prefill_rank_actor>,                     // no new placements on this rank
+    caf::reacts_to<forget_atom, prefill_rank_actor>>;                   // the rank's node is gone: drop it
 
 /// Places sequences on decode ranks from their reported loads (policies/decode_placement.hpp).
 using decode_balancer_actor = caf::typed_actor<
@@ -716,7 +739,7 @@ using router_actor = caf::typed_actor<
 /// A node process introducing itself to the cluster's directory.
 struct node_hello {
   std::string name;
-  std::vector<std::string> roles;  ///< decode | gateway
+  std::vector<std::string> roles;  ///< decode | prefill | store | gateway
   int32_t pid = 0;
 };
 template <class Inspector>
@@ -738,6 +761,18 @@ typename Inspector::result_type inspect(Inspector& f, cluster_welcome& x) {
            x.heartbeat_interval_ms);
 }
 
+/// The ranks a node process runs, as its agent tells the directory: what the balancers drop and
+/// what requests must leave if the node goes silent.
+struct node_ranks {
+  std::vector<decode_rank_actor> decode;
+  std::vector<prefill_rank_actor> prefill;
+  std::vector<std::string> names;  ///< every rank's name (what requests know them by)
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, node_ranks& x) {
+  return f(caf::meta::type_name("node_ranks"), x.decode, x.prefill, x.names);
+}
+
 struct node_status {
   std::string name;
   std::vector<std::string> roles;
@@ -755,8 +790,8 @@ using node_directory_actor = caf::typed_actor<
     caf::replies_to<join_atom, node_hello>::with<cluster_welcome>,
     caf::reacts_to<heartbeat_atom, std::string>,   // node name
     caf::reacts_to<drain_atom, std::string>,       // node name: it is draining and will leave
-    // node name, its decode ranks and their names: what to drop if the node goes silent
-    caf::reacts_to<std::string, std::vector<decode_rank_actor>, std::vector<std::string>>,
+    // node name and its ranks: what to drop if the node goes silent
+    caf::reacts_to<std::string, node_ranks>,
     caf::replies_to<stats_atom>::with<std::vector<node_status>>,
     caf::reacts_to<timer_atom>>;                   // liveness sweep (internal)
 

@@ -25,11 +25,12 @@ using pointer = node_agent_actor::stateful_pointer<node_agent_state>;
 
 void stop_all(pointer self) {
   auto& a = self->state.actors;
-  for (auto& r : a.decode) self->send_exit(r, caf::exit_reason::user_shutdown);
+  for (auto& r : a.ranks.decode) self->send_exit(r, caf::exit_reason::user_shutdown);
+  for (auto& r : a.ranks.prefill) self->send_exit(r, caf::exit_reason::user_shutdown);
   for (auto& o : a.others) self->send_exit(o, caf::exit_reason::user_shutdown);
 }
 
-/// Draining: asks every decode rank whether it still holds work (sequences, leases, write-backs
+/// Draining: asks every rank whether it still holds work (prompts, sequences, leases, write-backs
 /// to the store); leaves when none does.
 void check_drained(pointer self) {
   auto& st = self->state;
@@ -40,7 +41,8 @@ void check_drained(pointer self) {
                                                        std::to_string(st.cfg.drain_timeout_ms) + " ms"));
     return;
   }
-  auto left = std::make_shared<size_t>(st.actors.decode.size());
+  const auto& ranks = st.actors.ranks;
+  auto left = std::make_shared<size_t>(ranks.decode.size() + ranks.prefill.size());
   auto busy = std::make_shared<bool>(false);
   auto settle = [=] {
     if (--*left > 0) return;
@@ -51,13 +53,13 @@ void check_drained(pointer self) {
     stop_all(self);
     self->quit();
   };
-  if (st.actors.decode.empty()) {
+  if (*left == 0) {
     stop_all(self);
     self->quit();
     return;
   }
-  for (auto& r : st.actors.decode)
-    self->request(r, std::chrono::seconds{5}, stats_atom::value)
+  auto ask = [=](const auto& rank) {
+    self->request(rank, std::chrono::seconds{5}, stats_atom::value)
         .then(
             [=](const rank_stats& s) {
               // Write-backs too: their puts read the rank's staging, which must outlive them.
@@ -65,6 +67,9 @@ void check_drained(pointer self) {
               settle();
             },
             [=](caf::error&) { settle(); });  // a rank that is gone holds nothing
+  };
+  for (const auto& r : ranks.decode) ask(r);
+  for (const auto& r : ranks.prefill) ask(r);
 }
 
 node_agent_actor::behavior_type node_agent_impl(pointer self, node_directory_actor directory, node_agent_config cfg,
@@ -88,7 +93,7 @@ node_agent_actor::behavior_type node_agent_impl(pointer self, node_directory_act
               return;
             }
             st.serving = true;
-            self->send(st.directory, st.cfg.hello.name, st.actors.decode, st.actors.decode_names);
+            self->send(st.directory, st.cfg.hello.name, st.actors.ranks);
             self->send(self, heartbeat_atom::value);
           },
           [=](caf::error& e) {
@@ -112,7 +117,8 @@ node_agent_actor::behavior_type node_agent_impl(pointer self, node_directory_act
           return;
         }
         self->send(st.directory, drain_atom::value, st.cfg.hello.name);
-        for (auto& r : st.actors.decode) self->send(st.welcome.decode_balancer, drain_atom::value, r);
+        for (auto& r : st.actors.ranks.decode) self->send(st.welcome.decode_balancer, drain_atom::value, r);
+        for (auto& r : st.actors.ranks.prefill) self->send(st.welcome.prefill_balancer, drain_atom::value, r);
         check_drained(self);
       },
       [=](poll_atom) { check_drained(self); },

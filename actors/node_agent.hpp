@@ -13,9 +13,8 @@ namespace baton {
 
 /// The actors a node process runs, as its agent started them.
 struct node_actors {
-  std::vector<decode_rank_actor> decode;  ///< drained before the node leaves
-  std::vector<std::string> decode_names;  ///< their names (what requests know them by)
-  std::vector<caf::actor> others;         ///< stopped when the node leaves
+  node_ranks ranks;               ///< drained before the node leaves
+  std::vector<caf::actor> others;  ///< stopped when the node leaves (block servers, gateways)
 };
 
 /// Starts the node's actors from what the directory told it; an empty string, or why not.
@@ -34,10 +33,9 @@ struct node_agent_config {
 ///      |                                             |                   (or drain timeout)
 ///      +--no answer / start failed--> gone           +--directory down--> gone
 ///
-/// Draining tells the directory and the decode balancer (no new placements on the node's ranks),
-/// waits until the ranks hold no sequence, no lease and no write-back in flight, then stops them
-/// and itself. Its exit
-/// reason says why it ended (normal after a drain).
+/// Draining tells the directory and the balancers (no new placements on the node's ranks), waits
+/// until the ranks hold no prompt, sequence, lease or write-back in flight, then stops them and
+/// itself. Its exit reason says why it ended (normal after a drain).
 node_agent_actor spawn_node_agent(caf::actor_system& sys, node_directory_actor directory, node_agent_config cfg,
                                   node_start start);
 

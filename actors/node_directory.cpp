@@ -12,8 +12,7 @@ namespace {
 
 struct node_entry {
   node_hello hello;
-  std::vector<decode_rank_actor> decode;  ///< the node's decode ranks, once it has started them
-  std::vector<std::string> rank_names;
+  node_ranks ranks;  ///< the node's ranks, once it has started them
   caf::actor_addr agent;
   caf::actor_clock::time_point last_heartbeat;
   std::string state = "joined";
@@ -29,16 +28,17 @@ struct node_directory_state {
 
 using pointer = node_directory_actor::stateful_pointer<node_directory_state>;
 
-/// A node is gone (silent past the heartbeat timeout, or its agent went down): the decode
-/// balancer forgets its ranks and the router tells every request on them to re-place itself --
+/// A node is gone (silent past the heartbeat timeout, or its agent went down): the balancers
+/// forget its ranks and the router tells every request on them to re-place itself --
 /// without waiting for the network to notice a dead connection, which can take minutes.
 void mark_gone(pointer self, const std::string& name, node_entry& n, const std::string& why) {
   if (n.state == "gone") return;
   n.state = "gone";
   auto& w = self->state.welcome;
-  for (const auto& r : n.decode) self->send(w.decode_balancer, forget_atom::value, r);
-  if (!n.rank_names.empty())
-    self->send(w.router, rank_gone_atom::value, n.rank_names, "node " + name + " " + why);
+  for (const auto& r : n.ranks.decode) self->send(w.decode_balancer, forget_atom::value, r);
+  for (const auto& r : n.ranks.prefill) self->send(w.prefill_balancer, forget_atom::value, r);
+  if (!n.ranks.names.empty())
+    self->send(w.router, rank_gone_atom::value, n.ranks.names, "node " + name + " " + why);
 }
 
 node_directory_actor::behavior_type node_directory_impl(pointer self, node_directory_config cfg,
@@ -81,11 +81,8 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
           }
         }
       },
-      [=](const std::string& name, std::vector<decode_rank_actor>& ranks, std::vector<std::string>& names) {
-        auto i = self->state.nodes.find(name);
-        if (i == self->state.nodes.end()) return;
-        i->second.decode = std::move(ranks);
-        i->second.rank_names = std::move(names);
+      [=](const std::string& name, node_ranks& ranks) {
+        if (auto i = self->state.nodes.find(name); i != self->state.nodes.end()) i->second.ranks = std::move(ranks);
       },
       [=](drain_atom, const std::string& name) {
         if (auto i = self->state.nodes.find(name); i != self->state.nodes.end()) i->second.state = "draining";

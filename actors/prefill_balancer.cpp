@@ -105,14 +105,34 @@ void sync_view(prefill_balancer_state& st, size_t i) {
   if (st.engines.size() <= i / rpe) st.engines.resize(i / rpe + 1, {st.cfg.engine_quota_us, {}});
   auto& ranks = st.engines[i / rpe].ranks;
   if (ranks.size() <= i % rpe) ranks.resize(i % rpe + 1);
-  ranks[i % rpe] = {st.registry.loads[i].predicted_us, true};
+  ranks[i % rpe] = {st.registry.loads[i].predicted_us, !st.registry.draining[i]};
 }
 
-/// Seed 002 dynamic prefill split over the `parts` least-loaded ranks.
+/// The engine views and affinity sets are index-aligned with the registry: rebuilt when a rank
+/// leaves it (rare: a node gone or drained).
+void resync_views(prefill_balancer_state& st) {
+  st.engines.clear();
+  for (size_t i = 0; i < st.registry.loads.size(); ++i) sync_view(st, i);
+}
+
+/// Drops a rank (its node is gone, or its actor went down) from every view.
+void forget_rank(prefill_balancer_state& st, const caf::actor_addr& rank, const char* why) {
+  for (size_t i = 0; i < st.registry.ranks.size(); ++i)
+    if (caf::actor_cast<caf::actor_addr>(st.registry.ranks[i]) == rank) {
+      st.log.add({0, st.registry.loads[i].name, why});
+      if (i < st.placed_keys.size()) st.placed_keys.erase(st.placed_keys.begin() + static_cast<std::ptrdiff_t>(i));
+      st.registry.forget(rank);
+      resync_views(st);
+      return;
+    }
+}
+
+/// Seed 002 dynamic prefill split over the `parts` least-loaded open ranks.
 std::optional<prefill_placement> place_split(pointer self, const place_query& q, uint32_t parts, uint32_t ps) {
   auto& st = self->state;
-  std::vector<size_t> order(st.registry.loads.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::vector<size_t> order;
+  for (size_t i = 0; i < st.registry.loads.size(); ++i)
+    if (!st.registry.draining[i]) order.push_back(i);
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
     return st.registry.loads[a].predicted_us < st.registry.loads[b].predicted_us;
   });
@@ -154,8 +174,13 @@ std::optional<prefill_placement> place_split(pointer self, const place_query& q,
 std::optional<prefill_placement> try_place(pointer self, const place_query& q) {
   auto& st = self->state;
   std::vector<policies::prefill_rank_load> loads;
+  uint32_t open = 0;  // ranks not draining
   if (st.policy != policies::prefill_policy::seed)
-    for (const auto& r : st.registry.loads) loads.push_back({r.queued_tokens, r.num_running, true});
+    for (size_t i = 0; i < st.registry.loads.size(); ++i) {
+      const auto& r = st.registry.loads[i];
+      loads.push_back({r.queued_tokens, r.num_running, !st.registry.draining[i]});
+      open += st.registry.draining[i] ? 0 : 1;
+    }
   std::optional<size_t> pick;
   std::string why;
   switch (st.policy) {
@@ -165,7 +190,8 @@ std::optional<prefill_placement> try_place(pointer self, const place_query& q) {
       if (pick) why = "least_loaded: " + std::to_string(loads[*pick].queued_tokens) + " queued tokens";
       break;
     case policies::prefill_policy::round_robin: {
-      std::vector<bool> avail(st.registry.loads.size(), true);
+      std::vector<bool> avail;
+      for (size_t i = 0; i < st.registry.loads.size(); ++i) avail.push_back(!st.registry.draining[i]);
       pick = policies::round_robin(avail, st.rr_cursor);
       why = "round_robin";
       break;
@@ -174,7 +200,7 @@ std::optional<prefill_placement> try_place(pointer self, const place_query& q) {
       // Seed 002: a long prompt goes to several ranks, in parts of equal predicted time (later
       // parts are shorter: they attend to more), page-aligned so no two ranks write one page.
       const uint32_t ps = loads.empty() ? 16 : std::max<uint32_t>(1, st.registry.loads[0].page_size_tokens);
-      const uint32_t parts = std::min<uint32_t>({st.cfg.split_max_parts, static_cast<uint32_t>(loads.size()),
+      const uint32_t parts = std::min<uint32_t>({st.cfg.split_max_parts, open,
                                                  q.new_tokens / std::max<uint32_t>(ps, 1)});
       if (q.cached_tokens == 0 && q.new_tokens >= st.cfg.split_min_tokens && parts >= 2)
         return place_split(self, q, parts, ps);
@@ -219,6 +245,10 @@ prefill_balancer_actor::behavior_type prefill_balancer_impl(pointer self, prefil
   st.log.capacity = cfg.decision_log_size;
   st.cfg = std::move(cfg);
   st.started = self->clock().now();
+  // A rank that goes away (its process ended) takes no more placements; its prompts are
+  // re-placed by their request actors, which watch it too.
+  self->set_down_handler(
+      [=](caf::down_msg& dm) { forget_rank(self->state, dm.source, "forgotten: it went down"); });
   return {
       [=](place_atom, place_query& q) -> caf::result<prefill_placement> {
         if (auto p = try_place(self, q)) return std::move(*p);
@@ -228,13 +258,23 @@ prefill_balancer_actor::behavior_type prefill_balancer_impl(pointer self, prefil
       },
       [=](load_atom, rank_load& load, prefill_rank_actor& rank) {
         auto& st = self->state;
-        st.registry.report(std::move(load), rank);
-        for (size_t i = 0; i < st.registry.ranks.size(); ++i)
-          if (st.registry.ranks[i] == rank) sync_view(st, i);
+        if (st.registry.report(std::move(load), rank)) self->monitor(rank);
+        if (auto i = st.registry.index_of(rank)) sync_view(st, *i);
         serve_parked(st.parked, [=](const place_query& q) { return try_place(self, q); });
       },
       [=](stats_atom) { return self->state.registry.loads; },
       [=](events_atom) { return self->state.log.snapshot(); },
+      [=](forget_atom, prefill_rank_actor& rank) {
+        forget_rank(self->state, caf::actor_cast<caf::actor_addr>(rank), "forgotten: its node is gone");
+      },
+      [=](drain_atom, prefill_rank_actor& rank) {
+        auto& st = self->state;
+        if (auto i = st.registry.index_of(rank)) {
+          st.log.add({0, st.registry.loads[*i].name, "draining: no new placements"});
+          st.registry.draining[*i] = true;
+          sync_view(st, *i);
+        }
+      },
   };
 }
 

@@ -130,7 +130,8 @@ bool parse_node(const json& j, size_t i, node_spec* n, std::string* why) {
   }
   fields p{ports, where + ".ports"};
   if (!p.num("router", &n->router_port, 1, 65535, why) || !p.num("cluster", &n->cluster_port, 1, 65535, why) ||
-      !p.num("http", &n->http_port, 1, 65535, why) || !p.no_others(why))
+      !p.num("http", &n->http_port, 1, 65535, why) || !p.num("store", &n->store_port, 1, 65535, why) ||
+      !p.no_others(why))
     return false;
   if (n->host.empty() || n->host.find_first_of(" \t'\"$`\\;&|<>") != std::string::npos) {
     *why = where + ".host '" + n->host + "' is not a host name or address";
@@ -153,7 +154,7 @@ bool validate(const cluster_spec& s, std::string* why) {
     *why = "nodes: a cluster needs at least one node";
     return false;
   }
-  size_t routers = 0, decodes = 0;
+  size_t routers = 0, decodes = 0, prefills = 0, stores = 0;
   std::set<std::string> names;
   std::set<std::pair<std::string, uint16_t>> ports;
   for (const auto& n : s.nodes) {
@@ -163,12 +164,22 @@ bool validate(const cluster_spec& s, std::string* why) {
     }
     routers += n.has("router");
     decodes += n.has("decode");
+    prefills += n.has("prefill");
+    stores += n.has("store");
     const bool head = n.has("router");
-    // This version runs the balancers, the prefill ranks and the block store in the router's
-    // process (the head); decode ranks and gateways may run anywhere.
-    if ((n.has("prefill") || n.has("store")) && !head) {
-      *why = "node '" + n.name + "': prefill ranks and block servers run in the router's process; give them to the node "
-             "with the router role";
+    // The head runs the balancers and may run prefill ranks and block servers in its process;
+    // any other node runs one kind of rank process (plus, optionally, a gateway).
+    if (!head && n.has("decode") + n.has("prefill") + n.has("store") > 1) {
+      *why = "node '" + n.name + "': a node other than the router's runs one of decode, prefill or store; split it "
+             "into several nodes";
+      return false;
+    }
+    if (!head && n.has("store") && !n.store_port) {
+      *why = "node '" + n.name + "': a store node needs ports.store (the head connects there)";
+      return false;
+    }
+    if (n.store_port && (head || !n.has("store"))) {
+      *why = "node '" + n.name + "': ports.store is for store nodes other than the router's";
       return false;
     }
     if (head && n.has("decode")) {
@@ -183,7 +194,7 @@ bool validate(const cluster_spec& s, std::string* why) {
       *why = "node '" + n.name + "': a gateway needs ports.http";
       return false;
     }
-    for (uint16_t p : {n.router_port, n.cluster_port, n.http_port})
+    for (uint16_t p : {n.router_port, n.cluster_port, n.http_port, n.store_port})
       if (p && !ports.insert({n.host, p}).second) {
         *why = "node '" + n.name + "': port " + std::to_string(p) + " on " + n.host + " is taken by another node";
         return false;
@@ -197,16 +208,16 @@ bool validate(const cluster_spec& s, std::string* why) {
     *why = "nodes: at least one node must have the decode role";
     return false;
   }
-  if (!s.head().has("prefill")) {
-    *why = "node '" + s.head().name + "': the router's node must also have the prefill role";
+  if (prefills == 0) {
+    *why = "nodes: at least one node must have the prefill role (the router's node or a prefill node)";
     return false;
   }
-  if (!s.store_dir.empty() && !s.head().has("store")) {
-    *why = "store.dir is set but no node has the store role (give it to the router's node)";
+  if (!s.store_dir.empty() && stores == 0) {
+    *why = "store.dir is set but no node has the store role";
     return false;
   }
-  if (s.head().has("store") && s.store_dir.empty()) {
-    *why = "node '" + s.head().name + "' has the store role but store.dir is not set";
+  if (stores > 0 && s.store_dir.empty()) {
+    *why = "a node has the store role but store.dir is not set";
     return false;
   }
   if (!plain_name(s.name)) {
@@ -246,7 +257,8 @@ bool parse_cluster_spec(const std::string& json_text, const std::string& base_di
       !fp.no_others(why) || !fe.num("threads", &out->executor_threads, 1, 256, why) ||
       !fe.num("kv_pages", &out->kv_pages, 1, 1u << 24, why) || !fe.num("page_tokens", &out->page_tokens, 1, 4096, why) ||
       !fe.no_others(why) || !fs.str("dir", &out->store_dir, why) || !fs.num("servers", &out->store_servers, 1, 64, why) ||
-      !fs.num("block_tokens", &out->block_tokens, 1, 1u << 20, why) || !fs.no_others(why) ||
+      !fs.num("block_tokens", &out->block_tokens, 1, 1u << 20, why) ||
+      !fs.num("rank_cache_blocks", &out->rank_cache_blocks, 0, 1u << 24, why) || !fs.no_others(why) ||
       !fh.str("user", &out->ssh_user, why) || !fh.strs("options", &out->ssh_options, why) || !fh.no_others(why))
     return false;
   auto nodes = j.find("nodes");
@@ -308,26 +320,42 @@ std::vector<node_launch> plan_launch(const cluster_spec& s, const std::string& b
     for (const auto& k : s.api_keys) keys += (keys.empty() ? "" : ",") + k;
     key_env["BATON_API_KEYS"] = keys;
   }
+  // Store nodes first: the head connects to them as it starts.
+  std::vector<std::string> store_nodes;
+  for (const auto& n : s.nodes)
+    if (n.has("store") && !n.has("router")) {
+      node_launch st{n.name, n.host, "store", {binary, "node", "--role", "store", "--name", n.name, "--listen",
+                                               listen(n, n.store_port), "--store-dir", s.store_dir},
+                     {}};
+      out.push_back(std::move(st));
+      store_nodes.push_back((addr.host_of ? addr.host_of(n) : n.host) + ":" + std::to_string(n.store_port));
+    }
   node_launch head{h.name, h.host, "head", {binary, "local", "--serve", "--model", s.model, "--prefill-ranks",
-                                            std::to_string(h.prefill_ranks), "--decode-ranks", "0", "--router-listen",
+                                            std::to_string(h.has("prefill") ? h.prefill_ranks : 0), "--decode-ranks", "0", "--router-listen",
                                             listen(h, h.router_port), "--cluster-listen", listen(h, h.cluster_port),
                                             "--prefill-policy", s.prefill_policy, "--decode-policy", s.decode_policy},
                    {}};
   head.argv.insert(head.argv.end(), executor.begin(), executor.end());
-  if (!s.store_dir.empty())
-    head.argv.insert(head.argv.end(), {"--store-dir", s.store_dir, "--store-servers", std::to_string(s.store_servers),
-                                       "--block-tokens", std::to_string(s.block_tokens)});
+  if (h.has("store"))
+    head.argv.insert(head.argv.end(), {"--store-dir", s.store_dir, "--store-servers", std::to_string(s.store_servers)});
+  for (const auto& a : store_nodes) head.argv.insert(head.argv.end(), {"--store-node", a});
+  if (!s.store_dir.empty()) head.argv.insert(head.argv.end(), {"--block-tokens", std::to_string(s.block_tokens)});
+  std::vector<std::string> rank_cache;  // prefill ranks, wherever they run
+  if (s.rank_cache_blocks >= 0) rank_cache = {"--prefix-cache-blocks", std::to_string(s.rank_cache_blocks)};
+  if (h.has("prefill")) head.argv.insert(head.argv.end(), rank_cache.begin(), rank_cache.end());
   if (h.has("gateway")) {
     head.argv.insert(head.argv.end(), {"--http-listen", listen(h, h.http_port)});
     head.env = key_env;
   }
   out.push_back(std::move(head));
   for (const auto& n : s.nodes) {
-    if (n.has("decode")) {
-      node_launch d{n.name, n.host, "decode", {binary, "node", "--role", "decode", "--name", n.name, "--connect", join,
-                                              "--ranks", std::to_string(n.gpus), "--model", s.model},
+    if (!n.has("router") && (n.has("decode") || n.has("prefill"))) {
+      const std::string role = n.has("decode") ? "decode" : "prefill";
+      node_launch d{n.name, n.host, role, {binary, "node", "--role", role, "--name", n.name, "--connect", join,
+                                           "--ranks", std::to_string(n.gpus), "--model", s.model},
                     {}};
       d.argv.insert(d.argv.end(), executor.begin(), executor.end());
+      if (role == "prefill") d.argv.insert(d.argv.end(), rank_cache.begin(), rank_cache.end());
       out.push_back(std::move(d));
     }
     if (n.has("gateway") && !n.has("router"))
@@ -395,6 +423,7 @@ void yaml_ports(std::ostringstream& y, const node_spec& n, const char* indent, b
   if (n.router_port) ports.push_back({"router", n.router_port});
   if (n.cluster_port) ports.push_back({"cluster", n.cluster_port});
   if (n.http_port) ports.push_back({"http", n.http_port});
+  if (n.store_port) ports.push_back({"store", n.store_port});
   for (const auto& [name, p] : ports) {
     if (service)
       y << indent << "- name: " << name << "\n" << indent << "  port: " << p << "\n" << indent << "  targetPort: " << p << "\n";
@@ -406,7 +435,7 @@ void yaml_ports(std::ostringstream& y, const node_spec& n, const char* indent, b
 }  // namespace
 
 std::string kubernetes_manifests(const cluster_spec& s) {
-  const addressing addr{object_name(s, s.head()), "0.0.0.0"};
+  const addressing addr{object_name(s, s.head()), "0.0.0.0", [&](const node_spec& n) { return object_name(s, n); }};
   const auto plan = plan_launch(s, "baton", addr);
   std::ostringstream y;
   y << "# Generated by `baton deploy k8s` from the cluster spec '" << s.name << "'. One Pod per node; Services for\n"
@@ -433,13 +462,13 @@ std::string kubernetes_manifests(const cluster_spec& s) {
     if (keyed)
       y << (env_open ? "" : "    env:\n") << "    - name: BATON_API_KEYS\n      valueFrom:\n        secretKeyRef:\n          name: "
         << s.name << "-api-keys\n          key: keys\n";
-    if (n.router_port || n.cluster_port || n.http_port) {
+    if (n.router_port || n.cluster_port || n.http_port || n.store_port) {
       y << "    ports:\n";
       yaml_ports(y, n, "    ", false);
     }
-    if (n.has("decode"))
+    if (!n.has("router") && (n.has("decode") || n.has("prefill")))
       y << "    resources:\n      limits:\n        nvidia.com/gpu: " << n.gpus << "\n";
-    if (n.has("router") || n.has("gateway")) {
+    if (n.has("router") || n.has("gateway") || n.store_port) {
       y << "---\napiVersion: v1\nkind: Service\nmetadata:\n  name: " << object_name(s, n) << "\nspec:\n  selector:\n"
         << "    baton/cluster: " << s.name << "\n    baton/node: " << n.name << "\n  ports:\n";
       yaml_ports(y, n, "  ", true);
@@ -459,14 +488,23 @@ std::string slurm_script(const cluster_spec& s) {
   }
   uint32_t gpus = 0;
   for (const auto& n : s.nodes)
-    if (n.has("decode")) gpus = std::max(gpus, n.gpus);
-  const auto plan = plan_launch(s, "@BATON@", {"@HEAD@", "0.0.0.0"});
+    if (!n.has("router") && (n.has("decode") || n.has("prefill"))) gpus = std::max(gpus, n.gpus);
+  // Store nodes are reached at their allocation node: @HOSTk@ becomes ${HOSTS[k]}.
+  auto host_var = [&](const node_spec& n) {
+    return "@HOST" + std::to_string(std::find(hosts.begin(), hosts.end(), n.host) - hosts.begin()) + "@";
+  };
+  const auto plan = plan_launch(s, "@BATON@", {"@HEAD@", "0.0.0.0", host_var});
   // Each argument quoted for the shell, except the placeholders, which become variables.
   auto word = [](const std::string& a) {
     if (a == "@BATON@") return std::string{"\"$BATON\""};
-    const auto at = a.find("@HEAD@");
-    if (at == std::string::npos) return shell_quote(a);
-    return (at ? shell_quote(a.substr(0, at)) : "") + "\"$HEAD\"" + shell_quote(a.substr(at + 6));
+    if (const auto at = a.find("@HEAD@"); at != std::string::npos)
+      return (at ? shell_quote(a.substr(0, at)) : "") + "\"$HEAD\"" + shell_quote(a.substr(at + 6));
+    if (const auto at = a.find("@HOST"); at != std::string::npos) {
+      const auto end = a.find('@', at + 5);
+      return (at ? shell_quote(a.substr(0, at)) : "") + "\"${HOSTS[" + a.substr(at + 5, end - at - 5) + "]}\"" +
+             shell_quote(a.substr(end + 1));
+    }
+    return shell_quote(a);
   };
   std::ostringstream b;
   b << "#!/bin/bash\n# Generated by `baton deploy slurm` from the cluster spec '" << s.name << "'.\n"

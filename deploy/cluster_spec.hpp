@@ -6,6 +6,7 @@
 // format; deploy/examples/ has specs to start from.
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -15,12 +16,13 @@ namespace baton::deploy {
 struct node_spec {
   std::string name;
   std::string host = "127.0.0.1";
-  std::vector<std::string> roles;  ///< router, prefill, store | decode | gateway
-  uint32_t gpus = 1;               ///< decode: one rank per GPU (CPU executors without CUDA)
+  std::vector<std::string> roles;  ///< head: router [+ prefill, store, gateway]; others: one of decode, prefill, store [+ gateway]
+  uint32_t gpus = 1;               ///< decode or prefill node: one rank per GPU (CPU executors without CUDA)
   uint32_t prefill_ranks = 2;      ///< the head's prefill ranks (DP ranks of its engines)
   uint16_t router_port = 0;        ///< head: C++ clients and gateways connect here
   uint16_t cluster_port = 0;       ///< head: node processes join here
   uint16_t http_port = 0;          ///< gateway
+  uint16_t store_port = 0;         ///< store node: the head connects here to adopt its block server
   std::map<std::string, std::string> env;  ///< this node's processes' environment (over the spec's)
   bool has(const std::string& role) const;
 };
@@ -35,6 +37,7 @@ struct cluster_spec {
   std::string prefill_policy = "seed", decode_policy = "seed";
   uint32_t executor_threads = 1, kv_pages = 512, page_tokens = 16;
   std::string store_dir;          ///< empty: no block store
+  int64_t rank_cache_blocks = -1; ///< prefill ranks' local prefix tier, in blocks (-1: their default)
   uint32_t store_servers = 1, block_tokens = 64;
   std::string ssh_user;
   std::vector<std::string> ssh_options;
@@ -66,18 +69,21 @@ tls_files tls_files_for(const cluster_spec& spec, const std::string& identity);
 struct addressing {
   std::string head_host;       ///< the head's address as other nodes see it
   std::string listen_any;      ///< what a process binds to ("" = its spec host; "0.0.0.0" in containers)
+  /// A node's address as the head sees it (store nodes); empty: the spec's host.
+  std::function<std::string(const node_spec&)> host_of = {};
 };
 
 /// One node's process: its `baton` arguments (argv[0] = the binary) and environment additions.
 struct node_launch {
   std::string name;
   std::string host;
-  std::string role;  ///< head | decode | gateway
+  std::string role;  ///< head | decode | prefill | store | gateway
   std::vector<std::string> argv;
   std::map<std::string, std::string> env;
 };
 
-/// Every node's command line, the head first, with the spec's and the node's environment.
+/// Every node's command line -- store nodes first (the head adopts their block servers as it
+/// starts), then the head, then the rest -- with the spec's and the node's environment.
 /// Gateways get their API keys through the environment (BATON_API_KEYS), never on a command
 /// line that `ps` shows.
 std::vector<node_launch> plan_launch(const cluster_spec& spec, const std::string& binary, const addressing& addr);

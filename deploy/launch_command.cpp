@@ -91,12 +91,14 @@ bool make_certificates(const cluster_spec& spec, std::string* why) {
 }
 
 void stop_all(std::vector<child>& children, int drain_ms) {
-  // Decode nodes and gateways first: they drain (finish their streams) before the head goes.
-  std::vector<pid_t> nodes, head;
+  // Rank nodes and gateways first: they drain (finish their streams and write-backs) before the
+  // head goes; store nodes last, as the write-backs land on them.
+  std::vector<pid_t> nodes, head, stores;
   for (const auto& c : children)
-    if (c.pid > 0) (c.node.role == "head" ? head : nodes).push_back(c.pid);
+    if (c.pid > 0) (c.node.role == "head" ? head : c.node.role == "store" ? stores : nodes).push_back(c.pid);
   stop_processes(nodes, drain_ms);
   stop_processes(head, 5000);
+  stop_processes(stores, 5000);
   children.clear();
 }
 
@@ -175,7 +177,17 @@ int run_launch(const std::vector<std::string>& raw_args) {
       if (!process_alive(c.pid)) return &c;
     return nullptr;
   };
-  if (!start(plan.front())) {
+  // Store nodes first (the head adopts their block servers as it starts), then the head.
+  const auto head_at = static_cast<size_t>(
+      std::find_if(plan.begin(), plan.end(), [](const node_launch& n) { return n.role == "head"; }) - plan.begin());
+  for (size_t i = 0; i < head_at; ++i) {
+    if (!start(plan[i])) {
+      std::fprintf(stderr, "baton launch: store node %s: %s\n", plan[i].name.c_str(), why.c_str());
+      return 1;
+    }
+    std::printf("baton launch: store node %s started (pid %d)\n", plan[i].name.c_str(), static_cast<int>(children.back().pid));
+  }
+  if (!start(plan[head_at])) {
     std::fprintf(stderr, "baton launch: head %s: %s\n", head.name.c_str(), why.c_str());
     return 1;
   }
@@ -189,7 +201,8 @@ int run_launch(const std::vector<std::string>& raw_args) {
   std::string last_error = "nothing listens there yet";
   while (!directory) {
     if (auto d = dead_child()) {
-      std::fprintf(stderr, "baton launch: the head (%s) exited before it listened; its output says why\n", d->node.name.c_str());
+      std::fprintf(stderr, "baton launch: %s %s exited before the head listened; its output says why\n",
+                   d->node.role == "head" ? "the head" : "store node", d->node.name.c_str());
       return 1;
     }
     if (std::chrono::steady_clock::now() > deadline) {
@@ -208,13 +221,14 @@ int run_launch(const std::vector<std::string>& raw_args) {
               head.host.c_str(), static_cast<unsigned>(head.router_port), spec.name.c_str(), head.host.c_str(),
               static_cast<unsigned>(head.cluster_port));
   std::fflush(stdout);
-  for (size_t i = 1; i < plan.size(); ++i)
+  // The head listens once it has adopted the store nodes' block servers; the rest join it.
+  for (size_t i = head_at + 1; i < plan.size(); ++i)
     if (!start(plan[i])) {
       std::fprintf(stderr, "baton launch: node %s: %s\n", plan[i].name.c_str(), why.c_str());
       return 1;
     }
   std::set<std::string> waiting;
-  for (size_t i = 1; i < plan.size(); ++i) waiting.insert(plan[i].name);
+  for (size_t i = head_at + 1; i < plan.size(); ++i) waiting.insert(plan[i].name);
   caf::scoped_actor self{sys};
   while (!waiting.empty()) {
     if (auto d = dead_child()) {

@@ -52,6 +52,8 @@ struct local_options {
   float temperature = 0.0f;
   uint32_t num_requests = 0;       ///< 0 = one per prompt; more cycles through the prompts
   uint32_t decode_processes = 0;   ///< decode ranks in their own processes (`baton node`), over UCX
+  std::vector<std::string> store_nodes;  ///< HOST:PORT of store nodes whose block servers we adopt
+  uint32_t store_node_wait_s = 60;       ///< how long to keep trying to reach them
   uint32_t scheduler_threads = 0;  ///< 0 = number of hardware threads
   uint32_t poll_attempts = 0;      ///< CAF work-stealing moderate-poll-attempts (0 avoids 50 us sleeps)
   uint32_t timeout_ms = 120000;
@@ -187,7 +189,12 @@ int run_local(const std::vector<std::string>& args) {
   flags.add("--store-dir", &opt.cluster.store.dir,
             "enable the KV block store with its files here (prefixes are reused across requests)");
   flags.add("--store-servers", &opt.cluster.store.num_servers, "block servers sharing the key space");
+  flags.add("--store-node", &opt.store_nodes,
+            "HOST:PORT of a store node (`baton node --role store`) whose block server joins the store (repeatable)");
+  flags.add("--store-node-wait-s", &opt.store_node_wait_s, "keep trying to reach the store nodes this long");
   flags.add("--store-replicas", &opt.cluster.store.replicas, "copies of each block (1 or 2)");
+  flags.add("--prefix-cache-blocks", &opt.cluster.prefill.prefix_cache_blocks,
+            "prefill ranks: full prompt blocks kept in the rank's KV pages for later prompts (0 = only the block store)");
   flags.add("--block-tokens", &opt.cluster.store.block_tokens, "tokens per store block");
   flags.add("--repeat", &opt.repeat, "send the prompts this many rounds, one round after another (store reuse)");
   flags.add("--weights-seed", &opt.cluster.weights_seed, "seed of the random model's weights (--model random)");
@@ -224,8 +231,9 @@ int run_local(const std::vector<std::string>& args) {
       return 2;
     }
   }
-  opt.cluster.store.enabled = !opt.cluster.store.dir.empty();
-  if (opt.cluster.store.enabled) {  // a block server would only say so per request; say it now
+  opt.cluster.store.enabled = !opt.cluster.store.dir.empty() || !opt.store_nodes.empty();
+  if (opt.cluster.store.dir.empty()) opt.cluster.store.num_servers = 0;  // only store nodes' servers
+  if (!opt.cluster.store.dir.empty()) {  // a block server would only say so per request; say it now
     std::error_code ec;
     std::filesystem::create_directories(opt.cluster.store.dir, ec);
     if (ec || ::access(opt.cluster.store.dir.c_str(), W_OK) != 0) {
@@ -257,8 +265,27 @@ int run_local(const std::vector<std::string>& args) {
     std::fprintf(stderr, "baton local: need --decode-ranks >= 1, --decode-processes >= 1 or --cluster-listen\n");
     return 2;
   }
+  if (opt.cluster.num_prefill_ranks == 0 && opt.cluster_listen.empty()) {  // prefill nodes join through it
+    std::fprintf(stderr, "baton local: need --prefill-ranks >= 1 or --cluster-listen\n");
+    return 2;
+  }
+  std::vector<std::pair<std::string, uint16_t>> store_addrs;
+  for (const auto& a : opt.store_nodes) {
+    std::string host, why;
+    uint16_t port = 0;
+    if (!parse_host_port(a, "--store-node", &host, &port, &why) || port == 0) {
+      std::fprintf(stderr, "baton local: %s\n", why.empty() ? "--store-node needs a non-zero port" : why.c_str());
+      return 2;
+    }
+    store_addrs.emplace_back(host, port);
+  }
+  opt.cluster.remote_store_hosts.resize(store_addrs.size());  // connected below; counted by validate()
   if (auto err = opt.cluster.validate(); !err.empty()) {
     std::fprintf(stderr, "baton local: %s\n", err.c_str());
+    return 2;
+  }
+  if (!store_addrs.empty() && !opt.serve) {
+    std::fprintf(stderr, "baton local: --store-node needs --serve\n");
     return 2;
   }
 
@@ -282,7 +309,33 @@ int run_local(const std::vector<std::string>& args) {
               m.name.c_str(), m.num_hidden_layers, m.hidden_size, static_cast<double>(m.num_parameters()) / 1e6,
               opt.cluster.router.tokenizer ? opt.cluster.router.tokenizer->describe().c_str() : "bytes",
               opt.cluster.num_prefill_ranks, opt.cluster.num_decode_ranks, opt.cluster.executor.num_threads);
+  // Store nodes start before the head (the launcher's order); still, keep trying for a while.
+  for (size_t i = 0; i < store_addrs.size(); ++i) {
+    const auto& [host, port] = store_addrs[i];
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds{opt.store_node_wait_s};
+    for (;;) {
+      auto h = connect_actor<store_host_actor>(sys, opt.sec, host, port);
+      if (h) {
+        opt.cluster.remote_store_hosts[i] = *h;
+        break;
+      }
+      if (std::chrono::steady_clock::now() > deadline || stop_requested()) {
+        std::fprintf(stderr, "baton local: cannot reach the store node at %s:%u within %u s: %s\n", host.c_str(),
+                     static_cast<unsigned>(port), opt.store_node_wait_s,
+                     explain_connect_error(sys, h.error(), opt.sec.tls()).c_str());
+        return 1;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds{200});
+    }
+  }
   auto cluster = start_local_cluster(sys, opt.cluster);
+  if (!cluster.setup_error.empty()) {
+    std::fprintf(stderr, "baton local: %s\n", cluster.setup_error.c_str());
+    return 1;
+  }
+  if (!store_addrs.empty())
+    std::printf("baton local: %zu store node(s) adopted: block servers %u..%zu live in their processes\n",
+                store_addrs.size(), opt.cluster.store.num_servers, opt.cluster.store.num_servers + store_addrs.size() - 1);
   caf::scoped_actor self{sys};
 
   std::vector<pid_t> children;

@@ -1,11 +1,21 @@
-// `baton node --role decode`: decode ranks in their own process. Its agent joins the head's
-// node directory (published by `baton local --serve --cluster-listen`, or by `baton local
-// --decode-processes`), gets the balancer and the block store from it, starts the ranks, and
-// heartbeats. The ranks receive KV over UCX and stream tokens to request actors in the head --
-// all through CAF's network layer. SIGTERM or SIGINT drains the node: no new placements, the
-// running sequences finish, then it leaves. It also ends when the head goes away.
+// `baton node --role decode|prefill|store`: decode or prefill ranks, or a block server, in their
+// own process. Its agent
+// joins the head's node directory (published by `baton local --serve --cluster-listen`, or by
+// `baton local --decode-processes`), gets the balancers and the block store from it, starts the
+// ranks, and heartbeats. Decode ranks receive KV over UCX and stream tokens to request actors in
+// the head; prefill ranks load cached prefixes from the block servers and send KV to decode ranks
+// over UCX -- all messages through CAF's network layer. SIGTERM or SIGINT drains the node: no new
+// placements, the running work finishes, then it leaves. It also ends when the head goes away.
+//
+// A store node is the other way round: it listens (--listen), and the head connects to it at
+// start and adopts its block server, whose files live on this node's disk. It outlives heads:
+// a new head adopts it again. SIGTERM or SIGINT stops it.
 
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <thread>
 #include <unistd.h>
 
 #include <caf/actor_system.hpp>
@@ -13,8 +23,11 @@
 #include <caf/exit_reason.hpp>
 #include <caf/io/middleman.hpp>
 #include <caf/scoped_actor.hpp>
+#include <caf/send.hpp>
 
 #include "actors/decode_rank.hpp"
+#include "actors/prefill_rank.hpp"
+#include "actors/store_host.hpp"
 #include "actors/local_cluster.hpp"
 #include "actors/messages.hpp"
 #include "actors/node_agent.hpp"
@@ -23,24 +36,92 @@
 #include "deploy/net_security.hpp"
 #include "deploy/processes.hpp"
 #include "gpu/cpu_executor.hpp"
+#include "gpu/fault_executor.hpp"
 #include "transport/ucx.hpp"
 
 namespace baton::deploy {
 
+namespace {
+
+/// Fault injection defaults from the environment (a cluster spec's node "env" sets them for one
+/// node in multi-process tests); the flags override them. False: the value is not a number.
+bool fault_from_env(const char* name, uint32_t* out) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return true;
+  char* end = nullptr;
+  const unsigned long x = std::strtoul(v, &end, 10);
+  if (*end != '\0' || x > 600000) {
+    std::fprintf(stderr, "baton node: %s must be a number of milliseconds up to 600000, got '%s'\n", name, v);
+    return false;
+  }
+  *out = static_cast<uint32_t>(x);
+  return true;
+}
+
+/// `--role store`: publishes the store host and serves until a stop signal.
+int run_store_node(caf::actor_system& sys, const net_security& sec, const std::string& listen, store_host_config cfg) {
+  std::string host, why;
+  uint16_t port = 0;
+  if (!parse_host_port(listen, "--listen", &host, &port, &why)) {
+    std::fprintf(stderr, "baton node %s: %s\n", cfg.name.c_str(), why.c_str());
+    return 2;
+  }
+  const std::string name = cfg.name, dir = cfg.dir;
+  auto store = spawn_store_host(sys, std::move(cfg), [](const std::string& name, std::string* why) {
+    return std::shared_ptr<transport::transport>{transport::make_ucx_transport({name}, why)};
+  });
+  auto bound = publish_actor(sys, sec, store, port, host);
+  if (!bound) {
+    std::fprintf(stderr, "baton node %s: cannot listen on %s: %s\n", name.c_str(), listen.c_str(),
+                 sys.render(bound.error()).c_str());
+    caf::anon_send_exit(store, caf::exit_reason::user_shutdown);
+    return 1;
+  }
+  std::printf("baton node %s: store node on %s:%u, blocks under %s; waiting for the head to adopt it\n", name.c_str(),
+              host.c_str(), static_cast<unsigned>(*bound), dir.c_str());
+  std::fflush(stdout);
+  while (!stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds{100});
+  caf::anon_send_exit(store, caf::exit_reason::user_shutdown);
+  std::printf("baton node %s: stopped\n", name.c_str());
+  return 0;
+}
+
+}  // namespace
+
 int run_node(const std::vector<std::string>& args) {
-  std::string role = "decode", connect;
+  std::string role = "decode", connect, listen;
+  store_host_config store_cfg;
+  uint32_t fault_job_delay_ms = 0;
   decode_rank_config rank;
+  prefill_rank_config prefill;  // the head's defaults (`baton local`): 20 ms steps, chunks up to 512
+  prefill.step_budget_us = 20000;
+  prefill.chunk_tokens = 512;
   gpu::cpu_executor_config exec_cfg;
   uint64_t weights_seed = local_cluster_config{}.weights_seed;
   uint32_t scheduler_threads = 2, poll_attempts = 0, num_ranks = 1;
   node_agent_config agent_cfg;
   net_security sec;
+  if (!fault_from_env("BATON_FAULT_JOB_DELAY_MS", &fault_job_delay_ms) ||
+      !fault_from_env("BATON_FAULT_LAYER_DELAY_MS", &store_cfg.fault_layer_delay_ms))
+    return 2;
   flag_set flags;
   add_security_flags(flags, &sec);
-  flags.add("--role", &role, "what this node runs (decode)");
+  flags.add("--role", &role, "what this node runs: decode | prefill | store");
   flags.add("--name", &rank.name, "the node's name (its ranks are <name>, or <name>-0, <name>-1, ... with --ranks > 1)");
-  flags.add("--connect", &connect, "host:port of the head's node directory");
-  flags.add("--ranks", &num_ranks, "decode ranks in this process (one per GPU; CPU executors here)");
+  flags.add("--connect", &connect, "decode, prefill: host:port of the head's node directory");
+  flags.add("--listen", &listen, "store: host:port where the head connects to adopt this node's block server");
+  flags.add("--store-dir", &store_cfg.dir, "store: the directory of the block files (server-<id> below it)");
+  flags.add("--fault-layer-delay-ms", &store_cfg.fault_layer_delay_ms,
+            "store, fault injection for tests: each layer of a read waits this long, a slow disk (env "
+            "BATON_FAULT_LAYER_DELAY_MS)");
+  flags.add("--fault-job-delay-ms", &fault_job_delay_ms,
+            "decode, prefill, fault injection for tests: each executor job starts this late, a slow GPU (env "
+            "BATON_FAULT_JOB_DELAY_MS)");
+  flags.add("--prefix-cache-blocks", &prefill.prefix_cache_blocks,
+            "prefill: full prompt blocks kept in the rank's KV pages for later prompts (0 = only the block store)");
+  flags.add("--ranks", &num_ranks, "ranks in this process (one per GPU; CPU executors here)");
+  flags.add("--chunk-tokens", &prefill.chunk_tokens, "prefill: largest chunk, in tokens");
+  flags.add("--step-budget-us", &prefill.step_budget_us, "prefill: size each chunk to this predicted time (0 = fixed)");
   flags.add("--kv-pages", &exec_cfg.num_kv_pages, "KV pages per rank");
   flags.add("--page-tokens", &exec_cfg.page_size_tokens, "tokens per KV page");
   flags.add("--executor-threads", &exec_cfg.num_threads, "math threads per rank");
@@ -50,19 +131,39 @@ int run_node(const std::vector<std::string>& args) {
   flags.add("--drain-timeout-ms", &agent_cfg.drain_timeout_ms, "on SIGTERM, stop anyway after this long");
   std::string model_dir = "random";
   flags.add("--model", &model_dir, "the head's model directory, or `random` for the seeded random model");
-  if (auto rc = flags.parse_command_line(args, "node", "baton node --role decode --connect HOST:PORT [flags]")) return *rc;
-  if (role != "decode") {
-    std::fprintf(stderr, "baton node: --role must be decode (got '%s')\n", role.c_str());
+  if (auto rc = flags.parse_command_line(
+          args, "node", "baton node --role decode|prefill --connect HOST:PORT | --role store --listen HOST:PORT [flags]"))
+    return *rc;
+  if (role != "decode" && role != "prefill" && role != "store") {
+    std::fprintf(stderr, "baton node: --role must be decode, prefill or store (got '%s')\n", role.c_str());
     return 2;
+  }
+  if (auto e = sec.validate(); !e.empty()) {
+    std::fprintf(stderr, "baton node: %s\n", e.c_str());
+    return 2;
+  }
+  if (role == "store") {
+    if (listen.empty() || store_cfg.dir.empty()) {
+      std::fprintf(stderr, "baton node: --role store needs --listen HOST:PORT and --store-dir DIR\n");
+      return 2;
+    }
+    std::error_code ec;
+    std::filesystem::create_directories(store_cfg.dir, ec);
+    if (ec || ::access(store_cfg.dir.c_str(), W_OK) != 0) {
+      std::fprintf(stderr, "baton node: --store-dir %s is not a writable directory\n", store_cfg.dir.c_str());
+      return 2;
+    }
+    store_cfg.name = rank.name;
+    install_stop_signals();
+    caf::actor_system_config cfg;
+    configure_networked_system(cfg, scheduler_threads, poll_attempts, sec);
+    caf::actor_system sys{cfg};
+    return run_store_node(sys, sec, listen, std::move(store_cfg));
   }
   std::string host, why;
   uint16_t port = 0;
   if (!parse_host_port(connect, "--connect", &host, &port, &why) || port == 0) {
     std::fprintf(stderr, "baton node: %s\n", why.empty() ? "--connect needs a non-zero port" : why.c_str());
-    return 2;
-  }
-  if (auto e = sec.validate(); !e.empty()) {
-    std::fprintf(stderr, "baton node: %s\n", e.c_str());
     return 2;
   }
   if (num_ranks == 0) {
@@ -77,7 +178,8 @@ int run_node(const std::vector<std::string>& args) {
     }
   }
   auto model = loaded.model;
-  if (auto err = rank.validate() + exec_cfg.validate(); !err.empty()) {
+  prefill.name = rank.name;
+  if (auto err = (role == "decode" ? rank.validate() : prefill.validate()) + exec_cfg.validate(); !err.empty()) {
     std::fprintf(stderr, "baton node: %s\n", err.c_str());
     return 2;
   }
@@ -94,20 +196,30 @@ int run_node(const std::vector<std::string>& args) {
   }
   auto weights = loaded.weights ? loaded.weights
                                 : std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(model, weights_seed));
-  agent_cfg.hello = {rank.name, {"decode"}, static_cast<int32_t>(::getpid())};
+  agent_cfg.hello = {rank.name, {role}, static_cast<int32_t>(::getpid())};
   auto start = [=](caf::actor_system& sys, const cluster_welcome& w, node_actors* out) -> std::string {
-    // The head's block store, if it runs one: these ranks write finished sequences back to it
-    // through UCX, like the head's own ranks.
+    // The cluster's block store, if it runs one: decode ranks write finished sequences back to
+    // it, prefill ranks load cached prefixes from it -- through UCX, like the head's own ranks.
     const auto store = store_access::from_info(w.store);
     for (uint32_t i = 0; i < num_ranks; ++i) {
-      auto rc = rank;
-      if (num_ranks > 1) rc.name.append("-").append(std::to_string(i));
+      std::string name = rank.name;
+      if (num_ranks > 1) name.append("-").append(std::to_string(i));
       std::string why;
-      auto xport = transport::make_ucx_transport({rc.name}, &why);
-      if (!xport) return "rank " + rc.name + ": UCX: " + why;
-      out->decode.push_back(spawn_decode_rank(sys, rc, gpu::make_cpu_executor(model, weights, exec_cfg),
-                                              std::move(xport), w.decode_balancer, store));
-      out->decode_names.push_back(rc.name);
+      auto xport = transport::make_ucx_transport({name}, &why);
+      if (!xport) return "rank " + name + ": UCX: " + why;
+      std::shared_ptr<gpu::executor> exec = gpu::make_cpu_executor(model, weights, exec_cfg);
+      if (fault_job_delay_ms) exec = gpu::make_fault_slow_executor(std::move(exec), fault_job_delay_ms);
+      if (role == "decode") {
+        auto rc = rank;
+        rc.name = name;
+        out->ranks.decode.push_back(spawn_decode_rank(sys, rc, std::move(exec), std::move(xport), w.decode_balancer, store));
+      } else {
+        auto pc = prefill;
+        pc.name = name;
+        out->ranks.prefill.push_back(
+            spawn_prefill_rank(sys, pc, std::move(exec), std::move(xport), w.prefill_balancer, store));
+      }
+      out->ranks.names.push_back(name);
     }
     return {};
   };

@@ -216,10 +216,10 @@ TEST_CASE("placement policies are chosen by name, and every decision is explaine
     // Four placements without reports in between: each policy spreads them over both ranks.
     const auto placed = four_placements(t, self, cluster, 64);
     // Ranks register in whichever order they start; the placements alternate between the two.
-  REQUIRE(placed.size() == 4);
-  CHECK(placed[0] != placed[1]);
-  CHECK(placed[2] == placed[0]);
-  CHECK(placed[3] == placed[1]);
+    REQUIRE(placed.size() == 4);
+    CHECK(placed[0] != placed[1]);
+    CHECK(placed[2] == placed[0]);
+    CHECK(placed[3] == placed[1]);
     generate_request req;
     req.prompt = "explain yourself";
     req.max_tokens = 3;
@@ -237,6 +237,42 @@ TEST_CASE("placement policies are chosen by name, and every decision is explaine
     CHECK(log.back().request_id == got->request_id);
     CHECK(log.back().rank == got->prefill_rank);
     CHECK(log.back().why == got->prefill_placement_why);
+  }
+}
+
+TEST_CASE("prefill balancer: a draining rank takes no new prompt and a rank that went down is forgotten at once, "
+          "under every policy") {
+  for (const std::string policy : {"seed", "round_robin", "least_loaded", "cache_affinity", "split"}) {
+    CAPTURE(policy);
+    test::cluster_system t;
+    local_cluster_config cfg;
+    cfg.num_prefill_ranks = 3;
+    cfg.num_decode_ranks = 1;
+    cfg.executor.num_kv_pages = 128;
+    cfg.prefill_balancer.policy = policy;
+    cfg.prefill_balancer.split_min_tokens = 32;  // split: the 64-token prompts would be split
+    auto cluster = start_local_cluster(t.sys, cfg);
+    test::cluster_system::stopper stop{t, cluster};
+    caf::scoped_actor self{t.sys};
+    REQUIRE(t.wait_registered(cluster));
+    self->send(cluster.prefill_balancer, drain_atom::value, cluster.prefill[0].handle);  // its node drains
+    self->send_exit(cluster.prefill[1].handle, caf::exit_reason::kill);                  // its process died
+    size_t ranks = 3;
+    for (int i = 0; i < 1000 && ranks != 2; ++i) {
+      self->request(cluster.prefill_balancer, std::chrono::seconds{5}, stats_atom::value)
+          .receive([&](std::vector<rank_load>& l) { ranks = l.size(); }, [](caf::error&) {});
+      if (ranks != 2) std::this_thread::sleep_for(std::chrono::milliseconds{2});
+    }
+    REQUIRE(ranks == 2);  // the dead one is gone from the balancer's view, the draining one stays
+    const auto placed = four_placements(t, self, cluster, 64);
+    CHECK(placed == std::vector<std::string>(4, "prefill-2"));
+    generate_request req;  // and through the whole cluster: no attempt lost on the dead rank
+    req.prompt = "after the fault";
+    req.max_tokens = 3;
+    auto got = t.generate(cluster.router, req);
+    REQUIRE_MESSAGE(got, t.sys.render(got.error()));
+    CHECK(got->prefill_rank == "prefill-2");
+    CHECK(got->failovers == 0);
   }
 }
 

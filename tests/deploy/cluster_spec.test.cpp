@@ -66,14 +66,62 @@ TEST_CASE("a cluster spec parses into nodes and plans one command line per node 
   for (const auto& a : keyed[2].argv) CHECK(a.find("sk-secret") == std::string::npos);  // never on a command line
 }
 
+TEST_CASE("prefill ranks and block servers in their own node processes: store nodes start first") {
+  const std::string spec = R"({
+    "name": "t", "model": "m", "store": {"dir": "/s", "block_tokens": 64, "rank_cache_blocks": 0},
+    "nodes": [
+      {"name": "head", "host": "h0", "roles": ["router"], "ports": {"router": 7100, "cluster": 7101}},
+      {"name": "p", "host": "h1", "roles": ["prefill"], "gpus": 4},
+      {"name": "s", "host": "h2", "roles": ["store"], "ports": {"store": 9000}},
+      {"name": "d", "host": "h1", "roles": ["decode"]}
+    ]})";
+  cluster_spec s;
+  std::string why;
+  REQUIRE_MESSAGE(parse_cluster_spec(spec, "/base", &s, &why), why);
+  const auto plan = plan_launch(s, "baton", {"h0", ""});
+  REQUIRE(plan.size() == 4);
+  auto after = [](const node_launch& n, const std::string& flag) {
+    const auto it = std::find(n.argv.begin(), n.argv.end(), flag);
+    return it == n.argv.end() || it + 1 == n.argv.end() ? std::string{"(none)"} : *(it + 1);
+  };
+  CHECK(plan[0].role == "store");  // the head adopts it as it starts
+  CHECK(after(plan[0], "--listen") == "h2:9000");
+  CHECK(after(plan[0], "--store-dir") == "/s");
+  CHECK(plan[1].role == "head");
+  CHECK(after(plan[1], "--store-node") == "h2:9000");
+  CHECK(after(plan[1], "--prefill-ranks") == "0");
+  CHECK(after(plan[1], "--store-dir") == "(none)");  // no block server in the head's process
+  CHECK(after(plan[1], "--prefix-cache-blocks") == "(none)");  // no prefill rank there either
+  CHECK(plan[2].role == "prefill");
+  CHECK(after(plan[2], "--role") == "prefill");
+  CHECK(after(plan[2], "--ranks") == "4");
+  CHECK(after(plan[2], "--connect") == "h0:7101");
+  CHECK(after(plan[2], "--prefix-cache-blocks") == "0");
+  CHECK(plan[3].role == "decode");
+  // Kubernetes reaches the store node through its Service, Slurm through its allocation node.
+  const auto k8s = kubernetes_manifests(s);
+  CHECK(k8s.find("- \"t-s:9000\"") != std::string::npos);
+  CHECK(k8s.find("name: store\n") != std::string::npos);
+  const auto slurm = slurm_script(s);
+  CHECK(slurm.find("'--store-node' \"${HOSTS[2]}\"':9000'") != std::string::npos);
+  CHECK(slurm.find("#SBATCH --gpus-per-node=4") != std::string::npos);  // the prefill node's GPUs
+}
+
 TEST_CASE("cluster spec errors name the field and the node") {
   CHECK(error_of(R"("gpus": 2)", R"("gpu": 2)") == "nodes[1]: unknown field 'gpu'");
   CHECK(error_of(R"("gpus": 2)", R"("gpus": 0)") == "nodes[1].gpus must be an integer in [1, 64]");
   CHECK(error_of(R"("name": "d")", R"("name": "head")") == "nodes: the name 'head' is used twice");
   CHECK(error_of(R"("name": "d")", R"("name": "D x")").find("nodes[1].name must be") == 0);
   CHECK(error_of(R"(["decode"])", R"(["decoder"])").find("unknown role 'decoder'") != std::string::npos);
-  CHECK(error_of(R"(["decode"])", R"(["decode", "prefill"])").find("run in the router's process") != std::string::npos);
-  CHECK(error_of(R"("router", "prefill")", R"("prefill")").find("run in the router's process") != std::string::npos);
+  CHECK(error_of(R"(["decode"])", R"(["decode", "prefill"])").find("runs one of decode, prefill or store") != std::string::npos);
+  CHECK(error_of(R"(["decode"])", R"(["decode", "store"])").find("runs one of decode, prefill or store") != std::string::npos);
+  CHECK(error_of(R"("router", "prefill")", R"("router")").find("at least one node must have the prefill role") !=
+        std::string::npos);
+  CHECK(error_of(R"(["decode"], "gpus": 2)", R"(["store"])").find("a store node needs ports.store") != std::string::npos);
+  CHECK(error_of(R"(["decode"], "gpus": 2)", R"(["decode"], "ports": {"store": 9000})").find("ports.store is for store nodes") !=
+        std::string::npos);
+  CHECK(error_of(R"({"http": 8000})", R"({"http": 8000}}, {"name": "s", "roles": ["store"], "ports": {"store": 9000})")
+            .find("a node has the store role but store.dir is not set") != std::string::npos);
   CHECK(error_of(R"(["gateway"], "ports": {"http": 8000})", R"(["router", "prefill"], "ports": {"router": 1, "cluster": 2})") ==
         "nodes: exactly one node must have the router role, found 2");
   CHECK(error_of(R"("http": 8000)", R"("http": 7100)").find("port 7100 on 127.0.0.1 is taken") != std::string::npos);

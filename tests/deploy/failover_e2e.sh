@@ -51,21 +51,9 @@ done
 kill -9 "$PID_A"
 wait $(jobs -p | grep -v "^$LAUNCHER$") 2>/dev/null || true
 
-python3 - "$WORK" "$N" "$TOKENS" <<'PY' || fail "a client saw something other than the undisturbed answer"
-import json, sys
-work, n, tokens = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-def answer(path):
-    events = [l[6:] for l in open(path).read().split("\n") if l.startswith("data: ")]
-    assert events and events[-1] == "[DONE]", f"{path}: no [DONE]"
-    chunks = [json.loads(e) for e in events[:-1]]
-    assert not any("error" in c for c in chunks), f"{path}: {[c for c in chunks if 'error' in c]}"
-    assert chunks[-1]["choices"][0]["finish_reason"] == "length", f"{path}: {chunks[-1]}"
-    return "".join(c["choices"][0]["text"] for c in chunks)
-for i in range(1, n + 1):
-    calm, hit = answer(f"{work}/calm{i}.txt"), answer(f"{work}/hit{i}.txt")
-    assert calm == hit, f"request {i}: undisturbed {calm!r}\n  after the kill {hit!r}"
-print(f"failover e2e: {n} clients streamed {tokens} tokens each through a SIGKILL of decode-a: every text equals the undisturbed one")
-PY
+python3 "$(dirname "$0")/same_answers.py" "$WORK" "$N" calm hit length ||
+  fail "a client saw something other than the undisturbed answer"
+echo "failover e2e: $N clients streamed $TOKENS tokens each through a SIGKILL of decode-a: every text equals the undisturbed one"
 for _ in $(seq 100); do grep -q "node decode-a left (signal 9)" "$WORK/launch.log" && break; sleep 0.1; done
 grep -q "node decode-a left (signal 9)" "$WORK/launch.log" || fail "the launcher did not report decode-a gone"
 curl -sf "$URL" -d '{"prompt":"And after","max_tokens":4}' > /dev/null || fail "the cluster does not serve after the kill"

@@ -1,0 +1,61 @@
+#include "actors/store_host.hpp"
+
+#include <caf/actor_system.hpp>
+#include <caf/send.hpp>
+#include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
+
+#include "actors/block_server.hpp"
+#include "transport/transport.hpp"
+
+namespace baton {
+
+namespace {
+
+struct store_host_state {
+  store_host_config cfg;
+  store_transport_factory make_transport;
+  /// Shared with the exit functor: CAF destroys the state before attached functors run.
+  std::shared_ptr<block_server_actor> server = std::make_shared<block_server_actor>();
+  static inline const char* name = "baton.store_host";
+};
+
+using pointer = store_host_actor::stateful_pointer<store_host_state>;
+
+store_host_actor::behavior_type store_host_impl(pointer self, store_host_config cfg, store_transport_factory make) {
+  self->state.cfg = std::move(cfg);
+  self->state.make_transport = std::move(make);
+  self->attach_functor([server = self->state.server] {
+    if (*server) caf::anon_send_exit(*server, caf::exit_reason::user_shutdown);
+  });
+  return {
+      [=](adopt_atom, store_adoption& a) -> caf::result<block_server_actor> {
+        auto& st = self->state;
+        if (a.index.empty() || a.num_layers == 0 || a.kv_dim == 0 || a.block_tokens == 0 || a.page_tokens == 0)
+          return make_error(errc::bad_request, "store node " + st.cfg.name +
+                                                   ", stage adopt: the adoption lacks an index or a KV layout");
+        std::string why;
+        auto xport = st.make_transport(st.cfg.name, &why);
+        if (!xport)
+          return make_error(errc::executor_failed, "store node " + st.cfg.name + ", stage adopt: transport: " + why);
+        if (*st.server) self->send_exit(*st.server, caf::exit_reason::user_shutdown);
+        block_server_config bc;
+        bc.server_id = a.server_id;
+        bc.name = st.cfg.name;
+        bc.dir = st.cfg.dir + "/server-" + std::to_string(a.server_id);
+        bc.identity = {a.model_id, a.num_layers, a.kv_dim, a.block_tokens, a.page_tokens, a.dtype};
+        if (a.staging_bytes) bc.staging_bytes = a.staging_bytes;
+        bc.fault_layer_delay_ms = st.cfg.fault_layer_delay_ms;
+        *st.server = spawn_block_server(self->system(), std::move(bc), std::move(xport), std::move(a.index));
+        return *st.server;
+      },
+  };
+}
+
+}  // namespace
+
+store_host_actor spawn_store_host(caf::actor_system& sys, store_host_config cfg, store_transport_factory make_transport) {
+  return sys.spawn(store_host_impl, std::move(cfg), std::move(make_transport));
+}
+
+}  // namespace baton

@@ -1,0 +1,55 @@
+#include "gpu/fault_executor.hpp"
+
+#include <chrono>
+#include <thread>
+
+namespace baton::gpu {
+
+namespace {
+
+/// Delays the job where the inner executor reports that it starts: on the executor's thread,
+/// before any compute, so the delay is the device's, not the owner's.
+class slow_sink final : public executor_sink {
+public:
+  slow_sink(std::shared_ptr<executor_sink> inner, uint32_t delay_ms) : inner_(std::move(inner)), delay_ms_(delay_ms) {}
+  void on_started(uint64_t job_id) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds{delay_ms_});
+    inner_->on_started(job_id);
+  }
+  void on_layer_done(uint64_t job_id, uint32_t layer) override { inner_->on_layer_done(job_id, layer); }
+  void on_done(uint64_t job_id, std::vector<std::vector<float>> logits) override {
+    inner_->on_done(job_id, std::move(logits));
+  }
+  void on_failed(uint64_t job_id, std::string what) override { inner_->on_failed(job_id, std::move(what)); }
+
+private:
+  std::shared_ptr<executor_sink> inner_;
+  uint32_t delay_ms_;
+};
+
+class fault_slow_executor final : public executor {
+public:
+  fault_slow_executor(std::shared_ptr<executor> inner, uint32_t delay_ms) : inner_(std::move(inner)), delay_ms_(delay_ms) {}
+  const model_config& config() const override { return inner_->config(); }
+  kv_cache& kv() override { return inner_->kv(); }
+  std::string describe() const override {
+    return inner_->describe() + " (fault: +" + std::to_string(delay_ms_) + " ms per job)";
+  }
+  void submit(forward_job job, std::shared_ptr<executor_sink> sink) override {
+    inner_->submit(std::move(job), std::make_shared<slow_sink>(std::move(sink), delay_ms_));
+  }
+  void bind_runner(deferred_runner* r) override { inner_->bind_runner(r); }
+  void stop() override { inner_->stop(); }
+
+private:
+  std::shared_ptr<executor> inner_;
+  uint32_t delay_ms_;
+};
+
+}  // namespace
+
+std::shared_ptr<executor> make_fault_slow_executor(std::shared_ptr<executor> inner, uint32_t delay_ms) {
+  return std::make_shared<fault_slow_executor>(std::move(inner), delay_ms);
+}
+
+}  // namespace baton::gpu

@@ -1,0 +1,18 @@
+#pragma once
+
+// Fault injection for tests, never a default: an executor that is slow, as a throttled or
+// oversubscribed GPU would be. Multi-process tests use it to hold work on a rank long enough to
+// kill the rank's process in the middle of it (tests/deploy/prefill_kill_e2e.sh).
+
+#include <cstdint>
+#include <memory>
+
+#include "gpu/executor.hpp"
+
+namespace baton::gpu {
+
+/// Wraps `inner`: every job starts `delay_ms` late, on the inner executor's own thread (so the
+/// jobs behind it wait too, as on a slow device); results are the inner executor's, unchanged.
+std::shared_ptr<executor> make_fault_slow_executor(std::shared_ptr<executor> inner, uint32_t delay_ms);
+
+}  // namespace baton::gpu
