@@ -39,6 +39,9 @@ struct prefill_rank_config {
   /// only for that layer of the prefix (false: load the whole prefix, then compute).
   bool overlap_prefix_load = true;
   uint32_t kv_send_timeout_ms = 2000;   ///< a layer's put pending longer than this fails the request
+  /// Checksum every shipped layer for the decode rank to verify. Off only where the KV is not
+  /// real (sims' modelled executors), together with decode_rank_config::verify_kv_checksums.
+  bool checksum_kv = true;
   uint32_t poll_interval_us = 100;      ///< how often pending puts are polled
 
   std::string validate() const {
@@ -66,6 +69,9 @@ struct store_config {
   uint64_t staging_bytes = 64ull << 20;  ///< a block server's registered buffer for reads
   /// Each decode rank's registered write-back staging; blocks beyond it are dropped (counted).
   uint64_t max_pending_write_bytes = 64ull << 20;
+  /// With the store off: still key prompts into blocks of block_tokens, so prefill ranks keep
+  /// their local prefix tiers and cache_affinity sees the keys (sims, which model no disks yet).
+  bool local_tier_only = false;
 
   /// `remote_servers`: block servers adopted from store nodes, after the in-process ones.
   std::string validate(uint32_t page_size_tokens, size_t remote_servers = 0) const {

@@ -34,6 +34,17 @@ std::string local_cluster_config::validate() const {
   return {};
 }
 
+namespace {
+
+/// What the cluster's KV blocks are keyed by: the model and weights, layout and block size.
+store::kv_identity kv_identity_of(const local_cluster_config& cfg) {
+  const auto& m = cfg.model;
+  return {m.name + " seed " + std::to_string(cfg.weights_seed), m.num_hidden_layers, m.kv_dim(), cfg.store.block_tokens,
+          cfg.executor.page_size_tokens, "f32"};
+}
+
+}  // namespace
+
 local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_config& cfg,
                                   executor_factory make_executor, transport_wrapper wrap) {
   if (!make_executor) {
@@ -60,9 +71,7 @@ local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_co
   local_cluster out;
   store_access access;
   if (cfg.store.enabled) {
-    const auto& m = cfg.model;
-    access.identity = {m.name + " seed " + std::to_string(cfg.weights_seed), m.num_hidden_layers, m.kv_dim(),
-                       cfg.store.block_tokens, cfg.executor.page_size_tokens, "f32"};
+    access.identity = kv_identity_of(cfg);
     access.replicas = cfg.store.replicas;
     access.read_timeout_ms = cfg.store.read_timeout_ms;
     access.max_pending_write_bytes = cfg.store.max_pending_write_bytes;
@@ -102,6 +111,10 @@ local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_co
     }
     for (const auto& shard : out.store_index) caf::anon_send(shard, access.servers);
     access.index = out.store_index;
+  }
+  if (!cfg.store.enabled && cfg.store.local_tier_only) {
+    access.identity = kv_identity_of(cfg);
+    access.local_tier_only = true;
   }
   out.prefill_balancer = spawn_prefill_balancer(sys, cfg.prefill_balancer);
   auto dbc = cfg.decode_balancer;

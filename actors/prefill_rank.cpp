@@ -241,14 +241,15 @@ void submit_chunk(prefill_pointer self, uint64_t rid) {
   // rank_core destroys the executor (joining its thread) before the transport, so both outlive
   // every callback.
   auto on_layer = [sender, xport = st.core.xport.get(), log = st.core.log, exec = st.core.exec.get(),
-                   owner = self->address(),
+                   owner = self->address(), checksums = st.cfg.checksum_kv,
                    cancelled = r.cancelled](uint64_t, uint32_t l) {
     log->add({0, "compute_done", sender->request_id, sender->chunk, l, {}, {}});
     if (cancelled->load()) return;
     // The last chunk completes layer l of the whole prompt: its checksum goes with the
     // layer-ready signal so the decode rank can prove the layer landed intact.
-    const uint64_t checksum =
-        sender->last ? std::max<uint64_t>(1, exec->kv().kv_layer_checksum(l, sender->local_pages, sender->end_page)) : 0;
+    uint64_t checksum = 0;
+    if (sender->last)
+      checksum = checksums ? std::max<uint64_t>(1, exec->kv().kv_layer_checksum(l, sender->local_pages, sender->end_page)) : 1;
     const uint64_t xfer = xport->post_put(sender->put_for_layer(l));
     log->add({0, "send_posted", sender->request_id, sender->chunk, l, {}, {}});
     if (auto h = caf::actor_cast<caf::actor>(owner))
@@ -342,6 +343,7 @@ void drain_waiting(prefill_pointer self) {
   auto& st = self->state;
   auto& kv = st.core.exec->kv();
   while (const auto* w = st.waiting.peek()) {
+    if (st.requests.count(w->order.request_id)) break;  // its superseded attempt is still winding down
     const bool split = w->order.part_ranks.size() > 1;
     const auto len = split ? w->order.part_bounds.at(w->order.part_index + 1) : static_cast<uint32_t>(w->order.tokens.size());
     std::vector<store::block_key> keys;
@@ -388,9 +390,17 @@ caf::result<prefill_result> accept_prefill(prefill_pointer self, prefill_order o
   const auto rid = order.request_id;
   const auto stage = where(rid, st.cfg.name, "prefill");
   if (!st.core.setup_error.empty()) return make_error(errc::executor_failed, stage + ": " + st.core.setup_error);
-  bool duplicate = st.requests.count(rid) > 0;
-  st.waiting.for_each([&](const waiting_order& w) { duplicate = duplicate || w.order.request_id == rid; });
-  if (duplicate) return make_error(errc::bad_request, stage + ": request id already in progress");
+  // The same request again: an earlier attempt of it, which its request actor has given up on
+  // (it re-placed itself after losing its decode rank, say) and which may have landed here
+  // again. The newer attempt supersedes it: a waiting one is dropped, a running one is stopped
+  // and the new one waits until the executor is done with it.
+  const auto superseded = [&] {
+    return make_error(errc::rank_unavailable, stage + ": superseded by a newer attempt of the request");
+  };
+  if (auto old = st.waiting.take_if([&](const waiting_order& w) { return w.order.request_id == rid; }))
+    old->promise.deliver(superseded());
+  if (st.requests.count(rid) > 0)
+    fail_request(self, rid, errc::rank_unavailable, "prefill", "superseded by a newer attempt of the request");
   auto& kv = st.core.exec->kv();
   const auto& local = kv.layout();
   const auto& reg = order.grant.region;
@@ -431,7 +441,7 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
                                                     prefill_balancer_actor balancer, store_access store) {
   auto& st = self->state;
   st.store = std::move(store);
-  if (st.store.enabled() && cfg.prefix_cache_blocks > 0 && st.store.block_tokens() % exec->kv().layout().page_size_tokens == 0) {
+  if (st.store.keyed() && cfg.prefix_cache_blocks > 0 && st.store.block_tokens() % exec->kv().layout().page_size_tokens == 0) {
     st.local.emplace(st.store.block_tokens() / exec->kv().layout().page_size_tokens, cfg.prefix_cache_blocks);
     st.salt = store::salt_of(st.store.identity);
   }

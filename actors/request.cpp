@@ -212,7 +212,7 @@ void fail_or_retry(request_pointer self, caf::error err) {
   st.prefill_name.clear();
   st.decode_name.clear();
   st.stage_started = self->clock().now();
-  if (st.plan.store.enabled())
+  if (st.plan.store.keyed())
     check(self);
   else
     place(self);
@@ -454,7 +454,7 @@ void check(request_pointer self) {
   auto keys = store::chain_keys(store::salt_of(p.store.identity), st.prompt, b);
   for (const auto& k : keys) st.block_keys.insert(st.block_keys.end(), {k.hi, k.lo});
   keys.resize(std::min(keys.size(), usable));
-  if (keys.empty()) return place(self);
+  if (keys.empty() || p.store.index.empty()) return place(self);  // no index: keys for the balancer only
   // Each index shard is asked for its own keys, in parallel; the cached prefix is the leading
   // run of keys that some shard holds. A shard that does not answer holds nothing.
   const auto shards = static_cast<uint32_t>(p.store.index.size());

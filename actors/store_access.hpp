@@ -19,8 +19,13 @@ struct store_access {
   uint32_t read_timeout_ms = 5000;
   uint64_t max_pending_write_bytes = 64ull << 20;
   store::retention_policy retention;
+  /// No block servers, only each prefill rank's own tier of prompt blocks (sims: the store's
+  /// disks are not modelled yet, the ranks' local prefix caches are real).
+  bool local_tier_only = false;
 
   bool enabled() const { return !index.empty() && !servers.empty(); }
+  /// Prompts are cut into keyed blocks (for a store, or only for the ranks' local tiers).
+  bool keyed() const { return enabled() || local_tier_only; }
   uint32_t block_tokens() const { return identity.block_tokens; }
 
   store_info to_info() const {

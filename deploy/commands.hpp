@@ -40,4 +40,7 @@ int run_deploy(const std::vector<std::string>& args);
 /// `baton generate`: one or more prompts to a running cluster, streamed to stdout.
 int run_generate(const std::vector<std::string>& args);
 
+/// `baton sim run|goodput|compare`: trace replay through the actors on modelled GPUs.
+int run_sim(const std::vector<std::string>& args);
+
 }  // namespace baton::deploy

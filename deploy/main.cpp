@@ -23,6 +23,8 @@ const char* usage =
     "  generate  send prompts to a running cluster's router and stream the answers\n"
     "  profile   measure the executor, fit the prefill and decode cost models, write a\n"
     "            profile file (--out) that balancers and sims load\n"
+    "  sim       run|goodput|compare: replay a request trace through the actors under\n"
+    "            virtual time on modelled GPUs (roofline of H200/H100/H800)\n"
     "\n"
     "`baton <command> --help` lists a command's flags.\n";
 
@@ -42,6 +44,7 @@ int main(int argc, char** argv) {
   if (cmd == "launch") return baton::deploy::run_launch(args);
   if (cmd == "deploy") return baton::deploy::run_deploy(args);
   if (cmd == "generate") return baton::deploy::run_generate(args);
+  if (cmd == "sim") return baton::deploy::run_sim(args);
   if (cmd == "--help" || cmd == "-h" || cmd == "help") {
     std::fputs(usage, stdout);
     return 0;

@@ -92,6 +92,19 @@ class priority_classes {
     return out;
   }
 
+  /// Removes and returns the first item (interactive first) for which `pred` holds.
+  template <class Pred>
+  std::optional<T> take_if(Pred pred) {
+    for (auto* q : {&interactive_, &batch_})
+      for (auto it = q->begin(); it != q->end(); ++it)
+        if (pred(*it)) {
+          T out = std::move(*it);
+          q->erase(it);
+          return out;
+        }
+    return std::nullopt;
+  }
+
   /// Visits every queued item (interactive first) — for load reports and keepalives.
   template <class F>
   void for_each(F f) const {

@@ -9,7 +9,9 @@ namespace baton::sims {
 int64_t modelled_layer_ns(const gpu::forward_job& job, const gpu::model_config& model,
                           const modelled_executor_config& cfg) {
   double us = 0.0;
-  if (job.kind == gpu::forward_job::decode) {
+  if (cfg.job_us) {
+    us = cfg.job_us(job);
+  } else if (job.kind == gpu::forward_job::decode) {
     uint64_t context = 0;
     for (const auto& s : job.seqs) context += s.start_pos + 1;
     us = cfg.decode.step_us(job.seqs.size(), context);
@@ -51,15 +53,20 @@ private:
     queue_.pop_front();
     const int64_t layer_ns = modelled_layer_ns(job, model_, cfg_);
     sink->on_started(job.job_id);
+    const bool coarse = cfg_.coarse_decode && job.kind == gpu::forward_job::decode;
     auto shared_job = std::make_shared<gpu::forward_job>(std::move(job));
-    step_layer(shared_job, sink, 0, layer_ns);
+    if (coarse)
+      step_layer(shared_job, sink, 0, layer_ns * model_.num_hidden_layers, model_.num_hidden_layers);
+    else
+      step_layer(shared_job, sink, 0, layer_ns, 1);
   }
 
+  /// After `layer_ns`, layers [layer, layer + span) are done.
   void step_layer(std::shared_ptr<gpu::forward_job> job, std::shared_ptr<gpu::executor_sink> sink, uint32_t layer,
-                  int64_t layer_ns) {
-    runner_->run_after(std::chrono::nanoseconds{layer_ns}, [this, job, sink, layer, layer_ns] {
-      sink->on_layer_done(job->job_id, layer);
-      if (layer + 1 < model_.num_hidden_layers) return step_layer(job, sink, layer + 1, layer_ns);
+                  int64_t layer_ns, uint32_t span) {
+    runner_->run_after(std::chrono::nanoseconds{layer_ns}, [this, job, sink, layer, layer_ns, span] {
+      for (uint32_t l = layer; l < layer + span; ++l) sink->on_layer_done(job->job_id, l);
+      if (layer + span < model_.num_hidden_layers) return step_layer(job, sink, layer + span, layer_ns, span);
       std::vector<std::vector<float>> logits(job->seqs.size());
       for (size_t i = 0; i < job->seqs.size(); ++i)
         if (job->seqs[i].want_logits) {

@@ -4,6 +4,7 @@
 // Its timeline is the owning actor's (deferred_runner), i.e. virtual time under CAF's test
 // coordinator. It owns a real (small) KV pool so transports have real regions to move.
 
+#include <functional>
 #include <memory>
 #include <optional>
 
@@ -18,6 +19,13 @@ struct modelled_executor_config {
   uint32_t num_kv_pages = 256;
   uint32_t page_size_tokens = 16;
   int32_t emitted_token = 'a';             ///< the token every step "predicts"
+  /// A job's whole time in microseconds from another model (a roofline of a named GPU and model
+  /// shape, sims/roofline.hpp); empty: the two cost models above.
+  std::function<double(const gpu::forward_job&)> job_us;
+  /// Decode steps end all their layers at once (nothing waits on a decode step's layers, unlike
+  /// a prefill's, whose KV ships layer by layer): one timer per step instead of one per layer,
+  /// which is what lets a long trace run fast. The step's time is unchanged.
+  bool coarse_decode = false;
   /// Failure modelling: after this many jobs the device hangs (no further job ever finishes),
   /// as a GPU whose kernel never returns. Empty = never.
   std::optional<uint32_t> hang_after_jobs;

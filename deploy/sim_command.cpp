@@ -1,0 +1,282 @@
+// `baton sim run|goodput|compare`: replays a request trace (or synthetic arrivals) through the
+// production actors under virtual time on modelled GPUs (sims/sim_run.hpp) and reports TTFT,
+// TBT, TPOT, E2E, SLO attainment and goodput.
+
+#include <chrono>
+#include <cstdlib>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "deploy/commands.hpp"
+#include "deploy/flags.hpp"
+#include "sims/sim_run.hpp"
+#include "sims/trace.hpp"
+
+namespace baton::deploy {
+
+namespace {
+
+struct sim_options {
+  sims::sim_config cfg;
+  std::string trace_path;
+  float rate_scale = 1.0f, window_s = 0.0f, window_start_s = 0.0f;
+  uint32_t max_requests = 0;
+  // Synthetic arrivals when no --trace is given.
+  float synthetic_rate = 2.0f, synthetic_duration_s = 60.0f, arrival_cv = 1.0f;
+  uint32_t input_mean = 2048, output_mean = 256;
+  float ttft_slo_ms = 2000.0f, tbt_slo_ms = 100.0f;
+  std::string report;
+  // goodput / compare
+  float lo = 0.25f, hi = 8.0f, target = 0.9f;
+  uint32_t steps = 6;
+  std::vector<std::string> variants;
+  std::vector<std::string> kills;  ///< RANK@SECONDS
+};
+
+/// --kill RANK@SECONDS into the config's faults; false and why on a malformed one.
+bool parse_kills(sim_options* o, std::string* why) {
+  o->cfg.faults.clear();
+  for (const auto& k : o->kills) {
+    const auto at = k.rfind('@');
+    char* end = nullptr;
+    const double s = at == std::string::npos ? -1 : std::strtod(k.c_str() + at + 1, &end);
+    if (at == std::string::npos || at == 0 || !end || *end != '\0' || !(s >= 0)) {
+      *why = "--kill must be RANK@SECONDS (e.g. decode-1@600), got '" + k + "'";
+      return false;
+    }
+    o->cfg.faults.push_back({s, k.substr(0, at)});
+  }
+  return true;
+}
+
+void add_sim_flags(flag_set& f, sim_options* o) {
+  f.add("--trace", &o->trace_path, "a request trace: Mooncake .jsonl, Azure .csv or vLLM *_requests.jsonl (none: synthetic)");
+  f.add("--rate-scale", &o->rate_scale, "k times the trace's arrival rate");
+  f.add("--window-start-s", &o->window_start_s, "keep arrivals from this second of the trace");
+  f.add("--window-s", &o->window_s, "... for this long (0: to the end)");
+  f.add("--max-requests", &o->max_requests, "keep at most this many requests (0: all)");
+  f.add("--rate", &o->synthetic_rate, "synthetic: requests per second");
+  f.add("--duration-s", &o->synthetic_duration_s, "synthetic: seconds of arrivals");
+  f.add("--arrival-cv", &o->arrival_cv, "synthetic: 1 = Poisson, > 1 = bursty (gamma)");
+  f.add("--input-mean", &o->input_mean, "synthetic: mean prompt tokens (lognormal, cv 1)");
+  f.add("--output-mean", &o->output_mean, "synthetic: mean output tokens (lognormal, cv 1)");
+  f.add("--seed", &o->cfg.seed, "synthetic arrivals' seed (a replayed trace samples nothing)");
+  f.add("--model", &o->cfg.model, "model shape: llama-3-8b | llama-3-70b | qwen3-32b | deepseek-v3");
+  f.add("--prefill-gpu", &o->cfg.prefill_gpu, "GPU of prefill instances: H200 | H100 | H800");
+  f.add("--decode-gpu", &o->cfg.decode_gpu, "GPU of decode instances");
+  f.add("--tp", &o->cfg.tp, "GPUs per instance (tensor parallel)");
+  f.add("--prefill-instances", &o->cfg.prefill_instances, "prefill instances");
+  f.add("--decode-instances", &o->cfg.decode_instances, "decode instances (colocated: all instances)");
+  f.add("--colocated", &o->cfg.colocated, "the colocated baseline: chunked prefill on the decode instances");
+  f.add("--chunk-tokens", &o->cfg.colocated_chunk_tokens, "colocated: tokens per step (max_num_batched_tokens)");
+  f.add("--max-batch", &o->cfg.max_batch, "sequences per decode step (max_num_seqs)");
+  f.add("--prefill-policy", &o->cfg.prefill_policy, "seed | least_loaded | round_robin | cache_affinity | split");
+  f.add("--decode-policy", &o->cfg.decode_policy, "seed | least_loaded | round_robin");
+  f.add("--prefix-cache-blocks", &o->cfg.prefix_cache_blocks, "per prefill instance: its local tier of prompt blocks");
+  f.add("--kv-tokens", &o->cfg.kv_tokens, "KV tokens per instance (0: HBM after the weights)");
+  f.add("--sim-layers", &o->cfg.sim_layers, "layer groups the actors see (KV ships per group)");
+  f.add("--ttft-slo-ms", &o->ttft_slo_ms, "SLO on time to first token");
+  f.add("--tbt-slo-ms", &o->tbt_slo_ms, "SLO on Mooncake's TBT (a request's slowest 10% of intervals)");
+  f.add("--report", &o->report, "write the JSON report here");
+  f.add("--kill", &o->kills, "RANK@SECONDS: kill that rank's actor at that virtual time (repeatable)");
+  f.add("--progress", &o->cfg.progress, "a progress line on stderr");
+}
+
+bool make_trace(const sim_options& o, double scale, sims::trace* t, std::string* name, std::string* why) {
+  if (!o.trace_path.empty()) {
+    sims::trace_options to;
+    to.rate_scale = o.rate_scale * scale;
+    to.window_start_s = o.window_start_s;
+    to.window_s = o.window_s;
+    to.max_requests = o.max_requests;
+    if (auto e = to.validate(); !e.empty()) {
+      *why = e;
+      return false;
+    }
+    *name = o.trace_path;
+    return sims::load_trace(o.trace_path, to, t, why);
+  }
+  sims::synthetic_spec s;
+  s.rate_per_s = o.synthetic_rate * o.rate_scale * scale;
+  s.duration_s = o.synthetic_duration_s;
+  s.arrival_cv = o.arrival_cv;
+  s.input = {sims::length_dist::lognormal, static_cast<double>(o.input_mean), 1.0, 1, 32768};
+  s.output = {sims::length_dist::lognormal, static_cast<double>(o.output_mean), 1.0, 1, 4096};
+  s.seed = o.cfg.seed;
+  if (auto e = s.validate(); !e.empty()) {
+    *why = e;
+    return false;
+  }
+  *t = sims::synthetic_trace(s);
+  *name = "synthetic";
+  return true;
+}
+
+void print_summary(const sims::sim_summary& s) {
+  std::printf("  requests %zu, completed %zu, failed %zu; SLO attainment %.1f%%; cache hit ratio %.3f\n", s.requests,
+              s.completed, s.failed, 100 * s.slo_attainment, s.cache_hit_ratio);
+  auto row = [](const char* what, const sims::percentiles& p) {
+    std::printf("  %-5s ms  mean %9.1f  p50 %9.1f  p90 %9.1f  p99 %9.1f  max %9.1f\n", what, p.mean, p.p50, p.p90,
+                p.p99, p.max);
+  };
+  row("TTFT", s.ttft_ms);
+  row("TBT", s.tbt_ms);
+  row("TPOT", s.tpot_ms);
+  row("E2E", s.e2e_ms);
+  std::printf("  throughput: %.1f requests/s, %.0f output tokens/s over %.1f s\n", s.requests_per_s,
+              s.output_tokens_per_s, s.span_s);
+}
+
+/// One variant of `baton sim compare`: NAME=FLAGS, the flags applied over the common ones.
+bool apply_variant(const std::string& v, const sim_options& base, sim_options* out, std::string* name, std::string* why) {
+  const auto eq = v.find('=');
+  if (eq == std::string::npos || eq == 0) {
+    *why = "--variant must be NAME=FLAGS (e.g. colocated=--colocated), got '" + v + "'";
+    return false;
+  }
+  *name = v.substr(0, eq);
+  std::istringstream in(v.substr(eq + 1));
+  std::vector<std::string> args;
+  for (std::string w; in >> w;) args.push_back(w);
+  *out = base;
+  out->variants.clear();
+  flag_set f;
+  add_sim_flags(f, out);
+  if (auto rc = f.parse_command_line(args, "sim compare", "--variant NAME=FLAGS")) {
+    *why = "variant '" + *name + "': bad flags";
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+int run_sim(const std::vector<std::string>& raw) {
+  if (raw.empty() || (raw[0] != "run" && raw[0] != "goodput" && raw[0] != "compare")) {
+    std::fprintf(stderr, "usage: baton sim run|goodput|compare [flags]   (`baton sim run --help` lists them)\n");
+    return 2;
+  }
+  const std::string mode = raw[0];
+  std::vector<std::string> args(raw.begin() + 1, raw.end());
+  sim_options o;
+  flag_set f;
+  add_sim_flags(f, &o);
+  if (mode != "run") {
+    f.add("--lo", &o.lo, "goodput: lowest rate scale tried");
+    f.add("--hi", &o.hi, "goodput: highest rate scale tried");
+    f.add("--steps", &o.steps, "goodput: bisection steps");
+    f.add("--target", &o.target, "goodput: fraction of requests within both SLOs");
+  }
+  if (mode == "compare")
+    f.add("--variant", &o.variants, "NAME=FLAGS: a configuration to compare (repeatable), e.g. colo=--colocated");
+  if (auto rc = f.parse_command_line(args, "sim " + mode, "baton sim " + mode + " [flags]")) return *rc;
+  o.cfg.slos = {o.ttft_slo_ms, o.tbt_slo_ms};
+  std::string why, name;
+  if (!parse_kills(&o, &why)) {
+    std::fprintf(stderr, "baton sim: %s\n", why.c_str());
+    return 2;
+  }
+
+  if (mode == "run") {
+    sims::trace t;
+    if (!make_trace(o, 1.0, &t, &name, &why)) {
+      std::fprintf(stderr, "baton sim: %s\n", why.c_str());
+      return 2;
+    }
+    const auto w0 = std::chrono::steady_clock::now();
+    sims::sim_result r;
+    if (!sims::run_sim(o.cfg, t, name, &r, &why)) {
+      std::fprintf(stderr, "baton sim: %s\n", why.c_str());
+      return 2;
+    }
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
+    std::printf("baton sim: %s, %zu requests over %.0f s of virtual time\n", name.c_str(), t.requests.size(), r.virtual_s);
+    print_summary(r.summary);
+    std::printf("  simulated in %.2f s wall: %.0f requests/s, %.2fM events (%.0f per request, %.2fM events/s)\n", wall,
+                static_cast<double>(t.requests.size()) / wall, static_cast<double>(r.events) / 1e6,
+                static_cast<double>(r.events) / std::max<double>(1, static_cast<double>(t.requests.size())),
+                static_cast<double>(r.events) / wall / 1e6);
+    if (!o.report.empty()) {
+      std::ofstream out(o.report);
+      out << r.json;
+      if (!out) {
+        std::fprintf(stderr, "baton sim: cannot write %s\n", o.report.c_str());
+        return 1;
+      }
+      std::printf("  report: %s\n", o.report.c_str());
+    }
+    return r.summary.failed ? 1 : 0;
+  }
+
+  auto goodput_of = [&](const sim_options& v, double* scale, double* req_per_s) {
+    std::vector<std::pair<double, double>> runs;
+    sims::trace base;
+    if (!make_trace(v, 1.0, &base, &name, &why)) return false;
+    const double base_rate = base.span_s() > 0 ? static_cast<double>(base.requests.size()) / base.span_s() : 0;
+    std::string trace_why;
+    *scale = sims::find_goodput(
+        v.cfg,
+        [&](double s) {
+          sims::trace t;
+          std::string n;
+          if (!make_trace(v, s, &t, &n, &trace_why)) t = {};
+          return t;
+        },
+        v.lo, v.hi, v.steps, v.target, &runs, &why);
+    if (!why.empty() || !trace_why.empty()) {
+      if (why.empty()) why = trace_why;
+      return false;
+    }
+    *req_per_s = *scale * base_rate;
+    return true;
+  };
+
+  if (mode == "goodput") {
+    double scale = 0, rate = 0;
+    if (!goodput_of(o, &scale, &rate)) {
+      std::fprintf(stderr, "baton sim: %s\n", why.c_str());
+      return 2;
+    }
+    std::printf("baton sim goodput: %.3f x the trace's rate = %.2f requests/s with >= %.0f%% within TTFT <= %.0f ms "
+                "and TBT <= %.0f ms\n",
+                scale, rate, 100 * o.target, o.ttft_slo_ms, o.tbt_slo_ms);
+    return 0;
+  }
+
+  // compare: one row per variant at the trace's rate, plus its goodput.
+  if (o.variants.empty()) o.variants = {"as-given="};
+  std::printf("%-16s %10s %10s %10s %10s %8s %10s %12s\n", "variant", "TTFT p50", "TTFT p99", "TBT p50", "TBT p99",
+              "SLO %", "goodput x", "goodput r/s");
+  for (const auto& v : o.variants) {
+    sim_options vo;
+    std::string vname;
+    if (!apply_variant(v, o, &vo, &vname, &why)) {
+      std::fprintf(stderr, "baton sim: %s\n", why.c_str());
+      return 2;
+    }
+    vo.cfg.slos = {vo.ttft_slo_ms, vo.tbt_slo_ms};
+    if (!parse_kills(&vo, &why)) {
+      std::fprintf(stderr, "baton sim: %s: %s\n", vname.c_str(), why.c_str());
+      return 2;
+    }
+    sims::trace t;
+    sims::sim_result r;
+    if (!make_trace(vo, 1.0, &t, &name, &why) || !sims::run_sim(vo.cfg, t, name, &r, &why)) {
+      std::fprintf(stderr, "baton sim: %s: %s\n", vname.c_str(), why.c_str());
+      return 2;
+    }
+    double scale = 0, rate = 0;
+    if (!goodput_of(vo, &scale, &rate)) {
+      std::fprintf(stderr, "baton sim: %s: %s\n", vname.c_str(), why.c_str());
+      return 2;
+    }
+    const auto& s = r.summary;
+    std::printf("%-16s %10.0f %10.0f %10.1f %10.1f %8.1f %10.3f %12.2f\n", vname.c_str(), s.ttft_ms.p50, s.ttft_ms.p99,
+                s.tbt_ms.p50, s.tbt_ms.p99, 100 * s.slo_attainment, scale, rate);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace baton::deploy

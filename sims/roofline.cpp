@@ -1,0 +1,144 @@
+#include "sims/roofline.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+
+namespace baton::sims {
+
+namespace {
+
+std::string lower(std::string s) {
+  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// Achievable rates. H200: measured on the project's H200 (platform-notes §6: cuBLAS bf16 GEMM
+// ~790 TFLOP/s, device copy 4,257 GB/s read + write, pinned PCIe 55 GB/s). H100 and H800 SXM:
+// the same efficiency (80% of the 989 TFLOP/s datasheet rate, 89% of HBM) applied to their
+// datasheets (3.35 TB/s HBM3); the H800's NVLink is cut to 400 GB/s. NIC: one 400 Gb/s port per
+// GPU (50 GB/s), as in DeepSeek's and Mooncake's clusters. Launch overhead: 40 us per step.
+const std::vector<gpu_spec>& gpus() {
+  static const std::vector<gpu_spec> g = {
+      {"H200", 790, 4257, 450, 55, 50, 141, 40},
+      {"H100", 790, 2980, 450, 55, 50, 80, 40},
+      {"H800", 790, 2980, 200, 55, 50, 80, 40},
+  };
+  return g;
+}
+
+model_shape gqa(std::string name, uint32_t layers, uint32_t hidden, uint32_t heads, uint32_t kv_heads,
+                uint32_t head_dim, double params) {
+  model_shape m;
+  m.name = std::move(name);
+  m.num_layers = layers;
+  m.hidden = hidden;
+  m.num_heads = heads;
+  m.head_dim = head_dim;
+  m.kv_bytes_per_token = uint64_t{layers} * 2 * kv_heads * head_dim * 2;
+  // QK^T and PV: 2 FLOPs per multiply-add, each over head_dim, for every head.
+  m.attn_flops_per_pair = 4.0 * layers * heads * head_dim;
+  m.dense_params = params;
+  return m;
+}
+
+// Shapes from each model's config.json (Hugging Face). DeepSeek-V3: MLA with a 512 + 64 = 576
+// value latent per token and layer (absorbed: scores over 576, values over 512), 58 MoE layers of
+// 256 routed experts (8 per token; 3 x 7168 x 2048 parameters each), 671 B parameters in all.
+const std::vector<model_shape>& models() {
+  static const std::vector<model_shape> m = [] {
+    std::vector<model_shape> v = {
+        gqa("llama-3-8b", 32, 4096, 32, 8, 128, 8.03e9),
+        gqa("llama-3-70b", 80, 8192, 64, 8, 128, 70.6e9),
+        gqa("qwen3-32b", 64, 5120, 64, 8, 128, 32.8e9),
+    };
+    model_shape ds;
+    ds.name = "deepseek-v3";
+    ds.num_layers = 61;
+    ds.hidden = 7168;
+    ds.num_heads = 128;
+    ds.head_dim = 128;
+    ds.kv_bytes_per_token = uint64_t{61} * 576 * 2;
+    ds.attn_flops_per_pair = 2.0 * 61 * 128 * (576 + 512);
+    ds.routed_params = 58.0 * 256 * 3 * 7168 * 2048;
+    ds.dense_params = 671e9 - ds.routed_params;
+    ds.num_experts = 256;
+    ds.experts_per_token = 8;
+    ds.bytes_per_param = 1.0;  // fp8 weights, as DeepSeek serves them
+    ds.max_context = 131072;
+    v.push_back(ds);
+    return v;
+  }();
+  return m;
+}
+
+}  // namespace
+
+double model_shape::active_params() const {
+  return dense_params + (num_experts ? routed_params * experts_per_token / num_experts : 0.0);
+}
+
+std::optional<gpu_spec> named_gpu(const std::string& name) {
+  for (const auto& g : gpus())
+    if (lower(g.name) == lower(name)) return g;
+  return std::nullopt;
+}
+
+std::vector<std::string> gpu_names() {
+  std::vector<std::string> out;
+  for (const auto& g : gpus()) out.push_back(g.name);
+  return out;
+}
+
+std::optional<model_shape> named_model(const std::string& name) {
+  for (const auto& m : models())
+    if (m.name == lower(name)) return m;
+  return std::nullopt;
+}
+
+std::vector<std::string> model_names() {
+  std::vector<std::string> out;
+  for (const auto& m : models()) out.push_back(m.name);
+  return out;
+}
+
+double roofline::step_us(const std::vector<step_seq>& seqs, std::string* why) const {
+  double tokens = 0, pairs = 0, kv_read = 0;
+  for (const auto& s : seqs) {
+    const auto q = static_cast<double>(s.tokens), c = static_cast<double>(s.context);
+    tokens += q;
+    // Causal: new token i attends to context + i + 1 positions.
+    pairs += q * c + q * (q + 1) / 2.0;
+    kv_read += c + q;
+  }
+  const double flops = (2.0 * model.active_params() * tokens + model.attn_flops_per_pair * pairs) / tp;
+  // Weights: dense ones always; routed experts only as far as this step's tokens touch them.
+  double touched = 0;
+  if (model.num_experts) {
+    const double picks = tokens * model.experts_per_token;
+    touched = model.routed_params * (1.0 - std::pow(1.0 - 1.0 / model.num_experts, picks));
+  }
+  const double bytes = ((model.dense_params + touched) * model.bytes_per_param + kv_read * model.kv_bytes_per_token) / tp;
+  const double compute_us = flops / (gpu.matmul_tflops * 1e6);
+  const double memory_us = bytes / (gpu.hbm_gbps * 1e3);
+  // Two all-reduces of the activations per layer (ring: 2 (tp - 1) / tp of the bytes each way).
+  const double comm_us = tp > 1 ? 2.0 * model.num_layers * tokens * model.hidden * 2.0 * 2.0 * (tp - 1) / tp /
+                                      (gpu.nvlink_gbps * 1e3)
+                                : 0.0;
+  if (why) *why = compute_us >= memory_us ? "compute" : "memory";
+  return std::max(compute_us, memory_us) + comm_us + gpu.step_overhead_us;
+}
+
+uint64_t roofline::kv_capacity_tokens() const {
+  const double total = gpu.hbm_gb * 1e9 * tp * 0.9;
+  const double weights = (model.dense_params + model.routed_params) * model.bytes_per_param;
+  if (total <= weights) return 0;
+  return static_cast<uint64_t>((total - weights) / static_cast<double>(model.kv_bytes_per_token));
+}
+
+double roofline::kv_transfer_us(uint64_t tokens) const {
+  // Each of the tp GPUs sends its shard over its own NIC.
+  return static_cast<double>(tokens) * model.kv_bytes_per_token / tp / (gpu.nic_gbps * 1e3);
+}
+
+}  // namespace baton::sims

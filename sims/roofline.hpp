@@ -1,0 +1,73 @@
+#pragma once
+
+// A roofline step-time model for simulated GPUs (issue 8): a job's time is the larger of its
+// FLOPs over the GPU's achievable matrix rate and its bytes (weights once per step, plus the KV
+// it reads) over the achievable HBM bandwidth, plus tensor-parallel all-reduces over NVLink and a
+// fixed per-step launch overhead. Pure: numbers in, microseconds out. Named GPUs and model shapes
+// below; every constant says where it comes from.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace baton::sims {
+
+struct gpu_spec {
+  std::string name;
+  double matmul_tflops = 0;   ///< achievable dense bf16 (not the datasheet peak)
+  double hbm_gbps = 0;        ///< achievable HBM bandwidth, GB/s (1e9 B/s)
+  double nvlink_gbps = 0;     ///< per-GPU NVLink bandwidth for TP all-reduce, one direction
+  double pcie_gbps = 0;       ///< host <-> device, pinned
+  double nic_gbps = 0;        ///< one NIC's share for KV transfer between nodes
+  double hbm_gb = 0;          ///< memory per GPU
+  double step_overhead_us = 0;  ///< launches and scheduling per step (CUDA graphs assumed for decode)
+};
+
+/// H200, H100, H800 (SXM); case-insensitive. Empty for an unknown name.
+std::optional<gpu_spec> named_gpu(const std::string& name);
+std::vector<std::string> gpu_names();
+
+struct model_shape {
+  std::string name;
+  uint32_t num_layers = 0;
+  uint32_t hidden = 0;
+  uint32_t num_heads = 0;
+  uint32_t head_dim = 0;
+  /// Bytes of KV per token, all layers (GQA: 2 x kv_heads x head_dim x 2 B; MLA: latent x 2 B).
+  uint64_t kv_bytes_per_token = 0;
+  /// Attention FLOPs per (query token, context token) pair, all layers.
+  double attn_flops_per_pair = 0;
+  double dense_params = 0;        ///< parameters every token uses (attention, shared experts, embeddings)
+  double routed_params = 0;       ///< MoE: all routed experts' parameters (0: dense model)
+  uint32_t num_experts = 0;       ///< routed experts
+  uint32_t experts_per_token = 0;
+  double bytes_per_param = 2.0;   ///< bf16
+  uint32_t max_context = 131072;
+  double active_params() const;   ///< per token
+};
+
+/// llama-3-8b, llama-3-70b, qwen3-32b, deepseek-v3; case-insensitive. Empty for an unknown name.
+std::optional<model_shape> named_model(const std::string& name);
+std::vector<std::string> model_names();
+
+/// One sequence's part of a step: `tokens` new tokens on top of `context` already in its KV.
+struct step_seq {
+  uint32_t tokens = 0;
+  uint32_t context = 0;
+};
+
+struct roofline {
+  gpu_spec gpu;
+  model_shape model;
+  uint32_t tp = 1;  ///< tensor-parallel degree of the instance: FLOPs, weights and KV split tp ways
+
+  /// The step's time in microseconds; `why`, if given, says which bound won.
+  double step_us(const std::vector<step_seq>& seqs, std::string* why = nullptr) const;
+  /// KV tokens one instance holds: HBM left after the weights (90% usable), over the KV size.
+  uint64_t kv_capacity_tokens() const;
+  /// Time to move n tokens of KV over one NIC (disaggregated handoff), microseconds.
+  double kv_transfer_us(uint64_t tokens) const;
+};
+
+}  // namespace baton::sims

@@ -1,0 +1,65 @@
+#pragma once
+
+// What a simulation run reports (issue 8): per-request outcomes in, percentiles, SLO attainment
+// and a deterministic JSON document out. Pure: no actors, no clock, no wall time in the JSON (two
+// runs of the same trace and configuration give byte-identical reports).
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace baton::sims {
+
+struct request_outcome {
+  std::string id;
+  int64_t arrival_us = 0;
+  uint32_t input_tokens = 0, output_tokens = 0;
+  bool ok = false;
+  std::string error;           ///< why it failed (empty when ok)
+  int64_t ttft_us = 0;
+  int64_t e2e_us = 0;          ///< arrival -> last token
+  double tpot_us = 0;          ///< (e2e - ttft) / (tokens - 1); 0 for one token
+  double tbt_mean_us = 0;      ///< mean interval between tokens
+  double tbt_slow10_us = 0;    ///< Mooncake's TBT: mean of the slowest 10% of intervals (at least one)
+  int64_t tbt_max_us = 0;
+  uint32_t cached_tokens = 0;  ///< prompt tokens loaded instead of computed
+  uint32_t failovers = 0;
+  std::string prefill_rank, decode_rank;
+};
+
+/// Fills the TBT summaries of `o` from a request's intervals.
+void summarize_intervals(const std::vector<int64_t>& tbt_us, request_outcome* o);
+
+struct percentiles {
+  double mean = 0, p50 = 0, p90 = 0, p99 = 0, max = 0;
+  size_t count = 0;
+};
+/// Linear interpolation between closest ranks (as ../shared/traces/README.md computes them).
+percentiles percentiles_of(std::vector<double> values);
+
+struct slo {
+  double ttft_ms = 2000;
+  double tbt_ms = 100;  ///< on Mooncake's TBT (slowest 10% of a request's intervals)
+};
+
+struct sim_summary {
+  size_t requests = 0, completed = 0, failed = 0;
+  percentiles ttft_ms, tbt_ms, tpot_ms, e2e_ms;  ///< over completed requests; tbt: Mooncake's
+  double slo_attainment = 0;   ///< fraction of all requests that completed within both SLOs
+  double cache_hit_ratio = 0;  ///< cached prompt tokens / prompt tokens
+  double span_s = 0;           ///< first arrival -> last completion (virtual)
+  double output_tokens_per_s = 0, requests_per_s = 0;
+  uint64_t failovers = 0;
+  std::map<std::string, uint64_t> prefill_requests, decode_requests;  ///< per rank
+  std::map<std::string, uint64_t> errors;                              ///< first words of each failure
+};
+
+sim_summary summarize(const std::vector<request_outcome>& outcomes, const slo& s);
+
+/// The report as JSON: `config` (whatever the caller records: key -> value), the summary, and
+/// `extra` numbers (events processed, ...). Fixed key order and number formatting.
+std::string report_json(const std::map<std::string, std::string>& config, const sim_summary& s,
+                        const std::map<std::string, double>& extra);
+
+}  // namespace baton::sims

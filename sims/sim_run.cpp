@@ -1,0 +1,308 @@
+#include "sims/sim_run.hpp"
+
+#include <chrono>
+#include <cstdio>
+#include <memory>
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/event_based_actor.hpp>
+#include <caf/scheduler/test_coordinator.hpp>
+#include <caf/scoped_actor.hpp>
+#include <caf/send.hpp>
+
+#include "actors/local_cluster.hpp"
+#include "actors/messages.hpp"
+#include "policies/cost_fit.hpp"
+#include "sims/modelled_executor.hpp"
+#include "sims/roofline.hpp"
+
+namespace baton::sims {
+
+std::string sim_config::validate() const {
+  if (!named_model(model)) return "unknown model '" + model + "' (known: llama-3-8b, llama-3-70b, qwen3-32b, deepseek-v3)";
+  for (const auto* g : {&prefill_gpu, &decode_gpu})
+    if (!named_gpu(*g)) return "unknown GPU '" + *g + "' (known: H200, H100, H800)";
+  if (tp == 0 || decode_instances == 0) return "tp and decode_instances must be >= 1";
+  if (!colocated && prefill_instances == 0) return "a disaggregated cluster needs prefill_instances >= 1";
+  if (page_tokens == 0 || block_tokens == 0 || block_tokens % page_tokens != 0)
+    return "block_tokens must be a positive multiple of page_tokens";
+  if (sim_layers == 0) return "sim_layers must be >= 1";
+  if (max_batch == 0 || prefill_chunk_tokens == 0 || colocated_chunk_tokens == 0)
+    return "max_batch and chunk sizes must be >= 1";
+  return {};
+}
+
+namespace {
+
+/// What the actors see of the model: the real layer count (or sim_layers of it) for per-layer
+/// handoff, a token-sized KV of 2 floats so pages cost little memory, the real context length.
+gpu::model_config carrier_model(const model_shape& m, const sim_config& c) {
+  gpu::model_config g;
+  g.name = m.name + "-modelled";
+  g.vocab_size = 256;  // small: every step samples over it (block keys need no more)
+  g.hidden_size = 8;
+  g.intermediate_size = 8;
+  g.num_hidden_layers = std::min(c.sim_layers, m.num_layers);
+  g.num_attention_heads = 1;
+  g.num_key_value_heads = 1;
+  g.head_dim = 2;
+  g.max_position_embeddings = m.max_context;
+  g.bos_token_id = 1;
+  g.eos_token_id = 2;
+  return g;
+}
+
+uint64_t mix(uint64_t x) {  // splitmix64
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+/// A request's prompt: block b's tokens come from its hash id, so requests that share their
+/// first k ids share their first k blocks exactly (the ids are chained). Without ids, every
+/// request's tokens are its own.
+std::vector<int32_t> prompt_of(const trace_request& r, size_t index, uint32_t block_tokens, uint32_t vocab) {
+  std::vector<int32_t> out(r.input_tokens);
+  for (uint32_t i = 0; i < r.input_tokens; ++i) {
+    const uint32_t b = i / block_tokens;
+    const uint64_t base = b < r.hash_ids.size() ? mix(r.hash_ids[b] + 0x5bd1e995) : mix(0xabcdef + index * 1000003 + b);
+    out[i] = static_cast<int32_t>(3 + mix(base + i % block_tokens) % (vocab - 3));  // never bos/eos
+  }
+  return out;
+}
+
+/// The balancer's cost model, fitted to the prefill instances' roofline (what `baton profile`
+/// does on a real GPU), so the seed policy predicts the times the sim will take.
+policies::cost_model fitted_cost(const roofline& r) {
+  std::vector<policies::prefill_sample> samples;
+  for (uint64_t q : {256, 1024, 4096, 16384, 65536})
+    for (uint64_t c : {0, 4096, 32768}) samples.push_back({q, c, r.step_us({{static_cast<uint32_t>(q), static_cast<uint32_t>(c)}})});
+  if (auto m = policies::fit_cost_model(samples)) return *m;
+  return builtin_cpu_cost_model();
+}
+
+struct run_state {
+  std::vector<request_outcome> outcomes;
+  size_t done = 0;
+};
+
+}  // namespace
+
+bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_name, sim_result* out, std::string* why) {
+  if (auto e = cfg.validate(); !e.empty()) {
+    *why = "sim: " + e;
+    return false;
+  }
+  const auto shape = *named_model(cfg.model);
+  const roofline prefill_roof{*named_gpu(cfg.prefill_gpu), shape, cfg.tp};
+  const roofline decode_roof{*named_gpu(cfg.decode_gpu), shape, cfg.tp};
+  const uint64_t kv_tokens = cfg.kv_tokens ? cfg.kv_tokens : decode_roof.kv_capacity_tokens();
+  uint64_t longest = 0;
+  for (const auto& r : t.requests) longest = std::max<uint64_t>(longest, uint64_t{r.input_tokens} + r.output_tokens);
+  if (kv_tokens < longest || kv_tokens == 0) {
+    *why = "sim: an instance holds " + std::to_string(kv_tokens) + " KV tokens (" + cfg.model + " on " +
+           std::to_string(cfg.tp) + " x " + cfg.decode_gpu + "), the longest request needs " + std::to_string(longest);
+    return false;
+  }
+  if (longest > shape.max_context) {
+    *why = "sim: a request needs " + std::to_string(longest) + " tokens, beyond " + cfg.model + "'s context of " +
+           std::to_string(shape.max_context);
+    return false;
+  }
+
+  local_cluster_config cc;
+  cc.model = carrier_model(shape, cfg);
+  cc.num_prefill_ranks = cfg.colocated ? 0 : cfg.prefill_instances;
+  cc.num_decode_ranks = cfg.decode_instances;
+  cc.executor.page_size_tokens = cfg.page_tokens;
+  cc.executor.num_kv_pages = static_cast<uint32_t>(kv_tokens / cfg.page_tokens);
+  cc.prefill.chunk_tokens = cfg.prefill_chunk_tokens;
+  cc.prefill.step_budget_us = 0;
+  cc.prefill.cost = cc.prefill_balancer.cost = fitted_cost(prefill_roof);
+  cc.prefill.prefix_cache_blocks = cfg.prefix_cache_blocks;
+  cc.prefill.kv_send_timeout_ms = 3'600'000;
+  cc.prefill.checksum_kv = false;  // modelled KV is all zeros (the decode side does not verify either)
+  cc.prefill_balancer.policy = cfg.prefill_policy;
+  cc.decode_balancer.policy = cfg.decode_policy;
+  cc.decode.max_batch_size = cfg.max_batch;
+  cc.decode.local_prefill_chunk_tokens = cfg.colocated_chunk_tokens;
+  cc.decode.verify_kv_checksums = false;  // modelled KV is all zeros: nothing to check, time saved
+  // Queueing is what a sim measures: no hop deadline cuts it short (an hour of virtual time).
+  auto& rq = cc.router.request;
+  rq.place_timeout_ms = rq.reserve_timeout_ms = rq.prefill_timeout_ms = rq.token_timeout_ms = 3'600'000;
+  rq.lease_ms = 3'600'000;
+  // A decode rank that is full when the reservation arrives (the balancer saw it a step ago)
+  // refuses; the request is placed again, as in production, with more attempts than a live
+  // cluster gives so that an overloaded sim measures queueing rather than refusals.
+  rq.max_attempts = 20;
+  rq.hybrid_prefill_below_tokens = cfg.colocated ? UINT32_MAX : 0;
+  cc.router.max_active_requests = 0;  // admission control off: every trace request is served
+  cc.router.max_new_tokens_limit = 0;
+  // The store's block size is the prefix cache's unit; the store itself is off (see header).
+  cc.store.block_tokens = cfg.block_tokens;
+  cc.store.local_tier_only = true;
+  if (auto e = cc.validate(); !e.empty()) {
+    *why = "sim: " + e;
+    return false;
+  }
+
+  caf::actor_system_config sys_cfg;
+  register_message_types(sys_cfg);
+  sys_cfg.set("scheduler.policy", caf::atom("testing"));
+  sys_cfg.set("logger.file-verbosity", caf::atom("quiet"));
+  sys_cfg.set("logger.console-verbosity", caf::atom("quiet"));
+  caf::actor_system sys{sys_cfg};
+  auto& sched = dynamic_cast<caf::scheduler::test_coordinator&>(sys.scheduler());
+
+  const auto model = cc.model;
+  auto make_exec = [&](const std::string& name) -> std::shared_ptr<gpu::executor> {
+    const bool prefill = name.rfind(cc.prefill.name, 0) == 0;
+    modelled_executor_config m;
+    m.num_kv_pages = cc.executor.num_kv_pages;
+    m.page_size_tokens = cfg.page_tokens;
+    m.emitted_token = 7;
+    m.coarse_decode = true;
+    const roofline roof = prefill ? prefill_roof : decode_roof;
+    m.job_us = [roof](const gpu::forward_job& job) {
+      std::vector<step_seq> seqs;
+      seqs.reserve(job.seqs.size());
+      for (const auto& s : job.seqs) seqs.push_back({static_cast<uint32_t>(s.tokens.size()), s.start_pos});
+      return roof.step_us(seqs);
+    };
+    return make_modelled_executor(model, m);
+  };
+  auto cluster = start_local_cluster(sys, cc, make_exec);
+  // Stops every actor of the cluster and lets them finish (the actor system's destructor waits
+  // for them, and under the test coordinator only this thread can run them).
+  auto shut_down = [&] {
+    for (auto& a : cluster.actors()) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+    for (size_t i = 0; i < 100000 && (sched.run() > 0 || sched.has_pending_timeout()); ++i)
+      if (sched.has_pending_timeout()) sched.trigger_timeouts();
+  };
+
+  auto st = std::make_shared<run_state>();
+  st->outcomes.resize(t.requests.size());
+  const auto t0 = sched.clock().now();
+  // The feeder: one timer per arrival; each request's answer fills its outcome.
+  sys.spawn([&t, &cfg, &cc, st, router = cluster.router, t0](caf::event_based_actor* self) {
+    for (size_t i = 0; i < t.requests.size(); ++i)
+      self->delayed_send(self, std::chrono::microseconds{t.requests[i].arrival_us}, static_cast<uint64_t>(i));
+    return caf::behavior{[=, &t, &cfg, &cc](uint64_t i) {
+      const auto& r = t.requests[i];
+      generate_request req;
+      req.prompt_tokens = prompt_of(r, i, cfg.block_tokens, cc.model.vocab_size);
+      req.max_tokens = static_cast<int32_t>(std::max<uint32_t>(1, r.output_tokens));
+      req.ignore_eos = true;
+      auto& o = st->outcomes[i];
+      o.id = r.id;
+      o.arrival_us = r.arrival_us;
+      o.input_tokens = r.input_tokens;
+      o.output_tokens = std::max<uint32_t>(1, r.output_tokens);
+      self->request(router, caf::infinite, generate_atom::value, std::move(req))
+          .then(
+              [=](completion& c) {
+                auto& o = st->outcomes[i];
+                o.ok = true;
+                o.ttft_us = c.ttft_us;
+                int64_t sum = 0;
+                for (auto x : c.tbt_us) sum += x;
+                o.e2e_us = c.ttft_us + sum;
+                o.tpot_us = c.tbt_us.empty() ? 0.0 : static_cast<double>(sum) / static_cast<double>(c.tbt_us.size());
+                summarize_intervals(c.tbt_us, &o);
+                o.cached_tokens = c.cached_tokens;
+                o.failovers = c.failovers;
+                o.prefill_rank = c.prefill_rank.empty() ? c.decode_rank : c.prefill_rank;
+                o.decode_rank = c.decode_rank;
+                ++st->done;
+              },
+              [=](caf::error& e) {
+                auto& o = st->outcomes[i];
+                o.error = self->system().render(e);
+                ++st->done;
+              });
+    }};
+  });
+
+  // Faults: each kills its rank's actor at its virtual time.
+  for (const auto& f : cfg.faults) {
+    caf::actor victim;
+    for (const auto& r : cluster.prefill)
+      if (r.name == f.rank) victim = caf::actor_cast<caf::actor>(r.handle);
+    for (const auto& r : cluster.decode)
+      if (r.name == f.rank) victim = caf::actor_cast<caf::actor>(r.handle);
+    if (!victim) {
+      shut_down();
+      *why = "sim: fault names no rank '" + f.rank + "' (prefill-<i> or decode-<i>)";
+      return false;
+    }
+    sys.spawn([victim, at = f.at_s](caf::event_based_actor* self) {
+      self->delayed_send(self, std::chrono::microseconds{static_cast<int64_t>(at * 1e6)}, timer_atom::value);
+      return caf::behavior{[=](timer_atom) {
+        self->send_exit(victim, caf::exit_reason::kill);
+        self->quit();
+      }};
+    });
+  }
+  uint64_t events = 0;
+  size_t shown = 0;
+  for (;;) {
+    events += sched.run();
+    if (cfg.progress && st->done >= shown + std::max<size_t>(1, t.requests.size() / 100)) {
+      shown = st->done;
+      std::fprintf(stderr, "\rsim: %zu/%zu requests, %.0f s virtual, %llu events", st->done, t.requests.size(),
+                   std::chrono::duration<double>(sched.clock().now() - t0).count(),
+                   static_cast<unsigned long long>(events));
+    }
+    if (st->done == t.requests.size() || !sched.has_pending_timeout()) break;
+    sched.trigger_timeout();
+    ++events;
+  }
+  if (cfg.progress) std::fprintf(stderr, "\n");
+  out->virtual_s = std::chrono::duration<double>(sched.clock().now() - t0).count();
+  out->events = events;
+  shut_down();
+  for (auto& o : st->outcomes)
+    if (!o.ok && o.error.empty()) o.error = "not answered when the simulation ran out of events";
+  out->outcomes = std::move(st->outcomes);
+  out->summary = summarize(out->outcomes, cfg.slos);
+  std::map<std::string, std::string> echo = {
+      {"trace", trace_name},
+      {"model", cfg.model},
+      {"mode", cfg.colocated ? "colocated" : "disaggregated"},
+      {"prefill", cfg.colocated ? "-" : std::to_string(cfg.prefill_instances) + " x " + std::to_string(cfg.tp) + " " + cfg.prefill_gpu},
+      {"decode", std::to_string(cfg.decode_instances) + " x " + std::to_string(cfg.tp) + " " + cfg.decode_gpu},
+      {"policies", cfg.prefill_policy + " / " + cfg.decode_policy},
+      {"kv_tokens_per_instance", std::to_string(kv_tokens)},
+      {"slo", "TTFT <= " + std::to_string(cfg.slos.ttft_ms) + " ms, TBT <= " + std::to_string(cfg.slos.tbt_ms) + " ms"},
+      {"seed", std::to_string(cfg.seed)},
+  };
+  for (const auto& f : cfg.faults) echo["fault " + f.rank] = "killed at " + std::to_string(f.at_s) + " s";
+  out->json = report_json(echo, out->summary,
+                          {{"events", static_cast<double>(out->events)},
+                           {"events_per_request", t.requests.empty() ? 0.0 : static_cast<double>(out->events) / static_cast<double>(t.requests.size())},
+                           {"virtual_s", out->virtual_s}});
+  return true;
+}
+
+double find_goodput(const sim_config& cfg, const std::function<trace(double)>& make_trace, double lo, double hi,
+                    uint32_t steps, double target, std::vector<std::pair<double, double>>* runs, std::string* why) {
+  auto attainment = [&](double scale, bool* ok) {
+    sim_result r;
+    *ok = run_sim(cfg, make_trace(scale), "goodput", &r, why);
+    if (runs && *ok) runs->push_back({scale, r.summary.slo_attainment});
+    return *ok ? r.summary.slo_attainment : 0.0;
+  };
+  bool ok = true;
+  if (attainment(lo, &ok) < target) return 0.0;
+  if (!ok) return 0.0;
+  if (attainment(hi, &ok) >= target) return hi;
+  for (uint32_t i = 0; i < steps && ok; ++i) {
+    const double mid = (lo + hi) / 2;
+    (attainment(mid, &ok) >= target ? lo : hi) = mid;
+  }
+  return ok ? lo : 0.0;
+}
+
+}  // namespace baton::sims

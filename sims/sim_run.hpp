@@ -1,0 +1,76 @@
+#pragma once
+
+// The sim driver (issue 8): the production actors -- router, request actors, balancers, prefill
+// and decode ranks -- run under CAF's test coordinator (one thread, virtual time) while a trace's
+// requests arrive at their recorded times. Only the executors are modelled: a roofline of a named
+// GPU and model shape gives each step's time (sims/roofline.hpp). Deterministic: the same trace
+// and configuration give a byte-identical report.
+//
+// Not modelled yet: KV transfer time between ranks (the handoff is free in virtual time), PCIe
+// and disk bandwidth, and the block store (prefix hits come from each prefill rank's local tier).
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "sims/sim_report.hpp"
+#include "sims/trace.hpp"
+
+namespace baton::sims {
+
+/// A fault in virtual time: the named rank's actor is killed (as its process would be) at `at_s`;
+/// the actors' real failure handling re-places what it held.
+struct sim_fault {
+  double at_s = 0;
+  std::string rank;  ///< prefill-<i> or decode-<i>
+};
+
+struct sim_config {
+  std::string model = "llama-3-70b";     ///< a named shape (roofline.hpp)
+  std::string prefill_gpu = "H200";      ///< GPU kind of prefill instances
+  std::string decode_gpu = "H200";       ///< ... and of decode instances (heterogeneous clusters)
+  uint32_t tp = 2;                       ///< GPUs per instance (tensor parallel)
+  uint32_t prefill_instances = 4;        ///< disaggregated: prefill instances (each one prefill rank)
+  uint32_t decode_instances = 4;         ///< disaggregated: decode instances; colocated: all instances
+  /// Colocated baseline (vLLM-style continuous batching with chunked prefill): no prefill
+  /// instances; every prompt is prefilled on its decode instance in chunks of
+  /// `colocated_chunk_tokens` riding with the decode steps (max_num_batched_tokens).
+  bool colocated = false;
+  uint32_t colocated_chunk_tokens = 2048;
+  uint32_t max_batch = 256;              ///< sequences per decode step (max_num_seqs)
+  uint32_t prefill_chunk_tokens = 16384; ///< disaggregated prefill chunk
+  std::string prefill_policy = "seed";   ///< seed | least_loaded | round_robin | cache_affinity | split
+  std::string decode_policy = "seed";    ///< seed | least_loaded | round_robin
+  uint32_t block_tokens = 512;           ///< prefix-cache block (Mooncake's hash ids are 512-token blocks)
+  uint32_t prefix_cache_blocks = 4096;   ///< per prefill rank: its local tier of full prompt blocks
+  uint32_t page_tokens = 64;             ///< KV page size of the modelled ranks
+  uint32_t sim_layers = 4;               ///< layers the actors see (KV ships per layer group); time uses the real count
+  uint64_t kv_tokens = 0;                ///< KV capacity per instance; 0: from the roofline (HBM after weights)
+  slo slos;
+  std::vector<sim_fault> faults;
+  uint64_t seed = 1;                     ///< recorded; the replay itself samples nothing
+  bool progress = false;                 ///< a progress line on stderr
+  std::string validate() const;
+};
+
+struct sim_result {
+  std::vector<request_outcome> outcomes;  ///< in trace order
+  sim_summary summary;
+  uint64_t events = 0;                    ///< actor messages and timers processed
+  double virtual_s = 0;                   ///< virtual time at the end
+  std::string json;                       ///< the deterministic report
+};
+
+/// Replays `t` through the cluster `cfg` describes. False and a sentence when the configuration
+/// cannot run (unknown GPU or model, KV capacity too small for the longest request, ...).
+bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_name, sim_result* out, std::string* why);
+
+/// DistServe's goodput: the highest rate scale at which at least `target` of the requests meet
+/// both SLOs, by bisection over [lo, hi] (`steps` runs). `make_trace(scale)` gives the trace at a
+/// scale. Returns the scale (0 when even `lo` misses) and each run's (scale, attainment).
+double find_goodput(const sim_config& cfg, const std::function<trace(double)>& make_trace, double lo, double hi,
+                    uint32_t steps, double target, std::vector<std::pair<double, double>>* runs, std::string* why);
+
+}  // namespace baton::sims

@@ -1,0 +1,220 @@
+// Issue 8: the sim driver -- roofline step times, trace replay through the production actors
+// under virtual time, deterministic reports, goodput, and faults in virtual time.
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <regex>
+
+#include "sims/roofline.hpp"
+#include "sims/sim_report.hpp"
+#include "sims/sim_run.hpp"
+#include "sims/trace.hpp"
+
+using namespace baton::sims;
+
+namespace {
+
+/// A small synthetic workload: Poisson arrivals, lognormal lengths.
+trace small_trace(uint64_t seed, double rate = 4.0, double duration_s = 20.0) {
+  synthetic_spec s;
+  s.rate_per_s = rate;
+  s.duration_s = duration_s;
+  s.input = {length_dist::lognormal, 1500, 1.0, 16, 8192};
+  s.output = {length_dist::lognormal, 120, 1.0, 2, 512};
+  s.seed = seed;
+  return synthetic_trace(s);
+}
+
+sim_config small_cluster() {
+  sim_config c;
+  c.model = "llama-3-8b";
+  c.tp = 1;
+  c.prefill_instances = 2;
+  c.decode_instances = 2;
+  return c;
+}
+
+trace one_request(uint32_t input, uint32_t output) {
+  trace t;
+  t.requests.push_back({0, input, output, {}, "only"});
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("roofline: decode steps are bandwidth-bound, long prefills compute-bound, with the expected magnitudes") {
+  const roofline r{*named_gpu("H200"), *named_model("llama-3-8b"), 1};
+  std::string why;
+  // One token on an empty context: 16.06 GB of weights plus one token's KV over 4,257 GB/s.
+  const double decode = r.step_us({{1, 0}}, &why);
+  CHECK(why == "memory");
+  CHECK(decode == doctest::Approx(8.03e9 * 2 / 4257e3 + 131072.0 / 4257e3 + 40).epsilon(1e-9));
+  // 4,096 new tokens: 2 x 8.03e9 x 4,096 FLOPs plus causal attention over 4,096 x 4,097 / 2 pairs.
+  const double prefill = r.step_us({{4096, 0}}, &why);
+  CHECK(why == "compute");
+  const double pairs = 4096.0 * 4097 / 2;
+  CHECK(prefill == doctest::Approx((2 * 8.03e9 * 4096 + 4.0 * 32 * 32 * 128 * pairs) / 790e6 + 40).epsilon(1e-9));
+  // A batch of 64 decode steps costs far less than 64 single steps (weights are read once).
+  std::vector<step_seq> batch(64, {1, 512});
+  CHECK(r.step_us(batch) < 2 * decode);
+  // Tensor parallelism: TP2 is faster than TP1 but not twice as fast (all-reduces, overhead).
+  const roofline r2{*named_gpu("H200"), *named_model("llama-3-8b"), 2};
+  CHECK(r2.step_us({{4096, 0}}) < prefill);
+  CHECK(r2.step_us({{4096, 0}}) > prefill / 2);
+  // KV sizes from the shapes: Llama-3-70B 320 KiB per token (../shared/traces/README.md), MLA 576 values.
+  CHECK(named_model("llama-3-70b")->kv_bytes_per_token == 327680);
+  CHECK(named_model("deepseek-v3")->kv_bytes_per_token == 61 * 576 * 2);
+  CHECK(named_model("deepseek-v3")->active_params() == doctest::Approx(37.4e9).epsilon(0.02));
+  // A 70B model on two H200s leaves ~113 GB for KV: ~344K tokens.
+  const roofline big{*named_gpu("H200"), *named_model("llama-3-70b"), 2};
+  CHECK(big.kv_capacity_tokens() == doctest::Approx(344000).epsilon(0.01));
+  CHECK(!named_gpu("A100"));
+  CHECK(!named_model("gpt-5"));
+}
+
+TEST_CASE("sim: one request's TTFT and TBT are the roofline's step times, through the real actors") {
+  auto cfg = small_cluster();
+  cfg.prefill_instances = 1;
+  cfg.decode_instances = 1;
+  sim_result r;
+  std::string why;
+  REQUIRE_MESSAGE(run_sim(cfg, one_request(3000, 5), "one", &r, &why), why);
+  REQUIRE(r.summary.completed == 1);
+  const roofline roof{*named_gpu("H200"), *named_model("llama-3-8b"), 1};
+  // The modelled executor splits a job's time evenly over its 4 layer groups, in whole ns.
+  auto job_us = [](double us) { return static_cast<double>(std::llround(us * 1000.0 / 4) * 4) / 1000.0; };
+  const auto& o = r.outcomes[0];
+  CHECK(static_cast<double>(o.ttft_us) == doctest::Approx(job_us(roof.step_us({{3000, 0}}))).epsilon(1e-4));
+  // Decode step k feeds the token at position 3000 + k (the first token came from prefill).
+  double last = 0;
+  for (uint32_t k = 0; k < 4; ++k) last = job_us(roof.step_us({{1, 3000 + k}}));
+  CHECK(static_cast<double>(o.tbt_max_us) == doctest::Approx(last).epsilon(1e-3));
+}
+
+TEST_CASE("sim: the same trace and configuration give a byte-identical report; the seed matters only where "
+          "something is sampled") {
+  const auto cfg = small_cluster();
+  const auto t = small_trace(7);
+  REQUIRE(t.requests.size() > 40);
+  sim_result a, b;
+  std::string why;
+  REQUIRE_MESSAGE(run_sim(cfg, t, "synthetic", &a, &why), why);
+  REQUIRE_MESSAGE(run_sim(cfg, t, "synthetic", &b, &why), why);
+  CHECK(a.summary.completed == t.requests.size());
+  CHECK(a.json == b.json);
+  CHECK(a.events == b.events);
+  // Replaying a trace samples nothing: another seed changes only the recorded seed.
+  auto other = cfg;
+  other.seed = 99;
+  sim_result c;
+  REQUIRE(run_sim(other, t, "synthetic", &c, &why));
+  const std::regex seed_line{"\"seed\": \"[0-9]+\""};
+  CHECK(std::regex_replace(a.json, seed_line, "") == std::regex_replace(c.json, seed_line, ""));
+  // Synthetic arrivals are drawn from the seed: another seed, another workload, another report.
+  sim_result d;
+  REQUIRE(run_sim(cfg, small_trace(8), "synthetic", &d, &why));
+  CHECK(std::regex_replace(a.json, seed_line, "") != std::regex_replace(d.json, seed_line, ""));
+}
+
+TEST_CASE("sim: shared prefixes (Mooncake hash ids) hit the prefill ranks' local tiers") {
+  trace t;
+  for (int i = 0; i < 20; ++i)  // every request shares blocks 0 and 1 (a system prompt), then its own
+    t.requests.push_back({i * 200000, 1536, 8, {0, 1, static_cast<uint64_t>(100 + i)}, std::string("r").append(std::to_string(i))});
+  auto cfg = small_cluster();
+  cfg.prefill_instances = 1;
+  sim_result r;
+  std::string why;
+  REQUIRE_MESSAGE(run_sim(cfg, t, "shared", &r, &why), why);
+  REQUIRE(r.summary.completed == 20);
+  CHECK(r.outcomes[0].cached_tokens == 0);
+  for (size_t i = 1; i < 20; ++i) CHECK(r.outcomes[i].cached_tokens == 1024);
+  CHECK(r.summary.cache_hit_ratio == doctest::Approx(19.0 * 1024 / (20 * 1536)));
+  CHECK(r.outcomes[1].ttft_us < r.outcomes[0].ttft_us);  // the cached prefix is not computed again
+}
+
+TEST_CASE("sim: a decode rank and a prefill rank killed mid-trace: every request is accounted for") {
+  auto cfg = small_cluster();
+  cfg.faults = {{5.0, "decode-1"}, {8.0, "prefill-0"}};
+  const auto t = small_trace(3, 6.0);
+  sim_result r;
+  std::string why;
+  REQUIRE_MESSAGE(run_sim(cfg, t, "faults", &r, &why), why);
+  CHECK(r.summary.requests == t.requests.size());
+  CHECK(r.summary.completed == t.requests.size());  // re-placed, none lost
+  CHECK(r.summary.failovers >= 1);
+  size_t after = 0;  // requests that arrived after the kills went only to the survivors
+  for (const auto& o : r.outcomes)
+    if (o.arrival_us > 9'000'000) {
+      ++after;
+      CHECK(o.decode_rank == "decode-0");
+      CHECK(o.prefill_rank == "prefill-1");
+    }
+  CHECK(after > 10);
+  cfg.faults = {{1.0, "decode-7"}};
+  CHECK_FALSE(run_sim(cfg, t, "faults", &r, &why));
+  CHECK(why.find("decode-7") != std::string::npos);
+}
+
+TEST_CASE("sim: the colocated baseline prefills on the decode instances in chunks") {
+  auto cfg = small_cluster();
+  cfg.colocated = true;
+  cfg.colocated_chunk_tokens = 512;
+  const auto t = small_trace(5);
+  sim_result r;
+  std::string why;
+  REQUIRE_MESSAGE(run_sim(cfg, t, "colocated", &r, &why), why);
+  CHECK(r.summary.completed == t.requests.size());
+  for (const auto& o : r.outcomes) CHECK(o.prefill_rank == o.decode_rank);
+}
+
+TEST_CASE("sim: goodput is the highest rate scale with 90% within both SLOs, found by bisection") {
+  auto cfg = small_cluster();
+  cfg.model = "llama-3-70b";  // two prefill instances of 2 x H200 saturate near 15 prompts/s here
+  cfg.tp = 2;
+  cfg.slos = {1000, 60};
+  std::vector<std::pair<double, double>> runs;
+  std::string why;
+  const double g = find_goodput(cfg, [](double scale) { return small_trace(11, 2.0 * scale, 15.0); }, 0.5, 16, 5, 0.9,
+                                &runs, &why);
+  REQUIRE_MESSAGE(why.empty(), why);
+  REQUIRE(g > 0.5);
+  REQUIRE(g < 16);
+  for (const auto& [scale, attainment] : runs) {
+    CAPTURE(scale);
+    if (scale <= g) CHECK(attainment >= 0.9);
+  }
+  CHECK(std::any_of(runs.begin(), runs.end(), [&](auto& r) { return r.first > g && r.second < 0.9; }));
+}
+
+TEST_CASE("sim: configurations that cannot run say why") {
+  sim_result r;
+  std::string why;
+  auto cfg = small_cluster();
+  cfg.model = "gpt-5";
+  CHECK_FALSE(run_sim(cfg, one_request(10, 2), "x", &r, &why));
+  CHECK(why.find("unknown model 'gpt-5'") != std::string::npos);
+  cfg = small_cluster();
+  cfg.decode_gpu = "A100";
+  CHECK_FALSE(run_sim(cfg, one_request(10, 2), "x", &r, &why));
+  CHECK(why.find("unknown GPU 'A100'") != std::string::npos);
+  cfg = small_cluster();
+  cfg.kv_tokens = 1000;
+  CHECK_FALSE(run_sim(cfg, one_request(4000, 2), "x", &r, &why));
+  CHECK(why.find("holds 1000 KV tokens") != std::string::npos);
+}
+
+TEST_CASE("sim report: percentiles interpolate, Mooncake's TBT is the slowest tenth of a request's intervals") {
+  const auto p = percentiles_of({1, 2, 3, 4, 5, 6, 7, 8, 9, 10});
+  CHECK(p.p50 == doctest::Approx(5.5));
+  CHECK(p.p90 == doctest::Approx(9.1));
+  CHECK(p.max == 10);
+  request_outcome o;
+  std::vector<int64_t> tbt(20, 10);
+  tbt[3] = 100;
+  tbt[7] = 50;
+  summarize_intervals(tbt, &o);
+  CHECK(o.tbt_slow10_us == doctest::Approx(75));  // the 2 slowest of 20
+  CHECK(o.tbt_max_us == 100);
+  CHECK(o.tbt_mean_us == doctest::Approx((18 * 10 + 150) / 20.0));
+}
