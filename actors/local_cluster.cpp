@@ -29,8 +29,8 @@ std::string local_cluster_config::validate() const {
   if (auto e = store.validate(executor.page_size_tokens, remote_store_hosts.size()); !e.empty()) return e;
   // Prefill and decode ranks may also join from other processes (`baton node`), so 0
   // in-process is valid.
-  if (transport != "loopback" && transport != "ucx")
-    return "transport must be loopback or ucx, got '" + transport + "'";
+  if (transport != "loopback" && transport != "ucx" && transport != "modelled")
+    return "transport must be loopback, ucx or modelled, got '" + transport + "'";
   return {};
 }
 
@@ -62,6 +62,8 @@ local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_co
       t = transport::make_ucx_transport({name}, &why);
       // A rank without a transport refuses work and says why (rank_core::setup_error).
       if (!t) t = std::make_unique<transport::failed_transport>("ucx: " + why);
+    } else if (cfg.transport == "modelled") {
+      t = transport::make_modelled_link(fabric, name);
     } else {
       t = transport::make_loopback_transport(fabric, name);
     }

@@ -29,7 +29,8 @@ struct local_cluster_config {
   std::shared_ptr<const gpu::model_weights> weights;
   uint32_t num_prefill_ranks = 2;
   uint32_t num_decode_ranks = 2;
-  std::string transport = "loopback";  ///< KV handoff backend: loopback (in-process memcpy) or ucx
+  /// KV handoff backend: loopback (in-process memcpy), ucx, or modelled (sims: no bytes move)
+  std::string transport = "loopback";
   gpu::cpu_executor_config executor;
   prefill_rank_config prefill;  ///< name is a prefix: ranks are <name>-0, <name>-1, ...
   decode_rank_config decode;

@@ -40,7 +40,7 @@ namespace {
 gpu::model_config carrier_model(const model_shape& m, const sim_config& c) {
   gpu::model_config g;
   g.name = m.name + "-modelled";
-  g.vocab_size = 256;  // small: every step samples over it (block keys need no more)
+  g.vocab_size = 64;  // small: every step samples over it (61^512 distinct blocks are plenty)
   g.hidden_size = 8;
   g.intermediate_size = 8;
   g.num_hidden_layers = std::min(c.sim_layers, m.num_layers);
@@ -65,10 +65,12 @@ uint64_t mix(uint64_t x) {  // splitmix64
 /// request's tokens are its own.
 std::vector<int32_t> prompt_of(const trace_request& r, size_t index, uint32_t block_tokens, uint32_t vocab) {
   std::vector<int32_t> out(r.input_tokens);
-  for (uint32_t i = 0; i < r.input_tokens; ++i) {
-    const uint32_t b = i / block_tokens;
-    const uint64_t base = b < r.hash_ids.size() ? mix(r.hash_ids[b] + 0x5bd1e995) : mix(0xabcdef + index * 1000003 + b);
-    out[i] = static_cast<int32_t>(3 + mix(base + i % block_tokens) % (vocab - 3));  // never bos/eos
+  for (uint32_t start = 0, b = 0; start < r.input_tokens; start += block_tokens, ++b) {
+    uint64_t x = b < r.hash_ids.size() ? mix(r.hash_ids[b] + 0x5bd1e995) : mix(0xabcdef + index * 1000003 + b);
+    for (uint32_t i = start; i < std::min(r.input_tokens, start + block_tokens); ++i) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;  // xorshift64: the block's tokens from its seed
+      out[i] = static_cast<int32_t>(3 + x % (vocab - 3));  // never bos/eos
+    }
   }
   return out;
 }
@@ -116,6 +118,7 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
   cc.model = carrier_model(shape, cfg);
   cc.num_prefill_ranks = cfg.colocated ? 0 : cfg.prefill_instances;
   cc.num_decode_ranks = cfg.decode_instances;
+  cc.transport = "modelled";  // the KV is not real: puts are checked and counted, nothing is copied
   cc.executor.page_size_tokens = cfg.page_tokens;
   cc.executor.num_kv_pages = static_cast<uint32_t>(kv_tokens / cfg.page_tokens);
   cc.prefill.chunk_tokens = cfg.prefill_chunk_tokens;
@@ -185,11 +188,9 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
   auto st = std::make_shared<run_state>();
   st->outcomes.resize(t.requests.size());
   const auto t0 = sched.clock().now();
-  // The feeder: one timer per arrival; each request's answer fills its outcome.
-  sys.spawn([&t, &cfg, &cc, st, router = cluster.router, t0](caf::event_based_actor* self) {
-    for (size_t i = 0; i < t.requests.size(); ++i)
-      self->delayed_send(self, std::chrono::microseconds{t.requests[i].arrival_us}, static_cast<uint64_t>(i));
-    return caf::behavior{[=, &t, &cfg, &cc](uint64_t i) {
+  // The feeder: one timer at a time (the next arrival), which sends every request arriving then.
+  sys.spawn([&t, &cfg, &cc, st, router = cluster.router](caf::event_based_actor* self) {
+    auto send = [=, &t, &cfg, &cc](size_t i) {
       const auto& r = t.requests[i];
       generate_request req;
       req.prompt_tokens = prompt_of(r, i, cfg.block_tokens, cc.model.vocab_size);
@@ -218,10 +219,18 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
                 ++st->done;
               },
               [=](caf::error& e) {
-                auto& o = st->outcomes[i];
-                o.error = self->system().render(e);
+                st->outcomes[i].error = self->system().render(e);
                 ++st->done;
               });
+    };
+    if (!t.requests.empty())
+      self->delayed_send(self, std::chrono::microseconds{t.requests[0].arrival_us}, uint64_t{0});
+    return caf::behavior{[=, &t](uint64_t first) {
+      const auto at = t.requests[first].arrival_us;
+      size_t i = first;
+      for (; i < t.requests.size() && t.requests[i].arrival_us == at; ++i) send(i);
+      if (i < t.requests.size())
+        self->delayed_send(self, std::chrono::microseconds{t.requests[i].arrival_us - at}, uint64_t{i});
     }};
   });
 

@@ -40,10 +40,10 @@ namespace {
 
 class loopback_transport final : public transport {
 public:
-  loopback_transport(std::shared_ptr<loopback_fabric> fabric, std::string name)
-    : fabric_(std::move(fabric)), name_(std::move(name)) {}
+  loopback_transport(std::shared_ptr<loopback_fabric> fabric, std::string name, bool copy_bytes)
+    : fabric_(std::move(fabric)), name_(std::move(name)), copy_bytes_(copy_bytes) {}
 
-  capabilities caps() const override { return {"loopback", true, false, false}; }
+  capabilities caps() const override { return {copy_bytes_ ? "loopback" : "modelled", true, false, false}; }
 
   std::optional<region_key> register_region(std::byte* base, uint64_t size_bytes, xfer_error*) override {
     return region_key{"loopback", fabric_->add(base, size_bytes), size_bytes, {}};
@@ -101,11 +101,13 @@ private:
         return;
       }
     }
-    for (const auto& s : d.segments) std::memcpy(dst->base + s.dst_offset, src->base + s.src_offset, s.size_bytes);
+    if (copy_bytes_)
+      for (const auto& s : d.segments) std::memcpy(dst->base + s.dst_offset, src->base + s.src_offset, s.size_bytes);
   }
 
   std::shared_ptr<loopback_fabric> fabric_;
   std::string name_;
+  bool copy_bytes_;
   std::mutex mutex_;
   uint64_t last_xfer_ = 0;
   std::unordered_map<uint64_t, xfer_error> finished_;
@@ -114,7 +116,11 @@ private:
 }  // namespace
 
 std::unique_ptr<transport> make_loopback_transport(std::shared_ptr<loopback_fabric> fabric, std::string name) {
-  return std::make_unique<loopback_transport>(std::move(fabric), std::move(name));
+  return std::make_unique<loopback_transport>(std::move(fabric), std::move(name), true);
+}
+
+std::unique_ptr<transport> make_modelled_link(std::shared_ptr<loopback_fabric> fabric, std::string name) {
+  return std::make_unique<loopback_transport>(std::move(fabric), std::move(name), false);
 }
 
 }  // namespace baton::transport

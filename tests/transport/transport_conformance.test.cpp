@@ -1,5 +1,6 @@
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <thread>
 
 #include "transport/fault_proxy.hpp"
@@ -25,6 +26,7 @@ struct endpoints {
 
 endpoints make_endpoints(const std::string& backend, two_ranks& t) {
   if (backend == "loopback") return {make_loopback_transport(t.fabric, "a"), make_loopback_transport(t.fabric, "b")};
+  if (backend == "modelled") return {make_modelled_link(t.fabric, "a"), make_modelled_link(t.fabric, "b")};
   std::string why;
   auto a = make_ucx_transport({"a"}, &why);
   REQUIRE_MESSAGE(a, why);
@@ -72,7 +74,7 @@ TEST_CASE("transport conformance: a put copies its segments and nothing else") {
 }
 
 TEST_CASE("transport conformance: errors name request, peer and layer") {
-  for (const std::string backend : {"loopback", "ucx"}) {
+  for (const std::string backend : {"loopback", "ucx", "modelled"}) {
     CAPTURE(backend);
     two_ranks t;
     auto [a, b] = make_endpoints(backend, t);
@@ -88,11 +90,23 @@ TEST_CASE("transport conformance: errors name request, peer and layer") {
     CHECK(err.code == xfer_errc::unknown_region);
     CHECK(err.what.find("local region") != std::string::npos);
     auto foreign = *kb;
-    foreign.backend = backend == "ucx" ? "loopback" : "ucx";
+    foreign.backend = backend == "ucx" ? "loopback" : "ucx";  // (the modelled link's keys say loopback)
     id = a->post_put({9, 1, "decode-0", ka->region_id, foreign, {{0, 0, 10}}});
     CHECK(wait(*a, id, &err) == xfer_state::failed);
     CHECK(err.code == xfer_errc::unknown_region);
   }
+}
+
+TEST_CASE("modelled link (sims): a put is checked and completes, and no byte moves") {
+  two_ranks t;
+  auto [a, b] = make_endpoints("modelled", t);
+  CHECK(a->caps().name == "modelled");
+  xfer_error err;
+  auto ka = a->register_region(t.src.data(), t.src.size(), &err);
+  auto kb = b->register_region(t.dst.data(), t.dst.size(), &err);
+  const auto id = a->post_put({1, 0, "b", ka->region_id, *kb, {{0, 0, 4096}}});
+  CHECK(wait(*a, id, &err) == xfer_state::done);
+  CHECK(std::all_of(t.dst.begin(), t.dst.end(), [](std::byte x) { return x == std::byte{0}; }));
 }
 
 TEST_CASE("fault proxy: corrupt flips exactly one byte of the chosen layer and drop, delay, disconnect, fail and stall behave as named") {
