@@ -76,6 +76,7 @@ void add_sim_flags(flag_set& f, sim_options* o) {
   f.add("--prefix-cache-blocks", &o->cfg.prefix_cache_blocks, "per prefill instance: its local tier of prompt blocks");
   f.add("--kv-tokens", &o->cfg.kv_tokens, "KV tokens per instance (0: HBM after the weights)");
   f.add("--sim-layers", &o->cfg.sim_layers, "layer groups the actors see (KV ships per group)");
+  f.add("--page-tokens", &o->cfg.page_tokens, "KV page size of the modelled ranks (block size must be a multiple)");
   f.add("--ttft-slo-ms", &o->ttft_slo_ms, "SLO on time to first token");
   f.add("--tbt-slo-ms", &o->tbt_slo_ms, "SLO on Mooncake's TBT (a request's slowest 10% of intervals)");
   f.add("--report", &o->report, "write the JSON report here");
@@ -158,6 +159,7 @@ int run_sim(const std::vector<std::string>& raw) {
     return 2;
   }
   const std::string mode = raw[0];
+  sims::tune_allocator_for_sims();
   std::vector<std::string> args(raw.begin() + 1, raw.end());
   sim_options o;
   flag_set f;
@@ -238,9 +240,11 @@ int run_sim(const std::vector<std::string>& raw) {
       std::fprintf(stderr, "baton sim: %s\n", why.c_str());
       return 2;
     }
-    std::printf("baton sim goodput: %.3f x the trace's rate = %.2f requests/s with >= %.0f%% within TTFT <= %.0f ms "
+    // At the top of the range the knee was not found: say "at least".
+    const char* bound = scale >= o.hi ? ">= " : "";
+    std::printf("baton sim goodput: %s%.3f x the trace's rate = %s%.2f requests/s with >= %.0f%% within TTFT <= %.0f ms "
                 "and TBT <= %.0f ms\n",
-                scale, rate, 100 * o.target, o.ttft_slo_ms, o.tbt_slo_ms);
+                bound, scale, bound, rate, 100 * o.target, o.ttft_slo_ms, o.tbt_slo_ms);
     return 0;
   }
 
@@ -272,8 +276,12 @@ int run_sim(const std::vector<std::string>& raw) {
       return 2;
     }
     const auto& s = r.summary;
-    std::printf("%-16s %10.0f %10.0f %10.1f %10.1f %8.1f %10.3f %12.2f\n", vname.c_str(), s.ttft_ms.p50, s.ttft_ms.p99,
-                s.tbt_ms.p50, s.tbt_ms.p99, 100 * s.slo_attainment, scale, rate);
+    // At the top of the range the knee was not found: "at least" (">=").
+    char g[2][32];
+    std::snprintf(g[0], sizeof g[0], "%s%.3f", scale >= vo.hi ? ">=" : "", scale);
+    std::snprintf(g[1], sizeof g[1], "%s%.2f", scale >= vo.hi ? ">=" : "", rate);
+    std::printf("%-16s %10.0f %10.0f %10.1f %10.1f %8.1f %10s %12s\n", vname.c_str(), s.ttft_ms.p50, s.ttft_ms.p99,
+                s.tbt_ms.p50, s.tbt_ms.p99, 100 * s.slo_attainment, g[0], g[1]);
     std::fflush(stdout);
   }
   return 0;

@@ -2,6 +2,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -37,12 +39,12 @@ public:
   explicit kv_cache(kv_layout layout);
 
   const kv_layout& layout() const { return layout_; }
-  std::byte* data() { return reinterpret_cast<std::byte*>(memory_.data()); }
+  std::byte* data() { return reinterpret_cast<std::byte*>(memory_.get()); }
   uint64_t size_bytes() const { return layout_.total_bytes(); }
 
   /// Pointer to the K (or V) vector of token slot `slot` of `page` in `layer`.
   float* k_at(uint32_t layer, uint32_t page, uint32_t slot) {
-    return memory_.data() + (layout_.offset_bytes(layer, page) / sizeof(float)) +
+    return memory_.get() + (layout_.offset_bytes(layer, page) / sizeof(float)) +
            uint64_t{slot} * layout_.kv_dim;
   }
   float* v_at(uint32_t layer, uint32_t page, uint32_t slot) {
@@ -62,8 +64,13 @@ public:
   }
 
 private:
+  struct free_deleter {
+    void operator()(float* p) const { std::free(p); }
+  };
   kv_layout layout_;
-  std::vector<float> memory_;
+  /// calloc'd: zero, and committed only where written (a large pool costs nothing until used,
+  /// which lets sims model hundreds of ranks whose KV is never written).
+  std::unique_ptr<float, free_deleter> memory_;
   std::vector<uint32_t> free_;        ///< back() is handed out next
   std::vector<bool> in_use_;          ///< guards against double free
 };

@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <memory>
 
+#include <malloc.h>
+
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
 #include <caf/event_based_actor.hpp>
@@ -293,6 +295,12 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
                            {"events_per_request", t.requests.empty() ? 0.0 : static_cast<double>(out->events) / static_cast<double>(t.requests.size())},
                            {"virtual_s", out->virtual_s}});
   return true;
+}
+
+void tune_allocator_for_sims() {
+  mallopt(M_MXFAST, 0);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  mallopt(M_TOP_PAD, 256 << 20);
 }
 
 double find_goodput(const sim_config& cfg, const std::function<trace(double)>& make_trace, double lo, double hi,

@@ -28,10 +28,7 @@ cat > "$WORK/spec.json" <<SPEC
   ]
 }
 SPEC
-"$BATON" launch "$WORK/spec.json" --wait-s 90 > "$WORK/launch.log" 2>&1 &
-LAUNCHER=$!
-for _ in $(seq 900); do grep -q "is up" "$WORK/launch.log" && break; sleep 0.1; done
-grep -q "is up" "$WORK/launch.log" || fail "the cluster did not come up"
+launch_cluster
 URL="http://127.0.0.1:$P_HTTP/v1/completions"
 N=20 TOKENS=120
 body() { echo "{\"prompt\":\"Verse $1 of the chapter\",\"max_tokens\":$TOKENS,\"ignore_eos\":true,\"stream\":true}"; }

@@ -28,10 +28,7 @@ cat > "$WORK/spec.json" <<SPEC
   ]
 }
 SPEC
-"$BATON" launch "$WORK/spec.json" --wait-s 90 > "$WORK/launch.log" 2>&1 &
-LAUNCHER=$!
-for _ in $(seq 900); do grep -q "is up" "$WORK/launch.log" && break; kill -0 "$LAUNCHER" 2>/dev/null || break; sleep 0.1; done
-grep -q "is up" "$WORK/launch.log" || fail "the TLS cluster did not come up"
+launch_cluster
 T="$WORK/.baton-tls-secure"
 for f in ca.pem client.pem client.key head.pem decode-a.pem gw.pem; do [ -f "$T/$f" ] || fail "no $T/$f"; done
 R="127.0.0.1:$P_ROUTER"
