@@ -18,6 +18,7 @@
 #include "policies/cost_fit.hpp"
 #include "sims/modelled_executor.hpp"
 #include "sims/roofline.hpp"
+#include "transport/loopback.hpp"
 
 namespace baton::sims {
 
@@ -178,7 +179,26 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
     };
     return make_modelled_executor(model, m);
   };
-  auto cluster = start_local_cluster(sys, cc, make_exec);
+  const auto t0 = sched.clock().now();
+  // The modelled link: a put of carrier KV stands for kv_bytes_per_token / layer groups bytes
+  // per token and layer group, over the instance's tp NICs.
+  std::shared_ptr<transport::link_timing> timing;
+  transport_wrapper wrap;
+  if (cfg.model_links) {
+    timing = std::make_shared<transport::link_timing>();
+    timing->now_ns = [&sched, t0] {
+      return std::chrono::duration_cast<std::chrono::nanoseconds>(sched.clock().now() - t0).count();
+    };
+    timing->gbps = (cfg.nic_gbps > 0 ? cfg.nic_gbps : prefill_roof.gpu.nic_gbps) * cfg.tp;
+    const double carrier_per_token_layer = 2.0 * cc.model.kv_dim() * sizeof(float);
+    timing->bytes_scale = static_cast<double>(shape.kv_bytes_per_token) / cc.model.num_hidden_layers / carrier_per_token_layer;
+    auto fabric = transport::make_loopback_fabric();
+    wrap = [fabric, timing](std::unique_ptr<transport::transport>, const std::string& name) {
+      return std::shared_ptr<transport::transport>{transport::make_modelled_link(fabric, name, timing)};
+    };
+    cc.prefill.poll_interval_us = 1000;  // transfers land on a 1 ms grid of virtual time
+  }
+  auto cluster = start_local_cluster(sys, cc, make_exec, wrap);
   // Stops every actor of the cluster and lets them finish (the actor system's destructor waits
   // for them, and under the test coordinator only this thread can run them).
   auto shut_down = [&] {
@@ -189,7 +209,6 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
 
   auto st = std::make_shared<run_state>();
   st->outcomes.resize(t.requests.size());
-  const auto t0 = sched.clock().now();
   // The feeder: one timer at a time (the next arrival), which sends every request arriving then.
   sys.spawn([&t, &cfg, &cc, st, router = cluster.router](caf::event_based_actor* self) {
     auto send = [=, &t, &cfg, &cc](size_t i) {
@@ -273,6 +292,7 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
   if (cfg.progress) std::fprintf(stderr, "\n");
   out->virtual_s = std::chrono::duration<double>(sched.clock().now() - t0).count();
   out->events = events;
+  out->kv_transfer_gb = timing ? static_cast<double>(timing->modelled_bytes) / 1e9 : 0.0;
   shut_down();
   for (auto& o : st->outcomes)
     if (!o.ok && o.error.empty()) o.error = "not answered when the simulation ran out of events";
@@ -286,6 +306,7 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
       {"decode", std::to_string(cfg.decode_instances) + " x " + std::to_string(cfg.tp) + " " + cfg.decode_gpu},
       {"policies", cfg.prefill_policy + " / " + cfg.decode_policy},
       {"kv_tokens_per_instance", std::to_string(kv_tokens)},
+      {"links", cfg.model_links ? std::to_string(timing->gbps) + " GB/s per instance" : "free"},
       {"slo", "TTFT <= " + std::to_string(cfg.slos.ttft_ms) + " ms, TBT <= " + std::to_string(cfg.slos.tbt_ms) + " ms"},
       {"seed", std::to_string(cfg.seed)},
   };
@@ -293,7 +314,8 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
   out->json = report_json(echo, out->summary,
                           {{"events", static_cast<double>(out->events)},
                            {"events_per_request", t.requests.empty() ? 0.0 : static_cast<double>(out->events) / static_cast<double>(t.requests.size())},
-                           {"virtual_s", out->virtual_s}});
+                           {"virtual_s", out->virtual_s},
+                           {"kv_transfer_gb", out->kv_transfer_gb}});
   return true;
 }
 

@@ -6,8 +6,10 @@
 // GPU and model shape gives each step's time (sims/roofline.hpp). Deterministic: the same trace
 // and configuration give a byte-identical report.
 //
-// Not modelled yet: KV transfer time between ranks (the handoff is free in virtual time), PCIe
-// and disk bandwidth, and the block store (prefix hits come from each prefill rank's local tier).
+// KV handoff between instances takes virtual time on a modelled link: one NIC per GPU, a FIFO
+// queue per instance shared by its transfers in and out (transport::link_timing). Not modelled
+// yet: PCIe and disk bandwidth, and the block store (prefix hits come from each prefill rank's
+// local tier).
 
 #include <cstdint>
 #include <functional>
@@ -48,6 +50,8 @@ struct sim_config {
   uint32_t page_tokens = 64;             ///< KV page size of the modelled ranks
   uint32_t sim_layers = 4;               ///< layers the actors see (KV ships per layer group); time uses the real count
   uint64_t kv_tokens = 0;                ///< KV capacity per instance; 0: from the roofline (HBM after weights)
+  bool model_links = true;               ///< KV transfers take time on the instances' NICs (false: free)
+  double nic_gbps = 0;                   ///< per GPU; 0: the prefill GPU's (50 GB/s, 400 Gb/s)
   slo slos;
   std::vector<sim_fault> faults;
   uint64_t seed = 1;                     ///< recorded; the replay itself samples nothing
@@ -60,6 +64,7 @@ struct sim_result {
   sim_summary summary;
   uint64_t events = 0;                    ///< actor messages and timers processed
   double virtual_s = 0;                   ///< virtual time at the end
+  double kv_transfer_gb = 0;              ///< modelled KV bytes moved between instances
   std::string json;                       ///< the deterministic report
 };
 

@@ -1,5 +1,6 @@
 #include "transport/loopback.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <unordered_map>
@@ -40,8 +41,9 @@ namespace {
 
 class loopback_transport final : public transport {
 public:
-  loopback_transport(std::shared_ptr<loopback_fabric> fabric, std::string name, bool copy_bytes)
-    : fabric_(std::move(fabric)), name_(std::move(name)), copy_bytes_(copy_bytes) {}
+  loopback_transport(std::shared_ptr<loopback_fabric> fabric, std::string name, bool copy_bytes,
+                     std::shared_ptr<link_timing> timing = nullptr)
+    : fabric_(std::move(fabric)), name_(std::move(name)), copy_bytes_(copy_bytes), timing_(std::move(timing)) {}
 
   capabilities caps() const override { return {copy_bytes_ ? "loopback" : "modelled", true, false, false}; }
 
@@ -55,7 +57,9 @@ public:
     xfer_error err{xfer_errc::none, false, d.request_id, d.peer, d.layer, {}};
     copy(d, err);
     std::lock_guard<std::mutex> lock{mutex_};
-    finished_.emplace(++last_xfer_, std::move(err));
+    int64_t done_at = 0;
+    if (timing_ && err.code == xfer_errc::none) done_at = schedule(d);
+    finished_.emplace(++last_xfer_, put_outcome{std::move(err), done_at});
     return last_xfer_;
   }
 
@@ -66,8 +70,9 @@ public:
       if (err) *err = {xfer_errc::unknown_region, false, 0, {}, 0, "unknown transfer id " + std::to_string(xfer_id)};
       return xfer_state::failed;
     }
-    if (i->second.code == xfer_errc::none) return xfer_state::done;
-    if (err) *err = i->second;
+    if (i->second.done_at_ns && timing_->now_ns() < i->second.done_at_ns) return xfer_state::pending;
+    if (i->second.error.code == xfer_errc::none) return xfer_state::done;
+    if (err) *err = i->second.error;
     return xfer_state::failed;
   }
 
@@ -77,6 +82,26 @@ public:
   }
 
 private:
+  struct put_outcome {
+    xfer_error error;
+    int64_t done_at_ns = 0;  ///< modelled completion (0: at once)
+  };
+
+  /// The put's modelled completion: after both NICs' queues and its own bytes.
+  int64_t schedule(const put_desc& d) {
+    uint64_t bytes = 0;
+    for (const auto& s : d.segments) bytes += s.size_bytes;
+    auto& t = *timing_;
+    const double modelled = static_cast<double>(bytes) * t.bytes_scale;
+    t.modelled_bytes += static_cast<uint64_t>(modelled);
+    auto& out = t.nic_free_ns[name_];
+    auto& in = t.nic_free_ns[d.peer];
+    const int64_t start = std::max({t.now_ns(), out, in});
+    const int64_t done = start + t.latency_ns + static_cast<int64_t>(modelled / t.gbps);  // GB/s = B/ns
+    out = in = done;
+    return std::max<int64_t>(done, 1);
+  }
+
   void copy(const put_desc& d, xfer_error& err) {
     if (d.remote.backend != "loopback") {
       err.code = xfer_errc::unknown_region;
@@ -108,9 +133,10 @@ private:
   std::shared_ptr<loopback_fabric> fabric_;
   std::string name_;
   bool copy_bytes_;
+  std::shared_ptr<link_timing> timing_;
   std::mutex mutex_;
   uint64_t last_xfer_ = 0;
-  std::unordered_map<uint64_t, xfer_error> finished_;
+  std::unordered_map<uint64_t, put_outcome> finished_;
 };
 
 }  // namespace
@@ -119,8 +145,9 @@ std::unique_ptr<transport> make_loopback_transport(std::shared_ptr<loopback_fabr
   return std::make_unique<loopback_transport>(std::move(fabric), std::move(name), true);
 }
 
-std::unique_ptr<transport> make_modelled_link(std::shared_ptr<loopback_fabric> fabric, std::string name) {
-  return std::make_unique<loopback_transport>(std::move(fabric), std::move(name), false);
+std::unique_ptr<transport> make_modelled_link(std::shared_ptr<loopback_fabric> fabric, std::string name,
+                                              std::shared_ptr<link_timing> timing) {
+  return std::make_unique<loopback_transport>(std::move(fabric), std::move(name), false, std::move(timing));
 }
 
 }  // namespace baton::transport

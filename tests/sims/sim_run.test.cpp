@@ -77,6 +77,7 @@ TEST_CASE("sim: one request's TTFT and TBT are the roofline's step times, throug
   auto cfg = small_cluster();
   cfg.prefill_instances = 1;
   cfg.decode_instances = 1;
+  cfg.model_links = false;  // the handoff is free here; the next test times it
   sim_result r;
   std::string why;
   REQUIRE_MESSAGE(run_sim(cfg, one_request(3000, 5), "one", &r, &why), why);
@@ -90,6 +91,27 @@ TEST_CASE("sim: one request's TTFT and TBT are the roofline's step times, throug
   double last = 0;
   for (uint32_t k = 0; k < 4; ++k) last = job_us(roof.step_us({{1, 3000 + k}}));
   CHECK(static_cast<double>(o.tbt_max_us) == doctest::Approx(last).epsilon(1e-3));
+}
+
+TEST_CASE("sim: the KV handoff takes the modelled link's time: the last layer group's bytes over the NIC") {
+  auto cfg = small_cluster();
+  cfg.prefill_instances = 1;
+  cfg.decode_instances = 1;
+  std::string why;
+  sim_result free_links, timed;
+  cfg.model_links = false;
+  REQUIRE_MESSAGE(run_sim(cfg, one_request(3000, 5), "one", &free_links, &why), why);
+  cfg.model_links = true;
+  REQUIRE_MESSAGE(run_sim(cfg, one_request(3000, 5), "one", &timed, &why), why);
+  // 3,000 tokens fill 47 pages of 64; a layer group is a quarter of Llama-3-8B's 128 KiB per
+  // token; 50 GB/s; the prefill rank polls on a 1 ms grid.
+  const double group_bytes = 47.0 * 64 * 131072 / 4;
+  const double transfer_us = group_bytes / 50e3 + 5;
+  const double extra_us = static_cast<double>(timed.outcomes[0].ttft_us - free_links.outcomes[0].ttft_us);
+  CHECK(extra_us >= transfer_us - 1);
+  CHECK(extra_us <= transfer_us + 1001);
+  CHECK(timed.kv_transfer_gb == doctest::Approx(4 * group_bytes / 1e9).epsilon(1e-6));
+  CHECK(free_links.kv_transfer_gb == 0);
 }
 
 TEST_CASE("sim: the same trace and configuration give a byte-identical report; the seed matters only where "

@@ -109,6 +109,30 @@ TEST_CASE("modelled link (sims): a put is checked and completes, and no byte mov
   CHECK(std::all_of(t.dst.begin(), t.dst.end(), [](std::byte x) { return x == std::byte{0}; }));
 }
 
+TEST_CASE("modelled link with timing: a put is pending until its bytes crossed both NICs, which queue") {
+  two_ranks t;
+  auto timing = std::make_shared<link_timing>();
+  int64_t now = 0;
+  timing->now_ns = [&now] { return now; };
+  timing->gbps = 1.0;  // 1 byte per ns
+  timing->latency_ns = 100;
+  auto a = make_modelled_link(t.fabric, "a", timing);
+  auto b = make_modelled_link(t.fabric, "b", timing);
+  xfer_error err;
+  auto ka = a->register_region(t.src.data(), t.src.size(), &err);
+  auto kb = b->register_region(t.dst.data(), t.dst.size(), &err);
+  const auto first = a->post_put({1, 0, "b", ka->region_id, *kb, {{0, 0, 1000}}});
+  const auto second = a->post_put({1, 1, "b", ka->region_id, *kb, {{0, 0, 1000}}});  // queues behind
+  now = 1099;
+  CHECK(a->poll(first, &err) == xfer_state::pending);
+  now = 1100;
+  CHECK(a->poll(first, &err) == xfer_state::done);
+  CHECK(a->poll(second, &err) == xfer_state::pending);
+  now = 2200;
+  CHECK(a->poll(second, &err) == xfer_state::done);
+  CHECK(timing->modelled_bytes == 2000);
+}
+
 TEST_CASE("fault proxy: corrupt flips exactly one byte of the chosen layer and drop, delay, disconnect, fail and stall behave as named") {
   two_ranks t;
   auto proxy = make_fault_proxy(make_loopback_transport(t.fabric, "a"), {fault_kind::corrupt_byte, 2, {}, 1, 99});
