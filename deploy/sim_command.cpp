@@ -32,10 +32,15 @@ struct sim_options {
   uint32_t steps = 6;
   std::vector<std::string> variants;
   std::vector<std::string> kills;  ///< RANK@SECONDS
+  float nic_gbps = 0.0f;
+  bool free_links = false;
 };
 
-/// --kill RANK@SECONDS into the config's faults; false and why on a malformed one.
-bool parse_kills(sim_options* o, std::string* why) {
+/// --kill RANK@SECONDS into the config's faults (and the link flags into the config); false and
+/// why on a malformed one.
+bool finish_options(sim_options* o, std::string* why) {
+  o->cfg.nic_gbps = o->nic_gbps;
+  o->cfg.model_links = !o->free_links;
   o->cfg.faults.clear();
   for (const auto& k : o->kills) {
     const auto at = k.rfind('@');
@@ -75,6 +80,8 @@ void add_sim_flags(flag_set& f, sim_options* o) {
   f.add("--decode-policy", &o->cfg.decode_policy, "seed | least_loaded | round_robin");
   f.add("--prefix-cache-blocks", &o->cfg.prefix_cache_blocks, "per prefill instance: its local tier of prompt blocks");
   f.add("--kv-tokens", &o->cfg.kv_tokens, "KV tokens per instance (0: HBM after the weights)");
+  f.add("--nic-gbps", &o->nic_gbps, "GB/s of one GPU's NIC for KV handoffs (0: the GPU's default, 50)");
+  f.add("--free-links", &o->free_links, "KV handoffs take no virtual time");
   f.add("--sim-layers", &o->cfg.sim_layers, "layer groups the actors see (KV ships per group)");
   f.add("--page-tokens", &o->cfg.page_tokens, "KV page size of the modelled ranks (block size must be a multiple)");
   f.add("--ttft-slo-ms", &o->ttft_slo_ms, "SLO on time to first token");
@@ -175,7 +182,7 @@ int run_sim(const std::vector<std::string>& raw) {
   if (auto rc = f.parse_command_line(args, "sim " + mode, "baton sim " + mode + " [flags]")) return *rc;
   o.cfg.slos = {o.ttft_slo_ms, o.tbt_slo_ms};
   std::string why, name;
-  if (!parse_kills(&o, &why)) {
+  if (!finish_options(&o, &why)) {
     std::fprintf(stderr, "baton sim: %s\n", why.c_str());
     return 2;
   }
@@ -260,7 +267,7 @@ int run_sim(const std::vector<std::string>& raw) {
       return 2;
     }
     vo.cfg.slos = {vo.ttft_slo_ms, vo.tbt_slo_ms};
-    if (!parse_kills(&vo, &why)) {
+    if (!finish_options(&vo, &why)) {
       std::fprintf(stderr, "baton sim: %s: %s\n", vname.c_str(), why.c_str());
       return 2;
     }
