@@ -600,6 +600,7 @@ struct prefill_order {
   uint32_t part_index = 0;
   std::vector<uint32_t> part_bounds = {};
   std::vector<caf::actor> part_ranks = {};
+  std::vector<std::string> part_names = {};  ///< the parts' rank names (errors, link accounting)
   uint32_t top_k = 0;
   float top_p = 1.0f;
   float repetition_penalty = 1.0f;
@@ -609,7 +610,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, prefill_order& x) {
   return f(caf::meta::type_name("prefill_order"), x.request_id, x.tokens, x.temperature, x.seed,
            x.return_logits, x.batch_priority, x.grant, x.decode, x.prefix, x.block_tokens, x.part_index,
-           x.part_bounds, x.part_ranks, x.top_k, x.top_p, x.repetition_penalty, x.presence_penalty);
+           x.part_bounds, x.part_ranks, x.part_names, x.top_k, x.top_p, x.repetition_penalty, x.presence_penalty);
 }
 
 /// Split prefill: a later part's rank tells an earlier part's rank where its pages are.

@@ -25,7 +25,11 @@ void put_to_peer(prefill_pointer self, prefill_job_state& r, size_t peer, uint32
   const auto& lay = st.core.exec->kv().layout();
   const auto& reg = pr.region;
   const gpu::kv_layout remote{reg.num_layers, reg.num_pages, reg.page_size_tokens, reg.kv_dim};
-  transport::put_desc d{r.order.request_id, layer, "part-" + std::to_string(pr.part), st.core.pool_key->region_id,
+  // The peer by its rank's name: errors name it, and a modelled link queues on its NIC.
+  const auto& names = r.order.part_names;
+  transport::put_desc d{r.order.request_id, layer,
+                        pr.part < names.size() ? names[pr.part] : "part-" + std::to_string(pr.part),
+                        st.core.pool_key->region_id,
                         transport::region_key{reg.backend, reg.region_id, reg.size_bytes, reg.packed_key}, {}};
   const uint32_t ps = lay.page_size_tokens;
   for (uint32_t pg = r.split.begin / ps; pg < (r.split.end + ps - 1) / ps && pg < pr.pages.size(); ++pg)

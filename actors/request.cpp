@@ -311,6 +311,7 @@ void start_split_prefill(request_pointer self, prefill_order order) {
   order.prefix.clear();
   order.part_bounds = sp.part_bounds;
   for (const auto& r : sp.part_ranks) order.part_ranks.push_back(caf::actor_cast<caf::actor>(r));
+  order.part_names = sp.part_names;
   auto left = std::make_shared<size_t>(sp.part_ranks.size());
   auto last = std::make_shared<prefill_result>();
   const uint32_t attempt = st.attempt;
