@@ -108,13 +108,16 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
   const roofline prefill_roof{*named_gpu(cfg.prefill_gpu), shape, cfg.tp};
   const roofline decode_roof{*named_gpu(cfg.decode_gpu), shape, cfg.tp};
   const uint64_t kv_tokens = cfg.kv_tokens ? cfg.kv_tokens : decode_roof.kv_capacity_tokens();
+  // Prefill instances hold their prompts (and local tier) in their own GPUs' memory.
+  const uint64_t prefill_kv_tokens = cfg.kv_tokens ? cfg.kv_tokens : prefill_roof.kv_capacity_tokens();
   uint64_t longest = 0;
   for (const auto& r : t.requests) longest = std::max<uint64_t>(longest, uint64_t{r.input_tokens} + r.output_tokens);
-  if (kv_tokens < longest || kv_tokens == 0) {
-    *why = "sim: an instance holds " + std::to_string(kv_tokens) + " KV tokens (" + cfg.model + " on " +
-           std::to_string(cfg.tp) + " x " + cfg.decode_gpu + "), the longest request needs " + std::to_string(longest);
-    return false;
-  }
+  for (const auto& [tokens, gpu] : {std::pair{kv_tokens, cfg.decode_gpu}, std::pair{prefill_kv_tokens, cfg.prefill_gpu}})
+    if (tokens < longest || tokens == 0) {
+      *why = "sim: an instance holds " + std::to_string(tokens) + " KV tokens (" + cfg.model + " on " +
+             std::to_string(cfg.tp) + " x " + gpu + "), the longest request needs " + std::to_string(longest);
+      return false;
+    }
   if (longest > shape.max_context) {
     *why = "sim: a request needs " + std::to_string(longest) + " tokens, beyond " + cfg.model + "'s context of " +
            std::to_string(shape.max_context);
@@ -170,7 +173,7 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
   auto make_exec = [&](const std::string& name) -> std::shared_ptr<gpu::executor> {
     const bool prefill = name.rfind(cc.prefill.name, 0) == 0;
     modelled_executor_config m;
-    m.num_kv_pages = cc.executor.num_kv_pages;
+    m.num_kv_pages = prefill ? static_cast<uint32_t>(prefill_kv_tokens / cfg.page_tokens) : cc.executor.num_kv_pages;
     m.page_size_tokens = cfg.page_tokens;
     m.emitted_token = 7;
     m.coarse_decode = true;
@@ -309,7 +312,7 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
       {"prefill", cfg.colocated ? "-" : std::to_string(cfg.prefill_instances) + " x " + std::to_string(cfg.tp) + " " + cfg.prefill_gpu},
       {"decode", std::to_string(cfg.decode_instances) + " x " + std::to_string(cfg.tp) + " " + cfg.decode_gpu},
       {"policies", cfg.prefill_policy + " / " + cfg.decode_policy},
-      {"kv_tokens_per_instance", std::to_string(kv_tokens)},
+      {"kv_tokens_per_instance", std::to_string(kv_tokens) + " decode, " + std::to_string(prefill_kv_tokens) + " prefill"},
       {"links", cfg.model_links ? std::to_string(timing->gbps) + " GB/s per instance" : "free"},
       {"slo", "TTFT <= " + std::to_string(cfg.slos.ttft_ms) + " ms, TBT <= " + std::to_string(cfg.slos.tbt_ms) + " ms"},
       {"seed", std::to_string(cfg.seed)},
