@@ -6,10 +6,12 @@
 #include <cstdlib>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "deploy/commands.hpp"
 #include "deploy/flags.hpp"
+#include "sims/sim_plot.hpp"
 #include "sims/sim_run.hpp"
 #include "sims/trace.hpp"
 
@@ -27,6 +29,7 @@ struct sim_options {
   uint32_t input_mean = 2048, output_mean = 256;
   float ttft_slo_ms = 2000.0f, tbt_slo_ms = 100.0f;
   std::string report;
+  std::string svg;  ///< prefix of the plots' files
   // goodput / compare
   float lo = 0.25f, hi = 8.0f, target = 0.9f;
   uint32_t steps = 6;
@@ -87,6 +90,7 @@ void add_sim_flags(flag_set& f, sim_options* o) {
   f.add("--ttft-slo-ms", &o->ttft_slo_ms, "SLO on time to first token");
   f.add("--tbt-slo-ms", &o->tbt_slo_ms, "SLO on Mooncake's TBT (a request's slowest 10% of intervals)");
   f.add("--report", &o->report, "write the JSON report here");
+  f.add("--svg", &o->svg, "write plots PREFIX-ttft.svg, PREFIX-tbt.svg, PREFIX-throughput.svg");
   f.add("--kill", &o->kills, "RANK@SECONDS: kill that rank's actor at that virtual time (repeatable)");
   f.add("--progress", &o->cfg.progress, "a progress line on stderr");
 }
@@ -118,6 +122,38 @@ bool make_trace(const sim_options& o, double scale, sims::trace* t, std::string*
   }
   *t = sims::synthetic_trace(s);
   *name = "synthetic";
+  return true;
+}
+
+/// TTFT and TBT CDFs (cut at p99, the tail named in the title) and completions per 10 s of
+/// virtual time.
+bool write_plots(const std::string& prefix, const sims::sim_result& r, std::string* why) {
+  std::vector<double> ttft, tbt;
+  std::map<int64_t, double> done;
+  for (const auto& o : r.outcomes) {
+    if (!o.ok) continue;
+    ttft.push_back(static_cast<double>(o.ttft_us) / 1e3);
+    if (o.output_tokens > 1) tbt.push_back(o.tbt_slow10_us / 1e3);
+    done[(o.arrival_us + o.e2e_us) / 10'000'000] += 0.1;
+  }
+  sims::plot_series rate{"completions", {}};
+  for (const auto& [bucket, per_s] : done) rate.points.push_back({static_cast<double>(bucket) * 10, per_s});
+  const auto& s = r.summary;
+  const std::vector<std::pair<std::string, std::string>> files = {
+      {prefix + "-ttft.svg", sims::svg_plot("TTFT CDF (to p99; max " + std::to_string(static_cast<int64_t>(s.ttft_ms.max)) + " ms)",
+                                            "TTFT (ms)", "fraction of requests", {sims::cdf_of("TTFT", ttft)}, s.ttft_ms.p99)},
+      {prefix + "-tbt.svg", sims::svg_plot("TBT CDF (slowest 10% of each request's intervals)", "TBT (ms)",
+                                           "fraction of requests", {sims::cdf_of("TBT", tbt)})},
+      {prefix + "-throughput.svg", sims::svg_plot("Completions over virtual time (10 s buckets)", "time (s)",
+                                                  "requests/s", {rate})}};
+  for (const auto& [path, text] : files) {
+    std::ofstream out(path);
+    out << text;
+    if (!out) {
+      *why = "cannot write " + path;
+      return false;
+    }
+  }
   return true;
 }
 
@@ -214,6 +250,13 @@ int run_sim(const std::vector<std::string>& raw) {
         return 1;
       }
       std::printf("  report: %s\n", o.report.c_str());
+    }
+    if (!o.svg.empty()) {
+      if (!write_plots(o.svg, r, &why)) {
+        std::fprintf(stderr, "baton sim: %s\n", why.c_str());
+        return 1;
+      }
+      std::printf("  plots: %s-ttft.svg, %s-tbt.svg, %s-throughput.svg\n", o.svg.c_str(), o.svg.c_str(), o.svg.c_str());
     }
     return r.summary.failed ? 1 : 0;
   }

@@ -7,6 +7,7 @@
 #include <regex>
 
 #include "sims/roofline.hpp"
+#include "sims/sim_plot.hpp"
 #include "sims/sim_report.hpp"
 #include "sims/sim_run.hpp"
 #include "sims/trace.hpp"
@@ -248,4 +249,25 @@ TEST_CASE("sim report: percentiles interpolate, Mooncake's TBT is the slowest te
   CHECK(o.tbt_slow10_us == doctest::Approx(75));  // the 2 slowest of 20
   CHECK(o.tbt_max_us == 100);
   CHECK(o.tbt_mean_us == doctest::Approx((18 * 10 + 150) / 20.0));
+}
+
+TEST_CASE("sim plots: a CDF climbs to 1 over sorted values, and the SVG draws one polyline per series") {
+  std::vector<double> v;
+  for (int i = 1000; i > 0; --i) v.push_back(i);
+  const auto c = cdf_of("x", v, 50);
+  REQUIRE(c.points.size() == 50);
+  CHECK(c.points.front().first == 1);
+  CHECK(c.points.back().first == 1000);
+  CHECK(c.points.back().second == doctest::Approx(1.0));
+  for (size_t i = 1; i < c.points.size(); ++i) {
+    CHECK(c.points[i].first >= c.points[i - 1].first);
+    CHECK(c.points[i].second > c.points[i - 1].second);
+  }
+  const auto svg = svg_plot("a <title>", "x", "y", {c, cdf_of("y", {1, 2, 3})}, 500);
+  CHECK(svg.rfind("<svg", 0) == 0);
+  CHECK(svg.find("</svg>") != std::string::npos);
+  CHECK(svg.find("a &lt;title&gt;") != std::string::npos);  // escaped
+  size_t lines = 0;
+  for (size_t at = svg.find("<polyline"); at != std::string::npos; at = svg.find("<polyline", at + 1)) ++lines;
+  CHECK(lines == 2);
 }
