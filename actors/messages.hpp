@@ -740,7 +740,7 @@ using router_actor = caf::typed_actor<
 /// A node process introducing itself to the cluster's directory.
 struct node_hello {
   std::string name;
-  std::vector<std::string> roles;  ///< decode | prefill | store | gateway
+  std::vector<std::string> roles;  ///< decode | prefill | gateway (store nodes do not join)
   int32_t pid = 0;
 };
 template <class Inspector>

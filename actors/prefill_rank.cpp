@@ -394,13 +394,10 @@ caf::result<prefill_result> accept_prefill(prefill_pointer self, prefill_order o
   // (it re-placed itself after losing its decode rank, say) and which may have landed here
   // again. The newer attempt supersedes it: a waiting one is dropped, a running one is stopped
   // and the new one waits until the executor is done with it.
-  const auto superseded = [&] {
-    return make_error(errc::rank_unavailable, stage + ": superseded by a newer attempt of the request");
-  };
+  const std::string superseded = "superseded by a newer attempt of the request";
   if (auto old = st.waiting.take_if([&](const waiting_order& w) { return w.order.request_id == rid; }))
-    old->promise.deliver(superseded());
-  if (st.requests.count(rid) > 0)
-    fail_request(self, rid, errc::rank_unavailable, "prefill", "superseded by a newer attempt of the request");
+    old->promise.deliver(make_error(errc::rank_unavailable, stage + ": " + superseded));
+  if (st.requests.count(rid) > 0) fail_request(self, rid, errc::rank_unavailable, "prefill", superseded);
   auto& kv = st.core.exec->kv();
   const auto& local = kv.layout();
   const auto& reg = order.grant.region;

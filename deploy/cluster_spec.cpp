@@ -331,8 +331,9 @@ std::vector<node_launch> plan_launch(const cluster_spec& s, const std::string& b
       store_nodes.push_back((addr.host_of ? addr.host_of(n) : n.host) + ":" + std::to_string(n.store_port));
     }
   node_launch head{h.name, h.host, "head", {binary, "local", "--serve", "--model", s.model, "--prefill-ranks",
-                                            std::to_string(h.has("prefill") ? h.prefill_ranks : 0), "--decode-ranks", "0", "--router-listen",
-                                            listen(h, h.router_port), "--cluster-listen", listen(h, h.cluster_port),
+                                            std::to_string(h.has("prefill") ? h.prefill_ranks : 0), "--decode-ranks",
+                                            "0", "--router-listen", listen(h, h.router_port), "--cluster-listen",
+                                            listen(h, h.cluster_port),
                                             "--prefill-policy", s.prefill_policy, "--decode-policy", s.decode_policy},
                    {}};
   head.argv.insert(head.argv.end(), executor.begin(), executor.end());
@@ -349,7 +350,7 @@ std::vector<node_launch> plan_launch(const cluster_spec& s, const std::string& b
   }
   out.push_back(std::move(head));
   for (const auto& n : s.nodes) {
-    if (!n.has("router") && (n.has("decode") || n.has("prefill"))) {
+    if (n.gpu_rank_node()) {
       const std::string role = n.has("decode") ? "decode" : "prefill";
       node_launch d{n.name, n.host, role, {binary, "node", "--role", role, "--name", n.name, "--connect", join,
                                            "--ranks", std::to_string(n.gpus), "--model", s.model},
@@ -466,7 +467,7 @@ std::string kubernetes_manifests(const cluster_spec& s) {
       y << "    ports:\n";
       yaml_ports(y, n, "    ", false);
     }
-    if (!n.has("router") && (n.has("decode") || n.has("prefill")))
+    if (n.gpu_rank_node())
       y << "    resources:\n      limits:\n        nvidia.com/gpu: " << n.gpus << "\n";
     if (n.has("router") || n.has("gateway") || n.store_port) {
       y << "---\napiVersion: v1\nkind: Service\nmetadata:\n  name: " << object_name(s, n) << "\nspec:\n  selector:\n"
@@ -488,7 +489,7 @@ std::string slurm_script(const cluster_spec& s) {
   }
   uint32_t gpus = 0;
   for (const auto& n : s.nodes)
-    if (!n.has("router") && (n.has("decode") || n.has("prefill"))) gpus = std::max(gpus, n.gpus);
+    if (n.gpu_rank_node()) gpus = std::max(gpus, n.gpus);
   // Store nodes are reached at their allocation node: @HOSTk@ becomes ${HOSTS[k]}.
   auto host_var = [&](const node_spec& n) {
     return "@HOST" + std::to_string(std::find(hosts.begin(), hosts.end(), n.host) - hosts.begin()) + "@";

@@ -25,6 +25,8 @@ struct node_spec {
   uint16_t store_port = 0;         ///< store node: the head connects here to adopt its block server
   std::map<std::string, std::string> env;  ///< this node's processes' environment (over the spec's)
   bool has(const std::string& role) const;
+  /// A decode or prefill node of its own (not the head): one process with `gpus` ranks.
+  bool gpu_rank_node() const { return !has("router") && (has("decode") || has("prefill")); }
 };
 
 struct cluster_spec {

@@ -5,6 +5,7 @@
 
 namespace baton {
 struct local_cluster_config;
+struct prefill_rank_config;
 }
 
 namespace baton::deploy {
@@ -13,12 +14,20 @@ namespace baton::deploy {
 /// answering sample prompts. Returns the process exit code.
 int run_local(const std::vector<std::string>& args);
 
-/// `baton node --role decode`: one rank in its own process, joined to a head over CAF's
-/// network layer, with KV over UCX.
+/// `baton node --role decode|prefill|store`: ranks or a block server in their own process,
+/// joined to a head over CAF's network layer, with KV over UCX.
 int run_node(const std::vector<std::string>& args);
 
 /// Loads a Hugging Face model directory (config, weights and tokenizer) into a cluster config.
 bool load_model_into(const std::string& dir, local_cluster_config* cfg, std::string* why);
+
+/// How serving prefill ranks chunk prompts, in the head and in prefill nodes alike (seed 000
+/// §3.1 level 4: chunks sized to a 20 ms predicted step, at most 512 tokens).
+void apply_serving_prefill_defaults(prefill_rank_config* cfg);
+
+/// Creates `dir` if needed; false and a sentence naming `flag` and the directory when it is not a
+/// writable directory (a block server would otherwise only say so per request).
+bool ensure_writable_dir(const std::string& dir, const std::string& flag, std::string* why);
 
 /// `baton profile`: measures the CPU executor over a grid of prefill and decode shapes, fits
 /// the cost models and writes them, with the samples and held-out error, to a profile file.

@@ -38,8 +38,7 @@ std::string default_model_dir() {
 struct local_options {
   local_cluster_config cluster = [] {
     local_cluster_config c;
-    c.prefill.step_budget_us = 20000;  // seed 000 §3.1 level 4: 20 ms steps
-    c.prefill.chunk_tokens = 512;      // a cap; the budget sizes the chunks
+    apply_serving_prefill_defaults(&c.prefill);
     return c;
   }();
   std::vector<std::string> prompts = {
@@ -150,6 +149,19 @@ int serve(caf::actor_system& sys, const local_cluster& cluster, const local_opti
 
 }  // namespace
 
+void apply_serving_prefill_defaults(prefill_rank_config* cfg) {
+  cfg->step_budget_us = 20000;  // 20 ms steps
+  cfg->chunk_tokens = 512;      // a cap; the budget sizes the chunks
+}
+
+bool ensure_writable_dir(const std::string& dir, const std::string& flag, std::string* why) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (!ec && ::access(dir.c_str(), W_OK) == 0) return true;
+  *why = flag + " " + dir + " is not a writable directory" + (ec ? ": " + ec.message() : std::string{});
+  return false;
+}
+
 bool load_model_into(const std::string& dir, local_cluster_config* cfg, std::string* why) {
   gpu::hf_model m;
   if (!gpu::load_hf_model(dir, &m, why)) return false;
@@ -233,14 +245,9 @@ int run_local(const std::vector<std::string>& args) {
   }
   opt.cluster.store.enabled = !opt.cluster.store.dir.empty() || !opt.store_nodes.empty();
   if (opt.cluster.store.dir.empty()) opt.cluster.store.num_servers = 0;  // only store nodes' servers
-  if (!opt.cluster.store.dir.empty()) {  // a block server would only say so per request; say it now
-    std::error_code ec;
-    std::filesystem::create_directories(opt.cluster.store.dir, ec);
-    if (ec || ::access(opt.cluster.store.dir.c_str(), W_OK) != 0) {
-      std::fprintf(stderr, "baton local: --store-dir %s is not a writable directory%s%s\n",
-                   opt.cluster.store.dir.c_str(), ec ? ": " : "", ec ? ec.message().c_str() : "");
-      return 2;
-    }
+  if (std::string why; !opt.cluster.store.dir.empty() && !ensure_writable_dir(opt.cluster.store.dir, "--store-dir", &why)) {
+    std::fprintf(stderr, "baton local: %s\n", why.c_str());
+    return 2;
   }
   if (auto e = opt.sec.validate(); !e.empty()) {
     std::fprintf(stderr, "baton local: %s\n", e.c_str());

@@ -1,8 +1,7 @@
 // `baton node --role decode|prefill|store`: decode or prefill ranks, or a block server, in their
-// own process. Its agent
-// joins the head's node directory (published by `baton local --serve --cluster-listen`, or by
-// `baton local --decode-processes`), gets the balancers and the block store from it, starts the
-// ranks, and heartbeats. Decode ranks receive KV over UCX and stream tokens to request actors in
+// own process. A rank node's agent joins the head's node directory (published by `baton local
+// --serve --cluster-listen`, or by `baton local --decode-processes`), gets the balancers and the
+// block store from it, starts the ranks, and heartbeats. Decode ranks receive KV over UCX and stream tokens to request actors in
 // the head; prefill ranks load cached prefixes from the block servers and send KV to decode ranks
 // over UCX -- all messages through CAF's network layer. SIGTERM or SIGINT drains the node: no new
 // placements, the running work finishes, then it leaves. It also ends when the head goes away.
@@ -14,7 +13,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <thread>
 #include <unistd.h>
 
@@ -93,9 +91,8 @@ int run_node(const std::vector<std::string>& args) {
   store_host_config store_cfg;
   uint32_t fault_job_delay_ms = 0;
   decode_rank_config rank;
-  prefill_rank_config prefill;  // the head's defaults (`baton local`): 20 ms steps, chunks up to 512
-  prefill.step_budget_us = 20000;
-  prefill.chunk_tokens = 512;
+  prefill_rank_config prefill;  // chunked as the head's own prefill ranks are
+  apply_serving_prefill_defaults(&prefill);
   gpu::cpu_executor_config exec_cfg;
   uint64_t weights_seed = local_cluster_config{}.weights_seed;
   uint32_t scheduler_threads = 2, poll_attempts = 0, num_ranks = 1;
@@ -107,7 +104,9 @@ int run_node(const std::vector<std::string>& args) {
   flag_set flags;
   add_security_flags(flags, &sec);
   flags.add("--role", &role, "what this node runs: decode | prefill | store");
-  flags.add("--name", &rank.name, "the node's name (its ranks are <name>, or <name>-0, <name>-1, ... with --ranks > 1)");
+  std::string name;
+  flags.add("--name", &name,
+            "the node's name (its ranks are <name>, or <name>-0, <name>-1, ... with --ranks > 1; default: <role>-0, or store)");
   flags.add("--connect", &connect, "decode, prefill: host:port of the head's node directory");
   flags.add("--listen", &listen, "store: host:port where the head connects to adopt this node's block server");
   flags.add("--store-dir", &store_cfg.dir, "store: the directory of the block files (server-<id> below it)");
@@ -142,18 +141,17 @@ int run_node(const std::vector<std::string>& args) {
     std::fprintf(stderr, "baton node: %s\n", e.c_str());
     return 2;
   }
+  if (name.empty()) name = role == "store" ? "store" : role + "-0";
+  rank.name = prefill.name = store_cfg.name = name;
   if (role == "store") {
     if (listen.empty() || store_cfg.dir.empty()) {
       std::fprintf(stderr, "baton node: --role store needs --listen HOST:PORT and --store-dir DIR\n");
       return 2;
     }
-    std::error_code ec;
-    std::filesystem::create_directories(store_cfg.dir, ec);
-    if (ec || ::access(store_cfg.dir.c_str(), W_OK) != 0) {
-      std::fprintf(stderr, "baton node: --store-dir %s is not a writable directory\n", store_cfg.dir.c_str());
+    if (std::string why; !ensure_writable_dir(store_cfg.dir, "--store-dir", &why)) {
+      std::fprintf(stderr, "baton node: %s\n", why.c_str());
       return 2;
     }
-    store_cfg.name = rank.name;
     install_stop_signals();
     caf::actor_system_config cfg;
     configure_networked_system(cfg, scheduler_threads, poll_attempts, sec);
@@ -178,7 +176,6 @@ int run_node(const std::vector<std::string>& args) {
     }
   }
   auto model = loaded.model;
-  prefill.name = rank.name;
   if (auto err = (role == "decode" ? rank.validate() : prefill.validate()) + exec_cfg.validate(); !err.empty()) {
     std::fprintf(stderr, "baton node: %s\n", err.c_str());
     return 2;
@@ -190,36 +187,36 @@ int run_node(const std::vector<std::string>& args) {
   caf::actor_system sys{cfg};
   auto directory = connect_actor<node_directory_actor>(sys, sec, host, port);
   if (!directory) {
-    std::fprintf(stderr, "baton node %s: cannot reach the head's node directory at %s: %s\n", rank.name.c_str(),
+    std::fprintf(stderr, "baton node %s: cannot reach the head's node directory at %s: %s\n", name.c_str(),
                  connect.c_str(), explain_connect_error(sys, directory.error(), sec.tls()).c_str());
     return 1;
   }
   auto weights = loaded.weights ? loaded.weights
                                 : std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(model, weights_seed));
-  agent_cfg.hello = {rank.name, {role}, static_cast<int32_t>(::getpid())};
+  agent_cfg.hello = {name, {role}, static_cast<int32_t>(::getpid())};
   auto start = [=](caf::actor_system& sys, const cluster_welcome& w, node_actors* out) -> std::string {
     // The cluster's block store, if it runs one: decode ranks write finished sequences back to
     // it, prefill ranks load cached prefixes from it -- through UCX, like the head's own ranks.
     const auto store = store_access::from_info(w.store);
     for (uint32_t i = 0; i < num_ranks; ++i) {
-      std::string name = rank.name;
-      if (num_ranks > 1) name.append("-").append(std::to_string(i));
+      std::string rank_name = name;
+      if (num_ranks > 1) rank_name.append("-").append(std::to_string(i));
       std::string why;
-      auto xport = transport::make_ucx_transport({name}, &why);
-      if (!xport) return "rank " + name + ": UCX: " + why;
+      auto xport = transport::make_ucx_transport({rank_name}, &why);
+      if (!xport) return "rank " + rank_name + ": UCX: " + why;
       std::shared_ptr<gpu::executor> exec = gpu::make_cpu_executor(model, weights, exec_cfg);
       if (fault_job_delay_ms) exec = gpu::make_fault_slow_executor(std::move(exec), fault_job_delay_ms);
       if (role == "decode") {
         auto rc = rank;
-        rc.name = name;
+        rc.name = rank_name;
         out->ranks.decode.push_back(spawn_decode_rank(sys, rc, std::move(exec), std::move(xport), w.decode_balancer, store));
       } else {
         auto pc = prefill;
-        pc.name = name;
+        pc.name = rank_name;
         out->ranks.prefill.push_back(
             spawn_prefill_rank(sys, pc, std::move(exec), std::move(xport), w.prefill_balancer, store));
       }
-      out->ranks.names.push_back(name);
+      out->ranks.names.push_back(rank_name);
     }
     return {};
   };
@@ -241,10 +238,10 @@ int run_node(const std::vector<std::string>& args) {
         caf::after(std::chrono::milliseconds{100}) >> [] {});
   }
   if (reason && reason != caf::exit_reason::normal) {
-    std::fprintf(stderr, "baton node %s: %s\n", rank.name.c_str(), sys.render(reason).c_str());
+    std::fprintf(stderr, "baton node %s: %s\n", name.c_str(), sys.render(reason).c_str());
     return drain_sent ? 0 : 1;  // after a drain request, leaving is the goal
   }
-  if (drain_sent) std::printf("baton node %s: drained and left\n", rank.name.c_str());
+  if (drain_sent) std::printf("baton node %s: drained and left\n", name.c_str());
   return 0;
 }
 

@@ -39,9 +39,10 @@ struct sim_options {
   bool free_links = false;
 };
 
-/// --kill RANK@SECONDS into the config's faults (and the link flags into the config); false and
-/// why on a malformed one.
+/// Carries the flags that have no field of their own type into the config (SLOs, links, --kill
+/// RANK@SECONDS as faults); false and why on a malformed one.
 bool finish_options(sim_options* o, std::string* why) {
+  o->cfg.slos = {o->ttft_slo_ms, o->tbt_slo_ms};
   o->cfg.nic_gbps = o->nic_gbps;
   o->cfg.model_links = !o->free_links;
   o->cfg.faults.clear();
@@ -79,7 +80,8 @@ void add_sim_flags(flag_set& f, sim_options* o) {
   f.add("--colocated", &o->cfg.colocated, "the colocated baseline: chunked prefill on the decode instances");
   f.add("--chunk-tokens", &o->cfg.colocated_chunk_tokens, "colocated: tokens per step (max_num_batched_tokens)");
   f.add("--max-batch", &o->cfg.max_batch, "sequences per decode step (max_num_seqs)");
-  f.add("--prefill-policy", &o->cfg.prefill_policy, "seed | least_loaded | round_robin | cache_affinity | split");
+  f.add("--prefill-policy", &o->cfg.prefill_policy,
+        "seed | least_loaded | round_robin | cache_affinity (split: not in sims yet)");
   f.add("--decode-policy", &o->cfg.decode_policy, "seed | least_loaded | round_robin");
   f.add("--prefix-cache-blocks", &o->cfg.prefix_cache_blocks, "per prefill instance: its local tier of prompt blocks");
   f.add("--kv-tokens", &o->cfg.kv_tokens, "KV tokens per instance (0: HBM after the weights)");
@@ -191,6 +193,10 @@ bool apply_variant(const std::string& v, const sim_options& base, sim_options* o
     *why = "variant '" + *name + "': bad flags";
     return false;
   }
+  if (!finish_options(out, why)) {
+    *why = "variant '" + *name + "': " + *why;
+    return false;
+  }
   return true;
 }
 
@@ -216,7 +222,6 @@ int run_sim(const std::vector<std::string>& raw) {
   if (mode == "compare")
     f.add("--variant", &o.variants, "NAME=FLAGS: a configuration to compare (repeatable), e.g. colo=--colocated");
   if (auto rc = f.parse_command_line(args, "sim " + mode, "baton sim " + mode + " [flags]")) return *rc;
-  o.cfg.slos = {o.ttft_slo_ms, o.tbt_slo_ms};
   std::string why, name;
   if (!finish_options(&o, &why)) {
     std::fprintf(stderr, "baton sim: %s\n", why.c_str());
@@ -307,11 +312,6 @@ int run_sim(const std::vector<std::string>& raw) {
     std::string vname;
     if (!apply_variant(v, o, &vo, &vname, &why)) {
       std::fprintf(stderr, "baton sim: %s\n", why.c_str());
-      return 2;
-    }
-    vo.cfg.slos = {vo.ttft_slo_ms, vo.tbt_slo_ms};
-    if (!finish_options(&vo, &why)) {
-      std::fprintf(stderr, "baton sim: %s: %s\n", vname.c_str(), why.c_str());
       return 2;
     }
     sims::trace t;

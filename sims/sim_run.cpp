@@ -37,6 +37,13 @@ std::string sim_config::validate() const {
   if (prefill_policy == "split") return "the split prefill policy is not supported in sims yet (layer gates are not modelled)";
   if (max_batch == 0 || prefill_chunk_tokens == 0 || colocated_chunk_tokens == 0)
     return "max_batch and chunk sizes must be >= 1";
+  for (const auto& f : faults) {  // ranks are named <kind>-<index> (local_cluster)
+    bool known = false;
+    for (uint32_t i = 0; i < decode_instances && !known; ++i) known = f.rank == "decode-" + std::to_string(i);
+    for (uint32_t i = 0; !colocated && i < prefill_instances && !known; ++i) known = f.rank == "prefill-" + std::to_string(i);
+    if (!known) return "fault names no rank '" + f.rank + "' (prefill-<i> or decode-<i> of this cluster)";
+    if (!(f.at_s >= 0)) return "fault on " + f.rank + " has a negative time";
+  }
   return {};
 }
 
@@ -101,7 +108,7 @@ struct run_state {
 
 bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_name, sim_result* out, std::string* why) {
   if (auto e = cfg.validate(); !e.empty()) {
-    *why = "sim: " + e;
+    *why = e;
     return false;
   }
   const auto shape = *named_model(cfg.model);
@@ -114,12 +121,12 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
   for (const auto& r : t.requests) longest = std::max<uint64_t>(longest, uint64_t{r.input_tokens} + r.output_tokens);
   for (const auto& [tokens, gpu] : {std::pair{kv_tokens, cfg.decode_gpu}, std::pair{prefill_kv_tokens, cfg.prefill_gpu}})
     if (tokens < longest || tokens == 0) {
-      *why = "sim: an instance holds " + std::to_string(tokens) + " KV tokens (" + cfg.model + " on " +
+      *why = "an instance holds " + std::to_string(tokens) + " KV tokens (" + cfg.model + " on " +
              std::to_string(cfg.tp) + " x " + gpu + "), the longest request needs " + std::to_string(longest);
       return false;
     }
   if (longest > shape.max_context) {
-    *why = "sim: a request needs " + std::to_string(longest) + " tokens, beyond " + cfg.model + "'s context of " +
+    *why = "a request needs " + std::to_string(longest) + " tokens, beyond " + cfg.model + "'s context of " +
            std::to_string(shape.max_context);
     return false;
   }
@@ -157,7 +164,7 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
   cc.store.block_tokens = cfg.block_tokens;
   cc.store.local_tier_only = true;
   if (auto e = cc.validate(); !e.empty()) {
-    *why = "sim: " + e;
+    *why = e;
     return false;
   }
 
@@ -206,13 +213,6 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
     cc.prefill.poll_interval_us = 1000;  // transfers land on a 1 ms grid of virtual time
   }
   auto cluster = start_local_cluster(sys, cc, make_exec, wrap);
-  // Stops every actor of the cluster and lets them finish (the actor system's destructor waits
-  // for them, and under the test coordinator only this thread can run them).
-  auto shut_down = [&] {
-    for (auto& a : cluster.actors()) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
-    for (size_t i = 0; i < 100000 && (sched.run() > 0 || sched.has_pending_timeout()); ++i)
-      if (sched.has_pending_timeout()) sched.trigger_timeouts();
-  };
 
   auto st = std::make_shared<run_state>();
   st->outcomes.resize(t.requests.size());
@@ -262,18 +262,13 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
     }};
   });
 
-  // Faults: each kills its rank's actor at its virtual time.
+  // Faults: each kills its rank's actor at its virtual time (the names were checked by validate()).
   for (const auto& f : cfg.faults) {
     caf::actor victim;
     for (const auto& r : cluster.prefill)
       if (r.name == f.rank) victim = caf::actor_cast<caf::actor>(r.handle);
     for (const auto& r : cluster.decode)
       if (r.name == f.rank) victim = caf::actor_cast<caf::actor>(r.handle);
-    if (!victim) {
-      shut_down();
-      *why = "sim: fault names no rank '" + f.rank + "' (prefill-<i> or decode-<i>)";
-      return false;
-    }
     sys.spawn([victim, at = f.at_s](caf::event_based_actor* self) {
       self->delayed_send(self, std::chrono::microseconds{static_cast<int64_t>(at * 1e6)}, timer_atom::value);
       return caf::behavior{[=](timer_atom) {
@@ -300,7 +295,11 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
   out->virtual_s = std::chrono::duration<double>(sched.clock().now() - t0).count();
   out->events = events;
   out->kv_transfer_gb = timing ? static_cast<double>(timing->modelled_bytes) / 1e9 : 0.0;
-  shut_down();
+  // Stop every actor of the cluster and let them finish: the actor system's destructor waits for
+  // them, and under the test coordinator only this thread can run them.
+  for (auto& a : cluster.actors()) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  for (size_t i = 0; i < 100000 && (sched.run() > 0 || sched.has_pending_timeout()); ++i)
+    if (sched.has_pending_timeout()) sched.trigger_timeouts();
   for (auto& o : st->outcomes)
     if (!o.ok && o.error.empty()) o.error = "not answered when the simulation ran out of events";
   out->outcomes = std::move(st->outcomes);
@@ -341,9 +340,8 @@ double find_goodput(const sim_config& cfg, const std::function<trace(double)>& m
     return *ok ? r.summary.slo_attainment : 0.0;
   };
   bool ok = true;
-  if (attainment(lo, &ok) < target) return 0.0;
-  if (!ok) return 0.0;
-  if (attainment(hi, &ok) >= target) return hi;
+  if (const double a = attainment(lo, &ok); !ok || a < target) return 0.0;
+  if (const double a = attainment(hi, &ok); !ok || a >= target) return ok ? hi : 0.0;
   for (uint32_t i = 0; i < steps && ok; ++i) {
     const double mid = (lo + hi) / 2;
     (attainment(mid, &ok) >= target ? lo : hi) = mid;
