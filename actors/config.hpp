@@ -146,9 +146,19 @@ struct decode_rank_config {
   /// reservation finds too few free pages, running sequences are offloaded here (youngest first)
   /// and resumed, bit-identically, when pages free up. 0 = off (the reservation fails instead).
   uint32_t host_offload_pages = 0;
+  /// KV allocation. 0: a lease reserves pages for the whole sequence (prompt + max new tokens),
+  /// so a running sequence never waits for memory, but a generous max_tokens wastes pages.
+  /// N > 0: on demand, as PagedAttention does: a lease reserves the prompt + N tokens, and a
+  /// sequence takes a page more each time it crosses into one; when none is free the youngest
+  /// running sequence is preempted to host memory (host_offload_pages, required) and resumes,
+  /// bit-identically, first in line when pages free up. New leases wait, first come first
+  /// served, while fewer than 1% of the pages would stay free (room for the running ones to grow).
+  uint32_t on_demand_headroom_tokens = 0;
 
   std::string validate() const {
     if (name.empty()) return "decode rank name must not be empty";
+    if (on_demand_headroom_tokens > 0 && host_offload_pages == 0)
+      return "decode on_demand_headroom_tokens needs host_offload_pages > 0 (preempted sequences wait there)";
     if (max_batch_size == 0) return "decode max_batch_size must be >= 1";
     if (local_prefill_chunk_tokens == 0) return "decode local_prefill_chunk_tokens must be >= 1";
     return {};

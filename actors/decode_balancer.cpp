@@ -35,6 +35,13 @@ uint32_t page_size(const decode_balancer_state& st, const rank_load& r) {
   return r.page_size_tokens ? r.page_size_tokens : st.cfg.page_size_tokens;
 }
 
+/// KV tokens the sequence takes on rank `r` at first: all of it, or (KV on demand) its prompt
+/// plus the rank's headroom.
+uint32_t need_tokens(const place_query& q, const rank_load& r) {
+  if (r.on_demand_headroom_tokens == 0) return q.total_tokens;
+  return std::min(q.total_tokens, q.new_tokens + q.cached_tokens + r.on_demand_headroom_tokens);
+}
+
 /// The chosen rank with room for the sequence's KV, counted as its load until its next report.
 std::optional<decode_placement> try_place(pointer self, const place_query& q) {
   auto& st = self->state;
@@ -51,7 +58,8 @@ std::optional<decode_placement> try_place(pointer self, const place_query& q) {
       }
       // Whole pages: a sequence needs its tokens rounded up to the page size.
       const uint64_t ps = loads.empty() ? st.cfg.page_size_tokens : page_size(st, loads.front());
-      const uint64_t need = (q.total_tokens + ps - 1) / ps * ps;
+      const uint64_t tokens = loads.empty() ? q.total_tokens : need_tokens(q, loads.front());
+      const uint64_t need = (tokens + ps - 1) / ps * ps;
       if (auto d = policies::place_decode_2d(views, need, st.cfg.two_d)) {
         pick = d->rank;
         why = "seed 2D: " + d->explain();
@@ -63,7 +71,7 @@ std::optional<decode_placement> try_place(pointer self, const place_query& q) {
       std::vector<policies::decode_rank_load> views;
       std::vector<bool> fits;
       for (const auto& r : loads) {
-        const uint32_t pages = (q.total_tokens + page_size(st, r) - 1) / page_size(st, r);
+        const uint32_t pages = (need_tokens(q, r) + page_size(st, r) - 1) / page_size(st, r);
         const bool open = !st.registry.draining[fits.size()];
         views.push_back({r.num_running, r.num_free_pages >= pages ? r.num_free_pages : 0, r.num_total_pages, open});
         fits.push_back(open && r.num_free_pages >= pages);
@@ -82,7 +90,7 @@ std::optional<decode_placement> try_place(pointer self, const place_query& q) {
   if (!pick) return std::nullopt;
   auto& r = st.registry.loads[*pick];
   const uint32_t ps = page_size(st, r);
-  const uint32_t pages = (q.total_tokens + ps - 1) / ps;
+  const uint32_t pages = (need_tokens(q, r) + ps - 1) / ps;
   r.num_running += 1;
   r.num_free_pages -= std::min(r.num_free_pages, pages);
   r.kv_tokens += uint64_t{pages} * ps;

@@ -43,12 +43,13 @@ struct lease {
   std::vector<int32_t> fed;  ///< tokens fed to steps so far (their KV follows the prompt's)
 };
 
-/// Hybrid PD: a prompt prefilled on this rank into its lease's pages, one chunk per step.
+/// Hybrid PD: a prompt prefilled on this rank into its lease's pages, chunk by chunk.
 struct local_prefill {
   uint64_t lease_id = 0;
   prefill_order order;
   caf::typed_response_promise<prefill_result> promise;
   uint32_t next_pos = 0;  ///< prompt tokens computed so far
+  uint32_t num_chunks = 0;  ///< chunks started so far
   caf::actor_clock::time_point arrived_at;
   int64_t queue_us = -1;  ///< arrival -> its first chunk started (-1: not yet)
 };
@@ -104,7 +105,9 @@ struct decode_state {
   std::vector<uint64_t> step_leases;  ///< lease ids of the step in flight, in row order
   size_t batch_cursor = 0;            ///< where the next step starts when the batch exceeds max_batch_size
   std::deque<local_prefill> local_prefills;  ///< hybrid PD prompts, first come first served
-  std::optional<uint32_t> step_chunk_tokens;  ///< the step in flight carries the head prompt's next chunk
+  /// The step in flight carries a chunk of each of the first step_chunks.size() local prompts,
+  /// of these many tokens (empty: a pure decode step).
+  std::vector<uint32_t> step_chunks;
   decode_balancer_actor balancer;     ///< told our load after every change (may be null)
   store_access store;
   std::optional<store::server_ring> ring;  ///< which block servers hold a key
@@ -133,6 +136,13 @@ int64_t micros(caf::actor_clock::duration_type d) {
   return std::chrono::duration_cast<std::chrono::microseconds>(d).count();
 }
 
+bool on_demand(const decode_state& st) { return st.cfg.on_demand_headroom_tokens > 0; }
+
+/// On demand, pages kept free for running sequences to grow into (vLLM's 1% watermark).
+uint32_t watermark_pages(const decode_state& st) {
+  return on_demand(st) ? std::max(1u, st.core.exec->kv().layout().num_pages / 100) : 0;
+}
+
 void report_load(decode_pointer self) {
   auto& st = self->state;
   if (!st.balancer) return;
@@ -141,12 +151,15 @@ void report_load(decode_pointer self) {
   // With host memory for offloads, pages of running sequences that could move there count as
   // room: the balancer may place a sequence here, and the rank makes the room between steps.
   uint64_t offloadable = 0;
-  if (!st.host_free.empty())
+  if (!st.host_free.empty() && !on_demand(st))  // on demand, nothing is preempted for a newcomer
     for (const auto& b : st.batch) offloadable += st.leases.at(b.lease_id).pages.size();
   const auto room = static_cast<uint32_t>(pool.num_free_pages() + std::min<uint64_t>(offloadable, st.host_free.size()));
   rank_load load{st.cfg.name, 0, static_cast<uint32_t>(st.leases.size()), room, layout.num_pages};
   load.page_size_tokens = layout.page_size_tokens;
   load.kv_tokens = uint64_t{layout.num_pages - pool.num_free_pages()} * layout.page_size_tokens;
+  load.on_demand_headroom_tokens = st.cfg.on_demand_headroom_tokens;
+  if (on_demand(st))  // the watermark is the running sequences' room to grow, not a newcomer's
+    load.num_free_pages = load.num_free_pages > watermark_pages(st) ? load.num_free_pages - watermark_pages(st) : 0;
   self->send(st.balancer, load_atom::value, std::move(load), caf::actor_cast<decode_rank_actor>(self));
 }
 
@@ -198,49 +211,115 @@ void copy_pages(decode_state& st, const std::vector<uint32_t>& pages, const std:
     }
 }
 
-/// Between steps only (no step writes the pages): grants waiting reservations, offloading the
-/// youngest running sequences to host memory while that frees enough pages; then, with no
-/// reservation waiting, resumes offloaded sequences, oldest first, as pages allow.
+/// Pages a reservation takes now: the whole sequence, or on demand the prompt plus headroom.
+uint32_t pages_to_reserve(const decode_state& st, const kv_lease_reserve& req) {
+  uint32_t tokens = req.num_tokens;
+  if (on_demand(st) && req.prompt_tokens > 0)
+    tokens = std::min(tokens, req.prompt_tokens + st.cfg.on_demand_headroom_tokens);
+  return st.core.exec->kv().pages_for_tokens(tokens);
+}
+
+
+/// Moves the youngest running sequence to host memory, freeing its device pages (between
+/// steps only). False when nothing runs or host memory is too full.
+bool offload_youngest(decode_pointer self) {
+  auto& st = self->state;
+  if (st.batch.empty()) return false;
+  auto victim = st.batch.back();
+  auto& l = st.leases.at(victim.lease_id);
+  if (st.host_free.size() < l.pages.size()) return false;
+  std::vector<uint32_t> slots(st.host_free.end() - l.pages.size(), st.host_free.end());
+  st.host_free.resize(st.host_free.size() - l.pages.size());
+  copy_pages(st, l.pages, slots, true);
+  st.core.exec->kv().kv_page_free(l.pages);
+  l.pages.clear();
+  st.batch.pop_back();
+  st.paused.push_back({victim, std::move(slots)});
+  ++st.offloaded;
+  st.core.log->add({0, "offload", l.request_id, 0, 0, {}, {}});
+  return true;
+}
+
+/// Brings the oldest offloaded sequence back if pages allow (it rejoins the batch).
+bool resume_oldest(decode_pointer self) {
+  auto& st = self->state;
+  if (st.paused.empty()) return false;
+  auto& p = st.paused.front();
+  // On demand, only with room for its next page beyond the watermark: coming back to be
+  // preempted again at once would only copy pages to and fro.
+  if (on_demand(st) && st.core.exec->kv().num_free_pages() < p.host_slots.size() + 1 + watermark_pages(st)) return false;
+  auto pages = st.core.exec->kv().kv_page_alloc(static_cast<uint32_t>(p.host_slots.size()));
+  if (!pages) return false;
+  auto& l = st.leases.at(p.seq.lease_id);
+  l.pages = std::move(*pages);
+  copy_pages(st, l.pages, p.host_slots, false);
+  st.host_free.insert(st.host_free.end(), p.host_slots.begin(), p.host_slots.end());
+  st.batch.push_back(p.seq);
+  st.paused.pop_front();
+  ++st.resumed;
+  st.core.log->add({0, "resume", l.request_id, 0, 0, {}, {}});
+  return true;
+}
+
+/// Between steps only (no step writes the pages). Whole-sequence leases: grants waiting
+/// reservations, offloading the youngest running sequences to host memory while that frees
+/// enough pages; then, with no reservation waiting, resumes offloaded sequences, oldest first,
+/// as pages allow. On demand: preempted sequences come back first, then waiting reservations
+/// are granted in order while the watermark stays free; nothing is preempted for a newcomer.
 void rebalance_memory(decode_pointer self) {
   auto& st = self->state;
   if (st.step_in_flight) return;
   auto& kv = st.core.exec->kv();
+  if (on_demand(st)) {
+    while (resume_oldest(self)) {
+    }
+    while (st.paused.empty() && !st.reserves.empty()) {
+      auto& r = st.reserves.front();
+      const uint32_t need = pages_to_reserve(st, r.req);
+      if (kv.num_free_pages() < need + watermark_pages(st)) break;
+      r.promise.deliver(grant_lease(self, r.req, *kv.kv_page_alloc(need)));
+      st.reserves.pop_front();
+    }
+    report_load(self);
+    return;
+  }
   while (!st.reserves.empty()) {
     auto& r = st.reserves.front();
-    const uint32_t need = kv.pages_for_tokens(r.req.num_tokens);
-    if (auto pages = kv.kv_page_alloc(need)) {
+    if (auto pages = kv.kv_page_alloc(pages_to_reserve(st, r.req))) {
       r.promise.deliver(grant_lease(self, r.req, std::move(*pages)));
       st.reserves.pop_front();
       continue;
     }
-    if (st.batch.empty()) break;  // nothing to offload: wait for sequences to finish
-    auto victim = st.batch.back();
-    auto& l = st.leases.at(victim.lease_id);
-    if (st.host_free.size() < l.pages.size()) break;  // host memory full too
-    std::vector<uint32_t> slots(st.host_free.end() - l.pages.size(), st.host_free.end());
-    st.host_free.resize(st.host_free.size() - l.pages.size());
-    copy_pages(st, l.pages, slots, true);
-    kv.kv_page_free(l.pages);
-    l.pages.clear();
-    st.batch.pop_back();
-    st.paused.push_back({victim, std::move(slots)});
-    ++st.offloaded;
-    st.core.log->add({0, "offload", l.request_id, 0, 0, {}, {}});
+    // Nothing to offload (wait for sequences to finish), or host memory full too.
+    if (!offload_youngest(self)) break;
   }
-  while (st.reserves.empty() && !st.paused.empty()) {
-    auto& p = st.paused.front();
-    auto pages = kv.kv_page_alloc(static_cast<uint32_t>(p.host_slots.size()));
-    if (!pages) break;
-    auto& l = st.leases.at(p.seq.lease_id);
-    l.pages = std::move(*pages);
-    copy_pages(st, l.pages, p.host_slots, false);
-    st.host_free.insert(st.host_free.end(), p.host_slots.begin(), p.host_slots.end());
-    st.batch.push_back(p.seq);
-    st.paused.pop_front();
-    ++st.resumed;
-    st.core.log->add({0, "resume", l.request_id, 0, 0, {}, {}});
+  while (st.reserves.empty() && resume_oldest(self)) {
   }
   report_load(self);
+}
+
+/// On demand: every running sequence gets the page its next position falls in before the step,
+/// preempting the youngest running sequences to host memory while none is free. Those still
+/// without a page (host memory full) sit this step out.
+void grow_pages(decode_pointer self) {
+  auto& st = self->state;
+  if (!on_demand(st)) return;
+  auto& kv = st.core.exec->kv();
+  for (size_t i = 0; i < st.batch.size();) {
+    auto& l = st.leases.at(st.batch[i].lease_id);
+    if (kv.pages_for_tokens(st.batch[i].pos + 1) <= l.pages.size()) {
+      ++i;
+    } else if (auto page = kv.kv_page_alloc(1)) {
+      l.pages.push_back(page->front());
+      ++i;
+    } else if (!offload_youngest(self)) {  // may be batch[i] itself: the loop re-checks
+      break;
+    }
+  }
+}
+
+bool has_page_for_next(const decode_state& st, const running_seq& s) {
+  return st.core.exec->kv().pages_for_tokens(s.pos + 1) <= st.leases.at(s.lease_id).pages.size();
 }
 
 void maybe_step(decode_pointer self) {
@@ -253,9 +332,14 @@ void maybe_step(decode_pointer self) {
     st.local_prefills.pop_front();
   }
   if (st.step_in_flight || (st.batch.empty() && st.local_prefills.empty())) return;
+  grow_pages(self);
+  // Local prompts start only while fewer than max_batch_size sequences run (decoding or
+  // prefilling), as vLLM's max_num_seqs: beyond that they queue, and their TTFT shows it.
+  size_t running = st.batch.size();
+  for (const auto& p : st.local_prefills) running += p.next_pos > 0 ? 1 : 0;
   gpu::forward_job job{++st.last_job, {}, gpu::forward_job::decode};
   st.step_leases.clear();
-  st.step_chunk_tokens.reset();
+  st.step_chunks.clear();
   rank_event ev{0, "step", 0, 0, 0, {}, {}};
   // When more sequences wait than one step takes, start each step where the last one stopped,
   // so every sequence advances in turn.
@@ -263,6 +347,7 @@ void maybe_step(decode_pointer self) {
   const size_t first = st.batch.size() > n ? st.batch_cursor % st.batch.size() : 0;
   for (size_t k = 0; k < n; ++k) {
     const auto& s = st.batch[(first + k) % st.batch.size()];
+    if (!has_page_for_next(st, s)) continue;  // on demand, with host memory full: waits for a page
     const auto& l = st.leases.at(s.lease_id);
     job.seqs.push_back(gpu::forward_seq{l.request_id, {s.next_input}, s.pos, l.pages, true});
     st.step_leases.push_back(s.lease_id);
@@ -271,41 +356,46 @@ void maybe_step(decode_pointer self) {
   }
   st.batch_cursor = first + n;
   if (n > 0) st.core.log->add(std::move(ev));
-  // Hybrid PD: the head local prompt's next chunk rides in the same batch (its rows after the
-  // decode rows), so a prompt delays each step by one chunk, never by the whole prompt.
-  if (!st.local_prefills.empty()) {
-    auto& p = st.local_prefills.front();
+  // Hybrid PD: local prompts' chunks ride in the same batch (their rows after the decode rows)
+  // within a step budget of local_prefill_chunk_tokens tokens, decode rows included (vLLM's
+  // max_num_batched_tokens): the oldest prompt's next chunk first, then, while budget is left,
+  // the next prompts'. So a prompt delays each step by at most a budget, never by a whole prompt.
+  // The chunks get at least an eighth of the budget, so a full batch cannot starve prompts.
+  const uint32_t budget = st.cfg.local_prefill_chunk_tokens;
+  uint32_t left = std::max<uint32_t>(budget > n ? budget - static_cast<uint32_t>(n) : 0, std::max(1u, budget / 8));
+  for (auto& p : st.local_prefills) {
+    if (left == 0) break;
+    if (p.next_pos == 0 && running >= st.cfg.max_batch_size) break;  // no room to start another
+    if (p.next_pos == 0) ++running;
     const auto& l = st.leases.at(p.lease_id);
     const auto total = static_cast<uint32_t>(p.order.tokens.size());
-    const uint32_t len = std::min(st.cfg.local_prefill_chunk_tokens, total - p.next_pos);
+    const uint32_t len = std::min(left, total - p.next_pos);
     if (p.queue_us < 0) p.queue_us = micros(self->clock().now() - p.arrived_at);
     job.seqs.push_back(gpu::forward_seq{p.order.request_id,
                                         {p.order.tokens.begin() + p.next_pos, p.order.tokens.begin() + p.next_pos + len},
                                         p.next_pos, l.pages, p.next_pos + len == total});
     job.kind = gpu::forward_job::prefill;
-    st.step_chunk_tokens = len;
-    st.core.log->add({0, "local_chunk", p.order.request_id, p.next_pos / st.cfg.local_prefill_chunk_tokens, 0, {}, {}});
+    st.step_chunks.push_back(len);
+    st.core.log->add({0, "local_chunk", p.order.request_id, p.num_chunks++, 0, {}, {}});
+    left -= len;
   }
+  if (job.seqs.empty()) return;
   st.step_in_flight = true;
   st.core.exec->submit(std::move(job), std::make_shared<forwarding_sink>(self->address()));
 }
 
-/// The step carrying a local prefill chunk finished: advance the prompt; after its last chunk
-/// every layer of the lease holds the prompt's KV, so the first token is sampled and answered.
-void on_local_chunk_done(decode_pointer self, std::vector<float>* logits) {
+/// True when the prompt is done with (answered, or failed because its lease is gone).
+bool finish_local_chunk(decode_pointer self, local_prefill& p, std::vector<float>* logits) {
   auto& st = self->state;
-  auto& p = st.local_prefills.front();
-  p.next_pos += *st.step_chunk_tokens;
   auto li = st.leases.find(p.lease_id);
   if (li == st.leases.end()) {  // released while the chunk ran
     p.promise.deliver(make_error(errc::lease_expired, where(p.order.request_id, st.cfg.name, "prefill") +
                                                           ": the lease was released during the local prefill"));
-    st.local_prefills.pop_front();
-    return;
+    return true;
   }
   auto& l = li->second;
   l.expires_at = self->clock().now() + std::chrono::milliseconds{l.lease_ms};  // progress renews
-  if (p.next_pos < p.order.tokens.size()) return;
+  if (p.next_pos < p.order.tokens.size()) return false;
   const gpu::sampling_config sc{p.order.temperature, p.order.seed, p.order.top_k, p.order.top_p,
                                 p.order.repetition_penalty, p.order.presence_penalty};
   const auto len = static_cast<uint32_t>(p.order.tokens.size());
@@ -316,7 +406,23 @@ void on_local_chunk_done(decode_pointer self, std::vector<float>* logits) {
   l.num_landed = static_cast<uint32_t>(l.landed.size());
   st.core.log->add({0, "kv_landed", l.request_id, 0, 0, {}, {}});
   p.promise.deliver(std::move(r));
-  st.local_prefills.pop_front();
+  return true;
+}
+
+/// A step carrying local prefill chunks finished: advance each prompt; after its last chunk
+/// every layer of the lease holds the prompt's KV, so the first token is sampled and answered.
+/// `logits` are the chunks' rows, in step order.
+void on_local_chunks_done(decode_pointer self, std::vector<float>* logits) {
+  auto& st = self->state;
+  auto p = st.local_prefills.begin();
+  for (size_t k = 0; k < st.step_chunks.size() && p != st.local_prefills.end(); ++k) {
+    p->next_pos += st.step_chunks[k];
+    if (finish_local_chunk(self, *p, &logits[k]))
+      p = st.local_prefills.erase(p);
+    else
+      ++p;
+  }
+  st.step_chunks.clear();
 }
 
 /// Joins the batch once every layer has landed and the order is here; the batch changes only
@@ -464,7 +570,7 @@ void on_step_done(decode_pointer self, std::vector<std::vector<float>>& logits) 
   auto& st = self->state;
   st.step_in_flight = false;
   ++st.num_steps;
-  if (st.step_chunk_tokens) on_local_chunk_done(self, &logits.back());
+  if (!st.step_chunks.empty()) on_local_chunks_done(self, &logits[st.step_leases.size()]);
   const auto eos = st.core.exec->config().eos_token_id;
   for (size_t row = 0; row < st.step_leases.size(); ++row) {
     const uint64_t lease_id = st.step_leases[row];
@@ -540,12 +646,15 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
         const auto stage = where(req.request_id, s.cfg.name, "kv_reserve");
         if (!s.core.setup_error.empty()) return make_error(errc::executor_failed, stage + ": " + s.core.setup_error);
         auto& pool = s.core.exec->kv();
-        const uint32_t need = pool.pages_for_tokens(req.num_tokens);
-        if (s.reserves.empty())
+        const uint32_t need = pages_to_reserve(s, req);
+        if (s.reserves.empty() && s.paused.empty() && pool.num_free_pages() >= need + watermark_pages(s))
           if (auto pages = pool.kv_page_alloc(need)) return grant_lease(self, req, std::move(*pages));
         // Short of pages: with host memory for offloads, running sequences make room (between
-        // steps); otherwise refuse now and let the request re-place itself.
-        if (s.cfg.host_offload_pages > 0 && need <= pool.layout().num_pages && !s.batch.empty()) {
+        // steps); on demand, the reservation waits its turn for pages that finishing sequences
+        // free; otherwise refuse now and let the request re-place itself.
+        const bool can_wait = on_demand(s) ? need + watermark_pages(s) <= pool.layout().num_pages
+                                           : s.cfg.host_offload_pages > 0 && !s.batch.empty();
+        if (can_wait && need <= pool.layout().num_pages) {
           auto promise = self->make_response_promise<kv_lease_grant>();
           s.reserves.push_back({req, promise});
           rebalance_memory(self);
@@ -570,7 +679,7 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
           if (p.lease_id == i->first) return make_error(errc::bad_request, stage + ": already prefilling this lease");
         auto promise = self->make_response_promise<prefill_result>();
         const uint64_t lease_id = i->first;
-        s.local_prefills.push_back(local_prefill{lease_id, std::move(order), promise, 0, self->clock().now()});
+        s.local_prefills.push_back(local_prefill{lease_id, std::move(order), promise, 0, 0, self->clock().now()});
         i->second.expires_at = self->clock().now() + std::chrono::milliseconds{i->second.lease_ms};
         maybe_step(self);
         return promise;
@@ -580,11 +689,12 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
         auto i = s.leases.find(lease_id);
         if (i == s.leases.end()) return;
         // A queued local prefill of this lease is dropped (unless its chunk is in the step in
-        // flight: on_local_chunk_done notices the lease is gone).
-        const bool chunk_in_step = s.step_in_flight && s.step_chunk_tokens && !s.local_prefills.empty() &&
-                                   s.local_prefills.front().lease_id == lease_id;
+        // flight: finish_local_chunk notices the lease is gone).
+        bool chunk_in_step = false;
+        for (size_t k = 0; s.step_in_flight && k < s.step_chunks.size() && k < s.local_prefills.size(); ++k)
+          chunk_in_step |= s.local_prefills[k].lease_id == lease_id;
         for (auto p = s.local_prefills.begin(); p != s.local_prefills.end(); ++p)
-          if (p->lease_id == lease_id && !(chunk_in_step && p == s.local_prefills.begin())) {
+          if (p->lease_id == lease_id && !chunk_in_step) {
             p->promise.deliver(make_error(errc::lease_expired, where(p->order.request_id, s.cfg.name, "prefill") +
                                                                    ": the lease was released before the local prefill"));
             s.local_prefills.erase(p);
@@ -672,12 +782,12 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
         // A refused step fails every request in it; the rank keeps serving the others.
         auto& s = self->state;
         s.step_in_flight = false;
-        if (s.step_chunk_tokens && !s.local_prefills.empty()) {
+        for (size_t k = 0; k < s.step_chunks.size() && !s.local_prefills.empty(); ++k) {
           auto& p = s.local_prefills.front();
           p.promise.deliver(make_error(errc::executor_failed, where(p.order.request_id, s.cfg.name, "prefill") + ": " + what));
           s.local_prefills.pop_front();
         }
-        s.step_chunk_tokens.reset();
+        s.step_chunks.clear();
         auto failed = s.step_leases;
         for (auto id : failed) {
           auto i = s.leases.find(id);

@@ -153,10 +153,11 @@ struct kv_lease_reserve {
   uint64_t request_id = 0;
   uint32_t num_tokens = 0;  ///< prompt + max new tokens: the pages cover the whole sequence
   uint32_t lease_ms = 0;    ///< pages are freed if decode has not begun by then
+  uint32_t prompt_tokens = 0;  ///< of num_tokens, the prompt's (a rank allocating on demand reserves these first)
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, kv_lease_reserve& x) {
-  return f(caf::meta::type_name("kv_lease_reserve"), x.request_id, x.num_tokens, x.lease_ms);
+  return f(caf::meta::type_name("kv_lease_reserve"), x.request_id, x.num_tokens, x.lease_ms, x.prompt_tokens);
 }
 
 /// Where a decode rank's KV pool lives and how it is laid out (see gpu::kv_layout).
@@ -270,11 +271,14 @@ struct rank_load {
   uint32_t page_size_tokens = 0;
   double predicted_us = 0.0;     ///< prefill: predicted time of the queued work (cost model)
   uint64_t kv_tokens = 0;        ///< decode: KV tokens held by running sequences and leases
+  /// decode: 0 when a lease holds the whole sequence; N when KV is allocated on demand (a lease
+  /// holds the prompt + N tokens at first), so placement asks only that much room.
+  uint32_t on_demand_headroom_tokens = 0;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, rank_load& x) {
   return f(caf::meta::type_name("rank_load"), x.name, x.queued_tokens, x.num_running, x.num_free_pages,
-           x.num_total_pages, x.page_size_tokens, x.predicted_us, x.kv_tokens);
+           x.num_total_pages, x.page_size_tokens, x.predicted_us, x.kv_tokens, x.on_demand_headroom_tokens);
 }
 
 /// A request asking a balancer for a rank.

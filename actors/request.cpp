@@ -370,7 +370,8 @@ void reserve(request_pointer self) {
   st.out.place_us = lap(self);
   st.out.prefill_rank = st.prefill_name;
   st.out.decode_rank = st.decode_name;
-  kv_lease_reserve req{p.request_id, static_cast<uint32_t>(st.prompt.size() + st.max_new), p.cfg.lease_ms};
+  kv_lease_reserve req{p.request_id, static_cast<uint32_t>(st.prompt.size() + st.max_new), p.cfg.lease_ms,
+                       static_cast<uint32_t>(st.prompt.size())};
   const uint32_t attempt = st.attempt;
   // Watched from here on: a decode rank (or prefill rank) that goes down re-places the request.
   self->monitor(st.decode);

@@ -72,7 +72,7 @@ void add_sim_flags(flag_set& f, sim_options* o) {
   f.add("--output-mean", &o->output_mean, "synthetic: mean output tokens (lognormal, cv 1)");
   f.add("--seed", &o->cfg.seed, "synthetic arrivals' seed (a replayed trace samples nothing)");
   f.add("--model", &o->cfg.model, "model shape: llama-3-8b | llama-3-70b | qwen3-32b | deepseek-v3");
-  f.add("--prefill-gpu", &o->cfg.prefill_gpu, "GPU of prefill instances: H200 | H100 | H800");
+  f.add("--prefill-gpu", &o->cfg.prefill_gpu, "GPU of prefill instances: H200 | H100 | H800 | RTX4090 | RTXPRO6000");
   f.add("--decode-gpu", &o->cfg.decode_gpu, "GPU of decode instances");
   f.add("--tp", &o->cfg.tp, "GPUs per instance (tensor parallel)");
   f.add("--prefill-instances", &o->cfg.prefill_instances, "prefill instances");
@@ -84,6 +84,10 @@ void add_sim_flags(flag_set& f, sim_options* o) {
         "seed | least_loaded | round_robin | cache_affinity (split: not in sims yet)");
   f.add("--decode-policy", &o->cfg.decode_policy, "seed | least_loaded | round_robin");
   f.add("--prefix-cache-blocks", &o->cfg.prefix_cache_blocks, "per prefill instance: its local tier of prompt blocks");
+  f.add("--profile", &o->cfg.profile,
+        "step times from per-layer profile tables PREFIX_{dense,attention,per_sequence}.csv (vLLM's format)");
+  f.add("--kv-on-demand", &o->cfg.kv_on_demand_tokens,
+        "N > 0: decode KV allocated on demand (prompt + N tokens, then page by page, preempting when full)");
   f.add("--kv-tokens", &o->cfg.kv_tokens, "KV tokens per instance (0: HBM after the weights)");
   f.add("--nic-gbps", &o->nic_gbps, "GB/s of one GPU's NIC for KV handoffs (0: the GPU's default, 50)");
   f.add("--free-links", &o->free_links, "KV handoffs take no virtual time");
@@ -243,6 +247,14 @@ int run_sim(const std::vector<std::string>& raw) {
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
     std::printf("baton sim: %s, %zu requests over %.0f s of virtual time\n", name.c_str(), t.requests.size(), r.virtual_s);
     print_summary(r.summary);
+    auto vs = [](const char* what, const sims::percentiles& sim, const sims::percentiles& m) {
+      if (m.count == 0 || m.mean <= 0 || m.p50 <= 0) return;
+      std::printf("  measured %-4s ms  mean %9.1f  p50 %9.1f   (sim: mean %+.1f%%, p50 %+.1f%%)\n", what, m.mean, m.p50,
+                  100 * (sim.mean / m.mean - 1), 100 * (sim.p50 / m.p50 - 1));
+    };
+    vs("TTFT", r.summary.ttft_ms, r.measured_ttft_ms);
+    vs("TPOT", r.summary.tpot_ms, r.measured_tpot_ms);
+    vs("E2E", r.summary.e2e_ms, r.measured_e2e_ms);
     std::printf("  simulated in %.2f s wall: %.0f requests/s, %.2fM events (%.0f per request, %.2fM events/s)\n", wall,
                 static_cast<double>(t.requests.size()) / wall, static_cast<double>(r.events) / 1e6,
                 static_cast<double>(r.events) / std::max<double>(1, static_cast<double>(t.requests.size())),

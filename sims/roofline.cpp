@@ -18,11 +18,17 @@ std::string lower(std::string s) {
 // the same efficiency (80% of the 989 TFLOP/s datasheet rate, 89% of HBM) applied to their
 // datasheets (3.35 TB/s HBM3); the H800's NVLink is cut to 400 GB/s. NIC: one 400 Gb/s port per
 // GPU (50 GB/s), as in DeepSeek's and Mooncake's clusters. Launch overhead: 40 us per step.
+// RTX 4090 and RTX PRO 6000 Blackwell (the GPUs of the measured vLLM runs, whose memory sizes
+// give their KV capacity; their step times come from profile tables, not from this roofline):
+// the same efficiency applied to their datasheets (165 and ~500 TFLOP/s dense bf16 with fp32
+// accumulation; 1,008 and 1,792 GB/s; 24 and 96 GB), no NVLink, PCIe 4.0 and 5.0 x16.
 const std::vector<gpu_spec>& gpus() {
   static const std::vector<gpu_spec> g = {
       {"H200", 790, 4257, 450, 55, 50, 141, 40},
       {"H100", 790, 2980, 450, 55, 50, 80, 40},
       {"H800", 790, 2980, 200, 55, 50, 80, 40},
+      {"RTX4090", 132, 894, 25, 25, 50, 24, 40},
+      {"RTXPRO6000", 400, 1590, 55, 55, 50, 96, 40},
   };
   return g;
 }

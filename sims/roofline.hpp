@@ -24,7 +24,7 @@ struct gpu_spec {
   double step_overhead_us = 0;  ///< launches and scheduling per step (CUDA graphs assumed for decode)
 };
 
-/// H200, H100, H800 (SXM); case-insensitive. Empty for an unknown name.
+/// H200, H100, H800 (SXM), RTX4090, RTXPRO6000; case-insensitive. Empty for an unknown name.
 std::optional<gpu_spec> named_gpu(const std::string& name);
 std::vector<std::string> gpu_names();
 

@@ -17,6 +17,7 @@
 #include "actors/messages.hpp"
 #include "policies/cost_fit.hpp"
 #include "sims/modelled_executor.hpp"
+#include "sims/profile_table.hpp"
 #include "sims/roofline.hpp"
 #include "transport/loopback.hpp"
 
@@ -25,7 +26,7 @@ namespace baton::sims {
 std::string sim_config::validate() const {
   if (!named_model(model)) return "unknown model '" + model + "' (known: llama-3-8b, llama-3-70b, qwen3-32b, deepseek-v3)";
   for (const auto* g : {&prefill_gpu, &decode_gpu})
-    if (!named_gpu(*g)) return "unknown GPU '" + *g + "' (known: H200, H100, H800)";
+    if (!named_gpu(*g)) return "unknown GPU '" + *g + "' (known: H200, H100, H800, RTX4090, RTXPRO6000)";
   if (tp == 0 || decode_instances == 0) return "tp and decode_instances must be >= 1";
   if (!colocated && prefill_instances == 0) return "a disaggregated cluster needs prefill_instances >= 1";
   if (page_tokens == 0 || block_tokens == 0 || block_tokens % page_tokens != 0)
@@ -35,6 +36,10 @@ std::string sim_config::validate() const {
   // executor's layer gates; the modelled executor does not honour gates yet, so the timing
   // would be wrong (and with timed links the parts stall).
   if (prefill_policy == "split") return "the split prefill policy is not supported in sims yet (layer gates are not modelled)";
+  // A profile measured at one TP degree (its name says which, as `_tp1`) times only that degree.
+  if (auto at = profile.rfind("_tp"); !profile.empty() && at != std::string::npos &&
+                                      profile.substr(at + 3) != std::to_string(tp))
+    return "the profile " + profile + " was measured at TP " + profile.substr(at + 3) + ", not --tp " + std::to_string(tp);
   if (max_batch == 0 || prefill_chunk_tokens == 0 || colocated_chunk_tokens == 0)
     return "max_batch and chunk sizes must be >= 1";
   for (const auto& f : faults) {  // ranks are named <kind>-<index> (local_cluster)
@@ -112,6 +117,12 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
     return false;
   }
   const auto shape = *named_model(cfg.model);
+  std::shared_ptr<const profile_table> profile;
+  if (!cfg.profile.empty()) {
+    auto p = profile_table::load(cfg.profile, why);
+    if (!p) return false;
+    profile = std::make_shared<const profile_table>(std::move(*p));
+  }
   const roofline prefill_roof{*named_gpu(cfg.prefill_gpu), shape, cfg.tp};
   const roofline decode_roof{*named_gpu(cfg.decode_gpu), shape, cfg.tp};
   const uint64_t kv_tokens = cfg.kv_tokens ? cfg.kv_tokens : decode_roof.kv_capacity_tokens();
@@ -148,7 +159,11 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
   cc.decode_balancer.policy = cfg.decode_policy;
   cc.decode.max_batch_size = cfg.max_batch;
   cc.decode.local_prefill_chunk_tokens = cfg.colocated_chunk_tokens;
-  cc.decode.verify_kv_checksums = false;  // modelled KV is all zeros: nothing to check, time saved
+  cc.decode.verify_kv_checksums = false;
+  if (cfg.kv_on_demand_tokens > 0) {
+    cc.decode.on_demand_headroom_tokens = cfg.kv_on_demand_tokens;
+    cc.decode.host_offload_pages = cc.executor.num_kv_pages;  // preempted sequences wait there
+  }  // modelled KV is all zeros: nothing to check, time saved
   // Queueing is what a sim measures: no hop deadline cuts it short (an hour of virtual time).
   auto& rq = cc.router.request;
   rq.place_timeout_ms = rq.reserve_timeout_ms = rq.prefill_timeout_ms = rq.token_timeout_ms = 3'600'000;
@@ -185,11 +200,11 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
     m.emitted_token = 7;
     m.coarse_decode = true;
     const roofline roof = prefill ? prefill_roof : decode_roof;
-    m.job_us = [roof](const gpu::forward_job& job) {
+    m.job_us = [roof, profile, layers = shape.num_layers](const gpu::forward_job& job) {
       std::vector<step_seq> seqs;
       seqs.reserve(job.seqs.size());
       for (const auto& s : job.seqs) seqs.push_back({static_cast<uint32_t>(s.tokens.size()), s.start_pos});
-      return roof.step_us(seqs);
+      return profile ? profile->step_us(seqs, layers) : roof.step_us(seqs);
     };
     return make_modelled_executor(model, m);
   };
@@ -304,6 +319,15 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
     if (!o.ok && o.error.empty()) o.error = "not answered when the simulation ran out of events";
   out->outcomes = std::move(st->outcomes);
   out->summary = summarize(out->outcomes, cfg.slos);
+  std::vector<double> mttft, mtpot, me2e;
+  for (const auto& r : t.requests) {
+    if (r.measured_ttft_s >= 0) mttft.push_back(r.measured_ttft_s * 1e3);
+    if (r.measured_tpot_s >= 0) mtpot.push_back(r.measured_tpot_s * 1e3);
+    if (r.measured_e2e_s >= 0) me2e.push_back(r.measured_e2e_s * 1e3);
+  }
+  out->measured_ttft_ms = percentiles_of(std::move(mttft));
+  out->measured_tpot_ms = percentiles_of(std::move(mtpot));
+  out->measured_e2e_ms = percentiles_of(std::move(me2e));
   std::map<std::string, std::string> echo = {
       {"trace", trace_name},
       {"model", cfg.model},
@@ -312,16 +336,30 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
       {"decode", std::to_string(cfg.decode_instances) + " x " + std::to_string(cfg.tp) + " " + cfg.decode_gpu},
       {"policies", cfg.prefill_policy + " / " + cfg.decode_policy},
       {"kv_tokens_per_instance", std::to_string(kv_tokens) + " decode, " + std::to_string(prefill_kv_tokens) + " prefill"},
+      {"step_times", profile ? "profile " + profile->source() : "roofline"},
+      {"kv_allocation", cfg.kv_on_demand_tokens ? "on demand, headroom " + std::to_string(cfg.kv_on_demand_tokens) + " tokens" : "whole sequence"},
       {"links", cfg.model_links ? std::to_string(timing->gbps) + " GB/s per instance" : "free"},
       {"slo", "TTFT <= " + std::to_string(cfg.slos.ttft_ms) + " ms, TBT <= " + std::to_string(cfg.slos.tbt_ms) + " ms"},
       {"seed", std::to_string(cfg.seed)},
   };
   for (const auto& f : cfg.faults) echo["fault " + f.rank] = "killed at " + std::to_string(f.at_s) + " s";
-  out->json = report_json(echo, out->summary,
-                          {{"events", static_cast<double>(out->events)},
-                           {"events_per_request", t.requests.empty() ? 0.0 : static_cast<double>(out->events) / static_cast<double>(t.requests.size())},
-                           {"virtual_s", out->virtual_s},
-                           {"kv_transfer_gb", out->kv_transfer_gb}});
+  std::map<std::string, double> extra = {
+      {"events", static_cast<double>(out->events)},
+      {"events_per_request", t.requests.empty() ? 0.0 : static_cast<double>(out->events) / static_cast<double>(t.requests.size())},
+      {"virtual_s", out->virtual_s},
+      {"kv_transfer_gb", out->kv_transfer_gb}};
+  // Fidelity: how close the sim came to what the engine measured on the same requests.
+  auto vs = [&](const char* what, const percentiles& sim, const percentiles& measured) {
+    if (measured.count == 0) return;
+    extra[std::string{"measured_"} + what + "_ms_mean"] = measured.mean;
+    extra[std::string{"measured_"} + what + "_ms_p50"] = measured.p50;
+    if (measured.mean > 0) extra[std::string{what} + "_mean_error"] = sim.mean / measured.mean - 1;
+    if (measured.p50 > 0) extra[std::string{what} + "_p50_error"] = sim.p50 / measured.p50 - 1;
+  };
+  vs("ttft", out->summary.ttft_ms, out->measured_ttft_ms);
+  vs("tpot", out->summary.tpot_ms, out->measured_tpot_ms);
+  vs("e2e", out->summary.e2e_ms, out->measured_e2e_ms);
+  out->json = report_json(echo, out->summary, extra);
   return true;
 }
 

@@ -49,7 +49,15 @@ struct sim_config {
   uint32_t prefix_cache_blocks = 4096;   ///< per prefill rank: its local tier of full prompt blocks
   uint32_t page_tokens = 64;             ///< KV page size of the modelled ranks
   uint32_t sim_layers = 4;               ///< layers the actors see (KV ships per layer group); time uses the real count
+  /// Step times from per-layer profile tables (`<prefix>_dense.csv`, ... as in
+  /// ../shared/traces/vllm_measured/profiles/, sims/profile_table.hpp) instead of the roofline;
+  /// the GPUs' memory still sizes the KV. One profile times every instance.
+  std::string profile;
   uint64_t kv_tokens = 0;                ///< KV capacity per instance; 0: from the roofline (HBM after weights)
+  /// KV allocation on the decode instances: 0 reserves each sequence's whole length at placement;
+  /// N > 0 allocates on demand (prompt + N tokens, then page by page, preempting the youngest
+  /// sequence to host memory when full), as vLLM does.
+  uint32_t kv_on_demand_tokens = 0;
   bool model_links = true;               ///< KV transfers take time on the instances' NICs (false: free)
   double nic_gbps = 0;                   ///< per GPU; 0: the prefill GPU's (50 GB/s, 400 Gb/s)
   slo slos;
@@ -65,6 +73,9 @@ struct sim_result {
   uint64_t events = 0;                    ///< actor messages and timers processed
   double virtual_s = 0;                   ///< virtual time at the end
   double kv_transfer_gb = 0;              ///< modelled KV bytes moved between instances
+  /// What the engine measured, when the trace records it (vLLM request files): the same
+  /// percentiles over the same requests, to set beside `summary` (count 0: not recorded).
+  percentiles measured_ttft_ms, measured_tpot_ms, measured_e2e_ms;
   std::string json;                       ///< the deterministic report
 };
 

@@ -354,6 +354,67 @@ TEST_CASE("a decode rank short of pages offloads a running sequence to host memo
   check_colocated(cfg, {a_prompt, b_prompt}, done);
 }
 
+TEST_CASE("on-demand KV: leases reserve the prompt plus headroom and grow page by page; when the pool runs dry "
+          "the youngest sequence is preempted to host memory, and every token and logit is unchanged") {
+  test::cluster_system t;
+  auto cfg = shared_decode_rank();
+  cfg.executor.num_kv_pages = 16;  // 256 tokens per rank
+  cfg.decode.host_offload_pages = 32;
+  cfg.decode.on_demand_headroom_tokens = 16;
+  auto cluster = start_local_cluster(t.sys, cfg);
+  test::cluster_system::stopper stop{t, cluster};
+  const auto& decode = cluster.decode[0].handle;
+  caf::scoped_actor self{t.sys};
+  // Each sequence grows to 40 + 110 = 150 tokens (10 pages): whole-sequence leases would run one
+  // at a time on 16 pages; on demand each starts with 56 tokens (4 pages) and all three run.
+  const std::vector<std::string> prompts = {std::string(39, 'a'), std::string(39, 'b'), std::string(39, 'c')};
+  std::vector<decltype(send_request(self, cluster.router, prompts[0], 1))> handles;
+  for (const auto& p : prompts) handles.push_back(send_request(self, cluster.router, p, 110));
+  auto done = collect_all(t, handles);
+  const auto st = t.stats(decode);
+  CHECK(st.offloaded >= 1);  // 30 pages needed in all, 16 exist
+  CHECK(st.resumed == st.offloaded);
+  CHECK(st.num_free_pages == 16);
+  const auto events = t.events(decode);
+  size_t widest = 0;
+  for (const auto& e : events)
+    if (e.kind == "step") widest = std::max(widest, e.batch_requests.size());
+  CHECK(widest == 3);
+  check_colocated(cfg, prompts, done);
+}
+
+TEST_CASE("hybrid PD packs several local prompts into one step's token budget, decode rows included, and starts "
+          "none beyond max_batch_size running sequences") {
+  test::cluster_system t;
+  auto cfg = shared_decode_rank();
+  cfg.router.request.hybrid_prefill_below_tokens = 64;
+  cfg.decode.local_prefill_chunk_tokens = 48;
+  cfg.decode.max_batch_size = 2;
+  auto cluster = start_local_cluster(t.sys, cfg);
+  test::cluster_system::stopper stop{t, cluster};
+  const auto& decode = cluster.decode[0].handle;
+  caf::scoped_actor self{t.sys};
+  const std::vector<std::string> prompts = {"twenty tokens, give or take", "another prompt, similar",
+                                            "the third waits its turn"};
+  std::vector<decltype(send_request(self, cluster.router, prompts[0], 1))> handles;
+  for (const auto& p : prompts) handles.push_back(send_request(self, cluster.router, p, 6));
+  auto done = collect_all(t, handles);
+  // Some step carried chunks of two prompts; no step carried three (max_batch_size 2 running).
+  const auto events = t.events(decode);
+  size_t most = 0;
+  for (size_t i = 0; i < events.size();) {
+    size_t j = i;
+    if (events[i].kind == "step") ++j;  // a step's decode rows come first, then its chunks
+    size_t chunks = 0;
+    while (j < events.size() && events[j].kind == "local_chunk") ++chunks, ++j;
+    most = std::max(most, chunks);
+    i = std::max(j, i + 1);
+  }
+  CHECK(most == 2);
+  for (const auto& d : done) CHECK(d.prefill_rank == "decode-0");
+  check_colocated(cfg, prompts, done);
+}
+
 TEST_CASE("dynamic prefill split: a long prompt computed in parts on three prefill ranks, each part's KV "
           "streamed to the later parts layer by layer, gives the colocated tokens and logits") {
   test::cluster_system t;
