@@ -46,7 +46,8 @@ store::kv_identity kv_identity_of(const local_cluster_config& cfg) {
 }  // namespace
 
 local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_config& cfg,
-                                  executor_factory make_executor, transport_wrapper wrap) {
+                                  executor_factory make_executor, transport_wrapper wrap,
+                                  block_server_factory make_block_server) {
   if (!make_executor) {
     auto weights = cfg.weights ? cfg.weights
                                : std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
@@ -86,9 +87,10 @@ local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_co
           {}));
     for (uint32_t i = 0; i < cfg.store.num_servers; ++i) {
       const std::string name = "store-" + std::to_string(i);
-      auto server = spawn_block_server(
-          sys, {i, name, cfg.store.dir + "/server-" + std::to_string(i), access.identity, cfg.store.staging_bytes},
-          make_transport(name), out.store_index);
+      block_server_config bc{i, name, cfg.store.dir + "/server-" + std::to_string(i), access.identity,
+                             cfg.store.staging_bytes};
+      auto server = make_block_server ? make_block_server(sys, std::move(bc), make_transport(name), out.store_index)
+                                      : spawn_block_server(sys, std::move(bc), make_transport(name), out.store_index);
       out.store_servers.push_back({name, server});
       access.servers.push_back(server);
     }

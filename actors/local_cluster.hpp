@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/block_server.hpp"
 #include "actors/config.hpp"
 #include "actors/messages.hpp"
 #include "actors/router.hpp"
@@ -57,6 +58,11 @@ using executor_factory = std::function<std::shared_ptr<gpu::executor>(const std:
 using transport_wrapper = std::function<std::shared_ptr<transport::transport>(
     std::unique_ptr<transport::transport> inner, const std::string& rank_name)>;
 
+/// Spawns an in-process block server (sims pass modelled ones). Default: spawn_block_server.
+using block_server_factory = std::function<block_server_actor(
+    caf::actor_system& sys, block_server_config cfg, std::shared_ptr<transport::transport> xport,
+    std::vector<block_index_actor> index)>;
+
 template <class Handle>
 struct named_rank {
   std::string name;
@@ -84,6 +90,7 @@ struct local_cluster {
 
 /// Spawns the cluster. The config must validate (callers report validate()'s sentence).
 local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_config& cfg,
-                                  executor_factory make_executor = {}, transport_wrapper wrap = {});
+                                  executor_factory make_executor = {}, transport_wrapper wrap = {},
+                                  block_server_factory make_block_server = {});
 
 }  // namespace baton

@@ -197,6 +197,8 @@ int run_local(const std::vector<std::string>& args) {
             "hybrid PD: prompts shorter than this are prefilled on their decode rank (0 = never)");
   flags.add("--host-offload-pages", &opt.cluster.decode.host_offload_pages,
             "decode ranks: host memory (in KV pages) for offloading sequences when pages run short");
+  flags.add("--kv-on-demand-tokens", &opt.cluster.decode.on_demand_headroom_tokens,
+            "decode ranks: N > 0 allocates KV on demand (prompt + N tokens, then page by page; needs --host-offload-pages)");
   flags.add("--explain", &opt.explain, "print why each request was placed where it was");
   flags.add("--store-dir", &opt.cluster.store.dir,
             "enable the KV block store with its files here (prefixes are reused across requests)");

@@ -36,6 +36,7 @@ struct sim_options {
   std::vector<std::string> variants;
   std::vector<std::string> kills;  ///< RANK@SECONDS
   float nic_gbps = 0.0f;
+  float store_gbps = 40.0f;
   bool free_links = false;
 };
 
@@ -44,6 +45,7 @@ struct sim_options {
 bool finish_options(sim_options* o, std::string* why) {
   o->cfg.slos = {o->ttft_slo_ms, o->tbt_slo_ms};
   o->cfg.nic_gbps = o->nic_gbps;
+  o->cfg.store_gbps = o->store_gbps;
   o->cfg.model_links = !o->free_links;
   o->cfg.faults.clear();
   for (const auto& k : o->kills) {
@@ -86,6 +88,10 @@ void add_sim_flags(flag_set& f, sim_options* o) {
   f.add("--prefix-cache-blocks", &o->cfg.prefix_cache_blocks, "per prefill instance: its local tier of prompt blocks");
   f.add("--profile", &o->cfg.profile,
         "step times from per-layer profile tables PREFIX_{dense,attention,per_sequence}.csv (vLLM's format)");
+  f.add("--store", &o->cfg.store, "the shared KV block store: write-back, and prefix loads by any prefill instance");
+  f.add("--store-servers", &o->cfg.store_servers, "store: storage nodes (modelled block servers)");
+  f.add("--store-gbps", &o->store_gbps, "store: each node's read/write bandwidth, GB/s");
+  f.add("--store-capacity-blocks", &o->cfg.store_capacity_blocks, "store: index capacity in blocks (0: unbounded)");
   f.add("--kv-on-demand", &o->cfg.kv_on_demand_tokens,
         "N > 0: decode KV allocated on demand (prompt + N tokens, then page by page, preempting when full)");
   f.add("--kv-tokens", &o->cfg.kv_tokens, "KV tokens per instance (0: HBM after the weights)");

@@ -29,6 +29,10 @@ class layer_gate {
 public:
   virtual ~layer_gate() = default;
   virtual bool wait(uint32_t layer) const = 0;
+  /// Without blocking: may layer `layer` run now (open), never (failed), or not yet (pending)?
+  /// Executors on virtual time (sims) poll this instead of waiting. The default blocks in wait().
+  enum class state { open, pending, failed };
+  virtual state peek(uint32_t layer) const { return wait(layer) ? state::open : state::failed; }
 };
 
 /// The usual gate: layers open in order as their inputs arrive (open_through), or all at once
@@ -41,6 +45,10 @@ public:
     std::unique_lock<std::mutex> lock{mutex_};
     cv_.wait_for(lock, timeout_, [&] { return aborted_ || layer < open_; });
     return !aborted_ && layer < open_;
+  }
+  state peek(uint32_t layer) const override {
+    std::lock_guard<std::mutex> lock{mutex_};
+    return aborted_ ? state::failed : layer < open_ ? state::open : state::pending;
   }
   /// Layers [0, layers) may run.
   void open_through(uint32_t layers) {

@@ -61,9 +61,25 @@ private:
       step_layer(shared_job, sink, 0, layer_ns, 1);
   }
 
-  /// After `layer_ns`, layers [layer, layer + span) are done.
+  /// After `layer_ns`, layers [layer, layer + span) are done. A sequence whose inputs stream in
+  /// (a gate: a cached prefix still loading) holds its layer back until the gate opens, polled
+  /// every `gate_poll` of virtual time, as a GPU stream waits on an event; a gate that fails (or
+  /// stays shut past `gate_timeout`) fails the job, as the CPU executor's does.
   void step_layer(std::shared_ptr<gpu::forward_job> job, std::shared_ptr<gpu::executor_sink> sink, uint32_t layer,
-                  int64_t layer_ns, uint32_t span) {
+                  int64_t layer_ns, uint32_t span, int64_t waited_ns = 0) {
+    for (const auto& s : job->seqs) {
+      if (!s.gate) continue;
+      const auto g = s.gate->peek(layer);
+      if (g == gpu::layer_gate::state::open) continue;
+      if (g == gpu::layer_gate::state::failed || waited_ns >= gate_timeout.count()) {
+        sink->on_failed(job->job_id, "sequence " + std::to_string(s.seq_id) + ": layer " + std::to_string(layer) +
+                                         " of its cached prefix will not arrive");
+        return start_next();
+      }
+      return runner_->run_after(gate_poll, [this, job, sink, layer, layer_ns, span, waited_ns] {
+        step_layer(job, sink, layer, layer_ns, span, waited_ns + gate_poll.count());
+      });
+    }
     runner_->run_after(std::chrono::nanoseconds{layer_ns}, [this, job, sink, layer, layer_ns, span] {
       for (uint32_t l = layer; l < layer + span; ++l) sink->on_layer_done(job->job_id, l);
       if (layer + span < model_.num_hidden_layers) return step_layer(job, sink, layer + span, layer_ns, span);
@@ -78,6 +94,8 @@ private:
     });
   }
 
+  static constexpr std::chrono::nanoseconds gate_poll{1'000'000};          // 1 ms
+  static constexpr std::chrono::nanoseconds gate_timeout{30'000'000'000};  // as streamed_layers_gate's
   gpu::model_config model_;
   modelled_executor_config cfg_;
   gpu::kv_cache kv_;

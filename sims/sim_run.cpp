@@ -16,6 +16,7 @@
 #include "actors/local_cluster.hpp"
 #include "actors/messages.hpp"
 #include "policies/cost_fit.hpp"
+#include "sims/modelled_block_server.hpp"
 #include "sims/modelled_executor.hpp"
 #include "sims/profile_table.hpp"
 #include "sims/roofline.hpp"
@@ -40,6 +41,7 @@ std::string sim_config::validate() const {
   if (auto at = profile.rfind("_tp"); !profile.empty() && at != std::string::npos &&
                                       profile.substr(at + 3) != std::to_string(tp))
     return "the profile " + profile + " was measured at TP " + profile.substr(at + 3) + ", not --tp " + std::to_string(tp);
+  if (store && (store_servers == 0 || !(store_gbps > 0))) return "the store needs store_servers >= 1 and store_gbps > 0";
   if (max_batch == 0 || prefill_chunk_tokens == 0 || colocated_chunk_tokens == 0)
     return "max_batch and chunk sizes must be >= 1";
   for (const auto& f : faults) {  // ranks are named <kind>-<index> (local_cluster)
@@ -175,9 +177,19 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
   rq.hybrid_prefill_below_tokens = cfg.colocated ? UINT32_MAX : 0;
   cc.router.max_active_requests = 0;  // admission control off: every trace request is served
   cc.router.max_new_tokens_limit = 0;
-  // The store's block size is the prefix cache's unit; the store itself is off (see header).
+  // The store's block size is the prefix cache's unit; without the shared store, only the
+  // prefill ranks' local tiers.
   cc.store.block_tokens = cfg.block_tokens;
-  cc.store.local_tier_only = true;
+  cc.store.local_tier_only = !cfg.store;
+  if (cfg.store) {
+    cc.store.enabled = true;
+    cc.store.dir = "(modelled)";  // no files: the servers are modelled
+    cc.store.num_servers = cfg.store_servers;
+    cc.store.capacity_blocks = cfg.store_capacity_blocks;
+    // Carrier blocks are small (KB): small staging buffers keep hundreds of ranks cheap.
+    cc.store.staging_bytes = 4ull << 20;
+    cc.store.max_pending_write_bytes = 4ull << 20;
+  }
   if (auto e = cc.validate(); !e.empty()) {
     *why = e;
     return false;
@@ -227,7 +239,18 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
     };
     cc.prefill.poll_interval_us = 1000;  // transfers land on a 1 ms grid of virtual time
   }
-  auto cluster = start_local_cluster(sys, cc, make_exec, wrap);
+  block_server_factory make_server;
+  if (cfg.store) {
+    modelled_store_config ms;
+    ms.gbps = cfg.store_gbps;
+    ms.bytes_scale = static_cast<double>(shape.kv_bytes_per_token) / cc.model.num_hidden_layers /
+                     (2.0 * cc.model.kv_dim() * sizeof(float));
+    make_server = [ms](caf::actor_system& s, block_server_config bc, std::shared_ptr<transport::transport> x,
+                       std::vector<block_index_actor> idx) {
+      return spawn_modelled_block_server(s, std::move(bc), std::move(x), std::move(idx), ms);
+    };
+  }
+  auto cluster = start_local_cluster(sys, cc, make_exec, wrap, make_server);
 
   auto st = std::make_shared<run_state>();
   st->outcomes.resize(t.requests.size());
@@ -336,6 +359,9 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
       {"decode", std::to_string(cfg.decode_instances) + " x " + std::to_string(cfg.tp) + " " + cfg.decode_gpu},
       {"policies", cfg.prefill_policy + " / " + cfg.decode_policy},
       {"kv_tokens_per_instance", std::to_string(kv_tokens) + " decode, " + std::to_string(prefill_kv_tokens) + " prefill"},
+      {"store", cfg.store ? std::to_string(cfg.store_servers) + " modelled servers at " + std::to_string(cfg.store_gbps) +
+                                " GB/s, capacity " + (cfg.store_capacity_blocks ? std::to_string(cfg.store_capacity_blocks) + " blocks" : std::string{"unbounded"})
+                          : std::string{"off (prefill ranks' local tiers only)"}},
       {"step_times", profile ? "profile " + profile->source() : "roofline"},
       {"kv_allocation", cfg.kv_on_demand_tokens ? "on demand, headroom " + std::to_string(cfg.kv_on_demand_tokens) + " tokens" : "whole sequence"},
       {"links", cfg.model_links ? std::to_string(timing->gbps) + " GB/s per instance" : "free"},

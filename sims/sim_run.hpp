@@ -7,9 +7,11 @@
 // and configuration give a byte-identical report.
 //
 // KV handoff between instances takes virtual time on a modelled link: one NIC per GPU, a FIFO
-// queue per instance shared by its transfers in and out (transport::link_timing). Not modelled
-// yet: PCIe and disk bandwidth, and the block store (prefix hits come from each prefill rank's
-// local tier).
+// queue per instance shared by its transfers in and out (transport::link_timing). With the
+// shared store on, the real block index (capacity, retention, leaf-first LRU) answers CHECK and
+// modelled block servers (sims/modelled_block_server.hpp) take virtual time for every read and
+// write-back on one queue per storage node; prefixes stream in layer by layer while the prefill
+// computes. Not modelled: PCIe between host and GPU (loads land in GPU memory over the NIC).
 
 #include <cstdint>
 #include <functional>
@@ -47,6 +49,12 @@ struct sim_config {
   std::string decode_policy = "seed";    ///< seed | least_loaded | round_robin
   uint32_t block_tokens = 512;           ///< prefix-cache block (Mooncake's hash ids are 512-token blocks)
   uint32_t prefix_cache_blocks = 4096;   ///< per prefill rank: its local tier of full prompt blocks
+  /// The shared KV block store (Mooncake's / 3FS-style): finished requests' blocks are written
+  /// back and any prefill rank loads them; off: only the prefill ranks' local tiers hit.
+  bool store = false;
+  uint32_t store_servers = 4;            ///< storage nodes (block servers)
+  double store_gbps = 40;                ///< each node's read/write bandwidth (a 3FS node reads ~37 GB/s)
+  uint64_t store_capacity_blocks = 0;    ///< the index's capacity in blocks; 0: unbounded
   uint32_t page_tokens = 64;             ///< KV page size of the modelled ranks
   uint32_t sim_layers = 4;               ///< layers the actors see (KV ships per layer group); time uses the real count
   /// Step times from per-layer profile tables (`<prefix>_dense.csv`, ... as in

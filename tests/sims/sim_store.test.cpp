@@ -1,0 +1,96 @@
+// Issue 8: the shared block store in the sim -- the real block index with modelled block
+// servers (sims/modelled_block_server.hpp): write-back, loads by another prefill instance, the
+// storage node's bandwidth as virtual time, and determinism.
+
+#include <doctest/doctest.h>
+
+#include "sims/roofline.hpp"
+#include "sims/sim_run.hpp"
+#include "sims/trace.hpp"
+
+using namespace baton::sims;
+
+namespace {
+
+/// Request "a" at 0 s, then "b" with the same three 512-token blocks at 30 s (a finished long
+/// before): round robin sends b to the other prefill instance, whose local tier is empty.
+trace same_prefix_twice() {
+  trace t;
+  t.requests.push_back({0, 1536, 4, {7, 8, 9}, "a"});
+  t.requests.push_back({30'000'000, 1536, 4, {7, 8, 9}, "b"});
+  return t;
+}
+
+sim_config two_prefill_instances(bool store) {
+  sim_config c;
+  c.model = "llama-3-70b";
+  c.tp = 2;
+  c.prefill_instances = 2;
+  c.decode_instances = 1;
+  c.prefill_policy = "round_robin";
+  c.store = store;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("sim store: a prefix written back by one request is loaded by another prefill instance, and its TTFT drops") {
+  std::string why;
+  sim_result off, on;
+  REQUIRE_MESSAGE(run_sim(two_prefill_instances(false), same_prefix_twice(), "t", &off, &why), why);
+  REQUIRE_MESSAGE(run_sim(two_prefill_instances(true), same_prefix_twice(), "t", &on, &why), why);
+  REQUIRE(on.summary.completed == 2);
+  CHECK(off.outcomes[1].prefill_rank != off.outcomes[0].prefill_rank);
+  CHECK(off.outcomes[1].cached_tokens == 0);  // the other instance's local tier is empty
+  CHECK(on.outcomes[1].prefill_rank != on.outcomes[0].prefill_rank);
+  // Blocks 0 and 1 are loaded; the last block holds the prompt's last token, which is computed.
+  CHECK(on.outcomes[1].cached_tokens == 1024);
+  CHECK(on.outcomes[1].ttft_us < off.outcomes[1].ttft_us);
+  CHECK(on.json.find("\"store\": \"2 modelled servers") == std::string::npos);  // 4 by default
+  CHECK(on.json.find("\"store\": \"4 modelled servers") != std::string::npos);
+}
+
+TEST_CASE("sim store: a slow storage node delays the load by its bytes over its bandwidth") {
+  std::string why;
+  auto fast = two_prefill_instances(true);
+  auto slow = fast;
+  slow.store_gbps = 0.5;
+  sim_result f, s;
+  REQUIRE_MESSAGE(run_sim(fast, same_prefix_twice(), "t", &f, &why), why);
+  REQUIRE_MESSAGE(run_sim(slow, same_prefix_twice(), "t", &s, &why), why);
+  REQUIRE(s.outcomes[1].cached_tokens == 1024);
+  // 1,024 tokens of Llama-3-70B KV (320 KiB each) = 336 MB: 0.67 s at 0.5 GB/s, 8.4 ms at 40 GB/s.
+  // The prefill computes while the prefix streams in, so the difference is at most the load.
+  const double load_s = 1024.0 * named_model("llama-3-70b")->kv_bytes_per_token / 0.5e9;
+  const double extra_s = static_cast<double>(s.outcomes[1].ttft_us - f.outcomes[1].ttft_us) / 1e6;
+  MESSAGE("load " << load_s << " s, TTFT grew by " << extra_s << " s");
+  CHECK(extra_s > 0.5 * load_s);
+  CHECK(extra_s <= load_s * 1.01);
+  // The first request, which loads nothing, is not affected.
+  CHECK(s.outcomes[0].ttft_us == f.outcomes[0].ttft_us);
+}
+
+TEST_CASE("sim store: the Mooncake trace with the store hits more than the local tiers alone, deterministically") {
+  trace t;
+  std::string why;
+  trace_options o;
+  o.window_s = 300;
+  const std::string path = BATON_SOURCE_DIR "/../shared/traces/mooncake_conversation_trace.jsonl";
+  if (!load_trace(path, o, &t, &why)) {
+    MESSAGE("../shared/traces is not here: skipped (" << why << ")");
+    return;
+  }
+  sim_config c;
+  c.model = "llama-3-70b";
+  c.prefill_instances = 5;
+  c.decode_instances = 3;
+  sim_result local, store1, store2;
+  REQUIRE_MESSAGE(run_sim(c, t, "mooncake", &local, &why), why);
+  c.store = true;
+  REQUIRE_MESSAGE(run_sim(c, t, "mooncake", &store1, &why), why);
+  REQUIRE_MESSAGE(run_sim(c, t, "mooncake", &store2, &why), why);
+  CHECK(store1.summary.completed == t.requests.size());
+  MESSAGE("hit ratio: local tiers " << local.summary.cache_hit_ratio << ", with the store " << store1.summary.cache_hit_ratio);
+  CHECK(store1.summary.cache_hit_ratio > local.summary.cache_hit_ratio + 0.05);
+  CHECK(store1.json == store2.json);
+}
