@@ -33,6 +33,9 @@ public:
   /// Executors on virtual time (sims) poll this instead of waiting. The default blocks in wait().
   enum class state { open, pending, failed };
   virtual state peek(uint32_t layer) const { return wait(layer) ? state::open : state::failed; }
+  /// Calls `fn` once, the next time the gate opens further or fails (on the thread that opens
+  /// it), so such executors need not poll. False: this gate cannot tell (poll it).
+  virtual bool notify_once(std::function<void()> /*fn*/) const { return false; }
 };
 
 /// The usual gate: layers open in order as their inputs arrive (open_through), or all at once
@@ -50,20 +53,32 @@ public:
     std::lock_guard<std::mutex> lock{mutex_};
     return aborted_ ? state::failed : layer < open_ ? state::open : state::pending;
   }
+  bool notify_once(std::function<void()> fn) const override {
+    std::lock_guard<std::mutex> lock{mutex_};
+    listener_ = std::move(fn);
+    return true;
+  }
   /// Layers [0, layers) may run.
   void open_through(uint32_t layers) {
+    std::function<void()> listener;
     {
       std::lock_guard<std::mutex> lock{mutex_};
-      open_ = std::max(open_, layers);
+      if (layers <= open_) return;
+      open_ = layers;
+      listener.swap(listener_);
     }
     cv_.notify_all();
+    if (listener) listener();
   }
   void abort() {
+    std::function<void()> listener;
     {
       std::lock_guard<std::mutex> lock{mutex_};
       aborted_ = true;
+      listener.swap(listener_);
     }
     cv_.notify_all();
+    if (listener) listener();
   }
 
 private:
@@ -72,6 +87,7 @@ private:
   mutable std::condition_variable cv_;
   uint32_t open_ = 0;
   bool aborted_ = false;
+  mutable std::function<void()> listener_;
 };
 
 /// One sequence's part of a forward pass: `tokens` at positions start_pos, start_pos+1, ...

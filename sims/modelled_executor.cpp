@@ -62,9 +62,10 @@ private:
   }
 
   /// After `layer_ns`, layers [layer, layer + span) are done. A sequence whose inputs stream in
-  /// (a gate: a cached prefix still loading) holds its layer back until the gate opens, polled
-  /// every `gate_poll` of virtual time, as a GPU stream waits on an event; a gate that fails (or
-  /// stays shut past `gate_timeout`) fails the job, as the CPU executor's does.
+  /// (a gate: a cached prefix still loading) holds its layer back until the gate opens, as a GPU
+  /// stream waits on an event: the gate wakes the executor when it changes (or, if it cannot,
+  /// is polled every `gate_poll` of virtual time); a gate that fails, or stays shut past
+  /// `gate_timeout`, fails the job, as the CPU executor's does.
   void step_layer(std::shared_ptr<gpu::forward_job> job, std::shared_ptr<gpu::executor_sink> sink, uint32_t layer,
                   int64_t layer_ns, uint32_t span, int64_t waited_ns = 0) {
     for (const auto& s : job->seqs) {
@@ -76,6 +77,15 @@ private:
                                          " of its cached prefix will not arrive");
         return start_next();
       }
+      // Whichever comes first -- the gate's change or a timeout with no change -- resumes it.
+      auto resumed = std::make_shared<bool>(false);
+      auto resume = [this, job, sink, layer, layer_ns, span, resumed](bool timeout) {
+        if (*resumed) return;
+        *resumed = true;
+        step_layer(job, sink, layer, layer_ns, span, timeout ? gate_timeout.count() : 0);
+      };
+      if (s.gate->notify_once([this, resume] { runner_->run_after(std::chrono::nanoseconds{0}, [resume] { resume(false); }); }))
+        return runner_->run_after(gate_timeout, [resume] { resume(true); });
       return runner_->run_after(gate_poll, [this, job, sink, layer, layer_ns, span, waited_ns] {
         step_layer(job, sink, layer, layer_ns, span, waited_ns + gate_poll.count());
       });
