@@ -2,6 +2,7 @@
 // production actors under virtual time on modelled GPUs (sims/sim_run.hpp) and reports TTFT,
 // TBT, TPOT, E2E, SLO attainment and goodput.
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstdio>
@@ -37,6 +38,7 @@ struct sim_options {
   std::vector<std::string> kills;  ///< RANK@SECONDS
   float nic_gbps = 0.0f;
   float store_gbps = 40.0f;
+  float sample_s = 10.0f;
   bool free_links = false;
 };
 
@@ -46,6 +48,7 @@ bool finish_options(sim_options* o, std::string* why) {
   o->cfg.slos = {o->ttft_slo_ms, o->tbt_slo_ms};
   o->cfg.nic_gbps = o->nic_gbps;
   o->cfg.store_gbps = o->store_gbps;
+  o->cfg.sample_s = o->sample_s;
   o->cfg.model_links = !o->free_links;
   o->cfg.faults.clear();
   for (const auto& k : o->kills) {
@@ -102,7 +105,9 @@ void add_sim_flags(flag_set& f, sim_options* o) {
   f.add("--ttft-slo-ms", &o->ttft_slo_ms, "SLO on time to first token");
   f.add("--tbt-slo-ms", &o->tbt_slo_ms, "SLO on Mooncake's TBT (a request's slowest 10% of intervals)");
   f.add("--report", &o->report, "write the JSON report here");
-  f.add("--svg", &o->svg, "write plots PREFIX-ttft.svg, PREFIX-tbt.svg, PREFIX-throughput.svg");
+  f.add("--svg", &o->svg,
+        "write plots PREFIX-{ttft,tbt,throughput,utilisation,queues}.svg");
+  f.add("--sample-s", &o->sample_s, "the timeline's interval: rank utilisation and queues (0: none)");
   f.add("--kill", &o->kills, "RANK@SECONDS: kill that rank's actor at that virtual time (repeatable)");
   f.add("--progress", &o->cfg.progress, "a progress line on stderr");
 }
@@ -151,13 +156,40 @@ bool write_plots(const std::string& prefix, const sims::sim_result& r, std::stri
   sims::plot_series rate{"completions", {}};
   for (const auto& [bucket, per_s] : done) rate.points.push_back({static_cast<double>(bucket) * 10, per_s});
   const auto& s = r.summary;
-  const std::vector<std::pair<std::string, std::string>> files = {
+  // Utilisation and queues over time, per pool: the ranks' mean occupied fraction, and the
+  // summed queues (per rank they are in the JSON report's timeline).
+  std::map<std::string, sims::plot_series> pool_busy, pool_queue;
+  for (const auto& rank : r.timeline.ranks) {
+    const std::string pool = rank.rank.substr(0, rank.rank.find('-'));
+    const double share = 1.0 / static_cast<double>(std::count_if(r.timeline.ranks.begin(), r.timeline.ranks.end(), [&](auto& x) {
+      return x.rank.rfind(pool + "-", 0) == 0;
+    }));
+    auto add = [&](sims::plot_series& series, const std::string& name, const std::vector<double>& v, double scale) {
+      series.name = name;
+      if (series.points.size() < v.size()) series.points.resize(v.size());
+      for (size_t k = 0; k < v.size(); ++k)
+        series.points[k] = {static_cast<double>(k + 1) * r.timeline.interval_s, series.points[k].second + v[k] * scale};
+    };
+    add(pool_busy[pool], pool + " (mean)", rank.busy, share);
+    add(pool_queue[pool + " waiting"], pool + " waiting", rank.waiting, 1.0);
+    add(pool_queue[pool + " running"], pool + " running", rank.running, 1.0);
+  }
+  std::vector<sims::plot_series> busy_series, queue_series;
+  for (auto& [k, v] : pool_busy) busy_series.push_back(std::move(v));
+  for (auto& [k, v] : pool_queue) queue_series.push_back(std::move(v));
+  std::vector<std::pair<std::string, std::string>> files = {
       {prefix + "-ttft.svg", sims::svg_plot("TTFT CDF (to p99; max " + std::to_string(static_cast<int64_t>(s.ttft_ms.max)) + " ms)",
                                             "TTFT (ms)", "fraction of requests", {sims::cdf_of("TTFT", ttft)}, s.ttft_ms.p99)},
       {prefix + "-tbt.svg", sims::svg_plot("TBT CDF (slowest 10% of each request's intervals)", "TBT (ms)",
                                            "fraction of requests", {sims::cdf_of("TBT", tbt)})},
       {prefix + "-throughput.svg", sims::svg_plot("Completions over virtual time (10 s buckets)", "time (s)",
                                                   "requests/s", {rate})}};
+  if (!busy_series.empty()) {
+    files.push_back({prefix + "-utilisation.svg", sims::svg_plot("GPU occupancy per pool over virtual time", "time (s)",
+                                                                 "fraction of each interval busy", busy_series)});
+    files.push_back({prefix + "-queues.svg", sims::svg_plot("Queues over virtual time (summed over each pool's ranks)",
+                                                            "time (s)", "prompts / sequences", queue_series)});
+  }
   for (const auto& [path, text] : files) {
     std::ofstream out(path);
     out << text;
@@ -279,7 +311,7 @@ int run_sim(const std::vector<std::string>& raw) {
         std::fprintf(stderr, "baton sim: %s\n", why.c_str());
         return 1;
       }
-      std::printf("  plots: %s-ttft.svg, %s-tbt.svg, %s-throughput.svg\n", o.svg.c_str(), o.svg.c_str(), o.svg.c_str());
+      std::printf("  plots: %s-{ttft,tbt,throughput,utilisation,queues}.svg\n", o.svg.c_str());
     }
     return r.summary.failed ? 1 : 0;
   }

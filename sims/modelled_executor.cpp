@@ -49,6 +49,7 @@ private:
     }
     ++num_started_;
     busy_ = true;
+    if (cfg_.usage) cfg_.usage->running_since_ns = cfg_.usage->now_ns();
     auto [job, sink] = std::move(queue_.front());
     queue_.pop_front();
     const int64_t layer_ns = modelled_layer_ns(job, model_, cfg_);
@@ -75,6 +76,7 @@ private:
       if (g == gpu::layer_gate::state::failed || waited_ns >= gate_timeout.count()) {
         sink->on_failed(job->job_id, "sequence " + std::to_string(s.seq_id) + ": layer " + std::to_string(layer) +
                                          " of its cached prefix will not arrive");
+        job_ended();
         return start_next();
       }
       // Whichever comes first -- the gate's change or a timeout with no change -- resumes it.
@@ -100,8 +102,15 @@ private:
           logits[i][static_cast<size_t>(cfg_.emitted_token) % model_.vocab_size] = 1.0f;
         }
       sink->on_done(job->job_id, std::move(logits));
+      job_ended();
       start_next();
     });
+  }
+
+  void job_ended() {
+    if (!cfg_.usage || cfg_.usage->running_since_ns < 0) return;
+    cfg_.usage->busy_ns += cfg_.usage->now_ns() - cfg_.usage->running_since_ns;
+    cfg_.usage->running_since_ns = -1;
   }
 
   static constexpr std::chrono::nanoseconds gate_poll{1'000'000};          // 1 ms

@@ -13,6 +13,15 @@
 
 namespace baton::sims {
 
+/// How long a modelled device has been occupied (a job started and not yet done counts from its
+/// start), read by the sim's sampler. Times on the owner's clock (`now_ns`).
+struct executor_usage {
+  std::function<int64_t()> now_ns;
+  int64_t busy_ns = 0;           ///< jobs finished so far
+  int64_t running_since_ns = -1; ///< the job in progress, or -1
+  int64_t occupied_ns() const { return busy_ns + (running_since_ns >= 0 ? now_ns() - running_since_ns : 0); }
+};
+
 struct modelled_executor_config {
   policies::cost_model prefill;            ///< time of a prefill chunk (split evenly over layers)
   policies::decode_cost_model decode;      ///< time of a decode step
@@ -29,6 +38,8 @@ struct modelled_executor_config {
   /// Failure modelling: after this many jobs the device hangs (no further job ever finishes),
   /// as a GPU whose kernel never returns. Empty = never.
   std::optional<uint32_t> hang_after_jobs;
+  /// When set (with its clock), the device's occupied time is kept here.
+  std::shared_ptr<executor_usage> usage;
 };
 
 std::unique_ptr<gpu::executor> make_modelled_executor(gpu::model_config model, modelled_executor_config cfg);

@@ -111,7 +111,7 @@ nlohmann::ordered_json pct(const percentiles& p) {
 }  // namespace
 
 std::string report_json(const std::map<std::string, std::string>& config, const sim_summary& s,
-                        const std::map<std::string, double>& extra) {
+                        const std::map<std::string, double>& extra, const timeline* tl) {
   nlohmann::ordered_json j;
   j["config"] = config;
   j["requests"] = s.requests;
@@ -131,6 +131,22 @@ std::string report_json(const std::map<std::string, std::string>& config, const 
   j["decode_requests"] = s.decode_requests;
   j["errors"] = s.errors;
   for (const auto& [k, v] : extra) j[k] = num(v);
+  if (tl) {
+    auto& t = j["timeline"];
+    t["interval_s"] = num(tl->interval_s);
+    auto series = [](const std::vector<double>& v) {
+      auto a = nlohmann::ordered_json::array();
+      for (double x : v) a.push_back(num(x));
+      return a;
+    };
+    for (const auto& r : tl->ranks) {
+      auto& o = t["ranks"][r.rank];
+      o["busy"] = series(r.busy);
+      o["running"] = series(r.running);
+      o["waiting"] = series(r.waiting);
+      o["kv_used"] = series(r.kv_used);
+    }
+  }
   return j.dump(2) + "\n";
 }
 

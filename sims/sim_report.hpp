@@ -57,9 +57,25 @@ struct sim_summary {
 
 sim_summary summarize(const std::vector<request_outcome>& outcomes, const slo& s);
 
-/// The report as JSON: `config` (whatever the caller records: key -> value), the summary, and
-/// `extra` numbers (events processed, ...). Fixed key order and number formatting.
+/// One rank over virtual time, sampled every interval: how much of the interval its (modelled)
+/// GPU was occupied, and its queues at the end of the interval.
+struct rank_timeline {
+  std::string rank;
+  std::vector<double> busy;     ///< fraction of each interval (gate waits count: the device is held)
+  std::vector<double> running;  ///< decode: sequences in the batch; prefill: prompts in progress
+  std::vector<double> waiting;  ///< decode: leases not yet decoding; prefill: queued chunks
+  std::vector<double> kv_used;  ///< fraction of the KV pages in use
+};
+
+struct timeline {
+  double interval_s = 10;
+  std::vector<rank_timeline> ranks;  ///< prefill ranks, then decode ranks
+};
+
+/// The report as JSON: `config` (whatever the caller records: key -> value), the summary,
+/// `extra` numbers (events processed, ...) and, if given, the ranks' timeline. Fixed key order
+/// and number formatting.
 std::string report_json(const std::map<std::string, std::string>& config, const sim_summary& s,
-                        const std::map<std::string, double>& extra);
+                        const std::map<std::string, double>& extra, const timeline* tl = nullptr);
 
 }  // namespace baton::sims

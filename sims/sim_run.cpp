@@ -204,9 +204,15 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
   auto& sched = dynamic_cast<caf::scheduler::test_coordinator&>(sys.scheduler());
 
   const auto model = cc.model;
+  const auto t0 = sched.clock().now();
+  auto now_ns = [&sched, t0] {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(sched.clock().now() - t0).count();
+  };
+  std::map<std::string, std::shared_ptr<executor_usage>> usage;  // by rank, for the timeline
   auto make_exec = [&](const std::string& name) -> std::shared_ptr<gpu::executor> {
     const bool prefill = name.rfind(cc.prefill.name, 0) == 0;
     modelled_executor_config m;
+    m.usage = usage[name] = std::make_shared<executor_usage>(executor_usage{now_ns});
     m.num_kv_pages = prefill ? static_cast<uint32_t>(prefill_kv_tokens / cfg.page_tokens) : cc.executor.num_kv_pages;
     m.page_size_tokens = cfg.page_tokens;
     m.emitted_token = 7;
@@ -220,16 +226,13 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
     };
     return make_modelled_executor(model, m);
   };
-  const auto t0 = sched.clock().now();
   // The modelled link: a put of carrier KV stands for kv_bytes_per_token / layer groups bytes
   // per token and layer group, over the instance's tp NICs.
   std::shared_ptr<transport::link_timing> timing;
   transport_wrapper wrap;
   if (cfg.model_links) {
     timing = std::make_shared<transport::link_timing>();
-    timing->now_ns = [&sched, t0] {
-      return std::chrono::duration_cast<std::chrono::nanoseconds>(sched.clock().now() - t0).count();
-    };
+    timing->now_ns = now_ns;
     timing->gbps = (cfg.nic_gbps > 0 ? cfg.nic_gbps : prefill_roof.gpu.nic_gbps) * cfg.tp;
     const double carrier_per_token_layer = 2.0 * cc.model.kv_dim() * sizeof(float);
     timing->bytes_scale = static_cast<double>(shape.kv_bytes_per_token) / cc.model.num_hidden_layers / carrier_per_token_layer;
@@ -299,6 +302,39 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
         self->delayed_send(self, std::chrono::microseconds{t.requests[i].arrival_us - at}, uint64_t{i});
     }};
   });
+
+  // The timeline: every sample_s of virtual time, each rank's occupied fraction (from its
+  // executor) and its queues (its stats, asked at that instant), until the last request is done.
+  auto tl = std::make_shared<timeline>();
+  tl->interval_s = cfg.sample_s;
+  std::vector<caf::actor> sampled;
+  for (const auto& r : cluster.prefill) tl->ranks.push_back({r.name, {}, {}, {}, {}}), sampled.push_back(caf::actor_cast<caf::actor>(r.handle));
+  for (const auto& r : cluster.decode) tl->ranks.push_back({r.name, {}, {}, {}, {}}), sampled.push_back(caf::actor_cast<caf::actor>(r.handle));
+  if (cfg.sample_s > 0)
+    sys.spawn([tl, sampled, st, &usage, total = t.requests.size()](caf::event_based_actor* self) {
+      const auto every = std::chrono::microseconds{static_cast<int64_t>(tl->interval_s * 1e6)};
+      auto last = std::make_shared<std::vector<int64_t>>(sampled.size(), 0);
+      self->delayed_send(self, every, timer_atom::value);
+      return caf::behavior{[=, &usage](timer_atom) {
+        if (st->done == total) return self->quit();
+        const double interval_ns = tl->interval_s * 1e9;
+        for (size_t i = 0; i < sampled.size(); ++i) {
+          auto& r = tl->ranks[i];
+          const int64_t occupied = usage.at(r.rank)->occupied_ns();
+          r.busy.push_back(std::min(1.0, static_cast<double>(occupied - (*last)[i]) / interval_ns));
+          (*last)[i] = occupied;
+          const size_t k = r.busy.size() - 1;
+          r.running.push_back(0), r.waiting.push_back(0), r.kv_used.push_back(0);  // a dead rank stays at 0
+          self->request(sampled[i], caf::infinite, stats_atom::value).then([tl, i, k](const rank_stats& s) {
+            auto& r = tl->ranks[i];
+            r.running[k] = s.num_running;
+            r.waiting[k] = s.num_waiting;
+            r.kv_used[k] = s.num_total_pages ? 1.0 - static_cast<double>(s.num_free_pages) / s.num_total_pages : 0.0;
+          }, [](caf::error&) {});
+        }
+        self->delayed_send(self, every, timer_atom::value);
+      }};
+    });
 
   // Faults: each kills its rank's actor at its virtual time (the names were checked by validate()).
   for (const auto& f : cfg.faults) {
@@ -385,7 +421,8 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
   vs("ttft", out->summary.ttft_ms, out->measured_ttft_ms);
   vs("tpot", out->summary.tpot_ms, out->measured_tpot_ms);
   vs("e2e", out->summary.e2e_ms, out->measured_e2e_ms);
-  out->json = report_json(echo, out->summary, extra);
+  out->timeline = *tl;
+  out->json = report_json(echo, out->summary, extra, cfg.sample_s > 0 ? tl.get() : nullptr);
   return true;
 }
 

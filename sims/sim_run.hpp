@@ -72,6 +72,7 @@ struct sim_config {
   std::vector<sim_fault> faults;
   uint64_t seed = 1;                     ///< recorded; the replay itself samples nothing
   bool progress = false;                 ///< a progress line on stderr
+  double sample_s = 10;                  ///< the timeline's interval (rank utilisation and queues); 0: none
   std::string validate() const;
 };
 
@@ -84,6 +85,7 @@ struct sim_result {
   /// What the engine measured, when the trace records it (vLLM request files): the same
   /// percentiles over the same requests, to set beside `summary` (count 0: not recorded).
   percentiles measured_ttft_ms, measured_tpot_ms, measured_e2e_ms;
+  sims::timeline timeline;                ///< per rank over virtual time (empty when sample_s is 0)
   std::string json;                       ///< the deterministic report
 };
 

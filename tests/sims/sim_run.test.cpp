@@ -94,6 +94,42 @@ TEST_CASE("sim: one request's TTFT and TBT are the roofline's step times, throug
   CHECK(static_cast<double>(o.tbt_max_us) == doctest::Approx(last).epsilon(1e-3));
 }
 
+TEST_CASE("sim timeline: each rank's occupied fraction per interval is its jobs' time, and its queues are sampled") {
+  // One 3,000-token prompt at 0 s and another 12 s later, on one prefill and one decode
+  // instance, sampled every 5 s: the prefill rank is busy for one prefill in the first and the
+  // third interval, idle in the second; the decode rank runs the first's 4,000 tokens throughout.
+  auto cfg = small_cluster();
+  cfg.prefill_instances = 1;
+  cfg.decode_instances = 1;
+  cfg.model_links = false;
+  cfg.sample_s = 5;
+  trace t;
+  t.requests.push_back({0, 3000, 4000, {}, "a"});
+  t.requests.push_back({12'000'000, 3000, 5, {}, "b"});
+  sim_result r;
+  std::string why;
+  REQUIRE_MESSAGE(run_sim(cfg, t, "two", &r, &why), why);
+  REQUIRE(r.summary.completed == 2);
+  REQUIRE(r.timeline.ranks.size() == 2);
+  const auto& p = r.timeline.ranks[0];
+  const auto& d = r.timeline.ranks[1];
+  CHECK(p.rank == "prefill-0");
+  CHECK(d.rank == "decode-0");
+  REQUIRE(p.busy.size() >= 3);
+  const double prefill_s = roofline{*named_gpu("H200"), *named_model("llama-3-8b"), 1}.step_us({{3000, 0}}) / 1e6;
+  CHECK(p.busy[0] == doctest::Approx(prefill_s / 5).epsilon(0.01));
+  CHECK(p.busy[1] == 0);
+  CHECK(p.busy[2] == doctest::Approx(prefill_s / 5).epsilon(0.01));
+  CHECK(d.running[0] == 1);  // "a" decodes 4,000 tokens: well past the third sample
+  CHECK(d.kv_used[0] > 0);
+  CHECK(d.busy[1] > 0.9);    // a decode rank with a sequence steps back to back
+  CHECK(r.json.find("\"timeline\"") != std::string::npos);
+  // Off: no timeline in the report.
+  cfg.sample_s = 0;
+  REQUIRE(run_sim(cfg, t, "two", &r, &why));
+  CHECK(r.json.find("\"timeline\"") == std::string::npos);
+}
+
 TEST_CASE("sim: the KV handoff takes the modelled link's time: the last layer group's bytes over the NIC") {
   auto cfg = small_cluster();
   cfg.prefill_instances = 1;
