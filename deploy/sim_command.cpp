@@ -12,6 +12,7 @@
 
 #include "deploy/commands.hpp"
 #include "deploy/flags.hpp"
+#include "deploy/profile_file.hpp"
 #include "sims/sim_plot.hpp"
 #include "sims/sim_run.hpp"
 #include "sims/trace.hpp"
@@ -39,6 +40,7 @@ struct sim_options {
   float nic_gbps = 0.0f;
   float store_gbps = 40.0f;
   float sample_s = 10.0f;
+  std::string cost_profile;
   bool free_links = false;
 };
 
@@ -49,6 +51,14 @@ bool finish_options(sim_options* o, std::string* why) {
   o->cfg.nic_gbps = o->nic_gbps;
   o->cfg.store_gbps = o->store_gbps;
   o->cfg.sample_s = o->sample_s;
+  o->cfg.use_cost_profile = !o->cost_profile.empty();
+  if (o->cfg.use_cost_profile) {
+    executor_profile p;
+    if (!read_profile(o->cost_profile, &p, why)) return false;
+    o->cfg.prefill_cost = p.prefill;
+    o->cfg.decode_cost = p.decode;
+    o->cfg.cost_profile_name = o->cost_profile + " (" + p.executor + ", " + p.model + ")";
+  }
   o->cfg.model_links = !o->free_links;
   o->cfg.faults.clear();
   for (const auto& k : o->kills) {
@@ -97,6 +107,7 @@ void add_sim_flags(flag_set& f, sim_options* o) {
   f.add("--store-capacity-blocks", &o->cfg.store_capacity_blocks, "store: index capacity in blocks (0: unbounded)");
   f.add("--kv-on-demand", &o->cfg.kv_on_demand_tokens,
         "N > 0: decode KV allocated on demand (prompt + N tokens, then page by page, preempting when full)");
+  f.add("--cost-profile", &o->cost_profile, "step times from a `baton profile` file's fitted cost models");
   f.add("--kv-tokens", &o->cfg.kv_tokens, "KV tokens per instance (0: HBM after the weights)");
   f.add("--nic-gbps", &o->nic_gbps, "GB/s of one GPU's NIC for KV handoffs (0: the GPU's default, 50)");
   f.add("--free-links", &o->free_links, "KV handoffs take no virtual time");

@@ -41,6 +41,7 @@ std::string sim_config::validate() const {
   if (auto at = profile.rfind("_tp"); !profile.empty() && at != std::string::npos &&
                                       profile.substr(at + 3) != std::to_string(tp))
     return "the profile " + profile + " was measured at TP " + profile.substr(at + 3) + ", not --tp " + std::to_string(tp);
+  if (use_cost_profile && !profile.empty()) return "give a profile table or a cost profile, not both";
   if (store && (store_servers == 0 || !(store_gbps > 0))) return "the store needs store_servers >= 1 and store_gbps > 0";
   if (max_batch == 0 || prefill_chunk_tokens == 0 || colocated_chunk_tokens == 0)
     return "max_batch and chunk sizes must be >= 1";
@@ -153,7 +154,7 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
   cc.executor.num_kv_pages = static_cast<uint32_t>(kv_tokens / cfg.page_tokens);
   cc.prefill.chunk_tokens = cfg.prefill_chunk_tokens;
   cc.prefill.step_budget_us = 0;
-  cc.prefill.cost = cc.prefill_balancer.cost = fitted_cost(prefill_roof);
+  cc.prefill.cost = cc.prefill_balancer.cost = cfg.use_cost_profile ? cfg.prefill_cost : fitted_cost(prefill_roof);
   cc.prefill.prefix_cache_blocks = cfg.prefix_cache_blocks;
   cc.prefill.kv_send_timeout_ms = 3'600'000;
   cc.prefill.checksum_kv = false;  // modelled KV is all zeros (the decode side does not verify either)
@@ -218,6 +219,11 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
     m.emitted_token = 7;
     m.coarse_decode = true;
     const roofline roof = prefill ? prefill_roof : decode_roof;
+    if (cfg.use_cost_profile) {  // the modelled executor's own cost-model timing
+      m.prefill = cfg.prefill_cost;
+      m.decode = cfg.decode_cost;
+      return make_modelled_executor(model, m);
+    }
     m.job_us = [roof, profile, layers = shape.num_layers](const gpu::forward_job& job) {
       std::vector<step_seq> seqs;
       seqs.reserve(job.seqs.size());
@@ -398,7 +404,9 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
       {"store", cfg.store ? std::to_string(cfg.store_servers) + " modelled servers at " + std::to_string(cfg.store_gbps) +
                                 " GB/s, capacity " + (cfg.store_capacity_blocks ? std::to_string(cfg.store_capacity_blocks) + " blocks" : std::string{"unbounded"})
                           : std::string{"off (prefill ranks' local tiers only)"}},
-      {"step_times", profile ? "profile " + profile->source() : "roofline"},
+      {"step_times", profile                 ? "profile " + profile->source()
+                     : cfg.use_cost_profile ? "cost models " + cfg.cost_profile_name
+                                            : "roofline"},
       {"kv_allocation", cfg.kv_on_demand_tokens ? "on demand, headroom " + std::to_string(cfg.kv_on_demand_tokens) + " tokens" : "whole sequence"},
       {"links", cfg.model_links ? std::to_string(timing->gbps) + " GB/s per instance" : "free"},
       {"slo", "TTFT <= " + std::to_string(cfg.slos.ttft_ms) + " ms, TBT <= " + std::to_string(cfg.slos.tbt_ms) + " ms"},

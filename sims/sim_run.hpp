@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "policies/cost_model.hpp"
 #include "sims/sim_report.hpp"
 #include "sims/trace.hpp"
 
@@ -61,6 +62,12 @@ struct sim_config {
   /// ../shared/traces/vllm_measured/profiles/, sims/profile_table.hpp) instead of the roofline;
   /// the GPUs' memory still sizes the KV. One profile times every instance.
   std::string profile;
+  /// Or step times from fitted cost models (a `baton profile` file: prefill cost(q, c) per
+  /// prompt chunk, decode step(n, context)); `cost_profile_name` names its source. Every instance.
+  bool use_cost_profile = false;
+  policies::cost_model prefill_cost;
+  policies::decode_cost_model decode_cost;
+  std::string cost_profile_name;
   uint64_t kv_tokens = 0;                ///< KV capacity per instance; 0: from the roofline (HBM after weights)
   /// KV allocation on the decode instances: 0 reserves each sequence's whole length at placement;
   /// N > 0 allocates on demand (prompt + N tokens, then page by page, preempting the youngest

@@ -136,3 +136,31 @@ TEST_CASE("fidelity: one parameter set predicts both measured Llama-3.1-8B vLLM 
     CHECK(res.json.find("\"ttft_p50_error\"") != std::string::npos);
   }
 }
+
+TEST_CASE("sim: step times from a fitted cost-model profile (`baton profile` output)") {
+  sim_config c;
+  c.model = "llama-3-8b";
+  c.tp = 1;
+  c.prefill_instances = 1;
+  c.decode_instances = 1;
+  c.model_links = false;
+  c.use_cost_profile = true;
+  c.prefill_cost.alpha_us = 1e-6;  // cost(q, c) = 1e-6 q^2 + 50 q + 2,000 us
+  c.prefill_cost.gamma_us = 50;
+  c.prefill_cost.delta_us = 2000;
+  c.decode_cost = {8000, 10, 0.5};  // 8 ms + 10 us per sequence + 0.5 us per context token
+  c.cost_profile_name = "test";
+  trace t;
+  t.requests.push_back({0, 3000, 3, {}, "only"});
+  sim_result r;
+  std::string why;
+  REQUIRE_MESSAGE(run_sim(c, t, "one", &r, &why), why);
+  REQUIRE(r.summary.completed == 1);
+  const auto& o = r.outcomes[0];
+  CHECK(static_cast<double>(o.ttft_us) == doctest::Approx(1e-6 * 3000 * 3000 + 50 * 3000 + 2000).epsilon(1e-4));
+  // The second decode step feeds position 3001: one sequence over 3,002 context tokens.
+  CHECK(static_cast<double>(o.tbt_max_us) == doctest::Approx(8000 + 10 + 0.5 * 3002).epsilon(1e-3));
+  CHECK(r.json.find("\"step_times\": \"cost models test\"") != std::string::npos);
+  c.profile = "x_tp1";
+  CHECK(c.validate() == "give a profile table or a cost profile, not both");
+}
