@@ -39,6 +39,7 @@ struct sim_options {
   std::vector<std::string> kills;  ///< RANK@SECONDS
   float nic_gbps = 0.0f;
   float store_gbps = 40.0f;
+  float pcie_gbps = 0.0f;
   float sample_s = 10.0f;
   std::string cost_profile;
   bool free_links = false;
@@ -50,6 +51,7 @@ bool finish_options(sim_options* o, std::string* why) {
   o->cfg.slos = {o->ttft_slo_ms, o->tbt_slo_ms};
   o->cfg.nic_gbps = o->nic_gbps;
   o->cfg.store_gbps = o->store_gbps;
+  o->cfg.pcie_gbps = o->pcie_gbps;
   o->cfg.sample_s = o->sample_s;
   o->cfg.use_cost_profile = !o->cost_profile.empty();
   if (o->cfg.use_cost_profile) {
@@ -104,6 +106,7 @@ void add_sim_flags(flag_set& f, sim_options* o) {
   f.add("--store", &o->cfg.store, "the shared KV block store: write-back, and prefix loads by any prefill instance");
   f.add("--store-servers", &o->cfg.store_servers, "store: storage nodes (modelled block servers)");
   f.add("--store-gbps", &o->store_gbps, "store: each node's read/write bandwidth, GB/s");
+  f.add("--pcie-gbps", &o->pcie_gbps, "store loads: each GPU's host-to-device GB/s (0: the prefill GPU's)");
   f.add("--store-capacity-blocks", &o->cfg.store_capacity_blocks, "store: index capacity in blocks (0: unbounded)");
   f.add("--kv-on-demand", &o->cfg.kv_on_demand_tokens,
         "N > 0: decode KV allocated on demand (prompt + N tokens, then page by page, preempting when full)");

@@ -55,16 +55,25 @@ void at_time(pointer self, caf::actor_clock::time_point at, std::function<void()
   self->delayed_send(self, at > now ? at - now : caf::actor_clock::duration_type{0}, io_atom::value, id);
 }
 
-/// Books `real_bytes` on the node's queue; returns when that transfer ends and, via `per`, how
-/// long each of `parts` equal shares takes.
-caf::actor_clock::time_point book(pointer self, double real_bytes, uint32_t parts, caf::actor_clock::duration_type* per) {
+/// Books `real_bytes` on the node's queue and, for a read, on the reader's PCIe queue; returns
+/// when the transfer starts and, via `per`, how long each of `parts` equal shares takes.
+caf::actor_clock::time_point book(pointer self, double real_bytes, uint32_t parts, const std::string& reader,
+                                  caf::actor_clock::duration_type* per) {
   auto& st = self->state;
   const auto now = self->clock().now();
-  const auto start = std::max(now, st.busy_until) +
-                     std::chrono::nanoseconds{std::llround(st.model.latency_us * 1e3)};
-  const double total_ns = real_bytes / (st.model.gbps * 1e9) * 1e9;
+  const bool pcie = !reader.empty() && st.model.pcie_gbps > 0;
+  auto start = std::max(now, st.busy_until);
+  double gbps = st.model.gbps;
+  if (pcie) {
+    auto [it, fresh] = st.model.pcie_free->try_emplace(reader, now);
+    start = std::max(start, it->second);
+    gbps = std::min(gbps, st.model.pcie_gbps);
+  }
+  start += std::chrono::nanoseconds{std::llround(st.model.latency_us * 1e3)};
+  const double total_ns = real_bytes / (gbps * 1e9) * 1e9;
   *per = std::chrono::nanoseconds{std::llround(total_ns / std::max(1u, parts))};
   st.busy_until = start + *per * std::max(1u, parts);
+  if (pcie) (*st.model.pcie_free)[reader] = st.busy_until;
   return start;
 }
 
@@ -129,7 +138,7 @@ block_server_actor::behavior_type modelled_server(pointer self, block_server_con
         }
         s.stats.bytes_read += static_cast<uint64_t>(bytes * s.model.bytes_scale);
         caf::actor_clock::duration_type per{};
-        const auto start = book(self, bytes * s.model.bytes_scale, reg.num_layers, &per);
+        const auto start = book(self, bytes * s.model.bytes_scale, reg.num_layers, o.reader, &per);
         auto promise = self->make_response_promise<store_read_result>();
         if (reg.num_layers == 0) {
           promise.deliver(std::move(*result));
@@ -160,7 +169,7 @@ block_server_actor::behavior_type modelled_server(pointer self, block_server_con
         if (slot == s.slots.end())
           return make_error(errc::bad_request, where(w.request_id, s.cfg.name, "store_write") + ": unknown slot");
         caf::actor_clock::duration_type per{};
-        const auto start = book(self, static_cast<double>(w.bytes) * s.model.bytes_scale, 1, &per);
+        const auto start = book(self, static_cast<double>(w.bytes) * s.model.bytes_scale, 1, {}, &per);
         auto promise = self->make_response_promise<uint64_t>();
         at_time(self, start + per, [=, w = std::move(w)]() mutable {
           auto& s = self->state;

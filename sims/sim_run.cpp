@@ -252,6 +252,8 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
   if (cfg.store) {
     modelled_store_config ms;
     ms.gbps = cfg.store_gbps;
+    // Each GPU of the instance loads its shard over its own PCIe link.
+    ms.pcie_gbps = (cfg.pcie_gbps > 0 ? cfg.pcie_gbps : prefill_roof.gpu.pcie_gbps) * cfg.tp;
     ms.bytes_scale = static_cast<double>(shape.kv_bytes_per_token) / cc.model.num_hidden_layers /
                      (2.0 * cc.model.kv_dim() * sizeof(float));
     make_server = [ms](caf::actor_system& s, block_server_config bc, std::shared_ptr<transport::transport> x,
@@ -402,7 +404,8 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
       {"policies", cfg.prefill_policy + " / " + cfg.decode_policy},
       {"kv_tokens_per_instance", std::to_string(kv_tokens) + " decode, " + std::to_string(prefill_kv_tokens) + " prefill"},
       {"store", cfg.store ? std::to_string(cfg.store_servers) + " modelled servers at " + std::to_string(cfg.store_gbps) +
-                                " GB/s, capacity " + (cfg.store_capacity_blocks ? std::to_string(cfg.store_capacity_blocks) + " blocks" : std::string{"unbounded"})
+                                " GB/s (PCIe " + std::to_string((cfg.pcie_gbps > 0 ? cfg.pcie_gbps : prefill_roof.gpu.pcie_gbps) * cfg.tp) +
+                                " GB/s per prefill instance), capacity " + (cfg.store_capacity_blocks ? std::to_string(cfg.store_capacity_blocks) + " blocks" : std::string{"unbounded"})
                           : std::string{"off (prefill ranks' local tiers only)"}},
       {"step_times", profile                 ? "profile " + profile->source()
                      : cfg.use_cost_profile ? "cost models " + cfg.cost_profile_name

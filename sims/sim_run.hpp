@@ -56,6 +56,7 @@ struct sim_config {
   uint32_t store_servers = 4;            ///< storage nodes (block servers)
   double store_gbps = 40;                ///< each node's read/write bandwidth (a 3FS node reads ~37 GB/s)
   uint64_t store_capacity_blocks = 0;    ///< the index's capacity in blocks; 0: unbounded
+  double pcie_gbps = 0;                  ///< per GPU, host to device, for store loads; 0: the prefill GPU's
   uint32_t page_tokens = 64;             ///< KV page size of the modelled ranks
   uint32_t sim_layers = 4;               ///< layers the actors see (KV ships per layer group); time uses the real count
   /// Step times from per-layer profile tables (`<prefix>_dense.csv`, ... as in

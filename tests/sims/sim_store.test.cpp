@@ -70,6 +70,22 @@ TEST_CASE("sim store: a slow storage node delays the load by its bytes over its 
   CHECK(s.outcomes[0].ttft_us == f.outcomes[0].ttft_us);
 }
 
+TEST_CASE("sim store: a load crosses the reader's PCIe too: a slow link delays it like a slow node") {
+  std::string why;
+  auto fast = two_prefill_instances(true);
+  auto slow = fast;
+  slow.pcie_gbps = 0.25;  // per GPU; the TP2 instance loads at 0.5 GB/s
+  sim_result f, s;
+  REQUIRE_MESSAGE(run_sim(fast, same_prefix_twice(), "t", &f, &why), why);
+  REQUIRE_MESSAGE(run_sim(slow, same_prefix_twice(), "t", &s, &why), why);
+  REQUIRE(s.outcomes[1].cached_tokens == 1024);
+  const double load_s = 1024.0 * named_model("llama-3-70b")->kv_bytes_per_token / 0.5e9;
+  const double extra_s = static_cast<double>(s.outcomes[1].ttft_us - f.outcomes[1].ttft_us) / 1e6;
+  CHECK(extra_s > 0.5 * load_s);
+  CHECK(extra_s <= load_s * 1.01);
+  CHECK(s.json.find("PCIe 0.5") != std::string::npos);
+}
+
 TEST_CASE("sim store: the Mooncake trace with the store hits more than the local tiers alone, deterministically") {
   trace t;
   std::string why;
