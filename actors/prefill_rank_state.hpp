@@ -99,6 +99,11 @@ struct split_state {
   std::vector<bool> layer_done;      ///< per layer: our decode puts of it all landed
   std::vector<peer> peers;           ///< later parts that told us their pages
   uint32_t peer_puts_landed = 0;     ///< (peer, layer) puts landed
+  /// A later part's computation is queued on the executor only once every earlier part's layer 0
+  /// has landed here, i.e. once every earlier part is running: a part waiting at its gate then
+  /// never sits in front of a job it waits for. (Queued at once, two ranks could each hold a
+  /// gated part waiting for the other's, queued behind it: a deadlock until the gates time out.)
+  bool compute_deferred = false;
   bool last() const { return index + 1 == parts; }
 };
 

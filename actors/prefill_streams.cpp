@@ -51,6 +51,8 @@ void on_peer_put_landed(prefill_pointer self, uint64_t request_id, int32_t peer,
   auto i = st.requests.find(request_id);
   if (i == st.requests.end() || i->second.failed) return;
   auto& r = i->second;
+  // A put of an attempt since superseded (the request was placed here again: new peers).
+  if (peer < 0 || static_cast<size_t>(peer) >= r.split.peers.size()) return;
   caf::anon_send(r.split.peers[peer].rank, split_layer{request_id, r.split.index, layer});
   ++r.split.peer_puts_landed;
   finish_if_done(self, request_id);
@@ -254,6 +256,10 @@ void launch_split(prefill_pointer self, uint64_t rid) {
     st.early_peers.erase(e);
     for (auto& p : peers) on_split_peer(self, std::move(p));
   }
+  if (sp.index > 0 && sp.seen[0] < sp.index) {
+    sp.compute_deferred = true;  // on_split_layer starts it (see split_state)
+    return;
+  }
   start_compute(self, rid, sp.begin);
 }
 
@@ -282,6 +288,10 @@ void on_split_layer(prefill_pointer self, const split_layer& ev) {
   if (i == st.requests.end() || !i->second.split.active || ev.layer >= i->second.split.seen.size()) return;
   auto& r = i->second;
   ++r.split.seen[ev.layer];
+  if (r.split.compute_deferred && r.split.seen[0] == r.split.index) {
+    r.split.compute_deferred = false;
+    start_compute(self, ev.request_id, r.split.begin);
+  }
   uint32_t open = 0;
   while (open < r.split.seen.size() && r.split.seen[open] == r.split.index) ++open;
   if (r.load.gate) r.load.gate->open_through(open);
