@@ -37,6 +37,7 @@ struct sim_options {
   uint32_t steps = 6;
   std::vector<std::string> variants;
   std::vector<std::string> kills;  ///< RANK@SECONDS
+  std::vector<std::string> degrades;  ///< NAME@SECONDS=GBPS
   float nic_gbps = 0.0f;
   float store_gbps = 40.0f;
   float pcie_gbps = 0.0f;
@@ -72,6 +73,18 @@ bool finish_options(sim_options* o, std::string* why) {
       return false;
     }
     o->cfg.faults.push_back({s, k.substr(0, at)});
+  }
+  for (const auto& d : o->degrades) {  // NAME@SECONDS=GBPS
+    const auto at = d.rfind('@'), eq = d.rfind('=');
+    char *end1 = nullptr, *end2 = nullptr;
+    const bool shape = at != std::string::npos && at > 0 && eq != std::string::npos && eq > at + 1;
+    const double s = shape ? std::strtod(d.substr(at + 1, eq - at - 1).c_str(), &end1) : -1;
+    const double g = shape ? std::strtod(d.c_str() + eq + 1, &end2) : -1;
+    if (!shape || !end1 || *end1 != '\0' || !end2 || *end2 != '\0' || !(s >= 0) || !(g > 0)) {
+      *why = "--degrade must be NAME@SECONDS=GBPS (e.g. decode-1@300=5), got '" + d + "'";
+      return false;
+    }
+    o->cfg.faults.push_back({s, d.substr(0, at), g});
   }
   return true;
 }
@@ -122,7 +135,10 @@ void add_sim_flags(flag_set& f, sim_options* o) {
   f.add("--svg", &o->svg,
         "write plots PREFIX-{ttft,tbt,throughput,utilisation,queues}.svg");
   f.add("--sample-s", &o->sample_s, "the timeline's interval: rank utilisation and queues (0: none)");
-  f.add("--kill", &o->kills, "RANK@SECONDS: kill that rank's actor at that virtual time (repeatable)");
+  f.add("--kill", &o->kills,
+        "RANK@SECONDS: kill that rank's (or store-<i>'s) actor at that virtual time (repeatable)");
+  f.add("--degrade", &o->degrades,
+        "NAME@SECONDS=GBPS: from that virtual time the endpoint's NIC moves only GBPS GB/s (repeatable)");
   f.add("--progress", &o->cfg.progress, "a progress line on stderr");
 }
 

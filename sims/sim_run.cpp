@@ -49,8 +49,12 @@ std::string sim_config::validate() const {
     bool known = false;
     for (uint32_t i = 0; i < decode_instances && !known; ++i) known = f.rank == "decode-" + std::to_string(i);
     for (uint32_t i = 0; !colocated && i < prefill_instances && !known; ++i) known = f.rank == "prefill-" + std::to_string(i);
-    if (!known) return "fault names no rank '" + f.rank + "' (prefill-<i> or decode-<i> of this cluster)";
+    for (uint32_t i = 0; store && i < store_servers && !known; ++i) known = f.rank == "store-" + std::to_string(i);
+    if (!known)
+      return "fault names no rank '" + f.rank + "' (prefill-<i>, decode-<i> or, with the store, store-<i> of this cluster)";
     if (!(f.at_s >= 0)) return "fault on " + f.rank + " has a negative time";
+    if (f.degrade_gbps < 0) return "fault on " + f.rank + " degrades its link to a negative rate";
+    if (f.degrade_gbps > 0 && !model_links) return "a degraded link needs timed links (not --free-links)";
   }
   return {};
 }
@@ -344,17 +348,23 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
       }};
     });
 
-  // Faults: each kills its rank's actor at its virtual time (the names were checked by validate()).
+  // Faults: each kills its rank's (or block server's) actor, or degrades its NIC, at its virtual
+  // time (the names were checked by validate()).
   for (const auto& f : cfg.faults) {
     caf::actor victim;
     for (const auto& r : cluster.prefill)
       if (r.name == f.rank) victim = caf::actor_cast<caf::actor>(r.handle);
     for (const auto& r : cluster.decode)
       if (r.name == f.rank) victim = caf::actor_cast<caf::actor>(r.handle);
-    sys.spawn([victim, at = f.at_s](caf::event_based_actor* self) {
-      self->delayed_send(self, std::chrono::microseconds{static_cast<int64_t>(at * 1e6)}, timer_atom::value);
+    for (const auto& r : cluster.store_servers)
+      if (r.name == f.rank) victim = caf::actor_cast<caf::actor>(r.handle);
+    sys.spawn([victim, f, timing](caf::event_based_actor* self) {
+      self->delayed_send(self, std::chrono::microseconds{static_cast<int64_t>(f.at_s * 1e6)}, timer_atom::value);
       return caf::behavior{[=](timer_atom) {
-        self->send_exit(victim, caf::exit_reason::kill);
+        if (f.degrade_gbps > 0)
+          timing->endpoint_gbps[f.rank] = f.degrade_gbps;
+        else
+          self->send_exit(victim, caf::exit_reason::kill);
         self->quit();
       }};
     });
@@ -415,7 +425,9 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
       {"slo", "TTFT <= " + std::to_string(cfg.slos.ttft_ms) + " ms, TBT <= " + std::to_string(cfg.slos.tbt_ms) + " ms"},
       {"seed", std::to_string(cfg.seed)},
   };
-  for (const auto& f : cfg.faults) echo["fault " + f.rank] = "killed at " + std::to_string(f.at_s) + " s";
+  for (const auto& f : cfg.faults)
+    echo["fault " + f.rank] = f.degrade_gbps > 0 ? "link at " + std::to_string(f.degrade_gbps) + " GB/s from " + std::to_string(f.at_s) + " s"
+                                                 : "killed at " + std::to_string(f.at_s) + " s";
   std::map<std::string, double> extra = {
       {"events", static_cast<double>(out->events)},
       {"events_per_request", t.requests.empty() ? 0.0 : static_cast<double>(out->events) / static_cast<double>(t.requests.size())},

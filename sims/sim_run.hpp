@@ -25,11 +25,13 @@
 
 namespace baton::sims {
 
-/// A fault in virtual time: the named rank's actor is killed (as its process would be) at `at_s`;
-/// the actors' real failure handling re-places what it held.
+/// A fault in virtual time at `at_s`: the named rank's or block server's actor is killed (as its
+/// process would be) and the actors' real failure handling re-places what it held; or, with
+/// `degrade_gbps` > 0, its NIC drops to that many GB/s (the whole instance's) from then on.
 struct sim_fault {
   double at_s = 0;
-  std::string rank;  ///< prefill-<i> or decode-<i>
+  std::string rank;         ///< prefill-<i>, decode-<i> or (with the store) store-<i>
+  double degrade_gbps = 0;  ///< 0: kill
 };
 
 struct sim_config {

@@ -97,7 +97,10 @@ private:
     auto& out = t.nic_free_ns[name_];
     auto& in = t.nic_free_ns[d.peer];
     const int64_t start = std::max({t.now_ns(), out, in});
-    const int64_t done = start + t.latency_ns + static_cast<int64_t>(modelled / t.gbps);  // GB/s = B/ns
+    double gbps = t.gbps;
+    for (const std::string* end : std::initializer_list<const std::string*>{&name_, &d.peer})
+      if (auto e = t.endpoint_gbps.find(*end); e != t.endpoint_gbps.end()) gbps = std::min(gbps, e->second);
+    const int64_t done = start + t.latency_ns + static_cast<int64_t>(modelled / gbps);  // GB/s = B/ns
     out = in = done;
     return std::max<int64_t>(done, 1);
   }

@@ -151,6 +151,28 @@ TEST_CASE("sim: the KV handoff takes the modelled link's time: the last layer gr
   CHECK(free_links.kv_transfer_gb == 0);
 }
 
+TEST_CASE("sim: a link degraded in virtual time slows the handoffs through it from then on") {
+  auto cfg = small_cluster();
+  cfg.prefill_instances = 1;
+  cfg.decode_instances = 1;
+  std::string why;
+  sim_result timed, degraded;
+  REQUIRE_MESSAGE(run_sim(cfg, one_request(3000, 5), "one", &timed, &why), why);
+  cfg.faults.push_back({0, "decode-0", 1.0});  // from the start: 1 GB/s into decode-0
+  REQUIRE_MESSAGE(run_sim(cfg, one_request(3000, 5), "one", &degraded, &why), why);
+  // Each layer group (98.6 MB, see above) now takes ~99 ms instead of 2: the four queue one
+  // after another, the first behind the first quarter of the prefill.
+  const double group_ms = 47.0 * 64 * 131072 / 4 / 1e6;
+  const double extra_ms = static_cast<double>(degraded.outcomes[0].ttft_us - timed.outcomes[0].ttft_us) / 1e3;
+  CHECK(extra_ms >= 3 * group_ms);
+  CHECK(extra_ms <= 4 * group_ms + 2);
+  CHECK(degraded.json.find("\"fault decode-0\": \"link at 1.0") != std::string::npos);
+  cfg.faults = {{0, "decode-0", -1}};
+  CHECK(cfg.validate() == "fault on decode-0 degrades its link to a negative rate");
+  cfg.faults = {{0, "store-0", 0}};
+  CHECK(cfg.validate().rfind("fault names no rank 'store-0'", 0) == 0);  // no store here
+}
+
 TEST_CASE("sim: the same trace and configuration give a byte-identical report; the seed matters only where "
           "something is sampled") {
   const auto cfg = small_cluster();
