@@ -203,9 +203,7 @@ struct block_server_state {
                                                               ": the block server stopped during the read"));
   }
   uint64_t last_read = 0;
-  store::staging_pool write_slots{0};
-  std::unordered_map<uint64_t, uint64_t> slots;  ///< write slot id -> offset in the write staging
-  uint64_t last_slot = 0;
+  write_slot_table slots;
   /// Reads in progress (request id, promise): answered with an error if the server stops.
   std::unordered_map<uint64_t, std::pair<uint64_t, caf::typed_response_promise<store_read_result>>> reads;
   std::vector<block_index_actor> index;  ///< shards; a commit goes to its key's shard
@@ -251,7 +249,7 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
     io.write_key = io.xport->register_region(io.write_staging.data(), io.write_staging.size(), &err);
     if (!io.write_key) io.setup_error = cfg.name + ": cannot register the write staging: " + err.to_string();
   }
-  st.write_slots = store::staging_pool{io.write_staging.size()};
+  st.slots.reset(io.write_staging.size(), io.write_key);
   std::error_code ec;
   std::filesystem::create_directories(cfg.dir, ec);
   if (ec) io.setup_error = cfg.name + ": cannot create " + cfg.dir + ": " + ec.message();
@@ -283,28 +281,17 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
       [=](store_write_begin& b) -> caf::result<store_write_slot> {
         // Write step 1: a slot in the registered write staging, for the writer's one-sided put.
         auto& st = self->state;
-        const auto where_ = where(b.request_id, st.io->cfg.name, "store_write");
-        if (!st.io->setup_error.empty() || !st.io->write_key)
-          return make_error(errc::rank_unavailable, where_ + ": " + st.io->setup_error);
-        auto off = st.write_slots.acquire(b.bytes);
-        if (!off) return make_error(errc::kv_capacity, where_ + ": write staging is full");
-        const uint64_t id = ++st.last_slot;
-        st.slots[id] = *off;
-        const auto& k = *st.io->write_key;
-        kv_region_desc region;
-        region.backend = k.backend;
-        region.region_id = k.region_id;
-        region.size_bytes = k.size_bytes;
-        region.packed_key = k.packed;
-        return store_write_slot{id, *off, std::move(region)};
+        auto slot = st.slots.grant(b, st.io->cfg.name, st.io->setup_error);
+        if (!slot) return std::move(slot.error());
+        return std::move(*slot);
       },
       [=](store_write_order& w) -> caf::result<uint64_t> {
         // Write step 2: the bytes are in the slot; the I/O thread writes the block file from it.
         auto& st = self->state;
-        auto slot = st.slots.find(w.slot_id);
-        if (slot == st.slots.end())
+        const auto slot = st.slots.offset(w.slot_id);
+        if (!slot)
           return make_error(errc::bad_request, where(w.request_id, st.io->cfg.name, "store_write") + ": unknown slot");
-        const uint64_t offset = slot->second;
+        const uint64_t offset = *slot;
         auto promise = self->make_response_promise<uint64_t>();
         run_io(
             self,
@@ -327,10 +314,7 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
             },
             [=](std::pair<store_write_order, std::string> out) mutable {
               auto& s = self->state;
-              if (auto sl = s.slots.find(out.first.slot_id); sl != s.slots.end()) {
-                s.write_slots.release(sl->second);
-                s.slots.erase(sl);
-              }
+              s.slots.release(out.first.slot_id);
               if (!out.second.empty()) {  // a failed write-back is a future miss, nothing more
                 promise.deliver(uint64_t{0});
                 return;
@@ -371,6 +355,35 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
 }
 
 }  // namespace
+
+caf::expected<store_write_slot> write_slot_table::grant(const store_write_begin& b, const std::string& server,
+                                                        const std::string& setup_error) {
+  const auto stage = where(b.request_id, server, "store_write");
+  if (!setup_error.empty() || !key_) return make_error(errc::rank_unavailable, stage + ": " + setup_error);
+  auto off = pool_.acquire(b.bytes);
+  if (!off) return make_error(errc::kv_capacity, stage + ": write staging is full");
+  const uint64_t id = ++last_;
+  slots_[id] = *off;
+  kv_region_desc region;
+  region.backend = key_->backend;
+  region.region_id = key_->region_id;
+  region.size_bytes = key_->size_bytes;
+  region.packed_key = key_->packed;
+  return store_write_slot{id, *off, std::move(region)};
+}
+
+std::optional<uint64_t> write_slot_table::offset(uint64_t slot_id) const {
+  auto i = slots_.find(slot_id);
+  if (i == slots_.end()) return std::nullopt;
+  return i->second;
+}
+
+void write_slot_table::release(uint64_t slot_id) {
+  auto i = slots_.find(slot_id);
+  if (i == slots_.end()) return;
+  pool_.release(i->second);
+  slots_.erase(i);
+}
 
 block_server_actor spawn_block_server(caf::actor_system& sys, block_server_config cfg,
                                       std::shared_ptr<transport::transport> xport,

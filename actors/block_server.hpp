@@ -1,11 +1,17 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
+
+#include <caf/expected.hpp>
 
 #include "actors/messages.hpp"
 #include "store/block_key.hpp"
+#include "store/staging_pool.hpp"
+#include "transport/transport.hpp"
 
 namespace caf {
 class actor_system;
@@ -24,6 +30,31 @@ struct block_server_config {
   uint64_t staging_bytes = 64ull << 20;
   /// Fault injection for tests (a slow disk): each layer of a read waits this long first. 0 = off.
   uint32_t fault_layer_delay_ms = 0;
+};
+
+/// A block server's write slots: ranges of its registered write staging handed to writers for
+/// their one-sided puts (write step 1), found again by id when the write order comes (step 2).
+/// Shared by the real server and the sims' modelled one.
+class write_slot_table {
+public:
+  /// Owns `bytes` of staging registered as `key` (empty: registration failed).
+  void reset(uint64_t bytes, std::optional<transport::region_key> key) {
+    pool_ = store::staging_pool{bytes};
+    key_ = std::move(key);
+  }
+  /// A slot for `b`, or why not (naming the request and `server`): the server could not set up
+  /// (`setup_error`), or its staging is full.
+  caf::expected<store_write_slot> grant(const store_write_begin& b, const std::string& server,
+                                        const std::string& setup_error);
+  /// The slot's offset in the staging, if granted and not yet released.
+  std::optional<uint64_t> offset(uint64_t slot_id) const;
+  void release(uint64_t slot_id);
+
+private:
+  store::staging_pool pool_{0};
+  std::optional<transport::region_key> key_;
+  std::unordered_map<uint64_t, uint64_t> slots_;  ///< slot id -> offset
+  uint64_t last_ = 0;
 };
 
 /// A 3FS-style block server (seed 000 §2.2): owns a directory of block files. Reads put every

@@ -32,9 +32,7 @@ struct modelled_server_state {
   // Writers put into this registered staging, as into a real server's.
   std::vector<std::byte> write_staging;
   std::optional<transport::region_key> write_key;
-  store::staging_pool write_slots{0};
-  std::unordered_map<uint64_t, uint64_t> slots;  ///< slot id -> offset
-  uint64_t last_slot = 0;
+  write_slot_table slots;
   std::string setup_error;
   /// The one queue of the node's disks and NIC: when it is next free (actor clock).
   caf::actor_clock::time_point busy_until;
@@ -110,7 +108,7 @@ block_server_actor::behavior_type modelled_server(pointer self, block_server_con
   transport::xfer_error err;
   st.write_key = st.xport->register_region(st.write_staging.data(), st.write_staging.size(), &err);
   if (!st.write_key) st.setup_error = st.cfg.name + ": cannot register the write staging: " + err.to_string();
-  st.write_slots = store::staging_pool{st.write_staging.size()};
+  st.slots.reset(st.write_staging.size(), st.write_key);
   return {
       [=](store_read_order& o) -> caf::result<store_read_result> {
         auto& s = self->state;
@@ -149,34 +147,20 @@ block_server_actor::behavior_type modelled_server(pointer self, block_server_con
       },
       [=](store_write_begin& b) -> caf::result<store_write_slot> {
         auto& s = self->state;
-        const auto stage = where(b.request_id, s.cfg.name, "store_write");
-        if (!s.setup_error.empty() || !s.write_key) return make_error(errc::rank_unavailable, stage + ": " + s.setup_error);
-        auto off = s.write_slots.acquire(b.bytes);
-        if (!off) return make_error(errc::kv_capacity, stage + ": write staging is full");
-        const uint64_t id = ++s.last_slot;
-        s.slots[id] = *off;
-        const auto& k = *s.write_key;
-        kv_region_desc region;
-        region.backend = k.backend;
-        region.region_id = k.region_id;
-        region.size_bytes = k.size_bytes;
-        region.packed_key = k.packed;
-        return store_write_slot{id, *off, std::move(region)};
+        auto slot = s.slots.grant(b, s.cfg.name, s.setup_error);
+        if (!slot) return std::move(slot.error());
+        return std::move(*slot);
       },
       [=](store_write_order& w) -> caf::result<uint64_t> {
         auto& s = self->state;
-        auto slot = s.slots.find(w.slot_id);
-        if (slot == s.slots.end())
+        if (!s.slots.offset(w.slot_id))
           return make_error(errc::bad_request, where(w.request_id, s.cfg.name, "store_write") + ": unknown slot");
         caf::actor_clock::duration_type per{};
         const auto start = book(self, static_cast<double>(w.bytes) * s.model.bytes_scale, 1, {}, &per);
         auto promise = self->make_response_promise<uint64_t>();
         at_time(self, start + per, [=, w = std::move(w)]() mutable {
           auto& s = self->state;
-          if (auto sl = s.slots.find(w.slot_id); sl != s.slots.end()) {
-            s.write_slots.release(sl->second);
-            s.slots.erase(sl);
-          }
+          s.slots.release(w.slot_id);
           if (w.checksums.empty()) {  // as the real server: a block must be whole layers
             promise.deliver(uint64_t{0});
             return;
