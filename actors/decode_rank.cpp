@@ -111,6 +111,7 @@ struct decode_state {
   decode_balancer_actor balancer;     ///< told our load after every change (may be null)
   store_access store;
   std::optional<store::server_ring> ring;  ///< which block servers hold a key
+  std::vector<bool> server_down;           ///< block servers seen to stop: write-backs go to the next live ones
   // Write-back: a registered staging buffer, its ranges per job, and the puts in flight.
   std::vector<std::byte> write_staging;
   std::optional<transport::region_key> write_key;
@@ -525,7 +526,7 @@ void write_back(decode_pointer self, const lease& l) {
         std::memcpy(st.write_staging.data() + *off + (uint64_t{layer} * ppb + p) * lay.page_bytes(),
                     kv.data() + lay.offset_bytes(layer, pages[p]), lay.page_bytes());
     }
-    const auto servers = st.ring->servers_for(keys[k], st.store.replicas);
+    const auto servers = st.ring->servers_for(keys[k], st.store.replicas, &st.server_down);
     const uint64_t job = ++st.last_write;
     st.writes[job] = write_job{*off, static_cast<uint32_t>(servers.size()), std::move(w)};
     for (auto server : servers)
@@ -616,7 +617,16 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
   auto& st = self->state;
   st.balancer = std::move(balancer);
   st.store = std::move(store);
-  if (st.store.enabled()) st.ring.emplace(static_cast<uint32_t>(st.store.servers.size()));
+  if (st.store.enabled()) {
+    st.ring.emplace(static_cast<uint32_t>(st.store.servers.size()));
+    st.server_down.assign(st.store.servers.size(), false);
+    for (const auto& s : st.store.servers) self->monitor(s);
+    self->set_down_handler([=](caf::down_msg& dm) {
+      auto& s = self->state;
+      for (size_t i = 0; i < s.store.servers.size(); ++i)
+        if (caf::actor_cast<caf::actor_addr>(s.store.servers[i]) == dm.source) s.server_down[i] = true;
+    });
+  }
   if (cfg.host_offload_pages > 0) {
     const auto& lay = exec->kv().layout();
     st.host_pool.resize(uint64_t{cfg.host_offload_pages} * lay.page_bytes() * lay.num_layers);

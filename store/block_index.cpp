@@ -136,13 +136,15 @@ server_ring::server_ring(uint32_t num_servers, uint32_t virtual_nodes) : num_ser
   std::sort(ring_.begin(), ring_.end());
 }
 
-std::vector<uint32_t> server_ring::servers_for(const block_key& key, uint32_t replicas) const {
+std::vector<uint32_t> server_ring::servers_for(const block_key& key, uint32_t replicas,
+                                               const std::vector<bool>* down) const {
   std::vector<uint32_t> out;
   if (ring_.empty()) return out;
   replicas = std::min(replicas, num_servers_);
   auto it = std::lower_bound(ring_.begin(), ring_.end(), std::make_pair(key.hi, uint32_t{0}));
   for (size_t step = 0; step < ring_.size() && out.size() < replicas; ++step, ++it) {
     if (it == ring_.end()) it = ring_.begin();
+    if (down && it->second < down->size() && (*down)[it->second]) continue;
     if (std::find(out.begin(), out.end(), it->second) == out.end()) out.push_back(it->second);
   }
   return out;

@@ -86,7 +86,10 @@ class block_index {
 class server_ring {
  public:
   explicit server_ring(uint32_t num_servers, uint32_t virtual_nodes = 64);
-  std::vector<uint32_t> servers_for(const block_key& key, uint32_t replicas) const;
+  /// The `replicas` servers after the key's point on the ring, skipping those marked in `down`
+  /// (the next live ones take their keys, so a lost server's share moves instead of vanishing).
+  std::vector<uint32_t> servers_for(const block_key& key, uint32_t replicas,
+                                    const std::vector<bool>* down = nullptr) const;
   uint32_t num_servers() const { return num_servers_; }
 
  private:

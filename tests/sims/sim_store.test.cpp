@@ -103,7 +103,8 @@ TEST_CASE("sim store: the Mooncake trace with the store hits more than the local
   MESSAGE("hit ratio: local tiers " << local.summary.cache_hit_ratio << ", with the store " << store1.summary.cache_hit_ratio);
   CHECK(store1.summary.cache_hit_ratio > local.summary.cache_hit_ratio + 0.05);
   CHECK(store1.json == store2.json);
-  // A block server lost at 100 s: its blocks become misses (the index drops it), nothing fails.
+  // A block server lost at 100 s: its blocks become misses (the index drops it), its keys are
+  // written to the next live servers from then on, and nothing fails.
   c.faults.push_back({100, "store-1"});
   sim_result lost;
   REQUIRE_MESSAGE(run_sim(c, t, "mooncake", &lost, &why), why);

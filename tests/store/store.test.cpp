@@ -195,6 +195,25 @@ TEST_CASE("the server ring: distinct replicas, and a new server takes about 1/n 
   CHECK(moved < n / 3);   // ... not a reshuffle
 }
 
+TEST_CASE("the server ring skips servers marked down: only their keys move, to the next live server") {
+  server_ring ring{4};
+  std::vector<bool> down{false, true, false, false};
+  size_t moved = 0, n = 20000;
+  for (uint64_t i = 0; i < n; ++i) {
+    const block_key k = chain_step({3, 4}, reinterpret_cast<const int32_t*>(&i), 2);
+    const auto all = ring.servers_for(k, 2);
+    const auto live = ring.servers_for(k, 2, &down);
+    REQUIRE(live.size() == 2);
+    CHECK(std::count(live.begin(), live.end(), 1u) == 0);
+    if (all[0] != 1) CHECK(live[0] == all[0]);  // a live server keeps its keys
+    moved += all[0] == 1;
+  }
+  CHECK(moved > n / 8);  // server 1's quarter, roughly
+  CHECK(moved < n / 3);
+  down = {true, true, true, true};
+  CHECK(ring.servers_for(chain_step({3, 4}, nullptr, 0), 1, &down).empty());
+}
+
 TEST_CASE("Mooncake conversation trace through the index: the README's LRU hit ratios, and 0.3664 unbounded") {
   std::ifstream f{BATON_SOURCE_DIR "/tests/data/traces/mooncake_conversation_trace.jsonl"};
   REQUIRE(f);
