@@ -24,6 +24,7 @@ inline policies::cost_model builtin_cpu_cost_model() { return {0.2205, 0.4303, 1
 
 struct prefill_rank_config {
   std::string name = "prefill-0";
+  uint32_t event_log_events = 65536;  ///< recent rank events kept for `events` (diagnostics, tests)
   /// Chunk size cap in tokens; with step_budget_us = 0, every chunk has exactly this size.
   uint32_t chunk_tokens = 64;
   /// Seed 000 §3.1 level 4: each chunk is the largest whose predicted cost fits this budget
@@ -138,6 +139,7 @@ struct decode_balancer_config {
 struct decode_rank_config {
   std::string name = "decode-0";
   uint32_t max_batch_size = 64;  ///< sequences in one decode step
+  uint32_t event_log_events = 65536;  ///< recent rank events kept for `events` (diagnostics, tests)
   bool verify_kv_checksums = true;  ///< check every landed layer against the sender's checksum
   /// Hybrid PD: prompts prefilled on this rank run in chunks of at most this many tokens, one
   /// chunk per decode step (riding in the same batch), so running sequences keep stepping.

@@ -632,6 +632,7 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
     st.host_pool.resize(uint64_t{cfg.host_offload_pages} * lay.page_bytes() * lay.num_layers);
     for (uint32_t i = cfg.host_offload_pages; i-- > 0;) st.host_free.push_back(i);
   }
+  st.core.log->set_capacity(cfg.event_log_events);
   st.cfg = std::move(cfg);
   st.core.start(self, std::move(exec), std::move(xport));
   if (st.core.pool_key) {

@@ -4,9 +4,11 @@
 // executor callbacks into messages, a deferred_runner built on actor timers, and a
 // thread-safe event log. Included only by rank .cpp files.
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <deque>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -24,26 +26,35 @@
 
 namespace baton {
 
-/// Events in the order they happened, across threads (seq is global to the log).
+/// The most recent events in the order they happened, across threads (seq is global to the
+/// log, so a gap shows where older events were dropped). Bounded: a rank serving for days keeps
+/// its last `capacity` events, not all of them.
 class event_log {
 public:
+  void set_capacity(size_t n) {
+    std::lock_guard<std::mutex> lock{mutex_};
+    capacity_ = std::max<size_t>(1, n);
+    while (events_.size() > capacity_) events_.pop_front();
+  }
   void add(rank_event ev) {
     ev.wall_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                      std::chrono::steady_clock::now().time_since_epoch())
                      .count();
     std::lock_guard<std::mutex> lock{mutex_};
     ev.seq = ++seq_;
+    if (events_.size() == capacity_) events_.pop_front();
     events_.push_back(std::move(ev));
   }
   std::vector<rank_event> snapshot() const {
     std::lock_guard<std::mutex> lock{mutex_};
-    return events_;
+    return {events_.begin(), events_.end()};
   }
 
 private:
   mutable std::mutex mutex_;
   uint64_t seq_ = 0;
-  std::vector<rank_event> events_;
+  size_t capacity_ = 65536;
+  std::deque<rank_event> events_;
 };
 
 /// Sends exec_done / exec_fail to the owning rank. Holds only the rank's address, so an

@@ -445,6 +445,7 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
   st.balancer = std::move(balancer);
   st.waiting = policies::priority_classes<waiting_order>{cfg.batch_max_bypass};
   st.runnable = policies::priority_classes<uint64_t>{cfg.batch_max_bypass};
+  st.core.log->set_capacity(cfg.event_log_events);
   st.cfg = std::move(cfg);
   st.core.start(self, std::move(exec), std::move(xport));
   report_load(self);  // registers this rank with its balancer
