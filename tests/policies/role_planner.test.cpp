@@ -1,0 +1,143 @@
+// Issue 15: the elastic P/D planner -- when a rank changes role, and that it cannot oscillate.
+
+#include <doctest/doctest.h>
+
+#include "policies/role_planner.hpp"
+
+using namespace baton::policies;
+
+namespace {
+
+/// Two prefill and two decode ranks; prefill queues of `queue_ms`, decode steps of `step_ms`.
+std::vector<rank_signal> cluster(double queue_ms, double step_ms, double kv = 0.2) {
+  return {{"prefill-0", rank_role::prefill, queue_ms, 0, 0, 3},
+          {"prefill-1", rank_role::prefill, queue_ms, 0, 0, 2},
+          {"decode-0", rank_role::decode, 0, step_ms, kv, 9},
+          {"decode-1", rank_role::decode, 0, step_ms, kv, 4}};
+}
+
+role_planner_config config() {
+  role_planner_config c;  // TTFT 2 s, TBT 100 ms, hot 0.8, cold 0.4, hold 10 s, cooldown 30 s, dwell 120 s
+  REQUIRE(c.validate().empty());
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("role planner: a hot prefill pool beside a cold decode pool takes the least busy decode rank, after the "
+          "condition held for hold_s, and says why with the numbers") {
+  role_planner planner{config()};
+  const auto hot_prefill = cluster(3000, 20);  // prefill pressure 1.5, decode max(0.2, 0.22) = 0.22
+  CHECK(planner.pressure(rank_role::prefill, hot_prefill) == doctest::Approx(1.5));
+  CHECK(planner.pressure(rank_role::decode, hot_prefill) == doctest::Approx(0.2 / 0.9));
+  CHECK_FALSE(planner.plan(0, hot_prefill));
+  CHECK_FALSE(planner.plan(9.9, hot_prefill));  // not held long enough yet
+  auto m = planner.plan(10, hot_prefill);
+  REQUIRE(m);
+  CHECK(m->rank == "decode-1");  // 4 running against decode-0's 9
+  CHECK(m->from == rank_role::decode);
+  CHECK(m->to == rank_role::prefill);
+  CHECK_MESSAGE(m->why.find("prefill pool hot, decode pool cold for 10 s: prefill pressure 1.50") == 0, m->why);
+  CHECK_MESSAGE(m->why.find("decode-1 has the least work of its pool (4 running)") != std::string::npos, m->why);
+}
+
+TEST_CASE("role planner: the condition must hold without a break; both hot, or both cold, move nothing") {
+  role_planner planner{config()};
+  CHECK_FALSE(planner.plan(0, cluster(3000, 20)));
+  CHECK_FALSE(planner.plan(5, cluster(3000, 20)));
+  CHECK_FALSE(planner.plan(60, cluster(500, 20)));  // prefill cooled for a minute: the clock stops
+  CHECK(planner.smoothed(rank_role::prefill) < 0.8);
+  double t = 60;
+  while (planner.smoothed(rank_role::prefill) < 0.8) CHECK_FALSE(planner.plan(t += 1, cluster(3000, 20)));
+  const double hot_again = t;  // ... and starts again once the average is hot again
+  while (!planner.plan(t += 1, cluster(3000, 20))) REQUIRE(t < hot_again + 11);
+  CHECK(t == hot_again + 10);
+  role_planner other{config()};
+  for (double t = 0; t < 300; t += 5) {
+    CHECK_FALSE(other.plan(t, cluster(3000, 95)));  // both hot: moving a rank only moves the pain
+    CHECK_FALSE(other.plan(t, cluster(100, 10)));   // both cold: nothing to gain
+  }
+}
+
+TEST_CASE("role planner: KV occupancy alone makes the decode pool hot") {
+  role_planner planner{config()};
+  const auto full_kv = cluster(200, 30, 0.88);  // steps fast, but KV 88% of 90%
+  CHECK(planner.pressure(rank_role::decode, full_kv) == doctest::Approx(0.88 / 0.9));
+  CHECK_FALSE(planner.plan(0, full_kv));
+  auto m = planner.plan(10, full_kv);
+  REQUIRE(m);
+  CHECK(m->to == rank_role::decode);
+  CHECK(m->rank == "prefill-1");  // 2 running against prefill-0's 3
+}
+
+TEST_CASE("role planner: a load that flips faster than the dwell time cannot make ranks oscillate") {
+  role_planner planner{config()};
+  auto ranks = cluster(3000, 20);
+  std::vector<std::pair<double, role_move>> moves;
+  // Every 15 s the load flips between prefill-heavy and decode-heavy, for an hour; each move is
+  // applied to the cluster the planner sees next.
+  for (double t = 0; t < 3600; t += 1) {
+    const bool prefill_heavy = static_cast<int>(t / 15) % 2 == 0;
+    for (auto& r : ranks) {
+      r.predicted_queue_ms = prefill_heavy ? 3000 : 100;
+      r.step_ms = prefill_heavy ? 20 : 95;
+    }
+    if (auto m = planner.plan(t, ranks)) {
+      for (auto& r : ranks)
+        if (r.name == m->rank) r.role = m->to;
+      moves.push_back({t, *m});
+    }
+  }
+  // Averaged over a minute, a load flipping every 15 s is neither hot nor cold: nothing moves,
+  // but for the first phase, which is all the planner has seen when it holds for 10 s.
+  REQUIRE(moves.size() <= 1);
+  if (!moves.empty()) CHECK(moves[0].first == 10);
+  moves.clear();
+  // A lasting shift does move ranks, never faster than the cooldown nor a rank again within its
+  // dwell time: 20 minutes prefill-heavy, then 20 decode-heavy.
+  ranks = cluster(3000, 20);
+  role_planner shift{config()};
+  for (double t = 0; t < 2400; t += 1) {
+    const bool prefill_heavy = t < 1200;
+    for (auto& r : ranks) {
+      r.predicted_queue_ms = prefill_heavy ? 3000 : 100;
+      r.step_ms = prefill_heavy ? 20 : 95;
+    }
+    if (auto m = shift.plan(t, ranks)) {
+      for (auto& r : ranks)
+        if (r.name == m->rank) r.role = m->to;
+      moves.push_back({t, *m});
+    }
+  }
+  REQUIRE(moves.size() >= 2);
+  CHECK(moves.front().second.to == rank_role::prefill);
+  CHECK(moves.front().first == 10);
+  CHECK(moves.back().second.to == rank_role::decode);
+  CHECK(moves.back().first > 1200);
+  for (size_t i = 1; i < moves.size(); ++i) CHECK(moves[i].first - moves[i - 1].first >= 30);  // cooldown
+  for (size_t i = 0; i < moves.size(); ++i)
+    for (size_t j = i + 1; j < moves.size(); ++j)
+      if (moves[j].second.rank == moves[i].second.rank) {
+        CHECK(moves[j].first - moves[i].first >= 120);  // dwell
+        break;
+      }
+  // The pools never drop below their minimum of one.
+  size_t prefill = 0;
+  for (const auto& r : ranks) prefill += r.role == rank_role::prefill;
+  CHECK(prefill >= 1);
+  CHECK(prefill <= 3);
+  CHECK(moves.size() <= 3600 / 30);
+}
+
+TEST_CASE("role planner: the last rank of a pool never moves, and a config that cannot work says why") {
+  role_planner planner{config()};
+  std::vector<rank_signal> one_decode = {{"prefill-0", rank_role::prefill, 5000, 0, 0, 1},
+                                         {"decode-0", rank_role::decode, 0, 10, 0.1, 0}};
+  for (double t = 0; t < 100; t += 5) CHECK_FALSE(planner.plan(t, one_decode));
+  role_planner_config bad;
+  bad.cold = 0.9;
+  CHECK(bad.validate() == "role planner needs 0 <= cold < hot");
+  bad = {};
+  bad.min_decode = 0;
+  CHECK(bad.validate() == "role planner pools need at least one rank each");
+}
