@@ -12,6 +12,7 @@
 #include "policies/decode_placement.hpp"
 #include "policies/placement.hpp"
 #include "policies/prefill_placement.hpp"
+#include "policies/role_planner.hpp"
 #include "store/block_index.hpp"
 #include "gpu/tokenizer.hpp"
 
@@ -25,6 +26,8 @@ inline policies::cost_model builtin_cpu_cost_model() { return {0.2205, 0.4303, 1
 struct prefill_rank_config {
   std::string name = "prefill-0";
   uint32_t event_log_events = 65536;  ///< recent rank events kept for `events` (diagnostics, tests)
+  /// Elastic P/D: start on standby (no load reports, so no placements) until told role(true).
+  bool standby = false;
   /// Chunk size cap in tokens; with step_budget_us = 0, every chunk has exactly this size.
   uint32_t chunk_tokens = 64;
   /// Seed 000 §3.1 level 4: each chunk is the largest whose predicted cost fits this budget
@@ -140,6 +143,8 @@ struct decode_rank_config {
   std::string name = "decode-0";
   uint32_t max_batch_size = 64;  ///< sequences in one decode step
   uint32_t event_log_events = 65536;  ///< recent rank events kept for `events` (diagnostics, tests)
+  /// Elastic P/D: start on standby (no load reports, so no placements) until told role(true).
+  bool standby = false;
   bool verify_kv_checksums = true;  ///< check every landed layer against the sender's checksum
   /// Hybrid PD: prompts prefilled on this rank run in chunks of at most this many tokens, one
   /// chunk per decode step (riding in the same batch), so running sequences keep stepping.
@@ -165,6 +170,13 @@ struct decode_rank_config {
     if (local_prefill_chunk_tokens == 0) return "decode local_prefill_chunk_tokens must be >= 1";
     return {};
   }
+};
+
+/// Elastic P/D (issue 15): how the controller moves elastic ranks between the roles.
+struct elastic_controller_config {
+  uint32_t interval_ms = 1000;         ///< how often signals are read and the planner asked
+  uint32_t drain_timeout_ms = 600000;  ///< a drain not done by then is abandoned (the rank serves on)
+  policies::role_planner_config planner;
 };
 
 /// Deadlines of a request's hops. Each failure names the hop (stage) that timed out.

@@ -96,6 +96,8 @@ struct decode_state {
   uint64_t last_lease = 0;
   uint64_t last_job = 0;
   uint64_t num_steps = 0;
+  caf::actor_clock::time_point step_started;  ///< of the step in flight
+  double recent_step_us = 0;                  ///< exponential average over ~16 steps
   std::unordered_map<uint64_t, lease> leases;
   /// Leases dropped because a layer failed its checksum, with the reason, so that a decode
   /// order arriving afterwards gets that reason rather than "expired".
@@ -146,7 +148,7 @@ uint32_t watermark_pages(const decode_state& st) {
 
 void report_load(decode_pointer self) {
   auto& st = self->state;
-  if (!st.balancer) return;
+  if (!st.balancer || st.cfg.standby) return;  // on standby the balancer must not know us
   const auto& pool = st.core.exec->kv();
   const auto& layout = pool.layout();
   // With host memory for offloads, pages of running sequences that could move there count as
@@ -382,6 +384,7 @@ void maybe_step(decode_pointer self) {
   }
   if (job.seqs.empty()) return;
   st.step_in_flight = true;
+  st.step_started = self->clock().now();
   st.core.exec->submit(std::move(job), std::make_shared<forwarding_sink>(self->address()));
 }
 
@@ -571,6 +574,8 @@ void on_step_done(decode_pointer self, std::vector<std::vector<float>>& logits) 
   auto& st = self->state;
   st.step_in_flight = false;
   ++st.num_steps;
+  const double us = static_cast<double>(micros(self->clock().now() - st.step_started));
+  st.recent_step_us = st.num_steps == 1 ? us : st.recent_step_us + (us - st.recent_step_us) / 16;
   if (!st.step_chunks.empty()) on_local_chunks_done(self, &logits[st.step_leases.size()]);
   const auto eos = st.core.exec->config().eos_token_id;
   for (size_t row = 0; row < st.step_leases.size(); ++row) {
@@ -781,11 +786,31 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
       [=](stats_atom) {
         auto& s = self->state;
         const auto& pool = s.core.exec->kv();
-        return rank_stats{s.cfg.name, pool.num_free_pages(), pool.layout().num_pages,
-                          static_cast<uint32_t>(s.batch.size()),
-                          static_cast<uint32_t>(s.leases.size() - s.batch.size()), s.num_steps,
-                          s.blocks_written_back, s.write_backs_dropped, s.offloaded, s.resumed,
-                          static_cast<uint32_t>(s.writes.size())};
+        rank_stats r{s.cfg.name, pool.num_free_pages(), pool.layout().num_pages,
+                     static_cast<uint32_t>(s.batch.size()),
+                     static_cast<uint32_t>(s.leases.size() - s.batch.size()), s.num_steps,
+                     s.blocks_written_back, s.write_backs_dropped, s.offloaded, s.resumed,
+                     static_cast<uint32_t>(s.writes.size())};
+        r.recent_step_us = s.recent_step_us;
+        r.active = !s.cfg.standby;
+        return r;
+      },
+      [=](role_atom, bool active) -> caf::result<bool> {
+        auto& s = self->state;
+        if (active) {
+          s.cfg.standby = false;
+          s.core.log->add({0, "role_active", 0, 0, 0, {}, {}});
+          report_load(self);  // the balancer learns of us, and places here from now on
+          return true;
+        }
+        const size_t busy = s.leases.size() + s.local_prefills.size() + s.writes.size() + s.reserves.size();
+        if (busy > 0 || s.step_in_flight)
+          return make_error(errc::rank_unavailable, where(0, s.cfg.name, "role") + ": still busy (" +
+                                                        std::to_string(s.leases.size()) + " leases, " +
+                                                        std::to_string(s.writes.size()) + " write-backs): drain it first");
+        s.cfg.standby = true;
+        s.core.log->add({0, "role_standby", 0, 0, 0, {}, {}});
+        return true;
       },
       [=](events_atom) { return self->state.core.log->snapshot(); },
       [=](exec_done_atom, uint64_t, std::vector<std::vector<float>>& logits) { on_step_done(self, logits); },

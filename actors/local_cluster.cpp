@@ -29,6 +29,11 @@ std::string local_cluster_config::validate() const {
   if (auto e = store.validate(executor.page_size_tokens, remote_store_hosts.size()); !e.empty()) return e;
   // Prefill and decode ranks may also join from other processes (`baton node`), so 0
   // in-process is valid.
+  if (elastic_prefill_at_start > num_elastic_ranks)
+    return "elastic_prefill_at_start (" + std::to_string(elastic_prefill_at_start) + ") exceeds num_elastic_ranks (" +
+           std::to_string(num_elastic_ranks) + ")";
+  if (num_elastic_ranks > 0)
+    if (auto e = elastic.planner.validate(); !e.empty()) return e;
   if (transport != "loopback" && transport != "ucx" && transport != "modelled")
     return "transport must be loopback, ucx or modelled, got '" + transport + "'";
   return {};
@@ -136,6 +141,29 @@ local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_co
     out.prefill.push_back({rc.name, spawn_prefill_rank(sys, rc, make_executor(rc.name), make_transport(rc.name),
                                                              out.prefill_balancer, access)});
   }
+  // Elastic instances: one executor each (one set of weights), a prefill and a decode actor on
+  // it, the inactive one on standby; the controller moves them between the roles.
+  for (uint32_t i = 0; i < cfg.num_elastic_ranks; ++i) {
+    const std::string name = cfg.elastic_name + "-" + std::to_string(i);
+    auto exec = make_executor(name);
+    auto pc = cfg.prefill;
+    pc.name = name;
+    pc.standby = i >= cfg.elastic_prefill_at_start;
+    auto dc = cfg.decode;
+    dc.name = name;
+    dc.standby = !pc.standby;
+    out.elastic.push_back({name, spawn_prefill_rank(sys, pc, exec, make_transport(name), out.prefill_balancer, access),
+                           spawn_decode_rank(sys, dc, exec, make_transport(name), out.decode_balancer, access),
+                           !pc.standby});
+  }
+  if (!out.elastic.empty()) {
+    std::vector<prefill_rank_actor> fp;
+    std::vector<decode_rank_actor> fd;
+    for (const auto& r : out.prefill) fp.push_back(r.handle);
+    for (const auto& r : out.decode) fd.push_back(r.handle);
+    out.elastic_controller = spawn_elastic_controller(sys, cfg.elastic, out.elastic, fp, fd, out.prefill_balancer,
+                                                      out.decode_balancer);
+  }
   auto rc = cfg.router;
   if (!rc.tokenizer) rc.tokenizer = gpu::make_byte_tokenizer(cfg.model);
   out.router = spawn_router(sys, rc, cfg.model, out.prefill_balancer, out.decode_balancer, access);
@@ -151,6 +179,11 @@ std::vector<caf::actor> local_cluster::actors() const {
                               caf::actor_cast<caf::actor>(decode_balancer), caf::actor_cast<caf::actor>(directory)};
   for (const auto& r : prefill) out.push_back(caf::actor_cast<caf::actor>(r.handle));
   for (const auto& r : decode) out.push_back(caf::actor_cast<caf::actor>(r.handle));
+  for (const auto& e : elastic) {
+    out.push_back(caf::actor_cast<caf::actor>(e.prefill));
+    out.push_back(caf::actor_cast<caf::actor>(e.decode));
+  }
+  if (elastic_controller) out.push_back(caf::actor_cast<caf::actor>(elastic_controller));
   for (const auto& shard : store_index) out.push_back(caf::actor_cast<caf::actor>(shard));
   for (const auto& s : store_servers) out.push_back(caf::actor_cast<caf::actor>(s.handle));
   return out;

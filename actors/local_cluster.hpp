@@ -10,6 +10,7 @@
 
 #include "actors/block_server.hpp"
 #include "actors/config.hpp"
+#include "actors/elastic_controller.hpp"
 #include "actors/messages.hpp"
 #include "actors/router.hpp"
 #include "actors/store_access.hpp"
@@ -30,6 +31,13 @@ struct local_cluster_config {
   std::shared_ptr<const gpu::model_weights> weights;
   uint32_t num_prefill_ranks = 2;
   uint32_t num_decode_ranks = 2;
+  /// Elastic P/D: instances that serve either role, each an executor (one set of weights) with a
+  /// prefill and a decode actor of which one is active; named <elastic_name>-0, ... The first
+  /// elastic_prefill_at_start start as prefill. With any, the elastic controller runs.
+  uint32_t num_elastic_ranks = 0;
+  uint32_t elastic_prefill_at_start = 0;
+  std::string elastic_name = "elastic";
+  elastic_controller_config elastic;
   /// KV handoff backend: loopback (in-process memcpy), ucx, or modelled (sims: no bytes move)
   std::string transport = "loopback";
   gpu::cpu_executor_config executor;
@@ -75,6 +83,8 @@ struct local_cluster {
   decode_balancer_actor decode_balancer;
   std::vector<named_rank<prefill_rank_actor>> prefill;
   std::vector<named_rank<decode_rank_actor>> decode;
+  std::vector<elastic_instance> elastic;  ///< elastic P/D instances (both actors of each)
+  elastic_controller_actor elastic_controller;  ///< null without elastic instances
   std::vector<block_index_actor> store_index;  ///< index shards; empty when the store is off
   std::vector<named_rank<block_server_actor>> store_servers;
   store_info store;  ///< for ranks that join from other processes (empty when the store is off)

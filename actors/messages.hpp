@@ -52,6 +52,7 @@ using drain_atom = caf::atom_constant<caf::atom("drain")>;
 using forget_atom = caf::atom_constant<caf::atom("forget")>;
 using rank_gone_atom = caf::atom_constant<caf::atom("rank_gone")>;
 using adopt_atom = caf::atom_constant<caf::atom("adopt")>;
+using role_atom = caf::atom_constant<caf::atom("role")>;
 
 // --- errors ---------------------------------------------------------------------------------
 /// Baton's error codes (category atom "baton"). The context string of every error names the
@@ -312,12 +313,15 @@ struct rank_stats {
   uint64_t resumed = 0;              ///< decode: offloaded sequences brought back
   /// decode: write-backs still moving to the block store (their staging must outlive them)
   uint32_t num_writes_in_flight = 0;
+  double predicted_us = 0;    ///< prefill: the cost model's time for the queued work
+  double recent_step_us = 0;  ///< decode: recent step time (exponential average over ~16 steps)
+  bool active = true;         ///< false: on standby (an elastic rank serving in its other role)
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, rank_stats& x) {
   return f(caf::meta::type_name("rank_stats"), x.name, x.num_free_pages, x.num_total_pages, x.num_running,
            x.num_waiting, x.num_steps, x.blocks_written_back, x.write_backs_dropped, x.offloaded, x.resumed,
-           x.num_writes_in_flight);
+           x.num_writes_in_flight, x.predicted_us, x.recent_step_us, x.active);
 }
 
 // --- block store (store/, design.md §2) ------------------------------------------------------
@@ -585,7 +589,8 @@ using decode_rank_actor = caf::typed_actor<
     caf::reacts_to<exec_fail_atom, uint64_t, std::string>,
     caf::reacts_to<timer_atom, uint64_t>,
     caf::reacts_to<expire_atom, uint64_t>,
-    caf::reacts_to<poll_atom>>;                                 // write-back puts in flight
+    caf::reacts_to<poll_atom>,                                  // write-back puts in flight
+    caf::replies_to<role_atom, bool>::with<bool>>;              // elastic P/D: active, or standby when idle
 
 struct prefill_order {
   uint64_t request_id = 0;
@@ -655,7 +660,10 @@ using prefill_rank_actor = caf::typed_actor<
     caf::reacts_to<split_peer>,
     caf::reacts_to<split_layer>,
     caf::reacts_to<poll_atom>,
-    caf::reacts_to<keepalive_atom>>;                             // tick: renew queued prompts' leases
+    caf::reacts_to<keepalive_atom>,                              // tick: renew queued prompts' leases
+    // Elastic P/D: take work (true: report load, so the balancer places here) or go on standby
+    // (false: only when idle; the local prefix tier's pages go back to the shared pool).
+    caf::replies_to<role_atom, bool>::with<bool>>;
 
 struct prefill_placement {
   std::string name;
@@ -712,6 +720,24 @@ using decode_balancer_actor = caf::typed_actor<
     caf::replies_to<store_atom>::with<store_info>,               // the store, for ranks joining later
     caf::reacts_to<drain_atom, decode_rank_actor>,               // no new placements on this rank
     caf::reacts_to<forget_atom, decode_rank_actor>>;             // the rank's node is gone: drop it
+
+/// Elastic P/D: one role change, as the controller carried it out.
+struct role_change {
+  double at_s = 0;         ///< when the planner decided (controller clock, from its start)
+  std::string rank;        ///< the elastic instance
+  std::string from, to;    ///< prefill | decode
+  std::string why;         ///< the planner's reason, with its numbers
+  std::string state;       ///< draining | done | abandoned (the drain timed out: the rank serves on)
+  double drain_s = 0;      ///< decision -> the other role active
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, role_change& x) {
+  return f(caf::meta::type_name("role_change"), x.at_s, x.rank, x.from, x.to, x.why, x.state, x.drain_s);
+}
+
+using elastic_controller_actor = caf::typed_actor<
+    caf::reacts_to<timer_atom>,                                  // plan tick (internal)
+    caf::replies_to<events_atom>::with<std::vector<role_change>>>;  // every role change so far
 
 /// What the router knows of the cluster, for clients (the gateway's /v1/models and /metrics).
 struct cluster_stats {

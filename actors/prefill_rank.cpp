@@ -30,9 +30,8 @@ void launch(prefill_pointer self, waiting_order w, std::vector<uint32_t> pages, 
 void drain_waiting(prefill_pointer self);
 caf::result<prefill_result> accept_prefill(prefill_pointer self, prefill_order order);
 
-void report_load(prefill_pointer self) {
-  auto& st = self->state;
-  if (!st.balancer) return;
+/// The queued prompt tokens and the cost model's time for them (what placement weighs).
+std::pair<uint64_t, double> queued_work(const prefill_state& st) {
   uint64_t queued = 0;
   double predicted = 0.0;
   for (const auto& [id, r] : st.requests) {
@@ -47,6 +46,13 @@ void report_load(prefill_pointer self) {
     queued += w.order.tokens.size();
     predicted += st.cfg.cost.prefill_us(w.order.tokens.size(), 0);
   });
+  return {queued, predicted};
+}
+
+void report_load(prefill_pointer self) {
+  auto& st = self->state;
+  if (!st.balancer || st.cfg.standby) return;  // on standby the balancer must not know us
+  const auto [queued, predicted] = queued_work(st);
   const auto& kv = st.core.exec->kv();
   rank_load load{st.cfg.name, queued, static_cast<uint32_t>(st.requests.size() + st.waiting.size()),
                  kv.num_free_pages(), kv.layout().num_pages};
@@ -454,9 +460,30 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
       [=](stats_atom) {
         auto& s = self->state;
         const auto& kv = s.core.exec->kv();
-        return rank_stats{s.cfg.name, kv.num_free_pages(), kv.layout().num_pages,
-                          static_cast<uint32_t>(s.requests.size()), static_cast<uint32_t>(s.waiting.size()),
-                          s.num_jobs_done};
+        rank_stats r{s.cfg.name, kv.num_free_pages(), kv.layout().num_pages,
+                     static_cast<uint32_t>(s.requests.size()), static_cast<uint32_t>(s.waiting.size()),
+                     s.num_jobs_done};
+        r.predicted_us = queued_work(s).second;
+        r.active = !s.cfg.standby;
+        return r;
+      },
+      [=](role_atom, bool active) -> caf::result<bool> {
+        auto& s = self->state;
+        if (active) {
+          s.cfg.standby = false;
+          s.core.log->add({0, "role_active", 0, 0, 0, {}, {}});
+          report_load(self);  // the balancer learns of us, and places here from now on
+          return true;
+        }
+        if (!s.requests.empty() || s.waiting.size() > 0 || !s.job_to_request.empty())
+          return make_error(errc::rank_unavailable, where(0, s.cfg.name, "role") + ": still busy (" +
+                                                        std::to_string(s.requests.size() + s.waiting.size()) +
+                                                        " prompts): drain it first");
+        // The executor's KV pool is about to serve the other role: give back the local tier.
+        if (s.local) s.core.exec->kv().kv_page_free(s.local->evict(UINT64_MAX));
+        s.cfg.standby = true;
+        s.core.log->add({0, "role_standby", 0, 0, 0, {}, {}});
+        return true;
       },
       [=](events_atom) { return self->state.core.log->snapshot(); },
       [=](exec_done_atom, uint64_t job_id, std::vector<std::vector<float>>& logits) {

@@ -64,6 +64,8 @@ public:
       stop_ = true;
     }
     wake_.notify_all();
+    // Elastic instances stop their shared executor from both actors, perhaps at once: one joins.
+    std::lock_guard<std::mutex> once{join_mutex_};
     if (thread_.joinable()) thread_.join();
   }
 
@@ -250,6 +252,7 @@ private:
   activations act_;  ///< touched only by the queue thread (and the pool inside a job)
 
   std::mutex mutex_;
+  std::mutex join_mutex_;  ///< stop() may come from two owners at once
   std::condition_variable wake_;
   std::deque<std::pair<forward_job, std::shared_ptr<executor_sink>>> queue_;
   bool stop_ = false;

@@ -68,7 +68,7 @@ std::optional<role_move> role_planner::plan(double now_s, const std::vector<rank
   // The least busy settled rank of the giving pool: the cheapest to drain.
   const rank_signal* pick = nullptr;
   for (const auto& r : ranks) {
-    if (r.role != from || !settled(r.name, now_s)) continue;
+    if (r.role != from || !r.movable || !settled(r.name, now_s)) continue;
     const auto load = [&](const rank_signal& x) { return from == rank_role::prefill ? x.predicted_queue_ms : x.kv_used; };
     if (!pick || r.running < pick->running || (r.running == pick->running && load(r) < load(*pick))) pick = &r;
   }

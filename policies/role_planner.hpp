@@ -44,6 +44,7 @@ struct rank_signal {
   double step_ms = 0;             ///< decode: recent step time
   double kv_used = 0;             ///< decode: fraction of KV pages in use
   uint32_t running = 0;           ///< prompts in progress / sequences decoding
+  bool movable = true;            ///< false: a rank that serves one role only (it counts, never moves)
 };
 
 struct role_move {

@@ -1,0 +1,193 @@
+#include "actors/elastic_controller.hpp"
+
+#include <caf/actor_system.hpp>
+#include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
+
+#include <memory>
+#include <optional>
+
+namespace baton {
+
+namespace {
+
+/// A move in progress: the instance, where it stands, and the change record it fills in.
+struct pending_move {
+  size_t instance = 0;
+  bool to_prefill = false;
+  caf::actor_clock::time_point decided;
+  size_t log_index = 0;
+};
+
+struct controller_state {
+  elastic_controller_config cfg;
+  std::vector<elastic_instance> elastic;
+  std::vector<bool> serves_prefill;  ///< each instance's current role
+  std::vector<prefill_rank_actor> fixed_prefill;
+  std::vector<decode_rank_actor> fixed_decode;
+  prefill_balancer_actor prefill_balancer;
+  decode_balancer_actor decode_balancer;
+  std::unique_ptr<policies::role_planner> planner;
+  caf::actor_clock::time_point started;
+  std::optional<pending_move> move;
+  bool asking = false;  ///< a round of stats requests is out
+  std::vector<role_change> log;
+  static inline const char* name = "baton.elastic_controller";
+};
+
+using pointer = elastic_controller_actor::stateful_pointer<controller_state>;
+
+double seconds_since(pointer self, caf::actor_clock::time_point t) {
+  return std::chrono::duration<double>(self->clock().now() - t).count();
+}
+
+void tick_later(pointer self) {
+  self->delayed_send(self, std::chrono::milliseconds{self->state.cfg.interval_ms}, timer_atom::value);
+}
+
+policies::rank_signal signal_of(const rank_stats& s, policies::rank_role role, bool movable) {
+  policies::rank_signal r;
+  r.name = s.name;
+  r.role = role;
+  r.movable = movable;
+  r.running = s.num_running + s.num_waiting;
+  if (role == policies::rank_role::prefill) {
+    r.predicted_queue_ms = s.predicted_us / 1e3;
+  } else {
+    r.step_ms = s.num_running > 0 ? s.recent_step_us / 1e3 : 0.0;  // an idle rank's last step is history
+    r.kv_used = s.num_total_pages ? 1.0 - static_cast<double>(s.num_free_pages) / s.num_total_pages : 0.0;
+  }
+  return r;
+}
+
+/// Step 2 of a move: once the draining actor is idle, it goes on standby, its balancer forgets
+/// it, and the instance's other actor takes over.
+void continue_move(pointer self) {
+  auto& st = self->state;
+  auto& m = *st.move;
+  auto& inst = st.elastic[m.instance];
+  auto& rec = st.log[m.log_index];
+  if (seconds_since(self, m.decided) * 1e3 > st.cfg.drain_timeout_ms) {
+    rec.state = "abandoned";  // it keeps serving its old role, drained; say so and move on
+    st.move.reset();
+    return;
+  }
+  auto finish = [=](bool ok) {
+    auto& st = self->state;
+    if (!ok || !st.move) return;  // still busy: the next tick asks again
+    auto& m = *st.move;
+    auto& inst = st.elastic[m.instance];
+    if (m.to_prefill) {
+      self->send(st.decode_balancer, forget_atom::value, inst.decode);
+      self->request(inst.prefill, caf::infinite, role_atom::value, true).then([](bool) {});
+    } else {
+      self->send(st.prefill_balancer, forget_atom::value, inst.prefill);
+      self->request(inst.decode, caf::infinite, role_atom::value, true).then([](bool) {});
+    }
+    st.serves_prefill[m.instance] = m.to_prefill;
+    auto& rec = st.log[m.log_index];
+    rec.state = "done";
+    rec.drain_s = seconds_since(self, m.decided);
+    st.move.reset();
+  };
+  // Standby refuses while the actor still has work; the answer says which it was.
+  if (m.to_prefill)
+    self->request(inst.decode, caf::infinite, role_atom::value, false).then(finish, [=](caf::error&) { finish(false); });
+  else
+    self->request(inst.prefill, caf::infinite, role_atom::value, false).then(finish, [=](caf::error&) { finish(false); });
+  (void) rec;
+}
+
+/// Step 1: every active rank's stats, then the planner's verdict.
+void plan_round(pointer self) {
+  auto& st = self->state;
+  if (st.asking) return;
+  st.asking = true;
+  struct round {
+    std::vector<policies::rank_signal> signals;
+    size_t left = 0;
+  };
+  auto r = std::make_shared<round>();
+  r->left = st.fixed_prefill.size() + st.fixed_decode.size() + st.elastic.size();
+  auto done = [=] {
+    auto& st = self->state;
+    if (--r->left > 0) return;
+    st.asking = false;
+    if (st.move) return;  // one move at a time
+    auto m = st.planner->plan(seconds_since(self, st.started), r->signals);
+    if (!m) return;
+    for (size_t i = 0; i < st.elastic.size(); ++i) {
+      if (st.elastic[i].name != m->rank) continue;
+      const bool to_prefill = m->to == policies::rank_role::prefill;
+      st.log.push_back({seconds_since(self, st.started), m->rank, policies::to_string(m->from),
+                        policies::to_string(m->to), m->why, "draining", 0});
+      st.move = pending_move{i, to_prefill, self->clock().now(), st.log.size() - 1};
+      // No new work for it from now on; what it has, it finishes.
+      if (to_prefill)
+        self->send(st.decode_balancer, drain_atom::value, st.elastic[i].decode);
+      else
+        self->send(st.prefill_balancer, drain_atom::value, st.elastic[i].prefill);
+      return;
+    }
+  };
+  auto ask = [=](auto handle, policies::rank_role role, bool movable) {
+    self->request(handle, std::chrono::seconds{10}, stats_atom::value)
+        .then(
+            [=](const rank_stats& s) {
+              r->signals.push_back(signal_of(s, role, movable));
+              done();
+            },
+            [=](caf::error&) { done(); });  // a rank that does not answer gives no signal
+  };
+  for (const auto& p : st.fixed_prefill) ask(p, policies::rank_role::prefill, false);
+  for (const auto& d : st.fixed_decode) ask(d, policies::rank_role::decode, false);
+  for (size_t i = 0; i < st.elastic.size(); ++i) {
+    // The instance's active side (while it drains, still the old one: its pressure counts).
+    if (st.serves_prefill[i])
+      ask(st.elastic[i].prefill, policies::rank_role::prefill, true);
+    else
+      ask(st.elastic[i].decode, policies::rank_role::decode, true);
+  }
+}
+
+elastic_controller_actor::behavior_type controller_impl(pointer self, elastic_controller_config cfg,
+                                                        std::vector<elastic_instance> elastic,
+                                                        std::vector<prefill_rank_actor> fixed_prefill,
+                                                        std::vector<decode_rank_actor> fixed_decode,
+                                                        prefill_balancer_actor pb, decode_balancer_actor db) {
+  auto& st = self->state;
+  st.planner = std::make_unique<policies::role_planner>(cfg.planner);
+  st.cfg = std::move(cfg);
+  for (const auto& e : elastic) st.serves_prefill.push_back(e.serves_prefill);
+  st.elastic = std::move(elastic);
+  st.fixed_prefill = std::move(fixed_prefill);
+  st.fixed_decode = std::move(fixed_decode);
+  st.prefill_balancer = std::move(pb);
+  st.decode_balancer = std::move(db);
+  st.started = self->clock().now();
+  tick_later(self);
+  return {
+      [=](timer_atom) {
+        if (self->state.move)
+          continue_move(self);
+        else
+          plan_round(self);
+        tick_later(self);
+      },
+      [=](events_atom) { return self->state.log; },
+  };
+}
+
+}  // namespace
+
+elastic_controller_actor spawn_elastic_controller(caf::actor_system& sys, elastic_controller_config cfg,
+                                                  std::vector<elastic_instance> elastic,
+                                                  std::vector<prefill_rank_actor> fixed_prefill,
+                                                  std::vector<decode_rank_actor> fixed_decode,
+                                                  prefill_balancer_actor prefill_balancer,
+                                                  decode_balancer_actor decode_balancer) {
+  return sys.spawn(controller_impl, std::move(cfg), std::move(elastic), std::move(fixed_prefill),
+                   std::move(fixed_decode), std::move(prefill_balancer), std::move(decode_balancer));
+}
+
+}  // namespace baton
