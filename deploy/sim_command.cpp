@@ -38,10 +38,12 @@ struct sim_options {
   std::vector<std::string> variants;
   std::vector<std::string> kills;  ///< RANK@SECONDS
   std::vector<std::string> degrades;  ///< NAME@SECONDS=GBPS
+  std::vector<std::string> then_traces;  ///< played after --trace, back to back
   float nic_gbps = 0.0f;
   float store_gbps = 40.0f;
   float pcie_gbps = 0.0f;
   float sample_s = 10.0f;
+  float elastic_interval_s = 5.0f;
   std::string cost_profile;
   bool free_links = false;
 };
@@ -54,6 +56,7 @@ bool finish_options(sim_options* o, std::string* why) {
   o->cfg.store_gbps = o->store_gbps;
   o->cfg.pcie_gbps = o->pcie_gbps;
   o->cfg.sample_s = o->sample_s;
+  o->cfg.elastic_interval_s = o->elastic_interval_s;
   o->cfg.use_cost_profile = !o->cost_profile.empty();
   if (o->cfg.use_cost_profile) {
     executor_profile p;
@@ -91,6 +94,7 @@ bool finish_options(sim_options* o, std::string* why) {
 
 void add_sim_flags(flag_set& f, sim_options* o) {
   f.add("--trace", &o->trace_path, "a request trace: Mooncake .jsonl, Azure .csv or vLLM *_requests.jsonl (none: synthetic)");
+  f.add("--then-trace", &o->then_traces, "another trace played after the previous one ends (repeatable: a shifting load)");
   f.add("--rate-scale", &o->rate_scale, "k times the trace's arrival rate");
   f.add("--window-start-s", &o->window_start_s, "keep arrivals from this second of the trace");
   f.add("--window-s", &o->window_s, "... for this long (0: to the end)");
@@ -107,6 +111,10 @@ void add_sim_flags(flag_set& f, sim_options* o) {
   f.add("--tp", &o->cfg.tp, "GPUs per instance (tensor parallel)");
   f.add("--prefill-instances", &o->cfg.prefill_instances, "prefill instances");
   f.add("--decode-instances", &o->cfg.decode_instances, "decode instances (colocated: all instances)");
+  f.add("--elastic-instances", &o->cfg.elastic_instances,
+        "elastic P/D: instances (of the decode GPU) that the controller moves between prefill and decode");
+  f.add("--elastic-prefill", &o->cfg.elastic_prefill_at_start, "elastic P/D: of them, how many start as prefill");
+  f.add("--elastic-interval-s", &o->elastic_interval_s, "elastic P/D: how often the controller plans");
   f.add("--colocated", &o->cfg.colocated, "the colocated baseline: chunked prefill on the decode instances");
   f.add("--chunk-tokens", &o->cfg.colocated_chunk_tokens, "colocated: tokens per step (max_num_batched_tokens)");
   f.add("--max-batch", &o->cfg.max_batch, "sequences per decode step (max_num_seqs)");
@@ -154,7 +162,22 @@ bool make_trace(const sim_options& o, double scale, sims::trace* t, std::string*
       return false;
     }
     *name = o.trace_path;
-    return sims::load_trace(o.trace_path, to, t, why);
+    if (!sims::load_trace(o.trace_path, to, t, why)) return false;
+    // Traces played back to back (a load that shifts): each starts a second after the last
+    // arrival of the one before, with the same scaling and window.
+    for (const auto& next : o.then_traces) {
+      sims::trace more;
+      if (!sims::load_trace(next, to, &more, why)) return false;
+      const int64_t offset = (t->requests.empty() ? 0 : t->requests.back().arrival_us + 1'000'000);
+      for (auto& r : more.requests) {
+        r.arrival_us += offset;
+        t->requests.push_back(std::move(r));
+      }
+      t->lines += more.lines;
+      t->skipped += more.skipped;
+      *name += " then " + next;
+    }
+    return true;
   }
   sims::synthetic_spec s;
   s.rate_per_s = o.synthetic_rate * o.rate_scale * scale;
@@ -323,6 +346,7 @@ int run_sim(const std::vector<std::string>& raw) {
     vs("TTFT", r.summary.ttft_ms, r.measured_ttft_ms);
     vs("TPOT", r.summary.tpot_ms, r.measured_tpot_ms);
     vs("E2E", r.summary.e2e_ms, r.measured_e2e_ms);
+    for (const auto& c : r.role_changes) std::printf("  role change: %s\n", c.c_str());
     std::printf("  simulated in %.2f s wall: %.0f requests/s, %.2fM events (%.0f per request, %.2fM events/s)\n", wall,
                 static_cast<double>(t.requests.size()) / wall, static_cast<double>(r.events) / 1e6,
                 static_cast<double>(r.events) / std::max<double>(1, static_cast<double>(t.requests.size())),

@@ -29,7 +29,11 @@ std::string sim_config::validate() const {
   for (const auto* g : {&prefill_gpu, &decode_gpu})
     if (!named_gpu(*g)) return "unknown GPU '" + *g + "' (known: H200, H100, H800, RTX4090, RTXPRO6000)";
   if (tp == 0 || decode_instances == 0) return "tp and decode_instances must be >= 1";
-  if (!colocated && prefill_instances == 0) return "a disaggregated cluster needs prefill_instances >= 1";
+  if (!colocated && prefill_instances == 0 && elastic_prefill_at_start == 0)
+    return "a disaggregated cluster needs prefill_instances >= 1 (or elastic instances starting as prefill)";
+  if (elastic_prefill_at_start > elastic_instances) return "elastic_prefill_at_start exceeds elastic_instances";
+  if (elastic_instances > 0 && colocated) return "elastic instances need a disaggregated cluster";
+  if (elastic_instances > 0 && !(elastic_interval_s > 0)) return "elastic_interval_s must be > 0";
   if (page_tokens == 0 || block_tokens == 0 || block_tokens % page_tokens != 0)
     return "block_tokens must be a positive multiple of page_tokens";
   if (sim_layers == 0) return "sim_layers must be >= 1";
@@ -153,6 +157,12 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
   cc.model = carrier_model(shape, cfg);
   cc.num_prefill_ranks = cfg.colocated ? 0 : cfg.prefill_instances;
   cc.num_decode_ranks = cfg.decode_instances;
+  cc.num_elastic_ranks = cfg.elastic_instances;
+  cc.elastic_prefill_at_start = cfg.elastic_prefill_at_start;
+  cc.elastic.interval_ms = static_cast<uint32_t>(cfg.elastic_interval_s * 1000);
+  cc.elastic.drain_timeout_ms = 3'600'000;
+  cc.elastic.planner.ttft_target_ms = cfg.slos.ttft_ms;
+  cc.elastic.planner.tbt_target_ms = cfg.slos.tbt_ms;
   cc.transport = "modelled";  // the KV is not real: puts are checked and counted, nothing is copied
   cc.executor.page_size_tokens = cfg.page_tokens;
   cc.executor.num_kv_pages = static_cast<uint32_t>(kv_tokens / cfg.page_tokens);
@@ -217,7 +227,7 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
   };
   std::map<std::string, std::shared_ptr<executor_usage>> usage;  // by rank, for the timeline
   auto make_exec = [&](const std::string& name) -> std::shared_ptr<gpu::executor> {
-    const bool prefill = name.rfind(cc.prefill.name, 0) == 0;
+    const bool prefill = name.rfind(cc.prefill.name, 0) == 0;  // elastic instances: decode GPUs
     modelled_executor_config m;
     m.usage = usage[name] = std::make_shared<executor_usage>(executor_usage{now_ns});
     m.num_kv_pages = prefill ? static_cast<uint32_t>(prefill_kv_tokens / cfg.page_tokens) : cc.executor.num_kv_pages;
@@ -321,9 +331,15 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
   // executor) and its queues (its stats, asked at that instant), until the last request is done.
   auto tl = std::make_shared<timeline>();
   tl->interval_s = cfg.sample_s;
-  std::vector<caf::actor> sampled;
-  for (const auto& r : cluster.prefill) tl->ranks.push_back({r.name, {}, {}, {}, {}}), sampled.push_back(caf::actor_cast<caf::actor>(r.handle));
-  for (const auto& r : cluster.decode) tl->ranks.push_back({r.name, {}, {}, {}, {}}), sampled.push_back(caf::actor_cast<caf::actor>(r.handle));
+  // Per timeline entry, the actors to ask (an elastic instance's two: the active one answers).
+  std::vector<std::vector<caf::actor>> sampled;
+  for (const auto& r : cluster.prefill)
+    tl->ranks.push_back({r.name, {}, {}, {}, {}}), sampled.push_back({caf::actor_cast<caf::actor>(r.handle)});
+  for (const auto& r : cluster.decode)
+    tl->ranks.push_back({r.name, {}, {}, {}, {}}), sampled.push_back({caf::actor_cast<caf::actor>(r.handle)});
+  for (const auto& e : cluster.elastic)
+    tl->ranks.push_back({e.name, {}, {}, {}, {}}),
+        sampled.push_back({caf::actor_cast<caf::actor>(e.prefill), caf::actor_cast<caf::actor>(e.decode)});
   if (cfg.sample_s > 0)
     sys.spawn([tl, sampled, st, &usage, total = t.requests.size()](caf::event_based_actor* self) {
       const auto every = std::chrono::microseconds{static_cast<int64_t>(tl->interval_s * 1e6)};
@@ -339,12 +355,14 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
           (*last)[i] = occupied;
           const size_t k = r.busy.size() - 1;
           r.running.push_back(0), r.waiting.push_back(0), r.kv_used.push_back(0);  // a dead rank stays at 0
-          self->request(sampled[i], caf::infinite, stats_atom::value).then([tl, i, k](const rank_stats& s) {
-            auto& r = tl->ranks[i];
-            r.running[k] = s.num_running;
-            r.waiting[k] = s.num_waiting;
-            r.kv_used[k] = s.num_total_pages ? 1.0 - static_cast<double>(s.num_free_pages) / s.num_total_pages : 0.0;
-          }, [](caf::error&) {});
+          for (const auto& a : sampled[i])
+            self->request(a, caf::infinite, stats_atom::value).then([tl, i, k](const rank_stats& s) {
+              if (!s.active) return;  // an elastic instance's side on standby
+              auto& r = tl->ranks[i];
+              r.running[k] = s.num_running;
+              r.waiting[k] = s.num_waiting;
+              r.kv_used[k] = s.num_total_pages ? 1.0 - static_cast<double>(s.num_free_pages) / s.num_total_pages : 0.0;
+            }, [](caf::error&) {});
         }
         self->delayed_send(self, every, timer_atom::value);
       }};
@@ -389,6 +407,24 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
   out->virtual_s = std::chrono::duration<double>(sched.clock().now() - t0).count();
   out->events = events;
   out->kv_transfer_gb = timing ? static_cast<double>(timing->modelled_bytes) / 1e9 : 0.0;
+  // Elastic P/D: the controller's change log, for the report.
+  if (cluster.elastic_controller) {
+    auto log = std::make_shared<std::vector<role_change>>();
+    sys.spawn([log, c = cluster.elastic_controller](caf::event_based_actor* self) {
+      self->request(c, caf::infinite, events_atom::value).then([=](std::vector<role_change>& l) {
+        *log = std::move(l);
+        self->quit();
+      });
+    });
+    for (int i = 0; i < 100 && log->empty() && sched.run() > 0; ++i) {
+    }
+    for (const auto& c : *log) {
+      char line[96];
+      std::snprintf(line, sizeof line, "%.1f s %s %s -> %s (%s, %.1f s): ", c.at_s, c.rank.c_str(), c.from.c_str(),
+                    c.to.c_str(), c.state.c_str(), c.drain_s);
+      out->role_changes.push_back(line + c.why);
+    }
+  }
   // Stop every actor of the cluster and let them finish: the actor system's destructor waits for
   // them, and under the test coordinator only this thread can run them.
   for (auto& a : cluster.actors()) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
@@ -427,6 +463,15 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
       {"slo", "TTFT <= " + std::to_string(cfg.slos.ttft_ms) + " ms, TBT <= " + std::to_string(cfg.slos.tbt_ms) + " ms"},
       {"seed", std::to_string(cfg.seed)},
   };
+  if (cfg.elastic_instances > 0) {
+    echo["elastic"] = std::to_string(cfg.elastic_instances) + " x " + std::to_string(cfg.tp) + " " + cfg.decode_gpu + ", " +
+                      std::to_string(cfg.elastic_prefill_at_start) + " prefill at start";
+    for (size_t i = 0; i < out->role_changes.size(); ++i) {
+      char key[32];
+      std::snprintf(key, sizeof key, "role change %03zu", i + 1);
+      echo[key] = out->role_changes[i];
+    }
+  }
   for (const auto& f : cfg.faults)
     echo["fault " + f.rank] = f.degrade_gbps > 0 ? "link at " + std::to_string(f.degrade_gbps) + " GB/s from " + std::to_string(f.at_s) + " s"
                                                  : "killed at " + std::to_string(f.at_s) + " s";

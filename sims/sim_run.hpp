@@ -41,6 +41,12 @@ struct sim_config {
   uint32_t tp = 2;                       ///< GPUs per instance (tensor parallel)
   uint32_t prefill_instances = 4;        ///< disaggregated: prefill instances (each one prefill rank)
   uint32_t decode_instances = 4;         ///< disaggregated: decode instances; colocated: all instances
+  /// Elastic P/D (issue 15): instances of the decode GPU that serve either role, moved by the
+  /// elastic controller and its role planner (targets: the SLOs) as the load shifts; the first
+  /// elastic_prefill_at_start start as prefill.
+  uint32_t elastic_instances = 0;
+  uint32_t elastic_prefill_at_start = 0;
+  double elastic_interval_s = 5;         ///< how often the controller reads the ranks and plans
   /// Colocated baseline (vLLM-style continuous batching with chunked prefill): no prefill
   /// instances; every prompt is prefilled on its decode instance in chunks of
   /// `colocated_chunk_tokens` riding with the decode steps (max_num_batched_tokens).
@@ -97,6 +103,7 @@ struct sim_result {
   percentiles measured_ttft_ms, measured_tpot_ms, measured_e2e_ms;
   sims::timeline timeline;                ///< per rank over virtual time (empty when sample_s is 0)
   std::string json;                       ///< the deterministic report
+  std::vector<std::string> role_changes;  ///< elastic P/D: each move, "at_s rank from -> to: why"
 };
 
 /// Replays `t` through the cluster `cfg` describes. False and a sentence when the configuration
