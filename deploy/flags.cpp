@@ -1,6 +1,7 @@
 #include "deploy/flags.hpp"
 #include "deploy/processes.hpp"
 
+#include <cstdlib>
 #include <charconv>
 #include <algorithm>
 #include <cmath>
@@ -43,6 +44,18 @@ void flag_set::add(std::string name, float* t, std::string help) {
                       } catch (const std::exception&) {
                         return "expects a number, got '" + v + "'";
                       }
+                    },
+                    std::to_string(*t)});
+}
+void flag_set::add(std::string name, double* t, std::string help) {
+  flags_.push_back({std::move(name), std::move(help), true,
+                    [t](const std::string& v) -> std::string {
+                      char* end = nullptr;
+                      const double x = std::strtod(v.c_str(), &end);
+                      if (v.empty() || end != v.c_str() + v.size() || !std::isfinite(x))
+                        return "expects a number, got '" + v + "'";
+                      *t = x;
+                      return {};
                     },
                     std::to_string(*t)});
 }

@@ -17,6 +17,7 @@ public:
   void add(std::string name, uint32_t* target, std::string help);
   void add(std::string name, uint64_t* target, std::string help);
   void add(std::string name, float* target, std::string help);
+  void add(std::string name, double* target, std::string help);
   void add(std::string name, std::string* target, std::string help);
   void add(std::string name, std::vector<std::string>* target, std::string help);  ///< repeatable
   void add(std::string name, bool* target, std::string help);                      ///< no value

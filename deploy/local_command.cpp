@@ -180,6 +180,12 @@ int run_local(const std::vector<std::string>& args) {
   flag_set flags;
   flags.add("--prefill-ranks", &opt.cluster.num_prefill_ranks, "prefill ranks");
   flags.add("--decode-ranks", &opt.cluster.num_decode_ranks, "decode ranks");
+  flags.add("--elastic-ranks", &opt.cluster.num_elastic_ranks,
+            "elastic P/D: ranks that serve either role, moved between them as the load shifts");
+  flags.add("--elastic-prefill", &opt.cluster.elastic_prefill_at_start, "elastic P/D: of them, how many start as prefill");
+  flags.add("--elastic-ttft-ms", &opt.cluster.elastic.planner.ttft_target_ms, "elastic P/D: the TTFT the planner aims for");
+  flags.add("--elastic-tbt-ms", &opt.cluster.elastic.planner.tbt_target_ms, "elastic P/D: the TBT the planner aims for");
+  flags.add("--elastic-interval-ms", &opt.cluster.elastic.interval_ms, "elastic P/D: how often the controller plans");
   flags.add("--executor-threads", &opt.cluster.executor.num_threads, "math threads per rank's executor");
   flags.add("--kv-pages", &opt.cluster.executor.num_kv_pages, "KV pages per rank");
   flags.add("--page-tokens", &opt.cluster.executor.page_size_tokens, "tokens per KV page");
@@ -314,10 +320,15 @@ int run_local(const std::vector<std::string>& args) {
 
   const auto& m = opt.cluster.model;
   std::printf("baton local: model %s (%u layers, hidden %u, %.2fM parameters, tokenizer %s), %u prefill + %u decode "
-              "ranks, executor %u thread(s) each\n",
+              "ranks%s, executor %u thread(s) each\n",
               m.name.c_str(), m.num_hidden_layers, m.hidden_size, static_cast<double>(m.num_parameters()) / 1e6,
               opt.cluster.router.tokenizer ? opt.cluster.router.tokenizer->describe().c_str() : "bytes",
-              opt.cluster.num_prefill_ranks, opt.cluster.num_decode_ranks, opt.cluster.executor.num_threads);
+              opt.cluster.num_prefill_ranks, opt.cluster.num_decode_ranks,
+              opt.cluster.num_elastic_ranks
+                  ? (" + " + std::to_string(opt.cluster.num_elastic_ranks) + " elastic (" +
+                     std::to_string(opt.cluster.elastic_prefill_at_start) + " prefill at start)").c_str()
+                  : "",
+              opt.cluster.executor.num_threads);
   // Store nodes start before the head (the launcher's order); still, keep trying for a while.
   for (size_t i = 0; i < store_addrs.size(); ++i) {
     const auto& [host, port] = store_addrs[i];
@@ -483,6 +494,16 @@ int run_local(const std::vector<std::string>& args) {
   std::printf("  requests per rank:");
   for (const auto& [rank, n] : per_rank) std::printf(" %s=%d", rank.c_str(), n);
   std::printf("\n");
+  if (cluster.elastic_controller)
+    self->request(cluster.elastic_controller, std::chrono::seconds{5}, events_atom::value)
+        .receive(
+            [&](std::vector<role_change>& log) {
+              std::printf("  role changes: %zu\n", log.size());
+              for (const auto& c : log)
+                std::printf("    %.1f s %s %s -> %s (%s, %.2f s): %s\n", c.at_s, c.rank.c_str(), c.from.c_str(),
+                            c.to.c_str(), c.state.c_str(), c.drain_s, c.why.c_str());
+            },
+            [](caf::error&) {});
   for (auto& a : cluster.actors()) self->send_exit(a, caf::exit_reason::user_shutdown);
   return failures == 0 ? 0 : 1;
 }
