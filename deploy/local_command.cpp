@@ -186,6 +186,10 @@ int run_local(const std::vector<std::string>& args) {
   flags.add("--elastic-ttft-ms", &opt.cluster.elastic.planner.ttft_target_ms, "elastic P/D: the TTFT the planner aims for");
   flags.add("--elastic-tbt-ms", &opt.cluster.elastic.planner.tbt_target_ms, "elastic P/D: the TBT the planner aims for");
   flags.add("--elastic-interval-ms", &opt.cluster.elastic.interval_ms, "elastic P/D: how often the controller plans");
+  flags.add("--elastic-smooth-s", &opt.cluster.elastic.planner.smooth_s, "elastic P/D: the pressures' averaging time");
+  flags.add("--elastic-hold-s", &opt.cluster.elastic.planner.hold_s, "elastic P/D: how long a pool stays hot before a move");
+  flags.add("--elastic-cooldown-s", &opt.cluster.elastic.planner.cooldown_s, "elastic P/D: at least this long between moves");
+  flags.add("--elastic-dwell-s", &opt.cluster.elastic.planner.dwell_s, "elastic P/D: a moved rank keeps its role this long");
   flags.add("--executor-threads", &opt.cluster.executor.num_threads, "math threads per rank's executor");
   flags.add("--kv-pages", &opt.cluster.executor.num_kv_pages, "KV pages per rank");
   flags.add("--page-tokens", &opt.cluster.executor.page_size_tokens, "tokens per KV page");
