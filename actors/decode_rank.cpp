@@ -797,20 +797,12 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
       },
       [=](role_atom, bool active) -> caf::result<bool> {
         auto& s = self->state;
-        if (active) {
-          s.cfg.standby = false;
-          s.core.log->add({0, "role_active", 0, 0, 0, {}, {}});
-          report_load(self);  // the balancer learns of us, and places here from now on
-          return true;
-        }
-        const size_t busy = s.leases.size() + s.local_prefills.size() + s.writes.size() + s.reserves.size();
-        if (busy > 0 || s.step_in_flight)
-          return make_error(errc::rank_unavailable, where(0, s.cfg.name, "role") + ": still busy (" +
-                                                        std::to_string(s.leases.size()) + " leases, " +
-                                                        std::to_string(s.writes.size()) + " write-backs): drain it first");
-        s.cfg.standby = true;
-        s.core.log->add({0, "role_standby", 0, 0, 0, {}, {}});
-        return true;
+        const bool busy = s.leases.size() + s.local_prefills.size() + s.writes.size() + s.reserves.size() > 0 ||
+                          s.step_in_flight;
+        return change_role(
+            active, s.cfg.name,
+            busy ? std::to_string(s.leases.size()) + " leases, " + std::to_string(s.writes.size()) + " write-backs" : "",
+            &s.cfg.standby, *s.core.log, [=] { report_load(self); }, [] {});
       },
       [=](events_atom) { return self->state.core.log->snapshot(); },
       [=](exec_done_atom, uint64_t, std::vector<std::vector<float>>& logits) { on_step_done(self, logits); },

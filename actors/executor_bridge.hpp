@@ -19,6 +19,7 @@
 
 #include <caf/actor_addr.hpp>
 #include <caf/fwd.hpp>
+#include <caf/result.hpp>
 
 #include "actors/messages.hpp"
 #include "gpu/executor.hpp"
@@ -56,6 +57,26 @@ private:
   size_t capacity_ = 65536;
   std::deque<rank_event> events_;
 };
+
+/// Elastic P/D: a rank's side of role(active). Active: it takes work again (`report` tells its
+/// balancer). Standby: only when `busy` is empty (else the error names the rank and the work),
+/// after `release` has given back what it holds.
+template <class Report, class Release>
+caf::result<bool> change_role(bool active, const std::string& rank, const std::string& busy, bool* standby,
+                              event_log& log, Report report, Release release) {
+  if (active) {
+    *standby = false;
+    log.add({0, "role_active", 0, 0, 0, {}, {}});
+    report();
+    return true;
+  }
+  if (!busy.empty())
+    return make_error(errc::rank_unavailable, where(0, rank, "role") + ": still busy (" + busy + "): drain it first");
+  release();
+  *standby = true;
+  log.add({0, "role_standby", 0, 0, 0, {}, {}});
+  return true;
+}
 
 /// Sends exec_done / exec_fail to the owning rank. Holds only the rank's address, so an
 /// executor finishing after its rank stopped sends nothing. `on_layer` runs on the executor's

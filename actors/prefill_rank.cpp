@@ -469,21 +469,14 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
       },
       [=](role_atom, bool active) -> caf::result<bool> {
         auto& s = self->state;
-        if (active) {
-          s.cfg.standby = false;
-          s.core.log->add({0, "role_active", 0, 0, 0, {}, {}});
-          report_load(self);  // the balancer learns of us, and places here from now on
-          return true;
-        }
-        if (!s.requests.empty() || s.waiting.size() > 0 || !s.job_to_request.empty())
-          return make_error(errc::rank_unavailable, where(0, s.cfg.name, "role") + ": still busy (" +
-                                                        std::to_string(s.requests.size() + s.waiting.size()) +
-                                                        " prompts): drain it first");
-        // The executor's KV pool is about to serve the other role: give back the local tier.
-        if (s.local) s.core.exec->kv().kv_page_free(s.local->evict(UINT64_MAX));
-        s.cfg.standby = true;
-        s.core.log->add({0, "role_standby", 0, 0, 0, {}, {}});
-        return true;
+        const bool busy = !s.requests.empty() || s.waiting.size() > 0 || !s.job_to_request.empty();
+        return change_role(
+            active, s.cfg.name, busy ? std::to_string(s.requests.size() + s.waiting.size()) + " prompts" : "",
+            &s.cfg.standby, *s.core.log, [=] { report_load(self); },
+            [=] {  // the executor's KV pool is about to serve the other role: give back the local tier
+              auto& s = self->state;
+              if (s.local) s.core.exec->kv().kv_page_free(s.local->evict(UINT64_MAX));
+            });
       },
       [=](events_atom) { return self->state.core.log->snapshot(); },
       [=](exec_done_atom, uint64_t job_id, std::vector<std::vector<float>>& logits) {
