@@ -407,8 +407,11 @@ int run_sim(const std::vector<std::string>& raw) {
     return 0;
   }
 
-  // compare: one row per variant at the trace's rate, plus its goodput.
+  // compare: one row per variant at the trace's rate, plus its goodput; with --svg, the
+  // variants' TTFT and TBT CDFs overlaid.
   if (o.variants.empty()) o.variants = {"as-given="};
+  std::vector<sims::plot_series> ttft_cdfs, tbt_cdfs;
+  double ttft_cut = 0;
   std::printf("%-16s %10s %10s %10s %10s %8s %10s %12s\n", "variant", "TTFT p50", "TTFT p99", "TBT p50", "TBT p99",
               "SLO %", "goodput x", "goodput r/s");
   for (const auto& v : o.variants) {
@@ -430,6 +433,17 @@ int run_sim(const std::vector<std::string>& raw) {
       return 2;
     }
     const auto& s = r.summary;
+    if (!o.svg.empty()) {
+      std::vector<double> ttft, tbt;
+      for (const auto& out : r.outcomes) {
+        if (!out.ok) continue;
+        ttft.push_back(static_cast<double>(out.ttft_us) / 1e3);
+        if (out.output_tokens > 1) tbt.push_back(out.tbt_slow10_us / 1e3);
+      }
+      ttft_cdfs.push_back(sims::cdf_of(vname, std::move(ttft)));
+      tbt_cdfs.push_back(sims::cdf_of(vname, std::move(tbt)));
+      ttft_cut = std::max(ttft_cut, s.ttft_ms.p99);
+    }
     // At the top of the range the knee was not found: "at least" (">=").
     char g[2][32];
     std::snprintf(g[0], sizeof g[0], "%s%.3f", scale >= vo.hi ? ">=" : "", scale);
@@ -437,6 +451,21 @@ int run_sim(const std::vector<std::string>& raw) {
     std::printf("%-16s %10.0f %10.0f %10.1f %10.1f %8.1f %10s %12s\n", vname.c_str(), s.ttft_ms.p50, s.ttft_ms.p99,
                 s.tbt_ms.p50, s.tbt_ms.p99, 100 * s.slo_attainment, g[0], g[1]);
     std::fflush(stdout);
+  }
+  if (!o.svg.empty()) {
+    for (const auto& [path, text] :
+         {std::pair{o.svg + "-ttft.svg", sims::svg_plot("TTFT CDF by variant (to the largest p99)", "TTFT (ms)",
+                                                       "fraction of requests", ttft_cdfs, ttft_cut)},
+          std::pair{o.svg + "-tbt.svg", sims::svg_plot("TBT CDF by variant (slowest 10% of each request's intervals)",
+                                                      "TBT (ms)", "fraction of requests", tbt_cdfs)}}) {
+      std::ofstream out(path);
+      out << text;
+      if (!out) {
+        std::fprintf(stderr, "baton sim: cannot write %s\n", path.c_str());
+        return 1;
+      }
+    }
+    std::printf("plots: %s-ttft.svg, %s-tbt.svg (one CDF per variant)\n", o.svg.c_str(), o.svg.c_str());
   }
   return 0;
 }
