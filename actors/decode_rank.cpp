@@ -339,7 +339,10 @@ void maybe_step(decode_pointer self) {
   // Local prompts start only while fewer than max_batch_size sequences run (decoding or
   // prefilling), as vLLM's max_num_seqs: beyond that they queue, and their TTFT shows it.
   size_t running = st.batch.size();
-  for (const auto& p : st.local_prefills) running += p.next_pos > 0 ? 1 : 0;
+  for (const auto& p : st.local_prefills) {  // started prompts are a prefix of the queue
+    if (p.next_pos == 0) break;
+    ++running;
+  }
   gpu::forward_job job{++st.last_job, {}, gpu::forward_job::decode};
   st.step_leases.clear();
   st.step_chunks.clear();
