@@ -29,6 +29,8 @@ struct sim_options {
   // Synthetic arrivals when no --trace is given.
   float synthetic_rate = 2.0f, synthetic_duration_s = 60.0f, arrival_cv = 1.0f;
   uint32_t input_mean = 2048, output_mean = 256;
+  float day_s = 0, day_swing = 0.5f;  ///< a diurnal day: its period, and the rate's swing
+  uint32_t alt_input_mean = 512, alt_output_mean = 1024;  ///< the workload half a day later
   float ttft_slo_ms = 2000.0f, tbt_slo_ms = 100.0f;
   std::string report;
   std::string svg;  ///< prefix of the plots' files
@@ -104,6 +106,11 @@ void add_sim_flags(flag_set& f, sim_options* o) {
   f.add("--arrival-cv", &o->arrival_cv, "synthetic: 1 = Poisson, > 1 = bursty (gamma)");
   f.add("--input-mean", &o->input_mean, "synthetic: mean prompt tokens (lognormal, cv 1)");
   f.add("--output-mean", &o->output_mean, "synthetic: mean output tokens (lognormal, cv 1)");
+  f.add("--day-s", &o->day_s,
+        "synthetic: a diurnal day of this period: the rate swings, the mix drifts to --alt-* and back (0: steady)");
+  f.add("--day-swing", &o->day_swing, "synthetic day: the rate's relative swing, in [0, 1)");
+  f.add("--alt-input-mean", &o->alt_input_mean, "synthetic day: mean prompt tokens half a day later");
+  f.add("--alt-output-mean", &o->alt_output_mean, "synthetic day: mean output tokens half a day later");
   f.add("--seed", &o->cfg.seed, "synthetic arrivals' seed (a replayed trace samples nothing)");
   f.add("--model", &o->cfg.model, "model shape: llama-3-8b | llama-3-70b | qwen3-32b | deepseek-v3");
   f.add("--prefill-gpu", &o->cfg.prefill_gpu, "GPU of prefill instances: H200 | H100 | H800 | RTX4090 | RTXPRO6000");
@@ -185,6 +192,10 @@ bool make_trace(const sim_options& o, double scale, sims::trace* t, std::string*
   s.arrival_cv = o.arrival_cv;
   s.input = {sims::length_dist::lognormal, static_cast<double>(o.input_mean), 1.0, 1, 32768};
   s.output = {sims::length_dist::lognormal, static_cast<double>(o.output_mean), 1.0, 1, 4096};
+  s.period_s = o.day_s;
+  s.rate_swing = o.day_s > 0 ? o.day_swing : 0.0;
+  s.alt_input = {sims::length_dist::lognormal, static_cast<double>(o.alt_input_mean), 1.0, 1, 32768};
+  s.alt_output = {sims::length_dist::lognormal, static_cast<double>(o.alt_output_mean), 1.0, 1, 4096};
   s.seed = o.cfg.seed;
   if (auto e = s.validate(); !e.empty()) {
     *why = e;

@@ -26,6 +26,11 @@ std::string synthetic_spec::validate() const {
   for (const auto* d : {&input, &output})
     if (d->min == 0 || d->min > d->max || (d->kind != length_dist::uniform && !(d->mean > 0)) || !(d->cv >= 0))
       return "length distributions: need 1 <= min <= max, cv >= 0, and mean > 0 unless uniform";
+  if (period_s < 0 || !(rate_swing >= 0 && rate_swing < 1)) return "a diurnal day needs period_s >= 0 and 0 <= rate_swing < 1";
+  if (period_s > 0)
+    for (const auto* d : {&alt_input, &alt_output})
+      if (d->min == 0 || d->min > d->max || (d->kind != length_dist::uniform && !(d->mean > 0)) || !(d->cv >= 0))
+        return "a diurnal day's alternative lengths: need 1 <= min <= max, cv >= 0, and mean > 0 unless uniform";
   return {};
 }
 
@@ -240,7 +245,13 @@ trace synthetic_trace(const synthetic_spec& spec) {
   // Inter-arrival times: exponential (cv 1) or gamma with shape 1/cv^2 (burstier for cv > 1),
   // mean 1/rate either way.
   const double shape = 1.0 / (spec.arrival_cv * spec.arrival_cv);
-  std::gamma_distribution<double> gap{shape, 1.0 / (spec.rate_per_s * shape)};
+  // A diurnal day thins arrivals drawn at the peak rate (Lewis-Shedler): each is kept with
+  // probability rate(t) / peak.
+  const bool day = spec.period_s > 0;
+  const double peak = spec.rate_per_s * (day ? 1.0 + spec.rate_swing : 1.0);
+  std::gamma_distribution<double> gap{shape, 1.0 / (peak * shape)};
+  std::uniform_real_distribution<double> coin{0.0, 1.0};
+  constexpr double two_pi = 6.283185307179586;
   auto draw = [&](const length_dist& d) -> uint32_t {
     double v = d.mean;
     if (d.kind == length_dist::uniform) {
@@ -255,10 +266,19 @@ trace synthetic_trace(const synthetic_spec& spec) {
   for (uint64_t i = 0;; ++i) {
     t += gap(rng);
     if (t >= spec.duration_s) break;
+    bool alt = false;
+    if (day) {
+      const double phase = two_pi * t / spec.period_s;
+      if (coin(rng) * peak > spec.rate_per_s * (1.0 + spec.rate_swing * std::sin(phase))) {
+        --i;
+        continue;
+      }
+      alt = coin(rng) < (1.0 - std::cos(phase)) / 2.0;
+    }
     trace_request r;
     r.arrival_us = static_cast<int64_t>(std::llround(t * 1e6));
-    r.input_tokens = draw(spec.input);
-    r.output_tokens = draw(spec.output);
+    r.input_tokens = draw(alt ? spec.alt_input : spec.input);
+    r.output_tokens = draw(alt ? spec.alt_output : spec.output);
     r.id = "synthetic " + std::to_string(i);
     out.requests.push_back(std::move(r));
     ++out.lines;

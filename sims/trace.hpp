@@ -63,6 +63,14 @@ struct synthetic_spec {
   double duration_s = 60.0;
   double arrival_cv = 1.0;  ///< 1: Poisson; > 1: bursty (gamma inter-arrivals with this cv)
   length_dist input, output;
+  /// A diurnal day (elastic P/D): with period_s > 0, the arrival rate follows
+  /// rate_per_s x (1 + rate_swing x sin(2 pi t / period_s)), and the workload drifts from the
+  /// input/output distributions at the period's start to alt_input/alt_output half a period
+  /// later and back: a request draws from the alternative with probability (1 - cos(2 pi t /
+  /// period_s)) / 2.
+  double period_s = 0;
+  double rate_swing = 0;  ///< in [0, 1)
+  length_dist alt_input, alt_output;
   uint64_t seed = 1;
   std::string validate() const;
 };
