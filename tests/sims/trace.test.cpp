@@ -148,3 +148,40 @@ TEST_CASE("synthetic arrivals: the asked rate, bursty with a larger cv, the same
   s.arrival_cv = 4;
   CHECK(per_second_cv(synthetic_trace(s)) > 2 * per_second_cv(a));
 }
+
+TEST_CASE("synthetic day: the rate swings with the period and the mix drifts to the alternative lengths and back") {
+  synthetic_spec s;
+  s.rate_per_s = 20;
+  s.duration_s = 4000;
+  s.period_s = 4000;
+  s.rate_swing = 0.5;
+  s.input = {length_dist::fixed, 4096, 1, 4096, 4096};
+  s.output = {length_dist::fixed, 64, 1, 64, 64};
+  s.alt_input = {length_dist::fixed, 512, 1, 512, 512};
+  s.alt_output = {length_dist::fixed, 1024, 1, 1024, 1024};
+  REQUIRE(s.validate().empty());
+  const auto t = synthetic_trace(s);
+  // Quarters of the day: the rate peaks in the first two (sin > 0) and dips in the last two;
+  // the alternative workload is rare near the start and dominant near the middle.
+  size_t n[4] = {}, alt[4] = {}, mixed = 0;
+  const int64_t first = 0;  // (arrivals count from the first one, a fraction of a second in)
+  for (const auto& r : t.requests) {
+    const size_t q = std::min<size_t>(3, static_cast<size_t>((r.arrival_us - first) / 1'000'000 / 1000));
+    ++n[q];
+    alt[q] += r.input_tokens == 512 ? 1 : 0;
+    mixed += (r.input_tokens == 512) != (r.output_tokens == 1024);  // a request is one workload or the other
+  }
+  CHECK(mixed == 0);
+  // Expected counts per quarter: 20/s x 1000 s x (1 +- 0.5 x 2/pi) = 20,000 +- 6,366.
+  CHECK(n[0] > 24000);
+  CHECK(n[1] > 24000);
+  CHECK(n[2] < 16000);
+  CHECK(n[3] < 16000);
+  // Alternative share: 1/2 - 1/pi in the first and last quarters (0.18), 1/2 + 1/pi in the middle ones (0.82).
+  CHECK(static_cast<double>(alt[0]) / n[0] < 0.25);
+  CHECK(static_cast<double>(alt[1]) / n[1] > 0.75);
+  CHECK(static_cast<double>(alt[2]) / n[2] > 0.75);
+  CHECK(static_cast<double>(alt[3]) / n[3] < 0.25);
+  s.rate_swing = 1.0;
+  CHECK(s.validate() == "a diurnal day needs period_s >= 0 and 0 <= rate_swing < 1");
+}
