@@ -85,6 +85,10 @@ struct io_context {
   ~io_context() {
     if (staging_region) xport->deregister_region(staging_region);
     if (write_key) xport->deregister_region(write_key->region_id);
+    // The transport goes (with its progress thread) before the buffers: members die in reverse
+    // order, so the staging vectors would be freed first, and a writer's put still arriving
+    // (UCX over TCP copies into the raw address) wrote into freed memory at shutdown.
+    xport.reset();
   }
   // Results handed from the I/O thread to the actor, by job id.
   std::mutex mutex;

@@ -115,7 +115,7 @@ struct decode_state {
   std::optional<store::server_ring> ring;  ///< which block servers hold a key
   std::vector<bool> server_down;           ///< block servers seen to stop: write-backs go to the next live ones
   // Write-back: a registered staging buffer, its ranges per job, and the puts in flight.
-  std::vector<std::byte> write_staging;
+  std::shared_ptr<std::vector<std::byte>> write_buf = std::make_shared<std::vector<std::byte>>();  ///< write-back staging
   std::optional<transport::region_key> write_key;
   store::staging_pool write_slots{0};
   std::unordered_map<uint64_t, write_job> writes;
@@ -250,7 +250,10 @@ bool resume_oldest(decode_pointer self) {
   auto& p = st.paused.front();
   // On demand, only with room for its next page beyond the watermark: coming back to be
   // preempted again at once would only copy pages to and fro.
-  if (on_demand(st) && st.core.exec->kv().num_free_pages() < p.host_slots.size() + 1 + watermark_pages(st)) return false;
+  // (With nothing running, nothing else can use the pages: it comes back if it fits at all.)
+  if (on_demand(st) && !st.batch.empty() &&
+      st.core.exec->kv().num_free_pages() < p.host_slots.size() + 1 + watermark_pages(st))
+    return false;
   auto pages = st.core.exec->kv().kv_page_alloc(static_cast<uint32_t>(p.host_slots.size()));
   if (!pages) return false;
   auto& l = st.leases.at(p.seq.lease_id);
@@ -372,8 +375,10 @@ void maybe_step(decode_pointer self) {
   for (auto& p : st.local_prefills) {
     if (left == 0) break;
     if (p.next_pos == 0 && running >= st.cfg.max_batch_size) break;  // no room to start another
+    auto li = st.leases.find(p.lease_id);
+    if (li == st.leases.end()) break;  // gone (released): the queue's front is cleaned up next step
     if (p.next_pos == 0) ++running;
-    const auto& l = st.leases.at(p.lease_id);
+    const auto& l = li->second;
     const auto total = static_cast<uint32_t>(p.order.tokens.size());
     const uint32_t len = std::min(left, total - p.next_pos);
     if (p.queue_us < 0) p.queue_us = micros(self->clock().now() - p.arrived_at);
@@ -385,7 +390,20 @@ void maybe_step(decode_pointer self) {
     st.core.log->add({0, "local_chunk", p.order.request_id, p.num_chunks++, 0, {}, {}});
     left -= len;
   }
-  if (job.seqs.empty()) return;
+  if (job.seqs.empty()) {
+    // On demand with host memory full, every running sequence may be waiting for a page that
+    // nothing will free: give up the youngest (its request re-places itself) so the rest move.
+    if (on_demand(st) && !st.batch.empty() && !st.step_in_flight) {
+      const uint64_t victim = st.batch.back().lease_id;
+      auto& l = st.leases.at(victim);
+      l.promise.deliver(make_error(errc::kv_capacity, where(l.request_id, st.cfg.name, "decode") +
+                                                          ": out of KV pages and host memory for its next token"));
+      st.batch.pop_back();
+      free_lease(self, victim);
+      return maybe_step(self);
+    }
+    return;
+  }
   st.step_in_flight = true;
   st.step_started = self->clock().now();
   st.core.exec->submit(std::move(job), std::make_shared<forwarding_sink>(self->address()));
@@ -401,6 +419,12 @@ bool finish_local_chunk(decode_pointer self, local_prefill& p, std::vector<float
     return true;
   }
   auto& l = li->second;
+  if (l.release_after_step) {  // released (cancelled) while its chunk ran
+    p.promise.deliver(make_error(errc::cancelled, where(p.order.request_id, st.cfg.name, "prefill") +
+                                                      ": the lease was released during the local prefill"));
+    free_lease(self, p.lease_id);
+    return true;
+  }
   l.expires_at = self->clock().now() + std::chrono::milliseconds{l.lease_ms};  // progress renews
   if (p.next_pos < p.order.tokens.size()) return false;
   const gpu::sampling_config sc{p.order.temperature, p.order.seed, p.order.top_k, p.order.top_p,
@@ -529,7 +553,7 @@ void write_back(decode_pointer self, const lease& l) {
     for (uint32_t layer = 0; layer < lay.num_layers; ++layer) {
       w.checksums.push_back(std::max<uint64_t>(1, kv.kv_layer_checksum(layer, pages, ppb)));
       for (uint32_t p = 0; p < ppb; ++p)
-        std::memcpy(st.write_staging.data() + *off + (uint64_t{layer} * ppb + p) * lay.page_bytes(),
+        std::memcpy(st.write_buf->data() + *off + (uint64_t{layer} * ppb + p) * lay.page_bytes(),
                     kv.data() + lay.offset_bytes(layer, pages[p]), lay.page_bytes());
     }
     const auto servers = st.ring->servers_for(keys[k], st.store.replicas, &st.server_down);
@@ -650,11 +674,12 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
                                lay.num_layers, lay.num_pages, lay.page_size_tokens, lay.kv_dim};
   }
   if (st.store.enabled() && st.core.setup_error.empty()) {
-    st.write_staging.resize(st.store.max_pending_write_bytes);
+    st.write_buf->resize(st.store.max_pending_write_bytes);
+    st.core.outlive_transport->push_back(st.write_buf);  // in-flight puts read it until the transport goes
     transport::xfer_error err;
-    st.write_key = st.core.xport->register_region(st.write_staging.data(), st.write_staging.size(), &err);
+    st.write_key = st.core.xport->register_region(st.write_buf->data(), st.write_buf->size(), &err);
     if (st.write_key) {
-      st.write_slots = store::staging_pool{st.write_staging.size()};
+      st.write_slots = store::staging_pool{st.write_buf->size()};
       self->attach_functor([x = st.core.xport, id = st.write_key->region_id] { x->deregister_region(id); });
     }
   }
@@ -664,6 +689,9 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
         auto& s = self->state;
         const auto stage = where(req.request_id, s.cfg.name, "kv_reserve");
         if (!s.core.setup_error.empty()) return make_error(errc::executor_failed, stage + ": " + s.core.setup_error);
+        // On standby the executor's pool belongs to this instance's other role: a placement made
+        // before the switch must go elsewhere.
+        if (s.cfg.standby) return make_error(errc::rank_unavailable, stage + ": on standby (serving as prefill)");
         auto& pool = s.core.exec->kv();
         const uint32_t need = pages_to_reserve(s, req);
         if (s.reserves.empty() && s.paused.empty() && pool.num_free_pages() >= need + watermark_pages(s))
@@ -838,6 +866,10 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
         auto i = s.leases.find(lease_id);
         if (i == s.leases.end() || i->second.decoding) return;
         const auto now = self->clock().now();
+        // A prompt queued or computing on this rank (hybrid PD) is progress, not an abandoned
+        // lease: its wait is this rank's doing. (A cancel releases it.)
+        if (std::any_of(s.local_prefills.begin(), s.local_prefills.end(), [&](auto& p) { return p.lease_id == lease_id; }))
+          i->second.expires_at = now + std::chrono::milliseconds{i->second.lease_ms};
         if (now < i->second.expires_at) {  // renewed since this timer was set
           self->delayed_send(self, i->second.expires_at - now, expire_atom::value, lease_id);
           return;

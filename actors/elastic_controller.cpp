@@ -68,13 +68,16 @@ void continue_move(pointer self) {
   auto& inst = st.elastic[m.instance];
   auto& rec = st.log[m.log_index];
   if (seconds_since(self, m.decided) * 1e3 > st.cfg.drain_timeout_ms) {
-    rec.state = "abandoned";  // it keeps serving its old role, drained; say so and move on
+    // It keeps its old role but stays drained (balancers have no undrain yet): say so, move on.
+    rec.state = "abandoned";
     st.move.reset();
     return;
   }
+  const size_t this_move = m.log_index;
   auto finish = [=](bool ok) {
     auto& st = self->state;
-    if (!ok || !st.move) return;  // still busy: the next tick asks again
+    // Still busy (the next tick asks again), or the answer of a move since abandoned.
+    if (!ok || !st.move || st.move->log_index != this_move) return;
     auto& m = *st.move;
     auto& inst = st.elastic[m.instance];
     if (m.to_prefill) {

@@ -58,11 +58,12 @@ void rank_core::start(caf::local_actor* self, std::shared_ptr<gpu::executor> exe
   // progress thread (no peer's put can land in the pool any more), and only then is the pool's
   // memory freed with the executor. Freed in the other order, a put arriving from a peer wrote
   // into freed memory (seen as a SIGSEGV in ucp_put_handler when a decode node lost its head).
-  self->attach_functor([xp = xport, ex = exec, region = pool_key->region_id]() mutable {
+  self->attach_functor([xp = xport, ex = exec, region = pool_key->region_id, keep = outlive_transport]() mutable {
     ex->stop();
     xp->deregister_region(region);
     xp.reset();
     ex.reset();
+    keep.reset();  // other registered buffers, freed only now
   });
 }
 

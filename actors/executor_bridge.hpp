@@ -122,6 +122,10 @@ struct rank_core {
   std::shared_ptr<event_log> log = std::make_shared<event_log>();
   std::optional<transport::region_key> pool_key;  ///< how peers address this rank's KV pool
   std::string setup_error;                        ///< non-empty: the rank refuses work, saying why
+  /// Buffers registered with the transport besides the pool (a decode rank's write-back
+  /// staging): kept until the transport is gone, since the actor's state is destroyed first.
+  std::shared_ptr<std::vector<std::shared_ptr<void>>> outlive_transport =
+      std::make_shared<std::vector<std::shared_ptr<void>>>();
 
   /// Binds the executor to the actor's timers and registers the KV pool with the transport; the
   /// pool is deregistered when the actor terminates.

@@ -396,6 +396,9 @@ caf::result<prefill_result> accept_prefill(prefill_pointer self, prefill_order o
   const auto rid = order.request_id;
   const auto stage = where(rid, st.cfg.name, "prefill");
   if (!st.core.setup_error.empty()) return make_error(errc::executor_failed, stage + ": " + st.core.setup_error);
+  // On standby the executor's pool belongs to this instance's other role: a placement made
+  // before the switch must go elsewhere.
+  if (st.cfg.standby) return make_error(errc::rank_unavailable, stage + ": on standby (serving as decode)");
   // The same request again: an earlier attempt of it, which its request actor has given up on
   // (it re-placed itself after losing its decode rank, say) and which may have landed here
   // again. The newer attempt supersedes it: a waiting one is dropped, a running one is stopped

@@ -67,12 +67,12 @@ caf::actor_clock::time_point book(pointer self, double real_bytes, uint32_t part
     start = std::max(start, it->second);
     gbps = std::min(gbps, st.model.pcie_gbps);
   }
-  start += std::chrono::nanoseconds{std::llround(st.model.latency_us * 1e3)};
   const double total_ns = real_bytes / (gbps * 1e9) * 1e9;
   *per = std::chrono::nanoseconds{std::llround(total_ns / std::max(1u, parts))};
   st.busy_until = start + *per * std::max(1u, parts);
   if (pcie) (*st.model.pcie_free)[reader] = st.busy_until;
-  return start;
+  // The access latency delays this transfer's data, not the queue behind it.
+  return start + std::chrono::nanoseconds{std::llround(st.model.latency_us * 1e3)};
 }
 
 /// Announces layer `l` of a read, then (after the next share of queue time) the next one; the

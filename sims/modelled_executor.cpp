@@ -81,9 +81,11 @@ private:
       }
       // Whichever comes first -- the gate's change or a timeout with no change -- resumes it.
       auto resumed = std::make_shared<bool>(false);
-      auto resume = [this, job, sink, layer, layer_ns, span, resumed](bool timeout) {
+      auto gate = s.gate;
+      auto resume = [this, job, sink, layer, layer_ns, span, resumed, gate](bool timeout) {
         if (*resumed) return;
         *resumed = true;
+        if (timeout) gate->notify_once({});  // drop the listener: it holds this job
         step_layer(job, sink, layer, layer_ns, span, timeout ? gate_timeout.count() : 0);
       };
       if (s.gate->notify_once([this, resume] { runner_->run_after(std::chrono::nanoseconds{0}, [resume] { resume(false); }); }))
