@@ -46,6 +46,7 @@ struct sim_options {
   float pcie_gbps = 0.0f;
   float sample_s = 10.0f;
   float elastic_interval_s = 5.0f;
+  float elastic_hot = 0.8f, elastic_cold = 0.4f;
   std::string cost_profile;
   bool free_links = false;
 };
@@ -59,6 +60,8 @@ bool finish_options(sim_options* o, std::string* why) {
   o->cfg.pcie_gbps = o->pcie_gbps;
   o->cfg.sample_s = o->sample_s;
   o->cfg.elastic_interval_s = o->elastic_interval_s;
+  o->cfg.elastic_hot = o->elastic_hot;
+  o->cfg.elastic_cold = o->elastic_cold;
   o->cfg.use_cost_profile = !o->cost_profile.empty();
   if (o->cfg.use_cost_profile) {
     executor_profile p;
@@ -122,6 +125,8 @@ void add_sim_flags(flag_set& f, sim_options* o) {
         "elastic P/D: instances (of the decode GPU) that the controller moves between prefill and decode");
   f.add("--elastic-prefill", &o->cfg.elastic_prefill_at_start, "elastic P/D: of them, how many start as prefill");
   f.add("--elastic-interval-s", &o->elastic_interval_s, "elastic P/D: how often the controller plans");
+  f.add("--elastic-hot", &o->elastic_hot, "elastic P/D: pool pressure (mean signal / SLO target) that needs ranks");
+  f.add("--elastic-cold", &o->elastic_cold, "elastic P/D: pool pressure at which a pool can give a rank");
   f.add("--colocated", &o->cfg.colocated, "the colocated baseline: chunked prefill on the decode instances");
   f.add("--chunk-tokens", &o->cfg.colocated_chunk_tokens, "colocated: tokens per step (max_num_batched_tokens)");
   f.add("--max-batch", &o->cfg.max_batch, "sequences per decode step (max_num_seqs)");
