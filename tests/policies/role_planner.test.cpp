@@ -70,17 +70,16 @@ TEST_CASE("role planner: KV occupancy alone makes the decode pool hot") {
   CHECK(m->rank == "prefill-1");  // 2 running against prefill-0's 3
 }
 
-TEST_CASE("role planner: a load that flips faster than the dwell time cannot make ranks oscillate") {
+/// Drives a planner second by second for `seconds`, the load prefill-heavy while
+/// `prefill_heavy(t)`; each move is applied to the cluster the planner sees next.
+template <class Heavy>
+std::vector<std::pair<double, role_move>> drive(std::vector<rank_signal>& ranks, double seconds, Heavy prefill_heavy) {
   role_planner planner{config()};
-  auto ranks = cluster(3000, 20);
   std::vector<std::pair<double, role_move>> moves;
-  // Every 15 s the load flips between prefill-heavy and decode-heavy, for an hour; each move is
-  // applied to the cluster the planner sees next.
-  for (double t = 0; t < 3600; t += 1) {
-    const bool prefill_heavy = static_cast<int>(t / 15) % 2 == 0;
+  for (double t = 0; t < seconds; t += 1) {
     for (auto& r : ranks) {
-      r.predicted_queue_ms = prefill_heavy ? 3000 : 100;
-      r.step_ms = prefill_heavy ? 20 : 95;
+      r.predicted_queue_ms = prefill_heavy(t) ? 3000 : 100;
+      r.step_ms = prefill_heavy(t) ? 20 : 95;
     }
     if (auto m = planner.plan(t, ranks)) {
       for (auto& r : ranks)
@@ -88,27 +87,21 @@ TEST_CASE("role planner: a load that flips faster than the dwell time cannot mak
       moves.push_back({t, *m});
     }
   }
+  return moves;
+}
+
+TEST_CASE("role planner: a load that flips faster than the dwell time cannot make ranks oscillate") {
+  // Every 15 s the load flips between prefill-heavy and decode-heavy, for an hour.
+  auto ranks = cluster(3000, 20);
+  auto moves = drive(ranks, 3600, [](double t) { return static_cast<int>(t / 15) % 2 == 0; });
   // Averaged over a minute, a load flipping every 15 s is neither hot nor cold: nothing moves,
   // but for the first phase, which is all the planner has seen when it holds for 10 s.
   REQUIRE(moves.size() <= 1);
   if (!moves.empty()) CHECK(moves[0].first == 10);
-  moves.clear();
   // A lasting shift does move ranks, never faster than the cooldown nor a rank again within its
   // dwell time: 20 minutes prefill-heavy, then 20 decode-heavy.
   ranks = cluster(3000, 20);
-  role_planner shift{config()};
-  for (double t = 0; t < 2400; t += 1) {
-    const bool prefill_heavy = t < 1200;
-    for (auto& r : ranks) {
-      r.predicted_queue_ms = prefill_heavy ? 3000 : 100;
-      r.step_ms = prefill_heavy ? 20 : 95;
-    }
-    if (auto m = shift.plan(t, ranks)) {
-      for (auto& r : ranks)
-        if (r.name == m->rank) r.role = m->to;
-      moves.push_back({t, *m});
-    }
-  }
+  moves = drive(ranks, 2400, [](double t) { return t < 1200; });
   REQUIRE(moves.size() >= 2);
   CHECK(moves.front().second.to == rank_role::prefill);
   CHECK(moves.front().first == 10);
