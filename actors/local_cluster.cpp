@@ -1,6 +1,7 @@
 #include "actors/local_cluster.hpp"
 
 #include <caf/actor_system.hpp>
+#include <caf/monitorable_actor.hpp>
 #include <caf/scoped_actor.hpp>
 #include <caf/send.hpp>
 
@@ -155,6 +156,11 @@ local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_co
     out.elastic.push_back({name, spawn_prefill_rank(sys, pc, exec, make_transport(name), out.prefill_balancer, access),
                            spawn_decode_rank(sys, dc, exec, make_transport(name), out.decode_balancer, access),
                            !pc.standby});
+    // One instance, one fate: the two share an executor that either one's exit stops, so a
+    // side that dies takes the other with it (its balancer then forgets it) rather than
+    // leaving it to accept work that never runs.
+    if (auto* p = dynamic_cast<caf::monitorable_actor*>(caf::actor_cast<caf::abstract_actor*>(out.elastic.back().prefill)))
+      p->link_to(out.elastic.back().decode);
   }
   if (!out.elastic.empty()) {
     std::vector<prefill_rank_actor> fp;

@@ -132,3 +132,27 @@ TEST_CASE("elastic P/D: a prefill-heavy load turns a decode instance into a pref
   CHECK(saw(cluster.elastic[1].decode, "role_standby"));
   CHECK(saw(cluster.elastic[1].prefill, "role_active"));
 }
+
+TEST_CASE("elastic P/D: an instance's two actors share one fate -- the side that dies takes the other with it") {
+  test::cluster_system t;
+  local_cluster_config cfg;
+  cfg.num_prefill_ranks = 1;
+  cfg.num_decode_ranks = 1;
+  cfg.num_elastic_ranks = 1;
+  auto cluster = start_local_cluster(t.sys, cfg);
+  test::cluster_system::stopper stop{t, cluster};
+  caf::scoped_actor self{t.sys};
+  self->monitor(cluster.elastic[0].prefill);
+  self->send_exit(cluster.elastic[0].decode, caf::exit_reason::kill);
+  bool down = false;
+  self->receive([&](caf::down_msg& dm) { down = dm.source == caf::actor_cast<caf::actor_addr>(cluster.elastic[0].prefill); },
+                caf::after(std::chrono::seconds{10}) >> [] {});
+  CHECK(down);
+  // The fixed ranks serve on.
+  generate_request req;
+  req.prompt = "still serving";
+  req.max_tokens = 3;
+  auto got = t.generate(cluster.router, req);
+  REQUIRE_MESSAGE(got, t.sys.render(got.error()));
+  CHECK(got->prefill_rank == "prefill-0");
+}
