@@ -110,8 +110,13 @@ bool parse_hf_config_unchecked(const std::string& text, const std::string& sourc
   c.tie_word_embeddings = j.value("tie_word_embeddings", false);
   c.attention_bias = c.architecture == "Qwen2ForCausalLM" || j.value("attention_bias", false);
   c.qk_norm = c.architecture == "Qwen3ForCausalLM";
-  if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) {
-    const auto& rs = j["rope_scaling"];
+  // transformers 5 writes every RoPE setting, theta included, into rope_parameters; 4 wrote
+  // rope_theta at the top and the scaling into rope_scaling. Accept both.
+  const char* rope_key = j.contains("rope_parameters") && j["rope_parameters"].is_object() ? "rope_parameters"
+                                                                                           : "rope_scaling";
+  if (j.contains(rope_key) && j[rope_key].is_object()) {
+    const auto& rs = j[rope_key];
+    if (!float_field(rs, "rope_theta", &c.rope_theta)) return false;
     const std::string type = rs.value("rope_type", rs.value("type", std::string{}));
     if (type == "llama3") {
       c.rope_scaling.type = type;
@@ -122,7 +127,7 @@ bool parse_hf_config_unchecked(const std::string& text, const std::string& sourc
       if (rs.contains("original_max_position_embeddings") && rs["original_max_position_embeddings"].is_number_unsigned())
         c.rope_scaling.original_max_position_embeddings = rs["original_max_position_embeddings"].get<uint32_t>();
     } else if (!type.empty() && type != "default") {
-      return fail("rope_scaling type " + type + " is not supported (llama3 is)");
+      return fail(std::string{rope_key} + " type " + type + " is not supported (llama3 is)");
     }
   }
   auto token_id = [&](const char* key, int32_t* dst) {
