@@ -20,6 +20,27 @@ std::string cpu_executor_config::validate() const {
   return {};
 }
 
+std::string check_forward_job(const forward_job& job, const model_config& cfg, const kv_layout& layout) {
+  const uint32_t page = layout.page_size_tokens;
+  for (const auto& s : job.seqs) {
+    const auto tag = "sequence " + std::to_string(s.seq_id) + ": ";
+    if (s.tokens.empty()) return tag + "no tokens to run";
+    for (auto t : s.tokens)
+      if (t < 0 || static_cast<uint32_t>(t) >= cfg.vocab_size)
+        return tag + "token id " + std::to_string(t) + " outside the vocabulary [0, " +
+               std::to_string(cfg.vocab_size) + ")";
+    const uint64_t end = uint64_t{s.start_pos} + s.tokens.size();
+    if (end > cfg.max_position_embeddings)
+      return tag + "position " + std::to_string(end - 1) + " beyond the context limit " +
+             std::to_string(cfg.max_position_embeddings);
+    if (uint64_t{s.pages.size()} * page < end)
+      return tag + std::to_string(s.pages.size()) + " KV pages cannot hold " + std::to_string(end) + " tokens";
+    for (auto p : s.pages)
+      if (p >= layout.num_pages) return tag + "KV page " + std::to_string(p) + " does not exist";
+  }
+  return {};
+}
+
 namespace {
 
 /// Scratch buffers for one forward pass, sized by its total number of rows.
@@ -92,36 +113,13 @@ private:
         item = std::move(queue_.front());
         queue_.pop_front();
       }
-      if (auto err = check(item.first); !err.empty()) {
+      if (auto err = check_forward_job(item.first, cfg_, kv_.layout()); !err.empty()) {
         item.second->on_failed(item.first.job_id, std::move(err));
         continue;
       }
       item.second->on_started(item.first.job_id);
       forward(item.first, *item.second);
     }
-  }
-
-  /// Jobs come from actors that validated requests, but a wrong page table would scribble over
-  /// another request's KV: refuse it here with a message naming the sequence.
-  std::string check(const forward_job& job) const {
-    const uint32_t page = kv_.layout().page_size_tokens;
-    for (const auto& s : job.seqs) {
-      const auto tag = "sequence " + std::to_string(s.seq_id) + ": ";
-      if (s.tokens.empty()) return tag + "no tokens to run";
-      for (auto t : s.tokens)
-        if (t < 0 || static_cast<uint32_t>(t) >= cfg_.vocab_size)
-          return tag + "token id " + std::to_string(t) + " outside the vocabulary [0, " +
-                 std::to_string(cfg_.vocab_size) + ")";
-      const uint64_t end = uint64_t{s.start_pos} + s.tokens.size();
-      if (end > cfg_.max_position_embeddings)
-        return tag + "position " + std::to_string(end - 1) + " beyond the context limit " +
-               std::to_string(cfg_.max_position_embeddings);
-      if (uint64_t{s.pages.size()} * page < end)
-        return tag + std::to_string(s.pages.size()) + " KV pages cannot hold " + std::to_string(end) + " tokens";
-      for (auto p : s.pages)
-        if (p >= kv_.layout().num_pages) return tag + "KV page " + std::to_string(p) + " does not exist";
-    }
-    return {};
   }
 
   void forward(const forward_job& job, executor_sink& sink) {
@@ -219,26 +217,10 @@ private:
         const uint32_t head = static_cast<uint32_t>(item % c.num_attention_heads), kvh = head / group;
         const auto& pages = job.seqs[rows[r].seq].pages;
         const uint32_t len = rows[r].pos + 1;
-        const float* q = act_.q.data() + r * c.q_dim() + head * hd;
         scores.resize(len);
-        float max_score = -INFINITY;
-        for (uint32_t t = 0; t < len; ++t) {
-          const float* k = kv_.k_at(layer, pages[t / ps], t % ps) + kvh * hd;
-          scores[t] = dot_fixed(q, k, hd) * scale;
-          max_score = std::max(max_score, scores[t]);
-        }
-        float sum = 0.0f;
-        for (uint32_t t = 0; t < len; ++t) {
-          scores[t] = std::exp(scores[t] - max_score);
-          sum += scores[t];
-        }
-        float* out = act_.attn.data() + r * c.q_dim() + head * hd;
-        std::fill_n(out, hd, 0.0f);
-        for (uint32_t t = 0; t < len; ++t) {
-          const float p = scores[t] / sum;
-          const float* v = kv_.v_at(layer, pages[t / ps], t % ps) + kvh * hd;
-          for (uint32_t d = 0; d < hd; ++d) out[d] += p * v[d];
-        }
+        attention_ref(act_.q.data() + r * c.q_dim() + head * hd, len, kv_.k_at(layer, 0, 0), pages.data(), ps,
+                      c.kv_dim(), kv_.layout().page_bytes() / sizeof(float), kvh * hd, hd, scale, scores.data(),
+                      act_.attn.data() + r * c.q_dim() + head * hd);
       }
     });
   }

@@ -1,5 +1,6 @@
 #include "gpu/cpu_kernels.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 #include <cstring>
@@ -128,6 +129,29 @@ void rope_apply(float* x, uint32_t num_heads, uint32_t head_dim, uint32_t pos, f
 
 void swiglu(const float* gate, const float* up, size_t n, float* a) {
   for (size_t i = 0; i < n; ++i) a[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+}
+
+void attention_ref(const float* q, uint32_t len, const float* kv_layer, const uint32_t* pages, uint32_t page_size,
+                   uint32_t kv_dim, uint64_t page_elems, uint32_t kv_offset, uint32_t head_dim, float scale,
+                   float* scores, float* out) {
+  auto k_at = [&](uint32_t t) { return kv_layer + pages[t / page_size] * page_elems + uint64_t{t % page_size} * kv_dim + kv_offset; };
+  const uint64_t v_skip = uint64_t{page_size} * kv_dim;
+  float max_score = -INFINITY;
+  for (uint32_t t = 0; t < len; ++t) {
+    scores[t] = dot_fixed(q, k_at(t), head_dim) * scale;
+    max_score = std::max(max_score, scores[t]);
+  }
+  float sum = 0.0f;
+  for (uint32_t t = 0; t < len; ++t) {
+    scores[t] = std::exp(scores[t] - max_score);
+    sum += scores[t];
+  }
+  std::fill_n(out, head_dim, 0.0f);
+  for (uint32_t t = 0; t < len; ++t) {
+    const float p = scores[t] / sum;
+    const float* v = k_at(t) + v_skip;
+    for (uint32_t d = 0; d < head_dim; ++d) out[d] += p * v[d];
+  }
 }
 
 void add_inplace(float* x, const float* y, size_t n) {

@@ -32,6 +32,15 @@ void rope_apply(float* x, uint32_t num_heads, uint32_t head_dim, uint32_t pos, c
 /// a[i] = silu(gate[i]) · up[i]
 void swiglu(const float* gate, const float* up, size_t n, float* a);
 
+/// Causal attention of one query head over paged KV (the layout of kv_cache, one layer):
+/// out[d] = Σ_t softmax_t(q·k_t · scale) v_t[d] over positions t in [0, len). `kv_layer` is the
+/// layer's base, pages of `page_elems` floats ([k|v][slot][kv_dim]); `kv_offset` picks the KV
+/// head inside a slot (kv_head · head_dim). The CPU executor's attention, and the reference of
+/// the CUDA attention kernel.
+void attention_ref(const float* q, uint32_t len, const float* kv_layer, const uint32_t* pages, uint32_t page_size,
+                   uint32_t kv_dim, uint64_t page_elems, uint32_t kv_offset, uint32_t head_dim, float scale,
+                   float* scores /* [len] scratch */, float* out);
+
 /// In-place x[i] += y[i].
 void add_inplace(float* x, const float* y, size_t n);
 

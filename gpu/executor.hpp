@@ -152,6 +152,11 @@ public:
   virtual void stop() {}
 };
 
+/// Jobs come from actors that validated requests, but a wrong page table would scribble over
+/// another request's KV: every executor refuses such a job with this message naming the
+/// sequence (empty when the job is sound).
+std::string check_forward_job(const forward_job& job, const model_config& cfg, const kv_layout& layout);
+
 /// How the CPU executor is built.
 struct cpu_executor_config {
   unsigned num_threads = 1;      ///< threads doing math (one of them also runs the job queue)

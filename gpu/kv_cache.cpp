@@ -7,11 +7,14 @@
 
 namespace baton::gpu {
 
-kv_cache::kv_cache(kv_layout layout)
+kv_cache::kv_cache(kv_layout layout, bool host_memory)
   : layout_(layout),
-    memory_(static_cast<float*>(std::calloc(std::max<uint64_t>(1, layout.total_bytes() / sizeof(float)), sizeof(float)))),
-    in_use_(layout.num_pages, false) {
-  if (!memory_) throw std::bad_alloc();  // as the vector it replaces would
+    memory_(host_memory ? static_cast<float*>(std::calloc(std::max<uint64_t>(1, layout.total_bytes() / sizeof(float)),
+                                                          sizeof(float)))
+                        : nullptr),
+    in_use_(layout.num_pages, false),
+    gen_(new std::atomic<uint32_t>[layout.num_pages]()) {
+  if (host_memory && !memory_) throw std::bad_alloc();  // as the vector it replaces would
   free_.reserve(layout_.num_pages);
   // Highest id at the bottom so a fresh pool hands out 0, 1, 2, ... in order.
   for (uint32_t p = layout_.num_pages; p-- > 0;) free_.push_back(p);
@@ -24,8 +27,14 @@ std::optional<std::vector<uint32_t>> kv_cache::kv_page_alloc(uint32_t num_pages)
     p = free_.back();
     free_.pop_back();
     in_use_[p] = true;
+    gen_[p].fetch_add(1, std::memory_order_acq_rel);
   }
   return pages;
+}
+
+void kv_cache::note_host_write(const std::vector<uint32_t>& pages) {
+  for (auto p : pages)
+    if (p < layout_.num_pages) gen_[p].fetch_add(1, std::memory_order_acq_rel);
 }
 
 void kv_cache::kv_page_free(const std::vector<uint32_t>& pages) {

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -36,7 +37,9 @@ struct kv_layout {
 /// (incoming KV), each only on pages the owner handed to them.
 class kv_cache {
 public:
-  explicit kv_cache(kv_layout layout);
+  /// `host_memory` false: the allocator alone, no page memory (device-resident benchmarks of
+  /// the CUDA executor, whose pools would not fit in host memory); data() is then null.
+  explicit kv_cache(kv_layout layout, bool host_memory = true);
 
   const kv_layout& layout() const { return layout_; }
   std::byte* data() { return reinterpret_cast<std::byte*>(memory_.get()); }
@@ -59,6 +62,12 @@ public:
   /// A 64-bit checksum of layer `layer` of the first `num_pages` of `pages` (whole pages, in
   /// order): both ends of a KV transfer compute it to prove the layer landed intact.
   uint64_t kv_layer_checksum(uint32_t layer, const std::vector<uint32_t>& pages, uint32_t num_pages) const;
+  /// A page's host-content generation: it changes when the page is allocated and when
+  /// note_host_write names it. A device executor that mirrors pages keeps its copy while the
+  /// generation it uploaded is current. Readable from any thread.
+  uint32_t generation(uint32_t page) const { return gen_[page].load(std::memory_order_acquire); }
+  /// The host bytes of these pages were rewritten outside the executor (a loader, a test).
+  void note_host_write(const std::vector<uint32_t>& pages);
   uint32_t pages_for_tokens(uint32_t num_tokens) const {
     return (num_tokens + layout_.page_size_tokens - 1) / layout_.page_size_tokens;
   }
@@ -73,6 +82,7 @@ private:
   std::unique_ptr<float, free_deleter> memory_;
   std::vector<uint32_t> free_;        ///< back() is handed out next
   std::vector<bool> in_use_;          ///< guards against double free
+  std::unique_ptr<std::atomic<uint32_t>[]> gen_;  ///< per page, see generation()
 };
 
 }  // namespace baton::gpu

@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
-# Packs what the GPU machine needs into .device/ (git-ignored): the built test and bench
-# binaries and every non-glibc shared library they load (CAF, UCX, numa, OpenBLAS, CUDA
-# runtime). Run after ./scripts/build.sh on a machine with nvcc; then, with the device tool:
-#   run(command="scripts/device-check.sh", carry=[".device"])
+# Packs what the GPU machine needs into .device/ (git-ignored, under the 64 MiB a device call
+# carries): the GPU test and bench binaries and every non-glibc shared library they load (CAF is
+# not among them; OpenBLAS, PCRE2, the CUDA runtime are), except cuBLAS, which the GPU machine's
+# own CUDA 13 provides (bench/gpu/h200.sh finds it). Run after ./scripts/build.sh with nvcc; then,
+# with the device tool:
+#   run(command="bench/gpu/h200.sh", carry=[".device"], timeout_s=540)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf .device && mkdir -p .device/bin .device/lib
-bins=(build/tests/baton_gpu_tests build/tests/baton_tests build/deploy/baton build/bench/baton_bench_cpu
-      build/bench/baton_bench_placement build/bench/baton_bench_store)
+bins=(build/tests/baton_gpu_tests build/bench/baton_bench_gpu)
 for b in "${bins[@]}"; do
   [ -x "$b" ] || { echo "device-package: $b missing (build with nvcc first)" >&2; exit 1; }
-  cp "$b" .device/bin/
-  ldd "$b" | awk '/=> \// {print $3}' | grep -v -E '/(libc|libm|libpthread|libdl|librt|libgcc_s|libstdc\+\+|ld-linux)[.-]' |
+  strip -o ".device/bin/$(basename "$b")" "$b"
+  ldd "$b" | awk '/=> \// {print $3}' |
+    grep -v -E '/(libc|libm|libpthread|libdl|librt|libgcc_s|libstdc\+\+|ld-linux|libcublas|libcublasLt)[.-]' |
     while read -r lib; do cp -L -n "$lib" .device/lib/; done
 done
 du -sh .device

@@ -5,10 +5,17 @@
 // include it; the stream is a cudaStream_t passed as void*.
 // Every kernel has a CPU reference in gpu/cpu_kernels.hpp and a conformance test in
 // tests/gpu/cuda_conformance.test.cpp (CTest label "gpu", skipped without a device).
+//
+// Storage types: weights, the matrix-product inputs and the KV pages are `dtype` (fp32 or bf16);
+// the residual stream, matrix-product outputs, norms' and biases' weights and every reduction
+// are fp32. Each launcher returns 0 on success, else the cudaError_t of the launch.
 
 #include <cstdint>
 
 namespace baton::gpu::cuda {
+
+enum class dtype : uint32_t { f32 = 0, bf16 = 1 };
+inline uint32_t dtype_bytes(dtype t) { return t == dtype::f32 ? 4u : 2u; }
 
 /// Number of usable CUDA devices; 0 when the build has no CUDA or the machine has no driver.
 int device_count();
@@ -21,8 +28,131 @@ struct rmsnorm_params {
   uint32_t dim;         ///< values per row (hidden size)
   float eps;            ///< added to the mean square before the reciprocal square root
 };
-/// Returns 0 on success, else the cudaError_t value of the launch.
 int launch_rmsnorm(const rmsnorm_params& p, void* stream);
+
+/// RMSNorm of selected fp32 rows into a matrix-product input of `type` (same lane order as
+/// launch_rmsnorm, so the fp32 case is bit-identical to the CPU reference).
+struct rmsnorm_cast_params {
+  const float* x;           ///< device, fp32 rows of `dim`
+  const uint32_t* row_ids;  ///< device, [rows] which rows of x to normalise; null = 0..rows-1
+  const float* weight;      ///< device, [dim] fp32
+  void* y;                  ///< device, [rows][dim] of `type`
+  uint32_t rows;
+  uint32_t dim;
+  float eps;
+  dtype type;
+};
+int launch_rmsnorm_cast(const rmsnorm_cast_params& p, void* stream);
+
+/// x[r] = table[tokens[r]] (rows of `hidden`), widened to fp32.
+struct embed_params {
+  const void* table;      ///< device, [vocab][hidden] of `type`
+  const int32_t* tokens;  ///< device, [rows] token ids (checked on the host before launch)
+  float* x;               ///< device, [rows][hidden] fp32
+  uint32_t rows;
+  uint32_t hidden;
+  dtype type;
+};
+int launch_embed(const embed_params& p, void* stream);
+
+/// After the fused QKV product: bias (Qwen2), per-head RMSNorm of q and k (Qwen3), RoPE at each
+/// row's position (rotate_half), then K and V written into the row's KV slot. q stays fp32 in
+/// place for attention. Order of operations is the CPU executor's.
+struct qkv_finish_params {
+  float* qkv;                 ///< device, [rows][q_dim + 2·kv_dim] fp32: q | k | v
+  const float* bias;          ///< device, [q_dim + 2·kv_dim] or null
+  const float* q_norm;        ///< device, [head_dim] or null (then k_norm is null too)
+  const float* k_norm;        ///< device, [head_dim]
+  const float* inv_freq;      ///< device, [head_dim / 2] RoPE inverse frequencies (scaling applied)
+  const uint32_t* positions;  ///< device, [rows] absolute position of each row
+  const uint64_t* kv_slot;    ///< device, [rows] element offset of the row's K slot in the layer
+  void* kv_layer;             ///< device, this layer's KV base, `type` elements
+  uint32_t rows;
+  uint32_t num_heads, num_kv_heads, head_dim;
+  uint32_t page_size_tokens;  ///< V of a slot sits page_size_tokens·kv_dim elements after its K
+  float eps;                  ///< for q_norm / k_norm
+  dtype type;
+};
+int launch_qkv_finish(const qkv_finish_params& p, void* stream);
+
+/// Causal attention of each query row over its own sequence's paged KV, positions [0, pos].
+/// Rows are grouped into tiles of consecutive rows of one sequence so K and V are read once per
+/// tile; each row's result does not depend on its tile-mates (batch invariance).
+struct attention_params {
+  const float* q;              ///< device, [rows][q_stride] fp32 (q of the fused qkv)
+  uint32_t q_stride;           ///< floats between rows of q
+  const void* kv_layer;        ///< device, this layer's KV base, `type` elements
+  const uint32_t* positions;   ///< device, [rows] absolute position (attends to 0..pos)
+  const uint32_t* page_table;  ///< device, flat page ids of all sequences
+  const uint32_t* row_pages;   ///< device, [rows] offset of the row's sequence in page_table
+  const uint32_t* tiles;       ///< device, [num_tiles] first row of each tile
+  uint32_t num_tiles;
+  uint32_t tile_rows;          ///< rows per tile at most (the launcher's constant; rows of a tile share a sequence)
+  const uint32_t* tile_count;  ///< device, [num_tiles] rows in each tile (1..tile_rows)
+  void* out;                   ///< device, [rows][num_heads·head_dim] of `type` (input of the o-projection)
+  uint32_t num_heads, num_kv_heads, head_dim;
+  uint32_t page_size_tokens;
+  uint64_t page_elems;         ///< elements per page (K and V of every slot)
+  float scale;                 ///< 1/sqrt(head_dim)
+  dtype type;
+};
+/// The number of rows a tile may hold.
+constexpr uint32_t attention_tile_rows = 4;
+int launch_attention(const attention_params& p, void* stream);
+
+/// a[r][i] = silu(gu[r][i]) · gu[r][f + i] into `type` (the fused gate|up product's output).
+struct swiglu_params {
+  const float* gate_up;  ///< device, [rows][2·f] fp32
+  void* out;             ///< device, [rows][f] of `type`
+  uint32_t rows;
+  uint32_t f;            ///< intermediate size
+  dtype type;
+};
+int launch_swiglu(const swiglu_params& p, void* stream);
+
+/// dst[i] = src[i] converted (either direction between fp32 and `type`; same type copies).
+struct convert_params {
+  const void* src;
+  dtype src_type;
+  void* dst;
+  dtype dst_type;
+  uint64_t n;  ///< elements
+};
+int launch_convert(const convert_params& p, void* stream);
+
+/// Deterministic pseudo-random fill (benchmarks' random weights, made on the device so an
+/// 8B-parameter model costs no host memory): x[i] = offset + scale · u(i), u uniform in [-1, 1).
+struct fill_random_params {
+  void* x;
+  dtype type;
+  uint64_t n;
+  uint64_t seed;
+  float scale;
+  float offset;
+};
+int launch_fill_random(const fill_random_params& p, void* stream);
+
+/// Pages between a device KV pool of `type` and a pinned host staging area of fp32, in the
+/// order the page list gives (one layer): gather packs the listed pages contiguously as fp32;
+/// scatter unpacks fp32 pages into the listed device pages.
+struct kv_pages_params {
+  void* kv_layer;          ///< device, this layer's KV base, `type` elements
+  float* staging;          ///< device, [num_pages][page_elems] fp32
+  const uint32_t* pages;   ///< device, [num_pages]
+  uint32_t num_pages;
+  uint64_t page_elems;
+  dtype type;
+};
+int launch_kv_gather(const kv_pages_params& p, void* stream);
+int launch_kv_scatter(const kv_pages_params& p, void* stream);
+
+/// Read-only bandwidth probe: sums n 16-byte vectors (the HBM floor's ceiling).
+struct read_probe_params {
+  const void* x;
+  uint64_t n16;     ///< 16-byte vectors
+  float* sink;      ///< device, one float (keeps the reads alive)
+};
+int launch_read_probe(const read_probe_params& p, void* stream);
 
 /// Blocking helpers for the conformance tests: copy host <-> device, allocate, free.
 void* device_alloc(uint64_t bytes);

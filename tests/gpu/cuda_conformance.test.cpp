@@ -3,6 +3,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -10,6 +11,7 @@
 #include "gpu/cuda/kernels.hpp"
 #include "tests/test_util.hpp"
 
+using namespace baton;
 using namespace baton::gpu;
 
 TEST_CASE("cuda rmsnorm equals the CPU reference bit for bit" * doctest::skip(cuda::device_count() == 0)) {
@@ -30,4 +32,195 @@ TEST_CASE("cuda rmsnorm equals the CPU reference bit for bit" * doctest::skip(cu
   cuda::device_free(dx);
   cuda::device_free(dw);
   cuda::device_free(dy);
+}
+
+namespace {
+
+/// Device copies that free themselves (tests only).
+struct dev_vec {
+  void* ptr = nullptr;
+  explicit dev_vec(uint64_t bytes) : ptr(cuda::device_alloc(bytes)) {}
+  template <typename T>
+  explicit dev_vec(const std::vector<T>& host) : ptr(cuda::device_alloc(host.size() * sizeof(T))) {
+    cuda::copy_to_device(ptr, host.data(), host.size() * sizeof(T));
+  }
+  ~dev_vec() { cuda::device_free(ptr); }
+  template <typename T>
+  T* as() { return static_cast<T*>(ptr); }
+  template <typename T>
+  std::vector<T> get(size_t n) const {
+    std::vector<T> out(n);
+    cuda::copy_to_host(out.data(), ptr, n * sizeof(T));
+    return out;
+  }
+};
+
+std::vector<float> wavy(size_t n, float a, float b, float scale = 1.0f) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = scale * std::sin(static_cast<float>(i) * a + b);
+  return v;
+}
+
+/// fp32 -> bf16 -> fp32 on the device (round to nearest even), for bf16 inputs of references.
+std::vector<float> through_bf16(const std::vector<float>& x) {
+  dev_vec src{x}, mid{x.size() * 2}, back{x.size() * 4};
+  cuda::launch_convert({src.ptr, cuda::dtype::f32, mid.ptr, cuda::dtype::bf16, x.size()}, nullptr);
+  cuda::launch_convert({mid.ptr, cuda::dtype::bf16, back.ptr, cuda::dtype::f32, x.size()}, nullptr);
+  return back.get<float>(x.size());
+}
+
+float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  float m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("cuda rmsnorm_cast: fp32 equals the CPU reference bit for bit on selected rows; bf16 rounds it" *
+          doctest::skip(cuda::device_count() == 0)) {
+  const uint32_t rows = 5, dim = 200;
+  auto x = wavy(rows * dim, 0.3f, 0.1f, 2.0f), w = wavy(dim, 0.05f, 1.0f);
+  std::vector<uint32_t> ids{4, 1};
+  dev_vec dx{x}, dw{w}, did{ids}, dy{ids.size() * dim * 4};
+  REQUIRE(cuda::launch_rmsnorm_cast({dx.as<float>(), did.as<uint32_t>(), dw.as<float>(), dy.ptr, 2, dim, 1e-6f, cuda::dtype::f32}, nullptr) == 0);
+  auto got = dy.get<float>(2 * dim);
+  std::vector<float> ref(dim);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    rmsnorm(x.data() + ids[i] * dim, w.data(), 1, dim, 1e-6f, ref.data());
+    CHECK(test::same_bits(std::vector<float>(got.begin() + i * dim, got.begin() + (i + 1) * dim), ref));
+  }
+  dev_vec db{uint64_t{2} * dim * 2}, dback{uint64_t{2} * dim * 4};
+  REQUIRE(cuda::launch_rmsnorm_cast({dx.as<float>(), did.as<uint32_t>(), dw.as<float>(), db.ptr, 2, dim, 1e-6f, cuda::dtype::bf16}, nullptr) == 0);
+  cuda::launch_convert({db.ptr, cuda::dtype::bf16, dback.ptr, cuda::dtype::f32, 2 * dim}, nullptr);
+  CHECK(test::same_bits(dback.get<float>(2 * dim), through_bf16(got)));
+}
+
+TEST_CASE("cuda embed, swiglu and convert equal their CPU references" * doctest::skip(cuda::device_count() == 0)) {
+  const uint32_t vocab = 11, hidden = 70, rows = 4, f = 33;
+  auto table = wavy(vocab * hidden, 0.11f, 0.2f);
+  std::vector<int32_t> tokens{3, 10, 0, 3};
+  dev_vec dt{table}, dtok{tokens}, dx{rows * hidden * 4};
+  REQUIRE(cuda::launch_embed({dt.ptr, dtok.as<int32_t>(), dx.as<float>(), rows, hidden, cuda::dtype::f32}, nullptr) == 0);
+  auto x = dx.get<float>(rows * hidden);
+  for (uint32_t r = 0; r < rows; ++r)
+    CHECK(std::equal(x.begin() + r * hidden, x.begin() + (r + 1) * hidden, table.begin() + tokens[r] * hidden));
+
+  auto gu = wavy(rows * 2 * f, 0.7f, 0.3f, 3.0f);
+  dev_vec dgu{gu}, dout{rows * f * 4};
+  REQUIRE(cuda::launch_swiglu({dgu.as<float>(), dout.ptr, rows, f, cuda::dtype::f32}, nullptr) == 0);
+  auto got = dout.get<float>(rows * f);
+  std::vector<float> ref(rows * f);
+  for (uint32_t r = 0; r < rows; ++r) swiglu(gu.data() + r * 2 * f, gu.data() + r * 2 * f + f, f, ref.data() + r * f);
+  CHECK(max_abs_diff(got, ref) <= 1e-5f);
+
+  // bf16 rounding is to nearest even: 1 + 2^-8 is a tie between 1 and 1 + 2^-7, and goes to 1.
+  auto r = through_bf16({1.0f + 1.0f / 256, 1.0f + 3.0f / 256, -2.5f});
+  CHECK(r == std::vector<float>{1.0f, 1.0f + 4.0f / 256, -2.5f});
+}
+
+TEST_CASE("cuda qkv_finish equals bias, per-head norm and RoPE of the CPU reference, and stores K and V in their slots" *
+          doctest::skip(cuda::device_count() == 0)) {
+  const uint32_t heads = 4, kv_heads = 2, hd = 16, qd = heads * hd, kvd = kv_heads * hd, stride = qd + 2 * kvd;
+  const uint32_t rows = 3, ps = 4, pages = 3;
+  const uint64_t pe = 2ull * ps * kvd;
+  auto qkv = wavy(rows * stride, 0.37f, 0.5f, 1.5f), bias = wavy(stride, 0.9f, 0.2f, 0.3f);
+  auto qn = wavy(hd, 0.2f, 1.2f), kn = wavy(hd, 0.3f, 0.4f);
+  std::vector<float> inv(hd / 2);
+  for (uint32_t i = 0; i < hd / 2; ++i) inv[i] = 1.0f / std::pow(10000.0f, 2.0f * i / hd);
+  std::vector<uint32_t> pos{5, 6, 9};
+  std::vector<uint64_t> slot;
+  for (auto p : pos) slot.push_back(uint64_t{(p / ps + 1) % pages} * pe + (p % ps) * kvd);  // pages out of order
+  dev_vec dq{qkv}, db{bias}, dqn{qn}, dkn{kn}, dinv{inv}, dpos{pos}, dslot{slot}, dkv{pages * pe * 4};
+  REQUIRE(cuda::launch_qkv_finish({dq.as<float>(), db.as<float>(), dqn.as<float>(), dkn.as<float>(), dinv.as<float>(),
+                                   dpos.as<uint32_t>(), dslot.as<uint64_t>(), dkv.ptr, rows, heads, kv_heads, hd, ps, 1e-6f,
+                                   cuda::dtype::f32},
+                                  nullptr) == 0);
+  auto got = dq.get<float>(rows * stride);
+  auto kv = dkv.get<float>(pages * pe);
+  for (uint32_t r = 0; r < rows; ++r) {
+    std::vector<float> ref(qkv.begin() + r * stride, qkv.begin() + (r + 1) * stride);
+    add_inplace(ref.data(), bias.data(), stride);
+    rmsnorm(ref.data(), qn.data(), heads, hd, 1e-6f, ref.data());
+    rmsnorm(ref.data() + qd, kn.data(), kv_heads, hd, 1e-6f, ref.data() + qd);
+    rope_apply(ref.data(), heads, hd, pos[r], inv.data());
+    rope_apply(ref.data() + qd, kv_heads, hd, pos[r], inv.data());
+    CHECK(max_abs_diff(std::vector<float>(got.begin() + r * stride, got.begin() + (r + 1) * stride), ref) <= 2e-5f);
+    CHECK(std::equal(kv.begin() + slot[r], kv.begin() + slot[r] + kvd, got.begin() + r * stride + qd));
+    CHECK(std::equal(kv.begin() + slot[r] + ps * kvd, kv.begin() + slot[r] + ps * kvd + kvd, got.begin() + r * stride + qd + kvd));
+  }
+}
+
+TEST_CASE("cuda paged attention equals the CPU reference for tiles of one sequence and mixed lengths" *
+          doctest::skip(cuda::device_count() == 0)) {
+  for (auto type : {cuda::dtype::f32, cuda::dtype::bf16}) {
+    CAPTURE(static_cast<int>(type));
+    const uint32_t heads = 4, kv_heads = 2, hd = 64, kvd = kv_heads * hd, ps = 16, num_pages = 40;
+    const uint64_t pe = 2ull * ps * kvd;
+    auto kv = wavy(num_pages * pe, 0.013f, 0.7f);
+    if (type == cuda::dtype::bf16) kv = through_bf16(kv);
+    // Sequence A: 6 rows at positions 300..305 (two tiles, one full, one of 2); B: one decode row
+    // at 17; C: one row at 0. Pages are scattered and out of order.
+    std::vector<uint32_t> table_a, table_b{39, 2}, table_c{7};
+    for (uint32_t i = 0; i < 20; ++i) table_a.push_back((i * 7 + 3) % 38 + 1);
+    std::vector<uint32_t> page_table = table_a;
+    page_table.insert(page_table.end(), table_b.begin(), table_b.end());
+    page_table.insert(page_table.end(), table_c.begin(), table_c.end());
+    std::vector<uint32_t> positions{300, 301, 302, 303, 304, 305, 17, 0};
+    std::vector<uint32_t> row_pages{0, 0, 0, 0, 0, 0, 20, 22};
+    std::vector<uint32_t> tiles{0, 4, 6, 7}, counts{4, 2, 1, 1};
+    const uint32_t rows = 8, qd = heads * hd;
+    auto q = wavy(rows * qd, 0.29f, 0.1f, 0.5f);
+    std::vector<float> kv_t = kv;
+    dev_vec dkv{type == cuda::dtype::f32 ? kv.size() * 4 : kv.size() * 2};
+    {
+      dev_vec src{kv};
+      cuda::launch_convert({src.ptr, cuda::dtype::f32, dkv.ptr, type, kv.size()}, nullptr);
+    }
+    dev_vec dq{q}, dpos{positions}, dtab{page_table}, drp{row_pages}, dtiles{tiles}, dcnt{counts},
+        dout{uint64_t{rows} * qd * 4};
+    const float scale = 1.0f / 8.0f;
+    REQUIRE(cuda::launch_attention({dq.as<float>(), qd, dkv.ptr, dpos.as<uint32_t>(), dtab.as<uint32_t>(), drp.as<uint32_t>(),
+                                    dtiles.as<uint32_t>(), 4, cuda::attention_tile_rows, dcnt.as<uint32_t>(), dout.ptr,
+                                    heads, kv_heads, hd, ps, pe, scale, type},
+                                   nullptr) == 0);
+    std::vector<float> got;
+    if (type == cuda::dtype::f32) {
+      got = dout.get<float>(rows * qd);
+    } else {
+      dev_vec wide{uint64_t{rows} * qd * 4};
+      cuda::launch_convert({dout.ptr, type, wide.ptr, cuda::dtype::f32, rows * qd}, nullptr);
+      got = wide.get<float>(rows * qd);
+    }
+    std::vector<float> scores(400), ref(hd);
+    for (uint32_t r = 0; r < rows; ++r)
+      for (uint32_t h = 0; h < heads; ++h) {
+        attention_ref(q.data() + r * qd + h * hd, positions[r] + 1, kv_t.data(), page_table.data() + row_pages[r], ps, kvd,
+                      pe, (h / 2) * hd, hd, scale, scores.data(), ref.data());
+        const float tol = type == cuda::dtype::f32 ? 1e-5f : 1e-2f;  // bf16 output rounding
+        CHECK_MESSAGE(max_abs_diff(std::vector<float>(got.begin() + r * qd + h * hd, got.begin() + r * qd + (h + 1) * hd), ref) <=
+                          tol,
+                      "row " << r << " head " << h);
+      }
+  }
+}
+
+TEST_CASE("cuda KV page gather and scatter move listed pages between the pool and fp32 staging" *
+          doctest::skip(cuda::device_count() == 0)) {
+  const uint64_t pe = 96;
+  const uint32_t num_pages = 6;
+  auto pool = wavy(num_pages * pe, 0.21f, 0.9f);
+  std::vector<uint32_t> list{4, 0, 5};
+  dev_vec dpool{pool}, dlist{list}, dstage{list.size() * pe * 4};
+  REQUIRE(cuda::launch_kv_gather({dpool.ptr, dstage.as<float>(), dlist.as<uint32_t>(), 3, pe, cuda::dtype::f32}, nullptr) == 0);
+  auto staged = dstage.get<float>(3 * pe);
+  for (size_t i = 0; i < list.size(); ++i)
+    CHECK(std::equal(staged.begin() + i * pe, staged.begin() + (i + 1) * pe, pool.begin() + list[i] * pe));
+  auto fresh = wavy(3 * pe, 0.5f, 0.0f);
+  dev_vec dfresh{fresh};
+  REQUIRE(cuda::launch_kv_scatter({dpool.ptr, dfresh.as<float>(), dlist.as<uint32_t>(), 3, pe, cuda::dtype::f32}, nullptr) == 0);
+  auto after = dpool.get<float>(num_pages * pe);
+  for (size_t i = 0; i < list.size(); ++i)
+    CHECK(std::equal(after.begin() + list[i] * pe, after.begin() + (list[i] + 1) * pe, fresh.begin() + i * pe));
+  CHECK(std::equal(after.begin() + 1 * pe, after.begin() + 4 * pe, pool.begin() + 1 * pe));  // untouched pages
 }

@@ -1,0 +1,415 @@
+// GPU benchmarks of the CUDA executor (issues 11 and 12), each beside the ceiling it chases,
+// measured in the same run: cuBLAS bf16 GEMM rate, read-only HBM bandwidth, pinned PCIe copies.
+//
+//   baton_bench_gpu [--quick] [--json FILE]
+//
+// 1. Overlap (issue 11), Llama-3-8B shape, random bf16 weights: a 2K-token prefill on a 30K-token
+//    cached prefix, with the prefix resident on the device vs prefetched layer by layer from the
+//    pinned host pool, with and without the per-layer sends; a per-stream timeline summary.
+// 2. Decode step time at several batches and contexts against the HBM floor (issue 12).
+// 3. Prefill TFLOP/s at 1K and 8K tokens against the GEMM rate (issue 12).
+// Prints a summary table last. Exits 2 without a GPU.
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gpu/cuda/kernels.hpp"
+#include "gpu/cuda_executor.hpp"
+#include "gpu/local_generate.hpp"
+
+using namespace baton::gpu;
+namespace cuda = baton::gpu::cuda;
+
+namespace {
+
+model_config llama3_8b_shape(uint32_t max_pos) {
+  model_config c;
+  c.name = "llama-3-8b-shape";
+  c.vocab_size = 128256;
+  c.hidden_size = 4096;
+  c.intermediate_size = 14336;
+  c.num_hidden_layers = 32;
+  c.num_attention_heads = 32;
+  c.num_key_value_heads = 8;
+  c.head_dim = 128;
+  c.max_position_embeddings = max_pos;
+  c.rope_theta = 500000.0f;
+  c.bos_token_id = 128000;
+  c.eos_token_id = 128001;
+  return c;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+std::vector<std::string> summary;  // the table printed last
+std::ostringstream json;           // the same figures as JSON lines
+void row(const std::string& what, const std::string& value, const std::string& vs) {
+  char buf[512];
+  std::snprintf(buf, sizeof buf, "| %-58s | %-30s | %-40s |", what.c_str(), value.c_str(), vs.c_str());
+  summary.push_back(buf);
+}
+std::string fmt(const char* f, double x) {
+  char b[64];
+  std::snprintf(b, sizeof b, f, x);
+  return b;
+}
+
+#define CK(x)                                                                                   \
+  do {                                                                                          \
+    auto rc_ = (x);                                                                             \
+    if (rc_ != 0) {                                                                             \
+      std::fprintf(stderr, "baton_bench_gpu: %s failed (%d) at line %d\n", #x, int(rc_), __LINE__); \
+      std::exit(1);                                                                             \
+    }                                                                                           \
+  } while (0)
+
+struct timer {  // CUDA events on the default stream
+  cudaEvent_t a, b;
+  timer() {
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+  }
+  ~timer() {
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+  }
+  void start(cudaStream_t s = nullptr) { cudaEventRecord(a, s); }
+  double stop_ms(cudaStream_t s = nullptr) {
+    cudaEventRecord(b, s);
+    cudaEventSynchronize(b);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    return ms;
+  }
+};
+
+// ---- ceilings -------------------------------------------------------------------------------
+
+double gemm_tflops(uint32_t m, uint32_t n, uint32_t k, int reps) {
+  cublasHandle_t h;
+  CK(cublasCreate(&h));
+  void *a, *w, *c;
+  CK(cudaMalloc(&a, uint64_t{m} * k * 2));
+  CK(cudaMalloc(&w, uint64_t{n} * k * 2));
+  CK(cudaMalloc(&c, uint64_t{m} * n * 4));
+  CK(cuda::launch_fill_random({a, cuda::dtype::bf16, uint64_t{m} * k, 1, 1.0f, 0.0f}, nullptr));
+  CK(cuda::launch_fill_random({w, cuda::dtype::bf16, uint64_t{n} * k, 2, 1.0f, 0.0f}, nullptr));
+  const float alpha = 1, beta = 0;
+  auto run = [&] {
+    CK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, w, CUDA_R_16BF, k, a, CUDA_R_16BF, k, &beta, c,
+                    CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  };
+  for (int i = 0; i < 3; ++i) run();
+  std::vector<double> t;
+  timer tm;
+  for (int i = 0; i < reps; ++i) {
+    tm.start();
+    run();
+    t.push_back(tm.stop_ms());
+  }
+  cudaFree(a);
+  cudaFree(w);
+  cudaFree(c);
+  cublasDestroy(h);
+  return 2.0 * m * n * k / (median(t) * 1e-3) / 1e12;
+}
+
+double read_gbps(uint64_t bytes) {
+  void* x;
+  float* sink;
+  CK(cudaMalloc(&x, bytes));
+  CK(cudaMalloc(&sink, 4));
+  CK(cuda::launch_fill_random({x, cuda::dtype::f32, bytes / 4, 3, 1.0f, 0.0f}, nullptr));
+  std::vector<double> t;
+  timer tm;
+  for (int i = 0; i < 12; ++i) {
+    tm.start();
+    CK(cuda::launch_read_probe({x, bytes / 16, sink}, nullptr));
+    const double ms = tm.stop_ms();
+    if (i >= 2) t.push_back(ms);
+  }
+  cudaFree(x);
+  cudaFree(sink);
+  return bytes / (median(t) * 1e-3) / 1e9;
+}
+
+/// Pinned host -> device: one large copy, and `piece`-byte copies back to back (the executor's
+/// per-page pattern).
+double h2d_gbps(uint64_t bytes, uint64_t piece) {
+  void *h, *d;
+  CK(cudaMallocHost(&h, bytes));
+  CK(cudaMalloc(&d, bytes));
+  std::memset(h, 1, bytes);
+  std::vector<double> t;
+  timer tm;
+  for (int i = 0; i < 5; ++i) {
+    tm.start();
+    for (uint64_t off = 0; off < bytes; off += piece)
+      CK(cudaMemcpyAsync(static_cast<char*>(d) + off, static_cast<char*>(h) + off, std::min(piece, bytes - off),
+                         cudaMemcpyHostToDevice, nullptr));
+    const double ms = tm.stop_ms();
+    if (i >= 1) t.push_back(ms);
+  }
+  cudaFreeHost(h);
+  cudaFree(d);
+  return bytes / (median(t) * 1e-3) / 1e9;
+}
+
+// ---- executor runs --------------------------------------------------------------------------
+
+double wall_ms(executor& e, const forward_job& job) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = run_blocking(e, job);
+  const auto t1 = std::chrono::steady_clock::now();
+  if (!r.error.empty()) {
+    std::fprintf(stderr, "baton_bench_gpu: job failed: %s\n", r.error.c_str());
+    std::exit(1);
+  }
+  return std::chrono::duration<double, std::milli>(t1 - t0).count();
+}
+
+struct stream_summary {
+  double compute_ms = 0, copy_ms = 0, send_ms = 0, end_ms = 0, copy_ahead_min_ms = 1e30;
+};
+stream_summary summarise(const std::vector<stream_span>& spans) {
+  stream_summary s;
+  std::map<uint32_t, double> compute_start, copy_end;
+  for (const auto& sp : spans) {
+    const double d = sp.end_ms - sp.start_ms;
+    if (sp.stream == "compute") {
+      s.compute_ms += d;
+      compute_start[sp.layer] = sp.start_ms;
+    }
+    if (sp.stream == "copy") {
+      s.copy_ms += d;
+      copy_end[sp.layer] = sp.end_ms;
+    }
+    if (sp.stream == "send") s.send_ms += d;
+    s.end_ms = std::max(s.end_ms, sp.end_ms);
+  }
+  return s;
+}
+
+void overlap_bench(bool quick, double pinned_page_gbps) {
+  const uint32_t cached = quick ? 4096 : 30720, fresh = quick ? 512 : 2048, ps = 16;
+  auto cfg = llama3_8b_shape(cached + fresh + 64);
+  cuda_executor_config ec;
+  ec.num_kv_pages = (cached + fresh) / ps + 8;
+  ec.page_size_tokens = ps;
+  ec.max_batch_tokens = fresh;
+  ec.random_weights_seed = 11;
+  ec.record_timeline = true;
+  std::string why;
+  auto t0 = std::chrono::steady_clock::now();
+  auto e = make_cuda_executor(cfg, nullptr, ec, &why);
+  if (!e) {
+    std::fprintf(stderr, "baton_bench_gpu: %s\n", why.c_str());
+    std::exit(1);
+  }
+  auto* x = dynamic_cast<cuda_executor_extras*>(e.get());
+  std::printf("overlap: %s, weights %.1f GB, made in %.1f s\n", e->describe().c_str(), x->weight_bytes() / 1e9,
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  auto& kv = e->kv();
+  auto pages = *kv.kv_page_alloc(kv.pages_for_tokens(cached + fresh));
+  std::vector<uint32_t> prefix(pages.begin(), pages.begin() + cached / ps);
+  // The cached prefix in the host pool: pseudo-random (never zeros), 16 threads.
+  {
+    std::vector<std::thread> th;
+    const uint32_t L = cfg.num_hidden_layers;
+    for (unsigned t = 0; t < 16; ++t)
+      th.emplace_back([&, t] {
+        for (uint32_t l = t; l < L; l += 16)
+          for (auto p : prefix) {
+            float* f = kv.k_at(l, p, 0);
+            uint32_t s = p * 2654435761u + l;
+            for (uint64_t i = 0; i < kv.layout().page_bytes() / 4; ++i) {
+              s = s * 1664525u + 1013904223u;
+              f[i] = static_cast<float>(static_cast<int32_t>(s >> 8) % 2001) * 1e-3f;
+            }
+          }
+      });
+    for (auto& t : th) t.join();
+  }
+  std::vector<int32_t> tokens(fresh);
+  for (uint32_t i = 0; i < fresh; ++i) tokens[i] = static_cast<int32_t>((i * 7919u) % cfg.vocab_size);
+  const forward_job job{1, {forward_seq{1, tokens, cached, pages, true}}};
+  struct variant {
+    const char* name;
+    bool prefetch, send;
+  };
+  const variant vs[] = {{"resident, no sends", false, false},
+                        {"resident + per-layer sends", false, true},
+                        {"prefetched layer by layer, no sends", true, false},
+                        {"prefetched layer by layer + sends", true, true}};
+  std::map<std::string, double> best;
+  std::map<std::string, stream_summary> tl;
+  (void)wall_ms(*e, job);  // warm-up; uploads the prefix once
+  for (int rep = 0; rep < (quick ? 1 : 2); ++rep)
+    for (const auto& v : vs) {
+      x->set_mirror_to_host(v.send);
+      if (v.prefetch) kv.note_host_write(prefix);  // the device copy is stale: upload again
+      const double ms = wall_ms(*e, job);
+      auto s = summarise(x->last_timeline());
+      if (!best.count(v.name) || ms < best[v.name]) {
+        best[v.name] = ms;
+        tl[v.name] = s;
+      }
+    }
+  const double base = best["resident, no sends"];
+  const uint64_t prefix_bytes = uint64_t{cfg.num_hidden_layers} * prefix.size() * kv.layout().page_bytes();
+  std::printf("\noverlap: Llama-3-8B shape, %u cached + %u new tokens, bf16 (host pool fp32)\n", cached, fresh);
+  std::printf("%-40s %10s %12s %12s %12s\n", "variant", "wall ms", "compute ms", "copy ms", "send ms");
+  for (const auto& v : vs) {
+    const auto& s = tl[v.name];
+    std::printf("%-40s %10.1f %12.1f %12.1f %12.1f\n", v.name, best[v.name], s.compute_ms, s.copy_ms, s.send_ms);
+    json << "{\"bench\":\"overlap\",\"variant\":\"" << v.name << "\",\"wall_ms\":" << best[v.name]
+         << ",\"compute_ms\":" << s.compute_ms << ",\"copy_ms\":" << s.copy_ms << ",\"send_ms\":" << s.send_ms << "}\n";
+  }
+  const auto& pf = tl["prefetched layer by layer, no sends"];
+  std::printf("prefix upload: %.2f GB fp32 in %.1f ms of copy-stream time = %.1f GB/s (pinned per-page ceiling %.1f GB/s)\n",
+              prefix_bytes / 1e9, pf.copy_ms, prefix_bytes / (pf.copy_ms * 1e-3) / 1e9, pinned_page_gbps);
+  row("prefetch / resident (2K new on 30K cached, 8B shape)", fmt("%.3f", best["prefetched layer by layer, no sends"] / base),
+      "goal <= 1.10");
+  row("sends / no sends (same, prefix resident)", fmt("%.3f", best["resident + per-layer sends"] / base), "goal <= 1.05");
+  row("prefill 2K on 30K cached, resident", fmt("%.0f ms", base), "attention-bound: simple CUDA-core kernel");
+  row("layer-wise prefix upload (fp32 pages, copy stream)", fmt("%.1f GB/s", prefix_bytes / (pf.copy_ms * 1e-3) / 1e9),
+      fmt("pinned per-page ceiling %.1f GB/s", pinned_page_gbps));
+}
+
+void decode_and_prefill_bench(bool quick, double read_bw_gbps, double gemm_rate) {
+  const uint32_t ps = 16;
+  struct point {
+    uint32_t batch, ctx;
+  };
+  std::vector<point> pts = quick ? std::vector<point>{{1, 1024}, {8, 1024}}
+                                 : std::vector<point>{{1, 1024}, {8, 1024}, {32, 1024}, {128, 1024},
+                                                      {1, 8192}, {8, 8192}, {32, 8192}, {64, 8192}};
+  uint32_t need = 0;
+  for (auto p : pts) need = std::max(need, p.batch * (p.ctx / ps + 1));
+  auto cfg = llama3_8b_shape(8192 + 64);
+  cuda_executor_config ec;
+  ec.num_kv_pages = std::max(need, 8192u / ps + 8);
+  ec.max_batch_tokens = 8192;
+  ec.random_weights_seed = 12;
+  ec.host_pool = false;
+  ec.mirror_to_host = false;
+  std::string why;
+  auto e = make_cuda_executor(cfg, nullptr, ec, &why);
+  if (!e) {
+    std::fprintf(stderr, "baton_bench_gpu: %s\n", why.c_str());
+    std::exit(1);
+  }
+  auto* x = dynamic_cast<cuda_executor_extras*>(e.get());
+  auto& kv = e->kv();
+  std::vector<uint32_t> all(ec.num_kv_pages);
+  for (uint32_t i = 0; i < all.size(); ++i) all[i] = i;
+  auto pages = *kv.kv_page_alloc(ec.num_kv_pages);
+  if (auto err = x->fill_device_kv_random(pages, 5); !err.empty()) {
+    std::fprintf(stderr, "baton_bench_gpu: %s\n", err.c_str());
+    std::exit(1);
+  }
+  const double kv_token_bytes = 2.0 * cfg.num_hidden_layers * cfg.kv_dim() * 2;  // bf16 K and V, all layers
+  std::printf("\ndecode step, Llama-3-8B shape, bf16, weights %.2f GB; HBM read ceiling %.0f GB/s\n",
+              x->weight_bytes() / 1e9, read_bw_gbps);
+  std::printf("%6s %6s %12s %12s %8s\n", "batch", "ctx", "step ms", "floor ms", "ratio");
+  for (auto p : pts) {
+    forward_job job{1, {}, forward_job::decode};
+    for (uint32_t b = 0; b < p.batch; ++b) {
+      const uint32_t per = p.ctx / ps + 1;
+      std::vector<uint32_t> sp(pages.begin() + b * per, pages.begin() + (b + 1) * per);
+      job.seqs.push_back(forward_seq{b, {static_cast<int32_t>(b % 1000)}, p.ctx, sp, true});
+    }
+    std::vector<double> t;
+    for (int i = 0; i < (quick ? 3 : 8); ++i) {
+      const double ms = wall_ms(*e, job);
+      if (i >= 2) t.push_back(ms);
+    }
+    const double floor = (x->weight_bytes() + kv_token_bytes * p.batch * (p.ctx + 1)) / (read_bw_gbps * 1e9) * 1e3;
+    const double ms = median(t);
+    std::printf("%6u %6u %12.2f %12.2f %8.2f\n", p.batch, p.ctx, ms, floor, ms / floor);
+    json << "{\"bench\":\"decode\",\"batch\":" << p.batch << ",\"ctx\":" << p.ctx << ",\"step_ms\":" << ms
+         << ",\"floor_ms\":" << floor << "}\n";
+    row("decode step, batch " + std::to_string(p.batch) + ", ctx " + std::to_string(p.ctx), fmt("%.2f ms", ms),
+        fmt("HBM floor %.2f ms", floor) + fmt(" (x%.2f; goal <= 1.3)", ms / floor));
+  }
+  // Prefill from scratch: matrix-product FLOPs (2 per weight per token, LM head on the last
+  // token only) and causal attention FLOPs (4·d per (query, key) pair, half the square).
+  const double layer_params = double(cfg.hidden_size) * (cfg.q_dim() + 2 * cfg.kv_dim()) +
+                              double(cfg.q_dim()) * cfg.hidden_size + 3.0 * cfg.hidden_size * cfg.intermediate_size;
+  for (uint32_t n : quick ? std::vector<uint32_t>{1024} : std::vector<uint32_t>{1024, 8192}) {
+    std::vector<int32_t> tokens(n);
+    for (uint32_t i = 0; i < n; ++i) tokens[i] = static_cast<int32_t>((i * 104729u) % cfg.vocab_size);
+    std::vector<uint32_t> sp(pages.begin(), pages.begin() + n / ps);
+    const forward_job job{1, {forward_seq{1, tokens, 0, sp, true}}};
+    std::vector<double> t;
+    for (int i = 0; i < 3; ++i) t.push_back(wall_ms(*e, job));
+    const double ms = median(t);
+    const double mm = 2.0 * layer_params * cfg.num_hidden_layers * n + 2.0 * cfg.hidden_size * cfg.vocab_size;
+    const double at = 4.0 * cfg.num_hidden_layers * cfg.q_dim() * (double(n) * (n + 1) / 2);
+    const double tf = (mm + at) / (ms * 1e-3) / 1e12;
+    std::printf("prefill %5u tokens: %.1f ms, %.1f TFLOP/s (%.0f%% matrix products by FLOPs), GEMM ceiling %.0f TFLOP/s\n", n, ms,
+                tf, 100.0 * mm / (mm + at), gemm_rate);
+    json << "{\"bench\":\"prefill\",\"tokens\":" << n << ",\"ms\":" << ms << ",\"tflops\":" << tf << "}\n";
+    row("prefill " + std::to_string(n) + " tokens from scratch", fmt("%.1f TFLOP/s", tf) + fmt(" (%.0f ms)", ms),
+        fmt("cuBLAS bf16 GEMM %.0f TFLOP/s", gemm_rate) + fmt(" (%.0f%%)", 100.0 * tf / gemm_rate));
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false;
+  std::string json_path;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick") {
+      quick = true;
+    } else if (a == "--json" && i + 1 < argc) {
+      json_path = argv[++i];
+    } else {
+      std::fprintf(stderr, "baton_bench_gpu: unknown argument %s (usage: baton_bench_gpu [--quick] [--json FILE])\n", a.c_str());
+      return 2;
+    }
+  }
+  if (cuda::device_count() == 0) {
+    std::printf("baton_bench_gpu: no CUDA device; nothing measured\n");
+    return 2;
+  }
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, 0);
+  std::printf("device: %s, %d SMs, %.0f GB\n", prop.name, prop.multiProcessorCount, prop.totalGlobalMem / 1e9);
+  const double gemm = gemm_tflops(8192, 8192, 8192, quick ? 3 : 10);
+  const double rd = read_gbps(uint64_t{4} << 30);
+  const double h2d_big = h2d_gbps(uint64_t{1} << 30, uint64_t{1} << 30);
+  const double h2d_page = h2d_gbps(uint64_t{1} << 30, 128 << 10);
+  std::printf("ceilings: cuBLAS bf16 GEMM 8192^3 %.0f TFLOP/s; read-only HBM %.0f GB/s; pinned H2D %.1f GB/s (1 GiB copy), "
+              "%.1f GB/s (128 KiB copies)\n",
+              gemm, rd, h2d_big, h2d_page);
+  json << "{\"bench\":\"ceilings\",\"gemm_tflops\":" << gemm << ",\"read_gbps\":" << rd << ",\"h2d_gbps\":" << h2d_big
+       << ",\"h2d_128k_gbps\":" << h2d_page << "}\n";
+  row("ceiling: cuBLAS bf16 GEMM 8192^3", fmt("%.0f TFLOP/s", gemm), "");
+  row("ceiling: read-only HBM bandwidth", fmt("%.0f GB/s", rd), "");
+  row("ceiling: pinned host->device, 1 GiB / 128 KiB copies", fmt("%.1f / ", h2d_big) + fmt("%.1f GB/s", h2d_page), "");
+  overlap_bench(quick, h2d_page);
+  decode_and_prefill_bench(quick, rd, gemm);
+  std::printf("\n| %-58s | %-30s | %-40s |\n", "measure", "value", "against");
+  for (const auto& r : summary) std::printf("%s\n", r.c_str());
+  if (!json_path.empty()) std::ofstream{json_path} << json.str();
+  return 0;
+}

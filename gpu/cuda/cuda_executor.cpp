@@ -1,0 +1,586 @@
+// The CUDA executor (gpu/cuda_executor.hpp says what it is and how its three streams work).
+// Compiled only when the build has CUDA; host code, so g++ builds it against the runtime API.
+
+#include "gpu/cuda_executor.hpp"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "gpu/cuda/kernels.hpp"
+#include "gpu/hf_model.hpp"
+
+namespace baton::gpu {
+
+namespace {
+
+using cuda::dtype;
+
+/// A device allocation that frees itself; grow() keeps the old one when it is large enough.
+struct device_buffer {
+  void* ptr = nullptr;
+  uint64_t bytes = 0;
+  device_buffer() = default;
+  device_buffer(const device_buffer&) = delete;
+  device_buffer& operator=(const device_buffer&) = delete;
+  ~device_buffer() { release(); }
+  void release() {
+    if (ptr) cudaFree(ptr);
+    ptr = nullptr;
+    bytes = 0;
+  }
+  cudaError_t grow(uint64_t need) {
+    if (need <= bytes) return cudaSuccess;
+    release();
+    const auto rc = cudaMalloc(&ptr, need);
+    if (rc == cudaSuccess) bytes = need;
+    return rc;
+  }
+  template <typename T>
+  T* as() const { return static_cast<T*>(ptr); }
+};
+
+/// Pinned host memory that frees itself.
+struct pinned_buffer {
+  void* ptr = nullptr;
+  uint64_t bytes = 0;
+  ~pinned_buffer() {
+    if (ptr) cudaFreeHost(ptr);
+  }
+  cudaError_t grow(uint64_t need) {
+    if (need <= bytes) return cudaSuccess;
+    if (ptr) cudaFreeHost(ptr);
+    ptr = nullptr;
+    bytes = 0;
+    const auto rc = cudaMallocHost(&ptr, need);
+    if (rc == cudaSuccess) bytes = need;
+    return rc;
+  }
+};
+
+struct device_layer {
+  device_buffer wqkv, wo, wgu, wdown;            // matrices, `type`
+  device_buffer attn_norm, mlp_norm, bqkv, q_norm, k_norm;  // fp32 vectors (bqkv, q/k_norm may be empty)
+};
+
+struct layer_note {  // what a host callback on the send stream needs
+  executor_sink* sink;
+  uint64_t job_id;
+  uint32_t layer;
+};
+
+void CUDART_CB notify_layer_done(void* p) {
+  auto* n = static_cast<layer_note*>(p);
+  n->sink->on_layer_done(n->job_id, n->layer);
+}
+
+/// A job's small arrays, packed once into pinned memory and copied to the device in one go.
+struct job_args {
+  std::vector<int32_t> tokens;
+  std::vector<uint32_t> positions, row_pages, page_table, tiles, tile_count, want_rows, upload, mirror;
+  std::vector<uint64_t> kv_slot;
+};
+
+class cuda_executor final : public executor, public cuda_executor_extras {
+public:
+  cuda_executor(model_config cfg, std::shared_ptr<const model_weights> weights, cuda_executor_config ecfg)
+    : cfg_(std::move(cfg)),
+      ecfg_(ecfg),
+      weights_(std::move(weights)),
+      type_(ecfg.bf16 ? dtype::bf16 : dtype::f32),
+      kv_(kv_layout{cfg_.num_hidden_layers, ecfg.num_kv_pages, ecfg.page_size_tokens, cfg_.kv_dim()}, ecfg.host_pool),
+      dev_gen_(ecfg.num_kv_pages, 0) {}
+
+  ~cuda_executor() override {
+    stop();
+    if (host_registered_) cudaHostUnregister(kv_.data());
+    for (auto* e : events_) cudaEventDestroy(e);
+    if (blas_) cublasDestroy(blas_);
+    for (auto s : {compute_, copy_, send_})
+      if (s) cudaStreamDestroy(s);
+  }
+
+  /// Everything that can fail at construction; empty when ready.
+  std::string init() {
+    if (auto e = ecfg_.validate(); !e.empty()) return "cuda executor config: " + e;
+    if (auto e = cfg_.validate(); !e.empty()) return "model config: " + e;
+    if (cfg_.head_dim > 256 || cfg_.head_dim % 8)
+      return "head_dim " + std::to_string(cfg_.head_dim) + " is not supported by the CUDA attention (a multiple of 8, <= 256)";
+    if (!weights_ && !ecfg_.random_weights_seed) return "no weights (and no random_weights_seed)";
+    if (cuda::device_count() <= ecfg_.device) return "no CUDA device " + std::to_string(ecfg_.device);
+    if (!ok(cudaSetDevice(ecfg_.device), "select the device")) return err_;
+    cudaDeviceProp prop{};
+    cudaGetDeviceProperties(&prop, ecfg_.device);
+    device_name_ = prop.name;
+    for (auto* s : {&compute_, &copy_, &send_})
+      if (!ok(cudaStreamCreateWithFlags(s, cudaStreamNonBlocking), "create a stream")) return err_;
+    if (cublasCreate(&blas_) != CUBLAS_STATUS_SUCCESS) return "cuBLAS could not start";
+    cublasSetStream(blas_, compute_);
+    const uint32_t L = cfg_.num_hidden_layers;
+    for (uint32_t i = 0; i < 2 * L + 1 + (ecfg_.record_timeline ? 6 * L : 0); ++i) {
+      cudaEvent_t e;
+      const unsigned flags = i < 2 * L && !ecfg_.record_timeline ? cudaEventDisableTiming : cudaEventDefault;
+      if (!ok(cudaEventCreateWithFlags(&e, flags), "create an event")) return err_;
+      events_.push_back(e);
+    }
+    const uint64_t pool = uint64_t{L} * kv_.layout().num_pages * page_elems() * cuda::dtype_bytes(type_);
+    if (!ok(kv_dev_.grow(pool), "allocate the device KV pool")) return err_;
+    if (ecfg_.host_pool && ecfg_.pin_host_pool)
+      host_registered_ = cudaHostRegister(kv_.data(), kv_.size_bytes(), cudaHostRegisterPortable) == cudaSuccess;
+    cudaGetLastError();  // a refused registration only costs speed
+    auto inv = rope_inv_freq(cfg_);
+    if (!ok(inv_freq_.grow(inv.size() * 4), "allocate RoPE table") ||
+        !ok(cudaMemcpy(inv_freq_.ptr, inv.data(), inv.size() * 4, cudaMemcpyHostToDevice), "upload RoPE table"))
+      return err_;
+    if (auto e = ecfg_.random_weights_seed ? random_weights() : upload_weights(); !e.empty()) return e;
+    const uint64_t R = ecfg_.max_batch_tokens, h = cfg_.hidden_size, qd = cfg_.q_dim(), kvd = cfg_.kv_dim(),
+                   f = cfg_.intermediate_size, tb = cuda::dtype_bytes(type_);
+    if (!ok(x_.grow(R * h * 4), "allocate activations") || !ok(hn_.grow(R * h * tb), "allocate activations") ||
+        !ok(qkv_.grow(R * (qd + 2 * kvd) * 4), "allocate activations") ||
+        !ok(attn_.grow(R * qd * tb), "allocate activations") || !ok(gu_.grow(R * 2 * f * 4), "allocate activations") ||
+        !ok(act_.grow(R * f * tb), "allocate activations"))
+      return err_;
+    if (!ok(cudaDeviceSynchronize(), "initialise")) return err_;
+    thread_ = std::thread([this] { run_queue(); });
+    return {};
+  }
+
+  void stop() override {
+    {
+      std::lock_guard<std::mutex> lock{mutex_};
+      stop_ = true;
+    }
+    wake_.notify_all();
+    std::lock_guard<std::mutex> once{join_mutex_};
+    if (thread_.joinable()) thread_.join();
+  }
+
+  const model_config& config() const override { return cfg_; }
+  kv_cache& kv() override { return kv_; }
+  std::string describe() const override {
+    return std::string{"cuda "} + (type_ == dtype::bf16 ? "bf16" : "fp32") + " on " + device_name_ +
+           (ecfg_.host_pool ? (host_registered_ ? " (pinned host pool)" : " (pageable host pool)") : " (no host pool)");
+  }
+
+  void submit(forward_job job, std::shared_ptr<executor_sink> sink) override {
+    {
+      std::lock_guard<std::mutex> lock{mutex_};
+      queue_.emplace_back(std::move(job), std::move(sink));
+    }
+    wake_.notify_one();
+  }
+
+  std::vector<stream_span> last_timeline() const override {
+    std::lock_guard<std::mutex> lock{timeline_mutex_};
+    return timeline_;
+  }
+
+  std::string fill_device_kv_random(const std::vector<uint32_t>& pages, uint64_t seed) override {
+    // The whole pool in one launch (one launch per page would be millions); only the listed
+    // pages count as held.
+    const uint64_t n = kv_dev_.bytes / cuda::dtype_bytes(type_);
+    if (cuda::launch_fill_random({kv_dev_.ptr, type_, n, seed, 1.0f, 0.0f}, compute_) != 0 ||
+        cudaStreamSynchronize(compute_) != cudaSuccess)
+      return "filling the device KV pool failed";
+    for (auto p : pages)
+      if (p < dev_gen_.size()) dev_gen_[p] = kv_.generation(p);
+    return {};
+  }
+
+  uint64_t weight_bytes() const override { return weight_bytes_; }
+  void set_mirror_to_host(bool on) override { ecfg_.mirror_to_host = on && ecfg_.host_pool; }
+
+private:
+  uint64_t page_elems() const { return uint64_t{2} * kv_.layout().page_size_tokens * cfg_.kv_dim(); }
+  void* kv_layer(uint32_t l) const {
+    return static_cast<char*>(kv_dev_.ptr) + uint64_t{l} * kv_.layout().num_pages * page_elems() * cuda::dtype_bytes(type_);
+  }
+
+  bool ok(cudaError_t rc, const char* what) {
+    if (rc == cudaSuccess) return true;
+    if (err_.empty()) err_ = std::string{what} + ": " + cudaGetErrorString(rc);
+    return false;
+  }
+  bool ok_launch(int rc, const char* what) { return ok(static_cast<cudaError_t>(rc), what); }
+
+  // ---- weights ----------------------------------------------------------------------------
+
+  /// Host fp32 -> device `type` (through a fp32 staging buffer, converted on the device with the
+  /// same rounding the kernels use).
+  std::string upload(device_buffer& dst, const std::vector<const std::vector<float>*>& parts, bool matrix) {
+    uint64_t n = 0;
+    for (auto* p : parts) n += p->size();
+    const dtype t = matrix ? type_ : dtype::f32;
+    if (!ok(dst.grow(n * cuda::dtype_bytes(t)), "allocate weights") || !ok(staging_up_[0].grow(n * 4), "allocate staging"))
+      return err_;
+    uint64_t off = 0;
+    for (auto* p : parts) {
+      if (!ok(cudaMemcpy(staging_up_[0].as<float>() + off, p->data(), p->size() * 4, cudaMemcpyHostToDevice), "upload weights"))
+        return err_;
+      off += p->size();
+    }
+    if (!ok_launch(cuda::launch_convert({staging_up_[0].ptr, dtype::f32, dst.ptr, t, n}, nullptr), "convert weights") ||
+        !ok(cudaDeviceSynchronize(), "convert weights"))
+      return err_;
+    weight_bytes_ += n * cuda::dtype_bytes(t);
+    return {};
+  }
+
+  std::string upload_weights() {
+    const auto& w = *weights_;
+    std::string e;
+    auto up = [&](device_buffer& d, std::vector<const std::vector<float>*> parts, bool matrix) {
+      if (e.empty()) e = upload(d, parts, matrix);
+    };
+    up(embed_, {&w.embed}, true);
+    if (!w.lm_head.empty()) up(lm_head_, {&w.lm_head}, true);
+    up(final_norm_, {&w.final_norm}, false);
+    layers_ = std::vector<device_layer>(cfg_.num_hidden_layers);
+    for (uint32_t l = 0; l < cfg_.num_hidden_layers; ++l) {
+      const auto& s = w.layers[l];
+      auto& d = layers_[l];
+      up(d.wqkv, {&s.wq, &s.wk, &s.wv}, true);
+      up(d.wo, {&s.wo}, true);
+      up(d.wgu, {&s.w_gate, &s.w_up}, true);
+      up(d.wdown, {&s.w_down}, true);
+      up(d.attn_norm, {&s.attn_norm}, false);
+      up(d.mlp_norm, {&s.mlp_norm}, false);
+      if (!s.bq.empty()) up(d.bqkv, {&s.bq, &s.bk, &s.bv}, false);
+      if (!s.q_norm.empty()) {
+        up(d.q_norm, {&s.q_norm}, false);
+        up(d.k_norm, {&s.k_norm}, false);
+      }
+    }
+    staging_up_[0].release();
+    return e;
+  }
+
+  /// Benchmarks: every tensor drawn on the device (an 8B model in milliseconds, no host copy).
+  std::string random_weights() {
+    uint64_t seed = ecfg_.random_weights_seed;
+    auto fill = [&](device_buffer& d, uint64_t n, bool matrix, float scale, float offset) {
+      const dtype t = matrix ? type_ : dtype::f32;
+      if (!ok(d.grow(n * cuda::dtype_bytes(t)), "allocate weights")) return;
+      ok_launch(cuda::launch_fill_random({d.ptr, t, n, ++seed, scale, offset}, compute_), "draw weights");
+      weight_bytes_ += n * cuda::dtype_bytes(t);
+    };
+    const uint64_t h = cfg_.hidden_size, qd = cfg_.q_dim(), kvd = cfg_.kv_dim(), f = cfg_.intermediate_size,
+                   v = cfg_.vocab_size;
+    fill(embed_, v * h, true, 1.0f, 0.0f);
+    if (!cfg_.tie_word_embeddings) fill(lm_head_, v * h, true, 1.0f / std::sqrt(float(h)), 0.0f);
+    fill(final_norm_, h, false, 0.1f, 1.0f);
+    layers_ = std::vector<device_layer>(cfg_.num_hidden_layers);
+    for (auto& d : layers_) {
+      fill(d.wqkv, (qd + 2 * kvd) * h, true, 1.0f / std::sqrt(float(h)), 0.0f);
+      fill(d.wo, h * qd, true, 0.5f / std::sqrt(float(qd)), 0.0f);
+      fill(d.wgu, 2 * f * h, true, 1.0f / std::sqrt(float(h)), 0.0f);
+      fill(d.wdown, h * f, true, 0.5f / std::sqrt(float(f)), 0.0f);
+      fill(d.attn_norm, h, false, 0.1f, 1.0f);
+      fill(d.mlp_norm, h, false, 0.1f, 1.0f);
+    }
+    ok(cudaStreamSynchronize(compute_), "draw weights");
+    return err_;
+  }
+
+  /// y[m][n] (fp32) = beta·y + a[m][k] · w[n][k]ᵀ, a and w of `type_`. Row-major on both sides is
+  /// cuBLAS's column-major yᵀ = w · aᵀ.
+  bool gemm(const void* a, const void* w, float* y, uint32_t m, uint32_t n, uint32_t k, float beta) {
+    const float alpha = 1.0f;
+    const auto t = type_ == dtype::bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    const auto rc = cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+                                 static_cast<int>(k), &alpha, w, t, static_cast<int>(k), a, t, static_cast<int>(k), &beta,
+                                 y, CUDA_R_32F, static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (rc != CUBLAS_STATUS_SUCCESS && err_.empty()) err_ = "cuBLAS GemmEx failed (status " + std::to_string(rc) + ")";
+    return rc == CUBLAS_STATUS_SUCCESS;
+  }
+
+  // ---- jobs -------------------------------------------------------------------------------
+
+  void run_queue() {
+    cudaSetDevice(ecfg_.device);
+    for (;;) {
+      std::pair<forward_job, std::shared_ptr<executor_sink>> item;
+      {
+        std::unique_lock<std::mutex> lock{mutex_};
+        wake_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        item = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      if (auto e = check_forward_job(item.first, cfg_, kv_.layout()); !e.empty()) {
+        item.second->on_failed(item.first.job_id, std::move(e));
+        continue;
+      }
+      item.second->on_started(item.first.job_id);
+      run_job(item.first, *item.second);
+    }
+  }
+
+  std::string plan(const forward_job& job, job_args& a) {
+    const uint32_t ps = kv_.layout().page_size_tokens, kvd = cfg_.kv_dim();
+    std::unordered_map<uint32_t, bool> seen_up, seen_mirror;
+    for (const auto& s : job.seqs) {
+      const auto first_row = static_cast<uint32_t>(a.tokens.size());
+      const auto table_at = static_cast<uint32_t>(a.page_table.size());
+      a.page_table.insert(a.page_table.end(), s.pages.begin(), s.pages.end());
+      for (uint32_t i = 0; i < s.tokens.size(); ++i) {
+        const uint32_t pos = s.start_pos + i;
+        a.tokens.push_back(s.tokens[i]);
+        a.positions.push_back(pos);
+        a.row_pages.push_back(table_at);
+        a.kv_slot.push_back(uint64_t{s.pages[pos / ps]} * page_elems() + uint64_t{pos % ps} * kvd);
+        if (i % cuda::attention_tile_rows == 0) {
+          a.tiles.push_back(first_row + i);
+          a.tile_count.push_back(std::min<uint32_t>(cuda::attention_tile_rows, static_cast<uint32_t>(s.tokens.size()) - i));
+        }
+      }
+      if (s.want_logits) a.want_rows.push_back(static_cast<uint32_t>(a.tokens.size()) - 1);
+      const uint32_t prefix_pages = (s.start_pos + ps - 1) / ps, end_pages = kv_.pages_for_tokens(s.start_pos + uint32_t(s.tokens.size()));
+      for (uint32_t i = 0; i < prefix_pages; ++i) {
+        const uint32_t p = s.pages[i];
+        if (dev_gen_[p] != kv_.generation(p) && !seen_up[p]) {
+          seen_up[p] = true;
+          a.upload.push_back(p);
+        }
+      }
+      for (uint32_t i = s.start_pos / ps; ecfg_.mirror_to_host && i < end_pages; ++i)
+        if (!seen_mirror[s.pages[i]]) {
+          seen_mirror[s.pages[i]] = true;
+          a.mirror.push_back(s.pages[i]);
+        }
+      if (!a.upload.empty() && !ecfg_.host_pool)
+        return "sequence " + std::to_string(s.seq_id) + ": its cached prefix is not on the device and this executor has no host pool";
+    }
+    if (a.tokens.size() > ecfg_.max_batch_tokens)
+      return "job " + std::to_string(job.job_id) + ": " + std::to_string(a.tokens.size()) +
+             " rows exceed max_batch_tokens " + std::to_string(ecfg_.max_batch_tokens);
+    return {};
+  }
+
+  template <typename T>
+  static void pack(std::vector<char>& bytes, std::vector<uint64_t>& offsets, const std::vector<T>& v) {
+    offsets.push_back(bytes.size());
+    const uint64_t n = (v.size() * sizeof(T) + 15) / 16 * 16;
+    bytes.resize(bytes.size() + std::max<uint64_t>(n, 16));
+    if (!v.empty()) std::memcpy(bytes.data() + offsets.back(), v.data(), v.size() * sizeof(T));
+  }
+
+  void run_job(const forward_job& job, executor_sink& sink) {
+    err_.clear();
+    job_args a;
+    if (auto e = plan(job, a); !e.empty()) return sink.on_failed(job.job_id, std::move(e));
+    std::vector<uint32_t> gen_at_start;
+    for (const auto& s : job.seqs)
+      for (auto p : s.pages) gen_at_start.push_back(kv_.generation(p));
+    std::vector<char> bytes;
+    std::vector<uint64_t> off;
+    pack(bytes, off, a.tokens);      // 0
+    pack(bytes, off, a.positions);   // 1
+    pack(bytes, off, a.row_pages);   // 2
+    pack(bytes, off, a.page_table);  // 3
+    pack(bytes, off, a.tiles);       // 4
+    pack(bytes, off, a.tile_count);  // 5
+    pack(bytes, off, a.want_rows);   // 6
+    pack(bytes, off, a.upload);      // 7
+    pack(bytes, off, a.mirror);      // 8
+    pack(bytes, off, a.kv_slot);     // 9
+    const uint64_t pe = page_elems();
+    const uint32_t n = static_cast<uint32_t>(a.tokens.size()), nw = static_cast<uint32_t>(a.want_rows.size());
+    if (!ok(args_host_.grow(bytes.size()), "pin job arguments") || !ok(args_dev_.grow(bytes.size()), "allocate job arguments") ||
+        !ok(logits_host_.grow(uint64_t{std::max(nw, 1u)} * cfg_.vocab_size * 4), "pin logits") ||
+        !ok(logits_dev_.grow(uint64_t{std::max(nw, 1u)} * cfg_.vocab_size * 4), "allocate logits") ||
+        !ok(staging_up_[0].grow(std::max<uint64_t>(a.upload.size(), 1) * pe * 4), "allocate upload staging") ||
+        !ok(staging_up_[1].grow(std::max<uint64_t>(a.upload.size(), 1) * pe * 4), "allocate upload staging") ||
+        !ok(staging_send_[0].grow(std::max<uint64_t>(a.mirror.size(), 1) * pe * 4), "allocate send staging") ||
+        !ok(staging_send_[1].grow(std::max<uint64_t>(a.mirror.size(), 1) * pe * 4), "allocate send staging"))
+      return sink.on_failed(job.job_id, "cuda executor: job " + std::to_string(job.job_id) + ": " + err_);
+    std::memcpy(args_host_.ptr, bytes.data(), bytes.size());
+    auto dev = [&](size_t i) { return static_cast<char*>(args_dev_.ptr) + off[i]; };
+    const uint32_t L = cfg_.num_hidden_layers;
+    cudaEvent_t* up_done = events_.data();
+    cudaEvent_t* kv_written = events_.data() + L;
+    cudaEvent_t args_ready = events_[2 * L];
+    cudaEvent_t* tl = ecfg_.record_timeline ? events_.data() + 2 * L + 1 : nullptr;  // 6 per layer
+    std::vector<layer_note> notes(L);
+    std::string failed_at;  // set when a gate fails
+
+    ok(cudaMemcpyAsync(args_dev_.ptr, args_host_.ptr, bytes.size(), cudaMemcpyHostToDevice, compute_), "copy job arguments");
+    ok(cudaEventRecord(args_ready, compute_), "record an event");
+    ok(cudaStreamWaitEvent(copy_, args_ready, 0), "order the copy stream");
+    ok(cudaStreamWaitEvent(send_, args_ready, 0), "order the send stream");
+    ok_launch(cuda::launch_embed({embed_.ptr, reinterpret_cast<int32_t*>(dev(0)), x_.as<float>(), n, cfg_.hidden_size, type_}, compute_),
+              "embed");
+
+    auto enqueue_upload = [&](uint32_t l) {
+      if (a.upload.empty()) return true;
+      for (const auto& s : job.seqs)
+        if (s.gate && !s.gate->wait(l)) {
+          failed_at = "sequence " + std::to_string(s.seq_id) + ": layer " + std::to_string(l) +
+                      " of its cached prefix will not arrive";
+          return false;
+        }
+      if (tl) ok(cudaEventRecord(tl[6 * l + 2], copy_), "record an event");
+      float* staging = staging_up_[l % 2].as<float>();
+      for (size_t i = 0; i < a.upload.size(); ++i)
+        ok(cudaMemcpyAsync(staging + i * pe, kv_.k_at(l, a.upload[i], 0), pe * 4, cudaMemcpyHostToDevice, copy_),
+           "upload a KV page");
+      ok_launch(cuda::launch_kv_scatter({kv_layer(l), staging, reinterpret_cast<uint32_t*>(dev(7)),
+                                         static_cast<uint32_t>(a.upload.size()), pe, type_}, copy_),
+                "scatter uploaded KV");
+      ok(cudaEventRecord(up_done[l], copy_), "record an event");
+      if (tl) ok(cudaEventRecord(tl[6 * l + 3], copy_), "record an event");
+      return true;
+    };
+
+    const uint32_t h = cfg_.hidden_size, qd = cfg_.q_dim(), kvd = cfg_.kv_dim(), f = cfg_.intermediate_size;
+    bool going = err_.empty() && enqueue_upload(0);
+    for (uint32_t l = 0; going && l < L; ++l) {
+      const auto& w = layers_[l];
+      if (tl) ok(cudaEventRecord(tl[6 * l + 0], compute_), "record an event");
+      ok_launch(cuda::launch_rmsnorm_cast({x_.as<float>(), nullptr, w.attn_norm.as<float>(), hn_.ptr, n, h, cfg_.rms_norm_eps, type_}, compute_),
+                "attention norm");
+      gemm(hn_.ptr, w.wqkv.ptr, qkv_.as<float>(), n, qd + 2 * kvd, h, 0.0f);
+      // The new rows' K and V land in pages an upload may also fill (a prefix's last page).
+      if (!a.upload.empty()) ok(cudaStreamWaitEvent(compute_, up_done[l], 0), "wait for the upload");
+      ok_launch(cuda::launch_qkv_finish({qkv_.as<float>(), w.bqkv.as<float>(), w.q_norm.as<float>(), w.k_norm.as<float>(),
+                                         inv_freq_.as<float>(), reinterpret_cast<uint32_t*>(dev(1)),
+                                         reinterpret_cast<uint64_t*>(dev(9)), kv_layer(l), n, cfg_.num_attention_heads,
+                                         cfg_.num_key_value_heads, cfg_.head_dim, kv_.layout().page_size_tokens,
+                                         cfg_.rms_norm_eps, type_},
+                                        compute_),
+                "qkv bias/norm/rope/store");
+      ok(cudaEventRecord(kv_written[l], compute_), "record an event");
+      ok_launch(cuda::launch_attention({qkv_.as<float>(), qd + 2 * kvd, kv_layer(l), reinterpret_cast<uint32_t*>(dev(1)),
+                                        reinterpret_cast<uint32_t*>(dev(3)), reinterpret_cast<uint32_t*>(dev(2)),
+                                        reinterpret_cast<uint32_t*>(dev(4)), static_cast<uint32_t>(a.tiles.size()),
+                                        cuda::attention_tile_rows, reinterpret_cast<uint32_t*>(dev(5)), attn_.ptr,
+                                        cfg_.num_attention_heads, cfg_.num_key_value_heads, cfg_.head_dim,
+                                        kv_.layout().page_size_tokens, pe, 1.0f / std::sqrt(float(cfg_.head_dim)), type_},
+                                       compute_),
+                "attention");
+      gemm(attn_.ptr, w.wo.ptr, x_.as<float>(), n, h, qd, 1.0f);
+      ok_launch(cuda::launch_rmsnorm_cast({x_.as<float>(), nullptr, w.mlp_norm.as<float>(), hn_.ptr, n, h, cfg_.rms_norm_eps, type_}, compute_),
+                "mlp norm");
+      gemm(hn_.ptr, w.wgu.ptr, gu_.as<float>(), n, 2 * f, h, 0.0f);
+      ok_launch(cuda::launch_swiglu({gu_.as<float>(), act_.ptr, n, f, type_}, compute_), "swiglu");
+      gemm(act_.ptr, w.wdown.ptr, x_.as<float>(), n, h, f, 1.0f);
+      if (tl) ok(cudaEventRecord(tl[6 * l + 1], compute_), "record an event");
+
+      // Send stream: mirror the layer's new KV to the host pool, then tell the sink.
+      ok(cudaStreamWaitEvent(send_, kv_written[l], 0), "order the send stream");
+      if (tl) ok(cudaEventRecord(tl[6 * l + 4], send_), "record an event");
+      if (!a.mirror.empty()) {
+        float* staging = staging_send_[l % 2].as<float>();
+        ok_launch(cuda::launch_kv_gather({kv_layer(l), staging, reinterpret_cast<uint32_t*>(dev(8)),
+                                          static_cast<uint32_t>(a.mirror.size()), pe, type_}, send_),
+                  "gather KV to mirror");
+        for (size_t i = 0; i < a.mirror.size(); ++i)
+          ok(cudaMemcpyAsync(kv_.k_at(l, a.mirror[i], 0), staging + i * pe, pe * 4, cudaMemcpyDeviceToHost, send_),
+             "mirror a KV page");
+      }
+      if (tl) ok(cudaEventRecord(tl[6 * l + 5], send_), "record an event");
+      notes[l] = {&sink, job.job_id, l};
+      ok(cudaLaunchHostFunc(send_, notify_layer_done, &notes[l]), "queue the layer notice");
+      going = err_.empty() && (l + 1 == L || enqueue_upload(l + 1));
+    }
+    if (going) {
+      ok_launch(cuda::launch_rmsnorm_cast({x_.as<float>(), reinterpret_cast<uint32_t*>(dev(6)), final_norm_.as<float>(),
+                                           hn_.ptr, nw, h, cfg_.rms_norm_eps, type_}, compute_),
+                "final norm");
+      if (nw) gemm(hn_.ptr, lm_head_.ptr ? lm_head_.ptr : embed_.ptr, logits_dev_.as<float>(), nw, cfg_.vocab_size, h, 0.0f);
+      ok(cudaMemcpyAsync(logits_host_.ptr, logits_dev_.ptr, uint64_t{nw} * cfg_.vocab_size * 4, cudaMemcpyDeviceToHost, compute_),
+         "copy logits");
+    }
+    // The job's end: the one place the host waits for the device.
+    ok(cudaStreamSynchronize(compute_), "run the job");
+    ok(cudaStreamSynchronize(copy_), "upload KV");
+    ok(cudaStreamSynchronize(send_), "mirror KV");
+    if (tl) collect_timeline(tl, L, a.upload.empty());
+    if (!failed_at.empty()) return sink.on_failed(job.job_id, failed_at);
+    if (!err_.empty())
+      return sink.on_failed(job.job_id, "cuda executor: job " + std::to_string(job.job_id) + " (" +
+                                            std::to_string(job.seqs.size()) + " sequences, first " +
+                                            std::to_string(job.seqs.front().seq_id) + "): " + err_);
+    size_t g = 0;
+    for (const auto& s : job.seqs)
+      for (auto p : s.pages) dev_gen_[p] = gen_at_start[g++];
+    std::vector<std::vector<float>> logits(job.seqs.size());
+    const float* lh = static_cast<const float*>(logits_host_.ptr);
+    for (size_t s = 0, k = 0; s < job.seqs.size(); ++s)
+      if (job.seqs[s].want_logits) {
+        logits[s].assign(lh + k * cfg_.vocab_size, lh + (k + 1) * cfg_.vocab_size);
+        ++k;
+      }
+    sink.on_done(job.job_id, std::move(logits));
+  }
+
+  void collect_timeline(cudaEvent_t* tl, uint32_t L, bool no_upload) {
+    std::vector<stream_span> spans;
+    auto at = [&](cudaEvent_t e) {
+      float ms = 0;
+      cudaEventElapsedTime(&ms, tl[0], e);
+      return double{ms};
+    };
+    for (uint32_t l = 0; l < L; ++l) {
+      spans.push_back({"compute", l, at(tl[6 * l]), at(tl[6 * l + 1])});
+      if (!no_upload) spans.push_back({"copy", l, at(tl[6 * l + 2]), at(tl[6 * l + 3])});
+      spans.push_back({"send", l, at(tl[6 * l + 4]), at(tl[6 * l + 5])});
+    }
+    cudaGetLastError();
+    std::lock_guard<std::mutex> lock{timeline_mutex_};
+    timeline_ = std::move(spans);
+  }
+
+  model_config cfg_;
+  cuda_executor_config ecfg_;
+  std::shared_ptr<const model_weights> weights_;
+  dtype type_;
+  kv_cache kv_;
+  std::vector<uint32_t> dev_gen_;  ///< per page: the host generation the device copy holds (0: none)
+  std::string device_name_;
+  std::string err_;                ///< the first CUDA failure of the current job
+  bool host_registered_ = false;
+  uint64_t weight_bytes_ = 0;
+
+  cudaStream_t compute_ = nullptr, copy_ = nullptr, send_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+  std::vector<cudaEvent_t> events_;
+
+  device_buffer kv_dev_, inv_freq_, embed_, lm_head_, final_norm_;
+  std::vector<device_layer> layers_;
+  device_buffer x_, hn_, qkv_, attn_, gu_, act_, logits_dev_, args_dev_;
+  device_buffer staging_up_[2], staging_send_[2];
+  pinned_buffer args_host_, logits_host_;
+
+  mutable std::mutex timeline_mutex_;
+  std::vector<stream_span> timeline_;
+
+  std::mutex mutex_;
+  std::mutex join_mutex_;
+  std::condition_variable wake_;
+  std::deque<std::pair<forward_job, std::shared_ptr<executor_sink>>> queue_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace
+
+std::unique_ptr<executor> make_cuda_executor(model_config cfg, std::shared_ptr<const model_weights> weights,
+                                             cuda_executor_config exec_cfg, std::string* why) {
+  auto e = std::make_unique<cuda_executor>(std::move(cfg), std::move(weights), exec_cfg);
+  if (auto err = e->init(); !err.empty()) {
+    *why = std::move(err);
+    return nullptr;
+  }
+  return e;
+}
+
+}  // namespace baton::gpu

@@ -1,0 +1,75 @@
+#pragma once
+
+// The CUDA backend of the executor (issue 11, part one): the same Llama math as the CPU
+// executor, with weights and KV pages on the device, matrix products through cuBLAS and the
+// kernels of gpu/cuda/. No CUDA headers here: CPU-only code may include it, and
+// make_cuda_executor says why it cannot build one where the build or the machine has no CUDA.
+//
+// Three streams per executor:
+//   compute - the layers, in order;
+//   copy    - host -> device upload of KV pages the device does not hold yet (a cached prefix
+//             that arrived in the host pool from the store or from a prefill rank), layer by
+//             layer, one layer ahead of compute; layer l's attention waits for its event;
+//   send    - device -> host mirror of the KV each layer wrote, then the sink's on_layer_done,
+//             so a transport can ship layer l while layer l + 1 computes.
+// Per-layer events order them; nothing synchronises the device until the job's end.
+//
+// The host pool (kv()) stays authoritative for pages the device has not uploaded since their
+// last allocation or note_host_write (kv_cache::generation); the device copy is authoritative
+// after that, mirrored to the host per layer when mirror_to_host is on.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gpu/executor.hpp"
+#include "gpu/weights.hpp"
+
+namespace baton::gpu {
+
+struct cuda_executor_config {
+  int device = 0;
+  uint32_t num_kv_pages = 512;
+  uint32_t page_size_tokens = 16;
+  bool bf16 = true;               ///< weights, KV and matrix inputs in bf16; false: fp32 throughout (conformance)
+  bool mirror_to_host = true;     ///< copy each layer's new KV to the host pool (sends, store write-back)
+  bool host_pool = true;          ///< false: no host page memory (device-resident benchmarks; implies no mirror)
+  bool pin_host_pool = true;      ///< page-lock the host pool once, so uploads and mirrors run at PCIe speed
+  uint32_t max_batch_tokens = 8192;  ///< activation buffers hold this many rows; larger jobs are refused
+  uint64_t random_weights_seed = 0;  ///< non-zero: weights drawn on the device (benchmarks; `weights` unused)
+  bool record_timeline = false;   ///< per-layer events on every stream (benchmarks)
+
+  std::string validate() const;
+};
+
+/// One piece of work on one stream, relative to the job's start (record_timeline).
+struct stream_span {
+  std::string stream;  ///< "compute", "copy" or "send"
+  uint32_t layer;
+  double start_ms;
+  double end_ms;
+};
+
+/// What the CUDA executor offers beyond the executor interface (benchmarks and tests reach it
+/// through dynamic_cast).
+class cuda_executor_extras {
+public:
+  virtual ~cuda_executor_extras() = default;
+  /// The last finished job's spans (empty unless record_timeline).
+  virtual std::vector<stream_span> last_timeline() const = 0;
+  /// Benchmarks: fill these pages' device KV with pseudo-random values and treat them as held on
+  /// the device (no upload), for contexts whose host pool would not fit in memory.
+  virtual std::string fill_device_kv_random(const std::vector<uint32_t>& pages, uint64_t seed) = 0;
+  /// Turns the per-layer host mirror (the sends) on or off between jobs (benchmarks compare
+  /// the two; on needs a host pool).
+  virtual void set_mirror_to_host(bool on) = 0;
+  /// Bytes of weights on the device (for the HBM floor).
+  virtual uint64_t weight_bytes() const = 0;
+};
+
+/// Null with `why` set when this build has no CUDA, the machine no device, or the device
+/// refuses (out of memory, ...).
+std::unique_ptr<executor> make_cuda_executor(model_config cfg, std::shared_ptr<const model_weights> weights,
+                                             cuda_executor_config exec_cfg, std::string* why);
+
+}  // namespace baton::gpu
