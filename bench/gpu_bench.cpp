@@ -185,21 +185,14 @@ double wall_ms(executor& e, const forward_job& job) {
 }
 
 struct stream_summary {
-  double compute_ms = 0, copy_ms = 0, send_ms = 0, end_ms = 0, copy_ahead_min_ms = 1e30;
+  double compute_ms = 0, copy_ms = 0, send_ms = 0, end_ms = 0;
 };
 stream_summary summarise(const std::vector<stream_span>& spans) {
   stream_summary s;
-  std::map<uint32_t, double> compute_start, copy_end;
   for (const auto& sp : spans) {
     const double d = sp.end_ms - sp.start_ms;
-    if (sp.stream == "compute") {
-      s.compute_ms += d;
-      compute_start[sp.layer] = sp.start_ms;
-    }
-    if (sp.stream == "copy") {
-      s.copy_ms += d;
-      copy_end[sp.layer] = sp.end_ms;
-    }
+    if (sp.stream == "compute") s.compute_ms += d;
+    if (sp.stream == "copy") s.copy_ms += d;
     if (sp.stream == "send") s.send_ms += d;
     s.end_ms = std::max(s.end_ms, sp.end_ms);
   }
@@ -309,6 +302,7 @@ void decode_and_prefill_bench(bool quick, double read_bw_gbps, double gemm_rate)
   ec.random_weights_seed = 12;
   ec.host_pool = false;
   ec.mirror_to_host = false;
+  ec.record_timeline = true;  // to split a step's wall time into GPU compute and the rest
   std::string why;
   auto e = make_cuda_executor(cfg, nullptr, ec, &why);
   if (!e) {
@@ -327,7 +321,7 @@ void decode_and_prefill_bench(bool quick, double read_bw_gbps, double gemm_rate)
   const double kv_token_bytes = 2.0 * cfg.num_hidden_layers * cfg.kv_dim() * 2;  // bf16 K and V, all layers
   std::printf("\ndecode step, Llama-3-8B shape, bf16, weights %.2f GB; HBM read ceiling %.0f GB/s\n",
               x->weight_bytes() / 1e9, read_bw_gbps);
-  std::printf("%6s %6s %12s %12s %8s\n", "batch", "ctx", "step ms", "floor ms", "ratio");
+  std::printf("%6s %6s %12s %12s %8s %14s\n", "batch", "ctx", "step ms", "floor ms", "ratio", "layers' GPU ms");
   for (auto p : pts) {
     forward_job job{1, {}, forward_job::decode};
     for (uint32_t b = 0; b < p.batch; ++b) {
@@ -335,16 +329,19 @@ void decode_and_prefill_bench(bool quick, double read_bw_gbps, double gemm_rate)
       std::vector<uint32_t> sp(pages.begin() + b * per, pages.begin() + (b + 1) * per);
       job.seqs.push_back(forward_seq{b, {static_cast<int32_t>(b % 1000)}, p.ctx, sp, true});
     }
-    std::vector<double> t;
+    std::vector<double> t, gpu;
     for (int i = 0; i < (quick ? 3 : 8); ++i) {
       const double ms = wall_ms(*e, job);
-      if (i >= 2) t.push_back(ms);
+      if (i >= 2) {
+        t.push_back(ms);
+        gpu.push_back(summarise(x->last_timeline()).compute_ms);
+      }
     }
     const double floor = (x->weight_bytes() + kv_token_bytes * p.batch * (p.ctx + 1)) / (read_bw_gbps * 1e9) * 1e3;
     const double ms = median(t);
-    std::printf("%6u %6u %12.2f %12.2f %8.2f\n", p.batch, p.ctx, ms, floor, ms / floor);
+    std::printf("%6u %6u %12.2f %12.2f %8.2f %14.2f\n", p.batch, p.ctx, ms, floor, ms / floor, median(gpu));
     json << "{\"bench\":\"decode\",\"batch\":" << p.batch << ",\"ctx\":" << p.ctx << ",\"step_ms\":" << ms
-         << ",\"floor_ms\":" << floor << "}\n";
+         << ",\"floor_ms\":" << floor << ",\"layers_gpu_ms\":" << median(gpu) << "}\n";
     row("decode step, batch " + std::to_string(p.batch) + ", ctx " + std::to_string(p.ctx), fmt("%.2f ms", ms),
         fmt("HBM floor %.2f ms", floor) + fmt(" (x%.2f; goal <= 1.3)", ms / floor));
   }

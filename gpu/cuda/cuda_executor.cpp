@@ -82,6 +82,18 @@ void CUDART_CB notify_layer_done(void* p) {
   n->sink->on_layer_done(n->job_id, n->layer);
 }
 
+/// Calls fn(first, count) for each run of consecutive page ids in `pages`: a run is one region
+/// of a layer in both pools, so it moves in one copy (128 KiB copies reach half of PCIe).
+template <typename Fn>
+void for_runs(const std::vector<uint32_t>& pages, Fn fn) {
+  for (size_t i = 0; i < pages.size();) {
+    size_t j = i + 1;
+    while (j < pages.size() && pages[j] == pages[j - 1] + 1) ++j;
+    fn(i, j - i);
+    i = j;
+  }
+}
+
 /// A job's small arrays, packed once into pinned memory and copied to the device in one go.
 struct job_args {
   std::vector<int32_t> tokens;
@@ -429,9 +441,10 @@ private:
         }
       if (tl) ok(cudaEventRecord(tl[6 * l + 2], copy_), "record an event");
       float* staging = staging_up_[l % 2].as<float>();
-      for (size_t i = 0; i < a.upload.size(); ++i)
-        ok(cudaMemcpyAsync(staging + i * pe, kv_.k_at(l, a.upload[i], 0), pe * 4, cudaMemcpyHostToDevice, copy_),
-           "upload a KV page");
+      for_runs(a.upload, [&](size_t i, size_t count) {
+        ok(cudaMemcpyAsync(staging + i * pe, kv_.k_at(l, a.upload[i], 0), count * pe * 4, cudaMemcpyHostToDevice, copy_),
+           "upload KV pages");
+      });
       ok_launch(cuda::launch_kv_scatter({kv_layer(l), staging, reinterpret_cast<uint32_t*>(dev(7)),
                                          static_cast<uint32_t>(a.upload.size()), pe, type_}, copy_),
                 "scatter uploaded KV");
@@ -482,9 +495,10 @@ private:
         ok_launch(cuda::launch_kv_gather({kv_layer(l), staging, reinterpret_cast<uint32_t*>(dev(8)),
                                           static_cast<uint32_t>(a.mirror.size()), pe, type_}, send_),
                   "gather KV to mirror");
-        for (size_t i = 0; i < a.mirror.size(); ++i)
-          ok(cudaMemcpyAsync(kv_.k_at(l, a.mirror[i], 0), staging + i * pe, pe * 4, cudaMemcpyDeviceToHost, send_),
-             "mirror a KV page");
+        for_runs(a.mirror, [&](size_t i, size_t count) {
+          ok(cudaMemcpyAsync(kv_.k_at(l, a.mirror[i], 0), staging + i * pe, count * pe * 4, cudaMemcpyDeviceToHost, send_),
+             "mirror KV pages");
+        });
       }
       if (tl) ok(cudaEventRecord(tl[6 * l + 5], send_), "record an event");
       notes[l] = {&sink, job.job_id, l};

@@ -246,7 +246,7 @@ TEST_CASE("cuda executor: what sharing a batch does to a sequence's logits (repo
   // Attention and the element-wise kernels are batch-invariant by construction; cuBLAS may pick
   // another algorithm for another row count, so the matrix products need not be. Measured, not
   // asserted, until issue 12 fixes one algorithm per shape bucket.
-  MESSAGE("batch of 1 vs batch of 2: max |dlogit| " << max_diff(alone.logits[0], shared.logits[1])
-                                                     << (test::same_bits(alone.logits[0], shared.logits[1]) ? " (identical bits)" : ""));
+  const std::string same = test::same_bits(alone.logits[0], shared.logits[1]) ? " (identical bits)" : "";
+  MESSAGE("batch of 1 vs batch of 2: max |dlogit| " << max_diff(alone.logits[0], shared.logits[1]) << same);
   CHECK(max_diff(alone.logits[0], shared.logits[1]) <= 0.05f * max_abs(alone.logits[0]));
 }
