@@ -21,6 +21,7 @@ namespace baton {
 std::string local_cluster_config::validate() const {
   if (auto e = model.validate(); !e.empty()) return "model: " + e;
   if (auto e = executor.validate(); !e.empty()) return "executor: " + e;
+  if (auto e = backend.validate(); !e.empty()) return e;
   if (auto e = prefill.validate(); !e.empty()) return e;
   if (auto e = decode.validate(); !e.empty()) return e;
   if (auto e = router.request.validate(); !e.empty()) return e;
@@ -46,7 +47,7 @@ namespace {
 store::kv_identity kv_identity_of(const local_cluster_config& cfg) {
   const auto& m = cfg.model;
   return {m.name + " seed " + std::to_string(cfg.weights_seed), m.num_hidden_layers, m.kv_dim(), cfg.store.block_tokens,
-          cfg.executor.page_size_tokens, "f32"};
+          cfg.executor.page_size_tokens, cfg.backend.kv_dtype()};
 }
 
 }  // namespace
@@ -58,7 +59,7 @@ local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_co
     auto weights = cfg.weights ? cfg.weights
                                : std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
     make_executor = [weights, &cfg](const std::string&) -> std::shared_ptr<gpu::executor> {
-      return gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
+      return gpu::make_backend_executor(cfg.backend, cfg.model, weights, cfg.executor);
     };
   }
   auto fabric = transport::make_loopback_fabric();

@@ -14,6 +14,7 @@
 #include "actors/messages.hpp"
 #include "actors/router.hpp"
 #include "actors/store_access.hpp"
+#include "gpu/cuda_executor.hpp"
 #include "gpu/executor.hpp"
 #include "gpu/weights.hpp"
 #include "transport/transport.hpp"
@@ -40,7 +41,8 @@ struct local_cluster_config {
   elastic_controller_config elastic;
   /// KV handoff backend: loopback (in-process memcpy), ucx, or modelled (sims: no bytes move)
   std::string transport = "loopback";
-  gpu::cpu_executor_config executor;
+  gpu::cpu_executor_config executor;  ///< the KV pool's size (and the CPU backend's threads)
+  gpu::backend_config backend;        ///< cpu (default) or cuda
   prefill_rank_config prefill;  ///< name is a prefix: ranks are <name>-0, <name>-1, ...
   decode_rank_config decode;
   prefill_balancer_config prefill_balancer;

@@ -178,6 +178,7 @@ bool load_model_into(const std::string& dir, local_cluster_config* cfg, std::str
 int run_local(const std::vector<std::string>& args) {
   local_options opt;
   flag_set flags;
+  bool cuda_fp32 = false;
   flags.add("--prefill-ranks", &opt.cluster.num_prefill_ranks, "prefill ranks");
   flags.add("--decode-ranks", &opt.cluster.num_decode_ranks, "decode ranks");
   flags.add("--elastic-ranks", &opt.cluster.num_elastic_ranks,
@@ -191,6 +192,8 @@ int run_local(const std::vector<std::string>& args) {
   flags.add("--elastic-cooldown-s", &opt.cluster.elastic.planner.cooldown_s, "elastic P/D: at least this long between moves");
   flags.add("--elastic-dwell-s", &opt.cluster.elastic.planner.dwell_s, "elastic P/D: a moved rank keeps its role this long");
   flags.add("--executor-threads", &opt.cluster.executor.num_threads, "math threads per rank's executor");
+  flags.add("--executor", &opt.cluster.backend.kind, "executor backend: cpu (default) or cuda (every rank on one GPU)");
+  flags.add("--cuda-fp32", &cuda_fp32, "cuda: fp32 weights and KV instead of bf16 (the conformance mode)");
   flags.add("--kv-pages", &opt.cluster.executor.num_kv_pages, "KV pages per rank");
   flags.add("--page-tokens", &opt.cluster.executor.page_size_tokens, "tokens per KV page");
   flags.add("--chunk-tokens", &opt.cluster.prefill.chunk_tokens, "largest prefill chunk, in tokens");
@@ -248,6 +251,7 @@ int run_local(const std::vector<std::string>& args) {
             "admission control: requests in flight at most, more are refused (HTTP 429); 0 = no limit");
   flags.add("--api-key", &opt.api_keys, "--serve: an API key the gateway accepts as a bearer token (repeatable)");
   if (auto rc = flags.parse_command_line(args, "local", "baton local [flags]")) return *rc;
+  opt.cluster.backend.cuda_bf16 = !cuda_fp32;
   if (opt.model != "random") {
     std::string why;
     if (!load_model_into(opt.model, &opt.cluster, &why)) {
@@ -324,7 +328,7 @@ int run_local(const std::vector<std::string>& args) {
 
   const auto& m = opt.cluster.model;
   std::printf("baton local: model %s (%u layers, hidden %u, %.2fM parameters, tokenizer %s), %u prefill + %u decode "
-              "ranks%s, executor %u thread(s) each\n",
+              "ranks%s, executor %s each\n",
               m.name.c_str(), m.num_hidden_layers, m.hidden_size, static_cast<double>(m.num_parameters()) / 1e6,
               opt.cluster.router.tokenizer ? opt.cluster.router.tokenizer->describe().c_str() : "bytes",
               opt.cluster.num_prefill_ranks, opt.cluster.num_decode_ranks,
@@ -332,7 +336,11 @@ int run_local(const std::vector<std::string>& args) {
                   ? (" + " + std::to_string(opt.cluster.num_elastic_ranks) + " elastic (" +
                      std::to_string(opt.cluster.elastic_prefill_at_start) + " prefill at start)").c_str()
                   : "",
-              opt.cluster.executor.num_threads);
+              opt.cluster.backend.kind == "cuda"
+                  ? (std::string{"cuda "} + (opt.cluster.backend.cuda_bf16 ? "bf16" : "fp32") + " on device " +
+                     std::to_string(opt.cluster.backend.cuda_device))
+                        .c_str()
+                  : (std::to_string(opt.cluster.executor.num_threads) + " CPU thread(s)").c_str());
   // Store nodes start before the head (the launcher's order); still, keep trying for a while.
   for (size_t i = 0; i < store_addrs.size(); ++i) {
     const auto& [host, port] = store_addrs[i];
@@ -379,12 +387,14 @@ int run_local(const std::vector<std::string>& args) {
       std::vector<std::string> argv = {self_executable(), "node", "--role", "decode", "--name", "decode-" + std::to_string(i),
                                        "--connect", "127.0.0.1:" + std::to_string(*port), "--kv-pages",
                                        std::to_string(e.num_kv_pages), "--page-tokens", std::to_string(e.page_size_tokens),
-                                       "--executor-threads", std::to_string(e.num_threads), "--weights-seed",
+                                       "--executor-threads", std::to_string(e.num_threads), "--executor",
+                                       opt.cluster.backend.kind, "--weights-seed",
                                        std::to_string(opt.cluster.weights_seed), "--poll-attempts",
                                        std::to_string(opt.poll_attempts), "--model", opt.model,
                                        "--cluster-id", opt.sec.cluster_id};
       if (opt.sec.tls())
         argv.insert(argv.end(), {"--tls-cert", opt.sec.tls_cert, "--tls-key", opt.sec.tls_key, "--tls-ca", opt.sec.tls_ca});
+      if (cuda_fp32) argv.push_back("--cuda-fp32");
       auto pid = spawn_process(argv, &why);
       if (pid < 0) {
         std::fprintf(stderr, "baton local: %s\n", why.c_str());

@@ -34,6 +34,7 @@
 #include "deploy/net_security.hpp"
 #include "deploy/processes.hpp"
 #include "gpu/cpu_executor.hpp"
+#include "gpu/cuda_executor.hpp"
 #include "gpu/fault_executor.hpp"
 #include "transport/ucx.hpp"
 
@@ -124,6 +125,10 @@ int run_node(const std::vector<std::string>& args) {
   flags.add("--kv-pages", &exec_cfg.num_kv_pages, "KV pages per rank");
   flags.add("--page-tokens", &exec_cfg.page_size_tokens, "tokens per KV page");
   flags.add("--executor-threads", &exec_cfg.num_threads, "math threads per rank");
+  gpu::backend_config backend;
+  bool cuda_fp32 = false;
+  flags.add("--executor", &backend.kind, "executor backend: cpu (default) or cuda");
+  flags.add("--cuda-fp32", &cuda_fp32, "cuda: fp32 weights and KV instead of bf16");
   flags.add("--weights-seed", &weights_seed, "seed of the built-in model's weights (must match the head)");
   flags.add("--scheduler-threads", &scheduler_threads, "CAF scheduler threads");
   flags.add("--poll-attempts", &poll_attempts, "CAF work-stealing moderate-poll-attempts");
@@ -133,6 +138,11 @@ int run_node(const std::vector<std::string>& args) {
   if (auto rc = flags.parse_command_line(
           args, "node", "baton node --role decode|prefill --connect HOST:PORT | --role store --listen HOST:PORT [flags]"))
     return *rc;
+  backend.cuda_bf16 = !cuda_fp32;
+  if (auto e = backend.validate(); !e.empty()) {
+    std::fprintf(stderr, "baton node: %s\n", e.c_str());
+    return 2;
+  }
   if (role != "decode" && role != "prefill" && role != "store") {
     std::fprintf(stderr, "baton node: --role must be decode, prefill or store (got '%s')\n", role.c_str());
     return 2;
@@ -204,7 +214,7 @@ int run_node(const std::vector<std::string>& args) {
       std::string why;
       auto xport = transport::make_ucx_transport({rank_name}, &why);
       if (!xport) return "rank " + rank_name + ": UCX: " + why;
-      std::shared_ptr<gpu::executor> exec = gpu::make_cpu_executor(model, weights, exec_cfg);
+      std::shared_ptr<gpu::executor> exec = gpu::make_backend_executor(backend, model, weights, exec_cfg);
       if (fault_job_delay_ms) exec = gpu::make_fault_slow_executor(std::move(exec), fault_job_delay_ms);
       if (role == "decode") {
         auto rc = rank;

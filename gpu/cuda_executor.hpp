@@ -44,7 +44,7 @@ struct cuda_executor_config {
 
 /// One piece of work on one stream, relative to the job's start (record_timeline).
 struct stream_span {
-  std::string stream;  ///< "compute", "copy" or "send"
+  std::string stream;  ///< "compute", "copy" (its "copy-h2d" part: the PCIe copies alone) or "send"
   uint32_t layer;
   double start_ms;
   double end_ms;
@@ -66,6 +66,25 @@ public:
   /// Bytes of weights on the device (for the HBM floor).
   virtual uint64_t weight_bytes() const = 0;
 };
+
+/// Which backend a rank's executor runs on: the command lines' --executor cpu|cuda.
+struct backend_config {
+  std::string kind = "cpu";  ///< "cpu" (the reference, fp32) or "cuda"
+  bool cuda_bf16 = true;     ///< cuda: bf16 weights and KV (false: fp32, for conformance)
+  int cuda_device = 0;
+
+  /// Empty when usable here, else a sentence naming the problem (no device, unknown kind).
+  std::string validate() const;
+  /// How the KV values are computed, for the block store's keys: blocks of two backends differ.
+  std::string kv_dtype() const { return kind == "cuda" ? (cuda_bf16 ? "cuda-bf16" : "cuda-f32") : "f32"; }
+};
+
+/// The executor `backend` names, sized by `pool` (pages, page size; threads for the CPU). A CUDA
+/// executor that cannot start (out of device memory, ...) comes back as one that refuses every
+/// job with the reason, so the rank reports it instead of the process dying.
+std::shared_ptr<executor> make_backend_executor(const backend_config& backend, const model_config& model,
+                                                std::shared_ptr<const model_weights> weights,
+                                                const cpu_executor_config& pool);
 
 /// Null with `why` set when this build has no CUDA, the machine no device, or the device
 /// refuses (out of memory, ...).

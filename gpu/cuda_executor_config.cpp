@@ -1,5 +1,8 @@
 #include "gpu/cuda_executor.hpp"
 
+#include "gpu/cpu_executor.hpp"
+#include "gpu/cuda/kernels.hpp"
+
 namespace baton::gpu {
 
 std::string cuda_executor_config::validate() const {
@@ -9,6 +12,54 @@ std::string cuda_executor_config::validate() const {
   if (max_batch_tokens == 0) return "max_batch_tokens must be >= 1";
   if (mirror_to_host && !host_pool) return "mirror_to_host needs host_pool";
   return {};
+}
+
+std::string backend_config::validate() const {
+  if (kind == "cpu") return {};
+  if (kind != "cuda") return "executor backend \"" + kind + "\" is unknown (cpu or cuda)";
+#ifndef BATON_HAVE_CUDA
+  return "executor backend cuda: this build has no CUDA (nvcc was not found when it was configured)";
+#else
+  if (cuda::device_count() <= cuda_device)
+    return "executor backend cuda: no CUDA device " + std::to_string(cuda_device) + " on this machine";
+  return {};
+#endif
+}
+
+namespace {
+
+/// A rank whose device could not start: every job fails with the reason.
+class refusing_executor final : public executor {
+public:
+  refusing_executor(model_config cfg, kv_layout layout, std::string why)
+    : cfg_(std::move(cfg)), kv_(layout, false), why_(std::move(why)) {}
+  const model_config& config() const override { return cfg_; }
+  kv_cache& kv() override { return kv_; }
+  std::string describe() const override { return "unavailable: " + why_; }
+  void submit(forward_job job, std::shared_ptr<executor_sink> sink) override { sink->on_failed(job.job_id, why_); }
+
+private:
+  model_config cfg_;
+  kv_cache kv_;
+  std::string why_;
+};
+
+}  // namespace
+
+std::shared_ptr<executor> make_backend_executor(const backend_config& backend, const model_config& model,
+                                                std::shared_ptr<const model_weights> weights,
+                                                const cpu_executor_config& pool) {
+  if (backend.kind != "cuda") return make_cpu_executor(model, std::move(weights), pool);
+  cuda_executor_config c;
+  c.device = backend.cuda_device;
+  c.bf16 = backend.cuda_bf16;
+  c.num_kv_pages = pool.num_kv_pages;
+  c.page_size_tokens = pool.page_size_tokens;
+  std::string why;
+  if (auto e = make_cuda_executor(model, std::move(weights), c, &why)) return e;
+  return std::make_shared<refusing_executor>(
+      model, kv_layout{model.num_hidden_layers, pool.num_kv_pages, pool.page_size_tokens, model.kv_dim()},
+      "cuda executor: " + why);
 }
 
 #ifndef BATON_HAVE_CUDA

@@ -20,6 +20,7 @@ bench="$(dirname "$bin")/bin/baton_bench_gpu"
 cub=$(dirname "$(ls /usr/local/cuda*/targets/x86_64-linux/lib/libcublasLt.so.13 2>/dev/null | head -1)" 2>/dev/null)
 export LD_LIBRARY_PATH="$root/.device/lib:${cub:-/usr/local/cuda/lib64}:${LD_LIBRARY_PATH:-}"
 export UCX_NET_DEVICES=lo PYTHONUNBUFFERED=1 BATON_SOURCE_DIR="$root"
+[ -d "$root/.device/lib/ucx" ] && export UCX_MODULE_DIR="$root/.device/lib/ucx"
 log="$out/h200.txt"
 : > "$log"
 say() { echo "$@" | tee -a "$log"; }
@@ -44,6 +45,30 @@ if grep -q "Status: FAILURE" "$out/conformance.txt"; then
   exit 1
 fi
 
+say "== the main job on the GPU: baton local --executor cuda (built-in model)"
+baton="$(dirname "$bin")/bin/baton"
+[ -x "$baton" ] || baton=build/deploy/baton
+if command -v nvidia-smi >/dev/null && nvidia-smi >/dev/null 2>&1; then
+  for run in "cpu:--executor cpu" "cuda-fp32:--executor cuda --cuda-fp32" "cuda-bf16:--executor cuda" \
+             "cuda-bf16-ucx-process:--executor cuda --transport ucx --decode-processes 1"; do
+    name=${run%%:*}
+    timeout 90 "$baton" local ${run#*:} --num-requests 6 --max-tokens 24 > "$out/.local-$name.txt" 2>&1
+    say "$name: rc=$? $(grep -m1 'requests,' "$out/.local-$name.txt")"
+    grep -E "executor|output :" "$out/.local-$name.txt" | head -3 | tee -a "$log"
+  done
+  # Greedy answers: the fp32 GPU ranks must give the CPU reference's text; bf16 is reported.
+  for name in cuda-fp32 cuda-bf16 cuda-bf16-ucx-process; do
+    if diff <(grep "output :" "$out/.local-cpu.txt" | sort) <(grep "output :" "$out/.local-$name.txt" | sort) >/dev/null; then
+      say "answers $name = cpu: same"
+    else
+      say "answers $name = cpu: DIFFERENT"
+    fi
+  done
+  cat "$out"/.local-*.txt > "$out/local_runs.txt"; rm -f "$out"/.local-*.txt
+else
+  say "(no GPU: skipped)"
+fi
+
 say "== baton_bench_gpu"
 timeout 300 "$bench" $quick --json "$out/gpu_bench.jsonl" 2>&1 | tee "$out/bench.txt"
 rc=${PIPESTATUS[0]}
@@ -53,5 +78,6 @@ say "== PyTorch/transformers eager on the same GPU (the peer)"
 timeout 150 python3 bench/gpu/torch_peer.py $quick --json "$out/torch_peer.jsonl" 2>&1 | tee -a "$log"
 
 say "== summary"
+grep -E "^answers" "$log"
 grep -E "^\| |^ceilings|^prefix upload|^prefill" "$out/bench.txt" | tee -a "$log"
 rm -rf "$refs"

@@ -132,12 +132,18 @@ public:
     cudaDeviceProp prop{};
     cudaGetDeviceProperties(&prop, ecfg_.device);
     device_name_ = prop.name;
-    for (auto* s : {&compute_, &copy_, &send_})
-      if (!ok(cudaStreamCreateWithFlags(s, cudaStreamNonBlocking), "create a stream")) return err_;
+    // Copy and send outrank compute: their small kernels (scatter, gather) must not queue behind
+    // a layer's attention blocks, or the upload one layer ahead falls behind.
+    int least = 0, greatest = 0;
+    cudaDeviceGetStreamPriorityRange(&least, &greatest);
+    if (!ok(cudaStreamCreateWithPriority(&compute_, cudaStreamNonBlocking, least), "create a stream") ||
+        !ok(cudaStreamCreateWithPriority(&copy_, cudaStreamNonBlocking, greatest), "create a stream") ||
+        !ok(cudaStreamCreateWithPriority(&send_, cudaStreamNonBlocking, greatest), "create a stream"))
+      return err_;
     if (cublasCreate(&blas_) != CUBLAS_STATUS_SUCCESS) return "cuBLAS could not start";
     cublasSetStream(blas_, compute_);
     const uint32_t L = cfg_.num_hidden_layers;
-    for (uint32_t i = 0; i < 2 * L + 1 + (ecfg_.record_timeline ? 6 * L : 0); ++i) {
+    for (uint32_t i = 0; i < 2 * L + 1 + (ecfg_.record_timeline ? 7 * L : 0); ++i) {
       cudaEvent_t e;
       const unsigned flags = i < 2 * L && !ecfg_.record_timeline ? cudaEventDisableTiming : cudaEventDefault;
       if (!ok(cudaEventCreateWithFlags(&e, flags), "create an event")) return err_;
@@ -302,9 +308,12 @@ private:
     return err_;
   }
 
-  /// y[m][n] (fp32) = beta·y + a[m][k] · w[n][k]ᵀ, a and w of `type_`. Row-major on both sides is
-  /// cuBLAS's column-major yᵀ = w · aᵀ.
+  /// y[m][n] (fp32) = beta·y + a[m][k] · w[n][k]ᵀ, a and w of `type_`. A few rows go to our own
+  /// weight-streaming kernel; more to cuBLAS, where row-major on both sides is its column-major
+  /// yᵀ = w · aᵀ.
   bool gemm(const void* a, const void* w, float* y, uint32_t m, uint32_t n, uint32_t k, float beta) {
+    if (m <= cuda::gemv_max_rows && k % (16 / cuda::dtype_bytes(type_)) == 0)  // decode-sized: stream the weights once
+      return ok_launch(cuda::launch_gemv({a, w, y, m, n, k, beta, type_}, compute_), "gemv");
     const float alpha = 1.0f;
     const auto t = type_ == dtype::bf16 ? CUDA_R_16BF : CUDA_R_32F;
     const auto rc = cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
@@ -414,13 +423,23 @@ private:
         !ok(staging_send_[0].grow(std::max<uint64_t>(a.mirror.size(), 1) * pe * 4), "allocate send staging") ||
         !ok(staging_send_[1].grow(std::max<uint64_t>(a.mirror.size(), 1) * pe * 4), "allocate send staging"))
       return sink.on_failed(job.job_id, "cuda executor: job " + std::to_string(job.job_id) + ": " + err_);
+    // A pure decode job (one row per tile) over long contexts splits each row's positions into
+    // fixed ranges of split_positions, one block each: the split grid depends on positions alone,
+    // so a row's result does not depend on its batch-mates. Mixed jobs keep one block per tile.
+    const uint32_t max_len = *std::max_element(a.positions.begin(), a.positions.end()) + 1;
+    const bool pure_decode = a.tiles.size() == n;
+    const uint32_t split_positions = 512;
+    const uint32_t splits = pure_decode && max_len > split_positions ? (max_len + split_positions - 1) / split_positions : 1;
+    if (splits > 1 &&
+        !ok(partial_.grow(uint64_t{splits} * n * cfg_.num_attention_heads * (cfg_.head_dim + 2) * 4), "allocate attention partials"))
+      return sink.on_failed(job.job_id, "cuda executor: job " + std::to_string(job.job_id) + ": " + err_);
     std::memcpy(args_host_.ptr, bytes.data(), bytes.size());
     auto dev = [&](size_t i) { return static_cast<char*>(args_dev_.ptr) + off[i]; };
     const uint32_t L = cfg_.num_hidden_layers;
     cudaEvent_t* up_done = events_.data();
     cudaEvent_t* kv_written = events_.data() + L;
     cudaEvent_t args_ready = events_[2 * L];
-    cudaEvent_t* tl = ecfg_.record_timeline ? events_.data() + 2 * L + 1 : nullptr;  // 6 per layer
+    cudaEvent_t* tl = ecfg_.record_timeline ? events_.data() + 2 * L + 1 : nullptr;  // 7 per layer
     std::vector<layer_note> notes(L);
     std::string failed_at;  // set when a gate fails
 
@@ -439,17 +458,18 @@ private:
                       " of its cached prefix will not arrive";
           return false;
         }
-      if (tl) ok(cudaEventRecord(tl[6 * l + 2], copy_), "record an event");
+      if (tl) ok(cudaEventRecord(tl[7 * l + 2], copy_), "record an event");
       float* staging = staging_up_[l % 2].as<float>();
       for_runs(a.upload, [&](size_t i, size_t count) {
         ok(cudaMemcpyAsync(staging + i * pe, kv_.k_at(l, a.upload[i], 0), count * pe * 4, cudaMemcpyHostToDevice, copy_),
            "upload KV pages");
       });
+      if (tl) ok(cudaEventRecord(tl[7 * l + 6], copy_), "record an event");  // the PCIe part ends
       ok_launch(cuda::launch_kv_scatter({kv_layer(l), staging, reinterpret_cast<uint32_t*>(dev(7)),
                                          static_cast<uint32_t>(a.upload.size()), pe, type_}, copy_),
                 "scatter uploaded KV");
       ok(cudaEventRecord(up_done[l], copy_), "record an event");
-      if (tl) ok(cudaEventRecord(tl[6 * l + 3], copy_), "record an event");
+      if (tl) ok(cudaEventRecord(tl[7 * l + 3], copy_), "record an event");
       return true;
     };
 
@@ -457,7 +477,7 @@ private:
     bool going = err_.empty() && enqueue_upload(0);
     for (uint32_t l = 0; going && l < L; ++l) {
       const auto& w = layers_[l];
-      if (tl) ok(cudaEventRecord(tl[6 * l + 0], compute_), "record an event");
+      if (tl) ok(cudaEventRecord(tl[7 * l + 0], compute_), "record an event");
       ok_launch(cuda::launch_rmsnorm_cast({x_.as<float>(), nullptr, w.attn_norm.as<float>(), hn_.ptr, n, h, cfg_.rms_norm_eps, type_}, compute_),
                 "attention norm");
       gemm(hn_.ptr, w.wqkv.ptr, qkv_.as<float>(), n, qd + 2 * kvd, h, 0.0f);
@@ -474,9 +494,10 @@ private:
       ok_launch(cuda::launch_attention({qkv_.as<float>(), qd + 2 * kvd, kv_layer(l), reinterpret_cast<uint32_t*>(dev(1)),
                                         reinterpret_cast<uint32_t*>(dev(3)), reinterpret_cast<uint32_t*>(dev(2)),
                                         reinterpret_cast<uint32_t*>(dev(4)), static_cast<uint32_t>(a.tiles.size()),
-                                        cuda::attention_tile_rows, reinterpret_cast<uint32_t*>(dev(5)), attn_.ptr,
-                                        cfg_.num_attention_heads, cfg_.num_key_value_heads, cfg_.head_dim,
-                                        kv_.layout().page_size_tokens, pe, 1.0f / std::sqrt(float(cfg_.head_dim)), type_},
+                                        cuda::attention_tile_rows, reinterpret_cast<uint32_t*>(dev(5)), attn_.ptr, n,
+                                        splits, split_positions, partial_.as<float>(), cfg_.num_attention_heads,
+                                        cfg_.num_key_value_heads, cfg_.head_dim, kv_.layout().page_size_tokens, pe,
+                                        1.0f / std::sqrt(float(cfg_.head_dim)), type_},
                                        compute_),
                 "attention");
       gemm(attn_.ptr, w.wo.ptr, x_.as<float>(), n, h, qd, 1.0f);
@@ -485,11 +506,11 @@ private:
       gemm(hn_.ptr, w.wgu.ptr, gu_.as<float>(), n, 2 * f, h, 0.0f);
       ok_launch(cuda::launch_swiglu({gu_.as<float>(), act_.ptr, n, f, type_}, compute_), "swiglu");
       gemm(act_.ptr, w.wdown.ptr, x_.as<float>(), n, h, f, 1.0f);
-      if (tl) ok(cudaEventRecord(tl[6 * l + 1], compute_), "record an event");
+      if (tl) ok(cudaEventRecord(tl[7 * l + 1], compute_), "record an event");
 
       // Send stream: mirror the layer's new KV to the host pool, then tell the sink.
       ok(cudaStreamWaitEvent(send_, kv_written[l], 0), "order the send stream");
-      if (tl) ok(cudaEventRecord(tl[6 * l + 4], send_), "record an event");
+      if (tl) ok(cudaEventRecord(tl[7 * l + 4], send_), "record an event");
       if (!a.mirror.empty()) {
         float* staging = staging_send_[l % 2].as<float>();
         ok_launch(cuda::launch_kv_gather({kv_layer(l), staging, reinterpret_cast<uint32_t*>(dev(8)),
@@ -500,7 +521,7 @@ private:
              "mirror KV pages");
         });
       }
-      if (tl) ok(cudaEventRecord(tl[6 * l + 5], send_), "record an event");
+      if (tl) ok(cudaEventRecord(tl[7 * l + 5], send_), "record an event");
       notes[l] = {&sink, job.job_id, l};
       ok(cudaLaunchHostFunc(send_, notify_layer_done, &notes[l]), "queue the layer notice");
       going = err_.empty() && (l + 1 == L || enqueue_upload(l + 1));
@@ -544,9 +565,12 @@ private:
       return double{ms};
     };
     for (uint32_t l = 0; l < L; ++l) {
-      spans.push_back({"compute", l, at(tl[6 * l]), at(tl[6 * l + 1])});
-      if (!no_upload) spans.push_back({"copy", l, at(tl[6 * l + 2]), at(tl[6 * l + 3])});
-      spans.push_back({"send", l, at(tl[6 * l + 4]), at(tl[6 * l + 5])});
+      spans.push_back({"compute", l, at(tl[7 * l]), at(tl[7 * l + 1])});
+      if (!no_upload) {
+        spans.push_back({"copy", l, at(tl[7 * l + 2]), at(tl[7 * l + 3])});
+        spans.push_back({"copy-h2d", l, at(tl[7 * l + 2]), at(tl[7 * l + 6])});
+      }
+      spans.push_back({"send", l, at(tl[7 * l + 4]), at(tl[7 * l + 5])});
     }
     cudaGetLastError();
     std::lock_guard<std::mutex> lock{timeline_mutex_};
@@ -570,7 +594,7 @@ private:
 
   device_buffer kv_dev_, inv_freq_, embed_, lm_head_, final_norm_;
   std::vector<device_layer> layers_;
-  device_buffer x_, hn_, qkv_, attn_, gu_, act_, logits_dev_, args_dev_;
+  device_buffer x_, hn_, qkv_, attn_, gu_, act_, logits_dev_, args_dev_, partial_;
   device_buffer staging_up_[2], staging_send_[2];
   pinned_buffer args_host_, logits_host_;
 

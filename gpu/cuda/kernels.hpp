@@ -90,6 +90,10 @@ struct attention_params {
   uint32_t tile_rows;          ///< rows per tile at most (the launcher's constant; rows of a tile share a sequence)
   const uint32_t* tile_count;  ///< device, [num_tiles] rows in each tile (1..tile_rows)
   void* out;                   ///< device, [rows][num_heads·head_dim] of `type` (input of the o-projection)
+  uint32_t rows;               ///< rows in the job (the partials' stride)
+  uint32_t splits;             ///< 1, or split each tile's positions into this many ranges of
+  uint32_t split_positions;    ///<   split_positions, each a block, merged after (long decodes)
+  float* partial;              ///< device, splits > 1: [splits][rows][num_heads][head_dim + 2] scratch
   uint32_t num_heads, num_kv_heads, head_dim;
   uint32_t page_size_tokens;
   uint64_t page_elems;         ///< elements per page (K and V of every slot)
@@ -99,6 +103,19 @@ struct attention_params {
 /// The number of rows a tile may hold.
 constexpr uint32_t attention_tile_rows = 4;
 int launch_attention(const attention_params& p, void* stream);
+
+/// y[m][n] (fp32) = beta·y + a[m][k] · w[n][k]ᵀ for a few rows (decode), a and w of `type`:
+/// one warp per column streams w once. k must be a multiple of 16 bytes' worth of elements.
+constexpr uint32_t gemv_max_rows = 8;
+struct gemv_params {
+  const void* a;  ///< device, [m][k] of `type`
+  const void* w;  ///< device, [n][k] of `type`
+  float* y;       ///< device, [m][n] fp32
+  uint32_t m, n, k;
+  float beta;     ///< 0 (overwrite) or 1 (accumulate: the residual add)
+  dtype type;
+};
+int launch_gemv(const gemv_params& p, void* stream);
 
 /// a[r][i] = silu(gu[r][i]) · gu[r][f + i] into `type` (the fused gate|up product's output).
 struct swiglu_params {

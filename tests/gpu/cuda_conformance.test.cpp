@@ -182,7 +182,7 @@ TEST_CASE("cuda paged attention equals the CPU reference for tiles of one sequen
     const float scale = 1.0f / 8.0f;
     REQUIRE(cuda::launch_attention({dq.as<float>(), qd, dkv.ptr, dpos.as<uint32_t>(), dtab.as<uint32_t>(), drp.as<uint32_t>(),
                                     dtiles.as<uint32_t>(), 4, cuda::attention_tile_rows, dcnt.as<uint32_t>(), dout.ptr,
-                                    heads, kv_heads, hd, ps, pe, scale, type},
+                                    rows, 1, 0, nullptr, heads, kv_heads, hd, ps, pe, scale, type},
                                    nullptr) == 0);
     std::vector<float> got;
     if (type == cuda::dtype::f32) {
@@ -223,4 +223,82 @@ TEST_CASE("cuda KV page gather and scatter move listed pages between the pool an
   for (size_t i = 0; i < list.size(); ++i)
     CHECK(std::equal(after.begin() + list[i] * pe, after.begin() + (list[i] + 1) * pe, fresh.begin() + i * pe));
   CHECK(std::equal(after.begin() + 1 * pe, after.begin() + 4 * pe, pool.begin() + 1 * pe));  // untouched pages
+}
+
+TEST_CASE("cuda split attention (long decodes over several blocks) equals the CPU reference, and a row's bits do not "
+          "depend on its batch-mates' lengths" * doctest::skip(cuda::device_count() == 0)) {
+  const uint32_t heads = 4, kv_heads = 1, hd = 32, kvd = kv_heads * hd, ps = 16, num_pages = 100;
+  const uint64_t pe = 2ull * ps * kvd;
+  auto kv = wavy(num_pages * pe, 0.017f, 0.3f);
+  dev_vec dkv{kv};
+  // Three decode rows (one per tile): 1,300, 600 and 10 positions; pages scattered.
+  std::vector<uint32_t> positions{1299, 599, 9};
+  std::vector<uint32_t> page_table;
+  for (uint32_t i = 0; i < 82; ++i) page_table.push_back((i * 13 + 5) % num_pages);  // row 0: 82 pages
+  for (uint32_t i = 0; i < 38; ++i) page_table.push_back((i * 7 + 1) % num_pages);   // row 1: 38 pages
+  page_table.push_back(99);                                                           // row 2
+  std::vector<uint32_t> row_pages{0, 82, 120}, tiles{0, 1, 2}, counts{1, 1, 1};
+  const uint32_t rows = 3, qd = heads * hd, span = 512, splits = 3;
+  auto q = wavy(rows * qd, 0.41f, 0.2f, 0.7f);
+  dev_vec dq{q}, dpos{positions}, dtab{page_table}, drp{row_pages}, dtiles{tiles}, dcnt{counts}, dout{uint64_t{rows} * qd * 4},
+      dpart{uint64_t{splits} * rows * heads * (hd + 2) * 4};
+  const float scale = 1.0f / std::sqrt(32.0f);
+  cuda::attention_params ap{dq.as<float>(), qd, dkv.ptr, dpos.as<uint32_t>(), dtab.as<uint32_t>(), drp.as<uint32_t>(),
+                            dtiles.as<uint32_t>(), 3, cuda::attention_tile_rows, dcnt.as<uint32_t>(), dout.ptr, rows,
+                            splits, span, dpart.as<float>(), heads, kv_heads, hd, ps, pe, scale, cuda::dtype::f32};
+  REQUIRE(cuda::launch_attention(ap, nullptr) == 0);
+  auto got = dout.get<float>(rows * qd);
+  std::vector<float> scores(1300), ref(hd);
+  for (uint32_t r = 0; r < rows; ++r)
+    for (uint32_t h = 0; h < heads; ++h) {
+      attention_ref(q.data() + r * qd + h * hd, positions[r] + 1, kv.data(), page_table.data() + row_pages[r], ps, kvd, pe,
+                    0, hd, scale, scores.data(), ref.data());
+      CHECK_MESSAGE(max_abs_diff(std::vector<float>(got.begin() + r * qd + h * hd, got.begin() + r * qd + (h + 1) * hd), ref) <=
+                        1e-5f,
+                    "row " << r << " head " << h);
+    }
+  // Row 1 alone, with the split count its own length gives (2): the same bits as beside row 0.
+  ap.num_tiles = 1;
+  ap.tiles = dtiles.as<uint32_t>() + 1;
+  ap.tile_count = dcnt.as<uint32_t>() + 1;
+  ap.splits = 2;
+  dev_vec dout2{uint64_t{rows} * qd * 4};
+  ap.out = dout2.ptr;
+  REQUIRE(cuda::launch_attention(ap, nullptr) == 0);
+  auto alone = dout2.get<float>(rows * qd);
+  CHECK(test::same_bits(std::vector<float>(alone.begin() + qd, alone.begin() + 2 * qd),
+                        std::vector<float>(got.begin() + qd, got.begin() + 2 * qd)));
+}
+
+TEST_CASE("cuda gemv equals the CPU matmul for 1 to 8 rows, and a row's bits do not depend on how many rows share it" *
+          doctest::skip(cuda::device_count() == 0)) {
+  for (auto type : {cuda::dtype::f32, cuda::dtype::bf16}) {
+    CAPTURE(static_cast<int>(type));
+    const uint32_t n = 77, k = 688;  // 688: the built-in model's intermediate size (a multiple of 8, not of 128)
+    auto a = wavy(8 * k, 0.23f, 0.4f), w = wavy(uint64_t{n} * k, 0.031f, 0.9f, 0.1f), y0 = wavy(8 * n, 0.5f, 0.1f);
+    if (type == cuda::dtype::bf16) {
+      a = through_bf16(a);
+      w = through_bf16(w);
+    }
+    dev_vec da{a.size() * 4}, dw{w.size() * 4};
+    {
+      dev_vec sa{a}, sw{w};
+      cuda::launch_convert({sa.ptr, cuda::dtype::f32, da.ptr, type, a.size()}, nullptr);
+      cuda::launch_convert({sw.ptr, cuda::dtype::f32, dw.ptr, type, w.size()}, nullptr);
+    }
+    std::vector<float> ref(8 * n);
+    matmul_nt(a.data(), 8, k, w.data(), n, ref.data(), nullptr);
+    std::vector<float> first_row;
+    for (uint32_t m = 1; m <= 8; ++m) {
+      CAPTURE(m);
+      dev_vec dy{y0};
+      REQUIRE(cuda::launch_gemv({da.ptr, dw.ptr, dy.as<float>(), m, n, k, 1.0f, type}, nullptr) == 0);
+      auto got = dy.get<float>(m * n);
+      for (uint32_t i = 0; i < m * n; ++i) CHECK(got[i] == doctest::Approx(ref[i] + y0[i]).epsilon(1e-4).scale(1.0));
+      if (m == 1) first_row.assign(got.begin(), got.begin() + n);
+      CHECK(test::same_bits(std::vector<float>(got.begin(), got.begin() + n), first_row));
+    }
+    dev_vec dy{n * 4};
+    CHECK(cuda::launch_gemv({da.ptr, dw.ptr, dy.as<float>(), 9, n, k, 0.0f, type}, nullptr) != 0);  // more than gemv_max_rows
+  }
 }

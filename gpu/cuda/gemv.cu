@@ -1,0 +1,104 @@
+// Matrix products of a few rows (decode: one row per sequence) without cuBLAS: one warp per
+// output column streams that weight row once with 16-byte loads and dots it with every input
+// row. Memory-bound by design (the weights are read once per step); cuBLAS's general kernels read
+// them at about a quarter of the HBM rate at m = 1 (docs/perf.md). Each output sums in one fixed
+// order (lane partials over 16-byte chunks, then a butterfly), whatever m is: batch-invariant for
+// every m up to gemv_max_rows.
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "gpu/cuda/kernels.hpp"
+
+namespace baton::gpu::cuda {
+
+namespace {
+
+__device__ __forceinline__ void widen(const uint4& raw, float* out, const float*) {
+  const float* f = reinterpret_cast<const float*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) out[i] = f[i];
+}
+__device__ __forceinline__ void widen(const uint4& raw, float* out, const __nv_bfloat16*) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(h[i]);
+    out[2 * i] = f.x;
+    out[2 * i + 1] = f.y;
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(256) gemv_kernel(gemv_params p) {
+  constexpr uint32_t per = 16 / sizeof(T);  // elements per 16-byte chunk
+  const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const uint32_t col = blockIdx.x * (blockDim.x / 32) + warp;
+  if (col >= p.n) return;
+  const uint4* w = reinterpret_cast<const uint4*>(static_cast<const T*>(p.w) + uint64_t{col} * p.k);
+  const uint32_t chunks = p.k / per;
+  float acc[gemv_max_rows];
+#pragma unroll
+  for (uint32_t r = 0; r < gemv_max_rows; ++r) acc[r] = 0.0f;
+  // Four chunks in flight per lane before the first use.
+  uint32_t c = lane;
+  for (; c + 96 < chunks; c += 128) {
+    uint4 wr[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) wr[u] = __ldg(w + c + 32 * u);
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      float wf[per];
+      widen(wr[u], wf, static_cast<const T*>(nullptr));
+#pragma unroll
+      for (uint32_t r = 0; r < gemv_max_rows; ++r) {
+        if (r >= p.m) break;
+        float af[per];
+        widen(__ldg(reinterpret_cast<const uint4*>(static_cast<const T*>(p.a) + uint64_t{r} * p.k) + c + 32 * u), af,
+              static_cast<const T*>(nullptr));
+#pragma unroll
+        for (uint32_t i = 0; i < per; ++i) acc[r] = fmaf(wf[i], af[i], acc[r]);
+      }
+    }
+  }
+  for (; c < chunks; c += 32) {
+    float wf[per];
+    widen(__ldg(w + c), wf, static_cast<const T*>(nullptr));
+#pragma unroll
+    for (uint32_t r = 0; r < gemv_max_rows; ++r) {
+      if (r >= p.m) break;
+      float af[per];
+      widen(__ldg(reinterpret_cast<const uint4*>(static_cast<const T*>(p.a) + uint64_t{r} * p.k) + c), af,
+            static_cast<const T*>(nullptr));
+#pragma unroll
+      for (uint32_t i = 0; i < per; ++i) acc[r] = fmaf(wf[i], af[i], acc[r]);
+    }
+  }
+#pragma unroll
+  for (uint32_t r = 0; r < gemv_max_rows; ++r) {
+    if (r >= p.m) break;
+    float v = acc[r];
+    for (int o = 16; o; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane == 0) {
+      float* y = p.y + uint64_t{r} * p.n + col;
+      *y = p.beta == 0.0f ? v : p.beta * *y + v;
+    }
+  }
+}
+
+}  // namespace
+
+int launch_gemv(const gemv_params& p, void* stream) {
+  if (p.m == 0 || p.n == 0) return 0;
+  const uint32_t per = 16 / dtype_bytes(p.type);
+  if (p.m > gemv_max_rows || p.k % per != 0) return static_cast<int>(cudaErrorInvalidValue);
+  const unsigned blocks = (p.n + 7) / 8;
+  auto s = static_cast<cudaStream_t>(stream);
+  if (p.type == dtype::f32)
+    gemv_kernel<float><<<blocks, 256, 0, s>>>(p);
+  else
+    gemv_kernel<__nv_bfloat16><<<blocks, 256, 0, s>>>(p);
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace baton::gpu::cuda
