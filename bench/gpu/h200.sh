@@ -52,7 +52,7 @@ if command -v nvidia-smi >/dev/null && nvidia-smi >/dev/null 2>&1; then
   for run in "cpu:--executor cpu" "cuda-fp32:--executor cuda --cuda-fp32" "cuda-bf16:--executor cuda" \
              "cuda-bf16-ucx-process:--executor cuda --transport ucx --decode-processes 1"; do
     name=${run%%:*}
-    timeout 90 "$baton" local ${run#*:} --num-requests 6 --max-tokens 24 > "$out/.local-$name.txt" 2>&1
+    timeout 60 "$baton" local ${run#*:} --num-requests 6 --max-tokens 24 > "$out/.local-$name.txt" 2>&1
     say "$name: rc=$? $(grep -m1 'requests,' "$out/.local-$name.txt")"
     grep -E "executor|output :" "$out/.local-$name.txt" | head -3 | tee -a "$log"
   done
@@ -75,7 +75,11 @@ rc=${PIPESTATUS[0]}
 [ "$rc" = 2 ] && say "(no GPU: benchmark skipped)"
 
 say "== PyTorch/transformers eager on the same GPU (the peer)"
-timeout 150 python3 bench/gpu/torch_peer.py $quick --json "$out/torch_peer.jsonl" 2>&1 | tee -a "$log"
+if [ -n "${BATON_SKIP_PEER:-}" ]; then
+  say "(skipped: BATON_SKIP_PEER is set)"
+else
+  timeout 150 python3 bench/gpu/torch_peer.py $quick --json "$out/torch_peer.jsonl" 2>&1 | tee -a "$log"
+fi
 
 say "== summary"
 grep -E "^answers" "$log"
