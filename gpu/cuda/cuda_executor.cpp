@@ -312,7 +312,8 @@ private:
   /// weight-streaming kernel; more to cuBLAS, where row-major on both sides is its column-major
   /// yᵀ = w · aᵀ.
   bool gemm(const void* a, const void* w, float* y, uint32_t m, uint32_t n, uint32_t k, float beta) {
-    if (m <= cuda::gemv_max_rows && k % (16 / cuda::dtype_bytes(type_)) == 0)  // decode-sized: stream the weights once
+    if (m <= cuda::gemv_max_rows && k % (16 / cuda::dtype_bytes(type_)) == 0 &&
+        uint64_t{m} * k * cuda::dtype_bytes(type_) <= cuda::gemv_max_input_bytes)  // decode-sized: stream the weights once
       return ok_launch(cuda::launch_gemv({a, w, y, m, n, k, beta, type_}, compute_), "gemv");
     const float alpha = 1.0f;
     const auto t = type_ == dtype::bf16 ? CUDA_R_16BF : CUDA_R_32F;

@@ -1,6 +1,6 @@
-// Matrix products of a few rows (decode: one row per sequence) without cuBLAS: one warp per
-// output column streams that weight row once with 16-byte loads and dots it with every input
-// row. Memory-bound by design (the weights are read once per step); cuBLAS's general kernels read
+// Matrix products of a few rows (decode: one row per sequence) without cuBLAS: the input rows are
+// staged in shared memory, and one warp per output column streams that weight row once with
+// 16-byte loads and dots it with every input row. Memory-bound by design (the weights are read once per step); cuBLAS's general kernels read
 // them at about a quarter of the HBM rate at m = 1 (docs/perf.md). Each output sums in one fixed
 // order (lane partials over 16-byte chunks, then a butterfly), whatever m is: batch-invariant for
 // every m up to gemv_max_rows.
@@ -29,14 +29,21 @@ __device__ __forceinline__ void widen(const uint4& raw, float* out, const __nv_b
   }
 }
 
+constexpr uint32_t threads = 512;  // 16 warps, 16 columns per block
+
 template <typename T>
-__global__ void __launch_bounds__(256) gemv_kernel(gemv_params p) {
+__global__ void __launch_bounds__(threads) gemv_kernel(gemv_params p) {
   constexpr uint32_t per = 16 / sizeof(T);  // elements per 16-byte chunk
+  const uint32_t chunks = p.k / per;
+  // The input rows, staged once per block: every warp reads them for its column.
+  extern __shared__ uint4 a_s[];
+  const uint4* a_g = static_cast<const uint4*>(p.a);
+  for (uint32_t i = threadIdx.x; i < p.m * chunks; i += blockDim.x) a_s[i] = a_g[i];
+  __syncthreads();
   const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const uint32_t col = blockIdx.x * (blockDim.x / 32) + warp;
   if (col >= p.n) return;
   const uint4* w = reinterpret_cast<const uint4*>(static_cast<const T*>(p.w) + uint64_t{col} * p.k);
-  const uint32_t chunks = p.k / per;
   float acc[gemv_max_rows];
 #pragma unroll
   for (uint32_t r = 0; r < gemv_max_rows; ++r) acc[r] = 0.0f;
@@ -54,8 +61,7 @@ __global__ void __launch_bounds__(256) gemv_kernel(gemv_params p) {
       for (uint32_t r = 0; r < gemv_max_rows; ++r) {
         if (r >= p.m) break;
         float af[per];
-        widen(__ldg(reinterpret_cast<const uint4*>(static_cast<const T*>(p.a) + uint64_t{r} * p.k) + c + 32 * u), af,
-              static_cast<const T*>(nullptr));
+        widen(a_s[r * chunks + c + 32 * u], af, static_cast<const T*>(nullptr));
 #pragma unroll
         for (uint32_t i = 0; i < per; ++i) acc[r] = fmaf(wf[i], af[i], acc[r]);
       }
@@ -68,8 +74,7 @@ __global__ void __launch_bounds__(256) gemv_kernel(gemv_params p) {
     for (uint32_t r = 0; r < gemv_max_rows; ++r) {
       if (r >= p.m) break;
       float af[per];
-      widen(__ldg(reinterpret_cast<const uint4*>(static_cast<const T*>(p.a) + uint64_t{r} * p.k) + c), af,
-            static_cast<const T*>(nullptr));
+      widen(a_s[r * chunks + c], af, static_cast<const T*>(nullptr));
 #pragma unroll
       for (uint32_t i = 0; i < per; ++i) acc[r] = fmaf(wf[i], af[i], acc[r]);
     }
@@ -91,13 +96,21 @@ __global__ void __launch_bounds__(256) gemv_kernel(gemv_params p) {
 int launch_gemv(const gemv_params& p, void* stream) {
   if (p.m == 0 || p.n == 0) return 0;
   const uint32_t per = 16 / dtype_bytes(p.type);
-  if (p.m > gemv_max_rows || p.k % per != 0) return static_cast<int>(cudaErrorInvalidValue);
-  const unsigned blocks = (p.n + 7) / 8;
+  const uint64_t smem = uint64_t{p.m} * p.k * dtype_bytes(p.type);
+  if (p.m > gemv_max_rows || p.k % per != 0 || smem > gemv_max_input_bytes) return static_cast<int>(cudaErrorInvalidValue);
+  // Above 48 KiB a block's dynamic shared memory must be allowed first (once per kernel).
+  static const bool raised = [] {
+    cudaFuncSetAttribute(gemv_kernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, gemv_max_input_bytes);
+    cudaFuncSetAttribute(gemv_kernel<__nv_bfloat16>, cudaFuncAttributeMaxDynamicSharedMemorySize, gemv_max_input_bytes);
+    return true;
+  }();
+  (void)raised;
+  const unsigned blocks = (p.n + threads / 32 - 1) / (threads / 32);
   auto s = static_cast<cudaStream_t>(stream);
   if (p.type == dtype::f32)
-    gemv_kernel<float><<<blocks, 256, 0, s>>>(p);
+    gemv_kernel<float><<<blocks, threads, smem, s>>>(p);
   else
-    gemv_kernel<__nv_bfloat16><<<blocks, 256, 0, s>>>(p);
+    gemv_kernel<__nv_bfloat16><<<blocks, threads, smem, s>>>(p);
   return static_cast<int>(cudaGetLastError());
 }
 

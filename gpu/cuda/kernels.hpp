@@ -105,8 +105,10 @@ constexpr uint32_t attention_tile_rows = 4;
 int launch_attention(const attention_params& p, void* stream);
 
 /// y[m][n] (fp32) = beta·y + a[m][k] · w[n][k]ᵀ for a few rows (decode), a and w of `type`:
-/// one warp per column streams w once. k must be a multiple of 16 bytes' worth of elements.
+/// one warp per column streams w once. k must be a multiple of 16 bytes' worth of elements, and
+/// the input rows at most gemv_max_input_bytes.
 constexpr uint32_t gemv_max_rows = 8;
+constexpr uint32_t gemv_max_input_bytes = 200 * 1024;  ///< m·k·sizeof(type): the inputs fit in shared memory
 struct gemv_params {
   const void* a;  ///< device, [m][k] of `type`
   const void* w;  ///< device, [n][k] of `type`

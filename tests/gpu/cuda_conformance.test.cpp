@@ -300,5 +300,7 @@ TEST_CASE("cuda gemv equals the CPU matmul for 1 to 8 rows, and a row's bits do 
     }
     dev_vec dy{n * 4};
     CHECK(cuda::launch_gemv({da.ptr, dw.ptr, dy.as<float>(), 9, n, k, 0.0f, type}, nullptr) != 0);  // more than gemv_max_rows
+    // Inputs beyond shared memory are refused (the executor sends them to cuBLAS), untouched.
+    CHECK(cuda::launch_gemv({nullptr, nullptr, nullptr, 8, n, 16384, 0.0f, type}, nullptr) != 0);
   }
 }
