@@ -35,23 +35,6 @@ namespace cuda = baton::gpu::cuda;
 
 namespace {
 
-model_config llama3_8b_shape(uint32_t max_pos) {
-  model_config c;
-  c.name = "llama-3-8b-shape";
-  c.vocab_size = 128256;
-  c.hidden_size = 4096;
-  c.intermediate_size = 14336;
-  c.num_hidden_layers = 32;
-  c.num_attention_heads = 32;
-  c.num_key_value_heads = 8;
-  c.head_dim = 128;
-  c.max_position_embeddings = max_pos;
-  c.rope_theta = 500000.0f;
-  c.bos_token_id = 128000;
-  c.eos_token_id = 128001;
-  return c;
-}
-
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0.0 : v[v.size() / 2];
@@ -202,7 +185,7 @@ stream_summary summarise(const std::vector<stream_span>& spans) {
 
 void overlap_bench(bool quick, double pinned_big_gbps, double pinned_page_gbps) {
   const uint32_t cached = quick ? 4096 : 30720, fresh = quick ? 512 : 2048, ps = 16;
-  auto cfg = llama3_8b_shape(cached + fresh + 64);
+  auto cfg = llama3_8b_config(cached + fresh + 64);
   cuda_executor_config ec;
   ec.num_kv_pages = (cached + fresh) / ps + 8;
   ec.page_size_tokens = ps;
@@ -299,7 +282,7 @@ void decode_and_prefill_bench(bool quick, double read_bw_gbps, double gemm_rate)
                                                       {1, 8192}, {8, 8192}, {32, 8192}, {64, 8192}};
   uint32_t need = 0;
   for (auto p : pts) need = std::max(need, p.batch * (p.ctx / ps + 1));
-  auto cfg = llama3_8b_shape(8192 + 64);
+  auto cfg = llama3_8b_config(8192 + 64);
   cuda_executor_config ec;
   ec.num_kv_pages = std::max(need, 8192u / ps + 8);
   ec.max_batch_tokens = 8192;

@@ -3,12 +3,10 @@
 #include "gpu/hf_model.hpp"
 
 #include <cmath>
-#include <condition_variable>
-#include <deque>
 #include <mutex>
-#include <thread>
 
 #include "gpu/cpu_kernels.hpp"
+#include "gpu/job_queue.hpp"
 #include "gpu/thread_pool.hpp"
 
 namespace baton::gpu {
@@ -74,54 +72,21 @@ public:
       pool_(ecfg.num_threads),
       num_threads_(ecfg.num_threads),
       inv_freq_(rope_inv_freq(cfg_)) {
-    thread_ = std::thread([this] { run_queue(); });
+    jobs_.start([this](const forward_job& job) { return check_forward_job(job, cfg_, kv_.layout()); },
+                [this](const forward_job& job, executor_sink& sink) { forward(job, sink); });
   }
 
   ~cpu_executor() override { stop(); }
 
-  void stop() override {
-    {
-      std::lock_guard<std::mutex> lock{mutex_};
-      stop_ = true;
-    }
-    wake_.notify_all();
-    // Elastic instances stop their shared executor from both actors, perhaps at once: one joins.
-    std::lock_guard<std::mutex> once{join_mutex_};
-    if (thread_.joinable()) thread_.join();
-  }
+  void stop() override { jobs_.stop(); }
 
   const model_config& config() const override { return cfg_; }
   kv_cache& kv() override { return kv_; }
   std::string describe() const override { return "cpu x" + std::to_string(num_threads_) + " threads"; }
 
-  void submit(forward_job job, std::shared_ptr<executor_sink> sink) override {
-    {
-      std::lock_guard<std::mutex> lock{mutex_};
-      queue_.emplace_back(std::move(job), std::move(sink));
-    }
-    wake_.notify_one();
-  }
+  void submit(forward_job job, std::shared_ptr<executor_sink> sink) override { jobs_.submit(std::move(job), std::move(sink)); }
 
 private:
-  void run_queue() {
-    for (;;) {
-      std::pair<forward_job, std::shared_ptr<executor_sink>> item;
-      {
-        std::unique_lock<std::mutex> lock{mutex_};
-        wake_.wait(lock, [this] { return stop_ || !queue_.empty(); });
-        if (queue_.empty()) return;  // stop_ with nothing left
-        item = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      if (auto err = check_forward_job(item.first, cfg_, kv_.layout()); !err.empty()) {
-        item.second->on_failed(item.first.job_id, std::move(err));
-        continue;
-      }
-      item.second->on_started(item.first.job_id);
-      forward(item.first, *item.second);
-    }
-  }
-
   void forward(const forward_job& job, executor_sink& sink) {
     const auto& c = cfg_;
     const auto& w = *weights_;
@@ -233,12 +198,7 @@ private:
   std::vector<float> inv_freq_;  ///< RoPE inverse frequencies (scaled per the config), once
   activations act_;  ///< touched only by the queue thread (and the pool inside a job)
 
-  std::mutex mutex_;
-  std::mutex join_mutex_;  ///< stop() may come from two owners at once
-  std::condition_variable wake_;
-  std::deque<std::pair<forward_job, std::shared_ptr<executor_sink>>> queue_;
-  bool stop_ = false;
-  std::thread thread_;
+  job_queue jobs_;  ///< last: its thread stops before the rest goes
 };
 
 }  // namespace

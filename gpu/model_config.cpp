@@ -45,4 +45,21 @@ model_config llama_100m_config() {
   return c;
 }
 
+model_config llama3_8b_config(uint32_t max_position_embeddings) {
+  model_config c;
+  c.name = "llama-3-8b-shape";
+  c.vocab_size = 128256;
+  c.hidden_size = 4096;
+  c.intermediate_size = 14336;
+  c.num_hidden_layers = 32;
+  c.num_attention_heads = 32;
+  c.num_key_value_heads = 8;
+  c.head_dim = 128;
+  c.max_position_embeddings = max_position_embeddings;
+  c.rope_theta = 500000.0f;
+  c.bos_token_id = 128000;
+  c.eos_token_id = 128001;
+  return c;
+}
+
 }  // namespace baton::gpu

@@ -47,5 +47,7 @@ struct model_config {
 model_config builtin_tiny_config();
 /// A ~100M-parameter Llama shape used by the benchmarks.
 model_config llama_100m_config();
+/// The Llama-3-8B shape (GQA 32/8, vocab 128,256) for GPU benchmarks with random weights.
+model_config llama3_8b_config(uint32_t max_position_embeddings = 8192);
 
 }  // namespace baton::gpu

@@ -8,15 +8,13 @@
 
 #include <algorithm>
 #include <cmath>
-#include <condition_variable>
 #include <cstring>
-#include <deque>
 #include <mutex>
-#include <thread>
 #include <unordered_map>
 
 #include "gpu/cuda/kernels.hpp"
 #include "gpu/hf_model.hpp"
+#include "gpu/job_queue.hpp"
 
 namespace baton::gpu {
 
@@ -167,19 +165,13 @@ public:
         !ok(act_.grow(R * f * tb), "allocate activations"))
       return err_;
     if (!ok(cudaDeviceSynchronize(), "initialise")) return err_;
-    thread_ = std::thread([this] { run_queue(); });
+    jobs_.start([this](const forward_job& job) { return check_forward_job(job, cfg_, kv_.layout()); },
+                [this](const forward_job& job, executor_sink& sink) { run_job(job, sink); },
+                [this] { cudaSetDevice(ecfg_.device); });
     return {};
   }
 
-  void stop() override {
-    {
-      std::lock_guard<std::mutex> lock{mutex_};
-      stop_ = true;
-    }
-    wake_.notify_all();
-    std::lock_guard<std::mutex> once{join_mutex_};
-    if (thread_.joinable()) thread_.join();
-  }
+  void stop() override { jobs_.stop(); }
 
   const model_config& config() const override { return cfg_; }
   kv_cache& kv() override { return kv_; }
@@ -188,13 +180,7 @@ public:
            (ecfg_.host_pool ? (host_registered_ ? " (pinned host pool)" : " (pageable host pool)") : " (no host pool)");
   }
 
-  void submit(forward_job job, std::shared_ptr<executor_sink> sink) override {
-    {
-      std::lock_guard<std::mutex> lock{mutex_};
-      queue_.emplace_back(std::move(job), std::move(sink));
-    }
-    wake_.notify_one();
-  }
+  void submit(forward_job job, std::shared_ptr<executor_sink> sink) override { jobs_.submit(std::move(job), std::move(sink)); }
 
   std::vector<stream_span> last_timeline() const override {
     std::lock_guard<std::mutex> lock{timeline_mutex_};
@@ -325,26 +311,6 @@ private:
   }
 
   // ---- jobs -------------------------------------------------------------------------------
-
-  void run_queue() {
-    cudaSetDevice(ecfg_.device);
-    for (;;) {
-      std::pair<forward_job, std::shared_ptr<executor_sink>> item;
-      {
-        std::unique_lock<std::mutex> lock{mutex_};
-        wake_.wait(lock, [this] { return stop_ || !queue_.empty(); });
-        if (queue_.empty()) return;
-        item = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      if (auto e = check_forward_job(item.first, cfg_, kv_.layout()); !e.empty()) {
-        item.second->on_failed(item.first.job_id, std::move(e));
-        continue;
-      }
-      item.second->on_started(item.first.job_id);
-      run_job(item.first, *item.second);
-    }
-  }
 
   std::string plan(const forward_job& job, job_args& a) {
     const uint32_t ps = kv_.layout().page_size_tokens, kvd = cfg_.kv_dim();
@@ -602,12 +568,7 @@ private:
   mutable std::mutex timeline_mutex_;
   std::vector<stream_span> timeline_;
 
-  std::mutex mutex_;
-  std::mutex join_mutex_;
-  std::condition_variable wake_;
-  std::deque<std::pair<forward_job, std::shared_ptr<executor_sink>>> queue_;
-  bool stop_ = false;
-  std::thread thread_;
+  job_queue jobs_;  ///< last: its thread stops before the rest goes
 };
 
 }  // namespace

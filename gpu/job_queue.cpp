@@ -1,0 +1,49 @@
+#include "gpu/job_queue.hpp"
+
+namespace baton::gpu {
+
+void job_queue::start(check_fn check, run_fn run, std::function<void()> on_thread) {
+  thread_ = std::thread([this, check = std::move(check), run = std::move(run), on_thread = std::move(on_thread)] {
+    if (on_thread) on_thread();
+    loop(check, run);
+  });
+}
+
+void job_queue::submit(forward_job job, std::shared_ptr<executor_sink> sink) {
+  {
+    std::lock_guard<std::mutex> lock{mutex_};
+    queue_.emplace_back(std::move(job), std::move(sink));
+  }
+  wake_.notify_one();
+}
+
+void job_queue::stop() {
+  {
+    std::lock_guard<std::mutex> lock{mutex_};
+    stop_ = true;
+  }
+  wake_.notify_all();
+  std::lock_guard<std::mutex> once{join_mutex_};
+  if (thread_.joinable()) thread_.join();
+}
+
+void job_queue::loop(const check_fn& check, const run_fn& run) {
+  for (;;) {
+    std::pair<forward_job, std::shared_ptr<executor_sink>> item;
+    {
+      std::unique_lock<std::mutex> lock{mutex_};
+      wake_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopped with nothing left
+      item = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    if (auto err = check(item.first); !err.empty()) {
+      item.second->on_failed(item.first.job_id, std::move(err));
+      continue;
+    }
+    item.second->on_started(item.first.job_id);
+    run(item.first, *item.second);
+  }
+}
+
+}  // namespace baton::gpu

@@ -1,0 +1,47 @@
+#pragma once
+
+// The one thread that runs an executor's jobs in submission order, shared by the CPU and CUDA
+// backends: each job is checked (check_forward_job), announced (on_started), then run.
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "gpu/executor.hpp"
+
+namespace baton::gpu {
+
+class job_queue {
+public:
+  using check_fn = std::function<std::string(const forward_job&)>;   ///< empty string = sound
+  using run_fn = std::function<void(const forward_job&, executor_sink&)>;
+
+  job_queue() = default;
+  job_queue(const job_queue&) = delete;
+  job_queue& operator=(const job_queue&) = delete;
+  ~job_queue() { stop(); }
+
+  /// Starts the thread. `on_thread` runs first on it (a CUDA backend selects its device there).
+  void start(check_fn check, run_fn run, std::function<void()> on_thread = {});
+  void submit(forward_job job, std::shared_ptr<executor_sink> sink);
+  /// Runs what is queued, then ends the thread; idempotent, and safe from two owners at once
+  /// (elastic instances share one executor).
+  void stop();
+
+private:
+  void loop(const check_fn& check, const run_fn& run);
+
+  std::mutex mutex_;
+  std::mutex join_mutex_;
+  std::condition_variable wake_;
+  std::deque<std::pair<forward_job, std::shared_ptr<executor_sink>>> queue_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace baton::gpu
