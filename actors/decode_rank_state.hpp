@@ -1,0 +1,153 @@
+#pragma once
+
+// The decode rank's state and the functions its translation units share (internal: only
+// decode_rank.cpp and decode_writeback.cpp include this). decode_rank.cpp is the rank itself:
+// leases, the continuous batch, offload to host memory, hybrid prefill. decode_writeback.cpp
+// writes finished sequences' full blocks back to the block store.
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <caf/actor_clock.hpp>
+#include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
+#include <caf/typed_response_promise.hpp>
+
+#include "actors/config.hpp"
+#include "actors/decode_rank.hpp"
+#include "actors/executor_bridge.hpp"
+#include "actors/messages.hpp"
+#include "actors/store_access.hpp"
+#include "store/block_index.hpp"
+#include "store/staging_pool.hpp"
+#include "transport/transport.hpp"
+
+namespace baton::decode_detail {
+
+/// A KV reservation. Its life:
+///
+///   reserved --all layers landed + decode_order--> decoding --eos / max tokens--> freed
+///      |                                               |
+///      +--lease_ms passes, or kv_release--> freed      +--kv_release--> freed
+struct lease {
+  uint64_t request_id = 0;
+  caf::actor_clock::time_point expires_at;  ///< pushed back by every landed layer
+  uint32_t lease_ms = 0;
+  std::vector<uint32_t> pages;
+  std::vector<bool> landed;  ///< per layer
+  uint32_t num_landed = 0;
+  bool decoding = false;
+  bool has_order = false;
+  bool release_after_step = false;  ///< released while a step was writing its pages
+  caf::actor_clock::time_point order_at;  ///< decode order arrival (queue time starts)
+  int64_t queue_us = 0;                   ///< order arrival -> joined the batch
+  decode_order order;
+  caf::typed_response_promise<decode_summary> promise;
+  std::vector<int32_t> fed;  ///< tokens fed to steps so far (their KV follows the prompt's)
+};
+
+/// Hybrid PD: a prompt prefilled on this rank into its lease's pages, chunk by chunk.
+struct local_prefill {
+  uint64_t lease_id = 0;
+  prefill_order order;
+  caf::typed_response_promise<prefill_result> promise;
+  uint32_t next_pos = 0;  ///< prompt tokens computed so far
+  uint32_t num_chunks = 0;  ///< chunks started so far
+  caf::actor_clock::time_point arrived_at;
+  int64_t queue_us = -1;  ///< arrival -> its first chunk started (-1: not yet)
+};
+
+/// A sequence in the continuous batch.
+struct running_seq {
+  uint64_t lease_id = 0;
+  uint32_t pos = 0;             ///< position of `next_input`
+  int32_t next_input = 0;       ///< token fed to the next step
+  uint32_t num_generated = 0;   ///< tokens generated on this rank
+};
+
+/// One block being written back: its range of the write staging and the servers still at it.
+struct write_job {
+  uint64_t offset = 0;
+  uint32_t servers_left = 0;
+  store_write_order order;  ///< everything but the server's slot
+};
+
+/// A write-back put in flight to one server's slot.
+struct write_put {
+  uint64_t job = 0;
+  uint32_t server = 0;
+  uint64_t slot_id = 0;
+  uint64_t xfer = 0;
+};
+
+/// A running sequence moved to host memory; its lease stays, its device pages were freed.
+struct paused_seq {
+  running_seq seq;
+  std::vector<uint32_t> host_slots;  ///< one per device page it had, in page order
+};
+
+/// A KV reservation that waits for an offload to free pages.
+struct pending_reserve {
+  kv_lease_reserve req;
+  caf::typed_response_promise<kv_lease_grant> promise;
+};
+
+struct decode_state {
+  decode_rank_config cfg;
+  rank_core core;
+  kv_region_desc region;  ///< the KV pool as prefill ranks address it
+  uint64_t last_lease = 0;
+  uint64_t last_job = 0;
+  uint64_t num_steps = 0;
+  caf::actor_clock::time_point step_started;  ///< of the step in flight
+  double recent_step_us = 0;                  ///< exponential average over ~16 steps
+  std::unordered_map<uint64_t, lease> leases;
+  /// Leases dropped because a layer failed its checksum, with the reason, so that a decode
+  /// order arriving afterwards gets that reason rather than "expired".
+  std::unordered_map<uint64_t, std::string> corrupted;
+  std::vector<running_seq> batch;
+  bool step_in_flight = false;
+  std::vector<uint64_t> step_leases;  ///< lease ids of the step in flight, in row order
+  size_t batch_cursor = 0;            ///< where the next step starts when the batch exceeds max_batch_size
+  std::deque<local_prefill> local_prefills;  ///< hybrid PD prompts, first come first served
+  /// The step in flight carries a chunk of each of the first step_chunks.size() local prompts,
+  /// of these many tokens (empty: a pure decode step).
+  std::vector<uint32_t> step_chunks;
+  decode_balancer_actor balancer;     ///< told our load after every change (may be null)
+  store_access store;
+  std::optional<store::server_ring> ring;  ///< which block servers hold a key
+  std::vector<bool> server_down;           ///< block servers seen to stop: write-backs go to the next live ones
+  // Write-back: a registered staging buffer, its ranges per job, and the puts in flight.
+  std::shared_ptr<std::vector<std::byte>> write_buf = std::make_shared<std::vector<std::byte>>();  ///< write-back staging
+  std::optional<transport::region_key> write_key;
+  store::staging_pool write_slots{0};
+  std::unordered_map<uint64_t, write_job> writes;
+  std::vector<write_put> write_puts;
+  uint64_t last_write = 0;
+  bool write_poll_scheduled = false;
+  uint64_t blocks_written_back = 0;
+  uint64_t write_backs_dropped = 0;
+  // Offload to host memory (cfg.host_offload_pages > 0).
+  std::vector<std::byte> host_pool;      ///< host pages, each with all layers of one KV page
+  std::vector<uint32_t> host_free;       ///< free host page slots
+  std::deque<paused_seq> paused;         ///< offloaded sequences, oldest first
+  std::deque<pending_reserve> reserves;  ///< reservations waiting for pages an offload will free
+  uint64_t offloaded = 0, resumed = 0;
+  static inline const char* name = "baton.decode_rank";
+};
+
+using decode_pointer = decode_rank_actor::stateful_pointer<decode_state>;
+
+/// Polls the write-back puts; a landed one is followed by the order to write the file.
+void poll_writes(decode_pointer self);
+
+/// Writes the sequence's full blocks that did not come from the store to the block servers
+/// (decode_writeback.cpp).
+void write_back(decode_pointer self, const lease& l);
+
+}  // namespace baton::decode_detail
