@@ -176,6 +176,9 @@ struct decode_rank_config {
 struct elastic_controller_config {
   uint32_t interval_ms = 1000;         ///< how often signals are read and the planner asked
   uint32_t drain_timeout_ms = 600000;  ///< a drain not done by then is abandoned (the rank serves on)
+  /// A decode rank leaving decode moves its running sequences, KV and all, to the other decode
+  /// ranks (false: they finish on it first, which can take as long as the longest output).
+  bool migrate_on_drain = true;
   policies::role_planner_config planner;
 };
 

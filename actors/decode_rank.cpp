@@ -5,6 +5,7 @@
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <deque>
 #include <optional>
@@ -22,7 +23,7 @@ namespace baton {
 
 using namespace decode_detail;
 
-namespace {
+namespace decode_detail {
 
 
 int64_t micros(caf::actor_clock::duration_type d) {
@@ -62,6 +63,7 @@ void free_lease(decode_pointer self, uint64_t lease_id) {
   auto& st = self->state;
   auto i = st.leases.find(lease_id);
   if (i == st.leases.end()) return;
+  st.stay.erase(std::remove(st.stay.begin(), st.stay.end(), lease_id), st.stay.end());
   st.core.exec->kv().kv_page_free(i->second.pages);
   for (auto p = st.paused.begin(); p != st.paused.end(); ++p)  // an offloaded sequence's host pages
     if (p->seq.lease_id == lease_id) {
@@ -220,6 +222,7 @@ bool has_page_for_next(const decode_state& st, const running_seq& s) {
 
 void maybe_step(decode_pointer self) {
   auto& st = self->state;
+  take_for_migration(self);  // draining (elastic): sequences leave between steps
   // A local prompt whose lease expired (or was released) while it queued cannot run.
   while (!st.local_prefills.empty() && !st.step_in_flight && !st.leases.count(st.local_prefills.front().lease_id)) {
     auto& p = st.local_prefills.front();
@@ -515,6 +518,7 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
       },
       [=](release_atom, uint64_t lease_id) {
         auto& s = self->state;
+        if (release_migrating(self, lease_id)) return;
         auto i = s.leases.find(lease_id);
         if (i == s.leases.end()) return;
         // A queued local prefill of this lease is dropped (unless its chunk is in the step in
@@ -604,12 +608,23 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
                      static_cast<uint32_t>(s.leases.size() - s.batch.size()), s.num_steps,
                      s.blocks_written_back, s.write_backs_dropped, s.offloaded, s.resumed,
                      static_cast<uint32_t>(s.writes.size())};
+        r.migrated_out = s.migrated_out;
+        r.migrate_failed = s.migrate_failed;
         r.recent_step_us = s.recent_step_us;
         r.active = !s.cfg.standby;
         return r;
       },
+      [=](migrate_atom) {
+        self->state.migrate_out = true;
+        take_for_migration(self);
+      },
+      [=](migrate_poll_atom) { poll_migrations(self); },
       [=](role_atom, bool active) -> caf::result<bool> {
         auto& s = self->state;
+        if (active) {  // serving decode again: no longer draining
+          s.migrate_out = false;
+          s.stay.clear();
+        }
         const bool busy = s.leases.size() + s.local_prefills.size() + s.writes.size() + s.reserves.size() > 0 ||
                           s.step_in_flight;
         return change_role(
@@ -666,7 +681,7 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
   };
 }
 
-}  // namespace
+}  // namespace decode_detail
 
 decode_rank_actor spawn_decode_rank(caf::actor_system& sys, decode_rank_config cfg,
                                     std::shared_ptr<gpu::executor> exec,

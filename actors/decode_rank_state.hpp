@@ -97,6 +97,18 @@ struct pending_reserve {
   caf::typed_response_promise<kv_lease_grant> promise;
 };
 
+/// A running sequence on its way to another decode rank (elastic drain): out of the batch, its
+/// KV put layer by layer into a lease there, the request told where it went once all landed.
+struct migration {
+  running_seq seq;
+  decode_rank_actor target;      ///< null until placed
+  std::string target_name;
+  kv_lease_grant grant;          ///< lease_id 0 until reserved
+  std::vector<uint64_t> xfers;   ///< per layer; 0 once landed
+  uint32_t landed = 0;
+  bool released = false;         ///< the request let go meanwhile: release the target lease at the end
+};
+
 struct decode_state {
   decode_rank_config cfg;
   rank_core core;
@@ -138,10 +150,30 @@ struct decode_state {
   std::deque<paused_seq> paused;         ///< offloaded sequences, oldest first
   std::deque<pending_reserve> reserves;  ///< reservations waiting for pages an offload will free
   uint64_t offloaded = 0, resumed = 0;
+  // Elastic drain (migrate_atom): running sequences move to other decode ranks with their KV.
+  bool migrate_out = false;
+  std::unordered_map<uint64_t, migration> migrations;  ///< by this rank's lease id
+  std::vector<uint64_t> stay;                          ///< leases whose move failed: they finish here
+  bool migrate_poll_scheduled = false;
+  uint64_t migrated_out = 0, migrate_failed = 0;
+  std::string last_migrate_error;  ///< why the last move failed (names the stage and the peer)
   static inline const char* name = "baton.decode_rank";
 };
 
 using decode_pointer = decode_rank_actor::stateful_pointer<decode_state>;
+
+/// Frees a lease: its pages, its host slots, its place in the balancer's view (decode_rank.cpp).
+void free_lease(decode_pointer self, uint64_t lease_id);
+void report_load(decode_pointer self);
+void maybe_step(decode_pointer self);
+
+/// Elastic drain (decode_migrate.cpp): takes the batch's sequences out between steps and moves
+/// each, with its KV, to a decode rank the balancer picks; a move that fails puts the sequence
+/// back (it finishes here, no recompute either way).
+void take_for_migration(decode_pointer self);
+void poll_migrations(decode_pointer self);
+/// The request released a lease that is moving: true when `lease_id` was one (handled).
+bool release_migrating(decode_pointer self, uint64_t lease_id);
 
 /// Polls the write-back puts; a landed one is followed by the order to write the file.
 void poll_writes(decode_pointer self);

@@ -125,10 +125,12 @@ void plan_round(pointer self) {
       st.log.push_back({seconds_since(self, st.started), m->rank, policies::to_string(m->from),
                         policies::to_string(m->to), m->why, "draining", 0});
       st.move = pending_move{i, to_prefill, self->clock().now(), st.log.size() - 1};
-      // No new work for it from now on; what it has, it finishes.
-      if (to_prefill)
+      // No new work for it from now on; what it has, it finishes (prefill) or hands over with
+      // its KV (decode, migrate_on_drain).
+      if (to_prefill) {
         self->send(st.decode_balancer, drain_atom::value, st.elastic[i].decode);
-      else
+        if (st.cfg.migrate_on_drain) self->send(st.elastic[i].decode, migrate_atom::value);
+      } else
         self->send(st.prefill_balancer, drain_atom::value, st.elastic[i].prefill);
       return;
     }

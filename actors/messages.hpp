@@ -53,6 +53,10 @@ using forget_atom = caf::atom_constant<caf::atom("forget")>;
 using rank_gone_atom = caf::atom_constant<caf::atom("rank_gone")>;
 using adopt_atom = caf::atom_constant<caf::atom("adopt")>;
 using role_atom = caf::atom_constant<caf::atom("role")>;
+/// Elastic P/D: a draining decode rank moves its running sequences, with their KV, to other
+/// decode ranks (and polls the puts with migpoll).
+using migrate_atom = caf::atom_constant<caf::atom("migrate")>;
+using migrate_poll_atom = caf::atom_constant<caf::atom("migpoll")>;
 
 // --- errors ---------------------------------------------------------------------------------
 /// Baton's error codes (category atom "baton"). The context string of every error names the
@@ -139,6 +143,7 @@ struct completion {
   int64_t kv_send_us = 0;          ///< first KV put posted -> last layer announced
   uint32_t failovers = 0;          ///< times the request was re-placed after a rank failed
   std::string failover_why;        ///< the last failure that re-placed it
+  uint32_t migrations = 0;         ///< times its decode moved, KV and all, to another rank (no recompute)
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, completion& x) {
@@ -146,7 +151,7 @@ typename Inspector::result_type inspect(Inspector& f, completion& x) {
            x.finish_reason, x.ttft_us, x.tbt_us, x.step_logits, x.prefill_rank, x.decode_rank, x.place_us,
            x.reserve_us, x.prefill_queue_us, x.prefill_us, x.decode_queue_us, x.prefill_placement_why,
            x.decode_placement_why, x.check_us, x.cached_tokens, x.local_cached_tokens, x.recomputed_blocks,
-           x.kv_bytes, x.kv_send_us, x.failovers, x.failover_why);
+           x.kv_bytes, x.kv_send_us, x.failovers, x.failover_why, x.migrations);
 }
 
 // --- KV leases and handoff ---------------------------------------------------------------------
@@ -219,12 +224,18 @@ typename Inspector::result_type inspect(Inspector& f, token_event& x) {
 struct decode_summary {
   uint64_t request_id = 0;
   uint32_t num_tokens = 0;  ///< tokens the decode rank generated (after the first)
-  std::string finish_reason;
+  std::string finish_reason;  ///< eos, length, stop, released, ... or "migrated"
   int64_t queue_us = 0;     ///< order arrival -> joined the batch
+  /// "migrated": the sequence's KV now sits in lease moved_lease of decode rank moved_to (a
+  /// decode_rank_actor), which continues it on the request's next decode_order.
+  caf::strong_actor_ptr moved_to = nullptr;
+  std::string moved_rank;
+  uint64_t moved_lease = 0;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, decode_summary& x) {
-  return f(caf::meta::type_name("decode_summary"), x.request_id, x.num_tokens, x.finish_reason, x.queue_us);
+  return f(caf::meta::type_name("decode_summary"), x.request_id, x.num_tokens, x.finish_reason, x.queue_us,
+           x.moved_to, x.moved_rank, x.moved_lease);
 }
 
 struct prefill_result {
@@ -316,12 +327,14 @@ struct rank_stats {
   double predicted_us = 0;    ///< prefill: the cost model's time for the queued work
   double recent_step_us = 0;  ///< decode: recent step time (exponential average over ~16 steps)
   bool active = true;         ///< false: on standby (an elastic rank serving in its other role)
+  uint64_t migrated_out = 0;     ///< decode: running sequences moved, with their KV, to other ranks
+  uint64_t migrate_failed = 0;   ///< decode: moves that failed (the sequence went on here)
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, rank_stats& x) {
   return f(caf::meta::type_name("rank_stats"), x.name, x.num_free_pages, x.num_total_pages, x.num_running,
            x.num_waiting, x.num_steps, x.blocks_written_back, x.write_backs_dropped, x.offloaded, x.resumed,
-           x.num_writes_in_flight, x.predicted_us, x.recent_step_us, x.active);
+           x.num_writes_in_flight, x.predicted_us, x.recent_step_us, x.active, x.migrated_out, x.migrate_failed);
 }
 
 // --- block store (store/, design.md §2) ------------------------------------------------------
@@ -590,6 +603,8 @@ using decode_rank_actor = caf::typed_actor<
     caf::reacts_to<timer_atom, uint64_t>,
     caf::reacts_to<expire_atom, uint64_t>,
     caf::reacts_to<poll_atom>,                                  // write-back puts in flight
+    caf::reacts_to<migrate_atom>,                               // elastic P/D: move running sequences away
+    caf::reacts_to<migrate_poll_atom>,                          // their KV puts in flight
     caf::replies_to<role_atom, bool>::with<bool>>;              // elastic P/D: active, or standby when idle
 
 struct prefill_order {

@@ -44,6 +44,7 @@ struct request_state {
   // continues exactly where it stopped (the executor is batch- and chunk-invariant).
   std::vector<int32_t> prompt;    ///< this attempt's prompt
   int32_t max_new = 0;            ///< tokens this attempt still generates
+  uint32_t decode_fed = 0;        ///< tokens of this attempt fed at decode ranks it moved away from
   uint32_t attempt = 0;           ///< failovers so far
   size_t emitted_text = 0;        ///< streaming: bytes of `text` already sent to the sink
   size_t emitted_tokens = 0;      ///< ... and tokens
@@ -201,6 +202,7 @@ void fail_or_retry(request_pointer self, caf::error err) {
   st.out.failover_why = self->system().render(err);
   st.prompt = st.plan.prompt_tokens;
   st.prompt.insert(st.prompt.end(), st.out.tokens.begin(), st.out.tokens.end());
+  st.decode_fed = 0;
   st.max_new = st.plan.params.max_tokens - done;
   st.prefix.clear();
   st.block_keys.clear();
@@ -235,15 +237,26 @@ void on_ranks_lost(request_pointer self, bool decode_lost, bool prefill_lost, co
     fail_or_retry(self, make_error(errc::rank_unavailable, where(id, st.prefill_name, "prefill") + ": " + why));
 }
 
+/// The prompt and every token fed to decode steps so far (all generated tokens but the last):
+/// what the penalties count and a write-back keys, wherever the sequence runs.
+std::vector<int32_t> fed_sequence(const request_state& st) {
+  std::vector<int32_t> seq = st.prompt;  // after a failover it already holds the earlier output
+  seq.insert(seq.end(), st.out.tokens.end() - 1 - st.decode_fed, st.out.tokens.end() - 1);
+  return seq;
+}
+
 void start_decode(request_pointer self) {
   auto& st = self->state;
   const auto& p = st.plan;
   const uint32_t attempt = st.attempt;
+  // After a migration (elastic drain) the order continues the sequence: decode_fed tokens of
+  // this attempt were fed at earlier ranks, whose KV for them moved with the rest.
+  const uint32_t fed = st.decode_fed;
   decode_order order{p.request_id,
                      st.lease_id,
-                     st.out.tokens.back(),  // this attempt's first token
-                     static_cast<uint32_t>(st.prompt.size()),
-                     static_cast<uint32_t>(st.max_new - 1),
+                     st.out.tokens.back(),  // this attempt's first token (or, moved, the next input)
+                     static_cast<uint32_t>(st.prompt.size()) + fed,
+                     static_cast<uint32_t>(st.max_new - 1) - fed,
                      p.params.temperature,
                      p.params.seed,
                      p.params.return_logits,
@@ -253,7 +266,7 @@ void start_decode(request_pointer self) {
   // request's class is not kept at all.
   if (p.store.enabled()) {
     if (auto cls = store::parse_retention(p.params.traffic_class); cls && p.store.retention.ttl_s(*cls) > 0) {
-      order.prompt_tokens = st.prompt;
+      order.prompt_tokens = fed_sequence(st);
       order.traffic_class = p.params.traffic_class;
       order.cached_blocks = st.cached_blocks;
       order.write_back = true;
@@ -263,7 +276,7 @@ void start_decode(request_pointer self) {
   order.top_p = p.params.top_p;
   order.repetition_penalty = p.params.repetition_penalty;
   order.presence_penalty = p.params.presence_penalty;
-  if (order.repetition_penalty != 1.0f || order.presence_penalty != 0.0f) order.prompt_tokens = st.prompt;
+  if (order.repetition_penalty != 1.0f || order.presence_penalty != 0.0f) order.prompt_tokens = fed_sequence(st);
   arm_watchdog(self);
   // No deadline on the whole generation: the watchdog bounds each token instead.
   self->request(st.decode, caf::infinite, std::move(order))
@@ -271,6 +284,18 @@ void start_decode(request_pointer self) {
           [=](const decode_summary& s) {
             if (stale(self, attempt)) return;
             auto& st = self->state;
+            if (s.finish_reason == "migrated" && s.moved_to) {
+              // The rank drained: the sequence's KV sits in another rank's lease. Continue there.
+              self->demonitor(caf::actor_cast<caf::actor_addr>(st.decode));
+              st.decode = caf::actor_cast<decode_rank_actor>(s.moved_to);
+              st.decode_name = s.moved_rank;
+              st.out.decode_rank = s.moved_rank;
+              st.lease_id = s.moved_lease;
+              st.decode_fed += s.num_tokens;
+              self->monitor(st.decode);
+              ++st.out.migrations;
+              return start_decode(self);
+            }
             st.lease_id = 0;  // the decode rank freed it
             st.out.finish_reason = s.finish_reason;
             st.out.decode_queue_us = s.queue_us;

@@ -124,6 +124,14 @@ TEST_CASE("elastic P/D: a prefill-heavy load turns a decode instance into a pref
     CHECK_MESSAGE(done[i].tokens == ref.tokens, "request " << i);
   }
   for (size_t i = phase2; i < handles.size(); ++i) CHECK(done[i].tokens.size() == 1400);
+  // No request was recomputed: a decode rank that left decode handed its sequences over with
+  // their KV (migrate_on_drain).
+  uint32_t migrations = 0;
+  for (const auto& c : done) {
+    CHECK(c.failovers == 0);
+    migrations += c.migrations;
+  }
+  MESSAGE(migrations << " decode sequences moved with their KV during role changes");
   // The moved instances' actors say what they did.
   auto saw = [&](const auto& rank, const char* kind) {
     const auto ev = t.events(rank);

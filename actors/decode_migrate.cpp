@@ -1,0 +1,202 @@
+// Elastic drain of a decode rank (issue 15): its running sequences move to other decode ranks
+// with their KV, so a rank turning into a prefill rank hands its work over instead of finishing
+// it (slow) or dropping it (recompute).
+//
+// Per sequence, between steps: out of the batch; a rank from the decode balancer (this one is
+// drained there, so never itself); a lease there (the same reserve a request makes); one put per
+// layer from this pool into that lease's pages, each announced with kv_layer_ready and its
+// checksum, as a prefill rank does; once every layer landed, the request's decode_order is
+// answered "migrated" with the new rank and lease, and the request sends that rank the order
+// that continues the sequence (request.cpp). Sampling depends only on (seed, position) and the
+// executor is batch-invariant, so the tokens are the ones the sequence would have had here.
+// Any failure puts the sequence back into the batch: it finishes here.
+
+#include <caf/typed_event_based_actor.hpp>
+
+#include <algorithm>
+
+#include "actors/decode_rank_state.hpp"
+
+namespace baton::decode_detail {
+
+namespace {
+
+constexpr auto migrate_timeout = std::chrono::seconds{2};
+
+void schedule_poll(decode_pointer self) {
+  auto& st = self->state;
+  if (st.migrate_poll_scheduled || st.migrations.empty()) return;
+  st.migrate_poll_scheduled = true;
+  self->delayed_send(self, std::chrono::microseconds{200}, migrate_poll_atom::value);
+}
+
+/// The move failed: release what the target holds for it and let the sequence finish here.
+void abandon(decode_pointer self, uint64_t lease_id, const std::string& why) {
+  auto& st = self->state;
+  auto m = st.migrations.find(lease_id);
+  if (m == st.migrations.end()) return;
+  for (auto x : m->second.xfers)
+    if (x) st.core.xport->release(x);
+  if (m->second.grant.lease_id && m->second.target)
+    self->send(m->second.target, release_atom::value, m->second.grant.lease_id);
+  st.core.log->add({0, "migrate_failed", st.leases.count(lease_id) ? st.leases.at(lease_id).request_id : 0, 0, 0, {}, {}});
+  st.last_migrate_error = why;
+  ++st.migrate_failed;
+  const auto seq = m->second.seq;
+  const bool released = m->second.released;
+  st.migrations.erase(m);
+  if (released) {
+    free_lease(self, lease_id);
+    return;
+  }
+  st.stay.push_back(lease_id);
+  st.batch.push_back(seq);
+  maybe_step(self);
+}
+
+/// Every layer landed: the request learns where its sequence went; this lease is freed.
+void complete(decode_pointer self, uint64_t lease_id) {
+  auto& st = self->state;
+  auto m = st.migrations.find(lease_id);
+  auto l = st.leases.find(lease_id);
+  if (m == st.migrations.end() || l == st.leases.end()) return;
+  if (m->second.released) {
+    self->send(m->second.target, release_atom::value, m->second.grant.lease_id);
+  } else {
+    decode_summary s{l->second.request_id, m->second.seq.num_generated, "migrated", l->second.queue_us};
+    s.moved_to = caf::actor_cast<caf::strong_actor_ptr>(m->second.target);
+    s.moved_rank = m->second.target_name;
+    s.moved_lease = m->second.grant.lease_id;
+    l->second.promise.deliver(std::move(s));
+    ++st.migrated_out;
+    st.core.log->add({0, "migrated", l->second.request_id, m->second.seq.pos, 0, {}, {}});
+  }
+  st.migrations.erase(m);
+  free_lease(self, lease_id);
+}
+
+/// Placed and reserved: one put per layer of the pages holding positions [0, pos).
+void send_layers(decode_pointer self, uint64_t lease_id) {
+  auto& st = self->state;
+  auto& m = st.migrations.at(lease_id);
+  const auto& l = st.leases.at(lease_id);
+  const auto& kv = st.core.exec->kv();
+  const auto& lay = kv.layout();
+  const auto& r = m.grant.region;
+  if (!st.core.pool_key || r.num_layers != lay.num_layers || r.page_size_tokens != lay.page_size_tokens ||
+      r.kv_dim != lay.kv_dim)
+    return abandon(self, lease_id, "the target's KV layout differs");
+  const gpu::kv_layout remote{r.num_layers, r.num_pages, r.page_size_tokens, r.kv_dim};
+  const uint32_t pages = kv.pages_for_tokens(m.seq.pos);
+  if (pages > m.grant.page_ids.size()) return abandon(self, lease_id, "the target lease is too small");
+  const transport::region_key key{r.backend, r.region_id, r.size_bytes, r.packed_key};
+  m.xfers.assign(lay.num_layers, 0);
+  for (uint32_t layer = 0; layer < lay.num_layers; ++layer) {
+    transport::put_desc d{l.request_id, layer, m.target_name, st.core.pool_key->region_id, key, {}};
+    for (uint32_t i = 0; i < pages; ++i)
+      d.segments.push_back(
+          {lay.offset_bytes(layer, l.pages[i]), remote.offset_bytes(layer, m.grant.page_ids[i]), lay.page_bytes()});
+    m.xfers[layer] = st.core.xport->post_put(d);
+  }
+  schedule_poll(self);
+}
+
+void start(decode_pointer self, const running_seq& seq) {
+  auto& st = self->state;
+  const auto& l = st.leases.at(seq.lease_id);
+  auto& m = st.migrations[seq.lease_id];
+  m.seq = seq;
+  const uint32_t remaining = l.order.max_new_tokens > seq.num_generated ? l.order.max_new_tokens - seq.num_generated : 0;
+  const uint32_t total = seq.pos + remaining + 1;
+  const uint64_t lease_id = seq.lease_id, rid = l.request_id;
+  const uint32_t lease_ms = l.lease_ms;
+  self->request(st.balancer, migrate_timeout, place_atom::value, place_query{rid, 0, seq.pos, total})
+      .then(
+          [=](decode_placement& p) {
+            auto& st = self->state;
+            if (!st.migrations.count(lease_id)) return;
+            if (p.rank == caf::actor_cast<decode_rank_actor>(self)) return abandon(self, lease_id, "placed on itself");
+            st.migrations.at(lease_id).target = p.rank;
+            st.migrations.at(lease_id).target_name = p.name;
+            self->request(p.rank, migrate_timeout, reserve_atom::value, kv_lease_reserve{rid, total, lease_ms, seq.pos})
+                .then(
+                    [=](kv_lease_grant& g) {
+                      auto& st = self->state;
+                      auto m = st.migrations.find(lease_id);
+                      if (m == st.migrations.end()) {
+                        self->send(p.rank, release_atom::value, g.lease_id);
+                        return;
+                      }
+                      m->second.grant = std::move(g);
+                      send_layers(self, lease_id);
+                    },
+                    [=](caf::error& e) {
+                      abandon(self, lease_id, "reserve at " + p.name + ": " + self->system().render(e));
+                    });
+          },
+          [=](caf::error& e) { abandon(self, lease_id, "placement: " + self->system().render(e)); });
+}
+
+}  // namespace
+
+void take_for_migration(decode_pointer self) {
+  auto& st = self->state;
+  if (!st.migrate_out || st.step_in_flight || !st.balancer || st.batch.empty()) return;
+  std::vector<running_seq> keep, go;
+  for (const auto& s : st.batch) {
+    const auto& l = st.leases.at(s.lease_id);
+    const bool stays = std::count(st.stay.begin(), st.stay.end(), s.lease_id) > 0;
+    // Nothing left to generate: it finishes with its next step anyway.
+    (stays || l.release_after_step || s.num_generated >= l.order.max_new_tokens ? keep : go).push_back(s);
+  }
+  st.batch = std::move(keep);
+  for (const auto& s : go) start(self, s);
+}
+
+void poll_migrations(decode_pointer self) {
+  auto& st = self->state;
+  st.migrate_poll_scheduled = false;
+  std::vector<uint64_t> done, failed;
+  std::vector<std::string> why;
+  for (auto& [lease_id, m] : st.migrations) {
+    if (m.xfers.empty()) continue;  // not placed or reserved yet
+    const auto& l = st.leases.at(lease_id);
+    for (uint32_t layer = 0; layer < m.xfers.size(); ++layer) {
+      if (!m.xfers[layer]) continue;
+      transport::xfer_error err;
+      const auto state = st.core.xport->poll(m.xfers[layer], &err);
+      if (state == transport::xfer_state::pending) continue;
+      st.core.xport->release(m.xfers[layer]);
+      m.xfers[layer] = 0;
+      if (state == transport::xfer_state::failed) {
+        failed.push_back(lease_id);
+        why.push_back("layer " + std::to_string(layer) + ": " + err.what);
+        break;
+      }
+      const uint32_t pages = st.core.exec->kv().pages_for_tokens(m.seq.pos);
+      const uint64_t sum =
+          st.cfg.verify_kv_checksums ? std::max<uint64_t>(1, st.core.exec->kv().kv_layer_checksum(layer, l.pages, pages)) : 1;
+      self->send(m.target, kv_layer_ready{l.request_id, m.grant.lease_id, layer, m.seq.pos, sum});
+      if (++m.landed == m.xfers.size()) done.push_back(lease_id);
+    }
+  }
+  for (size_t i = 0; i < failed.size(); ++i) abandon(self, failed[i], why[i]);
+  for (auto id : done) complete(self, id);
+  schedule_poll(self);
+  if (!done.empty() || !failed.empty()) report_load(self);
+}
+
+bool release_migrating(decode_pointer self, uint64_t lease_id) {
+  auto& st = self->state;
+  auto m = st.migrations.find(lease_id);
+  if (m == st.migrations.end()) return false;
+  m->second.released = true;  // the puts still read its pages: freed when they settle
+  if (m->second.xfers.empty() && !m->second.grant.lease_id) {
+    // Still asking for a place or a lease: those answers find no migration and clean up.
+    st.migrations.erase(m);
+    free_lease(self, lease_id);
+  }
+  return true;
+}
+
+}  // namespace baton::decode_detail
