@@ -74,9 +74,14 @@ TEST_CASE("elastic P/D: a prefill-heavy load turns a decode instance into a pref
     req.ignore_eos = true;
     return self->request(cluster.router, std::chrono::seconds{120}, generate_atom::value, std::move(req));
   };
-  // Phase 1, prefill-heavy: 40 prompts of 100 tokens, one token each (a few % of decode KV).
+  // Phase 1, prefill-heavy: 40 prompts of 100 tokens, one token each (a few % of decode KV),
+  // after 4 long generations, some of which decode on elastic-1 when it is moved.
   std::vector<std::string> prompts;
   std::vector<decltype(send("", 1))> handles;
+  for (int i = 0; i < 4; ++i) {
+    prompts.push_back("a long story, part " + std::to_string(i));
+    handles.push_back(send(prompts.back(), 300));
+  }
   for (int i = 0; i < 40; ++i) {
     std::string s;
     for (int k = 0; k < 99; ++k) s.push_back(static_cast<char>('a' + (i * 7 + k * 3) % 26));
@@ -118,7 +123,7 @@ TEST_CASE("elastic P/D: a prefill-heavy load turns a decode instance into a pref
   // the tokens are those of the prompt run alone.
   auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
   const gpu::byte_tokenizer tok{cfg.model.bos_token_id, cfg.model.eos_token_id};
-  for (size_t i : {size_t{0}, size_t{17}, size_t{39}, handles.size() - 1}) {
+  for (size_t i : {size_t{0}, size_t{1}, size_t{2}, size_t{3}, size_t{17}, size_t{43}, handles.size() - 1}) {
     auto exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
     auto ref = gpu::generate_colocated(*exec, tok.encode(prompts[i]), done[i].tokens.size(), 32, {}, true);
     CHECK_MESSAGE(done[i].tokens == ref.tokens, "request " << i);
@@ -132,6 +137,8 @@ TEST_CASE("elastic P/D: a prefill-heavy load turns a decode instance into a pref
     migrations += c.migrations;
   }
   MESSAGE(migrations << " decode sequences moved with their KV during role changes");
+  CHECK(migrations > 0);
+  CHECK(t.stats(cluster.elastic[1].decode).migrated_out == migrations);
   // The moved instances' actors say what they did.
   auto saw = [&](const auto& rank, const char* kind) {
     const auto ev = t.events(rank);
