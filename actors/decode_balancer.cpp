@@ -146,6 +146,13 @@ decode_balancer_actor::behavior_type decode_balancer_impl(pointer self, decode_b
           st.registry.draining[*i] = true;
         }
       },
+      [=](undrain_atom, decode_rank_actor& rank) {
+        auto& st = self->state;
+        if (auto i = st.registry.index_of(rank); i && st.registry.draining[*i]) {
+          st.log.add({0, st.registry.loads[*i].name, "undrained: placements again"});
+          st.registry.draining[*i] = false;
+        }
+      },
   };
 }
 

@@ -68,8 +68,18 @@ void continue_move(pointer self) {
   auto& inst = st.elastic[m.instance];
   auto& rec = st.log[m.log_index];
   if (seconds_since(self, m.decided) * 1e3 > st.cfg.drain_timeout_ms) {
-    // It keeps its old role but stays drained (balancers have no undrain yet): say so, move on.
+    // It keeps its old role and serves on in it: its balancer places on it again, and the rank
+    // is told it is active (a decode rank stops handing its sequences over; a standby answer
+    // still in flight is overridden, since the controller's messages arrive in order).
+    if (m.to_prefill) {
+      self->send(st.decode_balancer, undrain_atom::value, inst.decode);
+      self->request(inst.decode, caf::infinite, role_atom::value, true).then([](bool) {});
+    } else {
+      self->send(st.prefill_balancer, undrain_atom::value, inst.prefill);
+      self->request(inst.prefill, caf::infinite, role_atom::value, true).then([](bool) {});
+    }
     rec.state = "abandoned";
+    rec.drain_s = seconds_since(self, m.decided);
     st.move.reset();
     return;
   }

@@ -49,6 +49,7 @@ using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
 using join_atom = caf::atom_constant<caf::atom("join")>;
 using heartbeat_atom = caf::atom_constant<caf::atom("heartbeat")>;
 using drain_atom = caf::atom_constant<caf::atom("drain")>;
+using undrain_atom = caf::atom_constant<caf::atom("undrain")>;
 using forget_atom = caf::atom_constant<caf::atom("forget")>;
 using rank_gone_atom = caf::atom_constant<caf::atom("rank_gone")>;
 using adopt_atom = caf::atom_constant<caf::atom("adopt")>;
@@ -724,6 +725,7 @@ using prefill_balancer_actor = caf::typed_actor<
     caf::replies_to<stats_atom>::with<std::vector<rank_load>>,
     caf::replies_to<events_atom>::with<std::vector<placement_record>>,  // recent decisions
     caf::reacts_to<drain_atom, prefill_rank_actor>,                     // no new placements on this rank
+    caf::reacts_to<undrain_atom, prefill_rank_actor>,                   // placements again (a move was abandoned)
     caf::reacts_to<forget_atom, prefill_rank_actor>>;                   // the rank's node is gone: drop it
 
 /// Places sequences on decode ranks from their reported loads (policies/decode_placement.hpp).
@@ -734,6 +736,7 @@ using decode_balancer_actor = caf::typed_actor<
     caf::replies_to<events_atom>::with<std::vector<placement_record>>,
     caf::replies_to<store_atom>::with<store_info>,               // the store, for ranks joining later
     caf::reacts_to<drain_atom, decode_rank_actor>,               // no new placements on this rank
+    caf::reacts_to<undrain_atom, decode_rank_actor>,             // placements again (a move was abandoned)
     caf::reacts_to<forget_atom, decode_rank_actor>>;             // the rank's node is gone: drop it
 
 /// Elastic P/D: one role change, as the controller carried it out.

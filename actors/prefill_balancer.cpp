@@ -275,6 +275,14 @@ prefill_balancer_actor::behavior_type prefill_balancer_impl(pointer self, prefil
           sync_view(st, *i);
         }
       },
+      [=](undrain_atom, prefill_rank_actor& rank) {
+        auto& st = self->state;
+        if (auto i = st.registry.index_of(rank); i && st.registry.draining[*i]) {
+          st.log.add({0, st.registry.loads[*i].name, "undrained: placements again"});
+          st.registry.draining[*i] = false;
+          sync_view(st, *i);
+        }
+      },
   };
 }
 

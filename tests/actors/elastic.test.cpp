@@ -171,3 +171,49 @@ TEST_CASE("elastic P/D: an instance's two actors share one fate -- the side that
   REQUIRE_MESSAGE(got, t.sys.render(got.error()));
   CHECK(got->prefill_rank == "prefill-0");
 }
+
+TEST_CASE("elastic P/D: a move not drained in time is abandoned, and the rank serves on in its old role") {
+  test::cluster_system t;
+  local_cluster_config cfg;
+  cfg.num_prefill_ranks = 1;
+  cfg.num_decode_ranks = 1;
+  cfg.num_elastic_ranks = 2;
+  cfg.elastic_prefill_at_start = 1;
+  cfg.executor.num_kv_pages = 1024;
+  cfg.prefill.chunk_tokens = 32;
+  auto& p = cfg.elastic.planner;
+  p.ttft_target_ms = 1;
+  p.tbt_target_ms = 1e6;
+  p.kv_full = 1.0;
+  p.smooth_s = 0;
+  p.hold_s = 0;
+  p.cooldown_s = 0.3;
+  p.dwell_s = 1;
+  cfg.elastic.interval_ms = 20;
+  cfg.elastic.drain_timeout_ms = 0;     // every drain is too slow: each move is abandoned
+  cfg.elastic.migrate_on_drain = false; // and nothing hands its sequences over
+  REQUIRE(cfg.validate().empty());
+  auto cluster = start_local_cluster(t.sys, cfg);
+  test::cluster_system::stopper stop{t, cluster};
+  caf::scoped_actor self{t.sys};
+  for (int i = 0; i < 1000 && (registered(self, cluster.prefill_balancer) < 2 || registered(self, cluster.decode_balancer) < 2); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds{2});
+  std::vector<decltype(self->request(cluster.router, std::chrono::seconds{1}, generate_atom::value, generate_request{}))> handles;
+  for (int i = 0; i < 30; ++i) {
+    generate_request req;
+    req.prompt = std::string(99, static_cast<char>('a' + i % 26));
+    req.max_tokens = i < 4 ? 200 : 1;  // a few long ones keep the decode side busy
+    req.ignore_eos = true;
+    handles.push_back(self->request(cluster.router, std::chrono::seconds{120}, generate_atom::value, std::move(req)));
+  }
+  for (auto& h : handles) h.receive([](completion&) {}, [&](caf::error& e) { FAIL(t.sys.render(e)); });
+  auto log = changes(self, cluster.elastic_controller);
+  REQUIRE_FALSE(log.empty());
+  CHECK(log[0].state == "abandoned");
+  CHECK(done_changes(log) == 0);
+  // The abandoned rank's balancer places on it again.
+  std::vector<placement_record> placed;
+  self->request(cluster.decode_balancer, std::chrono::seconds{5}, events_atom::value)
+      .receive([&](std::vector<placement_record>& r) { placed = std::move(r); }, [](caf::error&) {});
+  CHECK(std::any_of(placed.begin(), placed.end(), [&](auto& r) { return r.rank == log[0].rank && r.why.find("undrained") == 0; }));
+}
