@@ -191,6 +191,8 @@ int run_local(const std::vector<std::string>& args) {
   flags.add("--elastic-hold-s", &opt.cluster.elastic.planner.hold_s, "elastic P/D: how long a pool stays hot before a move");
   flags.add("--elastic-cooldown-s", &opt.cluster.elastic.planner.cooldown_s, "elastic P/D: at least this long between moves");
   flags.add("--elastic-dwell-s", &opt.cluster.elastic.planner.dwell_s, "elastic P/D: a moved rank keeps its role this long");
+  flags.add("--elastic-signal", &opt.cluster.elastic.planner.pool_signal,
+            "elastic P/D: a pool's pressure is the mean over its ranks (default) or the max (a tail signal)");
   flags.add("--executor-threads", &opt.cluster.executor.num_threads, "math threads per rank's executor");
   flags.add("--executor", &opt.cluster.backend.kind, "executor backend: cpu (default) or cuda (every rank on one GPU)");
   flags.add("--cuda-fp32", &cuda_fp32, "cuda: fp32 weights and KV instead of bf16 (the conformance mode)");

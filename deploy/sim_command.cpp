@@ -125,8 +125,10 @@ void add_sim_flags(flag_set& f, sim_options* o) {
         "elastic P/D: instances (of the decode GPU) that the controller moves between prefill and decode");
   f.add("--elastic-prefill", &o->cfg.elastic_prefill_at_start, "elastic P/D: of them, how many start as prefill");
   f.add("--elastic-interval-s", &o->elastic_interval_s, "elastic P/D: how often the controller plans");
-  f.add("--elastic-hot", &o->elastic_hot, "elastic P/D: pool pressure (mean signal / SLO target) that needs ranks");
+  f.add("--elastic-hot", &o->elastic_hot, "elastic P/D: pool pressure (signal / SLO target) that needs ranks");
   f.add("--elastic-cold", &o->elastic_cold, "elastic P/D: pool pressure at which a pool can give a rank");
+  f.add("--elastic-signal", &o->cfg.elastic_signal,
+        "elastic P/D: a pool's pressure is the mean over its ranks (default) or the max (a tail signal)");
   f.add("--colocated", &o->cfg.colocated, "the colocated baseline: chunked prefill on the decode instances");
   f.add("--chunk-tokens", &o->cfg.colocated_chunk_tokens, "colocated: tokens per step (max_num_batched_tokens)");
   f.add("--max-batch", &o->cfg.max_batch, "sequences per decode step (max_num_seqs)");

@@ -14,19 +14,25 @@ std::string role_planner_config::validate() const {
   if (!(cold >= 0 && cold < hot)) return "role planner needs 0 <= cold < hot";
   if (smooth_s < 0 || hold_s < 0 || cooldown_s < 0 || dwell_s < 0) return "role planner times must be >= 0";
   if (min_prefill == 0 || min_decode == 0) return "role planner pools need at least one rank each";
+  if (pool_signal != "mean" && pool_signal != "max")
+    return "role planner pool_signal \"" + pool_signal + "\" is unknown (mean or max)";
   return {};
 }
 
 double role_planner::pressure(rank_role pool, const std::vector<rank_signal>& ranks) const {
-  // The mean over the pool: one hot rank is the balancers' business, a hot pool is ours.
-  double sum = 0;
+  // The mean over the pool: one hot rank is the balancers' business, a hot pool is ours. Or the
+  // max: an SLO judged on its tail fails with the most loaded rank, before the mean says so.
+  double sum = 0, top = 0;
   size_t n = 0;
   for (const auto& r : ranks) {
     if (r.role != pool) continue;
     ++n;
-    sum += pool == rank_role::prefill ? r.predicted_queue_ms / cfg_.ttft_target_ms
-                                      : std::max(r.step_ms / cfg_.tbt_target_ms, r.kv_used / cfg_.kv_full);
+    const double x = pool == rank_role::prefill ? r.predicted_queue_ms / cfg_.ttft_target_ms
+                                                : std::max(r.step_ms / cfg_.tbt_target_ms, r.kv_used / cfg_.kv_full);
+    sum += x;
+    top = std::max(top, x);
   }
+  if (cfg_.pool_signal == "max") return top;
   return n ? sum / static_cast<double>(n) : 0.0;
 }
 
@@ -74,13 +80,14 @@ std::optional<role_move> role_planner::plan(double now_s, const std::vector<rank
   }
   if (!pick) return std::nullopt;  // every candidate changed role too recently
   role_move m{pick->name, from, from == rank_role::prefill ? rank_role::decode : rank_role::prefill, {}};
-  char why[320];
+  char why[400];
+  const char* over = cfg_.pool_signal.c_str();
   std::snprintf(why, sizeof why,
-                "%s pool hot, %s pool cold for %.0f s: prefill pressure %.2f (mean predicted queue / TTFT target "
-                "%.0f ms, smoothed), decode pressure %.2f (max of step / TBT target %.0f ms and KV used / %.2f, "
-                "smoothed); %s has the least work of its pool (%u running)",
+                "%s pool hot, %s pool cold for %.0f s: prefill pressure %.2f (%s predicted queue / TTFT target "
+                "%.0f ms, smoothed), decode pressure %.2f (%s over ranks of the max of step / TBT target %.0f ms and "
+                "KV used / %.2f, smoothed); %s has the least work of its pool (%u running)",
                 to_string(m.to), to_string(m.from), now_s - (to_prefill ? *want_prefill_since_ : *want_decode_since_), p,
-                cfg_.ttft_target_ms, d, cfg_.tbt_target_ms, cfg_.kv_full, pick->name.c_str(), pick->running);
+                over, cfg_.ttft_target_ms, d, over, cfg_.tbt_target_ms, cfg_.kv_full, pick->name.c_str(), pick->running);
   m.why = why;
   last_move_s_ = now_s;
   want_prefill_since_.reset();

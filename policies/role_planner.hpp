@@ -33,6 +33,9 @@ struct role_planner_config {
   double cooldown_s = 30;        ///< at most one move per this, cluster-wide
   double dwell_s = 120;          ///< a rank keeps a new role at least this long
   uint32_t min_prefill = 1, min_decode = 1;
+  /// How a pool's ranks make its pressure: "mean" (a hot pool, not one hot rank) or "max" (the
+  /// most loaded rank: a tail signal, for SLOs judged on their tail).
+  std::string pool_signal = "mean";
   std::string validate() const;
 };
 
@@ -62,7 +65,7 @@ public:
   std::optional<role_move> plan(double now_s, const std::vector<rank_signal>& ranks);
 
   /// A pool's pressure now (for logs and tests): prefill from queue times, decode from steps and
-  /// KV, averaged over the pool's ranks. plan() smooths it over time.
+  /// KV, the mean (or max, pool_signal) over the pool's ranks. plan() smooths it over time.
   double pressure(rank_role pool, const std::vector<rank_signal>& ranks) const;
   /// The smoothed pressures plan() last decided on.
   double smoothed(rank_role pool) const { return pool == rank_role::prefill ? smooth_p_ : smooth_d_; }

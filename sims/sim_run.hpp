@@ -48,6 +48,7 @@ struct sim_config {
   uint32_t elastic_prefill_at_start = 0;
   double elastic_interval_s = 5;         ///< how often the controller reads the ranks and plans
   double elastic_hot = 0.8, elastic_cold = 0.4;  ///< the planner's pool pressure thresholds
+  std::string elastic_signal = "mean";           ///< the planner's pool signal: mean or max (tail)
   /// Colocated baseline (vLLM-style continuous batching with chunked prefill): no prefill
   /// instances; every prompt is prefilled on its decode instance in chunks of
   /// `colocated_chunk_tokens` riding with the decode steps (max_num_batched_tokens).

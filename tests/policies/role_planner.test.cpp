@@ -134,3 +134,26 @@ TEST_CASE("role planner: the last rank of a pool never moves, and a config that 
   bad.min_decode = 0;
   CHECK(bad.validate() == "role planner pools need at least one rank each");
 }
+
+TEST_CASE("role planner: with the max signal one hot prefill rank makes the pool hot; the mean waits for the pool") {
+  // prefill-0's queue is at 1.6 s (pressure 0.8 against the 2 s target), prefill-1 idle: the
+  // mean (0.4) is not hot, the max (0.8) is, as a p90 TTFT would be.
+  std::vector<rank_signal> ranks = cluster(0, 20);
+  ranks[0].predicted_queue_ms = 1600;
+  role_planner mean{config()};
+  CHECK(mean.pressure(rank_role::prefill, ranks) == doctest::Approx(0.4));
+  CHECK_FALSE(mean.plan(0, ranks));
+  CHECK_FALSE(mean.plan(10, ranks));
+  auto c = config();
+  c.pool_signal = "max";
+  REQUIRE(c.validate().empty());
+  role_planner tail{c};
+  CHECK(tail.pressure(rank_role::prefill, ranks) == doctest::Approx(0.8));
+  CHECK_FALSE(tail.plan(0, ranks));
+  auto m = tail.plan(10, ranks);
+  REQUIRE(m);
+  CHECK(m->to == rank_role::prefill);
+  CHECK_MESSAGE(m->why.find("(max predicted queue / TTFT target 2000 ms") != std::string::npos, m->why);
+  c.pool_signal = "p99";
+  CHECK(c.validate() == "role planner pool_signal \"p99\" is unknown (mean or max)");
+}
