@@ -31,24 +31,17 @@ std::vector<role_change> changes(caf::scoped_actor& self, const elastic_controll
   return out;
 }
 
-size_t done_changes(const std::vector<role_change>& log) {
-  return static_cast<size_t>(std::count_if(log.begin(), log.end(), [](auto& c) { return c.state == "done"; }));
-}
-
-}  // namespace
-
-TEST_CASE("elastic P/D: a prefill-heavy load turns a decode instance into a prefill one, a decode-heavy load turns "
-          "one back, and every request gets the tokens of a static run") {
-  test::cluster_system t;
+/// 1 fixed prefill + 1 fixed decode rank + 2 elastic instances (elastic-0 prefills, elastic-1
+/// decodes), with targets that make load phases unambiguous: any queued prompt is far over a
+/// 1 ms TTFT target; decode pressure comes from KV alone (steps never near a 1,000 s TBT).
+local_cluster_config eager_elastic_config() {
   local_cluster_config cfg;
   cfg.num_prefill_ranks = 1;
   cfg.num_decode_ranks = 1;
   cfg.num_elastic_ranks = 2;
-  cfg.elastic_prefill_at_start = 1;  // elastic-0 prefills, elastic-1 decodes
+  cfg.elastic_prefill_at_start = 1;
   cfg.executor.num_kv_pages = 1024;  // 16K tokens per instance
   cfg.prefill.chunk_tokens = 32;
-  // Targets that make the two phases unambiguous: any queued prompt is far over a 1 ms TTFT
-  // target; decode pressure comes from KV alone (steps never near a 1,000 s TBT).
   auto& p = cfg.elastic.planner;
   p.ttft_target_ms = 1;
   p.tbt_target_ms = 1e6;
@@ -58,6 +51,19 @@ TEST_CASE("elastic P/D: a prefill-heavy load turns a decode instance into a pref
   p.cooldown_s = 0.3;
   p.dwell_s = 1;
   cfg.elastic.interval_ms = 20;
+  return cfg;
+}
+
+size_t done_changes(const std::vector<role_change>& log) {
+  return static_cast<size_t>(std::count_if(log.begin(), log.end(), [](auto& c) { return c.state == "done"; }));
+}
+
+}  // namespace
+
+TEST_CASE("elastic P/D: a prefill-heavy load turns a decode instance into a prefill one, a decode-heavy load turns "
+          "one back, and every request gets the tokens of a static run") {
+  test::cluster_system t;
+  auto cfg = eager_elastic_config();
   REQUIRE(cfg.validate().empty());
   auto cluster = start_local_cluster(t.sys, cfg);
   test::cluster_system::stopper stop{t, cluster};
@@ -174,22 +180,7 @@ TEST_CASE("elastic P/D: an instance's two actors share one fate -- the side that
 
 TEST_CASE("elastic P/D: a move not drained in time is abandoned, and the rank serves on in its old role") {
   test::cluster_system t;
-  local_cluster_config cfg;
-  cfg.num_prefill_ranks = 1;
-  cfg.num_decode_ranks = 1;
-  cfg.num_elastic_ranks = 2;
-  cfg.elastic_prefill_at_start = 1;
-  cfg.executor.num_kv_pages = 1024;
-  cfg.prefill.chunk_tokens = 32;
-  auto& p = cfg.elastic.planner;
-  p.ttft_target_ms = 1;
-  p.tbt_target_ms = 1e6;
-  p.kv_full = 1.0;
-  p.smooth_s = 0;
-  p.hold_s = 0;
-  p.cooldown_s = 0.3;
-  p.dwell_s = 1;
-  cfg.elastic.interval_ms = 20;
+  auto cfg = eager_elastic_config();
   cfg.elastic.drain_timeout_ms = 0;     // every drain is too slow: each move is abandoned
   cfg.elastic.migrate_on_drain = false; // and nothing hands its sequences over
   REQUIRE(cfg.validate().empty());
