@@ -161,9 +161,14 @@ struct decode_rank_config {
   /// bit-identically, first in line when pages free up. New leases wait, first come first
   /// served, while fewer than 1% of the pages would stay free (room for the running ones to grow).
   uint32_t on_demand_headroom_tokens = 0;
+  /// A reservation that waits for pages (on demand, or while an offload makes room) is refused
+  /// after this long (kv_capacity), so its request re-places itself before its own reserve
+  /// timeout rather than leaving a grant behind for nobody.
+  uint32_t reserve_wait_ms = 3000;
 
   std::string validate() const {
     if (name.empty()) return "decode rank name must not be empty";
+    if (reserve_wait_ms == 0) return "decode reserve_wait_ms must be >= 1";
     if (on_demand_headroom_tokens > 0 && host_offload_pages == 0)
       return "decode on_demand_headroom_tokens needs host_offload_pages > 0 (preempted sequences wait there)";
     if (max_batch_size == 0) return "decode max_batch_size must be >= 1";

@@ -488,7 +488,9 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
                                            : s.cfg.host_offload_pages > 0 && !s.batch.empty();
         if (can_wait && need <= pool.layout().num_pages) {
           auto promise = self->make_response_promise<kv_lease_grant>();
-          s.reserves.push_back({req, promise});
+          const uint64_t id = ++s.last_reserve;
+          s.reserves.push_back({req, promise, id});
+          self->delayed_send(self, std::chrono::milliseconds{s.cfg.reserve_wait_ms}, reserve_expire_atom::value, id);
           rebalance_memory(self);
           return promise;
         }
@@ -619,6 +621,19 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
         take_for_migration(self);
       },
       [=](migrate_poll_atom) { poll_migrations(self); },
+      [=](reserve_expire_atom, uint64_t id) {
+        auto& s = self->state;
+        auto r = std::find_if(s.reserves.begin(), s.reserves.end(), [&](auto& x) { return x.id == id; });
+        if (r == s.reserves.end()) return;  // granted meanwhile
+        const auto& pool = s.core.exec->kv();
+        r->promise.deliver(make_error(
+            errc::kv_capacity, where(r->req.request_id, s.cfg.name, "kv_reserve") + ": waited " +
+                                   std::to_string(s.cfg.reserve_wait_ms) + " ms for " +
+                                   std::to_string(pages_to_reserve(s, r->req)) + " KV pages, " +
+                                   std::to_string(pool.num_free_pages()) + " free"));
+        s.reserves.erase(r);
+        rebalance_memory(self);  // the next one in line may fit now
+      },
       [=](role_atom, bool active) -> caf::result<bool> {
         auto& s = self->state;
         if (active) {  // serving decode again: no longer draining

@@ -95,6 +95,7 @@ struct paused_seq {
 struct pending_reserve {
   kv_lease_reserve req;
   caf::typed_response_promise<kv_lease_grant> promise;
+  uint64_t id = 0;  ///< for its deadline (reserve_expire_atom)
 };
 
 /// A running sequence on its way to another decode rank (elastic drain): out of the batch, its
@@ -149,6 +150,7 @@ struct decode_state {
   std::vector<uint32_t> host_free;       ///< free host page slots
   std::deque<paused_seq> paused;         ///< offloaded sequences, oldest first
   std::deque<pending_reserve> reserves;  ///< reservations waiting for pages an offload will free
+  uint64_t last_reserve = 0;
   uint64_t offloaded = 0, resumed = 0;
   // Elastic drain (migrate_atom): running sequences move to other decode ranks with their KV.
   bool migrate_out = false;

@@ -383,6 +383,37 @@ TEST_CASE("on-demand KV: leases reserve the prompt plus headroom and grow page b
   check_colocated(cfg, prompts, done);
 }
 
+TEST_CASE("on-demand KV: a reservation that waits for pages longer than reserve_wait_ms is refused, naming the "
+          "wait, and the queue moves on") {
+  test::cluster_system t;
+  auto cfg = shared_decode_rank();
+  cfg.executor.num_kv_pages = 16;  // 256 tokens
+  cfg.decode.host_offload_pages = 32;
+  cfg.decode.on_demand_headroom_tokens = 16;
+  cfg.decode.reserve_wait_ms = 50;
+  auto cluster = start_local_cluster(t.sys, cfg);
+  test::cluster_system::stopper stop{t, cluster};
+  const auto& decode = cluster.decode[0].handle;
+  caf::scoped_actor self{t.sys};
+  auto reserve = [&](uint64_t rid, uint32_t prompt_tokens) {
+    caf::expected<kv_lease_grant> out = caf::error{};
+    self->request(decode, std::chrono::seconds{10}, reserve_atom::value,
+                  kv_lease_reserve{rid, prompt_tokens + 100, 60000, prompt_tokens})
+        .receive([&](kv_lease_grant& g) { out = std::move(g); }, [&](caf::error& e) { out = std::move(e); });
+    return out;
+  };
+  auto first = reserve(1, 200);  // 200 + 16 headroom tokens: 14 of the 16 pages (1 stays free)
+  REQUIRE(first);
+  auto second = reserve(2, 100);  // 8 pages: waits for pages nothing frees, then is refused
+  REQUIRE_FALSE(second);
+  const auto why = t.sys.render(second.error());
+  CHECK_MESSAGE(why.find("request 2") != std::string::npos, why);
+  CHECK_MESSAGE(why.find("waited 50 ms for 8 KV pages, 2 free") != std::string::npos, why);
+  self->send(decode, release_atom::value, first->lease_id);
+  auto third = reserve(3, 100);  // the queue is empty again: granted at once
+  CHECK(third);
+}
+
 TEST_CASE("hybrid PD packs several local prompts into one step's token budget, decode rows included, and starts "
           "none beyond max_batch_size running sequences") {
   test::cluster_system t;
