@@ -168,7 +168,7 @@ double wall_ms(executor& e, const forward_job& job) {
 }
 
 struct stream_summary {
-  double compute_ms = 0, copy_ms = 0, h2d_ms = 0, send_ms = 0, end_ms = 0;
+  double compute_ms = 0, copy_ms = 0, h2d_ms = 0, send_ms = 0;
 };
 stream_summary summarise(const std::vector<stream_span>& spans) {
   stream_summary s;
@@ -178,7 +178,6 @@ stream_summary summarise(const std::vector<stream_span>& spans) {
     if (sp.stream == "copy") s.copy_ms += d;
     if (sp.stream == "copy-h2d") s.h2d_ms += d;
     if (sp.stream == "send") s.send_ms += d;
-    s.end_ms = std::max(s.end_ms, sp.end_ms);
   }
   return s;
 }

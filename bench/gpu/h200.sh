@@ -19,7 +19,7 @@ bench="$(dirname "$bin")/bin/baton_bench_gpu"
 [ -x "$bench" ] || bench=build/bench/baton_bench_gpu
 cub=$(dirname "$(ls /usr/local/cuda*/targets/x86_64-linux/lib/libcublasLt.so.13 2>/dev/null | head -1)" 2>/dev/null)
 export LD_LIBRARY_PATH="$root/.device/lib:${cub:-/usr/local/cuda/lib64}:${LD_LIBRARY_PATH:-}"
-export UCX_NET_DEVICES=lo PYTHONUNBUFFERED=1 BATON_SOURCE_DIR="$root"
+export UCX_NET_DEVICES=lo PYTHONUNBUFFERED=1
 [ -d "$root/.device/lib/ucx" ] && export UCX_MODULE_DIR="$root/.device/lib/ucx"
 log="$out/h200.txt"
 : > "$log"
@@ -30,15 +30,16 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --f
 
 say "== references made by transformers in this run (bf16 and fp32 on this GPU)"
 refs="$out/.hf_reference"
+ref_flag=""
 if python3 -c "import torch, transformers" 2>/dev/null; then
   python3 scripts/hf_reference.py --out "$refs" 2>&1 | grep -v "Writing model shards" | tee -a "$log"
-  export BATON_HF_REFERENCE_DIR="$refs"
+  ref_flag="--hf-reference-dir=$refs"
 else
   say "(no transformers here: the committed references are used)"
 fi
 
 say "== conformance: every kernel against its CPU reference, the executor against transformers"
-"$gpu_tests" -s --duration=true 2>&1 | tee "$out/conformance.txt" | grep -E -A1 "MESSAGE|ERROR|test cases|assertions" | tee -a "$log"
+"$gpu_tests" --source-dir="$root" $ref_flag -s --duration=true 2>&1 | tee "$out/conformance.txt" | grep -E -A1 "MESSAGE|ERROR|test cases|assertions" | tee -a "$log"
 if grep -q "Status: FAILURE" "$out/conformance.txt"; then
   say "conformance FAILED: timings skipped. Diagnostics:"
   grep -B3 -A12 "ERROR" "$out/conformance.txt" | head -150 | tee -a "$log"

@@ -22,6 +22,16 @@ local_cluster_config shared_decode_rank() {
   return cfg;
 }
 
+/// The same with on-demand KV over a small pool: 16 pages (256 tokens), host memory for
+/// preempted sequences, leases of the prompt + 16 tokens.
+local_cluster_config on_demand_decode_rank() {
+  auto cfg = shared_decode_rank();
+  cfg.executor.num_kv_pages = 16;
+  cfg.decode.host_offload_pages = 32;
+  cfg.decode.on_demand_headroom_tokens = 16;
+  return cfg;
+}
+
 /// Waits (bounded) until the decode rank has run at least `n` steps.
 void wait_for_steps(test::cluster_system& t, const decode_rank_actor& decode, uint64_t n) {
   for (int i = 0; i < 2000 && t.stats(decode).num_steps < n; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{1});
@@ -357,10 +367,7 @@ TEST_CASE("a decode rank short of pages offloads a running sequence to host memo
 TEST_CASE("on-demand KV: leases reserve the prompt plus headroom and grow page by page; when the pool runs dry "
           "the youngest sequence is preempted to host memory, and every token and logit is unchanged") {
   test::cluster_system t;
-  auto cfg = shared_decode_rank();
-  cfg.executor.num_kv_pages = 16;  // 256 tokens per rank
-  cfg.decode.host_offload_pages = 32;
-  cfg.decode.on_demand_headroom_tokens = 16;
+  auto cfg = on_demand_decode_rank();
   auto cluster = start_local_cluster(t.sys, cfg);
   test::cluster_system::stopper stop{t, cluster};
   const auto& decode = cluster.decode[0].handle;
@@ -386,10 +393,7 @@ TEST_CASE("on-demand KV: leases reserve the prompt plus headroom and grow page b
 TEST_CASE("on-demand KV: a reservation that waits for pages longer than reserve_wait_ms is refused, naming the "
           "wait, and the queue moves on") {
   test::cluster_system t;
-  auto cfg = shared_decode_rank();
-  cfg.executor.num_kv_pages = 16;  // 256 tokens
-  cfg.decode.host_offload_pages = 32;
-  cfg.decode.on_demand_headroom_tokens = 16;
+  auto cfg = on_demand_decode_rank();
   cfg.decode.reserve_wait_ms = 50;
   auto cluster = start_local_cluster(t.sys, cfg);
   test::cluster_system::stopper stop{t, cluster};

@@ -1,4 +1,5 @@
-// The CUDA executor end to end (issue 11): against transformers' own logits, against the CPU
+// The CUDA executor end to end (issue 11): against transformers' own logits (the committed ones,
+// or those remade in the same run: --hf-reference-dir, gpu_test_paths.hpp), against the CPU
 // backend's greedy tokens, and the disaggregated-equals-colocated invariant across two CUDA
 // executors whose only link is the host KV pool (what a transport ships). Label "gpu"; every
 // case skips where no device is present.
@@ -7,7 +8,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -20,6 +20,7 @@
 #include "gpu/hf_model.hpp"
 #include "gpu/local_generate.hpp"
 #include "gpu/sampling.hpp"
+#include "tests/gpu/gpu_test_paths.hpp"
 #include "tests/test_util.hpp"
 
 using namespace baton;
@@ -29,12 +30,7 @@ namespace {
 
 const bool no_gpu = cuda::device_count() == 0;
 
-/// The repository: the compiled-in path, or BATON_SOURCE_DIR where the binary was carried to
-/// another machine (the device script sets it).
-std::string source_dir() {
-  const char* env = std::getenv("BATON_SOURCE_DIR");
-  return env && *env ? env : BATON_SOURCE_DIR;
-}
+std::string source_dir() { return test::gpu_paths().source_dir; }
 
 hf_model load(const std::string& dir) {
   hf_model m;
@@ -52,13 +48,6 @@ std::unique_ptr<executor> cuda_exec(const hf_model& m, bool bf16, uint32_t pages
   auto e = make_cuda_executor(m.config, m.weights, c, &why);
   REQUIRE_MESSAGE(e, why);
   return e;
-}
-
-/// The reference directory: the one made in this run on this GPU when the device script gives
-/// it (BATON_HF_REFERENCE_DIR), else the committed one (made on an H200 by the same script).
-std::string reference_dir() {
-  const char* env = std::getenv("BATON_HF_REFERENCE_DIR");
-  return env && *env ? std::string{env} : source_dir() + "/tests/data/hf_reference";
 }
 
 float max_abs(const std::vector<float>& v) {
@@ -83,7 +72,7 @@ std::vector<int32_t> some_prompt(uint32_t n, uint32_t vocab) {
 
 TEST_CASE("cuda executor vs transformers: fp32 within 1e-4 of the largest logit, bf16 within 1.5x transformers' own "
           "bf16 error, and greedy equals the CPU backend for 32 steps" * doctest::skip(no_gpu)) {
-  const std::string root = reference_dir();
+  const std::string root = test::gpu_paths().hf_reference();
   std::ifstream in{root + "/index.json"};
   REQUIRE_MESSAGE(in.good(), root << "/index.json is missing");
   const auto index = nlohmann::json::parse(in);
