@@ -129,7 +129,7 @@ store_read_result serve_read(io_context& io, const store_read_order& order, uint
   const size_t n = order.blocks.size();
   store_read_result r{order.request_id, order.block_index, std::vector<std::string>(n), std::vector<std::vector<uint64_t>>(n)};
   const auto& reg = order.region;
-  const gpu::kv_layout layout{reg.num_layers, reg.num_pages, reg.page_size_tokens, reg.kv_dim};
+  const gpu::kv_layout layout{reg.num_layers, reg.num_pages, reg.page_size_tokens, reg.kv_dim, reg.kv_planes};
   const uint32_t ppb = order.block_tokens / reg.page_size_tokens;
   std::vector<int> fds(n, -1);
   std::vector<store::block_header> headers(n);

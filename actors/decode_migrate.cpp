@@ -84,9 +84,9 @@ void send_layers(decode_pointer self, uint64_t lease_id) {
   const auto& lay = kv.layout();
   const auto& r = m.grant.region;
   if (!st.core.pool_key || r.num_layers != lay.num_layers || r.page_size_tokens != lay.page_size_tokens ||
-      r.kv_dim != lay.kv_dim)
+      r.kv_dim != lay.kv_dim || r.kv_planes != lay.planes)
     return abandon(self, lease_id, "the target's KV layout differs");
-  const gpu::kv_layout remote{r.num_layers, r.num_pages, r.page_size_tokens, r.kv_dim};
+  const gpu::kv_layout remote{r.num_layers, r.num_pages, r.page_size_tokens, r.kv_dim, r.kv_planes};
   const uint32_t pages = kv.pages_for_tokens(m.seq.pos);
   if (pages > m.grant.page_ids.size()) return abandon(self, lease_id, "the target lease is too small");
   const transport::region_key key{r.backend, r.region_id, r.size_bytes, r.packed_key};

@@ -456,7 +456,7 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
     const auto& key = *st.core.pool_key;
     const auto& lay = st.core.exec->kv().layout();
     st.region = kv_region_desc{key.backend, key.region_id, key.size_bytes, key.packed,
-                               lay.num_layers, lay.num_pages, lay.page_size_tokens, lay.kv_dim};
+                               lay.num_layers, lay.num_pages, lay.page_size_tokens, lay.kv_dim, lay.planes};
   }
   if (st.store.enabled() && st.core.setup_error.empty()) {
     st.write_buf->resize(st.store.max_pending_write_bytes);

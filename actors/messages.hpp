@@ -179,11 +179,12 @@ struct kv_region_desc {
   uint32_t num_pages = 0;
   uint32_t page_size_tokens = 0;
   uint32_t kv_dim = 0;
+  uint32_t kv_planes = 2;  ///< 2: K and V; 1: an MLA latent
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, kv_region_desc& x) {
   return f(caf::meta::type_name("kv_region_desc"), x.backend, x.region_id, x.size_bytes, x.packed_key,
-           x.num_layers, x.num_pages, x.page_size_tokens, x.kv_dim);
+           x.num_layers, x.num_pages, x.page_size_tokens, x.kv_dim, x.kv_planes);
 }
 
 struct kv_lease_grant {

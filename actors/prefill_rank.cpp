@@ -119,7 +119,7 @@ void finish_if_done(prefill_pointer self, uint64_t request_id) {
   } else {
     const auto& m = st.core.exec->config();
     // Every layer of the whole prompt goes to the decode rank, K and V, as f32 pages.
-    const uint64_t kv_bytes = uint64_t{prompt_end(r)} * m.num_hidden_layers * 2 * m.kv_dim() * sizeof(float);
+    const uint64_t kv_bytes = uint64_t{prompt_end(r)} * m.num_hidden_layers * m.kv_values_per_token() * sizeof(float);
     const int64_t send_us =
         r.first_put_at ? std::chrono::duration_cast<std::chrono::microseconds>(self->clock().now() - *r.first_put_at).count()
                        : 0;
@@ -228,7 +228,7 @@ void submit_chunk(prefill_pointer self, uint64_t rid) {
   const auto& order = r.order;
   const auto& local = st.core.exec->kv().layout();
   const auto& reg = order.grant.region;
-  gpu::kv_layout remote_layout{reg.num_layers, reg.num_pages, reg.page_size_tokens, reg.kv_dim};
+  gpu::kv_layout remote_layout{reg.num_layers, reg.num_pages, reg.page_size_tokens, reg.kv_dim, reg.kv_planes};
   transport::region_key remote_key{reg.backend, reg.region_id, reg.size_bytes, reg.packed_key};
   const auto num_tokens = prompt_end(r);
   const uint32_t c = r.chunks_submitted++;
@@ -411,13 +411,14 @@ caf::result<prefill_result> accept_prefill(prefill_pointer self, prefill_order o
   const auto& local = kv.layout();
   const auto& reg = order.grant.region;
   if (reg.num_layers != local.num_layers || reg.page_size_tokens != local.page_size_tokens ||
-      reg.kv_dim != local.kv_dim)
+      reg.kv_dim != local.kv_dim || reg.kv_planes != local.planes)
     return make_error(errc::layout_mismatch,
                       stage + ": decode rank " + order.grant.rank + " pages are " + std::to_string(reg.num_layers) +
                           " layers x " + std::to_string(reg.page_size_tokens) + " tokens x " +
-                          std::to_string(reg.kv_dim) + " values, this rank's are " +
-                          std::to_string(local.num_layers) + " x " + std::to_string(local.page_size_tokens) +
-                          " x " + std::to_string(local.kv_dim));
+                          std::to_string(reg.kv_planes) + " planes x " + std::to_string(reg.kv_dim) +
+                          " values, this rank's are " + std::to_string(local.num_layers) + " x " +
+                          std::to_string(local.page_size_tokens) + " x " + std::to_string(local.planes) + " x " +
+                          std::to_string(local.kv_dim));
   const auto num_tokens = static_cast<uint32_t>(order.tokens.size());
   const uint32_t num_pages = kv.pages_for_tokens(num_tokens);
   if (num_tokens == 0) return make_error(errc::bad_request, stage + ": empty prompt");

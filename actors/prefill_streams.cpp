@@ -24,7 +24,7 @@ void put_to_peer(prefill_pointer self, prefill_job_state& r, size_t peer, uint32
   const auto& pr = r.split.peers[peer];
   const auto& lay = st.core.exec->kv().layout();
   const auto& reg = pr.region;
-  const gpu::kv_layout remote{reg.num_layers, reg.num_pages, reg.page_size_tokens, reg.kv_dim};
+  const gpu::kv_layout remote{reg.num_layers, reg.num_pages, reg.page_size_tokens, reg.kv_dim, reg.kv_planes};
   // The peer by its rank's name: errors name it, and a modelled link queues on its NIC.
   const auto& names = r.order.part_names;
   transport::put_desc d{r.order.request_id, layer,
@@ -166,7 +166,7 @@ void load_round(prefill_pointer self, uint64_t rid) {
       o.block_tokens = r.order.block_tokens;
       o.region = kv_region_desc{st.core.pool_key->backend, st.core.pool_key->region_id, st.core.pool_key->size_bytes,
                                 st.core.pool_key->packed, lay.num_layers, lay.num_pages, lay.page_size_tokens,
-                                lay.kv_dim};
+                                lay.kv_dim, lay.planes};
       o.page_ids = r.local_pages;
       o.reader = st.cfg.name;
       if (r.load.gate) o.reader_actor = caf::actor_cast<caf::actor>(self);
@@ -247,7 +247,7 @@ void launch_split(prefill_pointer self, uint64_t rid) {
     const auto& lay = st.core.exec->kv().layout();
     const auto& key = *st.core.pool_key;
     kv_region_desc region{key.backend, key.region_id, key.size_bytes, key.packed, lay.num_layers, lay.num_pages,
-                          lay.page_size_tokens, lay.kv_dim};
+                          lay.page_size_tokens, lay.kv_dim, lay.planes};
     for (uint32_t j = 0; j < sp.index; ++j)
       caf::anon_send(o.part_ranks[j], split_peer{rid, sp.index, region, r.local_pages, caf::actor_cast<caf::actor>(self)});
   }

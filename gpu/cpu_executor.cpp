@@ -2,11 +2,13 @@
 
 #include "gpu/hf_model.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <mutex>
 
 #include "gpu/cpu_kernels.hpp"
 #include "gpu/job_queue.hpp"
+#include "gpu/moe_routing.hpp"
 #include "gpu/thread_pool.hpp"
 
 namespace baton::gpu {
@@ -43,17 +45,25 @@ namespace {
 
 /// Scratch buffers for one forward pass, sized by its total number of rows.
 struct activations {
-  std::vector<float> x, hn, q, k, v, attn, proj, gate, up;
+  std::vector<float> x, hn, q, qa, k, v, attn, proj, gate, up;
+  std::vector<float> router, xe, ye;  ///< MoE: router logits, one expert's gathered rows and output
   void resize(const model_config& c, size_t rows) {
+    uint32_t f = 0;
+    for (uint32_t l = 0; l < c.num_hidden_layers; ++l)
+      f = std::max({f, c.mlp_intermediate(l), c.is_moe_layer(l) ? c.moe.moe_intermediate_size : 0u});
     x.resize(rows * c.hidden_size);
     hn.resize(rows * c.hidden_size);
     q.resize(rows * c.q_dim());
+    qa.resize(rows * c.mla.q_lora_rank);
     k.resize(rows * c.kv_dim());
     v.resize(rows * c.kv_dim());
-    attn.resize(rows * c.q_dim());
+    attn.resize(rows * c.attn_out_dim());
     proj.resize(rows * c.hidden_size);
-    gate.resize(rows * c.intermediate_size);
-    up.resize(rows * c.intermediate_size);
+    gate.resize(rows * f);
+    up.resize(rows * f);
+    router.resize(rows * c.moe.n_routed_experts);
+    xe.resize(c.moe.n_routed_experts ? rows * c.hidden_size : 0);
+    ye.resize(c.moe.n_routed_experts ? rows * c.hidden_size : 0);
   }
 };
 
@@ -68,7 +78,7 @@ public:
   cpu_executor(model_config cfg, std::shared_ptr<const model_weights> weights, cpu_executor_config ecfg)
     : cfg_(std::move(cfg)),
       weights_(std::move(weights)),
-      kv_(kv_layout{cfg_.num_hidden_layers, ecfg.num_kv_pages, ecfg.page_size_tokens, cfg_.kv_dim()}),
+      kv_(model_kv_layout(cfg_, ecfg.num_kv_pages, ecfg.page_size_tokens)),
       pool_(ecfg.num_threads),
       num_threads_(ecfg.num_threads),
       inv_freq_(rope_inv_freq(cfg_)) {
@@ -94,7 +104,7 @@ private:
     for (uint32_t s = 0; s < job.seqs.size(); ++s)
       for (uint32_t i = 0; i < job.seqs[s].tokens.size(); ++i) rows.push_back({s, job.seqs[s].start_pos + i});
     const size_t n = rows.size();
-    const size_t h = c.hidden_size, qd = c.q_dim(), kvd = c.kv_dim(), f = c.intermediate_size;
+    const size_t h = c.hidden_size;
     act_.resize(c, n);
 
     for (size_t r = 0; r < n; ++r) {
@@ -105,45 +115,18 @@ private:
     for (uint32_t l = 0; l < c.num_hidden_layers; ++l) {
       const auto& lw = w.layers[l];
       rmsnorm(act_.x.data(), lw.attn_norm.data(), n, h, c.rms_norm_eps, act_.hn.data());
-      matmul_nt(act_.hn.data(), n, h, lw.wq.data(), qd, act_.q.data(), &pool_);
-      matmul_nt(act_.hn.data(), n, h, lw.wk.data(), kvd, act_.k.data(), &pool_);
-      matmul_nt(act_.hn.data(), n, h, lw.wv.data(), kvd, act_.v.data(), &pool_);
-      if (!lw.bq.empty())  // Qwen2: biased q, k, v projections
-        for (size_t r = 0; r < n; ++r) {
-          add_inplace(act_.q.data() + r * qd, lw.bq.data(), qd);
-          add_inplace(act_.k.data() + r * kvd, lw.bk.data(), kvd);
-          add_inplace(act_.v.data() + r * kvd, lw.bv.data(), kvd);
-        }
-      if (!lw.q_norm.empty()) {  // Qwen3: each head of q and k RMS-normalised before RoPE
-        rmsnorm(act_.q.data(), lw.q_norm.data(), n * c.num_attention_heads, c.head_dim, c.rms_norm_eps, act_.q.data());
-        rmsnorm(act_.k.data(), lw.k_norm.data(), n * c.num_key_value_heads, c.head_dim, c.rms_norm_eps, act_.k.data());
-      }
-      for (size_t r = 0; r < n; ++r) {
-        rope_apply(act_.q.data() + r * qd, c.num_attention_heads, c.head_dim, rows[r].pos, inv_freq_.data());
-        rope_apply(act_.k.data() + r * kvd, c.num_key_value_heads, c.head_dim, rows[r].pos, inv_freq_.data());
-        const auto& pages = job.seqs[rows[r].seq].pages;
-        const uint32_t ps = kv_.layout().page_size_tokens;
-        const uint32_t page = pages[rows[r].pos / ps], slot = rows[r].pos % ps;
-        std::copy_n(act_.k.data() + r * kvd, kvd, kv_.k_at(l, page, slot));
-        std::copy_n(act_.v.data() + r * kvd, kvd, kv_.v_at(l, page, slot));
-      }
-      // The pipeline's consumer end: a sequence whose cached prefix is still arriving waits here
-      // for this layer of it, while its Q, K and V were computed above.
-      for (const auto& s : job.seqs)
-        if (s.gate && !s.gate->wait(l)) {
-          sink.on_failed(job.job_id, "sequence " + std::to_string(s.seq_id) + ": layer " + std::to_string(l) +
-                                         " of its cached prefix will not arrive");
-          return;
-        }
-      attention(job, rows, l);
-      matmul_nt(act_.attn.data(), n, qd, lw.wo.data(), h, act_.proj.data(), &pool_);
+      // Each attention writes this layer's KV, waits for the layer's gates, and leaves the
+      // o_proj output in act_.proj.
+      const bool ok = c.is_mla() ? latent_attention_layer(job, rows, l, sink) : attention_layer(job, rows, l, sink);
+      if (!ok) return;
       add_inplace(act_.x.data(), act_.proj.data(), n * h);
 
       rmsnorm(act_.x.data(), lw.mlp_norm.data(), n, h, c.rms_norm_eps, act_.hn.data());
-      matmul_nt(act_.hn.data(), n, h, lw.w_gate.data(), f, act_.gate.data(), &pool_);
-      matmul_nt(act_.hn.data(), n, h, lw.w_up.data(), f, act_.up.data(), &pool_);
-      swiglu(act_.gate.data(), act_.up.data(), n * f, act_.gate.data());
-      matmul_nt(act_.gate.data(), n, f, lw.w_down.data(), h, act_.proj.data(), &pool_);
+      if (c.is_moe_layer(l))
+        moe_mlp(l, n);
+      else
+        dense_mlp(lw.w_gate.data(), lw.w_up.data(), lw.w_down.data(), act_.hn.data(), n, c.mlp_intermediate(l),
+                  act_.proj.data());
       add_inplace(act_.x.data(), act_.proj.data(), n * h);
       sink.on_layer_done(job.job_id, l);
     }
@@ -167,15 +150,57 @@ private:
     sink.on_done(job.job_id, std::move(logits));
   }
 
-  /// Causal attention of every row over its own sequence's KV pages, positions [0, pos].
-  /// Each (row, head) is computed alone in a fixed order, so batching cannot change it.
-  void attention(const forward_job& job, const std::vector<row_ref>& rows, uint32_t layer) {
+  /// The pipeline's consumer end: a sequence whose cached prefix is still arriving waits here for
+  /// layer `l` of it, after this layer's projections were computed.
+  bool wait_gates(const forward_job& job, uint32_t l, executor_sink& sink) {
+    for (const auto& s : job.seqs)
+      if (s.gate && !s.gate->wait(l)) {
+        sink.on_failed(job.job_id, "sequence " + std::to_string(s.seq_id) + ": layer " + std::to_string(l) +
+                                       " of its cached prefix will not arrive");
+        return false;
+      }
+    return true;
+  }
+
+  /// Where row r's token lives in the KV pool.
+  std::pair<uint32_t, uint32_t> page_slot(const forward_job& job, const row_ref& row) const {
+    const uint32_t ps = kv_.layout().page_size_tokens;
+    return {job.seqs[row.seq].pages[row.pos / ps], row.pos % ps};
+  }
+
+  /// Grouped-query attention (Llama, Mistral, Qwen): K and V per KV head in two planes.
+  bool attention_layer(const forward_job& job, const std::vector<row_ref>& rows, uint32_t l, executor_sink& sink) {
     const auto& c = cfg_;
+    const auto& lw = weights_->layers[l];
+    const size_t n = rows.size(), h = c.hidden_size, qd = c.q_dim(), kvd = c.kv_dim();
+    matmul_nt(act_.hn.data(), n, h, lw.wq.data(), qd, act_.q.data(), &pool_);
+    matmul_nt(act_.hn.data(), n, h, lw.wk.data(), kvd, act_.k.data(), &pool_);
+    matmul_nt(act_.hn.data(), n, h, lw.wv.data(), kvd, act_.v.data(), &pool_);
+    if (!lw.bq.empty())  // Qwen2: biased q, k, v projections
+      for (size_t r = 0; r < n; ++r) {
+        add_inplace(act_.q.data() + r * qd, lw.bq.data(), qd);
+        add_inplace(act_.k.data() + r * kvd, lw.bk.data(), kvd);
+        add_inplace(act_.v.data() + r * kvd, lw.bv.data(), kvd);
+      }
+    if (!lw.q_norm.empty()) {  // Qwen3: each head of q and k RMS-normalised before RoPE
+      rmsnorm(act_.q.data(), lw.q_norm.data(), n * c.num_attention_heads, c.head_dim, c.rms_norm_eps, act_.q.data());
+      rmsnorm(act_.k.data(), lw.k_norm.data(), n * c.num_key_value_heads, c.head_dim, c.rms_norm_eps, act_.k.data());
+    }
+    for (size_t r = 0; r < n; ++r) {
+      rope_apply(act_.q.data() + r * qd, c.num_attention_heads, c.head_dim, rows[r].pos, inv_freq_.data());
+      rope_apply(act_.k.data() + r * kvd, c.num_key_value_heads, c.head_dim, rows[r].pos, inv_freq_.data());
+      const auto [page, slot] = page_slot(job, rows[r]);
+      std::copy_n(act_.k.data() + r * kvd, kvd, kv_.k_at(l, page, slot));
+      std::copy_n(act_.v.data() + r * kvd, kvd, kv_.v_at(l, page, slot));
+    }
+    if (!wait_gates(job, l, sink)) return false;
+
+    // Causal attention of every row over its own sequence's KV pages, positions [0, pos].
+    // Each (row, head) is computed alone in a fixed order, so batching cannot change it.
     const uint32_t hd = c.head_dim, group = c.num_attention_heads / c.num_key_value_heads;
     const uint32_t ps = kv_.layout().page_size_tokens;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-    const size_t work = rows.size() * c.num_attention_heads;
-    pool_.parallel_for(work, 1, [&](size_t begin, size_t end) {
+    pool_.parallel_for(n * c.num_attention_heads, 1, [&](size_t begin, size_t end) {
       std::vector<float> scores;
       for (size_t item = begin; item < end; ++item) {
         const size_t r = item / c.num_attention_heads;
@@ -183,11 +208,125 @@ private:
         const auto& pages = job.seqs[rows[r].seq].pages;
         const uint32_t len = rows[r].pos + 1;
         scores.resize(len);
-        attention_ref(act_.q.data() + r * c.q_dim() + head * hd, len, kv_.k_at(layer, 0, 0), pages.data(), ps,
-                      c.kv_dim(), kv_.layout().page_bytes() / sizeof(float), kvh * hd, hd, scale, scores.data(),
-                      act_.attn.data() + r * c.q_dim() + head * hd);
+        attention_ref(act_.q.data() + r * qd + head * hd, len, kv_.k_at(l, 0, 0), pages.data(), ps, c.kv_dim(),
+                      kv_.layout().page_bytes() / sizeof(float), kvh * hd, hd, scale, scores.data(),
+                      act_.attn.data() + r * qd + head * hd);
       }
     });
+    matmul_nt(act_.attn.data(), n, qd, lw.wo.data(), h, act_.proj.data(), &pool_);
+    return true;
+  }
+
+  /// DeepSeek's multi-head latent attention. The cache holds, per token, the normalised
+  /// compressed KV and the rotated shared key: [c_kv (kv_lora_rank) | k_pe (qk_rope_head_dim)].
+  /// Every row (prefill or decode) attends over that latent directly: W_UK is absorbed into the
+  /// query and W_UV applied after the weighted sum, so cached tokens are never expanded into
+  /// per-head K and V. One path for both kinds of row keeps chunked prefill equal to
+  /// token-by-token decoding, bit for bit.
+  bool latent_attention_layer(const forward_job& job, const std::vector<row_ref>& rows, uint32_t l,
+                              executor_sink& sink) {
+    const auto& c = cfg_;
+    const auto& m = c.mla;
+    const auto& lw = weights_->layers[l];
+    const size_t n = rows.size(), h = c.hidden_size, qd = c.q_dim(), qk = c.qk_head_dim(), lat = c.kv_dim();
+    const uint32_t lora = m.kv_lora_rank, nope = m.qk_nope_head_dim, rope = m.qk_rope_head_dim, vd = m.v_head_dim;
+    // The low-rank norms are built with transformers' default epsilon, not rms_norm_eps.
+    constexpr float lora_norm_eps = 1e-6f;
+    if (m.q_lora_rank) {
+      matmul_nt(act_.hn.data(), n, h, lw.wq_a.data(), m.q_lora_rank, act_.qa.data(), &pool_);
+      rmsnorm(act_.qa.data(), lw.q_a_norm.data(), n, m.q_lora_rank, lora_norm_eps, act_.qa.data());
+      matmul_nt(act_.qa.data(), n, m.q_lora_rank, lw.wq_b.data(), qd, act_.q.data(), &pool_);
+    } else {
+      matmul_nt(act_.hn.data(), n, h, lw.wq.data(), qd, act_.q.data(), &pool_);
+    }
+    matmul_nt(act_.hn.data(), n, h, lw.wkv_a.data(), lat, act_.k.data(), &pool_);
+    auto rotate = [&](float* x, uint32_t pos) {
+      if (m.rope_interleave)
+        rope_apply_interleaved(x, rope, pos, inv_freq_.data());
+      else
+        rope_apply(x, 1, rope, pos, inv_freq_.data());
+    };
+    for (size_t r = 0; r < n; ++r) {
+      float* latent = act_.k.data() + r * lat;
+      rmsnorm(latent, lw.kv_a_norm.data(), 1, lora, lora_norm_eps, latent);
+      rotate(latent + lora, rows[r].pos);
+      for (uint32_t head = 0; head < c.num_attention_heads; ++head)
+        rotate(act_.q.data() + r * qd + head * qk + nope, rows[r].pos);
+      const auto [page, slot] = page_slot(job, rows[r]);
+      std::copy_n(latent, lat, kv_.k_at(l, page, slot));
+    }
+    if (!wait_gates(job, l, sink)) return false;
+
+    const uint32_t ps = kv_.layout().page_size_tokens;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(qk));
+    pool_.parallel_for(n * c.num_attention_heads, 1, [&](size_t begin, size_t end) {
+      std::vector<float> scores, query(lat), out(lora);
+      for (size_t item = begin; item < end; ++item) {
+        const size_t r = item / c.num_attention_heads;
+        const uint32_t head = static_cast<uint32_t>(item % c.num_attention_heads);
+        const float* q = act_.q.data() + r * qd + head * qk;
+        // The latent query: W_UK_h^T q_nope, then the rotated part as is.
+        for (uint32_t j = 0; j < lora; ++j)
+          query[j] = dot_fixed(lw.w_uk_t.data() + (uint64_t{head} * lora + j) * nope, q, nope);
+        std::copy_n(q + nope, rope, query.data() + lora);
+        const auto& pages = job.seqs[rows[r].seq].pages;
+        const uint32_t len = rows[r].pos + 1;
+        scores.resize(len);
+        latent_attention_ref(query.data(), len, kv_.k_at(l, 0, 0), pages.data(), ps, lat,
+                             kv_.layout().page_bytes() / sizeof(float), lora, scale, scores.data(), out.data());
+        float* o = act_.attn.data() + r * c.attn_out_dim() + head * vd;
+        for (uint32_t d = 0; d < vd; ++d) o[d] = dot_fixed(lw.w_uv.data() + (uint64_t{head} * vd + d) * lora, out.data(), lora);
+      }
+    });
+    matmul_nt(act_.attn.data(), n, c.attn_out_dim(), lw.wo.data(), h, act_.proj.data(), &pool_);
+    return true;
+  }
+
+  /// out[n][hidden] = SwiGLU MLP of `f` intermediate values over x[n][hidden].
+  void dense_mlp(const float* gate, const float* up, const float* down, const float* x, size_t n, size_t f, float* out) {
+    const size_t h = cfg_.hidden_size;
+    matmul_nt(x, n, h, gate, f, act_.gate.data(), &pool_);
+    matmul_nt(x, n, h, up, f, act_.up.data(), &pool_);
+    swiglu(act_.gate.data(), act_.up.data(), n * f, act_.gate.data());
+    matmul_nt(act_.gate.data(), n, f, down, h, out, &pool_);
+  }
+
+  /// A MoE layer: each row routed to its top-k experts, rows bound for one expert run through it
+  /// together (as expert-parallel dispatch packs them), their outputs summed per row in expert
+  /// order with the routing weights, then the shared experts added. Rows never see each other's
+  /// numbers, so a token's result does not depend on who shares its batch.
+  void moe_mlp(uint32_t l, size_t n) {
+    const auto& c = cfg_;
+    const auto& lw = weights_->layers[l];
+    const size_t h = c.hidden_size, e_count = c.moe.n_routed_experts, k = c.moe.num_experts_per_tok;
+    const size_t mf = c.moe.moe_intermediate_size;
+    matmul_nt(act_.hn.data(), n, h, lw.router.data(), e_count, act_.router.data(), &pool_);
+    std::vector<uint32_t> chosen(n * k);
+    std::vector<float> weight(n * k), scratch(2 * e_count + c.moe.n_group);
+    for (size_t r = 0; r < n; ++r)
+      moe_route(c.moe, act_.router.data() + r * e_count, lw.router_bias.empty() ? nullptr : lw.router_bias.data(),
+                chosen.data() + r * k, weight.data() + r * k, scratch.data());
+    // Rows per expert, ascending: expert e's batch.
+    std::vector<std::vector<std::pair<uint32_t, float>>> batch(e_count);
+    for (size_t r = 0; r < n; ++r)
+      for (size_t j = 0; j < k; ++j) batch[chosen[r * k + j]].push_back({static_cast<uint32_t>(r), weight[r * k + j]});
+    std::fill_n(act_.proj.data(), n * h, 0.0f);
+    for (size_t e = 0; e < e_count; ++e) {
+      const auto& b = batch[e];
+      if (b.empty()) continue;
+      for (size_t i = 0; i < b.size(); ++i) std::copy_n(act_.hn.data() + b[i].first * h, h, act_.xe.data() + i * h);
+      const auto& x = lw.experts[e];
+      dense_mlp(x.gate.data(), x.up.data(), x.down.data(), act_.xe.data(), b.size(), mf, act_.ye.data());
+      for (size_t i = 0; i < b.size(); ++i) {
+        float* dst = act_.proj.data() + b[i].first * h;
+        const float* src = act_.ye.data() + i * h;
+        for (size_t d = 0; d < h; ++d) dst[d] += b[i].second * src[d];
+      }
+    }
+    if (const size_t f = c.mlp_intermediate(l)) {
+      dense_mlp(lw.w_gate.data(), lw.w_up.data(), lw.w_down.data(), act_.hn.data(), n, f, act_.ye.data());
+      add_inplace(act_.proj.data(), act_.ye.data(), n * h);
+    }
   }
 
   model_config cfg_;

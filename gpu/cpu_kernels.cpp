@@ -131,14 +131,15 @@ void swiglu(const float* gate, const float* up, size_t n, float* a) {
   for (size_t i = 0; i < n; ++i) a[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
 }
 
-void attention_ref(const float* q, uint32_t len, const float* kv_layer, const uint32_t* pages, uint32_t page_size,
-                   uint32_t kv_dim, uint64_t page_elems, uint32_t kv_offset, uint32_t head_dim, float scale,
-                   float* scores, float* out) {
-  auto k_at = [&](uint32_t t) { return kv_layer + pages[t / page_size] * page_elems + uint64_t{t % page_size} * kv_dim + kv_offset; };
-  const uint64_t v_skip = uint64_t{page_size} * kv_dim;
+namespace {
+
+/// softmax(q·k_t · scale) over t < len, then Σ_t p_t v_t: the one attention order both layouts use.
+template <class KeyAt, class ValueAt>
+void attend(const float* q, uint32_t len, KeyAt key_at, uint32_t key_dim, ValueAt value_at, uint32_t value_dim,
+            float scale, float* scores, float* out) {
   float max_score = -INFINITY;
   for (uint32_t t = 0; t < len; ++t) {
-    scores[t] = dot_fixed(q, k_at(t), head_dim) * scale;
+    scores[t] = dot_fixed(q, key_at(t), key_dim) * scale;
     max_score = std::max(max_score, scores[t]);
   }
   float sum = 0.0f;
@@ -146,11 +147,38 @@ void attention_ref(const float* q, uint32_t len, const float* kv_layer, const ui
     scores[t] = std::exp(scores[t] - max_score);
     sum += scores[t];
   }
-  std::fill_n(out, head_dim, 0.0f);
+  std::fill_n(out, value_dim, 0.0f);
   for (uint32_t t = 0; t < len; ++t) {
     const float p = scores[t] / sum;
-    const float* v = k_at(t) + v_skip;
-    for (uint32_t d = 0; d < head_dim; ++d) out[d] += p * v[d];
+    const float* v = value_at(t);
+    for (uint32_t d = 0; d < value_dim; ++d) out[d] += p * v[d];
+  }
+}
+
+}  // namespace
+
+void attention_ref(const float* q, uint32_t len, const float* kv_layer, const uint32_t* pages, uint32_t page_size,
+                   uint32_t kv_dim, uint64_t page_elems, uint32_t kv_offset, uint32_t head_dim, float scale,
+                   float* scores, float* out) {
+  auto k_at = [&](uint32_t t) { return kv_layer + pages[t / page_size] * page_elems + uint64_t{t % page_size} * kv_dim + kv_offset; };
+  const uint64_t v_skip = uint64_t{page_size} * kv_dim;
+  attend(q, len, k_at, head_dim, [&](uint32_t t) { return k_at(t) + v_skip; }, head_dim, scale, scores, out);
+}
+
+void latent_attention_ref(const float* q, uint32_t len, const float* kv_layer, const uint32_t* pages,
+                          uint32_t page_size, uint32_t latent_dim, uint64_t page_elems, uint32_t value_dim,
+                          float scale, float* scores, float* out) {
+  auto at = [&](uint32_t t) { return kv_layer + pages[t / page_size] * page_elems + uint64_t{t % page_size} * latent_dim; };
+  attend(q, len, at, latent_dim, at, value_dim, scale, scores, out);
+}
+
+void rope_apply_interleaved(float* x, uint32_t dim, uint32_t pos, const float* inv_freq) {
+  for (uint32_t i = 0; i < dim / 2; ++i) {
+    const float angle = static_cast<float>(pos) * inv_freq[i];
+    const float c = std::cos(angle), s = std::sin(angle);
+    const float x1 = x[2 * i], x2 = x[2 * i + 1];
+    x[2 * i] = x1 * c - x2 * s;
+    x[2 * i + 1] = x2 * c + x1 * s;
   }
 }
 

@@ -41,6 +41,19 @@ void attention_ref(const float* q, uint32_t len, const float* kv_layer, const ui
                    uint32_t kv_dim, uint64_t page_elems, uint32_t kv_offset, uint32_t head_dim, float scale,
                    float* scores /* [len] scratch */, float* out);
 
+/// Attention of one query over the MLA latent cache (one plane of `latent_dim` floats per token):
+/// scores are q·latent_t over all latent_dim values (the absorbed no-RoPE query against the
+/// compressed KV, plus the RoPE query against the shared rotated key), and the output is
+/// Σ_t p_t latent_t over the first `value_dim` values (the compressed KV, before W_UV).
+void latent_attention_ref(const float* q, uint32_t len, const float* kv_layer, const uint32_t* pages,
+                          uint32_t page_size, uint32_t latent_dim, uint64_t page_elems, uint32_t value_dim,
+                          float scale, float* scores /* [len] scratch */, float* out);
+
+/// Rotary embedding over adjacent pairs (2i, 2i + 1) of one `dim`-wide vector, as DeepSeek's MLA
+/// rotates its decoupled key and query parts (transformers' complex form for V2, its interleave
+/// option for V3: the same dot products).
+void rope_apply_interleaved(float* x, uint32_t dim, uint32_t pos, const float* inv_freq);
+
 /// In-place x[i] += y[i].
 void add_inplace(float* x, const float* y, size_t n);
 

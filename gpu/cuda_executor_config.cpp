@@ -58,7 +58,7 @@ std::shared_ptr<executor> make_backend_executor(const backend_config& backend, c
   std::string why;
   if (auto e = make_cuda_executor(model, std::move(weights), c, &why)) return e;
   return std::make_shared<refusing_executor>(
-      model, kv_layout{model.num_hidden_layers, pool.num_kv_pages, pool.page_size_tokens, model.kv_dim()},
+      model, model_kv_layout(model, pool.num_kv_pages, pool.page_size_tokens),
       "cuda executor: " + why);
 }
 

@@ -14,7 +14,13 @@ namespace {
 
 using nlohmann::json;
 
-const char* supported = "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM";
+const char* supported =
+    "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, DeepseekV2ForCausalLM, "
+    "DeepseekV3ForCausalLM";
+
+bool is_deepseek(const std::string& arch) {
+  return arch == "DeepseekV2ForCausalLM" || arch == "DeepseekV3ForCausalLM";
+}
 
 bool read_text(const std::string& path, std::string* out) {
   std::ifstream in{path};
@@ -53,6 +59,70 @@ std::vector<float> rope_inv_freq(const model_config& cfg) {
 
 namespace {
 
+/// DeepSeek-V2/V3: the MLA and MoE fields, with transformers' defaults for absent ones. The
+/// families differ where transformers' classes do: V2 scores experts with a softmax and ignores
+/// norm_topk_prob; V3 uses sigmoid scores, the correction bias and group-limited top-k (noaux_tc).
+template <class Fail, class UintField, class FloatField>
+bool parse_deepseek_fields(const json& j, model_config* out, Fail fail, UintField uint_field, FloatField float_field) {
+  auto& c = *out;
+  const bool v3 = c.architecture == "DeepseekV3ForCausalLM";
+  // Present and null means "none" (q_lora_rank, n_routed_experts ...): 0 here.
+  auto count_field = [&](const char* key, uint32_t* dst) {
+    if (!j.contains(key)) return true;
+    if (j[key].is_null()) {
+      *dst = 0;
+      return true;
+    }
+    if (!j[key].is_number_unsigned() || j[key].get<uint64_t>() > (1ull << 31))
+      return fail(std::string{key} + " must be a non-negative integer or null");
+    *dst = static_cast<uint32_t>(j[key].get<uint64_t>());
+    return true;
+  };
+  auto& m = c.mla;
+  m = {1536, 512, 128, 64, 128, true};
+  auto& e = c.moe;
+  e = {};
+  e.n_routed_experts = v3 ? 256 : 64;
+  e.n_shared_experts = v3 ? 1 : 2;
+  e.num_experts_per_tok = v3 ? 8 : 0;
+  e.moe_intermediate_size = v3 ? 2048 : 1407;
+  e.first_k_dense_replace = v3 ? 3 : 0;
+  e.n_group = v3 ? 8 : 0;
+  e.topk_group = v3 ? 4 : 0;
+  e.routed_scaling_factor = v3 ? 2.5f : 1.0f;
+  e.scoring = v3 ? "sigmoid" : "softmax";
+  e.topk_method = v3 ? "noaux_tc" : "greedy";
+  e.norm_topk_prob = v3;
+  if (!count_field("q_lora_rank", &m.q_lora_rank) || !uint_field("kv_lora_rank", &m.kv_lora_rank, false) ||
+      !uint_field("qk_nope_head_dim", &m.qk_nope_head_dim, false) ||
+      !uint_field("qk_rope_head_dim", &m.qk_rope_head_dim, false) || !uint_field("v_head_dim", &m.v_head_dim, false) ||
+      !count_field("n_routed_experts", &e.n_routed_experts) || !count_field("n_shared_experts", &e.n_shared_experts) ||
+      !count_field("num_experts_per_tok", &e.num_experts_per_tok) ||
+      !count_field("moe_intermediate_size", &e.moe_intermediate_size) ||
+      !count_field("first_k_dense_replace", &e.first_k_dense_replace) || !count_field("n_group", &e.n_group) ||
+      !count_field("topk_group", &e.topk_group) || !float_field(j, "routed_scaling_factor", &e.routed_scaling_factor))
+    return false;
+  if (v3) {
+    e.norm_topk_prob = j.value("norm_topk_prob", true);
+    m.rope_interleave = j.value("rope_interleave", true);
+  } else {
+    e.topk_method = j.value("topk_method", std::string{"greedy"});
+    if (e.topk_method != "greedy" && e.topk_method != "group_limited_greedy")
+      return fail("topk_method " + e.topk_method + " is not one DeepSeek-V2 defines (greedy, group_limited_greedy)");
+  }
+  // A MoE layer needs experts to route to; transformers builds a dense model otherwise.
+  if (e.n_routed_experts == 0 || e.num_experts_per_tok == 0) e.n_routed_experts = 0;
+  if (e.topk_method == "greedy") e.n_group = e.topk_group = 1;
+  uint32_t freq = 1;
+  if (!count_field("moe_layer_freq", &freq)) return false;
+  if (freq != 1) return fail("moe_layer_freq " + std::to_string(freq) + " is not supported (every layer from first_k_dense_replace on is MoE)");
+  if (j.value("attention_bias", false)) return fail("attention_bias is not supported for DeepSeek models");
+  if (j.contains("hidden_act") && j["hidden_act"] != "silu") return fail("hidden_act must be silu");
+  c.head_dim = m.qk_rope_head_dim;  // as transformers sets it: the rotary width
+  c.num_key_value_heads = c.num_attention_heads;  // MLA has no separate KV heads
+  return true;
+}
+
 bool parse_hf_config_unchecked(const std::string& text, const std::string& source, model_config* out, std::string* why) {
   auto j = json::parse(text, nullptr, false);
   auto fail = [&](const std::string& s) {
@@ -66,7 +136,7 @@ bool parse_hf_config_unchecked(const std::string& text, const std::string& sourc
     return fail("no \"architectures\" list");
   c.architecture = j["architectures"][0].get<std::string>();
   if (c.architecture != "LlamaForCausalLM" && c.architecture != "MistralForCausalLM" &&
-      c.architecture != "Qwen2ForCausalLM" && c.architecture != "Qwen3ForCausalLM")
+      c.architecture != "Qwen2ForCausalLM" && c.architecture != "Qwen3ForCausalLM" && !is_deepseek(c.architecture))
     return fail("architecture " + c.architecture + " is not supported (supported: " + supported + ")");
   auto uint_field = [&](const char* key, uint32_t* dst, bool required) {
     if (!j.contains(key) || j[key].is_null()) {
@@ -107,8 +177,9 @@ bool parse_hf_config_unchecked(const std::string& text, const std::string& sourc
   c.rms_norm_eps = 1e-6f;
   c.rope_theta = 10000.0f;
   if (!float_field(j, "rms_norm_eps", &c.rms_norm_eps) || !float_field(j, "rope_theta", &c.rope_theta)) return false;
+  if (is_deepseek(c.architecture) && !parse_deepseek_fields(j, &c, fail, uint_field, float_field)) return false;
   c.tie_word_embeddings = j.value("tie_word_embeddings", false);
-  c.attention_bias = c.architecture == "Qwen2ForCausalLM" || j.value("attention_bias", false);
+  c.attention_bias = c.architecture == "Qwen2ForCausalLM" || (!is_deepseek(c.architecture) && j.value("attention_bias", false));
   c.qk_norm = c.architecture == "Qwen3ForCausalLM";
   // transformers 5 writes every RoPE setting, theta included, into rope_parameters; 4 wrote
   // rope_theta at the top and the scaling into rope_scaling. Accept both.
@@ -142,6 +213,67 @@ bool parse_hf_config_unchecked(const std::string& text, const std::string& sourc
   c.name = j.value("_name_or_path", c.architecture);
   if (auto e = c.validate(); !e.empty()) return fail(e);
   *out = std::move(c);
+  return true;
+}
+
+/// DeepSeek layers: MLA projections, then a dense MLP or a MoE block. Routed experts come one
+/// tensor per expert (the Hub's layout), or fused into mlp.experts.gate_up_proj [E, 2F, H] and
+/// mlp.experts.down_proj [E, H, F] (transformers 5's in-memory layout).
+template <class Get>
+bool load_deepseek_layers(const safetensors_set& set, const model_config& c, Get get, std::vector<layer_weights>& layers) {
+  const uint64_t h = c.hidden_size, q = c.q_dim(), lat = c.kv_dim(), heads = c.num_attention_heads;
+  const auto& m = c.mla;
+  for (uint32_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    auto& L = layers[l];
+    if (!get(p + "input_layernorm.weight", {h}, &L.attn_norm) ||
+        !get(p + "post_attention_layernorm.weight", {h}, &L.mlp_norm))
+      return false;
+    if (m.q_lora_rank) {
+      if (!get(p + "self_attn.q_a_proj.weight", {m.q_lora_rank, h}, &L.wq_a) ||
+          !get(p + "self_attn.q_a_layernorm.weight", {m.q_lora_rank}, &L.q_a_norm) ||
+          !get(p + "self_attn.q_b_proj.weight", {q, m.q_lora_rank}, &L.wq_b))
+        return false;
+    } else if (!get(p + "self_attn.q_proj.weight", {q, h}, &L.wq)) {
+      return false;
+    }
+    if (!get(p + "self_attn.kv_a_proj_with_mqa.weight", {lat, h}, &L.wkv_a) ||
+        !get(p + "self_attn.kv_a_layernorm.weight", {m.kv_lora_rank}, &L.kv_a_norm) ||
+        !get(p + "self_attn.kv_b_proj.weight", {heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank}, &L.wkv_b) ||
+        !get(p + "self_attn.o_proj.weight", {h, c.attn_out_dim()}, &L.wo))
+      return false;
+    const uint64_t f = c.mlp_intermediate(l);
+    const std::string mlp = c.is_moe_layer(l) ? p + "mlp.shared_experts." : p + "mlp.";
+    if (f && (!get(mlp + "gate_proj.weight", {f, h}, &L.w_gate) || !get(mlp + "up_proj.weight", {f, h}, &L.w_up) ||
+              !get(mlp + "down_proj.weight", {h, f}, &L.w_down)))
+      return false;
+    if (!c.is_moe_layer(l)) continue;
+    const uint64_t e_count = c.moe.n_routed_experts, mf = c.moe.moe_intermediate_size;
+    if (!get(p + "mlp.gate.weight", {e_count, h}, &L.router)) return false;
+    if (c.moe.topk_method == "noaux_tc" && !get(p + "mlp.gate.e_score_correction_bias", {e_count}, &L.router_bias))
+      return false;
+    L.experts.resize(e_count);
+    if (set.find(p + "mlp.experts.gate_up_proj")) {
+      std::vector<float> gate_up, down;
+      if (!get(p + "mlp.experts.gate_up_proj", {e_count, 2 * mf, h}, &gate_up) ||
+          !get(p + "mlp.experts.down_proj", {e_count, h, mf}, &down))
+        return false;
+      for (uint64_t e = 0; e < e_count; ++e) {
+        const float* gu = gate_up.data() + e * 2 * mf * h;
+        L.experts[e].gate.assign(gu, gu + mf * h);
+        L.experts[e].up.assign(gu + mf * h, gu + 2 * mf * h);
+        L.experts[e].down.assign(down.data() + e * h * mf, down.data() + (e + 1) * h * mf);
+      }
+      continue;
+    }
+    for (uint64_t e = 0; e < e_count; ++e) {
+      const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+      if (!get(x + "gate_proj.weight", {mf, h}, &L.experts[e].gate) ||
+          !get(x + "up_proj.weight", {mf, h}, &L.experts[e].up) ||
+          !get(x + "down_proj.weight", {h, mf}, &L.experts[e].down))
+        return false;
+    }
+  }
   return true;
 }
 
@@ -181,7 +313,8 @@ bool load_hf_model_unchecked(const std::string& dir, hf_model* out, std::string*
     return false;
   if (!c.tie_word_embeddings && !get("lm_head.weight", {v, h}, &w->lm_head)) return false;
   w->layers.resize(c.num_hidden_layers);
-  for (uint32_t l = 0; l < c.num_hidden_layers; ++l) {
+  if (c.is_mla() && !load_deepseek_layers(*set, c, get, w->layers)) return false;
+  for (uint32_t l = 0; !c.is_mla() && l < c.num_hidden_layers; ++l) {  // the Llama-like families
     const std::string p = "model.layers." + std::to_string(l) + ".";
     auto& L = w->layers[l];
     if (!get(p + "input_layernorm.weight", {h}, &L.attn_norm) ||
@@ -217,6 +350,7 @@ bool load_hf_model_unchecked(const std::string& dir, hf_model* out, std::string*
           if (e.is_number_integer()) d.eos_token_ids.push_back(e.get<int32_t>());
     }
   }
+  finish_mla_weights(c, *w);
   m.weights = std::move(w);
   *out = std::move(m);
   return true;

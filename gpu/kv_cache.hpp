@@ -8,20 +8,25 @@
 #include <optional>
 #include <vector>
 
+#include "gpu/model_config.hpp"
+
 namespace baton::gpu {
 
 /// Byte layout of a paged KV pool, shipped to peers so they can address pages they do not own.
 ///
-/// Memory is layer-major: [layer][page][k|v][slot][kv_dim] fp32. One layer of many pages is
-/// therefore one strided region, which is what a per-layer send (and later a per-layer store
-/// prefetch) reads.
+/// Memory is layer-major: [layer][page][plane][slot][kv_dim] fp32, the planes being K and V, or
+/// the one latent plane of multi-head latent attention (DeepSeek), which serves as both. One
+/// layer of many pages is therefore one strided region, which is what a per-layer send (and a
+/// per-layer store prefetch) reads; transports and the store move pages as bytes and never
+/// need to know which kind they carry.
 struct kv_layout {
   uint32_t num_layers = 0;
   uint32_t num_pages = 0;
   uint32_t page_size_tokens = 16;
-  uint32_t kv_dim = 0;  ///< num_key_value_heads * head_dim floats per token, for K and for V
+  uint32_t kv_dim = 0;  ///< floats per token per plane (model_config::kv_dim)
+  uint32_t planes = 2;  ///< 2: K and V; 1: an MLA latent (model_config::kv_planes)
 
-  uint64_t page_bytes() const { return uint64_t{2} * page_size_tokens * kv_dim * sizeof(float); }
+  uint64_t page_bytes() const { return uint64_t{planes} * page_size_tokens * kv_dim * sizeof(float); }
   uint64_t layer_stride_bytes() const { return page_bytes() * num_pages; }
   uint64_t total_bytes() const { return layer_stride_bytes() * num_layers; }
   /// Byte offset of (layer, page) inside the pool.
@@ -29,6 +34,11 @@ struct kv_layout {
     return layer * layer_stride_bytes() + page * page_bytes();
   }
 };
+
+/// The layout of `num_pages` pages of `page_size_tokens` tokens for model `m`.
+inline kv_layout model_kv_layout(const model_config& m, uint32_t num_pages, uint32_t page_size_tokens) {
+  return {m.num_hidden_layers, num_pages, page_size_tokens, m.kv_dim(), m.kv_planes()};
+}
 
 /// A pool of KV pages and its allocator.
 ///
@@ -45,7 +55,8 @@ public:
   std::byte* data() { return reinterpret_cast<std::byte*>(memory_.get()); }
   uint64_t size_bytes() const { return layout_.total_bytes(); }
 
-  /// Pointer to the K (or V) vector of token slot `slot` of `page` in `layer`.
+  /// Pointer to the K (or V, with two planes) vector of token slot `slot` of `page` in `layer`;
+  /// with one plane, k_at is the latent.
   float* k_at(uint32_t layer, uint32_t page, uint32_t slot) {
     return memory_.get() + (layout_.offset_bytes(layer, page) / sizeof(float)) +
            uint64_t{slot} * layout_.kv_dim;

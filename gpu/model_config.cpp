@@ -2,13 +2,41 @@
 
 namespace baton::gpu {
 
+namespace {
+
+/// Parameters of every layer; `experts` routed experts counted per MoE layer.
+uint64_t layer_parameters(const model_config& c, uint64_t experts) {
+  const uint64_t h = c.hidden_size;
+  uint64_t attention = 0;
+  if (c.is_mla()) {
+    const auto& m = c.mla;
+    const uint64_t q = c.q_dim();
+    attention = (m.q_lora_rank ? h * m.q_lora_rank + m.q_lora_rank + uint64_t{m.q_lora_rank} * q : h * q) +
+                h * c.kv_dim() + m.kv_lora_rank +
+                uint64_t{m.kv_lora_rank} * c.num_attention_heads * (m.qk_nope_head_dim + m.v_head_dim) +
+                uint64_t{c.attn_out_dim()} * h;
+  } else {
+    attention = h * c.q_dim() + 2 * h * c.kv_dim() + uint64_t{c.q_dim()} * h;
+  }
+  uint64_t total = 0;
+  for (uint32_t l = 0; l < c.num_hidden_layers; ++l) {
+    total += attention + 2 * h + 3 * h * c.mlp_intermediate(l);  // two RMSNorms, always-on MLP
+    if (c.is_moe_layer(l))
+      total += uint64_t{c.moe.n_routed_experts} * h + experts * 3 * h * c.moe.moe_intermediate_size;
+  }
+  return total;
+}
+
+}  // namespace
+
 uint64_t model_config::num_parameters() const {
-  const uint64_t h = hidden_size;
-  const uint64_t per_layer = h * q_dim() + 2 * h * kv_dim() + q_dim() * h  // attention
-                             + 3 * h * intermediate_size                    // SwiGLU MLP
-                             + 2 * h;                                       // two RMSNorms
-  const uint64_t embed = uint64_t{vocab_size} * h;
-  return embed * (tie_word_embeddings ? 1 : 2) + num_hidden_layers * per_layer + h;
+  const uint64_t embed = uint64_t{vocab_size} * hidden_size;
+  return embed * (tie_word_embeddings ? 1 : 2) + layer_parameters(*this, moe.n_routed_experts) + hidden_size;
+}
+
+uint64_t model_config::num_active_parameters() const {
+  const uint64_t embed = uint64_t{vocab_size} * hidden_size;
+  return embed * (tie_word_embeddings ? 1 : 2) + layer_parameters(*this, moe.num_experts_per_tok) + hidden_size;
 }
 
 std::string model_config::validate() const {
@@ -21,6 +49,31 @@ std::string model_config::validate() const {
     return "num_attention_heads (" + std::to_string(num_attention_heads) +
            ") must be a multiple of num_key_value_heads (" + std::to_string(num_key_value_heads) + ")";
   if (head_dim % 2 != 0) return "head_dim must be even for rotary embeddings";
+  if (is_mla()) {
+    if (mla.qk_rope_head_dim != head_dim) return "with MLA, head_dim must equal qk_rope_head_dim";
+    if (mla.qk_nope_head_dim == 0 || mla.v_head_dim == 0)
+      return "MLA needs qk_nope_head_dim and v_head_dim > 0";
+  }
+  if (moe.n_routed_experts > 0) {
+    const auto& m = moe;
+    if (m.num_experts_per_tok == 0 || m.num_experts_per_tok > m.n_routed_experts)
+      return "num_experts_per_tok must be in [1, n_routed_experts (" + std::to_string(m.n_routed_experts) + ")]";
+    if (m.moe_intermediate_size == 0) return "moe_intermediate_size must be > 0";
+    if (m.scoring != "softmax" && m.scoring != "sigmoid")
+      return "MoE scoring must be softmax or sigmoid, not " + m.scoring;
+    if (m.topk_method != "greedy" && m.topk_method != "group_limited_greedy" && m.topk_method != "noaux_tc")
+      return "topk_method must be greedy, group_limited_greedy or noaux_tc, not " + m.topk_method;
+    if (m.topk_method != "greedy") {
+      if (m.n_group == 0 || m.n_group > max_expert_groups || m.n_routed_experts % m.n_group != 0)
+        return "n_group (" + std::to_string(m.n_group) + ") must divide n_routed_experts (" +
+               std::to_string(m.n_routed_experts) + ") and be at most " + std::to_string(max_expert_groups);
+      if (m.topk_group == 0 || m.topk_group > m.n_group) return "topk_group must be in [1, n_group]";
+      if (uint64_t{m.topk_group} * (m.n_routed_experts / m.n_group) < m.num_experts_per_tok)
+        return "topk_group groups hold fewer experts than num_experts_per_tok";
+      if (m.topk_method == "noaux_tc" && m.n_routed_experts / m.n_group < 2)
+        return "noaux_tc ranks groups by their top two experts: each group needs at least 2";
+    }
+  }
   if (max_position_embeddings < 2) return "max_position_embeddings must be >= 2";
   if (bos_token_id >= static_cast<int32_t>(vocab_size) || eos_token_id >= static_cast<int32_t>(vocab_size))
     return "bos_token_id and eos_token_id must be < vocab_size";
@@ -59,6 +112,65 @@ model_config llama3_8b_config(uint32_t max_position_embeddings) {
   c.rope_theta = 500000.0f;
   c.bos_token_id = 128000;
   c.eos_token_id = 128001;
+  return c;
+}
+
+model_config deepseek_tiny_config(bool v3) {
+  model_config c;  // the built-in byte vocabulary and special tokens
+  c.name = v3 ? "deepseek-v3-tiny" : "deepseek-v2-tiny";
+  c.architecture = v3 ? "DeepseekV3ForCausalLM" : "DeepseekV2ForCausalLM";
+  c.hidden_size = 128;
+  c.intermediate_size = 256;
+  c.num_hidden_layers = 3;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 4;
+  c.rms_norm_eps = 1e-6f;
+  c.mla = {v3 ? 48u : 0u, 64, 32, 16, 32, true};
+  c.head_dim = c.mla.qk_rope_head_dim;
+  c.moe.n_routed_experts = 8;
+  c.moe.n_shared_experts = 1;
+  c.moe.num_experts_per_tok = 2;
+  c.moe.moe_intermediate_size = 64;
+  c.moe.first_k_dense_replace = 1;
+  if (v3) {
+    c.moe.scoring = "sigmoid";
+    c.moe.topk_method = "noaux_tc";
+    c.moe.n_group = 4;
+    c.moe.topk_group = 2;
+    c.moe.norm_topk_prob = true;
+    c.moe.routed_scaling_factor = 2.5f;
+  }
+  return c;
+}
+
+model_config deepseek_v3_config() {
+  model_config c;
+  c.name = "deepseek-v3-shape";
+  c.architecture = "DeepseekV3ForCausalLM";
+  c.vocab_size = 129280;
+  c.hidden_size = 7168;
+  c.intermediate_size = 18432;
+  c.num_hidden_layers = 61;
+  c.num_attention_heads = 128;
+  c.num_key_value_heads = 128;
+  c.max_position_embeddings = 163840;
+  c.rms_norm_eps = 1e-6f;
+  c.mla = {1536, 512, 128, 64, 128, true};
+  c.head_dim = 64;
+  c.moe = {256, 1, 8, 2048, 3, 8, 4, "sigmoid", "noaux_tc", true, 2.5f};
+  c.bos_token_id = 0;
+  c.eos_token_id = 1;
+  return c;
+}
+
+model_config llama3_70b_config() {
+  model_config c = llama3_8b_config(131072);
+  c.name = "llama-3-70b-shape";
+  c.hidden_size = 8192;
+  c.intermediate_size = 28672;
+  c.num_hidden_layers = 80;
+  c.num_attention_heads = 64;
+  c.num_key_value_heads = 8;
   return c;
 }
 

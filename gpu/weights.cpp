@@ -1,5 +1,6 @@
 #include "gpu/weights.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 namespace baton::gpu {
@@ -37,21 +38,53 @@ std::vector<float> norm_weights(seeded_stream& rng, uint64_t n) {
 
 model_weights make_seeded_weights(const model_config& cfg, uint64_t seed) {
   seeded_stream rng{seed};
-  const uint64_t h = cfg.hidden_size, q = cfg.q_dim(), kv = cfg.kv_dim(), f = cfg.intermediate_size;
+  const uint64_t h = cfg.hidden_size, q = cfg.q_dim(), kv = cfg.kv_dim();
   const float in_h = 1.0f / std::sqrt(static_cast<float>(h));
   model_weights w;
   w.embed = uniform_matrix(rng, cfg.vocab_size, h, 0.5f);
   w.layers.resize(cfg.num_hidden_layers);
-  for (auto& l : w.layers) {
+  auto inv_sqrt = [](uint64_t n) { return 1.0f / std::sqrt(static_cast<float>(n)); };
+  for (uint32_t li = 0; li < cfg.num_hidden_layers; ++li) {
+    auto& l = w.layers[li];
     l.attn_norm = norm_weights(rng, h);
-    l.wq = uniform_matrix(rng, q, h, in_h);
-    l.wk = uniform_matrix(rng, kv, h, in_h);
-    l.wv = uniform_matrix(rng, kv, h, in_h);
-    l.wo = uniform_matrix(rng, h, q, 1.0f / std::sqrt(static_cast<float>(q)));
+    if (cfg.is_mla()) {
+      const auto& m = cfg.mla;
+      if (m.q_lora_rank) {
+        l.wq_a = uniform_matrix(rng, m.q_lora_rank, h, in_h);
+        l.q_a_norm = norm_weights(rng, m.q_lora_rank);
+        l.wq_b = uniform_matrix(rng, q, m.q_lora_rank, inv_sqrt(m.q_lora_rank));
+      } else {
+        l.wq = uniform_matrix(rng, q, h, in_h);
+      }
+      l.wkv_a = uniform_matrix(rng, kv, h, in_h);
+      l.kv_a_norm = norm_weights(rng, m.kv_lora_rank);
+      l.wkv_b = uniform_matrix(rng, uint64_t{cfg.num_attention_heads} * (m.qk_nope_head_dim + m.v_head_dim),
+                               m.kv_lora_rank, inv_sqrt(m.kv_lora_rank));
+    } else {
+      l.wq = uniform_matrix(rng, q, h, in_h);
+      l.wk = uniform_matrix(rng, kv, h, in_h);
+      l.wv = uniform_matrix(rng, kv, h, in_h);
+    }
+    l.wo = uniform_matrix(rng, h, cfg.attn_out_dim(), inv_sqrt(cfg.attn_out_dim()));
     l.mlp_norm = norm_weights(rng, h);
-    l.w_gate = uniform_matrix(rng, f, h, in_h);
-    l.w_up = uniform_matrix(rng, f, h, in_h);
-    l.w_down = uniform_matrix(rng, h, f, 1.0f / std::sqrt(static_cast<float>(f)));
+    if (const uint64_t f = cfg.mlp_intermediate(li)) {
+      l.w_gate = uniform_matrix(rng, f, h, in_h);
+      l.w_up = uniform_matrix(rng, f, h, in_h);
+      l.w_down = uniform_matrix(rng, h, f, inv_sqrt(f));
+    }
+    if (cfg.is_moe_layer(li)) {
+      const uint64_t e = cfg.moe.n_routed_experts, mf = cfg.moe.moe_intermediate_size;
+      // Router rows several times larger than the other weights: distinct tokens pick distinct
+      // experts, so tests exercise the routing rather than one favourite expert.
+      l.router = uniform_matrix(rng, e, h, 4.0f * in_h);
+      if (cfg.moe.topk_method == "noaux_tc") l.router_bias = uniform_matrix(rng, e, 1, 0.05f);
+      l.experts.resize(e);
+      for (auto& x : l.experts) {
+        x.gate = uniform_matrix(rng, mf, h, in_h);
+        x.up = uniform_matrix(rng, mf, h, in_h);
+        x.down = uniform_matrix(rng, h, mf, inv_sqrt(mf));
+      }
+    }
   }
   w.final_norm = norm_weights(rng, h);
   if (!cfg.tie_word_embeddings) {
@@ -63,7 +96,25 @@ model_weights make_seeded_weights(const model_config& cfg, uint64_t seed) {
         if (t < 256 && !(t >= 0x20 && t < 0x7f))
           for (uint64_t i = 0; i < h; ++i) w.lm_head[t * h + i] *= 0.25f;
   }
+  finish_mla_weights(cfg, w);
   return w;
+}
+
+void finish_mla_weights(const model_config& cfg, model_weights& w) {
+  if (!cfg.is_mla()) return;
+  const auto& m = cfg.mla;
+  const uint64_t lora = m.kv_lora_rank, nope = m.qk_nope_head_dim, vd = m.v_head_dim, heads = cfg.num_attention_heads;
+  for (auto& l : w.layers) {
+    // wkv_b rows, per head: nope rows of W_UK (latent -> key), then vd rows of W_UV (latent -> value).
+    l.w_uk_t.assign(heads * lora * nope, 0.0f);
+    l.w_uv.assign(heads * vd * lora, 0.0f);
+    for (uint64_t hd = 0; hd < heads; ++hd) {
+      const float* base = l.wkv_b.data() + hd * (nope + vd) * lora;
+      for (uint64_t i = 0; i < nope; ++i)
+        for (uint64_t j = 0; j < lora; ++j) l.w_uk_t[(hd * lora + j) * nope + i] = base[i * lora + j];
+      std::copy_n(base + nope * lora, vd * lora, l.w_uv.data() + hd * vd * lora);
+    }
+  }
 }
 
 }  // namespace baton::gpu

@@ -9,18 +9,44 @@ namespace baton::gpu {
 
 /// One decoder layer, fp32, every matrix row-major [out_features][in_features] (Hugging Face's
 /// nn.Linear layout), so a checkpoint tensor can be copied in without transposing.
+/// One SwiGLU MLP: a routed expert of a MoE layer.
+struct expert_weights {
+  std::vector<float> gate;  ///< [moe_intermediate][hidden]
+  std::vector<float> up;    ///< [moe_intermediate][hidden]
+  std::vector<float> down;  ///< [hidden][moe_intermediate]
+};
+
 struct layer_weights {
   std::vector<float> attn_norm;  ///< [hidden]
-  std::vector<float> wq;         ///< [q_dim][hidden]
-  std::vector<float> wk;         ///< [kv_dim][hidden]
-  std::vector<float> wv;         ///< [kv_dim][hidden]
-  std::vector<float> wo;         ///< [hidden][q_dim]
+  std::vector<float> wq;         ///< [q_dim][hidden]; with MLA, q_proj when there is no q_lora_rank
+  std::vector<float> wk;         ///< [kv_dim][hidden]; empty with MLA
+  std::vector<float> wv;         ///< [kv_dim][hidden]; empty with MLA
+  std::vector<float> wo;         ///< [hidden][attn_out_dim]
   std::vector<float> mlp_norm;   ///< [hidden]
-  std::vector<float> w_gate;     ///< [intermediate][hidden]
-  std::vector<float> w_up;       ///< [intermediate][hidden]
-  std::vector<float> w_down;     ///< [hidden][intermediate]
+  /// The always-on MLP, [mlp_intermediate(l)] wide: the dense MLP, or a MoE layer's shared experts
+  /// (empty when it has none).
+  std::vector<float> w_gate;     ///< [mlp_intermediate][hidden]
+  std::vector<float> w_up;       ///< [mlp_intermediate][hidden]
+  std::vector<float> w_down;     ///< [hidden][mlp_intermediate]
   std::vector<float> bq, bk, bv;  ///< [q_dim], [kv_dim], [kv_dim]: empty unless attention_bias
   std::vector<float> q_norm, k_norm;  ///< [head_dim]: empty unless qk_norm
+
+  // Multi-head latent attention (model_config::mla); empty otherwise.
+  std::vector<float> wq_a;       ///< [q_lora_rank][hidden]: empty without q_lora_rank
+  std::vector<float> q_a_norm;   ///< [q_lora_rank]
+  std::vector<float> wq_b;       ///< [q_dim][q_lora_rank]
+  std::vector<float> wkv_a;      ///< [kv_lora_rank + qk_rope_head_dim][hidden]
+  std::vector<float> kv_a_norm;  ///< [kv_lora_rank]
+  std::vector<float> wkv_b;      ///< [heads * (qk_nope_head_dim + v_head_dim)][kv_lora_rank], as stored
+  /// Absorbed forms of wkv_b (finish_mla_weights): decode attends over the latent directly,
+  /// never expanding cached tokens into per-head K and V.
+  std::vector<float> w_uk_t;     ///< [heads][kv_lora_rank][qk_nope_head_dim]: q_nope -> latent query
+  std::vector<float> w_uv;       ///< [heads][v_head_dim][kv_lora_rank]: latent output -> value head
+
+  // Mixture of experts (model_config::is_moe_layer); empty on dense layers.
+  std::vector<float> router;       ///< [n_routed_experts][hidden]
+  std::vector<float> router_bias;  ///< [n_routed_experts]: V3's score correction bias (noaux_tc)
+  std::vector<expert_weights> experts;
 };
 
 struct model_weights {
@@ -36,5 +62,9 @@ struct model_weights {
 /// machine (own generator, no std:: distributions, whose output is implementation-defined).
 /// Scales keep activations O(1) through many layers, so different prompts continue differently.
 model_weights make_seeded_weights(const model_config& cfg, uint64_t seed);
+
+/// Derives the absorbed MLA matrices (w_uk_t, w_uv) of every layer from its wkv_b. Loaders and
+/// make_seeded_weights call it once; without MLA it does nothing.
+void finish_mla_weights(const model_config& cfg, model_weights& w);
 
 }  // namespace baton::gpu

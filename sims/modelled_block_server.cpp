@@ -116,7 +116,7 @@ block_server_actor::behavior_type modelled_server(pointer self, block_server_con
         auto result = std::make_shared<store_read_result>(
             store_read_result{o.request_id, o.block_index, std::vector<std::string>(n), std::vector<std::vector<uint64_t>>(n)});
         const auto& reg = o.region;
-        const gpu::kv_layout layout{reg.num_layers, reg.num_pages, reg.page_size_tokens, reg.kv_dim};
+        const gpu::kv_layout layout{reg.num_layers, reg.num_pages, reg.page_size_tokens, reg.kv_dim, reg.kv_planes};
         const uint32_t ppb = reg.page_size_tokens ? o.block_tokens / reg.page_size_tokens : 0;
         double bytes = 0;
         for (size_t i = 0; i < n; ++i) {

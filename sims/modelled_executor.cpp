@@ -28,7 +28,7 @@ public:
   modelled_executor(gpu::model_config model, modelled_executor_config cfg)
     : model_(std::move(model)),
       cfg_(cfg),
-      kv_(gpu::kv_layout{model_.num_hidden_layers, cfg.num_kv_pages, cfg.page_size_tokens, model_.kv_dim()}) {}
+      kv_(gpu::model_kv_layout(model_, cfg.num_kv_pages, cfg.page_size_tokens)) {}
 
   const gpu::model_config& config() const override { return model_; }
   gpu::kv_cache& kv() override { return kv_; }

@@ -259,7 +259,7 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
     timing = std::make_shared<transport::link_timing>();
     timing->now_ns = now_ns;
     timing->gbps = (cfg.nic_gbps > 0 ? cfg.nic_gbps : prefill_roof.gpu.nic_gbps) * cfg.tp;
-    const double carrier_per_token_layer = 2.0 * cc.model.kv_dim() * sizeof(float);
+    const double carrier_per_token_layer = double{cc.model.kv_values_per_token()} * sizeof(float);
     timing->bytes_scale = static_cast<double>(shape.kv_bytes_per_token) / cc.model.num_hidden_layers / carrier_per_token_layer;
     auto fabric = transport::make_loopback_fabric();
     wrap = [fabric, timing](std::unique_ptr<transport::transport>, const std::string& name) {
@@ -274,7 +274,7 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
     // Each GPU of the instance loads its shard over its own PCIe link.
     ms.pcie_gbps = (cfg.pcie_gbps > 0 ? cfg.pcie_gbps : prefill_roof.gpu.pcie_gbps) * cfg.tp;
     ms.bytes_scale = static_cast<double>(shape.kv_bytes_per_token) / cc.model.num_hidden_layers /
-                     (2.0 * cc.model.kv_dim() * sizeof(float));
+                     (double{cc.model.kv_values_per_token()} * sizeof(float));
     make_server = [ms](caf::actor_system& s, block_server_config bc, std::shared_ptr<transport::transport> x,
                        std::vector<block_index_actor> idx) {
       return spawn_modelled_block_server(s, std::move(bc), std::move(x), std::move(idx), ms);

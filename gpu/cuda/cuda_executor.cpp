@@ -106,7 +106,7 @@ public:
       ecfg_(ecfg),
       weights_(std::move(weights)),
       type_(ecfg.bf16 ? dtype::bf16 : dtype::f32),
-      kv_(kv_layout{cfg_.num_hidden_layers, ecfg.num_kv_pages, ecfg.page_size_tokens, cfg_.kv_dim()}, ecfg.host_pool),
+      kv_(model_kv_layout(cfg_, ecfg.num_kv_pages, ecfg.page_size_tokens), ecfg.host_pool),
       dev_gen_(ecfg.num_kv_pages, 0) {}
 
   ~cuda_executor() override {
@@ -575,6 +575,11 @@ private:
 
 std::unique_ptr<executor> make_cuda_executor(model_config cfg, std::shared_ptr<const model_weights> weights,
                                              cuda_executor_config exec_cfg, std::string* why) {
+  if (cfg.is_mla() || cfg.moe.n_routed_experts > 0) {
+    *why = "model " + cfg.name + " (" + cfg.architecture +
+           ") uses latent attention or experts, which only the CPU executor runs so far";
+    return nullptr;
+  }
   auto e = std::make_unique<cuda_executor>(std::move(cfg), std::move(weights), exec_cfg);
   if (auto err = e->init(); !err.empty()) {
     *why = std::move(err);

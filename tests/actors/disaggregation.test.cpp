@@ -48,12 +48,15 @@ const std::vector<std::string> prompts = {
 
 /// Three prompts through prefill rank -> KV handoff -> decode rank, each compared with the same
 /// prompt run colocated on one executor with the same chunk schedule and sampling.
-static void check_disaggregated_equals_colocated(const std::string& transport, float temperature) {
+static void check_disaggregated_equals_colocated(const std::string& transport, float temperature,
+                                                 const gpu::model_config& model = gpu::builtin_tiny_config()) {
   CAPTURE(transport);
   CAPTURE(temperature);
+  CAPTURE(model.name);
   test::cluster_system t;
   auto cfg = small_cluster();
   cfg.transport = transport;
+  cfg.model = model;
   auto cluster = start_local_cluster(t.sys, cfg);
   test::cluster_system::stopper stop{t, cluster};
   std::vector<std::vector<int32_t>> outputs;
@@ -89,6 +92,14 @@ static void check_disaggregated_equals_colocated(const std::string& transport, f
 TEST_CASE("disaggregated tokens and every step's logits equal the colocated run, bit for bit") {
   check_disaggregated_equals_colocated("loopback", 0.0f);
   check_disaggregated_equals_colocated("ucx", 0.0f);
+}
+
+TEST_CASE("DeepSeek-V2 and V3 (MLA latent KV, MoE): disaggregated equals colocated, bit for bit, the handoff "
+          "carrying the latent") {
+  for (bool v3 : {false, true}) {
+    check_disaggregated_equals_colocated("loopback", 0.0f, gpu::deepseek_tiny_config(v3));
+    check_disaggregated_equals_colocated("ucx", 0.0f, gpu::deepseek_tiny_config(v3));
+  }
 }
 
 TEST_CASE("sampled tokens are the same whether the first is drawn on the prefill rank and the rest on decode") {

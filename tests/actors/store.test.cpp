@@ -148,6 +148,37 @@ TEST_CASE("store: a prefix loaded from the store gives the same tokens and logit
   }
 }
 
+TEST_CASE("store: DeepSeek-V2 and V3 (MLA latent pages, MoE): a prefix from the store equals computing it") {
+  for (bool v3 : {false, true}) {
+    CAPTURE(v3);
+    temp_dir dir{std::string{"mla"} + (v3 ? "3" : "2")};
+    test::cluster_system t;
+    auto cfg = store_cluster(dir.path);
+    cfg.model = gpu::deepseek_tiny_config(v3);
+    auto cluster = start_local_cluster(t.sys, cfg);
+    test::cluster_system::stopper stop{t, cluster};
+    const auto p = prompt_tokens(cfg, 99, 3);
+    auto first = t.generate(cluster.router, request_for(p));
+    REQUIRE_MESSAGE(first, t.sys.render(first.error()));
+    check_equal(*first, reference(cfg, p));
+    wait_for_blocks(t, cluster, 3);
+    auto again = t.generate(cluster.router, request_for(p));
+    REQUIRE_MESSAGE(again, t.sys.render(again.error()));
+    CHECK(again->cached_tokens == 96);
+    CHECK(again->recomputed_blocks == 0);
+    check_equal(*again, reference(cfg, p));
+    // The stored blocks hold the latent: one plane of kv_lora_rank + qk_rope_head_dim per token.
+    const auto& m = cfg.model;
+    uint64_t bytes = 0, files = 0;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(dir.path))
+      if (e.is_regular_file()) bytes += e.file_size(), ++files;
+    CHECK(files >= 3);
+    const uint64_t payload = uint64_t{3} * 32 * m.num_hidden_layers * (m.mla.kv_lora_rank + m.mla.qk_rope_head_dim) * 4;
+    CHECK(bytes >= payload);
+    CHECK(bytes <= payload + files * 4096);  // a 4 KiB header per file on top: never expanded K and V
+  }
+}
+
 TEST_CASE("store: a corrupted block file and a deleted one end as recomputation with correct output") {
   temp_dir dir{"damage"};
   test::cluster_system t;

@@ -1,0 +1,521 @@
+// DeepSeek-V2/V3 on the CPU executor: multi-head latent attention over a latent KV cache, the
+// families' expert routing, and their checkpoints. The executor's absorbed attention is checked
+// against a naive reference written here the way transformers computes it (per-head K and V
+// expanded from the latent, transformers' rotary form, double accumulation); the comparison with
+// transformers itself uses files made by scripts/hf_reference.py on a machine with torch.
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "gpu/cpu_executor.hpp"
+#include "gpu/hf_model.hpp"
+#include "gpu/local_generate.hpp"
+#include "gpu/moe_routing.hpp"
+#include "gpu/safetensors.hpp"
+#include "tests/test_util.hpp"
+
+using namespace baton;
+using namespace baton::gpu;
+
+namespace {
+
+using vec = std::vector<double>;
+
+/// y[r] = W x[r] for W [out][in] row-major, in double.
+std::vector<vec> linear(const std::vector<vec>& x, const std::vector<float>& w, size_t out) {
+  std::vector<vec> y(x.size(), vec(out));
+  const size_t in = x.empty() ? 0 : x[0].size();
+  for (size_t r = 0; r < x.size(); ++r)
+    for (size_t o = 0; o < out; ++o) {
+      double s = 0;
+      for (size_t i = 0; i < in; ++i) s += w[o * in + i] * x[r][i];
+      y[r][o] = s;
+    }
+  return y;
+}
+
+vec rms(const vec& x, const std::vector<float>& w, double eps) {
+  double ss = 0;
+  for (double v : x) ss += v * v;
+  const double inv = 1.0 / std::sqrt(ss / x.size() + eps);
+  vec y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = w[i] * x[i] * inv;
+  return y;
+}
+
+/// transformers' DeepSeek-V3 rotary form: de-interleave (x0 x2 .. x1 x3 ..), then rotate halves.
+vec rotary(const vec& x, uint32_t pos, double theta) {
+  const size_t d = x.size(), half = d / 2;
+  vec y(d), out(d);
+  for (size_t i = 0; i < half; ++i) {
+    y[i] = x[2 * i];
+    y[i + half] = x[2 * i + 1];
+  }
+  for (size_t i = 0; i < half; ++i) {
+    const double a = pos / std::pow(theta, double(2 * i) / d);
+    out[i] = y[i] * std::cos(a) - y[i + half] * std::sin(a);
+    out[i + half] = y[i + half] * std::cos(a) + y[i] * std::sin(a);
+  }
+  return out;
+}
+
+vec swiglu_mlp(const vec& x, const std::vector<float>& g, const std::vector<float>& u, const std::vector<float>& dn,
+               size_t f) {
+  auto gv = linear({x}, g, f)[0], uv = linear({x}, u, f)[0];
+  vec a(f);
+  for (size_t i = 0; i < f; ++i) a[i] = gv[i] / (1 + std::exp(-gv[i])) * uv[i];
+  return linear({a}, dn, x.size())[0];
+}
+
+/// Indices of the k largest, ties to the lower index.
+std::vector<size_t> largest(const vec& v, size_t k) {
+  std::vector<size_t> idx(v.size());
+  std::iota(idx.begin(), idx.end(), 0);
+  std::stable_sort(idx.begin(), idx.end(), [&](size_t a, size_t b) { return v[a] > v[b]; });
+  idx.resize(k);
+  return idx;
+}
+
+/// The routed experts' weighted sum for one token, as transformers routes.
+vec routed(const model_config& c, const layer_weights& lw, const vec& x) {
+  const auto& m = c.moe;
+  const size_t n = m.n_routed_experts;
+  auto logits = linear({x}, lw.router, n)[0];
+  vec score(n);
+  if (m.scoring == "sigmoid") {
+    for (size_t e = 0; e < n; ++e) score[e] = 1 / (1 + std::exp(-logits[e]));
+  } else {
+    const double mx = *std::max_element(logits.begin(), logits.end());
+    double s = 0;
+    for (size_t e = 0; e < n; ++e) s += score[e] = std::exp(logits[e] - mx);
+    for (auto& v : score) v /= s;
+  }
+  vec choice = score;
+  if (!lw.router_bias.empty())
+    for (size_t e = 0; e < n; ++e) choice[e] += lw.router_bias[e];
+  if (m.topk_method != "greedy") {
+    const size_t per = n / m.n_group;
+    vec group(m.n_group);
+    for (size_t g = 0; g < m.n_group; ++g) {
+      vec part(choice.begin() + g * per, choice.begin() + (g + 1) * per);
+      auto best = largest(part, 2);
+      group[g] = m.topk_method == "noaux_tc" ? part[best[0]] + part[best[1]] : part[best[0]];
+    }
+    auto keep = largest(group, m.topk_group);
+    for (size_t e = 0; e < n; ++e)
+      if (std::find(keep.begin(), keep.end(), e / per) == keep.end()) choice[e] = 0;
+  }
+  auto top = largest(choice, m.num_experts_per_tok);
+  double sum = 0;
+  for (auto e : top) sum += score[e];
+  vec y(x.size(), 0.0);
+  for (auto e : top) {
+    double wgt = score[e] * (m.norm_topk_prob ? 1 / (sum + 1e-20) : 1) * m.routed_scaling_factor;
+    auto out = swiglu_mlp(x, lw.experts[e].gate, lw.experts[e].up, lw.experts[e].down, m.moe_intermediate_size);
+    for (size_t i = 0; i < y.size(); ++i) y[i] += wgt * out[i];
+  }
+  return y;
+}
+
+/// Logits at every position of `tokens`, recomputed from scratch with expanded per-head K and V.
+std::vector<vec> naive_logits(const model_config& c, const model_weights& w, const std::vector<int32_t>& tokens) {
+  const size_t T = tokens.size(), h = c.hidden_size, H = c.num_attention_heads;
+  const auto& m = c.mla;
+  const size_t qk = m.qk_nope_head_dim + m.qk_rope_head_dim, kvb = m.qk_nope_head_dim + m.v_head_dim;
+  std::vector<vec> x(T, vec(h));
+  for (size_t t = 0; t < T; ++t)
+    for (size_t i = 0; i < h; ++i) x[t][i] = w.embed[tokens[t] * h + i];
+  for (uint32_t l = 0; l < c.num_hidden_layers; ++l) {
+    const auto& lw = w.layers[l];
+    std::vector<vec> hn(T);
+    for (size_t t = 0; t < T; ++t) hn[t] = rms(x[t], lw.attn_norm, c.rms_norm_eps);
+    std::vector<vec> q;
+    if (m.q_lora_rank) {
+      auto qa = linear(hn, lw.wq_a, m.q_lora_rank);
+      for (auto& r : qa) r = rms(r, lw.q_a_norm, 1e-6);
+      q = linear(qa, lw.wq_b, H * qk);
+    } else {
+      q = linear(hn, lw.wq, H * qk);
+    }
+    auto ckv = linear(hn, lw.wkv_a, m.kv_lora_rank + m.qk_rope_head_dim);
+    std::vector<vec> latent(T), k_pe(T);
+    for (size_t t = 0; t < T; ++t) {
+      latent[t] = rms(vec(ckv[t].begin(), ckv[t].begin() + m.kv_lora_rank), lw.kv_a_norm, 1e-6);
+      k_pe[t] = rotary(vec(ckv[t].begin() + m.kv_lora_rank, ckv[t].end()), t, c.rope_theta);
+    }
+    auto kv = linear(latent, lw.wkv_b, H * kvb);  // per head: k_nope then v
+    std::vector<vec> attn(T, vec(H * m.v_head_dim));
+    for (size_t t = 0; t < T; ++t)
+      for (size_t hd = 0; hd < H; ++hd) {
+        const double* qh = q[t].data() + hd * qk;
+        auto q_pe = rotary(vec(qh + m.qk_nope_head_dim, qh + qk), t, c.rope_theta);
+        vec s(t + 1);
+        double mx = -1e300;
+        for (size_t u = 0; u <= t; ++u) {
+          double d = 0;
+          for (size_t i = 0; i < m.qk_nope_head_dim; ++i) d += qh[i] * kv[u][hd * kvb + i];
+          for (size_t i = 0; i < m.qk_rope_head_dim; ++i) d += q_pe[i] * k_pe[u][i];
+          s[u] = d / std::sqrt(double(qk));
+          mx = std::max(mx, s[u]);
+        }
+        double z = 0;
+        for (auto& v : s) z += v = std::exp(v - mx);
+        for (size_t u = 0; u <= t; ++u)
+          for (size_t i = 0; i < m.v_head_dim; ++i)
+            attn[t][hd * m.v_head_dim + i] += s[u] / z * kv[u][hd * kvb + m.qk_nope_head_dim + i];
+      }
+    auto o = linear(attn, lw.wo, h);
+    for (size_t t = 0; t < T; ++t)
+      for (size_t i = 0; i < h; ++i) x[t][i] += o[t][i];
+    for (size_t t = 0; t < T; ++t) {
+      auto hm = rms(x[t], lw.mlp_norm, c.rms_norm_eps);
+      vec y = c.is_moe_layer(l) ? routed(c, lw, hm) : vec(h, 0.0);
+      if (const size_t f = c.mlp_intermediate(l)) {
+        auto dense = swiglu_mlp(hm, lw.w_gate, lw.w_up, lw.w_down, f);
+        for (size_t i = 0; i < h; ++i) y[i] += dense[i];
+      }
+      for (size_t i = 0; i < h; ++i) x[t][i] += y[i];
+    }
+  }
+  const auto& head = w.lm_head.empty() ? w.embed : w.lm_head;
+  std::vector<vec> out;
+  for (size_t t = 0; t < T; ++t) out.push_back(linear({rms(x[t], w.final_norm, c.rms_norm_eps)}, head, c.vocab_size)[0]);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("MoE routing: softmax top-k, V2 group-limited and V3 noaux_tc choices and weights, ties to the lower id") {
+  uint32_t experts[4];
+  float weights[4], scratch[64];
+  model_config::moe_t m;
+  m.n_routed_experts = 8;
+  m.num_experts_per_tok = 2;
+  m.moe_intermediate_size = 4;
+  const float logits[8] = {0.1f, 2.0f, -1.0f, 0.5f, 2.0f, 1.5f, 0.0f, -3.0f};
+  SUBCASE("softmax greedy: the two largest (the tie at 2.0 keeps both), softmax weights, ascending ids") {
+    moe_route(m, logits, nullptr, experts, weights, scratch);
+    CHECK(experts[0] == 1);
+    CHECK(experts[1] == 4);
+    double z = 0;
+    for (float l : logits) z += std::exp(l - 2.0);
+    CHECK(weights[0] == doctest::Approx(1.0 / z).epsilon(1e-6));
+    CHECK(weights[1] == doctest::Approx(1.0 / z).epsilon(1e-6));
+    m.num_experts_per_tok = 1;  // a tie for one place goes to the lower id
+    moe_route(m, logits, nullptr, experts, weights, scratch);
+    CHECK(experts[0] == 1);
+  }
+  SUBCASE("group_limited_greedy: groups ranked by their best expert, the rest masked") {
+    m.topk_method = "group_limited_greedy";
+    m.n_group = 4;  // groups {0,1} {2,3} {4,5} {6,7}: best 2.0, 0.5, 2.0, 0.0
+    m.topk_group = 1;
+    m.routed_scaling_factor = 2.0f;
+    moe_route(m, logits, nullptr, experts, weights, scratch);
+    CHECK(experts[0] == 0);  // group 0 wins the tie with group 2: experts 1 and 0
+    CHECK(experts[1] == 1);
+    double z = 0;
+    for (float l : logits) z += std::exp(l - 2.0);
+    CHECK(weights[1] == doctest::Approx(2.0 / z).epsilon(1e-6));  // scaled, not renormalised
+  }
+  SUBCASE("noaux_tc: the bias steers the choice, the unbiased sigmoid scores weigh, renormalised and scaled") {
+    m.scoring = "sigmoid";
+    m.topk_method = "noaux_tc";
+    m.n_group = 4;
+    m.topk_group = 2;
+    m.norm_topk_prob = true;
+    m.routed_scaling_factor = 2.5f;
+    // The bias lifts expert 6 (group 3) over experts 1 and 4 and sinks group 0.
+    const float bias[8] = {-1.0f, -1.0f, 0.0f, 0.0f, 0.0f, 0.0f, 1.0f, 0.0f};
+    moe_route(m, logits, bias, experts, weights, scratch);
+    // Group scores (top-2 sums of biased scores): g0 low, g1 0.27+0.62, g2 0.88+0.82, g3 1.5+0.05.
+    CHECK(experts[0] == 4);
+    CHECK(experts[1] == 6);
+    auto sig = [](double x) { return 1 / (1 + std::exp(-x)); };
+    const double s4 = sig(2.0), s6 = sig(0.0);
+    CHECK(weights[0] == doctest::Approx(2.5 * s4 / (s4 + s6)).epsilon(1e-6));
+    CHECK(weights[1] == doctest::Approx(2.5 * s6 / (s4 + s6)).epsilon(1e-6));
+  }
+  SUBCASE("noaux_tc masks other groups' experts to 0, not -inf: one can beat negative biased scores") {
+    m.scoring = "sigmoid";
+    m.topk_method = "noaux_tc";
+    m.n_group = 4;
+    m.topk_group = 1;
+    m.num_experts_per_tok = 3;
+    const float bias[8] = {-5, -5, -5, -5, -5, -5, 0, 0};  // only group 3 stays positive
+    moe_route(m, logits, bias, experts, weights, scratch);
+    // Group 3 is chosen (experts 6 and 7 positive); the third place is a masked expert at 0,
+    // the lowest id among them: expert 0.
+    CHECK(experts[0] == 0);
+    CHECK(experts[1] == 6);
+    CHECK(experts[2] == 7);
+  }
+}
+
+TEST_CASE("MLA and MoE: the executor's absorbed latent attention matches a naive expanded reference for "
+          "DeepSeek-V2 and V3 shapes, and the cache holds a 576-value-style latent, one plane") {
+  for (bool v3 : {false, true}) {
+    CAPTURE(v3);
+    const auto cfg = deepseek_tiny_config(v3);
+    REQUIRE(cfg.validate().empty());
+    auto w = std::make_shared<model_weights>(make_seeded_weights(cfg, 7));
+    auto exec = make_cpu_executor(cfg, w, {});
+    CHECK(exec->kv().layout().planes == 1);
+    CHECK(exec->kv().layout().kv_dim == cfg.mla.kv_lora_rank + cfg.mla.qk_rope_head_dim);
+    std::vector<int32_t> tokens;
+    for (int i = 0; i < 40; ++i) tokens.push_back((i * 37 + 11) % 256);
+    const auto ref = naive_logits(cfg, *w, tokens);
+    auto pages = *exec->kv().kv_page_alloc(exec->kv().pages_for_tokens(40));
+    // A 24-token prefill chunk, then one token per step: both kinds of row.
+    std::vector<int32_t> first(tokens.begin(), tokens.begin() + 24);
+    auto out = run_blocking(*exec, {1, {{1, first, 0, pages, true}}});
+    REQUIRE(out.error.empty());
+    std::vector<std::vector<float>> got{out.logits[0]};
+    for (uint32_t pos = 24; pos < 40; ++pos) {
+      out = run_blocking(*exec, {pos, {{1, {tokens[pos]}, pos, pages, true}}});
+      REQUIRE(out.error.empty());
+      got.push_back(out.logits[0]);
+    }
+    for (size_t i = 0; i < got.size(); ++i) {
+      const auto& r = ref[23 + i];
+      double max_abs = 0, max_diff = 0;
+      for (size_t k = 0; k < r.size(); ++k) {
+        max_abs = std::max(max_abs, std::abs(r[k]));
+        max_diff = std::max(max_diff, std::abs(got[i][k] - r[k]));
+      }
+      CHECK_MESSAGE(max_diff <= 1e-4 * max_abs, "position " << 23 + i << ": max |diff| " << max_diff);
+    }
+    exec->kv().kv_page_free(pages);
+  }
+}
+
+TEST_CASE("MLA and MoE keep the executor's invariants: chunked prefill equals token-by-token decoding and a "
+          "sequence's numbers do not depend on its batch (bit for bit)") {
+  for (bool v3 : {false, true}) {
+    CAPTURE(v3);
+    const auto cfg = deepseek_tiny_config(v3);
+    auto w = std::make_shared<model_weights>(make_seeded_weights(cfg, 11));
+    auto exec = make_cpu_executor(cfg, w, {});
+    std::vector<int32_t> a, b;
+    for (int i = 0; i < 30; ++i) a.push_back((i * 53 + 7) % 256), b.push_back((i * 29 + 101) % 256);
+    const auto chunked = generate_colocated(*exec, a, 6, 16, {}, true);
+    const auto stepwise = generate_colocated(*exec, a, 6, 1, {}, true);
+    REQUIRE(chunked.error.empty());
+    CHECK(chunked.tokens == stepwise.tokens);
+    CHECK(test::same_bits(chunked.step_logits, stepwise.step_logits));
+    // a and b in one job (their rows share expert batches) against each alone.
+    auto& kv = exec->kv();
+    auto pa = *kv.kv_page_alloc(kv.pages_for_tokens(30)), pb = *kv.kv_page_alloc(kv.pages_for_tokens(30));
+    auto together = run_blocking(*exec, {1, {{1, a, 0, pa, true}, {2, b, 0, pb, true}}});
+    auto alone_b = run_blocking(*exec, {2, {{2, b, 0, pb, true}}});
+    auto alone_a = run_blocking(*exec, {3, {{1, a, 0, pa, true}}});
+    REQUIRE(together.error.empty());
+    CHECK(test::same_bits(together.logits[0], alone_a.logits[0]));
+    CHECK(test::same_bits(together.logits[1], alone_b.logits[0]));
+    kv.kv_page_free(pa);
+    kv.kv_page_free(pb);
+  }
+}
+
+namespace {
+
+nlohmann::json deepseek_config_json(const model_config& c) {
+  const bool v3 = c.architecture == "DeepseekV3ForCausalLM";
+  nlohmann::json j = {{"architectures", {c.architecture}},
+                      {"model_type", v3 ? "deepseek_v3" : "deepseek_v2"},
+                      {"vocab_size", c.vocab_size},
+                      {"hidden_size", c.hidden_size},
+                      {"intermediate_size", c.intermediate_size},
+                      {"num_hidden_layers", c.num_hidden_layers},
+                      {"num_attention_heads", c.num_attention_heads},
+                      {"num_key_value_heads", c.num_attention_heads},
+                      {"max_position_embeddings", c.max_position_embeddings},
+                      {"rms_norm_eps", c.rms_norm_eps},
+                      {"rope_parameters", {{"rope_theta", c.rope_theta}, {"rope_type", "default"}}},
+                      {"tie_word_embeddings", false},
+                      {"bos_token_id", c.bos_token_id},
+                      {"eos_token_id", c.eos_token_id},
+                      {"hidden_act", "silu"},
+                      {"q_lora_rank", c.mla.q_lora_rank ? nlohmann::json(c.mla.q_lora_rank) : nlohmann::json()},
+                      {"kv_lora_rank", c.mla.kv_lora_rank},
+                      {"qk_nope_head_dim", c.mla.qk_nope_head_dim},
+                      {"qk_rope_head_dim", c.mla.qk_rope_head_dim},
+                      {"v_head_dim", c.mla.v_head_dim},
+                      {"head_dim", c.mla.qk_rope_head_dim},
+                      {"n_routed_experts", c.moe.n_routed_experts},
+                      {"n_shared_experts", c.moe.n_shared_experts},
+                      {"num_experts_per_tok", c.moe.num_experts_per_tok},
+                      {"moe_intermediate_size", c.moe.moe_intermediate_size},
+                      {"first_k_dense_replace", c.moe.first_k_dense_replace},
+                      {"routed_scaling_factor", c.moe.routed_scaling_factor},
+                      {"norm_topk_prob", c.moe.norm_topk_prob}};
+  if (v3) {
+    j["n_group"] = c.moe.n_group;
+    j["topk_group"] = c.moe.topk_group;
+    j["topk_method"] = "noaux_tc";
+    j["rope_interleave"] = true;
+  } else {
+    j["topk_method"] = c.moe.topk_method;
+  }
+  return j;
+}
+
+/// Seeded DeepSeek weights under transformers' tensor names; experts one tensor each, or fused.
+std::vector<st_write_tensor> deepseek_tensors(const model_config& c, const model_weights& w, bool fused) {
+  const uint64_t h = c.hidden_size, v = c.vocab_size, heads = c.num_attention_heads;
+  const auto& m = c.mla;
+  std::vector<st_write_tensor> t = {{"model.embed_tokens.weight", {v, h}, w.embed},
+                                    {"model.norm.weight", {h}, w.final_norm},
+                                    {"lm_head.weight", {v, h}, w.lm_head}};
+  for (uint32_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    const auto& L = w.layers[l];
+    t.push_back({p + "input_layernorm.weight", {h}, L.attn_norm});
+    t.push_back({p + "post_attention_layernorm.weight", {h}, L.mlp_norm});
+    if (m.q_lora_rank) {
+      t.push_back({p + "self_attn.q_a_proj.weight", {m.q_lora_rank, h}, L.wq_a});
+      t.push_back({p + "self_attn.q_a_layernorm.weight", {m.q_lora_rank}, L.q_a_norm});
+      t.push_back({p + "self_attn.q_b_proj.weight", {c.q_dim(), m.q_lora_rank}, L.wq_b});
+    } else {
+      t.push_back({p + "self_attn.q_proj.weight", {c.q_dim(), h}, L.wq});
+    }
+    t.push_back({p + "self_attn.kv_a_proj_with_mqa.weight", {c.kv_dim(), h}, L.wkv_a});
+    t.push_back({p + "self_attn.kv_a_layernorm.weight", {m.kv_lora_rank}, L.kv_a_norm});
+    t.push_back({p + "self_attn.kv_b_proj.weight", {heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank}, L.wkv_b});
+    t.push_back({p + "self_attn.o_proj.weight", {h, c.attn_out_dim()}, L.wo});
+    const uint64_t f = c.mlp_intermediate(l);
+    const std::string mlp = c.is_moe_layer(l) ? p + "mlp.shared_experts." : p + "mlp.";
+    t.push_back({mlp + "gate_proj.weight", {f, h}, L.w_gate});
+    t.push_back({mlp + "up_proj.weight", {f, h}, L.w_up});
+    t.push_back({mlp + "down_proj.weight", {h, f}, L.w_down});
+    if (!c.is_moe_layer(l)) continue;
+    const uint64_t e_count = c.moe.n_routed_experts, mf = c.moe.moe_intermediate_size;
+    t.push_back({p + "mlp.gate.weight", {e_count, h}, L.router});
+    if (!L.router_bias.empty()) t.push_back({p + "mlp.gate.e_score_correction_bias", {e_count}, L.router_bias});
+    if (fused) {
+      std::vector<float> gate_up, down;
+      for (const auto& x : L.experts) {
+        gate_up.insert(gate_up.end(), x.gate.begin(), x.gate.end());
+        gate_up.insert(gate_up.end(), x.up.begin(), x.up.end());
+        down.insert(down.end(), x.down.begin(), x.down.end());
+      }
+      t.push_back({p + "mlp.experts.gate_up_proj", {e_count, 2 * mf, h}, gate_up});
+      t.push_back({p + "mlp.experts.down_proj", {e_count, h, mf}, down});
+      continue;
+    }
+    for (uint64_t e = 0; e < e_count; ++e) {
+      const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+      t.push_back({x + "gate_proj.weight", {mf, h}, L.experts[e].gate});
+      t.push_back({x + "up_proj.weight", {mf, h}, L.experts[e].up});
+      t.push_back({x + "down_proj.weight", {h, mf}, L.experts[e].down});
+    }
+  }
+  return t;
+}
+
+std::string fresh_dir(const std::string& name) {
+  auto d = std::filesystem::temp_directory_path() / ("baton-ds-" + name + "-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d.string();
+}
+
+}  // namespace
+
+TEST_CASE("config.json: DeepSeek-V2 and V3 fields, transformers' defaults and family rules, and clear refusals") {
+  model_config c;
+  std::string why;
+  auto v3 = deepseek_config_json(deepseek_tiny_config(true));
+  REQUIRE_MESSAGE(parse_hf_config(v3.dump(), "config.json", &c, &why), why);
+  CHECK(c.is_mla());
+  CHECK(c.kv_dim() == 64 + 16);
+  CHECK(c.kv_planes() == 1);
+  CHECK(c.head_dim == 16);
+  CHECK(c.mla.q_lora_rank == 48);
+  CHECK(c.moe.scoring == "sigmoid");
+  CHECK(c.moe.topk_method == "noaux_tc");
+  CHECK(c.moe.n_group == 4);
+  CHECK(c.is_moe_layer(1));
+  CHECK_FALSE(c.is_moe_layer(0));
+  auto v2 = deepseek_config_json(deepseek_tiny_config(false));
+  v2["norm_topk_prob"] = true;  // transformers' V2 ignores it; so do we
+  REQUIRE_MESSAGE(parse_hf_config(v2.dump(), "config.json", &c, &why), why);
+  CHECK(c.mla.q_lora_rank == 0);  // null: q_proj
+  CHECK(c.moe.scoring == "softmax");
+  CHECK_FALSE(c.moe.norm_topk_prob);
+  auto dense = v2;
+  dense["n_routed_experts"] = nullptr;
+  REQUIRE_MESSAGE(parse_hf_config(dense.dump(), "config.json", &c, &why), why);
+  CHECK_FALSE(c.is_moe_layer(2));
+
+  auto refused = [&](nlohmann::json j, const std::string& expect) {
+    CAPTURE(expect);
+    CHECK_FALSE(parse_hf_config(j.dump(), "config.json", &c, &why));
+    CHECK_MESSAGE(why.find(expect) != std::string::npos, why);
+  };
+  auto j = v2;
+  j["moe_layer_freq"] = 2;
+  refused(j, "moe_layer_freq 2 is not supported");
+  j = v2;
+  j["topk_method"] = "noaux_tc";
+  refused(j, "topk_method noaux_tc is not one DeepSeek-V2 defines");
+  j = v3;
+  j["attention_bias"] = true;
+  refused(j, "attention_bias is not supported for DeepSeek");
+  j = v3;
+  j["n_group"] = 3;
+  refused(j, "n_group (3) must divide n_routed_experts (8)");
+  j = v3;
+  j["num_experts_per_tok"] = 9;
+  refused(j, "num_experts_per_tok must be in [1, n_routed_experts (8)]");
+  j = v3;
+  j["qk_rope_head_dim"] = 15;
+  refused(j, "head_dim must be even");
+  j = v3;
+  j["kv_lora_rank"] = -4;
+  refused(j, "kv_lora_rank must be a positive integer");
+  j = v3;
+  j["hidden_act"] = "gelu";
+  refused(j, "hidden_act must be silu");
+}
+
+TEST_CASE("a DeepSeek model directory (experts one tensor each, or fused as transformers 5 holds them) loads to "
+          "bit-identical logits; a missing expert is named") {
+  for (bool v3 : {false, true})
+    for (bool fused : {false, true}) {
+      CAPTURE(v3);
+      CAPTURE(fused);
+      const auto cfg = deepseek_tiny_config(v3);
+      auto w = std::make_shared<model_weights>(make_seeded_weights(cfg, 5));
+      const auto dir = fresh_dir(std::string{v3 ? "v3" : "v2"} + (fused ? "f" : "s"));
+      std::ofstream{dir + "/config.json"} << deepseek_config_json(cfg).dump();
+      auto tensors = deepseek_tensors(cfg, *w, fused);
+      REQUIRE(write_safetensors(dir + "/model.safetensors", tensors).empty());
+      hf_model m;
+      std::string why;
+      REQUIRE_MESSAGE(load_hf_model(dir, &m, &why), why);
+      auto seeded = make_cpu_executor(cfg, w, {});
+      auto loaded = make_cpu_executor(m.config, m.weights, {});
+      const std::vector<int32_t> prompt{72, 101, 108, 108, 111, 44, 32, 77, 76, 65};
+      const auto a = generate_colocated(*seeded, prompt, 4, 16, {}, true);
+      const auto b = generate_colocated(*loaded, prompt, 4, 16, {}, true);
+      REQUIRE(b.error.empty());
+      CHECK(a.tokens == b.tokens);
+      CHECK(test::same_bits(a.step_logits, b.step_logits));
+      if (!fused) {
+        std::erase_if(tensors, [](const st_write_tensor& t) { return t.name == "model.layers.2.mlp.experts.5.up_proj.weight"; });
+        REQUIRE(write_safetensors(dir + "/model.safetensors", tensors).empty());
+        CHECK_FALSE(load_hf_model(dir, &m, &why));
+        CHECK_MESSAGE(why.find("missing tensor model.layers.2.mlp.experts.5.up_proj.weight") != std::string::npos, why);
+      }
+      std::filesystem::remove_all(dir);
+    }
+}
