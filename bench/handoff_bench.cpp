@@ -3,8 +3,13 @@
 // to send all layers after the prefill, both measured with the same transport in the same run.
 // Layer-wise sends hide under compute when (exposed) is close to one layer's send, not to (b).
 //
-// Usage: baton_bench_handoff [--model tiny|100m] [--prompt-tokens N] [--transport ucx|loopback]
-//        [--verbose]  (per-layer posted -> ready times on stderr; put it last)
+// Usage: baton_bench_handoff [--model tiny|100m|deepseek-v3-tiny] [--prompt-tokens N]
+//        [--transport ucx|loopback] [--verbose]  (per-layer posted -> ready times on stderr; put it last)
+//
+//        baton_bench_handoff --compare-shapes [--prompt-tokens N] [--transport ucx|loopback]
+//        KV bytes per token and the P->D transfer time of one request's KV, every layer sent
+//        layer by layer as a prefill rank sends it, for the DeepSeek-V3 shape (MLA latent) against
+//        a Llama-3-70B-like GQA shape at the same prompt length (issue 13's comparison).
 
 #include <algorithm>
 #include <chrono>
@@ -59,22 +64,53 @@ double send_us(const std::string& kind, uint64_t layer_bytes, uint32_t num_layer
   return runs[2];
 }
 
+/// Issue 13: what MLA's latent saves on the wire. Sizes come from the layouts (model_config);
+/// times are measured here, sending fp32 pages (what Baton's CPU ranks hold) from registered
+/// memory larger than the caches, layer by layer, median of 5.
+int compare_shapes(const std::string& kind, uint32_t prompt_tokens) {
+  std::printf("| shape | KV per token per layer | KV per token, all layers (fp32 / bf16) | one request's KV at %u "
+              "tokens (fp32) | P->D send, all layers (%s, measured) | throughput |\n",
+              prompt_tokens, kind.c_str());
+  std::printf("|---|---|---|---|---|---|\n");
+  double first_us = 0, first_bytes = 0;
+  for (const auto& m : {gpu::llama3_70b_config(), gpu::deepseek_v3_config()}) {
+    const uint64_t per_layer_token = uint64_t{m.kv_values_per_token()} * sizeof(float);
+    const uint64_t per_token = per_layer_token * m.num_hidden_layers;
+    const uint64_t layer_bytes = per_layer_token * prompt_tokens;
+    const double us = send_us(kind, layer_bytes, m.num_hidden_layers);
+    const double bytes = static_cast<double>(layer_bytes) * m.num_hidden_layers;
+    std::printf("| %s (%s, %u layers) | %u values | %.1f KiB / %.1f KiB | %.1f MiB | %.1f ms | %.2f GB/s |\n",
+                m.name.c_str(), m.is_mla() ? "MLA latent 512 + 64" : "GQA 8 KV heads x 128, K and V", m.num_hidden_layers,
+                m.kv_values_per_token(), per_token / 1024.0, per_token / 2048.0, bytes / (1 << 20), us / 1e3,
+                bytes / us / 1e3);
+    if (first_us == 0) first_us = us, first_bytes = bytes;
+    else std::printf("\nDeepSeek-V3 / Llama-3-70B: %.3fx the bytes, %.3fx the send time\n", bytes / first_bytes, us / first_us);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string model = "100m", kind = "ucx";
   uint32_t prompt_tokens = 512;
   bool verbose = false;
-  for (int i = 1; i < argc; ++i)
+  bool shapes = false;
+  for (int i = 1; i < argc; ++i) {
     if (std::string{argv[i]} == "--verbose") verbose = true;
-  for (int i = 1; i + 1 < argc; i += 2) {
+    if (std::string{argv[i]} == "--compare-shapes") shapes = true;
+  }
+  for (int i = shapes ? 2 : 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--model") model = argv[i + 1];
     else if (a == "--prompt-tokens") prompt_tokens = static_cast<uint32_t>(std::stoul(argv[i + 1]));
     else if (a == "--transport") kind = argv[i + 1];
   }
+  if (shapes) return compare_shapes(kind, prompt_tokens);
   local_cluster_config cfg;
-  cfg.model = model == "tiny" ? gpu::builtin_tiny_config() : gpu::llama_100m_config();
+  cfg.model = model == "tiny"               ? gpu::builtin_tiny_config()
+              : model == "deepseek-v3-tiny" ? gpu::deepseek_tiny_config(true)
+                                            : gpu::llama_100m_config();
   cfg.num_prefill_ranks = 1;
   cfg.num_decode_ranks = 1;
   cfg.transport = kind;
@@ -127,7 +163,7 @@ int main(int argc, char** argv) {
   std::sort(exposed.begin(), exposed.end());
   std::sort(admitted.begin(), admitted.end());
   const uint64_t pages = (prompt_tokens + 15) / 16;
-  const uint64_t layer_bytes = pages * 2 * 16 * cfg.model.kv_dim() * sizeof(float);
+  const uint64_t layer_bytes = pages * 16 * cfg.model.kv_values_per_token() * sizeof(float);
   const double one = send_us(kind, layer_bytes, 1), all = send_us(kind, layer_bytes, layers);
   std::printf("| model | transport | prompt | KV per layer | one layer's send | all %u layers after prefill | "
               "exposed: all KV landed - last layer computed | exposed / one layer | decode admission - last layer computed |\n",

@@ -278,7 +278,8 @@ bool parse_cluster_spec(const std::string& json_text, const std::string& base_di
       *why = "spec.api_keys: every key needs at least 8 characters";
       return false;
     }
-  if (out->model != "random" && !out->model.empty() && out->model.front() != '/' && !base_dir.empty())
+  const bool named = out->model == "random" || out->model == "deepseek-v2-tiny" || out->model == "deepseek-v3-tiny";
+  if (!named && !out->model.empty() && out->model.front() != '/' && !base_dir.empty())
     out->model = (std::filesystem::path(base_dir) / out->model).lexically_normal().string();
   if (out->tls_dir.empty()) out->tls_dir = ".baton-tls-" + out->name;
   if (out->tls_dir.front() != '/' && !base_dir.empty())

@@ -18,7 +18,8 @@ int run_local(const std::vector<std::string>& args);
 /// joined to a head over CAF's network layer, with KV over UCX.
 int run_node(const std::vector<std::string>& args);
 
-/// Loads a Hugging Face model directory (config, weights and tokenizer) into a cluster config.
+/// Loads a Hugging Face model directory (config, weights and tokenizer) into a cluster config;
+/// `deepseek-v2-tiny` and `deepseek-v3-tiny` name seeded DeepSeek shapes instead.
 bool load_model_into(const std::string& dir, local_cluster_config* cfg, std::string* why);
 
 /// How serving prefill ranks chunk prompts, in the head and in prefill nodes alike (seed 000

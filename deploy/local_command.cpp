@@ -163,6 +163,12 @@ bool ensure_writable_dir(const std::string& dir, const std::string& flag, std::s
 }
 
 bool load_model_into(const std::string& dir, local_cluster_config* cfg, std::string* why) {
+  // The seeded DeepSeek shapes: MLA and MoE on the byte vocabulary, no files needed.
+  if (dir == "deepseek-v2-tiny" || dir == "deepseek-v3-tiny") {
+    cfg->model = gpu::deepseek_tiny_config(dir == "deepseek-v3-tiny");
+    cfg->weights = nullptr;  // drawn from weights_seed, identically in every process
+    return true;
+  }
   gpu::hf_model m;
   if (!gpu::load_hf_model(dir, &m, why)) return false;
   auto tok = gpu::load_model_tokenizer(dir, m.config, why);
@@ -227,7 +233,9 @@ int run_local(const std::vector<std::string>& args) {
   flags.add("--block-tokens", &opt.cluster.store.block_tokens, "tokens per store block");
   flags.add("--repeat", &opt.repeat, "send the prompts this many rounds, one round after another (store reuse)");
   flags.add("--weights-seed", &opt.cluster.weights_seed, "seed of the random model's weights (--model random)");
-  flags.add("--model", &opt.model, "a Hugging Face model directory, or `random` for the seeded random model");
+  flags.add("--model", &opt.model,
+            "a Hugging Face model directory, `random` for the seeded built-in model, or `deepseek-v2-tiny` / "
+            "`deepseek-v3-tiny` for seeded DeepSeek shapes (MLA latent KV, MoE)");
   flags.add("--chat", &opt.chat, "send each prompt as a user message through the model's chat template");
   flags.add("--prompt", &opt.prompts, "a prompt to answer (repeat for several)");
   flags.add("--max-tokens", &opt.max_tokens, "tokens to generate per prompt");

@@ -81,7 +81,9 @@ public:
       kv_(model_kv_layout(cfg_, ecfg.num_kv_pages, ecfg.page_size_tokens)),
       pool_(ecfg.num_threads),
       num_threads_(ecfg.num_threads),
-      inv_freq_(rope_inv_freq(cfg_)) {
+      inv_freq_(rope_inv_freq(cfg_)),
+      rope_factor_(rope_attention_factor(cfg_)),
+      softmax_scale_(attention_softmax_scale(cfg_)) {
     jobs_.start([this](const forward_job& job) { return check_forward_job(job, cfg_, kv_.layout()); },
                 [this](const forward_job& job, executor_sink& sink) { forward(job, sink); });
   }
@@ -189,6 +191,10 @@ private:
     for (size_t r = 0; r < n; ++r) {
       rope_apply(act_.q.data() + r * qd, c.num_attention_heads, c.head_dim, rows[r].pos, inv_freq_.data());
       rope_apply(act_.k.data() + r * kvd, c.num_key_value_heads, c.head_dim, rows[r].pos, inv_freq_.data());
+      if (rope_factor_ != 1.0f) {
+        for (size_t i = 0; i < qd; ++i) act_.q[r * qd + i] *= rope_factor_;
+        for (size_t i = 0; i < kvd; ++i) act_.k[r * kvd + i] *= rope_factor_;
+      }
       const auto [page, slot] = page_slot(job, rows[r]);
       std::copy_n(act_.k.data() + r * kvd, kvd, kv_.k_at(l, page, slot));
       std::copy_n(act_.v.data() + r * kvd, kvd, kv_.v_at(l, page, slot));
@@ -199,7 +205,7 @@ private:
     // Each (row, head) is computed alone in a fixed order, so batching cannot change it.
     const uint32_t hd = c.head_dim, group = c.num_attention_heads / c.num_key_value_heads;
     const uint32_t ps = kv_.layout().page_size_tokens;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    const float scale = softmax_scale_;
     pool_.parallel_for(n * c.num_attention_heads, 1, [&](size_t begin, size_t end) {
       std::vector<float> scores;
       for (size_t item = begin; item < end; ++item) {
@@ -245,6 +251,8 @@ private:
         rope_apply_interleaved(x, rope, pos, inv_freq_.data());
       else
         rope_apply(x, 1, rope, pos, inv_freq_.data());
+      if (rope_factor_ != 1.0f)
+        for (uint32_t i = 0; i < rope; ++i) x[i] *= rope_factor_;
     };
     for (size_t r = 0; r < n; ++r) {
       float* latent = act_.k.data() + r * lat;
@@ -258,7 +266,7 @@ private:
     if (!wait_gates(job, l, sink)) return false;
 
     const uint32_t ps = kv_.layout().page_size_tokens;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(qk));
+    const float scale = softmax_scale_;
     pool_.parallel_for(n * c.num_attention_heads, 1, [&](size_t begin, size_t end) {
       std::vector<float> scores, query(lat), out(lora);
       for (size_t item = begin; item < end; ++item) {
@@ -335,6 +343,8 @@ private:
   thread_pool pool_;
   unsigned num_threads_;
   std::vector<float> inv_freq_;  ///< RoPE inverse frequencies (scaled per the config), once
+  float rope_factor_;            ///< YaRN's attention factor on rotated values (1 otherwise)
+  float softmax_scale_;
   activations act_;  ///< touched only by the queue thread (and the pool inside a job)
 
   job_queue jobs_;  ///< last: its thread stops before the rest goes

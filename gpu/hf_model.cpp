@@ -1,5 +1,6 @@
 #include "gpu/hf_model.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -33,12 +34,63 @@ bool read_text(const std::string& path, std::string* out) {
 
 }  // namespace
 
+namespace {
+
+/// YaRN's magnitude correction for a context stretched by `scale`.
+float yarn_mscale(float scale, float mscale) {
+  return scale <= 1.0f ? 1.0f : 0.1f * mscale * std::log(scale) + 1.0f;
+}
+
+/// YaRN: dimensions that turn fewer than beta_slow times over the original context are
+/// interpolated (frequency / factor), those turning more than beta_fast times keep theirs, and a
+/// linear ramp blends the ones between.
+void yarn_inv_freq(const model_config& cfg, std::vector<float>& f) {
+  const auto& rs = cfg.rope_scaling;
+  const double dim = cfg.head_dim, base = cfg.rope_theta, old_len = rs.original_max_position_embeddings;
+  auto correction_dim = [&](double rotations) {
+    return dim * std::log(old_len / (rotations * 2 * M_PI)) / (2 * std::log(base));
+  };
+  double low = correction_dim(rs.beta_fast), high = correction_dim(rs.beta_slow);
+  if (rs.truncate) low = std::floor(low), high = std::ceil(high);
+  low = std::max(low, 0.0);
+  high = std::min(high, dim - 1);
+  if (low == high) high += 0.001;  // no division by zero
+  for (size_t i = 0; i < f.size(); ++i) {
+    const float ramp = static_cast<float>(std::clamp((static_cast<double>(i) - low) / (high - low), 0.0, 1.0));
+    const float extrapolation = 1.0f - ramp;
+    const float pos_freq = std::pow(cfg.rope_theta, static_cast<float>(2 * i) / static_cast<float>(cfg.head_dim));
+    f[i] = 1.0f / (rs.factor * pos_freq) * (1.0f - extrapolation) + 1.0f / pos_freq * extrapolation;
+  }
+}
+
+}  // namespace
+
+float rope_attention_factor(const model_config& cfg) {
+  const auto& rs = cfg.rope_scaling;
+  if (rs.type != "yarn") return 1.0f;
+  if (rs.attention_factor > 0) return rs.attention_factor;
+  if (rs.mscale > 0 && rs.mscale_all_dim > 0)
+    return yarn_mscale(rs.factor, rs.mscale) / yarn_mscale(rs.factor, rs.mscale_all_dim);
+  return yarn_mscale(rs.factor, 1.0f);
+}
+
+float attention_softmax_scale(const model_config& cfg) {
+  float scale = 1.0f / std::sqrt(static_cast<float>(cfg.qk_head_dim()));
+  const auto& rs = cfg.rope_scaling;
+  if (cfg.is_mla() && rs.type == "yarn" && rs.mscale_all_dim > 0) {
+    const float m = yarn_mscale(rs.factor, rs.mscale_all_dim);
+    scale *= m * m;
+  }
+  return scale;
+}
+
 std::vector<float> rope_inv_freq(const model_config& cfg) {
   const uint32_t half = cfg.head_dim / 2;
   std::vector<float> f(half);
   for (uint32_t i = 0; i < half; ++i)
     f[i] = 1.0f / std::pow(cfg.rope_theta, static_cast<float>(2 * i) / static_cast<float>(cfg.head_dim));
   const auto& rs = cfg.rope_scaling;
+  if (rs.type == "yarn") yarn_inv_freq(cfg, f);
   if (rs.type == "llama3") {
     // Llama 3.1: long wavelengths slowed by `factor`, short ones kept, a smooth ramp between.
     const float old_len = static_cast<float>(rs.original_max_position_embeddings);
@@ -197,8 +249,23 @@ bool parse_hf_config_unchecked(const std::string& text, const std::string& sourc
         return false;
       if (rs.contains("original_max_position_embeddings") && rs["original_max_position_embeddings"].is_number_unsigned())
         c.rope_scaling.original_max_position_embeddings = rs["original_max_position_embeddings"].get<uint32_t>();
+    } else if (type == "yarn") {
+      auto& y = c.rope_scaling;
+      y.type = type;
+      if (!float_field(rs, "factor", &y.factor) || !float_field(rs, "beta_fast", &y.beta_fast) ||
+          !float_field(rs, "beta_slow", &y.beta_slow) || !float_field(rs, "mscale", &y.mscale) ||
+          !float_field(rs, "mscale_all_dim", &y.mscale_all_dim) ||
+          !float_field(rs, "attention_factor", &y.attention_factor))
+        return false;
+      y.truncate = rs.value("truncate", true);
+      if (!rs.contains("original_max_position_embeddings") || !rs["original_max_position_embeddings"].is_number_unsigned())
+        return fail(std::string{rope_key} + ": yarn needs original_max_position_embeddings");
+      y.original_max_position_embeddings = rs["original_max_position_embeddings"].get<uint32_t>();
+      if (!(y.factor >= 1.0f) || !(y.beta_fast > 0) || !(y.beta_slow > 0) || y.original_max_position_embeddings == 0)
+        return fail(std::string{rope_key} + ": yarn needs factor >= 1, beta_fast and beta_slow > 0 and a positive "
+                                             "original_max_position_embeddings");
     } else if (!type.empty() && type != "default") {
-      return fail(std::string{rope_key} + " type " + type + " is not supported (llama3 is)");
+      return fail(std::string{rope_key} + " type " + type + " is not supported (llama3 and yarn are)");
     }
   }
   auto token_id = [&](const char* key, int32_t* dst) {

@@ -37,5 +37,12 @@ bool load_hf_model(const std::string& dir, hf_model* out, std::string* why);
 
 /// RoPE inverse frequencies for every pair of a head (head_dim / 2), with the config's scaling.
 std::vector<float> rope_inv_freq(const model_config& cfg);
+/// YaRN's attention factor: rotated q and k are scaled by it (transformers scales cos and sin).
+/// 1 for every other kind of RoPE.
+float rope_attention_factor(const model_config& cfg);
+/// The attention softmax scale: 1/sqrt(qk_head_dim), times DeepSeek's mscale(factor,
+/// mscale_all_dim) squared under YaRN (as DeepSeek's own code, vLLM and SGLang compute it;
+/// transformers' DeepSeek-V2 class leaves the square out).
+float attention_softmax_scale(const model_config& cfg);
 
 }  // namespace baton::gpu

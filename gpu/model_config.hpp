@@ -26,13 +26,19 @@ struct model_config {
   std::string architecture = "LlamaForCausalLM";
   bool attention_bias = false;  ///< Qwen2: the q, k and v projections add a bias
   bool qk_norm = false;         ///< Qwen3: RMSNorm over each head of q and k, before RoPE
-  /// Llama 3 RoPE scaling ("rope_type": "llama3"); empty type = none.
+  /// RoPE scaling: "llama3" (Llama 3.1) or "yarn" (DeepSeek-V2/V3, Qwen); empty type = none.
   struct rope_scaling_t {
     std::string type;
     float factor = 1.0f;
-    float low_freq_factor = 1.0f;
-    float high_freq_factor = 4.0f;
+    float low_freq_factor = 1.0f;   ///< llama3
+    float high_freq_factor = 4.0f;  ///< llama3
     uint32_t original_max_position_embeddings = 8192;
+    float beta_fast = 32.0f;      ///< yarn: rotations above which dimensions keep their frequency
+    float beta_slow = 1.0f;       ///< yarn: rotations below which dimensions are interpolated
+    float mscale = 0.0f;          ///< yarn: 0 = absent
+    float mscale_all_dim = 0.0f;  ///< yarn: 0 = absent; DeepSeek also scales softmax by its mscale squared
+    float attention_factor = 0.0f;  ///< yarn: 0 = derived from factor and the mscales
+    bool truncate = true;           ///< yarn: correction range rounded to whole dimensions
   } rope_scaling;
 
   /// DeepSeek-V2/V3 multi-head latent attention (seed 000 §1.3). kv_lora_rank == 0: not MLA.

@@ -2,11 +2,12 @@
 """Independent reference for Baton's model code: tiny random-initialised models of each supported
 family, created and saved by Hugging Face transformers itself, and transformers' own fp32 CPU
 logits for them. Run it where torch and transformers exist (the H200 machine has both; Debian
-has neither), then commit tests/data/hf_reference/. The C++ test
+has neither), then commit tests/data/hf_reference/. The DeepSeek families (deepseek_v2_mla_moe,
+deepseek_v3_mla_moe) can be added to an existing set with --only. The C++ test
 "independent reference: ..." in tests/gpu/hf_model.test.cpp compares against these files and is
 skipped (pending) until they exist.
 
-Usage: python3 scripts/hf_reference.py [--out tests/data/hf_reference]
+Usage: python3 scripts/hf_reference.py [--out tests/data/hf_reference] [--only NAME,NAME]
 """
 import argparse
 import copy
@@ -33,6 +34,20 @@ FAMILIES = {
     "qwen2_bias_tied": ("qwen2", dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)),
     "qwen3_qk_norm": ("qwen3", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                                     tie_word_embeddings=False)),
+    # Issue 13: multi-head latent attention and experts. V2 as V2-Lite (no q_lora_rank) with
+    # group-limited softmax routing; V3 with q_lora_rank and noaux_tc routing (sigmoid scores, the
+    # correction bias, groups ranked by their top two). One dense layer first, then MoE layers.
+    "deepseek_v2_mla_moe": ("deepseek_v2", dict(
+        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=32,
+        qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=8, n_shared_experts=2,
+        num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1,
+        topk_method="group_limited_greedy", n_group=4, topk_group=2, routed_scaling_factor=1.5,
+        tie_word_embeddings=False)),
+    "deepseek_v3_mla_moe": ("deepseek_v3", dict(
+        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=32,
+        qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=8, n_shared_experts=1,
+        num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1, n_group=4, topk_group=2,
+        norm_topk_prob=True, routed_scaling_factor=2.5, rope_interleave=True, tie_word_embeddings=False)),
 }
 
 
@@ -48,7 +63,7 @@ def make_config(model_type, extra):
             rope = dict(rope)
             extra["rope_theta"] = rope.pop("rope_theta")
             extra["rope_scaling"] = rope
-    return AutoConfig.for_model(model_type, **COMMON, **extra)
+    return AutoConfig.for_model(model_type, **dict(COMMON, **extra))
 
 
 def randomise(model, seed):
@@ -64,6 +79,10 @@ def randomise(model, seed):
                 p.copy_(0.2 * torch.randn(p.shape, generator=g))
             else:
                 p.copy_(0.25 * torch.randn(p.shape, generator=g))
+        # DeepSeek-V3's score correction bias is a buffer, not a parameter: zero unless drawn.
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.1 * torch.randn(b.shape, generator=g))
 
 
 def greedy(model, prompt, steps):
@@ -92,12 +111,20 @@ def gpu_logits(model, tokens):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="tests/data/hf_reference")
+    ap.add_argument("--only", default="", help="comma-separated family names; index.json keeps the others")
     args = ap.parse_args()
+    only = [n for n in args.only.split(",") if n]
     os.makedirs(args.out, exist_ok=True)
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, "
           f"cuda {torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none'}")
     names = []
+    index_path = os.path.join(args.out, "index.json")
+    if only and os.path.exists(index_path):
+        with open(index_path) as f:
+            names = [n for n in json.load(f) if n not in only]
     for name, (model_type, extra) in FAMILIES.items():
+        if only and name not in only:
+            continue
         cfg = make_config(model_type, extra)
         # The first weight seed whose logits keep every top-2 margin >= 1e-2 (recorded): a
         # near-tie would let rounding alone flip a greedy token.
@@ -133,7 +160,7 @@ def main():
         print(f"{name}: min top-2 margin {margin:.4f}, bf16-vs-fp32 on the GPU "
               f"{ref.get('gpu_bf16_vs_fp32_max_abs', float('nan')):.4g}, max |logit| {float(logits.abs().max()):.3f}")
         names.append(name)
-    with open(os.path.join(args.out, "index.json"), "w") as f:
+    with open(index_path, "w") as f:
         json.dump(names, f)
 
 

@@ -575,6 +575,10 @@ private:
 
 std::unique_ptr<executor> make_cuda_executor(model_config cfg, std::shared_ptr<const model_weights> weights,
                                              cuda_executor_config exec_cfg, std::string* why) {
+  if (cfg.rope_scaling.type == "yarn") {
+    *why = "model " + cfg.name + " uses YaRN RoPE, which only the CPU executor applies so far";
+    return nullptr;
+  }
   if (cfg.is_mla() || cfg.moe.n_routed_experts > 0) {
     *why = "model " + cfg.name + " (" + cfg.architecture +
            ") uses latent attention or experts, which only the CPU executor runs so far";

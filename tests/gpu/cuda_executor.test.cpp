@@ -80,6 +80,11 @@ TEST_CASE("cuda executor vs transformers: fp32 within 1e-4 of the largest logit,
     const std::string dir = root + "/" + name.get<std::string>();
     CAPTURE(dir);
     auto m = load(dir + "/model");
+    if (m.config.is_mla() || m.config.moe.n_routed_experts > 0) {
+      // DeepSeek's MLA and MoE run on the CPU executor only (their CUDA path is issue 14's).
+      MESSAGE(dir << ": latent attention / experts, not on the CUDA executor yet");
+      continue;
+    }
     std::ifstream rin{dir + "/reference.json"};
     const auto ref = nlohmann::json::parse(rin);
     const auto tokens = ref["tokens"].get<std::vector<int32_t>>();

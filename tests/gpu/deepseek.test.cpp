@@ -52,8 +52,35 @@ vec rms(const vec& x, const std::vector<float>& w, double eps) {
   return y;
 }
 
+/// RoPE as transformers sets it up, in double: inverse frequencies (default or YaRN), the factor
+/// cos and sin are scaled by, and the softmax scale (with DeepSeek's YaRN mscale squared).
+struct rope_ref {
+  vec inv_freq;
+  double factor = 1, softmax_scale = 1;
+};
+
+rope_ref make_rope_ref(const model_config& c) {
+  rope_ref r;
+  const size_t d = c.mla.qk_rope_head_dim;
+  const double base = c.rope_theta;
+  const auto& y = c.rope_scaling;
+  auto mscale = [](double s, double m) { return s <= 1 ? 1.0 : 0.1 * m * std::log(s) + 1; };
+  r.softmax_scale = 1 / std::sqrt(double(c.mla.qk_nope_head_dim + c.mla.qk_rope_head_dim));
+  for (size_t i = 0; i < d / 2; ++i) r.inv_freq.push_back(1 / std::pow(base, double(2 * i) / d));
+  if (y.type != "yarn") return r;
+  auto corr = [&](double rot) { return d * std::log(y.original_max_position_embeddings / (rot * 2 * M_PI)) / (2 * std::log(base)); };
+  const double lo = std::max(std::floor(corr(y.beta_fast)), 0.0), hi = std::min(std::ceil(corr(y.beta_slow)), double(d - 1));
+  for (size_t i = 0; i < d / 2; ++i) {
+    const double keep = 1 - std::clamp((i - lo) / (hi - lo), 0.0, 1.0);  // 1: the original frequency
+    r.inv_freq[i] = r.inv_freq[i] / y.factor * (1 - keep) + r.inv_freq[i] * keep;
+  }
+  r.factor = mscale(y.factor, y.mscale) / mscale(y.factor, y.mscale_all_dim);
+  r.softmax_scale *= mscale(y.factor, y.mscale_all_dim) * mscale(y.factor, y.mscale_all_dim);
+  return r;
+}
+
 /// transformers' DeepSeek-V3 rotary form: de-interleave (x0 x2 .. x1 x3 ..), then rotate halves.
-vec rotary(const vec& x, uint32_t pos, double theta) {
+vec rotary(const vec& x, uint32_t pos, const rope_ref& rr) {
   const size_t d = x.size(), half = d / 2;
   vec y(d), out(d);
   for (size_t i = 0; i < half; ++i) {
@@ -61,9 +88,9 @@ vec rotary(const vec& x, uint32_t pos, double theta) {
     y[i + half] = x[2 * i + 1];
   }
   for (size_t i = 0; i < half; ++i) {
-    const double a = pos / std::pow(theta, double(2 * i) / d);
-    out[i] = y[i] * std::cos(a) - y[i + half] * std::sin(a);
-    out[i + half] = y[i + half] * std::cos(a) + y[i] * std::sin(a);
+    const double a = pos * rr.inv_freq[i];
+    out[i] = (y[i] * std::cos(a) - y[i + half] * std::sin(a)) * rr.factor;
+    out[i + half] = (y[i + half] * std::cos(a) + y[i] * std::sin(a)) * rr.factor;
   }
   return out;
 }
@@ -131,6 +158,7 @@ std::vector<vec> naive_logits(const model_config& c, const model_weights& w, con
   const size_t T = tokens.size(), h = c.hidden_size, H = c.num_attention_heads;
   const auto& m = c.mla;
   const size_t qk = m.qk_nope_head_dim + m.qk_rope_head_dim, kvb = m.qk_nope_head_dim + m.v_head_dim;
+  const auto rr = make_rope_ref(c);
   std::vector<vec> x(T, vec(h));
   for (size_t t = 0; t < T; ++t)
     for (size_t i = 0; i < h; ++i) x[t][i] = w.embed[tokens[t] * h + i];
@@ -150,21 +178,21 @@ std::vector<vec> naive_logits(const model_config& c, const model_weights& w, con
     std::vector<vec> latent(T), k_pe(T);
     for (size_t t = 0; t < T; ++t) {
       latent[t] = rms(vec(ckv[t].begin(), ckv[t].begin() + m.kv_lora_rank), lw.kv_a_norm, 1e-6);
-      k_pe[t] = rotary(vec(ckv[t].begin() + m.kv_lora_rank, ckv[t].end()), t, c.rope_theta);
+      k_pe[t] = rotary(vec(ckv[t].begin() + m.kv_lora_rank, ckv[t].end()), t, rr);
     }
     auto kv = linear(latent, lw.wkv_b, H * kvb);  // per head: k_nope then v
     std::vector<vec> attn(T, vec(H * m.v_head_dim));
     for (size_t t = 0; t < T; ++t)
       for (size_t hd = 0; hd < H; ++hd) {
         const double* qh = q[t].data() + hd * qk;
-        auto q_pe = rotary(vec(qh + m.qk_nope_head_dim, qh + qk), t, c.rope_theta);
+        auto q_pe = rotary(vec(qh + m.qk_nope_head_dim, qh + qk), t, rr);
         vec s(t + 1);
         double mx = -1e300;
         for (size_t u = 0; u <= t; ++u) {
           double d = 0;
           for (size_t i = 0; i < m.qk_nope_head_dim; ++i) d += qh[i] * kv[u][hd * kvb + i];
           for (size_t i = 0; i < m.qk_rope_head_dim; ++i) d += q_pe[i] * k_pe[u][i];
-          s[u] = d / std::sqrt(double(qk));
+          s[u] = d * rr.softmax_scale;
           mx = std::max(mx, s[u]);
         }
         double z = 0;
@@ -260,11 +288,24 @@ TEST_CASE("MoE routing: softmax top-k, V2 group-limited and V3 noaux_tc choices 
   }
 }
 
+/// The tiny shape with YaRN as DeepSeek's checkpoints configure it (scaled down to its context):
+/// an attention factor other than 1 and the softmax's mscale squared both in play.
+model_config with_yarn(model_config c) {
+  c.rope_scaling.type = "yarn";
+  c.rope_scaling.factor = 4.0f;
+  c.rope_scaling.original_max_position_embeddings = 64;
+  c.rope_scaling.mscale = 1.0f;
+  c.rope_scaling.mscale_all_dim = 0.707f;
+  return c;
+}
+
 TEST_CASE("MLA and MoE: the executor's absorbed latent attention matches a naive expanded reference for "
-          "DeepSeek-V2 and V3 shapes, and the cache holds a 576-value-style latent, one plane") {
-  for (bool v3 : {false, true}) {
+          "DeepSeek-V2 and V3 shapes, with and without YaRN, and the cache holds the latent, one plane") {
+  for (int variant = 0; variant < 4; ++variant) {
+    const bool v3 = variant % 2, yarn = variant >= 2;
     CAPTURE(v3);
-    const auto cfg = deepseek_tiny_config(v3);
+    CAPTURE(yarn);
+    const auto cfg = yarn ? with_yarn(deepseek_tiny_config(v3)) : deepseek_tiny_config(v3);
     REQUIRE(cfg.validate().empty());
     auto w = std::make_shared<model_weights>(make_seeded_weights(cfg, 7));
     auto exec = make_cpu_executor(cfg, w, {});
@@ -429,6 +470,34 @@ std::string fresh_dir(const std::string& name) {
 }
 
 }  // namespace
+
+TEST_CASE("YaRN RoPE from config.json: DeepSeek-V3's settings give the interpolated frequencies, attention factor 1 "
+          "and the softmax scaled by mscale squared") {
+  auto j = deepseek_config_json(deepseek_tiny_config(true));
+  j["rope_parameters"] = {{"rope_type", "yarn"},  {"rope_theta", 10000.0}, {"factor", 40.0},
+                          {"original_max_position_embeddings", 64}, {"beta_fast", 32.0}, {"beta_slow", 1.0},
+                          {"mscale", 1.0}, {"mscale_all_dim", 1.0}};
+  model_config c;
+  std::string why;
+  REQUIRE_MESSAGE(parse_hf_config(j.dump(), "config.json", &c, &why), why);
+  CHECK(c.rope_scaling.type == "yarn");
+  const auto f = rope_inv_freq(c);
+  const auto ref = make_rope_ref(c);
+  REQUIRE(f.size() == ref.inv_freq.size());
+  for (size_t i = 0; i < f.size(); ++i) CHECK(f[i] == doctest::Approx(ref.inv_freq[i]).epsilon(1e-5));
+  CHECK(f[0] == doctest::Approx(1.0).epsilon(1e-6));                    // fast dimensions keep theirs
+  CHECK(f.back() == doctest::Approx(ref.inv_freq.back()).epsilon(1e-6));  // slow ones interpolated
+  CHECK(f.back() < 1.0 / std::pow(10000.0, 14.0 / 16) / 39);
+  CHECK(rope_attention_factor(c) == 1.0f);
+  const double m = 0.1 * std::log(40.0) + 1;
+  CHECK(attention_softmax_scale(c) == doctest::Approx(m * m / std::sqrt(48.0)).epsilon(1e-6));
+  j["rope_parameters"].erase("original_max_position_embeddings");
+  CHECK_FALSE(parse_hf_config(j.dump(), "config.json", &c, &why));
+  CHECK_MESSAGE(why.find("yarn needs original_max_position_embeddings") != std::string::npos, why);
+  j["rope_parameters"] = {{"rope_type", "longrope"}, {"rope_theta", 10000.0}};
+  CHECK_FALSE(parse_hf_config(j.dump(), "config.json", &c, &why));
+  CHECK_MESSAGE(why.find("type longrope is not supported (llama3 and yarn are)") != std::string::npos, why);
+}
 
 TEST_CASE("config.json: DeepSeek-V2 and V3 fields, transformers' defaults and family rules, and clear refusals") {
   model_config c;

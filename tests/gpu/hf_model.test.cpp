@@ -154,9 +154,9 @@ TEST_CASE("config.json: the four families, their features, and clear refusals") 
   REQUIRE(parse(j));
   CHECK(c.rope_scaling.type == "llama3");
   CHECK(c.rope_scaling.factor == 8.0f);
-  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  j["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 4.0}};
   CHECK_FALSE(parse(j));
-  CHECK(why.find("rope_scaling type yarn is not supported") != std::string::npos);
+  CHECK(why.find("rope_scaling type dynamic is not supported") != std::string::npos);
   j = base;
   j["architectures"] = {"GPT2LMHeadModel"};
   CHECK_FALSE(parse(j));
