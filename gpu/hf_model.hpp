@@ -1,6 +1,6 @@
 #pragma once
 
-// Loading a Hugging Face model directory: config.json (Llama, Mistral, Qwen2 and Qwen3 families),
+// Loading a Hugging Face model directory: config.json (Llama, Mistral, Qwen2, Qwen3, DeepSeek-V2/V3),
 // *.safetensors (single or sharded; bf16, fp16, fp32; converted to fp32 once, at load), and
 // generation_config.json defaults. Each malformed input is refused with a sentence naming the file,
 // the field or tensor, and what is wrong.
