@@ -119,6 +119,13 @@ void add_sim_flags(flag_set& f, sim_options* o) {
   f.add("--prefill-gpu", &o->cfg.prefill_gpu, "GPU of prefill instances: H200 | H100 | H800 | RTX4090 | RTXPRO6000");
   f.add("--decode-gpu", &o->cfg.decode_gpu, "GPU of decode instances");
   f.add("--tp", &o->cfg.tp, "GPUs per instance (tensor parallel)");
+  f.add("--prefill-ep", &o->cfg.prefill_ep,
+        "MoE models: expert parallelism of each prefill instance (N GPUs, data-parallel attention; 1 = off)");
+  f.add("--decode-ep", &o->cfg.decode_ep, "MoE models: expert parallelism of each decode instance");
+  f.add("--eplb", &o->cfg.eplb, "expert parallelism: place redundant copies of hot experts (policies::plan_eplb)");
+  f.add("--eplb-redundant", &o->cfg.eplb_redundant, "EPLB: redundant expert copies per instance and MoE layer");
+  f.add("--expert-skew", &o->cfg.expert_skew, "expert popularity: Zipf exponent over the experts (0 = uniform)");
+  f.add("--gpus-per-node", &o->cfg.gpus_per_node, "expert parallelism: GPUs that share a node's NVLink");
   f.add("--prefill-instances", &o->cfg.prefill_instances, "prefill instances");
   f.add("--decode-instances", &o->cfg.decode_instances, "decode instances (colocated: all instances)");
   f.add("--elastic-instances", &o->cfg.elastic_instances,
@@ -365,6 +372,10 @@ int run_sim(const std::vector<std::string>& raw) {
     vs("TPOT", r.summary.tpot_ms, r.measured_tpot_ms);
     vs("E2E", r.summary.e2e_ms, r.measured_e2e_ms);
     for (const auto& c : r.role_changes) std::printf("  role change: %s\n", c.c_str());
+    if (o.cfg.prefill_ep > 1 || o.cfg.decode_ep > 1)
+      std::printf("  experts: dispatch + combine %.1f GB across nodes, %.1f GB inside nodes; busiest GPU's routed load "
+                  "%.3fx the mean (prefill), %.3fx (decode)\n",
+                  r.ep_cross_node_gb, r.ep_intra_node_gb, r.prefill_ep_imbalance, r.decode_ep_imbalance);
     std::printf("  simulated in %.2f s wall: %.0f requests/s, %.2fM events (%.0f per request, %.2fM events/s)\n", wall,
                 static_cast<double>(t.requests.size()) / wall, static_cast<double>(r.events) / 1e6,
                 static_cast<double>(r.events) / std::max<double>(1, static_cast<double>(t.requests.size())),

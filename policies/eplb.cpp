@@ -32,7 +32,7 @@ expert_placement plan_eplb(const std::vector<double>& load, const eplb_config& c
   // 1. Copies: every expert one; each spare slot to the expert with the most tokens per copy.
   std::vector<uint32_t> copies(n, 1);
   const uint64_t slots = uint64_t{cfg.slots_per_rank} * cfg.num_ranks;
-  for (uint64_t spare = slots - n; spare > 0; --spare) {
+  for (uint64_t spare = std::min<uint64_t>(slots - n, cfg.max_redundant); spare > 0; --spare) {
     uint32_t best = n;
     for (uint32_t e = 0; e < n; ++e) {
       if (copies[e] >= cfg.num_ranks) continue;  // a rank holds at most one copy of an expert

@@ -23,6 +23,7 @@ struct eplb_config {
   uint32_t num_ranks = 8;       ///< EP size
   uint32_t ranks_per_node = 8;  ///< dispatch inside a node rides NVLink, across nodes the NIC
   uint32_t slots_per_rank = 0;  ///< expert copies a rank can hold; >= ceil(experts / num_ranks)
+  uint32_t max_redundant = UINT32_MAX;  ///< extra copies in all, at most (default: every spare slot)
   std::string validate(uint32_t num_experts) const;
 };
 

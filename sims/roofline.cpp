@@ -70,6 +70,7 @@ const std::vector<model_shape>& models() {
     ds.dense_params = 671e9 - ds.routed_params;
     ds.num_experts = 256;
     ds.experts_per_token = 8;
+    ds.moe_layers = 58;
     ds.bytes_per_param = 1.0;  // fp8 weights, as DeepSeek serves them
     ds.max_context = 131072;
     v.push_back(ds);
@@ -109,6 +110,12 @@ std::vector<std::string> model_names() {
 }
 
 double roofline::step_us(const std::vector<step_seq>& seqs, std::string* why) const {
+  const auto b = step(seqs);
+  if (why) *why = b.bound;
+  return b.total_us;
+}
+
+step_breakdown roofline::step(const std::vector<step_seq>& seqs) const {
   double tokens = 0, pairs = 0, kv_read = 0;
   for (const auto& s : seqs) {
     const auto q = static_cast<double>(s.tokens), c = static_cast<double>(s.context);
@@ -117,34 +124,68 @@ double roofline::step_us(const std::vector<step_seq>& seqs, std::string* why) co
     pairs += q * c + q * (q + 1) / 2.0;
     kv_read += c + q;
   }
-  const double flops = (2.0 * model.active_params() * tokens + model.attn_flops_per_pair * pairs) / tp;
-  // Weights: dense ones always; routed experts only as far as this step's tokens touch them.
-  double touched = 0;
-  if (model.num_experts) {
-    const double picks = tokens * model.experts_per_token;
-    touched = model.routed_params * (1.0 - std::pow(1.0 - 1.0 / model.num_experts, picks));
+  step_breakdown b;
+  const auto& m = model;
+  // Routed weights a set of `picks` expert choices touches among `experts` experts (each read once).
+  auto touched = [&](double experts, double picks) {
+    return experts > 0 ? experts * (m.routed_params / m.num_experts) * (1.0 - std::pow(1.0 - 1.0 / experts, picks)) : 0.0;
+  };
+  if (ep.size <= 1 || m.num_experts == 0) {
+    const double flops = (2.0 * m.active_params() * tokens + m.attn_flops_per_pair * pairs) / tp;
+    // Weights: dense ones always; routed experts only as far as this step's tokens touch them.
+    const double routed = touched(m.num_experts, tokens * m.experts_per_token);
+    const double bytes = ((m.dense_params + routed) * m.bytes_per_param + kv_read * m.kv_bytes_per_token) / tp;
+    const double compute_us = flops / (gpu.matmul_tflops * 1e6), memory_us = bytes / (gpu.hbm_gbps * 1e3);
+    // Two all-reduces of the activations per layer (ring: 2 (tp - 1) / tp of the bytes each way).
+    const double comm_us = tp > 1 ? 2.0 * m.num_layers * tokens * m.hidden * 2.0 * 2.0 * (tp - 1) / tp /
+                                        (gpu.nvlink_gbps * 1e3)
+                                  : 0.0;
+    b.bound = compute_us >= memory_us ? "compute" : "memory";
+    b.gpu_us = std::max(compute_us, memory_us);
+    b.total_us = b.gpu_us + comm_us + gpu.step_overhead_us;
+    return b;
   }
-  const double bytes = ((model.dense_params + touched) * model.bytes_per_param + kv_read * model.kv_bytes_per_token) / tp;
-  const double compute_us = flops / (gpu.matmul_tflops * 1e6);
-  const double memory_us = bytes / (gpu.hbm_gbps * 1e3);
-  // Two all-reduces of the activations per layer (ring: 2 (tp - 1) / tp of the bytes each way).
-  const double comm_us = tp > 1 ? 2.0 * model.num_layers * tokens * model.hidden * 2.0 * 2.0 * (tp - 1) / tp /
-                                      (gpu.nvlink_gbps * 1e3)
-                                : 0.0;
-  if (why) *why = compute_us >= memory_us ? "compute" : "memory";
-  return std::max(compute_us, memory_us) + comm_us + gpu.step_overhead_us;
+  // Expert parallel: every GPU attends for 1/n of the tokens with the whole dense model, and runs
+  // its experts for the tokens routed to them; the busiest GPU (imbalance) sets the pace.
+  const double n = ep.size;
+  const double routed_active = m.routed_params * m.experts_per_token / m.num_experts;
+  const double flops = (2.0 * m.dense_params * tokens + m.attn_flops_per_pair * pairs) / n +
+                       2.0 * routed_active * tokens / n * ep.imbalance;
+  const double experts_per_gpu = (m.num_experts + ep.redundant_experts) / n;
+  const double bytes = m.dense_params * m.bytes_per_param +
+                       touched(experts_per_gpu, tokens * m.experts_per_token / n * ep.imbalance) * m.bytes_per_param +
+                       kv_read * m.kv_bytes_per_token / n;
+  const double compute_us = flops / (gpu.matmul_tflops * 1e6), memory_us = bytes / (gpu.hbm_gbps * 1e3);
+  b.gpu_us = std::max(compute_us, memory_us);
+  // Per MoE layer each GPU sends its tokens' expert copies out (dispatch) and takes the results
+  // back (combine); copies for experts on its node ride NVLink, the rest a NIC.
+  const double nodes = std::ceil(n / ep.gpus_per_node);
+  const double cross = ep.cross_node_fraction >= 0 ? ep.cross_node_fraction : (nodes - 1) / nodes;
+  const double in_node = std::min<double>(n, ep.gpus_per_node);
+  const double intra = (1.0 - cross) * (in_node - 1) / in_node;  // a copy on its own GPU moves nothing
+  const double per_gpu = tokens / n * m.experts_per_token * m.hidden * (ep.dispatch_bytes + ep.combine_bytes);
+  b.all_to_all_us = m.moe_layers * per_gpu * (cross / (gpu.nic_gbps * 1e3) + intra / (gpu.nvlink_gbps * 1e3));
+  b.cross_node_bytes = m.moe_layers * per_gpu * cross * n;
+  b.intra_node_bytes = m.moe_layers * per_gpu * intra * n;
+  const double busy = ep.dual_batch_overlap ? std::max(b.gpu_us, b.all_to_all_us) : b.gpu_us + b.all_to_all_us;
+  b.bound = b.all_to_all_us > b.gpu_us ? "all-to-all" : compute_us >= memory_us ? "compute" : "memory";
+  b.total_us = busy + gpu.step_overhead_us;
+  return b;
 }
 
 uint64_t roofline::kv_capacity_tokens() const {
-  const double total = gpu.hbm_gb * 1e9 * tp * 0.9;
-  const double weights = (model.dense_params + model.routed_params) * model.bytes_per_param;
+  const double total = gpu.hbm_gb * 1e9 * gpus() * 0.9;
+  double weights = (model.dense_params + model.routed_params) * model.bytes_per_param;
+  if (ep.size > 1 && model.num_experts)  // dense weights on every GPU, plus the redundant copies
+    weights += (model.dense_params * (ep.size - 1) +
+                model.routed_params / model.num_experts * ep.redundant_experts) * model.bytes_per_param;
   if (total <= weights) return 0;
   return static_cast<uint64_t>((total - weights) / static_cast<double>(model.kv_bytes_per_token));
 }
 
 double roofline::kv_transfer_us(uint64_t tokens) const {
-  // Each of the tp GPUs sends its shard over its own NIC.
-  return static_cast<double>(tokens) * model.kv_bytes_per_token / tp / (gpu.nic_gbps * 1e3);
+  // Each GPU sends its shard over its own NIC.
+  return static_cast<double>(tokens) * model.kv_bytes_per_token / gpus() / (gpu.nic_gbps * 1e3);
 }
 
 }  // namespace baton::sims

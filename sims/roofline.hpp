@@ -42,6 +42,7 @@ struct model_shape {
   double routed_params = 0;       ///< MoE: all routed experts' parameters (0: dense model)
   uint32_t num_experts = 0;       ///< routed experts
   uint32_t experts_per_token = 0;
+  uint32_t moe_layers = 0;        ///< layers with routed experts (dispatch and combine each)
   double bytes_per_param = 2.0;   ///< bf16
   uint32_t max_context = 131072;
   double active_params() const;   ///< per token
@@ -57,13 +58,40 @@ struct step_seq {
   uint32_t context = 0;
 };
 
+/// Expert parallelism of an instance (seed 000 §3.3): `size` GPUs, attention data-parallel over
+/// them (each GPU attends for its share of the sequences, dense weights on every GPU), the routed
+/// experts sharded over them, and per MoE layer a dispatch (fp8 activations) and a combine (bf16)
+/// all-to-all, over NVLink inside a node and the NICs across nodes.
+struct ep_layout {
+  uint32_t size = 1;             ///< 1: no expert parallelism (the instance is tp GPUs)
+  uint32_t gpus_per_node = 8;
+  double imbalance = 1.0;        ///< the busiest GPU's routed tokens over the mean (EPLB's measure)
+  double cross_node_fraction = -1;  ///< of dispatched copies; < 0: uniform ((nodes - 1) / nodes)
+  uint32_t redundant_experts = 0;   ///< extra expert copies per MoE layer over the instance (memory)
+  /// Dual-batch overlap: two micro-batches alternate, one's all-to-all under the other's compute.
+  bool dual_batch_overlap = true;
+  double dispatch_bytes = 1.0, combine_bytes = 2.0;  ///< per activation value
+};
+
+/// Where a step's time goes, per GPU of the instance (they run in lockstep).
+struct step_breakdown {
+  double total_us = 0;
+  double gpu_us = 0;          ///< the busiest GPU's compute or memory time
+  double all_to_all_us = 0;   ///< dispatch + combine over every MoE layer
+  double cross_node_bytes = 0, intra_node_bytes = 0;  ///< the whole instance's all-to-all traffic
+  std::string bound;          ///< compute, memory or all-to-all
+};
+
 struct roofline {
   gpu_spec gpu;
   model_shape model;
   uint32_t tp = 1;  ///< tensor-parallel degree of the instance: FLOPs, weights and KV split tp ways
+  ep_layout ep;     ///< ep.size > 1: an expert-parallel instance of ep.size GPUs (tp is then 1)
 
+  uint32_t gpus() const { return ep.size > 1 ? ep.size : tp; }
   /// The step's time in microseconds; `why`, if given, says which bound won.
   double step_us(const std::vector<step_seq>& seqs, std::string* why = nullptr) const;
+  step_breakdown step(const std::vector<step_seq>& seqs) const;
   /// KV tokens one instance holds: HBM left after the weights (90% usable), over the KV size.
   uint64_t kv_capacity_tokens() const;
   /// Time to move n tokens of KV over one NIC (disaggregated handoff), microseconds.

@@ -1,6 +1,7 @@
 #include "sims/sim_run.hpp"
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 
@@ -16,6 +17,7 @@
 #include "actors/local_cluster.hpp"
 #include "actors/messages.hpp"
 #include "policies/cost_fit.hpp"
+#include "policies/eplb.hpp"
 #include "sims/modelled_block_server.hpp"
 #include "sims/modelled_executor.hpp"
 #include "sims/profile_table.hpp"
@@ -29,6 +31,10 @@ std::string sim_config::validate() const {
   for (const auto* g : {&prefill_gpu, &decode_gpu})
     if (!named_gpu(*g)) return "unknown GPU '" + *g + "' (known: H200, H100, H800, RTX4090, RTXPRO6000)";
   if (tp == 0 || decode_instances == 0) return "tp and decode_instances must be >= 1";
+  if (prefill_ep == 0 || decode_ep == 0 || gpus_per_node == 0) return "prefill_ep, decode_ep and gpus_per_node must be >= 1";
+  if ((prefill_ep > 1 || decode_ep > 1) && named_model(model)->num_experts == 0)
+    return "expert parallelism needs a model with routed experts (" + model + " has none)";
+  if (!(expert_skew >= 0)) return "expert_skew must be >= 0";
   if (!colocated && prefill_instances == 0 && elastic_prefill_at_start == 0)
     return "a disaggregated cluster needs prefill_instances >= 1 (or elastic instances starting as prefill)";
   if (elastic_prefill_at_start > elastic_instances) return "elastic_prefill_at_start exceeds elastic_instances";
@@ -105,6 +111,40 @@ std::vector<int32_t> prompt_of(const trace_request& r, size_t index, uint32_t bl
   return out;
 }
 
+/// An expert-parallel pool's layout: the busiest GPU's share of routed tokens and the fraction
+/// of dispatched copies that leave their node, from the expert placement (contiguous blocks, or
+/// EPLB's plan) over a Zipf popularity, with tokens spread evenly over the instance's GPUs and
+/// each going to a copy on its own node when there is one (policies::pick_replica's rule).
+ep_layout ep_layout_for(const model_shape& m, const sim_config& cfg, uint32_t size) {
+  ep_layout ep;
+  ep.size = size;
+  ep.gpus_per_node = cfg.gpus_per_node;
+  if (size <= 1 || m.num_experts == 0) return ep;
+  std::vector<double> load(m.num_experts);
+  for (uint32_t i = 0; i < m.num_experts; ++i)
+    load[(uint64_t{i} * 97 + 13) % m.num_experts] = 1.0 / std::pow(i + 1.0, cfg.expert_skew);
+  const uint32_t redundant = cfg.eplb ? cfg.eplb_redundant : 0;
+  policies::eplb_config ec{size, cfg.gpus_per_node, (m.num_experts + redundant + size - 1) / size, redundant};
+  const auto placement = cfg.eplb ? policies::plan_eplb(load, ec) : policies::static_placement(m.num_experts, ec);
+  ep.redundant_experts = redundant;
+  ep.imbalance = policies::imbalance(policies::rank_loads(placement, load));
+  const uint32_t nodes = (size + cfg.gpus_per_node - 1) / cfg.gpus_per_node;
+  double total = 0, remote = 0;
+  for (uint32_t e = 0; e < m.num_experts; ++e) {
+    uint32_t with_copy = 0;  // nodes holding a copy of e
+    for (uint32_t n = 0; n < nodes; ++n)
+      for (auto r : placement.replicas[e])
+        if (r / cfg.gpus_per_node == n) {
+          ++with_copy;
+          break;
+        }
+    total += load[e];
+    remote += load[e] * (nodes - with_copy) / nodes;
+  }
+  ep.cross_node_fraction = total > 0 ? remote / total : 0;
+  return ep;
+}
+
 /// The balancer's cost model, fitted to the prefill instances' roofline (what `baton profile`
 /// does on a real GPU), so the seed policy predicts the times the sim will take.
 policies::cost_model fitted_cost(const roofline& r) {
@@ -134,8 +174,10 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
     if (!p) return false;
     profile = std::make_shared<const profile_table>(std::move(*p));
   }
-  const roofline prefill_roof{*named_gpu(cfg.prefill_gpu), shape, cfg.tp};
-  const roofline decode_roof{*named_gpu(cfg.decode_gpu), shape, cfg.tp};
+  const roofline prefill_roof{*named_gpu(cfg.prefill_gpu), shape, cfg.prefill_ep > 1 ? 1 : cfg.tp,
+                              ep_layout_for(shape, cfg, cfg.prefill_ep)};
+  const roofline decode_roof{*named_gpu(cfg.decode_gpu), shape, cfg.decode_ep > 1 ? 1 : cfg.tp,
+                             ep_layout_for(shape, cfg, cfg.decode_ep)};
   const uint64_t kv_tokens = cfg.kv_tokens ? cfg.kv_tokens : decode_roof.kv_capacity_tokens();
   // Prefill instances hold their prompts (and local tier) in their own GPUs' memory.
   const uint64_t prefill_kv_tokens = cfg.kv_tokens ? cfg.kv_tokens : prefill_roof.kv_capacity_tokens();
@@ -144,7 +186,8 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
   for (const auto& [tokens, gpu] : {std::pair{kv_tokens, cfg.decode_gpu}, std::pair{prefill_kv_tokens, cfg.prefill_gpu}})
     if (tokens < longest || tokens == 0) {
       *why = "an instance holds " + std::to_string(tokens) + " KV tokens (" + cfg.model + " on " +
-             std::to_string(cfg.tp) + " x " + gpu + "), the longest request needs " + std::to_string(longest);
+             std::to_string(gpu == cfg.decode_gpu ? decode_roof.gpus() : prefill_roof.gpus()) + " x " + gpu +
+             "), the longest request needs " + std::to_string(longest);
       return false;
     }
   if (longest > shape.max_context) {
@@ -229,6 +272,10 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
     return std::chrono::duration_cast<std::chrono::nanoseconds>(sched.clock().now() - t0).count();
   };
   std::map<std::string, std::shared_ptr<executor_usage>> usage;  // by rank, for the timeline
+  struct all_to_all_bytes {
+    double cross_node = 0, intra_node = 0;
+  };
+  auto ep_traffic = std::make_shared<all_to_all_bytes>();  // every modelled step adds its dispatch/combine
   auto make_exec = [&](const std::string& name) -> std::shared_ptr<gpu::executor> {
     const bool prefill = name.rfind(cc.prefill.name, 0) == 0;  // elastic instances: decode GPUs
     modelled_executor_config m;
@@ -243,11 +290,15 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
       m.decode = cfg.decode_cost;
       return make_modelled_executor(model, m);
     }
-    m.job_us = [roof, profile, layers = shape.num_layers](const gpu::forward_job& job) {
+    m.job_us = [roof, profile, layers = shape.num_layers, a2a = ep_traffic](const gpu::forward_job& job) {
       std::vector<step_seq> seqs;
       seqs.reserve(job.seqs.size());
       for (const auto& s : job.seqs) seqs.push_back({static_cast<uint32_t>(s.tokens.size()), s.start_pos});
-      return profile ? profile->step_us(seqs, layers) : roof.step_us(seqs);
+      if (profile) return profile->step_us(seqs, layers);
+      const auto b = roof.step(seqs);
+      a2a->cross_node += b.cross_node_bytes;
+      a2a->intra_node += b.intra_node_bytes;
+      return b.total_us;
     };
     return make_modelled_executor(model, m);
   };
@@ -258,8 +309,8 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
   if (cfg.model_links) {
     timing = std::make_shared<transport::link_timing>();
     timing->now_ns = now_ns;
-    timing->gbps = (cfg.nic_gbps > 0 ? cfg.nic_gbps : prefill_roof.gpu.nic_gbps) * cfg.tp;
-    const double carrier_per_token_layer = double{cc.model.kv_values_per_token()} * sizeof(float);
+    timing->gbps = (cfg.nic_gbps > 0 ? cfg.nic_gbps : prefill_roof.gpu.nic_gbps) * prefill_roof.gpus();
+    const double carrier_per_token_layer = static_cast<double>(cc.model.kv_values_per_token()) * sizeof(float);
     timing->bytes_scale = static_cast<double>(shape.kv_bytes_per_token) / cc.model.num_hidden_layers / carrier_per_token_layer;
     auto fabric = transport::make_loopback_fabric();
     wrap = [fabric, timing](std::unique_ptr<transport::transport>, const std::string& name) {
@@ -272,9 +323,9 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
     modelled_store_config ms;
     ms.gbps = cfg.store_gbps;
     // Each GPU of the instance loads its shard over its own PCIe link.
-    ms.pcie_gbps = (cfg.pcie_gbps > 0 ? cfg.pcie_gbps : prefill_roof.gpu.pcie_gbps) * cfg.tp;
+    ms.pcie_gbps = (cfg.pcie_gbps > 0 ? cfg.pcie_gbps : prefill_roof.gpu.pcie_gbps) * prefill_roof.gpus();
     ms.bytes_scale = static_cast<double>(shape.kv_bytes_per_token) / cc.model.num_hidden_layers /
-                     (double{cc.model.kv_values_per_token()} * sizeof(float));
+                     (static_cast<double>(cc.model.kv_values_per_token()) * sizeof(float));
     make_server = [ms](caf::actor_system& s, block_server_config bc, std::shared_ptr<transport::transport> x,
                        std::vector<block_index_actor> idx) {
       return spawn_modelled_block_server(s, std::move(bc), std::move(x), std::move(idx), ms);
@@ -410,6 +461,10 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
   out->virtual_s = std::chrono::duration<double>(sched.clock().now() - t0).count();
   out->events = events;
   out->kv_transfer_gb = timing ? static_cast<double>(timing->modelled_bytes) / 1e9 : 0.0;
+  out->ep_cross_node_gb = ep_traffic->cross_node / 1e9;
+  out->ep_intra_node_gb = ep_traffic->intra_node / 1e9;
+  out->prefill_ep_imbalance = prefill_roof.ep.imbalance;
+  out->decode_ep_imbalance = decode_roof.ep.imbalance;
   // Elastic P/D: the controller's change log, for the report.
   if (cluster.elastic_controller) {
     auto log = std::make_shared<std::vector<role_change>>();
@@ -450,12 +505,14 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
       {"trace", trace_name},
       {"model", cfg.model},
       {"mode", cfg.colocated ? "colocated" : "disaggregated"},
-      {"prefill", cfg.colocated ? "-" : std::to_string(cfg.prefill_instances) + " x " + std::to_string(cfg.tp) + " " + cfg.prefill_gpu},
-      {"decode", std::to_string(cfg.decode_instances) + " x " + std::to_string(cfg.tp) + " " + cfg.decode_gpu},
+      {"prefill", cfg.colocated ? "-" : std::to_string(cfg.prefill_instances) + " x " + std::to_string(prefill_roof.gpus()) + " " + cfg.prefill_gpu +
+                                            (cfg.prefill_ep > 1 ? " (EP " + std::to_string(cfg.prefill_ep) + ")" : std::string{})},
+      {"decode", std::to_string(cfg.decode_instances) + " x " + std::to_string(decode_roof.gpus()) + " " + cfg.decode_gpu +
+                     (cfg.decode_ep > 1 ? " (EP " + std::to_string(cfg.decode_ep) + ")" : std::string{})},
       {"policies", cfg.prefill_policy + " / " + cfg.decode_policy},
       {"kv_tokens_per_instance", std::to_string(kv_tokens) + " decode, " + std::to_string(prefill_kv_tokens) + " prefill"},
       {"store", cfg.store ? std::to_string(cfg.store_servers) + " modelled servers at " + std::to_string(cfg.store_gbps) +
-                                " GB/s (PCIe " + std::to_string((cfg.pcie_gbps > 0 ? cfg.pcie_gbps : prefill_roof.gpu.pcie_gbps) * cfg.tp) +
+                                " GB/s (PCIe " + std::to_string((cfg.pcie_gbps > 0 ? cfg.pcie_gbps : prefill_roof.gpu.pcie_gbps) * prefill_roof.gpus()) +
                                 " GB/s per prefill instance), capacity " + (cfg.store_capacity_blocks ? std::to_string(cfg.store_capacity_blocks) + " blocks" : std::string{"unbounded"})
                           : std::string{"off (prefill ranks' local tiers only)"}},
       {"step_times", profile                 ? "profile " + profile->source()
@@ -466,6 +523,11 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
       {"slo", "TTFT <= " + std::to_string(cfg.slos.ttft_ms) + " ms, TBT <= " + std::to_string(cfg.slos.tbt_ms) + " ms"},
       {"seed", std::to_string(cfg.seed)},
   };
+  if (cfg.prefill_ep > 1 || cfg.decode_ep > 1)
+    echo["experts"] = std::string{cfg.eplb ? "EPLB, " + std::to_string(cfg.eplb_redundant) + " redundant copies per instance"
+                                           : "contiguous blocks, no copies"} +
+                      ", Zipf " + std::to_string(cfg.expert_skew) + " popularity, " + std::to_string(cfg.gpus_per_node) +
+                      " GPUs per node, dual-batch overlap";
   if (cfg.elastic_instances > 0) {
     echo["elastic"] = std::to_string(cfg.elastic_instances) + " x " + std::to_string(cfg.tp) + " " + cfg.decode_gpu + ", " +
                       std::to_string(cfg.elastic_prefill_at_start) + " prefill at start";
@@ -483,6 +545,12 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
       {"events_per_request", t.requests.empty() ? 0.0 : static_cast<double>(out->events) / static_cast<double>(t.requests.size())},
       {"virtual_s", out->virtual_s},
       {"kv_transfer_gb", out->kv_transfer_gb}};
+  if (cfg.prefill_ep > 1 || cfg.decode_ep > 1) {
+    extra["ep_cross_node_gb"] = out->ep_cross_node_gb;
+    extra["ep_intra_node_gb"] = out->ep_intra_node_gb;
+    extra["prefill_ep_imbalance"] = out->prefill_ep_imbalance;
+    extra["decode_ep_imbalance"] = out->decode_ep_imbalance;
+  }
   // Fidelity: how close the sim came to what the engine measured on the same requests.
   auto vs = [&](const char* what, const percentiles& sim, const percentiles& measured) {
     if (measured.count == 0) return;

@@ -39,6 +39,17 @@ struct sim_config {
   std::string prefill_gpu = "H200";      ///< GPU kind of prefill instances
   std::string decode_gpu = "H200";       ///< ... and of decode instances (heterogeneous clusters)
   uint32_t tp = 2;                       ///< GPUs per instance (tensor parallel)
+  /// Expert parallelism (MoE models): N > 1 makes each instance of that pool N GPUs with
+  /// data-parallel attention and the routed experts sharded N ways (tp does not apply to it).
+  uint32_t prefill_ep = 1, decode_ep = 1;
+  /// EPLB: redundant copies of hot experts placed by policies::plan_eplb (`eplb_redundant` extra
+  /// copies per instance and MoE layer); off: contiguous blocks of experts, one copy each.
+  bool eplb = false;
+  uint32_t eplb_redundant = 32;
+  /// Expert popularity: tokens per expert follow Zipf(expert_skew) over a fixed shuffle of the
+  /// experts (0: uniform). The traces carry no routing; this stands in for a measured histogram.
+  double expert_skew = 0.5;
+  uint32_t gpus_per_node = 8;
   uint32_t prefill_instances = 4;        ///< disaggregated: prefill instances (each one prefill rank)
   uint32_t decode_instances = 4;         ///< disaggregated: decode instances; colocated: all instances
   /// Elastic P/D (issue 15): instances of the decode GPU that serve either role, moved by the
@@ -100,6 +111,10 @@ struct sim_result {
   uint64_t events = 0;                    ///< actor messages and timers processed
   double virtual_s = 0;                   ///< virtual time at the end
   double kv_transfer_gb = 0;              ///< modelled KV bytes moved between instances
+  /// Expert parallelism: dispatch and combine bytes over the NICs (between nodes) and over
+  /// NVLink (between GPUs of a node), and each pool's busiest-GPU routed load over the mean.
+  double ep_cross_node_gb = 0, ep_intra_node_gb = 0;
+  double prefill_ep_imbalance = 1, decode_ep_imbalance = 1;
   /// What the engine measured, when the trace records it (vLLM request files): the same
   /// percentiles over the same requests, to set beside `summary` (count 0: not recorded).
   percentiles measured_ttft_ms, measured_tpot_ms, measured_e2e_ms;

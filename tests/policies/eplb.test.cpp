@@ -94,6 +94,16 @@ TEST_CASE("EPLB: a token goes to a copy on its own node when there is one, sprea
   CHECK(pick_replica(p, 1, 7, 3, cfg) == 2);
 }
 
+TEST_CASE("EPLB: max_redundant caps the copies below the spare slots") {
+  const auto load = skewed_load(64, 1.0);
+  eplb_config cfg{8, 4, 10};
+  cfg.max_redundant = 5;
+  const auto p = plan_eplb(load, cfg);
+  size_t copies = 0;
+  for (const auto& v : p.replicas) copies += v.size();
+  CHECK(copies == 69);
+}
+
 TEST_CASE("EPLB: a slot budget that cannot hold every expert is refused by name") {
   CHECK(eplb_config{8, 8, 7}.validate(64) == "EPLB: 8 ranks x 7 slots cannot hold 64 experts");
   CHECK(eplb_config{0, 8, 7}.validate(64).find("num_ranks") != std::string::npos);

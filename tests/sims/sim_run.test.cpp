@@ -74,6 +74,76 @@ TEST_CASE("roofline: decode steps are bandwidth-bound, long prefills compute-bou
   CHECK(!named_model("gpt-5"));
 }
 
+TEST_CASE("roofline with expert parallelism: dispatch bytes, nodes, imbalance, dual-batch overlap and memory") {
+  const auto ds = *named_model("deepseek-v3");
+  const auto h200 = *named_gpu("H200");
+  roofline one{h200, ds, 1};
+  roofline ep{h200, ds, 1, {64, 8}};
+  CHECK(ep.gpus() == 64);
+  // 6,400 decode tokens (100 per GPU): each sends 8 expert copies of 7,168 fp8 values out and takes
+  // 8 bf16 results back, per MoE layer; with 8 nodes, 7/8 of the copies cross the network.
+  std::vector<step_seq> batch(6400, {1, 4096});
+  const auto b = ep.step(batch);
+  const double per_layer = 6400.0 * 8 * 7168 * 3;
+  CHECK(b.cross_node_bytes == doctest::Approx(58 * per_layer * 7.0 / 8).epsilon(1e-9));
+  CHECK(b.intra_node_bytes == doctest::Approx(58 * per_layer / 8 * 7.0 / 8).epsilon(1e-9));
+  CHECK(b.all_to_all_us == doctest::Approx(58 * per_layer / 64 * (7.0 / 8 / 50e3 + 7.0 / 64 / 450e3)).epsilon(1e-9));
+  // One node (EP 8): nothing crosses.
+  roofline node{h200, ds, 1, {8, 8}};
+  CHECK(node.step(batch).cross_node_bytes == 0);
+  // Overlap hides the smaller of compute and all-to-all; without it they add.
+  roofline serial = ep;
+  serial.ep.dual_batch_overlap = false;
+  CHECK(serial.step(batch).total_us == doctest::Approx(b.gpu_us + b.all_to_all_us + 40).epsilon(1e-9));
+  CHECK(b.total_us == doctest::Approx(std::max(b.gpu_us, b.all_to_all_us) + 40).epsilon(1e-9));
+  // The busiest GPU sets the pace: a 2x imbalance slows a routed-compute-bound prefill step.
+  roofline hot = node;
+  hot.ep.imbalance = 2.0;
+  std::vector<step_seq> prefill(8, {8192, 0});
+  CHECK(hot.step(prefill).gpu_us > 1.2 * node.step(prefill).gpu_us);
+  // Memory: 64 GPUs hold the routed experts once and the dense weights 64 times, and much more KV
+  // than one GPU (which cannot hold the 671 GB of weights at all).
+  CHECK(one.kv_capacity_tokens() == 0);
+  CHECK(ep.kv_capacity_tokens() > 50'000'000);  // ~90M tokens of 69 KB
+  roofline copies = ep;
+  copies.ep.redundant_experts = 32;
+  CHECK(copies.kv_capacity_tokens() < ep.kv_capacity_tokens());
+}
+
+TEST_CASE("sim with expert parallelism: EPLB cuts the busiest GPU's load and keeps hot experts' dispatch in the node") {
+  sim_config cfg;
+  cfg.model = "deepseek-v3";
+  cfg.prefill_instances = 1;
+  cfg.prefill_ep = 8;
+  cfg.decode_instances = 1;
+  cfg.decode_ep = 32;
+  cfg.max_batch = 1024;
+  cfg.sample_s = 0;
+  trace t;
+  for (int i = 0; i < 20; ++i) t.requests.push_back({i * 100'000ll, 2000, 20, {}, "r" + std::to_string(i)});
+  sim_result off, on;
+  std::string why;
+  REQUIRE_MESSAGE(run_sim(cfg, t, "ep", &off, &why), why);
+  cfg.eplb = true;
+  REQUIRE_MESSAGE(run_sim(cfg, t, "ep", &on, &why), why);
+  REQUIRE(off.summary.completed == 20);
+  REQUIRE(on.summary.completed == 20);
+  MESSAGE("imbalance decode " << off.decode_ep_imbalance << " -> " << on.decode_ep_imbalance << ", prefill "
+                              << off.prefill_ep_imbalance << " -> " << on.prefill_ep_imbalance << "; cross-node GB "
+                              << off.ep_cross_node_gb << " -> " << on.ep_cross_node_gb);
+  CHECK(off.decode_ep_imbalance > 1.5);
+  CHECK(on.decode_ep_imbalance < 1.1);
+  CHECK(on.prefill_ep_imbalance < off.prefill_ep_imbalance);
+  // Prefill's EP 8 is one node: its all-to-all never crosses; decode's 32 GPUs are 4 nodes, and
+  // EPLB's copies of the hottest experts on every node keep their tokens off the network.
+  CHECK(off.ep_cross_node_gb > 0);
+  CHECK(on.ep_cross_node_gb < off.ep_cross_node_gb);
+  CHECK(on.summary.tpot_ms.mean <= off.summary.tpot_ms.mean);
+  cfg.model = "llama-3-70b";
+  CHECK_FALSE(run_sim(cfg, t, "ep", &on, &why));
+  CHECK(why == "expert parallelism needs a model with routed experts (llama-3-70b has none)");
+}
+
 TEST_CASE("sim: one request's TTFT and TBT are the roofline's step times, through the real actors") {
   auto cfg = small_cluster();
   cfg.prefill_instances = 1;
