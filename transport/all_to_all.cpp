@@ -1,0 +1,140 @@
+#include "transport/all_to_all.hpp"
+
+#include <atomic>
+#include <cstring>
+#include <thread>
+
+namespace baton::transport {
+
+std::string all_to_all_config::validate() const {
+  if (size == 0 || rank >= size) return "all-to-all: rank " + std::to_string(rank) + " outside a group of " + std::to_string(size);
+  if (slot_bytes == 0) return "all-to-all: slot_bytes must be > 0";
+  if (timeout.count() <= 0) return "all-to-all: timeout must be > 0";
+  return {};
+}
+
+all_to_all::all_to_all(transport& t, std::vector<std::string> rank_names, all_to_all_config cfg)
+  : t_(t), names_(std::move(rank_names)), cfg_(cfg) {
+  error_ = cfg_.validate();
+  if (error_.empty() && names_.size() != cfg_.size) error_ = "all-to-all: a name for each of the " + std::to_string(cfg_.size) + " ranks";
+  if (!error_.empty()) return;
+  const uint64_t bells = uint64_t{cfg_.size} * sizeof(doorbell);
+  recv_.assign(2 * bells + 2 * cfg_.size * cfg_.slot_bytes, std::byte{0});
+  send_.assign(bells + cfg_.size * cfg_.slot_bytes, std::byte{0});
+  xfer_error err;
+  auto rk = t_.register_region(recv_.data(), recv_.size(), &err);
+  auto sk = rk ? t_.register_region(send_.data(), send_.size(), &err) : std::nullopt;
+  if (!rk || !sk) {
+    error_ = "all-to-all rank " + names_[cfg_.rank] + ": cannot register its buffers: " + err.to_string();
+    return;
+  }
+  recv_key_ = *rk;
+  send_region_ = sk->region_id;
+}
+
+all_to_all::~all_to_all() {
+  if (recv_key_.region_id) t_.deregister_region(recv_key_.region_id);
+  if (send_region_) t_.deregister_region(send_region_);
+}
+
+void all_to_all::connect(std::vector<region_key> keys) { peers_ = std::move(keys); }
+
+uint64_t all_to_all::bell_offset(uint64_t seq, uint32_t source) const {
+  return ((seq % 2) * cfg_.size + source) * sizeof(doorbell);
+}
+
+uint64_t all_to_all::bank_offset(uint64_t seq) const {
+  return 2 * uint64_t{cfg_.size} * sizeof(doorbell) + (seq % 2) * cfg_.size * cfg_.slot_bytes;
+}
+
+bool all_to_all::wait_puts(std::vector<uint64_t>& ids, std::string* why) {
+  const auto deadline = std::chrono::steady_clock::now() + cfg_.timeout;
+  bool ok = true;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    xfer_error err;
+    xfer_state s;
+    while ((s = t_.poll(ids[i], &err)) == xfer_state::pending) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        err.what = "not complete after " + std::to_string(cfg_.timeout.count()) + " ms";
+        s = xfer_state::failed;
+        break;
+      }
+      std::this_thread::yield();
+    }
+    if (s == xfer_state::failed && ok) {
+      *why = "all-to-all exchange " + std::to_string(seq_) + ": rank " + names_[cfg_.rank] + " -> " + err.peer +
+             ": put failed: " + err.to_string();
+      ok = false;
+    }
+    t_.release(ids[i]);
+  }
+  ids.clear();
+  return ok;
+}
+
+bool all_to_all::exchange(const std::vector<std::span<const std::byte>>& send,
+                          std::vector<std::span<const std::byte>>* recv, std::string* why) {
+  if (!error_.empty()) return *why = error_, false;
+  if (peers_.size() != cfg_.size || send.size() != cfg_.size) {
+    *why = "all-to-all rank " + names_[cfg_.rank] + ": " + std::to_string(send.size()) + " chunks and " +
+           std::to_string(peers_.size()) + " peer keys for a group of " + std::to_string(cfg_.size);
+    return false;
+  }
+  for (uint32_t d = 0; d < cfg_.size; ++d)
+    if (send[d].size() > cfg_.slot_bytes) {
+      *why = "all-to-all exchange " + std::to_string(seq_ + 1) + ": rank " + names_[cfg_.rank] + " -> " + names_[d] +
+             ": chunk of " + std::to_string(send[d].size()) + " bytes exceeds the slot of " + std::to_string(cfg_.slot_bytes);
+      return false;
+    }
+  const uint64_t seq = ++seq_;
+  const uint64_t bells = uint64_t{cfg_.size} * sizeof(doorbell);
+  const uint64_t my_slot = bank_offset(seq) + uint64_t{cfg_.rank} * cfg_.slot_bytes;
+  // 1. Data: staged, then put into each destination's slot for this rank (own chunk: a copy).
+  std::vector<uint64_t> ids;
+  for (uint32_t d = 0; d < cfg_.size; ++d) {
+    if (d == cfg_.rank) {
+      if (!send[d].empty()) std::memcpy(recv_.data() + my_slot, send[d].data(), send[d].size());
+      continue;
+    }
+    const uint64_t staged = bells + uint64_t{d} * cfg_.slot_bytes;
+    if (send[d].empty()) continue;
+    std::memcpy(send_.data() + staged, send[d].data(), send[d].size());
+    ids.push_back(t_.post_put({seq, 0, names_[d], send_region_, peers_[d], {{staged, my_slot, send[d].size()}}}));
+  }
+  if (!wait_puts(ids, why)) return false;
+  // 2. Doorbells, only after the data landed remotely (a completed put is remote-complete).
+  for (uint32_t d = 0; d < cfg_.size; ++d) {
+    const doorbell b{seq, send[d].size()};
+    if (d == cfg_.rank) {
+      std::memcpy(recv_.data() + bell_offset(seq, cfg_.rank), &b, sizeof b);
+      continue;
+    }
+    std::memcpy(send_.data() + uint64_t{d} * sizeof(doorbell), &b, sizeof b);
+    ids.push_back(t_.post_put(
+        {seq, 0, names_[d], send_region_, peers_[d], {{uint64_t{d} * sizeof(doorbell), bell_offset(seq, cfg_.rank), sizeof b}}}));
+  }
+  if (!wait_puts(ids, why)) return false;
+  // 3. Every source's doorbell at this sequence: its chunk is here.
+  recv->assign(cfg_.size, {});
+  const auto deadline = std::chrono::steady_clock::now() + cfg_.timeout;
+  for (uint32_t s = 0; s < cfg_.size; ++s) {
+    auto* bell = reinterpret_cast<doorbell*>(recv_.data() + bell_offset(seq, s));
+    for (;;) {
+      // Written by the peer (or its NIC): read it as an atomic, with acquire ordering for the data.
+      const uint64_t got = std::atomic_ref<uint64_t>{bell->seq}.load(std::memory_order_acquire);
+      if (got >= seq) break;
+      if (std::chrono::steady_clock::now() > deadline) {
+        *why = "all-to-all exchange " + std::to_string(seq) + ": rank " + names_[cfg_.rank] + " has nothing from " +
+               names_[s] + " after " + std::to_string(cfg_.timeout.count()) + " ms (its last exchange: " +
+               std::to_string(got) + ")";
+        return false;
+      }
+      std::this_thread::yield();
+    }
+    const uint64_t bytes = std::atomic_ref<uint64_t>{bell->bytes}.load(std::memory_order_acquire);
+    (*recv)[s] = {recv_.data() + bank_offset(seq) + uint64_t{s} * cfg_.slot_bytes, bytes};
+  }
+  return true;
+}
+
+}  // namespace baton::transport

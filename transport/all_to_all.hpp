@@ -1,0 +1,79 @@
+#pragma once
+
+// All-to-all exchange over the transport interface: every rank of a fixed group sends one chunk
+// of bytes to every rank (itself included) and receives one from each. Expert parallelism's
+// dispatch (tokens packed per destination rank) and combine (expert outputs back) are two such
+// exchanges per MoE layer.
+//
+// Each rank registers one receive region with two banks, each a doorbell per source and a slot per
+// source (`slot_bytes`). An exchange puts each chunk into its destination's slot, waits for those
+// puts to complete remotely, then puts a doorbell (the exchange's sequence number and the chunk's
+// size) after it; a receiver has its input once every source's doorbell shows the sequence.
+// Exchanges alternate banks, so a fast rank's next exchange never overwrites what a slower rank
+// is still reading: nobody gets two exchanges ahead, as each one waits for every rank's input.
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "transport/transport.hpp"
+
+namespace baton::transport {
+
+struct all_to_all_config {
+  uint32_t rank = 0;
+  uint32_t size = 1;                ///< ranks in the group
+  uint64_t slot_bytes = 1 << 20;    ///< the largest chunk one rank sends another per exchange
+  std::chrono::milliseconds timeout{10'000};  ///< an exchange fails when a rank's input has not arrived by then
+  std::string validate() const;
+};
+
+class all_to_all {
+public:
+  /// Registers this rank's regions with `t` (which must outlive this object); failures surface
+  /// in `error()` and every exchange then fails with it.
+  all_to_all(transport& t, std::vector<std::string> rank_names, all_to_all_config cfg);
+  ~all_to_all();
+  all_to_all(const all_to_all&) = delete;
+  all_to_all& operator=(const all_to_all&) = delete;
+
+  const std::string& error() const { return error_; }
+  /// This rank's receive region, to hand to every other rank.
+  const region_key& key() const { return recv_key_; }
+  /// Every rank's key, in rank order (this rank's own included).
+  void connect(std::vector<region_key> keys);
+
+  /// Sends send[d] to rank d and waits for every rank's chunk to this one: `recv[s]` views rank
+  /// s's chunk (valid until this rank's next exchange). False and a sentence naming the exchange,
+  /// the peer and what went wrong on failure (a put failed, a chunk too big, a peer silent past
+  /// the timeout).
+  bool exchange(const std::vector<std::span<const std::byte>>& send, std::vector<std::span<const std::byte>>* recv,
+                std::string* why);
+  uint64_t exchanges() const { return seq_; }
+
+private:
+  struct doorbell {
+    uint64_t seq;
+    uint64_t bytes;
+  };
+  uint64_t bell_offset(uint64_t seq, uint32_t source) const;
+  uint64_t bank_offset(uint64_t seq) const;
+  bool wait_puts(std::vector<uint64_t>& ids, std::string* why);
+
+  transport& t_;
+  std::vector<std::string> names_;
+  all_to_all_config cfg_;
+  std::string error_;
+  /// Registered: [doorbells 0 | doorbells 1 | slots 0 | slots 1] and [doorbells | slots] (staging).
+  std::vector<std::byte> recv_, send_;
+  region_key recv_key_;
+  uint64_t send_region_ = 0;
+  std::vector<region_key> peers_;
+  uint64_t seq_ = 0;
+};
+
+}  // namespace baton::transport
