@@ -47,6 +47,13 @@ uint64_t all_to_all::bank_offset(uint64_t seq) const {
   return 2 * uint64_t{cfg_.size} * sizeof(doorbell) + (seq % 2) * cfg_.size * cfg_.slot_bytes;
 }
 
+void all_to_all::pause() const {
+  if (cfg_.poll_sleep_us)
+    std::this_thread::sleep_for(std::chrono::microseconds{cfg_.poll_sleep_us});
+  else
+    std::this_thread::yield();
+}
+
 bool all_to_all::wait_puts(std::vector<uint64_t>& ids, std::string* why) {
   const auto deadline = std::chrono::steady_clock::now() + cfg_.timeout;
   bool ok = true;
@@ -59,7 +66,7 @@ bool all_to_all::wait_puts(std::vector<uint64_t>& ids, std::string* why) {
         s = xfer_state::failed;
         break;
       }
-      std::this_thread::yield();
+      pause();
     }
     if (s == xfer_state::failed && ok) {
       *why = "all-to-all exchange " + std::to_string(seq_) + ": rank " + names_[cfg_.rank] + " -> " + err.peer +
@@ -129,7 +136,7 @@ bool all_to_all::exchange(const std::vector<std::span<const std::byte>>& send,
                std::to_string(got) + ")";
         return false;
       }
-      std::this_thread::yield();
+      pause();
     }
     const uint64_t bytes = std::atomic_ref<uint64_t>{bell->bytes}.load(std::memory_order_acquire);
     (*recv)[s] = {recv_.data() + bank_offset(seq) + uint64_t{s} * cfg_.slot_bytes, bytes};

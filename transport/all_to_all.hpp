@@ -29,6 +29,9 @@ struct all_to_all_config {
   uint32_t size = 1;                ///< ranks in the group
   uint64_t slot_bytes = 1 << 20;    ///< the largest chunk one rank sends another per exchange
   std::chrono::milliseconds timeout{10'000};  ///< an exchange fails when a rank's input has not arrived by then
+  /// Between polls: 0 yields (lowest latency with a core to spare); N sleeps N us, which leaves the
+  /// core to the transport's progress thread where cores are few.
+  uint32_t poll_sleep_us = 0;
   std::string validate() const;
 };
 
@@ -63,6 +66,7 @@ private:
   uint64_t bell_offset(uint64_t seq, uint32_t source) const;
   uint64_t bank_offset(uint64_t seq) const;
   bool wait_puts(std::vector<uint64_t>& ids, std::string* why);
+  void pause() const;
 
   transport& t_;
   std::vector<std::string> names_;

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Expert-parallel dispatch/combine between processes over Baton's all-to-all (UCX shared memory)
+# beside ucx_perftest ucp_put_bw with the same transport and per-destination message sizes, in the
+# same run; 127.0.0.1 only. Two ranks on a 2-vCPU machine: each rank both sends and receives.
+# Usage: bench/a2a_bench.sh [build dir] [tokens per rank ...]
+set -euo pipefail
+build="${1:-$(dirname "$0")/../build}"
+shift || true
+tokens=("${@:-64 256}")
+export UCX_NET_DEVICES=lo UCX_TLS=sm
+port=13700
+perftest() {  # size_bytes -> GB/s (1e9 B/s)
+  local size=$1 iters=$(( (512 << 20) / $1 ))
+  [ "$iters" -lt 20 ] && iters=20
+  taskset -c 0 ucx_perftest -p $port >/dev/null 2>&1 &
+  local srv=$!
+  sleep 0.5
+  local mbs
+  mbs=$(taskset -c 1 ucx_perftest 127.0.0.1 -p $port -t ucp_put_bw -s "$size" -n "$iters" -w 5 -f 2>/dev/null |
+        awk 'NF == 8 && $1 ~ /^[0-9]+$/ {print $5}' | tail -1)
+  wait $srv 2>/dev/null || true
+  port=$((port + 1))
+  awk -v m="$mbs" 'BEGIN {printf "%.2f", m * 1.048576 / 1000}'
+}
+echo "| tokens per rank | chunk to the peer (dispatch / combine) | Baton dispatch | Baton combine | ucx_perftest put_bw at the dispatch / combine size |"
+echo "|---|---|---|---|---|"
+for t in ${tokens[@]}; do
+  out=$("$build/bench/baton_bench_a2a" --ranks 2 --tokens "$t" --rounds 20)
+  echo "$out" | grep -q "every byte verified" || { echo "$out"; exit 1; }
+  # Both ranks' medians, averaged.
+  read -r d c kib < <(echo "$out" | awk '/^rank/ {
+      for (i = 1; i <= NF; ++i) { if ($i == "dispatch") d += substr($(i+2), 2); if ($i == "combine") c += substr($(i+2), 2); if ($i == "~" || $i ~ /^~/) k = substr($i, 2) }
+      n++ } END {printf "%.2f %.2f %s", d / n, c / n, k}')
+  dsize=$(awk -v k="$kib" 'BEGIN {printf "%d", k * 1024}')
+  echo "| $t | ${kib} KiB / $((kib * 2)) KiB | $d GB/s | $c GB/s | $(perftest "$dsize") / $(perftest $((dsize * 2))) GB/s |"
+done
