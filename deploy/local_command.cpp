@@ -16,6 +16,9 @@
 #include "actors/local_cluster.hpp"
 #include "actors/messages.hpp"
 #include "deploy/commands.hpp"
+#include "gpu/cpu_executor.hpp"
+#include "gpu/cuda_executor.hpp"
+#include "deploy/expert_processes.hpp"
 #include "deploy/flags.hpp"
 #include "deploy/gateway.hpp"
 #include "deploy/net_security.hpp"
@@ -51,6 +54,7 @@ struct local_options {
   float temperature = 0.0f;
   uint32_t num_requests = 0;       ///< 0 = one per prompt; more cycles through the prompts
   uint32_t decode_processes = 0;   ///< decode ranks in their own processes (`baton node`), over UCX
+  uint32_t expert_parallel = 1;    ///< MoE models: EP ranks per engine (the others `baton experts` processes)
   std::vector<std::string> store_nodes;  ///< HOST:PORT of store nodes whose block servers we adopt
   uint32_t store_node_wait_s = 60;       ///< how long to keep trying to reach them
   uint32_t scheduler_threads = 0;  ///< 0 = number of hardware threads
@@ -248,6 +252,9 @@ int run_local(const std::vector<std::string>& args) {
             "a decode rank silent this long after a token loses the request to another rank");
   flags.add("--quiet", &opt.quiet, "print only the summary");
   flags.add("--transport", &opt.cluster.transport, "KV handoff: loopback (in-process) or ucx");
+  flags.add("--expert-parallel", &opt.expert_parallel,
+            "MoE models: split each engine's routed experts over N EP ranks, N - 1 of them expert processes "
+            "reached over UCX (1 = off)");
   flags.add("--decode-processes", &opt.decode_processes,
             "run this many decode ranks as separate `baton node` processes (KV over UCX) instead of in-process");
   flags.add("--ignore-eos", &opt.ignore_eos, "generate max-tokens even past <eos>");
@@ -291,6 +298,22 @@ int run_local(const std::vector<std::string>& args) {
       return 2;
     }
     opt.cluster.prefill.cost = opt.cluster.prefill_balancer.cost = prof.prefill;
+  }
+  if (opt.expert_parallel > 1) {
+    std::string why;
+    if (opt.cluster.model.moe.n_routed_experts == 0)
+      why = "--expert-parallel needs a model with routed experts (" + opt.cluster.model.name + " has none)";
+    else if (opt.cluster.backend.kind != "cpu")
+      why = "--expert-parallel runs on the CPU executor only so far";
+    else if (opt.decode_processes > 0 || opt.cluster.num_elastic_ranks > 0)
+      why = "--expert-parallel applies to the ranks of this process; not with --decode-processes or --elastic-ranks yet";
+    else if (opt.expert_parallel > opt.cluster.model.moe.n_routed_experts)
+      why = "--expert-parallel " + std::to_string(opt.expert_parallel) + " exceeds the model's " +
+            std::to_string(opt.cluster.model.moe.n_routed_experts) + " routed experts";
+    if (!why.empty()) {
+      std::fprintf(stderr, "baton local: %s\n", why.c_str());
+      return 2;
+    }
   }
   if (opt.decode_processes > 0) opt.cluster.num_decode_ranks = 0;  // they join from their own processes
   if (opt.decode_processes > 0 || !opt.cluster_listen.empty()) opt.cluster.transport = "ucx";  // loopback cannot cross processes
@@ -370,7 +393,27 @@ int run_local(const std::vector<std::string>& args) {
       std::this_thread::sleep_for(std::chrono::milliseconds{200});
     }
   }
-  auto cluster = start_local_cluster(sys, opt.cluster);
+  executor_factory make_exec;
+  if (opt.expert_parallel > 1) {
+    // Each engine (rank) gets its own expert processes; its largest job bounds the all-to-all slots.
+    const auto& c = opt.cluster;
+    const uint64_t rows = 2 * std::max<uint64_t>({c.prefill.chunk_tokens, c.decode.max_batch_size + c.decode.local_prefill_chunk_tokens});
+    auto weights = c.weights ? c.weights : std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(c.model, c.weights_seed));
+    make_exec = [&opt, weights, rows](const std::string& rank) -> std::shared_ptr<gpu::executor> {
+      const auto& c = opt.cluster;
+      std::string why;
+      auto group = spawn_expert_group({opt.model, c.weights_seed, opt.expert_parallel, gpu::expert_slot_bytes(c.model, rows), rank},
+                                      c.model, &why);
+      if (!group) {
+        std::fprintf(stderr, "baton local: %s: %s\n", rank.c_str(), why.c_str());
+        return gpu::make_refusing_executor(c.model, c.executor, rank + ": expert parallelism could not start: " + why);
+      }
+      auto ec = c.executor;
+      ec.experts = std::move(group);
+      return gpu::make_cpu_executor(c.model, weights, ec);
+    };
+  }
+  auto cluster = start_local_cluster(sys, opt.cluster, make_exec);
   if (!cluster.setup_error.empty()) {
     std::fprintf(stderr, "baton local: %s\n", cluster.setup_error.c_str());
     return 1;

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "deploy/commands.hpp"
+#include "deploy/expert_processes.hpp"
 
 namespace {
 
@@ -39,6 +40,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 2, argv + argc);
   if (cmd == "local") return baton::deploy::run_local(args);
   if (cmd == "node") return baton::deploy::run_node(args);
+  if (cmd == "experts") return baton::deploy::run_experts(args);
   if (cmd == "profile") return baton::deploy::run_profile(args);
   if (cmd == "gateway") return baton::deploy::run_gateway(args);
   if (cmd == "launch") return baton::deploy::run_launch(args);

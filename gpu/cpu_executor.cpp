@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <mutex>
 
 #include "gpu/cpu_kernels.hpp"
+#include "gpu/expert_parallel.hpp"
 #include "gpu/job_queue.hpp"
 #include "gpu/moe_routing.hpp"
 #include "gpu/thread_pool.hpp"
@@ -81,6 +83,7 @@ public:
       kv_(model_kv_layout(cfg_, ecfg.num_kv_pages, ecfg.page_size_tokens)),
       pool_(ecfg.num_threads),
       num_threads_(ecfg.num_threads),
+      experts_(std::move(ecfg.experts)),
       inv_freq_(rope_inv_freq(cfg_)),
       rope_factor_(rope_attention_factor(cfg_)),
       softmax_scale_(attention_softmax_scale(cfg_)) {
@@ -124,9 +127,12 @@ private:
       add_inplace(act_.x.data(), act_.proj.data(), n * h);
 
       rmsnorm(act_.x.data(), lw.mlp_norm.data(), n, h, c.rms_norm_eps, act_.hn.data());
-      if (c.is_moe_layer(l))
-        moe_mlp(l, n);
-      else
+      if (c.is_moe_layer(l)) {
+        if (std::string why; !moe_mlp(l, n, &why)) {
+          sink.on_failed(job.job_id, "layer " + std::to_string(l) + ": " + why);
+          return;
+        }
+      } else
         dense_mlp(lw.w_gate.data(), lw.w_up.data(), lw.w_down.data(), act_.hn.data(), n, c.mlp_intermediate(l),
                   act_.proj.data());
       add_inplace(act_.x.data(), act_.proj.data(), n * h);
@@ -303,22 +309,39 @@ private:
   /// together (as expert-parallel dispatch packs them), their outputs summed per row in expert
   /// order with the routing weights, then the shared experts added. Rows never see each other's
   /// numbers, so a token's result does not depend on who shares its batch.
-  void moe_mlp(uint32_t l, size_t n) {
+  bool moe_mlp(uint32_t l, size_t n, std::string* why) {
     const auto& c = cfg_;
     const auto& lw = weights_->layers[l];
     const size_t h = c.hidden_size, e_count = c.moe.n_routed_experts, k = c.moe.num_experts_per_tok;
-    const size_t mf = c.moe.moe_intermediate_size;
     matmul_nt(act_.hn.data(), n, h, lw.router.data(), e_count, act_.router.data(), &pool_);
     std::vector<uint32_t> chosen(n * k);
     std::vector<float> weight(n * k), scratch(2 * e_count + c.moe.n_group);
     for (size_t r = 0; r < n; ++r)
       moe_route(c.moe, act_.router.data() + r * e_count, lw.router_bias.empty() ? nullptr : lw.router_bias.data(),
                 chosen.data() + r * k, weight.data() + r * k, scratch.data());
+    std::fill_n(act_.proj.data(), n * h, 0.0f);
+    if (experts_) {
+      if (!routed_elsewhere(l, n, chosen, weight, why)) return false;
+    } else {
+      routed_here(l, n, chosen, weight);
+    }
+    if (const size_t f = c.mlp_intermediate(l)) {
+      dense_mlp(lw.w_gate.data(), lw.w_up.data(), lw.w_down.data(), act_.hn.data(), n, f, act_.ye.data());
+      add_inplace(act_.proj.data(), act_.ye.data(), n * h);
+    }
+    return true;
+  }
+
+  /// The routed experts in this process: rows bound for one expert run through it together.
+  void routed_here(uint32_t l, size_t n, const std::vector<uint32_t>& chosen, const std::vector<float>& weight) {
+    const auto& c = cfg_;
+    const auto& lw = weights_->layers[l];
+    const size_t h = c.hidden_size, e_count = c.moe.n_routed_experts, k = c.moe.num_experts_per_tok;
+    const size_t mf = c.moe.moe_intermediate_size;
     // Rows per expert, ascending: expert e's batch.
     std::vector<std::vector<std::pair<uint32_t, float>>> batch(e_count);
     for (size_t r = 0; r < n; ++r)
       for (size_t j = 0; j < k; ++j) batch[chosen[r * k + j]].push_back({static_cast<uint32_t>(r), weight[r * k + j]});
-    std::fill_n(act_.proj.data(), n * h, 0.0f);
     for (size_t e = 0; e < e_count; ++e) {
       const auto& b = batch[e];
       if (b.empty()) continue;
@@ -331,10 +354,37 @@ private:
         for (size_t d = 0; d < h; ++d) dst[d] += b[i].second * src[d];
       }
     }
-    if (const size_t f = c.mlp_intermediate(l)) {
-      dense_mlp(lw.w_gate.data(), lw.w_up.data(), lw.w_down.data(), act_.hn.data(), n, f, act_.ye.data());
-      add_inplace(act_.proj.data(), act_.ye.data(), n * h);
+  }
+
+  /// Expert parallelism: each row's copies packed per owning EP rank, one dispatch and one
+  /// combine round, then the weighted sum per row in ascending expert order, as routed_here adds.
+  bool routed_elsewhere(uint32_t l, size_t n, const std::vector<uint32_t>& chosen, const std::vector<float>& weight,
+                        std::string* why) {
+    const auto& c = cfg_;
+    const size_t h = c.hidden_size, k = c.moe.num_experts_per_tok, row_bytes = h * sizeof(float);
+    std::vector<std::vector<std::byte>> entries(experts_->size()), outputs;
+    std::vector<std::pair<uint32_t, size_t>> where(n * k);  // (rank, entry) of each copy
+    for (size_t r = 0; r < n; ++r)
+      for (size_t j = 0; j < k; ++j) {
+        const uint32_t e = chosen[r * k + j], d = experts_->owner(e, c.moe.n_routed_experts);
+        auto& v = entries[d];
+        where[r * k + j] = {d, v.size() / (sizeof(uint32_t) + row_bytes)};
+        const size_t at = v.size();
+        v.resize(at + sizeof(uint32_t) + row_bytes);
+        std::memcpy(v.data() + at, &e, sizeof e);
+        std::memcpy(v.data() + at + sizeof e, act_.hn.data() + r * h, row_bytes);
+      }
+    if (!experts_->round(c, *weights_, l, entries, &outputs, why)) return false;
+    for (size_t r = 0; r < n; ++r) {
+      float* dst = act_.proj.data() + r * h;
+      for (size_t j = 0; j < k; ++j) {
+        const auto [d, i] = where[r * k + j];
+        const float* src = reinterpret_cast<const float*>(outputs[d].data() + i * row_bytes);
+        const float w = weight[r * k + j];
+        for (size_t x = 0; x < h; ++x) dst[x] += w * src[x];
+      }
     }
+    return true;
   }
 
   model_config cfg_;
@@ -342,6 +392,7 @@ private:
   kv_cache kv_;
   thread_pool pool_;
   unsigned num_threads_;
+  std::shared_ptr<expert_group> experts_;  ///< expert parallelism; null: every expert here
   std::vector<float> inv_freq_;  ///< RoPE inverse frequencies (scaled per the config), once
   float rope_factor_;            ///< YaRN's attention factor on rotated values (1 otherwise)
   float softmax_scale_;

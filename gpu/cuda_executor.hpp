@@ -86,6 +86,11 @@ std::shared_ptr<executor> make_backend_executor(const backend_config& backend, c
                                                 std::shared_ptr<const model_weights> weights,
                                                 const cpu_executor_config& pool);
 
+/// An executor that fails every job with `why`: a rank whose backend could not start reports
+/// the reason on each request instead of the process dying.
+std::shared_ptr<executor> make_refusing_executor(const model_config& model, const cpu_executor_config& pool,
+                                                 std::string why);
+
 /// Null with `why` set when this build has no CUDA, the machine no device, or the device
 /// refuses (out of memory, ...).
 std::unique_ptr<executor> make_cuda_executor(model_config cfg, std::shared_ptr<const model_weights> weights,

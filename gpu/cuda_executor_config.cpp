@@ -46,6 +46,12 @@ private:
 
 }  // namespace
 
+std::shared_ptr<executor> make_refusing_executor(const model_config& model, const cpu_executor_config& pool,
+                                                 std::string why) {
+  return std::make_shared<refusing_executor>(model, model_kv_layout(model, pool.num_kv_pages, pool.page_size_tokens),
+                                             std::move(why));
+}
+
 std::shared_ptr<executor> make_backend_executor(const backend_config& backend, const model_config& model,
                                                 std::shared_ptr<const model_weights> weights,
                                                 const cpu_executor_config& pool) {
@@ -57,9 +63,7 @@ std::shared_ptr<executor> make_backend_executor(const backend_config& backend, c
   c.page_size_tokens = pool.page_size_tokens;
   std::string why;
   if (auto e = make_cuda_executor(model, std::move(weights), c, &why)) return e;
-  return std::make_shared<refusing_executor>(
-      model, model_kv_layout(model, pool.num_kv_pages, pool.page_size_tokens),
-      "cuda executor: " + why);
+  return make_refusing_executor(model, pool, "cuda executor: " + why);
 }
 
 #ifndef BATON_HAVE_CUDA

@@ -157,11 +157,16 @@ public:
 /// sequence (empty when the job is sound).
 std::string check_forward_job(const forward_job& job, const model_config& cfg, const kv_layout& layout);
 
+class expert_group;
+
 /// How the CPU executor is built.
 struct cpu_executor_config {
   unsigned num_threads = 1;      ///< threads doing math (one of them also runs the job queue)
   uint32_t num_kv_pages = 512;
   uint32_t page_size_tokens = 16;
+  /// Expert parallelism (gpu/expert_parallel.hpp): MoE layers dispatch to this group's expert
+  /// shards; null runs every expert here. One group per executor.
+  std::shared_ptr<expert_group> experts;
 
   std::string validate() const;
 };

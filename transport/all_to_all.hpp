@@ -45,6 +45,8 @@ public:
   all_to_all& operator=(const all_to_all&) = delete;
 
   const std::string& error() const { return error_; }
+  uint32_t size() const { return cfg_.size; }
+  uint32_t rank() const { return cfg_.rank; }
   /// This rank's receive region, to hand to every other rank.
   const region_key& key() const { return recv_key_; }
   /// Every rank's key, in rank order (this rank's own included).

@@ -1,0 +1,201 @@
+#include "deploy/expert_processes.hpp"
+
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <thread>
+
+#include "actors/local_cluster.hpp"
+#include "deploy/commands.hpp"
+#include "deploy/flags.hpp"
+#include "deploy/processes.hpp"
+#include "transport/all_to_all.hpp"
+#include "transport/ucx.hpp"
+
+namespace baton::deploy {
+
+namespace {
+
+std::string to_hex(const std::vector<uint8_t>& v) {
+  static const char* d = "0123456789abcdef";
+  std::string s;
+  for (auto b : v) s += {d[b >> 4], d[b & 15]};
+  return s;
+}
+
+std::vector<uint8_t> from_hex(const std::string& s) {
+  std::vector<uint8_t> v;
+  for (size_t i = 0; i + 1 < s.size(); i += 2) v.push_back(static_cast<uint8_t>(std::stoul(s.substr(i, 2), nullptr, 16)));
+  return v;
+}
+
+std::string key_line(const transport::region_key& k) {
+  return std::to_string(k.region_id) + " " + std::to_string(k.size_bytes) + " " + to_hex(k.packed) + "\n";
+}
+
+/// Stops a child that did not exit on its own within `grace`, and reaps it.
+void reap(pid_t pid, std::chrono::milliseconds grace) {
+  const auto deadline = std::chrono::steady_clock::now() + grace;
+  int status = 0;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds{5});
+  }
+}
+
+std::vector<std::string> names_for(const std::string& engine, uint32_t size) {
+  std::vector<std::string> names;
+  for (uint32_t r = 0; r < size; ++r) names.push_back(engine + "-ep" + std::to_string(r));
+  return names;
+}
+
+}  // namespace
+
+std::shared_ptr<gpu::expert_group> spawn_expert_group(const expert_spawn& s, const gpu::model_config& cfg,
+                                                      std::string* why) {
+  if (s.size < 2) return *why = "expert parallelism needs at least 2 EP ranks", nullptr;
+  if (cfg.moe.n_routed_experts < s.size)
+    return *why = "model " + cfg.name + " has " + std::to_string(cfg.moe.n_routed_experts) + " routed experts, fewer than " +
+                  std::to_string(s.size) + " EP ranks",
+           nullptr;
+  const auto names = names_for(s.name, s.size);
+  auto t = transport::make_ucx_transport({names[0]}, why);
+  if (!t) return nullptr;
+  auto a2a = std::make_unique<transport::all_to_all>(*t, names, transport::all_to_all_config{0, s.size, s.slot_bytes});
+  if (!a2a->error().empty()) return *why = a2a->error(), nullptr;
+  struct child {
+    pid_t pid;
+    FILE* out;
+    int in;
+  };
+  std::vector<child> kids;
+  auto fail = [&](const std::string& w) -> std::shared_ptr<gpu::expert_group> {
+    *why = w;
+    for (auto& k : kids) {
+      close(k.in);
+      kill(k.pid, SIGTERM);
+      reap(k.pid, std::chrono::milliseconds{2000});
+      std::fclose(k.out);
+    }
+    return nullptr;
+  };
+  for (uint32_t r = 1; r < s.size; ++r) {
+    int to[2], from[2];
+    if (pipe(to) != 0 || pipe(from) != 0) return fail("cannot make pipes for an expert shard");
+    const std::vector<std::string> argv = {self_executable(), "experts", "--model", s.model_arg, "--weights-seed",
+                                           std::to_string(s.weights_seed), "--ep-rank", std::to_string(r), "--ep-size",
+                                           std::to_string(s.size), "--slot-bytes", std::to_string(s.slot_bytes),
+                                           "--name", s.name};
+    const pid_t pid = fork();
+    if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGTERM);  // a shard never outlives its engine
+      dup2(to[0], 0);
+      dup2(from[1], 1);
+      close(to[1]);
+      close(from[0]);
+      std::vector<char*> cargs;
+      for (const auto& a : argv) cargs.push_back(const_cast<char*>(a.c_str()));
+      cargs.push_back(nullptr);
+      execv(cargs[0], cargs.data());
+      _exit(127);
+    }
+    close(to[0]);
+    close(from[1]);
+    kids.push_back({pid, fdopen(from[0], "r"), to[1]});
+  }
+  std::string keys = key_line(a2a->key());
+  std::vector<transport::region_key> parsed{a2a->key()};
+  for (auto& k : kids) {
+    char line[16384];
+    unsigned long long id = 0, size = 0;
+    char hex[16000];
+    if (!fgets(line, sizeof line, k.out) || std::sscanf(line, "%llu %llu %15999s", &id, &size, hex) != 3)
+      return fail("expert shard " + names[&k - kids.data() + 1] + " did not start (see its stderr)");
+    keys += line;
+    parsed.push_back({"ucx", id, size, from_hex(hex)});
+  }
+  for (auto& k : kids)
+    if (write(k.in, keys.data(), keys.size()) != static_cast<ssize_t>(keys.size()))
+      return fail("cannot hand the keys to an expert shard");
+  a2a->connect(parsed);
+  std::vector<pid_t> pids;
+  for (auto& k : kids) {
+    pids.push_back(k.pid);
+    close(k.in);
+    std::fclose(k.out);
+  }
+  // The deleter: the group's destructor tells the shards to stop; then they are reaped.
+  return std::shared_ptr<gpu::expert_group>(new gpu::expert_group(std::move(t), std::move(a2a), s.size),
+                                            [pids](gpu::expert_group* g) {
+                                              delete g;
+                                              for (auto pid : pids) reap(pid, std::chrono::milliseconds{2000});
+                                            });
+}
+
+int run_experts(const std::vector<std::string>& args) {
+  std::string model = "random", name = "engine";
+  uint64_t seed = 0, slot = 0;
+  uint32_t rank = 0, size = 0;
+  flag_set flags;
+  flags.add("--model", &model, "the engine's model: a directory or a seeded shape");
+  flags.add("--weights-seed", &seed, "seed of seeded weights (must match the engine)");
+  flags.add("--ep-rank", &rank, "this shard's EP rank (>= 1)");
+  flags.add("--ep-size", &size, "EP ranks in the group");
+  flags.add("--slot-bytes", &slot, "all-to-all slot size");
+  flags.add("--name", &name, "the engine's name");
+  if (auto rc = flags.parse_command_line(args, "experts", "baton experts (started by an engine, not by hand)")) return *rc;
+  if (rank == 0 || rank >= size || slot == 0) {
+    std::fprintf(stderr, "baton experts: need 1 <= --ep-rank < --ep-size and --slot-bytes > 0\n");
+    return 2;
+  }
+  local_cluster_config loaded;
+  loaded.weights_seed = seed;
+  std::string why;
+  if (model != "random" && !load_model_into(model, &loaded, &why)) {
+    std::fprintf(stderr, "baton experts: %s\n", why.c_str());
+    return 2;
+  }
+  auto weights = loaded.weights ? loaded.weights
+                                : std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(loaded.model, seed));
+  const auto names = names_for(name, size);
+  auto t = transport::make_ucx_transport({names[rank]}, &why);
+  if (!t) {
+    std::fprintf(stderr, "baton experts: %s\n", why.c_str());
+    return 1;
+  }
+  // A shard waits for its engine as long as the engine lives (an idle engine sends nothing).
+  transport::all_to_all a2a{*t, names, {rank, size, slot, std::chrono::hours{24 * 365}}};
+  if (!a2a.error().empty()) {
+    std::fprintf(stderr, "baton experts: %s\n", a2a.error().c_str());
+    return 1;
+  }
+  std::fputs(key_line(a2a.key()).c_str(), stdout);
+  std::fflush(stdout);
+  std::vector<transport::region_key> keys;
+  for (uint32_t r = 0; r < size; ++r) {
+    unsigned long long id = 0, bytes = 0;
+    std::string hex;
+    if (!(std::cin >> id >> bytes >> hex)) {
+      std::fprintf(stderr, "baton experts %s: the engine sent no keys\n", names[rank].c_str());
+      return 1;
+    }
+    keys.push_back({"ucx", id, bytes, from_hex(hex)});
+  }
+  a2a.connect(keys);
+  if (!gpu::run_expert_shard(loaded.model, *weights, a2a, &why)) {
+    std::fprintf(stderr, "baton experts %s: %s\n", names[rank].c_str(), why.c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace baton::deploy

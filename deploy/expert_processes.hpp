@@ -1,0 +1,32 @@
+#pragma once
+
+// Expert parallelism across processes on one machine: an engine's expert shards as child
+// processes (`baton experts`), connected to the engine's executor over UCX through the
+// all-to-all of transport/all_to_all.hpp. The keys travel over the children's stdin and stdout.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gpu/expert_parallel.hpp"
+
+namespace baton::deploy {
+
+struct expert_spawn {
+  std::string model_arg;       ///< what `--model` names in the children (a directory or a seeded shape)
+  uint64_t weights_seed = 0;
+  uint32_t size = 2;           ///< EP ranks, this process included
+  uint64_t slot_bytes = 0;     ///< gpu::expert_slot_bytes for the engine's largest job
+  std::string name;            ///< the engine's name: the shards are <name>-ep<i>
+};
+
+/// Starts size - 1 shard processes and returns rank 0's group (its deleter stops and reaps them),
+/// or null with `*why`.
+std::shared_ptr<gpu::expert_group> spawn_expert_group(const expert_spawn& s, const gpu::model_config& cfg,
+                                                      std::string* why);
+
+/// `baton experts`: one expert shard (started by spawn_expert_group, not by hand).
+int run_experts(const std::vector<std::string>& args);
+
+}  // namespace baton::deploy

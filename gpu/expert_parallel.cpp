@@ -1,0 +1,127 @@
+#include "gpu/expert_parallel.hpp"
+
+#include <cstring>
+
+#include "gpu/cpu_kernels.hpp"
+#include "transport/all_to_all.hpp"
+
+namespace baton::gpu {
+
+namespace {
+
+enum : uint32_t { kind_work = 1, kind_stop = 2 };
+
+struct chunk_header {
+  uint32_t kind, layer, count;
+};
+
+}  // namespace
+
+uint64_t expert_slot_bytes(const model_config& cfg, uint64_t max_rows) {
+  return sizeof(chunk_header) + max_rows * cfg.moe.num_experts_per_tok * (sizeof(uint32_t) + cfg.hidden_size * sizeof(float));
+}
+
+bool serve_expert_chunk(const model_config& cfg, const model_weights& w, std::span<const std::byte> chunk,
+                        std::vector<std::byte>* out, std::string* why) {
+  chunk_header hd{};
+  if (chunk.size() < sizeof hd) return *why = "expert dispatch: a chunk of " + std::to_string(chunk.size()) + " bytes has no header", false;
+  std::memcpy(&hd, chunk.data(), sizeof hd);
+  const uint64_t h = cfg.hidden_size, entry = sizeof(uint32_t) + h * sizeof(float);
+  if (hd.layer >= cfg.num_hidden_layers || !cfg.is_moe_layer(hd.layer) || chunk.size() != sizeof hd + hd.count * entry)
+    return *why = "expert dispatch: layer " + std::to_string(hd.layer) + " with " + std::to_string(hd.count) +
+                  " entries does not fit a chunk of " + std::to_string(chunk.size()) + " bytes of this model",
+           false;
+  const auto& lw = w.layers[hd.layer];
+  // Entries grouped by expert (ascending), each expert's rows run together as in the executor.
+  std::vector<std::vector<uint32_t>> by_expert(cfg.moe.n_routed_experts);
+  for (uint32_t i = 0; i < hd.count; ++i) {
+    uint32_t e;
+    std::memcpy(&e, chunk.data() + sizeof hd + i * entry, sizeof e);
+    if (e >= cfg.moe.n_routed_experts) return *why = "expert dispatch: expert " + std::to_string(e) + " does not exist", false;
+    by_expert[e].push_back(i);
+  }
+  out->assign(hd.count * h * sizeof(float), std::byte{0});
+  const size_t f = cfg.moe.moe_intermediate_size;
+  std::vector<float> x, gate, up, y;
+  for (uint32_t e = 0; e < by_expert.size(); ++e) {
+    const auto& rows = by_expert[e];
+    if (rows.empty()) continue;
+    const size_t n = rows.size();
+    x.resize(n * h);
+    for (size_t i = 0; i < n; ++i)
+      std::memcpy(x.data() + i * h, chunk.data() + sizeof hd + rows[i] * entry + sizeof(uint32_t), h * sizeof(float));
+    gate.resize(n * f);
+    up.resize(n * f);
+    y.resize(n * h);
+    const auto& xp = lw.experts[e];
+    matmul_nt(x.data(), n, h, xp.gate.data(), f, gate.data(), nullptr);
+    matmul_nt(x.data(), n, h, xp.up.data(), f, up.data(), nullptr);
+    swiglu(gate.data(), up.data(), n * f, gate.data());
+    matmul_nt(gate.data(), n, f, xp.down.data(), h, y.data(), nullptr);
+    for (size_t i = 0; i < n; ++i) std::memcpy(out->data() + rows[i] * h * sizeof(float), y.data() + i * h, h * sizeof(float));
+  }
+  return true;
+}
+
+expert_group::expert_group(std::unique_ptr<transport::transport> t, std::unique_ptr<transport::all_to_all> a2a,
+                           uint32_t size)
+  : t_(std::move(t)), a2a_(std::move(a2a)), size_(size) {}
+
+expert_group::~expert_group() {
+  if (!a2a_) return;
+  const chunk_header stop{kind_stop, 0, 0};
+  std::vector<std::byte> bytes(sizeof stop);
+  std::memcpy(bytes.data(), &stop, sizeof stop);
+  std::vector<std::span<const std::byte>> send(size_, std::span<const std::byte>{bytes}), recv;
+  std::string why;
+  a2a_->exchange(send, &recv, &why);  // best effort: a shard that is gone already needs no stop
+  a2a_.reset();                       // before the transport it uses
+}
+
+bool expert_group::round(const model_config& cfg, const model_weights& w, uint32_t layer,
+                         const std::vector<std::vector<std::byte>>& entries, std::vector<std::vector<std::byte>>* outputs,
+                         std::string* why) {
+  const uint64_t entry = sizeof(uint32_t) + uint64_t{cfg.hidden_size} * sizeof(float);
+  std::vector<std::vector<std::byte>> chunks(size_);
+  for (uint32_t d = 0; d < size_; ++d) {
+    const chunk_header hd{kind_work, layer, static_cast<uint32_t>(entries[d].size() / entry)};
+    chunks[d].resize(sizeof hd + entries[d].size());
+    std::memcpy(chunks[d].data(), &hd, sizeof hd);
+    if (!entries[d].empty()) std::memcpy(chunks[d].data() + sizeof hd, entries[d].data(), entries[d].size());
+  }
+  std::vector<std::span<const std::byte>> send, recv;
+  for (auto& c : chunks) send.emplace_back(c);
+  if (!a2a_->exchange(send, &recv, why)) return *why = "expert dispatch, layer " + std::to_string(layer) + ": " + *why, false;
+  std::vector<std::byte> own;
+  if (!serve_expert_chunk(cfg, w, recv[0], &own, why)) return false;
+  send.assign(size_, {});
+  send[0] = own;
+  if (!a2a_->exchange(send, &recv, why)) return *why = "expert combine, layer " + std::to_string(layer) + ": " + *why, false;
+  outputs->assign(size_, {});
+  for (uint32_t d = 0; d < size_; ++d) {
+    if (recv[d].size() * entry != entries[d].size() * cfg.hidden_size * sizeof(float))
+      return *why = "expert combine, layer " + std::to_string(layer) + ": EP rank " + std::to_string(d) + " answered " +
+                    std::to_string(recv[d].size()) + " bytes for " + std::to_string(entries[d].size() / entry) + " rows",
+             false;
+    (*outputs)[d].assign(recv[d].begin(), recv[d].end());
+  }
+  return true;
+}
+
+bool run_expert_shard(const model_config& cfg, const model_weights& w, transport::all_to_all& a2a, std::string* why) {
+  const uint32_t n = static_cast<uint32_t>(a2a.size());
+  std::vector<std::span<const std::byte>> none(n), recv;
+  std::vector<std::byte> out;
+  for (;;) {
+    if (!a2a.exchange(none, &recv, why)) return false;  // dispatch: rank 0's chunk for this shard
+    chunk_header hd{};
+    if (recv[0].size() >= sizeof hd) std::memcpy(&hd, recv[0].data(), sizeof hd);
+    if (hd.kind == kind_stop) return true;
+    if (!serve_expert_chunk(cfg, w, recv[0], &out, why)) return false;
+    std::vector<std::span<const std::byte>> send(n);
+    send[0] = out;
+    if (!a2a.exchange(send, &recv, why)) return false;  // combine
+  }
+}
+
+}  // namespace baton::gpu

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Expert parallelism across processes: `baton local --expert-parallel N` splits every engine's
+# routed experts over N EP ranks, N - 1 of them `baton experts` processes reached over UCX. The
+# answers must equal EP 1's exactly, and no expert process may outlive the run.
+# Usage: expert_parallel_e2e.sh <baton binary>
+set -euo pipefail
+baton="$1"
+export UCX_NET_DEVICES=lo
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+for model in deepseek-v3-tiny deepseek-v2-tiny; do
+  for ep in 1 2 4; do
+    "$baton" local --model "$model" --expert-parallel "$ep" --max-tokens 10 --prompt "Experts, route this" \
+      --prompt "A second prompt, longer, to fill a chunk of the prefill with more than a few tokens" \
+      >"$out/$model-$ep.txt" 2>&1 || { cat "$out/$model-$ep.txt"; exit 1; }
+    grep -q "2 requests, 0 failed" "$out/$model-$ep.txt" || { cat "$out/$model-$ep.txt"; exit 1; }
+    grep "output :" "$out/$model-$ep.txt" >"$out/$model-$ep.answers"
+  done
+  for ep in 2 4; do
+    if ! cmp -s "$out/$model-1.answers" "$out/$model-$ep.answers"; then
+      echo "$model: EP $ep answered differently from EP 1:"; diff "$out/$model-1.answers" "$out/$model-$ep.answers"; exit 1
+    fi
+  done
+  echo "$model: EP 2 and EP 4 answers equal EP 1's ($(wc -l <"$out/$model-1.answers") answers)"
+done
+sleep 0.2
+if pgrep -f "$baton experts" >/dev/null; then echo "expert processes outlived their engines"; exit 1; fi
+# Refusals name the problem.
+if "$baton" local --model random --expert-parallel 2 --max-tokens 2 >"$out/refused.txt" 2>&1; then exit 1; fi
+grep -q "needs a model with routed experts" "$out/refused.txt" || { cat "$out/refused.txt"; exit 1; }
+echo "expert parallel e2e: all checks passed"
