@@ -23,14 +23,18 @@ perftest() {  # size_bytes -> GB/s (1e9 B/s)
   awk -v m="$mbs" 'BEGIN {printf "%.2f", m * 1.048576 / 1000}'
 }
 echo "| tokens per rank | chunk to the peer (dispatch / combine) | Baton dispatch | Baton combine | ucx_perftest put_bw at the dispatch / combine size |"
+# Baton's figures: bytes each rank received from its peer over the exchange's time (median of 20).
 echo "|---|---|---|---|---|"
 for t in ${tokens[@]}; do
   out=$("$build/bench/baton_bench_a2a" --ranks 2 --tokens "$t" --rounds 20)
   echo "$out" | grep -q "every byte verified" || { echo "$out"; exit 1; }
   # Both ranks' medians, averaged.
-  read -r d c kib < <(echo "$out" | awk '/^rank/ {
-      for (i = 1; i <= NF; ++i) { if ($i == "dispatch") d += substr($(i+2), 2); if ($i == "combine") c += substr($(i+2), 2); if ($i == "~" || $i ~ /^~/) k = substr($i, 2) }
-      n++ } END {printf "%.2f %.2f %s", d / n, c / n, k}')
+  read -r d c dus cus kib < <(echo "$out" | awk '/^rank/ {
+      for (i = 1; i <= NF; ++i) {
+        if ($i == "dispatch") { dus += $(i+1); d += substr($(i+3), 2) }
+        if ($i == "combine") { cus += $(i+1); c += substr($(i+3), 2) }
+        if ($i ~ /^~/) k = substr($i, 2) }
+      n++ } END {printf "%.2f %.2f %.0f %.0f %s\n", d / n, c / n, dus / n, cus / n, k}')
   dsize=$(awk -v k="$kib" 'BEGIN {printf "%d", k * 1024}')
-  echo "| $t | ${kib} KiB / $((kib * 2)) KiB | $d GB/s | $c GB/s | $(perftest "$dsize") / $(perftest $((dsize * 2))) GB/s |"
+  echo "| $t | ${kib} KiB / $((kib * 2)) KiB | $d GB/s ($dus us) | $c GB/s ($cus us) | $(perftest "$dsize") / $(perftest $((dsize * 2))) GB/s |"
 done

@@ -366,7 +366,8 @@ private:
     std::vector<std::pair<uint32_t, size_t>> where(n * k);  // (rank, entry) of each copy
     for (size_t r = 0; r < n; ++r)
       for (size_t j = 0; j < k; ++j) {
-        const uint32_t e = chosen[r * k + j], d = experts_->owner(e, c.moe.n_routed_experts);
+        const uint32_t e = chosen[r * k + j];
+        const uint32_t d = experts_->route(l, e, c.moe.n_routed_experts, (uint64_t{rounds_} << 32) ^ (r * k + j));
         auto& v = entries[d];
         where[r * k + j] = {d, v.size() / (sizeof(uint32_t) + row_bytes)};
         const size_t at = v.size();
@@ -374,6 +375,7 @@ private:
         std::memcpy(v.data() + at, &e, sizeof e);
         std::memcpy(v.data() + at + sizeof e, act_.hn.data() + r * h, row_bytes);
       }
+    ++rounds_;
     if (!experts_->round(c, *weights_, l, entries, &outputs, why)) return false;
     for (size_t r = 0; r < n; ++r) {
       float* dst = act_.proj.data() + r * h;
@@ -393,6 +395,7 @@ private:
   thread_pool pool_;
   unsigned num_threads_;
   std::shared_ptr<expert_group> experts_;  ///< expert parallelism; null: every expert here
+  uint32_t rounds_ = 0;                     ///< MoE rounds dispatched: spreads copies over replicas
   std::vector<float> inv_freq_;  ///< RoPE inverse frequencies (scaled per the config), once
   float rope_factor_;            ///< YaRN's attention factor on rotated values (1 otherwise)
   float softmax_scale_;

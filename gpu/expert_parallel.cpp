@@ -1,5 +1,6 @@
 #include "gpu/expert_parallel.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 #include "gpu/cpu_kernels.hpp"
@@ -78,6 +79,44 @@ expert_group::~expert_group() {
   a2a_.reset();                       // before the transport it uses
 }
 
+bool expert_group::enable_eplb(const live_eplb_config& cfg, uint32_t num_experts, std::string* why) {
+  const policies::eplb_config ec{size_, size_, cfg.slots_per_rank};
+  if (auto e = ec.validate(num_experts); !e.empty()) return *why = e, false;
+  if (cfg.interval_rounds == 0) return *why = "EPLB: interval_rounds must be >= 1", false;
+  eplb_ = cfg;
+  return true;
+}
+
+uint32_t expert_group::route(uint32_t layer, uint32_t expert, uint32_t num_experts, uint64_t copy_hash) {
+  if (counts_.size() <= layer) counts_.resize(layer + 1);
+  if (counts_[layer].size() < num_experts) counts_[layer].resize(num_experts, 0.0);
+  counts_[layer][expert] += 1;
+  uint32_t d = owner(expert, num_experts);
+  if (layer < placement_.size() && !placement_[layer].replicas.empty())
+    d = policies::pick_replica(placement_[layer], expert, 0, copy_hash, {size_, size_, eplb_.slots_per_rank});
+  if (rank_copies_.size() < size_) rank_copies_.resize(size_, 0);
+  ++rank_copies_[d];
+  return d;
+}
+
+std::vector<uint64_t> expert_group::take_rank_copies() {
+  auto out = rank_copies_;
+  out.resize(size_, 0);
+  rank_copies_.assign(size_, 0);
+  return out;
+}
+
+void expert_group::replan() {
+  const policies::eplb_config ec{size_, size_, eplb_.slots_per_rank};
+  placement_.resize(counts_.size());
+  for (size_t l = 0; l < counts_.size(); ++l) {
+    if (counts_[l].empty()) continue;
+    placement_[l] = policies::plan_eplb(counts_[l], ec);
+    std::fill(counts_[l].begin(), counts_[l].end(), 0.0);
+  }
+  ++plans_;
+}
+
 bool expert_group::round(const model_config& cfg, const model_weights& w, uint32_t layer,
                          const std::vector<std::vector<std::byte>>& entries, std::vector<std::vector<std::byte>>* outputs,
                          std::string* why) {
@@ -105,6 +144,8 @@ bool expert_group::round(const model_config& cfg, const model_weights& w, uint32
              false;
     (*outputs)[d].assign(recv[d].begin(), recv[d].end());
   }
+  // Between rounds: a new plan never splits one round's copies over two placements.
+  if (eplb_.slots_per_rank && ++rounds_ % eplb_.interval_rounds == 0) replan();
   return true;
 }
 

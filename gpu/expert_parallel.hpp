@@ -22,6 +22,7 @@
 
 #include "gpu/model_config.hpp"
 #include "gpu/weights.hpp"
+#include "policies/eplb.hpp"
 
 namespace baton::transport {
 class transport;
@@ -35,6 +36,16 @@ namespace baton::gpu {
 bool serve_expert_chunk(const model_config& cfg, const model_weights& w, std::span<const std::byte> chunk,
                         std::vector<std::byte>* out, std::string* why);
 
+/// Live EPLB for an expert group: every `interval_rounds` MoE rounds, each layer's placement is
+/// re-planned (policies::plan_eplb) from the copies its experts received since the last plan.
+/// Every EP rank holds every expert's weights here (the shards load the whole model), so a new
+/// placement only changes where copies are sent; it applies between rounds, and tokens never
+/// change (placement decides where an expert runs, not which experts a token uses).
+struct live_eplb_config {
+  uint32_t slots_per_rank = 0;     ///< 0: EPLB off (contiguous blocks)
+  uint32_t interval_rounds = 64;   ///< MoE rounds (layer passes) between plans
+};
+
 /// EP rank 0's side: owned by the executor, one per engine.
 class expert_group {
 public:
@@ -46,10 +57,19 @@ public:
   expert_group& operator=(const expert_group&) = delete;
 
   uint32_t size() const { return size_; }
-  /// The EP rank holding `expert` (contiguous blocks).
+  /// The EP rank holding `expert` in contiguous blocks (the placement before any EPLB plan).
   uint32_t owner(uint32_t expert, uint32_t num_experts) const {
     return static_cast<uint32_t>(uint64_t{expert} * size_ / num_experts);
   }
+  /// Turns live EPLB on for a model with `num_experts` routed experts (validated against the
+  /// group: a slot budget that cannot hold every expert is refused with a sentence).
+  bool enable_eplb(const live_eplb_config& cfg, uint32_t num_experts, std::string* why);
+  /// The EP rank that runs this copy of `expert` in MoE layer `layer` (counted for EPLB): under a
+  /// plan, one of its copies chosen by `copy_hash`; else its block's owner.
+  uint32_t route(uint32_t layer, uint32_t expert, uint32_t num_experts, uint64_t copy_hash);
+  /// Copies each EP rank received since the last call (the load EPLB evens out), then zeroed.
+  std::vector<uint64_t> take_rank_copies();
+  uint64_t plans() const { return plans_; }
   /// One MoE layer: entries[d] (expert id and row, packed as above without the header) go to EP
   /// rank d; outputs[d] come back in entry order. Rank 0's own share is served here.
   bool round(const model_config& cfg, const model_weights& w, uint32_t layer,
@@ -57,9 +77,16 @@ public:
              std::string* why);
 
 private:
+  void replan();
+
   std::unique_ptr<transport::transport> t_;
   std::unique_ptr<transport::all_to_all> a2a_;
   uint32_t size_;
+  live_eplb_config eplb_;
+  std::vector<std::vector<double>> counts_;              ///< [layer][expert]: copies since the last plan
+  std::vector<policies::expert_placement> placement_;    ///< [layer]; empty until the first plan
+  std::vector<uint64_t> rank_copies_;
+  uint64_t rounds_ = 0, plans_ = 0;
 };
 
 /// An expert shard's loop (EP rank > 0): serves rank 0's dispatches until rank 0 says stop

@@ -116,13 +116,15 @@ double roofline::step_us(const std::vector<step_seq>& seqs, std::string* why) co
 }
 
 step_breakdown roofline::step(const std::vector<step_seq>& seqs) const {
-  double tokens = 0, pairs = 0, kv_read = 0;
+  double tokens = 0, pairs = 0, kv_read = 0, largest = 0;
   for (const auto& s : seqs) {
     const auto q = static_cast<double>(s.tokens), c = static_cast<double>(s.context);
     tokens += q;
     // Causal: new token i attends to context + i + 1 positions.
-    pairs += q * c + q * (q + 1) / 2.0;
+    const double p = q * c + q * (q + 1) / 2.0;
+    pairs += p;
     kv_read += c + q;
+    largest = std::max(largest, 2.0 * model.dense_params * q + model.attn_flops_per_pair * p);
   }
   step_breakdown b;
   const auto& m = model;
@@ -149,7 +151,9 @@ step_breakdown roofline::step(const std::vector<step_seq>& seqs) const {
   // its experts for the tokens routed to them; the busiest GPU (imbalance) sets the pace.
   const double n = ep.size;
   const double routed_active = m.routed_params * m.experts_per_token / m.num_experts;
-  const double flops = (2.0 * m.dense_params * tokens + m.attn_flops_per_pair * pairs) / n +
+  // Data-parallel attention splits sequences, not one sequence's tokens: a GPU takes at least
+  // the largest sequence of the step whole.
+  const double flops = std::max((2.0 * m.dense_params * tokens + m.attn_flops_per_pair * pairs) / n, largest) +
                        2.0 * routed_active * tokens / n * ep.imbalance;
   const double experts_per_gpu = (m.num_experts + ep.redundant_experts) / n;
   const double bytes = m.dense_params * m.bytes_per_param +

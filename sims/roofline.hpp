@@ -59,7 +59,8 @@ struct step_seq {
 };
 
 /// Expert parallelism of an instance (seed 000 §3.3): `size` GPUs, attention data-parallel over
-/// them (each GPU attends for its share of the sequences, dense weights on every GPU), the routed
+/// them (each GPU attends for its share of the sequences, whole sequences: the largest one bounds
+/// the step; dense weights on every GPU), the routed
 /// experts sharded over them, and per MoE layer a dispatch (fp8 activations) and a combine (bf16)
 /// all-to-all, over NVLink inside a node and the NICs across nodes.
 struct ep_layout {
