@@ -17,6 +17,7 @@
 #include "actors/messages.hpp"
 #include "deploy/commands.hpp"
 #include "gpu/cpu_executor.hpp"
+#include "policies/eplb.hpp"
 #include "gpu/cuda_executor.hpp"
 #include "deploy/expert_processes.hpp"
 #include "deploy/flags.hpp"
@@ -55,6 +56,7 @@ struct local_options {
   uint32_t num_requests = 0;       ///< 0 = one per prompt; more cycles through the prompts
   uint32_t decode_processes = 0;   ///< decode ranks in their own processes (`baton node`), over UCX
   uint32_t expert_parallel = 1;    ///< MoE models: EP ranks per engine (the others `baton experts` processes)
+  gpu::live_eplb_config eplb;      ///< with expert_parallel: live EPLB (slots_per_rank 0 = off)
   std::vector<std::string> store_nodes;  ///< HOST:PORT of store nodes whose block servers we adopt
   uint32_t store_node_wait_s = 60;       ///< how long to keep trying to reach them
   uint32_t scheduler_threads = 0;  ///< 0 = number of hardware threads
@@ -255,6 +257,10 @@ int run_local(const std::vector<std::string>& args) {
   flags.add("--expert-parallel", &opt.expert_parallel,
             "MoE models: split each engine's routed experts over N EP ranks, N - 1 of them expert processes "
             "reached over UCX (1 = off)");
+  flags.add("--eplb-slots", &opt.eplb.slots_per_rank,
+            "with --expert-parallel: expert copies each EP rank holds; above experts / N, live EPLB places "
+            "copies of hot experts (0 = off)");
+  flags.add("--eplb-interval", &opt.eplb.interval_rounds, "live EPLB: MoE rounds between plans");
   flags.add("--decode-processes", &opt.decode_processes,
             "run this many decode ranks as separate `baton node` processes (KV over UCX) instead of in-process");
   flags.add("--ignore-eos", &opt.ignore_eos, "generate max-tokens even past <eos>");
@@ -307,7 +313,10 @@ int run_local(const std::vector<std::string>& args) {
       why = "--expert-parallel runs on the CPU executor only so far";
     else if (opt.decode_processes > 0 || opt.cluster.num_elastic_ranks > 0)
       why = "--expert-parallel applies to the ranks of this process; not with --decode-processes or --elastic-ranks yet";
-    else if (opt.expert_parallel > opt.cluster.model.moe.n_routed_experts)
+    else if (opt.eplb.slots_per_rank)
+      why = policies::eplb_config{opt.expert_parallel, opt.expert_parallel, opt.eplb.slots_per_rank}.validate(
+          opt.cluster.model.moe.n_routed_experts);
+    if (why.empty() && opt.expert_parallel > opt.cluster.model.moe.n_routed_experts)
       why = "--expert-parallel " + std::to_string(opt.expert_parallel) + " exceeds the model's " +
             std::to_string(opt.cluster.model.moe.n_routed_experts) + " routed experts";
     if (!why.empty()) {
@@ -407,6 +416,10 @@ int run_local(const std::vector<std::string>& args) {
       if (!group) {
         std::fprintf(stderr, "baton local: %s: %s\n", rank.c_str(), why.c_str());
         return gpu::make_refusing_executor(c.model, c.executor, rank + ": expert parallelism could not start: " + why);
+      }
+      if (opt.eplb.slots_per_rank && !group->enable_eplb(opt.eplb, c.model.moe.n_routed_experts, &why)) {
+        std::fprintf(stderr, "baton local: %s: %s\n", rank.c_str(), why.c_str());
+        return gpu::make_refusing_executor(c.model, c.executor, rank + ": " + why);
       }
       auto ec = c.executor;
       ec.experts = std::move(group);

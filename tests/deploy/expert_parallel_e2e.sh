@@ -16,16 +16,24 @@ for model in deepseek-v3-tiny deepseek-v2-tiny; do
     grep -q "2 requests, 0 failed" "$out/$model-$ep.txt" || { cat "$out/$model-$ep.txt"; exit 1; }
     grep "output :" "$out/$model-$ep.txt" >"$out/$model-$ep.answers"
   done
-  for ep in 2 4; do
+  # Live EPLB re-places experts every 4 MoE rounds: where experts run changes, the answers do not.
+  "$baton" local --model "$model" --expert-parallel 4 --eplb-slots 4 --eplb-interval 4 --max-tokens 10 \
+    --prompt "Experts, route this" \
+    --prompt "A second prompt, longer, to fill a chunk of the prefill with more than a few tokens" \
+    >"$out/$model-eplb.txt" 2>&1 || { cat "$out/$model-eplb.txt"; exit 1; }
+  grep "output :" "$out/$model-eplb.txt" >"$out/$model-eplb.answers"
+  for ep in 2 4 eplb; do
     if ! cmp -s "$out/$model-1.answers" "$out/$model-$ep.answers"; then
       echo "$model: EP $ep answered differently from EP 1:"; diff "$out/$model-1.answers" "$out/$model-$ep.answers"; exit 1
     fi
   done
-  echo "$model: EP 2 and EP 4 answers equal EP 1's ($(wc -l <"$out/$model-1.answers") answers)"
+  echo "$model: EP 2, EP 4 and EP 4 with live EPLB answer as EP 1 ($(wc -l <"$out/$model-1.answers") answers)"
 done
 sleep 0.2
 if pgrep -f "$baton experts" >/dev/null; then echo "expert processes outlived their engines"; exit 1; fi
 # Refusals name the problem.
 if "$baton" local --model random --expert-parallel 2 --max-tokens 2 >"$out/refused.txt" 2>&1; then exit 1; fi
 grep -q "needs a model with routed experts" "$out/refused.txt" || { cat "$out/refused.txt"; exit 1; }
+if "$baton" local --model deepseek-v3-tiny --expert-parallel 4 --eplb-slots 1 >"$out/refused.txt" 2>&1; then exit 1; fi
+grep -q "EPLB: 4 ranks x 1 slots cannot hold 8 experts" "$out/refused.txt" || { cat "$out/refused.txt"; exit 1; }
 echo "expert parallel e2e: all checks passed"
