@@ -66,6 +66,7 @@ const std::vector<model_shape>& models() {
     ds.head_dim = 128;
     ds.kv_bytes_per_token = uint64_t{61} * 576 * 2;
     ds.attn_flops_per_pair = 2.0 * 61 * 128 * (576 + 512);
+    ds.prefill_attn_flops_per_pair = 2.0 * 61 * 128 * (192 + 128);  // K (nope + rope) and V expanded
     ds.routed_params = 58.0 * 256 * 3 * 7168 * 2048;
     ds.dense_params = 671e9 - ds.routed_params;
     ds.num_experts = 256;
@@ -116,15 +117,17 @@ double roofline::step_us(const std::vector<step_seq>& seqs, std::string* why) co
 }
 
 step_breakdown roofline::step(const std::vector<step_seq>& seqs) const {
-  double tokens = 0, pairs = 0, kv_read = 0, largest = 0;
+  double tokens = 0, kv_read = 0, largest = 0, attn = 0;
   for (const auto& s : seqs) {
     const auto q = static_cast<double>(s.tokens), c = static_cast<double>(s.context);
     tokens += q;
     // Causal: new token i attends to context + i + 1 positions.
     const double p = q * c + q * (q + 1) / 2.0;
-    pairs += p;
+    const double per_pair = q > 1 && model.prefill_attn_flops_per_pair > 0 ? model.prefill_attn_flops_per_pair
+                                                                            : model.attn_flops_per_pair;
+    attn += per_pair * p;
     kv_read += c + q;
-    largest = std::max(largest, 2.0 * model.dense_params * q + model.attn_flops_per_pair * p);
+    largest = std::max(largest, 2.0 * model.dense_params * q + per_pair * p);
   }
   step_breakdown b;
   const auto& m = model;
@@ -133,7 +136,7 @@ step_breakdown roofline::step(const std::vector<step_seq>& seqs) const {
     return experts > 0 ? experts * (m.routed_params / m.num_experts) * (1.0 - std::pow(1.0 - 1.0 / experts, picks)) : 0.0;
   };
   if (ep.size <= 1 || m.num_experts == 0) {
-    const double flops = (2.0 * m.active_params() * tokens + m.attn_flops_per_pair * pairs) / tp;
+    const double flops = (2.0 * m.active_params() * tokens + attn) / tp;
     // Weights: dense ones always; routed experts only as far as this step's tokens touch them.
     const double routed = touched(m.num_experts, tokens * m.experts_per_token);
     const double bytes = ((m.dense_params + routed) * m.bytes_per_param + kv_read * m.kv_bytes_per_token) / tp;
@@ -153,7 +156,7 @@ step_breakdown roofline::step(const std::vector<step_seq>& seqs) const {
   const double routed_active = m.routed_params * m.experts_per_token / m.num_experts;
   // Data-parallel attention splits sequences, not one sequence's tokens: a GPU takes at least
   // the largest sequence of the step whole.
-  const double flops = std::max((2.0 * m.dense_params * tokens + m.attn_flops_per_pair * pairs) / n, largest) +
+  const double flops = std::max((2.0 * m.dense_params * tokens + attn) / n, largest / std::min<double>(n, ep.attention_tp)) +
                        2.0 * routed_active * tokens / n * ep.imbalance;
   const double experts_per_gpu = (m.num_experts + ep.redundant_experts) / n;
   const double bytes = m.dense_params * m.bytes_per_param +

@@ -38,6 +38,10 @@ struct model_shape {
   uint64_t kv_bytes_per_token = 0;
   /// Attention FLOPs per (query token, context token) pair, all layers.
   double attn_flops_per_pair = 0;
+  /// The same for prompt rows (a sequence with more than one new token), when they are computed
+  /// another way: MLA prefill expands K and V per head rather than attending over the absorbed
+  /// latent (0: attn_flops_per_pair).
+  double prefill_attn_flops_per_pair = 0;
   double dense_params = 0;        ///< parameters every token uses (attention, shared experts, embeddings)
   double routed_params = 0;       ///< MoE: all routed experts' parameters (0: dense model)
   uint32_t num_experts = 0;       ///< routed experts
@@ -59,8 +63,8 @@ struct step_seq {
 };
 
 /// Expert parallelism of an instance (seed 000 §3.3): `size` GPUs, attention data-parallel over
-/// them (each GPU attends for its share of the sequences, whole sequences: the largest one bounds
-/// the step; dense weights on every GPU), the routed
+/// them (each group of attention_tp GPUs attends for its share of the sequences, whole sequences:
+/// the largest one bounds the step; dense weights on every GPU), the routed
 /// experts sharded over them, and per MoE layer a dispatch (fp8 activations) and a combine (bf16)
 /// all-to-all, over NVLink inside a node and the NICs across nodes.
 struct ep_layout {
@@ -69,6 +73,9 @@ struct ep_layout {
   double imbalance = 1.0;        ///< the busiest GPU's routed tokens over the mean (EPLB's measure)
   double cross_node_fraction = -1;  ///< of dispatched copies; < 0: uniform ((nodes - 1) / nodes)
   uint32_t redundant_experts = 0;   ///< extra expert copies per MoE layer over the instance (memory)
+  /// GPUs that share one sequence's attention (tensor + sequence parallel inside a data-parallel
+  /// group): DeepSeek-V3 runs attention as TP4 with SP in both stages (its report, §3.4).
+  uint32_t attention_tp = 4;
   /// Dual-batch overlap: two micro-batches alternate, one's all-to-all under the other's compute.
   bool dual_batch_overlap = true;
   double dispatch_bytes = 1.0, combine_bytes = 2.0;  ///< per activation value

@@ -5,6 +5,7 @@
 
 #include "gpu/byte_tokenizer.hpp"
 #include "gpu/cpu_executor.hpp"
+#include "gpu/fault_executor.hpp"
 #include "gpu/local_generate.hpp"
 #include "tests/actors/cluster_fixture.hpp"
 #include "tests/test_util.hpp"
@@ -425,14 +426,32 @@ TEST_CASE("hybrid PD packs several local prompts into one step's token budget, d
   cfg.router.request.hybrid_prefill_below_tokens = 64;
   cfg.decode.local_prefill_chunk_tokens = 48;
   cfg.decode.max_batch_size = 2;
-  auto cluster = start_local_cluster(t.sys, cfg);
+  // Deterministic arrival: the decode rank's jobs start 400 ms late (a fault executor), and a
+  // blocker prompt that wants one token (its prefill ends it) occupies the first step while the
+  // three prompts queue behind it; the next step then finds the rank idle with all of them queued.
+  auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
+  auto make_exec = [&cfg, weights](const std::string&) -> std::shared_ptr<gpu::executor> {
+    return gpu::make_fault_slow_executor(gpu::make_cpu_executor(cfg.model, weights, cfg.executor), 400);
+  };
+  auto cluster = start_local_cluster(t.sys, cfg, make_exec);
   test::cluster_system::stopper stop{t, cluster};
   const auto& decode = cluster.decode[0].handle;
   caf::scoped_actor self{t.sys};
   const std::vector<std::string> prompts = {"twenty tokens, give or take", "another prompt, similar",
                                             "the third waits its turn"};
+  auto blocker = send_request(self, cluster.router, "a blocker, one token", 1);
+  // The others go once the blocker's chunk is on the (slow) executor: they arrive during its step.
+  auto blocker_running = [&] {
+    for (const auto& e : t.events(decode))
+      if (e.kind == "local_chunk") return true;
+    return false;
+  };
+  for (int i = 0; i < 2000 && !blocker_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds{1});
+  REQUIRE(blocker_running());
   std::vector<decltype(send_request(self, cluster.router, prompts[0], 1))> handles;
   for (const auto& p : prompts) handles.push_back(send_request(self, cluster.router, p, 6));
+  std::vector<decltype(blocker)> first{blocker};
+  REQUIRE(collect_all(t, first).size() == 1);
   auto done = collect_all(t, handles);
   // Some step carried chunks of two prompts; no step carried three (max_batch_size 2 running).
   const auto events = t.events(decode);
