@@ -33,19 +33,6 @@ struct options {
   uint32_t ranks = 2, tokens = 256, hidden = 7168, experts = 64, top_k = 8, rounds = 20, poll_sleep_us = 0;
 };
 
-std::string to_hex(const std::vector<uint8_t>& v) {
-  static const char* d = "0123456789abcdef";
-  std::string s;
-  for (auto b : v) s += {d[b >> 4], d[b & 15]};
-  return s;
-}
-
-std::vector<uint8_t> from_hex(const std::string& s) {
-  std::vector<uint8_t> v;
-  for (size_t i = 0; i + 1 < s.size(); i += 2) v.push_back(static_cast<uint8_t>(std::stoul(s.substr(i, 2), nullptr, 16)));
-  return v;
-}
-
 /// The k distinct experts of token t on rank r (a fixed hash: every process computes the same).
 std::vector<uint32_t> route(const options& o, uint32_t r, uint32_t t) {
   std::vector<uint32_t> out;
@@ -85,15 +72,14 @@ int run_rank(const options& o, uint32_t rank) {
     }
   transport::all_to_all a2a{*t, names, {rank, o.ranks, slot, std::chrono::milliseconds{30'000}, o.poll_sleep_us}};
   if (!a2a.error().empty()) return std::fprintf(stderr, "%s\n", a2a.error().c_str()), 1;
-  std::printf("%llu %llu %s\n", static_cast<unsigned long long>(a2a.key().region_id),
-              static_cast<unsigned long long>(a2a.key().size_bytes), to_hex(a2a.key().packed).c_str());
+  std::printf("%s\n", transport::key_to_text(a2a.key()).c_str());
   std::fflush(stdout);
   std::vector<transport::region_key> keys;
   for (uint32_t r = 0; r < o.ranks; ++r) {
-    unsigned long long id = 0, size = 0;
-    std::string hex;
-    std::cin >> id >> size >> hex;
-    keys.push_back({"ucx", id, size, from_hex(hex)});
+    std::string line;
+    auto k = std::getline(std::cin, line) ? transport::key_from_text(line) : std::nullopt;
+    if (!k) return std::fprintf(stderr, "%s: a malformed key from the launcher\n", names[rank].c_str()), 1;
+    keys.push_back(*k);
   }
   a2a.connect(keys);
   // What each source sends here (to check dispatch) is known from its routing.

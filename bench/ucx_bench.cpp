@@ -27,19 +27,6 @@ namespace {
 
 constexpr uint64_t buffer_bytes = uint64_t{256} << 20;
 
-std::string to_hex(const std::vector<uint8_t>& v) {
-  static const char* d = "0123456789abcdef";
-  std::string s;
-  for (auto b : v) s += {d[b >> 4], d[b & 15]};
-  return s;
-}
-
-std::vector<uint8_t> from_hex(const std::string& s) {
-  std::vector<uint8_t> v;
-  for (size_t i = 0; i + 1 < s.size(); i += 2) v.push_back(static_cast<uint8_t>(std::stoul(s.substr(i, 2), nullptr, 16)));
-  return v;
-}
-
 /// Receiver: registers its buffer, prints the key, keeps the transport alive until stdin closes.
 int run_receiver() {
   std::string why;
@@ -52,7 +39,7 @@ int run_receiver() {
   transport::xfer_error err;
   auto key = t->register_region(buf.data(), buf.size(), &err);
   if (!key) return 1;
-  std::printf("%llu %s\n", static_cast<unsigned long long>(key->region_id), to_hex(key->packed).c_str());
+  std::printf("%s\n", transport::key_to_text(*key).c_str());
   std::fflush(stdout);
   std::string line;
   std::getline(std::cin, line);  // the sender closes the pipe when done
@@ -108,10 +95,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "receiver did not start\n");
     return 1;
   }
-  unsigned long long region = 0;
-  char hex[8000];
-  std::sscanf(line, "%llu %7999s", &region, hex);
-  transport::region_key remote{"ucx", region, buffer_bytes, from_hex(hex)};
+  const auto parsed = transport::key_from_text(line);
+  if (!parsed) {
+    std::fprintf(stderr, "receiver sent a malformed key\n");
+    return 1;
+  }
+  const transport::region_key remote = *parsed;
 
   std::string why;
   auto t = transport::make_ucx_transport({"sender"}, &why);

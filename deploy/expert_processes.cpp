@@ -21,22 +21,7 @@ namespace baton::deploy {
 
 namespace {
 
-std::string to_hex(const std::vector<uint8_t>& v) {
-  static const char* d = "0123456789abcdef";
-  std::string s;
-  for (auto b : v) s += {d[b >> 4], d[b & 15]};
-  return s;
-}
-
-std::vector<uint8_t> from_hex(const std::string& s) {
-  std::vector<uint8_t> v;
-  for (size_t i = 0; i + 1 < s.size(); i += 2) v.push_back(static_cast<uint8_t>(std::stoul(s.substr(i, 2), nullptr, 16)));
-  return v;
-}
-
-std::string key_line(const transport::region_key& k) {
-  return std::to_string(k.region_id) + " " + std::to_string(k.size_bytes) + " " + to_hex(k.packed) + "\n";
-}
+std::string key_line(const transport::region_key& k) { return transport::key_to_text(k) + "\n"; }
 
 /// Stops a child that did not exit on its own within `grace`, and reaps it.
 void reap(pid_t pid, std::chrono::milliseconds grace) {
@@ -72,6 +57,12 @@ std::shared_ptr<gpu::expert_group> spawn_expert_group(const expert_spawn& s, con
   if (!t) return nullptr;
   auto a2a = std::make_unique<transport::all_to_all>(*t, names, transport::all_to_all_config{0, s.size, s.slot_bytes});
   if (!a2a->error().empty()) return *why = a2a->error(), nullptr;
+  std::unique_ptr<transport::all_to_all> b;
+  if (s.dual_batch) {
+    b = std::make_unique<transport::all_to_all>(*t, names, transport::all_to_all_config{0, s.size, s.slot_bytes});
+    if (!b->error().empty()) return *why = b->error(), nullptr;
+  }
+  const int channels = s.dual_batch ? 2 : 1;
   struct child {
     pid_t pid;
     FILE* out;
@@ -94,7 +85,7 @@ std::shared_ptr<gpu::expert_group> spawn_expert_group(const expert_spawn& s, con
     const std::vector<std::string> argv = {self_executable(), "experts", "--model", s.model_arg, "--weights-seed",
                                            std::to_string(s.weights_seed), "--ep-rank", std::to_string(r), "--ep-size",
                                            std::to_string(s.size), "--slot-bytes", std::to_string(s.slot_bytes),
-                                           "--name", s.name};
+                                           "--name", s.name, "--dual-batch", s.dual_batch ? "1" : "0"};
     const pid_t pid = fork();
     if (pid == 0) {
       prctl(PR_SET_PDEATHSIG, SIGTERM);  // a shard never outlives its engine
@@ -112,21 +103,26 @@ std::shared_ptr<gpu::expert_group> spawn_expert_group(const expert_spawn& s, con
     close(from[1]);
     kids.push_back({pid, fdopen(from[0], "r"), to[1]});
   }
-  std::string keys = key_line(a2a->key());
-  std::vector<transport::region_key> parsed{a2a->key()};
-  for (auto& k : kids) {
-    char line[16384];
-    unsigned long long id = 0, size = 0;
-    char hex[16000];
-    if (!fgets(line, sizeof line, k.out) || std::sscanf(line, "%llu %llu %15999s", &id, &size, hex) != 3)
-      return fail("expert shard " + names[&k - kids.data() + 1] + " did not start (see its stderr)");
-    keys += line;
-    parsed.push_back({"ucx", id, size, from_hex(hex)});
-  }
+  // Every process's key per channel: all of channel A's (rank order), then all of channel B's.
+  std::vector<std::vector<transport::region_key>> parsed(channels);
+  parsed[0].push_back(a2a->key());
+  if (b) parsed[1].push_back(b->key());
+  for (auto& k : kids)
+    for (int c = 0; c < channels; ++c) {
+      char line[16384];
+      std::optional<transport::region_key> key;
+      if (fgets(line, sizeof line, k.out)) key = transport::key_from_text(line);
+      if (!key) return fail("expert shard " + names[&k - kids.data() + 1] + " did not start (see its stderr)");
+      parsed[c].push_back(*key);
+    }
+  std::string keys;
+  for (const auto& channel : parsed)
+    for (const auto& key : channel) keys += key_line(key);
   for (auto& k : kids)
     if (write(k.in, keys.data(), keys.size()) != static_cast<ssize_t>(keys.size()))
       return fail("cannot hand the keys to an expert shard");
-  a2a->connect(parsed);
+  a2a->connect(parsed[0]);
+  if (b) b->connect(parsed[1]);
   std::vector<pid_t> pids;
   for (auto& k : kids) {
     pids.push_back(k.pid);
@@ -134,7 +130,7 @@ std::shared_ptr<gpu::expert_group> spawn_expert_group(const expert_spawn& s, con
     std::fclose(k.out);
   }
   // The deleter: the group's destructor tells the shards to stop; then they are reaped.
-  return std::shared_ptr<gpu::expert_group>(new gpu::expert_group(std::move(t), std::move(a2a), s.size),
+  return std::shared_ptr<gpu::expert_group>(new gpu::expert_group(std::move(t), std::move(a2a), s.size, std::move(b)),
                                             [pids](gpu::expert_group* g) {
                                               delete g;
                                               for (auto pid : pids) reap(pid, std::chrono::milliseconds{2000});
@@ -152,6 +148,8 @@ int run_experts(const std::vector<std::string>& args) {
   flags.add("--ep-size", &size, "EP ranks in the group");
   flags.add("--slot-bytes", &slot, "all-to-all slot size");
   flags.add("--name", &name, "the engine's name");
+  uint32_t dual = 0;
+  flags.add("--dual-batch", &dual, "1: dual-batch overlap (a second all-to-all channel)");
   if (auto rc = flags.parse_command_line(args, "experts", "baton experts (started by an engine, not by hand)")) return *rc;
   if (rank == 0 || rank >= size || slot == 0) {
     std::fprintf(stderr, "baton experts: need 1 <= --ep-rank < --ep-size and --slot-bytes > 0\n");
@@ -173,25 +171,32 @@ int run_experts(const std::vector<std::string>& args) {
     return 1;
   }
   // A shard waits for its engine as long as the engine lives (an idle engine sends nothing).
-  transport::all_to_all a2a{*t, names, {rank, size, slot, std::chrono::hours{24 * 365}}};
-  if (!a2a.error().empty()) {
-    std::fprintf(stderr, "baton experts: %s\n", a2a.error().c_str());
-    return 1;
-  }
-  std::fputs(key_line(a2a.key()).c_str(), stdout);
-  std::fflush(stdout);
-  std::vector<transport::region_key> keys;
-  for (uint32_t r = 0; r < size; ++r) {
-    unsigned long long id = 0, bytes = 0;
-    std::string hex;
-    if (!(std::cin >> id >> bytes >> hex)) {
-      std::fprintf(stderr, "baton experts %s: the engine sent no keys\n", names[rank].c_str());
+  const transport::all_to_all_config ac{rank, size, slot, std::chrono::hours{24 * 365}};
+  transport::all_to_all a2a{*t, names, ac};
+  std::unique_ptr<transport::all_to_all> b;
+  if (dual) b = std::make_unique<transport::all_to_all>(*t, names, ac);
+  for (const auto* x : {&a2a, b.get()})
+    if (x && !x->error().empty()) {
+      std::fprintf(stderr, "baton experts: %s\n", x->error().c_str());
       return 1;
     }
-    keys.push_back({"ucx", id, bytes, from_hex(hex)});
-  }
-  a2a.connect(keys);
-  if (!gpu::run_expert_shard(loaded.model, *weights, a2a, &why)) {
+  std::fputs(key_line(a2a.key()).c_str(), stdout);
+  if (b) std::fputs(key_line(b->key()).c_str(), stdout);
+  std::fflush(stdout);
+  std::vector<transport::region_key> keys[2];
+  for (int c = 0; c < (b ? 2 : 1); ++c)
+    for (uint32_t r = 0; r < size; ++r) {
+      std::string line;
+      auto key = std::getline(std::cin, line) ? transport::key_from_text(line) : std::nullopt;
+      if (!key) {
+        std::fprintf(stderr, "baton experts %s: the engine sent no keys, or malformed ones\n", names[rank].c_str());
+        return 1;
+      }
+      keys[c].push_back(*key);
+    }
+  a2a.connect(keys[0]);
+  if (b) b->connect(keys[1]);
+  if (!gpu::run_expert_shard(loaded.model, *weights, a2a, &why, b.get())) {
     std::fprintf(stderr, "baton experts %s: %s\n", names[rank].c_str(), why.c_str());
     return 1;
   }

@@ -19,6 +19,7 @@ struct expert_spawn {
   uint32_t size = 2;           ///< EP ranks, this process included
   uint64_t slot_bytes = 0;     ///< gpu::expert_slot_bytes for the engine's largest job
   std::string name;            ///< the engine's name: the shards are <name>-ep<i>
+  bool dual_batch = false;     ///< dual-batch overlap: a second all-to-all channel per group
 };
 
 /// Starts size - 1 shard processes and returns rank 0's group (its deleter stops and reaps them),

@@ -57,6 +57,7 @@ struct local_options {
   uint32_t decode_processes = 0;   ///< decode ranks in their own processes (`baton node`), over UCX
   uint32_t expert_parallel = 1;    ///< MoE models: EP ranks per engine (the others `baton experts` processes)
   gpu::live_eplb_config eplb;      ///< with expert_parallel: live EPLB (slots_per_rank 0 = off)
+  bool dual_batch_overlap = false; ///< with expert_parallel: two micro-batches per MoE round
   std::vector<std::string> store_nodes;  ///< HOST:PORT of store nodes whose block servers we adopt
   uint32_t store_node_wait_s = 60;       ///< how long to keep trying to reach them
   uint32_t scheduler_threads = 0;  ///< 0 = number of hardware threads
@@ -261,6 +262,9 @@ int run_local(const std::vector<std::string>& args) {
             "with --expert-parallel: expert copies each EP rank holds; above experts / N, live EPLB places "
             "copies of hot experts (0 = off)");
   flags.add("--eplb-interval", &opt.eplb.interval_rounds, "live EPLB: MoE rounds between plans");
+  flags.add("--dual-batch-overlap", &opt.dual_batch_overlap,
+            "with --expert-parallel: two micro-batches per MoE layer, one's dispatch or combine travelling while "
+            "the other's experts compute");
   flags.add("--decode-processes", &opt.decode_processes,
             "run this many decode ranks as separate `baton node` processes (KV over UCX) instead of in-process");
   flags.add("--ignore-eos", &opt.ignore_eos, "generate max-tokens even past <eos>");
@@ -411,8 +415,9 @@ int run_local(const std::vector<std::string>& args) {
     make_exec = [&opt, weights, rows](const std::string& rank) -> std::shared_ptr<gpu::executor> {
       const auto& c = opt.cluster;
       std::string why;
-      auto group = spawn_expert_group({opt.model, c.weights_seed, opt.expert_parallel, gpu::expert_slot_bytes(c.model, rows), rank},
-                                      c.model, &why);
+      auto group = spawn_expert_group(
+          {opt.model, c.weights_seed, opt.expert_parallel, gpu::expert_slot_bytes(c.model, rows), rank, opt.dual_batch_overlap},
+          c.model, &why);
       if (!group) {
         std::fprintf(stderr, "baton local: %s: %s\n", rank.c_str(), why.c_str());
         return gpu::make_refusing_executor(c.model, c.executor, rank + ": expert parallelism could not start: " + why);

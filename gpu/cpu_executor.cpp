@@ -358,30 +358,42 @@ private:
 
   /// Expert parallelism: each row's copies packed per owning EP rank, one dispatch and one
   /// combine round, then the weighted sum per row in ascending expert order, as routed_here adds.
+  /// With dual-batch overlap the rows are two micro-batches (first half, second half) whose
+  /// rounds interleave; each row's numbers are the same either way.
   bool routed_elsewhere(uint32_t l, size_t n, const std::vector<uint32_t>& chosen, const std::vector<float>& weight,
                         std::string* why) {
     const auto& c = cfg_;
     const size_t h = c.hidden_size, k = c.moe.num_experts_per_tok, row_bytes = h * sizeof(float);
-    std::vector<std::vector<std::byte>> entries(experts_->size()), outputs;
-    std::vector<std::pair<uint32_t, size_t>> where(n * k);  // (rank, entry) of each copy
+    const bool dual = experts_->dual_batch();
+    const size_t split = dual ? (n + 1) / 2 : n;  // rows of micro-batch A
+    std::vector<std::vector<std::byte>> entries[2] = {std::vector<std::vector<std::byte>>(experts_->size()),
+                                                      std::vector<std::vector<std::byte>>(experts_->size())};
+    std::vector<std::vector<std::byte>> outputs[2];
+    struct copy_at {
+      uint32_t batch, rank;
+      size_t entry;
+    };
+    std::vector<copy_at> where(n * k);
     for (size_t r = 0; r < n; ++r)
       for (size_t j = 0; j < k; ++j) {
-        const uint32_t e = chosen[r * k + j];
+        const uint32_t e = chosen[r * k + j], mb = r < split ? 0 : 1;
         const uint32_t d = experts_->route(l, e, c.moe.n_routed_experts, (uint64_t{rounds_} << 32) ^ (r * k + j));
-        auto& v = entries[d];
-        where[r * k + j] = {d, v.size() / (sizeof(uint32_t) + row_bytes)};
+        auto& v = entries[mb][d];
+        where[r * k + j] = {mb, d, v.size() / (sizeof(uint32_t) + row_bytes)};
         const size_t at = v.size();
         v.resize(at + sizeof(uint32_t) + row_bytes);
         std::memcpy(v.data() + at, &e, sizeof e);
         std::memcpy(v.data() + at + sizeof e, act_.hn.data() + r * h, row_bytes);
       }
     ++rounds_;
-    if (!experts_->round(c, *weights_, l, entries, &outputs, why)) return false;
+    const bool ok = dual ? experts_->round_dual(c, *weights_, l, entries[0], entries[1], &outputs[0], &outputs[1], why)
+                         : experts_->round(c, *weights_, l, entries[0], &outputs[0], why);
+    if (!ok) return false;
     for (size_t r = 0; r < n; ++r) {
       float* dst = act_.proj.data() + r * h;
       for (size_t j = 0; j < k; ++j) {
-        const auto [d, i] = where[r * k + j];
-        const float* src = reinterpret_cast<const float*>(outputs[d].data() + i * row_bytes);
+        const auto& at = where[r * k + j];
+        const float* src = reinterpret_cast<const float*>(outputs[at.batch][at.rank].data() + at.entry * row_bytes);
         const float w = weight[r * k + j];
         for (size_t x = 0; x < h; ++x) dst[x] += w * src[x];
       }

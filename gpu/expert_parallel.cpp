@@ -65,8 +65,8 @@ bool serve_expert_chunk(const model_config& cfg, const model_weights& w, std::sp
 }
 
 expert_group::expert_group(std::unique_ptr<transport::transport> t, std::unique_ptr<transport::all_to_all> a2a,
-                           uint32_t size)
-  : t_(std::move(t)), a2a_(std::move(a2a)), size_(size) {}
+                           uint32_t size, std::unique_ptr<transport::all_to_all> b)
+  : t_(std::move(t)), a2a_(std::move(a2a)), b_(std::move(b)), size_(size) {}
 
 expert_group::~expert_group() {
   if (!a2a_) return;
@@ -76,7 +76,81 @@ expert_group::~expert_group() {
   std::vector<std::span<const std::byte>> send(size_, std::span<const std::byte>{bytes}), recv;
   std::string why;
   a2a_->exchange(send, &recv, &why);  // best effort: a shard that is gone already needs no stop
-  a2a_.reset();                       // before the transport it uses
+  a2a_.reset();                       // before the transport they use
+  b_.reset();
+}
+
+namespace {
+
+/// Chunks with their headers, for one micro-batch's dispatch.
+std::vector<std::vector<std::byte>> with_headers(const model_config& cfg, uint32_t layer,
+                                                 const std::vector<std::vector<std::byte>>& entries) {
+  const uint64_t entry = sizeof(uint32_t) + uint64_t{cfg.hidden_size} * sizeof(float);
+  std::vector<std::vector<std::byte>> chunks(entries.size());
+  for (size_t d = 0; d < entries.size(); ++d) {
+    const chunk_header hd{kind_work, layer, static_cast<uint32_t>(entries[d].size() / entry)};
+    chunks[d].resize(sizeof hd + entries[d].size());
+    std::memcpy(chunks[d].data(), &hd, sizeof hd);
+    if (!entries[d].empty()) std::memcpy(chunks[d].data() + sizeof hd, entries[d].data(), entries[d].size());
+  }
+  return chunks;
+}
+
+std::vector<std::span<const std::byte>> spans(const std::vector<std::vector<std::byte>>& v) {
+  return {v.begin(), v.end()};
+}
+
+/// Checks each EP rank's combined answer against the rows it was sent, and keeps it.
+bool collect(const model_config& cfg, uint32_t layer, const std::vector<std::vector<std::byte>>& entries,
+             const std::vector<std::span<const std::byte>>& recv, std::vector<std::vector<std::byte>>* outputs,
+             std::string* why) {
+  const uint64_t entry = sizeof(uint32_t) + uint64_t{cfg.hidden_size} * sizeof(float);
+  outputs->assign(entries.size(), {});
+  for (size_t d = 0; d < entries.size(); ++d) {
+    if (recv[d].size() * entry != entries[d].size() * cfg.hidden_size * sizeof(float))
+      return *why = "expert combine, layer " + std::to_string(layer) + ": EP rank " + std::to_string(d) + " answered " +
+                    std::to_string(recv[d].size()) + " bytes for " + std::to_string(entries[d].size() / entry) + " rows",
+             false;
+    (*outputs)[d].assign(recv[d].begin(), recv[d].end());
+  }
+  return true;
+}
+
+}  // namespace
+
+void expert_group::after_round() {
+  // Between rounds: a new plan never splits one round's copies over two placements.
+  if (eplb_.slots_per_rank && ++rounds_ % eplb_.interval_rounds == 0) replan();
+}
+
+bool expert_group::round_dual(const model_config& cfg, const model_weights& w, uint32_t layer,
+                              const std::vector<std::vector<std::byte>>& entries_a,
+                              const std::vector<std::vector<std::byte>>& entries_b,
+                              std::vector<std::vector<std::byte>>* outputs_a,
+                              std::vector<std::vector<std::byte>>* outputs_b, std::string* why) {
+  auto fail = [&](const char* stage) { return *why = std::string{stage} + ", layer " + std::to_string(layer) + ": " + *why, false; };
+  const auto chunks_a = with_headers(cfg, layer, entries_a), chunks_b = with_headers(cfg, layer, entries_b);
+  std::vector<std::span<const std::byte>> recv_a, recv_b;
+  std::vector<std::byte> own_a, own_b;
+  // Both dispatches start; micro-batch A's experts run here while B's chunks travel.
+  if (!a2a_->post(spans(chunks_a), why) || !b_->post(spans(chunks_b), why)) return fail("expert dispatch");
+  if (!a2a_->complete(&recv_a, why)) return fail("expert dispatch (micro-batch A)");
+  if (!serve_expert_chunk(cfg, w, recv_a[0], &own_a, why)) return false;
+  std::vector<std::span<const std::byte>> send(size_);
+  send[0] = own_a;
+  if (!a2a_->post(send, why)) return fail("expert combine (micro-batch A)");
+  // B's experts run while A's outputs travel back.
+  if (!b_->complete(&recv_b, why)) return fail("expert dispatch (micro-batch B)");
+  if (!serve_expert_chunk(cfg, w, recv_b[0], &own_b, why)) return false;
+  send.assign(size_, {});
+  send[0] = own_b;
+  if (!b_->post(send, why)) return fail("expert combine (micro-batch B)");
+  if (!a2a_->complete(&recv_a, why)) return fail("expert combine (micro-batch A)");
+  if (!collect(cfg, layer, entries_a, recv_a, outputs_a, why)) return false;
+  if (!b_->complete(&recv_b, why)) return fail("expert combine (micro-batch B)");
+  if (!collect(cfg, layer, entries_b, recv_b, outputs_b, why)) return false;
+  after_round();
+  return true;
 }
 
 bool expert_group::enable_eplb(const live_eplb_config& cfg, uint32_t num_experts, std::string* why) {
@@ -120,46 +194,43 @@ void expert_group::replan() {
 bool expert_group::round(const model_config& cfg, const model_weights& w, uint32_t layer,
                          const std::vector<std::vector<std::byte>>& entries, std::vector<std::vector<std::byte>>* outputs,
                          std::string* why) {
-  const uint64_t entry = sizeof(uint32_t) + uint64_t{cfg.hidden_size} * sizeof(float);
-  std::vector<std::vector<std::byte>> chunks(size_);
-  for (uint32_t d = 0; d < size_; ++d) {
-    const chunk_header hd{kind_work, layer, static_cast<uint32_t>(entries[d].size() / entry)};
-    chunks[d].resize(sizeof hd + entries[d].size());
-    std::memcpy(chunks[d].data(), &hd, sizeof hd);
-    if (!entries[d].empty()) std::memcpy(chunks[d].data() + sizeof hd, entries[d].data(), entries[d].size());
-  }
-  std::vector<std::span<const std::byte>> send, recv;
-  for (auto& c : chunks) send.emplace_back(c);
-  if (!a2a_->exchange(send, &recv, why)) return *why = "expert dispatch, layer " + std::to_string(layer) + ": " + *why, false;
+  const auto chunks = with_headers(cfg, layer, entries);
+  std::vector<std::span<const std::byte>> recv;
+  if (!a2a_->exchange(spans(chunks), &recv, why)) return *why = "expert dispatch, layer " + std::to_string(layer) + ": " + *why, false;
   std::vector<std::byte> own;
   if (!serve_expert_chunk(cfg, w, recv[0], &own, why)) return false;
-  send.assign(size_, {});
+  std::vector<std::span<const std::byte>> send(size_);
   send[0] = own;
   if (!a2a_->exchange(send, &recv, why)) return *why = "expert combine, layer " + std::to_string(layer) + ": " + *why, false;
-  outputs->assign(size_, {});
-  for (uint32_t d = 0; d < size_; ++d) {
-    if (recv[d].size() * entry != entries[d].size() * cfg.hidden_size * sizeof(float))
-      return *why = "expert combine, layer " + std::to_string(layer) + ": EP rank " + std::to_string(d) + " answered " +
-                    std::to_string(recv[d].size()) + " bytes for " + std::to_string(entries[d].size() / entry) + " rows",
-             false;
-    (*outputs)[d].assign(recv[d].begin(), recv[d].end());
-  }
-  // Between rounds: a new plan never splits one round's copies over two placements.
-  if (eplb_.slots_per_rank && ++rounds_ % eplb_.interval_rounds == 0) replan();
+  if (!collect(cfg, layer, entries, recv, outputs, why)) return false;
+  after_round();
   return true;
 }
 
-bool run_expert_shard(const model_config& cfg, const model_weights& w, transport::all_to_all& a2a, std::string* why) {
-  const uint32_t n = static_cast<uint32_t>(a2a.size());
-  std::vector<std::span<const std::byte>> none(n), recv;
-  std::vector<std::byte> out;
+bool run_expert_shard(const model_config& cfg, const model_weights& w, transport::all_to_all& a2a, std::string* why,
+                      transport::all_to_all* b) {
+  const uint32_t n = a2a.size();
+  const std::vector<std::span<const std::byte>> none(n);
+  std::vector<std::span<const std::byte>> recv, recv_b;
+  std::vector<std::byte> out, out_b;
   for (;;) {
     if (!a2a.exchange(none, &recv, why)) return false;  // dispatch: rank 0's chunk for this shard
     chunk_header hd{};
     if (recv[0].size() >= sizeof hd) std::memcpy(&hd, recv[0].data(), sizeof hd);
     if (hd.kind == kind_stop) return true;
+    if (b && !b->post(none, why)) return false;  // micro-batch B's dispatch travels meanwhile
     if (!serve_expert_chunk(cfg, w, recv[0], &out, why)) return false;
     std::vector<std::span<const std::byte>> send(n);
+    if (b) {
+      if (!b->complete(&recv_b, why)) return false;
+      send[0] = out;
+      if (!a2a.post(send, why)) return false;  // A's outputs travel while B's experts compute
+      if (!serve_expert_chunk(cfg, w, recv_b[0], &out_b, why)) return false;
+      if (!a2a.complete(&recv, why)) return false;
+      send[0] = out_b;
+      if (!b->exchange(send, &recv_b, why)) return false;
+      continue;
+    }
     send[0] = out;
     if (!a2a.exchange(send, &recv, why)) return false;  // combine
   }

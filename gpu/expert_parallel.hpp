@@ -49,8 +49,11 @@ struct live_eplb_config {
 /// EP rank 0's side: owned by the executor, one per engine.
 class expert_group {
 public:
-  /// `a2a` is rank 0 of a connected group of `a2a`'s size, over `t` (kept alive here).
-  expert_group(std::unique_ptr<transport::transport> t, std::unique_ptr<transport::all_to_all> a2a, uint32_t size);
+  /// `a2a` is rank 0 of a connected group of `a2a`'s size, over `t` (kept alive here). With a
+  /// second group `b` over the same ranks, rounds run as dual-batch overlap (round_dual).
+  expert_group(std::unique_ptr<transport::transport> t, std::unique_ptr<transport::all_to_all> a2a, uint32_t size,
+               std::unique_ptr<transport::all_to_all> b = nullptr);
+  bool dual_batch() const { return b_ != nullptr; }
   /// Tells the shards to exit.
   ~expert_group();
   expert_group(const expert_group&) = delete;
@@ -75,12 +78,21 @@ public:
   bool round(const model_config& cfg, const model_weights& w, uint32_t layer,
              const std::vector<std::vector<std::byte>>& entries, std::vector<std::vector<std::byte>>* outputs,
              std::string* why);
+  /// Dual-batch overlap (needs dual_batch()): two micro-batches' rounds interleaved on two
+  /// channels, so one's dispatch or combine travels while the other's experts compute, here and
+  /// on the shards. Outputs as round() gives them, per micro-batch.
+  bool round_dual(const model_config& cfg, const model_weights& w, uint32_t layer,
+                  const std::vector<std::vector<std::byte>>& entries_a, const std::vector<std::vector<std::byte>>& entries_b,
+                  std::vector<std::vector<std::byte>>* outputs_a, std::vector<std::vector<std::byte>>* outputs_b,
+                  std::string* why);
 
 private:
   void replan();
+  void after_round();
 
   std::unique_ptr<transport::transport> t_;
   std::unique_ptr<transport::all_to_all> a2a_;
+  std::unique_ptr<transport::all_to_all> b_;  ///< the second micro-batch's channel (dual-batch overlap)
   uint32_t size_;
   live_eplb_config eplb_;
   std::vector<std::vector<double>> counts_;              ///< [layer][expert]: copies since the last plan
@@ -90,8 +102,11 @@ private:
 };
 
 /// An expert shard's loop (EP rank > 0): serves rank 0's dispatches until rank 0 says stop
-/// (returns true) or the group fails (false, with the reason).
-bool run_expert_shard(const model_config& cfg, const model_weights& w, transport::all_to_all& a2a, std::string* why);
+/// (returns true) or the group fails (false, with the reason). With `b` (dual-batch overlap, as
+/// rank 0's group has it), each layer's second micro-batch comes on `b` and its dispatch travels
+/// while the first one's experts compute.
+bool run_expert_shard(const model_config& cfg, const model_weights& w, transport::all_to_all& a2a, std::string* why,
+                      transport::all_to_all* b = nullptr);
 
 /// The dispatch slot an EP group needs for jobs of up to `max_rows` rows: every row's top-k
 /// copies bound for one rank, plus the header (the combine answer is never larger).

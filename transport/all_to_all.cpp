@@ -81,7 +81,12 @@ bool all_to_all::wait_puts(std::vector<uint64_t>& ids, std::string* why) {
 
 bool all_to_all::exchange(const std::vector<std::span<const std::byte>>& send,
                           std::vector<std::span<const std::byte>>* recv, std::string* why) {
+  return post(send, why) && complete(recv, why);
+}
+
+bool all_to_all::post(const std::vector<std::span<const std::byte>>& send, std::string* why) {
   if (!error_.empty()) return *why = error_, false;
+  if (posted_) return *why = "all-to-all rank " + names_[cfg_.rank] + ": exchange " + std::to_string(seq_) + " is still open", false;
   if (peers_.size() != cfg_.size || send.size() != cfg_.size) {
     *why = "all-to-all rank " + names_[cfg_.rank] + ": " + std::to_string(send.size()) + " chunks and " +
            std::to_string(peers_.size()) + " peer keys for a group of " + std::to_string(cfg_.size);
@@ -96,9 +101,10 @@ bool all_to_all::exchange(const std::vector<std::span<const std::byte>>& send,
   const uint64_t seq = ++seq_;
   const uint64_t bells = uint64_t{cfg_.size} * sizeof(doorbell);
   const uint64_t my_slot = bank_offset(seq) + uint64_t{cfg_.rank} * cfg_.slot_bytes;
-  // 1. Data: staged, then put into each destination's slot for this rank (own chunk: a copy).
-  std::vector<uint64_t> ids;
+  // Data: staged, then put into each destination's slot for this rank (own chunk: a copy).
+  sizes_.assign(cfg_.size, 0);
   for (uint32_t d = 0; d < cfg_.size; ++d) {
+    sizes_[d] = send[d].size();
     if (d == cfg_.rank) {
       if (!send[d].empty()) std::memcpy(recv_.data() + my_slot, send[d].data(), send[d].size());
       continue;
@@ -106,22 +112,30 @@ bool all_to_all::exchange(const std::vector<std::span<const std::byte>>& send,
     const uint64_t staged = bells + uint64_t{d} * cfg_.slot_bytes;
     if (send[d].empty()) continue;
     std::memcpy(send_.data() + staged, send[d].data(), send[d].size());
-    ids.push_back(t_.post_put({seq, 0, names_[d], send_region_, peers_[d], {{staged, my_slot, send[d].size()}}}));
+    pending_.push_back(t_.post_put({seq, 0, names_[d], send_region_, peers_[d], {{staged, my_slot, send[d].size()}}}));
   }
-  if (!wait_puts(ids, why)) return false;
-  // 2. Doorbells, only after the data landed remotely (a completed put is remote-complete).
+  posted_ = true;
+  return true;
+}
+
+bool all_to_all::complete(std::vector<std::span<const std::byte>>* recv, std::string* why) {
+  if (!posted_) return *why = "all-to-all rank " + names_[cfg_.rank] + ": complete() without post()", false;
+  posted_ = false;
+  const uint64_t seq = seq_;
+  if (!wait_puts(pending_, why)) return false;
+  // Doorbells, only after the data landed remotely (a completed put is remote-complete).
   for (uint32_t d = 0; d < cfg_.size; ++d) {
-    const doorbell b{seq, send[d].size()};
+    const doorbell b{seq, sizes_[d]};
     if (d == cfg_.rank) {
       std::memcpy(recv_.data() + bell_offset(seq, cfg_.rank), &b, sizeof b);
       continue;
     }
     std::memcpy(send_.data() + uint64_t{d} * sizeof(doorbell), &b, sizeof b);
-    ids.push_back(t_.post_put(
+    pending_.push_back(t_.post_put(
         {seq, 0, names_[d], send_region_, peers_[d], {{uint64_t{d} * sizeof(doorbell), bell_offset(seq, cfg_.rank), sizeof b}}}));
   }
-  if (!wait_puts(ids, why)) return false;
-  // 3. Every source's doorbell at this sequence: its chunk is here.
+  if (!wait_puts(pending_, why)) return false;
+  // Every source's doorbell at this sequence: its chunk is here.
   recv->assign(cfg_.size, {});
   const auto deadline = std::chrono::steady_clock::now() + cfg_.timeout;
   for (uint32_t s = 0; s < cfg_.size; ++s) {

@@ -46,6 +46,7 @@ public:
 
   const std::string& error() const { return error_; }
   uint32_t size() const { return cfg_.size; }
+  const all_to_all_config& config() const { return cfg_; }
   uint32_t rank() const { return cfg_.rank; }
   /// This rank's receive region, to hand to every other rank.
   const region_key& key() const { return recv_key_; }
@@ -58,6 +59,11 @@ public:
   /// the timeout).
   bool exchange(const std::vector<std::span<const std::byte>>& send, std::vector<std::span<const std::byte>>* recv,
                 std::string* why);
+  /// The same in two halves, so a rank can compute while its chunks travel (dual-batch overlap):
+  /// post() copies the chunks out and starts their puts; complete() waits for them, rings the
+  /// doorbells and waits for every rank's chunk. One exchange is open at a time per group.
+  bool post(const std::vector<std::span<const std::byte>>& send, std::string* why);
+  bool complete(std::vector<std::span<const std::byte>>* recv, std::string* why);
   uint64_t exchanges() const { return seq_; }
 
 private:
@@ -80,6 +86,9 @@ private:
   uint64_t send_region_ = 0;
   std::vector<region_key> peers_;
   uint64_t seq_ = 0;
+  bool posted_ = false;            ///< post() ran, complete() not yet
+  std::vector<uint64_t> pending_;  ///< puts in flight
+  std::vector<uint64_t> sizes_;    ///< the open exchange's chunk sizes, for the doorbells
 };
 
 }  // namespace baton::transport

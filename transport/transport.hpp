@@ -44,6 +44,12 @@ struct region_key {
   std::vector<uint8_t> packed;  ///< backend-specific remote key (e.g. a packed UCX rkey)
 };
 
+/// A key as one line of text, "<backend> <region id> <size> <hex of packed>", for handing keys
+/// between processes over pipes (benchmarks, expert shards); key_from_text reads it back and
+/// gives nothing for a malformed line.
+std::string key_to_text(const region_key& k);
+std::optional<region_key> key_from_text(const std::string& line);
+
 struct capabilities {
   std::string name;
   bool one_sided_put = false;     ///< writes into the peer's memory without its CPU

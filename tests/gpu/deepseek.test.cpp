@@ -606,7 +606,10 @@ struct ep_fixture {
   std::vector<std::string> shard_errors;
   std::shared_ptr<expert_group> group;
 
-  ep_fixture(const std::string& backend, uint32_t size, const model_config& cfg, std::shared_ptr<const model_weights> w) {
+  std::vector<std::unique_ptr<transport::all_to_all>> shard_b;  ///< dual-batch overlap's second channel
+
+  ep_fixture(const std::string& backend, uint32_t size, const model_config& cfg, std::shared_ptr<const model_weights> w,
+             bool dual = false) {
     static auto fabric = transport::make_loopback_fabric();
     static int serial = 0;
     ++serial;
@@ -630,19 +633,31 @@ struct ep_fixture {
       keys.push_back(a2a.back()->key());
     }
     for (auto& a : a2a) a->connect(keys);
+    std::vector<std::unique_ptr<transport::all_to_all>> b(size);
+    if (dual) {
+      keys.clear();
+      for (uint32_t r = 0; r < size; ++r) {
+        b[r] = std::make_unique<transport::all_to_all>(
+            *ts[r], names, transport::all_to_all_config{r, size, expert_slot_bytes(cfg, 64), a2a[r]->config().timeout});
+        keys.push_back(b[r]->key());
+      }
+      for (auto& x : b) x->connect(keys);
+    }
     shard_errors.resize(size);
     for (uint32_t r = 1; r < size; ++r) {
       auto* a = a2a[r].get();
-      shards.emplace_back([this, a, r, cfg, w] {
-        if (!run_expert_shard(cfg, *w, *a, &shard_errors[r])) return;
+      auto* second = b[r].get();
+      shards.emplace_back([this, a, second, r, cfg, w] {
+        if (!run_expert_shard(cfg, *w, *a, &shard_errors[r], second)) return;
         shard_errors[r] = "stopped";
       });
     }
     for (uint32_t r = 1; r < size; ++r) {
       shard_a2a.push_back(std::move(a2a[r]));
+      shard_b.push_back(std::move(b[r]));
       shard_t.push_back(std::move(ts[r]));
     }
-    group = std::make_shared<expert_group>(std::move(ts[0]), std::move(a2a[0]), size);
+    group = std::make_shared<expert_group>(std::move(ts[0]), std::move(a2a[0]), size, std::move(b[0]));
   }
   /// Stops the shards (the group's destructor sends stop) and joins them.
   void finish() {
@@ -657,8 +672,8 @@ struct ep_fixture {
 
 }  // namespace
 
-TEST_CASE("expert parallelism: EP 2 and 4 (shards over loopback and UCX) give the tokens and logits of EP 1, bit for "
-          "bit; every shard stops when told") {
+TEST_CASE("expert parallelism: EP 2 and 4 (shards over loopback and UCX), with and without dual-batch overlap, give "
+          "the tokens and logits of EP 1, bit for bit; every shard stops when told") {
   for (bool v3 : {false, true}) {
     const auto cfg = deepseek_tiny_config(v3);
     auto w = std::make_shared<const model_weights>(make_seeded_weights(cfg, 21));
@@ -668,11 +683,14 @@ TEST_CASE("expert parallelism: EP 2 and 4 (shards over loopback and UCX) give th
     const auto ref = generate_colocated(*alone, prompt, 6, 16, {}, true);
     REQUIRE(ref.error.empty());
     for (const std::string backend : {"loopback", "ucx"})
-      for (uint32_t size : {2u, 4u}) {
+      for (uint32_t size : {2u, 4u})
+      for (bool dual : {false, true}) {
         CAPTURE(v3);
         CAPTURE(backend);
         CAPTURE(size);
-        ep_fixture ep{backend, size, cfg, w};
+        CAPTURE(dual);
+        ep_fixture ep{backend, size, cfg, w, dual};
+        CHECK(ep.group->dual_batch() == dual);
         cpu_executor_config ec;
         ec.experts = ep.group;
         auto exec = make_cpu_executor(cfg, w, ec);

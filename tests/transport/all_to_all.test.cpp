@@ -100,3 +100,19 @@ TEST_CASE("all-to-all: a rank that never exchanges is named in the others' error
   CHECK(why0 == "all-to-all exchange 2: rank ep-0 -> ep-2: chunk of 65 bytes exceeds the slot of 64");
   CHECK(all_to_all_config{3, 3}.validate() == "all-to-all: rank 3 outside a group of 3");
 }
+
+TEST_CASE("a region key survives a line of text between processes; a malformed line gives nothing") {
+  const region_key k{"ucx", 42, 1 << 20, {0x00, 0x7f, 0xff, 0x10}};
+  const auto line = key_to_text(k);
+  CHECK(line == "ucx 42 1048576 007fff10");
+  const auto back = key_from_text(line + "\n");
+  REQUIRE(back);
+  CHECK(back->backend == "ucx");
+  CHECK(back->region_id == 42);
+  CHECK(back->size_bytes == 1048576);
+  CHECK(back->packed == k.packed);
+  CHECK(key_from_text("loopback 1 8 -")->packed.empty());
+  CHECK_FALSE(key_from_text("ucx 42 1048576 0g"));
+  CHECK_FALSE(key_from_text("ucx 42 1048576 abc"));
+  CHECK_FALSE(key_from_text("ucx forty-two 1 00"));
+}
