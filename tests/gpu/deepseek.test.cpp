@@ -10,24 +10,18 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <cstring>
 #include <numeric>
-#include <thread>
 
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
 #include "gpu/cpu_executor.hpp"
-#include "gpu/expert_parallel.hpp"
 #include "gpu/hf_model.hpp"
 #include "gpu/local_generate.hpp"
 #include "gpu/moe_routing.hpp"
 #include "gpu/safetensors.hpp"
 #include "tests/test_util.hpp"
-#include "transport/all_to_all.hpp"
-#include "transport/loopback.hpp"
-#include "transport/ucx.hpp"
 
 using namespace baton;
 using namespace baton::gpu;
@@ -593,208 +587,4 @@ TEST_CASE("a DeepSeek model directory (experts one tensor each, or fused as tran
       }
       std::filesystem::remove_all(dir);
     }
-}
-
-namespace {
-
-/// An EP group of `size` over loopback or UCX: rank 0's expert_group for the executor, the
-/// shards serving on threads (in production they are processes: `baton experts`).
-struct ep_fixture {
-  std::vector<std::unique_ptr<transport::transport>> shard_t;  // before the all-to-alls registered on them
-  std::vector<std::unique_ptr<transport::all_to_all>> shard_a2a;
-  std::vector<std::thread> shards;
-  std::vector<std::string> shard_errors;
-  std::shared_ptr<expert_group> group;
-
-  std::vector<std::unique_ptr<transport::all_to_all>> shard_b;  ///< dual-batch overlap's second channel
-
-  ep_fixture(const std::string& backend, uint32_t size, const model_config& cfg, std::shared_ptr<const model_weights> w,
-             bool dual = false) {
-    static auto fabric = transport::make_loopback_fabric();
-    static int serial = 0;
-    ++serial;
-    std::vector<std::string> names;
-    std::vector<std::unique_ptr<transport::transport>> ts;
-    for (uint32_t r = 0; r < size; ++r) {
-      names.push_back("ep" + std::to_string(serial) + "-" + std::to_string(r));
-      std::string why;
-      ts.push_back(backend == "ucx" ? transport::make_ucx_transport({names.back()}, &why)
-                                    : transport::make_loopback_transport(fabric, names.back()));
-      REQUIRE_MESSAGE(ts.back(), why);
-    }
-    std::vector<std::unique_ptr<transport::all_to_all>> a2a;
-    std::vector<transport::region_key> keys;
-    for (uint32_t r = 0; r < size; ++r) {
-      // Shards wait for the lead as long as a test may take; the lead waits 10 s for answers.
-      const auto wait = std::chrono::milliseconds{r == 0 ? 10'000 : 120'000};
-      a2a.push_back(std::make_unique<transport::all_to_all>(
-          *ts[r], names, transport::all_to_all_config{r, size, expert_slot_bytes(cfg, 64), wait}));
-      REQUIRE_MESSAGE(a2a.back()->error().empty(), a2a.back()->error());
-      keys.push_back(a2a.back()->key());
-    }
-    for (auto& a : a2a) a->connect(keys);
-    std::vector<std::unique_ptr<transport::all_to_all>> b(size);
-    if (dual) {
-      keys.clear();
-      for (uint32_t r = 0; r < size; ++r) {
-        b[r] = std::make_unique<transport::all_to_all>(
-            *ts[r], names, transport::all_to_all_config{r, size, expert_slot_bytes(cfg, 64), a2a[r]->config().timeout});
-        keys.push_back(b[r]->key());
-      }
-      for (auto& x : b) x->connect(keys);
-    }
-    shard_errors.resize(size);
-    for (uint32_t r = 1; r < size; ++r) {
-      auto* a = a2a[r].get();
-      auto* second = b[r].get();
-      shards.emplace_back([this, a, second, r, cfg, w] {
-        if (!run_expert_shard(cfg, *w, *a, &shard_errors[r], second)) return;
-        shard_errors[r] = "stopped";
-      });
-    }
-    for (uint32_t r = 1; r < size; ++r) {
-      shard_a2a.push_back(std::move(a2a[r]));
-      shard_b.push_back(std::move(b[r]));
-      shard_t.push_back(std::move(ts[r]));
-    }
-    group = std::make_shared<expert_group>(std::move(ts[0]), std::move(a2a[0]), size, std::move(b[0]));
-  }
-  /// Stops the shards (the group's destructor sends stop) and joins them.
-  void finish() {
-    group.reset();
-    for (auto& t : shards) t.join();
-    shards.clear();
-  }
-  ~ep_fixture() {
-    if (!shards.empty()) finish();
-  }
-};
-
-}  // namespace
-
-TEST_CASE("expert parallelism: EP 2 and 4 (shards over loopback and UCX), with and without dual-batch overlap, give "
-          "the tokens and logits of EP 1, bit for bit; every shard stops when told") {
-  for (bool v3 : {false, true}) {
-    const auto cfg = deepseek_tiny_config(v3);
-    auto w = std::make_shared<const model_weights>(make_seeded_weights(cfg, 21));
-    auto alone = make_cpu_executor(cfg, w, {});
-    std::vector<int32_t> prompt;
-    for (int i = 0; i < 40; ++i) prompt.push_back((i * 41 + 5) % 256);
-    const auto ref = generate_colocated(*alone, prompt, 6, 16, {}, true);
-    REQUIRE(ref.error.empty());
-    for (const std::string backend : {"loopback", "ucx"})
-      for (uint32_t size : {2u, 4u})
-      for (bool dual : {false, true}) {
-        CAPTURE(v3);
-        CAPTURE(backend);
-        CAPTURE(size);
-        CAPTURE(dual);
-        ep_fixture ep{backend, size, cfg, w, dual};
-        CHECK(ep.group->dual_batch() == dual);
-        cpu_executor_config ec;
-        ec.experts = ep.group;
-        auto exec = make_cpu_executor(cfg, w, ec);
-        const auto got = generate_colocated(*exec, prompt, 6, 16, {}, true);
-        REQUIRE_MESSAGE(got.error.empty(), got.error);
-        CHECK(got.tokens == ref.tokens);
-        CHECK(test::same_bits(got.step_logits, ref.step_logits));
-        exec.reset();
-        ec.experts.reset();
-        ep.finish();
-        for (uint32_t r = 1; r < size; ++r) CHECK(ep.shard_errors[r] == "stopped");
-      }
-  }
-}
-
-TEST_CASE("expert parallelism: a malformed dispatch chunk is refused with a sentence, and a silent shard fails the "
-          "job naming the layer and the shard") {
-  const auto cfg = deepseek_tiny_config(true);
-  auto w = std::make_shared<const model_weights>(make_seeded_weights(cfg, 3));
-  std::vector<std::byte> out, junk(7);
-  std::string why;
-  CHECK_FALSE(serve_expert_chunk(cfg, *w, junk, &out, &why));
-  CHECK(why == "expert dispatch: a chunk of 7 bytes has no header");
-  std::vector<std::byte> bad(12 + 4 + cfg.hidden_size * 4);
-  const uint32_t hdr[3] = {1, 0, 1};  // layer 0 is dense
-  std::memcpy(bad.data(), hdr, sizeof hdr);
-  CHECK_FALSE(serve_expert_chunk(cfg, *w, bad, &out, &why));
-  CHECK(why.find("layer 0 with 1 entries does not fit") != std::string::npos);
-  const uint32_t hdr2[3] = {1, 1, 1};
-  const uint32_t expert = 99;
-  std::memcpy(bad.data(), hdr2, sizeof hdr2);
-  std::memcpy(bad.data() + 12, &expert, 4);
-  CHECK_FALSE(serve_expert_chunk(cfg, *w, bad, &out, &why));
-  CHECK(why == "expert dispatch: expert 99 does not exist");
-
-  // A group whose shard never serves: rank 1's all-to-all exists but nobody runs it.
-  auto fabric = transport::make_loopback_fabric();
-  std::vector<std::string> names{"lead", "mute"};
-  auto t0 = transport::make_loopback_transport(fabric, "lead"), t1 = transport::make_loopback_transport(fabric, "mute");
-  transport::all_to_all_config c0{0, 2, expert_slot_bytes(cfg, 64), std::chrono::milliseconds{200}}, c1 = c0;
-  c1.rank = 1;
-  auto a0 = std::make_unique<transport::all_to_all>(*t0, names, c0);
-  transport::all_to_all a1{*t1, names, c1};
-  a0->connect({a0->key(), a1.key()});
-  a1.connect({a0->key(), a1.key()});
-  cpu_executor_config ec;
-  ec.experts = std::make_shared<expert_group>(std::move(t0), std::move(a0), 2);
-  auto exec = make_cpu_executor(cfg, w, ec);
-  const auto got = generate_colocated(*exec, {1, 2, 3}, 2, 16, {}, true);
-  CHECK(got.error.find("layer 1: expert dispatch, layer 1: all-to-all exchange 1: rank lead has nothing from mute") !=
-        std::string::npos);
-  exec.reset();
-  ec.experts.reset();  // its stop goes unanswered within the timeout
-}
-
-TEST_CASE("live EPLB: on a skewed routing load the hottest EP rank's copies drop from 3.8x the mean to 1.15x, and "
-          "tokens stay those of EP 1") {
-  const auto cfg = deepseek_tiny_config(true);
-  auto skewed = make_seeded_weights(cfg, 21);
-  for (auto& l : skewed.layers)  // V3's correction bias steers the choice: experts 0 and 1 turn hot
-    if (!l.router_bias.empty()) l.router_bias[0] += 1.0f, l.router_bias[1] += 1.0f;
-  auto w = std::make_shared<const model_weights>(std::move(skewed));
-  std::vector<int32_t> prompt;
-  for (int i = 0; i < 48; ++i) prompt.push_back((i * 29 + 3) % 256);
-  auto alone = make_cpu_executor(cfg, w, {});
-  const auto ref = generate_colocated(*alone, prompt, 8, 16, {}, true);
-  REQUIRE(ref.error.empty());
-  auto imbalance_of = [](const std::vector<uint64_t>& copies) {
-    std::vector<double> v(copies.begin(), copies.end());
-    return policies::imbalance(v);
-  };
-  double before = 0, after = 0;
-  for (bool eplb : {false, true}) {
-    CAPTURE(eplb);
-    ep_fixture ep{"loopback", 4, cfg, w};
-    std::string why;
-    // A plan every 8 forward passes (2 MoE layers each): from the prefill and 7 decode steps.
-    if (eplb) REQUIRE_MESSAGE(ep.group->enable_eplb({4, 16}, cfg.moe.n_routed_experts, &why), why);
-    cpu_executor_config ec;
-    ec.experts = ep.group;
-    auto exec = make_cpu_executor(cfg, w, ec);
-    auto first = generate_colocated(*exec, prompt, 8, 16, {}, true);  // EPLB's first window
-    REQUIRE_MESSAGE(first.error.empty(), first.error);
-    CHECK(first.tokens == ref.tokens);
-    CHECK(test::same_bits(first.step_logits, ref.step_logits));
-    ep.group->take_rank_copies();
-    const auto second = generate_colocated(*exec, prompt, 8, 16, {}, true);
-    CHECK(second.tokens == ref.tokens);
-    CHECK(test::same_bits(second.step_logits, ref.step_logits));
-    const auto copies = ep.group->take_rank_copies();
-    (eplb ? after : before) = imbalance_of(copies);
-    MESSAGE(std::string{eplb ? "EPLB on" : "EPLB off"} << ": copies per EP rank " << copies[0] << " " << copies[1]
-                                                       << " " << copies[2] << " " << copies[3] << ", plans "
-                                                       << ep.group->plans());
-    exec.reset();
-    ec.experts.reset();
-    ep.finish();
-  }
-  CHECK(before > 3.5);  // 211 of 220 copies on rank 0, which holds experts 0 and 1
-  CHECK(after < 1.2);   // 63 / 62 / 49 / 46
-  // A slot budget that cannot hold the experts is refused.
-  ep_fixture ep{"loopback", 4, cfg, w};
-  std::string why;
-  CHECK_FALSE(ep.group->enable_eplb({1, 2}, cfg.moe.n_routed_experts, &why));
-  CHECK(why == "EPLB: 4 ranks x 1 slots cannot hold 8 experts");
-  ep.group.reset();
 }
