@@ -85,9 +85,11 @@ std::optional<size_t> place_seed(pointer self, const place_query& q, std::string
   const auto num_ranks = st.registry.loads.size();
   const auto num_engines = static_cast<uint32_t>((num_ranks + rpe - 1) / rpe);
   if (num_engines == 0) return std::nullopt;
-  if (!st.buckets || st.buckets->engine_buckets().size() != num_engines)
-    st.buckets.emplace(st.cfg.buckets, num_engines);
   const double now = seconds_since_start(self);
+  if (!st.buckets)
+    st.buckets.emplace(st.cfg.buckets, num_engines);
+  else if (st.buckets->engine_buckets().size() != num_engines)
+    st.buckets->resize(num_engines, now);  // an elastic move: buckets and demand carry over
   std::string moved;
   if (auto m = st.buckets->rebalance(now))
     moved = "; moved engine " + std::to_string(m->engine) + " from bucket " + std::to_string(m->from_bucket) +

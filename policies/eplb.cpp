@@ -50,7 +50,9 @@ expert_placement plan_eplb(const std::vector<double>& load, const eplb_config& c
   p.rank_experts.resize(cfg.num_ranks);
   p.replicas.resize(n);
   std::vector<double> rank_load(cfg.num_ranks, 0.0);
-  for (const auto& [share, e] : items) {
+  for (const auto& item : items) {
+    const double share = item.first;
+    const uint32_t e = item.second;  // a plain variable: lambdas below capture it
     uint32_t best = cfg.num_ranks;
     auto node_has = [&](uint32_t r) {
       for (auto h : p.replicas[e])

@@ -87,6 +87,33 @@ std::optional<engine_move> bucket_allocator::rebalance(double now_s) {
   return engine_move{e, *from, *to};
 }
 
+void bucket_allocator::resize(uint32_t num_engines, double now_s) {
+  // Engines past the new count leave their buckets.
+  while (engine_bucket_.size() > num_engines) {
+    const auto e = static_cast<uint32_t>(engine_bucket_.size() - 1);
+    auto& v = bucket_engines_[engine_bucket_[e]];
+    v.erase(std::find(v.begin(), v.end(), e));
+    engine_bucket_.pop_back();
+  }
+  // Each newcomer joins the bucket furthest below its share of the demand (bucket 0 when there
+  // is no demand yet), so a rank that elastic P/D moves into prefill serves where it is short.
+  const uint32_t nb = num_buckets();
+  while (engine_bucket_.size() < num_engines) {
+    const auto e = static_cast<uint32_t>(engine_bucket_.size());
+    const double engines = static_cast<double>(e + 1);
+    double total = 0.0;
+    for (uint32_t b = 0; b < nb; ++b) total += demand(b, now_s);
+    uint32_t best = 0;
+    double best_deficit = -1e300;
+    for (uint32_t b = 0; total > 0.0 && b < nb; ++b) {
+      const double deficit = demand(b, now_s) / total * engines - static_cast<double>(bucket_engines_[b].size());
+      if (deficit > best_deficit) best = b, best_deficit = deficit;
+    }
+    engine_bucket_.push_back(best);
+    bucket_engines_[best].push_back(e);  // the highest index: the list stays sorted
+  }
+}
+
 const std::vector<uint32_t>& bucket_allocator::engines_for(uint32_t bucket, bool* borrowed) const {
   const auto nb = static_cast<int>(num_buckets());
   // Distance 0 is the bucket itself; then the nearer neighbours, the shorter one first.

@@ -62,6 +62,11 @@ class bucket_allocator {
   double demand(uint32_t bucket, double now_s) const;
   /// Moves at most one engine toward the demand shares; returns it.
   std::optional<engine_move> rebalance(double now_s);
+  /// The pool grew or shrank (elastic P/D moved a rank): engines keep their buckets by index,
+  /// the highest-numbered leave first, and each new one joins the bucket furthest below its share
+  /// of the demand, which is kept. Engines are numbered in registration order, so a rank leaving
+  /// from the middle shifts the later ones' numbers: those keep the bucket of the number they take.
+  void resize(uint32_t num_engines, double now_s);
   /// Engines of `bucket`, or (when it owns none) of the nearest bucket that owns some; sets
   /// `*borrowed` accordingly. Empty when there are no engines at all.
   const std::vector<uint32_t>& engines_for(uint32_t bucket, bool* borrowed = nullptr) const;

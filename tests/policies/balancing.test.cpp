@@ -312,3 +312,38 @@ TEST_CASE("under steady Poisson load, at most one engine move per bucket per vir
   CHECK(counts[3] >= 5);
   for (auto n : counts) CHECK(n >= 1);
 }
+
+TEST_CASE("elastic P/D: a rank joining or leaving the prefill pool keeps the buckets' engines and demand; the new "
+          "engine joins the bucket most short of its share") {
+  bucket_config cfg;
+  bucket_allocator b{cfg, 4};
+  double t = 0;
+  for (; t < 3600; t += 1) {  // long prompts (16K-64K) carry three quarters of the demand
+    b.record_demand(1, 3e5, t);
+    b.record_demand(0, 1e5, t);
+    b.rebalance(t);
+  }
+  const auto before = b.engine_counts();
+  REQUIRE(before[0] + before[1] == 4);
+  const double d0 = b.demand(0, t), d1 = b.demand(1, t);
+  // Shares: 1 and 3 engines of 4; with a 5th engine 1.25 and 3.75: bucket 1 is the shorter.
+  b.resize(5, t);
+  auto grown = b.engine_counts();
+  CHECK(grown[0] == before[0]);
+  CHECK(grown[1] == before[1] + 1);
+  CHECK(b.engine_buckets().back() == 1);
+  CHECK(b.engines_for(1).back() == 4);
+  CHECK(b.demand(0, t) == d0);
+  CHECK(b.demand(1, t) == d1);
+  // Shrinking: the highest-numbered engine leaves; the others keep their buckets.
+  const auto kept = std::vector<uint32_t>(b.engine_buckets().begin(), b.engine_buckets().begin() + 3);
+  b.resize(3, t);
+  CHECK(b.engine_buckets() == kept);
+  uint32_t total = 0;
+  for (auto n : b.engine_counts()) total += n;
+  CHECK(total == 3);
+  // No demand yet: newcomers go to bucket 0.
+  bucket_allocator fresh{cfg, 1};
+  fresh.resize(3, 0);
+  CHECK(fresh.engine_counts() == std::vector<uint32_t>{3, 0, 0, 0});
+}
