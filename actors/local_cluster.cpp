@@ -38,6 +38,7 @@ std::string local_cluster_config::validate() const {
     if (auto e = elastic.planner.validate(); !e.empty()) return e;
   if (transport != "loopback" && transport != "ucx" && transport != "modelled")
     return "transport must be loopback, ucx or modelled, got '" + transport + "'";
+  if (ucx_send != "put" && ucx_send != "am") return "ucx_send must be put or am, got '" + ucx_send + "'";
   return {};
 }
 
@@ -67,7 +68,7 @@ local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_co
     std::unique_ptr<transport::transport> t;
     if (cfg.transport == "ucx") {
       std::string why;
-      t = transport::make_ucx_transport({name}, &why);
+      t = transport::make_ucx_transport({name, 1, cfg.ucx_send}, &why);
       // A rank without a transport refuses work and says why (rank_core::setup_error).
       if (!t) t = std::make_unique<transport::failed_transport>("ucx: " + why);
     } else if (cfg.transport == "modelled") {

@@ -41,6 +41,9 @@ struct local_cluster_config {
   elastic_controller_config elastic;
   /// KV handoff backend: loopback (in-process memcpy), ucx, or modelled (sims: no bytes move)
   std::string transport = "loopback";
+  /// With transport ucx: how this process's ranks send ("put": RMA; "am": rendezvous active
+  /// messages, several times faster over TCP). Receivers take either.
+  std::string ucx_send = "put";
   gpu::cpu_executor_config executor;  ///< the KV pool's size (and the CPU backend's threads)
   gpu::backend_config backend;        ///< cpu (default) or cuda
   prefill_rank_config prefill;  ///< name is a prefix: ranks are <name>-0, <name>-1, ...

@@ -4,7 +4,7 @@
 // layer is one transfer (puts + flush: remote-complete when polled done).
 // bench/ucx_bench.sh runs it next to ucx_perftest with the same transport and sizes.
 //
-// Usage: baton_bench_ucx [--layer-mib N ...] [--inflight N] [--total-mib N]
+// Usage: baton_bench_ucx [--layer-mib N ...] [--inflight N] [--total-mib N] [--send put|am]
 //        (it starts itself as the receiver: `baton_bench_ucx --receiver`)
 
 #include <unistd.h>
@@ -62,14 +62,16 @@ int main(int argc, char** argv) {
   std::vector<uint64_t> layer_mib;
   uint32_t inflight = 4;
   uint64_t total_mib = 2048;
+  std::string send = "put";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--receiver") return run_receiver();
-    if (a == "--layer-mib" && i + 1 < argc) layer_mib.push_back(std::stoull(argv[++i]));
+    if (a == "--send" && i + 1 < argc) send = argv[++i];
+    else if (a == "--layer-mib" && i + 1 < argc) layer_mib.push_back(std::stoull(argv[++i]));
     else if (a == "--inflight" && i + 1 < argc) inflight = static_cast<uint32_t>(std::stoul(argv[++i]));
     else if (a == "--total-mib" && i + 1 < argc) total_mib = std::stoull(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: %s [--layer-mib N ...] [--inflight N] [--total-mib N]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--layer-mib N ...] [--inflight N] [--total-mib N] [--send put|am]\n", argv[0]);
       return 2;
     }
   }
@@ -103,7 +105,7 @@ int main(int argc, char** argv) {
   const transport::region_key remote = *parsed;
 
   std::string why;
-  auto t = transport::make_ucx_transport({"sender"}, &why);
+  auto t = transport::make_ucx_transport({"sender", 1, send}, &why);
   if (!t) {
     std::fprintf(stderr, "sender: %s\n", why.c_str());
     return 1;
@@ -113,7 +115,8 @@ int main(int argc, char** argv) {
   auto local = t->register_region(src.data(), src.size(), &err);
   if (!local) return 1;
 
-  std::printf("| layer size | Baton UCX put, %u layers in flight | cold memcpy, same chunks |\n|---|---|---|\n", inflight);
+  std::printf("| layer size | Baton UCX %s, %u layers in flight | cold memcpy, same chunks |\n|---|---|---|\n",
+              send == "am" ? "rendezvous active messages" : "put", inflight);
   for (auto mib : layer_mib) {
     const uint64_t layer = mib << 20, total = total_mib << 20;
     std::vector<uint64_t> pending;

@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
-# KV send throughput over Baton's UCX transport vs ucx_perftest (ucp_put_bw) with the same
-# transport and message sizes, processes pinned to different cores, 127.0.0.1 only.
+# KV send throughput over Baton's UCX transport, RMA puts and rendezvous active messages, vs
+# ucx_perftest (ucp_put_bw, ucp_am_bw) with the same transport and message sizes, processes pinned
+# to different cores, 127.0.0.1 only.
 # Usage: bench/ucx_bench.sh [build dir]
 set -euo pipefail
 build="${1:-$(dirname "$0")/../build}"
 export UCX_NET_DEVICES=lo
 sizes_mib=(1 4 16 64)
 port=13500
-perftest() {  # tls size_bytes -> GB/s (1e9 B/s)
-  local tls=$1 size=$2 iters=$(( (1024 << 20) / $2 ))
+perftest() {  # test tls size_bytes -> GB/s (1e9 B/s)
+  local test=$1 tls=$2 size=$3 iters=$(( (1024 << 20) / $3 ))
   [ "$iters" -lt 20 ] && iters=20
   UCX_TLS=$tls taskset -c 0 ucx_perftest -p $port >/dev/null 2>&1 &
   local srv=$!
   sleep 0.5
   local mbs
-  mbs=$(UCX_TLS=$tls taskset -c 1 ucx_perftest 127.0.0.1 -p $port -t ucp_put_bw -s "$size" -n "$iters" -w 5 -f 2>/dev/null |
+  mbs=$(UCX_TLS=$tls taskset -c 1 ucx_perftest 127.0.0.1 -p $port -t "$test" -s "$size" -n "$iters" -w 5 -f 2>/dev/null |
         awk 'NF == 8 && $1 ~ /^[0-9]+$/ {print $5}' | tail -1)
   wait $srv 2>/dev/null || true
   port=$((port + 1))
@@ -25,13 +26,14 @@ for tls in sm tcp; do
   echo
   args=()
   for s in "${sizes_mib[@]}"; do args+=(--layer-mib "$s"); done
-  UCX_TLS=$tls taskset -c 0,1 "$build/bench/baton_bench_ucx" "${args[@]}" --total-mib 1024 >/tmp/baton_ucx_$tls.txt
-  echo "| layer size | Baton UCX (256 MiB buffers, cold) | ucx_perftest ucp_put_bw (one buffer of the message size) | cold memcpy |"
-  echo "|---|---|---|---|"
+  for mode in put am; do
+    UCX_TLS=$tls taskset -c 0,1 "$build/bench/baton_bench_ucx" --send $mode "${args[@]}" --total-mib 1024 >/tmp/baton_ucx_${tls}_$mode.txt
+  done
+  echo "| layer size | Baton UCX put (256 MiB buffers, cold) | Baton UCX rendezvous active messages | ucx_perftest ucp_put_bw | ucx_perftest ucp_am_bw | cold memcpy |"
+  echo "|---|---|---|---|---|---|"
   for s in "${sizes_mib[@]}"; do
-    ours=$(awk -F'|' -v s="$s MiB" '$2 ~ "^ "s" $" {gsub(/ /, "", $3); print $3}' /tmp/baton_ucx_$tls.txt)
-    mem=$(awk -F'|' -v s="$s MiB" '$2 ~ "^ "s" $" {gsub(/ /, "", $4); print $4}' /tmp/baton_ucx_$tls.txt)
-    echo "| $s MiB | $ours | $(perftest "$tls" $((s << 20))) GB/s | $mem |"
+    col() { awk -F'|' -v s="$s MiB" -v c="$2" '$2 ~ "^ "s" $" {gsub(/ /, "", $c); print $c}' "$1"; }
+    echo "| $s MiB | $(col /tmp/baton_ucx_${tls}_put.txt 3) | $(col /tmp/baton_ucx_${tls}_am.txt 3) | $(perftest ucp_put_bw "$tls" $((s << 20))) GB/s | $(perftest ucp_am_bw "$tls" $((s << 20))) GB/s | $(col /tmp/baton_ucx_${tls}_put.txt 4) |"
   done
   echo
 done

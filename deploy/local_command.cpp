@@ -255,6 +255,9 @@ int run_local(const std::vector<std::string>& args) {
             "a decode rank silent this long after a token loses the request to another rank");
   flags.add("--quiet", &opt.quiet, "print only the summary");
   flags.add("--transport", &opt.cluster.transport, "KV handoff: loopback (in-process) or ucx");
+  flags.add("--ucx-send", &opt.cluster.ucx_send,
+            "ucx: how this process's ranks send KV: put (one-sided RMA) or am (rendezvous active messages, "
+            "several times faster over TCP)");
   flags.add("--expert-parallel", &opt.expert_parallel,
             "MoE models: split each engine's routed experts over N EP ranks, N - 1 of them expert processes "
             "reached over UCX (1 = off)");

@@ -48,8 +48,16 @@ bool unpack_key(const std::vector<uint8_t>& packed, unpacked_key* out) {
   return true;
 }
 
-/// One transfer: its puts, then a flush; done when the flush completes.
+/// The header of an active-message put: where in the target's registered region the bytes go.
+struct am_header {
+  uint64_t region_id;
+  uint64_t dst_offset;
+};
+constexpr unsigned put_am_id = 1;
+
+/// One transfer: its puts, then a flush (or its active messages); done when all complete.
 struct transfer {
+  std::vector<am_header> headers;  ///< "am" mode: each send's header lives until it completes
   put_desc desc;
   std::vector<void*> pending;  ///< UCX requests still in flight
   bool flushed = false;        ///< the flush has been posted
@@ -71,7 +79,7 @@ public:
     if (auto s = ucp_config_read(nullptr, nullptr, &config); s != UCS_OK) return fail(why, "ucp_config_read", s);
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES;
-    params.features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
+    params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
     auto s = ucp_init(&params, config, &context_);
     ucp_config_release(config);
     if (s != UCS_OK) return fail(why, "ucp_init", s);
@@ -85,6 +93,12 @@ public:
     worker_addr_.assign(reinterpret_cast<const char*>(addr), len);
     ucp_worker_release_address(worker_, addr);
     if (s = ucp_worker_get_efd(worker_, &ucx_fd_); s != UCS_OK) return fail(why, "ucp_worker_get_efd", s);
+    ucp_am_handler_param_t ah{};
+    ah.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+    ah.id = put_am_id;
+    ah.cb = &ucx_transport::on_am;
+    ah.arg = this;
+    if (s = ucp_worker_set_am_recv_handler(worker_, &ah); s != UCS_OK) return fail(why, "ucp_worker_set_am_recv_handler", s);
     wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (wake_fd_ < 0) return fail(why, "eventfd", UCS_ERR_IO_ERROR);
     thread_ = std::thread([this] { progress_loop(); });
@@ -175,6 +189,28 @@ private:
     ucp_mem_h memh;
   };
 
+  /// Progress thread: an active-message put arrived. Its bytes go straight into the region the
+  /// header names; a header outside every region fails the sender's request with the status.
+  static ucs_status_t on_am(void* arg, const void* header, size_t header_length, void* data, size_t length,
+                            const ucp_am_recv_param_t* param) {
+    auto* self = static_cast<ucx_transport*>(arg);
+    am_header h{};
+    if (header_length != sizeof h) return UCS_ERR_INVALID_PARAM;
+    std::memcpy(&h, header, sizeof h);
+    auto r = self->regions_.find(h.region_id);
+    const bool fits = r != self->regions_.end() && h.dst_offset + length <= r->second.size_bytes;
+    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {  // eager (the sender forces rendezvous)
+      if (fits) std::memcpy(r->second.base + h.dst_offset, data, length);
+      return UCS_OK;
+    }
+    if (!fits) return UCS_ERR_INVALID_PARAM;
+    ucp_request_param_t rp{};
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+    rp.cb.recv_am = [](void* request, ucs_status_t, size_t, void*) { ucp_request_free(request); };
+    auto req = ucp_am_recv_data_nbx(self->worker_, data, r->second.base + h.dst_offset, length, &rp);
+    return UCS_PTR_IS_ERR(req) ? UCS_PTR_STATUS(req) : UCS_INPROGRESS;
+  }
+
   static bool fail(std::string* why, const char* what, ucs_status_t s) {
     if (why) *why = std::string{what} + ": " + ucs_status_string(s);
     return false;
@@ -250,8 +286,30 @@ private:
         return finish(id, xfer_state::failed, err);
       }
     }
-    transfer t{d, {}, false, xfer_state::pending, err};
+    transfer t{{}, d, {}, false, xfer_state::pending, err};
     ucp_request_param_t rp{};
+    if (cfg_.send == "am") {
+      // Rendezvous for every size: the send completes only once the target has the bytes, which
+      // is what "done" promises (an eager send completes when the data left).
+      ucp_request_param_t ap{};
+      ap.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+      ap.flags = UCP_AM_SEND_FLAG_RNDV;
+      t.headers.reserve(d.segments.size());
+      for (const auto& s : d.segments) {
+        t.headers.push_back({d.remote.region_id, s.dst_offset});
+        auto req = ucp_am_send_nbx(peer.ep, put_am_id, &t.headers.back(), sizeof(am_header),
+                                   local->second.base + s.src_offset, s.size_bytes, &ap);
+        if (UCS_PTR_IS_ERR(req)) {
+          t.error.code = xfer_errc::backend_error;
+          t.error.what = std::string{"ucp_am_send_nbx: "} + ucs_status_string(UCS_PTR_STATUS(req));
+          t.state = xfer_state::failed;
+          break;
+        }
+        if (req) t.pending.push_back(req);
+      }
+      inflight_.emplace(id, std::move(t));
+      return;
+    }
     for (const auto& s : d.segments) {
       auto req = ucp_put_nbx(peer.ep, local->second.base + s.src_offset, s.size_bytes, key.base + s.dst_offset, rkey, &rp);
       if (UCS_PTR_IS_ERR(req)) {
@@ -306,6 +364,7 @@ private:
   }
 
   void progress_loop() {
+    // The active-message receive handler may run on this thread only (thread mode single).
     while (!stop_) {
       std::deque<std::function<void()>> work;
       {

@@ -23,8 +23,19 @@ struct ucx_config {
   /// How long the progress thread sleeps when idle. Short, because some shared-memory paths need
   /// the target's progress to complete a peer's flush and do not signal the wakeup fd.
   uint32_t idle_wait_ms = 1;
+  /// How a put's bytes travel:
+  ///   "put": one-sided RMA puts, then a flush (shared memory, RDMA);
+  ///   "am":  active messages forced to rendezvous: the target's progress thread receives each
+  ///          segment straight into the registered region at its offset, and the send completes
+  ///          once the data is there. For TCP, where UCX's RMA emulation is very slow
+  ///          (platform-notes §2). Every endpoint receives either kind; the sender chooses.
+  std::string send = "put";
 
-  std::string validate() const { return name.empty() ? "ucx transport needs a rank name" : std::string{}; }
+  std::string validate() const {
+    if (name.empty()) return "ucx transport needs a rank name";
+    if (send != "put" && send != "am") return "ucx send mode must be put or am, not " + send;
+    return {};
+  }
 };
 
 /// Creates a UCX endpoint, or nothing with `*why` saying what UCX refused.

@@ -55,7 +55,8 @@ static void check_disaggregated_equals_colocated(const std::string& transport, f
   CAPTURE(model.name);
   test::cluster_system t;
   auto cfg = small_cluster();
-  cfg.transport = transport;
+  cfg.transport = transport == "ucx-am" ? "ucx" : transport;
+  if (transport == "ucx-am") cfg.ucx_send = "am";  // rendezvous active messages instead of RMA puts
   cfg.model = model;
   auto cluster = start_local_cluster(t.sys, cfg);
   test::cluster_system::stopper stop{t, cluster};
@@ -92,6 +93,7 @@ static void check_disaggregated_equals_colocated(const std::string& transport, f
 TEST_CASE("disaggregated tokens and every step's logits equal the colocated run, bit for bit") {
   check_disaggregated_equals_colocated("loopback", 0.0f);
   check_disaggregated_equals_colocated("ucx", 0.0f);
+  check_disaggregated_equals_colocated("ucx-am", 0.0f);
 }
 
 TEST_CASE("DeepSeek-V2 and V3 (MLA latent KV, MoE): disaggregated equals colocated, bit for bit, the handoff "

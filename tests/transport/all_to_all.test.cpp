@@ -28,7 +28,7 @@ std::vector<std::unique_ptr<transport>> make_group(const std::string& backend, u
     names->push_back("ep-" + std::to_string(r));
     std::string why;
     if (backend == "loopback") out.push_back(make_loopback_transport(fabric, names->back() + "-" + std::to_string(::getpid())));
-    else out.push_back(make_ucx_transport({names->back()}, &why));
+    else out.push_back(make_ucx_transport({names->back(), 1, backend == "ucx-am" ? "am" : "put"}, &why));
     REQUIRE_MESSAGE(out.back(), why);
   }
   return out;
@@ -37,8 +37,8 @@ std::vector<std::unique_ptr<transport>> make_group(const std::string& backend, u
 }  // namespace
 
 TEST_CASE("all-to-all: three ranks exchange distinct chunks (empty ones too) for six rounds, intact, over loopback "
-          "and UCX") {
-  for (const std::string backend : {"loopback", "ucx"}) {
+          "and UCX (puts and rendezvous active messages)") {
+  for (const std::string backend : {"loopback", "ucx", "ucx-am"}) {
     CAPTURE(backend);
     std::vector<std::string> names;
     auto ts = make_group(backend, 3, &names);

@@ -28,9 +28,11 @@ endpoints make_endpoints(const std::string& backend, two_ranks& t) {
   if (backend == "loopback") return {make_loopback_transport(t.fabric, "a"), make_loopback_transport(t.fabric, "b")};
   if (backend == "modelled") return {make_modelled_link(t.fabric, "a"), make_modelled_link(t.fabric, "b")};
   std::string why;
-  auto a = make_ucx_transport({"a"}, &why);
+  // "ucx-am": the sender's bytes travel as rendezvous active messages instead of RMA puts.
+  const std::string mode = backend == "ucx-am" ? "am" : "put";
+  auto a = make_ucx_transport({"a", 1, mode}, &why);
   REQUIRE_MESSAGE(a, why);
-  auto b = make_ucx_transport({"b"}, &why);
+  auto b = make_ucx_transport({"b", 1, mode}, &why);
   REQUIRE_MESSAGE(b, why);
   return {std::move(a), std::move(b)};
 }
@@ -49,7 +51,7 @@ xfer_state wait(transport& t, uint64_t id, xfer_error* err) {
 
 // The same expectations for every backend (design.md §8: conformance suites).
 TEST_CASE("transport conformance: a put copies its segments and nothing else") {
-  for (const std::string backend : {"loopback", "ucx"}) {
+  for (const std::string backend : {"loopback", "ucx", "ucx-am"}) {
     CAPTURE(backend);
     two_ranks t;
     auto [a, b] = make_endpoints(backend, t);
@@ -74,7 +76,7 @@ TEST_CASE("transport conformance: a put copies its segments and nothing else") {
 }
 
 TEST_CASE("transport conformance: errors name request, peer and layer") {
-  for (const std::string backend : {"loopback", "ucx", "modelled"}) {
+  for (const std::string backend : {"loopback", "ucx", "ucx-am", "modelled"}) {
     CAPTURE(backend);
     two_ranks t;
     auto [a, b] = make_endpoints(backend, t);
@@ -90,7 +92,7 @@ TEST_CASE("transport conformance: errors name request, peer and layer") {
     CHECK(err.code == xfer_errc::unknown_region);
     CHECK(err.what.find("local region") != std::string::npos);
     auto foreign = *kb;
-    foreign.backend = backend == "ucx" ? "loopback" : "ucx";  // (the modelled link's keys say loopback)
+    foreign.backend = backend.rfind("ucx", 0) == 0 ? "loopback" : "ucx";  // (the modelled link's keys say loopback)
     id = a->post_put({9, 1, "decode-0", ka->region_id, foreign, {{0, 0, 10}}});
     CHECK(wait(*a, id, &err) == xfer_state::failed);
     CHECK(err.code == xfer_errc::unknown_region);
