@@ -2,13 +2,11 @@
 
 #include <signal.h>
 #include <sys/prctl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <iostream>
-#include <thread>
 
 #include "actors/local_cluster.hpp"
 #include "deploy/commands.hpp"
@@ -22,20 +20,6 @@ namespace baton::deploy {
 namespace {
 
 std::string key_line(const transport::region_key& k) { return transport::key_to_text(k) + "\n"; }
-
-/// Stops a child that did not exit on its own within `grace`, and reaps it.
-void reap(pid_t pid, std::chrono::milliseconds grace) {
-  const auto deadline = std::chrono::steady_clock::now() + grace;
-  int status = 0;
-  while (waitpid(pid, &status, WNOHANG) == 0) {
-    if (std::chrono::steady_clock::now() > deadline) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      return;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds{5});
-  }
-}
 
 std::vector<std::string> names_for(const std::string& engine, uint32_t size) {
   std::vector<std::string> names;
@@ -71,12 +55,13 @@ std::shared_ptr<gpu::expert_group> spawn_expert_group(const expert_spawn& s, con
   std::vector<child> kids;
   auto fail = [&](const std::string& w) -> std::shared_ptr<gpu::expert_group> {
     *why = w;
+    std::vector<pid_t> pids;
     for (auto& k : kids) {
       close(k.in);
-      kill(k.pid, SIGTERM);
-      reap(k.pid, std::chrono::milliseconds{2000});
       std::fclose(k.out);
+      pids.push_back(k.pid);
     }
+    stop_processes(pids, 2000);
     return nullptr;
   };
   for (uint32_t r = 1; r < s.size; ++r) {
@@ -131,9 +116,9 @@ std::shared_ptr<gpu::expert_group> spawn_expert_group(const expert_spawn& s, con
   }
   // The deleter: the group's destructor tells the shards to stop; then they are reaped.
   return std::shared_ptr<gpu::expert_group>(new gpu::expert_group(std::move(t), std::move(a2a), s.size, std::move(b)),
-                                            [pids](gpu::expert_group* g) {
-                                              delete g;
-                                              for (auto pid : pids) reap(pid, std::chrono::milliseconds{2000});
+                                            [pids](gpu::expert_group* g) mutable {
+                                              delete g;  // tells the shards to stop
+                                              stop_processes(pids, 2000);  // and reaps them
                                             });
 }
 
