@@ -318,8 +318,8 @@ int run_local(const std::vector<std::string>& args) {
       why = "--expert-parallel needs a model with routed experts (" + opt.cluster.model.name + " has none)";
     else if (opt.cluster.backend.kind != "cpu")
       why = "--expert-parallel runs on the CPU executor only so far";
-    else if (opt.decode_processes > 0 || opt.cluster.num_elastic_ranks > 0)
-      why = "--expert-parallel applies to the ranks of this process; not with --decode-processes or --elastic-ranks yet";
+    else if (opt.cluster.num_elastic_ranks > 0)
+      why = "--expert-parallel is not wired to --elastic-ranks yet";
     else if (opt.eplb.slots_per_rank)
       why = policies::eplb_config{opt.expert_parallel, opt.expert_parallel, opt.eplb.slots_per_rank}.validate(
           opt.cluster.model.moe.n_routed_experts);
@@ -465,7 +465,9 @@ int run_local(const std::vector<std::string>& args) {
                                        opt.cluster.backend.kind, "--weights-seed",
                                        std::to_string(opt.cluster.weights_seed), "--poll-attempts",
                                        std::to_string(opt.poll_attempts), "--model", opt.model,
-                                       "--cluster-id", opt.sec.cluster_id};
+                                       "--cluster-id", opt.sec.cluster_id, "--expert-parallel",
+                                       std::to_string(opt.expert_parallel), "--ucx-send", opt.cluster.ucx_send};
+      if (opt.dual_batch_overlap) argv.push_back("--dual-batch-overlap");
       if (opt.sec.tls())
         argv.insert(argv.end(), {"--tls-cert", opt.sec.tls_cert, "--tls-key", opt.sec.tls_key, "--tls-ca", opt.sec.tls_ca});
       if (cuda_fp32) argv.push_back("--cuda-fp32");

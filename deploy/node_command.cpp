@@ -30,6 +30,7 @@
 #include "actors/messages.hpp"
 #include "actors/node_agent.hpp"
 #include "deploy/commands.hpp"
+#include "deploy/expert_processes.hpp"
 #include "deploy/flags.hpp"
 #include "deploy/net_security.hpp"
 #include "deploy/processes.hpp"
@@ -135,6 +136,13 @@ int run_node(const std::vector<std::string>& args) {
   flags.add("--drain-timeout-ms", &agent_cfg.drain_timeout_ms, "on SIGTERM, stop anyway after this long");
   std::string model_dir = "random";
   flags.add("--model", &model_dir, "the head's model directory, or `random` for the seeded random model");
+  uint32_t expert_parallel = 1;
+  bool dual_batch_overlap = false;
+  std::string ucx_send = "put";
+  flags.add("--expert-parallel", &expert_parallel,
+            "MoE models: split each rank's routed experts over N EP ranks (N - 1 `baton experts` processes)");
+  flags.add("--dual-batch-overlap", &dual_batch_overlap, "with --expert-parallel: two micro-batches per MoE round");
+  flags.add("--ucx-send", &ucx_send, "how this node's ranks send KV: put (RMA) or am (rendezvous active messages)");
   if (auto rc = flags.parse_command_line(
           args, "node", "baton node --role decode|prefill --connect HOST:PORT | --role store --listen HOST:PORT [flags]"))
     return *rc;
@@ -186,6 +194,12 @@ int run_node(const std::vector<std::string>& args) {
     }
   }
   auto model = loaded.model;
+  if (expert_parallel > 1 && (model.moe.n_routed_experts < expert_parallel || backend.kind != "cpu")) {
+    std::fprintf(stderr, "baton node: --expert-parallel %u needs a model with at least that many routed experts "
+                         "(%s has %u) on the CPU executor\n",
+                 expert_parallel, model.name.c_str(), model.moe.n_routed_experts);
+    return 2;
+  }
   if (auto err = (role == "decode" ? rank.validate() : prefill.validate()) + exec_cfg.validate(); !err.empty()) {
     std::fprintf(stderr, "baton node: %s\n", err.c_str());
     return 2;
@@ -212,9 +226,23 @@ int run_node(const std::vector<std::string>& args) {
       std::string rank_name = name;
       if (num_ranks > 1) rank_name.append("-").append(std::to_string(i));
       std::string why;
-      auto xport = transport::make_ucx_transport({rank_name}, &why);
+      auto xport = transport::make_ucx_transport({rank_name, 1, ucx_send}, &why);
       if (!xport) return "rank " + rank_name + ": UCX: " + why;
-      std::shared_ptr<gpu::executor> exec = gpu::make_backend_executor(backend, model, weights, exec_cfg);
+      std::shared_ptr<gpu::executor> exec;
+      if (expert_parallel > 1) {
+        // The rank's largest job (a prefill chunk, or a decode step with local prompts) bounds
+        // the all-to-all slots.
+        const uint64_t rows = 2 * std::max<uint64_t>({prefill.chunk_tokens, rank.max_batch_size + rank.local_prefill_chunk_tokens});
+        auto group = spawn_expert_group({model_dir, weights_seed, expert_parallel, gpu::expert_slot_bytes(model, rows),
+                                         rank_name, dual_batch_overlap},
+                                        model, &why);
+        if (!group) return "rank " + rank_name + ": expert parallelism: " + why;
+        auto ec = exec_cfg;
+        ec.experts = std::move(group);
+        exec = gpu::make_cpu_executor(model, weights, ec);
+      } else {
+        exec = gpu::make_backend_executor(backend, model, weights, exec_cfg);
+      }
       if (fault_job_delay_ms) exec = gpu::make_fault_slow_executor(std::move(exec), fault_job_delay_ms);
       if (role == "decode") {
         auto rc = rank;
