@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <string>
@@ -151,7 +152,11 @@ int main(int argc, char** argv) {
   int rank = -1;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
-    const auto v = static_cast<uint32_t>(std::stoul(argv[i + 1]));
+    char* end = nullptr;
+    const unsigned long parsed = std::strtoul(argv[i + 1], &end, 10);
+    if (end == argv[i + 1] || *end != '\0' || parsed > UINT32_MAX)
+      return std::fprintf(stderr, "%s needs a non-negative integer, not '%s'\n", argv[i], argv[i + 1]), 2;
+    const auto v = static_cast<uint32_t>(parsed);
     if (a == "--rank") rank = static_cast<int>(v);
     else if (a == "--ranks") o.ranks = v;
     else if (a == "--tokens") o.tokens = v;

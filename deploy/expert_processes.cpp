@@ -4,6 +4,7 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -28,6 +29,12 @@ std::vector<std::string> names_for(const std::string& engine, uint32_t size) {
 }
 
 }  // namespace
+
+uint64_t engine_slot_bytes(const gpu::model_config& cfg, const prefill_rank_config& prefill,
+                           const decode_rank_config& decode) {
+  const uint64_t rows = std::max<uint64_t>(prefill.chunk_tokens, decode.max_batch_size + decode.local_prefill_chunk_tokens);
+  return gpu::expert_slot_bytes(cfg, 2 * rows);
+}
 
 std::shared_ptr<gpu::expert_group> spawn_expert_group(const expert_spawn& s, const gpu::model_config& cfg,
                                                       std::string* why) {

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/config.hpp"
 #include "gpu/expert_parallel.hpp"
 
 namespace baton::deploy {
@@ -21,6 +22,11 @@ struct expert_spawn {
   std::string name;            ///< the engine's name: the shards are <name>-ep<i>
   bool dual_batch = false;     ///< dual-batch overlap: a second all-to-all channel per group
 };
+
+/// The all-to-all slot an engine's expert group needs: twice its largest job's rows (a prefill
+/// chunk, or a decode step with its local prompts), every row's top-k copies bound for one rank.
+uint64_t engine_slot_bytes(const gpu::model_config& cfg, const prefill_rank_config& prefill,
+                           const decode_rank_config& decode);
 
 /// Starts size - 1 shard processes and returns rank 0's group (its deleter stops and reaps them),
 /// or null with `*why`.

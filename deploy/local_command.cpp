@@ -413,13 +413,13 @@ int run_local(const std::vector<std::string>& args) {
   if (opt.expert_parallel > 1) {
     // Each engine (rank) gets its own expert processes; its largest job bounds the all-to-all slots.
     const auto& c = opt.cluster;
-    const uint64_t rows = 2 * std::max<uint64_t>({c.prefill.chunk_tokens, c.decode.max_batch_size + c.decode.local_prefill_chunk_tokens});
     auto weights = c.weights ? c.weights : std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(c.model, c.weights_seed));
-    make_exec = [&opt, weights, rows](const std::string& rank) -> std::shared_ptr<gpu::executor> {
+    make_exec = [&opt, weights](const std::string& rank) -> std::shared_ptr<gpu::executor> {
       const auto& c = opt.cluster;
       std::string why;
       auto group = spawn_expert_group(
-          {opt.model, c.weights_seed, opt.expert_parallel, gpu::expert_slot_bytes(c.model, rows), rank, opt.dual_batch_overlap},
+          {opt.model, c.weights_seed, opt.expert_parallel, engine_slot_bytes(c.model, c.prefill, c.decode), rank,
+           opt.dual_batch_overlap},
           c.model, &why);
       if (!group) {
         std::fprintf(stderr, "baton local: %s: %s\n", rank.c_str(), why.c_str());

@@ -230,11 +230,8 @@ int run_node(const std::vector<std::string>& args) {
       if (!xport) return "rank " + rank_name + ": UCX: " + why;
       std::shared_ptr<gpu::executor> exec;
       if (expert_parallel > 1) {
-        // The rank's largest job (a prefill chunk, or a decode step with local prompts) bounds
-        // the all-to-all slots.
-        const uint64_t rows = 2 * std::max<uint64_t>({prefill.chunk_tokens, rank.max_batch_size + rank.local_prefill_chunk_tokens});
-        auto group = spawn_expert_group({model_dir, weights_seed, expert_parallel, gpu::expert_slot_bytes(model, rows),
-                                         rank_name, dual_batch_overlap},
+        auto group = spawn_expert_group({model_dir, weights_seed, expert_parallel,
+                                         engine_slot_bytes(model, prefill, rank), rank_name, dual_batch_overlap},
                                         model, &why);
         if (!group) return "rank " + rank_name + ": expert parallelism: " + why;
         auto ec = exec_cfg;

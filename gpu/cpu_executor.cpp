@@ -49,6 +49,9 @@ namespace {
 struct activations {
   std::vector<float> x, hn, q, qa, k, v, attn, proj, gate, up;
   std::vector<float> router, xe, ye;  ///< MoE: router logits, one expert's gathered rows and output
+  std::vector<uint32_t> chosen;       ///< MoE: each row's top-k experts
+  std::vector<float> weight, route_scratch;
+  std::vector<std::vector<std::pair<uint32_t, float>>> expert_rows;  ///< MoE: (row, weight) per expert
   void resize(const model_config& c, size_t rows) {
     uint32_t f = 0;
     for (uint32_t l = 0; l < c.num_hidden_layers; ++l)
@@ -298,11 +301,7 @@ private:
 
   /// out[n][hidden] = SwiGLU MLP of `f` intermediate values over x[n][hidden].
   void dense_mlp(const float* gate, const float* up, const float* down, const float* x, size_t n, size_t f, float* out) {
-    const size_t h = cfg_.hidden_size;
-    matmul_nt(x, n, h, gate, f, act_.gate.data(), &pool_);
-    matmul_nt(x, n, h, up, f, act_.up.data(), &pool_);
-    swiglu(act_.gate.data(), act_.up.data(), n * f, act_.gate.data());
-    matmul_nt(act_.gate.data(), n, f, down, h, out, &pool_);
+    swiglu_mlp(x, n, cfg_.hidden_size, gate, up, down, f, act_.gate.data(), act_.up.data(), out, &pool_);
   }
 
   /// A MoE layer: each row routed to its top-k experts, rows bound for one expert run through it
@@ -314,8 +313,12 @@ private:
     const auto& lw = weights_->layers[l];
     const size_t h = c.hidden_size, e_count = c.moe.n_routed_experts, k = c.moe.num_experts_per_tok;
     matmul_nt(act_.hn.data(), n, h, lw.router.data(), e_count, act_.router.data(), &pool_);
-    std::vector<uint32_t> chosen(n * k);
-    std::vector<float> weight(n * k), scratch(2 * e_count + c.moe.n_group);
+    auto& chosen = act_.chosen;
+    auto& weight = act_.weight;
+    auto& scratch = act_.route_scratch;
+    chosen.resize(n * k);
+    weight.resize(n * k);
+    scratch.resize(2 * e_count + c.moe.n_group);
     for (size_t r = 0; r < n; ++r)
       moe_route(c.moe, act_.router.data() + r * e_count, lw.router_bias.empty() ? nullptr : lw.router_bias.data(),
                 chosen.data() + r * k, weight.data() + r * k, scratch.data());
@@ -339,7 +342,9 @@ private:
     const size_t h = c.hidden_size, e_count = c.moe.n_routed_experts, k = c.moe.num_experts_per_tok;
     const size_t mf = c.moe.moe_intermediate_size;
     // Rows per expert, ascending: expert e's batch.
-    std::vector<std::vector<std::pair<uint32_t, float>>> batch(e_count);
+    auto& batch = act_.expert_rows;  // kept across layers: clear() keeps each list's capacity
+    batch.resize(e_count);
+    for (auto& b : batch) b.clear();
     for (size_t r = 0; r < n; ++r)
       for (size_t j = 0; j < k; ++j) batch[chosen[r * k + j]].push_back({static_cast<uint32_t>(r), weight[r * k + j]});
     for (size_t e = 0; e < e_count; ++e) {

@@ -131,6 +131,14 @@ void swiglu(const float* gate, const float* up, size_t n, float* a) {
   for (size_t i = 0; i < n; ++i) a[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
 }
 
+void swiglu_mlp(const float* x, size_t n, size_t h, const float* gate, const float* up, const float* down, size_t f,
+                float* g, float* u, float* out, thread_pool* pool) {
+  matmul_nt(x, n, h, gate, f, g, pool);
+  matmul_nt(x, n, h, up, f, u, pool);
+  swiglu(g, u, n * f, g);
+  matmul_nt(g, n, f, down, h, out, pool);
+}
+
 namespace {
 
 /// softmax(q·k_t · scale) over t < len, then Σ_t p_t v_t: the one attention order both layouts use.

@@ -32,6 +32,11 @@ void rope_apply(float* x, uint32_t num_heads, uint32_t head_dim, uint32_t pos, c
 /// a[i] = silu(gate[i]) · up[i]
 void swiglu(const float* gate, const float* up, size_t n, float* a);
 
+/// out[n][h] = down · (silu(gate · x) ⊙ (up · x)) for n rows of x[n][h], f intermediate values:
+/// the dense MLP and every expert. `g` and `u` are [n][f] scratch. `pool` may be null.
+void swiglu_mlp(const float* x, size_t n, size_t h, const float* gate, const float* up, const float* down, size_t f,
+                float* g, float* u, float* out, thread_pool* pool);
+
 /// Causal attention of one query head over paged KV (the layout of kv_cache, one layer):
 /// out[d] = Σ_t softmax_t(q·k_t · scale) v_t[d] over positions t in [0, len). `kv_layer` is the
 /// layer's base, pages of `page_elems` floats ([k|v][slot][kv_dim]); `kv_offset` picks the KV

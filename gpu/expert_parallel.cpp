@@ -55,10 +55,7 @@ bool serve_expert_chunk(const model_config& cfg, const model_weights& w, std::sp
     up.resize(n * f);
     y.resize(n * h);
     const auto& xp = lw.experts[e];
-    matmul_nt(x.data(), n, h, xp.gate.data(), f, gate.data(), nullptr);
-    matmul_nt(x.data(), n, h, xp.up.data(), f, up.data(), nullptr);
-    swiglu(gate.data(), up.data(), n * f, gate.data());
-    matmul_nt(gate.data(), n, f, xp.down.data(), h, y.data(), nullptr);
+    swiglu_mlp(x.data(), n, h, xp.gate.data(), xp.up.data(), xp.down.data(), f, gate.data(), up.data(), y.data(), nullptr);
     for (size_t i = 0; i < n; ++i) std::memcpy(out->data() + rows[i] * h * sizeof(float), y.data() + i * h, h * sizeof(float));
   }
   return true;

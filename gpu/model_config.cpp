@@ -4,8 +4,8 @@ namespace baton::gpu {
 
 namespace {
 
-/// Parameters of every layer; `experts` routed experts counted per MoE layer.
-uint64_t layer_parameters(const model_config& c, uint64_t experts) {
+/// Parameters of every layer, every routed expert included.
+uint64_t layer_parameters(const model_config& c) {
   const uint64_t h = c.hidden_size;
   uint64_t attention = 0;
   if (c.is_mla()) {
@@ -22,7 +22,7 @@ uint64_t layer_parameters(const model_config& c, uint64_t experts) {
   for (uint32_t l = 0; l < c.num_hidden_layers; ++l) {
     total += attention + 2 * h + 3 * h * c.mlp_intermediate(l);  // two RMSNorms, always-on MLP
     if (c.is_moe_layer(l))
-      total += uint64_t{c.moe.n_routed_experts} * h + experts * 3 * h * c.moe.moe_intermediate_size;
+      total += uint64_t{c.moe.n_routed_experts} * (h + 3 * h * c.moe.moe_intermediate_size);  // router + experts
   }
   return total;
 }
@@ -31,12 +31,7 @@ uint64_t layer_parameters(const model_config& c, uint64_t experts) {
 
 uint64_t model_config::num_parameters() const {
   const uint64_t embed = uint64_t{vocab_size} * hidden_size;
-  return embed * (tie_word_embeddings ? 1 : 2) + layer_parameters(*this, moe.n_routed_experts) + hidden_size;
-}
-
-uint64_t model_config::num_active_parameters() const {
-  const uint64_t embed = uint64_t{vocab_size} * hidden_size;
-  return embed * (tie_word_embeddings ? 1 : 2) + layer_parameters(*this, moe.num_experts_per_tok) + hidden_size;
+  return embed * (tie_word_embeddings ? 1 : 2) + layer_parameters(*this) + hidden_size;
 }
 
 std::string model_config::validate() const {

@@ -94,8 +94,6 @@ struct model_config {
   uint32_t kv_values_per_token() const { return kv_planes() * kv_dim(); }
   /// Parameters, counting a tied LM head once, and every expert.
   uint64_t num_parameters() const;
-  /// Parameters one token's forward pass reads: the top-k and shared experts, not all of them.
-  uint64_t num_active_parameters() const;
   /// Empty when the shape is usable, else a sentence naming the first bad field.
   std::string validate() const;
 };

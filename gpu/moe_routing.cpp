@@ -30,7 +30,9 @@ void moe_route(const model_config::moe_t& m, const float* logits, const float* b
   float* scores = scratch;
   float* choice = scratch + n;
   float* group_score = scratch + 2 * n;
-  if (m.scoring == "sigmoid") {
+  // The method's names, compared once per token rather than per expert.
+  const bool sigmoid = m.scoring == "sigmoid", noaux = m.topk_method == "noaux_tc", greedy = m.topk_method == "greedy";
+  if (sigmoid) {
     for (uint32_t e = 0; e < n; ++e) scores[e] = 1.0f / (1.0f + std::exp(-logits[e]));
   } else {
     const float mx = *std::max_element(logits, logits + n);
@@ -39,13 +41,13 @@ void moe_route(const model_config::moe_t& m, const float* logits, const float* b
     for (uint32_t e = 0; e < n; ++e) scores[e] /= sum;
   }
   // The bias only steers the choice (V3's auxiliary-loss-free balancing); weights use the scores.
-  for (uint32_t e = 0; e < n; ++e) choice[e] = scores[e] + (bias && m.topk_method == "noaux_tc" ? bias[e] : 0.0f);
+  for (uint32_t e = 0; e < n; ++e) choice[e] = scores[e] + (bias && noaux ? bias[e] : 0.0f);
 
-  if (m.topk_method != "greedy") {
+  if (!greedy) {
     const uint32_t per = n / m.n_group;
     for (uint32_t g = 0; g < m.n_group; ++g) {
       const float* c = choice + g * per;
-      if (m.topk_method == "noaux_tc") {  // sum of the group's two best
+      if (noaux) {  // sum of the group's two best
         uint32_t two[2];
         top_k(c, per, 2, two);
         group_score[g] = c[two[0]] + c[two[1]];

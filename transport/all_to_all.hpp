@@ -47,7 +47,6 @@ public:
   const std::string& error() const { return error_; }
   uint32_t size() const { return cfg_.size; }
   const all_to_all_config& config() const { return cfg_; }
-  uint32_t rank() const { return cfg_.rank; }
   /// This rank's receive region, to hand to every other rank.
   const region_key& key() const { return recv_key_; }
   /// Every rank's key, in rank order (this rank's own included).

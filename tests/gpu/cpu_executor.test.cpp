@@ -28,7 +28,7 @@ std::shared_ptr<const model_weights> tiny_weights() {
 }
 
 std::unique_ptr<executor> tiny_executor(unsigned threads = 1, uint32_t pages = 128) {
-  return make_cpu_executor(builtin_tiny_config(), tiny_weights(), cpu_executor_config{threads, pages, 16});
+  return make_cpu_executor(builtin_tiny_config(), tiny_weights(), cpu_executor_config{threads, pages, 16, nullptr});
 }
 
 std::vector<int32_t> prompt(const char* text) {
