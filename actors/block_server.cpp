@@ -14,6 +14,7 @@
 #include <functional>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <thread>
 #include <unordered_map>
 
@@ -78,7 +79,10 @@ struct io_context {
   std::shared_ptr<transport::transport> xport;
   std::vector<std::byte> staging;        ///< reads: file -> here -> put to the reader
   uint64_t staging_region = 0;
-  std::vector<std::byte> write_staging;  ///< writes: the writer puts here, the I/O thread writes the file
+  /// Writes: the writer puts here, the I/O thread writes the file. The transport's own memory, so
+  /// a writer on this host stores into it directly (transport::allocate_memory).
+  std::shared_ptr<std::byte> write_memory;
+  std::span<std::byte> write_staging;
   std::optional<transport::region_key> write_key;
   std::string setup_error;
   std::atomic<bool> stopping{false};  ///< the actor is gone: abandon waits at once
@@ -86,8 +90,9 @@ struct io_context {
     if (staging_region) xport->deregister_region(staging_region);
     if (write_key) xport->deregister_region(write_key->region_id);
     // The transport goes (with its progress thread) before the buffers: members die in reverse
-    // order, so the staging vectors would be freed first, and a writer's put still arriving
-    // (UCX over TCP copies into the raw address) wrote into freed memory at shutdown.
+    // order, so the read staging would be freed first, and a put still arriving (UCX over TCP
+    // copies into the raw address) wrote into freed memory at shutdown. The write staging holds
+    // the transport itself, which keeps its memory mapped until it goes.
     xport.reset();
   }
   // Results handed from the I/O thread to the actor, by job id.
@@ -248,7 +253,11 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
     io.staging_region = key->region_id;
   else
     io.setup_error = cfg.name + ": cannot register the staging buffer: " + err.to_string();
-  io.write_staging.resize(cfg.staging_bytes);
+  if (io.setup_error.empty()) {
+    io.write_memory = transport::transport_memory(io.xport, cfg.staging_bytes, &err);
+    if (!io.write_memory) io.setup_error = cfg.name + ": no memory for the write staging: " + err.to_string();
+  }
+  if (io.write_memory) io.write_staging = {io.write_memory.get(), cfg.staging_bytes};
   if (io.setup_error.empty()) {
     io.write_key = io.xport->register_region(io.write_staging.data(), io.write_staging.size(), &err);
     if (!io.write_key) io.setup_error = cfg.name + ": cannot register the write staging: " + err.to_string();

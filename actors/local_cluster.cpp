@@ -53,14 +53,26 @@ store::kv_identity kv_identity_of(const local_cluster_config& cfg) {
 
 }  // namespace
 
+gpu::kv_memory_source kv_pool_in(std::shared_ptr<transport::transport> t) {
+  return [t = std::move(t)](uint64_t bytes) {
+    auto m = transport::transport_memory(t, bytes, nullptr);
+    return gpu::kv_host_memory{m.get(), m};
+  };
+}
+
 local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_config& cfg,
                                   executor_factory make_executor, transport_wrapper wrap,
                                   block_server_factory make_block_server) {
+  // The transport of the rank being built, when the default executors take their KV pool from it
+  // (UCX: see kv_pool_in).
+  std::shared_ptr<transport::transport> pool_transport;
   if (!make_executor) {
     auto weights = cfg.weights ? cfg.weights
                                : std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
-    make_executor = [weights, &cfg](const std::string&) -> std::shared_ptr<gpu::executor> {
-      return gpu::make_backend_executor(cfg.backend, cfg.model, weights, cfg.executor);
+    make_executor = [weights, &cfg, &pool_transport](const std::string&) -> std::shared_ptr<gpu::executor> {
+      auto ec = cfg.executor;
+      if (pool_transport && cfg.transport == "ucx") ec.kv_memory = kv_pool_in(pool_transport);
+      return gpu::make_backend_executor(cfg.backend, cfg.model, weights, ec);
     };
   }
   auto fabric = transport::make_loopback_fabric();
@@ -135,13 +147,17 @@ local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_co
   for (uint32_t i = 0; i < cfg.num_decode_ranks; ++i) {
     auto rc = cfg.decode;
     rc.name = cfg.decode.name + "-" + std::to_string(i);
-    out.decode.push_back({rc.name, spawn_decode_rank(sys, rc, make_executor(rc.name), make_transport(rc.name),
+    pool_transport = make_transport(rc.name);
+    auto exec = make_executor(rc.name);
+    out.decode.push_back({rc.name, spawn_decode_rank(sys, rc, std::move(exec), std::move(pool_transport),
                                                            out.decode_balancer, access)});
   }
   for (uint32_t i = 0; i < cfg.num_prefill_ranks; ++i) {
     auto rc = cfg.prefill;
     rc.name = cfg.prefill.name + "-" + std::to_string(i);
-    out.prefill.push_back({rc.name, spawn_prefill_rank(sys, rc, make_executor(rc.name), make_transport(rc.name),
+    pool_transport = make_transport(rc.name);
+    auto exec = make_executor(rc.name);
+    out.prefill.push_back({rc.name, spawn_prefill_rank(sys, rc, std::move(exec), std::move(pool_transport),
                                                              out.prefill_balancer, access)});
   }
   // Elastic instances: one executor each (one set of weights), a prefill and a decode actor on

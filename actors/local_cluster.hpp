@@ -65,6 +65,11 @@ struct local_cluster_config {
   std::string validate() const;
 };
 
+/// A KV pool source for a rank's executor: pages from the rank's transport, so that peers on this
+/// host store incoming KV into them directly (transport::allocate_memory); the pool holds the
+/// transport until it goes.
+gpu::kv_memory_source kv_pool_in(std::shared_ptr<transport::transport> t);
+
 /// Makes the executor of a rank (sims pass modelled executors). Default: CPU executors.
 using executor_factory = std::function<std::shared_ptr<gpu::executor>(const std::string& rank_name)>;
 /// Wraps a rank's transport (tests wrap a fault proxy around it). Default: none.

@@ -7,6 +7,8 @@
 //
 // Usage: baton_bench_a2a [--ranks N] [--tokens T] [--hidden H] [--experts E] [--top-k K] [--rounds R]
 //        [--poll-sleep-us N]  (between polls; 0 spins with yield)
+//        [--direct 0|1]  (1: chunks are stores into peers' slots where UCX maps them, the default;
+//                         0: every chunk a put, the path of transports that map nothing)
 //        (it starts N copies of itself as the ranks: `baton_bench_a2a --rank i ...`)
 
 #include <unistd.h>
@@ -32,6 +34,7 @@ namespace {
 
 struct options {
   uint32_t ranks = 2, tokens = 256, hidden = 7168, experts = 64, top_k = 8, rounds = 20, poll_sleep_us = 0;
+  uint32_t direct = 1;  ///< 1: stores into mapped peers where the transport maps them; 0: puts only
 };
 
 /// The k distinct experts of token t on rank r (a fixed hash: every process computes the same).
@@ -71,7 +74,7 @@ int run_rank(const options& o, uint32_t rank) {
         for (auto e : route(o, s, tok)) n += owner(o, e) == d;
       slot = std::max(slot, n * o.hidden * 2);
     }
-  transport::all_to_all a2a{*t, names, {rank, o.ranks, slot, std::chrono::milliseconds{30'000}, o.poll_sleep_us}};
+  transport::all_to_all a2a{*t, names, {rank, o.ranks, slot, std::chrono::milliseconds{30'000}, o.poll_sleep_us, o.direct != 0}};
   if (!a2a.error().empty()) return std::fprintf(stderr, "%s\n", a2a.error().c_str()), 1;
   std::printf("%s\n", transport::key_to_text(a2a.key()).c_str());
   std::fflush(stdout);
@@ -138,9 +141,9 @@ int run_rank(const options& o, uint32_t rank) {
   const double d50 = dispatch_us[dispatch_us.size() / 2], c50 = combine_us[combine_us.size() / 2];
   const double d_bytes = static_cast<double>(remote_dispatch) / o.rounds, c_bytes = static_cast<double>(remote_combine) / o.rounds;
   std::printf("rank %u: dispatch %.0f us (%.2f GB/s received), combine %.0f us (%.2f GB/s received), chunk to each "
-              "peer ~%.0f KiB, %llu bad bytes\n",
+              "peer ~%.0f KiB, %llu bad bytes, %u of %u peers by direct stores\n",
               rank, d50, d_bytes / d50 / 1e3, c50, c_bytes / c50 / 1e3, d_bytes / std::max(1u, o.ranks - 1) / 1024,
-              static_cast<unsigned long long>(bad));
+              static_cast<unsigned long long>(bad), a2a.direct_peers(), o.ranks - 1);
   std::fflush(stdout);
   return bad == 0 ? 0 : 3;
 }
@@ -165,6 +168,7 @@ int main(int argc, char** argv) {
     else if (a == "--top-k") o.top_k = v;
     else if (a == "--rounds") o.rounds = v;
     else if (a == "--poll-sleep-us") o.poll_sleep_us = v;
+    else if (a == "--direct") o.direct = v;
     else return std::fprintf(stderr, "unknown flag %s (see the usage at the top of bench/a2a_bench.cpp)\n", a.c_str()), 2;
   }
   if (o.ranks < 2 || o.top_k == 0 || o.top_k > o.experts || o.experts < o.ranks || o.rounds == 0)
@@ -191,7 +195,7 @@ int main(int argc, char** argv) {
                                        "--tokens", std::to_string(o.tokens), "--hidden", std::to_string(o.hidden),
                                        "--experts", std::to_string(o.experts), "--top-k", std::to_string(o.top_k),
                                        "--rounds", std::to_string(o.rounds), "--poll-sleep-us",
-                                       std::to_string(o.poll_sleep_us)};
+                                       std::to_string(o.poll_sleep_us), "--direct", std::to_string(o.direct)};
       std::vector<char*> cargs;
       for (auto& s : args) cargs.push_back(s.data());
       cargs.push_back(nullptr);

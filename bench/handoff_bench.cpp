@@ -44,11 +44,15 @@ std::unique_ptr<transport::transport> make(const std::string& kind, std::shared_
 /// awaited), median of 5.
 double send_us(const std::string& kind, uint64_t layer_bytes, uint32_t num_layers) {
   auto fabric = transport::make_loopback_fabric();
-  auto a = make(kind, fabric, "a"), b = make(kind, fabric, "b");
-  std::vector<std::byte> src(layer_bytes * num_layers, std::byte{1}), dst(src.size());
+  auto a = make(kind, fabric, "a");
+  std::shared_ptr<transport::transport> b = make(kind, fabric, "b");
+  std::vector<std::byte> src(layer_bytes * num_layers, std::byte{1});
   transport::xfer_error err;
+  // The destination in b's own memory, as a decode rank's KV pool is (kv_pool_in).
+  auto dst = transport::transport_memory(b, src.size(), &err);
+  if (!dst) return std::fprintf(stderr, "no destination memory: %s\n", err.to_string().c_str()), -1.0;
   auto ka = a->register_region(src.data(), src.size(), &err);
-  auto kb = b->register_region(dst.data(), dst.size(), &err);
+  auto kb = b->register_region(dst.get(), src.size(), &err);
   std::vector<double> runs;
   for (int rep = 0; rep < 5; ++rep) {
     auto t0 = clock_type::now();
@@ -112,10 +116,11 @@ int main(int argc, char** argv) {
   std::string model = "100m", kind = "ucx";
   uint32_t prompt_tokens = 512;
   bool verbose = false;
-  bool shapes = false;
+  bool shapes = false, checksums = true;
   for (int i = 1; i < argc; ++i) {
     if (std::string{argv[i]} == "--verbose") verbose = true;
     if (std::string{argv[i]} == "--compare-shapes") shapes = true;
+    if (std::string{argv[i]} == "--no-checksum") checksums = false;
   }
   for (int i = shapes ? 2 : 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
@@ -132,6 +137,8 @@ int main(int argc, char** argv) {
   cfg.num_decode_ranks = 1;
   cfg.transport = kind;
   cfg.prefill.chunk_tokens = prompt_tokens;
+  cfg.prefill.checksum_kv = checksums;
+  cfg.decode.verify_kv_checksums = checksums;
   cfg.executor.num_kv_pages = (prompt_tokens + 64) / 16 + 8;
   caf::actor_system_config sys_cfg;
   register_message_types(sys_cfg);

@@ -4,8 +4,14 @@
 // layer is one transfer (puts + flush: remote-complete when polled done).
 // bench/ucx_bench.sh runs it next to ucx_perftest with the same transport and sizes.
 //
+// The receiver's buffer is the transport's own memory (transport::allocate_memory, as a rank's
+// KV pool is), which UCX makes a shared-memory segment the sender stores into directly;
+// `--receiver-memory heap` registers ordinary memory instead, whose puts UCX emulates with
+// messages the receiver's progress thread must serve.
+//
 // Usage: baton_bench_ucx [--layer-mib N ...] [--inflight N] [--total-mib N] [--send put|am]
-//        (it starts itself as the receiver: `baton_bench_ucx --receiver`)
+//        [--receiver-memory transport|heap]
+//        (it starts itself as the receiver: `baton_bench_ucx --receiver transport|heap`)
 
 #include <unistd.h>
 
@@ -28,16 +34,25 @@ namespace {
 constexpr uint64_t buffer_bytes = uint64_t{256} << 20;
 
 /// Receiver: registers its buffer, prints the key, keeps the transport alive until stdin closes.
-int run_receiver() {
+int run_receiver(const std::string& memory) {
   std::string why;
   auto t = transport::make_ucx_transport({"receiver"}, &why);
   if (!t) {
     std::fprintf(stderr, "receiver: %s\n", why.c_str());
     return 1;
   }
-  std::vector<std::byte> buf(buffer_bytes);
+  std::vector<std::byte> heap;
   transport::xfer_error err;
-  auto key = t->register_region(buf.data(), buf.size(), &err);
+  std::byte* buf = nullptr;
+  if (memory == "heap") {
+    heap.resize(buffer_bytes);
+    buf = heap.data();
+  } else if (!(buf = t->allocate_memory(buffer_bytes, &err))) {
+    std::fprintf(stderr, "receiver: %s\n", err.to_string().c_str());
+    return 1;
+  }
+  std::memset(buf, 0, buffer_bytes);  // committed before timing, in both kinds
+  auto key = t->register_region(buf, buffer_bytes, &err);
   if (!key) return 1;
   std::printf("%s\n", transport::key_to_text(*key).c_str());
   std::fflush(stdout);
@@ -62,16 +77,26 @@ int main(int argc, char** argv) {
   std::vector<uint64_t> layer_mib;
   uint32_t inflight = 4;
   uint64_t total_mib = 2048;
-  std::string send = "put";
+  std::string send = "put", receiver_memory = "transport";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--receiver") return run_receiver();
+    if (a == "--receiver" && i + 1 < argc) return run_receiver(argv[i + 1]);
     if (a == "--send" && i + 1 < argc) send = argv[++i];
+    else if (a == "--receiver-memory" && i + 1 < argc) {
+      receiver_memory = argv[++i];
+      if (receiver_memory != "transport" && receiver_memory != "heap") {
+        std::fprintf(stderr, "--receiver-memory must be transport or heap, not %s\n", receiver_memory.c_str());
+        return 2;
+      }
+    }
     else if (a == "--layer-mib" && i + 1 < argc) layer_mib.push_back(std::stoull(argv[++i]));
     else if (a == "--inflight" && i + 1 < argc) inflight = static_cast<uint32_t>(std::stoul(argv[++i]));
     else if (a == "--total-mib" && i + 1 < argc) total_mib = std::stoull(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: %s [--layer-mib N ...] [--inflight N] [--total-mib N] [--send put|am]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--layer-mib N ...] [--inflight N] [--total-mib N] [--send put|am] "
+                   "[--receiver-memory transport|heap]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -86,7 +111,7 @@ int main(int argc, char** argv) {
     dup2(from_child[1], 1);
     close(to_child[1]);
     close(from_child[0]);
-    execl("/proc/self/exe", argv[0], "--receiver", static_cast<char*>(nullptr));
+    execl("/proc/self/exe", argv[0], "--receiver", receiver_memory.c_str(), static_cast<char*>(nullptr));
     _exit(127);
   }
   close(to_child[0]);
@@ -117,6 +142,19 @@ int main(int argc, char** argv) {
 
   std::printf("| layer size | Baton UCX %s, %u layers in flight | cold memcpy, same chunks |\n|---|---|---|\n",
               send == "am" ? "rendezvous active messages" : "put", inflight);
+  // One untimed pass over the whole buffer: the first store into each page of the receiver's
+  // segment faults the page into this process's mapping (65,536 faults for 256 MiB), which a
+  // long-lived rank pays once and which would otherwise land on the first row only.
+  for (uint64_t off = 0; off < buffer_bytes; off += uint64_t{16} << 20) {
+    const auto id = t->post_put({0, 0, "receiver", local->region_id, remote, {{off, off, uint64_t{16} << 20}}});
+    transport::xfer_state s;
+    while ((s = t->poll(id, &err)) == transport::xfer_state::pending) std::this_thread::yield();
+    t->release(id);
+    if (s == transport::xfer_state::failed) {
+      std::fprintf(stderr, "warm-up put failed: %s\n", err.to_string().c_str());
+      return 1;
+    }
+  }
   for (auto mib : layer_mib) {
     const uint64_t layer = mib << 20, total = total_mib << 20;
     std::vector<uint64_t> pending;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # KV send throughput over Baton's UCX transport, RMA puts and rendezvous active messages, vs
 # ucx_perftest (ucp_put_bw, ucp_am_bw) with the same transport and message sizes, processes pinned
-# to different cores, 127.0.0.1 only.
+# to different cores, 127.0.0.1 only. The receiver's buffer is the transport's own memory, as a
+# rank's KV pool is; one more column puts into ordinary heap memory (what pools were before).
 # Usage: bench/ucx_bench.sh [build dir]
 set -euo pipefail
 build="${1:-$(dirname "$0")/../build}"
@@ -29,11 +30,13 @@ for tls in sm tcp; do
   for mode in put am; do
     UCX_TLS=$tls taskset -c 0,1 "$build/bench/baton_bench_ucx" --send $mode "${args[@]}" --total-mib 1024 >/tmp/baton_ucx_${tls}_$mode.txt
   done
-  echo "| layer size | Baton UCX put (256 MiB buffers, cold) | Baton UCX rendezvous active messages | ucx_perftest ucp_put_bw | ucx_perftest ucp_am_bw | cold memcpy |"
-  echo "|---|---|---|---|---|---|"
+  UCX_TLS=$tls taskset -c 0,1 "$build/bench/baton_bench_ucx" --send put --receiver-memory heap "${args[@]}" --total-mib 1024 \
+    >/tmp/baton_ucx_${tls}_heap.txt
+  echo "| layer size | Baton UCX put (256 MiB buffers, cold) | Baton UCX rendezvous active messages | Baton put into heap memory | ucx_perftest ucp_put_bw | ucx_perftest ucp_am_bw | cold memcpy |"
+  echo "|---|---|---|---|---|---|---|"
   for s in "${sizes_mib[@]}"; do
     col() { awk -F'|' -v s="$s MiB" -v c="$2" '$2 ~ "^ "s" $" {gsub(/ /, "", $c); print $c}' "$1"; }
-    echo "| $s MiB | $(col /tmp/baton_ucx_${tls}_put.txt 3) | $(col /tmp/baton_ucx_${tls}_am.txt 3) | $(perftest ucp_put_bw "$tls" $((s << 20))) GB/s | $(perftest ucp_am_bw "$tls" $((s << 20))) GB/s | $(col /tmp/baton_ucx_${tls}_put.txt 4) |"
+    echo "| $s MiB | $(col /tmp/baton_ucx_${tls}_put.txt 3) | $(col /tmp/baton_ucx_${tls}_am.txt 3) | $(col /tmp/baton_ucx_${tls}_heap.txt 3) | $(perftest ucp_put_bw "$tls" $((s << 20))) GB/s | $(perftest ucp_am_bw "$tls" $((s << 20))) GB/s | $(col /tmp/baton_ucx_${tls}_put.txt 4) |"
   done
   echo
 done

@@ -226,19 +226,22 @@ int run_node(const std::vector<std::string>& args) {
       std::string rank_name = name;
       if (num_ranks > 1) rank_name.append("-").append(std::to_string(i));
       std::string why;
-      auto xport = transport::make_ucx_transport({rank_name, 1, ucx_send}, &why);
+      std::shared_ptr<transport::transport> xport{transport::make_ucx_transport({rank_name, 1, ucx_send}, &why)};
       if (!xport) return "rank " + rank_name + ": UCX: " + why;
+      // The KV pool in the transport's memory: peers on this host (prefill ranks sending KV, the
+      // store's servers) then store into it directly, without this process's progress thread.
+      auto ec = exec_cfg;
+      ec.kv_memory = kv_pool_in(xport);
       std::shared_ptr<gpu::executor> exec;
       if (expert_parallel > 1) {
         auto group = spawn_expert_group({model_dir, weights_seed, expert_parallel,
                                          engine_slot_bytes(model, prefill, rank), rank_name, dual_batch_overlap},
                                         model, &why);
         if (!group) return "rank " + rank_name + ": expert parallelism: " + why;
-        auto ec = exec_cfg;
         ec.experts = std::move(group);
         exec = gpu::make_cpu_executor(model, weights, ec);
       } else {
-        exec = gpu::make_backend_executor(backend, model, weights, exec_cfg);
+        exec = gpu::make_backend_executor(backend, model, weights, ec);
       }
       if (fault_job_delay_ms) exec = gpu::make_fault_slow_executor(std::move(exec), fault_job_delay_ms);
       if (role == "decode") {

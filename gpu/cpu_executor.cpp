@@ -83,7 +83,9 @@ public:
   cpu_executor(model_config cfg, std::shared_ptr<const model_weights> weights, cpu_executor_config ecfg)
     : cfg_(std::move(cfg)),
       weights_(std::move(weights)),
-      kv_(model_kv_layout(cfg_, ecfg.num_kv_pages, ecfg.page_size_tokens)),
+      kv_(model_kv_layout(cfg_, ecfg.num_kv_pages, ecfg.page_size_tokens),
+          ecfg.kv_memory ? ecfg.kv_memory(model_kv_layout(cfg_, ecfg.num_kv_pages, ecfg.page_size_tokens).total_bytes())
+                         : kv_host_memory{}),
       pool_(ecfg.num_threads),
       num_threads_(ecfg.num_threads),
       experts_(std::move(ecfg.experts)),

@@ -167,6 +167,9 @@ struct cpu_executor_config {
   /// Expert parallelism (gpu/expert_parallel.hpp): MoE layers dispatch to this group's expert
   /// shards; null runs every expert here. One group per executor.
   std::shared_ptr<expert_group> experts;
+  /// Where the KV pool's pages come from; empty: the heap. A rank behind UCX takes them from its
+  /// transport, so peers store incoming KV into them directly (actors/executor_bridge.hpp).
+  kv_memory_source kv_memory;
 
   std::string validate() const;
 };

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -40,6 +41,16 @@ inline kv_layout model_kv_layout(const model_config& m, uint32_t num_pages, uint
   return {m.num_hidden_layers, num_pages, page_size_tokens, m.kv_dim(), m.kv_planes()};
 }
 
+/// Page memory a pool takes from elsewhere than the heap: a transport's own memory, which peers
+/// write incoming KV into with plain stores (transport::allocate_memory). `keep` frees it when
+/// the pool goes. Not necessarily zeroed: every slot is written before it is read.
+struct kv_host_memory {
+  std::byte* base = nullptr;
+  std::shared_ptr<void> keep;
+};
+/// Gives a pool of `size_bytes` its memory; a null base falls back to the heap.
+using kv_memory_source = std::function<kv_host_memory(uint64_t size_bytes)>;
+
 /// A pool of KV pages and its allocator.
 ///
 /// Ownership: the allocator (kv_page_alloc / kv_page_free) belongs to the one actor that owns
@@ -50,15 +61,19 @@ public:
   /// `host_memory` false: the allocator alone, no page memory (device-resident benchmarks of
   /// the CUDA executor, whose pools would not fit in host memory); data() is then null.
   explicit kv_cache(kv_layout layout, bool host_memory = true);
+  /// Pages in `memory` (at least layout.total_bytes()); on the heap when its base is null.
+  kv_cache(kv_layout layout, kv_host_memory memory);
+  kv_cache(const kv_cache&) = delete;
+  kv_cache& operator=(const kv_cache&) = delete;
 
   const kv_layout& layout() const { return layout_; }
-  std::byte* data() { return reinterpret_cast<std::byte*>(memory_.get()); }
+  std::byte* data() { return reinterpret_cast<std::byte*>(memory_); }
   uint64_t size_bytes() const { return layout_.total_bytes(); }
 
   /// Pointer to the K (or V, with two planes) vector of token slot `slot` of `page` in `layer`;
   /// with one plane, k_at is the latent.
   float* k_at(uint32_t layer, uint32_t page, uint32_t slot) {
-    return memory_.get() + (layout_.offset_bytes(layer, page) / sizeof(float)) +
+    return memory_ + (layout_.offset_bytes(layer, page) / sizeof(float)) +
            uint64_t{slot} * layout_.kv_dim;
   }
   float* v_at(uint32_t layer, uint32_t page, uint32_t slot) {
@@ -84,13 +99,13 @@ public:
   }
 
 private:
-  struct free_deleter {
-    void operator()(float* p) const { std::free(p); }
-  };
+  kv_cache(kv_layout layout, kv_host_memory memory, bool host_memory);
+
   kv_layout layout_;
-  /// calloc'd: zero, and committed only where written (a large pool costs nothing until used,
-  /// which lets sims model hundreds of ranks whose KV is never written).
-  std::unique_ptr<float, free_deleter> memory_;
+  /// calloc'd by default: zero, and committed only where written (a large pool costs nothing
+  /// until used, which lets sims model hundreds of ranks whose KV is never written).
+  float* memory_ = nullptr;
+  std::shared_ptr<void> keep_;  ///< frees memory_
   std::vector<uint32_t> free_;        ///< back() is handed out next
   std::vector<bool> in_use_;          ///< guards against double free
   std::unique_ptr<std::atomic<uint32_t>[]> gen_;  ///< per page, see generation()

@@ -1,5 +1,6 @@
 #include "transport/all_to_all.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <thread>
@@ -19,10 +20,16 @@ all_to_all::all_to_all(transport& t, std::vector<std::string> rank_names, all_to
   if (error_.empty() && names_.size() != cfg_.size) error_ = "all-to-all: a name for each of the " + std::to_string(cfg_.size) + " ranks";
   if (!error_.empty()) return;
   const uint64_t bells = uint64_t{cfg_.size} * sizeof(doorbell);
-  recv_.assign(2 * bells + 2 * cfg_.size * cfg_.slot_bytes, std::byte{0});
+  recv_bytes_ = 2 * bells + 2 * cfg_.size * cfg_.slot_bytes;
   send_.assign(bells + cfg_.size * cfg_.slot_bytes, std::byte{0});
   xfer_error err;
-  auto rk = t_.register_region(recv_.data(), recv_.size(), &err);
+  recv_ = t_.allocate_memory(recv_bytes_, &err);
+  if (!recv_) {
+    error_ = "all-to-all rank " + names_[cfg_.rank] + ": no memory for its receive slots: " + err.to_string();
+    return;
+  }
+  std::memset(recv_, 0, 2 * bells);  // no exchange yet: every doorbell at sequence 0
+  auto rk = t_.register_region(recv_, recv_bytes_, &err);
   auto sk = rk ? t_.register_region(send_.data(), send_.size(), &err) : std::nullopt;
   if (!rk || !sk) {
     error_ = "all-to-all rank " + names_[cfg_.rank] + ": cannot register its buffers: " + err.to_string();
@@ -35,9 +42,20 @@ all_to_all::all_to_all(transport& t, std::vector<std::string> rank_names, all_to
 all_to_all::~all_to_all() {
   if (recv_key_.region_id) t_.deregister_region(recv_key_.region_id);
   if (send_region_) t_.deregister_region(send_region_);
+  if (recv_) t_.free_memory(recv_);
 }
 
-void all_to_all::connect(std::vector<region_key> keys) { peers_ = std::move(keys); }
+void all_to_all::connect(std::vector<region_key> keys) {
+  peers_ = std::move(keys);
+  direct_.assign(peers_.size(), nullptr);
+  if (cfg_.direct && error_.empty())
+    for (uint32_t d = 0; d < peers_.size(); ++d)
+      if (d != cfg_.rank && peers_[d].size_bytes == recv_bytes_) direct_[d] = t_.map_remote(peers_[d]);
+}
+
+uint32_t all_to_all::direct_peers() const {
+  return static_cast<uint32_t>(std::count_if(direct_.begin(), direct_.end(), [](auto* p) { return p != nullptr; }));
+}
 
 uint64_t all_to_all::bell_offset(uint64_t seq, uint32_t source) const {
   return ((seq % 2) * cfg_.size + source) * sizeof(doorbell);
@@ -101,16 +119,21 @@ bool all_to_all::post(const std::vector<std::span<const std::byte>>& send, std::
   const uint64_t seq = ++seq_;
   const uint64_t bells = uint64_t{cfg_.size} * sizeof(doorbell);
   const uint64_t my_slot = bank_offset(seq) + uint64_t{cfg_.rank} * cfg_.slot_bytes;
-  // Data: staged, then put into each destination's slot for this rank (own chunk: a copy).
+  // Data: stored straight into each destination's slot for this rank where it is mapped here,
+  // else staged and put (own chunk: a copy).
   sizes_.assign(cfg_.size, 0);
   for (uint32_t d = 0; d < cfg_.size; ++d) {
     sizes_[d] = send[d].size();
     if (d == cfg_.rank) {
-      if (!send[d].empty()) std::memcpy(recv_.data() + my_slot, send[d].data(), send[d].size());
+      if (!send[d].empty()) std::memcpy(recv_ + my_slot, send[d].data(), send[d].size());
       continue;
     }
     const uint64_t staged = bells + uint64_t{d} * cfg_.slot_bytes;
     if (send[d].empty()) continue;
+    if (direct_[d]) {
+      std::memcpy(direct_[d] + my_slot, send[d].data(), send[d].size());
+      continue;
+    }
     std::memcpy(send_.data() + staged, send[d].data(), send[d].size());
     pending_.push_back(t_.post_put({seq, 0, names_[d], send_region_, peers_[d], {{staged, my_slot, send[d].size()}}}));
   }
@@ -123,11 +146,14 @@ bool all_to_all::complete(std::vector<std::span<const std::byte>>* recv, std::st
   posted_ = false;
   const uint64_t seq = seq_;
   if (!wait_puts(pending_, why)) return false;
-  // Doorbells, only after the data landed remotely (a completed put is remote-complete).
+  // Doorbells, only after the data landed remotely (a completed put is remote-complete; a
+  // direct store is ordered before the release store of its doorbell).
   for (uint32_t d = 0; d < cfg_.size; ++d) {
     const doorbell b{seq, sizes_[d]};
-    if (d == cfg_.rank) {
-      std::memcpy(recv_.data() + bell_offset(seq, cfg_.rank), &b, sizeof b);
+    if (d == cfg_.rank || direct_[d]) {
+      auto* bell = reinterpret_cast<doorbell*>((d == cfg_.rank ? recv_ : direct_[d]) + bell_offset(seq, cfg_.rank));
+      std::atomic_ref<uint64_t>{bell->bytes}.store(b.bytes, std::memory_order_relaxed);
+      std::atomic_ref<uint64_t>{bell->seq}.store(b.seq, std::memory_order_release);
       continue;
     }
     std::memcpy(send_.data() + uint64_t{d} * sizeof(doorbell), &b, sizeof b);
@@ -139,7 +165,7 @@ bool all_to_all::complete(std::vector<std::span<const std::byte>>* recv, std::st
   recv->assign(cfg_.size, {});
   const auto deadline = std::chrono::steady_clock::now() + cfg_.timeout;
   for (uint32_t s = 0; s < cfg_.size; ++s) {
-    auto* bell = reinterpret_cast<doorbell*>(recv_.data() + bell_offset(seq, s));
+    auto* bell = reinterpret_cast<doorbell*>(recv_ + bell_offset(seq, s));
     for (;;) {
       // Written by the peer (or its NIC): read it as an atomic, with acquire ordering for the data.
       const uint64_t got = std::atomic_ref<uint64_t>{bell->seq}.load(std::memory_order_acquire);
@@ -153,7 +179,7 @@ bool all_to_all::complete(std::vector<std::span<const std::byte>>* recv, std::st
       pause();
     }
     const uint64_t bytes = std::atomic_ref<uint64_t>{bell->bytes}.load(std::memory_order_acquire);
-    (*recv)[s] = {recv_.data() + bank_offset(seq) + uint64_t{s} * cfg_.slot_bytes, bytes};
+    (*recv)[s] = {recv_ + bank_offset(seq) + uint64_t{s} * cfg_.slot_bytes, bytes};
   }
   return true;
 }

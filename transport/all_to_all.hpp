@@ -11,6 +11,12 @@
 // size) after it; a receiver has its input once every source's doorbell shows the sequence.
 // Exchanges alternate banks, so a fast rank's next exchange never overwrites what a slower rank
 // is still reading: nobody gets two exchanges ahead, as each one waits for every rank's input.
+//
+// Where the transport maps a peer's region into this process (UCX shared memory between the
+// processes of one host; the in-process loopback), chunks and doorbells are plain stores into the
+// peer's slots instead of puts: no staging copy, no flush round trip, and the doorbell is a
+// release store after the data. The receive region comes from the transport's own memory so
+// that peers can map it.
 
 #include <chrono>
 #include <cstddef>
@@ -32,6 +38,9 @@ struct all_to_all_config {
   /// Between polls: 0 yields (lowest latency with a core to spare); N sleeps N us, which leaves the
   /// core to the transport's progress thread where cores are few.
   uint32_t poll_sleep_us = 0;
+  /// Stores into peers' slots where the transport maps them (see above); false always puts (tests
+  /// of the put path, and a baseline for benchmarks).
+  bool direct = true;
   std::string validate() const;
 };
 
@@ -64,6 +73,8 @@ public:
   bool post(const std::vector<std::span<const std::byte>>& send, std::string* why);
   bool complete(std::vector<std::span<const std::byte>>* recv, std::string* why);
   uint64_t exchanges() const { return seq_; }
+  /// Peers this rank reaches with plain stores (known after connect()).
+  uint32_t direct_peers() const;
 
 private:
   struct doorbell {
@@ -79,9 +90,13 @@ private:
   std::vector<std::string> names_;
   all_to_all_config cfg_;
   std::string error_;
-  /// Registered: [doorbells 0 | doorbells 1 | slots 0 | slots 1] and [doorbells | slots] (staging).
-  std::vector<std::byte> recv_, send_;
+  /// Registered: [doorbells 0 | doorbells 1 | slots 0 | slots 1] (the transport's memory) and
+  /// [doorbells | slots] (staging for puts).
+  std::byte* recv_ = nullptr;
+  uint64_t recv_bytes_ = 0;
+  std::vector<std::byte> send_;
   region_key recv_key_;
+  std::vector<std::byte*> direct_;  ///< per rank: its receive region mapped here, or null
   uint64_t send_region_ = 0;
   std::vector<region_key> peers_;
   uint64_t seq_ = 0;

@@ -39,6 +39,11 @@ public:
     inner_->deregister_region(region_id);
   }
 
+  std::byte* allocate_memory(uint64_t size_bytes, xfer_error* err) override { return inner_->allocate_memory(size_bytes, err); }
+  void free_memory(std::byte* base) override { inner_->free_memory(base); }
+  /// None: a direct store would pass the proxy by, and its faults need every byte to be a put.
+  std::byte* map_remote(const region_key&) override { return nullptr; }
+
   uint64_t post_put(const put_desc& d) override {
     std::unique_lock<std::mutex> lock{mutex_};
     if (disconnected_) {

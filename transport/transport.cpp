@@ -1,5 +1,7 @@
 #include "transport/transport.hpp"
 
+#include <algorithm>
+#include <cstdlib>
 #include <sstream>
 
 namespace baton::transport {
@@ -10,6 +12,25 @@ std::string xfer_error::to_string() const {
   out += ", layer " + std::to_string(layer) + ": " + what;
   out += retryable ? " (retryable)" : " (fatal)";
   return out;
+}
+
+std::byte* transport::allocate_memory(uint64_t size_bytes, xfer_error* err) {
+  // Page aligned, as a backend's segments are. Large blocks are fresh mappings, so pages cost
+  // nothing until touched.
+  constexpr uint64_t page = 4096;
+  void* p = std::aligned_alloc(page, std::max(page, (size_bytes + page - 1) / page * page));
+  if (!p && err) *err = {xfer_errc::backend_error, false, 0, {}, 0, "out of memory for " + std::to_string(size_bytes) + " bytes"};
+  return static_cast<std::byte*>(p);
+}
+
+void transport::free_memory(std::byte* base) { std::free(base); }
+
+std::byte* transport::map_remote(const region_key&) { return nullptr; }
+
+std::shared_ptr<std::byte> transport_memory(std::shared_ptr<transport> t, uint64_t size_bytes, xfer_error* err) {
+  auto* base = t->allocate_memory(size_bytes, err);
+  if (!base) return nullptr;
+  return {base, [t = std::move(t)](std::byte* p) { t->free_memory(p); }};
 }
 
 std::string key_to_text(const region_key& k) {

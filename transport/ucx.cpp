@@ -4,6 +4,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -112,6 +113,8 @@ public:
     }
     if (wake_fd_ >= 0) close(wake_fd_);
     if (worker_) ucp_worker_destroy(worker_);
+    // Only now, with no worker left to land a peer's late put in them.
+    for (auto& [base, a] : allocations_) ucp_mem_unmap(context_, a.memh);
     if (context_) ucp_cleanup(context_);
   }
 
@@ -119,24 +122,33 @@ public:
 
   std::optional<region_key> register_region(std::byte* base, uint64_t size_bytes, xfer_error* err) override {
     return run_on_thread([&]() -> std::optional<region_key> {
-      ucp_mem_map_params_t mp{};
-      mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
-      mp.address = base;
-      mp.length = size_bytes;
+      // Inside memory of ours: its mapping serves (and its rkey lets peers store into it).
       ucp_mem_h memh = nullptr;
-      if (auto s = ucp_mem_map(context_, &mp, &memh); s != UCS_OK) {
-        if (err) *err = {xfer_errc::backend_error, false, 0, cfg_.name, 0, std::string{"ucp_mem_map: "} + ucs_status_string(s)};
-        return std::nullopt;
+      bool owned = false;
+      if (auto a = allocations_.upper_bound(base); a != allocations_.begin()) {
+        --a;
+        if (!a->second.freed && base + size_bytes <= a->first + a->second.size_bytes) memh = a->second.memh;
+      }
+      if (!memh) {
+        ucp_mem_map_params_t mp{};
+        mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+        mp.address = base;
+        mp.length = size_bytes;
+        if (auto s = ucp_mem_map(context_, &mp, &memh); s != UCS_OK) {
+          if (err) *err = {xfer_errc::backend_error, false, 0, cfg_.name, 0, std::string{"ucp_mem_map: "} + ucs_status_string(s)};
+          return std::nullopt;
+        }
+        owned = true;
       }
       void* rkey = nullptr;
       size_t rkey_len = 0;
       if (auto s = ucp_rkey_pack(context_, memh, &rkey, &rkey_len); s != UCS_OK) {
-        ucp_mem_unmap(context_, memh);
+        if (owned) ucp_mem_unmap(context_, memh);
         if (err) *err = {xfer_errc::backend_error, false, 0, cfg_.name, 0, std::string{"ucp_rkey_pack: "} + ucs_status_string(s)};
         return std::nullopt;
       }
       const uint64_t id = ++last_region_;
-      regions_[id] = {base, size_bytes, memh};
+      regions_[id] = {base, size_bytes, memh, owned};
       region_key key{"ucx", id, size_bytes,
                      pack_key(reinterpret_cast<uint64_t>(base), worker_addr_.data(),
                               static_cast<uint32_t>(worker_addr_.size()), rkey, rkey_len)};
@@ -149,8 +161,54 @@ public:
     run_on_thread([&] {
       auto i = regions_.find(region_id);
       if (i == regions_.end()) return;
-      ucp_mem_unmap(context_, i->second.memh);
+      if (i->second.owned) ucp_mem_unmap(context_, i->second.memh);
       regions_.erase(i);
+    });
+  }
+
+  /// UCX allocates it (UCX_ALLOC_PRIO: a System V or POSIX shared-memory segment first), so its
+  /// rkey carries the segment and peers on this host attach it and store into it directly.
+  std::byte* allocate_memory(uint64_t size_bytes, xfer_error* err) override {
+    return run_on_thread([&]() -> std::byte* {
+      ucp_mem_map_params_t mp{};
+      mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+      mp.address = nullptr;
+      mp.length = std::max<uint64_t>(size_bytes, 1);
+      mp.flags = UCP_MEM_MAP_ALLOCATE;
+      ucp_mem_h memh = nullptr;
+      ucp_mem_attr_t attr{};
+      attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+      auto s = ucp_mem_map(context_, &mp, &memh);
+      if (s == UCS_OK && (s = ucp_mem_query(memh, &attr)) != UCS_OK) ucp_mem_unmap(context_, memh);
+      if (s != UCS_OK) {
+        if (err)
+          *err = {xfer_errc::backend_error, false, 0, cfg_.name, 0,
+                  "cannot allocate " + std::to_string(size_bytes) + " bytes: ucp_mem_map: " + ucs_status_string(s)};
+        return nullptr;
+      }
+      auto* base = static_cast<std::byte*>(attr.address);
+      allocations_[base] = {memh, attr.length, false};
+      return base;
+    });
+  }
+
+  /// Kept mapped until the transport goes (see the destructor): over TCP a peer's put is
+  /// written by our progress thread, and one arriving late must not find the pages unmapped.
+  void free_memory(std::byte* base) override {
+    run_on_thread([&] {
+      if (auto a = allocations_.find(base); a != allocations_.end()) a->second.freed = true;
+    });
+  }
+
+  std::byte* map_remote(const region_key& key) override {
+    return run_on_thread([&]() -> std::byte* {
+      unpacked_key k;
+      if (key.backend != "ucx" || !unpack_key(key.packed, &k)) return nullptr;
+      xfer_error ignored;
+      auto* rkey = remote_rkey(k, &ignored);
+      void* p = nullptr;
+      if (!rkey || ucp_rkey_ptr(rkey, k.base, &p) != UCS_OK) return nullptr;
+      return static_cast<std::byte*>(p);
     });
   }
 
@@ -187,6 +245,12 @@ private:
     std::byte* base;
     uint64_t size_bytes;
     ucp_mem_h memh;
+    bool owned;  ///< mapped for this region (not an allocation's mapping)
+  };
+  struct allocation {
+    ucp_mem_h memh;
+    uint64_t size_bytes;
+    bool freed;  ///< given back; unmapped when the transport goes
   };
 
   /// Progress thread: an active-message put arrived. Its bytes go straight into the region the
@@ -241,6 +305,35 @@ private:
     if (i != status_.end()) i->second = {state, std::move(err)};
   }
 
+  /// Progress thread: the endpoint to the key's worker and the key's unpacked rkey, made on first
+  /// use and kept; null with `err` filled when UCX refuses either.
+  ucp_rkey_h remote_rkey(const unpacked_key& key, xfer_error* err) {
+    auto& peer = peers_[key.worker_addr];
+    if (!peer.ep) {
+      ucp_ep_params_t ep{};
+      ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+      ep.address = reinterpret_cast<const ucp_address_t*>(key.worker_addr.data());
+      ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;  // PEER mode would disable shared memory
+      if (auto s = ucp_ep_create(worker_, &ep, &peer.ep); s != UCS_OK) {
+        peers_.erase(key.worker_addr);
+        err->code = xfer_errc::peer_unreachable;
+        err->retryable = true;
+        err->what = std::string{"ucp_ep_create: "} + ucs_status_string(s);
+        return nullptr;
+      }
+    }
+    auto& rkey = peer.rkeys[key.rkey];
+    if (!rkey) {
+      if (auto s = ucp_ep_rkey_unpack(peer.ep, key.rkey.data(), &rkey); s != UCS_OK) {
+        peer.rkeys.erase(key.rkey);
+        err->code = xfer_errc::backend_error;
+        err->what = std::string{"ucp_ep_rkey_unpack: "} + ucs_status_string(s);
+        return nullptr;
+      }
+    }
+    return rkey;
+  }
+
   /// Progress thread: validates and posts the puts of one transfer.
   void start(uint64_t id, const put_desc& d) {
     xfer_error err{xfer_errc::none, false, d.request_id, d.peer, d.layer, {}};
@@ -263,29 +356,9 @@ private:
                    std::to_string(s.dst_offset) + ", +" + std::to_string(s.size_bytes) + ") outside its region";
         return finish(id, xfer_state::failed, err);
       }
+    auto* rkey = remote_rkey(key, &err);
+    if (!rkey) return finish(id, xfer_state::failed, err);
     auto& peer = peers_[key.worker_addr];
-    if (!peer.ep) {
-      ucp_ep_params_t ep{};
-      ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-      ep.address = reinterpret_cast<const ucp_address_t*>(key.worker_addr.data());
-      ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;  // PEER mode would disable shared memory
-      if (auto s = ucp_ep_create(worker_, &ep, &peer.ep); s != UCS_OK) {
-        peers_.erase(key.worker_addr);
-        err.code = xfer_errc::peer_unreachable;
-        err.retryable = true;
-        err.what = std::string{"ucp_ep_create: "} + ucs_status_string(s);
-        return finish(id, xfer_state::failed, err);
-      }
-    }
-    auto& rkey = peer.rkeys[key.rkey];
-    if (!rkey) {
-      if (auto s = ucp_ep_rkey_unpack(peer.ep, key.rkey.data(), &rkey); s != UCS_OK) {
-        peer.rkeys.erase(key.rkey);
-        err.code = xfer_errc::backend_error;
-        err.what = std::string{"ucp_ep_rkey_unpack: "} + ucs_status_string(s);
-        return finish(id, xfer_state::failed, err);
-      }
-    }
     transfer t{{}, d, {}, false, xfer_state::pending, err};
     ucp_request_param_t rp{};
     if (cfg_.send == "am") {
@@ -402,7 +475,8 @@ private:
         ucp_request_free(req);
       }
     }
-    for (auto& [id, r] : regions_) ucp_mem_unmap(context_, r.memh);
+    for (auto& [id, r] : regions_)
+      if (r.owned) ucp_mem_unmap(context_, r.memh);
     regions_.clear();
   }
 
@@ -419,6 +493,7 @@ private:
   // Progress-thread state.
   uint64_t last_region_ = 0;
   std::unordered_map<uint64_t, registered> regions_;
+  std::map<std::byte*, allocation> allocations_;  ///< by base, ordered to find the one holding a pointer
   std::unordered_map<std::string, remote_peer> peers_;
   std::unordered_map<uint64_t, transfer> inflight_;
 

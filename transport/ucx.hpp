@@ -6,6 +6,13 @@
 // listener, so UCX_TLS=sm works). One-sided puts land in the peer's registered KV pool; a flush
 // after each transfer makes it remote-complete before poll() says done.
 //
+// Memory from allocate_memory is UCX's own (ucp_mem_map with ALLOCATE: a shared-memory segment
+// when UCX can make one), and its rkey lets a peer on the same host map it: puts into it are then
+// plain copies by the sender, and map_remote gives the pointer itself. Puts into memory merely
+// registered are emulated over shared memory with messages this side's progress thread must
+// serve (half the bandwidth at 1 MiB, 8x the latency of an 8-byte put, and no progress without
+// that thread). Receive buffers should therefore come from allocate_memory.
+//
 // Transports come from UCX's configuration (UCX_TLS, UCX_NET_DEVICES): shared memory between
 // processes of one host (sysv/posix/cma), TCP, or RDMA verbs where such hardware exists (verbs are
 // compiled into Debian's UCX but untested here). Error mode NONE, because PEER mode disables

@@ -28,7 +28,7 @@ std::shared_ptr<const model_weights> tiny_weights() {
 }
 
 std::unique_ptr<executor> tiny_executor(unsigned threads = 1, uint32_t pages = 128) {
-  return make_cpu_executor(builtin_tiny_config(), tiny_weights(), cpu_executor_config{threads, pages, 16, nullptr});
+  return make_cpu_executor(builtin_tiny_config(), tiny_weights(), cpu_executor_config{threads, pages, 16, nullptr, {}});
 }
 
 std::vector<int32_t> prompt(const char* text) {
@@ -142,6 +142,36 @@ TEST_CASE("paging is real: a fragmented pool gives non-contiguous pages and the 
   CHECK(frag.pages != ref.pages);
   CHECK(frag.tokens == ref.tokens);
   CHECK(test::same_bits(frag.step_logits, ref.step_logits));
+}
+
+TEST_CASE("a pool in memory from elsewhere (a transport's) holds the KV there, gives the same tokens, and frees it "
+          "when the executor goes") {
+  const auto p = prompt("Pool pages may live in a transport's shared memory.");
+  auto ref = generate_colocated(*tiny_executor(), p, 8, 16);
+  REQUIRE(ref.error.empty());
+  auto freed = std::make_shared<bool>(false);
+  std::vector<std::byte>* seen = nullptr;
+  uint64_t asked = 0;
+  cpu_executor_config ec{1, 128, 16, nullptr, {}};
+  ec.kv_memory = [&](uint64_t bytes) {
+    asked = bytes;
+    // Not zeroed, as a transport's memory need not be: every slot is written before it is read.
+    auto buf = std::shared_ptr<std::vector<std::byte>>(new std::vector<std::byte>(bytes, std::byte{0xa5}),
+                                                       [freed](std::vector<std::byte>* v) { *freed = true, delete v; });
+    seen = buf.get();
+    return kv_host_memory{buf->data(), buf};
+  };
+  auto exec = make_cpu_executor(builtin_tiny_config(), tiny_weights(), ec);
+  CHECK(asked == exec->kv().size_bytes());
+  REQUIRE(seen);
+  CHECK(exec->kv().data() == seen->data());
+  auto out = generate_colocated(*exec, p, 8, 16);
+  REQUIRE(out.error.empty());
+  CHECK(out.tokens == ref.tokens);
+  CHECK(test::same_bits(out.step_logits, ref.step_logits));
+  CHECK_FALSE(*freed);
+  exec.reset();
+  CHECK(*freed);
 }
 
 TEST_CASE("the executor refuses bad jobs with a message naming the sequence and the problem") {

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "transport/all_to_all.hpp"
+#include "transport/fault_proxy.hpp"
 #include "transport/loopback.hpp"
 #include "transport/ucx.hpp"
 
@@ -37,19 +38,29 @@ std::vector<std::unique_ptr<transport>> make_group(const std::string& backend, u
 }  // namespace
 
 TEST_CASE("all-to-all: three ranks exchange distinct chunks (empty ones too) for six rounds, intact, over loopback "
-          "and UCX (puts and rendezvous active messages)") {
-  for (const std::string backend : {"loopback", "ucx", "ucx-am"}) {
+          "and UCX, by direct stores into mapped peers and by puts (RMA and rendezvous active messages)") {
+  struct mode {
+    std::string backend;
+    bool direct;
+  };
+  for (const auto& [backend, direct] : {mode{"loopback", true}, mode{"loopback", false}, mode{"ucx", true},
+                                        mode{"ucx", false}, mode{"ucx-am", false}}) {
     CAPTURE(backend);
+    CAPTURE(direct);
     std::vector<std::string> names;
     auto ts = make_group(backend, 3, &names);
     std::vector<std::unique_ptr<all_to_all>> groups;
     std::vector<region_key> keys;
     for (uint32_t r = 0; r < 3; ++r) {
-      groups.push_back(std::make_unique<all_to_all>(*ts[r], names, all_to_all_config{r, 3, 4096}));
+      all_to_all_config cfg{r, 3, 4096};
+      cfg.direct = direct;
+      groups.push_back(std::make_unique<all_to_all>(*ts[r], names, cfg));
       REQUIRE_MESSAGE(groups.back()->error().empty(), groups.back()->error());
       keys.push_back(groups.back()->key());
     }
     for (auto& g : groups) g->connect(keys);
+    // UCX maps a peer's receive region (its own shared-memory segment) into this process.
+    for (auto& g : groups) CHECK(g->direct_peers() == (direct ? 2u : 0u));
     std::vector<std::string> failures(3);
     std::vector<int> verified(3, 0);
     std::vector<std::thread> threads;
@@ -99,6 +110,25 @@ TEST_CASE("all-to-all: a rank that never exchanges is named in the others' error
   CHECK_FALSE(groups[0]->exchange(send, &recv0, &why0));
   CHECK(why0 == "all-to-all exchange 2: rank ep-0 -> ep-2: chunk of 65 bytes exceeds the slot of 64");
   CHECK(all_to_all_config{3, 3}.validate() == "all-to-all: rank 3 outside a group of 3");
+}
+
+TEST_CASE("all-to-all through a fault proxy puts every byte, so the proxy's faults reach it: a failed put is named") {
+  auto fabric = make_loopback_fabric();
+  const std::vector<std::string> names{"ep-0", "ep-1"};
+  auto failing = make_fault_proxy(make_loopback_transport(fabric, "ep-0"), {fault_kind::fail});
+  auto plain = make_loopback_transport(fabric, "ep-1");
+  all_to_all a{*failing, names, {0, 2, 64, std::chrono::milliseconds{200}}};
+  all_to_all b{*plain, names, {1, 2, 64, std::chrono::milliseconds{200}}};
+  a.connect({a.key(), b.key()});
+  b.connect({a.key(), b.key()});
+  CHECK(a.direct_peers() == 0);  // the proxy maps nothing: a direct store would pass it by
+  CHECK(b.direct_peers() == 1);
+  std::vector<std::byte> bytes(8, std::byte{7});
+  std::vector<std::span<const std::byte>> send(2, std::span<const std::byte>{bytes}), recv;
+  std::string why;
+  CHECK_FALSE(a.exchange(send, &recv, &why));
+  CHECK_MESSAGE(why.find("all-to-all exchange 1: rank ep-0 -> ep-1: put failed") != std::string::npos, why);
+  CHECK(failing->num_injected() == 1);
 }
 
 TEST_CASE("a region key survives a line of text between processes; a malformed line gives nothing") {

@@ -75,6 +75,45 @@ TEST_CASE("transport conformance: a put copies its segments and nothing else") {
   }
 }
 
+TEST_CASE("transport conformance: the transport's own memory takes puts; a peer that maps it stores straight into "
+          "it, and nothing maps memory a put must reach (the modelled link, the fault proxy)") {
+  for (const std::string backend : {"loopback", "ucx", "ucx-am"}) {
+    CAPTURE(backend);
+    two_ranks t;
+    auto [a, b] = make_endpoints(backend, t);
+    xfer_error err;
+    std::byte* mem = b->allocate_memory(8192, &err);
+    REQUIRE_MESSAGE(mem, err.to_string());
+    CHECK(reinterpret_cast<uintptr_t>(mem) % 4096 == 0);
+    std::fill(mem, mem + 8192, std::byte{0});
+    auto ka = a->register_region(t.src.data(), t.src.size(), &err);
+    auto kb = b->register_region(mem + 4096, 4096, &err);  // a region inside the allocation
+    REQUIRE(ka);
+    REQUIRE(kb);
+    auto id = a->post_put({1, 0, "b", ka->region_id, *kb, {{0, 100, 1000}}});
+    CHECK(wait(*a, id, &err) == xfer_state::done);
+    a->release(id);
+    CHECK(std::equal(t.src.begin(), t.src.begin() + 1000, mem + 4096 + 100));
+    CHECK(mem[4096 + 99] == std::byte{0});
+    // Loopback shares the process; UCX maps b's shared-memory segment into a's process.
+    std::byte* remote = a->map_remote(*kb);
+    REQUIRE(remote);
+    remote[7] = std::byte{0x5a};
+    CHECK(mem[4096 + 7] == std::byte{0x5a});
+    b->deregister_region(kb->region_id);
+    b->free_memory(mem);
+  }
+  two_ranks t;
+  auto link = make_modelled_link(t.fabric, "m");
+  xfer_error err;
+  auto key = link->register_region(t.dst.data(), t.dst.size(), &err);
+  REQUIRE(key);
+  CHECK(link->map_remote(*key) == nullptr);  // its puts move no byte; stores would bypass its timing
+  auto proxy = make_fault_proxy(make_loopback_transport(t.fabric, "p"), {fault_kind::drop});
+  CHECK(proxy->map_remote(*key) == nullptr);  // its faults need every byte to be a put
+  CHECK(make_loopback_transport(t.fabric, "q")->map_remote(*key) == t.dst.data());
+}
+
 TEST_CASE("transport conformance: errors name request, peer and layer") {
   for (const std::string backend : {"loopback", "ucx", "ucx-am", "modelled"}) {
     CAPTURE(backend);
