@@ -60,6 +60,8 @@ using role_atom = caf::atom_constant<caf::atom("role")>;
 /// decode ranks (and polls the puts with migpoll).
 using migrate_atom = caf::atom_constant<caf::atom("migrate")>;
 using migrate_poll_atom = caf::atom_constant<caf::atom("migpoll")>;
+/// A transfer of the rank's transport settled (transport::set_settled_listener): poll now.
+using settled_atom = caf::atom_constant<caf::atom("settled")>;
 
 // --- errors ---------------------------------------------------------------------------------
 /// Baton's error codes (category atom "baton"). The context string of every error names the
@@ -680,6 +682,7 @@ using prefill_rank_actor = caf::typed_actor<
     caf::reacts_to<split_peer>,
     caf::reacts_to<split_layer>,
     caf::reacts_to<poll_atom>,
+    caf::reacts_to<settled_atom>,                                // a KV send settled: poll at once
     caf::reacts_to<keepalive_atom>,                              // tick: renew queued prompts' leases
     // Elastic P/D: take work (true: report load, so the balancer places here) or go on standby
     // (false: only when idle; the local prefix tier's pages go back to the shared pool).

@@ -211,6 +211,16 @@ bool settle(prefill_pointer self, const pending_put& p) {
   return true;
 }
 
+/// Polls every tracked put once; settling one may track new ones (a split's peer puts), which
+/// wait for the next poll.
+void poll_pending(prefill_pointer self) {
+  auto& st = self->state;
+  auto pending = std::move(st.pending);
+  st.pending.clear();
+  for (const auto& p : pending)
+    if (!settle(self, p)) st.pending.push_back(p);
+}
+
 /// Polls `p` from now on (never settles it on the spot: callers may be iterating state it changes).
 void track_put(prefill_pointer self, pending_put p) {
   auto& st = self->state;
@@ -458,6 +468,12 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
   st.core.log->set_capacity(cfg.event_log_events);
   st.cfg = std::move(cfg);
   st.core.start(self, std::move(exec), std::move(xport));
+  // A backend that settles transfers on its own thread (UCX) says so at once: the last layer's
+  // send is then noticed when it lands, not at the next poll tick (the timer stays, for backends
+  // that never call and for the send timeout).
+  st.core.xport->set_settled_listener([h = self->address()] {
+    if (auto a = caf::actor_cast<caf::actor>(h)) caf::anon_send(a, settled_atom::value);
+  });
   report_load(self);  // registers this rank with its balancer
   return {
       [=](prefill_order& order) { return accept_prefill(self, std::move(order)); },
@@ -551,13 +567,11 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
           if (r.load.outstanding > 0) self->send(r.order.decode, keepalive_atom::value, id, r.order.grant.lease_id);
         schedule_keepalive(self);
       },
+      [=](settled_atom) { poll_pending(self); },
       [=](poll_atom) {
         auto& s = self->state;
         s.poll_scheduled = false;
-        std::vector<pending_put> still;
-        for (const auto& p : s.pending)
-          if (!settle(self, p)) still.push_back(p);
-        s.pending = std::move(still);
+        poll_pending(self);
         if (!s.pending.empty()) {
           s.poll_scheduled = true;
           self->delayed_send(self, std::chrono::microseconds{s.cfg.poll_interval_us}, poll_atom::value);

@@ -170,6 +170,8 @@ int main(int argc, char** argv) {
                      if (e.kind == "send_posted") posted[e.layer] = e.wall_ns;
                      if (e.kind == "layer_ready" && verbose)
                        std::fprintf(stderr, "layer %u: posted -> ready %.0f us\n", e.layer, (e.wall_ns - posted[e.layer]) / 1e3);
+                     if (verbose && e.layer == layers - 1 && last_compute)
+                       std::fprintf(stderr, "  last layer, prefill %s at +%.0f us\n", e.kind.c_str(), (e.wall_ns - last_compute) / 1e3);
                    }
                  },
                  [](caf::error&) {});
@@ -178,6 +180,8 @@ int main(int argc, char** argv) {
                    for (auto& e : ev) {
                      if (e.request_id == id && e.kind == "admit") admit = e.wall_ns;
                      if (e.request_id == id && e.kind == "kv_landed") landed = e.wall_ns;
+                     if (verbose && e.request_id == id && e.wall_ns >= last_compute)
+                       std::fprintf(stderr, "  decode %s (layer %u) at +%.0f us\n", e.kind.c_str(), e.layer, (e.wall_ns - last_compute) / 1e3);
                    }
                  },
                  [](caf::error&) {});

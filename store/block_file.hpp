@@ -17,7 +17,7 @@
 namespace baton::store {
 
 struct block_header {
-  static constexpr uint32_t version = 1;
+  static constexpr uint32_t version = 2;  ///< 2: eight-lane layer checksums (kv_layer_checksum)
   block_key salt;     ///< model identity and KV layout (kv_identity)
   block_key key;
   block_key parent;   ///< empty for a prompt's first block

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -106,6 +107,12 @@ public:
   /// retire; the peer observes them in program order when it reads a flag the writer stores
   /// last with release semantics (and loads with acquire).
   virtual std::byte* map_remote(const region_key& key);
+  /// Called after a transfer settles (done or failed), on the backend's own thread, so that its
+  /// owner polls at once instead of on its next timer tick. Must be cheap, must not block and must
+  /// not call into the transport. Backends whose puts settle inside post_put (loopback) never
+  /// call it: their owner finds the transfer settled at its first poll. One per transport; setting
+  /// another replaces it, an empty one removes it.
+  virtual void set_settled_listener(std::function<void()> fn);
 };
 
 /// allocate_memory from `t`, freed when the last holder lets go, and holding `t` until then (a

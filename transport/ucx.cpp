@@ -299,10 +299,22 @@ private:
     return fut.get();
   }
 
-  void finish(uint64_t id, xfer_state state, xfer_error err = {}) {
+  void set_settled_listener(std::function<void()> fn) override {
+    auto shared = fn ? std::make_shared<const std::function<void()>>(std::move(fn)) : nullptr;
     std::lock_guard<std::mutex> lock{mutex_};
-    auto i = status_.find(id);
-    if (i != status_.end()) i->second = {state, std::move(err)};
+    listener_ = std::move(shared);
+  }
+
+  void finish(uint64_t id, xfer_state state, xfer_error err = {}) {
+    std::shared_ptr<const std::function<void()>> listener;
+    {
+      std::lock_guard<std::mutex> lock{mutex_};
+      auto i = status_.find(id);
+      if (i == status_.end()) return;  // released unobserved: nobody is waiting for it
+      i->second = {state, std::move(err)};
+      listener = listener_;
+    }
+    if (listener) (*listener)();
   }
 
   /// Progress thread: the endpoint to the key's worker and the key's unpacked rkey, made on first
@@ -502,6 +514,7 @@ private:
   std::deque<std::function<void()>> queue_;
   uint64_t last_xfer_ = 0;
   std::unordered_map<uint64_t, std::pair<xfer_state, xfer_error>> status_;
+  std::shared_ptr<const std::function<void()>> listener_;  ///< see set_settled_listener
 };
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -60,6 +61,56 @@ TEST_CASE("block keys chain over full blocks, and depend on every earlier token 
   other.model_id = "baton-tiny seed 2";
   CHECK_FALSE(chain_keys(salt_of(other), a, 32)[0] == ka[0]);
   CHECK(ka[0].hex().size() == 32);
+}
+
+namespace {
+
+/// kv_layer_checksum's definition, written out plainly: eight multiply-xorshift lanes over the
+/// layer's pages as one stream of 64-bit words per page (a short tail zero-padded), folded.
+uint64_t checksum_by_definition(baton::gpu::kv_cache& kv, uint32_t layer, const std::vector<uint32_t>& pages) {
+  uint64_t lane[8];
+  for (int k = 0; k < 8; ++k) lane[k] = 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(k + 1) ^ layer;
+  const auto& l = kv.layout();
+  for (auto page : pages) {
+    const auto* p = reinterpret_cast<const unsigned char*>(kv.data()) + l.offset_bytes(layer, page);
+    const uint64_t stripes = l.page_bytes() / 64 * 64;
+    for (uint64_t off = 0; off < l.page_bytes(); off += 8) {
+      uint64_t w = 0;
+      std::memcpy(&w, p + off, std::min<uint64_t>(8, l.page_bytes() - off));
+      const int k = off < stripes ? static_cast<int>(off / 8 % 8) : static_cast<int>((off - stripes) / 8);
+      lane[k] = (lane[k] ^ w) * 0xFF51AFD7ED558CCDull;
+      lane[k] ^= lane[k] >> 32;
+    }
+  }
+  uint64_t h = lane[0];
+  for (int k = 1; k < 8; ++k) h = (h ^ lane[k]) * 0xC4CEB9FE1A85EC53ull;
+  return h ^ (h >> 29);
+}
+
+}  // namespace
+
+TEST_CASE("the layer checksum equals its definition on this CPU's code path (vector or scalar), for pages of whole "
+          "and partial stripes, and any flipped bit changes it") {
+  // 64 KiB pages (whole 64-byte stripes) and 24-byte pages (a tail only: kv_dim 3, one token).
+  for (const baton::gpu::kv_layout layout : {baton::gpu::kv_layout{3, 8, 16, 512, 2}, baton::gpu::kv_layout{3, 8, 1, 3, 2}}) {
+    CAPTURE(layout.page_bytes());
+    baton::gpu::kv_cache kv{layout};
+    auto* bytes = reinterpret_cast<unsigned char*>(kv.data());
+    for (uint64_t i = 0; i < layout.total_bytes(); ++i) bytes[i] = static_cast<unsigned char>(i * 131 + (i >> 9));
+    const std::vector<uint32_t> pages{5, 2, 7};
+    const uint64_t sum = kv.kv_layer_checksum(1, pages, 3);
+    CHECK(sum == checksum_by_definition(kv, 1, pages));
+    CHECK(kv.kv_layer_checksum(0, pages, 3) != sum);  // the layer is in the seed
+    for (uint64_t at : {uint64_t{0}, layout.page_bytes() / 2, layout.page_bytes() - 1}) {
+      unsigned char& b = bytes[layout.offset_bytes(1, 2) + at];
+      for (int bit = 0; bit < 8; bit += 7) {
+        b ^= static_cast<unsigned char>(1 << bit);
+        CHECK(kv.kv_layer_checksum(1, pages, 3) != sum);
+        b ^= static_cast<unsigned char>(1 << bit);
+      }
+    }
+    CHECK(kv.kv_layer_checksum(1, pages, 3) == sum);
+  }
 }
 
 TEST_CASE("block files round-trip layer by layer, and every kind of damage is refused with a sentence") {

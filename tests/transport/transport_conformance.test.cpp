@@ -1,6 +1,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <thread>
 
 #include "transport/fault_proxy.hpp"
@@ -112,6 +113,34 @@ TEST_CASE("transport conformance: the transport's own memory takes puts; a peer 
   auto proxy = make_fault_proxy(make_loopback_transport(t.fabric, "p"), {fault_kind::drop});
   CHECK(proxy->map_remote(*key) == nullptr);  // its faults need every byte to be a put
   CHECK(make_loopback_transport(t.fabric, "q")->map_remote(*key) == t.dst.data());
+}
+
+TEST_CASE("UCX calls the settled listener when a transfer settles, done or failed, so owners need not poll on a timer") {
+  for (const std::string backend : {"ucx", "ucx-am"}) {
+    CAPTURE(backend);
+    two_ranks t;
+    auto [a, b] = make_endpoints(backend, t);
+    std::atomic<int> calls{0};
+    a->set_settled_listener([&calls] { ++calls; });
+    xfer_error err;
+    auto ka = a->register_region(t.src.data(), t.src.size(), &err);
+    auto kb = b->register_region(t.dst.data(), t.dst.size(), &err);
+    REQUIRE(ka);
+    REQUIRE(kb);
+    auto id = a->post_put({1, 0, "b", ka->region_id, *kb, {{0, 0, 512}}});
+    for (int i = 0; i < 2'000'000 && calls == 0; ++i) std::this_thread::yield();
+    CHECK(calls == 1);
+    CHECK(a->poll(id, &err) == xfer_state::done);  // settled before the listener ran
+    a->release(id);
+    auto bad = a->post_put({2, 3, "b", ka->region_id, *kb, {{0, 4000, 512}}});  // past the region's end
+    for (int i = 0; i < 2'000'000 && calls == 1; ++i) std::this_thread::yield();
+    CHECK(calls == 2);
+    CHECK(a->poll(bad, &err) == xfer_state::failed);
+    a->set_settled_listener({});
+    auto quiet = a->post_put({3, 0, "b", ka->region_id, *kb, {{0, 0, 8}}});
+    CHECK(wait(*a, quiet, &err) == xfer_state::done);
+    CHECK(calls == 2);
+  }
 }
 
 TEST_CASE("transport conformance: errors name request, peer and layer") {
