@@ -74,6 +74,15 @@ class fields {
     }
     return true;
   }
+  /// true or false (absent: unchanged).
+  bool boolean(const char* key, bool* dst, std::string* why) {
+    seen_.insert(key);
+    auto it = j_.find(key);
+    if (it == j_.end()) return true;
+    if (!it->is_boolean()) return fail(key, "must be true or false", why);
+    *dst = it->get<bool>();
+    return true;
+  }
   /// A nested object (absent: an empty one).
   bool object(const char* key, json* dst, std::string* why) {
     seen_.insert(key);
@@ -237,7 +246,7 @@ bool parse_cluster_spec(const std::string& json_text, const std::string& base_di
     return false;
   }
   fields f{j, "spec"};
-  json policies, executor, store, ssh;
+  json policies, executor, store, ssh, xport, ep;
   if (auto it = j.find("tls"); it != j.end() && !it->is_boolean()) {
     *why = "spec.tls must be true or false";
     return false;
@@ -250,8 +259,24 @@ bool parse_cluster_spec(const std::string& json_text, const std::string& base_di
       !f.str("binary", &out->binary, why) || !f.strs("api_keys", &out->api_keys, why) ||
       !f.str("api_keys_env", &out->api_keys_env, why) || !f.object("policies", &policies, why) ||
       !f.object("executor", &executor, why) || !f.object("store", &store, why) || !f.object("ssh", &ssh, why) ||
-      !f.env("env", &out->env, why))
+      !f.env("env", &out->env, why) || !f.object("transport", &xport, why) ||
+      !f.object("expert_parallel", &ep, why))
     return false;
+  fields fx{xport, "spec.transport"}, fep{ep, "spec.expert_parallel"};
+  if (!fx.str("send", &out->ucx_send, why) || !fx.no_others(why) || !fep.num("prefill", &out->prefill_ep, 1, 256, why) ||
+      !fep.num("decode", &out->decode_ep, 1, 256, why) ||
+      !fep.boolean("dual_batch_overlap", &out->dual_batch_overlap, why) || !fep.no_others(why))
+    return false;
+  if (out->ucx_send != "put" && out->ucx_send != "am") {
+    *why = "spec.transport.send must be put (one-sided RMA: shared memory, RDMA) or am (rendezvous active messages: TCP), not '" +
+           out->ucx_send + "'";
+    return false;
+  }
+  if ((out->prefill_ep > 1 || out->decode_ep > 1) && out->model == "random") {
+    *why = "spec.expert_parallel needs a model with routed experts (deepseek-v2-tiny, deepseek-v3-tiny or a DeepSeek "
+           "directory); the built-in model has none";
+    return false;
+  }
   fields fp{policies, "spec.policies"}, fe{executor, "spec.executor"}, fs{store, "spec.store"}, fh{ssh, "spec.ssh"};
   if (!fp.str("prefill", &out->prefill_policy, why) || !fp.str("decode", &out->decode_policy, why) ||
       !fp.no_others(why) || !fe.num("threads", &out->executor_threads, 1, 256, why) ||
@@ -315,6 +340,17 @@ std::vector<node_launch> plan_launch(const cluster_spec& s, const std::string& b
   const std::string join = addr.head_host + ":" + std::to_string(h.cluster_port);
   const std::vector<std::string> executor = {"--executor-threads", std::to_string(s.executor_threads), "--kv-pages",
                                              std::to_string(s.kv_pages), "--page-tokens", std::to_string(s.page_tokens)};
+  // What a prefill or decode engine adds: its transport's send mode and expert parallelism, only
+  // where they differ from the defaults.
+  auto engine = [&s](bool prefill) {
+    std::vector<std::string> a;
+    if (s.ucx_send != "put") a.insert(a.end(), {"--ucx-send", s.ucx_send});
+    if (const uint32_t ep = prefill ? s.prefill_ep : s.decode_ep; ep > 1) {
+      a.insert(a.end(), {"--expert-parallel", std::to_string(ep)});
+      if (s.dual_batch_overlap) a.push_back("--dual-batch-overlap");
+    }
+    return a;
+  };
   std::map<std::string, std::string> key_env;
   if (!s.api_keys.empty()) {
     std::string keys;
@@ -338,6 +374,10 @@ std::vector<node_launch> plan_launch(const cluster_spec& s, const std::string& b
                                             "--prefill-policy", s.prefill_policy, "--decode-policy", s.decode_policy},
                    {}};
   head.argv.insert(head.argv.end(), executor.begin(), executor.end());
+  if (h.has("prefill")) {
+    const auto e = engine(true);
+    head.argv.insert(head.argv.end(), e.begin(), e.end());
+  }
   if (h.has("store"))
     head.argv.insert(head.argv.end(), {"--store-dir", s.store_dir, "--store-servers", std::to_string(s.store_servers)});
   for (const auto& a : store_nodes) head.argv.insert(head.argv.end(), {"--store-node", a});
@@ -357,6 +397,8 @@ std::vector<node_launch> plan_launch(const cluster_spec& s, const std::string& b
                                            "--ranks", std::to_string(n.gpus), "--model", s.model},
                     {}};
       d.argv.insert(d.argv.end(), executor.begin(), executor.end());
+      const auto e = engine(role == "prefill");
+      d.argv.insert(d.argv.end(), e.begin(), e.end());
       if (role == "prefill") d.argv.insert(d.argv.end(), rank_cache.begin(), rank_cache.end());
       out.push_back(std::move(d));
     }

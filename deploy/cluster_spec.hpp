@@ -50,6 +50,11 @@ struct cluster_spec {
   /// spec); other hosts must see the same paths.
   bool tls = false;
   std::string tls_dir;
+  std::string ucx_send = "put";   ///< transport.send: put (shared memory, RDMA) or am (TCP)
+  /// expert_parallel: EP size of prefill and of decode engines (1: none), as DeepSeek runs small EP
+  /// for prefill and wide EP for decode; dual-batch overlap for both.
+  uint32_t prefill_ep = 1, decode_ep = 1;
+  bool dual_batch_overlap = false;
   std::vector<node_spec> nodes;
 
   const node_spec& head() const;  ///< the node with the router role (validated: exactly one)

@@ -107,6 +107,56 @@ TEST_CASE("prefill ranks and block servers in their own node processes: store no
   CHECK(slurm.find("#SBATCH --gpus-per-node=4") != std::string::npos);  // the prefill node's GPUs
 }
 
+TEST_CASE("the transport's send mode and expert parallelism reach the engines that use them, small EP for prefill and "
+          "wide EP for decode") {
+  const std::string spec = R"({
+    "name": "t", "model": "deepseek-v3-tiny", "transport": {"send": "am"},
+    "expert_parallel": {"prefill": 2, "decode": 4, "dual_batch_overlap": true},
+    "nodes": [
+      {"name": "head", "roles": ["router", "prefill"], "ports": {"router": 7100, "cluster": 7101}},
+      {"name": "p", "roles": ["prefill"]},
+      {"name": "d", "roles": ["decode"]},
+      {"name": "g", "roles": ["gateway"], "ports": {"http": 8000}}
+    ]})";
+  cluster_spec s;
+  std::string why;
+  REQUIRE_MESSAGE(parse_cluster_spec(spec, "/base", &s, &why), why);
+  CHECK(s.model == "deepseek-v3-tiny");  // a seeded shape, not a path
+  const auto plan = plan_launch(s, "baton", {"127.0.0.1", ""});
+  REQUIRE(plan.size() == 4);
+  auto after = [](const node_launch& n, const std::string& flag) {
+    const auto it = std::find(n.argv.begin(), n.argv.end(), flag);
+    return it == n.argv.end() ? std::string{"(none)"} : it + 1 == n.argv.end() ? std::string{"(last)"} : *(it + 1);
+  };
+  auto has = [](const node_launch& n, const std::string& flag) { return std::find(n.argv.begin(), n.argv.end(), flag) != n.argv.end(); };
+  for (int i : {0, 1, 2}) {
+    CAPTURE(plan[i].role);
+    CHECK(after(plan[i], "--ucx-send") == "am");
+    CHECK(has(plan[i], "--dual-batch-overlap"));
+  }
+  CHECK(after(plan[0], "--expert-parallel") == "2");  // the head's prefill ranks
+  CHECK(after(plan[1], "--expert-parallel") == "2");
+  CHECK(after(plan[2], "--expert-parallel") == "4");
+  CHECK_FALSE(has(plan[3], "--expert-parallel"));  // the gateway runs no engine
+  CHECK_FALSE(has(plan[3], "--ucx-send"));
+  // Defaults add nothing, so existing specs keep their command lines.
+  cluster_spec plain;
+  REQUIRE(parse_cluster_spec(good, "/base", &plain, &why));
+  for (const auto& n : plan_launch(plain, "baton", {"127.0.0.1", ""})) {
+    CHECK_FALSE(has(n, "--ucx-send"));
+    CHECK_FALSE(has(n, "--expert-parallel"));
+  }
+  CHECK(error_of(R"("model": "m")", R"("model": "m", "transport": {"send": "rdma"})") ==
+        "spec.transport.send must be put (one-sided RMA: shared memory, RDMA) or am (rendezvous active messages: TCP), not 'rdma'");
+  CHECK(error_of(R"("model": "m")", R"("model": "m", "transport": {"mode": "am"})") == "spec.transport: unknown field 'mode'");
+  CHECK(error_of(R"("model": "m")", R"("model": "random", "expert_parallel": {"decode": 8})")
+            .find("spec.expert_parallel needs a model with routed experts") == 0);
+  CHECK(error_of(R"("model": "m")", R"("model": "m", "expert_parallel": {"decode": 0})") ==
+        "spec.expert_parallel.decode must be an integer in [1, 256]");
+  CHECK(error_of(R"("model": "m")", R"("model": "m", "expert_parallel": {"dual_batch_overlap": 1})") ==
+        "spec.expert_parallel.dual_batch_overlap must be true or false");
+}
+
 TEST_CASE("cluster spec errors name the field and the node") {
   CHECK(error_of(R"("gpus": 2)", R"("gpu": 2)") == "nodes[1]: unknown field 'gpu'");
   CHECK(error_of(R"("gpus": 2)", R"("gpus": 0)") == "nodes[1].gpus must be an integer in [1, 64]");

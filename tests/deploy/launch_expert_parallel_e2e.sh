@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# A cluster spec with expert parallelism, launched by `baton launch` on 127.0.0.1: the head's
+# prefill rank with EP 2 and a decode node with EP 4 and dual-batch overlap, KV sent as
+# rendezvous active messages (transport.send "am"). Its answers must equal a single process's
+# at EP 1, the engines must have started their expert processes, and none may outlive the stop.
+# Usage: launch_expert_parallel_e2e.sh BATON_BINARY. Bounded waits throughout; always cleans up.
+set -euo pipefail
+BATON=$1
+WORK=$(mktemp -d /tmp/baton-launch-ep-e2e-XXXXXX)
+LAUNCHER="" SINGLE=""
+source "$(dirname "$0")/e2e_lib.sh"
+cleanup() {
+  [ -n "$SINGLE" ] && kill -INT "$SINGLE" 2>/dev/null || true
+  stop_launcher
+}
+trap cleanup EXIT
+fail() { echo "launch EP e2e: FAILED: $*" >&2; echo "--- launcher output:" >&2; cat "$WORK/launch.log" >&2 || true; exit 1; }
+experts() { pgrep -f "$BATON experts" | wc -l; }
+[ "$(experts)" = 0 ] || fail "expert processes of another run are still alive"
+
+read -r P_ROUTER P_CLUSTER < <(free_ports 2)
+cat > "$WORK/spec.json" <<SPEC
+{
+  "name": "ep-e2e",
+  "model": "deepseek-v3-tiny",
+  "transport": {"send": "am"},
+  "expert_parallel": {"prefill": 2, "decode": 4, "dual_batch_overlap": true},
+  "nodes": [
+    {"name": "head", "host": "127.0.0.1", "roles": ["router", "prefill"], "prefill_ranks": 1,
+     "ports": {"router": $P_ROUTER, "cluster": $P_CLUSTER}},
+    {"name": "decode-a", "host": "127.0.0.1", "roles": ["decode"]}
+  ]
+}
+SPEC
+launch_cluster
+grep -q "node decode-a joined" "$WORK/launch.log" || fail "decode-a did not join"
+# One expert process for the prefill rank (EP 2), three for the decode rank (EP 4).
+[ "$(experts)" = 4 ] || fail "expected 4 expert processes, found $(experts)"
+
+"$BATON" local --serve --model deepseek-v3-tiny --router-listen 127.0.0.1:0 > "$WORK/single.log" 2>&1 &
+SINGLE=$!
+for _ in $(seq 600); do grep -q "router listening" "$WORK/single.log" && break; sleep 0.1; done
+P_SINGLE=$(grep -o "router listening on 127.0.0.1:[0-9]*" "$WORK/single.log" | grep -o "[0-9]*$") || fail "single process did not start"
+PROMPTS=(--prompt "Experts, route this" --prompt "A second prompt, longer, so that more tokens pass the experts")
+"$BATON" generate --router "127.0.0.1:$P_SINGLE" "${PROMPTS[@]}" --max-tokens 12 > "$WORK/single.txt" || fail "generate (single)"
+"$BATON" generate --router "127.0.0.1:$P_ROUTER" --cluster-id ep-e2e "${PROMPTS[@]}" --max-tokens 12 > "$WORK/cluster.txt" ||
+  fail "generate (cluster)"
+[ -s "$WORK/cluster.txt" ] || fail "the cluster answered nothing"
+cmp -s "$WORK/single.txt" "$WORK/cluster.txt" || fail "EP 2/4 answered differently from EP 1: $(diff "$WORK/single.txt" "$WORK/cluster.txt")"
+echo "launch EP e2e: prefill EP 2 and decode EP 4 with dual-batch overlap, KV as active messages: the same text as EP 1"
+
+kill -INT "$SINGLE"
+wait "$SINGLE" 2>/dev/null || true
+SINGLE=""
+kill -INT "$LAUNCHER"
+for _ in $(seq 600); do kill -0 "$LAUNCHER" 2>/dev/null || break; sleep 0.1; done
+! kill -0 "$LAUNCHER" 2>/dev/null || fail "the launcher did not stop within 60 s"
+LAUNCHER=""
+for _ in $(seq 50); do [ "$(experts)" = 0 ] && break; sleep 0.1; done
+[ "$(experts)" = 0 ] || fail "$(experts) expert processes outlived the cluster"
+echo "launch EP e2e: all checks passed"
