@@ -184,6 +184,8 @@ struct elastic_controller_config {
   /// A decode rank leaving decode moves its running sequences, KV and all, to the other decode
   /// ranks (false: they finish on it first, which can take as long as the longest output).
   bool migrate_on_drain = true;
+  /// Print each move's decision and outcome to stdout (a serving head, whose operator watches it).
+  bool print_moves = false;
   policies::role_planner_config planner;
 };
 

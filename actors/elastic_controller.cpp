@@ -1,9 +1,11 @@
 #include "actors/elastic_controller.hpp"
 
+#include <caf/actor_ostream.hpp>
 #include <caf/actor_system.hpp>
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 
@@ -23,6 +25,7 @@ struct controller_state {
   elastic_controller_config cfg;
   std::vector<elastic_instance> elastic;
   std::vector<bool> serves_prefill;  ///< each instance's current role
+  std::vector<bool> gone;            ///< its node process left or died: no signals, no moves
   std::vector<prefill_rank_actor> fixed_prefill;
   std::vector<decode_rank_actor> fixed_decode;
   prefill_balancer_actor prefill_balancer;
@@ -60,6 +63,12 @@ policies::rank_signal signal_of(const rank_stats& s, policies::rank_role role, b
   return r;
 }
 
+void print_outcome(pointer self, const role_change& rec) {
+  if (self->state.cfg.print_moves)
+    caf::aout(self) << "elastic: " << rec.rank << " " << rec.from << " -> " << rec.to << " " << rec.state << " after "
+                    << rec.drain_s << " s" << std::endl;
+}
+
 /// Step 2 of a move: once the draining actor is idle, it goes on standby, its balancer forgets
 /// it, and the instance's other actor takes over.
 void continue_move(pointer self) {
@@ -80,6 +89,7 @@ void continue_move(pointer self) {
     }
     rec.state = "abandoned";
     rec.drain_s = seconds_since(self, m.decided);
+    print_outcome(self, rec);
     st.move.reset();
     return;
   }
@@ -101,6 +111,7 @@ void continue_move(pointer self) {
     auto& rec = st.log[m.log_index];
     rec.state = "done";
     rec.drain_s = seconds_since(self, m.decided);
+    print_outcome(self, rec);
     st.move.reset();
   };
   // Standby refuses while the actor still has work; the answer says which it was.
@@ -121,7 +132,12 @@ void plan_round(pointer self) {
     size_t left = 0;
   };
   auto r = std::make_shared<round>();
-  r->left = st.fixed_prefill.size() + st.fixed_decode.size() + st.elastic.size();
+  r->left = st.fixed_prefill.size() + st.fixed_decode.size() +
+            static_cast<size_t>(std::count(st.gone.begin(), st.gone.end(), false));
+  if (r->left == 0) {  // nobody to ask yet (node processes still joining)
+    st.asking = false;
+    return;
+  }
   auto done = [=] {
     auto& st = self->state;
     if (--r->left > 0) return;
@@ -130,11 +146,14 @@ void plan_round(pointer self) {
     auto m = st.planner->plan(seconds_since(self, st.started), r->signals);
     if (!m) return;
     for (size_t i = 0; i < st.elastic.size(); ++i) {
-      if (st.elastic[i].name != m->rank) continue;
+      if (st.elastic[i].name != m->rank || st.gone[i]) continue;
       const bool to_prefill = m->to == policies::rank_role::prefill;
       st.log.push_back({seconds_since(self, st.started), m->rank, policies::to_string(m->from),
                         policies::to_string(m->to), m->why, "draining", 0});
       st.move = pending_move{i, to_prefill, self->clock().now(), st.log.size() - 1};
+      if (st.cfg.print_moves)
+        caf::aout(self) << "elastic: " << m->rank << " " << st.log.back().from << " -> " << st.log.back().to
+                        << " (draining): " << m->why << std::endl;
       // No new work for it from now on; what it has, it finishes (prefill) or hands over with
       // its KV (decode, migrate_on_drain).
       if (to_prefill) {
@@ -157,6 +176,7 @@ void plan_round(pointer self) {
   for (const auto& p : st.fixed_prefill) ask(p, policies::rank_role::prefill, false);
   for (const auto& d : st.fixed_decode) ask(d, policies::rank_role::decode, false);
   for (size_t i = 0; i < st.elastic.size(); ++i) {
+    if (st.gone[i]) continue;
     // The instance's active side (while it drains, still the old one: its pressure counts).
     if (st.serves_prefill[i])
       ask(st.elastic[i].prefill, policies::rank_role::prefill, true);
@@ -174,14 +194,52 @@ elastic_controller_actor::behavior_type controller_impl(pointer self, elastic_co
   st.planner = std::make_unique<policies::role_planner>(cfg.planner);
   st.cfg = std::move(cfg);
   for (const auto& e : elastic) st.serves_prefill.push_back(e.serves_prefill);
+  st.gone.assign(elastic.size(), false);
   st.elastic = std::move(elastic);
   st.fixed_prefill = std::move(fixed_prefill);
   st.fixed_decode = std::move(fixed_decode);
   st.prefill_balancer = std::move(pb);
   st.decode_balancer = std::move(db);
   st.started = self->clock().now();
+  // A node process's ranks leave with it: they give no signal and are never moved again; a move
+  // of one of them in progress is over.
+  self->set_down_handler([=](caf::down_msg& dm) {
+    auto& st = self->state;
+    for (size_t i = 0; i < st.elastic.size(); ++i) {
+      if (st.gone[i] || (dm.source != st.elastic[i].prefill.address() && dm.source != st.elastic[i].decode.address())) continue;
+      st.gone[i] = true;
+      if (st.move && st.move->instance == i) {
+        auto& rec = st.log[st.move->log_index];
+        rec.state = "lost";
+        rec.drain_s = seconds_since(self, st.move->decided);
+        print_outcome(self, rec);
+        st.move.reset();
+      }
+    }
+    auto drop = [&](auto& list) {
+      list.erase(std::remove_if(list.begin(), list.end(), [&](const auto& a) { return a.address() == dm.source; }), list.end());
+    };
+    drop(st.fixed_prefill);
+    drop(st.fixed_decode);
+  });
   tick_later(self);
   return {
+      [=](controller_join& j) {
+        auto& st = self->state;
+        if (j.elastic && j.prefill && j.decode) {
+          self->monitor(j.prefill);
+          self->monitor(j.decode);
+          st.serves_prefill.push_back(j.serves_prefill);
+          st.gone.push_back(false);
+          st.elastic.push_back({std::move(j.name), std::move(j.prefill), std::move(j.decode), j.serves_prefill});
+        } else if (!j.elastic && j.prefill) {
+          self->monitor(j.prefill);
+          st.fixed_prefill.push_back(std::move(j.prefill));
+        } else if (!j.elastic && j.decode) {
+          self->monitor(j.decode);
+          st.fixed_decode.push_back(std::move(j.decode));
+        }
+      },
       [=](timer_atom) {
         if (self->state.move)
           continue_move(self);

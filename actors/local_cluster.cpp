@@ -34,7 +34,7 @@ std::string local_cluster_config::validate() const {
   if (elastic_prefill_at_start > num_elastic_ranks)
     return "elastic_prefill_at_start (" + std::to_string(elastic_prefill_at_start) + ") exceeds num_elastic_ranks (" +
            std::to_string(num_elastic_ranks) + ")";
-  if (num_elastic_ranks > 0)
+  if (num_elastic_ranks > 0 || elastic_nodes)
     if (auto e = elastic.planner.validate(); !e.empty()) return e;
   if (transport != "loopback" && transport != "ucx" && transport != "modelled")
     return "transport must be loopback, ucx or modelled, got '" + transport + "'";
@@ -180,7 +180,7 @@ local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_co
     if (auto* p = dynamic_cast<caf::monitorable_actor*>(caf::actor_cast<caf::abstract_actor*>(out.elastic.back().prefill)))
       p->link_to(out.elastic.back().decode);
   }
-  if (!out.elastic.empty()) {
+  if (!out.elastic.empty() || cfg.elastic_nodes) {
     std::vector<prefill_rank_actor> fp;
     std::vector<decode_rank_actor> fd;
     for (const auto& r : out.prefill) fp.push_back(r.handle);
@@ -192,7 +192,9 @@ local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_co
   if (!rc.tokenizer) rc.tokenizer = gpu::make_byte_tokenizer(cfg.model);
   out.router = spawn_router(sys, rc, cfg.model, out.prefill_balancer, out.decode_balancer, access);
   if (access.enabled()) out.store = access.to_info();
-  out.directory = spawn_node_directory(sys, {}, {out.router, out.prefill_balancer, out.decode_balancer, out.store});
+  cluster_welcome welcome{out.router, out.prefill_balancer, out.decode_balancer, out.store};
+  welcome.elastic_controller = out.elastic_controller;
+  out.directory = spawn_node_directory(sys, {}, welcome);
   if (!out.setup_error.empty())
     for (auto& a : out.actors()) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
   return out;

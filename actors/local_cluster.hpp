@@ -38,6 +38,9 @@ struct local_cluster_config {
   uint32_t num_elastic_ranks = 0;
   uint32_t elastic_prefill_at_start = 0;
   std::string elastic_name = "elastic";
+  /// Run the elastic controller even without in-process elastic ranks: node processes bring theirs
+  /// (`baton node --role elastic`) and announce them, and their fixed ranks, through the welcome.
+  bool elastic_nodes = false;
   elastic_controller_config elastic;
   /// KV handoff backend: loopback (in-process memcpy), ucx, or modelled (sims: no bytes move)
   std::string transport = "loopback";

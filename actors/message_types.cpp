@@ -59,6 +59,7 @@ void register_message_types(caf::actor_system_config& cfg) {
       .add_message_type<std::vector<rank_event>>("std::vector<baton::rank_event>")
       .add_message_type<rank_stats>("baton::rank_stats")
       .add_message_type<role_change>("baton::role_change")
+      .add_message_type<controller_join>("baton::controller_join")
       .add_message_type<std::vector<role_change>>("std::vector<baton::role_change>")
       .add_message_type<decode_order>("baton::decode_order")
       .add_message_type<prefill_order>("baton::prefill_order")

@@ -752,7 +752,7 @@ struct role_change {
   std::string rank;        ///< the elastic instance
   std::string from, to;    ///< prefill | decode
   std::string why;         ///< the planner's reason, with its numbers
-  std::string state;       ///< draining | done | abandoned (the drain timed out: the rank serves on)
+  std::string state;       ///< draining | done | abandoned (the drain timed out: the rank serves on) | lost (its node left)
   double drain_s = 0;      ///< decision -> the other role active
 };
 template <class Inspector>
@@ -760,8 +760,24 @@ typename Inspector::result_type inspect(Inspector& f, role_change& x) {
   return f(caf::meta::type_name("role_change"), x.at_s, x.rank, x.from, x.to, x.why, x.state, x.drain_s);
 }
 
+/// A rank of a node process for the elastic controller (sent by the node's start): an elastic
+/// instance's two actors on one executor, which the controller may move between the roles, or a
+/// fixed rank (one actor; the other handle null), whose load counts in its pool's pressure.
+struct controller_join {
+  std::string name;
+  prefill_rank_actor prefill;
+  decode_rank_actor decode;
+  bool elastic = false;
+  bool serves_prefill = false;  ///< an elastic instance's role at start
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, controller_join& x) {
+  return f(caf::meta::type_name("controller_join"), x.name, x.prefill, x.decode, x.elastic, x.serves_prefill);
+}
+
 using elastic_controller_actor = caf::typed_actor<
     caf::reacts_to<timer_atom>,                                  // plan tick (internal)
+    caf::reacts_to<controller_join>,                             // a node process's rank
     caf::replies_to<events_atom>::with<std::vector<role_change>>>;  // every role change so far
 
 /// What the router knows of the cluster, for clients (the gateway's /v1/models and /metrics).
@@ -810,11 +826,14 @@ struct cluster_welcome {
   decode_balancer_actor decode_balancer;
   store_info store;
   uint32_t heartbeat_interval_ms = 500;
+  /// Elastic P/D: where node processes announce their ranks (controller_join); null when the head
+  /// runs no elastic controller (it does with elastic ranks or `--elastic-nodes`).
+  elastic_controller_actor elastic_controller;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, cluster_welcome& x) {
   return f(caf::meta::type_name("cluster_welcome"), x.router, x.prefill_balancer, x.decode_balancer, x.store,
-           x.heartbeat_interval_ms);
+           x.heartbeat_interval_ms, x.elastic_controller);
 }
 
 /// The ranks a node process runs, as its agent tells the directory: what the balancers drop and

@@ -131,6 +131,7 @@ bool parse_node(const json& j, size_t i, node_spec* n, std::string* why) {
   json ports;
   if (!f.str("name", &n->name, why) || !f.str("host", &n->host, why) || !f.strs("roles", &n->roles, why) ||
       !f.num("gpus", &n->gpus, 1, 64, why) || !f.num("prefill_ranks", &n->prefill_ranks, 1, 256, why) ||
+      !f.num("prefill_at_start", &n->prefill_at_start, 0, 64, why) ||
       !f.object("ports", &ports, why) || !f.env("env", &n->env, why) || !f.no_others(why))
     return false;
   if (!plain_name(n->name)) {
@@ -151,10 +152,19 @@ bool parse_node(const json& j, size_t i, node_spec* n, std::string* why) {
     return false;
   }
   for (const auto& r : n->roles)
-    if (r != "router" && r != "prefill" && r != "store" && r != "decode" && r != "gateway") {
-      *why = where + " (" + n->name + "): unknown role '" + r + "' (router, prefill, store, decode, gateway)";
+    if (r != "router" && r != "prefill" && r != "store" && r != "decode" && r != "elastic" && r != "gateway") {
+      *why = where + " (" + n->name + "): unknown role '" + r + "' (router, prefill, store, decode, elastic, gateway)";
       return false;
     }
+  if (n->prefill_at_start > 0 && !n->has("elastic")) {
+    *why = where + " (" + n->name + "): prefill_at_start is for elastic nodes";
+    return false;
+  }
+  if (n->has("elastic") && n->prefill_at_start > n->gpus) {
+    *why = where + " (" + n->name + "): prefill_at_start (" + std::to_string(n->prefill_at_start) +
+           ") exceeds its gpus (" + std::to_string(n->gpus) + ")";
+    return false;
+  }
   return true;
 }
 
@@ -163,7 +173,7 @@ bool validate(const cluster_spec& s, std::string* why) {
     *why = "nodes: a cluster needs at least one node";
     return false;
   }
-  size_t routers = 0, decodes = 0, prefills = 0, stores = 0;
+  size_t routers = 0, decodes = 0, prefills = 0, stores = 0, elastics = 0;
   std::set<std::string> names;
   std::set<std::pair<std::string, uint16_t>> ports;
   for (const auto& n : s.nodes) {
@@ -172,15 +182,20 @@ bool validate(const cluster_spec& s, std::string* why) {
       return false;
     }
     routers += n.has("router");
-    decodes += n.has("decode");
-    prefills += n.has("prefill");
+    decodes += n.has("decode") || (n.has("elastic") && n.prefill_at_start < n.gpus);
+    prefills += n.has("prefill") || (n.has("elastic") && n.prefill_at_start > 0);
     stores += n.has("store");
+    elastics += n.has("elastic");
     const bool head = n.has("router");
+    if (head && n.has("elastic")) {
+      *why = "node '" + n.name + "': elastic ranks run in their own node processes, not on the router's node";
+      return false;
+    }
     // The head runs the balancers and may run prefill ranks and block servers in its process;
     // any other node runs one kind of rank process (plus, optionally, a gateway).
-    if (!head && n.has("decode") + n.has("prefill") + n.has("store") > 1) {
-      *why = "node '" + n.name + "': a node other than the router's runs one of decode, prefill or store; split it "
-             "into several nodes";
+    if (!head && n.has("decode") + n.has("prefill") + n.has("store") + n.has("elastic") > 1) {
+      *why = "node '" + n.name + "': a node other than the router's runs one of decode, prefill, elastic or store; "
+             "split it into several nodes";
       return false;
     }
     if (!head && n.has("store") && !n.store_port) {
@@ -213,8 +228,12 @@ bool validate(const cluster_spec& s, std::string* why) {
     *why = "nodes: exactly one node must have the router role, found " + std::to_string(routers);
     return false;
   }
+  if (elastics > 0 && (s.prefill_ep > 1 || s.decode_ep > 1)) {
+    *why = "expert_parallel is not wired to elastic nodes yet";
+    return false;
+  }
   if (decodes == 0) {
-    *why = "nodes: at least one node must have the decode role";
+    *why = "nodes: at least one node must have the decode role (or be elastic with a rank starting as decode)";
     return false;
   }
   if (prefills == 0) {
@@ -246,7 +265,7 @@ bool parse_cluster_spec(const std::string& json_text, const std::string& base_di
     return false;
   }
   fields f{j, "spec"};
-  json policies, executor, store, ssh, xport, ep;
+  json policies, executor, store, ssh, xport, ep, elastic;
   if (auto it = j.find("tls"); it != j.end() && !it->is_boolean()) {
     *why = "spec.tls must be true or false";
     return false;
@@ -260,7 +279,11 @@ bool parse_cluster_spec(const std::string& json_text, const std::string& base_di
       !f.str("api_keys_env", &out->api_keys_env, why) || !f.object("policies", &policies, why) ||
       !f.object("executor", &executor, why) || !f.object("store", &store, why) || !f.object("ssh", &ssh, why) ||
       !f.env("env", &out->env, why) || !f.object("transport", &xport, why) ||
-      !f.object("expert_parallel", &ep, why))
+      !f.object("expert_parallel", &ep, why) || !f.object("elastic", &elastic, why))
+    return false;
+  fields fel{elastic, "spec.elastic"};
+  if (!fel.num("ttft_ms", &out->elastic_ttft_ms, 1, 3'600'000, why) || !fel.num("tbt_ms", &out->elastic_tbt_ms, 1, 3'600'000, why) ||
+      !fel.no_others(why))
     return false;
   fields fx{xport, "spec.transport"}, fep{ep, "spec.expert_parallel"};
   if (!fx.str("send", &out->ucx_send, why) || !fx.no_others(why) || !fep.num("prefill", &out->prefill_ep, 1, 256, why) ||
@@ -374,6 +397,12 @@ std::vector<node_launch> plan_launch(const cluster_spec& s, const std::string& b
                                             "--prefill-policy", s.prefill_policy, "--decode-policy", s.decode_policy},
                    {}};
   head.argv.insert(head.argv.end(), executor.begin(), executor.end());
+  // Elastic nodes: the head runs the controller that moves their ranks.
+  if (std::any_of(s.nodes.begin(), s.nodes.end(), [](const node_spec& n) { return n.has("elastic"); })) {
+    head.argv.push_back("--elastic-nodes");
+    if (s.elastic_ttft_ms) head.argv.insert(head.argv.end(), {"--elastic-ttft-ms", std::to_string(s.elastic_ttft_ms)});
+    if (s.elastic_tbt_ms) head.argv.insert(head.argv.end(), {"--elastic-tbt-ms", std::to_string(s.elastic_tbt_ms)});
+  }
   if (h.has("prefill")) {
     const auto e = engine(true);
     head.argv.insert(head.argv.end(), e.begin(), e.end());
@@ -392,14 +421,15 @@ std::vector<node_launch> plan_launch(const cluster_spec& s, const std::string& b
   out.push_back(std::move(head));
   for (const auto& n : s.nodes) {
     if (n.gpu_rank_node()) {
-      const std::string role = n.has("decode") ? "decode" : "prefill";
+      const std::string role = n.has("decode") ? "decode" : n.has("elastic") ? "elastic" : "prefill";
       node_launch d{n.name, n.host, role, {binary, "node", "--role", role, "--name", n.name, "--connect", join,
                                            "--ranks", std::to_string(n.gpus), "--model", s.model},
                     {}};
+      if (role == "elastic") d.argv.insert(d.argv.end(), {"--prefill-at-start", std::to_string(n.prefill_at_start)});
       d.argv.insert(d.argv.end(), executor.begin(), executor.end());
       const auto e = engine(role == "prefill");
       d.argv.insert(d.argv.end(), e.begin(), e.end());
-      if (role == "prefill") d.argv.insert(d.argv.end(), rank_cache.begin(), rank_cache.end());
+      if (role != "decode") d.argv.insert(d.argv.end(), rank_cache.begin(), rank_cache.end());
       out.push_back(std::move(d));
     }
     if (n.has("gateway") && !n.has("router"))

@@ -16,17 +16,18 @@ namespace baton::deploy {
 struct node_spec {
   std::string name;
   std::string host = "127.0.0.1";
-  std::vector<std::string> roles;  ///< head: router [+ prefill, store, gateway]; others: one of decode, prefill, store [+ gateway]
+  std::vector<std::string> roles;  ///< head: router [+ prefill, store, gateway]; others: one of decode, prefill, elastic, store [+ gateway]
   uint32_t gpus = 1;               ///< decode or prefill node: one rank per GPU (CPU executors without CUDA)
   uint32_t prefill_ranks = 2;      ///< the head's prefill ranks (DP ranks of its engines)
+  uint32_t prefill_at_start = 0;   ///< elastic node: of its `gpus` ranks, how many start as prefill
   uint16_t router_port = 0;        ///< head: C++ clients and gateways connect here
   uint16_t cluster_port = 0;       ///< head: node processes join here
   uint16_t http_port = 0;          ///< gateway
   uint16_t store_port = 0;         ///< store node: the head connects here to adopt its block server
   std::map<std::string, std::string> env;  ///< this node's processes' environment (over the spec's)
   bool has(const std::string& role) const;
-  /// A decode or prefill node of its own (not the head): one process with `gpus` ranks.
-  bool gpu_rank_node() const { return !has("router") && (has("decode") || has("prefill")); }
+  /// A decode, prefill or elastic node of its own (not the head): one process with `gpus` ranks.
+  bool gpu_rank_node() const { return !has("router") && (has("decode") || has("prefill") || has("elastic")); }
 };
 
 struct cluster_spec {
@@ -55,6 +56,9 @@ struct cluster_spec {
   /// for prefill and wide EP for decode; dual-batch overlap for both.
   uint32_t prefill_ep = 1, decode_ep = 1;
   bool dual_batch_overlap = false;
+  /// elastic: the role planner's targets, for the head's controller when nodes have the elastic
+  /// role (0: the head's defaults).
+  uint32_t elastic_ttft_ms = 0, elastic_tbt_ms = 0;
   std::vector<node_spec> nodes;
 
   const node_spec& head() const;  ///< the node with the router role (validated: exactly one)

@@ -197,6 +197,8 @@ int run_local(const std::vector<std::string>& args) {
   flags.add("--elastic-ranks", &opt.cluster.num_elastic_ranks,
             "elastic P/D: ranks that serve either role, moved between them as the load shifts");
   flags.add("--elastic-prefill", &opt.cluster.elastic_prefill_at_start, "elastic P/D: of them, how many start as prefill");
+  flags.add("--elastic-nodes", &opt.cluster.elastic_nodes,
+            "elastic P/D: run the controller for elastic ranks of node processes (baton node --role elastic)");
   flags.add("--elastic-ttft-ms", &opt.cluster.elastic.planner.ttft_target_ms, "elastic P/D: the TTFT the planner aims for");
   flags.add("--elastic-tbt-ms", &opt.cluster.elastic.planner.tbt_target_ms, "elastic P/D: the TBT the planner aims for");
   flags.add("--elastic-interval-ms", &opt.cluster.elastic.interval_ms, "elastic P/D: how often the controller plans");
@@ -434,6 +436,7 @@ int run_local(const std::vector<std::string>& args) {
       return gpu::make_cpu_executor(c.model, weights, ec);
     };
   }
+  opt.cluster.elastic.print_moves = opt.serve;  // a serving head's operator sees each move as it happens
   auto cluster = start_local_cluster(sys, opt.cluster, make_exec);
   if (!cluster.setup_error.empty()) {
     std::fprintf(stderr, "baton local: %s\n", cluster.setup_error.c_str());

@@ -105,7 +105,11 @@ int run_node(const std::vector<std::string>& args) {
     return 2;
   flag_set flags;
   add_security_flags(flags, &sec);
-  flags.add("--role", &role, "what this node runs: decode | prefill | store");
+  flags.add("--role", &role,
+            "what this node runs: decode | prefill | store | elastic (ranks the head's elastic controller moves "
+            "between prefill and decode; the head needs --elastic-nodes)");
+  uint32_t prefill_at_start = 0;
+  flags.add("--prefill-at-start", &prefill_at_start, "elastic: of the ranks, how many start as prefill (the rest decode)");
   std::string name;
   flags.add("--name", &name,
             "the node's name (its ranks are <name>, or <name>-0, <name>-1, ... with --ranks > 1; default: <role>-0, or store)");
@@ -144,15 +148,24 @@ int run_node(const std::vector<std::string>& args) {
   flags.add("--dual-batch-overlap", &dual_batch_overlap, "with --expert-parallel: two micro-batches per MoE round");
   flags.add("--ucx-send", &ucx_send, "how this node's ranks send KV: put (RMA) or am (rendezvous active messages)");
   if (auto rc = flags.parse_command_line(
-          args, "node", "baton node --role decode|prefill --connect HOST:PORT | --role store --listen HOST:PORT [flags]"))
+          args, "node",
+          "baton node --role decode|prefill|elastic --connect HOST:PORT | --role store --listen HOST:PORT [flags]"))
     return *rc;
   backend.cuda_bf16 = !cuda_fp32;
   if (auto e = backend.validate(); !e.empty()) {
     std::fprintf(stderr, "baton node: %s\n", e.c_str());
     return 2;
   }
-  if (role != "decode" && role != "prefill" && role != "store") {
-    std::fprintf(stderr, "baton node: --role must be decode, prefill or store (got '%s')\n", role.c_str());
+  if (role != "decode" && role != "prefill" && role != "store" && role != "elastic") {
+    std::fprintf(stderr, "baton node: --role must be decode, prefill, store or elastic (got '%s')\n", role.c_str());
+    return 2;
+  }
+  if (role == "elastic" && prefill_at_start > num_ranks) {
+    std::fprintf(stderr, "baton node: --prefill-at-start %u exceeds --ranks %u\n", prefill_at_start, num_ranks);
+    return 2;
+  }
+  if (role == "elastic" && expert_parallel > 1) {
+    std::fprintf(stderr, "baton node: --expert-parallel is not wired to elastic ranks yet\n");
     return 2;
   }
   if (auto e = sec.validate(); !e.empty()) {
@@ -200,7 +213,9 @@ int run_node(const std::vector<std::string>& args) {
                  expert_parallel, model.name.c_str(), model.moe.n_routed_experts);
     return 2;
   }
-  if (auto err = (role == "decode" ? rank.validate() : prefill.validate()) + exec_cfg.validate(); !err.empty()) {
+  if (auto err = (role != "prefill" ? rank.validate() : std::string{}) + (role != "decode" ? prefill.validate() : std::string{}) +
+                 exec_cfg.validate();
+      !err.empty()) {
     std::fprintf(stderr, "baton node: %s\n", err.c_str());
     return 2;
   }
@@ -222,16 +237,25 @@ int run_node(const std::vector<std::string>& args) {
     // The cluster's block store, if it runs one: decode ranks write finished sequences back to
     // it, prefill ranks load cached prefixes from it -- through UCX, like the head's own ranks.
     const auto store = store_access::from_info(w.store);
+    if (role == "elastic" && !w.elastic_controller)
+      return "elastic ranks need the head's elastic controller: start the head with --elastic-nodes";
     for (uint32_t i = 0; i < num_ranks; ++i) {
       std::string rank_name = name;
       if (num_ranks > 1) rank_name.append("-").append(std::to_string(i));
       std::string why;
       std::shared_ptr<transport::transport> xport{transport::make_ucx_transport({rank_name, 1, ucx_send}, &why)};
       if (!xport) return "rank " + rank_name + ": UCX: " + why;
+      // An elastic instance's decode actor has a transport of its own.
+      std::shared_ptr<transport::transport> decode_xport;
+      if (role == "elastic") {
+        decode_xport.reset(transport::make_ucx_transport({rank_name + "-decode", 1, ucx_send}, &why).release());
+        if (!decode_xport) return "rank " + rank_name + ": UCX: " + why;
+      }
       // The KV pool in the transport's memory: peers on this host (prefill ranks sending KV, the
       // store's servers) then store into it directly, without this process's progress thread.
+      // An elastic instance's pool belongs to its decode side, which receives prompts' KV.
       auto ec = exec_cfg;
-      ec.kv_memory = kv_pool_in(xport);
+      ec.kv_memory = kv_pool_in(decode_xport ? decode_xport : xport);
       std::shared_ptr<gpu::executor> exec;
       if (expert_parallel > 1) {
         auto group = spawn_expert_group({model_dir, weights_seed, expert_parallel,
@@ -244,15 +268,37 @@ int run_node(const std::vector<std::string>& args) {
         exec = gpu::make_backend_executor(backend, model, weights, ec);
       }
       if (fault_job_delay_ms) exec = gpu::make_fault_slow_executor(std::move(exec), fault_job_delay_ms);
-      if (role == "decode") {
+      if (role == "elastic") {
+        // One executor (one set of weights, one KV pool), a prefill and a decode actor on it, each
+        // with its own transport; the side not serving is on standby until the head's controller
+        // moves the instance.
+        auto pc = prefill;
+        pc.name = rank_name;
+        pc.standby = i >= prefill_at_start;
+        auto dc = rank;
+        dc.name = rank_name;
+        dc.standby = !pc.standby;
+        auto p = spawn_prefill_rank(sys, pc, exec, std::move(xport), w.prefill_balancer, store);
+        auto d = spawn_decode_rank(sys, dc, std::move(exec), std::move(decode_xport), w.decode_balancer, store);
+        // One instance, one fate, as in baton local: the side that dies takes the other along.
+        if (auto* pa = dynamic_cast<caf::monitorable_actor*>(caf::actor_cast<caf::abstract_actor*>(p))) pa->link_to(d);
+        caf::anon_send(w.elastic_controller, controller_join{rank_name, p, d, true, !pc.standby});
+        out->ranks.prefill.push_back(std::move(p));
+        out->ranks.decode.push_back(std::move(d));
+      } else if (role == "decode") {
         auto rc = rank;
         rc.name = rank_name;
         out->ranks.decode.push_back(spawn_decode_rank(sys, rc, std::move(exec), std::move(xport), w.decode_balancer, store));
+        // Its load counts in the decode pool's pressure when the head moves elastic ranks.
+        if (w.elastic_controller)
+          caf::anon_send(w.elastic_controller, controller_join{rank_name, {}, out->ranks.decode.back(), false, false});
       } else {
         auto pc = prefill;
         pc.name = rank_name;
         out->ranks.prefill.push_back(
             spawn_prefill_rank(sys, pc, std::move(exec), std::move(xport), w.prefill_balancer, store));
+        if (w.elastic_controller)
+          caf::anon_send(w.elastic_controller, controller_join{rank_name, out->ranks.prefill.back(), {}, false, true});
       }
       out->ranks.names.push_back(rank_name);
     }

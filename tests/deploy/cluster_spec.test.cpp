@@ -157,14 +157,63 @@ TEST_CASE("the transport's send mode and expert parallelism reach the engines th
         "spec.expert_parallel.dual_batch_overlap must be true or false");
 }
 
+TEST_CASE("elastic nodes: their ranks start as prefill or decode, and the head runs the controller that moves them") {
+  const std::string spec = R"({
+    "name": "t", "model": "m", "elastic": {"ttft_ms": 2000, "tbt_ms": 100},
+    "nodes": [
+      {"name": "head", "roles": ["router"], "ports": {"router": 7100, "cluster": 7101}},
+      {"name": "e", "roles": ["elastic"], "gpus": 4, "prefill_at_start": 1}
+    ]})";
+  cluster_spec s;
+  std::string why;
+  REQUIRE_MESSAGE(parse_cluster_spec(spec, "/base", &s, &why), why);  // one node serves both pools
+  const auto plan = plan_launch(s, "baton", {"127.0.0.1", ""});
+  REQUIRE(plan.size() == 2);
+  auto after = [](const node_launch& n, const std::string& flag) {
+    const auto it = std::find(n.argv.begin(), n.argv.end(), flag);
+    return it == n.argv.end() ? std::string{"(none)"} : it + 1 == n.argv.end() ? std::string{"(last)"} : *(it + 1);
+  };
+  CHECK(std::find(plan[0].argv.begin(), plan[0].argv.end(), "--elastic-nodes") != plan[0].argv.end());
+  CHECK(after(plan[0], "--elastic-ttft-ms") == "2000");
+  CHECK(after(plan[0], "--elastic-tbt-ms") == "100");
+  CHECK(plan[1].role == "elastic");
+  CHECK(after(plan[1], "--role") == "elastic");
+  CHECK(after(plan[1], "--ranks") == "4");
+  CHECK(after(plan[1], "--prefill-at-start") == "1");
+  CHECK(kubernetes_manifests(s).find("nvidia.com/gpu: 4") != std::string::npos);
+  cluster_spec plain;
+  REQUIRE(parse_cluster_spec(good, "/base", &plain, &why));
+  CHECK(after(plan_launch(plain, "baton", {"127.0.0.1", ""})[0], "--elastic-nodes") == "(none)");
+  auto refused = [&](const std::string& from, const std::string& to) {
+    auto text = spec;
+    text.replace(text.find(from), from.size(), to);
+    cluster_spec x;
+    std::string w;
+    CHECK_FALSE(parse_cluster_spec(text, "/base", &x, &w));
+    return w;
+  };
+  CHECK(refused(R"("prefill_at_start": 1)", R"("prefill_at_start": 5)") ==
+        "nodes[1] (e): prefill_at_start (5) exceeds its gpus (4)");
+  CHECK(refused(R"("prefill_at_start": 1)", R"("prefill_at_start": 0)")
+            .find("at least one node must have the prefill role") != std::string::npos);
+  CHECK(refused(R"(["router"])", R"(["router", "elastic"])") ==
+        "node 'head': elastic ranks run in their own node processes, not on the router's node");
+  CHECK(refused(R"(["elastic"])", R"(["elastic", "decode"])").find("runs one of decode, prefill, elastic or store") !=
+        std::string::npos);
+  CHECK(refused(R"("model": "m")", R"("model": "deepseek-v3-tiny", "expert_parallel": {"decode": 2})") ==
+        "expert_parallel is not wired to elastic nodes yet");
+  CHECK(refused(R"("ttft_ms": 2000)", R"("ttft_ms": 0)") == "spec.elastic.ttft_ms must be an integer in [1, 3600000]");
+  CHECK(error_of(R"("gpus": 2)", R"("gpus": 2, "prefill_at_start": 1)") == "nodes[1] (d): prefill_at_start is for elastic nodes");
+}
+
 TEST_CASE("cluster spec errors name the field and the node") {
   CHECK(error_of(R"("gpus": 2)", R"("gpu": 2)") == "nodes[1]: unknown field 'gpu'");
   CHECK(error_of(R"("gpus": 2)", R"("gpus": 0)") == "nodes[1].gpus must be an integer in [1, 64]");
   CHECK(error_of(R"("name": "d")", R"("name": "head")") == "nodes: the name 'head' is used twice");
   CHECK(error_of(R"("name": "d")", R"("name": "D x")").find("nodes[1].name must be") == 0);
   CHECK(error_of(R"(["decode"])", R"(["decoder"])").find("unknown role 'decoder'") != std::string::npos);
-  CHECK(error_of(R"(["decode"])", R"(["decode", "prefill"])").find("runs one of decode, prefill or store") != std::string::npos);
-  CHECK(error_of(R"(["decode"])", R"(["decode", "store"])").find("runs one of decode, prefill or store") != std::string::npos);
+  CHECK(error_of(R"(["decode"])", R"(["decode", "prefill"])").find("runs one of decode, prefill, elastic or store") != std::string::npos);
+  CHECK(error_of(R"(["decode"])", R"(["decode", "store"])").find("runs one of decode, prefill, elastic or store") != std::string::npos);
   CHECK(error_of(R"("router", "prefill")", R"("router")").find("at least one node must have the prefill role") !=
         std::string::npos);
   CHECK(error_of(R"(["decode"], "gpus": 2)", R"(["store"])").find("a store node needs ports.store") != std::string::npos);
