@@ -6,6 +6,7 @@
 #include <caf/typed_event_based_actor.hpp>
 
 #include <algorithm>
+#include <map>
 #include <memory>
 #include <optional>
 
@@ -129,6 +130,7 @@ void plan_round(pointer self) {
   st.asking = true;
   struct round {
     std::vector<policies::rank_signal> signals;
+    std::map<std::string, uint32_t> buckets;  ///< prefill rank -> its length bucket
     size_t left = 0;
   };
   auto r = std::make_shared<round>();
@@ -138,11 +140,14 @@ void plan_round(pointer self) {
     st.asking = false;
     return;
   }
+  ++r->left;  // and the prefill balancer, for the ranks' length buckets
   auto done = [=] {
     auto& st = self->state;
     if (--r->left > 0) return;
     st.asking = false;
     if (st.move) return;  // one move at a time
+    for (auto& s : r->signals)
+      if (auto b = r->buckets.find(s.name); b != r->buckets.end() && s.role == policies::rank_role::prefill) s.bucket = b->second;
     auto m = st.planner->plan(seconds_since(self, st.started), r->signals);
     if (!m) return;
     for (size_t i = 0; i < st.elastic.size(); ++i) {
@@ -173,6 +178,13 @@ void plan_round(pointer self) {
             },
             [=](caf::error&) { done(); });  // a rank that does not answer gives no signal
   };
+  self->request(st.prefill_balancer, std::chrono::seconds{10}, stats_atom::value)
+      .then(
+          [=](const std::vector<rank_load>& loads) {
+            for (const auto& l : loads) r->buckets[l.name] = l.bucket;
+            done();
+          },
+          [=](caf::error&) { done(); });
   for (const auto& p : st.fixed_prefill) ask(p, policies::rank_role::prefill, false);
   for (const auto& d : st.fixed_decode) ask(d, policies::rank_role::decode, false);
   for (size_t i = 0; i < st.elastic.size(); ++i) {

@@ -292,11 +292,13 @@ struct rank_load {
   /// decode: 0 when a lease holds the whole sequence; N when KV is allocated on demand (a lease
   /// holds the prompt + N tokens at first), so placement asks only that much room.
   uint32_t on_demand_headroom_tokens = 0;
+  /// prefill, in the balancer's stats: the length bucket its engine serves now (seed policy; 0 otherwise)
+  uint32_t bucket = 0;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, rank_load& x) {
   return f(caf::meta::type_name("rank_load"), x.name, x.queued_tokens, x.num_running, x.num_free_pages,
-           x.num_total_pages, x.page_size_tokens, x.predicted_us, x.kv_tokens, x.on_demand_headroom_tokens);
+           x.num_total_pages, x.page_size_tokens, x.predicted_us, x.kv_tokens, x.on_demand_headroom_tokens, x.bucket);
 }
 
 /// A request asking a balancer for a rank.

@@ -264,7 +264,16 @@ prefill_balancer_actor::behavior_type prefill_balancer_impl(pointer self, prefil
         if (auto i = st.registry.index_of(rank)) sync_view(st, *i);
         serve_parked(st.parked, [=](const place_query& q) { return try_place(self, q); });
       },
-      [=](stats_atom) { return self->state.registry.loads; },
+      [=](stats_atom) {
+        // With each prefill rank's length bucket (the elastic controller weighs buckets apart).
+        auto& st = self->state;
+        auto loads = st.registry.loads;
+        if (st.buckets && st.cfg.ranks_per_engine > 0)
+          for (size_t i = 0; i < loads.size(); ++i)
+            if (const auto e = i / st.cfg.ranks_per_engine; e < st.buckets->engine_buckets().size())
+              loads[i].bucket = st.buckets->engine_buckets()[e];
+        return loads;
+      },
       [=](events_atom) { return self->state.log.snapshot(); },
       [=](forget_atom, prefill_rank_actor& rank) {
         forget_rank(self->state, caf::actor_cast<caf::actor_addr>(rank), "forgotten: its node is gone");

@@ -1,6 +1,7 @@
 #include "policies/role_planner.hpp"
 
 #include <algorithm>
+#include <map>
 #include <cmath>
 #include <cstdio>
 
@@ -19,9 +20,29 @@ std::string role_planner_config::validate() const {
   return {};
 }
 
+role_planner::bucket_pressure role_planner::hottest_bucket(const std::vector<rank_signal>& ranks,
+                                                          uint32_t* num_buckets) const {
+  std::map<uint32_t, std::pair<double, uint32_t>> by_bucket;  // sum, ranks
+  for (const auto& r : ranks)
+    if (r.role == rank_role::prefill) {
+      auto& b = by_bucket[r.bucket];
+      b.first += r.predicted_queue_ms / cfg_.ttft_target_ms;
+      ++b.second;
+    }
+  *num_buckets = static_cast<uint32_t>(by_bucket.size());
+  bucket_pressure top;
+  for (const auto& [bucket, b] : by_bucket)
+    if (const double mean = b.first / b.second; top.ranks == 0 || mean > top.mean) top = {bucket, mean, b.second};
+  return top;
+}
+
 double role_planner::pressure(rank_role pool, const std::vector<rank_signal>& ranks) const {
   // The mean over the pool: one hot rank is the balancers' business, a hot pool is ours. Or the
   // max: an SLO judged on its tail fails with the most loaded rank, before the mean says so.
+  if (pool == rank_role::prefill && cfg_.pool_signal == "mean") {
+    uint32_t buckets = 0;
+    return hottest_bucket(ranks, &buckets).mean;  // one bucket: the pool's mean
+  }
   double sum = 0, top = 0;
   size_t n = 0;
   for (const auto& r : ranks) {
@@ -89,6 +110,16 @@ std::optional<role_move> role_planner::plan(double now_s, const std::vector<rank
                 to_string(m.to), to_string(m.from), now_s - (to_prefill ? *want_prefill_since_ : *want_decode_since_), p,
                 over, cfg_.ttft_target_ms, d, over, cfg_.tbt_target_ms, cfg_.kv_full, pick->name.c_str(), pick->running);
   m.why = why;
+  if (uint32_t buckets = 0; to_prefill && cfg_.pool_signal == "mean") {
+    const auto hot = hottest_bucket(ranks, &buckets);
+    if (buckets > 1) {
+      char more[200];
+      std::snprintf(more, sizeof more,
+                    "; the prefill pressure is length bucket %u's, the hottest of %u (%.2f now over its %u rank%s)",
+                    hot.bucket, buckets, hot.mean, hot.ranks, hot.ranks == 1 ? "" : "s");
+      m.why += more;
+    }
+  }
   last_move_s_ = now_s;
   want_prefill_since_.reset();
   want_decode_since_.reset();

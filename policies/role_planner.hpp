@@ -48,6 +48,9 @@ struct rank_signal {
   double kv_used = 0;             ///< decode: fraction of KV pages in use
   uint32_t running = 0;           ///< prompts in progress / sequences decoding
   bool movable = true;            ///< false: a rank that serves one role only (it counts, never moves)
+  /// prefill: the length bucket its engine serves (the prefill balancer's seed policy; 0 for the
+  /// others). Buckets split the pool: see role_planner::pressure.
+  uint32_t bucket = 0;
 };
 
 struct role_move {
@@ -66,11 +69,24 @@ public:
 
   /// A pool's pressure now (for logs and tests): prefill from queue times, decode from steps and
   /// KV, the mean (or max, pool_signal) over the pool's ranks. plan() smooths it over time.
+  /// Prefill ranks in length buckets (seed 000 §3.1) are pools of their own for prompts of their
+  /// lengths: with the mean, the prefill pressure is that of the hottest bucket, so a starved
+  /// bucket asks for a rank even while the pool's mean is cold. (The bucket allocator trades
+  /// engines between buckets by demand share; a bucket still hot after the planner's hold time is
+  /// short of capacity, not of its share.) A rank that joins goes to the bucket furthest below its
+  /// share of the demand (bucket_allocator::resize).
   double pressure(rank_role pool, const std::vector<rank_signal>& ranks) const;
   /// The smoothed pressures plan() last decided on.
   double smoothed(rank_role pool) const { return pool == rank_role::prefill ? smooth_p_ : smooth_d_; }
 
 private:
+  struct bucket_pressure {
+    uint32_t bucket = 0;
+    double mean = 0;
+    uint32_t ranks = 0;
+  };
+  /// The prefill bucket with the highest mean pressure, and how many buckets have ranks.
+  bucket_pressure hottest_bucket(const std::vector<rank_signal>& ranks, uint32_t* num_buckets) const;
   struct changed {
     std::string rank;
     double at_s = 0;

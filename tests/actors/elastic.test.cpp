@@ -208,3 +208,28 @@ TEST_CASE("elastic P/D: a move not drained in time is abandoned, and the rank se
       .receive([&](std::vector<placement_record>& r) { placed = std::move(r); }, [](caf::error&) {});
   CHECK(std::any_of(placed.begin(), placed.end(), [&](auto& r) { return r.rank == log[0].rank && r.why.find("undrained") == 0; }));
 }
+
+TEST_CASE("elastic P/D: the prefill balancer's stats give each rank's length bucket, the signal the controller reads for the "
+          "planner") {
+  test::cluster_system t;
+  local_cluster_config cfg;
+  cfg.num_prefill_ranks = 2;
+  cfg.num_decode_ranks = 1;
+  cfg.prefill_balancer.buckets.upper_bounds_tokens = {64};  // prompts of 64 tokens and more: bucket 1
+  auto cluster = start_local_cluster(t.sys, cfg);
+  test::cluster_system::stopper stop{t, cluster};
+  caf::scoped_actor self{t.sys};
+  for (int i = 0; i < 1000 && registered(self, cluster.prefill_balancer) < 2; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds{2});
+  REQUIRE(registered(self, cluster.prefill_balancer) == 2);
+  // Only long prompts: bucket 1 holds all the demand, so the allocator gives it an engine at once.
+  for (uint64_t i = 0; i < 3; ++i)
+    self->request(cluster.prefill_balancer, std::chrono::seconds{10}, place_atom::value, place_query{1 + i, 100, 0, 110})
+        .receive([](prefill_placement&) {}, [&](caf::error& e) { FAIL(t.sys.render(e)); });
+  std::vector<rank_load> loads;
+  self->request(cluster.prefill_balancer, std::chrono::seconds{5}, stats_atom::value)
+      .receive([&](std::vector<rank_load>& l) { loads = std::move(l); }, [](caf::error&) {});
+  REQUIRE(loads.size() == 2);
+  CHECK(std::count_if(loads.begin(), loads.end(), [](const rank_load& l) { return l.bucket == 1; }) >= 1);
+  for (const auto& l : loads) CHECK(l.bucket <= 1);
+}

@@ -157,3 +157,38 @@ TEST_CASE("role planner: with the max signal one hot prefill rank makes the pool
   c.pool_signal = "p99";
   CHECK(c.validate() == "role planner pool_signal \"p99\" is unknown (mean or max)");
 }
+
+TEST_CASE("role planner: a starved length bucket asks for a rank while the prefill pool's mean is cold; the same "
+          "load in one bucket does not") {
+  // Three short-prompt ranks nearly idle and one long-prompt rank with a 4 s queue: the pool's mean
+  // pressure is (3 x 0.05 + 2.0) / 4 = 0.54, below hot (0.8); the long bucket's is 2.0.
+  auto ranks = [](uint32_t long_bucket) {
+    std::vector<rank_signal> r{{"prefill-0", rank_role::prefill, 100, 0, 0, 1},
+                               {"prefill-1", rank_role::prefill, 100, 0, 0, 1},
+                               {"prefill-2", rank_role::prefill, 100, 0, 0, 1},
+                               {"prefill-3", rank_role::prefill, 4000, 0, 0, 1},
+                               {"decode-0", rank_role::decode, 0, 20, 0.2, 9},
+                               {"decode-1", rank_role::decode, 0, 20, 0.2, 4}};
+    r[3].bucket = long_bucket;
+    return r;
+  };
+  role_planner bucketed{config()}, flat{config()};
+  CHECK(bucketed.pressure(rank_role::prefill, ranks(2)) == doctest::Approx(2.0));
+  CHECK(flat.pressure(rank_role::prefill, ranks(0)) == doctest::Approx(0.5375));
+  std::optional<role_move> m;
+  for (double t = 0; t <= 300 && !m; t += 5) {
+    m = bucketed.plan(t, ranks(2));
+    CHECK_FALSE(flat.plan(t, ranks(0)));
+  }
+  REQUIRE(m);
+  CHECK(m->to == rank_role::prefill);
+  CHECK(m->rank == "decode-1");
+  CHECK_MESSAGE(m->why.find("the prefill pressure is length bucket 2's, the hottest of 2 (2.00 now over its 1 rank)") !=
+                    std::string::npos,
+                m->why);
+  // The tail signal sees the same rank without buckets.
+  auto tail_cfg = config();
+  tail_cfg.pool_signal = "max";
+  role_planner tail{tail_cfg};
+  CHECK(tail.pressure(rank_role::prefill, ranks(0)) == doctest::Approx(2.0));
+}
