@@ -188,7 +188,12 @@ int run_experts(const std::vector<std::string>& args) {
     }
   a2a.connect(keys[0]);
   if (b) b->connect(keys[1]);
-  if (!gpu::run_expert_shard(loaded.model, *weights, a2a, &why, b.get())) {
+  // The shard's own copy, which keeps only the experts placed on it (run_expert_shard drops the
+  // rest at once and follows the lead's EPLB plans).
+  gpu::model_weights mine = *weights;
+  weights.reset();
+  loaded.weights.reset();
+  if (!gpu::run_expert_shard(loaded.model, mine, a2a, &why, b.get())) {
     std::fprintf(stderr, "baton experts %s: %s\n", names[rank].c_str(), why.c_str());
     return 1;
   }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 
 #include "gpu/cpu_kernels.hpp"
 #include "transport/all_to_all.hpp"
@@ -10,13 +11,38 @@ namespace baton::gpu {
 
 namespace {
 
-enum : uint32_t { kind_work = 1, kind_stop = 2 };
+enum : uint32_t { kind_work = 1, kind_stop = 2, kind_install = 3, kind_evict = 4, kind_idle = 5 };
 
 struct chunk_header {
   uint32_t kind, layer, count;
 };
 
+/// A piece of one expert's weights: [gate | up | down] as floats, `total` in all.
+struct install_header {
+  uint32_t kind, layer, expert, reserved;
+  uint64_t offset, total;
+};
+
+uint64_t expert_floats(const model_config& cfg) {
+  return 3 * uint64_t{cfg.moe.moe_intermediate_size} * cfg.hidden_size;
+}
+
+void drop_expert(expert_weights& x) {
+  std::vector<float>{}.swap(x.gate);  // the memory goes, not just the size
+  std::vector<float>{}.swap(x.up);
+  std::vector<float>{}.swap(x.down);
+}
+
 }  // namespace
+
+std::vector<uint32_t> held_experts(const model_config& cfg, const model_weights& w, uint32_t layer) {
+  std::vector<uint32_t> out;
+  if (layer >= w.layers.size()) return out;
+  const auto& ex = w.layers[layer].experts;
+  for (uint32_t e = 0; e < ex.size() && e < cfg.moe.n_routed_experts; ++e)
+    if (!ex[e].gate.empty()) out.push_back(e);
+  return out;
+}
 
 uint64_t expert_slot_bytes(const model_config& cfg, uint64_t max_rows) {
   return sizeof(chunk_header) + max_rows * cfg.moe.num_experts_per_tok * (sizeof(uint32_t) + cfg.hidden_size * sizeof(float));
@@ -55,6 +81,10 @@ bool serve_expert_chunk(const model_config& cfg, const model_weights& w, std::sp
     up.resize(n * f);
     y.resize(n * h);
     const auto& xp = lw.experts[e];
+    if (xp.gate.empty() || xp.up.empty() || xp.down.empty())
+      return *why = "expert dispatch: expert " + std::to_string(e) + " of layer " + std::to_string(hd.layer) +
+                    " is not held here (the placement and the weights disagree)",
+             false;
     swiglu_mlp(x.data(), n, h, xp.gate.data(), xp.up.data(), xp.down.data(), f, gate.data(), up.data(), y.data(), nullptr);
     for (size_t i = 0; i < n; ++i) std::memcpy(out->data() + rows[i] * h * sizeof(float), y.data() + i * h, h * sizeof(float));
   }
@@ -115,9 +145,21 @@ bool collect(const model_config& cfg, uint32_t layer, const std::vector<std::vec
 
 }  // namespace
 
-void expert_group::after_round() {
+bool expert_group::after_round(const model_config& cfg, const model_weights& w, std::string* why) {
   // Between rounds: a new plan never splits one round's copies over two placements.
-  if (eplb_.slots_per_rank && ++rounds_ % eplb_.interval_rounds == 0) replan();
+  if (eplb_.slots_per_rank && ++rounds_ % eplb_.interval_rounds == 0) return replan(cfg, w, why);
+  return true;
+}
+
+bool expert_group::control(const std::vector<std::vector<std::byte>>& chunks, std::string* why) {
+  const chunk_header idle{kind_idle, 0, 0};
+  std::vector<std::byte> idle_bytes(sizeof idle);
+  std::memcpy(idle_bytes.data(), &idle, sizeof idle);
+  std::vector<std::span<const std::byte>> send(size_), recv;
+  for (uint32_t d = 1; d < size_; ++d) send[d] = !chunks[d].empty() ? std::span<const std::byte>{chunks[d]} : idle_bytes;
+  if (!a2a_->exchange(send, &recv, why)) return false;
+  const std::vector<std::span<const std::byte>> none(size_);
+  return a2a_->exchange(none, &recv, why);  // the shards' empty answers: they are done with it
 }
 
 bool expert_group::round_dual(const model_config& cfg, const model_weights& w, uint32_t layer,
@@ -146,8 +188,7 @@ bool expert_group::round_dual(const model_config& cfg, const model_weights& w, u
   if (!collect(cfg, layer, entries_a, recv_a, outputs_a, why)) return false;
   if (!b_->complete(&recv_b, why)) return fail("expert combine (micro-batch B)");
   if (!collect(cfg, layer, entries_b, recv_b, outputs_b, why)) return false;
-  after_round();
-  return true;
+  return after_round(cfg, w, why);
 }
 
 bool expert_group::enable_eplb(const live_eplb_config& cfg, uint32_t num_experts, std::string* why) {
@@ -177,15 +218,82 @@ std::vector<uint64_t> expert_group::take_rank_copies() {
   return out;
 }
 
-void expert_group::replan() {
+bool expert_group::replan(const model_config& cfg, const model_weights& w, std::string* why) {
   const policies::eplb_config ec{size_, size_, eplb_.slots_per_rank};
+  const uint32_t num_experts = cfg.moe.n_routed_experts;
   placement_.resize(counts_.size());
-  for (size_t l = 0; l < counts_.size(); ++l) {
+  held_.resize(size_);
+  const uint64_t floats = expert_floats(cfg);
+  // Each install chunk carries as many floats as a slot holds.
+  const uint64_t slot = a2a_->config().slot_bytes;
+  const uint64_t per_piece = slot > sizeof(install_header) ? (slot - sizeof(install_header)) / sizeof(float) : 0;
+  if (per_piece == 0) return *why = "EPLB: the all-to-all slot cannot carry expert weights", false;
+  for (uint32_t l = 0; l < counts_.size(); ++l) {
     if (counts_[l].empty()) continue;
-    placement_[l] = policies::plan_eplb(counts_[l], ec);
+    auto next = policies::plan_eplb(counts_[l], ec);
     std::fill(counts_[l].begin(), counts_[l].end(), 0.0);
+    // What each shard holds now: its contiguous block until a plan placed this layer.
+    for (uint32_t r = 1; r < size_; ++r) {
+      if (held_[r].size() <= l) held_[r].resize(l + 1);
+      if (held_[r][l].empty() && placement_[l].rank_experts.empty())
+        for (uint32_t e = 0; e < num_experts; ++e)
+          if (owner(e, num_experts) == r) held_[r][l].push_back(e);
+    }
+    // Make: every shard gets the experts it newly holds, one piece per exchange (pieces for
+    // several shards travel together).
+    std::vector<std::vector<uint32_t>> to_install(size_), to_evict(size_);
+    for (uint32_t r = 1; r < size_; ++r) {
+      const auto& want = next.rank_experts[r];
+      const auto& have = held_[r][l];
+      std::set_difference(want.begin(), want.end(), have.begin(), have.end(), std::back_inserter(to_install[r]));
+      std::set_difference(have.begin(), have.end(), want.begin(), want.end(), std::back_inserter(to_evict[r]));
+    }
+    std::vector<size_t> next_expert(size_, 0);
+    std::vector<uint64_t> next_offset(size_, 0);
+    for (;;) {
+      std::vector<std::vector<std::byte>> chunks(size_);
+      bool any = false;
+      for (uint32_t r = 1; r < size_; ++r) {
+        if (next_expert[r] >= to_install[r].size()) continue;
+        const uint32_t e = to_install[r][next_expert[r]];
+        const auto& x = w.layers[l].experts[e];
+        const uint64_t off = next_offset[r], n = std::min(per_piece, floats - off);
+        const install_header hd{kind_install, l, e, 0, off, floats};
+        chunks[r].resize(sizeof hd + n * sizeof(float));
+        std::memcpy(chunks[r].data(), &hd, sizeof hd);
+        // [gate | up | down], each F x H (down H x F): a piece may span matrices.
+        for (uint64_t i = 0; i < n;) {
+          const uint64_t at = off + i, part = floats / 3, m = at / part, in = at % part;
+          const auto& src = m == 0 ? x.gate : m == 1 ? x.up : x.down;
+          const uint64_t take = std::min(n - i, part - in);
+          std::memcpy(chunks[r].data() + sizeof hd + i * sizeof(float), src.data() + in, take * sizeof(float));
+          i += take;
+        }
+        bytes_installed_ += n * sizeof(float);
+        next_offset[r] += n;
+        if (next_offset[r] == floats) next_offset[r] = 0, ++next_expert[r];
+        any = true;
+      }
+      if (!any) break;
+      if (!control(chunks, why)) return *why = "EPLB, layer " + std::to_string(l) + ": sending weights: " + *why, false;
+    }
+    placement_[l] = std::move(next);
+    // Break: the experts no longer placed on a shard leave it, within its slot budget again.
+    std::vector<std::vector<std::byte>> chunks(size_);
+    for (uint32_t r = 1; r < size_; ++r) {
+      if (to_evict[r].empty()) continue;
+      const chunk_header hd{kind_evict, l, static_cast<uint32_t>(to_evict[r].size())};
+      chunks[r].resize(sizeof hd + to_evict[r].size() * sizeof(uint32_t));
+      std::memcpy(chunks[r].data(), &hd, sizeof hd);
+      std::memcpy(chunks[r].data() + sizeof hd, to_evict[r].data(), to_evict[r].size() * sizeof(uint32_t));
+      experts_evicted_ += to_evict[r].size();
+    }
+    if (std::any_of(chunks.begin(), chunks.end(), [](auto& c) { return !c.empty(); }) && !control(chunks, why))
+      return *why = "EPLB, layer " + std::to_string(l) + ": dropping experts: " + *why, false;
+    for (uint32_t r = 1; r < size_; ++r) held_[r][l] = placement_[l].rank_experts[r];
   }
   ++plans_;
+  return true;
 }
 
 bool expert_group::round(const model_config& cfg, const model_weights& w, uint32_t layer,
@@ -200,13 +308,59 @@ bool expert_group::round(const model_config& cfg, const model_weights& w, uint32
   send[0] = own;
   if (!a2a_->exchange(send, &recv, why)) return *why = "expert combine, layer " + std::to_string(layer) + ": " + *why, false;
   if (!collect(cfg, layer, entries, recv, outputs, why)) return false;
-  after_round();
+  return after_round(cfg, w, why);
+}
+
+namespace {
+
+/// A shard's side of an install or evict chunk (see the header); false and a sentence when it is
+/// malformed.
+bool apply_control(const model_config& cfg, model_weights& w, std::span<const std::byte> chunk, std::string* why) {
+  chunk_header hd{};
+  std::memcpy(&hd, chunk.data(), sizeof hd);
+  const auto bad = [&](const std::string& what) { return *why = "EPLB control chunk: " + what, false; };
+  if (hd.layer >= w.layers.size() || !cfg.is_moe_layer(hd.layer)) return bad("layer " + std::to_string(hd.layer) + " has no experts");
+  auto& ex = w.layers[hd.layer].experts;
+  if (hd.kind == kind_evict) {
+    if (chunk.size() != sizeof hd + uint64_t{hd.count} * sizeof(uint32_t)) return bad("an evict list of the wrong size");
+    for (uint32_t i = 0; i < hd.count; ++i) {
+      uint32_t e;
+      std::memcpy(&e, chunk.data() + sizeof hd + i * sizeof e, sizeof e);
+      if (e >= ex.size()) return bad("expert " + std::to_string(e) + " does not exist");
+      drop_expert(ex[e]);
+    }
+    return true;
+  }
+  install_header ih{};
+  if (chunk.size() < sizeof ih) return bad("an install piece without its header");
+  std::memcpy(&ih, chunk.data(), sizeof ih);
+  const uint64_t floats = expert_floats(cfg), n = (chunk.size() - sizeof ih) / sizeof(float);
+  if (ih.expert >= ex.size() || ih.total != floats || ih.offset + n > floats || (chunk.size() - sizeof ih) % sizeof(float))
+    return bad("an install piece of expert " + std::to_string(ih.expert) + " at " + std::to_string(ih.offset) +
+               " that does not fit its " + std::to_string(floats) + " floats");
+  auto& x = ex[ih.expert];
+  const uint64_t part = floats / 3;
+  if (ih.offset == 0) x.gate.assign(part, 0.0f), x.up.assign(part, 0.0f), x.down.assign(part, 0.0f);
+  if (x.gate.size() != part) return bad("a piece of expert " + std::to_string(ih.expert) + " before its first");
+  for (uint64_t i = 0; i < n;) {
+    const uint64_t at = ih.offset + i, m = at / part, in = at % part;
+    auto& dst = m == 0 ? x.gate : m == 1 ? x.up : x.down;
+    const uint64_t take = std::min(n - i, part - in);
+    std::memcpy(dst.data() + in, chunk.data() + sizeof ih + i * sizeof(float), take * sizeof(float));
+    i += take;
+  }
   return true;
 }
 
-bool run_expert_shard(const model_config& cfg, const model_weights& w, transport::all_to_all& a2a, std::string* why,
+}  // namespace
+
+bool run_expert_shard(const model_config& cfg, model_weights& w, transport::all_to_all& a2a, std::string* why,
                       transport::all_to_all* b) {
-  const uint32_t n = a2a.size();
+  const uint32_t n = a2a.size(), rank = a2a.config().rank, num_experts = cfg.moe.n_routed_experts;
+  // Only this rank's contiguous block stays (the lead's EPLB plans move experts in and out).
+  for (uint32_t l = 0; l < w.layers.size(); ++l)
+    for (uint32_t e = 0; e < w.layers[l].experts.size(); ++e)
+      if (static_cast<uint32_t>(uint64_t{e} * n / num_experts) != rank) drop_expert(w.layers[l].experts[e]);
   const std::vector<std::span<const std::byte>> none(n);
   std::vector<std::span<const std::byte>> recv, recv_b;
   std::vector<std::byte> out, out_b;
@@ -215,6 +369,11 @@ bool run_expert_shard(const model_config& cfg, const model_weights& w, transport
     chunk_header hd{};
     if (recv[0].size() >= sizeof hd) std::memcpy(&hd, recv[0].data(), sizeof hd);
     if (hd.kind == kind_stop) return true;
+    if (hd.kind == kind_install || hd.kind == kind_evict || hd.kind == kind_idle) {
+      if (hd.kind != kind_idle && !apply_control(cfg, w, recv[0], why)) return false;
+      if (!a2a.exchange(none, &recv, why)) return false;  // answered, empty
+      continue;
+    }
     if (b && !b->post(none, why)) return false;  // micro-batch B's dispatch travels meanwhile
     if (!serve_expert_chunk(cfg, w, recv[0], &out, why)) return false;
     std::vector<std::span<const std::byte>> send(n);

@@ -12,6 +12,10 @@
 //
 // Wire format of a dispatch chunk: {u32 kind, u32 layer, u32 count}, then `count` entries of
 // {u32 expert, f32 x[hidden]}; the answer is `count` rows of f32 y[hidden], in entry order.
+// Between rounds the lead also sends weights (live EPLB): an install chunk carries a piece of one
+// expert's gate, up and down matrices, {u32 kind, u32 layer, u32 expert, u32 0, u64 offset,
+// u64 total} then floats; an evict chunk {kind, layer, count} then `count` u32 experts to drop;
+// an idle chunk is a header alone. Shards answer each with an empty chunk.
 
 #include <cstddef>
 #include <cstdint>
@@ -38,9 +42,12 @@ bool serve_expert_chunk(const model_config& cfg, const model_weights& w, std::sp
 
 /// Live EPLB for an expert group: every `interval_rounds` MoE rounds, each layer's placement is
 /// re-planned (policies::plan_eplb) from the copies its experts received since the last plan.
-/// Every EP rank holds every expert's weights here (the shards load the whole model), so a new
-/// placement only changes where copies are sent; it applies between rounds, and tokens never
-/// change (placement decides where an expert runs, not which experts a token uses).
+/// A shard holds the weights of the experts placed on it and no others (its contiguous block at
+/// start, `slots_per_rank` per layer under a plan). Between rounds, make before break: the lead
+/// sends each shard the experts it newly holds, the new placement applies, then the shards drop
+/// the experts it no longer places there. Tokens never change (placement decides where an
+/// expert runs, not which experts a token uses). The lead (EP rank 0) runs attention and keeps
+/// the whole model, so it is the source of every expert's weights.
 struct live_eplb_config {
   uint32_t slots_per_rank = 0;     ///< 0: EPLB off (contiguous blocks)
   uint32_t interval_rounds = 64;   ///< MoE rounds (layer passes) between plans
@@ -73,6 +80,9 @@ public:
   /// Copies each EP rank received since the last call (the load EPLB evens out), then zeroed.
   std::vector<uint64_t> take_rank_copies();
   uint64_t plans() const { return plans_; }
+  /// Weights moved to shards by EPLB plans so far (bytes), and experts dropped.
+  uint64_t bytes_installed() const { return bytes_installed_; }
+  uint64_t experts_evicted() const { return experts_evicted_; }
   /// One MoE layer: entries[d] (expert id and row, packed as above without the header) go to EP
   /// rank d; outputs[d] come back in entry order. Rank 0's own share is served here.
   bool round(const model_config& cfg, const model_weights& w, uint32_t layer,
@@ -87,8 +97,10 @@ public:
                   std::string* why);
 
 private:
-  void replan();
-  void after_round();
+  bool replan(const model_config& cfg, const model_weights& w, std::string* why);
+  bool after_round(const model_config& cfg, const model_weights& w, std::string* why);
+  /// Sends each EP rank d its chunk (an idle one when empty) and waits for the empty answers.
+  bool control(const std::vector<std::vector<std::byte>>& chunks, std::string* why);
 
   std::unique_ptr<transport::transport> t_;
   std::unique_ptr<transport::all_to_all> a2a_;
@@ -98,15 +110,21 @@ private:
   std::vector<std::vector<double>> counts_;              ///< [layer][expert]: copies since the last plan
   std::vector<policies::expert_placement> placement_;    ///< [layer]; empty until the first plan
   std::vector<uint64_t> rank_copies_;
-  uint64_t rounds_ = 0, plans_ = 0;
+  /// [rank][layer]: the experts each shard holds (rank 0's entry unused: it holds all).
+  std::vector<std::vector<std::vector<uint32_t>>> held_;
+  uint64_t rounds_ = 0, plans_ = 0, bytes_installed_ = 0, experts_evicted_ = 0;
 };
 
 /// An expert shard's loop (EP rank > 0): serves rank 0's dispatches until rank 0 says stop
 /// (returns true) or the group fails (false, with the reason). With `b` (dual-batch overlap, as
 /// rank 0's group has it), each layer's second micro-batch comes on `b` and its dispatch travels
-/// while the first one's experts compute.
-bool run_expert_shard(const model_config& cfg, const model_weights& w, transport::all_to_all& a2a, std::string* why,
+/// while the first one's experts compute. It first drops from `w` every routed expert outside
+/// its contiguous block, then installs and drops experts as the lead's EPLB plans say: `w` holds
+/// exactly the experts placed on this rank (the others' matrices empty).
+bool run_expert_shard(const model_config& cfg, model_weights& w, transport::all_to_all& a2a, std::string* why,
                       transport::all_to_all* b = nullptr);
+/// The routed experts `w` holds weights for in MoE layer `layer`, ascending.
+std::vector<uint32_t> held_experts(const model_config& cfg, const model_weights& w, uint32_t layer);
 
 /// The dispatch slot an EP group needs for jobs of up to `max_rows` rows: every row's top-k
 /// copies bound for one rank, plus the header (the combine answer is never larger).

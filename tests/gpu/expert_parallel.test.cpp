@@ -29,6 +29,8 @@ struct ep_fixture {
   std::vector<std::thread> shards;
   std::vector<std::string> shard_errors;
   std::shared_ptr<expert_group> group;
+  /// Each shard's own weights (shard r at r - 1): it keeps only the experts placed on it.
+  std::vector<std::unique_ptr<model_weights>> shard_w;
 
   std::vector<std::unique_ptr<transport::all_to_all>> shard_b;  ///< dual-batch overlap's second channel
 
@@ -68,11 +70,13 @@ struct ep_fixture {
       for (auto& x : b) x->connect(keys);
     }
     shard_errors.resize(size);
+    for (uint32_t r = 1; r < size; ++r) shard_w.push_back(std::make_unique<model_weights>(*w));
     for (uint32_t r = 1; r < size; ++r) {
       auto* a = a2a[r].get();
       auto* second = b[r].get();
-      shards.emplace_back([this, a, second, r, cfg, w] {
-        if (!run_expert_shard(cfg, *w, *a, &shard_errors[r], second)) return;
+      auto* mine = shard_w[r - 1].get();
+      shards.emplace_back([this, a, second, r, cfg, mine] {
+        if (!run_expert_shard(cfg, *mine, *a, &shard_errors[r], second)) return;
         shard_errors[r] = "stopped";
       });
     }
@@ -149,6 +153,14 @@ TEST_CASE("expert parallelism: a malformed dispatch chunk is refused with a sent
   std::memcpy(bad.data() + 12, &expert, 4);
   CHECK_FALSE(serve_expert_chunk(cfg, *w, bad, &out, &why));
   CHECK(why == "expert dispatch: expert 99 does not exist");
+  // Work for an expert whose weights this rank does not hold (a placement gone wrong) is refused.
+  auto partial = *w;
+  partial.layers[1].experts[5] = {};
+  const uint32_t five = 5;
+  std::memcpy(bad.data() + 12, &five, 4);
+  CHECK(serve_expert_chunk(cfg, *w, bad, &out, &why));
+  CHECK_FALSE(serve_expert_chunk(cfg, partial, bad, &out, &why));
+  CHECK(why == "expert dispatch: expert 5 of layer 1 is not held here (the placement and the weights disagree)");
 
   // A group whose shard never serves: rank 1's all-to-all exists but nobody runs it.
   auto fabric = transport::make_loopback_fabric();
@@ -209,9 +221,26 @@ TEST_CASE("live EPLB: on a skewed routing load the hottest EP rank's copies drop
     MESSAGE(std::string{eplb ? "EPLB on" : "EPLB off"} << ": copies per EP rank " << copies[0] << " " << copies[1]
                                                        << " " << copies[2] << " " << copies[3] << ", plans "
                                                        << ep.group->plans());
+    const uint64_t installed = ep.group->bytes_installed(), evicted = ep.group->experts_evicted();
     exec.reset();
     ec.experts.reset();
     ep.finish();
+    // Each shard holds the experts placed on it and no others: its contiguous block without
+    // EPLB (8 experts over 4 ranks), at most its 4 slots with it, moved there by the lead.
+    bool moved = false;
+    for (uint32_t r = 1; r < 4; ++r)
+      for (uint32_t l = 0; l < cfg.num_hidden_layers; ++l) {
+        if (!cfg.is_moe_layer(l)) continue;
+        const auto held = held_experts(cfg, *ep.shard_w[r - 1], l);
+        const std::vector<uint32_t> block{2 * r, 2 * r + 1};
+        if (!eplb) CHECK(held == block);
+        if (eplb) CHECK((held.size() >= 1 && held.size() <= 4));
+        moved |= held != block;
+      }
+    CHECK(moved == eplb);
+    CHECK((installed > 0) == eplb);
+    CHECK((evicted > 0) == eplb);
+    if (eplb) MESSAGE("EPLB moved " << installed << " bytes of expert weights to the shards and dropped " << evicted << " experts");
   }
   CHECK(before > 3.5);  // 211 of 220 copies on rank 0, which holds experts 0 and 1
   CHECK(after < 1.2);   // 63 / 62 / 49 / 46
