@@ -9,6 +9,7 @@
 #include "gpu/cpu_executor.hpp"
 #include "gpu/local_generate.hpp"
 #include "tests/actors/cluster_fixture.hpp"
+#include "tests/actors/elastic_phases.hpp"
 
 using namespace baton;
 
@@ -25,15 +26,8 @@ size_t registered(caf::scoped_actor& self, const decode_balancer_actor& db) {
   return n;
 }
 
-std::vector<role_change> changes(caf::scoped_actor& self, const elastic_controller_actor& c) {
-  std::vector<role_change> out;
-  self->request(c, std::chrono::seconds{5}, events_atom::value).receive([&](std::vector<role_change>& l) { out = std::move(l); }, [](caf::error&) {});
-  return out;
-}
-
 /// 1 fixed prefill + 1 fixed decode rank + 2 elastic instances (elastic-0 prefills, elastic-1
-/// decodes), with targets that make load phases unambiguous: any queued prompt is far over a
-/// 1 ms TTFT target; decode pressure comes from KV alone (steps never near a 1,000 s TBT).
+/// decodes), with the eager planner of the shared phases.
 local_cluster_config eager_elastic_config() {
   local_cluster_config cfg;
   cfg.num_prefill_ranks = 1;
@@ -42,20 +36,8 @@ local_cluster_config eager_elastic_config() {
   cfg.elastic_prefill_at_start = 1;
   cfg.executor.num_kv_pages = 1024;  // 16K tokens per instance
   cfg.prefill.chunk_tokens = 32;
-  auto& p = cfg.elastic.planner;
-  p.ttft_target_ms = 1;
-  p.tbt_target_ms = 1e6;
-  p.kv_full = 1.0;
-  p.smooth_s = 0;
-  p.hold_s = 0;
-  p.cooldown_s = 0.3;
-  p.dwell_s = 1;
-  cfg.elastic.interval_ms = 20;
+  test::eager_elastic_planner(&cfg.elastic);
   return cfg;
-}
-
-size_t done_changes(const std::vector<role_change>& log) {
-  return static_cast<size_t>(std::count_if(log.begin(), log.end(), [](auto& c) { return c.state == "done"; }));
 }
 
 }  // namespace
@@ -73,78 +55,8 @@ TEST_CASE("elastic P/D: a prefill-heavy load turns a decode instance into a pref
   REQUIRE(registered(self, cluster.prefill_balancer) == 2);  // prefill-0 and elastic-0
   REQUIRE(registered(self, cluster.decode_balancer) == 2);   // decode-0 and elastic-1
 
-  auto send = [&](std::string prompt, int32_t max_tokens) {
-    generate_request req;
-    req.prompt = std::move(prompt);
-    req.max_tokens = max_tokens;
-    req.ignore_eos = true;
-    return self->request(cluster.router, std::chrono::seconds{120}, generate_atom::value, std::move(req));
-  };
-  // Phase 1, prefill-heavy: 40 prompts of 100 tokens, one token each (a few % of decode KV),
-  // after 4 long generations, some of which decode on elastic-1 when it is moved.
-  std::vector<std::string> prompts;
-  std::vector<decltype(send("", 1))> handles;
-  for (int i = 0; i < 4; ++i) {
-    prompts.push_back("a long story, part " + std::to_string(i));
-    handles.push_back(send(prompts.back(), 300));
-  }
-  for (int i = 0; i < 40; ++i) {
-    std::string s;
-    for (int k = 0; k < 99; ++k) s.push_back(static_cast<char>('a' + (i * 7 + k * 3) % 26));
-    prompts.push_back(s);
-    handles.push_back(send(s, 1));
-  }
-  std::vector<completion> done(handles.size());
-  for (size_t i = 0; i < handles.size(); ++i)
-    handles[i].receive([&](completion& c) { done[i] = std::move(c); },
-                       [&](caf::error& e) { FAIL("phase 1 request " << i << ": " << t.sys.render(e)); });
-  auto log = changes(self, cluster.elastic_controller);
-  for (int i = 0; i < 500 && done_changes(log) < 1; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds{10});
-    log = changes(self, cluster.elastic_controller);
-  }
-  REQUIRE(done_changes(log) >= 1);
-  CHECK(log[0].rank == "elastic-1");
-  CHECK(log[0].from == "decode");
-  CHECK(log[0].to == "prefill");
-  CHECK_MESSAGE(log[0].why.find("prefill pool hot, decode pool cold") == 0, log[0].why);
-  // Phase 2, decode-heavy: 10 short prompts with 1,400 tokens each reserve 85% of decode-0's KV.
-  const size_t phase2 = handles.size();
-  for (int i = 0; i < 10; ++i) {
-    prompts.push_back("decode heavy " + std::to_string(i));
-    handles.push_back(send(prompts.back(), 1400));
-  }
-  done.resize(handles.size());
-  for (size_t i = phase2; i < handles.size(); ++i)
-    handles[i].receive([&](completion& c) { done[i] = std::move(c); },
-                       [&](caf::error& e) { FAIL("phase 2 request " << i << ": " << t.sys.render(e)); });
-  log = changes(self, cluster.elastic_controller);
-  REQUIRE(done_changes(log) >= 2);
-  const auto& back = *std::find_if(log.begin() + 1, log.end(), [](auto& c) { return c.state == "done"; });
-  CHECK(back.from == "prefill");
-  CHECK(back.to == "decode");
-  CHECK_MESSAGE(back.why.find("decode pool hot, prefill pool cold") == 0, back.why);
-  for (const auto& c : log) MESSAGE(c.at_s << " s: " << c.rank << " " << c.from << " -> " << c.to << " (" << c.state << ", " << c.drain_s << " s): " << c.why);
-  // Nothing lost or duplicated: every request answered once, by ranks that were serving then;
-  // the tokens are those of the prompt run alone.
-  auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
-  const gpu::byte_tokenizer tok{cfg.model.bos_token_id, cfg.model.eos_token_id};
-  for (size_t i : {size_t{0}, size_t{1}, size_t{2}, size_t{3}, size_t{17}, size_t{43}, handles.size() - 1}) {
-    auto exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
-    auto ref = gpu::generate_colocated(*exec, tok.encode(prompts[i]), done[i].tokens.size(), 32, {}, true);
-    CHECK_MESSAGE(done[i].tokens == ref.tokens, "request " << i);
-  }
-  for (size_t i = phase2; i < handles.size(); ++i) CHECK(done[i].tokens.size() == 1400);
-  // No request was recomputed: a decode rank that left decode handed its sequences over with
-  // their KV (migrate_on_drain).
-  uint32_t migrations = 0;
-  for (const auto& c : done) {
-    CHECK(c.failovers == 0);
-    migrations += c.migrations;
-  }
-  MESSAGE(migrations << " decode sequences moved with their KV during role changes");
-  CHECK(migrations > 0);
-  CHECK(t.stats(cluster.elastic[1].decode).migrated_out == migrations);
+  const auto got = test::run_elastic_phases(t.sys, self, cluster.router, cluster.elastic_controller, cfg, "elastic-1");
+  CHECK(t.stats(cluster.elastic[1].decode).migrated_out == got.migrations);
   // The moved instances' actors say what they did.
   auto saw = [&](const auto& rank, const char* kind) {
     const auto ev = t.events(rank);
@@ -198,10 +110,10 @@ TEST_CASE("elastic P/D: a move not drained in time is abandoned, and the rank se
     handles.push_back(self->request(cluster.router, std::chrono::seconds{120}, generate_atom::value, std::move(req)));
   }
   for (auto& h : handles) h.receive([](completion&) {}, [&](caf::error& e) { FAIL(t.sys.render(e)); });
-  auto log = changes(self, cluster.elastic_controller);
+  auto log = test::role_changes(self, cluster.elastic_controller);
   REQUIRE_FALSE(log.empty());
   CHECK(log[0].state == "abandoned");
-  CHECK(done_changes(log) == 0);
+  CHECK(test::done_changes(log) == 0);
   // The abandoned rank's balancer places on it again.
   std::vector<placement_record> placed;
   self->request(cluster.decode_balancer, std::chrono::seconds{5}, events_atom::value)

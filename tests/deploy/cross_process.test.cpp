@@ -16,6 +16,7 @@
 #include "gpu/cpu_executor.hpp"
 #include "gpu/local_generate.hpp"
 #include "tests/actors/cluster_fixture.hpp"
+#include "tests/actors/elastic_phases.hpp"
 #include "tests/test_util.hpp"
 
 #include <unistd.h>
@@ -35,6 +36,17 @@ struct network_system {
     return c;
   }
   network_system() : sys(init(cfg)) {}
+};
+
+/// Stops the test's node processes, then the in-process cluster's actors.
+struct cluster_guard {
+  std::vector<pid_t>& pids;
+  caf::scoped_actor& self;
+  local_cluster& c;
+  ~cluster_guard() {
+    deploy::stop_processes(pids);
+    for (auto& a : c.actors()) self->send_exit(a, caf::exit_reason::user_shutdown);
+  }
 };
 
 /// Asks the router for `prompt` (8 tokens, logits returned) and waits for the answer.
@@ -72,15 +84,7 @@ void run_across_processes(const char* ucx_tls, bool with_store = false) {
   auto port = n.sys.middleman().publish(cluster.directory, 0, "127.0.0.1", true);
   REQUIRE(port);
   std::vector<pid_t> children;
-  struct guard {
-    std::vector<pid_t>& pids;
-    caf::scoped_actor& self;
-    local_cluster& c;
-    ~guard() {
-      deploy::stop_processes(pids);
-      for (auto& a : c.actors()) self->send_exit(a, caf::exit_reason::user_shutdown);
-    }
-  } g{children, self, cluster};
+  cluster_guard g{children, self, cluster};
   std::string why;
   auto pid = deploy::spawn_process({BATON_BINARY, "node", "--role", "decode", "--name", "decode-remote", "--connect",
                                     "127.0.0.1:" + std::to_string(*port), "--kv-pages", "64", "--weights-seed",
@@ -157,15 +161,7 @@ TEST_CASE("elastic ranks in a node process (baton node --role elastic): the head
   cfg.transport = "ucx";
   cfg.executor.num_kv_pages = 1024;
   cfg.prefill.chunk_tokens = 32;
-  auto& p = cfg.elastic.planner;
-  p.ttft_target_ms = 1;
-  p.tbt_target_ms = 1e6;
-  p.kv_full = 1.0;
-  p.smooth_s = 0;
-  p.hold_s = 0;
-  p.cooldown_s = 0.3;
-  p.dwell_s = 1;
-  cfg.elastic.interval_ms = 20;
+  test::eager_elastic_planner(&cfg.elastic);
   REQUIRE(cfg.validate().empty());
   auto cluster = start_local_cluster(n.sys, cfg);
   caf::scoped_actor self{n.sys};
@@ -173,15 +169,7 @@ TEST_CASE("elastic ranks in a node process (baton node --role elastic): the head
   auto port = n.sys.middleman().publish(cluster.directory, 0, "127.0.0.1", true);
   REQUIRE(port);
   std::vector<pid_t> children;
-  struct guard {
-    std::vector<pid_t>& pids;
-    caf::scoped_actor& self;
-    local_cluster& c;
-    ~guard() {
-      deploy::stop_processes(pids);
-      for (auto& a : c.actors()) self->send_exit(a, caf::exit_reason::user_shutdown);
-    }
-  } g{children, self, cluster};
+  cluster_guard g{children, self, cluster};
   std::string why;
   auto pid = deploy::spawn_process({BATON_BINARY, "node", "--role", "elastic", "--name", "elastic", "--ranks", "2",
                                     "--prefill-at-start", "1", "--connect", "127.0.0.1:" + std::to_string(*port),
@@ -202,84 +190,12 @@ TEST_CASE("elastic ranks in a node process (baton node --role elastic): the head
   }
   REQUIRE(registered(cluster.prefill_balancer) == 2);  // prefill-0 and elastic-0
   REQUIRE(registered(cluster.decode_balancer) == 2);   // decode-0 and elastic-1
-  auto changes = [&] {
-    std::vector<role_change> out;
-    self->request(cluster.elastic_controller, std::chrono::seconds{5}, events_atom::value)
-        .receive([&](std::vector<role_change>& l) { out = std::move(l); }, [](caf::error&) {});
-    return out;
-  };
-  auto done_changes = [](const std::vector<role_change>& log) {
-    return std::count_if(log.begin(), log.end(), [](auto& c) { return c.state == "done"; });
-  };
-  auto send = [&](std::string prompt, int32_t max_tokens) {
-    generate_request req;
-    req.prompt = std::move(prompt);
-    req.max_tokens = max_tokens;
-    req.ignore_eos = true;
-    return self->request(cluster.router, std::chrono::seconds{120}, generate_atom::value, std::move(req));
-  };
-  // Phase 1, prefill-heavy: 4 long generations (some decode on elastic-1 when it moves), then 40
-  // prompts of 100 tokens with one token each.
-  std::vector<std::string> prompts;
-  std::vector<decltype(send("", 1))> handles;
-  for (int i = 0; i < 4; ++i) {
-    prompts.push_back("a long story, part " + std::to_string(i));
-    handles.push_back(send(prompts.back(), 300));
-  }
-  for (int i = 0; i < 40; ++i) {
-    std::string s;
-    for (int k = 0; k < 99; ++k) s.push_back(static_cast<char>('a' + (i * 7 + k * 3) % 26));
-    prompts.push_back(s);
-    handles.push_back(send(s, 1));
-  }
-  std::vector<completion> done(handles.size());
-  for (size_t i = 0; i < handles.size(); ++i)
-    handles[i].receive([&](completion& c) { done[i] = std::move(c); },
-                       [&](caf::error& e) { FAIL("phase 1 request " << i << ": " << n.sys.render(e)); });
-  auto log = changes();
-  for (int i = 0; i < 500 && done_changes(log) < 1; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds{10});
-    log = changes();
-  }
-  REQUIRE(done_changes(log) >= 1);
-  CHECK(log[0].rank == "elastic-1");
-  CHECK(log[0].from == "decode");
-  CHECK(log[0].to == "prefill");
-  CHECK_MESSAGE(log[0].why.find("prefill pool hot, decode pool cold") == 0, log[0].why);
-  // Phase 2, decode-heavy: 10 short prompts with 1,400 tokens each.
-  const size_t phase2 = handles.size();
-  for (int i = 0; i < 10; ++i) {
-    prompts.push_back("decode heavy " + std::to_string(i));
-    handles.push_back(send(prompts.back(), 1400));
-  }
-  done.resize(handles.size());
-  for (size_t i = phase2; i < handles.size(); ++i)
-    handles[i].receive([&](completion& c) { done[i] = std::move(c); },
-                       [&](caf::error& e) { FAIL("phase 2 request " << i << ": " << n.sys.render(e)); });
-  log = changes();
-  for (const auto& c : log)
-    MESSAGE(c.at_s << " s: " << c.rank << " " << c.from << " -> " << c.to << " (" << c.state << ", " << c.drain_s << " s): " << c.why);
-  REQUIRE(done_changes(log) >= 2);
-  const auto& back = *std::find_if(log.begin() + 1, log.end(), [](auto& c) { return c.state == "done"; });
-  CHECK(back.from == "prefill");
-  CHECK(back.to == "decode");
-  CHECK_MESSAGE(back.why.find("decode pool hot, prefill pool cold") == 0, back.why);
-  // Nothing lost or duplicated, nothing recomputed; the tokens are those of the prompt run alone.
-  auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
-  const gpu::byte_tokenizer tok{cfg.model.bos_token_id, cfg.model.eos_token_id};
-  for (size_t i : {size_t{0}, size_t{1}, size_t{2}, size_t{3}, size_t{17}, size_t{43}, handles.size() - 1}) {
-    auto exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
-    auto ref = gpu::generate_colocated(*exec, tok.encode(prompts[i]), done[i].tokens.size(), 32, {}, true);
-    CHECK_MESSAGE(done[i].tokens == ref.tokens, "request " << i);
-  }
-  uint32_t migrations = 0, on_node = 0;
-  for (size_t i = 0; i < done.size(); ++i) {
-    CHECK(done[i].failovers == 0);
-    migrations += done[i].migrations;
-    on_node += done[i].decode_rank.rfind("elastic-", 0) == 0 || done[i].prefill_rank.rfind("elastic-", 0) == 0;
-  }
-  MESSAGE(migrations << " decode sequences moved with their KV across processes; " << on_node
-                     << " requests served by the node's elastic ranks");
-  CHECK(migrations > 0);
+  const auto got = test::run_elastic_phases(n.sys, self, cluster.router, cluster.elastic_controller, cfg, "elastic-1");
+  // The migrations counted there crossed processes: the node's decode side handed its sequences
+  // to decode-0, here. Requests were served by the node's ranks.
+  const auto on_node = std::count_if(got.done.begin(), got.done.end(), [](const completion& c) {
+    return c.decode_rank.rfind("elastic-", 0) == 0 || c.prefill_rank.rfind("elastic-", 0) == 0;
+  });
+  MESSAGE(on_node << " requests served by the node's elastic ranks");
   CHECK(on_node > 0);
 }

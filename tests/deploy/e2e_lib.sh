@@ -30,3 +30,41 @@ launch_cluster() {
   for _ in $(seq 900); do grep -q "is up" "$WORK/launch.log" && break; kill -0 "$LAUNCHER" 2>/dev/null || break; sleep 0.1; done
   grep -q "is up" "$WORK/launch.log" || fail "the cluster did not come up"
 }
+
+# same_as_single MODEL CLUSTER_ID MAX_TOKENS PROMPT...: starts a single-process cluster of MODEL
+# (`baton local --serve`, its pid in SINGLE), asks it and the launched cluster (router port
+# P_ROUTER) the same prompts and calls `fail` unless the texts are equal and not empty; the
+# single process is stopped again. Needs BATON, WORK and P_ROUTER.
+same_as_single() {
+  local model=$1 id=$2 max=$3 args=() p
+  shift 3
+  for p in "$@"; do args+=(--prompt "$p"); done
+  "$BATON" local --serve --model "$model" --router-listen 127.0.0.1:0 > "$WORK/single.log" 2>&1 &
+  SINGLE=$!
+  for _ in $(seq 600); do grep -q "router listening" "$WORK/single.log" && break; sleep 0.1; done
+  local port
+  port=$(grep -o "router listening on 127.0.0.1:[0-9]*" "$WORK/single.log" | grep -o "[0-9]*$") || fail "the single process did not start"
+  "$BATON" generate --router "127.0.0.1:$port" "${args[@]}" --max-tokens "$max" > "$WORK/single.txt" || fail "generate (single)"
+  "$BATON" generate --router "127.0.0.1:$P_ROUTER" --cluster-id "$id" "${args[@]}" --max-tokens "$max" > "$WORK/cluster.txt" ||
+    fail "generate (cluster)"
+  [ -s "$WORK/cluster.txt" ] || fail "the cluster answered nothing"
+  cmp -s "$WORK/single.txt" "$WORK/cluster.txt" || fail "the cluster answered differently: $(diff "$WORK/single.txt" "$WORK/cluster.txt")"
+  kill -INT "$SINGLE"
+  wait "$SINGLE" 2>/dev/null || true
+  SINGLE=""
+}
+
+# stop_launched: SIGINT to the launcher; `fail` unless it (and so its nodes) stops within 60 s.
+stop_launched() {
+  kill -INT "$LAUNCHER"
+  for _ in $(seq 600); do kill -0 "$LAUNCHER" 2>/dev/null || break; sleep 0.1; done
+  ! kill -0 "$LAUNCHER" 2>/dev/null || fail "the launcher did not stop within 60 s"
+  LAUNCHER=""
+}
+
+# cleanup_launched: for `trap ... EXIT`: stops a single process left by same_as_single, then the
+# launcher and everything of WORK (stop_launcher).
+cleanup_launched() {
+  [ -n "${SINGLE:-}" ] && kill -INT "$SINGLE" 2>/dev/null || true
+  stop_launcher
+}

@@ -11,11 +11,7 @@ BATON=$1
 WORK=$(mktemp -d /tmp/baton-launch-elastic-e2e-XXXXXX)
 LAUNCHER="" SINGLE=""
 source "$(dirname "$0")/e2e_lib.sh"
-cleanup() {
-  [ -n "$SINGLE" ] && kill -INT "$SINGLE" 2>/dev/null || true
-  stop_launcher
-}
-trap cleanup EXIT
+trap cleanup_launched EXIT
 fail() { echo "launch elastic e2e: FAILED: $*" >&2; echo "--- launcher output:" >&2; cat "$WORK/launch.log" >&2 || true; exit 1; }
 
 read -r P_ROUTER P_CLUSTER < <(free_ports 2)
@@ -38,24 +34,9 @@ grep -q -- "--role' 'elastic\|--role elastic" "$WORK/dry.txt" || fail "no elasti
 launch_cluster
 grep -q "node flex joined" "$WORK/launch.log" || fail "the elastic node did not join"
 
-"$BATON" local --serve --model random --router-listen 127.0.0.1:0 > "$WORK/single.log" 2>&1 &
-SINGLE=$!
-for _ in $(seq 600); do grep -q "router listening" "$WORK/single.log" && break; sleep 0.1; done
-P_SINGLE=$(grep -o "router listening on 127.0.0.1:[0-9]*" "$WORK/single.log" | grep -o "[0-9]*$") || fail "single process did not start"
 PROMPTS=()
-for i in 1 2 3 4 5 6 7 8; do PROMPTS+=(--prompt "Elastic prompt number $i, with a few words"); done
-"$BATON" generate --router "127.0.0.1:$P_SINGLE" "${PROMPTS[@]}" --max-tokens 8 > "$WORK/single.txt" || fail "generate (single)"
-"$BATON" generate --router "127.0.0.1:$P_ROUTER" --cluster-id elastic-e2e "${PROMPTS[@]}" --max-tokens 8 > "$WORK/cluster.txt" ||
-  fail "generate (cluster)"
-[ -s "$WORK/cluster.txt" ] || fail "the cluster answered nothing"
-cmp -s "$WORK/single.txt" "$WORK/cluster.txt" || fail "the cluster answered differently: $(diff "$WORK/single.txt" "$WORK/cluster.txt")"
+for i in 1 2 3 4 5 6 7 8; do PROMPTS+=("Elastic prompt number $i, with a few words"); done
+same_as_single random elastic-e2e 8 "${PROMPTS[@]}"
 echo "launch elastic e2e: the elastic node joined; 8 answers equal a single process's"
-
-kill -INT "$SINGLE"
-wait "$SINGLE" 2>/dev/null || true
-SINGLE=""
-kill -INT "$LAUNCHER"
-for _ in $(seq 600); do kill -0 "$LAUNCHER" 2>/dev/null || break; sleep 0.1; done
-! kill -0 "$LAUNCHER" 2>/dev/null || fail "the launcher did not stop within 60 s"
-LAUNCHER=""
+stop_launched
 echo "launch elastic e2e: all checks passed"

@@ -9,11 +9,7 @@ BATON=$1
 WORK=$(mktemp -d /tmp/baton-launch-ep-e2e-XXXXXX)
 LAUNCHER="" SINGLE=""
 source "$(dirname "$0")/e2e_lib.sh"
-cleanup() {
-  [ -n "$SINGLE" ] && kill -INT "$SINGLE" 2>/dev/null || true
-  stop_launcher
-}
-trap cleanup EXIT
+trap cleanup_launched EXIT
 fail() { echo "launch EP e2e: FAILED: $*" >&2; echo "--- launcher output:" >&2; cat "$WORK/launch.log" >&2 || true; exit 1; }
 experts() { pgrep -f "$BATON experts" | wc -l; }
 [ "$(experts)" = 0 ] || fail "expert processes of another run are still alive"
@@ -37,25 +33,9 @@ grep -q "node decode-a joined" "$WORK/launch.log" || fail "decode-a did not join
 # One expert process for the prefill rank (EP 2), three for the decode rank (EP 4).
 [ "$(experts)" = 4 ] || fail "expected 4 expert processes, found $(experts)"
 
-"$BATON" local --serve --model deepseek-v3-tiny --router-listen 127.0.0.1:0 > "$WORK/single.log" 2>&1 &
-SINGLE=$!
-for _ in $(seq 600); do grep -q "router listening" "$WORK/single.log" && break; sleep 0.1; done
-P_SINGLE=$(grep -o "router listening on 127.0.0.1:[0-9]*" "$WORK/single.log" | grep -o "[0-9]*$") || fail "single process did not start"
-PROMPTS=(--prompt "Experts, route this" --prompt "A second prompt, longer, so that more tokens pass the experts")
-"$BATON" generate --router "127.0.0.1:$P_SINGLE" "${PROMPTS[@]}" --max-tokens 12 > "$WORK/single.txt" || fail "generate (single)"
-"$BATON" generate --router "127.0.0.1:$P_ROUTER" --cluster-id ep-e2e "${PROMPTS[@]}" --max-tokens 12 > "$WORK/cluster.txt" ||
-  fail "generate (cluster)"
-[ -s "$WORK/cluster.txt" ] || fail "the cluster answered nothing"
-cmp -s "$WORK/single.txt" "$WORK/cluster.txt" || fail "EP 2/4 answered differently from EP 1: $(diff "$WORK/single.txt" "$WORK/cluster.txt")"
+same_as_single deepseek-v3-tiny ep-e2e 12 "Experts, route this" "A second prompt, longer, so that more tokens pass the experts"
 echo "launch EP e2e: prefill EP 2 and decode EP 4 with dual-batch overlap, KV as active messages: the same text as EP 1"
-
-kill -INT "$SINGLE"
-wait "$SINGLE" 2>/dev/null || true
-SINGLE=""
-kill -INT "$LAUNCHER"
-for _ in $(seq 600); do kill -0 "$LAUNCHER" 2>/dev/null || break; sleep 0.1; done
-! kill -0 "$LAUNCHER" 2>/dev/null || fail "the launcher did not stop within 60 s"
-LAUNCHER=""
+stop_launched
 for _ in $(seq 50); do [ "$(experts)" = 0 ] && break; sleep 0.1; done
 [ "$(experts)" = 0 ] || fail "$(experts) expert processes outlived the cluster"
 echo "launch EP e2e: all checks passed"
