@@ -197,6 +197,29 @@ void plan_round(pointer self) {
   }
 }
 
+/// Ranks whose node left, died or drains: they give no signal and are never moved again; a move
+/// of one of them in progress is over ("lost").
+void forget_ranks(pointer self, const std::vector<caf::actor_addr>& leaving) {
+  auto& st = self->state;
+  auto is_leaving = [&](const caf::actor_addr& a) { return std::find(leaving.begin(), leaving.end(), a) != leaving.end(); };
+  for (size_t i = 0; i < st.elastic.size(); ++i) {
+    if (st.gone[i] || (!is_leaving(st.elastic[i].prefill.address()) && !is_leaving(st.elastic[i].decode.address()))) continue;
+    st.gone[i] = true;
+    if (st.move && st.move->instance == i) {
+      auto& rec = st.log[st.move->log_index];
+      rec.state = "lost";
+      rec.drain_s = seconds_since(self, st.move->decided);
+      print_outcome(self, rec);
+      st.move.reset();
+    }
+  }
+  auto drop = [&](auto& list) {
+    list.erase(std::remove_if(list.begin(), list.end(), [&](const auto& a) { return is_leaving(a.address()); }), list.end());
+  };
+  drop(st.fixed_prefill);
+  drop(st.fixed_decode);
+}
+
 elastic_controller_actor::behavior_type controller_impl(pointer self, elastic_controller_config cfg,
                                                         std::vector<elastic_instance> elastic,
                                                         std::vector<prefill_rank_actor> fixed_prefill,
@@ -215,25 +238,7 @@ elastic_controller_actor::behavior_type controller_impl(pointer self, elastic_co
   st.started = self->clock().now();
   // A node process's ranks leave with it: they give no signal and are never moved again; a move
   // of one of them in progress is over.
-  self->set_down_handler([=](caf::down_msg& dm) {
-    auto& st = self->state;
-    for (size_t i = 0; i < st.elastic.size(); ++i) {
-      if (st.gone[i] || (dm.source != st.elastic[i].prefill.address() && dm.source != st.elastic[i].decode.address())) continue;
-      st.gone[i] = true;
-      if (st.move && st.move->instance == i) {
-        auto& rec = st.log[st.move->log_index];
-        rec.state = "lost";
-        rec.drain_s = seconds_since(self, st.move->decided);
-        print_outcome(self, rec);
-        st.move.reset();
-      }
-    }
-    auto drop = [&](auto& list) {
-      list.erase(std::remove_if(list.begin(), list.end(), [&](const auto& a) { return a.address() == dm.source; }), list.end());
-    };
-    drop(st.fixed_prefill);
-    drop(st.fixed_decode);
-  });
+  self->set_down_handler([=](caf::down_msg& dm) { forget_ranks(self, {dm.source}); });
   tick_later(self);
   return {
       [=](controller_join& j) {
@@ -260,6 +265,12 @@ elastic_controller_actor::behavior_type controller_impl(pointer self, elastic_co
         tick_later(self);
       },
       [=](events_atom) { return self->state.log; },
+      [=](drain_atom, const node_ranks& ranks) {
+        std::vector<caf::actor_addr> leaving;
+        for (const auto& r : ranks.prefill) leaving.push_back(r.address());
+        for (const auto& r : ranks.decode) leaving.push_back(r.address());
+        forget_ranks(self, leaving);
+      },
   };
 }
 

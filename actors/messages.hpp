@@ -754,12 +754,24 @@ struct role_change {
   std::string rank;        ///< the elastic instance
   std::string from, to;    ///< prefill | decode
   std::string why;         ///< the planner's reason, with its numbers
-  std::string state;       ///< draining | done | abandoned (the drain timed out: the rank serves on) | lost (its node left)
+  std::string state;       ///< draining | done | abandoned (the drain timed out: the rank serves on) | lost (its node left or drains)
   double drain_s = 0;      ///< decision -> the other role active
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, role_change& x) {
   return f(caf::meta::type_name("role_change"), x.at_s, x.rank, x.from, x.to, x.why, x.state, x.drain_s);
+}
+
+/// The ranks a node process runs, as its agent tells the directory: what the balancers drop and
+/// what requests must leave if the node goes silent.
+struct node_ranks {
+  std::vector<decode_rank_actor> decode;
+  std::vector<prefill_rank_actor> prefill;
+  std::vector<std::string> names;  ///< every rank's name (what requests know them by)
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, node_ranks& x) {
+  return f(caf::meta::type_name("node_ranks"), x.decode, x.prefill, x.names);
 }
 
 /// A rank of a node process for the elastic controller (sent by the node's start): an elastic
@@ -780,6 +792,7 @@ typename Inspector::result_type inspect(Inspector& f, controller_join& x) {
 using elastic_controller_actor = caf::typed_actor<
     caf::reacts_to<timer_atom>,                                  // plan tick (internal)
     caf::reacts_to<controller_join>,                             // a node process's rank
+    caf::reacts_to<drain_atom, node_ranks>,                      // a node drains: never move its ranks again
     caf::replies_to<events_atom>::with<std::vector<role_change>>>;  // every role change so far
 
 /// What the router knows of the cluster, for clients (the gateway's /v1/models and /metrics).
@@ -836,18 +849,6 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, cluster_welcome& x) {
   return f(caf::meta::type_name("cluster_welcome"), x.router, x.prefill_balancer, x.decode_balancer, x.store,
            x.heartbeat_interval_ms, x.elastic_controller);
-}
-
-/// The ranks a node process runs, as its agent tells the directory: what the balancers drop and
-/// what requests must leave if the node goes silent.
-struct node_ranks {
-  std::vector<decode_rank_actor> decode;
-  std::vector<prefill_rank_actor> prefill;
-  std::vector<std::string> names;  ///< every rank's name (what requests know them by)
-};
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, node_ranks& x) {
-  return f(caf::meta::type_name("node_ranks"), x.decode, x.prefill, x.names);
 }
 
 struct node_status {

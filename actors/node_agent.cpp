@@ -119,6 +119,9 @@ node_agent_actor::behavior_type node_agent_impl(pointer self, node_directory_act
         self->send(st.directory, drain_atom::value, st.cfg.hello.name);
         for (auto& r : st.actors.ranks.decode) self->send(st.welcome.decode_balancer, drain_atom::value, r);
         for (auto& r : st.actors.ranks.prefill) self->send(st.welcome.prefill_balancer, drain_atom::value, r);
+        // The elastic controller would otherwise wake a standby side here, which registers with
+        // its balancer afresh, not draining, and takes work the node can no longer finish.
+        if (st.welcome.elastic_controller) self->send(st.welcome.elastic_controller, drain_atom::value, st.actors.ranks);
         check_drained(self);
       },
       [=](poll_atom) { check_drained(self); },

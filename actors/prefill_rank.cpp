@@ -471,7 +471,10 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
   // A backend that settles transfers on its own thread (UCX) says so at once: the last layer's
   // send is then noticed when it lands, not at the next poll tick (the timer stays, for backends
   // that never call and for the send timeout).
-  st.core.xport->set_settled_listener([h = self->address()] {
+  // One message however many transfers settle before the rank gets to it (each poll polls all).
+  st.settled_flag = std::make_shared<std::atomic<bool>>(false);
+  st.core.xport->set_settled_listener([h = self->address(), flag = st.settled_flag] {
+    if (flag->exchange(true)) return;
     if (auto a = caf::actor_cast<caf::actor>(h)) caf::anon_send(a, settled_atom::value);
   });
   report_load(self);  // registers this rank with its balancer
@@ -567,7 +570,10 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
           if (r.load.outstanding > 0) self->send(r.order.decode, keepalive_atom::value, id, r.order.grant.lease_id);
         schedule_keepalive(self);
       },
-      [=](settled_atom) { poll_pending(self); },
+      [=](settled_atom) {
+        self->state.settled_flag->store(false);  // before polling: a transfer settling now sends again
+        poll_pending(self);
+      },
       [=](poll_atom) {
         auto& s = self->state;
         s.poll_scheduled = false;

@@ -187,6 +187,8 @@ struct prefill_state {
   uint32_t chunks_in_executor = 0;
   std::vector<pending_put> pending;
   bool poll_scheduled = false;
+  /// Set by the transport's settled listener when it sends settled_atom, cleared by its handler.
+  std::shared_ptr<std::atomic<bool>> settled_flag;
   prefill_balancer_actor balancer;  ///< told our load after every change (may be null)
   store_access store;               ///< the block store (off when it has no index)
   std::optional<store::prefix_cache> local;  ///< the rank-local prefix tier (store on)

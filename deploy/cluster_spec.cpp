@@ -228,6 +228,10 @@ bool validate(const cluster_spec& s, std::string* why) {
     *why = "nodes: exactly one node must have the router role, found " + std::to_string(routers);
     return false;
   }
+  if (elastics == 0 && (s.elastic_ttft_ms || s.elastic_tbt_ms)) {
+    *why = "spec.elastic sets the planner of elastic nodes, but no node has the elastic role";
+    return false;
+  }
   if (elastics > 0 && (s.prefill_ep > 1 || s.decode_ep > 1)) {
     *why = "expert_parallel is not wired to elastic nodes yet";
     return false;
@@ -365,9 +369,9 @@ std::vector<node_launch> plan_launch(const cluster_spec& s, const std::string& b
                                              std::to_string(s.kv_pages), "--page-tokens", std::to_string(s.page_tokens)};
   // What a prefill or decode engine adds: its transport's send mode and expert parallelism, only
   // where they differ from the defaults.
-  auto engine = [&s](bool prefill) {
+  auto engine = [&s](bool prefill, bool with_send = true) {
     std::vector<std::string> a;
-    if (s.ucx_send != "put") a.insert(a.end(), {"--ucx-send", s.ucx_send});
+    if (with_send && s.ucx_send != "put") a.insert(a.end(), {"--ucx-send", s.ucx_send});
     if (const uint32_t ep = prefill ? s.prefill_ep : s.decode_ep; ep > 1) {
       a.insert(a.end(), {"--expert-parallel", std::to_string(ep)});
       if (s.dual_batch_overlap) a.push_back("--dual-batch-overlap");
@@ -403,8 +407,10 @@ std::vector<node_launch> plan_launch(const cluster_spec& s, const std::string& b
     if (s.elastic_ttft_ms) head.argv.insert(head.argv.end(), {"--elastic-ttft-ms", std::to_string(s.elastic_ttft_ms)});
     if (s.elastic_tbt_ms) head.argv.insert(head.argv.end(), {"--elastic-tbt-ms", std::to_string(s.elastic_tbt_ms)});
   }
+  // The head's transports (its prefill ranks', its block servers') send as the spec says.
+  if (s.ucx_send != "put") head.argv.insert(head.argv.end(), {"--ucx-send", s.ucx_send});
   if (h.has("prefill")) {
-    const auto e = engine(true);
+    const auto e = engine(true, false);
     head.argv.insert(head.argv.end(), e.begin(), e.end());
   }
   if (h.has("store"))

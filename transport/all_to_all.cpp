@@ -20,8 +20,8 @@ all_to_all::all_to_all(transport& t, std::vector<std::string> rank_names, all_to
   if (error_.empty() && names_.size() != cfg_.size) error_ = "all-to-all: a name for each of the " + std::to_string(cfg_.size) + " ranks";
   if (!error_.empty()) return;
   const uint64_t bells = uint64_t{cfg_.size} * sizeof(doorbell);
-  recv_bytes_ = 2 * bells + 2 * cfg_.size * cfg_.slot_bytes;
-  send_.assign(bells + cfg_.size * cfg_.slot_bytes, std::byte{0});
+  recv_bytes_ = 2 * bells + 2 * cfg_.size * stride();
+  send_.assign(bells + cfg_.size * stride(), std::byte{0});
   xfer_error err;
   recv_ = t_.allocate_memory(recv_bytes_, &err);
   if (!recv_) {
@@ -30,12 +30,12 @@ all_to_all::all_to_all(transport& t, std::vector<std::string> rank_names, all_to
   }
   std::memset(recv_, 0, 2 * bells);  // no exchange yet: every doorbell at sequence 0
   auto rk = t_.register_region(recv_, recv_bytes_, &err);
+  if (rk) recv_key_ = *rk;  // deregistered by the destructor whatever happens next
   auto sk = rk ? t_.register_region(send_.data(), send_.size(), &err) : std::nullopt;
   if (!rk || !sk) {
     error_ = "all-to-all rank " + names_[cfg_.rank] + ": cannot register its buffers: " + err.to_string();
     return;
   }
-  recv_key_ = *rk;
   send_region_ = sk->region_id;
 }
 
@@ -62,7 +62,7 @@ uint64_t all_to_all::bell_offset(uint64_t seq, uint32_t source) const {
 }
 
 uint64_t all_to_all::bank_offset(uint64_t seq) const {
-  return 2 * uint64_t{cfg_.size} * sizeof(doorbell) + (seq % 2) * cfg_.size * cfg_.slot_bytes;
+  return 2 * uint64_t{cfg_.size} * sizeof(doorbell) + (seq % 2) * cfg_.size * stride();
 }
 
 void all_to_all::pause() const {
@@ -118,24 +118,24 @@ bool all_to_all::post(const std::vector<std::span<const std::byte>>& send, std::
     }
   const uint64_t seq = ++seq_;
   const uint64_t bells = uint64_t{cfg_.size} * sizeof(doorbell);
-  const uint64_t my_slot = bank_offset(seq) + uint64_t{cfg_.rank} * cfg_.slot_bytes;
-  // Data: stored straight into each destination's slot for this rank where it is mapped here,
-  // else staged and put (own chunk: a copy).
+  const uint64_t my_slot = bank_offset(seq) + uint64_t{cfg_.rank} * stride();
+  // Data, after its size: stored straight into each destination's slot for this rank where it is
+  // mapped here, else staged and put (own chunk: a copy). An empty chunk sends nothing: its
+  // doorbell says so.
   sizes_.assign(cfg_.size, 0);
   for (uint32_t d = 0; d < cfg_.size; ++d) {
-    sizes_[d] = send[d].size();
-    if (d == cfg_.rank) {
-      if (!send[d].empty()) std::memcpy(recv_ + my_slot, send[d].data(), send[d].size());
+    const uint64_t n = sizes_[d] = send[d].size();
+    if (n == 0) continue;
+    std::byte* to = d == cfg_.rank ? recv_ + my_slot : direct_[d] ? direct_[d] + my_slot : nullptr;
+    if (to) {
+      std::memcpy(to, &n, sizeof n);
+      std::memcpy(to + sizeof n, send[d].data(), n);
       continue;
     }
-    const uint64_t staged = bells + uint64_t{d} * cfg_.slot_bytes;
-    if (send[d].empty()) continue;
-    if (direct_[d]) {
-      std::memcpy(direct_[d] + my_slot, send[d].data(), send[d].size());
-      continue;
-    }
-    std::memcpy(send_.data() + staged, send[d].data(), send[d].size());
-    pending_.push_back(t_.post_put({seq, 0, names_[d], send_region_, peers_[d], {{staged, my_slot, send[d].size()}}}));
+    const uint64_t staged = bells + uint64_t{d} * stride();
+    std::memcpy(send_.data() + staged, &n, sizeof n);
+    std::memcpy(send_.data() + staged + sizeof n, send[d].data(), n);
+    pending_.push_back(t_.post_put({seq, 0, names_[d], send_region_, peers_[d], {{staged, my_slot, sizeof n + n}}}));
   }
   posted_ = true;
   return true;
@@ -149,11 +149,10 @@ bool all_to_all::complete(std::vector<std::span<const std::byte>>* recv, std::st
   // Doorbells, only after the data landed remotely (a completed put is remote-complete; a
   // direct store is ordered before the release store of its doorbell).
   for (uint32_t d = 0; d < cfg_.size; ++d) {
-    const doorbell b{seq, sizes_[d]};
+    const doorbell b = seq << 1 | (sizes_[d] == 0 ? 1 : 0);
     if (d == cfg_.rank || direct_[d]) {
       auto* bell = reinterpret_cast<doorbell*>((d == cfg_.rank ? recv_ : direct_[d]) + bell_offset(seq, cfg_.rank));
-      std::atomic_ref<uint64_t>{bell->bytes}.store(b.bytes, std::memory_order_relaxed);
-      std::atomic_ref<uint64_t>{bell->seq}.store(b.seq, std::memory_order_release);
+      std::atomic_ref<uint64_t>{*bell}.store(b, std::memory_order_release);
       continue;
     }
     std::memcpy(send_.data() + uint64_t{d} * sizeof(doorbell), &b, sizeof b);
@@ -166,20 +165,28 @@ bool all_to_all::complete(std::vector<std::span<const std::byte>>* recv, std::st
   const auto deadline = std::chrono::steady_clock::now() + cfg_.timeout;
   for (uint32_t s = 0; s < cfg_.size; ++s) {
     auto* bell = reinterpret_cast<doorbell*>(recv_ + bell_offset(seq, s));
+    uint64_t word = 0;
     for (;;) {
       // Written by the peer (or its NIC): read it as an atomic, with acquire ordering for the data.
-      const uint64_t got = std::atomic_ref<uint64_t>{bell->seq}.load(std::memory_order_acquire);
-      if (got >= seq) break;
+      word = std::atomic_ref<uint64_t>{*bell}.load(std::memory_order_acquire);
+      if ((word >> 1) >= seq) break;
       if (std::chrono::steady_clock::now() > deadline) {
         *why = "all-to-all exchange " + std::to_string(seq) + ": rank " + names_[cfg_.rank] + " has nothing from " +
                names_[s] + " after " + std::to_string(cfg_.timeout.count()) + " ms (its last exchange: " +
-               std::to_string(got) + ")";
+               std::to_string(word >> 1) + ")";
         return false;
       }
       pause();
     }
-    const uint64_t bytes = std::atomic_ref<uint64_t>{bell->bytes}.load(std::memory_order_acquire);
-    (*recv)[s] = {recv_ + bank_offset(seq) + uint64_t{s} * cfg_.slot_bytes, bytes};
+    const std::byte* slot = recv_ + bank_offset(seq) + uint64_t{s} * stride();
+    uint64_t bytes = 0;
+    if (!(word & 1)) std::memcpy(&bytes, slot, sizeof bytes);  // landed with the data, before the doorbell
+    if (bytes > cfg_.slot_bytes) {
+      *why = "all-to-all exchange " + std::to_string(seq) + ": rank " + names_[cfg_.rank] + " got a chunk of " +
+             std::to_string(bytes) + " bytes from " + names_[s] + ", over the slot of " + std::to_string(cfg_.slot_bytes);
+      return false;
+    }
+    (*recv)[s] = {slot + sizeof bytes, bytes};
   }
   return true;
 }

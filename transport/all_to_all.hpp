@@ -6,9 +6,12 @@
 // exchanges per MoE layer.
 //
 // Each rank registers one receive region with two banks, each a doorbell per source and a slot per
-// source (`slot_bytes`). An exchange puts each chunk into its destination's slot, waits for those
-// puts to complete remotely, then puts a doorbell (the exchange's sequence number and the chunk's
-// size) after it; a receiver has its input once every source's doorbell shows the sequence.
+// source (`slot_bytes`, after an 8-byte size header). An exchange puts each chunk, size first, into
+// its destination's slot, waits for those puts to complete remotely, then puts a doorbell (one
+// 64-bit word: the exchange's sequence number, and whether the chunk is empty, in which case no
+// data was put) after it; a receiver has its input once every source's doorbell shows the
+// sequence. The word the receiver polls is the only thing the doorbell carries, so no transport
+// can show it before the rest of the doorbell.
 // Exchanges alternate banks, so a fast rank's next exchange never overwrites what a slower rank
 // is still reading: nobody gets two exchanges ahead, as each one waits for every rank's input.
 //
@@ -77,10 +80,9 @@ public:
   uint32_t direct_peers() const;
 
 private:
-  struct doorbell {
-    uint64_t seq;
-    uint64_t bytes;
-  };
+  /// A doorbell word: seq << 1 | (the chunk is empty).
+  using doorbell = uint64_t;
+  uint64_t stride() const { return cfg_.slot_bytes + sizeof(uint64_t); }  ///< a slot and its size header
   uint64_t bell_offset(uint64_t seq, uint32_t source) const;
   uint64_t bank_offset(uint64_t seq) const;
   bool wait_puts(std::vector<uint64_t>& ids, std::string* why);

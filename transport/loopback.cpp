@@ -1,7 +1,9 @@
 #include "transport/loopback.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <vector>
 #include <mutex>
 #include <unordered_map>
 
@@ -28,11 +30,21 @@ public:
     if (i == regions_.end()) return std::nullopt;
     return i->second;
   }
+  /// Memory an endpoint gave back: freed with the fabric, since a peer that mapped it
+  /// (map_remote) may still store into it after its owner let go.
+  void retire(std::byte* p) {
+    std::lock_guard<std::mutex> lock{mutex_};
+    retired_.push_back(p);
+  }
+  ~loopback_fabric() {
+    for (auto* p : retired_) std::free(p);
+  }
 
 private:
   std::mutex mutex_;
   uint64_t last_id_ = 0;
   std::unordered_map<uint64_t, region> regions_;
+  std::vector<std::byte*> retired_;
 };
 
 std::shared_ptr<loopback_fabric> make_loopback_fabric() { return std::make_shared<loopback_fabric>(); }
@@ -52,6 +64,10 @@ public:
   }
 
   void deregister_region(uint64_t region_id) override { fabric_->remove(region_id); }
+
+  void free_memory(std::byte* base) override {
+    if (base) fabric_->retire(base);
+  }
 
   /// Every region of the fabric is in this process. The modelled link offers no pointer: its
   /// puts copy nothing, and direct stores would bypass its timing.

@@ -145,3 +145,30 @@ TEST_CASE("elastic P/D: the prefill balancer's stats give each rank's length buc
   CHECK(std::count_if(loads.begin(), loads.end(), [](const rank_load& l) { return l.bucket == 1; }) >= 1);
   for (const auto& l : loads) CHECK(l.bucket <= 1);
 }
+
+TEST_CASE("elastic P/D: the ranks of a node that drains are never moved again (the controller forgets them)") {
+  test::cluster_system t;
+  auto cfg = eager_elastic_config();
+  auto cluster = start_local_cluster(t.sys, cfg);
+  test::cluster_system::stopper stop{t, cluster};
+  caf::scoped_actor self{t.sys};
+  for (int i = 0; i < 1000 && (registered(self, cluster.prefill_balancer) < 2 || registered(self, cluster.decode_balancer) < 2); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds{2});
+  // As a node agent tells it when its node drains: elastic-1 (the decode-side instance, the only
+  // one a prefill-heavy load could move) leaves.
+  node_ranks leaving;
+  leaving.prefill.push_back(cluster.elastic[1].prefill);
+  leaving.decode.push_back(cluster.elastic[1].decode);
+  leaving.names.push_back("elastic-1");
+  self->send(cluster.elastic_controller, drain_atom::value, leaving);
+  std::vector<decltype(self->request(cluster.router, std::chrono::seconds{120}, generate_atom::value, generate_request{}))> handles;
+  for (int i = 0; i < 40; ++i) {
+    generate_request req;
+    req.prompt = std::string(99, static_cast<char>('a' + i % 26));
+    req.max_tokens = 1;
+    handles.push_back(self->request(cluster.router, std::chrono::seconds{120}, generate_atom::value, std::move(req)));
+  }
+  for (auto& h : handles) h.receive([](completion&) {}, [&](caf::error& e) { FAIL(t.sys.render(e)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds{200});  // ten planning rounds
+  CHECK(test::role_changes(self, cluster.elastic_controller).empty());
+}

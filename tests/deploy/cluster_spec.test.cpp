@@ -131,6 +131,7 @@ TEST_CASE("the transport's send mode and expert parallelism reach the engines th
   auto has = [](const node_launch& n, const std::string& flag) { return std::find(n.argv.begin(), n.argv.end(), flag) != n.argv.end(); };
   for (int i : {0, 1, 2}) {
     CAPTURE(plan[i].role);
+    CHECK(std::count(plan[i].argv.begin(), plan[i].argv.end(), "--ucx-send") == 1);
     CHECK(after(plan[i], "--ucx-send") == "am");
     CHECK(has(plan[i], "--dual-batch-overlap"));
   }
@@ -204,6 +205,8 @@ TEST_CASE("elastic nodes: their ranks start as prefill or decode, and the head r
         "expert_parallel is not wired to elastic nodes yet");
   CHECK(refused(R"("ttft_ms": 2000)", R"("ttft_ms": 0)") == "spec.elastic.ttft_ms must be an integer in [1, 3600000]");
   CHECK(error_of(R"("gpus": 2)", R"("gpus": 2, "prefill_at_start": 1)") == "nodes[1] (d): prefill_at_start is for elastic nodes");
+  CHECK(error_of(R"("model": "m")", R"("model": "m", "elastic": {"ttft_ms": 500})") ==
+        "spec.elastic sets the planner of elastic nodes, but no node has the elastic role");
 }
 
 TEST_CASE("cluster spec errors name the field and the node") {
