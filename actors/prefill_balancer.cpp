@@ -123,6 +123,9 @@ void forget_rank(prefill_balancer_state& st, const caf::actor_addr& rank, const 
     if (caf::actor_cast<caf::actor_addr>(st.registry.ranks[i]) == rank) {
       st.log.add({0, st.registry.loads[i].name, why});
       if (i < st.placed_keys.size()) st.placed_keys.erase(st.placed_keys.begin() + static_cast<std::ptrdiff_t>(i));
+      // One rank per engine: the later engines keep their buckets (with several, the mapping of
+      // ranks to engines shifts, and resize() later drops the last engine instead).
+      if (st.buckets && st.cfg.ranks_per_engine == 1) st.buckets->remove_engine(static_cast<uint32_t>(i));
       st.registry.forget(rank);
       resync_views(st);
       return;

@@ -114,6 +114,13 @@ void bucket_allocator::resize(uint32_t num_engines, double now_s) {
   }
 }
 
+void bucket_allocator::remove_engine(uint32_t engine) {
+  if (engine >= engine_bucket_.size()) return;
+  engine_bucket_.erase(engine_bucket_.begin() + engine);
+  for (auto& v : bucket_engines_) v.clear();
+  for (uint32_t e = 0; e < engine_bucket_.size(); ++e) bucket_engines_[engine_bucket_[e]].push_back(e);
+}
+
 const std::vector<uint32_t>& bucket_allocator::engines_for(uint32_t bucket, bool* borrowed) const {
   const auto nb = static_cast<int>(num_buckets());
   // Distance 0 is the bucket itself; then the nearer neighbours, the shorter one first.

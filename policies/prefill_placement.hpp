@@ -64,9 +64,12 @@ class bucket_allocator {
   std::optional<engine_move> rebalance(double now_s);
   /// The pool grew or shrank (elastic P/D moved a rank): engines keep their buckets by index,
   /// the highest-numbered leave first, and each new one joins the bucket furthest below its share
-  /// of the demand, which is kept. Engines are numbered in registration order, so a rank leaving
-  /// from the middle shifts the later ones' numbers: those keep the bucket of the number they take.
+  /// of the demand, which is kept. Engines are numbered in registration order; a known leaver
+  /// goes through remove_engine first, so resize only ever drops engines it cannot name.
   void resize(uint32_t num_engines, double now_s);
+  /// Engine `engine` left (its rank was forgotten: elastic P/D moved it, or its node left): the
+  /// engines after it take its number's place and keep their own buckets.
+  void remove_engine(uint32_t engine);
   /// Engines of `bucket`, or (when it owns none) of the nearest bucket that owns some; sets
   /// `*borrowed` accordingly. Empty when there are no engines at all.
   const std::vector<uint32_t>& engines_for(uint32_t bucket, bool* borrowed = nullptr) const;

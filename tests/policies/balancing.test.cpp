@@ -342,6 +342,17 @@ TEST_CASE("elastic P/D: a rank joining or leaving the prefill pool keeps the buc
   uint32_t total = 0;
   for (auto n : b.engine_counts()) total += n;
   CHECK(total == 3);
+  // An engine leaving from the middle: the ones after it keep their buckets, one number lower
+  // (here 0 0 1 -> 0 1, where dropping the last engine would give 0 0).
+  const auto three = b.engine_buckets();
+  REQUIRE(three[1] != three[2]);
+  b.remove_engine(1);
+  CHECK(b.engine_buckets() == std::vector<uint32_t>{three[0], three[2]});
+  for (uint32_t k = 0; k < b.num_buckets(); ++k) {
+    bool borrowed = false;
+    const auto& engines = b.engines_for(k, &borrowed);
+    for (auto e : engines) CHECK((borrowed || b.engine_buckets()[e] == k));
+  }
   // No demand yet: newcomers go to bucket 0.
   bucket_allocator fresh{cfg, 1};
   fresh.resize(3, 0);
