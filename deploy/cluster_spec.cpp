@@ -232,8 +232,9 @@ bool validate(const cluster_spec& s, std::string* why) {
     *why = "spec.elastic sets the planner of elastic nodes, but no node has the elastic role";
     return false;
   }
-  if (elastics > 0 && (s.prefill_ep > 1 || s.decode_ep > 1)) {
-    *why = "expert_parallel is not wired to elastic nodes yet";
+  if (elastics > 0 && s.prefill_ep != s.decode_ep) {
+    *why = "an elastic rank serves both roles with one expert group: with elastic nodes, expert_parallel.prefill "
+           "and expert_parallel.decode must be equal";
     return false;
   }
   if (decodes == 0) {

@@ -320,8 +320,6 @@ int run_local(const std::vector<std::string>& args) {
       why = "--expert-parallel needs a model with routed experts (" + opt.cluster.model.name + " has none)";
     else if (opt.cluster.backend.kind != "cpu")
       why = "--expert-parallel runs on the CPU executor only so far";
-    else if (opt.cluster.num_elastic_ranks > 0)
-      why = "--expert-parallel is not wired to --elastic-ranks yet";
     else if (opt.eplb.slots_per_rank)
       why = policies::eplb_config{opt.expert_parallel, opt.expert_parallel, opt.eplb.slots_per_rank}.validate(
           opt.cluster.model.moe.n_routed_experts);

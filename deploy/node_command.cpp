@@ -164,10 +164,6 @@ int run_node(const std::vector<std::string>& args) {
     std::fprintf(stderr, "baton node: --prefill-at-start %u exceeds --ranks %u\n", prefill_at_start, num_ranks);
     return 2;
   }
-  if (role == "elastic" && expert_parallel > 1) {
-    std::fprintf(stderr, "baton node: --expert-parallel is not wired to elastic ranks yet\n");
-    return 2;
-  }
   if (auto e = sec.validate(); !e.empty()) {
     std::fprintf(stderr, "baton node: %s\n", e.c_str());
     return 2;

@@ -202,7 +202,17 @@ TEST_CASE("elastic nodes: their ranks start as prefill or decode, and the head r
   CHECK(refused(R"(["elastic"])", R"(["elastic", "decode"])").find("runs one of decode, prefill, elastic or store") !=
         std::string::npos);
   CHECK(refused(R"("model": "m")", R"("model": "deepseek-v3-tiny", "expert_parallel": {"decode": 2})") ==
-        "expert_parallel is not wired to elastic nodes yet");
+        "an elastic rank serves both roles with one expert group: with elastic nodes, expert_parallel.prefill and "
+        "expert_parallel.decode must be equal");
+  {
+    auto text = spec;
+    const std::string from = R"("model": "m")";
+    text.replace(text.find(from), from.size(), R"("model": "deepseek-v3-tiny", "expert_parallel": {"prefill": 2, "decode": 2})");
+    cluster_spec x;
+    std::string w;
+    REQUIRE_MESSAGE(parse_cluster_spec(text, "/base", &x, &w), w);
+    CHECK(after(plan_launch(x, "baton", {"127.0.0.1", ""})[1], "--expert-parallel") == "2");  // the elastic node
+  }
   CHECK(refused(R"("ttft_ms": 2000)", R"("ttft_ms": 0)") == "spec.elastic.ttft_ms must be an integer in [1, 3600000]");
   CHECK(error_of(R"("gpus": 2)", R"("gpus": 2, "prefill_at_start": 1)") == "nodes[1] (d): prefill_at_start is for elastic nodes");
   CHECK(error_of(R"("model": "m")", R"("model": "m", "elastic": {"ttft_ms": 500})") ==

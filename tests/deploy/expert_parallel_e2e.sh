@@ -34,12 +34,18 @@ for model in deepseek-v3-tiny deepseek-v2-tiny; do
     --prompt "A second prompt, longer, to fill a chunk of the prefill with more than a few tokens" \
     >"$out/$model-node.txt" 2>&1 || { cat "$out/$model-node.txt"; exit 1; }
   grep "output :" "$out/$model-node.txt" >"$out/$model-node.answers"
-  for ep in 2 4 eplb dbo node; do
+  # Elastic instances (one executor, one expert group, both roles) beside fixed ranks.
+  "$baton" local --model "$model" --prefill-ranks 1 --decode-ranks 1 --elastic-ranks 2 --elastic-prefill 1 \
+    --expert-parallel 2 --max-tokens 10 --prompt "Experts, route this" \
+    --prompt "A second prompt, longer, to fill a chunk of the prefill with more than a few tokens" \
+    >"$out/$model-elastic.txt" 2>&1 || { cat "$out/$model-elastic.txt"; exit 1; }
+  grep "output :" "$out/$model-elastic.txt" >"$out/$model-elastic.answers"
+  for ep in 2 4 eplb dbo node elastic; do
     if ! cmp -s "$out/$model-1.answers" "$out/$model-$ep.answers"; then
       echo "$model: EP $ep answered differently from EP 1:"; diff "$out/$model-1.answers" "$out/$model-$ep.answers"; exit 1
     fi
   done
-  echo "$model: EP 2, EP 4, EP 4 with live EPLB, EP 2 with dual-batch overlap and EP 2 in a decode process answer as EP 1 ($(wc -l <"$out/$model-1.answers") answers)"
+  echo "$model: EP 2, EP 4, EP 4 with live EPLB, EP 2 with dual-batch overlap, EP 2 in a decode process and EP 2 on elastic ranks answer as EP 1 ($(wc -l <"$out/$model-1.answers") answers)"
 done
 sleep 0.2
 if pgrep -f "$baton experts" >/dev/null; then echo "expert processes outlived their engines"; exit 1; fi
