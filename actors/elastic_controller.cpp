@@ -243,16 +243,16 @@ elastic_controller_actor::behavior_type controller_impl(pointer self, elastic_co
   return {
       [=](controller_join& j) {
         auto& st = self->state;
-        if (j.elastic && j.prefill && j.decode) {
+        if (j.prefill && j.decode) {
           self->monitor(j.prefill);
           self->monitor(j.decode);
           st.serves_prefill.push_back(j.serves_prefill);
           st.gone.push_back(false);
           st.elastic.push_back({std::move(j.name), std::move(j.prefill), std::move(j.decode), j.serves_prefill});
-        } else if (!j.elastic && j.prefill) {
+        } else if (j.prefill) {
           self->monitor(j.prefill);
           st.fixed_prefill.push_back(std::move(j.prefill));
-        } else if (!j.elastic && j.decode) {
+        } else if (j.decode) {
           self->monitor(j.decode);
           st.fixed_decode.push_back(std::move(j.decode));
         }

@@ -60,6 +60,23 @@ gpu::kv_memory_source kv_pool_in(std::shared_ptr<transport::transport> t) {
   };
 }
 
+elastic_instance spawn_elastic_instance(caf::actor_system& sys, const std::string& name, bool serves_prefill,
+                                        prefill_rank_config pc, decode_rank_config dc,
+                                        std::shared_ptr<gpu::executor> exec,
+                                        std::shared_ptr<transport::transport> prefill_transport,
+                                        std::shared_ptr<transport::transport> decode_transport,
+                                        prefill_balancer_actor pb, decode_balancer_actor db, const store_access& store) {
+  pc.name = dc.name = name;
+  pc.standby = !serves_prefill;
+  dc.standby = serves_prefill;
+  elastic_instance out{name, spawn_prefill_rank(sys, pc, exec, std::move(prefill_transport), std::move(pb), store),
+                       spawn_decode_rank(sys, dc, std::move(exec), std::move(decode_transport), std::move(db), store),
+                       serves_prefill};
+  if (auto* p = dynamic_cast<caf::monitorable_actor*>(caf::actor_cast<caf::abstract_actor*>(out.prefill)))
+    p->link_to(out.decode);
+  return out;
+}
+
 local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_config& cfg,
                                   executor_factory make_executor, transport_wrapper wrap,
                                   block_server_factory make_block_server) {
@@ -164,21 +181,9 @@ local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_co
   // it, the inactive one on standby; the controller moves them between the roles.
   for (uint32_t i = 0; i < cfg.num_elastic_ranks; ++i) {
     const std::string name = cfg.elastic_name + "-" + std::to_string(i);
-    auto exec = make_executor(name);
-    auto pc = cfg.prefill;
-    pc.name = name;
-    pc.standby = i >= cfg.elastic_prefill_at_start;
-    auto dc = cfg.decode;
-    dc.name = name;
-    dc.standby = !pc.standby;
-    out.elastic.push_back({name, spawn_prefill_rank(sys, pc, exec, make_transport(name), out.prefill_balancer, access),
-                           spawn_decode_rank(sys, dc, exec, make_transport(name), out.decode_balancer, access),
-                           !pc.standby});
-    // One instance, one fate: the two share an executor that either one's exit stops, so a
-    // side that dies takes the other with it (its balancer then forgets it) rather than
-    // leaving it to accept work that never runs.
-    if (auto* p = dynamic_cast<caf::monitorable_actor*>(caf::actor_cast<caf::abstract_actor*>(out.elastic.back().prefill)))
-      p->link_to(out.elastic.back().decode);
+    out.elastic.push_back(spawn_elastic_instance(sys, name, i < cfg.elastic_prefill_at_start, cfg.prefill, cfg.decode,
+                                                 make_executor(name), make_transport(name), make_transport(name),
+                                                 out.prefill_balancer, out.decode_balancer, access));
   }
   if (!out.elastic.empty() || cfg.elastic_nodes) {
     std::vector<prefill_rank_actor> fp;

@@ -73,6 +73,18 @@ struct local_cluster_config {
 /// transport until it goes.
 gpu::kv_memory_source kv_pool_in(std::shared_ptr<transport::transport> t);
 
+/// One elastic instance (in `baton local` or a `baton node --role elastic`): a prefill and a
+/// decode actor named `name` on one executor, each with its own transport, the one not serving
+/// (`serves_prefill`) on standby, and linked: the two share an executor that either one's exit
+/// stops, so a side that dies takes the other with it (its balancer then forgets it) rather than
+/// leaving it to accept work that never runs.
+elastic_instance spawn_elastic_instance(caf::actor_system& sys, const std::string& name, bool serves_prefill,
+                                        prefill_rank_config pc, decode_rank_config dc,
+                                        std::shared_ptr<gpu::executor> exec,
+                                        std::shared_ptr<transport::transport> prefill_transport,
+                                        std::shared_ptr<transport::transport> decode_transport,
+                                        prefill_balancer_actor pb, decode_balancer_actor db, const store_access& store);
+
 /// Makes the executor of a rank (sims pass modelled executors). Default: CPU executors.
 using executor_factory = std::function<std::shared_ptr<gpu::executor>(const std::string& rank_name)>;
 /// Wraps a rank's transport (tests wrap a fault proxy around it). Default: none.

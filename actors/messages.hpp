@@ -775,18 +775,18 @@ typename Inspector::result_type inspect(Inspector& f, node_ranks& x) {
 }
 
 /// A rank of a node process for the elastic controller (sent by the node's start): an elastic
-/// instance's two actors on one executor, which the controller may move between the roles, or a
-/// fixed rank (one actor; the other handle null), whose load counts in its pool's pressure.
+/// instance's two actors on one executor (both handles), which the controller may move between
+/// the roles, or a fixed rank (one handle, the other null), whose load counts in its pool's
+/// pressure.
 struct controller_join {
   std::string name;
   prefill_rank_actor prefill;
   decode_rank_actor decode;
-  bool elastic = false;
   bool serves_prefill = false;  ///< an elastic instance's role at start
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, controller_join& x) {
-  return f(caf::meta::type_name("controller_join"), x.name, x.prefill, x.decode, x.elastic, x.serves_prefill);
+  return f(caf::meta::type_name("controller_join"), x.name, x.prefill, x.decode, x.serves_prefill);
 }
 
 using elastic_controller_actor = caf::typed_actor<

@@ -368,11 +368,12 @@ std::vector<node_launch> plan_launch(const cluster_spec& s, const std::string& b
   const std::string join = addr.head_host + ":" + std::to_string(h.cluster_port);
   const std::vector<std::string> executor = {"--executor-threads", std::to_string(s.executor_threads), "--kv-pages",
                                              std::to_string(s.kv_pages), "--page-tokens", std::to_string(s.page_tokens)};
-  // What a prefill or decode engine adds: its transport's send mode and expert parallelism, only
-  // where they differ from the defaults.
-  auto engine = [&s](bool prefill, bool with_send = true) {
+  // Every process with transports (the head, prefill, decode and elastic nodes) sends as the spec
+  // says; engines add their expert parallelism. Only what differs from the defaults.
+  std::vector<std::string> send;
+  if (s.ucx_send != "put") send = {"--ucx-send", s.ucx_send};
+  auto expert_flags = [&s](bool prefill) {
     std::vector<std::string> a;
-    if (with_send && s.ucx_send != "put") a.insert(a.end(), {"--ucx-send", s.ucx_send});
     if (const uint32_t ep = prefill ? s.prefill_ep : s.decode_ep; ep > 1) {
       a.insert(a.end(), {"--expert-parallel", std::to_string(ep)});
       if (s.dual_batch_overlap) a.push_back("--dual-batch-overlap");
@@ -408,10 +409,9 @@ std::vector<node_launch> plan_launch(const cluster_spec& s, const std::string& b
     if (s.elastic_ttft_ms) head.argv.insert(head.argv.end(), {"--elastic-ttft-ms", std::to_string(s.elastic_ttft_ms)});
     if (s.elastic_tbt_ms) head.argv.insert(head.argv.end(), {"--elastic-tbt-ms", std::to_string(s.elastic_tbt_ms)});
   }
-  // The head's transports (its prefill ranks', its block servers') send as the spec says.
-  if (s.ucx_send != "put") head.argv.insert(head.argv.end(), {"--ucx-send", s.ucx_send});
+  head.argv.insert(head.argv.end(), send.begin(), send.end());
   if (h.has("prefill")) {
-    const auto e = engine(true, false);
+    const auto e = expert_flags(true);
     head.argv.insert(head.argv.end(), e.begin(), e.end());
   }
   if (h.has("store"))
@@ -434,7 +434,8 @@ std::vector<node_launch> plan_launch(const cluster_spec& s, const std::string& b
                     {}};
       if (role == "elastic") d.argv.insert(d.argv.end(), {"--prefill-at-start", std::to_string(n.prefill_at_start)});
       d.argv.insert(d.argv.end(), executor.begin(), executor.end());
-      const auto e = engine(role == "prefill");
+      const auto e = expert_flags(role == "prefill");
+      d.argv.insert(d.argv.end(), send.begin(), send.end());
       d.argv.insert(d.argv.end(), e.begin(), e.end());
       if (role != "decode") d.argv.insert(d.argv.end(), rank_cache.begin(), rank_cache.end());
       out.push_back(std::move(d));

@@ -244,7 +244,7 @@ int run_node(const std::vector<std::string>& args) {
       // An elastic instance's decode actor has a transport of its own.
       std::shared_ptr<transport::transport> decode_xport;
       if (role == "elastic") {
-        decode_xport.reset(transport::make_ucx_transport({rank_name + "-decode", 1, ucx_send}, &why).release());
+        decode_xport = transport::make_ucx_transport({rank_name + "-decode", 1, ucx_send}, &why);
         if (!decode_xport) return "rank " + rank_name + ": UCX: " + why;
       }
       // The KV pool in the transport's memory: peers on this host (prefill ranks sending KV, the
@@ -265,36 +265,27 @@ int run_node(const std::vector<std::string>& args) {
       }
       if (fault_job_delay_ms) exec = gpu::make_fault_slow_executor(std::move(exec), fault_job_delay_ms);
       if (role == "elastic") {
-        // One executor (one set of weights, one KV pool), a prefill and a decode actor on it, each
-        // with its own transport; the side not serving is on standby until the head's controller
-        // moves the instance.
-        auto pc = prefill;
-        pc.name = rank_name;
-        pc.standby = i >= prefill_at_start;
-        auto dc = rank;
-        dc.name = rank_name;
-        dc.standby = !pc.standby;
-        auto p = spawn_prefill_rank(sys, pc, exec, std::move(xport), w.prefill_balancer, store);
-        auto d = spawn_decode_rank(sys, dc, std::move(exec), std::move(decode_xport), w.decode_balancer, store);
-        // One instance, one fate, as in baton local: the side that dies takes the other along.
-        if (auto* pa = dynamic_cast<caf::monitorable_actor*>(caf::actor_cast<caf::abstract_actor*>(p))) pa->link_to(d);
-        caf::anon_send(w.elastic_controller, controller_join{rank_name, p, d, true, !pc.standby});
-        out->ranks.prefill.push_back(std::move(p));
-        out->ranks.decode.push_back(std::move(d));
+        // The side not serving is on standby until the head's controller moves the instance.
+        auto e = spawn_elastic_instance(sys, rank_name, i < prefill_at_start, prefill, rank, std::move(exec),
+                                        std::move(xport), std::move(decode_xport), w.prefill_balancer,
+                                        w.decode_balancer, store);
+        caf::anon_send(w.elastic_controller, controller_join{rank_name, e.prefill, e.decode, e.serves_prefill});
+        out->ranks.prefill.push_back(e.prefill);
+        out->ranks.decode.push_back(e.decode);
       } else if (role == "decode") {
         auto rc = rank;
         rc.name = rank_name;
         out->ranks.decode.push_back(spawn_decode_rank(sys, rc, std::move(exec), std::move(xport), w.decode_balancer, store));
         // Its load counts in the decode pool's pressure when the head moves elastic ranks.
         if (w.elastic_controller)
-          caf::anon_send(w.elastic_controller, controller_join{rank_name, {}, out->ranks.decode.back(), false, false});
+          caf::anon_send(w.elastic_controller, controller_join{rank_name, {}, out->ranks.decode.back(), false});
       } else {
         auto pc = prefill;
         pc.name = rank_name;
         out->ranks.prefill.push_back(
             spawn_prefill_rank(sys, pc, std::move(exec), std::move(xport), w.prefill_balancer, store));
         if (w.elastic_controller)
-          caf::anon_send(w.elastic_controller, controller_join{rank_name, out->ranks.prefill.back(), {}, false, true});
+          caf::anon_send(w.elastic_controller, controller_join{rank_name, out->ranks.prefill.back(), {}, true});
       }
       out->ranks.names.push_back(rank_name);
     }

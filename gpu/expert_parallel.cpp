@@ -27,6 +27,17 @@ uint64_t expert_floats(const model_config& cfg) {
   return 3 * uint64_t{cfg.moe.moe_intermediate_size} * cfg.hidden_size;
 }
 
+/// Calls fn(matrix, offset in it, offset in the piece, floats) for each stretch of the floats
+/// [offset, offset + n) of an expert's [gate | up | down] that lies in one matrix.
+template <class Expert, class Fn>
+void for_each_stretch(Expert& x, uint64_t part, uint64_t offset, uint64_t n, Fn fn) {
+  for (uint64_t i = 0; i < n;) {
+    const uint64_t at = offset + i, m = at / part, in = at % part, take = std::min(n - i, part - in);
+    fn(m == 0 ? x.gate : m == 1 ? x.up : x.down, in, i, take);
+    i += take;
+  }
+}
+
 void drop_expert(expert_weights& x) {
   std::vector<float>{}.swap(x.gate);  // the memory goes, not just the size
   std::vector<float>{}.swap(x.up);
@@ -262,13 +273,9 @@ bool expert_group::replan(const model_config& cfg, const model_weights& w, std::
         chunks[r].resize(sizeof hd + n * sizeof(float));
         std::memcpy(chunks[r].data(), &hd, sizeof hd);
         // [gate | up | down], each F x H (down H x F): a piece may span matrices.
-        for (uint64_t i = 0; i < n;) {
-          const uint64_t at = off + i, part = floats / 3, m = at / part, in = at % part;
-          const auto& src = m == 0 ? x.gate : m == 1 ? x.up : x.down;
-          const uint64_t take = std::min(n - i, part - in);
+        for_each_stretch(x, floats / 3, off, n, [&](const std::vector<float>& src, uint64_t in, uint64_t i, uint64_t take) {
           std::memcpy(chunks[r].data() + sizeof hd + i * sizeof(float), src.data() + in, take * sizeof(float));
-          i += take;
-        }
+        });
         bytes_installed_ += n * sizeof(float);
         next_offset[r] += n;
         if (next_offset[r] == floats) next_offset[r] = 0, ++next_expert[r];
@@ -342,13 +349,9 @@ bool apply_control(const model_config& cfg, model_weights& w, std::span<const st
   const uint64_t part = floats / 3;
   if (ih.offset == 0) x.gate.assign(part, 0.0f), x.up.assign(part, 0.0f), x.down.assign(part, 0.0f);
   if (x.gate.size() != part) return bad("a piece of expert " + std::to_string(ih.expert) + " before its first");
-  for (uint64_t i = 0; i < n;) {
-    const uint64_t at = ih.offset + i, m = at / part, in = at % part;
-    auto& dst = m == 0 ? x.gate : m == 1 ? x.up : x.down;
-    const uint64_t take = std::min(n - i, part - in);
+  for_each_stretch(x, part, ih.offset, n, [&](std::vector<float>& dst, uint64_t in, uint64_t i, uint64_t take) {
     std::memcpy(dst.data() + in, chunk.data() + sizeof ih + i * sizeof(float), take * sizeof(float));
-    i += take;
-  }
+  });
   return true;
 }
 

@@ -59,11 +59,22 @@ constexpr unsigned put_am_id = 1;
 /// One transfer: its puts, then a flush (or its active messages); done when all complete.
 struct transfer {
   std::vector<am_header> headers;  ///< "am" mode: each send's header lives until it completes
-  put_desc desc;
   std::vector<void*> pending;  ///< UCX requests still in flight
-  bool flushed = false;        ///< the flush has been posted
   xfer_state state = xfer_state::pending;
   xfer_error error;
+
+  /// Keeps a request UCX returned: in flight (a pointer), done at once (null), or refused, which
+  /// fails the transfer naming the call. False once the transfer has failed.
+  bool track(ucs_status_ptr_t req, const char* call) {
+    if (UCS_PTR_IS_ERR(req)) {
+      error.code = xfer_errc::backend_error;
+      error.what = std::string{call} + ": " + ucs_status_string(UCS_PTR_STATUS(req));
+      state = xfer_state::failed;
+      return false;
+    }
+    if (req) pending.push_back(req);
+    return true;
+  }
 };
 
 struct remote_peer {
@@ -371,7 +382,7 @@ private:
     auto* rkey = remote_rkey(key, &err);
     if (!rkey) return finish(id, xfer_state::failed, err);
     auto& peer = peers_[key.worker_addr];
-    transfer t{{}, d, {}, false, xfer_state::pending, err};
+    transfer t{{}, {}, xfer_state::pending, err};
     ucp_request_param_t rp{};
     if (cfg_.send == "am") {
       // Rendezvous for every size: the send completes only once the target has the bytes, which
@@ -381,42 +392,23 @@ private:
       ap.flags = UCP_AM_SEND_FLAG_RNDV;
       t.headers.reserve(d.segments.size());
       for (const auto& s : d.segments) {
-        t.headers.push_back({d.remote.region_id, s.dst_offset});
-        auto req = ucp_am_send_nbx(peer.ep, put_am_id, &t.headers.back(), sizeof(am_header),
-                                   local->second.base + s.src_offset, s.size_bytes, &ap);
-        if (UCS_PTR_IS_ERR(req)) {
-          t.error.code = xfer_errc::backend_error;
-          t.error.what = std::string{"ucp_am_send_nbx: "} + ucs_status_string(UCS_PTR_STATUS(req));
-          t.state = xfer_state::failed;
+        t.headers.push_back({d.remote.region_id, s.dst_offset});  // reserved: the pointer stays valid
+        if (!t.track(ucp_am_send_nbx(peer.ep, put_am_id, &t.headers.back(), sizeof(am_header),
+                                     local->second.base + s.src_offset, s.size_bytes, &ap),
+                     "ucp_am_send_nbx"))
           break;
-        }
-        if (req) t.pending.push_back(req);
       }
       inflight_.emplace(id, std::move(t));
       return;
     }
-    for (const auto& s : d.segments) {
-      auto req = ucp_put_nbx(peer.ep, local->second.base + s.src_offset, s.size_bytes, key.base + s.dst_offset, rkey, &rp);
-      if (UCS_PTR_IS_ERR(req)) {
-        t.error.code = xfer_errc::backend_error;
-        t.error.what = std::string{"ucp_put_nbx: "} + ucs_status_string(UCS_PTR_STATUS(req));
-        t.state = xfer_state::failed;
+    bool ok = true;
+    for (const auto& s : d.segments)
+      if (!(ok = t.track(ucp_put_nbx(peer.ep, local->second.base + s.src_offset, s.size_bytes, key.base + s.dst_offset,
+                                     rkey, &rp),
+                         "ucp_put_nbx")))
         break;
-      }
-      if (req) t.pending.push_back(req);
-    }
     // The flush completes when every put above is complete at the target.
-    if (t.state == xfer_state::pending) {
-      auto req = ucp_ep_flush_nbx(peer.ep, &rp);
-      if (UCS_PTR_IS_ERR(req)) {
-        t.error.code = xfer_errc::backend_error;
-        t.error.what = std::string{"ucp_ep_flush_nbx: "} + ucs_status_string(UCS_PTR_STATUS(req));
-        t.state = xfer_state::failed;
-      } else if (req) {
-        t.pending.push_back(req);
-      }
-      t.flushed = true;
-    }
+    if (ok) t.track(ucp_ep_flush_nbx(peer.ep, &rp), "ucp_ep_flush_nbx");
     inflight_.emplace(id, std::move(t));
   }
 
