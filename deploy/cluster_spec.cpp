@@ -232,6 +232,19 @@ bool validate(const cluster_spec& s, std::string* why) {
     *why = "spec.elastic sets the planner of elastic nodes, but no node has the elastic role";
     return false;
   }
+  if (s.dp_attention) {
+    std::string bad = s.decode_ep < 2 ? "expert_parallel.decode is " + std::to_string(s.decode_ep)
+                      : s.dual_batch_overlap ? std::string{"dual_batch_overlap is on"}
+                      : elastics > 0 ? std::string{"there are elastic nodes"} : std::string{};
+    for (const auto& n : s.nodes)
+      if (bad.empty() && n.gpu_rank_node() && n.has("decode") && n.gpus % s.decode_ep != 0)
+        bad = "node '" + n.name + "' has " + std::to_string(n.gpus) + " ranks, not a multiple of " + std::to_string(s.decode_ep);
+    if (!bad.empty()) {
+      *why = "spec.expert_parallel.dp_attention groups each decode node's ranks by expert_parallel.decode (>= 2), "
+             "without dual-batch overlap or elastic nodes, but " + bad;
+      return false;
+    }
+  }
   if (elastics > 0 && s.prefill_ep != s.decode_ep) {
     *why = "an elastic rank serves both roles with one expert group: with elastic nodes, expert_parallel.prefill "
            "and expert_parallel.decode must be equal";
@@ -293,7 +306,8 @@ bool parse_cluster_spec(const std::string& json_text, const std::string& base_di
   fields fx{xport, "spec.transport"}, fep{ep, "spec.expert_parallel"};
   if (!fx.str("send", &out->ucx_send, why) || !fx.no_others(why) || !fep.num("prefill", &out->prefill_ep, 1, 256, why) ||
       !fep.num("decode", &out->decode_ep, 1, 256, why) ||
-      !fep.boolean("dual_batch_overlap", &out->dual_batch_overlap, why) || !fep.no_others(why))
+      !fep.boolean("dual_batch_overlap", &out->dual_batch_overlap, why) ||
+      !fep.boolean("dp_attention", &out->dp_attention, why) || !fep.no_others(why))
     return false;
   if (out->ucx_send != "put" && out->ucx_send != "am") {
     *why = "spec.transport.send must be put (one-sided RMA: shared memory, RDMA) or am (rendezvous active messages: TCP), not '" +
@@ -377,6 +391,7 @@ std::vector<node_launch> plan_launch(const cluster_spec& s, const std::string& b
     if (const uint32_t ep = prefill ? s.prefill_ep : s.decode_ep; ep > 1) {
       a.insert(a.end(), {"--expert-parallel", std::to_string(ep)});
       if (s.dual_batch_overlap) a.push_back("--dual-batch-overlap");
+      if (s.dp_attention && !prefill) a.push_back("--dp-attention");
     }
     return a;
   };

@@ -56,6 +56,9 @@ struct cluster_spec {
   /// for prefill and wide EP for decode; dual-batch overlap for both.
   uint32_t prefill_ep = 1, decode_ep = 1;
   bool dual_batch_overlap = false;
+  /// expert_parallel.dp_attention: each decode node's ranks form data-parallel groups of
+  /// decode_ep (gpu::expert_peers) instead of leading expert processes.
+  bool dp_attention = false;
   /// elastic: the role planner's targets, for the head's controller when nodes have the elastic
   /// role (0: the head's defaults).
   uint32_t elastic_ttft_ms = 0, elastic_tbt_ms = 0;

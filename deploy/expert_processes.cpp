@@ -36,6 +36,27 @@ uint64_t engine_slot_bytes(const gpu::model_config& cfg, const prefill_rank_conf
   return gpu::expert_slot_bytes(cfg, 2 * rows);
 }
 
+std::vector<std::shared_ptr<gpu::expert_peers>> make_dp_attention_groups(const std::vector<std::string>& ranks,
+                                                                         uint32_t ep, const gpu::model_config& cfg,
+                                                                         uint64_t slot_bytes, std::string* why) {
+  if (ep < 2 || ranks.size() % ep != 0)
+    return *why = "data-parallel attention groups of " + std::to_string(ep) + " need a multiple of " + std::to_string(ep) +
+                  " decode ranks here, not " + std::to_string(ranks.size()),
+           std::vector<std::shared_ptr<gpu::expert_peers>>{};
+  std::vector<std::shared_ptr<gpu::expert_peers>> out;
+  for (size_t g = 0; g < ranks.size(); g += ep) {
+    std::vector<std::string> names;
+    for (size_t i = g; i < g + ep; ++i) names.push_back(ranks[i] + "-dp");
+    // Members of one process: UCX shared memory, stores straight into each other's slots.
+    auto members = gpu::make_peer_group(
+        names, cfg, slot_bytes,
+        [](const std::string& name, std::string* err) { return transport::make_ucx_transport({name}, err); }, why);
+    if (members.empty()) return {};
+    out.insert(out.end(), members.begin(), members.end());
+  }
+  return out;
+}
+
 std::shared_ptr<gpu::expert_group> spawn_expert_group(const expert_spawn& s, const gpu::model_config& cfg,
                                                       std::string* why) {
   if (s.size < 2) return *why = "expert parallelism needs at least 2 EP ranks", nullptr;

@@ -33,6 +33,14 @@ uint64_t engine_slot_bytes(const gpu::model_config& cfg, const prefill_rank_conf
 std::shared_ptr<gpu::expert_group> spawn_expert_group(const expert_spawn& s, const gpu::model_config& cfg,
                                                       std::string* why);
 
+/// Data-parallel attention among ranks of this process (gpu::expert_peers): `ranks` (names, in
+/// order) form groups of `ep` consecutive ranks over UCX, each rank its group's member; the
+/// result is in the order of `ranks`. Empty with `*why` when the ranks do not split into groups
+/// or a transport cannot start.
+std::vector<std::shared_ptr<gpu::expert_peers>> make_dp_attention_groups(const std::vector<std::string>& ranks,
+                                                                         uint32_t ep, const gpu::model_config& cfg,
+                                                                         uint64_t slot_bytes, std::string* why);
+
 /// `baton experts`: one expert shard (started by spawn_expert_group, not by hand).
 int run_experts(const std::vector<std::string>& args);
 

@@ -58,6 +58,7 @@ struct local_options {
   uint32_t expert_parallel = 1;    ///< MoE models: EP ranks per engine (the others `baton experts` processes)
   gpu::live_eplb_config eplb;      ///< with expert_parallel: live EPLB (slots_per_rank 0 = off)
   bool dual_batch_overlap = false; ///< with expert_parallel: two micro-batches per MoE round
+  bool dp_attention = false;       ///< with expert_parallel: decode ranks in data-parallel groups of that size
   std::vector<std::string> store_nodes;  ///< HOST:PORT of store nodes whose block servers we adopt
   uint32_t store_node_wait_s = 60;       ///< how long to keep trying to reach them
   uint32_t scheduler_threads = 0;  ///< 0 = number of hardware threads
@@ -270,6 +271,10 @@ int run_local(const std::vector<std::string>& args) {
   flags.add("--dual-batch-overlap", &opt.dual_batch_overlap,
             "with --expert-parallel: two micro-batches per MoE layer, one's dispatch or combine travelling while "
             "the other's experts compute");
+  flags.add("--dp-attention", &opt.dp_attention,
+            "with --expert-parallel N: the decode ranks form data-parallel groups of N, each rank running attention "
+            "for its own requests and serving 1/N of every MoE layer's experts to its group, in lockstep (prefill "
+            "ranks keep their expert processes)");
   flags.add("--decode-processes", &opt.decode_processes,
             "run this many decode ranks as separate `baton node` processes (KV over UCX) instead of in-process");
   flags.add("--ignore-eos", &opt.ignore_eos, "generate max-tokens even past <eos>");
@@ -320,9 +325,16 @@ int run_local(const std::vector<std::string>& args) {
       why = "--expert-parallel needs a model with routed experts (" + opt.cluster.model.name + " has none)";
     else if (opt.cluster.backend.kind != "cpu")
       why = "--expert-parallel runs on the CPU executor only so far";
+    else if (opt.eplb.slots_per_rank && opt.dp_attention)
+      why = "live EPLB (--eplb-slots) with --dp-attention is not built yet";
     else if (opt.eplb.slots_per_rank)
       why = policies::eplb_config{opt.expert_parallel, opt.expert_parallel, opt.eplb.slots_per_rank}.validate(
           opt.cluster.model.moe.n_routed_experts);
+    else if (opt.dp_attention && (opt.dual_batch_overlap || opt.decode_processes > 0 ||
+                                  opt.cluster.num_decode_ranks % opt.expert_parallel != 0))
+      why = "--dp-attention groups the in-process decode ranks by --expert-parallel: it needs --decode-ranks a "
+            "multiple of " + std::to_string(opt.expert_parallel) + " (not " + std::to_string(opt.cluster.num_decode_ranks) +
+            "), no --decode-processes and no --dual-batch-overlap";
     if (why.empty() && opt.expert_parallel > opt.cluster.model.moe.n_routed_experts)
       why = "--expert-parallel " + std::to_string(opt.expert_parallel) + " exceeds the model's " +
             std::to_string(opt.cluster.model.moe.n_routed_experts) + " routed experts";
@@ -414,8 +426,27 @@ int run_local(const std::vector<std::string>& args) {
     // Each engine (rank) gets its own expert processes; its largest job bounds the all-to-all slots.
     const auto& c = opt.cluster;
     auto weights = c.weights ? c.weights : std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(c.model, c.weights_seed));
-    make_exec = [&opt, weights](const std::string& rank) -> std::shared_ptr<gpu::executor> {
+    // Data-parallel attention: the decode ranks' group members, by rank name.
+    std::map<std::string, std::shared_ptr<gpu::expert_peers>> dp;
+    if (opt.dp_attention) {
+      std::vector<std::string> names;
+      for (uint32_t i = 0; i < c.num_decode_ranks; ++i) names.push_back(c.decode.name + "-" + std::to_string(i));
+      std::string why;
+      const auto members = make_dp_attention_groups(names, opt.expert_parallel, c.model,
+                                                    engine_slot_bytes(c.model, c.prefill, c.decode), &why);
+      if (members.empty()) {
+        std::fprintf(stderr, "baton local: data-parallel attention: %s\n", why.c_str());
+        return 1;
+      }
+      for (size_t i = 0; i < names.size(); ++i) dp[names[i]] = members[i];
+    }
+    make_exec = [&opt, weights, dp](const std::string& rank) -> std::shared_ptr<gpu::executor> {
       const auto& c = opt.cluster;
+      if (auto it = dp.find(rank); it != dp.end()) {
+        auto ec = c.executor;
+        ec.peers = it->second;
+        return gpu::make_cpu_executor(c.model, weights, ec);
+      }
       std::string why;
       auto group = spawn_expert_group(
           {opt.model, c.weights_seed, opt.expert_parallel, engine_slot_bytes(c.model, c.prefill, c.decode), rank,

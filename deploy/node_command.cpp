@@ -146,6 +146,11 @@ int run_node(const std::vector<std::string>& args) {
   flags.add("--expert-parallel", &expert_parallel,
             "MoE models: split each rank's routed experts over N EP ranks (N - 1 `baton experts` processes)");
   flags.add("--dual-batch-overlap", &dual_batch_overlap, "with --expert-parallel: two micro-batches per MoE round");
+  bool dp_attention = false;
+  flags.add("--dp-attention", &dp_attention,
+            "decode, with --expert-parallel N: this node's ranks form data-parallel groups of N, each rank running "
+            "attention for its own requests and serving 1/N of every MoE layer's experts to its group, in lockstep "
+            "(instead of each rank leading N - 1 expert processes)");
   flags.add("--ucx-send", &ucx_send, "how this node's ranks send KV: put (RMA) or am (rendezvous active messages)");
   if (auto rc = flags.parse_command_line(
           args, "node",
@@ -203,6 +208,11 @@ int run_node(const std::vector<std::string>& args) {
     }
   }
   auto model = loaded.model;
+  if (dp_attention && (role != "decode" || expert_parallel < 2 || num_ranks % expert_parallel != 0 || dual_batch_overlap)) {
+    std::fprintf(stderr, "baton node: --dp-attention groups a decode node's ranks: it needs --role decode, "
+                         "--expert-parallel N >= 2 with --ranks a multiple of N, and no --dual-batch-overlap\n");
+    return 2;
+  }
   if (expert_parallel > 1 && (model.moe.n_routed_experts < expert_parallel || backend.kind != "cpu")) {
     std::fprintf(stderr, "baton node: --expert-parallel %u needs a model with at least that many routed experts "
                          "(%s has %u) on the CPU executor\n",
@@ -235,9 +245,17 @@ int run_node(const std::vector<std::string>& args) {
     const auto store = store_access::from_info(w.store);
     if (role == "elastic" && !w.elastic_controller)
       return "elastic ranks need the head's elastic controller: start the head with --elastic-nodes";
+    auto rank_name_of = [&](uint32_t i) { return num_ranks > 1 ? name + "-" + std::to_string(i) : name; };
+    std::vector<std::shared_ptr<gpu::expert_peers>> peers;
+    if (dp_attention) {
+      std::vector<std::string> names;
+      for (uint32_t i = 0; i < num_ranks; ++i) names.push_back(rank_name_of(i));
+      std::string why;
+      peers = make_dp_attention_groups(names, expert_parallel, model, engine_slot_bytes(model, prefill, rank), &why);
+      if (peers.empty()) return "data-parallel attention: " + why;
+    }
     for (uint32_t i = 0; i < num_ranks; ++i) {
-      std::string rank_name = name;
-      if (num_ranks > 1) rank_name.append("-").append(std::to_string(i));
+      const std::string rank_name = rank_name_of(i);
       std::string why;
       std::shared_ptr<transport::transport> xport{transport::make_ucx_transport({rank_name, 1, ucx_send}, &why)};
       if (!xport) return "rank " + rank_name + ": UCX: " + why;
@@ -253,7 +271,10 @@ int run_node(const std::vector<std::string>& args) {
       auto ec = exec_cfg;
       ec.kv_memory = kv_pool_in(decode_xport ? decode_xport : xport);
       std::shared_ptr<gpu::executor> exec;
-      if (expert_parallel > 1) {
+      if (dp_attention) {
+        ec.peers = peers[i];
+        exec = gpu::make_cpu_executor(model, weights, ec);
+      } else if (expert_parallel > 1) {
         auto group = spawn_expert_group({model_dir, weights_seed, expert_parallel,
                                          engine_slot_bytes(model, prefill, rank), rank_name, dual_batch_overlap},
                                         model, &why);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 
@@ -19,6 +20,7 @@ std::string cpu_executor_config::validate() const {
   if (num_threads == 0) return "num_threads must be >= 1";
   if (num_kv_pages == 0) return "num_kv_pages must be >= 1";
   if (page_size_tokens == 0) return "page_size_tokens must be >= 1";
+  if (experts && peers) return "an executor is in an expert group or a data-parallel group, not both";
   return {};
 }
 
@@ -89,16 +91,29 @@ public:
       pool_(ecfg.num_threads),
       num_threads_(ecfg.num_threads),
       experts_(std::move(ecfg.experts)),
+      peers_(std::move(ecfg.peers)),
       inv_freq_(rope_inv_freq(cfg_)),
       rope_factor_(rope_attention_factor(cfg_)),
       softmax_scale_(attention_softmax_scale(cfg_)) {
-    jobs_.start([this](const forward_job& job) { return check_forward_job(job, cfg_, kv_.layout()); },
-                [this](const forward_job& job, executor_sink& sink) { forward(job, sink); });
+    auto check = [this](const forward_job& job) { return check_forward_job(job, cfg_, kv_.layout()); };
+    auto run = [this](const forward_job& job, executor_sink& sink) {
+      forward(job, sink);
+      // A forward that failed midway still ends its step with the group; then, as when idle,
+      // this member joins a step a peer has started.
+      if (peers_) join_peers();
+    };
+    if (peers_)
+      jobs_.start(check, run, {}, [this] { join_peers(); });
+    else
+      jobs_.start(check, run);
   }
 
   ~cpu_executor() override { stop(); }
 
-  void stop() override { jobs_.stop(); }
+  void stop() override {
+    jobs_.stop();
+    if (peers_) peers_->leave();
+  }
 
   const model_config& config() const override { return cfg_; }
   kv_cache& kv() override { return kv_; }
@@ -325,7 +340,7 @@ private:
       moe_route(c.moe, act_.router.data() + r * e_count, lw.router_bias.empty() ? nullptr : lw.router_bias.data(),
                 chosen.data() + r * k, weight.data() + r * k, scratch.data());
     std::fill_n(act_.proj.data(), n * h, 0.0f);
-    if (experts_) {
+    if (experts_ || peers_) {
       if (!routed_elsewhere(l, n, chosen, weight, why)) return false;
     } else {
       routed_here(l, n, chosen, weight);
@@ -371,10 +386,11 @@ private:
                         std::string* why) {
     const auto& c = cfg_;
     const size_t h = c.hidden_size, k = c.moe.num_experts_per_tok, row_bytes = h * sizeof(float);
-    const bool dual = experts_->dual_batch();
+    const bool dual = experts_ && experts_->dual_batch();
     const size_t split = dual ? (n + 1) / 2 : n;  // rows of micro-batch A
-    std::vector<std::vector<std::byte>> entries[2] = {std::vector<std::vector<std::byte>>(experts_->size()),
-                                                      std::vector<std::vector<std::byte>>(experts_->size())};
+    const uint32_t ranks = experts_ ? experts_->size() : peers_->size();
+    std::vector<std::vector<std::byte>> entries[2] = {std::vector<std::vector<std::byte>>(ranks),
+                                                      std::vector<std::vector<std::byte>>(ranks)};
     std::vector<std::vector<std::byte>> outputs[2];
     struct copy_at {
       uint32_t batch, rank;
@@ -384,7 +400,8 @@ private:
     for (size_t r = 0; r < n; ++r)
       for (size_t j = 0; j < k; ++j) {
         const uint32_t e = chosen[r * k + j], mb = r < split ? 0 : 1;
-        const uint32_t d = experts_->route(l, e, c.moe.n_routed_experts, (uint64_t{rounds_} << 32) ^ (r * k + j));
+        const uint32_t d = experts_ ? experts_->route(l, e, c.moe.n_routed_experts, (uint64_t{rounds_} << 32) ^ (r * k + j))
+                                    : peers_->owner(e, c.moe.n_routed_experts);
         auto& v = entries[mb][d];
         where[r * k + j] = {mb, d, v.size() / (sizeof(uint32_t) + row_bytes)};
         const size_t at = v.size();
@@ -393,8 +410,9 @@ private:
         std::memcpy(v.data() + at + sizeof e, act_.hn.data() + r * h, row_bytes);
       }
     ++rounds_;
-    const bool ok = dual ? experts_->round_dual(c, *weights_, l, entries[0], entries[1], &outputs[0], &outputs[1], why)
-                         : experts_->round(c, *weights_, l, entries[0], &outputs[0], why);
+    const bool ok = peers_ ? peers_->round(c, *weights_, l, entries[0], &outputs[0], why)
+                    : dual ? experts_->round_dual(c, *weights_, l, entries[0], entries[1], &outputs[0], &outputs[1], why)
+                           : experts_->round(c, *weights_, l, entries[0], &outputs[0], why);
     if (!ok) return false;
     for (size_t r = 0; r < n; ++r) {
       float* dst = act_.proj.data() + r * h;
@@ -408,12 +426,24 @@ private:
     return true;
   }
 
+  /// Data-parallel attention: ends this member's step, or joins one a peer started. A failure
+  /// leaves the group out of step; the next forward's MoE round reports it to its requests.
+  void join_peers() {
+    std::string why;
+    if (!peers_->join(cfg_, *weights_, &why) && why != last_peer_error_) {
+      std::fprintf(stderr, "baton: %s\n", why.c_str());
+      last_peer_error_ = why;
+    }
+  }
+
   model_config cfg_;
   std::shared_ptr<const model_weights> weights_;
   kv_cache kv_;
   thread_pool pool_;
   unsigned num_threads_;
   std::shared_ptr<expert_group> experts_;  ///< expert parallelism; null: every expert here
+  std::shared_ptr<expert_peers> peers_;    ///< data-parallel attention; null: not in a group
+  std::string last_peer_error_;            ///< said once on stderr
   uint32_t rounds_ = 0;                     ///< MoE rounds dispatched: spreads copies over replicas
   std::vector<float> inv_freq_;  ///< RoPE inverse frequencies (scaled per the config), once
   float rope_factor_;            ///< YaRN's attention factor on rotated values (1 otherwise)

@@ -158,6 +158,7 @@ public:
 std::string check_forward_job(const forward_job& job, const model_config& cfg, const kv_layout& layout);
 
 class expert_group;
+class expert_peers;
 
 /// How the CPU executor is built.
 struct cpu_executor_config {
@@ -167,6 +168,9 @@ struct cpu_executor_config {
   /// Expert parallelism (gpu/expert_parallel.hpp): MoE layers dispatch to this group's expert
   /// shards; null runs every expert here. One group per executor.
   std::shared_ptr<expert_group> experts;
+  /// Data-parallel attention (expert_peers): this executor is one member of a group that serves
+  /// each other's MoE layers in lockstep; null: not in one. Not with `experts`.
+  std::shared_ptr<expert_peers> peers;
   /// Where the KV pool's pages come from; empty: the heap. A rank behind UCX takes them from its
   /// transport, so peers store incoming KV into them directly (actors/executor_bridge.hpp).
   kv_memory_source kv_memory;

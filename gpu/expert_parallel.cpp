@@ -1,6 +1,7 @@
 #include "gpu/expert_parallel.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <iterator>
 
@@ -53,6 +54,12 @@ std::vector<uint32_t> held_experts(const model_config& cfg, const model_weights&
   for (uint32_t e = 0; e < ex.size() && e < cfg.moe.n_routed_experts; ++e)
     if (!ex[e].gate.empty()) out.push_back(e);
   return out;
+}
+
+void keep_expert_block(const model_config& cfg, model_weights& w, uint32_t rank, uint32_t size) {
+  for (uint32_t l = 0; l < w.layers.size(); ++l)
+    for (uint32_t e = 0; e < w.layers[l].experts.size(); ++e)
+      if (static_cast<uint32_t>(uint64_t{e} * size / cfg.moe.n_routed_experts) != rank) drop_expert(w.layers[l].experts[e]);
 }
 
 uint64_t expert_slot_bytes(const model_config& cfg, uint64_t max_rows) {
@@ -359,11 +366,9 @@ bool apply_control(const model_config& cfg, model_weights& w, std::span<const st
 
 bool run_expert_shard(const model_config& cfg, model_weights& w, transport::all_to_all& a2a, std::string* why,
                       transport::all_to_all* b) {
-  const uint32_t n = a2a.size(), rank = a2a.config().rank, num_experts = cfg.moe.n_routed_experts;
+  const uint32_t n = a2a.size();
   // Only this rank's contiguous block stays (the lead's EPLB plans move experts in and out).
-  for (uint32_t l = 0; l < w.layers.size(); ++l)
-    for (uint32_t e = 0; e < w.layers[l].experts.size(); ++e)
-      if (static_cast<uint32_t>(uint64_t{e} * n / num_experts) != rank) drop_expert(w.layers[l].experts[e]);
+  keep_expert_block(cfg, w, a2a.config().rank, n);
   const std::vector<std::span<const std::byte>> none(n);
   std::vector<std::span<const std::byte>> recv, recv_b;
   std::vector<std::byte> out, out_b;
@@ -393,6 +398,127 @@ bool run_expert_shard(const model_config& cfg, model_weights& w, transport::all_
     send[0] = out;
     if (!a2a.exchange(send, &recv, why)) return false;  // combine
   }
+}
+
+struct expert_peers::shared {
+  std::vector<std::string> names;
+  std::vector<std::unique_ptr<transport::transport>> transports;
+  std::vector<std::unique_ptr<transport::all_to_all>> a2a;  ///< destroyed before the transports
+  std::unique_ptr<std::atomic<bool>[]> left;                ///< [member]: stopped taking part
+  ~shared() { a2a.clear(); }
+};
+
+expert_peers::expert_peers(std::shared_ptr<shared> group, uint32_t rank, const model_config& cfg)
+  : group_(std::move(group)), rank_(rank) {
+  for (uint32_t l = 0; l < cfg.num_hidden_layers; ++l)
+    if (cfg.is_moe_layer(l)) moe_layers_.push_back(l);
+}
+
+expert_peers::~expert_peers() { leave(); }
+
+uint32_t expert_peers::size() const { return static_cast<uint32_t>(group_->names.size()); }
+
+void expert_peers::leave() { group_->left[rank_].store(true, std::memory_order_release); }
+
+std::string expert_peers::gone_peer() const {
+  for (uint32_t r = 0; r < size(); ++r)
+    if (r != rank_ && group_->left[r].load(std::memory_order_acquire))
+      return "data-parallel group of " + group_->names[rank_] + ": member " + group_->names[r] + " has stopped";
+  return {};
+}
+
+bool expert_peers::round(const model_config& cfg, const model_weights& w, uint32_t layer,
+                         const std::vector<std::vector<std::byte>>& entries, std::vector<std::vector<std::byte>>* outputs,
+                         std::string* why) {
+  if (!broken_.empty()) return *why = broken_, false;
+  if (moe_layers_.empty() || layer != moe_layers_[next_])
+    return *why = "data-parallel group: " + group_->names[rank_] + " was asked for MoE layer " + std::to_string(layer) +
+                  " where its step is at another",
+           false;
+  if (next_ == 0)
+    if (auto gone = gone_peer(); !gone.empty()) return *why = gone, false;
+  return exchange_round(cfg, w, layer, entries, outputs, why);
+}
+
+bool expert_peers::join(const model_config& cfg, const model_weights& w, std::string* why) {
+  if (!broken_.empty()) return *why = broken_, false;
+  if (moe_layers_.empty()) return true;
+  if (next_ == 0) {
+    if (!group_->a2a[rank_]->peer_started()) return true;
+    ++joined_;
+  }
+  const std::vector<std::vector<std::byte>> none(size());
+  std::vector<std::vector<std::byte>> outputs;
+  do {
+    if (!exchange_round(cfg, w, moe_layers_[next_], none, &outputs, why)) return false;
+  } while (next_ != 0);
+  return true;
+}
+
+bool expert_peers::exchange_round(const model_config& cfg, const model_weights& w, uint32_t layer,
+                                  const std::vector<std::vector<std::byte>>& entries,
+                                  std::vector<std::vector<std::byte>>* outputs, std::string* why) {
+  auto& a2a = *group_->a2a[rank_];
+  // Any failure leaves the members out of step for good: later rounds fail with the same words.
+  const auto fail = [&](const std::string& stage, const std::string& what) {
+    broken_ = "data-parallel group, member " + group_->names[rank_] + ", " + stage + " of MoE layer " +
+              std::to_string(layer) + ": " + what;
+    *why = broken_;
+    return false;
+  };
+  const auto chunks = with_headers(cfg, layer, entries);
+  std::vector<std::span<const std::byte>> recv;
+  if (!a2a.exchange(spans(chunks), &recv, why)) return fail("dispatch", *why);
+  // The copies the others (and this member) sent for the experts here.
+  // A chunk this member cannot serve gets no answer, but the combine still runs: its sender
+  // fails this round at once (an answer of the wrong size) instead of at the timeout.
+  std::vector<std::vector<std::byte>> served(size());
+  std::string refused;
+  for (uint32_t s = 0; s < size() && refused.empty(); ++s) {
+    chunk_header hd{};
+    if (recv[s].size() >= sizeof hd) std::memcpy(&hd, recv[s].data(), sizeof hd);
+    if (hd.kind != kind_work || hd.layer != layer)
+      refused = "member " + group_->names[s] + " is out of step (it sent kind " + std::to_string(hd.kind) +
+                " for layer " + std::to_string(hd.layer) + ")";
+    else if (!serve_expert_chunk(cfg, w, recv[s], &served[s], why))
+      refused = "serving " + group_->names[s] + ": " + *why;
+  }
+  if (!refused.empty()) served.assign(size(), {});
+  if (!a2a.exchange(spans(served), &recv, why)) return fail("combine", *why);
+  if (!refused.empty()) return fail("dispatch", refused);
+  if (!collect(cfg, layer, entries, recv, outputs, why)) return fail("combine", *why);
+  next_ = (next_ + 1) % moe_layers_.size();
+  return true;
+}
+
+std::vector<std::shared_ptr<expert_peers>> make_peer_group(
+    const std::vector<std::string>& names, const model_config& cfg, uint64_t slot_bytes,
+    const std::function<std::unique_ptr<transport::transport>(const std::string& name, std::string* why)>& make_transport,
+    std::string* why, std::chrono::milliseconds timeout) {
+  const auto size = static_cast<uint32_t>(names.size());
+  if (size < 2) return *why = "a data-parallel group needs at least 2 members", std::vector<std::shared_ptr<expert_peers>>{};
+  if (cfg.moe.n_routed_experts < size)
+    return *why = "model " + cfg.name + " has " + std::to_string(cfg.moe.n_routed_experts) + " routed experts, fewer than " +
+                  std::to_string(size) + " data-parallel members",
+           std::vector<std::shared_ptr<expert_peers>>{};
+  auto g = std::make_shared<expert_peers::shared>();
+  g->names = names;
+  g->left = std::make_unique<std::atomic<bool>[]>(size);
+  std::vector<transport::region_key> keys;
+  for (uint32_t r = 0; r < size; ++r) {
+    std::string err;
+    auto t = make_transport(names[r], &err);
+    if (!t) return *why = "data-parallel member " + names[r] + ": no transport: " + err, std::vector<std::shared_ptr<expert_peers>>{};
+    g->a2a.push_back(std::make_unique<transport::all_to_all>(
+        *t, names, transport::all_to_all_config{r, size, slot_bytes, timeout}));
+    g->transports.push_back(std::move(t));
+    if (!g->a2a.back()->error().empty()) return *why = g->a2a.back()->error(), std::vector<std::shared_ptr<expert_peers>>{};
+    keys.push_back(g->a2a.back()->key());
+  }
+  for (auto& a : g->a2a) a->connect(keys);
+  std::vector<std::shared_ptr<expert_peers>> members;
+  for (uint32_t r = 0; r < size; ++r) members.push_back(std::make_shared<expert_peers>(g, r, cfg));
+  return members;
 }
 
 }  // namespace baton::gpu

@@ -17,8 +17,10 @@
 // u64 total} then floats; an evict chunk {kind, layer, count} then `count` u32 experts to drop;
 // an idle chunk is a header alone. Shards answer each with an empty chunk.
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -123,8 +125,72 @@ private:
 /// exactly the experts placed on this rank (the others' matrices empty).
 bool run_expert_shard(const model_config& cfg, model_weights& w, transport::all_to_all& a2a, std::string* why,
                       transport::all_to_all* b = nullptr);
+/// Drops from `w` every routed expert outside EP rank `rank`'s contiguous block of `size`.
+void keep_expert_block(const model_config& cfg, model_weights& w, uint32_t rank, uint32_t size);
 /// The routed experts `w` holds weights for in MoE layer `layer`, ascending.
 std::vector<uint32_t> held_experts(const model_config& cfg, const model_weights& w, uint32_t layer);
+
+/// Data-parallel attention (seed 000 §3.3; how DeepSeek decodes with wide EP): every member of
+/// the group is a whole engine with its own requests, KV pool and attention, and serves one
+/// contiguous block of each MoE layer's routed experts for all of them. Per MoE layer every
+/// member sends the copies of its rows to the members holding their experts, serves what the
+/// others sent it, and gets its outputs back: two all-to-alls in which every member takes part.
+/// So members run in lockstep: a step is one round per MoE layer, and a member with no work of
+/// its own -- idle, or its forward failed midway -- still takes its part in each round of a step
+/// a peer started (join(), which the executor runs while idle and after every forward). Tokens
+/// and logits equal EP 1's bit for bit, as with the attention-lead group.
+/// One member's handle; the group's transports outlive every member (make_peer_group).
+class expert_peers {
+public:
+  struct shared;
+  expert_peers(std::shared_ptr<shared> group, uint32_t rank, const model_config& cfg);
+  ~expert_peers();
+  expert_peers(const expert_peers&) = delete;
+  expert_peers& operator=(const expert_peers&) = delete;
+
+  uint32_t rank() const { return rank_; }
+  uint32_t size() const;
+  /// The member serving `expert` (contiguous blocks, as expert_group::owner).
+  uint32_t owner(uint32_t expert, uint32_t num_experts) const {
+    return static_cast<uint32_t>(uint64_t{expert} * size() / num_experts);
+  }
+  /// This member's round of MoE layer `layer` (the step's next MoE layer): entries[d] go to
+  /// member d, outputs[d] come back in entry order, and what the others sent this member is
+  /// served meanwhile. False and a sentence naming the group, the layer and the peer.
+  bool round(const model_config& cfg, const model_weights& w, uint32_t layer,
+             const std::vector<std::vector<std::byte>>& entries, std::vector<std::vector<std::byte>>* outputs,
+             std::string* why);
+  /// Takes part, with no rows of its own, in the rest of the current step, or in a whole step a
+  /// peer has started; nothing when neither. Runs on the executor's thread.
+  bool join(const model_config& cfg, const model_weights& w, std::string* why);
+  /// This member stops taking part: the others' next steps fail at once, naming it, instead of
+  /// waiting out the all-to-all's timeout.
+  void leave();
+  /// Steps this member took part in without rows of its own.
+  uint64_t steps_joined() const { return joined_; }
+
+private:
+  bool exchange_round(const model_config& cfg, const model_weights& w, uint32_t layer,
+                      const std::vector<std::vector<std::byte>>& entries, std::vector<std::vector<std::byte>>* outputs,
+                      std::string* why);
+  std::string gone_peer() const;
+
+  std::shared_ptr<shared> group_;
+  uint32_t rank_;
+  std::vector<uint32_t> moe_layers_;  ///< a step's rounds, in order
+  size_t next_ = 0;                   ///< this step's next round (0: between steps)
+  std::string broken_;                ///< set when an exchange failed: the group is out of step for good
+  uint64_t joined_ = 0;
+};
+
+/// A data-parallel group of `names.size()` members in this process, each over its own transport
+/// from `make_transport` (UCX between the ranks of one node, loopback in tests). Null and a
+/// sentence when a transport or an all-to-all cannot start.
+std::vector<std::shared_ptr<expert_peers>> make_peer_group(
+    const std::vector<std::string>& names, const model_config& cfg, uint64_t slot_bytes,
+    const std::function<std::unique_ptr<transport::transport>(const std::string& name, std::string* why)>& make_transport,
+    std::string* why,
+    std::chrono::milliseconds timeout = std::chrono::milliseconds{10'000});
 
 /// The dispatch slot an EP group needs for jobs of up to `max_rows` rows: every row's top-k
 /// copies bound for one rank, plus the header (the combine answer is never larger).

@@ -2,10 +2,12 @@
 
 namespace baton::gpu {
 
-void job_queue::start(check_fn check, run_fn run, std::function<void()> on_thread) {
-  thread_ = std::thread([this, check = std::move(check), run = std::move(run), on_thread = std::move(on_thread)] {
+void job_queue::start(check_fn check, run_fn run, std::function<void()> on_thread, std::function<void()> idle,
+                      std::chrono::microseconds idle_every) {
+  thread_ = std::thread([this, check = std::move(check), run = std::move(run), on_thread = std::move(on_thread),
+                         idle = std::move(idle), idle_every] {
     if (on_thread) on_thread();
-    loop(check, run);
+    loop(check, run, idle, idle_every);
   });
 }
 
@@ -27,12 +29,20 @@ void job_queue::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-void job_queue::loop(const check_fn& check, const run_fn& run) {
+void job_queue::loop(const check_fn& check, const run_fn& run, const std::function<void()>& idle,
+                     std::chrono::microseconds every) {
   for (;;) {
     std::pair<forward_job, std::shared_ptr<executor_sink>> item;
     {
       std::unique_lock<std::mutex> lock{mutex_};
-      wake_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+      const auto ready = [this] { return stop_ || !queue_.empty(); };
+      if (!idle) {
+        wake_.wait(lock, ready);
+      } else if (!wake_.wait_for(lock, every, ready)) {
+        lock.unlock();
+        idle();
+        continue;
+      }
       if (queue_.empty()) return;  // stopped with nothing left
       item = std::move(queue_.front());
       queue_.pop_front();

@@ -3,6 +3,7 @@
 // The one thread that runs an executor's jobs in submission order, shared by the CPU and CUDA
 // backends: each job is checked (check_forward_job), announced (on_started), then run.
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -27,14 +28,17 @@ public:
   ~job_queue() { stop(); }
 
   /// Starts the thread. `on_thread` runs first on it (a CUDA backend selects its device there).
-  void start(check_fn check, run_fn run, std::function<void()> on_thread = {});
+  /// With `idle`, the thread runs it every `idle_every` while no job is queued (a data-parallel
+  /// member joins its peers' steps there); without, an idle thread sleeps until a job comes.
+  void start(check_fn check, run_fn run, std::function<void()> on_thread = {}, std::function<void()> idle = {},
+             std::chrono::microseconds idle_every = std::chrono::microseconds{100});
   void submit(forward_job job, std::shared_ptr<executor_sink> sink);
   /// Runs what is queued, then ends the thread; idempotent, and safe from two owners at once
   /// (elastic instances share one executor).
   void stop();
 
 private:
-  void loop(const check_fn& check, const run_fn& run);
+  void loop(const check_fn& check, const run_fn& run, const std::function<void()>& idle, std::chrono::microseconds every);
 
   std::mutex mutex_;
   std::mutex join_mutex_;

@@ -57,6 +57,17 @@ uint32_t all_to_all::direct_peers() const {
   return static_cast<uint32_t>(std::count_if(direct_.begin(), direct_.end(), [](auto* p) { return p != nullptr; }));
 }
 
+bool all_to_all::peer_started() const {
+  if (!error_.empty() || posted_) return false;
+  const uint64_t next = seq_ + 1;
+  for (uint32_t s = 0; s < cfg_.size; ++s) {
+    if (s == cfg_.rank) continue;
+    auto* bell = reinterpret_cast<doorbell*>(recv_ + bell_offset(next, s));
+    if ((std::atomic_ref<uint64_t>{*bell}.load(std::memory_order_acquire) >> 1) >= next) return true;
+  }
+  return false;
+}
+
 uint64_t all_to_all::bell_offset(uint64_t seq, uint32_t source) const {
   return ((seq % 2) * cfg_.size + source) * sizeof(doorbell);
 }

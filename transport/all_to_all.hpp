@@ -76,6 +76,9 @@ public:
   bool post(const std::vector<std::span<const std::byte>>& send, std::string* why);
   bool complete(std::vector<std::span<const std::byte>>* recv, std::string* why);
   uint64_t exchanges() const { return seq_; }
+  /// Whether another rank has already rung its doorbell for this rank's next exchange: a peer
+  /// started an exchange this rank has not joined (a data-parallel member idles on this).
+  bool peer_started() const;
   /// Peers this rank reaches with plain stores (known after connect()).
   uint32_t direct_peers() const;
 

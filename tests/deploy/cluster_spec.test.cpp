@@ -158,6 +158,42 @@ TEST_CASE("the transport's send mode and expert parallelism reach the engines th
         "spec.expert_parallel.dual_batch_overlap must be true or false");
 }
 
+TEST_CASE("expert_parallel.dp_attention groups each decode node's ranks, and only the decode nodes'; specs it cannot "
+          "serve are refused naming why") {
+  const std::string spec = R"({
+    "name": "t", "model": "deepseek-v3-tiny",
+    "expert_parallel": {"prefill": 2, "decode": 2, "dp_attention": true},
+    "nodes": [
+      {"name": "head", "roles": ["router", "prefill"], "ports": {"router": 7100, "cluster": 7101}},
+      {"name": "d", "roles": ["decode"], "gpus": 4}
+    ]})";
+  cluster_spec s;
+  std::string why;
+  REQUIRE_MESSAGE(parse_cluster_spec(spec, "/base", &s, &why), why);
+  CHECK(s.dp_attention);
+  const auto plan = plan_launch(s, "baton", {"127.0.0.1", ""});
+  auto has = [](const node_launch& n, const std::string& flag) { return std::find(n.argv.begin(), n.argv.end(), flag) != n.argv.end(); };
+  REQUIRE(plan.size() == 2);
+  CHECK_FALSE(has(plan[0], "--dp-attention"));  // the head's prefill ranks keep their expert processes
+  CHECK(has(plan[1], "--dp-attention"));
+  auto refused = [&](const std::string& from, const std::string& to) {
+    auto text = spec;
+    text.replace(text.find(from), from.size(), to);
+    cluster_spec x;
+    std::string w;
+    CHECK_FALSE(parse_cluster_spec(text, "/base", &x, &w));
+    return w;
+  };
+  const std::string lead = "spec.expert_parallel.dp_attention groups each decode node's ranks by "
+                           "expert_parallel.decode (>= 2), without dual-batch overlap or elastic nodes, but ";
+  CHECK(refused(R"("gpus": 4)", R"("gpus": 3)") == lead + "node 'd' has 3 ranks, not a multiple of 2");
+  CHECK(refused(R"("decode": 2,)", R"("decode": 1,)") == lead + "expert_parallel.decode is 1");
+  CHECK(refused(R"("dp_attention": true)", R"("dp_attention": true, "dual_batch_overlap": true)") ==
+        lead + "dual_batch_overlap is on");
+  CHECK(refused(R"("dp_attention": true)", R"("dp_attention": "yes")") ==
+        "spec.expert_parallel.dp_attention must be true or false");
+}
+
 TEST_CASE("elastic nodes: their ranks start as prefill or decode, and the head runs the controller that moves them") {
   const std::string spec = R"({
     "name": "t", "model": "m", "elastic": {"ttft_ms": 2000, "tbt_ms": 100},

@@ -40,12 +40,33 @@ for model in deepseek-v3-tiny deepseek-v2-tiny; do
     --prompt "A second prompt, longer, to fill a chunk of the prefill with more than a few tokens" \
     >"$out/$model-elastic.txt" 2>&1 || { cat "$out/$model-elastic.txt"; exit 1; }
   grep "output :" "$out/$model-elastic.txt" >"$out/$model-elastic.answers"
+  # Data-parallel attention: the decode ranks form groups (2 of 2, then 1 of 4) that serve each
+  # other's experts in lockstep; four prompts so that every decode rank has rows of its own.
+  for dp in 2 4; do
+    "$baton" local --model "$model" --decode-ranks 4 --expert-parallel "$dp" --dp-attention --max-tokens 10 \
+      --prompt "Experts, route this" \
+      --prompt "A second prompt, longer, to fill a chunk of the prefill with more than a few tokens" \
+      --prompt "Third" --prompt "The fourth prompt of this run" \
+      >"$out/$model-dp$dp.txt" 2>&1 || { cat "$out/$model-dp$dp.txt"; exit 1; }
+    grep -q "4 requests, 0 failed" "$out/$model-dp$dp.txt" || { cat "$out/$model-dp$dp.txt"; exit 1; }
+  done
+  "$baton" local --model "$model" --decode-ranks 4 --max-tokens 10 \
+    --prompt "Experts, route this" \
+    --prompt "A second prompt, longer, to fill a chunk of the prefill with more than a few tokens" \
+    --prompt "Third" --prompt "The fourth prompt of this run" >"$out/$model-dp1.txt" 2>&1 || { cat "$out/$model-dp1.txt"; exit 1; }
+  for f in dp1 dp2 dp4; do grep "output :" "$out/$model-$f.txt" >"$out/$model-$f.answers"; done
+  for dp in 2 4; do
+    if ! cmp -s "$out/$model-dp1.answers" "$out/$model-dp$dp.answers"; then
+      echo "$model: data-parallel attention in groups of $dp answered differently from EP 1:"
+      diff "$out/$model-dp1.answers" "$out/$model-dp$dp.answers"; exit 1
+    fi
+  done
   for ep in 2 4 eplb dbo node elastic; do
     if ! cmp -s "$out/$model-1.answers" "$out/$model-$ep.answers"; then
       echo "$model: EP $ep answered differently from EP 1:"; diff "$out/$model-1.answers" "$out/$model-$ep.answers"; exit 1
     fi
   done
-  echo "$model: EP 2, EP 4, EP 4 with live EPLB, EP 2 with dual-batch overlap, EP 2 in a decode process and EP 2 on elastic ranks answer as EP 1 ($(wc -l <"$out/$model-1.answers") answers)"
+  echo "$model: EP 2, EP 4, EP 4 with live EPLB, EP 2 with dual-batch overlap, EP 2 in a decode process, EP 2 on elastic ranks and data-parallel attention in groups of 2 and 4 answer as EP 1 ($(wc -l <"$out/$model-1.answers") answers)"
 done
 sleep 0.2
 if pgrep -f "$baton experts" >/dev/null; then echo "expert processes outlived their engines"; exit 1; fi
@@ -54,4 +75,6 @@ if "$baton" local --model random --expert-parallel 2 --max-tokens 2 >"$out/refus
 grep -q "needs a model with routed experts" "$out/refused.txt" || { cat "$out/refused.txt"; exit 1; }
 if "$baton" local --model deepseek-v3-tiny --expert-parallel 4 --eplb-slots 1 >"$out/refused.txt" 2>&1; then exit 1; fi
 grep -q "EPLB: 4 ranks x 1 slots cannot hold 8 experts" "$out/refused.txt" || { cat "$out/refused.txt"; exit 1; }
+if "$baton" local --model deepseek-v3-tiny --decode-ranks 3 --expert-parallel 2 --dp-attention >"$out/refused.txt" 2>&1; then exit 1; fi
+grep -q "needs --decode-ranks a multiple of 2 (not 3)" "$out/refused.txt" || { cat "$out/refused.txt"; exit 1; }
 echo "expert parallel e2e: all checks passed"

@@ -40,4 +40,28 @@ echo "launch EP e2e: prefill EP 2 and decode EP 4 with dual-batch overlap, KV as
 stop_launched
 for _ in $(seq 50); do [ "$(experts)" = 0 ] && break; sleep 0.1; done
 [ "$(experts)" = 0 ] || fail "$(experts) expert processes outlived the cluster"
+
+# Data-parallel attention: the decode node's two ranks form one group of EP 2, each running its
+# own requests' attention and serving half the experts to the other; they start no expert process.
+cat > "$WORK/spec.json" <<SPEC
+{
+  "name": "ep-e2e",
+  "model": "deepseek-v3-tiny",
+  "expert_parallel": {"prefill": 2, "decode": 2, "dp_attention": true},
+  "nodes": [
+    {"name": "head", "host": "127.0.0.1", "roles": ["router", "prefill"], "prefill_ranks": 1,
+     "ports": {"router": $P_ROUTER, "cluster": $P_CLUSTER}},
+    {"name": "decode-a", "host": "127.0.0.1", "roles": ["decode"], "gpus": 2}
+  ]
+}
+SPEC
+launch_cluster
+grep -q "node decode-a joined" "$WORK/launch.log" || fail "decode-a did not join (data-parallel attention)"
+[ "$(experts)" = 1 ] || fail "expected only the prefill rank's expert process, found $(experts)"
+same_as_single deepseek-v3-tiny ep-e2e 12 "Experts, route this" "A second prompt, longer, so that more tokens pass the experts" \
+  "A third one for the other decode rank" "And a fourth, so both members have rows of their own"
+echo "launch EP e2e: decode ranks in a data-parallel group of 2 (dp_attention): the same text as EP 1"
+stop_launched
+for _ in $(seq 50); do [ "$(experts)" = 0 ] && break; sleep 0.1; done
+[ "$(experts)" = 0 ] || fail "$(experts) expert processes outlived the cluster"
 echo "launch EP e2e: all checks passed"

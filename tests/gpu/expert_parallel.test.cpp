@@ -251,3 +251,129 @@ TEST_CASE("live EPLB: on a skewed routing load the hottest EP rank's copies drop
   CHECK(why == "EPLB: 4 ranks x 1 slots cannot hold 8 experts");
   ep.group.reset();
 }
+
+namespace {
+
+/// A cached prefix whose layers from `at` on never arrive: the job fails at layer `at`'s
+/// attention, after the MoE rounds of the layers before it.
+struct fails_at_gate final : layer_gate {
+  uint32_t at;
+  explicit fails_at_gate(uint32_t layer) : at(layer) {}
+  bool wait(uint32_t layer) const override { return layer < at; }
+};
+
+/// A data-parallel group of `size` CPU executors in this process, over loopback or UCX.
+struct dp_fixture {
+  std::vector<std::shared_ptr<expert_peers>> members;
+  std::vector<std::unique_ptr<executor>> execs;
+
+  dp_fixture(const std::string& backend, uint32_t size, const model_config& cfg, std::shared_ptr<const model_weights> w,
+             std::chrono::milliseconds timeout = std::chrono::milliseconds{10'000}) {
+    static auto fabric = transport::make_loopback_fabric();
+    static int serial = 0;
+    ++serial;
+    std::vector<std::string> names;
+    for (uint32_t r = 0; r < size; ++r) names.push_back("dp" + std::to_string(serial) + "-" + std::to_string(r));
+    std::string why;
+    members = make_peer_group(
+        names, cfg, expert_slot_bytes(cfg, 64),
+        [&](const std::string& name, std::string* err) -> std::unique_ptr<transport::transport> {
+          if (backend == "ucx") return transport::make_ucx_transport({name}, err);
+          return transport::make_loopback_transport(fabric, name);
+        },
+        &why, timeout);
+    REQUIRE_MESSAGE(members.size() == size, why);
+    for (auto& m : members) {
+      cpu_executor_config ec;
+      ec.peers = m;
+      // Each member holds its own block of experts and no others, so a copy routed to the wrong
+      // member fails its job instead of passing unnoticed.
+      auto mine = std::make_shared<model_weights>(*w);
+      keep_expert_block(cfg, *mine, m->rank(), size);
+      execs.push_back(make_cpu_executor(cfg, mine, ec));
+    }
+  }
+  /// Every member stops before any goes: none is left waiting on a vanished peer.
+  ~dp_fixture() {
+    for (auto& e : execs) e->stop();
+  }
+};
+
+std::vector<int32_t> prompt_of(int salt, int n) {
+  std::vector<int32_t> p;
+  for (int i = 0; i < n; ++i) p.push_back((i * 37 + salt * 11 + 1) % 256);
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("data-parallel attention: 2 and 4 members (loopback and UCX), each decoding its own prompt at once while "
+          "the last one idles, give EP 1's tokens and logits bit for bit; the idle member joins their steps") {
+  for (bool v3 : {false, true}) {
+    const auto cfg = deepseek_tiny_config(v3);
+    auto w = std::make_shared<const model_weights>(make_seeded_weights(cfg, 21));
+    auto alone = make_cpu_executor(cfg, w, {});
+    for (const std::string backend : {"loopback", "ucx"})
+      for (uint32_t size : {2u, 4u}) {
+        CAPTURE(v3);
+        CAPTURE(backend);
+        CAPTURE(size);
+        std::vector<colocated_generation> ref(size - 1), got(size - 1);
+        for (uint32_t r = 0; r + 1 < size; ++r) ref[r] = generate_colocated(*alone, prompt_of(r, 24 + 8 * r), 6, 16, {}, true);
+        dp_fixture dp{backend, size, cfg, w};
+        std::vector<std::thread> users;
+        for (uint32_t r = 0; r + 1 < size; ++r)
+          users.emplace_back([&, r] { got[r] = generate_colocated(*dp.execs[r], prompt_of(r, 24 + 8 * r), 6, 16, {}, true); });
+        for (auto& u : users) u.join();
+        for (uint32_t r = 0; r + 1 < size; ++r) {
+          CAPTURE(r);
+          REQUIRE_MESSAGE(got[r].error.empty(), got[r].error);
+          CHECK(got[r].tokens == ref[r].tokens);
+          CHECK(test::same_bits(got[r].step_logits, ref[r].step_logits));
+        }
+        // The idle member served its experts in every step a peer ran (at least the longest
+        // peer's 2 prefill chunks and 5 decode steps).
+        CHECK(dp.members[size - 1]->steps_joined() >= 7);
+      }
+  }
+}
+
+TEST_CASE("data-parallel attention: a member whose forward fails midway still ends its step, so its peer's tokens "
+          "are unchanged and its own next job runs; a member that stopped fails the others' next step at once, "
+          "naming it") {
+  const auto cfg = deepseek_tiny_config(true);  // layer 0 dense, layers 1 and 2 MoE
+  auto w = std::make_shared<const model_weights>(make_seeded_weights(cfg, 5));
+  auto alone = make_cpu_executor(cfg, w, {});
+  const auto ref = generate_colocated(*alone, prompt_of(3, 30), 6, 16, {}, true);
+  REQUIRE(ref.error.empty());
+  dp_fixture dp{"loopback", 2, cfg, w};
+  colocated_generation got;
+  std::thread peer([&] { got = generate_colocated(*dp.execs[1], prompt_of(3, 30), 6, 16, {}, true); });
+  // Member 0: jobs whose cached prefix stops arriving at layer 2, after layer 1's MoE round.
+  for (int i = 0; i < 4; ++i) {
+    forward_job job{100u + i, {forward_seq{7, {1, 2, 3}, 0, {0}, true, std::make_shared<fails_at_gate>(2)}}};
+    const auto r = run_blocking(*dp.execs[0], std::move(job));
+    CHECK(r.error.find("layer 2 of its cached prefix will not arrive") != std::string::npos);
+  }
+  peer.join();
+  REQUIRE_MESSAGE(got.error.empty(), got.error);
+  CHECK(got.tokens == ref.tokens);
+  CHECK(test::same_bits(got.step_logits, ref.step_logits));
+  // Member 0 is still in step: its own generation is EP 1's too.
+  const auto again = generate_colocated(*dp.execs[0], prompt_of(3, 30), 6, 16, {}, true);
+  REQUIRE_MESSAGE(again.error.empty(), again.error);
+  CHECK(again.tokens == ref.tokens);
+
+  dp.execs[1]->stop();
+  const auto after = generate_colocated(*dp.execs[0], prompt_of(3, 30), 2, 16, {}, true);
+  CHECK(after.error.find("data-parallel group of " + std::string{"dp"}) != std::string::npos);
+  CHECK(after.error.find("-1 has stopped") != std::string::npos);
+  // A group needs MoE experts for each member.
+  std::string why;
+  CHECK(make_peer_group({"a"}, cfg, 1024, {}, &why).empty());
+  CHECK(why == "a data-parallel group needs at least 2 members");
+  cpu_executor_config both;
+  both.peers = dp.members[0];
+  both.experts = std::make_shared<expert_group>(nullptr, nullptr, 2);
+  CHECK(both.validate() == "an executor is in an expert group or a data-parallel group, not both");
+}
