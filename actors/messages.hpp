@@ -49,6 +49,7 @@ using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
 using join_atom = caf::atom_constant<caf::atom("join")>;
 using heartbeat_atom = caf::atom_constant<caf::atom("heartbeat")>;
 using drain_atom = caf::atom_constant<caf::atom("drain")>;
+using rendezvous_atom = caf::atom_constant<caf::atom("rendezvous")>;
 using undrain_atom = caf::atom_constant<caf::atom("undrain")>;
 /// A decode rank's waiting KV reservation reached its deadline (reserve_wait_ms).
 using reserve_expire_atom = caf::atom_constant<caf::atom("rsvexpire")>;
@@ -871,6 +872,11 @@ using node_directory_actor = caf::typed_actor<
     // node name and its ranks: what to drop if the node goes silent
     caf::reacts_to<std::string, node_ranks>,
     caf::replies_to<stats_atom>::with<std::vector<node_status>>,
+    // group, members, the first index of this process's members and their cards: answered, once
+    // every member has posted, with every card in index order (data-parallel groups across node
+    // processes swap UCX keys so)
+    caf::replies_to<rendezvous_atom, std::string, uint32_t, uint32_t, std::vector<std::string>>::with<
+        std::vector<std::string>>,
     caf::reacts_to<timer_atom>>;                   // liveness sweep (internal)
 
 /// A node process's agent: joins, heartbeats, and drains the node's actors on request.

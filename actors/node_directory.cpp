@@ -1,5 +1,6 @@
 #include "actors/node_directory.hpp"
 
+#include <algorithm>
 #include <map>
 
 #include <caf/actor_system.hpp>
@@ -18,8 +19,18 @@ struct node_entry {
   std::string state = "joined";
 };
 
+/// Members of one group swapping cards; each posting waits for the last one.
+struct meeting {
+  uint32_t size = 0;
+  std::vector<std::string> cards;
+  std::vector<bool> posted;
+  std::vector<caf::typed_response_promise<std::vector<std::string>>> waiting;
+  bool done = false;
+};
+
 struct node_directory_state {
   node_directory_config cfg;
+  std::map<std::string, meeting> meetings;  ///< rendezvous_atom, by group
   cluster_welcome welcome;
   std::map<std::string, node_entry> nodes;
   bool sweeping = false;  ///< a liveness sweep is scheduled
@@ -83,6 +94,37 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
       },
       [=](const std::string& name, node_ranks& ranks) {
         if (auto i = self->state.nodes.find(name); i != self->state.nodes.end()) i->second.ranks = std::move(ranks);
+      },
+      [=](rendezvous_atom, const std::string& group, uint32_t size, uint32_t first,
+          std::vector<std::string>& cards) -> caf::result<std::vector<std::string>> {
+        auto& r = self->state.meetings[group];
+        if (r.size == 0) {
+          r.size = size;
+          r.cards.resize(size);
+          r.posted.resize(size, false);
+        }
+        const auto refuse = [&](const std::string& what) {
+          return caf::make_error(caf::sec::invalid_argument, "rendezvous " + group + ": " + what);
+        };
+        const std::string who = "members " + std::to_string(first) + ".." + std::to_string(first + cards.size());
+        if (size != r.size || cards.empty() || first + cards.size() > size)
+          return refuse(who + " of " + std::to_string(size) + " do not fit a group of " + std::to_string(r.size));
+        // Members that met hold each other's addresses; a late or restarted one cannot join them.
+        if (r.done) return refuse("the group already met; " + who + " cannot join it again");
+        for (uint32_t i = 0; i < cards.size(); ++i)
+          if (r.posted[first + i]) return refuse("member " + std::to_string(first + i) + " posted twice");
+        for (uint32_t i = 0; i < cards.size(); ++i) {
+          r.cards[first + i] = std::move(cards[i]);
+          r.posted[first + i] = true;
+        }
+        auto promise = self->make_response_promise<std::vector<std::string>>();
+        r.waiting.push_back(promise);
+        if (std::count(r.posted.begin(), r.posted.end(), true) == static_cast<long>(size)) {
+          r.done = true;
+          for (auto& p : r.waiting) p.deliver(r.cards);
+          r.waiting.clear();
+        }
+        return promise;
       },
       [=](drain_atom, const std::string& name) {
         if (auto i = self->state.nodes.find(name); i != self->state.nodes.end()) i->second.state = "draining";

@@ -236,9 +236,11 @@ bool validate(const cluster_spec& s, std::string* why) {
     std::string bad = s.decode_ep < 2 ? "expert_parallel.decode is " + std::to_string(s.decode_ep)
                       : s.dual_batch_overlap ? std::string{"dual_batch_overlap is on"}
                       : elastics > 0 ? std::string{"there are elastic nodes"} : std::string{};
+    uint32_t ranks = 0;
     for (const auto& n : s.nodes)
-      if (bad.empty() && n.gpu_rank_node() && n.has("decode") && n.gpus % s.decode_ep != 0)
-        bad = "node '" + n.name + "' has " + std::to_string(n.gpus) + " ranks, not a multiple of " + std::to_string(s.decode_ep);
+      if (n.gpu_rank_node() && n.has("decode")) ranks += n.gpus;
+    if (bad.empty() && ranks % s.decode_ep != 0)
+      bad = "the decode nodes have " + std::to_string(ranks) + " ranks in all, not a multiple of " + std::to_string(s.decode_ep);
     if (!bad.empty()) {
       *why = "spec.expert_parallel.dp_attention groups each decode node's ranks by expert_parallel.decode (>= 2), "
              "without dual-batch overlap or elastic nodes, but " + bad;
@@ -441,6 +443,7 @@ std::vector<node_launch> plan_launch(const cluster_spec& s, const std::string& b
     head.env = key_env;
   }
   out.push_back(std::move(head));
+  uint32_t decode_ranks = 0;  // before this node: data-parallel groups run across the decode nodes in spec order
   for (const auto& n : s.nodes) {
     if (n.gpu_rank_node()) {
       const std::string role = n.has("decode") ? "decode" : n.has("elastic") ? "elastic" : "prefill";
@@ -453,6 +456,8 @@ std::vector<node_launch> plan_launch(const cluster_spec& s, const std::string& b
       d.argv.insert(d.argv.end(), send.begin(), send.end());
       d.argv.insert(d.argv.end(), e.begin(), e.end());
       if (role != "decode") d.argv.insert(d.argv.end(), rank_cache.begin(), rank_cache.end());
+      if (role == "decode" && s.dp_attention) d.argv.insert(d.argv.end(), {"--dp-first-rank", std::to_string(decode_ranks)});
+      if (role == "decode") decode_ranks += n.gpus;
       out.push_back(std::move(d));
     }
     if (n.has("gateway") && !n.has("router"))

@@ -56,8 +56,9 @@ struct cluster_spec {
   /// for prefill and wide EP for decode; dual-batch overlap for both.
   uint32_t prefill_ep = 1, decode_ep = 1;
   bool dual_batch_overlap = false;
-  /// expert_parallel.dp_attention: each decode node's ranks form data-parallel groups of
-  /// decode_ep (gpu::expert_peers) instead of leading expert processes.
+  /// expert_parallel.dp_attention: the decode ranks form data-parallel groups of decode_ep
+  /// (gpu::expert_peers), across the decode nodes in spec order, instead of leading expert
+  /// processes; a group's members in different nodes meet through the head.
   bool dp_attention = false;
   /// elastic: the role planner's targets, for the head's controller when nodes have the elastic
   /// role (0: the head's defaults).

@@ -88,6 +88,56 @@ int run_store_node(caf::actor_system& sys, const net_security& sec, const std::s
 
 }  // namespace
 
+namespace {
+
+/// This node's members of the data-parallel groups its decode ranks belong to: the cluster's
+/// decode rank F + i is member (F + i) % ep of group (F + i) / ep. A group whose members all live
+/// here meets in-process; others swap keys through the head's node directory, waiting (bounded)
+/// for the other nodes. Members are named by group ("dp3.1"), which every node can work out.
+std::vector<std::shared_ptr<gpu::expert_peers>> join_dp_groups(caf::actor_system& sys, const node_directory_actor& dir,
+                                                               uint32_t ranks, uint32_t first, uint32_t ep,
+                                                               const gpu::model_config& model, uint64_t slot_bytes,
+                                                               std::string* why) {
+  std::vector<std::shared_ptr<gpu::expert_peers>> out;
+  for (uint32_t g = first / ep; g <= (first + ranks - 1) / ep; ++g) {
+    const std::string group = "dp" + std::to_string(g);
+    std::vector<std::string> names;
+    for (uint32_t m = 0; m < ep; ++m) names.push_back(group + "." + std::to_string(m));
+    std::vector<uint32_t> local;  // consecutive member indices
+    for (uint32_t i = 0; i < ranks; ++i)
+      if ((first + i) / ep == g) local.push_back((first + i) % ep);
+    auto meet = [&](const std::vector<std::pair<uint32_t, transport::region_key>>& mine,
+                    std::vector<transport::region_key>* all, std::string* err) {
+      std::vector<std::string> cards;
+      for (const auto& m : mine) cards.push_back(transport::key_to_text(m.second));
+      std::vector<std::string> got;
+      if (mine.size() == ep) {
+        got = cards;
+      } else {
+        caf::scoped_actor self{sys};
+        self->request(dir, std::chrono::seconds{120}, rendezvous_atom::value, group, ep, mine.front().first, cards)
+            .receive([&](std::vector<std::string>& c) { got = std::move(c); },
+                     [&](caf::error& e) { *err = "group " + group + ": meeting its members at the head: " + sys.render(e); });
+        if (got.empty()) return false;
+      }
+      for (const auto& c : got) {
+        auto key = transport::key_from_text(c);
+        if (!key) return *err = "group " + group + ": a member's key does not parse", false;
+        all->push_back(*key);
+      }
+      return true;
+    };
+    auto members = gpu::make_peer_group(
+        names, local, model, slot_bytes,
+        [](const std::string& n, std::string* err) { return transport::make_ucx_transport({n}, err); }, meet, why);
+    if (members.empty()) return {};
+    out.insert(out.end(), members.begin(), members.end());
+  }
+  return out;
+}
+
+}  // namespace
+
 int run_node(const std::vector<std::string>& args) {
   std::string role = "decode", connect, listen;
   store_host_config store_cfg;
@@ -147,10 +197,14 @@ int run_node(const std::vector<std::string>& args) {
             "MoE models: split each rank's routed experts over N EP ranks (N - 1 `baton experts` processes)");
   flags.add("--dual-batch-overlap", &dual_batch_overlap, "with --expert-parallel: two micro-batches per MoE round");
   bool dp_attention = false;
+  uint32_t dp_first_rank = 0;
   flags.add("--dp-attention", &dp_attention,
-            "decode, with --expert-parallel N: this node's ranks form data-parallel groups of N, each rank running "
-            "attention for its own requests and serving 1/N of every MoE layer's experts to its group, in lockstep "
-            "(instead of each rank leading N - 1 expert processes)");
+            "decode, with --expert-parallel N: the cluster's decode ranks form data-parallel groups of N, each rank "
+            "running attention for its own requests and serving 1/N of every MoE layer's experts to its group, in "
+            "lockstep (instead of each rank leading N - 1 expert processes); groups may span node processes");
+  flags.add("--dp-first-rank", &dp_first_rank,
+            "with --dp-attention: the cluster-wide index of this node's first decode rank (rank F + i is member "
+            "(F + i) % N of group (F + i) / N; members in other nodes meet through the head)");
   flags.add("--ucx-send", &ucx_send, "how this node's ranks send KV: put (RMA) or am (rendezvous active messages)");
   if (auto rc = flags.parse_command_line(
           args, "node",
@@ -208,9 +262,9 @@ int run_node(const std::vector<std::string>& args) {
     }
   }
   auto model = loaded.model;
-  if (dp_attention && (role != "decode" || expert_parallel < 2 || num_ranks % expert_parallel != 0 || dual_batch_overlap)) {
-    std::fprintf(stderr, "baton node: --dp-attention groups a decode node's ranks: it needs --role decode, "
-                         "--expert-parallel N >= 2 with --ranks a multiple of N, and no --dual-batch-overlap\n");
+  if (dp_attention && (role != "decode" || expert_parallel < 2 || dual_batch_overlap)) {
+    std::fprintf(stderr, "baton node: --dp-attention groups decode ranks: it needs --role decode, "
+                         "--expert-parallel N >= 2 and no --dual-batch-overlap\n");
     return 2;
   }
   if (expert_parallel > 1 && (model.moe.n_routed_experts < expert_parallel || backend.kind != "cpu")) {
@@ -238,6 +292,21 @@ int run_node(const std::vector<std::string>& args) {
   }
   auto weights = loaded.weights ? loaded.weights
                                 : std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(model, weights_seed));
+  auto rank_name_of = [&](uint32_t i) { return num_ranks > 1 ? name + "-" + std::to_string(i) : name; };
+  // Data-parallel groups first: their members in other nodes wait for these at the head.
+  std::vector<std::shared_ptr<gpu::expert_peers>> peers;
+  if (dp_attention) {
+    peers = join_dp_groups(sys, *directory, num_ranks, dp_first_rank, expert_parallel, model,
+                           engine_slot_bytes(model, prefill, rank), &why);
+    if (peers.empty()) {
+      std::fprintf(stderr, "baton node %s: data-parallel attention: %s\n", name.c_str(), why.c_str());
+      return 1;
+    }
+    for (uint32_t i = 0; i < num_ranks; ++i)
+      std::printf("baton node %s: rank %s is member %u of data-parallel group dp%u\n", name.c_str(),
+                  rank_name_of(i).c_str(), peers[i]->rank(), (dp_first_rank + i) / expert_parallel);
+    std::fflush(stdout);
+  }
   agent_cfg.hello = {name, {role}, static_cast<int32_t>(::getpid())};
   auto start = [=](caf::actor_system& sys, const cluster_welcome& w, node_actors* out) -> std::string {
     // The cluster's block store, if it runs one: decode ranks write finished sequences back to
@@ -245,15 +314,6 @@ int run_node(const std::vector<std::string>& args) {
     const auto store = store_access::from_info(w.store);
     if (role == "elastic" && !w.elastic_controller)
       return "elastic ranks need the head's elastic controller: start the head with --elastic-nodes";
-    auto rank_name_of = [&](uint32_t i) { return num_ranks > 1 ? name + "-" + std::to_string(i) : name; };
-    std::vector<std::shared_ptr<gpu::expert_peers>> peers;
-    if (dp_attention) {
-      std::vector<std::string> names;
-      for (uint32_t i = 0; i < num_ranks; ++i) names.push_back(rank_name_of(i));
-      std::string why;
-      peers = make_dp_attention_groups(names, expert_parallel, model, engine_slot_bytes(model, prefill, rank), &why);
-      if (peers.empty()) return "data-parallel attention: " + why;
-    }
     for (uint32_t i = 0; i < num_ranks; ++i) {
       const std::string rank_name = rank_name_of(i);
       std::string why;

@@ -492,33 +492,54 @@ bool expert_peers::exchange_round(const model_config& cfg, const model_weights& 
 }
 
 std::vector<std::shared_ptr<expert_peers>> make_peer_group(
-    const std::vector<std::string>& names, const model_config& cfg, uint64_t slot_bytes,
-    const std::function<std::unique_ptr<transport::transport>(const std::string& name, std::string* why)>& make_transport,
+    const std::vector<std::string>& names, const std::vector<uint32_t>& local, const model_config& cfg,
+    uint64_t slot_bytes, const peer_transport_maker& make_transport, const peer_rendezvous& rendezvous,
     std::string* why, std::chrono::milliseconds timeout) {
+  using none = std::vector<std::shared_ptr<expert_peers>>;
   const auto size = static_cast<uint32_t>(names.size());
-  if (size < 2) return *why = "a data-parallel group needs at least 2 members", std::vector<std::shared_ptr<expert_peers>>{};
+  if (size < 2) return *why = "a data-parallel group needs at least 2 members", none{};
   if (cfg.moe.n_routed_experts < size)
     return *why = "model " + cfg.name + " has " + std::to_string(cfg.moe.n_routed_experts) + " routed experts, fewer than " +
                   std::to_string(size) + " data-parallel members",
-           std::vector<std::shared_ptr<expert_peers>>{};
+           none{};
   auto g = std::make_shared<expert_peers::shared>();
   g->names = names;
+  g->a2a.resize(size);  // null: a member in another process
   g->left = std::make_unique<std::atomic<bool>[]>(size);
-  std::vector<transport::region_key> keys;
-  for (uint32_t r = 0; r < size; ++r) {
+  std::vector<std::pair<uint32_t, transport::region_key>> mine;
+  for (uint32_t r : local) {
+    if (r >= size || g->a2a[r]) return *why = "data-parallel member index " + std::to_string(r) + " is out of place", none{};
     std::string err;
     auto t = make_transport(names[r], &err);
-    if (!t) return *why = "data-parallel member " + names[r] + ": no transport: " + err, std::vector<std::shared_ptr<expert_peers>>{};
-    g->a2a.push_back(std::make_unique<transport::all_to_all>(
-        *t, names, transport::all_to_all_config{r, size, slot_bytes, timeout}));
+    if (!t) return *why = "data-parallel member " + names[r] + ": no transport: " + err, none{};
+    g->a2a[r] = std::make_unique<transport::all_to_all>(*t, names, transport::all_to_all_config{r, size, slot_bytes, timeout});
     g->transports.push_back(std::move(t));
-    if (!g->a2a.back()->error().empty()) return *why = g->a2a.back()->error(), std::vector<std::shared_ptr<expert_peers>>{};
-    keys.push_back(g->a2a.back()->key());
+    if (!g->a2a[r]->error().empty()) return *why = g->a2a[r]->error(), none{};
+    mine.emplace_back(r, g->a2a[r]->key());
   }
-  for (auto& a : g->a2a) a->connect(keys);
-  std::vector<std::shared_ptr<expert_peers>> members;
-  for (uint32_t r = 0; r < size; ++r) members.push_back(std::make_shared<expert_peers>(g, r, cfg));
+  std::vector<transport::region_key> keys;
+  if (!rendezvous(mine, &keys, why)) return none{};
+  if (keys.size() != size) return *why = "data-parallel rendezvous: " + std::to_string(keys.size()) + " keys for " + std::to_string(size) + " members", none{};
+  none members;
+  for (uint32_t r : local) {
+    g->a2a[r]->connect(keys);
+    members.push_back(std::make_shared<expert_peers>(g, r, cfg));
+  }
   return members;
+}
+
+std::vector<std::shared_ptr<expert_peers>> make_peer_group(const std::vector<std::string>& names, const model_config& cfg,
+                                                           uint64_t slot_bytes, const peer_transport_maker& make_transport,
+                                                           std::string* why, std::chrono::milliseconds timeout) {
+  std::vector<uint32_t> all(names.size());
+  for (uint32_t r = 0; r < all.size(); ++r) all[r] = r;
+  const auto in_process = [](const std::vector<std::pair<uint32_t, transport::region_key>>& mine,
+                             std::vector<transport::region_key>* keys, std::string*) {
+    keys->assign(mine.size(), {});
+    for (const auto& [r, key] : mine) (*keys)[r] = key;
+    return true;
+  };
+  return make_peer_group(names, all, cfg, slot_bytes, make_transport, in_process, why, timeout);
 }
 
 }  // namespace baton::gpu

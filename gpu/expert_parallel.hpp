@@ -29,9 +29,9 @@
 #include "gpu/model_config.hpp"
 #include "gpu/weights.hpp"
 #include "policies/eplb.hpp"
+#include "transport/transport.hpp"
 
 namespace baton::transport {
-class transport;
 class all_to_all;
 }  // namespace baton::transport
 
@@ -183,13 +183,25 @@ private:
   uint64_t joined_ = 0;
 };
 
-/// A data-parallel group of `names.size()` members in this process, each over its own transport
-/// from `make_transport` (UCX between the ranks of one node, loopback in tests). Null and a
-/// sentence when a transport or an all-to-all cannot start.
+using peer_transport_maker =
+    std::function<std::unique_ptr<transport::transport>(const std::string& name, std::string* why)>;
+/// Swaps all-to-all keys among a group's processes: posts this process's members' keys (member
+/// index, key) and returns every member's, in index order, once all have posted.
+using peer_rendezvous = std::function<bool(const std::vector<std::pair<uint32_t, transport::region_key>>& mine,
+                                           std::vector<transport::region_key>* all, std::string* why)>;
+
+/// The members of a data-parallel group of `names.size()` that this process hosts (`local`,
+/// member indices), each over its own transport from `make_transport` (UCX; loopback in
+/// tests); `rendezvous` brings the other processes' keys (the head's node directory, in
+/// `baton node`). Empty and a sentence when a transport, an all-to-all or the rendezvous fails.
+std::vector<std::shared_ptr<expert_peers>> make_peer_group(
+    const std::vector<std::string>& names, const std::vector<uint32_t>& local, const model_config& cfg,
+    uint64_t slot_bytes, const peer_transport_maker& make_transport, const peer_rendezvous& rendezvous,
+    std::string* why, std::chrono::milliseconds timeout = std::chrono::milliseconds{10'000});
+/// The same with every member in this process.
 std::vector<std::shared_ptr<expert_peers>> make_peer_group(
     const std::vector<std::string>& names, const model_config& cfg, uint64_t slot_bytes,
-    const std::function<std::unique_ptr<transport::transport>(const std::string& name, std::string* why)>& make_transport,
-    std::string* why,
+    const peer_transport_maker& make_transport, std::string* why,
     std::chrono::milliseconds timeout = std::chrono::milliseconds{10'000});
 
 /// The dispatch slot an EP group needs for jobs of up to `max_rows` rows: every row's top-k

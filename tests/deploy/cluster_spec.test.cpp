@@ -176,6 +176,24 @@ TEST_CASE("expert_parallel.dp_attention groups each decode node's ranks, and onl
   REQUIRE(plan.size() == 2);
   CHECK_FALSE(has(plan[0], "--dp-attention"));  // the head's prefill ranks keep their expert processes
   CHECK(has(plan[1], "--dp-attention"));
+  // Groups run across the decode nodes in spec order: each node is told where its ranks start.
+  auto after = [](const node_launch& n, const std::string& flag) {
+    const auto it = std::find(n.argv.begin(), n.argv.end(), flag);
+    return it == n.argv.end() || it + 1 == n.argv.end() ? std::string{"(none)"} : *(it + 1);
+  };
+  CHECK(after(plan[1], "--dp-first-rank") == "0");
+  {
+    auto text = spec;
+    const std::string from = R"({"name": "d", "roles": ["decode"], "gpus": 4})";
+    text.replace(text.find(from), from.size(), R"({"name": "d", "roles": ["decode"], "gpus": 3},
+      {"name": "e", "roles": ["decode"], "gpus": 1})");
+    cluster_spec x;
+    REQUIRE_MESSAGE(parse_cluster_spec(text, "/base", &x, &why), why);
+    const auto p2 = plan_launch(x, "baton", {"127.0.0.1", ""});
+    REQUIRE(p2.size() == 3);
+    CHECK(after(p2[1], "--dp-first-rank") == "0");
+    CHECK(after(p2[2], "--dp-first-rank") == "3");  // member 1 of group 1, with d's last rank
+  }
   auto refused = [&](const std::string& from, const std::string& to) {
     auto text = spec;
     text.replace(text.find(from), from.size(), to);
@@ -186,7 +204,7 @@ TEST_CASE("expert_parallel.dp_attention groups each decode node's ranks, and onl
   };
   const std::string lead = "spec.expert_parallel.dp_attention groups each decode node's ranks by "
                            "expert_parallel.decode (>= 2), without dual-batch overlap or elastic nodes, but ";
-  CHECK(refused(R"("gpus": 4)", R"("gpus": 3)") == lead + "node 'd' has 3 ranks, not a multiple of 2");
+  CHECK(refused(R"("gpus": 4)", R"("gpus": 3)") == lead + "the decode nodes have 3 ranks in all, not a multiple of 2");
   CHECK(refused(R"("decode": 2,)", R"("decode": 1,)") == lead + "expert_parallel.decode is 1");
   CHECK(refused(R"("dp_attention": true)", R"("dp_attention": true, "dual_batch_overlap": true)") ==
         lead + "dual_batch_overlap is on");

@@ -11,6 +11,7 @@
 
 #include <caf/io/middleman.hpp>
 
+#include "actors/node_directory.hpp"
 #include "deploy/processes.hpp"
 #include "gpu/byte_tokenizer.hpp"
 #include "gpu/cpu_executor.hpp"
@@ -198,4 +199,37 @@ TEST_CASE("elastic ranks in a node process (baton node --role elastic): the head
   });
   MESSAGE(on_node << " requests served by the node's elastic ranks");
   CHECK(on_node > 0);
+}
+
+TEST_CASE("the node directory's rendezvous: each process posts its members' cards and all get every card in member "
+          "order once the last one posts; a member posting twice, a late one and a misfit are refused with a sentence") {
+  network_system n;
+  auto dir = spawn_node_directory(n.sys, {}, {});
+  caf::scoped_actor a{n.sys}, b{n.sys};
+  // Process A hosts members 0 and 1 of group g; B hosts member 2. A's answer waits for B. (A's
+  // post is in the directory's mailbox before any of B's, all being sent from this thread.)
+  std::vector<std::string> got_a, got_b;
+  auto pending = a->request(dir, std::chrono::seconds{30}, rendezvous_atom::value, std::string{"g"}, uint32_t{3},
+                            uint32_t{0}, std::vector<std::string>{"k0", "k1"});
+  std::string refused;
+  auto post = [&](caf::scoped_actor& self, const std::string& group, uint32_t size, uint32_t at, std::vector<std::string> cards) {
+    std::vector<std::string> out;
+    refused.clear();
+    self->request(dir, std::chrono::seconds{30}, rendezvous_atom::value, group, size, at, cards)
+        .receive([&](std::vector<std::string>& c) { out = std::move(c); },
+                 [&](caf::error& e) { refused = n.sys.render(e); });
+    return out;
+  };
+  CHECK(post(b, "g", 3, 1, {"again"}).empty());
+  CHECK(refused.find("rendezvous g: member 1 posted twice") != std::string::npos);
+  CHECK(post(b, "g", 4, 2, {"k2"}).empty());
+  CHECK(refused.find("rendezvous g: members 2..3 of 4 do not fit a group of 3") != std::string::npos);
+  got_b = post(b, "g", 3, 2, {"k2"});
+  pending.receive([&](std::vector<std::string>& c) { got_a = std::move(c); }, [&](caf::error&) {});
+  const std::vector<std::string> all{"k0", "k1", "k2"};
+  CHECK(got_a == all);
+  CHECK(got_b == all);
+  CHECK(post(b, "g", 3, 2, {"k2"}).empty());
+  CHECK(refused.find("rendezvous g: the group already met; members 2..3 cannot join it again") != std::string::npos);
+  a->send_exit(dir, caf::exit_reason::user_shutdown);
 }

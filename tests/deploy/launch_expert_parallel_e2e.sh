@@ -41,8 +41,10 @@ stop_launched
 for _ in $(seq 50); do [ "$(experts)" = 0 ] && break; sleep 0.1; done
 [ "$(experts)" = 0 ] || fail "$(experts) expert processes outlived the cluster"
 
-# Data-parallel attention: the decode node's two ranks form one group of EP 2, each running its
-# own requests' attention and serving half the experts to the other; they start no expert process.
+# Data-parallel attention in groups of EP 2 over four decode ranks in two node processes: two of
+# decode-a's ranks form a group inside it, its third and decode-b's rank one across the two
+# processes (they meet through the head). Each member runs its own requests' attention and serves
+# half the experts to the other; no decode rank starts an expert process.
 cat > "$WORK/spec.json" <<SPEC
 {
   "name": "ep-e2e",
@@ -51,16 +53,19 @@ cat > "$WORK/spec.json" <<SPEC
   "nodes": [
     {"name": "head", "host": "127.0.0.1", "roles": ["router", "prefill"], "prefill_ranks": 1,
      "ports": {"router": $P_ROUTER, "cluster": $P_CLUSTER}},
-    {"name": "decode-a", "host": "127.0.0.1", "roles": ["decode"], "gpus": 2}
+    {"name": "decode-a", "host": "127.0.0.1", "roles": ["decode"], "gpus": 3},
+    {"name": "decode-b", "host": "127.0.0.1", "roles": ["decode"]}
   ]
 }
 SPEC
 launch_cluster
-grep -q "node decode-a joined" "$WORK/launch.log" || fail "decode-a did not join (data-parallel attention)"
+for n in decode-a decode-b; do grep -q "node $n joined" "$WORK/launch.log" || fail "$n did not join (data-parallel attention)"; done
+grep -q "rank decode-a-2 is member 0 of data-parallel group dp1" "$WORK/launch.log" || fail "decode-a-2 is not in group dp1"
+grep -q "rank decode-b is member 1 of data-parallel group dp1" "$WORK/launch.log" || fail "decode-b is not in group dp1"
 [ "$(experts)" = 1 ] || fail "expected only the prefill rank's expert process, found $(experts)"
 same_as_single deepseek-v3-tiny ep-e2e 12 "Experts, route this" "A second prompt, longer, so that more tokens pass the experts" \
   "A third one for the other decode rank" "And a fourth, so both members have rows of their own"
-echo "launch EP e2e: decode ranks in a data-parallel group of 2 (dp_attention): the same text as EP 1"
+echo "launch EP e2e: decode ranks in data-parallel groups of 2 (dp_attention), one inside a node and one across two: the same text as EP 1"
 stop_launched
 for _ in $(seq 50); do [ "$(experts)" = 0 ] && break; sleep 0.1; done
 [ "$(experts)" = 0 ] || fail "$(experts) expert processes outlived the cluster"
