@@ -325,8 +325,6 @@ int run_local(const std::vector<std::string>& args) {
       why = "--expert-parallel needs a model with routed experts (" + opt.cluster.model.name + " has none)";
     else if (opt.cluster.backend.kind != "cpu")
       why = "--expert-parallel runs on the CPU executor only so far";
-    else if (opt.eplb.slots_per_rank && opt.dp_attention)
-      why = "live EPLB (--eplb-slots) with --dp-attention is not built yet";
     else if (opt.eplb.slots_per_rank)
       why = policies::eplb_config{opt.expert_parallel, opt.expert_parallel, opt.eplb.slots_per_rank}.validate(
           opt.cluster.model.moe.n_routed_experts);
@@ -438,7 +436,13 @@ int run_local(const std::vector<std::string>& args) {
         std::fprintf(stderr, "baton local: data-parallel attention: %s\n", why.c_str());
         return 1;
       }
-      for (size_t i = 0; i < names.size(); ++i) dp[names[i]] = members[i];
+      for (size_t i = 0; i < names.size(); ++i) {
+        if (opt.eplb.slots_per_rank && !members[i]->enable_eplb(opt.eplb, c.model.moe.n_routed_experts, &why)) {
+          std::fprintf(stderr, "baton local: data-parallel attention: %s\n", why.c_str());
+          return 1;
+        }
+        dp[names[i]] = members[i];
+      }
     }
     make_exec = [&opt, weights, dp](const std::string& rank) -> std::shared_ptr<gpu::executor> {
       const auto& c = opt.cluster;

@@ -95,6 +95,12 @@ public:
       inv_freq_(rope_inv_freq(cfg_)),
       rope_factor_(rope_attention_factor(cfg_)),
       softmax_scale_(attention_softmax_scale(cfg_)) {
+    // A data-parallel member serves routed experts from its own store: its block of this
+    // executor's weights, unless its creator filled the store already.
+    if (peers_) {
+      const uint32_t first = cfg_.moe.first_k_dense_replace;
+      if (first < cfg_.num_hidden_layers && peers_->held(first).empty()) peers_->hold_block(cfg_, *weights_);
+    }
     auto check = [this](const forward_job& job) { return check_forward_job(job, cfg_, kv_.layout()); };
     auto run = [this](const forward_job& job, executor_sink& sink) {
       forward(job, sink);
@@ -401,7 +407,7 @@ private:
       for (size_t j = 0; j < k; ++j) {
         const uint32_t e = chosen[r * k + j], mb = r < split ? 0 : 1;
         const uint32_t d = experts_ ? experts_->route(l, e, c.moe.n_routed_experts, (uint64_t{rounds_} << 32) ^ (r * k + j))
-                                    : peers_->owner(e, c.moe.n_routed_experts);
+                                    : peers_->route(l, e, c.moe.n_routed_experts, (uint64_t{rounds_} << 32) ^ (r * k + j));
         auto& v = entries[mb][d];
         where[r * k + j] = {mb, d, v.size() / (sizeof(uint32_t) + row_bytes)};
         const size_t at = v.size();
@@ -410,7 +416,7 @@ private:
         std::memcpy(v.data() + at + sizeof e, act_.hn.data() + r * h, row_bytes);
       }
     ++rounds_;
-    const bool ok = peers_ ? peers_->round(c, *weights_, l, entries[0], &outputs[0], why)
+    const bool ok = peers_ ? peers_->round(c, l, entries[0], &outputs[0], why)
                     : dual ? experts_->round_dual(c, *weights_, l, entries[0], entries[1], &outputs[0], &outputs[1], why)
                            : experts_->round(c, *weights_, l, entries[0], &outputs[0], why);
     if (!ok) return false;
@@ -430,7 +436,7 @@ private:
   /// leaves the group out of step; the next forward's MoE round reports it to its requests.
   void join_peers() {
     std::string why;
-    if (!peers_->join(cfg_, *weights_, &why) && why != last_peer_error_) {
+    if (!peers_->join(cfg_, &why) && why != last_peer_error_) {
       std::fprintf(stderr, "baton: %s\n", why.c_str());
       last_peer_error_ = why;
     }

@@ -45,6 +45,42 @@ void drop_expert(expert_weights& x) {
   std::vector<float>{}.swap(x.down);
 }
 
+/// Writes an install piece (see the header) into `ex`, one layer's experts; false and a sentence
+/// when it does not fit.
+bool install_piece(const model_config& cfg, std::vector<expert_weights>& ex, std::span<const std::byte> chunk,
+                   std::string* why) {
+  const auto bad = [&](const std::string& what) { return *why = "EPLB control chunk: " + what, false; };
+  install_header ih{};
+  if (chunk.size() < sizeof ih) return bad("an install piece without its header");
+  std::memcpy(&ih, chunk.data(), sizeof ih);
+  const uint64_t floats = expert_floats(cfg), n = (chunk.size() - sizeof ih) / sizeof(float);
+  if (ih.expert >= ex.size() || ih.total != floats || ih.offset + n > floats || (chunk.size() - sizeof ih) % sizeof(float))
+    return bad("an install piece of expert " + std::to_string(ih.expert) + " at " + std::to_string(ih.offset) +
+               " that does not fit its " + std::to_string(floats) + " floats");
+  auto& x = ex[ih.expert];
+  const uint64_t part = floats / 3;
+  if (ih.offset == 0) x.gate.assign(part, 0.0f), x.up.assign(part, 0.0f), x.down.assign(part, 0.0f);
+  if (x.gate.size() != part) return bad("a piece of expert " + std::to_string(ih.expert) + " before its first");
+  for_each_stretch(x, part, ih.offset, n, [&](std::vector<float>& dst, uint64_t in, uint64_t i, uint64_t take) {
+    std::memcpy(dst.data() + in, chunk.data() + sizeof ih + i * sizeof(float), take * sizeof(float));
+  });
+  return true;
+}
+
+/// An install piece of `x` (expert `e` of layer `l`): floats [offset, offset + n) of its
+/// [gate | up | down], after the header.
+std::vector<std::byte> make_piece(const model_config& cfg, const expert_weights& x, uint32_t l, uint32_t e,
+                                  uint64_t offset, uint64_t n) {
+  const uint64_t floats = expert_floats(cfg);
+  const install_header hd{kind_install, l, e, 0, offset, floats};
+  std::vector<std::byte> chunk(sizeof hd + n * sizeof(float));
+  std::memcpy(chunk.data(), &hd, sizeof hd);
+  for_each_stretch(x, floats / 3, offset, n, [&](const std::vector<float>& src, uint64_t in, uint64_t i, uint64_t take) {
+    std::memcpy(chunk.data() + sizeof hd + i * sizeof(float), src.data() + in, take * sizeof(float));
+  });
+  return chunk;
+}
+
 }  // namespace
 
 std::vector<uint32_t> held_experts(const model_config& cfg, const model_weights& w, uint32_t layer) {
@@ -66,8 +102,12 @@ uint64_t expert_slot_bytes(const model_config& cfg, uint64_t max_rows) {
   return sizeof(chunk_header) + max_rows * cfg.moe.num_experts_per_tok * (sizeof(uint32_t) + cfg.hidden_size * sizeof(float));
 }
 
-bool serve_expert_chunk(const model_config& cfg, const model_weights& w, std::span<const std::byte> chunk,
-                        std::vector<std::byte>* out, std::string* why) {
+namespace {
+
+/// serve_expert_chunk over any store of expert weights: `find(layer, expert)`.
+template <class Find>
+bool serve_chunk(const model_config& cfg, const Find& find, std::span<const std::byte> chunk, std::vector<std::byte>* out,
+                 std::string* why) {
   chunk_header hd{};
   if (chunk.size() < sizeof hd) return *why = "expert dispatch: a chunk of " + std::to_string(chunk.size()) + " bytes has no header", false;
   std::memcpy(&hd, chunk.data(), sizeof hd);
@@ -76,7 +116,6 @@ bool serve_expert_chunk(const model_config& cfg, const model_weights& w, std::sp
     return *why = "expert dispatch: layer " + std::to_string(hd.layer) + " with " + std::to_string(hd.count) +
                   " entries does not fit a chunk of " + std::to_string(chunk.size()) + " bytes of this model",
            false;
-  const auto& lw = w.layers[hd.layer];
   // Entries grouped by expert (ascending), each expert's rows run together as in the executor.
   std::vector<std::vector<uint32_t>> by_expert(cfg.moe.n_routed_experts);
   for (uint32_t i = 0; i < hd.count; ++i) {
@@ -98,7 +137,9 @@ bool serve_expert_chunk(const model_config& cfg, const model_weights& w, std::sp
     gate.resize(n * f);
     up.resize(n * f);
     y.resize(n * h);
-    const auto& xp = lw.experts[e];
+    static const expert_weights none;
+    const expert_weights* held = find(hd.layer, e);
+    const expert_weights& xp = held ? *held : none;
     if (xp.gate.empty() || xp.up.empty() || xp.down.empty())
       return *why = "expert dispatch: expert " + std::to_string(e) + " of layer " + std::to_string(hd.layer) +
                     " is not held here (the placement and the weights disagree)",
@@ -107,6 +148,16 @@ bool serve_expert_chunk(const model_config& cfg, const model_weights& w, std::sp
     for (size_t i = 0; i < n; ++i) std::memcpy(out->data() + rows[i] * h * sizeof(float), y.data() + i * h, h * sizeof(float));
   }
   return true;
+}
+
+}  // namespace
+
+bool serve_expert_chunk(const model_config& cfg, const model_weights& w, std::span<const std::byte> chunk,
+                        std::vector<std::byte>* out, std::string* why) {
+  const auto find = [&](uint32_t l, uint32_t e) -> const expert_weights* {
+    return e < w.layers[l].experts.size() ? &w.layers[l].experts[e] : nullptr;
+  };
+  return serve_chunk(cfg, find, chunk, out, why);
 }
 
 expert_group::expert_group(std::unique_ptr<transport::transport> t, std::unique_ptr<transport::all_to_all> a2a,
@@ -274,15 +325,8 @@ bool expert_group::replan(const model_config& cfg, const model_weights& w, std::
       for (uint32_t r = 1; r < size_; ++r) {
         if (next_expert[r] >= to_install[r].size()) continue;
         const uint32_t e = to_install[r][next_expert[r]];
-        const auto& x = w.layers[l].experts[e];
         const uint64_t off = next_offset[r], n = std::min(per_piece, floats - off);
-        const install_header hd{kind_install, l, e, 0, off, floats};
-        chunks[r].resize(sizeof hd + n * sizeof(float));
-        std::memcpy(chunks[r].data(), &hd, sizeof hd);
-        // [gate | up | down], each F x H (down H x F): a piece may span matrices.
-        for_each_stretch(x, floats / 3, off, n, [&](const std::vector<float>& src, uint64_t in, uint64_t i, uint64_t take) {
-          std::memcpy(chunks[r].data() + sizeof hd + i * sizeof(float), src.data() + in, take * sizeof(float));
-        });
+        chunks[r] = make_piece(cfg, w.layers[l].experts[e], l, e, off, n);
         bytes_installed_ += n * sizeof(float);
         next_offset[r] += n;
         if (next_offset[r] == floats) next_offset[r] = 0, ++next_expert[r];
@@ -345,21 +389,7 @@ bool apply_control(const model_config& cfg, model_weights& w, std::span<const st
     }
     return true;
   }
-  install_header ih{};
-  if (chunk.size() < sizeof ih) return bad("an install piece without its header");
-  std::memcpy(&ih, chunk.data(), sizeof ih);
-  const uint64_t floats = expert_floats(cfg), n = (chunk.size() - sizeof ih) / sizeof(float);
-  if (ih.expert >= ex.size() || ih.total != floats || ih.offset + n > floats || (chunk.size() - sizeof ih) % sizeof(float))
-    return bad("an install piece of expert " + std::to_string(ih.expert) + " at " + std::to_string(ih.offset) +
-               " that does not fit its " + std::to_string(floats) + " floats");
-  auto& x = ex[ih.expert];
-  const uint64_t part = floats / 3;
-  if (ih.offset == 0) x.gate.assign(part, 0.0f), x.up.assign(part, 0.0f), x.down.assign(part, 0.0f);
-  if (x.gate.size() != part) return bad("a piece of expert " + std::to_string(ih.expert) + " before its first");
-  for_each_stretch(x, part, ih.offset, n, [&](std::vector<float>& dst, uint64_t in, uint64_t i, uint64_t take) {
-    std::memcpy(dst.data() + in, chunk.data() + sizeof ih + i * sizeof(float), take * sizeof(float));
-  });
-  return true;
+  return install_piece(cfg, ex, chunk, why);
 }
 
 }  // namespace
@@ -409,9 +439,10 @@ struct expert_peers::shared {
 };
 
 expert_peers::expert_peers(std::shared_ptr<shared> group, uint32_t rank, const model_config& cfg)
-  : group_(std::move(group)), rank_(rank) {
+  : group_(std::move(group)), rank_(rank), num_experts_(cfg.moe.n_routed_experts) {
   for (uint32_t l = 0; l < cfg.num_hidden_layers; ++l)
     if (cfg.is_moe_layer(l)) moe_layers_.push_back(l);
+  store_.resize(cfg.num_hidden_layers);
 }
 
 expert_peers::~expert_peers() { leave(); }
@@ -420,6 +451,41 @@ uint32_t expert_peers::size() const { return static_cast<uint32_t>(group_->names
 
 void expert_peers::leave() { group_->left[rank_].store(true, std::memory_order_release); }
 
+void expert_peers::hold_block(const model_config& cfg, const model_weights& w) {
+  for (uint32_t l : moe_layers_) {
+    store_[l].assign(cfg.moe.n_routed_experts, {});
+    for (uint32_t e = 0; e < cfg.moe.n_routed_experts && e < w.layers[l].experts.size(); ++e)
+      if (owner(e, cfg.moe.n_routed_experts) == rank_) store_[l][e] = w.layers[l].experts[e];
+  }
+}
+
+std::vector<uint32_t> expert_peers::held(uint32_t layer) const {
+  std::vector<uint32_t> out;
+  if (layer < store_.size())
+    for (uint32_t e = 0; e < store_[layer].size(); ++e)
+      if (!store_[layer][e].gate.empty()) out.push_back(e);
+  return out;
+}
+
+bool expert_peers::enable_eplb(const live_eplb_config& cfg, uint32_t num_experts, std::string* why) {
+  const policies::eplb_config ec{size(), size(), cfg.slots_per_rank};
+  if (auto e = ec.validate(num_experts); !e.empty()) return *why = e, false;
+  if (cfg.interval_rounds == 0) return *why = "EPLB: interval_rounds must be >= 1", false;
+  eplb_ = cfg;
+  return true;
+}
+
+uint32_t expert_peers::route(uint32_t layer, uint32_t expert, uint32_t num_experts, uint64_t copy_hash) {
+  if (eplb_.slots_per_rank) {
+    if (counts_.size() <= layer) counts_.resize(layer + 1);
+    if (counts_[layer].size() < num_experts) counts_[layer].resize(num_experts, 0.0);
+    counts_[layer][expert] += 1;
+  }
+  if (layer < placement_.size() && !placement_[layer].replicas.empty())
+    return policies::pick_replica(placement_[layer], expert, rank_, copy_hash, {size(), size(), eplb_.slots_per_rank});
+  return owner(expert, num_experts);
+}
+
 std::string expert_peers::gone_peer() const {
   for (uint32_t r = 0; r < size(); ++r)
     if (r != rank_ && group_->left[r].load(std::memory_order_acquire))
@@ -427,9 +493,8 @@ std::string expert_peers::gone_peer() const {
   return {};
 }
 
-bool expert_peers::round(const model_config& cfg, const model_weights& w, uint32_t layer,
-                         const std::vector<std::vector<std::byte>>& entries, std::vector<std::vector<std::byte>>* outputs,
-                         std::string* why) {
+bool expert_peers::round(const model_config& cfg, uint32_t layer, const std::vector<std::vector<std::byte>>& entries,
+                         std::vector<std::vector<std::byte>>* outputs, std::string* why) {
   if (!broken_.empty()) return *why = broken_, false;
   if (moe_layers_.empty() || layer != moe_layers_[next_])
     return *why = "data-parallel group: " + group_->names[rank_] + " was asked for MoE layer " + std::to_string(layer) +
@@ -437,10 +502,10 @@ bool expert_peers::round(const model_config& cfg, const model_weights& w, uint32
            false;
   if (next_ == 0)
     if (auto gone = gone_peer(); !gone.empty()) return *why = gone, false;
-  return exchange_round(cfg, w, layer, entries, outputs, why);
+  return exchange_round(cfg, layer, entries, outputs, why);
 }
 
-bool expert_peers::join(const model_config& cfg, const model_weights& w, std::string* why) {
+bool expert_peers::join(const model_config& cfg, std::string* why) {
   if (!broken_.empty()) return *why = broken_, false;
   if (moe_layers_.empty()) return true;
   if (next_ == 0) {
@@ -450,12 +515,12 @@ bool expert_peers::join(const model_config& cfg, const model_weights& w, std::st
   const std::vector<std::vector<std::byte>> none(size());
   std::vector<std::vector<std::byte>> outputs;
   do {
-    if (!exchange_round(cfg, w, moe_layers_[next_], none, &outputs, why)) return false;
+    if (!exchange_round(cfg, moe_layers_[next_], none, &outputs, why)) return false;
   } while (next_ != 0);
   return true;
 }
 
-bool expert_peers::exchange_round(const model_config& cfg, const model_weights& w, uint32_t layer,
+bool expert_peers::exchange_round(const model_config& cfg, uint32_t layer,
                                   const std::vector<std::vector<std::byte>>& entries,
                                   std::vector<std::vector<std::byte>>* outputs, std::string* why) {
   auto& a2a = *group_->a2a[rank_];
@@ -469,9 +534,12 @@ bool expert_peers::exchange_round(const model_config& cfg, const model_weights& 
   const auto chunks = with_headers(cfg, layer, entries);
   std::vector<std::span<const std::byte>> recv;
   if (!a2a.exchange(spans(chunks), &recv, why)) return fail("dispatch", *why);
-  // The copies the others (and this member) sent for the experts here.
-  // A chunk this member cannot serve gets no answer, but the combine still runs: its sender
-  // fails this round at once (an answer of the wrong size) instead of at the timeout.
+  // The copies the others (and this member) sent for the experts here. A chunk this member
+  // cannot serve gets no answer, but the combine still runs: its sender fails this round at
+  // once (an answer of the wrong size) instead of at the timeout.
+  const auto find = [this](uint32_t l, uint32_t e) -> const expert_weights* {
+    return l < store_.size() && e < store_[l].size() ? &store_[l][e] : nullptr;
+  };
   std::vector<std::vector<std::byte>> served(size());
   std::string refused;
   for (uint32_t s = 0; s < size() && refused.empty(); ++s) {
@@ -480,14 +548,96 @@ bool expert_peers::exchange_round(const model_config& cfg, const model_weights& 
     if (hd.kind != kind_work || hd.layer != layer)
       refused = "member " + group_->names[s] + " is out of step (it sent kind " + std::to_string(hd.kind) +
                 " for layer " + std::to_string(hd.layer) + ")";
-    else if (!serve_expert_chunk(cfg, w, recv[s], &served[s], why))
+    else if (!serve_chunk(cfg, find, recv[s], &served[s], why))
       refused = "serving " + group_->names[s] + ": " + *why;
+    else
+      copies_served_ += hd.count;
   }
   if (!refused.empty()) served.assign(size(), {});
   if (!a2a.exchange(spans(served), &recv, why)) return fail("combine", *why);
   if (!refused.empty()) return fail("dispatch", refused);
   if (!collect(cfg, layer, entries, recv, outputs, why)) return fail("combine", *why);
+  ++rounds_;
   next_ = (next_ + 1) % moe_layers_.size();
+  // Between steps, on every member at the same round: a new plan never splits a step.
+  if (next_ == 0 && eplb_.slots_per_rank && rounds_ - planned_at_ >= eplb_.interval_rounds) {
+    planned_at_ = rounds_;
+    if (!replan(cfg, why)) return fail("EPLB", *why);
+  }
+  return true;
+}
+
+bool expert_peers::replan(const model_config& cfg, std::string* why) {
+  auto& a2a = *group_->a2a[rank_];
+  const uint32_t n = size(), experts = num_experts_;
+  const policies::eplb_config ec{n, n, eplb_.slots_per_rank};
+  // 1. Every member's copies per MoE layer and expert, summed in member order: the same input,
+  //    so every member computes the same plan.
+  std::vector<double> mine(moe_layers_.size() * experts, 0.0);
+  for (size_t i = 0; i < moe_layers_.size(); ++i) {
+    const uint32_t l = moe_layers_[i];
+    if (l < counts_.size())
+      for (uint32_t e = 0; e < counts_[l].size() && e < experts; ++e) mine[i * experts + e] = counts_[l][e];
+  }
+  counts_.clear();
+  const std::span<const std::byte> bytes{reinterpret_cast<const std::byte*>(mine.data()), mine.size() * sizeof(double)};
+  std::vector<std::span<const std::byte>> recv;
+  if (!a2a.exchange(std::vector<std::span<const std::byte>>(n, bytes), &recv, why)) return false;
+  std::vector<double> total(mine.size(), 0.0);
+  for (uint32_t s = 0; s < n; ++s) {
+    if (recv[s].size() != bytes.size())
+      return *why = "member " + group_->names[s] + " sent " + std::to_string(recv[s].size()) + " bytes of counts, not " +
+                    std::to_string(bytes.size()),
+             false;
+    for (size_t i = 0; i < total.size(); ++i) {
+      double v;
+      std::memcpy(&v, recv[s].data() + i * sizeof v, sizeof v);
+      total[i] += v;
+    }
+  }
+  placement_.resize(cfg.num_hidden_layers);
+  const uint64_t floats = expert_floats(cfg), slot = a2a.config().slot_bytes;
+  const uint64_t per_piece = slot > sizeof(install_header) ? (slot - sizeof(install_header)) / sizeof(float) : 0;
+  if (per_piece == 0) return *why = "the all-to-all slot cannot carry expert weights", false;
+  for (size_t i = 0; i < moe_layers_.size(); ++i) {
+    const uint32_t l = moe_layers_[i];
+    const auto now = placement_[l].replicas.empty() ? policies::static_placement(experts, ec) : placement_[l];
+    auto next = policies::plan_eplb({total.begin() + i * experts, total.begin() + (i + 1) * experts}, ec);
+    // 2. Make: every member gets the experts it newly holds from their lowest current holder,
+    //    one piece per member per exchange. Every member walks the same schedule.
+    std::vector<std::vector<uint32_t>> to_install(n), to_evict(n);
+    for (uint32_t r = 0; r < n; ++r) {
+      const auto &want = next.rank_experts[r], &have = now.rank_experts[r];
+      std::set_difference(want.begin(), want.end(), have.begin(), have.end(), std::back_inserter(to_install[r]));
+      std::set_difference(have.begin(), have.end(), want.begin(), want.end(), std::back_inserter(to_evict[r]));
+    }
+    std::vector<size_t> next_expert(n, 0);
+    std::vector<uint64_t> next_offset(n, 0);
+    for (;;) {
+      std::vector<std::vector<std::byte>> chunks(n);
+      bool any = false;
+      for (uint32_t d = 0; d < n; ++d) {
+        if (next_expert[d] >= to_install[d].size()) continue;
+        any = true;
+        const uint32_t e = to_install[d][next_expert[d]];
+        const uint64_t off = next_offset[d], take = std::min(per_piece, floats - off);
+        if (now.replicas[e].front() == rank_) chunks[d] = make_piece(cfg, store_[l][e], l, e, off, take);
+        if ((next_offset[d] += take) == floats) next_offset[d] = 0, ++next_expert[d];
+      }
+      if (!any) break;
+      if (!a2a.exchange(spans(chunks), &recv, why)) return *why = "sending expert weights: " + *why, false;
+      for (uint32_t s = 0; s < n; ++s) {
+        if (recv[s].empty()) continue;
+        if (!install_piece(cfg, store_[l], recv[s], why)) return *why = "from " + group_->names[s] + ": " + *why, false;
+        bytes_installed_ += recv[s].size() - sizeof(install_header);
+      }
+    }
+    // 3. The placement switches; 4. break: what this member no longer holds leaves it.
+    for (uint32_t e : to_evict[rank_]) drop_expert(store_[l][e]);
+    experts_evicted_ += to_evict[rank_].size();
+    placement_[l] = std::move(next);
+  }
+  ++plans_;
   return true;
 }
 

@@ -24,6 +24,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gpu/model_config.hpp"
@@ -131,14 +132,14 @@ void keep_expert_block(const model_config& cfg, model_weights& w, uint32_t rank,
 std::vector<uint32_t> held_experts(const model_config& cfg, const model_weights& w, uint32_t layer);
 
 /// Data-parallel attention (seed 000 §3.3; how DeepSeek decodes with wide EP): every member of
-/// the group is a whole engine with its own requests, KV pool and attention, and serves one
-/// contiguous block of each MoE layer's routed experts for all of them. Per MoE layer every
-/// member sends the copies of its rows to the members holding their experts, serves what the
-/// others sent it, and gets its outputs back: two all-to-alls in which every member takes part.
-/// So members run in lockstep: a step is one round per MoE layer, and a member with no work of
-/// its own -- idle, or its forward failed midway -- still takes its part in each round of a step
-/// a peer started (join(), which the executor runs while idle and after every forward). Tokens
-/// and logits equal EP 1's bit for bit, as with the attention-lead group.
+/// the group is a whole engine with its own requests, KV pool and attention, and serves the
+/// routed experts placed on it (its contiguous block of each MoE layer; under live EPLB, what the
+/// plan gives it) for all of them. Per MoE layer every member sends the copies of its rows to the
+/// members serving their experts, serves what the others sent it, and gets its outputs back: two
+/// all-to-alls in which every member takes part. So members run in lockstep: a step is one round
+/// per MoE layer, and a member with no work of its own -- idle, or its forward failed midway --
+/// still takes its part in each round of a step a peer started (join(), which the executor runs
+/// while idle and after every forward). Tokens and logits equal EP 1's bit for bit.
 /// One member's handle; the group's transports outlive every member (make_peer_group).
 class expert_peers {
 public:
@@ -150,29 +151,49 @@ public:
 
   uint32_t rank() const { return rank_; }
   uint32_t size() const;
-  /// The member serving `expert` (contiguous blocks, as expert_group::owner).
+  /// The member serving `expert` before any EPLB plan (contiguous blocks, as expert_group::owner).
   uint32_t owner(uint32_t expert, uint32_t num_experts) const {
     return static_cast<uint32_t>(uint64_t{expert} * size() / num_experts);
   }
+  /// Copies this member's contiguous block of every MoE layer's routed experts out of `w`: the
+  /// experts it serves (the routed experts of the executor's own weights are never read, so a
+  /// caller may drop them from `w` afterwards). Before the first step.
+  void hold_block(const model_config& cfg, const model_weights& w);
+  /// Live EPLB for the group (every member the same config, before the first step): every
+  /// `interval_rounds` MoE rounds, at the end of a step, the members swap their copy counts, each
+  /// computes the same plan (policies::plan_eplb over the sums), the experts each member newly
+  /// holds come from a current holder, the placement switches, then each drops what it no longer
+  /// holds. Refused with a sentence when the slot budget cannot hold the experts.
+  bool enable_eplb(const live_eplb_config& cfg, uint32_t num_experts, std::string* why);
+  /// The member serving this copy of `expert` in MoE layer `layer` (counted for EPLB): under a
+  /// plan one of its copies chosen by `copy_hash`, else its block's owner.
+  uint32_t route(uint32_t layer, uint32_t expert, uint32_t num_experts, uint64_t copy_hash);
   /// This member's round of MoE layer `layer` (the step's next MoE layer): entries[d] go to
   /// member d, outputs[d] come back in entry order, and what the others sent this member is
   /// served meanwhile. False and a sentence naming the group, the layer and the peer.
-  bool round(const model_config& cfg, const model_weights& w, uint32_t layer,
-             const std::vector<std::vector<std::byte>>& entries, std::vector<std::vector<std::byte>>* outputs,
-             std::string* why);
+  bool round(const model_config& cfg, uint32_t layer, const std::vector<std::vector<std::byte>>& entries,
+             std::vector<std::vector<std::byte>>* outputs, std::string* why);
   /// Takes part, with no rows of its own, in the rest of the current step, or in a whole step a
   /// peer has started; nothing when neither. Runs on the executor's thread.
-  bool join(const model_config& cfg, const model_weights& w, std::string* why);
+  bool join(const model_config& cfg, std::string* why);
   /// This member stops taking part: the others' next steps fail at once, naming it, instead of
   /// waiting out the all-to-all's timeout.
   void leave();
   /// Steps this member took part in without rows of its own.
   uint64_t steps_joined() const { return joined_; }
+  /// The routed experts this member holds in MoE layer `layer`, ascending.
+  std::vector<uint32_t> held(uint32_t layer) const;
+  uint64_t plans() const { return plans_; }
+  /// Expert copies this member served since the last call (the load EPLB evens out), then zeroed.
+  uint64_t take_copies_served() { return std::exchange(copies_served_, 0); }
+  /// Expert weights this member received from others under EPLB plans (bytes), and experts it dropped.
+  uint64_t bytes_installed() const { return bytes_installed_; }
+  uint64_t experts_evicted() const { return experts_evicted_; }
 
 private:
-  bool exchange_round(const model_config& cfg, const model_weights& w, uint32_t layer,
-                      const std::vector<std::vector<std::byte>>& entries, std::vector<std::vector<std::byte>>* outputs,
-                      std::string* why);
+  bool exchange_round(const model_config& cfg, uint32_t layer, const std::vector<std::vector<std::byte>>& entries,
+                      std::vector<std::vector<std::byte>>* outputs, std::string* why);
+  bool replan(const model_config& cfg, std::string* why);
   std::string gone_peer() const;
 
   std::shared_ptr<shared> group_;
@@ -181,6 +202,12 @@ private:
   size_t next_ = 0;                   ///< this step's next round (0: between steps)
   std::string broken_;                ///< set when an exchange failed: the group is out of step for good
   uint64_t joined_ = 0;
+  std::vector<std::vector<expert_weights>> store_;  ///< [layer][expert]: the experts served here
+  live_eplb_config eplb_;
+  uint32_t num_experts_ = 0;
+  std::vector<std::vector<double>> counts_;            ///< [layer][expert]: this member's copies since the last plan
+  std::vector<policies::expert_placement> placement_;  ///< [layer]; empty until the first plan
+  uint64_t rounds_ = 0, planned_at_ = 0, plans_ = 0, bytes_installed_ = 0, experts_evicted_ = 0, copies_served_ = 0;
 };
 
 using peer_transport_maker =

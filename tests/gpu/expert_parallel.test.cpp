@@ -268,7 +268,7 @@ struct dp_fixture {
   std::vector<std::unique_ptr<executor>> execs;
 
   dp_fixture(const std::string& backend, uint32_t size, const model_config& cfg, std::shared_ptr<const model_weights> w,
-             std::chrono::milliseconds timeout = std::chrono::milliseconds{10'000}) {
+             const live_eplb_config& eplb = {}, std::chrono::milliseconds timeout = std::chrono::milliseconds{10'000}) {
     static auto fabric = transport::make_loopback_fabric();
     static int serial = 0;
     ++serial;
@@ -283,14 +283,17 @@ struct dp_fixture {
         },
         &why, timeout);
     REQUIRE_MESSAGE(members.size() == size, why);
+    // The executors' own weights have no routed experts at all: every expert a member runs comes
+    // from its store, which holds its block and no others, so a copy routed to the wrong member
+    // fails its job instead of passing unnoticed.
+    auto attention_only = std::make_shared<model_weights>(*w);
+    keep_expert_block(cfg, *attention_only, size, size);  // a rank past the last: keeps none
     for (auto& m : members) {
+      m->hold_block(cfg, *w);
+      if (eplb.slots_per_rank) REQUIRE_MESSAGE(m->enable_eplb(eplb, cfg.moe.n_routed_experts, &why), why);
       cpu_executor_config ec;
       ec.peers = m;
-      // Each member holds its own block of experts and no others, so a copy routed to the wrong
-      // member fails its job instead of passing unnoticed.
-      auto mine = std::make_shared<model_weights>(*w);
-      keep_expert_block(cfg, *mine, m->rank(), size);
-      execs.push_back(make_cpu_executor(cfg, mine, ec));
+      execs.push_back(make_cpu_executor(cfg, attention_only, ec));
     }
   }
   /// Every member stops before any goes: none is left waiting on a vanished peer.
@@ -347,6 +350,9 @@ TEST_CASE("data-parallel attention: a member whose forward fails midway still en
   const auto ref = generate_colocated(*alone, prompt_of(3, 30), 6, 16, {}, true);
   REQUIRE(ref.error.empty());
   dp_fixture dp{"loopback", 2, cfg, w};
+  CHECK(held_experts(cfg, *w, 1).size() == 8);
+  CHECK(dp.members[0]->held(1) == std::vector<uint32_t>{0, 1, 2, 3});
+  CHECK(dp.members[1]->held(1) == std::vector<uint32_t>{4, 5, 6, 7});
   colocated_generation got;
   std::thread peer([&] { got = generate_colocated(*dp.execs[1], prompt_of(3, 30), 6, 16, {}, true); });
   // Member 0: jobs whose cached prefix stops arriving at layer 2, after layer 1's MoE round.
@@ -376,4 +382,58 @@ TEST_CASE("data-parallel attention: a member whose forward fails midway still en
   both.peers = dp.members[0];
   both.experts = std::make_shared<expert_group>(nullptr, nullptr, 2);
   CHECK(both.validate() == "an executor is in an expert group or a data-parallel group, not both");
+}
+
+TEST_CASE("live EPLB in a data-parallel group: on a skewed routing load the busiest member's served copies drop toward "
+          "the mean, experts move between members within their slots, and tokens stay those of EP 1") {
+  const auto cfg = deepseek_tiny_config(true);
+  auto skewed = make_seeded_weights(cfg, 21);
+  for (auto& l : skewed.layers)  // experts 0 and 1 turn hot; both live on member 0 at start
+    if (!l.router_bias.empty()) l.router_bias[0] += 1.0f, l.router_bias[1] += 1.0f;
+  auto w = std::make_shared<const model_weights>(std::move(skewed));
+  auto alone = make_cpu_executor(cfg, w, {});
+  std::vector<colocated_generation> ref(2);
+  for (int r = 0; r < 2; ++r) ref[r] = generate_colocated(*alone, prompt_of(r, 40), 8, 16, {}, true);
+  double before = 0, after = 0;
+  for (bool eplb : {false, true}) {
+    CAPTURE(eplb);
+    // 4 members, 4 slots each (8 experts): a plan every 16 MoE rounds (8 steps).
+    dp_fixture dp{"loopback", 4, cfg, w, eplb ? live_eplb_config{4, 16} : live_eplb_config{}};
+    auto run = [&] {
+      std::vector<colocated_generation> got(2);
+      std::thread t0([&] { got[0] = generate_colocated(*dp.execs[0], prompt_of(0, 40), 8, 16, {}, true); });
+      std::thread t1([&] { got[1] = generate_colocated(*dp.execs[1], prompt_of(1, 40), 8, 16, {}, true); });
+      t0.join();
+      t1.join();
+      for (int r = 0; r < 2; ++r) {
+        REQUIRE_MESSAGE(got[r].error.empty(), got[r].error);
+        CHECK(got[r].tokens == ref[r].tokens);
+        CHECK(test::same_bits(got[r].step_logits, ref[r].step_logits));
+      }
+    };
+    run();  // EPLB's first windows
+    for (auto& m : dp.members) m->take_copies_served();
+    run();
+    std::vector<double> served;
+    for (auto& m : dp.members) served.push_back(static_cast<double>(m->take_copies_served()));
+    (eplb ? after : before) = policies::imbalance(served);
+    MESSAGE(std::string{eplb ? "EPLB on" : "EPLB off"} << ": copies served per member " << served[0] << " " << served[1] << " "
+                                            << served[2] << " " << served[3] << ", plans " << dp.members[0]->plans());
+    uint64_t installed = 0, evicted = 0;
+    for (auto& m : dp.members) {
+      installed += m->bytes_installed();
+      evicted += m->experts_evicted();
+      CHECK(m->plans() == dp.members[0]->plans());  // every member planned at the same rounds
+      for (uint32_t l = 1; l < cfg.num_hidden_layers; ++l) {
+        const auto held = m->held(l);
+        CHECK((held.size() >= 1 && held.size() <= 4));
+        if (!eplb) CHECK(held == std::vector<uint32_t>{2 * m->rank(), 2 * m->rank() + 1});
+      }
+    }
+    CHECK((installed > 0) == eplb);
+    CHECK((evicted > 0) == eplb);
+    if (eplb) MESSAGE("EPLB moved " << installed << " bytes of expert weights between members and dropped " << evicted << " experts");
+  }
+  CHECK(before > 3.0);
+  CHECK(after < 1.5);
 }
