@@ -302,9 +302,18 @@ int run_node(const std::vector<std::string>& args) {
       std::fprintf(stderr, "baton node %s: data-parallel attention: %s\n", name.c_str(), why.c_str());
       return 1;
     }
+    // Each member serves routed experts from its own store, filled here with its block; the
+    // weights the executors share then keep none (a loaded model is copied once to drop them).
+    gpu::model_weights attention_only = *weights;
+    for (auto& p : peers) p->hold_block(model, attention_only);
+    gpu::keep_expert_block(model, attention_only, expert_parallel, expert_parallel);
+    weights = std::make_shared<const gpu::model_weights>(std::move(attention_only));
+    const uint32_t first_moe = model.moe.first_k_dense_replace;
     for (uint32_t i = 0; i < num_ranks; ++i)
-      std::printf("baton node %s: rank %s is member %u of data-parallel group dp%u\n", name.c_str(),
-                  rank_name_of(i).c_str(), peers[i]->rank(), (dp_first_rank + i) / expert_parallel);
+      std::printf("baton node %s: rank %s is member %u of data-parallel group dp%u, serving %zu of %u routed experts "
+                  "per layer\n",
+                  name.c_str(), rank_name_of(i).c_str(), peers[i]->rank(), (dp_first_rank + i) / expert_parallel,
+                  peers[i]->held(first_moe).size(), model.moe.n_routed_experts);
     std::fflush(stdout);
   }
   agent_cfg.hello = {name, {role}, static_cast<int32_t>(::getpid())};

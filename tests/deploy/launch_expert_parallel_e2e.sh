@@ -60,8 +60,8 @@ cat > "$WORK/spec.json" <<SPEC
 SPEC
 launch_cluster
 for n in decode-a decode-b; do grep -q "node $n joined" "$WORK/launch.log" || fail "$n did not join (data-parallel attention)"; done
-grep -q "rank decode-a-2 is member 0 of data-parallel group dp1" "$WORK/launch.log" || fail "decode-a-2 is not in group dp1"
-grep -q "rank decode-b is member 1 of data-parallel group dp1" "$WORK/launch.log" || fail "decode-b is not in group dp1"
+grep -q "rank decode-a-2 is member 0 of data-parallel group dp1, serving 4 of 8" "$WORK/launch.log" || fail "decode-a-2 is not in group dp1"
+grep -q "rank decode-b is member 1 of data-parallel group dp1, serving 4 of 8" "$WORK/launch.log" || fail "decode-b is not in group dp1"
 [ "$(experts)" = 1 ] || fail "expected only the prefill rank's expert process, found $(experts)"
 same_as_single deepseek-v3-tiny ep-e2e 12 "Experts, route this" "A second prompt, longer, so that more tokens pass the experts" \
   "A third one for the other decode rank" "And a fourth, so both members have rows of their own"
