@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf .device && mkdir -p .device/bin .device/lib
-bins=(build/tests/baton_gpu_tests build/bench/baton_bench_gpu build/deploy/baton)
+bins=(build/tests/baton_gpu_tests build/bench/baton_bench_gpu build/deploy/baton build/bench/baton_bench_handoff)
 for b in "${bins[@]}"; do
   [ -x "$b" ] || { echo "device-package: $b missing (build with nvcc first)" >&2; exit 1; }
   strip -o ".device/bin/$(basename "$b")" "$b"

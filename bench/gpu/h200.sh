@@ -75,6 +75,13 @@ timeout 300 "$bench" $quick --json "$out/gpu_bench.jsonl" 2>&1 | tee "$out/bench
 rc=${PIPESTATUS[0]}
 [ "$rc" = 2 ] && say "(no GPU: benchmark skipped)"
 
+say "== the P->D handoff on this host's 16 cores (issue 6's exposed-time goal; the 2-vCPU VM cannot show it)"
+handoff="$(dirname "$bin")/bin/baton_bench_handoff"
+[ -x "$handoff" ] || handoff=build/bench/baton_bench_handoff
+for flags in "" "--no-checksum"; do
+  timeout 60 "$handoff" --transport ucx $flags 2>&1 | grep -E "^\| llama" | sed "s/^/handoff ${flags:-checksums}: /" | tee -a "$log"
+done
+
 say "== PyTorch/transformers eager on the same GPU (the peer)"
 if [ -n "${BATON_SKIP_PEER:-}" ]; then
   say "(skipped: BATON_SKIP_PEER is set)"
@@ -83,6 +90,6 @@ else
 fi
 
 say "== summary"
-grep -E "^answers" "$log"
+grep -E "^answers|^handoff" "$log"
 grep -E "^\| |^ceilings|^prefix upload|^prefill" "$out/bench.txt" | tee -a "$log"
 rm -rf "$refs"
