@@ -97,18 +97,25 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
       },
       [=](rendezvous_atom, const std::string& group, uint32_t size, uint32_t first,
           std::vector<std::string>& cards) -> caf::result<std::vector<std::string>> {
+        const auto refuse = [&](const std::string& what) {
+          return caf::make_error(caf::sec::invalid_argument, "rendezvous " + group + ": " + what);
+        };
+        const std::string who = cards.size() == 1 ? "member " + std::to_string(first)
+                                                  : "members " + std::to_string(first) + " to " +
+                                                        std::to_string(first + cards.size() - 1);
+        if (size == 0 || cards.empty() || first + cards.size() > size)
+          return refuse(who + " do not fit a group of " + std::to_string(size));
+        // Checked before the meeting exists, so a misfit cannot fix the group's size for the others.
+        auto found = self->state.meetings.find(group);
+        if (found != self->state.meetings.end() && found->second.size != size)
+          return refuse("a post for a group of " + std::to_string(size) + ", but the group has " +
+                        std::to_string(found->second.size) + " members");
         auto& r = self->state.meetings[group];
         if (r.size == 0) {
           r.size = size;
           r.cards.resize(size);
           r.posted.resize(size, false);
         }
-        const auto refuse = [&](const std::string& what) {
-          return caf::make_error(caf::sec::invalid_argument, "rendezvous " + group + ": " + what);
-        };
-        const std::string who = "members " + std::to_string(first) + ".." + std::to_string(first + cards.size());
-        if (size != r.size || cards.empty() || first + cards.size() > size)
-          return refuse(who + " of " + std::to_string(size) + " do not fit a group of " + std::to_string(r.size));
         // Members that met hold each other's addresses; a late or restarted one cannot join them.
         if (r.done) return refuse("the group already met; " + who + " cannot join it again");
         for (uint32_t i = 0; i < cards.size(); ++i)

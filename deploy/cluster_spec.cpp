@@ -242,7 +242,7 @@ bool validate(const cluster_spec& s, std::string* why) {
     if (bad.empty() && ranks % s.decode_ep != 0)
       bad = "the decode nodes have " + std::to_string(ranks) + " ranks in all, not a multiple of " + std::to_string(s.decode_ep);
     if (!bad.empty()) {
-      *why = "spec.expert_parallel.dp_attention groups each decode node's ranks by expert_parallel.decode (>= 2), "
+      *why = "spec.expert_parallel.dp_attention groups the decode ranks by expert_parallel.decode (>= 2), "
              "without dual-batch overlap or elastic nodes, but " + bad;
       return false;
     }

@@ -36,10 +36,17 @@ uint64_t engine_slot_bytes(const gpu::model_config& cfg, const prefill_rank_conf
   return gpu::expert_slot_bytes(cfg, 2 * rows);
 }
 
+gpu::peer_transport_maker ucx_peer_transports(const std::string& ucx_send) {
+  return [ucx_send](const std::string& name, std::string* why) {
+    return transport::make_ucx_transport({name, 1, ucx_send}, why);
+  };
+}
+
 std::vector<std::shared_ptr<gpu::expert_peers>> make_dp_attention_groups(const std::vector<std::string>& ranks,
                                                                          uint32_t ep, const gpu::model_config& cfg,
-                                                                         uint64_t slot_bytes, std::string* why) {
-  if (ep < 2 || ranks.size() % ep != 0)
+                                                                         uint64_t slot_bytes, const std::string& ucx_send,
+                                                                         std::string* why) {
+  if (ep < 2 || ranks.empty() || ranks.size() % ep != 0)
     return *why = "data-parallel attention groups of " + std::to_string(ep) + " need a multiple of " + std::to_string(ep) +
                   " decode ranks here, not " + std::to_string(ranks.size()),
            std::vector<std::shared_ptr<gpu::expert_peers>>{};
@@ -48,9 +55,7 @@ std::vector<std::shared_ptr<gpu::expert_peers>> make_dp_attention_groups(const s
     std::vector<std::string> names;
     for (size_t i = g; i < g + ep; ++i) names.push_back(ranks[i] + "-dp");
     // Members of one process: UCX shared memory, stores straight into each other's slots.
-    auto members = gpu::make_peer_group(
-        names, cfg, slot_bytes,
-        [](const std::string& name, std::string* err) { return transport::make_ucx_transport({name}, err); }, why);
+    auto members = gpu::make_peer_group(names, cfg, slot_bytes, ucx_peer_transports(ucx_send), why);
     if (members.empty()) return {};
     out.insert(out.end(), members.begin(), members.end());
   }

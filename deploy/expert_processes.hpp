@@ -39,7 +39,10 @@ std::shared_ptr<gpu::expert_group> spawn_expert_group(const expert_spawn& s, con
 /// or a transport cannot start.
 std::vector<std::shared_ptr<gpu::expert_peers>> make_dp_attention_groups(const std::vector<std::string>& ranks,
                                                                          uint32_t ep, const gpu::model_config& cfg,
-                                                                         uint64_t slot_bytes, std::string* why);
+                                                                         uint64_t slot_bytes, const std::string& ucx_send,
+                                                                         std::string* why);
+/// UCX transports for data-parallel members, sending as `ucx_send` says (put, or am over TCP).
+gpu::peer_transport_maker ucx_peer_transports(const std::string& ucx_send);
 
 /// `baton experts`: one expert shard (started by spawn_expert_group, not by hand).
 int run_experts(const std::vector<std::string>& args);

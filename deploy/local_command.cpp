@@ -319,6 +319,10 @@ int run_local(const std::vector<std::string>& args) {
     }
     opt.cluster.prefill.cost = opt.cluster.prefill_balancer.cost = prof.prefill;
   }
+  if (opt.dp_attention && opt.expert_parallel < 2) {
+    std::fprintf(stderr, "baton local: --dp-attention groups decode ranks by --expert-parallel N: it needs N >= 2\n");
+    return 2;
+  }
   if (opt.expert_parallel > 1) {
     std::string why;
     if (opt.cluster.model.moe.n_routed_experts == 0)
@@ -328,8 +332,9 @@ int run_local(const std::vector<std::string>& args) {
     else if (opt.eplb.slots_per_rank)
       why = policies::eplb_config{opt.expert_parallel, opt.expert_parallel, opt.eplb.slots_per_rank}.validate(
           opt.cluster.model.moe.n_routed_experts);
-    else if (opt.dp_attention && (opt.dual_batch_overlap || opt.decode_processes > 0 ||
-                                  opt.cluster.num_decode_ranks % opt.expert_parallel != 0))
+    if (why.empty() && opt.dp_attention &&
+        (opt.dual_batch_overlap || opt.decode_processes > 0 || opt.cluster.num_decode_ranks == 0 ||
+         opt.cluster.num_decode_ranks % opt.expert_parallel != 0))
       why = "--dp-attention groups the in-process decode ranks by --expert-parallel: it needs --decode-ranks a "
             "multiple of " + std::to_string(opt.expert_parallel) + " (not " + std::to_string(opt.cluster.num_decode_ranks) +
             "), no --decode-processes and no --dual-batch-overlap";
@@ -431,7 +436,7 @@ int run_local(const std::vector<std::string>& args) {
       for (uint32_t i = 0; i < c.num_decode_ranks; ++i) names.push_back(c.decode.name + "-" + std::to_string(i));
       std::string why;
       const auto members = make_dp_attention_groups(names, opt.expert_parallel, c.model,
-                                                    engine_slot_bytes(c.model, c.prefill, c.decode), &why);
+                                                    engine_slot_bytes(c.model, c.prefill, c.decode), c.ucx_send, &why);
       if (members.empty()) {
         std::fprintf(stderr, "baton local: data-parallel attention: %s\n", why.c_str());
         return 1;

@@ -97,7 +97,7 @@ namespace {
 std::vector<std::shared_ptr<gpu::expert_peers>> join_dp_groups(caf::actor_system& sys, const node_directory_actor& dir,
                                                                uint32_t ranks, uint32_t first, uint32_t ep,
                                                                const gpu::model_config& model, uint64_t slot_bytes,
-                                                               std::string* why) {
+                                                               const std::string& ucx_send, std::string* why) {
   std::vector<std::shared_ptr<gpu::expert_peers>> out;
   for (uint32_t g = first / ep; g <= (first + ranks - 1) / ep; ++g) {
     const std::string group = "dp" + std::to_string(g);
@@ -127,9 +127,7 @@ std::vector<std::shared_ptr<gpu::expert_peers>> join_dp_groups(caf::actor_system
       }
       return true;
     };
-    auto members = gpu::make_peer_group(
-        names, local, model, slot_bytes,
-        [](const std::string& n, std::string* err) { return transport::make_ucx_transport({n}, err); }, meet, why);
+    auto members = gpu::make_peer_group(names, local, model, slot_bytes, ucx_peer_transports(ucx_send), meet, why);
     if (members.empty()) return {};
     out.insert(out.end(), members.begin(), members.end());
   }
@@ -262,6 +260,10 @@ int run_node(const std::vector<std::string>& args) {
     }
   }
   auto model = loaded.model;
+  if (dp_first_rank && !dp_attention) {
+    std::fprintf(stderr, "baton node: --dp-first-rank numbers data-parallel members: it needs --dp-attention\n");
+    return 2;
+  }
   if (dp_attention && (role != "decode" || expert_parallel < 2 || dual_batch_overlap)) {
     std::fprintf(stderr, "baton node: --dp-attention groups decode ranks: it needs --role decode, "
                          "--expert-parallel N >= 2 and no --dual-batch-overlap\n");
@@ -297,7 +299,7 @@ int run_node(const std::vector<std::string>& args) {
   std::vector<std::shared_ptr<gpu::expert_peers>> peers;
   if (dp_attention) {
     peers = join_dp_groups(sys, *directory, num_ranks, dp_first_rank, expert_parallel, model,
-                           engine_slot_bytes(model, prefill, rank), &why);
+                           engine_slot_bytes(model, prefill, rank), ucx_send, &why);
     if (peers.empty()) {
       std::fprintf(stderr, "baton node %s: data-parallel attention: %s\n", name.c_str(), why.c_str());
       return 1;

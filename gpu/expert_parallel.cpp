@@ -47,12 +47,15 @@ void drop_expert(expert_weights& x) {
 
 /// Writes an install piece (see the header) into `ex`, one layer's experts; false and a sentence
 /// when it does not fit.
-bool install_piece(const model_config& cfg, std::vector<expert_weights>& ex, std::span<const std::byte> chunk,
-                   std::string* why) {
+bool install_piece(const model_config& cfg, uint32_t layer, std::vector<expert_weights>& ex,
+                   std::span<const std::byte> chunk, std::string* why) {
   const auto bad = [&](const std::string& what) { return *why = "EPLB control chunk: " + what, false; };
   install_header ih{};
   if (chunk.size() < sizeof ih) return bad("an install piece without its header");
   std::memcpy(&ih, chunk.data(), sizeof ih);
+  if (ih.kind != kind_install || ih.layer != layer)
+    return bad("a piece of kind " + std::to_string(ih.kind) + " for layer " + std::to_string(ih.layer) +
+               " where layer " + std::to_string(layer) + "'s experts were due");
   const uint64_t floats = expert_floats(cfg), n = (chunk.size() - sizeof ih) / sizeof(float);
   if (ih.expert >= ex.size() || ih.total != floats || ih.offset + n > floats || (chunk.size() - sizeof ih) % sizeof(float))
     return bad("an install piece of expert " + std::to_string(ih.expert) + " at " + std::to_string(ih.offset) +
@@ -83,19 +86,34 @@ std::vector<std::byte> make_piece(const model_config& cfg, const expert_weights&
 
 }  // namespace
 
-std::vector<uint32_t> held_experts(const model_config& cfg, const model_weights& w, uint32_t layer) {
+namespace {
+
+/// The experts of `ex` (one layer's) that have weights, ascending.
+std::vector<uint32_t> with_weights(const std::vector<expert_weights>& ex, uint32_t num_experts) {
   std::vector<uint32_t> out;
-  if (layer >= w.layers.size()) return out;
-  const auto& ex = w.layers[layer].experts;
-  for (uint32_t e = 0; e < ex.size() && e < cfg.moe.n_routed_experts; ++e)
+  for (uint32_t e = 0; e < ex.size() && e < num_experts; ++e)
     if (!ex[e].gate.empty()) out.push_back(e);
   return out;
+}
+
+/// Live EPLB's settings for a group of `ranks`, checked the same way for both forms.
+std::string check_live_eplb(const live_eplb_config& cfg, uint32_t ranks, uint32_t num_experts) {
+  if (auto e = policies::eplb_config{ranks, ranks, cfg.slots_per_rank}.validate(num_experts); !e.empty()) return e;
+  if (cfg.interval_rounds == 0) return "EPLB: interval_rounds must be >= 1";
+  return {};
+}
+
+}  // namespace
+
+std::vector<uint32_t> held_experts(const model_config& cfg, const model_weights& w, uint32_t layer) {
+  if (layer >= w.layers.size()) return {};
+  return with_weights(w.layers[layer].experts, cfg.moe.n_routed_experts);
 }
 
 void keep_expert_block(const model_config& cfg, model_weights& w, uint32_t rank, uint32_t size) {
   for (uint32_t l = 0; l < w.layers.size(); ++l)
     for (uint32_t e = 0; e < w.layers[l].experts.size(); ++e)
-      if (static_cast<uint32_t>(uint64_t{e} * size / cfg.moe.n_routed_experts) != rank) drop_expert(w.layers[l].experts[e]);
+      if (block_owner(e, size, cfg.moe.n_routed_experts) != rank) drop_expert(w.layers[l].experts[e]);
 }
 
 uint64_t expert_slot_bytes(const model_config& cfg, uint64_t max_rows) {
@@ -137,14 +155,12 @@ bool serve_chunk(const model_config& cfg, const Find& find, std::span<const std:
     gate.resize(n * f);
     up.resize(n * f);
     y.resize(n * h);
-    static const expert_weights none;
-    const expert_weights* held = find(hd.layer, e);
-    const expert_weights& xp = held ? *held : none;
-    if (xp.gate.empty() || xp.up.empty() || xp.down.empty())
+    const expert_weights* xp = find(hd.layer, e);
+    if (!xp || xp->gate.empty() || xp->up.empty() || xp->down.empty())
       return *why = "expert dispatch: expert " + std::to_string(e) + " of layer " + std::to_string(hd.layer) +
                     " is not held here (the placement and the weights disagree)",
              false;
-    swiglu_mlp(x.data(), n, h, xp.gate.data(), xp.up.data(), xp.down.data(), f, gate.data(), up.data(), y.data(), nullptr);
+    swiglu_mlp(x.data(), n, h, xp->gate.data(), xp->up.data(), xp->down.data(), f, gate.data(), up.data(), y.data(), nullptr);
     for (size_t i = 0; i < n; ++i) std::memcpy(out->data() + rows[i] * h * sizeof(float), y.data() + i * h, h * sizeof(float));
   }
   return true;
@@ -261,9 +277,7 @@ bool expert_group::round_dual(const model_config& cfg, const model_weights& w, u
 }
 
 bool expert_group::enable_eplb(const live_eplb_config& cfg, uint32_t num_experts, std::string* why) {
-  const policies::eplb_config ec{size_, size_, cfg.slots_per_rank};
-  if (auto e = ec.validate(num_experts); !e.empty()) return *why = e, false;
-  if (cfg.interval_rounds == 0) return *why = "EPLB: interval_rounds must be >= 1", false;
+  if (auto e = check_live_eplb(cfg, size_, num_experts); !e.empty()) return *why = e, false;
   eplb_ = cfg;
   return true;
 }
@@ -389,7 +403,7 @@ bool apply_control(const model_config& cfg, model_weights& w, std::span<const st
     }
     return true;
   }
-  return install_piece(cfg, ex, chunk, why);
+  return install_piece(cfg, hd.layer, ex, chunk, why);
 }
 
 }  // namespace
@@ -460,17 +474,17 @@ void expert_peers::hold_block(const model_config& cfg, const model_weights& w) {
 }
 
 std::vector<uint32_t> expert_peers::held(uint32_t layer) const {
-  std::vector<uint32_t> out;
-  if (layer < store_.size())
-    for (uint32_t e = 0; e < store_[layer].size(); ++e)
-      if (!store_[layer][e].gate.empty()) out.push_back(e);
-  return out;
+  return layer < store_.size() ? with_weights(store_[layer], num_experts_) : std::vector<uint32_t>{};
 }
 
 bool expert_peers::enable_eplb(const live_eplb_config& cfg, uint32_t num_experts, std::string* why) {
-  const policies::eplb_config ec{size(), size(), cfg.slots_per_rank};
-  if (auto e = ec.validate(num_experts); !e.empty()) return *why = e, false;
-  if (cfg.interval_rounds == 0) return *why = "EPLB: interval_rounds must be >= 1", false;
+  if (auto e = check_live_eplb(cfg, size(), num_experts); !e.empty()) return *why = e, false;
+  // The members swap their counts in one exchange: every MoE layer's, as doubles.
+  const uint64_t counts = moe_layers_.size() * uint64_t{num_experts} * sizeof(double);
+  if (const uint64_t slot = group_->a2a[rank_]->config().slot_bytes; counts > slot)
+    return *why = "EPLB: the members' counts (" + std::to_string(counts) + " bytes) do not fit the all-to-all slot of " +
+                  std::to_string(slot),
+           false;
   eplb_ = cfg;
   return true;
 }
@@ -531,7 +545,16 @@ bool expert_peers::exchange_round(const model_config& cfg, uint32_t layer,
     *why = broken_;
     return false;
   };
-  const auto chunks = with_headers(cfg, layer, entries);
+  auto chunks = with_headers(cfg, layer, entries);
+  // A job whose rows do not fit a slot fails alone: this member still takes its part in the
+  // round, with no rows, so the group stays in step.
+  std::string too_big;
+  for (uint32_t d = 0; d < size() && too_big.empty(); ++d)
+    if (chunks[d].size() > a2a.config().slot_bytes)
+      too_big = "data-parallel group, member " + group_->names[rank_] + ", MoE layer " + std::to_string(layer) + ": " +
+                std::to_string(chunks[d].size()) + " bytes of rows for " + group_->names[d] + " exceed the slot of " +
+                std::to_string(a2a.config().slot_bytes) + " (a job larger than the group was sized for)";
+  if (!too_big.empty()) chunks = with_headers(cfg, layer, std::vector<std::vector<std::byte>>(size()));
   std::vector<std::span<const std::byte>> recv;
   if (!a2a.exchange(spans(chunks), &recv, why)) return fail("dispatch", *why);
   // The copies the others (and this member) sent for the experts here. A chunk this member
@@ -556,7 +579,7 @@ bool expert_peers::exchange_round(const model_config& cfg, uint32_t layer,
   if (!refused.empty()) served.assign(size(), {});
   if (!a2a.exchange(spans(served), &recv, why)) return fail("combine", *why);
   if (!refused.empty()) return fail("dispatch", refused);
-  if (!collect(cfg, layer, entries, recv, outputs, why)) return fail("combine", *why);
+  if (too_big.empty() && !collect(cfg, layer, entries, recv, outputs, why)) return fail("combine", *why);
   ++rounds_;
   next_ = (next_ + 1) % moe_layers_.size();
   // Between steps, on every member at the same round: a new plan never splits a step.
@@ -564,6 +587,7 @@ bool expert_peers::exchange_round(const model_config& cfg, uint32_t layer,
     planned_at_ = rounds_;
     if (!replan(cfg, why)) return fail("EPLB", *why);
   }
+  if (!too_big.empty()) return *why = too_big, false;  // the job fails; the group does not
   return true;
 }
 
@@ -628,7 +652,7 @@ bool expert_peers::replan(const model_config& cfg, std::string* why) {
       if (!a2a.exchange(spans(chunks), &recv, why)) return *why = "sending expert weights: " + *why, false;
       for (uint32_t s = 0; s < n; ++s) {
         if (recv[s].empty()) continue;
-        if (!install_piece(cfg, store_[l], recv[s], why)) return *why = "from " + group_->names[s] + ": " + *why, false;
+        if (!install_piece(cfg, l, store_[l], recv[s], why)) return *why = "from " + group_->names[s] + ": " + *why, false;
         bytes_installed_ += recv[s].size() - sizeof(install_header);
       }
     }
@@ -663,6 +687,10 @@ std::vector<std::shared_ptr<expert_peers>> make_peer_group(
     auto t = make_transport(names[r], &err);
     if (!t) return *why = "data-parallel member " + names[r] + ": no transport: " + err, none{};
     g->a2a[r] = std::make_unique<transport::all_to_all>(*t, names, transport::all_to_all_config{r, size, slot_bytes, timeout});
+    // A member of this process that stopped is seen at once, even in the middle of a step.
+    g->a2a[r]->set_abort([group = g.get()](uint32_t s) {
+      return group->left[s].load(std::memory_order_acquire) ? "it has stopped" : std::string{};
+    });
     g->transports.push_back(std::move(t));
     if (!g->a2a[r]->error().empty()) return *why = g->a2a[r]->error(), none{};
     mine.emplace_back(r, g->a2a[r]->key());

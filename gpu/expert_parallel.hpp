@@ -38,6 +38,12 @@ class all_to_all;
 
 namespace baton::gpu {
 
+/// The EP rank holding `expert` when `num_experts` sit in contiguous blocks over `ranks`
+/// (policies::static_placement's rule).
+inline uint32_t block_owner(uint32_t expert, uint32_t ranks, uint32_t num_experts) {
+  return static_cast<uint32_t>(uint64_t{expert} * ranks / num_experts);
+}
+
 /// The experts' outputs for one dispatch chunk (any EP rank runs this on what it received).
 /// False and a sentence when the chunk is malformed or names an expert this model lacks.
 bool serve_expert_chunk(const model_config& cfg, const model_weights& w, std::span<const std::byte> chunk,
@@ -71,9 +77,7 @@ public:
 
   uint32_t size() const { return size_; }
   /// The EP rank holding `expert` in contiguous blocks (the placement before any EPLB plan).
-  uint32_t owner(uint32_t expert, uint32_t num_experts) const {
-    return static_cast<uint32_t>(uint64_t{expert} * size_ / num_experts);
-  }
+  uint32_t owner(uint32_t expert, uint32_t num_experts) const { return block_owner(expert, size_, num_experts); }
   /// Turns live EPLB on for a model with `num_experts` routed experts (validated against the
   /// group: a slot budget that cannot hold every expert is refused with a sentence).
   bool enable_eplb(const live_eplb_config& cfg, uint32_t num_experts, std::string* why);
@@ -152,9 +156,7 @@ public:
   uint32_t rank() const { return rank_; }
   uint32_t size() const;
   /// The member serving `expert` before any EPLB plan (contiguous blocks, as expert_group::owner).
-  uint32_t owner(uint32_t expert, uint32_t num_experts) const {
-    return static_cast<uint32_t>(uint64_t{expert} * size() / num_experts);
-  }
+  uint32_t owner(uint32_t expert, uint32_t num_experts) const { return block_owner(expert, size(), num_experts); }
   /// Copies this member's contiguous block of every MoE layer's routed experts out of `w`: the
   /// experts it serves (the routed experts of the executor's own weights are never read, so a
   /// caller may drop them from `w` afterwards). Before the first step.

@@ -43,7 +43,11 @@ void job_queue::loop(const check_fn& check, const run_fn& run, const std::functi
         idle();
         continue;
       }
-      if (queue_.empty()) return;  // stopped with nothing left
+      if (queue_.empty()) {  // stopped with nothing left
+        lock.unlock();
+        if (idle) idle();  // a last look: finish a step a peer began before this stop
+        return;
+      }
       item = std::move(queue_.front());
       queue_.pop_front();
     }

@@ -181,6 +181,12 @@ bool all_to_all::complete(std::vector<std::span<const std::byte>>* recv, std::st
       // Written by the peer (or its NIC): read it as an atomic, with acquire ordering for the data.
       word = std::atomic_ref<uint64_t>{*bell}.load(std::memory_order_acquire);
       if ((word >> 1) >= seq) break;
+      if (abort_)
+        if (auto reason = abort_(s); !reason.empty()) {
+          *why = "all-to-all exchange " + std::to_string(seq) + ": rank " + names_[cfg_.rank] + " stops waiting for " +
+                 names_[s] + ": " + reason;
+          return false;
+        }
       if (std::chrono::steady_clock::now() > deadline) {
         *why = "all-to-all exchange " + std::to_string(seq) + ": rank " + names_[cfg_.rank] + " has nothing from " +
                names_[s] + " after " + std::to_string(cfg_.timeout.count()) + " ms (its last exchange: " +

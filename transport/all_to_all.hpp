@@ -24,6 +24,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -76,6 +77,9 @@ public:
   bool post(const std::vector<std::span<const std::byte>>& send, std::string* why);
   bool complete(std::vector<std::span<const std::byte>>* recv, std::string* why);
   uint64_t exchanges() const { return seq_; }
+  /// Called while an exchange waits for rank `source`'s chunk: a non-empty reason ends the wait
+  /// at once with it (a peer known to be gone), instead of at the timeout.
+  void set_abort(std::function<std::string(uint32_t source)> abort) { abort_ = std::move(abort); }
   /// Whether another rank has already rung its doorbell for this rank's next exchange: a peer
   /// started an exchange this rank has not joined (a data-parallel member idles on this).
   bool peer_started() const;
@@ -108,6 +112,7 @@ private:
   bool posted_ = false;            ///< post() ran, complete() not yet
   std::vector<uint64_t> pending_;  ///< puts in flight
   std::vector<uint64_t> sizes_;    ///< the open exchange's chunk sizes, for the doorbells
+  std::function<std::string(uint32_t)> abort_;
 };
 
 }  // namespace baton::transport

@@ -202,7 +202,7 @@ TEST_CASE("expert_parallel.dp_attention groups each decode node's ranks, and onl
     CHECK_FALSE(parse_cluster_spec(text, "/base", &x, &w));
     return w;
   };
-  const std::string lead = "spec.expert_parallel.dp_attention groups each decode node's ranks by "
+  const std::string lead = "spec.expert_parallel.dp_attention groups the decode ranks by "
                            "expert_parallel.decode (>= 2), without dual-batch overlap or elastic nodes, but ";
   CHECK(refused(R"("gpus": 4)", R"("gpus": 3)") == lead + "the decode nodes have 3 ranks in all, not a multiple of 2");
   CHECK(refused(R"("decode": 2,)", R"("decode": 1,)") == lead + "expert_parallel.decode is 1");

@@ -223,13 +223,15 @@ TEST_CASE("the node directory's rendezvous: each process posts its members' card
   CHECK(post(b, "g", 3, 1, {"again"}).empty());
   CHECK(refused.find("rendezvous g: member 1 posted twice") != std::string::npos);
   CHECK(post(b, "g", 4, 2, {"k2"}).empty());
-  CHECK(refused.find("rendezvous g: members 2..3 of 4 do not fit a group of 3") != std::string::npos);
+  CHECK(refused.find("rendezvous g: a post for a group of 4, but the group has 3 members") != std::string::npos);
+  CHECK(post(b, "h", 3, 2, {"k2", "k3"}).empty());
+  CHECK(refused.find("rendezvous h: members 2 to 3 do not fit a group of 3") != std::string::npos);
   got_b = post(b, "g", 3, 2, {"k2"});
   pending.receive([&](std::vector<std::string>& c) { got_a = std::move(c); }, [&](caf::error&) {});
   const std::vector<std::string> all{"k0", "k1", "k2"};
   CHECK(got_a == all);
   CHECK(got_b == all);
   CHECK(post(b, "g", 3, 2, {"k2"}).empty());
-  CHECK(refused.find("rendezvous g: the group already met; members 2..3 cannot join it again") != std::string::npos);
+  CHECK(refused.find("rendezvous g: the group already met; member 2 cannot join it again") != std::string::npos);
   a->send_exit(dir, caf::exit_reason::user_shutdown);
 }
