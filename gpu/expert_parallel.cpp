@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstring>
 #include <iterator>
+#include <optional>
 
 #include "gpu/cpu_kernels.hpp"
 #include "transport/all_to_all.hpp"
@@ -83,6 +84,51 @@ std::vector<std::byte> make_piece(const model_config& cfg, const expert_weights&
   });
   return chunk;
 }
+
+/// The floats an install piece carries: what a slot holds after the piece's header.
+uint64_t piece_floats(uint64_t slot_bytes) {
+  return slot_bytes > sizeof(install_header) ? (slot_bytes - sizeof(install_header)) / sizeof(float) : 0;
+}
+
+/// What a re-plan moves, and in which order, the same on every side that walks it: per rank the
+/// experts it newly holds (`install`) and those it drops (`evict`); next() gives each exchange's
+/// piece per rank -- one slot-sized stretch of one expert -- until every rank has its experts.
+class move_schedule {
+public:
+  struct piece {
+    uint32_t expert;
+    uint64_t offset, floats;
+  };
+  /// `have[r]` and `want[r]` ascending; ranks below `first` move nothing.
+  move_schedule(const std::vector<std::vector<uint32_t>>& have, const std::vector<std::vector<uint32_t>>& want,
+                uint32_t first, uint64_t expert_floats, uint64_t per_piece)
+    : install(want.size()), evict(want.size()), floats_(expert_floats), per_piece_(per_piece),
+      next_expert_(want.size(), 0), next_offset_(want.size(), 0) {
+    for (uint32_t r = first; r < want.size(); ++r) {
+      std::set_difference(want[r].begin(), want[r].end(), have[r].begin(), have[r].end(), std::back_inserter(install[r]));
+      std::set_difference(have[r].begin(), have[r].end(), want[r].begin(), want[r].end(), std::back_inserter(evict[r]));
+    }
+  }
+  /// The next exchange's pieces (none for a rank that has all its experts); false when done.
+  bool next(std::vector<std::optional<piece>>* out) {
+    out->assign(install.size(), std::nullopt);
+    bool any = false;
+    for (uint32_t r = 0; r < install.size(); ++r) {
+      if (next_expert_[r] >= install[r].size()) continue;
+      const uint64_t off = next_offset_[r], n = std::min(per_piece_, floats_ - off);
+      (*out)[r] = piece{install[r][next_expert_[r]], off, n};
+      if ((next_offset_[r] += n) == floats_) next_offset_[r] = 0, ++next_expert_[r];
+      any = true;
+    }
+    return any;
+  }
+  std::vector<std::vector<uint32_t>> install, evict;
+
+private:
+  uint64_t floats_, per_piece_;
+  std::vector<size_t> next_expert_;
+  std::vector<uint64_t> next_offset_;
+};
 
 }  // namespace
 
@@ -306,47 +352,33 @@ bool expert_group::replan(const model_config& cfg, const model_weights& w, std::
   const uint32_t num_experts = cfg.moe.n_routed_experts;
   placement_.resize(counts_.size());
   held_.resize(size_);
-  const uint64_t floats = expert_floats(cfg);
-  // Each install chunk carries as many floats as a slot holds.
-  const uint64_t slot = a2a_->config().slot_bytes;
-  const uint64_t per_piece = slot > sizeof(install_header) ? (slot - sizeof(install_header)) / sizeof(float) : 0;
+  const uint64_t per_piece = piece_floats(a2a_->config().slot_bytes);  // as many floats as a slot holds
   if (per_piece == 0) return *why = "EPLB: the all-to-all slot cannot carry expert weights", false;
   for (uint32_t l = 0; l < counts_.size(); ++l) {
     if (counts_[l].empty()) continue;
     auto next = policies::plan_eplb(counts_[l], ec);
     std::fill(counts_[l].begin(), counts_[l].end(), 0.0);
     // What each shard holds now: its contiguous block until a plan placed this layer.
+    std::vector<std::vector<uint32_t>> have(size_);
     for (uint32_t r = 1; r < size_; ++r) {
       if (held_[r].size() <= l) held_[r].resize(l + 1);
       if (held_[r][l].empty() && placement_[l].rank_experts.empty())
         for (uint32_t e = 0; e < num_experts; ++e)
           if (owner(e, num_experts) == r) held_[r][l].push_back(e);
+      have[r] = held_[r][l];
     }
     // Make: every shard gets the experts it newly holds, one piece per exchange (pieces for
-    // several shards travel together).
-    std::vector<std::vector<uint32_t>> to_install(size_), to_evict(size_);
-    for (uint32_t r = 1; r < size_; ++r) {
-      const auto& want = next.rank_experts[r];
-      const auto& have = held_[r][l];
-      std::set_difference(want.begin(), want.end(), have.begin(), have.end(), std::back_inserter(to_install[r]));
-      std::set_difference(have.begin(), have.end(), want.begin(), want.end(), std::back_inserter(to_evict[r]));
-    }
-    std::vector<size_t> next_expert(size_, 0);
-    std::vector<uint64_t> next_offset(size_, 0);
-    for (;;) {
+    // several shards travel together); the lead (rank 0) moves nothing.
+    move_schedule moves{have, next.rank_experts, 1, expert_floats(cfg), per_piece};
+    const auto& to_evict = moves.evict;
+    std::vector<std::optional<move_schedule::piece>> pieces;
+    while (moves.next(&pieces)) {
       std::vector<std::vector<std::byte>> chunks(size_);
-      bool any = false;
-      for (uint32_t r = 1; r < size_; ++r) {
-        if (next_expert[r] >= to_install[r].size()) continue;
-        const uint32_t e = to_install[r][next_expert[r]];
-        const uint64_t off = next_offset[r], n = std::min(per_piece, floats - off);
-        chunks[r] = make_piece(cfg, w.layers[l].experts[e], l, e, off, n);
-        bytes_installed_ += n * sizeof(float);
-        next_offset[r] += n;
-        if (next_offset[r] == floats) next_offset[r] = 0, ++next_expert[r];
-        any = true;
-      }
-      if (!any) break;
+      for (uint32_t r = 1; r < size_; ++r)
+        if (const auto& p = pieces[r]) {
+          chunks[r] = make_piece(cfg, w.layers[l].experts[p->expert], l, p->expert, p->offset, p->floats);
+          bytes_installed_ += p->floats * sizeof(float);
+        }
       if (!control(chunks, why)) return *why = "EPLB, layer " + std::to_string(l) + ": sending weights: " + *why, false;
     }
     placement_[l] = std::move(next);
@@ -620,8 +652,7 @@ bool expert_peers::replan(const model_config& cfg, std::string* why) {
     }
   }
   placement_.resize(cfg.num_hidden_layers);
-  const uint64_t floats = expert_floats(cfg), slot = a2a.config().slot_bytes;
-  const uint64_t per_piece = slot > sizeof(install_header) ? (slot - sizeof(install_header)) / sizeof(float) : 0;
+  const uint64_t per_piece = piece_floats(a2a.config().slot_bytes);
   if (per_piece == 0) return *why = "the all-to-all slot cannot carry expert weights", false;
   for (size_t i = 0; i < moe_layers_.size(); ++i) {
     const uint32_t l = moe_layers_[i];
@@ -629,26 +660,14 @@ bool expert_peers::replan(const model_config& cfg, std::string* why) {
     auto next = policies::plan_eplb({total.begin() + i * experts, total.begin() + (i + 1) * experts}, ec);
     // 2. Make: every member gets the experts it newly holds from their lowest current holder,
     //    one piece per member per exchange. Every member walks the same schedule.
-    std::vector<std::vector<uint32_t>> to_install(n), to_evict(n);
-    for (uint32_t r = 0; r < n; ++r) {
-      const auto &want = next.rank_experts[r], &have = now.rank_experts[r];
-      std::set_difference(want.begin(), want.end(), have.begin(), have.end(), std::back_inserter(to_install[r]));
-      std::set_difference(have.begin(), have.end(), want.begin(), want.end(), std::back_inserter(to_evict[r]));
-    }
-    std::vector<size_t> next_expert(n, 0);
-    std::vector<uint64_t> next_offset(n, 0);
-    for (;;) {
+    move_schedule moves{now.rank_experts, next.rank_experts, 0, expert_floats(cfg), per_piece};
+    const auto& to_evict = moves.evict;
+    std::vector<std::optional<move_schedule::piece>> pieces;
+    while (moves.next(&pieces)) {
       std::vector<std::vector<std::byte>> chunks(n);
-      bool any = false;
-      for (uint32_t d = 0; d < n; ++d) {
-        if (next_expert[d] >= to_install[d].size()) continue;
-        any = true;
-        const uint32_t e = to_install[d][next_expert[d]];
-        const uint64_t off = next_offset[d], take = std::min(per_piece, floats - off);
-        if (now.replicas[e].front() == rank_) chunks[d] = make_piece(cfg, store_[l][e], l, e, off, take);
-        if ((next_offset[d] += take) == floats) next_offset[d] = 0, ++next_expert[d];
-      }
-      if (!any) break;
+      for (uint32_t d = 0; d < n; ++d)
+        if (const auto& p = pieces[d]; p && now.replicas[p->expert].front() == rank_)
+          chunks[d] = make_piece(cfg, store_[l][p->expert], l, p->expert, p->offset, p->floats);
       if (!a2a.exchange(spans(chunks), &recv, why)) return *why = "sending expert weights: " + *why, false;
       for (uint32_t s = 0; s < n; ++s) {
         if (recv[s].empty()) continue;

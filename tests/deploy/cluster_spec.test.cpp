@@ -15,6 +15,16 @@ using namespace baton::deploy;
 
 namespace {
 
+/// Why `spec` with `from` replaced by `to` is refused (and that it is).
+std::string refusal(const std::string& spec, const std::string& from, const std::string& to) {
+  auto text = spec;
+  text.replace(text.find(from), from.size(), to);
+  cluster_spec x;
+  std::string why;
+  CHECK_FALSE(parse_cluster_spec(text, "/base", &x, &why));
+  return why;
+}
+
 std::string read(const std::string& path) {
   std::ifstream in(path);
   std::stringstream ss;
@@ -194,14 +204,7 @@ TEST_CASE("expert_parallel.dp_attention groups each decode node's ranks, and onl
     CHECK(after(p2[1], "--dp-first-rank") == "0");
     CHECK(after(p2[2], "--dp-first-rank") == "3");  // member 1 of group 1, with d's last rank
   }
-  auto refused = [&](const std::string& from, const std::string& to) {
-    auto text = spec;
-    text.replace(text.find(from), from.size(), to);
-    cluster_spec x;
-    std::string w;
-    CHECK_FALSE(parse_cluster_spec(text, "/base", &x, &w));
-    return w;
-  };
+  auto refused = [&](const std::string& from, const std::string& to) { return refusal(spec, from, to); };
   const std::string lead = "spec.expert_parallel.dp_attention groups the decode ranks by "
                            "expert_parallel.decode (>= 2), without dual-batch overlap or elastic nodes, but ";
   CHECK(refused(R"("gpus": 4)", R"("gpus": 3)") == lead + "the decode nodes have 3 ranks in all, not a multiple of 2");
@@ -239,14 +242,7 @@ TEST_CASE("elastic nodes: their ranks start as prefill or decode, and the head r
   cluster_spec plain;
   REQUIRE(parse_cluster_spec(good, "/base", &plain, &why));
   CHECK(after(plan_launch(plain, "baton", {"127.0.0.1", ""})[0], "--elastic-nodes") == "(none)");
-  auto refused = [&](const std::string& from, const std::string& to) {
-    auto text = spec;
-    text.replace(text.find(from), from.size(), to);
-    cluster_spec x;
-    std::string w;
-    CHECK_FALSE(parse_cluster_spec(text, "/base", &x, &w));
-    return w;
-  };
+  auto refused = [&](const std::string& from, const std::string& to) { return refusal(spec, from, to); };
   CHECK(refused(R"("prefill_at_start": 1)", R"("prefill_at_start": 5)") ==
         "nodes[1] (e): prefill_at_start (5) exceeds its gpus (4)");
   CHECK(refused(R"("prefill_at_start": 1)", R"("prefill_at_start": 0)")
