@@ -47,7 +47,8 @@ void report_load(decode_pointer self) {
   uint64_t offloadable = 0;
   if (!st.host_free.empty() && !on_demand(st))  // on demand, nothing is preempted for a newcomer
     for (const auto& b : st.batch) offloadable += st.leases.at(b.lease_id).pages.size();
-  const auto room = static_cast<uint32_t>(pool.num_free_pages() + std::min<uint64_t>(offloadable, st.host_free.size()));
+  auto room = static_cast<uint32_t>(pool.num_free_pages() + std::min<uint64_t>(offloadable, st.host_free.size()));
+  if (!st.core.exec->standing_failure().empty()) room = 0;  // it refuses new work: place nothing here
   rank_load load{st.cfg.name, 0, static_cast<uint32_t>(st.leases.size()), room, layout.num_pages};
   load.page_size_tokens = layout.page_size_tokens;
   load.kv_tokens = uint64_t{layout.num_pages - pool.num_free_pages()} * layout.page_size_tokens;
@@ -474,6 +475,12 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
         auto& s = self->state;
         const auto stage = where(req.request_id, s.cfg.name, "kv_reserve");
         if (!s.core.setup_error.empty()) return make_error(errc::executor_failed, stage + ": " + s.core.setup_error);
+        // An executor that can run nothing (a broken data-parallel group): the request is placed
+        // again elsewhere, and the balancer hears that this rank has no room.
+        if (auto failure = s.core.exec->standing_failure(); !failure.empty()) {
+          report_load(self);
+          return make_error(errc::rank_unavailable, stage + ": " + failure);
+        }
         // On standby the executor's pool belongs to this instance's other role: a placement made
         // before the switch must go elsewhere.
         if (s.cfg.standby) return make_error(errc::rank_unavailable, stage + ": on standby (serving as prefill)");
@@ -650,12 +657,16 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
       [=](events_atom) { return self->state.core.log->snapshot(); },
       [=](exec_done_atom, uint64_t, std::vector<std::vector<float>>& logits) { on_step_done(self, logits); },
       [=](exec_fail_atom, uint64_t, std::string& what) {
-        // A refused step fails every request in it; the rank keeps serving the others.
+        // A refused step fails every request in it; the rank keeps serving the others. When the
+        // executor can run nothing any more, its requests fail over to other ranks instead.
         auto& s = self->state;
+        const bool standing = !s.core.exec->standing_failure().empty();
+        const auto code = standing ? errc::rank_unavailable : errc::executor_failed;
+        if (standing) report_load(self);
         s.step_in_flight = false;
         for (size_t k = 0; k < s.step_chunks.size() && !s.local_prefills.empty(); ++k) {
           auto& p = s.local_prefills.front();
-          p.promise.deliver(make_error(errc::executor_failed, where(p.order.request_id, s.cfg.name, "prefill") + ": " + what));
+          p.promise.deliver(make_error(code, where(p.order.request_id, s.cfg.name, "prefill") + ": " + what));
           s.local_prefills.pop_front();
         }
         s.step_chunks.clear();
@@ -663,8 +674,7 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
         for (auto id : failed) {
           auto i = s.leases.find(id);
           if (i == s.leases.end()) continue;
-          i->second.promise.deliver(
-              make_error(errc::executor_failed, where(i->second.request_id, s.cfg.name, "decode") + ": " + what));
+          i->second.promise.deliver(make_error(code, where(i->second.request_id, s.cfg.name, "decode") + ": " + what));
           s.batch.erase(std::remove_if(s.batch.begin(), s.batch.end(), [&](auto& x) { return x.lease_id == id; }),
                         s.batch.end());
           free_lease(self, id);

@@ -121,6 +121,8 @@ public:
     if (peers_) peers_->leave();
   }
 
+  std::string standing_failure() const override { return peers_ ? peers_->failure() : std::string{}; }
+
   const model_config& config() const override { return cfg_; }
   kv_cache& kv() override { return kv_; }
   std::string describe() const override { return "cpu x" + std::to_string(num_threads_) + " threads"; }

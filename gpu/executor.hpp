@@ -150,6 +150,10 @@ public:
   /// while the KV pool stays valid until the executor is destroyed. Owners call it before they
   /// take the pool away from a transport (actors/executor_bridge.cpp).
   virtual void stop() {}
+  /// Non-empty while this executor can run no job at all, saying why (a data-parallel group out
+  /// of step, or one of its members gone): its rank then refuses new work, and what it was running
+  /// fails over, so that requests go to other ranks. Thread-safe.
+  virtual std::string standing_failure() const { return {}; }
 };
 
 /// Jobs come from actors that validated requests, but a wrong page table would scribble over

@@ -481,6 +481,7 @@ struct expert_peers::shared {
   std::vector<std::unique_ptr<transport::transport>> transports;
   std::vector<std::unique_ptr<transport::all_to_all>> a2a;  ///< destroyed before the transports
   std::unique_ptr<std::atomic<bool>[]> left;                ///< [member]: stopped taking part
+  std::unique_ptr<std::atomic<bool>[]> out_of_step;         ///< [member]: its group state broke
   ~shared() { a2a.clear(); }
 };
 
@@ -496,6 +497,24 @@ expert_peers::~expert_peers() { leave(); }
 uint32_t expert_peers::size() const { return static_cast<uint32_t>(group_->names.size()); }
 
 void expert_peers::leave() { group_->left[rank_].store(true, std::memory_order_release); }
+
+std::string expert_peers::failure() const {
+  if (group_->left[rank_].load(std::memory_order_acquire))
+    return "data-parallel group: member " + group_->names[rank_] + " has stopped";
+  if (auto b = broken(); !b.empty()) return b;
+  return gone_peer();
+}
+
+std::string expert_peers::broken() const {
+  std::lock_guard<std::mutex> lock{broken_mutex_};
+  return broken_;
+}
+
+void expert_peers::fault_break_for_test(const std::string& why) {
+  std::lock_guard<std::mutex> lock{broken_mutex_};
+  broken_ = "data-parallel group, member " + group_->names[rank_] + ": " + why;
+  group_->out_of_step[rank_].store(true, std::memory_order_release);
+}
 
 void expert_peers::hold_block(const model_config& cfg, const model_weights& w) {
   for (uint32_t l : moe_layers_) {
@@ -536,12 +555,14 @@ std::string expert_peers::gone_peer() const {
   for (uint32_t r = 0; r < size(); ++r)
     if (r != rank_ && group_->left[r].load(std::memory_order_acquire))
       return "data-parallel group of " + group_->names[rank_] + ": member " + group_->names[r] + " has stopped";
+    else if (r != rank_ && group_->out_of_step[r].load(std::memory_order_acquire))
+      return "data-parallel group of " + group_->names[rank_] + ": member " + group_->names[r] + " is out of step";
   return {};
 }
 
 bool expert_peers::round(const model_config& cfg, uint32_t layer, const std::vector<std::vector<std::byte>>& entries,
                          std::vector<std::vector<std::byte>>* outputs, std::string* why) {
-  if (!broken_.empty()) return *why = broken_, false;
+  if (auto b = broken(); !b.empty()) return *why = b, false;
   if (moe_layers_.empty() || layer != moe_layers_[next_])
     return *why = "data-parallel group: " + group_->names[rank_] + " was asked for MoE layer " + std::to_string(layer) +
                   " where its step is at another",
@@ -552,7 +573,7 @@ bool expert_peers::round(const model_config& cfg, uint32_t layer, const std::vec
 }
 
 bool expert_peers::join(const model_config& cfg, std::string* why) {
-  if (!broken_.empty()) return *why = broken_, false;
+  if (auto b = broken(); !b.empty()) return *why = b, false;
   if (moe_layers_.empty()) return true;
   if (next_ == 0) {
     if (!group_->a2a[rank_]->peer_started()) return true;
@@ -572,9 +593,11 @@ bool expert_peers::exchange_round(const model_config& cfg, uint32_t layer,
   auto& a2a = *group_->a2a[rank_];
   // Any failure leaves the members out of step for good: later rounds fail with the same words.
   const auto fail = [&](const std::string& stage, const std::string& what) {
-    broken_ = "data-parallel group, member " + group_->names[rank_] + ", " + stage + " of MoE layer " +
-              std::to_string(layer) + ": " + what;
-    *why = broken_;
+    *why = "data-parallel group, member " + group_->names[rank_] + ", " + stage + " of MoE layer " +
+           std::to_string(layer) + ": " + what;
+    std::lock_guard<std::mutex> lock{broken_mutex_};
+    broken_ = *why;
+    group_->out_of_step[rank_].store(true, std::memory_order_release);
     return false;
   };
   auto chunks = with_headers(cfg, layer, entries);
@@ -699,6 +722,7 @@ std::vector<std::shared_ptr<expert_peers>> make_peer_group(
   g->names = names;
   g->a2a.resize(size);  // null: a member in another process
   g->left = std::make_unique<std::atomic<bool>[]>(size);
+  g->out_of_step = std::make_unique<std::atomic<bool>[]>(size);
   std::vector<std::pair<uint32_t, transport::region_key>> mine;
   for (uint32_t r : local) {
     if (r >= size || g->a2a[r]) return *why = "data-parallel member index " + std::to_string(r) + " is out of place", none{};
@@ -708,7 +732,9 @@ std::vector<std::shared_ptr<expert_peers>> make_peer_group(
     g->a2a[r] = std::make_unique<transport::all_to_all>(*t, names, transport::all_to_all_config{r, size, slot_bytes, timeout});
     // A member of this process that stopped is seen at once, even in the middle of a step.
     g->a2a[r]->set_abort([group = g.get()](uint32_t s) {
-      return group->left[s].load(std::memory_order_acquire) ? "it has stopped" : std::string{};
+      return group->left[s].load(std::memory_order_acquire)          ? std::string{"it has stopped"}
+             : group->out_of_step[s].load(std::memory_order_acquire) ? std::string{"it is out of step"}
+                                                                     : std::string{};
     });
     g->transports.push_back(std::move(t));
     if (!g->a2a[r]->error().empty()) return *why = g->a2a[r]->error(), none{};

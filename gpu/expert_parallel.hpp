@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <mutex>
 #include <memory>
 #include <span>
 #include <string>
@@ -181,6 +182,11 @@ public:
   /// This member stops taking part: the others' next steps fail at once, naming it, instead of
   /// waiting out the all-to-all's timeout.
   void leave();
+  /// Non-empty once this member can take part in no step: it stopped, the group fell out of
+  /// step, or another member of this process stopped. Any thread.
+  std::string failure() const;
+  /// Fault injection for tests only: the group falls out of step here, as after a failed exchange.
+  void fault_break_for_test(const std::string& why);
   /// Steps this member took part in without rows of its own.
   uint64_t steps_joined() const { return joined_; }
   /// The routed experts this member holds in MoE layer `layer`, ascending.
@@ -197,12 +203,14 @@ private:
                       std::vector<std::vector<std::byte>>* outputs, std::string* why);
   bool replan(const model_config& cfg, std::string* why);
   std::string gone_peer() const;
+  std::string broken() const;
 
   std::shared_ptr<shared> group_;
   uint32_t rank_;
   std::vector<uint32_t> moe_layers_;  ///< a step's rounds, in order
   size_t next_ = 0;                   ///< this step's next round (0: between steps)
   std::string broken_;                ///< set when an exchange failed: the group is out of step for good
+  mutable std::mutex broken_mutex_;   ///< broken_ is read by failure() from other threads
   uint64_t joined_ = 0;
   std::vector<std::vector<expert_weights>> store_;  ///< [layer][expert]: the experts served here
   live_eplb_config eplb_;

@@ -40,6 +40,7 @@ public:
   }
   void bind_runner(deferred_runner* r) override { inner_->bind_runner(r); }
   void stop() override { inner_->stop(); }
+  std::string standing_failure() const override { return inner_->standing_failure(); }
 
 private:
   std::shared_ptr<executor> inner_;

@@ -5,10 +5,12 @@
 
 #include "gpu/byte_tokenizer.hpp"
 #include "gpu/cpu_executor.hpp"
+#include "gpu/expert_parallel.hpp"
 #include "gpu/local_generate.hpp"
 #include "tests/actors/cluster_fixture.hpp"
 #include "tests/test_util.hpp"
 #include "transport/fault_proxy.hpp"
+#include "transport/loopback.hpp"
 
 using namespace baton;
 
@@ -433,4 +435,54 @@ TEST_CASE("extra end-of-sequence tokens (generation_config.json's list) end gene
   got = t.generate(cluster.router, req);
   REQUIRE(got);
   CHECK(got->tokens == ref.tokens);
+}
+
+TEST_CASE("data-parallel decode ranks in a cluster answer as colocated; once their group breaks they refuse new work "
+          "naming why, report no room, and requests go to the rank outside the group") {
+  test::cluster_system t;
+  auto cfg = small_cluster();
+  cfg.model = gpu::deepseek_tiny_config(true);
+  cfg.num_decode_ranks = 3;  // decode-0 and decode-1 form a group, decode-2 stands alone
+  auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
+  auto fabric = transport::make_loopback_fabric();
+  std::string why;
+  auto members = gpu::make_peer_group(
+      {"decode-0-dp", "decode-1-dp"}, cfg.model, gpu::expert_slot_bytes(cfg.model, 512),
+      [&](const std::string& name, std::string*) { return transport::make_loopback_transport(fabric, name); }, &why);
+  REQUIRE_MESSAGE(members.size() == 2, why);
+  auto make_exec = [&](const std::string& rank) -> std::shared_ptr<gpu::executor> {
+    auto ec = cfg.executor;
+    if (rank == "decode-0") ec.peers = members[0];
+    if (rank == "decode-1") ec.peers = members[1];
+    return gpu::make_cpu_executor(cfg.model, weights, ec);
+  };
+  auto cluster = start_local_cluster(t.sys, cfg, make_exec);
+  test::cluster_system::stopper stop{t, cluster};
+  REQUIRE(t.wait_registered(cluster));
+  auto ask = [&](const std::string& p) {
+    generate_request req;
+    req.prompt = p;
+    req.max_tokens = 8;
+    auto got = t.generate(cluster.router, req);
+    REQUIRE_MESSAGE(got, t.sys.render(got.error()));
+    CHECK(got->tokens == colocated(cfg, encode(cfg, p), 8).tokens);
+    return *got;
+  };
+  int in_group = 0;
+  for (const auto& p : prompts) in_group += ask(p).decode_rank != "decode-2";
+  CHECK(in_group > 0);  // the balancer placed work on the group's ranks
+  CHECK(members[0]->failure().empty());
+
+  members[0]->fault_break_for_test("injected by the test");
+  CHECK(members[0]->failure() == "data-parallel group, member decode-0-dp: injected by the test");
+  CHECK(members[1]->failure() == "data-parallel group of decode-1-dp: member decode-0-dp is out of step");
+  caf::scoped_actor self{t.sys};
+  std::string refusal;
+  self->request(cluster.decode[1].handle, std::chrono::seconds{10}, reserve_atom::value, kv_lease_reserve{99, 32, 1000, 16})
+      .receive([](kv_lease_grant&) {}, [&](caf::error& e) { refusal = t.sys.render(e); });
+  CHECK(refusal.find("rank_unavailable") != std::string::npos);
+  CHECK(refusal.find("request 99, rank decode-1, stage kv_reserve: data-parallel group of decode-1-dp: member "
+                     "decode-0-dp is out of step") != std::string::npos);
+  for (int round = 0; round < 2; ++round)
+    for (const auto& p : prompts) CHECK(ask(p).decode_rank == "decode-2");
 }
