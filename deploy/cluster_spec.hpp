@@ -60,6 +60,9 @@ struct cluster_spec {
   /// (gpu::expert_peers), across the decode nodes in spec order, instead of leading expert
   /// processes; a group's members in different nodes meet through the head.
   bool dp_attention = false;
+  /// expert_parallel.eplb_slots / eplb_interval: live EPLB in every expert-parallel engine
+  /// (gpu::live_eplb_config; 0 slots: off).
+  uint32_t eplb_slots = 0, eplb_interval = 64;
   /// elastic: the role planner's targets, for the head's controller when nodes have the elastic
   /// role (0: the head's defaults).
   uint32_t elastic_ttft_ms = 0, elastic_tbt_ms = 0;

@@ -509,6 +509,9 @@ int run_local(const std::vector<std::string>& args) {
                                        "--cluster-id", opt.sec.cluster_id, "--expert-parallel",
                                        std::to_string(opt.expert_parallel), "--ucx-send", opt.cluster.ucx_send};
       if (opt.dual_batch_overlap) argv.push_back("--dual-batch-overlap");
+      if (opt.eplb.slots_per_rank)
+        argv.insert(argv.end(), {"--eplb-slots", std::to_string(opt.eplb.slots_per_rank), "--eplb-interval",
+                                 std::to_string(opt.eplb.interval_rounds)});
       if (opt.sec.tls())
         argv.insert(argv.end(), {"--tls-cert", opt.sec.tls_cert, "--tls-key", opt.sec.tls_key, "--tls-ca", opt.sec.tls_ca});
       if (cuda_fp32) argv.push_back("--cuda-fp32");

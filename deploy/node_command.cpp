@@ -196,6 +196,11 @@ int run_node(const std::vector<std::string>& args) {
   flags.add("--dual-batch-overlap", &dual_batch_overlap, "with --expert-parallel: two micro-batches per MoE round");
   bool dp_attention = false;
   uint32_t dp_first_rank = 0;
+  gpu::live_eplb_config eplb;
+  flags.add("--eplb-slots", &eplb.slots_per_rank,
+            "with --expert-parallel: expert copies each EP rank holds; above experts / N, live EPLB places copies of "
+            "hot experts (0 = off)");
+  flags.add("--eplb-interval", &eplb.interval_rounds, "live EPLB: MoE rounds between plans");
   flags.add("--dp-attention", &dp_attention,
             "decode, with --expert-parallel N: the cluster's decode ranks form data-parallel groups of N, each rank "
             "running attention for its own requests and serving 1/N of every MoE layer's experts to its group, in "
@@ -260,6 +265,10 @@ int run_node(const std::vector<std::string>& args) {
     }
   }
   auto model = loaded.model;
+  if (eplb.slots_per_rank && expert_parallel < 2) {
+    std::fprintf(stderr, "baton node: --eplb-slots places expert copies over EP ranks: it needs --expert-parallel N >= 2\n");
+    return 2;
+  }
   if (dp_first_rank && !dp_attention) {
     std::fprintf(stderr, "baton node: --dp-first-rank numbers data-parallel members: it needs --dp-attention\n");
     return 2;
@@ -307,7 +316,13 @@ int run_node(const std::vector<std::string>& args) {
     // Each member serves routed experts from its own store, filled here with its block; the
     // weights the executors share then keep none (a loaded model is copied once to drop them).
     gpu::model_weights attention_only = *weights;
-    for (auto& p : peers) p->hold_block(model, attention_only);
+    for (auto& p : peers) {
+      p->hold_block(model, attention_only);
+      if (eplb.slots_per_rank && !p->enable_eplb(eplb, model.moe.n_routed_experts, &why)) {
+        std::fprintf(stderr, "baton node %s: data-parallel attention: %s\n", name.c_str(), why.c_str());
+        return 2;
+      }
+    }
     gpu::keep_expert_block(model, attention_only, expert_parallel, expert_parallel);
     weights = std::make_shared<const gpu::model_weights>(std::move(attention_only));
     const uint32_t first_moe = model.moe.first_k_dense_replace;
@@ -350,6 +365,8 @@ int run_node(const std::vector<std::string>& args) {
                                          engine_slot_bytes(model, prefill, rank), rank_name, dual_batch_overlap},
                                         model, &why);
         if (!group) return "rank " + rank_name + ": expert parallelism: " + why;
+        if (eplb.slots_per_rank && !group->enable_eplb(eplb, model.moe.n_routed_experts, &why))
+          return "rank " + rank_name + ": expert parallelism: " + why;
         ec.experts = std::move(group);
         exec = gpu::make_cpu_executor(model, weights, ec);
       } else {
@@ -400,6 +417,13 @@ int run_node(const std::vector<std::string>& args) {
         },
         caf::after(std::chrono::milliseconds{100}) >> [] {});
   }
+  for (uint32_t i = 0; i < peers.size(); ++i)  // what each data-parallel member's live EPLB did
+    if (eplb.slots_per_rank)
+      std::printf("baton node %s: rank %s: %llu EPLB plans, %llu bytes of expert weights received, %llu experts dropped\n",
+                  name.c_str(), rank_name_of(i).c_str(), static_cast<unsigned long long>(peers[i]->plans()),
+                  static_cast<unsigned long long>(peers[i]->bytes_installed()),
+                  static_cast<unsigned long long>(peers[i]->experts_evicted()));
+  std::fflush(stdout);
   if (reason && reason != caf::exit_reason::normal) {
     std::fprintf(stderr, "baton node %s: %s\n", name.c_str(), sys.render(reason).c_str());
     return drain_sent ? 0 : 1;  // after a drain request, leaving is the goal

@@ -121,7 +121,7 @@ TEST_CASE("the transport's send mode and expert parallelism reach the engines th
           "wide EP for decode") {
   const std::string spec = R"({
     "name": "t", "model": "deepseek-v3-tiny", "transport": {"send": "am"},
-    "expert_parallel": {"prefill": 2, "decode": 4, "dual_batch_overlap": true},
+    "expert_parallel": {"prefill": 2, "decode": 4, "dual_batch_overlap": true, "eplb_slots": 4, "eplb_interval": 32},
     "nodes": [
       {"name": "head", "roles": ["router", "prefill"], "ports": {"router": 7100, "cluster": 7101}},
       {"name": "p", "roles": ["prefill"]},
@@ -144,6 +144,8 @@ TEST_CASE("the transport's send mode and expert parallelism reach the engines th
     CHECK(std::count(plan[i].argv.begin(), plan[i].argv.end(), "--ucx-send") == 1);
     CHECK(after(plan[i], "--ucx-send") == "am");
     CHECK(has(plan[i], "--dual-batch-overlap"));
+    CHECK(after(plan[i], "--eplb-slots") == "4");
+    CHECK(after(plan[i], "--eplb-interval") == "32");
   }
   CHECK(after(plan[0], "--expert-parallel") == "2");  // the head's prefill ranks
   CHECK(after(plan[1], "--expert-parallel") == "2");
@@ -166,6 +168,8 @@ TEST_CASE("the transport's send mode and expert parallelism reach the engines th
         "spec.expert_parallel.decode must be an integer in [1, 256]");
   CHECK(error_of(R"("model": "m")", R"("model": "m", "expert_parallel": {"dual_batch_overlap": 1})") ==
         "spec.expert_parallel.dual_batch_overlap must be true or false");
+  CHECK(error_of(R"("model": "m")", R"("model": "m", "expert_parallel": {"eplb_slots": 4})") ==
+        "spec.expert_parallel.eplb_slots places expert copies over EP ranks: it needs prefill or decode >= 2");
 }
 
 TEST_CASE("expert_parallel.dp_attention groups each decode node's ranks, and only the decode nodes'; specs it cannot "

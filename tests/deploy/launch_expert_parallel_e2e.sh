@@ -41,32 +41,36 @@ stop_launched
 for _ in $(seq 50); do [ "$(experts)" = 0 ] && break; sleep 0.1; done
 [ "$(experts)" = 0 ] || fail "$(experts) expert processes outlived the cluster"
 
-# Data-parallel attention in groups of EP 2 over four decode ranks in two node processes: two of
-# decode-a's ranks form a group inside it, its third and decode-b's rank one across the two
-# processes (they meet through the head). Each member runs its own requests' attention and serves
-# half the experts to the other; no decode rank starts an expert process.
+# Data-parallel attention: the four decode ranks of two node processes form one group of EP 4
+# (members 0 and 1 in decode-a, 2 and 3 in decode-b, meeting through the head), each running its
+# own requests' attention and serving a quarter of the experts to all; no decode rank starts an
+# expert process. Every step crosses the two processes. Live EPLB re-places the experts every 4
+# MoE rounds (4 slots each for 8 experts), moving weights between the processes.
 cat > "$WORK/spec.json" <<SPEC
 {
   "name": "ep-e2e",
   "model": "deepseek-v3-tiny",
-  "expert_parallel": {"prefill": 2, "decode": 2, "dp_attention": true},
+  "expert_parallel": {"prefill": 2, "decode": 4, "dp_attention": true, "eplb_slots": 4, "eplb_interval": 4},
   "nodes": [
     {"name": "head", "host": "127.0.0.1", "roles": ["router", "prefill"], "prefill_ranks": 1,
      "ports": {"router": $P_ROUTER, "cluster": $P_CLUSTER}},
-    {"name": "decode-a", "host": "127.0.0.1", "roles": ["decode"], "gpus": 3},
-    {"name": "decode-b", "host": "127.0.0.1", "roles": ["decode"]}
+    {"name": "decode-a", "host": "127.0.0.1", "roles": ["decode"], "gpus": 2},
+    {"name": "decode-b", "host": "127.0.0.1", "roles": ["decode"], "gpus": 2}
   ]
 }
 SPEC
 launch_cluster
 for n in decode-a decode-b; do grep -q "node $n joined" "$WORK/launch.log" || fail "$n did not join (data-parallel attention)"; done
-grep -q "rank decode-a-2 is member 0 of data-parallel group dp1, serving 4 of 8" "$WORK/launch.log" || fail "decode-a-2 is not in group dp1"
-grep -q "rank decode-b is member 1 of data-parallel group dp1, serving 4 of 8" "$WORK/launch.log" || fail "decode-b is not in group dp1"
+grep -q "rank decode-a-1 is member 1 of data-parallel group dp0, serving 2 of 8" "$WORK/launch.log" || fail "decode-a-1 is not member 1 of dp0"
+grep -q "rank decode-b-0 is member 2 of data-parallel group dp0, serving 2 of 8" "$WORK/launch.log" || fail "decode-b-0 is not member 2 of dp0"
 [ "$(experts)" = 1 ] || fail "expected only the prefill rank's expert process, found $(experts)"
 same_as_single deepseek-v3-tiny ep-e2e 12 "Experts, route this" "A second prompt, longer, so that more tokens pass the experts" \
   "A third one for the other decode rank" "And a fourth, so both members have rows of their own"
-echo "launch EP e2e: decode ranks in data-parallel groups of 2 (dp_attention), one inside a node and one across two: the same text as EP 1"
+echo "launch EP e2e: four decode ranks in two processes as one data-parallel group of EP 4 with live EPLB: the same text as EP 1"
 stop_launched
+# Live EPLB ran in the group across the two processes: decode-b's members received expert weights.
+grep -E "rank decode-b-[01]: [1-9][0-9]* EPLB plans, [1-9][0-9]* bytes of expert weights received" "$WORK/launch.log" ||
+  fail "no EPLB plan moved weights into decode-b: $(grep 'EPLB plans' "$WORK/launch.log")"
 for _ in $(seq 50); do [ "$(experts)" = 0 ] && break; sleep 0.1; done
 [ "$(experts)" = 0 ] || fail "$(experts) expert processes outlived the cluster"
 echo "launch EP e2e: all checks passed"
