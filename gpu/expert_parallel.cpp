@@ -496,7 +496,10 @@ expert_peers::~expert_peers() { leave(); }
 
 uint32_t expert_peers::size() const { return static_cast<uint32_t>(group_->names.size()); }
 
-void expert_peers::leave() { group_->left[rank_].store(true, std::memory_order_release); }
+void expert_peers::leave() {
+  if (group_->left[rank_].exchange(true, std::memory_order_acq_rel)) return;
+  group_->a2a[rank_]->signal_abort();  // members in other processes learn it at once
+}
 
 std::string expert_peers::failure() const {
   if (group_->left[rank_].load(std::memory_order_acquire))
@@ -557,6 +560,8 @@ std::string expert_peers::gone_peer() const {
       return "data-parallel group of " + group_->names[rank_] + ": member " + group_->names[r] + " has stopped";
     else if (r != rank_ && group_->out_of_step[r].load(std::memory_order_acquire))
       return "data-parallel group of " + group_->names[rank_] + ": member " + group_->names[r] + " is out of step";
+    else if (r != rank_ && group_->a2a[rank_]->peer_aborted(r))
+      return "data-parallel group of " + group_->names[rank_] + ": member " + group_->names[r] + " has left the group";
   return {};
 }
 
@@ -595,9 +600,12 @@ bool expert_peers::exchange_round(const model_config& cfg, uint32_t layer,
   const auto fail = [&](const std::string& stage, const std::string& what) {
     *why = "data-parallel group, member " + group_->names[rank_] + ", " + stage + " of MoE layer " +
            std::to_string(layer) + ": " + what;
-    std::lock_guard<std::mutex> lock{broken_mutex_};
-    broken_ = *why;
+    {
+      std::lock_guard<std::mutex> lock{broken_mutex_};
+      broken_ = *why;
+    }
     group_->out_of_step[rank_].store(true, std::memory_order_release);
+    a2a.signal_abort();  // the members in other processes stop waiting for this one
     return false;
   };
   auto chunks = with_headers(cfg, layer, entries);
@@ -730,10 +738,12 @@ std::vector<std::shared_ptr<expert_peers>> make_peer_group(
     auto t = make_transport(names[r], &err);
     if (!t) return *why = "data-parallel member " + names[r] + ": no transport: " + err, none{};
     g->a2a[r] = std::make_unique<transport::all_to_all>(*t, names, transport::all_to_all_config{r, size, slot_bytes, timeout});
-    // A member of this process that stopped is seen at once, even in the middle of a step.
-    g->a2a[r]->set_abort([group = g.get()](uint32_t s) {
+    // A member that stopped or broke is seen at once, even in the middle of a step: in this
+    // process by its flags, elsewhere by the abort word it put into this member's region.
+    g->a2a[r]->set_abort([group = g.get(), r](uint32_t s) {
       return group->left[s].load(std::memory_order_acquire)          ? std::string{"it has stopped"}
              : group->out_of_step[s].load(std::memory_order_acquire) ? std::string{"it is out of step"}
+             : group->a2a[r]->peer_aborted(s)                        ? std::string{"it has left the group"}
                                                                      : std::string{};
     });
     g->transports.push_back(std::move(t));

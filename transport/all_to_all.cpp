@@ -20,15 +20,16 @@ all_to_all::all_to_all(transport& t, std::vector<std::string> rank_names, all_to
   if (error_.empty() && names_.size() != cfg_.size) error_ = "all-to-all: a name for each of the " + std::to_string(cfg_.size) + " ranks";
   if (!error_.empty()) return;
   const uint64_t bells = uint64_t{cfg_.size} * sizeof(doorbell);
-  recv_bytes_ = 2 * bells + 2 * cfg_.size * stride();
-  send_.assign(bells + cfg_.size * stride(), std::byte{0});
+  recv_bytes_ = flags_bytes() + 2 * bells + 2 * cfg_.size * stride();
+  // Staging: doorbells, slots, then the word signal_abort() puts.
+  send_.assign(bells + cfg_.size * stride() + sizeof(uint64_t), std::byte{0});
   xfer_error err;
   recv_ = t_.allocate_memory(recv_bytes_, &err);
   if (!recv_) {
     error_ = "all-to-all rank " + names_[cfg_.rank] + ": no memory for its receive slots: " + err.to_string();
     return;
   }
-  std::memset(recv_, 0, 2 * bells);  // no exchange yet: every doorbell at sequence 0
+  std::memset(recv_, 0, flags_bytes() + 2 * bells);  // no exchange yet, nobody gone: all zero
   auto rk = t_.register_region(recv_, recv_bytes_, &err);
   if (rk) recv_key_ = *rk;  // deregistered by the destructor whatever happens next
   auto sk = rk ? t_.register_region(send_.data(), send_.size(), &err) : std::nullopt;
@@ -69,11 +70,34 @@ bool all_to_all::peer_started() const {
 }
 
 uint64_t all_to_all::bell_offset(uint64_t seq, uint32_t source) const {
-  return ((seq % 2) * cfg_.size + source) * sizeof(doorbell);
+  return flags_bytes() + ((seq % 2) * cfg_.size + source) * sizeof(doorbell);
 }
 
 uint64_t all_to_all::bank_offset(uint64_t seq) const {
-  return 2 * uint64_t{cfg_.size} * sizeof(doorbell) + (seq % 2) * cfg_.size * stride();
+  return flags_bytes() + 2 * uint64_t{cfg_.size} * sizeof(doorbell) + (seq % 2) * cfg_.size * stride();
+}
+
+bool all_to_all::peer_aborted(uint32_t source) const {
+  if (!recv_ || source >= cfg_.size) return false;
+  return std::atomic_ref<uint64_t>{*reinterpret_cast<uint64_t*>(recv_ + uint64_t{source} * sizeof(uint64_t))}.load(
+             std::memory_order_acquire) != 0;
+}
+
+void all_to_all::signal_abort() {
+  if (!error_.empty() || peers_.size() != cfg_.size) return;
+  const uint64_t at = uint64_t{cfg_.rank} * sizeof(uint64_t), staged = send_.size() - sizeof(uint64_t), one = 1;
+  std::memcpy(send_.data() + staged, &one, sizeof one);
+  std::vector<uint64_t> puts;
+  for (uint32_t d = 0; d < cfg_.size; ++d) {
+    if (d == cfg_.rank) continue;
+    if (direct_[d]) {
+      std::atomic_ref<uint64_t>{*reinterpret_cast<uint64_t*>(direct_[d] + at)}.store(1, std::memory_order_release);
+      continue;
+    }
+    puts.push_back(t_.post_put({seq_, 0, names_[d], send_region_, peers_[d], {{staged, at, sizeof one}}}));
+  }
+  std::string why;
+  wait_puts(puts, &why);  // best effort: a peer that is gone needs no word
 }
 
 void all_to_all::pause() const {

@@ -5,8 +5,8 @@
 // dispatch (tokens packed per destination rank) and combine (expert outputs back) are two such
 // exchanges per MoE layer.
 //
-// Each rank registers one receive region with two banks, each a doorbell per source and a slot per
-// source (`slot_bytes`, after an 8-byte size header). An exchange puts each chunk, size first, into
+// Each rank registers one receive region: an abort word per source (signal_abort), then two banks,
+// each a doorbell per source and a slot per source (`slot_bytes`, after an 8-byte size header). An exchange puts each chunk, size first, into
 // its destination's slot, waits for those puts to complete remotely, then puts a doorbell (one
 // 64-bit word: the exchange's sequence number, and whether the chunk is empty, in which case no
 // data was put) after it; a receiver has its input once every source's doorbell shows the
@@ -80,6 +80,12 @@ public:
   /// Called while an exchange waits for rank `source`'s chunk: a non-empty reason ends the wait
   /// at once with it (a peer known to be gone), instead of at the timeout.
   void set_abort(std::function<std::string(uint32_t source)> abort) { abort_ = std::move(abort); }
+  /// Tells every other rank that this one takes part in no more exchanges (it stopped, or its
+  /// caller's state broke): a word in each peer's region, which their waits can check
+  /// (peer_aborted) instead of running into the timeout. Best effort, bounded by the timeout.
+  void signal_abort();
+  /// Whether rank `source` has signalled that it takes part in no more exchanges.
+  bool peer_aborted(uint32_t source) const;
   /// Whether another rank has already rung its doorbell for this rank's next exchange: a peer
   /// started an exchange this rank has not joined (a data-parallel member idles on this).
   bool peer_started() const;
@@ -90,6 +96,7 @@ private:
   /// A doorbell word: seq << 1 | (the chunk is empty).
   using doorbell = uint64_t;
   uint64_t stride() const { return cfg_.slot_bytes + sizeof(uint64_t); }  ///< a slot and its size header
+  uint64_t flags_bytes() const { return uint64_t{cfg_.size} * sizeof(uint64_t); }  ///< one abort word per source
   uint64_t bell_offset(uint64_t seq, uint32_t source) const;
   uint64_t bank_offset(uint64_t seq) const;
   bool wait_puts(std::vector<uint64_t>& ids, std::string* why);
@@ -99,8 +106,8 @@ private:
   std::vector<std::string> names_;
   all_to_all_config cfg_;
   std::string error_;
-  /// Registered: [doorbells 0 | doorbells 1 | slots 0 | slots 1] (the transport's memory) and
-  /// [doorbells | slots] (staging for puts).
+  /// Registered: [abort words | doorbells 0 | doorbells 1 | slots 0 | slots 1] (the transport's
+  /// memory) and [doorbells | slots | abort word] (staging for puts).
   std::byte* recv_ = nullptr;
   uint64_t recv_bytes_ = 0;
   std::vector<std::byte> send_;

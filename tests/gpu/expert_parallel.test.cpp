@@ -5,7 +5,9 @@
 
 #include <doctest/doctest.h>
 
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include "gpu/cpu_executor.hpp"
@@ -440,4 +442,61 @@ TEST_CASE("live EPLB in a data-parallel group: on a skewed routing load the busi
   }
   CHECK(before > 3.0);
   CHECK(after < 1.5);
+}
+
+TEST_CASE("data-parallel attention across processes: two halves of a group, built apart and met by a rendezvous, "
+          "answer as EP 1; when one half stops, the other learns it at once through the abort word, names it, and "
+          "reports a standing failure") {
+  const auto cfg = deepseek_tiny_config(true);
+  auto w = std::make_shared<const model_weights>(make_seeded_weights(cfg, 9));
+  auto alone = make_cpu_executor(cfg, w, {});
+  const auto ref = generate_colocated(*alone, prompt_of(5, 30), 6, 16, {}, true);
+  REQUIRE(ref.error.empty());
+  for (const std::string backend : {"loopback", "ucx"}) {
+    CAPTURE(backend);
+    static auto fabric = transport::make_loopback_fabric();
+    static int serial = 0;
+    const std::vector<std::string> names{"far" + std::to_string(++serial) + ".0", "far" + std::to_string(serial) + ".1"};
+    // The rendezvous a head's directory runs: each half posts its key, both get both.
+    std::mutex m;
+    std::condition_variable cv;
+    std::vector<transport::region_key> keys(2);
+    int posted = 0;
+    auto meet = [&](const std::vector<std::pair<uint32_t, transport::region_key>>& mine,
+                    std::vector<transport::region_key>* all, std::string*) {
+      std::unique_lock<std::mutex> lock{m};
+      for (const auto& [r, key] : mine) keys[r] = key;
+      posted += static_cast<int>(mine.size());
+      cv.notify_all();
+      cv.wait_for(lock, std::chrono::seconds{30}, [&] { return posted == 2; });
+      *all = keys;
+      return posted == 2;
+    };
+    auto make_t = [&](const std::string& name, std::string* err) -> std::unique_ptr<transport::transport> {
+      if (backend == "ucx") return transport::make_ucx_transport({name}, err);
+      return transport::make_loopback_transport(fabric, name);
+    };
+    std::vector<std::shared_ptr<expert_peers>> half0, half1;
+    std::string why0, why1;
+    std::thread other([&] { half1 = make_peer_group(names, {1}, cfg, expert_slot_bytes(cfg, 64), make_t, meet, &why1); });
+    half0 = make_peer_group(names, {0}, cfg, expert_slot_bytes(cfg, 64), make_t, meet, &why0);
+    other.join();
+    REQUIRE_MESSAGE(half0.size() == 1, why0);
+    REQUIRE_MESSAGE(half1.size() == 1, why1);
+    cpu_executor_config e0, e1;
+    e0.peers = half0[0];
+    e1.peers = half1[0];
+    auto x0 = make_cpu_executor(cfg, w, e0), x1 = make_cpu_executor(cfg, w, e1);
+    const auto got = generate_colocated(*x0, prompt_of(5, 30), 6, 16, {}, true);  // half 1 idles and serves
+    REQUIRE_MESSAGE(got.error.empty(), got.error);
+    CHECK(got.tokens == ref.tokens);
+    CHECK(test::same_bits(got.step_logits, ref.step_logits));
+    CHECK(x0->standing_failure().empty());
+    x1->stop();  // the other "process" leaves: it puts its abort word into half 0's region
+    CHECK(x1->standing_failure() == "data-parallel group: member " + names[1] + " has stopped");
+    CHECK(x0->standing_failure() == "data-parallel group of " + names[0] + ": member " + names[1] + " has left the group");
+    const auto after = generate_colocated(*x0, prompt_of(5, 30), 2, 16, {}, true);
+    CHECK(after.error.find("member " + names[1] + " has left the group") != std::string::npos);
+    x0->stop();
+  }
 }
