@@ -224,7 +224,11 @@ bool serve_expert_chunk(const model_config& cfg, const model_weights& w, std::sp
 
 expert_group::expert_group(std::unique_ptr<transport::transport> t, std::unique_ptr<transport::all_to_all> a2a,
                            uint32_t size, std::unique_ptr<transport::all_to_all> b)
-  : t_(std::move(t)), a2a_(std::move(a2a)), b_(std::move(b)), size_(size) {}
+  : t_(std::move(t)), a2a_(std::move(a2a)), b_(std::move(b)), size_(size) {
+  // A shard that failed says so (run_expert_shard): the lead stops waiting for it at once.
+  for (auto* c : {a2a_.get(), b_.get()})
+    if (c) c->set_abort([c](uint32_t s) { return c->peer_aborted(s) ? std::string{"the shard failed"} : std::string{}; });
+}
 
 expert_group::~expert_group() {
   if (!a2a_) return;
@@ -440,8 +444,25 @@ bool apply_control(const model_config& cfg, model_weights& w, std::span<const st
 
 }  // namespace
 
+namespace {
+
+bool serve_as_shard(const model_config& cfg, model_weights& w, transport::all_to_all& a2a, std::string* why,
+                    transport::all_to_all* b);
+
+}  // namespace
+
 bool run_expert_shard(const model_config& cfg, model_weights& w, transport::all_to_all& a2a, std::string* why,
                       transport::all_to_all* b) {
+  if (serve_as_shard(cfg, w, a2a, why, b)) return true;
+  a2a.signal_abort();  // the lead's wait ends now, naming this shard, not at its timeout
+  if (b) b->signal_abort();
+  return false;
+}
+
+namespace {
+
+bool serve_as_shard(const model_config& cfg, model_weights& w, transport::all_to_all& a2a, std::string* why,
+                    transport::all_to_all* b) {
   const uint32_t n = a2a.size();
   // Only this rank's contiguous block stays (the lead's EPLB plans move experts in and out).
   keep_expert_block(cfg, w, a2a.config().rank, n);
@@ -475,6 +496,8 @@ bool run_expert_shard(const model_config& cfg, model_weights& w, transport::all_
     if (!a2a.exchange(send, &recv, why)) return false;  // combine
   }
 }
+
+}  // namespace
 
 struct expert_peers::shared {
   std::vector<std::string> names;

@@ -182,6 +182,34 @@ TEST_CASE("expert parallelism: a malformed dispatch chunk is refused with a sent
         std::string::npos);
   exec.reset();
   ec.experts.reset();  // its stop goes unanswered within the timeout
+
+  // A shard that fails (here: it holds none of its experts) says so, and the lead's job fails at
+  // once naming it, not at the timeout.
+  auto t2 = transport::make_loopback_transport(fabric, "lead2"), t3 = transport::make_loopback_transport(fabric, "broken");
+  std::vector<std::string> names2{"lead2", "broken"};
+  transport::all_to_all_config c2{0, 2, expert_slot_bytes(cfg, 64), std::chrono::milliseconds{120'000}}, c3 = c2;
+  c3.rank = 1;
+  auto a2 = std::make_unique<transport::all_to_all>(*t2, names2, c2);
+  transport::all_to_all a3{*t3, names2, c3};
+  a2->connect({a2->key(), a3.key()});
+  a3.connect({a2->key(), a3.key()});
+  model_weights none = *w;
+  std::string shard_why;
+  std::thread shard([&] {
+    auto emptied = none;
+    keep_expert_block(cfg, emptied, 2, 2);  // a rank past the last: no expert left
+    // run_expert_shard keeps rank 1's block of what it is given: nothing.
+    CHECK_FALSE(run_expert_shard(cfg, emptied, a3, &shard_why));
+  });
+  cpu_executor_config ec2;
+  ec2.experts = std::make_shared<expert_group>(std::move(t2), std::move(a2), 2);
+  auto exec2 = make_cpu_executor(cfg, w, ec2);
+  const auto failed = generate_colocated(*exec2, {1, 2, 3, 4, 5, 6, 7, 8}, 2, 16, {}, true);
+  shard.join();
+  CHECK(shard_why.find("is not held here") != std::string::npos);
+  CHECK(failed.error.find("rank lead2 stops waiting for broken: the shard failed") != std::string::npos);
+  exec2.reset();
+  ec2.experts.reset();
 }
 
 TEST_CASE("live EPLB: on a skewed routing load the hottest EP rank's copies drop from 3.8x the mean to 1.15x, and "
