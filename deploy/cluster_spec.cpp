@@ -234,7 +234,6 @@ bool validate(const cluster_spec& s, std::string* why) {
   }
   if (s.dp_attention) {
     std::string bad = s.decode_ep < 2 ? "expert_parallel.decode is " + std::to_string(s.decode_ep)
-                      : s.dual_batch_overlap ? std::string{"dual_batch_overlap is on"}
                       : elastics > 0 ? std::string{"there are elastic nodes"} : std::string{};
     uint32_t ranks = 0;
     for (const auto& n : s.nodes)
@@ -243,7 +242,7 @@ bool validate(const cluster_spec& s, std::string* why) {
       bad = "the decode nodes have " + std::to_string(ranks) + " ranks in all, not a multiple of " + std::to_string(s.decode_ep);
     if (!bad.empty()) {
       *why = "spec.expert_parallel.dp_attention groups the decode ranks by expert_parallel.decode (>= 2), "
-             "without dual-batch overlap or elastic nodes, but " + bad;
+             "without elastic nodes, but " + bad;
       return false;
     }
   }

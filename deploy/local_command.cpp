@@ -333,11 +333,11 @@ int run_local(const std::vector<std::string>& args) {
       why = policies::eplb_config{opt.expert_parallel, opt.expert_parallel, opt.eplb.slots_per_rank}.validate(
           opt.cluster.model.moe.n_routed_experts);
     if (why.empty() && opt.dp_attention &&
-        (opt.dual_batch_overlap || opt.decode_processes > 0 || opt.cluster.num_decode_ranks == 0 ||
+        (opt.decode_processes > 0 || opt.cluster.num_decode_ranks == 0 ||
          opt.cluster.num_decode_ranks % opt.expert_parallel != 0))
       why = "--dp-attention groups the in-process decode ranks by --expert-parallel: it needs --decode-ranks a "
             "multiple of " + std::to_string(opt.expert_parallel) + " (not " + std::to_string(opt.cluster.num_decode_ranks) +
-            "), no --decode-processes and no --dual-batch-overlap";
+            ") and no --decode-processes";
     if (why.empty() && opt.expert_parallel > opt.cluster.model.moe.n_routed_experts)
       why = "--expert-parallel " + std::to_string(opt.expert_parallel) + " exceeds the model's " +
             std::to_string(opt.cluster.model.moe.n_routed_experts) + " routed experts";
@@ -436,7 +436,8 @@ int run_local(const std::vector<std::string>& args) {
       for (uint32_t i = 0; i < c.num_decode_ranks; ++i) names.push_back(c.decode.name + "-" + std::to_string(i));
       std::string why;
       const auto members = make_dp_attention_groups(names, opt.expert_parallel, c.model,
-                                                    engine_slot_bytes(c.model, c.prefill, c.decode), c.ucx_send, &why);
+                                                    engine_slot_bytes(c.model, c.prefill, c.decode), c.ucx_send,
+                                                    opt.dual_batch_overlap, &why);
       if (members.empty()) {
         std::fprintf(stderr, "baton local: data-parallel attention: %s\n", why.c_str());
         return 1;

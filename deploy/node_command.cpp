@@ -97,7 +97,8 @@ namespace {
 std::vector<std::shared_ptr<gpu::expert_peers>> join_dp_groups(caf::actor_system& sys, const node_directory_actor& dir,
                                                                uint32_t ranks, uint32_t first, uint32_t ep,
                                                                const gpu::model_config& model, uint64_t slot_bytes,
-                                                               const std::string& ucx_send, std::string* why) {
+                                                               const std::string& ucx_send, bool dual_batch,
+                                                               std::string* why) {
   std::vector<std::shared_ptr<gpu::expert_peers>> out;
   for (uint32_t g = first / ep; g <= (first + ranks - 1) / ep; ++g) {
     const std::string group = "dp" + std::to_string(g);
@@ -106,8 +107,9 @@ std::vector<std::shared_ptr<gpu::expert_peers>> join_dp_groups(caf::actor_system
     std::vector<uint32_t> local;  // consecutive member indices
     for (uint32_t i = 0; i < ranks; ++i)
       if ((first + i) / ep == g) local.push_back((first + i) % ep);
-    auto meet = [&](const std::vector<std::pair<uint32_t, transport::region_key>>& mine,
+    auto meet = [&](uint32_t channel, const std::vector<std::pair<uint32_t, transport::region_key>>& mine,
                     std::vector<transport::region_key>* all, std::string* err) {
+      const std::string meeting = channel == 0 ? group : group + "/b";  // dual-batch overlap's second channel
       std::vector<std::string> cards;
       for (const auto& m : mine) cards.push_back(transport::key_to_text(m.second));
       std::vector<std::string> got;
@@ -115,7 +117,7 @@ std::vector<std::shared_ptr<gpu::expert_peers>> join_dp_groups(caf::actor_system
         got = cards;
       } else {
         caf::scoped_actor self{sys};
-        self->request(dir, std::chrono::seconds{120}, rendezvous_atom::value, group, ep, mine.front().first, cards)
+        self->request(dir, std::chrono::seconds{120}, rendezvous_atom::value, meeting, ep, mine.front().first, cards)
             .receive([&](std::vector<std::string>& c) { got = std::move(c); },
                      [&](caf::error& e) { *err = "group " + group + ": meeting its members at the head: " + sys.render(e); });
         if (got.empty()) return false;
@@ -127,7 +129,8 @@ std::vector<std::shared_ptr<gpu::expert_peers>> join_dp_groups(caf::actor_system
       }
       return true;
     };
-    auto members = gpu::make_peer_group(names, local, model, slot_bytes, ucx_peer_transports(ucx_send), meet, why);
+    auto members = gpu::make_peer_group(names, local, model, {slot_bytes, std::chrono::milliseconds{10'000}, dual_batch},
+                                        ucx_peer_transports(ucx_send), meet, why);
     if (members.empty()) return {};
     out.insert(out.end(), members.begin(), members.end());
   }
@@ -273,9 +276,9 @@ int run_node(const std::vector<std::string>& args) {
     std::fprintf(stderr, "baton node: --dp-first-rank numbers data-parallel members: it needs --dp-attention\n");
     return 2;
   }
-  if (dp_attention && (role != "decode" || expert_parallel < 2 || dual_batch_overlap)) {
-    std::fprintf(stderr, "baton node: --dp-attention groups decode ranks: it needs --role decode, "
-                         "--expert-parallel N >= 2 and no --dual-batch-overlap\n");
+  if (dp_attention && (role != "decode" || expert_parallel < 2)) {
+    std::fprintf(stderr, "baton node: --dp-attention groups decode ranks: it needs --role decode and "
+                         "--expert-parallel N >= 2\n");
     return 2;
   }
   if (expert_parallel > 1 && (model.moe.n_routed_experts < expert_parallel || backend.kind != "cpu")) {
@@ -308,7 +311,7 @@ int run_node(const std::vector<std::string>& args) {
   std::vector<std::shared_ptr<gpu::expert_peers>> peers;
   if (dp_attention) {
     peers = join_dp_groups(sys, *directory, num_ranks, dp_first_rank, expert_parallel, model,
-                           engine_slot_bytes(model, prefill, rank), ucx_send, &why);
+                           engine_slot_bytes(model, prefill, rank), ucx_send, dual_batch_overlap, &why);
     if (peers.empty()) {
       std::fprintf(stderr, "baton node %s: data-parallel attention: %s\n", name.c_str(), why.c_str());
       return 1;

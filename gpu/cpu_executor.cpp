@@ -394,7 +394,7 @@ private:
                         std::string* why) {
     const auto& c = cfg_;
     const size_t h = c.hidden_size, k = c.moe.num_experts_per_tok, row_bytes = h * sizeof(float);
-    const bool dual = experts_ && experts_->dual_batch();
+    const bool dual = experts_ ? experts_->dual_batch() : peers_->dual_batch();
     const size_t split = dual ? (n + 1) / 2 : n;  // rows of micro-batch A
     const uint32_t ranks = experts_ ? experts_->size() : peers_->size();
     std::vector<std::vector<std::byte>> entries[2] = {std::vector<std::vector<std::byte>>(ranks),
@@ -418,7 +418,8 @@ private:
         std::memcpy(v.data() + at + sizeof e, act_.hn.data() + r * h, row_bytes);
       }
     ++rounds_;
-    const bool ok = peers_ ? peers_->round(c, l, entries[0], &outputs[0], why)
+    const bool ok = peers_ ? (dual ? peers_->round_dual(c, l, entries[0], entries[1], &outputs[0], &outputs[1], why)
+                                   : peers_->round(c, l, entries[0], &outputs[0], why))
                     : dual ? experts_->round_dual(c, *weights_, l, entries[0], entries[1], &outputs[0], &outputs[1], why)
                            : experts_->round(c, *weights_, l, entries[0], &outputs[0], why);
     if (!ok) return false;

@@ -503,9 +503,13 @@ struct expert_peers::shared {
   std::vector<std::string> names;
   std::vector<std::unique_ptr<transport::transport>> transports;
   std::vector<std::unique_ptr<transport::all_to_all>> a2a;  ///< destroyed before the transports
+  std::vector<std::unique_ptr<transport::all_to_all>> b;    ///< dual-batch overlap's second channel, or empty
   std::unique_ptr<std::atomic<bool>[]> left;                ///< [member]: stopped taking part
   std::unique_ptr<std::atomic<bool>[]> out_of_step;         ///< [member]: its group state broke
-  ~shared() { a2a.clear(); }
+  ~shared() {
+    a2a.clear();
+    b.clear();
+  }
 };
 
 expert_peers::expert_peers(std::shared_ptr<shared> group, uint32_t rank, const model_config& cfg)
@@ -522,7 +526,10 @@ uint32_t expert_peers::size() const { return static_cast<uint32_t>(group_->names
 void expert_peers::leave() {
   if (group_->left[rank_].exchange(true, std::memory_order_acq_rel)) return;
   group_->a2a[rank_]->signal_abort();  // members in other processes learn it at once
+  if (dual_batch()) group_->b[rank_]->signal_abort();
 }
+
+bool expert_peers::dual_batch() const { return !group_->b.empty(); }
 
 std::string expert_peers::failure() const {
   if (group_->left[rank_].load(std::memory_order_acquire))
@@ -597,7 +604,27 @@ bool expert_peers::round(const model_config& cfg, uint32_t layer, const std::vec
            false;
   if (next_ == 0)
     if (auto gone = gone_peer(); !gone.empty()) return *why = gone, false;
-  return exchange_round(cfg, layer, entries, outputs, why);
+  if (dual_batch()) {  // every member runs both channels: the rows go as micro-batch A
+    std::vector<std::vector<std::byte>> none_b;
+    return exchange_round(cfg, layer, entries, nullptr, outputs, &none_b, why);
+  }
+  return exchange_round(cfg, layer, entries, nullptr, outputs, nullptr, why);
+}
+
+bool expert_peers::round_dual(const model_config& cfg, uint32_t layer,
+                              const std::vector<std::vector<std::byte>>& entries_a,
+                              const std::vector<std::vector<std::byte>>& entries_b,
+                              std::vector<std::vector<std::byte>>* outputs_a,
+                              std::vector<std::vector<std::byte>>* outputs_b, std::string* why) {
+  if (!dual_batch()) return *why = "data-parallel group: " + group_->names[rank_] + " has no second channel", false;
+  if (auto b = broken(); !b.empty()) return *why = b, false;
+  if (moe_layers_.empty() || layer != moe_layers_[next_])
+    return *why = "data-parallel group: " + group_->names[rank_] + " was asked for MoE layer " + std::to_string(layer) +
+                  " where its step is at another",
+           false;
+  if (next_ == 0)
+    if (auto gone = gone_peer(); !gone.empty()) return *why = gone, false;
+  return exchange_round(cfg, layer, entries_a, &entries_b, outputs_a, outputs_b, why);
 }
 
 bool expert_peers::join(const model_config& cfg, std::string* why) {
@@ -608,16 +635,61 @@ bool expert_peers::join(const model_config& cfg, std::string* why) {
     ++joined_;
   }
   const std::vector<std::vector<std::byte>> none(size());
-  std::vector<std::vector<std::byte>> outputs;
+  std::vector<std::vector<std::byte>> outputs, outputs_b;
   do {
-    if (!exchange_round(cfg, moe_layers_[next_], none, &outputs, why)) return false;
+    if (!exchange_round(cfg, moe_layers_[next_], none, dual_batch() ? &none : nullptr, &outputs,
+                        dual_batch() ? &outputs_b : nullptr, why))
+      return false;
   } while (next_ != 0);
   return true;
 }
 
+std::vector<std::vector<std::byte>> expert_peers::dispatch_chunks(const model_config& cfg, uint32_t layer,
+                                                                  const std::vector<std::vector<std::byte>>& entries,
+                                                                  std::string* too_big) const {
+  auto chunks = with_headers(cfg, layer, entries);
+  const uint64_t slot = group_->a2a[rank_]->config().slot_bytes;
+  for (uint32_t d = 0; d < size(); ++d)
+    if (chunks[d].size() > slot) {
+      // The job fails alone: this member still takes its part in the round, with no rows.
+      *too_big = "data-parallel group, member " + group_->names[rank_] + ", MoE layer " + std::to_string(layer) + ": " +
+                 std::to_string(chunks[d].size()) + " bytes of rows for " + group_->names[d] + " exceed the slot of " +
+                 std::to_string(slot) + " (a job larger than the group was sized for)";
+      return with_headers(cfg, layer, std::vector<std::vector<std::byte>>(size()));
+    }
+  return chunks;
+}
+
+std::vector<std::vector<std::byte>> expert_peers::serve_all(const model_config& cfg, uint32_t layer,
+                                                            const std::vector<std::span<const std::byte>>& recv,
+                                                            std::string* refused) {
+  // A chunk this member cannot serve gets no answer, but the combine still runs: its sender
+  // fails this round at once (an answer of the wrong size) instead of at the timeout.
+  const auto find = [this](uint32_t l, uint32_t e) -> const expert_weights* {
+    return l < store_.size() && e < store_[l].size() ? &store_[l][e] : nullptr;
+  };
+  std::vector<std::vector<std::byte>> served(size());
+  std::string why;
+  for (uint32_t s = 0; s < size(); ++s) {
+    chunk_header hd{};
+    if (recv[s].size() >= sizeof hd) std::memcpy(&hd, recv[s].data(), sizeof hd);
+    if (hd.kind != kind_work || hd.layer != layer)
+      *refused = "member " + group_->names[s] + " is out of step (it sent kind " + std::to_string(hd.kind) +
+                 " for layer " + std::to_string(hd.layer) + ")";
+    else if (!serve_chunk(cfg, find, recv[s], &served[s], &why))
+      *refused = "serving " + group_->names[s] + ": " + why;
+    else
+      copies_served_ += hd.count;
+    if (!refused->empty()) return std::vector<std::vector<std::byte>>(size());
+  }
+  return served;
+}
+
 bool expert_peers::exchange_round(const model_config& cfg, uint32_t layer,
                                   const std::vector<std::vector<std::byte>>& entries,
-                                  std::vector<std::vector<std::byte>>* outputs, std::string* why) {
+                                  const std::vector<std::vector<std::byte>>* entries_b,
+                                  std::vector<std::vector<std::byte>>* outputs,
+                                  std::vector<std::vector<std::byte>>* outputs_b, std::string* why) {
   auto& a2a = *group_->a2a[rank_];
   // Any failure leaves the members out of step for good: later rounds fail with the same words.
   const auto fail = [&](const std::string& stage, const std::string& what) {
@@ -629,43 +701,39 @@ bool expert_peers::exchange_round(const model_config& cfg, uint32_t layer,
     }
     group_->out_of_step[rank_].store(true, std::memory_order_release);
     a2a.signal_abort();  // the members in other processes stop waiting for this one
+    if (dual_batch()) group_->b[rank_]->signal_abort();
     return false;
   };
-  auto chunks = with_headers(cfg, layer, entries);
-  // A job whose rows do not fit a slot fails alone: this member still takes its part in the
-  // round, with no rows, so the group stays in step.
-  std::string too_big;
-  for (uint32_t d = 0; d < size() && too_big.empty(); ++d)
-    if (chunks[d].size() > a2a.config().slot_bytes)
-      too_big = "data-parallel group, member " + group_->names[rank_] + ", MoE layer " + std::to_string(layer) + ": " +
-                std::to_string(chunks[d].size()) + " bytes of rows for " + group_->names[d] + " exceed the slot of " +
-                std::to_string(a2a.config().slot_bytes) + " (a job larger than the group was sized for)";
-  if (!too_big.empty()) chunks = with_headers(cfg, layer, std::vector<std::vector<std::byte>>(size()));
-  std::vector<std::span<const std::byte>> recv;
-  if (!a2a.exchange(spans(chunks), &recv, why)) return fail("dispatch", *why);
-  // The copies the others (and this member) sent for the experts here. A chunk this member
-  // cannot serve gets no answer, but the combine still runs: its sender fails this round at
-  // once (an answer of the wrong size) instead of at the timeout.
-  const auto find = [this](uint32_t l, uint32_t e) -> const expert_weights* {
-    return l < store_.size() && e < store_[l].size() ? &store_[l][e] : nullptr;
-  };
-  std::vector<std::vector<std::byte>> served(size());
-  std::string refused;
-  for (uint32_t s = 0; s < size() && refused.empty(); ++s) {
-    chunk_header hd{};
-    if (recv[s].size() >= sizeof hd) std::memcpy(&hd, recv[s].data(), sizeof hd);
-    if (hd.kind != kind_work || hd.layer != layer)
-      refused = "member " + group_->names[s] + " is out of step (it sent kind " + std::to_string(hd.kind) +
-                " for layer " + std::to_string(hd.layer) + ")";
-    else if (!serve_chunk(cfg, find, recv[s], &served[s], why))
-      refused = "serving " + group_->names[s] + ": " + *why;
-    else
-      copies_served_ += hd.count;
+  std::string too_big, refused;
+  std::vector<std::span<const std::byte>> recv, recv_b;
+  if (!dual_batch()) {
+    const auto chunks = dispatch_chunks(cfg, layer, entries, &too_big);
+    if (!a2a.exchange(spans(chunks), &recv, why)) return fail("dispatch", *why);
+    const auto served = serve_all(cfg, layer, recv, &refused);
+    if (!a2a.exchange(spans(served), &recv, why)) return fail("combine", *why);
+    if (!refused.empty()) return fail("dispatch", refused);
+    if (too_big.empty() && !collect(cfg, layer, entries, recv, outputs, why)) return fail("combine", *why);
+  } else {
+    // Dual-batch overlap: B's dispatch travels while A's experts run, A's combine while B's run.
+    auto& b = *group_->b[rank_];
+    const std::vector<std::vector<std::byte>> none(size());
+    const auto& eb = entries_b ? *entries_b : none;
+    const auto chunks_a = dispatch_chunks(cfg, layer, entries, &too_big);
+    const auto chunks_b = dispatch_chunks(cfg, layer, eb, &too_big);
+    if (!a2a.post(spans(chunks_a), why) || !b.post(spans(chunks_b), why)) return fail("dispatch", *why);
+    if (!a2a.complete(&recv, why)) return fail("dispatch (micro-batch A)", *why);
+    const auto served_a = serve_all(cfg, layer, recv, &refused);
+    if (!a2a.post(spans(served_a), why)) return fail("combine (micro-batch A)", *why);
+    if (!b.complete(&recv_b, why)) return fail("dispatch (micro-batch B)", *why);
+    const auto served_b = serve_all(cfg, layer, recv_b, &refused);
+    if (!b.post(spans(served_b), why)) return fail("combine (micro-batch B)", *why);
+    if (!a2a.complete(&recv, why)) return fail("combine (micro-batch A)", *why);
+    if (!b.complete(&recv_b, why)) return fail("combine (micro-batch B)", *why);
+    if (!refused.empty()) return fail("dispatch", refused);
+    if (too_big.empty() && (!collect(cfg, layer, entries, recv, outputs, why) ||
+                            !collect(cfg, layer, eb, recv_b, outputs_b, why)))
+      return fail("combine", *why);
   }
-  if (!refused.empty()) served.assign(size(), {});
-  if (!a2a.exchange(spans(served), &recv, why)) return fail("combine", *why);
-  if (!refused.empty()) return fail("dispatch", refused);
-  if (too_big.empty() && !collect(cfg, layer, entries, recv, outputs, why)) return fail("combine", *why);
   ++rounds_;
   next_ = (next_ + 1) % moe_layers_.size();
   // Between steps, on every member at the same round: a new plan never splits a step.
@@ -740,8 +808,8 @@ bool expert_peers::replan(const model_config& cfg, std::string* why) {
 
 std::vector<std::shared_ptr<expert_peers>> make_peer_group(
     const std::vector<std::string>& names, const std::vector<uint32_t>& local, const model_config& cfg,
-    uint64_t slot_bytes, const peer_transport_maker& make_transport, const peer_rendezvous& rendezvous,
-    std::string* why, std::chrono::milliseconds timeout) {
+    const peer_group_config& group, const peer_transport_maker& make_transport, const peer_rendezvous& rendezvous,
+    std::string* why) {
   using none = std::vector<std::shared_ptr<expert_peers>>;
   const auto size = static_cast<uint32_t>(names.size());
   if (size < 2) return *why = "a data-parallel group needs at least 2 members", none{};
@@ -752,50 +820,63 @@ std::vector<std::shared_ptr<expert_peers>> make_peer_group(
   auto g = std::make_shared<expert_peers::shared>();
   g->names = names;
   g->a2a.resize(size);  // null: a member in another process
+  if (group.dual_batch) g->b.resize(size);
   g->left = std::make_unique<std::atomic<bool>[]>(size);
   g->out_of_step = std::make_unique<std::atomic<bool>[]>(size);
-  std::vector<std::pair<uint32_t, transport::region_key>> mine;
+  const int channels = group.dual_batch ? 2 : 1;
+  std::vector<std::vector<std::pair<uint32_t, transport::region_key>>> mine(channels);
   for (uint32_t r : local) {
     if (r >= size || g->a2a[r]) return *why = "data-parallel member index " + std::to_string(r) + " is out of place", none{};
     std::string err;
     auto t = make_transport(names[r], &err);
     if (!t) return *why = "data-parallel member " + names[r] + ": no transport: " + err, none{};
-    g->a2a[r] = std::make_unique<transport::all_to_all>(*t, names, transport::all_to_all_config{r, size, slot_bytes, timeout});
-    // A member that stopped or broke is seen at once, even in the middle of a step: in this
-    // process by its flags, elsewhere by the abort word it put into this member's region.
-    g->a2a[r]->set_abort([group = g.get(), r](uint32_t s) {
-      return group->left[s].load(std::memory_order_acquire)          ? std::string{"it has stopped"}
-             : group->out_of_step[s].load(std::memory_order_acquire) ? std::string{"it is out of step"}
-             : group->a2a[r]->peer_aborted(s)                        ? std::string{"it has left the group"}
-                                                                     : std::string{};
-    });
+    for (int c = 0; c < channels; ++c) {
+      auto& a2a = (c == 0 ? g->a2a : g->b)[r];
+      a2a = std::make_unique<transport::all_to_all>(*t, names,
+                                                    transport::all_to_all_config{r, size, group.slot_bytes, group.timeout});
+      // A member that stopped or broke is seen at once, even in the middle of a step: in this
+      // process by its flags, elsewhere by the abort word it put into this member's region.
+      a2a->set_abort([g = g.get(), c = a2a.get()](uint32_t s) {
+        return g->left[s].load(std::memory_order_acquire)          ? std::string{"it has stopped"}
+               : g->out_of_step[s].load(std::memory_order_acquire) ? std::string{"it is out of step"}
+               : c->peer_aborted(s)                                ? std::string{"it has left the group"}
+                                                                   : std::string{};
+      });
+      if (!a2a->error().empty()) {
+        g->transports.push_back(std::move(t));  // after the all-to-alls registered on it
+        return *why = a2a->error(), none{};
+      }
+      mine[c].emplace_back(r, a2a->key());
+    }
     g->transports.push_back(std::move(t));
-    if (!g->a2a[r]->error().empty()) return *why = g->a2a[r]->error(), none{};
-    mine.emplace_back(r, g->a2a[r]->key());
   }
-  std::vector<transport::region_key> keys;
-  if (!rendezvous(mine, &keys, why)) return none{};
-  if (keys.size() != size) return *why = "data-parallel rendezvous: " + std::to_string(keys.size()) + " keys for " + std::to_string(size) + " members", none{};
+  for (int c = 0; c < channels; ++c) {
+    std::vector<transport::region_key> keys;
+    if (!rendezvous(c, mine[c], &keys, why)) return none{};
+    if (keys.size() != size)
+      return *why = "data-parallel rendezvous: " + std::to_string(keys.size()) + " keys for " + std::to_string(size) +
+                    " members",
+             none{};
+    for (uint32_t r : local) (c == 0 ? g->a2a : g->b)[r]->connect(keys);
+  }
   none members;
-  for (uint32_t r : local) {
-    g->a2a[r]->connect(keys);
-    members.push_back(std::make_shared<expert_peers>(g, r, cfg));
-  }
+  for (uint32_t r : local) members.push_back(std::make_shared<expert_peers>(g, r, cfg));
   return members;
 }
 
-std::vector<std::shared_ptr<expert_peers>> make_peer_group(const std::vector<std::string>& names, const model_config& cfg,
-                                                           uint64_t slot_bytes, const peer_transport_maker& make_transport,
-                                                           std::string* why, std::chrono::milliseconds timeout) {
+std::vector<std::shared_ptr<expert_peers>> make_peer_group(const std::vector<std::string>& names,
+                                                           const model_config& cfg, const peer_group_config& group,
+                                                           const peer_transport_maker& make_transport,
+                                                           std::string* why) {
   std::vector<uint32_t> all(names.size());
   for (uint32_t r = 0; r < all.size(); ++r) all[r] = r;
-  const auto in_process = [](const std::vector<std::pair<uint32_t, transport::region_key>>& mine,
+  const auto in_process = [](uint32_t, const std::vector<std::pair<uint32_t, transport::region_key>>& mine,
                              std::vector<transport::region_key>* keys, std::string*) {
     keys->assign(mine.size(), {});
     for (const auto& [r, key] : mine) (*keys)[r] = key;
     return true;
   };
-  return make_peer_group(names, all, cfg, slot_bytes, make_transport, in_process, why, timeout);
+  return make_peer_group(names, all, cfg, group, make_transport, in_process, why);
 }
 
 }  // namespace baton::gpu

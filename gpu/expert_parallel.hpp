@@ -176,6 +176,13 @@ public:
   /// served meanwhile. False and a sentence naming the group, the layer and the peer.
   bool round(const model_config& cfg, uint32_t layer, const std::vector<std::vector<std::byte>>& entries,
              std::vector<std::vector<std::byte>>* outputs, std::string* why);
+  /// Dual-batch overlap (the group was made with it): two micro-batches' rounds on two channels,
+  /// B's dispatch travelling while A's experts run here and on every member, A's combine while
+  /// B's run. Every member runs every round this way.
+  bool dual_batch() const;
+  bool round_dual(const model_config& cfg, uint32_t layer, const std::vector<std::vector<std::byte>>& entries_a,
+                  const std::vector<std::vector<std::byte>>& entries_b, std::vector<std::vector<std::byte>>* outputs_a,
+                  std::vector<std::vector<std::byte>>* outputs_b, std::string* why);
   /// Takes part, with no rows of its own, in the rest of the current step, or in a whole step a
   /// peer has started; nothing when neither. Runs on the executor's thread.
   bool join(const model_config& cfg, std::string* why);
@@ -199,8 +206,18 @@ public:
   uint64_t experts_evicted() const { return experts_evicted_; }
 
 private:
+  /// One round on both channels (B's entries null: a single-channel group).
   bool exchange_round(const model_config& cfg, uint32_t layer, const std::vector<std::vector<std::byte>>& entries,
-                      std::vector<std::vector<std::byte>>* outputs, std::string* why);
+                      const std::vector<std::vector<std::byte>>* entries_b, std::vector<std::vector<std::byte>>* outputs,
+                      std::vector<std::vector<std::byte>>* outputs_b, std::string* why);
+  /// A channel's dispatch chunks for `entries`; header-only ones, and the reason, when they do not fit a slot.
+  std::vector<std::vector<std::byte>> dispatch_chunks(const model_config& cfg, uint32_t layer,
+                                                      const std::vector<std::vector<std::byte>>& entries,
+                                                      std::string* too_big) const;
+  /// What this member's experts give for every member's dispatch chunk; empty answers, and the
+  /// reason, when one cannot be served.
+  std::vector<std::vector<std::byte>> serve_all(const model_config& cfg, uint32_t layer,
+                                                const std::vector<std::span<const std::byte>>& recv, std::string* refused);
   bool replan(const model_config& cfg, std::string* why);
   std::string gone_peer() const;
   std::string broken() const;
@@ -222,10 +239,19 @@ private:
 
 using peer_transport_maker =
     std::function<std::unique_ptr<transport::transport>(const std::string& name, std::string* why)>;
-/// Swaps all-to-all keys among a group's processes: posts this process's members' keys (member
-/// index, key) and returns every member's, in index order, once all have posted.
-using peer_rendezvous = std::function<bool(const std::vector<std::pair<uint32_t, transport::region_key>>& mine,
-                                           std::vector<transport::region_key>* all, std::string* why)>;
+/// Swaps all-to-all keys among a group's processes, once per channel (0; 1 with dual-batch
+/// overlap): posts this process's members' keys (member index, key) and returns every member's,
+/// in index order, once all have posted.
+using peer_rendezvous =
+    std::function<bool(uint32_t channel, const std::vector<std::pair<uint32_t, transport::region_key>>& mine,
+                       std::vector<transport::region_key>* all, std::string* why)>;
+
+/// How a data-parallel group's all-to-alls are set up.
+struct peer_group_config {
+  uint64_t slot_bytes = 1 << 20;                 ///< expert_slot_bytes for the members' largest job
+  std::chrono::milliseconds timeout{10'000};     ///< an exchange fails when a member is silent this long
+  bool dual_batch = false;                       ///< dual-batch overlap: a second channel per member
+};
 
 /// The members of a data-parallel group of `names.size()` that this process hosts (`local`,
 /// member indices), each over its own transport from `make_transport` (UCX; loopback in
@@ -233,13 +259,13 @@ using peer_rendezvous = std::function<bool(const std::vector<std::pair<uint32_t,
 /// `baton node`). Empty and a sentence when a transport, an all-to-all or the rendezvous fails.
 std::vector<std::shared_ptr<expert_peers>> make_peer_group(
     const std::vector<std::string>& names, const std::vector<uint32_t>& local, const model_config& cfg,
-    uint64_t slot_bytes, const peer_transport_maker& make_transport, const peer_rendezvous& rendezvous,
-    std::string* why, std::chrono::milliseconds timeout = std::chrono::milliseconds{10'000});
+    const peer_group_config& group, const peer_transport_maker& make_transport, const peer_rendezvous& rendezvous,
+    std::string* why);
 /// The same with every member in this process.
-std::vector<std::shared_ptr<expert_peers>> make_peer_group(
-    const std::vector<std::string>& names, const model_config& cfg, uint64_t slot_bytes,
-    const peer_transport_maker& make_transport, std::string* why,
-    std::chrono::milliseconds timeout = std::chrono::milliseconds{10'000});
+std::vector<std::shared_ptr<expert_peers>> make_peer_group(const std::vector<std::string>& names,
+                                                           const model_config& cfg, const peer_group_config& group,
+                                                           const peer_transport_maker& make_transport,
+                                                           std::string* why);
 
 /// The dispatch slot an EP group needs for jobs of up to `max_rows` rows: every row's top-k
 /// copies bound for one rank, plus the header (the combine answer is never larger).

@@ -447,7 +447,7 @@ TEST_CASE("data-parallel decode ranks in a cluster answer as colocated; once the
   auto fabric = transport::make_loopback_fabric();
   std::string why;
   auto members = gpu::make_peer_group(
-      {"decode-0-dp", "decode-1-dp"}, cfg.model, gpu::expert_slot_bytes(cfg.model, 512),
+      {"decode-0-dp", "decode-1-dp"}, cfg.model, {gpu::expert_slot_bytes(cfg.model, 512)},
       [&](const std::string& name, std::string*) { return transport::make_loopback_transport(fabric, name); }, &why);
   REQUIRE_MESSAGE(members.size() == 2, why);
   auto make_exec = [&](const std::string& rank) -> std::shared_ptr<gpu::executor> {

@@ -210,11 +210,9 @@ TEST_CASE("expert_parallel.dp_attention groups each decode node's ranks, and onl
   }
   auto refused = [&](const std::string& from, const std::string& to) { return refusal(spec, from, to); };
   const std::string lead = "spec.expert_parallel.dp_attention groups the decode ranks by "
-                           "expert_parallel.decode (>= 2), without dual-batch overlap or elastic nodes, but ";
+                           "expert_parallel.decode (>= 2), without elastic nodes, but ";
   CHECK(refused(R"("gpus": 4)", R"("gpus": 3)") == lead + "the decode nodes have 3 ranks in all, not a multiple of 2");
   CHECK(refused(R"("decode": 2,)", R"("decode": 1,)") == lead + "expert_parallel.decode is 1");
-  CHECK(refused(R"("dp_attention": true)", R"("dp_attention": true, "dual_batch_overlap": true)") ==
-        lead + "dual_batch_overlap is on");
   CHECK(refused(R"("dp_attention": true)", R"("dp_attention": "yes")") ==
         "spec.expert_parallel.dp_attention must be true or false");
 }

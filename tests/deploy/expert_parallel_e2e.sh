@@ -42,10 +42,11 @@ for model in deepseek-v3-tiny deepseek-v2-tiny; do
   grep "output :" "$out/$model-elastic.txt" >"$out/$model-elastic.answers"
   # Data-parallel attention: the decode ranks form groups (2 of 2, then 1 of 4) that serve each
   # other's experts in lockstep; four prompts so that every decode rank has rows of its own.
-  for dp in 2 4 4e; do
+  for dp in 2 4 4e 2d; do
     extra=()
     [ "$dp" = 4e ] && extra=(--eplb-slots 4 --eplb-interval 4)  # live EPLB inside the groups
-    "$baton" local --model "$model" --decode-ranks 4 --expert-parallel "${dp%e}" --dp-attention "${extra[@]}" --max-tokens 10 \
+    [ "$dp" = 2d ] && extra=(--dual-batch-overlap)              # two channels per member
+    "$baton" local --model "$model" --decode-ranks 4 --expert-parallel "${dp%[ed]}" --dp-attention "${extra[@]}" --max-tokens 10 \
       --prompt "Experts, route this" \
       --prompt "A second prompt, longer, to fill a chunk of the prefill with more than a few tokens" \
       --prompt "Third" --prompt "The fourth prompt of this run" \
@@ -56,8 +57,8 @@ for model in deepseek-v3-tiny deepseek-v2-tiny; do
     --prompt "Experts, route this" \
     --prompt "A second prompt, longer, to fill a chunk of the prefill with more than a few tokens" \
     --prompt "Third" --prompt "The fourth prompt of this run" >"$out/$model-dp1.txt" 2>&1 || { cat "$out/$model-dp1.txt"; exit 1; }
-  for f in dp1 dp2 dp4 dp4e; do grep "output :" "$out/$model-$f.txt" >"$out/$model-$f.answers"; done
-  for dp in 2 4 4e; do
+  for f in dp1 dp2 dp4 dp4e dp2d; do grep "output :" "$out/$model-$f.txt" >"$out/$model-$f.answers"; done
+  for dp in 2 4 4e 2d; do
     if ! cmp -s "$out/$model-dp1.answers" "$out/$model-dp$dp.answers"; then
       echo "$model: data-parallel attention in groups of $dp answered differently from EP 1:"
       diff "$out/$model-dp1.answers" "$out/$model-dp$dp.answers"; exit 1
@@ -68,7 +69,7 @@ for model in deepseek-v3-tiny deepseek-v2-tiny; do
       echo "$model: EP $ep answered differently from EP 1:"; diff "$out/$model-1.answers" "$out/$model-$ep.answers"; exit 1
     fi
   done
-  echo "$model: EP 2, EP 4, EP 4 with live EPLB, EP 2 with dual-batch overlap, EP 2 in a decode process, EP 2 on elastic ranks and data-parallel attention in groups of 2 and 4 (and 4 with live EPLB) answer as EP 1 ($(wc -l <"$out/$model-1.answers") answers)"
+  echo "$model: EP 2, EP 4, EP 4 with live EPLB, EP 2 with dual-batch overlap, EP 2 in a decode process, EP 2 on elastic ranks and data-parallel attention in groups of 2 and 4 (4 with live EPLB, 2 with dual-batch overlap) answer as EP 1 ($(wc -l <"$out/$model-1.answers") answers)"
 done
 sleep 0.2
 if pgrep -f "$baton experts" >/dev/null; then echo "expert processes outlived their engines"; exit 1; fi

@@ -45,12 +45,14 @@ for _ in $(seq 50); do [ "$(experts)" = 0 ] && break; sleep 0.1; done
 # (members 0 and 1 in decode-a, 2 and 3 in decode-b, meeting through the head), each running its
 # own requests' attention and serving a quarter of the experts to all; no decode rank starts an
 # expert process. Every step crosses the two processes. Live EPLB re-places the experts every 4
-# MoE rounds (4 slots each for 8 experts), moving weights between the processes.
+# MoE rounds (4 slots each for 8 experts), moving weights between the processes; dual-batch
+# overlap gives every member two channels (two meetings at the head).
 cat > "$WORK/spec.json" <<SPEC
 {
   "name": "ep-e2e",
   "model": "deepseek-v3-tiny",
-  "expert_parallel": {"prefill": 2, "decode": 4, "dp_attention": true, "eplb_slots": 4, "eplb_interval": 4},
+  "expert_parallel": {"prefill": 2, "decode": 4, "dp_attention": true, "eplb_slots": 4, "eplb_interval": 4,
+                      "dual_batch_overlap": true},
   "nodes": [
     {"name": "head", "host": "127.0.0.1", "roles": ["router", "prefill"], "prefill_ranks": 1,
      "ports": {"router": $P_ROUTER, "cluster": $P_CLUSTER}},
@@ -66,7 +68,7 @@ grep -q "rank decode-b-0 is member 2 of data-parallel group dp0, serving 2 of 8"
 [ "$(experts)" = 1 ] || fail "expected only the prefill rank's expert process, found $(experts)"
 same_as_single deepseek-v3-tiny ep-e2e 12 "Experts, route this" "A second prompt, longer, so that more tokens pass the experts" \
   "A third one for the other decode rank" "And a fourth, so both members have rows of their own"
-echo "launch EP e2e: four decode ranks in two processes as one data-parallel group of EP 4 with live EPLB: the same text as EP 1"
+echo "launch EP e2e: four decode ranks in two processes as one data-parallel group of EP 4 with live EPLB and dual-batch overlap: the same text as EP 1"
 stop_launched
 # Live EPLB ran in the group across the two processes: decode-b's members received expert weights.
 grep -E "rank decode-b-[01]: [1-9][0-9]* EPLB plans, [1-9][0-9]* bytes of expert weights received" "$WORK/launch.log" ||

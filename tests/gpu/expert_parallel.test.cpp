@@ -299,7 +299,7 @@ struct dp_fixture {
   std::shared_ptr<model_weights> attention_only;  ///< what the executors share: no routed experts
 
   dp_fixture(const std::string& backend, uint32_t size, const model_config& cfg, std::shared_ptr<const model_weights> w,
-             const live_eplb_config& eplb = {}, std::chrono::milliseconds timeout = std::chrono::milliseconds{10'000}) {
+             const live_eplb_config& eplb = {}, bool dual = false) {
     static auto fabric = transport::make_loopback_fabric();
     static int serial = 0;
     ++serial;
@@ -307,12 +307,12 @@ struct dp_fixture {
     for (uint32_t r = 0; r < size; ++r) names.push_back("dp" + std::to_string(serial) + "-" + std::to_string(r));
     std::string why;
     members = make_peer_group(
-        names, cfg, expert_slot_bytes(cfg, 64),
+        names, cfg, {expert_slot_bytes(cfg, 64), std::chrono::milliseconds{10'000}, dual},
         [&](const std::string& name, std::string* err) -> std::unique_ptr<transport::transport> {
           if (backend == "ucx") return transport::make_ucx_transport({name}, err);
           return transport::make_loopback_transport(fabric, name);
         },
-        &why, timeout);
+        &why);
     REQUIRE_MESSAGE(members.size() == size, why);
     // The executors' own weights have no routed experts at all: every expert a member runs comes
     // from its store, which holds its block and no others, so a copy routed to the wrong member
@@ -341,20 +341,24 @@ std::vector<int32_t> prompt_of(int salt, int n) {
 
 }  // namespace
 
-TEST_CASE("data-parallel attention: 2 and 4 members (loopback and UCX), each decoding its own prompt at once while "
-          "the last one idles, give EP 1's tokens and logits bit for bit; the idle member joins their steps") {
+TEST_CASE("data-parallel attention: 2 and 4 members (loopback and UCX, with and without dual-batch overlap), each "
+          "decoding its own prompt at once while the last one idles, give EP 1's tokens and logits bit for bit; the "
+          "idle member joins their steps") {
   for (bool v3 : {false, true}) {
     const auto cfg = deepseek_tiny_config(v3);
     auto w = std::make_shared<const model_weights>(make_seeded_weights(cfg, 21));
     auto alone = make_cpu_executor(cfg, w, {});
     for (const std::string backend : {"loopback", "ucx"})
-      for (uint32_t size : {2u, 4u}) {
+      for (uint32_t size : {2u, 4u})
+      for (bool dual : {false, true}) {
         CAPTURE(v3);
         CAPTURE(backend);
         CAPTURE(size);
+        CAPTURE(dual);
         std::vector<colocated_generation> ref(size - 1), got(size - 1);
         for (uint32_t r = 0; r + 1 < size; ++r) ref[r] = generate_colocated(*alone, prompt_of(r, 24 + 8 * r), 6, 16, {}, true);
-        dp_fixture dp{backend, size, cfg, w};
+        dp_fixture dp{backend, size, cfg, w, {}, dual};
+        CHECK(dp.members[0]->dual_batch() == dual);
         std::vector<std::thread> users;
         for (uint32_t r = 0; r + 1 < size; ++r)
           users.emplace_back([&, r] { got[r] = generate_colocated(*dp.execs[r], prompt_of(r, 24 + 8 * r), 6, 16, {}, true); });
@@ -410,7 +414,7 @@ TEST_CASE("data-parallel attention: a member whose forward fails midway, or whos
   CHECK(after.error.find("-1 has stopped") != std::string::npos);
   // A group needs MoE experts for each member.
   std::string why;
-  CHECK(make_peer_group({"a"}, cfg, 1024, {}, &why).empty());
+  CHECK(make_peer_group({"a"}, cfg, {1024}, {}, &why).empty());
   CHECK(why == "a data-parallel group needs at least 2 members");
   cpu_executor_config both;
   both.peers = dp.members[0];
@@ -432,7 +436,8 @@ TEST_CASE("live EPLB in a data-parallel group: on a skewed routing load the busi
   for (bool eplb : {false, true}) {
     CAPTURE(eplb);
     // 4 members, 4 slots each (8 experts): a plan every 16 MoE rounds (8 steps).
-    dp_fixture dp{"loopback", 4, cfg, w, eplb ? live_eplb_config{4, 16} : live_eplb_config{}};
+    // With EPLB, dual-batch overlap too: plans run on the first channel between steps.
+    dp_fixture dp{"loopback", 4, cfg, w, eplb ? live_eplb_config{4, 16} : live_eplb_config{}, eplb};
     auto run = [&] {
       std::vector<colocated_generation> got(2);
       std::thread t0([&] { got[0] = generate_colocated(*dp.execs[0], prompt_of(0, 40), 8, 16, {}, true); });
@@ -490,7 +495,7 @@ TEST_CASE("data-parallel attention across processes: two halves of a group, buil
     std::condition_variable cv;
     std::vector<transport::region_key> keys(2);
     int posted = 0;
-    auto meet = [&](const std::vector<std::pair<uint32_t, transport::region_key>>& mine,
+    auto meet = [&](uint32_t, const std::vector<std::pair<uint32_t, transport::region_key>>& mine,
                     std::vector<transport::region_key>* all, std::string*) {
       std::unique_lock<std::mutex> lock{m};
       for (const auto& [r, key] : mine) keys[r] = key;
@@ -506,8 +511,9 @@ TEST_CASE("data-parallel attention across processes: two halves of a group, buil
     };
     std::vector<std::shared_ptr<expert_peers>> half0, half1;
     std::string why0, why1;
-    std::thread other([&] { half1 = make_peer_group(names, {1}, cfg, expert_slot_bytes(cfg, 64), make_t, meet, &why1); });
-    half0 = make_peer_group(names, {0}, cfg, expert_slot_bytes(cfg, 64), make_t, meet, &why0);
+    const peer_group_config gc{expert_slot_bytes(cfg, 64)};
+    std::thread other([&] { half1 = make_peer_group(names, {1}, cfg, gc, make_t, meet, &why1); });
+    half0 = make_peer_group(names, {0}, cfg, gc, make_t, meet, &why0);
     other.join();
     REQUIRE_MESSAGE(half0.size() == 1, why0);
     REQUIRE_MESSAGE(half1.size() == 1, why1);
