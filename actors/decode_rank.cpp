@@ -168,6 +168,14 @@ bool resume_oldest(decode_pointer self) {
 void rebalance_memory(decode_pointer self) {
   auto& st = self->state;
   if (st.step_in_flight) return;
+  // An executor that can run nothing (a broken data-parallel group) grants no more leases: what
+  // waits for pages is placed again elsewhere. (Paused sequences still resume below: their next
+  // step fails them over.)
+  if (auto failure = st.core.exec->standing_failure(); !failure.empty()) {
+    for (auto& r : st.reserves)
+      r.promise.deliver(make_error(errc::rank_unavailable, where(r.req.request_id, st.cfg.name, "kv_reserve") + ": " + failure));
+    st.reserves.clear();
+  }
   auto& kv = st.core.exec->kv();
   if (on_demand(st)) {
     while (resume_oldest(self)) {

@@ -94,11 +94,13 @@ namespace {
 /// decode rank F + i is member (F + i) % ep of group (F + i) / ep. A group whose members all live
 /// here meets in-process; others swap keys through the head's node directory, waiting (bounded)
 /// for the other nodes. Members are named by group ("dp3.1"), which every node can work out.
+/// Each card carries the member's `settings` with its key: members that would run different
+/// rounds (slots, dual-batch overlap, EPLB) are refused here, naming both, not broken later.
 std::vector<std::shared_ptr<gpu::expert_peers>> join_dp_groups(caf::actor_system& sys, const node_directory_actor& dir,
                                                                uint32_t ranks, uint32_t first, uint32_t ep,
                                                                const gpu::model_config& model, uint64_t slot_bytes,
                                                                const std::string& ucx_send, bool dual_batch,
-                                                               std::string* why) {
+                                                               const std::string& settings, std::string* why) {
   std::vector<std::shared_ptr<gpu::expert_peers>> out;
   for (uint32_t g = first / ep; g <= (first + ranks - 1) / ep; ++g) {
     const std::string group = "dp" + std::to_string(g);
@@ -111,7 +113,7 @@ std::vector<std::shared_ptr<gpu::expert_peers>> join_dp_groups(caf::actor_system
                     std::vector<transport::region_key>* all, std::string* err) {
       const std::string meeting = channel == 0 ? group : group + "/b";  // dual-batch overlap's second channel
       std::vector<std::string> cards;
-      for (const auto& m : mine) cards.push_back(transport::key_to_text(m.second));
+      for (const auto& m : mine) cards.push_back(settings + "|" + transport::key_to_text(m.second));
       std::vector<std::string> got;
       if (mine.size() == ep) {
         got = cards;
@@ -122,9 +124,15 @@ std::vector<std::shared_ptr<gpu::expert_peers>> join_dp_groups(caf::actor_system
                      [&](caf::error& e) { *err = "group " + group + ": meeting its members at the head: " + sys.render(e); });
         if (got.empty()) return false;
       }
-      for (const auto& c : got) {
-        auto key = transport::key_from_text(c);
-        if (!key) return *err = "group " + group + ": a member's key does not parse", false;
+      for (size_t m = 0; m < got.size(); ++m) {
+        const auto bar = got[m].find('|');
+        const std::string theirs = bar == std::string::npos ? std::string{"(none)"} : got[m].substr(0, bar);
+        if (theirs != settings)
+          return *err = "group " + group + ": member " + std::to_string(m) + " runs with " + theirs + ", this node with " +
+                        settings + " (every member must be started alike)",
+                 false;
+        auto key = transport::key_from_text(got[m].substr(bar + 1));
+        if (!key) return *err = "group " + group + ": member " + std::to_string(m) + "'s key does not parse", false;
         all->push_back(*key);
       }
       return true;
@@ -311,7 +319,11 @@ int run_node(const std::vector<std::string>& args) {
   std::vector<std::shared_ptr<gpu::expert_peers>> peers;
   if (dp_attention) {
     peers = join_dp_groups(sys, *directory, num_ranks, dp_first_rank, expert_parallel, model,
-                           engine_slot_bytes(model, prefill, rank), ucx_send, dual_batch_overlap, &why);
+                           engine_slot_bytes(model, prefill, rank), ucx_send, dual_batch_overlap,
+                           "slot_bytes=" + std::to_string(engine_slot_bytes(model, prefill, rank)) +
+                               " dual_batch=" + std::to_string(dual_batch_overlap) +
+                               " eplb=" + std::to_string(eplb.slots_per_rank) + "/" + std::to_string(eplb.interval_rounds),
+                           &why);
     if (peers.empty()) {
       std::fprintf(stderr, "baton node %s: data-parallel attention: %s\n", name.c_str(), why.c_str());
       return 1;

@@ -17,6 +17,7 @@
 // u64 total} then floats; an evict chunk {kind, layer, count} then `count` u32 experts to drop;
 // an idle chunk is a header alone. Shards answer each with an empty chunk.
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -198,12 +199,12 @@ public:
   uint64_t steps_joined() const { return joined_; }
   /// The routed experts this member holds in MoE layer `layer`, ascending.
   std::vector<uint32_t> held(uint32_t layer) const;
-  uint64_t plans() const { return plans_; }
+  uint64_t plans() const { return plans_.load(std::memory_order_relaxed); }
   /// Expert copies this member served since the last call (the load EPLB evens out), then zeroed.
   uint64_t take_copies_served() { return std::exchange(copies_served_, 0); }
   /// Expert weights this member received from others under EPLB plans (bytes), and experts it dropped.
-  uint64_t bytes_installed() const { return bytes_installed_; }
-  uint64_t experts_evicted() const { return experts_evicted_; }
+  uint64_t bytes_installed() const { return bytes_installed_.load(std::memory_order_relaxed); }
+  uint64_t experts_evicted() const { return experts_evicted_.load(std::memory_order_relaxed); }
 
 private:
   /// One round on both channels (B's entries null: a single-channel group).
@@ -234,7 +235,9 @@ private:
   uint32_t num_experts_ = 0;
   std::vector<std::vector<double>> counts_;            ///< [layer][expert]: this member's copies since the last plan
   std::vector<policies::expert_placement> placement_;  ///< [layer]; empty until the first plan
-  uint64_t rounds_ = 0, planned_at_ = 0, plans_ = 0, bytes_installed_ = 0, experts_evicted_ = 0, copies_served_ = 0;
+  uint64_t rounds_ = 0, planned_at_ = 0, copies_served_ = 0;
+  /// Read by other threads (a node's report while its executors may still join a step).
+  std::atomic<uint64_t> plans_{0}, bytes_installed_{0}, experts_evicted_{0};
 };
 
 using peer_transport_maker =

@@ -83,8 +83,17 @@ bool all_to_all::peer_aborted(uint32_t source) const {
              std::memory_order_acquire) != 0;
 }
 
+void all_to_all::abandon() {
+  if (!posted_ && pending_.empty()) return;
+  std::string why;
+  wait_puts(pending_, &why);  // released either way: nothing of this exchange stays in flight
+  posted_ = false;
+}
+
 void all_to_all::signal_abort() {
-  if (!error_.empty() || peers_.size() != cfg_.size) return;
+  if (!error_.empty() || peers_.size() != cfg_.size || aborted_) return;
+  aborted_ = true;
+  abandon();
   const uint64_t at = uint64_t{cfg_.rank} * sizeof(uint64_t), staged = send_.size() - sizeof(uint64_t), one = 1;
   std::memcpy(send_.data() + staged, &one, sizeof one);
   std::vector<uint64_t> puts;
@@ -96,8 +105,12 @@ void all_to_all::signal_abort() {
     }
     puts.push_back(t_.post_put({seq_, 0, names_[d], send_region_, peers_[d], {{staged, at, sizeof one}}}));
   }
+  // Best effort, briefly: a peer that is gone needs no word, and a stop should not wait for it.
+  const auto timeout = cfg_.timeout;
+  cfg_.timeout = std::min(cfg_.timeout, std::chrono::milliseconds{500});
   std::string why;
-  wait_puts(puts, &why);  // best effort: a peer that is gone needs no word
+  wait_puts(puts, &why);
+  cfg_.timeout = timeout;
 }
 
 void all_to_all::pause() const {

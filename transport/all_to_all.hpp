@@ -82,8 +82,12 @@ public:
   void set_abort(std::function<std::string(uint32_t source)> abort) { abort_ = std::move(abort); }
   /// Tells every other rank that this one takes part in no more exchanges (it stopped, or its
   /// caller's state broke): a word in each peer's region, which their waits can check
-  /// (peer_aborted) instead of running into the timeout. Best effort, bounded by the timeout.
+  /// (peer_aborted) instead of running into the timeout. Once; best effort, waiting at most 0.5 s
+  /// for peers that are not mapped here.
   void signal_abort();
+  /// Ends an exchange that post() opened and complete() will not finish (its caller failed):
+  /// waits for its puts (bounded by the timeout) and releases them.
+  void abandon();
   /// Whether rank `source` has signalled that it takes part in no more exchanges.
   bool peer_aborted(uint32_t source) const;
   /// Whether another rank has already rung its doorbell for this rank's next exchange: a peer
@@ -120,6 +124,7 @@ private:
   std::vector<uint64_t> pending_;  ///< puts in flight
   std::vector<uint64_t> sizes_;    ///< the open exchange's chunk sizes, for the doorbells
   std::function<std::string(uint32_t)> abort_;
+  bool aborted_ = false;  ///< signal_abort() ran: it says so once
 };
 
 }  // namespace baton::transport

@@ -9,7 +9,8 @@ BATON=$1
 WORK=$(mktemp -d /tmp/baton-launch-ep-e2e-XXXXXX)
 LAUNCHER="" SINGLE=""
 source "$(dirname "$0")/e2e_lib.sh"
-trap cleanup_launched EXIT
+HEAD_PID="" ODD_A=""
+trap 'for p in $HEAD_PID $ODD_A; do kill -INT "$p" 2>/dev/null || true; done; cleanup_launched' EXIT
 fail() { echo "launch EP e2e: FAILED: $*" >&2; echo "--- launcher output:" >&2; cat "$WORK/launch.log" >&2 || true; exit 1; }
 experts() { pgrep -f "$BATON experts" | wc -l; }
 # Shards of an earlier test may still be on their way out (they follow their engine's death).
@@ -75,4 +76,23 @@ grep -E "rank decode-b-[01]: [1-9][0-9]* EPLB plans, [1-9][0-9]* bytes of expert
   fail "no EPLB plan moved weights into decode-b: $(grep 'EPLB plans' "$WORK/launch.log")"
 for _ in $(seq 50); do [ "$(experts)" = 0 ] && break; sleep 0.1; done
 [ "$(experts)" = 0 ] || fail "$(experts) expert processes outlived the cluster"
+
+# Members started unalike (here: live EPLB on one node only) would run different rounds: both
+# nodes refuse at the head's meeting, naming the difference, instead of breaking later.
+read -r P_HEAD < <(free_ports 1)
+"$BATON" local --serve --model deepseek-v3-tiny --prefill-ranks 1 --decode-ranks 0 --router-listen 127.0.0.1:0 \
+  --cluster-listen "127.0.0.1:$P_HEAD" > "$WORK/head.log" 2>&1 &
+HEAD_PID=$!
+for _ in $(seq 300); do grep -q "listening" "$WORK/head.log" && break; sleep 0.1; done
+node_args=(node --role decode --connect "127.0.0.1:$P_HEAD" --model deepseek-v3-tiny --expert-parallel 2 --dp-attention)
+timeout 60 "$BATON" "${node_args[@]}" --name odd-a --dp-first-rank 0 > "$WORK/odd-a.log" 2>&1 &
+ODD_A=$!
+timeout 60 "$BATON" "${node_args[@]}" --name odd-b --dp-first-rank 1 --eplb-slots 4 > "$WORK/odd-b.log" 2>&1 && fail "odd-b started"
+wait "$ODD_A" && fail "odd-a started"
+kill -INT "$HEAD_PID"; wait "$HEAD_PID" 2>/dev/null || true
+HEAD_PID="" ODD_A=""
+grep -q "group dp0: member 0 runs with slot_bytes=[0-9]* dual_batch=0 eplb=0/64, this node with .* eplb=4/64 (every member must be started alike)" \
+  "$WORK/odd-b.log" || fail "odd-b did not name the difference: $(cat "$WORK/odd-b.log")"
+grep -q "group dp0: member 1 runs with .* eplb=4/64" "$WORK/odd-a.log" || fail "odd-a did not name the difference: $(cat "$WORK/odd-a.log")"
+echo "launch EP e2e: members started unalike are refused at the meeting, naming the difference"
 echo "launch EP e2e: all checks passed"
