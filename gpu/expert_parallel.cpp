@@ -595,15 +595,17 @@ std::string expert_peers::gone_peer() const {
   return {};
 }
 
+std::string expert_peers::refuse_round(uint32_t layer) const {
+  if (auto b = broken(); !b.empty()) return b;
+  if (moe_layers_.empty() || layer != moe_layers_[next_])
+    return "data-parallel group: " + group_->names[rank_] + " was asked for MoE layer " + std::to_string(layer) +
+           " where its step is at another";
+  return next_ == 0 ? gone_peer() : std::string{};  // a step starts only with every member there
+}
+
 bool expert_peers::round(const model_config& cfg, uint32_t layer, const std::vector<std::vector<std::byte>>& entries,
                          std::vector<std::vector<std::byte>>* outputs, std::string* why) {
-  if (auto b = broken(); !b.empty()) return *why = b, false;
-  if (moe_layers_.empty() || layer != moe_layers_[next_])
-    return *why = "data-parallel group: " + group_->names[rank_] + " was asked for MoE layer " + std::to_string(layer) +
-                  " where its step is at another",
-           false;
-  if (next_ == 0)
-    if (auto gone = gone_peer(); !gone.empty()) return *why = gone, false;
+  if (auto refused = refuse_round(layer); !refused.empty()) return *why = refused, false;
   if (dual_batch()) {  // every member runs both channels: the rows go as micro-batch A
     std::vector<std::vector<std::byte>> none_b;
     return exchange_round(cfg, layer, entries, nullptr, outputs, &none_b, why);
@@ -617,13 +619,7 @@ bool expert_peers::round_dual(const model_config& cfg, uint32_t layer,
                               std::vector<std::vector<std::byte>>* outputs_a,
                               std::vector<std::vector<std::byte>>* outputs_b, std::string* why) {
   if (!dual_batch()) return *why = "data-parallel group: " + group_->names[rank_] + " has no second channel", false;
-  if (auto b = broken(); !b.empty()) return *why = b, false;
-  if (moe_layers_.empty() || layer != moe_layers_[next_])
-    return *why = "data-parallel group: " + group_->names[rank_] + " was asked for MoE layer " + std::to_string(layer) +
-                  " where its step is at another",
-           false;
-  if (next_ == 0)
-    if (auto gone = gone_peer(); !gone.empty()) return *why = gone, false;
+  if (auto refused = refuse_round(layer); !refused.empty()) return *why = refused, false;
   return exchange_round(cfg, layer, entries_a, &entries_b, outputs_a, outputs_b, why);
 }
 

@@ -222,6 +222,8 @@ private:
   bool replan(const model_config& cfg, std::string* why);
   std::string gone_peer() const;
   std::string broken() const;
+  /// Why this member cannot run MoE layer `layer`'s round now (empty: it can).
+  std::string refuse_round(uint32_t layer) const;
 
   std::shared_ptr<shared> group_;
   uint32_t rank_;
