@@ -461,6 +461,11 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
   st.core.log->set_capacity(cfg.event_log_events);
   st.cfg = std::move(cfg);
   st.core.start(self, std::move(exec), std::move(xport));
+  // An executor that can run nothing any more (a broken data-parallel group) says so at once:
+  // the rank stops taking work before a request finds out. Weak: the executor outlives no actor.
+  st.core.exec->on_standing_failure([addr = caf::actor_cast<caf::actor_addr>(self)] {
+    if (auto me = caf::actor_cast<decode_rank_actor>(addr)) caf::anon_send(me, health_atom::value);
+  });
   if (st.core.pool_key) {
     const auto& key = *st.core.pool_key;
     const auto& lay = st.core.exec->kv().layout();
@@ -690,6 +695,12 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
         maybe_step(self);
       },
       [=](timer_atom, uint64_t id) { self->state.core.runner->fire(id); },
+      [=](health_atom) {
+        // The executor's standing failure: queued reservations go elsewhere, the balancer hears
+        // there is no room here.
+        rebalance_memory(self);
+        report_load(self);
+      },
       [=](poll_atom) { poll_writes(self); },
       [=](expire_atom, uint64_t lease_id) {
         auto& s = self->state;

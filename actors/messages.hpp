@@ -50,6 +50,7 @@ using join_atom = caf::atom_constant<caf::atom("join")>;
 using heartbeat_atom = caf::atom_constant<caf::atom("heartbeat")>;
 using drain_atom = caf::atom_constant<caf::atom("drain")>;
 using rendezvous_atom = caf::atom_constant<caf::atom("rendezvous")>;
+using health_atom = caf::atom_constant<caf::atom("health")>;
 using undrain_atom = caf::atom_constant<caf::atom("undrain")>;
 /// A decode rank's waiting KV reservation reached its deadline (reserve_wait_ms).
 using reserve_expire_atom = caf::atom_constant<caf::atom("rsvexpire")>;
@@ -615,6 +616,7 @@ using decode_rank_actor = caf::typed_actor<
     caf::reacts_to<migrate_atom>,                               // elastic P/D: move running sequences away
     caf::reacts_to<migrate_poll_atom>,                          // their KV puts in flight
     caf::reacts_to<reserve_expire_atom, uint64_t>,              // a waiting reservation's deadline
+    caf::reacts_to<health_atom>,                                // the executor can run nothing any more
     caf::replies_to<role_atom, bool>::with<bool>>;              // elastic P/D: active, or standby when idle
 
 struct prefill_order {

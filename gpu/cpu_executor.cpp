@@ -123,6 +123,11 @@ public:
 
   std::string standing_failure() const override { return peers_ ? peers_->failure() : std::string{}; }
 
+  void on_standing_failure(std::function<void()> fn) override {
+    std::lock_guard<std::mutex> lock{failure_mutex_};
+    failure_listener_ = std::move(fn);
+  }
+
   const model_config& config() const override { return cfg_; }
   kv_cache& kv() override { return kv_; }
   std::string describe() const override { return "cpu x" + std::to_string(num_threads_) + " threads"; }
@@ -443,6 +448,18 @@ private:
       std::fprintf(stderr, "baton: %s\n", why.c_str());
       last_peer_error_ = why;
     }
+    // A group that broke, here or through a peer's abort word, is told to the rank once.
+    if (!failure_told_ && !peers_->failure().empty()) {
+      std::function<void()> tell;
+      {
+        std::lock_guard<std::mutex> lock{failure_mutex_};
+        tell = failure_listener_;
+      }
+      if (tell) {
+        failure_told_ = true;
+        tell();
+      }
+    }
   }
 
   model_config cfg_;
@@ -453,6 +470,9 @@ private:
   std::shared_ptr<expert_group> experts_;  ///< expert parallelism; null: every expert here
   std::shared_ptr<expert_peers> peers_;    ///< data-parallel attention; null: not in a group
   std::string last_peer_error_;            ///< said once on stderr
+  std::mutex failure_mutex_;
+  std::function<void()> failure_listener_;  ///< on_standing_failure
+  bool failure_told_ = false;               ///< the listener ran (queue thread only)
   uint32_t rounds_ = 0;                     ///< MoE rounds dispatched: spreads copies over replicas
   std::vector<float> inv_freq_;  ///< RoPE inverse frequencies (scaled per the config), once
   float rope_factor_;            ///< YaRN's attention factor on rotated values (1 otherwise)

@@ -41,6 +41,7 @@ public:
   void bind_runner(deferred_runner* r) override { inner_->bind_runner(r); }
   void stop() override { inner_->stop(); }
   std::string standing_failure() const override { return inner_->standing_failure(); }
+  void on_standing_failure(std::function<void()> fn) override { inner_->on_standing_failure(std::move(fn)); }
 
 private:
   std::shared_ptr<executor> inner_;

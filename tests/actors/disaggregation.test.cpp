@@ -437,8 +437,8 @@ TEST_CASE("extra end-of-sequence tokens (generation_config.json's list) end gene
   CHECK(got->tokens == ref.tokens);
 }
 
-TEST_CASE("data-parallel decode ranks in a cluster answer as colocated; once their group breaks they refuse new work "
-          "naming why, report no room, and requests go to the rank outside the group") {
+TEST_CASE("data-parallel decode ranks in a cluster answer as colocated; once their group breaks they report no room "
+          "on their own, refuse new work naming why, and requests go to the rank outside the group") {
   test::cluster_system t;
   auto cfg = small_cluster();
   cfg.model = gpu::deepseek_tiny_config(true);
@@ -477,6 +477,21 @@ TEST_CASE("data-parallel decode ranks in a cluster answer as colocated; once the
   CHECK(members[0]->failure() == "data-parallel group, member decode-0-dp: injected by the test");
   CHECK(members[1]->failure() == "data-parallel group of decode-1-dp: member decode-0-dp is out of step");
   caf::scoped_actor self{t.sys};
+  // Both ranks step aside on their own, before any request tries them: the balancer hears that
+  // they have no room (bounded wait).
+  bool aside = false;
+  for (int i = 0; i < 500 && !aside; ++i) {
+    self->request(cluster.decode_balancer, std::chrono::seconds{5}, stats_atom::value)
+        .receive(
+            [&](std::vector<rank_load>& loads) {
+              int none_free = 0;
+              for (const auto& l : loads) none_free += (l.name == "decode-0" || l.name == "decode-1") && l.num_free_pages == 0;
+              aside = none_free == 2;
+            },
+            [](caf::error&) {});
+    if (!aside) std::this_thread::sleep_for(std::chrono::milliseconds{10});
+  }
+  CHECK(aside);
   std::string refusal;
   self->request(cluster.decode[1].handle, std::chrono::seconds{10}, reserve_atom::value, kv_lease_reserve{99, 32, 1000, 16})
       .receive([](kv_lease_grant&) {}, [&](caf::error& e) { refusal = t.sys.render(e); });
