@@ -675,8 +675,8 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
         auto& s = self->state;
         const bool standing = !s.core.exec->standing_failure().empty();
         const auto code = standing ? errc::rank_unavailable : errc::executor_failed;
-        if (standing) report_load(self);
         s.step_in_flight = false;
+        if (standing) rebalance_memory(self);  // queued reservations go elsewhere; it reports the load
         for (size_t k = 0; k < s.step_chunks.size() && !s.local_prefills.empty(); ++k) {
           auto& p = s.local_prefills.front();
           p.promise.deliver(make_error(code, where(p.order.request_id, s.cfg.name, "prefill") + ": " + what));
@@ -697,9 +697,9 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
       [=](timer_atom, uint64_t id) { self->state.core.runner->fire(id); },
       [=](health_atom) {
         // The executor's standing failure: queued reservations go elsewhere, the balancer hears
-        // there is no room here.
+        // there is no room here (rebalance_memory reports, unless a step is in flight).
         rebalance_memory(self);
-        report_load(self);
+        if (self->state.step_in_flight) report_load(self);
       },
       [=](poll_atom) { poll_writes(self); },
       [=](expire_atom, uint64_t lease_id) {

@@ -154,9 +154,9 @@ public:
   /// of step, or one of its members gone): its rank then refuses new work, and what it was running
   /// fails over, so that requests go to other ranks. Thread-safe.
   virtual std::string standing_failure() const { return {}; }
-  /// Calls `fn` once, from any thread, when standing_failure() turns non-empty while the executor
-  /// is idle or between jobs, so its rank can step aside before a request finds out. Executors
-  /// that cannot fail so ignore it.
+  /// Calls `fn` once, on the executor's own thread, when standing_failure() turns non-empty while
+  /// it is idle or between jobs, so its rank can step aside before a request finds out. One
+  /// listener: a later registration replaces the earlier. Executors that cannot fail so ignore it.
   virtual void on_standing_failure(std::function<void()> /*fn*/) {}
 };
 
