@@ -44,8 +44,9 @@ gpu::peer_transport_maker ucx_peer_transports(const std::string& ucx_send) {
 
 std::vector<std::shared_ptr<gpu::expert_peers>> make_dp_attention_groups(const std::vector<std::string>& ranks,
                                                                          uint32_t ep, const gpu::model_config& cfg,
-                                                                         uint64_t slot_bytes, const std::string& ucx_send,
-                                                                         bool dual_batch, std::string* why) {
+                                                                         const gpu::peer_group_config& group,
+                                                                         const gpu::live_eplb_config& eplb,
+                                                                         const std::string& ucx_send, std::string* why) {
   if (ep < 2 || ranks.empty() || ranks.size() % ep != 0)
     return *why = "data-parallel attention groups of " + std::to_string(ep) + " need a multiple of " + std::to_string(ep) +
                   " decode ranks here, not " + std::to_string(ranks.size()),
@@ -55,9 +56,10 @@ std::vector<std::shared_ptr<gpu::expert_peers>> make_dp_attention_groups(const s
     std::vector<std::string> names;
     for (size_t i = g; i < g + ep; ++i) names.push_back(ranks[i] + "-dp");
     // Members of one process: UCX shared memory, stores straight into each other's slots.
-    auto members = gpu::make_peer_group(names, cfg, {slot_bytes, std::chrono::milliseconds{10'000}, dual_batch},
-                                        ucx_peer_transports(ucx_send), why);
+    auto members = gpu::make_peer_group(names, cfg, group, ucx_peer_transports(ucx_send), why);
     if (members.empty()) return {};
+    for (auto& m : members)
+      if (eplb.slots_per_rank && !m->enable_eplb(eplb, cfg.moe.n_routed_experts, why)) return {};
     out.insert(out.end(), members.begin(), members.end());
   }
   return out;

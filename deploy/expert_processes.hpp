@@ -35,12 +35,14 @@ std::shared_ptr<gpu::expert_group> spawn_expert_group(const expert_spawn& s, con
 
 /// Data-parallel attention among ranks of this process (gpu::expert_peers): `ranks` (names, in
 /// order) form groups of `ep` consecutive ranks over UCX, each rank its group's member (with
-/// `dual_batch`, two channels each for dual-batch overlap); the result is in the order of `ranks`. Empty with `*why` when the ranks do not split into groups
-/// or a transport cannot start.
+/// `group.dual_batch`, two channels each for dual-batch overlap; with `eplb` on, live EPLB in
+/// each group); the result is in the order of `ranks`. Empty with `*why` when the ranks do not
+/// split into groups, a transport cannot start or the EPLB settings do not fit.
 std::vector<std::shared_ptr<gpu::expert_peers>> make_dp_attention_groups(const std::vector<std::string>& ranks,
                                                                          uint32_t ep, const gpu::model_config& cfg,
-                                                                         uint64_t slot_bytes, const std::string& ucx_send,
-                                                                         bool dual_batch, std::string* why);
+                                                                         const gpu::peer_group_config& group,
+                                                                         const gpu::live_eplb_config& eplb,
+                                                                         const std::string& ucx_send, std::string* why);
 /// UCX transports for data-parallel members, sending as `ucx_send` says (put, or am over TCP).
 gpu::peer_transport_maker ucx_peer_transports(const std::string& ucx_send);
 

@@ -435,20 +435,15 @@ int run_local(const std::vector<std::string>& args) {
       std::vector<std::string> names;
       for (uint32_t i = 0; i < c.num_decode_ranks; ++i) names.push_back(c.decode.name + "-" + std::to_string(i));
       std::string why;
-      const auto members = make_dp_attention_groups(names, opt.expert_parallel, c.model,
-                                                    engine_slot_bytes(c.model, c.prefill, c.decode), c.ucx_send,
-                                                    opt.dual_batch_overlap, &why);
+      const auto members = make_dp_attention_groups(
+          names, opt.expert_parallel, c.model,
+          {.slot_bytes = engine_slot_bytes(c.model, c.prefill, c.decode), .dual_batch = opt.dual_batch_overlap}, opt.eplb,
+          c.ucx_send, &why);
       if (members.empty()) {
         std::fprintf(stderr, "baton local: data-parallel attention: %s\n", why.c_str());
         return 1;
       }
-      for (size_t i = 0; i < names.size(); ++i) {
-        if (opt.eplb.slots_per_rank && !members[i]->enable_eplb(opt.eplb, c.model.moe.n_routed_experts, &why)) {
-          std::fprintf(stderr, "baton local: data-parallel attention: %s\n", why.c_str());
-          return 1;
-        }
-        dp[names[i]] = members[i];
-      }
+      for (size_t i = 0; i < names.size(); ++i) dp[names[i]] = members[i];
     }
     make_exec = [&opt, weights, dp](const std::string& rank) -> std::shared_ptr<gpu::executor> {
       const auto& c = opt.cluster;

@@ -94,13 +94,18 @@ namespace {
 /// decode rank F + i is member (F + i) % ep of group (F + i) / ep. A group whose members all live
 /// here meets in-process; others swap keys through the head's node directory, waiting (bounded)
 /// for the other nodes. Members are named by group ("dp3.1"), which every node can work out.
-/// Each card carries the member's `settings` with its key: members that would run different
+/// Each card carries the member's settings with its key: members that would run different
 /// rounds (slots, dual-batch overlap, EPLB) are refused here, naming both, not broken later.
+/// EPLB, when on, is enabled on every member.
 std::vector<std::shared_ptr<gpu::expert_peers>> join_dp_groups(caf::actor_system& sys, const node_directory_actor& dir,
                                                                uint32_t ranks, uint32_t first, uint32_t ep,
-                                                               const gpu::model_config& model, uint64_t slot_bytes,
-                                                               const std::string& ucx_send, bool dual_batch,
-                                                               const std::string& settings, std::string* why) {
+                                                               const gpu::model_config& model,
+                                                               const gpu::peer_group_config& group_cfg,
+                                                               const gpu::live_eplb_config& eplb,
+                                                               const std::string& ucx_send, std::string* why) {
+  const std::string settings = "slot_bytes=" + std::to_string(group_cfg.slot_bytes) +
+                               " dual_batch=" + std::to_string(group_cfg.dual_batch) +
+                               " eplb=" + std::to_string(eplb.slots_per_rank) + "/" + std::to_string(eplb.interval_rounds);
   std::vector<std::shared_ptr<gpu::expert_peers>> out;
   for (uint32_t g = first / ep; g <= (first + ranks - 1) / ep; ++g) {
     const std::string group = "dp" + std::to_string(g);
@@ -137,9 +142,10 @@ std::vector<std::shared_ptr<gpu::expert_peers>> join_dp_groups(caf::actor_system
       }
       return true;
     };
-    auto members = gpu::make_peer_group(names, local, model, {slot_bytes, std::chrono::milliseconds{10'000}, dual_batch},
-                                        ucx_peer_transports(ucx_send), meet, why);
+    auto members = gpu::make_peer_group(names, local, model, group_cfg, ucx_peer_transports(ucx_send), meet, why);
     if (members.empty()) return {};
+    for (auto& m : members)
+      if (eplb.slots_per_rank && !m->enable_eplb(eplb, model.moe.n_routed_experts, why)) return {};
     out.insert(out.end(), members.begin(), members.end());
   }
   return out;
@@ -314,16 +320,13 @@ int run_node(const std::vector<std::string>& args) {
   }
   auto weights = loaded.weights ? loaded.weights
                                 : std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(model, weights_seed));
-  auto rank_name_of = [&](uint32_t i) { return num_ranks > 1 ? name + "-" + std::to_string(i) : name; };
+  auto rank_name_of = [name, num_ranks](uint32_t i) { return num_ranks > 1 ? name + "-" + std::to_string(i) : name; };
   // Data-parallel groups first: their members in other nodes wait for these at the head.
   std::vector<std::shared_ptr<gpu::expert_peers>> peers;
   if (dp_attention) {
     peers = join_dp_groups(sys, *directory, num_ranks, dp_first_rank, expert_parallel, model,
-                           engine_slot_bytes(model, prefill, rank), ucx_send, dual_batch_overlap,
-                           "slot_bytes=" + std::to_string(engine_slot_bytes(model, prefill, rank)) +
-                               " dual_batch=" + std::to_string(dual_batch_overlap) +
-                               " eplb=" + std::to_string(eplb.slots_per_rank) + "/" + std::to_string(eplb.interval_rounds),
-                           &why);
+                           {.slot_bytes = engine_slot_bytes(model, prefill, rank), .dual_batch = dual_batch_overlap}, eplb,
+                           ucx_send, &why);
     if (peers.empty()) {
       std::fprintf(stderr, "baton node %s: data-parallel attention: %s\n", name.c_str(), why.c_str());
       return 1;
@@ -331,13 +334,7 @@ int run_node(const std::vector<std::string>& args) {
     // Each member serves routed experts from its own store, filled here with its block; the
     // weights the executors share then keep none (a loaded model is copied once to drop them).
     gpu::model_weights attention_only = *weights;
-    for (auto& p : peers) {
-      p->hold_block(model, attention_only);
-      if (eplb.slots_per_rank && !p->enable_eplb(eplb, model.moe.n_routed_experts, &why)) {
-        std::fprintf(stderr, "baton node %s: data-parallel attention: %s\n", name.c_str(), why.c_str());
-        return 2;
-      }
-    }
+    for (auto& p : peers) p->hold_block(model, attention_only);
     gpu::keep_expert_block(model, attention_only, expert_parallel, expert_parallel);
     weights = std::make_shared<const gpu::model_weights>(std::move(attention_only));
     const uint32_t first_moe = model.moe.first_k_dense_replace;

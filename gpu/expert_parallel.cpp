@@ -130,10 +130,6 @@ private:
   std::vector<uint64_t> next_offset_;
 };
 
-}  // namespace
-
-namespace {
-
 /// The experts of `ex` (one layer's) that have weights, ascending.
 std::vector<uint32_t> with_weights(const std::vector<expert_weights>& ex, uint32_t num_experts) {
   std::vector<uint32_t> out;
@@ -159,7 +155,7 @@ std::vector<uint32_t> held_experts(const model_config& cfg, const model_weights&
 void keep_expert_block(const model_config& cfg, model_weights& w, uint32_t rank, uint32_t size) {
   for (uint32_t l = 0; l < w.layers.size(); ++l)
     for (uint32_t e = 0; e < w.layers[l].experts.size(); ++e)
-      if (block_owner(e, size, cfg.moe.n_routed_experts) != rank) drop_expert(w.layers[l].experts[e]);
+      if (policies::block_owner(e, size, cfg.moe.n_routed_experts) != rank) drop_expert(w.layers[l].experts[e]);
 }
 
 uint64_t expert_slot_bytes(const model_config& cfg, uint64_t max_rows) {
@@ -355,22 +351,15 @@ bool expert_group::replan(const model_config& cfg, const model_weights& w, std::
   const policies::eplb_config ec{size_, size_, eplb_.slots_per_rank};
   const uint32_t num_experts = cfg.moe.n_routed_experts;
   placement_.resize(counts_.size());
-  held_.resize(size_);
   const uint64_t per_piece = piece_floats(a2a_->config().slot_bytes);  // as many floats as a slot holds
   if (per_piece == 0) return *why = "EPLB: the all-to-all slot cannot carry expert weights", false;
   for (uint32_t l = 0; l < counts_.size(); ++l) {
     if (counts_[l].empty()) continue;
     auto next = policies::plan_eplb(counts_[l], ec);
     std::fill(counts_[l].begin(), counts_[l].end(), 0.0);
-    // What each shard holds now: its contiguous block until a plan placed this layer.
-    std::vector<std::vector<uint32_t>> have(size_);
-    for (uint32_t r = 1; r < size_; ++r) {
-      if (held_[r].size() <= l) held_[r].resize(l + 1);
-      if (held_[r][l].empty() && placement_[l].rank_experts.empty())
-        for (uint32_t e = 0; e < num_experts; ++e)
-          if (owner(e, num_experts) == r) held_[r][l].push_back(e);
-      have[r] = held_[r][l];
-    }
+    // What each shard holds now: the placement, or its contiguous block until a plan placed this layer.
+    const auto& have = placement_[l].rank_experts.empty() ? policies::static_placement(num_experts, ec).rank_experts
+                                                          : placement_[l].rank_experts;
     // Make: every shard gets the experts it newly holds, one piece per exchange (pieces for
     // several shards travel together); the lead (rank 0) moves nothing.
     move_schedule moves{have, next.rank_experts, 1, expert_floats(cfg), per_piece};
@@ -398,7 +387,6 @@ bool expert_group::replan(const model_config& cfg, const model_weights& w, std::
     }
     if (std::any_of(chunks.begin(), chunks.end(), [](auto& c) { return !c.empty(); }) && !control(chunks, why))
       return *why = "EPLB, layer " + std::to_string(l) + ": dropping experts: " + *why, false;
-    for (uint32_t r = 1; r < size_; ++r) held_[r][l] = placement_[l].rank_experts[r];
   }
   ++plans_;
   return true;
@@ -442,25 +430,7 @@ bool apply_control(const model_config& cfg, model_weights& w, std::span<const st
   return install_piece(cfg, hd.layer, ex, chunk, why);
 }
 
-}  // namespace
-
-namespace {
-
-bool serve_as_shard(const model_config& cfg, model_weights& w, transport::all_to_all& a2a, std::string* why,
-                    transport::all_to_all* b);
-
-}  // namespace
-
-bool run_expert_shard(const model_config& cfg, model_weights& w, transport::all_to_all& a2a, std::string* why,
-                      transport::all_to_all* b) {
-  if (serve_as_shard(cfg, w, a2a, why, b)) return true;
-  a2a.signal_abort();  // the lead's wait ends now, naming this shard, not at its timeout
-  if (b) b->signal_abort();
-  return false;
-}
-
-namespace {
-
+/// run_expert_shard's loop; false and why when the group fails.
 bool serve_as_shard(const model_config& cfg, model_weights& w, transport::all_to_all& a2a, std::string* why,
                     transport::all_to_all* b) {
   const uint32_t n = a2a.size();
@@ -498,6 +468,14 @@ bool serve_as_shard(const model_config& cfg, model_weights& w, transport::all_to
 }
 
 }  // namespace
+
+bool run_expert_shard(const model_config& cfg, model_weights& w, transport::all_to_all& a2a, std::string* why,
+                      transport::all_to_all* b) {
+  if (serve_as_shard(cfg, w, a2a, why, b)) return true;
+  a2a.signal_abort();  // the lead's wait ends now, naming this shard, not at its timeout
+  if (b) b->signal_abort();
+  return false;
+}
 
 struct expert_peers::shared {
   std::vector<std::string> names;
@@ -543,10 +521,16 @@ std::string expert_peers::broken() const {
   return broken_;
 }
 
-void expert_peers::fault_break_for_test(const std::string& why) {
-  std::lock_guard<std::mutex> lock{broken_mutex_};
-  broken_ = "data-parallel group, member " + group_->names[rank_] + ": " + why;
+void expert_peers::mark_broken(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock{broken_mutex_};
+    broken_ = why;
+  }
   group_->out_of_step[rank_].store(true, std::memory_order_release);
+}
+
+void expert_peers::fault_break_for_test(const std::string& why) {
+  mark_broken("data-parallel group, member " + group_->names[rank_] + ": " + why);
 }
 
 void expert_peers::hold_block(const model_config& cfg, const model_weights& w) {
@@ -691,11 +675,7 @@ bool expert_peers::exchange_round(const model_config& cfg, uint32_t layer,
   const auto fail = [&](const std::string& stage, const std::string& what) {
     *why = "data-parallel group, member " + group_->names[rank_] + ", " + stage + " of MoE layer " +
            std::to_string(layer) + ": " + what;
-    {
-      std::lock_guard<std::mutex> lock{broken_mutex_};
-      broken_ = *why;
-    }
-    group_->out_of_step[rank_].store(true, std::memory_order_release);
+    mark_broken(*why);
     a2a.signal_abort();  // the members in other processes stop waiting for this one
     if (dual_batch()) group_->b[rank_]->signal_abort();
     return false;

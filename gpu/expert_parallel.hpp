@@ -40,12 +40,6 @@ class all_to_all;
 
 namespace baton::gpu {
 
-/// The EP rank holding `expert` when `num_experts` sit in contiguous blocks over `ranks`
-/// (policies::static_placement's rule).
-inline uint32_t block_owner(uint32_t expert, uint32_t ranks, uint32_t num_experts) {
-  return static_cast<uint32_t>(uint64_t{expert} * ranks / num_experts);
-}
-
 /// The experts' outputs for one dispatch chunk (any EP rank runs this on what it received).
 /// False and a sentence when the chunk is malformed or names an expert this model lacks.
 bool serve_expert_chunk(const model_config& cfg, const model_weights& w, std::span<const std::byte> chunk,
@@ -79,7 +73,9 @@ public:
 
   uint32_t size() const { return size_; }
   /// The EP rank holding `expert` in contiguous blocks (the placement before any EPLB plan).
-  uint32_t owner(uint32_t expert, uint32_t num_experts) const { return block_owner(expert, size_, num_experts); }
+  uint32_t owner(uint32_t expert, uint32_t num_experts) const {
+    return policies::block_owner(expert, size_, num_experts);
+  }
   /// Turns live EPLB on for a model with `num_experts` routed experts (validated against the
   /// group: a slot budget that cannot hold every expert is refused with a sentence).
   bool enable_eplb(const live_eplb_config& cfg, uint32_t num_experts, std::string* why);
@@ -119,8 +115,6 @@ private:
   std::vector<std::vector<double>> counts_;              ///< [layer][expert]: copies since the last plan
   std::vector<policies::expert_placement> placement_;    ///< [layer]; empty until the first plan
   std::vector<uint64_t> rank_copies_;
-  /// [rank][layer]: the experts each shard holds (rank 0's entry unused: it holds all).
-  std::vector<std::vector<std::vector<uint32_t>>> held_;
   uint64_t rounds_ = 0, plans_ = 0, bytes_installed_ = 0, experts_evicted_ = 0;
 };
 
@@ -158,7 +152,9 @@ public:
   uint32_t rank() const { return rank_; }
   uint32_t size() const;
   /// The member serving `expert` before any EPLB plan (contiguous blocks, as expert_group::owner).
-  uint32_t owner(uint32_t expert, uint32_t num_experts) const { return block_owner(expert, size(), num_experts); }
+  uint32_t owner(uint32_t expert, uint32_t num_experts) const {
+    return policies::block_owner(expert, size(), num_experts);
+  }
   /// Copies this member's contiguous block of every MoE layer's routed experts out of `w`: the
   /// experts it serves (the routed experts of the executor's own weights are never read, so a
   /// caller may drop them from `w` afterwards). Before the first step.
@@ -190,8 +186,9 @@ public:
   /// This member stops taking part: the others' next steps fail at once, naming it, instead of
   /// waiting out the all-to-all's timeout.
   void leave();
-  /// Non-empty once this member can take part in no step: it stopped, the group fell out of
-  /// step, or another member of this process stopped. Any thread.
+  /// Non-empty once this member can take part in no step: it stopped, it fell out of step, or
+  /// another member did either (seen by flags in this process, by abort words from others).
+  /// Any thread.
   std::string failure() const;
   /// Fault injection for tests only: the group falls out of step here, as after a failed exchange.
   void fault_break_for_test(const std::string& why);
@@ -222,6 +219,8 @@ private:
   bool replan(const model_config& cfg, std::string* why);
   std::string gone_peer() const;
   std::string broken() const;
+  /// Records that the group is out of step here, for good (later rounds fail with `why`).
+  void mark_broken(const std::string& why);
   /// Why this member cannot run MoE layer `layer`'s round now (empty: it can).
   std::string refuse_round(uint32_t layer) const;
 

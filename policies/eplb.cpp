@@ -19,7 +19,7 @@ expert_placement static_placement(uint32_t num_experts, const eplb_config& cfg) 
   p.rank_experts.resize(cfg.num_ranks);
   p.replicas.resize(num_experts);
   for (uint32_t e = 0; e < num_experts; ++e) {
-    const auto r = static_cast<uint32_t>(uint64_t{e} * cfg.num_ranks / num_experts);
+    const auto r = block_owner(e, cfg.num_ranks, num_experts);
     p.rank_experts[r].push_back(e);
     p.replicas[e].push_back(r);
   }

@@ -33,8 +33,13 @@ struct expert_placement {
   uint32_t num_experts() const { return static_cast<uint32_t>(replicas.size()); }
 };
 
-/// Experts in contiguous blocks, one copy each (what an engine does without EPLB):
+/// The rank holding `expert` when `num_experts` sit in contiguous blocks over `num_ranks`:
 /// expert e on rank e * num_ranks / num_experts.
+inline uint32_t block_owner(uint32_t expert, uint32_t num_ranks, uint32_t num_experts) {
+  return static_cast<uint32_t>(uint64_t{expert} * num_ranks / num_experts);
+}
+
+/// Experts in contiguous blocks, one copy each (what an engine does without EPLB; block_owner).
 expert_placement static_placement(uint32_t num_experts, const eplb_config& cfg);
 
 /// The EPLB plan for `load` (tokens per expert over the last window).

@@ -532,7 +532,7 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
     echo["elastic"] = std::to_string(cfg.elastic_instances) + " x " + std::to_string(cfg.tp) + " " + cfg.decode_gpu + ", " +
                       std::to_string(cfg.elastic_prefill_at_start) + " prefill at start";
     for (size_t i = 0; i < out->role_changes.size(); ++i) {
-      char key[32];
+      char key[48];
       std::snprintf(key, sizeof key, "role change %03zu", i + 1);
       echo[key] = out->role_changes[i];
     }

@@ -106,11 +106,8 @@ void all_to_all::signal_abort() {
     puts.push_back(t_.post_put({seq_, 0, names_[d], send_region_, peers_[d], {{staged, at, sizeof one}}}));
   }
   // Best effort, briefly: a peer that is gone needs no word, and a stop should not wait for it.
-  const auto timeout = cfg_.timeout;
-  cfg_.timeout = std::min(cfg_.timeout, std::chrono::milliseconds{500});
   std::string why;
-  wait_puts(puts, &why);
-  cfg_.timeout = timeout;
+  wait_puts(puts, &why, std::min(cfg_.timeout, std::chrono::milliseconds{500}));
 }
 
 void all_to_all::pause() const {
@@ -120,15 +117,15 @@ void all_to_all::pause() const {
     std::this_thread::yield();
 }
 
-bool all_to_all::wait_puts(std::vector<uint64_t>& ids, std::string* why) {
-  const auto deadline = std::chrono::steady_clock::now() + cfg_.timeout;
+bool all_to_all::wait_puts(std::vector<uint64_t>& ids, std::string* why, std::chrono::milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
   bool ok = true;
   for (size_t i = 0; i < ids.size(); ++i) {
     xfer_error err;
     xfer_state s;
     while ((s = t_.poll(ids[i], &err)) == xfer_state::pending) {
       if (std::chrono::steady_clock::now() > deadline) {
-        err.what = "not complete after " + std::to_string(cfg_.timeout.count()) + " ms";
+        err.what = "not complete after " + std::to_string(limit.count()) + " ms";
         s = xfer_state::failed;
         break;
       }

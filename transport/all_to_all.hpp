@@ -103,7 +103,9 @@ private:
   uint64_t flags_bytes() const { return uint64_t{cfg_.size} * sizeof(uint64_t); }  ///< one abort word per source
   uint64_t bell_offset(uint64_t seq, uint32_t source) const;
   uint64_t bank_offset(uint64_t seq) const;
-  bool wait_puts(std::vector<uint64_t>& ids, std::string* why);
+  /// Waits for (at most `limit`) and releases the puts `ids`; false and why if one failed.
+  bool wait_puts(std::vector<uint64_t>& ids, std::string* why, std::chrono::milliseconds limit);
+  bool wait_puts(std::vector<uint64_t>& ids, std::string* why) { return wait_puts(ids, why, cfg_.timeout); }
   void pause() const;
 
   transport& t_;
