@@ -12,8 +12,12 @@ void forwarding_sink::on_started(uint64_t job_id) {
   if (auto owner = caf::actor_cast<caf::actor>(owner_)) caf::anon_send(owner, exec_start_atom::value, job_id);
 }
 
-void forwarding_sink::on_layer_done(uint64_t job_id, uint32_t layer) {
-  if (on_layer_) on_layer_(job_id, layer);
+void forwarding_sink::on_layer_kv_ready(uint64_t job_id, uint32_t layer) {
+  if (on_kv_ready_) on_kv_ready_(job_id, layer);
+}
+
+void forwarding_sink::on_layer_computed(uint64_t job_id, uint32_t layer) {
+  if (on_computed_) on_computed_(job_id, layer);
 }
 
 void forwarding_sink::on_done(uint64_t job_id, std::vector<std::vector<float>> logits) {

@@ -79,22 +79,27 @@ caf::result<bool> change_role(bool active, const std::string& rank, const std::s
 }
 
 /// Sends exec_done / exec_fail to the owning rank. Holds only the rank's address, so an
-/// executor finishing after its rank stopped sends nothing. `on_layer` runs on the executor's
-/// thread (stream order) and must be thread-safe.
+/// executor finishing after its rank stopped sends nothing. The layer callbacks run on the
+/// executor's thread (stream order) and must be thread-safe.
 class forwarding_sink : public gpu::executor_sink {
 public:
-  forwarding_sink(caf::actor_addr owner, std::function<void(uint64_t, uint32_t)> on_layer = {},
-                  bool report_start = false)
-    : owner_(std::move(owner)), on_layer_(std::move(on_layer)), report_start_(report_start) {}
+  using layer_fn = std::function<void(uint64_t job_id, uint32_t layer)>;
+  forwarding_sink(caf::actor_addr owner, layer_fn on_kv_ready = {}, layer_fn on_computed = {}, bool report_start = false)
+    : owner_(std::move(owner)),
+      on_kv_ready_(std::move(on_kv_ready)),
+      on_computed_(std::move(on_computed)),
+      report_start_(report_start) {}
   /// Sends exec_start only when asked (report_start): most owners do not need it.
   void on_started(uint64_t job_id) override;
-  void on_layer_done(uint64_t job_id, uint32_t layer) override;
+  void on_layer_kv_ready(uint64_t job_id, uint32_t layer) override;
+  void on_layer_computed(uint64_t job_id, uint32_t layer) override;
   void on_done(uint64_t job_id, std::vector<std::vector<float>> logits) override;
   void on_failed(uint64_t job_id, std::string what) override;
 
 private:
   caf::actor_addr owner_;
-  std::function<void(uint64_t, uint32_t)> on_layer_;
+  layer_fn on_kv_ready_;
+  layer_fn on_computed_;
   bool report_start_;
 };
 

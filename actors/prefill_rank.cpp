@@ -250,16 +250,17 @@ void submit_chunk(prefill_pointer self, uint64_t rid) {
   auto sender = std::make_shared<const chunk_sender>(chunk_sender{
       rid, r.attempt, c, end == num_tokens, c == 0 && !r.split.active ? 0 : start / ps, (end + ps - 1) / ps, r.local_pages,
       order.grant.page_ids, local, remote_layout, st.core.pool_key->region_id, remote_key, order.grant.rank});
-  // Runs on the executor thread right after layer `l` is computed, before layer l + 1: the
-  // put is posted in stream order, and the actor polls it.
+  // Runs on the executor thread as soon as layer `l`'s KV is written, before the layer's
+  // attention and MLP: the put is posted in stream order and travels while they compute (its
+  // checksum reads pages still in the cache), and the actor polls it.
   // Raw pointers on purpose: the callback runs on the executor's thread, and if it held the last
   // reference to the executor, the executor would be destroyed on (and try to join) its own thread.
   // rank_core destroys the executor (joining its thread) before the transport, so both outlive
   // every callback.
-  auto on_layer = [sender, xport = st.core.xport.get(), log = st.core.log, exec = st.core.exec.get(),
-                   owner = self->address(), checksums = st.cfg.checksum_kv,
-                   cancelled = r.cancelled](uint64_t, uint32_t l) {
-    log->add({0, "compute_done", sender->request_id, sender->chunk, l, {}, {}});
+  auto on_kv_ready = [sender, xport = st.core.xport.get(), log = st.core.log, exec = st.core.exec.get(),
+                      owner = self->address(), checksums = st.cfg.checksum_kv,
+                      cancelled = r.cancelled](uint64_t, uint32_t l) {
+    log->add({0, "kv_written", sender->request_id, sender->chunk, l, {}, {}});
     if (cancelled->load()) return;
     // The last chunk completes layer l of the whole prompt: its checksum goes with the
     // layer-ready signal so the decode rank can prove the layer landed intact.
@@ -271,6 +272,9 @@ void submit_chunk(prefill_pointer self, uint64_t rid) {
     if (auto h = caf::actor_cast<caf::actor>(owner))
       caf::anon_send(h, xfer_atom::value, sender->request_id, l, xfer, checksum, sender->attempt);
   };
+  auto on_computed = [log = st.core.log, rid, chunk = c](uint64_t, uint32_t l) {
+    log->add({0, "compute_done", rid, chunk, l, {}, {}});
+  };
   const uint64_t job_id = ++st.last_job;
   st.job_to_request[job_id] = chunk_job{rid, end - start, r.attempt};
   ++st.chunks_in_executor;
@@ -279,7 +283,8 @@ void submit_chunk(prefill_pointer self, uint64_t rid) {
                                                  start, r.local_pages, end == num_tokens}}};
   if (r.load.gate && !r.load.aborted) job.seqs[0].gate = r.load.gate;  // streaming prefix: wait per layer
   st.core.exec->submit(std::move(job),
-                       std::make_shared<forwarding_sink>(self->address(), std::move(on_layer), /*report_start*/ c == 0));
+                       std::make_shared<forwarding_sink>(self->address(), std::move(on_kv_ready), std::move(on_computed),
+                                                         /*report_start*/ c == 0));
 }
 
 /// Keeps the executor fed: picks the next chunk by priority class while fewer than
@@ -522,6 +527,7 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
               gpu::sample_token(logits[0], sc, static_cast<uint32_t>(r.order.tokens.size()), &r.order.tokens);
           if (r.order.return_logits) r.logits = std::move(logits[0]);
           r.have_logits = true;
+          s.core.log->add({0, "first_token", *rid, cj->attempt, 0, {}, {}});
         }
         finish_if_done(self, *rid);
       },

@@ -153,8 +153,8 @@ private:
     for (uint32_t l = 0; l < c.num_hidden_layers; ++l) {
       const auto& lw = w.layers[l];
       rmsnorm(act_.x.data(), lw.attn_norm.data(), n, h, c.rms_norm_eps, act_.hn.data());
-      // Each attention writes this layer's KV, waits for the layer's gates, and leaves the
-      // o_proj output in act_.proj.
+      // Each attention writes this layer's KV, waits for the layer's gates, tells the sink the
+      // layer's KV is ready, and leaves the o_proj output in act_.proj.
       const bool ok = c.is_mla() ? latent_attention_layer(job, rows, l, sink) : attention_layer(job, rows, l, sink);
       if (!ok) return;
       add_inplace(act_.x.data(), act_.proj.data(), n * h);
@@ -169,7 +169,7 @@ private:
         dense_mlp(lw.w_gate.data(), lw.w_up.data(), lw.w_down.data(), act_.hn.data(), n, c.mlp_intermediate(l),
                   act_.proj.data());
       add_inplace(act_.x.data(), act_.proj.data(), n * h);
-      sink.on_layer_done(job.job_id, l);
+      sink.on_layer_computed(job.job_id, l);
     }
 
     // LM head: one matrix product over the last row of every sequence that wants logits, so the
@@ -192,14 +192,17 @@ private:
   }
 
   /// The pipeline's consumer end: a sequence whose cached prefix is still arriving waits here for
-  /// layer `l` of it, after this layer's projections were computed.
-  bool wait_gates(const forward_job& job, uint32_t l, executor_sink& sink) {
+  /// layer `l` of it, after this layer's projections were computed and its new KV written. Then
+  /// the whole layer's KV is in the pool and the sink may ship it while attention and the MLP
+  /// compute: its pages are still in the cache, and the send no longer waits for the layer's end.
+  bool kv_ready(const forward_job& job, uint32_t l, executor_sink& sink) {
     for (const auto& s : job.seqs)
       if (s.gate && !s.gate->wait(l)) {
         sink.on_failed(job.job_id, "sequence " + std::to_string(s.seq_id) + ": layer " + std::to_string(l) +
                                        " of its cached prefix will not arrive");
         return false;
       }
+    sink.on_layer_kv_ready(job.job_id, l);
     return true;
   }
 
@@ -238,7 +241,7 @@ private:
       std::copy_n(act_.k.data() + r * kvd, kvd, kv_.k_at(l, page, slot));
       std::copy_n(act_.v.data() + r * kvd, kvd, kv_.v_at(l, page, slot));
     }
-    if (!wait_gates(job, l, sink)) return false;
+    if (!kv_ready(job, l, sink)) return false;
 
     // Causal attention of every row over its own sequence's KV pages, positions [0, pos].
     // Each (row, head) is computed alone in a fixed order, so batching cannot change it.
@@ -302,7 +305,7 @@ private:
       const auto [page, slot] = page_slot(job, rows[r]);
       std::copy_n(latent, lat, kv_.k_at(l, page, slot));
     }
-    if (!wait_gates(job, l, sink)) return false;
+    if (!kv_ready(job, l, sink)) return false;
 
     const uint32_t ps = kv_.layout().page_size_tokens;
     const float scale = softmax_scale_;

@@ -10,7 +10,7 @@
 //   copy    - host -> device upload of KV pages the device does not hold yet (a cached prefix
 //             that arrived in the host pool from the store or from a prefill rank), layer by
 //             layer, one layer ahead of compute; layer l's attention waits for its event;
-//   send    - device -> host mirror of the KV each layer wrote, then the sink's on_layer_done,
+//   send    - device -> host mirror of the KV each layer wrote, then the sink's on_layer_kv_ready,
 //             so a transport can ship layer l while layer l + 1 computes.
 // Per-layer events order them; nothing synchronises the device until the job's end.
 //

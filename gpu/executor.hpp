@@ -109,17 +109,23 @@ struct forward_job {
   kind_t kind = prefill;  ///< the math is the same; cost models and logs tell them apart
 };
 
-/// Where an executor reports. Calls come from the executor's own thread (CPU backend) or from
-/// the owner's thread (modelled backend), in this order per job: on_started, on_layer_done(0..L-1), then
-/// on_done or on_failed. Implementations must be thread-safe and must not block.
+/// Where an executor reports. Calls come from the executor's own thread (CPU backend), a CUDA
+/// host callback (CUDA backend) or the owner's thread (modelled backend), in this order per job:
+/// on_started; for each layer l, on_layer_kv_ready(l) then on_layer_computed(l); then on_done or
+/// on_failed. Implementations must be thread-safe and must not block.
 class executor_sink {
 public:
   virtual ~executor_sink() = default;
   /// The job leaves the queue and starts computing (queueing time ends here).
   virtual void on_started(uint64_t /*job_id*/) {}
-  /// Layer `layer` of every sequence in the job has its KV written: a sender may ship it now.
-  /// Called before the next layer's compute finishes (stream order).
-  virtual void on_layer_done(uint64_t job_id, uint32_t layer) = 0;
+  /// Layer `layer` of every sequence in the job has its KV written, and any cached prefix the
+  /// job waited for has landed in that layer: a sender may ship it now. The rest of the layer
+  /// (attention, MLP) is still to compute, so a send posted here hides under it: the KV a layer
+  /// writes is final once its keys are rotated, as vLLM's and Mooncake's connectors use it.
+  virtual void on_layer_kv_ready(uint64_t job_id, uint32_t layer) = 0;
+  /// Layer `layer` has finished computing (timelines and logs). The CUDA backend does not
+  /// report it: nothing on its host side knows when a kernel ends without a synchronisation.
+  virtual void on_layer_computed(uint64_t /*job_id*/, uint32_t /*layer*/) {}
   /// logits[i] is sequence i's last-token logits (empty when it did not want them).
   virtual void on_done(uint64_t job_id, std::vector<std::vector<float>> logits) = 0;
   virtual void on_failed(uint64_t job_id, std::string what) = 0;

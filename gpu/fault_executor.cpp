@@ -16,7 +16,8 @@ public:
     std::this_thread::sleep_for(std::chrono::milliseconds{delay_ms_});
     inner_->on_started(job_id);
   }
-  void on_layer_done(uint64_t job_id, uint32_t layer) override { inner_->on_layer_done(job_id, layer); }
+  void on_layer_kv_ready(uint64_t job_id, uint32_t layer) override { inner_->on_layer_kv_ready(job_id, layer); }
+  void on_layer_computed(uint64_t job_id, uint32_t layer) override { inner_->on_layer_computed(job_id, layer); }
   void on_done(uint64_t job_id, std::vector<std::vector<float>> logits) override {
     inner_->on_done(job_id, std::move(logits));
   }

@@ -8,7 +8,7 @@ namespace {
 
 class promise_sink final : public executor_sink {
 public:
-  void on_layer_done(uint64_t, uint32_t) override {}
+  void on_layer_kv_ready(uint64_t, uint32_t) override {}
   void on_done(uint64_t, std::vector<std::vector<float>> logits) override {
     promise_.set_value(forward_outcome{std::move(logits), {}});
   }

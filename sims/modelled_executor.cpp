@@ -95,7 +95,12 @@ private:
       });
     }
     runner_->run_after(std::chrono::nanoseconds{layer_ns}, [this, job, sink, layer, layer_ns, span] {
-      for (uint32_t l = layer; l < layer + span; ++l) sink->on_layer_done(job->job_id, l);
+      // The model has one cost per layer, so a layer's KV is ready when the layer ends: the
+      // sims' send starts at most one layer later than a real backend's.
+      for (uint32_t l = layer; l < layer + span; ++l) {
+        sink->on_layer_kv_ready(job->job_id, l);
+        sink->on_layer_computed(job->job_id, l);
+      }
       if (layer + span < model_.num_hidden_layers) return step_layer(job, sink, layer + span, layer_ns, span);
       std::vector<std::vector<float>> logits(job->seqs.size());
       for (size_t i = 0; i < job->seqs.size(); ++i)

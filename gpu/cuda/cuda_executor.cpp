@@ -75,9 +75,9 @@ struct layer_note {  // what a host callback on the send stream needs
   uint32_t layer;
 };
 
-void CUDART_CB notify_layer_done(void* p) {
+void CUDART_CB notify_layer_kv_ready(void* p) {
   auto* n = static_cast<layer_note*>(p);
-  n->sink->on_layer_done(n->job_id, n->layer);
+  n->sink->on_layer_kv_ready(n->job_id, n->layer);
 }
 
 /// Calls fn(first, count) for each run of consecutive page ids in `pages`: a run is one region
@@ -490,7 +490,7 @@ private:
       }
       if (tl) ok(cudaEventRecord(tl[7 * l + 5], send_), "record an event");
       notes[l] = {&sink, job.job_id, l};
-      ok(cudaLaunchHostFunc(send_, notify_layer_done, &notes[l]), "queue the layer notice");
+      ok(cudaLaunchHostFunc(send_, notify_layer_kv_ready, &notes[l]), "queue the layer notice");
       going = err_.empty() && (l + 1 == L || enqueue_upload(l + 1));
     }
     if (going) {
