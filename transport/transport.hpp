@@ -1,7 +1,7 @@
 #pragma once
 
-// Moving KV bytes between ranks. One interface, several backends (in-process loopback now;
-// UCX and NCCL in their own issue), and a fault-injecting proxy for tests and sims.
+// Moving KV bytes between ranks. One interface, several backends (in-process loopback, UCX
+// between processes, NCCL between device regions), and a fault-injecting proxy for tests and sims.
 //
 // Lifecycle, as NIXL's backends: prepare (register_region on both sides, ship the region_key
 // to the peer in a message) -> post_put -> poll until done or failed -> release.

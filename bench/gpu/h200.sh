@@ -82,6 +82,12 @@ for flags in "" "--no-checksum"; do
   timeout 60 "$handoff" --transport ucx $flags 2>&1 | grep -E "^\| llama" | sed "s/^/handoff ${flags:-checksums}: /" | tee -a "$log"
 done
 
+say "== NCCL puts between two device regions, one-rank communicator (issue 6), against D2D and the host-staged path"
+nccl_bench="$(dirname "$bin")/bin/baton_bench_nccl"
+[ -x "$nccl_bench" ] || nccl_bench=build/bench/baton_bench_nccl
+timeout 120 "$nccl_bench" $quick 2>&1 | tee "$out/nccl.txt" | sed "s/^/nccl: /" | tee -a "$log"
+[ "${PIPESTATUS[0]}" = 2 ] && say "(no GPU or no NCCL: skipped)"
+
 say "== PyTorch/transformers eager on the same GPU (the peer)"
 if [ -n "${BATON_SKIP_PEER:-}" ]; then
   say "(skipped: BATON_SKIP_PEER is set)"
@@ -90,6 +96,6 @@ else
 fi
 
 say "== summary"
-grep -E "^answers|^handoff" "$log"
+grep -E "^answers|^handoff|^nccl: \|" "$log"
 grep -E "^\| |^ceilings|^prefix upload|^prefill" "$out/bench.txt" | tee -a "$log"
 rm -rf "$refs"

@@ -6,6 +6,7 @@
 
 #include "transport/fault_proxy.hpp"
 #include "transport/loopback.hpp"
+#include "transport/nccl.hpp"
 #include "transport/ucx.hpp"
 
 using namespace baton::transport;
@@ -258,4 +259,33 @@ TEST_CASE("fault proxy: corrupt flips exactly one byte of the chosen layer and d
   auto kd = stalling->register_region(t.src.data(), t.src.size(), &err);
   id = stalling->post_put({9, 0, "b", kd->region_id, *kb, {{0, 0, 8}}});
   CHECK(stalling->poll(id, &err) == xfer_state::pending);
+}
+
+TEST_CASE("nccl transport: a wrong config is refused by name; where it cannot start, it says why") {
+  CHECK(nccl_config{.name = ""}.validate().find("rank name") != std::string::npos);
+  CHECK(nccl_config{.name = "p0", .device = -1}.validate().find("device -1") != std::string::npos);
+  CHECK(nccl_config{.name = "p0", .world_size = 0}.validate().find("world_size 0") != std::string::npos);
+  CHECK(nccl_config{.name = "p0", .world_size = 2, .rank = 2, .unique_id = std::string(256, 'a')}.validate().find("rank 2 is outside a world of 2") != std::string::npos);
+  CHECK(nccl_config{.name = "p0", .world_size = 2, .rank = 1}.validate().find("needs the communicator's unique_id") != std::string::npos);
+  CHECK(nccl_config{.name = "p0", .world_size = 2, .rank = 1, .unique_id = "abc"}.validate().find("256 lowercase hex digits, got 3") != std::string::npos);
+  CHECK(nccl_config{.name = "p0", .world_size = 2, .rank = 1, .unique_id = std::string(256, 'g')}.validate().find("hex") != std::string::npos);
+  CHECK(nccl_config{.name = "p0", .world_size = 2, .rank = 1, .unique_id = std::string(256, 'a')}.validate().empty());
+  CHECK(nccl_config{.name = "p0"}.validate().empty());
+
+  std::string why;
+  CHECK_FALSE(make_nccl_transport({.name = "p0", .world_size = 3, .rank = 5}, &why));
+  CHECK(why.find("rank 5") != std::string::npos);
+  // Without NCCL in the build, or without a GPU, nothing is made and the reason is named; with
+  // both, a one-rank communicator starts and offers device memory.
+  why.clear();
+  auto t = make_nccl_transport({.name = "p0"}, &why);
+  if (t) {
+    CHECK(t->caps().name == "nccl");
+    CHECK(t->caps().device_memory);
+  } else {
+    INFO(why);
+    CHECK((why.find("no NCCL") != std::string::npos || why.find("no CUDA device") != std::string::npos ||
+           why.find("does not exist") != std::string::npos));
+  }
+  if (!nccl_built()) CHECK(nccl_unique_id(&why).empty());
 }
