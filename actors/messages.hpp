@@ -50,6 +50,7 @@ using join_atom = caf::atom_constant<caf::atom("join")>;
 using heartbeat_atom = caf::atom_constant<caf::atom("heartbeat")>;
 using drain_atom = caf::atom_constant<caf::atom("drain")>;
 using rendezvous_atom = caf::atom_constant<caf::atom("rendezvous")>;
+using member_gone_atom = caf::atom_constant<caf::atom("mbr_gone")>;
 using health_atom = caf::atom_constant<caf::atom("health")>;
 using undrain_atom = caf::atom_constant<caf::atom("undrain")>;
 /// A decode rank's waiting KV reservation reached its deadline (reserve_wait_ms).
@@ -874,10 +875,11 @@ using node_directory_actor = caf::typed_actor<
     // node name and its ranks: what to drop if the node goes silent
     caf::reacts_to<std::string, node_ranks>,
     caf::replies_to<stats_atom>::with<std::vector<node_status>>,
-    // group, members, the first index of this process's members and their cards: answered, once
-    // every member has posted, with every card in index order (data-parallel groups across node
-    // processes swap UCX keys so)
-    caf::replies_to<rendezvous_atom, std::string, uint32_t, uint32_t, std::vector<std::string>>::with<
+    // group, members, the first index of this process's members, their cards and the node that
+    // hosts them: answered, once every member has posted, with every card in index order
+    // (data-parallel groups across node processes swap UCX keys so). When that node goes, the
+    // other nodes of the group hear of it (member_gone_atom).
+    caf::replies_to<rendezvous_atom, std::string, uint32_t, uint32_t, std::vector<std::string>, std::string>::with<
         std::vector<std::string>>,
     caf::reacts_to<timer_atom>>;                   // liveness sweep (internal)
 
@@ -885,7 +887,10 @@ using node_directory_actor = caf::typed_actor<
 using node_agent_actor = caf::typed_actor<
     caf::reacts_to<heartbeat_atom>,  // tick (internal)
     caf::reacts_to<drain_atom>,      // from the process (SIGTERM): finish the work, then leave
-    caf::reacts_to<poll_atom>>;      // drain progress check (internal)
+    caf::reacts_to<poll_atom>,       // drain progress check (internal)
+    // from the directory: these members of this group (its meeting's name, member indices) were
+    // on a node that went down or fell silent, and why
+    caf::reacts_to<member_gone_atom, std::string, std::vector<uint32_t>, std::string>>;
 
 /// Registers every type above (and the error category) with a config, before the actor
 /// system is built, and sets the default cluster id (CAF's middleman.app-identifiers). Call it

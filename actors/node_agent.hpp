@@ -25,6 +25,9 @@ struct node_agent_config {
   uint32_t join_timeout_ms = 10000;
   uint32_t drain_timeout_ms = 60000;  ///< a drain that takes longer stops the node anyway
   uint32_t drain_poll_ms = 50;
+  /// Called on the agent's thread when the directory says members of a data-parallel group this
+  /// node belongs to were lost with their node (group, member indices, why); unset: ignored.
+  std::function<void(const std::string&, const std::vector<uint32_t>&, const std::string&)> on_member_gone;
 };
 
 /// A node process's agent (design.md §1):

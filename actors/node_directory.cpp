@@ -24,6 +24,8 @@ struct meeting {
   uint32_t size = 0;
   std::vector<std::string> cards;
   std::vector<bool> posted;
+  std::vector<std::string> nodes;  ///< [member]: the node that posted it
+  std::string lost;                ///< why the group can no longer meet (a node that posted went)
   std::vector<caf::typed_response_promise<std::vector<std::string>>> waiting;
   bool done = false;
 };
@@ -39,12 +41,44 @@ struct node_directory_state {
 
 using pointer = node_directory_actor::stateful_pointer<node_directory_state>;
 
+/// Node `name` is gone: the other nodes of every data-parallel group it had members in are told
+/// which members were lost, so that their members stop waiting for them at once (a killed
+/// process leaves no abort word; they would otherwise wait out the all-to-all's timeout in a
+/// step, and never notice while idle). A meeting still waiting can no longer complete: its posts
+/// are answered with the reason, and later ones refused.
+void tell_group_members(pointer self, const std::string& name, const std::string& why) {
+  auto& st = self->state;
+  for (auto& [group, m] : st.meetings) {
+    std::vector<uint32_t> lost;
+    for (uint32_t i = 0; i < m.nodes.size(); ++i)
+      if (m.nodes[i] == name) lost.push_back(i);
+    if (lost.empty()) continue;
+    const std::string what = "node " + name + ", which hosted " + std::to_string(lost.size()) + " of its " +
+                             std::to_string(m.size) + " members, " + why;
+    if (!m.done) {
+      m.lost = what;
+      for (auto& p : m.waiting) p.deliver(caf::make_error(caf::sec::request_receiver_down, "rendezvous " + group + ": " + what));
+      m.waiting.clear();
+    }
+    std::vector<std::string> told;
+    for (const auto& other : m.nodes) {
+      if (other.empty() || other == name || std::find(told.begin(), told.end(), other) != told.end()) continue;
+      told.push_back(other);
+      auto i = st.nodes.find(other);
+      if (i == st.nodes.end() || i->second.state == "gone") continue;
+      if (auto agent = caf::actor_cast<node_agent_actor>(i->second.agent))
+        self->send(agent, member_gone_atom::value, group, lost, what);
+    }
+  }
+}
+
 /// A node is gone (silent past the heartbeat timeout, or its agent went down): the balancers
 /// forget its ranks and the router tells every request on them to re-place itself --
 /// without waiting for the network to notice a dead connection, which can take minutes.
 void mark_gone(pointer self, const std::string& name, node_entry& n, const std::string& why) {
   if (n.state == "gone") return;
   n.state = "gone";
+  tell_group_members(self, name, why);
   auto& w = self->state.welcome;
   for (const auto& r : n.ranks.decode) self->send(w.decode_balancer, forget_atom::value, r);
   for (const auto& r : n.ranks.prefill) self->send(w.prefill_balancer, forget_atom::value, r);
@@ -95,8 +129,8 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
       [=](const std::string& name, node_ranks& ranks) {
         if (auto i = self->state.nodes.find(name); i != self->state.nodes.end()) i->second.ranks = std::move(ranks);
       },
-      [=](rendezvous_atom, const std::string& group, uint32_t size, uint32_t first,
-          std::vector<std::string>& cards) -> caf::result<std::vector<std::string>> {
+      [=](rendezvous_atom, const std::string& group, uint32_t size, uint32_t first, std::vector<std::string>& cards,
+          const std::string& node) -> caf::result<std::vector<std::string>> {
         const auto refuse = [&](const std::string& what) {
           return caf::make_error(caf::sec::invalid_argument, "rendezvous " + group + ": " + what);
         };
@@ -115,7 +149,9 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
           r.size = size;
           r.cards.resize(size);
           r.posted.resize(size, false);
+          r.nodes.resize(size);
         }
+        if (!r.lost.empty()) return refuse("the group cannot meet: " + r.lost);
         // Members that met hold each other's addresses; a late or restarted one cannot join them.
         if (r.done) return refuse("the group already met; " + who + " cannot join it again");
         for (uint32_t i = 0; i < cards.size(); ++i)
@@ -123,6 +159,7 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
         for (uint32_t i = 0; i < cards.size(); ++i) {
           r.cards[first + i] = std::move(cards[i]);
           r.posted[first + i] = true;
+          r.nodes[first + i] = node;
         }
         auto promise = self->make_response_promise<std::vector<std::string>>();
         r.waiting.push_back(promise);

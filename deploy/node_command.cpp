@@ -98,7 +98,8 @@ namespace {
 /// rounds (slots, dual-batch overlap, EPLB) are refused here, naming both, not broken later.
 /// EPLB, when on, is enabled on every member.
 std::vector<std::shared_ptr<gpu::expert_peers>> join_dp_groups(caf::actor_system& sys, const node_directory_actor& dir,
-                                                               uint32_t ranks, uint32_t first, uint32_t ep,
+                                                               const std::string& node, uint32_t ranks, uint32_t first,
+                                                               uint32_t ep,
                                                                const gpu::model_config& model,
                                                                const gpu::peer_group_config& group_cfg,
                                                                const gpu::live_eplb_config& eplb,
@@ -124,7 +125,7 @@ std::vector<std::shared_ptr<gpu::expert_peers>> join_dp_groups(caf::actor_system
         got = cards;
       } else {
         caf::scoped_actor self{sys};
-        self->request(dir, std::chrono::seconds{120}, rendezvous_atom::value, meeting, ep, mine.front().first, cards)
+        self->request(dir, std::chrono::seconds{120}, rendezvous_atom::value, meeting, ep, mine.front().first, cards, node)
             .receive([&](std::vector<std::string>& c) { got = std::move(c); },
                      [&](caf::error& e) { *err = "group " + group + ": meeting its members at the head: " + sys.render(e); });
         if (got.empty()) return false;
@@ -324,7 +325,7 @@ int run_node(const std::vector<std::string>& args) {
   // Data-parallel groups first: their members in other nodes wait for these at the head.
   std::vector<std::shared_ptr<gpu::expert_peers>> peers;
   if (dp_attention) {
-    peers = join_dp_groups(sys, *directory, num_ranks, dp_first_rank, expert_parallel, model,
+    peers = join_dp_groups(sys, *directory, name, num_ranks, dp_first_rank, expert_parallel, model,
                            {.slot_bytes = engine_slot_bytes(model, prefill, rank), .dual_batch = dual_batch_overlap}, eplb,
                            ucx_send, &why);
     if (peers.empty()) {
@@ -346,6 +347,20 @@ int run_node(const std::vector<std::string>& args) {
     std::fflush(stdout);
   }
   agent_cfg.hello = {name, {role}, static_cast<int32_t>(::getpid())};
+  // A node of one of this node's groups went: its members are lost, and this node's members of
+  // that group step aside at once (each rank then refuses work and reports no room).
+  agent_cfg.on_member_gone = [=](const std::string& meeting, const std::vector<uint32_t>& members, const std::string& why) {
+    const std::string group = meeting.substr(0, meeting.find('/'));  // "dp3/b" is dp3's second channel
+    for (uint32_t i = 0; i < peers.size(); ++i) {
+      if (group != "dp" + std::to_string((dp_first_rank + i) / expert_parallel)) continue;
+      for (uint32_t m : members) peers[i]->peer_lost(m, why);
+      std::printf("baton node %s: rank %s steps aside: data-parallel group %s lost member(s)", name.c_str(),
+                  rank_name_of(i).c_str(), group.c_str());
+      for (uint32_t m : members) std::printf(" %u", m);
+      std::printf(" (%s)\n", why.c_str());
+    }
+    std::fflush(stdout);
+  };
   auto start = [=](caf::actor_system& sys, const cluster_welcome& w, node_actors* out) -> std::string {
     // The cluster's block store, if it runs one: decode ranks write finished sequences back to
     // it, prefill ranks load cached prefixes from it -- through UCX, like the head's own ranks.

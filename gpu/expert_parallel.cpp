@@ -529,6 +529,12 @@ void expert_peers::mark_broken(const std::string& why) {
   group_->out_of_step[rank_].store(true, std::memory_order_release);
 }
 
+void expert_peers::peer_lost(uint32_t member, const std::string& why) {
+  if (member >= size() || member == rank_) return;
+  group_->left[member].store(true, std::memory_order_release);  // ends a wait for it (set_abort)
+  mark_broken("data-parallel group of " + group_->names[rank_] + ": member " + group_->names[member] + " is lost: " + why);
+}
+
 void expert_peers::fault_break_for_test(const std::string& why) {
   mark_broken("data-parallel group, member " + group_->names[rank_] + ": " + why);
 }

@@ -190,6 +190,11 @@ public:
   /// another member did either (seen by flags in this process, by abort words from others).
   /// Any thread.
   std::string failure() const;
+  /// Member `member` is lost with its process (the head saw its node go down or fall silent): a
+  /// wait for it ends at once, and this member takes part in no more steps, saying `why`. A
+  /// killed process leaves no abort word, so without this the others would notice only at the
+  /// all-to-all's timeout, and never while idle. Any thread.
+  void peer_lost(uint32_t member, const std::string& why);
   /// Fault injection for tests only: the group falls out of step here, as after a failed exchange.
   void fault_break_for_test(const std::string& why);
   /// Steps this member took part in without rows of its own.

@@ -7,9 +7,12 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <mutex>
 #include <thread>
+#include <tuple>
 
 #include <caf/io/middleman.hpp>
+#include <caf/typed_event_based_actor.hpp>
 
 #include "actors/node_directory.hpp"
 #include "deploy/processes.hpp"
@@ -210,12 +213,12 @@ TEST_CASE("the node directory's rendezvous: each process posts its members' card
   // post is in the directory's mailbox before any of B's, all being sent from this thread.)
   std::vector<std::string> got_a, got_b;
   auto pending = a->request(dir, std::chrono::seconds{30}, rendezvous_atom::value, std::string{"g"}, uint32_t{3},
-                            uint32_t{0}, std::vector<std::string>{"k0", "k1"});
+                            uint32_t{0}, std::vector<std::string>{"k0", "k1"}, std::string{"node-a"});
   std::string refused;
   auto post = [&](caf::scoped_actor& self, const std::string& group, uint32_t size, uint32_t at, std::vector<std::string> cards) {
     std::vector<std::string> out;
     refused.clear();
-    self->request(dir, std::chrono::seconds{30}, rendezvous_atom::value, group, size, at, cards)
+    self->request(dir, std::chrono::seconds{30}, rendezvous_atom::value, group, size, at, cards, std::string{"node-b"})
         .receive([&](std::vector<std::string>& c) { out = std::move(c); },
                  [&](caf::error& e) { refused = n.sys.render(e); });
     return out;
@@ -233,5 +236,78 @@ TEST_CASE("the node directory's rendezvous: each process posts its members' card
   CHECK(got_b == all);
   CHECK(post(b, "g", 3, 2, {"k2"}).empty());
   CHECK(refused.find("rendezvous g: the group already met; member 2 cannot join it again") != std::string::npos);
+  a->send_exit(dir, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("the node directory tells the other nodes of a data-parallel group when a node that hosted members goes "
+          "down, and a meeting it had posted to can no longer complete") {
+  network_system n;
+  auto dir = spawn_node_directory(n.sys, {}, {});
+  struct gone_log {
+    std::mutex m;
+    std::vector<std::tuple<std::string, std::vector<uint32_t>, std::string>> got;
+  };
+  // Stand-ins for two nodes' agents: they join, and record what the directory tells them.
+  auto agent = [&](const std::string& name, std::shared_ptr<gone_log> log) {
+    return n.sys.spawn([dir, name, log](node_agent_actor::pointer self) -> node_agent_actor::behavior_type {
+      self->request(dir, std::chrono::seconds{5}, join_atom::value, node_hello{name, {"decode"}, 1})
+          .then([](cluster_welcome&) {});
+      return {[](heartbeat_atom) {}, [](drain_atom) {}, [](poll_atom) {},
+              [log](member_gone_atom, const std::string& g, const std::vector<uint32_t>& m, const std::string& why) {
+                std::lock_guard<std::mutex> lock{log->m};
+                log->got.emplace_back(g, m, why);
+              }};
+    });
+  };
+  auto log_a = std::make_shared<gone_log>(), log_b = std::make_shared<gone_log>();
+  auto agent_a = agent("node-a", log_a), agent_b = agent("node-b", log_b);
+  caf::scoped_actor a{n.sys}, b{n.sys};
+  auto joined = [&] {
+    size_t k = 0;
+    a->request(dir, std::chrono::seconds{5}, stats_atom::value).receive([&](std::vector<node_status>& s) { k = s.size(); },
+                                                                         [](caf::error&) {});
+    return k;
+  };
+  for (int i = 0; i < 200 && joined() < 2; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{10});
+  REQUIRE(joined() == 2);
+
+  // Group g met: members 0 and 1 on node-a, 2 on node-b. Group h is still meeting: node-b posted
+  // member 1, node-a member 0, and member 2 has not come.
+  auto post = [&](caf::scoped_actor& self, const std::string& group, uint32_t at, std::vector<std::string> cards,
+                  const std::string& node) {
+    return self->request(dir, std::chrono::seconds{30}, rendezvous_atom::value, group, uint32_t{3}, at, std::move(cards), node);
+  };
+  auto g_a = post(a, "g", 0, {"k0", "k1"}, "node-a");
+  std::vector<std::string> met;
+  post(b, "g", 2, {"k2"}, "node-b").receive([&](std::vector<std::string>& c) { met = c; }, [](caf::error&) {});
+  g_a.receive([](std::vector<std::string>&) {}, [](caf::error&) {});
+  REQUIRE(met.size() == 3);
+  auto h_b = post(b, "h", 1, {"hb"}, "node-b");
+  auto h_a = post(a, "h", 0, {"ha"}, "node-a");
+
+  a->send_exit(agent_b, caf::exit_reason::kill);  // node-b's process dies
+  std::string refused;
+  h_a.receive([](std::vector<std::string>&) {}, [&](caf::error& e) { refused = n.sys.render(e); });
+  CHECK(refused.find("rendezvous h: node node-b, which hosted 1 of its 3 members, went down") != std::string::npos);
+  std::vector<std::tuple<std::string, std::vector<uint32_t>, std::string>> got;
+  for (int i = 0; i < 500; ++i) {
+    {
+      std::lock_guard<std::mutex> lock{log_a->m};
+      got = log_a->got;
+    }
+    if (got.size() >= 2) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds{10});
+  }
+  REQUIRE(got.size() == 2);  // one notice per meeting node-a shares with node-b
+  std::sort(got.begin(), got.end());
+  CHECK(std::get<0>(got[0]) == "g");
+  CHECK(std::get<1>(got[0]) == std::vector<uint32_t>{2});
+  CHECK(std::get<2>(got[0]).find("node node-b, which hosted 1 of its 3 members, went down") != std::string::npos);
+  CHECK(std::get<0>(got[1]) == "h");
+  CHECK(std::get<1>(got[1]) == std::vector<uint32_t>{1});
+  // A member coming late to h is refused with the reason, not left waiting.
+  post(a, "h", 2, {"late"}, "node-c").receive([](std::vector<std::string>&) {}, [&](caf::error& e) { refused = n.sys.render(e); });
+  CHECK(refused.find("rendezvous h: the group cannot meet: node node-b") != std::string::npos);
+  a->send_exit(agent_a, caf::exit_reason::user_shutdown);
   a->send_exit(dir, caf::exit_reason::user_shutdown);
 }

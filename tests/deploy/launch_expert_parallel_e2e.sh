@@ -70,6 +70,16 @@ grep -q "rank decode-b-0 is member 2 of data-parallel group dp0, serving 2 of 8"
 same_as_single deepseek-v3-tiny ep-e2e 12 "Experts, route this" "A second prompt, longer, so that more tokens pass the experts" \
   "A third one for the other decode rank" "And a fourth, so both members have rows of their own"
 echo "launch EP e2e: four decode ranks in two processes as one data-parallel group of EP 4 with live EPLB and dual-batch overlap: the same text as EP 1"
+# decode-a's process dies without a word: it leaves no abort word, so decode-b's members would
+# only notice at the all-to-all's timeout in a step, and never while idle. The head's directory
+# sees the node go and tells decode-b, whose ranks step aside at once.
+kill -9 "$(pgrep -f "$BATON node .*--name decode-a" | head -1)" || fail "no decode-a process to kill"
+for _ in $(seq 100); do grep -q "rank decode-b-1 steps aside" "$WORK/launch.log" && break; sleep 0.1; done
+for r in decode-b-0 decode-b-1; do
+  grep -q "baton node decode-b: rank $r steps aside: data-parallel group dp0 lost member(s) 0 1 (node decode-a, which hosted 2 of its 4 members, went down" \
+    "$WORK/launch.log" || fail "$r did not step aside when decode-a died: $(grep 'steps aside' "$WORK/launch.log")"
+done
+echo "launch EP e2e: a data-parallel member's process killed: the other node's ranks step aside at once, naming it"
 stop_launched
 # Live EPLB ran in the group across the two processes: decode-b's members received expert weights.
 grep -E "rank decode-b-[01]: [1-9][0-9]* EPLB plans, [1-9][0-9]* bytes of expert weights received" "$WORK/launch.log" ||

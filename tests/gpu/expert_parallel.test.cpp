@@ -5,6 +5,7 @@
 
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
@@ -477,6 +478,48 @@ TEST_CASE("live EPLB in a data-parallel group: on a skewed routing load the busi
   CHECK(after < 1.5);
 }
 
+namespace {
+
+/// A group of two built as two processes build it: each half alone, meeting by a rendezvous
+/// like the head directory's (each posts its key, both get both).
+struct two_halves {
+  std::vector<std::string> names;
+  std::vector<std::shared_ptr<expert_peers>> half0, half1;
+  std::string why0, why1;
+};
+
+two_halves build_halves(const model_config& cfg, const std::string& backend) {
+  static auto fabric = transport::make_loopback_fabric();
+  static int serial = 0;
+  two_halves h;
+  h.names = {"far" + std::to_string(++serial) + ".0", "far" + std::to_string(serial) + ".1"};
+  std::mutex m;
+  std::condition_variable cv;
+  std::vector<transport::region_key> keys(2);
+  int posted = 0;
+  auto meet = [&](uint32_t, const std::vector<std::pair<uint32_t, transport::region_key>>& mine,
+                  std::vector<transport::region_key>* all, std::string*) {
+    std::unique_lock<std::mutex> lock{m};
+    for (const auto& [r, key] : mine) keys[r] = key;
+    posted += static_cast<int>(mine.size());
+    cv.notify_all();
+    cv.wait_for(lock, std::chrono::seconds{30}, [&] { return posted == 2; });
+    *all = keys;
+    return posted == 2;
+  };
+  auto make_t = [&](const std::string& name, std::string* err) -> std::unique_ptr<transport::transport> {
+    if (backend == "ucx") return transport::make_ucx_transport({name}, err);
+    return transport::make_loopback_transport(fabric, name);
+  };
+  const peer_group_config gc{expert_slot_bytes(cfg, 64)};
+  std::thread other([&] { h.half1 = make_peer_group(h.names, {1}, cfg, gc, make_t, meet, &h.why1); });
+  h.half0 = make_peer_group(h.names, {0}, cfg, gc, make_t, meet, &h.why0);
+  other.join();
+  return h;
+}
+
+}  // namespace
+
 TEST_CASE("data-parallel attention across processes: two halves of a group, built apart and met by a rendezvous, "
           "answer as EP 1; when one half stops, the other learns it at once through the abort word, names it, and "
           "reports a standing failure") {
@@ -487,34 +530,7 @@ TEST_CASE("data-parallel attention across processes: two halves of a group, buil
   REQUIRE(ref.error.empty());
   for (const std::string backend : {"loopback", "ucx"}) {
     CAPTURE(backend);
-    static auto fabric = transport::make_loopback_fabric();
-    static int serial = 0;
-    const std::vector<std::string> names{"far" + std::to_string(++serial) + ".0", "far" + std::to_string(serial) + ".1"};
-    // The rendezvous a head's directory runs: each half posts its key, both get both.
-    std::mutex m;
-    std::condition_variable cv;
-    std::vector<transport::region_key> keys(2);
-    int posted = 0;
-    auto meet = [&](uint32_t, const std::vector<std::pair<uint32_t, transport::region_key>>& mine,
-                    std::vector<transport::region_key>* all, std::string*) {
-      std::unique_lock<std::mutex> lock{m};
-      for (const auto& [r, key] : mine) keys[r] = key;
-      posted += static_cast<int>(mine.size());
-      cv.notify_all();
-      cv.wait_for(lock, std::chrono::seconds{30}, [&] { return posted == 2; });
-      *all = keys;
-      return posted == 2;
-    };
-    auto make_t = [&](const std::string& name, std::string* err) -> std::unique_ptr<transport::transport> {
-      if (backend == "ucx") return transport::make_ucx_transport({name}, err);
-      return transport::make_loopback_transport(fabric, name);
-    };
-    std::vector<std::shared_ptr<expert_peers>> half0, half1;
-    std::string why0, why1;
-    const peer_group_config gc{expert_slot_bytes(cfg, 64)};
-    std::thread other([&] { half1 = make_peer_group(names, {1}, cfg, gc, make_t, meet, &why1); });
-    half0 = make_peer_group(names, {0}, cfg, gc, make_t, meet, &why0);
-    other.join();
+    auto [names, half0, half1, why0, why1] = build_halves(cfg, backend);
     REQUIRE_MESSAGE(half0.size() == 1, why0);
     REQUIRE_MESSAGE(half1.size() == 1, why1);
     cpu_executor_config e0, e1;
@@ -533,4 +549,29 @@ TEST_CASE("data-parallel attention across processes: two halves of a group, buil
     CHECK(after.error.find("member " + names[1] + " has left the group") != std::string::npos);
     x0->stop();
   }
+}
+
+TEST_CASE("data-parallel attention across processes: a member whose process died without a word is lost when the "
+          "head says so; the others' steps then fail at once, naming it, and their ranks see a standing failure") {
+  const auto cfg = deepseek_tiny_config(true);
+  auto w = std::make_shared<const model_weights>(make_seeded_weights(cfg, 9));
+  auto [names, half0, half1, why0, why1] = build_halves(cfg, "loopback");
+  REQUIRE_MESSAGE(half0.size() == 1, why0);
+  REQUIRE_MESSAGE(half1.size() == 1, why1);
+  // Half 1 never gets an executor: like a killed process, it neither joins steps nor leaves an
+  // abort word. Until the head's notice, half 0 sees nothing wrong.
+  cpu_executor_config e0;
+  e0.peers = half0[0];
+  auto x0 = make_cpu_executor(cfg, w, e0);
+  std::atomic<bool> told{false};
+  x0->on_standing_failure([&] { told = true; });
+  CHECK(x0->standing_failure().empty());
+  half0[0]->peer_lost(1, "node far-b went down");
+  const std::string want = "data-parallel group of " + names[0] + ": member " + names[1] + " is lost: node far-b went down";
+  CHECK(x0->standing_failure() == want);
+  for (int i = 0; i < 500 && !told; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{10});
+  CHECK(told.load());  // the idle hook told the rank, before any request tried it
+  const auto after = generate_colocated(*x0, prompt_of(5, 30), 2, 16, {}, true);
+  CHECK(after.error.find(want) != std::string::npos);
+  x0->stop();
 }
