@@ -11,13 +11,16 @@
 // a new head adopts it again. SIGTERM or SIGINT stops it.
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <thread>
 #include <unistd.h>
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
+#include <caf/event_based_actor.hpp>
 #include <caf/exit_reason.hpp>
 #include <caf/io/middleman.hpp>
 #include <caf/scoped_actor.hpp>
@@ -98,8 +101,8 @@ namespace {
 /// rounds (slots, dual-batch overlap, EPLB) are refused here, naming both, not broken later.
 /// EPLB, when on, is enabled on every member.
 std::vector<std::shared_ptr<gpu::expert_peers>> join_dp_groups(caf::actor_system& sys, const node_directory_actor& dir,
-                                                               const std::string& node, uint32_t ranks, uint32_t first,
-                                                               uint32_t ep,
+                                                               const std::string& node, uint32_t meet_timeout_s,
+                                                               uint32_t ranks, uint32_t first, uint32_t ep,
                                                                const gpu::model_config& model,
                                                                const gpu::peer_group_config& group_cfg,
                                                                const gpu::live_eplb_config& eplb,
@@ -124,11 +127,40 @@ std::vector<std::shared_ptr<gpu::expert_peers>> join_dp_groups(caf::actor_system
       if (mine.size() == ep) {
         got = cards;
       } else {
-        caf::scoped_actor self{sys};
-        self->request(dir, std::chrono::seconds{120}, rendezvous_atom::value, meeting, ep, mine.front().first, cards, node)
-            .receive([&](std::vector<std::string>& c) { got = std::move(c); },
-                     [&](caf::error& e) { *err = "group " + group + ": meeting its members at the head: " + sys.render(e); });
-        if (got.empty()) return false;
+        // A helper actor asks, so that this thread can wait in slices and leave on Ctrl-C or
+        // SIGTERM instead of sitting out the meeting's timeout.
+        struct answer {
+          std::mutex m;
+          std::condition_variable cv;
+          bool done = false;
+          std::vector<std::string> cards;
+          std::string error;
+        };
+        auto ans = std::make_shared<answer>();
+        auto settle = [ans](std::vector<std::string> c, std::string e) {
+          std::lock_guard<std::mutex> lock{ans->m};
+          ans->cards = std::move(c);
+          ans->error = std::move(e);
+          ans->done = true;
+          ans->cv.notify_all();
+        };
+        auto asker = sys.spawn([=, first_member = mine.front().first](caf::event_based_actor* self) {
+          self->request(dir, std::chrono::seconds{meet_timeout_s}, rendezvous_atom::value, meeting, ep, first_member, cards,
+                        node)
+              .then([settle](std::vector<std::string>& c) { settle(std::move(c), {}); },
+                    [settle, self](caf::error& e) { settle({}, self->system().render(e)); });
+        });
+        std::printf("baton node %s: waiting at the head for the other members of data-parallel group %s (up to %u s)\n",
+                    node.c_str(), meeting.c_str(), meet_timeout_s);
+        std::fflush(stdout);
+        std::unique_lock<std::mutex> lock{ans->m};
+        while (!ans->done && !stop_requested()) ans->cv.wait_for(lock, std::chrono::milliseconds{100});
+        if (!ans->done) {
+          caf::anon_send_exit(asker, caf::exit_reason::user_shutdown);  // the actor system waits for it otherwise
+          return *err = "group " + group + ": stopped while waiting for its other members at the head", false;
+        }
+        if (!ans->error.empty()) return *err = "group " + group + ": meeting its members at the head: " + ans->error, false;
+        got = std::move(ans->cards);
       }
       for (size_t m = 0; m < got.size(); ++m) {
         const auto bar = got[m].find('|');
@@ -226,6 +258,10 @@ int run_node(const std::vector<std::string>& args) {
   flags.add("--dp-first-rank", &dp_first_rank,
             "with --dp-attention: the cluster-wide index of this node's first decode rank (rank F + i is member "
             "(F + i) % N of group (F + i) / N; members in other nodes meet through the head)");
+  uint32_t dp_meet_timeout_s = 120;
+  flags.add("--dp-meet-timeout-s", &dp_meet_timeout_s,
+            "with --dp-attention: how long this node waits at the head for its groups' members in other nodes "
+            "(Ctrl-C ends the wait at once)");
   flags.add("--ucx-send", &ucx_send, "how this node's ranks send KV: put (RMA) or am (rendezvous active messages)");
   if (auto rc = flags.parse_command_line(
           args, "node",
@@ -291,6 +327,10 @@ int run_node(const std::vector<std::string>& args) {
     std::fprintf(stderr, "baton node: --dp-first-rank numbers data-parallel members: it needs --dp-attention\n");
     return 2;
   }
+  if (dp_meet_timeout_s == 0) {
+    std::fprintf(stderr, "baton node: --dp-meet-timeout-s must be at least 1\n");
+    return 2;
+  }
   if (dp_attention && (role != "decode" || expert_parallel < 2)) {
     std::fprintf(stderr, "baton node: --dp-attention groups decode ranks: it needs --role decode and "
                          "--expert-parallel N >= 2\n");
@@ -325,7 +365,7 @@ int run_node(const std::vector<std::string>& args) {
   // Data-parallel groups first: their members in other nodes wait for these at the head.
   std::vector<std::shared_ptr<gpu::expert_peers>> peers;
   if (dp_attention) {
-    peers = join_dp_groups(sys, *directory, name, num_ranks, dp_first_rank, expert_parallel, model,
+    peers = join_dp_groups(sys, *directory, name, dp_meet_timeout_s, num_ranks, dp_first_rank, expert_parallel, model,
                            {.slot_bytes = engine_slot_bytes(model, prefill, rank), .dual_batch = dual_batch_overlap}, eplb,
                            ucx_send, &why);
     if (peers.empty()) {
