@@ -19,15 +19,37 @@ struct node_entry {
   std::string state = "joined";
 };
 
-/// Members of one group swapping cards; each posting waits for the last one.
+using cards_promise = caf::typed_response_promise<std::vector<std::string>>;
+
+/// A post that came while a lost meeting still had members on live nodes: it waits for them to
+/// leave, then starts the group's next meeting.
+struct queued_post {
+  uint32_t first = 0;
+  std::vector<std::string> cards;
+  std::string node;
+  cards_promise promise;
+};
+
+/// Members of one group swapping cards; each posting waits for the last one. A meeting that
+/// lost a member's node is over: once every node that posted to it has gone too (survivors
+/// leave to be restarted), the group meets afresh, so restarted nodes re-form it.
 struct meeting {
   uint32_t size = 0;
   std::vector<std::string> cards;
   std::vector<bool> posted;
   std::vector<std::string> nodes;  ///< [member]: the node that posted it
   std::string lost;                ///< why the group can no longer meet (a node that posted went)
-  std::vector<caf::typed_response_promise<std::vector<std::string>>> waiting;
+  std::vector<cards_promise> waiting;
+  std::vector<queued_post> queued;  ///< posts for the next meeting, while this lost one empties
   bool done = false;
+
+  void start(uint32_t members) {
+    *this = meeting{};
+    size = members;
+    cards.resize(size);
+    posted.resize(size, false);
+    nodes.resize(size);
+  }
 };
 
 struct node_directory_state {
@@ -41,6 +63,58 @@ struct node_directory_state {
 
 using pointer = node_directory_actor::stateful_pointer<node_directory_state>;
 
+/// Whether every node that posted to `m` is gone (or never joined: it is not serving).
+bool posters_gone(const node_directory_state& st, const meeting& m) {
+  for (const auto& n : m.nodes) {
+    if (n.empty()) continue;
+    auto i = st.nodes.find(n);
+    if (i != st.nodes.end() && i->second.state != "gone") return false;
+  }
+  return true;
+}
+
+/// Why an open meeting cannot take this post (empty: it can).
+std::string refusal(const meeting& r, uint32_t first, const std::vector<std::string>& cards) {
+  const std::string who = cards.size() == 1 ? "member " + std::to_string(first)
+                                            : "members " + std::to_string(first) + " to " +
+                                                  std::to_string(first + cards.size() - 1);
+  // Members that met hold each other's addresses; a late one cannot join them.
+  if (r.done) return "the group already met; " + who + " cannot join it again";
+  for (uint32_t i = 0; i < cards.size(); ++i)
+    if (r.posted[first + i]) return "member " + std::to_string(first + i) + " posted twice";
+  return {};
+}
+
+/// Records a post the meeting can take; answers every post with all the cards once the last
+/// member has posted.
+void take_post(meeting& r, uint32_t first, std::vector<std::string>& cards, const std::string& node,
+               cards_promise promise) {
+  for (uint32_t i = 0; i < cards.size(); ++i) {
+    r.cards[first + i] = std::move(cards[i]);
+    r.posted[first + i] = true;
+    r.nodes[first + i] = node;
+  }
+  r.waiting.push_back(std::move(promise));
+  if (std::count(r.posted.begin(), r.posted.end(), true) == static_cast<long>(r.size)) {
+    r.done = true;
+    for (auto& p : r.waiting) p.deliver(r.cards);
+    r.waiting.clear();
+  }
+}
+
+/// A lost meeting whose nodes have all gone: the group's next meeting starts with the posts that
+/// waited for it.
+void restart_if_empty(pointer self, const std::string& group, meeting& m) {
+  if (m.lost.empty() || !posters_gone(self->state, m)) return;
+  auto queued = std::move(m.queued);
+  m.start(m.size);
+  for (auto& q : queued)
+    if (auto bad = refusal(m, q.first, q.cards); !bad.empty())
+      q.promise.deliver(caf::make_error(caf::sec::invalid_argument, "rendezvous " + group + ": " + bad));
+    else
+      take_post(m, q.first, q.cards, q.node, q.promise);
+}
+
 /// Node `name` is gone: the other nodes of every data-parallel group it had members in are told
 /// which members were lost, so that their members stop waiting for them at once (a killed
 /// process leaves no abort word; they would otherwise wait out the all-to-all's timeout in a
@@ -53,10 +127,14 @@ void tell_group_members(pointer self, const std::string& name, const std::string
     for (uint32_t i = 0; i < m.nodes.size(); ++i)
       if (m.nodes[i] == name) lost.push_back(i);
     if (lost.empty()) continue;
+    if (!m.lost.empty()) {  // already over: perhaps its last node just went
+      restart_if_empty(self, group, m);
+      continue;
+    }
     const std::string what = "node " + name + ", which hosted " + std::to_string(lost.size()) + " of its " +
                              std::to_string(m.size) + " members, " + why;
+    m.lost = what;
     if (!m.done) {
-      m.lost = what;
       for (auto& p : m.waiting) p.deliver(caf::make_error(caf::sec::request_receiver_down, "rendezvous " + group + ": " + what));
       m.waiting.clear();
     }
@@ -69,6 +147,7 @@ void tell_group_members(pointer self, const std::string& name, const std::string
       if (auto agent = caf::actor_cast<node_agent_actor>(i->second.agent))
         self->send(agent, member_gone_atom::value, group, lost, what);
     }
+    restart_if_empty(self, group, m);
   }
 }
 
@@ -134,40 +213,29 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
         const auto refuse = [&](const std::string& what) {
           return caf::make_error(caf::sec::invalid_argument, "rendezvous " + group + ": " + what);
         };
-        const std::string who = cards.size() == 1 ? "member " + std::to_string(first)
-                                                  : "members " + std::to_string(first) + " to " +
-                                                        std::to_string(first + cards.size() - 1);
         if (size == 0 || cards.empty() || first + cards.size() > size)
-          return refuse(who + " do not fit a group of " + std::to_string(size));
+          return refuse((cards.size() == 1 ? "member " + std::to_string(first)
+                                           : "members " + std::to_string(first) + " to " +
+                                                 std::to_string(first + cards.size() - 1)) +
+                        " do not fit a group of " + std::to_string(size));
         // Checked before the meeting exists, so a misfit cannot fix the group's size for the others.
         auto found = self->state.meetings.find(group);
         if (found != self->state.meetings.end() && found->second.size != size)
           return refuse("a post for a group of " + std::to_string(size) + ", but the group has " +
                         std::to_string(found->second.size) + " members");
         auto& r = self->state.meetings[group];
-        if (r.size == 0) {
-          r.size = size;
-          r.cards.resize(size);
-          r.posted.resize(size, false);
-          r.nodes.resize(size);
+        if (r.size == 0) r.start(size);
+        if (!r.lost.empty()) {
+          // The group lost a node: a restarted member waits until the others have left too, and
+          // then meets them afresh as they come back.
+          auto promise = self->make_response_promise<std::vector<std::string>>();
+          r.queued.push_back({first, std::move(cards), node, promise});
+          restart_if_empty(self, group, r);
+          return promise;
         }
-        if (!r.lost.empty()) return refuse("the group cannot meet: " + r.lost);
-        // Members that met hold each other's addresses; a late or restarted one cannot join them.
-        if (r.done) return refuse("the group already met; " + who + " cannot join it again");
-        for (uint32_t i = 0; i < cards.size(); ++i)
-          if (r.posted[first + i]) return refuse("member " + std::to_string(first + i) + " posted twice");
-        for (uint32_t i = 0; i < cards.size(); ++i) {
-          r.cards[first + i] = std::move(cards[i]);
-          r.posted[first + i] = true;
-          r.nodes[first + i] = node;
-        }
+        if (auto bad = refusal(r, first, cards); !bad.empty()) return refuse(bad);
         auto promise = self->make_response_promise<std::vector<std::string>>();
-        r.waiting.push_back(promise);
-        if (std::count(r.posted.begin(), r.posted.end(), true) == static_cast<long>(size)) {
-          r.done = true;
-          for (auto& p : r.waiting) p.deliver(r.cards);
-          r.waiting.clear();
-        }
+        take_post(r, first, cards, node, promise);
         return promise;
       },
       [=](drain_atom, const std::string& name) {

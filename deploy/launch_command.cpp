@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <thread>
 
@@ -107,9 +108,12 @@ void stop_all(std::vector<child>& children, int drain_ms) {
 int run_launch(const std::vector<std::string>& raw_args) {
   auto args = raw_args;
   const std::string spec_path = take_spec_path(args);
-  uint32_t wait_s = 60, drain_ms = 30000;
+  uint32_t wait_s = 60, drain_ms = 30000, restart_failed = 0;
   bool dry_run = false;
   flag_set flags;
+  flags.add("--restart-failed", &restart_failed,
+            "start a node again, up to this many times, when it exits with a failure (a signal, or a non-zero code: "
+            "3 is a data-parallel node leaving so that its group can re-form); 0: a node that leaves stays away");
   flags.add("--wait-s", &wait_s, "give up when the nodes have not all joined after this long");
   flags.add("--drain-ms", &drain_ms, "on stop, how long decode nodes may drain before they are killed");
   flags.add("--dry-run", &dry_run, "print each node's command line and start nothing");
@@ -164,10 +168,14 @@ int run_launch(const std::vector<std::string>& raw_args) {
     uint32_t drain_ms;
     ~guard() { stop_all(c, static_cast<int>(drain_ms)); }
   } g{children, drain_ms};
-  auto start = [&](const node_launch& n) {
+  auto env_of = [](const node_launch& n) {
     std::vector<std::string> env;
     for (const auto& [k, v] : n.env) env.push_back(k + "=" + v);
-    const auto pid = spawn_process(command_of(spec, n), &why, is_local_host(n.host) ? env : std::vector<std::string>{});
+    return env;
+  };
+  std::map<std::string, uint32_t> restarts;  // by node name
+  auto start = [&](const node_launch& n) {
+    const auto pid = spawn_process(command_of(spec, n), &why, is_local_host(n.host) ? env_of(n) : std::vector<std::string>{});
     if (pid < 0) return false;
     children.push_back({n, pid});
     return true;
@@ -229,6 +237,7 @@ int run_launch(const std::vector<std::string>& raw_args) {
     }
   std::set<std::string> waiting;
   for (size_t i = head_at + 1; i < plan.size(); ++i) waiting.insert(plan[i].name);
+  std::map<std::string, int32_t> joined_pid;  // the process each node last joined as
   caf::scoped_actor self{sys};
   while (!waiting.empty()) {
     if (auto d = dead_child()) {
@@ -245,9 +254,11 @@ int run_launch(const std::vector<std::string>& raw_args) {
         .receive(
             [&](std::vector<node_status>& nodes) {
               for (const auto& n : nodes)
-                if (n.state == "joined" && waiting.erase(n.name))
+                if (n.state == "joined" && waiting.erase(n.name)) {
+                  joined_pid[n.name] = n.pid;
                   std::printf("baton launch: node %s joined (%s, pid %d)\n", n.name.c_str(),
                               n.roles.empty() ? "?" : n.roles.front().c_str(), n.pid);
+                }
             },
             [&](caf::error&) {});
     std::fflush(stdout);
@@ -261,7 +272,19 @@ int run_launch(const std::vector<std::string>& raw_args) {
   std::fflush(stdout);
   // A node that leaves (drained after SIGTERM, or failed) does not take the cluster down with
   // it: the balancers forget its ranks and the rest serves on. Only the head's end stops all.
-  while (!stop_requested()) {
+  for (uint64_t tick = 0; !stop_requested(); ++tick) {
+    if (!restarts.empty() && tick % 5 == 0)  // restarted nodes: say when they are back
+      self->request(directory, std::chrono::seconds{1}, stats_atom::value)
+          .receive(
+              [&](std::vector<node_status>& nodes) {
+                for (const auto& n : nodes)
+                  if (n.state == "joined" && restarts.count(n.name) && joined_pid[n.name] != n.pid) {
+                    joined_pid[n.name] = n.pid;
+                    std::printf("baton launch: node %s joined again (pid %d)\n", n.name.c_str(), n.pid);
+                    std::fflush(stdout);
+                  }
+              },
+              [](caf::error&) {});
     for (auto it = children.begin(); it != children.end();) {
       std::string how;
       if (!process_exited(it->pid, &how)) {
@@ -274,6 +297,21 @@ int run_launch(const std::vector<std::string>& raw_args) {
         return 1;
       }
       std::printf("baton launch: node %s left (%s)\n", it->node.name.c_str(), how.c_str());
+      auto& tries = restarts[it->node.name];
+      if (how != "exit code 0" && tries < restart_failed) {
+        ++tries;
+        if (auto pid = spawn_process(command_of(spec, it->node), &why,
+                                     is_local_host(it->node.host) ? env_of(it->node) : std::vector<std::string>{});
+            pid > 0) {
+          std::printf("baton launch: node %s restarted (%u of %u, pid %d)\n", it->node.name.c_str(), tries,
+                      restart_failed, static_cast<int>(pid));
+          std::fflush(stdout);
+          it->pid = pid;
+          ++it;
+          continue;
+        }
+        std::fprintf(stderr, "baton launch: node %s: cannot restart it: %s\n", it->node.name.c_str(), why.c_str());
+      }
       std::fflush(stdout);
       it = children.erase(it);
     }

@@ -10,6 +10,7 @@
 // start and adopts its block server, whose files live on this node's disk. It outlives heads:
 // a new head adopts it again. SIGTERM or SIGINT stops it.
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -388,8 +389,13 @@ int run_node(const std::vector<std::string>& args) {
   }
   agent_cfg.hello = {name, {role}, static_cast<int32_t>(::getpid())};
   // A node of one of this node's groups went: its members are lost, and this node's members of
-  // that group step aside at once (each rank then refuses work and reports no room).
+  // that group step aside at once (each rank then refuses work and reports no room). The node
+  // then drains and leaves with exit code 3, so that whoever restarts it (`baton launch
+  // --restart-failed`, a Kubernetes pod) lets the group meet afresh: the head's directory starts
+  // its next meeting once every node of the lost one has gone.
+  auto group_lost = std::make_shared<std::atomic<bool>>(false);
   agent_cfg.on_member_gone = [=](const std::string& meeting, const std::vector<uint32_t>& members, const std::string& why) {
+    group_lost->store(true);
     const std::string group = meeting.substr(0, meeting.find('/'));  // "dp3/b" is dp3's second channel
     for (uint32_t i = 0; i < peers.size(); ++i) {
       if (group != "dp" + std::to_string((dp_first_rank + i) / expert_parallel)) continue;
@@ -470,10 +476,11 @@ int run_node(const std::vector<std::string>& args) {
   auto agent = spawn_node_agent(sys, *directory, agent_cfg, start);
   caf::scoped_actor self{sys};
   self->monitor(agent);
-  bool gone = false, drain_sent = false;
+  bool gone = false, drain_sent = false, leaving_for_group = false;
   caf::error reason;
   while (!gone) {
-    if (stop_requested() && !drain_sent) {
+    if ((stop_requested() || group_lost->load()) && !drain_sent) {
+      leaving_for_group = !stop_requested();
       self->send(agent, drain_atom::value);
       drain_sent = true;
     }
@@ -491,6 +498,11 @@ int run_node(const std::vector<std::string>& args) {
                   static_cast<unsigned long long>(peers[i]->bytes_installed()),
                   static_cast<unsigned long long>(peers[i]->experts_evicted()));
   std::fflush(stdout);
+  if (leaving_for_group) {
+    std::printf("baton node %s: left so that its data-parallel group can re-form; restart this node (exit code 3)\n",
+                name.c_str());
+    return 3;
+  }
   if (reason && reason != caf::exit_reason::normal) {
     std::fprintf(stderr, "baton node %s: %s\n", name.c_str(), sys.render(reason).c_str());
     return drain_sent ? 0 : 1;  // after a drain request, leaving is the goal

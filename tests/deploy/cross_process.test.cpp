@@ -240,7 +240,7 @@ TEST_CASE("the node directory's rendezvous: each process posts its members' card
 }
 
 TEST_CASE("the node directory tells the other nodes of a data-parallel group when a node that hosted members goes "
-          "down, and a meeting it had posted to can no longer complete") {
+          "down; a meeting it had posted to can no longer complete; once all its nodes are gone, the group meets afresh") {
   network_system n;
   auto dir = spawn_node_directory(n.sys, {}, {});
   struct gone_log {
@@ -305,9 +305,30 @@ TEST_CASE("the node directory tells the other nodes of a data-parallel group whe
   CHECK(std::get<2>(got[0]).find("node node-b, which hosted 1 of its 3 members, went down") != std::string::npos);
   CHECK(std::get<0>(got[1]) == "h");
   CHECK(std::get<1>(got[1]) == std::vector<uint32_t>{1});
-  // A member coming late to h is refused with the reason, not left waiting.
-  post(a, "h", 2, {"late"}, "node-c").receive([](std::vector<std::string>&) {}, [&](caf::error& e) { refused = n.sys.render(e); });
-  CHECK(refused.find("rendezvous h: the group cannot meet: node node-b") != std::string::npos);
-  a->send_exit(agent_a, caf::exit_reason::user_shutdown);
+  // node-b restarts and posts its member of g again: it waits, because node-a still has members
+  // of the lost meeting. Once node-a has gone too, g meets afresh: the restarted node-a posts,
+  // and both get the new cards.
+  caf::scoped_actor b2{n.sys}, a2{n.sys};
+  auto again_b = post(b2, "g", 2, {"n2"}, "node-b");
+  a->send_exit(agent_a, caf::exit_reason::kill);
+  for (int i = 0; i < 200; ++i) {  // until the directory has seen node-a go
+    bool gone = false;
+    a->request(dir, std::chrono::seconds{5}, stats_atom::value).receive(
+        [&](std::vector<node_status>& s) {
+          for (const auto& x : s) gone = gone || (x.name == "node-a" && x.state == "gone");
+        },
+        [](caf::error&) {});
+    if (gone) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds{10});
+  }
+  std::vector<std::string> fresh_a, fresh_b;
+  std::string fresh_error;
+  post(a2, "g", 0, {"n0", "n1"}, "node-a")
+      .receive([&](std::vector<std::string>& c) { fresh_a = c; }, [&](caf::error& e) { fresh_error = n.sys.render(e); });
+  again_b.receive([&](std::vector<std::string>& c) { fresh_b = c; }, [&](caf::error& e) { fresh_error += n.sys.render(e); });
+  INFO(fresh_error);
+  const std::vector<std::string> fresh{"n0", "n1", "n2"};
+  CHECK(fresh_a == fresh);
+  CHECK(fresh_b == fresh);
   a->send_exit(dir, caf::exit_reason::user_shutdown);
 }

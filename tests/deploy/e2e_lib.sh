@@ -21,11 +21,11 @@ stop_launcher() {
   rm -rf "$WORK"
 }
 
-# launch_cluster: starts `baton launch WORK/spec.json` in the background (LAUNCHER is its pid,
-# its output WORK/launch.log) and waits (bounded: 90 s) until it reports the cluster up; calls
-# the script's `fail` otherwise. Needs BATON.
+# launch_cluster [FLAG...]: starts `baton launch WORK/spec.json [FLAG...]` in the background
+# (LAUNCHER is its pid, its output WORK/launch.log) and waits (bounded: 90 s) until it reports
+# the cluster up; calls the script's `fail` otherwise. Needs BATON.
 launch_cluster() {
-  "$BATON" launch "$WORK/spec.json" --wait-s 90 > "$WORK/launch.log" 2>&1 &
+  "$BATON" launch "$WORK/spec.json" --wait-s 90 "$@" > "$WORK/launch.log" 2>&1 &
   LAUNCHER=$!
   for _ in $(seq 900); do grep -q "is up" "$WORK/launch.log" && break; kill -0 "$LAUNCHER" 2>/dev/null || break; sleep 0.1; done
   grep -q "is up" "$WORK/launch.log" || fail "the cluster did not come up"

@@ -62,7 +62,7 @@ cat > "$WORK/spec.json" <<SPEC
   ]
 }
 SPEC
-launch_cluster
+launch_cluster --restart-failed 2
 for n in decode-a decode-b; do grep -q "node $n joined" "$WORK/launch.log" || fail "$n did not join (data-parallel attention)"; done
 grep -q "rank decode-a-1 is member 1 of data-parallel group dp0, serving 2 of 8" "$WORK/launch.log" || fail "decode-a-1 is not member 1 of dp0"
 grep -q "rank decode-b-0 is member 2 of data-parallel group dp0, serving 2 of 8" "$WORK/launch.log" || fail "decode-b-0 is not member 2 of dp0"
@@ -80,6 +80,21 @@ for r in decode-b-0 decode-b-1; do
     "$WORK/launch.log" || fail "$r did not step aside when decode-a died: $(grep 'steps aside' "$WORK/launch.log")"
 done
 echo "launch EP e2e: a data-parallel member's process killed: the other node's ranks step aside at once, naming it"
+# decode-b then leaves (exit code 3) so that the group can re-form; the launcher restarts both,
+# the head's directory lets them meet afresh once the old meeting's nodes are all gone, and the
+# group answers as before.
+joined_twice() { [ "$(grep -c "node $1 joined" "$WORK/launch.log")" -ge 2 ]; }
+for _ in $(seq 600); do joined_twice decode-a && joined_twice decode-b && break; sleep 0.1; done
+grep -q "baton node decode-b: left so that its data-parallel group can re-form" "$WORK/launch.log" ||
+  fail "decode-b did not leave for its group: $(grep 'decode-b' "$WORK/launch.log" | tail -5)"
+grep -q "node decode-b left (exit code 3)" "$WORK/launch.log" || fail "decode-b did not exit with code 3"
+for n in decode-a decode-b; do
+  grep -q "node $n restarted (1 of 2" "$WORK/launch.log" || fail "the launcher did not restart $n"
+  joined_twice "$n" || fail "$n did not join again: $(grep "$n" "$WORK/launch.log" | tail -5)"
+done
+same_as_single deepseek-v3-tiny ep-e2e 12 "Experts, route this" "A second prompt, longer, so that more tokens pass the experts" \
+  "A third one for the other decode rank" "And a fourth, so both members have rows of their own"
+echo "launch EP e2e: the group re-formed from restarted nodes and answers as EP 1 again"
 stop_launched
 # Live EPLB ran in the group across the two processes: decode-b's members received expert weights.
 grep -E "rank decode-b-[01]: [1-9][0-9]* EPLB plans, [1-9][0-9]* bytes of expert weights received" "$WORK/launch.log" ||
