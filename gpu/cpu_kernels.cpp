@@ -28,7 +28,7 @@ inline float reduce8(v8 a) {
 /// in increasing i; the tail k % 8 goes to lanes 0.. in order. Same per element for any R, C.
 template <int R, int C>
 #if defined(__x86_64__) && !defined(__AVX2__) && !defined(__clang__)  // clang: no target_clones on templates
-__attribute__((target_clones("avx2", "default")))
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
 #endif
 void micro_kernel(const float* const* xs, const float* const* ws, size_t k, float* out /* [R][C] */) {
   v8 acc[R][C];
@@ -55,7 +55,13 @@ void rows_against(const float* x, size_t m, size_t k, const float* w, size_t n0,
   const float* ws[C];
   for (int c = 0; c < C; ++c) ws[c] = w + (n0 + c) * k;
   size_t r = 0;
-  float out[2 * C];
+  float out[4 * C];
+  for (; r + 4 <= m; r += 4) {
+    const float* xs[4] = {x + r * k, x + (r + 1) * k, x + (r + 2) * k, x + (r + 3) * k};
+    micro_kernel<4, C>(xs, ws, k, out);
+    for (int q = 0; q < 4; ++q)
+      for (int c = 0; c < C; ++c) y[(r + q) * n + n0 + c] = out[q * C + c];
+  }
   for (; r + 2 <= m; r += 2) {
     const float* xs[2] = {x + r * k, x + (r + 1) * k};
     micro_kernel<2, C>(xs, ws, k, out);
