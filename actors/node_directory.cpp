@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include <caf/actor_system.hpp>
 #include <caf/stateful_actor.hpp>
@@ -21,29 +22,37 @@ struct node_entry {
 
 using cards_promise = caf::typed_response_promise<std::vector<std::string>>;
 
-/// A post that came while a lost meeting still had members on live nodes: it waits for them to
-/// leave, then starts the group's next meeting.
-struct queued_post {
+/// A post waiting for the rest of its meeting, or (queued) for a lost meeting to empty.
+struct pending_post {
   uint32_t first = 0;
-  std::vector<std::string> cards;
+  std::vector<std::string> cards;  ///< moved into the meeting once taken
   std::string node;
   cards_promise promise;
 };
 
-/// Members of one group swapping cards; each posting waits for the last one. A meeting that
-/// lost a member's node is over: once every node that posted to it has gone too (survivors
-/// leave to be restarted), the group meets afresh, so restarted nodes re-form it.
+/// Members of one group swapping cards; each posting waits for the last one.
+///
+/// A meeting whose member's node went is lost: the other nodes are told and leave to be
+/// restarted. Once every node that posted to it is gone, the group's next meeting starts, with
+/// the posts of restarted nodes that came meanwhile. A node counts as gone once the directory
+/// saw it go, or once it posted again (a new process under the old name). One that posted but
+/// has not joined yet counts as alive: it is told when it joins.
 struct meeting {
   uint32_t size = 0;
   std::vector<std::string> cards;
   std::vector<bool> posted;
   std::vector<std::string> nodes;  ///< [member]: the node that posted it
-  std::string lost;                ///< why the group can no longer meet (a node that posted went)
-  std::vector<cards_promise> waiting;
-  std::vector<queued_post> queued;  ///< posts for the next meeting, while this lost one empties
+  std::vector<pending_post> waiting;  ///< taken posts (cards moved out), answered when all are in
   bool done = false;
+  std::string lost;                     ///< why the group can no longer meet (empty: it can)
+  std::vector<uint32_t> lost_members;   ///< the members whose node went
+  std::set<std::string> reposted;       ///< nodes of the lost meeting that posted again
+  std::vector<pending_post> queued;     ///< posts for the next meeting, while this lost one empties
 
-  void start(uint32_t members) {
+  /// A fresh meeting of `members`: every post still waiting here is answered with `why`.
+  void start(uint32_t members, const std::string& why) {
+    for (auto* list : {&waiting, &queued})
+      for (auto& p : *list) p.promise.deliver(caf::make_error(caf::sec::request_receiver_down, why));
     *this = meeting{};
     size = members;
     cards.resize(size);
@@ -55,6 +64,9 @@ struct meeting {
 struct node_directory_state {
   node_directory_config cfg;
   std::map<std::string, meeting> meetings;  ///< rendezvous_atom, by group
+  /// node -> group -> the members it posted; kept across a group's meetings, so that a node the
+  /// directory gave up on (missed heartbeats) and that comes back can be told its groups went on.
+  std::map<std::string, std::map<std::string, std::vector<uint32_t>>> node_groups;
   cluster_welcome welcome;
   std::map<std::string, node_entry> nodes;
   bool sweeping = false;  ///< a liveness sweep is scheduled
@@ -63,43 +75,75 @@ struct node_directory_state {
 
 using pointer = node_directory_actor::stateful_pointer<node_directory_state>;
 
-/// Whether every node that posted to `m` is gone (or never joined: it is not serving).
+std::string members_text(uint32_t first, size_t count) {
+  return count == 1 ? "member " + std::to_string(first)
+                    : "members " + std::to_string(first) + " to " + std::to_string(first + count - 1);
+}
+
+/// Whether every node that posted to lost meeting `m` is gone.
 bool posters_gone(const node_directory_state& st, const meeting& m) {
   for (const auto& n : m.nodes) {
-    if (n.empty()) continue;
+    if (n.empty() || m.reposted.count(n)) continue;
     auto i = st.nodes.find(n);
-    if (i != st.nodes.end() && i->second.state != "gone") return false;
+    if (i == st.nodes.end() || i->second.state != "gone") return false;
   }
   return true;
 }
 
+/// Answers and removes `node`'s posts in `list`: the node posted again (the process that made
+/// them gave up, or died, while waiting), and the newest post wins.
+void void_posts_of(std::vector<pending_post>& list, const std::string& group, const std::string& node) {
+  std::erase_if(list, [&](pending_post& p) {
+    if (p.node != node) return false;
+    p.promise.deliver(caf::make_error(caf::sec::invalid_argument,
+                                      "rendezvous " + group + ": node " + node + " posted again; this post is void"));
+    return true;
+  });
+}
+
+/// The same for an open meeting, whose slots the old posts held.
+void drop_posts_of(meeting& r, const std::string& group, const std::string& node) {
+  for (uint32_t i = 0; i < r.size; ++i)
+    if (r.nodes[i] == node) r.posted[i] = false, r.nodes[i].clear();
+  void_posts_of(r.waiting, group, node);
+}
+
 /// Why an open meeting cannot take this post (empty: it can).
 std::string refusal(const meeting& r, uint32_t first, const std::vector<std::string>& cards) {
-  const std::string who = cards.size() == 1 ? "member " + std::to_string(first)
-                                            : "members " + std::to_string(first) + " to " +
-                                                  std::to_string(first + cards.size() - 1);
   // Members that met hold each other's addresses; a late one cannot join them.
-  if (r.done) return "the group already met; " + who + " cannot join it again";
+  if (r.done) return "the group already met; " + members_text(first, cards.size()) + " cannot join it again";
   for (uint32_t i = 0; i < cards.size(); ++i)
-    if (r.posted[first + i]) return "member " + std::to_string(first + i) + " posted twice";
+    if (r.posted[first + i]) return "member " + std::to_string(first + i) + " posted twice (by node " + r.nodes[first + i] + ")";
   return {};
 }
 
 /// Records a post the meeting can take; answers every post with all the cards once the last
 /// member has posted.
-void take_post(meeting& r, uint32_t first, std::vector<std::string>& cards, const std::string& node,
-               cards_promise promise) {
-  for (uint32_t i = 0; i < cards.size(); ++i) {
-    r.cards[first + i] = std::move(cards[i]);
-    r.posted[first + i] = true;
-    r.nodes[first + i] = node;
+void take_post(pointer self, const std::string& group, meeting& r, pending_post p) {
+  auto& mine = self->state.node_groups[p.node][group];
+  mine.clear();
+  for (uint32_t i = 0; i < p.cards.size(); ++i) {
+    r.cards[p.first + i] = std::move(p.cards[i]);
+    r.posted[p.first + i] = true;
+    r.nodes[p.first + i] = p.node;
+    mine.push_back(p.first + i);
   }
-  r.waiting.push_back(std::move(promise));
+  r.waiting.push_back(std::move(p));
   if (std::count(r.posted.begin(), r.posted.end(), true) == static_cast<long>(r.size)) {
     r.done = true;
-    for (auto& p : r.waiting) p.deliver(r.cards);
+    for (auto& w : r.waiting) w.promise.deliver(r.cards);
     r.waiting.clear();
   }
+}
+
+/// Takes `p` into open meeting `r`, or answers it with the reason it cannot be taken.
+void post_or_refuse(pointer self, const std::string& group, meeting& r, pending_post p) {
+  drop_posts_of(r, group, p.node);
+  if (auto bad = refusal(r, p.first, p.cards); !bad.empty()) {
+    p.promise.deliver(caf::make_error(caf::sec::invalid_argument, "rendezvous " + group + ": " + bad));
+    return;
+  }
+  take_post(self, group, r, std::move(p));
 }
 
 /// A lost meeting whose nodes have all gone: the group's next meeting starts with the posts that
@@ -107,47 +151,65 @@ void take_post(meeting& r, uint32_t first, std::vector<std::string>& cards, cons
 void restart_if_empty(pointer self, const std::string& group, meeting& m) {
   if (m.lost.empty() || !posters_gone(self->state, m)) return;
   auto queued = std::move(m.queued);
-  m.start(m.size);
-  for (auto& q : queued)
-    if (auto bad = refusal(m, q.first, q.cards); !bad.empty())
-      q.promise.deliver(caf::make_error(caf::sec::invalid_argument, "rendezvous " + group + ": " + bad));
-    else
-      take_post(m, q.first, q.cards, q.node, q.promise);
+  m.queued.clear();
+  m.start(m.size, "rendezvous " + group + ": the group meets afresh");
+  for (auto& q : queued) post_or_refuse(self, group, m, std::move(q));
 }
 
-/// Node `name` is gone: the other nodes of every data-parallel group it had members in are told
-/// which members were lost, so that their members stop waiting for them at once (a killed
+/// Tells node `node`'s agent (if it has joined and is not gone) that `members` of `group` are lost.
+void tell_node(pointer self, const std::string& node, const std::string& group, const std::vector<uint32_t>& members,
+               const std::string& what) {
+  auto i = self->state.nodes.find(node);
+  if (i == self->state.nodes.end() || i->second.state == "gone") return;  // told when it joins
+  if (auto agent = caf::actor_cast<node_agent_actor>(i->second.agent))
+    self->send(agent, member_gone_atom::value, group, members, what);
+}
+
+/// Meeting `group` lost the members `node` posted, for `why`: the other nodes that posted to it
+/// are told which members were lost, so that theirs stop waiting for them at once (a killed
 /// process leaves no abort word; they would otherwise wait out the all-to-all's timeout in a
-/// step, and never notice while idle). A meeting still waiting can no longer complete: its posts
-/// are answered with the reason, and later ones refused.
+/// step, and never notice while idle), and leave to be restarted. Posts still waiting for the
+/// meeting to complete are answered with the reason.
+void lose(pointer self, const std::string& group, meeting& m, const std::string& node, const std::string& why) {
+  std::vector<uint32_t> lost;
+  for (uint32_t i = 0; i < m.nodes.size(); ++i)
+    if (m.nodes[i] == node) lost.push_back(i);
+  if (lost.empty()) return;
+  if (!m.lost.empty()) return restart_if_empty(self, group, m);  // already over: perhaps its last node just went
+  m.lost = "node " + node + ", which hosted " + std::to_string(lost.size()) + " of its " + std::to_string(m.size) +
+           " members, " + why;
+  m.lost_members = lost;
+  for (auto& p : m.waiting)
+    p.promise.deliver(caf::make_error(caf::sec::request_receiver_down, "rendezvous " + group + ": " + m.lost));
+  m.waiting.clear();
+  std::set<std::string> told;
+  for (const auto& other : m.nodes)
+    if (!other.empty() && other != node && told.insert(other).second) tell_node(self, other, group, lost, m.lost);
+  restart_if_empty(self, group, m);
+}
+
+/// Node `name` is gone: every group it had members in loses them.
 void tell_group_members(pointer self, const std::string& name, const std::string& why) {
+  for (auto& [group, m] : self->state.meetings) lose(self, group, m, name, why);
+}
+
+/// Node `name` joined, or came back after it was marked gone: it hears of every group of its
+/// that was lost meanwhile (it was not reachable to be told), so that it leaves too.
+void tell_late_node(pointer self, const std::string& name) {
   auto& st = self->state;
-  for (auto& [group, m] : st.meetings) {
-    std::vector<uint32_t> lost;
-    for (uint32_t i = 0; i < m.nodes.size(); ++i)
-      if (m.nodes[i] == name) lost.push_back(i);
-    if (lost.empty()) continue;
-    if (!m.lost.empty()) {  // already over: perhaps its last node just went
-      restart_if_empty(self, group, m);
-      continue;
-    }
-    const std::string what = "node " + name + ", which hosted " + std::to_string(lost.size()) + " of its " +
-                             std::to_string(m.size) + " members, " + why;
-    m.lost = what;
-    if (!m.done) {
-      for (auto& p : m.waiting) p.deliver(caf::make_error(caf::sec::request_receiver_down, "rendezvous " + group + ": " + what));
-      m.waiting.clear();
-    }
-    std::vector<std::string> told;
-    for (const auto& other : m.nodes) {
-      if (other.empty() || other == name || std::find(told.begin(), told.end(), other) != told.end()) continue;
-      told.push_back(other);
-      auto i = st.nodes.find(other);
-      if (i == st.nodes.end() || i->second.state == "gone") continue;
-      if (auto agent = caf::actor_cast<node_agent_actor>(i->second.agent))
-        self->send(agent, member_gone_atom::value, group, lost, what);
-    }
-    restart_if_empty(self, group, m);
+  auto groups = st.node_groups.find(name);
+  if (groups == st.node_groups.end()) return;
+  for (const auto& [group, mine] : groups->second) {
+    auto m = st.meetings.find(group);
+    if (m == st.meetings.end()) continue;
+    const bool in_meeting = std::find(m->second.nodes.begin(), m->second.nodes.end(), name) != m->second.nodes.end();
+    if (in_meeting && m->second.lost.empty()) continue;  // its meeting stands
+    std::vector<uint32_t> others;
+    for (uint32_t i = 0; i < m->second.size; ++i)
+      if (std::find(mine.begin(), mine.end(), i) == mine.end()) others.push_back(i);
+    const std::string what = in_meeting ? m->second.lost
+                                        : "node " + name + " was given up for lost, and group " + group + " went on without it";
+    tell_node(self, name, group, in_meeting ? m->second.lost_members : others, what);
   }
 }
 
@@ -182,12 +244,14 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
           self->state.sweeping = true;
           self->delayed_send(self, std::chrono::milliseconds{self->state.cfg.heartbeat_interval_ms}, timer_atom::value);
         }
-        auto& n = self->state.nodes[hello.name];  // a node that rejoins replaces its old entry
+        const std::string name = hello.name;
+        auto& n = self->state.nodes[name];  // a node that rejoins replaces its old entry
         n.hello = std::move(hello);
         n.agent = caf::actor_cast<caf::actor_addr>(self->current_sender());
         n.last_heartbeat = self->clock().now();
         n.state = "joined";
         if (auto agent = caf::actor_cast<caf::actor>(self->current_sender())) self->monitor(agent);
+        tell_late_node(self, name);  // a group of its lost a member before it could be told
         return self->state.welcome;
       },
       [=](heartbeat_atom, const std::string& name) {
@@ -199,6 +263,9 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
         // requests that left them got their leases released, so nothing runs twice for long.
         if (i->second.state == "gone") {
           i->second.state = "joined";
+          // Its data-parallel groups went on without it (their meetings were lost when it was
+          // marked gone): it hears so, and leaves to be restarted.
+          tell_late_node(self, name);
           if (!st.sweeping) {
             st.sweeping = true;
             self->delayed_send(self, std::chrono::milliseconds{st.cfg.heartbeat_interval_ms}, timer_atom::value);
@@ -224,18 +291,25 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
           return refuse("a post for a group of " + std::to_string(size) + ", but the group has " +
                         std::to_string(found->second.size) + " members");
         auto& r = self->state.meetings[group];
-        if (r.size == 0) r.start(size);
+        if (r.size == 0) r.start(size, {});
+        const bool posted_before = std::find(r.nodes.begin(), r.nodes.end(), node) != r.nodes.end();
+        // A node posting again to a meeting it completed is a new process under the old name,
+        // restarted before the directory saw the old one go: the group lost it all the same.
+        if (r.lost.empty() && r.done && posted_before) lose(self, group, r, node, "was restarted");
         if (!r.lost.empty()) {
           // The group lost a node: a restarted member waits until the others have left too, and
           // then meets them afresh as they come back.
+          if (posted_before) r.reposted.insert(node);
+          void_posts_of(r.queued, group, node);
           auto promise = self->make_response_promise<std::vector<std::string>>();
           r.queued.push_back({first, std::move(cards), node, promise});
           restart_if_empty(self, group, r);
           return promise;
         }
+        drop_posts_of(r, group, node);  // the newest post of a node wins
         if (auto bad = refusal(r, first, cards); !bad.empty()) return refuse(bad);
         auto promise = self->make_response_promise<std::vector<std::string>>();
-        take_post(r, first, cards, node, promise);
+        take_post(self, group, r, {first, std::move(cards), node, promise});
         return promise;
       },
       [=](drain_atom, const std::string& name) {

@@ -154,6 +154,10 @@ int main(int argc, char** argv) {
   caf::scoped_actor self{sys};
 
   const uint32_t layers = cfg.model.num_hidden_layers;
+  // The actor system waits for the cluster's actors when main returns: stop them on every path.
+  auto stop_cluster = [&] {
+    for (auto& a : cluster.actors()) self->send_exit(a, caf::exit_reason::user_shutdown);
+  };
   std::vector<double> exposed, lm_head, admitted, hidden_under, last_latency;
   for (int rep = 0; rep < 3; ++rep) {
     generate_request req;
@@ -164,7 +168,7 @@ int main(int argc, char** argv) {
     uint64_t id = 0;
     self->request(cluster.router, std::chrono::seconds{600}, generate_atom::value, req)
         .receive([&](completion& c) { id = c.request_id; }, [&](caf::error& e) { std::fprintf(stderr, "%s\n", sys.render(e).c_str()); });
-    if (id == 0) return 1;
+    if (id == 0) return stop_cluster(), 1;
     int64_t last_compute = 0, last_kv = 0, first_token = 0, landed = 0, admit = 0;
     self->request(cluster.prefill[0].handle, std::chrono::seconds{10}, events_atom::value)
         .receive([&](std::vector<rank_event>& ev) {
@@ -196,7 +200,8 @@ int main(int argc, char** argv) {
                  [](caf::error&) {});
     if (!last_kv || !last_compute || !first_token || !landed || !admit)
       return std::fprintf(stderr, "request %llu: an event is missing from the ranks' logs\n",
-                          static_cast<unsigned long long>(id)), 1;
+                          static_cast<unsigned long long>(id)),
+             stop_cluster(), 1;
     exposed.push_back(static_cast<double>(landed - last_compute) / 1000.0);
     lm_head.push_back(static_cast<double>(first_token - last_compute) / 1000.0);
     admitted.push_back(static_cast<double>(admit - first_token) / 1000.0);
@@ -217,6 +222,6 @@ int main(int argc, char** argv) {
   std::printf("| %s | %s | %u tokens | %.2f MiB | %.0f us | %.0f us | %.0f us | %.0f us | %.0f us | %.0f us | %.2f | %.0f us | %.0f us |\n",
               cfg.model.name.c_str(), kind.c_str(), prompt_tokens, static_cast<double>(layer_bytes) / (1 << 20), one, all,
               last_latency[1], hidden_under[1], exposed[1], exposed_us, exposed_us / one, lm_head[1], admitted[1]);
-  for (auto& a : cluster.actors()) self->send_exit(a, caf::exit_reason::user_shutdown);
+  stop_cluster();
   return 0;
 }

@@ -38,12 +38,20 @@ double since_ms(clock_type::time_point t0) {
   return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
 }
 
+/// Polls `id` until it settles, for at most 10 s.
+xfer_state settle(transport& t, uint64_t id, xfer_error* err) {
+  const auto give_up = clock_type::now() + std::chrono::seconds{10};
+  xfer_state s;
+  while ((s = t.poll(id, err)) == xfer_state::pending && clock_type::now() < give_up) std::this_thread::yield();
+  return s;
+}
+
 bool wait_all(transport& t, const std::vector<uint64_t>& ids) {
   bool ok = true;
   xfer_error err;
   for (auto id : ids) {
-    xfer_state s;
-    while ((s = t.poll(id, &err)) == xfer_state::pending) std::this_thread::yield();
+    const xfer_state s = settle(t, id, &err);
+    if (s == xfer_state::pending) ok = false, std::fprintf(stderr, "put %llu still pending after 10 s\n", (unsigned long long)id);
     if (s == xfer_state::failed) ok = false, std::fprintf(stderr, "put failed: %s\n", err.to_string().c_str());
     t.release(id);
   }
@@ -88,11 +96,14 @@ int main(int argc, char** argv) {
   if (!ha || !hb) return std::fprintf(stderr, "baton_bench_nccl: host transport: %s\n", why.c_str()), 1;
   std::vector<std::byte> stage_a_mem(total);
   auto stage_b = transport_memory(hb, total, &err);
+  if (!stage_b) return std::fprintf(stderr, "baton_bench_nccl: no host staging memory: %s\n", err.to_string().c_str()), 1;
   std::byte* stage_a = stage_a_mem.data();
   std::memset(stage_a, 0, total);
   std::memset(stage_b.get(), 0, total);
-  cudaHostRegister(stage_a, total, cudaHostRegisterPortable);
-  cudaHostRegister(stage_b.get(), total, cudaHostRegisterPortable);
+  // Pinned, or the staged path's PCIe copies would run at pageable speed and flatter NCCL.
+  if (cudaHostRegister(stage_a, total, cudaHostRegisterPortable) != cudaSuccess ||
+      cudaHostRegister(stage_b.get(), total, cudaHostRegisterPortable) != cudaSuccess)
+    return std::fprintf(stderr, "baton_bench_nccl: cannot pin the host staging buffers\n"), 1;
   auto ka = ha->register_region(stage_a, total, &err);
   auto kb = hb->register_region(stage_b.get(), total, &err);
   if (!ka || !kb) return std::fprintf(stderr, "baton_bench_nccl: %s\n", err.to_string().c_str()), 1;
@@ -144,9 +155,8 @@ int main(int argc, char** argv) {
         puts[l] = ha->post_put({1, l, "host-b", ka->region_id, *kb, {{l * layer, l * layer, layer}}});
       }
       for (uint32_t l = 0; l < layers; ++l) {
-        xfer_state s;
-        while ((s = ha->poll(puts[l], &err)) == xfer_state::pending) std::this_thread::yield();
-        if (s == xfer_state::failed) return std::fprintf(stderr, "staged put: %s\n", err.to_string().c_str()), 1;
+        if (settle(*ha, puts[l], &err) != xfer_state::done)
+          return std::fprintf(stderr, "staged put: %s\n", err.to_string().c_str()), 1;
         ha->release(puts[l]);
         cudaMemcpyAsync(dst + l * layer, stage_b.get() + l * layer, layer, cudaMemcpyHostToDevice, h2d);
       }

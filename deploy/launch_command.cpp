@@ -297,9 +297,10 @@ int run_launch(const std::vector<std::string>& raw_args) {
         return 1;
       }
       std::printf("baton launch: node %s left (%s)\n", it->node.name.c_str(), how.c_str());
-      auto& tries = restarts[it->node.name];
-      if (how != "exit code 0" && tries < restart_failed) {
-        ++tries;
+      // Store nodes are not restarted: the head adopts their block servers only as it starts.
+      if (how != "exit code 0" && it->node.role != "store" && restart_failed > 0 &&
+          restarts[it->node.name] < restart_failed) {
+        const uint32_t tries = ++restarts[it->node.name];
         if (auto pid = spawn_process(command_of(spec, it->node), &why,
                                      is_local_host(it->node.host) ? env_of(it->node) : std::vector<std::string>{});
             pid > 0) {

@@ -145,6 +145,7 @@ std::vector<std::shared_ptr<gpu::expert_peers>> join_dp_groups(caf::actor_system
           ans->done = true;
           ans->cv.notify_all();
         };
+        if (stop_requested()) return *err = "group " + group + ": stopped before meeting its other members", false;
         auto asker = sys.spawn([=, first_member = mine.front().first](caf::event_based_actor* self) {
           self->request(dir, std::chrono::seconds{meet_timeout_s}, rendezvous_atom::value, meeting, ep, first_member, cards,
                         node)
@@ -371,7 +372,7 @@ int run_node(const std::vector<std::string>& args) {
                            ucx_send, &why);
     if (peers.empty()) {
       std::fprintf(stderr, "baton node %s: data-parallel attention: %s\n", name.c_str(), why.c_str());
-      return 1;
+      return stop_requested() ? 0 : 1;  // asked to stop while meeting: not a failure to restart
     }
     // Each member serves routed experts from its own store, filled here with its block; the
     // weights the executors share then keep none (a loaded model is copied once to drop them).
@@ -400,10 +401,12 @@ int run_node(const std::vector<std::string>& args) {
     for (uint32_t i = 0; i < peers.size(); ++i) {
       if (group != "dp" + std::to_string((dp_first_rank + i) / expert_parallel)) continue;
       for (uint32_t m : members) peers[i]->peer_lost(m, why);
-      std::printf("baton node %s: rank %s steps aside: data-parallel group %s lost member(s)", name.c_str(),
-                  rank_name_of(i).c_str(), group.c_str());
-      for (uint32_t m : members) std::printf(" %u", m);
-      std::printf(" (%s)\n", why.c_str());
+      if (meeting != group) continue;  // dual-batch overlap's second channel: the same members, said once
+      std::string line = "baton node " + name + ": rank " + rank_name_of(i) + " steps aside: data-parallel group " +
+                         group + " lost member(s)";
+      for (uint32_t m : members) line += " " + std::to_string(m);
+      line += " (" + why + ")\n";
+      std::fputs(line.c_str(), stdout);
     }
     std::fflush(stdout);
   };

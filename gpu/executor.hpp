@@ -121,7 +121,8 @@ public:
   /// Layer `layer` of every sequence in the job has its KV written, and any cached prefix the
   /// job waited for has landed in that layer: a sender may ship it now. The rest of the layer
   /// (attention, MLP) is still to compute, so a send posted here hides under it: the KV a layer
-  /// writes is final once its keys are rotated, as vLLM's and Mooncake's connectors use it.
+  /// writes is final once its keys are rotated. (vLLM's layer-wise connectors save a layer after
+  /// its attention; this is earlier still.)
   virtual void on_layer_kv_ready(uint64_t job_id, uint32_t layer) = 0;
   /// Layer `layer` has finished computing (timelines and logs). The CUDA backend does not
   /// report it: nothing on its host side knows when a kernel ends without a synchronisation.

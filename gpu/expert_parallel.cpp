@@ -530,7 +530,8 @@ void expert_peers::mark_broken(const std::string& why) {
 }
 
 void expert_peers::peer_lost(uint32_t member, const std::string& why) {
-  if (member >= size() || member == rank_) return;
+  // Members in this process have flags of their own (`left` is also leave()'s guard).
+  if (member >= size() || member == rank_ || group_->a2a[member]) return;
   group_->left[member].store(true, std::memory_order_release);  // ends a wait for it (set_abort)
   mark_broken("data-parallel group of " + group_->names[rank_] + ": member " + group_->names[member] + " is lost: " + why);
 }

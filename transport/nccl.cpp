@@ -4,10 +4,12 @@
 
 #if BATON_HAVE_NCCL
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 #include <nccl.h>
 
 #include <map>
 #include <mutex>
+#include <type_traits>
 #endif
 
 namespace baton::transport {
@@ -59,6 +61,52 @@ std::unique_ptr<transport> make_nccl_transport(const nccl_config& cfg, std::stri
 static_assert(unique_id_bytes == NCCL_UNIQUE_ID_BYTES);
 
 namespace {
+
+/// NCCL's entry points, looked up at run time: NCCL (some 200 MB) is loaded only by a process
+/// that makes an NCCL transport, and a binary built with it still starts where it is missing.
+struct nccl_api {
+  std::string error;  ///< why NCCL could not be loaded (empty: loaded)
+  decltype(&ncclGetUniqueId) get_unique_id = nullptr;
+  decltype(&ncclCommInitRank) comm_init_rank = nullptr;
+  decltype(&ncclCommDestroy) comm_destroy = nullptr;
+  decltype(&ncclCommAbort) comm_abort = nullptr;
+  decltype(&ncclCommGetAsyncError) comm_get_async_error = nullptr;
+  decltype(&ncclGetErrorString) get_error_string = nullptr;
+  decltype(&ncclGetLastError) get_last_error = nullptr;
+  decltype(&ncclGroupStart) group_start = nullptr;
+  decltype(&ncclGroupEnd) group_end = nullptr;
+  decltype(&ncclSend) send = nullptr;
+  decltype(&ncclRecv) recv = nullptr;
+};
+
+const nccl_api& nccl() {
+  static const nccl_api api = [] {
+    nccl_api a;
+    void* lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+      const char* e = dlerror();
+      a.error = std::string{"cannot load libnccl.so.2: "} + (e ? e : "unknown error");
+      return a;
+    }
+    auto sym = [&](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
+      if (!fn && a.error.empty()) a.error = std::string{"libnccl.so.2 lacks "} + name;
+    };
+    sym(a.get_unique_id, "ncclGetUniqueId");
+    sym(a.comm_init_rank, "ncclCommInitRank");
+    sym(a.comm_destroy, "ncclCommDestroy");
+    sym(a.comm_abort, "ncclCommAbort");
+    sym(a.comm_get_async_error, "ncclCommGetAsyncError");
+    sym(a.get_error_string, "ncclGetErrorString");
+    sym(a.get_last_error, "ncclGetLastError");
+    sym(a.group_start, "ncclGroupStart");
+    sym(a.group_end, "ncclGroupEnd");
+    sym(a.send, "ncclSend");
+    sym(a.recv, "ncclRecv");
+    return a;
+  }();
+  return api;
+}
 
 std::string to_hex(const char* p, size_t n) {
   static const char* digits = "0123456789abcdef";
@@ -117,11 +165,16 @@ public:
     cudaStreamSynchronize(stream_);  // no host callback may run after the listener box is gone
     for (auto& [id, x] : xfers_)
       if (x.done) cudaEventDestroy(x.done);
-    ncclCommDestroy(comm_);
+    if (ncclResult_t async = ncclSuccess; nccl().comm_get_async_error(comm_, &async) == ncclSuccess && async != ncclSuccess &&
+        async != ncclInProgress)
+      nccl().comm_abort(comm_);  // destroying a communicator in error may hang
+    else
+      nccl().comm_destroy(comm_);
     cudaStreamDestroy(stream_);
   }
 
-  capabilities caps() const override { return {"nccl", false, true, true}; }
+  // crosses_processes: not until a put to another rank works (see nccl.hpp).
+  capabilities caps() const override { return {"nccl", false, false, true}; }
 
   std::optional<region_key> register_region(std::byte* base, uint64_t size_bytes, xfer_error* err) override {
     cudaSetDevice(cfg_.device);
@@ -155,6 +208,7 @@ public:
     std::lock_guard<std::mutex> lock{mutex_};
     const uint64_t id = ++last_xfer_;
     auto& x = xfers_[id];
+    x.request_id = d.request_id, x.peer = d.peer, x.layer = d.layer;  // for failures found later, in poll
     auto fail = [&](xfer_errc code, bool retryable, std::string what) {
       x.state = xfer_state::failed;
       x.err = {code, retryable, d.request_id, d.peer, d.layer, std::move(what)};
@@ -169,7 +223,7 @@ public:
     std::memcpy(&owner, d.remote.packed.data(), 4);
     std::memcpy(&world, d.remote.packed.data() + 4, 4);
     std::memcpy(&tag, d.remote.packed.data() + 8, 8);
-    if (tag != tag_ || world != static_cast<uint32_t>(cfg_.world_size))
+    if (tag != tag_ || world != static_cast<uint32_t>(cfg_.world_size) || owner >= world)
       return fail(xfer_errc::unknown_region, false, "the key comes from another NCCL communicator");
     for (const auto& s : d.segments) {
       if (s.src_offset + s.size_bytes > local->second.size || s.src_offset + s.size_bytes < s.src_offset)
@@ -191,15 +245,15 @@ public:
                                                         std::to_string(owner) + " (deregistered?)");
     cudaSetDevice(cfg_.device);
     // One group: NCCL pairs each send with the receive of the same peer in issue order.
-    ncclResult_t rc = ncclGroupStart();
+    ncclResult_t rc = nccl().group_start();
     for (const auto& s : d.segments) {
       if (s.size_bytes == 0) continue;
       if (rc == ncclSuccess)
-        rc = ncclSend(local->second.base + s.src_offset, s.size_bytes, ncclChar, cfg_.rank, comm_, stream_);
+        rc = nccl().send(local->second.base + s.src_offset, s.size_bytes, ncclChar, cfg_.rank, comm_, stream_);
       if (rc == ncclSuccess)
-        rc = ncclRecv(remote->second.base + s.dst_offset, s.size_bytes, ncclChar, cfg_.rank, comm_, stream_);
+        rc = nccl().recv(remote->second.base + s.dst_offset, s.size_bytes, ncclChar, cfg_.rank, comm_, stream_);
     }
-    const ncclResult_t end = ncclGroupEnd();
+    const ncclResult_t end = nccl().group_end();
     if (rc == ncclSuccess) rc = end;
     if (rc != ncclSuccess) return fail(xfer_errc::backend_error, false, nccl_error("send/recv", rc));
     if (auto e = cudaEventCreateWithFlags(&x.done, cudaEventDisableTiming); e != cudaSuccess) {
@@ -208,7 +262,8 @@ public:
     }
     if (auto e = cudaEventRecord(x.done, stream_); e != cudaSuccess)
       return fail(xfer_errc::backend_error, false, std::string{"cannot record an event: "} + cudaGetErrorString(e));
-    if (has_listener_) cudaLaunchHostFunc(stream_, notify_settled, &listener_);
+    // Without the notice the owner still finds the put settled at its next poll.
+    if (has_listener_ && cudaLaunchHostFunc(stream_, notify_settled, &listener_) != cudaSuccess) cudaGetLastError();
     return id;
   }
 
@@ -227,11 +282,12 @@ public:
         x.state = xfer_state::done;
       } else if (q != cudaErrorNotReady) {
         x.state = xfer_state::failed;
-        x.err = {xfer_errc::backend_error, false, 0, cfg_.name, 0, std::string{"the put's stream failed: "} + cudaGetErrorString(q)};
-      } else if (ncclResult_t async = ncclSuccess; ncclCommGetAsyncError(comm_, &async) == ncclSuccess &&
+        x.err = {xfer_errc::backend_error, false, x.request_id, x.peer, x.layer,
+                 std::string{"the put's stream failed: "} + cudaGetErrorString(q)};
+      } else if (ncclResult_t async = ncclSuccess; nccl().comm_get_async_error(comm_, &async) == ncclSuccess &&
                                                     async != ncclSuccess && async != ncclInProgress) {
         x.state = xfer_state::failed;
-        x.err = {xfer_errc::backend_error, false, 0, cfg_.name, 0, nccl_error("the communicator", async)};
+        x.err = {xfer_errc::backend_error, false, x.request_id, x.peer, x.layer, nccl_error("the communicator", async)};
       }
     }
     if (x.state == xfer_state::failed && err) *err = x.err;
@@ -275,8 +331,8 @@ public:
 
 private:
   std::string nccl_error(const char* what, ncclResult_t rc) const {
-    std::string out = std::string{"NCCL "} + what + ": " + ncclGetErrorString(rc);
-    if (const char* last = ncclGetLastError(comm_); last && *last) out += std::string{" ("} + last + ")";
+    std::string out = std::string{"NCCL "} + what + ": " + nccl().get_error_string(rc);
+    if (const char* last = nccl().get_last_error(comm_); last && *last) out += std::string{" ("} + last + ")";
     return out;
   }
 
@@ -285,6 +341,9 @@ private:
     uint64_t size = 0;
   };
   struct xfer {
+    uint64_t request_id = 0;
+    std::string peer;
+    uint32_t layer = 0;
     cudaEvent_t done = nullptr;
     xfer_state state = xfer_state::pending;
     xfer_error err;
@@ -308,8 +367,12 @@ bool nccl_built() { return true; }
 
 std::string nccl_unique_id(std::string* why) {
   ncclUniqueId id;
-  if (auto rc = ncclGetUniqueId(&id); rc != ncclSuccess) {
-    if (why) *why = std::string{"NCCL cannot make a unique id: "} + ncclGetErrorString(rc);
+  if (!nccl().error.empty()) {
+    if (why) *why = nccl().error;
+    return {};
+  }
+  if (auto rc = nccl().get_unique_id(&id); rc != ncclSuccess) {
+    if (why) *why = std::string{"NCCL cannot make a unique id: "} + nccl().get_error_string(rc);
     return {};
   }
   return to_hex(id.internal, sizeof id.internal);
@@ -324,6 +387,7 @@ std::unique_ptr<transport> make_nccl_transport(const nccl_config& cfg, std::stri
     if (why) *why = bad;
     return nullptr;
   }
+  if (!nccl().error.empty()) return say(nccl().error);
   int devices = 0;
   if (auto e = cudaGetDeviceCount(&devices); e != cudaSuccess) {
     cudaGetLastError();
@@ -334,18 +398,18 @@ std::unique_ptr<transport> make_nccl_transport(const nccl_config& cfg, std::stri
   if (auto e = cudaSetDevice(cfg.device); e != cudaSuccess) return say(std::string{"cannot use the device: "} + cudaGetErrorString(e));
   ncclUniqueId id;
   if (cfg.unique_id.empty()) {
-    if (auto rc = ncclGetUniqueId(&id); rc != ncclSuccess) return say(std::string{"no unique id: "} + ncclGetErrorString(rc));
+    if (auto rc = nccl().get_unique_id(&id); rc != ncclSuccess) return say(std::string{"no unique id: "} + nccl().get_error_string(rc));
   } else {
     from_hex(cfg.unique_id, id.internal);
   }
   ncclComm_t comm = nullptr;
-  if (auto rc = ncclCommInitRank(&comm, cfg.world_size, id, cfg.rank); rc != ncclSuccess)
-    return say(std::string{"cannot join the communicator: "} + ncclGetErrorString(rc));
+  if (auto rc = nccl().comm_init_rank(&comm, cfg.world_size, id, cfg.rank); rc != ncclSuccess)
+    return say(std::string{"cannot join the communicator: "} + nccl().get_error_string(rc));
   int least = 0, greatest = 0;
   cudaDeviceGetStreamPriorityRange(&least, &greatest);
   cudaStream_t stream = nullptr;
   if (auto e = cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, greatest); e != cudaSuccess) {
-    ncclCommDestroy(comm);
+    nccl().comm_destroy(comm);
     return say(std::string{"cannot create a stream: "} + cudaGetErrorString(e));
   }
   return std::make_unique<nccl_transport>(cfg, comm, stream, fingerprint(id));

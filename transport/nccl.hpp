@@ -18,8 +18,13 @@
 // another's, which bench/nccl_bench.cpp and tests/gpu/nccl_transport.test.cpp compare with the
 // host-staged path (device -> pinned host -> UCX -> host -> device).
 //
+// post_put calls into CUDA and NCCL, so it must not run inside a CUDA host callback (the CUDA
+// executor announces a layer's KV from one: a rank whose pool lives on the device would have to
+// post from another thread first).
+//
 // No CUDA or NCCL header here: CPU-only code includes it, and where the build has no NCCL,
-// make_nccl_transport says so.
+// make_nccl_transport says so. NCCL itself is loaded at run time (dlopen of libnccl.so.2) by the
+// first transport made, so binaries built with it start where it is missing.
 
 #include <memory>
 #include <string>

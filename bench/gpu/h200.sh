@@ -40,9 +40,13 @@ fi
 
 say "== conformance: every kernel against its CPU reference, the executor against transformers"
 "$gpu_tests" --source-dir="$root" $ref_flag -s --duration=true 2>&1 | tee "$out/conformance.txt" | grep -E -A1 "MESSAGE|ERROR|test cases|assertions" | tee -a "$log"
-if grep -q "Status: FAILURE" "$out/conformance.txt"; then
+if ldd "$gpu_tests" | grep -q "not found"; then
+  say "conformance binary cannot load its libraries:"; ldd "$gpu_tests" | grep "not found" | tee -a "$log"
+fi
+if grep -q "Status: FAILURE" "$out/conformance.txt" || ! grep -q "test cases:" "$out/conformance.txt"; then
   say "conformance FAILED: timings skipped. Diagnostics:"
   grep -B3 -A12 "ERROR" "$out/conformance.txt" | head -150 | tee -a "$log"
+  grep -q "test cases:" "$out/conformance.txt" || tail -20 "$out/conformance.txt" | tee -a "$log"  # it did not run
   exit 1
 fi
 

@@ -215,10 +215,11 @@ TEST_CASE("the node directory's rendezvous: each process posts its members' card
   auto pending = a->request(dir, std::chrono::seconds{30}, rendezvous_atom::value, std::string{"g"}, uint32_t{3},
                             uint32_t{0}, std::vector<std::string>{"k0", "k1"}, std::string{"node-a"});
   std::string refused;
-  auto post = [&](caf::scoped_actor& self, const std::string& group, uint32_t size, uint32_t at, std::vector<std::string> cards) {
+  auto post = [&](caf::scoped_actor& self, const std::string& group, uint32_t size, uint32_t at, std::vector<std::string> cards,
+                  std::string node = "node-b") {
     std::vector<std::string> out;
     refused.clear();
-    self->request(dir, std::chrono::seconds{30}, rendezvous_atom::value, group, size, at, cards, std::string{"node-b"})
+    self->request(dir, std::chrono::seconds{30}, rendezvous_atom::value, group, size, at, cards, node)
         .receive([&](std::vector<std::string>& c) { out = std::move(c); },
                  [&](caf::error& e) { refused = n.sys.render(e); });
     return out;
@@ -234,8 +235,22 @@ TEST_CASE("the node directory's rendezvous: each process posts its members' card
   const std::vector<std::string> all{"k0", "k1", "k2"};
   CHECK(got_a == all);
   CHECK(got_b == all);
-  CHECK(post(b, "g", 3, 2, {"k2"}).empty());
+  CHECK(post(b, "g", 3, 2, {"k2"}, "node-c").empty());
   CHECK(refused.find("rendezvous g: the group already met; member 2 cannot join it again") != std::string::npos);
+  // A node that posts again replaces its own earlier post (its process gave up or died while
+  // waiting): the old post is answered void, and the new one completes the meeting.
+  auto stale = a->request(dir, std::chrono::seconds{30}, rendezvous_atom::value, std::string{"r"}, uint32_t{2}, uint32_t{0},
+                          std::vector<std::string>{"old"}, std::string{"node-x"});
+  caf::scoped_actor x2{n.sys};
+  auto renewed = x2->request(dir, std::chrono::seconds{30}, rendezvous_atom::value, std::string{"r"}, uint32_t{2},
+                             uint32_t{0}, std::vector<std::string>{"new"}, std::string{"node-x"});
+  std::string voided;
+  stale.receive([](std::vector<std::string>&) {}, [&](caf::error& e) { voided = n.sys.render(e); });
+  CHECK(voided.find("rendezvous r: node node-x posted again; this post is void") != std::string::npos);
+  CHECK(post(b, "r", 2, 1, {"y"}, "node-y") == std::vector<std::string>{"new", "y"});
+  std::vector<std::string> got_x;
+  renewed.receive([&](std::vector<std::string>& c) { got_x = c; }, [](caf::error&) {});
+  CHECK(got_x == std::vector<std::string>{"new", "y"});
   a->send_exit(dir, caf::exit_reason::user_shutdown);
 }
 
@@ -282,7 +297,7 @@ TEST_CASE("the node directory tells the other nodes of a data-parallel group whe
   post(b, "g", 2, {"k2"}, "node-b").receive([&](std::vector<std::string>& c) { met = c; }, [](caf::error&) {});
   g_a.receive([](std::vector<std::string>&) {}, [](caf::error&) {});
   REQUIRE(met.size() == 3);
-  auto h_b = post(b, "h", 1, {"hb"}, "node-b");
+  post(b, "h", 1, {"hb"}, "node-b");  // its answer is never awaited: node-b "dies"
   auto h_a = post(a, "h", 0, {"ha"}, "node-a");
 
   a->send_exit(agent_b, caf::exit_reason::kill);  // node-b's process dies
