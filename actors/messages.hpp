@@ -268,7 +268,7 @@ typename Inspector::result_type inspect(Inspector& f, prefill_result& x) {
 /// One entry of a rank's event log: what happened, in the order it happened (seq).
 struct rank_event {
   uint64_t seq = 0;
-  std::string kind;  ///< "kv_written", "send_posted", "compute_done", "first_token", "layer_ready", "kv_landed", "admit", "step"
+  std::string kind;  ///< "kv_written", "send_posted", "send_done", "compute_done", "first_token", "layer_ready", "kv_landed", "admit", "step"
   uint64_t request_id = 0;
   uint32_t chunk = 0;
   uint32_t layer = 0;

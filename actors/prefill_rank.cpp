@@ -111,9 +111,15 @@ void finish_if_done(prefill_pointer self, uint64_t request_id) {
            r.split.peers.size() == peers_expected && r.split.peer_puts_landed == peers_expected * layers;
   }
   if (!r.failed && !done) return;
-  // A failure is answered only when the executor is done with the request: after that no put
-  // of it can still be posted, so the decode rank may safely reuse the lease's pages.
-  if (r.failed && r.jobs_in_executor > 0) return;
+  // A failure is answered only when the executor is done with the request and its posted puts
+  // have settled: after that no byte of it can still land, so the decode rank may safely reuse
+  // the lease's pages. (A layer's put is posted before the layer's MLP, so a job that fails in
+  // a MoE layer has that layer's put in flight. A put abandoned at the send timeout cannot be
+  // recalled; that path answers at once.) poll_pending answers after its pass.
+  const auto in_flight = [&] {
+    return std::any_of(st.pending.begin(), st.pending.end(), [&](const pending_put& p) { return p.request_id == request_id; });
+  };
+  if (r.failed && (r.jobs_in_executor > 0 || st.polling || in_flight())) return;
   if (r.failed) {
     r.promise.deliver(std::move(r.failure));
   } else {
@@ -158,7 +164,8 @@ void announce_layer(prefill_pointer self, prefill_job_state& r, uint32_t layer) 
 void on_put_landed(prefill_pointer self, uint64_t request_id, uint32_t layer, uint64_t checksum, uint32_t attempt) {
   auto& st = self->state;
   auto i = st.requests.find(request_id);
-  if (i == st.requests.end() || i->second.failed || i->second.attempt != attempt) return;  // stale attempt
+  if (i == st.requests.end() || i->second.attempt != attempt) return;  // stale attempt
+  if (i->second.failed) return finish_if_done(self, request_id);  // its answer may have waited for this put
   auto& r = i->second;
   if (checksum != 0) r.checksums[layer] = checksum;
   // Chunks before the last make progress the decode rank cannot see (a layer completes only with
@@ -198,6 +205,7 @@ bool settle(prefill_pointer self, const pending_put& p) {
     }
     case transport::xfer_state::done:
       st.core.xport->release(p.xfer_id);
+      st.core.log->add({0, "send_done", p.request_id, p.attempt, p.layer, {}, {}});
       if (p.peer >= 0)
         on_peer_put_landed(self, p.request_id, p.peer, p.layer);
       else
@@ -217,8 +225,15 @@ void poll_pending(prefill_pointer self) {
   auto& st = self->state;
   auto pending = std::move(st.pending);
   st.pending.clear();
+  st.polling = true;
   for (const auto& p : pending)
     if (!settle(self, p)) st.pending.push_back(p);
+  st.polling = false;
+  // Failed requests whose last put settled in this pass are answered now.
+  std::vector<uint64_t> failed;
+  for (const auto& [id, r] : st.requests)
+    if (r.failed) failed.push_back(id);
+  for (auto id : failed) finish_if_done(self, id);
 }
 
 /// Polls `p` from now on (never settles it on the spot: callers may be iterating state it changes).

@@ -186,6 +186,7 @@ struct prefill_state {
   policies::priority_classes<uint64_t> runnable{4};
   uint32_t chunks_in_executor = 0;
   std::vector<pending_put> pending;
+  bool polling = false;  ///< poll_pending is settling puts (its list is out of `pending` meanwhile)
   bool poll_scheduled = false;
   /// Set by the transport's settled listener when it sends settled_atom, cleared by its handler.
   std::shared_ptr<std::atomic<bool>> settled_flag;

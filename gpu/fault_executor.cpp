@@ -28,6 +28,60 @@ private:
   uint32_t delay_ms_;
 };
 
+/// Announces layers up to `layer`, then fails the job at its end.
+class failing_sink final : public executor_sink {
+public:
+  failing_sink(std::shared_ptr<executor_sink> inner, uint32_t layer) : inner_(std::move(inner)), layer_(layer) {}
+  void on_started(uint64_t job_id) override { inner_->on_started(job_id); }
+  void on_layer_kv_ready(uint64_t job_id, uint32_t layer) override {
+    if (layer <= layer_) inner_->on_layer_kv_ready(job_id, layer);
+  }
+  void on_layer_computed(uint64_t job_id, uint32_t layer) override {
+    if (layer < layer_) inner_->on_layer_computed(job_id, layer);
+  }
+  void on_done(uint64_t job_id, std::vector<std::vector<float>>) override {
+    inner_->on_failed(job_id, "fault: the job failed in layer " + std::to_string(layer_) + " after its KV was announced");
+  }
+  void on_failed(uint64_t job_id, std::string what) override { inner_->on_failed(job_id, std::move(what)); }
+
+private:
+  std::shared_ptr<executor_sink> inner_;
+  uint32_t layer_;
+};
+
+/// Passes everything to `inner`, wrapping each job's sink (the fault executors below).
+class wrapping_executor : public executor {
+public:
+  explicit wrapping_executor(std::shared_ptr<executor> inner) : inner_(std::move(inner)) {}
+  const model_config& config() const override { return inner_->config(); }
+  kv_cache& kv() override { return inner_->kv(); }
+  void bind_runner(deferred_runner* r) override { inner_->bind_runner(r); }
+  void stop() override { inner_->stop(); }
+  std::string standing_failure() const override { return inner_->standing_failure(); }
+  void on_standing_failure(std::function<void()> fn) override { inner_->on_standing_failure(std::move(fn)); }
+
+protected:
+  std::shared_ptr<executor> inner_;
+};
+
+class fault_failing_prefill_executor final : public wrapping_executor {
+public:
+  fault_failing_prefill_executor(std::shared_ptr<executor> inner, uint32_t layer)
+    : wrapping_executor(std::move(inner)), layer_(layer) {}
+  std::string describe() const override {
+    return inner_->describe() + " (fault: prefill jobs fail in layer " + std::to_string(layer_) + ")";
+  }
+  void submit(forward_job job, std::shared_ptr<executor_sink> sink) override {
+    size_t rows = 0;
+    for (const auto& s : job.seqs) rows += s.tokens.size();
+    if (rows > 1) sink = std::make_shared<failing_sink>(std::move(sink), layer_);
+    inner_->submit(std::move(job), std::move(sink));
+  }
+
+private:
+  uint32_t layer_;
+};
+
 class fault_slow_executor final : public executor {
 public:
   fault_slow_executor(std::shared_ptr<executor> inner, uint32_t delay_ms) : inner_(std::move(inner)), delay_ms_(delay_ms) {}
@@ -53,6 +107,10 @@ private:
 
 std::shared_ptr<executor> make_fault_slow_executor(std::shared_ptr<executor> inner, uint32_t delay_ms) {
   return std::make_shared<fault_slow_executor>(std::move(inner), delay_ms);
+}
+
+std::shared_ptr<executor> make_fault_failing_prefill_executor(std::shared_ptr<executor> inner, uint32_t layer) {
+  return std::make_shared<fault_failing_prefill_executor>(std::move(inner), layer);
 }
 
 }  // namespace baton::gpu

@@ -15,4 +15,10 @@ namespace baton::gpu {
 /// jobs behind it wait too, as on a slow device); results are the inner executor's, unchanged.
 std::shared_ptr<executor> make_fault_slow_executor(std::shared_ptr<executor> inner, uint32_t delay_ms);
 
+/// Wraps `inner`: a prefill job (more than one row) fails once layer `layer`'s KV was announced,
+/// as a job failing in that layer's MLP would: the layers after it are not announced, and the
+/// job reports on_failed when the inner executor finishes it (so no job of the same pages runs
+/// meanwhile). Decode jobs are untouched.
+std::shared_ptr<executor> make_fault_failing_prefill_executor(std::shared_ptr<executor> inner, uint32_t layer);
+
 }  // namespace baton::gpu

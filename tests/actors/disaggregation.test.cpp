@@ -5,6 +5,7 @@
 
 #include "gpu/byte_tokenizer.hpp"
 #include "gpu/cpu_executor.hpp"
+#include "gpu/fault_executor.hpp"
 #include "gpu/expert_parallel.hpp"
 #include "gpu/local_generate.hpp"
 #include "tests/actors/cluster_fixture.hpp"
@@ -347,6 +348,43 @@ TEST_CASE("failover: a corrupted, a dropped or a stalled layer re-places the req
     CHECK_MESSAGE(got->failover_why.find("layer 1") != std::string::npos, got->failover_why);
     CHECK(f.decode_pages_back());
   }
+}
+
+TEST_CASE("a prefill that fails after posting a layer's put is answered only once that put has settled, so the "
+          "decode rank never frees pages a put may still write") {
+  test::cluster_system t;
+  auto cfg = small_cluster();
+  cfg.router.request.max_attempts = 1;
+  const uint32_t layer = 1;
+  auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
+  auto make_exec = [&cfg, weights](const std::string& name) -> std::shared_ptr<gpu::executor> {
+    std::shared_ptr<gpu::executor> x = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
+    return name == "prefill-0" ? gpu::make_fault_failing_prefill_executor(std::move(x), layer) : x;
+  };
+  // Layer 1's put lands, but stays pending for 2000 polls: long after the job has failed.
+  const transport::fault_plan plan{transport::fault_kind::delay, layer, {}, 1, 5, 2000};
+  auto cluster = start_local_cluster(t.sys, cfg, make_exec,
+                                     [plan](std::unique_ptr<transport::transport> inner,
+                                            const std::string& name) -> std::shared_ptr<transport::transport> {
+                                       if (name != "prefill-0") return std::shared_ptr<transport::transport>{std::move(inner)};
+                                       return std::shared_ptr<transport::transport>{
+                                           transport::make_fault_proxy(std::move(inner), plan)};
+                                     });
+  test::cluster_system::stopper stop{t, cluster};
+  generate_request req;
+  req.prompt = prompts[1];
+  req.max_tokens = 4;
+  auto got = t.generate(cluster.router, req);
+  REQUIRE_FALSE(got);
+  CHECK(t.sys.render(got.error()).find("failed in layer 1") != std::string::npos);
+  // When the client heard of the failure, every put the prefill rank had posted had settled.
+  uint32_t posted = 0, settled = 0;
+  for (const auto& e : t.events(cluster.prefill[0].handle)) {
+    posted += e.kind == "send_posted";
+    settled += e.kind == "send_done";
+  }
+  CHECK(posted == layer + 1);
+  CHECK(settled == posted);
 }
 
 TEST_CASE("a delayed layer only delays: tokens still equal the colocated run") {
