@@ -82,24 +82,18 @@ private:
   uint32_t layer_;
 };
 
-class fault_slow_executor final : public executor {
+class fault_slow_executor final : public wrapping_executor {
 public:
-  fault_slow_executor(std::shared_ptr<executor> inner, uint32_t delay_ms) : inner_(std::move(inner)), delay_ms_(delay_ms) {}
-  const model_config& config() const override { return inner_->config(); }
-  kv_cache& kv() override { return inner_->kv(); }
+  fault_slow_executor(std::shared_ptr<executor> inner, uint32_t delay_ms)
+    : wrapping_executor(std::move(inner)), delay_ms_(delay_ms) {}
   std::string describe() const override {
     return inner_->describe() + " (fault: +" + std::to_string(delay_ms_) + " ms per job)";
   }
   void submit(forward_job job, std::shared_ptr<executor_sink> sink) override {
     inner_->submit(std::move(job), std::make_shared<slow_sink>(std::move(sink), delay_ms_));
   }
-  void bind_runner(deferred_runner* r) override { inner_->bind_runner(r); }
-  void stop() override { inner_->stop(); }
-  std::string standing_failure() const override { return inner_->standing_failure(); }
-  void on_standing_failure(std::function<void()> fn) override { inner_->on_standing_failure(std::move(fn)); }
 
 private:
-  std::shared_ptr<executor> inner_;
   uint32_t delay_ms_;
 };
 
