@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include <caf/io/middleman.hpp>
+#include <caf/event_based_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
 #include "actors/node_directory.hpp"
@@ -320,30 +321,48 @@ TEST_CASE("the node directory tells the other nodes of a data-parallel group whe
   CHECK(std::get<2>(got[0]).find("node node-b, which hosted 1 of its 3 members, went down") != std::string::npos);
   CHECK(std::get<0>(got[1]) == "h");
   CHECK(std::get<1>(got[1]) == std::vector<uint32_t>{1});
-  // node-b restarts and posts its member of g again: it waits, because node-a still has members
-  // of the lost meeting. Once node-a has gone too, g meets afresh: the restarted node-a posts,
-  // and both get the new cards.
-  caf::scoped_actor b2{n.sys}, a2{n.sys};
-  auto again_b = post(b2, "g", 2, {"n2"}, "node-b");
+  // node-b restarts and posts its member of g again, and a node-c posts the other two members.
+  // Both wait: node-a, alive, still holds members of the lost meeting. Once node-a has gone too,
+  // g meets afresh with both posts.
+  struct answer_box {
+    std::mutex m;
+    bool sent = false, answered = false;
+    std::vector<std::string> cards;
+  };
+  auto poster = [&](uint32_t first, std::vector<std::string> cards, std::string node) {
+    auto box = std::make_shared<answer_box>();
+    n.sys.spawn([dir, box, first, cards, node](caf::event_based_actor* self) {
+      self->request(dir, std::chrono::seconds{30}, rendezvous_atom::value, std::string{"g"}, uint32_t{3}, first, cards, node)
+          .then(
+              [box](std::vector<std::string>& c) {
+                std::lock_guard<std::mutex> lock{box->m};
+                box->answered = true, box->cards = c;
+              },
+              [box](caf::error&) {
+                std::lock_guard<std::mutex> lock{box->m};
+                box->answered = true;
+              });
+      std::lock_guard<std::mutex> lock{box->m};
+      box->sent = true;
+    });
+    return box;
+  };
+  auto peek = [](const std::shared_ptr<answer_box>& box, auto fn) {
+    std::lock_guard<std::mutex> lock{box->m};
+    return fn(*box);
+  };
+  auto sent = [&](const std::shared_ptr<answer_box>& b) { return peek(b, [](answer_box& x) { return x.sent; }); };
+  auto answered = [&](const std::shared_ptr<answer_box>& b) { return peek(b, [](answer_box& x) { return x.answered; }); };
+  auto again_b = poster(2, {"n2"}, "node-b"), new_c = poster(0, {"c0", "c1"}, "node-c");
+  for (int i = 0; i < 500 && !(sent(again_b) && sent(new_c)); ++i) std::this_thread::sleep_for(std::chrono::milliseconds{10});
+  REQUIRE(joined() == 2);  // a round trip to the directory: it has both posts by now
+  CHECK_FALSE(answered(again_b));  // a meeting started at once would have completed with them
+  CHECK_FALSE(answered(new_c));
   a->send_exit(agent_a, caf::exit_reason::kill);
-  for (int i = 0; i < 200; ++i) {  // until the directory has seen node-a go
-    bool gone = false;
-    a->request(dir, std::chrono::seconds{5}, stats_atom::value).receive(
-        [&](std::vector<node_status>& s) {
-          for (const auto& x : s) gone = gone || (x.name == "node-a" && x.state == "gone");
-        },
-        [](caf::error&) {});
-    if (gone) break;
+  for (int i = 0; i < 500 && !(answered(again_b) && answered(new_c)); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds{10});
-  }
-  std::vector<std::string> fresh_a, fresh_b;
-  std::string fresh_error;
-  post(a2, "g", 0, {"n0", "n1"}, "node-a")
-      .receive([&](std::vector<std::string>& c) { fresh_a = c; }, [&](caf::error& e) { fresh_error = n.sys.render(e); });
-  again_b.receive([&](std::vector<std::string>& c) { fresh_b = c; }, [&](caf::error& e) { fresh_error += n.sys.render(e); });
-  INFO(fresh_error);
-  const std::vector<std::string> fresh{"n0", "n1", "n2"};
-  CHECK(fresh_a == fresh);
-  CHECK(fresh_b == fresh);
+  const std::vector<std::string> fresh{"c0", "c1", "n2"};
+  CHECK(peek(again_b, [](answer_box& x) { return x.cards; }) == fresh);
+  CHECK(peek(new_c, [](answer_box& x) { return x.cards; }) == fresh);
   a->send_exit(dir, caf::exit_reason::user_shutdown);
 }
