@@ -281,10 +281,7 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
           return caf::make_error(caf::sec::invalid_argument, "rendezvous " + group + ": " + what);
         };
         if (size == 0 || cards.empty() || first + cards.size() > size)
-          return refuse((cards.size() == 1 ? "member " + std::to_string(first)
-                                           : "members " + std::to_string(first) + " to " +
-                                                 std::to_string(first + cards.size() - 1)) +
-                        " do not fit a group of " + std::to_string(size));
+          return refuse(members_text(first, cards.size()) + " do not fit a group of " + std::to_string(size));
         // Checked before the meeting exists, so a misfit cannot fix the group's size for the others.
         auto found = self->state.meetings.find(group);
         if (found != self->state.meetings.end() && found->second.size != size)

@@ -1,6 +1,7 @@
 #include "actors/prefill_rank.hpp"
 
 #include <algorithm>
+#include <utility>
 #include <map>
 
 #include <caf/actor_system.hpp>
@@ -115,11 +116,13 @@ void finish_if_done(prefill_pointer self, uint64_t request_id) {
   // have settled: after that no byte of it can still land, so the decode rank may safely reuse
   // the lease's pages. (A layer's put is posted before the layer's MLP, so a job that fails in
   // a MoE layer has that layer's put in flight. A put abandoned at the send timeout cannot be
-  // recalled; that path answers at once.) poll_pending answers after its pass.
+  // recalled; that path answers at once.) During poll_pending's pass its puts are out of
+  // `pending`: the request is looked at again after the pass.
+  if (r.failed && st.polling) return st.answer_after_poll.push_back(request_id);
   const auto in_flight = [&] {
     return std::any_of(st.pending.begin(), st.pending.end(), [&](const pending_put& p) { return p.request_id == request_id; });
   };
-  if (r.failed && (r.jobs_in_executor > 0 || st.polling || in_flight())) return;
+  if (r.failed && (r.jobs_in_executor > 0 || in_flight())) return;
   if (r.failed) {
     r.promise.deliver(std::move(r.failure));
   } else {
@@ -229,11 +232,7 @@ void poll_pending(prefill_pointer self) {
   for (const auto& p : pending)
     if (!settle(self, p)) st.pending.push_back(p);
   st.polling = false;
-  // Failed requests whose last put settled in this pass are answered now.
-  std::vector<uint64_t> failed;
-  for (const auto& [id, r] : st.requests)
-    if (r.failed) failed.push_back(id);
-  for (auto id : failed) finish_if_done(self, id);
+  for (auto id : std::exchange(st.answer_after_poll, {})) finish_if_done(self, id);
 }
 
 /// Polls `p` from now on (never settles it on the spot: callers may be iterating state it changes).

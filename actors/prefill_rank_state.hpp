@@ -187,6 +187,7 @@ struct prefill_state {
   uint32_t chunks_in_executor = 0;
   std::vector<pending_put> pending;
   bool polling = false;  ///< poll_pending is settling puts (its list is out of `pending` meanwhile)
+  std::vector<uint64_t> answer_after_poll;  ///< failed requests finish_if_done looked at meanwhile
   bool poll_scheduled = false;
   /// Set by the transport's settled listener when it sends settled_atom, cleared by its handler.
   std::shared_ptr<std::atomic<bool>> settled_flag;

@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/bench_stats.hpp"
 #include "gpu/cuda/kernels.hpp"
 #include "gpu/cuda_executor.hpp"
 #include "gpu/local_generate.hpp"
@@ -33,12 +34,9 @@
 using namespace baton::gpu;
 namespace cuda = baton::gpu::cuda;
 
-namespace {
+using baton::bench::median;
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
+namespace {
 
 std::vector<std::string> summary;  // the table printed last
 std::ostringstream json;           // the same figures as JSON lines

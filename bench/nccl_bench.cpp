@@ -20,6 +20,7 @@
 
 #include <cuda_runtime.h>
 
+#include "bench/bench_stats.hpp"
 #include "transport/loopback.hpp"
 #include "transport/nccl.hpp"
 #include "transport/ucx.hpp"
@@ -27,12 +28,9 @@
 using namespace baton::transport;
 using clock_type = std::chrono::steady_clock;
 
-namespace {
+using baton::bench::median;
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+namespace {
 
 double since_ms(clock_type::time_point t0) {
   return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();

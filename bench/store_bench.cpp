@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_stats.hpp"
 #include "store/block_file.hpp"
 #include "store/block_index.hpp"
 #include "store/block_key.hpp"
@@ -27,12 +28,9 @@
 using namespace baton::store;
 using clock_type = std::chrono::steady_clock;
 
-namespace {
+using baton::bench::median;
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+namespace {
 
 void drop_cache(const std::vector<std::string>& files) {
   for (const auto& f : files) {

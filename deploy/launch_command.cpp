@@ -174,8 +174,11 @@ int run_launch(const std::vector<std::string>& raw_args) {
     return env;
   };
   std::map<std::string, uint32_t> restarts;  // by node name
+  auto spawn = [&](const node_launch& n) {
+    return spawn_process(command_of(spec, n), &why, is_local_host(n.host) ? env_of(n) : std::vector<std::string>{});
+  };
   auto start = [&](const node_launch& n) {
-    const auto pid = spawn_process(command_of(spec, n), &why, is_local_host(n.host) ? env_of(n) : std::vector<std::string>{});
+    const auto pid = spawn(n);
     if (pid < 0) return false;
     children.push_back({n, pid});
     return true;
@@ -301,9 +304,7 @@ int run_launch(const std::vector<std::string>& raw_args) {
       if (how != "exit code 0" && it->node.role != "store" && restart_failed > 0 &&
           restarts[it->node.name] < restart_failed) {
         const uint32_t tries = ++restarts[it->node.name];
-        if (auto pid = spawn_process(command_of(spec, it->node), &why,
-                                     is_local_host(it->node.host) ? env_of(it->node) : std::vector<std::string>{});
-            pid > 0) {
+        if (auto pid = spawn(it->node); pid > 0) {
           std::printf("baton launch: node %s restarted (%u of %u, pid %d)\n", it->node.name.c_str(), tries,
                       restart_failed, static_cast<int>(pid));
           std::fflush(stdout);

@@ -50,31 +50,26 @@ void micro_kernel(const float* const* xs, const float* const* ws, size_t k, floa
     for (int c = 0; c < C; ++c) out[r * C + c] = reduce8(acc[r][c]);
 }
 
+/// Rows r..r+R-1 of x against the C rows of w at ws, into columns n0.. of y.
+template <int R, int C>
+void rows_block(const float* x, size_t r, size_t k, const float* const* ws, size_t n0, float* y, size_t n) {
+  const float* xs[R];
+  for (int q = 0; q < R; ++q) xs[q] = x + (r + q) * k;
+  float out[R * C];
+  micro_kernel<R, C>(xs, ws, k, out);
+  for (int q = 0; q < R; ++q)
+    for (int c = 0; c < C; ++c) y[(r + q) * n + n0 + c] = out[q * C + c];
+}
+
+/// Every row of x against C rows of w, 4 rows at a time (each loaded vector of w serves 4 rows).
 template <int C>
 void rows_against(const float* x, size_t m, size_t k, const float* w, size_t n0, float* y, size_t n) {
   const float* ws[C];
   for (int c = 0; c < C; ++c) ws[c] = w + (n0 + c) * k;
   size_t r = 0;
-  float out[4 * C];
-  for (; r + 4 <= m; r += 4) {
-    const float* xs[4] = {x + r * k, x + (r + 1) * k, x + (r + 2) * k, x + (r + 3) * k};
-    micro_kernel<4, C>(xs, ws, k, out);
-    for (int q = 0; q < 4; ++q)
-      for (int c = 0; c < C; ++c) y[(r + q) * n + n0 + c] = out[q * C + c];
-  }
-  for (; r + 2 <= m; r += 2) {
-    const float* xs[2] = {x + r * k, x + (r + 1) * k};
-    micro_kernel<2, C>(xs, ws, k, out);
-    for (int c = 0; c < C; ++c) {
-      y[r * n + n0 + c] = out[c];
-      y[(r + 1) * n + n0 + c] = out[C + c];
-    }
-  }
-  for (; r < m; ++r) {
-    const float* xs[1] = {x + r * k};
-    micro_kernel<1, C>(xs, ws, k, out);
-    for (int c = 0; c < C; ++c) y[r * n + n0 + c] = out[c];
-  }
+  for (; r + 4 <= m; r += 4) rows_block<4, C>(x, r, k, ws, n0, y, n);
+  for (; r + 2 <= m; r += 2) rows_block<2, C>(x, r, k, ws, n0, y, n);
+  for (; r < m; ++r) rows_block<1, C>(x, r, k, ws, n0, y, n);
 }
 
 }  // namespace

@@ -143,15 +143,10 @@ private:
                  std::to_string(!src ? d.local_region : d.remote.region_id) + " is not registered";
       return;
     }
-    for (const auto& s : d.segments) {
-      if (s.src_offset + s.size_bytes > src->size_bytes || s.dst_offset + s.size_bytes > dst->size_bytes) {
-        err.code = xfer_errc::out_of_bounds;
-        err.what = "segment src [" + std::to_string(s.src_offset) + ", +" + std::to_string(s.size_bytes) +
-                   ") dst [" + std::to_string(s.dst_offset) + ", +" + std::to_string(s.size_bytes) +
-                   ") outside regions of " + std::to_string(src->size_bytes) + " / " +
-                   std::to_string(dst->size_bytes) + " bytes";
-        return;
-      }
+    if (auto bad = segments_outside(d.segments, src->size_bytes, dst->size_bytes); !bad.empty()) {
+      err.code = xfer_errc::out_of_bounds;
+      err.what = std::move(bad);
+      return;
     }
     if (copy_bytes_)
       for (const auto& s : d.segments) std::memcpy(dst->base + s.dst_offset, src->base + s.src_offset, s.size_bytes);

@@ -16,10 +16,6 @@ namespace baton::transport {
 
 namespace {
 constexpr size_t unique_id_bytes = 128;  // NCCL_UNIQUE_ID_BYTES, checked below where nccl.h is seen
-
-bool is_hex(const std::string& s) {
-  return s.find_first_not_of("0123456789abcdef") == std::string::npos;
-}
 }  // namespace
 
 std::string nccl_config::validate() const {
@@ -32,7 +28,8 @@ std::string nccl_config::validate() const {
   if (unique_id.empty() && world_size > 1)
     return "nccl transport " + name + ": a world of " + std::to_string(world_size) +
            " ranks needs the communicator's unique_id (nccl_unique_id on rank 0)";
-  if (!unique_id.empty() && (unique_id.size() != 2 * unique_id_bytes || !is_hex(unique_id)))
+  std::vector<uint8_t> id_bytes;
+  if (!unique_id.empty() && (unique_id.size() != 2 * unique_id_bytes || !bytes_of_hex(unique_id, &id_bytes)))
     return "nccl transport " + name + ": unique_id must be " + std::to_string(2 * unique_id_bytes) +
            " lowercase hex digits, got " + std::to_string(unique_id.size()) + " characters";
   return {};
@@ -106,21 +103,6 @@ const nccl_api& nccl() {
     return a;
   }();
   return api;
-}
-
-std::string to_hex(const char* p, size_t n) {
-  static const char* digits = "0123456789abcdef";
-  std::string out;
-  for (size_t i = 0; i < n; ++i) {
-    const auto b = static_cast<unsigned char>(p[i]);
-    out += {digits[b >> 4], digits[b & 15]};
-  }
-  return out;
-}
-
-void from_hex(const std::string& hex, char* out) {
-  auto nibble = [](char c) { return c <= '9' ? c - '0' : c - 'a' + 10; };
-  for (size_t i = 0; i < hex.size() / 2; ++i) out[i] = static_cast<char>(nibble(hex[2 * i]) << 4 | nibble(hex[2 * i + 1]));
 }
 
 /// The communicator's fingerprint in every key: FNV-1a of its unique id.
@@ -225,16 +207,8 @@ public:
     std::memcpy(&tag, d.remote.packed.data() + 8, 8);
     if (tag != tag_ || world != static_cast<uint32_t>(cfg_.world_size) || owner >= world)
       return fail(xfer_errc::unknown_region, false, "the key comes from another NCCL communicator");
-    for (const auto& s : d.segments) {
-      if (s.src_offset + s.size_bytes > local->second.size || s.src_offset + s.size_bytes < s.src_offset)
-        return fail(xfer_errc::out_of_bounds, false,
-                    "segment [" + std::to_string(s.src_offset) + ", " + std::to_string(s.src_offset + s.size_bytes) +
-                        ") outside the local region of " + std::to_string(local->second.size) + " bytes");
-      if (s.dst_offset + s.size_bytes > d.remote.size_bytes || s.dst_offset + s.size_bytes < s.dst_offset)
-        return fail(xfer_errc::out_of_bounds, false,
-                    "segment [" + std::to_string(s.dst_offset) + ", " + std::to_string(s.dst_offset + s.size_bytes) +
-                        ") outside the remote region of " + std::to_string(d.remote.size_bytes) + " bytes");
-    }
+    if (auto bad = segments_outside(d.segments, local->second.size, d.remote.size_bytes); !bad.empty())
+      return fail(xfer_errc::out_of_bounds, false, std::move(bad));
     if (owner != static_cast<uint32_t>(cfg_.rank))
       return fail(xfer_errc::backend_error, false,
                   "the region belongs to NCCL rank " + std::to_string(owner) + ", and a put to another rank needs it to "
@@ -375,7 +349,7 @@ std::string nccl_unique_id(std::string* why) {
     if (why) *why = std::string{"NCCL cannot make a unique id: "} + nccl().get_error_string(rc);
     return {};
   }
-  return to_hex(id.internal, sizeof id.internal);
+  return hex_of(reinterpret_cast<const uint8_t*>(id.internal), sizeof id.internal);
 }
 
 std::unique_ptr<transport> make_nccl_transport(const nccl_config& cfg, std::string* why) {
@@ -400,7 +374,9 @@ std::unique_ptr<transport> make_nccl_transport(const nccl_config& cfg, std::stri
   if (cfg.unique_id.empty()) {
     if (auto rc = nccl().get_unique_id(&id); rc != ncclSuccess) return say(std::string{"no unique id: "} + nccl().get_error_string(rc));
   } else {
-    from_hex(cfg.unique_id, id.internal);
+    std::vector<uint8_t> bytes;
+    bytes_of_hex(cfg.unique_id, &bytes);  // validate() checked it: 128 bytes of hex
+    std::memcpy(id.internal, bytes.data(), sizeof id.internal);
   }
   ncclComm_t comm = nullptr;
   if (auto rc = nccl().comm_init_rank(&comm, cfg.world_size, id, cfg.rank); rc != ncclSuccess)

@@ -35,10 +35,40 @@ std::shared_ptr<std::byte> transport_memory(std::shared_ptr<transport> t, uint64
   return {base, [t = std::move(t)](std::byte* p) { t->free_memory(p); }};
 }
 
-std::string key_to_text(const region_key& k) {
+std::string segments_outside(const std::vector<segment>& segments, uint64_t local_bytes, uint64_t remote_bytes) {
+  for (const auto& s : segments) {
+    const auto past = [&](uint64_t offset, uint64_t region) {
+      return offset + s.size_bytes > region || offset + s.size_bytes < offset;
+    };
+    if (past(s.src_offset, local_bytes) || past(s.dst_offset, remote_bytes))
+      return "segment src [" + std::to_string(s.src_offset) + ", +" + std::to_string(s.size_bytes) + ") dst [" +
+             std::to_string(s.dst_offset) + ", +" + std::to_string(s.size_bytes) + ") outside regions of " +
+             std::to_string(local_bytes) + " / " + std::to_string(remote_bytes) + " bytes";
+  }
+  return {};
+}
+
+std::string hex_of(const uint8_t* bytes, size_t n) {
   static const char* digits = "0123456789abcdef";
   std::string hex;
-  for (auto b : k.packed) hex += {digits[b >> 4], digits[b & 15]};
+  for (size_t i = 0; i < n; ++i) hex += {digits[bytes[i] >> 4], digits[bytes[i] & 15]};
+  return hex;
+}
+
+bool bytes_of_hex(const std::string& hex, std::vector<uint8_t>* out) {
+  if (hex.size() % 2) return false;
+  auto nibble = [](char c) { return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1; };
+  out->clear();
+  for (size_t i = 0; i < hex.size(); i += 2) {
+    const int hi = nibble(hex[i]), lo = nibble(hex[i + 1]);
+    if (hi < 0 || lo < 0) return false;
+    out->push_back(static_cast<uint8_t>(hi << 4 | lo));
+  }
+  return true;
+}
+
+std::string key_to_text(const region_key& k) {
+  const std::string hex = hex_of(k.packed.data(), k.packed.size());
   return k.backend + " " + std::to_string(k.region_id) + " " + std::to_string(k.size_bytes) + " " +
          (hex.empty() ? "-" : hex);
 }
@@ -49,13 +79,7 @@ std::optional<region_key> key_from_text(const std::string& line) {
   std::string hex;
   if (!(in >> k.backend >> k.region_id >> k.size_bytes >> hex)) return std::nullopt;
   if (hex == "-") return k;
-  if (hex.size() % 2) return std::nullopt;
-  for (size_t i = 0; i < hex.size(); i += 2) {
-    auto nibble = [](char c) { return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1; };
-    const int hi = nibble(hex[i]), lo = nibble(hex[i + 1]);
-    if (hi < 0 || lo < 0) return std::nullopt;
-    k.packed.push_back(static_cast<uint8_t>(hi << 4 | lo));
-  }
+  if (!bytes_of_hex(hex, &k.packed)) return std::nullopt;
   return k;
 }
 

@@ -65,6 +65,14 @@ struct segment {
   uint64_t size_bytes = 0;
 };
 
+/// Why a put's segments do not fit its regions (a segment past either end, or one whose end
+/// overflows), naming the first such segment; empty when they fit. Every backend checks so.
+std::string segments_outside(const std::vector<segment>& segments, uint64_t local_bytes, uint64_t remote_bytes);
+
+/// Bytes as lowercase hex, and back (false for odd length or a character that is not one).
+std::string hex_of(const uint8_t* bytes, size_t n);
+bool bytes_of_hex(const std::string& hex, std::vector<uint8_t>* out);
+
 struct put_desc {
   uint64_t request_id = 0;  ///< for error messages
   uint32_t layer = 0;       ///< for error messages and fault targeting

@@ -372,13 +372,11 @@ private:
       err.what = "local region " + std::to_string(d.local_region) + " is not registered";
       return finish(id, xfer_state::failed, err);
     }
-    for (const auto& s : d.segments)
-      if (s.src_offset + s.size_bytes > local->second.size_bytes || s.dst_offset + s.size_bytes > d.remote.size_bytes) {
-        err.code = xfer_errc::out_of_bounds;
-        err.what = "segment src [" + std::to_string(s.src_offset) + ", +" + std::to_string(s.size_bytes) + ") dst [" +
-                   std::to_string(s.dst_offset) + ", +" + std::to_string(s.size_bytes) + ") outside its region";
-        return finish(id, xfer_state::failed, err);
-      }
+    if (auto bad = segments_outside(d.segments, local->second.size_bytes, d.remote.size_bytes); !bad.empty()) {
+      err.code = xfer_errc::out_of_bounds;
+      err.what = std::move(bad);
+      return finish(id, xfer_state::failed, err);
+    }
     auto* rkey = remote_rkey(key, &err);
     if (!rkey) return finish(id, xfer_state::failed, err);
     auto& peer = peers_[key.worker_addr];
