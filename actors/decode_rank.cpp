@@ -260,7 +260,15 @@ void maybe_step(decode_pointer self) {
     const auto& s = st.batch[(first + k) % st.batch.size()];
     if (!has_page_for_next(st, s)) continue;  // on demand, with host memory full: waits for a page
     const auto& l = st.leases.at(s.lease_id);
-    job.seqs.push_back(gpu::forward_seq{l.request_id, {s.next_input}, s.pos, l.pages, true});
+    // The executor picks the next token: greedy rows' logits then stay on the device.
+    gpu::forward_seq seq{l.request_id, {s.next_input}, s.pos, l.pages, l.order.return_logits};
+    seq.sample = gpu::seq_sampling{sampling_of(l.order), s.pos + 1, {}};
+    if (seq.sample->cfg.penalised()) {  // every token before the one sampled: prompt, what was fed, this input
+      seq.sample->history = l.order.prompt_tokens;
+      seq.sample->history.insert(seq.sample->history.end(), l.fed.begin(), l.fed.end());
+      seq.sample->history.push_back(s.next_input);
+    }
+    job.seqs.push_back(std::move(seq));
     st.step_leases.push_back(s.lease_id);
     ev.batch_requests.push_back(l.request_id);
     ev.batch_contexts.push_back(s.pos + 1);
@@ -284,9 +292,11 @@ void maybe_step(decode_pointer self) {
     const auto total = static_cast<uint32_t>(p.order.tokens.size());
     const uint32_t len = std::min(left, total - p.next_pos);
     if (p.queue_us < 0) p.queue_us = micros(self->clock().now() - p.arrived_at);
+    const bool last = p.next_pos + len == total;
     job.seqs.push_back(gpu::forward_seq{p.order.request_id,
                                         {p.order.tokens.begin() + p.next_pos, p.order.tokens.begin() + p.next_pos + len},
-                                        p.next_pos, l.pages, p.next_pos + len == total});
+                                        p.next_pos, l.pages, last && p.order.return_logits});
+    if (last) job.seqs.back().sample = sample_next(p.order, total, p.order.tokens);
     job.kind = gpu::forward_job::prefill;
     st.step_chunks.push_back(len);
     st.core.log->add({0, "local_chunk", p.order.request_id, p.num_chunks++, 0, {}, {}});
@@ -312,7 +322,7 @@ void maybe_step(decode_pointer self) {
 }
 
 /// True when the prompt is done with (answered, or failed because its lease is gone).
-bool finish_local_chunk(decode_pointer self, local_prefill& p, std::vector<float>* logits) {
+bool finish_local_chunk(decode_pointer self, local_prefill& p, std::vector<float>* logits, int32_t token) {
   auto& st = self->state;
   auto li = st.leases.find(p.lease_id);
   if (li == st.leases.end()) {  // released while the chunk ran
@@ -329,11 +339,7 @@ bool finish_local_chunk(decode_pointer self, local_prefill& p, std::vector<float
   }
   l.expires_at = self->clock().now() + std::chrono::milliseconds{l.lease_ms};  // progress renews
   if (p.next_pos < p.order.tokens.size()) return false;
-  const gpu::sampling_config sc{p.order.temperature, p.order.seed, p.order.top_k, p.order.top_p,
-                                p.order.repetition_penalty, p.order.presence_penalty};
-  const auto len = static_cast<uint32_t>(p.order.tokens.size());
-  prefill_result r{p.order.request_id, gpu::sample_token(*logits, sc, len, &p.order.tokens), {}, st.cfg.name,
-                   p.queue_us};
+  prefill_result r{p.order.request_id, token, {}, st.cfg.name, p.queue_us};
   if (p.order.return_logits) r.logits = std::move(*logits);
   std::fill(l.landed.begin(), l.landed.end(), true);
   l.num_landed = static_cast<uint32_t>(l.landed.size());
@@ -343,14 +349,14 @@ bool finish_local_chunk(decode_pointer self, local_prefill& p, std::vector<float
 }
 
 /// A step carrying local prefill chunks finished: advance each prompt; after its last chunk
-/// every layer of the lease holds the prompt's KV, so the first token is sampled and answered.
-/// `logits` are the chunks' rows, in step order.
-void on_local_chunks_done(decode_pointer self, std::vector<float>* logits) {
+/// every layer of the lease holds the prompt's KV, so the first token (picked by the executor) is
+/// answered. `logits` and `tokens` are the chunks' rows, in step order.
+void on_local_chunks_done(decode_pointer self, std::vector<float>* logits, const int32_t* tokens) {
   auto& st = self->state;
   auto p = st.local_prefills.begin();
   for (size_t k = 0; k < st.step_chunks.size() && p != st.local_prefills.end(); ++k) {
     p->next_pos += st.step_chunks[k];
-    if (finish_local_chunk(self, *p, &logits[k]))
+    if (finish_local_chunk(self, *p, &logits[k], tokens[k]))
       p = st.local_prefills.erase(p);
     else
       ++p;
@@ -391,13 +397,14 @@ void finish_seq(decode_pointer self, uint64_t lease_id, const std::string& reaso
   free_lease(self, lease_id);
 }
 
-void on_step_done(decode_pointer self, std::vector<std::vector<float>>& logits) {
+void on_step_done(decode_pointer self, std::vector<std::vector<float>>& logits, const std::vector<int32_t>& tokens) {
   auto& st = self->state;
   st.step_in_flight = false;
   ++st.num_steps;
   const double us = static_cast<double>(micros(self->clock().now() - st.step_started));
   st.recent_step_us = st.num_steps == 1 ? us : st.recent_step_us + (us - st.recent_step_us) / 16;
-  if (!st.step_chunks.empty()) on_local_chunks_done(self, &logits[st.step_leases.size()]);
+  if (!st.step_chunks.empty())
+    on_local_chunks_done(self, &logits[st.step_leases.size()], tokens.data() + st.step_leases.size());
   const auto eos = st.core.exec->config().eos_token_id;
   for (size_t row = 0; row < st.step_leases.size(); ++row) {
     const uint64_t lease_id = st.step_leases[row];
@@ -411,14 +418,7 @@ void on_step_done(decode_pointer self, std::vector<std::vector<float>>& logits) 
       continue;
     }
     l.fed.push_back(s->next_input);  // its KV is now at position s->pos
-    const gpu::sampling_config sc{l.order.temperature, l.order.seed, l.order.top_k, l.order.top_p,
-                                  l.order.repetition_penalty, l.order.presence_penalty};
-    std::vector<int32_t> history;
-    if (sc.penalised()) {  // every token before the one sampled: prompt, then what was fed
-      history = l.order.prompt_tokens;
-      history.insert(history.end(), l.fed.begin(), l.fed.end());
-    }
-    const int32_t tok = gpu::sample_token(logits[row], sc, s->pos + 1, sc.penalised() ? &history : nullptr);
+    const int32_t tok = tokens[row];  // picked by the executor (forward_seq::sample)
     ++s->num_generated;
     token_event ev{l.request_id, s->num_generated, tok, {}};
     if (l.order.return_logits) ev.logits = std::move(logits[row]);
@@ -668,7 +668,9 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
             &s.cfg.standby, *s.core.log, [=] { report_load(self); }, [] {});
       },
       [=](events_atom) { return self->state.core.log->snapshot(); },
-      [=](exec_done_atom, uint64_t, std::vector<std::vector<float>>& logits) { on_step_done(self, logits); },
+      [=](exec_done_atom, uint64_t, std::vector<std::vector<float>>& logits, std::vector<int32_t>& tokens) {
+        on_step_done(self, logits, tokens);
+      },
       [=](exec_fail_atom, uint64_t, std::string& what) {
         // A refused step fails every request in it; the rank keeps serving the others. When the
         // executor can run nothing any more, its requests fail over to other ranks instead.

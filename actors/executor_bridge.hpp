@@ -27,6 +27,22 @@
 
 namespace baton {
 
+/// An order's sampling settings (decode and prefill orders carry the same fields).
+template <class Order>
+gpu::sampling_config sampling_of(const Order& o) {
+  return {o.temperature, o.seed, o.top_k, o.top_p, o.repetition_penalty, o.presence_penalty};
+}
+
+/// forward_seq::sample for the token at `position`: the executor picks it (on the device, for
+/// greedy rows of the CUDA backend). `history` (every token before it) is copied only when
+/// penalties read it.
+template <class Order>
+gpu::seq_sampling sample_next(const Order& o, uint32_t position, const std::vector<int32_t>& history) {
+  gpu::seq_sampling s{sampling_of(o), position, {}};
+  if (s.cfg.penalised()) s.history = history;
+  return s;
+}
+
 /// The most recent events in the order they happened, across threads (seq is global to the
 /// log, so a gap shows where older events were dropped). Bounded: a rank serving for days keeps
 /// its last `capacity` events, not all of them.
@@ -93,7 +109,7 @@ public:
   void on_started(uint64_t job_id) override;
   void on_layer_kv_ready(uint64_t job_id, uint32_t layer) override;
   void on_layer_computed(uint64_t job_id, uint32_t layer) override;
-  void on_done(uint64_t job_id, std::vector<std::vector<float>> logits) override;
+  void on_done(uint64_t job_id, std::vector<std::vector<float>> logits, std::vector<int32_t> tokens) override;
   void on_failed(uint64_t job_id, std::string what) override;
 
 private:

@@ -293,8 +293,11 @@ void submit_chunk(prefill_pointer self, uint64_t rid) {
   st.job_to_request[job_id] = chunk_job{rid, end - start, r.attempt};
   ++st.chunks_in_executor;
   ++r.jobs_in_executor;
+  // The last chunk's executor picks the first token (greedy rows' logits stay on the device).
+  const bool last = end == num_tokens;
   gpu::forward_job job{job_id, {gpu::forward_seq{rid, {order.tokens.begin() + start, order.tokens.begin() + end},
-                                                 start, r.local_pages, end == num_tokens}}};
+                                                 start, r.local_pages, last && order.return_logits}}};
+  if (last) job.seqs[0].sample = sample_next(order, static_cast<uint32_t>(order.tokens.size()), order.tokens);
   if (r.load.gate && !r.load.aborted) job.seqs[0].gate = r.load.gate;  // streaming prefix: wait per layer
   st.core.exec->submit(std::move(job),
                        std::make_shared<forwarding_sink>(self->address(), std::move(on_kv_ready), std::move(on_computed),
@@ -521,7 +524,7 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
             });
       },
       [=](events_atom) { return self->state.core.log->snapshot(); },
-      [=](exec_done_atom, uint64_t job_id, std::vector<std::vector<float>>& logits) {
+      [=](exec_done_atom, uint64_t job_id, std::vector<std::vector<float>>& logits, std::vector<int32_t>& tokens) {
         auto& s = self->state;
         const auto cj = take_job(self, job_id);
         if (!cj) return;
@@ -534,12 +537,9 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
         if (cj->attempt != r.attempt) return maybe_restart(self, *rid);  // an aborted attempt's chunk
         ++r.chunks_done;
         r.tokens_left -= std::min<uint64_t>(r.tokens_left, cj->tokens);
-        if (r.chunks_done == r.num_chunks && !logits.empty() && !logits[0].empty()) {
-          const gpu::sampling_config sc{r.order.temperature, r.order.seed, r.order.top_k, r.order.top_p,
-                                        r.order.repetition_penalty, r.order.presence_penalty};
-          r.first_token =
-              gpu::sample_token(logits[0], sc, static_cast<uint32_t>(r.order.tokens.size()), &r.order.tokens);
-          if (r.order.return_logits) r.logits = std::move(logits[0]);
+        if (r.chunks_done == r.num_chunks && !tokens.empty() && tokens[0] >= 0) {
+          r.first_token = tokens[0];
+          if (r.order.return_logits && !logits.empty()) r.logits = std::move(logits[0]);
           r.have_logits = true;
           s.core.log->add({0, "first_token", *rid, cj->attempt, 0, {}, {}});
         }

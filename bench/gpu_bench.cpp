@@ -311,7 +311,9 @@ void decode_and_prefill_bench(bool quick, double read_bw_gbps, double gemm_rate)
     for (uint32_t b = 0; b < p.batch; ++b) {
       const uint32_t per = p.ctx / ps + 1;
       std::vector<uint32_t> sp(pages.begin() + b * per, pages.begin() + (b + 1) * per);
-      job.seqs.push_back(forward_seq{b, {static_cast<int32_t>(b % 1000)}, p.ctx, sp, true});
+      // As a decode rank asks: a greedy token per sequence, picked on the device, no logits back.
+      job.seqs.push_back(forward_seq{b, {static_cast<int32_t>(b % 1000)}, p.ctx, sp, false});
+      job.seqs.back().sample = seq_sampling{{}, p.ctx + 1, {}};
     }
     std::vector<double> t, gpu;
     for (int i = 0; i < (quick ? 3 : 8); ++i) {

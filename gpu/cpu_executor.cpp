@@ -172,13 +172,13 @@ private:
       sink.on_layer_computed(job.job_id, l);
     }
 
-    // LM head: one matrix product over the last row of every sequence that wants logits, so the
-    // (large) head matrix is streamed once per step, not once per sequence.
+    // LM head: one matrix product over the last row of every sequence that wants logits or a
+    // token, so the (large) head matrix is streamed once per step, not once per sequence.
     std::vector<size_t> wanting;
     size_t last_row = 0;
     for (size_t s = 0; s < job.seqs.size(); ++s) {
       last_row += job.seqs[s].tokens.size();
-      if (!job.seqs[s].want_logits) continue;
+      if (!job.seqs[s].wants_head()) continue;
       rmsnorm(act_.x.data() + (last_row - 1) * h, w.final_norm.data(), 1, h, c.rms_norm_eps,
               act_.hn.data() + wanting.size() * h);
       wanting.push_back(s);
@@ -186,9 +186,15 @@ private:
     std::vector<float> all_logits(wanting.size() * c.vocab_size);
     matmul_nt(act_.hn.data(), wanting.size(), h, w.lm_head_data(), c.vocab_size, all_logits.data(), &pool_);
     std::vector<std::vector<float>> logits(job.seqs.size());
-    for (size_t i = 0; i < wanting.size(); ++i)
-      logits[wanting[i]].assign(all_logits.begin() + i * c.vocab_size, all_logits.begin() + (i + 1) * c.vocab_size);
-    sink.on_done(job.job_id, std::move(logits));
+    std::vector<int32_t> tokens(job.seqs.size(), -1);
+    for (size_t i = 0; i < wanting.size(); ++i) {
+      const auto& s = job.seqs[wanting[i]];
+      auto& row = logits[wanting[i]];
+      row.assign(all_logits.begin() + i * c.vocab_size, all_logits.begin() + (i + 1) * c.vocab_size);
+      if (s.sample) tokens[wanting[i]] = sample_token(row, *s.sample);
+      if (!s.want_logits) std::vector<float>{}.swap(row);
+    }
+    sink.on_done(job.job_id, std::move(logits), std::move(tokens));
   }
 
   /// The pipeline's consumer end: a sequence whose cached prefix is still arriving waits here for

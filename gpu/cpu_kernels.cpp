@@ -74,6 +74,16 @@ void rows_against(const float* x, size_t m, size_t k, const float* w, size_t n0,
 
 }  // namespace
 
+void argmax_rows(const float* x, size_t rows, size_t cols, int32_t* out) {
+  for (size_t r = 0; r < rows; ++r) {
+    const float* row = x + r * cols;
+    size_t at = cols;  // none yet
+    for (size_t i = 0; i < cols; ++i)
+      if (!std::isnan(row[i]) && (at == cols || row[i] > row[at])) at = i;
+    out[r] = at == cols ? 0 : static_cast<int32_t>(at);
+  }
+}
+
 float dot_fixed(const float* a, const float* b, size_t k) {
   float out;
   const float* xs[1] = {a};

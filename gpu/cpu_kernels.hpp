@@ -12,6 +12,10 @@ namespace baton::gpu {
 
 class thread_pool;
 
+/// out[r] = the index of row r's largest value, the lowest among equal values, NaNs never chosen
+/// (0 when a row has no number): the reference of the CUDA argmax kernel.
+void argmax_rows(const float* x, size_t rows, size_t cols, int32_t* out);
+
 /// Fixed-order dot product of two length-k vectors.
 float dot_fixed(const float* a, const float* b, size_t k);
 

@@ -13,11 +13,13 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "gpu/kv_cache.hpp"
 #include "gpu/model_config.hpp"
+#include "gpu/sampling.hpp"
 
 namespace baton::gpu {
 
@@ -99,6 +101,11 @@ struct forward_seq {
   std::vector<uint32_t> pages;     ///< KV pages covering positions [0, start_pos + tokens.size())
   bool want_logits = true;         ///< logits of the last token are returned
   std::shared_ptr<const layer_gate> gate = nullptr;  ///< when set, layer l's attention waits for gate->wait(l)
+  /// When set, the executor also picks the token after the last one (on_done's tokens), whether
+  /// or not it returns the logits: the CUDA backend then keeps greedy rows' logits on the device.
+  std::optional<seq_sampling> sample = std::nullopt;
+  /// Whether the job computes this sequence's last-token logits at all.
+  bool wants_head() const { return want_logits || sample.has_value(); }
 };
 
 /// A batch: rows of all sequences go through each matrix product together.
@@ -127,8 +134,9 @@ public:
   /// Layer `layer` has finished computing (timelines and logs). The CUDA backend does not
   /// report it: nothing on its host side knows when a kernel ends without a synchronisation.
   virtual void on_layer_computed(uint64_t /*job_id*/, uint32_t /*layer*/) {}
-  /// logits[i] is sequence i's last-token logits (empty when it did not want them).
-  virtual void on_done(uint64_t job_id, std::vector<std::vector<float>> logits) = 0;
+  /// logits[i] is sequence i's last-token logits (empty when it did not want them); tokens[i] is
+  /// the token picked for it (forward_seq::sample), or -1 when it asked for none.
+  virtual void on_done(uint64_t job_id, std::vector<std::vector<float>> logits, std::vector<int32_t> tokens) = 0;
   virtual void on_failed(uint64_t job_id, std::string what) = 0;
 };
 

@@ -18,8 +18,8 @@ public:
   }
   void on_layer_kv_ready(uint64_t job_id, uint32_t layer) override { inner_->on_layer_kv_ready(job_id, layer); }
   void on_layer_computed(uint64_t job_id, uint32_t layer) override { inner_->on_layer_computed(job_id, layer); }
-  void on_done(uint64_t job_id, std::vector<std::vector<float>> logits) override {
-    inner_->on_done(job_id, std::move(logits));
+  void on_done(uint64_t job_id, std::vector<std::vector<float>> logits, std::vector<int32_t> tokens) override {
+    inner_->on_done(job_id, std::move(logits), std::move(tokens));
   }
   void on_failed(uint64_t job_id, std::string what) override { inner_->on_failed(job_id, std::move(what)); }
 
@@ -39,7 +39,7 @@ public:
   void on_layer_computed(uint64_t job_id, uint32_t layer) override {
     if (layer < layer_) inner_->on_layer_computed(job_id, layer);
   }
-  void on_done(uint64_t job_id, std::vector<std::vector<float>>) override {
+  void on_done(uint64_t job_id, std::vector<std::vector<float>>, std::vector<int32_t>) override {
     inner_->on_failed(job_id, "fault: the job failed in layer " + std::to_string(layer_) + " after its KV was announced");
   }
   void on_failed(uint64_t job_id, std::string what) override { inner_->on_failed(job_id, std::move(what)); }

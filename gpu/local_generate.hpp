@@ -14,6 +14,7 @@ namespace baton::gpu {
 struct forward_outcome {
   std::vector<std::vector<float>> logits;  ///< per sequence, as executor_sink::on_done gives them
   std::string error;                       ///< non-empty when the executor refused the job
+  std::vector<int32_t> tokens;             ///< per sequence: its picked token (forward_seq::sample), or -1
 };
 
 /// Submits one job and waits for it.

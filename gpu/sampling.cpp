@@ -66,4 +66,8 @@ int32_t sample_token(const std::vector<float>& raw, const sampling_config& cfg, 
   return static_cast<int32_t>(idx.back());
 }
 
+int32_t sample_token(const std::vector<float>& logits, const seq_sampling& s) {
+  return sample_token(logits, s.cfg, s.position, s.cfg.penalised() ? &s.history : nullptr);
+}
+
 }  // namespace baton::gpu

@@ -103,12 +103,16 @@ private:
       }
       if (layer + span < model_.num_hidden_layers) return step_layer(job, sink, layer + span, layer_ns, span);
       std::vector<std::vector<float>> logits(job->seqs.size());
-      for (size_t i = 0; i < job->seqs.size(); ++i)
-        if (job->seqs[i].want_logits) {
-          logits[i].assign(model_.vocab_size, 0.0f);
-          logits[i][static_cast<size_t>(cfg_.emitted_token) % model_.vocab_size] = 1.0f;
-        }
-      sink->on_done(job->job_id, std::move(logits));
+      std::vector<int32_t> tokens(job->seqs.size(), -1);
+      for (size_t i = 0; i < job->seqs.size(); ++i) {
+        const auto& s = job->seqs[i];
+        if (!s.wants_head()) continue;
+        logits[i].assign(model_.vocab_size, 0.0f);
+        logits[i][static_cast<size_t>(cfg_.emitted_token) % model_.vocab_size] = 1.0f;
+        if (s.sample) tokens[i] = gpu::sample_token(logits[i], *s.sample);
+        if (!s.want_logits) logits[i].clear();
+      }
+      sink->on_done(job->job_id, std::move(logits), std::move(tokens));
       job_ended();
       start_next();
     });

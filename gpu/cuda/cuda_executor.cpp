@@ -330,7 +330,7 @@ private:
           a.tile_count.push_back(std::min<uint32_t>(cuda::attention_tile_rows, static_cast<uint32_t>(s.tokens.size()) - i));
         }
       }
-      if (s.want_logits) a.want_rows.push_back(static_cast<uint32_t>(a.tokens.size()) - 1);
+      if (s.wants_head()) a.want_rows.push_back(static_cast<uint32_t>(a.tokens.size()) - 1);
       const uint32_t prefix_pages = (s.start_pos + ps - 1) / ps, end_pages = kv_.pages_for_tokens(s.start_pos + uint32_t(s.tokens.size()));
       for (uint32_t i = 0; i < prefix_pages; ++i) {
         const uint32_t p = s.pages[i];
@@ -382,7 +382,18 @@ private:
     pack(bytes, off, a.kv_slot);     // 9
     const uint64_t pe = page_elems();
     const uint32_t n = static_cast<uint32_t>(a.tokens.size()), nw = static_cast<uint32_t>(a.want_rows.size());
+    // Head rows whose logits go to the host: asked for, or sampled there (a draw, or penalties).
+    // Greedy rows are picked on the device and only their token comes back.
+    std::vector<uint32_t> host_rows;
+    for (uint32_t s = 0, k = 0; s < job.seqs.size(); ++s) {
+      const auto& q = job.seqs[s];
+      if (!q.wants_head()) continue;
+      if (q.want_logits || !q.sample->plain_greedy()) host_rows.push_back(k);
+      ++k;
+    }
     if (!ok(args_host_.grow(bytes.size()), "pin job arguments") || !ok(args_dev_.grow(bytes.size()), "allocate job arguments") ||
+        !ok(tokens_host_.grow(uint64_t{std::max(nw, 1u)} * 4), "pin tokens") ||
+        !ok(tokens_dev_.grow(uint64_t{std::max(nw, 1u)} * 4), "allocate tokens") ||
         !ok(logits_host_.grow(uint64_t{std::max(nw, 1u)} * cfg_.vocab_size * 4), "pin logits") ||
         !ok(logits_dev_.grow(uint64_t{std::max(nw, 1u)} * cfg_.vocab_size * 4), "allocate logits") ||
         !ok(staging_up_[0].grow(std::max<uint64_t>(a.upload.size(), 1) * pe * 4), "allocate upload staging") ||
@@ -497,9 +508,19 @@ private:
       ok_launch(cuda::launch_rmsnorm_cast({x_.as<float>(), reinterpret_cast<uint32_t*>(dev(6)), final_norm_.as<float>(),
                                            hn_.ptr, nw, h, cfg_.rms_norm_eps, type_}, compute_),
                 "final norm");
-      if (nw) gemm(hn_.ptr, lm_head_.ptr ? lm_head_.ptr : embed_.ptr, logits_dev_.as<float>(), nw, cfg_.vocab_size, h, 0.0f);
-      ok(cudaMemcpyAsync(logits_host_.ptr, logits_dev_.ptr, uint64_t{nw} * cfg_.vocab_size * 4, cudaMemcpyDeviceToHost, compute_),
-         "copy logits");
+      const uint64_t v = cfg_.vocab_size;
+      if (nw) {
+        gemm(hn_.ptr, lm_head_.ptr ? lm_head_.ptr : embed_.ptr, logits_dev_.as<float>(), nw, cfg_.vocab_size, h, 0.0f);
+        ok_launch(cuda::launch_argmax({logits_dev_.as<float>(), tokens_dev_.as<int32_t>(), nw, cfg_.vocab_size}, compute_),
+                  "greedy pick");
+        ok(cudaMemcpyAsync(tokens_host_.ptr, tokens_dev_.ptr, uint64_t{nw} * 4, cudaMemcpyDeviceToHost, compute_),
+           "copy picked tokens");
+      }
+      for_runs(host_rows, [&](size_t i, size_t count) {
+        ok(cudaMemcpyAsync(static_cast<float*>(logits_host_.ptr) + host_rows[i] * v, logits_dev_.as<float>() + host_rows[i] * v,
+                           count * v * 4, cudaMemcpyDeviceToHost, compute_),
+           "copy logits");
+      });
     }
     // The job's end: the one place the host waits for the device.
     ok(cudaStreamSynchronize(compute_), "run the job");
@@ -515,13 +536,21 @@ private:
     for (const auto& s : job.seqs)
       for (auto p : s.pages) dev_gen_[p] = gen_at_start[g++];
     std::vector<std::vector<float>> logits(job.seqs.size());
+    std::vector<int32_t> tokens(job.seqs.size(), -1);
     const float* lh = static_cast<const float*>(logits_host_.ptr);
-    for (size_t s = 0, k = 0; s < job.seqs.size(); ++s)
-      if (job.seqs[s].want_logits) {
-        logits[s].assign(lh + k * cfg_.vocab_size, lh + (k + 1) * cfg_.vocab_size);
-        ++k;
-      }
-    sink.on_done(job.job_id, std::move(logits));
+    const auto* picked = static_cast<const int32_t*>(tokens_host_.ptr);
+    for (size_t s = 0, k = 0; s < job.seqs.size(); ++s) {
+      const auto& q = job.seqs[s];
+      if (!q.wants_head()) continue;
+      const float* row = lh + k * cfg_.vocab_size;
+      if (q.want_logits) logits[s].assign(row, row + cfg_.vocab_size);
+      if (q.sample)
+        tokens[s] = q.sample->plain_greedy() ? picked[k]
+                    : q.want_logits         ? sample_token(logits[s], *q.sample)
+                                            : sample_token(std::vector<float>(row, row + cfg_.vocab_size), *q.sample);
+      ++k;
+    }
+    sink.on_done(job.job_id, std::move(logits), std::move(tokens));
   }
 
   void collect_timeline(cudaEvent_t* tl, uint32_t L, bool no_upload) {
@@ -561,9 +590,9 @@ private:
 
   device_buffer kv_dev_, inv_freq_, embed_, lm_head_, final_norm_;
   std::vector<device_layer> layers_;
-  device_buffer x_, hn_, qkv_, attn_, gu_, act_, logits_dev_, args_dev_, partial_;
+  device_buffer x_, hn_, qkv_, attn_, gu_, act_, logits_dev_, tokens_dev_, args_dev_, partial_;
   device_buffer staging_up_[2], staging_send_[2];
-  pinned_buffer args_host_, logits_host_;
+  pinned_buffer args_host_, logits_host_, tokens_host_;
 
   mutable std::mutex timeline_mutex_;
   std::vector<stream_span> timeline_;

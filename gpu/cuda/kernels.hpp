@@ -165,6 +165,17 @@ struct kv_pages_params {
 int launch_kv_gather(const kv_pages_params& p, void* stream);
 int launch_kv_scatter(const kv_pages_params& p, void* stream);
 
+/// Greedy sampling on the device: out[r] = the index of row r's largest value, the lowest index
+/// among equal values, NaNs never chosen (0 for a row without a number). Without NaNs this is
+/// sample_token's greedy pick, so a decode step returns a token per row instead of its logits.
+struct argmax_params {
+  const float* x;  ///< device, [rows][cols] fp32 (logits)
+  int32_t* out;    ///< device, [rows]
+  uint32_t rows;
+  uint32_t cols;   ///< the vocabulary
+};
+int launch_argmax(const argmax_params& p, void* stream);
+
 /// Read-only bandwidth probe: sums n 16-byte vectors (the HBM floor's ceiling).
 struct read_probe_params {
   const void* x;

@@ -4,6 +4,7 @@
 #include <mutex>
 #include <thread>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <numeric>
@@ -254,4 +255,63 @@ TEST_CASE("sampling: top-k 1 and a tiny top-p are greedy, penalties move a seen 
   // The same (seed, position) draws the same token; another seed may not.
   gpu::sampling_config a{1.0f, 42}, b{1.0f, 42};
   for (uint32_t pos = 0; pos < 20; ++pos) CHECK(gpu::sample_token(logits, a, pos) == gpu::sample_token(logits, b, pos));
+}
+
+TEST_CASE("the executor picks each sequence's token by sample_token's rules, and returns logits only where asked") {
+  auto exec = tiny_executor(2);
+  auto& kv = exec->kv();
+  const std::vector<std::vector<int32_t>> prompts = {prompt("greedy"), prompt("drawn at a temperature"),
+                                                     prompt("penalised repeats"), prompt("logits only")};
+  std::vector<std::vector<uint32_t>> pages;
+  forward_job plain{1, {}};
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    pages.push_back(*kv.kv_page_alloc(2));
+    plain.seqs.push_back({i, prompts[i], 0, pages[i], true});
+  }
+  const auto ref = run_blocking(*exec, plain);  // every row's logits, picked by nobody
+  REQUIRE(ref.error.empty());
+  CHECK(ref.tokens == std::vector<int32_t>(prompts.size(), -1));
+
+  std::vector<seq_sampling> how(3);
+  how[1].cfg = {0.8f, 5, 10, 0.95f};
+  how[2].cfg.presence_penalty = 1000.0f;  // no token of the prompt can be picked
+  how[2].history = prompts[2];
+  forward_job sampled = plain;
+  sampled.job_id = 2;
+  for (size_t i = 0; i < how.size(); ++i) {
+    how[i].position = static_cast<uint32_t>(prompts[i].size());
+    sampled.seqs[i].sample = how[i];
+    sampled.seqs[i].want_logits = i == 1;  // a token and its logits, or a token alone
+  }
+  const auto got = run_blocking(*exec, sampled);
+  REQUIRE(got.error.empty());
+  REQUIRE(got.tokens.size() == prompts.size());
+  for (size_t i = 0; i < how.size(); ++i) {
+    CAPTURE(i);
+    CHECK(got.tokens[i] == sample_token(ref.logits[i], how[i]));
+    CHECK(got.logits[i].empty() == (i != 1));
+  }
+  CHECK(test::same_bits(got.logits[1], ref.logits[1]));
+  CHECK(test::same_bits(got.logits[3], ref.logits[3]));
+  CHECK(got.tokens[3] == -1);
+  int32_t argmax = -1;
+  argmax_rows(ref.logits[0].data(), 1, ref.logits[0].size(), &argmax);
+  CHECK(got.tokens[0] == argmax);
+  // The history reached the penalty: the pick is none of the prompt's tokens.
+  CHECK(std::find(prompts[2].begin(), prompts[2].end(), got.tokens[2]) == prompts[2].end());
+}
+
+TEST_CASE("argmax_rows is sample_token's greedy pick: ties to the lowest id, NaNs never chosen") {
+  const std::vector<float> rows = {1.0f, 3.0f, 3.0f, -1.0f,  //
+                                   -INFINITY, -INFINITY, -INFINITY, -INFINITY,  //
+                                   NAN, 2.0f, NAN, 5.0f,  //
+                                   NAN, NAN, NAN, NAN};
+  int32_t out[4];
+  argmax_rows(rows.data(), 4, 4, out);
+  CHECK(out[0] == 1);
+  CHECK(out[1] == 0);
+  CHECK(out[2] == 3);
+  CHECK(out[3] == 0);
+  for (size_t r = 0; r < 2; ++r)
+    CHECK(out[r] == sample_token(std::vector<float>(rows.begin() + r * 4, rows.begin() + (r + 1) * 4), sampling_config{}, 0));
 }

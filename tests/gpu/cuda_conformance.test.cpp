@@ -304,3 +304,31 @@ TEST_CASE("cuda gemv equals the CPU matmul for 1 to 8 rows, and a row's bits do 
     CHECK(cuda::launch_gemv({nullptr, nullptr, nullptr, 8, n, 16384, 0.0f, type}, nullptr) != 0);
   }
 }
+
+TEST_CASE("cuda argmax equals the CPU reference: ties to the lowest index, NaNs never chosen, rows of any width" *
+          doctest::skip(cuda::device_count() == 0)) {
+  for (const uint32_t cols : {5u, 1000u, 151936u}) {  // fewer than a warp; not a multiple of the block; Qwen's vocab
+    CAPTURE(cols);
+    const uint32_t rows = 7;
+    auto x = wavy(uint64_t{rows} * cols, 0.37f, 0.1f, 4.0f);
+    auto row = [&](uint32_t r) { return x.data() + uint64_t{r} * cols; };
+    row(1)[cols / 3] = row(1)[cols - 1] = 9.0f;                // a tie: the lower index wins
+    std::fill(row(2), row(2) + cols, -INFINITY);              // nothing above -inf: index 0
+    row(3)[0] = row(3)[cols / 2] = NAN;                       // NaNs, then the maximum elsewhere
+    row(3)[cols - 2] = 8.0f;
+    std::fill(row(4), row(4) + cols, 0.5f);                   // all equal: index 0
+    row(5)[cols - 1] = 100.0f;                                // the last column
+    std::fill(row(6), row(6) + cols, NAN);                    // no number at all: 0
+    std::vector<int32_t> ref(rows);
+    argmax_rows(x.data(), rows, cols, ref.data());
+    CHECK(ref[1] == static_cast<int32_t>(cols / 3));
+    CHECK(ref[2] == 0);
+    CHECK(ref[3] == static_cast<int32_t>(cols - 2));
+    CHECK(ref[4] == 0);
+    CHECK(ref[5] == static_cast<int32_t>(cols - 1));
+    CHECK(ref[6] == 0);
+    dev_vec dx{x}, dout{rows * 4};
+    REQUIRE(cuda::launch_argmax({dx.as<float>(), dout.as<int32_t>(), rows, cols}, nullptr) == 0);
+    CHECK(dout.get<int32_t>(rows) == ref);
+  }
+}

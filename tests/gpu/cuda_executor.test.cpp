@@ -244,3 +244,39 @@ TEST_CASE("cuda executor: what sharing a batch does to a sequence's logits (repo
   MESSAGE("batch of 1 vs batch of 2: max |dlogit| " << max_diff(alone.logits[0], shared.logits[1]) << same);
   CHECK(max_diff(alone.logits[0], shared.logits[1]) <= 0.05f * max_abs(alone.logits[0]));
 }
+
+TEST_CASE("cuda executor picks greedy tokens on the device as sample_token picks them from its own logits, samples the "
+          "other rows by the same rules, and returns logits only where asked" * doctest::skip(no_gpu)) {
+  auto m = load(source_dir() + "/models/baton-kjv-tiny");
+  for (bool bf16 : {false, true}) {
+    CAPTURE(bf16);
+    auto e = cuda_exec(m, bf16, 128);
+    auto& kv = e->kv();
+    forward_job plain{1, {}};
+    for (uint32_t i = 0; i < 5; ++i)
+      plain.seqs.push_back({i, some_prompt(9 + 7 * i, m.config.vocab_size), 0, *kv.kv_page_alloc(4), true});
+    const auto ref = run_blocking(*e, plain);
+    REQUIRE(ref.error.empty());
+    // greedy without logits (the device's pick), greedy with logits, a draw, penalties, no pick
+    std::vector<seq_sampling> how(4);
+    how[2].cfg = {0.9f, 11, 20, 0.9f};
+    how[3].cfg.presence_penalty = 1000.0f;
+    how[3].history = plain.seqs[3].tokens;
+    forward_job sampled = plain;
+    sampled.job_id = 2;
+    for (size_t i = 0; i < how.size(); ++i) {
+      how[i].position = static_cast<uint32_t>(plain.seqs[i].tokens.size());
+      sampled.seqs[i].sample = how[i];
+      sampled.seqs[i].want_logits = i == 1;
+    }
+    const auto got = run_blocking(*e, sampled);
+    REQUIRE(got.error.empty());
+    for (size_t i = 0; i < how.size(); ++i) {
+      CAPTURE(i);
+      CHECK(got.tokens[i] == sample_token(ref.logits[i], how[i]));
+      CHECK(got.logits[i].empty() == (i != 1));
+    }
+    CHECK(got.tokens[4] == -1);
+    CHECK(got.logits[4].size() == m.config.vocab_size);
+  }
+}
