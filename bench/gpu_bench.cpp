@@ -8,6 +8,8 @@
 //    pinned host pool, with and without the per-layer sends; a per-stream timeline summary.
 // 2. Decode step time at several batches and contexts against the HBM floor (issue 12).
 // 3. Prefill TFLOP/s at 1K and 8K tokens against the GEMM rate (issue 12).
+// 4. The price of batch invariance: the executor's products (fixed_gemm: one cuBLASLt algorithm
+//    per row bucket, no split-K) against cuBLAS GemmEx's own pick, same shapes, same run.
 // Prints a summary table last. Exits 2 without a GPU.
 
 #include <cublas_v2.h>
@@ -27,6 +29,7 @@
 #include <vector>
 
 #include "bench/bench_stats.hpp"
+#include "gpu/cuda/fixed_gemm.hpp"
 #include "gpu/cuda/kernels.hpp"
 #include "gpu/cuda_executor.hpp"
 #include "gpu/local_generate.hpp"
@@ -109,6 +112,84 @@ double gemm_tflops(uint32_t m, uint32_t n, uint32_t k, int reps) {
   cudaFree(c);
   cublasDestroy(h);
   return 2.0 * m * n * k / (median(t) * 1e-3) / 1e12;
+}
+
+/// Llama-3-8B's four products at several row counts: TFLOP/s of fixed_gemm against GemmEx's
+/// default pick, and whether they agree (max |Δ| over the first 64 rows, relative to the largest
+/// output).
+void invariant_gemm_bench(bool quick) {
+  struct shape {
+    const char* name;
+    uint32_t n, k;
+  };
+  const shape shapes[] = {{"qkv", 6144, 4096}, {"o", 4096, 4096}, {"gate|up", 28672, 4096}, {"down", 4096, 14336}};
+  const std::vector<uint32_t> rows = quick ? std::vector<uint32_t>{64, 2048} : std::vector<uint32_t>{16, 64, 256, 512, 2048, 8192};
+  std::string why;
+  auto fixed = cuda::fixed_gemm::create(cuda::dtype::bf16, &why);
+  if (!fixed) {
+    std::printf("fixed_gemm: %s\n", why.c_str());
+    return;
+  }
+  cublasHandle_t h;
+  CK(cublasCreate(&h));
+  const uint32_t m_max = rows.back(), n_max = 28672, k_max = 14336;
+  void *a, *w, *y1, *y2;
+  CK(cudaMalloc(&a, uint64_t{m_max} * k_max * 2));
+  CK(cudaMalloc(&w, uint64_t{n_max} * k_max * 2));
+  CK(cudaMalloc(&y1, uint64_t{m_max} * n_max * 4));
+  CK(cudaMalloc(&y2, uint64_t{m_max} * n_max * 4));
+  CK(cuda::launch_fill_random({a, cuda::dtype::bf16, uint64_t{m_max} * k_max, 3, 1.0f, 0.0f}, nullptr));
+  CK(cuda::launch_fill_random({w, cuda::dtype::bf16, uint64_t{n_max} * k_max, 4, 0.02f, 0.0f}, nullptr));
+  std::printf("\nbatch-invariant products (fixed_gemm) vs cuBLAS GemmEx's own pick, bf16 in, fp32 out\n");
+  std::printf("%-8s %6s %14s %14s %8s %12s  %s\n", "product", "rows", "fixed TFLOP/s", "GemmEx TFLOP/s", "ratio",
+              "max rel diff", "algorithm");
+  double fixed_ms = 0, ex_ms = 0;
+  for (const auto& s : shapes)
+    for (uint32_t m : rows) {
+      const float alpha = 1, beta = 0;
+      auto run_fixed = [&] {
+        if (auto e = fixed->run(a, w, static_cast<float*>(y1), m, s.n, s.k, 0.0f, nullptr); !e.empty()) {
+          std::fprintf(stderr, "baton_bench_gpu: %s\n", e.c_str());
+          std::exit(1);
+        }
+      };
+      auto run_ex = [&] {
+        CK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, s.n, m, s.k, &alpha, w, CUDA_R_16BF, s.k, a, CUDA_R_16BF, s.k, &beta,
+                        y2, CUDA_R_32F, s.n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      };
+      auto time = [&](auto&& fn) {
+        for (int i = 0; i < 2; ++i) fn();
+        std::vector<double> t;
+        timer tm;
+        for (int i = 0; i < (quick ? 3 : 7); ++i) {
+          tm.start();
+          fn();
+          t.push_back(tm.stop_ms());
+        }
+        return median(t);
+      };
+      const double tf = time(run_fixed), te = time(run_ex);
+      fixed_ms += tf;
+      ex_ms += te;
+      std::vector<float> r1(uint64_t{std::min(m, 64u)} * s.n), r2(r1.size());  // the first rows suffice
+      CK(cudaMemcpy(r1.data(), y1, r1.size() * 4, cudaMemcpyDeviceToHost));
+      CK(cudaMemcpy(r2.data(), y2, r2.size() * 4, cudaMemcpyDeviceToHost));
+      float diff = 0, big = 0;
+      for (size_t i = 0; i < r1.size(); ++i) {
+        diff = std::max(diff, std::abs(r1[i] - r2[i]));
+        big = std::max(big, std::abs(r2[i]));
+      }
+      const double flop = 2.0 * m * s.n * s.k;
+      std::printf("%-8s %6u %14.1f %14.1f %8.2f %12.2e  %s\n", s.name, m, flop / tf / 1e9, flop / te / 1e9, te / tf,
+                  big > 0 ? diff / big : 0.0, fixed->describe(m, s.n, s.k).c_str());
+      json << "{\"bench\":\"invariant_gemm\",\"product\":\"" << s.name << "\",\"rows\":" << m
+           << ",\"fixed_ms\":" << tf << ",\"gemmex_ms\":" << te << ",\"max_rel_diff\":" << (big > 0 ? diff / big : 0.0)
+           << "}\n";
+    }
+  row("batch-invariant products, all shapes above", fmt("%.2f x GemmEx's time", fixed_ms / ex_ms),
+      "cuBLAS GemmEx default pick, same run");
+  for (void* p : {a, w, y1, y2}) cudaFree(p);
+  cublasDestroy(h);
 }
 
 double read_gbps(uint64_t bytes) {
@@ -391,6 +472,7 @@ int main(int argc, char** argv) {
   row("ceiling: pinned host->device, 1 GiB / 128 KiB copies", fmt("%.1f / ", h2d_big) + fmt("%.1f GB/s", h2d_page), "");
   overlap_bench(quick, h2d_big, h2d_page);
   decode_and_prefill_bench(quick, rd, gemm);
+  invariant_gemm_bench(quick);
   std::printf("\n| %-58s | %-30s | %-40s |\n", "measure", "value", "against");
   for (const auto& r : summary) std::printf("%s\n", r.c_str());
   if (!json_path.empty()) std::ofstream{json_path} << json.str();

@@ -3,17 +3,15 @@
 
 #include "gpu/cuda_executor.hpp"
 
-#include <cublasLt.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <map>
 #include <mutex>
-#include <tuple>
 #include <unordered_map>
 
+#include "gpu/cuda/fixed_gemm.hpp"
 #include "gpu/cuda/kernels.hpp"
 #include "gpu/hf_model.hpp"
 #include "gpu/job_queue.hpp"
@@ -115,8 +113,6 @@ public:
     stop();
     if (host_registered_) cudaHostUnregister(kv_.data());
     for (auto* e : events_) cudaEventDestroy(e);
-    if (lt_op_) cublasLtMatmulDescDestroy(lt_op_);
-    if (lt_) cublasLtDestroy(lt_);
     for (auto s : {compute_, copy_, send_})
       if (s) cudaStreamDestroy(s);
   }
@@ -141,12 +137,8 @@ public:
         !ok(cudaStreamCreateWithPriority(&copy_, cudaStreamNonBlocking, greatest), "create a stream") ||
         !ok(cudaStreamCreateWithPriority(&send_, cudaStreamNonBlocking, greatest), "create a stream"))
       return err_;
-    if (cublasLtCreate(&lt_) != CUBLAS_STATUS_SUCCESS ||
-        cublasLtMatmulDescCreate(&lt_op_, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS)
-      return "cuBLASLt could not start";
-    const cublasOperation_t transposed = CUBLAS_OP_T, plain = CUBLAS_OP_N;
-    cublasLtMatmulDescSetAttribute(lt_op_, CUBLASLT_MATMUL_DESC_TRANSA, &transposed, sizeof transposed);
-    cublasLtMatmulDescSetAttribute(lt_op_, CUBLASLT_MATMUL_DESC_TRANSB, &plain, sizeof plain);
+    std::string why;
+    if (!(gemm_ = cuda::fixed_gemm::create(type_, &why))) return why;
     const uint32_t L = cfg_.num_hidden_layers;
     for (uint32_t i = 0; i < 2 * L + 1 + (ecfg_.record_timeline ? 7 * L : 0); ++i) {
       cudaEvent_t e;
@@ -302,101 +294,17 @@ private:
   }
 
   /// y[m][n] (fp32) = beta·y + a[m][k] · w[n][k]ᵀ, a and w of `type_`. A few rows go to our own
-  /// weight-streaming kernel; more to cuBLASLt with the algorithm fixed for the row bucket (see
-  /// row_bucket), where row-major on both sides is its column-major yᵀ = w · aᵀ.
+  /// weight-streaming kernel; more to cuBLASLt with one algorithm per row bucket (fixed_gemm), so
+  /// that a row's bits do not depend on its batch within a bucket.
   bool gemm(const void* a, const void* w, float* y, uint32_t m, uint32_t n, uint32_t k, float beta) {
     if (m <= cuda::gemv_max_rows && k % (16 / cuda::dtype_bytes(type_)) == 0 &&
         uint64_t{m} * k * cuda::dtype_bytes(type_) <= cuda::gemv_max_input_bytes)  // decode-sized: stream the weights once
       return ok_launch(cuda::launch_gemv({a, w, y, m, n, k, beta, type_}, compute_), "gemv");
-    const auto* plan = gemm_plan(n, k, row_bucket(m));
-    if (!plan) return false;
-    const float alpha = 1.0f;
-    const lt_layouts lay{*this, m, n, k};
-    const auto rc = cublasLtMatmul(lt_, lt_op_, &alpha, w, lay.w, a, lay.a, &beta, y, lay.y, y, lay.y, &plan->algo,
-                                   nullptr, 0, compute_);
-    if (rc != CUBLAS_STATUS_SUCCESS && err_.empty())
-      err_ = "cuBLASLt matmul of " + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) +
-             " failed (status " + std::to_string(rc) + ")";
-    return rc == CUBLAS_STATUS_SUCCESS;
-  }
-
-  /// Batch invariance for products of more rows than the weight-streaming kernel takes. cuBLAS
-  /// picks its kernel by shape, so a row's bits could change whenever its batch grew by one row.
-  /// Instead each (weight shape, row bucket) gets one cuBLASLt algorithm, chosen once for the
-  /// bucket's largest size, with no split-K and no workspace (nothing that reduces over k in an
-  /// order that depends on the grid): within a bucket a row's result does not depend on how many
-  /// rows share the product. Crossing a bucket's edge may still change it; the buckets are few so
-  /// that each keeps a kernel fit for its sizes.
-  static uint32_t row_bucket(uint32_t m) {
-    for (uint32_t edge : {64u, 512u})
-      if (m <= edge) return edge;
-    return 8192;
-  }
-  static uint32_t bucket_floor(uint32_t bucket) { return bucket == 64 ? cuda::gemv_max_rows + 1 : bucket == 512 ? 65 : 513; }
-
-  /// The three matrix layouts of one product, column-major as cuBLASLt sees them.
-  struct lt_layouts {
-    cublasLtMatrixLayout_t w = nullptr, a = nullptr, y = nullptr;
-    lt_layouts(const cuda_executor& x, uint32_t m, uint32_t n, uint32_t k) {
-      const auto t = x.type_ == dtype::bf16 ? CUDA_R_16BF : CUDA_R_32F;
-      cublasLtMatrixLayoutCreate(&w, t, k, n, k);            // w[n][k]: k x n, transposed by the op
-      cublasLtMatrixLayoutCreate(&a, t, k, m, k);            // a[m][k]: k x m
-      cublasLtMatrixLayoutCreate(&y, CUDA_R_32F, n, m, n);   // y[m][n]: n x m
+    if (auto e = gemm_->run(a, w, y, m, n, k, beta, compute_); !e.empty()) {
+      if (err_.empty()) err_ = std::move(e);
+      return false;
     }
-    ~lt_layouts() {
-      for (auto l : {w, a, y})
-        if (l) cublasLtMatrixLayoutDestroy(l);
-    }
-    lt_layouts(const lt_layouts&) = delete;
-    lt_layouts& operator=(const lt_layouts&) = delete;
-  };
-
-  struct lt_plan {
-    cublasLtMatmulAlgo_t algo{};
-    bool ok = false;
-  };
-
-  /// The bucket's algorithm for an n x k weight: cuBLASLt's best heuristic candidate at the
-  /// bucket's largest size that, with split-K forced off, also runs at its smallest. Null (and
-  /// err_ set) when none does.
-  const lt_plan* gemm_plan(uint32_t n, uint32_t k, uint32_t bucket) {
-    const auto key = std::make_tuple(n, k, bucket);
-    if (auto i = lt_plans_.find(key); i != lt_plans_.end()) return i->second.ok ? &i->second : nullptr;
-    lt_plan& plan = lt_plans_[key];
-    cublasLtMatmulPreference_t pref = nullptr;
-    cublasLtMatmulPreferenceCreate(&pref);
-    const uint64_t no_workspace = 0;
-    const uint32_t no_reduction = CUBLASLT_REDUCTION_SCHEME_NONE;
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &no_workspace, sizeof no_workspace);
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &no_reduction, sizeof no_reduction);
-    cublasLtMatmulHeuristicResult_t found[16];
-    int count = 0;
-    {
-      const lt_layouts big{*this, bucket, n, k};
-      cublasLtMatmulAlgoGetHeuristic(lt_, lt_op_, big.w, big.a, big.y, big.y, pref, 16, found, &count);
-    }
-    cublasLtMatmulPreferenceDestroy(pref);
-    const lt_layouts big{*this, bucket, n, k}, small{*this, bucket_floor(bucket), n, k};
-    for (int i = 0; i < count && !plan.ok; ++i) {
-      if (found[i].state != CUBLAS_STATUS_SUCCESS) continue;
-      auto algo = found[i].algo;
-      const int32_t one_split = 1;
-      cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one_split, sizeof one_split);
-      cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &no_reduction, sizeof no_reduction);
-      cublasLtMatmulHeuristicResult_t check{};
-      if (cublasLtMatmulAlgoCheck(lt_, lt_op_, big.w, big.a, big.y, big.y, &algo, &check) != CUBLAS_STATUS_SUCCESS ||
-          check.workspaceSize > 0 ||
-          cublasLtMatmulAlgoCheck(lt_, lt_op_, small.w, small.a, small.y, small.y, &algo, &check) != CUBLAS_STATUS_SUCCESS ||
-          check.workspaceSize > 0)
-        continue;
-      plan.algo = algo;
-      plan.ok = true;
-    }
-    if (!plan.ok && err_.empty())
-      err_ = "cuBLASLt offers no algorithm without split-K or workspace for a " + std::to_string(n) + "x" +
-             std::to_string(k) + " weight and up to " + std::to_string(bucket) + " rows (" + std::to_string(count) +
-             " candidates)";
-    return plan.ok ? &plan : nullptr;
+    return true;
   }
 
   // ---- jobs -------------------------------------------------------------------------------
@@ -674,9 +582,7 @@ private:
   uint64_t weight_bytes_ = 0;
 
   cudaStream_t compute_ = nullptr, copy_ = nullptr, send_ = nullptr;
-  cublasLtHandle_t lt_ = nullptr;
-  cublasLtMatmulDesc_t lt_op_ = nullptr;  ///< fp32 compute and output, yᵀ = wᵀᵀ · aᵀ
-  std::map<std::tuple<uint32_t, uint32_t, uint32_t>, lt_plan> lt_plans_;  ///< (n, k, bucket): touched by the job thread only
+  std::unique_ptr<cuda::fixed_gemm> gemm_;  ///< products of many rows (the job thread only)
   std::vector<cudaEvent_t> events_;
 
   device_buffer kv_dev_, inv_freq_, embed_, lm_head_, final_norm_;

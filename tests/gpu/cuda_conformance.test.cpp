@@ -5,9 +5,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <memory>
 #include <vector>
 
 #include "gpu/cpu_kernels.hpp"
+#include "gpu/cuda/fixed_gemm.hpp"
 #include "gpu/cuda/kernels.hpp"
 #include "tests/test_util.hpp"
 
@@ -330,5 +333,50 @@ TEST_CASE("cuda argmax equals the CPU reference: ties to the lowest index, NaNs 
     dev_vec dx{x}, dout{rows * 4};
     REQUIRE(cuda::launch_argmax({dx.as<float>(), dout.as<int32_t>(), rows, cols}, nullptr) == 0);
     CHECK(dout.get<int32_t>(rows) == ref);
+  }
+}
+
+TEST_CASE("cuda fixed_gemm equals the CPU matmul, and within a row bucket a row's bits do not depend on how many rows "
+          "share the product" * doctest::skip(cuda::device_count() == 0)) {
+  std::string why;
+  for (const auto type : {cuda::dtype::f32, cuda::dtype::bf16}) {
+    CAPTURE(static_cast<int>(type));
+    auto g = cuda::fixed_gemm::create(type, &why);
+    REQUIRE_MESSAGE(g, why);
+    const uint32_t n = 384, k = 256, most = 600;
+    auto a = wavy(uint64_t{most} * k, 0.13f, 0.4f), w = wavy(uint64_t{n} * k, 0.29f, 0.1f, 0.1f);
+    if (type == cuda::dtype::bf16) {  // the CPU reference sees what the device holds
+      a = through_bf16(a);
+      w = through_bf16(w);
+    }
+    auto on_device = [&](const std::vector<float>& v) {
+      auto d = std::make_unique<dev_vec>(v.size() * cuda::dtype_bytes(type));
+      dev_vec f32{v};
+      REQUIRE(cuda::launch_convert({f32.ptr, cuda::dtype::f32, d->ptr, type, v.size()}, nullptr) == 0);
+      return d;
+    };
+    auto da = on_device(a), dw = on_device(w);
+    dev_vec dy{uint64_t{most} * n * 4};
+    std::map<uint32_t, std::vector<float>> rows_of;  // m -> its first 9 rows' outputs
+    for (const uint32_t m : {9u, 40u, 64u, 65u, 300u, 512u, 513u, 600u}) {
+      CAPTURE(m);
+      REQUIRE(g->run(da->ptr, dw->ptr, dy.as<float>(), m, n, k, 0.0f, nullptr) == "");
+      auto y = dy.get<float>(uint64_t{m} * n);
+      std::vector<float> ref(uint64_t{m} * n);
+      matmul_nt(a.data(), m, k, w.data(), n, ref.data(), nullptr);
+      CHECK(max_abs_diff(y, ref) <= 1e-3f);
+      rows_of[m].assign(y.begin(), y.begin() + 9 * n);
+      MESSAGE(g->describe(m, n, k));
+    }
+    CHECK(test::same_bits(rows_of[9], rows_of[40]));    // bucket 1..64
+    CHECK(test::same_bits(rows_of[9], rows_of[64]));
+    CHECK(test::same_bits(rows_of[65], rows_of[300]));  // bucket 65..512
+    CHECK(test::same_bits(rows_of[65], rows_of[512]));
+    CHECK(test::same_bits(rows_of[513], rows_of[600]));  // bucket 513..
+    // beta = 1 accumulates (the residual add of the o- and down-projections)
+    REQUIRE(g->run(da->ptr, dw->ptr, dy.as<float>(), 40, n, k, 0.0f, nullptr) == "");
+    REQUIRE(g->run(da->ptr, dw->ptr, dy.as<float>(), 40, n, k, 1.0f, nullptr) == "");
+    auto twice = dy.get<float>(uint64_t{40} * n);
+    for (size_t i = 0; i < 9 * n; ++i) CHECK_MESSAGE(twice[i] == rows_of[40][i] + rows_of[40][i], "element " << i);
   }
 }
