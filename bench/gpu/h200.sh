@@ -39,7 +39,10 @@ else
 fi
 
 say "== conformance: every kernel against its CPU reference, the executor against transformers"
-"$gpu_tests" --source-dir="$root" $ref_flag -s --duration=true 2>&1 | tee "$out/conformance.txt" | grep -E -A1 "MESSAGE|ERROR|test cases|assertions" | tee -a "$log"
+# Cases in the doctest suite "unverified" were written in sessions without a GPU: they run after
+# the gate below, and their failures are reported without stopping the timings, so that one new
+# case cannot cost a session's device time. Move a case out of that suite once it has passed here.
+"$gpu_tests" --source-dir="$root" $ref_flag -s --duration=true -tse=unverified 2>&1 | tee "$out/conformance.txt" | grep -E -A1 "MESSAGE|ERROR|test cases|assertions" | tee -a "$log"
 if ldd "$gpu_tests" | grep -q "not found"; then
   say "conformance binary cannot load its libraries:"; ldd "$gpu_tests" | grep "not found" | tee -a "$log"
 fi
@@ -48,6 +51,13 @@ if grep -q "Status: FAILURE" "$out/conformance.txt" || ! grep -q "test cases:" "
   grep -B3 -A12 "ERROR" "$out/conformance.txt" | head -150 | tee -a "$log"
   grep -q "test cases:" "$out/conformance.txt" || tail -20 "$out/conformance.txt" | tee -a "$log"  # it did not run
   exit 1
+fi
+say "== conformance, cases not yet run on a GPU before (suite unverified): reported, not a gate"
+"$gpu_tests" --source-dir="$root" $ref_flag -s --duration=true -ts=unverified 2>&1 | tee "$out/conformance-unverified.txt" | grep -E -A1 "MESSAGE|ERROR|test cases|assertions" | tee -a "$log"
+if grep -q "Status: FAILURE" "$out/conformance-unverified.txt" || ! grep -q "test cases:" "$out/conformance-unverified.txt"; then
+  say "UNVERIFIED CASES FAILED (timings go on; fix these first next time):"
+  grep -B3 -A12 "ERROR" "$out/conformance-unverified.txt" | head -100 | tee -a "$log"
+  unverified_failed=1
 fi
 
 say "== the main job on the GPU: baton local --executor cuda (built-in model)"
@@ -100,6 +110,7 @@ else
 fi
 
 say "== summary"
+[ -n "${unverified_failed:-}" ] && say "conformance: the gate passed; cases of suite unverified FAILED (above)"
 grep -E "^answers|^handoff|^nccl: \|" "$log"
 grep -E "^\| |^ceilings|^prefix upload|^prefill" "$out/bench.txt" | tee -a "$log"
 rm -rf "$refs"

@@ -3,10 +3,13 @@
 
 #include "gpu/cuda_executor.hpp"
 
+#include <cublas_v2.h>
+
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <unordered_map>
@@ -113,6 +116,7 @@ public:
     stop();
     if (host_registered_) cudaHostUnregister(kv_.data());
     for (auto* e : events_) cudaEventDestroy(e);
+    if (blas_) cublasDestroy(blas_);
     for (auto s : {compute_, copy_, send_})
       if (s) cudaStreamDestroy(s);
   }
@@ -300,11 +304,28 @@ private:
     if (m <= cuda::gemv_max_rows && k % (16 / cuda::dtype_bytes(type_)) == 0 &&
         uint64_t{m} * k * cuda::dtype_bytes(type_) <= cuda::gemv_max_input_bytes)  // decode-sized: stream the weights once
       return ok_launch(cuda::launch_gemv({a, w, y, m, n, k, beta, type_}, compute_), "gemv");
-    if (auto e = gemm_->run(a, w, y, m, n, k, beta, compute_); !e.empty()) {
-      if (err_.empty()) err_ = std::move(e);
-      return false;
+    if (gemm_) {
+      auto e = gemm_->run(a, w, y, m, n, k, beta, compute_);
+      if (e.empty()) return true;
+      // Products must go on: say once that batch invariance is lost, and use cuBLAS's own pick.
+      std::fprintf(stderr, "baton: cuda executor: %s; matrix products fall back to cuBLAS GemmEx, without batch "
+                   "invariance\n", e.c_str());
+      gemm_.reset();
     }
-    return true;
+    if (!blas_) {
+      if (cublasCreate(&blas_) != CUBLAS_STATUS_SUCCESS) {
+        if (err_.empty()) err_ = "cuBLAS could not start";
+        return false;
+      }
+      cublasSetStream(blas_, compute_);
+    }
+    const float alpha = 1.0f;
+    const auto t = type_ == dtype::bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    const auto rc = cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+                                 static_cast<int>(k), &alpha, w, t, static_cast<int>(k), a, t, static_cast<int>(k), &beta,
+                                 y, CUDA_R_32F, static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (rc != CUBLAS_STATUS_SUCCESS && err_.empty()) err_ = "cuBLAS GemmEx failed (status " + std::to_string(rc) + ")";
+    return rc == CUBLAS_STATUS_SUCCESS;
   }
 
   // ---- jobs -------------------------------------------------------------------------------
@@ -382,10 +403,12 @@ private:
     // Head rows whose logits go to the host: asked for, or sampled there (a draw, or penalties).
     // Greedy rows are picked on the device and only their token comes back.
     std::vector<uint32_t> host_rows;
+    bool device_picks = false;
     for (uint32_t s = 0, k = 0; s < job.seqs.size(); ++s) {
       const auto& q = job.seqs[s];
       if (!q.wants_head()) continue;
       if (q.want_logits || !q.sample->plain_greedy()) host_rows.push_back(k);
+      device_picks |= q.sample && q.sample->plain_greedy();
       ++k;
     }
     if (!ok(args_host_.grow(bytes.size()), "pin job arguments") || !ok(args_dev_.grow(bytes.size()), "allocate job arguments") ||
@@ -506,8 +529,8 @@ private:
                                            hn_.ptr, nw, h, cfg_.rms_norm_eps, type_}, compute_),
                 "final norm");
       const uint64_t v = cfg_.vocab_size;
-      if (nw) {
-        gemm(hn_.ptr, lm_head_.ptr ? lm_head_.ptr : embed_.ptr, logits_dev_.as<float>(), nw, cfg_.vocab_size, h, 0.0f);
+      if (nw) gemm(hn_.ptr, lm_head_.ptr ? lm_head_.ptr : embed_.ptr, logits_dev_.as<float>(), nw, cfg_.vocab_size, h, 0.0f);
+      if (device_picks) {
         ok_launch(cuda::launch_argmax({logits_dev_.as<float>(), tokens_dev_.as<int32_t>(), nw, cfg_.vocab_size}, compute_),
                   "greedy pick");
         ok(cudaMemcpyAsync(tokens_host_.ptr, tokens_dev_.ptr, uint64_t{nw} * 4, cudaMemcpyDeviceToHost, compute_),
@@ -582,7 +605,8 @@ private:
   uint64_t weight_bytes_ = 0;
 
   cudaStream_t compute_ = nullptr, copy_ = nullptr, send_ = nullptr;
-  std::unique_ptr<cuda::fixed_gemm> gemm_;  ///< products of many rows (the job thread only)
+  std::unique_ptr<cuda::fixed_gemm> gemm_;  ///< products of many rows (the job thread only); null after a failure
+  cublasHandle_t blas_ = nullptr;           ///< the fallback when fixed_gemm fails: cuBLAS's own pick
   std::vector<cudaEvent_t> events_;
 
   device_buffer kv_dev_, inv_freq_, embed_, lm_head_, final_norm_;

@@ -309,7 +309,7 @@ TEST_CASE("cuda gemv equals the CPU matmul for 1 to 8 rows, and a row's bits do 
 }
 
 TEST_CASE("cuda argmax equals the CPU reference: ties to the lowest index, NaNs never chosen, rows of any width" *
-          doctest::skip(cuda::device_count() == 0)) {
+          doctest::skip(cuda::device_count() == 0) * doctest::test_suite("unverified")) {
   for (const uint32_t cols : {5u, 1000u, 151936u}) {  // fewer than a warp; not a multiple of the block; Qwen's vocab
     CAPTURE(cols);
     const uint32_t rows = 7;
@@ -337,7 +337,7 @@ TEST_CASE("cuda argmax equals the CPU reference: ties to the lowest index, NaNs 
 }
 
 TEST_CASE("cuda fixed_gemm equals the CPU matmul, and within a row bucket a row's bits do not depend on how many rows "
-          "share the product" * doctest::skip(cuda::device_count() == 0)) {
+          "share the product" * doctest::skip(cuda::device_count() == 0) * doctest::test_suite("unverified")) {
   std::string why;
   for (const auto type : {cuda::dtype::f32, cuda::dtype::bf16}) {
     CAPTURE(static_cast<int>(type));

@@ -246,7 +246,8 @@ TEST_CASE("cuda executor: what sharing a batch does to a sequence's logits (repo
 }
 
 TEST_CASE("cuda executor picks greedy tokens on the device as sample_token picks them from its own logits, samples the "
-          "other rows by the same rules, and returns logits only where asked" * doctest::skip(no_gpu)) {
+          "other rows by the same rules, and returns logits only where asked" * doctest::skip(no_gpu) *
+          doctest::test_suite("unverified")) {
   auto m = load(source_dir() + "/models/baton-kjv-tiny");
   for (bool bf16 : {false, true}) {
     CAPTURE(bf16);
@@ -282,7 +283,7 @@ TEST_CASE("cuda executor picks greedy tokens on the device as sample_token picks
 }
 
 TEST_CASE("cuda executor: within a row bucket of the matrix products a sequence's logits do not depend on what shares "
-          "its batch, bit for bit" * doctest::skip(no_gpu)) {
+          "its batch, bit for bit" * doctest::skip(no_gpu) * doctest::test_suite("unverified")) {
   auto m = load(source_dir() + "/models/baton-kjv-tiny");
   for (bool bf16 : {false, true}) {
     CAPTURE(bf16);
