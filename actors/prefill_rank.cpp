@@ -293,8 +293,9 @@ void submit_chunk(prefill_pointer self, uint64_t rid) {
   st.job_to_request[job_id] = chunk_job{rid, end - start, r.attempt};
   ++st.chunks_in_executor;
   ++r.jobs_in_executor;
-  // The last chunk's executor picks the first token (greedy rows' logits stay on the device).
-  const bool last = end == num_tokens;
+  // The prompt's last chunk has its executor pick the first token (greedy rows' logits stay on
+  // the device); an earlier part of a split prompt needs neither token nor logits.
+  const bool last = end == num_tokens && !(r.split.active && !r.split.last());
   gpu::forward_job job{job_id, {gpu::forward_seq{rid, {order.tokens.begin() + start, order.tokens.begin() + end},
                                                  start, r.local_pages, last && order.return_logits}}};
   if (last) job.seqs[0].sample = sample_next(order, static_cast<uint32_t>(order.tokens.size()), order.tokens);

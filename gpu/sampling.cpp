@@ -24,9 +24,12 @@ int32_t sample_token(const std::vector<float>& raw, const sampling_config& cfg, 
     logits_ptr = &penalised;
   }
   const auto& logits = *logits_ptr;
-  size_t best = 0;
-  for (size_t i = 1; i < logits.size(); ++i)
-    if (logits[i] > logits[best]) best = i;
+  // The largest logit, the lowest id among equal ones; a NaN is never picked (0 when no logit is
+  // a number), as the CUDA executor's device pick (cuda::launch_argmax) does.
+  size_t best = logits.size();
+  for (size_t i = 0; i < logits.size(); ++i)
+    if (!std::isnan(logits[i]) && (best == logits.size() || logits[i] > logits[best])) best = i;
+  if (best == logits.size()) return 0;
   if (cfg.temperature <= 0.0f) return static_cast<int32_t>(best);
   // splitmix64 of (seed, position) -> uniform in [0, 1)
   uint64_t z = cfg.seed + 0x9E3779B97F4A7C15ull * (uint64_t{position} + 1);

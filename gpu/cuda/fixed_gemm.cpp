@@ -56,10 +56,11 @@ struct fixed_gemm::impl {
     plan& p = plans[key];
     cublasLtMatmulPreference_t pref = nullptr;
     cublasLtMatmulPreferenceCreate(&pref);
+    // No workspace: split-K's partial sums and stream-K's fix-ups both need one. (A reduction
+    // scheme mask of NONE, which is 0, might filter out every candidate, so none is set.)
     const uint64_t no_workspace = 0;
     const uint32_t no_reduction = CUBLASLT_REDUCTION_SCHEME_NONE;
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &no_workspace, sizeof no_workspace);
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &no_reduction, sizeof no_reduction);
     const layouts big{type, bucket, n, k}, small{type, bucket_floor(bucket), n, k};
     cublasLtMatmulHeuristicResult_t found[16];
     int count = 0;

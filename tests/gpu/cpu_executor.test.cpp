@@ -312,6 +312,6 @@ TEST_CASE("argmax_rows is sample_token's greedy pick: ties to the lowest id, NaN
   CHECK(out[1] == 0);
   CHECK(out[2] == 3);
   CHECK(out[3] == 0);
-  for (size_t r = 0; r < 2; ++r)
+  for (size_t r = 0; r < 4; ++r)
     CHECK(out[r] == sample_token(std::vector<float>(rows.begin() + r * 4, rows.begin() + (r + 1) * 4), sampling_config{}, 0));
 }
