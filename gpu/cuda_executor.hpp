@@ -38,6 +38,11 @@ struct cuda_executor_config {
   uint32_t max_batch_tokens = 8192;  ///< activation buffers hold this many rows; larger jobs are refused
   uint64_t random_weights_seed = 0;  ///< non-zero: weights drawn on the device (benchmarks; `weights` unused)
   bool record_timeline = false;   ///< per-layer events on every stream (benchmarks)
+  /// Prefill rows (sequences with more than one token in a job) attend on the tensor cores
+  /// (cuda::launch_flash_attention) where it supports the model (bf16, head_dim 64 or 128);
+  /// single-token rows keep the CUDA-core kernel. Off until the kernel has passed its conformance
+  /// case on the H200 (it was written without a GPU); the GPU bench times both.
+  bool flash_attention = false;
 
   std::string validate() const;
 };
@@ -63,6 +68,8 @@ public:
   /// Turns the per-layer host mirror (the sends) on or off between jobs (benchmarks compare
   /// the two; on needs a host pool).
   virtual void set_mirror_to_host(bool on) = 0;
+  /// The same for cuda_executor_config::flash_attention (benchmarks time both kernels).
+  virtual void set_flash_attention(bool on) = 0;
   /// Bytes of weights on the device (for the HBM floor).
   virtual uint64_t weight_bytes() const = 0;
 };

@@ -99,6 +99,7 @@ void for_runs(const std::vector<uint32_t>& pages, Fn fn) {
 struct job_args {
   std::vector<int32_t> tokens;
   std::vector<uint32_t> positions, row_pages, page_table, tiles, tile_count, want_rows, upload, mirror;
+  std::vector<uint32_t> flash_tiles, flash_count;  ///< prefill rows' tiles for the tensor-core attention
   std::vector<uint64_t> kv_slot;
 };
 
@@ -204,6 +205,7 @@ public:
 
   uint64_t weight_bytes() const override { return weight_bytes_; }
   void set_mirror_to_host(bool on) override { ecfg_.mirror_to_host = on && ecfg_.host_pool; }
+  void set_flash_attention(bool on) override { ecfg_.flash_attention = on; }
 
 private:
   uint64_t page_elems() const { return uint64_t{2} * kv_.layout().page_size_tokens * cfg_.kv_dim(); }
@@ -333,8 +335,10 @@ private:
   std::string plan(const forward_job& job, job_args& a) {
     const uint32_t ps = kv_.layout().page_size_tokens, kvd = cfg_.kv_dim();
     std::unordered_map<uint32_t, bool> seen_up, seen_mirror;
+    const bool flash = ecfg_.flash_attention && cuda::flash_attention_supported(cfg_.head_dim, type_);
     for (const auto& s : job.seqs) {
       const auto first_row = static_cast<uint32_t>(a.tokens.size());
+      const bool flash_rows = flash && s.tokens.size() > 1;  // a decode row keeps its kernel whatever shares its job
       const auto table_at = static_cast<uint32_t>(a.page_table.size());
       a.page_table.insert(a.page_table.end(), s.pages.begin(), s.pages.end());
       for (uint32_t i = 0; i < s.tokens.size(); ++i) {
@@ -343,7 +347,10 @@ private:
         a.positions.push_back(pos);
         a.row_pages.push_back(table_at);
         a.kv_slot.push_back(uint64_t{s.pages[pos / ps]} * page_elems() + uint64_t{pos % ps} * kvd);
-        if (i % cuda::attention_tile_rows == 0) {
+        if (flash_rows && i % cuda::flash_tile_rows == 0) {
+          a.flash_tiles.push_back(first_row + i);
+          a.flash_count.push_back(std::min<uint32_t>(cuda::flash_tile_rows, static_cast<uint32_t>(s.tokens.size()) - i));
+        } else if (!flash_rows && i % cuda::attention_tile_rows == 0) {
           a.tiles.push_back(first_row + i);
           a.tile_count.push_back(std::min<uint32_t>(cuda::attention_tile_rows, static_cast<uint32_t>(s.tokens.size()) - i));
         }
@@ -398,6 +405,8 @@ private:
     pack(bytes, off, a.upload);      // 7
     pack(bytes, off, a.mirror);      // 8
     pack(bytes, off, a.kv_slot);     // 9
+    pack(bytes, off, a.flash_tiles);  // 10
+    pack(bytes, off, a.flash_count);  // 11
     const uint64_t pe = page_elems();
     const uint32_t n = static_cast<uint32_t>(a.tokens.size()), nw = static_cast<uint32_t>(a.want_rows.size());
     // Head rows whose logits go to the host: asked for, or sampled there (a draw, or penalties).
@@ -425,7 +434,7 @@ private:
     // fixed ranges of split_positions, one block each: the split grid depends on positions alone,
     // so a row's result does not depend on its batch-mates. Mixed jobs keep one block per tile.
     const uint32_t max_len = *std::max_element(a.positions.begin(), a.positions.end()) + 1;
-    const bool pure_decode = a.tiles.size() == n;
+    const bool pure_decode = a.flash_tiles.empty() && a.tiles.size() == n;
     const uint32_t split_positions = 512;
     const uint32_t splits = pure_decode && max_len > split_positions ? (max_len + split_positions - 1) / split_positions : 1;
     if (splits > 1 &&
@@ -498,6 +507,15 @@ private:
                                         1.0f / std::sqrt(float(cfg_.head_dim)), type_},
                                        compute_),
                 "attention");
+      ok_launch(cuda::launch_flash_attention(
+                    {qkv_.as<float>(), qd + 2 * kvd, kv_layer(l), reinterpret_cast<uint32_t*>(dev(1)),
+                     reinterpret_cast<uint32_t*>(dev(3)), reinterpret_cast<uint32_t*>(dev(2)),
+                     reinterpret_cast<uint32_t*>(dev(10)), static_cast<uint32_t>(a.flash_tiles.size()),
+                     cuda::flash_tile_rows, reinterpret_cast<uint32_t*>(dev(11)), attn_.ptr, n, 1, split_positions,
+                     nullptr, cfg_.num_attention_heads, cfg_.num_key_value_heads, cfg_.head_dim,
+                     kv_.layout().page_size_tokens, pe, 1.0f / std::sqrt(float(cfg_.head_dim)), type_},
+                    compute_),
+                "tensor-core attention");
       gemm(attn_.ptr, w.wo.ptr, x_.as<float>(), n, h, qd, 1.0f);
       ok_launch(cuda::launch_rmsnorm_cast({x_.as<float>(), nullptr, w.mlp_norm.as<float>(), hn_.ptr, n, h, cfg_.rms_norm_eps, type_}, compute_),
                 "mlp norm");

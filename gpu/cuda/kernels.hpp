@@ -104,6 +104,14 @@ struct attention_params {
 constexpr uint32_t attention_tile_rows = 4;
 int launch_attention(const attention_params& p, void* stream);
 
+/// The same attention for prefill rows on the tensor cores (gpu/cuda/flash_attention.cu): tiles of
+/// up to flash_tile_rows consecutive rows of one sequence (tile_rows must be flash_tile_rows,
+/// splits 1), bf16 KV and output only, head_dim 64 or 128. The query is rounded to bf16, and so
+/// are the probabilities before they weigh V; sums stay fp32.
+constexpr uint32_t flash_tile_rows = 64;
+bool flash_attention_supported(uint32_t head_dim, dtype type);
+int launch_flash_attention(const attention_params& p, void* stream);
+
 /// y[m][n] (fp32) = beta·y + a[m][k] · w[n][k]ᵀ for a few rows (decode), a and w of `type`:
 /// one warp per column streams w once. k must be a multiple of 16 bytes' worth of elements, and
 /// the input rows at most gemv_max_input_bytes.

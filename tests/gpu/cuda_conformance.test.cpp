@@ -390,3 +390,59 @@ TEST_CASE("cuda fixed_gemm equals the CPU matmul, and within a row bucket a row'
     for (size_t i = 0; i < twice.size(); ++i) CHECK_MESSAGE(twice[i] == once[i] + once[i], "element " << i);
   }
 }
+
+TEST_CASE("cuda tensor-core (flash) attention equals the CPU reference for prefill tiles of one sequence, and a row's "
+          "bits do not depend on its tile-mates" * doctest::skip(cuda::device_count() == 0) * doctest::test_suite("unverified")) {
+  for (const uint32_t hd : {64u, 128u}) {
+    CAPTURE(hd);
+    const auto type = cuda::dtype::bf16;
+    const uint32_t heads = 4, kv_heads = 2, kvd = kv_heads * hd, ps = 16, num_pages = 48;
+    const uint64_t pe = 2ull * ps * kvd;
+    const auto kv = through_bf16(wavy(num_pages * pe, 0.013f, 0.7f));
+    // Sequence A: 100 rows at positions 200..299 (a cached prefix of 200, tiles of 64 and 36);
+    // B: 70 rows at 0..69 (tiles of 64 and 6). Pages scattered and out of order.
+    std::vector<uint32_t> table_a, table_b;
+    for (uint32_t i = 0; i < 19; ++i) table_a.push_back((i * 7 + 3) % 47);
+    for (uint32_t i = 0; i < 5; ++i) table_b.push_back(47 - i * 3);
+    std::vector<uint32_t> page_table = table_a;
+    page_table.insert(page_table.end(), table_b.begin(), table_b.end());
+    std::vector<uint32_t> positions, row_pages;
+    for (uint32_t i = 0; i < 100; ++i) positions.push_back(200 + i), row_pages.push_back(0);
+    for (uint32_t i = 0; i < 70; ++i) positions.push_back(i), row_pages.push_back(19);
+    const uint32_t rows = 170, qd = heads * hd;
+    const auto q = wavy(rows * qd, 0.29f, 0.1f, 0.5f);
+    dev_vec dkv{kv.size() * 2};
+    {
+      dev_vec src{kv};
+      REQUIRE(cuda::launch_convert({src.ptr, cuda::dtype::f32, dkv.ptr, type, kv.size()}, nullptr) == 0);
+    }
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    auto run = [&](const std::vector<uint32_t>& tiles, const std::vector<uint32_t>& counts) {
+      dev_vec dq{q}, dpos{positions}, dtab{page_table}, drp{row_pages}, dtiles{tiles}, dcnt{counts},
+          dout{uint64_t{rows} * qd * 2}, wide{uint64_t{rows} * qd * 4};
+      REQUIRE(cuda::launch_flash_attention({dq.as<float>(), qd, dkv.ptr, dpos.as<uint32_t>(), dtab.as<uint32_t>(),
+                                            drp.as<uint32_t>(), dtiles.as<uint32_t>(), static_cast<uint32_t>(tiles.size()),
+                                            cuda::flash_tile_rows, dcnt.as<uint32_t>(), dout.ptr, rows, 1, 0, nullptr,
+                                            heads, kv_heads, hd, ps, pe, scale, type},
+                                           nullptr) == 0);
+      REQUIRE(cuda::launch_convert({dout.ptr, type, wide.ptr, cuda::dtype::f32, uint64_t{rows} * qd}, nullptr) == 0);
+      return wide.get<float>(uint64_t{rows} * qd);
+    };
+    const auto got = run({0, 64, 100, 164}, {64, 36, 64, 6});
+    // The reference sees the query as the kernel does (bf16); the kernel also rounds the
+    // probabilities to bf16 before they weigh V, and its output: 2e-2 of V's scale.
+    const auto q16 = through_bf16(q);
+    std::vector<float> scores(400), ref(hd);
+    for (uint32_t r = 0; r < rows; ++r)
+      for (uint32_t h = 0; h < heads; ++h) {
+        attention_ref(q16.data() + r * qd + h * hd, positions[r] + 1, kv.data(), page_table.data() + row_pages[r], ps, kvd,
+                      pe, (h / 2) * hd, hd, scale, scores.data(), ref.data());
+        CHECK_MESSAGE(max_abs_diff(std::vector<float>(got.begin() + r * qd + h * hd, got.begin() + r * qd + (h + 1) * hd),
+                                   ref) <= 2e-2f,
+                      "row " << r << " head " << h);
+      }
+    // Other tiles over the same rows (sizes 1, 13, 50, ...): every row keeps its bits.
+    const auto regrouped = run({0, 1, 14, 64, 100, 101, 165}, {1, 13, 50, 36, 1, 64, 5});
+    CHECK(test::same_bits(got, regrouped));
+  }
+}
