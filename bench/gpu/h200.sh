@@ -113,4 +113,8 @@ say "== summary"
 [ -n "${unverified_failed:-}" ] && say "conformance: the gate passed; cases of suite unverified FAILED (above)"
 grep -E "^answers|^handoff|^nccl: \|" "$log"
 grep -E "^\| |^ceilings|^prefix upload|^prefill" "$out/bench.txt" | tee -a "$log"
+# The references made here (every family, DeepSeek's included: issue 13) come back as one file:
+# unpack with `tar -C tests/data -xzf hf_reference.tgz --transform s/^.hf_reference/hf_reference/`
+# and commit tests/data/hf_reference, so that the CPU tests compare against them too.
+[ -d "$refs" ] && tar -C "$out" -czf "$out/hf_reference.tgz" .hf_reference && say "references: $out/hf_reference.tgz"
 rm -rf "$refs"
