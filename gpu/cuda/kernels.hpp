@@ -105,9 +105,10 @@ constexpr uint32_t attention_tile_rows = 4;
 int launch_attention(const attention_params& p, void* stream);
 
 /// The same attention for prefill rows on the tensor cores (gpu/cuda/flash_attention.cu): tiles of
-/// up to flash_tile_rows consecutive rows of one sequence (tile_rows must be flash_tile_rows,
-/// splits 1), bf16 KV and output only, head_dim 64 or 128. The query is rounded to bf16, and so
-/// are the probabilities before they weigh V; sums stay fp32.
+/// 1 to flash_tile_rows consecutive rows of one sequence, positions ascending (its last row sees
+/// the most), tile_rows must be flash_tile_rows and splits 1; bf16 KV (16-byte aligned layer base)
+/// and output only, head_dim 64 or 128. The query is rounded to bf16, and so are the
+/// probabilities before they weigh V; sums stay fp32.
 constexpr uint32_t flash_tile_rows = 64;
 bool flash_attention_supported(uint32_t head_dim, dtype type);
 int launch_flash_attention(const attention_params& p, void* stream);
