@@ -8,6 +8,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -19,6 +20,7 @@
 #include "gpu/cpu_kernels.hpp"
 #include "gpu/hf_model.hpp"
 #include "gpu/local_generate.hpp"
+#include "gpu/sampling.hpp"
 #include "gpu/thread_pool.hpp"
 
 extern "C" void openblas_set_num_threads(int);
@@ -123,6 +125,47 @@ void model_rows(const model_config& cfg, unsigned threads, uint32_t prompt_len, 
   }
 }
 
+/// Picking one token from a row of 151,936 logits (Qwen's vocabulary), per sampling setting,
+/// next to the pass every draw needs (one exp per logit, in double) and to what sorting the whole
+/// vocabulary costs (what top-k and top-p did before they sorted only the prefix they read).
+void sampling_rows(bool quick) {
+  // A peaked row, as a language model's is: a long tail around 0 (a sum of two uniforms, about
+  // +-4) and 200 tokens lifted by 4 to 12.
+  std::vector<float> logits(151936);
+  uint32_t s = 7;
+  auto uniform = [&] {
+    s = s * 1664525u + 1013904223u;
+    return static_cast<float>(s >> 8) / 16777216.0f;
+  };
+  for (auto& x : logits) x = 4.0f * (uniform() + uniform() - 1.0f);
+  for (int i = 0; i < 200; ++i) logits[static_cast<size_t>(uniform() * 151935)] += 4.0f + 8.0f * uniform();
+  const int reps = quick ? 5 : 20;
+  auto per_row_us = [&](auto&& fn) { return best_of(3, [&] { for (int i = 0; i < reps; ++i) fn(i); }) / reps * 1e6; };
+  std::vector<double> p(logits.size());
+  const double exp_pass = per_row_us([&](int) {
+    for (size_t i = 0; i < logits.size(); ++i) p[i] = std::exp((static_cast<double>(logits[i]) - 10.0) / 0.7);
+  });
+  std::vector<uint32_t> idx(logits.size());
+  const double full_sort = per_row_us([&](int) {
+    for (uint32_t i = 0; i < idx.size(); ++i) idx[i] = i;
+    std::stable_sort(idx.begin(), idx.end(), [&](uint32_t a, uint32_t b) { return p[a] > p[b]; });
+  });
+  std::printf("\n| sampling one row of 151,936 logits | us per row | one exp pass over the row | a full sort of the row |\n");
+  std::printf("|---|---|---|---|\n");
+  const struct {
+    const char* name;
+    sampling_config cfg;
+  } rows[] = {{"greedy", {}},
+              {"temperature 0.7", {0.7f, 1}},
+              {"temperature 0.7, top-k 50", {0.7f, 1, 50}},
+              {"temperature 0.7, top-p 0.9", {0.7f, 1, 0, 0.9f}},
+              {"temperature 0.7, top-k 50, top-p 0.9", {0.7f, 1, 50, 0.9f}}};
+  for (const auto& r : rows) {
+    const double us = per_row_us([&](int i) { (void)sample_token(logits, r.cfg, static_cast<uint32_t>(i)); });
+    std::printf("| %s | %.0f | %.0f | %.0f |\n", r.name, us, exp_pass, full_sort);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -159,6 +202,7 @@ int main(int argc, char** argv) {
   else
     model_rows(builtin_tiny_config(), threads, 256, mem, quick);
   model_rows(llama_100m_config(), threads, quick ? 128 : 512, mem, quick);
+  sampling_rows(quick);
   if (with_500m) {
     gemm_row("prefill, 0.5B mlp-up", 256, 2816, 1024, threads);
     model_rows(llama_500m_config(), threads, 256, mem, quick);

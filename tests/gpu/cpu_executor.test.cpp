@@ -315,3 +315,68 @@ TEST_CASE("argmax_rows is sample_token's greedy pick: ties to the lowest id, NaN
   for (size_t r = 0; r < 4; ++r)
     CHECK(out[r] == sample_token(std::vector<float>(rows.begin() + r * 4, rows.begin() + (r + 1) * 4), sampling_config{}, 0));
 }
+
+namespace {
+
+/// sample_token as it was written first: every candidate sorted, the top-p mass summed in rank
+/// order. The reference for the partial-sort version.
+int32_t sample_by_full_sort(const std::vector<float>& logits, const sampling_config& cfg, uint32_t position) {
+  size_t best = 0;
+  for (size_t i = 1; i < logits.size(); ++i)
+    if (logits[i] > logits[best]) best = i;
+  uint64_t z = cfg.seed + 0x9E3779B97F4A7C15ull * (uint64_t{position} + 1);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  const double u = static_cast<double>(z >> 11) * (1.0 / 9007199254740992.0);
+  std::vector<double> p(logits.size());
+  for (size_t i = 0; i < logits.size(); ++i) p[i] = std::exp((static_cast<double>(logits[i]) - logits[best]) / cfg.temperature);
+  std::vector<uint32_t> idx(p.size());
+  std::iota(idx.begin(), idx.end(), 0u);
+  std::stable_sort(idx.begin(), idx.end(), [&](uint32_t a, uint32_t b) { return p[a] > p[b]; });
+  if (cfg.top_k > 0 && cfg.top_k < idx.size()) idx.resize(cfg.top_k);
+  if (cfg.top_p < 1.0f) {
+    double total = 0.0, acc = 0.0;
+    for (auto i : idx) total += p[i];
+    size_t keep = 0;
+    while (keep < idx.size()) {
+      acc += p[idx[keep++]] / total;
+      if (acc >= cfg.top_p) break;
+    }
+    idx.resize(std::max<size_t>(1, keep));
+  }
+  double total = 0.0, acc = 0.0;
+  for (auto i : idx) total += p[i];
+  for (auto i : idx) {
+    acc += p[i] / total;
+    if (u < acc) return static_cast<int32_t>(i);
+  }
+  return static_cast<int32_t>(idx.back());
+}
+
+}  // namespace
+
+TEST_CASE("top-k and top-p sort only the prefix they read, and pick what a full sort picks") {
+  // Logits with ties (quantised) and a long flat tail, as a real vocabulary has.
+  std::vector<float> logits(5000);
+  uint32_t s = 12345;
+  for (auto& x : logits) {
+    s = s * 1664525u + 1013904223u;
+    x = static_cast<float>((s >> 8) % 400) * 0.02f - 4.0f;
+  }
+  logits[17] = logits[4000] = 6.0f;  // a tie at the top
+  const sampling_config configs[] = {{0.7f, 1, 0, 0.9f},  {1.0f, 2, 0, 0.5f},   {1.3f, 3, 50, 1.0f},
+                                     {0.8f, 4, 50, 0.8f}, {1.0f, 5, 1, 1.0f},   {2.0f, 6, 0, 0.999f},
+                                     {0.5f, 7, 6000, 0.95f}, {1.0f, 8, 0, 0.01f}};
+  size_t drawn = 0;
+  for (const auto& c : configs)
+    for (uint32_t pos = 0; pos < 150; ++pos) {
+      CAPTURE(c.top_k);
+      CAPTURE(c.top_p);
+      CAPTURE(pos);
+      const int32_t got = sample_token(logits, c, pos);
+      CHECK(got == sample_by_full_sort(logits, c, pos));
+      drawn += got != 17;
+    }
+  CHECK(drawn > 100);  // the draws are not all the top token: the cut-offs were exercised
+}
