@@ -12,12 +12,14 @@
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <thread>
 #include <unordered_map>
 
 #include "gpu/cuda/fixed_gemm.hpp"
 #include "gpu/cuda/kernels.hpp"
 #include "gpu/hf_model.hpp"
 #include "gpu/job_queue.hpp"
+#include "gpu/thread_pool.hpp"
 
 namespace baton::gpu {
 
@@ -577,17 +579,29 @@ private:
     std::vector<int32_t> tokens(job.seqs.size(), -1);
     const float* lh = static_cast<const float*>(logits_host_.ptr);
     const auto* picked = static_cast<const int32_t*>(tokens_host_.ptr);
+    std::vector<std::pair<size_t, size_t>> drawn;  // (sequence, head row) picked on the host
     for (size_t s = 0, k = 0; s < job.seqs.size(); ++s) {
       const auto& q = job.seqs[s];
       if (!q.wants_head()) continue;
       const float* row = lh + k * cfg_.vocab_size;
       if (q.want_logits) logits[s].assign(row, row + cfg_.vocab_size);
-      if (q.sample)
-        tokens[s] = q.sample->plain_greedy() ? picked[k]
-                    : q.want_logits         ? sample_token(logits[s], *q.sample)
-                                            : sample_token(std::vector<float>(row, row + cfg_.vocab_size), *q.sample);
+      if (q.sample && q.sample->plain_greedy())
+        tokens[s] = picked[k];
+      else if (q.sample)
+        drawn.emplace_back(s, k);
       ++k;
     }
+    // A draw reads its whole row (an exp per logit, a partial sort for top-k/top-p: a few ms
+    // at a 150K vocabulary), so a batch's draws run on the sampler threads.
+    sampler_.parallel_for(drawn.size(), 1, [&](size_t begin, size_t end) {
+      for (size_t i = begin; i < end; ++i) {
+        const auto [s, k] = drawn[i];
+        const auto& q = job.seqs[s];
+        const float* row = lh + k * cfg_.vocab_size;
+        tokens[s] = q.want_logits ? sample_token(logits[s], *q.sample)
+                                  : sample_token(std::vector<float>(row, row + cfg_.vocab_size), *q.sample);
+      }
+    });
     sink.on_done(job.job_id, std::move(logits), std::move(tokens));
   }
 
@@ -623,6 +637,8 @@ private:
   uint64_t weight_bytes_ = 0;
 
   cudaStream_t compute_ = nullptr, copy_ = nullptr, send_ = nullptr;
+  /// Host threads for the rows drawn on the host (a temperature, penalties, or logits wanted).
+  thread_pool sampler_{std::clamp(std::thread::hardware_concurrency() / 2, 1u, 8u)};
   std::unique_ptr<cuda::fixed_gemm> gemm_;  ///< products of many rows (the job thread only); null after a failure
   cublasHandle_t blas_ = nullptr;           ///< the fallback when fixed_gemm fails: cuBLAS's own pick
   std::vector<cudaEvent_t> events_;
