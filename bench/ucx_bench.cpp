@@ -9,9 +9,9 @@
 // `--receiver-memory heap` registers ordinary memory instead, whose puts UCX emulates with
 // messages the receiver's progress thread must serve.
 //
-// `--buffers hot` sends every layer from and to offset 0, so both ends stay in the cache: that is
-// what ucx_perftest does (it has no option to walk a larger buffer), and the like-for-like row
-// against it. The memcpy column then copies one cache-resident chunk over and over.
+// `--buffers hot` sends every layer from and to offset 0, so both ends stay in the cache while a
+// layer fits it: that is what ucx_perftest does (it has no option to walk a larger buffer), and
+// the like-for-like row against it. The memcpy column then copies one chunk over and over.
 //
 // Usage: baton_bench_ucx [--layer-mib N ...] [--inflight N] [--total-mib N] [--send put|am]
 //        [--receiver-memory transport|heap] [--buffers cold|hot]

@@ -37,10 +37,11 @@ int32_t sample_token(const std::vector<float>& raw, const sampling_config& cfg, 
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   z ^= z >> 31;
   const double u = static_cast<double>(z >> 11) * (1.0 / 9007199254740992.0);
-  // A NaN logit has no probability (the greedy pick above skips it too).
+  // A NaN logit has no probability (the greedy pick above skips it too); the largest logit has 1,
+  // also when it is infinite (inf - inf would be NaN).
   std::vector<double> p(logits.size());
   for (size_t i = 0; i < logits.size(); ++i) {
-    p[i] = std::exp((static_cast<double>(logits[i]) - logits[best]) / cfg.temperature);
+    p[i] = logits[i] == logits[best] ? 1.0 : std::exp((static_cast<double>(logits[i]) - logits[best]) / cfg.temperature);
     if (std::isnan(p[i])) p[i] = 0.0;
   }
   std::vector<uint32_t> idx(p.size());
@@ -73,8 +74,7 @@ int32_t sample_token(const std::vector<float>& raw, const sampling_config& cfg, 
         acc += p[idx[keep++]] / total;
         if (acc >= cfg.top_p) break;
       }
-      keep = std::max<size_t>(1, keep);
-      if (keep > sorted) sort_through(keep);
+      keep = std::max<size_t>(1, keep);  // never past `sorted`: the loop sorts before it reads
     }
     idx.resize(keep);
   }

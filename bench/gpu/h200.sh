@@ -42,7 +42,8 @@ say "== conformance: every kernel against its CPU reference, the executor agains
 # Cases in the doctest suite "unverified" were written in sessions without a GPU: they run after
 # the gate below, and their failures are reported without stopping the timings, so that one new
 # case cannot cost a session's device time. Move a case out of that suite once it has passed here.
-"$gpu_tests" --source-dir="$root" $ref_flag -s --duration=true -tse=unverified 2>&1 | tee "$out/conformance.txt" | grep -E -A1 "MESSAGE|ERROR|test cases|assertions" | tee -a "$log"
+timeout 300 "$gpu_tests" --source-dir="$root" $ref_flag -s --duration=true -tse=unverified 2>&1 | tee "$out/conformance.txt" | grep -E -A1 "MESSAGE|ERROR|test cases|assertions" | tee -a "$log"
+[ "${PIPESTATUS[0]}" = 124 ] && say "conformance: timed out after 300 s"
 if ldd "$gpu_tests" | grep -q "not found"; then
   say "conformance binary cannot load its libraries:"; ldd "$gpu_tests" | grep "not found" | tee -a "$log"
 fi
@@ -53,7 +54,8 @@ if grep -q "Status: FAILURE" "$out/conformance.txt" || ! grep -q "test cases:" "
   exit 1
 fi
 say "== conformance, cases not yet run on a GPU before (suite unverified): reported, not a gate"
-"$gpu_tests" --source-dir="$root" $ref_flag -s --duration=true -ts=unverified 2>&1 | tee "$out/conformance-unverified.txt" | grep -E -A1 "MESSAGE|ERROR|test cases|assertions" | tee -a "$log"
+timeout 180 "$gpu_tests" --source-dir="$root" $ref_flag -s --duration=true -ts=unverified 2>&1 | tee "$out/conformance-unverified.txt" | grep -E -A1 "MESSAGE|ERROR|test cases|assertions" | tee -a "$log"
+[ "${PIPESTATUS[0]}" = 124 ] && say "unverified cases: timed out after 180 s (a hang: see conformance-unverified.txt)"
 if grep -q "Status: FAILURE" "$out/conformance-unverified.txt" || ! grep -q "test cases:" "$out/conformance-unverified.txt"; then
   say "UNVERIFIED CASES FAILED (timings go on; fix these first next time):"
   grep -B3 -A12 "ERROR" "$out/conformance-unverified.txt" | head -100 | tee -a "$log"

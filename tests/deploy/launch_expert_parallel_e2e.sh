@@ -33,7 +33,9 @@ cat > "$WORK/spec.json" <<SPEC
 SPEC
 launch_cluster
 grep -q "node decode-a joined" "$WORK/launch.log" || fail "decode-a did not join"
-# One expert process for the prefill rank (EP 2), three for the decode rank (EP 4).
+# One expert process for the prefill rank (EP 2), three for the decode rank (EP 4). A shard may
+# still be between fork and exec when the node reports its join (seen under load): wait, bounded.
+for _ in $(seq 50); do [ "$(experts)" = 4 ] && break; sleep 0.1; done
 [ "$(experts)" = 4 ] || fail "expected 4 expert processes, found $(experts): $(pgrep -af "$BATON experts")"
 
 same_as_single deepseek-v3-tiny ep-e2e 12 "Experts, route this" "A second prompt, longer, so that more tokens pass the experts"

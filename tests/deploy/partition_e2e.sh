@@ -55,7 +55,7 @@ ranks() { ip netns exec "$NS1" curl -s "$URL/metrics" | grep "^baton_rank_kv_pag
 for _ in $(seq 300); do [ "$(ranks)" = 'rank="far" rank="near" ' ] && break; sleep 0.1; done
 [ "$(ranks)" = 'rank="far" rank="near" ' ] || fail "both decode nodes should serve, the balancer has: $(ranks)"
 
-N=8 TOKENS=150
+N=8 TOKENS=240  # long enough that far still streams when the last client has begun, even under load (the model holds 256 positions)
 body() { echo "{\"prompt\":\"Psalm $1\",\"max_tokens\":$TOKENS,\"ignore_eos\":true,\"stream\":true}"; }
 for i in $(seq $N); do ip netns exec "$NS1" curl -sN "$URL/v1/completions" -d "$(body "$i")" > "$WORK/calm$i.txt"; done
 CLIENTS=()

@@ -379,4 +379,7 @@ TEST_CASE("top-k and top-p sort only the prefix they read, and pick what a full 
       drawn += got != 17;
     }
   CHECK(drawn > 100);  // the draws are not all the top token: the cut-offs were exercised
+  // An infinite logit is certain, however hot the draw; a row without numbers draws among all.
+  const std::vector<float> inf_row = {1.0f, INFINITY, 2.0f, 0.0f};
+  for (uint32_t pos = 0; pos < 20; ++pos) CHECK(sample_token(inf_row, sampling_config{1.0f, 3}, pos) == 1);
 }
