@@ -12,7 +12,7 @@ public:
   void on_done(uint64_t, std::vector<std::vector<float>> logits, std::vector<int32_t> tokens) override {
     promise_.set_value(forward_outcome{std::move(logits), {}, std::move(tokens)});
   }
-  void on_failed(uint64_t, std::string what) override { promise_.set_value(forward_outcome{{}, std::move(what)}); }
+  void on_failed(uint64_t, std::string what) override { promise_.set_value(forward_outcome{{}, std::move(what), {}}); }
   std::future<forward_outcome> future() { return promise_.get_future(); }
 
 private:

@@ -7,6 +7,15 @@
 
 namespace baton::gpu {
 
+double draw_uniform(uint64_t seed, uint32_t position) {
+  // splitmix64 of (seed, position) -> uniform in [0, 1)
+  uint64_t z = seed + 0x9E3779B97F4A7C15ull * (uint64_t{position} + 1);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return static_cast<double>(z >> 11) * (1.0 / 9007199254740992.0);
+}
+
 int32_t sample_token(const std::vector<float>& raw, const sampling_config& cfg, uint32_t position,
                      const std::vector<int32_t>* history) {
   if (raw.empty()) return -1;
@@ -31,12 +40,7 @@ int32_t sample_token(const std::vector<float>& raw, const sampling_config& cfg, 
     if (!std::isnan(logits[i]) && (best == logits.size() || logits[i] > logits[best])) best = i;
   if (best == logits.size()) return 0;
   if (cfg.temperature <= 0.0f) return static_cast<int32_t>(best);
-  // splitmix64 of (seed, position) -> uniform in [0, 1)
-  uint64_t z = cfg.seed + 0x9E3779B97F4A7C15ull * (uint64_t{position} + 1);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  const double u = static_cast<double>(z >> 11) * (1.0 / 9007199254740992.0);
+  const double u = draw_uniform(cfg.seed, position);
   // A NaN logit has no probability (the greedy pick above skips it too); the largest logit has 1,
   // also when it is infinite (inf - inf would be NaN).
   std::vector<double> p(logits.size());

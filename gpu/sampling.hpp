@@ -15,6 +15,10 @@ struct sampling_config {
   bool penalised() const { return repetition_penalty != 1.0f || presence_penalty != 0.0f; }
 };
 
+/// The uniform draw in [0, 1) of a sequence's token at `position` (splitmix64 of both): the same on
+/// every rank and backend.
+double draw_uniform(uint64_t seed, uint32_t position);
+
 /// Picks the token for position `position` of a sequence; `history` is every token before it
 /// (prompt and output), needed only for the penalties. The random draw depends only on (seed,
 /// position), never on which rank samples or what shares the batch, so a request sampled partly
@@ -33,6 +37,9 @@ struct seq_sampling {
   std::vector<int32_t> history;  ///< every token before it, when cfg.penalised(); else unused
   /// Whether the pick is an argmax of the raw logits, which needs no history and no draw.
   bool plain_greedy() const { return cfg.temperature <= 0.0f && !cfg.penalised(); }
+  /// Whether the pick is a draw over the whole vocabulary at a temperature (no top-k, no top-p,
+  /// no penalties): one pass to sum, one to find the draw, which the CUDA backend runs on the device.
+  bool plain_draw() const { return cfg.temperature > 0.0f && cfg.top_k == 0 && cfg.top_p >= 1.0f && !cfg.penalised(); }
 };
 
 /// sample_token for one forward_seq::sample.

@@ -411,20 +411,31 @@ private:
     pack(bytes, off, a.flash_count);  // 11
     const uint64_t pe = page_elems();
     const uint32_t n = static_cast<uint32_t>(a.tokens.size()), nw = static_cast<uint32_t>(a.want_rows.size());
-    // Head rows whose logits go to the host: asked for, or sampled there (a draw, or penalties).
-    // Greedy rows are picked on the device and only their token comes back.
+    // Head rows whose logits go to the host: asked for, or sampled there (top-k, top-p,
+    // penalties). Greedy rows and plain draws at a temperature are picked on the device and only
+    // their token comes back (picks in tokens[0, nw), draws in tokens[nw, 2 nw)).
     std::vector<uint32_t> host_rows;
-    bool device_picks = false;
+    std::vector<float> temperature(nw, 1.0f);  // per head row; 1 where no draw is made
+    std::vector<double> draw(nw, 0.0);
+    bool device_picks = false, device_draws = false;
     for (uint32_t s = 0, k = 0; s < job.seqs.size(); ++s) {
       const auto& q = job.seqs[s];
       if (!q.wants_head()) continue;
-      if (q.want_logits || !q.sample->plain_greedy()) host_rows.push_back(k);
+      const bool on_device = q.sample && (q.sample->plain_greedy() || q.sample->plain_draw());
+      if (q.want_logits || !on_device) host_rows.push_back(k);
       device_picks |= q.sample && q.sample->plain_greedy();
+      if (q.sample && q.sample->plain_draw()) {
+        device_draws = true;
+        temperature[k] = q.sample->cfg.temperature;
+        draw[k] = draw_uniform(q.sample->cfg.seed, q.sample->position);
+      }
       ++k;
     }
+    pack(bytes, off, temperature);  // 12
+    pack(bytes, off, draw);         // 13
     if (!ok(args_host_.grow(bytes.size()), "pin job arguments") || !ok(args_dev_.grow(bytes.size()), "allocate job arguments") ||
-        !ok(tokens_host_.grow(uint64_t{std::max(nw, 1u)} * 4), "pin tokens") ||
-        !ok(tokens_dev_.grow(uint64_t{std::max(nw, 1u)} * 4), "allocate tokens") ||
+        !ok(tokens_host_.grow(uint64_t{std::max(nw, 1u)} * 8), "pin tokens") ||
+        !ok(tokens_dev_.grow(uint64_t{std::max(nw, 1u)} * 8), "allocate tokens") ||
         !ok(logits_host_.grow(uint64_t{std::max(nw, 1u)} * cfg_.vocab_size * 4), "pin logits") ||
         !ok(logits_dev_.grow(uint64_t{std::max(nw, 1u)} * cfg_.vocab_size * 4), "allocate logits") ||
         !ok(staging_up_[0].grow(std::max<uint64_t>(a.upload.size(), 1) * pe * 4), "allocate upload staging") ||
@@ -550,12 +561,18 @@ private:
                 "final norm");
       const uint64_t v = cfg_.vocab_size;
       if (nw) gemm(hn_.ptr, lm_head_.ptr ? lm_head_.ptr : embed_.ptr, logits_dev_.as<float>(), nw, cfg_.vocab_size, h, 0.0f);
-      if (device_picks) {
+      if (device_picks)
         ok_launch(cuda::launch_argmax({logits_dev_.as<float>(), tokens_dev_.as<int32_t>(), nw, cfg_.vocab_size}, compute_),
                   "greedy pick");
-        ok(cudaMemcpyAsync(tokens_host_.ptr, tokens_dev_.ptr, uint64_t{nw} * 4, cudaMemcpyDeviceToHost, compute_),
+      if (device_draws)
+        ok_launch(cuda::launch_draw({logits_dev_.as<float>(), reinterpret_cast<float*>(dev(12)),
+                                     reinterpret_cast<double*>(dev(13)), tokens_dev_.as<int32_t>() + nw, nw,
+                                     cfg_.vocab_size},
+                                    compute_),
+                  "draw");
+      if (device_picks || device_draws)
+        ok(cudaMemcpyAsync(tokens_host_.ptr, tokens_dev_.ptr, uint64_t{nw} * 8, cudaMemcpyDeviceToHost, compute_),
            "copy picked tokens");
-      }
       for_runs(host_rows, [&](size_t i, size_t count) {
         ok(cudaMemcpyAsync(static_cast<float*>(logits_host_.ptr) + host_rows[i] * v, logits_dev_.as<float>() + host_rows[i] * v,
                            count * v * 4, cudaMemcpyDeviceToHost, compute_),
@@ -587,6 +604,8 @@ private:
       if (q.want_logits) logits[s].assign(row, row + cfg_.vocab_size);
       if (q.sample && q.sample->plain_greedy())
         tokens[s] = picked[k];
+      else if (q.sample && q.sample->plain_draw())
+        tokens[s] = picked[nw + k];
       else if (q.sample)
         drawn.emplace_back(s, k);
       ++k;

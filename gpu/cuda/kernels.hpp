@@ -185,6 +185,20 @@ struct argmax_params {
 };
 int launch_argmax(const argmax_params& p, void* stream);
 
+/// A draw at a temperature over the whole row (sample_token with no top-k, top-p or penalties):
+/// out[r] = the first token whose running sum of exp((x - max) / T), in double, passes u[r] times
+/// the row's total. NaNs have no probability. Agrees with sample_token except where a draw falls
+/// within rounding of a boundary between two tokens.
+struct draw_params {
+  const float* logits;       ///< device, [rows][cols] fp32
+  const float* temperature;  ///< device, [rows], each > 0
+  const double* u;           ///< device, [rows] each row's draw in [0, 1) (draw_uniform)
+  int32_t* out;              ///< device, [rows]
+  uint32_t rows;
+  uint32_t cols;
+};
+int launch_draw(const draw_params& p, void* stream);
+
 /// Read-only bandwidth probe: sums n 16-byte vectors (the HBM floor's ceiling).
 struct read_probe_params {
   const void* x;

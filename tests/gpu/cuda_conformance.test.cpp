@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "gpu/cpu_kernels.hpp"
+#include "gpu/sampling.hpp"
 #include "gpu/cuda/fixed_gemm.hpp"
 #include "gpu/cuda/kernels.hpp"
 #include "tests/test_util.hpp"
@@ -448,4 +449,30 @@ TEST_CASE("cuda tensor-core (flash) attention equals the CPU reference for prefi
     const auto regrouped = run({0, 1, 14, 64, 100, 101, 165}, {1, 13, 50, 36, 1, 64, 5});
     CHECK(test::same_bits(got, regrouped));
   }
+}
+
+TEST_CASE("cuda draw at a temperature picks what sample_token picks over the same logits, NaNs never, and a row "
+          "without numbers gives token 0" * doctest::skip(cuda::device_count() == 0) * doctest::test_suite("unverified")) {
+  const uint32_t rows = 96, cols = 32003;  // not a multiple of the block
+  auto x = wavy(uint64_t{rows} * cols, 0.61f, 0.2f, 6.0f);
+  for (uint32_t r = 0; r < rows; ++r) x[uint64_t{r} * cols + (r * 977) % cols] = NAN;
+  std::fill(x.begin() + uint64_t{rows - 1} * cols, x.end(), NAN);  // the last row: no number at all
+  std::vector<float> temperature(rows);
+  std::vector<double> u(rows);
+  for (uint32_t r = 0; r < rows; ++r) {
+    temperature[r] = 0.3f + 0.05f * static_cast<float>(r % 30);
+    u[r] = draw_uniform(1234 + r, r * 7);
+  }
+  dev_vec dx{x}, dt{temperature}, du{u}, dout{rows * 4};
+  REQUIRE(cuda::launch_draw({dx.as<float>(), dt.as<float>(), du.as<double>(), dout.as<int32_t>(), rows, cols}, nullptr) == 0);
+  const auto got = dout.get<int32_t>(rows);
+  size_t same = 0;
+  for (uint32_t r = 0; r + 1 < rows; ++r) {
+    const std::vector<float> row(x.begin() + uint64_t{r} * cols, x.begin() + uint64_t{r + 1} * cols);
+    const int32_t want = sample_token(row, sampling_config{temperature[r], 1234 + r}, r * 7);
+    same += got[r] == want;
+    CHECK_MESSAGE(!std::isnan(row[got[r]]), "row " << r);
+  }
+  CHECK(same == rows - 1);  // only a draw within rounding of a boundary could differ
+  CHECK(got[rows - 1] == 0);
 }

@@ -254,15 +254,17 @@ TEST_CASE("cuda executor picks greedy tokens on the device as sample_token picks
     auto e = cuda_exec(m, bf16, 128);
     auto& kv = e->kv();
     forward_job plain{1, {}};
-    for (uint32_t i = 0; i < 5; ++i)
+    for (uint32_t i = 0; i < 6; ++i)
       plain.seqs.push_back({i, some_prompt(9 + 7 * i, m.config.vocab_size), 0, *kv.kv_page_alloc(4), true});
     const auto ref = run_blocking(*e, plain);
     REQUIRE(ref.error.empty());
-    // greedy without logits (the device's pick), greedy with logits, a draw, penalties, no pick
-    std::vector<seq_sampling> how(4);
+    // greedy without logits (the device's pick), greedy with logits, top-k/top-p (the host's),
+    // penalties (the host's), a plain draw at a temperature (the device's), no pick
+    std::vector<seq_sampling> how(5);
     how[2].cfg = {0.9f, 11, 20, 0.9f};
     how[3].cfg.presence_penalty = 1000.0f;
     how[3].history = plain.seqs[3].tokens;
+    how[4].cfg = {1.3f, 21};
     forward_job sampled = plain;
     sampled.job_id = 2;
     for (size_t i = 0; i < how.size(); ++i) {
@@ -277,8 +279,8 @@ TEST_CASE("cuda executor picks greedy tokens on the device as sample_token picks
       CHECK(got.tokens[i] == sample_token(ref.logits[i], how[i]));
       CHECK(got.logits[i].empty() == (i != 1));
     }
-    CHECK(got.tokens[4] == -1);
-    CHECK(got.logits[4].size() == m.config.vocab_size);
+    CHECK(got.tokens[5] == -1);
+    CHECK(got.logits[5].size() == m.config.vocab_size);
   }
 }
 
