@@ -41,8 +41,8 @@ __device__ double block_sum_of(double v, double* scratch) {
 }
 
 __device__ __forceinline__ double prob(float x, float mx, float temperature) {
-  if (isnan(x)) return 0.0;
-  return x == mx ? 1.0 : exp((static_cast<double>(x) - mx) / temperature);
+  const double e = x == mx ? 1.0 : exp((static_cast<double>(x) - mx) / temperature);
+  return isnan(e) ? 0.0 : e;  // a NaN logit (or an infinite temperature over -inf) has none, as on the host
 }
 
 __global__ void __launch_bounds__(threads) draw_kernel(draw_params p) {

@@ -455,24 +455,56 @@ TEST_CASE("cuda draw at a temperature picks what sample_token picks over the sam
           "without numbers gives token 0" * doctest::skip(cuda::device_count() == 0) * doctest::test_suite("unverified")) {
   const uint32_t rows = 96, cols = 32003;  // not a multiple of the block
   auto x = wavy(uint64_t{rows} * cols, 0.61f, 0.2f, 6.0f);
-  for (uint32_t r = 0; r < rows; ++r) x[uint64_t{r} * cols + (r * 977) % cols] = NAN;
+  auto row_at = [&](uint32_t r) { return x.begin() + uint64_t{r} * cols; };
+  for (uint32_t r = 0; r < rows; ++r) row_at(r)[(r * 977) % cols] = NAN;
+  // Edge rows: NaN where the max would be; all -inf (every token equally likely); one +inf (it
+  // must be picked); NaN and -inf ahead of the first number, drawn at u = 0 (that number).
+  row_at(0)[std::max_element(row_at(0), row_at(0) + cols, [](float a, float b) { return !(a >= b) && !std::isnan(b); }) - row_at(0)] = NAN;
+  std::fill(row_at(1), row_at(1) + cols, -INFINITY);
+  row_at(2)[12345] = INFINITY;
+  row_at(3)[0] = NAN;
+  row_at(3)[1] = -INFINITY;
   std::fill(x.begin() + uint64_t{rows - 1} * cols, x.end(), NAN);  // the last row: no number at all
   std::vector<float> temperature(rows);
   std::vector<double> u(rows);
+  std::vector<uint64_t> seed(rows);
   for (uint32_t r = 0; r < rows; ++r) {
     temperature[r] = 0.3f + 0.05f * static_cast<float>(r % 30);
-    u[r] = draw_uniform(1234 + r, r * 7);
+    seed[r] = 1234 + r;
+    u[r] = draw_uniform(seed[r], r * 7);
   }
+  // Row 3 draws at u = 0, which no seed gives: by sample_token's rule (the first token whose
+  // running sum passes u), the first token with any probability, token 2.
+  u[3] = 0.0;
   dev_vec dx{x}, dt{temperature}, du{u}, dout{rows * 4};
   REQUIRE(cuda::launch_draw({dx.as<float>(), dt.as<float>(), du.as<double>(), dout.as<int32_t>(), rows, cols}, nullptr) == 0);
   const auto got = dout.get<int32_t>(rows);
   size_t same = 0;
-  for (uint32_t r = 0; r + 1 < rows; ++r) {
-    const std::vector<float> row(x.begin() + uint64_t{r} * cols, x.begin() + uint64_t{r + 1} * cols);
-    const int32_t want = sample_token(row, sampling_config{temperature[r], 1234 + r}, r * 7);
+  for (uint32_t r = 4; r + 1 < rows; ++r) {
+    const std::vector<float> row(row_at(r), row_at(r) + cols);
+    const int32_t want = sample_token(row, sampling_config{temperature[r], seed[r]}, r * 7);
     same += got[r] == want;
     CHECK_MESSAGE(!std::isnan(row[got[r]]), "row " << r);
   }
-  CHECK(same == rows - 1);  // only a draw within rounding of a boundary could differ
+  CHECK(same == rows - 5);  // only a draw within rounding of a boundary could differ
+  for (uint32_t r = 0; r < 2; ++r) {
+    const std::vector<float> row(row_at(r), row_at(r) + cols);
+    CHECK_MESSAGE(got[r] == sample_token(row, sampling_config{temperature[r], seed[r]}, r * 7), "row " << r);
+  }
+  CHECK(got[2] == 12345);
+  CHECK(got[3] == 2);
   CHECK(got[rows - 1] == 0);
+  // Rows of exactly one block and of less than a warp.
+  for (const uint32_t width : {1024u, 17u}) {
+    CAPTURE(width);
+    auto y = wavy(uint64_t{4} * width, 0.37f, 0.9f, 3.0f);
+    std::vector<float> t4(4, 0.9f);
+    std::vector<double> u4{draw_uniform(5, 1), draw_uniform(5, 2), draw_uniform(5, 3), draw_uniform(5, 4)};
+    dev_vec dy{y}, dt4{t4}, du4{u4}, do4{16};
+    REQUIRE(cuda::launch_draw({dy.as<float>(), dt4.as<float>(), du4.as<double>(), do4.as<int32_t>(), 4, width}, nullptr) == 0);
+    const auto g4 = do4.get<int32_t>(4);
+    for (uint32_t r = 0; r < 4; ++r)
+      CHECK(g4[r] == sample_token(std::vector<float>(y.begin() + r * width, y.begin() + (r + 1) * width),
+                                  sampling_config{0.9f, 5}, r + 1));
+  }
 }
