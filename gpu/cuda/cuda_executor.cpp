@@ -415,8 +415,8 @@ private:
     // penalties). Greedy rows and plain draws at a temperature are picked on the device and only
     // their token comes back (picks in tokens[0, nw), draws in tokens[nw, 2 nw)).
     std::vector<uint32_t> host_rows;
-    std::vector<float> temperature(nw, 1.0f);  // per head row; 1 where no draw is made
-    std::vector<double> draw(nw, 0.0);
+    std::vector<float> temperature(nw, 1.0f);  // per head row
+    std::vector<double> draw(nw, -1.0);  // -1: the row makes no draw
     bool device_picks = false, device_draws = false;
     for (uint32_t s = 0, k = 0; s < job.seqs.size(); ++s) {
       const auto& q = job.seqs[s];

@@ -51,6 +51,7 @@ __global__ void __launch_bounds__(threads) draw_kernel(draw_params p) {
   __shared__ double warp_sums[warps_per_block];
   __shared__ int32_t found;
   const uint32_t row = blockIdx.x, t = threadIdx.x, lane = t % 32, warp = t / 32;
+  if (p.u[row] < 0.0) return;  // a row that makes no draw (the same for every thread)
   const float* x = p.logits + static_cast<uint64_t>(row) * p.cols;
   const float temperature = p.temperature[row];
 

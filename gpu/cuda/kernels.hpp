@@ -192,7 +192,7 @@ int launch_argmax(const argmax_params& p, void* stream);
 struct draw_params {
   const float* logits;       ///< device, [rows][cols] fp32
   const float* temperature;  ///< device, [rows], each > 0
-  const double* u;           ///< device, [rows] each row's draw in [0, 1) (draw_uniform)
+  const double* u;           ///< device, [rows] each row's draw in [0, 1) (draw_uniform); < 0: no draw, out untouched
   int32_t* out;              ///< device, [rows]
   uint32_t rows;
   uint32_t cols;
