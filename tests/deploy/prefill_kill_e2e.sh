@@ -45,12 +45,13 @@ for i in $(seq $N); do
   curl -sN -m 120 "$URL" -d "$(body "$i")" > "$WORK/hit$i.txt" &
   CLIENTS+=($!)
 done
-# prefill-b answers its half at once; prefill-a needs >= 150 ms per prompt for its half.
+# prefill-b answers its half at once; prefill-a needs >= 150 ms per prompt for its half. One grep
+# per look (not one per client), so that a look stays short on a loaded machine.
+started() { grep -l "data: " "$WORK"/hit*.txt 2>/dev/null | wc -l; }
 started=0
 for _ in $(seq 400); do
-  started=0
-  for i in $(seq $N); do grep -q "data: " "$WORK/hit$i.txt" 2>/dev/null && started=$((started + 1)); done
-  [ $started -ge 1 ] && break
+  started=$(started)
+  [ "$started" -ge 1 ] && break
   sleep 0.01
 done
 kill -9 "$PID_A"
