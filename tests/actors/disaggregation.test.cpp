@@ -377,13 +377,17 @@ TEST_CASE("a prefill that fails after posting a layer's put is answered only onc
   auto got = t.generate(cluster.router, req);
   REQUIRE_FALSE(got);
   CHECK(t.sys.render(got.error()).find("failed in layer 1") != std::string::npos);
-  // When the client heard of the failure, every put the prefill rank had posted had settled.
-  uint32_t posted = 0, settled = 0;
+  // When the client heard of the failure, every put the prefill rank had posted had settled. A
+  // later chunk may have started before the first one's failure was seen (chunks pipeline), so
+  // the count of puts is not fixed: each chunk posts layers 0..1 only, never a later one.
+  uint32_t posted = 0, settled = 0, past_layer = 0;
   for (const auto& e : t.events(cluster.prefill[0].handle)) {
     posted += e.kind == "send_posted";
     settled += e.kind == "send_done";
+    past_layer += e.kind == "send_posted" && e.layer > layer;
   }
-  CHECK(posted == layer + 1);
+  CHECK(posted >= layer + 1);
+  CHECK(past_layer == 0);
   CHECK(settled == posted);
 }
 
