@@ -47,7 +47,7 @@ for i in $(seq $N); do
 done
 # prefill-b answers its half at once; prefill-a needs >= 150 ms per prompt for its half. One grep
 # per look (not one per client), so that a look stays short on a loaded machine.
-started() { grep -l "data: " "$WORK"/hit*.txt 2>/dev/null | wc -l; }
+started() { { grep -l "data: " "$WORK"/hit*.txt 2>/dev/null || true; } | wc -l; }  # none yet: grep fails, 0
 started=0
 for _ in $(seq 400); do
   started=$(started)
