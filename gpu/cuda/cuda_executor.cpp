@@ -656,7 +656,7 @@ private:
   uint64_t weight_bytes_ = 0;
 
   cudaStream_t compute_ = nullptr, copy_ = nullptr, send_ = nullptr;
-  /// Host threads for the rows drawn on the host (a temperature, or penalties).
+  /// Host threads for the rows picked on the host (top-k, top-p or penalties).
   thread_pool sampler_{std::clamp(std::thread::hardware_concurrency() / 2, 1u, 8u)};
   std::unique_ptr<cuda::fixed_gemm> gemm_;  ///< products of many rows (the job thread only); null after a failure
   cublasHandle_t blas_ = nullptr;           ///< the fallback when fixed_gemm fails: cuBLAS's own pick
