@@ -189,10 +189,9 @@ private:
     std::vector<int32_t> tokens(job.seqs.size(), -1);
     for (size_t i = 0; i < wanting.size(); ++i) {
       const auto& s = job.seqs[wanting[i]];
-      auto& row = logits[wanting[i]];
-      row.assign(all_logits.begin() + i * c.vocab_size, all_logits.begin() + (i + 1) * c.vocab_size);
-      if (s.sample) tokens[wanting[i]] = sample_token(row, *s.sample);
-      if (!s.want_logits) std::vector<float>{}.swap(row);
+      const std::span<const float> row(all_logits.data() + i * c.vocab_size, c.vocab_size);
+      if (s.sample) tokens[wanting[i]] = sample_token(row, *s.sample, &scratch_);
+      if (s.want_logits) logits[wanting[i]].assign(row.begin(), row.end());
     }
     sink.on_done(job.job_id, std::move(logits), std::move(tokens));
   }
@@ -476,6 +475,7 @@ private:
   kv_cache kv_;
   thread_pool pool_;
   unsigned num_threads_;
+  sampling_scratch scratch_;  ///< the sampler's buffers (sampling runs on the executor's thread)
   std::shared_ptr<expert_group> experts_;  ///< expert parallelism; null: every expert here
   std::shared_ptr<expert_peers> peers_;    ///< data-parallel attention; null: not in a group
   std::string last_peer_error_;            ///< said once on stderr

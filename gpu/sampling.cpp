@@ -16,23 +16,24 @@ double draw_uniform(uint64_t seed, uint32_t position) {
   return static_cast<double>(z >> 11) * (1.0 / 9007199254740992.0);
 }
 
-int32_t sample_token(const std::vector<float>& raw, const sampling_config& cfg, uint32_t position,
-                     const std::vector<int32_t>* history) {
+int32_t sample_token(std::span<const float> raw, const sampling_config& cfg, uint32_t position,
+                     std::span<const int32_t> history, sampling_scratch* scratch) {
   if (raw.empty()) return -1;
-  const std::vector<float>* logits_ptr = &raw;
-  std::vector<float> penalised;
-  if (cfg.penalised() && history) {
-    penalised = raw;
-    std::unordered_set<int32_t> seen(history->begin(), history->end());
+  sampling_scratch own;
+  sampling_scratch& sc = scratch ? *scratch : own;
+  std::span<const float> logits_in = raw;
+  if (cfg.penalised() && !history.empty()) {
+    sc.penalised.assign(raw.begin(), raw.end());
+    std::unordered_set<int32_t> seen(history.begin(), history.end());
     for (int32_t t : seen) {
-      if (t < 0 || static_cast<size_t>(t) >= penalised.size()) continue;
-      float& x = penalised[t];
+      if (t < 0 || static_cast<size_t>(t) >= sc.penalised.size()) continue;
+      float& x = sc.penalised[t];
       if (cfg.repetition_penalty != 1.0f) x = x > 0 ? x / cfg.repetition_penalty : x * cfg.repetition_penalty;
       x -= cfg.presence_penalty;
     }
-    logits_ptr = &penalised;
+    logits_in = sc.penalised;
   }
-  const auto& logits = *logits_ptr;
+  const std::span<const float> logits = logits_in;
   // The largest logit, the lowest id among equal ones; a NaN is never picked (0 when no logit is
   // a number), as the CUDA executor's device pick (cuda::launch_argmax) does.
   size_t best = logits.size();
@@ -43,12 +44,14 @@ int32_t sample_token(const std::vector<float>& raw, const sampling_config& cfg, 
   const double u = draw_uniform(cfg.seed, position);
   // A NaN logit has no probability (the greedy pick above skips it too); the largest logit has 1,
   // also when it is infinite (inf - inf would be NaN).
-  std::vector<double> p(logits.size());
+  std::vector<double>& p = sc.p;
+  p.resize(logits.size());
   for (size_t i = 0; i < logits.size(); ++i) {
     p[i] = logits[i] == logits[best] ? 1.0 : std::exp((static_cast<double>(logits[i]) - logits[best]) / cfg.temperature);
     if (std::isnan(p[i])) p[i] = 0.0;
   }
-  std::vector<uint32_t> idx(p.size());
+  std::vector<uint32_t>& idx = sc.idx;
+  idx.resize(p.size());
   std::iota(idx.begin(), idx.end(), 0u);
   const bool truncate = cfg.top_k > 0 || cfg.top_p < 1.0f;
   if (truncate) {
@@ -92,8 +95,15 @@ int32_t sample_token(const std::vector<float>& raw, const sampling_config& cfg, 
   return static_cast<int32_t>(idx.back());
 }
 
-int32_t sample_token(const std::vector<float>& logits, const seq_sampling& s) {
-  return sample_token(logits, s.cfg, s.position, s.cfg.penalised() ? &s.history : nullptr);
+int32_t sample_token(const std::vector<float>& logits, const sampling_config& cfg, uint32_t position,
+                     const std::vector<int32_t>* history) {
+  return sample_token(std::span<const float>(logits), cfg, position,
+                      history ? std::span<const int32_t>(*history) : std::span<const int32_t>{});
+}
+
+int32_t sample_token(std::span<const float> logits, const seq_sampling& s, sampling_scratch* scratch) {
+  return sample_token(logits, s.cfg, s.position,
+                      s.cfg.penalised() ? std::span<const int32_t>(s.history) : std::span<const int32_t>{}, scratch);
 }
 
 }  // namespace baton::gpu

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 namespace baton::gpu {
@@ -19,11 +20,25 @@ struct sampling_config {
 /// every rank and backend.
 double draw_uniform(uint64_t seed, uint32_t position);
 
+/// A sampler's working memory, kept between calls by one thread: a draw over a 150K vocabulary
+/// needs 1.2 MB of probabilities and 600 KB of candidate ids, which a batch's rows would
+/// otherwise allocate and fault in afresh, row after row.
+struct sampling_scratch {
+  std::vector<float> penalised;
+  std::vector<double> p;
+  std::vector<uint32_t> idx;
+};
+
 /// Picks the token for position `position` of a sequence; `history` is every token before it
 /// (prompt and output), needed only for the penalties. The random draw depends only on (seed,
 /// position), never on which rank samples or what shares the batch, so a request sampled partly
 /// on a prefill rank and partly on a decode rank gets the same tokens as on one rank.
 /// Order: penalties, then temperature, top-k, top-p, draw (greedy: penalties, then argmax).
+/// Reads `logits` in place (a row of a batch's logits needs no copy); `scratch`, when given, is
+/// reused instead of allocating.
+int32_t sample_token(std::span<const float> logits, const sampling_config& cfg, uint32_t position,
+                     std::span<const int32_t> history, sampling_scratch* scratch = nullptr);
+/// The same over a whole vector; `history` null when there is none.
 int32_t sample_token(const std::vector<float>& logits, const sampling_config& cfg, uint32_t position,
                      const std::vector<int32_t>* history = nullptr);
 
@@ -43,6 +58,6 @@ struct seq_sampling {
 };
 
 /// sample_token for one forward_seq::sample.
-int32_t sample_token(const std::vector<float>& logits, const seq_sampling& s);
+int32_t sample_token(std::span<const float> logits, const seq_sampling& s, sampling_scratch* scratch = nullptr);
 
 }  // namespace baton::gpu

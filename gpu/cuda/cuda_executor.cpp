@@ -616,9 +616,8 @@ private:
       for (size_t i = begin; i < end; ++i) {
         const auto [s, k] = drawn[i];
         const auto& q = job.seqs[s];
-        const float* row = lh + k * cfg_.vocab_size;
-        tokens[s] = q.want_logits ? sample_token(logits[s], *q.sample)
-                                  : sample_token(std::vector<float>(row, row + cfg_.vocab_size), *q.sample);
+        thread_local sampling_scratch scratch;  // each sampler thread's, reused across rows and jobs
+        tokens[s] = sample_token(std::span<const float>(lh + k * cfg_.vocab_size, cfg_.vocab_size), *q.sample, &scratch);
       }
     });
     sink.on_done(job.job_id, std::move(logits), std::move(tokens));

@@ -383,3 +383,31 @@ TEST_CASE("top-k and top-p sort only the prefix they read, and pick what a full 
   const std::vector<float> inf_row = {1.0f, INFINITY, 2.0f, 0.0f};
   for (uint32_t pos = 0; pos < 20; ++pos) CHECK(sample_token(inf_row, sampling_config{1.0f, 3}, pos) == 1);
 }
+
+TEST_CASE("a sampler's reused scratch changes no pick: each row in place, settings and widths interleaved") {
+  // One buffer of rows of two widths, read in place as the executors do; one scratch carries
+  // over from every kind of pick (penalised, top-p, greedy, wider, narrower) to the next.
+  std::vector<float> rows(3 * 5000);
+  uint32_t s = 99;
+  for (auto& x : rows) {
+    s = s * 1664525u + 1013904223u;
+    x = static_cast<float>((s >> 8) % 1000) * 0.01f - 5.0f;
+  }
+  const std::vector<int32_t> history = {3, 17, 17, 4000, 4999, 2500};
+  const sampling_config configs[] = {{0.7f, 1, 0, 0.9f, 1.3f, 0.5f}, {0.0f, 0, 0, 1.0f, 1.0f, 2.0f}, {1.0f, 2},
+                                     {0.9f, 3, 40, 0.8f},            {0.0f},                          {1.5f, 4, 0, 0.3f, 2.0f}};
+  sampling_scratch scratch;
+  size_t penalty_moved = 0;
+  for (uint32_t pos = 0; pos < 60; ++pos)
+    for (const auto& c : configs) {
+      const size_t width = pos % 2 ? 5000 : 1200;
+      const std::span<const float> row(rows.data() + (pos % 3) * 5000, width);
+      const std::vector<float> copy(row.begin(), row.end());
+      CAPTURE(pos);
+      CAPTURE(c.temperature);
+      const int32_t reused = sample_token(row, c, pos, history, &scratch);
+      CHECK(reused == sample_token(copy, c, pos, &history));
+      penalty_moved += c.penalised() && reused != sample_token(copy, c, pos);
+    }
+  CHECK(penalty_moved > 0);  // the penalties were in force, so stale penalised logits would show
+}
