@@ -462,8 +462,9 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
   st.cfg = std::move(cfg);
   st.core.start(self, std::move(exec), std::move(xport));
   // An executor that can run nothing any more (a broken data-parallel group) says so at once:
-  // the rank stops taking work before a request finds out. Weak: the executor outlives no actor.
-  st.core.exec->on_standing_failure([addr = caf::actor_cast<caf::actor_addr>(self)] {
+  // the rank stops taking work before a request finds out; and again when its group re-formed,
+  // so the rank reports room and takes work again. Weak: the executor outlives no actor.
+  st.core.exec->on_health_change([addr = caf::actor_cast<caf::actor_addr>(self)] {
     if (auto me = caf::actor_cast<decode_rank_actor>(addr)) caf::anon_send(me, health_atom::value);
   });
   if (st.core.pool_key) {
@@ -698,8 +699,9 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
       },
       [=](timer_atom, uint64_t id) { self->state.core.runner->fire(id); },
       [=](health_atom) {
-        // The executor's standing failure: queued reservations go elsewhere, the balancer hears
-        // there is no room here (rebalance_memory reports, unless a step is in flight).
+        // The executor's standing failure began (queued reservations go elsewhere, the balancer
+        // hears there is no room here) or ended (the balancer hears of the room again):
+        // rebalance_memory reports, unless a step is in flight.
         rebalance_memory(self);
         if (self->state.step_in_flight) report_load(self);
       },

@@ -119,13 +119,43 @@ public:
   void stop() override {
     jobs_.stop();
     if (peers_) peers_->leave();
+    std::shared_ptr<expert_peers> next;
+    {
+      std::lock_guard<std::mutex> lock{failure_mutex_};
+      next = std::move(next_peers_);
+    }
+    if (next) next->leave();  // a re-formed group this executor never switched to
   }
 
-  std::string standing_failure() const override { return peers_ ? peers_->failure() : std::string{}; }
+  std::string standing_failure() const override {
+    std::shared_ptr<expert_peers> peers;
+    {
+      std::lock_guard<std::mutex> lock{failure_mutex_};
+      peers = peers_;
+    }
+    return peers ? peers->failure() : std::string{};
+  }
 
-  void on_standing_failure(std::function<void()> fn) override {
+  void on_health_change(std::function<void()> fn) override {
     std::lock_guard<std::mutex> lock{failure_mutex_};
     failure_listener_ = std::move(fn);
+  }
+
+  bool rejoin_group(std::shared_ptr<expert_peers> peers, std::string* why) override {
+    if (!peers) return *why = "rejoin: no group given", false;
+    const uint32_t first = cfg_.moe.first_k_dense_replace;
+    std::lock_guard<std::mutex> lock{failure_mutex_};
+    if (!peers_) return *why = "this executor is in no data-parallel group", false;
+    // Its old group must be over: its members would otherwise wait for this one in a step.
+    if (peers_->failure().empty()) return *why = "its data-parallel group has not broken; nothing to rejoin", false;
+    if (first < cfg_.num_hidden_layers && peers->held(first).empty()) {
+      peers->hold_block(cfg_, *weights_);
+      if (peers->held(first).empty())  // weights shared without routed experts (as `baton node` keeps them)
+        return *why = "the re-formed group's member holds no experts, and this executor's weights have none to give it",
+               false;
+    }
+    next_peers_ = std::move(peers);  // switched to by join_peers, between jobs
+    return true;
   }
 
   const model_config& config() const override { return cfg_; }
@@ -451,6 +481,7 @@ private:
   /// Data-parallel attention: ends this member's step, or joins one a peer started. A failure
   /// leaves the group out of step; the next forward's MoE round reports it to its requests.
   void join_peers() {
+    switch_peers();
     std::string why;
     if (!peers_->join(cfg_, &why) && why != last_peer_error_) {
       std::fprintf(stderr, "baton: %s\n", why.c_str());
@@ -470,6 +501,22 @@ private:
     }
   }
 
+  /// Takes the group rejoin_group gave, if any (executor thread, between jobs): from here on this
+  /// executor runs that group's steps; the rank hears that its standing failure cleared.
+  void switch_peers() {
+    std::function<void()> tell;
+    {
+      std::lock_guard<std::mutex> lock{failure_mutex_};
+      if (!next_peers_) return;
+      peers_ = std::move(next_peers_);
+      tell = failure_listener_;
+    }
+    rounds_ = 0;
+    last_peer_error_.clear();
+    failure_told_ = false;
+    if (tell) tell();
+  }
+
   model_config cfg_;
   std::shared_ptr<const model_weights> weights_;
   kv_cache kv_;
@@ -477,10 +524,13 @@ private:
   unsigned num_threads_;
   sampling_scratch scratch_;  ///< the sampler's buffers (sampling runs on the executor's thread)
   std::shared_ptr<expert_group> experts_;  ///< expert parallelism; null: every expert here
-  std::shared_ptr<expert_peers> peers_;    ///< data-parallel attention; null: not in a group
+  /// Data-parallel attention; null: not in a group. Replaced (by switch_peers) only on the
+  /// executor's thread and under failure_mutex_, so that thread reads it freely; others lock.
+  std::shared_ptr<expert_peers> peers_;
+  std::shared_ptr<expert_peers> next_peers_;  ///< the re-formed group rejoin_group gave, not yet taken
   std::string last_peer_error_;            ///< said once on stderr
-  std::mutex failure_mutex_;
-  std::function<void()> failure_listener_;  ///< on_standing_failure
+  mutable std::mutex failure_mutex_;
+  std::function<void()> failure_listener_;  ///< on_health_change
   bool failure_told_ = false;               ///< the listener ran (queue thread only)
   uint32_t rounds_ = 0;                     ///< MoE rounds dispatched: spreads copies over replicas
   std::vector<float> inv_freq_;  ///< RoPE inverse frequencies (scaled per the config), once

@@ -149,6 +149,9 @@ public:
   virtual void run_after(std::chrono::nanoseconds delay, std::function<void()> fn) = 0;
 };
 
+class expert_group;
+class expert_peers;
+
 class executor {
 public:
   virtual ~executor() = default;
@@ -169,19 +172,26 @@ public:
   /// of step, or one of its members gone): its rank then refuses new work, and what it was running
   /// fails over, so that requests go to other ranks. Thread-safe.
   virtual std::string standing_failure() const { return {}; }
-  /// Calls `fn` once, on the executor's own thread, when standing_failure() turns non-empty while
-  /// it is idle or between jobs, so its rank can step aside before a request finds out. One
-  /// listener: a later registration replaces the earlier. Executors that cannot fail so ignore it.
-  virtual void on_standing_failure(std::function<void()> /*fn*/) {}
+  /// Calls `fn` on the executor's own thread when standing_failure() changes while it is idle or
+  /// between jobs: once when it turns non-empty, so its rank can step aside before a request
+  /// finds out, and once when it clears (the executor rejoined a re-formed group), so the rank
+  /// takes work again. One listener: a later registration replaces the earlier. Executors that
+  /// cannot fail so ignore it.
+  virtual void on_health_change(std::function<void()> /*fn*/) {}
+  /// Data-parallel attention: this executor's group broke (standing_failure() says how) and met
+  /// afresh as `peers`, whose store already holds its experts, or is filled here from this
+  /// executor's weights. The executor switches between jobs, on its own thread, and its standing
+  /// failure clears then. False and a sentence when it is in no group, or its group has not broken.
+  virtual bool rejoin_group(std::shared_ptr<expert_peers> /*peers*/, std::string* why) {
+    *why = "this executor is in no data-parallel group";
+    return false;
+  }
 };
 
 /// Jobs come from actors that validated requests, but a wrong page table would scribble over
 /// another request's KV: every executor refuses such a job with this message naming the
 /// sequence (empty when the job is sound).
 std::string check_forward_job(const forward_job& job, const model_config& cfg, const kv_layout& layout);
-
-class expert_group;
-class expert_peers;
 
 /// How the CPU executor is built.
 struct cpu_executor_config {

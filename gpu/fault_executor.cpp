@@ -58,7 +58,10 @@ public:
   void bind_runner(deferred_runner* r) override { inner_->bind_runner(r); }
   void stop() override { inner_->stop(); }
   std::string standing_failure() const override { return inner_->standing_failure(); }
-  void on_standing_failure(std::function<void()> fn) override { inner_->on_standing_failure(std::move(fn)); }
+  void on_health_change(std::function<void()> fn) override { inner_->on_health_change(std::move(fn)); }
+  bool rejoin_group(std::shared_ptr<expert_peers> peers, std::string* why) override {
+    return inner_->rejoin_group(std::move(peers), why);
+  }
 
 protected:
   std::shared_ptr<executor> inner_;

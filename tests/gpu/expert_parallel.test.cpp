@@ -564,7 +564,7 @@ TEST_CASE("data-parallel attention across processes: a member whose process died
   e0.peers = half0[0];
   auto x0 = make_cpu_executor(cfg, w, e0);
   std::atomic<bool> told{false};
-  x0->on_standing_failure([&] { told = true; });
+  x0->on_health_change([&] { told = true; });
   CHECK(x0->standing_failure().empty());
   half0[0]->peer_lost(1, "node far-b went down");
   const std::string want = "data-parallel group of " + names[0] + ": member " + names[1] + " is lost: node far-b went down";
@@ -574,4 +574,68 @@ TEST_CASE("data-parallel attention across processes: a member whose process died
   const auto after = generate_colocated(*x0, prompt_of(5, 30), 2, 16, {}, true);
   CHECK(after.error.find(want) != std::string::npos);
   x0->stop();
+}
+
+TEST_CASE("data-parallel attention: a broken group re-forms in place; the surviving executor rejoins it between jobs, "
+          "its standing failure clears and its rank is told, and the re-formed group answers as EP 1") {
+  const auto cfg = deepseek_tiny_config(true);
+  auto w = std::make_shared<const model_weights>(make_seeded_weights(cfg, 13));
+  auto alone = make_cpu_executor(cfg, w, {});
+  const auto ref = generate_colocated(*alone, prompt_of(7, 30), 6, 16, {}, true);
+  REQUIRE(ref.error.empty());
+  std::string why;
+  CHECK_FALSE(alone->rejoin_group(nullptr, &why));
+  CHECK(why == "rejoin: no group given");
+
+  dp_fixture dp{"loopback", 2, cfg, w, {5, 4}};  // with live EPLB: the new group plans from scratch
+  std::atomic<int> told{0};
+  dp.execs[0]->on_health_change([&] { ++told; });
+  const auto before = generate_colocated(*dp.execs[0], prompt_of(7, 30), 6, 16, {}, true);
+  REQUIRE_MESSAGE(before.error.empty(), before.error);
+  CHECK(before.tokens == ref.tokens);
+
+  // Build the replacement first: a group that has not broken is not left.
+  auto make_t = [](const std::string& name, std::string*) -> std::unique_ptr<transport::transport> {
+    static auto fabric = transport::make_loopback_fabric();
+    return transport::make_loopback_transport(fabric, name);
+  };
+  const peer_group_config gc{expert_slot_bytes(cfg, 64)};
+  auto next = make_peer_group({"re-0", "re-1"}, cfg, gc, make_t, &why);
+  REQUIRE_MESSAGE(next.size() == 2, why);
+  CHECK_FALSE(dp.execs[0]->rejoin_group(next[0], &why));
+  CHECK(why == "its data-parallel group has not broken; nothing to rejoin");
+
+  // Member 1's process goes (here: its executor stops, leaving its abort word).
+  dp.execs[1]->stop();
+  for (int i = 0; i < 500 && told.load() < 1; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{10});
+  CHECK(told.load() == 1);
+  CHECK_FALSE(dp.execs[0]->standing_failure().empty());
+
+  // The group met afresh: the survivor rejoins, the restarted member comes with a new executor.
+  for (auto& m : next) REQUIRE_MESSAGE(m->enable_eplb({5, 4}, cfg.moe.n_routed_experts, &why), why);
+  // The executors' shared weights keep no routed experts (as in `baton node`): the new members'
+  // stores must come filled, from the model loaded again.
+  CHECK_FALSE(dp.execs[0]->rejoin_group(next[0], &why));
+  CHECK(why == "the re-formed group's member holds no experts, and this executor's weights have none to give it");
+  for (auto& m : next) m->hold_block(cfg, *w);
+  REQUIRE_MESSAGE(dp.execs[0]->rejoin_group(next[0], &why), why);
+  cpu_executor_config ec;
+  ec.peers = next[1];
+  auto restarted = make_cpu_executor(cfg, dp.attention_only, ec);
+  for (int i = 0; i < 500 && !dp.execs[0]->standing_failure().empty(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds{10});
+  CHECK(dp.execs[0]->standing_failure().empty());
+  CHECK(told.load() == 2);  // the rank heard that it may take work again
+
+  colocated_generation theirs;
+  std::thread peer([&] { theirs = generate_colocated(*restarted, prompt_of(8, 20), 6, 16, {}, true); });
+  const auto after = generate_colocated(*dp.execs[0], prompt_of(7, 30), 6, 16, {}, true);
+  peer.join();
+  REQUIRE_MESSAGE(after.error.empty(), after.error);
+  CHECK(after.tokens == ref.tokens);
+  CHECK(test::same_bits(after.step_logits, ref.step_logits));
+  REQUIRE_MESSAGE(theirs.error.empty(), theirs.error);
+  CHECK(theirs.tokens == generate_colocated(*alone, prompt_of(8, 20), 6, 16, {}, true).tokens);
+  CHECK(next[0]->plans() > 0);  // live EPLB ran in the re-formed group
+  restarted->stop();
 }
