@@ -15,7 +15,9 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <unistd.h>
 
@@ -101,86 +103,118 @@ namespace {
 /// Each card carries the member's settings with its key: members that would run different
 /// rounds (slots, dual-batch overlap, EPLB) are refused here, naming both, not broken later.
 /// EPLB, when on, is enabled on every member.
-std::vector<std::shared_ptr<gpu::expert_peers>> join_dp_groups(caf::actor_system& sys, const node_directory_actor& dir,
-                                                               const std::string& node, uint32_t meet_timeout_s,
-                                                               uint32_t ranks, uint32_t first, uint32_t ep,
-                                                               const gpu::model_config& model,
-                                                               const gpu::peer_group_config& group_cfg,
-                                                               const gpu::live_eplb_config& eplb,
-                                                               const std::string& ucx_send, std::string* why) {
+struct dp_layout {
+  uint32_t ranks = 1;  ///< decode ranks in this node
+  uint32_t first = 0;  ///< the cluster-wide index of the first
+  uint32_t ep = 2;     ///< members per group
+  uint32_t first_group() const { return first / ep; }
+  uint32_t last_group() const { return (first + ranks - 1) / ep; }
+  uint32_t group_of(uint32_t local_rank) const { return (first + local_rank) / ep; }
+};
+
+/// How this node's members meet: the same for a group's first meeting and for every re-forming.
+struct dp_meeting_config {
+  std::string node;
+  uint32_t meet_timeout_s = 120;
+  gpu::peer_group_config group;
+  gpu::live_eplb_config eplb;
+  std::string ucx_send;
+  std::function<bool()> cancelled;  ///< polled while waiting at the head: leave the meeting at once
+};
+
+/// This node's members of data-parallel group `g`, met afresh (new transports, new keys);
+/// empty and a sentence when the meeting fails or is cancelled.
+std::vector<std::shared_ptr<gpu::expert_peers>> meet_dp_group(caf::actor_system& sys, const node_directory_actor& dir,
+                                                              const dp_layout& at, uint32_t g,
+                                                              const gpu::model_config& model,
+                                                              const dp_meeting_config& mc, std::string* why) {
+  const std::string& node = mc.node;
+  const uint32_t meet_timeout_s = mc.meet_timeout_s, ranks = at.ranks, first = at.first, ep = at.ep;
+  const auto& group_cfg = mc.group;
+  const auto& eplb = mc.eplb;
+  const auto& cancelled = mc.cancelled;
   const std::string settings = "slot_bytes=" + std::to_string(group_cfg.slot_bytes) +
                                " dual_batch=" + std::to_string(group_cfg.dual_batch) +
                                " eplb=" + std::to_string(eplb.slots_per_rank) + "/" + std::to_string(eplb.interval_rounds);
+  const std::string group = "dp" + std::to_string(g);
+  std::vector<std::string> names;
+  for (uint32_t m = 0; m < ep; ++m) names.push_back(group + "." + std::to_string(m));
+  std::vector<uint32_t> local;  // consecutive member indices
+  for (uint32_t i = 0; i < ranks; ++i)
+    if ((first + i) / ep == g) local.push_back((first + i) % ep);
+  auto meet = [&](uint32_t channel, const std::vector<std::pair<uint32_t, transport::region_key>>& mine,
+                  std::vector<transport::region_key>* all, std::string* err) {
+    const std::string meeting = channel == 0 ? group : group + "/b";  // dual-batch overlap's second channel
+    std::vector<std::string> cards;
+    for (const auto& m : mine) cards.push_back(settings + "|" + transport::key_to_text(m.second));
+    std::vector<std::string> got;
+    if (mine.size() == ep) {
+      got = cards;
+    } else {
+      // A helper actor asks, so that this thread can wait in slices and leave on Ctrl-C or
+      // SIGTERM instead of sitting out the meeting's timeout.
+      struct answer {
+        std::mutex m;
+        std::condition_variable cv;
+        bool done = false;
+        std::vector<std::string> cards;
+        std::string error;
+      };
+      auto ans = std::make_shared<answer>();
+      auto settle = [ans](std::vector<std::string> c, std::string e) {
+        std::lock_guard<std::mutex> lock{ans->m};
+        ans->cards = std::move(c);
+        ans->error = std::move(e);
+        ans->done = true;
+        ans->cv.notify_all();
+      };
+      if (cancelled()) return *err = "group " + group + ": stopped before meeting its other members", false;
+      auto asker = sys.spawn([=, first_member = mine.front().first](caf::event_based_actor* self) {
+        self->request(dir, std::chrono::seconds{meet_timeout_s}, rendezvous_atom::value, meeting, ep, first_member, cards,
+                      node)
+            .then([settle](std::vector<std::string>& c) { settle(std::move(c), {}); },
+                  [settle, self](caf::error& e) { settle({}, self->system().render(e)); });
+      });
+      std::printf("baton node %s: waiting at the head for the other members of data-parallel group %s (up to %u s)\n",
+                  node.c_str(), meeting.c_str(), meet_timeout_s);
+      std::fflush(stdout);
+      std::unique_lock<std::mutex> lock{ans->m};
+      while (!ans->done && !cancelled()) ans->cv.wait_for(lock, std::chrono::milliseconds{100});
+      if (!ans->done) {
+        caf::anon_send_exit(asker, caf::exit_reason::user_shutdown);  // the actor system waits for it otherwise
+        return *err = "group " + group + ": stopped while waiting for its other members at the head", false;
+      }
+      if (!ans->error.empty()) return *err = "group " + group + ": meeting its members at the head: " + ans->error, false;
+      got = std::move(ans->cards);
+    }
+    for (size_t m = 0; m < got.size(); ++m) {
+      const auto bar = got[m].find('|');
+      const std::string theirs = bar == std::string::npos ? std::string{"(none)"} : got[m].substr(0, bar);
+      if (theirs != settings)
+        return *err = "group " + group + ": member " + std::to_string(m) + " runs with " + theirs + ", this node with " +
+                      settings + " (every member must be started alike)",
+               false;
+      auto key = transport::key_from_text(got[m].substr(bar + 1));
+      if (!key) return *err = "group " + group + ": member " + std::to_string(m) + "'s key does not parse", false;
+      all->push_back(*key);
+    }
+    return true;
+  };
+  auto members = gpu::make_peer_group(names, local, model, group_cfg, ucx_peer_transports(mc.ucx_send), meet, why);
+  if (members.empty()) return {};
+  for (auto& m : members)
+    if (eplb.slots_per_rank && !m->enable_eplb(eplb, model.moe.n_routed_experts, why)) return {};
+  return members;
+}
+
+/// This node's members of every data-parallel group its decode ranks belong to, in rank order.
+std::vector<std::shared_ptr<gpu::expert_peers>> join_dp_groups(caf::actor_system& sys, const node_directory_actor& dir,
+                                                               const dp_layout& at, const gpu::model_config& model,
+                                                               const dp_meeting_config& mc, std::string* why) {
   std::vector<std::shared_ptr<gpu::expert_peers>> out;
-  for (uint32_t g = first / ep; g <= (first + ranks - 1) / ep; ++g) {
-    const std::string group = "dp" + std::to_string(g);
-    std::vector<std::string> names;
-    for (uint32_t m = 0; m < ep; ++m) names.push_back(group + "." + std::to_string(m));
-    std::vector<uint32_t> local;  // consecutive member indices
-    for (uint32_t i = 0; i < ranks; ++i)
-      if ((first + i) / ep == g) local.push_back((first + i) % ep);
-    auto meet = [&](uint32_t channel, const std::vector<std::pair<uint32_t, transport::region_key>>& mine,
-                    std::vector<transport::region_key>* all, std::string* err) {
-      const std::string meeting = channel == 0 ? group : group + "/b";  // dual-batch overlap's second channel
-      std::vector<std::string> cards;
-      for (const auto& m : mine) cards.push_back(settings + "|" + transport::key_to_text(m.second));
-      std::vector<std::string> got;
-      if (mine.size() == ep) {
-        got = cards;
-      } else {
-        // A helper actor asks, so that this thread can wait in slices and leave on Ctrl-C or
-        // SIGTERM instead of sitting out the meeting's timeout.
-        struct answer {
-          std::mutex m;
-          std::condition_variable cv;
-          bool done = false;
-          std::vector<std::string> cards;
-          std::string error;
-        };
-        auto ans = std::make_shared<answer>();
-        auto settle = [ans](std::vector<std::string> c, std::string e) {
-          std::lock_guard<std::mutex> lock{ans->m};
-          ans->cards = std::move(c);
-          ans->error = std::move(e);
-          ans->done = true;
-          ans->cv.notify_all();
-        };
-        if (stop_requested()) return *err = "group " + group + ": stopped before meeting its other members", false;
-        auto asker = sys.spawn([=, first_member = mine.front().first](caf::event_based_actor* self) {
-          self->request(dir, std::chrono::seconds{meet_timeout_s}, rendezvous_atom::value, meeting, ep, first_member, cards,
-                        node)
-              .then([settle](std::vector<std::string>& c) { settle(std::move(c), {}); },
-                    [settle, self](caf::error& e) { settle({}, self->system().render(e)); });
-        });
-        std::printf("baton node %s: waiting at the head for the other members of data-parallel group %s (up to %u s)\n",
-                    node.c_str(), meeting.c_str(), meet_timeout_s);
-        std::fflush(stdout);
-        std::unique_lock<std::mutex> lock{ans->m};
-        while (!ans->done && !stop_requested()) ans->cv.wait_for(lock, std::chrono::milliseconds{100});
-        if (!ans->done) {
-          caf::anon_send_exit(asker, caf::exit_reason::user_shutdown);  // the actor system waits for it otherwise
-          return *err = "group " + group + ": stopped while waiting for its other members at the head", false;
-        }
-        if (!ans->error.empty()) return *err = "group " + group + ": meeting its members at the head: " + ans->error, false;
-        got = std::move(ans->cards);
-      }
-      for (size_t m = 0; m < got.size(); ++m) {
-        const auto bar = got[m].find('|');
-        const std::string theirs = bar == std::string::npos ? std::string{"(none)"} : got[m].substr(0, bar);
-        if (theirs != settings)
-          return *err = "group " + group + ": member " + std::to_string(m) + " runs with " + theirs + ", this node with " +
-                        settings + " (every member must be started alike)",
-                 false;
-        auto key = transport::key_from_text(got[m].substr(bar + 1));
-        if (!key) return *err = "group " + group + ": member " + std::to_string(m) + "'s key does not parse", false;
-        all->push_back(*key);
-      }
-      return true;
-    };
-    auto members = gpu::make_peer_group(names, local, model, group_cfg, ucx_peer_transports(ucx_send), meet, why);
+  for (uint32_t g = at.first_group(); g <= at.last_group(); ++g) {
+    auto members = meet_dp_group(sys, dir, at, g, model, mc, why);
     if (members.empty()) return {};
-    for (auto& m : members)
-      if (eplb.slots_per_rank && !m->enable_eplb(eplb, model.moe.n_routed_experts, why)) return {};
     out.insert(out.end(), members.begin(), members.end());
   }
   return out;
@@ -361,46 +395,106 @@ int run_node(const std::vector<std::string>& args) {
                  connect.c_str(), explain_connect_error(sys, directory.error(), sec.tls()).c_str());
     return 1;
   }
-  auto weights = loaded.weights ? loaded.weights
-                                : std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(model, weights_seed));
+  // The whole model: the routed experts of a data-parallel node's members are copied out of it,
+  // and the node loads it again only when a group re-forms.
+  auto load_full = [=](std::string* err) -> std::shared_ptr<const gpu::model_weights> {
+    local_cluster_config again;  // a directory's weights; a built-in model's come from the seed
+    if (model_dir != "random" && !load_model_into(model_dir, &again, err)) return nullptr;
+    if (again.weights) return again.weights;
+    return std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(model, weights_seed));
+  };
+  auto weights = loaded.weights ? loaded.weights : load_full(&why);
+  loaded.weights.reset();  // `weights` holds the model now; a data-parallel node replaces it below
   auto rank_name_of = [name, num_ranks](uint32_t i) { return num_ranks > 1 ? name + "-" + std::to_string(i) : name; };
+  // The node's members of its data-parallel groups, and its executors: a group that lost a member
+  // re-forms in place (below), replacing its members here while the executors rejoin it.
+  struct dp_members {
+    std::mutex m;
+    std::vector<std::shared_ptr<gpu::expert_peers>> peers;  ///< [local rank]
+    std::vector<std::shared_ptr<gpu::executor>> execs;      ///< [local rank], once started
+    std::set<uint32_t> reforming;                           ///< groups meeting afresh now
+    std::vector<std::thread> threads;                       ///< the re-formings, joined at exit
+  };
+  auto dp = std::make_shared<dp_members>();
+  dp->execs.resize(num_ranks);
+  // Set when this node leaves (a stop, or a group that could not re-form): meetings in progress end.
+  auto leaving = std::make_shared<std::atomic<bool>>(false);
+  const dp_layout dp_at{num_ranks, dp_first_rank, expert_parallel};
+  const dp_meeting_config dp_meet{name, dp_meet_timeout_s,
+                                  {.slot_bytes = engine_slot_bytes(model, prefill, rank), .dual_batch = dual_batch_overlap},
+                                  eplb, ucx_send, [leaving] { return stop_requested() || leaving->load(); }};
   // Data-parallel groups first: their members in other nodes wait for these at the head.
-  std::vector<std::shared_ptr<gpu::expert_peers>> peers;
   if (dp_attention) {
-    peers = join_dp_groups(sys, *directory, name, dp_meet_timeout_s, num_ranks, dp_first_rank, expert_parallel, model,
-                           {.slot_bytes = engine_slot_bytes(model, prefill, rank), .dual_batch = dual_batch_overlap}, eplb,
-                           ucx_send, &why);
-    if (peers.empty()) {
+    dp->peers = join_dp_groups(sys, *directory, dp_at, model, dp_meet, &why);
+    if (dp->peers.empty()) {
       std::fprintf(stderr, "baton node %s: data-parallel attention: %s\n", name.c_str(), why.c_str());
       return stop_requested() ? 0 : 1;  // asked to stop while meeting: not a failure to restart
     }
     // Each member serves routed experts from its own store, filled here with its block; the
     // weights the executors share then keep none (a loaded model is copied once to drop them).
     gpu::model_weights attention_only = *weights;
-    for (auto& p : peers) p->hold_block(model, attention_only);
+    for (auto& p : dp->peers) p->hold_block(model, attention_only);
     gpu::keep_expert_block(model, attention_only, expert_parallel, expert_parallel);
     weights = std::make_shared<const gpu::model_weights>(std::move(attention_only));
     const uint32_t first_moe = model.moe.first_k_dense_replace;
     for (uint32_t i = 0; i < num_ranks; ++i)
       std::printf("baton node %s: rank %s is member %u of data-parallel group dp%u, serving %zu of %u routed experts "
                   "per layer\n",
-                  name.c_str(), rank_name_of(i).c_str(), peers[i]->rank(), (dp_first_rank + i) / expert_parallel,
-                  peers[i]->held(first_moe).size(), model.moe.n_routed_experts);
+                  name.c_str(), rank_name_of(i).c_str(), dp->peers[i]->rank(), dp_at.group_of(i),
+                  dp->peers[i]->held(first_moe).size(), model.moe.n_routed_experts);
     std::fflush(stdout);
   }
   agent_cfg.hello = {name, {role}, static_cast<int32_t>(::getpid())};
-  // A node of one of this node's groups went: its members are lost, and this node's members of
-  // that group step aside at once (each rank then refuses work and reports no room). The node
-  // then drains and leaves with exit code 3, so that whoever restarts it (`baton launch
-  // --restart-failed`, a Kubernetes pod) lets the group meet afresh: the head's directory starts
-  // its next meeting once every node of the lost one has gone.
+  // A group that cannot re-form in place: the node drains and leaves with exit code 3, so that
+  // whoever restarts it (`baton launch --restart-failed`, a Kubernetes pod) lets the group meet
+  // afresh: the head's directory starts its next meeting once every node of the lost one has gone.
   auto group_lost = std::make_shared<std::atomic<bool>>(false);
-  agent_cfg.on_member_gone = [=](const std::string& meeting, const std::vector<uint32_t>& members, const std::string& why) {
+  // Re-forming group `g` in place: this node's members meet the others afresh at the head, whose
+  // directory holds the meeting until every node of the lost one has gone or posted again (the
+  // lost node restarted, or a replacement under its name). The new members' stores are filled
+  // from the model loaded again, and each executor rejoins between jobs; its rank then takes work
+  // again. The node never restarts, so its other groups and its prefix of warm state stay.
+  auto reform = [=, &sys](uint32_t g) {
+    std::string err;
+    std::vector<std::shared_ptr<gpu::expert_peers>> members;
+    auto full = load_full(&err);
+    if (full) members = meet_dp_group(sys, *directory, dp_at, g, model, dp_meet, &err);
+    if (!members.empty()) {
+      for (auto& m : members) m->hold_block(model, *full);
+      full.reset();
+      std::lock_guard<std::mutex> lock{dp->m};
+      for (uint32_t i = 0, j = 0; i < num_ranks && err.empty(); ++i) {
+        if (dp_at.group_of(i) != g) continue;
+        auto& exec = dp->execs[i];
+        if (!exec) err = "rank " + rank_name_of(i) + " has no executor yet";
+        else if (!exec->rejoin_group(members[j], &err)) err = "rank " + rank_name_of(i) + ": " + err;
+        else dp->peers[i] = members[j];
+        ++j;
+      }
+      if (err.empty()) {
+        dp->reforming.erase(g);
+        std::printf("baton node %s: data-parallel group dp%u re-formed in place; its ranks here take work again\n",
+                    name.c_str(), g);
+        std::fflush(stdout);
+        return;
+      }
+    }
+    if (!stop_requested() && !leaving->load())
+      std::printf("baton node %s: data-parallel group dp%u could not re-form in place (%s); leaving so that it re-forms "
+                  "from restarted nodes\n",
+                  name.c_str(), g, err.c_str());
+    std::fflush(stdout);
     group_lost->store(true);
+  };
+  // A node of one of this node's groups went: its members are lost, and this node's members of
+  // that group step aside at once (each rank then refuses work and reports no room), then meet
+  // afresh with the lost member's replacement (reform above).
+  agent_cfg.on_member_gone = [=](const std::string& meeting, const std::vector<uint32_t>& members, const std::string& why) {
     const std::string group = meeting.substr(0, meeting.find('/'));  // "dp3/b" is dp3's second channel
-    for (uint32_t i = 0; i < peers.size(); ++i) {
-      if (group != "dp" + std::to_string((dp_first_rank + i) / expert_parallel)) continue;
-      for (uint32_t m : members) peers[i]->peer_lost(m, why);
+    std::lock_guard<std::mutex> lock{dp->m};
+    for (uint32_t i = 0; i < dp->peers.size(); ++i) {
+      if (group != "dp" + std::to_string(dp_at.group_of(i))) continue;
+      for (uint32_t m : members) dp->peers[i]->peer_lost(m, why);
       if (meeting != group) continue;  // dual-batch overlap's second channel: the same members, said once
       std::string line = "baton node " + name + ": rank " + rank_name_of(i) + " steps aside: data-parallel group " +
                          group + " lost member(s)";
@@ -409,6 +503,15 @@ int run_node(const std::vector<std::string>& args) {
       std::fputs(line.c_str(), stdout);
     }
     std::fflush(stdout);
+    if (meeting != group || dp->peers.empty()) return;
+    uint32_t g = dp_at.first_group();
+    while (g <= dp_at.last_group() && group != "dp" + std::to_string(g)) ++g;
+    if (g > dp_at.last_group() || !dp->reforming.insert(g).second) return;  // not ours; or already meeting afresh  // already meeting afresh: that meeting hears of the loss
+    std::printf("baton node %s: data-parallel group %s re-forms in place: waiting at the head for its lost member(s) "
+                "to come back\n",
+                name.c_str(), group.c_str());
+    std::fflush(stdout);
+    dp->threads.emplace_back(reform, g);
   };
   auto start = [=](caf::actor_system& sys, const cluster_welcome& w, node_actors* out) -> std::string {
     // The cluster's block store, if it runs one: decode ranks write finished sequences back to
@@ -434,7 +537,7 @@ int run_node(const std::vector<std::string>& args) {
       ec.kv_memory = kv_pool_in(decode_xport ? decode_xport : xport);
       std::shared_ptr<gpu::executor> exec;
       if (dp_attention) {
-        ec.peers = peers[i];
+        ec.peers = dp->peers[i];
         exec = gpu::make_cpu_executor(model, weights, ec);
       } else if (expert_parallel > 1) {
         auto group = spawn_expert_group({model_dir, weights_seed, expert_parallel,
@@ -449,6 +552,10 @@ int run_node(const std::vector<std::string>& args) {
         exec = gpu::make_backend_executor(backend, model, weights, ec);
       }
       if (fault_job_delay_ms) exec = gpu::make_fault_slow_executor(std::move(exec), fault_job_delay_ms);
+      if (dp_attention) {
+        std::lock_guard<std::mutex> lock{dp->m};
+        dp->execs[i] = exec;  // rejoins its group when the group re-forms
+      }
       if (role == "elastic") {
         // The side not serving is on standby until the head's controller moves the instance.
         auto e = spawn_elastic_instance(sys, rank_name, i < prefill_at_start, prefill, rank, std::move(exec),
@@ -474,6 +581,8 @@ int run_node(const std::vector<std::string>& args) {
       }
       out->ranks.names.push_back(rank_name);
     }
+    std::printf("baton node %s: joined the head; %u %s rank(s) serving\n", name.c_str(), num_ranks, role.c_str());
+    std::fflush(stdout);
     return {};
   };
   auto agent = spawn_node_agent(sys, *directory, agent_cfg, start);
@@ -484,6 +593,7 @@ int run_node(const std::vector<std::string>& args) {
   while (!gone) {
     if ((stop_requested() || group_lost->load()) && !drain_sent) {
       leaving_for_group = !stop_requested();
+      leaving->store(true);  // re-formings still meeting give up
       self->send(agent, drain_atom::value);
       drain_sent = true;
     }
@@ -494,12 +604,19 @@ int run_node(const std::vector<std::string>& args) {
         },
         caf::after(std::chrono::milliseconds{100}) >> [] {});
   }
-  for (uint32_t i = 0; i < peers.size(); ++i)  // what each data-parallel member's live EPLB did
+  leaving->store(true);
+  std::vector<std::thread> reformings;
+  {
+    std::lock_guard<std::mutex> lock{dp->m};
+    reformings.swap(dp->threads);  // no new one starts: the agent is gone
+  }
+  for (auto& t : reformings) t.join();
+  for (uint32_t i = 0; i < dp->peers.size(); ++i)  // what each data-parallel member's live EPLB did
     if (eplb.slots_per_rank)
       std::printf("baton node %s: rank %s: %llu EPLB plans, %llu bytes of expert weights received, %llu experts dropped\n",
-                  name.c_str(), rank_name_of(i).c_str(), static_cast<unsigned long long>(peers[i]->plans()),
-                  static_cast<unsigned long long>(peers[i]->bytes_installed()),
-                  static_cast<unsigned long long>(peers[i]->experts_evicted()));
+                  name.c_str(), rank_name_of(i).c_str(), static_cast<unsigned long long>(dp->peers[i]->plans()),
+                  static_cast<unsigned long long>(dp->peers[i]->bytes_installed()),
+                  static_cast<unsigned long long>(dp->peers[i]->experts_evicted()));
   std::fflush(stdout);
   if (leaving_for_group) {
     std::printf("baton node %s: left so that its data-parallel group can re-form; restart this node (exit code 3)\n",

@@ -9,8 +9,8 @@ BATON=$1
 WORK=$(mktemp -d /tmp/baton-launch-ep-e2e-XXXXXX)
 LAUNCHER="" SINGLE=""
 source "$(dirname "$0")/e2e_lib.sh"
-HEAD_PID="" ODD_A=""
-trap 'for p in $HEAD_PID $ODD_A; do kill -INT "$p" 2>/dev/null || true; done; cleanup_launched' EXIT
+HEAD_PID="" ODD_A="" FALL_A=""
+trap 'for p in $HEAD_PID $ODD_A $FALL_A; do kill -INT "$p" 2>/dev/null || true; done; cleanup_launched' EXIT
 fail() { echo "launch EP e2e: FAILED: $*" >&2; echo "--- launcher output:" >&2; cat "$WORK/launch.log" >&2 || true; exit 1; }
 experts() { pgrep -f "$BATON experts" | wc -l; }
 # Shards of an earlier test may still be on their way out (they follow their engine's death).
@@ -82,21 +82,32 @@ for r in decode-b-0 decode-b-1; do
     "$WORK/launch.log" || fail "$r did not step aside when decode-a died: $(grep 'steps aside' "$WORK/launch.log")"
 done
 echo "launch EP e2e: a data-parallel member's process killed: the other node's ranks step aside at once, naming it"
-# decode-b then leaves (exit code 3) so that the group can re-form; the launcher restarts both,
-# the head's directory lets them meet afresh once the old meeting's nodes are all gone, and the
-# group answers as before.
+# decode-b stays up: its members meet afresh at the head while the launcher restarts decode-a,
+# whose new process posts to the same meeting; decode-b's executors then rejoin the re-formed
+# group between jobs and its ranks take work again, and the group answers as before.
+grep -q "baton node decode-b: data-parallel group dp0 re-forms in place" "$WORK/launch.log" ||
+  fail "decode-b did not start re-forming dp0: $(grep 'decode-b' "$WORK/launch.log" | tail -5)"
 joined_twice() { [ "$(grep -c "node $1 joined" "$WORK/launch.log")" -ge 2 ]; }
-for _ in $(seq 600); do joined_twice decode-a && joined_twice decode-b && break; sleep 0.1; done
-grep -q "baton node decode-b: left so that its data-parallel group can re-form" "$WORK/launch.log" ||
-  fail "decode-b did not leave for its group: $(grep 'decode-b' "$WORK/launch.log" | tail -5)"
-grep -q "node decode-b left (exit code 3)" "$WORK/launch.log" || fail "decode-b did not exit with code 3"
-for n in decode-a decode-b; do
-  grep -q "node $n restarted (1 of 2" "$WORK/launch.log" || fail "the launcher did not restart $n"
-  joined_twice "$n" || fail "$n did not join again: $(grep "$n" "$WORK/launch.log" | tail -5)"
-done
+for _ in $(seq 600); do grep -q "baton node decode-b: data-parallel group dp0 re-formed in place" "$WORK/launch.log" && break; sleep 0.1; done
+grep -q "baton node decode-b: data-parallel group dp0 re-formed in place; its ranks here take work again" "$WORK/launch.log" ||
+  fail "decode-b did not re-form dp0 in place: $(grep 'decode-b' "$WORK/launch.log" | tail -5)"
+grep -q "node decode-a restarted (1 of 2" "$WORK/launch.log" || fail "the launcher did not restart decode-a"
+for _ in $(seq 300); do joined_twice decode-a && break; sleep 0.1; done  # it joins the head after its meeting
+joined_twice decode-a || fail "decode-a did not join again: $(grep "decode-a" "$WORK/launch.log" | tail -5)"
+joined_twice decode-b && fail "decode-b joined twice: it should have stayed up"
+grep -q "node decode-b left\|decode-b restarted" "$WORK/launch.log" && fail "decode-b left: $(grep 'decode-b' "$WORK/launch.log" | tail -5)"
 same_as_single deepseek-v3-tiny ep-e2e 12 "Experts, route this" "A second prompt, longer, so that more tokens pass the experts" \
   "A third one for the other decode rank" "And a fourth, so both members have rows of their own"
-echo "launch EP e2e: the group re-formed from restarted nodes and answers as EP 1 again"
+echo "launch EP e2e: the group re-formed in place around the restarted decode-a, decode-b never left, and it answers as EP 1 again"
+# Once more: a re-formed group loses the same node again and re-forms again.
+kill -9 "$(pgrep -f "$BATON node .*--name decode-a" | head -1)" || fail "no decode-a process to kill (second time)"
+reformed() { grep -c "baton node decode-b: data-parallel group dp0 re-formed in place" "$WORK/launch.log" || true; }
+for _ in $(seq 600); do [ "$(reformed)" -ge 2 ] && break; sleep 0.1; done
+[ "$(reformed)" -ge 2 ] || fail "decode-b did not re-form dp0 a second time: $(grep 'decode-b' "$WORK/launch.log" | tail -5)"
+grep -q "node decode-a restarted (2 of 2" "$WORK/launch.log" || fail "the launcher did not restart decode-a a second time"
+for _ in $(seq 300); do [ "$(grep -c "node decode-a joined" "$WORK/launch.log")" -ge 3 ] && break; sleep 0.1; done
+same_as_single deepseek-v3-tiny ep-e2e 12 "Experts, route this" "A third one for the other decode rank"
+echo "launch EP e2e: killed again, the group re-formed in place a second time and answers as EP 1"
 stop_launched
 # Live EPLB ran in the group across the two processes: decode-b's members received expert weights.
 grep -E "rank decode-b-[01]: [1-9][0-9]* EPLB plans, [1-9][0-9]* bytes of expert weights received" "$WORK/launch.log" ||
@@ -135,6 +146,27 @@ timeout 30 "$BATON" "${node_args[@]}" --name alone-a --dp-first-rank 2 --dp-meet
 grep -q "group dp1: meeting its members at the head: .*timeout" "$WORK/alone-a2.log" ||
   fail "alone-a, started again, did not name the timeout: $(cat "$WORK/alone-a2.log")"
 echo "launch EP e2e: a node waiting for its group stops on Ctrl-C at once; started again, its post replaces the old one and its meeting timeout is named"
+# A group that cannot re-form in place (its lost node does not come back within the meeting
+# timeout): the surviving node says so and leaves with exit code 3, for a restarter to bring back.
+"$BATON" "${node_args[@]}" --name fall-a --dp-first-rank 4 --dp-meet-timeout-s 20 > "$WORK/fall-a.log" 2>&1 &
+FALL_A=$!
+# fall-b's short timeout bounds its wait for fall-a to come back; fall-a waits first, so the
+# first meeting completes as soon as fall-b posts.
+for _ in $(seq 300); do grep -q "waiting at the head" "$WORK/fall-a.log" && break; sleep 0.1; done
+"$BATON" "${node_args[@]}" --name fall-b --dp-first-rank 5 --dp-meet-timeout-s 4 > "$WORK/fall-b.log" 2>&1 &
+ODD_A=$!
+for _ in $(seq 300); do grep -q "joined the head" "$WORK/fall-a.log" && grep -q "joined the head" "$WORK/fall-b.log" && break; sleep 0.1; done
+grep -q "baton node fall-a: joined the head; 1 decode rank(s) serving" "$WORK/fall-a.log" || fail "fall-a did not join: $(cat "$WORK/fall-a.log")"
+kill -9 "$FALL_A"
+FALL_A=""
+for _ in $(seq 300); do kill -0 "$ODD_A" 2>/dev/null || break; sleep 0.1; done
+kill -0 "$ODD_A" 2>/dev/null && fail "fall-b did not leave after its group failed to re-form"
+rc=0; wait "$ODD_A" || rc=$?
+ODD_A=""
+[ "$rc" = 3 ] || fail "fall-b exited with $rc, not 3: $(cat "$WORK/fall-b.log")"
+grep -q "baton node fall-b: data-parallel group dp2 could not re-form in place (group dp2: meeting its members at the head: .*timeout.*); leaving" \
+  "$WORK/fall-b.log" || fail "fall-b did not say why it left: $(cat "$WORK/fall-b.log")"
+echo "launch EP e2e: a group whose lost node does not come back within the meeting timeout: the survivor leaves with exit code 3, saying why"
 kill -INT "$HEAD_PID"; wait "$HEAD_PID" 2>/dev/null || true
 HEAD_PID="" ODD_A=""
 grep -q "group dp0: member 0 runs with slot_bytes=[0-9]* dual_batch=0 eplb=0/64, this node with .* eplb=4/64 (every member must be started alike)" \
