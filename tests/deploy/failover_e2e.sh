@@ -39,10 +39,12 @@ for i in $(seq $N); do curl -sN "$URL" -d "$(body "$i")" > "$WORK/calm$i.txt" ||
 # The same requests at once; SIGKILL decode-a once every stream has begun.
 for i in $(seq $N); do curl -sN "$URL" -d "$(body "$i")" > "$WORK/hit$i.txt" & done
 PID_A=$(grep -o "node decode-a joined (decode, pid [0-9]*" "$WORK/launch.log" | grep -o "[0-9]*$")
+# One grep per look, and the kill comes at the latest when a first stream has finished: under
+# load, 20 greps per look outlasted the streams and the kill hit none of them.
 for _ in $(seq 200); do
-  started=0
-  for i in $(seq $N); do grep -q "data: " "$WORK/hit$i.txt" 2>/dev/null && started=$((started + 1)); done
-  [ $started = $N ] && break
+  started=$({ grep -l "data: " "$WORK"/hit*.txt 2>/dev/null || true; } | wc -l)
+  finished=$({ grep -l "\[DONE\]" "$WORK"/hit*.txt 2>/dev/null || true; } | wc -l)
+  [ "$started" = $N ] || [ "$finished" -ge 1 ] && break
   sleep 0.05
 done
 kill -9 "$PID_A"

@@ -63,9 +63,10 @@ for i in $(seq $N); do
   ip netns exec "$NS1" curl -sN -m 120 "$URL/v1/completions" -d "$(body "$i")" > "$WORK/cut$i.txt" &
   CLIENTS+=($!)
 done
-for _ in $(seq 200); do
-  n=0; for i in $(seq $N); do grep -q "data: " "$WORK/cut$i.txt" 2>/dev/null && n=$((n + 1)); done
-  [ $n = $N ] && break; sleep 0.05
+for _ in $(seq 200); do  # one grep per look; cut at the latest when a first stream has finished
+  n=$({ grep -l "data: " "$WORK"/cut*.txt 2>/dev/null || true; } | wc -l)
+  finished=$({ grep -l "\[DONE\]" "$WORK"/cut*.txt 2>/dev/null || true; } | wc -l)
+  [ "$n" = $N ] || [ "$finished" -ge 1 ] && break; sleep 0.05
 done
 ip -n "$NS2" link set "$V2" down  # host B is cut off; its processes live on
 wait "${CLIENTS[@]}"
