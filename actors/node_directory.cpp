@@ -291,8 +291,10 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
         if (r.size == 0) r.start(size, {});
         const bool posted_before = std::find(r.nodes.begin(), r.nodes.end(), node) != r.nodes.end();
         // A node posting again to a meeting it completed is a new process under the old name,
-        // restarted before the directory saw the old one go: the group lost it all the same.
-        if (r.lost.empty() && r.done && posted_before) lose(self, group, r, node, "was restarted");
+        // restarted before the directory saw the old one go, or a node whose members saw the
+        // group break (a stalled or stopped member): either way the group meets afresh.
+        if (r.lost.empty() && r.done && posted_before)
+          lose(self, group, r, node, "posted to meet again (restarted, or re-forming its broken group)");
         if (!r.lost.empty()) {
           // The group lost a node: a restarted member waits until the others have left too, and
           // then meets them afresh as they come back.

@@ -471,13 +471,26 @@ int run_node(const std::vector<std::string>& args) {
         else dp->peers[i] = members[j];
         ++j;
       }
-      if (err.empty()) {
-        dp->reforming.erase(g);
-        std::printf("baton node %s: data-parallel group dp%u re-formed in place; its ranks here take work again\n",
-                    name.c_str(), g);
-        std::fflush(stdout);
-        return;
+    }
+    if (!members.empty() && err.empty()) {
+      // Each executor switches between jobs; until all have, the old failure still shows, and
+      // the group must not count as broken again (watch_groups).
+      for (int wait = 0; wait < 1000 && !stop_requested() && !leaving->load(); ++wait) {
+        bool switched = true;
+        {
+          std::lock_guard<std::mutex> lock{dp->m};
+          for (uint32_t i = 0; i < num_ranks; ++i)
+            if (dp_at.group_of(i) == g && !dp->execs[i]->standing_failure().empty()) switched = false;
+        }
+        if (switched) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds{10});
       }
+      std::lock_guard<std::mutex> lock{dp->m};
+      dp->reforming.erase(g);
+      std::printf("baton node %s: data-parallel group dp%u re-formed in place; its ranks here take work again\n",
+                  name.c_str(), g);
+      std::fflush(stdout);
+      return;
     }
     if (!stop_requested() && !leaving->load())
       std::printf("baton node %s: data-parallel group dp%u could not re-form in place (%s); leaving so that it re-forms "
@@ -485,6 +498,27 @@ int run_node(const std::vector<std::string>& args) {
                   name.c_str(), g, err.c_str());
     std::fflush(stdout);
     group_lost->store(true);
+  };
+  // Starts re-forming group `g` unless it is already meeting afresh (dp->m held).
+  auto start_reform = [=](uint32_t g, const std::string& cause) {
+    if (!dp->reforming.insert(g).second) return;  // that meeting hears of a loss itself
+    std::printf("baton node %s: data-parallel group dp%u re-forms in place (%s): waiting at the head for its "
+                "members to meet again\n",
+                name.c_str(), g, cause.c_str());
+    std::fflush(stdout);
+    dp->threads.emplace_back(reform, g);
+  };
+  // A group can also break with no node seen to go: a member stalled past the all-to-all's
+  // timeout mid-step, one stopped on purpose (its abort word), one whose process died after the
+  // meeting but before its node joined the head (seen at the next step). Its members here then
+  // report a standing failure, and the group re-forms as after a loss. Polled by the main loop.
+  auto watch_groups = [=] {
+    std::lock_guard<std::mutex> lock{dp->m};
+    for (uint32_t i = 0; i < dp->execs.size(); ++i) {
+      const uint32_t g = dp_at.group_of(i);
+      if (!dp->execs[i] || dp->reforming.count(g)) continue;
+      if (auto failure = dp->execs[i]->standing_failure(); !failure.empty()) start_reform(g, failure);
+    }
   };
   // A node of one of this node's groups went: its members are lost, and this node's members of
   // that group step aside at once (each rank then refuses work and reports no room), then meet
@@ -506,12 +540,7 @@ int run_node(const std::vector<std::string>& args) {
     if (meeting != group || dp->peers.empty()) return;
     uint32_t g = dp_at.first_group();
     while (g <= dp_at.last_group() && group != "dp" + std::to_string(g)) ++g;
-    if (g > dp_at.last_group() || !dp->reforming.insert(g).second) return;  // not ours; or already meeting afresh  // already meeting afresh: that meeting hears of the loss
-    std::printf("baton node %s: data-parallel group %s re-forms in place: waiting at the head for its lost member(s) "
-                "to come back\n",
-                name.c_str(), group.c_str());
-    std::fflush(stdout);
-    dp->threads.emplace_back(reform, g);
+    if (g <= dp_at.last_group()) start_reform(g, "lost member(s)");
   };
   auto start = [=](caf::actor_system& sys, const cluster_welcome& w, node_actors* out) -> std::string {
     // The cluster's block store, if it runs one: decode ranks write finished sequences back to
@@ -591,6 +620,7 @@ int run_node(const std::vector<std::string>& args) {
   bool gone = false, drain_sent = false, leaving_for_group = false;
   caf::error reason;
   while (!gone) {
+    if (dp_attention && !drain_sent) watch_groups();
     if ((stop_requested() || group_lost->load()) && !drain_sent) {
       leaving_for_group = !stop_requested();
       leaving->store(true);  // re-formings still meeting give up

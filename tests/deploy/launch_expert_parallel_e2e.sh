@@ -146,17 +146,33 @@ timeout 30 "$BATON" "${node_args[@]}" --name alone-a --dp-first-rank 2 --dp-meet
 grep -q "group dp1: meeting its members at the head: .*timeout" "$WORK/alone-a2.log" ||
   fail "alone-a, started again, did not name the timeout: $(cat "$WORK/alone-a2.log")"
 echo "launch EP e2e: a node waiting for its group stops on Ctrl-C at once; started again, its post replaces the old one and its meeting timeout is named"
-# A group that cannot re-form in place (its lost node does not come back within the meeting
-# timeout): the surviving node says so and leaves with exit code 3, for a restarter to bring back.
+# A node stopped on purpose (SIGTERM: it drains and leaves) and started again by hand: its
+# partner stays up and re-forms the group in place. Then a group whose lost node does not come
+# back within the meeting timeout: the survivor says so and leaves with exit code 3, for a
+# restarter to bring back.
 "$BATON" "${node_args[@]}" --name fall-a --dp-first-rank 4 --dp-meet-timeout-s 20 > "$WORK/fall-a.log" 2>&1 &
 FALL_A=$!
-# fall-b's short timeout bounds its wait for fall-a to come back; fall-a waits first, so the
+# fall-b's short timeout bounds its waits for fall-a to come back; fall-a waits first, so the
 # first meeting completes as soon as fall-b posts.
 for _ in $(seq 300); do grep -q "waiting at the head" "$WORK/fall-a.log" && break; sleep 0.1; done
-"$BATON" "${node_args[@]}" --name fall-b --dp-first-rank 5 --dp-meet-timeout-s 4 > "$WORK/fall-b.log" 2>&1 &
+"$BATON" "${node_args[@]}" --name fall-b --dp-first-rank 5 --dp-meet-timeout-s 8 > "$WORK/fall-b.log" 2>&1 &
 ODD_A=$!
 for _ in $(seq 300); do grep -q "joined the head" "$WORK/fall-a.log" && grep -q "joined the head" "$WORK/fall-b.log" && break; sleep 0.1; done
 grep -q "baton node fall-a: joined the head; 1 decode rank(s) serving" "$WORK/fall-a.log" || fail "fall-a did not join: $(cat "$WORK/fall-a.log")"
+kill -TERM "$FALL_A"
+rc=0; wait "$FALL_A" || rc=$?
+[ "$rc" = 0 ] || fail "fall-a, stopped on purpose, exited with $rc: $(cat "$WORK/fall-a.log")"
+for _ in $(seq 100); do grep -q "re-forms in place" "$WORK/fall-b.log" && break; sleep 0.1; done
+grep -q "baton node fall-b: data-parallel group dp2 re-forms in place" "$WORK/fall-b.log" ||
+  fail "fall-b did not start re-forming when fall-a stopped: $(cat "$WORK/fall-b.log")"
+"$BATON" "${node_args[@]}" --name fall-a --dp-first-rank 4 --dp-meet-timeout-s 20 > "$WORK/fall-a2.log" 2>&1 &
+FALL_A=$!
+for _ in $(seq 300); do grep -q "re-formed in place" "$WORK/fall-b.log" && break; sleep 0.1; done
+grep -q "baton node fall-b: data-parallel group dp2 re-formed in place; its ranks here take work again" "$WORK/fall-b.log" ||
+  fail "fall-b did not re-form in place with fall-a started again: $(cat "$WORK/fall-b.log")"
+kill -0 "$ODD_A" 2>/dev/null || fail "fall-b left instead of re-forming in place"
+echo "launch EP e2e: a node stopped on purpose and started again by hand: its partner re-formed the group in place"
+for _ in $(seq 300); do grep -q "joined the head" "$WORK/fall-a2.log" && break; sleep 0.1; done
 kill -9 "$FALL_A"
 FALL_A=""
 for _ in $(seq 300); do kill -0 "$ODD_A" 2>/dev/null || break; sleep 0.1; done
