@@ -20,9 +20,11 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -169,6 +171,18 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
+  // Woken as a rank is: the transport's settled listener (on its progress thread) signals the
+  // poller, which otherwise waits for the next transfer to settle. (Before, a 20 us sleep stood
+  // in for a rank's timer; Linux's timer slack made it 60-80 us, a gap per layer a rank with the
+  // listener does not have.)
+  std::mutex settled_m;
+  std::condition_variable settled_cv;
+  uint64_t settled = 0;
+  t->set_settled_listener([&] {
+    std::lock_guard<std::mutex> lock{settled_m};
+    ++settled;
+    settled_cv.notify_one();
+  });
   for (auto mib : layer_mib) {
     const uint64_t layer = mib << 20, total = total_mib << 20;
     std::vector<uint64_t> pending;
@@ -181,10 +195,17 @@ int main(int argc, char** argv) {
     auto t0 = clock_type::now();
     while (sent < total || !pending.empty()) {
       while (sent < total && pending.size() < inflight) post_one();
+      uint64_t seen;
+      {
+        std::lock_guard<std::mutex> lock{settled_m};
+        seen = settled;
+      }
       const auto s = t->poll(pending.front(), &err);
       if (s == transport::xfer_state::pending) {
-        // Poll like a rank does (a timer tick), not in a spin that steals the progress thread's core.
-        std::this_thread::sleep_for(std::chrono::microseconds{20});
+        // Not a spin that steals the progress thread's core: wait for the next settle (bounded,
+        // so a missed wake costs a millisecond, not the run).
+        std::unique_lock<std::mutex> lock{settled_m};
+        settled_cv.wait_for(lock, std::chrono::milliseconds{1}, [&] { return settled != seen; });
         continue;
       }
       if (s == transport::xfer_state::failed) {
@@ -197,6 +218,7 @@ int main(int argc, char** argv) {
     const double gbps = static_cast<double>(total) / std::chrono::duration<double>(clock_type::now() - t0).count() / 1e9;
     std::printf("| %llu MiB | %.2f GB/s | %.2f GB/s |\n", static_cast<unsigned long long>(mib), gbps, memcpy_gbps(layer, hot));
   }
+  t->set_settled_listener({});
   close(to_child[1]);  // lets the receiver exit
   int status = 0;
   waitpid(pid, &status, 0);
