@@ -63,7 +63,8 @@ void complete(decode_pointer self, uint64_t lease_id) {
   if (m->second.released) {
     self->send(m->second.target, release_atom::value, m->second.grant.lease_id);
   } else {
-    decode_summary s{l->second.request_id, m->second.seq.num_generated, "migrated", l->second.queue_us};
+    decode_summary s{.request_id = l->second.request_id, .num_tokens = m->second.seq.num_generated, .finish_reason = "migrated",
+                     .queue_us = l->second.queue_us};
     s.moved_to = caf::actor_cast<caf::strong_actor_ptr>(m->second.target);
     s.moved_rank = m->second.target_name;
     s.moved_lease = m->second.grant.lease_id;

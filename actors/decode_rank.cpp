@@ -393,7 +393,8 @@ void finish_seq(decode_pointer self, uint64_t lease_id, const std::string& reaso
     }
   if (st.store.enabled() && (reason == "eos" || reason == "length") && i->second.order.write_back)
     write_back(self, i->second);
-  i->second.promise.deliver(decode_summary{i->second.request_id, generated, reason, i->second.queue_us});
+  i->second.promise.deliver(decode_summary{.request_id = i->second.request_id, .num_tokens = generated, .finish_reason = reason,
+                                                   .queue_us = i->second.queue_us});
   free_lease(self, lease_id);
 }
 
@@ -562,7 +563,7 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
         else if (i->second.decoding)
           finish_seq(self, lease_id, "released");
         else {
-          if (i->second.has_order) i->second.promise.deliver(decode_summary{i->second.request_id, 0, "released"});
+          if (i->second.has_order) i->second.promise.deliver(decode_summary{.request_id = i->second.request_id, .finish_reason = "released"});
           free_lease(self, lease_id);
         }
       },

@@ -197,7 +197,8 @@ local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_co
   if (!rc.tokenizer) rc.tokenizer = gpu::make_byte_tokenizer(cfg.model);
   out.router = spawn_router(sys, rc, cfg.model, out.prefill_balancer, out.decode_balancer, access);
   if (access.enabled()) out.store = access.to_info();
-  cluster_welcome welcome{out.router, out.prefill_balancer, out.decode_balancer, out.store};
+  cluster_welcome welcome{.router = out.router, .prefill_balancer = out.prefill_balancer,
+                          .decode_balancer = out.decode_balancer, .store = out.store};
   welcome.elastic_controller = out.elastic_controller;
   out.directory = spawn_node_directory(sys, {}, welcome);
   if (!out.setup_error.empty())

@@ -238,7 +238,7 @@ struct decode_summary {
   /// "migrated": the sequence's KV now sits in lease moved_lease of decode rank moved_to (a
   /// decode_rank_actor), which continues it on the request's next decode_order.
   caf::strong_actor_ptr moved_to = nullptr;
-  std::string moved_rank;
+  std::string moved_rank{};
   uint64_t moved_lease = 0;
 };
 template <class Inspector>
@@ -847,7 +847,7 @@ struct cluster_welcome {
   uint32_t heartbeat_interval_ms = 500;
   /// Elastic P/D: where node processes announce their ranks (controller_join); null when the head
   /// runs no elastic controller (it does with elastic ranks or `--elastic-nodes`).
-  elastic_controller_actor elastic_controller;
+  elastic_controller_actor elastic_controller{};
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, cluster_welcome& x) {

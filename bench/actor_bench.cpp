@@ -84,7 +84,7 @@ int main(int argc, char** argv) {
   auto model = gpu::builtin_tiny_config();
   auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(model, 1));
   auto fabric = transport::make_loopback_fabric();
-  auto decode = spawn_decode_rank(sys, decode_rank_config{}, gpu::make_cpu_executor(model, weights, {1, 16, 16, nullptr}),
+  auto decode = spawn_decode_rank(sys, decode_rank_config{}, gpu::make_cpu_executor(model, weights, {.num_threads = 1, .num_kv_pages = 16, .page_size_tokens = 16}),
                                   transport::make_loopback_transport(fabric, "decode-0"));
   auto bare = sys.spawn(bare_impl);
 

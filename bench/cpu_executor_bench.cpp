@@ -84,7 +84,7 @@ model_config llama_500m_config() {
 void model_rows(const model_config& cfg, unsigned threads, uint32_t prompt_len, double mem_gbps, bool quick,
                 std::shared_ptr<const model_weights> loaded = nullptr) {
   auto weights = loaded ? loaded : std::make_shared<const model_weights>(make_seeded_weights(cfg, 1));
-  auto exec = make_cpu_executor(cfg, weights, cpu_executor_config{threads, 512, 16, nullptr, {}});
+  auto exec = make_cpu_executor(cfg, weights, cpu_executor_config{.num_threads = threads, .num_kv_pages = 512, .page_size_tokens = 16});
   std::vector<int32_t> prompt(prompt_len);
   for (uint32_t i = 0; i < prompt_len; ++i) prompt[i] = static_cast<int32_t>((i * 7919) % std::min(250u, cfg.vocab_size));
   // Per token, the decoder layers multiply every layer weight once (2 FLOPs each); the LM head

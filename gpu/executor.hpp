@@ -200,13 +200,13 @@ struct cpu_executor_config {
   uint32_t page_size_tokens = 16;
   /// Expert parallelism (gpu/expert_parallel.hpp): MoE layers dispatch to this group's expert
   /// shards; null runs every expert here. One group per executor.
-  std::shared_ptr<expert_group> experts;
+  std::shared_ptr<expert_group> experts{};
   /// Data-parallel attention (expert_peers): this executor is one member of a group that serves
   /// each other's MoE layers in lockstep; null: not in one. Not with `experts`.
-  std::shared_ptr<expert_peers> peers;
+  std::shared_ptr<expert_peers> peers{};
   /// Where the KV pool's pages come from; empty: the heap. A rank behind UCX takes them from its
   /// transport, so peers store incoming KV into them directly (actors/executor_bridge.hpp).
-  kv_memory_source kv_memory;
+  kv_memory_source kv_memory{};
 
   std::string validate() const;
 };

@@ -21,8 +21,8 @@ enum class fault_kind : uint8_t {
 
 struct fault_plan {
   fault_kind kind = fault_kind::corrupt_byte;
-  std::optional<uint32_t> at_layer;       ///< only puts of this layer (any layer when empty)
-  std::optional<uint64_t> for_request;    ///< only puts of this request (any when empty)
+  std::optional<uint32_t> at_layer{};     ///< only puts of this layer (any layer when empty)
+  std::optional<uint64_t> for_request{};  ///< only puts of this request (any when empty)
   uint32_t max_faults = 1;                ///< faults injected before the proxy turns transparent
   uint64_t seed = 1;                      ///< picks which segment and byte get corrupted
   uint32_t delay_polls = 1000;            ///< kind delay: polls that still see `pending`

@@ -29,7 +29,7 @@ std::shared_ptr<const model_weights> tiny_weights() {
 }
 
 std::unique_ptr<executor> tiny_executor(unsigned threads = 1, uint32_t pages = 128) {
-  return make_cpu_executor(builtin_tiny_config(), tiny_weights(), cpu_executor_config{threads, pages, 16, nullptr, {}});
+  return make_cpu_executor(builtin_tiny_config(), tiny_weights(), cpu_executor_config{.num_threads = threads, .num_kv_pages = pages, .page_size_tokens = 16});
 }
 
 std::vector<int32_t> prompt(const char* text) {
@@ -153,7 +153,7 @@ TEST_CASE("a pool in memory from elsewhere (a transport's) holds the KV there, g
   auto freed = std::make_shared<bool>(false);
   std::vector<std::byte>* seen = nullptr;
   uint64_t asked = 0;
-  cpu_executor_config ec{1, 128, 16, nullptr, {}};
+  cpu_executor_config ec{.num_threads = 1, .num_kv_pages = 128, .page_size_tokens = 16};
   ec.kv_memory = [&](uint64_t bytes) {
     asked = bytes;
     // Not zeroed, as a transport's memory need not be: every slot is written before it is read.

@@ -45,7 +45,7 @@ trace one_request(uint32_t input, uint32_t output) {
 }  // namespace
 
 TEST_CASE("roofline: decode steps are bandwidth-bound, long prefills compute-bound, with the expected magnitudes") {
-  const roofline r{*named_gpu("H200"), *named_model("llama-3-8b"), 1};
+  const roofline r{*named_gpu("H200"), *named_model("llama-3-8b"), 1, {}};
   std::string why;
   // One token on an empty context: 16.06 GB of weights plus one token's KV over 4,257 GB/s.
   const double decode = r.step_us({{1, 0}}, &why);
@@ -60,7 +60,7 @@ TEST_CASE("roofline: decode steps are bandwidth-bound, long prefills compute-bou
   std::vector<step_seq> batch(64, {1, 512});
   CHECK(r.step_us(batch) < 2 * decode);
   // Tensor parallelism: TP2 is faster than TP1 but not twice as fast (all-reduces, overhead).
-  const roofline r2{*named_gpu("H200"), *named_model("llama-3-8b"), 2};
+  const roofline r2{*named_gpu("H200"), *named_model("llama-3-8b"), 2, {}};
   CHECK(r2.step_us({{4096, 0}}) < prefill);
   CHECK(r2.step_us({{4096, 0}}) > prefill / 2);
   // KV sizes from the shapes: Llama-3-70B 320 KiB per token (../shared/traces/README.md), MLA 576 values.
@@ -68,7 +68,7 @@ TEST_CASE("roofline: decode steps are bandwidth-bound, long prefills compute-bou
   CHECK(named_model("deepseek-v3")->kv_bytes_per_token == 61 * 576 * 2);
   CHECK(named_model("deepseek-v3")->active_params() == doctest::Approx(37.4e9).epsilon(0.02));
   // A 70B model on two H200s leaves ~113 GB for KV: ~344K tokens.
-  const roofline big{*named_gpu("H200"), *named_model("llama-3-70b"), 2};
+  const roofline big{*named_gpu("H200"), *named_model("llama-3-70b"), 2, {}};
   CHECK(big.kv_capacity_tokens() == doctest::Approx(344000).epsilon(0.01));
   CHECK(!named_gpu("A100"));
   CHECK(!named_model("gpt-5"));
@@ -77,7 +77,7 @@ TEST_CASE("roofline: decode steps are bandwidth-bound, long prefills compute-bou
 TEST_CASE("roofline with expert parallelism: dispatch bytes, nodes, imbalance, dual-batch overlap and memory") {
   const auto ds = *named_model("deepseek-v3");
   const auto h200 = *named_gpu("H200");
-  roofline one{h200, ds, 1};
+  roofline one{h200, ds, 1, {}};
   roofline ep{h200, ds, 1, {64, 8}};
   CHECK(ep.gpus() == 64);
   // 6,400 decode tokens (100 per GPU): each sends 8 expert copies of 7,168 fp8 values out and takes
@@ -153,7 +153,7 @@ TEST_CASE("sim: one request's TTFT and TBT are the roofline's step times, throug
   std::string why;
   REQUIRE_MESSAGE(run_sim(cfg, one_request(3000, 5), "one", &r, &why), why);
   REQUIRE(r.summary.completed == 1);
-  const roofline roof{*named_gpu("H200"), *named_model("llama-3-8b"), 1};
+  const roofline roof{*named_gpu("H200"), *named_model("llama-3-8b"), 1, {}};
   // The modelled executor splits a job's time evenly over its 4 layer groups, in whole ns.
   auto job_us = [](double us) { return static_cast<double>(std::llround(us * 1000.0 / 4) * 4) / 1000.0; };
   const auto& o = r.outcomes[0];
@@ -186,7 +186,7 @@ TEST_CASE("sim timeline: each rank's occupied fraction per interval is its jobs'
   CHECK(p.rank == "prefill-0");
   CHECK(d.rank == "decode-0");
   REQUIRE(p.busy.size() >= 3);
-  const double prefill_s = roofline{*named_gpu("H200"), *named_model("llama-3-8b"), 1}.step_us({{3000, 0}}) / 1e6;
+  const double prefill_s = roofline{*named_gpu("H200"), *named_model("llama-3-8b"), 1, {}}.step_us({{3000, 0}}) / 1e6;
   CHECK(p.busy[0] == doctest::Approx(prefill_s / 5).epsilon(0.01));
   CHECK(p.busy[1] == 0);
   CHECK(p.busy[2] == doctest::Approx(prefill_s / 5).epsilon(0.01));

@@ -115,7 +115,7 @@ TEST_CASE("all-to-all: a rank that never exchanges is named in the others' error
 TEST_CASE("all-to-all through a fault proxy puts every byte, so the proxy's faults reach it: a failed put is named") {
   auto fabric = make_loopback_fabric();
   const std::vector<std::string> names{"ep-0", "ep-1"};
-  auto failing = make_fault_proxy(make_loopback_transport(fabric, "ep-0"), {fault_kind::fail});
+  auto failing = make_fault_proxy(make_loopback_transport(fabric, "ep-0"), {.kind = fault_kind::fail});
   auto plain = make_loopback_transport(fabric, "ep-1");
   all_to_all a{*failing, names, {0, 2, 64, std::chrono::milliseconds{200}}};
   all_to_all b{*plain, names, {1, 2, 64, std::chrono::milliseconds{200}}};

@@ -111,7 +111,7 @@ TEST_CASE("transport conformance: the transport's own memory takes puts; a peer 
   auto key = link->register_region(t.dst.data(), t.dst.size(), &err);
   REQUIRE(key);
   CHECK(link->map_remote(*key) == nullptr);  // its puts move no byte; stores would bypass its timing
-  auto proxy = make_fault_proxy(make_loopback_transport(t.fabric, "p"), {fault_kind::drop});
+  auto proxy = make_fault_proxy(make_loopback_transport(t.fabric, "p"), {.kind = fault_kind::drop});
   CHECK(proxy->map_remote(*key) == nullptr);  // its faults need every byte to be a put
   CHECK(make_loopback_transport(t.fabric, "q")->map_remote(*key) == t.dst.data());
 }
