@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -409,10 +410,19 @@ int run_node(const std::vector<std::string>& args) {
   // The node's members of its data-parallel groups, and its executors: a group that lost a member
   // re-forms in place (below), replacing its members here while the executors rejoin it.
   struct dp_members {
+    /// Where a re-forming group is. A loss notice means the old group while it is `meeting`; the
+    /// new one once it has `met` (held until its members are in place, then applied to them);
+    /// and it is applied to the new members directly once they are `assigned`.
+    enum class stage { meeting, met, assigned };
+    struct lost_note {
+      std::vector<uint32_t> members;
+      std::string why;
+    };
     std::mutex m;
     std::vector<std::shared_ptr<gpu::expert_peers>> peers;  ///< [local rank]
     std::vector<std::shared_ptr<gpu::executor>> execs;      ///< [local rank], once started
-    std::set<uint32_t> reforming;                           ///< groups meeting afresh now
+    std::map<uint32_t, stage> reforming;                    ///< groups re-forming now
+    std::map<uint32_t, std::vector<lost_note>> held;        ///< losses of groups that have met, not yet assigned
     std::vector<std::thread> threads;                       ///< the re-formings, joined at exit
   };
   auto dp = std::make_shared<dp_members>();
@@ -453,15 +463,25 @@ int run_node(const std::vector<std::string>& args) {
   // directory holds the meeting until every node of the lost one has gone or posted again (the
   // lost node restarted, or a replacement under its name). The new members' stores are filled
   // from the model loaded again, and each executor rejoins between jobs; its rank then takes work
-  // again. The node never restarts, so its other groups and its prefix of warm state stay.
+  // again. The node never restarts, so its other groups, its KV pools and its block-store
+  // connections stay.
   auto reform = [=, &sys](uint32_t g) {
     std::string err;
-    std::vector<std::shared_ptr<gpu::expert_peers>> members;
-    auto full = load_full(&err);
-    if (full) members = meet_dp_group(sys, *directory, dp_at, g, model, dp_meet, &err);
+    auto members = meet_dp_group(sys, *directory, dp_at, g, model, dp_meet, &err);
     if (!members.empty()) {
-      for (auto& m : members) m->hold_block(model, *full);
-      full.reset();
+      {
+        std::lock_guard<std::mutex> lock{dp->m};
+        dp->reforming[g] = dp_members::stage::met;  // a loss from here on is the new group's
+      }
+      // The members' stores come from the model loaded again (the executors' shared weights keep
+      // no routed experts), after the meeting, so a node never holds a second copy while it waits.
+      if (auto full = load_full(&err)) {
+        for (auto& m : members) m->hold_block(model, *full);
+      } else {
+        members.clear();
+      }
+    }
+    if (!members.empty()) {
       std::lock_guard<std::mutex> lock{dp->m};
       for (uint32_t i = 0, j = 0; i < num_ranks && err.empty(); ++i) {
         if (dp_at.group_of(i) != g) continue;
@@ -471,26 +491,42 @@ int run_node(const std::vector<std::string>& args) {
         else dp->peers[i] = members[j];
         ++j;
       }
+      if (err.empty()) {
+        // Losses told while the stores filled: the new members step aside at once, and the group
+        // re-forms again once they have switched (watch_groups).
+        for (const auto& note : dp->held[g])
+          for (auto& m : members)
+            for (uint32_t lost : note.members) m->peer_lost(lost, note.why);
+        dp->held.erase(g);
+        dp->reforming[g] = dp_members::stage::assigned;
+      }
     }
     if (!members.empty() && err.empty()) {
-      // Each executor switches between jobs; until all have, the old failure still shows, and
-      // the group must not count as broken again (watch_groups).
-      for (int wait = 0; wait < 1000 && !stop_requested() && !leaving->load(); ++wait) {
-        bool switched = true;
+      // Each executor switches between jobs (after the one it runs); until all have, the group
+      // stays re-forming, so that its old failure does not count as a new break (watch_groups).
+      bool switched = false;
+      while (!switched && !stop_requested() && !leaving->load()) {
+        switched = true;
         {
           std::lock_guard<std::mutex> lock{dp->m};
           for (uint32_t i = 0; i < num_ranks; ++i)
-            if (dp_at.group_of(i) == g && !dp->execs[i]->standing_failure().empty()) switched = false;
+            if (dp_at.group_of(i) == g && dp->execs[i]->rejoin_pending()) switched = false;
         }
-        if (switched) break;
-        std::this_thread::sleep_for(std::chrono::milliseconds{10});
+        if (!switched) std::this_thread::sleep_for(std::chrono::milliseconds{10});
       }
       std::lock_guard<std::mutex> lock{dp->m};
       dp->reforming.erase(g);
-      std::printf("baton node %s: data-parallel group dp%u re-formed in place; its ranks here take work again\n",
-                  name.c_str(), g);
-      std::fflush(stdout);
+      if (switched) {
+        std::printf("baton node %s: data-parallel group dp%u re-formed in place; its ranks here take work again\n",
+                    name.c_str(), g);
+        std::fflush(stdout);
+      }
       return;
+    }
+    {
+      std::lock_guard<std::mutex> lock{dp->m};
+      dp->reforming.erase(g);
+      dp->held.erase(g);
     }
     if (!stop_requested() && !leaving->load())
       std::printf("baton node %s: data-parallel group dp%u could not re-form in place (%s); leaving so that it re-forms "
@@ -501,7 +537,8 @@ int run_node(const std::vector<std::string>& args) {
   };
   // Starts re-forming group `g` unless it is already meeting afresh (dp->m held).
   auto start_reform = [=](uint32_t g, const std::string& cause) {
-    if (!dp->reforming.insert(g).second) return;  // that meeting hears of a loss itself
+    if (leaving->load() || stop_requested()) return;  // the node is on its way out
+    if (!dp->reforming.emplace(g, dp_members::stage::meeting).second) return;  // on_member_gone routes its losses
     std::printf("baton node %s: data-parallel group dp%u re-forms in place (%s): waiting at the head for its "
                 "members to meet again\n",
                 name.c_str(), g, cause.c_str());
@@ -526,8 +563,17 @@ int run_node(const std::vector<std::string>& args) {
   agent_cfg.on_member_gone = [=](const std::string& meeting, const std::vector<uint32_t>& members, const std::string& why) {
     const std::string group = meeting.substr(0, meeting.find('/'));  // "dp3/b" is dp3's second channel
     std::lock_guard<std::mutex> lock{dp->m};
+    uint32_t g = dp_at.first_group();
+    while (g <= dp_at.last_group() && group != "dp" + std::to_string(g)) ++g;
+    if (g > dp_at.last_group()) return;  // not a group of this node's
+    // A group whose new meeting completed but whose members are not in place yet: the loss is
+    // the new group's, applied once they are (reform).
+    if (auto r = dp->reforming.find(g); r != dp->reforming.end() && r->second == dp_members::stage::met) {
+      dp->held[g].push_back({members, why});
+      return;
+    }
     for (uint32_t i = 0; i < dp->peers.size(); ++i) {
-      if (group != "dp" + std::to_string(dp_at.group_of(i))) continue;
+      if (dp_at.group_of(i) != g) continue;
       for (uint32_t m : members) dp->peers[i]->peer_lost(m, why);
       if (meeting != group) continue;  // dual-batch overlap's second channel: the same members, said once
       std::string line = "baton node " + name + ": rank " + rank_name_of(i) + " steps aside: data-parallel group " +
@@ -537,10 +583,7 @@ int run_node(const std::vector<std::string>& args) {
       std::fputs(line.c_str(), stdout);
     }
     std::fflush(stdout);
-    if (meeting != group || dp->peers.empty()) return;
-    uint32_t g = dp_at.first_group();
-    while (g <= dp_at.last_group() && group != "dp" + std::to_string(g)) ++g;
-    if (g <= dp_at.last_group()) start_reform(g, "lost member(s)");
+    if (meeting == group && !dp->peers.empty()) start_reform(g, "lost member(s)");
   };
   auto start = [=](caf::actor_system& sys, const cluster_welcome& w, node_actors* out) -> std::string {
     // The cluster's block store, if it runs one: decode ranks write finished sequences back to
@@ -641,12 +684,22 @@ int run_node(const std::vector<std::string>& args) {
     reformings.swap(dp->threads);  // no new one starts: the agent is gone
   }
   for (auto& t : reformings) t.join();
-  for (uint32_t i = 0; i < dp->peers.size(); ++i)  // what each data-parallel member's live EPLB did
+  // The executors and members go now, before the actor system: the agent's callbacks (which
+  // outlive it in agent_cfg) hold `dp` too, and a rank's KV pool must go with its executor.
+  std::vector<std::shared_ptr<gpu::expert_peers>> final_peers;
+  {
+    std::lock_guard<std::mutex> lock{dp->m};
+    dp->execs.clear();
+    final_peers = std::move(dp->peers);
+    dp->peers.clear();
+  }
+  for (uint32_t i = 0; i < final_peers.size(); ++i)  // what each data-parallel member's live EPLB did
     if (eplb.slots_per_rank)
       std::printf("baton node %s: rank %s: %llu EPLB plans, %llu bytes of expert weights received, %llu experts dropped\n",
-                  name.c_str(), rank_name_of(i).c_str(), static_cast<unsigned long long>(dp->peers[i]->plans()),
-                  static_cast<unsigned long long>(dp->peers[i]->bytes_installed()),
-                  static_cast<unsigned long long>(dp->peers[i]->experts_evicted()));
+                  name.c_str(), rank_name_of(i).c_str(), static_cast<unsigned long long>(final_peers[i]->plans()),
+                  static_cast<unsigned long long>(final_peers[i]->bytes_installed()),
+                  static_cast<unsigned long long>(final_peers[i]->experts_evicted()));
+  final_peers.clear();
   std::fflush(stdout);
   if (leaving_for_group) {
     std::printf("baton node %s: left so that its data-parallel group can re-form; restart this node (exit code 3)\n",

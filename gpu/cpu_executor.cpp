@@ -122,6 +122,7 @@ public:
     std::shared_ptr<expert_peers> next;
     {
       std::lock_guard<std::mutex> lock{failure_mutex_};
+      stopped_ = true;  // rejoin_group refuses from here on: no thread is left to switch
       next = std::move(next_peers_);
     }
     if (next) next->leave();  // a re-formed group this executor never switched to
@@ -136,6 +137,11 @@ public:
     return peers ? peers->failure() : std::string{};
   }
 
+  bool rejoin_pending() const override {
+    std::lock_guard<std::mutex> lock{failure_mutex_};
+    return next_peers_ != nullptr;
+  }
+
   void on_health_change(std::function<void()> fn) override {
     std::lock_guard<std::mutex> lock{failure_mutex_};
     failure_listener_ = std::move(fn);
@@ -146,6 +152,8 @@ public:
     const uint32_t first = cfg_.moe.first_k_dense_replace;
     std::lock_guard<std::mutex> lock{failure_mutex_};
     if (!peers_) return *why = "this executor is in no data-parallel group", false;
+    if (stopped_) return *why = "this executor has stopped", false;
+    if (next_peers_) return *why = "it has not yet switched to the group it was given before", false;
     // Its old group must be over: its members would otherwise wait for this one in a step.
     if (peers_->failure().empty()) return *why = "its data-parallel group has not broken; nothing to rejoin", false;
     if (first < cfg_.num_hidden_layers && peers->held(first).empty()) {
@@ -528,6 +536,7 @@ private:
   /// executor's thread and under failure_mutex_, so that thread reads it freely; others lock.
   std::shared_ptr<expert_peers> peers_;
   std::shared_ptr<expert_peers> next_peers_;  ///< the re-formed group rejoin_group gave, not yet taken
+  bool stopped_ = false;                      ///< stop() ran (under failure_mutex_)
   std::string last_peer_error_;            ///< said once on stderr
   mutable std::mutex failure_mutex_;
   std::function<void()> failure_listener_;  ///< on_health_change

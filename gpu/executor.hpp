@@ -181,11 +181,14 @@ public:
   /// Data-parallel attention: this executor's group broke (standing_failure() says how) and met
   /// afresh as `peers`, whose store already holds its experts, or is filled here from this
   /// executor's weights. The executor switches between jobs, on its own thread, and its standing
-  /// failure clears then. False and a sentence when it is in no group, or its group has not broken.
+  /// failure clears then. False and a sentence when it is in no group, its group has not broken,
+  /// it has stopped, or an earlier rejoin is still pending.
   virtual bool rejoin_group(std::shared_ptr<expert_peers> /*peers*/, std::string* why) {
     *why = "this executor is in no data-parallel group";
     return false;
   }
+  /// Whether a group rejoin_group gave is not yet switched to (the executor is mid-job).
+  virtual bool rejoin_pending() const { return false; }
 };
 
 /// Jobs come from actors that validated requests, but a wrong page table would scribble over

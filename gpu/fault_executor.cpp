@@ -62,6 +62,7 @@ public:
   bool rejoin_group(std::shared_ptr<expert_peers> peers, std::string* why) override {
     return inner_->rejoin_group(std::move(peers), why);
   }
+  bool rejoin_pending() const override { return inner_->rejoin_pending(); }
 
 protected:
   std::shared_ptr<executor> inner_;

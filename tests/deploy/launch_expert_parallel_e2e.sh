@@ -85,6 +85,7 @@ echo "launch EP e2e: a data-parallel member's process killed: the other node's r
 # decode-b stays up: its members meet afresh at the head while the launcher restarts decode-a,
 # whose new process posts to the same meeting; decode-b's executors then rejoin the re-formed
 # group between jobs and its ranks take work again, and the group answers as before.
+for _ in $(seq 100); do grep -q "baton node decode-b: data-parallel group dp0 re-forms in place" "$WORK/launch.log" && break; sleep 0.1; done
 grep -q "baton node decode-b: data-parallel group dp0 re-forms in place" "$WORK/launch.log" ||
   fail "decode-b did not start re-forming dp0: $(grep 'decode-b' "$WORK/launch.log" | tail -5)"
 joined_twice() { [ "$(grep -c "node $1 joined" "$WORK/launch.log")" -ge 2 ]; }
@@ -106,6 +107,7 @@ for _ in $(seq 600); do [ "$(reformed)" -ge 2 ] && break; sleep 0.1; done
 [ "$(reformed)" -ge 2 ] || fail "decode-b did not re-form dp0 a second time: $(grep 'decode-b' "$WORK/launch.log" | tail -5)"
 grep -q "node decode-a restarted (2 of 2" "$WORK/launch.log" || fail "the launcher did not restart decode-a a second time"
 for _ in $(seq 300); do [ "$(grep -c "node decode-a joined" "$WORK/launch.log")" -ge 3 ] && break; sleep 0.1; done
+[ "$(grep -c "node decode-a joined" "$WORK/launch.log")" -ge 3 ] || fail "decode-a did not join a third time"
 same_as_single deepseek-v3-tiny ep-e2e 12 "Experts, route this" "A third one for the other decode rank"
 echo "launch EP e2e: killed again, the group re-formed in place a second time and answers as EP 1"
 stop_launched
@@ -155,10 +157,11 @@ FALL_A=$!
 # fall-b's short timeout bounds its waits for fall-a to come back; fall-a waits first, so the
 # first meeting completes as soon as fall-b posts.
 for _ in $(seq 300); do grep -q "waiting at the head" "$WORK/fall-a.log" && break; sleep 0.1; done
-"$BATON" "${node_args[@]}" --name fall-b --dp-first-rank 5 --dp-meet-timeout-s 8 > "$WORK/fall-b.log" 2>&1 &
+"$BATON" "${node_args[@]}" --name fall-b --dp-first-rank 5 --dp-meet-timeout-s 30 > "$WORK/fall-b.log" 2>&1 &
 ODD_A=$!
 for _ in $(seq 300); do grep -q "joined the head" "$WORK/fall-a.log" && grep -q "joined the head" "$WORK/fall-b.log" && break; sleep 0.1; done
 grep -q "baton node fall-a: joined the head; 1 decode rank(s) serving" "$WORK/fall-a.log" || fail "fall-a did not join: $(cat "$WORK/fall-a.log")"
+grep -q "baton node fall-b: joined the head; 1 decode rank(s) serving" "$WORK/fall-b.log" || fail "fall-b did not join: $(cat "$WORK/fall-b.log")"
 kill -TERM "$FALL_A"
 rc=0; wait "$FALL_A" || rc=$?
 [ "$rc" = 0 ] || fail "fall-a, stopped on purpose, exited with $rc: $(cat "$WORK/fall-a.log")"
@@ -167,15 +170,16 @@ grep -q "baton node fall-b: data-parallel group dp2 re-forms in place" "$WORK/fa
   fail "fall-b did not start re-forming when fall-a stopped: $(cat "$WORK/fall-b.log")"
 "$BATON" "${node_args[@]}" --name fall-a --dp-first-rank 4 --dp-meet-timeout-s 20 > "$WORK/fall-a2.log" 2>&1 &
 FALL_A=$!
-for _ in $(seq 300); do grep -q "re-formed in place" "$WORK/fall-b.log" && break; sleep 0.1; done
+for _ in $(seq 600); do grep -q "re-formed in place" "$WORK/fall-b.log" && break; sleep 0.1; done
 grep -q "baton node fall-b: data-parallel group dp2 re-formed in place; its ranks here take work again" "$WORK/fall-b.log" ||
   fail "fall-b did not re-form in place with fall-a started again: $(cat "$WORK/fall-b.log")"
 kill -0 "$ODD_A" 2>/dev/null || fail "fall-b left instead of re-forming in place"
 echo "launch EP e2e: a node stopped on purpose and started again by hand: its partner re-formed the group in place"
 for _ in $(seq 300); do grep -q "joined the head" "$WORK/fall-a2.log" && break; sleep 0.1; done
+grep -q "joined the head" "$WORK/fall-a2.log" || fail "fall-a, started again, did not join: $(cat "$WORK/fall-a2.log")"
 kill -9 "$FALL_A"
 FALL_A=""
-for _ in $(seq 300); do kill -0 "$ODD_A" 2>/dev/null || break; sleep 0.1; done
+for _ in $(seq 600); do kill -0 "$ODD_A" 2>/dev/null || break; sleep 0.1; done  # its 30 s meeting timeout
 kill -0 "$ODD_A" 2>/dev/null && fail "fall-b did not leave after its group failed to re-form"
 rc=0; wait "$ODD_A" || rc=$?
 ODD_A=""

@@ -622,8 +622,10 @@ TEST_CASE("data-parallel attention: a broken group re-forms in place; the surviv
   cpu_executor_config ec;
   ec.peers = next[1];
   auto restarted = make_cpu_executor(cfg, dp.attention_only, ec);
-  for (int i = 0; i < 500 && !dp.execs[0]->standing_failure().empty(); ++i)
+  CHECK_FALSE(dp.execs[0]->rejoin_group(next[0], &why));  // unless it has switched already
+  for (int i = 0; i < 500 && (dp.execs[0]->rejoin_pending() || told.load() < 2); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds{10});
+  CHECK_FALSE(dp.execs[0]->rejoin_pending());
   CHECK(dp.execs[0]->standing_failure().empty());
   CHECK(told.load() == 2);  // the rank heard that it may take work again
 
@@ -638,4 +640,7 @@ TEST_CASE("data-parallel attention: a broken group re-forms in place; the surviv
   CHECK(theirs.tokens == generate_colocated(*alone, prompt_of(8, 20), 6, 16, {}, true).tokens);
   CHECK(next[0]->plans() > 0);  // live EPLB ran in the re-formed group
   restarted->stop();
+  dp.execs[1]->stop();
+  CHECK_FALSE(dp.execs[1]->rejoin_group(next[1], &why));
+  CHECK(why == "this executor has stopped");
 }
