@@ -261,9 +261,14 @@ void submit_chunk(prefill_pointer self, uint64_t rid) {
   const uint32_t end = start + r.chunk_sizes[c];
   const uint32_t ps = local.page_size_tokens;
   // The first chunk also ships the prefix loaded from the store: the decode rank needs all of it.
+  // A chunk that ends mid-page leaves that page to the next chunk, which starts in it and ships
+  // it whole; only the part's last chunk ships its partly filled tail. So each page of each
+  // layer travels once.
+  const bool part_ends = end == num_tokens;
   auto sender = std::make_shared<const chunk_sender>(chunk_sender{
-      rid, r.attempt, c, end == num_tokens, c == 0 && !r.split.active ? 0 : start / ps, (end + ps - 1) / ps, r.local_pages,
-      order.grant.page_ids, local, remote_layout, st.core.pool_key->region_id, remote_key, order.grant.rank});
+      rid, r.attempt, c, part_ends, c == 0 && !r.split.active ? 0 : start / ps, part_ends ? (end + ps - 1) / ps : end / ps,
+      r.local_pages, order.grant.page_ids, local, remote_layout, st.core.pool_key->region_id, remote_key,
+      order.grant.rank});
   // Runs on the executor thread as soon as layer `l`'s KV is written, before the layer's
   // attention and MLP: the put is posted in stream order and travels while they compute (its
   // checksum reads pages still in the cache), and the actor polls it.

@@ -37,7 +37,10 @@ struct chunk_sender {
   uint32_t attempt;
   uint32_t chunk;
   bool last;                      ///< the last chunk: its layers complete the prompt's KV
-  uint32_t first_page, end_page;  ///< pages [first, end) of the sequence hold this chunk's tokens
+  /// Pages [first, end) of the sequence that this chunk ships: the pages its tokens reach, but a
+  /// partly filled last page only on the part's last chunk (the next chunk ships it whole). May
+  /// be empty: a chunk inside one page.
+  uint32_t first_page, end_page;
   std::vector<uint32_t> local_pages, remote_pages;
   gpu::kv_layout local_layout, remote_layout;
   uint64_t local_region;

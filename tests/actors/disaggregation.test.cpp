@@ -547,3 +547,82 @@ TEST_CASE("data-parallel decode ranks in a cluster answer as colocated; once the
   for (int round = 0; round < 2; ++round)
     for (const auto& p : prompts) CHECK(ask(p).decode_rank == "decode-2");
 }
+
+namespace {
+
+namespace xp = baton::transport;  // inside a transport, `transport` names the class
+
+/// Passes everything to `inner`, adding up the bytes each layer's puts carry.
+class put_counting_transport final : public xp::transport {
+public:
+  explicit put_counting_transport(std::unique_ptr<xp::transport> inner) : inner_(std::move(inner)) {}
+  xp::capabilities caps() const override { return inner_->caps(); }
+  std::optional<xp::region_key> register_region(std::byte* base, uint64_t size, xp::xfer_error* err) override {
+    return inner_->register_region(base, size, err);
+  }
+  void deregister_region(uint64_t id) override { inner_->deregister_region(id); }
+  uint64_t post_put(const xp::put_desc& d) override {
+    {
+      std::lock_guard<std::mutex> lock{m_};
+      for (const auto& s : d.segments) bytes_[d.layer] += s.size_bytes;
+    }
+    return inner_->post_put(d);
+  }
+  xp::xfer_state poll(uint64_t id, xp::xfer_error* err) override { return inner_->poll(id, err); }
+  void release(uint64_t id) override { inner_->release(id); }
+  std::byte* allocate_memory(uint64_t size, xp::xfer_error* err) override { return inner_->allocate_memory(size, err); }
+  void free_memory(std::byte* base) override { inner_->free_memory(base); }
+  std::byte* map_remote(const xp::region_key& key) override { return inner_->map_remote(key); }
+  void set_settled_listener(std::function<void()> fn) override { inner_->set_settled_listener(std::move(fn)); }
+  std::map<uint32_t, uint64_t> bytes() const {
+    std::lock_guard<std::mutex> lock{m_};
+    return bytes_;
+  }
+
+private:
+  std::unique_ptr<xp::transport> inner_;
+  mutable std::mutex m_;
+  std::map<uint32_t, uint64_t> bytes_;
+};
+
+}  // namespace
+
+TEST_CASE("a chunk that ends mid-page leaves that page to the next chunk: each page of each layer is shipped once, "
+          "and the answer equals the colocated run") {
+  test::cluster_system t;
+  auto cfg = small_cluster();
+  cfg.executor.page_size_tokens = 10;  // chunks of 16 tokens end mid-page
+  std::shared_ptr<put_counting_transport> counted;
+  auto cluster = start_local_cluster(t.sys, cfg, {}, [&](std::unique_ptr<transport::transport> inner,
+                                                         const std::string& name) -> std::shared_ptr<transport::transport> {
+    if (name != "prefill-0") return std::shared_ptr<transport::transport>{std::move(inner)};
+    counted = std::make_shared<put_counting_transport>(std::move(inner));
+    return counted;
+  });
+  test::cluster_system::stopper stop{t, cluster};
+  REQUIRE(counted);
+  const std::string text = prompts[2];  // 66 tokens: chunks of 16 end at 16, 32, 48, 64 (mid-page), then 66
+  generate_request req;
+  req.prompt = text;
+  req.max_tokens = 8;
+  req.return_logits = true;
+  auto got = t.generate(cluster.router, req);
+  REQUIRE_MESSAGE(got, t.sys.render(got.error()));
+  const auto prompt = encode(cfg, text);
+  auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
+  auto exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
+  const auto ref = gpu::generate_colocated(*exec, prompt, 8, chunk_tokens);
+  REQUIRE(ref.error.empty());
+  CHECK(got->tokens == ref.tokens);
+  for (size_t i = 0; i < ref.step_logits.size() && i < got->step_logits.size(); ++i)
+    CHECK_MESSAGE(test::same_bits(got->step_logits[i], ref.step_logits[i]), "step " << i);
+  // Every layer carried each of the prompt's pages exactly once (5 chunks; 4 of them end mid-page).
+  const uint64_t pages = (prompt.size() + 9) / 10;
+  const uint64_t page_bytes = exec->kv().layout().page_bytes();
+  const auto bytes = counted->bytes();
+  REQUIRE(bytes.size() == cfg.model.num_hidden_layers);
+  for (const auto& [layer, b] : bytes) {
+    CAPTURE(layer);
+    CHECK(b == pages * page_bytes);
+  }
+}
