@@ -11,7 +11,7 @@ namespace baton::deploy {
 
 int run_generate(const std::vector<std::string>& raw_args) {
   // Positional arguments are prompts too: `baton generate --router H:P "prompt"`. Every flag but
-  // --chat, --verbose and --help takes a value, which is not a prompt.
+  // --chat, --ignore-eos, --verbose and --help takes a value, which is not a prompt.
   std::vector<std::string> args, positional;
   for (size_t i = 0; i < raw_args.size(); ++i) {
     const auto& a = raw_args[i];
@@ -20,7 +20,8 @@ int run_generate(const std::vector<std::string>& raw_args) {
       continue;
     }
     args.push_back(a);
-    const bool takes_value = a != "--chat" && a != "--verbose" && a != "--help" && a.find('=') == std::string::npos;
+    const bool takes_value = a != "--chat" && a != "--ignore-eos" && a != "--verbose" && a != "--help" &&
+                             a.find('=') == std::string::npos;
     if (takes_value && i + 1 < raw_args.size()) args.push_back(raw_args[++i]);
   }
   std::string router = "127.0.0.1:7100";
@@ -44,6 +45,7 @@ int run_generate(const std::vector<std::string>& raw_args) {
   flags.add("--top-p", &req.top_p, "nucleus sampling (1 = off)");
   flags.add("--top-k", &req.top_k, "top-k sampling (0 = off)");
   flags.add("--stop", &req.stop, "a stop string (repeatable)");
+  flags.add("--ignore-eos", &req.ignore_eos, "generate --max-tokens tokens even past <eos> (load tests)");
   flags.add("--verbose", &verbose, "print the request's timings and ranks after its text");
   if (auto rc = flags.parse_command_line(args, "generate", "baton generate --router HOST:PORT [flags] PROMPT..."))
     return *rc;

@@ -299,6 +299,10 @@ int run_node(const std::vector<std::string>& args) {
   flags.add("--dp-meet-timeout-s", &dp_meet_timeout_s,
             "with --dp-attention: how long this node waits at the head for its groups' members in other nodes "
             "(Ctrl-C ends the wait at once)");
+  uint32_t dp_step_timeout_ms = 10'000;
+  flags.add("--dp-step-timeout-ms", &dp_step_timeout_ms,
+            "with --dp-attention: a member silent this long in a step breaks its group, which then re-forms "
+            "(longer tolerates slower steps; shorter frees the other members sooner)");
   flags.add("--ucx-send", &ucx_send, "how this node's ranks send KV: put (RMA) or am (rendezvous active messages)");
   if (auto rc = flags.parse_command_line(
           args, "node",
@@ -368,6 +372,10 @@ int run_node(const std::vector<std::string>& args) {
     std::fprintf(stderr, "baton node: --dp-meet-timeout-s must be at least 1\n");
     return 2;
   }
+  if (dp_step_timeout_ms == 0) {
+    std::fprintf(stderr, "baton node: --dp-step-timeout-ms must be at least 1\n");
+    return 2;
+  }
   if (dp_attention && (role != "decode" || expert_parallel < 2)) {
     std::fprintf(stderr, "baton node: --dp-attention groups decode ranks: it needs --role decode and "
                          "--expert-parallel N >= 2\n");
@@ -431,7 +439,9 @@ int run_node(const std::vector<std::string>& args) {
   auto leaving = std::make_shared<std::atomic<bool>>(false);
   const dp_layout dp_at{num_ranks, dp_first_rank, expert_parallel};
   const dp_meeting_config dp_meet{name, dp_meet_timeout_s,
-                                  {.slot_bytes = engine_slot_bytes(model, prefill, rank), .dual_batch = dual_batch_overlap},
+                                  {.slot_bytes = engine_slot_bytes(model, prefill, rank),
+                                   .timeout = std::chrono::milliseconds{dp_step_timeout_ms},
+                                   .dual_batch = dual_batch_overlap},
                                   eplb, ucx_send, [leaving] { return stop_requested() || leaving->load(); }};
   // Data-parallel groups first: their members in other nodes wait for these at the head.
   if (dp_attention) {

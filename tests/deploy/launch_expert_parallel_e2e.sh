@@ -152,26 +152,57 @@ echo "launch EP e2e: a node waiting for its group stops on Ctrl-C at once; start
 # partner stays up and re-forms the group in place. Then a group whose lost node does not come
 # back within the meeting timeout: the survivor says so and leaves with exit code 3, for a
 # restarter to bring back.
-"$BATON" "${node_args[@]}" --name fall-a --dp-first-rank 4 --dp-meet-timeout-s 20 > "$WORK/fall-a.log" 2>&1 &
+"$BATON" "${node_args[@]}" --name fall-a --dp-first-rank 4 --dp-meet-timeout-s 20 --dp-step-timeout-ms 700 \
+  > "$WORK/fall-a.log" 2>&1 &
 FALL_A=$!
 # fall-b's short timeout bounds its waits for fall-a to come back; fall-a waits first, so the
 # first meeting completes as soon as fall-b posts.
 for _ in $(seq 300); do grep -q "waiting at the head" "$WORK/fall-a.log" && break; sleep 0.1; done
-"$BATON" "${node_args[@]}" --name fall-b --dp-first-rank 5 --dp-meet-timeout-s 30 > "$WORK/fall-b.log" 2>&1 &
+"$BATON" "${node_args[@]}" --name fall-b --dp-first-rank 5 --dp-meet-timeout-s 30 --dp-step-timeout-ms 700 \
+  > "$WORK/fall-b.log" 2>&1 &
 ODD_A=$!
 for _ in $(seq 300); do grep -q "joined the head" "$WORK/fall-a.log" && grep -q "joined the head" "$WORK/fall-b.log" && break; sleep 0.1; done
 grep -q "baton node fall-a: joined the head; 1 decode rank(s) serving" "$WORK/fall-a.log" || fail "fall-a did not join: $(cat "$WORK/fall-a.log")"
 grep -q "baton node fall-b: joined the head; 1 decode rank(s) serving" "$WORK/fall-b.log" || fail "fall-b did not join: $(cat "$WORK/fall-b.log")"
+count() { grep -c "$1" "$2" || true; }
+# A member stalled mid-step (SIGSTOP for 1.2 s: past the 700 ms step timeout, short of the head's
+# 2 s heartbeat timeout, so no node is seen to go): the group breaks with no node lost, both
+# nodes re-form it in place without a restart, and it serves again. Four long requests keep both
+# members' ranks stepping; the stall comes once all four are streaming.
+PR=$(grep -o "router listening on 127.0.0.1:[0-9]*" "$WORK/head.log" | grep -o "[0-9]*$") || fail "no router port in head.log"
+LOADERS=()
+for i in 1 2 3 4; do
+  timeout 60 "$BATON" generate --router "127.0.0.1:$PR" --max-tokens 1500 --ignore-eos "Keep stepping $i" \
+    > "$WORK/stall$i.txt" 2>&1 &
+  LOADERS+=($!)
+done
+for _ in $(seq 300); do
+  [ "$({ grep -l . "$WORK"/stall*.txt 2>/dev/null || true; } | wc -l)" = 4 ] && break; sleep 0.05
+done
+kill -STOP "$FALL_A"; sleep 1.2; kill -CONT "$FALL_A"
+for n in fall-a fall-b; do
+  for _ in $(seq 300); do [ "$(count "re-formed in place" "$WORK/$n.log")" -ge 1 ] && break; sleep 0.1; done
+  grep -q "baton node $n: data-parallel group dp2 re-formed in place; its ranks here take work again" "$WORK/$n.log" ||
+    fail "$n did not re-form in place after the stall: $(cat "$WORK/$n.log")"
+done
+kill "${LOADERS[@]}" 2>/dev/null || true  # their requests failed over, or wait to be placed again
+wait "${LOADERS[@]}" 2>/dev/null || true
+kill -0 "$FALL_A" 2>/dev/null && kill -0 "$ODD_A" 2>/dev/null || fail "a node left after the stall"
+grep -q "baton node fall-b: data-parallel group dp2 re-forms in place (data-parallel group" "$WORK/fall-b.log" ||
+  fail "fall-b's group did not break on the stalled step: $(cat "$WORK/fall-b.log")"
+timeout 60 "$BATON" generate --router "127.0.0.1:$PR" --max-tokens 8 "After the stall" > "$WORK/after-stall.txt" ||
+  fail "the re-formed group does not serve: $(cat "$WORK/after-stall.txt")"
+echo "launch EP e2e: a member stalled mid-step broke its group with no node lost; both nodes re-formed it in place and it serves"
 kill -TERM "$FALL_A"
 rc=0; wait "$FALL_A" || rc=$?
 [ "$rc" = 0 ] || fail "fall-a, stopped on purpose, exited with $rc: $(cat "$WORK/fall-a.log")"
-for _ in $(seq 100); do grep -q "re-forms in place" "$WORK/fall-b.log" && break; sleep 0.1; done
-grep -q "baton node fall-b: data-parallel group dp2 re-forms in place" "$WORK/fall-b.log" ||
+for _ in $(seq 100); do [ "$(count "re-forms in place" "$WORK/fall-b.log")" -ge 2 ] && break; sleep 0.1; done
+[ "$(count "baton node fall-b: data-parallel group dp2 re-forms in place" "$WORK/fall-b.log")" -ge 2 ] ||
   fail "fall-b did not start re-forming when fall-a stopped: $(cat "$WORK/fall-b.log")"
 "$BATON" "${node_args[@]}" --name fall-a --dp-first-rank 4 --dp-meet-timeout-s 20 > "$WORK/fall-a2.log" 2>&1 &
 FALL_A=$!
-for _ in $(seq 600); do grep -q "re-formed in place" "$WORK/fall-b.log" && break; sleep 0.1; done
-grep -q "baton node fall-b: data-parallel group dp2 re-formed in place; its ranks here take work again" "$WORK/fall-b.log" ||
+for _ in $(seq 600); do [ "$(count "re-formed in place" "$WORK/fall-b.log")" -ge 2 ] && break; sleep 0.1; done
+[ "$(count "baton node fall-b: data-parallel group dp2 re-formed in place; its ranks here take work again" "$WORK/fall-b.log")" -ge 2 ] ||
   fail "fall-b did not re-form in place with fall-a started again: $(cat "$WORK/fall-b.log")"
 kill -0 "$ODD_A" 2>/dev/null || fail "fall-b left instead of re-forming in place"
 echo "launch EP e2e: a node stopped on purpose and started again by hand: its partner re-formed the group in place"
