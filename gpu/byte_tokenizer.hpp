@@ -15,7 +15,9 @@ public:
   std::vector<int32_t> encode(std::string_view text) const;
   /// Bytes of the non-special tokens, in order (may be partial UTF-8: it is byte-level).
   std::string decode(const std::vector<int32_t>& tokens) const;
-  /// For terminals: printable ASCII as is, everything else as \xNN.
+  /// For terminals, one line: printable ASCII and well-formed UTF-8 as they are; newline, tab,
+  /// carriage return and backslash as \n, \t, \r and \\; any other byte as \xNN (a control
+  /// character, or a byte of a character cut off or malformed).
   static std::string escape(std::string_view bytes);
 
 private:

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "gpu/byte_tokenizer.hpp"
 #include "gpu/bpe_tokenizer.hpp"
 
 using namespace baton::gpu;
@@ -142,4 +143,25 @@ TEST_CASE("golden: encode and decode equal Hugging Face tokenizers' exactly on h
     CHECK(t->encode(text) == c["ids"].get<std::vector<int32_t>>());
     CHECK(t->decode(c["ids"].get<std::vector<int32_t>>()) == c["decoded"].get<std::string>());
   }
+}
+
+TEST_CASE("escape for the terminal: ASCII and well-formed UTF-8 as they are, newlines and the like as C escapes, "
+          "anything else byte by byte") {
+  using baton::gpu::byte_tokenizer;
+  CHECK(byte_tokenizer::escape("plain text") == "plain text");
+  CHECK(byte_tokenizer::escape("a\nb\tc\rd\\e") == "a\\nb\\tc\\rd\\\\e");
+  CHECK(byte_tokenizer::escape("\x01\x7f") == "\\x01\\x7f");
+  // Two-, three- and four-byte characters pass: é, 中文, 😀.
+  CHECK(byte_tokenizer::escape("caf\xc3\xa9 \xe4\xb8\xad\xe6\x96\x87 \xf0\x9f\x98\x80") ==
+        "caf\xc3\xa9 \xe4\xb8\xad\xe6\x96\x87 \xf0\x9f\x98\x80");
+  // A character cut off by a token boundary, a stray continuation byte, an overlong form, a
+  // surrogate, past U+10FFFF, and a C1 control: byte by byte.
+  CHECK(byte_tokenizer::escape("\xe4\xb8") == "\\xe4\\xb8");
+  CHECK(byte_tokenizer::escape("\x80x") == "\\x80x");
+  CHECK(byte_tokenizer::escape("\xc0\xaf") == "\\xc0\\xaf");
+  CHECK(byte_tokenizer::escape("\xe0\x80\xaf") == "\\xe0\\x80\\xaf");
+  CHECK(byte_tokenizer::escape("\xed\xa0\x80") == "\\xed\\xa0\\x80");
+  CHECK(byte_tokenizer::escape("\xf4\x90\x80\x80") == "\\xf4\\x90\\x80\\x80");
+  CHECK(byte_tokenizer::escape("\xc2\x85") == "\\xc2\\x85");
+  CHECK(byte_tokenizer::escape("\xc2\xa9") == "\xc2\xa9");  // ©, the first character after the C1 block
 }
