@@ -309,7 +309,8 @@ bool parse_cluster_spec(const std::string& json_text, const std::string& base_di
       !fep.num("decode", &out->decode_ep, 1, 256, why) ||
       !fep.boolean("dual_batch_overlap", &out->dual_batch_overlap, why) ||
       !fep.boolean("dp_attention", &out->dp_attention, why) || !fep.num("eplb_slots", &out->eplb_slots, 0, 4096, why) ||
-      !fep.num("eplb_interval", &out->eplb_interval, 1, 1u << 30, why) || !fep.no_others(why))
+      !fep.num("eplb_interval", &out->eplb_interval, 1, 1u << 30, why) ||
+      !fep.num("dp_step_timeout_ms", &out->dp_step_timeout_ms, 1, 3'600'000, why) || !fep.no_others(why))
     return false;
   if (out->ucx_send != "put" && out->ucx_send != "am") {
     *why = "spec.transport.send must be put (one-sided RMA: shared memory, RDMA) or am (rendezvous active messages: TCP), not '" +
@@ -398,6 +399,8 @@ std::vector<node_launch> plan_launch(const cluster_spec& s, const std::string& b
       a.insert(a.end(), {"--expert-parallel", std::to_string(ep)});
       if (s.dual_batch_overlap) a.push_back("--dual-batch-overlap");
       if (s.dp_attention && !prefill) a.push_back("--dp-attention");
+      if (s.dp_attention && !prefill && s.dp_step_timeout_ms != cluster_spec{}.dp_step_timeout_ms)
+        a.insert(a.end(), {"--dp-step-timeout-ms", std::to_string(s.dp_step_timeout_ms)});
       if (s.eplb_slots)
         a.insert(a.end(), {"--eplb-slots", std::to_string(s.eplb_slots), "--eplb-interval", std::to_string(s.eplb_interval)});
     }

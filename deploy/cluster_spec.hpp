@@ -63,6 +63,9 @@ struct cluster_spec {
   /// expert_parallel.eplb_slots / eplb_interval: live EPLB in every expert-parallel engine
   /// (gpu::live_eplb_config; 0 slots: off).
   uint32_t eplb_slots = 0, eplb_interval = 64;
+  /// expert_parallel.dp_step_timeout_ms: with dp_attention, how long a member may be silent in a
+  /// step before its group breaks and re-forms (`baton node --dp-step-timeout-ms`).
+  uint32_t dp_step_timeout_ms = 10'000;
   /// elastic: the role planner's targets, for the head's controller when nodes have the elastic
   /// role (0: the head's defaults).
   uint32_t elastic_ttft_ms = 0, elastic_tbt_ms = 0;

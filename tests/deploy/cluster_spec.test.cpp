@@ -208,6 +208,18 @@ TEST_CASE("expert_parallel.dp_attention groups each decode node's ranks, and onl
     CHECK(after(p2[1], "--dp-first-rank") == "0");
     CHECK(after(p2[2], "--dp-first-rank") == "3");  // member 1 of group 1, with d's last rank
   }
+  // The step timeout: the default adds no flag; another reaches the decode nodes only.
+  CHECK_FALSE(has(plan[1], "--dp-step-timeout-ms"));
+  {
+    auto text = spec;
+    const std::string from = R"("dp_attention": true})";
+    text.replace(text.find(from), from.size(), R"("dp_attention": true, "dp_step_timeout_ms": 2500})");
+    cluster_spec x;
+    REQUIRE_MESSAGE(parse_cluster_spec(text, "/base", &x, &why), why);
+    const auto p2 = plan_launch(x, "baton", {"127.0.0.1", ""});
+    CHECK_FALSE(has(p2[0], "--dp-step-timeout-ms"));
+    CHECK(after(p2[1], "--dp-step-timeout-ms") == "2500");
+  }
   auto refused = [&](const std::string& from, const std::string& to) { return refusal(spec, from, to); };
   const std::string lead = "spec.expert_parallel.dp_attention groups the decode ranks by "
                            "expert_parallel.decode (>= 2), without elastic nodes, but ";
@@ -215,6 +227,8 @@ TEST_CASE("expert_parallel.dp_attention groups each decode node's ranks, and onl
   CHECK(refused(R"("decode": 2,)", R"("decode": 1,)") == lead + "expert_parallel.decode is 1");
   CHECK(refused(R"("dp_attention": true)", R"("dp_attention": "yes")") ==
         "spec.expert_parallel.dp_attention must be true or false");
+  CHECK(refused(R"("dp_attention": true)", R"("dp_attention": true, "dp_step_timeout_ms": 0)").find(
+            "spec.expert_parallel.dp_step_timeout_ms") == 0);
 }
 
 TEST_CASE("elastic nodes: their ranks start as prefill or decode, and the head runs the controller that moves them") {
