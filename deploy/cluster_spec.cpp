@@ -232,6 +232,10 @@ bool validate(const cluster_spec& s, std::string* why) {
     *why = "spec.elastic sets the planner of elastic nodes, but no node has the elastic role";
     return false;
   }
+  if (!s.dp_attention && s.dp_step_timeout_ms != cluster_spec{}.dp_step_timeout_ms) {
+    *why = "spec.expert_parallel.dp_step_timeout_ms bounds a data-parallel group's steps: it needs dp_attention";
+    return false;
+  }
   if (s.dp_attention) {
     std::string bad = s.decode_ep < 2 ? "expert_parallel.decode is " + std::to_string(s.decode_ep)
                       : elastics > 0 ? std::string{"there are elastic nodes"} : std::string{};
@@ -310,7 +314,7 @@ bool parse_cluster_spec(const std::string& json_text, const std::string& base_di
       !fep.boolean("dual_batch_overlap", &out->dual_batch_overlap, why) ||
       !fep.boolean("dp_attention", &out->dp_attention, why) || !fep.num("eplb_slots", &out->eplb_slots, 0, 4096, why) ||
       !fep.num("eplb_interval", &out->eplb_interval, 1, 1u << 30, why) ||
-      !fep.num("dp_step_timeout_ms", &out->dp_step_timeout_ms, 1, 3'600'000, why) || !fep.no_others(why))
+      !fep.num("dp_step_timeout_ms", &out->dp_step_timeout_ms, 100, 3'600'000, why) || !fep.no_others(why))
     return false;
   if (out->ucx_send != "put" && out->ucx_send != "am") {
     *why = "spec.transport.send must be put (one-sided RMA: shared memory, RDMA) or am (rendezvous active messages: TCP), not '" +

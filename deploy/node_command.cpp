@@ -372,8 +372,8 @@ int run_node(const std::vector<std::string>& args) {
     std::fprintf(stderr, "baton node: --dp-meet-timeout-s must be at least 1\n");
     return 2;
   }
-  if (dp_step_timeout_ms == 0) {
-    std::fprintf(stderr, "baton node: --dp-step-timeout-ms must be at least 1\n");
+  if (dp_step_timeout_ms < 100) {  // it also bounds the EPLB weight transfers between steps
+    std::fprintf(stderr, "baton node: --dp-step-timeout-ms must be at least 100\n");
     return 2;
   }
   if (dp_attention && (role != "decode" || expert_parallel < 2)) {
@@ -431,7 +431,11 @@ int run_node(const std::vector<std::string>& args) {
     std::vector<std::shared_ptr<gpu::executor>> execs;      ///< [local rank], once started
     std::map<uint32_t, stage> reforming;                    ///< groups re-forming now
     std::map<uint32_t, std::vector<lost_note>> held;        ///< losses of groups that have met, not yet assigned
-    std::vector<std::thread> threads;                       ///< the re-formings, joined at exit
+    struct reformer {
+      std::thread thread;
+      std::shared_ptr<std::atomic<bool>> done;
+    };
+    std::vector<reformer> threads;  ///< the re-formings: finished ones joined at the next start, the rest at exit
   };
   auto dp = std::make_shared<dp_members>();
   dp->execs.resize(num_ranks);
@@ -477,20 +481,21 @@ int run_node(const std::vector<std::string>& args) {
   // connections stay.
   auto reform = [=, &sys](uint32_t g) {
     std::string err;
-    auto members = meet_dp_group(sys, *directory, dp_at, g, model, dp_meet, &err);
+    // The members' stores come from the model loaded again (the executors' shared weights keep
+    // no routed experts), before the meeting: once it completes, the others may step at once, and
+    // a load from disk could outlast their step timeout. So a node holds a second copy of the
+    // model while it waits at the head.
+    auto full = load_full(&err);
+    std::vector<std::shared_ptr<gpu::expert_peers>> members;
+    if (full) members = meet_dp_group(sys, *directory, dp_at, g, model, dp_meet, &err);
     if (!members.empty()) {
       {
         std::lock_guard<std::mutex> lock{dp->m};
         dp->reforming[g] = dp_members::stage::met;  // a loss from here on is the new group's
       }
-      // The members' stores come from the model loaded again (the executors' shared weights keep
-      // no routed experts), after the meeting, so a node never holds a second copy while it waits.
-      if (auto full = load_full(&err)) {
-        for (auto& m : members) m->hold_block(model, *full);
-      } else {
-        members.clear();
-      }
+      for (auto& m : members) m->hold_block(model, *full);
     }
+    full.reset();
     if (!members.empty()) {
       std::lock_guard<std::mutex> lock{dp->m};
       for (uint32_t i = 0, j = 0; i < num_ranks && err.empty(); ++i) {
@@ -553,7 +558,17 @@ int run_node(const std::vector<std::string>& args) {
                 "members to meet again\n",
                 name.c_str(), g, cause.c_str());
     std::fflush(stdout);
-    dp->threads.emplace_back(reform, g);
+    std::erase_if(dp->threads, [](dp_members::reformer& r) {  // each finished one's stack goes
+      if (!r.done->load()) return false;
+      r.thread.join();
+      return true;
+    });
+    auto done = std::make_shared<std::atomic<bool>>(false);
+    dp->threads.push_back({std::thread([reform, g, done] {
+                             reform(g);
+                             done->store(true);
+                           }),
+                           done});
   };
   // A group can also break with no node seen to go: a member stalled past the all-to-all's
   // timeout mid-step, one stopped on purpose (its abort word), one whose process died after the
@@ -688,12 +703,12 @@ int run_node(const std::vector<std::string>& args) {
         caf::after(std::chrono::milliseconds{100}) >> [] {});
   }
   leaving->store(true);
-  std::vector<std::thread> reformings;
+  std::vector<dp_members::reformer> reformings;
   {
     std::lock_guard<std::mutex> lock{dp->m};
     reformings.swap(dp->threads);  // no new one starts: the agent is gone
   }
-  for (auto& t : reformings) t.join();
+  for (auto& r : reformings) r.thread.join();
   // The executors and members go now, before the actor system: the agent's callbacks (which
   // outlive it in agent_cfg) hold `dp` too, and a rank's KV pool must go with its executor.
   std::vector<std::shared_ptr<gpu::expert_peers>> final_peers;

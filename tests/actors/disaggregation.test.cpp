@@ -589,40 +589,46 @@ private:
 
 TEST_CASE("a chunk that ends mid-page leaves that page to the next chunk: each page of each layer is shipped once, "
           "and the answer equals the colocated run") {
-  test::cluster_system t;
-  auto cfg = small_cluster();
-  cfg.executor.page_size_tokens = 10;  // chunks of 16 tokens end mid-page
-  std::shared_ptr<put_counting_transport> counted;
-  auto cluster = start_local_cluster(t.sys, cfg, {}, [&](std::unique_ptr<transport::transport> inner,
-                                                         const std::string& name) -> std::shared_ptr<transport::transport> {
-    if (name != "prefill-0") return std::shared_ptr<transport::transport>{std::move(inner)};
-    counted = std::make_shared<put_counting_transport>(std::move(inner));
-    return counted;
-  });
-  test::cluster_system::stopper stop{t, cluster};
-  REQUIRE(counted);
-  const std::string text = prompts[2];  // 66 tokens: chunks of 16 end at 16, 32, 48, 64 (mid-page), then 66
-  generate_request req;
-  req.prompt = text;
-  req.max_tokens = 8;
-  req.return_logits = true;
-  auto got = t.generate(cluster.router, req);
-  REQUIRE_MESSAGE(got, t.sys.render(got.error()));
-  const auto prompt = encode(cfg, text);
-  auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
-  auto exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
-  const auto ref = gpu::generate_colocated(*exec, prompt, 8, chunk_tokens);
-  REQUIRE(ref.error.empty());
-  CHECK(got->tokens == ref.tokens);
-  for (size_t i = 0; i < ref.step_logits.size() && i < got->step_logits.size(); ++i)
-    CHECK_MESSAGE(test::same_bits(got->step_logits[i], ref.step_logits[i]), "step " << i);
-  // Every layer carried each of the prompt's pages exactly once (5 chunks; 4 of them end mid-page).
-  const uint64_t pages = (prompt.size() + 9) / 10;
-  const uint64_t page_bytes = exec->kv().layout().page_bytes();
-  const auto bytes = counted->bytes();
-  REQUIRE(bytes.size() == cfg.model.num_hidden_layers);
-  for (const auto& [layer, b] : bytes) {
-    CAPTURE(layer);
-    CHECK(b == pages * page_bytes);
+  // 65 tokens in chunks of 16. Pages of 10: four chunks end mid-page. Pages of 40: three chunks
+  // ship nothing at all (each lies inside a page another chunk ships whole).
+  for (uint32_t page_tokens : {10u, 40u}) {
+    CAPTURE(page_tokens);
+    test::cluster_system t;
+    auto cfg = small_cluster();
+    cfg.executor.page_size_tokens = page_tokens;
+    std::shared_ptr<put_counting_transport> counted;
+    auto cluster = start_local_cluster(t.sys, cfg, {}, [&](std::unique_ptr<transport::transport> inner,
+                                                           const std::string& name) -> std::shared_ptr<transport::transport> {
+      if (name != "prefill-0") return std::shared_ptr<transport::transport>{std::move(inner)};
+      counted = std::make_shared<put_counting_transport>(std::move(inner));
+      return counted;
+    });
+    test::cluster_system::stopper stop{t, cluster};
+    REQUIRE(counted);
+    const std::string text = prompts[2];
+    generate_request req;
+    req.prompt = text;
+    req.max_tokens = 8;
+    req.return_logits = true;
+    auto got = t.generate(cluster.router, req);
+    REQUIRE_MESSAGE(got, t.sys.render(got.error()));
+    const auto prompt = encode(cfg, text);
+    REQUIRE(prompt.size() == 65);
+    auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
+    auto exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
+    const auto ref = gpu::generate_colocated(*exec, prompt, 8, chunk_tokens);
+    REQUIRE(ref.error.empty());
+    CHECK(got->tokens == ref.tokens);
+    for (size_t i = 0; i < ref.step_logits.size() && i < got->step_logits.size(); ++i)
+      CHECK_MESSAGE(test::same_bits(got->step_logits[i], ref.step_logits[i]), "step " << i);
+    // Every layer carried each of the prompt's pages exactly once.
+    const uint64_t pages = (prompt.size() + page_tokens - 1) / page_tokens;
+    const uint64_t page_bytes = exec->kv().layout().page_bytes();
+    const auto bytes = counted->bytes();
+    REQUIRE(bytes.size() == cfg.model.num_hidden_layers);
+    for (const auto& [layer, b] : bytes) {
+      CAPTURE(layer);
+      CHECK(b == pages * page_bytes);
+    }
   }
 }

@@ -227,8 +227,10 @@ TEST_CASE("expert_parallel.dp_attention groups each decode node's ranks, and onl
   CHECK(refused(R"("decode": 2,)", R"("decode": 1,)") == lead + "expert_parallel.decode is 1");
   CHECK(refused(R"("dp_attention": true)", R"("dp_attention": "yes")") ==
         "spec.expert_parallel.dp_attention must be true or false");
-  CHECK(refused(R"("dp_attention": true)", R"("dp_attention": true, "dp_step_timeout_ms": 0)").find(
+  CHECK(refused(R"("dp_attention": true)", R"("dp_attention": true, "dp_step_timeout_ms": 50)").find(
             "spec.expert_parallel.dp_step_timeout_ms") == 0);
+  CHECK(refused(R"("dp_attention": true)", R"("dp_step_timeout_ms": 2500)") ==
+        "spec.expert_parallel.dp_step_timeout_ms bounds a data-parallel group's steps: it needs dp_attention");
 }
 
 TEST_CASE("elastic nodes: their ranks start as prefill or decode, and the head runs the controller that moves them") {

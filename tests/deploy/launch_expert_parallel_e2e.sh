@@ -9,8 +9,10 @@ BATON=$1
 WORK=$(mktemp -d /tmp/baton-launch-ep-e2e-XXXXXX)
 LAUNCHER="" SINGLE=""
 source "$(dirname "$0")/e2e_lib.sh"
-HEAD_PID="" ODD_A="" FALL_A=""
-trap 'for p in $HEAD_PID $ODD_A $FALL_A; do kill -INT "$p" 2>/dev/null || true; done; cleanup_launched' EXIT
+HEAD_PID="" ODD_A="" FALL_A="" LOADERS=()
+# A node left stopped (SIGSTOP) would hold its ports: it is continued before it is told to stop.
+trap 'for p in $HEAD_PID $ODD_A $FALL_A; do kill -CONT "$p" 2>/dev/null; kill -INT "$p" 2>/dev/null || true; done
+      for p in "${LOADERS[@]}"; do kill "$p" 2>/dev/null || true; done; cleanup_launched' EXIT
 fail() { echo "launch EP e2e: FAILED: $*" >&2; echo "--- launcher output:" >&2; cat "$WORK/launch.log" >&2 || true; exit 1; }
 experts() { pgrep -f "$BATON experts" | wc -l; }
 # Shards of an earlier test may still be on their way out (they follow their engine's death).
@@ -152,57 +154,63 @@ echo "launch EP e2e: a node waiting for its group stops on Ctrl-C at once; start
 # partner stays up and re-forms the group in place. Then a group whose lost node does not come
 # back within the meeting timeout: the survivor says so and leaves with exit code 3, for a
 # restarter to bring back.
-"$BATON" "${node_args[@]}" --name fall-a --dp-first-rank 4 --dp-meet-timeout-s 20 --dp-step-timeout-ms 700 \
+"$BATON" "${node_args[@]}" --name fall-a --dp-first-rank 4 --dp-meet-timeout-s 20 --dp-step-timeout-ms 400 \
   > "$WORK/fall-a.log" 2>&1 &
 FALL_A=$!
 # fall-b's short timeout bounds its waits for fall-a to come back; fall-a waits first, so the
 # first meeting completes as soon as fall-b posts.
 for _ in $(seq 300); do grep -q "waiting at the head" "$WORK/fall-a.log" && break; sleep 0.1; done
-"$BATON" "${node_args[@]}" --name fall-b --dp-first-rank 5 --dp-meet-timeout-s 30 --dp-step-timeout-ms 700 \
+"$BATON" "${node_args[@]}" --name fall-b --dp-first-rank 5 --dp-meet-timeout-s 30 --dp-step-timeout-ms 400 \
   > "$WORK/fall-b.log" 2>&1 &
 ODD_A=$!
 for _ in $(seq 300); do grep -q "joined the head" "$WORK/fall-a.log" && grep -q "joined the head" "$WORK/fall-b.log" && break; sleep 0.1; done
 grep -q "baton node fall-a: joined the head; 1 decode rank(s) serving" "$WORK/fall-a.log" || fail "fall-a did not join: $(cat "$WORK/fall-a.log")"
 grep -q "baton node fall-b: joined the head; 1 decode rank(s) serving" "$WORK/fall-b.log" || fail "fall-b did not join: $(cat "$WORK/fall-b.log")"
 count() { grep -c "$1" "$2" || true; }
-# A member stalled mid-step (SIGSTOP for 1.2 s: past the 700 ms step timeout, short of the head's
-# 2 s heartbeat timeout, so no node is seen to go): the group breaks with no node lost, both
-# nodes re-form it in place without a restart, and it serves again. Four long requests keep both
-# members' ranks stepping; the stall comes once all four are streaming.
+# Each phase waits for one more of its lines than were there before it (a spurious re-form in an
+# earlier phase must not pass a later one).
+reforms() { count "baton node $1: data-parallel group dp2 re-forms in place" "$WORK/$1.log"; }
+reformed() { count "baton node $1: data-parallel group dp2 re-formed in place; its ranks here take work again" "$WORK/$1.log"; }
+# A member stalled mid-step (SIGSTOP for 1 s: past the 400 ms step timeout, short of the head's
+# 2 s heartbeat timeout even with a heartbeat 500 ms old, so no node is seen to go): the group
+# breaks with no node lost, both nodes re-form it in place without a restart, and it serves
+# again. Four long requests keep both members' ranks stepping; the stall comes once all four
+# are streaming (their text on stdout; an error would go to stderr, not counted).
 PR=$(grep -o "router listening on 127.0.0.1:[0-9]*" "$WORK/head.log" | grep -o "[0-9]*$") || fail "no router port in head.log"
 LOADERS=()
 for i in 1 2 3 4; do
   timeout 60 "$BATON" generate --router "127.0.0.1:$PR" --max-tokens 1500 --ignore-eos "Keep stepping $i" \
-    > "$WORK/stall$i.txt" 2>&1 &
+    > "$WORK/stall$i.txt" 2>/dev/null &
   LOADERS+=($!)
 done
 for _ in $(seq 300); do
   [ "$({ grep -l . "$WORK"/stall*.txt 2>/dev/null || true; } | wc -l)" = 4 ] && break; sleep 0.05
 done
-kill -STOP "$FALL_A"; sleep 1.2; kill -CONT "$FALL_A"
+kill -STOP "$FALL_A"; sleep 1; kill -CONT "$FALL_A"
 for n in fall-a fall-b; do
-  for _ in $(seq 300); do [ "$(count "re-formed in place" "$WORK/$n.log")" -ge 1 ] && break; sleep 0.1; done
-  grep -q "baton node $n: data-parallel group dp2 re-formed in place; its ranks here take work again" "$WORK/$n.log" ||
-    fail "$n did not re-form in place after the stall: $(cat "$WORK/$n.log")"
+  for _ in $(seq 300); do [ "$(reformed $n)" -ge 1 ] && break; sleep 0.1; done
+  [ "$(reformed $n)" -ge 1 ] || fail "$n did not re-form in place after the stall: $(cat "$WORK/$n.log")"
 done
 kill "${LOADERS[@]}" 2>/dev/null || true  # their requests failed over, or wait to be placed again
 wait "${LOADERS[@]}" 2>/dev/null || true
+LOADERS=()
 kill -0 "$FALL_A" 2>/dev/null && kill -0 "$ODD_A" 2>/dev/null || fail "a node left after the stall"
 grep -q "baton node fall-b: data-parallel group dp2 re-forms in place (data-parallel group" "$WORK/fall-b.log" ||
   fail "fall-b's group did not break on the stalled step: $(cat "$WORK/fall-b.log")"
 timeout 60 "$BATON" generate --router "127.0.0.1:$PR" --max-tokens 8 "After the stall" > "$WORK/after-stall.txt" ||
   fail "the re-formed group does not serve: $(cat "$WORK/after-stall.txt")"
 echo "launch EP e2e: a member stalled mid-step broke its group with no node lost; both nodes re-formed it in place and it serves"
+base_forms=$(reforms fall-b) base_formed=$(reformed fall-b)
 kill -TERM "$FALL_A"
 rc=0; wait "$FALL_A" || rc=$?
 [ "$rc" = 0 ] || fail "fall-a, stopped on purpose, exited with $rc: $(cat "$WORK/fall-a.log")"
-for _ in $(seq 100); do [ "$(count "re-forms in place" "$WORK/fall-b.log")" -ge 2 ] && break; sleep 0.1; done
-[ "$(count "baton node fall-b: data-parallel group dp2 re-forms in place" "$WORK/fall-b.log")" -ge 2 ] ||
+for _ in $(seq 100); do [ "$(reforms fall-b)" -gt "$base_forms" ] && break; sleep 0.1; done
+[ "$(reforms fall-b)" -gt "$base_forms" ] ||
   fail "fall-b did not start re-forming when fall-a stopped: $(cat "$WORK/fall-b.log")"
 "$BATON" "${node_args[@]}" --name fall-a --dp-first-rank 4 --dp-meet-timeout-s 20 > "$WORK/fall-a2.log" 2>&1 &
 FALL_A=$!
-for _ in $(seq 600); do [ "$(count "re-formed in place" "$WORK/fall-b.log")" -ge 2 ] && break; sleep 0.1; done
-[ "$(count "baton node fall-b: data-parallel group dp2 re-formed in place; its ranks here take work again" "$WORK/fall-b.log")" -ge 2 ] ||
+for _ in $(seq 600); do [ "$(reformed fall-b)" -gt "$base_formed" ] && break; sleep 0.1; done
+[ "$(reformed fall-b)" -gt "$base_formed" ] ||
   fail "fall-b did not re-form in place with fall-a started again: $(cat "$WORK/fall-b.log")"
 kill -0 "$ODD_A" 2>/dev/null || fail "fall-b left instead of re-forming in place"
 echo "launch EP e2e: a node stopped on purpose and started again by hand: its partner re-formed the group in place"
