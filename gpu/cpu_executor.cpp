@@ -95,12 +95,7 @@ public:
       inv_freq_(rope_inv_freq(cfg_)),
       rope_factor_(rope_attention_factor(cfg_)),
       softmax_scale_(attention_softmax_scale(cfg_)) {
-    // A data-parallel member serves routed experts from its own store: its block of this
-    // executor's weights, unless its creator filled the store already.
-    if (peers_) {
-      const uint32_t first = cfg_.moe.first_k_dense_replace;
-      if (first < cfg_.num_hidden_layers && peers_->held(first).empty()) peers_->hold_block(cfg_, *weights_);
-    }
+    if (peers_) fill_store(*peers_);
     auto check = [this](const forward_job& job) { return check_forward_job(job, cfg_, kv_.layout()); };
     auto run = [this](const forward_job& job, executor_sink& sink) {
       forward(job, sink);
@@ -149,19 +144,14 @@ public:
 
   bool rejoin_group(std::shared_ptr<expert_peers> peers, std::string* why) override {
     if (!peers) return *why = "rejoin: no group given", false;
-    const uint32_t first = cfg_.moe.first_k_dense_replace;
+    if (auto no = rejoin_refusal(); !no.empty()) return *why = no, false;
+    // Filled outside the lock (the new member is not shared yet): standing_failure() takes it
+    // from the rank's and the node's threads, and a store is a copy of many experts' weights.
+    if (!fill_store(*peers))  // weights shared without routed experts (as `baton node` keeps them)
+      return *why = "the re-formed group's member holds no experts, and this executor's weights have none to give it",
+             false;
     std::lock_guard<std::mutex> lock{failure_mutex_};
-    if (!peers_) return *why = "this executor is in no data-parallel group", false;
-    if (stopped_) return *why = "this executor has stopped", false;
-    if (next_peers_) return *why = "it has not yet switched to the group it was given before", false;
-    // Its old group must be over: its members would otherwise wait for this one in a step.
-    if (peers_->failure().empty()) return *why = "its data-parallel group has not broken; nothing to rejoin", false;
-    if (first < cfg_.num_hidden_layers && peers->held(first).empty()) {
-      peers->hold_block(cfg_, *weights_);
-      if (peers->held(first).empty())  // weights shared without routed experts (as `baton node` keeps them)
-        return *why = "the re-formed group's member holds no experts, and this executor's weights have none to give it",
-               false;
-    }
+    if (auto no = rejoin_refusal_locked(); !no.empty()) return *why = no, false;  // stopped meanwhile, say
     next_peers_ = std::move(peers);  // switched to by join_peers, between jobs
     return true;
   }
@@ -507,6 +497,30 @@ private:
         tell();
       }
     }
+  }
+
+  /// Why rejoin_group cannot take a group now (empty: it can).
+  std::string rejoin_refusal() const {
+    std::lock_guard<std::mutex> lock{failure_mutex_};
+    return rejoin_refusal_locked();
+  }
+  std::string rejoin_refusal_locked() const {
+    if (!peers_) return "this executor is in no data-parallel group";
+    if (stopped_) return "this executor has stopped";
+    if (next_peers_) return "it has not yet switched to the group it was given before";
+    // Its old group must be over: its members would otherwise wait for this one in a step.
+    if (peers_->failure().empty()) return "its data-parallel group has not broken; nothing to rejoin";
+    return {};
+  }
+
+  /// A data-parallel member serves routed experts from its own store: its block of this
+  /// executor's weights, unless its creator filled the store already. False when it holds none
+  /// after (this executor's weights keep no routed experts). A model without MoE layers needs none.
+  bool fill_store(expert_peers& peers) const {
+    const uint32_t first = cfg_.moe.first_k_dense_replace;
+    if (first >= cfg_.num_hidden_layers || !peers.held(first).empty()) return true;
+    peers.hold_block(cfg_, *weights_);
+    return !peers.held(first).empty();
   }
 
   /// Takes the group rejoin_group gave, if any (executor thread, between jobs): from here on this
