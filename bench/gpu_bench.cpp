@@ -114,6 +114,66 @@ double gemm_tflops(uint32_t m, uint32_t n, uint32_t k, int reps) {
   return 2.0 * m * n * k / (median(t) * 1e-3) / 1e12;
 }
 
+/// The decode products alone: Llama-3-8B's four weight matrices streamed by launch_gemv at 1 and
+/// 8 rows, with 4 and with 8 loads in flight per lane, as GB/s of weights read against the
+/// read-only ceiling. Each launch reads another copy of the matrix (a 2 GiB ring), so none is
+/// served from the 50 MB L2.
+void gemv_bench(bool quick, double read_bw_gbps) {
+  struct shape {
+    const char* name;
+    uint32_t n, k;
+  };
+  const shape shapes[] = {{"qkv", 6144, 4096}, {"o", 4096, 4096}, {"gate|up", 28672, 4096}, {"down", 4096, 14336}};
+  const uint64_t ring = uint64_t{2} << 30;
+  void *w, *a, *y;
+  CK(cudaMalloc(&w, ring));
+  CK(cudaMalloc(&a, uint64_t{8} * 14336 * 2));
+  CK(cudaMalloc(&y, uint64_t{8} * 28672 * 4));
+  CK(cuda::launch_fill_random({w, cuda::dtype::bf16, ring / 2, 7, 0.02f, 0.0f}, nullptr));
+  CK(cuda::launch_fill_random({a, cuda::dtype::bf16, uint64_t{8} * 14336, 8, 1.0f, 0.0f}, nullptr));
+  std::printf("\nweight-streaming product (launch_gemv), bf16, GB/s of weights; read-only ceiling %.0f GB/s\n", read_bw_gbps);
+  std::printf("%-8s %5s %14s %14s\n", "product", "rows", "4 in flight", "8 in flight");
+  for (uint32_t m : {1u, 8u}) {
+    double bytes_all = 0, ms_all[2] = {0, 0};
+    std::string which;
+    for (const auto& s : shapes) {
+      if (uint64_t{m} * s.k * 2 > cuda::gemv_max_input_bytes) {  // the executor hands these to cuBLASLt
+        std::printf("%-8s %5u   (inputs exceed shared memory: cuBLASLt's)\n", s.name, m);
+        continue;
+      }
+      which += std::string{which.empty() ? "" : ", "} + s.name;
+      const uint64_t mat = uint64_t{s.n} * s.k * 2, copies = ring / mat;
+      double gbps[2];
+      for (int v = 0; v < 2; ++v) {
+        const uint32_t loads = v ? 8 : 4;
+        uint64_t next = 0;
+        auto launch = [&] {
+          const void* wi = static_cast<const char*>(w) + (next++ % copies) * mat;
+          CK(cuda::launch_gemv({a, wi, static_cast<float*>(y), m, s.n, s.k, 0.0f, cuda::dtype::bf16, loads}, nullptr));
+        };
+        for (int i = 0; i < 3; ++i) launch();
+        const int reps = quick ? 10 : 40;
+        timer tm;
+        tm.start();
+        for (int i = 0; i < reps; ++i) launch();
+        const double ms = tm.stop_ms() / reps;
+        gbps[v] = mat / (ms * 1e-3) / 1e9;
+        ms_all[v] += ms;
+      }
+      bytes_all += mat;
+      std::printf("%-8s %5u %9.0f GB/s %9.0f GB/s\n", s.name, m, gbps[0], gbps[1]);
+      json << "{\"bench\":\"gemv\",\"product\":\"" << s.name << "\",\"rows\":" << m << ",\"gbps_4\":" << gbps[0]
+           << ",\"gbps_8\":" << gbps[1] << "}\n";
+    }
+    row("gemv " + which + ", " + std::to_string(m) + " row(s): 4 / 8 loads in flight",
+        fmt("%.0f / ", bytes_all / (ms_all[0] * 1e-3) / 1e9) + fmt("%.0f GB/s", bytes_all / (ms_all[1] * 1e-3) / 1e9),
+        fmt("read-only ceiling %.0f GB/s", read_bw_gbps));
+  }
+  cudaFree(w);
+  cudaFree(a);
+  cudaFree(y);
+}
+
 /// Llama-3-8B's four products at several row counts: TFLOP/s of fixed_gemm against GemmEx's
 /// default pick, and whether they agree (max |Δ| over the first 64 rows, relative to the largest
 /// output).
@@ -455,6 +515,75 @@ void decode_and_prefill_bench(bool quick, double read_bw_gbps, double gemm_rate)
   }
 }
 
+/// A decode rank's step with its host pool mirrored, as served (the store's write-back and
+/// migrations read the host pool): no mirror, whole pages (16 slots per new row), and slot by
+/// slot (cuda_executor_config::mirror_rows).
+void decode_mirror_bench(bool quick) {
+  const uint32_t ps = 16, batch = quick ? 8 : 32, ctx = 1024, per = ctx / ps + 1;
+  auto cfg = llama3_8b_config(ctx + 64);
+  cuda_executor_config ec;
+  ec.num_kv_pages = batch * per;
+  ec.page_size_tokens = ps;
+  ec.max_batch_tokens = 256;
+  ec.random_weights_seed = 13;
+  ec.record_timeline = true;
+  std::string why;
+  auto t0 = std::chrono::steady_clock::now();
+  auto e = make_cuda_executor(cfg, nullptr, ec, &why);
+  if (!e) {
+    std::fprintf(stderr, "baton_bench_gpu: %s\n", why.c_str());
+    std::exit(1);
+  }
+  auto* x = dynamic_cast<cuda_executor_extras*>(e.get());
+  auto& kv = e->kv();
+  auto pages = *kv.kv_page_alloc(ec.num_kv_pages);
+  if (auto err = x->fill_device_kv_random(pages, 6); !err.empty()) {
+    std::fprintf(stderr, "baton_bench_gpu: %s\n", err.c_str());
+    std::exit(1);
+  }
+  x->set_mirror_rows(true);
+  const bool rows_possible = x->mirrors_rows();
+  std::printf("\ndecode step with the host pool mirrored: batch %u, ctx %u, %s, host pool %.1f GB (ready in %.1f s)%s\n",
+              batch, ctx, e->describe().c_str(), kv.size_bytes() / 1e9,
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+              rows_possible ? "" : "; the pool could not be mapped: no slot-by-slot mirror");
+  forward_job job{1, {}, forward_job::decode};
+  for (uint32_t b = 0; b < batch; ++b) {
+    std::vector<uint32_t> sp(pages.begin() + b * per, pages.begin() + (b + 1) * per);
+    job.seqs.push_back(forward_seq{b, {static_cast<int32_t>(b % 1000)}, ctx, sp, false});
+    job.seqs.back().sample = seq_sampling{{}, ctx + 1, {}};
+  }
+  struct variant {
+    const char* name;
+    bool mirror, rows;
+  };
+  std::map<std::string, std::pair<double, double>> got;  // step ms, send stream ms
+  for (const variant v : {variant{"no mirror", false, false}, variant{"whole pages", true, false},
+                          variant{"slot by slot", true, true}}) {
+    if (v.rows && !rows_possible) continue;
+    x->set_mirror_to_host(v.mirror);
+    x->set_mirror_rows(v.rows);
+    std::vector<double> t, send;
+    for (int i = 0; i < (quick ? 3 : 8); ++i) {
+      const double ms = wall_ms(*e, job);
+      if (i >= 2) {
+        t.push_back(ms);
+        send.push_back(summarise(x->last_timeline()).send_ms);
+      }
+    }
+    got[v.name] = {median(t), median(send)};
+    std::printf("  %-14s step %.2f ms, send stream %.2f ms\n", v.name, median(t), median(send));
+    json << "{\"bench\":\"decode_mirror\",\"variant\":\"" << v.name << "\",\"batch\":" << batch
+         << ",\"step_ms\":" << median(t) << ",\"send_ms\":" << median(send) << "}\n";
+  }
+  const double off = got["no mirror"].first;
+  row("decode step + mirror, batch " + std::to_string(batch) + " ctx 1K: whole pages", fmt("%.2f ms", got["whole pages"].first),
+      fmt("no mirror %.2f ms", off));
+  if (rows_possible)
+    row("decode step + mirror, batch " + std::to_string(batch) + " ctx 1K: slot by slot",
+        fmt("%.2f ms", got["slot by slot"].first), fmt("no mirror %.2f ms", off));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -491,7 +620,9 @@ int main(int argc, char** argv) {
   row("ceiling: read-only HBM bandwidth", fmt("%.0f GB/s", rd), "");
   row("ceiling: pinned host->device, 1 GiB / 128 KiB copies", fmt("%.1f / ", h2d_big) + fmt("%.1f GB/s", h2d_page), "");
   overlap_bench(quick, h2d_big, h2d_page);
+  gemv_bench(quick, rd);
   decode_and_prefill_bench(quick, rd, gemm);
+  decode_mirror_bench(quick);
   invariant_gemm_bench(quick);
   std::printf("\n| %-58s | %-30s | %-40s |\n", "measure", "value", "against");
   for (const auto& r : summary) std::printf("%s\n", r.c_str());

@@ -43,6 +43,12 @@ struct cuda_executor_config {
   /// single-token rows keep the CUDA-core kernel. Off until the kernel has passed its conformance
   /// case on the H200 (it was written without a GPU); the GPU bench times both.
   bool flash_attention = false;
+  /// A sequence with fewer new rows than a page (a decode step) mirrors only its new slots: a
+  /// kernel writes them into the page-locked, mapped host pool. Off: every written page is
+  /// copied whole (16 times a decode row's bytes at 16-token pages). Needs the pool mapped;
+  /// where the driver refuses, pages are copied whatever this says. Off until its conformance
+  /// cases (suite "unverified") have passed on the H200: it was written without a GPU.
+  bool mirror_rows = false;
 
   std::string validate() const;
 };
@@ -70,6 +76,10 @@ public:
   virtual void set_mirror_to_host(bool on) = 0;
   /// The same for cuda_executor_config::flash_attention (benchmarks time both kernels).
   virtual void set_flash_attention(bool on) = 0;
+  /// The same for cuda_executor_config::mirror_rows (benchmarks compare the two).
+  virtual void set_mirror_rows(bool on) = 0;
+  /// Whether decode rows are mirrored slot by slot (mirror_rows, and the host pool is mapped).
+  virtual bool mirrors_rows() const = 0;
   /// Bytes of weights on the device (for the HBM floor).
   virtual uint64_t weight_bytes() const = 0;
 };

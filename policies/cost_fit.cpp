@@ -9,6 +9,8 @@ std::optional<std::vector<double>> least_squares(const std::vector<std::vector<d
                                                  const std::vector<double>& y, const std::vector<double>& weights) {
   if (rows.empty()) return std::nullopt;
   const size_t n = rows.front().size();
+  // A handful of cost terms; the bound also tells the compiler n + 1 cannot wrap.
+  if (n == 0 || n > 64) return std::nullopt;
   // Columns are scaled to unit max magnitude first: q² and q·c are ~1e7 where q is ~1e3, and
   // unscaled normal equations would lose most of their digits.
   std::vector<double> scale(n, 0.0);

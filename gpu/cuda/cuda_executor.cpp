@@ -103,6 +103,7 @@ struct job_args {
   std::vector<uint32_t> positions, row_pages, page_table, tiles, tile_count, want_rows, upload, mirror;
   std::vector<uint32_t> flash_tiles, flash_count;  ///< prefill rows' tiles for the tensor-core attention
   std::vector<uint64_t> kv_slot;
+  std::vector<uint64_t> mirror_slots;  ///< slots mirrored one by one (decode rows), not as whole pages
 };
 
 class cuda_executor final : public executor, public cuda_executor_extras {
@@ -155,8 +156,12 @@ public:
     }
     const uint64_t pool = uint64_t{L} * kv_.layout().num_pages * page_elems() * cuda::dtype_bytes(type_);
     if (!ok(kv_dev_.grow(pool), "allocate the device KV pool")) return err_;
-    if (ecfg_.host_pool && ecfg_.pin_host_pool)
-      host_registered_ = cudaHostRegister(kv_.data(), kv_.size_bytes(), cudaHostRegisterPortable) == cudaSuccess;
+    if (ecfg_.host_pool && ecfg_.pin_host_pool) {
+      // Mapped too, so a kernel can write decode rows' slots straight into it (mirror_rows).
+      host_dev_ = static_cast<float*>(cuda::host_register_mapped(kv_.data(), kv_.size_bytes()));
+      host_registered_ =
+          host_dev_ || cudaHostRegister(kv_.data(), kv_.size_bytes(), cudaHostRegisterPortable) == cudaSuccess;
+    }
     cudaGetLastError();  // a refused registration only costs speed
     auto inv = rope_inv_freq(cfg_);
     if (!ok(inv_freq_.grow(inv.size() * 4), "allocate RoPE table") ||
@@ -208,6 +213,8 @@ public:
   uint64_t weight_bytes() const override { return weight_bytes_; }
   void set_mirror_to_host(bool on) override { ecfg_.mirror_to_host = on && ecfg_.host_pool; }
   void set_flash_attention(bool on) override { ecfg_.flash_attention = on; }
+  void set_mirror_rows(bool on) override { ecfg_.mirror_rows = on; }
+  bool mirrors_rows() const override { return ecfg_.mirror_rows && host_dev_; }
 
 private:
   uint64_t page_elems() const { return uint64_t{2} * kv_.layout().page_size_tokens * cfg_.kv_dim(); }
@@ -366,11 +373,16 @@ private:
           a.upload.push_back(p);
         }
       }
-      for (uint32_t i = s.start_pos / ps; ecfg_.mirror_to_host && i < end_pages; ++i)
-        if (!seen_mirror[s.pages[i]]) {
-          seen_mirror[s.pages[i]] = true;
-          a.mirror.push_back(s.pages[i]);
-        }
+      // A few new rows (a decode step) mirror their own slots; more mirror the pages they wrote
+      // (fewer, larger copies on the copy engine instead of a kernel's PCIe writes).
+      if (ecfg_.mirror_to_host && mirrors_rows() && s.tokens.size() < ps)
+        a.mirror_slots.insert(a.mirror_slots.end(), a.kv_slot.end() - static_cast<long>(s.tokens.size()), a.kv_slot.end());
+      else
+        for (uint32_t i = s.start_pos / ps; ecfg_.mirror_to_host && i < end_pages; ++i)
+          if (!seen_mirror[s.pages[i]]) {
+            seen_mirror[s.pages[i]] = true;
+            a.mirror.push_back(s.pages[i]);
+          }
       if (!a.upload.empty() && !ecfg_.host_pool)
         return "sequence " + std::to_string(s.seq_id) + ": its cached prefix is not on the device and this executor has no host pool";
     }
@@ -433,6 +445,7 @@ private:
     }
     pack(bytes, off, temperature);  // 12
     pack(bytes, off, draw);         // 13
+    pack(bytes, off, a.mirror_slots);  // 14
     if (!ok(args_host_.grow(bytes.size()), "pin job arguments") || !ok(args_dev_.grow(bytes.size()), "allocate job arguments") ||
         !ok(tokens_host_.grow(uint64_t{std::max(nw, 1u)} * 8), "pin tokens") ||
         !ok(tokens_dev_.grow(uint64_t{std::max(nw, 1u)} * 8), "allocate tokens") ||
@@ -550,6 +563,13 @@ private:
              "mirror KV pages");
         });
       }
+      if (!a.mirror_slots.empty())
+        ok_launch(cuda::launch_kv_rows_to_host({kv_layer(l), host_dev_ + uint64_t{l} * kv_.layout().layer_stride_bytes() / 4,
+                                                reinterpret_cast<uint64_t*>(dev(14)),
+                                                static_cast<uint32_t>(a.mirror_slots.size()), kvd,
+                                                uint64_t{kv_.layout().page_size_tokens} * kvd, 2, type_},
+                                               send_),
+                  "mirror decode rows' KV");
       if (tl) ok(cudaEventRecord(tl[7 * l + 5], send_), "record an event");
       notes[l] = {&sink, job.job_id, l};
       ok(cudaLaunchHostFunc(send_, notify_layer_kv_ready, &notes[l]), "queue the layer notice");
@@ -652,6 +672,7 @@ private:
   std::string device_name_;
   std::string err_;                ///< the first CUDA failure of the current job
   bool host_registered_ = false;
+  float* host_dev_ = nullptr;      ///< the host pool's device-side address (page-locked and mapped), or null
   uint64_t weight_bytes_ = 0;
 
   cudaStream_t compute_ = nullptr, copy_ = nullptr, send_ = nullptr;

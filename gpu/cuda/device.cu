@@ -26,4 +26,20 @@ void copy_to_host(void* dst, const void* src, uint64_t bytes) {
   cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost);
 }
 
+void* host_register_mapped(void* host, uint64_t bytes) {
+  if (cudaHostRegister(host, bytes, cudaHostRegisterPortable | cudaHostRegisterMapped) != cudaSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  void* dev = nullptr;
+  if (cudaHostGetDevicePointer(&dev, host, 0) != cudaSuccess) {
+    cudaGetLastError();
+    cudaHostUnregister(host);
+    return nullptr;
+  }
+  return dev;
+}
+
+void host_unregister(void* host) { cudaHostUnregister(host); }
+
 }  // namespace baton::gpu::cuda

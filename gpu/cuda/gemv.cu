@@ -31,7 +31,10 @@ __device__ __forceinline__ void widen(const uint4& raw, float* out, const __nv_b
 
 constexpr uint32_t threads = 512;  // 16 warps, 16 columns per block
 
-template <typename T>
+/// U: 16-byte loads each lane issues before it uses the first (more bytes in flight hide more of
+/// the memory latency, at the cost of registers). Every lane still takes its chunks in ascending
+/// order, so the sums and their bits do not depend on U.
+template <typename T, int U>
 __global__ void __launch_bounds__(threads) gemv_kernel(gemv_params p) {
   constexpr uint32_t per = 16 / sizeof(T);  // elements per 16-byte chunk
   const uint32_t chunks = p.k / per;
@@ -47,14 +50,14 @@ __global__ void __launch_bounds__(threads) gemv_kernel(gemv_params p) {
   float acc[gemv_max_rows];
 #pragma unroll
   for (uint32_t r = 0; r < gemv_max_rows; ++r) acc[r] = 0.0f;
-  // Four chunks in flight per lane before the first use.
+  // U chunks in flight per lane before the first use.
   uint32_t c = lane;
-  for (; c + 96 < chunks; c += 128) {
-    uint4 wr[4];
+  for (; c + 32 * (U - 1) < chunks; c += 32 * U) {
+    uint4 wr[U];
 #pragma unroll
-    for (int u = 0; u < 4; ++u) wr[u] = __ldg(w + c + 32 * u);
+    for (int u = 0; u < U; ++u) wr[u] = __ldg(w + c + 32 * u);
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
+    for (int u = 0; u < U; ++u) {
       float wf[per];
       widen(wr[u], wf, static_cast<const T*>(nullptr));
 #pragma unroll
@@ -97,20 +100,27 @@ int launch_gemv(const gemv_params& p, void* stream) {
   if (p.m == 0 || p.n == 0) return 0;
   const uint32_t per = 16 / dtype_bytes(p.type);
   const uint64_t smem = uint64_t{p.m} * p.k * dtype_bytes(p.type);
-  if (p.m > gemv_max_rows || p.k % per != 0 || smem > gemv_max_input_bytes) return static_cast<int>(cudaErrorInvalidValue);
+  if (p.m > gemv_max_rows || p.k % per != 0 || smem > gemv_max_input_bytes ||
+      (p.loads_in_flight != 0 && p.loads_in_flight != 4 && p.loads_in_flight != 8))
+    return static_cast<int>(cudaErrorInvalidValue);
   // Above 48 KiB a block's dynamic shared memory must be allowed first (once per kernel).
   static const bool raised = [] {
-    cudaFuncSetAttribute(gemv_kernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, gemv_max_input_bytes);
-    cudaFuncSetAttribute(gemv_kernel<__nv_bfloat16>, cudaFuncAttributeMaxDynamicSharedMemorySize, gemv_max_input_bytes);
+    cudaFuncSetAttribute(gemv_kernel<float, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, gemv_max_input_bytes);
+    cudaFuncSetAttribute(gemv_kernel<__nv_bfloat16, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, gemv_max_input_bytes);
+    cudaFuncSetAttribute(gemv_kernel<float, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, gemv_max_input_bytes);
+    cudaFuncSetAttribute(gemv_kernel<__nv_bfloat16, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, gemv_max_input_bytes);
     return true;
   }();
   (void)raised;
   const unsigned blocks = (p.n + threads / 32 - 1) / (threads / 32);
   auto s = static_cast<cudaStream_t>(stream);
+  const bool eight = p.loads_in_flight == 8;
   if (p.type == dtype::f32)
-    gemv_kernel<float><<<blocks, threads, smem, s>>>(p);
+    eight ? gemv_kernel<float, 8><<<blocks, threads, smem, s>>>(p) : gemv_kernel<float, 4><<<blocks, threads, smem, s>>>(p);
+  else if (eight)
+    gemv_kernel<__nv_bfloat16, 8><<<blocks, threads, smem, s>>>(p);
   else
-    gemv_kernel<__nv_bfloat16><<<blocks, threads, smem, s>>>(p);
+    gemv_kernel<__nv_bfloat16, 4><<<blocks, threads, smem, s>>>(p);
   return static_cast<int>(cudaGetLastError());
 }
 

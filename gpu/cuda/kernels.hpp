@@ -125,6 +125,10 @@ struct gemv_params {
   uint32_t m, n, k;
   float beta;     ///< 0 (overwrite) or 1 (accumulate: the residual add)
   dtype type;
+  /// 16-byte weight loads each lane has in flight: 4 (also 0) or 8. The results' bits are the
+  /// same either way; the bench times both (the product reached about a third of the HBM rate
+  /// at 4, docs/perf.md).
+  uint32_t loads_in_flight = 0;
 };
 int launch_gemv(const gemv_params& p, void* stream);
 
@@ -173,6 +177,28 @@ struct kv_pages_params {
 };
 int launch_kv_gather(const kv_pages_params& p, void* stream);
 int launch_kv_scatter(const kv_pages_params& p, void* stream);
+
+/// Token slots from a device KV pool of `type` straight into a host pool of fp32 (page-locked
+/// and mapped: `host_layer` is its device-side address), at the same element offsets: for each
+/// listed slot, `planes` runs of `row_elems` values, `plane_stride` apart (K, then V). A decode
+/// step writes one slot per sequence; copying its whole page (16 slots) to mirror it moved 16
+/// times the bytes, which at batch 128 took longer over PCIe than the step's own compute.
+struct kv_rows_params {
+  const void* kv_layer;   ///< device, this layer's KV base, `type` elements
+  float* host_layer;      ///< mapped host memory (device address), this layer's base, fp32 elements
+  const uint64_t* slots;  ///< device, [rows] element offset of each slot's first plane in the layer
+  uint32_t rows;
+  uint32_t row_elems;     ///< values per plane of one slot (kv_dim)
+  uint64_t plane_stride;  ///< elements from one plane of a slot to the next (page_size_tokens * kv_dim)
+  uint32_t planes;        ///< 2 (K and V)
+  dtype type;
+};
+int launch_kv_rows_to_host(const kv_rows_params& p, void* stream);
+
+/// Page-locks `bytes` of host memory at `host` and maps it for the device; returns the address
+/// kernels use for it (null when the driver refuses, say because the memory cannot be pinned).
+void* host_register_mapped(void* host, uint64_t bytes);
+void host_unregister(void* host);
 
 /// Greedy sampling on the device: out[r] = the index of row r's largest value, the lowest index
 /// among equal values, NaNs never chosen (0 for a row without a number). Without NaNs this is

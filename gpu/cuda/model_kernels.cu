@@ -138,6 +138,20 @@ __global__ void kv_pages_kernel(kv_pages_params p) {
   }
 }
 
+/// One block per slot: its planes' values, converted to fp32, written to the mapped host pool
+/// (consecutive threads write consecutive floats, so the PCIe writes coalesce).
+template <typename T>
+__global__ void kv_rows_kernel(kv_rows_params p) {
+  const uint64_t slot = p.slots[blockIdx.x];
+  const T* src = static_cast<const T*>(p.kv_layer) + slot;
+  float* dst = p.host_layer + slot;
+  for (uint32_t plane = 0; plane < p.planes; ++plane)
+    for (uint32_t i = threadIdx.x; i < p.row_elems; i += blockDim.x) {
+      const uint64_t at = plane * p.plane_stride + i;
+      dst[at] = load_as_float(src, at);
+    }
+}
+
 __global__ void read_probe_kernel(read_probe_params p) {
   const float4* x = static_cast<const float4*>(p.x);
   float acc = 0.0f;
@@ -235,6 +249,15 @@ int launch_kv_scatter(const kv_pages_params& p, void* stream) {
     kv_pages_kernel<float, false><<<grid_for(n, 256), 256, 0, as_stream(stream)>>>(p);
   else
     kv_pages_kernel<__nv_bfloat16, false><<<grid_for(n, 256), 256, 0, as_stream(stream)>>>(p);
+  return last_error();
+}
+
+int launch_kv_rows_to_host(const kv_rows_params& p, void* stream) {
+  if (p.rows == 0) return 0;
+  if (p.type == dtype::f32)
+    kv_rows_kernel<float><<<p.rows, 128, 0, as_stream(stream)>>>(p);
+  else
+    kv_rows_kernel<__nv_bfloat16><<<p.rows, 128, 0, as_stream(stream)>>>(p);
   return last_error();
 }
 

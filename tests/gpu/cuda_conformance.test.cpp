@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <vector>
@@ -227,6 +228,64 @@ TEST_CASE("cuda KV page gather and scatter move listed pages between the pool an
   for (size_t i = 0; i < list.size(); ++i)
     CHECK(std::equal(after.begin() + list[i] * pe, after.begin() + (list[i] + 1) * pe, fresh.begin() + i * pe));
   CHECK(std::equal(after.begin() + 1 * pe, after.begin() + 4 * pe, pool.begin() + 1 * pe));  // untouched pages
+}
+
+TEST_CASE("cuda gemv with 8 loads in flight per lane gives the bits of 4, main loop and tail alike" *
+          doctest::skip(cuda::device_count() == 0) * doctest::test_suite("unverified")) {
+  for (auto type : {cuda::dtype::f32, cuda::dtype::bf16})
+    for (uint32_t k : {688u, 4096u, 4104u, 14336u}) {  // chunks per column below, at and past the loops' steps
+      CAPTURE(static_cast<int>(type));
+      CAPTURE(k);
+      const uint32_t n = 37, m = 3;
+      dev_vec a32{wavy(uint64_t{m} * k, 0.23f, 0.4f)}, w32{wavy(uint64_t{n} * k, 0.031f, 0.9f, 0.1f)};
+      dev_vec da{uint64_t{m} * k * 4}, dw{uint64_t{n} * k * 4}, y4{uint64_t{m} * n * 4}, y8{uint64_t{m} * n * 4};
+      cuda::launch_convert({a32.ptr, cuda::dtype::f32, da.ptr, type, uint64_t{m} * k}, nullptr);
+      cuda::launch_convert({w32.ptr, cuda::dtype::f32, dw.ptr, type, uint64_t{n} * k}, nullptr);
+      cuda::gemv_params p{da.ptr, dw.ptr, y4.as<float>(), m, n, k, 0.0f, type};
+      if (uint64_t{m} * k * cuda::dtype_bytes(type) > cuda::gemv_max_input_bytes) continue;
+      REQUIRE(cuda::launch_gemv(p, nullptr) == 0);
+      p.y = y8.as<float>();
+      p.loads_in_flight = 8;
+      REQUIRE(cuda::launch_gemv(p, nullptr) == 0);
+      CHECK(test::same_bits(y8.get<float>(m * n), y4.get<float>(m * n)));
+    }
+  dev_vec dy{64};
+  cuda::gemv_params bad{nullptr, nullptr, dy.as<float>(), 1, 1, 8, 0.0f, cuda::dtype::bf16};
+  bad.loads_in_flight = 6;
+  CHECK(cuda::launch_gemv(bad, nullptr) != 0);
+}
+
+TEST_CASE("cuda KV rows to host: listed slots' K and V land in a mapped host pool as fp32, nothing else is written" *
+          doctest::skip(cuda::device_count() == 0) * doctest::test_suite("unverified")) {
+  const uint32_t ps = 4, kvd = 24, num_pages = 6;
+  const uint64_t pe = 2ull * ps * kvd, n = num_pages * pe;
+  // Page-aligned, as a kv_cache's pool is when it is registered.
+  const uint64_t bytes = (n * 4 + 4095) / 4096 * 4096;
+  std::unique_ptr<float, decltype(&std::free)> host{static_cast<float*>(std::aligned_alloc(4096, bytes)), &std::free};
+  REQUIRE(host);
+  void* mapped = cuda::host_register_mapped(host.get(), bytes);
+  REQUIRE_MESSAGE(mapped, "the driver refused to page-lock and map 4 KiB of host memory");
+  // Slots: page 4 slot 1, page 0 slot 3 (a page's last), page 5 slot 0.
+  const std::vector<std::pair<uint32_t, uint32_t>> picked{{4, 1}, {0, 3}, {5, 0}};
+  std::vector<uint64_t> slots;
+  for (auto [page, slot] : picked) slots.push_back(page * pe + uint64_t{slot} * kvd);
+  for (auto type : {cuda::dtype::f32, cuda::dtype::bf16}) {
+    CAPTURE(static_cast<int>(type));
+    const auto pool = type == cuda::dtype::f32 ? wavy(n, 0.13f, 0.4f) : through_bf16(wavy(n, 0.13f, 0.4f));
+    dev_vec dpool32{pool}, dpool{n * cuda::dtype_bytes(type)}, dslots{slots};
+    cuda::launch_convert({dpool32.ptr, cuda::dtype::f32, dpool.ptr, type, n}, nullptr);
+    std::fill_n(host.get(), n, -7.0f);
+    REQUIRE(cuda::launch_kv_rows_to_host({dpool.ptr, static_cast<float*>(mapped), dslots.as<uint64_t>(),
+                                          static_cast<uint32_t>(slots.size()), kvd, uint64_t{ps} * kvd, 2, type},
+                                         nullptr) == 0);
+    (void)dslots.get<uint64_t>(1);  // a copy on the default stream: the kernel has finished
+    std::vector<float> want(n, -7.0f);
+    for (auto s : slots)
+      for (uint64_t plane = 0; plane < 2; ++plane)
+        std::copy_n(pool.begin() + s + plane * ps * kvd, kvd, want.begin() + s + plane * ps * kvd);
+    CHECK(test::same_bits(std::vector<float>(host.get(), host.get() + n), want));
+  }
+  cuda::host_unregister(host.get());
 }
 
 TEST_CASE("cuda split attention (long decodes over several blocks) equals the CPU reference, and a row's bits do not "

@@ -195,6 +195,51 @@ TEST_CASE("cuda: disaggregated (prefill on one executor, KV through the host poo
   }
 }
 
+TEST_CASE("cuda: decode rows mirrored slot by slot leave the host pool complete: another executor continues the "
+          "sequence from it bit for bit" * doctest::skip(no_gpu) * doctest::test_suite("unverified")) {
+  auto m = load(source_dir() + "/models/baton-kjv-tiny");
+  const auto prompt = some_prompt(45, m.config.vocab_size);  // the prefill leaves its last page part-filled
+  const uint32_t steps = 22;  // decode rows fill that page and the next two
+  for (bool bf16 : {false, true}) {
+    CAPTURE(bf16);
+    cuda_executor_config c;
+    c.bf16 = bf16;
+    c.num_kv_pages = 64;
+    c.max_batch_tokens = 512;
+    c.mirror_rows = true;
+    std::string why;
+    auto a = make_cuda_executor(m.config, m.weights, c, &why);
+    REQUIRE_MESSAGE(a, why);
+    REQUIRE_MESSAGE(dynamic_cast<cuda_executor_extras&>(*a).mirrors_rows(), "the host pool could not be mapped");
+    auto b = cuda_exec(m, bf16);  // pages mirrored whole: only its first job matters here
+    auto& akv = a->kv();
+    auto& bkv = b->kv();
+    const uint32_t total = static_cast<uint32_t>(prompt.size()) + steps + 1;
+    auto apages = *akv.kv_page_alloc(akv.pages_for_tokens(total));
+    (void)bkv.kv_page_alloc(5);  // other page ids on the other side
+    auto bpages = *bkv.kv_page_alloc(bkv.pages_for_tokens(total));
+    auto first = run_blocking(*a, {1, {{3, prompt, 0, apages, true}}});
+    REQUIRE_MESSAGE(first.error.empty(), first.error);
+    int32_t tok = sample_token(first.logits[0], {}, static_cast<uint32_t>(prompt.size()), nullptr);
+    uint32_t pos = static_cast<uint32_t>(prompt.size());
+    for (uint32_t s = 0; s < steps; ++s, ++pos) {
+      auto r = run_blocking(*a, {10 + s, {{3, {tok}, pos, apages, true}}});
+      REQUIRE_MESSAGE(r.error.empty(), r.error);
+      tok = sample_token(r.logits[0], {}, pos + 1, nullptr);
+    }
+    // Everything A wrote, prefill and decode rows alike, must be in its host pool now.
+    const uint32_t used = akv.pages_for_tokens(pos);
+    for (uint32_t l = 0; l < m.config.num_hidden_layers; ++l)
+      for (uint32_t i = 0; i < used; ++i)
+        std::copy_n(akv.k_at(l, apages[i], 0), akv.layout().page_bytes() / sizeof(float), bkv.k_at(l, bpages[i], 0));
+    const auto stayed = run_blocking(*a, {100, {{3, {tok}, pos, apages, true}}});
+    const auto moved = run_blocking(*b, {100, {{3, {tok}, pos, bpages, true}}});
+    REQUIRE_MESSAGE(stayed.error.empty(), stayed.error);
+    REQUIRE_MESSAGE(moved.error.empty(), moved.error);
+    CHECK(test::same_bits(moved.logits[0], stayed.logits[0]));
+  }
+}
+
 TEST_CASE("cuda executor refuses bad work with messages that name it, and a prefix that never arrives fails its job" *
           doctest::skip(no_gpu)) {
   auto m = load(source_dir() + "/models/baton-kjv-tiny");
