@@ -9,7 +9,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf .device && mkdir -p .device/bin .device/lib
 bins=(build/tests/baton_gpu_tests build/bench/baton_bench_gpu build/deploy/baton build/bench/baton_bench_handoff
-      build/bench/baton_bench_nccl)
+      build/bench/baton_bench_nccl build/bench/baton_bench_ucx)
+# ucx_perftest (Debian's ucx-utils): the ceiling of bench/ucx_bench.sh, run there on 16 cores.
+command -v ucx_perftest >/dev/null && bins+=("$(command -v ucx_perftest)")
 for b in "${bins[@]}"; do
   [ -x "$b" ] || { echo "device-package: $b missing (build with nvcc first)" >&2; exit 1; }
   strip -o ".device/bin/$(basename "$b")" "$b"

@@ -104,6 +104,14 @@ nccl_bench="$(dirname "$bin")/bin/baton_bench_nccl"
 timeout 120 "$nccl_bench" $quick 2>&1 | tee "$out/nccl.txt" | sed "s/^/nccl: /" | tee -a "$log"
 [ "${PIPESTATUS[0]}" = 2 ] && say "(no GPU or no NCCL: skipped)"
 
+say "== UCX shared-memory puts against ucx_perftest on this host's cores (issue 6's >= 90 % goal; noisy on the 2-vCPU VM)"
+if [ -x "$(dirname "$bin")/bin/ucx_perftest" ] && [ -x "$(dirname "$bin")/bin/baton_bench_ucx" ]; then
+  PATH="$root/.device/bin:$PATH" BATON_UCX_TLS=sm BATON_BENCH_UCX="$root/.device/bin/baton_bench_ucx" \
+    timeout 150 bench/ucx_bench.sh 2>&1 | tee "$out/ucx.txt" | sed "s/^/ucx: /" | tee -a "$log"
+else
+  say "(ucx_perftest or baton_bench_ucx not packed: skipped)"
+fi
+
 say "== PyTorch/transformers eager on the same GPU (the peer)"
 if [ -n "${BATON_SKIP_PEER:-}" ]; then
   say "(skipped: BATON_SKIP_PEER is set)"
@@ -113,7 +121,7 @@ fi
 
 say "== summary"
 [ -n "${unverified_failed:-}" ] && say "conformance: the gate passed; cases of suite unverified FAILED (above)"
-grep -E "^answers|^handoff|^nccl: \|" "$log"
+grep -E "^answers|^handoff|^nccl: \||^ucx: \|" "$log"
 grep -E "^\| |^ceilings|^prefix upload|^prefill" "$out/bench.txt" | tee -a "$log"
 # The references made here (every family, DeepSeek's included: issue 13) come back as one file:
 # unpack with `tar -C tests/data -xzf hf_reference.tgz --transform s/^.hf_reference/hf_reference/`
