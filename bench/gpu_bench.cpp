@@ -459,7 +459,8 @@ void decode_and_prefill_bench(bool quick, double read_bw_gbps, double gemm_rate)
   const double kv_token_bytes = 2.0 * cfg.num_hidden_layers * cfg.kv_dim() * 2;  // bf16 K and V, all layers
   std::printf("\ndecode step, Llama-3-8B shape, bf16, weights %.2f GB; HBM read ceiling %.0f GB/s\n",
               x->weight_bytes() / 1e9, read_bw_gbps);
-  std::printf("%6s %6s %12s %12s %8s %14s\n", "batch", "ctx", "step ms", "floor ms", "ratio", "layers' GPU ms");
+  std::printf("%6s %6s %12s %12s %8s %14s %12s %12s\n", "batch", "ctx", "step ms", "floor ms", "ratio", "layers' GPU ms",
+              "launched ms", "graph ms");
   for (auto p : pts) {
     forward_job job{1, {}, forward_job::decode};
     for (uint32_t b = 0; b < p.batch; ++b) {
@@ -479,12 +480,32 @@ void decode_and_prefill_bench(bool quick, double read_bw_gbps, double gemm_rate)
     }
     const double floor = (x->weight_bytes() + kv_token_bytes * p.batch * (p.ctx + 1)) / (read_bw_gbps * 1e9) * 1e3;
     const double ms = median(t);
-    std::printf("%6u %6u %12.2f %12.2f %8.2f %14.2f\n", p.batch, p.ctx, ms, floor, ms / floor, median(gpu));
+    // The same step without the timeline's events: launched kernel by kernel, then as one
+    // CUDA graph launch (cuda_graphs; its first two runs launch and capture).
+    x->set_record_timeline(false);
+    double plain_ms[2];
+    for (int graphs = 0; graphs < 2; ++graphs) {
+      x->set_cuda_graphs(graphs == 1);
+      std::vector<double> tg;
+      for (int i = 0; i < (quick ? 4 : 7); ++i) {
+        const double one = wall_ms(*e, job);
+        if (i >= 2) tg.push_back(one);
+      }
+      plain_ms[graphs] = median(tg);
+    }
+    x->set_cuda_graphs(false);
+    x->set_record_timeline(true);
+    std::printf("%6u %6u %12.2f %12.2f %8.2f %14.2f %12.2f %12.2f\n", p.batch, p.ctx, ms, floor, ms / floor, median(gpu),
+                plain_ms[0], plain_ms[1]);
     json << "{\"bench\":\"decode\",\"batch\":" << p.batch << ",\"ctx\":" << p.ctx << ",\"step_ms\":" << ms
-         << ",\"floor_ms\":" << floor << ",\"layers_gpu_ms\":" << median(gpu) << "}\n";
+         << ",\"floor_ms\":" << floor << ",\"layers_gpu_ms\":" << median(gpu) << ",\"launched_ms\":" << plain_ms[0]
+         << ",\"graph_ms\":" << plain_ms[1] << "}\n";
     row("decode step, batch " + std::to_string(p.batch) + ", ctx " + std::to_string(p.ctx), fmt("%.2f ms", ms),
         fmt("HBM floor %.2f ms", floor) + fmt(" (x%.2f; goal <= 1.3)", ms / floor));
+    row("  the same, launched / one CUDA graph (no timeline)", fmt("%.2f / ", plain_ms[0]) + fmt("%.2f ms", plain_ms[1]),
+        fmt("graph x%.2f of the floor", plain_ms[1] / floor));
   }
+  std::printf("graph launches: %llu\n", static_cast<unsigned long long>(x->graph_replays()));
   // Prefill from scratch: matrix-product FLOPs (2 per weight per token, LM head on the last
   // token only) and causal attention FLOPs (4·d per (query, key) pair, half the square).
   const double layer_params = double(cfg.hidden_size) * (cfg.q_dim() + 2 * cfg.kv_dim()) +

@@ -49,6 +49,12 @@ struct cuda_executor_config {
   /// where the driver refuses, pages are copied whatever this says. Off until its conformance
   /// cases (suite "unverified") have passed on the H200: it was written without a GPU.
   bool mirror_rows = false;
+  /// Decode jobs run as one CUDA graph launch per step instead of about a dozen kernel launches
+  /// per layer: a graph per (rows, head rows, context splits, ...) key, captured at the key's
+  /// second job and replayed after. Only jobs without prefill rows, uploads or page mirrors
+  /// (mirror_rows on, or no mirror) and without record_timeline. Off until its conformance case
+  /// (suite "unverified") has passed on the H200: it was written without a GPU.
+  bool cuda_graphs = false;
 
   std::string validate() const;
 };
@@ -80,6 +86,12 @@ public:
   virtual void set_mirror_rows(bool on) = 0;
   /// Whether decode rows are mirrored slot by slot (mirror_rows, and the host pool is mapped).
   virtual bool mirrors_rows() const = 0;
+  /// The same for cuda_executor_config::cuda_graphs, and how many jobs ran as a graph launch.
+  virtual void set_cuda_graphs(bool on) = 0;
+  virtual uint64_t graph_replays() const = 0;
+  /// Turns record_timeline off and on again (on only if the executor started with it); graphs
+  /// need it off.
+  virtual void set_record_timeline(bool on) = 0;
   /// Bytes of weights on the device (for the HBM floor).
   virtual uint64_t weight_bytes() const = 0;
 };

@@ -8,10 +8,14 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <unordered_map>
 
@@ -97,6 +101,14 @@ void for_runs(const std::vector<uint32_t>& pages, Fn fn) {
   }
 }
 
+/// What makes two decode jobs one graph's: their row counts and the work they ask for.
+struct graph_key {
+  uint32_t rows, head_rows, splits;
+  uint64_t mirrored_slots;
+  bool picks, draws, logits;
+  auto operator<=>(const graph_key&) const = default;
+};
+
 /// A job's small arrays, packed once into pinned memory and copied to the device in one go.
 struct job_args {
   std::vector<int32_t> tokens;
@@ -118,8 +130,10 @@ public:
 
   ~cuda_executor() override {
     stop();
+    for (auto& [key, g] : graphs_) cudaGraphExecDestroy(g.exec);
     if (host_registered_) cudaHostUnregister(kv_.data());
     for (auto* e : events_) cudaEventDestroy(e);
+    if (join_) cudaEventDestroy(join_);
     if (blas_) cublasDestroy(blas_);
     for (auto s : {compute_, copy_, send_})
       if (s) cudaStreamDestroy(s);
@@ -148,12 +162,15 @@ public:
     std::string why;
     if (!(gemm_ = cuda::fixed_gemm::create(type_, &why))) return why;
     const uint32_t L = cfg_.num_hidden_layers;
+    timeline_events_ = ecfg_.record_timeline;
     for (uint32_t i = 0; i < 2 * L + 1 + (ecfg_.record_timeline ? 7 * L : 0); ++i) {
       cudaEvent_t e;
       const unsigned flags = i < 2 * L && !ecfg_.record_timeline ? cudaEventDisableTiming : cudaEventDefault;
       if (!ok(cudaEventCreateWithFlags(&e, flags), "create an event")) return err_;
       events_.push_back(e);
     }
+    if (!ok(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming), "create an event")) return err_;
+    notes_.resize(L);
     const uint64_t pool = uint64_t{L} * kv_.layout().num_pages * page_elems() * cuda::dtype_bytes(type_);
     if (!ok(kv_dev_.grow(pool), "allocate the device KV pool")) return err_;
     if (ecfg_.host_pool && ecfg_.pin_host_pool) {
@@ -214,6 +231,9 @@ public:
   void set_mirror_to_host(bool on) override { ecfg_.mirror_to_host = on && ecfg_.host_pool; }
   void set_flash_attention(bool on) override { ecfg_.flash_attention = on; }
   void set_mirror_rows(bool on) override { ecfg_.mirror_rows = on; }
+  void set_cuda_graphs(bool on) override { ecfg_.cuda_graphs = on; }
+  void set_record_timeline(bool on) override { ecfg_.record_timeline = on && timeline_events_; }
+  uint64_t graph_replays() const override { return replays_.load(std::memory_order_relaxed); }
   bool mirrors_rows() const override { return ecfg_.mirror_rows && host_dev_; }
 
 private:
@@ -393,11 +413,11 @@ private:
   }
 
   template <typename T>
-  static void pack(std::vector<char>& bytes, std::vector<uint64_t>& offsets, const std::vector<T>& v) {
-    offsets.push_back(bytes.size());
+  static void pack(std::vector<char>& bytes, uint64_t& offset, const std::vector<T>& v) {
+    offset = bytes.size();
     const uint64_t n = (v.size() * sizeof(T) + 15) / 16 * 16;
     bytes.resize(bytes.size() + std::max<uint64_t>(n, 16));
-    if (!v.empty()) std::memcpy(bytes.data() + offsets.back(), v.data(), v.size() * sizeof(T));
+    if (!v.empty()) std::memcpy(bytes.data() + offset, v.data(), v.size() * sizeof(T));
   }
 
   void run_job(const forward_job& job, executor_sink& sink) {
@@ -407,20 +427,22 @@ private:
     std::vector<uint32_t> gen_at_start;
     for (const auto& s : job.seqs)
       for (auto p : s.pages) gen_at_start.push_back(kv_.generation(p));
+    // The arrays by slot (dev(i) below). The page table, whose length varies from step to step
+    // of the same batch, goes last: a decode job's other offsets then depend on its row counts
+    // alone, which a captured graph's kernel arguments need (cuda_graphs).
     std::vector<char> bytes;
-    std::vector<uint64_t> off;
-    pack(bytes, off, a.tokens);      // 0
-    pack(bytes, off, a.positions);   // 1
-    pack(bytes, off, a.row_pages);   // 2
-    pack(bytes, off, a.page_table);  // 3
-    pack(bytes, off, a.tiles);       // 4
-    pack(bytes, off, a.tile_count);  // 5
-    pack(bytes, off, a.want_rows);   // 6
-    pack(bytes, off, a.upload);      // 7
-    pack(bytes, off, a.mirror);      // 8
-    pack(bytes, off, a.kv_slot);     // 9
-    pack(bytes, off, a.flash_tiles);  // 10
-    pack(bytes, off, a.flash_count);  // 11
+    std::vector<uint64_t> off(15);
+    pack(bytes, off[0], a.tokens);
+    pack(bytes, off[1], a.positions);
+    pack(bytes, off[2], a.row_pages);
+    pack(bytes, off[4], a.tiles);
+    pack(bytes, off[5], a.tile_count);
+    pack(bytes, off[6], a.want_rows);
+    pack(bytes, off[7], a.upload);
+    pack(bytes, off[8], a.mirror);
+    pack(bytes, off[9], a.kv_slot);
+    pack(bytes, off[10], a.flash_tiles);
+    pack(bytes, off[11], a.flash_count);
     const uint64_t pe = page_elems();
     const uint32_t n = static_cast<uint32_t>(a.tokens.size()), nw = static_cast<uint32_t>(a.want_rows.size());
     // Head rows whose logits go to the host: asked for, or sampled there (top-k, top-p,
@@ -443,9 +465,10 @@ private:
       }
       ++k;
     }
-    pack(bytes, off, temperature);  // 12
-    pack(bytes, off, draw);         // 13
-    pack(bytes, off, a.mirror_slots);  // 14
+    pack(bytes, off[12], temperature);
+    pack(bytes, off[13], draw);
+    pack(bytes, off[14], a.mirror_slots);
+    pack(bytes, off[3], a.page_table);
     if (!ok(args_host_.grow(bytes.size()), "pin job arguments") || !ok(args_dev_.grow(bytes.size()), "allocate job arguments") ||
         !ok(tokens_host_.grow(uint64_t{std::max(nw, 1u)} * 8), "pin tokens") ||
         !ok(tokens_dev_.grow(uint64_t{std::max(nw, 1u)} * 8), "allocate tokens") ||
@@ -468,42 +491,56 @@ private:
       return sink.on_failed(job.job_id, "cuda executor: job " + std::to_string(job.job_id) + ": " + err_);
     std::memcpy(args_host_.ptr, bytes.data(), bytes.size());
     auto dev = [&](size_t i) { return static_cast<char*>(args_dev_.ptr) + off[i]; };
+    // A job a graph can replay: decode rows only (no prefill tiles), nothing to upload, mirrored
+    // slot by slot or not at all, its logits (if any) for every head row in one copy, and no
+    // timeline. Its kernels' arguments then depend only on the key below and on buffers whose
+    // addresses the graph records (graph_buffers).
+    const bool graphable = ecfg_.cuda_graphs && graphs_work_ && !ecfg_.record_timeline && pure_decode &&
+                           a.upload.empty() && a.mirror.empty() && (host_rows.empty() || host_rows.size() == nw);
+    const graph_key key{n, nw, splits, a.mirror_slots.size(), device_picks, device_draws, !host_rows.empty()};
     const uint32_t L = cfg_.num_hidden_layers;
     cudaEvent_t* up_done = events_.data();
     cudaEvent_t* kv_written = events_.data() + L;
     cudaEvent_t args_ready = events_[2 * L];
     cudaEvent_t* tl = ecfg_.record_timeline ? events_.data() + 2 * L + 1 : nullptr;  // 7 per layer
-    std::vector<layer_note> notes(L);
+    for (uint32_t l = 0; l < L; ++l) notes_[l] = {&sink, job.job_id, l};  // read by the send stream's host callbacks
     std::string failed_at;  // set when a gate fails
 
-    ok(cudaMemcpyAsync(args_dev_.ptr, args_host_.ptr, bytes.size(), cudaMemcpyHostToDevice, compute_), "copy job arguments");
-    ok(cudaEventRecord(args_ready, compute_), "record an event");
-    ok(cudaStreamWaitEvent(copy_, args_ready, 0), "order the copy stream");
-    ok(cudaStreamWaitEvent(send_, args_ready, 0), "order the send stream");
-    ok_launch(cuda::launch_embed({embed_.ptr, reinterpret_cast<int32_t*>(dev(0)), x_.as<float>(), n, cfg_.hidden_size, type_}, compute_),
-              "embed");
+    // Everything the job puts on the streams. `capturing`: into a graph on compute_ (see
+    // run_graph), which the send stream joins through args_ready and leaves through join_;
+    // the copy stream has nothing to do in such a job.
+    auto enqueue = [&](bool capturing) {
+      // A graph copies the arguments' whole buffer: a later job of the same key may have a longer
+      // page table (the buffers' sizes are part of graph_buffers, so it still fits).
+      const uint64_t arg_bytes = capturing ? std::min(args_host_.bytes, args_dev_.bytes) : bytes.size();
+      ok(cudaMemcpyAsync(args_dev_.ptr, args_host_.ptr, arg_bytes, cudaMemcpyHostToDevice, compute_), "copy job arguments");
+      ok(cudaEventRecord(args_ready, compute_), "record an event");
+      if (!capturing) ok(cudaStreamWaitEvent(copy_, args_ready, 0), "order the copy stream");
+      ok(cudaStreamWaitEvent(send_, args_ready, 0), "order the send stream");
+      ok_launch(cuda::launch_embed({embed_.ptr, reinterpret_cast<int32_t*>(dev(0)), x_.as<float>(), n, cfg_.hidden_size, type_}, compute_),
+                "embed");
 
-    auto enqueue_upload = [&](uint32_t l) {
-      if (a.upload.empty()) return true;
-      for (const auto& s : job.seqs)
-        if (s.gate && !s.gate->wait(l)) {
-          failed_at = "sequence " + std::to_string(s.seq_id) + ": layer " + std::to_string(l) +
-                      " of its cached prefix will not arrive";
-          return false;
-        }
-      if (tl) ok(cudaEventRecord(tl[7 * l + 2], copy_), "record an event");
-      float* staging = staging_up_[l % 2].as<float>();
-      for_runs(a.upload, [&](size_t i, size_t count) {
-        ok(cudaMemcpyAsync(staging + i * pe, kv_.k_at(l, a.upload[i], 0), count * pe * 4, cudaMemcpyHostToDevice, copy_),
-           "upload KV pages");
-      });
-      if (tl) ok(cudaEventRecord(tl[7 * l + 6], copy_), "record an event");  // the PCIe part ends
-      ok_launch(cuda::launch_kv_scatter({kv_layer(l), staging, reinterpret_cast<uint32_t*>(dev(7)),
-                                         static_cast<uint32_t>(a.upload.size()), pe, type_}, copy_),
-                "scatter uploaded KV");
-      ok(cudaEventRecord(up_done[l], copy_), "record an event");
-      if (tl) ok(cudaEventRecord(tl[7 * l + 3], copy_), "record an event");
-      return true;
+      auto enqueue_upload = [&](uint32_t l) {
+        if (a.upload.empty()) return true;
+        for (const auto& s : job.seqs)
+          if (s.gate && !s.gate->wait(l)) {
+            failed_at = "sequence " + std::to_string(s.seq_id) + ": layer " + std::to_string(l) +
+                        " of its cached prefix will not arrive";
+            return false;
+          }
+        if (tl) ok(cudaEventRecord(tl[7 * l + 2], copy_), "record an event");
+        float* staging = staging_up_[l % 2].as<float>();
+        for_runs(a.upload, [&](size_t i, size_t count) {
+          ok(cudaMemcpyAsync(staging + i * pe, kv_.k_at(l, a.upload[i], 0), count * pe * 4, cudaMemcpyHostToDevice, copy_),
+             "upload KV pages");
+        });
+        if (tl) ok(cudaEventRecord(tl[7 * l + 6], copy_), "record an event");  // the PCIe part ends
+        ok_launch(cuda::launch_kv_scatter({kv_layer(l), staging, reinterpret_cast<uint32_t*>(dev(7)),
+                                           static_cast<uint32_t>(a.upload.size()), pe, type_}, copy_),
+                  "scatter uploaded KV");
+        ok(cudaEventRecord(up_done[l], copy_), "record an event");
+        if (tl) ok(cudaEventRecord(tl[7 * l + 3], copy_), "record an event");
+        return true;
     };
 
     const uint32_t h = cfg_.hidden_size, qd = cfg_.q_dim(), kvd = cfg_.kv_dim(), f = cfg_.intermediate_size;
@@ -571,8 +608,7 @@ private:
                                                send_),
                   "mirror decode rows' KV");
       if (tl) ok(cudaEventRecord(tl[7 * l + 5], send_), "record an event");
-      notes[l] = {&sink, job.job_id, l};
-      ok(cudaLaunchHostFunc(send_, notify_layer_kv_ready, &notes[l]), "queue the layer notice");
+      ok(cudaLaunchHostFunc(send_, notify_layer_kv_ready, &notes_[l]), "queue the layer notice");
       going = err_.empty() && (l + 1 == L || enqueue_upload(l + 1));
     }
     if (going) {
@@ -599,6 +635,13 @@ private:
            "copy logits");
       });
     }
+    if (capturing) {  // the send stream rejoins compute_, as a capture must end
+      ok(cudaEventRecord(join_, send_), "record an event");
+      ok(cudaStreamWaitEvent(compute_, join_, 0), "join the send stream");
+    }
+    return going;
+    };
+    if (!graphable || !run_graph(key, enqueue)) (void)enqueue(false);
     // The job's end: the one place the host waits for the device.
     ok(cudaStreamSynchronize(compute_), "run the job");
     ok(cudaStreamSynchronize(copy_), "upload KV");
@@ -643,6 +686,61 @@ private:
     sink.on_done(job.job_id, std::move(logits), std::move(tokens));
   }
 
+  /// The addresses (and the argument buffers' sizes) a captured graph has baked in: when one
+  /// changes (a buffer grew), the key's graph is captured again.
+  std::array<uintptr_t, 14> graph_buffers() const {
+    auto at = [](const void* p) { return reinterpret_cast<uintptr_t>(p); };
+    return {at(args_dev_.ptr), at(args_host_.ptr), std::min(args_host_.bytes, args_dev_.bytes), at(x_.ptr), at(hn_.ptr),
+            at(qkv_.ptr), at(attn_.ptr), at(gu_.ptr), at(act_.ptr), at(logits_dev_.ptr), at(logits_host_.ptr),
+            at(tokens_dev_.ptr), at(tokens_host_.ptr), at(partial_.ptr)};
+  }
+
+  /// Runs a decode job as one graph launch (cuda_graphs): about a dozen kernels per layer cost a
+  /// launch each otherwise, which small batches cannot hide. The key's graph is replayed when
+  /// its buffers are the same; else it is captured, but only on the key's second job: the first
+  /// runs launched, so shapes seen once cost no capture, and every kernel's one-time setup (a
+  /// shared-memory limit, cuBLASLt's algorithm choice) happens outside a capture. False: the job
+  /// was not run (the caller launches it). A capture that fails turns graphs off, said once.
+  template <typename Enqueue>
+  bool run_graph(const graph_key& key, Enqueue& enqueue) {
+    const auto buffers = graph_buffers();
+    auto it = graphs_.find(key);
+    if (it != graphs_.end() && it->second.buffers != buffers) {
+      cudaGraphExecDestroy(it->second.exec);
+      graphs_.erase(it);
+      it = graphs_.end();
+    }
+    if (it == graphs_.end()) {
+      if (graphs_seen_.insert(key).second) return false;
+      if (graphs_.size() >= 256) {  // batch sizes x context splits: far fewer in practice
+        for (auto& [k, g] : graphs_) cudaGraphExecDestroy(g.exec);
+        graphs_.clear();
+      }
+      cudaGraph_t graph = nullptr;
+      cudaGraphExec_t exec = nullptr;
+      cudaError_t rc = cudaStreamBeginCapture(compute_, cudaStreamCaptureModeThreadLocal);
+      if (rc == cudaSuccess) {
+        (void)enqueue(true);
+        rc = cudaStreamEndCapture(compute_, &graph);
+      }
+      if (rc == cudaSuccess && err_.empty()) rc = cudaGraphInstantiate(&exec, graph, 0);
+      if (graph) cudaGraphDestroy(graph);
+      if (rc != cudaSuccess || !err_.empty()) {
+        const std::string why = err_.empty() ? cudaGetErrorString(rc) : err_;
+        err_.clear();
+        cudaGetLastError();
+        graphs_work_ = false;
+        std::fprintf(stderr, "baton: cuda executor: capturing a decode step into a CUDA graph failed (%s); steps are "
+                     "launched from now on\n", why.c_str());
+        return false;
+      }
+      it = graphs_.emplace(key, captured_graph{exec, buffers}).first;
+    }
+    replays_.fetch_add(1, std::memory_order_relaxed);
+    ok(cudaGraphLaunch(it->second.exec, compute_), "launch a captured decode step");
+    return true;  // a failed launch fails the job through err_
+  }
+
   void collect_timeline(cudaEvent_t* tl, uint32_t L, bool no_upload) {
     std::vector<stream_span> spans;
     auto at = [&](cudaEvent_t e) {
@@ -681,6 +779,18 @@ private:
   std::unique_ptr<cuda::fixed_gemm> gemm_;  ///< products of many rows (the job thread only); null after a failure
   cublasHandle_t blas_ = nullptr;           ///< the fallback when fixed_gemm fails: cuBLAS's own pick
   std::vector<cudaEvent_t> events_;
+  cudaEvent_t join_ = nullptr;       ///< a captured job's send stream rejoins compute_ here
+  bool timeline_events_ = false;     ///< events_ holds the timeline's (record_timeline at start)
+  std::vector<layer_note> notes_;    ///< [layer]: the current job's, for the send stream's host callbacks
+
+  struct captured_graph {
+    cudaGraphExec_t exec;
+    std::array<uintptr_t, 14> buffers;  ///< graph_buffers() when captured
+  };
+  std::map<graph_key, captured_graph> graphs_;
+  std::set<graph_key> graphs_seen_;     ///< keys that ran once (captured at their second job)
+  bool graphs_work_ = true;             ///< false after a capture failed
+  std::atomic<uint64_t> replays_{0};    ///< jobs run as a graph launch
 
   device_buffer kv_dev_, inv_freq_, embed_, lm_head_, final_norm_;
   std::vector<device_layer> layers_;

@@ -240,6 +240,71 @@ TEST_CASE("cuda: decode rows mirrored slot by slot leave the host pool complete:
   }
 }
 
+TEST_CASE("cuda graphs: decode steps replayed from captured graphs give the bits of launched ones, as the batch "
+          "shrinks and grows and contexts cross a split" * doctest::skip(no_gpu) * doctest::test_suite("unverified")) {
+  auto m = load(source_dir() + "/models/baton-kjv-tiny");
+  for (bool bf16 : {false, true}) {
+    CAPTURE(bf16);
+    cuda_executor_config c;
+    c.bf16 = bf16;
+    c.num_kv_pages = 128;
+    c.max_batch_tokens = 512;
+    c.mirror_rows = true;  // decode jobs mirror slot by slot, which a graph can replay
+    std::string why;
+    auto launched = make_cuda_executor(m.config, m.weights, c, &why);
+    REQUIRE_MESSAGE(launched, why);
+    c.cuda_graphs = true;
+    auto graphed = make_cuda_executor(m.config, m.weights, c, &why);
+    REQUIRE_MESSAGE(graphed, why);
+    // Prompts of 20, 33 and 490 tokens (the last crosses 512 positions while decoding, so its
+    // attention splits in two); each prefilled alone, on both executors alike.
+    const std::vector<uint32_t> lengths{20, 33, 490};
+    const uint32_t steps = 40;
+    std::vector<std::vector<uint32_t>> pages[2];
+    std::vector<int32_t> next(lengths.size());
+    std::vector<uint32_t> pos(lengths.size());
+    for (int e = 0; e < 2; ++e) {
+      auto& x = e ? *graphed : *launched;
+      for (size_t i = 0; i < lengths.size(); ++i) {
+        pages[e].push_back(*x.kv().kv_page_alloc(x.kv().pages_for_tokens(lengths[i] + steps + 1)));
+        auto r = run_blocking(x, {i + 1, {{i, some_prompt(lengths[i], m.config.vocab_size), 0, pages[e][i], true}}});
+        REQUIRE_MESSAGE(r.error.empty(), r.error);
+        next[i] = sample_token(r.logits[0], {}, lengths[i], nullptr);
+        pos[i] = lengths[i];
+      }
+    }
+    for (uint32_t step = 0; step < steps; ++step) {
+      CAPTURE(step);
+      forward_job job[2];
+      for (int e = 0; e < 2; ++e) {
+        job[e] = {100 + step, {}, forward_job::decode};
+        for (size_t i = 0; i < lengths.size(); ++i) {
+          if (i == 1 && step >= 10 && step < 20) continue;  // sequence 1 sits out: the batch shrinks to 2
+          forward_seq q{i, {next[i]}, pos[i], pages[e][i], true};
+          q.sample = seq_sampling{{}, pos[i] + 1, {}};  // greedy, on the device
+          if (i == 2) q.sample->cfg.temperature = 0.8f, q.sample->cfg.seed = 5;  // a draw, on the device
+          job[e].seqs.push_back(std::move(q));
+        }
+      }
+      const auto a = run_blocking(*launched, job[0]);
+      const auto b = run_blocking(*graphed, job[1]);
+      REQUIRE_MESSAGE(a.error.empty(), a.error);
+      REQUIRE_MESSAGE(b.error.empty(), b.error);
+      CHECK(test::same_bits(b.logits, a.logits));
+      CHECK(b.tokens == a.tokens);
+      for (size_t k = 0; k < job[0].seqs.size(); ++k) {
+        const size_t i = job[0].seqs[k].seq_id;
+        next[i] = a.tokens[k];
+        ++pos[i];
+      }
+    }
+    const uint64_t replays = dynamic_cast<cuda_executor_extras&>(*graphed).graph_replays();
+    MESSAGE("bf16 " << bf16 << ": " << replays << " of " << steps << " decode steps ran as a graph launch");
+    CHECK(replays >= steps - 8);  // each key's first job runs launched
+    CHECK(dynamic_cast<cuda_executor_extras&>(*launched).graph_replays() == 0);
+  }
+}
+
 TEST_CASE("cuda executor refuses bad work with messages that name it, and a prefix that never arrives fails its job" *
           doctest::skip(no_gpu)) {
   auto m = load(source_dir() + "/models/baton-kjv-tiny");
