@@ -295,6 +295,31 @@ double h2d_gbps(uint64_t bytes, uint64_t piece) {
 
 // ---- executor runs --------------------------------------------------------------------------
 
+/// A CUDA executor for a benchmark, or the process ends saying why not.
+std::unique_ptr<executor> bench_executor(const model_config& cfg, const cuda_executor_config& ec) {
+  std::string why;
+  auto e = make_cuda_executor(cfg, nullptr, ec, &why);
+  if (!e) {
+    std::fprintf(stderr, "baton_bench_gpu: %s\n", why.c_str());
+    std::exit(1);
+  }
+  return e;
+}
+
+/// One decode step of `batch` sequences at context `ctx`, as a decode rank asks for it: a
+/// greedy token per sequence, picked on the device, no logits back. Sequence b holds the b-th
+/// run of ctx / page_size + 1 pages of `pages`.
+forward_job decode_job(const std::vector<uint32_t>& pages, uint32_t batch, uint32_t ctx, uint32_t page_size) {
+  const uint32_t per = ctx / page_size + 1;
+  forward_job job{1, {}, forward_job::decode};
+  for (uint32_t b = 0; b < batch; ++b) {
+    std::vector<uint32_t> sp(pages.begin() + b * per, pages.begin() + (b + 1) * per);
+    job.seqs.push_back(forward_seq{b, {static_cast<int32_t>(b % 1000)}, ctx, sp, false});
+    job.seqs.back().sample = seq_sampling{{}, ctx + 1, {}};
+  }
+  return job;
+}
+
 double wall_ms(executor& e, const forward_job& job) {
   const auto t0 = std::chrono::steady_clock::now();
   auto r = run_blocking(e, job);
@@ -330,13 +355,8 @@ void overlap_bench(bool quick, double pinned_big_gbps, double pinned_page_gbps) 
   ec.max_batch_tokens = fresh;
   ec.random_weights_seed = 11;
   ec.record_timeline = true;
-  std::string why;
   auto t0 = std::chrono::steady_clock::now();
-  auto e = make_cuda_executor(cfg, nullptr, ec, &why);
-  if (!e) {
-    std::fprintf(stderr, "baton_bench_gpu: %s\n", why.c_str());
-    std::exit(1);
-  }
+  auto e = bench_executor(cfg, ec);
   auto* x = dynamic_cast<cuda_executor_extras*>(e.get());
   std::printf("overlap: %s, weights %.1f GB, made in %.1f s\n", e->describe().c_str(), x->weight_bytes() / 1e9,
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -441,12 +461,7 @@ void decode_and_prefill_bench(bool quick, double read_bw_gbps, double gemm_rate)
   ec.host_pool = false;
   ec.mirror_to_host = false;
   ec.record_timeline = true;  // to split a step's wall time into GPU compute and the rest
-  std::string why;
-  auto e = make_cuda_executor(cfg, nullptr, ec, &why);
-  if (!e) {
-    std::fprintf(stderr, "baton_bench_gpu: %s\n", why.c_str());
-    std::exit(1);
-  }
+  auto e = bench_executor(cfg, ec);
   auto* x = dynamic_cast<cuda_executor_extras*>(e.get());
   auto& kv = e->kv();
   std::vector<uint32_t> all(ec.num_kv_pages);
@@ -462,14 +477,7 @@ void decode_and_prefill_bench(bool quick, double read_bw_gbps, double gemm_rate)
   std::printf("%6s %6s %12s %12s %8s %14s %12s %12s\n", "batch", "ctx", "step ms", "floor ms", "ratio", "layers' GPU ms",
               "launched ms", "graph ms");
   for (auto p : pts) {
-    forward_job job{1, {}, forward_job::decode};
-    for (uint32_t b = 0; b < p.batch; ++b) {
-      const uint32_t per = p.ctx / ps + 1;
-      std::vector<uint32_t> sp(pages.begin() + b * per, pages.begin() + (b + 1) * per);
-      // As a decode rank asks: a greedy token per sequence, picked on the device, no logits back.
-      job.seqs.push_back(forward_seq{b, {static_cast<int32_t>(b % 1000)}, p.ctx, sp, false});
-      job.seqs.back().sample = seq_sampling{{}, p.ctx + 1, {}};
-    }
+    const auto job = decode_job(pages, p.batch, p.ctx, ps);
     std::vector<double> t, gpu;
     for (int i = 0; i < (quick ? 3 : 8); ++i) {
       const double ms = wall_ms(*e, job);
@@ -548,13 +556,8 @@ void decode_mirror_bench(bool quick) {
   ec.max_batch_tokens = 256;
   ec.random_weights_seed = 13;
   ec.record_timeline = true;
-  std::string why;
   auto t0 = std::chrono::steady_clock::now();
-  auto e = make_cuda_executor(cfg, nullptr, ec, &why);
-  if (!e) {
-    std::fprintf(stderr, "baton_bench_gpu: %s\n", why.c_str());
-    std::exit(1);
-  }
+  auto e = bench_executor(cfg, ec);
   auto* x = dynamic_cast<cuda_executor_extras*>(e.get());
   auto& kv = e->kv();
   auto pages = *kv.kv_page_alloc(ec.num_kv_pages);
@@ -568,12 +571,7 @@ void decode_mirror_bench(bool quick) {
               batch, ctx, e->describe().c_str(), kv.size_bytes() / 1e9,
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
               rows_possible ? "" : "; the pool could not be mapped: no slot-by-slot mirror");
-  forward_job job{1, {}, forward_job::decode};
-  for (uint32_t b = 0; b < batch; ++b) {
-    std::vector<uint32_t> sp(pages.begin() + b * per, pages.begin() + (b + 1) * per);
-    job.seqs.push_back(forward_seq{b, {static_cast<int32_t>(b % 1000)}, ctx, sp, false});
-    job.seqs.back().sample = seq_sampling{{}, ctx + 1, {}};
-  }
+  const auto job = decode_job(pages, batch, ctx, ps);
   struct variant {
     const char* name;
     bool mirror, rows;
