@@ -80,6 +80,12 @@ struct row_ref {
   uint32_t pos;
 };
 
+/// Rows [begin, end) of a job (a micro-batch of dual-batch overlap, or all of them).
+struct row_range {
+  size_t begin, end;
+  size_t size() const { return end - begin; }
+};
+
 class cpu_executor final : public executor {
 public:
   cpu_executor(model_config cfg, std::shared_ptr<const model_weights> weights, cpu_executor_config ecfg)
@@ -178,12 +184,23 @@ private:
       std::copy_n(w.embed.data() + static_cast<size_t>(tok) * h, h, act_.x.data() + r * h);
     }
 
+    const bool overlap = overlaps_attention(job);
+    bool a_ahead = false;  // micro-batch A's attention of this layer ran during the last one's
     for (uint32_t l = 0; l < c.num_hidden_layers; ++l) {
       const auto& lw = w.layers[l];
+      if (overlap && c.is_moe_layer(l)) {
+        if (std::string why; !overlapped_layer(job, rows, l, (n + 1) / 2, &a_ahead, sink, &why)) {
+          sink.on_failed(job.job_id, "layer " + std::to_string(l) + ": " + why);
+          return;
+        }
+        sink.on_layer_computed(job.job_id, l);
+        continue;
+      }
       rmsnorm(act_.x.data(), lw.attn_norm.data(), n, h, c.rms_norm_eps, act_.hn.data());
       // Each attention writes this layer's KV, waits for the layer's gates, tells the sink the
       // layer's KV is ready, and leaves the o_proj output in act_.proj.
-      const bool ok = c.is_mla() ? latent_attention_layer(job, rows, l, sink) : attention_layer(job, rows, l, sink);
+      const bool ok = c.is_mla() ? latent_attention_layer(job, rows, {0, n}, l, sink, true)
+                                 : attention_layer(job, rows, {0, n}, l, sink, true);
       if (!ok) return;
       add_inplace(act_.x.data(), act_.proj.data(), n * h);
 
@@ -246,35 +263,42 @@ private:
   }
 
   /// Grouped-query attention (Llama, Mistral, Qwen): K and V per KV head in two planes.
-  bool attention_layer(const forward_job& job, const std::vector<row_ref>& rows, uint32_t l, executor_sink& sink) {
+  /// Rows `rr` of the job's rows; `notify`: this call writes the layer's last KV (then the
+  /// layer's gates are awaited and the sink told), as a whole batch's call does.
+  bool attention_layer(const forward_job& job, const std::vector<row_ref>& all_rows, row_range rr, uint32_t l,
+                       executor_sink& sink, bool notify) {
     const auto& c = cfg_;
     const auto& lw = weights_->layers[l];
-    const size_t n = rows.size(), h = c.hidden_size, qd = c.q_dim(), kvd = c.kv_dim();
-    matmul_nt(act_.hn.data(), n, h, lw.wq.data(), qd, act_.q.data(), &pool_);
-    matmul_nt(act_.hn.data(), n, h, lw.wk.data(), kvd, act_.k.data(), &pool_);
-    matmul_nt(act_.hn.data(), n, h, lw.wv.data(), kvd, act_.v.data(), &pool_);
+    const size_t n = rr.size(), h = c.hidden_size, qd = c.q_dim(), kvd = c.kv_dim();
+    const row_ref* rows = all_rows.data() + rr.begin;
+    const float* hn = act_.hn.data() + rr.begin * h;
+    float *q = act_.q.data() + rr.begin * qd, *k = act_.k.data() + rr.begin * kvd, *v = act_.v.data() + rr.begin * kvd;
+    float* attn = act_.attn.data() + rr.begin * qd;
+    matmul_nt(hn, n, h, lw.wq.data(), qd, q, &pool_);
+    matmul_nt(hn, n, h, lw.wk.data(), kvd, k, &pool_);
+    matmul_nt(hn, n, h, lw.wv.data(), kvd, v, &pool_);
     if (!lw.bq.empty())  // Qwen2: biased q, k, v projections
       for (size_t r = 0; r < n; ++r) {
-        add_inplace(act_.q.data() + r * qd, lw.bq.data(), qd);
-        add_inplace(act_.k.data() + r * kvd, lw.bk.data(), kvd);
-        add_inplace(act_.v.data() + r * kvd, lw.bv.data(), kvd);
+        add_inplace(q + r * qd, lw.bq.data(), qd);
+        add_inplace(k + r * kvd, lw.bk.data(), kvd);
+        add_inplace(v + r * kvd, lw.bv.data(), kvd);
       }
     if (!lw.q_norm.empty()) {  // Qwen3: each head of q and k RMS-normalised before RoPE
-      rmsnorm(act_.q.data(), lw.q_norm.data(), n * c.num_attention_heads, c.head_dim, c.rms_norm_eps, act_.q.data());
-      rmsnorm(act_.k.data(), lw.k_norm.data(), n * c.num_key_value_heads, c.head_dim, c.rms_norm_eps, act_.k.data());
+      rmsnorm(q, lw.q_norm.data(), n * c.num_attention_heads, c.head_dim, c.rms_norm_eps, q);
+      rmsnorm(k, lw.k_norm.data(), n * c.num_key_value_heads, c.head_dim, c.rms_norm_eps, k);
     }
     for (size_t r = 0; r < n; ++r) {
-      rope_apply(act_.q.data() + r * qd, c.num_attention_heads, c.head_dim, rows[r].pos, inv_freq_.data());
-      rope_apply(act_.k.data() + r * kvd, c.num_key_value_heads, c.head_dim, rows[r].pos, inv_freq_.data());
+      rope_apply(q + r * qd, c.num_attention_heads, c.head_dim, rows[r].pos, inv_freq_.data());
+      rope_apply(k + r * kvd, c.num_key_value_heads, c.head_dim, rows[r].pos, inv_freq_.data());
       if (rope_factor_ != 1.0f) {
-        for (size_t i = 0; i < qd; ++i) act_.q[r * qd + i] *= rope_factor_;
-        for (size_t i = 0; i < kvd; ++i) act_.k[r * kvd + i] *= rope_factor_;
+        for (size_t i = 0; i < qd; ++i) q[r * qd + i] *= rope_factor_;
+        for (size_t i = 0; i < kvd; ++i) k[r * kvd + i] *= rope_factor_;
       }
       const auto [page, slot] = page_slot(job, rows[r]);
-      std::copy_n(act_.k.data() + r * kvd, kvd, kv_.k_at(l, page, slot));
-      std::copy_n(act_.v.data() + r * kvd, kvd, kv_.v_at(l, page, slot));
+      std::copy_n(k + r * kvd, kvd, kv_.k_at(l, page, slot));
+      std::copy_n(v + r * kvd, kvd, kv_.v_at(l, page, slot));
     }
-    if (!kv_ready(job, l, sink)) return false;
+    if (notify && !kv_ready(job, l, sink)) return false;
 
     // Causal attention of every row over its own sequence's KV pages, positions [0, pos].
     // Each (row, head) is computed alone in a fixed order, so batching cannot change it.
@@ -289,12 +313,12 @@ private:
         const auto& pages = job.seqs[rows[r].seq].pages;
         const uint32_t len = rows[r].pos + 1;
         scores.resize(len);
-        attention_ref(act_.q.data() + r * qd + head * hd, len, kv_.k_at(l, 0, 0), pages.data(), ps, c.kv_dim(),
+        attention_ref(q + r * qd + head * hd, len, kv_.k_at(l, 0, 0), pages.data(), ps, c.kv_dim(),
                       kv_.layout().page_bytes() / sizeof(float), kvh * hd, hd, scale, scores.data(),
-                      act_.attn.data() + r * qd + head * hd);
+                      attn + r * qd + head * hd);
       }
     });
-    matmul_nt(act_.attn.data(), n, qd, lw.wo.data(), h, act_.proj.data(), &pool_);
+    matmul_nt(attn, n, qd, lw.wo.data(), h, act_.proj.data() + rr.begin * h, &pool_);
     return true;
   }
 
@@ -304,23 +328,28 @@ private:
   /// query and W_UV applied after the weighted sum, so cached tokens are never expanded into
   /// per-head K and V. One path for both kinds of row keeps chunked prefill equal to
   /// token-by-token decoding, bit for bit.
-  bool latent_attention_layer(const forward_job& job, const std::vector<row_ref>& rows, uint32_t l,
-                              executor_sink& sink) {
+  /// Rows `rr`, and `notify`, as attention_layer's.
+  bool latent_attention_layer(const forward_job& job, const std::vector<row_ref>& all_rows, row_range rr, uint32_t l,
+                              executor_sink& sink, bool notify) {
     const auto& c = cfg_;
     const auto& m = c.mla;
     const auto& lw = weights_->layers[l];
-    const size_t n = rows.size(), h = c.hidden_size, qd = c.q_dim(), qk = c.qk_head_dim(), lat = c.kv_dim();
+    const size_t n = rr.size(), h = c.hidden_size, qd = c.q_dim(), qk = c.qk_head_dim(), lat = c.kv_dim();
+    const row_ref* rows = all_rows.data() + rr.begin;
+    const float* hn = act_.hn.data() + rr.begin * h;
+    float *qa = act_.qa.data() + rr.begin * m.q_lora_rank, *q = act_.q.data() + rr.begin * qd;
+    float *k = act_.k.data() + rr.begin * lat, *attn = act_.attn.data() + rr.begin * c.attn_out_dim();
     const uint32_t lora = m.kv_lora_rank, nope = m.qk_nope_head_dim, rope = m.qk_rope_head_dim, vd = m.v_head_dim;
     // The low-rank norms are built with transformers' default epsilon, not rms_norm_eps.
     constexpr float lora_norm_eps = 1e-6f;
     if (m.q_lora_rank) {
-      matmul_nt(act_.hn.data(), n, h, lw.wq_a.data(), m.q_lora_rank, act_.qa.data(), &pool_);
-      rmsnorm(act_.qa.data(), lw.q_a_norm.data(), n, m.q_lora_rank, lora_norm_eps, act_.qa.data());
-      matmul_nt(act_.qa.data(), n, m.q_lora_rank, lw.wq_b.data(), qd, act_.q.data(), &pool_);
+      matmul_nt(hn, n, h, lw.wq_a.data(), m.q_lora_rank, qa, &pool_);
+      rmsnorm(qa, lw.q_a_norm.data(), n, m.q_lora_rank, lora_norm_eps, qa);
+      matmul_nt(qa, n, m.q_lora_rank, lw.wq_b.data(), qd, q, &pool_);
     } else {
-      matmul_nt(act_.hn.data(), n, h, lw.wq.data(), qd, act_.q.data(), &pool_);
+      matmul_nt(hn, n, h, lw.wq.data(), qd, q, &pool_);
     }
-    matmul_nt(act_.hn.data(), n, h, lw.wkv_a.data(), lat, act_.k.data(), &pool_);
+    matmul_nt(hn, n, h, lw.wkv_a.data(), lat, k, &pool_);
     auto rotate = [&](float* x, uint32_t pos) {
       if (m.rope_interleave)
         rope_apply_interleaved(x, rope, pos, inv_freq_.data());
@@ -330,15 +359,15 @@ private:
         for (uint32_t i = 0; i < rope; ++i) x[i] *= rope_factor_;
     };
     for (size_t r = 0; r < n; ++r) {
-      float* latent = act_.k.data() + r * lat;
+      float* latent = k + r * lat;
       rmsnorm(latent, lw.kv_a_norm.data(), 1, lora, lora_norm_eps, latent);
       rotate(latent + lora, rows[r].pos);
       for (uint32_t head = 0; head < c.num_attention_heads; ++head)
-        rotate(act_.q.data() + r * qd + head * qk + nope, rows[r].pos);
+        rotate(q + r * qd + head * qk + nope, rows[r].pos);
       const auto [page, slot] = page_slot(job, rows[r]);
       std::copy_n(latent, lat, kv_.k_at(l, page, slot));
     }
-    if (!kv_ready(job, l, sink)) return false;
+    if (notify && !kv_ready(job, l, sink)) return false;
 
     const uint32_t ps = kv_.layout().page_size_tokens;
     const float scale = softmax_scale_;
@@ -347,21 +376,21 @@ private:
       for (size_t item = begin; item < end; ++item) {
         const size_t r = item / c.num_attention_heads;
         const uint32_t head = static_cast<uint32_t>(item % c.num_attention_heads);
-        const float* q = act_.q.data() + r * qd + head * qk;
+        const float* qh = q + r * qd + head * qk;
         // The latent query: W_UK_h^T q_nope, then the rotated part as is.
         for (uint32_t j = 0; j < lora; ++j)
-          query[j] = dot_fixed(lw.w_uk_t.data() + (uint64_t{head} * lora + j) * nope, q, nope);
-        std::copy_n(q + nope, rope, query.data() + lora);
+          query[j] = dot_fixed(lw.w_uk_t.data() + (uint64_t{head} * lora + j) * nope, qh, nope);
+        std::copy_n(qh + nope, rope, query.data() + lora);
         const auto& pages = job.seqs[rows[r].seq].pages;
         const uint32_t len = rows[r].pos + 1;
         scores.resize(len);
         latent_attention_ref(query.data(), len, kv_.k_at(l, 0, 0), pages.data(), ps, lat,
                              kv_.layout().page_bytes() / sizeof(float), lora, scale, scores.data(), out.data());
-        float* o = act_.attn.data() + r * c.attn_out_dim() + head * vd;
+        float* o = attn + r * c.attn_out_dim() + head * vd;
         for (uint32_t d = 0; d < vd; ++d) o[d] = dot_fixed(lw.w_uv.data() + (uint64_t{head} * vd + d) * lora, out.data(), lora);
       }
     });
-    matmul_nt(act_.attn.data(), n, c.attn_out_dim(), lw.wo.data(), h, act_.proj.data(), &pool_);
+    matmul_nt(attn, n, c.attn_out_dim(), lw.wo.data(), h, act_.proj.data() + rr.begin * h, &pool_);
     return true;
   }
 
@@ -375,30 +404,47 @@ private:
   /// order with the routing weights, then the shared experts added. Rows never see each other's
   /// numbers, so a token's result does not depend on who shares its batch.
   bool moe_mlp(uint32_t l, size_t n, std::string* why) {
+    route_rows(l, {0, n});
+    std::fill_n(act_.proj.data(), n * cfg_.hidden_size, 0.0f);
+    if (experts_ || peers_) {
+      if (!routed_elsewhere(l, n, why)) return false;
+    } else {
+      routed_here(l, n, act_.chosen, act_.weight);
+    }
+    shared_experts(l, {0, n});
+    return true;
+  }
+
+  /// Router logits of rows `rr` of MoE layer `l`, then each row's top-k experts and weights
+  /// (act_.chosen and act_.weight at the rows' offsets; sized for the job by size_routing).
+  void route_rows(uint32_t l, row_range rr) {
     const auto& c = cfg_;
     const auto& lw = weights_->layers[l];
     const size_t h = c.hidden_size, e_count = c.moe.n_routed_experts, k = c.moe.num_experts_per_tok;
-    matmul_nt(act_.hn.data(), n, h, lw.router.data(), e_count, act_.router.data(), &pool_);
-    auto& chosen = act_.chosen;
-    auto& weight = act_.weight;
-    auto& scratch = act_.route_scratch;
-    chosen.resize(n * k);
-    weight.resize(n * k);
-    scratch.resize(2 * e_count + c.moe.n_group);
-    for (size_t r = 0; r < n; ++r)
-      moe_route(c.moe, act_.router.data() + r * e_count, lw.router_bias.empty() ? nullptr : lw.router_bias.data(),
-                chosen.data() + r * k, weight.data() + r * k, scratch.data());
-    std::fill_n(act_.proj.data(), n * h, 0.0f);
-    if (experts_ || peers_) {
-      if (!routed_elsewhere(l, n, chosen, weight, why)) return false;
-    } else {
-      routed_here(l, n, chosen, weight);
+    size_routing(rr.end);
+    float* logits = act_.router.data() + rr.begin * e_count;
+    matmul_nt(act_.hn.data() + rr.begin * h, rr.size(), h, lw.router.data(), e_count, logits, &pool_);
+    for (size_t r = 0; r < rr.size(); ++r)
+      moe_route(c.moe, logits + r * e_count, lw.router_bias.empty() ? nullptr : lw.router_bias.data(),
+                act_.chosen.data() + (rr.begin + r) * k, act_.weight.data() + (rr.begin + r) * k,
+                act_.route_scratch.data());
+  }
+  void size_routing(size_t rows) {
+    const size_t k = cfg_.moe.num_experts_per_tok;
+    if (act_.chosen.size() < rows * k) act_.chosen.resize(rows * k);
+    if (act_.weight.size() < rows * k) act_.weight.resize(rows * k);
+    act_.route_scratch.resize(2 * cfg_.moe.n_routed_experts + cfg_.moe.n_group);
+  }
+
+  /// proj[rr] += the shared experts of MoE layer `l` over hn[rr] (none in some families).
+  void shared_experts(uint32_t l, row_range rr) {
+    const auto& lw = weights_->layers[l];
+    const size_t h = cfg_.hidden_size;
+    if (const size_t f = cfg_.mlp_intermediate(l)) {
+      float* out = act_.ye.data() + rr.begin * h;
+      dense_mlp(lw.w_gate.data(), lw.w_up.data(), lw.w_down.data(), act_.hn.data() + rr.begin * h, rr.size(), f, out);
+      add_inplace(act_.proj.data() + rr.begin * h, out, rr.size() * h);
     }
-    if (const size_t f = c.mlp_intermediate(l)) {
-      dense_mlp(lw.w_gate.data(), lw.w_up.data(), lw.w_down.data(), act_.hn.data(), n, f, act_.ye.data());
-      add_inplace(act_.proj.data(), act_.ye.data(), n * h);
-    }
-    return true;
   }
 
   /// The routed experts in this process: rows bound for one expert run through it together.
@@ -427,52 +473,144 @@ private:
     }
   }
 
-  /// Expert parallelism: each row's copies packed per owning EP rank, one dispatch and one
-  /// combine round, then the weighted sum per row in ascending expert order, as routed_here adds.
-  /// With dual-batch overlap the rows are two micro-batches (first half, second half) whose
-  /// rounds interleave; each row's numbers are the same either way.
-  bool routed_elsewhere(uint32_t l, size_t n, const std::vector<uint32_t>& chosen, const std::vector<float>& weight,
-                        std::string* why) {
+  /// One micro-batch's copies of its rows packed per owning EP rank (`{expert, x[hidden]}`
+  /// entries), and where each row's j-th copy went: its rank and entry.
+  struct packed_rows {
+    std::vector<std::vector<std::byte>> entries;
+    std::vector<std::pair<uint32_t, size_t>> where;  ///< [(row - rr.begin) * k + j]
+  };
+  packed_rows pack_rows(uint32_t l, row_range rr) {
     const auto& c = cfg_;
     const size_t h = c.hidden_size, k = c.moe.num_experts_per_tok, row_bytes = h * sizeof(float);
-    const bool dual = experts_ ? experts_->dual_batch() : peers_->dual_batch();
-    const size_t split = dual ? (n + 1) / 2 : n;  // rows of micro-batch A
-    const uint32_t ranks = experts_ ? experts_->size() : peers_->size();
-    std::vector<std::vector<std::byte>> entries[2] = {std::vector<std::vector<std::byte>>(ranks),
-                                                      std::vector<std::vector<std::byte>>(ranks)};
-    std::vector<std::vector<std::byte>> outputs[2];
-    struct copy_at {
-      uint32_t batch, rank;
-      size_t entry;
-    };
-    std::vector<copy_at> where(n * k);
-    for (size_t r = 0; r < n; ++r)
+    packed_rows p;
+    p.entries.resize(experts_ ? experts_->size() : peers_->size());
+    p.where.resize(rr.size() * k);
+    for (size_t r = rr.begin; r < rr.end; ++r)
       for (size_t j = 0; j < k; ++j) {
-        const uint32_t e = chosen[r * k + j], mb = r < split ? 0 : 1;
-        const uint32_t d = experts_ ? experts_->route(l, e, c.moe.n_routed_experts, (uint64_t{rounds_} << 32) ^ (r * k + j))
-                                    : peers_->route(l, e, c.moe.n_routed_experts, (uint64_t{rounds_} << 32) ^ (r * k + j));
-        auto& v = entries[mb][d];
-        where[r * k + j] = {mb, d, v.size() / (sizeof(uint32_t) + row_bytes)};
+        const uint32_t e = act_.chosen[r * k + j];
+        const uint64_t copy_hash = (uint64_t{rounds_} << 32) ^ (r * k + j);
+        const uint32_t d = experts_ ? experts_->route(l, e, c.moe.n_routed_experts, copy_hash)
+                                    : peers_->route(l, e, c.moe.n_routed_experts, copy_hash);
+        auto& v = p.entries[d];
+        p.where[(r - rr.begin) * k + j] = {d, v.size() / (sizeof(uint32_t) + row_bytes)};
         const size_t at = v.size();
         v.resize(at + sizeof(uint32_t) + row_bytes);
         std::memcpy(v.data() + at, &e, sizeof e);
         std::memcpy(v.data() + at + sizeof e, act_.hn.data() + r * h, row_bytes);
       }
-    ++rounds_;
-    const bool ok = peers_ ? (dual ? peers_->round_dual(c, l, entries[0], entries[1], &outputs[0], &outputs[1], why)
-                                   : peers_->round(c, l, entries[0], &outputs[0], why))
-                    : dual ? experts_->round_dual(c, *weights_, l, entries[0], entries[1], &outputs[0], &outputs[1], why)
-                           : experts_->round(c, *weights_, l, entries[0], &outputs[0], why);
-    if (!ok) return false;
-    for (size_t r = 0; r < n; ++r) {
+    return p;
+  }
+
+  /// proj[rr] += each row's expert outputs weighted, in the order of its chosen experts (the
+  /// ascending order routed_here adds in).
+  void add_outputs(row_range rr, const packed_rows& p, const std::vector<std::vector<std::byte>>& outputs) {
+    const size_t h = cfg_.hidden_size, k = cfg_.moe.num_experts_per_tok, row_bytes = h * sizeof(float);
+    for (size_t r = rr.begin; r < rr.end; ++r) {
       float* dst = act_.proj.data() + r * h;
       for (size_t j = 0; j < k; ++j) {
-        const auto& at = where[r * k + j];
-        const float* src = reinterpret_cast<const float*>(outputs[at.batch][at.rank].data() + at.entry * row_bytes);
-        const float w = weight[r * k + j];
+        const auto [rank, entry] = p.where[(r - rr.begin) * k + j];
+        const float* src = reinterpret_cast<const float*>(outputs[rank].data() + entry * row_bytes);
+        const float w = act_.weight[r * k + j];
         for (size_t x = 0; x < h; ++x) dst[x] += w * src[x];
       }
     }
+  }
+
+  /// Expert parallelism: each row's copies packed per owning EP rank, one dispatch and one
+  /// combine round, then the weighted sum per row in ascending expert order, as routed_here adds.
+  /// With dual-batch overlap the rows are two micro-batches (first half, second half) whose
+  /// rounds interleave; each row's numbers are the same either way.
+  bool routed_elsewhere(uint32_t l, size_t n, std::string* why) {
+    const auto& c = cfg_;
+    const bool dual = experts_ ? experts_->dual_batch() : peers_->dual_batch();
+    const size_t split = dual ? (n + 1) / 2 : n;  // rows of micro-batch A
+    const row_range a{0, split}, b{split, n};
+    const auto pa = pack_rows(l, a);
+    const auto pb = dual ? pack_rows(l, b) : packed_rows{};
+    ++rounds_;
+    std::vector<std::vector<std::byte>> out_a, out_b;
+    const bool ok = peers_ ? (dual ? peers_->round_dual(c, l, pa.entries, pb.entries, &out_a, &out_b, why)
+                                   : peers_->round(c, l, pa.entries, &out_a, why))
+                    : dual ? experts_->round_dual(c, *weights_, l, pa.entries, pb.entries, &out_a, &out_b, why)
+                           : experts_->round(c, *weights_, l, pa.entries, &out_a, why);
+    if (!ok) return false;
+    add_outputs(a, pa, out_a);
+    if (dual) add_outputs(b, pb, out_b);
+    return true;
+  }
+
+  /// Whether `job` runs as DeepSeek's decode schedule of dual-batch overlap: decode rows only
+  /// (one per sequence, no prefix still arriving), at least two sequences, and a group with a
+  /// second channel. See overlapped_layer.
+  bool overlaps_attention(const forward_job& job) const {
+    const bool dual = experts_ ? experts_->dual_batch() : peers_ && peers_->dual_batch();
+    if (!dual || job.seqs.size() < 2) return false;
+    for (const auto& s : job.seqs)
+      if (s.tokens.size() != 1 || s.gate) return false;
+    return true;
+  }
+
+  /// A layer's rows `rr` up to its MLP: attention norm, attention (KV written; `notify`: the
+  /// layer's last), the residual, the MLP norm into act_.hn.
+  bool attention_part(const forward_job& job, const std::vector<row_ref>& rows, row_range rr, uint32_t l,
+                      executor_sink& sink, bool notify) {
+    const auto& c = cfg_;
+    const auto& lw = weights_->layers[l];
+    const size_t h = c.hidden_size;
+    float* x = act_.x.data() + rr.begin * h;
+    float* hn = act_.hn.data() + rr.begin * h;
+    rmsnorm(x, lw.attn_norm.data(), rr.size(), h, c.rms_norm_eps, hn);
+    const bool ok = c.is_mla() ? latent_attention_layer(job, rows, rr, l, sink, notify)
+                               : attention_layer(job, rows, rr, l, sink, notify);
+    if (!ok) return false;
+    add_inplace(x, act_.proj.data() + rr.begin * h, rr.size() * h);
+    rmsnorm(x, lw.mlp_norm.data(), rr.size(), h, c.rms_norm_eps, hn);
+    return true;
+  }
+
+  /// MoE rows `rr` once their experts' outputs are back: the weighted sum, the shared experts,
+  /// the residual.
+  void finish_moe(uint32_t l, row_range rr, const packed_rows& p, const std::vector<std::vector<std::byte>>& outputs) {
+    const size_t h = cfg_.hidden_size;
+    std::fill_n(act_.proj.data() + rr.begin * h, rr.size() * h, 0.0f);
+    add_outputs(rr, p, outputs);
+    shared_experts(l, rr);
+    add_inplace(act_.x.data() + rr.begin * h, act_.proj.data() + rr.begin * h, rr.size() * h);
+  }
+
+  /// One MoE layer in DeepSeek's decode schedule of dual-batch overlap: the rows are two
+  /// micro-batches, A (the first half) and B, and each one's all-to-all travels while the other
+  /// computes, attention included:
+  ///   A's attention (unless the previous layer ran it already); A's dispatch starts;
+  ///   B's attention while it travels; B's dispatch starts; both micro-batches' experts run
+  ///   (here and on every rank, each while the other's chunks travel); A's outputs come back;
+  ///   A finishes the layer, and runs the next layer's attention while B's outputs travel;
+  ///   B finishes the layer.
+  /// Every row's numbers are those of the one-batch path (rows never see each other), and the
+  /// exchanges are the same on every rank, so peers and shards need not know.
+  bool overlapped_layer(const forward_job& job, const std::vector<row_ref>& rows, uint32_t l, size_t split,
+                        bool* a_ahead, executor_sink& sink, std::string* why) {
+    const auto& c = cfg_;
+    const row_range a{0, split}, b{split, rows.size()};
+    if (!*a_ahead && !attention_part(job, rows, a, l, sink, false)) return *why = "attention (micro-batch A)", false;
+    route_rows(l, a);
+    const auto pa = pack_rows(l, a);
+    const bool posted = peers_ ? peers_->post_dual_a(c, l, pa.entries, why) : experts_->post_dual_a(c, l, pa.entries, why);
+    if (!posted) return false;
+    // No gates in such a job (overlaps_attention), so B's attention cannot fail: the round goes on.
+    (void)attention_part(job, rows, b, l, sink, true);
+    route_rows(l, b);
+    const auto pb = pack_rows(l, b);
+    ++rounds_;
+    std::vector<std::vector<std::byte>> out_a, out_b;
+    if (!(peers_ ? peers_->exchange_dual(c, pb.entries, &out_a, why)
+                 : experts_->exchange_dual(c, *weights_, pb.entries, &out_a, why)))
+      return false;
+    finish_moe(l, a, pa, out_a);
+    *a_ahead = l + 1 < c.num_hidden_layers && c.is_moe_layer(l + 1);
+    if (*a_ahead) (void)attention_part(job, rows, a, l + 1, sink, false);
+    if (!(peers_ ? peers_->finish_dual(c, &out_b, why) : experts_->finish_dual(c, *weights_, &out_b, why))) return false;
+    finish_moe(l, b, pb, out_b);
     return true;
   }
 

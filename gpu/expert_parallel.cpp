@@ -298,12 +298,36 @@ bool expert_group::round_dual(const model_config& cfg, const model_weights& w, u
                               const std::vector<std::vector<std::byte>>& entries_b,
                               std::vector<std::vector<std::byte>>* outputs_a,
                               std::vector<std::vector<std::byte>>* outputs_b, std::string* why) {
+  return dual_begin(cfg, layer, entries_a, why) && exchange_dual(cfg, w, entries_b, outputs_a, why) &&
+         finish_dual(cfg, w, outputs_b, why);
+}
+
+bool expert_group::post_dual_a(const model_config& cfg, uint32_t layer, std::vector<std::vector<std::byte>> entries_a,
+                               std::string* why) {
+  ++split_rounds_;
+  return dual_begin(cfg, layer, std::move(entries_a), why);
+}
+
+bool expert_group::dual_begin(const model_config& cfg, uint32_t layer, std::vector<std::vector<std::byte>> entries_a,
+                              std::string* why) {
+  if (!b_) return *why = "expert group: no second channel for dual-batch overlap", false;
+  dual_layer_ = layer;
+  dual_a_ = std::move(entries_a);
+  if (!a2a_->post(spans(with_headers(cfg, layer, dual_a_)), why))
+    return *why = "expert dispatch (micro-batch A), layer " + std::to_string(layer) + ": " + *why, false;
+  return true;
+}
+
+bool expert_group::exchange_dual(const model_config& cfg, const model_weights& w,
+                                 std::vector<std::vector<std::byte>> entries_b,
+                                 std::vector<std::vector<std::byte>>* outputs_a, std::string* why) {
+  const uint32_t layer = dual_layer_;
   auto fail = [&](const char* stage) { return *why = std::string{stage} + ", layer " + std::to_string(layer) + ": " + *why, false; };
-  const auto chunks_a = with_headers(cfg, layer, entries_a), chunks_b = with_headers(cfg, layer, entries_b);
+  dual_b_ = std::move(entries_b);
   std::vector<std::span<const std::byte>> recv_a, recv_b;
   std::vector<std::byte> own_a, own_b;
-  // Both dispatches start; micro-batch A's experts run here while B's chunks travel.
-  if (!a2a_->post(spans(chunks_a), why) || !b_->post(spans(chunks_b), why)) return fail("expert dispatch");
+  // B's dispatch starts; A's experts run here while B's chunks travel.
+  if (!b_->post(spans(with_headers(cfg, layer, dual_b_)), why)) return fail("expert dispatch (micro-batch B)");
   if (!a2a_->complete(&recv_a, why)) return fail("expert dispatch (micro-batch A)");
   if (!serve_expert_chunk(cfg, w, recv_a[0], &own_a, why)) return false;
   std::vector<std::span<const std::byte>> send(size_);
@@ -316,9 +340,15 @@ bool expert_group::round_dual(const model_config& cfg, const model_weights& w, u
   send[0] = own_b;
   if (!b_->post(send, why)) return fail("expert combine (micro-batch B)");
   if (!a2a_->complete(&recv_a, why)) return fail("expert combine (micro-batch A)");
-  if (!collect(cfg, layer, entries_a, recv_a, outputs_a, why)) return false;
-  if (!b_->complete(&recv_b, why)) return fail("expert combine (micro-batch B)");
-  if (!collect(cfg, layer, entries_b, recv_b, outputs_b, why)) return false;
+  return collect(cfg, layer, dual_a_, recv_a, outputs_a, why);
+}
+
+bool expert_group::finish_dual(const model_config& cfg, const model_weights& w,
+                               std::vector<std::vector<std::byte>>* outputs_b, std::string* why) {
+  std::vector<std::span<const std::byte>> recv_b;
+  if (!b_->complete(&recv_b, why))
+    return *why = "expert combine (micro-batch B), layer " + std::to_string(dual_layer_) + ": " + *why, false;
+  if (!collect(cfg, dual_layer_, dual_b_, recv_b, outputs_b, why)) return false;
   return after_round(cfg, w, why);
 }
 
@@ -614,6 +644,83 @@ bool expert_peers::round_dual(const model_config& cfg, uint32_t layer,
   return exchange_round(cfg, layer, entries_a, &entries_b, outputs_a, outputs_b, why);
 }
 
+bool expert_peers::post_dual_a(const model_config& cfg, uint32_t layer, std::vector<std::vector<std::byte>> entries_a,
+                               std::string* why) {
+  if (!dual_batch()) return *why = "data-parallel group: " + group_->names[rank_] + " has no second channel", false;
+  if (auto refused = refuse_round(layer); !refused.empty()) return *why = refused, false;
+  ++split_rounds_;
+  return dual_start(cfg, layer, std::move(entries_a), why);
+}
+
+bool expert_peers::fail_round(uint32_t layer, const std::string& stage, const std::string& what, std::string* why) {
+  *why = "data-parallel group, member " + group_->names[rank_] + ", " + stage + " of MoE layer " + std::to_string(layer) +
+         ": " + what;
+  mark_broken(*why);
+  group_->a2a[rank_]->signal_abort();  // the members in other processes stop waiting for this one
+  if (dual_batch()) group_->b[rank_]->signal_abort();
+  return false;
+}
+
+bool expert_peers::dual_start(const model_config& cfg, uint32_t layer, std::vector<std::vector<std::byte>> entries_a,
+                              std::string* why) {
+  dual_layer_ = layer;
+  dual_a_ = std::move(entries_a);
+  dual_too_big_.clear();
+  dual_refused_.clear();
+  const auto chunks_a = dispatch_chunks(cfg, layer, dual_a_, &dual_too_big_);
+  if (!group_->a2a[rank_]->post(spans(chunks_a), why)) return fail_round(layer, "dispatch (micro-batch A)", *why, why);
+  return true;
+}
+
+bool expert_peers::exchange_dual(const model_config& cfg, std::vector<std::vector<std::byte>> entries_b,
+                                 std::vector<std::vector<std::byte>>* outputs_a, std::string* why) {
+  auto& a2a = *group_->a2a[rank_];
+  auto& b = *group_->b[rank_];
+  const uint32_t layer = dual_layer_;
+  dual_b_ = std::move(entries_b);
+  std::vector<std::span<const std::byte>> recv, recv_b;
+  // B's dispatch travels while A's experts run, A's combine while B's run.
+  const auto chunks_b = dispatch_chunks(cfg, layer, dual_b_, &dual_too_big_);
+  if (!b.post(spans(chunks_b), why)) return fail_round(layer, "dispatch (micro-batch B)", *why, why);
+  if (!a2a.complete(&recv, why)) return fail_round(layer, "dispatch (micro-batch A)", *why, why);
+  const auto served_a = serve_all(cfg, layer, recv, &dual_refused_);
+  if (!a2a.post(spans(served_a), why)) return fail_round(layer, "combine (micro-batch A)", *why, why);
+  if (!b.complete(&recv_b, why)) return fail_round(layer, "dispatch (micro-batch B)", *why, why);
+  const auto served_b = serve_all(cfg, layer, recv_b, &dual_refused_);
+  if (!b.post(spans(served_b), why)) return fail_round(layer, "combine (micro-batch B)", *why, why);
+  if (!a2a.complete(&recv, why)) return fail_round(layer, "combine (micro-batch A)", *why, why);
+  if (!dual_refused_.empty()) return fail_round(layer, "dispatch", dual_refused_, why);
+  if (!dual_too_big_.empty()) {
+    // This member's rows did not fit: the round still ends here, in step with the others, and
+    // the job fails alone (finish_dual is not called for it).
+    std::vector<std::vector<std::byte>> unused;
+    if (!finish_dual(cfg, &unused, why)) return false;
+    return *why = dual_too_big_, false;
+  }
+  if (!collect(cfg, layer, dual_a_, recv, outputs_a, why)) return fail_round(layer, "combine", *why, why);
+  return true;
+}
+
+bool expert_peers::finish_dual(const model_config& cfg, std::vector<std::vector<std::byte>>* outputs_b, std::string* why) {
+  const uint32_t layer = dual_layer_;
+  std::vector<std::span<const std::byte>> recv_b;
+  if (!group_->b[rank_]->complete(&recv_b, why)) return fail_round(layer, "combine (micro-batch B)", *why, why);
+  if (dual_too_big_.empty() && !collect(cfg, layer, dual_b_, recv_b, outputs_b, why))
+    return fail_round(layer, "combine", *why, why);
+  return end_round(cfg, why);
+}
+
+bool expert_peers::end_round(const model_config& cfg, std::string* why) {
+  ++rounds_;
+  next_ = (next_ + 1) % moe_layers_.size();
+  // Between steps, on every member at the same round: a new plan never splits a step.
+  if (next_ == 0 && eplb_.slots_per_rank && rounds_ - planned_at_ >= eplb_.interval_rounds) {
+    planned_at_ = rounds_;
+    if (!replan(cfg, why)) return fail_round(moe_layers_.back(), "EPLB", *why, why);
+  }
+  return true;
+}
+
 bool expert_peers::join(const model_config& cfg, std::string* why) {
   if (auto b = broken(); !b.empty()) return *why = b, false;
   if (moe_layers_.empty()) return true;
@@ -677,53 +784,23 @@ bool expert_peers::exchange_round(const model_config& cfg, uint32_t layer,
                                   const std::vector<std::vector<std::byte>>* entries_b,
                                   std::vector<std::vector<std::byte>>* outputs,
                                   std::vector<std::vector<std::byte>>* outputs_b, std::string* why) {
-  auto& a2a = *group_->a2a[rank_];
-  // Any failure leaves the members out of step for good: later rounds fail with the same words.
-  const auto fail = [&](const std::string& stage, const std::string& what) {
-    *why = "data-parallel group, member " + group_->names[rank_] + ", " + stage + " of MoE layer " +
-           std::to_string(layer) + ": " + what;
-    mark_broken(*why);
-    a2a.signal_abort();  // the members in other processes stop waiting for this one
-    if (dual_batch()) group_->b[rank_]->signal_abort();
-    return false;
-  };
-  std::string too_big, refused;
-  std::vector<std::span<const std::byte>> recv, recv_b;
-  if (!dual_batch()) {
-    const auto chunks = dispatch_chunks(cfg, layer, entries, &too_big);
-    if (!a2a.exchange(spans(chunks), &recv, why)) return fail("dispatch", *why);
-    const auto served = serve_all(cfg, layer, recv, &refused);
-    if (!a2a.exchange(spans(served), &recv, why)) return fail("combine", *why);
-    if (!refused.empty()) return fail("dispatch", refused);
-    if (too_big.empty() && !collect(cfg, layer, entries, recv, outputs, why)) return fail("combine", *why);
-  } else {
-    // Dual-batch overlap: B's dispatch travels while A's experts run, A's combine while B's run.
-    auto& b = *group_->b[rank_];
+  // Any failure leaves the members out of step for good: later rounds fail with the same words
+  // (fail_round).
+  if (dual_batch()) {  // in three steps, as the executor runs them to overlap attention
     const std::vector<std::vector<std::byte>> none(size());
-    const auto& eb = entries_b ? *entries_b : none;
-    const auto chunks_a = dispatch_chunks(cfg, layer, entries, &too_big);
-    const auto chunks_b = dispatch_chunks(cfg, layer, eb, &too_big);
-    if (!a2a.post(spans(chunks_a), why) || !b.post(spans(chunks_b), why)) return fail("dispatch", *why);
-    if (!a2a.complete(&recv, why)) return fail("dispatch (micro-batch A)", *why);
-    const auto served_a = serve_all(cfg, layer, recv, &refused);
-    if (!a2a.post(spans(served_a), why)) return fail("combine (micro-batch A)", *why);
-    if (!b.complete(&recv_b, why)) return fail("dispatch (micro-batch B)", *why);
-    const auto served_b = serve_all(cfg, layer, recv_b, &refused);
-    if (!b.post(spans(served_b), why)) return fail("combine (micro-batch B)", *why);
-    if (!a2a.complete(&recv, why)) return fail("combine (micro-batch A)", *why);
-    if (!b.complete(&recv_b, why)) return fail("combine (micro-batch B)", *why);
-    if (!refused.empty()) return fail("dispatch", refused);
-    if (too_big.empty() && (!collect(cfg, layer, entries, recv, outputs, why) ||
-                            !collect(cfg, layer, eb, recv_b, outputs_b, why)))
-      return fail("combine", *why);
+    return dual_start(cfg, layer, entries, why) && exchange_dual(cfg, entries_b ? *entries_b : none, outputs, why) &&
+           finish_dual(cfg, outputs_b, why);
   }
-  ++rounds_;
-  next_ = (next_ + 1) % moe_layers_.size();
-  // Between steps, on every member at the same round: a new plan never splits a step.
-  if (next_ == 0 && eplb_.slots_per_rank && rounds_ - planned_at_ >= eplb_.interval_rounds) {
-    planned_at_ = rounds_;
-    if (!replan(cfg, why)) return fail("EPLB", *why);
-  }
+  auto& a2a = *group_->a2a[rank_];
+  std::string too_big, refused;
+  std::vector<std::span<const std::byte>> recv;
+  const auto chunks = dispatch_chunks(cfg, layer, entries, &too_big);
+  if (!a2a.exchange(spans(chunks), &recv, why)) return fail_round(layer, "dispatch", *why, why);
+  const auto served = serve_all(cfg, layer, recv, &refused);
+  if (!a2a.exchange(spans(served), &recv, why)) return fail_round(layer, "combine", *why, why);
+  if (!refused.empty()) return fail_round(layer, "dispatch", refused, why);
+  if (too_big.empty() && !collect(cfg, layer, entries, recv, outputs, why)) return fail_round(layer, "combine", *why, why);
+  if (!end_round(cfg, why)) return false;
   if (!too_big.empty()) return *why = too_big, false;  // the job fails; the group does not
   return true;
 }

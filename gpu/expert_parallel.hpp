@@ -100,8 +100,24 @@ public:
                   const std::vector<std::vector<std::byte>>& entries_a, const std::vector<std::vector<std::byte>>& entries_b,
                   std::vector<std::vector<std::byte>>* outputs_a, std::vector<std::vector<std::byte>>* outputs_b,
                   std::string* why);
+  /// round_dual in three steps, so the caller computes between them (DeepSeek's decode schedule:
+  /// micro-batch B's attention runs while A's dispatch travels, A's next attention while B's
+  /// combine does): post_dual_a starts A's dispatch; exchange_dual starts B's, runs both
+  /// micro-batches' experts and returns A's outputs; finish_dual returns B's. Called in that
+  /// order, once each, per MoE layer.
+  bool post_dual_a(const model_config& cfg, uint32_t layer, std::vector<std::vector<std::byte>> entries_a,
+                   std::string* why);
+  bool exchange_dual(const model_config& cfg, const model_weights& w, std::vector<std::vector<std::byte>> entries_b,
+                     std::vector<std::vector<std::byte>>* outputs_a, std::string* why);
+  bool finish_dual(const model_config& cfg, const model_weights& w, std::vector<std::vector<std::byte>>* outputs_b,
+                   std::string* why);
+  /// Rounds a caller ran in three steps (post_dual_a), not through round_dual.
+  uint64_t split_rounds() const { return split_rounds_; }
 
 private:
+  /// post_dual_a, uncounted (round_dual's first step).
+  bool dual_begin(const model_config& cfg, uint32_t layer, std::vector<std::vector<std::byte>> entries_a,
+                  std::string* why);
   bool replan(const model_config& cfg, const model_weights& w, std::string* why);
   bool after_round(const model_config& cfg, const model_weights& w, std::string* why);
   /// Sends each EP rank d its chunk (an idle one when empty) and waits for the empty answers.
@@ -116,6 +132,9 @@ private:
   std::vector<policies::expert_placement> placement_;    ///< [layer]; empty until the first plan
   std::vector<uint64_t> rank_copies_;
   uint64_t rounds_ = 0, plans_ = 0, bytes_installed_ = 0, experts_evicted_ = 0;
+  uint32_t dual_layer_ = 0;                              ///< the open dual round's layer
+  std::vector<std::vector<std::byte>> dual_a_, dual_b_;  ///< its entries, until their outputs are back
+  uint64_t split_rounds_ = 0;
 };
 
 /// An expert shard's loop (EP rank > 0): serves rank 0's dispatches until rank 0 says stop
@@ -180,6 +199,16 @@ public:
   bool round_dual(const model_config& cfg, uint32_t layer, const std::vector<std::vector<std::byte>>& entries_a,
                   const std::vector<std::vector<std::byte>>& entries_b, std::vector<std::vector<std::byte>>* outputs_a,
                   std::vector<std::vector<std::byte>>* outputs_b, std::string* why);
+  /// round_dual in three steps, as expert_group's (the executor computes between them). When
+  /// exchange_dual fails, the round is over (finish_dual is not called): the group broke, or
+  /// this member's rows did not fit a slot, which fails the job alone.
+  bool post_dual_a(const model_config& cfg, uint32_t layer, std::vector<std::vector<std::byte>> entries_a,
+                   std::string* why);
+  bool exchange_dual(const model_config& cfg, std::vector<std::vector<std::byte>> entries_b,
+                     std::vector<std::vector<std::byte>>* outputs_a, std::string* why);
+  bool finish_dual(const model_config& cfg, std::vector<std::vector<std::byte>>* outputs_b, std::string* why);
+  /// Rounds this member ran in three steps (post_dual_a), not through round_dual or join.
+  uint64_t split_rounds() const { return split_rounds_; }
   /// Takes part, with no rows of its own, in the rest of the current step, or in a whole step a
   /// peer has started; nothing when neither. Runs on the executor's thread.
   bool join(const model_config& cfg, std::string* why);
@@ -209,6 +238,14 @@ public:
   uint64_t experts_evicted() const { return experts_evicted_.load(std::memory_order_relaxed); }
 
 private:
+  /// post_dual_a without the refusal checks (join() runs it for a step a peer started).
+  bool dual_start(const model_config& cfg, uint32_t layer, std::vector<std::vector<std::byte>> entries_a,
+                  std::string* why);
+  /// The round's bookkeeping once both channels are done: the step's next layer, EPLB between steps.
+  bool end_round(const model_config& cfg, std::string* why);
+  /// Any failure leaves the members out of step for good: records `stage` and `what` in `why`,
+  /// marks the group broken and tells the other members. Returns false.
+  bool fail_round(uint32_t layer, const std::string& stage, const std::string& what, std::string* why);
   /// One round on both channels (B's entries null: a single-channel group).
   bool exchange_round(const model_config& cfg, uint32_t layer, const std::vector<std::vector<std::byte>>& entries,
                       const std::vector<std::vector<std::byte>>* entries_b, std::vector<std::vector<std::byte>>* outputs,
@@ -237,6 +274,10 @@ private:
   mutable std::mutex broken_mutex_;   ///< broken_ is read by failure() from other threads
   uint64_t joined_ = 0;
   std::vector<std::vector<expert_weights>> store_;  ///< [layer][expert]: the experts served here
+  uint32_t dual_layer_ = 0;                              ///< the open dual round's layer
+  std::vector<std::vector<std::byte>> dual_a_, dual_b_;  ///< its entries, until their outputs are back
+  std::string dual_too_big_, dual_refused_;              ///< its rows that did not fit; a chunk not served
+  uint64_t split_rounds_ = 0;
   live_eplb_config eplb_;
   uint32_t num_experts_ = 0;
   std::vector<std::vector<double>> counts_;            ///< [layer][expert]: this member's copies since the last plan

@@ -377,6 +377,84 @@ TEST_CASE("data-parallel attention: 2 and 4 members (loopback and UCX, with and 
   }
 }
 
+namespace {
+
+/// `count` sequences prefilled one by one, then `steps` decode steps with all of them in one job
+/// (greedy): each sequence's logits, the prefill's first.
+std::vector<std::vector<std::vector<float>>> batched_decode(executor& e, int count, uint32_t steps, int salt) {
+  std::vector<std::vector<std::vector<float>>> out(count);
+  std::vector<std::vector<uint32_t>> pages(count);
+  std::vector<int32_t> next(count);
+  std::vector<uint32_t> pos(count);
+  uint64_t id = 1;
+  for (int i = 0; i < count; ++i) {
+    const auto prompt = prompt_of(salt + i, 12 + 5 * i);
+    pages[i] = *e.kv().kv_page_alloc(e.kv().pages_for_tokens(static_cast<uint32_t>(prompt.size()) + steps + 1));
+    auto r = run_blocking(e, {id++, {{static_cast<uint64_t>(i), prompt, 0, pages[i], true}}});
+    REQUIRE_MESSAGE(r.error.empty(), r.error);
+    pos[i] = static_cast<uint32_t>(prompt.size());
+    next[i] = sample_token(r.logits[0], {}, pos[i], nullptr);
+    out[i].push_back(std::move(r.logits[0]));
+  }
+  for (uint32_t s = 0; s < steps; ++s) {
+    forward_job job{id++, {}, forward_job::decode};
+    for (int i = 0; i < count; ++i) job.seqs.push_back({static_cast<uint64_t>(i), {next[i]}, pos[i], pages[i], true});
+    auto r = run_blocking(e, std::move(job));
+    REQUIRE_MESSAGE(r.error.empty(), r.error);
+    for (int i = 0; i < count; ++i) {
+      ++pos[i];
+      next[i] = sample_token(r.logits[i], {}, pos[i], nullptr);
+      out[i].push_back(std::move(r.logits[i]));
+    }
+  }
+  for (auto& p : pages) e.kv().kv_page_free(p);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("dual-batch overlap with attention overlapped (decode batches of 3 and 4 sequences: micro-batch B's attention "
+          "while A's dispatch travels, A's next attention while B's combine does) gives EP 1's logits bit for bit, "
+          "in the expert-group form and the data-parallel form") {
+  for (bool v3 : {false, true}) {
+    CAPTURE(v3);
+    const auto cfg = deepseek_tiny_config(v3);
+    auto w = std::make_shared<const model_weights>(make_seeded_weights(cfg, 21));
+    auto alone = make_cpu_executor(cfg, w, {});
+    uint64_t moe_layers = 0;
+    for (uint32_t l = 0; l < cfg.num_hidden_layers; ++l) moe_layers += cfg.is_moe_layer(l) ? 1 : 0;
+    for (int count : {3, 4}) {
+      CAPTURE(count);
+      const auto ref = batched_decode(*alone, count, 5, 0);
+      for (const std::string backend : {"loopback", "ucx"}) {
+        CAPTURE(backend);
+        {
+          ep_fixture ep{backend, 2, cfg, w, true};
+          cpu_executor_config ec;
+          ec.experts = ep.group;
+          auto exec = make_cpu_executor(cfg, w, ec);
+          const auto got = batched_decode(*exec, count, 5, 0);
+          for (int i = 0; i < count; ++i) CHECK(test::same_bits(got[i], ref[i]));
+          // Five decode steps of the model's MoE layers, each run in three steps.
+          CHECK(ep.group->split_rounds() == 5 * moe_layers);
+          exec.reset();
+          ec.experts.reset();
+          ep.finish();
+        }
+        // Both members decode batches at once; each is EP 1's.
+        dp_fixture dp{backend, 2, cfg, w, {}, true};
+        std::vector<std::vector<std::vector<float>>> got[2];
+        std::thread other([&] { got[1] = batched_decode(*dp.execs[1], count, 5, 0); });
+        got[0] = batched_decode(*dp.execs[0], count, 5, 0);
+        other.join();
+        for (int m = 0; m < 2; ++m)
+          for (int i = 0; i < count; ++i) CHECK(test::same_bits(got[m][i], ref[i]));
+        CHECK(dp.members[0]->split_rounds() == 5 * moe_layers);
+      }
+    }
+  }
+}
+
 TEST_CASE("data-parallel attention: a member whose forward fails midway, or whose job outgrows the slots, still ends "
           "its step, so its peer's tokens are unchanged and its own next job runs; a member that stopped fails the "
           "others' next step at once, naming it") {
