@@ -3,6 +3,8 @@
 #include <string>
 #include <vector>
 
+#include "gpu/hf_model.hpp"
+
 namespace baton {
 struct local_cluster_config;
 struct prefill_rank_config;
@@ -19,8 +21,14 @@ int run_local(const std::vector<std::string>& args);
 int run_node(const std::vector<std::string>& args);
 
 /// Loads a Hugging Face model directory (config, weights and tokenizer) into a cluster config;
-/// `deepseek-v2-tiny` and `deepseek-v3-tiny` name seeded DeepSeek shapes instead.
-bool load_model_into(const std::string& dir, local_cluster_config* cfg, std::string* why);
+/// `deepseek-v2-tiny` and `deepseek-v3-tiny` name seeded DeepSeek shapes instead (drawn whole from
+/// the seed later: `keep` applies to directories). `keep` chooses the routed experts to load.
+bool load_model_into(const std::string& dir, local_cluster_config* cfg, std::string* why,
+                     const gpu::expert_filter& keep = {});
+
+/// Whether `expert` is in the contiguous block of one of `members` in a group of `group_size`
+/// (policies::block_owner): an expert-parallel process's filter for load_model_into.
+gpu::expert_filter keep_blocks_of(std::vector<uint32_t> members, uint32_t group_size);
 
 /// How serving prefill ranks chunk prompts, in the head and in prefill nodes alike (seed 000
 /// §3.1 level 4: chunks sized to a 20 ms predicted step, at most 512 tokens).
@@ -49,6 +57,10 @@ int run_deploy(const std::vector<std::string>& args);
 
 /// `baton generate`: one or more prompts to a running cluster, streamed to stdout.
 int run_generate(const std::vector<std::string>& args);
+
+/// `baton export-model`: writes a seeded built-in model (or a model directory again) as a Hugging
+/// Face directory that `--model DIR` loads.
+int run_export_model(const std::vector<std::string>& args);
 
 /// `baton sim run|goodput|compare`: trace replay through the actors on modelled GPUs.
 int run_sim(const std::vector<std::string>& args);

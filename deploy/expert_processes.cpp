@@ -179,11 +179,13 @@ int run_experts(const std::vector<std::string>& args) {
   local_cluster_config loaded;
   loaded.weights_seed = seed;
   std::string why;
-  if (model != "random" && !load_model_into(model, &loaded, &why)) {
+  // From a directory only this shard's block of routed experts is read (run_expert_shard would
+  // drop the others at once; the lead sends any EPLB places here).
+  if (model != "random" && !load_model_into(model, &loaded, &why, keep_blocks_of({rank}, size))) {
     std::fprintf(stderr, "baton experts: %s\n", why.c_str());
     return 2;
   }
-  auto weights = loaded.weights ? loaded.weights
+  auto weights = loaded.weights ? std::move(loaded.weights)
                                 : std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(loaded.model, seed));
   const auto names = names_for(name, size);
   auto t = transport::make_ucx_transport({names[rank]}, &why);
@@ -219,7 +221,7 @@ int run_experts(const std::vector<std::string>& args) {
   if (b) b->connect(keys[1]);
   // The shard's own copy, which keeps only the experts placed on it (run_expert_shard drops the
   // rest at once and follows the lead's EPLB plans).
-  gpu::model_weights mine = *weights;
+  gpu::model_weights mine = *weights;  // small now: the other blocks were never loaded
   weights.reset();
   loaded.weights.reset();
   if (!gpu::run_expert_shard(loaded.model, mine, a2a, &why, b.get())) {

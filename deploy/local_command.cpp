@@ -170,7 +170,7 @@ bool ensure_writable_dir(const std::string& dir, const std::string& flag, std::s
   return false;
 }
 
-bool load_model_into(const std::string& dir, local_cluster_config* cfg, std::string* why) {
+bool load_model_into(const std::string& dir, local_cluster_config* cfg, std::string* why, const gpu::expert_filter& keep) {
   // The seeded DeepSeek shapes: MLA and MoE on the byte vocabulary, no files needed.
   if (dir == "deepseek-v2-tiny" || dir == "deepseek-v3-tiny") {
     cfg->model = gpu::deepseek_tiny_config(dir == "deepseek-v3-tiny");
@@ -178,7 +178,7 @@ bool load_model_into(const std::string& dir, local_cluster_config* cfg, std::str
     return true;
   }
   gpu::hf_model m;
-  if (!gpu::load_hf_model(dir, &m, why)) return false;
+  if (!gpu::load_hf_model(dir, &m, why, keep)) return false;
   auto tok = gpu::load_model_tokenizer(dir, m.config, why);
   if (!tok) return false;
   cfg->model = m.config;
@@ -187,6 +187,13 @@ bool load_model_into(const std::string& dir, local_cluster_config* cfg, std::str
   for (auto id : m.generation.eos_token_ids)
     if (id != m.config.eos_token_id) cfg->router.extra_eos_token_ids.push_back(id);
   return true;
+}
+
+gpu::expert_filter keep_blocks_of(std::vector<uint32_t> members, uint32_t group_size) {
+  return [members = std::move(members), group_size](const gpu::model_config& c, uint32_t, uint32_t expert) {
+    const uint32_t owner = policies::block_owner(expert, group_size, c.moe.n_routed_experts);
+    return std::find(members.begin(), members.end(), owner) != members.end();
+  };
 }
 
 int run_local(const std::vector<std::string>& args) {

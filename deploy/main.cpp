@@ -24,6 +24,8 @@ const char* usage =
     "  generate  send prompts to a running cluster's router and stream the answers\n"
     "  profile   measure the executor, fit the prefill and decode cost models, write a\n"
     "            profile file (--out) that balancers and sims load\n"
+    "  export-model  write the built-in model (or a model directory) as a Hugging Face\n"
+    "            directory that --model DIR loads\n"
     "  sim       run|goodput|compare: replay a request trace through the actors under\n"
     "            virtual time on modelled GPUs (roofline of H200/H100/H800)\n"
     "\n"
@@ -47,6 +49,7 @@ int main(int argc, char** argv) {
   if (cmd == "deploy") return baton::deploy::run_deploy(args);
   if (cmd == "generate") return baton::deploy::run_generate(args);
   if (cmd == "sim") return baton::deploy::run_sim(args);
+  if (cmd == "export-model") return baton::deploy::run_export_model(args);
   if (cmd == "--help" || cmd == "-h" || cmd == "help") {
     std::fputs(usage, stdout);
     return 0;

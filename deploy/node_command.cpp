@@ -103,6 +103,14 @@ namespace {
 /// Each card carries the member's settings with its key: members that would run different
 /// rounds (slots, dual-batch overlap, EPLB) are refused here, naming both, not broken later.
 /// EPLB, when on, is enabled on every member.
+/// The weights themselves: moved out when `w` is their only owner, else copied. Moving is sound:
+/// every model_weights here is created non-const (by the loader or from the seed) and only later
+/// shared as const.
+gpu::model_weights take_or_copy(std::shared_ptr<const gpu::model_weights> w) {
+  if (w.use_count() == 1) return std::move(*std::const_pointer_cast<gpu::model_weights>(w));
+  return *w;
+}
+
 struct dp_layout {
   uint32_t ranks = 1;  ///< decode ranks in this node
   uint32_t first = 0;  ///< the cluster-wide index of the first
@@ -351,9 +359,16 @@ int run_node(const std::vector<std::string>& args) {
     std::fprintf(stderr, "baton node: --ranks must be >= 1\n");
     return 2;
   }
+  // A data-parallel node loads the routed experts of its own members' blocks and no others
+  // (DeepSeek-V3's experts are 97% of its weights: no node of a wide-EP group could hold them all).
+  std::vector<uint32_t> local_members;
+  for (uint32_t i = 0; dp_attention && expert_parallel > 1 && i < num_ranks; ++i)
+    local_members.push_back((dp_first_rank + i) % expert_parallel);
+  const gpu::expert_filter node_experts =
+      local_members.empty() ? gpu::expert_filter{} : keep_blocks_of(local_members, expert_parallel);
   local_cluster_config loaded;  // the model this node serves: the head's
   if (model_dir != "random") {
-    if (!load_model_into(model_dir, &loaded, &why)) {
+    if (!load_model_into(model_dir, &loaded, &why, node_experts)) {
       std::fprintf(stderr, "baton node: %s\n", why.c_str());
       return 2;
     }
@@ -403,15 +418,16 @@ int run_node(const std::vector<std::string>& args) {
                  connect.c_str(), explain_connect_error(sys, directory.error(), sec.tls()).c_str());
     return 1;
   }
-  // The whole model: the routed experts of a data-parallel node's members are copied out of it,
+  // The model, with the routed experts `keep` chooses when it comes from a directory (a seeded
+  // built-in model is drawn whole). A data-parallel node's members take their blocks out of it,
   // and the node loads it again only when a group re-forms.
-  auto load_full = [=](std::string* err) -> std::shared_ptr<const gpu::model_weights> {
+  auto load_weights = [=](const gpu::expert_filter& keep, std::string* err) -> std::shared_ptr<const gpu::model_weights> {
     local_cluster_config again;  // a directory's weights; a built-in model's come from the seed
-    if (model_dir != "random" && !load_model_into(model_dir, &again, err)) return nullptr;
+    if (model_dir != "random" && !load_model_into(model_dir, &again, err, keep)) return nullptr;
     if (again.weights) return again.weights;
-    return std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(model, weights_seed));
+    return std::make_shared<gpu::model_weights>(gpu::make_seeded_weights(model, weights_seed));
   };
-  auto weights = loaded.weights ? loaded.weights : load_full(&why);
+  auto weights = loaded.weights ? loaded.weights : load_weights(node_experts, &why);
   loaded.weights.reset();  // `weights` holds the model now; a data-parallel node replaces it below
   auto rank_name_of = [name, num_ranks](uint32_t i) { return num_ranks > 1 ? name + "-" + std::to_string(i) : name; };
   // The node's members of its data-parallel groups, and its executors: a group that lost a member
@@ -453,11 +469,15 @@ int run_node(const std::vector<std::string>& args) {
       std::fprintf(stderr, "baton node %s: data-parallel attention: %s\n", name.c_str(), why.c_str());
       return stop_requested() ? 0 : 1;  // asked to stop while meeting: not a failure to restart
     }
-    // Each member serves routed experts from its own store, filled here with its block; the
-    // weights the executors share then keep none (a loaded model is copied once to drop them).
-    gpu::model_weights attention_only = *weights;
-    for (auto& p : dp->peers) p->hold_block(model, attention_only);
-    gpu::keep_expert_block(model, attention_only, expert_parallel, expert_parallel);
+    // Each member serves routed experts from its own store: its block, moved out of the weights
+    // (which hold only this node's blocks when they come from a directory); the weights the
+    // executors share then keep none.
+    gpu::model_weights attention_only = take_or_copy(std::move(weights));
+    std::printf("baton node %s: loaded %zu of %u routed experts per layer from %s\n", name.c_str(),
+                gpu::held_experts(model, attention_only, model.moe.first_k_dense_replace).size(),
+                model.moe.n_routed_experts, model_dir == "random" ? "the seed" : model_dir.c_str());
+    for (auto& p : dp->peers) p->take_block(model, attention_only);
+    gpu::keep_expert_block(model, attention_only, expert_parallel, expert_parallel);  // what a seeded model has left
     weights = std::make_shared<const gpu::model_weights>(std::move(attention_only));
     const uint32_t first_moe = model.moe.first_k_dense_replace;
     for (uint32_t i = 0; i < num_ranks; ++i)
@@ -482,9 +502,12 @@ int run_node(const std::vector<std::string>& args) {
     std::string err;
     // The members' stores come from the model loaded again (the executors' shared weights keep
     // no routed experts), before the meeting: once it completes, the others may step at once, and
-    // a load from disk could outlast their step timeout. So a node holds a second copy of the
-    // model while it waits at the head.
-    auto full = load_full(&err);
+    // a load from disk could outlast their step timeout. So while it waits at the head, a node
+    // holds a second copy of the shared weights and of this group's members' blocks.
+    std::vector<uint32_t> group_members;
+    for (uint32_t i = 0; i < num_ranks; ++i)
+      if (dp_at.group_of(i) == g) group_members.push_back((dp_first_rank + i) % expert_parallel);
+    auto full = load_weights(keep_blocks_of(group_members, expert_parallel), &err);
     std::vector<std::shared_ptr<gpu::expert_peers>> members;
     if (full) members = meet_dp_group(sys, *directory, dp_at, g, model, dp_meet, &err);
     if (!members.empty()) {
@@ -492,7 +515,8 @@ int run_node(const std::vector<std::string>& args) {
         std::lock_guard<std::mutex> lock{dp->m};
         dp->reforming[g] = dp_members::stage::met;  // a loss from here on is the new group's
       }
-      for (auto& m : members) m->hold_block(model, *full);
+      auto blocks = take_or_copy(std::move(full));
+      for (auto& m : members) m->take_block(model, blocks);
     }
     full.reset();
     if (!members.empty()) {

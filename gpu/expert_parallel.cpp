@@ -578,6 +578,14 @@ void expert_peers::hold_block(const model_config& cfg, const model_weights& w) {
   }
 }
 
+void expert_peers::take_block(const model_config& cfg, model_weights& w) {
+  for (uint32_t l : moe_layers_) {
+    store_[l].assign(cfg.moe.n_routed_experts, {});
+    for (uint32_t e = 0; e < cfg.moe.n_routed_experts && e < w.layers[l].experts.size(); ++e)
+      if (owner(e, cfg.moe.n_routed_experts) == rank_) store_[l][e] = std::exchange(w.layers[l].experts[e], {});
+  }
+}
+
 std::vector<uint32_t> expert_peers::held(uint32_t layer) const {
   return layer < store_.size() ? with_weights(store_[layer], num_experts_) : std::vector<uint32_t>{};
 }

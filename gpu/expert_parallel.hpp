@@ -178,6 +178,9 @@ public:
   /// experts it serves (the routed experts of the executor's own weights are never read, so a
   /// caller may drop them from `w` afterwards). Before the first step.
   void hold_block(const model_config& cfg, const model_weights& w);
+  /// hold_block, moving the block's experts out of `w` instead of copying them: a process that
+  /// loaded only its members' blocks never holds them twice.
+  void take_block(const model_config& cfg, model_weights& w);
   /// Live EPLB for the group (every member the same config, before the first step): every
   /// `interval_rounds` MoE rounds, at the end of a step, the members swap their copy counts, each
   /// computes the same plan (policies::plan_eplb over the sums), the experts each member newly

@@ -286,8 +286,9 @@ bool parse_hf_config_unchecked(const std::string& text, const std::string& sourc
 /// DeepSeek layers: MLA projections, then a dense MLP or a MoE block. Routed experts come one
 /// tensor per expert (the Hub's layout), or fused into mlp.experts.gate_up_proj [E, 2F, H] and
 /// mlp.experts.down_proj [E, H, F] (transformers 5's in-memory layout).
-template <class Get>
-bool load_deepseek_layers(const safetensors_set& set, const model_config& c, Get get, std::vector<layer_weights>& layers) {
+template <class Get, class Check>
+bool load_deepseek_layers(const safetensors_set& set, const model_config& c, Get get, Check check,
+                          const expert_filter& keep, std::vector<layer_weights>& layers) {
   const uint64_t h = c.hidden_size, q = c.q_dim(), lat = c.kv_dim(), heads = c.num_attention_heads;
   const auto& m = c.mla;
   for (uint32_t l = 0; l < c.num_hidden_layers; ++l) {
@@ -320,31 +321,35 @@ bool load_deepseek_layers(const safetensors_set& set, const model_config& c, Get
     if (c.moe.topk_method == "noaux_tc" && !get(p + "mlp.gate.e_score_correction_bias", {e_count}, &L.router_bias))
       return false;
     L.experts.resize(e_count);
+    auto kept = [&](uint64_t e) { return !keep || keep(c, l, static_cast<uint32_t>(e)); };
     if (set.find(p + "mlp.experts.gate_up_proj")) {
-      std::vector<float> gate_up, down;
-      if (!get(p + "mlp.experts.gate_up_proj", {e_count, 2 * mf, h}, &gate_up) ||
-          !get(p + "mlp.experts.down_proj", {e_count, h, mf}, &down))
+      // Fused: only the kept experts' slices are widened to fp32.
+      const st_tensor *gate_up = nullptr, *down = nullptr;
+      if (!check(p + "mlp.experts.gate_up_proj", {e_count, 2 * mf, h}, &gate_up) ||
+          !check(p + "mlp.experts.down_proj", {e_count, h, mf}, &down))
         return false;
       for (uint64_t e = 0; e < e_count; ++e) {
-        const float* gu = gate_up.data() + e * 2 * mf * h;
-        L.experts[e].gate.assign(gu, gu + mf * h);
-        L.experts[e].up.assign(gu + mf * h, gu + 2 * mf * h);
-        L.experts[e].down.assign(down.data() + e * h * mf, down.data() + (e + 1) * h * mf);
+        if (!kept(e)) continue;
+        L.experts[e].gate = to_f32(*gate_up, e * 2 * mf * h, mf * h);
+        L.experts[e].up = to_f32(*gate_up, e * 2 * mf * h + mf * h, mf * h);
+        L.experts[e].down = to_f32(*down, e * h * mf, h * mf);
       }
       continue;
     }
     for (uint64_t e = 0; e < e_count; ++e) {
       const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
-      if (!get(x + "gate_proj.weight", {mf, h}, &L.experts[e].gate) ||
-          !get(x + "up_proj.weight", {mf, h}, &L.experts[e].up) ||
-          !get(x + "down_proj.weight", {h, mf}, &L.experts[e].down))
+      auto& ex = L.experts[e];
+      if (kept(e) ? !get(x + "gate_proj.weight", {mf, h}, &ex.gate) || !get(x + "up_proj.weight", {mf, h}, &ex.up) ||
+                        !get(x + "down_proj.weight", {h, mf}, &ex.down)
+                  : !check(x + "gate_proj.weight", {mf, h}, nullptr) || !check(x + "up_proj.weight", {mf, h}, nullptr) ||
+                        !check(x + "down_proj.weight", {h, mf}, nullptr))
         return false;
     }
   }
   return true;
 }
 
-bool load_hf_model_unchecked(const std::string& dir, hf_model* out, std::string* why) {
+bool load_hf_model_unchecked(const std::string& dir, hf_model* out, std::string* why, const expert_filter& keep) {
   std::string text;
   if (!read_text(dir + "/config.json", &text)) {
     *why = dir + "/config.json: cannot read it";
@@ -355,8 +360,8 @@ bool load_hf_model_unchecked(const std::string& dir, hf_model* out, std::string*
   auto set = safetensors_set::open_dir(dir, why);
   if (!set) return false;
   const auto& c = m.config;
-  // Fetches a tensor with exactly `shape`, as fp32; names the tensor on any mismatch.
-  auto get = [&](const std::string& name, std::vector<uint64_t> shape, std::vector<float>* dst) {
+  // Finds a tensor with exactly `shape`; names the tensor on any mismatch.
+  auto check = [&](const std::string& name, const std::vector<uint64_t>& shape, const st_tensor** found) {
     const auto* t = set->find(name);
     if (!t) {
       *why = dir + ": missing tensor " + name;
@@ -371,6 +376,13 @@ bool load_hf_model_unchecked(const std::string& dir, hf_model* out, std::string*
       *why = dir + ": tensor " + name + " has shape " + fmt(t->shape) + ", config.json implies " + fmt(shape);
       return false;
     }
+    if (found) *found = t;
+    return true;
+  };
+  // Fetches a tensor with exactly `shape`, as fp32.
+  auto get = [&](const std::string& name, const std::vector<uint64_t>& shape, std::vector<float>* dst) {
+    const st_tensor* t = nullptr;
+    if (!check(name, shape, &t)) return false;
     *dst = to_f32(*t);
     return true;
   };
@@ -380,7 +392,7 @@ bool load_hf_model_unchecked(const std::string& dir, hf_model* out, std::string*
     return false;
   if (!c.tie_word_embeddings && !get("lm_head.weight", {v, h}, &w->lm_head)) return false;
   w->layers.resize(c.num_hidden_layers);
-  if (c.is_mla() && !load_deepseek_layers(*set, c, get, w->layers)) return false;
+  if (c.is_mla() && !load_deepseek_layers(*set, c, get, check, keep, w->layers)) return false;
   for (uint32_t l = 0; !c.is_mla() && l < c.num_hidden_layers; ++l) {  // the Llama-like families
     const std::string p = "model.layers." + std::to_string(l) + ".";
     auto& L = w->layers[l];
@@ -435,9 +447,9 @@ bool parse_hf_config(const std::string& text, const std::string& source, model_c
   }
 }
 
-bool load_hf_model(const std::string& dir, hf_model* out, std::string* why) {
+bool load_hf_model(const std::string& dir, hf_model* out, std::string* why, const expert_filter& keep) {
   try {
-    return load_hf_model_unchecked(dir, out, why);
+    return load_hf_model_unchecked(dir, out, why, keep);
   } catch (const nlohmann::json::exception& e) {
     *why = dir + ": " + e.what();
     return false;

@@ -215,14 +215,16 @@ std::vector<std::string> safetensors_set::names() const {
   return out;
 }
 
-std::vector<float> to_f32(const st_tensor& t) {
-  std::vector<float> out(t.elements());
+std::vector<float> to_f32(const st_tensor& t) { return to_f32(t, 0, t.elements()); }
+
+std::vector<float> to_f32(const st_tensor& t, uint64_t first, uint64_t count) {
+  std::vector<float> out(count);
   switch (t.dtype) {
-    case st_dtype::f32: std::memcpy(out.data(), t.data, t.bytes); break;
+    case st_dtype::f32: std::memcpy(out.data(), t.data + 4 * first, 4 * count); break;
     case st_dtype::bf16:
       for (size_t i = 0; i < out.size(); ++i) {
         uint16_t h;
-        std::memcpy(&h, t.data + 2 * i, 2);
+        std::memcpy(&h, t.data + 2 * (first + i), 2);
         const uint32_t bits = uint32_t{h} << 16;
         std::memcpy(&out[i], &bits, 4);
       }
@@ -230,7 +232,7 @@ std::vector<float> to_f32(const st_tensor& t) {
     case st_dtype::f16:
       for (size_t i = 0; i < out.size(); ++i) {
         uint16_t h;
-        std::memcpy(&h, t.data + 2 * i, 2);
+        std::memcpy(&h, t.data + 2 * (first + i), 2);
         out[i] = half_to_float(h);
       }
       break;

@@ -56,6 +56,9 @@ class safetensors_set {
 
 /// Converts a tensor to fp32 (bf16 and fp16 widened exactly).
 std::vector<float> to_f32(const st_tensor& t);
+/// Converts elements [first, first + count) of a tensor (flat, row-major): one expert of a fused
+/// expert tensor, say, without widening the rest. The range must lie inside the tensor.
+std::vector<float> to_f32(const st_tensor& t, uint64_t first, uint64_t count);
 
 /// Writes a safetensors file from fp32 data stored as `dtype` (tests and tools; models come from
 /// elsewhere). Returns an error sentence or empty.

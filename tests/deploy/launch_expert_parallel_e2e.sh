@@ -127,6 +127,10 @@ read -r P_HEAD < <(free_ports 1)
 HEAD_PID=$!
 for _ in $(seq 300); do grep -q "listening" "$WORK/head.log" && break; sleep 0.1; done
 node_args=(node --role decode --connect "127.0.0.1:$P_HEAD" --model deepseek-v3-tiny --expert-parallel 2 --dp-attention)
+# The fall-* nodes below serve the same model from a directory (`baton export-model`): each loads
+# only its member's block of routed experts, and their answers must still equal one process's.
+"$BATON" export-model --model deepseek-v3-tiny --out "$WORK/ds3" > /dev/null || fail "export-model failed"
+dir_args=(node --role decode --connect "127.0.0.1:$P_HEAD" --model "$WORK/ds3" --expert-parallel 2 --dp-attention)
 timeout 60 "$BATON" "${node_args[@]}" --name odd-a --dp-first-rank 0 > "$WORK/odd-a.log" 2>&1 &
 ODD_A=$!
 timeout 60 "$BATON" "${node_args[@]}" --name odd-b --dp-first-rank 1 --eplb-slots 4 > "$WORK/odd-b.log" 2>&1 && fail "odd-b started"
@@ -154,18 +158,25 @@ echo "launch EP e2e: a node waiting for its group stops on Ctrl-C at once; start
 # partner stays up and re-forms the group in place. Then a group whose lost node does not come
 # back within the meeting timeout: the survivor says so and leaves with exit code 3, for a
 # restarter to bring back.
-"$BATON" "${node_args[@]}" --name fall-a --dp-first-rank 4 --dp-meet-timeout-s 20 --dp-step-timeout-ms 400 \
+"$BATON" "${dir_args[@]}" --name fall-a --dp-first-rank 4 --dp-meet-timeout-s 20 --dp-step-timeout-ms 400 \
   > "$WORK/fall-a.log" 2>&1 &
 FALL_A=$!
 # fall-b's short timeout bounds its waits for fall-a to come back; fall-a waits first, so the
 # first meeting completes as soon as fall-b posts.
 for _ in $(seq 300); do grep -q "waiting at the head" "$WORK/fall-a.log" && break; sleep 0.1; done
-"$BATON" "${node_args[@]}" --name fall-b --dp-first-rank 5 --dp-meet-timeout-s 30 --dp-step-timeout-ms 400 \
+"$BATON" "${dir_args[@]}" --name fall-b --dp-first-rank 5 --dp-meet-timeout-s 30 --dp-step-timeout-ms 400 \
   > "$WORK/fall-b.log" 2>&1 &
 ODD_A=$!
 for _ in $(seq 300); do grep -q "joined the head" "$WORK/fall-a.log" && grep -q "joined the head" "$WORK/fall-b.log" && break; sleep 0.1; done
 grep -q "baton node fall-a: joined the head; 1 decode rank(s) serving" "$WORK/fall-a.log" || fail "fall-a did not join: $(cat "$WORK/fall-a.log")"
 grep -q "baton node fall-b: joined the head; 1 decode rank(s) serving" "$WORK/fall-b.log" || fail "fall-b did not join: $(cat "$WORK/fall-b.log")"
+for n in fall-a fall-b; do
+  grep -q "baton node $n: loaded 4 of 8 routed experts per layer from $WORK/ds3" "$WORK/$n.log" ||
+    fail "$n did not load only its block of experts: $(cat "$WORK/$n.log")"
+done
+PR=$(grep -o "router listening on 127.0.0.1:[0-9]*" "$WORK/head.log" | grep -o "[0-9]*$") || fail "no router port in head.log"
+P_ROUTER=$PR same_as_single deepseek-v3-tiny baton 12 "Experts read from files" "Each node read only its block"
+echo "launch EP e2e: data-parallel nodes that loaded only their own experts from a model directory answer as one process"
 count() { grep -c "$1" "$2" || true; }
 # Each phase waits for one more of its lines than were there before it (a spurious re-form in an
 # earlier phase must not pass a later one).
@@ -176,7 +187,6 @@ reformed() { count "baton node $1: data-parallel group dp2 re-formed in place; i
 # breaks with no node lost, both nodes re-form it in place without a restart, and it serves
 # again. Four long requests keep both members' ranks stepping; the stall comes once all four
 # are streaming (their text on stdout; an error would go to stderr, not counted).
-PR=$(grep -o "router listening on 127.0.0.1:[0-9]*" "$WORK/head.log" | grep -o "[0-9]*$") || fail "no router port in head.log"
 LOADERS=()
 for i in 1 2 3 4; do
   timeout 60 "$BATON" generate --router "127.0.0.1:$PR" --max-tokens 1500 --ignore-eos "Keep stepping $i" \
@@ -207,7 +217,7 @@ rc=0; wait "$FALL_A" || rc=$?
 for _ in $(seq 100); do [ "$(reforms fall-b)" -gt "$base_forms" ] && break; sleep 0.1; done
 [ "$(reforms fall-b)" -gt "$base_forms" ] ||
   fail "fall-b did not start re-forming when fall-a stopped: $(cat "$WORK/fall-b.log")"
-"$BATON" "${node_args[@]}" --name fall-a --dp-first-rank 4 --dp-meet-timeout-s 20 > "$WORK/fall-a2.log" 2>&1 &
+"$BATON" "${dir_args[@]}" --name fall-a --dp-first-rank 4 --dp-meet-timeout-s 20 > "$WORK/fall-a2.log" 2>&1 &
 FALL_A=$!
 for _ in $(seq 600); do [ "$(reformed fall-b)" -gt "$base_formed" ] && break; sleep 0.1; done
 [ "$(reformed fall-b)" -gt "$base_formed" ] ||

@@ -17,10 +17,13 @@
 #include <nlohmann/json.hpp>
 
 #include "gpu/cpu_executor.hpp"
+#include "gpu/expert_parallel.hpp"
+#include "gpu/hf_export.hpp"
 #include "gpu/hf_model.hpp"
 #include "gpu/local_generate.hpp"
 #include "gpu/moe_routing.hpp"
 #include "gpu/safetensors.hpp"
+#include "policies/eplb.hpp"
 #include "tests/test_util.hpp"
 
 using namespace baton;
@@ -368,98 +371,17 @@ TEST_CASE("MLA and MoE keep the executor's invariants: chunked prefill equals to
 
 namespace {
 
+/// The library's config.json for `c`, as JSON to edit.
 nlohmann::json deepseek_config_json(const model_config& c) {
-  const bool v3 = c.architecture == "DeepseekV3ForCausalLM";
-  nlohmann::json j = {{"architectures", {c.architecture}},
-                      {"model_type", v3 ? "deepseek_v3" : "deepseek_v2"},
-                      {"vocab_size", c.vocab_size},
-                      {"hidden_size", c.hidden_size},
-                      {"intermediate_size", c.intermediate_size},
-                      {"num_hidden_layers", c.num_hidden_layers},
-                      {"num_attention_heads", c.num_attention_heads},
-                      {"num_key_value_heads", c.num_attention_heads},
-                      {"max_position_embeddings", c.max_position_embeddings},
-                      {"rms_norm_eps", c.rms_norm_eps},
-                      {"rope_parameters", {{"rope_theta", c.rope_theta}, {"rope_type", "default"}}},
-                      {"tie_word_embeddings", false},
-                      {"bos_token_id", c.bos_token_id},
-                      {"eos_token_id", c.eos_token_id},
-                      {"hidden_act", "silu"},
-                      {"q_lora_rank", c.mla.q_lora_rank ? nlohmann::json(c.mla.q_lora_rank) : nlohmann::json()},
-                      {"kv_lora_rank", c.mla.kv_lora_rank},
-                      {"qk_nope_head_dim", c.mla.qk_nope_head_dim},
-                      {"qk_rope_head_dim", c.mla.qk_rope_head_dim},
-                      {"v_head_dim", c.mla.v_head_dim},
-                      {"head_dim", c.mla.qk_rope_head_dim},
-                      {"n_routed_experts", c.moe.n_routed_experts},
-                      {"n_shared_experts", c.moe.n_shared_experts},
-                      {"num_experts_per_tok", c.moe.num_experts_per_tok},
-                      {"moe_intermediate_size", c.moe.moe_intermediate_size},
-                      {"first_k_dense_replace", c.moe.first_k_dense_replace},
-                      {"routed_scaling_factor", c.moe.routed_scaling_factor},
-                      {"norm_topk_prob", c.moe.norm_topk_prob}};
-  if (v3) {
-    j["n_group"] = c.moe.n_group;
-    j["topk_group"] = c.moe.topk_group;
-    j["topk_method"] = "noaux_tc";
-    j["rope_interleave"] = true;
-  } else {
-    j["topk_method"] = c.moe.topk_method;
-  }
-  return j;
+  std::string why;
+  const auto text = hf_config_json(c, &why);
+  REQUIRE_MESSAGE(!text.empty(), why);
+  return nlohmann::json::parse(text);
 }
 
 /// Seeded DeepSeek weights under transformers' tensor names; experts one tensor each, or fused.
 std::vector<st_write_tensor> deepseek_tensors(const model_config& c, const model_weights& w, bool fused) {
-  const uint64_t h = c.hidden_size, v = c.vocab_size, heads = c.num_attention_heads;
-  const auto& m = c.mla;
-  std::vector<st_write_tensor> t = {{"model.embed_tokens.weight", {v, h}, w.embed},
-                                    {"model.norm.weight", {h}, w.final_norm},
-                                    {"lm_head.weight", {v, h}, w.lm_head}};
-  for (uint32_t l = 0; l < c.num_hidden_layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    const auto& L = w.layers[l];
-    t.push_back({p + "input_layernorm.weight", {h}, L.attn_norm});
-    t.push_back({p + "post_attention_layernorm.weight", {h}, L.mlp_norm});
-    if (m.q_lora_rank) {
-      t.push_back({p + "self_attn.q_a_proj.weight", {m.q_lora_rank, h}, L.wq_a});
-      t.push_back({p + "self_attn.q_a_layernorm.weight", {m.q_lora_rank}, L.q_a_norm});
-      t.push_back({p + "self_attn.q_b_proj.weight", {c.q_dim(), m.q_lora_rank}, L.wq_b});
-    } else {
-      t.push_back({p + "self_attn.q_proj.weight", {c.q_dim(), h}, L.wq});
-    }
-    t.push_back({p + "self_attn.kv_a_proj_with_mqa.weight", {c.kv_dim(), h}, L.wkv_a});
-    t.push_back({p + "self_attn.kv_a_layernorm.weight", {m.kv_lora_rank}, L.kv_a_norm});
-    t.push_back({p + "self_attn.kv_b_proj.weight", {heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank}, L.wkv_b});
-    t.push_back({p + "self_attn.o_proj.weight", {h, c.attn_out_dim()}, L.wo});
-    const uint64_t f = c.mlp_intermediate(l);
-    const std::string mlp = c.is_moe_layer(l) ? p + "mlp.shared_experts." : p + "mlp.";
-    t.push_back({mlp + "gate_proj.weight", {f, h}, L.w_gate});
-    t.push_back({mlp + "up_proj.weight", {f, h}, L.w_up});
-    t.push_back({mlp + "down_proj.weight", {h, f}, L.w_down});
-    if (!c.is_moe_layer(l)) continue;
-    const uint64_t e_count = c.moe.n_routed_experts, mf = c.moe.moe_intermediate_size;
-    t.push_back({p + "mlp.gate.weight", {e_count, h}, L.router});
-    if (!L.router_bias.empty()) t.push_back({p + "mlp.gate.e_score_correction_bias", {e_count}, L.router_bias});
-    if (fused) {
-      std::vector<float> gate_up, down;
-      for (const auto& x : L.experts) {
-        gate_up.insert(gate_up.end(), x.gate.begin(), x.gate.end());
-        gate_up.insert(gate_up.end(), x.up.begin(), x.up.end());
-        down.insert(down.end(), x.down.begin(), x.down.end());
-      }
-      t.push_back({p + "mlp.experts.gate_up_proj", {e_count, 2 * mf, h}, gate_up});
-      t.push_back({p + "mlp.experts.down_proj", {e_count, h, mf}, down});
-      continue;
-    }
-    for (uint64_t e = 0; e < e_count; ++e) {
-      const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
-      t.push_back({x + "gate_proj.weight", {mf, h}, L.experts[e].gate});
-      t.push_back({x + "up_proj.weight", {mf, h}, L.experts[e].up});
-      t.push_back({x + "down_proj.weight", {h, mf}, L.experts[e].down});
-    }
-  }
-  return t;
+  return hf_tensors(c, w, {.fused_experts = fused});
 }
 
 std::string fresh_dir(const std::string& name) {
@@ -587,4 +509,54 @@ TEST_CASE("a DeepSeek model directory (experts one tensor each, or fused as tran
       }
       std::filesystem::remove_all(dir);
     }
+}
+
+TEST_CASE("an expert-filtered load keeps only the chosen routed experts, bit for bit, and reads nothing else of "
+          "theirs; a damaged expert it skips is still refused by name") {
+  for (bool fused : {false, true}) {
+    CAPTURE(fused);
+    const auto cfg = deepseek_tiny_config(true);
+    const auto w = make_seeded_weights(cfg, 9);
+    const auto dir = fresh_dir(std::string{"filter"} + (fused ? "f" : "s"));
+    REQUIRE(save_hf_model(dir, cfg, w, {.fused_experts = fused}).empty());
+    // Member 1 of 2's block, as an expert-parallel node of data-parallel attention loads it.
+    uint32_t asked = 0;
+    const expert_filter block_1 = [&](const model_config& c, uint32_t, uint32_t e) {
+      ++asked;
+      return policies::block_owner(e, 2, c.moe.n_routed_experts) == 1;
+    };
+    hf_model m;
+    std::string why;
+    REQUIRE_MESSAGE(load_hf_model(dir, &m, &why, block_1), why);
+    uint32_t moe_layers = 0;
+    for (uint32_t l = 0; l < cfg.num_hidden_layers; ++l) {
+      const auto& got = m.weights->layers[l];
+      CHECK(got.router == w.layers[l].router);  // everything but the other experts is whole
+      CHECK(got.wkv_b == w.layers[l].wkv_b);
+      if (!cfg.is_moe_layer(l)) continue;
+      ++moe_layers;
+      REQUIRE(got.experts.size() == cfg.moe.n_routed_experts);
+      for (uint32_t e = 0; e < cfg.moe.n_routed_experts; ++e) {
+        CAPTURE(e);
+        const bool mine = policies::block_owner(e, 2, cfg.moe.n_routed_experts) == 1;
+        CHECK(test::same_bits(got.experts[e].gate, mine ? w.layers[l].experts[e].gate : std::vector<float>{}));
+        CHECK(test::same_bits(got.experts[e].up, mine ? w.layers[l].experts[e].up : std::vector<float>{}));
+        CHECK(test::same_bits(got.experts[e].down, mine ? w.layers[l].experts[e].down : std::vector<float>{}));
+      }
+    }
+    CHECK(asked == moe_layers * cfg.moe.n_routed_experts);
+    CHECK(held_experts(cfg, *m.weights, cfg.moe.first_k_dense_replace).size() == cfg.moe.n_routed_experts / 2);
+    // A skipped expert with a wrong shape: refused all the same, so every process of a group
+    // agrees on whether the checkpoint is sound.
+    auto tensors = hf_tensors(cfg, w, {.fused_experts = fused});
+    const std::string bad = fused ? "model.layers.1.mlp.experts.down_proj" : "model.layers.1.mlp.experts.0.down_proj.weight";
+    auto it = std::find_if(tensors.begin(), tensors.end(), [&](const st_write_tensor& t) { return t.name == bad; });
+    REQUIRE(it != tensors.end());
+    it->shape.back() -= 1;
+    it->values.resize(it->values.size() / (it->shape.back() + 1) * it->shape.back());
+    REQUIRE(write_safetensors(dir + "/model.safetensors", tensors).empty());
+    CHECK_FALSE(load_hf_model(dir, &m, &why, block_1));
+    CHECK_MESSAGE(why.find("tensor " + bad + " has shape") != std::string::npos, why);
+    std::filesystem::remove_all(dir);
+  }
 }

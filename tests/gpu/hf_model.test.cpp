@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gpu/cpu_executor.hpp"
+#include "gpu/hf_export.hpp"
 #include "gpu/hf_model.hpp"
 #include "gpu/local_generate.hpp"
 #include "gpu/safetensors.hpp"
@@ -36,44 +37,11 @@ std::string temp_dir(const std::string& name) {
 void write_text(const std::string& path, const std::string& text) { std::ofstream{path} << text; }
 
 /// The built-in model's shape as a Llama config.json.
-std::string llama_config_json(const model_config& c, bool tied = false) {
-  nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}},
-                      {"vocab_size", c.vocab_size},
-                      {"hidden_size", c.hidden_size},
-                      {"intermediate_size", c.intermediate_size},
-                      {"num_hidden_layers", c.num_hidden_layers},
-                      {"num_attention_heads", c.num_attention_heads},
-                      {"num_key_value_heads", c.num_key_value_heads},
-                      {"head_dim", c.head_dim},
-                      {"max_position_embeddings", c.max_position_embeddings},
-                      {"rms_norm_eps", c.rms_norm_eps},
-                      {"rope_theta", c.rope_theta},
-                      {"tie_word_embeddings", tied},
-                      {"bos_token_id", c.bos_token_id},
-                      {"eos_token_id", c.eos_token_id}};
-  return j.dump();
-}
-
-/// The built-in model's seeded weights, written under Hugging Face's tensor names.
-std::vector<st_write_tensor> as_hf_tensors(const model_config& c, const model_weights& w, st_dtype dtype) {
-  const uint64_t h = c.hidden_size, q = c.q_dim(), kv = c.kv_dim(), f = c.intermediate_size, v = c.vocab_size;
-  std::vector<st_write_tensor> t = {{"model.embed_tokens.weight", {v, h}, w.embed, dtype},
-                                    {"model.norm.weight", {h}, w.final_norm, dtype},
-                                    {"lm_head.weight", {v, h}, w.lm_head, dtype}};
-  for (uint32_t l = 0; l < c.num_hidden_layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    const auto& L = w.layers[l];
-    t.push_back({p + "input_layernorm.weight", {h}, L.attn_norm, dtype});
-    t.push_back({p + "post_attention_layernorm.weight", {h}, L.mlp_norm, dtype});
-    t.push_back({p + "self_attn.q_proj.weight", {q, h}, L.wq, dtype});
-    t.push_back({p + "self_attn.k_proj.weight", {kv, h}, L.wk, dtype});
-    t.push_back({p + "self_attn.v_proj.weight", {kv, h}, L.wv, dtype});
-    t.push_back({p + "self_attn.o_proj.weight", {h, q}, L.wo, dtype});
-    t.push_back({p + "mlp.gate_proj.weight", {f, h}, L.w_gate, dtype});
-    t.push_back({p + "mlp.up_proj.weight", {f, h}, L.w_up, dtype});
-    t.push_back({p + "mlp.down_proj.weight", {h, f}, L.w_down, dtype});
-  }
-  return t;
+std::string llama_config_json(const model_config& c) {
+  std::string why;
+  const auto text = hf_config_json(c, &why);
+  REQUIRE_MESSAGE(!text.empty(), why);
+  return text;
 }
 
 }  // namespace
@@ -198,7 +166,7 @@ TEST_CASE("a model directory: the built-in weights through safetensors give bit-
   const auto w = make_seeded_weights(cfg, 77);
   const auto dir = temp_dir("model");
   write_text(dir + "/config.json", llama_config_json(cfg));
-  auto tensors = as_hf_tensors(cfg, w, st_dtype::f32);
+  auto tensors = hf_tensors(cfg, w, {});
   // Sharded: the first half of the tensors in one file, the rest in another, and the index.
   const size_t half = tensors.size() / 2;
   REQUIRE(write_safetensors(dir + "/model-00001-of-00002.safetensors", {tensors.begin(), tensors.begin() + half}).empty());
@@ -331,4 +299,32 @@ TEST_CASE("the built-in model has learned: its cross-entropy on held-out scriptu
   const auto gen = generate_colocated(*exec, prompt, 16, 64, {}, true);
   REQUIRE(gen.error.empty());
   MESSAGE("continuation of 'And God said': " << tok->decode(gen.tokens));
+}
+
+TEST_CASE("an exported built-in model is a model directory that loads to the same weights and tokenizes prompts "
+          "as the byte tokenizer does; what the export cannot write back is refused") {
+  const auto cfg = builtin_tiny_config();
+  const auto w = make_seeded_weights(cfg, 3);
+  const auto dir = temp_dir("export");
+  REQUIRE(save_hf_model(dir, cfg, w).empty());
+  hf_model m;
+  std::string why;
+  REQUIRE_MESSAGE(load_hf_model(dir, &m, &why), why);
+  CHECK(m.config.name == cfg.name);  // the name salts block-store keys: the export keeps it
+  CHECK(m.config.kv_dim() == cfg.kv_dim());
+  CHECK(test::same_bits(m.weights->layers[2].wv, w.layers[2].wv));
+  CHECK(test::same_bits(m.weights->lm_head, w.lm_head));
+  auto tok = load_model_tokenizer(dir, m.config, &why);
+  REQUIRE_MESSAGE(tok, why);
+  const auto bytes = make_byte_tokenizer(cfg);
+  for (const std::string& text : std::vector<std::string>{"hello", " two  words\n", "caf\xc3\xa9 \xe2\x82\xac", std::string(1, '\0') + "\xff"}) {
+    CAPTURE(text);
+    CHECK(tok->encode_prompt(text) == bytes->encode_prompt(text));
+    CHECK(tok->decode(tok->encode_prompt(text)) == text);
+  }
+  auto scaled = cfg;
+  scaled.rope_scaling.type = "llama3";
+  const auto refused = save_hf_model(dir, scaled, w);
+  CHECK_MESSAGE(refused.find("RoPE scaling (llama3) is not written") != std::string::npos, refused);
+  std::filesystem::remove_all(dir);
 }
