@@ -13,24 +13,29 @@ namespace {
 
 using nlohmann::json;
 
+/// The fields every family writes alike.
+json common_config(const model_config& c) {
+  return {{"architectures", {c.architecture}},
+          {"_name_or_path", c.name},
+          {"vocab_size", c.vocab_size},
+          {"hidden_size", c.hidden_size},
+          {"intermediate_size", c.intermediate_size},
+          {"num_hidden_layers", c.num_hidden_layers},
+          {"num_attention_heads", c.num_attention_heads},
+          {"max_position_embeddings", c.max_position_embeddings},
+          {"rms_norm_eps", c.rms_norm_eps},
+          {"tie_word_embeddings", c.tie_word_embeddings},
+          {"bos_token_id", c.bos_token_id},
+          {"eos_token_id", c.eos_token_id},
+          {"hidden_act", "silu"}};
+}
+
 json deepseek_config(const model_config& c) {
   const bool v3 = c.architecture == "DeepseekV3ForCausalLM";
-  json j = {{"architectures", {c.architecture}},
-            {"model_type", v3 ? "deepseek_v3" : "deepseek_v2"},
-            {"_name_or_path", c.name},
-            {"vocab_size", c.vocab_size},
-            {"hidden_size", c.hidden_size},
-            {"intermediate_size", c.intermediate_size},
-            {"num_hidden_layers", c.num_hidden_layers},
-            {"num_attention_heads", c.num_attention_heads},
+  json j = common_config(c);
+  j.update({{"model_type", v3 ? "deepseek_v3" : "deepseek_v2"},
             {"num_key_value_heads", c.num_attention_heads},
-            {"max_position_embeddings", c.max_position_embeddings},
-            {"rms_norm_eps", c.rms_norm_eps},
             {"rope_parameters", {{"rope_theta", c.rope_theta}, {"rope_type", "default"}}},
-            {"tie_word_embeddings", c.tie_word_embeddings},
-            {"bos_token_id", c.bos_token_id},
-            {"eos_token_id", c.eos_token_id},
-            {"hidden_act", "silu"},
             {"q_lora_rank", c.mla.q_lora_rank ? json(c.mla.q_lora_rank) : json()},
             {"kv_lora_rank", c.mla.kv_lora_rank},
             {"qk_nope_head_dim", c.mla.qk_nope_head_dim},
@@ -44,37 +49,20 @@ json deepseek_config(const model_config& c) {
             {"first_k_dense_replace", c.moe.first_k_dense_replace},
             {"routed_scaling_factor", c.moe.routed_scaling_factor},
             {"norm_topk_prob", c.moe.norm_topk_prob},
-            {"rope_interleave", c.mla.rope_interleave}};
-  if (v3) {
-    j["n_group"] = c.moe.n_group;
-    j["topk_group"] = c.moe.topk_group;
-    j["topk_method"] = "noaux_tc";
-  } else {
-    j["topk_method"] = c.moe.topk_method;
-    j["n_group"] = c.moe.n_group;
-    j["topk_group"] = c.moe.topk_group;
-  }
+            {"rope_interleave", c.mla.rope_interleave},
+            {"n_group", c.moe.n_group},
+            {"topk_group", c.moe.topk_group},
+            {"topk_method", v3 ? std::string{"noaux_tc"} : c.moe.topk_method}});
   return j;
 }
 
 json llama_like_config(const model_config& c) {
-  return {{"architectures", {c.architecture}},
-          {"_name_or_path", c.name},
-          {"vocab_size", c.vocab_size},
-          {"hidden_size", c.hidden_size},
-          {"intermediate_size", c.intermediate_size},
-          {"num_hidden_layers", c.num_hidden_layers},
-          {"num_attention_heads", c.num_attention_heads},
-          {"num_key_value_heads", c.num_key_value_heads},
-          {"head_dim", c.head_dim},
-          {"max_position_embeddings", c.max_position_embeddings},
-          {"rms_norm_eps", c.rms_norm_eps},
-          {"rope_theta", c.rope_theta},
-          {"attention_bias", c.attention_bias},
-          {"tie_word_embeddings", c.tie_word_embeddings},
-          {"bos_token_id", c.bos_token_id},
-          {"eos_token_id", c.eos_token_id},
-          {"hidden_act", "silu"}};
+  json j = common_config(c);
+  j.update({{"num_key_value_heads", c.num_key_value_heads},
+            {"head_dim", c.head_dim},
+            {"rope_theta", c.rope_theta},
+            {"attention_bias", c.attention_bias}});
+  return j;
 }
 
 bool is_byte_vocabulary(const model_config& c) {
