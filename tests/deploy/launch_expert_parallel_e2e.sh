@@ -226,6 +226,21 @@ kill -0 "$ODD_A" 2>/dev/null || fail "fall-b left instead of re-forming in place
 echo "launch EP e2e: a node stopped on purpose and started again by hand: its partner re-formed the group in place"
 for _ in $(seq 300); do grep -q "joined the head" "$WORK/fall-a2.log" && break; sleep 0.1; done
 grep -q "joined the head" "$WORK/fall-a2.log" || fail "fall-a, started again, did not join: $(cat "$WORK/fall-a2.log")"
+# A spare node under another name, started with the lost member's --dp-first-rank, takes its
+# place: the head's meeting holds member slots, not node names.
+base_formed=$(reformed fall-b)
+kill -9 "$FALL_A"
+"$BATON" "${dir_args[@]}" --name spare-a --dp-first-rank 4 --dp-meet-timeout-s 20 > "$WORK/spare-a.log" 2>&1 &
+FALL_A=$!
+for _ in $(seq 600); do [ "$(reformed fall-b)" -gt "$base_formed" ] && break; sleep 0.1; done
+[ "$(reformed fall-b)" -gt "$base_formed" ] ||
+  fail "fall-b did not re-form in place with the spare: $(cat "$WORK/fall-b.log") $(cat "$WORK/spare-a.log")"
+for _ in $(seq 300); do grep -q "joined the head" "$WORK/spare-a.log" && break; sleep 0.1; done
+grep -q "baton node spare-a: rank spare-a is member 0 of data-parallel group dp2" "$WORK/spare-a.log" ||
+  fail "the spare did not take member 0 of dp2: $(cat "$WORK/spare-a.log")"
+timeout 60 "$BATON" generate --router "127.0.0.1:$PR" --max-tokens 8 "After the spare" > "$WORK/after-spare.txt" ||
+  fail "the group with the spare does not serve: $(cat "$WORK/after-spare.txt")"
+echo "launch EP e2e: a node killed and replaced by a spare under another name: the survivor re-formed the group with it in place"
 kill -9 "$FALL_A"
 FALL_A=""
 for _ in $(seq 600); do kill -0 "$ODD_A" 2>/dev/null || break; sleep 0.1; done  # its 30 s meeting timeout
