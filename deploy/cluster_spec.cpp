@@ -131,7 +131,7 @@ bool parse_node(const json& j, size_t i, node_spec* n, std::string* why) {
   json ports;
   if (!f.str("name", &n->name, why) || !f.str("host", &n->host, why) || !f.strs("roles", &n->roles, why) ||
       !f.num("gpus", &n->gpus, 1, 64, why) || !f.num("prefill_ranks", &n->prefill_ranks, 1, 256, why) ||
-      !f.num("prefill_at_start", &n->prefill_at_start, 0, 64, why) ||
+      !f.num("prefill_at_start", &n->prefill_at_start, 0, 64, why) || !f.boolean("spare", &n->spare, why) ||
       !f.object("ports", &ports, why) || !f.env("env", &n->env, why) || !f.no_others(why))
     return false;
   if (!plain_name(n->name)) {
@@ -181,7 +181,13 @@ bool validate(const cluster_spec& s, std::string* why) {
       *why = "nodes: the name '" + n.name + "' is used twice";
       return false;
     }
+    if (n.spare && (!n.gpu_rank_node() || n.has("gateway"))) {
+      *why = "node '" + n.name + "': a spare stands in for a failed decode, prefill or elastic node: it needs one of "
+             "those roles, and no router, store or gateway";
+      return false;
+    }
     routers += n.has("router");
+    if (n.spare) continue;  // counts for nothing until it stands in
     decodes += n.has("decode") || (n.has("elastic") && n.prefill_at_start < n.gpus);
     prefills += n.has("prefill") || (n.has("elastic") && n.prefill_at_start > 0);
     stores += n.has("store");
@@ -241,7 +247,7 @@ bool validate(const cluster_spec& s, std::string* why) {
                       : elastics > 0 ? std::string{"there are elastic nodes"} : std::string{};
     uint32_t ranks = 0;
     for (const auto& n : s.nodes)
-      if (n.gpu_rank_node() && n.has("decode")) ranks += n.gpus;
+      if (n.gpu_rank_node() && n.has("decode") && !n.spare) ranks += n.gpus;
     if (bad.empty() && ranks % s.decode_ep != 0)
       bad = "the decode nodes have " + std::to_string(ranks) + " ranks in all, not a multiple of " + std::to_string(s.decode_ep);
     if (!bad.empty()) {
@@ -462,15 +468,19 @@ std::vector<node_launch> plan_launch(const cluster_spec& s, const std::string& b
       const std::string role = n.has("decode") ? "decode" : n.has("elastic") ? "elastic" : "prefill";
       node_launch d{n.name, n.host, role, {binary, "node", "--role", role, "--name", n.name, "--connect", join,
                                            "--ranks", std::to_string(n.gpus), "--model", s.model},
-                    {}};
+                    {},
+                    n.spare,
+                    n.gpus};
       if (role == "elastic") d.argv.insert(d.argv.end(), {"--prefill-at-start", std::to_string(n.prefill_at_start)});
       d.argv.insert(d.argv.end(), executor.begin(), executor.end());
       const auto e = expert_flags(role == "prefill");
       d.argv.insert(d.argv.end(), send.begin(), send.end());
       d.argv.insert(d.argv.end(), e.begin(), e.end());
       if (role != "decode") d.argv.insert(d.argv.end(), rank_cache.begin(), rank_cache.end());
-      if (role == "decode" && s.dp_attention) d.argv.insert(d.argv.end(), {"--dp-first-rank", std::to_string(decode_ranks)});
-      if (role == "decode") decode_ranks += n.gpus;
+      // A spare's members are those of the node it stands in for (stand_in).
+      if (role == "decode" && s.dp_attention && !n.spare)
+        d.argv.insert(d.argv.end(), {"--dp-first-rank", std::to_string(decode_ranks)});
+      if (role == "decode" && !n.spare) decode_ranks += n.gpus;
       out.push_back(std::move(d));
     }
     if (n.has("gateway") && !n.has("router"))
@@ -492,6 +502,14 @@ std::vector<node_launch> plan_launch(const cluster_spec& s, const std::string& b
     for (const auto* e : {&s.env, &n.env})
       for (const auto& [k, v] : *e) l.env.insert_or_assign(k, v);
   }
+  return out;
+}
+
+node_launch stand_in(const node_launch& spare, const node_launch& failed) {
+  node_launch out = spare;
+  out.spare = false;
+  const auto at = std::find(failed.argv.begin(), failed.argv.end(), "--dp-first-rank");
+  if (at != failed.argv.end() && at + 1 != failed.argv.end()) out.argv.insert(out.argv.end(), {*at, *(at + 1)});
   return out;
 }
 

@@ -25,6 +25,10 @@ struct node_spec {
   uint16_t http_port = 0;          ///< gateway
   uint16_t store_port = 0;         ///< store node: the head connects here to adopt its block server
   std::map<std::string, std::string> env;  ///< this node's processes' environment (over the spec's)
+  /// A spare: `baton launch` does not start it, but starts it in place of a decode, prefill or
+  /// elastic node of the same role and `gpus` that failed for good (its restarts, if any, used
+  /// up, or its host unreachable); a data-parallel decode node's members pass to it.
+  bool spare = false;
   bool has(const std::string& role) const;
   /// A decode, prefill or elastic node of its own (not the head): one process with `gpus` ranks.
   bool gpu_rank_node() const { return !has("router") && (has("decode") || has("prefill") || has("elastic")); }
@@ -101,7 +105,13 @@ struct node_launch {
   std::string role;  ///< head | decode | prefill | store | gateway
   std::vector<std::string> argv;
   std::map<std::string, std::string> env;
+  bool spare = false;  ///< not started with the others (node_spec::spare); no data-parallel members of its own
+  uint32_t ranks = 0;  ///< decode, prefill or elastic node: its ranks (what a spare must match)
 };
+
+/// The command that starts spare `spare` in place of node `failed` (same role and ranks): the
+/// spare's own command, given the failed node's data-parallel members (--dp-first-rank).
+node_launch stand_in(const node_launch& spare, const node_launch& failed);
 
 /// Every node's command line -- store nodes first (the head adopts their block servers as it
 /// starts), then the head, then the rest -- with the spec's and the node's environment.

@@ -233,13 +233,21 @@ int run_launch(const std::vector<std::string>& raw_args) {
               static_cast<unsigned>(head.cluster_port));
   std::fflush(stdout);
   // The head listens once it has adopted the store nodes' block servers; the rest join it.
-  for (size_t i = head_at + 1; i < plan.size(); ++i)
+  // Spares wait here until a node fails for good.
+  std::vector<node_launch> spares;
+  for (size_t i = head_at + 1; i < plan.size(); ++i) {
+    if (plan[i].spare) {
+      spares.push_back(plan[i]);
+      continue;
+    }
     if (!start(plan[i])) {
       std::fprintf(stderr, "baton launch: node %s: %s\n", plan[i].name.c_str(), why.c_str());
       return 1;
     }
+  }
   std::set<std::string> waiting;
-  for (size_t i = head_at + 1; i < plan.size(); ++i) waiting.insert(plan[i].name);
+  for (size_t i = head_at + 1; i < plan.size(); ++i)
+    if (!plan[i].spare) waiting.insert(plan[i].name);
   std::map<std::string, int32_t> joined_pid;  // the process each node last joined as
   caf::scoped_actor self{sys};
   while (!waiting.empty()) {
@@ -276,14 +284,17 @@ int run_launch(const std::vector<std::string>& raw_args) {
   // A node that leaves (drained after SIGTERM, or failed) does not take the cluster down with
   // it: the balancers forget its ranks and the rest serves on. Only the head's end stops all.
   for (uint64_t tick = 0; !stop_requested(); ++tick) {
-    if (!restarts.empty() && tick % 5 == 0)  // restarted nodes: say when they are back
+    if (!restarts.empty() && tick % 5 == 0)  // restarted nodes and spares: say when they are in
       self->request(directory, std::chrono::seconds{1}, stats_atom::value)
           .receive(
               [&](std::vector<node_status>& nodes) {
                 for (const auto& n : nodes)
-                  if (n.state == "joined" && restarts.count(n.name) && joined_pid[n.name] != n.pid) {
+                  if (n.state == "joined" && restarts.count(n.name)) {
+                    const auto seen = joined_pid.find(n.name);
+                    if (seen != joined_pid.end() && seen->second == n.pid) continue;
+                    const bool again = seen != joined_pid.end();
                     joined_pid[n.name] = n.pid;
-                    std::printf("baton launch: node %s joined again (pid %d)\n", n.name.c_str(), n.pid);
+                    std::printf("baton launch: node %s joined%s (pid %d)\n", n.name.c_str(), again ? " again" : "", n.pid);
                     std::fflush(stdout);
                   }
               },
@@ -301,8 +312,8 @@ int run_launch(const std::vector<std::string>& raw_args) {
       }
       std::printf("baton launch: node %s left (%s)\n", it->node.name.c_str(), how.c_str());
       // Store nodes are not restarted: the head adopts their block servers only as it starts.
-      if (how != "exit code 0" && it->node.role != "store" && restart_failed > 0 &&
-          restarts[it->node.name] < restart_failed) {
+      const bool failed = how != "exit code 0" && it->node.role != "store";
+      if (failed && restart_failed > 0 && restarts[it->node.name] < restart_failed) {
         const uint32_t tries = ++restarts[it->node.name];
         if (auto pid = spawn(it->node); pid > 0) {
           std::printf("baton launch: node %s restarted (%u of %u, pid %d)\n", it->node.name.c_str(), tries,
@@ -313,6 +324,31 @@ int run_launch(const std::vector<std::string>& raw_args) {
           continue;
         }
         std::fprintf(stderr, "baton launch: node %s: cannot restart it: %s\n", it->node.name.c_str(), why.c_str());
+      }
+      // Failed for good (restarts used up, or its host cannot start it): a spare of the same
+      // role and ranks takes its place, and with it the node's data-parallel members.
+      bool replaced = false;
+      for (auto sp = spares.begin(); failed && !replaced && sp != spares.end();) {
+        if (sp->role != it->node.role || sp->ranks != it->node.ranks) {
+          ++sp;
+          continue;
+        }
+        const auto in = stand_in(*sp, it->node);
+        if (auto pid = spawn(in); pid > 0) {
+          std::printf("baton launch: node %s failed for good; spare %s started in its place (pid %d)\n",
+                      it->node.name.c_str(), in.name.c_str(), static_cast<int>(pid));
+          *it = {in, pid};
+          restarts.emplace(in.name, 0);  // a spare may be restarted as any node, and is watched for its join
+          replaced = true;
+        } else {
+          std::fprintf(stderr, "baton launch: spare %s: cannot start it: %s\n", sp->name.c_str(), why.c_str());
+        }
+        sp = spares.erase(sp);  // started, or unusable
+      }
+      if (replaced) {
+        std::fflush(stdout);
+        ++it;
+        continue;
       }
       std::fflush(stdout);
       it = children.erase(it);
@@ -343,6 +379,13 @@ int run_deploy(const std::vector<std::string>& raw_args) {
     std::fprintf(stderr, "baton deploy: %s\n", spec_path.empty() ? "give the cluster spec file" : why.c_str());
     return 2;
   }
+  for (const auto& n : spec.nodes)
+    if (n.spare) {
+      std::fprintf(stderr, "baton deploy: node '%s' is a spare, which only `baton launch` starts (in place of a failed "
+                           "node); the %s output has no such step: drop the spare from the spec\n",
+                   n.name.c_str(), kind == "k8s" ? "Kubernetes" : "Slurm");
+      return 2;
+    }
   const std::string text = kind == "k8s" ? kubernetes_manifests(spec) : slurm_script(spec);
   if (out_path.empty()) {
     std::fwrite(text.data(), 1, text.size(), stdout);

@@ -539,15 +539,21 @@ private:
     return true;
   }
 
-  /// Whether `job` runs as DeepSeek's decode schedule of dual-batch overlap: decode rows only
-  /// (one per sequence, no prefix still arriving), at least two sequences, and a group with a
-  /// second channel. See overlapped_layer.
+  /// Whether `job` runs DeepSeek's schedule of dual-batch overlap, attention included: at least
+  /// two rows, no sequence whose prefix is still arriving (a gate could fail micro-batch B's
+  /// attention after A's dispatch went out), and a group with a second channel. Decode batches
+  /// and prefill chunks alike: a prefill chunk split in two keeps causality, since a row attends
+  /// only to positions at or before its own, which are in its micro-batch or in A, written
+  /// first. See overlapped_layer.
   bool overlaps_attention(const forward_job& job) const {
     const bool dual = experts_ ? experts_->dual_batch() : peers_ && peers_->dual_batch();
-    if (!dual || job.seqs.size() < 2) return false;
-    for (const auto& s : job.seqs)
-      if (s.tokens.size() != 1 || s.gate) return false;
-    return true;
+    if (!dual) return false;
+    size_t rows = 0;
+    for (const auto& s : job.seqs) {
+      if (s.gate) return false;
+      rows += s.tokens.size();
+    }
+    return rows >= 2;
   }
 
   /// A layer's rows `rr` up to its MLP: attention norm, attention (KV written; `notify`: the
@@ -578,16 +584,17 @@ private:
     add_inplace(act_.x.data() + rr.begin * h, act_.proj.data() + rr.begin * h, rr.size() * h);
   }
 
-  /// One MoE layer in DeepSeek's decode schedule of dual-batch overlap: the rows are two
-  /// micro-batches, A (the first half) and B, and each one's all-to-all travels while the other
-  /// computes, attention included:
+  /// One MoE layer in DeepSeek's schedule of dual-batch overlap (decode steps and prefill chunks):
+  /// the rows are two micro-batches, A (the first half) and B, and each one's all-to-all travels
+  /// while the other computes, attention included:
   ///   A's attention (unless the previous layer ran it already); A's dispatch starts;
   ///   B's attention while it travels; B's dispatch starts; both micro-batches' experts run
   ///   (here and on every rank, each while the other's chunks travel); A's outputs come back;
   ///   A finishes the layer, and runs the next layer's attention while B's outputs travel;
   ///   B finishes the layer.
-  /// Every row's numbers are those of the one-batch path (rows never see each other), and the
-  /// exchanges are the same on every rank, so peers and shards need not know.
+  /// Every row's numbers are those of the one-batch path (each product is row by row, and a row
+  /// reads only KV written before its attention), and the exchanges are the same on every rank,
+  /// so peers and shards need not know.
   bool overlapped_layer(const forward_job& job, const std::vector<row_ref>& rows, uint32_t l, size_t split,
                         bool* a_ahead, executor_sink& sink, std::string* why) {
     const auto& c = cfg_;

@@ -233,6 +233,64 @@ TEST_CASE("expert_parallel.dp_attention groups each decode node's ranks, and onl
         "spec.expert_parallel.dp_step_timeout_ms bounds a data-parallel group's steps: it needs dp_attention");
 }
 
+TEST_CASE("a spare node is planned but not numbered: standing in for a failed data-parallel node it takes that "
+          "node's members; spares that could stand in for nothing are refused") {
+  const std::string spec = R"({
+    "name": "t", "model": "deepseek-v3-tiny",
+    "expert_parallel": {"decode": 2, "dp_attention": true},
+    "nodes": [
+      {"name": "head", "roles": ["router", "prefill"], "ports": {"router": 7100, "cluster": 7101}},
+      {"name": "d", "roles": ["decode"], "gpus": 2},
+      {"name": "s", "host": "10.0.0.9", "roles": ["decode"], "gpus": 2, "spare": true},
+      {"name": "e", "roles": ["decode"], "gpus": 2}
+    ]})";
+  cluster_spec s;
+  std::string why;
+  REQUIRE_MESSAGE(parse_cluster_spec(spec, "/base", &s, &why), why);
+  const auto plan = plan_launch(s, "baton", {"127.0.0.1", ""});
+  REQUIRE(plan.size() == 4);
+  auto after = [](const node_launch& n, const std::string& flag) {
+    const auto it = std::find(n.argv.begin(), n.argv.end(), flag);
+    return it == n.argv.end() || it + 1 == n.argv.end() ? std::string{"(none)"} : *(it + 1);
+  };
+  CHECK_FALSE(plan[1].spare);
+  CHECK(plan[2].spare);
+  CHECK(plan[2].ranks == 2);
+  // The spare holds no members: e's ranks follow d's directly.
+  CHECK(after(plan[1], "--dp-first-rank") == "0");
+  CHECK(after(plan[2], "--dp-first-rank") == "(none)");
+  CHECK(after(plan[3], "--dp-first-rank") == "2");
+  // In e's place it runs under its own name and host, with e's members.
+  const auto in = stand_in(plan[2], plan[3]);
+  CHECK_FALSE(in.spare);
+  CHECK(in.name == "s");
+  CHECK(in.host == "10.0.0.9");
+  CHECK(after(in, "--name") == "s");
+  CHECK(after(in, "--dp-first-rank") == "2");
+  CHECK(std::count(in.argv.begin(), in.argv.end(), "--dp-first-rank") == 1);
+  // Spares count for nothing until they stand in: a spare of 1 rank leaves the groups whole (4
+  // ranks, not 5), and a spare alone is no decode node.
+  {
+    auto text = spec;
+    const std::string from = R"("gpus": 2, "spare": true)";
+    text.replace(text.find(from), from.size(), R"("gpus": 1, "spare": true)");
+    cluster_spec x;
+    CHECK_MESSAGE(parse_cluster_spec(text, "/base", &x, &why), why);
+    for (const std::string gone : {R"({"name": "d", "roles": ["decode"], "gpus": 2},)",
+                                   R"(,
+      {"name": "e", "roles": ["decode"], "gpus": 2})"}) {
+      REQUIRE(text.find(gone) != std::string::npos);
+      text.erase(text.find(gone), gone.size());
+    }
+    CHECK_FALSE(parse_cluster_spec(text, "/base", &x, &why));
+    CHECK_MESSAGE(why.find("at least one node must have the decode role") != std::string::npos, why);
+  }
+  CHECK(refusal(spec, R"("roles": ["decode"], "gpus": 2, "spare": true)", R"("roles": ["gateway"], "spare": true)") ==
+        "node 's': a spare stands in for a failed decode, prefill or elastic node: it needs one of those roles, "
+        "and no router, store or gateway");
+  CHECK(refusal(spec, R"("spare": true)", R"("spare": 1)") == "nodes[2].spare must be true or false");
+}
+
 TEST_CASE("elastic nodes: their ranks start as prefill or decode, and the head runs the controller that moves them") {
   const std::string spec = R"({
     "name": "t", "model": "m", "elastic": {"ttft_ms": 2000, "tbt_ms": 100},

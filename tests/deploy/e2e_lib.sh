@@ -43,7 +43,7 @@ same_as_single() {
   SINGLE=$!
   for _ in $(seq 600); do grep -q "router listening" "$WORK/single.log" && break; sleep 0.1; done
   local port
-  port=$(grep -o "router listening on 127.0.0.1:[0-9]*" "$WORK/single.log" | grep -o "[0-9]*$") || fail "the single process did not start"
+  port=$(grep -o "router listening on 127.0.0.1:[0-9]*" "$WORK/single.log" | grep -o "[0-9]*$") || fail "the single process did not start: $(cat "$WORK/single.log")"
   "$BATON" generate --router "127.0.0.1:$port" "${args[@]}" --max-tokens "$max" > "$WORK/single.txt" || fail "generate (single)"
   "$BATON" generate --router "127.0.0.1:$P_ROUTER" --cluster-id "$id" "${args[@]}" --max-tokens "$max" > "$WORK/cluster.txt" ||
     fail "generate (cluster)"

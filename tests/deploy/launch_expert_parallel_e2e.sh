@@ -62,11 +62,13 @@ cat > "$WORK/spec.json" <<SPEC
     {"name": "head", "host": "127.0.0.1", "roles": ["router", "prefill"], "prefill_ranks": 1,
      "ports": {"router": $P_ROUTER, "cluster": $P_CLUSTER}},
     {"name": "decode-a", "host": "127.0.0.1", "roles": ["decode"], "gpus": 2},
-    {"name": "decode-b", "host": "127.0.0.1", "roles": ["decode"], "gpus": 2}
+    {"name": "decode-b", "host": "127.0.0.1", "roles": ["decode"], "gpus": 2},
+    {"name": "decode-s", "host": "127.0.0.1", "roles": ["decode"], "gpus": 2, "spare": true}
   ]
 }
 SPEC
 launch_cluster --restart-failed 2
+grep -q "decode-s" "$WORK/launch.log" && fail "the spare decode-s started with the others: $(grep decode-s "$WORK/launch.log")"
 for n in decode-a decode-b; do grep -q "node $n joined" "$WORK/launch.log" || fail "$n did not join (data-parallel attention)"; done
 grep -q "rank decode-a-1 is member 1 of data-parallel group dp0, serving 2 of 8" "$WORK/launch.log" || fail "decode-a-1 is not member 1 of dp0"
 grep -q "rank decode-b-0 is member 2 of data-parallel group dp0, serving 2 of 8" "$WORK/launch.log" || fail "decode-b-0 is not member 2 of dp0"
@@ -112,6 +114,20 @@ for _ in $(seq 300); do [ "$(grep -c "node decode-a joined" "$WORK/launch.log")"
 [ "$(grep -c "node decode-a joined" "$WORK/launch.log")" -ge 3 ] || fail "decode-a did not join a third time"
 same_as_single deepseek-v3-tiny ep-e2e 12 "Experts, route this" "A third one for the other decode rank"
 echo "launch EP e2e: killed again, the group re-formed in place a second time and answers as EP 1"
+# A third death: decode-a's restarts are used up, so the launcher starts the spec's spare,
+# decode-s, in its place. It takes decode-a's members (0 and 1 of dp0), and decode-b re-forms the
+# group with it in place.
+kill -9 "$(pgrep -f "$BATON node .*--name decode-a" | head -1)" || fail "no decode-a process to kill (third time)"
+for _ in $(seq 600); do [ "$(reformed)" -ge 3 ] && break; sleep 0.1; done
+[ "$(reformed)" -ge 3 ] || fail "decode-b did not re-form dp0 with the spare: $(grep 'decode-[bs]' "$WORK/launch.log" | tail -8)"
+grep -q "baton launch: node decode-a failed for good; spare decode-s started in its place" "$WORK/launch.log" ||
+  fail "the launcher did not start the spare: $(grep 'decode-[as]' "$WORK/launch.log" | tail -5)"
+grep -q "rank decode-s-1 is member 1 of data-parallel group dp0" "$WORK/launch.log" ||
+  fail "the spare did not take decode-a's members: $(grep 'decode-s' "$WORK/launch.log")"
+for _ in $(seq 300); do grep -q "baton launch: node decode-s joined (pid" "$WORK/launch.log" && break; sleep 0.1; done
+grep -q "baton launch: node decode-s joined (pid" "$WORK/launch.log" || fail "the spare did not join: $(grep 'decode-s' "$WORK/launch.log")"
+same_as_single deepseek-v3-tiny ep-e2e 12 "Experts, route this" "A spare's turn to serve"
+echo "launch EP e2e: decode-a's restarts used up, the spare decode-s took its members; the group re-formed in place and answers as EP 1"
 stop_launched
 # Live EPLB ran in the group across the two processes: decode-b's members received expert weights.
 grep -E "rank decode-b-[01]: [1-9][0-9]* EPLB plans, [1-9][0-9]* bytes of expert weights received" "$WORK/launch.log" ||

@@ -129,6 +129,11 @@ TEST_CASE("expert parallelism: EP 2 and 4 (shards over loopback and UCX), with a
         REQUIRE_MESSAGE(got.error.empty(), got.error);
         CHECK(got.tokens == ref.tokens);
         CHECK(test::same_bits(got.step_logits, ref.step_logits));
+        // With dual-batch overlap the three prefill chunks (16, 16 and 8 rows) overlap attention
+        // too; the one-row decode steps have no second micro-batch.
+        uint64_t moe_layers = 0;
+        for (uint32_t l = 0; l < cfg.num_hidden_layers; ++l) moe_layers += cfg.is_moe_layer(l) ? 1 : 0;
+        CHECK(ep.group->split_rounds() == (dual ? 3 * moe_layers : 0));
         exec.reset();
         ec.experts.reset();
         ep.finish();
@@ -413,9 +418,9 @@ std::vector<std::vector<std::vector<float>>> batched_decode(executor& e, int cou
 
 }  // namespace
 
-TEST_CASE("dual-batch overlap with attention overlapped (decode batches of 3 and 4 sequences: micro-batch B's attention "
-          "while A's dispatch travels, A's next attention while B's combine does) gives EP 1's logits bit for bit, "
-          "in the expert-group form and the data-parallel form") {
+TEST_CASE("dual-batch overlap with attention overlapped (prefill chunks split in two, decode batches of 3 and 4 "
+          "sequences: micro-batch B's attention while A's dispatch travels, A's next attention while B's combine "
+          "does) gives EP 1's logits bit for bit, in the expert-group form and the data-parallel form") {
   for (bool v3 : {false, true}) {
     CAPTURE(v3);
     const auto cfg = deepseek_tiny_config(v3);
@@ -435,8 +440,9 @@ TEST_CASE("dual-batch overlap with attention overlapped (decode batches of 3 and
           auto exec = make_cpu_executor(cfg, w, ec);
           const auto got = batched_decode(*exec, count, 5, 0);
           for (int i = 0; i < count; ++i) CHECK(test::same_bits(got[i], ref[i]));
-          // Five decode steps of the model's MoE layers, each run in three steps.
-          CHECK(ep.group->split_rounds() == 5 * moe_layers);
+          // Every MoE layer of the prefills (one per sequence, 12 to 27 rows each) and of the five
+          // decode steps, each run in three steps.
+          CHECK(ep.group->split_rounds() == (count + 5) * moe_layers);
           exec.reset();
           ec.experts.reset();
           ep.finish();
@@ -449,7 +455,7 @@ TEST_CASE("dual-batch overlap with attention overlapped (decode batches of 3 and
         other.join();
         for (int m = 0; m < 2; ++m)
           for (int i = 0; i < count; ++i) CHECK(test::same_bits(got[m][i], ref[i]));
-        CHECK(dp.members[0]->split_rounds() == 5 * moe_layers);
+        CHECK(dp.members[0]->split_rounds() == (count + 5) * moe_layers);
       }
     }
   }
