@@ -875,12 +875,13 @@ using node_directory_actor = caf::typed_actor<
     // node name and its ranks: what to drop if the node goes silent
     caf::reacts_to<std::string, node_ranks>,
     caf::replies_to<stats_atom>::with<std::vector<node_status>>,
-    // group, members, the first index of this process's members, their cards and the node that
-    // hosts them: answered, once every member has posted, with every card in index order
-    // (data-parallel groups across node processes swap UCX keys so). When that node goes, the
-    // other nodes of the group hear of it (member_gone_atom).
-    caf::replies_to<rendezvous_atom, std::string, uint32_t, uint32_t, std::vector<std::string>, std::string>::with<
-        std::vector<std::string>>,
+    // group, members, the first index of this process's members, their cards, the node that
+    // hosts them and its process id: answered, once every member has posted, with every card in
+    // index order (data-parallel groups across node processes swap UCX keys so). When that
+    // process goes, the other nodes of the group hear of it (member_gone_atom); an older process
+    // under the same name going later loses nothing of the meeting.
+    caf::replies_to<rendezvous_atom, std::string, uint32_t, uint32_t, std::vector<std::string>, std::string,
+                    int32_t>::with<std::vector<std::string>>,
     caf::reacts_to<timer_atom>>;                   // liveness sweep (internal)
 
 /// A node process's agent: joins, heartbeats, and drains the node's actors on request.

@@ -27,6 +27,7 @@ struct pending_post {
   uint32_t first = 0;
   std::vector<std::string> cards;  ///< moved into the meeting once taken
   std::string node;
+  int32_t pid = 0;  ///< the posting process (node_hello::pid of its join)
   cards_promise promise;
 };
 
@@ -42,6 +43,7 @@ struct meeting {
   std::vector<std::string> cards;
   std::vector<bool> posted;
   std::vector<std::string> nodes;  ///< [member]: the node that posted it
+  std::vector<int32_t> pids;       ///< [member]: that node's process
   std::vector<pending_post> waiting;  ///< taken posts (cards moved out), answered when all are in
   bool done = false;
   std::string lost;                     ///< why the group can no longer meet (empty: it can)
@@ -58,6 +60,7 @@ struct meeting {
     cards.resize(size);
     posted.resize(size, false);
     nodes.resize(size);
+    pids.resize(size, 0);
   }
 };
 
@@ -126,6 +129,7 @@ void take_post(pointer self, const std::string& group, meeting& r, pending_post 
     r.cards[p.first + i] = std::move(p.cards[i]);
     r.posted[p.first + i] = true;
     r.nodes[p.first + i] = p.node;
+    r.pids[p.first + i] = p.pid;
     mine.push_back(p.first + i);
   }
   r.waiting.push_back(std::move(p));
@@ -165,15 +169,18 @@ void tell_node(pointer self, const std::string& node, const std::string& group, 
     self->send(agent, member_gone_atom::value, group, members, what);
 }
 
-/// Meeting `group` lost the members `node` posted, for `why`: the other nodes that posted to it
+/// Meeting `group` lost the members `node` posted (those of its process `pid` only, when not -1:
+/// a restarted process under the same name may hold members of a newer meeting), for `why`: the
+/// other nodes that posted to it
 /// are told which members were lost, so that theirs stop waiting for them at once (a killed
 /// process leaves no abort word; they would otherwise wait out the all-to-all's timeout in a
 /// step, and never notice while idle), and leave to be restarted. Posts still waiting for the
 /// meeting to complete are answered with the reason.
-void lose(pointer self, const std::string& group, meeting& m, const std::string& node, const std::string& why) {
+void lose(pointer self, const std::string& group, meeting& m, const std::string& node, const std::string& why,
+          int32_t pid = -1) {
   std::vector<uint32_t> lost;
   for (uint32_t i = 0; i < m.nodes.size(); ++i)
-    if (m.nodes[i] == node) lost.push_back(i);
+    if (m.nodes[i] == node && (pid == -1 || m.pids[i] == pid)) lost.push_back(i);
   if (lost.empty()) return;
   if (!m.lost.empty()) return restart_if_empty(self, group, m);  // already over: perhaps its last node just went
   m.lost = "node " + node + ", which hosted " + std::to_string(lost.size()) + " of its " + std::to_string(m.size) +
@@ -188,9 +195,9 @@ void lose(pointer self, const std::string& group, meeting& m, const std::string&
   restart_if_empty(self, group, m);
 }
 
-/// Node `name` is gone: every group it had members in loses them.
-void tell_group_members(pointer self, const std::string& name, const std::string& why) {
-  for (auto& [group, m] : self->state.meetings) lose(self, group, m, name, why);
+/// Node `name`'s process `pid` is gone: every group it had members in loses them.
+void tell_group_members(pointer self, const std::string& name, int32_t pid, const std::string& why) {
+  for (auto& [group, m] : self->state.meetings) lose(self, group, m, name, why, pid);
 }
 
 /// Node `name` joined, or came back after it was marked gone: it hears of every group of its
@@ -219,7 +226,7 @@ void tell_late_node(pointer self, const std::string& name) {
 void mark_gone(pointer self, const std::string& name, node_entry& n, const std::string& why) {
   if (n.state == "gone") return;
   n.state = "gone";
-  tell_group_members(self, name, why);
+  tell_group_members(self, name, n.hello.pid, why);
   auto& w = self->state.welcome;
   for (const auto& r : n.ranks.decode) self->send(w.decode_balancer, forget_atom::value, r);
   for (const auto& r : n.ranks.prefill) self->send(w.prefill_balancer, forget_atom::value, r);
@@ -276,7 +283,7 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
         if (auto i = self->state.nodes.find(name); i != self->state.nodes.end()) i->second.ranks = std::move(ranks);
       },
       [=](rendezvous_atom, const std::string& group, uint32_t size, uint32_t first, std::vector<std::string>& cards,
-          const std::string& node) -> caf::result<std::vector<std::string>> {
+          const std::string& node, int32_t pid) -> caf::result<std::vector<std::string>> {
         const auto refuse = [&](const std::string& what) {
           return caf::make_error(caf::sec::invalid_argument, "rendezvous " + group + ": " + what);
         };
@@ -301,14 +308,14 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
           if (posted_before) r.reposted.insert(node);
           void_posts_of(r.queued, group, node);
           auto promise = self->make_response_promise<std::vector<std::string>>();
-          r.queued.push_back({first, std::move(cards), node, promise});
+          r.queued.push_back({first, std::move(cards), node, pid, promise});
           restart_if_empty(self, group, r);
           return promise;
         }
         drop_posts_of(r, group, node);  // the newest post of a node wins
         if (auto bad = refusal(r, first, cards); !bad.empty()) return refuse(bad);
         auto promise = self->make_response_promise<std::vector<std::string>>();
-        take_post(self, group, r, {first, std::move(cards), node, promise});
+        take_post(self, group, r, {first, std::move(cards), node, pid, promise});
         return promise;
       },
       [=](drain_atom, const std::string& name) {

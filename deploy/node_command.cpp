@@ -179,7 +179,7 @@ std::vector<std::shared_ptr<gpu::expert_peers>> meet_dp_group(caf::actor_system&
       if (cancelled()) return *err = "group " + group + ": stopped before meeting its other members", false;
       auto asker = sys.spawn([=, first_member = mine.front().first](caf::event_based_actor* self) {
         self->request(dir, std::chrono::seconds{meet_timeout_s}, rendezvous_atom::value, meeting, ep, first_member, cards,
-                      node)
+                      node, static_cast<int32_t>(::getpid()))
             .then([settle](std::vector<std::string>& c) { settle(std::move(c), {}); },
                   [settle, self](caf::error& e) { settle({}, self->system().render(e)); });
       });

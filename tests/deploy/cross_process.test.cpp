@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <tuple>
@@ -137,6 +138,34 @@ void run_across_processes(const char* ucx_tls, bool with_store = false) {
   std::filesystem::remove_all(store_dir);
 }
 
+/// What a stand-in node agent heard from the directory: loss notices, and drain requests (which
+/// the tests send after the directory's own messages, to know those were handled).
+struct gone_log {
+  std::mutex m;
+  std::vector<std::tuple<std::string, std::vector<uint32_t>, std::string>> got;
+  uint32_t drains = 0;
+};
+
+/// A stand-in for a node's agent: joins the directory as process 1 of `name`, and records what
+/// the directory tells it.
+node_agent_actor spawn_agent_stand_in(caf::actor_system& sys, node_directory_actor dir, const std::string& name,
+                                      std::shared_ptr<gone_log> log) {
+  return sys.spawn([dir, name, log](node_agent_actor::pointer self) -> node_agent_actor::behavior_type {
+    self->request(dir, std::chrono::seconds{5}, join_atom::value, node_hello{name, {"decode"}, 1})
+        .then([](cluster_welcome&) {});
+    return {[](heartbeat_atom) {},
+            [log](drain_atom) {
+              std::lock_guard<std::mutex> lock{log->m};
+              ++log->drains;
+            },
+            [](poll_atom) {},
+            [log](member_gone_atom, const std::string& g, const std::vector<uint32_t>& m, const std::string& why) {
+              std::lock_guard<std::mutex> lock{log->m};
+              log->got.emplace_back(g, m, why);
+            }};
+  });
+}
+
 }  // namespace
 
 TEST_CASE("across processes over UCX shared memory: tokens and logits equal the colocated run") {
@@ -214,13 +243,13 @@ TEST_CASE("the node directory's rendezvous: each process posts its members' card
   // post is in the directory's mailbox before any of B's, all being sent from this thread.)
   std::vector<std::string> got_a, got_b;
   auto pending = a->request(dir, std::chrono::seconds{30}, rendezvous_atom::value, std::string{"g"}, uint32_t{3},
-                            uint32_t{0}, std::vector<std::string>{"k0", "k1"}, std::string{"node-a"});
+                            uint32_t{0}, std::vector<std::string>{"k0", "k1"}, std::string{"node-a"}, int32_t{1});
   std::string refused;
   auto post = [&](caf::scoped_actor& self, const std::string& group, uint32_t size, uint32_t at, std::vector<std::string> cards,
                   std::string node = "node-b") {
     std::vector<std::string> out;
     refused.clear();
-    self->request(dir, std::chrono::seconds{30}, rendezvous_atom::value, group, size, at, cards, node)
+    self->request(dir, std::chrono::seconds{30}, rendezvous_atom::value, group, size, at, cards, node, int32_t{1})
         .receive([&](std::vector<std::string>& c) { out = std::move(c); },
                  [&](caf::error& e) { refused = n.sys.render(e); });
     return out;
@@ -241,10 +270,10 @@ TEST_CASE("the node directory's rendezvous: each process posts its members' card
   // A node that posts again replaces its own earlier post (its process gave up or died while
   // waiting): the old post is answered void, and the new one completes the meeting.
   auto stale = a->request(dir, std::chrono::seconds{30}, rendezvous_atom::value, std::string{"r"}, uint32_t{2}, uint32_t{0},
-                          std::vector<std::string>{"old"}, std::string{"node-x"});
+                          std::vector<std::string>{"old"}, std::string{"node-x"}, int32_t{1});
   caf::scoped_actor x2{n.sys};
   auto renewed = x2->request(dir, std::chrono::seconds{30}, rendezvous_atom::value, std::string{"r"}, uint32_t{2},
-                             uint32_t{0}, std::vector<std::string>{"new"}, std::string{"node-x"});
+                             uint32_t{0}, std::vector<std::string>{"new"}, std::string{"node-x"}, int32_t{2});
   std::string voided;
   stale.receive([](std::vector<std::string>&) {}, [&](caf::error& e) { voided = n.sys.render(e); });
   CHECK(voided.find("rendezvous r: node node-x posted again; this post is void") != std::string::npos);
@@ -259,22 +288,7 @@ TEST_CASE("the node directory tells the other nodes of a data-parallel group whe
           "down; a meeting it had posted to can no longer complete; once all its nodes are gone, the group meets afresh") {
   network_system n;
   auto dir = spawn_node_directory(n.sys, {}, {});
-  struct gone_log {
-    std::mutex m;
-    std::vector<std::tuple<std::string, std::vector<uint32_t>, std::string>> got;
-  };
-  // Stand-ins for two nodes' agents: they join, and record what the directory tells them.
-  auto agent = [&](const std::string& name, std::shared_ptr<gone_log> log) {
-    return n.sys.spawn([dir, name, log](node_agent_actor::pointer self) -> node_agent_actor::behavior_type {
-      self->request(dir, std::chrono::seconds{5}, join_atom::value, node_hello{name, {"decode"}, 1})
-          .then([](cluster_welcome&) {});
-      return {[](heartbeat_atom) {}, [](drain_atom) {}, [](poll_atom) {},
-              [log](member_gone_atom, const std::string& g, const std::vector<uint32_t>& m, const std::string& why) {
-                std::lock_guard<std::mutex> lock{log->m};
-                log->got.emplace_back(g, m, why);
-              }};
-    });
-  };
+  auto agent = [&](const std::string& name, std::shared_ptr<gone_log> log) { return spawn_agent_stand_in(n.sys, dir, name, log); };
   auto log_a = std::make_shared<gone_log>(), log_b = std::make_shared<gone_log>();
   auto agent_a = agent("node-a", log_a), agent_b = agent("node-b", log_b);
   caf::scoped_actor a{n.sys}, b{n.sys};
@@ -291,7 +305,8 @@ TEST_CASE("the node directory tells the other nodes of a data-parallel group whe
   // member 1, node-a member 0, and member 2 has not come.
   auto post = [&](caf::scoped_actor& self, const std::string& group, uint32_t at, std::vector<std::string> cards,
                   const std::string& node) {
-    return self->request(dir, std::chrono::seconds{30}, rendezvous_atom::value, group, uint32_t{3}, at, std::move(cards), node);
+    return self->request(dir, std::chrono::seconds{30}, rendezvous_atom::value, group, uint32_t{3}, at, std::move(cards), node,
+                         int32_t{1});
   };
   auto g_a = post(a, "g", 0, {"k0", "k1"}, "node-a");
   std::vector<std::string> met;
@@ -332,7 +347,8 @@ TEST_CASE("the node directory tells the other nodes of a data-parallel group whe
   auto poster = [&](uint32_t first, std::vector<std::string> cards, std::string node) {
     auto box = std::make_shared<answer_box>();
     n.sys.spawn([dir, box, first, cards, node](caf::event_based_actor* self) {
-      self->request(dir, std::chrono::seconds{30}, rendezvous_atom::value, std::string{"g"}, uint32_t{3}, first, cards, node)
+      self->request(dir, std::chrono::seconds{30}, rendezvous_atom::value, std::string{"g"}, uint32_t{3}, first, cards, node,
+                    int32_t{2})
           .then(
               [box](std::vector<std::string>& c) {
                 std::lock_guard<std::mutex> lock{box->m};
@@ -364,5 +380,72 @@ TEST_CASE("the node directory tells the other nodes of a data-parallel group whe
   const std::vector<std::string> fresh{"c0", "c1", "n2"};
   CHECK(peek(again_b, [](answer_box& x) { return x.cards; }) == fresh);
   CHECK(peek(new_c, [](answer_box& x) { return x.cards; }) == fresh);
+  a->send_exit(dir, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("the node directory: a node restarted under its name that met its group afresh is not lost when its old "
+          "process is given up for lost later (a partition): losses are by process, not by name") {
+  network_system n;
+  auto dir = spawn_node_directory(n.sys, {}, {});
+  auto log_a = std::make_shared<gone_log>(), log_b = std::make_shared<gone_log>();
+  auto agent_a = spawn_agent_stand_in(n.sys, dir, "node-a", log_a);
+  auto agent_b = spawn_agent_stand_in(n.sys, dir, "node-b", log_b);  // node-b's first process (pid 1)
+  caf::scoped_actor a{n.sys}, b{n.sys};
+  auto states = [&] {
+    std::map<std::string, std::string> out;
+    a->request(dir, std::chrono::seconds{5}, stats_atom::value)
+        .receive([&](std::vector<node_status>& s) { for (const auto& x : s) out[x.name] = x.state; }, [](caf::error&) {});
+    return out;
+  };
+  for (int i = 0; i < 200 && states().size() < 2; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{10});
+  REQUIRE(states().size() == 2);
+  auto post = [&](caf::scoped_actor& self, uint32_t at, std::vector<std::string> cards, const std::string& node, int32_t pid) {
+    return self->request(dir, std::chrono::seconds{30}, rendezvous_atom::value, std::string{"g"}, uint32_t{2}, at,
+                         std::move(cards), node, pid);
+  };
+  auto cards_of = [&](auto&& pending) {
+    std::vector<std::string> out;
+    pending.receive([&](std::vector<std::string>& c) { out = c; }, [](caf::error&) {});
+    return out;
+  };
+  // g meets: node-a's member 0, node-b's member 1 (both first processes).
+  auto first_a = post(a, 0, {"a0"}, "node-a", 1);
+  CHECK(cards_of(post(b, 1, {"b1"}, "node-b", 1)) == std::vector<std::string>{"a0", "b1"});
+  cards_of(first_a);
+  // node-b restarts (process 2) and posts again before the directory saw its first process go:
+  // node-a is told its group broke, posts again itself, and g meets afresh with process 2.
+  caf::scoped_actor b2{n.sys};
+  auto second_b = post(b2, 1, {"b1'"}, "node-b", 2);
+  for (int i = 0; i < 500; ++i) {
+    {
+      std::lock_guard<std::mutex> lock{log_a->m};
+      if (!log_a->got.empty()) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds{10});
+  }
+  {
+    std::lock_guard<std::mutex> lock{log_a->m};
+    REQUIRE(log_a->got.size() == 1);
+    CHECK(std::get<2>(log_a->got[0]).find("posted to meet again") != std::string::npos);
+  }
+  CHECK(cards_of(post(a, 0, {"a0'"}, "node-a", 1)) == std::vector<std::string>{"a0'", "b1'"});
+  CHECK(cards_of(second_b) == std::vector<std::string>{"a0'", "b1'"});
+  // Now node-b's first process is given up for lost (its agent goes down). The new meeting holds
+  // process 2's member: it stands, and node-a hears nothing more.
+  a->send_exit(agent_b, caf::exit_reason::kill);
+  for (int i = 0; i < 500 && states()["node-b"] != "gone"; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{10});
+  REQUIRE(states()["node-b"] == "gone");
+  caf::anon_send(agent_a, drain_atom::value);  // after anything the directory sent node-a while marking node-b gone
+  for (int i = 0; i < 500; ++i) {
+    {
+      std::lock_guard<std::mutex> lock{log_a->m};
+      if (log_a->drains == 1) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds{10});
+  }
+  std::lock_guard<std::mutex> lock{log_a->m};
+  REQUIRE(log_a->drains == 1);
+  CHECK(log_a->got.size() == 1);
+  a->send_exit(agent_a, caf::exit_reason::kill);
   a->send_exit(dir, caf::exit_reason::user_shutdown);
 }
