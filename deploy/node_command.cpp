@@ -96,13 +96,6 @@ int run_store_node(caf::actor_system& sys, const net_security& sec, const std::s
 
 namespace {
 
-/// This node's members of the data-parallel groups its decode ranks belong to: the cluster's
-/// decode rank F + i is member (F + i) % ep of group (F + i) / ep. A group whose members all live
-/// here meets in-process; others swap keys through the head's node directory, waiting (bounded)
-/// for the other nodes. Members are named by group ("dp3.1"), which every node can work out.
-/// Each card carries the member's settings with its key: members that would run different
-/// rounds (slots, dual-batch overlap, EPLB) are refused here, naming both, not broken later.
-/// EPLB, when on, is enabled on every member.
 /// The weights themselves: moved out when `w` is their only owner, else copied. Moving is sound:
 /// every model_weights here is created non-const (by the loader or from the seed) and only later
 /// shared as const.
@@ -111,6 +104,13 @@ gpu::model_weights take_or_copy(std::shared_ptr<const gpu::model_weights> w) {
   return *w;
 }
 
+/// This node's members of the data-parallel groups its decode ranks belong to: the cluster's
+/// decode rank F + i is member (F + i) % ep of group (F + i) / ep. A group whose members all live
+/// here meets in-process; others swap keys through the head's node directory, waiting (bounded)
+/// for the other nodes. Members are named by group ("dp3.1"), which every node can work out.
+/// Each card carries the member's settings with its key: members that would run different
+/// rounds (slots, dual-batch overlap, EPLB) are refused here, naming both, not broken later.
+/// EPLB, when on, is enabled on every member.
 struct dp_layout {
   uint32_t ranks = 1;  ///< decode ranks in this node
   uint32_t first = 0;  ///< the cluster-wide index of the first
