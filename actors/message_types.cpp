@@ -2,6 +2,7 @@
 #include <caf/message.hpp>
 
 #include "actors/messages.hpp"
+#include "actors/node_messages.hpp"
 
 namespace baton {
 

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "actors/messages.hpp"
+#include "actors/node_messages.hpp"
 
 namespace caf {
 class actor_system;
