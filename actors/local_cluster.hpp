@@ -12,7 +12,6 @@
 #include "actors/config.hpp"
 #include "actors/elastic_controller.hpp"
 #include "actors/messages.hpp"
-#include "actors/node_messages.hpp"
 #include "actors/router.hpp"
 #include "actors/store_access.hpp"
 #include "gpu/cuda_executor.hpp"

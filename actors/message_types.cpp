@@ -2,7 +2,6 @@
 #include <caf/message.hpp>
 
 #include "actors/messages.hpp"
-#include "actors/node_messages.hpp"
 
 namespace baton {
 

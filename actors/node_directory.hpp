@@ -4,7 +4,6 @@
 #include <string>
 
 #include "actors/messages.hpp"
-#include "actors/node_messages.hpp"
 
 namespace caf {
 class actor_system;

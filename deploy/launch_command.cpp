@@ -18,7 +18,6 @@
 #include <caf/scoped_actor.hpp>
 
 #include "actors/messages.hpp"
-#include "actors/node_messages.hpp"
 #include "deploy/cluster_spec.hpp"
 #include "deploy/commands.hpp"
 #include "deploy/flags.hpp"

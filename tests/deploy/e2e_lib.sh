@@ -49,7 +49,7 @@ same_as_single() {
     fail "generate (cluster)"
   [ -s "$WORK/cluster.txt" ] || fail "the cluster answered nothing"
   cmp -s "$WORK/single.txt" "$WORK/cluster.txt" || fail "the cluster answered differently: $(diff "$WORK/single.txt" "$WORK/cluster.txt")"
-  kill -INT "$SINGLE"
+  kill -TERM "$SINGLE"  # not SIGINT: a non-interactive shell starts background jobs ignoring it
   wait "$SINGLE" 2>/dev/null || true
   SINGLE=""
 }
@@ -65,6 +65,11 @@ stop_launched() {
 # cleanup_launched: for `trap ... EXIT`: stops a single process left by same_as_single, then the
 # launcher and everything of WORK (stop_launcher).
 cleanup_launched() {
-  [ -n "${SINGLE:-}" ] && kill -INT "$SINGLE" 2>/dev/null || true
+  if [ -n "${SINGLE:-}" ]; then
+    # SIGTERM (background jobs ignore SIGINT until baton installs its handlers), then SIGKILL.
+    kill -TERM "$SINGLE" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$SINGLE" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$SINGLE" 2>/dev/null || true
+  fi
   stop_launcher
 }
