@@ -56,6 +56,8 @@ std::shared_ptr<executor> make_backend_executor(const backend_config& backend, c
                                                 std::shared_ptr<const model_weights> weights,
                                                 const cpu_executor_config& pool) {
   if (backend.kind != "cuda") return make_cpu_executor(model, std::move(weights), pool);
+  if (pool.experts || pool.peers)  // dispatch and combine are the CPU executor's (gpu/expert_parallel.hpp)
+    return make_refusing_executor(model, pool, "cuda executor: expert parallelism runs on the CPU executor only so far");
   cuda_executor_config c;
   c.device = backend.cuda_device;
   c.bf16 = backend.cuda_bf16;

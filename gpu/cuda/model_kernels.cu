@@ -7,32 +7,16 @@
 #include <cuda_runtime.h>
 
 #include "gpu/cuda/kernels.hpp"
+#include "gpu/cuda/row_math.cuh"
 
 namespace baton::gpu::cuda {
 
 namespace {
 
-__device__ __forceinline__ float load_as_float(const float* p, uint64_t i) { return p[i]; }
-__device__ __forceinline__ float load_as_float(const __nv_bfloat16* p, uint64_t i) { return __bfloat162float(p[i]); }
-__device__ __forceinline__ void store_from_float(float* p, uint64_t i, float v) { p[i] = v; }
-__device__ __forceinline__ void store_from_float(__nv_bfloat16* p, uint64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
+using namespace row_math;
 
 int last_error() { return static_cast<int>(cudaGetLastError()); }
 cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
-
-/// The CPU reference's reduction: lane j of 8 sums x[i]² for i ≡ j (mod 8), then pairwise.
-/// Called by a whole warp; returns the reciprocal RMS to every lane.
-__device__ float inv_rms_warp(const float* x, uint32_t dim, float eps) {
-  const uint32_t lane = threadIdx.x % 32;
-  float acc = 0.0f;
-  if (lane < 8)
-    for (uint32_t i = lane; i < dim; i += 8) acc = __fadd_rn(acc, __fmul_rn(x[i], x[i]));
-  float l[8];
-#pragma unroll
-  for (int j = 0; j < 8; ++j) l[j] = __shfl_sync(0xffffffffu, acc, j);
-  const float s = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
-  return 1.0f / sqrtf(__fdiv_rn(s, static_cast<float>(dim)) + eps);
-}
 
 template <typename T>
 __global__ void rmsnorm_cast_kernel(rmsnorm_cast_params p) {

@@ -80,11 +80,6 @@ TEST_CASE("cuda executor vs transformers: fp32 within 1e-4 of the largest logit,
     const std::string dir = root + "/" + name.get<std::string>();
     CAPTURE(dir);
     auto m = load(dir + "/model");
-    if (m.config.is_mla() || m.config.moe.n_routed_experts > 0) {
-      // DeepSeek's MLA and MoE run on the CPU executor only (their CUDA path is issue 14's).
-      MESSAGE(dir << ": latent attention / experts, not on the CUDA executor yet");
-      continue;
-    }
     std::ifstream rin{dir + "/reference.json"};
     const auto ref = nlohmann::json::parse(rin);
     const auto tokens = ref["tokens"].get<std::vector<int32_t>>();
@@ -444,4 +439,81 @@ TEST_CASE("cuda executor with tensor-core attention for prefill rows: logits wit
   size_t same = 0;
   while (same < std::min(a.tokens.size(), b.tokens.size()) && a.tokens[same] == b.tokens[same]) ++same;
   MESSAGE("greedy tokens equal for the first " << same << " of " << a.tokens.size());
+}
+
+namespace {
+
+/// A tiny DeepSeek (MLA with a low-rank query, dense first layer, shared and routed experts) on
+/// the byte vocabulary, with seeded weights: V3's gating when `v3`, else V2's.
+hf_model seeded_deepseek(bool v3) {
+  hf_model m;
+  m.config = deepseek_tiny_config(v3);
+  m.weights = std::make_shared<model_weights>(make_seeded_weights(m.config, 11));
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("cuda executor runs DeepSeek-V2 and V3 (latent attention over the latent KV, routed and shared experts): "
+          "fp32 logits within 1e-4 of the CPU executor's largest and its greedy tokens for 32 steps; bf16 close" *
+          doctest::skip(no_gpu) * doctest::test_suite("unverified")) {
+  for (bool v3 : {false, true}) {
+    CAPTURE(v3);
+    auto m = seeded_deepseek(v3);
+    auto cpu = make_cpu_executor(m.config, m.weights, {});
+    const auto prompt = some_prompt(40, m.config.vocab_size);
+    const auto c = generate_colocated(*cpu, prompt, 32, 16, {}, true);  // a chunked prefill, then decode
+    REQUIRE(c.error.empty());
+    for (bool bf16 : {false, true}) {
+      CAPTURE(bf16);
+      auto gpu = cuda_exec(m, bf16);
+      const auto g = generate_colocated(*gpu, prompt, 32, 16, {}, true);
+      REQUIRE_MESSAGE(g.error.empty(), g.error);
+      size_t same = 0;
+      while (same < g.tokens.size() && g.tokens[same] == c.tokens[same]) ++same;
+      float worst = 0;  // over the steps both took with the same tokens
+      for (size_t i = 0; i <= std::min(same, g.step_logits.size() - 1); ++i)
+        worst = std::max(worst, max_diff(g.step_logits[i], c.step_logits[i]) / max_abs(c.step_logits[i]));
+      MESSAGE((v3 ? "V3" : "V2") << (bf16 ? " bf16" : " fp32") << ": max |dlogit| / max |logit| " << worst
+                                 << ", greedy tokens equal for " << same << " of " << c.tokens.size());
+      if (!bf16) {
+        CHECK(worst <= 1e-4f);
+        CHECK(g.tokens == c.tokens);
+      } else {
+        CHECK(worst <= 0.05f);  // bf16 weights, KV and products against fp32 throughout
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda executor, DeepSeek: disaggregated equals colocated bit for bit with the latent as the only KV shipped, "
+          "and a decode row's logits do not depend on the rows sharing its step" * doctest::skip(no_gpu) * doctest::test_suite("unverified")) {
+  auto m = seeded_deepseek(true);
+  REQUIRE(m.config.kv_planes() == 1);
+  const auto prompt = some_prompt(45, m.config.vocab_size);
+  for (bool bf16 : {false, true}) {
+    CAPTURE(bf16);
+    auto colo = cuda_exec(m, bf16);
+    const auto c = generate_colocated(*colo, prompt, 12, 45, {}, true);
+    REQUIRE(c.error.empty());
+    for (int delay : {0, 5}) {
+      CAPTURE(delay);
+      const auto d = disaggregated(m, bf16, prompt, 12, delay);
+      REQUIRE(d.size() == 13);
+      for (size_t i = 0; i < 12; ++i) CHECK_MESSAGE(test::same_bits(d[i], c.step_logits[i]), "step " << i);
+    }
+    // Decode steps of sequence 1 alone and beside sequence 2: the experts see other rows, the
+    // routing plan changes, the row's bits do not.
+    auto e = cuda_exec(m, bf16);
+    auto& kv = e->kv();
+    const auto a = some_prompt(20, m.config.vocab_size), b = some_prompt(33, m.config.vocab_size - 3);
+    auto pa = *kv.kv_page_alloc(3), pb = *kv.kv_page_alloc(4);
+    REQUIRE(run_blocking(*e, {1, {{1, a, 0, pa, false}}}).error.empty());
+    REQUIRE(run_blocking(*e, {2, {{2, b, 0, pb, false}}}).error.empty());
+    const auto alone = run_blocking(*e, {3, {{1, {65}, 20, pa, true}}});
+    const auto beside = run_blocking(*e, {4, {{2, {66}, 33, pb, true}, {1, {65}, 20, pa, true}}});
+    REQUIRE(alone.error.empty());
+    REQUIRE(beside.error.empty());
+    CHECK(test::same_bits(alone.logits[0], beside.logits[1]));
+  }
 }
