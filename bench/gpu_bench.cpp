@@ -603,6 +603,59 @@ void decode_mirror_bench(bool quick) {
         fmt("%.2f ms", got["slot by slot"].first), fmt("no mirror %.2f ms", off));
 }
 
+/// A DeepSeek-V3-shaped decode step (issue 14's CUDA path): V3's widths, 128 heads of latent
+/// attention and 256 routed experts, but 3 layers (1 dense, 2 MoE) so the weights fit one GPU,
+/// random bf16 weights. The floor reads every non-expert weight, the experts a batch is expected
+/// to touch under uniform routing (E·(1 − (1 − k/E)^B) per MoE layer: random weights route
+/// about uniformly; the group limit is ignored) and the batch's latents.
+void deepseek_decode_bench(bool quick, double read_bw_gbps) {
+  const uint32_t ps = 16, ctx = 1024, per = ctx / ps + 1;
+  std::vector<uint32_t> batches = quick ? std::vector<uint32_t>{1, 32} : std::vector<uint32_t>{1, 8, 32, 128};
+  auto cfg = deepseek_v3_config();
+  cfg.num_hidden_layers = 3;
+  cfg.moe.first_k_dense_replace = 1;
+  cuda_executor_config ec;
+  ec.num_kv_pages = batches.back() * per;
+  ec.page_size_tokens = ps;
+  ec.max_batch_tokens = 256;
+  ec.random_weights_seed = 14;
+  ec.host_pool = false;
+  ec.mirror_to_host = false;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto e = bench_executor(cfg, ec);
+  auto* x = dynamic_cast<cuda_executor_extras*>(e.get());
+  auto pages = *e->kv().kv_page_alloc(ec.num_kv_pages);
+  if (auto err = x->fill_device_kv_random(pages, 7); !err.empty()) {
+    std::fprintf(stderr, "baton_bench_gpu: %s\n", err.c_str());
+    std::exit(1);
+  }
+  const auto& m = cfg.moe;
+  const double expert_bytes = 3.0 * m.moe_intermediate_size * cfg.hidden_size * 2, moe_layers = 2;
+  const double embed_bytes = 2.0 * cfg.vocab_size * cfg.hidden_size;  // gathered row by row, not streamed
+  const double fixed = x->weight_bytes() - embed_bytes - moe_layers * m.n_routed_experts * expert_bytes;
+  std::printf("\ndecode step, DeepSeek-V3 shape with 3 layers (1 dense, 2 MoE), bf16, weights %.1f GB (ready in %.1f s), "
+              "ctx %u; HBM read ceiling %.0f GB/s\n",
+              x->weight_bytes() / 1e9, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), ctx,
+              read_bw_gbps);
+  for (uint32_t b : batches) {
+    const auto job = decode_job(pages, b, ctx, ps);
+    std::vector<double> t;
+    for (int i = 0; i < (quick ? 3 : 6); ++i) {
+      const double ms = wall_ms(*e, job);
+      if (i >= 2) t.push_back(ms);
+    }
+    const double touched = m.n_routed_experts * (1.0 - std::pow(1.0 - double(m.num_experts_per_tok) / m.n_routed_experts, b));
+    const double bytes = fixed + moe_layers * touched * expert_bytes + 2.0 * b * (ctx + 1) * cfg.kv_dim() * cfg.num_hidden_layers;
+    const double floor = bytes / (read_bw_gbps * 1e9) * 1e3, ms = median(t);
+    std::printf("  batch %4u: step %.2f ms, floor %.2f ms (%.1fx), experts touched per MoE layer ~%.0f\n", b, ms, floor,
+                ms / floor, touched);
+    row("DeepSeek-V3 shape (3 layers) decode, batch " + std::to_string(b) + " ctx 1K", fmt("%.2f ms", ms),
+        fmt("HBM floor %.2f ms", floor) + fmt(" (%.1fx)", ms / floor));
+    json << "{\"bench\":\"deepseek_decode\",\"batch\":" << b << ",\"ctx\":" << ctx << ",\"step_ms\":" << ms
+         << ",\"floor_ms\":" << floor << "}\n";
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -642,6 +695,7 @@ int main(int argc, char** argv) {
   gemv_bench(quick, rd);
   decode_and_prefill_bench(quick, rd, gemm);
   decode_mirror_bench(quick);
+  deepseek_decode_bench(quick, rd);
   invariant_gemm_bench(quick);
   std::printf("\n| %-58s | %-30s | %-40s |\n", "measure", "value", "against");
   for (const auto& r : summary) std::printf("%s\n", r.c_str());

@@ -67,18 +67,22 @@ baton="$(dirname "$bin")/bin/baton"
 [ -x "$baton" ] || baton=build/deploy/baton
 if command -v nvidia-smi >/dev/null && nvidia-smi >/dev/null 2>&1; then
   for run in "cpu:--executor cpu" "cuda-fp32:--executor cuda --cuda-fp32" "cuda-bf16:--executor cuda" \
-             "cuda-bf16-ucx-process:--executor cuda --transport ucx --decode-processes 1"; do
+             "cuda-bf16-ucx-process:--executor cuda --transport ucx --decode-processes 1" \
+             "ds3-cpu:--executor cpu --model deepseek-v3-tiny" "ds3-cuda-fp32:--executor cuda --cuda-fp32 --model deepseek-v3-tiny" \
+             "ds3-cuda-bf16:--executor cuda --model deepseek-v3-tiny"; do
     name=${run%%:*}
     timeout 60 "$baton" local ${run#*:} --num-requests 6 --max-tokens 24 > "$out/.local-$name.txt" 2>&1
     say "$name: rc=$? $(grep -m1 'requests,' "$out/.local-$name.txt")"
     grep -E "executor|output :" "$out/.local-$name.txt" | head -3 | tee -a "$log"
   done
   # Greedy answers: the fp32 GPU ranks must give the CPU reference's text; bf16 is reported.
-  for name in cuda-fp32 cuda-bf16 cuda-bf16-ucx-process; do
-    if diff <(grep "output :" "$out/.local-cpu.txt" | sort) <(grep "output :" "$out/.local-$name.txt" | sort) >/dev/null; then
-      say "answers $name = cpu: same"
+  # DeepSeek-V3's shape (latent attention, experts: issue 14's CUDA path) against its own CPU run.
+  for pair in cpu:cuda-fp32 cpu:cuda-bf16 cpu:cuda-bf16-ucx-process ds3-cpu:ds3-cuda-fp32 ds3-cpu:ds3-cuda-bf16; do
+    ref=${pair%%:*} name=${pair#*:}
+    if diff <(grep "output :" "$out/.local-$ref.txt" | sort) <(grep "output :" "$out/.local-$name.txt" | sort) >/dev/null; then
+      say "answers $name = $ref: same"
     else
-      say "answers $name = cpu: DIFFERENT"
+      say "answers $name = $ref: DIFFERENT"
     fi
   done
   cat "$out"/.local-*.txt > "$out/local_runs.txt"; rm -f "$out"/.local-*.txt

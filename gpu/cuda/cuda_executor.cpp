@@ -109,8 +109,6 @@ public:
       return "head_dim " + std::to_string(cfg_.head_dim) + " is not supported by the CUDA attention (a multiple of 8, <= 256)";
     if (!weights_ && !ecfg_.random_weights_seed) return "no weights (and no random_weights_seed)";
     const bool deepseek = cfg_.is_mla() || cfg_.moe.n_routed_experts > 0;
-    if (deepseek && ecfg_.random_weights_seed)
-      return "random weights are drawn for the Llama shape only; model " + cfg_.name + " has latent attention or experts";
     if (deepseek)
       if (auto e = cuda::deepseek_path::supports(cfg_); !e.empty()) return e;
     if (cuda::device_count() <= ecfg_.device) return "no CUDA device " + std::to_string(ecfg_.device);
@@ -169,7 +167,7 @@ public:
     const uint64_t R = ecfg_.max_batch_tokens, h = cfg_.hidden_size, qd = cfg_.q_dim(), kvd = cfg_.kv_dim(),
                    tb = cuda::dtype_bytes(type_);
     if (!ok(x_.grow(R * h * 4), "allocate activations") || !ok(hn_.grow(R * h * tb), "allocate activations") ||
-        !ok(qkv_.grow(R * (qd + 2 * kvd) * 4), "allocate activations") ||
+        !ok(qkv_.grow(cfg_.is_mla() ? 16 : R * (qd + 2 * kvd) * 4), "allocate activations") ||  // MLA: ds_'s own
         !ok(attn_.grow(R * std::max(qd, uint64_t{cfg_.attn_out_dim()}) * tb), "allocate activations") ||
         !ok(gu_.grow(std::max<uint64_t>(R * 2 * f * 4, 16)), "allocate activations") ||
         !ok(act_.grow(std::max<uint64_t>(R * f * tb, 16)), "allocate activations"))
@@ -295,20 +293,25 @@ private:
       ok_launch(cuda::launch_fill_random({d.ptr, t, n, ++seed, scale, offset}, compute_), "draw weights");
       weight_bytes_ += n * cuda::dtype_bytes(t);
     };
-    const uint64_t h = cfg_.hidden_size, qd = cfg_.q_dim(), kvd = cfg_.kv_dim(), f = cfg_.intermediate_size,
+    const uint64_t h = cfg_.hidden_size, qd = cfg_.q_dim(), kvd = cfg_.kv_dim(), o = cfg_.attn_out_dim(),
                    v = cfg_.vocab_size;
     fill(embed_, v * h, true, 1.0f, 0.0f);
     if (!cfg_.tie_word_embeddings) fill(lm_head_, v * h, true, 1.0f / std::sqrt(float(h)), 0.0f);
     fill(final_norm_, h, false, 0.1f, 1.0f);
     layers_ = std::vector<device_layer>(cfg_.num_hidden_layers);
-    for (auto& d : layers_) {
-      fill(d.wqkv, (qd + 2 * kvd) * h, true, 1.0f / std::sqrt(float(h)), 0.0f);
-      fill(d.wo, h * qd, true, 0.5f / std::sqrt(float(qd)), 0.0f);
-      fill(d.wgu, 2 * f * h, true, 1.0f / std::sqrt(float(h)), 0.0f);
-      fill(d.wdown, h * f, true, 0.5f / std::sqrt(float(f)), 0.0f);
+    for (uint32_t l = 0; l < cfg_.num_hidden_layers; ++l) {
+      auto& d = layers_[l];
+      const uint64_t f = cfg_.mlp_intermediate(l);
+      if (!cfg_.is_mla()) fill(d.wqkv, (qd + 2 * kvd) * h, true, 1.0f / std::sqrt(float(h)), 0.0f);
+      fill(d.wo, h * o, true, 0.5f / std::sqrt(float(o)), 0.0f);
+      if (f) {
+        fill(d.wgu, 2 * f * h, true, 1.0f / std::sqrt(float(h)), 0.0f);
+        fill(d.wdown, h * f, true, 0.5f / std::sqrt(float(f)), 0.0f);
+      }
       fill(d.attn_norm, h, false, 0.1f, 1.0f);
       fill(d.mlp_norm, h, false, 0.1f, 1.0f);
     }
+    if (ds_) ds_->draw(fill);
     ok(cudaStreamSynchronize(compute_), "draw weights");
     return err_;
   }

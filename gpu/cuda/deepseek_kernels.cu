@@ -88,6 +88,15 @@ __global__ void __launch_bounds__(gemv_threads) head_gemv_kernel(head_gemv_param
   }
 }
 
+template <typename TW, typename TY>
+void head_gemv_as(const head_gemv_params& p, dim3 grid, uint32_t tile, uint32_t smem, cudaStream_t s) {
+  // Once per kernel, so never among a graph capture's launches: room for 96 KiB of staged rows.
+  static const bool room = cudaFuncSetAttribute(head_gemv_kernel<TW, TY>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                96 * 1024) == cudaSuccess;
+  (void)room;  // a refusal shows as the launch's error
+  head_gemv_kernel<TW, TY><<<grid, gemv_threads, smem, s>>>(p, tile);
+}
+
 constexpr uint32_t la_threads = 256;
 constexpr uint32_t la_chunk = 32;  // positions per step: one per lane of a head's softmax warp
 constexpr uint32_t la_dims = mla_max_lora / la_threads;  // output dims per thread
@@ -201,26 +210,48 @@ __device__ void top_k_of(const float* v, uint32_t n, uint32_t k, uint32_t* out) 
   }
 }
 
-/// One thread per row, moe_route's steps in moe_route's order.
-__global__ void moe_route_kernel(moe_route_params p) {
-  const uint32_t r = blockIdx.x * blockDim.x + threadIdx.x;
-  if (r >= p.rows) return;
+constexpr uint32_t route_rows_per_block = 4;  // one warp per row
+
+/// One warp per row, moe_route's steps in moe_route's order, its arrays in shared memory (a
+/// thread's own arrays for 512 experts would be local memory the driver reserves for every
+/// resident thread of the GPU, over a gigabyte). Element-wise steps run across the lanes, which
+/// rounds each element as one thread would; the sums and selections run on lane 0 in the CPU's
+/// order, so the choices are the CPU's.
+__global__ void __launch_bounds__(32 * route_rows_per_block) moe_route_kernel(moe_route_params p) {
+  __shared__ float scores_s[route_rows_per_block][moe_max_experts], choice_s[route_rows_per_block][moe_max_experts];
+  __shared__ float group_s[route_rows_per_block][64];
+  __shared__ uint32_t groups_s[route_rows_per_block][64], ex_s[route_rows_per_block][max_top_k];
+  const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const uint32_t r = blockIdx.x * route_rows_per_block + warp;
+  if (r >= p.rows) return;  // whole warps leave; no block barrier follows
   const uint32_t n = p.experts, k = p.top_k;
   const float* logits = p.logits + uint64_t{r} * n;
-  float scores[moe_max_experts], choice[moe_max_experts], group_score[64];
+  float* scores = scores_s[warp];
+  float* choice = choice_s[warp];
   if (p.sigmoid) {
-    for (uint32_t e = 0; e < n; ++e) scores[e] = 1.0f / (1.0f + expf(-logits[e]));
+    for (uint32_t e = lane; e < n; e += 32) scores[e] = 1.0f / (1.0f + expf(-logits[e]));
   } else {
-    float mx = logits[0];
-    for (uint32_t e = 1; e < n; ++e) mx = fmaxf(mx, logits[e]);
-    float sum = 0.0f;
-    for (uint32_t e = 0; e < n; ++e) sum += scores[e] = expf(logits[e] - mx);
-    for (uint32_t e = 0; e < n; ++e) scores[e] /= sum;
+    float mx = -INFINITY;
+    for (uint32_t e = lane; e < n; e += 32) mx = fmaxf(mx, logits[e]);
+    mx = warp_max(mx);  // a maximum is the same in any order
+    for (uint32_t e = lane; e < n; e += 32) scores[e] = expf(logits[e] - mx);
+    __syncwarp();
+    if (lane == 0) {
+      float sum = 0.0f;
+      for (uint32_t e = 0; e < n; ++e) sum += scores[e];
+      group_s[warp][0] = sum;
+    }
+    __syncwarp();
+    const float sum = group_s[warp][0];
+    for (uint32_t e = lane; e < n; e += 32) scores[e] /= sum;
   }
   const bool noaux = p.method == 2;
-  for (uint32_t e = 0; e < n; ++e) choice[e] = scores[e] + (p.bias && noaux ? p.bias[e] : 0.0f);
+  for (uint32_t e = lane; e < n; e += 32) choice[e] = scores[e] + (p.bias && noaux ? p.bias[e] : 0.0f);
+  __syncwarp();
+  if (lane != 0) return;
   if (p.method != 0) {
     const uint32_t per = n / p.n_group;
+    float* group_score = group_s[warp];
     for (uint32_t g = 0; g < p.n_group; ++g) {
       const float* c = choice + g * per;
       if (noaux) {
@@ -233,7 +264,7 @@ __global__ void moe_route_kernel(moe_route_params p) {
         group_score[g] = best;
       }
     }
-    uint32_t chosen_groups[64];
+    uint32_t* chosen_groups = groups_s[warp];
     top_k_of(group_score, p.n_group, p.topk_group, chosen_groups);
     for (uint32_t g = 0; g < p.n_group; ++g) {
       bool kept = false;
@@ -242,7 +273,7 @@ __global__ void moe_route_kernel(moe_route_params p) {
         for (uint32_t i = 0; i < per; ++i) choice[g * per + i] = 0.0f;  // 0, not -inf, as the references mask
     }
   }
-  uint32_t ex[max_top_k];
+  uint32_t* ex = ex_s[warp];
   top_k_of(choice, n, k, ex);
   for (uint32_t i = 1; i < k; ++i)  // ascending ids: a row's experts are always summed in one order
     for (uint32_t j = i; j > 0 && ex[j - 1] > ex[j]; --j) {
@@ -250,10 +281,10 @@ __global__ void moe_route_kernel(moe_route_params p) {
       ex[j] = ex[j - 1];
       ex[j - 1] = tmp;
     }
-  float w[max_top_k], sum = 0.0f;
-  for (uint32_t j = 0; j < k; ++j) sum += w[j] = scores[ex[j]];
+  float sum = 0.0f;
+  for (uint32_t j = 0; j < k; ++j) sum += scores[ex[j]];
   for (uint32_t j = 0; j < k; ++j) {
-    float x = w[j];
+    float x = scores[ex[j]];
     if (p.norm_topk_prob) x /= sum + 1e-20f;
     p.chosen[uint64_t{r} * k + j] = ex[j];
     p.weight[uint64_t{r} * k + j] = x * p.routed_scaling_factor;
@@ -416,25 +447,24 @@ int launch_head_gemv(const head_gemv_params& p, void* stream) {
   const uint32_t tile = std::clamp<uint32_t>(96 * 1024 / (p.in_dim * 4), 1, gemv_tile_max);
   const uint32_t smem = tile * p.in_dim * 4;
   const uint32_t warps = gemv_threads / 32;
-  const uint32_t groups = std::clamp<uint32_t>((p.out_dim + 4 * warps - 1) / (4 * warps), 1, 1024);
-  const dim3 grid{(p.rows + tile - 1) / tile, p.heads, groups};
+  // Few blocks (a decode step's router): one column per warp, so more of the chip streams the
+  // weights; else four per warp, so each block's staged rows serve more columns.
+  const uint32_t tiles = (p.rows + tile - 1) / tile, per_warp = tiles * p.heads < 132 ? 1 : 4;
+  const uint32_t groups = std::clamp<uint32_t>((p.out_dim + per_warp * warps - 1) / (per_warp * warps), 1, 1024);
+  const dim3 grid{tiles, p.heads, groups};
   auto s = as_stream(stream);
-  auto go = [&](auto kernel) {
-    if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    kernel<<<grid, gemv_threads, smem, s>>>(p, tile);
-  };
   const bool wb = p.w_type == dtype::bf16, yb = p.y_type == dtype::bf16;
-  if (!wb && !yb) go(head_gemv_kernel<float, float>);
-  if (!wb && yb) go(head_gemv_kernel<float, __nv_bfloat16>);
-  if (wb && !yb) go(head_gemv_kernel<__nv_bfloat16, float>);
-  if (wb && yb) go(head_gemv_kernel<__nv_bfloat16, __nv_bfloat16>);
+  if (!wb && !yb) head_gemv_as<float, float>(p, grid, tile, smem, s);
+  if (!wb && yb) head_gemv_as<float, __nv_bfloat16>(p, grid, tile, smem, s);
+  if (wb && !yb) head_gemv_as<__nv_bfloat16, float>(p, grid, tile, smem, s);
+  if (wb && yb) head_gemv_as<__nv_bfloat16, __nv_bfloat16>(p, grid, tile, smem, s);
   return last_error();
 }
 
 int launch_latent_attention(const latent_attention_params& p, void* stream) {
   if (p.rows == 0) return 0;
   const uint32_t lat = p.lora + p.rope;
-  if (p.lora == 0 || p.lora > mla_max_lora || lat * HPB * 4 > 48 * 1024) return static_cast<int>(cudaErrorInvalidValue);
+  if (p.lora == 0 || p.lora > mla_max_lora || lat > mla_max_latent) return static_cast<int>(cudaErrorInvalidValue);
   const dim3 grid{p.rows, (p.heads + HPB - 1) / HPB};
   const uint32_t smem = HPB * lat * 4;
   if (p.type == dtype::f32)
@@ -450,7 +480,8 @@ int launch_moe_route(const moe_route_params& p, void* stream) {
       p.method > 2 || (p.method != 0 && (p.n_group == 0 || p.n_group > 64 || p.experts % p.n_group ||
                                          p.topk_group == 0 || p.topk_group > p.n_group)))
     return static_cast<int>(cudaErrorInvalidValue);
-  moe_route_kernel<<<(p.rows + 63) / 64, 64, 0, as_stream(stream)>>>(p);
+  moe_route_kernel<<<(p.rows + route_rows_per_block - 1) / route_rows_per_block, 32 * route_rows_per_block, 0,
+                     as_stream(stream)>>>(p);
   return last_error();
 }
 

@@ -81,7 +81,8 @@ struct latent_attention_params {
   dtype type;
 };
 constexpr uint32_t mla_heads_per_block = 8;
-constexpr uint32_t mla_max_lora = 1024;  ///< lora + rope at most this plus 64
+constexpr uint32_t mla_max_lora = 1024;    ///< kv_lora_rank at most this (4 output values per thread)
+constexpr uint32_t mla_max_latent = 1408;  ///< lora + rope at most this (8 heads' queries in 48 KiB of shared memory)
 int launch_latent_attention(const latent_attention_params& p, void* stream);
 
 /// DeepSeek's routing (moe_route, one thread per row, the same steps in the same order): scores

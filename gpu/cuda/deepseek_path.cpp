@@ -4,6 +4,7 @@
 #include "gpu/cuda/deepseek_path.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include "gpu/hf_model.hpp"
 
@@ -34,10 +35,11 @@ std::string deepseek_path::supports(const model_config& c) {
   if (c.is_mla()) {
     const uint32_t lat = c.kv_dim();
     if (c.mla.kv_lora_rank > mla_max_lora) return too("kv_lora_rank", c.mla.kv_lora_rank, "1024");
-    if (uint64_t{lat} * mla_heads_per_block * 4 > 48 * 1024) return too("kv_lora_rank + qk_rope_head_dim", lat, "1536");
+    if (lat > mla_max_latent) return too("kv_lora_rank + qk_rope_head_dim", lat, "1408");
     if (c.mla.qk_rope_head_dim % 2) return too("qk_rope_head_dim (odd)", c.mla.qk_rope_head_dim, "even sizes");
-    if (std::max({c.hidden_size, c.mla.q_lora_rank, c.mla.kv_lora_rank, c.mla.qk_nope_head_dim}) > head_gemv_max_in)
-      return too("hidden_size or a low rank", c.hidden_size, "8192");
+    for (const auto& [field, value] : {std::pair{"hidden_size", c.hidden_size}, std::pair{"q_lora_rank", c.mla.q_lora_rank},
+                                       std::pair{"qk_nope_head_dim", c.mla.qk_nope_head_dim}})
+      if (value > head_gemv_max_in) return too(field, value, "8192");
   }
   if (c.moe.n_routed_experts) {
     if (c.moe.n_routed_experts > moe_max_experts) return too("n_routed_experts", c.moe.n_routed_experts, "512");
@@ -90,6 +92,36 @@ std::string deepseek_path::upload(const model_weights& w) {
   return e;
 }
 
+void deepseek_path::draw(const std::function<void(device_buffer&, uint64_t, bool, float, float)>& fill) {
+  const uint64_t h = cfg_.hidden_size, H = cfg_.num_attention_heads;
+  auto inv_sqrt = [](uint64_t n) { return 1.0f / std::sqrt(static_cast<float>(n)); };
+  for (uint32_t l = 0; l < cfg_.num_hidden_layers; ++l) {
+    auto& d = layers_[l];
+    if (cfg_.is_mla()) {
+      const auto& m = cfg_.mla;
+      const uint64_t qd = cfg_.q_dim(), lat = cfg_.kv_dim();
+      if (m.q_lora_rank) {
+        fill(d.wq_a, m.q_lora_rank * h, true, inv_sqrt(h), 0.0f);
+        fill(d.q_a_norm, m.q_lora_rank, false, 0.1f, 1.0f);
+        fill(d.wq_b, qd * m.q_lora_rank, true, inv_sqrt(m.q_lora_rank), 0.0f);
+      } else {
+        fill(d.wq, qd * h, true, inv_sqrt(h), 0.0f);
+      }
+      fill(d.wkv_a, lat * h, true, inv_sqrt(h), 0.0f);
+      fill(d.kv_a_norm, m.kv_lora_rank, false, 0.1f, 1.0f);
+      fill(d.w_uk_t, H * m.kv_lora_rank * m.qk_nope_head_dim, true, inv_sqrt(m.qk_nope_head_dim), 0.0f);
+      fill(d.w_uv, H * m.v_head_dim * m.kv_lora_rank, true, inv_sqrt(m.kv_lora_rank), 0.0f);
+    }
+    if (!cfg_.is_moe_layer(l)) continue;
+    const auto& m = cfg_.moe;
+    const uint64_t E = m.n_routed_experts, mf = m.moe_intermediate_size;
+    fill(d.router, E * h, false, inv_sqrt(h), 0.0f);
+    if (m.topk_method == "noaux_tc") fill(d.router_bias, E, false, 0.01f, 0.0f);
+    fill(d.experts_gu, E * 2 * mf * h, true, inv_sqrt(h), 0.0f);
+    fill(d.experts_down, E * h * mf, true, 0.5f * inv_sqrt(mf), 0.0f);
+  }
+}
+
 std::string deepseek_path::reserve(uint32_t rows) {
   const uint64_t R = rows, tb = dtype_bytes(type_), h = cfg_.hidden_size, H = cfg_.num_attention_heads;
   std::string e;
@@ -110,7 +142,7 @@ std::string deepseek_path::reserve(uint32_t rows) {
   if (cfg_.moe.n_routed_experts) {
     const auto& m = cfg_.moe;
     const uint64_t E = m.n_routed_experts, k = m.num_experts_per_tok, pairs = R * k, mf = m.moe_intermediate_size;
-    grow(hn32_, R * h * 4);
+    if (type_ != dtype::f32) grow(hn32_, R * h * 4);  // fp32 jobs route from hn itself
     grow(logits_, R * E * 4);
     grow(chosen_, pairs * 4);
     grow(weight_, pairs * 4);

@@ -56,6 +56,9 @@ public:
   /// Every MLA and MoE tensor of `w`; routers, their biases and norms stay fp32. Refuses weights
   /// missing a routed expert (an expert-parallel load keeps only its members').
   std::string upload(const model_weights& w);
+  /// Benchmarks: every MLA and MoE tensor drawn on the device by `fill(buffer, elements, matrix,
+  /// scale, offset)` (the executor's random_weights), scaled so activations stay O(1).
+  void draw(const std::function<void(device_buffer&, uint64_t, bool, float, float)>& fill);
   /// Scratch for jobs of up to `rows` rows. Empty or why not.
   std::string reserve(uint32_t rows);
 
