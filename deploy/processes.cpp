@@ -90,6 +90,13 @@ bool process_alive(pid_t pid) {
   return waitpid(pid, &status, WNOHANG) == 0;
 }
 
+bool process_gone(pid_t pid, std::string* how) {
+  siginfo_t info{};
+  if (waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0 || info.si_pid != pid) return false;
+  *how = (info.si_code == CLD_EXITED ? "exit code " : "signal ") + std::to_string(info.si_status);
+  return true;
+}
+
 bool process_exited(pid_t pid, std::string* how) {
   int status = 0;
   if (waitpid(pid, &status, WNOHANG) != pid) return false;

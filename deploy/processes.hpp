@@ -46,6 +46,9 @@ void stop_processes(std::vector<pid_t>& pids, int grace_ms = 3000);
 bool process_alive(pid_t pid);
 /// True when `pid` has exited (reaped); `how` says how: "exit code N" or "signal N".
 bool process_exited(pid_t pid, std::string* how);
+/// The same without reaping it (waitid's WNOWAIT): its owner still reaps it, and its pid cannot
+/// be reused meanwhile.
+bool process_gone(pid_t pid, std::string* how);
 
 /// This executable's path (/proc/self/exe), to start sibling nodes.
 std::string self_executable();

@@ -45,6 +45,13 @@ expert_group::expert_group(std::unique_ptr<transport::transport> t, std::unique_
     if (c) c->set_abort([c](uint32_t s) { return c->peer_aborted(s) ? std::string{"the shard failed"} : std::string{}; });
 }
 
+void expert_group::watch_shards(std::function<std::string(uint32_t)> gone) {
+  auto g = std::make_shared<std::function<std::string(uint32_t)>>(std::move(gone));
+  for (auto* c : {a2a_.get(), b_.get()})
+    if (c)
+      c->set_abort([c, g](uint32_t s) { return c->peer_aborted(s) ? std::string{"the shard failed"} : (*g)(s); });
+}
+
 expert_group::~expert_group() {
   if (!a2a_) return;
   const chunk_header stop{kind_stop, 0, 0};

@@ -68,6 +68,10 @@ public:
   bool dual_batch() const { return b_ != nullptr; }
   /// Tells the shards to exit.
   ~expert_group();
+  /// Where the shards are processes: `gone(rank)` says why that rank's shard will never answer
+  /// (its process exited), else nothing. An exchange waiting for it then fails at once with the
+  /// reason, instead of at the timeout with none. Called from the executor's thread while it waits.
+  void watch_shards(std::function<std::string(uint32_t rank)> gone);
   expert_group(const expert_group&) = delete;
   expert_group& operator=(const expert_group&) = delete;
 

@@ -449,3 +449,22 @@ TEST_CASE("the node directory: a node restarted under its name that met its grou
   a->send_exit(agent_a, caf::exit_reason::kill);
   a->send_exit(dir, caf::exit_reason::user_shutdown);
 }
+
+TEST_CASE("process_gone reports how a child ended without reaping it, so its owner still can") {
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) _exit(3);
+  std::string how;
+  bool gone = false;
+  for (int i = 0; i < 500 && !gone; ++i) {  // bounded: 5 s at most
+    gone = deploy::process_gone(pid, &how);
+    if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds{10});
+  }
+  REQUIRE(gone);
+  CHECK(how == "exit code 3");
+  CHECK(deploy::process_gone(pid, &how));  // still there to be asked
+  std::string reaped;
+  CHECK(deploy::process_exited(pid, &reaped));  // and its owner reaps it
+  CHECK(reaped == "exit code 3");
+  CHECK_FALSE(deploy::process_gone(pid, &how));  // reaped: nothing left
+}

@@ -216,6 +216,30 @@ TEST_CASE("expert parallelism: a malformed dispatch chunk is refused with a sent
   CHECK(failed.error.find("rank lead2 stops waiting for broken: the shard failed") != std::string::npos);
   exec2.reset();
   ec2.experts.reset();
+
+  // A shard whose process is gone (watch_shards: as spawn_expert_group looks at its children)
+  // fails the lead's job with its fate, long before the two-minute timeout.
+  auto t4 = transport::make_loopback_transport(fabric, "lead3"), t5 = transport::make_loopback_transport(fabric, "dead");
+  std::vector<std::string> names3{"lead3", "dead"};
+  auto a4 = std::make_unique<transport::all_to_all>(*t4, names3, c2);
+  transport::all_to_all a5{*t5, names3, c3};
+  a4->connect({a4->key(), a5.key()});
+  a5.connect({a4->key(), a5.key()});
+  cpu_executor_config ec3;
+  ec3.experts = std::make_shared<expert_group>(std::move(t4), std::move(a4), 2);
+  uint32_t looked = 0;
+  ec3.experts->watch_shards([&](uint32_t rank) -> std::string {
+    ++looked;
+    return rank == 1 && looked > 3 ? "its process (dead, pid 4242) ended with signal 9" : "";
+  });
+  auto exec3 = make_cpu_executor(cfg, w, ec3);
+  const auto gone = generate_colocated(*exec3, {1, 2, 3}, 2, 16, {}, true);
+  CHECK_MESSAGE(gone.error.find("rank lead3 stops waiting for dead: its process (dead, pid 4242) ended with signal 9") !=
+                    std::string::npos,
+                gone.error);
+  exec3.reset();
+  ec3.experts->watch_shards([](uint32_t) { return std::string{"gone"}; });  // its stop is not waited for either
+  ec3.experts.reset();
 }
 
 TEST_CASE("live EPLB: on a skewed routing load the hottest EP rank's copies drop from 3.8x the mean to 1.15x, and "
