@@ -218,6 +218,10 @@ int run_experts(const std::vector<std::string>& args) {
   std::fputs(key_line(a2a.key()).c_str(), stdout);
   if (b) std::fputs(key_line(b->key()).c_str(), stdout);
   std::fflush(stdout);
+  // The engine closes its end of this pipe once it has the keys. Whatever this process writes to
+  // stdout later (UCX prints its warnings there) would then kill it with SIGPIPE, silently: from
+  // here on stdout is stderr, which the engine's operator sees.
+  dup2(STDERR_FILENO, STDOUT_FILENO);
   std::vector<transport::region_key> keys[2];
   for (int c = 0; c < (b ? 2 : 1); ++c)
     for (uint32_t r = 0; r < size; ++r) {
