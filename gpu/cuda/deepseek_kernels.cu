@@ -358,6 +358,41 @@ __global__ void __launch_bounds__(plan_threads) moe_slots_kernel(moe_plan_params
 }
 
 constexpr uint32_t gg_tn = 64, gg_bk = 16, gg_threads = 256;
+constexpr uint32_t gg_skinny_rows = 8, gg_skinny_k = 256;  // a decode step's expert: a few rows
+
+/// A tile of at most 8 rows (most experts of a decode step): each thread owns one output column
+/// for two of the rows and streams that column's weights once, instead of computing a 64-row
+/// tile of which one row is real. Each output is the same fmaf chain over k as the tiled path's,
+/// zero padding to a multiple of gg_bk included, so a row's bits do not depend on which path
+/// its expert's row count picked.
+template <typename T>
+__device__ void grouped_gemm_skinny(const grouped_gemm_params& p, const T* a, const uint64_t* arow, const T* w,
+                                    uint32_t first, uint32_t nrows, uint32_t n0) {
+  __shared__ float xs[gg_skinny_rows][gg_skinny_k];
+  const uint32_t t = threadIdx.x, c = n0 + t % gg_tn, r0 = 2 * (t / gg_tn);  // rows r0, r0 + 1
+  const uint32_t kpad = (p.k + gg_bk - 1) / gg_bk * gg_bk;
+  float acc0 = 0.0f, acc1 = 0.0f;
+  const T* wr = w + uint64_t{min(c, p.n - 1)} * p.k;
+  for (uint32_t k0 = 0; k0 < kpad; k0 += gg_skinny_k) {
+    const uint32_t kn = min(gg_skinny_k, kpad - k0);
+    __syncthreads();
+    for (uint32_t i = t; i < nrows * gg_skinny_k; i += gg_threads) {
+      const uint32_t r = i / gg_skinny_k, kk = i % gg_skinny_k, kg = k0 + kk;
+      xs[r][kk] = kg < p.k ? load_as_float(a, arow[r] + kg) : 0.0f;
+    }
+    __syncthreads();
+    if (r0 < nrows)
+      for (uint32_t kk = 0; kk < kn; ++kk) {
+        const uint32_t kg = k0 + kk;
+        const float wv = kg < p.k ? load_as_float(wr, kg) : 0.0f;
+        acc0 = fmaf(xs[r0][kk], wv, acc0);
+        if (r0 + 1 < nrows) acc1 = fmaf(xs[r0 + 1][kk], wv, acc1);
+      }
+  }
+  if (c >= p.n || r0 >= nrows) return;
+  p.y[uint64_t{first + r0} * p.n + c] = acc0;
+  if (r0 + 1 < nrows) p.y[uint64_t{first + r0 + 1} * p.n + c] = acc1;
+}
 
 /// One block per (plan tile, 64 output columns), 4 x 4 outputs per thread, k in steps of 16
 /// through shared memory. Rows past the tile's expert and k past the end are zeros, which add
@@ -378,6 +413,10 @@ __global__ void __launch_bounds__(gg_threads) grouped_gemm_kernel(grouped_gemm_p
   if (t < TM) {
     const uint32_t s = first + min(t, nrows - 1);
     arow[t] = uint64_t{p.a_rows ? p.a_rows[s] : s} * p.a_stride;
+  }
+  if (nrows <= gg_skinny_rows) {  // the whole block takes one branch: its tile's row count
+    __syncthreads();               // arow is read by every thread of the skinny path
+    return grouped_gemm_skinny(p, a, arow, w, first, nrows, n0);
   }
   const uint32_t tr = t / 16, tc = t % 16;
   float acc[4][4] = {};
