@@ -193,12 +193,14 @@ int run_experts(const std::vector<std::string>& args) {
   std::string why;
   // From a directory only this shard's block of routed experts is read (run_expert_shard would
   // drop the others at once; the lead sends any EPLB places here).
-  if (model != "random" && !load_model_into(model, &loaded, &why, keep_blocks_of({rank}, size))) {
+  const auto mine_only = keep_blocks_of({rank}, size);
+  if (model != "random" && !load_model_into(model, &loaded, &why, mine_only)) {
     std::fprintf(stderr, "baton experts: %s\n", why.c_str());
     return 2;
   }
   auto weights = loaded.weights ? std::move(loaded.weights)
-                                : std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(loaded.model, seed));
+                                : std::make_shared<const gpu::model_weights>(
+                                      gpu::make_seeded_weights(loaded.model, seed, mine_only));  // its block only
   const auto names = names_for(name, size);
   auto t = transport::make_ucx_transport({names[rank]}, &why);
   if (!t) {

@@ -418,14 +418,14 @@ int run_node(const std::vector<std::string>& args) {
                  connect.c_str(), explain_connect_error(sys, directory.error(), sec.tls()).c_str());
     return 1;
   }
-  // The model, with the routed experts `keep` chooses when it comes from a directory (a seeded
-  // built-in model is drawn whole). A data-parallel node's members take their blocks out of it,
-  // and the node loads it again only when a group re-forms.
+  // The model, with the routed experts `keep` chooses, from a directory or drawn from the seed.
+  // A data-parallel node's members take their blocks out of it, and the node loads it again only
+  // when a group re-forms.
   auto load_weights = [=](const gpu::expert_filter& keep, std::string* err) -> std::shared_ptr<const gpu::model_weights> {
     local_cluster_config again;  // a directory's weights; a built-in model's come from the seed
     if (model_dir != "random" && !load_model_into(model_dir, &again, err, keep)) return nullptr;
     if (again.weights) return again.weights;
-    return std::make_shared<gpu::model_weights>(gpu::make_seeded_weights(model, weights_seed));
+    return std::make_shared<gpu::model_weights>(gpu::make_seeded_weights(model, weights_seed, keep));
   };
   auto weights = loaded.weights ? loaded.weights : load_weights(node_experts, &why);
   loaded.weights.reset();  // `weights` holds the model now; a data-parallel node replaces it below

@@ -33,11 +33,6 @@ struct hf_model {
 /// Parses config.json text into `out`; false and a sentence on failure. `source` names the file.
 bool parse_hf_config(const std::string& json_text, const std::string& source, model_config* out, std::string* why);
 
-/// Which routed experts a load keeps, asked once per (MoE layer, expert) with the parsed config:
-/// an expert-parallel process loads its own block and leaves the rest on disk, so it never holds
-/// the whole model (DeepSeek-V3's experts are 97% of its weights). Empty: every expert.
-using expert_filter = std::function<bool(const model_config& cfg, uint32_t layer, uint32_t expert)>;
-
 /// Loads config.json, the weights and generation_config.json from `dir`. Routed experts `keep`
 /// refuses are left empty (their tensors must still be present with the right shapes, so a
 /// broken file is refused whichever process reads it).

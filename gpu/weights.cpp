@@ -16,6 +16,8 @@ struct seeded_stream {
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
   }
+  /// As if `n` values were drawn (the state advances by a constant per draw).
+  void skip(uint64_t n) { state += n * 0x9E3779B97F4A7C15ull; }
   /// Uniform in [-1, 1), from the top 24 bits so the float conversion is exact.
   float uniform() { return static_cast<float>(next() >> 40) * (2.0f / 16777216.0f) - 1.0f; }
 };
@@ -36,7 +38,7 @@ std::vector<float> norm_weights(seeded_stream& rng, uint64_t n) {
 
 }  // namespace
 
-model_weights make_seeded_weights(const model_config& cfg, uint64_t seed) {
+model_weights make_seeded_weights(const model_config& cfg, uint64_t seed, const expert_filter& keep) {
   seeded_stream rng{seed};
   const uint64_t h = cfg.hidden_size, q = cfg.q_dim(), kv = cfg.kv_dim();
   const float in_h = 1.0f / std::sqrt(static_cast<float>(h));
@@ -79,7 +81,12 @@ model_weights make_seeded_weights(const model_config& cfg, uint64_t seed) {
       l.router = uniform_matrix(rng, e, h, 4.0f * in_h);
       if (cfg.moe.topk_method == "noaux_tc") l.router_bias = uniform_matrix(rng, e, 1, 0.05f);
       l.experts.resize(e);
-      for (auto& x : l.experts) {
+      for (uint32_t xi = 0; xi < e; ++xi) {
+        auto& x = l.experts[xi];
+        if (keep && !keep(cfg, li, xi)) {
+          rng.skip(3 * mf * h);  // gate, up and down
+          continue;
+        }
         x.gate = uniform_matrix(rng, mf, h, in_h);
         x.up = uniform_matrix(rng, mf, h, in_h);
         x.down = uniform_matrix(rng, h, mf, inv_sqrt(mf));

@@ -1,11 +1,17 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "gpu/model_config.hpp"
 
 namespace baton::gpu {
+
+/// Which routed experts a load keeps, asked once per (MoE layer, expert) with the model's config:
+/// an expert-parallel process loads or draws its own block and leaves the rest, so it never holds
+/// the whole model (DeepSeek-V3's experts are 97% of its weights). Empty: every expert.
+using expert_filter = std::function<bool(const model_config& cfg, uint32_t layer, uint32_t expert)>;
 
 /// One decoder layer, fp32, every matrix row-major [out_features][in_features] (Hugging Face's
 /// nn.Linear layout), so a checkpoint tensor can be copied in without transposing.
@@ -61,7 +67,9 @@ struct model_weights {
 /// Deterministic weights for the built-in model: the same seed gives the same bits on every
 /// machine (own generator, no std:: distributions, whose output is implementation-defined).
 /// Scales keep activations O(1) through many layers, so different prompts continue differently.
-model_weights make_seeded_weights(const model_config& cfg, uint64_t seed);
+/// Routed experts `keep` refuses are left empty, and drawing them costs nothing (the generator
+/// skips ahead): the kept ones are the whole draw's, bit for bit.
+model_weights make_seeded_weights(const model_config& cfg, uint64_t seed, const expert_filter& keep = {});
 
 /// Derives the absorbed MLA matrices (w_uk_t, w_uv) of every layer from its wkv_b. Loaders and
 /// make_seeded_weights call it once; without MLA it does nothing.

@@ -210,13 +210,43 @@ __device__ void top_k_of(const float* v, uint32_t n, uint32_t k, uint32_t* out) 
   }
 }
 
+/// top_k_of with a whole warp (out in shared memory): each lane takes every 32nd value in the
+/// same rule, then a butterfly keeps the larger value, the lower index among equals. Without
+/// NaNs that is the sequential pick, so the experts chosen are the same.
+__device__ void top_k_warp(const float* v, uint32_t n, uint32_t k, uint32_t* out) {
+  const uint32_t lane = threadIdx.x % 32;
+  for (uint32_t j = 0; j < k; ++j) {
+    uint32_t best = n;
+    float bv = 0.0f;
+    for (uint32_t i = lane; i < n; i += 32) {
+      bool taken = false;
+      for (uint32_t q = 0; q < j; ++q) taken = taken || out[q] == i;
+      if (!taken && (best == n || v[i] > bv)) {
+        best = i;
+        bv = v[i];
+      }
+    }
+    for (int o = 16; o; o /= 2) {
+      const uint32_t ob = __shfl_xor_sync(0xffffffffu, best, o);
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      if (ob != n && (best == n || ov > bv || (ov == bv && ob < best))) {
+        best = ob;
+        bv = ov;
+      }
+    }
+    if (lane == 0) out[j] = best;
+    __syncwarp();
+  }
+}
+
 constexpr uint32_t route_rows_per_block = 4;  // one warp per row
 
 /// One warp per row, moe_route's steps in moe_route's order, its arrays in shared memory (a
 /// thread's own arrays for 512 experts would be local memory the driver reserves for every
 /// resident thread of the GPU, over a gigabyte). Element-wise steps run across the lanes, which
 /// rounds each element as one thread would; the sums and selections run on lane 0 in the CPU's
-/// order, so the choices are the CPU's.
+/// order, and the top-k over the experts is top_k_warp's; so the choices are the CPU's wherever
+/// the scores are (CUDA's expf may round an ulp apart from glibc's).
 __global__ void __launch_bounds__(32 * route_rows_per_block) moe_route_kernel(moe_route_params p) {
   __shared__ float scores_s[route_rows_per_block][moe_max_experts], choice_s[route_rows_per_block][moe_max_experts];
   __shared__ float group_s[route_rows_per_block][64];
@@ -248,8 +278,7 @@ __global__ void __launch_bounds__(32 * route_rows_per_block) moe_route_kernel(mo
   const bool noaux = p.method == 2;
   for (uint32_t e = lane; e < n; e += 32) choice[e] = scores[e] + (p.bias && noaux ? p.bias[e] : 0.0f);
   __syncwarp();
-  if (lane != 0) return;
-  if (p.method != 0) {
+  if (p.method != 0 && lane == 0) {  // the group limit: a few dozen groups, on one lane
     const uint32_t per = n / p.n_group;
     float* group_score = group_s[warp];
     for (uint32_t g = 0; g < p.n_group; ++g) {
@@ -273,8 +302,10 @@ __global__ void __launch_bounds__(32 * route_rows_per_block) moe_route_kernel(mo
         for (uint32_t i = 0; i < per; ++i) choice[g * per + i] = 0.0f;  // 0, not -inf, as the references mask
     }
   }
+  __syncwarp();
   uint32_t* ex = ex_s[warp];
-  top_k_of(choice, n, k, ex);
+  top_k_warp(choice, n, k, ex);
+  if (lane != 0) return;
   for (uint32_t i = 1; i < k; ++i)  // ascending ids: a row's experts are always summed in one order
     for (uint32_t j = i; j > 0 && ex[j - 1] > ex[j]; --j) {
       const uint32_t tmp = ex[j];
@@ -294,23 +325,32 @@ __global__ void __launch_bounds__(32 * route_rows_per_block) moe_route_kernel(mo
 constexpr uint32_t plan_threads = moe_max_experts;
 constexpr uint32_t plan_chunk = 4096;
 
-/// One block, a thread per expert. Each thread walks the (row, expert) pairs in order from a
-/// shared-memory copy (every thread reads the same element at once: a broadcast), counting its
-/// expert's pairs and then numbering them: the sorted order is fixed by the rows alone.
-__global__ void __launch_bounds__(plan_threads) moe_plan_kernel(moe_plan_params p) {
+/// Thread e of the block visits, in order, every (row, expert) pair bound for expert e (e <
+/// experts): the pairs go through shared memory a chunk at a time, and every thread reads the
+/// same element at once (a broadcast). All threads of the block must call it (its barriers).
+template <typename Visit>
+__device__ void walk_pairs(const moe_plan_params& p, Visit visit) {
   __shared__ uint32_t buf[plan_chunk];
-  __shared__ uint32_t off_s[moe_max_experts + 1], tile_s[moe_max_experts + 1];
   const uint32_t e = threadIdx.x, pairs = p.rows * p.top_k;
-  const bool mine = e < p.experts;
-  uint32_t count = 0;
   for (uint32_t base = 0; base < pairs; base += plan_chunk) {
     const uint32_t n = min(plan_chunk, pairs - base);
     __syncthreads();
     for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) buf[i] = p.chosen[base + i];
     __syncthreads();
-    if (mine)
-      for (uint32_t i = 0; i < n; ++i) count += buf[i] == e;
+    if (e < p.experts)
+      for (uint32_t i = 0; i < n; ++i)
+        if (buf[i] == e) visit(base + i);
   }
+}
+
+/// One block, a thread per expert: counting its expert's pairs, then (moe_slots_kernel)
+/// numbering them, so the sorted order is fixed by the rows alone.
+__global__ void __launch_bounds__(plan_threads) moe_plan_kernel(moe_plan_params p) {
+  __shared__ uint32_t off_s[moe_max_experts + 1], tile_s[moe_max_experts + 1];
+  const uint32_t e = threadIdx.x;
+  const bool mine = e < p.experts;
+  uint32_t count = 0;
+  walk_pairs(p, [&](uint32_t) { ++count; });
   if (mine) off_s[e] = count;
   __syncthreads();
   if (threadIdx.x == 0) {  // a few hundred experts: a sequential scan costs less than a barrier tree
@@ -338,27 +378,32 @@ __global__ void __launch_bounds__(plan_threads) moe_plan_kernel(moe_plan_params 
 /// The plan's second walk: each pair's place in the sorted order (a second kernel, which starts
 /// once the first kernel's offsets are written).
 __global__ void __launch_bounds__(plan_threads) moe_slots_kernel(moe_plan_params p) {
-  __shared__ uint32_t buf[plan_chunk];
-  const uint32_t e = threadIdx.x, pairs = p.rows * p.top_k;
-  const bool mine = e < p.experts;
-  uint32_t next = mine ? p.offsets[e] : 0;
-  for (uint32_t base = 0; base < pairs; base += plan_chunk) {
-    const uint32_t n = min(plan_chunk, pairs - base);
-    __syncthreads();
-    for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) buf[i] = p.chosen[base + i];
-    __syncthreads();
-    if (mine)
-      for (uint32_t i = 0; i < n; ++i)
-        if (buf[i] == e) {
-          const uint32_t s = next++;
-          p.slot[base + i] = s;
-          p.slot_row[s] = (base + i) / p.top_k;
-        }
-  }
+  uint32_t next = threadIdx.x < p.experts ? p.offsets[threadIdx.x] : 0;
+  walk_pairs(p, [&](uint32_t i) {
+    const uint32_t s = next++;
+    p.slot[i] = s;
+    p.slot_row[s] = i / p.top_k;
+  });
 }
 
 constexpr uint32_t gg_tn = 64, gg_bk = 16, gg_threads = 256;
 constexpr uint32_t gg_skinny_rows = 8, gg_skinny_k = 256;  // a decode step's expert: a few rows
+static_assert(2 * gg_threads / gg_tn == gg_skinny_rows, "the skinny path gives each thread two rows of one column");
+
+/// 16 bytes of weights widened to fp32 (exactly as load_as_float widens each).
+__device__ __forceinline__ void load16(const float* p, float* out) {
+  const float4 v = *reinterpret_cast<const float4*>(p);
+  out[0] = v.x, out[1] = v.y, out[2] = v.z, out[3] = v.w;
+}
+__device__ __forceinline__ void load16(const __nv_bfloat16* p, float* out) {
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  const auto* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(h[i]);
+    out[2 * i] = f.x, out[2 * i + 1] = f.y;
+  }
+}
 
 /// A tile of at most 8 rows (most experts of a decode step): each thread owns one output column
 /// for two of the rows and streams that column's weights once, instead of computing a 64-row
@@ -381,13 +426,28 @@ __device__ void grouped_gemm_skinny(const grouped_gemm_params& p, const T* a, co
       xs[r][kk] = kg < p.k ? load_as_float(a, arow[r] + kg) : 0.0f;
     }
     __syncthreads();
-    if (r0 < nrows)
-      for (uint32_t kk = 0; kk < kn; ++kk) {
-        const uint32_t kg = k0 + kk;
-        const float wv = kg < p.k ? load_as_float(wr, kg) : 0.0f;
-        acc0 = fmaf(xs[r0][kk], wv, acc0);
-        if (r0 + 1 < nrows) acc1 = fmaf(xs[r0 + 1][kk], wv, acc1);
+    if (r0 >= nrows) continue;
+    const bool two = r0 + 1 < nrows;
+    uint32_t kk = 0;
+    // 16-byte weight loads while whole vectors remain (a row starts 16-byte aligned when k is a
+    // multiple of a vector: cudaMalloc'd, rows and experts k values apart); the same fmaf chain.
+    constexpr uint32_t V = 16 / sizeof(T);
+    if (p.k % V == 0)
+      for (; kk + V <= kn && k0 + kk + V <= p.k; kk += V) {
+        float wv[V];
+        load16(wr + k0 + kk, wv);
+#pragma unroll
+        for (uint32_t v = 0; v < V; ++v) {
+          acc0 = fmaf(xs[r0][kk + v], wv[v], acc0);
+          if (two) acc1 = fmaf(xs[r0 + 1][kk + v], wv[v], acc1);
+        }
       }
+    for (; kk < kn; ++kk) {  // the tail, and the zero padding to a multiple of gg_bk
+      const uint32_t kg = k0 + kk;
+      const float wv = kg < p.k ? load_as_float(wr, kg) : 0.0f;
+      acc0 = fmaf(xs[r0][kk], wv, acc0);
+      if (two) acc1 = fmaf(xs[r0 + 1][kk], wv, acc1);
+    }
   }
   if (c >= p.n || r0 >= nrows) return;
   p.y[uint64_t{first + r0} * p.n + c] = acc0;
@@ -517,7 +577,8 @@ int launch_moe_route(const moe_route_params& p, void* stream) {
   if (p.rows == 0) return 0;
   if (p.experts == 0 || p.experts > moe_max_experts || p.top_k == 0 || p.top_k > max_top_k || p.top_k > p.experts ||
       p.method > 2 || (p.method != 0 && (p.n_group == 0 || p.n_group > 64 || p.experts % p.n_group ||
-                                         p.topk_group == 0 || p.topk_group > p.n_group)))
+                                         p.topk_group == 0 || p.topk_group > p.n_group)) ||
+      (p.method == 2 && p.experts / p.n_group < 2))  // noaux_tc scores a group by its best two
     return static_cast<int>(cudaErrorInvalidValue);
   moe_route_kernel<<<(p.rows + route_rows_per_block - 1) / route_rows_per_block, 32 * route_rows_per_block, 0,
                      as_stream(stream)>>>(p);

@@ -85,7 +85,7 @@ constexpr uint32_t mla_max_lora = 1024;    ///< kv_lora_rank at most this (4 out
 constexpr uint32_t mla_max_latent = 1408;  ///< lora + rope at most this (8 heads' queries in 48 KiB of shared memory)
 int launch_latent_attention(const latent_attention_params& p, void* stream);
 
-/// DeepSeek's routing (moe_route, one thread per row, the same steps in the same order): scores
+/// DeepSeek's routing (moe_route, one warp per row, the same steps in the same order): scores
 /// from the router logits (softmax or sigmoid), the method's group limit, top-k with ties to the
 /// lower id, experts written in ascending order with their weights.
 struct moe_route_params {

@@ -287,3 +287,50 @@ TEST_CASE("cuda MoE plan, grouped products and combine equal the CPU executor's 
   const auto alone = run(77, 2);  // rows 77 and 78 without the other 148
   CHECK(std::equal(alone.begin(), alone.end(), all.begin() + 77 * h));
 }
+
+TEST_CASE("cuda grouped products: an expert's few rows (the column-per-thread path) get the bits they get in a full "
+          "tile, in fp32 and bf16, with k past one staging chunk and not a multiple of 16" *
+          doctest::skip(no_gpu) * doctest::test_suite("unverified")) {
+  const uint32_t E = 2, rows = 20, h = 328, n = 140;  // k = 328: two chunks of 256, 16-byte vectors, padding to 336
+  std::vector<uint32_t> chosen(rows);
+  for (uint32_t r = 0; r < rows; ++r) chosen[r] = r % 5 == 0 ? 0 : 1;  // expert 1: 16 rows (a tile); expert 0: 4
+  const auto x = wavy(rows * h, 0.19f, 0.4f), w = wavy(E * n * h, 0.037f, 0.6f, 0.2f);
+  for (bool bf16 : {false, true}) {
+    CAPTURE(bf16);
+    const auto t = bf16 ? cuda::dtype::bf16 : cuda::dtype::f32;
+    const uint32_t tb = bf16 ? 2 : 4;
+    dev_vec xf{x}, wf{w}, xd{x.size() * tb}, wd{w.size() * tb};
+    cuda::launch_convert({xf.ptr, cuda::dtype::f32, xd.ptr, t, x.size()}, nullptr);
+    cuda::launch_convert({wf.ptr, cuda::dtype::f32, wd.ptr, t, w.size()}, nullptr);
+    // Rows [first, first + count) through the plan and the gate|up product; each row's output.
+    auto run = [&](uint32_t first, uint32_t count) {
+      const uint32_t tiles = cuda::moe_max_tiles(count, E);
+      dev_vec dc{std::vector<uint32_t>(chosen.begin() + first, chosen.begin() + first + count)}, slot{count * 4},
+          slot_row{count * 4}, offsets{(E + 1) * 4}, te{tiles * 4}, tf{tiles * 4}, nt{4}, y{uint64_t{count} * n * 4};
+      REQUIRE(cuda::launch_moe_plan({dc.as<uint32_t>(), count, 1, E, slot.as<uint32_t>(), slot_row.as<uint32_t>(),
+                                     offsets.as<uint32_t>(), te.as<uint32_t>(), tf.as<uint32_t>(), nt.as<uint32_t>()},
+                                    nullptr) == 0);
+      const char* a = static_cast<const char*>(xd.ptr) + uint64_t{first} * h * tb;
+      REQUIRE(cuda::launch_grouped_gemm({a, h, slot_row.as<uint32_t>(), wd.ptr, y.as<float>(), offsets.as<uint32_t>(),
+                                         te.as<uint32_t>(), tf.as<uint32_t>(), nt.as<uint32_t>(), tiles, n, h, t},
+                                        nullptr) == 0);
+      const auto slots = slot.get<uint32_t>(count);
+      const auto out = y.get<float>(uint64_t{count} * n);
+      std::vector<std::vector<float>> by_row(count);
+      for (uint32_t r = 0; r < count; ++r) by_row[r].assign(out.begin() + slots[r] * n, out.begin() + (slots[r] + 1) * n);
+      return by_row;
+    };
+    const auto all = run(0, rows);  // expert 1's 16 rows: the tiled path; expert 0's 4: the thin one
+    const auto few = run(6, 7);     // rows 6..12: 1 row of expert 0 and 6 of expert 1, all thin
+    for (uint32_t r = 0; r < 7; ++r) CHECK_MESSAGE(std::equal(few[r].begin(), few[r].end(), all[6 + r].begin()), "row " << 6 + r);
+    const auto xr = bf16 ? through_bf16(x) : x, wr = bf16 ? through_bf16(w) : w;
+    float worst = 0, top = 0;
+    for (uint32_t r = 0; r < rows; ++r) {
+      std::vector<float> want(n);
+      matmul_nt(xr.data() + r * h, 1, h, wr.data() + uint64_t{chosen[r]} * n * h, n, want.data(), nullptr);
+      worst = std::max(worst, max_abs_diff(all[r], want));
+      top = std::max(top, max_abs(want));
+    }
+    CHECK(worst <= 1e-5f * top);  // the same rounded inputs, fp32 sums in another order
+  }
+}

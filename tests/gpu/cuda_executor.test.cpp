@@ -170,6 +170,20 @@ std::vector<std::vector<float>> disaggregated(const hf_model& m, bool bf16, cons
   return out;
 }
 
+/// Disaggregated (prefix shipped at once, or streamed in layer by layer) equals colocated, bit for
+/// bit, over 12 decode steps.
+void same_as_colocated(const hf_model& m, bool bf16, const std::vector<int32_t>& prompt) {
+  auto colo = cuda_exec(m, bf16);
+  const auto c = generate_colocated(*colo, prompt, 12, static_cast<uint32_t>(prompt.size()), {}, true);
+  REQUIRE(c.error.empty());
+  for (int delay : {0, 5}) {
+    CAPTURE(delay);
+    const auto d = disaggregated(m, bf16, prompt, 12, delay);
+    REQUIRE(d.size() == 13);
+    for (size_t i = 0; i < 12; ++i) CHECK_MESSAGE(test::same_bits(d[i], c.step_logits[i]), "step " << i);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("cuda: disaggregated (prefill on one executor, KV through the host pool, decode on another) equals "
@@ -178,15 +192,7 @@ TEST_CASE("cuda: disaggregated (prefill on one executor, KV through the host poo
   const auto prompt = some_prompt(45, m.config.vocab_size);  // 45: the prefix ends inside a page
   for (bool bf16 : {false, true}) {
     CAPTURE(bf16);
-    auto colo = cuda_exec(m, bf16);
-    const auto c = generate_colocated(*colo, prompt, 12, 45, {}, true);
-    REQUIRE(c.error.empty());
-    for (int delay : {0, 5}) {
-      CAPTURE(delay);
-      const auto d = disaggregated(m, bf16, prompt, 12, delay);
-      REQUIRE(d.size() == 13);
-      for (size_t i = 0; i < 12; ++i) CHECK_MESSAGE(test::same_bits(d[i], c.step_logits[i]), "step " << i);
-    }
+    same_as_colocated(m, bf16, prompt);
   }
 }
 
@@ -495,15 +501,7 @@ TEST_CASE("cuda executor, DeepSeek: disaggregated equals colocated bit for bit w
   const auto prompt = some_prompt(45, m.config.vocab_size);
   for (bool bf16 : {false, true}) {
     CAPTURE(bf16);
-    auto colo = cuda_exec(m, bf16);
-    const auto c = generate_colocated(*colo, prompt, 12, 45, {}, true);
-    REQUIRE(c.error.empty());
-    for (int delay : {0, 5}) {
-      CAPTURE(delay);
-      const auto d = disaggregated(m, bf16, prompt, 12, delay);
-      REQUIRE(d.size() == 13);
-      for (size_t i = 0; i < 12; ++i) CHECK_MESSAGE(test::same_bits(d[i], c.step_logits[i]), "step " << i);
-    }
+    same_as_colocated(m, bf16, prompt);
     // Decode steps of sequence 1 alone and beside sequence 2: the experts see other rows, the
     // routing plan changes, the row's bits do not.
     auto e = cuda_exec(m, bf16);

@@ -511,6 +511,27 @@ TEST_CASE("a DeepSeek model directory (experts one tensor each, or fused as tran
     }
 }
 
+TEST_CASE("seeded weights drawn with an expert filter are the whole draw's for the kept experts, bit for bit, and "
+          "empty for the others; everything after the experts is drawn the same") {
+  const auto cfg = deepseek_tiny_config(true);
+  const auto whole = make_seeded_weights(cfg, 9);
+  const expert_filter odd = [](const model_config&, uint32_t layer, uint32_t e) { return (e + layer) % 2 == 1; };
+  const auto part = make_seeded_weights(cfg, 9, odd);
+  for (uint32_t l = 0; l < cfg.num_hidden_layers; ++l) {
+    CAPTURE(l);
+    CHECK(test::same_bits(part.layers[l].wo, whole.layers[l].wo));  // drawn after an earlier layer's experts
+    CHECK(test::same_bits(part.layers[l].router, whole.layers[l].router));
+    REQUIRE(part.layers[l].experts.size() == whole.layers[l].experts.size());
+    for (uint32_t e = 0; e < part.layers[l].experts.size(); ++e) {
+      const bool kept = (e + l) % 2 == 1;
+      CHECK(test::same_bits(part.layers[l].experts[e].down, kept ? whole.layers[l].experts[e].down : std::vector<float>{}));
+      CHECK(test::same_bits(part.layers[l].experts[e].gate, kept ? whole.layers[l].experts[e].gate : std::vector<float>{}));
+    }
+  }
+  CHECK(test::same_bits(part.lm_head, whole.lm_head));  // drawn last
+  CHECK(test::same_bits(part.final_norm, whole.final_norm));
+}
+
 TEST_CASE("an expert-filtered load keeps only the chosen routed experts, bit for bit, and reads nothing else of "
           "theirs; a damaged expert it skips is still refused by name") {
   for (bool fused : {false, true}) {
