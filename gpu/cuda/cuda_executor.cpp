@@ -473,9 +473,11 @@ private:
     const uint32_t max_len = *std::max_element(a.positions.begin(), a.positions.end()) + 1;
     const bool pure_decode = a.flash_tiles.empty() && a.tiles.size() == n;
     const uint32_t split_positions = 512;
-    const uint32_t splits = pure_decode && !cfg_.is_mla() && max_len > split_positions ? (max_len + split_positions - 1) / split_positions : 1;
+    const uint32_t splits = pure_decode && max_len > split_positions ? (max_len + split_positions - 1) / split_positions : 1;
     if (splits > 1 &&
-        !ok(partial_.grow(uint64_t{splits} * n * cfg_.num_attention_heads * (cfg_.head_dim + 2) * 4), "allocate attention partials"))
+        !ok(partial_.grow(uint64_t{splits} * n * cfg_.num_attention_heads *
+                          ((cfg_.is_mla() ? cfg_.mla.kv_lora_rank : cfg_.head_dim) + 2) * 4),
+            "allocate attention partials"))
       return sink.on_failed(job.job_id, "cuda executor: job " + std::to_string(job.job_id) + ": " + err_);
     std::memcpy(args_host_.ptr, bytes.data(), bytes.size());
     auto dev = [&](size_t i) { return static_cast<char*>(args_dev_.ptr) + off[i]; };
@@ -539,7 +541,8 @@ private:
       ok_launch(cuda::launch_rmsnorm_cast({x_.as<float>(), nullptr, w.attn_norm.as<float>(), hn_.ptr, n, h, cfg_.rms_norm_eps, type_}, compute_),
                 "attention norm");
       const cuda::row_args rows{n, reinterpret_cast<uint32_t*>(dev(1)), reinterpret_cast<uint32_t*>(dev(3)),
-                                reinterpret_cast<uint32_t*>(dev(2)), reinterpret_cast<uint64_t*>(dev(9)), ps, pe};
+                                reinterpret_cast<uint32_t*>(dev(2)), reinterpret_cast<uint64_t*>(dev(9)), ps, pe,
+                                splits, split_positions, partial_.as<float>()};
       if (cfg_.is_mla()) {  // the latent is written by write_latent, after any upload into its pages
         if (!a.upload.empty()) ok(cudaStreamWaitEvent(compute_, up_done[l], 0), "wait for the upload");
         ds_->write_latent(l, hn_.ptr, rows, kv_layer(l));

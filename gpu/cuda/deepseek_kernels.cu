@@ -121,13 +121,17 @@ __global__ void __launch_bounds__(la_threads) latent_attention_kernel(latent_att
     m_s[t] = -INFINITY;
     l_s[t] = 0.0f;
   }
-  const uint32_t len = p.positions[row] + 1, ps = p.page_size_tokens;
+  const uint32_t ps = p.page_size_tokens, z = blockIdx.z;
+  // This block's positions: all of [0, pos], or its split's part of them (possibly none).
+  const uint32_t len = p.positions[row] + 1;
+  const uint32_t begin = p.splits > 1 ? min(len, z * p.split_positions) : 0;
+  const uint32_t end = p.splits > 1 ? min(len, begin + p.split_positions) : len;
   const uint32_t* pages = p.page_table + p.row_pages[row];
   const T* kv = static_cast<const T*>(p.kv_layer);
   float acc[HPB][la_dims] = {};
   __syncthreads();
-  for (uint32_t c0 = 0; c0 < len; c0 += la_chunk) {
-    const uint32_t cn = min(la_chunk, len - c0);
+  for (uint32_t c0 = begin; c0 < end; c0 += la_chunk) {
+    const uint32_t cn = min(la_chunk, end - c0);
     if (t < cn) {
       const uint32_t pos = c0 + t;
       off_s[t] = uint64_t{pages[pos / ps]} * p.page_elems + uint64_t{pos % ps} * lat;
@@ -180,6 +184,23 @@ __global__ void __launch_bounds__(la_threads) latent_attention_kernel(latent_att
     }
     __syncthreads();  // the next chunk overwrites off_s and s_s
   }
+  if (p.splits > 1) {  // the partial: unnormalised sums, then the running max and sum
+#pragma unroll
+    for (uint32_t hh = 0; hh < HPB; ++hh) {
+      if (hh >= nh) break;
+      float* part = p.partial + ((uint64_t{z} * p.rows + row) * p.heads + h0 + hh) * (p.lora + 2);
+#pragma unroll
+      for (uint32_t dd = 0; dd < la_dims; ++dd) {
+        const uint32_t d = t + dd * la_threads;
+        if (d < p.lora) part[d] = acc[hh][dd];
+      }
+      if (t == 0) {
+        part[p.lora] = m_s[hh];  // -inf for a range past the row's positions
+        part[p.lora + 1] = l_s[hh];
+      }
+    }
+    return;
+  }
 #pragma unroll
   for (uint32_t hh = 0; hh < HPB; ++hh) {
     if (hh >= nh) break;
@@ -190,6 +211,26 @@ __global__ void __launch_bounds__(la_threads) latent_attention_kernel(latent_att
       const uint32_t d = t + dd * la_threads;
       if (d < p.lora) out[d] = acc[hh][dd] * inv;
     }
+  }
+}
+
+/// One block per (row, head): the splits' partials rescaled to their common max, summed in z
+/// order. A row with one non-empty range gets acc · (1 / l) exactly as unsplit (exp(0) = 1).
+__global__ void latent_merge_kernel(latent_attention_params p) {
+  const uint32_t row = blockIdx.x, head = blockIdx.y, w = p.lora + 2;
+  auto part = [&](uint32_t z) { return p.partial + ((uint64_t{z} * p.rows + row) * p.heads + head) * w; };
+  float mx = -INFINITY;
+  for (uint32_t z = 0; z < p.splits; ++z) mx = fmaxf(mx, part(z)[p.lora]);
+  float l = 0.0f;
+  for (uint32_t z = 0; z < p.splits; ++z)
+    if (part(z)[p.lora] != -INFINITY) l += expf(part(z)[p.lora] - mx) * part(z)[p.lora + 1];
+  const float inv = 1.0f / l;
+  float* out = p.out + (uint64_t{row} * p.heads + head) * p.lora;
+  for (uint32_t d = threadIdx.x; d < p.lora; d += blockDim.x) {
+    float acc = 0.0f;
+    for (uint32_t z = 0; z < p.splits; ++z)
+      if (part(z)[p.lora] != -INFINITY) acc += expf(part(z)[p.lora] - mx) * part(z)[d];
+    out[d] = acc * inv;
   }
 }
 
@@ -564,12 +605,16 @@ int launch_latent_attention(const latent_attention_params& p, void* stream) {
   if (p.rows == 0) return 0;
   const uint32_t lat = p.lora + p.rope;
   if (p.lora == 0 || p.lora > mla_max_lora || lat > mla_max_latent) return static_cast<int>(cudaErrorInvalidValue);
-  const dim3 grid{p.rows, (p.heads + HPB - 1) / HPB};
+  if (p.splits == 0 || (p.splits > 1 && (!p.partial || p.split_positions == 0 || p.split_positions % la_chunk != 0)))
+    return static_cast<int>(cudaErrorInvalidValue);
+  const dim3 grid{p.rows, (p.heads + HPB - 1) / HPB, p.splits};
   const uint32_t smem = HPB * lat * 4;
+  auto s = as_stream(stream);
   if (p.type == dtype::f32)
-    latent_attention_kernel<float><<<grid, la_threads, smem, as_stream(stream)>>>(p);
+    latent_attention_kernel<float><<<grid, la_threads, smem, s>>>(p);
   else
-    latent_attention_kernel<__nv_bfloat16><<<grid, la_threads, smem, as_stream(stream)>>>(p);
+    latent_attention_kernel<__nv_bfloat16><<<grid, la_threads, smem, s>>>(p);
+  if (p.splits > 1) latent_merge_kernel<<<dim3{p.rows, p.heads}, 128, 0, s>>>(p);
   return last_error();
 }
 

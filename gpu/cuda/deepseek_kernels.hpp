@@ -66,6 +66,10 @@ int launch_head_gemv(const head_gemv_params& p, void* stream);
 /// the output the softmax-weighted sum of the latents' first `lora` values (before W_UV).
 /// Heads of a row are taken mla_heads_per_block at a time, so each cached latent is read once
 /// per block, not once per head. A row's result does not depend on its batch.
+/// Long decodes split their positions (splits > 1): block z takes positions [z·split_positions,
+/// (z + 1)·split_positions) and leaves a partial softmax that a second kernel merges in z order.
+/// The ranges depend on positions alone, and a row within the first range gets the bits it gets
+/// unsplit.
 struct latent_attention_params {
   const float* q_lat;          ///< device, [rows][heads][lora + rope] fp32
   const void* kv_layer;        ///< device, this layer's KV base, `type` elements (one plane)
@@ -79,6 +83,9 @@ struct latent_attention_params {
   uint64_t page_elems;         ///< elements per page (page_size_tokens · (lora + rope))
   float scale;                 ///< the softmax scale (attention_softmax_scale)
   dtype type;
+  uint32_t splits = 1;            ///< position ranges per row (1: none)
+  uint32_t split_positions = 0;   ///< positions per range, a multiple of 32 (splits > 1)
+  float* partial = nullptr;       ///< device, splits > 1: [splits][rows][heads][lora + 2] scratch
 };
 constexpr uint32_t mla_heads_per_block = 8;
 constexpr uint32_t mla_max_lora = 1024;    ///< kv_lora_rank at most this (4 output values per thread)

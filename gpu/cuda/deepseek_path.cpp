@@ -194,7 +194,8 @@ void deepseek_path::attend(uint32_t l, const row_args& a, const void* kv_layer, 
                             s_.stream),
            "absorb W_UK");
   s_.check(launch_latent_attention({q_lat_.as<float>(), kv_layer, a.positions, a.page_table, a.row_pages, o_lat_.as<float>(),
-                                    n, H, m.kv_lora_rank, m.qk_rope_head_dim, a.page_size_tokens, a.page_elems, scale_, type_},
+                                    n, H, m.kv_lora_rank, m.qk_rope_head_dim, a.page_size_tokens, a.page_elems, scale_, type_,
+                                    a.splits, a.split_positions, a.partial},
                                    s_.stream),
            "latent attention");
   s_.check(launch_head_gemv({o_lat_.as<float>(), uint64_t{H} * m.kv_lora_rank, m.kv_lora_rank, d.w_uv.ptr, type_, attn_out,

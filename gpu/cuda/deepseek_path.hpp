@@ -43,7 +43,10 @@ struct row_args {
   const uint32_t* row_pages;
   const uint64_t* kv_slot;
   uint32_t page_size_tokens;
-  uint64_t page_elems;  ///< elements per page of a layer
+  uint64_t page_elems;       ///< elements per page of a layer
+  uint32_t splits;           ///< a long decode's position ranges per row (latent_attention_params)
+  uint32_t split_positions;
+  float* partial;            ///< splits > 1: [splits][rows][heads][kv_lora_rank + 2]
 };
 
 class deepseek_path {

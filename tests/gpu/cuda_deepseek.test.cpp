@@ -117,7 +117,7 @@ TEST_CASE("cuda head_gemv: per-head products equal the dot products, the same bi
 }
 
 TEST_CASE("cuda latent attention equals latent_attention_ref for every head of rows at many positions, heads not a "
-          "multiple of a block's eight" * doctest::skip(no_gpu) * doctest::test_suite("unverified")) {
+          "multiple of a block's eight; split over position ranges, a row within the first range keeps its bits" * doctest::skip(no_gpu) * doctest::test_suite("unverified")) {
   const uint32_t heads = 12, lora = 64, rope = 16, lat = lora + rope, ps = 16, num_pages = 12;
   const uint64_t page_elems = uint64_t{ps} * lat;
   const auto kv = wavy(num_pages * page_elems, 0.013f, 0.4f);
@@ -150,6 +150,24 @@ TEST_CASE("cuda latent attention equals latent_attention_ref for every head of r
       }
     MESSAGE("latent attention, bf16 " << bf16 << ": max |diff| " << worst);
     CHECK(worst <= 1e-5f);  // the same inputs (bf16 KV rounded for the reference too), fp32 sums
+    // Split into ranges of 64 positions (a long decode's grid): rows within the first range give
+    // the unsplit bits; the row at 95 spans two ranges and is merged.
+    dev_vec split_out{uint64_t{rows} * heads * lora * 4}, partial{uint64_t{2} * rows * heads * (lora + 2) * 4};
+    cuda::latent_attention_params sp{dq.as<float>(), bf16 ? dkvb.ptr : dkv.ptr, dpos.as<uint32_t>(), dtable.as<uint32_t>(),
+                                     drp.as<uint32_t>(), split_out.as<float>(), rows, heads, lora, rope, ps, page_elems,
+                                     scale, bf16 ? cuda::dtype::bf16 : cuda::dtype::f32, 2, 64, partial.as<float>()};
+    REQUIRE(cuda::launch_latent_attention(sp, nullptr) == 0);
+    const auto split = split_out.get<float>(uint64_t{rows} * heads * lora);
+    for (uint32_t r = 0; r < rows; ++r) {
+      CAPTURE(r);
+      const auto first = got.begin() + r * heads * lora, last = first + heads * lora;
+      if (positions[r] < 64)
+        CHECK(std::equal(first, last, split.begin() + r * heads * lora));
+      else
+        CHECK(max_abs_diff(std::vector<float>(first, last),
+                           std::vector<float>(split.begin() + r * heads * lora, split.begin() + (r + 1) * heads * lora)) <=
+              1e-5f);
+    }
   }
 }
 
