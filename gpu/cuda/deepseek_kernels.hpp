@@ -64,8 +64,8 @@ int launch_head_gemv(const head_gemv_params& p, void* stream);
 /// Attention of every head of a row over the row's own sequence's latents, positions [0, pos]:
 /// scores are the latent query (lora + rope values) against each cached latent times `scale`,
 /// the output the softmax-weighted sum of the latents' first `lora` values (before W_UV).
-/// Heads of a row are taken mla_heads_per_block at a time, so each cached latent is read once
-/// per block, not once per head. A row's result does not depend on its batch.
+/// Heads of a row are taken mla_heads_per_block at a time, so the weighted sum reads each cached
+/// latent once per block, not once per head (the scores still read it per head, from cache). A row's result does not depend on its batch.
 /// Long decodes split their positions (splits > 1): block z takes positions [z·split_positions,
 /// (z + 1)·split_positions) and leaves a partial softmax that a second kernel merges in z order.
 /// The ranges depend on positions alone, and a row within the first range gets the bits it gets
