@@ -17,6 +17,8 @@
 #include <nlohmann/json.hpp>
 
 #include "gpu/cpu_executor.hpp"
+#include "gpu/cuda_executor.hpp"
+#include "transport/all_to_all.hpp"
 #include "gpu/expert_parallel.hpp"
 #include "gpu/hf_export.hpp"
 #include "gpu/hf_model.hpp"
@@ -580,4 +582,30 @@ TEST_CASE("an expert-filtered load keeps only the chosen routed experts, bit for
     CHECK_MESSAGE(why.find("tensor " + bad + " has shape") != std::string::npos, why);
     std::filesystem::remove_all(dir);
   }
+}
+
+TEST_CASE("the CUDA executor refuses a DeepSeek shape its kernels cannot take, naming the field, before it looks "
+          "for a device; and expert parallelism on it, naming why") {
+  auto big = deepseek_tiny_config(true);
+  big.moe.n_routed_experts = 1024;  // past the routing kernel's 512
+  big.moe.n_group = 8;
+  std::string why;
+  CHECK(make_cuda_executor(big, nullptr, {.random_weights_seed = 1}, &why) == nullptr);
+#ifdef BATON_HAVE_CUDA
+  CHECK_MESSAGE(why.find("n_routed_experts 1024 is beyond the CUDA kernels' 512") != std::string::npos, why);
+  auto wide = deepseek_tiny_config(false);
+  wide.mla.kv_lora_rank = 2048;
+  CHECK(make_cuda_executor(wide, nullptr, {.random_weights_seed = 1}, &why) == nullptr);
+  CHECK_MESSAGE(why.find("kv_lora_rank 2048") != std::string::npos, why);
+#else
+  CHECK_MESSAGE(why.find("this build has no CUDA backend") != std::string::npos, why);
+#endif
+  // Expert parallelism's dispatch is the CPU executor's: a CUDA rank in a group refuses its jobs.
+  const auto cfg = deepseek_tiny_config(true);
+  cpu_executor_config pool;
+  pool.peers = nullptr;
+  pool.experts = std::make_shared<expert_group>(nullptr, nullptr, 2);
+  auto exec = make_backend_executor({.kind = "cuda"}, cfg, std::make_shared<const model_weights>(make_seeded_weights(cfg, 3)), pool);
+  const auto out = run_blocking(*exec, {1, {{1, {1, 2}, 0, *exec->kv().kv_page_alloc(1), true}}});
+  CHECK_MESSAGE(out.error.find("expert parallelism runs on the CPU executor only so far") != std::string::npos, out.error);
 }
