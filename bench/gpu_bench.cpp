@@ -603,12 +603,14 @@ void decode_mirror_bench(bool quick) {
         fmt("%.2f ms", got["slot by slot"].first), fmt("no mirror %.2f ms", off));
 }
 
-/// A DeepSeek-V3-shaped decode step (issue 14's CUDA path): V3's widths, 128 heads of latent
-/// attention and 256 routed experts, but 3 layers (1 dense, 2 MoE) so the weights fit one GPU,
-/// random bf16 weights. The floor reads every non-expert weight, the experts a batch is expected
-/// to touch under uniform routing (E·(1 − (1 − k/E)^B) per MoE layer: random weights route
-/// about uniformly; the group limit is ignored) and the batch's latents.
-void deepseek_decode_bench(bool quick, double read_bw_gbps) {
+/// A DeepSeek-V3-shaped decode step and prefill (issue 14's CUDA path): V3's widths, 128 heads of
+/// latent attention and 256 routed experts, but 3 layers (1 dense, 2 MoE) so the weights fit one
+/// GPU, random bf16 weights. The decode floor reads every non-expert weight, the experts a batch
+/// is expected to touch under uniform routing (E·(1 − (1 − k/E)^B) per MoE layer: random
+/// weights route about uniformly; the group limit is ignored) and the batch's latents. Prefill
+/// is priced by its matrix products over the active parameters (2 FLOP each per token, attention
+/// scores excluded) against the same run's cuBLAS rate.
+void deepseek_bench(bool quick, double read_bw_gbps, double gemm_rate) {
   const uint32_t ps = 16, ctx = 1024, per = ctx / ps + 1;
   std::vector<uint32_t> batches = quick ? std::vector<uint32_t>{1, 32} : std::vector<uint32_t>{1, 8, 32, 128};
   auto cfg = deepseek_v3_config();
@@ -617,7 +619,7 @@ void deepseek_decode_bench(bool quick, double read_bw_gbps) {
   cuda_executor_config ec;
   ec.num_kv_pages = batches.back() * per;
   ec.page_size_tokens = ps;
-  ec.max_batch_tokens = 256;
+  ec.max_batch_tokens = quick ? 1024 : 4096;  // the prefills below
   ec.random_weights_seed = 14;
   ec.host_pool = false;
   ec.mirror_to_host = false;
@@ -666,6 +668,31 @@ void deepseek_decode_bench(bool quick, double read_bw_gbps) {
     json << "{\"bench\":\"deepseek_decode\",\"batch\":" << b << ",\"ctx\":" << ctx << ",\"step_ms\":" << ms
          << ",\"floor_ms\":" << floor << "}\n";
   }
+  // Prefill from scratch: one sequence of n tokens in one job.
+  // Bytes of weights every token goes through (the LM head only for the last one: left out).
+  const double active = fixed - 2.0 * cfg.vocab_size * cfg.hidden_size + moe_layers * m.num_experts_per_tok * expert_bytes;
+  for (uint32_t n : quick ? std::vector<uint32_t>{1024} : std::vector<uint32_t>{1024, 4096}) {
+    forward_job job{2, {}, forward_job::prefill};
+    std::vector<int32_t> tokens(n);
+    for (uint32_t i = 0; i < n; ++i) tokens[i] = static_cast<int32_t>(i % 1000);
+    job.seqs.push_back(forward_seq{1, tokens, 0, std::vector<uint32_t>(pages.begin(), pages.begin() + n / ps + 1), false});
+    job.seqs.back().sample = seq_sampling{{}, n, {}};
+    std::vector<double> t;
+    for (int i = 0; i < 3; ++i) {
+      const auto s0 = std::chrono::steady_clock::now();
+      const auto r = run_blocking(*e, job);
+      if (!r.error.empty()) {
+        std::printf("  prefill %u: failed: %s\n", n, r.error.c_str());
+        return;
+      }
+      if (i >= 1) t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count());
+    }
+    const double ms = median(t), tflops = active / 2 * 2 * n / (ms * 1e-3) / 1e12;  // bf16: bytes / 2 parameters
+    std::printf("  prefill %u tokens: %.1f ms, %.1f TFLOP/s over the active parameters' products\n", n, ms, tflops);
+    row("DeepSeek-V3 shape (3 layers) prefill " + std::to_string(n) + " tokens", fmt("%.1f TFLOP/s", tflops) + fmt(" (%.0f ms)", ms),
+        fmt("cuBLAS bf16 GEMM %.0f TFLOP/s", gemm_rate) + fmt(" (%.0f%%)", 100.0 * tflops / gemm_rate));
+    json << "{\"bench\":\"deepseek_prefill\",\"tokens\":" << n << ",\"ms\":" << ms << ",\"tflops\":" << tflops << "}\n";
+  }
 }
 
 }  // namespace
@@ -707,7 +734,7 @@ int main(int argc, char** argv) {
   gemv_bench(quick, rd);
   decode_and_prefill_bench(quick, rd, gemm);
   decode_mirror_bench(quick);
-  deepseek_decode_bench(quick, rd);
+  deepseek_bench(quick, rd, gemm);
   invariant_gemm_bench(quick);
   std::printf("\n| %-58s | %-30s | %-40s |\n", "measure", "value", "against");
   for (const auto& r : summary) std::printf("%s\n", r.c_str());
