@@ -23,6 +23,22 @@ int last_error() { return static_cast<int>(cudaGetLastError()); }
 
 // ---- MLA ------------------------------------------------------------------------------------
 
+/// 16 bytes of weights widened to fp32 (exactly as load_as_float widens each).
+__device__ __forceinline__ void load16(const float* p, float* out) {
+  const float4 v = *reinterpret_cast<const float4*>(p);
+  out[0] = v.x, out[1] = v.y, out[2] = v.z, out[3] = v.w;
+}
+__device__ __forceinline__ void load16(const __nv_bfloat16* p, float* out) {
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  const auto* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(h[i]);
+    out[2 * i] = f.x, out[2 * i + 1] = f.y;
+  }
+}
+
+
 /// One block per row: normalise the compressed KV, rotate the shared key and every head's RoPE
 /// query part, then store the latent (compressed KV | rotated key) into the row's slot.
 template <typename T>
@@ -58,7 +74,8 @@ constexpr uint32_t gemv_tile_max = 8;  // rows per block of head_gemv
 constexpr uint32_t gemv_threads = 256;
 
 /// Grid (row tiles, heads, column groups); one warp per output column at a time, its lanes
-/// striding the input, then a butterfly sum: a row's result is the same in any tile.
+/// striding the input (16 bytes of weights a load where rows allow), then a butterfly sum: a
+/// row's result is the same in any tile.
 template <typename TW, typename TY>
 __global__ void __launch_bounds__(gemv_threads) head_gemv_kernel(head_gemv_params p, uint32_t tile) {
   extern __shared__ float xs[];  // [tile][in_dim]
@@ -74,11 +91,24 @@ __global__ void __launch_bounds__(gemv_threads) head_gemv_kernel(head_gemv_param
   for (uint32_t j = blockIdx.z * warps + warp; j < p.out_dim; j += warps * gridDim.z) {
     const TW* wr = w + uint64_t{j} * p.in_dim;
     float acc[gemv_tile_max] = {};
-    for (uint32_t i = lane; i < p.in_dim; i += 32) {
-      const float wv = load_as_float(wr, i);
+    constexpr uint32_t V = 16 / sizeof(TW);
+    if (p.in_dim % V == 0) {  // 16-byte loads: every weight row starts aligned (cudaMalloc'd, in_dim apart)
+      for (uint32_t i = lane * V; i < p.in_dim; i += 32 * V) {
+        float wv[V];
+        load16(wr + i, wv);
 #pragma unroll
-      for (uint32_t rr = 0; rr < gemv_tile_max; ++rr)
-        if (rr < nr) acc[rr] = fmaf(wv, xs[rr * p.in_dim + i], acc[rr]);
+        for (uint32_t v = 0; v < V; ++v)
+#pragma unroll
+          for (uint32_t rr = 0; rr < gemv_tile_max; ++rr)
+            if (rr < nr) acc[rr] = fmaf(wv[v], xs[rr * p.in_dim + i + v], acc[rr]);
+      }
+    } else {
+      for (uint32_t i = lane; i < p.in_dim; i += 32) {
+        const float wv = load_as_float(wr, i);
+#pragma unroll
+        for (uint32_t rr = 0; rr < gemv_tile_max; ++rr)
+          if (rr < nr) acc[rr] = fmaf(wv, xs[rr * p.in_dim + i], acc[rr]);
+      }
     }
 #pragma unroll
     for (uint32_t rr = 0; rr < gemv_tile_max; ++rr) {
@@ -430,21 +460,6 @@ __global__ void __launch_bounds__(plan_threads) moe_slots_kernel(moe_plan_params
 constexpr uint32_t gg_tn = 64, gg_bk = 16, gg_threads = 256;
 constexpr uint32_t gg_skinny_rows = 8, gg_skinny_k = 256;  // a decode step's expert: a few rows
 static_assert(2 * gg_threads / gg_tn == gg_skinny_rows, "the skinny path gives each thread two rows of one column");
-
-/// 16 bytes of weights widened to fp32 (exactly as load_as_float widens each).
-__device__ __forceinline__ void load16(const float* p, float* out) {
-  const float4 v = *reinterpret_cast<const float4*>(p);
-  out[0] = v.x, out[1] = v.y, out[2] = v.z, out[3] = v.w;
-}
-__device__ __forceinline__ void load16(const __nv_bfloat16* p, float* out) {
-  const uint4 u = *reinterpret_cast<const uint4*>(p);
-  const auto* h = reinterpret_cast<const __nv_bfloat162*>(&u);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __bfloat1622float2(h[i]);
-    out[2 * i] = f.x, out[2 * i + 1] = f.y;
-  }
-}
 
 /// A tile of at most 8 rows (most experts of a decode step): each thread owns one output column
 /// for two of the rows and streams that column's weights once, instead of computing a 64-row
