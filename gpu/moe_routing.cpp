@@ -3,26 +3,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "gpu/moe_topk.hpp"
+
 namespace baton::gpu {
-
-namespace {
-
-/// Indices of the k largest of v[0..n), best first; lower index first among equals.
-void top_k(const float* v, uint32_t n, uint32_t k, uint32_t* out) {
-  // n is small (experts or groups, hundreds at most): a partial selection sort keeps it simple
-  // and allocation-free.
-  for (uint32_t j = 0; j < k; ++j) {
-    uint32_t best = n;
-    for (uint32_t i = 0; i < n; ++i) {
-      bool taken = false;
-      for (uint32_t p = 0; p < j; ++p) taken = taken || out[p] == i;
-      if (!taken && (best == n || v[i] > v[best])) best = i;
-    }
-    out[j] = best;
-  }
-}
-
-}  // namespace
 
 void moe_route(const model_config::moe_t& m, const float* logits, const float* bias, uint32_t* experts,
                float* weights, float* scratch) {
@@ -49,7 +32,7 @@ void moe_route(const model_config::moe_t& m, const float* logits, const float* b
       const float* c = choice + g * per;
       if (noaux) {  // sum of the group's two best
         uint32_t two[2];
-        top_k(c, per, 2, two);
+        top_k_indices(c, per, 2, two);
         group_score[g] = c[two[0]] + c[two[1]];
       } else {  // group_limited_greedy: the group's best
         group_score[g] = *std::max_element(c, c + per);
@@ -57,13 +40,13 @@ void moe_route(const model_config::moe_t& m, const float* logits, const float* b
     }
     uint32_t chosen[model_config::max_expert_groups];
     const uint32_t tg = m.topk_group;
-    top_k(group_score, m.n_group, tg, chosen);
+    top_k_indices(group_score, m.n_group, tg, chosen);
     // Experts of groups not chosen score 0, not -inf, exactly as the reference implementations
     // mask them: with negative biased scores a masked expert can still win.
     for (uint32_t g = 0; g < m.n_group; ++g)
       if (std::find(chosen, chosen + tg, g) == chosen + tg) std::fill_n(choice + g * per, per, 0.0f);
   }
-  top_k(choice, n, k, experts);
+  top_k_indices(choice, n, k, experts);
   std::sort(experts, experts + k);
   float sum = 0.0f;
   for (uint32_t j = 0; j < k; ++j) sum += weights[j] = scores[experts[j]];

@@ -11,6 +11,7 @@
 
 #include "gpu/cuda/deepseek_kernels.hpp"
 #include "gpu/cuda/row_math.cuh"
+#include "gpu/moe_topk.hpp"
 
 namespace baton::gpu::cuda {
 
@@ -268,20 +269,7 @@ __global__ void latent_merge_kernel(latent_attention_params p) {
 
 constexpr uint32_t max_top_k = 32;
 
-/// Indices of the k largest of v[0..n), best first, the lower index among equals (moe_routing.cpp).
-__device__ void top_k_of(const float* v, uint32_t n, uint32_t k, uint32_t* out) {
-  for (uint32_t j = 0; j < k; ++j) {
-    uint32_t best = n;
-    for (uint32_t i = 0; i < n; ++i) {
-      bool taken = false;
-      for (uint32_t q = 0; q < j; ++q) taken = taken || out[q] == i;
-      if (!taken && (best == n || v[i] > v[best])) best = i;
-    }
-    out[j] = best;
-  }
-}
-
-/// top_k_of with a whole warp (out in shared memory): each lane takes every 32nd value in the
+/// top_k_indices with a whole warp (out in shared memory): each lane takes every 32nd value in the
 /// same rule, then a butterfly keeps the larger value, the lower index among equals. Without
 /// NaNs that is the sequential pick, so the experts chosen are the same.
 __device__ void top_k_warp(const float* v, uint32_t n, uint32_t k, uint32_t* out) {
@@ -356,7 +344,7 @@ __global__ void __launch_bounds__(32 * route_rows_per_block) moe_route_kernel(mo
       const float* c = choice + g * per;
       if (noaux) {
         uint32_t two[2];
-        top_k_of(c, per, 2, two);
+        top_k_indices(c, per, 2, two);
         group_score[g] = c[two[0]] + c[two[1]];
       } else {
         float best = c[0];
@@ -365,7 +353,7 @@ __global__ void __launch_bounds__(32 * route_rows_per_block) moe_route_kernel(mo
       }
     }
     uint32_t* chosen_groups = groups_s[warp];
-    top_k_of(group_score, p.n_group, p.topk_group, chosen_groups);
+    top_k_indices(group_score, p.n_group, p.topk_group, chosen_groups);
     for (uint32_t g = 0; g < p.n_group; ++g) {
       bool kept = false;
       for (uint32_t i = 0; i < p.topk_group; ++i) kept = kept || chosen_groups[i] == g;
