@@ -646,52 +646,60 @@ void deepseek_bench(bool quick, double read_bw_gbps, double gemm_rate) {
               "ctx %u; HBM read ceiling %.0f GB/s\n",
               x->weight_bytes() / 1e9, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), ctx,
               read_bw_gbps);
-  for (uint32_t b : batches) {
-    const auto job = decode_job(pages, b, ctx, ps);
-    std::vector<double> t;
-    for (int i = 0; i < (quick ? 3 : 6); ++i) {
-      const auto s0 = std::chrono::steady_clock::now();
-      const auto r = run_blocking(*e, job);
-      if (!r.error.empty()) {
-        std::printf("  batch %u: the step failed: %s\n", b, r.error.c_str());
-        return;
+  // The routed experts' grouped products on CUDA cores, then on the tensor cores
+  // (cuda_executor_config::moe_tensor_cores, off by default until verified).
+  for (bool tc : {false, true}) {
+    x->set_moe_tensor_cores(tc);
+    const std::string how = tc ? ", experts on tensor cores" : ", experts on CUDA cores";
+    std::printf("%s\n", how.c_str() + 2);
+    for (uint32_t b : batches) {
+      const auto job = decode_job(pages, b, ctx, ps);
+      std::vector<double> t;
+      for (int i = 0; i < (quick ? 3 : 6); ++i) {
+        const auto s0 = std::chrono::steady_clock::now();
+        const auto r = run_blocking(*e, job);
+        if (!r.error.empty()) {
+          std::printf("  batch %u: the step failed: %s\n", b, r.error.c_str());
+          return;
+        }
+        if (i >= 2) t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count());
       }
-      if (i >= 2) t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count());
+      const double touched = m.n_routed_experts * (1.0 - std::pow(1.0 - double(m.num_experts_per_tok) / m.n_routed_experts, b));
+      const double bytes = fixed + moe_layers * touched * expert_bytes + 2.0 * b * (ctx + 1) * cfg.kv_dim() * cfg.num_hidden_layers;
+      const double floor = bytes / (read_bw_gbps * 1e9) * 1e3, ms = median(t);
+      std::printf("  batch %4u: step %.2f ms, floor %.2f ms (%.1fx), experts touched per MoE layer ~%.0f\n", b, ms, floor,
+                  ms / floor, touched);
+      row("DeepSeek-V3 shape (3 layers) decode, batch " + std::to_string(b) + " ctx 1K" + how, fmt("%.2f ms", ms),
+          fmt("HBM floor %.2f ms", floor) + fmt(" (%.1fx)", ms / floor));
+      json << "{\"bench\":\"deepseek_decode\",\"tensor_cores\":" << tc << ",\"batch\":" << b << ",\"ctx\":" << ctx << ",\"step_ms\":" << ms
+           << ",\"floor_ms\":" << floor << "}\n";
     }
-    const double touched = m.n_routed_experts * (1.0 - std::pow(1.0 - double(m.num_experts_per_tok) / m.n_routed_experts, b));
-    const double bytes = fixed + moe_layers * touched * expert_bytes + 2.0 * b * (ctx + 1) * cfg.kv_dim() * cfg.num_hidden_layers;
-    const double floor = bytes / (read_bw_gbps * 1e9) * 1e3, ms = median(t);
-    std::printf("  batch %4u: step %.2f ms, floor %.2f ms (%.1fx), experts touched per MoE layer ~%.0f\n", b, ms, floor,
-                ms / floor, touched);
-    row("DeepSeek-V3 shape (3 layers) decode, batch " + std::to_string(b) + " ctx 1K", fmt("%.2f ms", ms),
-        fmt("HBM floor %.2f ms", floor) + fmt(" (%.1fx)", ms / floor));
-    json << "{\"bench\":\"deepseek_decode\",\"batch\":" << b << ",\"ctx\":" << ctx << ",\"step_ms\":" << ms
-         << ",\"floor_ms\":" << floor << "}\n";
-  }
-  // Prefill from scratch: one sequence of n tokens in one job.
-  // Bytes of weights every token goes through (the LM head only for the last one: left out).
-  const double active = fixed - 2.0 * cfg.vocab_size * cfg.hidden_size + moe_layers * m.num_experts_per_tok * expert_bytes;
-  for (uint32_t n : quick ? std::vector<uint32_t>{1024} : std::vector<uint32_t>{1024, 4096}) {
-    forward_job job{2, {}, forward_job::prefill};
-    std::vector<int32_t> tokens(n);
-    for (uint32_t i = 0; i < n; ++i) tokens[i] = static_cast<int32_t>(i % 1000);
-    job.seqs.push_back(forward_seq{1, tokens, 0, std::vector<uint32_t>(pages.begin(), pages.begin() + n / ps + 1), false});
-    job.seqs.back().sample = seq_sampling{{}, n, {}};
-    std::vector<double> t;
-    for (int i = 0; i < 3; ++i) {
-      const auto s0 = std::chrono::steady_clock::now();
-      const auto r = run_blocking(*e, job);
-      if (!r.error.empty()) {
-        std::printf("  prefill %u: failed: %s\n", n, r.error.c_str());
-        return;
+    // Prefill from scratch: one sequence of n tokens in one job.
+    // Bytes of weights every token goes through (the LM head only for the last one: left out).
+    const double active = fixed - 2.0 * cfg.vocab_size * cfg.hidden_size + moe_layers * m.num_experts_per_tok * expert_bytes;
+    for (uint32_t n : quick ? std::vector<uint32_t>{1024} : std::vector<uint32_t>{1024, 4096}) {
+      forward_job job{2, {}, forward_job::prefill};
+      std::vector<int32_t> tokens(n);
+      for (uint32_t i = 0; i < n; ++i) tokens[i] = static_cast<int32_t>(i % 1000);
+      job.seqs.push_back(forward_seq{1, tokens, 0, std::vector<uint32_t>(pages.begin(), pages.begin() + n / ps + 1), false});
+      job.seqs.back().sample = seq_sampling{{}, n, {}};
+      std::vector<double> t;
+      for (int i = 0; i < 3; ++i) {
+        const auto s0 = std::chrono::steady_clock::now();
+        const auto r = run_blocking(*e, job);
+        if (!r.error.empty()) {
+          std::printf("  prefill %u: failed: %s\n", n, r.error.c_str());
+          return;
+        }
+        if (i >= 1) t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count());
       }
-      if (i >= 1) t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count());
+      const double ms = median(t), tflops = active / 2 * 2 * n / (ms * 1e-3) / 1e12;  // bf16: bytes / 2 parameters
+      std::printf("  prefill %u tokens: %.1f ms, %.1f TFLOP/s over the active parameters' products\n", n, ms, tflops);
+      row("DeepSeek-V3 shape (3 layers) prefill " + std::to_string(n) + " tokens" + how,
+          fmt("%.1f TFLOP/s", tflops) + fmt(" (%.0f ms)", ms),
+          fmt("cuBLAS bf16 GEMM %.0f TFLOP/s", gemm_rate) + fmt(" (%.0f%%)", 100.0 * tflops / gemm_rate));
+      json << "{\"bench\":\"deepseek_prefill\",\"tensor_cores\":" << tc << ",\"tokens\":" << n << ",\"ms\":" << ms << ",\"tflops\":" << tflops << "}\n";
     }
-    const double ms = median(t), tflops = active / 2 * 2 * n / (ms * 1e-3) / 1e12;  // bf16: bytes / 2 parameters
-    std::printf("  prefill %u tokens: %.1f ms, %.1f TFLOP/s over the active parameters' products\n", n, ms, tflops);
-    row("DeepSeek-V3 shape (3 layers) prefill " + std::to_string(n) + " tokens", fmt("%.1f TFLOP/s", tflops) + fmt(" (%.0f ms)", ms),
-        fmt("cuBLAS bf16 GEMM %.0f TFLOP/s", gemm_rate) + fmt(" (%.0f%%)", 100.0 * tflops / gemm_rate));
-    json << "{\"bench\":\"deepseek_prefill\",\"tokens\":" << n << ",\"ms\":" << ms << ",\"tflops\":" << tflops << "}\n";
   }
 }
 

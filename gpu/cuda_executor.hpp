@@ -55,6 +55,10 @@ struct cuda_executor_config {
   /// (mirror_rows on, or no mirror) and without record_timeline. Off until its conformance case
   /// (suite "unverified") has passed on the H200: it was written without a GPU.
   bool cuda_graphs = false;
+  /// DeepSeek's routed experts' grouped products on the tensor cores (bf16; see
+  /// cuda::grouped_gemm_params::tensor_cores). Off until its conformance cases (suite
+  /// "unverified") have passed on the H200: it was written without a GPU.
+  bool moe_tensor_cores = false;
 
   std::string validate() const;
 };
@@ -88,6 +92,8 @@ public:
   virtual bool mirrors_rows() const = 0;
   /// The same for cuda_executor_config::cuda_graphs, and how many jobs ran as a graph launch.
   virtual void set_cuda_graphs(bool on) = 0;
+  /// The same for cuda_executor_config::moe_tensor_cores.
+  virtual void set_moe_tensor_cores(bool on) = 0;
   virtual uint64_t graph_replays() const = 0;
   /// Turns record_timeline off and on again (on only if the executor started with it); graphs
   /// need it off.

@@ -172,8 +172,10 @@ public:
         !ok(gu_.grow(std::max<uint64_t>(R * 2 * f * 4, 16)), "allocate activations") ||
         !ok(act_.grow(std::max<uint64_t>(R * f * tb, 16)), "allocate activations"))
       return err_;
-    if (ds_)
+    if (ds_) {
       if (auto e = ds_->reserve(ecfg_.max_batch_tokens); !e.empty()) return e;
+      ds_->set_tensor_cores(ecfg_.moe_tensor_cores);
+    }
     if (!ok(cudaDeviceSynchronize(), "initialise")) return err_;
     jobs_.start([this](const forward_job& job) { return check_forward_job(job, cfg_, kv_.layout()); },
                 [this](const forward_job& job, executor_sink& sink) { run_job(job, sink); },
@@ -214,6 +216,10 @@ public:
   void set_flash_attention(bool on) override { ecfg_.flash_attention = on; }
   void set_mirror_rows(bool on) override { ecfg_.mirror_rows = on; }
   void set_cuda_graphs(bool on) override { ecfg_.cuda_graphs = on; }
+  void set_moe_tensor_cores(bool on) override {
+    ecfg_.moe_tensor_cores = on;
+    if (ds_) ds_->set_tensor_cores(on);
+  }
   void set_record_timeline(bool on) override { ecfg_.record_timeline = on && timeline_events_; }
   uint64_t graph_replays() const override { return replays_.load(std::memory_order_relaxed); }
   bool mirrors_rows() const override { return ecfg_.mirror_rows && host_dev_; }

@@ -558,6 +558,82 @@ __global__ void __launch_bounds__(gg_threads) grouped_gemm_kernel(grouped_gemm_p
     }
 }
 
+constexpr uint32_t tc_k = 64, tc_threads = 128;  // k per stage; 4 warps of 16 rows
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/// The grouped product on the tensor cores (bf16, k and a's stride multiples of 8): one block per
+/// (plan tile, 64 columns), warp w computes rows 16w .. 16w + 15 of the tile (warps past the
+/// tile's rows only stage). A and W go through shared memory 64 k at a time in 16-byte pieces
+/// (zeros past the rows, the columns and k); m16n8k16: A row-major from the staged rows, B
+/// column-major, i.e. W's rows (k contiguous) as they are. A row's outputs come from its own
+/// products in one k order, whatever shares its tile.
+__global__ void __launch_bounds__(tc_threads) grouped_gemm_tc_kernel(grouped_gemm_params p) {
+  const uint32_t tile = blockIdx.x;
+  if (tile >= *p.num_tiles) return;
+  constexpr uint32_t TM = moe_tile_rows, pieces = tc_k / 8;
+  const uint32_t e = p.tile_expert[tile], first = p.tile_first[tile];
+  const uint32_t nrows = min(first + TM, p.offsets[e + 1]) - first;
+  const uint32_t n0 = blockIdx.y * gg_tn;
+  __shared__ __align__(16) __nv_bfloat16 a_s[TM][tc_k + 8];  // padded rows: fewer bank conflicts
+  __shared__ __align__(16) __nv_bfloat16 w_s[gg_tn][tc_k + 8];
+  __shared__ uint64_t arow[TM];
+  const auto* a = static_cast<const __nv_bfloat16*>(p.a);
+  const auto* w = static_cast<const __nv_bfloat16*>(p.w) + uint64_t{e} * p.n * p.k;
+  const uint32_t t = threadIdx.x, warp = t / 32, lane = t % 32, quad = lane / 4, in_quad = lane % 4;
+  if (t < TM) {
+    const uint32_t s = first + min(t, nrows - 1);
+    arow[t] = uint64_t{p.a_rows ? p.a_rows[s] : s} * p.a_stride;
+  }
+  const bool busy = warp * 16 < nrows;
+  float c[gg_tn / 8][4] = {};
+  for (uint32_t k0 = 0; k0 < p.k; k0 += tc_k) {
+    __syncthreads();  // the previous stage is read; arow is written (first pass)
+    for (uint32_t i = t; i < TM * pieces; i += tc_threads) {
+      const uint32_t r = i / pieces, part = i % pieces, kg = k0 + part * 8;
+      uint4 av{0, 0, 0, 0}, wv{0, 0, 0, 0};
+      if (r < nrows && kg < p.k) av = *reinterpret_cast<const uint4*>(a + arow[r] + kg);
+      if (n0 + r < p.n && kg < p.k) wv = *reinterpret_cast<const uint4*>(w + uint64_t{n0 + r} * p.k + kg);
+      *reinterpret_cast<uint4*>(&a_s[r][part * 8]) = av;  // TM == gg_tn: row r of both tiles
+      *reinterpret_cast<uint4*>(&w_s[r][part * 8]) = wv;
+    }
+    __syncthreads();
+    if (!busy) continue;
+#pragma unroll
+    for (uint32_t kk = 0; kk < tc_k; kk += 16) {
+      const uint32_t r_lo = warp * 16 + quad, col = kk + in_quad * 2;
+      const uint32_t af[4] = {*reinterpret_cast<const uint32_t*>(&a_s[r_lo][col]),
+                              *reinterpret_cast<const uint32_t*>(&a_s[r_lo + 8][col]),
+                              *reinterpret_cast<const uint32_t*>(&a_s[r_lo][col + 8]),
+                              *reinterpret_cast<const uint32_t*>(&a_s[r_lo + 8][col + 8])};
+#pragma unroll
+      for (uint32_t nt = 0; nt < gg_tn / 8; ++nt) {
+        const uint32_t cc = nt * 8 + quad;  // B's column: this lane's W row
+        mma_bf16(c[nt], af, *reinterpret_cast<const uint32_t*>(&w_s[cc][col]),
+                 *reinterpret_cast<const uint32_t*>(&w_s[cc][col + 8]));
+      }
+    }
+  }
+  if (!busy) return;
+#pragma unroll
+  for (uint32_t nt = 0; nt < gg_tn / 8; ++nt)
+#pragma unroll
+    for (uint32_t half = 0; half < 2; ++half) {  // c[0..1]: row quad, c[2..3]: row quad + 8
+      const uint32_t r = warp * 16 + quad + 8 * half, col = n0 + nt * 8 + in_quad * 2;
+      if (r >= nrows) continue;
+      float* y = p.y + uint64_t{first + r} * p.n;
+      if (col < p.n) y[col] = c[nt][2 * half];
+      if (col + 1 < p.n) y[col + 1] = c[nt][2 * half + 1];
+    }
+}
+static_assert(moe_tile_rows == gg_tn, "the tensor-core kernel stages A and W rows with one index");
+static_assert(moe_tile_rows == 16 * (tc_threads / 32), "a warp per 16 rows of a tile");
+
 /// One block per row; rounding as the CPU executor's (no fused multiply-adds).
 __global__ void moe_combine_kernel(moe_combine_params p) {
   const uint32_t r = blockIdx.x;
@@ -640,10 +716,16 @@ int launch_moe_plan(const moe_plan_params& p, void* stream) {
   return last_error();
 }
 
+bool grouped_gemm_on_tensor_cores(const grouped_gemm_params& p) {
+  return p.tensor_cores && p.type == dtype::bf16 && p.k % 8 == 0 && p.a_stride % 8 == 0;
+}
+
 int launch_grouped_gemm(const grouped_gemm_params& p, void* stream) {
   if (p.max_tiles == 0 || p.n == 0) return 0;
   const dim3 grid{p.max_tiles, (p.n + gg_tn - 1) / gg_tn};
-  if (p.type == dtype::f32)
+  if (grouped_gemm_on_tensor_cores(p))
+    grouped_gemm_tc_kernel<<<grid, tc_threads, 0, as_stream(stream)>>>(p);
+  else if (p.type == dtype::f32)
     grouped_gemm_kernel<float><<<grid, gg_threads, 0, as_stream(stream)>>>(p);
   else
     grouped_gemm_kernel<__nv_bfloat16><<<grid, gg_threads, 0, as_stream(stream)>>>(p);

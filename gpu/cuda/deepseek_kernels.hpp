@@ -146,7 +146,14 @@ struct grouped_gemm_params {
   uint32_t max_tiles;          ///< moe_max_tiles(pairs, experts): the grid's size
   uint32_t n, k;
   dtype type;
+  /// bf16 with k and a_stride multiples of 8: every tile on the tensor cores (mma.sync m16n8k16,
+  /// fp32 accumulation; each row's products independent of the tile's other rows, so still
+  /// batch-invariant). Otherwise, or false: CUDA cores. Written without a GPU: off by default
+  /// (cuda_executor_config::moe_tensor_cores) until its conformance cases pass.
+  bool tensor_cores = false;
 };
+/// Whether launch_grouped_gemm takes the tensor-core path for these parameters.
+bool grouped_gemm_on_tensor_cores(const grouped_gemm_params& p);
 int launch_grouped_gemm(const grouped_gemm_params& p, void* stream);
 
 /// x[r] += (Σ_j weight[r][j] · y[slot[r][j]]) + shared[r], j ascending (the experts' order),

@@ -231,7 +231,7 @@ void deepseek_path::moe(uint32_t l, uint32_t n, float* x, const float* mlp_norm,
            "plan the grouped products");
   const grouped_gemm_params gate_up{hn, h, slot_row_.as<uint32_t>(), d.experts_gu.ptr, gu2_.as<float>(),
                                     offsets_.as<uint32_t>(), tile_expert_.as<uint32_t>(), tile_first_.as<uint32_t>(),
-                                    num_tiles_.as<uint32_t>(), tiles, 2 * mf, h, type_};
+                                    num_tiles_.as<uint32_t>(), tiles, 2 * mf, h, type_, tensor_cores_};
   s_.check(launch_grouped_gemm(gate_up, s_.stream), "experts' gate/up");
   s_.check(launch_swiglu({gu2_.as<float>(), act2_.ptr, pairs, mf, type_}, s_.stream), "experts' swiglu");
   grouped_gemm_params down = gate_up;

@@ -62,6 +62,8 @@ public:
   /// Benchmarks: every MLA and MoE tensor drawn on the device by `fill(buffer, elements, matrix,
   /// scale, offset)` (the executor's random_weights), scaled so activations stay O(1).
   void draw(const std::function<void(device_buffer&, uint64_t, bool, float, float)>& fill);
+  /// The routed experts' products on the tensor cores where they can be (grouped_gemm_params).
+  void set_tensor_cores(bool on) { tensor_cores_ = on; }
   /// Scratch for jobs of up to `rows` rows. Empty or why not.
   std::string reserve(uint32_t rows);
 
@@ -97,6 +99,7 @@ private:
   float rope_factor_, scale_;
   std::vector<layer> layers_;
   uint32_t reserved_rows_ = 0;
+  bool tensor_cores_ = false;
   // Scratch. MLA: the low-rank query and its normed copy, the query, the latent, the latent
   // query and output per head. MoE: the router's fp32 input and logits, the routing, the plan,
   // the routed experts' products, the shared experts' output.

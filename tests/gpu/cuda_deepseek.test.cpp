@@ -307,14 +307,16 @@ TEST_CASE("cuda MoE plan, grouped products and combine equal the CPU executor's 
 }
 
 TEST_CASE("cuda grouped products: an expert's few rows (the column-per-thread path) get the bits they get in a full "
-          "tile, in fp32 and bf16, with k past one staging chunk and not a multiple of 16" *
+          "tile, in fp32 and bf16, with k past one staging chunk and not a multiple of 16; so do they on the tensor "
+          "cores (bf16)" *
           doctest::skip(no_gpu) * doctest::test_suite("unverified")) {
   const uint32_t E = 2, rows = 20, h = 328, n = 140;  // k = 328: two chunks of 256, 16-byte vectors, padding to 336
   std::vector<uint32_t> chosen(rows);
   for (uint32_t r = 0; r < rows; ++r) chosen[r] = r % 5 == 0 ? 0 : 1;  // expert 1: 16 rows (a tile); expert 0: 4
   const auto x = wavy(rows * h, 0.19f, 0.4f), w = wavy(E * n * h, 0.037f, 0.6f, 0.2f);
-  for (bool bf16 : {false, true}) {
+  for (const auto& [bf16, tc] : {std::pair{false, false}, std::pair{true, false}, std::pair{true, true}}) {
     CAPTURE(bf16);
+    CAPTURE(tc);
     const auto t = bf16 ? cuda::dtype::bf16 : cuda::dtype::f32;
     const uint32_t tb = bf16 ? 2 : 4;
     dev_vec xf{x}, wf{w}, xd{x.size() * tb}, wd{w.size() * tb};
@@ -329,9 +331,10 @@ TEST_CASE("cuda grouped products: an expert's few rows (the column-per-thread pa
                                      offsets.as<uint32_t>(), te.as<uint32_t>(), tf.as<uint32_t>(), nt.as<uint32_t>()},
                                     nullptr) == 0);
       const char* a = static_cast<const char*>(xd.ptr) + uint64_t{first} * h * tb;
-      REQUIRE(cuda::launch_grouped_gemm({a, h, slot_row.as<uint32_t>(), wd.ptr, y.as<float>(), offsets.as<uint32_t>(),
-                                         te.as<uint32_t>(), tf.as<uint32_t>(), nt.as<uint32_t>(), tiles, n, h, t},
-                                        nullptr) == 0);
+      const cuda::grouped_gemm_params gp{a, h, slot_row.as<uint32_t>(), wd.ptr, y.as<float>(), offsets.as<uint32_t>(),
+                                         te.as<uint32_t>(), tf.as<uint32_t>(), nt.as<uint32_t>(), tiles, n, h, t, tc};
+      REQUIRE(cuda::grouped_gemm_on_tensor_cores(gp) == tc);  // k = 328 and bf16: the tensor cores take it
+      REQUIRE(cuda::launch_grouped_gemm(gp, nullptr) == 0);
       const auto slots = slot.get<uint32_t>(count);
       const auto out = y.get<float>(uint64_t{count} * n);
       std::vector<std::vector<float>> by_row(count);

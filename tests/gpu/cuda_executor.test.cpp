@@ -500,9 +500,11 @@ TEST_CASE("cuda executor runs DeepSeek-V2 and V3 (latent attention over the late
     const auto prompt = some_prompt(40, m.config.vocab_size);
     const auto c = generate_colocated(*cpu, prompt, 32, 16, {}, true);  // a chunked prefill, then decode
     REQUIRE(c.error.empty());
-    for (bool bf16 : {false, true}) {
+    for (const auto& [bf16, tc] : {std::pair{false, false}, std::pair{true, false}, std::pair{true, true}}) {
       CAPTURE(bf16);
+      CAPTURE(tc);  // the routed experts' products on the tensor cores
       auto gpu = cuda_exec(m, bf16);
+      dynamic_cast<cuda_executor_extras&>(*gpu).set_moe_tensor_cores(tc);
       const auto g = generate_colocated(*gpu, prompt, 32, 16, {}, true);
       REQUIRE_MESSAGE(g.error.empty(), g.error);
       size_t same = 0;
@@ -510,7 +512,8 @@ TEST_CASE("cuda executor runs DeepSeek-V2 and V3 (latent attention over the late
       float worst = 0;  // over the steps both took with the same tokens
       for (size_t i = 0; i <= std::min(same, g.step_logits.size() - 1); ++i)
         worst = std::max(worst, max_diff(g.step_logits[i], c.step_logits[i]) / max_abs(c.step_logits[i]));
-      MESSAGE((v3 ? "V3" : "V2") << (bf16 ? " bf16" : " fp32") << ": max |dlogit| / max |logit| " << worst
+      MESSAGE((v3 ? "V3" : "V2") << (bf16 ? " bf16" : " fp32") << (tc ? " (experts on tensor cores)" : "")
+                                 << ": max |dlogit| / max |logit| " << worst
                                  << ", greedy tokens equal for " << same << " of " << c.tokens.size());
       if (!bf16) {
         CHECK(worst <= 1e-4f);
