@@ -717,7 +717,8 @@ int launch_moe_plan(const moe_plan_params& p, void* stream) {
 }
 
 bool grouped_gemm_on_tensor_cores(const grouped_gemm_params& p) {
-  return p.tensor_cores && p.type == dtype::bf16 && p.k % 8 == 0 && p.a_stride % 8 == 0;
+  const auto aligned = [](const void* x) { return reinterpret_cast<uintptr_t>(x) % 16 == 0; };  // 16-byte loads
+  return p.tensor_cores && p.type == dtype::bf16 && p.k % 8 == 0 && p.a_stride % 8 == 0 && aligned(p.a) && aligned(p.w);
 }
 
 int launch_grouped_gemm(const grouped_gemm_params& p, void* stream) {

@@ -352,6 +352,8 @@ TEST_CASE("cuda grouped products: an expert's few rows (the column-per-thread pa
       worst = std::max(worst, max_abs_diff(all[r], want));
       top = std::max(top, max_abs(want));
     }
-    CHECK(worst <= 1e-5f * top);  // the same rounded inputs, fp32 sums in another order
+    // The same rounded inputs, fp32 sums in another order (the tensor cores' partial sums round
+    // toward zero: a looser bound).
+    CHECK(worst <= (tc ? 1e-4f : 1e-5f) * top);
   }
 }

@@ -536,17 +536,21 @@ TEST_CASE("cuda executor, DeepSeek: disaggregated equals colocated bit for bit w
     CAPTURE(bf16);
     same_as_colocated(m, bf16, prompt);
     // Decode steps of sequence 1 alone and beside sequence 2: the experts see other rows, the
-    // routing plan changes, the row's bits do not.
-    auto e = cuda_exec(m, bf16);
-    auto& kv = e->kv();
-    const auto a = some_prompt(20, m.config.vocab_size), b = some_prompt(33, m.config.vocab_size - 3);
-    auto pa = *kv.kv_page_alloc(3), pb = *kv.kv_page_alloc(4);
-    REQUIRE(run_blocking(*e, {1, {{1, a, 0, pa, false}}}).error.empty());
-    REQUIRE(run_blocking(*e, {2, {{2, b, 0, pb, false}}}).error.empty());
-    const auto alone = run_blocking(*e, {3, {{1, {65}, 20, pa, true}}});
-    const auto beside = run_blocking(*e, {4, {{2, {66}, 33, pb, true}, {1, {65}, 20, pa, true}}});
-    REQUIRE(alone.error.empty());
-    REQUIRE(beside.error.empty());
-    CHECK(test::same_bits(alone.logits[0], beside.logits[1]));
+    // routing plan changes, the row's bits do not (with the experts on either kind of core).
+    for (bool tc : {false, true}) {
+      CAPTURE(tc);
+      auto e = cuda_exec(m, bf16);
+      dynamic_cast<cuda_executor_extras&>(*e).set_moe_tensor_cores(tc);
+      auto& kv = e->kv();
+      const auto a = some_prompt(20, m.config.vocab_size), b = some_prompt(33, m.config.vocab_size - 3);
+      auto pa = *kv.kv_page_alloc(3), pb = *kv.kv_page_alloc(4);
+      REQUIRE(run_blocking(*e, {1, {{1, a, 0, pa, false}}}).error.empty());
+      REQUIRE(run_blocking(*e, {2, {{2, b, 0, pb, false}}}).error.empty());
+      const auto alone = run_blocking(*e, {3, {{1, {65}, 20, pa, true}}});
+      const auto beside = run_blocking(*e, {4, {{2, {66}, 33, pb, true}, {1, {65}, 20, pa, true}}});
+      REQUIRE(alone.error.empty());
+      REQUIRE(beside.error.empty());
+      CHECK(test::same_bits(alone.logits[0], beside.logits[1]));
+    }
   }
 }
