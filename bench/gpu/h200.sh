@@ -69,15 +69,17 @@ if command -v nvidia-smi >/dev/null && nvidia-smi >/dev/null 2>&1; then
   for run in "cpu:--executor cpu" "cuda-fp32:--executor cuda --cuda-fp32" "cuda-bf16:--executor cuda" \
              "cuda-bf16-ucx-process:--executor cuda --transport ucx --decode-processes 1" \
              "ds3-cpu:--executor cpu --model deepseek-v3-tiny" "ds3-cuda-fp32:--executor cuda --cuda-fp32 --model deepseek-v3-tiny" \
-             "ds3-cuda-bf16:--executor cuda --model deepseek-v3-tiny"; do
+             "ds3-cuda-bf16:--executor cuda --model deepseek-v3-tiny" \
+             "ds2-cpu:--executor cpu --model deepseek-v2-tiny" "ds2-cuda-fp32:--executor cuda --cuda-fp32 --model deepseek-v2-tiny"; do
     name=${run%%:*}
     timeout 60 "$baton" local ${run#*:} --num-requests 6 --max-tokens 24 > "$out/.local-$name.txt" 2>&1
     say "$name: rc=$? $(grep -m1 'requests,' "$out/.local-$name.txt")"
     grep -E "executor|output :" "$out/.local-$name.txt" | head -3 | tee -a "$log"
   done
   # Greedy answers: the fp32 GPU ranks must give the CPU reference's text; bf16 is reported.
-  # DeepSeek-V3's shape (latent attention, experts: issue 14's CUDA path) against its own CPU run.
-  for pair in cpu:cuda-fp32 cpu:cuda-bf16 cpu:cuda-bf16-ucx-process ds3-cpu:ds3-cuda-fp32 ds3-cpu:ds3-cuda-bf16; do
+  # DeepSeek's tiny shapes (latent attention, experts: issue 14's CUDA path) against their CPU runs.
+  for pair in cpu:cuda-fp32 cpu:cuda-bf16 cpu:cuda-bf16-ucx-process ds3-cpu:ds3-cuda-fp32 ds3-cpu:ds3-cuda-bf16 \
+              ds2-cpu:ds2-cuda-fp32; do
     ref=${pair%%:*} name=${pair#*:}
     if diff <(grep "output :" "$out/.local-$ref.txt" | sort) <(grep "output :" "$out/.local-$name.txt" | sort) >/dev/null; then
       say "answers $name = $ref: same"
