@@ -108,6 +108,7 @@ public:
       // A forward that failed midway still ends its step with the group; then, as when idle,
       // this member joins a step a peer has started.
       if (peers_) join_peers();
+      if (experts_ && !failure_told_ && !experts_->failure().empty()) tell_failure();  // a shard out for good
     };
     if (peers_)
       jobs_.start(check, run, {}, [this] { join_peers(); });
@@ -130,6 +131,8 @@ public:
   }
 
   std::string standing_failure() const override {
+    if (experts_)  // a shard out for good: no MoE layer can run here any more
+      if (auto f = experts_->failure(); !f.empty()) return "expert parallelism: " + f;
     std::shared_ptr<expert_peers> peers;
     {
       std::lock_guard<std::mutex> lock{failure_mutex_};
@@ -631,16 +634,19 @@ private:
       last_peer_error_ = why;
     }
     // A group that broke, here or through a peer's abort word, is told to the rank once.
-    if (!failure_told_ && !peers_->failure().empty()) {
-      std::function<void()> tell;
-      {
-        std::lock_guard<std::mutex> lock{failure_mutex_};
-        tell = failure_listener_;
-      }
-      if (tell) {
-        failure_told_ = true;
-        tell();
-      }
+    if (!failure_told_ && !peers_->failure().empty()) tell_failure();
+  }
+
+  /// The rank's listener hears of a standing failure once (executor thread, between jobs).
+  void tell_failure() {
+    std::function<void()> tell;
+    {
+      std::lock_guard<std::mutex> lock{failure_mutex_};
+      tell = failure_listener_;
+    }
+    if (tell) {
+      failure_told_ = true;
+      tell();
     }
   }
 

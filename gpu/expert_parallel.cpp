@@ -41,15 +41,26 @@ expert_group::expert_group(std::unique_ptr<transport::transport> t, std::unique_
                            uint32_t size, std::unique_ptr<transport::all_to_all> b)
   : t_(std::move(t)), a2a_(std::move(a2a)), b_(std::move(b)), size_(size) {
   // A shard that failed says so (run_expert_shard): the lead stops waiting for it at once.
-  for (auto* c : {a2a_.get(), b_.get()})
-    if (c) c->set_abort([c](uint32_t s) { return c->peer_aborted(s) ? std::string{"the shard failed"} : std::string{}; });
+  watch_shards({});
 }
 
 void expert_group::watch_shards(std::function<std::string(uint32_t)> gone) {
   auto g = std::make_shared<std::function<std::string(uint32_t)>>(std::move(gone));
   for (auto* c : {a2a_.get(), b_.get()})
     if (c)
-      c->set_abort([c, g](uint32_t s) { return c->peer_aborted(s) ? std::string{"the shard failed"} : (*g)(s); });
+      c->set_abort([this, c, g](uint32_t s) {
+        std::string why = c->peer_aborted(s) ? std::string{"the shard failed"} : *g ? (*g)(s) : std::string{};
+        if (!why.empty()) {  // out for good: the rank is told (failure()) and steps aside
+          std::lock_guard<std::mutex> lock{failure_mutex_};
+          if (failure_.empty()) failure_ = "expert shard " + std::to_string(s) + " of " + std::to_string(size_) + ": " + why;
+        }
+        return why;
+      });
+}
+
+std::string expert_group::failure() const {
+  std::lock_guard<std::mutex> lock{failure_mutex_};
+  return failure_;
 }
 
 expert_group::~expert_group() {

@@ -72,6 +72,9 @@ public:
   /// (its process exited), else nothing. An exchange waiting for it then fails at once with the
   /// reason, instead of at the timeout with none. Called from the executor's thread while it waits.
   void watch_shards(std::function<std::string(uint32_t rank)> gone);
+  /// Non-empty once a shard is known to be out for good (it failed, or its process ended), saying
+  /// which and how: no round can run any more. Thread-safe (ranks ask between jobs).
+  std::string failure() const;
   expert_group(const expert_group&) = delete;
   expert_group& operator=(const expert_group&) = delete;
 
@@ -139,6 +142,8 @@ private:
   uint32_t dual_layer_ = 0;                              ///< the open dual round's layer
   std::vector<std::vector<std::byte>> dual_a_, dual_b_;  ///< its entries, until their outputs are back
   uint64_t split_rounds_ = 0;
+  std::string failure_;              ///< failure(): a shard out for good
+  mutable std::mutex failure_mutex_;  ///< failure_ is read by ranks from other threads
 };
 
 /// An expert shard's loop (EP rank > 0): serves rank 0's dispatches until rank 0 says stop

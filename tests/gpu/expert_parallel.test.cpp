@@ -233,10 +233,19 @@ TEST_CASE("expert parallelism: a malformed dispatch chunk is refused with a sent
     return rank == 1 && looked > 3 ? "its process (dead, pid 4242) ended with signal 9" : "";
   });
   auto exec3 = make_cpu_executor(cfg, w, ec3);
+  std::atomic<int> told{0};
+  exec3->on_health_change([&] { ++told; });
+  CHECK(exec3->standing_failure().empty());
   const auto gone = generate_colocated(*exec3, {1, 2, 3}, 2, 16, {}, true);
   CHECK_MESSAGE(gone.error.find("rank lead3 stops waiting for dead: its process (dead, pid 4242) ended with signal 9") !=
                     std::string::npos,
                 gone.error);
+  // Out for good: the executor says so from now on, and its rank heard it once, so that it steps
+  // aside (a decode rank offers no room) before another request finds out.
+  CHECK(exec3->standing_failure() ==
+        "expert parallelism: expert shard 1 of 2: its process (dead, pid 4242) ended with signal 9");
+  for (int i = 0; i < 200 && told.load() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{5});
+  CHECK(told.load() == 1);
   exec3.reset();
   ec3.experts->watch_shards([](uint32_t) { return std::string{"gone"}; });  // its stop is not waited for either
   ec3.experts.reset();
