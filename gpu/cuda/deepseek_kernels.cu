@@ -19,26 +19,7 @@ namespace {
 
 using namespace row_math;
 
-cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
-int last_error() { return static_cast<int>(cudaGetLastError()); }
-
 // ---- MLA ------------------------------------------------------------------------------------
-
-/// 16 bytes of weights widened to fp32 (exactly as load_as_float widens each).
-__device__ __forceinline__ void load16(const float* p, float* out) {
-  const float4 v = *reinterpret_cast<const float4*>(p);
-  out[0] = v.x, out[1] = v.y, out[2] = v.z, out[3] = v.w;
-}
-__device__ __forceinline__ void load16(const __nv_bfloat16* p, float* out) {
-  const uint4 u = *reinterpret_cast<const uint4*>(p);
-  const auto* h = reinterpret_cast<const __nv_bfloat162*>(&u);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __bfloat1622float2(h[i]);
-    out[2 * i] = f.x, out[2 * i + 1] = f.y;
-  }
-}
-
 
 /// One block per row: normalise the compressed KV, rotate the shared key and every head's RoPE
 /// query part, then store the latent (compressed KV | rotated key) into the row's slot.
@@ -559,13 +540,6 @@ __global__ void __launch_bounds__(gg_threads) grouped_gemm_kernel(grouped_gemm_p
 }
 
 constexpr uint32_t tc_k = 64, tc_threads = 128;  // k per stage; 4 warps of 16 rows
-
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 /// The grouped product on the tensor cores (bf16, k and a's stride multiples of 8): one block per
 /// (plan tile, 64 columns), warp w computes rows 16w .. 16w + 15 of the tile (warps past the

@@ -157,7 +157,6 @@ std::string deepseek_path::reserve(uint32_t rows) {
     grow(ye_, pairs * h * 4);
     grow(shared_out_, R * h * 4);
   }
-  if (e.empty()) reserved_rows_ = rows;
   return e;
 }
 

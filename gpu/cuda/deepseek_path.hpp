@@ -98,7 +98,6 @@ private:
   layer_services s_;
   float rope_factor_, scale_;
   std::vector<layer> layers_;
-  uint32_t reserved_rows_ = 0;
   bool tensor_cores_ = false;
   // Scratch. MLA: the low-rank query and its normed copy, the query, the latent, the latent
   // query and output per head. MoE: the router's fp32 input and logits, the routing, the plan,

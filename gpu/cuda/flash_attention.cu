@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "gpu/cuda/kernels.hpp"
+#include "gpu/cuda/row_math.cuh"
 
 namespace baton::gpu::cuda {
 
@@ -39,13 +40,7 @@ __device__ __forceinline__ uint32_t pack_bf16(__nv_bfloat16 lo, __nv_bfloat16 hi
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-/// c += a · b for one 16x8x16 tile: a row-major 16x16, b column-major 16x8, c 16x8 fp32.
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+using row_math::mma_bf16;
 
 /// The max (or sum) of a row's values over the four lanes that hold it (lanes 4i .. 4i + 3).
 __device__ __forceinline__ float quad_max(float v) {

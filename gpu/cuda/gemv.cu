@@ -9,25 +9,13 @@
 #include <cuda_runtime.h>
 
 #include "gpu/cuda/kernels.hpp"
+#include "gpu/cuda/row_math.cuh"
 
 namespace baton::gpu::cuda {
 
 namespace {
 
-__device__ __forceinline__ void widen(const uint4& raw, float* out, const float*) {
-  const float* f = reinterpret_cast<const float*>(&raw);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) out[i] = f[i];
-}
-__device__ __forceinline__ void widen(const uint4& raw, float* out, const __nv_bfloat16*) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __bfloat1622float2(h[i]);
-    out[2 * i] = f.x;
-    out[2 * i + 1] = f.y;
-  }
-}
+using row_math::widen;
 
 constexpr uint32_t threads = 512;  // 16 warps, 16 columns per block
 

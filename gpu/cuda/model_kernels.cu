@@ -15,9 +15,6 @@ namespace {
 
 using namespace row_math;
 
-int last_error() { return static_cast<int>(cudaGetLastError()); }
-cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
-
 template <typename T>
 __global__ void rmsnorm_cast_kernel(rmsnorm_cast_params p) {
   const uint32_t row = p.row_ids ? p.row_ids[blockIdx.x] : blockIdx.x;

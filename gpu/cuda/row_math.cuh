@@ -1,7 +1,9 @@
 #pragma once
 
-// Device helpers the row kernels share (CUDA sources only): fp32/bf16 loads and stores, and the
-// CPU reference's RMS reduction, so every kernel that normalises a row rounds as rmsnorm does.
+// Helpers the kernels share (CUDA sources only): fp32/bf16 loads and stores, 16-byte loads
+// widened to fp32, the CPU reference's RMS reduction (so every kernel that normalises a row
+// rounds as rmsnorm does), warp reductions, the bf16 tensor-core product, and the launchers'
+// stream and error plumbing.
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -14,6 +16,41 @@ __device__ __forceinline__ float load_as_float(const float* p, uint64_t i) { ret
 __device__ __forceinline__ float load_as_float(const __nv_bfloat16* p, uint64_t i) { return __bfloat162float(p[i]); }
 __device__ __forceinline__ void store_from_float(float* p, uint64_t i, float v) { p[i] = v; }
 __device__ __forceinline__ void store_from_float(__nv_bfloat16* p, uint64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
+
+/// 16 bytes of fp32 or bf16 values (the pointer's type says which) widened to fp32, exactly as
+/// load_as_float widens each.
+__device__ __forceinline__ void widen(const uint4& raw, float* out, const float*) {
+  const float* f = reinterpret_cast<const float*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) out[i] = f[i];
+}
+__device__ __forceinline__ void widen(const uint4& raw, float* out, const __nv_bfloat16*) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(h[i]);
+    out[2 * i] = f.x;
+    out[2 * i + 1] = f.y;
+  }
+}
+/// The 16 bytes at p (16-byte aligned), widened.
+template <typename T>
+__device__ __forceinline__ void load16(const T* p, float* out) {
+  widen(*reinterpret_cast<const uint4*>(p), out, p);
+}
+
+/// c += a · b for one 16x8x16 tile on the tensor cores: a row-major 16x16, b column-major 16x8,
+/// c 16x8 fp32 (mma.sync m16n8k16, bf16 inputs).
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+inline cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+/// A launcher's return: 0, or the cudaError_t of its launch.
+inline int last_error() { return static_cast<int>(cudaGetLastError()); }
 
 /// The CPU reference's reduction: lane j of 8 sums x[i]² for i ≡ j (mod 8), then pairwise.
 /// Called by a whole warp; returns the reciprocal RMS to every lane.
