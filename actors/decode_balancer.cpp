@@ -54,7 +54,7 @@ std::optional<decode_placement> try_place(pointer self, const place_query& q) {
       for (const auto& r : loads) {
         const uint64_t ps = page_size(st, r);
         views.push_back({r.num_running, r.kv_tokens, uint64_t{r.num_free_pages} * ps, uint64_t{r.num_total_pages} * ps,
-                         !st.registry.draining[views.size()]});
+                         st.registry.open(views.size())});
       }
       // Whole pages: a sequence needs its tokens rounded up to the page size.
       const uint64_t ps = loads.empty() ? st.cfg.page_size_tokens : page_size(st, loads.front());
@@ -72,7 +72,7 @@ std::optional<decode_placement> try_place(pointer self, const place_query& q) {
       std::vector<bool> fits;
       for (const auto& r : loads) {
         const uint32_t pages = (need_tokens(q, r) + page_size(st, r) - 1) / page_size(st, r);
-        const bool open = !st.registry.draining[fits.size()];
+        const bool open = st.registry.open(fits.size());
         views.push_back({r.num_running, r.num_free_pages >= pages ? r.num_free_pages : 0, r.num_total_pages, open});
         fits.push_back(open && r.num_free_pages >= pages);
       }
@@ -126,7 +126,7 @@ decode_balancer_actor::behavior_type decode_balancer_impl(pointer self, decode_b
       },
       [=](load_atom, rank_load& load, decode_rank_actor& rank) {
         auto& st = self->state;
-        if (st.registry.report(std::move(load), rank)) self->monitor(rank);
+        if (st.registry.report(std::move(load), rank, st.log)) self->monitor(rank);
         serve_parked(st.parked, [=](const place_query& q) { return try_place(self, q); });
       },
       [=](stats_atom) { return self->state.registry.loads; },

@@ -48,8 +48,10 @@ void report_load(decode_pointer self) {
   if (!st.host_free.empty() && !on_demand(st))  // on demand, nothing is preempted for a newcomer
     for (const auto& b : st.batch) offloadable += st.leases.at(b.lease_id).pages.size();
   auto room = static_cast<uint32_t>(pool.num_free_pages() + std::min<uint64_t>(offloadable, st.host_free.size()));
-  if (!st.core.exec->standing_failure().empty()) room = 0;  // it refuses new work: place nothing here
+  auto failure = st.core.exec->standing_failure();
+  if (!failure.empty()) room = 0;  // it refuses new work: place nothing here
   rank_load load{st.cfg.name, 0, static_cast<uint32_t>(st.leases.size()), room, layout.num_pages};
+  load.unavailable = std::move(failure);
   load.page_size_tokens = layout.page_size_tokens;
   load.kv_tokens = uint64_t{layout.num_pages - pool.num_free_pages()} * layout.page_size_tokens;
   load.on_demand_headroom_tokens = st.cfg.on_demand_headroom_tokens;

@@ -297,11 +297,15 @@ struct rank_load {
   uint32_t on_demand_headroom_tokens = 0;
   /// prefill, in the balancer's stats: the length bucket its engine serves now (seed policy; 0 otherwise)
   uint32_t bucket = 0;
+  /// Non-empty while the rank takes no new work, saying why (its executor's standing failure: a
+  /// broken expert group, say): balancers place nothing there until a report clears it.
+  std::string unavailable = {};
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, rank_load& x) {
   return f(caf::meta::type_name("rank_load"), x.name, x.queued_tokens, x.num_running, x.num_free_pages,
-           x.num_total_pages, x.page_size_tokens, x.predicted_us, x.kv_tokens, x.on_demand_headroom_tokens, x.bucket);
+           x.num_total_pages, x.page_size_tokens, x.predicted_us, x.kv_tokens, x.on_demand_headroom_tokens, x.bucket,
+           x.unavailable);
 }
 
 /// A request asking a balancer for a rank.
@@ -690,6 +694,7 @@ using prefill_rank_actor = caf::typed_actor<
     caf::reacts_to<poll_atom>,
     caf::reacts_to<settled_atom>,                                // a KV send settled: poll at once
     caf::reacts_to<keepalive_atom>,                              // tick: renew queued prompts' leases
+    caf::reacts_to<health_atom>,                                 // the executor's standing failure began or ended
     // Elastic P/D: take work (true: report load, so the balancer places here) or go on standby
     // (false: only when idle; the local prefix tier's pages go back to the shared pool).
     caf::replies_to<role_atom, bool>::with<bool>>;

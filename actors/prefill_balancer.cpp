@@ -107,7 +107,7 @@ void sync_view(prefill_balancer_state& st, size_t i) {
   if (st.engines.size() <= i / rpe) st.engines.resize(i / rpe + 1, {st.cfg.engine_quota_us, {}});
   auto& ranks = st.engines[i / rpe].ranks;
   if (ranks.size() <= i % rpe) ranks.resize(i % rpe + 1);
-  ranks[i % rpe] = {st.registry.loads[i].predicted_us, !st.registry.draining[i]};
+  ranks[i % rpe] = {st.registry.loads[i].predicted_us, st.registry.open(i)};
 }
 
 /// The engine views and affinity sets are index-aligned with the registry: rebuilt when a rank
@@ -137,7 +137,7 @@ std::optional<prefill_placement> place_split(pointer self, const place_query& q,
   auto& st = self->state;
   std::vector<size_t> order;
   for (size_t i = 0; i < st.registry.loads.size(); ++i)
-    if (!st.registry.draining[i]) order.push_back(i);
+    if (st.registry.open(i)) order.push_back(i);
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
     return st.registry.loads[a].predicted_us < st.registry.loads[b].predicted_us;
   });
@@ -179,12 +179,12 @@ std::optional<prefill_placement> place_split(pointer self, const place_query& q,
 std::optional<prefill_placement> try_place(pointer self, const place_query& q) {
   auto& st = self->state;
   std::vector<policies::prefill_rank_load> loads;
-  uint32_t open = 0;  // ranks not draining
+  uint32_t open = 0;  // ranks taking work (not draining, not stepped aside)
   if (st.policy != policies::prefill_policy::seed)
     for (size_t i = 0; i < st.registry.loads.size(); ++i) {
       const auto& r = st.registry.loads[i];
-      loads.push_back({r.queued_tokens, r.num_running, !st.registry.draining[i]});
-      open += st.registry.draining[i] ? 0 : 1;
+      loads.push_back({r.queued_tokens, r.num_running, st.registry.open(i)});
+      open += st.registry.open(i) ? 1 : 0;
     }
   std::optional<size_t> pick;
   std::string why;
@@ -196,7 +196,7 @@ std::optional<prefill_placement> try_place(pointer self, const place_query& q) {
       break;
     case policies::prefill_policy::round_robin: {
       std::vector<bool> avail;
-      for (size_t i = 0; i < st.registry.loads.size(); ++i) avail.push_back(!st.registry.draining[i]);
+      for (size_t i = 0; i < st.registry.loads.size(); ++i) avail.push_back(st.registry.open(i));
       pick = policies::round_robin(avail, st.rr_cursor);
       why = "round_robin";
       break;
@@ -263,7 +263,7 @@ prefill_balancer_actor::behavior_type prefill_balancer_impl(pointer self, prefil
       },
       [=](load_atom, rank_load& load, prefill_rank_actor& rank) {
         auto& st = self->state;
-        if (st.registry.report(std::move(load), rank)) self->monitor(rank);
+        if (st.registry.report(std::move(load), rank, st.log)) self->monitor(rank);
         if (auto i = st.registry.index_of(rank)) sync_view(st, *i);
         serve_parked(st.parked, [=](const place_query& q) { return try_place(self, q); });
       },

@@ -59,7 +59,19 @@ void report_load(prefill_pointer self) {
                  kv.num_free_pages(), kv.layout().num_pages};
   load.page_size_tokens = kv.layout().page_size_tokens;
   load.predicted_us = predicted;
+  load.unavailable = st.core.exec->standing_failure();  // the balancer then places nothing here
   self->send(st.balancer, load_atom::value, std::move(load), caf::actor_cast<prefill_rank_actor>(self));
+}
+
+/// While the executor can run nothing (a broken expert group), prompts still waiting for pages
+/// are refused, retryably, so that their requests are placed again on other ranks at once
+/// rather than each failing in its first job. Prompts already running fail in their next job.
+void refuse_waiting(prefill_pointer self) {
+  auto& st = self->state;
+  const auto failure = st.core.exec->standing_failure();
+  if (failure.empty()) return;
+  while (auto w = st.waiting.pop())
+    w->promise.deliver(make_error(errc::rank_unavailable, where(w->order.request_id, st.cfg.name, "prefill") + ": " + failure));
 }
 
 /// Counts a finished executor job and returns the request it belonged to (forgetting the job).
@@ -386,6 +398,7 @@ void launch(prefill_pointer self, waiting_order w, std::vector<uint32_t> pages, 
 void drain_waiting(prefill_pointer self) {
   auto& st = self->state;
   auto& kv = st.core.exec->kv();
+  refuse_waiting(self);
   while (const auto* w = st.waiting.peek()) {
     if (st.requests.count(w->order.request_id)) break;  // its superseded attempt is still winding down
     const bool split = w->order.part_ranks.size() > 1;
@@ -437,6 +450,13 @@ caf::result<prefill_result> accept_prefill(prefill_pointer self, prefill_order o
   // On standby the executor's pool belongs to this instance's other role: a placement made
   // before the switch must go elsewhere.
   if (st.cfg.standby) return make_error(errc::rank_unavailable, stage + ": on standby (serving as decode)");
+  // An executor that can run nothing (a broken expert group): the request is placed again
+  // elsewhere, and the balancer hears that this rank takes no work (a placement made before it
+  // heard may still arrive).
+  if (auto failure = st.core.exec->standing_failure(); !failure.empty()) {
+    report_load(self);
+    return make_error(errc::rank_unavailable, stage + ": " + failure);
+  }
   // The same request again: an earlier attempt of it, which its request actor has given up on
   // (it re-placed itself after losing its decode rank, say) and which may have landed here
   // again. The newer attempt supersedes it: a waiting one is dropped, a running one is stopped
@@ -505,9 +525,20 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
     if (flag->exchange(true)) return;
     if (auto a = caf::actor_cast<caf::actor>(h)) caf::anon_send(a, settled_atom::value);
   });
+  // An executor that can run nothing any more (a shard of its expert group gone, say) says so at
+  // once, and again when it can run jobs again: the rank steps aside, or back, before a request
+  // finds out. Weak: the executor outlives no actor.
+  st.core.exec->on_health_change([addr = caf::actor_cast<caf::actor_addr>(self)] {
+    if (auto me = caf::actor_cast<prefill_rank_actor>(addr)) caf::anon_send(me, health_atom::value);
+  });
   report_load(self);  // registers this rank with its balancer
   return {
       [=](prefill_order& order) { return accept_prefill(self, std::move(order)); },
+      [=](health_atom) {
+        // Waiting prompts go elsewhere (refuse_waiting), and the balancer hears that this rank
+        // takes no work; or, once the failure cleared, that it does again.
+        drain_waiting(self);
+      },
       [=](stats_atom) {
         auto& s = self->state;
         const auto& kv = s.core.exec->kv();
@@ -563,7 +594,9 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
           }
           ++i->second.chunks_done;
         }
-        fail_request(self, cj->request_id, errc::executor_failed, "prefill", what);
+        // When the executor can run nothing any more, the prompt fails over to another rank.
+        const bool standing = !self->state.core.exec->standing_failure().empty();
+        fail_request(self, cj->request_id, standing ? errc::rank_unavailable : errc::executor_failed, "prefill", what);
         finish_if_done(self, cj->request_id);
         pump(self);
       },

@@ -13,6 +13,17 @@
 
 namespace baton {
 
+/// The balancers' bounded record of recent decisions (`events` answers with it).
+struct decision_log {
+  std::deque<placement_record> records;
+  size_t capacity = 256;
+  void add(placement_record r) {
+    records.push_back(std::move(r));
+    while (records.size() > capacity) records.pop_front();
+  }
+  std::vector<placement_record> snapshot() const { return {records.begin(), records.end()}; }
+};
+
 /// The balancers' view of their ranks: handles and the last load each reported, in the order
 /// the ranks first reported (index i of both vectors is the same rank).
 template <class Handle>
@@ -21,14 +32,21 @@ struct rank_registry {
   std::vector<rank_load> loads;
   std::vector<bool> draining;  ///< takes no new work; finishes what it has
 
+  /// Whether rank i takes new work: not draining, and its last report named no standing failure.
+  bool open(size_t i) const { return !draining[i] && loads[i].unavailable.empty(); }
+
   /// A report replaces the rank's previous one (including the balancer's own placements since).
-  /// True when the rank is new (the caller monitors it).
-  bool report(rank_load load, Handle rank) {
-    for (size_t i = 0; i < ranks.size(); ++i)
-      if (ranks[i] == rank) {
-        loads[i] = std::move(load);
-        return false;
-      }
+  /// True when the rank is new (the caller monitors it). A rank stepping aside (its report names
+  /// why it takes no work) or back is written to `log`.
+  bool report(rank_load load, Handle rank, decision_log& log) {
+    auto i = index_of(rank);
+    const std::string before = i ? loads[*i].unavailable : std::string{};
+    if (load.unavailable != before)
+      log.add({0, load.name, load.unavailable.empty() ? "takes work again" : "steps aside: " + load.unavailable});
+    if (i) {
+      loads[*i] = std::move(load);
+      return false;
+    }
     ranks.push_back(std::move(rank));
     loads.push_back(std::move(load));
     draining.push_back(false);
@@ -68,16 +86,5 @@ void serve_parked(std::deque<parked_placement<Placement>>& parked, TryPlace try_
     parked.pop_front();
   }
 }
-
-/// The balancers' bounded record of recent decisions (`events` answers with it).
-struct decision_log {
-  std::deque<placement_record> records;
-  size_t capacity = 256;
-  void add(placement_record r) {
-    records.push_back(std::move(r));
-    while (records.size() > capacity) records.pop_front();
-  }
-  std::vector<placement_record> snapshot() const { return {records.begin(), records.end()}; }
-};
 
 }  // namespace baton

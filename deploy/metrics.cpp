@@ -139,6 +139,8 @@ std::string gateway_metrics::render(const cluster_stats* cluster) const {
            [](const rank_load& r) { return static_cast<double>(r.num_running); });
   per_rank("baton_rank_free_kv_pages", "free KV pages", [](const rank_load& r) { return static_cast<double>(r.num_free_pages); });
   per_rank("baton_rank_kv_pages", "KV pages in all", [](const rank_load& r) { return static_cast<double>(r.num_total_pages); });
+  per_rank("baton_rank_available", "0 while the rank has stepped aside (its executor can run nothing: a broken expert group), else 1",
+           [](const rank_load& r) { return r.unavailable.empty() ? 1.0 : 0.0; });
   render_counter(out, "baton_store_blocks", "blocks in the KV block store's index", static_cast<double>(c.store.blocks),
                  "gauge");
   render_counter(out, "baton_store_bytes_written_total", "bytes the block servers wrote",

@@ -251,13 +251,13 @@ TEST_CASE("placement policies are chosen by name, and every decision is explaine
   }
 }
 
-TEST_CASE("prefill balancer: a draining rank takes no new prompt and a rank that went down is forgotten at once, "
-          "under every policy") {
+TEST_CASE("prefill balancer: a draining rank takes no new prompt, a rank that went down is forgotten at once, and "
+          "a rank whose report names a standing failure takes nothing until a report clears it, under every policy") {
   for (const std::string policy : {"seed", "round_robin", "least_loaded", "cache_affinity", "split"}) {
     CAPTURE(policy);
     test::cluster_system t;
     local_cluster_config cfg;
-    cfg.num_prefill_ranks = 3;
+    cfg.num_prefill_ranks = 4;
     cfg.num_decode_ranks = 1;
     cfg.executor.num_kv_pages = 128;
     cfg.prefill_balancer.policy = policy;
@@ -268,13 +268,27 @@ TEST_CASE("prefill balancer: a draining rank takes no new prompt and a rank that
     REQUIRE(t.wait_registered(cluster));
     self->send(cluster.prefill_balancer, drain_atom::value, cluster.prefill[0].handle);  // its node drains
     self->send_exit(cluster.prefill[1].handle, caf::exit_reason::kill);                  // its process died
-    size_t ranks = 3;
-    for (int i = 0; i < 1000 && ranks != 2; ++i) {
+    // prefill-3 reports what a rank whose executor can run nothing reports (its real report
+    // would come from its executor's standing failure, tests/actors/disaggregation.test.cpp).
+    auto report_of_3 = [&](const std::string& unavailable) {
+      std::vector<rank_load> loads;
+      self->request(cluster.prefill_balancer, std::chrono::seconds{5}, stats_atom::value)
+          .receive([&](std::vector<rank_load>& l) { loads = std::move(l); }, [](caf::error&) {});
+      for (auto& l : loads)
+        if (l.name == "prefill-3") {
+          l.unavailable = unavailable;
+          l.bucket = 0;
+          self->send(cluster.prefill_balancer, load_atom::value, l, cluster.prefill[3].handle);
+        }
+    };
+    report_of_3("expert parallelism: expert shard 1 of 2: its process ended");
+    size_t ranks = 4;
+    for (int i = 0; i < 1000 && ranks != 3; ++i) {
       self->request(cluster.prefill_balancer, std::chrono::seconds{5}, stats_atom::value)
           .receive([&](std::vector<rank_load>& l) { ranks = l.size(); }, [](caf::error&) {});
-      if (ranks != 2) std::this_thread::sleep_for(std::chrono::milliseconds{2});
+      if (ranks != 3) std::this_thread::sleep_for(std::chrono::milliseconds{2});
     }
-    REQUIRE(ranks == 2);  // the dead one is gone from the balancer's view, the draining one stays
+    REQUIRE(ranks == 3);  // the dead one is gone from the balancer's view, the others stay
     const auto placed = four_placements(t, self, cluster, 64);
     CHECK(placed == std::vector<std::string>(4, "prefill-2"));
     generate_request req;  // and through the whole cluster: no attempt lost on the dead rank
@@ -284,6 +298,19 @@ TEST_CASE("prefill balancer: a draining rank takes no new prompt and a rank that
     REQUIRE_MESSAGE(got, t.sys.render(got.error()));
     CHECK(got->prefill_rank == "prefill-2");
     CHECK(got->failovers == 0);
+    // Once its report clears, prefill-3 takes prompts again (under split, as one of the parts).
+    report_of_3("");
+    std::set<std::string> took;
+    for (uint64_t i = 0; i < 4; ++i)
+      self->request(cluster.prefill_balancer, std::chrono::seconds{10}, place_atom::value, place_query{200 + i, 64, 0, 70})
+          .receive(
+              [&](prefill_placement& p) {
+                took.insert(p.name);
+                took.insert(p.part_names.begin(), p.part_names.end());
+              },
+              [&](caf::error& e) { FAIL(t.sys.render(e)); });
+    CHECK(took.count("prefill-3") == 1);
+    CHECK(took.count("prefill-0") == 0);
   }
 }
 

@@ -548,6 +548,82 @@ TEST_CASE("data-parallel decode ranks in a cluster answer as colocated; once the
     for (const auto& p : prompts) CHECK(ask(p).decode_rank == "decode-2");
 }
 
+TEST_CASE("prefill ranks whose expert group broke step aside on their own: the balancer hears why and places "
+          "nothing there, orders sent anyway are refused naming why, and prompts go to the rank outside the group") {
+  test::cluster_system t;
+  auto cfg = small_cluster();
+  cfg.model = gpu::deepseek_tiny_config(true);
+  cfg.num_prefill_ranks = 3;  // prefill-0 and prefill-1 form a group, prefill-2 stands alone
+  auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
+  auto fabric = transport::make_loopback_fabric();
+  std::string why;
+  auto members = gpu::make_peer_group(
+      {"prefill-0-dp", "prefill-1-dp"}, cfg.model, {gpu::expert_slot_bytes(cfg.model, 512)},
+      [&](const std::string& name, std::string*) { return transport::make_loopback_transport(fabric, name); }, &why);
+  REQUIRE_MESSAGE(members.size() == 2, why);
+  auto make_exec = [&](const std::string& rank) -> std::shared_ptr<gpu::executor> {
+    auto ec = cfg.executor;
+    if (rank == "prefill-0") ec.peers = members[0];
+    if (rank == "prefill-1") ec.peers = members[1];
+    return gpu::make_cpu_executor(cfg.model, weights, ec);
+  };
+  auto cluster = start_local_cluster(t.sys, cfg, make_exec);
+  test::cluster_system::stopper stop{t, cluster};
+  REQUIRE(t.wait_registered(cluster));
+  auto ask = [&](const std::string& p) {
+    generate_request req;
+    req.prompt = p;
+    req.max_tokens = 8;
+    auto got = t.generate(cluster.router, req);
+    REQUIRE_MESSAGE(got, t.sys.render(got.error()));
+    CHECK(got->tokens == colocated(cfg, encode(cfg, p), 8).tokens);
+    return *got;
+  };
+  int in_group = 0;
+  for (int round = 0; round < 2; ++round)
+    for (const auto& p : prompts) in_group += ask(p).prefill_rank != "prefill-2";
+  CHECK(in_group > 0);  // the balancer placed prompts on the group's ranks, which answered as colocated
+
+  members[1]->fault_break_for_test("injected by the test");
+  const std::string broken = "data-parallel group of prefill-0-dp: member prefill-1-dp is out of step";
+  CHECK(members[0]->failure() == broken);
+  caf::scoped_actor self{t.sys};
+  // Both ranks step aside before any prompt tries them: their reports name why (bounded wait).
+  std::map<std::string, std::string> aside;
+  for (int i = 0; i < 500 && aside.size() < 2; ++i) {
+    self->request(cluster.prefill_balancer, std::chrono::seconds{5}, stats_atom::value)
+        .receive(
+            [&](std::vector<rank_load>& loads) {
+              for (const auto& l : loads)
+                if (!l.unavailable.empty()) aside[l.name] = l.unavailable;
+            },
+            [](caf::error&) {});
+    if (aside.size() < 2) std::this_thread::sleep_for(std::chrono::milliseconds{10});
+  }
+  REQUIRE(aside.size() == 2);
+  CHECK(aside["prefill-0"] == broken);
+  CHECK(aside["prefill-1"] == "data-parallel group, member prefill-1-dp: injected by the test");
+  bool logged = false;
+  self->request(cluster.prefill_balancer, std::chrono::seconds{5}, events_atom::value)
+      .receive(
+          [&](std::vector<placement_record>& log) {
+            for (const auto& r : log) logged |= r.rank == "prefill-0" && r.why == "steps aside: " + broken;
+          },
+          [](caf::error&) {});
+  CHECK(logged);
+  // An order placed before the balancer heard is refused, retryably, naming the rank and why.
+  std::string refusal;
+  prefill_order order;
+  order.request_id = 99;
+  order.tokens = {1, 2, 3};
+  self->request(cluster.prefill[0].handle, std::chrono::seconds{10}, order)
+      .receive([](prefill_result&) {}, [&](caf::error& e) { refusal = t.sys.render(e); });
+  CHECK(refusal.find("rank_unavailable") != std::string::npos);
+  CHECK_MESSAGE(refusal.find("request 99, rank prefill-0, stage prefill: " + broken) != std::string::npos, refusal);
+  for (int round = 0; round < 2; ++round)
+    for (const auto& p : prompts) CHECK(ask(p).prefill_rank == "prefill-2");
+}
+
 namespace {
 
 namespace xp = baton::transport;  // inside a transport, `transport` names the class

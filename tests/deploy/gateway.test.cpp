@@ -400,6 +400,7 @@ TEST_CASE("the gateway refuses what it cannot serve with the right status and a 
   CHECK(metrics.body.find("baton_http_responses_total{route=\"/v1/completions\",code=\"400\"} 1") != std::string::npos);
   CHECK(metrics.body.find("baton_ttft_seconds_count 1") != std::string::npos);
   CHECK(metrics.body.find("baton_rank_free_kv_pages{role=\"decode\",rank=\"decode-0\"}") != std::string::npos);
+  CHECK(metrics.body.find("baton_rank_available{role=\"prefill\",rank=\"prefill-0\"} 1\n") != std::string::npos);
   CHECK(metrics.body.find("baton_router_up 1") != std::string::npos);
 }
 
