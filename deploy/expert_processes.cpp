@@ -170,6 +170,81 @@ std::shared_ptr<gpu::expert_group> spawn_expert_group(const expert_spawn& s, con
   return group;
 }
 
+struct expert_group_keeper::engine {
+  std::weak_ptr<gpu::executor> exec;
+  expert_spawn spawn;
+  gpu::model_config cfg;
+  gpu::live_eplb_config eplb;
+  std::chrono::steady_clock::time_point next_try{};
+  std::chrono::milliseconds backoff{1000};
+};
+
+expert_group_keeper::expert_group_keeper(std::string who) : who_(std::move(who)), thread_([this] { loop(); }) {}
+
+expert_group_keeper::~expert_group_keeper() {
+  {
+    std::lock_guard<std::mutex> lock{m_};
+    stop_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+void expert_group_keeper::add(const std::shared_ptr<gpu::executor>& exec, expert_spawn s, const gpu::model_config& cfg,
+                              gpu::live_eplb_config eplb) {
+  auto e = std::make_shared<engine>();
+  e->exec = exec;
+  e->spawn = std::move(s);
+  e->cfg = cfg;
+  e->eplb = eplb;
+  std::lock_guard<std::mutex> lock{m_};
+  engines_.push_back(std::move(e));
+}
+
+uint64_t expert_group_keeper::restarts() const {
+  std::lock_guard<std::mutex> lock{m_};
+  return restarts_;
+}
+
+void expert_group_keeper::loop() {
+  // Shards are started from this thread, which lives as long as the keeper: a shard's
+  // PR_SET_PDEATHSIG follows the thread that forked it, not the process.
+  const std::string failure_prefix = "expert parallelism: ";
+  std::unique_lock<std::mutex> lock{m_};
+  while (!wake_.wait_for(lock, std::chrono::milliseconds{100}, [this] { return stop_; })) {
+    const auto engines = engines_;
+    lock.unlock();
+    for (const auto& e : engines) {
+      auto exec = e->exec.lock();
+      if (!exec) continue;
+      const auto failure = exec->standing_failure();
+      if (failure.rfind(failure_prefix, 0) != 0 || exec->rejoin_pending()) continue;
+      if (std::chrono::steady_clock::now() < e->next_try) continue;
+      const auto& rank = e->spawn.name;
+      std::printf("%s: rank %s stepped aside (%s): starting new expert shards\n", who_.c_str(), rank.c_str(),
+                  failure.c_str());
+      std::fflush(stdout);
+      std::string why;
+      auto group = spawn_expert_group(e->spawn, e->cfg, &why);
+      const bool ok = group && (!e->eplb.slots_per_rank || group->enable_eplb(e->eplb, e->cfg.moe.n_routed_experts, &why)) &&
+                      exec->replace_experts(std::move(group), &why);
+      if (ok) {
+        e->backoff = std::chrono::milliseconds{1000};
+        std::printf("%s: rank %s has new expert shards and takes work again\n", who_.c_str(), rank.c_str());
+        std::lock_guard<std::mutex> count{m_};
+        ++restarts_;
+      } else {
+        e->next_try = std::chrono::steady_clock::now() + e->backoff;
+        std::printf("%s: rank %s: new expert shards did not start (%s); trying again in %lld ms\n", who_.c_str(),
+                    rank.c_str(), why.c_str(), static_cast<long long>(e->backoff.count()));
+        e->backoff = std::min(e->backoff * 2, std::chrono::milliseconds{30000});
+      }
+      std::fflush(stdout);
+    }
+    lock.lock();
+  }
+}
+
 int run_experts(const std::vector<std::string>& args) {
   std::string model = "random", name = "engine";
   uint64_t seed = 0, slot = 0;

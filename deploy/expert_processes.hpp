@@ -4,12 +4,16 @@
 // processes (`baton experts`), connected to the engine's executor over UCX through the
 // all-to-all of transport/all_to_all.hpp. The keys travel over the children's stdin and stdout.
 
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "actors/config.hpp"
+#include "gpu/executor.hpp"
 #include "gpu/expert_parallel.hpp"
 
 namespace baton::deploy {
@@ -32,6 +36,38 @@ uint64_t engine_slot_bytes(const gpu::model_config& cfg, const prefill_rank_conf
 /// or null with `*why`.
 std::shared_ptr<gpu::expert_group> spawn_expert_group(const expert_spawn& s, const gpu::model_config& cfg,
                                                       std::string* why);
+
+/// Restarts lost expert shards. Every 100 ms it looks at each engine it was given: one whose
+/// executor's standing failure comes from its expert group (a shard's process ended, or the
+/// shard failed) gets a new group of shards, started as the first one was (spawn_expert_group,
+/// live EPLB on again if it was), handed over with gpu::executor::replace_experts. Meanwhile the
+/// engine's rank has stepped aside (its load reports name the failure); it takes work again
+/// once its executor switched. A start that fails is tried again after 1 s, doubling up to
+/// 30 s. `who` prefixes its lines on stdout ("baton node decode-a"). One thread, joined by the
+/// destructor; executors are held weakly.
+class expert_group_keeper {
+public:
+  explicit expert_group_keeper(std::string who);
+  ~expert_group_keeper();
+  expert_group_keeper(const expert_group_keeper&) = delete;
+  expert_group_keeper& operator=(const expert_group_keeper&) = delete;
+  /// Keeps `exec`'s shards running as `s` says (the model `cfg`, live EPLB per `eplb`).
+  void add(const std::shared_ptr<gpu::executor>& exec, expert_spawn s, const gpu::model_config& cfg,
+           gpu::live_eplb_config eplb);
+  /// Groups started in place of lost ones so far.
+  uint64_t restarts() const;
+
+private:
+  struct engine;
+  void loop();
+  std::string who_;
+  mutable std::mutex m_;
+  std::vector<std::shared_ptr<engine>> engines_;
+  uint64_t restarts_ = 0;
+  bool stop_ = false;
+  std::condition_variable wake_;
+  std::thread thread_;
+};
 
 /// Data-parallel attention among ranks of this process (gpu::expert_peers): `ranks` (names, in
 /// order) form groups of `ep` consecutive ranks over UCX, each rank its group's member (with

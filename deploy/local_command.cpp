@@ -432,7 +432,12 @@ int run_local(const std::vector<std::string>& args) {
     }
   }
   executor_factory make_exec;
+  // Engines with expert shards of their own: a lost shard is started afresh (the rank steps
+  // aside meanwhile). Declared after the actor system, so it stops first: no shard is started
+  // while the ranks are being stopped.
+  std::unique_ptr<expert_group_keeper> keeper;
   if (opt.expert_parallel > 1) {
+    keeper = std::make_unique<expert_group_keeper>("baton local");
     // Each engine (rank) gets its own expert processes; its largest job bounds the all-to-all slots.
     const auto& c = opt.cluster;
     auto weights = c.weights ? c.weights : std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(c.model, c.weights_seed));
@@ -452,7 +457,7 @@ int run_local(const std::vector<std::string>& args) {
       }
       for (size_t i = 0; i < names.size(); ++i) dp[names[i]] = members[i];
     }
-    make_exec = [&opt, weights, dp](const std::string& rank) -> std::shared_ptr<gpu::executor> {
+    make_exec = [&opt, weights, dp, k = keeper.get()](const std::string& rank) -> std::shared_ptr<gpu::executor> {
       const auto& c = opt.cluster;
       if (auto it = dp.find(rank); it != dp.end()) {
         auto ec = c.executor;
@@ -460,10 +465,9 @@ int run_local(const std::vector<std::string>& args) {
         return gpu::make_cpu_executor(c.model, weights, ec);
       }
       std::string why;
-      auto group = spawn_expert_group(
-          {opt.model, c.weights_seed, opt.expert_parallel, engine_slot_bytes(c.model, c.prefill, c.decode), rank,
-           opt.dual_batch_overlap},
-          c.model, &why);
+      const expert_spawn spawn{opt.model, c.weights_seed, opt.expert_parallel,
+                               engine_slot_bytes(c.model, c.prefill, c.decode), rank, opt.dual_batch_overlap};
+      auto group = spawn_expert_group(spawn, c.model, &why);
       if (!group) {
         std::fprintf(stderr, "baton local: %s: %s\n", rank.c_str(), why.c_str());
         return gpu::make_refusing_executor(c.model, c.executor, rank + ": expert parallelism could not start: " + why);
@@ -474,7 +478,9 @@ int run_local(const std::vector<std::string>& args) {
       }
       auto ec = c.executor;
       ec.experts = std::move(group);
-      return gpu::make_cpu_executor(c.model, weights, ec);
+      std::shared_ptr<gpu::executor> exec = gpu::make_cpu_executor(c.model, weights, ec);
+      k->add(exec, spawn, c.model, opt.eplb);
+      return exec;
     };
   }
   opt.cluster.elastic.print_moves = opt.serve;  // a serving head's operator sees each move as it happens

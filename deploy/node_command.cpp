@@ -454,6 +454,10 @@ int run_node(const std::vector<std::string>& args) {
   };
   auto dp = std::make_shared<dp_members>();
   dp->execs.resize(num_ranks);
+  // Ranks with expert shards of their own: a lost shard is started afresh (the rank steps aside
+  // meanwhile), not left to fail the rank for good.
+  std::shared_ptr<expert_group_keeper> keeper;
+  if (expert_parallel > 1 && !dp_attention) keeper = std::make_shared<expert_group_keeper>("baton node " + name);
   // Set when this node leaves (a stop, or a group that could not re-form): meetings in progress end.
   auto leaving = std::make_shared<std::atomic<bool>>(false);
   const dp_layout dp_at{num_ranks, dp_first_rank, expert_parallel};
@@ -660,14 +664,15 @@ int run_node(const std::vector<std::string>& args) {
         ec.peers = dp->peers[i];
         exec = gpu::make_cpu_executor(model, weights, ec);
       } else if (expert_parallel > 1) {
-        auto group = spawn_expert_group({model_dir, weights_seed, expert_parallel,
-                                         engine_slot_bytes(model, prefill, rank), rank_name, dual_batch_overlap},
-                                        model, &why);
+        const expert_spawn spawn{model_dir,    weights_seed, expert_parallel, engine_slot_bytes(model, prefill, rank),
+                                 rank_name, dual_batch_overlap};
+        auto group = spawn_expert_group(spawn, model, &why);
         if (!group) return "rank " + rank_name + ": expert parallelism: " + why;
         if (eplb.slots_per_rank && !group->enable_eplb(eplb, model.moe.n_routed_experts, &why))
           return "rank " + rank_name + ": expert parallelism: " + why;
         ec.experts = std::move(group);
         exec = gpu::make_cpu_executor(model, weights, ec);
+        keeper->add(exec, spawn, model, eplb);
       } else {
         exec = gpu::make_backend_executor(backend, model, weights, ec);
       }

@@ -104,6 +104,7 @@ public:
     if (peers_) fill_store(*peers_);
     auto check = [this](const forward_job& job) { return check_forward_job(job, cfg_, kv_.layout()); };
     auto run = [this](const forward_job& job, executor_sink& sink) {
+      if (experts_) switch_experts();
       forward(job, sink);
       // A forward that failed midway still ends its step with the group; then, as when idle,
       // this member joins a step a peer has started.
@@ -112,6 +113,8 @@ public:
     };
     if (peers_)
       jobs_.start(check, run, {}, [this] { join_peers(); });
+    else if (experts_)  // while idle: a dead shard is noticed, and new shards are taken
+      jobs_.start(check, run, {}, [this] { idle_experts(); }, std::chrono::milliseconds{5});
     else
       jobs_.start(check, run);
   }
@@ -122,28 +125,47 @@ public:
     jobs_.stop();
     if (peers_) peers_->leave();
     std::shared_ptr<expert_peers> next;
+    std::shared_ptr<expert_group> next_experts;
     {
       std::lock_guard<std::mutex> lock{failure_mutex_};
-      stopped_ = true;  // rejoin_group refuses from here on: no thread is left to switch
+      stopped_ = true;  // rejoin_group and replace_experts refuse from here on: no thread is left to switch
       next = std::move(next_peers_);
+      next_experts = std::move(next_experts_);  // dropped here: its deleter stops its shards
     }
     if (next) next->leave();  // a re-formed group this executor never switched to
   }
 
   std::string standing_failure() const override {
-    if (experts_)  // a shard out for good: no MoE layer can run here any more
-      if (auto f = experts_->failure(); !f.empty()) return "expert parallelism: " + f;
     std::shared_ptr<expert_peers> peers;
+    std::shared_ptr<expert_group> experts;
     {
       std::lock_guard<std::mutex> lock{failure_mutex_};
       peers = peers_;
+      experts = experts_;
     }
+    if (experts)  // a shard out for good: no MoE layer can run here any more
+      if (auto f = experts->failure(); !f.empty()) return "expert parallelism: " + f;
     return peers ? peers->failure() : std::string{};
+  }
+
+  bool replace_experts(std::shared_ptr<expert_group> group, std::string* why) override {
+    if (!group) return *why = "replace_experts: no group given", false;
+    std::lock_guard<std::mutex> lock{failure_mutex_};
+    if (!experts_) return *why = "this executor has no expert shards", false;
+    if (stopped_) return *why = "this executor has stopped", false;
+    if (next_experts_) return *why = "it has not yet switched to the shards it was given before", false;
+    if (group->size() != experts_->size())
+      return *why = "the new group has " + std::to_string(group->size()) + " EP ranks, this executor's has " +
+                    std::to_string(experts_->size()),
+             false;
+    if (experts_->failure().empty()) return *why = "its expert group has not failed; nothing to replace", false;
+    next_experts_ = std::move(group);  // switched to by switch_experts, between jobs
+    return true;
   }
 
   bool rejoin_pending() const override {
     std::lock_guard<std::mutex> lock{failure_mutex_};
-    return next_peers_ != nullptr;
+    return next_peers_ != nullptr || next_experts_ != nullptr;
   }
 
   void on_health_change(std::function<void()> fn) override {
@@ -674,6 +696,32 @@ private:
     return !peers.held(first).empty();
   }
 
+  /// Expert parallelism with shards, while idle: a shard whose process ended is noticed before a
+  /// request finds out (the rank steps aside), and new shards replace_experts gave are taken.
+  void idle_experts() {
+    switch_experts();
+    if (!failure_told_ && experts_->check_shards()) tell_failure();
+  }
+
+  /// Takes the shards replace_experts gave, if any (executor thread, between jobs): the old group
+  /// goes (its deleter stops what is left of its shards), and the rank hears that its standing
+  /// failure cleared.
+  void switch_experts() {
+    std::shared_ptr<expert_group> old;
+    std::function<void()> tell;
+    {
+      std::lock_guard<std::mutex> lock{failure_mutex_};
+      if (!next_experts_) return;
+      old = std::move(experts_);
+      experts_ = std::move(next_experts_);
+      tell = failure_listener_;
+    }
+    old.reset();
+    rounds_ = 0;
+    failure_told_ = false;
+    if (tell) tell();
+  }
+
   /// Takes the group rejoin_group gave, if any (executor thread, between jobs): from here on this
   /// executor runs that group's steps; the rank hears that its standing failure cleared.
   void switch_peers() {
@@ -696,7 +744,10 @@ private:
   thread_pool pool_;
   unsigned num_threads_;
   sampling_scratch scratch_;  ///< the sampler's buffers (sampling runs on the executor's thread)
-  std::shared_ptr<expert_group> experts_;  ///< expert parallelism; null: every expert here
+  /// Expert parallelism with shards; null: every expert here. Replaced (switch_experts) only on
+  /// the executor's thread and under failure_mutex_, as peers_ is.
+  std::shared_ptr<expert_group> experts_;
+  std::shared_ptr<expert_group> next_experts_;  ///< the new shards replace_experts gave, not yet taken
   /// Data-parallel attention; null: not in a group. Replaced (by switch_peers) only on the
   /// executor's thread and under failure_mutex_, so that thread reads it freely; others lock.
   std::shared_ptr<expert_peers> peers_;

@@ -187,8 +187,20 @@ public:
     *why = "this executor is in no data-parallel group";
     return false;
   }
-  /// Whether a group rejoin_group gave is not yet switched to (the executor is mid-job).
+  /// Whether a group rejoin_group or replace_experts gave is not yet switched to (the executor
+  /// is mid-job).
   virtual bool rejoin_pending() const { return false; }
+  /// Expert parallelism with shards (the attention-lead form): a shard of this executor's group
+  /// is out for good (standing_failure() says so), and `group` is a new one with live shards,
+  /// started by the owner (deploy::expert_group_keeper). The executor switches to it on its own
+  /// thread, between jobs or while idle; its standing failure then clears and the rank takes
+  /// work again. The old group is dropped there (its deleter stops its shards). False and a
+  /// sentence when it has no shards, its group has not failed, it has stopped, or an earlier
+  /// replacement is still pending.
+  virtual bool replace_experts(std::shared_ptr<expert_group> /*group*/, std::string* why) {
+    *why = "this executor has no expert shards";
+    return false;
+  }
 };
 
 /// Jobs come from actors that validated requests, but a wrong page table would scribble over

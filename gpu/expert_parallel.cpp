@@ -45,17 +45,24 @@ expert_group::expert_group(std::unique_ptr<transport::transport> t, std::unique_
 }
 
 void expert_group::watch_shards(std::function<std::string(uint32_t)> gone) {
-  auto g = std::make_shared<std::function<std::string(uint32_t)>>(std::move(gone));
+  gone_ = std::move(gone);
   for (auto* c : {a2a_.get(), b_.get()})
-    if (c)
-      c->set_abort([this, c, g](uint32_t s) {
-        std::string why = c->peer_aborted(s) ? std::string{"the shard failed"} : *g ? (*g)(s) : std::string{};
-        if (!why.empty()) {  // out for good: the rank is told (failure()) and steps aside
-          std::lock_guard<std::mutex> lock{failure_mutex_};
-          if (failure_.empty()) failure_ = "expert shard " + std::to_string(s) + " of " + std::to_string(size_) + ": " + why;
-        }
-        return why;
-      });
+    if (c) c->set_abort([this, c](uint32_t s) { return judge(*c, s); });
+}
+
+std::string expert_group::judge(transport::all_to_all& c, uint32_t s) {
+  std::string why = c.peer_aborted(s) ? std::string{"the shard failed"} : gone_ ? gone_(s) : std::string{};
+  if (!why.empty()) {  // out for good: the rank is told (failure()) and steps aside
+    std::lock_guard<std::mutex> lock{failure_mutex_};
+    if (failure_.empty()) failure_ = "expert shard " + std::to_string(s) + " of " + std::to_string(size_) + ": " + why;
+  }
+  return why;
+}
+
+bool expert_group::check_shards() {
+  if (a2a_)
+    for (uint32_t s = 1; s < size_ && failure().empty(); ++s) judge(*a2a_, s);
+  return !failure().empty();
 }
 
 std::string expert_group::failure() const {

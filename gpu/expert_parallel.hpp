@@ -72,6 +72,10 @@ public:
   /// (its process exited), else nothing. An exchange waiting for it then fails at once with the
   /// reason, instead of at the timeout with none. Called from the executor's thread while it waits.
   void watch_shards(std::function<std::string(uint32_t rank)> gone);
+  /// Looks at every shard as a waiting exchange would (an abort word, watch_shards' verdict)
+  /// without an exchange: an idle engine notices a dead shard before a request finds out. True
+  /// when failure() is set. Called from the executor's thread only, as exchanges are.
+  bool check_shards();
   /// Non-empty once a shard is known to be out for good (it failed, or its process ended), saying
   /// which and how: no round can run any more. Thread-safe (ranks ask between jobs).
   std::string failure() const;
@@ -142,6 +146,9 @@ private:
   uint32_t dual_layer_ = 0;                              ///< the open dual round's layer
   std::vector<std::vector<std::byte>> dual_a_, dual_b_;  ///< its entries, until their outputs are back
   uint64_t split_rounds_ = 0;
+  /// The verdict on shard `s` as channel `c` waits for it (see watch_shards); sets failure_.
+  std::string judge(transport::all_to_all& c, uint32_t s);
+  std::function<std::string(uint32_t)> gone_;  ///< watch_shards' verdict (executor thread only)
   std::string failure_;              ///< failure(): a shard out for good
   mutable std::mutex failure_mutex_;  ///< failure_ is read by ranks from other threads
 };

@@ -63,6 +63,9 @@ public:
     return inner_->rejoin_group(std::move(peers), why);
   }
   bool rejoin_pending() const override { return inner_->rejoin_pending(); }
+  bool replace_experts(std::shared_ptr<expert_group> group, std::string* why) override {
+    return inner_->replace_experts(std::move(group), why);
+  }
 
 protected:
   std::shared_ptr<executor> inner_;

@@ -251,6 +251,65 @@ TEST_CASE("expert parallelism: a malformed dispatch chunk is refused with a sent
   ec3.experts.reset();
 }
 
+TEST_CASE("expert parallelism: an idle engine notices by itself a shard that is out for good and steps aside, takes "
+          "a new group between jobs (replace_experts) and answers as EP 1 again; replacements it cannot take are "
+          "refused with a sentence") {
+  const auto cfg = deepseek_tiny_config(true);
+  auto w = std::make_shared<const model_weights>(make_seeded_weights(cfg, 21));
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 24; ++i) prompt.push_back((i * 37 + 11) % 256);
+  const auto ref = generate_colocated(*make_cpu_executor(cfg, w, {}), prompt, 4, 16, {}, true);
+  REQUIRE(ref.error.empty());
+  // Declared before what reads them: the fixtures' groups ask `dead`, the executor tells `told`.
+  std::atomic<bool> dead{false};
+  std::atomic<int> told{0};
+  ep_fixture first{"loopback", 2, cfg, w}, second{"loopback", 2, cfg, w};
+  // As spawn_expert_group's watch: the shard's process ended (here: the test says so).
+  first.group->watch_shards([&dead](uint32_t r) {
+    return r == 1 && dead ? std::string{"its process (test-shard, pid 1) ended with signal 9"} : std::string{};
+  });
+  cpu_executor_config ec;
+  ec.experts = first.group;
+  auto exec = make_cpu_executor(cfg, w, ec);
+  ec.experts.reset();
+  exec->on_health_change([&told] { ++told; });
+  auto got = generate_colocated(*exec, prompt, 4, 16, {}, true);
+  REQUIRE_MESSAGE(got.error.empty(), got.error);
+  CHECK(got.tokens == ref.tokens);
+  std::string why;
+  CHECK_FALSE(exec->replace_experts(second.group, &why));
+  CHECK(why == "its expert group has not failed; nothing to replace");
+  CHECK_FALSE(exec->replace_experts(nullptr, &why));
+  CHECK(why == "replace_experts: no group given");
+
+  dead = true;  // no job runs: the idle executor looks at its shards by itself
+  for (int i = 0; i < 400 && told.load() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{5});
+  CHECK(told.load() == 1);
+  CHECK(exec->standing_failure() ==
+        "expert parallelism: expert shard 1 of 2: its process (test-shard, pid 1) ended with signal 9");
+  REQUIRE_MESSAGE(exec->replace_experts(second.group, &why), why);
+  for (int i = 0; i < 400 && told.load() < 2; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{5});
+  CHECK(told.load() == 2);  // the rank hears that the failure cleared
+  CHECK(exec->standing_failure().empty());
+  CHECK_FALSE(exec->rejoin_pending());
+  first.finish();  // the old shard stops: only the new group can serve from here on
+  CHECK(first.shard_errors[1] == "stopped");
+  got = generate_colocated(*exec, prompt, 4, 16, {}, true);
+  REQUIRE_MESSAGE(got.error.empty(), got.error);
+  CHECK(got.tokens == ref.tokens);
+  CHECK(test::same_bits(got.step_logits, ref.step_logits));
+  CHECK_FALSE(exec->replace_experts(second.group, &why));
+  CHECK(why == "its expert group has not failed; nothing to replace");
+  exec.reset();
+  second.finish();
+  CHECK(second.shard_errors[1] == "stopped");
+  // An executor without shards has nothing to replace.
+  auto plain = make_cpu_executor(cfg, w, {});
+  ep_fixture third{"loopback", 2, cfg, w};
+  CHECK_FALSE(plain->replace_experts(third.group, &why));
+  CHECK(why == "this executor has no expert shards");
+}
+
 TEST_CASE("live EPLB: on a skewed routing load the hottest EP rank's copies drop from 3.8x the mean to 1.15x, and "
           "tokens stay those of EP 1") {
   const auto cfg = deepseek_tiny_config(true);
