@@ -171,10 +171,12 @@ std::shared_ptr<gpu::expert_group> spawn_expert_group(const expert_spawn& s, con
 }
 
 struct expert_group_keeper::engine {
-  std::weak_ptr<gpu::executor> exec;
-  expert_spawn spawn;
-  gpu::model_config cfg;
-  gpu::live_eplb_config eplb;
+  std::string label;      ///< "rank prefill-0", "data-parallel group dp0"
+  std::string broken;     ///< how the executors' standing failures from this group begin
+  std::string doing, done;
+  std::vector<std::weak_ptr<gpu::executor>> execs;  ///< in member order; empty slots until added
+  /// Mends the group of these live executors; empty, or why not.
+  std::function<std::string(const std::vector<std::shared_ptr<gpu::executor>>&)> repair;
   std::chrono::steady_clock::time_point next_try{};
   std::chrono::milliseconds backoff{1000};
 };
@@ -193,54 +195,93 @@ expert_group_keeper::~expert_group_keeper() {
 void expert_group_keeper::add(const std::shared_ptr<gpu::executor>& exec, expert_spawn s, const gpu::model_config& cfg,
                               gpu::live_eplb_config eplb) {
   auto e = std::make_shared<engine>();
-  e->exec = exec;
-  e->spawn = std::move(s);
-  e->cfg = cfg;
-  e->eplb = eplb;
+  e->label = "rank " + s.name;
+  e->broken = "expert parallelism: ";
+  e->doing = "starting new expert shards";
+  e->done = "has new expert shards and takes work again";
+  e->execs = {exec};
+  e->repair = [s = std::move(s), cfg, eplb](const std::vector<std::shared_ptr<gpu::executor>>& execs) {
+    std::string why;
+    auto group = spawn_expert_group(s, cfg, &why);
+    const bool ok = group && (!eplb.slots_per_rank || group->enable_eplb(eplb, cfg.moe.n_routed_experts, &why)) &&
+                    execs[0]->replace_experts(std::move(group), &why);
+    return ok ? std::string{} : why.empty() ? std::string{"no reason given"} : why;
+  };
   std::lock_guard<std::mutex> lock{m_};
   engines_.push_back(std::move(e));
 }
 
-uint64_t expert_group_keeper::restarts() const {
+void expert_group_keeper::add_dp_member(const std::string& group, uint32_t member, uint32_t size,
+                                        const std::shared_ptr<gpu::executor>& exec, remake_fn remake) {
   std::lock_guard<std::mutex> lock{m_};
-  return restarts_;
+  std::shared_ptr<engine> e;
+  for (auto& x : engines_)
+    if (x->label == "data-parallel group " + group) e = x;
+  if (!e) {
+    e = std::make_shared<engine>();
+    e->label = "data-parallel group " + group;
+    e->broken = "data-parallel group";
+    e->doing = "re-forming it in place";
+    e->done = "re-formed in place; its ranks take work again";
+    e->execs.resize(size);
+    e->repair = [remake = std::move(remake)](const std::vector<std::shared_ptr<gpu::executor>>& execs) {
+      std::string why;
+      auto members = remake(&why);
+      if (members.size() != execs.size())
+        return members.empty() ? why : "the group was made with " + std::to_string(members.size()) + " members, not " +
+                                           std::to_string(execs.size());
+      // A member refused (stopped meanwhile, say) leaves the others switched to a group that
+      // cannot run a step: it breaks again, and the next look re-forms it again.
+      for (size_t i = 0; i < execs.size(); ++i)
+        if (!execs[i]->rejoin_group(members[i], &why)) return "member " + std::to_string(i) + ": " + why;
+      return std::string{};
+    };
+    engines_.push_back(e);
+  }
+  if (member < e->execs.size()) e->execs[member] = exec;
+}
+
+uint64_t expert_group_keeper::repairs() const {
+  std::lock_guard<std::mutex> lock{m_};
+  return repairs_;
+}
+
+void expert_group_keeper::look_at(engine& e) {
+  std::vector<std::shared_ptr<gpu::executor>> execs;
+  std::string failure;
+  for (const auto& w : e.execs) {
+    auto x = w.lock();
+    if (!x || x->rejoin_pending()) return;  // not all added yet, gone, or switching already
+    auto f = x->standing_failure();
+    if (f.rfind(e.broken, 0) != 0) return;  // healthy, or not (yet) broken through its group
+    if (failure.empty()) failure = std::move(f);
+    execs.push_back(std::move(x));
+  }
+  if (execs.empty() || std::chrono::steady_clock::now() < e.next_try) return;
+  std::printf("%s: %s stepped aside (%s): %s\n", who_.c_str(), e.label.c_str(), failure.c_str(), e.doing.c_str());
+  std::fflush(stdout);
+  if (const auto why = e.repair(execs); why.empty()) {
+    e.backoff = std::chrono::milliseconds{1000};
+    std::printf("%s: %s %s\n", who_.c_str(), e.label.c_str(), e.done.c_str());
+    std::lock_guard<std::mutex> lock{m_};
+    ++repairs_;
+  } else {
+    e.next_try = std::chrono::steady_clock::now() + e.backoff;
+    std::printf("%s: %s: %s did not work (%s); trying again in %lld ms\n", who_.c_str(), e.label.c_str(),
+                e.doing.c_str(), why.c_str(), static_cast<long long>(e.backoff.count()));
+    e.backoff = std::min(e.backoff * 2, std::chrono::milliseconds{30000});
+  }
+  std::fflush(stdout);
 }
 
 void expert_group_keeper::loop() {
   // Shards are started from this thread, which lives as long as the keeper: a shard's
   // PR_SET_PDEATHSIG follows the thread that forked it, not the process.
-  const std::string failure_prefix = "expert parallelism: ";
   std::unique_lock<std::mutex> lock{m_};
   while (!wake_.wait_for(lock, std::chrono::milliseconds{100}, [this] { return stop_; })) {
     const auto engines = engines_;
     lock.unlock();
-    for (const auto& e : engines) {
-      auto exec = e->exec.lock();
-      if (!exec) continue;
-      const auto failure = exec->standing_failure();
-      if (failure.rfind(failure_prefix, 0) != 0 || exec->rejoin_pending()) continue;
-      if (std::chrono::steady_clock::now() < e->next_try) continue;
-      const auto& rank = e->spawn.name;
-      std::printf("%s: rank %s stepped aside (%s): starting new expert shards\n", who_.c_str(), rank.c_str(),
-                  failure.c_str());
-      std::fflush(stdout);
-      std::string why;
-      auto group = spawn_expert_group(e->spawn, e->cfg, &why);
-      const bool ok = group && (!e->eplb.slots_per_rank || group->enable_eplb(e->eplb, e->cfg.moe.n_routed_experts, &why)) &&
-                      exec->replace_experts(std::move(group), &why);
-      if (ok) {
-        e->backoff = std::chrono::milliseconds{1000};
-        std::printf("%s: rank %s has new expert shards and takes work again\n", who_.c_str(), rank.c_str());
-        std::lock_guard<std::mutex> count{m_};
-        ++restarts_;
-      } else {
-        e->next_try = std::chrono::steady_clock::now() + e->backoff;
-        std::printf("%s: rank %s: new expert shards did not start (%s); trying again in %lld ms\n", who_.c_str(),
-                    rank.c_str(), why.c_str(), static_cast<long long>(e->backoff.count()));
-        e->backoff = std::min(e->backoff * 2, std::chrono::milliseconds{30000});
-      }
-      std::fflush(stdout);
-    }
+    for (const auto& e : engines) look_at(*e);
     lock.lock();
   }
 }

@@ -6,6 +6,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -37,16 +38,22 @@ uint64_t engine_slot_bytes(const gpu::model_config& cfg, const prefill_rank_conf
 std::shared_ptr<gpu::expert_group> spawn_expert_group(const expert_spawn& s, const gpu::model_config& cfg,
                                                       std::string* why);
 
-/// Restarts lost expert shards. Every 100 ms it looks at each engine it was given: one whose
-/// executor's standing failure comes from its expert group (a shard's process ended, or the
-/// shard failed) gets a new group of shards, started as the first one was (spawn_expert_group,
-/// live EPLB on again if it was), handed over with gpu::executor::replace_experts. Meanwhile the
-/// engine's rank has stepped aside (its load reports name the failure); it takes work again
-/// once its executor switched. A start that fails is tried again after 1 s, doubling up to
-/// 30 s. `who` prefixes its lines on stdout ("baton node decode-a"). One thread, joined by the
-/// destructor; executors are held weakly.
+/// Keeps the expert groups of this process's engines whole. Every 100 ms it looks at what it
+/// was given; once an executor's standing failure comes from its group, the rank has stepped
+/// aside (its load reports name the failure), and the keeper repairs the group:
+/// - an engine with expert shards (the attention-lead form), whose shard's process ended or
+///   failed: a new group of shards is started as the first was (spawn_expert_group, live EPLB
+///   on again if it was) and handed over with gpu::executor::replace_experts;
+/// - a data-parallel group of this process (`baton local --dp-attention`), once every member
+///   reports it broken (a member stalled past the step timeout, say): the group is made afresh
+///   and every executor rejoins it (gpu::executor::rejoin_group). `baton node` groups span
+///   processes and re-form through the head instead (deploy/node_command.cpp).
+/// Each executor switches between jobs; its rank then takes work again. A repair that fails is
+/// tried again after 1 s, doubling up to 30 s. `who` prefixes its lines on stdout ("baton
+/// node decode-a"). One thread, joined by the destructor; executors are held weakly.
 class expert_group_keeper {
 public:
+  using remake_fn = std::function<std::vector<std::shared_ptr<gpu::expert_peers>>(std::string* why)>;
   explicit expert_group_keeper(std::string who);
   ~expert_group_keeper();
   expert_group_keeper(const expert_group_keeper&) = delete;
@@ -54,16 +61,23 @@ public:
   /// Keeps `exec`'s shards running as `s` says (the model `cfg`, live EPLB per `eplb`).
   void add(const std::shared_ptr<gpu::executor>& exec, expert_spawn s, const gpu::model_config& cfg,
            gpu::live_eplb_config eplb);
-  /// Groups started in place of lost ones so far.
-  uint64_t restarts() const;
+  /// `exec` is member `member` of the `size` members of data-parallel group `group`, which
+  /// `remake` builds afresh (its members in member order). Members may be added in any order;
+  /// the group is looked at once all are.
+  void add_dp_member(const std::string& group, uint32_t member, uint32_t size, const std::shared_ptr<gpu::executor>& exec,
+                     remake_fn remake);
+  /// Groups repaired so far.
+  uint64_t repairs() const;
 
 private:
   struct engine;
   void loop();
+  /// Repairs `e` when every executor of it reports its group broken (keeper thread).
+  void look_at(engine& e);
   std::string who_;
   mutable std::mutex m_;
   std::vector<std::shared_ptr<engine>> engines_;
-  uint64_t restarts_ = 0;
+  uint64_t repairs_ = 0;
   bool stop_ = false;
   std::condition_variable wake_;
   std::thread thread_;

@@ -441,28 +441,37 @@ int run_local(const std::vector<std::string>& args) {
     // Each engine (rank) gets its own expert processes; its largest job bounds the all-to-all slots.
     const auto& c = opt.cluster;
     auto weights = c.weights ? c.weights : std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(c.model, c.weights_seed));
-    // Data-parallel attention: the decode ranks' group members, by rank name.
-    std::map<std::string, std::shared_ptr<gpu::expert_peers>> dp;
+    // Data-parallel attention: the decode ranks' group members, by rank name, with their index
+    // (rank i is member i % EP of group i / EP).
+    std::map<std::string, std::pair<std::shared_ptr<gpu::expert_peers>, uint32_t>> dp;
+    std::vector<std::string> dp_names;
+    const gpu::peer_group_config dp_group{.slot_bytes = engine_slot_bytes(c.model, c.prefill, c.decode),
+                                          .dual_batch = opt.dual_batch_overlap};
     if (opt.dp_attention) {
-      std::vector<std::string> names;
-      for (uint32_t i = 0; i < c.num_decode_ranks; ++i) names.push_back(c.decode.name + "-" + std::to_string(i));
+      for (uint32_t i = 0; i < c.num_decode_ranks; ++i) dp_names.push_back(c.decode.name + "-" + std::to_string(i));
       std::string why;
-      const auto members = make_dp_attention_groups(
-          names, opt.expert_parallel, c.model,
-          {.slot_bytes = engine_slot_bytes(c.model, c.prefill, c.decode), .dual_batch = opt.dual_batch_overlap}, opt.eplb,
-          c.ucx_send, &why);
+      const auto members =
+          make_dp_attention_groups(dp_names, opt.expert_parallel, c.model, dp_group, opt.eplb, c.ucx_send, &why);
       if (members.empty()) {
         std::fprintf(stderr, "baton local: data-parallel attention: %s\n", why.c_str());
         return 1;
       }
-      for (size_t i = 0; i < names.size(); ++i) dp[names[i]] = members[i];
+      for (uint32_t i = 0; i < dp_names.size(); ++i) dp[dp_names[i]] = {members[i], i};
     }
-    make_exec = [&opt, weights, dp, k = keeper.get()](const std::string& rank) -> std::shared_ptr<gpu::executor> {
+    make_exec = [&opt, weights, dp, dp_names, dp_group, k = keeper.get()](const std::string& rank) -> std::shared_ptr<gpu::executor> {
       const auto& c = opt.cluster;
       if (auto it = dp.find(rank); it != dp.end()) {
         auto ec = c.executor;
-        ec.peers = it->second;
-        return gpu::make_cpu_executor(c.model, weights, ec);
+        ec.peers = it->second.first;
+        std::shared_ptr<gpu::executor> exec = gpu::make_cpu_executor(c.model, weights, ec);
+        // A group that broke (a member stalled past the step timeout) is made afresh in place.
+        const uint32_t ep = opt.expert_parallel, i = it->second.second, g = i / ep;
+        const std::vector<std::string> group_names(dp_names.begin() + g * ep, dp_names.begin() + (g + 1) * ep);
+        k->add_dp_member("dp" + std::to_string(g), i % ep, ep, exec,
+                         [group_names, ep, model = c.model, dp_group, eplb = opt.eplb, ucx = c.ucx_send](std::string* why) {
+                           return make_dp_attention_groups(group_names, ep, model, dp_group, eplb, ucx, why);
+                         });
+        return exec;
       }
       std::string why;
       const expert_spawn spawn{opt.model, c.weights_seed, opt.expert_parallel,

@@ -1,0 +1,65 @@
+// deploy::expert_group_keeper mending a data-parallel group of this process (`baton local
+// --dp-attention`). Its other form, new shard processes for an engine whose shard died, needs
+// the `baton` executable: tests/deploy/expert_shard_restart_e2e.sh.
+
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <thread>
+
+#include "deploy/expert_processes.hpp"
+#include "gpu/cpu_executor.hpp"
+#include "gpu/local_generate.hpp"
+#include "tests/test_util.hpp"
+
+using namespace baton;
+
+TEST_CASE("expert group keeper: a data-parallel group of this process that broke is made afresh in place, both "
+          "members rejoin it between jobs, and each answers as EP 1 again") {
+  const auto cfg = gpu::deepseek_tiny_config(true);
+  auto w = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg, 33));
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 20; ++i) prompt.push_back((i * 53 + 7) % 256);
+  const auto ref = gpu::generate_colocated(*gpu::make_cpu_executor(cfg, w, {}), prompt, 4, 16, {}, true);
+  REQUIRE(ref.error.empty());
+  const std::vector<std::string> names{"keep-0", "keep-1"};
+  const gpu::peer_group_config pg{.slot_bytes = gpu::expert_slot_bytes(cfg, 64)};
+  auto remake = [&](std::string* why) { return deploy::make_dp_attention_groups(names, 2, cfg, pg, {}, "put", why); };
+  std::string why;
+  auto members = remake(&why);
+  REQUIRE_MESSAGE(members.size() == 2, why);
+  std::vector<std::shared_ptr<gpu::executor>> execs;
+  for (auto& m : members) {
+    gpu::cpu_executor_config ec;
+    ec.peers = m;
+    execs.push_back(gpu::make_cpu_executor(cfg, w, ec));
+  }
+  auto answer = [&](size_t i) {
+    const auto got = gpu::generate_colocated(*execs[i], prompt, 4, 16, {}, true);
+    REQUIRE_MESSAGE(got.error.empty(), got.error);
+    CHECK(got.tokens == ref.tokens);
+    CHECK(test::same_bits(got.step_logits, ref.step_logits));
+  };
+  {
+    deploy::expert_group_keeper keeper{"keeper test"};
+    keeper.add_dp_member("dp0", 1, 2, execs[1], remake);  // in any order
+    answer(0);  // the group is looked at only once both members are added: nothing to do yet
+    keeper.add_dp_member("dp0", 0, 2, execs[0], remake);
+    answer(1);  // member 0 idles and joins member 1's steps
+    CHECK(keeper.repairs() == 0);
+
+    members[0]->fault_break_for_test("injected by the test");
+    CHECK_FALSE(execs[1]->standing_failure().empty());
+    bool mended = false;
+    for (int i = 0; i < 1000 && !mended; ++i) {
+      mended = keeper.repairs() == 1 && execs[0]->standing_failure().empty() && execs[1]->standing_failure().empty();
+      if (!mended) std::this_thread::sleep_for(std::chrono::milliseconds{10});
+    }
+    REQUIRE(mended);
+    members.clear();  // the old members go with their executors' last references
+    answer(0);
+    answer(1);
+    CHECK(keeper.repairs() == 1);
+  }
+  for (auto& e : execs) e->stop();
+}
