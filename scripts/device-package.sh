@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf .device && mkdir -p .device/bin .device/lib
 bins=(build/tests/baton_gpu_tests build/bench/baton_bench_gpu build/deploy/baton build/bench/baton_bench_handoff
-      build/bench/baton_bench_nccl build/bench/baton_bench_ucx)
+      build/bench/baton_bench_nccl build/bench/baton_bench_ucx build/bench/baton_cuda_ipc_probe)
 # ucx_perftest (Debian's ucx-utils): the ceiling of bench/ucx_bench.sh, run there on 16 cores.
 command -v ucx_perftest >/dev/null && bins+=("$(command -v ucx_perftest)")
 for b in "${bins[@]}"; do

@@ -110,6 +110,11 @@ nccl_bench="$(dirname "$bin")/bin/baton_bench_nccl"
 timeout 120 "$nccl_bench" $quick 2>&1 | tee "$out/nccl.txt" | sed "s/^/nccl: /" | tee -a "$log"
 [ "${PIPESTATUS[0]}" = 2 ] && say "(no GPU or no NCCL: skipped)"
 
+say "== CUDA IPC between two processes on this GPU (issue 12: does the microVM allow it?)"
+ipc_probe="$(dirname "$bin")/bin/baton_cuda_ipc_probe"
+[ -x "$ipc_probe" ] || ipc_probe=build/bench/baton_cuda_ipc_probe
+timeout 60 "$ipc_probe" 2>&1 | tee -a "$log"
+
 say "== UCX shared-memory puts against ucx_perftest on this host's cores (issue 6's >= 90 % goal; noisy on the 2-vCPU VM)"
 if [ -x "$(dirname "$bin")/bin/ucx_perftest" ] && [ -x "$(dirname "$bin")/bin/baton_bench_ucx" ]; then
   PATH="$root/.device/bin:$PATH" BATON_UCX_TLS=sm BATON_BENCH_UCX="$root/.device/bin/baton_bench_ucx" \
@@ -127,7 +132,7 @@ fi
 
 say "== summary"
 [ -n "${unverified_failed:-}" ] && say "conformance: the gate passed; cases of suite unverified FAILED (above)"
-grep -E "^answers|^handoff|^nccl: \||^ucx: \|" "$log"
+grep -E "^answers|^handoff|^nccl: \||^ucx: \||^\| cuda_ipc|^cuda_ipc" "$log"
 grep -E "^\| |^ceilings|^prefix upload|^prefill" "$out/bench.txt" | tee -a "$log"
 # The references made here (every family, DeepSeek's included: issue 13) come back as one file:
 # unpack with `tar -C tests/data -xzf hf_reference.tgz --transform s/^.hf_reference/hf_reference/`
