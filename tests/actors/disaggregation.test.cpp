@@ -483,37 +483,53 @@ TEST_CASE("extra end-of-sequence tokens (generation_config.json's list) end gene
   CHECK(got->tokens == ref.tokens);
 }
 
+namespace {
+
+/// Executors for start_local_cluster: ranks `a` and `b` are the two members of one data-parallel
+/// group over loopback ("<rank>-dp", in *members), every other rank stands alone; all share the
+/// seeded weights of `cfg`.
+executor_factory grouped_executors(const local_cluster_config& cfg, const std::string& a, const std::string& b,
+                                   std::vector<std::shared_ptr<gpu::expert_peers>>* members) {
+  auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
+  auto fabric = transport::make_loopback_fabric();
+  std::string why;
+  *members = gpu::make_peer_group(
+      {a + "-dp", b + "-dp"}, cfg.model, {gpu::expert_slot_bytes(cfg.model, 512)},
+      [&](const std::string& name, std::string*) { return transport::make_loopback_transport(fabric, name); }, &why);
+  REQUIRE_MESSAGE(members->size() == 2, why);
+  return [cfg, weights, fabric, a, b, m = *members](const std::string& rank) -> std::shared_ptr<gpu::executor> {
+    auto ec = cfg.executor;
+    if (rank == a) ec.peers = m[0];
+    if (rank == b) ec.peers = m[1];
+    return gpu::make_cpu_executor(cfg.model, weights, ec);
+  };
+}
+
+/// `prompt` through the cluster, 8 greedy tokens, checked against its colocated run.
+completion ask_as_colocated(test::cluster_system& t, const local_cluster& cluster, const local_cluster_config& cfg,
+                            const std::string& prompt) {
+  generate_request req;
+  req.prompt = prompt;
+  req.max_tokens = 8;
+  auto got = t.generate(cluster.router, req);
+  REQUIRE_MESSAGE(got, t.sys.render(got.error()));
+  CHECK(got->tokens == colocated(cfg, encode(cfg, prompt), 8).tokens);
+  return *got;
+}
+
+}  // namespace
+
 TEST_CASE("data-parallel decode ranks in a cluster answer as colocated; once their group breaks they report no room "
           "on their own, refuse new work naming why, and requests go to the rank outside the group") {
   test::cluster_system t;
   auto cfg = small_cluster();
   cfg.model = gpu::deepseek_tiny_config(true);
   cfg.num_decode_ranks = 3;  // decode-0 and decode-1 form a group, decode-2 stands alone
-  auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
-  auto fabric = transport::make_loopback_fabric();
-  std::string why;
-  auto members = gpu::make_peer_group(
-      {"decode-0-dp", "decode-1-dp"}, cfg.model, {gpu::expert_slot_bytes(cfg.model, 512)},
-      [&](const std::string& name, std::string*) { return transport::make_loopback_transport(fabric, name); }, &why);
-  REQUIRE_MESSAGE(members.size() == 2, why);
-  auto make_exec = [&](const std::string& rank) -> std::shared_ptr<gpu::executor> {
-    auto ec = cfg.executor;
-    if (rank == "decode-0") ec.peers = members[0];
-    if (rank == "decode-1") ec.peers = members[1];
-    return gpu::make_cpu_executor(cfg.model, weights, ec);
-  };
-  auto cluster = start_local_cluster(t.sys, cfg, make_exec);
+  std::vector<std::shared_ptr<gpu::expert_peers>> members;
+  auto cluster = start_local_cluster(t.sys, cfg, grouped_executors(cfg, "decode-0", "decode-1", &members));
   test::cluster_system::stopper stop{t, cluster};
   REQUIRE(t.wait_registered(cluster));
-  auto ask = [&](const std::string& p) {
-    generate_request req;
-    req.prompt = p;
-    req.max_tokens = 8;
-    auto got = t.generate(cluster.router, req);
-    REQUIRE_MESSAGE(got, t.sys.render(got.error()));
-    CHECK(got->tokens == colocated(cfg, encode(cfg, p), 8).tokens);
-    return *got;
-  };
+  auto ask = [&](const std::string& p) { return ask_as_colocated(t, cluster, cfg, p); };
   int in_group = 0;
   for (const auto& p : prompts) in_group += ask(p).decode_rank != "decode-2";
   CHECK(in_group > 0);  // the balancer placed work on the group's ranks
@@ -554,31 +570,11 @@ TEST_CASE("prefill ranks whose expert group broke step aside on their own: the b
   auto cfg = small_cluster();
   cfg.model = gpu::deepseek_tiny_config(true);
   cfg.num_prefill_ranks = 3;  // prefill-0 and prefill-1 form a group, prefill-2 stands alone
-  auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
-  auto fabric = transport::make_loopback_fabric();
-  std::string why;
-  auto members = gpu::make_peer_group(
-      {"prefill-0-dp", "prefill-1-dp"}, cfg.model, {gpu::expert_slot_bytes(cfg.model, 512)},
-      [&](const std::string& name, std::string*) { return transport::make_loopback_transport(fabric, name); }, &why);
-  REQUIRE_MESSAGE(members.size() == 2, why);
-  auto make_exec = [&](const std::string& rank) -> std::shared_ptr<gpu::executor> {
-    auto ec = cfg.executor;
-    if (rank == "prefill-0") ec.peers = members[0];
-    if (rank == "prefill-1") ec.peers = members[1];
-    return gpu::make_cpu_executor(cfg.model, weights, ec);
-  };
-  auto cluster = start_local_cluster(t.sys, cfg, make_exec);
+  std::vector<std::shared_ptr<gpu::expert_peers>> members;
+  auto cluster = start_local_cluster(t.sys, cfg, grouped_executors(cfg, "prefill-0", "prefill-1", &members));
   test::cluster_system::stopper stop{t, cluster};
   REQUIRE(t.wait_registered(cluster));
-  auto ask = [&](const std::string& p) {
-    generate_request req;
-    req.prompt = p;
-    req.max_tokens = 8;
-    auto got = t.generate(cluster.router, req);
-    REQUIRE_MESSAGE(got, t.sys.render(got.error()));
-    CHECK(got->tokens == colocated(cfg, encode(cfg, p), 8).tokens);
-    return *got;
-  };
+  auto ask = [&](const std::string& p) { return ask_as_colocated(t, cluster, cfg, p); };
   int in_group = 0;
   for (int round = 0; round < 2; ++round)
     for (const auto& p : prompts) in_group += ask(p).prefill_rank != "prefill-2";
