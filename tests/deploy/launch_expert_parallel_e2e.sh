@@ -42,6 +42,23 @@ for _ in $(seq 50); do [ "$(experts)" = 4 ] && break; sleep 0.1; done
 
 same_as_single deepseek-v3-tiny ep-e2e 12 "Experts, route this" "A second prompt, longer, so that more tokens pass the experts"
 echo "launch EP e2e: prefill EP 2 and decode EP 4 with dual-batch overlap, KV as active messages: the same text as EP 1"
+# A shard process killed with SIGKILL, one of the head's prefill rank and then one of decode-a's:
+# each engine notices while idle, its rank steps aside, its process's keeper starts a new shard,
+# and the cluster answers the same text again.
+for who in prefill decode-a; do
+  SHARD=$(pgrep -f "$BATON experts .*--name $who" | head -1 || true)
+  [ -n "$SHARD" ] || fail "no expert process of $who among: $(pgrep -af "$BATON experts")"
+  RANK=$(tr '\0' ' ' < "/proc/$SHARD/cmdline" | grep -o -- "--name [^ ]*" | cut -d' ' -f2)
+  kill -9 "$SHARD"
+  for _ in $(seq 300); do grep -q "rank $RANK has new expert shards" "$WORK/launch.log" && break; sleep 0.1; done
+  grep -q "rank $RANK stepped aside (expert parallelism: expert shard [0-9] of [0-9]: its process ($RANK-ep[0-9], pid $SHARD) ended with signal 9)" \
+    "$WORK/launch.log" || fail "$RANK did not say it stepped aside for its shard (pid $SHARD)"
+  grep -q "rank $RANK has new expert shards" "$WORK/launch.log" || fail "$RANK got no new shard within 30 s"
+  for _ in $(seq 50); do [ "$(experts)" = 4 ] && break; sleep 0.1; done
+  [ "$(experts)" = 4 ] || fail "expected 4 expert processes after $RANK's new shard, found $(experts)"
+  same_as_single deepseek-v3-tiny ep-e2e 12 "Experts, route this" "A second prompt, longer, so that more tokens pass the experts"
+  echo "launch EP e2e: $RANK's shard (pid $SHARD) killed: a new one started, the same text as EP 1"
+done
 stop_launched
 for _ in $(seq 50); do [ "$(experts)" = 0 ] && break; sleep 0.1; done
 [ "$(experts)" = 0 ] || fail "$(experts) expert processes outlived the cluster"
