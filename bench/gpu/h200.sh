@@ -33,7 +33,11 @@ refs="$out/.hf_reference"
 ref_flag=""
 if python3 -c "import torch, transformers" 2>/dev/null; then
   python3 scripts/hf_reference.py --out "$refs" 2>&1 | grep -v "Writing model shards" | tee -a "$log"
-  ref_flag="--hf-reference-dir=$refs"
+  if [ "${PIPESTATUS[0]}" = 0 ] && [ -f "$refs/index.json" ]; then
+    ref_flag="--hf-reference-dir=$refs"
+  else
+    say "(making the references failed: the committed references are used)"
+  fi
 else
   say "(no transformers here: the committed references are used)"
 fi
@@ -54,13 +58,19 @@ if grep -q "Status: FAILURE" "$out/conformance.txt" || ! grep -q "test cases:" "
   exit 1
 fi
 say "== conformance, cases not yet run on a GPU before (suite unverified): reported, not a gate"
-timeout 180 "$gpu_tests" --source-dir="$root" $ref_flag -s --duration=true -ts=unverified 2>&1 | tee "$out/conformance-unverified.txt" | grep -E -A1 "MESSAGE|ERROR|test cases|assertions" | tee -a "$log"
-[ "${PIPESTATUS[0]}" = 124 ] && say "unverified cases: timed out after 180 s (a hang: see conformance-unverified.txt)"
-if grep -q "Status: FAILURE" "$out/conformance-unverified.txt" || ! grep -q "test cases:" "$out/conformance-unverified.txt"; then
-  say "UNVERIFIED CASES FAILED (timings go on; fix these first next time):"
-  grep -B3 -A12 "ERROR" "$out/conformance-unverified.txt" | head -100 | tee -a "$log"
-  unverified_failed=1
-fi
+# In two processes, DeepSeek's kernels apart from the rest: a sticky CUDA error (a misaligned
+# load, say) breaks its process's context, and would otherwise fail every case after it too.
+# Line-buffered, so that a case that hangs until the timeout is still named in the file.
+for part in deepseek:"-sf=*cuda_deepseek*" others:"-sfe=*cuda_deepseek*"; do
+  name=${part%%:*} file="$out/conformance-unverified-${part%%:*}.txt"
+  timeout 120 stdbuf -oL "$gpu_tests" --source-dir="$root" $ref_flag -s --duration=true -ts=unverified "${part#*:}" 2>&1 | tee "$file" | grep -E -A1 "MESSAGE|ERROR|test cases|assertions" | sed "s/^/$name: /" | tee -a "$log"
+  [ "${PIPESTATUS[0]}" = 124 ] && say "unverified cases ($name): timed out after 120 s (a hang: the last case named in $(basename "$file"))"
+  if grep -q "Status: FAILURE" "$file" || ! grep -q "test cases:" "$file"; then
+    say "UNVERIFIED CASES FAILED ($name; timings go on; fix these first next time):"
+    grep -B3 -A12 "ERROR" "$file" | head -100 | tee -a "$log"
+    unverified_failed=1
+  fi
+done
 
 say "== the main job on the GPU: baton local --executor cuda (built-in model)"
 baton="$(dirname "$bin")/bin/baton"
