@@ -102,10 +102,7 @@ __global__ void __launch_bounds__(gemv_threads) head_gemv_kernel(head_gemv_param
 
 template <typename TW, typename TY>
 void head_gemv_as(const head_gemv_params& p, dim3 grid, uint32_t tile, uint32_t smem, cudaStream_t s) {
-  // Once per kernel, so never among a graph capture's launches: room for 96 KiB of staged rows.
-  static const bool room = cudaFuncSetAttribute(head_gemv_kernel<TW, TY>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                96 * 1024) == cudaSuccess;
-  (void)room;  // a refusal shows as the launch's error
+  row_math::allow_dynamic_smem<head_gemv_kernel<TW, TY>>(96 * 1024);  // room for 96 KiB of staged rows
   head_gemv_kernel<TW, TY><<<grid, gemv_threads, smem, s>>>(p, tile);
 }
 

@@ -91,15 +91,11 @@ int launch_gemv(const gemv_params& p, void* stream) {
   if (p.m > gemv_max_rows || p.k % per != 0 || smem > gemv_max_input_bytes ||
       (p.loads_in_flight != 0 && p.loads_in_flight != 4 && p.loads_in_flight != 8))
     return static_cast<int>(cudaErrorInvalidValue);
-  // Above 48 KiB a block's dynamic shared memory must be allowed first (once per kernel).
-  static const bool raised = [] {
-    cudaFuncSetAttribute(gemv_kernel<float, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, gemv_max_input_bytes);
-    cudaFuncSetAttribute(gemv_kernel<__nv_bfloat16, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, gemv_max_input_bytes);
-    cudaFuncSetAttribute(gemv_kernel<float, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, gemv_max_input_bytes);
-    cudaFuncSetAttribute(gemv_kernel<__nv_bfloat16, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, gemv_max_input_bytes);
-    return true;
-  }();
-  (void)raised;
+  // Above 48 KiB a block's dynamic shared memory must be allowed first (once per kernel and device).
+  row_math::allow_dynamic_smem<gemv_kernel<float, 4>>(gemv_max_input_bytes);
+  row_math::allow_dynamic_smem<gemv_kernel<__nv_bfloat16, 4>>(gemv_max_input_bytes);
+  row_math::allow_dynamic_smem<gemv_kernel<float, 8>>(gemv_max_input_bytes);
+  row_math::allow_dynamic_smem<gemv_kernel<__nv_bfloat16, 8>>(gemv_max_input_bytes);
   const unsigned blocks = (p.n + threads / 32 - 1) / (threads / 32);
   auto s = static_cast<cudaStream_t>(stream);
   const bool eight = p.loads_in_flight == 8;

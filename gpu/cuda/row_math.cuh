@@ -8,9 +8,25 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 
 namespace baton::gpu::cuda::row_math {
+
+/// Lets `Kernel` take up to `bytes` of dynamic shared memory (above 48 KiB a kernel must ask
+/// first) on the current device. An attribute belongs to the device's context, so this asks
+/// once per device, not once per process; every executor launches each kernel once before it
+/// captures a graph, so it never runs during a capture. A refusal shows as the launch's error.
+template <auto Kernel>
+inline void allow_dynamic_smem(int bytes) {
+  static std::atomic<uint64_t> asked{0};  // a bit per device
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return;
+  const uint64_t bit = uint64_t{1} << device;
+  if (asked.load(std::memory_order_acquire) & bit) return;
+  if (cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) == cudaSuccess)
+    asked.fetch_or(bit, std::memory_order_acq_rel);
+}
 
 __device__ __forceinline__ float load_as_float(const float* p, uint64_t i) { return p[i]; }
 __device__ __forceinline__ float load_as_float(const __nv_bfloat16* p, uint64_t i) { return __bfloat162float(p[i]); }
