@@ -2,8 +2,9 @@
 # A lost expert shard is started afresh (issue 14): `baton local --serve --expert-parallel 2` on
 # deepseek-v3-tiny, one prefill and one decode rank, each with one `baton experts` shard process.
 # The answer to a prompt is taken undisturbed. Then, for each rank in turn, its shard is killed
-# with SIGKILL while the rank is idle: the rank must notice by itself (no request is sent until
-# it did), step aside, get a new shard process, and the same prompt must get the same text.
+# with SIGKILL and the same prompt sent at once: the rank must notice (idle, or in that request's
+# job), step aside, get a new shard process, and both that request and one after must get the
+# same text.
 # /metrics must show both ranks available again at the end, and no shard may outlive the run.
 # Usage: expert_shard_restart_e2e.sh BATON_BINARY. Bounded waits; always cleans up.
 set -euo pipefail
@@ -39,13 +40,20 @@ for rank in prefill-0 decode-0; do
   SHARD=$(pgrep -P "$PID" -f -- "--name $rank --dual-batch" || true)
   [ -n "$SHARD" ] || fail "no shard process of $rank among $(pgrep -a -P "$PID" || true)"
   kill -9 "$SHARD"
-  # The idle rank notices its shard's end, steps aside and gets a new one, with no request sent.
+  # A request sent at once, during the outage: its attempt fails over or waits at the balancer
+  # (the only rank of its kind has stepped aside), and it is answered once the rank is back.
+  ask > "$WORK/$rank-during.json" &
+  DURING=$!
+  # The rank notices its shard's end (idle, or in that request's job), steps aside and gets a new one.
   for _ in $(seq 300); do grep -q "rank $rank has new expert shards" "$WORK/local.log" && break; sleep 0.1; done
   grep -q "rank $rank stepped aside (expert parallelism: expert shard 1 of 2: its process ($rank-ep1, pid $SHARD) ended with signal 9): starting new expert shards" \
     "$WORK/local.log" || fail "$rank did not say that it stepped aside for its shard (pid $SHARD)"
   grep -q "rank $rank has new expert shards" "$WORK/local.log" || fail "$rank got no new shard within 30 s"
   NEW=$(pgrep -P "$PID" -f -- "--name $rank --dual-batch" || true)
   [ -n "$NEW" ] && [ "$NEW" != "$SHARD" ] || fail "$rank has no new shard process (old $SHARD, now '$NEW')"
+  wait "$DURING" || fail "the request sent during $rank's outage"
+  GOT=$(text < "$WORK/$rank-during.json") || fail "the answer during $rank's outage: $(cat "$WORK/$rank-during.json")"
+  [ "$GOT" = "$CALM" ] || fail "during $rank's outage: '$GOT', undisturbed: '$CALM'"
   ask > "$WORK/$rank.json" || fail "the request after $rank's shard was killed"
   GOT=$(text < "$WORK/$rank.json") || fail "the answer after $rank's shard was killed: $(cat "$WORK/$rank.json")"
   [ "$GOT" = "$CALM" ] || fail "after $rank's new shard: '$GOT', undisturbed: '$CALM'"
