@@ -4,7 +4,10 @@
 // where clients connect; and on SIGINT/SIGTERM stops them, decode nodes and gateways first (they
 // drain), the head last. `baton deploy k8s|slurm SPEC` writes the same nodes for a scheduler.
 
+#include <unistd.h>
+
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -42,6 +45,9 @@ std::string take_spec_path(std::vector<std::string>& args) {
 struct child {
   node_launch node;
   pid_t pid = -1;
+  /// A spare standing by (`baton node --standby`, its model loaded): its stdin, where it is told
+  /// the flags of the node it stands in for; -1 for every other child.
+  int standby_in = -1;
 };
 
 std::vector<std::string> command_of(const cluster_spec& spec, const node_launch& n) {
@@ -185,6 +191,21 @@ int run_launch(const std::vector<std::string>& raw_args) {
     children.push_back({n, pid});
     return true;
   };
+  // A spare starts with the others and stands by: it loads the model, then waits on its stdin
+  // for the flags of the node it replaces, so taking a failed node's place costs no model load.
+  auto stand_by = [&](const node_launch& n) {
+    // A spare that died while standing by must fail the write of its flags (EPIPE), not end the
+    // launcher with SIGPIPE.
+    std::signal(SIGPIPE, SIG_IGN);
+    auto sb = n;
+    sb.argv.push_back("--standby");
+    int in = -1;
+    const auto pid = spawn_process(command_of(spec, sb), &why, is_local_host(n.host) ? env_of(n) : std::vector<std::string>{},
+                                   false, &in);
+    if (pid < 0) return false;
+    children.push_back({n, pid, in});
+    return true;
+  };
   auto dead_child = [&]() -> const child* {
     for (const auto& c : children)
       if (!process_alive(c.pid)) return &c;
@@ -235,11 +256,18 @@ int run_launch(const std::vector<std::string>& raw_args) {
               static_cast<unsigned>(head.cluster_port));
   std::fflush(stdout);
   // The head listens once it has adopted the store nodes' block servers; the rest join it.
-  // Spares wait here until a node fails for good.
+  // Spares stand by (or, if one cannot start, wait here to start cold) until a node fails for good.
   std::vector<node_launch> spares;
   for (size_t i = head_at + 1; i < plan.size(); ++i) {
     if (plan[i].spare) {
-      spares.push_back(plan[i]);
+      if (stand_by(plan[i])) {
+        std::printf("baton launch: spare %s standing by (pid %d): it takes the place of a node that fails for good\n",
+                    plan[i].name.c_str(), static_cast<int>(children.back().pid));
+      } else {
+        std::fprintf(stderr, "baton launch: spare %s cannot stand by (%s): it starts cold if it is needed\n",
+                     plan[i].name.c_str(), why.c_str());
+        spares.push_back(plan[i]);
+      }
       continue;
     }
     if (!start(plan[i])) {
@@ -307,6 +335,13 @@ int run_launch(const std::vector<std::string>& raw_args) {
         ++it;
         continue;
       }
+      if (it->standby_in >= 0) {  // a spare that was standing by: no node to replace, nothing to restart
+        std::printf("baton launch: spare %s stopped standing by (%s)\n", it->node.name.c_str(), how.c_str());
+        std::fflush(stdout);
+        close(it->standby_in);
+        it = children.erase(it);
+        continue;
+      }
       if (it->node.role == "head") {
         std::fprintf(stderr, "baton launch: the head exited (%s); stopping the cluster\n", how.c_str());
         it->pid = -1;
@@ -328,8 +363,26 @@ int run_launch(const std::vector<std::string>& raw_args) {
         std::fprintf(stderr, "baton launch: node %s: cannot restart it: %s\n", it->node.name.c_str(), why.c_str());
       }
       // Failed for good (restarts used up, or its host cannot start it): a spare of the same
-      // role and ranks takes its place, and with it the node's data-parallel members.
-      bool replaced = false;
+      // role and ranks takes its place, and with it the node's data-parallel members; one
+      // standing by first (told the node's flags on its stdin), else one started cold.
+      bool replaced = false, by_standby = false;
+      for (auto& sb : children) {
+        if (!failed || replaced || sb.standby_in < 0 || sb.node.role != it->node.role || sb.node.ranks != it->node.ranks)
+          continue;
+        const auto in = stand_in(sb.node, it->node);
+        std::string line;  // the flags stand_in adds (--dp-first-rank F), or none
+        for (size_t a = sb.node.argv.size(); a < in.argv.size(); ++a) line += (line.empty() ? "" : " ") + in.argv[a];
+        line += "\n";
+        if (write(sb.standby_in, line.data(), line.size()) != static_cast<ssize_t>(line.size()))
+          continue;  // it died meanwhile: the next pass reports it
+        close(sb.standby_in);
+        sb.standby_in = -1;
+        std::printf("baton launch: node %s failed for good; spare %s, standing by, takes its place (pid %d)\n",
+                    it->node.name.c_str(), in.name.c_str(), static_cast<int>(sb.pid));
+        sb.node = in;
+        restarts.emplace(in.name, 0);  // a spare may be restarted as any node, and is watched for its join
+        replaced = by_standby = true;
+      }
       for (auto sp = spares.begin(); failed && !replaced && sp != spares.end();) {
         if (sp->role != it->node.role || sp->ranks != it->node.ranks) {
           ++sp;
@@ -347,7 +400,7 @@ int run_launch(const std::vector<std::string>& raw_args) {
         }
         sp = spares.erase(sp);  // started, or unusable
       }
-      if (replaced) {
+      if (replaced && !by_standby) {  // the cold spare took over this entry
         std::fflush(stdout);
         ++it;
         continue;

@@ -19,6 +19,9 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <iterator>
+#include <sstream>
+#include <poll.h>
 #include <unistd.h>
 
 #include <caf/actor_system.hpp>
@@ -228,6 +231,39 @@ std::vector<std::shared_ptr<gpu::expert_peers>> join_dp_groups(caf::actor_system
   return out;
 }
 
+/// A spare standing by: one line from stdin (without its newline), waiting in slices so that
+/// SIGINT or SIGTERM ends the wait at once. False on a stop, or when stdin closes first.
+bool read_stand_in(std::string* line) {
+  line->clear();
+  while (!stop_requested()) {
+    pollfd p{0, POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;
+    char c;
+    const ssize_t n = read(0, &c, 1);
+    if (n <= 0) return false;
+    if (c == '\n') return true;
+    *line += c;
+  }
+  return false;
+}
+
+/// The flags a spare is told when it stands in: `--dp-first-rank N`, or none.
+bool parse_stand_in(const std::string& line, uint32_t* dp_first_rank, std::string* why) {
+  std::istringstream in{line};
+  std::vector<std::string> words{std::istream_iterator<std::string>{in}, {}};
+  if (words.empty()) return true;
+  if (words.size() == 2 && words[0] == "--dp-first-rank") {
+    char* end = nullptr;
+    const unsigned long v = std::strtoul(words[1].c_str(), &end, 10);
+    if (!words[1].empty() && *end == '\0' && v <= UINT32_MAX) {
+      *dp_first_rank = static_cast<uint32_t>(v);
+      return true;
+    }
+  }
+  *why = "cannot take '" + line + "' (only `--dp-first-rank N`, or an empty line)";
+  return false;
+}
+
 }  // namespace
 
 int run_node(const std::vector<std::string>& args) {
@@ -311,6 +347,11 @@ int run_node(const std::vector<std::string>& args) {
             "with --dp-attention: a member silent this long in a step breaks its group, which then re-forms "
             "(longer tolerates slower steps; shorter frees the other members sooner)");
   flags.add("--ucx-send", &ucx_send, "how this node's ranks send KV: put (RMA) or am (rendezvous active messages)");
+  bool standby = false;
+  flags.add("--standby", &standby,
+            "decode, prefill, elastic: a spare standing by: load the model (with --dp-attention every routed expert, "
+            "its members being unknown yet), then wait for one line on stdin with the flags of the node it stands in "
+            "for (`--dp-first-rank N`, or nothing) before joining the head; `baton launch` starts spares so");
   if (auto rc = flags.parse_command_line(
           args, "node",
           "baton node --role decode|prefill|elastic --connect HOST:PORT | --role store --listen HOST:PORT [flags]"))
@@ -330,6 +371,10 @@ int run_node(const std::vector<std::string>& args) {
   }
   if (auto e = sec.validate(); !e.empty()) {
     std::fprintf(stderr, "baton node: %s\n", e.c_str());
+    return 2;
+  }
+  if (standby && role == "store") {
+    std::fprintf(stderr, "baton node: --standby is for decode, prefill and elastic nodes (a spare), not store nodes\n");
     return 2;
   }
   if (name.empty()) name = role == "store" ? "store" : role + "-0";
@@ -361,8 +406,9 @@ int run_node(const std::vector<std::string>& args) {
   }
   // A data-parallel node loads the routed experts of its own members' blocks and no others
   // (DeepSeek-V3's experts are 97% of its weights: no node of a wide-EP group could hold them all).
+  // A spare standing by does not know its members yet: it loads every expert.
   std::vector<uint32_t> local_members;
-  for (uint32_t i = 0; dp_attention && expert_parallel > 1 && i < num_ranks; ++i)
+  for (uint32_t i = 0; dp_attention && expert_parallel > 1 && !standby && i < num_ranks; ++i)
     local_members.push_back((dp_first_rank + i) % expert_parallel);
   const gpu::expert_filter node_experts =
       local_members.empty() ? gpu::expert_filter{} : keep_blocks_of(local_members, expert_parallel);
@@ -429,6 +475,29 @@ int run_node(const std::vector<std::string>& args) {
   };
   auto weights = loaded.weights ? loaded.weights : load_weights(node_experts, &why);
   loaded.weights.reset();  // `weights` holds the model now; a data-parallel node replaces it below
+  if (standby) {
+    // The model is loaded: taking a failed node's place costs no load from here on.
+    std::printf("baton node %s: standing by with the model loaded; waiting for the flags of the node to stand in for\n",
+                name.c_str());
+    std::fflush(stdout);
+    std::string line;
+    if (!read_stand_in(&line)) {
+      std::printf("baton node %s: stood by; %s\n", name.c_str(),
+                  stop_requested() ? "stopped" : "its launcher left (stdin closed)");
+      return 0;
+    }
+    if (!parse_stand_in(line, &dp_first_rank, &why)) {
+      std::fprintf(stderr, "baton node %s: standing by: %s\n", name.c_str(), why.c_str());
+      return 2;
+    }
+    if (dp_first_rank && !dp_attention) {
+      std::fprintf(stderr, "baton node %s: standing by: --dp-first-rank numbers data-parallel members: it needs "
+                           "--dp-attention\n", name.c_str());
+      return 2;
+    }
+    std::printf("baton node %s: stands in%s\n", name.c_str(), line.empty() ? "" : (" (" + line + ")").c_str());
+    std::fflush(stdout);
+  }
   auto rank_name_of = [name, num_ranks](uint32_t i) { return num_ranks > 1 ? name + "-" + std::to_string(i) : name; };
   // The node's members of its data-parallel groups, and its executors: a group that lost a member
   // re-forms in place (below), replacing its members here while the executors rejoin it.

@@ -49,7 +49,7 @@ void configure_networked_system(caf::actor_system_config& cfg, uint32_t schedule
 }
 
 pid_t spawn_process(const std::vector<std::string>& argv, std::string* why, const std::vector<std::string>& env,
-                    bool quiet) {
+                    bool quiet, int* stdin_writer) {
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
@@ -64,9 +64,23 @@ pid_t spawn_process(const std::vector<std::string>& argv, std::string* why, cons
     posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
     posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
   }
+  int pipe_fds[2] = {-1, -1};
+  if (stdin_writer) {
+    if (pipe2(pipe_fds, O_CLOEXEC) != 0) {
+      if (why) *why = std::string{"cannot make a pipe: "} + std::strerror(errno);
+      posix_spawn_file_actions_destroy(&actions);
+      return -1;
+    }
+    posix_spawn_file_actions_adddup2(&actions, pipe_fds[0], 0);  // dup2 clears close-on-exec on stdin
+  }
   // posix_spawnp: an ssh command is found on PATH; our own binary comes as an absolute path.
   const int rc = posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), envp.data());
   posix_spawn_file_actions_destroy(&actions);
+  if (stdin_writer) {
+    close(pipe_fds[0]);
+    if (rc != 0) close(pipe_fds[1]);
+    else *stdin_writer = pipe_fds[1];
+  }
   if (rc != 0) {
     if (why) *why = "cannot start " + argv[0] + ": " + std::strerror(rc);
     return -1;

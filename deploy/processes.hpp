@@ -32,9 +32,10 @@ void configure_networked_system(caf::actor_system_config& cfg, uint32_t schedule
                                 const net_security& sec);
 
 /// Starts `argv[0]` with `argv` (no shell), this process's environment plus `env` ("K=V");
-/// returns the pid, or -1 with `*why` set.
+/// returns the pid, or -1 with `*why` set. With `stdin_writer`, the child's stdin is a pipe whose
+/// writing end (close-on-exec) comes back there.
 pid_t spawn_process(const std::vector<std::string>& argv, std::string* why, const std::vector<std::string>& env = {},
-                    bool quiet = false);
+                    bool quiet = false, int* stdin_writer = nullptr);
 
 /// Runs `argv` to its end (no shell), its output discarded; its exit code, or -1 with `*why` set.
 int run_process(const std::vector<std::string>& argv, std::string* why);

@@ -85,7 +85,11 @@ cat > "$WORK/spec.json" <<SPEC
 }
 SPEC
 launch_cluster --restart-failed 2
-grep -q "decode-s" "$WORK/launch.log" && fail "the spare decode-s started with the others: $(grep decode-s "$WORK/launch.log")"
+# The spare starts with the others but only stands by: model loaded, not joined, no members.
+for _ in $(seq 300); do grep -q "baton node decode-s: standing by with the model loaded" "$WORK/launch.log" && break; sleep 0.1; done
+grep -q "baton launch: spare decode-s standing by (pid" "$WORK/launch.log" || fail "the launcher did not start the spare standing by"
+grep -q "baton node decode-s: standing by with the model loaded" "$WORK/launch.log" || fail "the spare did not stand by: $(grep decode-s "$WORK/launch.log")"
+grep -q -E "node decode-s joined|decode-s-[01] is member" "$WORK/launch.log" && fail "the spare joined while standing by: $(grep decode-s "$WORK/launch.log")"
 for n in decode-a decode-b; do grep -q "node $n joined" "$WORK/launch.log" || fail "$n did not join (data-parallel attention)"; done
 grep -q "rank decode-a-1 is member 1 of data-parallel group dp0, serving 2 of 8" "$WORK/launch.log" || fail "decode-a-1 is not member 1 of dp0"
 grep -q "rank decode-b-0 is member 2 of data-parallel group dp0, serving 2 of 8" "$WORK/launch.log" || fail "decode-b-0 is not member 2 of dp0"
@@ -131,20 +135,22 @@ for _ in $(seq 300); do [ "$(grep -c "node decode-a joined" "$WORK/launch.log")"
 [ "$(grep -c "node decode-a joined" "$WORK/launch.log")" -ge 3 ] || fail "decode-a did not join a third time"
 same_as_single deepseek-v3-tiny ep-e2e 12 "Experts, route this" "A third one for the other decode rank"
 echo "launch EP e2e: killed again, the group re-formed in place a second time and answers as EP 1"
-# A third death: decode-a's restarts are used up, so the launcher starts the spec's spare,
-# decode-s, in its place. It takes decode-a's members (0 and 1 of dp0), and decode-b re-forms the
-# group with it in place.
+# A third death: decode-a's restarts are used up, so the spec's spare, decode-s, standing by
+# since the launch with the model loaded, is told decode-a's flags and takes its place. It takes
+# decode-a's members (0 and 1 of dp0), and decode-b re-forms the group with it in place.
 kill -9 "$(pgrep -f "$BATON node .*--name decode-a" | head -1)" || fail "no decode-a process to kill (third time)"
 for _ in $(seq 600); do [ "$(reformed)" -ge 3 ] && break; sleep 0.1; done
 [ "$(reformed)" -ge 3 ] || fail "decode-b did not re-form dp0 with the spare: $(grep 'decode-[bs]' "$WORK/launch.log" | tail -8)"
-grep -q "baton launch: node decode-a failed for good; spare decode-s started in its place" "$WORK/launch.log" ||
-  fail "the launcher did not start the spare: $(grep 'decode-[as]' "$WORK/launch.log" | tail -5)"
+grep -q "baton launch: node decode-a failed for good; spare decode-s, standing by, takes its place" "$WORK/launch.log" ||
+  fail "the launcher did not call on the spare: $(grep 'decode-[as]' "$WORK/launch.log" | tail -5)"
+grep -q "baton node decode-s: stands in (--dp-first-rank 0)" "$WORK/launch.log" ||
+  fail "the spare was not told decode-a's flags: $(grep 'decode-s' "$WORK/launch.log")"
 grep -q "rank decode-s-1 is member 1 of data-parallel group dp0" "$WORK/launch.log" ||
   fail "the spare did not take decode-a's members: $(grep 'decode-s' "$WORK/launch.log")"
 for _ in $(seq 300); do grep -q "baton launch: node decode-s joined (pid" "$WORK/launch.log" && break; sleep 0.1; done
 grep -q "baton launch: node decode-s joined (pid" "$WORK/launch.log" || fail "the spare did not join: $(grep 'decode-s' "$WORK/launch.log")"
 same_as_single deepseek-v3-tiny ep-e2e 12 "Experts, route this" "A spare's turn to serve"
-echo "launch EP e2e: decode-a's restarts used up, the spare decode-s took its members; the group re-formed in place and answers as EP 1"
+echo "launch EP e2e: decode-a's restarts used up, the spare decode-s, standing by with the model loaded, took its members; the group re-formed in place and answers as EP 1"
 stop_launched
 # Live EPLB ran in the group across the two processes: decode-b's members received expert weights.
 grep -E "rank decode-b-[01]: [1-9][0-9]* EPLB plans, [1-9][0-9]* bytes of expert weights received" "$WORK/launch.log" ||
