@@ -290,6 +290,17 @@ ODD_A=""
 grep -q "baton node fall-b: data-parallel group dp2 could not re-form in place (group dp2: meeting its members at the head: .*timeout.*); leaving" \
   "$WORK/fall-b.log" || fail "fall-b did not say why it left: $(cat "$WORK/fall-b.log")"
 echo "launch EP e2e: a group whose lost node does not come back within the meeting timeout: the survivor leaves with exit code 3, saying why"
+# A spare standing by that is told flags it cannot take says which and leaves with exit code 2;
+# one whose launcher goes away (its stdin closes) leaves with 0, saying so. Neither joins.
+echo "--ranks 3" | timeout 60 "$BATON" "${dir_args[@]}" --name bad-spare --standby > "$WORK/bad-spare.log" 2>&1 && fail "a spare took '--ranks 3'"
+grep -q "baton node bad-spare: standing by: cannot take '--ranks 3' (only \`--dp-first-rank N\`, or an empty line)" "$WORK/bad-spare.log" ||
+  fail "the spare did not name what it could not take: $(cat "$WORK/bad-spare.log")"
+timeout 60 "$BATON" "${dir_args[@]}" --name idle-spare --standby < /dev/null > "$WORK/idle-spare.log" 2>&1 ||
+  fail "a spare whose stdin closed did not leave with 0: $(cat "$WORK/idle-spare.log")"
+grep -q "baton node idle-spare: stood by; its launcher left (stdin closed)" "$WORK/idle-spare.log" ||
+  fail "the idle spare did not say why it left: $(cat "$WORK/idle-spare.log")"
+grep -q "joined the head" "$WORK/bad-spare.log" "$WORK/idle-spare.log" && fail "a spare joined while standing by"
+echo "launch EP e2e: a spare told flags it cannot take names them and leaves (2); one whose launcher left leaves (0)"
 kill -INT "$HEAD_PID"; wait "$HEAD_PID" 2>/dev/null || true
 HEAD_PID="" ODD_A=""
 grep -q "group dp0: member 0 runs with slot_bytes=[0-9]* dual_batch=0 eplb=0/64, this node with .* eplb=4/64 (every member must be started alike)" \
