@@ -703,7 +703,8 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
       [=](timer_atom, uint64_t id) { self->state.core.runner->fire(id); },
       [=](health_atom) {
         // The executor's standing failure began (queued reservations go elsewhere, the balancer
-        // hears there is no room here) or ended (the balancer hears of the room again):
+        // hears there is no room here) or ended (the balancer hears of the room again), or the
+        // head's directory saw this node return and its balancer must hear of it again:
         // rebalance_memory reports, unless a step is in flight.
         rebalance_memory(self);
         if (self->state.step_in_flight) report_load(self);

@@ -621,7 +621,7 @@ using decode_rank_actor = caf::typed_actor<
     caf::reacts_to<migrate_atom>,                               // elastic P/D: move running sequences away
     caf::reacts_to<migrate_poll_atom>,                          // their KV puts in flight
     caf::reacts_to<reserve_expire_atom, uint64_t>,              // a waiting reservation's deadline
-    caf::reacts_to<health_atom>,                                // the executor can run nothing any more
+    caf::reacts_to<health_atom>,                                // standing failure began or ended; re-report load
     caf::replies_to<role_atom, bool>::with<bool>>;              // elastic P/D: active, or standby when idle
 
 struct prefill_order {
@@ -694,7 +694,7 @@ using prefill_rank_actor = caf::typed_actor<
     caf::reacts_to<poll_atom>,
     caf::reacts_to<settled_atom>,                                // a KV send settled: poll at once
     caf::reacts_to<keepalive_atom>,                              // tick: renew queued prompts' leases
-    caf::reacts_to<health_atom>,                                 // the executor's standing failure began or ended
+    caf::reacts_to<health_atom>,                                 // standing failure began or ended; re-report load
     // Elastic P/D: take work (true: report load, so the balancer places here) or go on standby
     // (false: only when idle; the local prefix tier's pages go back to the shared pool).
     caf::replies_to<role_atom, bool>::with<bool>>;

@@ -266,10 +266,14 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
         auto i = st.nodes.find(name);
         if (i == st.nodes.end()) return;
         i->second.last_heartbeat = self->clock().now();
-        // Back after a partition: its ranks rejoin the balancer by their next load report; the
-        // requests that left them got their leases released, so nothing runs twice for long.
+        // Back after a partition (or a stall past the heartbeats): its ranks rejoin the balancers
+        // by their next load report, which each is asked for at once (health_atom: a rank
+        // re-reports its load), so an idle rank is not left forgotten; the requests that left
+        // them got their leases released, so nothing runs twice for long.
         if (i->second.state == "gone") {
           i->second.state = "joined";
+          for (const auto& r : i->second.ranks.decode) self->send(r, health_atom::value);
+          for (const auto& r : i->second.ranks.prefill) self->send(r, health_atom::value);
           // Its data-parallel groups went on without it (their meetings were lost when it was
           // marked gone): it hears so, and leaves to be restarted.
           tell_late_node(self, name);

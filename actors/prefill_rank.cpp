@@ -536,7 +536,8 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
       [=](prefill_order& order) { return accept_prefill(self, std::move(order)); },
       [=](health_atom) {
         // Waiting prompts go elsewhere (refuse_waiting), and the balancer hears that this rank
-        // takes no work; or, once the failure cleared, that it does again.
+        // takes no work; or, once the failure cleared (or its node returned to the head after a
+        // partition), that it does again.
         drain_waiting(self);
       },
       [=](stats_atom) {

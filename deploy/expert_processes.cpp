@@ -157,12 +157,13 @@ std::shared_ptr<gpu::expert_group> spawn_expert_group(const expert_spawn& s, con
         stop_processes(pids, 2000);  // and reaps them
       });
   // A shard that dies (a crash, a kill) fails the exchange waiting for it at once, naming its
-  // fate; looked at every 50 ms of a wait, without reaping (the deleter reaps).
-  auto next_look = std::make_shared<std::chrono::steady_clock::time_point>();
+  // fate; each shard looked at every 50 ms of a wait (or of an idle engine's checks), without
+  // reaping (the deleter reaps).
+  auto next_look = std::make_shared<std::vector<std::chrono::steady_clock::time_point>>(pids.size());
   group->watch_shards([pids, names, next_look](uint32_t rank) -> std::string {
     const auto now = std::chrono::steady_clock::now();
-    if (rank == 0 || rank > pids.size() || now < *next_look) return {};
-    *next_look = now + std::chrono::milliseconds{50};
+    if (rank == 0 || rank > pids.size() || now < (*next_look)[rank - 1]) return {};
+    (*next_look)[rank - 1] = now + std::chrono::milliseconds{50};
     std::string how;
     if (!process_gone(pids[rank - 1], &how)) return {};
     return "its process (" + names[rank] + ", pid " + std::to_string(pids[rank - 1]) + ") ended with " + how;

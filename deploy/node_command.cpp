@@ -45,6 +45,7 @@
 #include "deploy/processes.hpp"
 #include "gpu/cpu_executor.hpp"
 #include "gpu/cuda_executor.hpp"
+#include "transport/all_to_all.hpp"
 #include "gpu/fault_executor.hpp"
 #include "transport/ucx.hpp"
 
@@ -209,6 +210,12 @@ std::vector<std::shared_ptr<gpu::expert_peers>> meet_dp_group(caf::actor_system&
       if (!key) return *err = "group " + group + ": member " + std::to_string(m) + "'s key does not parse", false;
       all->push_back(*key);
     }
+    // The keys this node met with, by fingerprint: every node of the meeting prints the same line,
+    // and an all-to-all that times out names the fingerprints it holds (a stale key shows).
+    std::string line = "baton node " + node + ": data-parallel group " + meeting + " met with keys";
+    for (size_t m = 0; m < all->size(); ++m) line += " " + names[m] + "=" + transport::key_fingerprint((*all)[m]);
+    std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
     return true;
   };
   auto members = gpu::make_peer_group(names, local, model, group_cfg, ucx_peer_transports(mc.ucx_send), meet, why);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -52,6 +53,18 @@ void all_to_all::connect(std::vector<region_key> keys) {
   if (cfg_.direct && error_.empty())
     for (uint32_t d = 0; d < peers_.size(); ++d)
       if (d != cfg_.rank && peers_[d].size_bytes == recv_bytes_) direct_[d] = t_.map_remote(peers_[d]);
+}
+
+std::string key_fingerprint(const region_key& k) {
+  uint32_t h = 2166136261u;  // FNV-1a over the key's text
+  for (unsigned char c : key_to_text(k)) h = (h ^ c) * 16777619u;
+  char buf[12];
+  std::snprintf(buf, sizeof buf, "%08x", h);
+  return buf;
+}
+
+std::string all_to_all::fingerprint(uint32_t rank) const {
+  return rank < peers_.size() ? key_fingerprint(peers_[rank]) : std::string{"?"};
 }
 
 uint32_t all_to_all::direct_peers() const {
@@ -222,9 +235,12 @@ bool all_to_all::complete(std::vector<std::span<const std::byte>>* recv, std::st
           return false;
         }
       if (std::chrono::steady_clock::now() > deadline) {
+        // The keys' fingerprints, as this rank holds them: a peer that stores into a region this
+        // rank no longer reads (keys of an earlier meeting) shows as a mismatch with its own.
         *why = "all-to-all exchange " + std::to_string(seq) + ": rank " + names_[cfg_.rank] + " has nothing from " +
                names_[s] + " after " + std::to_string(cfg_.timeout.count()) + " ms (its last exchange: " +
-               std::to_string(word >> 1) + ")";
+               std::to_string(word >> 1) + "; keys here: " + names_[cfg_.rank] + " " + fingerprint(cfg_.rank) + ", " +
+               names_[s] + " " + fingerprint(s) + ")";
         return false;
       }
       pause();

@@ -48,6 +48,9 @@ struct all_to_all_config {
   std::string validate() const;
 };
 
+/// Eight hex digits naming a region key, for diagnostics (processes that met compare theirs).
+std::string key_fingerprint(const region_key& k);
+
 class all_to_all {
 public:
   /// Registers this rank's regions with `t` (which must outlive this object); failures surface
@@ -95,6 +98,9 @@ public:
   bool peer_started() const;
   /// Peers this rank reaches with plain stores (known after connect()).
   uint32_t direct_peers() const;
+  /// A short fingerprint of rank `rank`'s key as this rank got it (connect()), for diagnostics:
+  /// members comparing theirs see whether they met with the same keys.
+  std::string fingerprint(uint32_t rank) const;
 
 private:
   /// A doorbell word: seq << 1 | (the chunk is empty).

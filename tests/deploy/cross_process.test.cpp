@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -381,6 +382,42 @@ TEST_CASE("the node directory tells the other nodes of a data-parallel group whe
   CHECK(peek(again_b, [](answer_box& x) { return x.cards; }) == fresh);
   CHECK(peek(new_c, [](answer_box& x) { return x.cards; }) == fresh);
   a->send_exit(dir, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("the node directory: a node given up for lost (missed heartbeats) that heartbeats again has each of its "
+          "ranks asked to report its load, so that an idle rank rejoins its balancer") {
+  network_system n;
+  node_directory_config dc;
+  dc.heartbeat_interval_ms = 50;
+  dc.missed_heartbeats = 2;  // gone after 100 ms of silence
+  auto dir = spawn_node_directory(n.sys, dc, {});
+  auto log = std::make_shared<gone_log>();
+  auto agent = spawn_agent_stand_in(n.sys, dir, "node-a", log);  // it never heartbeats
+  // A stand-in for the node's decode rank: it counts the directory's requests to report.
+  auto asked = std::make_shared<std::atomic<int>>(0);
+  auto rank = caf::actor_cast<decode_rank_actor>(n.sys.spawn([asked](caf::event_based_actor*) -> caf::behavior {
+    return {[asked](health_atom) { ++*asked; }};
+  }));
+  caf::scoped_actor self{n.sys};
+  auto state = [&] {
+    std::string out;
+    self->request(dir, std::chrono::seconds{5}, stats_atom::value)
+        .receive([&](std::vector<node_status>& s) { for (const auto& x : s) if (x.name == "node-a") out = x.state; },
+                 [](caf::error&) {});
+    return out;
+  };
+  for (int i = 0; i < 200 && state().empty(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds{5});
+  self->send(dir, std::string{"node-a"}, node_ranks{{rank}, {}, {"node-a"}});
+  for (int i = 0; i < 400 && state() != "gone"; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{5});
+  REQUIRE(state() == "gone");
+  CHECK(asked->load() == 0);
+  self->send(dir, heartbeat_atom::value, std::string{"node-a"});  // back after a partition
+  for (int i = 0; i < 400 && asked->load() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{5});
+  CHECK(asked->load() == 1);
+  CHECK(state() == "joined");
+  self->send_exit(dir, caf::exit_reason::user_shutdown);
+  self->send_exit(agent, caf::exit_reason::user_shutdown);
+  self->send_exit(rank, caf::exit_reason::user_shutdown);
 }
 
 TEST_CASE("the node directory: a node restarted under its name that met its group afresh is not lost when its old "
