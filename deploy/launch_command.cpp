@@ -148,10 +148,14 @@ int run_launch(const std::vector<std::string>& raw_args) {
   for (auto& n : plan)  // remote hosts run the spec's binary path (default: the same as here)
     if (!is_local_host(n.host)) n.argv[0] = binary;
   if (dry_run) {
-    for (const auto& n : plan)
+    for (const auto& n : plan) {
+      auto shown = n;
+      if (n.spare) shown.argv.push_back("--standby");  // as stand_by below starts it
       std::printf("# %s (%s on %s%s)\n%s\n", n.name.c_str(), n.role.c_str(), n.host.c_str(),
-                  n.spare ? "; a spare: started only in place of a node that failed for good" : "",
-                  printable(command_of(spec, n)).c_str());
+                  n.spare ? "; a spare: stands by with the model loaded until a node fails for good, then takes its place"
+                          : "",
+                  printable(command_of(spec, shown)).c_str());
+    }
     return 0;
   }
 
