@@ -831,75 +831,12 @@ using router_actor = caf::typed_actor<
     // From the node directory: these ranks are gone; every request on them is re-placed.
     caf::reacts_to<rank_gone_atom, std::vector<std::string>, std::string>>;
 
-// --- nodes (deploy: `baton node`, `baton gateway`, `baton launch`) ---------------------------
-/// A node process introducing itself to the cluster's directory.
-struct node_hello {
-  std::string name;
-  std::vector<std::string> roles;  ///< decode | prefill | gateway (store nodes do not join)
-  int32_t pid = 0;
-};
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, node_hello& x) {
-  return f(caf::meta::type_name("node_hello"), x.name, x.roles, x.pid);
-}
-
-/// What a joining node needs to start its actors.
-struct cluster_welcome {
-  router_actor router;
-  prefill_balancer_actor prefill_balancer;
-  decode_balancer_actor decode_balancer;
-  store_info store;
-  uint32_t heartbeat_interval_ms = 500;
-  /// Elastic P/D: where node processes announce their ranks (controller_join); null when the head
-  /// runs no elastic controller (it does with elastic ranks or `--elastic-nodes`).
-  elastic_controller_actor elastic_controller{};
-};
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, cluster_welcome& x) {
-  return f(caf::meta::type_name("cluster_welcome"), x.router, x.prefill_balancer, x.decode_balancer, x.store,
-           x.heartbeat_interval_ms, x.elastic_controller);
-}
-
-struct node_status {
-  std::string name;
-  std::vector<std::string> roles;
-  int32_t pid = 0;
-  int64_t since_heartbeat_ms = 0;  ///< time since its last heartbeat
-  std::string state;               ///< joined | draining | gone (missed heartbeats or left)
-};
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, node_status& x) {
-  return f(caf::meta::type_name("node_status"), x.name, x.roles, x.pid, x.since_heartbeat_ms, x.state);
-}
-
-/// The head's register of node processes: who joined, their heartbeats, who drains.
-using node_directory_actor = caf::typed_actor<
-    caf::replies_to<join_atom, node_hello>::with<cluster_welcome>,
-    caf::reacts_to<heartbeat_atom, std::string>,   // node name
-    caf::reacts_to<drain_atom, std::string>,       // node name: it is draining and will leave
-    // node name and its ranks: what to drop if the node goes silent
-    caf::reacts_to<std::string, node_ranks>,
-    caf::replies_to<stats_atom>::with<std::vector<node_status>>,
-    // group, members, the first index of this process's members, their cards, its node and pid:
-    // answered, once every member has posted, with every card in index order (data-parallel
-    // groups across node processes swap UCX keys so). When that process goes, the group's other
-    // nodes hear of it (member_gone_atom).
-    caf::replies_to<rendezvous_atom, std::string, uint32_t, uint32_t, std::vector<std::string>, std::string,
-                    int32_t>::with<std::vector<std::string>>,
-    caf::reacts_to<timer_atom>>;                   // liveness sweep (internal)
-
-/// A node process's agent: joins, heartbeats, and drains the node's actors on request.
-using node_agent_actor = caf::typed_actor<
-    caf::reacts_to<heartbeat_atom>,  // tick (internal)
-    caf::reacts_to<drain_atom>,      // from the process (SIGTERM): finish the work, then leave
-    caf::reacts_to<poll_atom>,       // drain progress check (internal)
-    // from the directory: these members of this group (its meeting's name, member indices) were
-    // on a node that went down or fell silent, and why
-    caf::reacts_to<member_gone_atom, std::string, std::vector<uint32_t>, std::string>>;
-
-/// Registers every type above (and the error category) with a config, before the actor
+/// Registers every type here and in node_messages.hpp (and the error category) with a config, before the actor
 /// system is built, and sets the default cluster id (CAF's middleman.app-identifiers). Call it
 /// in every process.
 void register_message_types(caf::actor_system_config& cfg);
 
 }  // namespace baton
+
+// Cluster membership's messages live apart, along that seam; every includer of this header gets them.
+#include "actors/node_messages.hpp"
