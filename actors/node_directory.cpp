@@ -29,7 +29,14 @@ struct pending_post {
   std::string node;
   int32_t pid = 0;  ///< the posting process (node_hello::pid of its join)
   cards_promise promise;
+  /// A survivor re-forming its group: after this long the meeting may close with the members
+  /// present (0: it waits for every member, as a group's first meeting does).
+  uint32_t shrink_after_ms = 0;
 };
+
+/// The card an absent member gets in a meeting that closed without it; the number after '#'
+/// names the shrunk group's own meeting ("dpG~N"), unique while the head lives.
+constexpr const char* absent_card = "absent#";
 
 /// Members of one group swapping cards; each posting waits for the last one.
 ///
@@ -50,12 +57,17 @@ struct meeting {
   std::vector<uint32_t> lost_members;   ///< the members whose node went
   std::set<std::string> reposted;       ///< nodes of the lost meeting that posted again
   std::vector<pending_post> queued;     ///< posts for the next meeting, while this lost one empties
+  uint64_t generation = 0;              ///< the group's meetings so far: a shrink timer of an earlier one is void
+  bool shrink_armed = false;            ///< a shrink timer runs for this meeting
+  std::vector<uint32_t> absent;         ///< members it closed without (it shrank); empty when all met
 
   /// A fresh meeting of `members`: every post still waiting here is answered with `why`.
   void start(uint32_t members, const std::string& why) {
     for (auto* list : {&waiting, &queued})
       for (auto& p : *list) p.promise.deliver(caf::make_error(caf::sec::request_receiver_down, why));
+    const auto next = generation + 1;
     *this = meeting{};
+    generation = next;
     size = members;
     cards.resize(size);
     posted.resize(size, false);
@@ -73,6 +85,7 @@ struct node_directory_state {
   cluster_welcome welcome;
   std::map<std::string, node_entry> nodes;
   bool sweeping = false;  ///< a liveness sweep is scheduled
+  uint64_t shrinks = 0;   ///< meetings closed without every member: each numbers its shrunk group
   static inline const char* name = "baton.node_directory";
 };
 
@@ -121,8 +134,9 @@ std::string refusal(const meeting& r, uint32_t first, const std::vector<std::str
 }
 
 /// Records a post the meeting can take; answers every post with all the cards once the last
-/// member has posted.
+/// member has posted. A post that lets the meeting shrink starts its timer (timer_atom).
 void take_post(pointer self, const std::string& group, meeting& r, pending_post p) {
+  const uint32_t shrink_after_ms = p.shrink_after_ms;
   auto& mine = self->state.node_groups[p.node][group];
   mine.clear();
   for (uint32_t i = 0; i < p.cards.size(); ++i) {
@@ -137,7 +151,37 @@ void take_post(pointer self, const std::string& group, meeting& r, pending_post 
     r.done = true;
     for (auto& w : r.waiting) w.promise.deliver(r.cards);
     r.waiting.clear();
+  } else if (shrink_after_ms > 0 && !r.shrink_armed) {
+    r.shrink_armed = true;
+    self->delayed_send(self, std::chrono::milliseconds{shrink_after_ms}, timer_atom::value, group, r.generation);
   }
+}
+
+/// Meeting `group`'s shrink timer: if it is still open and every post waiting in it lets it
+/// shrink, it closes with the members present. Each absent member's card says so (absent_card and
+/// a serial), and the members present meet again as a smaller group under "group~serial".
+void shrink(pointer self, const std::string& group, uint64_t generation) {
+  auto i = self->state.meetings.find(group);
+  if (i == self->state.meetings.end()) return;
+  auto& m = i->second;
+  if (m.generation != generation || m.done || !m.lost.empty() || !m.shrink_armed) return;
+  m.shrink_armed = false;
+  if (m.waiting.empty()) return;
+  for (const auto& w : m.waiting)
+    if (w.shrink_after_ms == 0) return;  // a node starting up: the group needs every member
+  const std::string card = absent_card + std::to_string(++self->state.shrinks);
+  for (uint32_t k = 0; k < m.size; ++k)
+    if (!m.posted[k]) m.absent.push_back(k), m.cards[k] = card;
+  m.done = true;
+  for (auto& w : m.waiting) w.promise.deliver(m.cards);
+  m.waiting.clear();
+}
+
+/// Whether `first` and the members after it (`count`) are all absent from shrunk meeting `r`.
+bool all_absent(const meeting& r, uint32_t first, size_t count) {
+  for (uint32_t k = first; k < first + count; ++k)
+    if (std::find(r.absent.begin(), r.absent.end(), k) == r.absent.end()) return false;
+  return count > 0;
 }
 
 /// Takes `p` into open meeting `r`, or answers it with the reason it cannot be taken.
@@ -193,6 +237,18 @@ void lose(pointer self, const std::string& group, meeting& m, const std::string&
   for (const auto& other : m.nodes)
     if (!other.empty() && other != node && told.insert(other).second) tell_node(self, other, group, lost, m.lost);
   restart_if_empty(self, group, m);
+}
+
+/// Members absent from shrunk meeting `m` came back (node `node` posted them): the meeting is
+/// over, its nodes are told (naming the returning members, which their shrunk group lacks) and
+/// re-form, and the group meets afresh at full size once each of them has posted again.
+void grow(pointer self, const std::string& group, meeting& m, const std::string& node, uint32_t first, size_t count) {
+  m.lost = members_text(first, count) + " came back (node " + node + "): the group meets again at full size";
+  m.lost_members.clear();
+  for (uint32_t k = first; k < first + count; ++k) m.lost_members.push_back(k);
+  std::set<std::string> told;
+  for (const auto& other : m.nodes)
+    if (!other.empty() && other != node && told.insert(other).second) tell_node(self, other, group, m.lost_members, m.lost);
 }
 
 /// Node `name`'s process `pid` is gone: every group it had members in loses them.
@@ -287,7 +343,7 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
         if (auto i = self->state.nodes.find(name); i != self->state.nodes.end()) i->second.ranks = std::move(ranks);
       },
       [=](rendezvous_atom, const std::string& group, uint32_t size, uint32_t first, std::vector<std::string>& cards,
-          const std::string& node, int32_t pid) -> caf::result<std::vector<std::string>> {
+          const std::string& node, int32_t pid, uint32_t shrink_after_ms) -> caf::result<std::vector<std::string>> {
         const auto refuse = [&](const std::string& what) {
           return caf::make_error(caf::sec::invalid_argument, "rendezvous " + group + ": " + what);
         };
@@ -306,20 +362,23 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
         // group break (a stalled or stopped member): either way the group meets afresh.
         if (r.lost.empty() && r.done && posted_before)
           lose(self, group, r, node, "posted to meet again (restarted, or re-forming its broken group)");
+        // Members a shrunk meeting closed without came back: the group grows to full size again.
+        if (r.lost.empty() && r.done && !posted_before && all_absent(r, first, cards.size()))
+          grow(self, group, r, node, first, cards.size());
         if (!r.lost.empty()) {
           // The group lost a node: a restarted member waits until the others have left too, and
           // then meets them afresh as they come back.
           if (posted_before) r.reposted.insert(node);
           void_posts_of(r.queued, group, node);
           auto promise = self->make_response_promise<std::vector<std::string>>();
-          r.queued.push_back({first, std::move(cards), node, pid, promise});
+          r.queued.push_back({first, std::move(cards), node, pid, promise, shrink_after_ms});
           restart_if_empty(self, group, r);
           return promise;
         }
         drop_posts_of(r, group, node);  // the newest post of a node wins
         if (auto bad = refusal(r, first, cards); !bad.empty()) return refuse(bad);
         auto promise = self->make_response_promise<std::vector<std::string>>();
-        take_post(self, group, r, {first, std::move(cards), node, pid, promise});
+        take_post(self, group, r, {first, std::move(cards), node, pid, promise, shrink_after_ms});
         return promise;
       },
       [=](drain_atom, const std::string& name) {
@@ -333,6 +392,7 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
                          std::chrono::duration_cast<std::chrono::milliseconds>(now - n.last_heartbeat).count(), n.state});
         return out;
       },
+      [=](timer_atom, const std::string& group, uint64_t generation) { shrink(self, group, generation); },
       [=](timer_atom) {
         auto& st = self->state;
         const auto silence = std::chrono::milliseconds{uint64_t{st.cfg.heartbeat_interval_ms} * st.cfg.missed_heartbeats};

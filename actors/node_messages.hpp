@@ -58,13 +58,15 @@ using node_directory_actor = caf::typed_actor<
     // node name and its ranks: what to drop if the node goes silent
     caf::reacts_to<std::string, node_ranks>,
     caf::replies_to<stats_atom>::with<std::vector<node_status>>,
-    // group, members, the first index of this process's members, their cards, its node and pid:
-    // answered, once every member has posted, with every card in index order (data-parallel
-    // groups across node processes swap UCX keys so). When that process goes, the group's other
-    // nodes hear of it (member_gone_atom).
-    caf::replies_to<rendezvous_atom, std::string, uint32_t, uint32_t, std::vector<std::string>, std::string,
-                    int32_t>::with<std::vector<std::string>>,
-    caf::reacts_to<timer_atom>>;                   // liveness sweep (internal)
+    // group, members, the first index of this process's members, their cards, its node and pid,
+    // and after how many ms the meeting may close without absent members (0: never): answered,
+    // once every member has posted, with every card in index order (data-parallel groups across
+    // node processes swap UCX keys so); an absent member's card is "absent#N". When that process
+    // goes, the group's other nodes hear of it (member_gone_atom).
+    caf::replies_to<rendezvous_atom, std::string, uint32_t, uint32_t, std::vector<std::string>, std::string, int32_t,
+                    uint32_t>::with<std::vector<std::string>>,
+    caf::reacts_to<timer_atom>,                        // liveness sweep (internal)
+    caf::reacts_to<timer_atom, std::string, uint64_t>>;  // a meeting's shrink timer: group, meeting (internal)
 
 /// A node process's agent: joins, heartbeats, and drains the node's actors on request.
 using node_agent_actor = caf::typed_actor<

@@ -238,6 +238,10 @@ bool validate(const cluster_spec& s, std::string* why) {
     *why = "spec.elastic sets the planner of elastic nodes, but no node has the elastic role";
     return false;
   }
+  if (!s.dp_attention && s.dp_shrink_after_s) {
+    *why = "spec.expert_parallel.dp_shrink_after_s lets a data-parallel group shrink: it needs dp_attention";
+    return false;
+  }
   if (!s.dp_attention && s.dp_step_timeout_ms != cluster_spec{}.dp_step_timeout_ms) {
     *why = "spec.expert_parallel.dp_step_timeout_ms bounds a data-parallel group's steps: it needs dp_attention";
     return false;
@@ -320,7 +324,8 @@ bool parse_cluster_spec(const std::string& json_text, const std::string& base_di
       !fep.boolean("dual_batch_overlap", &out->dual_batch_overlap, why) ||
       !fep.boolean("dp_attention", &out->dp_attention, why) || !fep.num("eplb_slots", &out->eplb_slots, 0, 4096, why) ||
       !fep.num("eplb_interval", &out->eplb_interval, 1, 1u << 30, why) ||
-      !fep.num("dp_step_timeout_ms", &out->dp_step_timeout_ms, 100, 3'600'000, why) || !fep.no_others(why))
+      !fep.num("dp_step_timeout_ms", &out->dp_step_timeout_ms, 100, 3'600'000, why) ||
+      !fep.num("dp_shrink_after_s", &out->dp_shrink_after_s, 0, 119, why) || !fep.no_others(why))
     return false;
   if (out->ucx_send != "put" && out->ucx_send != "am") {
     *why = "spec.transport.send must be put (one-sided RMA: shared memory, RDMA) or am (rendezvous active messages: TCP), not '" +
@@ -411,6 +416,8 @@ std::vector<node_launch> plan_launch(const cluster_spec& s, const std::string& b
       if (s.dp_attention && !prefill) a.push_back("--dp-attention");
       if (s.dp_attention && !prefill && s.dp_step_timeout_ms != cluster_spec{}.dp_step_timeout_ms)
         a.insert(a.end(), {"--dp-step-timeout-ms", std::to_string(s.dp_step_timeout_ms)});
+      if (s.dp_attention && !prefill && s.dp_shrink_after_s)
+        a.insert(a.end(), {"--dp-shrink-after-s", std::to_string(s.dp_shrink_after_s)});
       if (s.eplb_slots)
         a.insert(a.end(), {"--eplb-slots", std::to_string(s.eplb_slots), "--eplb-interval", std::to_string(s.eplb_interval)});
     }

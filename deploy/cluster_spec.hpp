@@ -70,6 +70,10 @@ struct cluster_spec {
   /// expert_parallel.dp_step_timeout_ms: with dp_attention, how long a member may be silent in a
   /// step before its group breaks and re-forms (`baton node --dp-step-timeout-ms`).
   uint32_t dp_step_timeout_ms = 10'000;
+  /// expert_parallel.dp_shrink_after_s: with dp_attention, how long a group re-forming after a
+  /// loss waits for the lost members before it meets without them (`baton node
+  /// --dp-shrink-after-s`; 0: it waits for them, up to the meeting timeout of 120 s).
+  uint32_t dp_shrink_after_s = 0;
   /// elastic: the role planner's targets, for the head's controller when nodes have the elastic
   /// role (0: the head's defaults).
   uint32_t elastic_ttft_ms = 0, elastic_tbt_ms = 0;

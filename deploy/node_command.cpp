@@ -12,7 +12,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -26,7 +25,6 @@
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
-#include <caf/event_based_actor.hpp>
 #include <caf/exit_reason.hpp>
 #include <caf/io/middleman.hpp>
 #include <caf/scoped_actor.hpp>
@@ -39,13 +37,13 @@
 #include "actors/messages.hpp"
 #include "actors/node_agent.hpp"
 #include "deploy/commands.hpp"
+#include "deploy/dp_meeting.hpp"
 #include "deploy/expert_processes.hpp"
 #include "deploy/flags.hpp"
 #include "deploy/net_security.hpp"
 #include "deploy/processes.hpp"
 #include "gpu/cpu_executor.hpp"
 #include "gpu/cuda_executor.hpp"
-#include "transport/all_to_all.hpp"
 #include "gpu/fault_executor.hpp"
 #include "transport/ucx.hpp"
 
@@ -106,136 +104,6 @@ namespace {
 gpu::model_weights take_or_copy(std::shared_ptr<const gpu::model_weights> w) {
   if (w.use_count() == 1) return std::move(*std::const_pointer_cast<gpu::model_weights>(w));
   return *w;
-}
-
-/// This node's members of the data-parallel groups its decode ranks belong to: the cluster's
-/// decode rank F + i is member (F + i) % ep of group (F + i) / ep. A group whose members all live
-/// here meets in-process; others swap keys through the head's node directory, waiting (bounded)
-/// for the other nodes. Members are named by group ("dp3.1"), which every node can work out.
-/// Each card carries the member's settings with its key: members that would run different
-/// rounds (slots, dual-batch overlap, EPLB) are refused here, naming both, not broken later.
-/// EPLB, when on, is enabled on every member.
-struct dp_layout {
-  uint32_t ranks = 1;  ///< decode ranks in this node
-  uint32_t first = 0;  ///< the cluster-wide index of the first
-  uint32_t ep = 2;     ///< members per group
-  uint32_t first_group() const { return first / ep; }
-  uint32_t last_group() const { return (first + ranks - 1) / ep; }
-  uint32_t group_of(uint32_t local_rank) const { return (first + local_rank) / ep; }
-};
-
-/// How this node's members meet: the same for a group's first meeting and for every re-forming.
-struct dp_meeting_config {
-  std::string node;
-  uint32_t meet_timeout_s = 120;
-  gpu::peer_group_config group;
-  gpu::live_eplb_config eplb;
-  std::string ucx_send;
-  std::function<bool()> cancelled;  ///< polled while waiting at the head: leave the meeting at once
-};
-
-/// This node's members of data-parallel group `g`, met afresh (new transports, new keys);
-/// empty and a sentence when the meeting fails or is cancelled.
-std::vector<std::shared_ptr<gpu::expert_peers>> meet_dp_group(caf::actor_system& sys, const node_directory_actor& dir,
-                                                              const dp_layout& at, uint32_t g,
-                                                              const gpu::model_config& model,
-                                                              const dp_meeting_config& mc, std::string* why) {
-  const std::string& node = mc.node;
-  const uint32_t meet_timeout_s = mc.meet_timeout_s, ranks = at.ranks, first = at.first, ep = at.ep;
-  const auto& group_cfg = mc.group;
-  const auto& eplb = mc.eplb;
-  const auto& cancelled = mc.cancelled;
-  const std::string settings = "slot_bytes=" + std::to_string(group_cfg.slot_bytes) +
-                               " dual_batch=" + std::to_string(group_cfg.dual_batch) +
-                               " eplb=" + std::to_string(eplb.slots_per_rank) + "/" + std::to_string(eplb.interval_rounds);
-  const std::string group = "dp" + std::to_string(g);
-  std::vector<std::string> names;
-  for (uint32_t m = 0; m < ep; ++m) names.push_back(group + "." + std::to_string(m));
-  std::vector<uint32_t> local;  // consecutive member indices
-  for (uint32_t i = 0; i < ranks; ++i)
-    if ((first + i) / ep == g) local.push_back((first + i) % ep);
-  auto meet = [&](uint32_t channel, const std::vector<std::pair<uint32_t, transport::region_key>>& mine,
-                  std::vector<transport::region_key>* all, std::string* err) {
-    const std::string meeting = channel == 0 ? group : group + "/b";  // dual-batch overlap's second channel
-    std::vector<std::string> cards;
-    for (const auto& m : mine) cards.push_back(settings + "|" + transport::key_to_text(m.second));
-    std::vector<std::string> got;
-    if (mine.size() == ep) {
-      got = cards;
-    } else {
-      // A helper actor asks, so that this thread can wait in slices and leave on Ctrl-C or
-      // SIGTERM instead of sitting out the meeting's timeout.
-      struct answer {
-        std::mutex m;
-        std::condition_variable cv;
-        bool done = false;
-        std::vector<std::string> cards;
-        std::string error;
-      };
-      auto ans = std::make_shared<answer>();
-      auto settle = [ans](std::vector<std::string> c, std::string e) {
-        std::lock_guard<std::mutex> lock{ans->m};
-        ans->cards = std::move(c);
-        ans->error = std::move(e);
-        ans->done = true;
-        ans->cv.notify_all();
-      };
-      if (cancelled()) return *err = "group " + group + ": stopped before meeting its other members", false;
-      auto asker = sys.spawn([=, first_member = mine.front().first](caf::event_based_actor* self) {
-        self->request(dir, std::chrono::seconds{meet_timeout_s}, rendezvous_atom::value, meeting, ep, first_member, cards,
-                      node, static_cast<int32_t>(::getpid()))
-            .then([settle](std::vector<std::string>& c) { settle(std::move(c), {}); },
-                  [settle, self](caf::error& e) { settle({}, self->system().render(e)); });
-      });
-      std::printf("baton node %s: waiting at the head for the other members of data-parallel group %s (up to %u s)\n",
-                  node.c_str(), meeting.c_str(), meet_timeout_s);
-      std::fflush(stdout);
-      std::unique_lock<std::mutex> lock{ans->m};
-      while (!ans->done && !cancelled()) ans->cv.wait_for(lock, std::chrono::milliseconds{100});
-      if (!ans->done) {
-        caf::anon_send_exit(asker, caf::exit_reason::user_shutdown);  // the actor system waits for it otherwise
-        return *err = "group " + group + ": stopped while waiting for its other members at the head", false;
-      }
-      if (!ans->error.empty()) return *err = "group " + group + ": meeting its members at the head: " + ans->error, false;
-      got = std::move(ans->cards);
-    }
-    for (size_t m = 0; m < got.size(); ++m) {
-      const auto bar = got[m].find('|');
-      const std::string theirs = bar == std::string::npos ? std::string{"(none)"} : got[m].substr(0, bar);
-      if (theirs != settings)
-        return *err = "group " + group + ": member " + std::to_string(m) + " runs with " + theirs + ", this node with " +
-                      settings + " (every member must be started alike)",
-               false;
-      auto key = transport::key_from_text(got[m].substr(bar + 1));
-      if (!key) return *err = "group " + group + ": member " + std::to_string(m) + "'s key does not parse", false;
-      all->push_back(*key);
-    }
-    // The keys this node met with, by fingerprint: every node of the meeting prints the same line,
-    // and an all-to-all that times out names the fingerprints it holds (a stale key shows).
-    std::string line = "baton node " + node + ": data-parallel group " + meeting + " met with keys";
-    for (size_t m = 0; m < all->size(); ++m) line += " " + names[m] + "=" + transport::key_fingerprint((*all)[m]);
-    std::printf("%s\n", line.c_str());
-    std::fflush(stdout);
-    return true;
-  };
-  auto members = gpu::make_peer_group(names, local, model, group_cfg, ucx_peer_transports(mc.ucx_send), meet, why);
-  if (members.empty()) return {};
-  for (auto& m : members)
-    if (eplb.slots_per_rank && !m->enable_eplb(eplb, model.moe.n_routed_experts, why)) return {};
-  return members;
-}
-
-/// This node's members of every data-parallel group its decode ranks belong to, in rank order.
-std::vector<std::shared_ptr<gpu::expert_peers>> join_dp_groups(caf::actor_system& sys, const node_directory_actor& dir,
-                                                               const dp_layout& at, const gpu::model_config& model,
-                                                               const dp_meeting_config& mc, std::string* why) {
-  std::vector<std::shared_ptr<gpu::expert_peers>> out;
-  for (uint32_t g = at.first_group(); g <= at.last_group(); ++g) {
-    auto members = meet_dp_group(sys, dir, at, g, model, mc, why);
-    if (members.empty()) return {};
-    out.insert(out.end(), members.begin(), members.end());
-  }
-  return out;
 }
 
 /// A spare standing by: one line from stdin (without its newline), waiting in slices so that
@@ -349,6 +217,11 @@ int run_node(const std::vector<std::string>& args) {
   flags.add("--dp-meet-timeout-s", &dp_meet_timeout_s,
             "with --dp-attention: how long this node waits at the head for its groups' members in other nodes "
             "(Ctrl-C ends the wait at once)");
+  uint32_t dp_shrink_after_s = 0;
+  flags.add("--dp-shrink-after-s", &dp_shrink_after_s,
+            "with --dp-attention: a group re-forming after a loss meets without the lost members once it has waited "
+            "this long for them, its experts spread over the members left, and grows back when they return "
+            "(0 = never: it waits up to --dp-meet-timeout-s, then leaves to be restarted)");
   uint32_t dp_step_timeout_ms = 10'000;
   flags.add("--dp-step-timeout-ms", &dp_step_timeout_ms,
             "with --dp-attention: a member silent this long in a step breaks its group, which then re-forms "
@@ -439,6 +312,12 @@ int run_node(const std::vector<std::string>& args) {
     std::fprintf(stderr, "baton node: --dp-meet-timeout-s must be at least 1\n");
     return 2;
   }
+  if (dp_shrink_after_s && (!dp_attention || dp_shrink_after_s >= dp_meet_timeout_s)) {
+    std::fprintf(stderr, "baton node: --dp-shrink-after-s %u needs --dp-attention and must be below "
+                         "--dp-meet-timeout-s (%u): a meeting must be able to shrink before it times out\n",
+                 dp_shrink_after_s, dp_meet_timeout_s);
+    return 2;
+  }
   if (dp_step_timeout_ms < 100) {  // it also bounds the EPLB weight transfers between steps
     std::fprintf(stderr, "baton node: --dp-step-timeout-ms must be at least 100\n");
     return 2;
@@ -514,14 +393,19 @@ int run_node(const std::vector<std::string>& args) {
     /// and it is applied to the new members directly once they are `assigned`.
     enum class stage { meeting, met, assigned };
     struct lost_note {
-      std::vector<uint32_t> members;
+      std::vector<uint32_t> members;  ///< in the new group's numbering
       std::string why;
+      bool everyone = false;  ///< the new group must re-form at once (it lacks a member that came back)
     };
     std::mutex m;
     std::vector<std::shared_ptr<gpu::expert_peers>> peers;  ///< [local rank]
     std::vector<std::shared_ptr<gpu::executor>> execs;      ///< [local rank], once started
     std::map<uint32_t, stage> reforming;                    ///< groups re-forming now
     std::map<uint32_t, std::vector<lost_note>> held;        ///< losses of groups that have met, not yet assigned
+    std::map<uint32_t, dp_shape> shapes;                    ///< each group's shape (the new one's from `met` on)
+    /// Notices about a group's full meeting that came while it was meeting again: if it then
+    /// shrinks, the member it lacks may be back, so it re-forms once more.
+    std::map<uint32_t, std::string> noticed;
     struct reformer {
       std::thread thread;
       std::shared_ptr<std::atomic<bool>> done;
@@ -537,7 +421,7 @@ int run_node(const std::vector<std::string>& args) {
   // Set when this node leaves (a stop, or a group that could not re-form): meetings in progress end.
   auto leaving = std::make_shared<std::atomic<bool>>(false);
   const dp_layout dp_at{num_ranks, dp_first_rank, expert_parallel};
-  const dp_meeting_config dp_meet{name, dp_meet_timeout_s,
+  const dp_meeting_config dp_meet{name, dp_meet_timeout_s, dp_shrink_after_s,
                                   {.slot_bytes = engine_slot_bytes(model, prefill, rank),
                                    .timeout = std::chrono::milliseconds{dp_step_timeout_ms},
                                    .dual_batch = dual_batch_overlap},
@@ -584,19 +468,42 @@ int run_node(const std::vector<std::string>& args) {
     // no routed experts), before the meeting: once it completes, the others may step at once, and
     // a load from disk could outlast their step timeout. So while it waits at the head, a node
     // holds a second copy of the shared weights and of this group's members' blocks.
-    std::vector<uint32_t> group_members;
-    for (uint32_t i = 0; i < num_ranks; ++i)
-      if (dp_at.group_of(i) == g) group_members.push_back((dp_first_rank + i) % expert_parallel);
+    const auto group_members = dp_at.members_of(g);
     auto full = load_weights(keep_blocks_of(group_members, expert_parallel), &err);
     std::vector<std::shared_ptr<gpu::expert_peers>> members;
-    if (full) members = meet_dp_group(sys, *directory, dp_at, g, model, dp_meet, &err);
+    dp_shape shape, unused;  // full, unless the head closes the meeting without lost members
+    if (full) members = meet_dp_group(sys, *directory, dp_at, g, {}, dp_shrink_after_s > 0, model, dp_meet, &shape, &err);
+    if (members.empty() && shape.shrunk()) {
+      // The members present meet again as a smaller group; each serves a larger block of every
+      // MoE layer's experts, loaded afresh (before meeting, as above).
+      std::printf("baton node %s: data-parallel %s\n", name.c_str(), err.c_str());
+      std::fflush(stdout);
+      std::vector<uint32_t> mine;
+      for (uint32_t m : group_members) mine.push_back(static_cast<uint32_t>(shape.index_of(m)));
+      full.reset();
+      err.clear();
+      full = load_weights(keep_blocks_of(mine, shape.size(expert_parallel)), &err);
+      if (full) members = meet_dp_group(sys, *directory, dp_at, g, shape, false, model, dp_meet, &unused, &err);
+    }
     if (!members.empty()) {
       {
         std::lock_guard<std::mutex> lock{dp->m};
         dp->reforming[g] = dp_members::stage::met;  // a loss from here on is the new group's
+        dp->shapes[g] = shape;
+        // A shrunk group told, while it met, of its full meeting (a lost member came back, say)
+        // re-forms once more: the full group may meet now.
+        if (auto n = dp->noticed.find(g); n != dp->noticed.end() && shape.shrunk())
+          dp->held[g].push_back({{}, n->second, true});
+        dp->noticed.erase(g);
       }
       auto blocks = take_or_copy(std::move(full));
       for (auto& m : members) m->take_block(model, blocks);
+      for (size_t j = 0; shape.shrunk() && j < members.size(); ++j)
+        std::printf("baton node %s: member %u of data-parallel group dp%u is member %u of %s, serving %zu of %u routed "
+                    "experts per layer\n",
+                    name.c_str(), group_members[j], g, members[j]->rank(), shape.meeting(g).c_str(),
+                    members[j]->held(model.moe.first_k_dense_replace).size(), model.moe.n_routed_experts);
+      std::fflush(stdout);
     }
     full.reset();
     if (!members.empty()) {
@@ -613,8 +520,10 @@ int run_node(const std::vector<std::string>& args) {
         // Losses told while the stores filled: the new members step aside at once, and the group
         // re-forms again once they have switched (watch_groups).
         for (const auto& note : dp->held[g])
-          for (auto& m : members)
+          for (auto& m : members) {
+            if (note.everyone) m->retire(note.why);
             for (uint32_t lost : note.members) m->peer_lost(lost, note.why);
+          }
         dp->held.erase(g);
         dp->reforming[g] = dp_members::stage::assigned;
       }
@@ -635,8 +544,11 @@ int run_node(const std::vector<std::string>& args) {
       std::lock_guard<std::mutex> lock{dp->m};
       dp->reforming.erase(g);
       if (switched) {
-        std::printf("baton node %s: data-parallel group dp%u re-formed in place; its ranks here take work again\n",
-                    name.c_str(), g);
+        const std::string as = shape.shrunk() ? " as " + std::to_string(shape.present.size()) + " of " +
+                                                    std::to_string(expert_parallel) + " members (" + shape.meeting(g) + ")"
+                                              : std::string{};
+        std::printf("baton node %s: data-parallel group dp%u re-formed in place%s; its ranks here take work again\n",
+                    name.c_str(), g, as.c_str());
         std::fflush(stdout);
       }
       return;
@@ -645,6 +557,7 @@ int run_node(const std::vector<std::string>& args) {
       std::lock_guard<std::mutex> lock{dp->m};
       dp->reforming.erase(g);
       dp->held.erase(g);
+      dp->noticed.erase(g);
     }
     if (!stop_requested() && !leaving->load())
       std::printf("baton node %s: data-parallel group dp%u could not re-form in place (%s); leaving so that it re-forms "
@@ -689,29 +602,51 @@ int run_node(const std::vector<std::string>& args) {
   // that group step aside at once (each rank then refuses work and reports no room), then meet
   // afresh with the lost member's replacement (reform above).
   agent_cfg.on_member_gone = [=](const std::string& meeting, const std::vector<uint32_t>& members, const std::string& why) {
-    const std::string group = meeting.substr(0, meeting.find('/'));  // "dp3/b" is dp3's second channel
+    const std::string channel = meeting.substr(0, meeting.find('/'));  // "dp3/b" is dp3's second channel
+    const std::string group = channel.substr(0, channel.find('~'));     // "dp3~5": dp3 shrunk (see dp_meeting.hpp)
+    const uint64_t serial = channel.size() > group.size() ? std::strtoull(channel.c_str() + group.size() + 1, nullptr, 10) : 0;
     std::lock_guard<std::mutex> lock{dp->m};
     uint32_t g = dp_at.first_group();
     while (g <= dp_at.last_group() && group != "dp" + std::to_string(g)) ++g;
     if (g > dp_at.last_group()) return;  // not a group of this node's
+    const auto r = dp->reforming.find(g);
+    const bool met = r != dp->reforming.end() && r->second == dp_members::stage::met;
+    if (r != dp->reforming.end() && r->second == dp_members::stage::meeting && serial == 0) dp->noticed[g] = why;
+    // The notice in the group's own numbering. A shrunk group's meeting names its indices; the
+    // full meeting names the layout's, and a member the shrunk group lacks came back (or its
+    // meeting is over): the group re-forms at full size.
+    const dp_shape& shape = dp->shapes[g];
+    std::vector<uint32_t> lost;
+    bool everyone = false;
+    if (serial != shape.serial) {
+      if (serial != 0) return;  // about a shrunk group that is no more
+      for (uint32_t m : members) {
+        const int64_t k = shape.index_of(m);
+        if (k < 0) everyone = true;
+        else lost.push_back(static_cast<uint32_t>(k));
+      }
+    } else {
+      lost = members;
+    }
     // A group whose new meeting completed but whose members are not in place yet: the loss is
     // the new group's, applied once they are (reform).
-    if (auto r = dp->reforming.find(g); r != dp->reforming.end() && r->second == dp_members::stage::met) {
-      dp->held[g].push_back({members, why});
+    if (met) {
+      dp->held[g].push_back({lost, why, everyone});
       return;
     }
     for (uint32_t i = 0; i < dp->peers.size(); ++i) {
       if (dp_at.group_of(i) != g) continue;
-      for (uint32_t m : members) dp->peers[i]->peer_lost(m, why);
-      if (meeting != group) continue;  // dual-batch overlap's second channel: the same members, said once
+      if (everyone) dp->peers[i]->retire(why);
+      for (uint32_t m : lost) dp->peers[i]->peer_lost(m, why);
+      if (meeting != channel) continue;  // dual-batch overlap's second channel: the same members, said once
       std::string line = "baton node " + name + ": rank " + rank_name_of(i) + " steps aside: data-parallel group " +
-                         group + " lost member(s)";
-      for (uint32_t m : members) line += " " + std::to_string(m);
+                         channel + (everyone ? " re-forms" : " lost member(s)");
+      for (uint32_t m : everyone ? std::vector<uint32_t>{} : lost) line.append(1, ' ').append(std::to_string(m));
       line += " (" + why + ")\n";
       std::fputs(line.c_str(), stdout);
     }
     std::fflush(stdout);
-    if (meeting == group && !dp->peers.empty()) start_reform(g, "lost member(s)");
+    if (meeting == channel && !dp->peers.empty()) start_reform(g, everyone ? "a member it lacks came back" : "lost member(s)");
   };
   auto start = [=](caf::actor_system& sys, const cluster_welcome& w, node_actors* out) -> std::string {
     // The cluster's block store, if it runs one: decode ranks write finished sequences back to

@@ -243,6 +243,10 @@ public:
   /// killed process leaves no abort word, so without this the others would notice only at the
   /// all-to-all's timeout, and never while idle. Any thread.
   void peer_lost(uint32_t member, const std::string& why);
+  /// The group re-forms though no member failed (a member a shrunk group lacks came back): this
+  /// member takes part in no more steps, saying `why`, and its waits for members in other
+  /// processes end at once. Any thread.
+  void retire(const std::string& why);
   /// Fault injection for tests only: the group falls out of step here, as after a failed exchange.
   void fault_break_for_test(const std::string& why);
   /// Steps this member took part in without rows of its own.

@@ -74,6 +74,12 @@ void expert_peers::peer_lost(uint32_t member, const std::string& why) {
   mark_broken("data-parallel group of " + group_->names[rank_] + ": member " + group_->names[member] + " is lost: " + why);
 }
 
+void expert_peers::retire(const std::string& why) {
+  for (uint32_t m = 0; m < size(); ++m)
+    if (m != rank_ && !group_->a2a[m]) group_->left[m].store(true, std::memory_order_release);
+  mark_broken("data-parallel group of " + group_->names[rank_] + " re-forms: " + why);
+}
+
 void expert_peers::fault_break_for_test(const std::string& why) {
   mark_broken("data-parallel group, member " + group_->names[rank_] + ": " + why);
 }

@@ -220,6 +220,18 @@ TEST_CASE("expert_parallel.dp_attention groups each decode node's ranks, and onl
     CHECK_FALSE(has(p2[0], "--dp-step-timeout-ms"));
     CHECK(after(p2[1], "--dp-step-timeout-ms") == "2500");
   }
+  // The shrink delay: off by default; set, it reaches the decode nodes only.
+  CHECK_FALSE(has(plan[1], "--dp-shrink-after-s"));
+  {
+    auto text = spec;
+    const std::string from = R"("dp_attention": true})";
+    text.replace(text.find(from), from.size(), R"("dp_attention": true, "dp_shrink_after_s": 20})");
+    cluster_spec x;
+    REQUIRE_MESSAGE(parse_cluster_spec(text, "/base", &x, &why), why);
+    const auto p2 = plan_launch(x, "baton", {"127.0.0.1", ""});
+    CHECK_FALSE(has(p2[0], "--dp-shrink-after-s"));
+    CHECK(after(p2[1], "--dp-shrink-after-s") == "20");
+  }
   auto refused = [&](const std::string& from, const std::string& to) { return refusal(spec, from, to); };
   const std::string lead = "spec.expert_parallel.dp_attention groups the decode ranks by "
                            "expert_parallel.decode (>= 2), without elastic nodes, but ";
@@ -231,6 +243,10 @@ TEST_CASE("expert_parallel.dp_attention groups each decode node's ranks, and onl
             "spec.expert_parallel.dp_step_timeout_ms") == 0);
   CHECK(refused(R"("dp_attention": true)", R"("dp_step_timeout_ms": 2500)") ==
         "spec.expert_parallel.dp_step_timeout_ms bounds a data-parallel group's steps: it needs dp_attention");
+  CHECK(refused(R"("dp_attention": true)", R"("dp_shrink_after_s": 20)") ==
+        "spec.expert_parallel.dp_shrink_after_s lets a data-parallel group shrink: it needs dp_attention");
+  CHECK(refused(R"("dp_attention": true)", R"("dp_attention": true, "dp_shrink_after_s": 120)").find(
+            "spec.expert_parallel.dp_shrink_after_s") == 0);
 }
 
 TEST_CASE("a spare node is planned but not numbered: standing in for a failed data-parallel node it takes that "

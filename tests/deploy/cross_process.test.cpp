@@ -167,6 +167,64 @@ node_agent_actor spawn_agent_stand_in(caf::actor_system& sys, node_directory_act
   });
 }
 
+/// A post to the directory's rendezvous, and what came of it (post_async).
+struct rendezvous_post {
+  std::string group;
+  uint32_t size = 0, first = 0;
+  std::vector<std::string> cards;
+  std::string node;
+  int32_t pid = 1;
+  uint32_t shrink_after_ms = 0;
+};
+struct answer_box {
+  std::mutex m;
+  bool sent = false, answered = false;
+  std::vector<std::string> cards;
+  std::string error;
+};
+
+/// Posts `p` from an actor of its own, so that the test can look at the answer without waiting
+/// for it (sent(), answered(), cards()).
+std::shared_ptr<answer_box> post_async(caf::actor_system& sys, node_directory_actor dir, rendezvous_post p) {
+  auto box = std::make_shared<answer_box>();
+  sys.spawn([dir, box, p](caf::event_based_actor* self) {
+    self->request(dir, std::chrono::seconds{30}, rendezvous_atom::value, p.group, p.size, p.first, p.cards, p.node, p.pid,
+                  p.shrink_after_ms)
+        .then(
+            [box](std::vector<std::string>& c) {
+              std::lock_guard<std::mutex> lock{box->m};
+              box->answered = true, box->cards = c;
+            },
+            [box, self](caf::error& e) {
+              std::lock_guard<std::mutex> lock{box->m};
+              box->answered = true, box->error = self->system().render(e);
+            });
+    std::lock_guard<std::mutex> lock{box->m};
+    box->sent = true;
+  });
+  return box;
+}
+bool sent(const std::shared_ptr<answer_box>& b) {
+  std::lock_guard<std::mutex> lock{b->m};
+  return b->sent;
+}
+bool answered(const std::shared_ptr<answer_box>& b) {
+  std::lock_guard<std::mutex> lock{b->m};
+  return b->answered;
+}
+std::vector<std::string> cards(const std::shared_ptr<answer_box>& b) {
+  std::lock_guard<std::mutex> lock{b->m};
+  return b->cards;
+}
+/// Waits (bounded: 5 s) until every box is answered.
+bool await_answers(std::initializer_list<std::shared_ptr<answer_box>> boxes) {
+  for (int i = 0; i < 500; ++i) {
+    if (std::all_of(boxes.begin(), boxes.end(), [](const auto& b) { return answered(b); })) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds{10});
+  }
+  return false;
+}
+
 }  // namespace
 
 TEST_CASE("across processes over UCX shared memory: tokens and logits equal the colocated run") {
@@ -244,13 +302,13 @@ TEST_CASE("the node directory's rendezvous: each process posts its members' card
   // post is in the directory's mailbox before any of B's, all being sent from this thread.)
   std::vector<std::string> got_a, got_b;
   auto pending = a->request(dir, std::chrono::seconds{30}, rendezvous_atom::value, std::string{"g"}, uint32_t{3},
-                            uint32_t{0}, std::vector<std::string>{"k0", "k1"}, std::string{"node-a"}, int32_t{1});
+                            uint32_t{0}, std::vector<std::string>{"k0", "k1"}, std::string{"node-a"}, int32_t{1}, uint32_t{0});
   std::string refused;
   auto post = [&](caf::scoped_actor& self, const std::string& group, uint32_t size, uint32_t at, std::vector<std::string> cards,
                   std::string node = "node-b") {
     std::vector<std::string> out;
     refused.clear();
-    self->request(dir, std::chrono::seconds{30}, rendezvous_atom::value, group, size, at, cards, node, int32_t{1})
+    self->request(dir, std::chrono::seconds{30}, rendezvous_atom::value, group, size, at, cards, node, int32_t{1}, uint32_t{0})
         .receive([&](std::vector<std::string>& c) { out = std::move(c); },
                  [&](caf::error& e) { refused = n.sys.render(e); });
     return out;
@@ -271,10 +329,10 @@ TEST_CASE("the node directory's rendezvous: each process posts its members' card
   // A node that posts again replaces its own earlier post (its process gave up or died while
   // waiting): the old post is answered void, and the new one completes the meeting.
   auto stale = a->request(dir, std::chrono::seconds{30}, rendezvous_atom::value, std::string{"r"}, uint32_t{2}, uint32_t{0},
-                          std::vector<std::string>{"old"}, std::string{"node-x"}, int32_t{1});
+                          std::vector<std::string>{"old"}, std::string{"node-x"}, int32_t{1}, uint32_t{0});
   caf::scoped_actor x2{n.sys};
   auto renewed = x2->request(dir, std::chrono::seconds{30}, rendezvous_atom::value, std::string{"r"}, uint32_t{2},
-                             uint32_t{0}, std::vector<std::string>{"new"}, std::string{"node-x"}, int32_t{2});
+                             uint32_t{0}, std::vector<std::string>{"new"}, std::string{"node-x"}, int32_t{2}, uint32_t{0});
   std::string voided;
   stale.receive([](std::vector<std::string>&) {}, [&](caf::error& e) { voided = n.sys.render(e); });
   CHECK(voided.find("rendezvous r: node node-x posted again; this post is void") != std::string::npos);
@@ -307,7 +365,7 @@ TEST_CASE("the node directory tells the other nodes of a data-parallel group whe
   auto post = [&](caf::scoped_actor& self, const std::string& group, uint32_t at, std::vector<std::string> cards,
                   const std::string& node) {
     return self->request(dir, std::chrono::seconds{30}, rendezvous_atom::value, group, uint32_t{3}, at, std::move(cards), node,
-                         int32_t{1});
+                         int32_t{1}, uint32_t{0});
   };
   auto g_a = post(a, "g", 0, {"k0", "k1"}, "node-a");
   std::vector<std::string> met;
@@ -340,36 +398,9 @@ TEST_CASE("the node directory tells the other nodes of a data-parallel group whe
   // node-b restarts and posts its member of g again, and a node-c posts the other two members.
   // Both wait: node-a, alive, still holds members of the lost meeting. Once node-a has gone too,
   // g meets afresh with both posts.
-  struct answer_box {
-    std::mutex m;
-    bool sent = false, answered = false;
-    std::vector<std::string> cards;
-  };
   auto poster = [&](uint32_t first, std::vector<std::string> cards, std::string node) {
-    auto box = std::make_shared<answer_box>();
-    n.sys.spawn([dir, box, first, cards, node](caf::event_based_actor* self) {
-      self->request(dir, std::chrono::seconds{30}, rendezvous_atom::value, std::string{"g"}, uint32_t{3}, first, cards, node,
-                    int32_t{2})
-          .then(
-              [box](std::vector<std::string>& c) {
-                std::lock_guard<std::mutex> lock{box->m};
-                box->answered = true, box->cards = c;
-              },
-              [box](caf::error&) {
-                std::lock_guard<std::mutex> lock{box->m};
-                box->answered = true;
-              });
-      std::lock_guard<std::mutex> lock{box->m};
-      box->sent = true;
-    });
-    return box;
+    return post_async(n.sys, dir, {"g", 3, first, std::move(cards), std::move(node), 2, 0});
   };
-  auto peek = [](const std::shared_ptr<answer_box>& box, auto fn) {
-    std::lock_guard<std::mutex> lock{box->m};
-    return fn(*box);
-  };
-  auto sent = [&](const std::shared_ptr<answer_box>& b) { return peek(b, [](answer_box& x) { return x.sent; }); };
-  auto answered = [&](const std::shared_ptr<answer_box>& b) { return peek(b, [](answer_box& x) { return x.answered; }); };
   auto again_b = poster(2, {"n2"}, "node-b"), new_c = poster(0, {"c0", "c1"}, "node-c");
   for (int i = 0; i < 500 && !(sent(again_b) && sent(new_c)); ++i) std::this_thread::sleep_for(std::chrono::milliseconds{10});
   REQUIRE(joined() == 2);  // a round trip to the directory: it has both posts by now
@@ -379,9 +410,84 @@ TEST_CASE("the node directory tells the other nodes of a data-parallel group whe
   for (int i = 0; i < 500 && !(answered(again_b) && answered(new_c)); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds{10});
   const std::vector<std::string> fresh{"c0", "c1", "n2"};
-  CHECK(peek(again_b, [](answer_box& x) { return x.cards; }) == fresh);
-  CHECK(peek(new_c, [](answer_box& x) { return x.cards; }) == fresh);
+  CHECK(cards(again_b) == fresh);
+  CHECK(cards(new_c) == fresh);
   a->send_exit(dir, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("the node directory: survivors re-forming a group that lost a node for good meet without it after their "
+          "shrink delay (its card says absent, with the shrunk group's number); a node starting up never lets a "
+          "meeting shrink; once the lost member comes back, the survivors are told and the group meets at full size") {
+  network_system n;
+  auto dir = spawn_node_directory(n.sys, {}, {});
+  auto log_a = std::make_shared<gone_log>(), log_b = std::make_shared<gone_log>(), log_c = std::make_shared<gone_log>();
+  auto agent_a = spawn_agent_stand_in(n.sys, dir, "node-a", log_a);
+  auto agent_b = spawn_agent_stand_in(n.sys, dir, "node-b", log_b);
+  auto agent_c = spawn_agent_stand_in(n.sys, dir, "node-c", log_c);
+  caf::scoped_actor self{n.sys};
+  auto joined = [&] {
+    size_t k = 0;
+    self->request(dir, std::chrono::seconds{5}, stats_atom::value)
+        .receive([&](std::vector<node_status>& s) { k = s.size(); }, [](caf::error&) {});
+    return k;
+  };
+  for (int i = 0; i < 200 && joined() < 3; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{10});
+  REQUIRE(joined() == 3);
+  auto notices = [](const std::shared_ptr<gone_log>& log, size_t at_least) {
+    for (int i = 0; i < 500; ++i) {
+      {
+        std::lock_guard<std::mutex> lock{log->m};
+        if (log->got.size() >= at_least) return log->got;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds{10});
+    }
+    std::lock_guard<std::mutex> lock{log->m};
+    return log->got;
+  };
+  auto post = [&](uint32_t first, std::string card, std::string node, uint32_t shrink_ms) {
+    return post_async(n.sys, dir, {"g", 3, first, {std::move(card)}, std::move(node), 1, shrink_ms});
+  };
+  // g meets with all three; then node-c dies for good.
+  auto a1 = post(0, "a0", "node-a", 0), b1 = post(1, "b1", "node-b", 0), c1 = post(2, "c2", "node-c", 0);
+  REQUIRE(await_answers({a1, b1, c1}));
+  CHECK(cards(a1) == std::vector<std::string>{"a0", "b1", "c2"});
+  self->send_exit(agent_c, caf::exit_reason::kill);
+  REQUIRE(notices(log_a, 1).size() == 1);
+  REQUIRE(notices(log_b, 1).size() == 1);
+  // Both survivors post again, letting the meeting shrink after 100 ms: it closes without member 2.
+  auto a2 = post(0, "a0'", "node-a", 100), b2 = post(1, "b1'", "node-b", 100);
+  REQUIRE(await_answers({a2, b2}));
+  const std::vector<std::string> shrunk{"a0'", "b1'", "absent#1"};
+  CHECK(cards(a2) == shrunk);
+  CHECK(cards(b2) == shrunk);
+  // A group whose other posts come from a node starting up (no shrink delay) waits for everyone.
+  auto h_a = post_async(n.sys, dir, {"h", 3, 0, {"ha"}, "node-a", 1, 50});
+  auto h_d = post_async(n.sys, dir, {"h", 3, 1, {"hd"}, "node-d", 1, 0});
+  for (int i = 0; i < 500 && !(sent(h_a) && sent(h_d)); ++i) std::this_thread::sleep_for(std::chrono::milliseconds{10});
+  std::this_thread::sleep_for(std::chrono::milliseconds{200});  // 4x the shrink delay
+  CHECK_FALSE(answered(h_a));
+  CHECK_FALSE(answered(h_d));
+  auto h_e = post_async(n.sys, dir, {"h", 3, 2, {"he"}, "node-e", 1, 0});
+  REQUIRE(await_answers({h_a, h_d, h_e}));
+  CHECK(cards(h_a) == std::vector<std::string>{"ha", "hd", "he"});
+  // node-c comes back (a new process) and posts member 2: the survivors hear that it came back,
+  // its post waits for them, and once both have posted again, g meets at full size.
+  auto c3 = post(2, "c2'", "node-c", 0);
+  const auto told_a = notices(log_a, 2), told_b = notices(log_b, 2);
+  REQUIRE(told_a.size() == 2);
+  REQUIRE(told_b.size() == 2);
+  CHECK(std::get<0>(told_a[1]) == "g");
+  CHECK(std::get<1>(told_a[1]) == std::vector<uint32_t>{2});
+  CHECK(std::get<2>(told_a[1]) == "member 2 came back (node node-c): the group meets again at full size");
+  CHECK(std::get<2>(told_b[1]) == std::get<2>(told_a[1]));
+  CHECK_FALSE(answered(c3));
+  auto a3 = post(0, "a0''", "node-a", 100), b3 = post(1, "b1''", "node-b", 100);
+  REQUIRE(await_answers({a3, b3, c3}));
+  const std::vector<std::string> full{"a0''", "b1''", "c2'"};
+  CHECK(cards(a3) == full);
+  CHECK(cards(c3) == full);
+  for (auto agent : {agent_a, agent_b}) self->send_exit(agent, caf::exit_reason::kill);
+  self->send_exit(dir, caf::exit_reason::user_shutdown);
 }
 
 TEST_CASE("the node directory: a node given up for lost (missed heartbeats) that heartbeats again has each of its "
@@ -438,7 +544,7 @@ TEST_CASE("the node directory: a node restarted under its name that met its grou
   REQUIRE(states().size() == 2);
   auto post = [&](caf::scoped_actor& self, uint32_t at, std::vector<std::string> cards, const std::string& node, int32_t pid) {
     return self->request(dir, std::chrono::seconds{30}, rendezvous_atom::value, std::string{"g"}, uint32_t{2}, at,
-                         std::move(cards), node, pid);
+                         std::move(cards), node, pid, uint32_t{0});
   };
   auto cards_of = [&](auto&& pending) {
     std::vector<std::string> out;

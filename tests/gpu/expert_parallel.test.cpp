@@ -820,3 +820,50 @@ TEST_CASE("data-parallel attention: a broken group re-forms in place; the surviv
   CHECK_FALSE(dp.execs[1]->rejoin_group(next[1], &why));
   CHECK(why == "this executor has stopped");
 }
+
+TEST_CASE("data-parallel attention: a healthy group that must re-form (a member its shrunk group lacks came back) is "
+          "retired: every member in the process steps aside at once, saying why, and the survivors rejoin a group of "
+          "another size, which answers as EP 1") {
+  const auto cfg = deepseek_tiny_config(true);
+  auto w = std::make_shared<const model_weights>(make_seeded_weights(cfg, 17));
+  auto alone = make_cpu_executor(cfg, w, {});
+  const auto ref = generate_colocated(*alone, prompt_of(9, 30), 6, 16, {}, true);
+  REQUIRE(ref.error.empty());
+  dp_fixture dp{"loopback", 3, cfg, w};  // the shrunk group of three members
+  const auto before = generate_colocated(*dp.execs[0], prompt_of(9, 30), 6, 16, {}, true);
+  REQUIRE_MESSAGE(before.error.empty(), before.error);
+  CHECK(before.tokens == ref.tokens);
+  dp.members[0]->retire("member 3 came back");  // the others in the process see it at once
+  CHECK(dp.execs[1]->standing_failure().find("member " + std::string{"dp"}) != std::string::npos);
+  for (auto& m : dp.members) m->retire("member 3 came back");  // as a node does for each of its members
+  for (auto& x : dp.execs) CHECK(x->standing_failure().find("re-forms: member 3 came back") != std::string::npos);
+  const auto refused = generate_colocated(*dp.execs[1], prompt_of(9, 30), 2, 16, {}, true);
+  CHECK(refused.error.find("re-forms: member 3 came back") != std::string::npos);
+  // The survivors of a group of three meet again as four: each serves a smaller block.
+  static auto fabric = transport::make_loopback_fabric();
+  auto make_t = [](const std::string& name, std::string*) -> std::unique_ptr<transport::transport> {
+    return transport::make_loopback_transport(fabric, name);
+  };
+  std::string why;
+  auto next = make_peer_group({"g-0", "g-1", "g-2", "g-3"}, cfg, {expert_slot_bytes(cfg, 64)}, make_t, &why);
+  REQUIRE_MESSAGE(next.size() == 4, why);
+  for (auto& m : next) m->hold_block(cfg, *w);
+  CHECK(next[0]->held(cfg.moe.first_k_dense_replace).size() == cfg.moe.n_routed_experts / 4);
+  for (uint32_t i = 0; i < 3; ++i) REQUIRE_MESSAGE(dp.execs[i]->rejoin_group(next[i], &why), why);
+  cpu_executor_config ec;
+  ec.peers = next[3];
+  auto returned = make_cpu_executor(cfg, dp.attention_only, ec);
+  for (int i = 0; i < 500; ++i) {
+    bool pending = false;
+    for (auto& x : dp.execs) pending = pending || x->rejoin_pending();
+    if (!pending) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds{10});
+  }
+  for (auto& x : dp.execs) CHECK(x->standing_failure().empty());
+  const auto after = generate_colocated(*dp.execs[2], prompt_of(9, 30), 6, 16, {}, true);
+  REQUIRE_MESSAGE(after.error.empty(), after.error);
+  CHECK(after.tokens == ref.tokens);
+  CHECK(test::same_bits(after.step_logits, ref.step_logits));
+  returned->stop();
+  for (auto& x : dp.execs) x->stop();
+}
