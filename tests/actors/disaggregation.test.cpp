@@ -350,6 +350,27 @@ TEST_CASE("failover: a corrupted, a dropped or a stalled layer re-places the req
   }
 }
 
+TEST_CASE("failover of a sampled request: the retry draws the same tokens (a draw depends only on the seed and the "
+          "token's position)") {
+  faulty_cluster f{{transport::fault_kind::corrupt_byte, 1, {}, 1, 5}, /*lease_ms*/ 300, /*max_attempts*/ 3};
+  generate_request req;
+  req.prompt = prompts[2];
+  req.max_tokens = 12;
+  req.temperature = 0.9f;
+  req.top_p = 0.95f;
+  req.seed = 77;
+  auto got = f.t.generate(f.cluster.router, req);
+  REQUIRE_MESSAGE(got, f.t.sys.render(got.error()));
+  CHECK(got->failovers == 1);
+  gpu::sampling_config sc;
+  sc.temperature = 0.9f;
+  sc.top_p = 0.95f;
+  sc.seed = 77;
+  const auto want = colocated(f.cfg, encode(f.cfg, prompts[2]), 12, sc).tokens;
+  CHECK(got->tokens == want);
+  CHECK(want != colocated(f.cfg, encode(f.cfg, prompts[2]), 12).tokens);  // it did sample
+}
+
 TEST_CASE("a prefill that fails after posting a layer's put is answered only once that put has settled, so the "
           "decode rank never frees pages a put may still write") {
   test::cluster_system t;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# kill -9 of a decode node while it streams to 20 clients (issue 10): a cluster from a spec on
+# kill -9 of a decode node while it streams to 20 clients, half of them sampling (issue 10): a cluster from a spec on
 # 127.0.0.1 (head; decode nodes a and b; gateway), the 20 answers taken undisturbed first, then
 # the same 20 requests streamed at once while decode-a is killed with SIGKILL mid-stream. Every
 # client must get exactly the undisturbed text, with no error, no repeated and no missing token;
@@ -31,7 +31,13 @@ SPEC
 launch_cluster
 URL="http://127.0.0.1:$P_HTTP/v1/completions"
 N=20 TOKENS=120
-body() { echo "{\"prompt\":\"Verse $1 of the chapter\",\"max_tokens\":$TOKENS,\"ignore_eos\":true,\"stream\":true}"; }
+# Odd clients sample (temperature 0.9, top-p 0.95, their own seed): a draw depends only on the
+# seed and the token's position, so a request moved mid-stream must sample the same tokens.
+body() {
+  local sampling=""
+  [ $(($1 % 2)) = 1 ] && sampling=",\"temperature\":0.9,\"top_p\":0.95,\"seed\":$((1000 + $1))"
+  echo "{\"prompt\":\"Verse $1 of the chapter\",\"max_tokens\":$TOKENS,\"ignore_eos\":true,\"stream\":true$sampling}"
+}
 
 # Undisturbed answers, one at a time.
 for i in $(seq $N); do curl -sN "$URL" -d "$(body "$i")" > "$WORK/calm$i.txt" || fail "undisturbed request $i"; done
