@@ -179,10 +179,13 @@ struct expert_group_keeper::engine {
   /// Mends the group of these live executors; empty, or why not.
   std::function<std::string(const std::vector<std::shared_ptr<gpu::executor>>&)> repair;
   std::chrono::steady_clock::time_point next_try{};
-  std::chrono::milliseconds backoff{1000};
+  std::chrono::milliseconds backoff{0};  ///< before the next try after a failed one (cfg_.first_backoff at first)
+  uint32_t failures = 0;                 ///< failed repairs in a row
+  bool given_up = false;
 };
 
-expert_group_keeper::expert_group_keeper(std::string who) : who_(std::move(who)), thread_([this] { loop(); }) {}
+expert_group_keeper::expert_group_keeper(std::string who, expert_keeper_config cfg)
+  : who_(std::move(who)), cfg_(std::move(cfg)), thread_([this] { loop(); }) {}
 
 expert_group_keeper::~expert_group_keeper() {
   {
@@ -250,6 +253,7 @@ uint64_t expert_group_keeper::repairs() const {
 void expert_group_keeper::look_at(engine& e) {
   std::vector<std::shared_ptr<gpu::executor>> execs;
   std::string failure;
+  if (e.given_up) return;
   for (const auto& w : e.execs) {
     auto x = w.lock();
     if (!x || x->rejoin_pending()) return;  // not all added yet, gone, or switching already
@@ -261,11 +265,19 @@ void expert_group_keeper::look_at(engine& e) {
   if (execs.empty() || std::chrono::steady_clock::now() < e.next_try) return;
   std::printf("%s: %s stepped aside (%s): %s\n", who_.c_str(), e.label.c_str(), failure.c_str(), e.doing.c_str());
   std::fflush(stdout);
+  if (e.backoff.count() == 0) e.backoff = cfg_.first_backoff;
   if (const auto why = e.repair(execs); why.empty()) {
-    e.backoff = std::chrono::milliseconds{1000};
+    e.backoff = cfg_.first_backoff;
+    e.failures = 0;
     std::printf("%s: %s %s\n", who_.c_str(), e.label.c_str(), e.done.c_str());
     std::lock_guard<std::mutex> lock{m_};
     ++repairs_;
+  } else if (++e.failures >= cfg_.give_up_after && cfg_.give_up_after > 0) {
+    e.given_up = true;
+    std::printf("%s: %s: %s did not work %u times in a row (last: %s); giving up on it\n", who_.c_str(),
+                e.label.c_str(), e.doing.c_str(), e.failures, why.c_str());
+    std::fflush(stdout);
+    if (cfg_.give_up) cfg_.give_up(e.label, why);
   } else {
     e.next_try = std::chrono::steady_clock::now() + e.backoff;
     std::printf("%s: %s: %s did not work (%s); trying again in %lld ms\n", who_.c_str(), e.label.c_str(),

@@ -4,6 +4,7 @@
 // processes (`baton experts`), connected to the engine's executor over UCX through the
 // all-to-all of transport/all_to_all.hpp. The keys travel over the children's stdin and stdout.
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -49,12 +50,21 @@ std::shared_ptr<gpu::expert_group> spawn_expert_group(const expert_spawn& s, con
 ///   and every executor rejoins it (gpu::executor::rejoin_group). `baton node` groups span
 ///   processes and re-form through the head instead (deploy/node_command.cpp).
 /// Each executor switches between jobs; its rank then takes work again. A repair that fails is
-/// tried again after 1 s, doubling up to 30 s. `who` prefixes its lines on stdout ("baton
+/// tried again after `first_backoff` (1 s), doubling up to 30 s; after `give_up_after` failures
+/// in a row the keeper stops trying that group and calls `give_up` (a node then leaves, to be
+/// restarted or replaced; 0: it never gives up). `who` prefixes its lines on stdout ("baton
 /// node decode-a"). One thread, joined by the destructor; executors are held weakly.
+struct expert_keeper_config {
+  uint32_t give_up_after = 0;  ///< failed repairs in a row of one group before giving up on it (0: never)
+  std::chrono::milliseconds first_backoff{1000};
+  /// Called once per group given up on, on the keeper's thread: its label ("rank decode-a") and the last failure.
+  std::function<void(const std::string& label, const std::string& why)> give_up;
+};
+
 class expert_group_keeper {
 public:
   using remake_fn = std::function<std::vector<std::shared_ptr<gpu::expert_peers>>(std::string* why)>;
-  explicit expert_group_keeper(std::string who);
+  explicit expert_group_keeper(std::string who, expert_keeper_config cfg = {});
   ~expert_group_keeper();
   expert_group_keeper(const expert_group_keeper&) = delete;
   expert_group_keeper& operator=(const expert_group_keeper&) = delete;
@@ -75,6 +85,7 @@ private:
   /// Repairs `e` when every executor of it reports its group broken (keeper thread).
   void look_at(engine& e);
   std::string who_;
+  expert_keeper_config cfg_;
   mutable std::mutex m_;
   std::vector<std::shared_ptr<engine>> engines_;
   uint64_t repairs_ = 0;

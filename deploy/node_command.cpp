@@ -199,6 +199,11 @@ int run_node(const std::vector<std::string>& args) {
   flags.add("--expert-parallel", &expert_parallel,
             "MoE models: split each rank's routed experts over N EP ranks (N - 1 `baton experts` processes)");
   flags.add("--dual-batch-overlap", &dual_batch_overlap, "with --expert-parallel: two micro-batches per MoE round");
+  uint32_t expert_restarts = 5;
+  flags.add("--expert-restarts", &expert_restarts,
+            "with --expert-parallel (without --dp-attention): failed starts in a row of a rank's new expert shards "
+            "(after one died; 1 s apart, doubling) before the node leaves with exit code 3, to be restarted or "
+            "replaced by a spare (0 = keep trying)");
   bool dp_attention = false;
   uint32_t dp_first_rank = 0;
   gpu::live_eplb_config eplb;
@@ -416,8 +421,24 @@ int run_node(const std::vector<std::string>& args) {
   dp->execs.resize(num_ranks);
   // Ranks with expert shards of their own: a lost shard is started afresh (the rank steps aside
   // meanwhile), not left to fail the rank for good.
+  // A group that cannot re-form in place, or expert shards that cannot be started again: the
+  // node drains and leaves with exit code 3, so that whoever restarts it (`baton launch
+  // --restart-failed`, a Kubernetes pod) brings it back whole; a data-parallel group meets afresh
+  // at the head once every node of its lost meeting has gone.
+  auto group_lost = std::make_shared<std::atomic<bool>>(false);
   std::shared_ptr<expert_group_keeper> keeper;
-  if (expert_parallel > 1 && !dp_attention) keeper = std::make_shared<expert_group_keeper>("baton node " + name);
+  if (expert_parallel > 1 && !dp_attention) {
+    expert_keeper_config kc;
+    kc.give_up_after = expert_restarts;
+    kc.give_up = [group_lost, name](const std::string& label, const std::string&) {
+      std::printf("baton node %s: %s's expert shards cannot be started again; leaving so that the node is restarted "
+                  "or replaced\n",
+                  name.c_str(), label.c_str());
+      std::fflush(stdout);
+      group_lost->store(true);
+    };
+    keeper = std::make_shared<expert_group_keeper>("baton node " + name, std::move(kc));
+  }
   // Set when this node leaves (a stop, or a group that could not re-form): meetings in progress end.
   auto leaving = std::make_shared<std::atomic<bool>>(false);
   const dp_layout dp_at{num_ranks, dp_first_rank, expert_parallel};
@@ -452,10 +473,6 @@ int run_node(const std::vector<std::string>& args) {
     std::fflush(stdout);
   }
   agent_cfg.hello = {name, {role}, static_cast<int32_t>(::getpid())};
-  // A group that cannot re-form in place: the node drains and leaves with exit code 3, so that
-  // whoever restarts it (`baton launch --restart-failed`, a Kubernetes pod) lets the group meet
-  // afresh: the head's directory starts its next meeting once every node of the lost one has gone.
-  auto group_lost = std::make_shared<std::atomic<bool>>(false);
   // Re-forming group `g` in place: this node's members meet the others afresh at the head, whose
   // directory holds the meeting until every node of the lost one has gone or posted again (the
   // lost node restarted, or a replacement under its name). The new members' stores are filled

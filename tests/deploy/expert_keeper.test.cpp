@@ -4,7 +4,9 @@
 
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <chrono>
+#include <mutex>
 #include <thread>
 
 #include "deploy/expert_processes.hpp"
@@ -61,5 +63,54 @@ TEST_CASE("expert group keeper: a data-parallel group of this process that broke
     answer(1);
     CHECK(keeper.repairs() == 1);
   }
+  for (auto& e : execs) e->stop();
+}
+
+TEST_CASE("expert group keeper: a group it cannot mend is tried again with a growing pause, and after the given "
+          "number of failures in a row it gives up on it once, naming the group and the last failure") {
+  const auto cfg = gpu::deepseek_tiny_config(true);
+  auto w = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg, 35));
+  const std::vector<std::string> names{"lost-0", "lost-1"};
+  const gpu::peer_group_config pg{.slot_bytes = gpu::expert_slot_bytes(cfg, 64)};
+  std::string why;
+  auto members = deploy::make_dp_attention_groups(names, 2, cfg, pg, {}, "put", &why);
+  REQUIRE_MESSAGE(members.size() == 2, why);
+  std::vector<std::shared_ptr<gpu::executor>> execs;
+  for (auto& m : members) {
+    gpu::cpu_executor_config ec;
+    ec.peers = m;
+    execs.push_back(gpu::make_cpu_executor(cfg, w, ec));
+  }
+  std::atomic<int> tries{0}, given_up{0};
+  std::mutex m;
+  std::string label, last;
+  {
+    deploy::expert_keeper_config kc;
+    kc.give_up_after = 3;
+    kc.first_backoff = std::chrono::milliseconds{10};
+    kc.give_up = [&](const std::string& l, const std::string& y) {
+      std::lock_guard<std::mutex> lock{m};
+      label = l, last = y;
+      ++given_up;
+    };
+    deploy::expert_group_keeper keeper{"keeper test", kc};
+    auto remake = [&](std::string* y) {
+      *y = "try " + std::to_string(++tries) + ": no transport today";
+      return std::vector<std::shared_ptr<gpu::expert_peers>>{};
+    };
+    keeper.add_dp_member("dp7", 0, 2, execs[0], remake);
+    keeper.add_dp_member("dp7", 1, 2, execs[1], remake);
+    members[0]->fault_break_for_test("injected by the test");
+    for (int i = 0; i < 500 && given_up.load() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{10});
+    REQUIRE(given_up.load() == 1);
+    std::this_thread::sleep_for(std::chrono::milliseconds{400});  // 4 looks more: nothing is tried again
+    CHECK(tries.load() == 3);
+    CHECK(given_up.load() == 1);
+    CHECK(keeper.repairs() == 0);
+    std::lock_guard<std::mutex> lock{m};
+    CHECK(label == "data-parallel group dp7");
+    CHECK(last == "try 3: no transport today");
+  }
+  for (auto& e : execs) CHECK_FALSE(e->standing_failure().empty());  // still aside: nobody mended it
   for (auto& e : execs) e->stop();
 }
