@@ -80,6 +80,7 @@ node_agent_actor::behavior_type node_agent_impl(pointer self, node_directory_act
   self->monitor(st.directory);
   self->set_down_handler([=](caf::down_msg&) {  // the head went away: nothing left to serve
     stop_all(self);
+    if (self->state.cfg.on_head_lost) self->state.cfg.on_head_lost();
     self->quit(make_error(errc::rank_unavailable, "node " + self->state.cfg.hello.name + ": the head went away"));
   });
   self->request(st.directory, std::chrono::milliseconds{st.cfg.join_timeout_ms}, join_atom::value, st.cfg.hello)

@@ -28,6 +28,9 @@ struct node_agent_config {
   /// Called on the agent's thread when the directory says members of a data-parallel group this
   /// node belongs to were lost with their node (group, member indices, why); unset: ignored.
   std::function<void(const std::string&, const std::vector<uint32_t>&, const std::string&)> on_member_gone;
+  /// Called on the agent's thread when the head's directory went away, after the node's actors
+  /// were told to stop and before the agent ends (its exit reason then says so too).
+  std::function<void()> on_head_lost;
 };
 
 /// A node process's agent (design.md §1):

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <future>
+#include <optional>
 #include <thread>
 
 #include <caf/actor_system.hpp>
@@ -46,6 +47,10 @@ int run_gateway(const std::vector<std::string>& args) {
   flags.add("--request-timeout-ms", &gc.request_timeout_ms, "a generation's whole time before 504");
   flags.add("--max-connections", &gc.max_connections, "connections beyond this are answered 503");
   flags.add("--scheduler-threads", &scheduler_threads, "CAF scheduler threads");
+  uint32_t head_wait_s = 60;
+  flags.add("--head-wait-s", &head_wait_s,
+            "with --cluster: when the router goes away, wait this long for a head at --cluster to come back "
+            "(restarted: `baton launch --restart-failed`) and serve through it, on the same port (0 = leave at once)");
   if (auto rc = flags.parse_command_line(args, "gateway", "baton gateway --router HOST:PORT --listen HOST:PORT [flags]"))
     return *rc;
   for (auto& k : api_keys_from_env()) gc.api_keys.push_back(std::move(k));
@@ -68,23 +73,11 @@ int run_gateway(const std::vector<std::string>& args) {
   caf::actor_system_config cfg;
   configure_networked_system(cfg, scheduler_threads, 0, sec);
   caf::actor_system sys{cfg};
-  router_actor target;
+  // As a node: the agent joins the directory and heartbeats; the welcome names the router.
   caf::actor agent;
-  if (!router.empty()) {
-    auto r = connect_actor<router_actor>(sys, sec, host, port);
-    if (!r) {
-      std::fprintf(stderr, "baton gateway: cannot reach the router at %s: %s\n", router.c_str(), explain_connect_error(sys, r.error(), sec.tls()).c_str());
-      return 1;
-    }
-    target = *r;
-  } else {
-    // As a node: the agent joins the directory and heartbeats; the welcome names the router.
+  auto join_cluster = [&](std::chrono::seconds within, std::string* err) -> std::optional<router_actor> {
     auto dir = connect_actor<node_directory_actor>(sys, sec, host, port);
-    if (!dir) {
-      std::fprintf(stderr, "baton gateway: cannot reach the node directory at %s: %s\n", cluster.c_str(),
-                   explain_connect_error(sys, dir.error(), sec.tls()).c_str());
-      return 1;
-    }
+    if (!dir) return *err = "cannot reach the node directory at " + cluster + ": " + explain_connect_error(sys, dir.error(), sec.tls()), std::nullopt;
     auto welcome = std::make_shared<std::promise<router_actor>>();
     auto got = welcome->get_future();
     node_agent_config ac;
@@ -93,28 +86,71 @@ int run_gateway(const std::vector<std::string>& args) {
       welcome->set_value(w.router);
       return std::string{};
     }));
-    if (got.wait_for(std::chrono::seconds{15}) != std::future_status::ready) {
-      std::fprintf(stderr, "baton gateway: the node directory at %s did not welcome this node\n", cluster.c_str());
+    if (got.wait_for(within) != std::future_status::ready)
+      return *err = "the node directory at " + cluster + " did not welcome this node", std::nullopt;
+    return got.get();
+  };
+  router_actor target;
+  if (!router.empty()) {
+    auto r = connect_actor<router_actor>(sys, sec, host, port);
+    if (!r) {
+      std::fprintf(stderr, "baton gateway: cannot reach the router at %s: %s\n", router.c_str(), explain_connect_error(sys, r.error(), sec.tls()).c_str());
       return 1;
     }
-    target = got.get();
-  }
-  gateway_handle gateway;
-  if (!spawn_gateway(sys, gc, target, &gateway, &why)) {
+    target = *r;
+  } else if (auto r = join_cluster(std::chrono::seconds{15}, &why)) {
+    target = *r;
+  } else {
     std::fprintf(stderr, "baton gateway: %s\n", why.c_str());
     return 1;
   }
-  std::printf("baton gateway: listening on http://%s:%u\n", gc.host.c_str(), static_cast<unsigned>(gateway.port));
-  std::fflush(stdout);
   caf::scoped_actor self{sys};
-  self->monitor(target);
-  bool router_gone = false;
-  while (!router_gone && !stop_requested())
-    self->receive([&](const caf::down_msg&) { router_gone = true; }, caf::after(std::chrono::milliseconds{200}) >> [] {});
-  self->send_exit(gateway.server, caf::exit_reason::user_shutdown);
-  if (agent) self->send_exit(agent, caf::exit_reason::user_shutdown);
-  if (router_gone) std::fprintf(stderr, "baton gateway: the router went away\n");
-  return router_gone ? 1 : 0;
+  for (uint32_t heads = 1;; ++heads) {
+    gateway_handle gateway;
+    bool up = spawn_gateway(sys, gc, target, &gateway, &why);
+    // After a head came back, the old server's port may take a moment to be free again.
+    for (int i = 0; !up && heads > 1 && i < 40 && !stop_requested(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds{250});
+      up = spawn_gateway(sys, gc, target, &gateway, &why);
+    }
+    if (!up) {
+      std::fprintf(stderr, "baton gateway: %s\n", why.c_str());
+      return 1;
+    }
+    std::printf("baton gateway: listening on http://%s:%u%s\n", gc.host.c_str(), static_cast<unsigned>(gateway.port),
+                heads > 1 ? " again, through the head that came back" : "");
+    std::fflush(stdout);
+    gc.port = gateway.port;  // a head that comes back is served on the same port
+    self->monitor(target);
+    bool router_gone = false;
+    while (!router_gone && !stop_requested())
+      self->receive([&](const caf::down_msg&) { router_gone = true; }, caf::after(std::chrono::milliseconds{200}) >> [] {});
+    self->send_exit(gateway.server, caf::exit_reason::user_shutdown);
+    if (agent) self->send_exit(agent, caf::exit_reason::user_shutdown);
+    if (!router_gone) return 0;
+    if (cluster.empty() || head_wait_s == 0) {
+      std::fprintf(stderr, "baton gateway: the router went away\n");
+      return 1;
+    }
+    // The head went away (crashed, or restarted): wait for one at the same address, join it,
+    // and serve through its router. Requests that were in flight got their error meanwhile.
+    std::printf("baton gateway: the router went away; waiting up to %u s for a head at %s\n", head_wait_s,
+                cluster.c_str());
+    std::fflush(stdout);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds{head_wait_s};
+    std::optional<router_actor> next;
+    while (!next && !stop_requested() && std::chrono::steady_clock::now() < deadline) {
+      next = join_cluster(std::chrono::seconds{5}, &why);
+      if (!next) std::this_thread::sleep_for(std::chrono::milliseconds{250});
+    }
+    if (!next) {
+      if (stop_requested()) return 0;
+      std::fprintf(stderr, "baton gateway: no head came back at %s within %u s (%s)\n", cluster.c_str(), head_wait_s,
+                   why.c_str());
+      return 1;
+    }
+    target = *next;
+  }
 }
 
 }  // namespace baton::deploy

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -119,7 +120,9 @@ int run_launch(const std::vector<std::string>& raw_args) {
   flag_set flags;
   flags.add("--restart-failed", &restart_failed,
             "start a node again, up to this many times, when it exits with a failure (a signal, or a non-zero code: "
-            "3 is a data-parallel node leaving so that its group can re-form); 0: a node that leaves stays away");
+            "3 is a node leaving so that its data-parallel group can re-form or its expert shards start again); the "
+            "head too, which the other nodes wait for and join again; 0: a node that leaves stays away, and the "
+            "head's end stops the cluster");
   flags.add("--wait-s", &wait_s, "give up when the nodes have not all joined after this long");
   flags.add("--drain-ms", &drain_ms, "on stop, how long decode nodes may drain before they are killed");
   flags.add("--dry-run", &dry_run, "print each node's command line and start nothing");
@@ -347,6 +350,40 @@ int run_launch(const std::vector<std::string>& raw_args) {
         continue;
       }
       if (it->node.role == "head") {
+        // The head restarted in place: the other nodes keep their processes and models, wait
+        // for it (`--head-wait-s`) and join it afresh; store nodes are adopted again as it starts.
+        // Requests in flight when it died are lost (their clients got an error).
+        if (restart_failed > 0 && restarts[it->node.name] < restart_failed) {
+          const uint32_t tries = ++restarts[it->node.name];
+          const auto pid = spawn(it->node);
+          if (pid > 0) {
+            std::printf("baton launch: the head exited (%s); restarted it (%u of %u, pid %d); the nodes wait for it\n",
+                        how.c_str(), tries, restart_failed, static_cast<int>(pid));
+            std::fflush(stdout);
+            it->pid = pid;
+            const auto until = std::chrono::steady_clock::now() + std::chrono::seconds{wait_s};
+            std::optional<node_directory_actor> back;
+            while (!back && !stop_requested() && std::chrono::steady_clock::now() < until && process_alive(pid)) {
+              if (auto d = connect_actor<node_directory_actor>(sys, sec, head.host, head.cluster_port)) back = *d;
+              else std::this_thread::sleep_for(std::chrono::milliseconds{200});
+            }
+            if (back) {
+              directory = *back;
+              joined_pid.clear();  // every node joins the new head: say so as each does
+              for (const auto& c : children) restarts.emplace(c.node.name, 0);
+              std::printf("baton launch: head %s up again: router %s:%u\n", head.name.c_str(), head.host.c_str(),
+                          static_cast<unsigned>(head.router_port));
+              std::fflush(stdout);
+              ++it;
+              continue;
+            }
+            if (stop_requested()) break;
+            std::fprintf(stderr, "baton launch: the restarted head did not listen within %u s; stopping the cluster\n",
+                         wait_s);
+            return 1;
+          }
+          std::fprintf(stderr, "baton launch: cannot restart the head: %s\n", why.c_str());
+        }
         std::fprintf(stderr, "baton launch: the head exited (%s); stopping the cluster\n", how.c_str());
         it->pid = -1;
         return 1;

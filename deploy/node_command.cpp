@@ -17,6 +17,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <iterator>
 #include <sstream>
@@ -218,6 +219,11 @@ int run_node(const std::vector<std::string>& args) {
   flags.add("--dp-first-rank", &dp_first_rank,
             "with --dp-attention: the cluster-wide index of this node's first decode rank (rank F + i is member "
             "(F + i) % N of group (F + i) / N; members in other nodes meet through the head)");
+  uint32_t head_wait_s = 60;
+  flags.add("--head-wait-s", &head_wait_s,
+            "decode, prefill, elastic: when the head goes away, stop this node's ranks but keep its model, and wait "
+            "this long for a head at --connect to come back (restarted: `baton launch --restart-failed`), then "
+            "join it afresh (0 = leave at once)");
   uint32_t dp_meet_timeout_s = 120;
   flags.add("--dp-meet-timeout-s", &dp_meet_timeout_s,
             "with --dp-attention: how long this node waits at the head for its groups' members in other nodes "
@@ -350,6 +356,18 @@ int run_node(const std::vector<std::string>& args) {
   configure_networked_system(cfg, scheduler_threads, poll_attempts, sec);
   caf::actor_system sys{cfg};
   auto directory = connect_actor<node_directory_actor>(sys, sec, host, port);
+  // The head's directory now: a head that restarts is joined afresh, and meetings after that go
+  // to the new one (re-formings run on threads of their own).
+  struct head_link {
+    std::mutex m;
+    node_directory_actor dir;
+    node_directory_actor get() {
+      std::lock_guard<std::mutex> lock{m};
+      return dir;
+    }
+  };
+  auto head = std::make_shared<head_link>();
+  if (directory) head->dir = *directory;
   if (!directory) {
     std::fprintf(stderr, "baton node %s: cannot reach the head's node directory at %s: %s\n", name.c_str(),
                  connect.c_str(), explain_connect_error(sys, directory.error(), sec.tls()).c_str());
@@ -489,7 +507,7 @@ int run_node(const std::vector<std::string>& args) {
     auto full = load_weights(keep_blocks_of(group_members, expert_parallel), &err);
     std::vector<std::shared_ptr<gpu::expert_peers>> members;
     dp_shape shape, unused;  // full, unless the head closes the meeting without lost members
-    if (full) members = meet_dp_group(sys, *directory, dp_at, g, {}, dp_shrink_after_s > 0, model, dp_meet, &shape, &err);
+    if (full) members = meet_dp_group(sys, head->get(), dp_at, g, {}, dp_shrink_after_s > 0, model, dp_meet, &shape, &err);
     if (members.empty() && shape.shrunk()) {
       // The members present meet again as a smaller group; each serves a larger block of every
       // MoE layer's experts, loaded afresh (before meeting, as above).
@@ -500,7 +518,7 @@ int run_node(const std::vector<std::string>& args) {
       full.reset();
       err.clear();
       full = load_weights(keep_blocks_of(mine, shape.size(expert_parallel)), &err);
-      if (full) members = meet_dp_group(sys, *directory, dp_at, g, shape, false, model, dp_meet, &unused, &err);
+      if (full) members = meet_dp_group(sys, head->get(), dp_at, g, shape, false, model, dp_meet, &unused, &err);
     }
     if (!members.empty()) {
       {
@@ -738,25 +756,65 @@ int run_node(const std::vector<std::string>& args) {
     std::fflush(stdout);
     return {};
   };
+  // Set by the agent as it stops the ranks because the head went away (before it ends itself).
+  auto head_lost = std::make_shared<std::atomic<bool>>(false);
+  agent_cfg.on_head_lost = [head_lost] { head_lost->store(true); };
   auto agent = spawn_node_agent(sys, *directory, agent_cfg, start);
   caf::scoped_actor self{sys};
   self->monitor(agent);
   bool gone = false, drain_sent = false, leaving_for_group = false;
   caf::error reason;
-  while (!gone) {
-    if (dp_attention && !drain_sent) watch_groups();
-    if ((stop_requested() || group_lost->load()) && !drain_sent) {
-      leaving_for_group = !stop_requested();
-      leaving->store(true);  // re-formings still meeting give up
-      self->send(agent, drain_atom::value);
-      drain_sent = true;
+  for (uint32_t heads = 1;; ++heads) {
+    while (!gone) {
+      if (dp_attention && !drain_sent) watch_groups();
+      if ((stop_requested() || group_lost->load()) && !drain_sent) {
+        leaving_for_group = !stop_requested();
+        leaving->store(true);  // re-formings still meeting give up
+        self->send(agent, drain_atom::value);
+        drain_sent = true;
+      }
+      self->receive(
+          [&](const caf::down_msg& dm) {
+            gone = true;
+            reason = dm.reason;
+          },
+          caf::after(std::chrono::milliseconds{100}) >> [] {});
     }
-    self->receive(
-        [&](const caf::down_msg& dm) {
-          gone = true;
-          reason = dm.reason;
-        },
-        caf::after(std::chrono::milliseconds{100}) >> [] {});
+    if (!head_lost->exchange(false) || drain_sent || head_wait_s == 0 || stop_requested()) break;
+    // The head went away (crashed, or restarted): the agent stopped the ranks, whose executors
+    // stop with them; the model stays loaded. A head that comes back at the same address is
+    // joined afresh, and the ranks start again with new executors over the same weights (a
+    // data-parallel group's members, broken by the stop, re-form through the new head).
+    std::printf("baton node %s: the head went away; its ranks stopped; waiting up to %u s for a head at %s (the model "
+                "stays loaded)\n",
+                name.c_str(), head_wait_s, connect.c_str());
+    std::fflush(stdout);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds{head_wait_s};
+    std::optional<node_directory_actor> next;
+    std::string last;
+    while (!next && !stop_requested() && std::chrono::steady_clock::now() < deadline) {
+      if (auto d = connect_actor<node_directory_actor>(sys, sec, host, port)) next = *d;
+      else {
+        last = explain_connect_error(sys, d.error(), sec.tls());
+        std::this_thread::sleep_for(std::chrono::milliseconds{250});
+      }
+    }
+    if (!next) {
+      if (!stop_requested())
+        std::fprintf(stderr, "baton node %s: no head came back at %s within %u s (%s); leaving\n", name.c_str(),
+                     connect.c_str(), head_wait_s, last.c_str());
+      return stop_requested() ? 0 : 1;
+    }
+    {
+      std::lock_guard<std::mutex> lock{head->m};
+      head->dir = *next;
+    }
+    std::printf("baton node %s: a head is back at %s; joining it (head %u)\n", name.c_str(), connect.c_str(), heads + 1);
+    std::fflush(stdout);
+    agent = spawn_node_agent(sys, *next, agent_cfg, start);
+    self->monitor(agent);
+    gone = false;
+    reason = {};
   }
   leaving->store(true);
   std::vector<dp_members::reformer> reformings;
@@ -783,7 +841,8 @@ int run_node(const std::vector<std::string>& args) {
   final_peers.clear();
   std::fflush(stdout);
   if (leaving_for_group) {
-    std::printf("baton node %s: left so that its data-parallel group can re-form; restart this node (exit code 3)\n",
+    std::printf("baton node %s: left to be restarted (exit code 3): its data-parallel group could not re-form in "
+                "place, or its expert shards could not be started again\n",
                 name.c_str());
     return 3;
   }

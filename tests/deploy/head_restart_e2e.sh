@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# kill -9 of the head (router, balancers, node directory, prefill rank) of a launched cluster:
+# `baton launch --restart-failed` starts it again, the decode nodes and the gateway keep their
+# processes (and models), wait for it and join it afresh, and the cluster answers as before --
+# through the C++ client and through the gateway on its same port.
+# Usage: head_restart_e2e.sh BATON_BINARY SOURCE_DIR. Bounded waits; always cleans up.
+set -euo pipefail
+BATON=$1
+SRC=$2
+WORK=$(mktemp -d /tmp/baton-head-restart-e2e-XXXXXX)
+LAUNCHER=""
+source "$(dirname "$0")/e2e_lib.sh"
+trap stop_launcher EXIT
+fail() { echo "head restart e2e: FAILED: $*" >&2; echo "--- launcher:" >&2; cat "$WORK/launch.log" >&2; exit 1; }
+count() { grep -c "$1" "$WORK/launch.log" || true; }
+
+read -r P_ROUTER P_CLUSTER P_HTTP < <(free_ports 3)
+cat > "$WORK/spec.json" <<SPEC
+{
+  "name": "headless",
+  "model": "$SRC/models/baton-kjv-tiny",
+  "nodes": [
+    {"name": "head", "host": "127.0.0.1", "roles": ["router", "prefill"], "prefill_ranks": 1,
+     "ports": {"router": $P_ROUTER, "cluster": $P_CLUSTER}},
+    {"name": "decode-a", "host": "127.0.0.1", "roles": ["decode"]},
+    {"name": "decode-b", "host": "127.0.0.1", "roles": ["decode"]},
+    {"name": "gw", "host": "127.0.0.1", "roles": ["gateway"], "ports": {"http": $P_HTTP}}
+  ]
+}
+SPEC
+launch_cluster --restart-failed 1
+URL="http://127.0.0.1:$P_HTTP/v1/completions"
+ask() {
+  "$BATON" generate --router "127.0.0.1:$P_ROUTER" --cluster-id headless --prompt "In the beginning" \
+    --prompt "And the earth was" --max-tokens 16 > "$WORK/$1.txt" || fail "generate ($1)"
+  curl -sf "$URL" -d '{"prompt":"Let there be","max_tokens":12}' | python3 -c 'import json,sys; print(json.load(sys.stdin)["choices"][0]["text"])' \
+    > "$WORK/$1-http.txt" || fail "the gateway did not answer ($1)"
+  [ -s "$WORK/$1.txt" ] && [ -s "$WORK/$1-http.txt" ] || fail "an empty answer ($1)"
+}
+ask before
+PIDS_BEFORE=$(pgrep -f "baton (node|gateway) .*127.0.0.1:$P_CLUSTER" | sort | tr '\n' ' ')
+[ "$(echo $PIDS_BEFORE | wc -w)" = 3 ] || fail "expected 3 node processes (2 decode, 1 gateway), found: $PIDS_BEFORE"
+HEAD_PID=$(pgrep -f "baton local .*--cluster-listen 127.0.0.1:$P_CLUSTER" | head -1) || fail "no head process found"
+kill -9 "$HEAD_PID"
+for _ in $(seq 600); do grep -q "baton launch: head head up again" "$WORK/launch.log" && break; sleep 0.1; done
+grep -q "baton launch: the head exited (signal 9); restarted it (1 of 1" "$WORK/launch.log" || fail "the launcher did not restart the head"
+grep -q "baton launch: head head up again" "$WORK/launch.log" || fail "the restarted head did not listen"
+for n in decode-a decode-b; do
+  for _ in $(seq 600); do [ "$(count "baton node $n: joined the head")" -ge 2 ] && break; sleep 0.1; done
+  grep -q "baton node $n: the head went away; its ranks stopped; waiting up to 60 s for a head at" "$WORK/launch.log" ||
+    fail "$n did not say it waits for the head"
+  [ "$(count "baton node $n: joined the head")" -ge 2 ] || fail "$n did not join the restarted head"
+done
+for _ in $(seq 600); do grep -q "baton gateway: listening on http://127.0.0.1:$P_HTTP again" "$WORK/launch.log" && break; sleep 0.1; done
+grep -q "baton gateway: listening on http://127.0.0.1:$P_HTTP again, through the head that came back" "$WORK/launch.log" ||
+  fail "the gateway did not serve again through the restarted head"
+ask after
+cmp -s "$WORK/before.txt" "$WORK/after.txt" || fail "the client's answers changed: $(diff "$WORK/before.txt" "$WORK/after.txt")"
+cmp -s "$WORK/before-http.txt" "$WORK/after-http.txt" || fail "the gateway's answer changed"
+PIDS_AFTER=$(pgrep -f "baton (node|gateway) .*127.0.0.1:$P_CLUSTER" | sort | tr '\n' ' ')
+[ "$PIDS_BEFORE" = "$PIDS_AFTER" ] || fail "node processes changed: before $PIDS_BEFORE, after $PIDS_AFTER"
+grep -q "node decode-[ab] restarted\|node gw restarted" "$WORK/launch.log" && fail "a node was restarted instead of waiting"
+echo "head restart e2e: the head killed with SIGKILL and restarted: decode nodes and gateway kept their processes, joined it again, and the answers are the same"
+stop_launched
+echo "head restart e2e: all checks passed"
