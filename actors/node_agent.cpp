@@ -126,8 +126,9 @@ node_agent_actor::behavior_type node_agent_impl(pointer self, node_directory_act
         check_drained(self);
       },
       [=](poll_atom) { check_drained(self); },
-      [=](member_gone_atom, const std::string& group, const std::vector<uint32_t>& members, const std::string& why) {
-        if (self->state.cfg.on_member_gone) self->state.cfg.on_member_gone(group, members, why);
+      [=](member_gone_atom, const std::string& group, const std::vector<uint32_t>& members, const std::string& why,
+          bool returned) {
+        if (self->state.cfg.on_member_gone) self->state.cfg.on_member_gone(group, members, why, returned);
       },
   };
 }

@@ -26,8 +26,9 @@ struct node_agent_config {
   uint32_t drain_timeout_ms = 60000;  ///< a drain that takes longer stops the node anyway
   uint32_t drain_poll_ms = 50;
   /// Called on the agent's thread when the directory says members of a data-parallel group this
-  /// node belongs to were lost with their node (group, member indices, why); unset: ignored.
-  std::function<void(const std::string&, const std::vector<uint32_t>&, const std::string&)> on_member_gone;
+  /// node belongs to were lost with their node (group, member indices, why, false), or came back
+  /// to a group that had shrunk without them (..., true); unset: ignored.
+  std::function<void(const std::string&, const std::vector<uint32_t>&, const std::string&, bool)> on_member_gone;
   /// Called on the agent's thread when the head's directory went away, after the node's actors
   /// were told to stop and before the agent ends (its exit reason then says so too).
   std::function<void()> on_head_lost;

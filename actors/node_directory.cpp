@@ -57,9 +57,10 @@ struct meeting {
   std::vector<uint32_t> lost_members;   ///< the members whose node went
   std::set<std::string> reposted;       ///< nodes of the lost meeting that posted again
   std::vector<pending_post> queued;     ///< posts for the next meeting, while this lost one empties
-  uint64_t generation = 0;              ///< the group's meetings so far: a shrink timer of an earlier one is void
-  bool shrink_armed = false;            ///< a shrink timer runs for this meeting
+  uint64_t generation = 0;              ///< the group's meetings so far at this head: the first never shrinks
   std::vector<uint32_t> absent;         ///< members it closed without (it shrank); empty when all met
+  bool grew = false;                    ///< lost because absent members came back (grow), not with a node
+  uint64_t shrink_timer = 0;            ///< the shrink timer that counts (each post restarts it)
 
   /// A fresh meeting of `members`: every post still waiting here is answered with `why`.
   void start(uint32_t members, const std::string& why) {
@@ -86,6 +87,7 @@ struct node_directory_state {
   std::map<std::string, node_entry> nodes;
   bool sweeping = false;  ///< a liveness sweep is scheduled
   uint64_t shrinks = 0;   ///< meetings closed without every member: each numbers its shrunk group
+  uint64_t timers = 0;    ///< shrink timers started (meeting::shrink_timer names the one that counts)
   static inline const char* name = "baton.node_directory";
 };
 
@@ -151,24 +153,25 @@ void take_post(pointer self, const std::string& group, meeting& r, pending_post 
     r.done = true;
     for (auto& w : r.waiting) w.promise.deliver(r.cards);
     r.waiting.clear();
-  } else if (shrink_after_ms > 0 && !r.shrink_armed) {
-    r.shrink_armed = true;
-    self->delayed_send(self, std::chrono::milliseconds{shrink_after_ms}, timer_atom::value, group, r.generation);
+  } else if (shrink_after_ms > 0 && r.generation > 1) {
+    // The delay counts from the latest post: a survivor still loading its weights is not left out.
+    r.shrink_timer = ++self->state.timers;
+    self->delayed_send(self, std::chrono::milliseconds{shrink_after_ms}, timer_atom::value, group, r.shrink_timer);
   }
 }
 
-/// Meeting `group`'s shrink timer: if it is still open and every post waiting in it lets it
-/// shrink, it closes with the members present. Each absent member's card says so (absent_card and
-/// a serial), and the members present meet again as a smaller group under "group~serial".
-void shrink(pointer self, const std::string& group, uint64_t generation) {
+/// Meeting `group`'s shrink timer `timer`: if no post came since it started and every post
+/// waiting lets the meeting shrink, it closes with the members present. Each absent member's
+/// card says so (absent_card and a serial), and the members present meet again as a smaller
+/// group under "group~serial". A group's first meeting at a head never shrinks (take_post arms no
+/// timer): a cluster starting up, or meeting again at a restarted head, waits for every member.
+void shrink(pointer self, const std::string& group, uint64_t timer) {
   auto i = self->state.meetings.find(group);
   if (i == self->state.meetings.end()) return;
   auto& m = i->second;
-  if (m.generation != generation || m.done || !m.lost.empty() || !m.shrink_armed) return;
-  m.shrink_armed = false;
-  if (m.waiting.empty()) return;
+  if (m.shrink_timer != timer || m.done || !m.lost.empty() || m.waiting.empty()) return;
   for (const auto& w : m.waiting)
-    if (w.shrink_after_ms == 0) return;  // a node starting up: the group needs every member
+    if (w.shrink_after_ms == 0) return;  // a node that does not let its group shrink
   const std::string card = absent_card + std::to_string(++self->state.shrinks);
   for (uint32_t k = 0; k < m.size; ++k)
     if (!m.posted[k]) m.absent.push_back(k), m.cards[k] = card;
@@ -206,11 +209,11 @@ void restart_if_empty(pointer self, const std::string& group, meeting& m) {
 
 /// Tells node `node`'s agent (if it has joined and is not gone) that `members` of `group` are lost.
 void tell_node(pointer self, const std::string& node, const std::string& group, const std::vector<uint32_t>& members,
-               const std::string& what) {
+               const std::string& what, bool returned = false) {
   auto i = self->state.nodes.find(node);
   if (i == self->state.nodes.end() || i->second.state == "gone") return;  // told when it joins
   if (auto agent = caf::actor_cast<node_agent_actor>(i->second.agent))
-    self->send(agent, member_gone_atom::value, group, members, what);
+    self->send(agent, member_gone_atom::value, group, members, what, returned);
 }
 
 /// Meeting `group` lost the members `node` posted (those of its process `pid` only, when not -1:
@@ -244,11 +247,13 @@ void lose(pointer self, const std::string& group, meeting& m, const std::string&
 /// re-form, and the group meets afresh at full size once each of them has posted again.
 void grow(pointer self, const std::string& group, meeting& m, const std::string& node, uint32_t first, size_t count) {
   m.lost = members_text(first, count) + " came back (node " + node + "): the group meets again at full size";
+  m.grew = true;
   m.lost_members.clear();
   for (uint32_t k = first; k < first + count; ++k) m.lost_members.push_back(k);
   std::set<std::string> told;
   for (const auto& other : m.nodes)
-    if (!other.empty() && other != node && told.insert(other).second) tell_node(self, other, group, m.lost_members, m.lost);
+    if (!other.empty() && other != node && told.insert(other).second)
+      tell_node(self, other, group, m.lost_members, m.lost, true);
 }
 
 /// Node `name`'s process `pid` is gone: every group it had members in loses them.
@@ -272,7 +277,7 @@ void tell_late_node(pointer self, const std::string& name) {
       if (std::find(mine.begin(), mine.end(), i) == mine.end()) others.push_back(i);
     const std::string what = in_meeting ? m->second.lost
                                         : "node " + name + " was given up for lost, and group " + group + " went on without it";
-    tell_node(self, name, group, in_meeting ? m->second.lost_members : others, what);
+    tell_node(self, name, group, in_meeting ? m->second.lost_members : others, what, in_meeting && m->second.grew);
   }
 }
 
@@ -392,7 +397,7 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
                          std::chrono::duration_cast<std::chrono::milliseconds>(now - n.last_heartbeat).count(), n.state});
         return out;
       },
-      [=](timer_atom, const std::string& group, uint64_t generation) { shrink(self, group, generation); },
+      [=](timer_atom, const std::string& group, uint64_t timer) { shrink(self, group, timer); },
       [=](timer_atom) {
         auto& st = self->state;
         const auto silence = std::chrono::milliseconds{uint64_t{st.cfg.heartbeat_interval_ms} * st.cfg.missed_heartbeats};

@@ -66,7 +66,7 @@ using node_directory_actor = caf::typed_actor<
     caf::replies_to<rendezvous_atom, std::string, uint32_t, uint32_t, std::vector<std::string>, std::string, int32_t,
                     uint32_t>::with<std::vector<std::string>>,
     caf::reacts_to<timer_atom>,                        // liveness sweep (internal)
-    caf::reacts_to<timer_atom, std::string, uint64_t>>;  // a meeting's shrink timer: group, meeting (internal)
+    caf::reacts_to<timer_atom, std::string, uint64_t>>;  // a meeting's shrink timer: group, timer (internal)
 
 /// A node process's agent: joins, heartbeats, and drains the node's actors on request.
 using node_agent_actor = caf::typed_actor<
@@ -74,7 +74,8 @@ using node_agent_actor = caf::typed_actor<
     caf::reacts_to<drain_atom>,      // from the process (SIGTERM): finish the work, then leave
     caf::reacts_to<poll_atom>,       // drain progress check (internal)
     // from the directory: these members of this group (its meeting's name, member indices) were
-    // on a node that went down or fell silent, and why
-    caf::reacts_to<member_gone_atom, std::string, std::vector<uint32_t>, std::string>>;
+    // on a node that went down or fell silent, and why; or (true) members that a shrunk meeting
+    // closed without came back, so the group meets again at full size
+    caf::reacts_to<member_gone_atom, std::string, std::vector<uint32_t>, std::string, bool>>;
 
 }  // namespace baton

@@ -76,7 +76,9 @@ bool ask_head(caf::actor_system& sys, const node_directory_actor& dir, const std
   });
   std::printf("baton node %s: waiting at the head for the other members of data-parallel group %s (up to %u s%s)\n",
               mc.node.c_str(), meeting.c_str(), timeout_s,
-              shrink_after_ms ? (", without absent ones after " + std::to_string(shrink_after_ms / 1000) + " s").c_str()
+              shrink_after_ms ? ("; a re-forming meeting may close without absent ones after " +
+                                 std::to_string(shrink_after_ms / 1000) + " s")
+                                    .c_str()
                               : "");
   std::fflush(stdout);
   std::unique_lock<std::mutex> lock{ans->m};
@@ -141,7 +143,11 @@ std::vector<std::shared_ptr<gpu::expert_peers>> meet_dp_group(caf::actor_system&
     for (const auto& m : mine) cards.push_back(settings + "|" + transport::key_to_text(m.second));
     std::vector<std::string> got;
     if (mine.size() == size) got = cards;
-    else if (!ask_head(sys, dir, meeting, size, mine.front().first, cards, shrink_after_ms, mc, &got, err)) return false;
+    // Only the first channel's meeting may close without members: the second one's (dual-batch
+    // overlap) follows a meeting that had them all.
+    else if (!ask_head(sys, dir, meeting, size, mine.front().first, cards, channel == 0 ? shrink_after_ms : 0, mc, &got,
+                       err))
+      return false;
     uint64_t serial = 0;
     if (auto absent = absent_members(got, &serial); !absent.empty()) {
       // The head closed the meeting without them: the group meets again, smaller, as "dpG~serial".
@@ -191,19 +197,6 @@ std::vector<std::shared_ptr<gpu::expert_peers>> meet_dp_group(caf::actor_system&
   for (size_t i = 1; i < members.size(); ++i)
     if (!members[i]->enable_eplb(eplb, model.moe.n_routed_experts, why)) return {};
   return members;
-}
-
-std::vector<std::shared_ptr<gpu::expert_peers>> join_dp_groups(caf::actor_system& sys, const node_directory_actor& dir,
-                                                               const dp_layout& at, const gpu::model_config& model,
-                                                               const dp_meeting_config& mc, std::string* why) {
-  std::vector<std::shared_ptr<gpu::expert_peers>> out;
-  dp_shape unused;
-  for (uint32_t g = at.first_group(); g <= at.last_group(); ++g) {
-    auto members = meet_dp_group(sys, dir, at, g, {}, false, model, mc, &unused, why);
-    if (members.empty()) return {};
-    out.insert(out.end(), members.begin(), members.end());
-  }
-  return out;
 }
 
 }  // namespace baton::deploy

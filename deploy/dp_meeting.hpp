@@ -53,8 +53,8 @@ struct dp_shape {
 struct dp_meeting_config {
   std::string node;
   uint32_t meet_timeout_s = 120;
-  /// Re-forming only: how long the meeting waits for absent members before it may close without
-  /// them (the group shrinks); 0: it waits for every member.
+  /// How long a meeting that re-forms a group waits (since its latest post) for absent members
+  /// before it may close without them (the group shrinks); 0: it waits for every member.
   uint32_t shrink_after_s = 0;
   gpu::peer_group_config group;
   gpu::live_eplb_config eplb;
@@ -68,18 +68,13 @@ struct dp_meeting_config {
 /// order; EPLB, when on, is enabled on every member (a shrunk group whose slots cannot hold
 /// every expert runs without it, saying so). With `may_shrink` (a full group re-forming) the
 /// head may close the meeting without absent members: then nothing is returned, `*shrunk_to`
-/// holds the shape to meet again as, and `*why` says so. Empty and a sentence when the meeting
-/// fails or is cancelled.
+/// holds the shape to meet again as, and `*why` says so (the head closes only a meeting that is
+/// not the group's first there, once no post came for the delay). Empty and a sentence when the
+/// meeting fails or is cancelled.
 std::vector<std::shared_ptr<gpu::expert_peers>> meet_dp_group(caf::actor_system& sys, const node_directory_actor& dir,
                                                               const dp_layout& at, uint32_t g, const dp_shape& shape,
                                                               bool may_shrink, const gpu::model_config& model,
                                                               const dp_meeting_config& mc, dp_shape* shrunk_to,
                                                               std::string* why);
-
-/// This node's members of every data-parallel group its decode ranks belong to, in rank order:
-/// each group's first meeting, which waits for every member.
-std::vector<std::shared_ptr<gpu::expert_peers>> join_dp_groups(caf::actor_system& sys, const node_directory_actor& dir,
-                                                               const dp_layout& at, const gpu::model_config& model,
-                                                               const dp_meeting_config& mc, std::string* why);
 
 }  // namespace baton::deploy

@@ -14,6 +14,7 @@
 #include <caf/actor_system_config.hpp>
 #include <caf/io/middleman.hpp>
 #include <caf/scoped_actor.hpp>
+#include <caf/send.hpp>
 
 #include "actors/messages.hpp"
 #include "actors/node_agent.hpp"
@@ -86,8 +87,11 @@ int run_gateway(const std::vector<std::string>& args) {
       welcome->set_value(w.router);
       return std::string{};
     }));
-    if (got.wait_for(within) != std::future_status::ready)
+    if (got.wait_for(within) != std::future_status::ready) {
+      caf::anon_send_exit(agent, caf::exit_reason::user_shutdown);  // a late welcome must not leave a second gateway joined
+      agent = {};
       return *err = "the node directory at " + cluster + " did not welcome this node", std::nullopt;
+    }
     return got.get();
   };
   router_actor target;

@@ -459,16 +459,61 @@ int run_node(const std::vector<std::string>& args) {
   }
   // Set when this node leaves (a stop, or a group that could not re-form): meetings in progress end.
   auto leaving = std::make_shared<std::atomic<bool>>(false);
+  // Set while the head is away (from its loss until a new agent runs): meetings in progress end,
+  // no re-form starts, and one that fails meanwhile does not make the node leave.
+  auto head_down = std::make_shared<std::atomic<bool>>(false);
   const dp_layout dp_at{num_ranks, dp_first_rank, expert_parallel};
   const dp_meeting_config dp_meet{name, dp_meet_timeout_s, dp_shrink_after_s,
                                   {.slot_bytes = engine_slot_bytes(model, prefill, rank),
                                    .timeout = std::chrono::milliseconds{dp_step_timeout_ms},
                                    .dual_batch = dual_batch_overlap},
-                                  eplb, ucx_send, [leaving] { return stop_requested() || leaving->load(); }};
+                                  eplb, ucx_send,
+                                  [leaving, head_down] { return stop_requested() || leaving->load() || head_down->load(); }};
+  // The members present at a meeting that closed without others (`shape`) meet again as the
+  // smaller group; each serves a larger block of every MoE layer, loaded afresh before the
+  // meeting (once it completes, the others may step at once). Their stores come filled.
+  auto meet_shrunk = [=, &sys](uint32_t g, const dp_shape& shape,
+                               std::string* err) -> std::vector<std::shared_ptr<gpu::expert_peers>> {
+    const auto layout_members = dp_at.members_of(g);
+    std::vector<uint32_t> mine;
+    for (uint32_t m : layout_members) mine.push_back(static_cast<uint32_t>(shape.index_of(m)));
+    auto w = load_weights(keep_blocks_of(mine, shape.size(expert_parallel)), err);
+    if (!w) return {};
+    dp_shape unused;
+    auto members = meet_dp_group(sys, head->get(), dp_at, g, shape, false, model, dp_meet, &unused, err);
+    if (members.empty()) return {};
+    auto blocks = take_or_copy(std::move(w));
+    for (size_t j = 0; j < members.size(); ++j) {
+      members[j]->take_block(model, blocks);
+      std::printf("baton node %s: member %u of data-parallel group dp%u is member %u of %s, serving %zu of %u routed "
+                  "experts per layer\n",
+                  name.c_str(), layout_members[j], g, members[j]->rank(), shape.meeting(g).c_str(),
+                  members[j]->held(model.moe.first_k_dense_replace).size(), model.moe.n_routed_experts);
+    }
+    std::fflush(stdout);
+    return members;
+  };
   // Data-parallel groups first: their members in other nodes wait for these at the head.
   if (dp_attention) {
-    dp->peers = join_dp_groups(sys, *directory, dp_at, model, dp_meet, &why);
-    if (dp->peers.empty()) {
+    // A node coming back to a group that re-forms (its meeting is not the group's first at this
+    // head) may find it closing without members still missing: it then meets the others as the
+    // smaller group too, with stores of their own (`filled`).
+    std::vector<bool> filled;
+    why.clear();
+    for (uint32_t g = dp_at.first_group(); g <= dp_at.last_group() && why.empty(); ++g) {
+      dp_shape shape;
+      auto members = meet_dp_group(sys, *directory, dp_at, g, {}, dp_shrink_after_s > 0, model, dp_meet, &shape, &why);
+      if (members.empty() && shape.shrunk()) {
+        std::printf("baton node %s: data-parallel %s\n", name.c_str(), why.c_str());
+        why.clear();
+        members = meet_shrunk(g, shape, &why);
+        dp->shapes[g] = shape;
+      }
+      if (members.empty() && why.empty()) why = "group dp" + std::to_string(g) + " did not meet";
+      dp->peers.insert(dp->peers.end(), members.begin(), members.end());
+      filled.resize(dp->peers.size(), shape.shrunk());
+    }
+    if (!why.empty()) {
       std::fprintf(stderr, "baton node %s: data-parallel attention: %s\n", name.c_str(), why.c_str());
       return stop_requested() ? 0 : 1;  // asked to stop while meeting: not a failure to restart
     }
@@ -479,14 +524,16 @@ int run_node(const std::vector<std::string>& args) {
     std::printf("baton node %s: loaded %zu of %u routed experts per layer from %s\n", name.c_str(),
                 gpu::held_experts(model, attention_only, model.moe.first_k_dense_replace).size(),
                 model.moe.n_routed_experts, model_dir == "random" ? "the seed" : model_dir.c_str());
-    for (auto& p : dp->peers) p->take_block(model, attention_only);
+    for (size_t i = 0; i < dp->peers.size(); ++i)
+      if (!filled[i]) dp->peers[i]->take_block(model, attention_only);
     gpu::keep_expert_block(model, attention_only, expert_parallel, expert_parallel);  // what a seeded model has left
     weights = std::make_shared<const gpu::model_weights>(std::move(attention_only));
     const uint32_t first_moe = model.moe.first_k_dense_replace;
     for (uint32_t i = 0; i < num_ranks; ++i)
-      std::printf("baton node %s: rank %s is member %u of data-parallel group dp%u, serving %zu of %u routed experts "
+      std::printf("baton node %s: rank %s is member %u of data-parallel group %s, serving %zu of %u routed experts "
                   "per layer\n",
-                  name.c_str(), rank_name_of(i).c_str(), dp->peers[i]->rank(), dp_at.group_of(i),
+                  name.c_str(), rank_name_of(i).c_str(), dp->peers[i]->rank(),
+                  dp->shapes[dp_at.group_of(i)].meeting(dp_at.group_of(i)).c_str(),
                   dp->peers[i]->held(first_moe).size(), model.moe.n_routed_experts);
     std::fflush(stdout);
   }
@@ -506,41 +553,40 @@ int run_node(const std::vector<std::string>& args) {
     const auto group_members = dp_at.members_of(g);
     auto full = load_weights(keep_blocks_of(group_members, expert_parallel), &err);
     std::vector<std::shared_ptr<gpu::expert_peers>> members;
-    dp_shape shape, unused;  // full, unless the head closes the meeting without lost members
+    dp_shape shape;  // full, unless the head closes the meeting without lost members
     if (full) members = meet_dp_group(sys, head->get(), dp_at, g, {}, dp_shrink_after_s > 0, model, dp_meet, &shape, &err);
-    if (members.empty() && shape.shrunk()) {
-      // The members present meet again as a smaller group; each serves a larger block of every
-      // MoE layer's experts, loaded afresh (before meeting, as above).
-      std::printf("baton node %s: data-parallel %s\n", name.c_str(), err.c_str());
-      std::fflush(stdout);
-      std::vector<uint32_t> mine;
-      for (uint32_t m : group_members) mine.push_back(static_cast<uint32_t>(shape.index_of(m)));
-      full.reset();
-      err.clear();
-      full = load_weights(keep_blocks_of(mine, shape.size(expert_parallel)), &err);
-      if (full) members = meet_dp_group(sys, head->get(), dp_at, g, shape, false, model, dp_meet, &unused, &err);
-    }
     if (!members.empty()) {
-      {
-        std::lock_guard<std::mutex> lock{dp->m};
-        dp->reforming[g] = dp_members::stage::met;  // a loss from here on is the new group's
-        dp->shapes[g] = shape;
-        // A shrunk group told, while it met, of its full meeting (a lost member came back, say)
-        // re-forms once more: the full group may meet now.
-        if (auto n = dp->noticed.find(g); n != dp->noticed.end() && shape.shrunk())
-          dp->held[g].push_back({{}, n->second, true});
-        dp->noticed.erase(g);
-      }
       auto blocks = take_or_copy(std::move(full));
       for (auto& m : members) m->take_block(model, blocks);
-      for (size_t j = 0; shape.shrunk() && j < members.size(); ++j)
-        std::printf("baton node %s: member %u of data-parallel group dp%u is member %u of %s, serving %zu of %u routed "
-                    "experts per layer\n",
-                    name.c_str(), group_members[j], g, members[j]->rank(), shape.meeting(g).c_str(),
-                    members[j]->held(model.moe.first_k_dense_replace).size(), model.moe.n_routed_experts);
+    } else if (shape.shrunk()) {
+      std::printf("baton node %s: data-parallel %s\n", name.c_str(), err.c_str());
       std::fflush(stdout);
+      full.reset();
+      err.clear();
+      members = meet_shrunk(g, shape, &err);
     }
     full.reset();
+    if (!members.empty()) {
+      std::lock_guard<std::mutex> lock{dp->m};
+      dp->reforming[g] = dp_members::stage::met;  // a loss from here on is the new group's
+      dp->shapes[g] = shape;
+      // A shrunk group told, while it met, that members came back to its full meeting re-forms
+      // once more: the full group may meet now.
+      if (auto n = dp->noticed.find(g); n != dp->noticed.end() && shape.shrunk())
+        dp->held[g].push_back({{}, n->second, true});
+      dp->noticed.erase(g);
+    }
+    // The executors of this group's ranks: after a head came back, the new ones may still be
+    // starting (bounded wait).
+    for (int i = 0; i < 200 && !members.empty(); ++i) {
+      bool all = true;
+      {
+        std::lock_guard<std::mutex> lock{dp->m};
+        for (uint32_t r = 0; r < num_ranks; ++r) all = all && (dp_at.group_of(r) != g || dp->execs[r]);
+      }
+      if (all || stop_requested() || leaving->load()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds{50});
+    }
     if (!members.empty()) {
       std::lock_guard<std::mutex> lock{dp->m};
       for (uint32_t i = 0, j = 0; i < num_ranks && err.empty(); ++i) {
@@ -567,7 +613,7 @@ int run_node(const std::vector<std::string>& args) {
       // Each executor switches between jobs (after the one it runs); until all have, the group
       // stays re-forming, so that its old failure does not count as a new break (watch_groups).
       bool switched = false;
-      while (!switched && !stop_requested() && !leaving->load()) {
+      while (!switched && !stop_requested() && !leaving->load() && !head_down->load()) {
         switched = true;
         {
           std::lock_guard<std::mutex> lock{dp->m};
@@ -594,6 +640,18 @@ int run_node(const std::vector<std::string>& args) {
       dp->held.erase(g);
       dp->noticed.erase(g);
     }
+    // A meeting that failed because the head went away (its loss may reach this node's agent a
+    // moment after the meeting's error) is not the group's fault: the group re-forms at the head
+    // that comes back.
+    for (int i = 0; i < 20 && !head_down->load() && !stop_requested() && !leaving->load(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds{50});
+    if (head_down->load()) {
+      std::printf("baton node %s: data-parallel group dp%u did not re-form (%s): the head went away; it re-forms at the "
+                  "next head\n",
+                  name.c_str(), g, err.c_str());
+      std::fflush(stdout);
+      return;
+    }
     if (!stop_requested() && !leaving->load())
       std::printf("baton node %s: data-parallel group dp%u could not re-form in place (%s); leaving so that it re-forms "
                   "from restarted nodes\n",
@@ -603,7 +661,7 @@ int run_node(const std::vector<std::string>& args) {
   };
   // Starts re-forming group `g` unless it is already meeting afresh (dp->m held).
   auto start_reform = [=](uint32_t g, const std::string& cause) {
-    if (leaving->load() || stop_requested()) return;  // the node is on its way out
+    if (leaving->load() || stop_requested() || head_down->load()) return;  // on its way out, or no head to meet at
     if (!dp->reforming.emplace(g, dp_members::stage::meeting).second) return;  // on_member_gone routes its losses
     std::printf("baton node %s: data-parallel group dp%u re-forms in place (%s): waiting at the head for its "
                 "members to meet again\n",
@@ -626,6 +684,7 @@ int run_node(const std::vector<std::string>& args) {
   // meeting but before its node joined the head (seen at the next step). Its members here then
   // report a standing failure, and the group re-forms as after a loss. Polled by the main loop.
   auto watch_groups = [=] {
+    if (head_down->load()) return;  // the ranks stopped: their groups re-form at the head that comes back
     std::lock_guard<std::mutex> lock{dp->m};
     for (uint32_t i = 0; i < dp->execs.size(); ++i) {
       const uint32_t g = dp_at.group_of(i);
@@ -636,7 +695,8 @@ int run_node(const std::vector<std::string>& args) {
   // A node of one of this node's groups went: its members are lost, and this node's members of
   // that group step aside at once (each rank then refuses work and reports no room), then meet
   // afresh with the lost member's replacement (reform above).
-  agent_cfg.on_member_gone = [=](const std::string& meeting, const std::vector<uint32_t>& members, const std::string& why) {
+  agent_cfg.on_member_gone = [=](const std::string& meeting, const std::vector<uint32_t>& members, const std::string& why,
+                                 bool returned) {
     const std::string channel = meeting.substr(0, meeting.find('/'));  // "dp3/b" is dp3's second channel
     const std::string group = channel.substr(0, channel.find('~'));     // "dp3~5": dp3 shrunk (see dp_meeting.hpp)
     const uint64_t serial = channel.size() > group.size() ? std::strtoull(channel.c_str() + group.size() + 1, nullptr, 10) : 0;
@@ -646,18 +706,24 @@ int run_node(const std::vector<std::string>& args) {
     if (g > dp_at.last_group()) return;  // not a group of this node's
     const auto r = dp->reforming.find(g);
     const bool met = r != dp->reforming.end() && r->second == dp_members::stage::met;
-    if (r != dp->reforming.end() && r->second == dp_members::stage::meeting && serial == 0) dp->noticed[g] = why;
+    // Members that came back to a shrunk meeting while this node meets again (as the smaller
+    // group, say): once met, the group re-forms at full size.
+    if (r != dp->reforming.end() && r->second == dp_members::stage::meeting && returned && meeting == channel)
+      dp->noticed[g] = why;
     // The notice in the group's own numbering. A shrunk group's meeting names its indices; the
     // full meeting names the layout's, and a member the shrunk group lacks came back (or its
     // meeting is over): the group re-forms at full size.
     const dp_shape& shape = dp->shapes[g];
     std::vector<uint32_t> lost;
     bool everyone = false;
-    if (serial != shape.serial) {
+    if (returned) {
+      if (!shape.shrunk() || serial != 0) return;  // the group is whole already: an old notice
+      everyone = true;
+    } else if (serial != shape.serial) {
       if (serial != 0) return;  // about a shrunk group that is no more
       for (uint32_t m : members) {
         const int64_t k = shape.index_of(m);
-        if (k < 0) everyone = true;
+        if (k < 0) everyone = true;  // a member it lacks: its meeting is over
         else lost.push_back(static_cast<uint32_t>(k));
       }
     } else {
@@ -707,7 +773,10 @@ int run_node(const std::vector<std::string>& args) {
       ec.kv_memory = kv_pool_in(decode_xport ? decode_xport : xport);
       std::shared_ptr<gpu::executor> exec;
       if (dp_attention) {
-        ec.peers = dp->peers[i];
+        {
+          std::lock_guard<std::mutex> lock{dp->m};  // a re-form may replace it meanwhile
+          ec.peers = dp->peers[i];
+        }
         exec = gpu::make_cpu_executor(model, weights, ec);
       } else if (expert_parallel > 1) {
         const expert_spawn spawn{model_dir,    weights_seed, expert_parallel, engine_slot_bytes(model, prefill, rank),
@@ -757,12 +826,11 @@ int run_node(const std::vector<std::string>& args) {
     return {};
   };
   // Set by the agent as it stops the ranks because the head went away (before it ends itself).
-  auto head_lost = std::make_shared<std::atomic<bool>>(false);
-  agent_cfg.on_head_lost = [head_lost] { head_lost->store(true); };
+  agent_cfg.on_head_lost = [head_down] { head_down->store(true); };
   auto agent = spawn_node_agent(sys, *directory, agent_cfg, start);
   caf::scoped_actor self{sys};
   self->monitor(agent);
-  bool gone = false, drain_sent = false, leaving_for_group = false;
+  bool gone = false, drain_sent = false, leaving_for_group = false, no_head = false;
   caf::error reason;
   for (uint32_t heads = 1;; ++heads) {
     while (!gone) {
@@ -780,7 +848,7 @@ int run_node(const std::vector<std::string>& args) {
           },
           caf::after(std::chrono::milliseconds{100}) >> [] {});
     }
-    if (!head_lost->exchange(false) || drain_sent || head_wait_s == 0 || stop_requested()) break;
+    if (!head_down->load() || drain_sent || head_wait_s == 0 || stop_requested()) break;
     // The head went away (crashed, or restarted): the agent stopped the ranks, whose executors
     // stop with them; the model stays loaded. A head that comes back at the same address is
     // joined afresh, and the ranks start again with new executors over the same weights (a
@@ -789,6 +857,21 @@ int run_node(const std::vector<std::string>& args) {
                 "stays loaded)\n",
                 name.c_str(), head_wait_s, connect.c_str());
     std::fflush(stdout);
+    {
+      // Re-formings meeting at the old head end (cancelled); the stopped executors go, so that
+      // nothing re-forms around them before the new ranks start.
+      std::vector<dp_members::reformer> ending;
+      {
+        std::lock_guard<std::mutex> lock{dp->m};
+        ending.swap(dp->threads);
+      }
+      for (auto& r : ending) r.thread.join();
+      std::lock_guard<std::mutex> lock{dp->m};
+      for (auto& x : dp->execs) x.reset();
+      dp->reforming.clear();
+      dp->held.clear();
+      dp->noticed.clear();
+    }
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds{head_wait_s};
     std::optional<node_directory_actor> next;
     std::string last;
@@ -803,7 +886,8 @@ int run_node(const std::vector<std::string>& args) {
       if (!stop_requested())
         std::fprintf(stderr, "baton node %s: no head came back at %s within %u s (%s); leaving\n", name.c_str(),
                      connect.c_str(), head_wait_s, last.c_str());
-      return stop_requested() ? 0 : 1;
+      no_head = !stop_requested();
+      break;
     }
     {
       std::lock_guard<std::mutex> lock{head->m};
@@ -811,6 +895,7 @@ int run_node(const std::vector<std::string>& args) {
     }
     std::printf("baton node %s: a head is back at %s; joining it (head %u)\n", name.c_str(), connect.c_str(), heads + 1);
     std::fflush(stdout);
+    head_down->store(false);  // from here on, groups re-form at this head
     agent = spawn_node_agent(sys, *next, agent_cfg, start);
     self->monitor(agent);
     gone = false;
@@ -840,6 +925,7 @@ int run_node(const std::vector<std::string>& args) {
                   static_cast<unsigned long long>(final_peers[i]->experts_evicted()));
   final_peers.clear();
   std::fflush(stdout);
+  if (no_head) return 1;
   if (leaving_for_group) {
     std::printf("baton node %s: left to be restarted (exit code 3): its data-parallel group could not re-form in "
                 "place, or its expert shards could not be started again\n",

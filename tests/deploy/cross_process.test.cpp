@@ -145,6 +145,7 @@ struct gone_log {
   std::mutex m;
   std::vector<std::tuple<std::string, std::vector<uint32_t>, std::string>> got;
   uint32_t drains = 0;
+  uint32_t returns = 0;  ///< notices that members came back to a shrunk group
 };
 
 /// A stand-in for a node's agent: joins the directory as process 1 of `name`, and records what
@@ -160,7 +161,9 @@ node_agent_actor spawn_agent_stand_in(caf::actor_system& sys, node_directory_act
               ++log->drains;
             },
             [](poll_atom) {},
-            [log](member_gone_atom, const std::string& g, const std::vector<uint32_t>& m, const std::string& why) {
+            [log](member_gone_atom, const std::string& g, const std::vector<uint32_t>& m, const std::string& why,
+                  bool returned) {
+              if (returned) ++log->returns;
               std::lock_guard<std::mutex> lock{log->m};
               log->got.emplace_back(g, m, why);
             }};
@@ -416,8 +419,8 @@ TEST_CASE("the node directory tells the other nodes of a data-parallel group whe
 }
 
 TEST_CASE("the node directory: survivors re-forming a group that lost a node for good meet without it after their "
-          "shrink delay (its card says absent, with the shrunk group's number); a node starting up never lets a "
-          "meeting shrink; once the lost member comes back, the survivors are told and the group meets at full size") {
+          "shrink delay (its card says absent, with the shrunk group's number); a group's first meeting never "
+          "shrinks; once the lost member comes back, the survivors are told and the group meets at full size") {
   network_system n;
   auto dir = spawn_node_directory(n.sys, {}, {});
   auto log_a = std::make_shared<gone_log>(), log_b = std::make_shared<gone_log>(), log_c = std::make_shared<gone_log>();
@@ -460,9 +463,9 @@ TEST_CASE("the node directory: survivors re-forming a group that lost a node for
   const std::vector<std::string> shrunk{"a0'", "b1'", "absent#1"};
   CHECK(cards(a2) == shrunk);
   CHECK(cards(b2) == shrunk);
-  // A group whose other posts come from a node starting up (no shrink delay) waits for everyone.
+  // A group's first meeting waits for everyone, whatever its posts allow.
   auto h_a = post_async(n.sys, dir, {"h", 3, 0, {"ha"}, "node-a", 1, 50});
-  auto h_d = post_async(n.sys, dir, {"h", 3, 1, {"hd"}, "node-d", 1, 0});
+  auto h_d = post_async(n.sys, dir, {"h", 3, 1, {"hd"}, "node-d", 1, 50});
   for (int i = 0; i < 500 && !(sent(h_a) && sent(h_d)); ++i) std::this_thread::sleep_for(std::chrono::milliseconds{10});
   std::this_thread::sleep_for(std::chrono::milliseconds{200});  // 4x the shrink delay
   CHECK_FALSE(answered(h_a));
@@ -472,7 +475,7 @@ TEST_CASE("the node directory: survivors re-forming a group that lost a node for
   CHECK(cards(h_a) == std::vector<std::string>{"ha", "hd", "he"});
   // node-c comes back (a new process) and posts member 2: the survivors hear that it came back,
   // its post waits for them, and once both have posted again, g meets at full size.
-  auto c3 = post(2, "c2'", "node-c", 0);
+  auto c3 = post(2, "c2'", "node-c", 100);
   const auto told_a = notices(log_a, 2), told_b = notices(log_b, 2);
   REQUIRE(told_a.size() == 2);
   REQUIRE(told_b.size() == 2);
@@ -480,6 +483,10 @@ TEST_CASE("the node directory: survivors re-forming a group that lost a node for
   CHECK(std::get<1>(told_a[1]) == std::vector<uint32_t>{2});
   CHECK(std::get<2>(told_a[1]) == "member 2 came back (node node-c): the group meets again at full size");
   CHECK(std::get<2>(told_b[1]) == std::get<2>(told_a[1]));
+  {
+    std::lock_guard<std::mutex> lock{log_a->m};
+    CHECK(log_a->returns == 1);  // said as a return, not as a loss
+  }
   CHECK_FALSE(answered(c3));
   auto a3 = post(0, "a0''", "node-a", 100), b3 = post(1, "b1''", "node-b", 100);
   REQUIRE(await_answers({a3, b3, c3}));

@@ -73,6 +73,27 @@ for _ in $(seq 300); do grep -q "joined the head" "$WORK/n2-again.log" && break;
 grep -q "baton node n2: joined the head" "$WORK/n2-again.log" || fail "n2, started again, did not join"
 same_as_single deepseek-v3-tiny baton 12 "${PROMPTS[@]}"
 echo "dp shrink e2e: n2 came back: the group grew back to three members and answers as EP 1"
+# The head dies and is started again by hand on the same port: the three nodes keep their
+# processes, wait for it and join it afresh; their group, broken when their ranks stopped, meets
+# again at the new head, and answers as EP 1.
+kill -9 "$HEAD_PID"; wait "$HEAD_PID" 2>/dev/null || true
+"$BATON" local --serve --model deepseek-v3-tiny --prefill-ranks 1 --decode-ranks 0 --router-listen 127.0.0.1:0 \
+  --cluster-listen "127.0.0.1:$P_HEAD" > "$WORK/head2.log" 2>&1 &
+HEAD_PID=$!
+for _ in $(seq 300); do grep -q "router listening" "$WORK/head2.log" && break; sleep 0.1; done
+P_ROUTER=$(grep -o "router listening on 127.0.0.1:[0-9]*" "$WORK/head2.log" | grep -o "[0-9]*$") || fail "the head did not start again"
+for n in n0 n1 n2-again; do
+  for _ in $(seq 600); do [ "$(count "joined the head" "$WORK/$n.log")" -ge 2 ] && break; sleep 0.1; done
+  grep -q "the head went away; its ranks stopped; waiting up to 60 s for a head at 127.0.0.1:$P_HEAD" "$WORK/$n.log" ||
+    fail "$n did not wait for the head"
+  [ "$(count "joined the head" "$WORK/$n.log")" -ge 2 ] || fail "$n did not join the new head"
+done
+for n in n0 n1; do
+  for _ in $(seq 600); do [ "$(formed $n)" -ge 2 ] && break; sleep 0.1; done
+  [ "$(formed $n)" -ge 2 ] || fail "$n did not re-form dp0 at the new head"
+done
+same_as_single deepseek-v3-tiny baton 12 "${PROMPTS[@]}"
+echo "dp shrink e2e: the head killed and started again: the three nodes joined it, re-formed the group there and answer as EP 1"
 for p in $N0 $N1 $N2; do kill -INT "$p"; done
 for p in $N0 $N1 $N2; do wait "$p" || fail "a node exited with $? on an orderly stop"; done
 N0="" N1="" N2=""
