@@ -14,6 +14,7 @@
 #include <caf/send.hpp>
 
 #include "actors/node_messages.hpp"
+#include "deploy/commands.hpp"
 #include "deploy/expert_processes.hpp"
 #include "transport/all_to_all.hpp"
 
@@ -196,6 +197,31 @@ std::vector<std::shared_ptr<gpu::expert_peers>> meet_dp_group(caf::actor_system&
   }
   for (size_t i = 1; i < members.size(); ++i)
     if (!members[i]->enable_eplb(eplb, model.moe.n_routed_experts, why)) return {};
+  return members;
+}
+
+std::vector<std::shared_ptr<gpu::expert_peers>> meet_shrunk_group(caf::actor_system& sys, const node_directory_actor& dir,
+                                                                  const dp_layout& at, uint32_t g, const dp_shape& shape,
+                                                                  const gpu::model_config& model,
+                                                                  const dp_meeting_config& mc, const weights_loader& load,
+                                                                  std::string* why) {
+  const auto layout_members = at.members_of(g);
+  std::vector<uint32_t> mine;
+  for (uint32_t m : layout_members) mine.push_back(static_cast<uint32_t>(shape.index_of(m)));
+  auto w = load(keep_blocks_of(mine, shape.size(at.ep)), why);
+  if (!w) return {};
+  dp_shape unused;
+  auto members = meet_dp_group(sys, dir, at, g, shape, false, model, mc, &unused, why);
+  if (members.empty()) return {};
+  auto blocks = gpu::take_or_copy(std::move(w));
+  for (size_t j = 0; j < members.size(); ++j) {
+    members[j]->take_block(model, blocks);
+    std::printf("baton node %s: member %u of data-parallel group dp%u is member %u of %s, serving %zu of %u routed "
+                "experts per layer\n",
+                mc.node.c_str(), layout_members[j], g, members[j]->rank(), shape.meeting(g).c_str(),
+                members[j]->held(model.moe.first_k_dense_replace).size(), model.moe.n_routed_experts);
+  }
+  std::fflush(stdout);
   return members;
 }
 

@@ -77,4 +77,18 @@ std::vector<std::shared_ptr<gpu::expert_peers>> meet_dp_group(caf::actor_system&
                                                               const dp_meeting_config& mc, dp_shape* shrunk_to,
                                                               std::string* why);
 
+/// Loads the model with the routed experts `keep` chooses (a node's loader).
+using weights_loader =
+    std::function<std::shared_ptr<const gpu::model_weights>(const gpu::expert_filter& keep, std::string* why)>;
+
+/// The members of group `g` present when its meeting closed without others (`shape`, shrunk)
+/// meet again as the smaller group: each serves a larger block of every MoE layer, loaded with
+/// `load` before the meeting (once it completes, the others may step at once). The members come
+/// with their stores filled, each saying what it serves; empty and a sentence on failure.
+std::vector<std::shared_ptr<gpu::expert_peers>> meet_shrunk_group(caf::actor_system& sys, const node_directory_actor& dir,
+                                                                  const dp_layout& at, uint32_t g, const dp_shape& shape,
+                                                                  const gpu::model_config& model,
+                                                                  const dp_meeting_config& mc, const weights_loader& load,
+                                                                  std::string* why);
+
 }  // namespace baton::deploy

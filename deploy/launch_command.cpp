@@ -361,12 +361,12 @@ int run_launch(const std::vector<std::string>& raw_args) {
                         how.c_str(), tries, restart_failed, static_cast<int>(pid));
             std::fflush(stdout);
             it->pid = pid;
-            const auto until = std::chrono::steady_clock::now() + std::chrono::seconds{wait_s};
-            std::optional<node_directory_actor> back;
-            while (!back && !stop_requested() && std::chrono::steady_clock::now() < until && process_alive(pid)) {
-              if (auto d = connect_actor<node_directory_actor>(sys, sec, head.host, head.cluster_port)) back = *d;
-              else std::this_thread::sleep_for(std::chrono::milliseconds{200});
-            }
+            // A restarted head that dies before it listens is seen (not reaped) and restarted by the
+            // next pass, while tries are left.
+            std::string last, died;
+            const auto back = connect_actor_until<node_directory_actor>(
+                sys, sec, head.host, head.cluster_port, std::chrono::steady_clock::now() + std::chrono::seconds{wait_s},
+                [&] { return stop_requested() || process_gone(pid, &died); }, &last);
             if (back) {
               directory = *back;
               joined_pid.clear();  // every node joins the new head: say so as each does
@@ -378,8 +378,9 @@ int run_launch(const std::vector<std::string>& raw_args) {
               continue;
             }
             if (stop_requested()) break;
-            std::fprintf(stderr, "baton launch: the restarted head did not listen within %u s; stopping the cluster\n",
-                         wait_s);
+            if (!died.empty()) continue;  // this entry again: restarted while tries are left
+            std::fprintf(stderr, "baton launch: the restarted head did not listen within %u s (%s); stopping the cluster\n",
+                         wait_s, last.c_str());
             return 1;
           }
           std::fprintf(stderr, "baton launch: cannot restart the head: %s\n", why.c_str());

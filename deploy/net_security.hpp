@@ -8,8 +8,12 @@
 // network layer puts no cap on a message's size: a peer that passes these checks is trusted.
 // Only deploy/ and client/ command files include this header (it pulls in CAF's network layer).
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
+#include <thread>
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
@@ -43,6 +47,21 @@ caf::expected<Handle> connect_actor(caf::actor_system& sys, const net_security& 
                                     uint16_t port) {
   if (sec.tls()) return caf::openssl::remote_actor<Handle>(sys, host, port);
   return sys.middleman().remote_actor<Handle>(host, port);
+}
+
+/// connect_actor, tried again every 250 ms until it works, `deadline` passes or `give_up()` says
+/// so (a head that is starting, or restarting); `*last` holds the last failure's sentence.
+template <class Handle>
+std::optional<Handle> connect_actor_until(caf::actor_system& sys, const net_security& sec, const std::string& host,
+                                          uint16_t port, std::chrono::steady_clock::time_point deadline,
+                                          const std::function<bool()>& give_up, std::string* last) {
+  while (!give_up() && std::chrono::steady_clock::now() < deadline) {
+    auto d = connect_actor<Handle>(sys, sec, host, port);
+    if (d) return *d;
+    *last = explain_connect_error(sys, d.error(), sec.tls());
+    std::this_thread::sleep_for(std::chrono::milliseconds{250});
+  }
+  return std::nullopt;
 }
 
 }  // namespace baton::deploy

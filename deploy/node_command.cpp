@@ -97,51 +97,6 @@ int run_store_node(caf::actor_system& sys, const net_security& sec, const std::s
 
 }  // namespace
 
-namespace {
-
-/// The weights themselves: moved out when `w` is their only owner, else copied. Moving is sound:
-/// every model_weights here is created non-const (by the loader or from the seed) and only later
-/// shared as const.
-gpu::model_weights take_or_copy(std::shared_ptr<const gpu::model_weights> w) {
-  if (w.use_count() == 1) return std::move(*std::const_pointer_cast<gpu::model_weights>(w));
-  return *w;
-}
-
-/// A spare standing by: one line from stdin (without its newline), waiting in slices so that
-/// SIGINT or SIGTERM ends the wait at once. False on a stop, or when stdin closes first.
-bool read_stand_in(std::string* line) {
-  line->clear();
-  while (!stop_requested()) {
-    pollfd p{0, POLLIN, 0};
-    if (poll(&p, 1, 100) <= 0) continue;
-    char c;
-    const ssize_t n = read(0, &c, 1);
-    if (n <= 0) return false;
-    if (c == '\n') return true;
-    *line += c;
-  }
-  return false;
-}
-
-/// The flags a spare is told when it stands in: `--dp-first-rank N`, or none.
-bool parse_stand_in(const std::string& line, uint32_t* dp_first_rank, std::string* why) {
-  std::istringstream in{line};
-  std::vector<std::string> words{std::istream_iterator<std::string>{in}, {}};
-  if (words.empty()) return true;
-  if (words.size() == 2 && words[0] == "--dp-first-rank") {
-    char* end = nullptr;
-    const unsigned long v = std::strtoul(words[1].c_str(), &end, 10);
-    if (!words[1].empty() && *end == '\0' && v <= UINT32_MAX) {
-      *dp_first_rank = static_cast<uint32_t>(v);
-      return true;
-    }
-  }
-  *why = "cannot take '" + line + "' (only `--dp-first-rank N`, or an empty line)";
-  return false;
-}
-
-}  // namespace
-
 int run_node(const std::vector<std::string>& args) {
   std::string role = "decode", connect, listen;
   store_host_config store_cfg;
@@ -469,29 +424,8 @@ int run_node(const std::vector<std::string>& args) {
                                    .dual_batch = dual_batch_overlap},
                                   eplb, ucx_send,
                                   [leaving, head_down] { return stop_requested() || leaving->load() || head_down->load(); }};
-  // The members present at a meeting that closed without others (`shape`) meet again as the
-  // smaller group; each serves a larger block of every MoE layer, loaded afresh before the
-  // meeting (once it completes, the others may step at once). Their stores come filled.
-  auto meet_shrunk = [=, &sys](uint32_t g, const dp_shape& shape,
-                               std::string* err) -> std::vector<std::shared_ptr<gpu::expert_peers>> {
-    const auto layout_members = dp_at.members_of(g);
-    std::vector<uint32_t> mine;
-    for (uint32_t m : layout_members) mine.push_back(static_cast<uint32_t>(shape.index_of(m)));
-    auto w = load_weights(keep_blocks_of(mine, shape.size(expert_parallel)), err);
-    if (!w) return {};
-    dp_shape unused;
-    auto members = meet_dp_group(sys, head->get(), dp_at, g, shape, false, model, dp_meet, &unused, err);
-    if (members.empty()) return {};
-    auto blocks = take_or_copy(std::move(w));
-    for (size_t j = 0; j < members.size(); ++j) {
-      members[j]->take_block(model, blocks);
-      std::printf("baton node %s: member %u of data-parallel group dp%u is member %u of %s, serving %zu of %u routed "
-                  "experts per layer\n",
-                  name.c_str(), layout_members[j], g, members[j]->rank(), shape.meeting(g).c_str(),
-                  members[j]->held(model.moe.first_k_dense_replace).size(), model.moe.n_routed_experts);
-    }
-    std::fflush(stdout);
-    return members;
+  auto meet_shrunk = [=, &sys](uint32_t g, const dp_shape& shape, std::string* err) {
+    return meet_shrunk_group(sys, head->get(), dp_at, g, shape, model, dp_meet, load_weights, err);
   };
   // Data-parallel groups first: their members in other nodes wait for these at the head.
   if (dp_attention) {
@@ -520,7 +454,7 @@ int run_node(const std::vector<std::string>& args) {
     // Each member serves routed experts from its own store: its block, moved out of the weights
     // (which hold only this node's blocks when they come from a directory); the weights the
     // executors share then keep none.
-    gpu::model_weights attention_only = take_or_copy(std::move(weights));
+    gpu::model_weights attention_only = gpu::take_or_copy(std::move(weights));
     std::printf("baton node %s: loaded %zu of %u routed experts per layer from %s\n", name.c_str(),
                 gpu::held_experts(model, attention_only, model.moe.first_k_dense_replace).size(),
                 model.moe.n_routed_experts, model_dir == "random" ? "the seed" : model_dir.c_str());
@@ -556,7 +490,7 @@ int run_node(const std::vector<std::string>& args) {
     dp_shape shape;  // full, unless the head closes the meeting without lost members
     if (full) members = meet_dp_group(sys, head->get(), dp_at, g, {}, dp_shrink_after_s > 0, model, dp_meet, &shape, &err);
     if (!members.empty()) {
-      auto blocks = take_or_copy(std::move(full));
+      auto blocks = gpu::take_or_copy(std::move(full));
       for (auto& m : members) m->take_block(model, blocks);
     } else if (shape.shrunk()) {
       std::printf("baton node %s: data-parallel %s\n", name.c_str(), err.c_str());
@@ -872,16 +806,9 @@ int run_node(const std::vector<std::string>& args) {
       dp->held.clear();
       dp->noticed.clear();
     }
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds{head_wait_s};
-    std::optional<node_directory_actor> next;
-    std::string last;
-    while (!next && !stop_requested() && std::chrono::steady_clock::now() < deadline) {
-      if (auto d = connect_actor<node_directory_actor>(sys, sec, host, port)) next = *d;
-      else {
-        last = explain_connect_error(sys, d.error(), sec.tls());
-        std::this_thread::sleep_for(std::chrono::milliseconds{250});
-      }
-    }
+    std::string last = "nothing listens there";
+    const auto next = connect_actor_until<node_directory_actor>(
+        sys, sec, host, port, std::chrono::steady_clock::now() + std::chrono::seconds{head_wait_s}, stop_requested, &last);
     if (!next) {
       if (!stop_requested())
         std::fprintf(stderr, "baton node %s: no head came back at %s within %u s (%s); leaving\n", name.c_str(),

@@ -1,6 +1,7 @@
 #include "deploy/processes.hpp"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -10,7 +11,10 @@
 #include <cerrno>
 #include <chrono>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
+#include <iterator>
+#include <sstream>
 #include <thread>
 
 #include "actors/messages.hpp"
@@ -155,5 +159,36 @@ void install_stop_signals() {
 }
 
 bool stop_requested() { return stop_flag.load(); }
+
+bool read_stand_in(std::string* line) {
+  line->clear();
+  while (!stop_requested()) {
+    pollfd p{0, POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;
+    char c;
+    const ssize_t n = read(0, &c, 1);
+    if (n <= 0) return false;
+    if (c == '\n') return true;
+    *line += c;
+  }
+  return false;
+}
+
+bool parse_stand_in(const std::string& line, uint32_t* dp_first_rank, std::string* why) {
+  std::istringstream in{line};
+  std::vector<std::string> words{std::istream_iterator<std::string>{in}, {}};
+  if (words.empty()) return true;
+  if (words.size() == 2 && words[0] == "--dp-first-rank") {
+    char* end = nullptr;
+    const unsigned long v = std::strtoul(words[1].c_str(), &end, 10);
+    if (!words[1].empty() && *end == '\0' && v <= UINT32_MAX) {
+      *dp_first_rank = static_cast<uint32_t>(v);
+      return true;
+    }
+  }
+  *why = "cannot take '" + line + "' (only `--dp-first-rank N`, or an empty line)";
+  return false;
+}
+
 
 }  // namespace baton::deploy

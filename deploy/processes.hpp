@@ -54,6 +54,13 @@ bool process_gone(pid_t pid, std::string* how);
 /// This executable's path (/proc/self/exe), to start sibling nodes.
 std::string self_executable();
 
+/// A spare standing by (`baton node --standby`): one line from stdin (without its newline), the
+/// flags its launcher writes when it stands in, waiting in slices so that SIGINT or SIGTERM ends
+/// the wait at once. False on a stop, or when stdin closes first.
+bool read_stand_in(std::string* line);
+/// Those flags: `--dp-first-rank N`, or none; false and why for anything else.
+bool parse_stand_in(const std::string& line, uint32_t* dp_first_rank, std::string* why);
+
 /// Installs SIGINT/SIGTERM/SIGHUP handlers that set a flag read by stop_requested().
 void install_stop_signals();
 bool stop_requested();

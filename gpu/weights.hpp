@@ -2,6 +2,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include "gpu/model_config.hpp"
@@ -74,5 +76,13 @@ model_weights make_seeded_weights(const model_config& cfg, uint64_t seed, const 
 /// Derives the absorbed MLA matrices (w_uk_t, w_uv) of every layer from its wkv_b. Loaders and
 /// make_seeded_weights call it once; without MLA it does nothing.
 void finish_mla_weights(const model_config& cfg, model_weights& w);
+
+/// The weights themselves: moved out when `w` is their only owner, else copied. Moving is sound
+/// where every model_weights is created non-const (by a loader or from the seed) and only later
+/// shared as const, as in `baton node`, which hands the routed experts to data-parallel members.
+inline model_weights take_or_copy(std::shared_ptr<const model_weights> w) {
+  if (w.use_count() == 1) return std::move(*std::const_pointer_cast<model_weights>(w));
+  return *w;
+}
 
 }  // namespace baton::gpu
