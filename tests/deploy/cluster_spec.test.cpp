@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <fstream>
 #include <sstream>
+#include <string>
+#include <tuple>
 
 #include "deploy/cluster_spec.hpp"
 
@@ -208,29 +210,23 @@ TEST_CASE("expert_parallel.dp_attention groups each decode node's ranks, and onl
     CHECK(after(p2[1], "--dp-first-rank") == "0");
     CHECK(after(p2[2], "--dp-first-rank") == "3");  // member 1 of group 1, with d's last rank
   }
-  // The step timeout: the default adds no flag; another reaches the decode nodes only.
-  CHECK_FALSE(has(plan[1], "--dp-step-timeout-ms"));
-  {
+  // The spec with `from` replaced by `to`, planned.
+  auto plan_with = [&](const std::string& from, const std::string& to) {
     auto text = spec;
-    const std::string from = R"("dp_attention": true})";
-    text.replace(text.find(from), from.size(), R"("dp_attention": true, "dp_step_timeout_ms": 2500})");
+    text.replace(text.find(from), from.size(), to);
     cluster_spec x;
     REQUIRE_MESSAGE(parse_cluster_spec(text, "/base", &x, &why), why);
-    const auto p2 = plan_launch(x, "baton", {"127.0.0.1", ""});
-    CHECK_FALSE(has(p2[0], "--dp-step-timeout-ms"));
-    CHECK(after(p2[1], "--dp-step-timeout-ms") == "2500");
-  }
-  // The shrink delay: off by default; set, it reaches the decode nodes only.
-  CHECK_FALSE(has(plan[1], "--dp-shrink-after-s"));
-  {
-    auto text = spec;
-    const std::string from = R"("dp_attention": true})";
-    text.replace(text.find(from), from.size(), R"("dp_attention": true, "dp_shrink_after_s": 20})");
-    cluster_spec x;
-    REQUIRE_MESSAGE(parse_cluster_spec(text, "/base", &x, &why), why);
-    const auto p2 = plan_launch(x, "baton", {"127.0.0.1", ""});
-    CHECK_FALSE(has(p2[0], "--dp-shrink-after-s"));
-    CHECK(after(p2[1], "--dp-shrink-after-s") == "20");
+    return plan_launch(x, "baton", {"127.0.0.1", ""});
+  };
+  // The step timeout and the shrink delay: the defaults add no flag; others reach the decode
+  // nodes only.
+  for (const auto& [field, flag, value] : {std::tuple<std::string, std::string, std::string>{"dp_step_timeout_ms", "--dp-step-timeout-ms", "2500"},
+                                           {"dp_shrink_after_s", "--dp-shrink-after-s", "20"}}) {
+    CAPTURE(field);
+    CHECK_FALSE(has(plan[1], flag));
+    const auto p2 = plan_with(R"("dp_attention": true})", R"("dp_attention": true, ")" + field + "\": " + value + "}");
+    CHECK_FALSE(has(p2[0], flag));
+    CHECK(after(p2[1], flag) == value);
   }
   auto refused = [&](const std::string& from, const std::string& to) { return refusal(spec, from, to); };
   const std::string lead = "spec.expert_parallel.dp_attention groups the decode ranks by "

@@ -16,6 +16,26 @@
 
 using namespace baton;
 
+namespace {
+
+/// A data-parallel group of two in this process (`names`) and an executor for each member.
+std::pair<std::vector<std::shared_ptr<gpu::expert_peers>>, std::vector<std::shared_ptr<gpu::executor>>> group_of_two(
+    const gpu::model_config& cfg, std::shared_ptr<const gpu::model_weights> w, const std::vector<std::string>& names) {
+  const gpu::peer_group_config pg{.slot_bytes = gpu::expert_slot_bytes(cfg, 64)};
+  std::string why;
+  auto members = deploy::make_dp_attention_groups(names, 2, cfg, pg, {}, "put", &why);
+  REQUIRE_MESSAGE(members.size() == 2, why);
+  std::vector<std::shared_ptr<gpu::executor>> execs;
+  for (auto& m : members) {
+    gpu::cpu_executor_config ec;
+    ec.peers = m;
+    execs.push_back(gpu::make_cpu_executor(cfg, w, ec));
+  }
+  return {members, execs};
+}
+
+}  // namespace
+
 TEST_CASE("expert group keeper: a data-parallel group of this process that broke is made afresh in place, both "
           "members rejoin it between jobs, and each answers as EP 1 again") {
   const auto cfg = gpu::deepseek_tiny_config(true);
@@ -27,15 +47,7 @@ TEST_CASE("expert group keeper: a data-parallel group of this process that broke
   const std::vector<std::string> names{"keep-0", "keep-1"};
   const gpu::peer_group_config pg{.slot_bytes = gpu::expert_slot_bytes(cfg, 64)};
   auto remake = [&](std::string* why) { return deploy::make_dp_attention_groups(names, 2, cfg, pg, {}, "put", why); };
-  std::string why;
-  auto members = remake(&why);
-  REQUIRE_MESSAGE(members.size() == 2, why);
-  std::vector<std::shared_ptr<gpu::executor>> execs;
-  for (auto& m : members) {
-    gpu::cpu_executor_config ec;
-    ec.peers = m;
-    execs.push_back(gpu::make_cpu_executor(cfg, w, ec));
-  }
+  auto [members, execs] = group_of_two(cfg, w, names);
   auto answer = [&](size_t i) {
     const auto got = gpu::generate_colocated(*execs[i], prompt, 4, 16, {}, true);
     REQUIRE_MESSAGE(got.error.empty(), got.error);
@@ -70,17 +82,7 @@ TEST_CASE("expert group keeper: a group it cannot mend is tried again with a gro
           "number of failures in a row it gives up on it once, naming the group and the last failure") {
   const auto cfg = gpu::deepseek_tiny_config(true);
   auto w = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg, 35));
-  const std::vector<std::string> names{"lost-0", "lost-1"};
-  const gpu::peer_group_config pg{.slot_bytes = gpu::expert_slot_bytes(cfg, 64)};
-  std::string why;
-  auto members = deploy::make_dp_attention_groups(names, 2, cfg, pg, {}, "put", &why);
-  REQUIRE_MESSAGE(members.size() == 2, why);
-  std::vector<std::shared_ptr<gpu::executor>> execs;
-  for (auto& m : members) {
-    gpu::cpu_executor_config ec;
-    ec.peers = m;
-    execs.push_back(gpu::make_cpu_executor(cfg, w, ec));
-  }
+  auto [members, execs] = group_of_two(cfg, w, {"lost-0", "lost-1"});
   std::atomic<int> tries{0}, given_up{0};
   std::mutex m;
   std::string label, last;
