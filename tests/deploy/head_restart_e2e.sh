@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # kill -9 of the head (router, balancers, node directory, prefill rank) of a launched cluster:
 # `baton launch --restart-failed` starts it again, the decode nodes and the gateway keep their
-# processes (and models), wait for it and join it afresh, and the cluster answers as before --
-# through the C++ client and through the gateway on its same port.
+# processes (and models), wait for it and join it afresh, the store node's block server is
+# adopted again, and the cluster answers as before -- through the C++ client and through the
+# gateway on its same port.
 # Usage: head_restart_e2e.sh BATON_BINARY SOURCE_DIR. Bounded waits; always cleans up.
 set -euo pipefail
 BATON=$1
@@ -14,14 +15,16 @@ trap stop_launcher EXIT
 fail() { echo "head restart e2e: FAILED: $*" >&2; echo "--- launcher:" >&2; cat "$WORK/launch.log" >&2; exit 1; }
 count() { grep -c "$1" "$WORK/launch.log" || true; }
 
-read -r P_ROUTER P_CLUSTER P_HTTP < <(free_ports 3)
+read -r P_ROUTER P_CLUSTER P_HTTP P_STORE < <(free_ports 4)
 cat > "$WORK/spec.json" <<SPEC
 {
   "name": "headless",
   "model": "$SRC/models/baton-kjv-tiny",
+  "store": {"dir": "$WORK/store", "block_tokens": 16},
   "nodes": [
     {"name": "head", "host": "127.0.0.1", "roles": ["router", "prefill"], "prefill_ranks": 1,
      "ports": {"router": $P_ROUTER, "cluster": $P_CLUSTER}},
+    {"name": "store-a", "host": "127.0.0.1", "roles": ["store"], "ports": {"store": $P_STORE}},
     {"name": "decode-a", "host": "127.0.0.1", "roles": ["decode"]},
     {"name": "decode-b", "host": "127.0.0.1", "roles": ["decode"]},
     {"name": "gw", "host": "127.0.0.1", "roles": ["gateway"], "ports": {"http": $P_HTTP}}
@@ -39,6 +42,7 @@ ask() {
 }
 ask before
 PIDS_BEFORE=$(pgrep -f "baton (node|gateway) .*127.0.0.1:$P_CLUSTER" | sort | tr '\n' ' ')
+STORE_PID=$(pgrep -f "baton node --role store .*127.0.0.1:$P_STORE" | head -1) || fail "no store node process found"
 [ "$(echo $PIDS_BEFORE | wc -w)" = 3 ] || fail "expected 3 node processes (2 decode, 1 gateway), found: $PIDS_BEFORE"
 HEAD_PID=$(pgrep -f "baton local .*--cluster-listen 127.0.0.1:$P_CLUSTER" | head -1) || fail "no head process found"
 kill -9 "$HEAD_PID"
@@ -59,6 +63,18 @@ cmp -s "$WORK/before.txt" "$WORK/after.txt" || fail "the client's answers change
 cmp -s "$WORK/before-http.txt" "$WORK/after-http.txt" || fail "the gateway's answer changed"
 PIDS_AFTER=$(pgrep -f "baton (node|gateway) .*127.0.0.1:$P_CLUSTER" | sort | tr '\n' ' ')
 [ "$PIDS_BEFORE" = "$PIDS_AFTER" ] || fail "node processes changed: before $PIDS_BEFORE, after $PIDS_AFTER"
+kill -0 "$STORE_PID" 2>/dev/null || fail "the store node's process ended"
+[ "$(count "store node(s) adopted")" -ge 2 ] || fail "the restarted head did not adopt the store node again"
+# The store serves the new head: a long prompt's blocks are written back, and asked again, its
+# prefix is loaded from store-a instead of computed.
+metric() { curl -sf "http://127.0.0.1:$P_HTTP/metrics" | grep "^$1 " | awk '{print $2}'; }
+LONG='{"prompt":"In the beginning God created the heaven and the earth. And the earth was without form, and void.","max_tokens":4}'
+curl -sf "$URL" -d "$LONG" > /dev/null || fail "the long prompt was not answered"
+for _ in $(seq 100); do [ "$(metric baton_store_blocks)" -ge 1 ] 2>/dev/null && break; sleep 0.1; done
+[ "$(metric baton_store_blocks)" -ge 1 ] || fail "no block reached the store after the restart"
+CACHED0=$(metric baton_cached_prompt_tokens_total)
+curl -sf "$URL" -d "$LONG" > /dev/null || fail "the long prompt was not answered the second time"
+[ "$(metric baton_cached_prompt_tokens_total)" -gt "${CACHED0:-0}" ] || fail "the second ask loaded no prefix from the store"
 grep -q "node decode-[ab] restarted\|node gw restarted" "$WORK/launch.log" && fail "a node was restarted instead of waiting"
 echo "head restart e2e: the head killed with SIGKILL and restarted: decode nodes and gateway kept their processes, joined it again, and the answers are the same"
 stop_launched
