@@ -76,9 +76,13 @@ int run_gateway(const std::vector<std::string>& args) {
   caf::actor_system sys{cfg};
   // As a node: the agent joins the directory and heartbeats; the welcome names the router.
   caf::actor agent;
+  node_directory_actor joined;  // the directory this gateway last joined
   auto join_cluster = [&](std::chrono::seconds within, std::string* err) -> std::optional<router_actor> {
     auto dir = connect_actor<node_directory_actor>(sys, sec, host, port);
     if (!dir) return *err = "cannot reach the node directory at " + cluster + ": " + explain_connect_error(sys, dir.error(), sec.tls()), std::nullopt;
+    // CAF's middleman hands out the old head's cached proxy until it has processed its loss.
+    if (joined && *dir == joined) return *err = "only the head that went away answers at " + cluster, std::nullopt;
+    joined = *dir;
     auto welcome = std::make_shared<std::promise<router_actor>>();
     auto got = welcome->get_future();
     node_agent_config ac;

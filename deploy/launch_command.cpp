@@ -366,7 +366,7 @@ int run_launch(const std::vector<std::string>& raw_args) {
             std::string last, died;
             const auto back = connect_actor_until<node_directory_actor>(
                 sys, sec, head.host, head.cluster_port, std::chrono::steady_clock::now() + std::chrono::seconds{wait_s},
-                [&] { return stop_requested() || process_gone(pid, &died); }, &last);
+                [&] { return stop_requested() || process_gone(pid, &died); }, &last, directory);
             if (back) {
               directory = *back;
               joined_pid.clear();  // every node joins the new head: say so as each does

@@ -50,15 +50,18 @@ caf::expected<Handle> connect_actor(caf::actor_system& sys, const net_security& 
 }
 
 /// connect_actor, tried again every 250 ms until it works, `deadline` passes or `give_up()` says
-/// so (a head that is starting, or restarting); `*last` holds the last failure's sentence.
+/// so (a head that is starting, or restarting); `*last` holds the last failure's sentence. An
+/// answer that is `gone` (the actor that went away: CAF's middleman hands out its cached proxy
+/// until it has processed the loss) does not count.
 template <class Handle>
 std::optional<Handle> connect_actor_until(caf::actor_system& sys, const net_security& sec, const std::string& host,
                                           uint16_t port, std::chrono::steady_clock::time_point deadline,
-                                          const std::function<bool()>& give_up, std::string* last) {
+                                          const std::function<bool()>& give_up, std::string* last,
+                                          const Handle& gone = {}) {
   while (!give_up() && std::chrono::steady_clock::now() < deadline) {
     auto d = connect_actor<Handle>(sys, sec, host, port);
-    if (d) return *d;
-    *last = explain_connect_error(sys, d.error(), sec.tls());
+    if (d && (!gone || *d != gone)) return *d;
+    *last = d ? std::string{"only the head that went away answers there"} : explain_connect_error(sys, d.error(), sec.tls());
     std::this_thread::sleep_for(std::chrono::milliseconds{250});
   }
   return std::nullopt;

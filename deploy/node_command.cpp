@@ -808,7 +808,8 @@ int run_node(const std::vector<std::string>& args) {
     }
     std::string last = "nothing listens there";
     const auto next = connect_actor_until<node_directory_actor>(
-        sys, sec, host, port, std::chrono::steady_clock::now() + std::chrono::seconds{head_wait_s}, stop_requested, &last);
+        sys, sec, host, port, std::chrono::steady_clock::now() + std::chrono::seconds{head_wait_s}, stop_requested, &last,
+        head->get());
     if (!next) {
       if (!stop_requested())
         std::fprintf(stderr, "baton node %s: no head came back at %s within %u s (%s); leaving\n", name.c_str(),
