@@ -4,7 +4,8 @@
 // block store from it, starts the ranks, and heartbeats. Decode ranks receive KV over UCX and stream tokens to request actors in
 // the head; prefill ranks load cached prefixes from the block servers and send KV to decode ranks
 // over UCX -- all messages through CAF's network layer. SIGTERM or SIGINT drains the node: no new
-// placements, the running work finishes, then it leaves. It also ends when the head goes away.
+// placements, the running work finishes, then it leaves. When the head goes away its ranks stop,
+// and it waits (--head-wait-s) for a head at the same address to join afresh, its model loaded.
 //
 // A store node is the other way round: it listens (--listen), and the head connects to it at
 // start and adopts its block server, whose files live on this node's disk. It outlives heads:
@@ -381,8 +382,8 @@ int run_node(const std::vector<std::string>& args) {
     std::map<uint32_t, stage> reforming;                    ///< groups re-forming now
     std::map<uint32_t, std::vector<lost_note>> held;        ///< losses of groups that have met, not yet assigned
     std::map<uint32_t, dp_shape> shapes;                    ///< each group's shape (the new one's from `met` on)
-    /// Notices about a group's full meeting that came while it was meeting again: if it then
-    /// shrinks, the member it lacks may be back, so it re-forms once more.
+    /// Return notices (members back at the group's shrunk meeting) that came while it was meeting
+    /// again: if it then meets shrunk, it re-forms once more, at full size.
     std::map<uint32_t, std::string> noticed;
     struct reformer {
       std::thread thread;
