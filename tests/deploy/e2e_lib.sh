@@ -25,6 +25,9 @@ stop_launcher() {
 # (LAUNCHER is its pid, its output WORK/launch.log) and waits (bounded: 90 s) until it reports
 # the cluster up; calls the script's `fail` otherwise. Needs BATON.
 launch_cluster() {
+  # A background job truncates its log only once its shell has forked: removed first, a log of an
+  # earlier launch cannot answer the wait below (seen under load as a stale "is up").
+  rm -f "$WORK/launch.log"
   "$BATON" launch "$WORK/spec.json" --wait-s 90 "$@" > "$WORK/launch.log" 2>&1 &
   LAUNCHER=$!
   for _ in $(seq 900); do grep -q "is up" "$WORK/launch.log" && break; kill -0 "$LAUNCHER" 2>/dev/null || break; sleep 0.1; done
@@ -39,6 +42,7 @@ same_as_single() {
   local model=$1 id=$2 max=$3 args=() p
   shift 3
   for p in "$@"; do args+=(--prompt "$p"); done
+  rm -f "$WORK/single.log"  # else the last call's log may answer the wait (see launch_cluster)
   "$BATON" local --serve --model "$model" --router-listen 127.0.0.1:0 > "$WORK/single.log" 2>&1 &
   SINGLE=$!
   for _ in $(seq 600); do grep -q "router listening" "$WORK/single.log" && break; sleep 0.1; done
