@@ -34,10 +34,6 @@ struct pending_post {
   uint32_t shrink_after_ms = 0;
 };
 
-/// The card an absent member gets in a meeting that closed without it; the number after '#'
-/// names the shrunk group's own meeting ("dpG~N"), unique while the head lives.
-constexpr const char* absent_card = "absent#";
-
 /// Members of one group swapping cards; each posting waits for the last one.
 ///
 /// A meeting whose member's node went is lost: the other nodes are told and leave to be
@@ -172,7 +168,7 @@ void shrink(pointer self, const std::string& group, uint64_t timer) {
   if (m.shrink_timer != timer || m.done || !m.lost.empty() || m.waiting.empty()) return;
   for (const auto& w : m.waiting)
     if (w.shrink_after_ms == 0) return;  // a node that does not let its group shrink
-  const std::string card = absent_card + std::to_string(++self->state.shrinks);
+  const std::string card = std::string{absent_card} + std::to_string(++self->state.shrinks);
   for (uint32_t k = 0; k < m.size; ++k)
     if (!m.posted[k]) m.absent.push_back(k), m.cards[k] = card;
   m.done = true;

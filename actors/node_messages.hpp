@@ -5,6 +5,8 @@
 // loss notices of its groups. A part of actors/messages.hpp, which includes it at its end, so
 // every includer of either sees both; registered with the rest (actors/message_types.cpp).
 
+#include <string_view>
+
 #include "actors/messages.hpp"
 
 namespace baton {
@@ -67,6 +69,11 @@ using node_directory_actor = caf::typed_actor<
                     uint32_t>::with<std::vector<std::string>>,
     caf::reacts_to<timer_atom>,                        // liveness sweep (internal)
     caf::reacts_to<timer_atom, std::string, uint64_t>>;  // a meeting's shrink timer: group, timer (internal)
+
+/// The card an absent member gets in a rendezvous that closed without it (a data-parallel group
+/// that shrank); the number after '#' names the shrunk group's own meeting ("dpG~N"), unique
+/// while the head lives.
+inline constexpr std::string_view absent_card = "absent#";
 
 /// A node process's agent: joins, heartbeats, and drains the node's actors on request.
 using node_agent_actor = caf::typed_actor<

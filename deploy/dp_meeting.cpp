@@ -42,9 +42,6 @@ std::string dp_shape::meeting(uint32_t g) const {
 
 namespace {
 
-/// The card an absent member gets when a meeting closes without it (the node directory's).
-constexpr std::string_view absent_card = "absent#";
-
 /// Posts `cards` (this node's members from `first_member` on) to meeting `meeting` of `size` at
 /// the head and waits for every member's card. A helper actor asks, so that this thread can wait
 /// in slices and leave on Ctrl-C or SIGTERM instead of sitting out the meeting's timeout.
