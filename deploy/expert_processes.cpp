@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
+#include <optional>
 
 #include "actors/local_cluster.hpp"
 #include "deploy/commands.hpp"
@@ -181,6 +183,8 @@ struct expert_group_keeper::engine {
   std::chrono::steady_clock::time_point next_try{};
   std::chrono::milliseconds backoff{0};  ///< before the next try after a failed one (cfg_.first_backoff at first)
   uint32_t failures = 0;                 ///< failed repairs in a row
+  /// When the last repair worked; unset once the group was seen broken again after it.
+  std::optional<std::chrono::steady_clock::time_point> mended_at;
   bool given_up = false;
 };
 
@@ -262,29 +266,52 @@ void expert_group_keeper::look_at(engine& e) {
     if (failure.empty()) failure = std::move(f);
     execs.push_back(std::move(x));
   }
-  if (execs.empty() || std::chrono::steady_clock::now() < e.next_try) return;
+  if (execs.empty()) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (e.mended_at) {
+    // Broken again since the last repair: a group that stayed whole for `settle` starts its
+    // count afresh; one that broke at once counts that repair as failed (and is paused).
+    const auto lasted = std::chrono::duration_cast<std::chrono::milliseconds>(now - *e.mended_at);
+    e.mended_at.reset();
+    if (lasted >= cfg_.settle) {
+      e.failures = 0;
+      e.backoff = cfg_.first_backoff;
+    } else if (note_failure(e, "it broke again " + std::to_string(lasted.count()) + " ms after it was mended (" +
+                                   failure + ")")) {
+      return;
+    }
+  }
+  if (now < e.next_try) return;
   std::printf("%s: %s stepped aside (%s): %s\n", who_.c_str(), e.label.c_str(), failure.c_str(), e.doing.c_str());
   std::fflush(stdout);
   if (e.backoff.count() == 0) e.backoff = cfg_.first_backoff;
   if (const auto why = e.repair(execs); why.empty()) {
-    e.backoff = cfg_.first_backoff;
-    e.failures = 0;
+    e.mended_at = std::chrono::steady_clock::now();
     std::printf("%s: %s %s\n", who_.c_str(), e.label.c_str(), e.done.c_str());
     std::lock_guard<std::mutex> lock{m_};
     ++repairs_;
-  } else if (++e.failures >= cfg_.give_up_after && cfg_.give_up_after > 0) {
+  } else {
+    note_failure(e, why);
+  }
+  std::fflush(stdout);
+}
+
+bool expert_group_keeper::note_failure(engine& e, const std::string& why) {
+  if (e.backoff.count() == 0) e.backoff = cfg_.first_backoff;
+  if (++e.failures >= cfg_.give_up_after && cfg_.give_up_after > 0) {
     e.given_up = true;
     std::printf("%s: %s: %s did not work %u times in a row (last: %s); giving up on it\n", who_.c_str(),
                 e.label.c_str(), e.doing.c_str(), e.failures, why.c_str());
     std::fflush(stdout);
     if (cfg_.give_up) cfg_.give_up(e.label, why);
-  } else {
-    e.next_try = std::chrono::steady_clock::now() + e.backoff;
-    std::printf("%s: %s: %s did not work (%s); trying again in %lld ms\n", who_.c_str(), e.label.c_str(),
-                e.doing.c_str(), why.c_str(), static_cast<long long>(e.backoff.count()));
-    e.backoff = std::min(e.backoff * 2, std::chrono::milliseconds{30000});
+    return true;
   }
+  e.next_try = std::chrono::steady_clock::now() + e.backoff;
+  std::printf("%s: %s: %s did not work (%s); trying again in %lld ms\n", who_.c_str(), e.label.c_str(),
+              e.doing.c_str(), why.c_str(), static_cast<long long>(e.backoff.count()));
   std::fflush(stdout);
+  e.backoff = std::min(e.backoff * 2, std::chrono::milliseconds{30000});
+  return false;
 }
 
 void expert_group_keeper::loop() {
@@ -316,6 +343,13 @@ int run_experts(const std::vector<std::string>& args) {
   if (rank == 0 || rank >= size || slot == 0) {
     std::fprintf(stderr, "baton experts: need 1 <= --ep-rank < --ep-size and --slot-bytes > 0\n");
     return 2;
+  }
+  // Fault injection for tests: while the file this names exists, shards refuse to start (a GPU
+  // gone, weights unreadable), so that an engine's keeper giving up can be shown end to end.
+  if (const char* f = std::getenv("BATON_FAULT_EXPERTS_REFUSE_IF"); f && *f && access(f, F_OK) == 0) {
+    std::fprintf(stderr, "baton experts %s-ep%u: refusing to start: fault injected for a test (%s exists; "
+                 "BATON_FAULT_EXPERTS_REFUSE_IF)\n", name.c_str(), rank, f);
+    return 1;
   }
   local_cluster_config loaded;
   loaded.weights_seed = seed;

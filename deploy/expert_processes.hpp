@@ -52,11 +52,15 @@ std::shared_ptr<gpu::expert_group> spawn_expert_group(const expert_spawn& s, con
 /// Each executor switches between jobs; its rank then takes work again. A repair that fails is
 /// tried again after `first_backoff` (1 s), doubling up to 30 s; after `give_up_after` failures
 /// in a row the keeper stops trying that group and calls `give_up` (a node then leaves, to be
-/// restarted or replaced; 0: it never gives up). `who` prefixes its lines on stdout ("baton
-/// node decode-a"). One thread, joined by the destructor; executors are held weakly.
+/// restarted or replaced; 0: it never gives up). A repaired group that breaks again within
+/// `settle` counts as a failed repair too: shards that die right after every start would
+/// otherwise be started again forever. `who` prefixes its lines on stdout ("baton node
+/// decode-a"). One thread, joined by the destructor; executors are held weakly.
 struct expert_keeper_config {
   uint32_t give_up_after = 0;  ///< failed repairs in a row of one group before giving up on it (0: never)
   std::chrono::milliseconds first_backoff{1000};
+  /// How long a repaired group must stay whole before its failures in a row start again from 0.
+  std::chrono::milliseconds settle{30'000};
   /// Called once per group given up on, on the keeper's thread: its label ("rank decode-a") and the last failure.
   std::function<void(const std::string& label, const std::string& why)> give_up;
 };
@@ -84,6 +88,8 @@ private:
   void loop();
   /// Repairs `e` when every executor of it reports its group broken (keeper thread).
   void look_at(engine& e);
+  /// Counts a failed repair of `e` (why): pauses it, or gives up on it; true when given up.
+  bool note_failure(engine& e, const std::string& why);
   std::string who_;
   expert_keeper_config cfg_;
   mutable std::mutex m_;

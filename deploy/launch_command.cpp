@@ -320,8 +320,34 @@ int run_launch(const std::vector<std::string>& raw_args) {
   std::fflush(stdout);
   // A node that leaves (drained after SIGTERM, or failed) does not take the cluster down with
   // it: the balancers forget its ranks and the rest serves on. Only the head's end stops all.
+  // A restarted head until it listens: looked for once per pass, so that the other children are
+  // still watched (and restarted) meanwhile.
+  struct awaited_head {
+    std::chrono::steady_clock::time_point deadline;
+    std::string last;  ///< why the last look did not find it
+  };
+  std::optional<awaited_head> head_back;
   for (uint64_t tick = 0; !stop_requested(); ++tick) {
-    if (!restarts.empty() && tick % 5 == 0)  // restarted nodes and spares: say when they are in
+    if (head_back) {
+      auto d = connect_actor<node_directory_actor>(sys, sec, head.host, head.cluster_port);
+      if (d && *d != directory) {
+        directory = *d;
+        head_back.reset();
+        joined_pid.clear();  // every node joins the new head: say so as each does
+        for (const auto& c : children) restarts.emplace(c.node.name, 0);
+        std::printf("baton launch: head %s up again: router %s:%u\n", head.name.c_str(), head.host.c_str(),
+                    static_cast<unsigned>(head.router_port));
+        std::fflush(stdout);
+      } else if (std::chrono::steady_clock::now() >= head_back->deadline) {
+        std::fprintf(stderr, "baton launch: the restarted head did not listen within %u s (%s); stopping the cluster\n",
+                     wait_s, head_back->last.c_str());
+        return 1;
+      } else {
+        head_back->last =
+            d ? std::string{"only the head that went away answers there"} : explain_connect_error(sys, d.error(), sec.tls());
+      }
+    }
+    if (!head_back && !restarts.empty() && tick % 5 == 0)  // restarted nodes and spares: say when they are in
       self->request(directory, std::chrono::seconds{1}, stats_atom::value)
           .receive(
               [&](std::vector<node_status>& nodes) {
@@ -361,27 +387,11 @@ int run_launch(const std::vector<std::string>& raw_args) {
                         how.c_str(), tries, restart_failed, static_cast<int>(pid));
             std::fflush(stdout);
             it->pid = pid;
-            // A restarted head that dies before it listens is seen (not reaped) and restarted by the
-            // next pass, while tries are left.
-            std::string last, died;
-            const auto back = connect_actor_until<node_directory_actor>(
-                sys, sec, head.host, head.cluster_port, std::chrono::steady_clock::now() + std::chrono::seconds{wait_s},
-                [&] { return stop_requested() || process_gone(pid, &died); }, &last, directory);
-            if (back) {
-              directory = *back;
-              joined_pid.clear();  // every node joins the new head: say so as each does
-              for (const auto& c : children) restarts.emplace(c.node.name, 0);
-              std::printf("baton launch: head %s up again: router %s:%u\n", head.name.c_str(), head.host.c_str(),
-                          static_cast<unsigned>(head.router_port));
-              std::fflush(stdout);
-              ++it;
-              continue;
-            }
-            if (stop_requested()) break;
-            if (!died.empty()) continue;  // this entry again: restarted while tries are left
-            std::fprintf(stderr, "baton launch: the restarted head did not listen within %u s (%s); stopping the cluster\n",
-                         wait_s, last.c_str());
-            return 1;
+            // Looked for at each pass from now on; one that dies before it listens is seen (not
+            // reaped) and restarted by a later pass, while tries are left.
+            head_back = awaited_head{std::chrono::steady_clock::now() + std::chrono::seconds{wait_s}, {}};
+            ++it;
+            continue;
           }
           std::fprintf(stderr, "baton launch: cannot restart the head: %s\n", why.c_str());
         }

@@ -159,7 +159,7 @@ int run_node(const std::vector<std::string>& args) {
   uint32_t expert_restarts = 5;
   flags.add("--expert-restarts", &expert_restarts,
             "with --expert-parallel (without --dp-attention): failed starts in a row of a rank's new expert shards "
-            "(after one died; 1 s apart, doubling) before the node leaves with exit code 3, to be restarted or "
+            "(after one died; 1 s apart, doubling; shards that die within 30 s of their start count as failed) before the node leaves with exit code 3, to be restarted or "
             "replaced by a spare (0 = keep trying)");
   bool dp_attention = false;
   uint32_t dp_first_rank = 0;

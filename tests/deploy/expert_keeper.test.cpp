@@ -116,3 +116,68 @@ TEST_CASE("expert group keeper: a group it cannot mend is tried again with a gro
   for (auto& e : execs) CHECK_FALSE(e->standing_failure().empty());  // still aside: nobody mended it
   for (auto& e : execs) e->stop();
 }
+
+TEST_CASE("expert group keeper: a group that breaks again right after each repair counts those repairs as failed, "
+          "pauses between them and gives up; one that stays whole past the settle time starts its count afresh") {
+  const auto cfg = gpu::deepseek_tiny_config(true);
+  auto w = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg, 37));
+  const std::vector<std::string> names{"flap-0", "flap-1"};
+  for (const bool settles : {false, true}) {
+    CAPTURE(settles);
+    auto [members, execs] = group_of_two(cfg, w, names);
+    const gpu::peer_group_config pg{.slot_bytes = gpu::expert_slot_bytes(cfg, 64)};
+    std::mutex m;
+    std::vector<std::shared_ptr<gpu::expert_peers>> latest = members;
+    std::atomic<int> given_up{0};
+    std::string last;
+    {
+      deploy::expert_keeper_config kc;
+      kc.give_up_after = 3;
+      kc.first_backoff = std::chrono::milliseconds{10};
+      // Settled: a group is whole for about 100 ms before the test breaks it again.
+      kc.settle = settles ? std::chrono::milliseconds{50} : std::chrono::milliseconds{60'000};
+      kc.give_up = [&](const std::string&, const std::string& y) {
+        std::lock_guard<std::mutex> lock{m};
+        last = y;
+        ++given_up;
+      };
+      deploy::expert_group_keeper keeper{"keeper test", kc};
+      auto remake = [&](std::string* why) {
+        auto made = deploy::make_dp_attention_groups(names, 2, cfg, pg, {}, "put", why);
+        std::lock_guard<std::mutex> lock{m};
+        latest = made;
+        return made;
+      };
+      keeper.add_dp_member("dp5", 0, 2, execs[0], remake);
+      keeper.add_dp_member("dp5", 1, 2, execs[1], remake);
+      // Break the group, and again after each repair, five times or until the keeper gives up.
+      uint64_t breaks = 0;
+      for (int i = 0; i < 1500 && breaks < 5 && given_up.load() == 0; ++i) {
+        const bool whole = execs[0]->standing_failure().empty() && execs[1]->standing_failure().empty();
+        if (whole && keeper.repairs() == breaks) {
+          if (settles) std::this_thread::sleep_for(std::chrono::milliseconds{100});
+          std::lock_guard<std::mutex> lock{m};
+          latest[0]->fault_break_for_test("injected by the test, break " + std::to_string(++breaks));
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds{5});
+      }
+      if (settles) {
+        CHECK(given_up.load() == 0);
+        CHECK(breaks == 5);
+        for (int i = 0; i < 500 && keeper.repairs() < 5; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{10});
+        CHECK(keeper.repairs() == 5);
+      } else {
+        // Three repairs worked; the group broke at once after each, so the third break gives up.
+        REQUIRE(given_up.load() == 1);
+        CHECK(keeper.repairs() == 3);
+        CHECK(breaks == 4);
+        std::lock_guard<std::mutex> lock{m};
+        CHECK(last.find("broke again") != std::string::npos);
+        CHECK(last.find("injected by the test, break 4") != std::string::npos);
+      }
+    }
+    latest.clear();
+    members.clear();
+    for (auto& e : execs) e->stop();
+  }
+}
