@@ -35,12 +35,13 @@ FAMILIES = {
     "qwen3_qk_norm": ("qwen3", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                                     tie_word_embeddings=False)),
     # Issue 13: multi-head latent attention and experts. V2 as V2-Lite (no q_lora_rank) with
-    # group-limited softmax routing; V3 with q_lora_rank and noaux_tc routing (sigmoid scores, the
+    # group-limited softmax routing (3 experts per token from the 4 of the best 2 groups: with
+    # no more experts per token than groups kept, the grouping could never change a choice); V3 with q_lora_rank and noaux_tc routing (sigmoid scores, the
     # correction bias, groups ranked by their top two). One dense layer first, then MoE layers.
     "deepseek_v2_mla_moe": ("deepseek_v2", dict(
         num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=32,
         qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=8, n_shared_experts=2,
-        num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1,
+        num_experts_per_tok=3, moe_intermediate_size=32, first_k_dense_replace=1,
         topk_method="group_limited_greedy", n_group=4, topk_group=2, routed_scaling_factor=1.5,
         tie_word_embeddings=False)),
     "deepseek_v3_mla_moe": ("deepseek_v3", dict(
