@@ -146,6 +146,11 @@ struct decode_rank_config {
   /// Elastic P/D: start on standby (no load reports, so no placements) until told role(true).
   bool standby = false;
   bool verify_kv_checksums = true;  ///< check every landed layer against the sender's checksum
+  /// A lease dropped before all its layers landed (released while its prefill still ran, expired,
+  /// or a layer failed its checksum) keeps its pages out of the pool until its writers say they
+  /// are done (a late put would otherwise land in another request's KV), or at most this long:
+  /// a writer that died says nothing, and its puts cannot land.
+  uint32_t kv_quarantine_ms = 60000;
   /// Hybrid PD: prompts prefilled on this rank run in chunks of at most this many tokens, one
   /// chunk per decode step (riding in the same batch), so running sequences keep stepping.
   uint32_t local_prefill_chunk_tokens = 256;

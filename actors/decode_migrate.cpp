@@ -35,10 +35,14 @@ void abandon(decode_pointer self, uint64_t lease_id, const std::string& why) {
   auto& st = self->state;
   auto m = st.migrations.find(lease_id);
   if (m == st.migrations.end()) return;
+  bool in_flight = false;  // puts released here may still land in the target's pages
   for (auto x : m->second.xfers)
-    if (x) st.core.xport->release(x);
+    if (x) {
+      st.core.xport->release(x);
+      in_flight = true;
+    }
   if (m->second.grant.lease_id && m->second.target)
-    self->send(m->second.target, release_atom::value, m->second.grant.lease_id);
+    self->send(m->second.target, release_atom::value, m->second.grant.lease_id, in_flight);
   st.core.log->add({0, "migrate_failed", st.leases.count(lease_id) ? st.leases.at(lease_id).request_id : 0, 0, 0, {}, {}});
   st.last_migrate_error = why;
   ++st.migrate_failed;
@@ -61,7 +65,7 @@ void complete(decode_pointer self, uint64_t lease_id) {
   auto l = st.leases.find(lease_id);
   if (m == st.migrations.end() || l == st.leases.end()) return;
   if (m->second.released) {
-    self->send(m->second.target, release_atom::value, m->second.grant.lease_id);
+    self->send(m->second.target, release_atom::value, m->second.grant.lease_id, false);  // every put landed
   } else {
     decode_summary s{.request_id = l->second.request_id, .num_tokens = m->second.seq.num_generated, .finish_reason = "migrated",
                      .queue_us = l->second.queue_us};
@@ -125,7 +129,7 @@ void start(decode_pointer self, const running_seq& seq) {
                       auto& st = self->state;
                       auto m = st.migrations.find(lease_id);
                       if (m == st.migrations.end()) {
-                        self->send(p.rank, release_atom::value, g.lease_id);
+                        self->send(p.rank, release_atom::value, g.lease_id, false);
                         return;
                       }
                       m->second.grant = std::move(g);

@@ -62,12 +62,42 @@ void report_load(decode_pointer self) {
 
 void rebalance_memory(decode_pointer self);
 
-void free_lease(decode_pointer self, uint64_t lease_id) {
+/// Gives a quarantined lease's pages back to the pool.
+void end_quarantine(decode_pointer self, uint64_t lease_id) {
+  auto& st = self->state;
+  auto q = st.quarantine.find(lease_id);
+  if (q == st.quarantine.end()) return;
+  st.core.exec->kv().kv_page_free(q->second.pages);
+  st.core.log->add({0, "quarantine_end", q->second.request_id, 0, 0, {}, {}});
+  st.quarantine.erase(q);
+  if (!st.reserves.empty() || !st.paused.empty()) rebalance_memory(self);
+  report_load(self);
+}
+
+void free_lease(decode_pointer self, uint64_t lease_id, bool writer_may_write) {
   auto& st = self->state;
   auto i = st.leases.find(lease_id);
-  if (i == st.leases.end()) return;
+  if (i == st.leases.end()) {
+    if (!writer_may_write) end_quarantine(self, lease_id);  // its last writer is known to be done
+    return;
+  }
   st.stay.erase(std::remove(st.stay.begin(), st.stay.end(), lease_id), st.stay.end());
-  st.core.exec->kv().kv_page_free(i->second.pages);
+  auto& l = i->second;
+  // A remote writer still at an unfinished lease would put into pages that the pool hands to
+  // the next request: they wait for it. (A decoding lease is complete; a local one is ours.)
+  if (writer_may_write && !l.decoding && !l.local_writer && l.num_landed < l.landed.size() &&
+      l.writers_done < l.writers && !l.pages.empty()) {
+    auto& q = st.quarantine[lease_id];
+    q.pages = std::move(l.pages);
+    q.request_id = l.request_id;
+    q.writers_done = l.writers_done;
+    q.writers = l.writers;
+    q.until = self->clock().now() + std::chrono::milliseconds{st.cfg.kv_quarantine_ms};
+    self->delayed_send(self, std::chrono::milliseconds{st.cfg.kv_quarantine_ms}, expire_atom::value, lease_id);
+    st.core.log->add({0, "quarantine", l.request_id, static_cast<uint32_t>(q.pages.size()), 0, {}, {}});
+    l.pages.clear();
+  }
+  st.core.exec->kv().kv_page_free(l.pages);
   for (auto p = st.paused.begin(); p != st.paused.end(); ++p)  // an offloaded sequence's host pages
     if (p->seq.lease_id == lease_id) {
       st.host_free.insert(st.host_free.end(), p->host_slots.begin(), p->host_slots.end());
@@ -538,15 +568,16 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
         auto promise = self->make_response_promise<prefill_result>();
         const uint64_t lease_id = i->first;
         s.local_prefills.push_back(local_prefill{lease_id, std::move(order), promise, 0, 0, self->clock().now()});
+        i->second.local_writer = true;
         i->second.expires_at = self->clock().now() + std::chrono::milliseconds{i->second.lease_ms};
         maybe_step(self);
         return promise;
       },
-      [=](release_atom, uint64_t lease_id) {
+      [=](release_atom, uint64_t lease_id, bool writer_may_write) {
         auto& s = self->state;
         if (release_migrating(self, lease_id)) return;
         auto i = s.leases.find(lease_id);
-        if (i == s.leases.end()) return;
+        if (i == s.leases.end()) return free_lease(self, lease_id, writer_may_write);  // quarantined, maybe
         // A queued local prefill of this lease is dropped (unless its chunk is in the step in
         // flight: finish_local_chunk notices the lease is gone).
         bool chunk_in_step = false;
@@ -566,8 +597,20 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
           finish_seq(self, lease_id, "released");
         else {
           if (i->second.has_order) i->second.promise.deliver(decode_summary{.request_id = i->second.request_id, .finish_reason = "released"});
-          free_lease(self, lease_id);
+          free_lease(self, lease_id, writer_may_write);
         }
+      },
+      [=](writer_done_atom, uint64_t lease_id, uint32_t writers) {
+        auto& s = self->state;
+        if (auto i = s.leases.find(lease_id); i != s.leases.end()) {  // done before the lease ended
+          i->second.writers = std::max(1u, writers);
+          ++i->second.writers_done;
+          return;
+        }
+        auto q = s.quarantine.find(lease_id);
+        if (q == s.quarantine.end()) return;
+        q->second.writers = std::max(1u, writers);
+        if (++q->second.writers_done >= q->second.writers) end_quarantine(self, lease_id);
       },
       [=](const kv_layer_ready& ev) {
         auto& s = self->state;
@@ -575,6 +618,7 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
         if (i == s.leases.end() || i->second.request_id != ev.request_id || ev.layer >= i->second.landed.size())
           return;  // a late layer of a lease that already expired: nothing to do
         auto& l = i->second;
+        if (l.decoding) return;  // a repeated layer after admission: its pages hold decode KV now
         if (s.cfg.verify_kv_checksums) {
           const auto& kv = s.core.exec->kv();
           const uint32_t pages = std::min<uint32_t>(kv.pages_for_tokens(ev.num_tokens), l.pages.size());
@@ -587,7 +631,7 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
             if (l.has_order) l.promise.deliver(make_error(errc::transfer_failed, why));
             if (s.corrupted.size() >= 1024) s.corrupted.erase(s.corrupted.begin());  // bounded: orders may never come
             s.corrupted[ev.lease_id] = std::move(why);
-            free_lease(self, ev.lease_id);
+            free_lease(self, ev.lease_id, true);  // the later layers' puts may still come
             return;
           }
         }
@@ -712,9 +756,15 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
       [=](poll_atom) { poll_writes(self); },
       [=](expire_atom, uint64_t lease_id) {
         auto& s = self->state;
+        const auto now = self->clock().now();
+        if (auto q = s.quarantine.find(lease_id); q != s.quarantine.end() && now >= q->second.until) {
+          // Its writers never said they were done: gone with their process (whose puts cannot
+          // land), or their notice lost. (An earlier timer of the lease itself finds `until` ahead.)
+          s.core.log->add({0, "quarantine_expired", q->second.request_id, 0, 0, {}, {}});
+          return end_quarantine(self, lease_id);
+        }
         auto i = s.leases.find(lease_id);
         if (i == s.leases.end() || i->second.decoding) return;
-        const auto now = self->clock().now();
         // A prompt queued or computing on this rank (hybrid PD) is progress, not an abandoned
         // lease: its wait is this rank's doing. (A cancel releases it.)
         if (std::any_of(s.local_prefills.begin(), s.local_prefills.end(), [&](auto& p) { return p.lease_id == lease_id; }))
@@ -728,7 +778,7 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
               errc::lease_expired, where(i->second.request_id, s.cfg.name, "kv_recv") + ": only " +
                                        std::to_string(i->second.num_landed) + " of " +
                                        std::to_string(i->second.landed.size()) + " layers landed before the lease expired"));
-        free_lease(self, lease_id);
+        free_lease(self, lease_id, true);  // a stalled writer may still put into it
       },
   };
 }

@@ -44,6 +44,9 @@ struct lease {
   bool decoding = false;
   bool has_order = false;
   bool release_after_step = false;  ///< released while a step was writing its pages
+  bool local_writer = false;        ///< hybrid PD: this rank prefills it (no remote writer)
+  uint32_t writers_done = 0;        ///< writer_done notices so far (a split prompt has several writers)
+  uint32_t writers = 1;             ///< writers, as their notices say
   caf::actor_clock::time_point order_at;  ///< decode order arrival (queue time starts)
   int64_t queue_us = 0;                   ///< order arrival -> joined the batch
   decode_order order;
@@ -110,6 +113,16 @@ struct migration {
   bool released = false;         ///< the request let go meanwhile: release the target lease at the end
 };
 
+/// The pages of a lease dropped while a writer may still put into them: out of the pool until
+/// every writer is done, or `until`.
+struct quarantined {
+  std::vector<uint32_t> pages;
+  uint64_t request_id = 0;
+  uint32_t writers_done = 0;
+  uint32_t writers = 1;
+  caf::actor_clock::time_point until;
+};
+
 struct decode_state {
   decode_rank_config cfg;
   rank_core core;
@@ -120,6 +133,7 @@ struct decode_state {
   caf::actor_clock::time_point step_started;  ///< of the step in flight
   double recent_step_us = 0;                  ///< exponential average over ~16 steps
   std::unordered_map<uint64_t, lease> leases;
+  std::unordered_map<uint64_t, quarantined> quarantine;  ///< by lease id
   /// Leases dropped because a layer failed its checksum, with the reason, so that a decode
   /// order arriving afterwards gets that reason rather than "expired".
   std::unordered_map<uint64_t, std::string> corrupted;
@@ -165,7 +179,10 @@ struct decode_state {
 using decode_pointer = decode_rank_actor::stateful_pointer<decode_state>;
 
 /// Frees a lease: its pages, its host slots, its place in the balancer's view (decode_rank.cpp).
-void free_lease(decode_pointer self, uint64_t lease_id);
+/// Ends a lease and gives its pages back. `writer_may_write`: a remote writer may still put
+/// into it (its order unanswered, or unknown here): unless every layer landed, the pages are
+/// quarantined instead, until its writers are done (writer_done_atom) or kv_quarantine_ms.
+void free_lease(decode_pointer self, uint64_t lease_id, bool writer_may_write = false);
 void report_load(decode_pointer self);
 void maybe_step(decode_pointer self);
 

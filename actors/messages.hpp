@@ -58,6 +58,9 @@ using reserve_expire_atom = caf::atom_constant<caf::atom("rsvexpire")>;
 using forget_atom = caf::atom_constant<caf::atom("forget")>;
 using rank_gone_atom = caf::atom_constant<caf::atom("rank_gone")>;
 using adopt_atom = caf::atom_constant<caf::atom("adopt")>;
+/// A writer of a decode lease (a prefill rank, a part of a split prompt) has no put into it in
+/// flight and will post none: a lease dropped while it still wrote may now give its pages back.
+using writer_done_atom = caf::atom_constant<caf::atom("kv_wdone")>;
 using role_atom = caf::atom_constant<caf::atom("role")>;
 /// Elastic P/D: a draining decode rank moves its running sequences, with their KV, to other
 /// decode ranks (and polls the puts with migpoll).
@@ -607,7 +610,10 @@ using decode_rank_actor = caf::typed_actor<
     // Hybrid PD (seed 002): the prompt is prefilled here, into the lease's pages, in chunks
     // that ride along with decode steps. The order's grant names the lease.
     caf::replies_to<prefill_order>::with<prefill_result>,
-    caf::reacts_to<release_atom, uint64_t>,                     // lease id
+    // Lease id, and whether a writer may still put into it (its prefill order is unanswered):
+    // then its pages are held back until every writer says it is done (writer_done_atom).
+    caf::reacts_to<release_atom, uint64_t, bool>,
+    caf::reacts_to<writer_done_atom, uint64_t, uint32_t>,       // lease id, writers of the lease (split parts)
     caf::reacts_to<kv_layer_ready>,
     caf::reacts_to<keepalive_atom, uint64_t, uint64_t>,         // request, lease: still queued at prefill
     caf::replies_to<decode_order>::with<decode_summary>,
@@ -681,6 +687,7 @@ typename Inspector::result_type inspect(Inspector& f, split_layer& x) {
 
 using prefill_rank_actor = caf::typed_actor<
     caf::replies_to<prefill_order>::with<prefill_result>,
+    caf::reacts_to<cancel_atom, uint64_t, uint64_t>,  // request, its lease: the request let go; stop
     caf::replies_to<stats_atom>::with<rank_stats>,
     caf::replies_to<events_atom>::with<std::vector<rank_event>>,
     caf::reacts_to<exec_done_atom, uint64_t, std::vector<std::vector<float>>, std::vector<int32_t>>,

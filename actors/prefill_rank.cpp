@@ -63,6 +63,20 @@ void report_load(prefill_pointer self) {
   self->send(st.balancer, load_atom::value, std::move(load), caf::actor_cast<prefill_rank_actor>(self));
 }
 
+/// Tells the order's decode rank that this writer of its lease is done: nothing of it is in
+/// flight, and nothing more will be posted.
+void tell_writer_done(prefill_pointer self, const prefill_order& o) {
+  if (!o.decode) return;
+  const auto writers = o.part_ranks.size() > 1 ? static_cast<uint32_t>(o.part_ranks.size()) : 1u;
+  self->send(o.decode, writer_done_atom::value, o.grant.lease_id, writers);
+}
+
+/// Ends an order that never ran (it posted nothing) with `err`.
+void refuse_order(prefill_pointer self, waiting_order& w, caf::error err) {
+  w.promise.deliver(std::move(err));
+  tell_writer_done(self, w.order);
+}
+
 /// While the executor can run nothing (a broken expert group), prompts still waiting for pages
 /// are refused, retryably, so that their requests are placed again on other ranks at once
 /// rather than each failing in its first job. Prompts already running fail in their next job.
@@ -71,7 +85,7 @@ void refuse_waiting(prefill_pointer self) {
   const auto failure = st.core.exec->standing_failure();
   if (failure.empty()) return;
   while (auto w = st.waiting.pop())
-    w->promise.deliver(make_error(errc::rank_unavailable, where(w->order.request_id, st.cfg.name, "prefill") + ": " + failure));
+    refuse_order(self, *w, make_error(errc::rank_unavailable, where(w->order.request_id, st.cfg.name, "prefill") + ": " + failure));
 }
 
 /// Counts a finished executor job and returns the request it belonged to (forgetting the job).
@@ -148,6 +162,9 @@ void finish_if_done(prefill_pointer self, uint64_t request_id) {
                                      r.split.active ? 0 : r.cached_tokens, r.recomputed_blocks,
                                      r.shared_blocks * st.store.block_tokens(), kv_bytes, send_us});
   }
+  // No put of it is in flight now: a decode rank that dropped its lease meanwhile may reuse the
+  // pages (and one that did not counts this writer done).
+  tell_writer_done(self, r.order);
   return_pages(self, r, !r.failed);
   st.requests.erase(i);
   drain_waiting(self);  // freed pages may start a waiting prompt; reports the load
@@ -206,6 +223,7 @@ bool settle(prefill_pointer self, const pending_put& p) {
   if (auto i = st.requests.find(p.request_id); i != st.requests.end() && i->second.attempt != p.attempt) {
     if (st.core.xport->poll(p.xfer_id, &err) == transport::xfer_state::pending) return false;
     st.core.xport->release(p.xfer_id);  // an aborted attempt's put: its outcome no longer matters
+    if (i->second.failed) finish_if_done(self, p.request_id);  // its answer may have waited for this put
     return true;
   }
   switch (st.core.xport->poll(p.xfer_id, &err)) {
@@ -429,13 +447,21 @@ void drain_waiting(prefill_pointer self) {
   report_load(self);
 }
 
-/// Arms the keepalive tick while prompts wait, at a third of the shortest waiting lease.
+/// A started prompt that waits without a chunk in the executor (runnable behind other prompts),
+/// or for its prefix from the store: either may take longer than a lease lives. A chunk that
+/// computes renews the lease with its landed layers, so a hung executor lets it expire.
+bool needs_keepalive(const prefill_state& st, const prefill_job_state& r) {
+  if (r.failed || r.layers_ready >= st.core.exec->config().num_hidden_layers) return false;
+  return r.load.outstanding > 0 || r.jobs_in_executor == 0;
+}
+
+/// Arms the keepalive tick while prompts wait or run, at a third of the shortest lease.
 void schedule_keepalive(prefill_pointer self) {
   auto& st = self->state;
   uint32_t lease_ms = UINT32_MAX;
   st.waiting.for_each([&](const waiting_order& w) { lease_ms = std::min(lease_ms, w.order.grant.lease_ms); });
-  for (const auto& [id, r] : st.requests)  // prompts whose prefix is still being read from the store
-    if (r.load.outstanding > 0) lease_ms = std::min(lease_ms, r.order.grant.lease_ms);
+  for (const auto& [id, r] : st.requests)  // started, not every layer announced yet
+    if (needs_keepalive(st, r)) lease_ms = std::min(lease_ms, r.order.grant.lease_ms);
   if (st.keepalive_scheduled || lease_ms == UINT32_MAX) return;
   st.keepalive_scheduled = true;
   self->delayed_send(self, std::chrono::milliseconds{std::max<uint32_t>(1, lease_ms / 3)}, keepalive_atom::value);
@@ -463,7 +489,7 @@ caf::result<prefill_result> accept_prefill(prefill_pointer self, prefill_order o
   // and the new one waits until the executor is done with it.
   const std::string superseded = "superseded by a newer attempt of the request";
   if (auto old = st.waiting.take_if([&](const waiting_order& w) { return w.order.request_id == rid; }))
-    old->promise.deliver(make_error(errc::rank_unavailable, stage + ": " + superseded));
+    refuse_order(self, *old, make_error(errc::rank_unavailable, stage + ": " + superseded));
   if (st.requests.count(rid) > 0) fail_request(self, rid, errc::rank_unavailable, "prefill", superseded);
   auto& kv = st.core.exec->kv();
   const auto& local = kv.layout();
@@ -534,6 +560,20 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
   report_load(self);  // registers this rank with its balancer
   return {
       [=](prefill_order& order) { return accept_prefill(self, std::move(order)); },
+      [=](cancel_atom, uint64_t request_id, uint64_t lease_id) {
+        // The request let go (its client hung up, it timed out, or it moved elsewhere): its KV
+        // goes nowhere now. It stops, and once nothing of it is in flight its decode lease hears
+        // that this writer is done.
+        auto& s = self->state;
+        const auto why = "the request let go of lease " + std::to_string(lease_id) + " (cancelled, or placed again)";
+        const auto mine = [&](const prefill_order& o) { return o.request_id == request_id && o.grant.lease_id == lease_id; };
+        if (auto w = s.waiting.take_if([&](const waiting_order& w) { return mine(w.order); })) {
+          refuse_order(self, *w, make_error(errc::cancelled, where(request_id, s.cfg.name, "prefill") + ": " + why));
+          return report_load(self);
+        }
+        if (auto i = s.requests.find(request_id); i != s.requests.end() && mine(i->second.order))
+          fail_request(self, request_id, errc::cancelled, "prefill", why);
+      },
       [=](health_atom) {
         // Waiting prompts go elsewhere (refuse_waiting), and the balancer hears that this rank
         // takes no work; or, once the failure cleared (or its node returned to the head after a
@@ -627,7 +667,7 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
           self->send(w.order.decode, keepalive_atom::value, w.order.request_id, w.order.grant.lease_id);
         });
         for (const auto& [id, r] : s.requests)
-          if (r.load.outstanding > 0) self->send(r.order.decode, keepalive_atom::value, id, r.order.grant.lease_id);
+          if (needs_keepalive(s, r)) self->send(r.order.decode, keepalive_atom::value, id, r.order.grant.lease_id);
         schedule_keepalive(self);
       },
       [=](settled_atom) {

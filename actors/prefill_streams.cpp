@@ -78,7 +78,10 @@ void abort_attempt(prefill_pointer self, prefill_job_state& r) {
 void maybe_restart(prefill_pointer self, uint64_t rid) {
   auto& st = self->state;
   auto i = st.requests.find(rid);
-  if (i == st.requests.end() || !i->second.restart_from || i->second.jobs_in_executor > 0) return;
+  if (i == st.requests.end()) return;
+  // Failed meanwhile (stopped, superseded): nothing restarts; its answer waited for these jobs.
+  if (i->second.failed) return finish_if_done(self, rid);
+  if (!i->second.restart_from || i->second.jobs_in_executor > 0) return;
   const uint32_t from = *i->second.restart_from;
   i->second.restart_from.reset();
   start_compute(self, rid, from);

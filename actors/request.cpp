@@ -30,6 +30,10 @@ struct request_state {
   decode_rank_actor decode;
   caf::actor_clock::time_point started, stage_started, last_token_at;
   uint64_t lease_id = 0;   ///< 0 = none held
+  /// Prefill ranks of this attempt whose order is unanswered (split parts count one each): they
+  /// may still put KV into the lease, so a release says so and they are told to stop. An answer,
+  /// even an error, comes only once nothing of theirs is in flight; a timeout proves nothing.
+  uint32_t writers_out = 0;
   uint64_t watch_seq = 0;  ///< the token watchdog only acts on its latest arming
   bool hybrid = false;     ///< hybrid PD: the decode rank prefills the prompt itself
   bool stopped = false;    ///< a stop token or string ended generation (out.text already cut)
@@ -95,12 +99,35 @@ void stream(request_pointer self, bool last) {
   self->send(st.plan.sink, std::move(c));
 }
 
+/// Lets go of this attempt's lease; prefill ranks still at it are told to stop, and the decode
+/// rank to keep the pages from other requests until they have.
+void let_go(request_pointer self) {
+  auto& st = self->state;
+  const bool writing = st.writers_out > 0 && !st.hybrid;
+  if (st.lease_id != 0 && st.decode) self->send(st.decode, release_atom::value, st.lease_id, writing);
+  if (writing && st.lease_id != 0) {
+    if (st.split.part_ranks.size() > 1)
+      for (const auto& r : st.split.part_ranks) self->send(r, cancel_atom::value, st.plan.request_id, st.lease_id);
+    else if (st.prefill)
+      self->send(st.prefill, cancel_atom::value, st.plan.request_id, st.lease_id);
+  }
+  st.lease_id = 0;
+  st.writers_out = 0;
+}
+
+/// A prefill rank answered this attempt's order (`err` if it failed): unless the answer is a
+/// timeout, that rank has nothing in flight into the lease any more.
+void writer_answered(request_pointer self, const caf::error& err) {
+  auto& st = self->state;
+  if (err == caf::sec::request_timeout || st.writers_out == 0) return;
+  --st.writers_out;
+}
+
 void answer(request_pointer self, caf::error err) {
   auto& st = self->state;
   if (st.answered) return;
   st.answered = true;
-  if (st.lease_id != 0) self->send(st.decode, release_atom::value, st.lease_id);
-  st.lease_id = 0;
+  let_go(self);
   if (err)
     st.promise.deliver(std::move(err));
   else {
@@ -192,10 +219,9 @@ void fail_or_retry(request_pointer self, caf::error err) {
     st.out.finish_reason = "length";
     return answer(self, caf::error{});
   }
-  if (st.lease_id != 0 && st.decode) self->send(st.decode, release_atom::value, st.lease_id);
+  let_go(self);
   if (st.decode) self->demonitor(caf::actor_cast<caf::actor_addr>(st.decode));
   if (st.prefill) self->demonitor(caf::actor_cast<caf::actor_addr>(st.prefill));
-  st.lease_id = 0;
   ++st.attempt;
   ++st.watch_seq;  // the old attempt's watchdog is void
   st.out.failovers += 1;
@@ -338,6 +364,7 @@ void start_split_prefill(request_pointer self, prefill_order order) {
   for (const auto& r : sp.part_ranks) order.part_ranks.push_back(caf::actor_cast<caf::actor>(r));
   order.part_names = sp.part_names;
   auto left = std::make_shared<size_t>(sp.part_ranks.size());
+  st.writers_out = static_cast<uint32_t>(sp.part_ranks.size());
   auto last = std::make_shared<prefill_result>();
   const uint32_t attempt = st.attempt;
   for (uint32_t i = 0; i < sp.part_ranks.size(); ++i) {
@@ -349,11 +376,13 @@ void start_split_prefill(request_pointer self, prefill_order order) {
         .then(
             [=](prefill_result& r) {
               if (stale(self, attempt)) return;
+              writer_answered(self, {});
               if (is_last) *last = std::move(r);
               if (--*left == 0) on_prefill_result(self, *last);
             },
             [=](caf::error& err) {
               if (stale(self, attempt)) return;
+              writer_answered(self, err);
               fail_or_retry(self, hop_error(self, err, name, "prefill", self->state.plan.cfg.prefill_timeout_ms));
             });
   }
@@ -376,14 +405,18 @@ void start_prefill(request_pointer self, kv_lease_grant grant) {
   order.repetition_penalty = p.params.repetition_penalty;
   order.presence_penalty = p.params.presence_penalty;
   if (!st.hybrid && st.split.part_ranks.size() > 1) return start_split_prefill(self, std::move(order));
+  st.writers_out = st.hybrid ? 0 : 1;  // hybrid: the decode rank writes its own pages
   auto pending = st.hybrid ? self->request(st.decode, std::chrono::milliseconds{p.cfg.prefill_timeout_ms}, std::move(order))
                            : self->request(st.prefill, std::chrono::milliseconds{p.cfg.prefill_timeout_ms}, std::move(order));
   std::move(pending).then(
           [=](prefill_result& r) {
-            if (!stale(self, attempt)) on_prefill_result(self, r);
+            if (stale(self, attempt)) return;
+            writer_answered(self, {});
+            on_prefill_result(self, r);
           },
           [=](caf::error& err) {
             if (stale(self, attempt)) return;
+            writer_answered(self, err);
             auto& st = self->state;
             fail_or_retry(self, hop_error(self, err, st.prefill_name, "prefill", st.plan.cfg.prefill_timeout_ms));
           });
@@ -405,7 +438,8 @@ void reserve(request_pointer self) {
       .then(
           [=](kv_lease_grant& grant) {
             if (stale(self, attempt)) {  // too late: give the pages back
-              self->send(caf::actor_cast<decode_rank_actor>(self->current_sender()), release_atom::value, grant.lease_id);
+              self->send(caf::actor_cast<decode_rank_actor>(self->current_sender()), release_atom::value, grant.lease_id,
+                         false);  // nobody was told to write into it
               return;
             }
             self->state.lease_id = grant.lease_id;
@@ -541,8 +575,10 @@ request_actor::behavior_type request_impl(request_pointer self, request_plan pla
           if (st.plan.sink && dm.source == caf::actor_cast<caf::actor_addr>(st.plan.sink))
             return answer(self, make_error(errc::cancelled, where(st.plan.request_id, "", "stream") +
                                                                 ": the client went away"));
-          on_ranks_lost(self, st.decode && dm.source == caf::actor_cast<caf::actor_addr>(st.decode),
-                        st.prefill && dm.source == caf::actor_cast<caf::actor_addr>(st.prefill),
+          const bool prefill_down = st.prefill && dm.source == caf::actor_cast<caf::actor_addr>(st.prefill);
+          // A prefill rank whose process ended puts nothing more (a split's other parts may).
+          if (prefill_down && st.split.part_ranks.size() <= 1) st.writers_out = 0;
+          on_ranks_lost(self, st.decode && dm.source == caf::actor_cast<caf::actor_addr>(st.decode), prefill_down,
                         "the rank went down (" + self->system().render(dm.reason) + ")");
         });
         if (st.plan.store.enabled())

@@ -441,7 +441,7 @@ TEST_CASE("on-demand KV: a reservation that waits for pages longer than reserve_
   const auto why = t.sys.render(second.error());
   CHECK_MESSAGE(why.find("request 2") != std::string::npos, why);
   CHECK_MESSAGE(why.find("waited 50 ms for 8 KV pages, 2 free") != std::string::npos, why);
-  self->send(decode, release_atom::value, first->lease_id);
+  self->send(decode, release_atom::value, first->lease_id, false);
   auto third = reserve(3, 100);  // the queue is empty again: granted at once
   CHECK(third);
 }

@@ -151,12 +151,14 @@ TEST_CASE("failover: a decode rank that hangs mid-generation loses its request t
   CHECK(hung.tbt_us[1] == calm.tbt_us[1]);
 }
 
-TEST_CASE("lease: an unfinished handoff's pages return to the decode rank when the lease expires, not before") {
+TEST_CASE("lease: an unfinished handoff's lease ends when it expires, not before; its pages, which the hung prefill "
+          "rank might still write, return after the quarantine") {
   test::sim_system s;
   auto cfg = one_by_one();
   cfg.router.request.max_attempts = 1;  // how the expiry surfaces (failover: elsewhere)
   cfg.router.request.lease_ms = 1000;
   cfg.router.request.prefill_timeout_ms = 5000;
+  cfg.decode.kv_quarantine_ms = 2500;
   const auto times = model_times();
   auto cluster = modelled_cluster(s, cfg, times, [](const std::string& name, auto& t) {
     if (name == "prefill-0") t.hang_after_jobs = 0;  // prefill never finishes: the handoff stalls
@@ -174,8 +176,14 @@ TEST_CASE("lease: an unfinished handoff's pages return to the decode rank when t
   s.run_until(t0 + std::chrono::milliseconds{999});
   CHECK(s.stats(decode).num_free_pages == start_free - 4);  // 50 tokens -> 4 pages of 16, still leased
   s.run_until(t0 + std::chrono::milliseconds{1000});
-  CHECK(s.stats(decode).num_free_pages == start_free);      // lease expired: pages back
-  CHECK(s.stats(decode).num_waiting == 0);
+  CHECK(s.stats(decode).num_waiting == 0);                  // the lease expired
+  // Its pages stay out of the pool: the prefill rank's chunk is still in its (hung) executor and
+  // would put its layers there if it woke; nothing says it will not, so the quarantine runs out.
+  CHECK(s.stats(decode).num_free_pages == start_free - 4);
+  s.run_until(t0 + std::chrono::milliseconds{3499});
+  CHECK(s.stats(decode).num_free_pages == start_free - 4);
+  s.run_until(t0 + std::chrono::milliseconds{3500});
+  CHECK(s.stats(decode).num_free_pages == start_free);
   // The request itself fails at its prefill deadline, naming rank and stage.
   s.run_until(t0 + std::chrono::milliseconds{4999});
   CHECK_FALSE(result->has_value());
@@ -369,4 +377,74 @@ TEST_CASE("store retention under virtual time: agent blocks expire after 3 days,
   CHECK(check({20, 21}) == 0);  // chat: gone at 7 days
   caf::anon_send_exit(index, caf::exit_reason::user_shutdown);
   s.run_until_idle();
+}
+
+TEST_CASE("a request that lets go mid-prefill: its prefill rank posts no more of its KV, and the decode rank keeps "
+          "the lease's pages from other requests until that rank says that nothing more of it will land") {
+  test::sim_system s;
+  auto cfg = one_by_one();
+  cfg.router.request.max_attempts = 1;
+  cfg.router.request.lease_ms = 10000;
+  cfg.router.request.prefill_timeout_ms = 1500;  // it gives up during the second of three chunks
+  auto times = model_times();
+  times.prefill.gamma_us = 75000.0;  // 40 tokens take 3 s of modelled prefill: 1.2 s per 16-token chunk
+  auto cluster = modelled_cluster(s, cfg, times);
+  test::sim_system::stopper stop{s, cluster};
+  const auto& decode = cluster.decode[0].handle;
+  const uint32_t start_free = s.stats(decode).num_free_pages;
+  generate_request req;
+  req.prompt = forty_token_prompt;
+  req.max_tokens = 10;
+  const auto t0 = s.now();
+  auto result = s.generate(cluster.router, req);
+  s.run_until(t0 + std::chrono::milliseconds{1500});
+  REQUIRE(result->has_value());
+  REQUIRE_FALSE(**result);  // the request timed out and let go of its lease
+  CHECK(s.stats(decode).num_waiting == 0);
+  // The chunks already in the executor still compute, and a put of theirs would land in the
+  // lease's pages: they stay out of the pool (given to the next request, its KV could be
+  // overwritten).
+  CHECK(s.stats(decode).num_free_pages == start_free - 4);
+  s.run_until(t0 + std::chrono::milliseconds{2900});
+  CHECK(s.stats(decode).num_free_pages == start_free - 4);
+  // Once they are done (3 s) and nothing of the prompt is in flight, the prefill rank says so:
+  // the pages come back, long before the quarantine's limit (60 s).
+  s.run_until(t0 + std::chrono::milliseconds{3500});
+  CHECK(s.stats(decode).num_free_pages == start_free);
+  std::vector<std::string> decode_kinds;
+  for (const auto& e : s.events(decode))
+    if (e.kind.rfind("quarantine", 0) == 0) decode_kinds.push_back(e.kind);
+  CHECK(decode_kinds == std::vector<std::string>{"quarantine", "quarantine_end"});
+  // After the cancel the prefill rank posted nothing: only the first chunk's layers were sent.
+  uint32_t posted = 0;
+  for (const auto& e : s.events(cluster.prefill[0].handle))
+    if (e.kind == "send_posted") {
+      CHECK(e.chunk == 0);
+      ++posted;
+    }
+  CHECK(posted == cfg.model.num_hidden_layers);
+}
+
+TEST_CASE("two prompts started together at a prefill rank: the one that waits its turn behind the other's chunks "
+          "longer than the lease keeps its lease, and both complete on their first attempt") {
+  test::sim_system s;
+  auto cfg = one_by_one();
+  cfg.router.request.max_attempts = 1;
+  cfg.router.request.lease_ms = 1000;
+  cfg.router.request.prefill_timeout_ms = 60000;
+  auto times = model_times();
+  times.prefill.gamma_us = 75000.0;  // 3 s per 40-token prompt: the second one's turn comes after 3 s
+  auto cluster = modelled_cluster(s, cfg, times);
+  test::sim_system::stopper stop{s, cluster};
+  generate_request req;
+  req.prompt = forty_token_prompt;
+  req.max_tokens = 3;
+  auto first = s.generate(cluster.router, req);
+  auto second = s.generate(cluster.router, req);
+  REQUIRE(s.run_until_idle());
+  REQUIRE(first->has_value());
+  REQUIRE(second->has_value());
+  CHECK_MESSAGE(**first, s.sys.render((*first)->error()));
+  CHECK_MESSAGE(**second, s.sys.render((*second)->error()));
+  CHECK(s.stats(cluster.decode[0].handle).num_free_pages == times.num_kv_pages);
 }
