@@ -15,6 +15,8 @@ print(*[s.getsockname()[1] for s in socks])' "$1"
 stop_launcher() {
   if [ -n "${LAUNCHER:-}" ] && kill -INT "$LAUNCHER" 2>/dev/null; then
     for _ in $(seq 300); do kill -0 "$LAUNCHER" 2>/dev/null || break; sleep 0.1; done
+    # Its nodes first: a command line of a built-in model's node does not name WORK.
+    pkill -9 -P "$LAUNCHER" 2>/dev/null || true
     kill -9 "$LAUNCHER" 2>/dev/null
   fi
   pkill -9 -f "$WORK" 2>/dev/null || true
@@ -48,11 +50,15 @@ same_as_single() {
   for _ in $(seq 600); do grep -q "router listening" "$WORK/single.log" && break; sleep 0.1; done
   local port
   port=$(grep -o "router listening on 127.0.0.1:[0-9]*" "$WORK/single.log" | grep -o "[0-9]*$") || fail "the single process did not start: $(cat "$WORK/single.log")"
-  "$BATON" generate --router "127.0.0.1:$port" "${args[@]}" --max-tokens "$max" > "$WORK/single.txt" || fail "generate (single)"
-  "$BATON" generate --router "127.0.0.1:$P_ROUTER" --cluster-id "$id" "${args[@]}" --max-tokens "$max" > "$WORK/cluster.txt" ||
-    fail "generate (cluster)"
+  # Bounded, and what a failed generate printed is shown (a request that failed leaves an empty
+  # line on stdout and says why on stderr).
+  timeout 120 "$BATON" generate --router "127.0.0.1:$port" "${args[@]}" --max-tokens "$max" > "$WORK/single.txt" \
+    2> "$WORK/single.err" || fail "generate (single): $(cat "$WORK/single.err")"
+  timeout 120 "$BATON" generate --router "127.0.0.1:$P_ROUTER" --cluster-id "$id" "${args[@]}" --max-tokens "$max" \
+    > "$WORK/cluster.txt" 2> "$WORK/cluster.err" || fail "generate (cluster): $(cat "$WORK/cluster.err")"
   [ -s "$WORK/cluster.txt" ] || fail "the cluster answered nothing"
-  cmp -s "$WORK/single.txt" "$WORK/cluster.txt" || fail "the cluster answered differently: $(diff "$WORK/single.txt" "$WORK/cluster.txt")"
+  cmp -s "$WORK/single.txt" "$WORK/cluster.txt" ||
+    fail "the cluster answered differently: $(diff "$WORK/single.txt" "$WORK/cluster.txt"); its stderr: $(cat "$WORK/cluster.err")"
   kill -TERM "$SINGLE"  # not SIGINT: a non-interactive shell starts background jobs ignoring it
   wait "$SINGLE" 2>/dev/null || true
   SINGLE=""

@@ -29,6 +29,13 @@ cat > "$WORK/spec.json" <<SPEC
 }
 SPEC
 launch_cluster
+# The gateway joins the head before it binds its HTTP port; and both decode nodes must serve.
+for _ in $(seq 300); do grep -q "baton gateway: listening on http://127.0.0.1:$P_HTTP" "$WORK/launch.log" && break; sleep 0.1; done
+grep -q "baton gateway: listening on http://127.0.0.1:$P_HTTP" "$WORK/launch.log" || fail "the gateway did not listen"
+for n in decode-a decode-b; do
+  for _ in $(seq 300); do grep -q "baton node $n: joined the head" "$WORK/launch.log" && break; sleep 0.1; done
+  grep -q "baton node $n: joined the head" "$WORK/launch.log" || fail "$n's ranks did not start"
+done
 URL="http://127.0.0.1:$P_HTTP/v1/completions"
 N=20 TOKENS=120
 # Odd clients sample (temperature 0.9, top-p 0.95, their own seed): a draw depends only on the

@@ -35,6 +35,10 @@ cat > "$WORK/spec.json" <<SPEC
 SPEC
 launch_cluster
 grep -q "node decode-a joined" "$WORK/launch.log" || fail "decode-a did not join"
+# The launcher reports a join when the head hears of it; the node builds its ranks (UCX, shard
+# processes) after that, and says so last.
+for _ in $(seq 600); do grep -q "baton node decode-a: joined the head" "$WORK/launch.log" && break; sleep 0.1; done
+grep -q "baton node decode-a: joined the head" "$WORK/launch.log" || fail "decode-a's ranks did not start"
 # One expert process for the prefill rank (EP 2), three for the decode rank (EP 4). A shard may
 # still be between fork and exec when the node reports its join (seen under load): wait, bounded.
 for _ in $(seq 50); do [ "$(experts)" = 4 ] && break; sleep 0.1; done
@@ -145,10 +149,11 @@ grep -q "baton launch: node decode-a failed for good; spare decode-s, standing b
   fail "the launcher did not call on the spare: $(grep 'decode-[as]' "$WORK/launch.log" | tail -5)"
 grep -q "baton node decode-s: stands in (--dp-first-rank 0)" "$WORK/launch.log" ||
   fail "the spare was not told decode-a's flags: $(grep 'decode-s' "$WORK/launch.log")"
-grep -q "rank decode-s-1 is member 1 of data-parallel group dp0" "$WORK/launch.log" ||
-  fail "the spare did not take decode-a's members: $(grep 'decode-s' "$WORK/launch.log")"
+# decode-s says which members it took before it joins; decode-b's re-form above may print first.
 for _ in $(seq 300); do grep -q "baton launch: node decode-s joined (pid" "$WORK/launch.log" && break; sleep 0.1; done
 grep -q "baton launch: node decode-s joined (pid" "$WORK/launch.log" || fail "the spare did not join: $(grep 'decode-s' "$WORK/launch.log")"
+grep -q "rank decode-s-1 is member 1 of data-parallel group dp0" "$WORK/launch.log" ||
+  fail "the spare did not take decode-a's members: $(grep 'decode-s' "$WORK/launch.log")"
 same_as_single deepseek-v3-tiny ep-e2e 12 "Experts, route this" "A spare's turn to serve"
 echo "launch EP e2e: decode-a's restarts used up, the spare decode-s, standing by with the model loaded, took its members; the group re-formed in place and answers as EP 1"
 stop_launched
@@ -235,10 +240,15 @@ done
 for _ in $(seq 300); do
   [ "$({ grep -l . "$WORK"/stall*.txt 2>/dev/null || true; } | wc -l)" = 4 ] && break; sleep 0.05
 done
-kill -STOP "$FALL_A"; sleep 1; kill -CONT "$FALL_A"
+# Re-forms counted from here, so that one from before cannot stand for the stall's. The stall
+# (0.7 s) is well past the 400 ms step timeout and well inside the head's 2 s heartbeat limit,
+# also when the last heartbeat is already 0.5 s old and the machine is loaded.
+before_a=$(reformed fall-a) before_b=$(reformed fall-b)
+kill -STOP "$FALL_A"; sleep 0.7; kill -CONT "$FALL_A"
 for n in fall-a fall-b; do
-  for _ in $(seq 300); do [ "$(reformed $n)" -ge 1 ] && break; sleep 0.1; done
-  [ "$(reformed $n)" -ge 1 ] || fail "$n did not re-form in place after the stall: $(cat "$WORK/$n.log")"
+  [ $n = fall-a ] && before=$before_a || before=$before_b
+  for _ in $(seq 300); do [ "$(reformed $n)" -gt "$before" ] && break; sleep 0.1; done
+  [ "$(reformed $n)" -gt "$before" ] || fail "$n did not re-form in place after the stall: $(cat "$WORK/$n.log")"
 done
 kill "${LOADERS[@]}" 2>/dev/null || true  # their requests failed over, or wait to be placed again
 wait "${LOADERS[@]}" 2>/dev/null || true
