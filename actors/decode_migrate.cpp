@@ -44,7 +44,9 @@ void abandon(decode_pointer self, uint64_t lease_id, const std::string& why) {
   if (m->second.grant.lease_id && m->second.target)
     self->send(m->second.target, release_atom::value, m->second.grant.lease_id, in_flight);
   st.core.log->add({0, "migrate_failed", st.leases.count(lease_id) ? st.leases.at(lease_id).request_id : 0, 0, 0, {}, {}});
-  st.last_migrate_error = why;
+  const auto rid = st.leases.count(lease_id) ? st.leases.at(lease_id).request_id : 0;
+  st.last_migrate_error =
+      where(rid, m->second.target_name.empty() ? st.cfg.name : m->second.target_name, "migrate") + ": " + why;
   ++st.migrate_failed;
   const auto seq = m->second.seq;
   const bool released = m->second.released;
@@ -181,7 +183,7 @@ void poll_migrations(decode_pointer self) {
       const uint32_t pages = st.core.exec->kv().pages_for_tokens(m.seq.pos);
       const uint64_t sum =
           st.cfg.verify_kv_checksums ? std::max<uint64_t>(1, st.core.exec->kv().kv_layer_checksum(layer, l.pages, pages)) : 1;
-      self->send(m.target, kv_layer_ready{l.request_id, m.grant.lease_id, layer, m.seq.pos, sum});
+      self->send(m.target, kv_layer_ready{l.request_id, m.grant.lease_id, layer, m.seq.pos, sum, st.cfg.name});
       if (++m.landed == m.xfers.size()) done.push_back(lease_id);
     }
   }

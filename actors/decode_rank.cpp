@@ -453,7 +453,7 @@ void on_step_done(decode_pointer self, std::vector<std::vector<float>>& logits, 
     l.fed.push_back(s->next_input);  // its KV is now at position s->pos
     const int32_t tok = tokens[row];  // picked by the executor (forward_seq::sample)
     ++s->num_generated;
-    token_event ev{l.request_id, s->num_generated, tok, {}};
+    token_event ev{l.request_id, s->num_generated, tok, {}, lease_id};
     if (l.order.return_logits) ev.logits = std::move(logits[row]);
     self->send(l.order.stream_to, std::move(ev));
     if (tok == eos && !l.order.ignore_eos)
@@ -626,8 +626,8 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
           if (got != ev.checksum) {
             // Corrupt KV never reaches a decode step: the lease is dropped, the request told why.
             auto why = where(ev.request_id, s.cfg.name, "kv_recv") + ": layer " + std::to_string(ev.layer) +
-                       " failed its checksum (sent " + std::to_string(ev.checksum) + ", landed " +
-                       std::to_string(got) + ")";
+                       (ev.from.empty() ? "" : " from " + ev.from) + " failed its checksum (sent " +
+                       std::to_string(ev.checksum) + ", landed " + std::to_string(got) + ")";
             if (l.has_order) l.promise.deliver(make_error(errc::transfer_failed, why));
             if (s.corrupted.size() >= 1024) s.corrupted.erase(s.corrupted.begin());  // bounded: orders may never come
             s.corrupted[ev.lease_id] = std::move(why);

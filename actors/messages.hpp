@@ -216,10 +216,11 @@ struct kv_layer_ready {
   uint32_t layer = 0;
   uint32_t num_tokens = 0;  ///< prompt tokens whose KV the layer holds
   uint64_t checksum = 0;    ///< kv_layer_checksum of the prompt's pages at the sender
+  std::string from;         ///< the sending rank's name (errors name it)
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, kv_layer_ready& x) {
-  return f(caf::meta::type_name("kv_layer_ready"), x.request_id, x.lease_id, x.layer, x.num_tokens, x.checksum);
+  return f(caf::meta::type_name("kv_layer_ready"), x.request_id, x.lease_id, x.layer, x.num_tokens, x.checksum, x.from);
 }
 
 struct token_event {
@@ -227,10 +228,13 @@ struct token_event {
   uint32_t index = 0;          ///< 0 is the first (prefill) token
   int32_t token = 0;
   std::vector<float> logits;   ///< only when the request asked for logits
+  /// The lease the token's sequence runs under: a late token of an earlier attempt on the same
+  /// rank is told apart from the current attempt's by it.
+  uint64_t lease_id = 0;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, token_event& x) {
-  return f(caf::meta::type_name("token_event"), x.request_id, x.index, x.token, x.logits);
+  return f(caf::meta::type_name("token_event"), x.request_id, x.index, x.token, x.logits, x.lease_id);
 }
 
 struct decode_summary {

@@ -190,7 +190,8 @@ void announce_layer(prefill_pointer self, prefill_job_state& r, uint32_t layer) 
   ++r.layers_ready;
   self->state.core.log->add({0, "layer_ready", r.order.request_id, 0, layer, {}, {}});
   self->send(r.order.decode, kv_layer_ready{r.order.request_id, r.order.grant.lease_id, layer,
-                                            static_cast<uint32_t>(r.order.tokens.size()), r.checksums[layer]});
+                                            static_cast<uint32_t>(r.order.tokens.size()), r.checksums[layer],
+                                            self->state.cfg.name});
 }
 
 void on_put_landed(prefill_pointer self, uint64_t request_id, uint32_t layer, uint64_t checksum, uint32_t attempt) {
@@ -216,6 +217,12 @@ void on_put_landed(prefill_pointer self, uint64_t request_id, uint32_t layer, ui
   finish_if_done(self, request_id);
 }
 
+/// " (to decode rank R)" for request `rid`'s sends, so that their errors name the peer.
+std::string to_rank(const prefill_state& st, uint64_t rid) {
+  auto i = st.requests.find(rid);
+  return i == st.requests.end() ? std::string{} : " (to decode rank " + i->second.order.grant.rank + ")";
+}
+
 /// Polls one transfer; returns true when it is finished (landed or failed).
 bool settle(prefill_pointer self, const pending_put& p) {
   auto& st = self->state;
@@ -233,7 +240,7 @@ bool settle(prefill_pointer self, const pending_put& p) {
       st.core.xport->release(p.xfer_id);
       fail_request(self, p.request_id, errc::transfer_failed, "kv_send",
                    "put of layer " + std::to_string(p.layer) + " still pending after " +
-                       std::to_string(st.cfg.kv_send_timeout_ms) + " ms");
+                       std::to_string(st.cfg.kv_send_timeout_ms) + " ms" + to_rank(st, p.request_id));
       return true;
     }
     case transport::xfer_state::done:

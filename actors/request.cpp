@@ -592,6 +592,7 @@ request_actor::behavior_type request_impl(request_pointer self, request_plan pla
         if (st.answered) return;
         // Only this attempt's decode rank speaks for the request (a rank given up on may still).
         if (caf::actor_cast<caf::actor_addr>(self->current_sender()) != caf::actor_cast<caf::actor_addr>(st.decode)) return;
+        if (ev.lease_id != st.lease_id) return;  // an earlier attempt's sequence on the same rank
         record_token(self, ev.token, std::move(ev.logits));
         if (hits_stop(st, ev.token)) {
           // Done here: the lease is released, the decode rank drops the sequence at its next step.

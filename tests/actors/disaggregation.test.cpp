@@ -305,7 +305,8 @@ TEST_CASE("a corrupted layer is caught by its checksum and never reaches decodin
   faulty_cluster f{{transport::fault_kind::corrupt_byte, 2, {}, 1, 5}};
   const auto text = f.fail_one();
   CHECK_MESSAGE(text.find("transfer_failed") != std::string::npos, text);
-  CHECK_MESSAGE(text.find("rank decode-0, stage kv_recv: layer 2 failed its checksum") != std::string::npos, text);
+  CHECK_MESSAGE(text.find("rank decode-0, stage kv_recv: layer 2 from prefill-0 failed its checksum") != std::string::npos,
+                text);
   CHECK_FALSE(f.decoded_any());
   CHECK(f.decode_pages_back());
 }
@@ -313,7 +314,7 @@ TEST_CASE("a corrupted layer is caught by its checksum and never reaches decodin
 TEST_CASE("a dropped layer (reported sent, never landed) is caught by its checksum") {
   faulty_cluster f{{transport::fault_kind::drop, 1, {}, 1, 5}};
   const auto text = f.fail_one();
-  CHECK_MESSAGE(text.find("layer 1 failed its checksum") != std::string::npos, text);
+  CHECK_MESSAGE(text.find("layer 1 from prefill-0 failed its checksum") != std::string::npos, text);
   CHECK_FALSE(f.decoded_any());
   CHECK(f.decode_pages_back());
 }
@@ -321,8 +322,8 @@ TEST_CASE("a dropped layer (reported sent, never landed) is caught by its checks
 TEST_CASE("a stalled layer expires the lease, frees the decode rank's pages and fails the request clearly") {
   faulty_cluster f{{transport::fault_kind::stall, 3, {}, 1, 5}, /*lease_ms*/ 300};
   const auto text = f.fail_one();
-  CHECK_MESSAGE(text.find("request 1, rank prefill-0, stage kv_send: put of layer 3 still pending after 300 ms") !=
-                    std::string::npos,
+  CHECK_MESSAGE(text.find("request 1, rank prefill-0, stage kv_send: put of layer 3 still pending after 300 ms (to "
+                          "decode rank decode-0)") != std::string::npos,
                 text);
   CHECK(f.decode_pages_back());
   CHECK_FALSE(f.decoded_any());
