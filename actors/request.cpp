@@ -99,18 +99,27 @@ void stream(request_pointer self, bool last) {
   self->send(st.plan.sink, std::move(c));
 }
 
+/// Every prefill rank of this attempt: a split prompt's parts' ranks (each writes into the
+/// lease, and the later parts wait for the earlier ones), else the one rank.
+std::vector<std::pair<prefill_rank_actor, std::string>> prefill_ranks_of(const request_state& st) {
+  std::vector<std::pair<prefill_rank_actor, std::string>> out;
+  if (st.split.part_ranks.size() > 1) {
+    for (size_t i = 0; i < st.split.part_ranks.size(); ++i)
+      out.emplace_back(st.split.part_ranks[i], i < st.split.part_names.size() ? st.split.part_names[i] : st.prefill_name);
+  } else if (st.prefill) {
+    out.emplace_back(st.prefill, st.prefill_name);
+  }
+  return out;
+}
+
 /// Lets go of this attempt's lease; prefill ranks still at it are told to stop, and the decode
 /// rank to keep the pages from other requests until they have.
 void let_go(request_pointer self) {
   auto& st = self->state;
   const bool writing = st.writers_out > 0 && !st.hybrid;
   if (st.lease_id != 0 && st.decode) self->send(st.decode, release_atom::value, st.lease_id, writing);
-  if (writing && st.lease_id != 0) {
-    if (st.split.part_ranks.size() > 1)
-      for (const auto& r : st.split.part_ranks) self->send(r, cancel_atom::value, st.plan.request_id, st.lease_id);
-    else if (st.prefill)
-      self->send(st.prefill, cancel_atom::value, st.plan.request_id, st.lease_id);
-  }
+  if (writing && st.lease_id != 0)
+    for (const auto& [rank, name] : prefill_ranks_of(st)) self->send(rank, cancel_atom::value, st.plan.request_id, st.lease_id);
   st.lease_id = 0;
   st.writers_out = 0;
 }
@@ -221,7 +230,7 @@ void fail_or_retry(request_pointer self, caf::error err) {
   }
   let_go(self);
   if (st.decode) self->demonitor(caf::actor_cast<caf::actor_addr>(st.decode));
-  if (st.prefill) self->demonitor(caf::actor_cast<caf::actor_addr>(st.prefill));
+  for (const auto& [rank, name] : prefill_ranks_of(st)) self->demonitor(caf::actor_cast<caf::actor_addr>(rank));
   ++st.attempt;
   ++st.watch_seq;  // the old attempt's watchdog is void
   st.out.failovers += 1;
@@ -251,7 +260,9 @@ bool stale(request_pointer self, uint32_t attempt) { return self->state.answered
 
 /// Ranks were lost (down, or their node declared gone): the request moves if it still depends on
 /// one of them -- the decode rank always, the prefill rank until this attempt's first token.
-void on_ranks_lost(request_pointer self, bool decode_lost, bool prefill_lost, const std::string& why) {
+/// `prefill_lost`: the name of the lost prefill rank of this attempt (a split prompt's part may
+/// be any of its parts' ranks), or empty.
+void on_ranks_lost(request_pointer self, bool decode_lost, const std::string& prefill_lost, const std::string& why) {
   auto& st = self->state;
   if (st.answered) return;
   const bool prefilling = st.out.tokens.size() + static_cast<size_t>(st.max_new) ==
@@ -259,8 +270,8 @@ void on_ranks_lost(request_pointer self, bool decode_lost, bool prefill_lost, co
   const auto id = st.plan.request_id;
   if (decode_lost)
     fail_or_retry(self, make_error(errc::rank_unavailable, where(id, st.decode_name, "decode") + ": " + why));
-  else if (prefill_lost && prefilling)
-    fail_or_retry(self, make_error(errc::rank_unavailable, where(id, st.prefill_name, "prefill") + ": " + why));
+  else if (!prefill_lost.empty() && prefilling)
+    fail_or_retry(self, make_error(errc::rank_unavailable, where(id, prefill_lost, "prefill") + ": " + why));
 }
 
 /// The prompt and every token fed to decode steps so far (all generated tokens but the last):
@@ -433,7 +444,7 @@ void reserve(request_pointer self) {
   const uint32_t attempt = st.attempt;
   // Watched from here on: a decode rank (or prefill rank) that goes down re-places the request.
   self->monitor(st.decode);
-  if (st.prefill) self->monitor(st.prefill);
+  for (const auto& [rank, name] : prefill_ranks_of(st)) self->monitor(rank);
   self->request(st.decode, std::chrono::milliseconds{p.cfg.reserve_timeout_ms}, reserve_atom::value, req)
       .then(
           [=](kv_lease_grant& grant) {
@@ -575,9 +586,11 @@ request_actor::behavior_type request_impl(request_pointer self, request_plan pla
           if (st.plan.sink && dm.source == caf::actor_cast<caf::actor_addr>(st.plan.sink))
             return answer(self, make_error(errc::cancelled, where(st.plan.request_id, "", "stream") +
                                                                 ": the client went away"));
-          const bool prefill_down = st.prefill && dm.source == caf::actor_cast<caf::actor_addr>(st.prefill);
+          std::string prefill_down;
+          for (const auto& [rank, name] : prefill_ranks_of(st))
+            if (dm.source == caf::actor_cast<caf::actor_addr>(rank)) prefill_down = name;
           // A prefill rank whose process ended puts nothing more (a split's other parts may).
-          if (prefill_down && st.split.part_ranks.size() <= 1) st.writers_out = 0;
+          if (!prefill_down.empty() && st.writers_out > 0) --st.writers_out;
           on_ranks_lost(self, st.decode && dm.source == caf::actor_cast<caf::actor_addr>(st.decode), prefill_down,
                         "the rank went down (" + self->system().render(dm.reason) + ")");
         });
@@ -607,7 +620,10 @@ request_actor::behavior_type request_impl(request_pointer self, request_plan pla
       [=](rank_gone_atom, const std::vector<std::string>& ranks, const std::string& why) {
         const auto& st = self->state;
         auto gone = [&](const std::string& n) { return !n.empty() && std::find(ranks.begin(), ranks.end(), n) != ranks.end(); };
-        on_ranks_lost(self, gone(st.decode_name), gone(st.prefill_name), why);
+        std::string prefill_gone;
+        for (const auto& [rank, name] : prefill_ranks_of(st))
+          if (gone(name)) prefill_gone = name;
+        on_ranks_lost(self, gone(st.decode_name), prefill_gone, why);
       },
       [=](cancel_atom) {
         answer(self, make_error(errc::cancelled, where(self->state.plan.request_id, "", "stream") +

@@ -71,6 +71,17 @@ auto send_request(caf::scoped_actor& self, const router_actor& router, const std
   return self->request(router, std::chrono::seconds{60}, generate_atom::value, std::move(req));
 }
 
+/// A completion's tokens and logits equal its prompt run alone, colocated, chunks of 64.
+void check_colocated64(const local_cluster_config& cfg, const std::string& text, const completion& done) {
+  auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
+  auto exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
+  const auto prompt = gpu::byte_tokenizer{cfg.model.bos_token_id, cfg.model.eos_token_id}.encode(text);
+  auto ref = gpu::generate_colocated(*exec, prompt, done.tokens.size(), 64, {}, true);
+  CHECK(done.tokens == ref.tokens);
+  REQUIRE(done.step_logits.size() == ref.step_logits.size());
+  for (size_t k = 0; k < ref.step_logits.size(); ++k) CHECK_MESSAGE(test::same_bits(done.step_logits[k], ref.step_logits[k]), "step " << k);
+}
+
 /// Each completion's tokens and logits equal its prompt run alone, colocated, chunks of 16.
 void check_colocated(const local_cluster_config& cfg, const std::vector<std::string>& prompts,
                      const std::vector<completion>& done) {
@@ -525,17 +536,55 @@ TEST_CASE("dynamic prefill split: a long prompt computed in parts on three prefi
     ranks_with_part += std::any_of(ev.begin(), ev.end(), [](auto& e) { return e.kind == "split_part"; });
   }
   CHECK(ranks_with_part == 3);
-  auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
-  auto exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
-  const auto prompt = gpu::byte_tokenizer{cfg.model.bos_token_id, cfg.model.eos_token_id}.encode(text);
-  auto ref = gpu::generate_colocated(*exec, prompt, 8, 64, {}, true);
-  CHECK(got->tokens == ref.tokens);
-  REQUIRE(got->step_logits.size() == ref.step_logits.size());
-  for (size_t k = 0; k < ref.step_logits.size(); ++k) CHECK_MESSAGE(test::same_bits(got->step_logits[k], ref.step_logits[k]), "step " << k);
+  check_colocated64(cfg, text, *got);
   // A short prompt is not split.
   req.prompt = "short";
   auto small = t.generate(cluster.router, req);
   REQUIRE(small);
   CHECK(small->prefill_placement_why.rfind("split: not split", 0) == 0);
   for (const auto& r : cluster.prefill) CHECK(t.stats(r.handle).num_running == 0);
+}
+
+TEST_CASE("dynamic prefill split: when the rank of an earlier part goes down mid-prefill, the request is re-placed "
+          "at once (it watches every part's rank, not only the last one's) and still gives the colocated tokens") {
+  test::cluster_system t;
+  local_cluster_config cfg;
+  cfg.num_prefill_ranks = 3;
+  cfg.num_decode_ranks = 1;
+  cfg.executor.num_kv_pages = 64;
+  cfg.prefill.chunk_tokens = 64;
+  cfg.prefill_balancer.policy = "split";
+  cfg.prefill_balancer.split_min_tokens = 128;
+  cfg.router.request.prefill_timeout_ms = 120000;  // past the client's 60 s: only the watch can move it
+  auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
+  auto make_exec = [&cfg, weights](const std::string& name) -> std::shared_ptr<gpu::executor> {
+    std::shared_ptr<gpu::executor> exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
+    // Prefill jobs start 150 ms late, so the parts are still computing when one's rank goes.
+    return name.rfind("prefill", 0) == 0 ? gpu::make_fault_slow_executor(exec, 150) : exec;
+  };
+  auto cluster = start_local_cluster(t.sys, cfg, make_exec);
+  test::cluster_system::stopper stop{t, cluster};
+  REQUIRE(t.wait_registered(cluster));
+  caf::scoped_actor self{t.sys};
+  std::string text;
+  for (int i = 0; i < 399; ++i) text.push_back(static_cast<char>('a' + (i * 7) % 26));  // 400 tokens
+  std::vector<decltype(send_request(self, cluster.router, text, 6))> handles;
+  handles.push_back(send_request(self, cluster.router, text, 6));
+  // The rank that computes the first part (not the last part's, which the request watched before).
+  std::optional<size_t> first_part;
+  for (int i = 0; i < 2000 && !first_part; ++i) {
+    for (size_t r = 0; r < cluster.prefill.size() && !first_part; ++r)
+      for (const auto& e : t.events(cluster.prefill[r].handle))
+        if (e.kind == "split_part" && e.chunk == 0) first_part = r;
+    if (!first_part) std::this_thread::sleep_for(std::chrono::milliseconds{1});
+  }
+  REQUIRE(first_part);
+  const auto gone = cluster.prefill[*first_part].name;
+  caf::anon_send_exit(cluster.prefill[*first_part].handle, caf::exit_reason::kill);
+  auto done = collect_all(t, handles);
+  REQUIRE(done.size() == 1);
+  CHECK(done[0].failovers == 1);
+  CHECK_MESSAGE(done[0].failover_why.find("rank " + gone + ", stage prefill: the rank went down") != std::string::npos,
+                done[0].failover_why);
+  check_colocated64(cfg, text, done[0]);
 }
