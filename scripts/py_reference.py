@@ -45,26 +45,14 @@ import sys
 import time
 
 # ---------------------------------------------------------------------------------------------
-# Families: the same tiny configurations as scripts/hf_reference.py (COMMON and FAMILIES there).
+# Families: the same tiny configurations as scripts/hf_reference.py (scripts/reference_families.py).
 # ---------------------------------------------------------------------------------------------
 
-COMMON = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-              max_position_embeddings=256, rms_norm_eps=1e-6, initializer_range=0.2,
-              bos_token_id=1, eos_token_id=2)
+from reference_families import COMMON  # noqa: E402 -- next to this script
+from reference_families import FAMILIES as ALL_FAMILIES  # noqa: E402
 
-FAMILIES = {
-    "deepseek_v2_mla_moe": ("deepseek_v2", dict(
-        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=32,
-        qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=8, n_shared_experts=2,
-        num_experts_per_tok=3, moe_intermediate_size=32, first_k_dense_replace=1,
-        topk_method="group_limited_greedy", n_group=4, topk_group=2, routed_scaling_factor=1.5,
-        tie_word_embeddings=False)),
-    "deepseek_v3_mla_moe": ("deepseek_v3", dict(
-        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=32,
-        qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=8, n_shared_experts=1,
-        num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1, n_group=4, topk_group=2,
-        norm_topk_prob=True, routed_scaling_factor=2.5, rope_interleave=True, tie_word_embeddings=False)),
-}
+# This script makes the DeepSeek families' references; the others come from transformers itself.
+FAMILIES = {name: spec for name, spec in ALL_FAMILIES.items() if spec[0].startswith("deepseek")}
 
 # The transformers-made references --self-check can read (tests/data/hf_reference/<name>).
 SELF_CHECK_FAMILIES = ["llama_gqa", "llama3_rope_scaled", "mistral", "qwen2_bias_tied", "qwen3_qk_norm"]

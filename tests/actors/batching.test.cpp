@@ -71,6 +71,18 @@ auto send_request(caf::scoped_actor& self, const router_actor& router, const std
   return self->request(router, std::chrono::seconds{60}, generate_atom::value, std::move(req));
 }
 
+/// Three prefill ranks that split prompts of 128 tokens or more, one decode rank; chunks of 64.
+local_cluster_config split_cluster_config() {
+  local_cluster_config cfg;
+  cfg.num_prefill_ranks = 3;
+  cfg.num_decode_ranks = 1;
+  cfg.executor.num_kv_pages = 64;
+  cfg.prefill.chunk_tokens = 64;
+  cfg.prefill_balancer.policy = "split";
+  cfg.prefill_balancer.split_min_tokens = 128;
+  return cfg;
+}
+
 /// A completion's tokens and logits equal its prompt run alone, colocated, chunks of 64.
 void check_colocated64(const local_cluster_config& cfg, const std::string& text, const completion& done) {
   auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
@@ -510,13 +522,7 @@ TEST_CASE("hybrid PD packs several local prompts into one step's token budget, d
 TEST_CASE("dynamic prefill split: a long prompt computed in parts on three prefill ranks, each part's KV "
           "streamed to the later parts layer by layer, gives the colocated tokens and logits") {
   test::cluster_system t;
-  local_cluster_config cfg;
-  cfg.num_prefill_ranks = 3;
-  cfg.num_decode_ranks = 1;
-  cfg.executor.num_kv_pages = 64;
-  cfg.prefill.chunk_tokens = 64;
-  cfg.prefill_balancer.policy = "split";
-  cfg.prefill_balancer.split_min_tokens = 128;
+  auto cfg = split_cluster_config();
   auto cluster = start_local_cluster(t.sys, cfg);
   test::cluster_system::stopper stop{t, cluster};
   REQUIRE(t.wait_registered(cluster));
@@ -548,13 +554,7 @@ TEST_CASE("dynamic prefill split: a long prompt computed in parts on three prefi
 TEST_CASE("dynamic prefill split: when the rank of an earlier part goes down mid-prefill, the request is re-placed "
           "at once (it watches every part's rank, not only the last one's) and still gives the colocated tokens") {
   test::cluster_system t;
-  local_cluster_config cfg;
-  cfg.num_prefill_ranks = 3;
-  cfg.num_decode_ranks = 1;
-  cfg.executor.num_kv_pages = 64;
-  cfg.prefill.chunk_tokens = 64;
-  cfg.prefill_balancer.policy = "split";
-  cfg.prefill_balancer.split_min_tokens = 128;
+  auto cfg = split_cluster_config();
   cfg.router.request.prefill_timeout_ms = 120000;  // past the client's 60 s: only the watch can move it
   auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
   auto make_exec = [&cfg, weights](const std::string& name) -> std::shared_ptr<gpu::executor> {
