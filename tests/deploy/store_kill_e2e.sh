@@ -56,9 +56,10 @@ for i in $(seq $N); do
   curl -sN -m 120 "$URL" -d "$(body "$i")" > "$WORK/hit$i.txt" &
   CLIENTS+=($!)
 done
-# One read takes >= 1 s (4 layers x 250 ms) and store-a serves them one at a time: after 2.5 s
-# about two prefixes have landed and one is half-way.
-sleep 2.5
+# One read takes >= 1 s (4 layers x 250 ms) and store-a serves them one at a time: the kill comes
+# once a first prefix has landed (so some were served), while the next ones are half-way or
+# queued. Polled, not slept: under load the first read may take longer.
+for _ in $(seq 300); do [ "$(metric baton_cached_prompt_tokens_total)" -gt "${CACHED0:-0}" ] 2>/dev/null && break; sleep 0.1; done
 kill -9 "$PID_S"
 T_KILL=$(date +%s.%N)
 wait "${CLIENTS[@]}" || true
