@@ -47,10 +47,10 @@ body() {
 }
 
 # Undisturbed answers, one at a time.
-for i in $(seq $N); do curl -sN "$URL" -d "$(body "$i")" > "$WORK/calm$i.txt" || fail "undisturbed request $i"; done
+for i in $(seq $N); do curl -sN -m 120 "$URL" -d "$(body "$i")" > "$WORK/calm$i.txt" || fail "undisturbed request $i"; done
 
 # The same requests at once; SIGKILL decode-a once every stream has begun.
-for i in $(seq $N); do curl -sN "$URL" -d "$(body "$i")" > "$WORK/hit$i.txt" & done
+for i in $(seq $N); do curl -sN -m 120 "$URL" -d "$(body "$i")" > "$WORK/hit$i.txt" & done
 PID_A=$(grep -o "node decode-a joined (decode, pid [0-9]*" "$WORK/launch.log" | grep -o "[0-9]*$")
 # One grep per look, and the kill comes at the latest when a first stream has finished: under
 # load, 20 greps per look outlasted the streams and the kill hit none of them.

@@ -102,7 +102,7 @@ fi
 
 # 4. Drain: SIGTERM decode-a while four clients stream long answers; every stream ends well.
 for i in 1 2 3 4; do
-  curl -sN -H "Authorization: Bearer $KEY" "$URL/v1/completions" \
+  curl -sN -m 120 -H "Authorization: Bearer $KEY" "$URL/v1/completions" \
     -d "{\"prompt\":\"Stream number $i\",\"max_tokens\":150,\"ignore_eos\":true,\"stream\":true}" > "$WORK/drain$i.txt" &
 done
 PID_A=$(grep -o "node decode-a joined (decode, pid [0-9]*" "$WORK/launch.log" | grep -o "[0-9]*$")

@@ -169,7 +169,8 @@ read -r P_HEAD < <(free_ports 1)
 "$BATON" local --serve --model deepseek-v3-tiny --prefill-ranks 1 --decode-ranks 0 --router-listen 127.0.0.1:0 \
   --cluster-listen "127.0.0.1:$P_HEAD" > "$WORK/head.log" 2>&1 &
 HEAD_PID=$!
-for _ in $(seq 300); do grep -q "listening" "$WORK/head.log" && break; sleep 0.1; done
+for _ in $(seq 300); do grep -q "cluster listening" "$WORK/head.log" && break; kill -0 "$HEAD_PID" 2>/dev/null || break; sleep 0.1; done
+grep -q "cluster listening" "$WORK/head.log" || fail "the directory's head did not start: $(cat "$WORK/head.log")"
 node_args=(node --role decode --connect "127.0.0.1:$P_HEAD" --model deepseek-v3-tiny --expert-parallel 2 --dp-attention)
 # The fall-* nodes below serve the same model from a directory (`baton export-model`): each loads
 # only its member's block of routed experts, and their answers must still equal one process's.

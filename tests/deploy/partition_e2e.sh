@@ -57,7 +57,7 @@ for _ in $(seq 300); do [ "$(ranks)" = 'rank="far" rank="near" ' ] && break; sle
 
 N=8 TOKENS=240  # long enough that far still streams when the last client has begun, even under load (the model holds 256 positions)
 body() { echo "{\"prompt\":\"Psalm $1\",\"max_tokens\":$TOKENS,\"ignore_eos\":true,\"stream\":true}"; }
-for i in $(seq $N); do ip netns exec "$NS1" curl -sN "$URL/v1/completions" -d "$(body "$i")" > "$WORK/calm$i.txt"; done
+for i in $(seq $N); do ip netns exec "$NS1" curl -sN -m 120 "$URL/v1/completions" -d "$(body "$i")" > "$WORK/calm$i.txt"; done
 CLIENTS=()
 for i in $(seq $N); do
   ip netns exec "$NS1" curl -sN -m 120 "$URL/v1/completions" -d "$(body "$i")" > "$WORK/cut$i.txt" &
