@@ -65,10 +65,13 @@ void report_load(prefill_pointer self) {
 
 /// Tells the order's decode rank that this writer of its lease is done: nothing of it is in
 /// flight, and nothing more will be posted.
+void tell_writer_done(prefill_pointer self, const decode_rank_actor& decode, uint64_t lease_id, size_t parts) {
+  if (!decode) return;
+  self->send(decode, writer_done_atom::value, lease_id, parts > 1 ? static_cast<uint32_t>(parts) : 1u);
+}
+
 void tell_writer_done(prefill_pointer self, const prefill_order& o) {
-  if (!o.decode) return;
-  const auto writers = o.part_ranks.size() > 1 ? static_cast<uint32_t>(o.part_ranks.size()) : 1u;
-  self->send(o.decode, writer_done_atom::value, o.grant.lease_id, writers);
+  tell_writer_done(self, o.decode, o.grant.lease_id, o.part_ranks.size());
 }
 
 /// Ends an order that never ran (it posted nothing) with `err`.
@@ -566,7 +569,15 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
   });
   report_load(self);  // registers this rank with its balancer
   return {
-      [=](prefill_order& order) { return accept_prefill(self, std::move(order)); },
+      [=](prefill_order& order) -> caf::result<prefill_result> {
+        const auto decode = order.decode;
+        const auto lease_id = order.grant.lease_id;
+        const auto parts = order.part_ranks.size();
+        auto r = accept_prefill(self, std::move(order));
+        // Refused at once: it will post nothing (a split's decode lease counts its writers done).
+        if (r.flag == caf::rt_error) tell_writer_done(self, decode, lease_id, parts);
+        return r;
+      },
       [=](cancel_atom, uint64_t request_id, uint64_t lease_id) {
         // The request let go (its client hung up, it timed out, or it moved elsewhere): its KV
         // goes nowhere now. It stops, and once nothing of it is in flight its decode lease hears
