@@ -10,7 +10,9 @@ WORK=$(mktemp -d /tmp/baton-dp-shrink-e2e-XXXXXX)
 LAUNCHER="" SINGLE=""
 source "$(dirname "$0")/e2e_lib.sh"
 HEAD_PID="" N0="" N1="" N2=""
-trap 'for p in $N0 $N1 $N2 $HEAD_PID; do kill -INT "$p" 2>/dev/null || true; done; sleep 1; cleanup_launched' EXIT
+# SIGTERM (a background job may still ignore SIGINT), then SIGKILL: these command lines do not name WORK.
+trap 'for p in $N0 $N1 $N2 $HEAD_PID; do kill -TERM "$p" 2>/dev/null || true; done; sleep 1
+      for p in $N0 $N1 $N2 $HEAD_PID; do kill -9 "$p" 2>/dev/null || true; done; cleanup_launched' EXIT
 fail() {
   echo "dp shrink e2e: FAILED: $*" >&2
   for f in "$WORK"/*.log; do echo "--- $f" >&2; tail -25 "$f" >&2; done

@@ -106,7 +106,10 @@ for i in 1 2 3 4; do
     -d "{\"prompt\":\"Stream number $i\",\"max_tokens\":150,\"ignore_eos\":true,\"stream\":true}" > "$WORK/drain$i.txt" &
 done
 PID_A=$(grep -o "node decode-a joined (decode, pid [0-9]*" "$WORK/launch.log" | grep -o "[0-9]*$")
-for _ in $(seq 100); do grep -q "data:" "$WORK/drain1.txt" 2>/dev/null && break; sleep 0.05; done
+# Every stream has begun (so some run on decode-a) before the drain, else it would test nothing.
+begun() { grep -l "data:" "$WORK"/drain[1-4].txt 2>/dev/null | wc -l; }
+for _ in $(seq 600); do [ "$(begun)" = 4 ] && break; sleep 0.05; done
+[ "$(begun)" = 4 ] || fail "only $(begun) of 4 streams began within 30 s"
 kill -TERM "$PID_A"
 wait $(jobs -p | grep -v -e "^$LAUNCHER$" -e "^$SINGLE$") 2>/dev/null || true
 for i in 1 2 3 4; do
@@ -119,7 +122,8 @@ wait_for "$WORK/launch.log" "node decode-a left (exit code 0)" 30
 echo "launch e2e: drain: 4 streams finished while decode-a drained and left; the cluster still serves"
 
 # 5. Stop: every process ends.
-PIDS=$(grep -o "pid [0-9]*" "$WORK/launch.log" | grep -o "[0-9]*")
+PIDS=$(pgrep -P "$LAUNCHER" | tr '\n' ' ')  # its nodes now (pids printed earlier may be reused)
+[ -n "$PIDS" ] || fail "the launcher has no node processes left to stop"
 kill -INT "$LAUNCHER"
 for _ in $(seq 600); do kill -0 "$LAUNCHER" 2>/dev/null || break; sleep 0.1; done
 ! kill -0 "$LAUNCHER" 2>/dev/null || fail "the launcher did not stop within 60 s"
