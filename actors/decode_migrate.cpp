@@ -45,8 +45,8 @@ void abandon(decode_pointer self, uint64_t lease_id, const std::string& why) {
     self->send(m->second.target, release_atom::value, m->second.grant.lease_id, in_flight);
   st.core.log->add({0, "migrate_failed", st.leases.count(lease_id) ? st.leases.at(lease_id).request_id : 0, 0, 0, {}, {}});
   const auto rid = st.leases.count(lease_id) ? st.leases.at(lease_id).request_id : 0;
-  st.last_migrate_error =
-      where(rid, m->second.target_name.empty() ? st.cfg.name : m->second.target_name, "migrate") + ": " + why;
+  st.last_migrate_error = where(rid, st.cfg.name, "migrate") +
+                          (m->second.target_name.empty() ? "" : ": to " + m->second.target_name) + ": " + why;
   ++st.migrate_failed;
   const auto seq = m->second.seq;
   const bool released = m->second.released;

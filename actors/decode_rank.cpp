@@ -78,20 +78,24 @@ void free_lease(decode_pointer self, uint64_t lease_id, bool writer_may_write) {
   auto& st = self->state;
   auto i = st.leases.find(lease_id);
   if (i == st.leases.end()) {
-    if (!writer_may_write) end_quarantine(self, lease_id);  // its last writer is known to be done
+    auto q = st.quarantine.find(lease_id);
+    // Its writers are known to be done -- unless one abandoned a put, which may still land.
+    if (!writer_may_write && q != st.quarantine.end() && !q->second.abandoned) end_quarantine(self, lease_id);
     return;
   }
   st.stay.erase(std::remove(st.stay.begin(), st.stay.end(), lease_id), st.stay.end());
   auto& l = i->second;
-  // A remote writer still at an unfinished lease would put into pages that the pool hands to
-  // the next request: they wait for it. (A decoding lease is complete; a local one is ours.)
-  if (writer_may_write && !l.decoding && !l.local_writer && l.num_landed < l.landed.size() &&
-      l.writers_done < l.writers && !l.pages.empty()) {
+  // A remote writer still at the lease would put into pages that the pool hands to the next
+  // request: they wait for it. (A decoding lease's writers are done; a local one is ours.) A
+  // writer that abandoned a put at its send timeout cannot say when it lands: only time can.
+  const bool writing = writer_may_write && !l.decoding && !l.local_writer && l.num_writers_done < l.num_writers;
+  if ((writing || l.abandoned) && !l.pages.empty()) {
     auto& q = st.quarantine[lease_id];
     q.pages = std::move(l.pages);
     q.request_id = l.request_id;
-    q.writers_done = l.writers_done;
-    q.writers = l.writers;
+    q.num_writers_done = l.num_writers_done;
+    q.num_writers = l.num_writers;
+    q.abandoned = l.abandoned;
     q.until = self->clock().now() + std::chrono::milliseconds{st.cfg.kv_quarantine_ms};
     self->delayed_send(self, std::chrono::milliseconds{st.cfg.kv_quarantine_ms}, expire_atom::value, lease_id);
     st.core.log->add({0, "quarantine", l.request_id, static_cast<uint32_t>(q.pages.size()), 0, {}, {}});
@@ -600,17 +604,20 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
           free_lease(self, lease_id, writer_may_write);
         }
       },
-      [=](writer_done_atom, uint64_t lease_id, uint32_t writers) {
+      [=](writer_done_atom, uint64_t lease_id, uint32_t num_writers) {
+        // num_writers 0: the writer abandoned a put at its send timeout (it may still land).
         auto& s = self->state;
         if (auto i = s.leases.find(lease_id); i != s.leases.end()) {  // done before the lease ended
-          i->second.writers = std::max(1u, writers);
-          ++i->second.writers_done;
+          if (num_writers == 0) i->second.abandoned = true;
+          i->second.num_writers = std::max(1u, num_writers);
+          ++i->second.num_writers_done;
           return;
         }
         auto q = s.quarantine.find(lease_id);
         if (q == s.quarantine.end()) return;
-        q->second.writers = std::max(1u, writers);
-        if (++q->second.writers_done >= q->second.writers) end_quarantine(self, lease_id);
+        if (num_writers == 0) q->second.abandoned = true;
+        q->second.num_writers = std::max(1u, num_writers);
+        if (++q->second.num_writers_done >= q->second.num_writers && !q->second.abandoned) end_quarantine(self, lease_id);
       },
       [=](const kv_layer_ready& ev) {
         auto& s = self->state;
@@ -708,7 +715,10 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
           s.migrate_out = false;
           s.stay.clear();
         }
-        const bool busy = s.leases.size() + s.local_prefills.size() + s.writes.size() + s.reserves.size() > 0 ||
+        // Quarantined pages count: freed later by this actor, they must not meet the other role's
+        // allocations in the shared pool.
+        const bool busy = s.leases.size() + s.local_prefills.size() + s.writes.size() + s.reserves.size() +
+                                  s.quarantine.size() > 0 ||
                           s.step_in_flight;
         return change_role(
             active, s.cfg.name,

@@ -45,8 +45,9 @@ struct lease {
   bool has_order = false;
   bool release_after_step = false;  ///< released while a step was writing its pages
   bool local_writer = false;        ///< hybrid PD: this rank prefills it (no remote writer)
-  uint32_t writers_done = 0;        ///< writer_done notices so far (a split prompt has several writers)
-  uint32_t writers = 1;             ///< writers, as their notices say
+  uint32_t num_writers_done = 0;    ///< writer_done notices so far (a split prompt has several writers)
+  uint32_t num_writers = 1;         ///< writers, as their notices say
+  bool abandoned = false;           ///< a writer gave up on a put that may still land: held the whole quarantine
   caf::actor_clock::time_point order_at;  ///< decode order arrival (queue time starts)
   int64_t queue_us = 0;                   ///< order arrival -> joined the batch
   decode_order order;
@@ -114,12 +115,13 @@ struct migration {
 };
 
 /// The pages of a lease dropped while a writer may still put into them: out of the pool until
-/// every writer is done, or `until`.
+/// every writer is done (unless one abandoned a put), or `until`.
 struct quarantined {
   std::vector<uint32_t> pages;
   uint64_t request_id = 0;
-  uint32_t writers_done = 0;
-  uint32_t writers = 1;
+  uint32_t num_writers_done = 0;
+  uint32_t num_writers = 1;
+  bool abandoned = false;  ///< only the time limit ends it
   caf::actor_clock::time_point until;
 };
 

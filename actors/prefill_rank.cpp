@@ -67,11 +67,11 @@ void report_load(prefill_pointer self) {
 /// flight, and nothing more will be posted.
 void tell_writer_done(prefill_pointer self, const decode_rank_actor& decode, uint64_t lease_id, size_t parts) {
   if (!decode) return;
-  self->send(decode, writer_done_atom::value, lease_id, parts > 1 ? static_cast<uint32_t>(parts) : 1u);
+  self->send(decode, writer_done_atom::value, lease_id, static_cast<uint32_t>(parts));
 }
 
 void tell_writer_done(prefill_pointer self, const prefill_order& o) {
-  tell_writer_done(self, o.decode, o.grant.lease_id, o.part_ranks.size());
+  tell_writer_done(self, o.decode, o.grant.lease_id, std::max<size_t>(1, o.part_ranks.size()));
 }
 
 /// Ends an order that never ran (it posted nothing) with `err`.
@@ -147,11 +147,13 @@ void finish_if_done(prefill_pointer self, uint64_t request_id) {
   // a MoE layer has that layer's put in flight. A put abandoned at the send timeout cannot be
   // recalled; that path answers at once.) During poll_pending's pass its puts are out of
   // `pending`: the request is looked at again after the pass.
-  if (r.failed && st.polling) return st.answer_after_poll.push_back(request_id);
+  if (st.polling) return st.answer_after_poll.push_back(request_id);
   const auto in_flight = [&] {
     return std::any_of(st.pending.begin(), st.pending.end(), [&](const pending_put& p) { return p.request_id == request_id; });
   };
-  if (r.failed && (r.jobs_in_executor > 0 || in_flight())) return;
+  // A success waits too: an aborted attempt's puts (a prefix load that failed late) may still be
+  // on their way after the restart announced every layer.
+  if ((r.failed && r.jobs_in_executor > 0) || in_flight()) return;
   if (r.failed) {
     r.promise.deliver(std::move(r.failure));
   } else {
@@ -166,8 +168,12 @@ void finish_if_done(prefill_pointer self, uint64_t request_id) {
                                      r.shared_blocks * st.store.block_tokens(), kv_bytes, send_us});
   }
   // No put of it is in flight now: a decode rank that dropped its lease meanwhile may reuse the
-  // pages (and one that did not counts this writer done).
-  tell_writer_done(self, r.order);
+  // pages (and one that did not counts this writer done). One abandoned at the send timeout may
+  // still land, which the notice says (0 writers): the pages then wait out the quarantine.
+  if (r.abandoned_put)
+    tell_writer_done(self, r.order.decode, r.order.grant.lease_id, 0);
+  else
+    tell_writer_done(self, r.order);
   return_pages(self, r, !r.failed);
   st.requests.erase(i);
   drain_waiting(self);  // freed pages may start a waiting prompt; reports the load
@@ -233,7 +239,7 @@ bool settle(prefill_pointer self, const pending_put& p) {
   if (auto i = st.requests.find(p.request_id); i != st.requests.end() && i->second.attempt != p.attempt) {
     if (st.core.xport->poll(p.xfer_id, &err) == transport::xfer_state::pending) return false;
     st.core.xport->release(p.xfer_id);  // an aborted attempt's put: its outcome no longer matters
-    if (i->second.failed) finish_if_done(self, p.request_id);  // its answer may have waited for this put
+    finish_if_done(self, p.request_id);  // its answer may have waited for this put
     return true;
   }
   switch (st.core.xport->poll(p.xfer_id, &err)) {
@@ -241,6 +247,7 @@ bool settle(prefill_pointer self, const pending_put& p) {
       const auto waited = self->clock().now() - p.posted_at;
       if (waited < std::chrono::milliseconds{st.cfg.kv_send_timeout_ms}) return false;
       st.core.xport->release(p.xfer_id);
+      if (auto i = st.requests.find(p.request_id); i != st.requests.end()) i->second.abandoned_put = true;
       fail_request(self, p.request_id, errc::transfer_failed, "kv_send",
                    "put of layer " + std::to_string(p.layer) + " still pending after " +
                        std::to_string(st.cfg.kv_send_timeout_ms) + " ms" + to_rank(st, p.request_id));
@@ -575,7 +582,7 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
         const auto parts = order.part_ranks.size();
         auto r = accept_prefill(self, std::move(order));
         // Refused at once: it will post nothing (a split's decode lease counts its writers done).
-        if (r.flag == caf::rt_error) tell_writer_done(self, decode, lease_id, parts);
+        if (r.flag == caf::rt_error) tell_writer_done(self, decode, lease_id, std::max<size_t>(1, parts));
         return r;
       },
       [=](cancel_atom, uint64_t request_id, uint64_t lease_id) {

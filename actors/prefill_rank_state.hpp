@@ -145,6 +145,7 @@ struct prefill_job_state {
   int32_t first_token = -1;
   std::vector<float> logits;
   bool failed = false;
+  bool abandoned_put = false;  ///< a put was given up on at the send timeout: it may still land
   caf::error failure;                 ///< answered once no queued chunk can still post a put
   /// Read by the executor thread before each post: a failed request ships nothing more.
   std::shared_ptr<std::atomic<bool>> cancelled = std::make_shared<std::atomic<bool>>(false);
@@ -190,7 +191,7 @@ struct prefill_state {
   uint32_t chunks_in_executor = 0;
   std::vector<pending_put> pending;
   bool polling = false;  ///< poll_pending is settling puts (its list is out of `pending` meanwhile)
-  std::vector<uint64_t> answer_after_poll;  ///< failed requests finish_if_done looked at meanwhile
+  std::vector<uint64_t> answer_after_poll;  ///< requests finish_if_done looked at meanwhile
   bool poll_scheduled = false;
   /// Set by the transport's settled listener when it sends settled_atom, cleared by its handler.
   std::shared_ptr<std::atomic<bool>> settled_flag;

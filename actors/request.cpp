@@ -33,7 +33,7 @@ struct request_state {
   /// Prefill ranks of this attempt whose order is unanswered (split parts count one each): they
   /// may still put KV into the lease, so a release says so and they are told to stop. An answer,
   /// even an error, comes only once nothing of theirs is in flight; a timeout proves nothing.
-  uint32_t writers_out = 0;
+  uint32_t num_writers_out = 0;
   uint64_t watch_seq = 0;  ///< the token watchdog only acts on its latest arming
   bool hybrid = false;     ///< hybrid PD: the decode rank prefills the prompt itself
   bool stopped = false;    ///< a stop token or string ended generation (out.text already cut)
@@ -116,20 +116,23 @@ std::vector<std::pair<prefill_rank_actor, std::string>> prefill_ranks_of(const r
 /// rank to keep the pages from other requests until they have.
 void let_go(request_pointer self) {
   auto& st = self->state;
-  const bool writing = st.writers_out > 0 && !st.hybrid;
+  const bool writing = st.num_writers_out > 0 && !st.hybrid;
   if (st.lease_id != 0 && st.decode) self->send(st.decode, release_atom::value, st.lease_id, writing);
-  if (writing && st.lease_id != 0)
-    for (const auto& [rank, name] : prefill_ranks_of(st)) self->send(rank, cancel_atom::value, st.plan.request_id, st.lease_id);
+  // A split prompt's parts are not stopped: a later part's pages receive the earlier parts'
+  // KV, and freed early they could take a late put. They finish, into the held pages.
+  if (writing && st.lease_id != 0 && st.prefill && st.split.part_ranks.size() <= 1)
+    self->send(st.prefill, cancel_atom::value, st.plan.request_id, st.lease_id);
   st.lease_id = 0;
-  st.writers_out = 0;
+  st.num_writers_out = 0;
 }
 
-/// A prefill rank answered this attempt's order (`err` if it failed): unless the answer is a
-/// timeout, that rank has nothing in flight into the lease any more.
+/// A prefill rank answered this attempt's order (`err` if it failed). A rank answers only once
+/// nothing of the order is in flight -- except a transfer failure, which may be a put abandoned
+/// at its send timeout; and a timeout or a lost connection proves nothing.
 void writer_answered(request_pointer self, const caf::error& err) {
   auto& st = self->state;
-  if (err == caf::sec::request_timeout || st.writers_out == 0) return;
-  --st.writers_out;
+  const bool quiet = !err || (err.category() == caf::atom("baton") && static_cast<errc>(err.code()) != errc::transfer_failed);
+  if (quiet && st.num_writers_out > 0) --st.num_writers_out;
 }
 
 void answer(request_pointer self, caf::error err) {
@@ -375,7 +378,7 @@ void start_split_prefill(request_pointer self, prefill_order order) {
   for (const auto& r : sp.part_ranks) order.part_ranks.push_back(caf::actor_cast<caf::actor>(r));
   order.part_names = sp.part_names;
   auto left = std::make_shared<size_t>(sp.part_ranks.size());
-  st.writers_out = static_cast<uint32_t>(sp.part_ranks.size());
+  st.num_writers_out = static_cast<uint32_t>(sp.part_ranks.size());
   auto last = std::make_shared<prefill_result>();
   const uint32_t attempt = st.attempt;
   for (uint32_t i = 0; i < sp.part_ranks.size(); ++i) {
@@ -416,7 +419,7 @@ void start_prefill(request_pointer self, kv_lease_grant grant) {
   order.repetition_penalty = p.params.repetition_penalty;
   order.presence_penalty = p.params.presence_penalty;
   if (!st.hybrid && st.split.part_ranks.size() > 1) return start_split_prefill(self, std::move(order));
-  st.writers_out = st.hybrid ? 0 : 1;  // hybrid: the decode rank writes its own pages
+  st.num_writers_out = st.hybrid ? 0 : 1;  // hybrid: the decode rank writes its own pages
   auto pending = st.hybrid ? self->request(st.decode, std::chrono::milliseconds{p.cfg.prefill_timeout_ms}, std::move(order))
                            : self->request(st.prefill, std::chrono::milliseconds{p.cfg.prefill_timeout_ms}, std::move(order));
   std::move(pending).then(
@@ -589,8 +592,8 @@ request_actor::behavior_type request_impl(request_pointer self, request_plan pla
           std::string prefill_down;
           for (const auto& [rank, name] : prefill_ranks_of(st))
             if (dm.source == caf::actor_cast<caf::actor_addr>(rank)) prefill_down = name;
-          // A prefill rank whose process ended puts nothing more (a split's other parts may).
-          if (!prefill_down.empty() && st.writers_out > 0) --st.writers_out;
+          // (A down message does not prove that nothing of it lands: a cut link says the same.
+          // The decode rank's quarantine limit covers a writer that never says it is done.)
           on_ranks_lost(self, st.decode && dm.source == caf::actor_cast<caf::actor_addr>(st.decode), prefill_down,
                         "the rank went down (" + self->system().render(dm.reason) + ")");
         });

@@ -556,6 +556,7 @@ TEST_CASE("dynamic prefill split: when the rank of an earlier part goes down mid
   test::cluster_system t;
   auto cfg = split_cluster_config();
   cfg.router.request.prefill_timeout_ms = 120000;  // past the client's 60 s: only the watch can move it
+  cfg.decode.kv_quarantine_ms = 2000;  // the dead part never says it is done: its lease's pages wait this long
   auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
   auto make_exec = [&cfg, weights](const std::string& name) -> std::shared_ptr<gpu::executor> {
     std::shared_ptr<gpu::executor> exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
@@ -587,4 +588,12 @@ TEST_CASE("dynamic prefill split: when the rank of an earlier part goes down mid
   CHECK_MESSAGE(done[0].failover_why.find("rank " + gone + ", stage prefill: the rank went down") != std::string::npos,
                 done[0].failover_why);
   check_colocated64(cfg, text, done[0]);
+  // The first attempt's lease is not lost: its pages come back (once its living parts said they
+  // were done, and the dead one's time ran out).
+  bool back = false;
+  for (int i = 0; i < 1000 && !back; ++i) {
+    back = t.stats(cluster.decode[0].handle).num_free_pages == cfg.executor.num_kv_pages;
+    if (!back) std::this_thread::sleep_for(std::chrono::milliseconds{10});
+  }
+  CHECK(back);
 }

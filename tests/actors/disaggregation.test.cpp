@@ -270,6 +270,8 @@ struct faulty_cluster {
     cfg.router.request.max_attempts = max_attempts;  // 1: how one attempt's failure surfaces
     cfg.router.request.lease_ms = lease_ms;
     cfg.prefill.kv_send_timeout_ms = lease_ms;
+    // A put abandoned at the send timeout may still land: its lease's pages wait this long.
+    cfg.decode.kv_quarantine_ms = 1500;
     cluster = start_local_cluster(t.sys, cfg, {}, [plan](std::unique_ptr<transport::transport> inner,
                                                          const std::string& name) -> std::shared_ptr<transport::transport> {
       if (name != "prefill-0") return std::shared_ptr<transport::transport>{std::move(inner)};
@@ -325,7 +327,13 @@ TEST_CASE("a stalled layer expires the lease, frees the decode rank's pages and 
   CHECK_MESSAGE(text.find("request 1, rank prefill-0, stage kv_send: put of layer 3 still pending after 300 ms (to "
                           "decode rank decode-0)") != std::string::npos,
                 text);
+  // The abandoned put cannot be recalled and may still land: the pages are held, not reused,
+  // until the quarantine runs out (1.5 s here); no notice ends it early.
+  CHECK(f.t.stats(f.cluster.decode[0].handle).num_free_pages < f.cfg.executor.num_kv_pages);
   CHECK(f.decode_pages_back());
+  bool expired = false;
+  for (const auto& e : f.t.events(f.cluster.decode[0].handle)) expired |= e.kind == "quarantine_expired";
+  CHECK(expired);
   CHECK_FALSE(f.decoded_any());
   // The cluster keeps serving.
   generate_request req;
