@@ -123,16 +123,22 @@ void all_to_all::signal_abort() {
   wait_puts(puts, &why, std::min(cfg_.timeout, std::chrono::milliseconds{500}));
 }
 
-void all_to_all::pause() const {
+void all_to_all::pause(uint32_t* polls) const {
+  // Yielding answers within microseconds, but a dozen shards yielding on two cores starve the
+  // one that has work (seen: a shard silent for 10 s at its first exchange): a long wait sleeps.
+  constexpr uint32_t yields_first = 2000;
   if (cfg_.poll_sleep_us)
     std::this_thread::sleep_for(std::chrono::microseconds{cfg_.poll_sleep_us});
-  else
+  else if (++*polls < yields_first)
     std::this_thread::yield();
+  else
+    std::this_thread::sleep_for(std::chrono::microseconds{50});
 }
 
 bool all_to_all::wait_puts(std::vector<uint64_t>& ids, std::string* why, std::chrono::milliseconds limit) {
   const auto deadline = std::chrono::steady_clock::now() + limit;
   bool ok = true;
+  uint32_t polls = 0;
   for (size_t i = 0; i < ids.size(); ++i) {
     xfer_error err;
     xfer_state s;
@@ -142,7 +148,7 @@ bool all_to_all::wait_puts(std::vector<uint64_t>& ids, std::string* why, std::ch
         s = xfer_state::failed;
         break;
       }
-      pause();
+      pause(&polls);
     }
     if (s == xfer_state::failed && ok) {
       *why = "all-to-all exchange " + std::to_string(seq_) + ": rank " + names_[cfg_.rank] + " -> " + err.peer +
@@ -221,6 +227,7 @@ bool all_to_all::complete(std::vector<std::span<const std::byte>>* recv, std::st
   // Every source's doorbell at this sequence: its chunk is here.
   recv->assign(cfg_.size, {});
   const auto deadline = std::chrono::steady_clock::now() + cfg_.timeout;
+  uint32_t polls = 0;
   for (uint32_t s = 0; s < cfg_.size; ++s) {
     auto* bell = reinterpret_cast<doorbell*>(recv_ + bell_offset(seq, s));
     uint64_t word = 0;
@@ -243,7 +250,7 @@ bool all_to_all::complete(std::vector<std::span<const std::byte>>* recv, std::st
                names_[s] + " " + fingerprint(s) + ")";
         return false;
       }
-      pause();
+      pause(&polls);
     }
     const std::byte* slot = recv_ + bank_offset(seq) + uint64_t{s} * stride();
     uint64_t bytes = 0;

@@ -39,8 +39,10 @@ struct all_to_all_config {
   uint32_t size = 1;                ///< ranks in the group
   uint64_t slot_bytes = 1 << 20;    ///< the largest chunk one rank sends another per exchange
   std::chrono::milliseconds timeout{10'000};  ///< an exchange fails when a rank's input has not arrived by then
-  /// Between polls: 0 yields (lowest latency with a core to spare); N sleeps N us, which leaves the
-  /// core to the transport's progress thread where cores are few.
+  /// Between polls: 0 yields (lowest latency with a core to spare), and once a wait has lasted
+  /// 2,000 polls sleeps 50 us between them, so that idle ranks and expert shards leave the cores
+  /// to those with work; N sleeps N us from the start, which leaves the core to the transport's
+  /// progress thread where cores are few.
   uint32_t poll_sleep_us = 0;
   /// Stores into peers' slots where the transport maps them (see above); false always puts (tests
   /// of the put path, and a baseline for benchmarks).
@@ -112,7 +114,8 @@ private:
   /// Waits for (at most `limit`) and releases the puts `ids`; false and why if one failed.
   bool wait_puts(std::vector<uint64_t>& ids, std::string* why, std::chrono::milliseconds limit);
   bool wait_puts(std::vector<uint64_t>& ids, std::string* why) { return wait_puts(ids, why, cfg_.timeout); }
-  void pause() const;
+  /// One wait between polls; `polls` counts this wait's polls so far (see poll_sleep_us).
+  void pause(uint32_t* polls) const;
 
   transport& t_;
   std::vector<std::string> names_;
