@@ -80,7 +80,7 @@ void free_lease(decode_pointer self, uint64_t lease_id, bool writer_may_write) {
   if (i == st.leases.end()) {
     auto q = st.quarantine.find(lease_id);
     // Its writers are known to be done -- unless one abandoned a put, which may still land.
-    if (!writer_may_write && q != st.quarantine.end() && !q->second.abandoned) end_quarantine(self, lease_id);
+    if (!writer_may_write && q != st.quarantine.end() && !q->second.writers.abandoned) end_quarantine(self, lease_id);
     return;
   }
   st.stay.erase(std::remove(st.stay.begin(), st.stay.end(), lease_id), st.stay.end());
@@ -88,14 +88,12 @@ void free_lease(decode_pointer self, uint64_t lease_id, bool writer_may_write) {
   // A remote writer still at the lease would put into pages that the pool hands to the next
   // request: they wait for it. (A decoding lease's writers are done; a local one is ours.) A
   // writer that abandoned a put at its send timeout cannot say when it lands: only time can.
-  const bool writing = writer_may_write && !l.decoding && !l.local_writer && l.num_writers_done < l.num_writers;
-  if ((writing || l.abandoned) && !l.pages.empty()) {
+  const bool writing = writer_may_write && !l.decoding && !l.local_writer && !l.writers.all_done();
+  if ((writing || l.writers.abandoned) && !l.pages.empty()) {
     auto& q = st.quarantine[lease_id];
     q.pages = std::move(l.pages);
     q.request_id = l.request_id;
-    q.num_writers_done = l.num_writers_done;
-    q.num_writers = l.num_writers;
-    q.abandoned = l.abandoned;
+    q.writers = l.writers;
     q.until = self->clock().now() + std::chrono::milliseconds{st.cfg.kv_quarantine_ms};
     self->delayed_send(self, std::chrono::milliseconds{st.cfg.kv_quarantine_ms}, expire_atom::value, lease_id);
     st.core.log->add({0, "quarantine", l.request_id, static_cast<uint32_t>(q.pages.size()), 0, {}, {}});
@@ -605,19 +603,12 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
         }
       },
       [=](writer_done_atom, uint64_t lease_id, uint32_t num_writers) {
-        // num_writers 0: the writer abandoned a put at its send timeout (it may still land).
         auto& s = self->state;
-        if (auto i = s.leases.find(lease_id); i != s.leases.end()) {  // done before the lease ended
-          if (num_writers == 0) i->second.abandoned = true;
-          i->second.num_writers = std::max(1u, num_writers);
-          ++i->second.num_writers_done;
-          return;
-        }
+        if (auto i = s.leases.find(lease_id); i != s.leases.end()) return i->second.writers.note(num_writers);
         auto q = s.quarantine.find(lease_id);
         if (q == s.quarantine.end()) return;
-        if (num_writers == 0) q->second.abandoned = true;
-        q->second.num_writers = std::max(1u, num_writers);
-        if (++q->second.num_writers_done >= q->second.num_writers && !q->second.abandoned) end_quarantine(self, lease_id);
+        q->second.writers.note(num_writers);
+        if (q->second.writers.all_done()) end_quarantine(self, lease_id);
       },
       [=](const kv_layer_ready& ev) {
         auto& s = self->state;

@@ -29,6 +29,22 @@
 
 namespace baton::decode_detail {
 
+/// What a lease's writers (prefill ranks; a split prompt has one per part) have said: each says
+/// once that nothing of its is in flight (writer_done_atom); one that abandoned a put at its send
+/// timeout says that it cannot know (0 writers), and then only time frees the pages.
+struct lease_writers {
+  uint32_t num_done = 0;
+  uint32_t num = 1;  ///< as their notices say
+  bool abandoned = false;
+  /// Counts one notice; `num_writers` 0 marks an abandoned put.
+  void note(uint32_t num_writers) {
+    abandoned |= num_writers == 0;
+    num = num_writers > 0 ? num_writers : num;
+    ++num_done;
+  }
+  bool all_done() const { return !abandoned && num_done >= num; }
+};
+
 /// A KV reservation. Its life:
 ///
 ///   reserved --all layers landed + decode_order--> decoding --eos / max tokens--> freed
@@ -45,9 +61,7 @@ struct lease {
   bool has_order = false;
   bool release_after_step = false;  ///< released while a step was writing its pages
   bool local_writer = false;        ///< hybrid PD: this rank prefills it (no remote writer)
-  uint32_t num_writers_done = 0;    ///< writer_done notices so far (a split prompt has several writers)
-  uint32_t num_writers = 1;         ///< writers, as their notices say
-  bool abandoned = false;           ///< a writer gave up on a put that may still land: held the whole quarantine
+  lease_writers writers;            ///< what its remote writers said so far
   caf::actor_clock::time_point order_at;  ///< decode order arrival (queue time starts)
   int64_t queue_us = 0;                   ///< order arrival -> joined the batch
   decode_order order;
@@ -119,9 +133,7 @@ struct migration {
 struct quarantined {
   std::vector<uint32_t> pages;
   uint64_t request_id = 0;
-  uint32_t num_writers_done = 0;
-  uint32_t num_writers = 1;
-  bool abandoned = false;  ///< only the time limit ends it
+  lease_writers writers;
   caf::actor_clock::time_point until;
 };
 

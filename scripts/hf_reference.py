@@ -21,7 +21,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
 
-from reference_families import COMMON, FAMILIES  # noqa: E402 -- next to this script
+from reference_families import COMMON, FAMILIES, kept_names  # noqa: E402 -- next to this script
 
 
 def make_config(model_type, extra):
@@ -90,11 +90,8 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, "
           f"cuda {torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none'}")
-    names = []
     index_path = os.path.join(args.out, "index.json")
-    if only and os.path.exists(index_path):
-        with open(index_path) as f:
-            names = [n for n in json.load(f) if n not in only]
+    names = kept_names(index_path, only)
     for name, (model_type, extra) in FAMILIES.items():
         if only and name not in only:
             continue

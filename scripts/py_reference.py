@@ -48,7 +48,7 @@ import time
 # Families: the same tiny configurations as scripts/hf_reference.py (scripts/reference_families.py).
 # ---------------------------------------------------------------------------------------------
 
-from reference_families import COMMON  # noqa: E402 -- next to this script
+from reference_families import COMMON, kept_names  # noqa: E402 -- next to this script
 from reference_families import FAMILIES as ALL_FAMILIES  # noqa: E402
 
 # This script makes the DeepSeek families' references; the others come from transformers itself.
@@ -842,10 +842,7 @@ def main():
         ap.error(f"unknown families {unknown}; known: {list(FAMILIES)}")
     os.makedirs(args.out, exist_ok=True)
     index_path = os.path.join(args.out, "index.json")
-    names = []
-    if only and os.path.exists(index_path):
-        with open(index_path) as f:
-            names = [n for n in json.load(f) if n not in only]
+    names = kept_names(index_path, only)
     for name, (model_type, extra) in FAMILIES.items():
         if only and name not in only:
             continue

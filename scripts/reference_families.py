@@ -2,6 +2,8 @@
 (transformers makes and runs them) and scripts/py_reference.py (the pure-Python second
 implementation): COMMON settings, and per family its transformers model_type and its own
 settings. Both scripts must build the same configurations, so they live here once."""
+import json
+import os
 
 COMMON = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
               max_position_embeddings=256, rms_norm_eps=1e-6, initializer_range=0.2,
@@ -33,3 +35,12 @@ FAMILIES = {
         num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1, n_group=4, topk_group=2,
         norm_topk_prob=True, routed_scaling_factor=2.5, rope_interleave=True, tie_word_embeddings=False)),
 }
+
+
+def kept_names(index_path, only):
+    """With --only: the families an existing index.json names that are not being made again
+    (kept as they are); without: none (the index is written afresh)."""
+    if not only or not os.path.exists(index_path):
+        return []
+    with open(index_path) as f:
+        return [n for n in json.load(f) if n not in only]

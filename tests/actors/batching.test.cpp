@@ -83,25 +83,14 @@ local_cluster_config split_cluster_config() {
   return cfg;
 }
 
-/// A completion's tokens and logits equal its prompt run alone, colocated, chunks of 64.
-void check_colocated64(const local_cluster_config& cfg, const std::string& text, const completion& done) {
-  auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
-  auto exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
-  const auto prompt = gpu::byte_tokenizer{cfg.model.bos_token_id, cfg.model.eos_token_id}.encode(text);
-  auto ref = gpu::generate_colocated(*exec, prompt, done.tokens.size(), 64, {}, true);
-  CHECK(done.tokens == ref.tokens);
-  REQUIRE(done.step_logits.size() == ref.step_logits.size());
-  for (size_t k = 0; k < ref.step_logits.size(); ++k) CHECK_MESSAGE(test::same_bits(done.step_logits[k], ref.step_logits[k]), "step " << k);
-}
-
-/// Each completion's tokens and logits equal its prompt run alone, colocated, chunks of 16.
+/// Each completion's tokens and logits equal its prompt run alone, colocated, in chunks of `chunk`.
 void check_colocated(const local_cluster_config& cfg, const std::vector<std::string>& prompts,
-                     const std::vector<completion>& done) {
+                     const std::vector<completion>& done, uint32_t chunk = 16) {
   auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
   for (size_t i = 0; i < prompts.size(); ++i) {
     auto exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
     const auto prompt = gpu::byte_tokenizer{cfg.model.bos_token_id, cfg.model.eos_token_id}.encode(prompts[i]);
-    auto ref = gpu::generate_colocated(*exec, prompt, done[i].tokens.size(), 16, {}, true);
+    auto ref = gpu::generate_colocated(*exec, prompt, done[i].tokens.size(), chunk, {}, true);
     CHECK(done[i].tokens == ref.tokens);
     REQUIRE(done[i].step_logits.size() == ref.step_logits.size());
     for (size_t k = 0; k < ref.step_logits.size(); ++k)
@@ -542,7 +531,7 @@ TEST_CASE("dynamic prefill split: a long prompt computed in parts on three prefi
     ranks_with_part += std::any_of(ev.begin(), ev.end(), [](auto& e) { return e.kind == "split_part"; });
   }
   CHECK(ranks_with_part == 3);
-  check_colocated64(cfg, text, *got);
+  check_colocated(cfg, {text}, {*got}, 64);
   // A short prompt is not split.
   req.prompt = "short";
   auto small = t.generate(cluster.router, req);
@@ -587,7 +576,7 @@ TEST_CASE("dynamic prefill split: when the rank of an earlier part goes down mid
   CHECK(done[0].failovers == 1);
   CHECK_MESSAGE(done[0].failover_why.find("rank " + gone + ", stage prefill: the rank went down") != std::string::npos,
                 done[0].failover_why);
-  check_colocated64(cfg, text, done[0]);
+  check_colocated(cfg, {text}, done, 64);
   // The first attempt's lease is not lost: its pages come back (once its living parts said they
   // were done, and the dead one's time ran out).
   bool back = false;
