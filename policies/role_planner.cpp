@@ -104,7 +104,7 @@ std::optional<role_move> role_planner::plan(double now_s, const std::vector<rank
   char why[400];
   const char* over = cfg_.pool_signal.c_str();
   std::snprintf(why, sizeof why,
-                "%s pool hot, %s pool cold for %.0f s: prefill pressure %.2f (%s predicted queue / TTFT target "
+                "%s pool hot, %s pool cold for %.1f s: prefill pressure %.2f (%s predicted queue / TTFT target "
                 "%.0f ms, smoothed), decode pressure %.2f (%s over ranks of the max of step / TBT target %.0f ms and "
                 "KV used / %.2f, smoothed); %s has the least work of its pool (%u running)",
                 to_string(m.to), to_string(m.from), now_s - (to_prefill ? *want_prefill_since_ : *want_decode_since_), p,

@@ -33,7 +33,9 @@ inline void eager_elastic_planner(elastic_controller_config* c) {
   p.tbt_target_ms = 1e6;
   p.kv_full = 1.0;
   p.smooth_s = 0;
-  p.hold_s = 0;
+  // A queue must stay hot for 0.25 s: the four long generations' own short prefills pass well
+  // inside it, so the first move comes from phase 1's 40 prompts, after those generations decode.
+  p.hold_s = 0.25;
   p.cooldown_s = 0.3;
   p.dwell_s = 1;
   c->interval_ms = 20;
@@ -70,14 +72,31 @@ inline elastic_phases_result run_elastic_phases(caf::actor_system& sys, caf::sco
     req.ignore_eos = true;
     return self->request(router, std::chrono::seconds{120}, generate_atom::value, std::move(req));
   };
-  // Phase 1, prefill-heavy: 4 long generations (some decode on `moving` when it moves), then 40
-  // prompts of 100 tokens with one token each (a few % of decode KV).
+  // Decode ranks' loads as the router knows them (sequences + leases of each).
+  auto decode_running = [&](const std::string& only) {
+    uint32_t n = 0;
+    self->request(router, std::chrono::seconds{5}, stats_atom::value)
+        .receive(
+            [&](cluster_stats& cs) {
+              for (const auto& d : cs.decode)
+                if (only.empty() || d.name == only) n += d.num_running;
+            },
+            [](caf::error&) {});
+    return n;
+  };
+  // Phase 1, prefill-heavy: 4 long generations, some of which must be on `moving` when it moves
+  // (so that its drain hands them over with their KV), then 40 prompts of 100 tokens with one
+  // token each (a few % of decode KV). The generations go one at a time, each once the last is
+  // placed, so that placement sees every earlier one and spreads them over the decode ranks.
   std::vector<std::string> prompts;
   std::vector<decltype(send("", 1))> handles;
   for (int i = 0; i < 4; ++i) {
+    const auto before = decode_running("");
     prompts.push_back("a long story, part " + std::to_string(i));
     handles.push_back(send(prompts.back(), 300));
+    for (int k = 0; k < 500 && decode_running("") <= before; ++k) std::this_thread::sleep_for(std::chrono::milliseconds{10});
   }
+  REQUIRE_MESSAGE(decode_running(moving) > 0, "no long generation was placed on " << moving);
   for (int i = 0; i < 40; ++i) {
     std::string s;
     for (int k = 0; k < 99; ++k) s.push_back(static_cast<char>('a' + (i * 7 + k * 3) % 26));

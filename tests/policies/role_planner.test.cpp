@@ -37,7 +37,7 @@ TEST_CASE("role planner: a hot prefill pool beside a cold decode pool takes the 
   CHECK(m->rank == "decode-1");  // 4 running against decode-0's 9
   CHECK(m->from == rank_role::decode);
   CHECK(m->to == rank_role::prefill);
-  CHECK_MESSAGE(m->why.find("prefill pool hot, decode pool cold for 10 s: prefill pressure 1.50") == 0, m->why);
+  CHECK_MESSAGE(m->why.find("prefill pool hot, decode pool cold for 10.0 s: prefill pressure 1.50") == 0, m->why);
   CHECK_MESSAGE(m->why.find("decode-1 has the least work of its pool (4 running)") != std::string::npos, m->why);
 }
 
