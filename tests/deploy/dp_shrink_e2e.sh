@@ -97,8 +97,8 @@ done
 same_as_single deepseek-v3-tiny baton 12 "${PROMPTS[@]}"
 echo "dp shrink e2e: the head killed and started again: the three nodes joined it, re-formed the group there and answer as EP 1"
 for p in $N0 $N1 $N2; do kill -INT "$p"; done
-for p in $N0 $N1 $N2; do wait "$p" || fail "a node exited with $? on an orderly stop"; done
+for p in $N0 $N1 $N2; do wait_bounded "$p" || fail "a node exited with $? on an orderly stop (124: not within 30 s)"; done
 N0="" N1="" N2=""
-kill -INT "$HEAD_PID"; wait "$HEAD_PID" 2>/dev/null || true
+kill -INT "$HEAD_PID"; wait_bounded "$HEAD_PID" 2>/dev/null || true
 HEAD_PID=""
 echo "dp shrink e2e: all checks passed"

@@ -1,13 +1,36 @@
 # Shared by the multi-process end-to-end scripts in tests/deploy/ (sourced, not run).
 # Expects WORK (a temporary folder of the script's own) and LAUNCHER (a pid, or empty).
 
-# free_ports N: N free TCP ports on 127.0.0.1, space-separated.
+# free_ports N: N free TCP ports on 127.0.0.1, space-separated. Drawn below the kernel's
+# ephemeral range (ip_local_port_range): a port the kernel handed out for binding to 0 is also
+# one it may hand to any outgoing connection (CAF, UCX's TCP wireup, curl) before our node binds it.
 free_ports() {
   python3 -c '
-import socket, sys
-socks = [socket.socket() for _ in range(int(sys.argv[1]))]
-for s in socks: s.bind(("127.0.0.1", 0))
+import random, socket, sys
+low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+socks = []
+for _ in range(10000):
+    if len(socks) == int(sys.argv[1]): break
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", random.randrange(10000, max(low, 10001))))
+        socks.append(s)
+    except OSError:
+        s.close()
 print(*[s.getsockname()[1] for s in socks])' "$1"
+}
+
+# wait_bounded PID [SECONDS]: waits up to SECONDS (30) for our child PID to exit and returns its
+# exit status; one still running then is killed (SIGKILL) and 124 returned, so no test hangs on it.
+wait_bounded() {
+  local pid=$1 secs=${2:-30}
+  for _ in $(seq $((secs * 10))); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$pid" 2>/dev/null; then
+    kill -9 "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+    return 124
+  fi
+  wait "$pid"
 }
 
 # stop_launcher: SIGINT to the launcher, up to 30 s for it to stop its nodes, then SIGKILL for

@@ -314,7 +314,7 @@ grep -q "baton node idle-spare: stood by; its launcher left (stdin closed)" "$WO
   fail "the idle spare did not say why it left: $(cat "$WORK/idle-spare.log")"
 grep -q "joined the head" "$WORK/bad-spare.log" "$WORK/idle-spare.log" && fail "a spare joined while standing by"
 echo "launch EP e2e: a spare told flags it cannot take names them and leaves (2); one whose launcher left leaves (0)"
-kill -INT "$HEAD_PID"; wait "$HEAD_PID" 2>/dev/null || true
+kill -INT "$HEAD_PID"; wait_bounded "$HEAD_PID" 2>/dev/null || true
 HEAD_PID="" ODD_A=""
 grep -q "group dp0: member 0 runs with slot_bytes=[0-9]* dual_batch=0 eplb=0/64, this node with .* eplb=4/64 (every member must be started alike)" \
   "$WORK/odd-b.log" || fail "odd-b did not name the difference: $(cat "$WORK/odd-b.log")"
