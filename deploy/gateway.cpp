@@ -15,6 +15,7 @@
 #include <caf/actor_system.hpp>
 #include <caf/io/broker.hpp>
 #include <caf/io/middleman.hpp>
+#include <caf/typed_event_based_actor.hpp>
 #include <caf/scoped_actor.hpp>
 
 #include "deploy/metrics.hpp"
@@ -29,6 +30,7 @@ std::string gateway_config::validate() const {
   for (const auto& k : api_keys)
     if (k.empty()) return "gateway: an API key must not be empty";
   if (limits.max_body_bytes == 0 || limits.max_header_bytes < 64) return "gateway: HTTP limits are too small";
+  if (idle_timeout_ms == 0) return "gateway: idle_timeout_ms must be >= 1";
   return {};
 }
 
@@ -52,9 +54,16 @@ struct connection_state {
   std::string in;  ///< received, not yet parsed
   bool busy = false;
   bool keep_alive = true;
+  bool pumping = false;   ///< pump()'s loop is running: finish() leaves the next request to it
+  bool reading = true;    ///< false while reads are halted (a pipelined backlog past the limits)
+  bool sent_continue = false;  ///< "100 Continue" written for the request being received
+  bool head_only = false;      ///< a HEAD request: the answer's head without its body
+  std::chrono::steady_clock::time_point last_activity = std::chrono::steady_clock::now();
   std::string route;
-  // The streamed answer in progress, if any.
+  // The answer in progress, if any.
   std::optional<openai::call> call;
+  uint64_t call_seq = 0;     ///< numbers the calls: a chunk of an earlier call is dropped
+  caf::actor call_sink;      ///< receives the call's chunks; its exit cancels the generation
   std::string id;
   int64_t created = 0;
   bool head_sent = false;
@@ -97,10 +106,23 @@ void write(caf::io::broker* self, caf::io::connection_handle hdl, const std::str
 
 void pump(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st);
 
+/// The call's sink goes: a generation still running is cancelled (its request actor watches the
+/// sink), and chunks still on their way find nobody.
+void end_call(caf::io::broker* self, const state_ptr& st) {
+  st->call.reset();
+  if (st->call_sink) self->send_exit(st->call_sink, caf::exit_reason::user_shutdown);
+  st->call_sink = nullptr;
+}
+
 /// Ends the current answer: the next pipelined request may start, or the connection closes.
 void finish(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st) {
   st->busy = false;
-  st->call.reset();
+  st->last_activity = std::chrono::steady_clock::now();
+  end_call(self, st);
+  if (!st->reading) {  // a backlog halted reads: take in more now that it is being worked off
+    st->reading = true;
+    self->trigger(hdl);
+  }
   if (!st->keep_alive) {
     self->close(hdl);
     self->quit();
@@ -113,7 +135,9 @@ void reply(caf::io::broker* self, caf::io::connection_handle hdl, const shared_p
            const std::string& body, const char* content_type = "application/json", http::header_list extra = {}) {
   g->metrics.count_response(st->route, status);
   if (status == 503 || status == 429) extra.emplace_back("Retry-After", "1");
-  write(self, hdl, http::response(status, content_type, body, st->keep_alive, extra));
+  auto out = http::response(status, content_type, body, st->keep_alive, extra);
+  if (st->head_only) out.resize(out.size() - body.size());  // Content-Length stays: HEAD's rule
+  write(self, hdl, out);
   finish(self, hdl, g, st);
 }
 
@@ -126,6 +150,19 @@ void event(caf::io::broker* self, caf::io::connection_handle hdl, const std::str
   write(self, hdl, http::chunk("data: " + data + "\n\n"));
 }
 
+/// One call's go-between: it asks the router with itself as the sink and passes the chunks, then
+/// the answer or the failure, to its connection in the order it gets them (the request actor
+/// sends its last chunk before its answer; one sender keeps that order). When it exits (finish(),
+/// or the connection closed) the request actor sees its sink go and stops the generation, so a
+/// call that ends early (a timeout, a client gone) frees its KV at once.
+client_sink_actor::behavior_type call_impl(client_sink_actor::pointer self, caf::actor broker, uint64_t seq,
+                                           router_actor router, generate_request gen, std::chrono::milliseconds timeout) {
+  self->request(router, timeout, generate_atom::value, std::move(gen), caf::actor_cast<client_sink_actor>(self))
+      .then([=](completion& done) { caf::anon_send(broker, seq, std::move(done)); },
+            [=](caf::error& e) { caf::anon_send(broker, seq, std::move(e)); });
+  return {[=](stream_chunk& c) { caf::anon_send(broker, seq, std::move(c)); }};
+}
+
 void generate(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st,
               const http::request& req, bool chat) {
   openai::call call;
@@ -133,48 +170,43 @@ void generate(caf::io::broker* self, caf::io::connection_handle hdl, const share
   if (!openai::parse_body(req.body, chat, g->model, &call, &err)) return reply_error(self, hdl, g, st, err);
   st->id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(g->started_s) + "-" + std::to_string(++g->last_id);
   st->created = unix_seconds();
-  const auto timeout = std::chrono::milliseconds{g->cfg.request_timeout_ms};
-  auto on_error = [=](caf::error& e) {
-    auto [status, msg] = status_of(self->system(), e);
-    if (!st->head_sent) return reply_error(self, hdl, g, st, api_error_of(status, msg));
-    // The stream has begun (status 200 is sent): the error travels as an event, as OpenAI's do.
-    g->metrics.count_response(st->route, status);
-    event(self, hdl, openai::error_json(api_error_of(status, msg)));
-    write(self, hdl, http::last_chunk());
-    finish(self, hdl, g, st);
-  };
   // The call lives in the connection's state until its answer is written (finish() drops it).
   st->head_sent = false;
   st->first_chunk = true;
   st->call = std::move(call);
-  const auto& gen = st->call->req;
-  if (!st->call->stream) {
-    self->request(g->router, timeout, generate_atom::value, gen)
-        .then(
-            [=](completion& done) {
-              g->metrics.record(done);
-              reply(self, hdl, g, st, 200, openai::completion_json(*st->call, done, st->id, st->created));
-            },
-            on_error);
-    return;
-  }
-  self->request(g->router, timeout, generate_atom::value, gen, caf::actor_cast<client_sink_actor>(self))
-      .then(
-          [=](completion& done) {
-            g->metrics.record(done);
-            g->metrics.count_response(st->route, 200);
-            if (st->call->include_usage)
-              event(self, hdl, openai::usage_chunk_json(*st->call, done, st->id, st->created));
-            event(self, hdl, "[DONE]");
-            write(self, hdl, http::last_chunk());
-            finish(self, hdl, g, st);
-          },
-          on_error);
+  const uint64_t seq = ++st->call_seq;
+  st->call_sink = caf::actor_cast<caf::actor>(self->spawn(call_impl, caf::actor_cast<caf::actor>(self), seq, g->router,
+                                                          st->call->req,
+                                                          std::chrono::milliseconds{g->cfg.request_timeout_ms}));
+}
+
+/// The call's answer: the whole completion, or the end of its stream.
+void on_done(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st,
+             const completion& done) {
+  g->metrics.record(done);
+  if (!st->call->stream) return reply(self, hdl, g, st, 200, openai::completion_json(*st->call, done, st->id, st->created));
+  g->metrics.count_response(st->route, 200);
+  if (st->call->include_usage) event(self, hdl, openai::usage_chunk_json(*st->call, done, st->id, st->created));
+  event(self, hdl, "[DONE]");
+  write(self, hdl, http::last_chunk());
+  finish(self, hdl, g, st);
+}
+
+void on_failed(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st,
+               const caf::error& e) {
+  auto [status, msg] = status_of(self->system(), e);
+  if (!st->head_sent) return reply_error(self, hdl, g, st, api_error_of(status, msg));
+  // The stream has begun (status 200 is sent): the error travels as an event, as OpenAI's do.
+  g->metrics.count_response(st->route, status);
+  event(self, hdl, openai::error_json(api_error_of(status, msg)));
+  write(self, hdl, http::last_chunk());
+  finish(self, hdl, g, st);
 }
 
 /// A chunk of the streamed answer in progress: one server-sent event.
-void on_chunk(caf::io::broker* self, caf::io::connection_handle hdl, const state_ptr& st, const stream_chunk& c) {
-  if (!st->call || !st->call->stream) return;  // a late chunk of an answer already ended
+void on_chunk(caf::io::broker* self, caf::io::connection_handle hdl, const state_ptr& st, uint64_t seq,
+              const stream_chunk& c) {
+  if (!st->call || !st->call->stream || seq != st->call_seq) return;  // not streamed, or of an answer already ended
   if (!st->head_sent) {
     write(self, hdl,
           http::chunked_head(200, "text/event-stream", {{"Connection", st->keep_alive ? "keep-alive" : "close"}}));
@@ -196,7 +228,8 @@ void with_cluster_stats(caf::io::broker* self, const shared_ptr& g, F then) {
 bool authorized(const shared_ptr& g, const http::request& req) {
   if (g->cfg.api_keys.empty() || req.path == "/health") return true;
   const auto* auth = req.header("authorization");
-  if (!auth || auth->size() < 7 || auth->compare(0, 7, "Bearer ") != 0) return false;
+  // The scheme is case-insensitive (RFC 9110 §11.1).
+  if (!auth || auth->size() < 7 || !http::iequals(std::string_view{*auth}.substr(0, 7), "bearer ")) return false;
   const std::string_view key = std::string_view{*auth}.substr(7);
   bool ok = false;
   for (const auto& k : g->cfg.api_keys) ok |= http::constant_time_equal(key, k);  // no early exit
@@ -215,10 +248,16 @@ void dispatch(caf::io::broker* self, caf::io::connection_handle hdl, const share
   const route* found = nullptr;
   for (const auto& r : routes)
     if (req.path == r.path) found = &r;
+  // GET /v1/models/{id}: the one served model (the SDKs' models.retrieve).
+  const std::string models_prefix = "/v1/models/";
+  const bool model_by_id = !found && req.path.size() > models_prefix.size() && req.path.compare(0, models_prefix.size(), models_prefix) == 0;
+  static constexpr route model_route{"/v1/models/{id}", "GET"};
+  if (model_by_id) found = &model_route;
   st->route = found ? found->path : "other";
   if (!found)
     return reply_error(self, hdl, g, st, {404, "no route " + req.method + " " + req.path.substr(0, 128), "invalid_request_error", {}});
-  if (req.method != found->method)
+  // HEAD /health: load balancers' probes; the status alone.
+  if (req.method != found->method && !(req.method == "HEAD" && req.path == "/health"))
     return reply_error(self, hdl, g, st,
                        {405, req.path + " takes " + found->method + ", not " + req.method.substr(0, 16), "invalid_request_error", {}},
                        {{"Allow", found->method}});
@@ -229,9 +268,22 @@ void dispatch(caf::io::broker* self, caf::io::connection_handle hdl, const share
   if (req.path == "/v1/completions") return generate(self, hdl, g, st, req, false);
   if (req.path == "/v1/chat/completions") return generate(self, hdl, g, st, req, true);
   if (req.path == "/v1/models") return reply(self, hdl, g, st, 200, openai::models_json(g->model, g->started_s));
+  if (model_by_id) {
+    const std::string id = req.path.substr(models_prefix.size());
+    if (id != g->model)
+      return reply_error(self, hdl, g, st,
+                         {404, "the model '" + id.substr(0, 128) + "' does not exist; this cluster serves '" + g->model + "'",
+                          "invalid_request_error", "model"});
+    return reply(self, hdl, g, st, 200, openai::model_json(g->model, g->started_s));
+  }
   if (req.path == "/health")
     return with_cluster_stats(self, g, [=](const cluster_stats* s) {
       if (!s) return reply_error(self, hdl, g, st, api_error_of(503, "the router did not answer"));
+      // A gateway that can place nothing is not healthy: a load balancer should send elsewhere.
+      if (s->prefill.empty() || s->decode.empty())
+        return reply_error(self, hdl, g, st,
+                           api_error_of(503, "the cluster has " + std::to_string(s->prefill.size()) + " prefill and " +
+                                                 std::to_string(s->decode.size()) + " decode ranks; it needs one of each"));
       reply(self, hdl, g, st, 200,
             "{\"status\":\"ok\",\"prefill_ranks\":" + std::to_string(s->prefill.size()) +
                 ",\"decode_ranks\":" + std::to_string(s->decode.size()) + "}");
@@ -241,26 +293,50 @@ void dispatch(caf::io::broker* self, caf::io::connection_handle hdl, const share
   });
 }
 
+/// Starts every complete request that may start now, one after another. A loop, not recursion:
+/// a request answered at once (an error, /v1/models) calls finish(), which calls here again; a
+/// client that pipelines thousands of those must not grow the stack with them.
 void pump(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st) {
-  if (st->busy || st->in.empty()) return;
-  http::request req;
-  const auto r = http::parse_request(st->in, g->cfg.limits, &req);
-  if (r.status == http::parse_status::incomplete) return;
-  st->busy = true;
-  if (r.status == http::parse_status::error) {
-    st->keep_alive = false;  // the stream cannot be trusted past a malformed request
-    st->route = "malformed";
-    return reply_error(self, hdl, g, st, {r.error_status, r.why, "invalid_request_error", {}});
+  if (st->pumping) return;  // the loop below takes the next one
+  st->pumping = true;
+  while (!st->busy && !st->in.empty()) {
+    http::request req;
+    const auto r = http::parse_request(st->in, g->cfg.limits, &req);
+    if (r.status == http::parse_status::incomplete) {
+      // Headers in, body not: a client that asked to be told before it sends the body is told.
+      if (r.expects_continue && !st->sent_continue) {
+        write(self, hdl, "HTTP/1.1 100 Continue\r\n\r\n");
+        st->sent_continue = true;
+      }
+      break;
+    }
+    st->busy = true;
+    st->sent_continue = false;
+    st->head_only = false;
+    if (r.status == http::parse_status::error) {
+      st->keep_alive = false;  // the stream cannot be trusted past a malformed request
+      st->route = "malformed";
+      st->in.clear();
+      reply_error(self, hdl, g, st, {r.error_status, r.why, "invalid_request_error", {}});
+      break;
+    }
+    st->in.erase(0, r.consumed);
+    st->keep_alive = req.keep_alive;
+    st->head_only = req.method == "HEAD";
+    dispatch(self, hdl, g, st, req);
   }
-  st->in.erase(0, r.consumed);
-  st->keep_alive = req.keep_alive;
-  dispatch(self, hdl, g, st, req);
+  st->pumping = false;
 }
 
 caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, shared_ptr g) {
   auto st = std::make_shared<connection_state>();
   self->configure_read(hdl, caf::io::receive_policy::at_most(64 * 1024));
   self->attach_functor([g] { --g->num_connections; });
+  // A connection that sends no complete request for idle_timeout_ms while nothing is being
+  // answered is closed: idle or dribbling sockets must not hold every slot of max_connections.
+  const auto idle = std::chrono::milliseconds{g->cfg.idle_timeout_ms};
+  const auto tick = std::max(std::chrono::milliseconds{10}, idle / 4);
+  self->delayed_send(self, tick, timer_atom::value);
   if (++g->num_connections > g->cfg.max_connections) {
     st->keep_alive = false;
     st->busy = true;
@@ -270,11 +346,35 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
   return {
       [=](const caf::io::new_data_msg& msg) {
         st->in.append(msg.buf.begin(), msg.buf.end());
-        // Bounded buffering: a client that pipelines past the limits is cut off by the parser.
+        st->last_activity = std::chrono::steady_clock::now();
         pump(self, hdl, g, st);
+        // Bounded buffering: while an answer is in progress, requests pipelined behind it wait
+        // here; past one request's limits, reading stops until the answer is done.
+        if (st->busy && st->reading && st->in.size() > g->cfg.limits.max_header_bytes + g->cfg.limits.max_body_bytes) {
+          st->reading = false;
+          self->halt(hdl);
+        }
       },
-      [=](const caf::io::connection_closed_msg&) { self->quit(); },  // cancels a generation in flight
-      [=](stream_chunk& c) { on_chunk(self, hdl, st, c); },
+      [=](const caf::io::connection_closed_msg&) {  // cancels a generation in flight (its sink goes)
+        end_call(self, st);
+        self->quit();
+      },
+      // The current call's messages (on_chunk checks the number itself).
+      [=](uint64_t seq, stream_chunk& c) { on_chunk(self, hdl, st, seq, c); },
+      [=](uint64_t seq, completion& done) {
+        if (st->call && seq == st->call_seq) on_done(self, hdl, g, st, done);
+      },
+      [=](uint64_t seq, caf::error& e) {
+        if (st->call && seq == st->call_seq) on_failed(self, hdl, g, st, e);
+      },
+      [=](timer_atom) {
+        if (!st->busy && std::chrono::steady_clock::now() - st->last_activity >= idle) {
+          self->close(hdl);
+          self->quit();
+          return;
+        }
+        self->delayed_send(self, tick, timer_atom::value);
+      },
   };
 }
 

@@ -26,6 +26,8 @@ struct gateway_config {
   http::limits limits;
   uint32_t request_timeout_ms = 600000;  ///< a generation's whole time, then 504
   uint32_t max_connections = 1024;       ///< beyond: 503 and close
+  /// A connection with no request in progress that completes none for this long is closed.
+  uint32_t idle_timeout_ms = 60000;
   std::string validate() const;
 };
 

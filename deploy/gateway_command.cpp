@@ -47,6 +47,9 @@ int run_gateway(const std::vector<std::string>& args) {
             "authentication)");
   flags.add("--request-timeout-ms", &gc.request_timeout_ms, "a generation's whole time before 504");
   flags.add("--max-connections", &gc.max_connections, "connections beyond this are answered 503");
+  flags.add("--idle-timeout-ms", &gc.idle_timeout_ms,
+            "a connection with nothing in progress that completes no request for this long is closed");
+  flags.add("--max-body-bytes", &gc.limits.max_body_bytes, "request bodies larger than this are answered 413");
   flags.add("--scheduler-threads", &scheduler_threads, "CAF scheduler threads");
   uint32_t head_wait_s = 60;
   flags.add("--head-wait-s", &head_wait_s,

@@ -84,6 +84,13 @@ parse_result parse_request(std::string_view buf, const limits& lim, request* out
   if (const auto* te = out->header("transfer-encoding"); te && lower(*te) != "identity")
     return fail(411, "chunked request bodies are not accepted: send the body with a Content-Length");
   size_t length = 0;
+  // Two Content-Length headers that disagree: which body is meant cannot be told (RFC 9112 §6.3).
+  const std::string* first_length = nullptr;
+  for (const auto& [k, v] : out->headers)
+    if (k == "content-length") {
+      if (first_length && *first_length != v) return fail(400, "two Content-Length headers that disagree");
+      first_length = &v;
+    }
   if (const auto* cl = out->header("content-length")) {
     const auto [end, ec] = std::from_chars(cl->data(), cl->data() + cl->size(), length);
     if (cl->empty() || ec != std::errc{} || end != cl->data() + cl->size())
@@ -93,7 +100,12 @@ parse_result parse_request(std::string_view buf, const limits& lim, request* out
                            std::to_string(lim.max_body_bytes));
   }
   const size_t body_at = head_end + 4;
-  if (buf.size() < body_at + length) return {};
+  if (buf.size() < body_at + length) {
+    parse_result wait;
+    const auto* expect = out->header("expect");
+    wait.expects_continue = expect && lower(*expect) == "100-continue" && out->version == "HTTP/1.1";
+    return wait;
+  }
   out->body = std::string(buf.substr(body_at, length));
   return {parse_status::complete, body_at + length, 0, {}};
 }
@@ -154,6 +166,12 @@ std::string chunk(std::string_view data) {
 }
 
 std::string last_chunk() { return "0\r\n\r\n"; }
+
+bool iequals(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+           return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
+         });
+}
 
 bool constant_time_equal(std::string_view a, std::string_view b) {
   if (a.size() != b.size()) return false;

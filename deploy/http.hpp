@@ -37,6 +37,8 @@ struct parse_result {
   size_t consumed = 0;     ///< bytes of the buffer the request took (complete)
   int error_status = 0;    ///< 400, 411, 413, 431 or 505 (error)
   std::string why;         ///< what was wrong (error)
+  /// incomplete: the headers are in, the body is not, and they ask "Expect: 100-continue"
+  bool expects_continue = false;
 };
 
 /// Parses one request from the front of `buf` into `out`.
@@ -57,5 +59,8 @@ const char* reason_phrase(int status);
 
 /// Compares two secrets in time that depends only on their lengths, not on where they differ.
 bool constant_time_equal(std::string_view a, std::string_view b);
+
+/// ASCII case-insensitive equality (header values such as auth schemes).
+bool iequals(std::string_view a, std::string_view b);
 
 }  // namespace baton::deploy::http

@@ -21,24 +21,58 @@ api_error bad(std::string param, std::string message) {
   return {400, std::move(message), "invalid_request_error", std::move(param)};
 }
 
+/// A value for an error message: a scalar as JSON (cut short), an array or object by its type
+/// only (printing one nested 100,000 deep would recurse that deep).
+std::string describe(const json& v) {
+  if (v.is_structured()) return v.is_array() ? "an array" : "an object";
+  return v.dump(-1, ' ', false, json::error_handler_t::replace).substr(0, 40);
+}
+
+/// Whether object `o` has a string field "type" equal to `t` (any other type of it: no).
+bool type_is(const json& o, const char* t) {
+  auto it = o.find("type");
+  return it != o.end() && it->is_string() && it->get_ref<const std::string&>() == t;
+}
+
+/// Deeper nesting than any OpenAI body has: refused before parsing, so that nothing (the parser,
+/// a message printing the value, the destructor) walks a million levels deep.
+constexpr size_t max_json_depth = 64;
+
+bool nested_too_deep(std::string_view body) {
+  size_t depth = 0;
+  bool in_string = false, escaped = false;
+  for (char c : body) {
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+      continue;
+    }
+    if (c == '"') in_string = true;
+    else if (c == '[' || c == '{') {
+      if (++depth > max_json_depth) return true;
+    } else if ((c == ']' || c == '}') && depth > 0) --depth;
+  }
+  return false;
+}
+
 /// Reads an optional number field into `dst` within [lo, hi]; false and `err` when wrong.
 template <class T>
 bool number_field(const json& j, const char* key, double lo, double hi, T* dst, api_error* err) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return true;
   if (!it->is_number()) {
-    *err = bad(key, std::string(key) + " must be a number, got " + it->dump().substr(0, 40));
+    *err = bad(key, std::string(key) + " must be a number, got " + describe(*it));
     return false;
   }
   const double v = it->get<double>();
   if (!std::isfinite(v) || v < lo || v > hi) {
-    *err = bad(key, std::string(key) + " must be in [" + bound(lo) + ", " + bound(hi) + "], got " +
-                        it->dump().substr(0, 40));
+    *err = bad(key, std::string(key) + " must be in [" + bound(lo) + ", " + bound(hi) + "], got " + describe(*it));
     return false;
   }
   if constexpr (std::is_integral_v<T>) {
     if (v != std::floor(v)) {
-      *err = bad(key, std::string(key) + " must be an integer, got " + it->dump().substr(0, 40));
+      *err = bad(key, std::string(key) + " must be an integer, got " + describe(*it));
       return false;
     }
   }
@@ -82,7 +116,7 @@ bool message_content(const json& m, size_t i, std::string* out, api_error* err) 
     return false;
   }
   for (const auto& part : *it) {
-    if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string()) {
+    if (!part.is_object() || !type_is(part, "text") || !part.contains("text") || !part["text"].is_string()) {
       *err = bad(param, param + ": only text parts ({\"type\":\"text\",\"text\":...}) are supported");
       return false;
     }
@@ -198,7 +232,7 @@ bool refuse_unsupported(const json& j, api_error* err) {
   for (const char* key : {"tools", "functions", "response_format", "logit_bias"}) {
     auto it = j.find(key);
     if (it != j.end() && !it->is_null() && !(it->is_array() && it->empty()) && !(it->is_object() && it->empty())) {
-      if (std::string(key) == "response_format" && it->is_object() && it->value("type", "") == "text") continue;
+      if (std::string(key) == "response_format" && it->is_object() && type_is(*it, "text")) continue;
       *err = bad(key, std::string(key) + " is not supported");
       return false;
     }
@@ -215,9 +249,29 @@ json usage_of(const completion& done) {
 
 }  // namespace
 
+namespace {
+bool parse_checked_body(std::string_view body, bool chat, const std::string& served_model, call* out, api_error* err);
+}
+
 bool parse_body(std::string_view body, bool chat, const std::string& served_model, call* out, api_error* err) {
+  // Every field is checked for its type before it is read; this catch is the net under that, so
+  // that no body can throw through the gateway's connection.
+  try {
+    return parse_checked_body(body, chat, served_model, out, err);
+  } catch (const json::exception& e) {
+    *err = bad("", std::string("the body has a field of an unexpected type (") + e.what() + ")");
+    return false;
+  }
+}
+
+namespace {
+bool parse_checked_body(std::string_view body, bool chat, const std::string& served_model, call* out, api_error* err) {
   *out = call{};
   out->chat = chat;
+  if (nested_too_deep(body)) {
+    *err = bad("", "the body nests arrays and objects deeper than " + std::to_string(max_json_depth) + " levels");
+    return false;
+  }
   auto j = json::parse(body, nullptr, false);
   if (j.is_discarded()) {
     *err = bad("", "the body is not valid JSON");
@@ -251,14 +305,28 @@ bool parse_body(std::string_view body, bool chat, const std::string& served_mode
     *err = bad("top_p", "top_p must be in (0, 1]");
     return false;
   }
-  if (!number_field(j, "top_k", -1, 1 << 20, &r.top_k, err)) return false;
-  if (auto it = j.find("top_k"); it != j.end() && it->is_number() && it->get<double>() < 0) r.top_k = 0;  // vLLM's -1: off
-  if (!number_field(j, "seed", 0, 9.2e18, &r.seed, err)) return false;
+  int64_t top_k = r.top_k;
+  if (!number_field(j, "top_k", -1, 1 << 20, &top_k, err)) return false;
+  r.top_k = top_k < 0 ? 0 : static_cast<uint32_t>(top_k);  // vLLM's -1: off
+  // Any 64-bit integer, as OpenAI takes (a negative one keeps its bits), read as an integer: a
+  // double would round seeds above 2^53.
+  if (auto it = j.find("seed"); it != j.end() && !it->is_null()) {
+    if (it->is_number_unsigned()) r.seed = it->get<uint64_t>();
+    else if (it->is_number_integer()) r.seed = static_cast<uint64_t>(it->get<int64_t>());
+    else {
+      *err = bad("seed", "seed must be an integer, got " + describe(*it));
+      return false;
+    }
+  }
   if (!number_field(j, "presence_penalty", -2, 2, &r.presence_penalty, err)) return false;
   if (!number_field(j, "repetition_penalty", 0.01, 100, &r.repetition_penalty, err)) return false;
   if (!bool_field(j, "ignore_eos", &r.ignore_eos, err)) return false;
   if (!bool_field(j, "stream", &out->stream, err)) return false;
   if (auto it = j.find("stream_options"); it != j.end() && !it->is_null()) {
+    if (!out->stream) {  // as OpenAI answers it
+      *err = bad("stream_options", "stream_options is only allowed when stream is true");
+      return false;
+    }
     if (!it->is_object()) {
       *err = bad("stream_options", "stream_options must be an object");
       return false;
@@ -283,6 +351,7 @@ bool parse_body(std::string_view body, bool chat, const std::string& served_mode
   if (!string_field(j, "priority", &r.priority, err)) return false;
   return true;
 }
+}  // namespace
 
 std::string finish_reason(const std::string& baton_reason) {
   return baton_reason == "length" ? "length" : "stop";
@@ -340,10 +409,16 @@ std::string error_json(const api_error& e) {
   return json{{"error", err}}.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-std::string models_json(const std::string& model, int64_t created) {
-  return json{{"object", "list"},
-              {"data", json::array({{{"id", model}, {"object", "model"}, {"created", created}, {"owned_by", "baton"}}})}}
-      .dump();
+namespace {
+json model_object(const std::string& model, int64_t created) {
+  return {{"id", model}, {"object", "model"}, {"created", created}, {"owned_by", "baton"}};
 }
+}  // namespace
+
+std::string models_json(const std::string& model, int64_t created) {
+  return json{{"object", "list"}, {"data", json::array({model_object(model, created)})}}.dump();
+}
+
+std::string model_json(const std::string& model, int64_t created) { return model_object(model, created).dump(); }
 
 }  // namespace baton::deploy::openai

@@ -49,5 +49,7 @@ std::string chunk_json(const call& c, const stream_chunk& chunk, const std::stri
 std::string usage_chunk_json(const call& c, const completion& done, const std::string& id, int64_t created);
 std::string error_json(const api_error& e);
 std::string models_json(const std::string& model, int64_t created);
+/// GET /v1/models/{id}: the one model object.
+std::string model_json(const std::string& model, int64_t created);
 
 }  // namespace baton::deploy::openai

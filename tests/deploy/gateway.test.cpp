@@ -243,6 +243,14 @@ TEST_CASE("the HTTP parser takes whole requests, waits for partial ones and refu
   CHECK(status("GET nope HTTP/1.1\r\n\r\n") == 400);
   CHECK(status("GET / HTTP/1.1\r\nno colon\r\n\r\n") == 400);
   CHECK(status(std::string(20000, 'a')) == 431);
+  CHECK(status("POST / HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}x") == 400);  // which body?
+  CHECK(deploy::http::parse_request("POST / HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\n{}", lim, &req).status ==
+        deploy::http::parse_status::complete);
+  // Headers in, body not, "Expect: 100-continue": the caller is told to say "100 Continue".
+  CHECK(deploy::http::parse_request("POST / HTTP/1.1\r\nExpect: 100-Continue\r\nContent-Length: 2\r\n\r\n", lim, &req)
+            .expects_continue);
+  CHECK_FALSE(deploy::http::parse_request("POST / HTTP/1.1\r\nContent-Length: 2\r\n\r\n", lim, &req).expects_continue);
+  CHECK(deploy::http::iequals("Bearer ", "bEARER "));
   CHECK(deploy::http::chunk("") == "");  // an empty chunk would end the body early
   CHECK(deploy::http::constant_time_equal("sk-1", "sk-1"));
   CHECK_FALSE(deploy::http::constant_time_equal("sk-1", "sk-2"));
@@ -293,6 +301,22 @@ TEST_CASE("OpenAI request bodies map onto generate_request, and refusals name th
         "messages[0].content");
   CHECK(refused(R"({"prompt":"a","stop":["ok",""]})").param == "stop");
   CHECK(refused(R"({"prompt":"a","tools":[{"type":"function"}]})").param == "tools");
+  // Fields of the wrong type, where a string was expected inside: a 400 naming the field, never
+  // an exception through the gateway (these threw nlohmann's type_error, and the connection died).
+  CHECK(refused(R"({"messages":[{"role":"user","content":[{"type":1,"text":"x"}]}]})", true).param == "messages[0].content");
+  CHECK(refused(R"({"prompt":"a","response_format":{"type":5}})").param == "response_format");
+  // Nesting 100,000 deep in a number field: printing it for the message recursed that deep and
+  // crashed the process.
+  const std::string deep = R"({"prompt":"a","max_tokens":)" + std::string(100000, '[') + std::string(100000, ']') + "}";
+  CHECK(refused(deep).message.find("deeper than 64 levels") != std::string::npos);
+  CHECK(refused(R"({"prompt":"a","max_tokens":[[1]]})").message == "max_tokens must be a number, got an array");
+  CHECK(refused(R"({"prompt":"a","stream_options":{"include_usage":true}})").param == "stream_options");
+  // Seeds: any 64-bit integer, exactly (a double would round the second).
+  REQUIRE(deploy::openai::parse_body(R"({"prompt":"a","seed":-1})", false, "m", &c, &e));
+  CHECK(c.req.seed == ~uint64_t{0});
+  REQUIRE(deploy::openai::parse_body(R"({"prompt":"a","seed":9007199254740993})", false, "m", &c, &e));
+  CHECK(c.req.seed == 9007199254740993ull);
+  CHECK(refused(R"({"prompt":"a","seed":1.5})").param == "seed");
 }
 
 TEST_CASE("the gateway answers OpenAI requests over HTTP with the router's tokens, streamed or whole") {
@@ -402,6 +426,108 @@ TEST_CASE("the gateway refuses what it cannot serve with the right status and a 
   CHECK(metrics.body.find("baton_rank_free_kv_pages{role=\"decode\",rank=\"decode-0\"}") != std::string::npos);
   CHECK(metrics.body.find("baton_rank_available{role=\"prefill\",rank=\"prefill-0\"} 1\n") != std::string::npos);
   CHECK(metrics.body.find("baton_router_up 1") != std::string::npos);
+}
+
+TEST_CASE("the gateway keeps serving a client that pipelines thousands of requests behind a stream") {
+  served_cluster s;
+  const int fd = connect_to(s.gateway.port);
+  // Answered at once, one after another, once the stream ends: this recursed once per request
+  // (pump, reply, finish, pump ...) and overflowed the stack at about 16,000.
+  constexpr int n = 40000;
+  std::string flood = post("/v1/completions", R"({"prompt":"a","max_tokens":40,"ignore_eos":true,"stream":true})");
+  for (int i = 0; i < n; ++i) flood += "GET /x HTTP/1.1\r\n\r\n";
+  std::thread sender{[&] { send_all(fd, flood); }};
+  std::string buf;
+  CHECK(read_answer(fd, buf).status == 200);
+  int not_found = 0;
+  for (int i = 0; i < n; ++i) not_found += read_answer(fd, buf).status == 404;
+  sender.join();
+  ::close(fd);
+  CHECK(not_found == n);
+  CHECK(round_trip(s.gateway.port, get("/health", "")).status == 200);
+}
+
+TEST_CASE("a call that times out at the gateway stops its generation, and none of its text reaches the next answer") {
+  deploy::gateway_config gc;
+  gc.request_timeout_ms = 40;
+  served_cluster s{gc};
+  generate_request b;
+  b.prompt = "In";
+  b.max_tokens = 3;
+  const auto ref = s.direct(b);
+  const int fd = connect_to(s.gateway.port);
+  // A streams far longer than 40 ms; B, pipelined behind it, is short.
+  send_all(fd, post("/v1/completions", R"({"prompt":"a","max_tokens":240,"ignore_eos":true,"stream":true})") +
+                   post("/v1/completions", R"({"prompt":"In","max_tokens":3,"stream":true})"));
+  std::string buf;
+  auto a = read_answer(fd, buf);
+  auto second = read_answer(fd, buf);
+  ::close(fd);
+  CHECK(a.status == 200);
+  CHECK(a.body.find("the cluster did not answer within the gateway's request timeout") != std::string::npos);
+  std::vector<json> events;
+  // B's own text only: A's generation went on and its chunks arrived under B's id before.
+  CHECK(sse_text(second.body, &events) == ref.text);
+  CHECK(s.settles());
+}
+
+TEST_CASE("the gateway answers load balancers' and SDKs' small requests: HEAD /health, a model by id, any case of "
+          "Bearer, Expect: 100-continue") {
+  served_cluster s;
+  const uint16_t port = s.gateway.port;
+  {  // HEAD: the head only, and the connection stays in step for the next request
+    const int fd = connect_to(port);
+    send_all(fd, "HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n" + get("/v1/models"));
+    std::string buf;
+    char tmp[4096];
+    while (buf.find("\r\n\r\n") == std::string::npos || buf.find("\r\n\r\n{") == std::string::npos) {
+      const auto n = ::recv(fd, tmp, sizeof(tmp), 0);
+      REQUIRE(n > 0);
+      buf.append(tmp, static_cast<size_t>(n));
+    }
+    ::close(fd);
+    CHECK(buf.rfind("HTTP/1.1 200 OK", 0) == 0);
+    const auto second = buf.find("HTTP/1.1 200 OK", 1);
+    REQUIRE(second != std::string::npos);
+    CHECK(buf.substr(buf.find("\r\n\r\n") + 4, second - buf.find("\r\n\r\n") - 4).empty());  // no body after HEAD's head
+  }
+  auto model = round_trip(port, get("/v1/models/" + s.stats().model));
+  REQUIRE(model.status == 200);
+  CHECK(json::parse(model.body)["id"] == s.stats().model);
+  CHECK(round_trip(port, get("/v1/models/gpt-4")).status == 404);
+  CHECK(round_trip(port, "GET /v1/models HTTP/1.1\r\nAuthorization: bearer sk-test\r\n\r\n").status == 200);
+  {  // Expect: 100-continue: told to go on before the body is sent
+    const int fd = connect_to(port);
+    const std::string body = R"({"prompt":"a","max_tokens":2})";
+    send_all(fd, "POST /v1/completions HTTP/1.1\r\nAuthorization: Bearer sk-test\r\nExpect: 100-continue\r\nContent-Length: " +
+                     std::to_string(body.size()) + "\r\n\r\n");
+    std::string buf;
+    char tmp[4096];
+    while (buf.find("\r\n\r\n") == std::string::npos) {
+      const auto n = ::recv(fd, tmp, sizeof(tmp), 0);
+      REQUIRE(n > 0);
+      buf.append(tmp, static_cast<size_t>(n));
+    }
+    CHECK(buf == "HTTP/1.1 100 Continue\r\n\r\n");
+    buf.clear();
+    send_all(fd, body);
+    CHECK(read_answer(fd, buf).status == 200);
+    ::close(fd);
+  }
+}
+
+TEST_CASE("a connection that sends nothing is closed after the idle limit, so silent sockets cannot hold every slot") {
+  deploy::gateway_config gc;
+  gc.idle_timeout_ms = 200;
+  gc.max_connections = 2;
+  served_cluster s{gc};
+  const int a = connect_to(s.gateway.port), b = connect_to(s.gateway.port);
+  char tmp[64];
+  CHECK(::recv(a, tmp, sizeof tmp, 0) == 0);  // closed by the gateway (the socket's own limit is 30 s)
+  CHECK(::recv(b, tmp, sizeof tmp, 0) == 0);
+  ::close(a);
+  ::close(b);
+  CHECK(round_trip(s.gateway.port, get("/health", "")).status == 200);
 }
 
 TEST_CASE("a client that hangs up mid-stream cancels its request and its KV pages come back") {
