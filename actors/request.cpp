@@ -355,7 +355,13 @@ void on_prefill_result(request_pointer self, prefill_result& r) {
   st.out.recomputed_blocks = r.recomputed_blocks;
   st.out.kv_bytes = st.hybrid ? 0 : r.kv_bytes;
   st.out.kv_send_us = st.hybrid ? 0 : r.kv_send_us;
-  if (st.plan.store.enabled()) st.cached_blocks = r.cached_tokens / st.plan.store.block_tokens();
+  // Blocks the write-back may skip: those the store has. The prompt's cached tokens also count
+  // blocks the prefill rank kept in its own tier, which the store may lack (a batch-class prompt
+  // is never written back, yet its blocks stay on the rank): those must be written, or the
+  // store's chain would have a gap that CHECK never gets past.
+  if (st.plan.store.enabled())
+    st.cached_blocks = std::min<uint32_t>(r.cached_tokens / st.plan.store.block_tokens(),
+                                          static_cast<uint32_t>(st.prefix.size()));
   record_token(self, r.first_token, std::move(r.logits));
   const bool eos = r.first_token == st.plan.eos_token_id && !st.plan.params.ignore_eos;
   st.stopped = hits_stop(st, r.first_token);

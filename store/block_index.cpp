@@ -46,6 +46,26 @@ const block_meta* block_index::find(const block_key& key) const {
 
 void block_index::make_recent(entry& e) { lru_.splice(lru_.begin(), lru_, e.lru); }
 
+void block_index::place(entry& e) {
+  // Leaf-first: right behind its parent when the parent is here (a chain committed first block
+  // first, as a decode rank's write-back does, keeps its root the most recent), else in front.
+  auto p = e.meta.parent.empty() ? entries_.end() : entries_.find(e.meta.parent);
+  lru_.splice(p == entries_.end() ? lru_.begin() : std::next(p->second.lru), lru_, e.lru);
+}
+
+void block_index::extend_ancestors(const block_meta& child) {
+  // A chain is found from its root: an ancestor that expires before its descendant would leave
+  // them unreachable, so each is kept at least as long (stops at the first that already is).
+  for (auto k = child.parent; !k.empty();) {
+    auto i = entries_.find(k);
+    if (i == entries_.end() || i->second.meta.expires_at_s >= child.expires_at_s) return;
+    by_expiry_.erase(i->second.expiry);
+    i->second.meta.expires_at_s = child.expires_at_s;
+    i->second.expiry = by_expiry_.emplace(child.expires_at_s, k);
+    k = i->second.meta.parent;
+  }
+}
+
 void block_index::upsert(block_meta meta, double now_s) {
   auto i = entries_.find(meta.key);
   if (i == entries_.end()) {
@@ -54,11 +74,13 @@ void block_index::upsert(block_meta meta, double now_s) {
     const auto key = meta.key;
     meta.last_access_s = now_s;
     entry e{std::move(meta), lru_.begin(), by_expiry_.emplace(exp, key), 0};
-    entries_.emplace(key, std::move(e));
+    auto& placed = entries_.emplace(key, std::move(e)).first->second;
+    place(placed);
+    extend_ancestors(placed.meta);
     return;
   }
   auto& e = i->second;
-  make_recent(e);
+  place(e);
   e.meta.last_access_s = now_s;
   for (auto s : meta.servers)
     if (std::find(e.meta.servers.begin(), e.meta.servers.end(), s) == e.meta.servers.end()) e.meta.servers.push_back(s);
@@ -67,6 +89,7 @@ void block_index::upsert(block_meta meta, double now_s) {
     e.meta.expires_at_s = meta.expires_at_s;
     e.meta.cls = meta.cls;
     e.expiry = by_expiry_.emplace(e.meta.expires_at_s, e.meta.key);
+    extend_ancestors(e.meta);
   }
 }
 

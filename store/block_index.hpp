@@ -3,9 +3,13 @@
 // The store's metadata (seed 000 §2.2): which blocks exist, where, until when, and in which LRU
 // order. Pure and single-owner (the block_index actor, or a trace replay): time is passed in.
 //
-// Eviction is leaf-first LRU: callers insert and touch a request's blocks last block first, so a
-// prefix's leading blocks are always more recently used than its tail and a chain is evicted
-// from its leaves (../shared/traces/README.md §1 gives the same semantics and reference ratios).
+// Eviction is leaf-first LRU: a prefix's leading blocks are always more recently used than its
+// tail, so a chain is evicted from its leaves (../shared/traces/README.md §1 gives the same
+// semantics and reference ratios). A hit touches the chain last block first; a block inserted
+// goes right behind its parent when the parent is in this index (a write-back commits first
+// block first). Likewise a block's ancestors expire no earlier than it does. Both hold within one
+// index: with several index shards, a chain's blocks spread over them and each shard keeps its
+// own order.
 
 #include <cstdint>
 #include <list>
@@ -49,8 +53,9 @@ class block_index {
   /// How many leading keys are present and unexpired at now_s (CHECK). Touches nothing.
   size_t longest_prefix(const std::vector<block_key>& keys, double now_s) const;
   const block_meta* find(const block_key& key) const;
-  /// Inserts, or refreshes an existing block: it becomes most recently used, its expiry the later
-  /// of the two, its servers the union.
+  /// Inserts, or refreshes an existing block: it becomes most recently used (behind its parent,
+  /// when that is here), its expiry the later of the two (its ancestors' at least as late), its
+  /// servers the union.
   void upsert(block_meta meta, double now_s);
   /// Marks `keys` used, last one first (a read hit).
   void touch_chain(const std::vector<block_key>& keys, double now_s);
@@ -75,6 +80,8 @@ class block_index {
     uint32_t pins = 0;
   };
   void make_recent(entry& e);
+  void place(entry& e);
+  void extend_ancestors(const block_meta& child);
   std::unordered_map<block_key, entry, block_key_hash> entries_;
   std::list<block_key> lru_;
   std::multimap<double, block_key> by_expiry_;

@@ -338,6 +338,44 @@ TEST_CASE("store: the rank-local tier shares a finished prompt's full blocks wit
   CHECK(st.num_free_pages == cfg.executor.num_kv_pages - 3 * 2);
 }
 
+TEST_CASE("store: blocks a prompt found in the rank-local tier but not in the store are written back, so the "
+          "store's chain has no gap") {
+  temp_dir dir{"local-gap"};
+  test::cluster_system t;
+  auto cfg = store_cluster(dir.path);
+  cfg.prefill.prefix_cache_blocks = 8;
+  auto cluster = start_local_cluster(t.sys, cfg);
+  test::cluster_system::stopper stop{t, cluster};
+  const auto p = prompt_tokens(cfg, 99, 10);
+  auto first = request_for(p);
+  first.traffic_class = "batch";  // never written to the store, yet its 3 blocks stay on the rank
+  REQUIRE(t.generate(cluster.router, first));
+  auto longer = p;
+  const auto tail = prompt_tokens(cfg, 40, 11);
+  longer.insert(longer.end(), tail.begin() + 1, tail.end());
+  auto second = t.generate(cluster.router, request_for(longer));
+  REQUIRE_MESSAGE(second, t.sys.render(second.error()));
+  CHECK(second->local_cached_tokens == 96);
+  // Before, the write-back skipped the 3 blocks the rank had (as if the store had them) and wrote
+  // only the 4th, whose chain CHECK could never reach.
+  wait_for_blocks(t, cluster, 4);
+  CHECK(t.stats(cluster.decode[0].handle).blocks_written_back == 4);
+  caf::scoped_actor self{t.sys};
+  std::vector<block_ref> keys;
+  for (size_t b = 0; b < 4; ++b) {
+    const auto k = key_of(cfg, longer, b);
+    keys.push_back({k.hi, k.lo, {}});
+  }
+  uint32_t found = 0;  // leading blocks the index holds
+  self->request(cluster.store_index[0], std::chrono::seconds{5}, check_atom::value, uint64_t{1}, keys)
+      .receive(
+          [&](std::vector<block_ref>& r) {
+            while (found < r.size() && !r[found].servers.empty()) ++found;
+          },
+          [](caf::error&) {});
+  CHECK(found == 4);
+}
+
 TEST_CASE("store: cache-affinity routing sends a prompt to the prefill rank whose own pages hold its prefix") {
   for (const std::string policy : {"cache_affinity", "round_robin"}) {
     CAPTURE(policy);

@@ -232,6 +232,33 @@ TEST_CASE("the index: longest cached prefix, leaf-first LRU eviction, expiry by 
   CHECK_FALSE(parse_retention("forever"));
 }
 
+TEST_CASE("the index: a chain committed first block first (as a write-back does) is still evicted from its leaves, "
+          "and an ancestor expires no earlier than its descendants") {
+  block_index idx{3};
+  auto key = [](uint64_t i) { return block_key{0, i}; };
+  auto commit = [&](uint64_t i, uint64_t parent, double expires, double now) {
+    idx.upsert({key(i), parent ? key(parent) : block_key{}, {0}, 1, retention::chat, expires, 0}, now);
+  };
+  // 1 <- 2 <- 3, in that order: before, 1 was the least recent and went first, leaving 2 and 3
+  // unreachable.
+  commit(1, 0, 100, 0);
+  commit(2, 1, 100, 0);
+  commit(3, 2, 100, 0);
+  commit(9, 0, 100, 1);  // another prompt's first block
+  const auto evicted = idx.evict_to_capacity();
+  REQUIRE(evicted.size() == 1);
+  CHECK(evicted[0].key == key(3));
+  CHECK(idx.longest_prefix({key(1), key(2)}, 1) == 2);
+  // A later turn extends the chain with a longer retention: its root lives as long.
+  block_index turns;
+  turns.upsert({key(1), {}, {0}, 1, retention::chat, 10, 0}, 0);
+  turns.upsert({key(2), key(1), {0}, 1, retention::chat, 10, 0}, 0);
+  turns.upsert({key(3), key(2), {0}, 1, retention::chat, 50, 5}, 5);
+  CHECK(turns.expire(20).empty());  // before, 1 and 2 went at 10 and 3 could never be found again
+  CHECK(turns.longest_prefix({key(1), key(2), key(3)}, 20) == 3);
+  CHECK(turns.expire(50).size() == 3);
+}
+
 TEST_CASE("the server ring: distinct replicas, and a new server takes about 1/n of the keys") {
   server_ring four{4}, five{5};
   size_t moved = 0, n = 20000;
