@@ -110,7 +110,7 @@ std::string put_and_wait(io_context& io, const store_read_order& order, uint32_t
                         std::move(segments)};
   const uint64_t id = io.xport->post_put(d);
   transport::xfer_error err;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds{10};
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds{store_put_limit_ms};
   for (;;) {
     const auto s = io.xport->poll(id, &err);
     if (s == transport::xfer_state::done) break;
@@ -120,7 +120,9 @@ std::string put_and_wait(io_context& io, const store_read_order& order, uint32_t
     }
     if (std::chrono::steady_clock::now() > deadline || io.stopping.load()) {
       io.xport->release(id);
-      return "put of layer " + std::to_string(layer) + (io.stopping.load() ? " abandoned: the server stopped" : " still pending after 10 s");
+      return "put of layer " + std::to_string(layer) + " to " + order.reader +
+             (io.stopping.load() ? " abandoned: the server stopped"
+                                 : " still pending after " + std::to_string(store_put_limit_ms) + " ms");
     }
     std::this_thread::yield();
   }
@@ -128,21 +130,45 @@ std::string put_and_wait(io_context& io, const store_read_order& order, uint32_t
   return {};
 }
 
+/// What is wrong with a read order as a whole (empty: nothing). Orders come from other processes:
+/// none may make the server divide by zero or reach outside the reader's pages or its staging.
+std::string malformed(const io_context& io, const store_read_order& order) {
+  const auto& reg = order.region;
+  if (order.block_index.size() != order.blocks.size())
+    return std::to_string(order.blocks.size()) + " blocks with " + std::to_string(order.block_index.size()) + " positions";
+  if (reg.page_size_tokens == 0 || order.block_tokens == 0 || order.block_tokens % reg.page_size_tokens != 0)
+    return "a block of " + std::to_string(order.block_tokens) + " tokens does not fill whole pages of " +
+           std::to_string(reg.page_size_tokens);
+  for (auto page : order.page_ids)
+    if (page >= reg.num_pages)
+      return "page " + std::to_string(page) + " is outside the reader's pool of " + std::to_string(reg.num_pages);
+  const gpu::kv_layout layout{reg.num_layers, reg.num_pages, reg.page_size_tokens, reg.kv_dim, reg.kv_planes};
+  const uint64_t block_layer_bytes = uint64_t{order.block_tokens / reg.page_size_tokens} * layout.page_bytes();
+  if (block_layer_bytes > io.staging.size())
+    return "one layer of a block is " + std::to_string(block_layer_bytes) + " bytes, more than this server's staging of " +
+           std::to_string(io.staging.size()) + " (store staging_bytes)";
+  return {};
+}
+
 /// Serves a read on the I/O thread: layer-major, each layer of all blocks (in staging-sized
-/// batches) read then put, so the reader's layer l lands before layer l + 1.
-store_read_result serve_read(io_context& io, const store_read_order& order, uint64_t* bytes) {
+/// batches) read, checked against its checksum, then put, so the reader's layer l lands before
+/// layer l + 1. No put starts after `deadline`.
+store_read_result serve_read(io_context& io, const store_read_order& order, uint64_t* bytes,
+                             std::chrono::steady_clock::time_point deadline) {
   const size_t n = order.blocks.size();
   store_read_result r{order.request_id, order.block_index, std::vector<std::string>(n), std::vector<std::vector<uint64_t>>(n)};
+  const std::string bad = io.setup_error.empty() ? malformed(io, order) : io.setup_error;
+  if (!bad.empty()) {
+    for (auto& e : r.errors) e = io.setup_error.empty() ? "malformed read order from " + order.reader + ": " + bad : bad;
+    return r;
+  }
   const auto& reg = order.region;
   const gpu::kv_layout layout{reg.num_layers, reg.num_pages, reg.page_size_tokens, reg.kv_dim, reg.kv_planes};
   const uint32_t ppb = order.block_tokens / reg.page_size_tokens;
+  const uint64_t block_layer_bytes = uint64_t{ppb} * layout.page_bytes();
   std::vector<int> fds(n, -1);
   std::vector<store::block_header> headers(n);
   for (size_t i = 0; i < n; ++i) {
-    if (!io.setup_error.empty()) {
-      r.errors[i] = io.setup_error;
-      continue;
-    }
     const store::block_key key{order.blocks[i].hi, order.blocks[i].lo};
     std::string why;
     fds[i] = store::open_block_file(store::block_path(io.cfg.dir, key), io.salt, key, &headers[i], &why);
@@ -152,25 +178,44 @@ store_read_result serve_read(io_context& io, const store_read_order& order, uint
     }
     const auto& h = headers[i];
     if (h.num_layers != layout.num_layers || h.kv_dim != layout.kv_dim || h.block_tokens != order.block_tokens ||
-        h.page_tokens != layout.page_size_tokens || uint64_t{order.block_index[i] + 1} * ppb > order.page_ids.size()) {
-      r.errors[i] = "block layout does not match the reader's pages";
+        h.page_tokens != layout.page_size_tokens || h.layer_bytes != block_layer_bytes ||
+        uint64_t{order.block_index[i] + 1} * ppb > order.page_ids.size()) {
+      r.errors[i] = "block " + key.hex() + " does not match the reader's pages: " + std::to_string(h.num_layers) +
+                    " layers of " + std::to_string(h.layer_bytes) + " bytes, the reader's " +
+                    std::to_string(layout.num_layers) + " of " + std::to_string(block_layer_bytes);
       ::close(fds[i]);
       fds[i] = -1;
       continue;
     }
     r.checksums[i] = h.layer_checksums;
   }
-  const uint64_t block_layer_bytes = uint64_t{ppb} * layout.page_bytes();
-  const size_t per_batch = std::max<uint64_t>(1, io.staging.size() / std::max<uint64_t>(1, block_layer_bytes));
-  for (uint32_t l = 0; l < layout.num_layers; ++l) {
+  const size_t per_batch = std::max<uint64_t>(1, io.staging.size() / block_layer_bytes);  // >= 1 block layer: malformed()
+  bool expired = false;
+  for (uint32_t l = 0; l < layout.num_layers && !expired; ++l) {
     if (io.cfg.fault_layer_delay_ms) std::this_thread::sleep_for(std::chrono::milliseconds{io.cfg.fault_layer_delay_ms});
     for (size_t first = 0; first < n; first += per_batch) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        // The reader is about to stop waiting: a put now could land after it has moved on.
+        for (size_t i = 0; i < n; ++i)
+          if (fds[i] >= 0 && r.errors[i].empty())
+            r.errors[i] = "the read's budget of " + std::to_string(order.budget_ms) + " ms ran out at layer " +
+                          std::to_string(l) + " (" + io.cfg.name + " was busy)";
+        expired = true;
+        break;
+      }
       std::vector<transport::segment> segs;
       for (size_t i = first; i < std::min(n, first + per_batch); ++i) {
         if (fds[i] < 0 || !r.errors[i].empty()) continue;
         std::byte* slot = io.staging.data() + (i - first) * block_layer_bytes;
         if (auto err = store::read_block_layer(fds[i], headers[i], l, slot); !err.empty()) {
           r.errors[i] = err;
+          continue;
+        }
+        // A layer whose bytes are not what was written never leaves the server: the reader's
+        // end-to-end check would catch it, but only after it landed in pages being computed on.
+        if (std::max<uint64_t>(1, gpu::layer_checksum(l, slot, ppb, layout.page_bytes())) != headers[i].layer_checksums[l]) {
+          r.errors[i] = "layer " + std::to_string(l) + " of block " + store::block_key{order.blocks[i].hi, order.blocks[i].lo}.hex() +
+                        " on " + io.cfg.name + " failed its checksum: the file is corrupt";
           continue;
         }
         for (uint32_t p = 0; p < ppb; ++p)
@@ -184,7 +229,7 @@ store_read_result serve_read(io_context& io, const store_read_order& order, uint
           if (r.errors[i].empty() && fds[i] >= 0) r.errors[i] = err;
     }
     // This layer of every good block is in the reader's pages: it may compute the layer now.
-    if (order.reader_actor) {
+    if (order.reader_actor && !expired) {
       store_layer_landed ev{order.request_id, l, {}, {}};
       for (size_t i = 0; i < n; ++i)
         if (fds[i] >= 0 && r.errors[i].empty()) {
@@ -275,11 +320,14 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
         auto promise = self->make_response_promise<store_read_result>();
         const uint64_t read_id = ++self->state.last_read;
         self->state.reads[read_id] = {order.request_id, promise};
+        // The budget counts from here: time queued behind other reads and writes counts.
+        const auto deadline = order.budget_ms ? std::chrono::steady_clock::now() + std::chrono::milliseconds{order.budget_ms}
+                                              : std::chrono::steady_clock::time_point::max();
         run_io(
             self,
-            [order = std::move(order)](io_context& io) {
+            [order = std::move(order), deadline](io_context& io) {
               uint64_t bytes = 0;
-              auto r = serve_read(io, order, &bytes);
+              auto r = serve_read(io, order, &bytes, deadline);
               return std::make_pair(std::move(r), bytes);
             },
             [=](std::pair<store_read_result, uint64_t> out) mutable {

@@ -70,9 +70,12 @@ struct store_config {
   store::retention_policy retention;  ///< chat 7 d, agent 3 d, batch not written
   uint32_t housekeeping_interval_ms = 60000;  ///< expiry and eviction run this often
   uint32_t read_timeout_ms = 5000;    ///< a read not answered by then is a miss (recompute)
-  uint64_t staging_bytes = 64ull << 20;  ///< a block server's registered buffer for reads
+  /// A block server's registered buffers (one for reads, one of write slots); 0: sized for the
+  /// model, 2 whole blocks and at least 64 MiB (a Llama-3-8B block of 512 tokens is 128 MiB of f32).
+  uint64_t staging_bytes = 0;
   /// Each decode rank's registered write-back staging; blocks beyond it are dropped (counted).
-  uint64_t max_pending_write_bytes = 64ull << 20;
+  /// 0: sized for the model, 4 whole blocks and at least 64 MiB.
+  uint64_t max_pending_write_bytes = 0;
   /// With the store off: still key prompts into blocks of block_tokens, so prefill ranks keep
   /// their local prefix tiers and cache_affinity sees the keys (sims, which model no disks yet).
   bool local_tier_only = false;

@@ -18,6 +18,23 @@
 
 namespace baton {
 
+namespace {
+
+/// One whole block of the store in the model's host KV layout (what a write slot holds).
+uint64_t store_block_bytes(const local_cluster_config& cfg) {
+  const auto lay = gpu::model_kv_layout(cfg.model, 1, cfg.executor.page_size_tokens);
+  return uint64_t{cfg.store.block_tokens / cfg.executor.page_size_tokens} * lay.page_bytes() * lay.num_layers;
+}
+
+/// The store's buffers: as configured, or (0) sized for the model's blocks.
+std::pair<uint64_t, uint64_t> store_buffers(const local_cluster_config& cfg) {
+  const uint64_t block = store_block_bytes(cfg), floor = 64ull << 20;
+  return {cfg.store.staging_bytes ? cfg.store.staging_bytes : std::max(floor, 2 * block),
+          cfg.store.max_pending_write_bytes ? cfg.store.max_pending_write_bytes : std::max(floor, 4 * block)};
+}
+
+}  // namespace
+
 std::string local_cluster_config::validate() const {
   if (auto e = model.validate(); !e.empty()) return "model: " + e;
   if (auto e = executor.validate(); !e.empty()) return "executor: " + e;
@@ -29,6 +46,10 @@ std::string local_cluster_config::validate() const {
   if (auto e = decode_balancer.validate(); !e.empty()) return e;
   if (!remote_store_hosts.empty() && !store.enabled) return "store nodes given but the store is off";
   if (auto e = store.validate(executor.page_size_tokens, remote_store_hosts.size()); !e.empty()) return e;
+  if (store.enabled && store.staging_bytes && store.staging_bytes < store_block_bytes(*this))
+    return "store staging_bytes (" + std::to_string(store.staging_bytes) + ") is smaller than one block of this model (" +
+           std::to_string(store_block_bytes(*this)) + " bytes: " + std::to_string(store.block_tokens) +
+           " tokens of every layer's KV): no block could be written or read; leave it 0 to size it for the model";
   // Prefill and decode ranks may also join from other processes (`baton node`), so 0
   // in-process is valid.
   if (elastic_prefill_at_start > num_elastic_ranks)
@@ -114,7 +135,8 @@ local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_co
     access.identity = kv_identity_of(cfg);
     access.replicas = cfg.store.replicas;
     access.read_timeout_ms = cfg.store.read_timeout_ms;
-    access.max_pending_write_bytes = cfg.store.max_pending_write_bytes;
+    const auto [staging_bytes, pending_write_bytes] = store_buffers(cfg);
+    access.max_pending_write_bytes = pending_write_bytes;
     access.retention = cfg.store.retention;
     for (uint32_t i = 0; i < cfg.store.index_shards; ++i)  // capacity is split over the shards
       out.store_index.push_back(spawn_block_index(
@@ -124,8 +146,7 @@ local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_co
           {}));
     for (uint32_t i = 0; i < cfg.store.num_servers; ++i) {
       const std::string name = "store-" + std::to_string(i);
-      block_server_config bc{i, name, cfg.store.dir + "/server-" + std::to_string(i), access.identity,
-                             cfg.store.staging_bytes};
+      block_server_config bc{i, name, cfg.store.dir + "/server-" + std::to_string(i), access.identity, staging_bytes};
       auto server = make_block_server ? make_block_server(sys, std::move(bc), make_transport(name), out.store_index)
                                       : spawn_block_server(sys, std::move(bc), make_transport(name), out.store_index);
       out.store_servers.push_back({name, server});
@@ -137,7 +158,7 @@ local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_co
       for (size_t i = 0; i < cfg.remote_store_hosts.size() && out.setup_error.empty(); ++i) {
         const auto& id = access.identity;
         store_adoption a{static_cast<uint32_t>(access.servers.size()), out.store_index, id.model_id, id.num_layers,
-                         id.kv_dim, id.block_tokens, id.page_tokens, id.dtype, cfg.store.staging_bytes};
+                         id.kv_dim, id.block_tokens, id.page_tokens, id.dtype, staging_bytes};
         self->request(cfg.remote_store_hosts[i], std::chrono::milliseconds{cfg.adopt_timeout_ms}, adopt_atom::value, a)
             .receive(
                 [&](block_server_actor& server) {

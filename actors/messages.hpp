@@ -381,12 +381,21 @@ struct store_read_order {
   std::vector<uint32_t> page_ids;      ///< the reader's pages for the whole prompt
   std::string reader;                  ///< for error messages and the transport's peer name
   caf::actor reader_actor;             ///< told store_layer_landed after each layer (may be null)
+  /// The server starts no put for this order later than this after it took the order (0: no
+  /// limit). The reader waits read_timeout_ms; half of it here leaves the other half for the
+  /// last put and the answer, so that no put lands after the reader stopped waiting.
+  uint32_t budget_ms = 0;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, store_read_order& x) {
   return f(caf::meta::type_name("store_read_order"), x.request_id, x.blocks, x.block_index, x.block_tokens, x.region,
-           x.page_ids, x.reader, x.reader_actor);
+           x.page_ids, x.reader, x.reader_actor, x.budget_ms);
 }
+
+/// A block server gives up one put of a read after this long. With the order's budget, it bounds
+/// how long after a read's deadline a put of it can still land: a reader that stopped waiting
+/// keeps the pages it named that much longer (read_timeout_ms + this) before reusing them.
+inline constexpr uint32_t store_put_limit_ms = 10000;
 
 /// Block server -> reader, while a read streams: layer `layer` of these blocks has landed in the
 /// reader's pages (the pipeline of seed 000 §2.3: the reader computes layer l meanwhile).

@@ -109,6 +109,26 @@ std::optional<chunk_job> take_job(prefill_pointer self, uint64_t job_id) {
 void return_pages(prefill_pointer self, prefill_job_state& r, bool success) {
   auto& st = self->state;
   auto& kv = st.core.exec->kv();
+  if (r.load.late_writer) {
+    // A store read that ended unanswered may still put into these pages: none goes to another
+    // prompt (or to the local tier, shared with later prompts) until the server's last possible
+    // put is past -- it starts none after the order's budget and gives each up after
+    // store_put_limit_ms.
+    size_t own_from = 0;  // the shared blocks' pages belong to the local tier, not to this prompt
+    if (st.local) {
+      st.local->release(r.keys, r.shared_blocks);
+      own_from = std::min(size_t{r.shared_blocks} * st.local->pages_per_block(), r.local_pages.size());
+    }
+    std::vector<uint32_t> held(r.local_pages.begin() + own_from, r.local_pages.end());
+    st.core.log->add({0, "pages_held", r.order.request_id, static_cast<uint32_t>(held.size()), 0, {}, {}});
+    st.core.runner->run_after(std::chrono::milliseconds{st.store.read_timeout_ms + store_put_limit_ms},
+                              [self, held = std::move(held), rid = r.order.request_id] {
+                                self->state.core.exec->kv().kv_page_free(held);
+                                self->state.core.log->add({0, "pages_unheld", rid, static_cast<uint32_t>(held.size()), 0, {}, {}});
+                                drain_waiting(self);
+                              });
+    return;
+  }
   if (!st.local) {
     kv.kv_page_free(r.local_pages);
     return;
@@ -153,7 +173,8 @@ void finish_if_done(prefill_pointer self, uint64_t request_id) {
   };
   // A success waits too: an aborted attempt's puts (a prefix load that failed late) may still be
   // on their way after the restart announced every layer.
-  if ((r.failed && r.jobs_in_executor > 0) || in_flight()) return;
+  // A failure also waits for its store reads: the servers are putting into the pages.
+  if ((r.failed && (r.jobs_in_executor > 0 || r.load.outstanding > 0)) || in_flight()) return;
   if (r.failed) {
     r.promise.deliver(std::move(r.failure));
   } else {

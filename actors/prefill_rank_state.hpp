@@ -82,6 +82,9 @@ struct prefix_load {
   std::vector<uint32_t> verified;  ///< per block: leading layers landed and verified this round
   std::shared_ptr<gpu::streamed_layers_gate> gate;  ///< streaming: the running attempt's gate
   bool aborted = false;               ///< streaming: a block failed; compute restarts after the reads
+  /// A read ended without the server's answer (a timeout, a lost link): its puts may still land
+  /// in our pages, which therefore go back to the pool only after store_put_limit_ms more.
+  bool late_writer = false;
 };
 
 /// Dynamic prefill split (seed 002): this rank computes one part of a prompt. Earlier parts'

@@ -118,6 +118,7 @@ void on_round_done(prefill_pointer self, uint64_t rid) {
   auto& st = self->state;
   auto& r = st.requests.at(rid);
   auto& ld = r.load;
+  if (r.failed) return finish_if_done(self, rid);  // stopped meanwhile: its answer waited for the reads
   self->send(r.order.decode, keepalive_atom::value, rid, r.order.grant.lease_id);  // loading is progress
   bool retry = false;
   for (size_t b = 0; b < ld.state.size(); ++b)
@@ -172,6 +173,7 @@ void load_round(prefill_pointer self, uint64_t rid) {
                                 lay.kv_dim, lay.planes};
       o.page_ids = r.local_pages;
       o.reader = st.cfg.name;
+      o.budget_ms = std::max<uint32_t>(1, st.store.read_timeout_ms / 2);
       if (r.load.gate) o.reader_actor = caf::actor_cast<caf::actor>(self);
     }
     o.blocks.push_back(ld.blocks[b]);
@@ -218,6 +220,7 @@ void load_round(prefill_pointer self, uint64_t rid) {
       auto& st = self->state;
       auto i = st.requests.find(rid);
       if (i == st.requests.end()) return;
+      i->second.load.late_writer = true;  // no answer: the server may still be putting
       for (auto b : asked)
         if (i->second.load.state[b] == prefix_load::in_flight)
           block_failed(i->second.load, b, "block server " + std::to_string(server) + ": " + self->system().render(err));

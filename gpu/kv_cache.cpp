@@ -104,16 +104,29 @@ mix_fn pick_mix() {
 
 }  // namespace
 
-uint64_t kv_cache::kv_layer_checksum(uint32_t layer, const std::vector<uint32_t>& pages, uint32_t num_pages) const {
+namespace {
+/// The checksum over `n` pages of `page_bytes`, page i at `at(i)`: one definition for pool pages
+/// and for a block file's layer in a server's staging.
+template <class PageAt>
+uint64_t checksum_pages(uint32_t layer, uint32_t n, uint64_t page_bytes, PageAt at) {
   static const mix_fn mix = pick_mix();
   uint64_t lane[checksum_lanes];
   for (int k = 0; k < checksum_lanes; ++k) lane[k] = 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(k + 1) ^ layer;
-  const auto* base = reinterpret_cast<const unsigned char*>(memory_);
-  for (uint32_t i = 0; i < num_pages && i < pages.size(); ++i)
-    mix(lane, base + layout_.offset_bytes(layer, pages[i]), layout_.page_bytes());
+  for (uint32_t i = 0; i < n; ++i) mix(lane, reinterpret_cast<const unsigned char*>(at(i)), page_bytes);
   uint64_t h = lane[0];
   for (int k = 1; k < checksum_lanes; ++k) h = (h ^ lane[k]) * 0xC4CEB9FE1A85EC53ull;
   return h ^ (h >> 29);
+}
+}  // namespace
+
+uint64_t layer_checksum(uint32_t layer, const std::byte* first_page, uint32_t num_pages, uint64_t page_bytes) {
+  return checksum_pages(layer, num_pages, page_bytes, [&](uint32_t i) { return first_page + uint64_t{i} * page_bytes; });
+}
+
+uint64_t kv_cache::kv_layer_checksum(uint32_t layer, const std::vector<uint32_t>& pages, uint32_t num_pages) const {
+  const auto* base = reinterpret_cast<const std::byte*>(memory_);
+  return checksum_pages(layer, std::min<uint32_t>(num_pages, static_cast<uint32_t>(pages.size())), layout_.page_bytes(),
+                        [&](uint32_t i) { return base + layout_.offset_bytes(layer, pages[i]); });
 }
 
 }  // namespace baton::gpu

@@ -111,4 +111,9 @@ private:
   std::unique_ptr<std::atomic<uint32_t>[]> gen_;  ///< per page, see generation()
 };
 
+/// kv_cache::kv_layer_checksum of `num_pages` pages of one layer lying one after another from
+/// `first_page` (as a block file stores them): a block server checks a layer with it before it
+/// sends the layer anywhere.
+uint64_t layer_checksum(uint32_t layer, const std::byte* first_page, uint32_t num_pages, uint64_t page_bytes);
+
 }  // namespace baton::gpu

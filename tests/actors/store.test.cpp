@@ -409,6 +409,51 @@ TEST_CASE("store: cache-affinity routing sends a prompt to the prefill rank whos
   }
 }
 
+TEST_CASE("store: a read slower than the reader's timeout: the server starts no put past its budget, the prompt is "
+          "recomputed, and the pages it named are held from the next prompts until no put of it can land") {
+  temp_dir dir{"slow-read"};
+  test::cluster_system t;
+  auto cfg = store_cluster(dir.path);
+  cfg.store.read_timeout_ms = 200;  // the server's budget: 100 ms
+  // The server takes 300 ms before each layer of a read (reads only: write-back is unaffected).
+  auto slow = [](caf::actor_system& sys, block_server_config bc, std::shared_ptr<transport::transport> xport,
+                 std::vector<block_index_actor> index) {
+    bc.fault_layer_delay_ms = 300;
+    return spawn_block_server(sys, std::move(bc), std::move(xport), std::move(index));
+  };
+  auto cluster = start_local_cluster(t.sys, cfg, {}, {}, slow);
+  test::cluster_system::stopper stop{t, cluster};
+  const auto p = prompt_tokens(cfg, 99, 12);
+  REQUIRE(t.generate(cluster.router, request_for(p)));
+  wait_for_blocks(t, cluster, 3);
+  auto again = t.generate(cluster.router, request_for(p));
+  REQUIRE_MESSAGE(again, t.sys.render(again.error()));
+  CHECK(again->cached_tokens == 0);  // the read timed out: recomputed
+  check_equal(*again, reference(cfg, p));
+  auto held = [&](const char* kind) {
+    const auto ev = t.events(cluster.prefill[0].handle);
+    return std::count_if(ev.begin(), ev.end(), [&](auto& e) { return e.kind == kind; });
+  };
+  CHECK(held("pages_held") == 1);
+  // The next prompt on the rank gets other pages, and its own answer.
+  const auto q = prompt_tokens(cfg, 50, 13);
+  auto other = t.generate(cluster.router, request_for(q));
+  REQUIRE(other);
+  check_equal(*other, reference(cfg, q));
+  // The server stopped at its budget: it put nothing and says why.
+  caf::scoped_actor self{t.sys};
+  store_stats s;
+  self->request(cluster.store_servers[0].handle, std::chrono::seconds{5}, stats_atom::value)
+      .receive([&](store_stats& x) { s = x; }, [](caf::error&) {});
+  CHECK(s.blocks_read == 0);
+  CHECK(s.read_failures == 3);
+  CHECK(s.bytes_read == 0);
+  // The held pages come back once no put can land: read_timeout_ms + store_put_limit_ms.
+  for (int i = 0; i < 400 && held("pages_unheld") == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{50});
+  CHECK(held("pages_unheld") == 1);
+  CHECK(t.stats(cluster.prefill[0].handle).num_free_pages == cfg.executor.num_kv_pages);
+}
+
 TEST_CASE("store: a block server killed in the middle of a read ends as a recompute with correct output") {
   temp_dir dir{"killed"};
   test::cluster_system t;
