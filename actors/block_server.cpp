@@ -2,6 +2,7 @@
 
 #include "actors/block_index.hpp"
 
+#include <caf/actor_ostream.hpp>
 #include <caf/actor_system.hpp>
 #include <caf/send.hpp>
 #include <caf/stateful_actor.hpp>
@@ -344,14 +345,25 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
         auto& st = self->state;
         auto slot = st.slots.grant(b, st.io->cfg.name, st.io->setup_error);
         if (!slot) return std::move(slot.error());
+        self->delayed_send(self, std::chrono::milliseconds{st.io->cfg.write_slot_ttl_ms}, expire_atom::value, slot->slot_id);
         return std::move(*slot);
+      },
+      [=](release_atom, uint64_t slot_id) {  // the writer's put failed: nothing comes for this slot
+        if (self->state.slots.reclaim(slot_id)) ++self->state.stats.slots_reclaimed;
+      },
+      [=](expire_atom, uint64_t slot_id) {
+        // No write order came in time. A put of it that lands later goes into a slot that may be
+        // someone else's by then; the write it corrupts fails its checksum and is not committed.
+        if (self->state.slots.reclaim(slot_id)) ++self->state.stats.slots_reclaimed;
       },
       [=](store_write_order& w) -> caf::result<uint64_t> {
         // Write step 2: the bytes are in the slot; the I/O thread writes the block file from it.
         auto& st = self->state;
-        const auto slot = st.slots.offset(w.slot_id);
+        const auto slot = st.slots.claim(w.slot_id);
         if (!slot)
-          return make_error(errc::bad_request, where(w.request_id, st.io->cfg.name, "store_write") + ": unknown slot");
+          return make_error(errc::bad_request, where(w.request_id, st.io->cfg.name, "store_write") +
+                                                   ": unknown slot " + std::to_string(w.slot_id) +
+                                                   " (never granted, taken back after write_slot_ttl_ms, or in use)");
         const uint64_t offset = *slot;
         auto promise = self->make_response_promise<uint64_t>();
         run_io(
@@ -361,8 +373,17 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
               const auto path = store::block_path(io.cfg.dir, key);
               const uint32_t layers = static_cast<uint32_t>(w.checksums.size());
               if (!io.setup_error.empty()) return std::make_pair(std::move(w), io.setup_error);
-              if (layers == 0 || w.bytes % layers != 0 || offset + w.bytes > io.write_staging.size())
-                return std::make_pair(std::move(w), std::string{"block bytes are not whole layers"});
+              if (layers == 0 || w.bytes % layers != 0 || offset + w.bytes > io.write_staging.size() ||
+                  w.page_tokens == 0 || w.block_tokens % w.page_tokens != 0 || (w.bytes / layers) % (w.block_tokens / w.page_tokens) != 0)
+                return std::make_pair(std::move(w), std::string{"block bytes are not whole layers of whole pages"});
+              // The bytes in the slot must be what the writer checksummed: a put that failed
+              // silently, or a late put into a reclaimed slot, must never become a block file.
+              const uint64_t layer_bytes = w.bytes / layers;
+              const uint32_t ppb = w.block_tokens / w.page_tokens;
+              for (uint32_t l = 0; l < layers; ++l)
+                if (std::max<uint64_t>(1, gpu::layer_checksum(l, io.write_staging.data() + offset + l * layer_bytes, ppb,
+                                                              layer_bytes / ppb)) != w.checksums[l])
+                  return std::make_pair(std::move(w), "layer " + std::to_string(l) + " in the write slot differs from what the writer checksummed");
               // Always (re)written, atomically: a block that failed a reader's checksum is repaired
               // by the next write-back of it (writers skip blocks they loaded intact).
               store::block_header h{io.salt, key, {w.parent_hi, w.parent_lo}, layers, w.kv_dim, w.block_tokens,
@@ -377,6 +398,9 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
               auto& s = self->state;
               s.slots.release(out.first.slot_id);
               if (!out.second.empty()) {  // a failed write-back is a future miss, nothing more
+                ++s.stats.write_failures;
+                caf::aout(self) << s.io->cfg.name << ": block " << store::block_key{out.first.block.hi, out.first.block.lo}.hex()
+                                << " of request " << out.first.request_id << " not written: " << out.second << std::endl;
                 promise.deliver(uint64_t{0});
                 return;
               }
@@ -424,7 +448,7 @@ caf::expected<store_write_slot> write_slot_table::grant(const store_write_begin&
   auto off = pool_.acquire(b.bytes);
   if (!off) return make_error(errc::kv_capacity, stage + ": write staging is full");
   const uint64_t id = ++last_;
-  slots_[id] = *off;
+  slots_[id] = {*off, false};
   kv_region_desc region;
   region.backend = key_->backend;
   region.region_id = key_->region_id;
@@ -436,14 +460,28 @@ caf::expected<store_write_slot> write_slot_table::grant(const store_write_begin&
 std::optional<uint64_t> write_slot_table::offset(uint64_t slot_id) const {
   auto i = slots_.find(slot_id);
   if (i == slots_.end()) return std::nullopt;
-  return i->second;
+  return i->second.offset;
+}
+
+std::optional<uint64_t> write_slot_table::claim(uint64_t slot_id) {
+  auto i = slots_.find(slot_id);
+  if (i == slots_.end() || i->second.writing) return std::nullopt;
+  i->second.writing = true;
+  return i->second.offset;
 }
 
 void write_slot_table::release(uint64_t slot_id) {
   auto i = slots_.find(slot_id);
   if (i == slots_.end()) return;
-  pool_.release(i->second);
+  pool_.release(i->second.offset);
   slots_.erase(i);
+}
+
+bool write_slot_table::reclaim(uint64_t slot_id) {
+  auto i = slots_.find(slot_id);
+  if (i == slots_.end() || i->second.writing) return false;
+  release(slot_id);
+  return true;
 }
 
 block_server_actor spawn_block_server(caf::actor_system& sys, block_server_config cfg,

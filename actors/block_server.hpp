@@ -30,6 +30,9 @@ struct block_server_config {
   uint64_t staging_bytes = 64ull << 20;
   /// Fault injection for tests (a slow disk): each layer of a read waits this long first. 0 = off.
   uint32_t fault_layer_delay_ms = 0;
+  /// A write slot whose write order has not come this long after it was granted is taken back:
+  /// a writer that died, or whose put failed without a word, must not hold staging for good.
+  uint32_t write_slot_ttl_ms = 30000;
 };
 
 /// A block server's write slots: ranges of its registered write staging handed to writers for
@@ -48,12 +51,20 @@ public:
                                         const std::string& setup_error);
   /// The slot's offset in the staging, if granted and not yet released.
   std::optional<uint64_t> offset(uint64_t slot_id) const;
+  /// The same, and the slot is being written from now on: reclaim() leaves it alone.
+  std::optional<uint64_t> claim(uint64_t slot_id);
   void release(uint64_t slot_id);
+  /// Releases a slot that no write order has claimed; false when there is none such.
+  bool reclaim(uint64_t slot_id);
 
 private:
+  struct slot {
+    uint64_t offset = 0;
+    bool writing = false;
+  };
   store::staging_pool pool_{0};
   std::optional<transport::region_key> key_;
-  std::unordered_map<uint64_t, uint64_t> slots_;  ///< slot id -> offset
+  std::unordered_map<uint64_t, slot> slots_;
   uint64_t last_ = 0;
 };
 

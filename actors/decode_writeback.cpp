@@ -46,6 +46,8 @@ void poll_writes(decode_pointer self) {
     auto j = st.writes.find(p.job);
     if (j == st.writes.end()) continue;
     if (state == transport::xfer_state::failed) {
+      // Nothing comes for the slot now: the server takes it back at once, not after its ttl.
+      self->send(st.store.servers[p.server], release_atom::value, p.slot_id);
       write_done_one(self, p.job);
       continue;
     }

@@ -488,17 +488,22 @@ struct store_stats {
   uint64_t read_failures = 0;    ///< server: blocks it could not serve (missing, corrupt, ...)
   uint64_t bytes_read = 0;
   uint64_t bytes_written = 0;
+  uint64_t write_failures = 0;   ///< server: blocks not written (a layer off its checksum, the disk)
+  uint64_t slots_reclaimed = 0;  ///< server: write slots given back unused (a failed put, a silent writer)
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, store_stats& x) {
   return f(caf::meta::type_name("store_stats"), x.blocks, x.checks, x.hit_blocks, x.evicted, x.expired,
-           x.blocks_written, x.blocks_read, x.read_failures, x.bytes_read, x.bytes_written);
+           x.blocks_written, x.blocks_read, x.read_failures, x.bytes_read, x.bytes_written, x.write_failures,
+           x.slots_reclaimed);
 }
 
 using block_server_actor = caf::typed_actor<
     caf::replies_to<store_read_order>::with<store_read_result>,
     caf::replies_to<store_write_begin>::with<store_write_slot>,  // write step 1: where to put it
     caf::replies_to<store_write_order>::with<uint64_t>,         // step 2 (after the put): bytes written (0: failed)
+    caf::reacts_to<release_atom, uint64_t>,                     // or: the writer's put failed, the slot back
+    caf::reacts_to<expire_atom, uint64_t>,                      // a slot's time is up (internal)
     caf::reacts_to<delete_atom, uint64_t, uint64_t>,           // key hi, lo: evicted or expired
     caf::replies_to<stats_atom>::with<store_stats>,
     caf::reacts_to<io_atom, uint64_t>>;                         // an I/O job finished (internal)

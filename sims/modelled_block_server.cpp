@@ -151,9 +151,16 @@ block_server_actor::behavior_type modelled_server(pointer self, block_server_con
         if (!slot) return std::move(slot.error());
         return std::move(*slot);
       },
+      // Modelled writers' puts do not fail unannounced; a failed one gives its slot back.
+      [=](release_atom, uint64_t slot_id) {
+        if (self->state.slots.reclaim(slot_id)) ++self->state.stats.slots_reclaimed;
+      },
+      [=](expire_atom, uint64_t slot_id) {
+        if (self->state.slots.reclaim(slot_id)) ++self->state.stats.slots_reclaimed;
+      },
       [=](store_write_order& w) -> caf::result<uint64_t> {
         auto& s = self->state;
-        if (!s.slots.offset(w.slot_id))
+        if (!s.slots.claim(w.slot_id))
           return make_error(errc::bad_request, where(w.request_id, s.cfg.name, "store_write") + ": unknown slot");
         caf::actor_clock::duration_type per{};
         const auto start = book(self, static_cast<double>(w.bytes) * s.model.bytes_scale, 1, {}, &per);

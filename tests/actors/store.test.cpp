@@ -454,6 +454,55 @@ TEST_CASE("store: a read slower than the reader's timeout: the server starts no 
   CHECK(t.stats(cluster.prefill[0].handle).num_free_pages == cfg.executor.num_kv_pages);
 }
 
+TEST_CASE("store: a write-back put that fails gives its slot back, so later write-backs find room; bytes that are "
+          "not what the writer checksummed never become a block") {
+  for (auto kind : {transport::fault_kind::fail, transport::fault_kind::drop}) {
+    CAPTURE(static_cast<int>(kind));
+    temp_dir dir{"slots" + std::to_string(static_cast<int>(kind))};
+    test::cluster_system t;
+    auto cfg = store_cluster(dir.path);
+    // Staging for one block at a time: one slot lost for good would stop every write.
+    const auto lay = gpu::model_kv_layout(cfg.model, 1, cfg.executor.page_size_tokens);
+    const uint64_t block = uint64_t{cfg.store.block_tokens / cfg.executor.page_size_tokens} * lay.page_bytes() * lay.num_layers;
+    cfg.store.staging_bytes = block * 3 / 2;
+    REQUIRE(cfg.validate().empty());
+    // decode-0's first write-back put fails (fail) or does nothing yet says it landed (drop).
+    auto wrap = [&](std::unique_ptr<transport::transport> inner, const std::string& name)
+        -> std::shared_ptr<transport::transport> {
+      if (name != "decode-0") return std::shared_ptr<transport::transport>{std::move(inner)};
+      return std::shared_ptr<transport::transport>{transport::make_fault_proxy(std::move(inner), {kind, {}, {}, 1, 1})};
+    };
+    auto cluster = start_local_cluster(t.sys, cfg, {}, wrap);
+    test::cluster_system::stopper stop{t, cluster};
+    auto server_stats = [&] {
+      caf::scoped_actor self{t.sys};
+      store_stats s;
+      self->request(cluster.store_servers[0].handle, std::chrono::seconds{5}, stats_atom::value)
+          .receive([&](store_stats& x) { s = x; }, [](caf::error&) {});
+      return s;
+    };
+    const auto p = prompt_tokens(cfg, 99, 14);
+    REQUIRE(t.generate(cluster.router, request_for(p)));  // block 0 took the slot; 1 and 2 found it full
+    for (int i = 0; i < 500 && server_stats().slots_reclaimed + server_stats().write_failures == 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds{4});
+    if (kind == transport::fault_kind::fail) {
+      CHECK(server_stats().slots_reclaimed == 1);  // given back at once, not after write_slot_ttl_ms
+    } else {
+      // The slot held stale bytes: before, they were written as p's block 0 and committed.
+      CHECK(server_stats().write_failures == 1);
+      CHECK(server_stats().blocks_written == 0);
+    }
+    const auto q = prompt_tokens(cfg, 99, 15);
+    REQUIRE(t.generate(cluster.router, request_for(q)));
+    wait_for_blocks(t, cluster, 1);  // q's block 0: there was room again
+    CHECK(server_stats().blocks_written == 1);
+    auto again = t.generate(cluster.router, request_for(p));  // p's blocks: none stored
+    REQUIRE(again);
+    CHECK(again->cached_tokens == 0);
+    check_equal(*again, reference(cfg, p));
+  }
+}
+
 TEST_CASE("store: a block server killed in the middle of a read ends as a recompute with correct output") {
   temp_dir dir{"killed"};
   test::cluster_system t;
