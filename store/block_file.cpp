@@ -1,5 +1,6 @@
 #include "store/block_file.hpp"
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -96,28 +97,38 @@ std::string write_block_file(const std::string& path, const block_header& h,
            std::to_string(h.layer_checksums.size()) + " checksums";
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  // A name of this write's own: two writers of one key (a re-adopted store node's old I/O thread
+  // and its new one, in one process and one directory) must not share a temporary file.
+  static std::atomic<uint64_t> writes{0};
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(++writes);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return "cannot create " + tmp + ": " + std::strerror(errno);
   unsigned char header[4096];
   encode(h, header);
-  bool ok = write_all(fd, header, sizeof header);
-  for (uint32_t l = 0; ok && l < h.num_layers; ++l) {
+  std::string why;  // the first failure, with its errno taken at once (later calls overwrite it)
+  if (!write_all(fd, header, sizeof header)) why = std::strerror(errno);
+  for (uint32_t l = 0; why.empty() && l < h.num_layers; ++l) {
     uint64_t written = 0;
     for (const auto& [p, n] : layer_data(l)) {
-      ok = ok && write_all(fd, p, n);
+      if (!write_all(fd, p, n)) {
+        why = std::strerror(errno);
+        break;
+      }
       written += n;
     }
-    ok = ok && written == h.layer_bytes;
+    if (why.empty() && written != h.layer_bytes)
+      why = "layer " + std::to_string(l) + " has " + std::to_string(written) + " bytes, the header says " +
+            std::to_string(h.layer_bytes);
   }
-  ok = (::close(fd) == 0) && ok;
-  if (!ok) {
+  if (::close(fd) != 0 && why.empty()) why = std::strerror(errno);
+  if (!why.empty()) {
     ::unlink(tmp.c_str());
-    return "cannot write " + path + ": " + (errno ? std::strerror(errno) : "short layer data");
+    return "cannot write " + path + ": " + why;
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string err = std::strerror(errno);
     ::unlink(tmp.c_str());
-    return "cannot rename " + tmp + ": " + std::strerror(errno);
+    return "cannot rename " + tmp + ": " + err;
   }
   return {};
 }
