@@ -74,13 +74,15 @@ void end_quarantine(decode_pointer self, uint64_t lease_id) {
   report_load(self);
 }
 
-void free_lease(decode_pointer self, uint64_t lease_id, bool writer_may_write) {
+void free_lease(decode_pointer self, uint64_t lease_id, bool writer_may_write, bool unreleased) {
   auto& st = self->state;
   auto i = st.leases.find(lease_id);
   if (i == st.leases.end()) {
     auto q = st.quarantine.find(lease_id);
+    if (q == st.quarantine.end()) return;
+    q->second.holder_may_not_know = false;  // its holder released it: it knew
     // Its writers are known to be done -- unless one abandoned a put, which may still land.
-    if (!writer_may_write && q != st.quarantine.end() && !q->second.writers.abandoned) end_quarantine(self, lease_id);
+    if (!writer_may_write && !q->second.writers.abandoned) end_quarantine(self, lease_id);
     return;
   }
   st.stay.erase(std::remove(st.stay.begin(), st.stay.end(), lease_id), st.stay.end());
@@ -95,6 +97,8 @@ void free_lease(decode_pointer self, uint64_t lease_id, bool writer_may_write) {
     q.request_id = l.request_id;
     q.writers = l.writers;
     q.until = self->clock().now() + std::chrono::milliseconds{st.cfg.kv_quarantine_ms};
+    q.holder = l.holder;
+    q.holder_may_not_know = unreleased && !l.has_order && l.num_landed == 0 && l.writers.num_done == 0;
     self->delayed_send(self, std::chrono::milliseconds{st.cfg.kv_quarantine_ms}, expire_atom::value, lease_id);
     st.core.log->add({0, "quarantine", l.request_id, static_cast<uint32_t>(q.pages.size()), 0, {}, {}});
     l.pages.clear();
@@ -111,11 +115,15 @@ void free_lease(decode_pointer self, uint64_t lease_id, bool writer_may_write) {
   report_load(self);
 }
 
-kv_lease_grant grant_lease(decode_pointer self, const kv_lease_reserve& req, std::vector<uint32_t> pages) {
+kv_lease_grant grant_lease(decode_pointer self, const kv_lease_reserve& req, std::vector<uint32_t> pages,
+                           const caf::actor_addr& holder) {
   auto& s = self->state;
   const uint64_t id = ++s.last_lease;
   auto& l = s.leases[id];
   l.request_id = req.request_id;
+  l.holder = holder;
+  // A holder already gone is told at once (a reservation that waited for pages outlived it).
+  if (auto h = caf::actor_cast<caf::actor>(holder)) self->monitor(h);
   l.pages = std::move(pages);
   l.landed.assign(s.core.exec->config().num_hidden_layers, false);
   l.lease_ms = req.lease_ms;
@@ -123,6 +131,29 @@ kv_lease_grant grant_lease(decode_pointer self, const kv_lease_reserve& req, std
   self->delayed_send(self, std::chrono::milliseconds{req.lease_ms}, expire_atom::value, id);
   report_load(self);
   return kv_lease_grant{req.request_id, id, s.cfg.name, s.region, l.pages, req.lease_ms};
+}
+
+/// A lease holder (a request actor) ended. One that ended normally let go of every lease it knew
+/// (its release came first: one sender, in order), so a lease of it still here, or held at expiry
+/// with no word from anyone, was never known to it, nor to any writer: its pages go back now,
+/// not after lease_ms and the quarantine (a client that hung up while its reservation waited
+/// cost a minute of pages before). A holder that failed, or whose process or link went, may have
+/// told a writer: its leases go on as before.
+void holder_down(decode_pointer self, const caf::down_msg& dm) {
+  auto& st = self->state;
+  if (dm.reason && dm.reason != caf::exit_reason::normal) return;
+  std::vector<uint64_t> unknown, held;
+  for (const auto& [id, l] : st.leases)
+    if (l.holder == dm.source && !l.decoding && !l.has_order && !l.local_writer && !l.release_after_step &&
+        l.num_landed == 0 && l.writers.num_done == 0)
+      unknown.push_back(id);
+  for (const auto& [id, q] : st.quarantine)
+    if (q.holder == dm.source && q.holder_may_not_know) held.push_back(id);
+  for (auto id : unknown) {
+    st.core.log->add({0, "lease_orphaned", st.leases.at(id).request_id, 0, 0, {}, {}});
+    free_lease(self, id, false);
+  }
+  for (auto id : held) end_quarantine(self, id);
 }
 
 /// Copies every layer of `pages` to (or from) host slots.
@@ -218,7 +249,7 @@ void rebalance_memory(decode_pointer self) {
       auto& r = st.reserves.front();
       const uint32_t need = pages_to_reserve(st, r.req);
       if (kv.num_free_pages() < need + watermark_pages(st)) break;
-      r.promise.deliver(grant_lease(self, r.req, *kv.kv_page_alloc(need)));
+      r.promise.deliver(grant_lease(self, r.req, *kv.kv_page_alloc(need), r.holder));
       st.reserves.pop_front();
     }
     report_load(self);
@@ -227,7 +258,7 @@ void rebalance_memory(decode_pointer self) {
   while (!st.reserves.empty()) {
     auto& r = st.reserves.front();
     if (auto pages = kv.kv_page_alloc(pages_to_reserve(st, r.req))) {
-      r.promise.deliver(grant_lease(self, r.req, std::move(*pages)));
+      r.promise.deliver(grant_lease(self, r.req, std::move(*pages), r.holder));
       st.reserves.pop_front();
       continue;
     }
@@ -482,12 +513,13 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
     st.ring.emplace(static_cast<uint32_t>(st.store.servers.size()));
     st.server_down.assign(st.store.servers.size(), false);
     for (const auto& s : st.store.servers) self->monitor(s);
-    self->set_down_handler([=](caf::down_msg& dm) {
-      auto& s = self->state;
-      for (size_t i = 0; i < s.store.servers.size(); ++i)
-        if (caf::actor_cast<caf::actor_addr>(s.store.servers[i]) == dm.source) s.server_down[i] = true;
-    });
   }
+  self->set_down_handler([=](caf::down_msg& dm) {
+    auto& s = self->state;
+    for (size_t i = 0; i < s.store.servers.size(); ++i)
+      if (caf::actor_cast<caf::actor_addr>(s.store.servers[i]) == dm.source) s.server_down[i] = true;
+    holder_down(self, dm);
+  });
   if (cfg.host_offload_pages > 0) {
     const auto& lay = exec->kv().layout();
     st.host_pool.resize(uint64_t{cfg.host_offload_pages} * lay.page_bytes() * lay.num_layers);
@@ -536,7 +568,8 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
         auto& pool = s.core.exec->kv();
         const uint32_t need = pages_to_reserve(s, req);
         if (s.reserves.empty() && s.paused.empty() && pool.num_free_pages() >= need + watermark_pages(s))
-          if (auto pages = pool.kv_page_alloc(need)) return grant_lease(self, req, std::move(*pages));
+          if (auto pages = pool.kv_page_alloc(need))
+            return grant_lease(self, req, std::move(*pages), caf::actor_cast<caf::actor_addr>(self->current_sender()));
         // Short of pages: with host memory for offloads, running sequences make room (between
         // steps); on demand, the reservation waits its turn for pages that finishing sequences
         // free; otherwise refuse now and let the request re-place itself.
@@ -545,7 +578,7 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
         if (can_wait && need <= pool.layout().num_pages) {
           auto promise = self->make_response_promise<kv_lease_grant>();
           const uint64_t id = ++s.last_reserve;
-          s.reserves.push_back({req, promise, id});
+          s.reserves.push_back({req, caf::actor_cast<caf::actor_addr>(self->current_sender()), promise, id});
           self->delayed_send(self, std::chrono::milliseconds{s.cfg.reserve_wait_ms}, reserve_expire_atom::value, id);
           rebalance_memory(self);
           return promise;
@@ -779,7 +812,7 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
               errc::lease_expired, where(i->second.request_id, s.cfg.name, "kv_recv") + ": only " +
                                        std::to_string(i->second.num_landed) + " of " +
                                        std::to_string(i->second.landed.size()) + " layers landed before the lease expired"));
-        free_lease(self, lease_id, true);  // a stalled writer may still put into it
+        free_lease(self, lease_id, true, true);  // a stalled writer may still put into it
       },
   };
 }

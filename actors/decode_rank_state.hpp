@@ -62,6 +62,10 @@ struct lease {
   bool release_after_step = false;  ///< released while a step was writing its pages
   bool local_writer = false;        ///< hybrid PD: this rank prefills it (no remote writer)
   lease_writers writers;            ///< what its remote writers said so far
+  /// Who reserved it (a request actor), watched: one that ends normally without releasing the
+  /// lease never learned of it (a request lets go of every lease it knows as it ends), so no
+  /// writer was told of it either.
+  caf::actor_addr holder;
   caf::actor_clock::time_point order_at;  ///< decode order arrival (queue time starts)
   int64_t queue_us = 0;                   ///< order arrival -> joined the batch
   decode_order order;
@@ -112,6 +116,7 @@ struct paused_seq {
 /// A KV reservation that waits for an offload to free pages.
 struct pending_reserve {
   kv_lease_reserve req;
+  caf::actor_addr holder;  ///< who asked
   caf::typed_response_promise<kv_lease_grant> promise;
   uint64_t id = 0;  ///< for its deadline (reserve_expire_atom)
 };
@@ -135,6 +140,10 @@ struct quarantined {
   uint64_t request_id = 0;
   lease_writers writers;
   caf::actor_clock::time_point until;
+  caf::actor_addr holder;
+  /// Held at expiry, with no word from its holder or any writer: if the holder then ends
+  /// normally without releasing it, nobody ever learned of it and the pages go back at once.
+  bool holder_may_not_know = false;
 };
 
 struct decode_state {
@@ -196,7 +205,9 @@ using decode_pointer = decode_rank_actor::stateful_pointer<decode_state>;
 /// Ends a lease and gives its pages back. `writer_may_write`: a remote writer may still put
 /// into it (its order unanswered, or unknown here): unless every layer landed, the pages are
 /// quarantined instead, until its writers are done (writer_done_atom) or kv_quarantine_ms.
-void free_lease(decode_pointer self, uint64_t lease_id, bool writer_may_write = false);
+/// `unreleased`: it ends without its holder's word (it expired), so the holder may never have
+/// learned of it.
+void free_lease(decode_pointer self, uint64_t lease_id, bool writer_may_write = false, bool unreleased = false);
 void report_load(decode_pointer self);
 void maybe_step(decode_pointer self);
 

@@ -3,6 +3,8 @@
 #include <map>
 #include <thread>
 
+#include <caf/event_based_actor.hpp>
+
 #include "gpu/byte_tokenizer.hpp"
 #include "gpu/cpu_executor.hpp"
 #include "gpu/fault_executor.hpp"
@@ -340,6 +342,41 @@ TEST_CASE("a stalled layer expires the lease, frees the decode rank's pages and 
   req.prompt = "after the stall";
   req.max_tokens = 3;
   CHECK(f.t.generate(f.cluster.router, req));
+}
+
+TEST_CASE("a lease whose holder ended without learning of it goes back at once; one whose holder failed waits out "
+          "its lease") {
+  test::cluster_system t;
+  auto cfg = small_cluster();
+  auto cluster = start_local_cluster(t.sys, cfg);
+  test::cluster_system::stopper stop{t, cluster};
+  const auto decode = cluster.decode[0].handle;
+  const uint32_t all = cfg.executor.num_kv_pages;
+  // A holder that asks and ends at once, normally: as a request actor whose client hung up
+  // while its reservation waited. Its lease is for a minute: only the fix can give it back soon.
+  auto ask_and_end = [&](uint64_t id) {
+    return t.sys.spawn([=](caf::event_based_actor* self) {
+      self->request(decode, caf::infinite, reserve_atom::value, kv_lease_reserve{id, 64, 60000, 32})
+          .then([](kv_lease_grant&) {}, [](caf::error&) {});
+      self->quit();
+    });
+  };
+  ask_and_end(1);
+  auto orphaned = [&] {
+    const auto ev = t.events(decode);
+    return std::count_if(ev.begin(), ev.end(), [](auto& e) { return e.kind == "lease_orphaned"; });
+  };
+  for (int i = 0; i < 1000 && orphaned() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{2});
+  CHECK(orphaned() == 1);
+  CHECK(t.stats(decode).num_free_pages == all);
+  // The control: a holder that failed (it may have told a writer) leaves its lease to run out.
+  auto failing = t.sys.spawn([=](caf::event_based_actor* self) {
+    self->request(decode, caf::infinite, reserve_atom::value, kv_lease_reserve{2, 64, 60000, 32})
+        .then([self](kv_lease_grant&) { self->quit(caf::exit_reason::user_shutdown); }, [](caf::error&) {});
+  });
+  caf::scoped_actor self{t.sys};
+  self->wait_for(failing);
+  CHECK(t.stats(decode).num_free_pages < all);
 }
 
 TEST_CASE("failover: a corrupted, a dropped or a stalled layer re-places the request, which completes with the "
