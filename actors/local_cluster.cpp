@@ -38,6 +38,10 @@ std::pair<uint64_t, uint64_t> store_buffers(const local_cluster_config& cfg) {
 std::string local_cluster_config::validate() const {
   if (auto e = model.validate(); !e.empty()) return "model: " + e;
   if (auto e = executor.validate(); !e.empty()) return "executor: " + e;
+  if (auto e = gpu::kv_pools_fit_memory(model, executor.num_kv_pages, executor.page_size_tokens,
+                                        num_prefill_ranks + num_decode_ranks + num_elastic_ranks);
+      !e.empty())
+    return e;
   if (auto e = backend.validate(); !e.empty()) return e;
   if (auto e = prefill.validate(); !e.empty()) return e;
   if (auto e = decode.validate(); !e.empty()) return e;

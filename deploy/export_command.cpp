@@ -6,6 +6,7 @@
 // another dtype or expert layout.
 
 #include <cstdio>
+#include <filesystem>
 
 #include "actors/local_cluster.hpp"
 #include "deploy/commands.hpp"
@@ -54,6 +55,19 @@ int run_export_model(const std::vector<std::string>& args) {
     std::fprintf(stderr, "baton export-model: %s\n", err.c_str());
     return 1;
   }
+  // A model directory's tokenizer and generation settings go with its weights: without them the
+  // written directory would not load (or would end generation differently).
+  if (std::filesystem::is_directory(model))
+    for (const char* name : {"tokenizer.json", "tokenizer_config.json", "generation_config.json", "special_tokens_map.json"}) {
+      const auto from = std::filesystem::path(model) / name;
+      if (!std::filesystem::exists(from)) continue;
+      std::error_code ec;
+      std::filesystem::copy_file(from, std::filesystem::path(out) / name, std::filesystem::copy_options::overwrite_existing, ec);
+      if (ec) {
+        std::fprintf(stderr, "baton export-model: cannot copy %s: %s\n", from.c_str(), ec.message().c_str());
+        return 1;
+      }
+    }
   std::printf("baton export-model: wrote %s (%s, %llu parameters, %s%s) to %s\n", model.c_str(),
               loaded.model.architecture.c_str(), static_cast<unsigned long long>(loaded.model.num_parameters()),
               dtype.c_str(), fused ? ", fused experts" : "", out.c_str());

@@ -78,9 +78,12 @@ void flag_set::add(std::string name, std::vector<std::string>* t, std::string he
                     "(repeatable)"});
 }
 void flag_set::add(std::string name, bool* t, std::string help) {
+  // `--flag` alone sets it; `--flag=false` (or true, 1, 0) says which, rather than being taken as true.
   flags_.push_back({std::move(name), std::move(help), false,
-                    [t](const std::string&) {
-                      *t = true;
+                    [t](const std::string& v) {
+                      if (v.empty() || v == "true" || v == "1") *t = true;
+                      else if (v == "false" || v == "0") *t = false;
+                      else return "takes true or false after '=', got '" + v.substr(0, 32) + "'";
                       return std::string{};
                     },
                     *t ? "true" : "false"});

@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -32,10 +33,17 @@ namespace baton::deploy {
 
 namespace {
 
-/// The spec path: the first argument that is not a flag (taken out of `args`).
-std::string take_spec_path(std::vector<std::string>& args) {
+/// The spec path: the first argument that is neither a flag nor a flag's value (taken out of
+/// `args`). A flag's value follows it unless the flag says `--flag=value`, takes none (`no_value`:
+/// the boolean flags), or is -h.
+std::string take_spec_path(std::vector<std::string>& args, const std::vector<std::string>& no_value = {"--dry-run"}) {
+  auto is_flag = [](const std::string& a) { return a.rfind("-", 0) == 0; };
+  auto takes_next = [&](const std::string& a) {
+    return a.rfind("--", 0) == 0 && a.find('=') == std::string::npos &&
+           std::find(no_value.begin(), no_value.end(), a) == no_value.end() && a != "--help";
+  };
   for (size_t i = 0; i < args.size(); ++i)
-    if (args[i].rfind("--", 0) != 0 && (i == 0 || args[i - 1].rfind("--", 0) != 0 || args[i - 1] == "--dry-run")) {
+    if (!is_flag(args[i]) && (i == 0 || !takes_next(args[i - 1]))) {
       auto p = args[i];
       args.erase(args.begin() + static_cast<std::ptrdiff_t>(i));
       return p;
@@ -246,6 +254,10 @@ int run_launch(const std::vector<std::string>& raw_args) {
                    d->node.role == "head" ? "the head" : "store node", d->node.name.c_str());
       return 1;
     }
+    if (stop_requested()) {
+      std::fprintf(stderr, "baton launch: stopped while waiting for the head\n");
+      return 1;
+    }
     if (std::chrono::steady_clock::now() > deadline) {
       std::fprintf(stderr, "baton launch: cannot join the head's node directory at %s:%u within %u s: %s\n",
                    head.host.c_str(), static_cast<unsigned>(head.cluster_port), wait_s, last_error.c_str());
@@ -295,7 +307,10 @@ int run_launch(const std::vector<std::string>& raw_args) {
     if (std::chrono::steady_clock::now() > deadline || stop_requested()) {
       std::string names;
       for (const auto& n : waiting) names += " " + n;
-      std::fprintf(stderr, "baton launch: nodes not joined after %u s:%s\n", wait_s, names.c_str());
+      if (stop_requested())
+        std::fprintf(stderr, "baton launch: stopped while waiting for nodes to join:%s\n", names.c_str());
+      else
+        std::fprintf(stderr, "baton launch: nodes not joined after %u s:%s\n", wait_s, names.c_str());
       return 1;
     }
     self->request(directory, std::chrono::seconds{5}, stats_atom::value)

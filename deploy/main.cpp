@@ -1,6 +1,11 @@
 // The `baton` executable: one binary, subcommands (design.md).
 
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -34,6 +39,13 @@ const char* usage =
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Started by a baton launcher (spawn_process): go when it goes, as if told to stop (SIGTERM
+  // drains a node). Checked once more after arming: it may have gone before.
+  if (const char* parent = std::getenv("BATON_PARENT_PID")) {
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (std::to_string(::getppid()) != parent) std::raise(SIGTERM);
+    ::unsetenv("BATON_PARENT_PID");
+  }
   if (argc < 2) {
     std::fputs(usage, stderr);
     return 2;

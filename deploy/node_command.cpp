@@ -302,7 +302,7 @@ int run_node(const std::vector<std::string>& args) {
   }
   if (auto err = (role != "prefill" ? rank.validate() : std::string{}) + (role != "decode" ? prefill.validate() : std::string{}) +
                  exec_cfg.validate();
-      !err.empty()) {
+      !err.empty() || !(err = gpu::kv_pools_fit_memory(model, exec_cfg.num_kv_pages, exec_cfg.page_size_tokens, 1)).empty()) {
     std::fprintf(stderr, "baton node: %s\n", err.c_str());
     return 2;
   }

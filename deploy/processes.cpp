@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -57,9 +58,19 @@ pid_t spawn_process(const std::vector<std::string>& argv, std::string* why, cons
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
+  // The inherited environment, then `env` over it: a name given here replaces an inherited one
+  // (with both present, getenv would return the inherited value, which comes first). The child
+  // learns its parent (BATON_PARENT_PID): a baton process stops when its parent dies, so a
+  // launcher killed with SIGKILL leaves no node behind holding its ports.
+  std::vector<std::string> own = env;
+  own.push_back("BATON_PARENT_PID=" + std::to_string(::getpid()));
+  auto name_of = [](const std::string& kv) { return kv.substr(0, kv.find('=')); };
   std::vector<char*> envp;
-  for (char** e = environ; *e; ++e) envp.push_back(*e);
-  for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+  for (char** e = environ; *e; ++e) {
+    const std::string name = name_of(*e);
+    if (std::none_of(own.begin(), own.end(), [&](const std::string& o) { return name_of(o) == name; })) envp.push_back(*e);
+  }
+  for (auto& e : own) envp.push_back(e.data());
   envp.push_back(nullptr);
   pid_t pid = -1;
   posix_spawn_file_actions_t actions;

@@ -163,8 +163,13 @@ std::unique_ptr<bpe_tokenizer> bpe_tokenizer::from_json(const std::string& text,
       for (const auto& a : j["added_tokens"]) {
         if (!a.contains("id") || !a.contains("content") || !a["id"].is_number_integer() || !a["content"].is_string())
           return fail("an added token needs an id and a content");
+        // Bounded as vocabulary ids are: a negative or huge id would size the table from it.
+        if (a["id"].get<int64_t>() < 0 || a["id"].get<int64_t>() > (1 << 24))
+          return fail("added token '" + a["content"].get<std::string>().substr(0, 32) + "' has id " +
+                      std::to_string(a["id"].get<int64_t>()) + ", outside 0 to 2^24");
         const auto id = a["id"].get<int32_t>();
-        t->added_.push_back({a["content"].get<std::string>(), id, a.value("special", false)});
+        const auto special = a.contains("special") && a["special"].is_boolean() && a["special"].get<bool>();
+        t->added_.push_back({a["content"].get<std::string>(), id, special});
         if (static_cast<size_t>(id) >= t->id_to_token_.size()) t->id_to_token_.resize(id + 1);
       }
     std::sort(t->added_.begin(), t->added_.end(), [](auto& a, auto& b) { return a.content.size() > b.content.size(); });

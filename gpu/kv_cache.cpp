@@ -1,7 +1,10 @@
 #include "gpu/kv_cache.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <new>
+#include <string>
 
 #include <cstring>
 
@@ -118,6 +121,19 @@ uint64_t checksum_pages(uint32_t layer, uint32_t n, uint64_t page_bytes, PageAt 
   return h ^ (h >> 29);
 }
 }  // namespace
+
+std::string kv_pools_fit_memory(const model_config& m, uint64_t num_pages, uint32_t page_size_tokens, uint32_t pools) {
+  const auto lay = model_kv_layout(m, 1, page_size_tokens);
+  const long phys = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  if (phys <= 0 || page <= 0) return {};  // unknown: nothing to compare with
+  const uint64_t memory = static_cast<uint64_t>(phys) * static_cast<uint64_t>(page);
+  const long double want = static_cast<long double>(num_pages) * lay.page_bytes() * lay.num_layers * pools;
+  if (want <= static_cast<long double>(memory)) return {};
+  return std::to_string(pools) + " KV pool(s) of " + std::to_string(num_pages) + " pages (" +
+         std::to_string(lay.page_bytes() * lay.num_layers) + " bytes each, every layer) need " +
+         std::to_string(static_cast<unsigned long long>(want / (1 << 20))) + " MiB, more than this machine's " +
+         std::to_string(memory >> 20) + " MiB: lower --kv-pages";
+}
 
 uint64_t layer_checksum(uint32_t layer, const std::byte* first_page, uint32_t num_pages, uint64_t page_bytes) {
   return checksum_pages(layer, num_pages, page_bytes, [&](uint32_t i) { return first_page + uint64_t{i} * page_bytes; });

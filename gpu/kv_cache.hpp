@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "gpu/model_config.hpp"
@@ -110,6 +111,10 @@ private:
   std::vector<bool> in_use_;          ///< guards against double free
   std::unique_ptr<std::atomic<uint32_t>[]> gen_;  ///< per page, see generation()
 };
+
+/// Empty, or why `pools` KV pools of `num_pages` pages each for `m` cannot fit this machine's
+/// memory (asking for them would end in bad_alloc or in swapping, not in a sentence).
+std::string kv_pools_fit_memory(const model_config& m, uint64_t num_pages, uint32_t page_size_tokens, uint32_t pools);
 
 /// kv_cache::kv_layer_checksum of `num_pages` pages of one layer lying one after another from
 /// `first_page` (as a block file stores them): a block server checks a layer with it before it

@@ -1,5 +1,7 @@
 #include "gpu/model_config.hpp"
 
+#include <cmath>
+
 namespace baton::gpu {
 
 namespace {
@@ -70,6 +72,19 @@ std::string model_config::validate() const {
     }
   }
   if (max_position_embeddings < 2) return "max_position_embeddings must be >= 2";
+  // Values that would make every logit NaN or garbage without an error (a config.json typo).
+  auto positive = [](float x) { return std::isfinite(x) && x > 0.0f; };
+  if (!positive(rms_norm_eps)) return "rms_norm_eps must be a finite number > 0, got " + std::to_string(rms_norm_eps);
+  if (!positive(rope_theta)) return "rope_theta must be a finite number > 0, got " + std::to_string(rope_theta);
+  if (!rope_scaling.type.empty()) {
+    const auto& r = rope_scaling;
+    if (!positive(r.factor)) return "rope_scaling factor must be a finite number > 0, got " + std::to_string(r.factor);
+    if (r.type == "llama3" && (!positive(r.low_freq_factor) || !positive(r.high_freq_factor) ||
+                               r.high_freq_factor <= r.low_freq_factor || r.original_max_position_embeddings == 0))
+      return "llama3 rope_scaling needs 0 < low_freq_factor < high_freq_factor and original_max_position_embeddings > 0";
+    if (r.type == "yarn" && (!positive(r.beta_fast) || !positive(r.beta_slow) || r.original_max_position_embeddings == 0))
+      return "yarn rope_scaling needs beta_fast, beta_slow and original_max_position_embeddings > 0";
+  }
   if (bos_token_id >= static_cast<int32_t>(vocab_size) || eos_token_id >= static_cast<int32_t>(vocab_size))
     return "bos_token_id and eos_token_id must be < vocab_size";
   return {};

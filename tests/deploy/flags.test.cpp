@@ -23,4 +23,10 @@ TEST_CASE("flags set the config fields they are bound to, and name what is wrong
   CHECK(f.parse({"--ranks"}) == "flag --ranks needs a value");
   CHECK(f.parse({"--rank", "2"}) == "unknown flag '--rank' (see --help)");
   CHECK(f.parse({"--temperature", "hot"}) == "flag --temperature expects a number, got 'hot'");
+  // A boolean flag with a value says which (`--serve=false` turned serving on before).
+  CHECK(f.parse({"--verbose=false"}).empty());
+  CHECK_FALSE(verbose);
+  CHECK(f.parse({"--verbose=1"}).empty());
+  CHECK(verbose);
+  CHECK(f.parse({"--verbose=maybe"}) == "flag --verbose takes true or false after '=', got 'maybe'");
 }

@@ -115,6 +115,12 @@ TEST_CASE("tokenizer.json files Baton cannot run are refused with a sentence") {
   k["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(unclosed";
   CHECK_FALSE(load(k));
   CHECK(why.find("does not compile") != std::string::npos);
+  for (int64_t id : {int64_t{-5}, int64_t{2147483647}}) {  // sized the id table from it: the process aborted
+    k = j;
+    k["added_tokens"][0]["id"] = id;
+    CHECK_FALSE(load(k));
+    CHECK(why.find("outside 0 to 2^24") != std::string::npos);
+  }
   CHECK_FALSE(bpe_tokenizer::from_json("{", "tokenizer.json", &why));
   CHECK_FALSE(bpe_tokenizer::load("/nonexistent/tokenizer.json", &why));
   CHECK(why.find("cannot read") != std::string::npos);

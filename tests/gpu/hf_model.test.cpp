@@ -142,6 +142,17 @@ TEST_CASE("config.json: the four families, their features, and clear refusals") 
   CHECK_FALSE(parse(j));
   CHECK(why.find("config.json") == 0);
   CHECK_FALSE(parse_hf_config("[1, 2]", "config.json", &c, &why));
+  // Values that made every logit NaN (the model then answered zero bytes, and nothing failed).
+  for (const char* field : {"rope_theta", "rms_norm_eps"}) {
+    j = base;
+    j[field] = 0;
+    CHECK_FALSE(parse(j));
+    CHECK(why.find(std::string(field) + " must be a finite number > 0") != std::string::npos);
+  }
+  // A KV pool this machine cannot hold is refused with a sentence naming the flag, not bad_alloc.
+  REQUIRE(parse(base));
+  CHECK(kv_pools_fit_memory(c, 4, 16, 1).empty());
+  CHECK(kv_pools_fit_memory(c, uint64_t{1} << 40, 16, 1).find("lower --kv-pages") != std::string::npos);
 }
 
 TEST_CASE("Llama 3 RoPE scaling keeps high frequencies, slows low ones by the factor, and ramps between") {
