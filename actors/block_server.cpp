@@ -102,9 +102,9 @@ struct io_context {
 };
 
 /// Puts `segments` from staging into the reader and waits (this is the I/O thread) until they
-/// land or fail; returns an error or empty.
+/// land or fail; returns an error or empty. `abandoned`: given up while still in flight.
 std::string put_and_wait(io_context& io, const store_read_order& order, uint32_t layer,
-                         std::vector<transport::segment> segments) {
+                         std::vector<transport::segment> segments, bool* abandoned) {
   const auto& reg = order.region;
   transport::put_desc d{order.request_id, layer, order.reader, io.staging_region,
                         transport::region_key{reg.backend, reg.region_id, reg.size_bytes, reg.packed_key},
@@ -121,6 +121,7 @@ std::string put_and_wait(io_context& io, const store_read_order& order, uint32_t
     }
     if (std::chrono::steady_clock::now() > deadline || io.stopping.load()) {
       io.xport->release(id);
+      *abandoned = true;
       return "put of layer " + std::to_string(layer) + " to " + order.reader +
              (io.stopping.load() ? " abandoned: the server stopped"
                                  : " still pending after " + std::to_string(store_put_limit_ms) + " ms");
@@ -225,7 +226,7 @@ store_read_result serve_read(io_context& io, const store_read_order& order, uint
         *bytes += block_layer_bytes;
       }
       if (segs.empty()) continue;
-      if (auto err = put_and_wait(io, order, l, std::move(segs)); !err.empty())
+      if (auto err = put_and_wait(io, order, l, std::move(segs), &r.puts_abandoned); !err.empty())
         for (size_t i = first; i < std::min(n, first + per_batch); ++i)
           if (r.errors[i].empty() && fds[i] >= 0) r.errors[i] = err;
     }

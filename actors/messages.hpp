@@ -418,10 +418,14 @@ struct store_read_result {
   std::vector<uint32_t> block_index;
   std::vector<std::string> errors;
   std::vector<std::vector<uint64_t>> checksums;
+  /// The server gave up on a put of this read still in flight (store_put_limit_ms, or it was
+  /// stopping): its bytes may land later, so the reader holds the pages as if unanswered.
+  bool puts_abandoned = false;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, store_read_result& x) {
-  return f(caf::meta::type_name("store_read_result"), x.request_id, x.block_index, x.errors, x.checksums);
+  return f(caf::meta::type_name("store_read_result"), x.request_id, x.block_index, x.errors, x.checksums,
+           x.puts_abandoned);
 }
 
 /// Writer -> block server: reserve room in your registered write staging for one block.

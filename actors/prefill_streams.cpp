@@ -190,6 +190,7 @@ void load_round(prefill_pointer self, uint64_t rid) {
       auto i = st.requests.find(rid);
       if (i == st.requests.end()) return;
       auto& r = i->second;
+      r.load.late_writer |= res.puts_abandoned;  // a put of it may still land: hold the pages
       auto& kv = st.core.exec->kv();
       const uint32_t ppb = r.order.block_tokens / kv.layout().page_size_tokens;
       for (size_t k = 0; k < res.block_index.size() && k < res.errors.size(); ++k) {

@@ -61,7 +61,7 @@ template <class Reply, class Atom, class Handle>
 double one_way(caf::actor_system& sys, Handle target, int n) {
   caf::scoped_actor self{sys};
   auto t0 = clock_type::now();
-  for (int i = 0; i < n; ++i) self->send(target, kv_layer_ready{0, 999999, 0});
+  for (int i = 0; i < n; ++i) self->send(target, kv_layer_ready{0, 999999, 0, 0, 0, {}});
   self->request(target, caf::infinite, Atom::value).receive([](const Reply&) {}, [](caf::error&) {});
   return std::chrono::duration<double>(clock_type::now() - t0).count();
 }

@@ -1,5 +1,6 @@
 #include "deploy/expert_processes.hpp"
 
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <unistd.h>
@@ -10,6 +11,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <optional>
+#include <string_view>
 
 #include "actors/local_cluster.hpp"
 #include "deploy/commands.hpp"
@@ -146,6 +148,22 @@ std::shared_ptr<gpu::expert_group> spawn_expert_group(const expert_spawn& s, con
       return fail("cannot hand the keys to an expert shard");
   a2a->connect(parsed[0]);
   if (b) b->connect(parsed[1]);
+  // Each shard says "ready" once it is connected and holds its experts. Until then the group is
+  // not used: a first exchange would count its 10 s from here, and a dozen shards starting on
+  // two cores can take longer than that to connect (seen in CI: a shard silent at exchange 1).
+  const auto ready_by = std::chrono::steady_clock::now() + std::chrono::seconds{120};
+  for (auto& k : kids) {
+    const auto& name = names[&k - kids.data() + 1];
+    pollfd p{fileno(k.out), POLLIN, 0};
+    char line[64];
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(ready_by - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return fail("expert shard " + name + " was not ready within 120 s of getting the keys");
+      if (::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000))) > 0) break;
+    }
+    if (!fgets(line, sizeof line, k.out) || std::string_view{line} != "ready\n")
+      return fail("expert shard " + name + " ended before it was ready (see its stderr)");
+  }
   std::vector<pid_t> pids;
   for (auto& k : kids) {
     pids.push_back(k.pid);
@@ -383,9 +401,11 @@ int run_experts(const std::vector<std::string>& args) {
   std::fputs(key_line(a2a.key()).c_str(), stdout);
   if (b) std::fputs(key_line(b->key()).c_str(), stdout);
   std::fflush(stdout);
-  // The engine closes its end of this pipe once it has the keys. Whatever this process writes to
-  // stdout later (UCX prints its warnings there) would then kill it with SIGPIPE, silently: from
-  // here on stdout is stderr, which the engine's operator sees.
+  // The engine closes its end of this pipe once this shard is ready. Whatever this process writes
+  // to stdout later (UCX prints its warnings there) would then kill it with SIGPIPE, silently:
+  // from here on stdout is stderr, which the engine's operator sees, and the pipe is kept apart
+  // for the one word "ready".
+  const int to_engine = dup(STDOUT_FILENO);
   dup2(STDERR_FILENO, STDOUT_FILENO);
   std::vector<transport::region_key> keys[2];
   for (int c = 0; c < (b ? 2 : 1); ++c)
@@ -405,6 +425,13 @@ int run_experts(const std::vector<std::string>& args) {
   gpu::model_weights mine = *weights;  // small now: the other blocks were never loaded
   weights.reset();
   loaded.weights.reset();
+  ::signal(SIGPIPE, SIG_IGN);  // an engine gone meanwhile: a failed write, not a silent death
+  const bool told = to_engine >= 0 && ::write(to_engine, "ready\n", 6) == 6;
+  if (to_engine >= 0) ::close(to_engine);
+  if (!told) {
+    std::fprintf(stderr, "baton experts %s: cannot tell the engine it is ready (it is gone?)\n", names[rank].c_str());
+    return 1;
+  }
   if (!gpu::run_expert_shard(loaded.model, mine, a2a, &why, b.get())) {
     std::fprintf(stderr, "baton experts %s: %s\n", names[rank].c_str(), why.c_str());
     return 1;

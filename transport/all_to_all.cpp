@@ -11,7 +11,7 @@ namespace baton::transport {
 std::string all_to_all_config::validate() const {
   if (size == 0 || rank >= size) return "all-to-all: rank " + std::to_string(rank) + " outside a group of " + std::to_string(size);
   if (slot_bytes == 0) return "all-to-all: slot_bytes must be > 0";
-  if (timeout.count() <= 0) return "all-to-all: timeout must be > 0";
+  if (timeout.count() <= 0 || put_timeout.count() <= 0) return "all-to-all: timeout and put_timeout must be > 0";
   return {};
 }
 

@@ -21,6 +21,7 @@
 // release store after the data. The receive region comes from the transport's own memory so
 // that peers can map it.
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -47,6 +48,10 @@ struct all_to_all_config {
   /// Stores into peers' slots where the transport maps them (see above); false always puts (tests
   /// of the put path, and a baseline for benchmarks).
   bool direct = true;
+  /// A put of ours (chunk or doorbell) not complete by then fails the exchange, whatever
+  /// `timeout` is: a shard that waits a year for its engine's next exchange must not wait a year
+  /// on a put to a peer that is gone (UCX reports no error for a dead shared-memory peer).
+  std::chrono::milliseconds put_timeout{10'000};
   std::string validate() const;
 };
 
@@ -113,7 +118,9 @@ private:
   uint64_t bank_offset(uint64_t seq) const;
   /// Waits for (at most `limit`) and releases the puts `ids`; false and why if one failed.
   bool wait_puts(std::vector<uint64_t>& ids, std::string* why, std::chrono::milliseconds limit);
-  bool wait_puts(std::vector<uint64_t>& ids, std::string* why) { return wait_puts(ids, why, cfg_.timeout); }
+  bool wait_puts(std::vector<uint64_t>& ids, std::string* why) {
+    return wait_puts(ids, why, std::min(cfg_.timeout, cfg_.put_timeout));
+  }
   /// One wait between polls; `polls` counts this wait's polls so far (see poll_sleep_us).
   void pause(uint32_t* polls) const;
 

@@ -455,7 +455,22 @@ private:
         // Busy while transfers are in flight, but every so often let the other threads of this
         // core run: on a small machine the executor and the peer's progress thread (which some
         // shared-memory flushes wait for) need it too.
-        if (++spins_ % 256 == 0) std::this_thread::yield();
+        if (++spins_ % 256 == 0) {
+          // Transfers nobody polls any more (released: given up by their callers, e.g. a put to a
+          // peer that died, which UCX never fails over shared memory) must not keep a core
+          // spinning for ever: with only those left, progress once a millisecond.
+          bool watched = false;
+          {
+            std::lock_guard<std::mutex> lock{mutex_};
+            for (const auto& [id, t] : inflight_)
+              if (status_.count(id)) {
+                watched = true;
+                break;
+              }
+          }
+          if (watched) std::this_thread::yield();
+          else std::this_thread::sleep_for(std::chrono::milliseconds{1});
+        }
         continue;
       }
       // Idle: sleep until UCX has events (incoming puts over TCP need our progress) or a
