@@ -84,9 +84,16 @@ block_index_actor::behavior_type block_index_impl(pointer self, block_index_conf
         auto& st = self->state;
         const auto cls = store::parse_retention(c.retention).value_or(store::retention::chat);
         const double now = now_s(self);
-        st.index.upsert({{c.block.hi, c.block.lo}, {c.parent_hi, c.parent_lo}, c.block.servers, c.size_bytes, cls,
-                         now + st.cfg.retention.ttl_s(cls), now},
-                        now);
+        const double expires = now + st.cfg.retention.ttl_s(cls) - static_cast<double>(c.age_ms) / 1e3;
+        store::block_meta m{{c.block.hi, c.block.lo}, {c.parent_hi, c.parent_lo}, c.block.servers, c.size_bytes, cls,
+                            expires, now};
+        if (c.age_ms > 0 && expires <= now) {
+          // Found on disk by a restarted server, but its retention ran out while it was down.
+          ++st.stats.expired;
+          drop(self, {m});
+          return;
+        }
+        st.index.upsert(std::move(m), now);
         auto evicted = st.index.evict_to_capacity();
         st.stats.evicted += evicted.size();
         drop(self, evicted);

@@ -23,6 +23,7 @@
 
 #include "gpu/kv_cache.hpp"
 #include "store/block_file.hpp"
+#include "store/block_index.hpp"
 #include "store/staging_pool.hpp"
 #include "transport/transport.hpp"
 
@@ -285,6 +286,35 @@ void run_io(pointer self, Work work, Then then) {
   });
 }
 
+/// A server starting on a directory that already holds blocks (a restart, a re-adopted store
+/// node) tells the index about them again, so the cache survives the restart. First job of the
+/// I/O thread: reads and writes that come meanwhile queue behind it.
+void recover_blocks(pointer self) {
+  run_io(
+      self, [](io_context& io) { return store::scan_block_dir(io.cfg.dir, io.salt); },
+      [self](store::dir_scan scan) {
+        auto& st = self->state;
+        if (st.index.empty()) return;
+        st.stats.blocks_recovered += scan.blocks.size();
+        st.stats.files_removed += scan.removed;
+        uint64_t bytes = 0;
+        for (const auto& b : scan.blocks) {
+          bytes += b.file_bytes;
+          block_ref ref{b.key.hi, b.key.lo, {st.io->cfg.server_id}};
+          self->send(st.index[shard_of(b.key, static_cast<uint32_t>(st.index.size()))], commit_atom::value,
+                     block_commit{ref, b.parent.hi, b.parent.lo, store::to_string(static_cast<store::retention>(b.retention)),
+                                  b.file_bytes, std::max<uint64_t>(b.age_ms, 1)});
+        }
+        if (scan.blocks.empty() && scan.removed == 0 && scan.foreign == 0) return;
+        auto line = caf::aout(self);
+        line << st.io->cfg.name << ": found " << scan.blocks.size() << " blocks (" << bytes / (1u << 20)
+             << " MiB) in " << st.io->cfg.dir;
+        if (scan.foreign) line << ", left " << scan.foreign << " of another model or layout alone";
+        if (scan.removed) line << ", removed " << scan.removed << " unreadable or stale files (first: " << scan.first_removed << ")";
+        line << std::endl;
+      });
+}
+
 block_server_actor::behavior_type block_server_impl(pointer self, block_server_config cfg,
                                                     std::shared_ptr<transport::transport> xport,
                                                     std::vector<block_index_actor> index) {
@@ -315,6 +345,7 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
   if (ec) io.setup_error = cfg.name + ": cannot create " + cfg.dir + ": " + ec.message();
   io.cfg = std::move(cfg);
   st.worker = std::make_unique<io_worker>();
+  if (io.setup_error.empty()) recover_blocks(self);
   // The staging buffer is deregistered when the last holder of the context (the I/O thread's
   // job, or the state) lets go of it.
   return {
@@ -388,7 +419,8 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
               // Always (re)written, atomically: a block that failed a reader's checksum is repaired
               // by the next write-back of it (writers skip blocks they loaded intact).
               store::block_header h{io.salt, key, {w.parent_hi, w.parent_lo}, layers, w.kv_dim, w.block_tokens,
-                                    w.page_tokens, w.bytes / layers, w.checksums};
+                                    w.page_tokens, w.bytes / layers, w.checksums,
+                                    static_cast<uint8_t>(store::parse_retention(w.retention).value_or(store::retention::chat))};
               const auto* base = io.write_staging.data() + offset;
               auto err = store::write_block_file(path, h, [&](uint32_t l) {
                 return store::layer_pieces{{base + l * h.layer_bytes, h.layer_bytes}};

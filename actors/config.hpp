@@ -173,9 +173,14 @@ struct decode_rank_config {
   /// after this long (kv_capacity), so its request re-places itself before its own reserve
   /// timeout rather than leaving a grant behind for nobody.
   uint32_t reserve_wait_ms = 3000;
+  /// Moving a sequence away (elastic drain): its KV puts not landed this long after they were
+  /// posted are given up and the sequence stays (a target that died, a stalled link), so a
+  /// move never holds the sequence, its pages and the drain for good.
+  uint32_t migrate_send_timeout_ms = 10000;
 
   std::string validate() const {
     if (name.empty()) return "decode rank name must not be empty";
+    if (migrate_send_timeout_ms == 0) return "decode migrate_send_timeout_ms must be >= 1";
     if (reserve_wait_ms == 0) return "decode reserve_wait_ms must be >= 1";
     if (on_demand_headroom_tokens > 0 && host_offload_pages == 0)
       return "decode on_demand_headroom_tokens needs host_offload_pages > 0 (preempted sequences wait there)";

@@ -115,19 +115,21 @@ decode_balancer_actor::behavior_type decode_balancer_impl(pointer self, decode_b
         for (const auto& r : st.registry.loads)
           largest = std::max<uint64_t>(largest, uint64_t{r.num_total_pages} * page_size(st, r));
         if (!st.registry.loads.empty() && q.total_tokens > largest)
-          return make_error(errc::kv_capacity, where(q.request_id, "", "place_decode") + ": needs " +
+          // bad_request, not kv_capacity: retrying (or a client's Retry-After) cannot help.
+          return make_error(errc::bad_request, where(q.request_id, "", "place_decode") + ": needs " +
                                                    std::to_string(q.total_tokens) +
                                                    " tokens of KV, the largest decode rank holds " +
                                                    std::to_string(largest) + " in all");
         if (auto p = try_place(self, q)) return std::move(*p);
         auto promise = self->make_response_promise<decode_placement>();
-        st.parked.push_back({std::move(q), promise});
+        drop_expired(st.parked, self->clock().now(), "place_decode");
+        park(st.parked, std::move(q), promise, self->clock().now());
         return promise;
       },
       [=](load_atom, rank_load& load, decode_rank_actor& rank) {
         auto& st = self->state;
         if (st.registry.report(std::move(load), rank, st.log)) self->monitor(rank);
-        serve_parked(st.parked, [=](const place_query& q) { return try_place(self, q); });
+        serve_parked(st.parked, self->clock().now(), "place_decode", [=](const place_query& q) { return try_place(self, q); });
       },
       [=](stats_atom) { return self->state.registry.loads; },
       [=](events_atom) { return self->state.log.snapshot(); },
@@ -151,6 +153,7 @@ decode_balancer_actor::behavior_type decode_balancer_impl(pointer self, decode_b
         if (auto i = st.registry.index_of(rank); i && st.registry.draining[*i]) {
           st.log.add({0, st.registry.loads[*i].name, "undrained: placements again"});
           st.registry.draining[*i] = false;
+          serve_parked(st.parked, self->clock().now(), "place_decode", [=](const place_query& q) { return try_place(self, q); });
         }
       },
   };

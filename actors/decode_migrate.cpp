@@ -66,8 +66,11 @@ void complete(decode_pointer self, uint64_t lease_id) {
   auto m = st.migrations.find(lease_id);
   auto l = st.leases.find(lease_id);
   if (m == st.migrations.end() || l == st.leases.end()) return;
+  // Every put landed: the target hears that its one writer is done, so a lease that nobody
+  // takes up (the request gave up meanwhile) is freed at its expiry, not quarantined.
+  self->send(m->second.target, writer_done_atom::value, m->second.grant.lease_id, uint32_t{1});
   if (m->second.released) {
-    self->send(m->second.target, release_atom::value, m->second.grant.lease_id, false);  // every put landed
+    self->send(m->second.target, release_atom::value, m->second.grant.lease_id, false);
   } else {
     decode_summary s{.request_id = l->second.request_id, .num_tokens = m->second.seq.num_generated, .finish_reason = "migrated",
                      .queue_us = l->second.queue_us};
@@ -98,6 +101,7 @@ void send_layers(decode_pointer self, uint64_t lease_id) {
   if (pages > m.grant.page_ids.size()) return abandon(self, lease_id, "the target lease is too small");
   const transport::region_key key{r.backend, r.region_id, r.size_bytes, r.packed_key};
   m.xfers.assign(lay.num_layers, 0);
+  m.posted_at = self->clock().now();
   for (uint32_t layer = 0; layer < lay.num_layers; ++layer) {
     transport::put_desc d{l.request_id, layer, m.target_name, st.core.pool_key->region_id, key, {}};
     for (uint32_t i = 0; i < pages; ++i)
@@ -117,7 +121,9 @@ void start(decode_pointer self, const running_seq& seq) {
   const uint32_t total = seq.pos + remaining + 1;
   const uint64_t lease_id = seq.lease_id, rid = l.request_id;
   const uint32_t lease_ms = l.lease_ms;
-  self->request(st.balancer, migrate_timeout, place_atom::value, place_query{rid, 0, seq.pos, total})
+  place_query q{rid, 0, seq.pos, total};
+  q.wait_ms = static_cast<uint32_t>(std::chrono::duration_cast<std::chrono::milliseconds>(migrate_timeout).count());
+  self->request(st.balancer, migrate_timeout, place_atom::value, std::move(q))
       .then(
           [=](decode_placement& p) {
             auto& st = self->state;
@@ -125,7 +131,10 @@ void start(decode_pointer self, const running_seq& seq) {
             if (p.rank == caf::actor_cast<decode_rank_actor>(self)) return abandon(self, lease_id, "placed on itself");
             st.migrations.at(lease_id).target = p.rank;
             st.migrations.at(lease_id).target_name = p.name;
-            self->request(p.rank, migrate_timeout, reserve_atom::value, kv_lease_reserve{rid, total, lease_ms, seq.pos})
+            // Longer than the target may hold a reservation waiting for pages (reserve_wait_ms, the
+            // same config on every rank): giving up first would leave its late grant to nobody.
+            const auto reserve_timeout = std::chrono::milliseconds{self->state.cfg.reserve_wait_ms} + migrate_timeout;
+            self->request(p.rank, reserve_timeout, reserve_atom::value, kv_lease_reserve{rid, total, lease_ms, seq.pos})
                 .then(
                     [=](kv_lease_grant& g) {
                       auto& st = self->state;
@@ -165,8 +174,17 @@ void poll_migrations(decode_pointer self) {
   st.migrate_poll_scheduled = false;
   std::vector<uint64_t> done, failed;
   std::vector<std::string> why;
+  const auto now = self->clock().now();
+  const auto limit = std::chrono::milliseconds{st.cfg.migrate_send_timeout_ms};
   for (auto& [lease_id, m] : st.migrations) {
     if (m.xfers.empty()) continue;  // not placed or reserved yet
+    if (now - m.posted_at > limit) {
+      failed.push_back(lease_id);
+      why.push_back(std::to_string(m.xfers.size() - m.landed) + " of " + std::to_string(m.xfers.size()) +
+                    " layers did not land within migrate_send_timeout_ms (" + std::to_string(st.cfg.migrate_send_timeout_ms) +
+                    " ms)");
+      continue;
+    }
     const auto& l = st.leases.at(lease_id);
     for (uint32_t layer = 0; layer < m.xfers.size(); ++layer) {
       if (!m.xfers[layer]) continue;

@@ -242,9 +242,13 @@ void rebalance_memory(decode_pointer self) {
     st.reserves.clear();
   }
   auto& kv = st.core.exec->kv();
+  // A sequence back from host memory needs a step, which nothing else may start (the batch was
+  // empty; or this runs inside maybe_step, via free_lease): a message to itself starts it.
+  auto step_resumed = [self] { self->send(self, resume_atom::value); };
   if (on_demand(st)) {
-    while (resume_oldest(self)) {
-    }
+    bool resumed = false;
+    while (resume_oldest(self)) resumed = true;
+    if (resumed) step_resumed();
     while (st.paused.empty() && !st.reserves.empty()) {
       auto& r = st.reserves.front();
       const uint32_t need = pages_to_reserve(st, r.req);
@@ -265,8 +269,9 @@ void rebalance_memory(decode_pointer self) {
     // Nothing to offload (wait for sequences to finish), or host memory full too.
     if (!offload_youngest(self)) break;
   }
-  while (st.reserves.empty() && resume_oldest(self)) {
-  }
+  bool resumed = false;
+  while (st.reserves.empty() && resume_oldest(self)) resumed = true;
+  if (resumed) step_resumed();
   report_load(self);
 }
 
@@ -787,6 +792,7 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
         rebalance_memory(self);
         if (self->state.step_in_flight) report_load(self);
       },
+      [=](resume_atom) { maybe_step(self); },
       [=](poll_atom) { poll_writes(self); },
       [=](expire_atom, uint64_t lease_id) {
         auto& s = self->state;

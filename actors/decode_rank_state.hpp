@@ -105,6 +105,7 @@ struct write_put {
   uint32_t server = 0;
   uint64_t slot_id = 0;
   uint64_t xfer = 0;
+  caf::actor_clock::time_point posted_at{};  ///< given up store_put_limit_ms after this
 };
 
 /// A running sequence moved to host memory; its lease stays, its device pages were freed.
@@ -129,6 +130,7 @@ struct migration {
   std::string target_name;
   kv_lease_grant grant;          ///< lease_id 0 until reserved
   std::vector<uint64_t> xfers;   ///< per layer; 0 once landed
+  caf::actor_clock::time_point posted_at;  ///< when the puts went out (migrate_send_timeout_ms counts from it)
   uint32_t landed = 0;
   bool released = false;         ///< the request let go meanwhile: release the target lease at the end
 };

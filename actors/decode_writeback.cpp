@@ -35,9 +35,15 @@ void poll_writes(decode_pointer self) {
   auto& st = self->state;
   st.write_poll_scheduled = false;
   std::vector<write_put> still;
+  const auto now = self->clock().now();
   for (const auto& p : st.write_puts) {
     transport::xfer_error err;
-    const auto state = st.core.xport->poll(p.xfer, &err);
+    auto state = st.core.xport->poll(p.xfer, &err);
+    // A put to a server that died may never settle (UCX over shared memory does not fail it):
+    // given up, as the server gives up the slot (its write_slot_ttl_ms), so the staging and the
+    // job do not stay for good and keep this rank from ever being idle.
+    if (state == transport::xfer_state::pending && now - p.posted_at > std::chrono::milliseconds{store_put_limit_ms})
+      state = transport::xfer_state::failed;
     if (state == transport::xfer_state::pending) {
       still.push_back(p);
       continue;
@@ -54,7 +60,8 @@ void poll_writes(decode_pointer self) {
     auto order = j->second.order;
     order.slot_id = p.slot_id;
     const uint64_t job = p.job;
-    self->request(st.store.servers[p.server], caf::infinite, std::move(order))
+    // Bounded: a server that never answers must not hold the job (and this rank's idleness).
+    self->request(st.store.servers[p.server], std::chrono::milliseconds{store_write_order_timeout_ms}, std::move(order))
         .then([=](uint64_t) { write_done_one(self, job); }, [=](caf::error&) { write_done_one(self, job); });
   }
   st.write_puts = std::move(still);
@@ -78,7 +85,9 @@ void write_back(decode_pointer self, const lease& l) {
   const uint32_t ppb = b / lay.page_size_tokens;
   const uint64_t block_bytes = uint64_t{ppb} * lay.page_bytes() * lay.num_layers;
   for (size_t k = o.cached_blocks; k < keys.size(); ++k) {
-    auto off = st.write_key ? st.write_slots.acquire(block_bytes) : std::nullopt;
+    // Every server of the block down: nobody to write to (a job of no servers would never end).
+    const auto servers = st.ring->servers_for(keys[k], st.store.replicas, &st.server_down);
+    auto off = st.write_key && !servers.empty() ? st.write_slots.acquire(block_bytes) : std::nullopt;
     if (!off) {
       ++st.write_backs_dropped;  // backpressure: a miss later, never a stall now
       continue;
@@ -99,7 +108,6 @@ void write_back(decode_pointer self, const lease& l) {
         std::memcpy(st.write_buf->data() + *off + (uint64_t{layer} * ppb + p) * lay.page_bytes(),
                     kv.data() + lay.offset_bytes(layer, pages[p]), lay.page_bytes());
     }
-    const auto servers = st.ring->servers_for(keys[k], st.store.replicas, &st.server_down);
     const uint64_t job = ++st.last_write;
     st.writes[job] = write_job{*off, static_cast<uint32_t>(servers.size()), std::move(w)};
     for (auto server : servers)
@@ -115,7 +123,7 @@ void write_back(decode_pointer self, const lease& l) {
                                       st.write_key->region_id,
                                       transport::region_key{r.backend, r.region_id, r.size_bytes, r.packed_key},
                                       {{j->second.offset, slot.offset, block_bytes}}};
-                st.write_puts.push_back({job, server, slot.slot_id, st.core.xport->post_put(d)});
+                st.write_puts.push_back({job, server, slot.slot_id, st.core.xport->post_put(d), self->clock().now()});
                 schedule_write_poll(self);
               },
               [=](caf::error&) { write_done_one(self, job); });

@@ -68,6 +68,7 @@ using migrate_atom = caf::atom_constant<caf::atom("migrate")>;
 using migrate_poll_atom = caf::atom_constant<caf::atom("migpoll")>;
 /// A transfer of the rank's transport settled (transport::set_settled_listener): poll now.
 using settled_atom = caf::atom_constant<caf::atom("settled")>;
+using resume_atom = caf::atom_constant<caf::atom("resume")>;
 
 // --- errors ---------------------------------------------------------------------------------
 /// Baton's error codes (category atom "baton"). The context string of every error names the
@@ -326,11 +327,15 @@ struct place_query {
   /// cache-affinity routing find the rank whose own pages hold the longest prefix.
   std::vector<uint64_t> block_keys = {};
   uint32_t block_tokens = 0;
+  /// How long the asker waits for an answer (its request timeout); a placement parked for want
+  /// of room is given up after this, so it never lands on a rank after its asker has gone.
+  /// 0: parked_wait_default_ms.
+  uint32_t wait_ms = 0;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, place_query& x) {
   return f(caf::meta::type_name("place_query"), x.request_id, x.new_tokens, x.cached_tokens, x.total_tokens,
-           x.priority, x.block_keys, x.block_tokens);
+           x.priority, x.block_keys, x.block_tokens, x.wait_ms);
 }
 
 struct rank_stats {
@@ -341,7 +346,7 @@ struct rank_stats {
   uint32_t num_waiting = 0;   ///< reserved leases not yet decoding / queued prefill chunks
   uint64_t num_steps = 0;     ///< forward jobs completed
   uint64_t blocks_written_back = 0;  ///< decode: full blocks sent to the block store
-  uint64_t write_backs_dropped = 0;  ///< decode: blocks not written because the queue was full
+  uint64_t write_backs_dropped = 0;  ///< decode: blocks not written (the staging was full, or no block server was up)
   uint64_t offloaded = 0;            ///< decode: sequences moved to host memory for lack of pages
   uint64_t resumed = 0;              ///< decode: offloaded sequences brought back
   /// decode: write-backs still moving to the block store (their staging must outlive them)
@@ -396,6 +401,9 @@ typename Inspector::result_type inspect(Inspector& f, store_read_order& x) {
 /// how long after a read's deadline a put of it can still land: a reader that stopped waiting
 /// keeps the pages it named that much longer (read_timeout_ms + this) before reusing them.
 inline constexpr uint32_t store_put_limit_ms = 10000;
+/// A writer gives up waiting for a block server's answer to a write order after this long (the
+/// server writes one block file: seconds even on a slow disk).
+inline constexpr uint32_t store_write_order_timeout_ms = 60000;
 
 /// Block server -> reader, while a read streams: layer `layer` of these blocks has landed in the
 /// reader's pages (the pipeline of seed 000 §2.3: the reader computes layer l meanwhile).
@@ -474,10 +482,14 @@ struct block_commit {
   uint64_t parent_hi = 0, parent_lo = 0;
   std::string retention;
   uint64_t size_bytes = 0;
+  /// 0 for a block just written; for one a restarted server found on disk, how long ago it was
+  /// written: its retention counts from then, not from the restart.
+  uint64_t age_ms = 0;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, block_commit& x) {
-  return f(caf::meta::type_name("block_commit"), x.block, x.parent_hi, x.parent_lo, x.retention, x.size_bytes);
+  return f(caf::meta::type_name("block_commit"), x.block, x.parent_hi, x.parent_lo, x.retention, x.size_bytes,
+           x.age_ms);
 }
 
 /// Counters of the store's actors (index and servers fill their own fields).
@@ -494,12 +506,14 @@ struct store_stats {
   uint64_t bytes_written = 0;
   uint64_t write_failures = 0;   ///< server: blocks not written (a layer off its checksum, the disk)
   uint64_t slots_reclaimed = 0;  ///< server: write slots given back unused (a failed put, a silent writer)
+  uint64_t blocks_recovered = 0; ///< server: blocks of this model found on disk at start, committed again
+  uint64_t files_removed = 0;    ///< server: unreadable block files and stale temporary files deleted at start
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, store_stats& x) {
   return f(caf::meta::type_name("store_stats"), x.blocks, x.checks, x.hit_blocks, x.evicted, x.expired,
            x.blocks_written, x.blocks_read, x.read_failures, x.bytes_read, x.bytes_written, x.write_failures,
-           x.slots_reclaimed);
+           x.slots_reclaimed, x.blocks_recovered, x.files_removed);
 }
 
 using block_server_actor = caf::typed_actor<
@@ -650,6 +664,7 @@ using decode_rank_actor = caf::typed_actor<
     caf::reacts_to<migrate_poll_atom>,                          // their KV puts in flight
     caf::reacts_to<reserve_expire_atom, uint64_t>,              // a waiting reservation's deadline
     caf::reacts_to<health_atom>,                                // standing failure began or ended; re-report load
+    caf::reacts_to<resume_atom>,                                // sequences came back from host memory: step (internal)
     caf::replies_to<role_atom, bool>::with<bool>>;              // elastic P/D: active, or standby when idle
 
 struct prefill_order {

@@ -258,14 +258,15 @@ prefill_balancer_actor::behavior_type prefill_balancer_impl(pointer self, prefil
       [=](place_atom, place_query& q) -> caf::result<prefill_placement> {
         if (auto p = try_place(self, q)) return std::move(*p);
         auto promise = self->make_response_promise<prefill_placement>();
-        self->state.parked.push_back({std::move(q), promise});
+        drop_expired(self->state.parked, self->clock().now(), "place_prefill");
+        park(self->state.parked, std::move(q), promise, self->clock().now());
         return promise;
       },
       [=](load_atom, rank_load& load, prefill_rank_actor& rank) {
         auto& st = self->state;
         if (st.registry.report(std::move(load), rank, st.log)) self->monitor(rank);
         if (auto i = st.registry.index_of(rank)) sync_view(st, *i);
-        serve_parked(st.parked, [=](const place_query& q) { return try_place(self, q); });
+        serve_parked(st.parked, self->clock().now(), "place_prefill", [=](const place_query& q) { return try_place(self, q); });
       },
       [=](stats_atom) {
         // With each prefill rank's length bucket (the elastic controller weighs buckets apart).
@@ -295,6 +296,7 @@ prefill_balancer_actor::behavior_type prefill_balancer_impl(pointer self, prefil
           st.log.add({0, st.registry.loads[*i].name, "undrained: placements again"});
           st.registry.draining[*i] = false;
           sync_view(st, *i);
+          serve_parked(st.parked, self->clock().now(), "place_prefill", [=](const place_query& q) { return try_place(self, q); });
         }
       },
   };

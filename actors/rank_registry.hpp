@@ -7,6 +7,7 @@
 
 #include <caf/actor_addr.hpp>
 #include <caf/actor_cast.hpp>
+#include <caf/actor_clock.hpp>
 #include <caf/typed_response_promise.hpp>
 
 #include "actors/messages.hpp"
@@ -69,16 +70,50 @@ struct rank_registry {
   }
 };
 
-/// A placement request waiting for a rank that can take it.
+inline constexpr uint32_t parked_wait_default_ms = 5000;
+
+/// A placement request waiting for a rank that can take it, until `deadline`.
 template <class Placement>
 struct parked_placement {
   place_query query;
   caf::typed_response_promise<Placement> promise;
+  caf::actor_clock::time_point deadline;
 };
 
-/// Serves parked placements, oldest first, while `try_place(query)` finds a rank.
+/// Parks `q` (no rank has room now) until its asker's wait runs out.
+template <class Placement>
+void park(std::deque<parked_placement<Placement>>& parked, place_query q,
+          caf::typed_response_promise<Placement> promise, caf::actor_clock::time_point now) {
+  const auto wait = std::chrono::milliseconds{q.wait_ms ? q.wait_ms : parked_wait_default_ms};
+  parked.push_back({std::move(q), std::move(promise), now + wait});
+}
+
+/// Answers the placements whose asker has stopped waiting (deadline_exceeded, which it no
+/// longer hears) and drops them: served later they would charge a rank with load nobody brings,
+/// and during an outage the queue would grow with every retry. Returns how many.
+template <class Placement>
+size_t drop_expired(std::deque<parked_placement<Placement>>& parked, caf::actor_clock::time_point now,
+                    const char* stage) {
+  size_t n = 0;
+  for (auto i = parked.begin(); i != parked.end();) {
+    if (i->deadline > now) {
+      ++i;
+      continue;
+    }
+    i->promise.deliver(make_error(errc::deadline_exceeded, where(i->query.request_id, "", stage) +
+                                                               ": no rank had room while the request waited"));
+    i = parked.erase(i);
+    ++n;
+  }
+  return n;
+}
+
+/// Serves parked placements, oldest first, while `try_place(query)` finds a rank; those whose
+/// asker has stopped waiting are dropped first.
 template <class Placement, class TryPlace>
-void serve_parked(std::deque<parked_placement<Placement>>& parked, TryPlace try_place) {
+void serve_parked(std::deque<parked_placement<Placement>>& parked, caf::actor_clock::time_point now,
+                  const char* stage, TryPlace try_place) {
+  drop_expired(parked, now, stage);
   while (!parked.empty()) {
     auto placed = try_place(parked.front().query);
     if (!placed) return;

@@ -322,7 +322,13 @@ void start_decode(request_pointer self) {
   self->request(st.decode, caf::infinite, std::move(order))
       .then(
           [=](const decode_summary& s) {
-            if (stale(self, attempt)) return;
+            if (stale(self, attempt)) {
+              // Moved while this attempt was being given up (a watchdog, a cancel): the lease the
+              // sequence moved into is nobody's; let it go now rather than at its expiry.
+              if (s.finish_reason == "migrated" && s.moved_to)
+                self->send(caf::actor_cast<decode_rank_actor>(s.moved_to), release_atom::value, s.moved_lease, false);
+              return;
+            }
             auto& st = self->state;
             if (s.finish_reason == "migrated" && s.moved_to) {
               // The rank drained: the sequence's KV sits in another rank's lease. Continue there.
@@ -479,7 +485,7 @@ void place(request_pointer self) {
   const auto cached = static_cast<uint32_t>(st.prefix.size() * p.store.block_tokens());
   place_query q{p.request_id, static_cast<uint32_t>(st.prompt.size()) - cached, cached,
                 static_cast<uint32_t>(st.prompt.size() + st.max_new), p.params.priority,
-                st.block_keys, p.store.block_tokens()};
+                st.block_keys, p.store.block_tokens(), p.cfg.place_timeout_ms};
   const uint32_t attempt = st.attempt;
   self->request(p.decode_balancer, timeout, place_atom::value, q)
       .then(
@@ -531,7 +537,7 @@ void check(request_pointer self) {
   auto& st = self->state;
   const auto& p = st.plan;
   const uint32_t b = p.store.block_tokens();
-  const size_t usable = (st.prompt.size() - 1) / b;
+  const size_t usable = st.prompt.empty() ? 0 : (st.prompt.size() - 1) / b;
   auto keys = store::chain_keys(store::salt_of(p.store.identity), st.prompt, b);
   for (const auto& k : keys) st.block_keys.insert(st.block_keys.end(), {k.hi, k.lo});
   keys.resize(std::min(keys.size(), usable));
@@ -603,7 +609,8 @@ request_actor::behavior_type request_impl(request_pointer self, request_plan pla
           on_ranks_lost(self, st.decode && dm.source == caf::actor_cast<caf::actor_addr>(st.decode), prefill_down,
                         "the rank went down (" + self->system().render(dm.reason) + ")");
         });
-        if (st.plan.store.enabled())
+        // As a retry does (restart()): keyed for the local tiers too, or cache_affinity routes blind.
+        if (st.plan.store.keyed())
           check(self);
         else
           place(self);

@@ -56,6 +56,9 @@ std::string tokenize_and_validate(const generate_request& req, const gpu::model_
   } else {
     *tokens = gpu::byte_tokenizer{model.bos_token_id, model.eos_token_id}.encode(req.prompt);
   }
+  // A tokenizer without BOS can turn text (whitespace under a stripping normalizer) into nothing;
+  // a prompt needs one token whose logits give the first output.
+  if (tokens->empty()) return "the prompt encodes to no tokens; send at least one";
   if (tokens->size() + static_cast<size_t>(req.max_tokens) > ctx)
     return "prompt of " + std::to_string(tokens->size()) + " tokens plus max_tokens " +
            std::to_string(req.max_tokens) + " exceeds the model's context of " + std::to_string(ctx) + " tokens";

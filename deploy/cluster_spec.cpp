@@ -143,7 +143,8 @@ bool parse_node(const json& j, size_t i, node_spec* n, std::string* why) {
       !p.num("http", &n->http_port, 1, 65535, why) || !p.num("store", &n->store_port, 1, 65535, why) ||
       !p.no_others(why))
     return false;
-  if (n->host.empty() || n->host.find_first_of(" \t'\"$`\\;&|<>") != std::string::npos) {
+  // A leading '-' would reach ssh as an option (ssh -oProxyCommand=...), not as a host.
+  if (n->host.empty() || n->host.front() == '-' || n->host.find_first_of(" \t'\"$`\\;&|<>") != std::string::npos) {
     *why = where + ".host '" + n->host + "' is not a host name or address";
     return false;
   }
@@ -224,14 +225,29 @@ bool validate(const cluster_spec& s, std::string* why) {
       *why = "node '" + n.name + "': a gateway needs ports.http";
       return false;
     }
+    // localhost, 127.0.0.1 and ::1 are one machine: the same port under two of them collides.
+    const std::string machine = is_local_host(n.host) ? std::string{"this machine"} : n.host;
     for (uint16_t p : {n.router_port, n.cluster_port, n.http_port, n.store_port})
-      if (p && !ports.insert({n.host, p}).second) {
+      if (p && !ports.insert({machine, p}).second) {
         *why = "node '" + n.name + "': port " + std::to_string(p) + " on " + n.host + " is taken by another node";
         return false;
       }
   }
   if (routers != 1) {
     *why = "nodes: exactly one node must have the router role, found " + std::to_string(routers);
+    return false;
+  }
+  // Every node dials the head at its host: a loopback head is unreachable from other machines.
+  if (const auto& h = s.head(); is_local_host(h.host))
+    for (const auto& n : s.nodes)
+      if (!is_local_host(n.host)) {
+        *why = "node '" + n.name + "' on " + n.host + " would dial the router's node '" + h.name + "' at " + h.host +
+               ", its own loopback: give the router's node an address the other hosts can reach";
+        return false;
+      }
+  if (!s.store_dir.empty() && s.block_tokens % s.page_tokens != 0) {
+    *why = "spec.store.block_tokens (" + std::to_string(s.block_tokens) + ") must be a multiple of spec.executor.page_tokens (" +
+           std::to_string(s.page_tokens) + "): a block is whole KV pages";
     return false;
   }
   if (elastics == 0 && (s.elastic_ttft_ms || s.elastic_tbt_ms)) {

@@ -58,6 +58,7 @@ struct connection_state {
   bool reading = true;    ///< false while reads are halted (a pipelined backlog past the limits)
   bool sent_continue = false;  ///< "100 Continue" written for the request being received
   bool head_only = false;      ///< a HEAD request: the answer's head without its body
+  bool chunked = true;         ///< the client speaks HTTP/1.1: a stream goes in chunks (1.0: until close)
   std::chrono::steady_clock::time_point last_activity = std::chrono::steady_clock::now();
   std::string route;
   // The answer in progress, if any.
@@ -146,8 +147,14 @@ void reply_error(caf::io::broker* self, caf::io::connection_handle hdl, const sh
   reply(self, hdl, g, st, e.status, openai::error_json(e), "application/json", std::move(extra));
 }
 
-void event(caf::io::broker* self, caf::io::connection_handle hdl, const std::string& data) {
-  write(self, hdl, http::chunk("data: " + data + "\n\n"));
+void event(caf::io::broker* self, caf::io::connection_handle hdl, const state_ptr& st, const std::string& data) {
+  const std::string e = "data: " + data + "\n\n";
+  write(self, hdl, st->chunked ? http::chunk(e) : e);
+}
+
+/// The stream's end: the last chunk, or (HTTP/1.0) nothing: finish() closes the connection.
+void end_stream(caf::io::broker* self, caf::io::connection_handle hdl, const state_ptr& st) {
+  if (st->chunked) write(self, hdl, http::last_chunk());
 }
 
 /// One call's go-between: it asks the router with itself as the sink and passes the chunks, then
@@ -186,9 +193,9 @@ void on_done(caf::io::broker* self, caf::io::connection_handle hdl, const shared
   g->metrics.record(done);
   if (!st->call->stream) return reply(self, hdl, g, st, 200, openai::completion_json(*st->call, done, st->id, st->created));
   g->metrics.count_response(st->route, 200);
-  if (st->call->include_usage) event(self, hdl, openai::usage_chunk_json(*st->call, done, st->id, st->created));
-  event(self, hdl, "[DONE]");
-  write(self, hdl, http::last_chunk());
+  if (st->call->include_usage) event(self, hdl, st, openai::usage_chunk_json(*st->call, done, st->id, st->created));
+  event(self, hdl, st, "[DONE]");
+  end_stream(self, hdl, st);
   finish(self, hdl, g, st);
 }
 
@@ -198,8 +205,8 @@ void on_failed(caf::io::broker* self, caf::io::connection_handle hdl, const shar
   if (!st->head_sent) return reply_error(self, hdl, g, st, api_error_of(status, msg));
   // The stream has begun (status 200 is sent): the error travels as an event, as OpenAI's do.
   g->metrics.count_response(st->route, status);
-  event(self, hdl, openai::error_json(api_error_of(status, msg)));
-  write(self, hdl, http::last_chunk());
+  event(self, hdl, st, openai::error_json(api_error_of(status, msg)));
+  end_stream(self, hdl, st);
   finish(self, hdl, g, st);
 }
 
@@ -208,13 +215,18 @@ void on_chunk(caf::io::broker* self, caf::io::connection_handle hdl, const state
               const stream_chunk& c) {
   if (!st->call || !st->call->stream || seq != st->call_seq) return;  // not streamed, or of an answer already ended
   if (!st->head_sent) {
-    write(self, hdl,
-          http::chunked_head(200, "text/event-stream", {{"Connection", st->keep_alive ? "keep-alive" : "close"}}));
+    if (st->chunked) {
+      write(self, hdl,
+            http::chunked_head(200, "text/event-stream", {{"Connection", st->keep_alive ? "keep-alive" : "close"}}));
+    } else {
+      st->keep_alive = false;  // the close is what ends the body
+      write(self, hdl, http::close_delimited_head(200, "text/event-stream"));
+    }
     st->head_sent = true;
   }
   // Nothing new to say (e.g. half a UTF-8 character held back): no event.
   if (c.text.empty() && c.finish_reason.empty() && !(st->first_chunk && st->call->chat)) return;
-  event(self, hdl, openai::chunk_json(*st->call, c, st->id, st->created, st->first_chunk));
+  event(self, hdl, st, openai::chunk_json(*st->call, c, st->id, st->created, st->first_chunk));
   st->first_chunk = false;
 }
 
@@ -322,6 +334,7 @@ void pump(caf::io::broker* self, caf::io::connection_handle hdl, const shared_pt
     }
     st->in.erase(0, r.consumed);
     st->keep_alive = req.keep_alive;
+    st->chunked = req.version == "HTTP/1.1";
     st->head_only = req.method == "HEAD";
     dispatch(self, hdl, g, st, req);
   }

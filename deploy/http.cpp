@@ -154,6 +154,10 @@ std::string chunked_head(int status, std::string_view content_type, const header
   return head(status, content_type, extra) + "Transfer-Encoding: chunked\r\nCache-Control: no-cache\r\n\r\n";
 }
 
+std::string close_delimited_head(int status, std::string_view content_type, const header_list& extra) {
+  return head(status, content_type, extra) + "Cache-Control: no-cache\r\nConnection: close\r\n\r\n";
+}
+
 std::string chunk(std::string_view data) {
   if (data.empty()) return {};  // an empty chunk would end the body
   char size[24];

@@ -51,6 +51,9 @@ std::string response(int status, std::string_view content_type, std::string_view
                      const header_list& extra = {});
 /// The head of a chunked response (server-sent events); chunks follow, then last_chunk().
 std::string chunked_head(int status, std::string_view content_type, const header_list& extra = {});
+/// The same for an HTTP/1.0 client, which knows no chunks: the body is the raw events and ends
+/// when the server closes the connection (RFC 9112 §6.3); no Content-Length, Connection: close.
+std::string close_delimited_head(int status, std::string_view content_type, const header_list& extra = {});
 std::string chunk(std::string_view data);
 std::string last_chunk();
 

@@ -135,6 +135,10 @@ int run_launch(const std::vector<std::string>& raw_args) {
   flags.add("--drain-ms", &drain_ms, "on stop, how long decode nodes may drain before they are killed");
   flags.add("--dry-run", &dry_run, "print each node's command line and start nothing");
   if (auto rc = flags.parse_command_line(args, "launch", "baton launch SPEC.json [flags]")) return *rc;
+  if (drain_ms > 3'600'000) {
+    std::fprintf(stderr, "baton launch: --drain-ms %u is more than an hour (3600000)\n", drain_ms);
+    return 2;
+  }
   if (spec_path.empty()) {
     std::fprintf(stderr, "baton launch: give the cluster spec file (baton launch SPEC.json)\n");
     return 2;

@@ -209,13 +209,17 @@ int run_profile(const std::vector<std::string>& args) {
   std::printf("decode:  step(n, ctx) = %.4g + %.4g n + %.4g ctx us; held-out error mean %.1f%% max %.1f%% (%zu points)\n",
               decode->step_base_us, decode->per_seq_us, decode->per_context_token_us,
               100 * prof.decode_held_out.mean_rel, 100 * prof.decode_held_out.max_rel, prof.decode_held_out.count);
-  if (!prefill->usable())
-    std::fprintf(stderr, "baton profile: warning: the prefill fit has a negative coefficient; measure with more repeats\n");
   if (auto err = write_profile(opt.out, prof); !err.empty()) {
     std::fprintf(stderr, "baton profile: %s\n", err.c_str());
     return 1;
   }
   std::printf("wrote %s\n", opt.out.c_str());
+  // The samples are kept, but a profile that --cost-profile refuses must not look like success.
+  if (!prefill->usable() || !decode->usable()) {
+    std::fprintf(stderr, "baton profile: the %s fit has a negative coefficient, so --cost-profile will refuse %s; "
+                 "measure with more repeats\n", !prefill->usable() ? "prefill" : "decode", opt.out.c_str());
+    return 1;
+  }
   return 0;
 }
 

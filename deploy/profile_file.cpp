@@ -98,6 +98,11 @@ bool read_profile_unchecked(const std::string& path, executor_profile* out, std:
     *why = "profile file " + path + ": prefill coefficients are not usable (need alpha, beta >= 0 and gamma > 0)";
     return false;
   }
+  if (!p.decode.usable()) {
+    *why = "profile file " + path + ": decode coefficients are not usable (need step_base_us, per_seq_us and "
+           "per_context_token_us >= 0, not all 0): a negative term predicts negative steps for large batches";
+    return false;
+  }
   *out = std::move(p);
   return true;
 }

@@ -106,14 +106,35 @@ std::optional<cost_model> fit_cost_model(const std::vector<prefill_sample>& samp
 }
 
 std::optional<decode_cost_model> fit_decode_cost_model(const std::vector<decode_sample>& samples, std::string* why) {
-  auto x = fit_relative(
-      samples,
-      [](const decode_sample& s) {
-        return std::vector<double>{1.0, static_cast<double>(s.num_seqs), static_cast<double>(s.context_tokens)};
-      },
-      3, why);
-  if (!x) return std::nullopt;
-  return decode_cost_model{(*x)[0], (*x)[1], (*x)[2]};
+  // Least squares may give a term a negative coefficient (noise over a narrow range of batch
+  // sizes), and the model then predicts negative steps for large batches. A term that comes out
+  // negative is dropped (held at 0) and the rest refitted: a small active-set solve.
+  bool on[3] = {true, true, true};
+  for (int round = 0; round < 3; ++round) {
+    std::vector<int> terms;
+    for (int i = 0; i < 3; ++i)
+      if (on[i]) terms.push_back(i);
+    auto x = fit_relative(
+        samples,
+        [&](const decode_sample& s) {
+          const double all[3] = {1.0, static_cast<double>(s.num_seqs), static_cast<double>(s.context_tokens)};
+          std::vector<double> row;
+          for (int i : terms) row.push_back(all[i]);
+          return row;
+        },
+        terms.size(), why);
+    if (!x) return std::nullopt;
+    double c[3] = {0, 0, 0};
+    bool negative = false;
+    for (size_t k = 0; k < terms.size(); ++k) {
+      c[terms[k]] = (*x)[k];
+      if ((*x)[k] < 0) on[terms[k]] = false, negative = true;
+    }
+    if (!negative) return decode_cost_model{c[0], c[1], c[2]};
+    if (std::none_of(std::begin(on), std::end(on), [](bool b) { return b; })) break;
+  }
+  if (why) *why = "every decode term fits negative: the samples do not grow with batch or context";
+  return std::nullopt;
 }
 
 fit_error evaluate(const cost_model& m, const std::vector<prefill_sample>& samples) {

@@ -16,7 +16,9 @@ uint64_t largest_chunk(const cost_model& m, uint64_t cached, uint64_t remaining,
     q = (-b + std::sqrt(b * b + 4.0 * m.alpha_us * room)) / (2.0 * m.alpha_us);
   else
     q = room / b;
-  auto n = static_cast<uint64_t>(std::max(0.0, std::floor(q)));
+  // A root at or past `remaining` (an infinite budget, a tiny gamma) must not reach the cast:
+  // converting a double beyond uint64_t's range is undefined.
+  auto n = q >= static_cast<double>(remaining) ? remaining : static_cast<uint64_t>(std::max(0.0, std::floor(q)));
   // Floating point may put the root a hair above the exact boundary: step back until it fits.
   while (n > 1 && m.prefill_us(n, cached) > budget_us) --n;
   return std::clamp<uint64_t>(n, 1, remaining);

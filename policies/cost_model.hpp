@@ -41,6 +41,12 @@ struct decode_cost_model {
     return step_base_us + per_seq_us * static_cast<double>(num_seqs) +
            per_context_token_us * static_cast<double>(total_context_tokens);
   }
+  /// No negative term (a fit with one goes negative for large batches: free steps) and some
+  /// cost at all. (`!(x < 0)` is false for NaN: the comparisons are written to refuse it.)
+  bool usable() const {
+    return step_base_us >= 0 && per_seq_us >= 0 && per_context_token_us >= 0 &&
+           step_base_us + per_seq_us + per_context_token_us > 0;
+  }
 };
 
 /// Seed 000 §3.1 level 4: the largest q <= `remaining` with cost(q, c) <= budget_us, found by

@@ -18,6 +18,7 @@ expert_placement static_placement(uint32_t num_experts, const eplb_config& cfg) 
   expert_placement p;
   p.rank_experts.resize(cfg.num_ranks);
   p.replicas.resize(num_experts);
+  if (cfg.num_ranks == 0) return p;  // nowhere to put them (plan_eplb's fallback for a bad config)
   for (uint32_t e = 0; e < num_experts; ++e) {
     const auto r = block_owner(e, cfg.num_ranks, num_experts);
     p.rank_experts[r].push_back(e);
@@ -96,10 +97,11 @@ double imbalance(const std::vector<double>& rank_load) {
 uint32_t pick_replica(const expert_placement& p, uint32_t expert, uint32_t src_rank, uint64_t token_hash,
                       const eplb_config& cfg) {
   const auto& reps = p.replicas[expert];
+  const uint32_t per_node = std::max<uint32_t>(cfg.ranks_per_node, 1);
   uint32_t local[64];
   uint32_t n_local = 0;
   for (auto r : reps)
-    if (r / cfg.ranks_per_node == src_rank / cfg.ranks_per_node && n_local < 64) local[n_local++] = r;
+    if (r / per_node == src_rank / per_node && n_local < 64) local[n_local++] = r;
   if (n_local) return local[token_hash % n_local];
   return reps[token_hash % reps.size()];
 }

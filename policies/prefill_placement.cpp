@@ -133,6 +133,22 @@ const std::vector<uint32_t>& bucket_allocator::engines_for(uint32_t bucket, bool
   return bucket_engines_[0];  // no engines anywhere: empty
 }
 
+std::vector<uint32_t> bucket_allocator::usable_engines_for(uint32_t bucket, const std::function<bool(uint32_t)>& usable,
+                                                          bool* borrowed) const {
+  const auto nb = static_cast<int>(num_buckets());
+  for (int d = 0; d < nb; ++d)
+    for (int b : {static_cast<int>(bucket) - d, static_cast<int>(bucket) + d}) {
+      if (b < 0 || b >= nb) continue;
+      std::vector<uint32_t> out;
+      for (auto e : bucket_engines_[b])
+        if (usable(e)) out.push_back(e);
+      if (out.empty()) continue;
+      if (borrowed) *borrowed = d != 0;
+      return out;
+    }
+  return {};
+}
+
 double prefill_engine_view::remaining_quota_us() const {
   double used = 0.0;
   for (const auto& r : ranks) used += r.predicted_us;
@@ -157,10 +173,11 @@ std::optional<prefill_decision> place_prefill(const bucket_allocator& buckets,
   d.predicted_us = model.prefill_us(q, c);
   std::optional<uint32_t> best_engine;
   double best_remaining = 0.0;
-  for (uint32_t e : buckets.engines_for(d.bucket, &d.borrowed)) {
-    if (e >= engines.size()) continue;
+  const auto usable = [&](uint32_t e) {
+    return e < engines.size() && std::any_of(engines[e].ranks.begin(), engines[e].ranks.end(), [](auto& r) { return r.available; });
+  };
+  for (uint32_t e : buckets.usable_engines_for(d.bucket, usable, &d.borrowed)) {
     const auto& ev = engines[e];
-    if (std::none_of(ev.ranks.begin(), ev.ranks.end(), [](auto& r) { return r.available; })) continue;
     const double remaining = ev.remaining_quota_us();
     if (!best_engine || remaining > best_remaining) best_engine = e, best_remaining = remaining;
   }

@@ -12,6 +12,7 @@
 // Pure: snapshots and the clock value in, decisions out.
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -73,6 +74,11 @@ class bucket_allocator {
   /// Engines of `bucket`, or (when it owns none) of the nearest bucket that owns some; sets
   /// `*borrowed` accordingly. Empty when there are no engines at all.
   const std::vector<uint32_t>& engines_for(uint32_t bucket, bool* borrowed = nullptr) const;
+  /// The same, counting only engines that pass `usable`: a bucket whose engines are all
+  /// unavailable (draining, their ranks gone) lends nothing, and its prompts borrow from the
+  /// nearest bucket that can take them instead of waiting for engines that will not come.
+  std::vector<uint32_t> usable_engines_for(uint32_t bucket, const std::function<bool(uint32_t)>& usable,
+                                           bool* borrowed = nullptr) const;
   const std::vector<uint32_t>& engine_buckets() const { return engine_bucket_; }
   std::vector<uint32_t> engine_counts() const;
 

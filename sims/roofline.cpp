@@ -42,6 +42,7 @@ model_shape gqa(std::string name, uint32_t layers, uint32_t hidden, uint32_t hea
   m.num_heads = heads;
   m.head_dim = head_dim;
   m.kv_bytes_per_token = uint64_t{layers} * 2 * kv_heads * head_dim * 2;
+  m.kv_heads = kv_heads;
   // QK^T and PV: 2 FLOPs per multiply-add, each over head_dim, for every head.
   m.attn_flops_per_pair = 4.0 * layers * heads * head_dim;
   m.dense_params = params;
@@ -139,7 +140,9 @@ step_breakdown roofline::step(const std::vector<step_seq>& seqs) const {
     const double flops = (2.0 * m.active_params() * tokens + attn) / tp;
     // Weights: dense ones always; routed experts only as far as this step's tokens touch them.
     const double routed = touched(m.num_experts, tokens * m.experts_per_token);
-    const double bytes = ((m.dense_params + routed) * m.bytes_per_param + kv_read * m.kv_bytes_per_token) / tp;
+    // Per GPU: its share of the weights, and its shard of the KV (all of it for MLA: every TP
+    // rank reads the whole latent).
+    const double bytes = (m.dense_params + routed) * m.bytes_per_param / tp + kv_read * m.kv_bytes_per_token / m.kv_shards(tp);
     const double compute_us = flops / (gpu.matmul_tflops * 1e6), memory_us = bytes / (gpu.hbm_gbps * 1e3);
     // Two all-reduces of the activations per layer (ring: 2 (tp - 1) / tp of the bytes each way).
     const double comm_us = tp > 1 ? 2.0 * m.num_layers * tokens * m.hidden * 2.0 * 2.0 * (tp - 1) / tp /
@@ -187,12 +190,17 @@ uint64_t roofline::kv_capacity_tokens() const {
     weights += (model.dense_params * (ep.size - 1) +
                 model.routed_params / model.num_experts * ep.redundant_experts) * model.bytes_per_param;
   if (total <= weights) return 0;
-  return static_cast<uint64_t>((total - weights) / static_cast<double>(model.kv_bytes_per_token));
+  // Tensor parallelism keeps a token's KV in kv_shards(tp) pieces; more ranks than pieces (MLA:
+  // every rank) hold copies, which take memory too. (Expert parallelism: data-parallel attention,
+  // one copy per sequence as modelled here.)
+  const double copies = ep.size > 1 ? 1.0 : static_cast<double>(tp) / model.kv_shards(tp);
+  return static_cast<uint64_t>((total - weights) / (static_cast<double>(model.kv_bytes_per_token) * copies));
 }
 
 double roofline::kv_transfer_us(uint64_t tokens) const {
-  // Each GPU sends its shard over its own NIC.
-  return static_cast<double>(tokens) * model.kv_bytes_per_token / gpus() / (gpu.nic_gbps * 1e3);
+  // Each GPU sends its distinct shard over its own NIC (copies need not travel twice).
+  const uint32_t senders = ep.size > 1 ? gpus() : model.kv_shards(tp);
+  return static_cast<double>(tokens) * model.kv_bytes_per_token / senders / (gpu.nic_gbps * 1e3);
 }
 
 }  // namespace baton::sims

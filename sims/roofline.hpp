@@ -6,6 +6,7 @@
 // fixed per-step launch overhead. Pure: numbers in, microseconds out. Named GPUs and model shapes
 // below; every constant says where it comes from.
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -36,6 +37,11 @@ struct model_shape {
   uint32_t head_dim = 0;
   /// Bytes of KV per token, all layers (GQA: 2 x kv_heads x head_dim x 2 B; MLA: latent x 2 B).
   uint64_t kv_bytes_per_token = 0;
+  /// GQA: KV heads, the most ways tensor parallelism can split a token's KV. 0: MLA, whose
+  /// latent every head reads, so every TP rank holds (and reads) all of it.
+  uint32_t kv_heads = 0;
+  /// Distinct shards of a token's KV over `tp` ranks (ranks beyond them hold copies).
+  uint32_t kv_shards(uint32_t tp) const { return kv_heads ? std::min(tp, kv_heads) : 1; }
   /// Attention FLOPs per (query token, context token) pair, all layers.
   double attn_flops_per_pair = 0;
   /// The same for prompt rows (a sequence with more than one new token), when they are computed

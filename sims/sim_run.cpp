@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <tuple>
 
 #include <malloc.h>
 
@@ -39,7 +40,11 @@ std::string sim_config::validate() const {
     return "a disaggregated cluster needs prefill_instances >= 1 (or elastic instances starting as prefill)";
   if (elastic_prefill_at_start > elastic_instances) return "elastic_prefill_at_start exceeds elastic_instances";
   if (elastic_instances > 0 && colocated) return "elastic instances need a disaggregated cluster";
-  if (elastic_instances > 0 && !(elastic_interval_s > 0)) return "elastic_interval_s must be > 0";
+  // Timers below a millisecond round to 0 and re-arm at the same virtual instant for ever: the
+  // clock stops and the sim never ends.
+  if (elastic_instances > 0 && !(elastic_interval_s >= 1e-3 && elastic_interval_s <= 1e6))
+    return "elastic_interval_s must be between 0.001 and 1e6";
+  if (!(sample_s == 0 || (sample_s >= 1e-3 && sample_s <= 1e6))) return "sample_s must be 0 (off) or between 0.001 and 1e6";
   if (page_tokens == 0 || block_tokens == 0 || block_tokens % page_tokens != 0)
     return "block_tokens must be a positive multiple of page_tokens";
   if (sim_layers == 0) return "sim_layers must be >= 1";
@@ -62,7 +67,7 @@ std::string sim_config::validate() const {
     for (uint32_t i = 0; store && i < store_servers && !known; ++i) known = f.rank == "store-" + std::to_string(i);
     if (!known)
       return "fault names no rank '" + f.rank + "' (prefill-<i>, decode-<i> or, with the store, store-<i> of this cluster)";
-    if (!(f.at_s >= 0)) return "fault on " + f.rank + " has a negative time";
+    if (!(f.at_s >= 0 && f.at_s <= 1e9)) return "fault on " + f.rank + " must be at a time between 0 and 1e9 s";
     if (f.degrade_gbps < 0) return "fault on " + f.rank + " degrades its link to a negative rate";
     if (f.degrade_gbps > 0 && !model_links) return "a degraded link needs timed links (not --free-links)";
   }
@@ -183,10 +188,13 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
   const uint64_t prefill_kv_tokens = cfg.kv_tokens ? cfg.kv_tokens : prefill_roof.kv_capacity_tokens();
   uint64_t longest = 0;
   for (const auto& r : t.requests) longest = std::max<uint64_t>(longest, uint64_t{r.input_tokens} + r.output_tokens);
-  for (const auto& [tokens, gpu] : {std::pair{kv_tokens, cfg.decode_gpu}, std::pair{prefill_kv_tokens, cfg.prefill_gpu}})
-    if (tokens < longest || tokens == 0) {
+  // A colocated cluster has no prefill pool to check (validate() refuses elastic ranks there).
+  const bool prefill_pool = !cfg.colocated;
+  for (const auto& [tokens, gpu, is_prefill] :
+       {std::tuple{kv_tokens, cfg.decode_gpu, false}, std::tuple{prefill_kv_tokens, cfg.prefill_gpu, true}})
+    if ((!is_prefill || prefill_pool) && (tokens < longest || tokens == 0)) {
       *why = "an instance holds " + std::to_string(tokens) + " KV tokens (" + cfg.model + " on " +
-             std::to_string(gpu == cfg.decode_gpu ? decode_roof.gpus() : prefill_roof.gpus()) + " x " + gpu +
+             std::to_string(is_prefill ? prefill_roof.gpus() : decode_roof.gpus()) + " x " + gpu +
              "), the longest request needs " + std::to_string(longest);
       return false;
     }
@@ -435,10 +443,12 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
     sys.spawn([victim, f, timing](caf::event_based_actor* self) {
       self->delayed_send(self, std::chrono::microseconds{static_cast<int64_t>(f.at_s * 1e6)}, timer_atom::value);
       return caf::behavior{[=](timer_atom) {
-        if (f.degrade_gbps > 0)
+        if (f.degrade_gbps > 0) {
+          std::lock_guard<std::mutex> lock{timing->mutex};
           timing->endpoint_gbps[f.rank] = f.degrade_gbps;
-        else
+        } else {
           self->send_exit(victim, caf::exit_reason::kill);
+        }
         self->quit();
       }};
     });

@@ -1,9 +1,11 @@
 #include "store/block_file.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -78,6 +80,7 @@ void encode(const block_header& h, unsigned char* buf) {
   c.put(h.page_tokens);
   c.put(h.layer_bytes);
   for (auto x : h.layer_checksums) c.put(x);
+  c.put(h.retention);
   const uint64_t sum = bytes_checksum(buf, c.off);
   c.put(sum);
 }
@@ -133,6 +136,51 @@ std::string write_block_file(const std::string& path, const block_header& h,
   return {};
 }
 
+namespace {
+
+/// Why a header cannot be used; `foreign`: it is a valid block of something else (another model,
+/// layout or format version) that must be left alone, not a broken one.
+struct header_problem {
+  std::string why;
+  bool foreign = false;
+};
+
+/// Parses and checks the header of the open file `fd` against `salt`; the key is not checked.
+std::optional<header_problem> read_header(int fd, const block_key& salt, block_header* out) {
+  unsigned char buf[4096];
+  if (!pread_all(fd, buf, sizeof buf, 0)) return header_problem{"truncated header"};
+  cursor c{buf};
+  char m[8];
+  for (char& x : m) x = c.get<char>();
+  if (std::memcmp(m, magic, 8) != 0) return header_problem{"not a Baton KV block"};
+  const auto version = c.get<uint32_t>();
+  if (version != 2 && version != block_header::version)
+    return header_problem{"unknown block format version " + std::to_string(version), version > block_header::version};
+  block_header h;
+  for (auto* k : {&h.salt, &h.key, &h.parent}) {
+    k->hi = c.get<uint64_t>();
+    k->lo = c.get<uint64_t>();
+  }
+  h.num_layers = c.get<uint32_t>();
+  h.kv_dim = c.get<uint32_t>();
+  h.block_tokens = c.get<uint32_t>();
+  h.page_tokens = c.get<uint32_t>();
+  h.layer_bytes = c.get<uint64_t>();
+  if (h.num_layers > 400) return header_problem{"corrupt header (layer count)"};
+  for (uint32_t l = 0; l < h.num_layers; ++l) h.layer_checksums.push_back(c.get<uint64_t>());
+  if (version >= 3) h.retention = c.get<uint8_t>();
+  const uint64_t expect = bytes_checksum(buf, c.off);
+  if (c.get<uint64_t>() != expect) return header_problem{"corrupt header (checksum)"};
+  if (!(h.salt == salt)) return header_problem{"written for another model or KV layout", true};
+  const off_t size = ::lseek(fd, 0, SEEK_END);
+  if (size < 0 || static_cast<uint64_t>(size) != h.file_bytes())
+    return header_problem{"truncated (" + std::to_string(size) + " of " + std::to_string(h.file_bytes()) + " bytes)"};
+  *out = std::move(h);
+  return std::nullopt;
+}
+
+}  // namespace
+
 int open_block_file(const std::string& path, const block_key& salt, const block_key& key, block_header* out,
                     std::string* why) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -145,32 +193,9 @@ int open_block_file(const std::string& path, const block_key& salt, const block_
     *why = path + ": " + s;
     return -1;
   };
-  unsigned char buf[4096];
-  if (!pread_all(fd, buf, sizeof buf, 0)) return fail("truncated header");
-  cursor c{buf};
-  char m[8];
-  for (char& x : m) x = c.get<char>();
-  if (std::memcmp(m, magic, 8) != 0) return fail("not a Baton KV block");
-  if (c.get<uint32_t>() != block_header::version) return fail("unknown block format version");
   block_header h;
-  for (auto* k : {&h.salt, &h.key, &h.parent}) {
-    k->hi = c.get<uint64_t>();
-    k->lo = c.get<uint64_t>();
-  }
-  h.num_layers = c.get<uint32_t>();
-  h.kv_dim = c.get<uint32_t>();
-  h.block_tokens = c.get<uint32_t>();
-  h.page_tokens = c.get<uint32_t>();
-  h.layer_bytes = c.get<uint64_t>();
-  if (h.num_layers > 400) return fail("corrupt header (layer count)");
-  for (uint32_t l = 0; l < h.num_layers; ++l) h.layer_checksums.push_back(c.get<uint64_t>());
-  const uint64_t expect = bytes_checksum(buf, c.off);
-  if (c.get<uint64_t>() != expect) return fail("corrupt header (checksum)");
-  if (!(h.salt == salt)) return fail("written for another model or KV layout");
+  if (auto bad = read_header(fd, salt, &h)) return fail(bad->why);
   if (!(h.key == key)) return fail("holds another block");
-  const off_t size = ::lseek(fd, 0, SEEK_END);
-  if (size < 0 || static_cast<uint64_t>(size) != h.file_bytes())
-    return fail("truncated (" + std::to_string(size) + " of " + std::to_string(h.file_bytes()) + " bytes)");
   *out = std::move(h);
   return fd;
 }
@@ -179,6 +204,70 @@ std::string read_block_layer(int fd, const block_header& h, uint32_t layer, std:
   if (layer >= h.num_layers) return "layer " + std::to_string(layer) + " out of range";
   if (!pread_all(fd, dst, h.layer_bytes, h.layer_offset(layer))) return "short read of layer " + std::to_string(layer);
   return {};
+}
+
+dir_scan scan_block_dir(const std::string& dir, const block_key& salt) {
+  namespace fs = std::filesystem;
+  dir_scan out;
+  struct dated {
+    fs::file_time_type written;
+    found_block block;
+  };
+  std::vector<dated> found;
+  const auto fs_now = fs::file_time_type::clock::now();
+  const auto age_of = [&](fs::file_time_type t) {
+    // Measured on the file clock itself (no conversion to system_clock needed).
+    return t < fs_now ? std::chrono::duration_cast<std::chrono::milliseconds>(fs_now - t) : std::chrono::milliseconds{0};
+  };
+  auto remove = [&](const fs::path& p, const std::string& why) {
+    std::error_code ec;
+    if (!fs::remove(p, ec) || ec) return;
+    if (out.removed++ == 0) out.first_removed = p.string() + ": " + why;
+  };
+  std::error_code ec;
+  fs::recursive_directory_iterator it{dir, fs::directory_options::skip_permission_denied, ec};
+  if (ec) return out;  // missing or unreadable: nothing to recover
+  for (const fs::recursive_directory_iterator end; it != end; it.increment(ec)) {
+    if (ec) break;
+    if (it.depth() > 1) {
+      it.disable_recursion_pending();
+      continue;
+    }
+    std::error_code fe;
+    if (!it->is_regular_file(fe)) continue;
+    const auto& p = it->path();
+    const auto name = p.filename().string();
+    const auto written = it->last_write_time(fe);
+    if (fe) continue;
+    if (name.find(".blk.tmp.") != std::string::npos) {
+      if (age_of(written) > stale_temp_after) remove(p, "a temporary file older than " +
+                                                       std::to_string(stale_temp_after.count()) + " s");
+      continue;
+    }
+    if (p.extension() != ".blk") continue;
+    const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    block_header h;
+    auto bad = read_header(fd, salt, &h);
+    ::close(fd);
+    if (bad && bad->foreign) {
+      ++out.foreign;
+      continue;
+    }
+    if (bad) {
+      remove(p, bad->why);
+      continue;
+    }
+    if (p.stem().string() != h.key.hex()) {
+      remove(p, "holds block " + h.key.hex());
+      continue;
+    }
+    found.push_back({written, {h.key, h.parent, h.retention, h.file_bytes(), static_cast<uint64_t>(age_of(written).count())}});
+  }
+  std::stable_sort(found.begin(), found.end(), [](const dated& a, const dated& b) { return a.written < b.written; });
+  out.blocks.reserve(found.size());
+  for (auto& d : found) out.blocks.push_back(d.block);
+  return out;
 }
 
 }  // namespace baton::store

@@ -5,6 +5,7 @@
 // 1, ... — so one layer of many blocks is one read per file at a known offset. Files are written
 // to a temporary name and renamed, so a reader never sees half a block.
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -17,7 +18,9 @@
 namespace baton::store {
 
 struct block_header {
-  static constexpr uint32_t version = 2;  ///< 2: eight-lane layer checksums (kv_layer_checksum)
+  /// 2: eight-lane layer checksums (kv_layer_checksum); 3: the retention class (a store that
+  /// restarts finds its blocks again and must expire them as they would have been).
+  static constexpr uint32_t version = 3;
   block_key salt;     ///< model identity and KV layout (kv_identity)
   block_key key;
   block_key parent;   ///< empty for a prompt's first block
@@ -27,6 +30,7 @@ struct block_header {
   uint32_t page_tokens = 0;
   uint64_t layer_bytes = 0;                ///< bytes of one layer of the block
   std::vector<uint64_t> layer_checksums;   ///< gpu::kv_cache::kv_layer_checksum of each layer's pages
+  uint8_t retention = 0;                   ///< store::retention (0 chat, 1 agent); 0 in version 2 files
 
   uint64_t header_bytes() const { return 4096; }
   uint64_t layer_offset(uint32_t layer) const { return header_bytes() + uint64_t{layer} * layer_bytes; }
@@ -50,5 +54,31 @@ int open_block_file(const std::string& path, const block_key& salt, const block_
 
 /// Reads layer `layer` of an open block into dst (h.layer_bytes); error sentence or empty.
 std::string read_block_layer(int fd, const block_header& h, uint32_t layer, std::byte* dst);
+
+/// A block of this model found in a store directory: what the index needs to know it again.
+struct found_block {
+  block_key key;
+  block_key parent;
+  uint8_t retention = 0;
+  uint64_t file_bytes = 0;
+  uint64_t age_ms = 0;  ///< since the file was last written
+};
+
+/// What a block server starting on an existing directory found there.
+struct dir_scan {
+  std::vector<found_block> blocks;  ///< oldest first: committed in this order, the newest end most recent
+  uint64_t removed = 0;             ///< unreadable block files and stale temporary files, deleted
+  uint64_t foreign = 0;             ///< block files of another model or KV layout (or a newer format), left alone
+  std::string first_removed;        ///< why the first removed file went (for the server's log line)
+};
+
+/// Temporary files older than this are a crashed writer's leftovers (a write takes seconds).
+inline constexpr std::chrono::seconds stale_temp_after{600};
+
+/// Walks `dir` (dir/<2 hex>/<32 hex>.blk): collects the blocks written for `salt`, deletes block
+/// files that can never be read (corrupt or truncated header, a name that is not their key, a
+/// size that is not their layout's) and temporary files older than stale_temp_after. A missing
+/// directory is an empty one. Headers only: the layers are checked when a block is read.
+dir_scan scan_block_dir(const std::string& dir, const block_key& salt);
 
 }  // namespace baton::store

@@ -90,7 +90,12 @@ public:
     const uint64_t real = inner_->post_put(d);
     lock.lock();
     uint64_t r = plan_.seed * 0x9E3779B97F4A7C15ull + injected_;
-    const auto& seg = d.segments[r % d.segments.size()];
+    // Only a segment with bytes can have one flipped (a put of no segments, or of empty ones, has none).
+    std::vector<const segment*> sized;
+    for (const auto& s : d.segments)
+      if (s.size_bytes > 0) sized.push_back(&s);
+    if (sized.empty()) return real;
+    const auto& seg = *sized[r % sized.size()];
     const uint64_t off = (r >> 16) % seg.size_bytes;
     auto base = local_bases_.find(d.local_region);
     if (base == local_bases_.end()) return real;  // unknown local region: the inner put reports it

@@ -116,6 +116,7 @@ private:
     uint64_t bytes = 0;
     for (const auto& s : d.segments) bytes += s.size_bytes;
     auto& t = *timing_;
+    std::lock_guard<std::mutex> lock{t.mutex};
     const double modelled = static_cast<double>(bytes) * t.bytes_scale;
     t.modelled_bytes += static_cast<uint64_t>(modelled);
     auto& out = t.nic_free_ns[name_];

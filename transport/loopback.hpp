@@ -2,6 +2,7 @@
 
 #include <functional>
 #include <map>
+#include <mutex>
 #include <memory>
 #include <string>
 
@@ -31,6 +32,9 @@ struct link_timing {
   /// at a fault's virtual time.
   std::map<std::string, double> endpoint_gbps;
   uint64_t modelled_bytes = 0;                 ///< every put's modelled bytes, summed
+  /// Guards the queues and counters above: every rank's link shares this one object, and each
+  /// link's own lock does not cover another's puts.
+  std::mutex mutex;
 };
 
 /// The same, but a put is checked (regions, bounds) and completes without copying a byte: the

@@ -3,6 +3,9 @@
 #include <set>
 #include <thread>
 
+#include <caf/event_based_actor.hpp>
+
+#include "actors/decode_balancer.hpp"
 #include "gpu/byte_tokenizer.hpp"
 #include "gpu/cpu_executor.hpp"
 #include "gpu/fault_executor.hpp"
@@ -404,6 +407,41 @@ TEST_CASE("a decode rank short of pages offloads a running sequence to host memo
   check_colocated(cfg, {a_prompt, b_prompt}, done);
 }
 
+TEST_CASE("a sequence offloaded for a reservation that is then released comes back and finishes, though no "
+          "other sequence was running to step it along") {
+  test::cluster_system t;
+  auto cfg = shared_decode_rank();
+  cfg.executor.num_kv_pages = 16;
+  cfg.decode.host_offload_pages = 32;
+  cfg.router.request.token_timeout_ms = 600000;  // the watchdog must not be what moves it
+  auto cluster = start_local_cluster(t.sys, cfg);
+  test::cluster_system::stopper stop{t, cluster};
+  const auto& decode = cluster.decode[0].handle;
+  caf::scoped_actor self{t.sys};
+  const std::string a_prompt(39, 'a');  // 40 + 120 tokens: 10 of the 16 pages
+  generate_request req;
+  req.prompt = a_prompt;
+  req.max_tokens = 120;
+  req.return_logits = true;
+  req.ignore_eos = true;
+  auto a = self->request(cluster.router, std::chrono::seconds{20}, generate_atom::value, std::move(req));
+  wait_for_steps(t, decode, 5);
+  // A reservation of 8 pages (6 are free) offloads A, the only running sequence ...
+  uint64_t lease = 0;
+  self->request(decode, std::chrono::seconds{10}, reserve_atom::value, kv_lease_reserve{999, 128, 60000, 100})
+      .receive([&](kv_lease_grant& g) { lease = g.lease_id; }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
+  REQUIRE(lease != 0);
+  CHECK(t.stats(decode).offloaded == 1);
+  // ... and is released unused: A comes back into an empty batch and must be stepped again.
+  self->send(decode, release_atom::value, lease, false);
+  completion done;
+  a.receive([&](completion& c) { done = std::move(c); },
+            [&](caf::error& e) { FAIL("A never finished after its resume: " << t.sys.render(e)); });
+  CHECK(done.tokens.size() == 120);
+  CHECK(t.stats(decode).resumed == 1);
+  check_colocated(cfg, {a_prompt}, {done});
+}
+
 TEST_CASE("on-demand KV: leases reserve the prompt plus headroom and grow page by page; when the pool runs dry "
           "the youngest sequence is preempted to host memory, and every token and logit is unchanged") {
   test::cluster_system t;
@@ -585,4 +623,41 @@ TEST_CASE("dynamic prefill split: when the rank of an earlier part goes down mid
     if (!back) std::this_thread::sleep_for(std::chrono::milliseconds{10});
   }
   CHECK(back);
+}
+
+TEST_CASE("a placement parked for want of room is given up once its asker stops waiting: served later it charged "
+          "a rank with a sequence nobody brought, and an outage grew the queue with every retry") {
+  test::cluster_system t;
+  auto balancer = spawn_decode_balancer(t.sys, {});
+  caf::scoped_actor self{t.sys};
+  // No decode rank at all: each placement parks; its asker waits 20 ms and gives up.
+  for (uint64_t i = 1; i <= 50; ++i) {
+    place_query q{i, 16, 0, 64};  // 64 tokens: 4 pages of 16
+    q.wait_ms = 20;
+    self->request(balancer, std::chrono::milliseconds{20}, place_atom::value, q)
+        .receive([&](decode_placement&) { FAIL("placed with no rank"); }, [&](caf::error&) {});
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds{30});
+  // A rank with room for two such sequences reports: no ghost takes its room.
+  auto rank = caf::actor_cast<decode_rank_actor>(
+      t.sys.spawn([](caf::event_based_actor*) -> caf::behavior { return {[](int) {}}; }));
+  rank_load load;
+  load.name = "decode-x";
+  load.num_free_pages = load.num_total_pages = 8;
+  load.page_size_tokens = 16;
+  self->send(balancer, load_atom::value, load, rank);
+  self->request(balancer, std::chrono::seconds{5}, stats_atom::value)
+      .receive(
+          [&](std::vector<rank_load>& loads) {
+            REQUIRE(loads.size() == 1);
+            CHECK(loads[0].num_free_pages == 8);
+            CHECK(loads[0].num_running == 0);
+          },
+          [&](caf::error& e) { FAIL(t.sys.render(e)); });
+  // A live request is placed at once.
+  place_query fresh{99, 16, 0, 64};
+  self->request(balancer, std::chrono::seconds{5}, place_atom::value, fresh)
+      .receive([&](decode_placement& p) { CHECK(p.name == "decode-x"); }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
+  self->send_exit(balancer, caf::exit_reason::user_shutdown);
+  self->send_exit(rank, caf::exit_reason::user_shutdown);
 }

@@ -9,6 +9,7 @@
 #include "gpu/cpu_executor.hpp"
 #include "gpu/local_generate.hpp"
 #include "tests/actors/cluster_fixture.hpp"
+#include "transport/fault_proxy.hpp"
 
 using namespace baton;
 
@@ -69,4 +70,74 @@ TEST_CASE("a drained decode rank moves its running sequences with their KV; they
   }
   CHECK(moved == st.migrated_out);
   MESSAGE(moved << " of " << n << " sequences moved, KV and all");
+}
+
+TEST_CASE("a move whose KV puts never land (a stalled link) is given up after migrate_send_timeout_ms: the "
+          "sequences finish where they were, the target's pages come back, the rank is not left busy") {
+  test::cluster_system t;
+  local_cluster_config cfg;
+  cfg.num_prefill_ranks = 1;
+  cfg.num_decode_ranks = 2;
+  cfg.executor.num_kv_pages = 512;
+  cfg.decode.migrate_send_timeout_ms = 300;
+  cfg.decode.kv_quarantine_ms = 500;  // the target holds pages a stalled put might still reach
+  REQUIRE(cfg.validate().empty());
+  // Every put of the leaving rank from now on stalls: pending for ever.
+  auto wrap = [](std::unique_ptr<transport::transport> inner, const std::string& name) -> std::shared_ptr<transport::transport> {
+    if (name != "decode-1") return std::shared_ptr<transport::transport>{std::move(inner)};
+    return std::shared_ptr<transport::transport>{
+        transport::make_fault_proxy(std::move(inner), {transport::fault_kind::stall, {}, {}, 1000000, 1})};
+  };
+  auto cluster = start_local_cluster(t.sys, cfg, {}, wrap);
+  test::cluster_system::stopper stop{t, cluster};
+  caf::scoped_actor self{t.sys};
+  const auto& leaving = cluster.decode[1].handle;
+  const auto& target = cluster.decode[0].handle;
+  constexpr int n = 4, max_tokens = 200;
+  std::vector<std::string> prompts;
+  std::vector<decltype(self->request(cluster.router, std::chrono::seconds{1}, generate_atom::value, generate_request{}))> handles;
+  for (int i = 0; i < n; ++i) {
+    generate_request req;
+    req.prompt = "stalled move " + std::to_string(i);
+    req.max_tokens = max_tokens;
+    req.ignore_eos = true;
+    prompts.push_back(req.prompt);
+    handles.push_back(self->request(cluster.router, std::chrono::seconds{120}, generate_atom::value, std::move(req)));
+  }
+  bool running = false;
+  for (int i = 0; i < 2000 && !running; ++i) {
+    running = t.stats(leaving).num_running > 0;
+    if (!running) std::this_thread::sleep_for(std::chrono::milliseconds{1});
+  }
+  REQUIRE(running);
+  self->send(cluster.decode_balancer, drain_atom::value, leaving);
+  self->send(leaving, migrate_atom::value);
+  std::vector<completion> done(n);
+  for (int i = 0; i < n; ++i)
+    handles[i].receive([&](completion& c) { done[i] = std::move(c); },
+                       [&](caf::error& e) { FAIL("request " << i << ": " << t.sys.render(e)); });
+  const auto st = t.stats(leaving);
+  CHECK(st.migrate_failed > 0);
+  CHECK(st.migrated_out == 0);
+  CHECK(st.num_running == 0);
+  auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
+  const gpu::byte_tokenizer tok{cfg.model.bos_token_id, cfg.model.eos_token_id};
+  for (int i = 0; i < n; ++i) {
+    CAPTURE(i);
+    CHECK(done[i].migrations == 0);
+    auto exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
+    CHECK(done[i].tokens == gpu::generate_colocated(*exec, tok.encode(prompts[i]), max_tokens, 64, {}, true).tokens);
+  }
+  // Both ranks' pages come back (the target's after its quarantine), and the leaving rank, its
+  // moves given up, can change role.
+  bool back = false;
+  for (int i = 0; i < 500 && !back; ++i) {
+    back = t.stats(target).num_free_pages == cfg.executor.num_kv_pages &&
+           t.stats(leaving).num_free_pages == cfg.executor.num_kv_pages;
+    if (!back) std::this_thread::sleep_for(std::chrono::milliseconds{10});
+  }
+  CHECK(back);
+  bool idle = false;
+  self->request(leaving, std::chrono::seconds{5}, role_atom::value, false).receive([&](bool ok) { idle = ok; }, [](caf::error&) {});
+  CHECK(idle);
 }

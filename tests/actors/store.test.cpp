@@ -86,6 +86,7 @@ store_stats index_stats(test::cluster_system& t, const local_cluster& c) {
               out.blocks += s.blocks;
               out.checks += s.checks;
               out.hit_blocks += s.hit_blocks;
+              out.expired += s.expired;
             },
             [](caf::error&) {});
   return out;
@@ -146,6 +147,52 @@ TEST_CASE("store: a prefix loaded from the store gives the same tokens and logit
   CHECK(s.hit_blocks == 6);
   if (shards == 1) CHECK(s.checks == 3);
   }
+}
+
+TEST_CASE("store: a restarted cluster finds the blocks its store wrote before: the prompt is a hit with the same "
+          "output; a block whose retention ran out while the store was down is deleted, not served") {
+  namespace fs = std::filesystem;
+  temp_dir dir{"restart"};
+  auto cfg = store_cluster(dir.path);
+  const auto p = prompt_tokens(cfg, 99, 1);   // 3 full blocks
+  const auto q = prompt_tokens(cfg, 40, 5);   // 1 full block, another chain
+  {
+    test::cluster_system t;
+    auto cluster = start_local_cluster(t.sys, cfg);
+    test::cluster_system::stopper stop{t, cluster};
+    for (const auto* tokens : {&p, &q}) {
+      auto r = t.generate(cluster.router, request_for(*tokens));
+      REQUIRE_MESSAGE(r, t.sys.render(r.error()));
+    }
+    wait_for_blocks(t, cluster, 4);
+  }
+  // While the store is down, q's block outlives its chat retention (7 days).
+  const auto q_file = store::block_path(dir.path + "/server-0", key_of(cfg, q, 0));
+  REQUIRE(fs::exists(q_file));
+  fs::last_write_time(q_file, fs::file_time_type::clock::now() - std::chrono::hours{24 * 8});
+
+  test::cluster_system t;
+  auto cluster = start_local_cluster(t.sys, cfg);
+  test::cluster_system::stopper stop{t, cluster};
+  wait_for_blocks(t, cluster, 3);
+  for (int i = 0; i < 500 && fs::exists(q_file); ++i) std::this_thread::sleep_for(std::chrono::milliseconds{4});
+  CHECK_FALSE(fs::exists(q_file));
+  const auto s = index_stats(t, cluster);
+  CHECK(s.blocks == 3);
+  CHECK(s.expired == 1);
+  caf::scoped_actor self{t.sys};
+  self->request(cluster.store_servers[0].handle, std::chrono::seconds{5}, stats_atom::value)
+      .receive([&](store_stats& ss) { CHECK(ss.blocks_recovered == 4); }, [](caf::error&) { FAIL("no stats"); });
+
+  auto again = t.generate(cluster.router, request_for(p));
+  REQUIRE_MESSAGE(again, t.sys.render(again.error()));
+  CHECK(again->cached_tokens == 96);
+  CHECK(again->recomputed_blocks == 0);
+  check_equal(*again, reference(cfg, p));
+  auto q_again = t.generate(cluster.router, request_for(q));
+  REQUIRE_MESSAGE(q_again, t.sys.render(q_again.error()));
+  CHECK(q_again->cached_tokens == 0);
+  check_equal(*q_again, reference(cfg, q));
 }
 
 TEST_CASE("store: DeepSeek-V2 and V3 (MLA latent pages, MoE): a prefix from the store equals computing it") {
@@ -227,6 +274,30 @@ TEST_CASE("store: a corrupted block file and a deleted one end as recomputation 
   self->request(cluster.store_servers[0].handle, std::chrono::seconds{5}, stats_atom::value)
       .receive([&](store_stats& x) { s = x; }, [](caf::error&) {});
   CHECK(s.read_failures >= 1);
+}
+
+TEST_CASE("store: with every block server down, a finished sequence's blocks are dropped (counted), and no "
+          "write-back is left in flight for ever (it kept the rank from ever being idle)") {
+  temp_dir dir{"alldown"};
+  test::cluster_system t;
+  auto cfg = store_cluster(dir.path);
+  auto cluster = start_local_cluster(t.sys, cfg);
+  test::cluster_system::stopper stop{t, cluster};
+  {
+    caf::scoped_actor self{t.sys};
+    self->send_exit(cluster.store_servers[0].handle, caf::exit_reason::kill);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds{100});  // the decode rank hears of it
+  const auto p = prompt_tokens(cfg, 99, 7);
+  auto got = t.generate(cluster.router, request_for(p));
+  REQUIRE_MESSAGE(got, t.sys.render(got.error()));
+  check_equal(*got, reference(cfg, p));
+  const auto& decode = cluster.decode[0].handle;
+  for (int i = 0; i < 500 && t.stats(decode).write_backs_dropped < 3; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds{4});
+  const auto st = t.stats(decode);
+  CHECK(st.write_backs_dropped == 3);
+  CHECK(st.num_writes_in_flight == 0);
 }
 
 TEST_CASE("store: with 2 replicas, a killed block server still yields hits; with 1, its blocks are misses") {

@@ -251,15 +251,15 @@ TEST_CASE("a spare node is planned but not numbered: standing in for a failed da
     "name": "t", "model": "deepseek-v3-tiny",
     "expert_parallel": {"decode": 2, "dp_attention": true},
     "nodes": [
-      {"name": "head", "roles": ["router", "prefill"], "ports": {"router": 7100, "cluster": 7101}},
-      {"name": "d", "roles": ["decode"], "gpus": 2},
+      {"name": "head", "host": "10.0.0.1", "roles": ["router", "prefill"], "ports": {"router": 7100, "cluster": 7101}},
+      {"name": "d", "host": "10.0.0.1", "roles": ["decode"], "gpus": 2},
       {"name": "s", "host": "10.0.0.9", "roles": ["decode"], "gpus": 2, "spare": true},
-      {"name": "e", "roles": ["decode"], "gpus": 2}
+      {"name": "e", "host": "10.0.0.1", "roles": ["decode"], "gpus": 2}
     ]})";
   cluster_spec s;
   std::string why;
   REQUIRE_MESSAGE(parse_cluster_spec(spec, "/base", &s, &why), why);
-  const auto plan = plan_launch(s, "baton", {"127.0.0.1", ""});
+  const auto plan = plan_launch(s, "baton", {"10.0.0.1", ""});
   REQUIRE(plan.size() == 4);
   auto after = [](const node_launch& n, const std::string& flag) {
     const auto it = std::find(n.argv.begin(), n.argv.end(), flag);
@@ -288,9 +288,9 @@ TEST_CASE("a spare node is planned but not numbered: standing in for a failed da
     text.replace(text.find(from), from.size(), R"("gpus": 1, "spare": true)");
     cluster_spec x;
     CHECK_MESSAGE(parse_cluster_spec(text, "/base", &x, &why), why);
-    for (const std::string gone : {R"({"name": "d", "roles": ["decode"], "gpus": 2},)",
+    for (const std::string gone : {R"({"name": "d", "host": "10.0.0.1", "roles": ["decode"], "gpus": 2},)",
                                    R"(,
-      {"name": "e", "roles": ["decode"], "gpus": 2})"}) {
+      {"name": "e", "host": "10.0.0.1", "roles": ["decode"], "gpus": 2})"}) {
       REQUIRE(text.find(gone) != std::string::npos);
       text.erase(text.find(gone), gone.size());
     }
@@ -380,6 +380,19 @@ TEST_CASE("cluster spec errors name the field and the node") {
   CHECK(error_of(R"("model": "m")", R"("model": "m", "colour": 1)") == "spec: unknown field 'colour'");
   CHECK(error_of(R"("model": "m")", R"("model": 3)") == "spec.model must be a string");
   CHECK(error_of(R"("roles": ["decode"])", R"("roles": ["decode"], "host": "a;b")").find("is not a host") != std::string::npos);
+  // ssh would take "-oProxyCommand=..." as an option, not a host.
+  CHECK(error_of(R"("roles": ["decode"])", R"("roles": ["decode"], "host": "-oProxyCommand=x")").find("is not a host") !=
+        std::string::npos);
+  // localhost and 127.0.0.1 are one machine: one port under both collides.
+  CHECK(error_of(R"("roles": ["gateway"], "ports": {"http": 8000})",
+                 R"("roles": ["gateway"], "host": "localhost", "ports": {"http": 7101})")
+            .find("port 7101 on localhost is taken") != std::string::npos);
+  // Other hosts cannot dial a head on loopback.
+  CHECK(error_of(R"("roles": ["decode"])", R"("roles": ["decode"], "host": "10.0.0.2")")
+            .find("would dial the router's node 'head' at 127.0.0.1") != std::string::npos);
+  // A store block is whole KV pages.
+  CHECK(error_of(R"("model": "m")", R"("model": "m", "store": {"dir": "/s", "block_tokens": 40})")
+            .find("spec.store.block_tokens (40) must be a multiple of spec.executor.page_tokens (16)") != std::string::npos);
   cluster_spec s;
   std::string why;
   CHECK_FALSE(parse_cluster_spec("[1]", "", &s, &why));

@@ -361,6 +361,32 @@ TEST_CASE("the gateway answers OpenAI requests over HTTP with the router's token
                                                              {"stop", ref_req.stop[0]}}.dump()));
   CHECK(sse_text(stopped.body, &events) == cut.text);
 
+  // An HTTP/1.0 client knows no chunked encoding: the events come raw, and the close ends them.
+  {
+    const std::string body = R"({"prompt":"The quick brown fox","max_tokens":12,"ignore_eos":true,"stream":true})";
+    const int fd10 = connect_to(port);
+    send_all(fd10, "POST /v1/completions HTTP/1.0\r\nAuthorization: Bearer sk-test\r\nContent-Length: " +
+                       std::to_string(body.size()) + "\r\n\r\n" + body);
+    std::string all;
+    char tmp[65536];
+    for (int i = 0; i < 10000; ++i) {  // bounded; recv has a 30 s timeout too
+      const auto n = ::recv(fd10, tmp, sizeof tmp, 0);
+      if (n <= 0) break;
+      all.append(tmp, static_cast<size_t>(n));
+    }
+    ::close(fd10);
+    const auto head_end = all.find("\r\n\r\n");
+    REQUIRE(head_end != std::string::npos);
+    const auto head = all.substr(0, head_end);
+    CHECK(head.find("HTTP/1.1 200") == 0);
+    CHECK(head.find("Transfer-Encoding") == std::string::npos);
+    CHECK(head.find("Connection: close") != std::string::npos);
+    std::vector<json> raw_events;
+    CHECK(sse_text(all.substr(head_end + 4), &raw_events) == ref.text);
+    REQUIRE(!raw_events.empty());
+    CHECK(raw_events.back() == "[DONE]");
+  }
+
   // Two pipelined requests on one connection are answered in order.
   const int fd = connect_to(port);
   send_all(fd, get("/v1/models") + post("/v1/completions", R"({"prompt":"a","max_tokens":2})"));

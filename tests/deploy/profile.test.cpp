@@ -61,6 +61,11 @@ TEST_CASE("profile files round-trip and malformed ones are refused with a senten
       "decode": {"step_base_us": 1, "per_seq_us": 1, "per_context_token_us": 1}})"),
                                    &back, &why));
   CHECK(why.find("not usable") != std::string::npos);
+  CHECK_FALSE(deploy::read_profile(write_temp("negative-decode", R"({"format": "baton-profile-1",
+      "prefill": {"alpha_us": 1, "beta_us": 1, "gamma_us": 1, "delta_us": 0},
+      "decode": {"step_base_us": 500, "per_seq_us": -20, "per_context_token_us": 0.05}})"),
+                                   &back, &why));
+  CHECK(why.find("decode coefficients are not usable") != std::string::npos);
   CHECK_FALSE(deploy::read_profile(write_temp("badsample", R"({"format": "baton-profile-1",
       "prefill": {"alpha_us": 1, "beta_us": 1, "gamma_us": 1, "delta_us": 0},
       "decode": {"step_base_us": 1, "per_seq_us": 1, "per_context_token_us": 1},

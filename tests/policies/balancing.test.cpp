@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <random>
 
@@ -54,6 +55,45 @@ TEST_CASE("seed 000 example: prefill A (32K, 30K cached) goes to an idle machine
   auto overloaded = cache_affinity_prefill({{40000, 3}, {0, 0}, {0, 0}}, {30720, 0, 0}, 16384);
   CHECK(overloaded->rank == 1);
   CHECK_FALSE(overloaded->by_affinity);
+}
+
+TEST_CASE("seed prefill: a bucket whose own engines are all unavailable lends its prompts to the nearest bucket "
+          "that can take them, instead of parking them until they time out") {
+  auto buckets = all_in_bucket(3, 1);  // 3 engines, all in bucket 1 (16K-64K)
+  REQUIRE(buckets.engine_counts() == std::vector<uint32_t>{0, 3, 0, 0});
+  std::vector<prefill_engine_view> engines = {{1e7, {{0, false}}}, {1e7, {{0, false}}}, {1e7, {{0, false}}}};
+  // No engine anywhere is available: nothing to place.
+  CHECK_FALSE(place_prefill(buckets, engines, gpu_like, 2048, 30720));
+  // One of bucket 1's engines comes back: a prompt of bucket 1 uses it, unborrowed.
+  engines[2].ranks[0].available = true;
+  auto d = place_prefill(buckets, engines, gpu_like, 2048, 30720);
+  REQUIRE(d);
+  CHECK(d->engine == 2);
+  CHECK_FALSE(d->borrowed);
+  // A short prompt (bucket 0 has no engines) borrows bucket 1's available one, not an unavailable one.
+  d = place_prefill(buckets, engines, gpu_like, 100, 0);
+  REQUIRE(d);
+  CHECK(d->engine == 2);
+  CHECK(d->borrowed);
+
+  // Two buckets with engines: bucket 0 owns one, bucket 1 owns one. Bucket 1's engine is
+  // unavailable: a long prompt borrows bucket 0's (before: it found bucket 1's list and stopped).
+  bucket_config cfg;
+  cfg.upper_bounds_tokens = {100};
+  cfg.min_move_interval_s = 0;
+  cfg.hysteresis_fraction = 0;
+  bucket_allocator two{cfg, 2};
+  two.record_demand(1, 1e9, 0.0);
+  two.record_demand(0, 1e9, 0.0);
+  for (int i = 0; i < 10 && two.engine_counts() != std::vector<uint32_t>{1, 1}; ++i) two.rebalance(0.0);
+  REQUIRE(two.engine_counts() == std::vector<uint32_t>{1, 1});
+  const auto long_engine = two.engines_for(1)[0];
+  std::vector<prefill_engine_view> views = {{1e7, {{0, true}}}, {1e7, {{0, true}}}};
+  views[long_engine].ranks[0].available = false;
+  d = place_prefill(two, views, gpu_like, 200, 0);
+  REQUIRE(d);
+  CHECK(d->engine == 1 - long_engine);
+  CHECK(d->borrowed);
 }
 
 TEST_CASE("seed 000 example: cost of 2K new tokens on a 30K prefix is below an eighth of 32K uncached") {
@@ -114,6 +154,9 @@ TEST_CASE("time-budget chunking: chunks shrink as the context grows and every st
   CHECK(plan_chunks(gpu_like, 0, 100, budget, 16) == std::vector<uint32_t>{16, 16, 16, 16, 16, 16, 4});
   CHECK(largest_chunk(gpu_like, 0, 5, 1e-6) == 1);
   CHECK(largest_chunk(gpu_like, 0, 0, budget) == 0);
+  // A budget without end, or one whose root lies beyond 2^64 tokens: all that remains.
+  CHECK(largest_chunk(gpu_like, 0, 100, std::numeric_limits<double>::infinity()) == 100);
+  CHECK(largest_chunk(cost_model{0, 0, 1e-12, 0}, 0, 100, 1e12) == 100);
 }
 
 TEST_CASE("time-budget chunking: the ranks of one engine get chunks of equal predicted time") {
@@ -246,6 +289,18 @@ TEST_CASE("decode step model fit recovers a known base, per-sequence and per-tok
   CHECK(fit->step_base_us == doctest::Approx(truth.step_base_us).epsilon(0.10));
   CHECK(fit->per_seq_us == doctest::Approx(truth.per_seq_us).epsilon(0.15));
   CHECK(fit->per_context_token_us == doctest::Approx(truth.per_context_token_us).epsilon(0.10));
+  CHECK(fit->usable());
+  // Steps that shrink as the batch grows (noise over a narrow range) would fit a negative
+  // per-sequence cost, and large batches would cost nothing: that term is held at 0 instead.
+  std::vector<decode_sample> shrinking;
+  for (uint64_t n : {1, 2, 4, 8, 16})
+    for (uint64_t ctx : {256, 4096}) shrinking.push_back({n, n * ctx, 1000.0 - 5.0 * n + 0.01 * n * ctx});
+  auto bounded = fit_decode_cost_model(shrinking);
+  REQUIRE(bounded);
+  CHECK(bounded->usable());
+  CHECK(bounded->per_seq_us == 0);
+  CHECK(bounded->step_us(1024, 0) > 0);
+  CHECK_FALSE(decode_cost_model{500, -20, 0.05}.usable());
 }
 
 TEST_CASE("bucket engine counts follow a shift in demand and come back") {

@@ -108,3 +108,20 @@ TEST_CASE("EPLB: a slot budget that cannot hold every expert is refused by name"
   CHECK(eplb_config{8, 8, 7}.validate(64) == "EPLB: 8 ranks x 7 slots cannot hold 64 experts");
   CHECK(eplb_config{0, 8, 7}.validate(64).find("num_ranks") != std::string::npos);
 }
+
+TEST_CASE("EPLB: a config it cannot plan for falls back to one copy per expert, and no ranks means no placement "
+          "(it wrote past an empty vector)") {
+  eplb_config none;
+  none.num_ranks = 0;
+  const auto p = plan_eplb({1, 2, 3}, none);
+  CHECK(p.rank_experts.empty());
+  REQUIRE(p.replicas.size() == 3);
+  for (const auto& r : p.replicas) CHECK(r.empty());
+  eplb_config tight;
+  tight.num_ranks = 2;
+  tight.slots_per_rank = 1;  // 2 slots for 3 experts: invalid, static placement instead
+  const auto q = plan_eplb({1, 2, 3}, tight);
+  REQUIRE(q.rank_experts.size() == 2);
+  CHECK(q.rank_experts[0].size() + q.rank_experts[1].size() == 3);
+  for (const auto& r : q.replicas) CHECK(r.size() == 1);
+}

@@ -45,4 +45,13 @@ TEST_CASE("sim elastic: a prefill-heavy stretch moves elastic instances to prefi
   CHECK(a.json == b.json);
   c.elastic_prefill_at_start = 5;
   CHECK(c.validate() == "elastic_prefill_at_start exceeds elastic_instances");
+  // Intervals that round to 0 µs would stop virtual time (the sim never ended): refused.
+  c.elastic_prefill_at_start = 0;
+  c.elastic_interval_s = 1e-4;
+  CHECK(c.validate() == "elastic_interval_s must be between 0.001 and 1e6");
+  c.elastic_interval_s = 1;
+  c.sample_s = 1e-7;
+  CHECK(c.validate() == "sample_s must be 0 (off) or between 0.001 and 1e6");
+  c.sample_s = 0;
+  CHECK(c.validate().empty());
 }

@@ -70,6 +70,13 @@ TEST_CASE("roofline: decode steps are bandwidth-bound, long prefills compute-bou
   // A 70B model on two H200s leaves ~113 GB for KV: ~344K tokens.
   const roofline big{*named_gpu("H200"), *named_model("llama-3-70b"), 2, {}};
   CHECK(big.kv_capacity_tokens() == doctest::Approx(344000).epsilon(0.01));
+  // MLA under tensor parallelism: every rank holds the whole latent. DeepSeek-V3 (fp8) on 8
+  // H200s leaves ~356 GB, of 70,272 B per token per rank: ~633K tokens, not 8 times that.
+  const roofline mla{*named_gpu("H200"), *named_model("deepseek-v3"), 8, {}};
+  CHECK(mla.kv_capacity_tokens() == doctest::Approx((8 * 141e9 * 0.9 - 671e9) / (8 * 70272.0)).epsilon(0.01));
+  // GQA beyond its KV heads: 16 ranks over 8 heads hold each shard twice.
+  const roofline wide{*named_gpu("H200"), *named_model("llama-3-70b"), 16, {}};
+  CHECK(wide.kv_capacity_tokens() == doctest::Approx((16 * 141e9 * 0.9 - 70.6e9 * 2) / (2 * 327680.0)).epsilon(0.01));
   CHECK(!named_gpu("A100"));
   CHECK(!named_model("gpt-5"));
 }
@@ -326,6 +333,17 @@ TEST_CASE("sim: the colocated baseline prefills on the decode instances in chunk
   REQUIRE_MESSAGE(run_sim(cfg, t, "colocated", &r, &why), why);
   CHECK(r.summary.completed == t.requests.size());
   for (const auto& o : r.outcomes) CHECK(o.prefill_rank == o.decode_rank);
+  // Colocated DeepSeek-V3 on wide EP: the (unused) prefill pool of tp x H200 cannot hold the
+  // weights, which must not refuse the run (it did: "an instance holds 0 KV tokens").
+  sim_config ds;
+  ds.model = "deepseek-v3";
+  ds.colocated = true;
+  ds.decode_instances = 1;
+  ds.decode_ep = 16;
+  ds.tp = 1;
+  ds.sample_s = 0;
+  REQUIRE_MESSAGE(run_sim(ds, one_request(500, 4), "colocated ep", &r, &why), why);
+  CHECK(r.summary.completed == 1);
 }
 
 TEST_CASE("sim: goodput is the highest rate scale with 90% within both SLOs, found by bisection") {

@@ -197,6 +197,89 @@ TEST_CASE("block files round-trip layer by layer, and every kind of damage is re
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("a store directory scanned at start: this model's blocks oldest first with their retention and age; "
+          "unreadable and stale temporary files deleted; other models' blocks and fresh temporaries left alone") {
+  namespace fs = std::filesystem;
+  const auto id = tiny_identity();
+  const auto salt = salt_of(id);
+  const auto keys = chain_keys(salt, tokens(96), 32);  // a chain of 3 blocks
+  REQUIRE(keys.size() == 3);
+  const uint64_t layer_bytes = 256;
+  std::vector<std::byte> data(layer_bytes, std::byte{7});
+  auto header = [&](const block_key& s, const block_key& k, const block_key& parent, uint8_t retention) {
+    block_header h;
+    h.salt = s;
+    h.key = k;
+    h.parent = parent;
+    h.num_layers = id.num_layers;
+    h.kv_dim = id.kv_dim;
+    h.block_tokens = 32;
+    h.page_tokens = 16;
+    h.layer_bytes = layer_bytes;
+    h.layer_checksums.assign(id.num_layers, 1);
+    h.retention = retention;
+    return h;
+  };
+  auto layer = [&](uint32_t) { return layer_pieces{{data.data(), layer_bytes}}; };
+  const auto dir = temp_dir("scan");
+  CHECK(scan_block_dir(dir, salt).blocks.empty());  // missing: nothing, no error
+  const auto now = fs::file_time_type::clock::now();
+  for (size_t b = 0; b < 3; ++b) {
+    const auto path = block_path(dir, keys[b]);
+    REQUIRE(write_block_file(path, header(salt, keys[b], b ? keys[b - 1] : block_key{}, b == 1 ? 1 : 0), layer).empty());
+    // Written newest-first: the scan must order by time, not by name or directory order.
+    fs::last_write_time(path, now - std::chrono::hours{b == 0 ? 1 : (b == 1 ? 3 : 2)});
+  }
+  auto other = id;
+  other.model_id = "another model";
+  const auto foreign_key = chain_keys(salt_of(other), tokens(32), 32)[0];
+  REQUIRE(write_block_file(block_path(dir, foreign_key), header(salt_of(other), foreign_key, {}, 0), layer).empty());
+  // Damage: a truncated block, a block under another block's name, garbage named like a block.
+  const auto extra = chain_keys(salt, tokens(128), 32)[3];
+  REQUIRE(write_block_file(block_path(dir, extra), header(salt, extra, keys[2], 0), layer).empty());
+  fs::resize_file(block_path(dir, extra), 5000);
+  const auto misnamed = chain_keys(salt, tokens(160), 32)[4];
+  fs::create_directories(fs::path(block_path(dir, misnamed)).parent_path());
+  fs::copy_file(block_path(dir, keys[0]), block_path(dir, misnamed));
+  const auto junk_key = chain_keys(salt, tokens(192), 32)[5];
+  fs::create_directories(fs::path(block_path(dir, junk_key)).parent_path());
+  std::ofstream{block_path(dir, junk_key)} << "not a block";
+  // Temporaries: a crashed writer's from an hour ago, and one being written now.
+  const auto stale = block_path(dir, keys[0]) + ".tmp.999.1";
+  const auto fresh = block_path(dir, keys[1]) + ".tmp.999.2";
+  std::ofstream{stale} << "half";
+  std::ofstream{fresh} << "half";
+  fs::last_write_time(stale, now - std::chrono::hours{1});
+
+  const auto scan = scan_block_dir(dir, salt);
+  REQUIRE(scan.blocks.size() == 3);
+  CHECK(scan.blocks[0].key == keys[1]);  // 3 h old
+  CHECK(scan.blocks[1].key == keys[2]);  // 2 h
+  CHECK(scan.blocks[2].key == keys[0]);  // 1 h
+  CHECK(scan.blocks[0].parent == keys[0]);
+  CHECK(scan.blocks[0].retention == 1);
+  CHECK(scan.blocks[1].retention == 0);
+  CHECK(scan.blocks[2].parent == block_key{});
+  CHECK(scan.blocks[2].file_bytes == header(salt, keys[0], {}, 0).file_bytes());
+  CHECK(scan.blocks[0].age_ms >= 3 * 3600 * 1000ull);
+  CHECK(scan.blocks[0].age_ms < 4 * 3600 * 1000ull);
+  CHECK(scan.foreign == 1);
+  CHECK(scan.removed == 4);
+  CHECK(!scan.first_removed.empty());
+  CHECK(fs::exists(block_path(dir, foreign_key)));
+  CHECK(!fs::exists(block_path(dir, extra)));
+  CHECK(!fs::exists(block_path(dir, misnamed)));
+  CHECK(!fs::exists(block_path(dir, junk_key)));
+  CHECK(!fs::exists(stale));
+  CHECK(fs::exists(fresh));
+  for (const auto& k : keys) CHECK(fs::exists(block_path(dir, k)));
+  // A second scan finds the same blocks and nothing more to remove.
+  const auto again = scan_block_dir(dir, salt);
+  CHECK(again.blocks.size() == 3);
+  CHECK(again.removed == 0);
+  fs::remove_all(dir);
+}
+
 TEST_CASE("the index: longest cached prefix, leaf-first LRU eviction, expiry by class, pins") {
   retention_policy ret;
   block_index idx{3};
