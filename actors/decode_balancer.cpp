@@ -53,14 +53,14 @@ std::optional<decode_placement> try_place(pointer self, const place_query& q) {
       std::vector<policies::decode_rank_view> views;
       for (const auto& r : loads) {
         const uint64_t ps = page_size(st, r);
+        // Each rank by its own page size and allocation (whole pages; on demand: the prompt and
+        // headroom): ranks of a pool need not be alike.
+        const uint64_t need = (uint64_t{need_tokens(q, r)} + ps - 1) / ps * ps;
         views.push_back({r.num_running, r.kv_tokens, uint64_t{r.num_free_pages} * ps, uint64_t{r.num_total_pages} * ps,
-                         st.registry.open(views.size())});
+                         st.registry.open(views.size()), need});
       }
-      // Whole pages: a sequence needs its tokens rounded up to the page size.
-      const uint64_t ps = loads.empty() ? st.cfg.page_size_tokens : page_size(st, loads.front());
-      const uint64_t tokens = loads.empty() ? q.total_tokens : need_tokens(q, loads.front());
-      const uint64_t need = (tokens + ps - 1) / ps * ps;
-      if (auto d = policies::place_decode_2d(views, need, st.cfg.two_d)) {
+      // Long or short by the whole sequence (decode_2d_config::long_context_tokens).
+      if (auto d = policies::place_decode_2d(views, q.total_tokens, st.cfg.two_d)) {
         pick = d->rank;
         why = "seed 2D: " + d->explain();
       }

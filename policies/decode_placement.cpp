@@ -21,9 +21,10 @@ std::string decode_decision::explain() const {
 std::optional<decode_decision> place_decode_2d(const std::vector<decode_rank_view>& ranks, uint64_t context_tokens,
                                                const decode_2d_config& cfg) {
   const bool long_ctx = context_tokens >= cfg.long_context_tokens;
+  auto need = [&](const decode_rank_view& r) { return r.need_tokens ? r.need_tokens : context_tokens; };
   auto over_watermark = [&](const decode_rank_view& r) {
     return r.kv_capacity_tokens > 0 &&
-           static_cast<double>(r.kv_tokens + context_tokens) > cfg.kv_high_watermark * r.kv_capacity_tokens;
+           static_cast<double>(r.kv_tokens + need(r)) > cfg.kv_high_watermark * r.kv_capacity_tokens;
   };
   auto better = [&](const decode_rank_view& a, const decode_rank_view& b) {
     if (long_ctx) return std::tie(a.kv_tokens, a.num_running) < std::tie(b.kv_tokens, b.num_running);
@@ -34,7 +35,7 @@ std::optional<decode_decision> place_decode_2d(const std::vector<decode_rank_vie
   std::optional<size_t> best;
   for (size_t i = 0; i < ranks.size(); ++i) {
     const auto& r = ranks[i];
-    if (!r.available || r.kv_free_tokens < context_tokens) continue;
+    if (!r.available || r.kv_free_tokens < need(r)) continue;
     if (!best || better(r, ranks[*best])) best = i;
   }
   if (!best) return std::nullopt;

@@ -18,6 +18,9 @@ struct decode_rank_view {
   uint64_t kv_free_tokens = 0;     ///< room left, in tokens (whole free pages × page size)
   uint64_t kv_capacity_tokens = 0;
   bool available = true;
+  /// Room this request needs on this rank, in tokens (whole pages of its size; a rank that
+  /// allocates on demand needs only the prompt and its headroom). 0: the request's context.
+  uint64_t need_tokens = 0;
 };
 
 struct decode_2d_config {

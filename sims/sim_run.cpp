@@ -102,8 +102,9 @@ uint64_t mix(uint64_t x) {  // splitmix64
 }
 
 /// A request's prompt: block b's tokens come from its hash id, so requests that share their
-/// first k ids share their first k blocks exactly (the ids are chained). Without ids, every
-/// request's tokens are its own.
+/// first k ids share their first k blocks exactly (the ids are chained). The ids name blocks of
+/// the trace's own size (mooncake_block_tokens), whatever block size the simulated store uses.
+/// Without ids, every request's tokens are its own.
 std::vector<int32_t> prompt_of(const trace_request& r, size_t index, uint32_t block_tokens, uint32_t vocab) {
   std::vector<int32_t> out(r.input_tokens);
   for (uint32_t start = 0, b = 0; start < r.input_tokens; start += block_tokens, ++b) {
@@ -348,7 +349,7 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
     auto send = [=, &t, &cfg, &cc](size_t i) {
       const auto& r = t.requests[i];
       generate_request req;
-      req.prompt_tokens = prompt_of(r, i, cfg.block_tokens, cc.model.vocab_size);
+      req.prompt_tokens = prompt_of(r, i, mooncake_block_tokens, cc.model.vocab_size);
       req.max_tokens = static_cast<int32_t>(std::max<uint32_t>(1, r.output_tokens));
       req.ignore_eos = true;
       auto& o = st->outcomes[i];

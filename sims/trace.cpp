@@ -91,6 +91,15 @@ bool parse_mooncake(const std::string& line, parsed* p, std::string* why) {
     }
     p->r.hash_ids.push_back(h.get<uint64_t>());
   }
+  // One id per block of the prompt: fewer would turn a shared prefix into a unique one without
+  // a word, more would describe tokens the prompt does not have.
+  const size_t blocks = (size_t{p->r.input_tokens} + mooncake_block_tokens - 1) / mooncake_block_tokens;
+  if (p->r.hash_ids.size() != blocks) {
+    *why = "hash_ids has " + std::to_string(p->r.hash_ids.size()) + " ids, input_length " +
+           std::to_string(p->r.input_tokens) + " needs " + std::to_string(blocks) + " (one per " +
+           std::to_string(mooncake_block_tokens) + " tokens)";
+    return false;
+  }
   return true;
 }
 
@@ -130,7 +139,10 @@ bool azure_time(const std::string& t, double* out) {
   double s = 0;
   char tail = 0;
   if (std::sscanf(t.c_str(), "%4d-%2u-%2u %2u:%2u:%lf%c", &y, &mo, &d, &h, &mi, &s, &tail) != 6) return false;
-  if (mo < 1 || mo > 12 || d < 1 || d > 31 || h > 23 || mi > 59 || !(s >= 0 && s < 61)) return false;
+  if (mo < 1 || mo > 12 || d < 1 || h > 23 || mi > 59 || !(s >= 0 && s < 61)) return false;
+  static constexpr unsigned month_days[] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+  const bool leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+  if (d > month_days[mo - 1] + (mo == 2 && leap)) return false;  // 2023-02-31 is no date
   *out = static_cast<double>(days_from_civil(y, mo, d)) * 86400.0 + h * 3600.0 + mi * 60.0 + s;
   return true;
 }
@@ -193,7 +205,10 @@ bool read_trace(std::istream& in, trace_format format, const std::string& source
     if (p.r.id.empty()) p.r.id = "line " + std::to_string(number_of_line);
     rows.push_back(std::move(p));
   }
-  if (rows.empty()) return true;
+  if (rows.empty()) {
+    *why = source + ": no requests" + (out->skipped ? " (every line was malformed: " + out->first_skipped + ")" : std::string{});
+    return false;
+  }
   // Arrival order (the files are, but a merged or hand-made one need not be), then the window
   // on the original clock, then the rate scaling from the window's start.
   std::stable_sort(rows.begin(), rows.end(), [](const parsed& a, const parsed& b) { return a.arrival_s < b.arrival_s; });
@@ -213,6 +228,11 @@ bool read_trace(std::istream& in, trace_format format, const std::string& source
     }
     p.r.arrival_us = static_cast<int64_t>(std::llround(us));
     out->requests.push_back(std::move(p.r));
+  }
+  if (out->requests.empty()) {
+    *why = source + ": no request falls in the window (" + std::to_string(opt.window_start_s) + " s from the first, " +
+           (opt.window_s > 0 ? "for " + std::to_string(opt.window_s) + " s" : std::string{"to the end"}) + ")";
+    return false;
   }
   return true;
 }

@@ -14,11 +14,14 @@
 
 namespace baton::sims {
 
+/// The block size of Mooncake's hash ids (its README): id k names prompt tokens [512k, 512k + 512).
+inline constexpr uint32_t mooncake_block_tokens = 512;
+
 struct trace_request {
   int64_t arrival_us = 0;          ///< from the first kept arrival (after scaling and windowing)
   uint32_t input_tokens = 0;
   uint32_t output_tokens = 0;
-  std::vector<uint64_t> hash_ids;  ///< Mooncake: one chained id per 512-token block; else empty
+  std::vector<uint64_t> hash_ids;  ///< Mooncake: one chained id per mooncake_block_tokens block; else empty
   std::string id;                  ///< the trace's request id, or "line N"
   /// vLLM files: what the measured engine saw (seconds; negative when the trace has none).
   double measured_ttft_s = -1, measured_tpot_s = -1, measured_e2e_s = -1;

@@ -133,6 +133,15 @@ TEST_CASE("decode 2D never exceeds KV capacity and keeps short requests off near
   CHECK_FALSE(place_decode_2d(ranks, 200, cfg));
   CHECK_FALSE(place_decode_2d({}, 1, cfg));
   CHECK(decode_2d_config{0, 0.9}.validate().find("long_context_tokens") != std::string::npos);
+  // Ranks that allocate differently need different room for one request: rank 0 on demand (the
+  // prompt + headroom, 128 tokens), rank 1 the whole sequence (4096) with 128 free. Rank 1 runs
+  // fewer but cannot hold it: rank 0 (sizing both by rank 0's need sent it to rank 1, whose
+  // reservation then failed).
+  std::vector<decode_rank_view> mixed = {{5, 1000, 4000, 8192, true, 128}, {0, 0, 128, 8192, true, 4096}};
+  auto d = place_decode_2d(mixed, 4096, cfg);
+  REQUIRE(d);
+  CHECK(d->rank == 0);
+  CHECK_FALSE(d->long_context);  // 4096 < 8192: by the whole sequence, not by the room asked
 }
 
 TEST_CASE("time-budget chunking: chunks shrink as the context grows and every step fits the budget") {

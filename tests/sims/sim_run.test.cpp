@@ -289,6 +289,16 @@ TEST_CASE("sim: shared prefixes (Mooncake hash ids) hit the prefill ranks' local
   for (size_t i = 1; i < 20; ++i) CHECK(r.outcomes[i].cached_tokens == 1024);
   CHECK(r.summary.cache_hit_ratio == doctest::Approx(19.0 * 1024 / (20 * 1536)));
   CHECK(r.outcomes[1].ttft_us < r.outcomes[0].ttft_us);  // the cached prefix is not computed again
+  // The ids name 512-token blocks whatever the store's block size: with blocks of 1024, two
+  // prompts sharing only their first id share no whole block (they shared 1024 tokens before).
+  trace two;
+  two.requests.push_back({0, 1024, 4, {0, 1}, "a"});
+  two.requests.push_back({200000, 1024, 4, {0, 2}, "b"});
+  two.requests.push_back({400000, 1536, 4, {0, 1, 3}, "c"});
+  cfg.block_tokens = 1024;
+  REQUIRE_MESSAGE(run_sim(cfg, two, "block size", &r, &why), why);
+  CHECK(r.outcomes[1].cached_tokens == 0);
+  CHECK(r.outcomes[2].cached_tokens == 1024);  // ids 0, 1: the whole first block of "a"
 }
 
 TEST_CASE("sim: a decode rank and a prefill rank killed mid-trace: every request is accounted for") {

@@ -75,6 +75,25 @@ TEST_CASE("a malformed trace line is an error naming file and line, or skipped a
   std::istringstream c{"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,4808,10\n2023-13-16 18:17:04,1,1\n"};
   CHECK_FALSE(read_trace(c, trace_format::azure_csv, "a.csv", {}, &t, &why));
   CHECK(why.rfind("a.csv:3: bad timestamp", 0) == 0);
+  // One hash id per 512 prompt tokens, no fewer (a shared prefix would pass for unique), no more.
+  std::istringstream ids{"{\"timestamp\": 0, \"input_length\": 6000, \"output_length\": 1, \"hash_ids\": []}\n"};
+  CHECK_FALSE(read_trace(ids, trace_format::mooncake_jsonl, "m.jsonl", {}, &t, &why));
+  CHECK(why == "m.jsonl:1: hash_ids has 0 ids, input_length 6000 needs 12 (one per 512 tokens)");
+  // A date that does not exist is not rolled into the next month.
+  std::istringstream feb{"2023-02-29 10:00:00,5,5\n"};
+  CHECK_FALSE(read_trace(feb, trace_format::azure_csv, "a.csv", {}, &t, &why));
+  CHECK(why.rfind("a.csv:1: bad timestamp", 0) == 0);
+  std::istringstream leap{"2024-02-29 10:00:00,5,5\n"};
+  CHECK(read_trace(leap, trace_format::azure_csv, "a.csv", {}, &t, &why));
+  // Nothing to replay is an error, not an empty success (a sim of it reported goodput 0).
+  std::istringstream empty{""};
+  CHECK_FALSE(read_trace(empty, trace_format::mooncake_jsonl, "e.jsonl", {}, &t, &why));
+  CHECK(why == "e.jsonl: no requests");
+  trace_options late;
+  late.window_start_s = 1e6;
+  std::istringstream one{"{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 2, \"hash_ids\": [0]}\n"};
+  CHECK_FALSE(read_trace(one, trace_format::mooncake_jsonl, "w.jsonl", late, &t, &why));
+  CHECK(why.rfind("w.jsonl: no request falls in the window", 0) == 0);
   CHECK_FALSE(load_trace("/nonexistent/x.jsonl", {}, &t, &why));
   CHECK(why == "/nonexistent/x.jsonl: cannot read it");
   CHECK_FALSE(load_trace("trace.parquet", {}, &t, &why));
