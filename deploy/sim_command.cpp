@@ -164,6 +164,8 @@ void add_sim_flags(flag_set& f, sim_options* o) {
   f.add("--svg", &o->svg,
         "write plots PREFIX-{ttft,tbt,throughput,utilisation,queues}.svg");
   f.add("--sample-s", &o->sample_s, "the timeline's interval: rank utilisation and queues (0: none)");
+  f.add("--horizon-s", &o->cfg.horizon_s,
+        "stop waiting for answers this long (virtual) after the last arrival; what is left counts as unanswered");
   f.add("--kill", &o->kills,
         "RANK@SECONDS: kill that rank's (or store-<i>'s) actor at that virtual time (repeatable)");
   f.add("--degrade", &o->degrades,

@@ -45,6 +45,7 @@ std::string sim_config::validate() const {
   if (elastic_instances > 0 && !(elastic_interval_s >= 1e-3 && elastic_interval_s <= 1e6))
     return "elastic_interval_s must be between 0.001 and 1e6";
   if (!(sample_s == 0 || (sample_s >= 1e-3 && sample_s <= 1e6))) return "sample_s must be 0 (off) or between 0.001 and 1e6";
+  if (!(horizon_s > 0 && horizon_s <= 1e9)) return "horizon_s must be > 0 and at most 1e9";
   if (page_tokens == 0 || block_tokens == 0 || block_tokens % page_tokens != 0)
     return "block_tokens must be a positive multiple of page_tokens";
   if (sim_layers == 0) return "sim_layers must be >= 1";
@@ -164,6 +165,7 @@ policies::cost_model fitted_cost(const roofline& r) {
 struct run_state {
   std::vector<request_outcome> outcomes;
   size_t done = 0;
+  bool closed = false;  ///< the horizon passed: answers that come later are not counted
 };
 
 }  // namespace
@@ -360,6 +362,7 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
       self->request(router, caf::infinite, generate_atom::value, std::move(req))
           .then(
               [=](completion& c) {
+                if (st->closed) return;  // past the horizon: already counted as unanswered
                 auto& o = st->outcomes[i];
                 o.ok = true;
                 o.ttft_us = c.ttft_us;
@@ -375,6 +378,7 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
                 ++st->done;
               },
               [=](caf::error& e) {
+                if (st->closed) return;  // e.g. the shutdown below failing what is still in flight
                 st->outcomes[i].error = self->system().render(e);
                 ++st->done;
               });
@@ -409,7 +413,7 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
       auto last = std::make_shared<std::vector<int64_t>>(sampled.size(), 0);
       self->delayed_send(self, every, timer_atom::value);
       return caf::behavior{[=, &usage](timer_atom) {
-        if (st->done == total) return self->quit();
+        if (st->done == total || st->closed) return self->quit();
         const double interval_ns = tl->interval_s * 1e9;
         for (size_t i = 0; i < sampled.size(); ++i) {
           auto& r = tl->ranks[i];
@@ -456,6 +460,9 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
   }
   uint64_t events = 0;
   size_t shown = 0;
+  const auto horizon = t0 + std::chrono::microseconds{t.requests.empty() ? 0 : t.requests.back().arrival_us} +
+                       std::chrono::microseconds{static_cast<int64_t>(cfg.horizon_s * 1e6)};
+  bool past_horizon = false;
   for (;;) {
     events += sched.run();
     if (cfg.progress && st->done >= shown + std::max<size_t>(1, t.requests.size() / 100)) {
@@ -465,6 +472,11 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
                    static_cast<unsigned long long>(events));
     }
     if (st->done == t.requests.size() || !sched.has_pending_timeout()) break;
+    if (sched.clock().now() > horizon) {
+      past_horizon = true;
+      st->closed = true;
+      break;
+    }
     sched.trigger_timeout();
     ++events;
   }
@@ -499,8 +511,11 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
   for (auto& a : cluster.actors()) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
   for (size_t i = 0; i < 100000 && (sched.run() > 0 || sched.has_pending_timeout()); ++i)
     if (sched.has_pending_timeout()) sched.trigger_timeouts();
+  char horizon_text[64];
+  std::snprintf(horizon_text, sizeof horizon_text, "not answered %g s (horizon_s) after the last arrival", cfg.horizon_s);
   for (auto& o : st->outcomes)
-    if (!o.ok && o.error.empty()) o.error = "not answered when the simulation ran out of events";
+    if (!o.ok && o.error.empty())
+      o.error = past_horizon ? horizon_text : "not answered when the simulation ran out of events";
   out->outcomes = std::move(st->outcomes);
   out->summary = summarize(out->outcomes, cfg.slos);
   std::vector<double> mttft, mtpot, me2e;

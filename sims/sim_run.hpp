@@ -101,6 +101,10 @@ struct sim_config {
   std::vector<sim_fault> faults;
   uint64_t seed = 1;                     ///< recorded; the replay itself samples nothing
   bool progress = false;                 ///< a progress line on stderr
+  /// Virtual time after the last arrival that the sim still waits for answers: a reply lost by
+  /// some actor must end as an unanswered request, not a sim that never stops (its timers, the
+  /// sampler's and the index's housekeeping, would keep virtual time going for ever).
+  double horizon_s = 86400;
   double sample_s = 10;                  ///< the timeline's interval (rank utilisation and queues); 0: none
   std::string validate() const;
 };

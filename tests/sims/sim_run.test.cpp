@@ -169,6 +169,14 @@ TEST_CASE("sim: one request's TTFT and TBT are the roofline's step times, throug
   double last = 0;
   for (uint32_t k = 0; k < 4; ++k) last = job_us(roof.step_us({{1, 3000 + k}}));
   CHECK(static_cast<double>(o.tbt_max_us) == doctest::Approx(last).epsilon(1e-3));
+  // A sim stops waiting horizon_s after the last arrival: what is still unanswered then is
+  // reported so (a lost reply used to keep the timers, and the sim, going for ever).
+  cfg.horizon_s = 0.01;  // the prefill alone takes longer
+  REQUIRE_MESSAGE(run_sim(cfg, one_request(3000, 5), "horizon", &r, &why), why);
+  CHECK(r.summary.completed == 0);
+  CHECK(r.outcomes[0].error == "not answered 0.01 s (horizon_s) after the last arrival");
+  cfg.horizon_s = 0;
+  CHECK(cfg.validate() == "horizon_s must be > 0 and at most 1e9");
 }
 
 TEST_CASE("sim timeline: each rank's occupied fraction per interval is its jobs' time, and its queues are sampled") {
