@@ -1,6 +1,7 @@
 #include "gpu/bpe_tokenizer.hpp"
 
 #include <algorithm>
+#include <queue>
 #include <fstream>
 #include <sstream>
 
@@ -148,15 +149,33 @@ std::unique_ptr<bpe_tokenizer> bpe_tokenizer::from_json(const std::string& text,
       if (static_cast<size_t>(id) >= t->id_to_token_.size()) t->id_to_token_.resize(id + 1);
       t->id_to_token_[id] = it.key();
     }
+    for (int b = 0; b < 256; ++b) {
+      auto i = t->vocab_.find(symbols[b]);
+      t->byte_id_[b] = i == t->vocab_.end() ? -1 : i->second;
+    }
     if (m.contains("merges") && m["merges"].is_array()) {
       uint32_t rank = 0;
       for (const auto& mg : m["merges"]) {
-        std::string pair;
-        if (mg.is_string()) pair = mg.get<std::string>();
-        else if (mg.is_array() && mg.size() == 2 && mg[0].is_string() && mg[1].is_string())
-          pair = mg[0].get<std::string>() + " " + mg[1].get<std::string>();
-        else return fail("merge " + std::to_string(rank) + " is neither \"a b\" nor [a, b]");
-        t->ranks_.emplace(pair, rank++);
+        std::string left, right;
+        if (mg.is_string()) {
+          const auto pair = mg.get<std::string>();
+          const auto space = pair.find(' ');
+          if (space == std::string::npos) return fail("merge " + std::to_string(rank) + " '" + pair + "' has no space");
+          left = pair.substr(0, space), right = pair.substr(space + 1);
+        } else if (mg.is_array() && mg.size() == 2 && mg[0].is_string() && mg[1].is_string()) {
+          left = mg[0].get<std::string>(), right = mg[1].get<std::string>();
+        } else {
+          return fail("merge " + std::to_string(rank) + " is neither \"a b\" nor [a, b]");
+        }
+        // As Hugging Face's tokenizers insists: both parts and the result are vocabulary tokens
+        // (a result outside it could only be dropped, losing text silently).
+        const auto l = t->vocab_.find(left), r = t->vocab_.find(right), lr = t->vocab_.find(left + right);
+        if (l == t->vocab_.end() || r == t->vocab_.end() || lr == t->vocab_.end())
+          return fail("merge " + std::to_string(rank) + " (" + left + " " + right + ") names '" +
+                      (l == t->vocab_.end() ? left : r == t->vocab_.end() ? right : left + right) +
+                      "', which is not in the vocabulary");
+        const uint64_t key = uint64_t{static_cast<uint32_t>(l->second)} << 32 | static_cast<uint32_t>(r->second);
+        t->merges_.emplace(key, merge{rank++, lr->second});  // a repeated pair keeps its first rank
       }
     }
     if (j.contains("added_tokens") && j["added_tokens"].is_array())
@@ -174,7 +193,10 @@ std::unique_ptr<bpe_tokenizer> bpe_tokenizer::from_json(const std::string& text,
       }
     std::sort(t->added_.begin(), t->added_.end(), [](auto& a, auto& b) { return a.content.size() > b.content.size(); });
     t->is_special_.assign(t->id_to_token_.size(), false);
-    for (const auto& a : t->added_) t->is_special_[a.id] = a.special;
+    for (const auto& a : t->added_) {
+      t->is_special_[a.id] = a.special;
+      t->added_by_id_.emplace(a.id, &a);
+    }
     if (j.contains("normalizer") && !j["normalizer"].is_null()) {
       // Inputs are taken as given: NFC normalisation (Qwen2) changes nothing for NFC text.
       const auto type = j["normalizer"].value("type", std::string{});
@@ -231,39 +253,53 @@ int32_t bpe_tokenizer::token_id(const std::string& content) const {
   return i == vocab_.end() ? -1 : i->second;
 }
 
+// Merges lowest rank first, the leftmost of equal ranks first, as Hugging Face's tokenizers
+// does: a min-heap of candidate pairs over a linked list of symbols, O(n log n) in the piece's
+// length (a run of one letter is a single piece, and an O(n^2) loop stalled on long ones).
 void bpe_tokenizer::encode_piece(const std::string& piece, std::vector<int32_t>* out) const {
-  std::vector<std::string> word;
-  std::string whole;
-  for (unsigned char c : piece) {
-    word.push_back(byte_to_symbol_[c]);
-    whole += byte_to_symbol_[c];
-  }
-  if (ignore_merges_)
+  if (ignore_merges_) {
+    std::string whole;
+    for (unsigned char c : piece) whole += byte_to_symbol_[c];
     if (auto i = vocab_.find(whole); i != vocab_.end()) {
       out->push_back(i->second);
       return;
     }
-  while (word.size() > 1) {
-    uint32_t best = UINT32_MAX;
-    for (size_t i = 0; i + 1 < word.size(); ++i)
-      if (auto r = ranks_.find(word[i] + " " + word[i + 1]); r != ranks_.end()) best = std::min(best, r->second);
-    if (best == UINT32_MAX) break;
-    std::vector<std::string> merged;
-    for (size_t i = 0; i < word.size();) {
-      if (i + 1 < word.size()) {
-        auto r = ranks_.find(word[i] + " " + word[i + 1]);
-        if (r != ranks_.end() && r->second == best) {
-          merged.push_back(word[i] + word[i + 1]);
-          i += 2;
-          continue;
-        }
-      }
-      merged.push_back(word[i++]);
-    }
-    word = std::move(merged);
   }
-  for (const auto& s : word)
-    if (auto i = vocab_.find(s); i != vocab_.end()) out->push_back(i->second);
+  std::vector<int32_t> id;
+  for (unsigned char c : piece)
+    if (byte_id_[c] >= 0) id.push_back(byte_id_[c]);
+  const auto n = static_cast<int32_t>(id.size());
+  std::vector<int32_t> next(n), prev(n);
+  for (int32_t i = 0; i < n; ++i) next[i] = i + 1 < n ? i + 1 : -1, prev[i] = i - 1;
+  struct candidate {
+    uint32_t rank;
+    int32_t pos, left, right;
+    bool operator>(const candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+  };
+  std::priority_queue<candidate, std::vector<candidate>, std::greater<>> heap;
+  auto consider = [&](int32_t pos) {
+    if (pos < 0 || next[pos] < 0) return;
+    const auto r = id[next[pos]];
+    if (auto m = merges_.find(uint64_t{static_cast<uint32_t>(id[pos])} << 32 | static_cast<uint32_t>(r));
+        m != merges_.end())
+      heap.push({m->second.rank, pos, id[pos], r});
+  };
+  for (int32_t i = 0; i + 1 < n; ++i) consider(i);
+  std::vector<bool> gone(n, false);
+  while (!heap.empty()) {
+    const auto c = heap.top();
+    heap.pop();
+    // Stale when either side has merged since: ids only ever grow into longer tokens.
+    if (gone[c.pos] || id[c.pos] != c.left || next[c.pos] < 0 || id[next[c.pos]] != c.right) continue;
+    const int32_t j = next[c.pos];
+    id[c.pos] = merges_.at(uint64_t{static_cast<uint32_t>(c.left)} << 32 | static_cast<uint32_t>(c.right)).id;
+    gone[j] = true;
+    next[c.pos] = next[j];
+    if (next[j] >= 0) prev[next[j]] = c.pos;
+    consider(prev[c.pos]);
+    consider(c.pos);
+  }
+  for (int32_t i = n > 0 ? 0 : -1; i >= 0; i = next[i]) out->push_back(id[i]);
 }
 
 void bpe_tokenizer::encode_plain(const std::string& text, std::vector<int32_t>* out) const {
@@ -276,15 +312,21 @@ void bpe_tokenizer::encode_plain(const std::string& text, std::vector<int32_t>* 
 std::vector<int32_t> bpe_tokenizer::encode(const std::string& text) const {
   std::vector<int32_t> out;
   size_t at = 0;
+  // Where each added token next occurs: searched again only once `at` has passed it, so a prompt
+  // full of special tokens costs one forward scan per token kind, not one per occurrence.
+  constexpr size_t unsearched = std::string::npos - 1;
+  std::vector<size_t> found(added_.size(), unsearched);
   while (at < text.size()) {
     // The earliest added token at or after `at` (the longest one at a tie).
     size_t best_pos = std::string::npos;
     const added* best = nullptr;
-    for (const auto& a : added_) {
+    for (size_t k = 0; k < added_.size(); ++k) {
+      const auto& a = added_[k];
       if (a.content.empty()) continue;
-      const size_t p = text.find(a.content, at);
-      if (p < best_pos) {
-        best_pos = p;
+      if (found[k] == unsearched || (found[k] != std::string::npos && found[k] < at))
+        found[k] = text.find(a.content, at);
+      if (found[k] < best_pos) {
+        best_pos = found[k];
         best = &a;
       }
     }
@@ -306,14 +348,10 @@ std::string bpe_tokenizer::decode(const std::vector<int32_t>& ids, bool skip_spe
     if (is_special_[id]) {
       if (skip_special) continue;
     }
-    bool added_token = false;
-    for (const auto& a : added_)
-      if (a.id == id) {
-        out += a.content;
-        added_token = true;
-        break;
-      }
-    if (added_token) continue;
+    if (auto a = added_by_id_.find(id); a != added_by_id_.end()) {
+      out += a->second->content;
+      continue;
+    }
     const auto& tok = id_to_token_[id];
     for (size_t i = 0; i < tok.size();) {
       const size_t len = utf8_len(static_cast<unsigned char>(tok[i]));

@@ -54,13 +54,20 @@ class bpe_tokenizer {
 
   std::unordered_map<std::string, int32_t> vocab_;
   std::vector<std::string> id_to_token_;             ///< byte-level symbol strings
-  std::unordered_map<std::string, uint32_t> ranks_;  ///< "left right" -> merge rank
+  struct merge {
+    uint32_t rank;  ///< lower merges first
+    int32_t id;     ///< the merged token
+  };
+  /// (left id << 32 | right id) -> the merge of that pair; every id is checked against the vocab.
+  std::unordered_map<uint64_t, merge> merges_;
+  int32_t byte_id_[256];  ///< each byte's own token, -1 when the vocabulary lacks it (dropped, as HF does)
   struct added {
     std::string content;
     int32_t id;
     bool special;
   };
   std::vector<added> added_;  ///< longest content first
+  std::unordered_map<int32_t, const added*> added_by_id_;
   std::vector<bool> is_special_;
   std::vector<void*> patterns_;  ///< compiled pcre2 split patterns, applied in order (Isolated)
   bool ignore_merges_ = false;

@@ -222,9 +222,12 @@ bool parse_hf_config_unchecked(const std::string& text, const std::string& sourc
   if (!uint_field("head_dim", &c.head_dim, false)) return false;
   c.max_position_embeddings = 2048;
   if (!uint_field("max_position_embeddings", &c.max_position_embeddings, false)) return false;
-  // Mistral's sliding window: full attention equals it only up to the window, so that is the limit.
+  // Mistral's sliding window (and Qwen2's, when use_sliding_window is set): full attention equals
+  // it only up to the window, so that is the limit.
   uint32_t window = 0;
-  if (c.architecture == "MistralForCausalLM" && !uint_field("sliding_window", &window, false)) return false;
+  const bool windowed = c.architecture == "MistralForCausalLM" ||
+                        (c.architecture == "Qwen2ForCausalLM" && j.value("use_sliding_window", false));
+  if (windowed && !uint_field("sliding_window", &window, false)) return false;
   if (window && window < c.max_position_embeddings) c.max_position_embeddings = window;
   c.rms_norm_eps = 1e-6f;
   c.rope_theta = 10000.0f;
@@ -233,6 +236,16 @@ bool parse_hf_config_unchecked(const std::string& text, const std::string& sourc
   c.tie_word_embeddings = j.value("tie_word_embeddings", false);
   c.attention_bias = c.architecture == "Qwen2ForCausalLM" || (!is_deepseek(c.architecture) && j.value("attention_bias", false));
   c.qk_norm = c.architecture == "Qwen3ForCausalLM";
+  // Features these families may switch on that Baton does not compute: refused, never ignored
+  // (ignoring one would serve confident garbage).
+  if (!is_deepseek(c.architecture)) {
+    if (j.contains("hidden_act") && j["hidden_act"] != "silu")
+      return fail("hidden_act " + j["hidden_act"].dump() + " is not supported (silu is)");
+    if (j.value("mlp_bias", false)) return fail("mlp_bias is not supported (the MLP projections have no bias)");
+    if (c.attention_bias && c.architecture != "Qwen2ForCausalLM")
+      return fail("attention_bias is not supported for " + c.architecture +
+                  " (its o_proj has a bias too; only Qwen2's q/k/v biases are)");
+  }
   // transformers 5 writes every RoPE setting, theta included, into rope_parameters; 4 wrote
   // rope_theta at the top and the scaling into rope_scaling. Accept both.
   const char* rope_key = j.contains("rope_parameters") && j["rope_parameters"].is_object() ? "rope_parameters"
@@ -450,7 +463,10 @@ bool parse_hf_config(const std::string& text, const std::string& source, model_c
 bool load_hf_model(const std::string& dir, hf_model* out, std::string* why, const expert_filter& keep) {
   try {
     return load_hf_model_unchecked(dir, out, why, keep);
-  } catch (const nlohmann::json::exception& e) {
+  } catch (const std::bad_alloc&) {
+    *why = dir + ": the weights do not fit in this machine's memory";
+    return false;
+  } catch (const std::exception& e) {  // nlohmann's mistyped fields, std::filesystem's errors
     *why = dir + ": " + e.what();
     return false;
   }

@@ -46,6 +46,38 @@ std::string model_config::validate() const {
     return "num_attention_heads (" + std::to_string(num_attention_heads) +
            ") must be a multiple of num_key_value_heads (" + std::to_string(num_key_value_heads) + ")";
   if (head_dim % 2 != 0) return "head_dim must be even for rotary embeddings";
+  // Bounds far above any real model: the widths below are uint32 products, and a config.json
+  // typo that overflowed them would size buffers smaller than the loops that fill them.
+  constexpr uint64_t max_width = uint64_t{1} << 24;
+  const struct { const char* name; uint64_t value; uint64_t limit; } bounds[] = {
+      {"vocab_size", vocab_size, max_width},
+      {"hidden_size", hidden_size, max_width},
+      {"intermediate_size", intermediate_size, max_width},
+      {"num_hidden_layers", num_hidden_layers, 4096},
+      {"num_attention_heads", num_attention_heads, 65536},
+      {"head_dim", head_dim, 65536},
+      {"kv_lora_rank", mla.kv_lora_rank, 65536},
+      {"q_lora_rank", mla.q_lora_rank, 65536},
+      {"qk_nope_head_dim", mla.qk_nope_head_dim, 65536},
+      {"qk_rope_head_dim", mla.qk_rope_head_dim, 65536},
+      {"v_head_dim", mla.v_head_dim, 65536},
+      {"n_routed_experts", moe.n_routed_experts, 65536},
+      {"n_shared_experts", moe.n_shared_experts, 65536},
+      {"moe_intermediate_size", moe.moe_intermediate_size, max_width},
+      {"num_attention_heads x query head width",
+       uint64_t{num_attention_heads} * (is_mla() ? uint64_t{mla.qk_nope_head_dim} + mla.qk_rope_head_dim : head_dim),
+       max_width},
+      {"num_attention_heads x value head width", uint64_t{num_attention_heads} * (is_mla() ? mla.v_head_dim : head_dim),
+       max_width},
+      {"the KV width per token", is_mla() ? uint64_t{mla.kv_lora_rank} + mla.qk_rope_head_dim
+                                          : uint64_t{num_key_value_heads} * head_dim, max_width},
+      {"moe_intermediate_size x n_shared_experts", uint64_t{moe.moe_intermediate_size} * moe.n_shared_experts,
+       max_width},
+  };
+  for (const auto& b : bounds)
+    if (b.value > b.limit)
+      return std::string{b.name} + " is " + std::to_string(b.value) + ", more than the most Baton supports (" +
+             std::to_string(b.limit) + ")";
   if (is_mla()) {
     if (mla.qk_rope_head_dim != head_dim) return "with MLA, head_dim must equal qk_rope_head_dim";
     if (mla.qk_nope_head_dim == 0 || mla.v_head_dim == 0)

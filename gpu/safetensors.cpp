@@ -132,9 +132,13 @@ std::unique_ptr<safetensors_file> safetensors_file::open(const std::string& path
     st_tensor t;
     if (!parse_dtype(v["dtype"].get<std::string>(), &t.dtype))
       return fail("tensor " + name + ": dtype " + v["dtype"].get<std::string>() + " is not supported (F32, F16, BF16)");
+    uint64_t bytes = dtype_size(t.dtype);
     for (const auto& d : v["shape"]) {
       if (!d.is_number_unsigned()) return fail("tensor " + name + ": shape has a non-integer dimension");
       t.shape.push_back(d.get<uint64_t>());
+      // A shape whose byte count wraps 64 bits could otherwise match a small data range.
+      if (__builtin_mul_overflow(bytes, t.shape.back(), &bytes))
+        return fail("tensor " + name + ": its shape holds more bytes than 2^64");
     }
     const auto& off = v["data_offsets"];
     if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned())

@@ -81,6 +81,12 @@ std::shared_ptr<const tokenizer> make_byte_tokenizer(const model_config& cfg) { 
 std::shared_ptr<const tokenizer> load_model_tokenizer(const std::string& dir, const model_config& cfg, std::string* why) {
   auto t = bpe_tokenizer::load(dir + "/tokenizer.json", why);
   if (!t) return nullptr;
+  // An id past the embedding table would read outside it (or be served as garbage).
+  if (t->vocab_size() > cfg.vocab_size) {
+    *why = dir + "/tokenizer.json: its ids go up to " + std::to_string(t->vocab_size() - 1) +
+           ", past the model's vocab_size of " + std::to_string(cfg.vocab_size) + " (config.json)";
+    return nullptr;
+  }
   // The leading token: tokenizer_config.json's add_bos_token, else a TemplateProcessing
   // post-processor that starts with a special token (Llama 3 does, Qwen2 does not).
   int32_t bos = -1;

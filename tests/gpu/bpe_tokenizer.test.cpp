@@ -77,6 +77,33 @@ TEST_CASE("BPE: ranked merges, the Llama 3 split, added tokens, and exact round 
     CHECK_MESSAGE(t->decode(t->encode(s)) == s, s);
 }
 
+TEST_CASE("BPE merges lowest rank first and leftmost first, in time that grows gently with the piece") {
+  std::string why;
+  // "a a" (rank 0) before "aa a" (rank 1) before "aa aa" (rank 2): "aaa" merges its left pair
+  // first; five letters become "aa" "aa" "a", then the lower-ranked "aa a" wins over "aa aa".
+  auto t = bpe_tokenizer::from_json(tokenizer_json({{"a", "a"}, {"aa", "a"}, {"aa", "aa"}}), "tokenizer.json", &why);
+  REQUIRE_MESSAGE(t, why);
+  const int32_t a = t->token_id("a"), aa = t->token_id("aa"), aaa = t->token_id("aaa"), a4 = t->token_id("aaaa");
+  CHECK(t->encode("aaa") == std::vector<int32_t>{aaa});  // "a a" first, then "aa a"
+  CHECK(t->encode("aaaa") == std::vector<int32_t>{a4});
+  CHECK(t->encode("aaaaa") == std::vector<int32_t>{aa, aaa});
+  CHECK(t->encode("aaaaaa") == std::vector<int32_t>{a4, aa});
+  // One letter 200,000 times is a single piece: it takes a moment, not the quadratic minutes it
+  // used to (no timing asserted: the count and the round trip are).
+  const std::string run(200000, 'a');
+  const auto ids = t->encode(run);
+  CHECK(ids.size() == 50000);
+  CHECK(t->decode(ids) == run);
+  // Thousands of special tokens in one prompt: each is one id, in order.
+  std::string many;
+  for (int i = 0; i < 5000; ++i) many += "a<|eot|>";
+  const auto m = t->encode(many);
+  REQUIRE(m.size() == 10000);
+  CHECK(m[1] == t->token_id("<|eot|>"));
+  CHECK(m[9998] == a);
+  CHECK(t->decode(m) == many);
+}
+
 TEST_CASE("BPE streaming decode never emits half a UTF-8 character") {
   std::string why;
   auto t = bpe_tokenizer::from_json(tokenizer_json({}), "tokenizer.json", &why);
@@ -121,6 +148,15 @@ TEST_CASE("tokenizer.json files Baton cannot run are refused with a sentence") {
     CHECK_FALSE(load(k));
     CHECK(why.find("outside 0 to 2^24") != std::string::npos);
   }
+  // A merge whose parts or result the vocabulary lacks (Hugging Face refuses these too).
+  k = nlohmann::json::parse(tokenizer_json({{"h", "e"}}));
+  k["model"]["merges"].push_back("he llo");
+  CHECK_FALSE(load(k));
+  CHECK(why == "tokenizer.json: merge 1 (he llo) names 'llo', which is not in the vocabulary");
+  k = nlohmann::json::parse(tokenizer_json({{"h", "e"}}));
+  k["model"]["merges"].push_back("h h");
+  CHECK_FALSE(load(k));
+  CHECK(why.find("names 'hh', which is not in the vocabulary") != std::string::npos);
   CHECK_FALSE(bpe_tokenizer::from_json("{", "tokenizer.json", &why));
   CHECK_FALSE(bpe_tokenizer::load("/nonexistent/tokenizer.json", &why));
   CHECK(why.find("cannot read") != std::string::npos);

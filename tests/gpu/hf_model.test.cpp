@@ -83,6 +83,10 @@ TEST_CASE("safetensors: f32, bf16 and f16 round trip; truncated and malformed fi
   raw(R"({"x": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}})");
   CHECK_FALSE(safetensors_file::open(path, &why));
   CHECK(why.find("8 bytes for 3 F32 values") != std::string::npos);
+  // 2^62 x 4 F32 values wrap to 0 bytes in 64 bits: the empty range must not match it.
+  raw(R"({"x": {"dtype": "F32", "shape": [4611686018427387904, 4], "data_offsets": [0, 0]}})");
+  CHECK_FALSE(safetensors_file::open(path, &why));
+  CHECK(why.find("tensor x: its shape holds more bytes than 2^64") != std::string::npos);
   raw(R"({"x": {"dtype": "F32", "shape": [2]}})");
   CHECK_FALSE(safetensors_file::open(path, &why));
   CHECK(why.find("tensor x: needs dtype, shape and two data_offsets") != std::string::npos);
@@ -149,6 +153,36 @@ TEST_CASE("config.json: the four families, their features, and clear refusals") 
     CHECK_FALSE(parse(j));
     CHECK(why.find(std::string(field) + " must be a finite number > 0") != std::string::npos);
   }
+  // Features Baton does not compute are refused, never ignored.
+  j = base;
+  j["hidden_act"] = "gelu";
+  CHECK_FALSE(parse(j));
+  CHECK(why == "config.json: hidden_act \"gelu\" is not supported (silu is)");
+  j = base;
+  j["mlp_bias"] = true;
+  CHECK_FALSE(parse(j));
+  CHECK(why.find("mlp_bias is not supported") != std::string::npos);
+  j = base;
+  j["attention_bias"] = true;  // Llama's bias includes o_proj's
+  CHECK_FALSE(parse(j));
+  CHECK(why.find("attention_bias is not supported for LlamaForCausalLM") != std::string::npos);
+  j = base;
+  j["architectures"] = {"Qwen2ForCausalLM"};
+  j["use_sliding_window"] = true;
+  j["sliding_window"] = 64;
+  REQUIRE(parse(j));
+  CHECK(c.max_position_embeddings == 64);
+  j["use_sliding_window"] = false;
+  REQUIRE(parse(j));
+  CHECK(c.max_position_embeddings == base["max_position_embeddings"].get<uint32_t>());
+  // Widths are uint32 products: ones that would wrap (and size buffers too small) are refused.
+  j = base;
+  j["num_attention_heads"] = 65536;
+  j["num_key_value_heads"] = 65536;
+  j["head_dim"] = 65536;
+  CHECK_FALSE(parse(j));
+  CHECK(why.find("num_attention_heads x query head width is 4294967296, more than the most Baton supports") !=
+        std::string::npos);
   // A KV pool this machine cannot hold is refused with a sentence naming the flag, not bad_alloc.
   REQUIRE(parse(base));
   CHECK(kv_pools_fit_memory(c, 4, 16, 1).empty());
@@ -352,6 +386,11 @@ TEST_CASE("an exported built-in model is a model directory that loads to the sam
     CHECK(tok->encode_prompt(text) == bytes->encode_prompt(text));
     CHECK(tok->decode(tok->encode_prompt(text)) == text);
   }
+  // A tokenizer whose ids run past the model's embedding table is refused, not served.
+  auto small = m.config;
+  small.vocab_size = 200;
+  CHECK_FALSE(load_model_tokenizer(dir, small, &why));
+  CHECK(why == dir + "/tokenizer.json: its ids go up to 258, past the model's vocab_size of 200 (config.json)");
   auto scaled = cfg;
   scaled.rope_scaling.type = "llama3";
   const auto refused = save_hf_model(dir, scaled, w);
