@@ -206,6 +206,9 @@ void fail_request(prefill_pointer self, uint64_t request_id, errc code, const st
   if (i == self->state.requests.end() || i->second.failed) return;
   i->second.failed = true;
   i->second.cancelled->store(true);
+  // A chunk waiting at the streamed-prefix gate leaves the executor now, not at the gate's timeout
+  // (it would hold the executor, and every prompt behind it, for nothing).
+  if (i->second.load.gate) i->second.load.gate->abort();
   i->second.num_chunks = i->second.chunks_submitted;  // chunks not yet submitted never will be
   i->second.failure = make_error(code, where(request_id, self->state.cfg.name, stage) + ": " + what);
   finish_if_done(self, request_id);
@@ -724,7 +727,8 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
         auto& s = self->state;
         s.poll_scheduled = false;
         poll_pending(self);
-        if (!s.pending.empty()) {
+        // Settling may have tracked a new put, which scheduled the next poll already: one chain only.
+        if (!s.pending.empty() && !s.poll_scheduled) {
           s.poll_scheduled = true;
           self->delayed_send(self, std::chrono::microseconds{s.cfg.poll_interval_us}, poll_atom::value);
         }
