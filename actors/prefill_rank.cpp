@@ -669,6 +669,10 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
           if (r.order.return_logits && !logits.empty()) r.logits = std::move(logits[0]);
           r.have_logits = true;
           s.core.log->add({0, "first_token", *rid, cj->attempt, 0, {}, {}});
+        } else if (r.chunks_done == r.num_chunks && !(r.split.active && !r.split.last())) {
+          // The prompt's last chunk must bring its first token: without one the request would
+          // wait for ever (an executor fault, said so rather than hung).
+          fail_request(self, *rid, errc::executor_failed, "prefill", "the last chunk returned no token");
         }
         finish_if_done(self, *rid);
       },

@@ -49,6 +49,22 @@ private:
   uint32_t layer_;
 };
 
+/// Passes everything through, except that a finished job brings no token.
+class tokenless_sink final : public executor_sink {
+public:
+  explicit tokenless_sink(std::shared_ptr<executor_sink> inner) : inner_(std::move(inner)) {}
+  void on_started(uint64_t job_id) override { inner_->on_started(job_id); }
+  void on_layer_kv_ready(uint64_t job_id, uint32_t layer) override { inner_->on_layer_kv_ready(job_id, layer); }
+  void on_layer_computed(uint64_t job_id, uint32_t layer) override { inner_->on_layer_computed(job_id, layer); }
+  void on_done(uint64_t job_id, std::vector<std::vector<float>>, std::vector<int32_t>) override {
+    inner_->on_done(job_id, {}, {});
+  }
+  void on_failed(uint64_t job_id, std::string what) override { inner_->on_failed(job_id, std::move(what)); }
+
+private:
+  std::shared_ptr<executor_sink> inner_;
+};
+
 /// Passes everything to `inner`, wrapping each job's sink (the fault executors below).
 class wrapping_executor : public executor {
 public:
@@ -89,6 +105,18 @@ private:
   uint32_t layer_;
 };
 
+class fault_tokenless_prefill_executor final : public wrapping_executor {
+public:
+  using wrapping_executor::wrapping_executor;
+  std::string describe() const override { return inner_->describe() + " (fault: prefill jobs bring no token)"; }
+  void submit(forward_job job, std::shared_ptr<executor_sink> sink) override {
+    size_t rows = 0;
+    for (const auto& s : job.seqs) rows += s.tokens.size();
+    if (rows > 1) sink = std::make_shared<tokenless_sink>(std::move(sink));
+    inner_->submit(std::move(job), std::move(sink));
+  }
+};
+
 class fault_slow_executor final : public wrapping_executor {
 public:
   fault_slow_executor(std::shared_ptr<executor> inner, uint32_t delay_ms)
@@ -112,6 +140,10 @@ std::shared_ptr<executor> make_fault_slow_executor(std::shared_ptr<executor> inn
 
 std::shared_ptr<executor> make_fault_failing_prefill_executor(std::shared_ptr<executor> inner, uint32_t layer) {
   return std::make_shared<fault_failing_prefill_executor>(std::move(inner), layer);
+}
+
+std::shared_ptr<executor> make_fault_tokenless_prefill_executor(std::shared_ptr<executor> inner) {
+  return std::make_shared<fault_tokenless_prefill_executor>(std::move(inner));
 }
 
 }  // namespace baton::gpu

@@ -21,4 +21,8 @@ std::shared_ptr<executor> make_fault_slow_executor(std::shared_ptr<executor> inn
 /// meanwhile). Decode jobs are untouched.
 std::shared_ptr<executor> make_fault_failing_prefill_executor(std::shared_ptr<executor> inner, uint32_t layer);
 
+/// Wraps `inner`: a prefill job (more than one row) finishes with no token and no logits, as a
+/// faulty backend might; every layer's KV is announced as usual. Decode jobs are untouched.
+std::shared_ptr<executor> make_fault_tokenless_prefill_executor(std::shared_ptr<executor> inner);
+
 }  // namespace baton::gpu

@@ -458,6 +458,27 @@ TEST_CASE("a prefill that fails after posting a layer's put is answered only onc
   CHECK(settled == posted);
 }
 
+TEST_CASE("a prefill whose last chunk brings no token is answered with an error that says so, not left waiting") {
+  test::cluster_system t;
+  auto cfg = small_cluster();
+  cfg.router.request.max_attempts = 1;
+  auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
+  auto make_exec = [&cfg, weights](const std::string& name) -> std::shared_ptr<gpu::executor> {
+    std::shared_ptr<gpu::executor> x = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
+    return name == "prefill-0" ? gpu::make_fault_tokenless_prefill_executor(std::move(x)) : x;
+  };
+  auto cluster = start_local_cluster(t.sys, cfg, make_exec);
+  test::cluster_system::stopper stop{t, cluster};
+  generate_request req;
+  req.prompt = prompts[1];
+  req.max_tokens = 4;
+  auto got = t.generate(cluster.router, req);
+  REQUIRE_FALSE(got);
+  const auto what = t.sys.render(got.error());
+  CHECK_MESSAGE(what.find("the last chunk returned no token") != std::string::npos, what);
+  CHECK_MESSAGE(what.find("prefill-0") != std::string::npos, what);
+}
+
 TEST_CASE("a delayed layer only delays: tokens still equal the colocated run") {
   faulty_cluster f{{transport::fault_kind::delay, 0, {}, 4, 5, 200}};
   generate_request req;
