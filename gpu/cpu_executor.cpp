@@ -42,6 +42,21 @@ std::string check_forward_job(const forward_job& job, const model_config& cfg, c
     for (auto p : s.pages)
       if (p >= layout.num_pages) return tag + "KV page " + std::to_string(p) + " does not exist";
   }
+  // Pages a job writes (those holding its new tokens) belong to one sequence each: two writing
+  // one page would corrupt each other's KV in a way no later check could see. Shared pages of a
+  // cached prefix are read only, so they may appear in several sequences.
+  std::vector<std::pair<uint32_t, size_t>> written;  // (page, sequence index)
+  for (size_t i = 0; i < job.seqs.size(); ++i) {
+    const auto& s = job.seqs[i];
+    const uint64_t end = uint64_t{s.start_pos} + s.tokens.size();
+    for (uint64_t k = s.start_pos / page; k * page < end; ++k) written.emplace_back(s.pages[k], i);
+  }
+  std::sort(written.begin(), written.end());
+  for (size_t k = 1; k < written.size(); ++k)
+    if (written[k].first == written[k - 1].first && written[k].second != written[k - 1].second)
+      return "sequences " + std::to_string(job.seqs[written[k - 1].second].seq_id) + " and " +
+             std::to_string(job.seqs[written[k].second].seq_id) + " both write KV page " +
+             std::to_string(written[k].first);
   return {};
 }
 

@@ -185,6 +185,9 @@ TEST_CASE("the executor refuses bad jobs with a message naming the sequence and 
   CHECK(r.error.find("cannot hold 20 tokens") != std::string::npos);
   r = run_blocking(*exec, forward_job{1, {forward_seq{44, {1}, 0, {99}, true}}});
   CHECK(r.error.find("KV page 99 does not exist") != std::string::npos);
+  // Two sequences writing one page would overwrite each other's KV.
+  r = run_blocking(*exec, forward_job{1, {forward_seq{46, {1, 2}, 0, pages, true}, forward_seq{47, {3}, 0, pages, true}}});
+  CHECK(r.error.find("sequences 46 and 47 both write KV page " + std::to_string(pages[0])) != std::string::npos);
   // ... and keeps working afterwards.
   r = run_blocking(*exec, forward_job{1, {forward_seq{45, {1, 2}, 0, pages, true}}});
   CHECK(r.error.empty());
