@@ -400,7 +400,12 @@ bool load_cluster_spec(const std::string& path, cluster_spec* out, std::string* 
   }
   std::stringstream ss;
   ss << in.rdbuf();
-  if (!parse_cluster_spec(ss.str(), std::filesystem::path(path).parent_path().string(), out, why)) {
+  // Absolute: paths resolved against it travel to other machines and processes, whose working
+  // directory is not ours ("conf/models/x" would name nothing there).
+  std::error_code ec;
+  auto base = std::filesystem::absolute(std::filesystem::path(path), ec).parent_path();
+  if (ec) base = std::filesystem::path(path).parent_path();
+  if (!parse_cluster_spec(ss.str(), base.lexically_normal().string(), out, why)) {
     *why = path + ": " + *why;
     return false;
   }

@@ -6,10 +6,13 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <tuple>
+
+#include <unistd.h>
 
 #include "deploy/cluster_spec.hpp"
 
@@ -399,6 +402,18 @@ TEST_CASE("cluster spec errors name the field and the node") {
   CHECK(why == "the spec is not a JSON object");
   CHECK_FALSE(load_cluster_spec("/nonexistent/spec.json", &s, &why));
   CHECK(why == "/nonexistent/spec.json: cannot read it");
+  // Loaded by a relative path, a relative model path still becomes absolute: it travels to other
+  // machines' processes, whose working directory is not ours.
+  const auto dir = std::filesystem::temp_directory_path() / ("baton-relspec-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir / "conf");
+  std::ofstream{dir / "conf" / "spec.json"} << good;
+  const auto was = std::filesystem::current_path();
+  std::filesystem::current_path(dir);
+  const bool loaded = load_cluster_spec("conf/spec.json", &s, &why);
+  std::filesystem::current_path(was);
+  REQUIRE_MESSAGE(loaded, why);
+  CHECK(s.model == (std::filesystem::canonical(dir) / "conf" / "m").string());
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("shell quoting survives a real shell, so spec strings are never interpreted") {

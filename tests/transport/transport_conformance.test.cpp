@@ -223,7 +223,7 @@ TEST_CASE("fault proxy: corrupt flips exactly one byte of the chosen layer and d
   CHECK(differing == 1);
   CHECK(where / 1024 == 2);
   // A put with no bytes at the chosen layer has nothing to flip (it divided by zero before).
-  for (const std::vector<segment> segs : {std::vector<segment>{}, std::vector<segment>{{0, 0, 0}}}) {
+  for (const std::vector<segment>& segs : {std::vector<segment>{}, std::vector<segment>{{0, 0, 0}}}) {
     auto empty = make_fault_proxy(make_loopback_transport(t.fabric, segs.empty() ? "z0" : "z1"), {fault_kind::corrupt_byte, 2, {}, 1, 99});
     auto kz = empty->register_region(t.src.data(), t.src.size(), &err);
     auto eid = empty->post_put({2, 2, "b", kz->region_id, *kb, segs});
