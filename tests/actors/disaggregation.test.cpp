@@ -417,17 +417,37 @@ TEST_CASE("failover of a sampled request: the retry draws the same tokens (a dra
   CHECK(want != colocated(f.cfg, encode(f.cfg, prompts[2]), 12).tokens);  // it did sample
 }
 
+/// Asks for 4 tokens after prompts[1], which must fail: the error, rendered.
+template <class Router>
+std::string failure_of(test::cluster_system& t, const Router& router) {
+  generate_request req;
+  req.prompt = prompts[1];
+  req.max_tokens = 4;
+  auto got = t.generate(router, req);
+  REQUIRE_FALSE(got);
+  return t.sys.render(got.error());
+}
+
+/// Executors for a local cluster: CPU ones on the seeded weights, prefill-0's wrapped by `wrap`
+/// (a fault executor).
+template <class Wrap>
+auto prefill0_wrapped(const local_cluster_config& cfg, Wrap wrap) {
+  auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
+  return [cfg, weights, wrap](const std::string& name) -> std::shared_ptr<gpu::executor> {
+    std::shared_ptr<gpu::executor> x = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
+    return name == "prefill-0" ? wrap(std::move(x)) : x;
+  };
+}
+
 TEST_CASE("a prefill that fails after posting a layer's put is answered only once that put has settled, so the "
           "decode rank never frees pages a put may still write") {
   test::cluster_system t;
   auto cfg = small_cluster();
   cfg.router.request.max_attempts = 1;
   const uint32_t layer = 1;
-  auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
-  auto make_exec = [&cfg, weights](const std::string& name) -> std::shared_ptr<gpu::executor> {
-    std::shared_ptr<gpu::executor> x = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
-    return name == "prefill-0" ? gpu::make_fault_failing_prefill_executor(std::move(x), layer) : x;
-  };
+  auto make_exec = prefill0_wrapped(cfg, [layer](std::shared_ptr<gpu::executor> x) {
+    return gpu::make_fault_failing_prefill_executor(std::move(x), layer);
+  });
   // Layer 1's put lands, but stays pending for 2000 polls: long after the job has failed.
   const transport::fault_plan plan{transport::fault_kind::delay, layer, {}, 1, 5, 2000};
   auto cluster = start_local_cluster(t.sys, cfg, make_exec,
@@ -438,12 +458,7 @@ TEST_CASE("a prefill that fails after posting a layer's put is answered only onc
                                            transport::make_fault_proxy(std::move(inner), plan)};
                                      });
   test::cluster_system::stopper stop{t, cluster};
-  generate_request req;
-  req.prompt = prompts[1];
-  req.max_tokens = 4;
-  auto got = t.generate(cluster.router, req);
-  REQUIRE_FALSE(got);
-  CHECK(t.sys.render(got.error()).find("failed in layer 1") != std::string::npos);
+  CHECK(failure_of(t, cluster.router).find("failed in layer 1") != std::string::npos);
   // When the client heard of the failure, every put the prefill rank had posted had settled. A
   // later chunk may have started before the first one's failure was seen (chunks pipeline), so
   // the count of puts is not fixed: each chunk posts layers 0..1 only, never a later one.
@@ -462,19 +477,12 @@ TEST_CASE("a prefill whose last chunk brings no token is answered with an error 
   test::cluster_system t;
   auto cfg = small_cluster();
   cfg.router.request.max_attempts = 1;
-  auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
-  auto make_exec = [&cfg, weights](const std::string& name) -> std::shared_ptr<gpu::executor> {
-    std::shared_ptr<gpu::executor> x = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
-    return name == "prefill-0" ? gpu::make_fault_tokenless_prefill_executor(std::move(x)) : x;
-  };
+  auto make_exec = prefill0_wrapped(cfg, [](std::shared_ptr<gpu::executor> x) {
+    return gpu::make_fault_tokenless_prefill_executor(std::move(x));
+  });
   auto cluster = start_local_cluster(t.sys, cfg, make_exec);
   test::cluster_system::stopper stop{t, cluster};
-  generate_request req;
-  req.prompt = prompts[1];
-  req.max_tokens = 4;
-  auto got = t.generate(cluster.router, req);
-  REQUIRE_FALSE(got);
-  const auto what = t.sys.render(got.error());
+  const auto what = failure_of(t, cluster.router);
   CHECK_MESSAGE(what.find("the last chunk returned no token") != std::string::npos, what);
   CHECK_MESSAGE(what.find("prefill-0") != std::string::npos, what);
 }
