@@ -155,7 +155,7 @@ void finish_if_done(prefill_pointer self, uint64_t request_id) {
   const bool compute_finished = r.chunks_done == r.num_chunks && r.num_chunks > 0;
   const uint32_t layers = st.core.exec->config().num_hidden_layers;
   bool done = compute_finished && r.have_logits && r.layers_ready == layers;
-  if (r.split.active && !r.split.last()) {  // an earlier part: done when every later part has our KV
+  if (r.split.earlier_part()) {  // an earlier part: done when every later part has our KV
     const auto peers_expected = r.split.parts - 1 - r.split.index;
     done = compute_finished && std::all_of(r.split.layer_done.begin(), r.split.layer_done.end(), [](bool b) { return b; }) &&
            r.split.peers.size() == peers_expected && r.split.peer_puts_landed == peers_expected * layers;
@@ -371,7 +371,7 @@ void submit_chunk(prefill_pointer self, uint64_t rid) {
   ++r.jobs_in_executor;
   // The prompt's last chunk has its executor pick the first token (greedy rows' logits stay on
   // the device); an earlier part of a split prompt needs neither token nor logits.
-  const bool last = end == num_tokens && !(r.split.active && !r.split.last());
+  const bool last = end == num_tokens && !r.split.earlier_part();
   gpu::forward_job job{job_id, {gpu::forward_seq{rid, {order.tokens.begin() + start, order.tokens.begin() + end},
                                                  start, r.local_pages, last && order.return_logits}}};
   if (last) job.seqs[0].sample = sample_next(order, static_cast<uint32_t>(order.tokens.size()), order.tokens);
@@ -669,7 +669,7 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
           if (r.order.return_logits && !logits.empty()) r.logits = std::move(logits[0]);
           r.have_logits = true;
           s.core.log->add({0, "first_token", *rid, cj->attempt, 0, {}, {}});
-        } else if (r.chunks_done == r.num_chunks && !(r.split.active && !r.split.last())) {
+        } else if (r.chunks_done == r.num_chunks && !r.split.earlier_part()) {
           // The prompt's last chunk must bring its first token: without one the request would
           // wait for ever (an executor fault, said so rather than hung).
           fail_request(self, *rid, errc::executor_failed, "prefill", "the last chunk returned no token");

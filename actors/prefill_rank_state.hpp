@@ -111,6 +111,8 @@ struct split_state {
   /// gated part waiting for the other's, queued behind it: a deadlock until the gates time out.)
   bool compute_deferred = false;
   bool last() const { return index + 1 == parts; }
+  /// An earlier part of a split prompt: it hands its KV to later parts and brings no token.
+  bool earlier_part() const { return active && !last(); }
 };
 
 /// A prompt in flight on this rank.

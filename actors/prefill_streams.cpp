@@ -62,7 +62,8 @@ void on_peer_put_landed(prefill_pointer self, uint64_t request_id, int32_t peer,
 /// told to stop (the gate) and their results become stale (the attempt number).
 void abort_attempt(prefill_pointer self, prefill_job_state& r) {
   auto& ld = r.load;
-  if (!ld.gate || ld.aborted) return;
+  // A failed request restarts nothing (fail_request aborted its gate already).
+  if (!ld.gate || ld.aborted || r.failed) return;
   ld.aborted = true;
   ld.gate->abort();
   ++r.attempt;

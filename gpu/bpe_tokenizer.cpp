@@ -193,9 +193,9 @@ std::unique_ptr<bpe_tokenizer> bpe_tokenizer::from_json(const std::string& text,
       }
     std::sort(t->added_.begin(), t->added_.end(), [](auto& a, auto& b) { return a.content.size() > b.content.size(); });
     t->is_special_.assign(t->id_to_token_.size(), false);
-    for (const auto& a : t->added_) {
-      t->is_special_[a.id] = a.special;
-      t->added_by_id_.emplace(a.id, &a);
+    for (size_t k = 0; k < t->added_.size(); ++k) {
+      t->is_special_[t->added_[k].id] = t->added_[k].special;
+      t->added_by_id_.emplace(t->added_[k].id, k);
     }
     if (j.contains("normalizer") && !j["normalizer"].is_null()) {
       // Inputs are taken as given: NFC normalisation (Qwen2) changes nothing for NFC text.
@@ -273,7 +273,7 @@ void bpe_tokenizer::encode_piece(const std::string& piece, std::vector<int32_t>*
   for (int32_t i = 0; i < n; ++i) next[i] = i + 1 < n ? i + 1 : -1, prev[i] = i - 1;
   struct candidate {
     uint32_t rank;
-    int32_t pos, left, right;
+    int32_t pos, left, right, merged;
     bool operator>(const candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
   };
   std::priority_queue<candidate, std::vector<candidate>, std::greater<>> heap;
@@ -282,7 +282,7 @@ void bpe_tokenizer::encode_piece(const std::string& piece, std::vector<int32_t>*
     const auto r = id[next[pos]];
     if (auto m = merges_.find(uint64_t{static_cast<uint32_t>(id[pos])} << 32 | static_cast<uint32_t>(r));
         m != merges_.end())
-      heap.push({m->second.rank, pos, id[pos], r});
+      heap.push({m->second.rank, pos, id[pos], r, m->second.id});
   };
   for (int32_t i = 0; i + 1 < n; ++i) consider(i);
   std::vector<bool> gone(n, false);
@@ -292,7 +292,7 @@ void bpe_tokenizer::encode_piece(const std::string& piece, std::vector<int32_t>*
     // Stale when either side has merged since: ids only ever grow into longer tokens.
     if (gone[c.pos] || id[c.pos] != c.left || next[c.pos] < 0 || id[next[c.pos]] != c.right) continue;
     const int32_t j = next[c.pos];
-    id[c.pos] = merges_.at(uint64_t{static_cast<uint32_t>(c.left)} << 32 | static_cast<uint32_t>(c.right)).id;
+    id[c.pos] = c.merged;
     gone[j] = true;
     next[c.pos] = next[j];
     if (next[j] >= 0) prev[next[j]] = c.pos;
@@ -349,7 +349,7 @@ std::string bpe_tokenizer::decode(const std::vector<int32_t>& ids, bool skip_spe
       if (skip_special) continue;
     }
     if (auto a = added_by_id_.find(id); a != added_by_id_.end()) {
-      out += a->second->content;
+      out += added_[a->second].content;
       continue;
     }
     const auto& tok = id_to_token_[id];

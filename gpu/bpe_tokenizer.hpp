@@ -67,7 +67,7 @@ class bpe_tokenizer {
     bool special;
   };
   std::vector<added> added_;  ///< longest content first
-  std::unordered_map<int32_t, const added*> added_by_id_;
+  std::unordered_map<int32_t, size_t> added_by_id_;  ///< id -> index in added_
   std::vector<bool> is_special_;
   std::vector<void*> patterns_;  ///< compiled pcre2 split patterns, applied in order (Isolated)
   bool ignore_merges_ = false;

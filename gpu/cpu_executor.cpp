@@ -45,6 +45,7 @@ std::string check_forward_job(const forward_job& job, const model_config& cfg, c
   // Pages a job writes (those holding its new tokens) belong to one sequence each: two writing
   // one page would corrupt each other's KV in a way no later check could see. Shared pages of a
   // cached prefix are read only, so they may appear in several sequences.
+  if (job.seqs.size() < 2) return {};
   std::vector<std::pair<uint32_t, size_t>> written;  // (page, sequence index)
   for (size_t i = 0; i < job.seqs.size(); ++i) {
     const auto& s = job.seqs[i];

@@ -1,21 +1,18 @@
 #include "gpu/fault_executor.hpp"
 
 #include <chrono>
+#include <functional>
 #include <thread>
 
 namespace baton::gpu {
 
 namespace {
 
-/// Delays the job where the inner executor reports that it starts: on the executor's thread,
-/// before any compute, so the delay is the device's, not the owner's.
-class slow_sink final : public executor_sink {
+/// Passes every report to `inner`; the fault sinks below override the ones they change.
+class forwarding_sink : public executor_sink {
 public:
-  slow_sink(std::shared_ptr<executor_sink> inner, uint32_t delay_ms) : inner_(std::move(inner)), delay_ms_(delay_ms) {}
-  void on_started(uint64_t job_id) override {
-    std::this_thread::sleep_for(std::chrono::milliseconds{delay_ms_});
-    inner_->on_started(job_id);
-  }
+  explicit forwarding_sink(std::shared_ptr<executor_sink> inner) : inner_(std::move(inner)) {}
+  void on_started(uint64_t job_id) override { inner_->on_started(job_id); }
   void on_layer_kv_ready(uint64_t job_id, uint32_t layer) override { inner_->on_layer_kv_ready(job_id, layer); }
   void on_layer_computed(uint64_t job_id, uint32_t layer) override { inner_->on_layer_computed(job_id, layer); }
   void on_done(uint64_t job_id, std::vector<std::vector<float>> logits, std::vector<int32_t> tokens) override {
@@ -23,16 +20,28 @@ public:
   }
   void on_failed(uint64_t job_id, std::string what) override { inner_->on_failed(job_id, std::move(what)); }
 
-private:
+protected:
   std::shared_ptr<executor_sink> inner_;
+};
+
+/// Delays the job where the inner executor reports that it starts: on the executor's thread,
+/// before any compute, so the delay is the device's, not the owner's.
+class slow_sink final : public forwarding_sink {
+public:
+  slow_sink(std::shared_ptr<executor_sink> inner, uint32_t delay_ms) : forwarding_sink(std::move(inner)), delay_ms_(delay_ms) {}
+  void on_started(uint64_t job_id) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds{delay_ms_});
+    inner_->on_started(job_id);
+  }
+
+private:
   uint32_t delay_ms_;
 };
 
 /// Announces layers up to `layer`, then fails the job at its end.
-class failing_sink final : public executor_sink {
+class failing_sink final : public forwarding_sink {
 public:
-  failing_sink(std::shared_ptr<executor_sink> inner, uint32_t layer) : inner_(std::move(inner)), layer_(layer) {}
-  void on_started(uint64_t job_id) override { inner_->on_started(job_id); }
+  failing_sink(std::shared_ptr<executor_sink> inner, uint32_t layer) : forwarding_sink(std::move(inner)), layer_(layer) {}
   void on_layer_kv_ready(uint64_t job_id, uint32_t layer) override {
     if (layer <= layer_) inner_->on_layer_kv_ready(job_id, layer);
   }
@@ -42,27 +51,18 @@ public:
   void on_done(uint64_t job_id, std::vector<std::vector<float>>, std::vector<int32_t>) override {
     inner_->on_failed(job_id, "fault: the job failed in layer " + std::to_string(layer_) + " after its KV was announced");
   }
-  void on_failed(uint64_t job_id, std::string what) override { inner_->on_failed(job_id, std::move(what)); }
 
 private:
-  std::shared_ptr<executor_sink> inner_;
   uint32_t layer_;
 };
 
-/// Passes everything through, except that a finished job brings no token.
-class tokenless_sink final : public executor_sink {
+/// Finishes the job with no token and no logits.
+class tokenless_sink final : public forwarding_sink {
 public:
-  explicit tokenless_sink(std::shared_ptr<executor_sink> inner) : inner_(std::move(inner)) {}
-  void on_started(uint64_t job_id) override { inner_->on_started(job_id); }
-  void on_layer_kv_ready(uint64_t job_id, uint32_t layer) override { inner_->on_layer_kv_ready(job_id, layer); }
-  void on_layer_computed(uint64_t job_id, uint32_t layer) override { inner_->on_layer_computed(job_id, layer); }
+  using forwarding_sink::forwarding_sink;
   void on_done(uint64_t job_id, std::vector<std::vector<float>>, std::vector<int32_t>) override {
     inner_->on_done(job_id, {}, {});
   }
-  void on_failed(uint64_t job_id, std::string what) override { inner_->on_failed(job_id, std::move(what)); }
-
-private:
-  std::shared_ptr<executor_sink> inner_;
 };
 
 /// Passes everything to `inner`, wrapping each job's sink (the fault executors below).
@@ -87,34 +87,23 @@ protected:
   std::shared_ptr<executor> inner_;
 };
 
-class fault_failing_prefill_executor final : public wrapping_executor {
+/// Wraps the sink of every prefill job (more than one row) with `wrap`; decode jobs pass.
+class fault_prefill_executor final : public wrapping_executor {
 public:
-  fault_failing_prefill_executor(std::shared_ptr<executor> inner, uint32_t layer)
-    : wrapping_executor(std::move(inner)), layer_(layer) {}
-  std::string describe() const override {
-    return inner_->describe() + " (fault: prefill jobs fail in layer " + std::to_string(layer_) + ")";
-  }
+  using wrap_fn = std::function<std::shared_ptr<executor_sink>(std::shared_ptr<executor_sink>)>;
+  fault_prefill_executor(std::shared_ptr<executor> inner, std::string fault, wrap_fn wrap)
+    : wrapping_executor(std::move(inner)), fault_(std::move(fault)), wrap_(std::move(wrap)) {}
+  std::string describe() const override { return inner_->describe() + " (fault: " + fault_ + ")"; }
   void submit(forward_job job, std::shared_ptr<executor_sink> sink) override {
     size_t rows = 0;
     for (const auto& s : job.seqs) rows += s.tokens.size();
-    if (rows > 1) sink = std::make_shared<failing_sink>(std::move(sink), layer_);
+    if (rows > 1) sink = wrap_(std::move(sink));
     inner_->submit(std::move(job), std::move(sink));
   }
 
 private:
-  uint32_t layer_;
-};
-
-class fault_tokenless_prefill_executor final : public wrapping_executor {
-public:
-  using wrapping_executor::wrapping_executor;
-  std::string describe() const override { return inner_->describe() + " (fault: prefill jobs bring no token)"; }
-  void submit(forward_job job, std::shared_ptr<executor_sink> sink) override {
-    size_t rows = 0;
-    for (const auto& s : job.seqs) rows += s.tokens.size();
-    if (rows > 1) sink = std::make_shared<tokenless_sink>(std::move(sink));
-    inner_->submit(std::move(job), std::move(sink));
-  }
+  std::string fault_;
+  wrap_fn wrap_;
 };
 
 class fault_slow_executor final : public wrapping_executor {
@@ -139,11 +128,16 @@ std::shared_ptr<executor> make_fault_slow_executor(std::shared_ptr<executor> inn
 }
 
 std::shared_ptr<executor> make_fault_failing_prefill_executor(std::shared_ptr<executor> inner, uint32_t layer) {
-  return std::make_shared<fault_failing_prefill_executor>(std::move(inner), layer);
+  return std::make_shared<fault_prefill_executor>(
+      std::move(inner), "prefill jobs fail in layer " + std::to_string(layer),
+      [layer](std::shared_ptr<executor_sink> s) { return std::make_shared<failing_sink>(std::move(s), layer); });
 }
 
 std::shared_ptr<executor> make_fault_tokenless_prefill_executor(std::shared_ptr<executor> inner) {
-  return std::make_shared<fault_tokenless_prefill_executor>(std::move(inner));
+  return std::make_shared<fault_prefill_executor>(std::move(inner), "prefill jobs bring no token",
+                                                  [](std::shared_ptr<executor_sink> s) {
+                                                    return std::make_shared<tokenless_sink>(std::move(s));
+                                                  });
 }
 
 }  // namespace baton::gpu

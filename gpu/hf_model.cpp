@@ -169,7 +169,6 @@ bool parse_deepseek_fields(const json& j, model_config* out, Fail fail, UintFiel
   if (!count_field("moe_layer_freq", &freq)) return false;
   if (freq != 1) return fail("moe_layer_freq " + std::to_string(freq) + " is not supported (every layer from first_k_dense_replace on is MoE)");
   if (j.value("attention_bias", false)) return fail("attention_bias is not supported for DeepSeek models");
-  if (j.contains("hidden_act") && j["hidden_act"] != "silu") return fail("hidden_act must be silu");
   c.head_dim = m.qk_rope_head_dim;  // as transformers sets it: the rotary width
   c.num_key_value_heads = c.num_attention_heads;  // MLA has no separate KV heads
   return true;
@@ -236,16 +235,14 @@ bool parse_hf_config_unchecked(const std::string& text, const std::string& sourc
   c.tie_word_embeddings = j.value("tie_word_embeddings", false);
   c.attention_bias = c.architecture == "Qwen2ForCausalLM" || (!is_deepseek(c.architecture) && j.value("attention_bias", false));
   c.qk_norm = c.architecture == "Qwen3ForCausalLM";
-  // Features these families may switch on that Baton does not compute: refused, never ignored
-  // (ignoring one would serve confident garbage).
-  if (!is_deepseek(c.architecture)) {
-    if (j.contains("hidden_act") && j["hidden_act"] != "silu")
-      return fail("hidden_act " + j["hidden_act"].dump() + " is not supported (silu is)");
-    if (j.value("mlp_bias", false)) return fail("mlp_bias is not supported (the MLP projections have no bias)");
-    if (c.attention_bias && c.architecture != "Qwen2ForCausalLM")
-      return fail("attention_bias is not supported for " + c.architecture +
-                  " (its o_proj has a bias too; only Qwen2's q/k/v biases are)");
-  }
+  // Features a family may switch on that Baton does not compute: refused, never ignored (ignoring
+  // one would serve confident garbage). DeepSeek's attention_bias was refused above.
+  if (j.contains("hidden_act") && j["hidden_act"] != "silu")
+    return fail("hidden_act " + j["hidden_act"].dump() + " is not supported (silu is)");
+  if (j.value("mlp_bias", false)) return fail("mlp_bias is not supported (the MLP projections have no bias)");
+  if (c.attention_bias && c.architecture != "Qwen2ForCausalLM")
+    return fail("attention_bias is not supported for " + c.architecture +
+                " (its o_proj has a bias too; only Qwen2's q/k/v biases are)");
   // transformers 5 writes every RoPE setting, theta included, into rope_parameters; 4 wrote
   // rope_theta at the top and the scaling into rope_scaling. Accept both.
   const char* rope_key = j.contains("rope_parameters") && j["rope_parameters"].is_object() ? "rope_parameters"

@@ -477,7 +477,7 @@ TEST_CASE("config.json: DeepSeek-V2 and V3 fields, transformers' defaults and fa
   refused(j, "kv_lora_rank must be a positive integer");
   j = v3;
   j["hidden_act"] = "gelu";
-  refused(j, "hidden_act must be silu");
+  refused(j, "hidden_act \"gelu\" is not supported (silu is)");
 }
 
 TEST_CASE("a DeepSeek model directory (experts one tensor each, or fused as transformers 5 holds them) loads to "
