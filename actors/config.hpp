@@ -47,6 +47,12 @@ struct prefill_rank_config {
   /// real (sims' modelled executors), together with decode_rank_config::verify_kv_checksums.
   bool checksum_kv = true;
   uint32_t poll_interval_us = 100;      ///< how often pending puts are polled
+  /// Split prefill: a part whose peers have not all found it this long after it started (an
+  /// earlier part sent no KV, a later part never said where its pages are) fails, naming them.
+  /// A backstop, longer than request_config::prefill_timeout_ms: a part that fails stops the
+  /// others, and so does a request that gives up, so this fires only for a part orphaned with
+  /// nobody left to say so (its request and a peer's rank both gone).
+  uint32_t split_wait_ms = 120000;
 
   std::string validate() const {
     if (name.empty()) return "prefill rank name must not be empty";
@@ -54,6 +60,7 @@ struct prefill_rank_config {
     if (step_budget_us > 0 && !cost.usable())
       return "prefill step_budget_us needs a usable cost model (alpha, beta, delta >= 0, gamma > 0)";
     if (kv_send_timeout_ms == 0) return "prefill kv_send_timeout_ms must be >= 1";
+    if (split_wait_ms == 0) return "prefill split_wait_ms must be >= 1";
     return {};
   }
 };

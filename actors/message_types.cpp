@@ -74,6 +74,7 @@ void register_message_types(caf::actor_system_config& cfg) {
       .add_message_type<store_layer_landed>("baton::store_layer_landed")
       .add_message_type<split_peer>("baton::split_peer")
       .add_message_type<split_layer>("baton::split_layer")
+      .add_message_type<split_abort>("baton::split_abort")
       .add_message_type<std::vector<prefill_rank_actor>>("std::vector<baton::prefill_rank_actor>")
       .add_message_type<std::vector<caf::actor>>("std::vector<caf::actor>")
       .add_message_type<store_write_order>("baton::store_write_order")

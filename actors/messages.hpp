@@ -697,9 +697,12 @@ typename Inspector::result_type inspect(Inspector& f, prefill_order& x) {
            x.part_bounds, x.part_ranks, x.part_names, x.top_k, x.top_p, x.repetition_penalty, x.presence_penalty);
 }
 
-/// Split prefill: a later part's rank tells an earlier part's rank where its pages are.
+/// Split prefill: a later part's rank tells an earlier part's rank where its pages are. The
+/// lease names the attempt: a request placed again reuses its id, and a message of the old
+/// attempt must not reach the new one's parts.
 struct split_peer {
   uint64_t request_id = 0;
+  uint64_t lease_id = 0;           ///< the attempt's decode lease (prefill_order::grant)
   uint32_t part_index = 0;         ///< the later part
   kv_region_desc region;
   std::vector<uint32_t> page_ids;  ///< its pages for positions [0, its part's end)
@@ -707,19 +710,36 @@ struct split_peer {
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, split_peer& x) {
-  return f(caf::meta::type_name("split_peer"), x.request_id, x.part_index, x.region, x.page_ids, x.rank);
+  return f(caf::meta::type_name("split_peer"), x.request_id, x.lease_id, x.part_index, x.region, x.page_ids, x.rank);
 }
 
 /// Split prefill: layer `layer` of part `from_part` has landed in the receiver's pages (and in the
 /// decode rank's).
 struct split_layer {
   uint64_t request_id = 0;
+  uint64_t lease_id = 0;  ///< the attempt (see split_peer)
   uint32_t from_part = 0;
   uint32_t layer = 0;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, split_layer& x) {
-  return f(caf::meta::type_name("split_layer"), x.request_id, x.from_part, x.layer);
+  return f(caf::meta::type_name("split_layer"), x.request_id, x.lease_id, x.from_part, x.layer);
+}
+
+/// Split prefill: part `from_part` failed, so the receiver's part cannot finish either (a later
+/// part waits for its KV; an earlier one puts into its pages). The receiver stops with the same
+/// code, so the request retries or gives up as the first failure decides, whichever part's
+/// answer it reads first.
+struct split_abort {
+  uint64_t request_id = 0;
+  uint64_t lease_id = 0;  ///< the attempt (see split_peer)
+  uint32_t from_part = 0;
+  uint8_t code = 0;       ///< the failure's errc
+  std::string why;        ///< the failure, naming request, rank and stage
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, split_abort& x) {
+  return f(caf::meta::type_name("split_abort"), x.request_id, x.lease_id, x.from_part, x.code, x.why);
 }
 
 using prefill_rank_actor = caf::typed_actor<
@@ -735,6 +755,7 @@ using prefill_rank_actor = caf::typed_actor<
     caf::reacts_to<store_layer_landed>,
     caf::reacts_to<split_peer>,
     caf::reacts_to<split_layer>,
+    caf::reacts_to<split_abort>,
     caf::reacts_to<poll_atom>,
     caf::reacts_to<settled_atom>,                                // a KV send settled: poll at once
     caf::reacts_to<keepalive_atom>,                              // tick: renew queued prompts' leases

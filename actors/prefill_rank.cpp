@@ -20,8 +20,6 @@ namespace prefill_detail {
 void report_load(prefill_pointer self);
 std::optional<chunk_job> take_job(prefill_pointer self, uint64_t job_id);
 void return_pages(prefill_pointer self, prefill_job_state& r, bool success);
-void fail_request(prefill_pointer self, uint64_t request_id, errc code, const std::string& stage,
-                  const std::string& what);
 void on_put_landed(prefill_pointer self, uint64_t request_id, uint32_t layer, uint64_t checksum, uint32_t attempt);
 bool settle(prefill_pointer self, const pending_put& p);
 void submit_chunk(prefill_pointer self, uint64_t rid);
@@ -109,11 +107,17 @@ std::optional<chunk_job> take_job(prefill_pointer self, uint64_t job_id) {
 void return_pages(prefill_pointer self, prefill_job_state& r, bool success) {
   auto& st = self->state;
   auto& kv = st.core.exec->kv();
-  if (r.load.late_writer) {
-    // A store read that ended unanswered may still put into these pages: none goes to another
-    // prompt (or to the local tier, shared with later prompts) until the server's last possible
-    // put is past -- it starts none after the order's budget and gives each up after
-    // store_put_limit_ms.
+  // Pages someone else may still put into go to no other prompt (nor to the local tier, shared
+  // with later prompts) until that writer's last possible put is past:
+  // - a store read that ended unanswered: the server starts no put after the order's budget and
+  //   gives each up after store_put_limit_ms;
+  // - a later part of a split prompt that failed: the earlier parts (told by split_abort or by
+  //   the request) post nothing more, and each posted put settles or is given up within their
+  //   kv_send_timeout_ms (this rank's, in a cluster of one configuration), twice for the notice.
+  uint32_t hold_ms = 0;
+  if (r.load.late_writer) hold_ms = st.store.read_timeout_ms + store_put_limit_ms;
+  if (!success && r.split.active && r.split.index > 0) hold_ms = std::max(hold_ms, 2 * st.cfg.kv_send_timeout_ms);
+  if (hold_ms > 0) {
     size_t own_from = 0;  // the shared blocks' pages belong to the local tier, not to this prompt
     if (st.local) {
       st.local->release(r.keys, r.shared_blocks);
@@ -121,7 +125,7 @@ void return_pages(prefill_pointer self, prefill_job_state& r, bool success) {
     }
     std::vector<uint32_t> held(r.local_pages.begin() + own_from, r.local_pages.end());
     st.core.log->add({0, "pages_held", r.order.request_id, static_cast<uint32_t>(held.size()), 0, {}, {}});
-    st.core.runner->run_after(std::chrono::milliseconds{st.store.read_timeout_ms + store_put_limit_ms},
+    st.core.runner->run_after(std::chrono::milliseconds{hold_ms},
                               [self, held = std::move(held), rid = r.order.request_id] {
                                 self->state.core.exec->kv().kv_page_free(held);
                                 self->state.core.log->add({0, "pages_unheld", rid, static_cast<uint32_t>(held.size()), 0, {}, {}});
@@ -211,6 +215,14 @@ void fail_request(prefill_pointer self, uint64_t request_id, errc code, const st
   if (i->second.load.gate) i->second.load.gate->abort();
   i->second.num_chunks = i->second.chunks_submitted;  // chunks not yet submitted never will be
   i->second.failure = make_error(code, where(request_id, self->state.cfg.name, stage) + ": " + what);
+  // Split: the other parts cannot finish without this one. They stop now, not at their timeouts.
+  const auto& r = i->second;
+  if (r.split.active)
+    for (uint32_t j = 0; j < r.split.parts && j < r.order.part_ranks.size(); ++j)
+      if (j != r.split.index)
+        caf::anon_send(r.order.part_ranks[j], split_abort{request_id, r.order.grant.lease_id, r.split.index,
+                                                          static_cast<uint8_t>(code),
+                                                          where(request_id, self->state.cfg.name, stage) + ": " + what});
   finish_if_done(self, request_id);
 }
 
@@ -250,31 +262,42 @@ void on_put_landed(prefill_pointer self, uint64_t request_id, uint32_t layer, ui
   finish_if_done(self, request_id);
 }
 
-/// " (to decode rank R)" for request `rid`'s sends, so that their errors name the peer.
-std::string to_rank(const prefill_state& st, uint64_t rid) {
-  auto i = st.requests.find(rid);
-  return i == st.requests.end() ? std::string{} : " (to decode rank " + i->second.order.grant.rank + ")";
+/// " (to decode rank R)", or " (to part P's prefill rank R)" for a split's peer put: errors
+/// name the peer.
+std::string to_rank(const prefill_state& st, const pending_put& p) {
+  auto i = st.requests.find(p.request_id);
+  if (i == st.requests.end()) return {};
+  const auto& r = i->second;
+  if (p.peer < 0 || static_cast<size_t>(p.peer) >= r.split.peers.size())
+    return " (to decode rank " + r.order.grant.rank + ")";
+  const uint32_t part = r.split.peers[p.peer].part;
+  return " (to part " + std::to_string(part) + "'s prefill rank " +
+         (part < r.order.part_names.size() ? r.order.part_names[part] : std::string{"?"}) + ")";
 }
 
 /// Polls one transfer; returns true when it is finished (landed or failed).
 bool settle(prefill_pointer self, const pending_put& p) {
   auto& st = self->state;
   transport::xfer_error err;
+  const auto waited = self->clock().now() - p.posted_at;
+  const bool overdue = waited >= std::chrono::milliseconds{st.cfg.kv_send_timeout_ms};
   if (auto i = st.requests.find(p.request_id); i != st.requests.end() && i->second.attempt != p.attempt) {
-    if (st.core.xport->poll(p.xfer_id, &err) == transport::xfer_state::pending) return false;
-    st.core.xport->release(p.xfer_id);  // an aborted attempt's put: its outcome no longer matters
-    finish_if_done(self, p.request_id);  // its answer may have waited for this put
+    // An aborted attempt's put: its outcome no longer matters, but the answer waits for it (its
+    // bytes may still land) -- up to the send timeout, as any put; then it may land later.
+    if (st.core.xport->poll(p.xfer_id, &err) == transport::xfer_state::pending && !overdue) return false;
+    st.core.xport->release(p.xfer_id);
+    if (overdue) i->second.abandoned_put = true;
+    finish_if_done(self, p.request_id);
     return true;
   }
   switch (st.core.xport->poll(p.xfer_id, &err)) {
     case transport::xfer_state::pending: {
-      const auto waited = self->clock().now() - p.posted_at;
-      if (waited < std::chrono::milliseconds{st.cfg.kv_send_timeout_ms}) return false;
+      if (!overdue) return false;
       st.core.xport->release(p.xfer_id);
       if (auto i = st.requests.find(p.request_id); i != st.requests.end()) i->second.abandoned_put = true;
       fail_request(self, p.request_id, errc::transfer_failed, "kv_send",
                    "put of layer " + std::to_string(p.layer) + " still pending after " +
-                       std::to_string(st.cfg.kv_send_timeout_ms) + " ms" + to_rank(st, p.request_id));
+                       std::to_string(st.cfg.kv_send_timeout_ms) + " ms" + to_rank(st, p));
       return true;
     }
     case transport::xfer_state::done:
@@ -508,6 +531,26 @@ void schedule_keepalive(prefill_pointer self) {
   self->delayed_send(self, std::chrono::milliseconds{std::max<uint32_t>(1, lease_ms / 3)}, keepalive_atom::value);
 }
 
+/// A split order's parts (dynamic prefill split, seed 002): empty when they make sense, else
+/// what does not.
+std::string check_split(const prefill_order& o) {
+  const size_t parts = o.part_ranks.size();
+  if (parts <= 1) return {};
+  const auto n = [](size_t x) { return std::to_string(x); };
+  const auto& b = o.part_bounds;
+  if (o.part_index >= parts) return "part_index " + n(o.part_index) + " is past the " + n(parts) + " parts";
+  if (b.size() != parts + 1) return "part_bounds has " + n(b.size()) + " entries, " + n(parts) + " parts need " + n(parts + 1);
+  if (o.part_names.size() != parts) return "part_names has " + n(o.part_names.size()) + " names for " + n(parts) + " parts";
+  if (b.front() != 0 || b.back() != o.tokens.size())
+    return "part_bounds run from " + n(b.front()) + " to " + n(b.back()) + ", not from 0 to the prompt's " +
+           n(o.tokens.size()) + " tokens";
+  for (size_t i = 0; i + 1 < b.size(); ++i)
+    if (b[i] >= b[i + 1]) return "part_bounds do not increase: entry " + n(i) + " is " + n(b[i]) + ", the next " + n(b[i + 1]);
+  for (size_t i = 0; i < parts; ++i)
+    if (!o.part_ranks[i]) return "part_ranks[" + n(i) + "] (" + o.part_names[i] + ") is no actor";
+  return {};
+}
+
 /// Checks an order and queues it; it starts as soon as local KV pages are free.
 caf::result<prefill_result> accept_prefill(prefill_pointer self, prefill_order order) {
   auto& st = self->state;
@@ -547,6 +590,7 @@ caf::result<prefill_result> accept_prefill(prefill_pointer self, prefill_order o
   const auto num_tokens = static_cast<uint32_t>(order.tokens.size());
   const uint32_t num_pages = kv.pages_for_tokens(num_tokens);
   if (num_tokens == 0) return make_error(errc::bad_request, stage + ": empty prompt");
+  if (auto bad = check_split(order); !bad.empty()) return make_error(errc::bad_request, stage + ": " + bad);
   if (order.grant.page_ids.size() < num_pages)
     return make_error(errc::layout_mismatch, stage + ": lease has " + std::to_string(order.grant.page_ids.size()) +
                                                  " pages, the prompt needs " + std::to_string(num_pages));
@@ -706,6 +750,7 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
       [=](store_layer_landed& ev) { on_layer_landed(self, ev); },
       [=](split_peer& p) { on_split_peer(self, std::move(p)); },
       [=](split_layer& ev) { on_split_layer(self, ev); },
+      [=](split_abort& ev) { on_split_abort(self, ev); },
       [=](xfer_atom, uint64_t request_id, uint32_t layer, uint64_t xfer_id, uint64_t checksum, uint32_t attempt) {
         pending_put p{request_id, layer, xfer_id, checksum, self->clock().now(), attempt};
         if (auto i = self->state.requests.find(request_id); i != self->state.requests.end() && !i->second.first_put_at)

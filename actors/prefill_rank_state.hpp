@@ -102,6 +102,8 @@ struct split_state {
   uint32_t index = 0, parts = 1;
   uint32_t begin = 0, end = 0;       ///< our part's tokens
   std::vector<uint32_t> seen;        ///< per layer: earlier parts whose KV landed in our pages
+  /// Per earlier part, per layer: landed (a repeated notice counts once).
+  std::vector<std::vector<bool>> landed_from;
   std::vector<bool> layer_done;      ///< per layer: our decode puts of it all landed
   std::vector<peer> peers;           ///< later parts that told us their pages
   uint32_t peer_puts_landed = 0;     ///< (peer, layer) puts landed
@@ -203,7 +205,13 @@ struct prefill_state {
   prefill_balancer_actor balancer;  ///< told our load after every change (may be null)
   store_access store;               ///< the block store (off when it has no index)
   std::optional<store::prefix_cache> local;  ///< the rank-local prefix tier (store on)
-  std::unordered_map<uint64_t, std::vector<split_peer>> early_peers;  ///< split: peers before our launch
+  /// Split: later parts that found us before our own part started. Dropped after
+  /// cfg.split_wait_ms (their order may never come here: its request gave up first).
+  struct early_split_peers {
+    caf::actor_clock::time_point first_at;
+    std::vector<split_peer> peers;
+  };
+  std::unordered_map<uint64_t, early_split_peers> early_peers;
   store::block_key salt;
   bool keepalive_scheduled = false;
   static inline const char* name = "baton.prefill_rank";
@@ -213,6 +221,8 @@ using prefill_pointer = prefill_rank_actor::stateful_pointer<prefill_state>;
 
 // Defined in prefill_rank.cpp, used by both.
 void finish_if_done(prefill_pointer self, uint64_t request_id);
+void fail_request(prefill_pointer self, uint64_t request_id, errc code, const std::string& stage,
+                  const std::string& what);
 void announce_layer(prefill_pointer self, prefill_job_state& r, uint32_t layer);
 void track_put(prefill_pointer self, pending_put p);
 void start_compute(prefill_pointer self, uint64_t rid, uint32_t cached);
@@ -227,6 +237,7 @@ void on_layer_landed(prefill_pointer self, const store_layer_landed& ev);
 void launch_split(prefill_pointer self, uint64_t rid);
 void on_split_peer(prefill_pointer self, split_peer peer);
 void on_split_layer(prefill_pointer self, const split_layer& ev);
+void on_split_abort(prefill_pointer self, const split_abort& ev);
 /// Starts loading the cached prefix (blocks [shared_blocks, prefix) from the store); with
 /// overlap on, starts computing at once, each layer gated on that layer of every block.
 void start_prefix_load(prefill_pointer self, uint64_t rid, uint32_t shared_blocks);

@@ -53,7 +53,7 @@ void on_peer_put_landed(prefill_pointer self, uint64_t request_id, int32_t peer,
   auto& r = i->second;
   // A put of an attempt since superseded (the request was placed here again: new peers).
   if (peer < 0 || static_cast<size_t>(peer) >= r.split.peers.size()) return;
-  caf::anon_send(r.split.peers[peer].rank, split_layer{request_id, r.split.index, layer});
+  caf::anon_send(r.split.peers[peer].rank, split_layer{request_id, r.order.grant.lease_id, r.split.index, layer});
   ++r.split.peer_puts_landed;
   finish_if_done(self, request_id);
 }
@@ -234,12 +234,38 @@ void load_round(prefill_pointer self, uint64_t rid) {
   }
 }
 
+/// Split: the backstop of prefill_rank_config::split_wait_ms, `wait_ms` after our part started.
+/// By now every peer should have found us: each earlier part's first layer landed here, and each
+/// later part said where its pages are.
+void check_split_peers(prefill_pointer self, uint64_t rid, uint64_t lease_id, uint32_t wait_ms) {
+  auto& st = self->state;
+  auto i = st.requests.find(rid);
+  if (i == st.requests.end() || i->second.order.grant.lease_id != lease_id || i->second.failed) return;
+  const auto& sp = i->second.split;
+  const auto& names = i->second.order.part_names;
+  const auto part = [&](uint32_t j) {
+    return "part " + std::to_string(j) + " (rank " + (j < names.size() ? names[j] : std::string{"?"}) + ")";
+  };
+  std::string missing;
+  const auto add = [&](std::string what) { missing += (missing.empty() ? "" : "; ") + what; };
+  for (uint32_t j = 0; j < sp.index; ++j)
+    if (!sp.landed_from[j][0]) add(part(j) + " sent no KV");
+  for (uint32_t j = sp.index + 1; j < sp.parts; ++j)
+    if (std::none_of(sp.peers.begin(), sp.peers.end(), [&](const auto& p) { return p.part == j; }))
+      add(part(j) + " never said where its pages are");
+  if (missing.empty()) return;
+  fail_request(self, rid, errc::deadline_exceeded, "split",
+               "part " + std::to_string(sp.index) + " of " + std::to_string(sp.parts) + ": " + missing + " within " +
+                   std::to_string(wait_ms) + " ms");
+}
+
 /// Split: starts our part. The earlier parts' ranks learn where our pages are, so they can put
 /// their KV there; each of our layers waits for theirs.
 void launch_split(prefill_pointer self, uint64_t rid) {
   auto& st = self->state;
   auto& r = st.requests.at(rid);
   const auto& o = r.order;
+  const uint64_t lease_id = o.grant.lease_id;
   const uint32_t layers = st.core.exec->kv().layout().num_layers;
   auto& sp = r.split;
   sp.active = true;
@@ -248,6 +274,7 @@ void launch_split(prefill_pointer self, uint64_t rid) {
   sp.begin = o.part_bounds.at(sp.index);
   sp.end = o.part_bounds.at(sp.index + 1);
   sp.seen.assign(layers, 0);
+  sp.landed_from.assign(sp.index, std::vector<bool>(layers, false));
   sp.layer_done.assign(layers, false);
   st.core.log->add({0, "split_part", rid, sp.index, 0, {}, {}});
   if (sp.index > 0) {
@@ -257,13 +284,18 @@ void launch_split(prefill_pointer self, uint64_t rid) {
     kv_region_desc region{key.backend, key.region_id, key.size_bytes, key.packed, lay.num_layers, lay.num_pages,
                           lay.page_size_tokens, lay.kv_dim, lay.planes};
     for (uint32_t j = 0; j < sp.index; ++j)
-      caf::anon_send(o.part_ranks[j], split_peer{rid, sp.index, region, r.local_pages, caf::actor_cast<caf::actor>(self)});
+      caf::anon_send(o.part_ranks[j],
+                     split_peer{rid, lease_id, sp.index, region, r.local_pages, caf::actor_cast<caf::actor>(self)});
   }
   if (auto e = st.early_peers.find(rid); e != st.early_peers.end()) {
-    auto peers = std::move(e->second);
+    auto peers = std::move(e->second.peers);
     st.early_peers.erase(e);
-    for (auto& p : peers) on_split_peer(self, std::move(p));
+    for (auto& p : peers)
+      if (p.lease_id == lease_id) on_split_peer(self, std::move(p));  // else: of an attempt given up
   }
+  const uint32_t wait_ms = st.cfg.split_wait_ms;
+  st.core.runner->run_after(std::chrono::milliseconds{wait_ms},
+                            [self, rid, lease_id, wait_ms] { check_split_peers(self, rid, lease_id, wait_ms); });
   if (sp.index > 0 && sp.seen[0] < sp.index) {
     sp.compute_deferred = true;  // on_split_layer starts it (see split_state)
     return;
@@ -276,12 +308,24 @@ void launch_split(prefill_pointer self, uint64_t rid) {
 void on_split_peer(prefill_pointer self, split_peer peer) {
   auto& st = self->state;
   auto i = st.requests.find(peer.request_id);
-  if (i == st.requests.end() || !i->second.split.active) {
-    auto& early = st.early_peers[peer.request_id];  // our order has not started yet
-    if (early.size() < 64) early.push_back(std::move(peer));
+  if (i == st.requests.end() || !i->second.split.active || i->second.order.grant.lease_id != peer.lease_id) {
+    // Our order has not started yet (or only an older attempt's has): kept until it does, for a
+    // while. The order may never come -- its request gave up first -- so old entries go.
+    const auto now = self->clock().now();
+    const auto limit = std::chrono::milliseconds{st.cfg.split_wait_ms};
+    for (auto e = st.early_peers.begin(); e != st.early_peers.end();)
+      e = now - e->second.first_at > limit ? st.early_peers.erase(e) : std::next(e);
+    auto [e, fresh] = st.early_peers.try_emplace(peer.request_id);
+    if (fresh) e->second.first_at = now;
+    if (e->second.peers.size() < 64) e->second.peers.push_back(std::move(peer));
     return;
   }
   auto& r = i->second;
+  const auto& sp = r.split;
+  // One entry per later part: a repeated notice would send that part every layer twice.
+  if (peer.part_index <= sp.index || peer.part_index >= sp.parts ||
+      std::any_of(sp.peers.begin(), sp.peers.end(), [&](const auto& p) { return p.part == peer.part_index; }))
+    return;
   r.split.peers.push_back({peer.part_index, std::move(peer.region), std::move(peer.page_ids), std::move(peer.rank)});
   const size_t p = r.split.peers.size() - 1;
   for (uint32_t l = 0; l < r.split.layer_done.size(); ++l)
@@ -293,8 +337,14 @@ void on_split_peer(prefill_pointer self, split_peer peer) {
 void on_split_layer(prefill_pointer self, const split_layer& ev) {
   auto& st = self->state;
   auto i = st.requests.find(ev.request_id);
-  if (i == st.requests.end() || !i->second.split.active || ev.layer >= i->second.split.seen.size()) return;
+  if (i == st.requests.end() || !i->second.split.active || i->second.failed ||
+      i->second.order.grant.lease_id != ev.lease_id || ev.from_part >= i->second.split.index ||
+      ev.layer >= i->second.split.seen.size())
+    return;
   auto& r = i->second;
+  auto landed = r.split.landed_from[ev.from_part][ev.layer];
+  if (landed) return;  // counted already
+  landed = true;
   ++r.split.seen[ev.layer];
   if (r.split.compute_deferred && r.split.seen[0] == r.split.index) {
     r.split.compute_deferred = false;
@@ -305,6 +355,16 @@ void on_split_layer(prefill_pointer self, const split_layer& ev) {
   if (r.load.gate) r.load.gate->open_through(open);
   maybe_announce_split(self, r, ev.layer);
   finish_if_done(self, ev.request_id);
+}
+
+/// Split: another part of the prompt failed; ours cannot finish without it.
+void on_split_abort(prefill_pointer self, const split_abort& ev) {
+  auto& st = self->state;
+  auto i = st.requests.find(ev.request_id);
+  if (i == st.requests.end() || !i->second.split.active || i->second.order.grant.lease_id != ev.lease_id) return;
+  const bool known = ev.code >= static_cast<uint8_t>(errc::bad_request) && ev.code <= static_cast<uint8_t>(errc::overloaded);
+  fail_request(self, ev.request_id, known ? static_cast<errc>(ev.code) : errc::rank_unavailable, "split",
+               "part " + std::to_string(ev.from_part) + " failed: " + ev.why);
 }
 
 /// Starts loading a prompt's cached prefix from the block store (blocks the rank-local tier

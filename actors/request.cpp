@@ -118,10 +118,11 @@ void let_go(request_pointer self) {
   auto& st = self->state;
   const bool writing = st.num_writers_out > 0 && !st.hybrid;
   if (st.lease_id != 0 && st.decode) self->send(st.decode, release_atom::value, st.lease_id, writing);
-  // A split prompt's parts are not stopped: a later part's pages receive the earlier parts'
-  // KV, and freed early they could take a late put. They finish, into the held pages.
-  if (writing && st.lease_id != 0 && st.prefill && st.split.part_ranks.size() <= 1)
-    self->send(st.prefill, cancel_atom::value, st.plan.request_id, st.lease_id);
+  // Every part of a split prompt stops too (a later part keeps its pages from other prompts
+  // until the earlier parts' puts into them are past: prefill_rank's return_pages).
+  if (writing && st.lease_id != 0)
+    for (const auto& [rank, name] : prefill_ranks_of(st))
+      if (rank) self->send(rank, cancel_atom::value, st.plan.request_id, st.lease_id);
   st.lease_id = 0;
   st.num_writers_out = 0;
 }

@@ -1,5 +1,6 @@
 #include <doctest/doctest.h>
 
+#include <mutex>
 #include <set>
 #include <thread>
 
@@ -623,6 +624,185 @@ TEST_CASE("dynamic prefill split: when the rank of an earlier part goes down mid
     if (!back) std::this_thread::sleep_for(std::chrono::milliseconds{10});
   }
   CHECK(back);
+  // The first attempt's living parts were stopped when the request let go (a later part waited
+  // for the dead part's KV, which never comes): each rank ends with no prompt and every page
+  // back, its held pages released once the dead part's puts could no longer land.
+  for (size_t r = 0; r < cluster.prefill.size(); ++r) {
+    if (r == *first_part) continue;
+    CAPTURE(cluster.prefill[r].name);
+    bool idle = false;
+    for (int i = 0; i < 1000 && !idle; ++i) {
+      const auto s = t.stats(cluster.prefill[r].handle);
+      idle = s.num_running == 0 && s.num_free_pages == cfg.executor.num_kv_pages;
+      if (!idle) std::this_thread::sleep_for(std::chrono::milliseconds{10});
+    }
+    CHECK(idle);
+  }
+}
+
+namespace {
+
+/// Stands in for a part's prefill rank that never computes: records what the real parts tell it.
+struct silent_part_log {
+  std::mutex m;
+  std::vector<split_peer> peers;
+  std::vector<split_abort> aborts;
+};
+
+caf::actor spawn_silent_part(caf::actor_system& sys, std::shared_ptr<silent_part_log> log) {
+  return sys.spawn([log](caf::event_based_actor*) -> caf::behavior {
+    return {
+        [log](split_peer& p) {
+          std::lock_guard<std::mutex> lock{log->m};
+          log->peers.push_back(std::move(p));
+        },
+        [log](split_abort& a) {
+          std::lock_guard<std::mutex> lock{log->m};
+          log->aborts.push_back(std::move(a));
+        },
+        [](split_layer&) {},
+    };
+  });
+}
+
+/// A split order for request `rid` of `tokens` tokens in two halves, over a fresh lease of
+/// `decode`; part `index` is `rank`'s, the other `ghost`'s.
+prefill_order half_split_order(caf::scoped_actor& self, test::cluster_system& t, const decode_rank_actor& decode,
+                               uint64_t rid, uint32_t tokens, uint32_t index, const caf::actor& rank,
+                               const caf::actor& ghost) {
+  prefill_order o;
+  o.request_id = rid;
+  for (uint32_t i = 0; i < tokens; ++i) o.tokens.push_back(static_cast<int32_t>(1 + i % 200));
+  self->request(decode, std::chrono::seconds{10}, reserve_atom::value, kv_lease_reserve{rid, tokens + 8, 60000, tokens})
+      .receive([&](kv_lease_grant& g) { o.grant = std::move(g); }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
+  o.decode = decode;
+  o.part_index = index;
+  o.part_bounds = {0, tokens / 2, tokens};
+  o.part_ranks = index == 0 ? std::vector<caf::actor>{rank, ghost} : std::vector<caf::actor>{ghost, rank};
+  o.part_names = index == 0 ? std::vector<std::string>{"prefill-1", "prefill-ghost"}
+                            : std::vector<std::string>{"prefill-ghost", "prefill-1"};
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("dynamic prefill split: a part whose peer never shows up fails after split_wait_ms, naming the peer and "
+          "what it never did, tells the peer to stop, and gives its pages back") {
+  test::cluster_system t;
+  auto cfg = split_cluster_config();
+  cfg.prefill.split_wait_ms = 300;
+  cfg.prefill.kv_send_timeout_ms = 50;  // a failed later part holds its pages 2x this
+  auto cluster = start_local_cluster(t.sys, cfg);
+  test::cluster_system::stopper stop{t, cluster};
+  REQUIRE(t.wait_registered(cluster));
+  caf::scoped_actor self{t.sys};
+  auto log = std::make_shared<silent_part_log>();
+  auto ghost = spawn_silent_part(t.sys, log);
+  const auto rank = caf::actor_cast<caf::actor>(cluster.prefill[1].handle);
+  const auto& decode = cluster.decode[0].handle;
+  const std::string expected[] = {
+      // Part 1: the earlier part never sends its KV (our computation never starts).
+      "request 71, rank prefill-1, stage split: part 1 of 2: part 0 (rank prefill-ghost) sent no KV within 300 ms",
+      // Part 0: computed, but the later part never said where its pages are.
+      "request 72, rank prefill-1, stage split: part 0 of 2: part 1 (rank prefill-ghost) never said where its "
+      "pages are within 300 ms",
+  };
+  for (uint32_t index : {1u, 0u}) {
+    CAPTURE(index);
+    const uint64_t rid = 71 + (1 - index);
+    auto order = half_split_order(self, t, decode, rid, 128, index, rank, ghost);
+    const uint64_t lease = order.grant.lease_id;
+    std::string err;
+    self->request(cluster.prefill[1].handle, std::chrono::seconds{30}, std::move(order))
+        .receive([&](prefill_result&) { FAIL("a part with a silent peer succeeded"); },
+                 [&](caf::error& e) { err = t.sys.render(e); });
+    CHECK_MESSAGE(err.find("deadline_exceeded") != std::string::npos, err);
+    CHECK_MESSAGE(err.find(expected[1 - index]) != std::string::npos, err);
+    {
+      std::lock_guard<std::mutex> lock{log->m};
+      // A later part told the earlier one where its pages are, under this attempt's lease.
+      if (index == 1) {
+        REQUIRE(log->peers.size() == 1);
+        CHECK(log->peers[0].lease_id == lease);
+        CHECK(log->peers[0].part_index == 1);
+      }
+      // The failure went to the other part, with its code and words.
+      REQUIRE(!log->aborts.empty());
+      CHECK(log->aborts.back().request_id == rid);
+      CHECK(log->aborts.back().lease_id == lease);
+      CHECK(log->aborts.back().code == static_cast<uint8_t>(errc::deadline_exceeded));
+      CHECK(log->aborts.back().why == expected[1 - index]);
+    }
+    bool idle = false;
+    for (int i = 0; i < 500 && !idle; ++i) {
+      const auto s = t.stats(cluster.prefill[1].handle);
+      idle = s.num_running == 0 && s.num_free_pages == cfg.executor.num_kv_pages;
+      if (!idle) std::this_thread::sleep_for(std::chrono::milliseconds{10});
+    }
+    CHECK(idle);
+  }
+  // A part told that another failed stops with that failure's code, naming the part.
+  auto order = half_split_order(self, t, decode, 73, 128, 1, rank, ghost);
+  const uint64_t lease = order.grant.lease_id;
+  auto pending = self->request(cluster.prefill[1].handle, std::chrono::seconds{30}, std::move(order));
+  bool started = false;
+  for (int i = 0; i < 500 && !started; ++i) {
+    std::lock_guard<std::mutex> lock{log->m};
+    started = log->peers.size() == 2;
+    if (!started) std::this_thread::sleep_for(std::chrono::milliseconds{2});
+  }
+  REQUIRE(started);
+  // An abort of another attempt (another lease) is not ours.
+  caf::anon_send(rank, split_abort{73, lease + 1000, 0, static_cast<uint8_t>(errc::transfer_failed), "not ours"});
+  caf::anon_send(rank, split_abort{73, lease, 0, static_cast<uint8_t>(errc::transfer_failed), "the put went nowhere"});
+  std::string err;
+  pending.receive([&](prefill_result&) { FAIL("a part whose peer failed succeeded"); },
+                  [&](caf::error& e) { err = t.sys.render(e); });
+  CHECK_MESSAGE(err.find("transfer_failed") != std::string::npos, err);
+  CHECK_MESSAGE(err.find("request 73, rank prefill-1, stage split: part 0 failed: the put went nowhere") != std::string::npos, err);
+  caf::anon_send_exit(ghost, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("dynamic prefill split: an order whose parts do not add up is refused, naming what is wrong") {
+  test::cluster_system t;
+  auto cfg = split_cluster_config();
+  auto cluster = start_local_cluster(t.sys, cfg);
+  test::cluster_system::stopper stop{t, cluster};
+  REQUIRE(t.wait_registered(cluster));
+  caf::scoped_actor self{t.sys};
+  auto ghost = spawn_silent_part(t.sys, std::make_shared<silent_part_log>());
+  const auto rank = caf::actor_cast<caf::actor>(cluster.prefill[1].handle);
+  const auto refusal = [&](prefill_order o) {
+    std::string err;
+    self->request(cluster.prefill[1].handle, std::chrono::seconds{10}, std::move(o))
+        .receive([&](prefill_result&) { FAIL("a broken split order ran"); }, [&](caf::error& e) { err = t.sys.render(e); });
+    CHECK_MESSAGE(err.find("bad_request") != std::string::npos, err);
+    return err;
+  };
+  const auto base = half_split_order(self, t, cluster.decode[0].handle, 81, 128, 1, rank, ghost);
+  auto o = base;
+  o.part_index = 2;
+  CHECK(refusal(o).find("part_index 2 is past the 2 parts") != std::string::npos);
+  o = base;
+  o.part_bounds = {0, 64};
+  CHECK(refusal(o).find("part_bounds has 2 entries, 2 parts need 3") != std::string::npos);
+  o = base;
+  o.part_bounds = {0, 64, 100};
+  CHECK(refusal(o).find("part_bounds run from 0 to 100, not from 0 to the prompt's 128 tokens") != std::string::npos);
+  o = base;
+  o.part_bounds = {0, 0, 128};
+  CHECK(refusal(o).find("part_bounds do not increase: entry 0 is 0, the next 0") != std::string::npos);
+  o = base;
+  o.part_names.pop_back();
+  CHECK(refusal(o).find("part_names has 1 names for 2 parts") != std::string::npos);
+  o = base;
+  o.part_ranks[0] = caf::actor{};
+  CHECK(refusal(o).find("part_ranks[0] (prefill-ghost) is no actor") != std::string::npos);
+  // Nothing of them stayed: the rank holds no prompt and has every page.
+  const auto s = t.stats(cluster.prefill[1].handle);
+  CHECK(s.num_running == 0);
+  CHECK(s.num_free_pages == cfg.executor.num_kv_pages);
+  caf::anon_send_exit(ghost, caf::exit_reason::user_shutdown);
 }
 
 TEST_CASE("a placement parked for want of room is given up once its asker stops waiting: served later it charged "
