@@ -138,9 +138,10 @@ decode_balancer_actor::behavior_type decode_balancer_impl(pointer self, decode_b
         auto& st = self->state;
         if (auto i = st.registry.index_of(rank)) {
           st.log.add({0, st.registry.loads[*i].name, "forgotten: its node is gone"});
-          st.registry.forget(caf::actor_cast<caf::actor_addr>(rank));
+          st.registry.forget(caf::actor_cast<caf::actor_addr>(rank), true);
         }
       },
+      [=](rejoin_atom, decode_rank_actor& rank) { self->state.registry.rejoin(caf::actor_cast<caf::actor_addr>(rank)); },
       [=](drain_atom, decode_rank_actor& rank) {
         auto& st = self->state;
         if (auto i = st.registry.index_of(rank)) {

@@ -101,11 +101,15 @@ void continue_move(pointer self) {
     if (!ok || !st.move || st.move->log_index != this_move) return;
     auto& m = *st.move;
     auto& inst = st.elastic[m.instance];
+    // The old role's balancer forgets the instance (ignoring a late report of it) and the new
+    // role's may take it back (it forgot it at an earlier move) before the rank reports.
     if (m.to_prefill) {
       self->send(st.decode_balancer, forget_atom::value, inst.decode);
+      self->send(st.prefill_balancer, rejoin_atom::value, inst.prefill);
       self->request(inst.prefill, caf::infinite, role_atom::value, true).then([](bool) {});
     } else {
       self->send(st.prefill_balancer, forget_atom::value, inst.prefill);
+      self->send(st.decode_balancer, rejoin_atom::value, inst.decode);
       self->request(inst.decode, caf::infinite, role_atom::value, true).then([](bool) {});
     }
     st.serves_prefill[m.instance] = m.to_prefill;

@@ -56,6 +56,9 @@ using undrain_atom = caf::atom_constant<caf::atom("undrain")>;
 /// A decode rank's waiting KV reservation reached its deadline (reserve_wait_ms).
 using reserve_expire_atom = caf::atom_constant<caf::atom("rsvexpire")>;
 using forget_atom = caf::atom_constant<caf::atom("forget")>;
+/// A rank forgotten by forget_atom (its node was given up for lost, an elastic move took it to
+/// the other role) may register again: its next load report brings it back.
+using rejoin_atom = caf::atom_constant<caf::atom("rejoin")>;
 using rank_gone_atom = caf::atom_constant<caf::atom("rank_gone")>;
 using adopt_atom = caf::atom_constant<caf::atom("adopt")>;
 /// A writer of a decode lease (a prefill rank, a part of a split prompt) has no put into it in
@@ -809,7 +812,8 @@ using prefill_balancer_actor = caf::typed_actor<
     caf::replies_to<events_atom>::with<std::vector<placement_record>>,  // recent decisions
     caf::reacts_to<drain_atom, prefill_rank_actor>,                     // no new placements on this rank
     caf::reacts_to<undrain_atom, prefill_rank_actor>,                   // placements again (a move was abandoned)
-    caf::reacts_to<forget_atom, prefill_rank_actor>>;                   // the rank's node is gone: drop it
+    caf::reacts_to<forget_atom, prefill_rank_actor>,                    // its node is gone: drop it until...
+    caf::reacts_to<rejoin_atom, prefill_rank_actor>>;                   // ...it may come back
 
 /// Places sequences on decode ranks from their reported loads (policies/decode_placement.hpp).
 using decode_balancer_actor = caf::typed_actor<
@@ -820,7 +824,8 @@ using decode_balancer_actor = caf::typed_actor<
     caf::replies_to<store_atom>::with<store_info>,               // the store, for ranks joining later
     caf::reacts_to<drain_atom, decode_rank_actor>,               // no new placements on this rank
     caf::reacts_to<undrain_atom, decode_rank_actor>,             // placements again (a move was abandoned)
-    caf::reacts_to<forget_atom, decode_rank_actor>>;             // the rank's node is gone: drop it
+    caf::reacts_to<forget_atom, decode_rank_actor>,              // its node is gone: drop it until...
+    caf::reacts_to<rejoin_atom, decode_rank_actor>>;             // ...it may come back
 
 /// Elastic P/D: one role change, as the controller carried it out.
 struct role_change {

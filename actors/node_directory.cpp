@@ -326,9 +326,14 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
         // Back after a partition (or a stall past the heartbeats): its ranks rejoin the balancers
         // by their next load report, which each is asked for at once (health_atom: a rank
         // re-reports its load), so an idle rank is not left forgotten; the requests that left
-        // them got their leases released, so nothing runs twice for long.
+        // them got their leases released, so nothing runs twice for long. The balancers hear
+        // first that the ranks may come back (until then they ignore a report sent before the
+        // node was marked gone); they and this directory share a process, so that comes first.
         if (i->second.state == "gone") {
           i->second.state = "joined";
+          auto& w = st.welcome;
+          for (const auto& r : i->second.ranks.decode) self->send(w.decode_balancer, rejoin_atom::value, r);
+          for (const auto& r : i->second.ranks.prefill) self->send(w.prefill_balancer, rejoin_atom::value, r);
           for (const auto& r : i->second.ranks.decode) self->send(r, health_atom::value);
           for (const auto& r : i->second.ranks.prefill) self->send(r, health_atom::value);
           // Its data-parallel groups went on without it (their meetings were lost when it was

@@ -118,7 +118,7 @@ void resync_views(prefill_balancer_state& st) {
 }
 
 /// Drops a rank (its node is gone, or its actor went down) from every view.
-void forget_rank(prefill_balancer_state& st, const caf::actor_addr& rank, const char* why) {
+void forget_rank(prefill_balancer_state& st, const caf::actor_addr& rank, const char* why, bool until_rejoin) {
   for (size_t i = 0; i < st.registry.ranks.size(); ++i)
     if (caf::actor_cast<caf::actor_addr>(st.registry.ranks[i]) == rank) {
       st.log.add({0, st.registry.loads[i].name, why});
@@ -126,7 +126,7 @@ void forget_rank(prefill_balancer_state& st, const caf::actor_addr& rank, const 
       // One rank per engine: the later engines keep their buckets (with several, the mapping of
       // ranks to engines shifts, and resize() later drops the last engine instead).
       if (st.buckets && st.cfg.ranks_per_engine == 1) st.buckets->remove_engine(static_cast<uint32_t>(i));
-      st.registry.forget(rank);
+      st.registry.forget(rank, until_rejoin);
       resync_views(st);
       return;
     }
@@ -253,7 +253,7 @@ prefill_balancer_actor::behavior_type prefill_balancer_impl(pointer self, prefil
   // A rank that goes away (its process ended) takes no more placements; its prompts are
   // re-placed by their request actors, which watch it too.
   self->set_down_handler(
-      [=](caf::down_msg& dm) { forget_rank(self->state, dm.source, "forgotten: it went down"); });
+      [=](caf::down_msg& dm) { forget_rank(self->state, dm.source, "forgotten: it went down", false); });
   return {
       [=](place_atom, place_query& q) -> caf::result<prefill_placement> {
         if (auto p = try_place(self, q)) return std::move(*p);
@@ -280,8 +280,9 @@ prefill_balancer_actor::behavior_type prefill_balancer_impl(pointer self, prefil
       },
       [=](events_atom) { return self->state.log.snapshot(); },
       [=](forget_atom, prefill_rank_actor& rank) {
-        forget_rank(self->state, caf::actor_cast<caf::actor_addr>(rank), "forgotten: its node is gone");
+        forget_rank(self->state, caf::actor_cast<caf::actor_addr>(rank), "forgotten: its node is gone", true);
       },
+      [=](rejoin_atom, prefill_rank_actor& rank) { self->state.registry.rejoin(caf::actor_cast<caf::actor_addr>(rank)); },
       [=](drain_atom, prefill_rank_actor& rank) {
         auto& st = self->state;
         if (auto i = st.registry.index_of(rank)) {

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <algorithm>
 #include <deque>
 #include <optional>
 #include <string>
@@ -36,11 +37,35 @@ struct rank_registry {
   /// Whether rank i takes new work: not draining, and its last report named no standing failure.
   bool open(size_t i) const { return !draining[i] && loads[i].unavailable.empty(); }
 
+  /// Ranks forgotten while they may still run (set_aside): their node was given up for lost, or
+  /// an elastic move took them to the other role. A load report they sent before that, arriving
+  /// after, must not bring them back; they return by the first report after rejoin(), draining
+  /// again if they were. Bounded: the oldest entries go first.
+  struct absent_rank {
+    caf::actor_addr addr;
+    bool draining = false;
+    bool may_return = false;
+  };
+  std::deque<absent_rank> absent;
+  static constexpr size_t max_absent = 4096;
+
   /// A report replaces the rank's previous one (including the balancer's own placements since).
   /// True when the rank is new (the caller monitors it). A rank stepping aside (its report names
-  /// why it takes no work) or back is written to `log`.
+  /// why it takes no work) or back is written to `log`. A report of a rank set aside and not
+  /// yet let back (rejoin) is ignored.
   bool report(rank_load load, Handle rank, decision_log& log) {
     auto i = index_of(rank);
+    bool was_draining = false;
+    if (!i) {
+      const auto addr = caf::actor_cast<caf::actor_addr>(rank);
+      auto a = std::find_if(absent.begin(), absent.end(), [&](const absent_rank& x) { return x.addr == addr; });
+      if (a != absent.end()) {
+        if (!a->may_return) return false;  // sent before it was set aside
+        was_draining = a->draining;
+        absent.erase(a);
+        log.add({0, load.name, was_draining ? "rejoined, still draining" : "rejoined"});
+      }
+    }
     const std::string before = i ? loads[*i].unavailable : std::string{};
     if (load.unavailable != before)
       log.add({0, load.name, load.unavailable.empty() ? "takes work again" : "steps aside: " + load.unavailable});
@@ -50,18 +75,29 @@ struct rank_registry {
     }
     ranks.push_back(std::move(rank));
     loads.push_back(std::move(load));
-    draining.push_back(false);
+    draining.push_back(was_draining);
     return true;
   }
-  /// A rank that went down (its process ended, it drained) is forgotten.
-  void forget(const caf::actor_addr& addr) {
+  /// A rank that went down (its process ended) is forgotten; with `until_rejoin` (it may still
+  /// run: set aside) its reports are ignored until rejoin().
+  void forget(const caf::actor_addr& addr, bool until_rejoin = false) {
     for (size_t i = 0; i < ranks.size(); ++i)
       if (caf::actor_cast<caf::actor_addr>(ranks[i]) == addr) {
+        if (until_rejoin) {
+          absent.push_back({addr, draining[i], false});
+          if (absent.size() > max_absent) absent.pop_front();
+        }
         ranks.erase(ranks.begin() + static_cast<std::ptrdiff_t>(i));
         loads.erase(loads.begin() + static_cast<std::ptrdiff_t>(i));
         draining.erase(draining.begin() + static_cast<std::ptrdiff_t>(i));
         return;
       }
+  }
+  /// A rank set aside may register again with its next report. True if it was set aside.
+  bool rejoin(const caf::actor_addr& addr) {
+    for (auto& a : absent)
+      if (a.addr == addr) return a.may_return = true;
+    return false;
   }
   std::optional<size_t> index_of(const Handle& rank) const {
     for (size_t i = 0; i < ranks.size(); ++i)

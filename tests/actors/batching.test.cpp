@@ -7,6 +7,7 @@
 #include <caf/event_based_actor.hpp>
 
 #include "actors/decode_balancer.hpp"
+#include "actors/prefill_balancer.hpp"
 #include "gpu/byte_tokenizer.hpp"
 #include "gpu/cpu_executor.hpp"
 #include "gpu/fault_executor.hpp"
@@ -840,4 +841,78 @@ TEST_CASE("a placement parked for want of room is given up once its asker stops 
       .receive([&](decode_placement& p) { CHECK(p.name == "decode-x"); }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
   self->send_exit(balancer, caf::exit_reason::user_shutdown);
   self->send_exit(rank, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("a rank forgotten because its node was given up for lost stays forgotten when a load report it sent "
+          "earlier arrives late, and comes back -- still draining if it was -- only once told it may rejoin") {
+  test::cluster_system t;
+  caf::scoped_actor self{t.sys};
+  auto decode_bal = spawn_decode_balancer(t.sys, {});
+  auto prefill_bal = spawn_prefill_balancer(t.sys, {});
+  const auto stand_in = [&] {
+    return t.sys.spawn([](caf::event_based_actor*) -> caf::behavior { return {[](int) {}}; });
+  };
+  auto decode = caf::actor_cast<decode_rank_actor>(stand_in());
+  auto prefill = caf::actor_cast<prefill_rank_actor>(stand_in());
+  rank_load load;
+  load.num_free_pages = load.num_total_pages = 8;
+  load.page_size_tokens = 16;
+  const auto names = [&](auto& balancer) {
+    std::vector<std::string> out;
+    self->request(balancer, std::chrono::seconds{5}, stats_atom::value)
+        .receive(
+            [&](std::vector<rank_load>& loads) {
+              for (const auto& l : loads) out.push_back(l.name);
+            },
+            [&](caf::error& e) { FAIL(t.sys.render(e)); });
+    return out;
+  };
+  const auto placed = [&](auto& balancer, auto placement) {
+    place_query q{7, 16, 0, 32};
+    q.wait_ms = 20;
+    bool ok = false;
+    self->request(balancer, std::chrono::seconds{5}, place_atom::value, q)
+        .receive([&](decltype(placement)&) { ok = true; }, [&](caf::error&) {});
+    return ok;
+  };
+  const auto logged = [&](auto& balancer, const std::string& why) {
+    bool found = false;
+    self->request(balancer, std::chrono::seconds{5}, events_atom::value)
+        .receive(
+            [&](std::vector<placement_record>& log) {
+              for (const auto& r : log) found |= r.why == why;
+            },
+            [](caf::error&) {});
+    return found;
+  };
+  const auto both = [&](auto check) {
+    check(decode_bal, decode, "decode-x", decode_placement{});
+    check(prefill_bal, prefill, "prefill-x", prefill_placement{});
+  };
+  both([&](auto& bal, auto& rank, const std::string& name, auto kind) {
+    CAPTURE(name);
+    load.name = name;
+    self->send(bal, load_atom::value, load, rank);
+    CHECK(names(bal) == std::vector<std::string>{name});
+    self->send(bal, drain_atom::value, rank);  // an elastic move began on it
+    CHECK(!placed(bal, kind));
+    // Its node is given up for lost; a report it sent before that arrives after.
+    self->send(bal, forget_atom::value, rank);
+    self->send(bal, load_atom::value, load, rank);
+    CHECK(names(bal).empty());
+    // The node is back: the balancer hears so, then the rank's report -- it still drains.
+    self->send(bal, rejoin_atom::value, rank);
+    self->send(bal, load_atom::value, load, rank);
+    CHECK(names(bal) == std::vector<std::string>{name});
+    CHECK(logged(bal, "rejoined, still draining"));
+    CHECK(!placed(bal, kind));
+    self->send(bal, undrain_atom::value, rank);
+    CHECK(placed(bal, kind));
+    // A rejoin for a rank that was not set aside changes nothing.
+    self->send(bal, rejoin_atom::value, rank);
+    CHECK(names(bal) == std::vector<std::string>{name});
+  });
+  for (auto a : {caf::actor_cast<caf::actor>(decode), caf::actor_cast<caf::actor>(prefill),
+                 caf::actor_cast<caf::actor>(decode_bal), caf::actor_cast<caf::actor>(prefill_bal)})
+    self->send_exit(a, caf::exit_reason::user_shutdown);
 }
