@@ -141,7 +141,9 @@ decode_balancer_actor::behavior_type decode_balancer_impl(pointer self, decode_b
           st.registry.forget(caf::actor_cast<caf::actor_addr>(rank), true);
         }
       },
-      [=](rejoin_atom, decode_rank_actor& rank) { self->state.registry.rejoin(caf::actor_cast<caf::actor_addr>(rank)); },
+      [=](rejoin_atom, decode_rank_actor& rank, bool keep_draining) {
+        self->state.registry.rejoin(caf::actor_cast<caf::actor_addr>(rank), keep_draining);
+      },
       [=](drain_atom, decode_rank_actor& rank) {
         auto& st = self->state;
         if (auto i = st.registry.index_of(rank)) {

@@ -105,11 +105,11 @@ void continue_move(pointer self) {
     // role's may take it back (it forgot it at an earlier move) before the rank reports.
     if (m.to_prefill) {
       self->send(st.decode_balancer, forget_atom::value, inst.decode);
-      self->send(st.prefill_balancer, rejoin_atom::value, inst.prefill);
+      self->send(st.prefill_balancer, rejoin_atom::value, inst.prefill, false);
       self->request(inst.prefill, caf::infinite, role_atom::value, true).then([](bool) {});
     } else {
       self->send(st.prefill_balancer, forget_atom::value, inst.prefill);
-      self->send(st.decode_balancer, rejoin_atom::value, inst.decode);
+      self->send(st.decode_balancer, rejoin_atom::value, inst.decode, false);
       self->request(inst.decode, caf::infinite, role_atom::value, true).then([](bool) {});
     }
     st.serves_prefill[m.instance] = m.to_prefill;

@@ -57,7 +57,9 @@ using undrain_atom = caf::atom_constant<caf::atom("undrain")>;
 using reserve_expire_atom = caf::atom_constant<caf::atom("rsvexpire")>;
 using forget_atom = caf::atom_constant<caf::atom("forget")>;
 /// A rank forgotten by forget_atom (its node was given up for lost, an elastic move took it to
-/// the other role) may register again: its next load report brings it back.
+/// the other role) may register again: its next load report brings it back, draining again if
+/// it was when forgotten and the bool says so (a node back from a partition: yes; an instance
+/// an elastic move brings back to this role: no, its drain was that earlier move's).
 using rejoin_atom = caf::atom_constant<caf::atom("rejoin")>;
 using rank_gone_atom = caf::atom_constant<caf::atom("rank_gone")>;
 using adopt_atom = caf::atom_constant<caf::atom("adopt")>;
@@ -813,7 +815,7 @@ using prefill_balancer_actor = caf::typed_actor<
     caf::reacts_to<drain_atom, prefill_rank_actor>,                     // no new placements on this rank
     caf::reacts_to<undrain_atom, prefill_rank_actor>,                   // placements again (a move was abandoned)
     caf::reacts_to<forget_atom, prefill_rank_actor>,                    // its node is gone: drop it until...
-    caf::reacts_to<rejoin_atom, prefill_rank_actor>>;                   // ...it may come back
+    caf::reacts_to<rejoin_atom, prefill_rank_actor, bool>>;                   // ...it may come back
 
 /// Places sequences on decode ranks from their reported loads (policies/decode_placement.hpp).
 using decode_balancer_actor = caf::typed_actor<
@@ -825,7 +827,7 @@ using decode_balancer_actor = caf::typed_actor<
     caf::reacts_to<drain_atom, decode_rank_actor>,               // no new placements on this rank
     caf::reacts_to<undrain_atom, decode_rank_actor>,             // placements again (a move was abandoned)
     caf::reacts_to<forget_atom, decode_rank_actor>,              // its node is gone: drop it until...
-    caf::reacts_to<rejoin_atom, decode_rank_actor>>;             // ...it may come back
+    caf::reacts_to<rejoin_atom, decode_rank_actor, bool>>;             // ...it may come back
 
 /// Elastic P/D: one role change, as the controller carried it out.
 struct role_change {

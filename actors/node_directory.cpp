@@ -332,8 +332,8 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
         if (i->second.state == "gone") {
           i->second.state = "joined";
           auto& w = st.welcome;
-          for (const auto& r : i->second.ranks.decode) self->send(w.decode_balancer, rejoin_atom::value, r);
-          for (const auto& r : i->second.ranks.prefill) self->send(w.prefill_balancer, rejoin_atom::value, r);
+          for (const auto& r : i->second.ranks.decode) self->send(w.decode_balancer, rejoin_atom::value, r, true);
+          for (const auto& r : i->second.ranks.prefill) self->send(w.prefill_balancer, rejoin_atom::value, r, true);
           for (const auto& r : i->second.ranks.decode) self->send(r, health_atom::value);
           for (const auto& r : i->second.ranks.prefill) self->send(r, health_atom::value);
           // Its data-parallel groups went on without it (their meetings were lost when it was

@@ -282,7 +282,9 @@ prefill_balancer_actor::behavior_type prefill_balancer_impl(pointer self, prefil
       [=](forget_atom, prefill_rank_actor& rank) {
         forget_rank(self->state, caf::actor_cast<caf::actor_addr>(rank), "forgotten: its node is gone", true);
       },
-      [=](rejoin_atom, prefill_rank_actor& rank) { self->state.registry.rejoin(caf::actor_cast<caf::actor_addr>(rank)); },
+      [=](rejoin_atom, prefill_rank_actor& rank, bool keep_draining) {
+        self->state.registry.rejoin(caf::actor_cast<caf::actor_addr>(rank), keep_draining);
+      },
       [=](drain_atom, prefill_rank_actor& rank) {
         auto& st = self->state;
         if (auto i = st.registry.index_of(rank)) {

@@ -93,10 +93,14 @@ struct rank_registry {
         return;
       }
   }
-  /// A rank set aside may register again with its next report. True if it was set aside.
-  bool rejoin(const caf::actor_addr& addr) {
+  /// A rank set aside may register again with its next report, draining again if it was and
+  /// `keep_draining`. True if it was set aside.
+  bool rejoin(const caf::actor_addr& addr, bool keep_draining) {
     for (auto& a : absent)
-      if (a.addr == addr) return a.may_return = true;
+      if (a.addr == addr) {
+        a.draining = a.draining && keep_draining;
+        return a.may_return = true;
+      }
     return false;
   }
   std::optional<size_t> index_of(const Handle& rank) const {
