@@ -28,6 +28,7 @@
 #include "deploy/flags.hpp"
 #include "deploy/net_security.hpp"
 #include "deploy/processes.hpp"
+#include "policies/restart_backoff.hpp"
 
 namespace baton::deploy {
 
@@ -52,11 +53,17 @@ std::string take_spec_path(std::vector<std::string>& args, const std::vector<std
 }
 
 struct child {
+  child(node_launch n, pid_t p, int in = -1) : node(std::move(n)), pid(p), standby_in(in) {}
   node_launch node;
-  pid_t pid = -1;
+  pid_t pid = -1;  ///< -1 while it waits to be restarted
   /// A spare standing by (`baton node --standby`, its model loaded): its stdin, where it is told
   /// the flags of the node it stands in for; -1 for every other child.
   int standby_in = -1;
+  std::chrono::steady_clock::time_point started_at = std::chrono::steady_clock::now();
+  /// Failed, restarted at this time (--restart-backoff-ms); how it ended, for the message then.
+  std::optional<std::chrono::steady_clock::time_point> restart_at;
+  std::string ended;
+  uint32_t backoff_ms = 0;  ///< the wait before its current run (0: not restarted yet)
 };
 
 std::vector<std::string> command_of(const cluster_spec& spec, const node_launch& n) {
@@ -131,6 +138,11 @@ int run_launch(const std::vector<std::string>& raw_args) {
             "3 is a node leaving so that its data-parallel group can re-form or its expert shards start again); the "
             "head too, which the other nodes wait for and join again; 0: a node that leaves stays away, and the "
             "head's end stops the cluster");
+  policies::restart_backoff backoff;
+  flags.add("--restart-backoff-ms", &backoff.base_ms,
+            "wait this long before the first restart of a failed node, twice as long after each failure that "
+            "follows within a minute of its start (at most 30 s), so a crash loop does not spend its restarts at "
+            "once; 0 restarts at once");
   flags.add("--wait-s", &wait_s, "give up when the nodes have not all joined after this long");
   flags.add("--drain-ms", &drain_ms, "on stop, how long decode nodes may drain before they are killed");
   flags.add("--dry-run", &dry_run, "print each node's command line and start nothing");
@@ -207,7 +219,7 @@ int run_launch(const std::vector<std::string>& raw_args) {
   auto start = [&](const node_launch& n) {
     const auto pid = spawn(n);
     if (pid < 0) return false;
-    children.push_back({n, pid});
+    children.emplace_back(n, pid);
     return true;
   };
   // A spare starts with the others and stands by: it loads the model, then waits on its stdin
@@ -222,7 +234,7 @@ int run_launch(const std::vector<std::string>& raw_args) {
     const auto pid = spawn_process(command_of(spec, sb), &why, is_local_host(n.host) ? env_of(n) : std::vector<std::string>{},
                                    false, &in);
     if (pid < 0) return false;
-    children.push_back({n, pid, in});
+    children.emplace_back(n, pid, in);
     return true;
   };
   auto dead_child = [&]() -> const child* {
@@ -383,10 +395,51 @@ int run_launch(const std::vector<std::string>& raw_args) {
               [](caf::error&) {});
     for (auto it = children.begin(); it != children.end();) {
       std::string how;
-      if (!process_exited(it->pid, &how)) {
+      bool cannot_restart = false;  // its restart was due and did not start: it failed for good
+      const auto now = std::chrono::steady_clock::now();
+      if (it->restart_at) {  // failed, waiting out its backoff (pid -1: nothing to reap)
+        if (now < *it->restart_at) {
+          ++it;
+          continue;
+        }
+        it->restart_at.reset();
+        const uint32_t tries = restarts[it->node.name];
+        if (const auto pid = spawn(it->node); pid > 0) {
+          it->pid = pid;
+          it->started_at = now;
+          if (it->node.role == "head") {
+            std::printf("baton launch: the head exited (%s); restarted it (%u of %u, pid %d, after %.1f s); the nodes wait "
+                        "for it\n",
+                        it->ended.c_str(), tries, restart_failed, static_cast<int>(pid), it->backoff_ms / 1000.0);
+            // Looked for at each pass from now on; one that dies before it listens is seen (not
+            // reaped) and restarted by a later pass, while tries are left.
+            head_back = awaited_head{now + std::chrono::seconds{wait_s}, {}};
+          } else {
+            std::printf("baton launch: node %s restarted (%u of %u, pid %d, after %.1f s)\n", it->node.name.c_str(), tries,
+                        restart_failed, static_cast<int>(pid), it->backoff_ms / 1000.0);
+          }
+          std::fflush(stdout);
+          ++it;
+          continue;
+        }
+        std::fprintf(stderr, "baton launch: %s %s: cannot restart it: %s\n", it->node.role == "head" ? "head" : "node",
+                     it->node.name.c_str(), why.c_str());
+        how = it->ended;
+        cannot_restart = true;
+      } else if (!process_exited(it->pid, &how)) {
         ++it;
         continue;
       }
+      // Failed with tries left: restarted once its backoff has passed.
+      const auto schedule_restart = [&] {
+        const uint32_t tries = ++restarts[it->node.name];
+        const auto ran_ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - it->started_at).count();
+        it->backoff_ms = backoff.next_delay_ms(it->backoff_ms, static_cast<uint64_t>(ran_ms));
+        it->restart_at = now + std::chrono::milliseconds{it->backoff_ms};
+        it->ended = how;
+        it->pid = -1;
+        return tries;
+      };
       if (it->standby_in >= 0) {  // a spare that was standing by: no node to replace, nothing to restart
         std::printf("baton launch: spare %s stopped standing by (%s)\n", it->node.name.c_str(), how.c_str());
         std::fflush(stdout);
@@ -398,41 +451,29 @@ int run_launch(const std::vector<std::string>& raw_args) {
         // The head restarted in place: the other nodes keep their processes and models, wait
         // for it (`--head-wait-s`) and join it afresh; store nodes are adopted again as it starts.
         // Requests in flight when it died are lost (their clients got an error).
-        if (restart_failed > 0 && restarts[it->node.name] < restart_failed) {
-          const uint32_t tries = ++restarts[it->node.name];
-          const auto pid = spawn(it->node);
-          if (pid > 0) {
-            std::printf("baton launch: the head exited (%s); restarted it (%u of %u, pid %d); the nodes wait for it\n",
-                        how.c_str(), tries, restart_failed, static_cast<int>(pid));
-            std::fflush(stdout);
-            it->pid = pid;
-            // Looked for at each pass from now on; one that dies before it listens is seen (not
-            // reaped) and restarted by a later pass, while tries are left.
-            head_back = awaited_head{std::chrono::steady_clock::now() + std::chrono::seconds{wait_s}, {}};
-            ++it;
-            continue;
-          }
-          std::fprintf(stderr, "baton launch: cannot restart the head: %s\n", why.c_str());
+        if (!cannot_restart && restart_failed > 0 && restarts[it->node.name] < restart_failed) {
+          const uint32_t tries = schedule_restart();
+          std::printf("baton launch: the head exited (%s); restarting it in %.1f s (%u of %u)\n", how.c_str(),
+                      it->backoff_ms / 1000.0, tries, restart_failed);
+          std::fflush(stdout);
+          ++it;
+          continue;
         }
         std::fprintf(stderr, "baton launch: the head exited (%s); stopping the cluster\n", how.c_str());
         it->pid = -1;
         return 1;
       }
-      std::printf("baton launch: node %s left (%s)\n", it->node.name.c_str(), how.c_str());
       // Store nodes are not restarted: the head adopts their block servers only as it starts.
       const bool failed = how != "exit code 0" && it->node.role != "store";
-      if (failed && restart_failed > 0 && restarts[it->node.name] < restart_failed) {
-        const uint32_t tries = ++restarts[it->node.name];
-        if (auto pid = spawn(it->node); pid > 0) {
-          std::printf("baton launch: node %s restarted (%u of %u, pid %d)\n", it->node.name.c_str(), tries,
-                      restart_failed, static_cast<int>(pid));
-          std::fflush(stdout);
-          it->pid = pid;
-          ++it;
-          continue;
-        }
-        std::fprintf(stderr, "baton launch: node %s: cannot restart it: %s\n", it->node.name.c_str(), why.c_str());
+      if (!cannot_restart && failed && restart_failed > 0 && restarts[it->node.name] < restart_failed) {
+        const uint32_t tries = schedule_restart();
+        std::printf("baton launch: node %s left (%s); restarting it in %.1f s (%u of %u)\n", it->node.name.c_str(),
+                    how.c_str(), it->backoff_ms / 1000.0, tries, restart_failed);
+        std::fflush(stdout);
+        ++it;
+        continue;
       }
+      if (!cannot_restart) std::printf("baton launch: node %s left (%s)\n", it->node.name.c_str(), how.c_str());
       // Failed for good (restarts used up, or its host cannot start it): a spare of the same
       // role and ranks takes its place, and with it the node's data-parallel members; one
       // standing by first (told the node's flags on its stdin), else one started cold.
@@ -463,7 +504,7 @@ int run_launch(const std::vector<std::string>& raw_args) {
         if (auto pid = spawn(in); pid > 0) {
           std::printf("baton launch: node %s failed for good; spare %s started in its place (pid %d)\n",
                       it->node.name.c_str(), in.name.c_str(), static_cast<int>(pid));
-          *it = {in, pid};
+          *it = child{in, pid};
           restarts.emplace(in.name, 0);  // a spare may be restarted as any node, and is watched for its join
           replaced = true;
         } else {

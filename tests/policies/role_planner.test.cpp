@@ -2,6 +2,9 @@
 
 #include <doctest/doctest.h>
 
+#include <vector>
+
+#include "policies/restart_backoff.hpp"
 #include "policies/role_planner.hpp"
 
 using namespace baton::policies;
@@ -191,4 +194,21 @@ TEST_CASE("role planner: a starved length bucket asks for a rank while the prefi
   tail_cfg.pool_signal = "max";
   role_planner tail{tail_cfg};
   CHECK(tail.pressure(rank_role::prefill, ranks(0)) == doctest::Approx(2.0));
+}
+
+TEST_CASE("restart backoff: a node that fails at once, again and again, waits twice as long each time up to the "
+          "cap; one that ran a while starts over at the base; 0 never waits") {
+  baton::policies::restart_backoff b;  // 500 ms, at most 30 s, settled after 60 s
+  uint32_t wait = 0;
+  std::vector<uint32_t> waits;
+  for (int i = 0; i < 9; ++i) waits.push_back(wait = b.next_delay_ms(wait, 100));
+  CHECK(waits == std::vector<uint32_t>{500, 1000, 2000, 4000, 8000, 16000, 30000, 30000, 30000});
+  CHECK(b.next_delay_ms(16000, 59999) == 30000);
+  CHECK(b.next_delay_ms(16000, 60000) == 500);  // it had served a minute: not a crash loop
+  b.base_ms = 0;
+  CHECK(b.next_delay_ms(0, 0) == 0);
+  CHECK(b.next_delay_ms(8000, 10) == 0);
+  b.base_ms = 40000;  // a base above the cap: the cap wins
+  CHECK(b.next_delay_ms(0, 0) == 30000);
+  CHECK(b.next_delay_ms(30000, 0) == 30000);
 }
