@@ -72,8 +72,9 @@ namespace {
 /// What the cluster's KV blocks are keyed by: the model and weights, layout and block size.
 store::kv_identity kv_identity_of(const local_cluster_config& cfg) {
   const auto& m = cfg.model;
-  return {m.name + " seed " + std::to_string(cfg.weights_seed), m.num_hidden_layers, m.kv_dim(), cfg.store.block_tokens,
-          cfg.executor.page_size_tokens, cfg.backend.kv_dtype()};
+  const std::string weights = cfg.weights_id.empty() ? " seed " + std::to_string(cfg.weights_seed) : " weights " + cfg.weights_id;
+  return {m.name + weights, m.num_hidden_layers, m.kv_dim(), cfg.store.block_tokens, cfg.executor.page_size_tokens,
+          cfg.backend.kv_dtype()};
 }
 
 }  // namespace

@@ -30,6 +30,9 @@ struct local_cluster_config {
   uint64_t weights_seed = 20261130;
   /// Weights loaded from a model directory; null: the built-in model's, drawn from weights_seed.
   std::shared_ptr<const gpu::model_weights> weights;
+  /// The loaded weights' fingerprint (gpu::hf_model::weights_id), which keys the block store's
+  /// KV in place of the seed; empty for seeded weights.
+  std::string weights_id;
   uint32_t num_prefill_ranks = 2;
   uint32_t num_decode_ranks = 2;
   /// Elastic P/D: instances that serve either role, each an executor (one set of weights) with a

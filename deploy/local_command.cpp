@@ -175,6 +175,7 @@ bool load_model_into(const std::string& dir, local_cluster_config* cfg, std::str
   if (dir == "deepseek-v2-tiny" || dir == "deepseek-v3-tiny") {
     cfg->model = gpu::deepseek_tiny_config(dir == "deepseek-v3-tiny");
     cfg->weights = nullptr;  // drawn from weights_seed, identically in every process
+    cfg->weights_id.clear();
     return true;
   }
   gpu::hf_model m;
@@ -183,6 +184,7 @@ bool load_model_into(const std::string& dir, local_cluster_config* cfg, std::str
   if (!tok) return false;
   cfg->model = m.config;
   cfg->weights = m.weights;
+  cfg->weights_id = m.weights_id;
   cfg->router.tokenizer = std::move(tok);
   for (auto id : m.generation.eos_token_ids)
     if (id != m.config.eos_token_id) cfg->router.extra_eos_token_ids.push_back(id);

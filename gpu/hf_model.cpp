@@ -441,6 +441,7 @@ bool load_hf_model_unchecked(const std::string& dir, hf_model* out, std::string*
   }
   finish_mla_weights(c, *w);
   m.weights = std::move(w);
+  m.weights_id = set->fingerprint(text);  // config.json too: RoPE settings, say, change the KV
   *out = std::move(m);
   return true;
 }

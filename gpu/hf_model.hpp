@@ -28,6 +28,9 @@ struct hf_model {
   model_config config;
   std::shared_ptr<const model_weights> weights;
   generation_defaults generation;
+  /// config.json and the weights' fingerprint (safetensors_set::fingerprint), 16 hex digits: what
+  /// the block store keys KV by, since two checkpoints often share a name (`_name_or_path`).
+  std::string weights_id;
 };
 
 /// Parses config.json text into `out`; false and a sentence on failure. `source` names the file.

@@ -1,6 +1,8 @@
 #include "gpu/safetensors.hpp"
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -217,6 +219,49 @@ std::vector<std::string> safetensors_set::names() const {
   std::vector<std::string> out;
   for (const auto& [n, t] : by_name_) out.push_back(n);
   return out;
+}
+
+namespace {
+
+/// FNV-1a, 64 bits: simple and stable across machines and builds (the fingerprint names KV
+/// blocks on disk, which outlive the process).
+struct fnv1a {
+  uint64_t h = 0xcbf29ce484222325ull;
+  void add(const void* p, size_t n) {
+    const auto* b = static_cast<const unsigned char*>(p);
+    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 0x100000001b3ull;
+  }
+  void add(uint64_t x) { add(&x, sizeof x); }
+  void add(const std::string& s) {
+    add(s.size());
+    add(s.data(), s.size());
+  }
+};
+
+}  // namespace
+
+std::string safetensors_set::fingerprint(const std::string& salt) const {
+  constexpr uint64_t total_samples = 65536, sample_bytes = 64, most_per_tensor = 256;
+  const uint64_t per_tensor =
+      std::clamp<uint64_t>(total_samples / std::max<size_t>(1, by_name_.size()), 1, most_per_tensor);
+  fnv1a f;
+  f.add(salt);
+  for (const auto& [name, t] : by_name_) {  // by name: the files' order and sharding do not matter
+    f.add(name);
+    f.add(static_cast<uint64_t>(t->dtype));
+    f.add(t->shape.size());
+    for (auto d : t->shape) f.add(d);
+    if (t->bytes <= per_tensor * sample_bytes) {
+      f.add(t->data, t->bytes);
+      continue;
+    }
+    const uint64_t last = t->bytes - sample_bytes;  // where the last sample may start
+    for (uint64_t k = 0; k < per_tensor; ++k)
+      f.add(t->data + (per_tensor == 1 ? last / 2 : last * k / (per_tensor - 1)), sample_bytes);
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(f.h));
+  return hex;
 }
 
 std::vector<float> to_f32(const st_tensor& t) { return to_f32(t, 0, t.elements()); }

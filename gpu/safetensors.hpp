@@ -48,6 +48,12 @@ class safetensors_set {
   /// The tensor, or nullptr.
   const st_tensor* find(const std::string& name) const;
   std::vector<std::string> names() const;
+  /// A stable 64-bit fingerprint of the weights, as 16 hex digits: every tensor's name, dtype and
+  /// shape, and bytes sampled evenly through its data (at most 65536 samples of 64 bytes in all,
+  /// at least one per tensor), so two checkpoints of one architecture -- a fine-tune, a merged
+  /// LoRA -- differ while reading a sliver of them. The same on every machine and run. `salt`
+  /// (config.json's text, say) is mixed in first.
+  std::string fingerprint(const std::string& salt = {}) const;
 
  private:
   std::vector<std::unique_ptr<safetensors_file>> files_;

@@ -195,6 +195,34 @@ TEST_CASE("store: a restarted cluster finds the blocks its store wrote before: t
   check_equal(*q_again, reference(cfg, q));
 }
 
+TEST_CASE("store: blocks are keyed by the weights' fingerprint: a cluster on other weights of the same model name "
+          "(a fine-tune) finds none of them, the same weights find them all") {
+  temp_dir dir{"weights-id"};
+  auto cfg = store_cluster(dir.path);
+  cfg.weights_id = "00000000000000aa";  // as load_hf_model computes for a model directory
+  const auto p = prompt_tokens(cfg, 99, 3);  // 3 full blocks
+  const auto serve = [&](const std::string& weights_id, uint64_t found) {
+    auto c = cfg;
+    c.weights_id = weights_id;
+    test::cluster_system t;
+    auto cluster = start_local_cluster(t.sys, c);
+    test::cluster_system::stopper stop{t, cluster};
+    wait_for_blocks(t, cluster, found);  // its own blocks on disk, indexed as the server starts
+    caf::scoped_actor self{t.sys};
+    self->request(cluster.decode_balancer, std::chrono::seconds{5}, store_atom::value)
+        .receive([&](store_info& s) { CHECK(s.model_id == c.model.name + " weights " + weights_id); },
+                 [](caf::error&) { FAIL("no store info"); });
+    auto r = t.generate(cluster.router, request_for(p));
+    REQUIRE_MESSAGE(r, t.sys.render(r.error()));
+    check_equal(*r, reference(cfg, p));
+    wait_for_blocks(t, cluster, 3);  // written back before the cluster stops
+    return r->cached_tokens;
+  };
+  CHECK(serve("00000000000000aa", 0) == 0);   // first run: computed, written
+  CHECK(serve("00000000000000bb", 0) == 0);   // other weights: the blocks on disk are not theirs
+  CHECK(serve("00000000000000aa", 3) == 96);  // the first weights again: all three blocks hit
+}
+
 TEST_CASE("store: DeepSeek-V2 and V3 (MLA latent pages, MoE): a prefix from the store equals computing it") {
   for (bool v3 : {false, true}) {
     CAPTURE(v3);

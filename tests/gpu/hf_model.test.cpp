@@ -391,6 +391,26 @@ TEST_CASE("an exported built-in model is a model directory that loads to the sam
   small.vocab_size = 200;
   CHECK_FALSE(load_model_tokenizer(dir, small, &why));
   CHECK(why == dir + "/tokenizer.json: its ids go up to 258, past the model's vocab_size of 200 (config.json)");
+  // The weights' fingerprint (it keys the block store): the same directory gives the same one;
+  // other weights of the same config and name -- every value of one tensor nudged, as a
+  // fine-tune does -- and the same weights under another config give others.
+  CHECK(m.weights_id.size() == 16);
+  hf_model again;
+  REQUIRE(load_hf_model(dir, &again, &why));
+  CHECK(again.weights_id == m.weights_id);
+  const auto tuned_dir = temp_dir("export-tuned");
+  auto tuned = w;
+  for (auto& x : tuned.layers[1].w_up) x *= 1.001f;
+  REQUIRE(save_hf_model(tuned_dir, cfg, tuned).empty());
+  hf_model t;
+  REQUIRE(load_hf_model(tuned_dir, &t, &why));
+  CHECK(t.weights_id != m.weights_id);
+  auto theta = cfg;
+  theta.rope_theta *= 2;
+  REQUIRE(save_hf_model(tuned_dir, theta, w).empty());
+  REQUIRE(load_hf_model(tuned_dir, &t, &why));
+  CHECK(t.weights_id != m.weights_id);
+  std::filesystem::remove_all(tuned_dir);
   auto scaled = cfg;
   scaled.rope_scaling.type = "llama3";
   const auto refused = save_hf_model(dir, scaled, w);
