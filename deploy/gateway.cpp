@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstring>
 #include <optional>
+#include <string_view>
 
 #include <caf/actor_system.hpp>
 #include <caf/io/broker.hpp>
@@ -51,9 +52,18 @@ using shared_ptr = std::shared_ptr<gateway_shared>;
 /// One connection's progress. Requests on a connection are answered one at a time, in order
 /// (HTTP/1.1 pipelining); `busy` holds the next one back until the current one is answered.
 struct connection_state {
-  std::string in;  ///< received, not yet parsed
+  std::string in;     ///< received; bytes before in_off are parsed (compacted once per pump)
+  size_t in_off = 0;
   bool busy = false;
   bool keep_alive = true;
+  bool closed = false;    ///< finish() closed it: nothing pipelined behind may start
+  /// Bytes written and not yet sent (the socket's buffers full: a client that does not read).
+  /// Past out_limit_bytes no further pipelined request starts and reads stop.
+  uint64_t out_pending = 0;
+  std::chrono::steady_clock::time_point out_progress = std::chrono::steady_clock::now();  ///< last bytes sent
+  /// When the request being received began to arrive: it must be complete within the idle
+  /// timeout however slowly it trickles in (slowloris).
+  std::chrono::steady_clock::time_point request_started = std::chrono::steady_clock::now();
   bool pumping = false;   ///< pump()'s loop is running: finish() leaves the next request to it
   bool reading = true;    ///< false while reads are halted (a pipelined backlog past the limits)
   bool sent_continue = false;  ///< "100 Continue" written for the request being received
@@ -99,10 +109,28 @@ openai::api_error api_error_of(int status, std::string message) {
   return {status, std::move(message), status < 500 ? "invalid_request_error" : "server_error", {}};
 }
 
-void write(caf::io::broker* self, caf::io::connection_handle hdl, const std::string& data) {
+/// Answers queued for a client that does not read past this stop the connection's further
+/// requests and reads; a whole streamed generation fits below it.
+constexpr uint64_t out_limit_bytes = 1 << 20;
+
+void write(caf::io::broker* self, caf::io::connection_handle hdl, const state_ptr& st, const std::string& data) {
   if (data.empty()) return;
+  if (st->out_pending == 0) st->out_progress = std::chrono::steady_clock::now();
+  st->out_pending += data.size();  // until the next data_transferred_msg says how much is left
   self->write(hdl, data.size(), data.data());
   self->flush(hdl);
+}
+
+/// Closes at once, dropping what is still queued (the peer stopped reading, or went silent):
+/// CAF's close waits for the buffers to drain, which a peer with a zero window prevents for ever.
+/// The connection handle of CAF's default multiplexer is the socket.
+void abort_connection(caf::io::broker* self, caf::io::connection_handle hdl) {
+  const int fd = static_cast<int>(hdl.id());
+  const linger hard{1, 0};  // RST: no FIN_WAIT with unsent data
+  ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &hard, sizeof hard);
+  ::shutdown(fd, SHUT_RDWR);  // the scribe's next read or write fails and it closes
+  self->close(hdl);
+  self->quit();
 }
 
 void pump(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st);
@@ -118,16 +146,17 @@ void end_call(caf::io::broker* self, const state_ptr& st) {
 /// Ends the current answer: the next pipelined request may start, or the connection closes.
 void finish(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st) {
   st->busy = false;
-  st->last_activity = std::chrono::steady_clock::now();
+  st->last_activity = st->request_started = std::chrono::steady_clock::now();
   end_call(self, st);
-  if (!st->reading) {  // a backlog halted reads: take in more now that it is being worked off
-    st->reading = true;
-    self->trigger(hdl);
-  }
   if (!st->keep_alive) {
+    st->closed = true;  // a request pipelined behind this one is never started
     self->close(hdl);
     self->quit();
     return;
+  }
+  if (!st->reading && st->out_pending < out_limit_bytes) {  // a backlog halted reads: take in more
+    st->reading = true;
+    self->trigger(hdl);
   }
   pump(self, hdl, g, st);
 }
@@ -138,7 +167,7 @@ void reply(caf::io::broker* self, caf::io::connection_handle hdl, const shared_p
   if (status == 503 || status == 429) extra.emplace_back("Retry-After", "1");
   auto out = http::response(status, content_type, body, st->keep_alive, extra);
   if (st->head_only) out.resize(out.size() - body.size());  // Content-Length stays: HEAD's rule
-  write(self, hdl, out);
+  write(self, hdl, st, out);
   finish(self, hdl, g, st);
 }
 
@@ -149,12 +178,12 @@ void reply_error(caf::io::broker* self, caf::io::connection_handle hdl, const sh
 
 void event(caf::io::broker* self, caf::io::connection_handle hdl, const state_ptr& st, const std::string& data) {
   const std::string e = "data: " + data + "\n\n";
-  write(self, hdl, st->chunked ? http::chunk(e) : e);
+  write(self, hdl, st, st->chunked ? http::chunk(e) : e);
 }
 
 /// The stream's end: the last chunk, or (HTTP/1.0) nothing: finish() closes the connection.
 void end_stream(caf::io::broker* self, caf::io::connection_handle hdl, const state_ptr& st) {
-  if (st->chunked) write(self, hdl, http::last_chunk());
+  if (st->chunked) write(self, hdl, st, http::last_chunk());
 }
 
 /// One call's go-between: it asks the router with itself as the sink and passes the chunks, then
@@ -216,11 +245,11 @@ void on_chunk(caf::io::broker* self, caf::io::connection_handle hdl, const state
   if (!st->call || !st->call->stream || seq != st->call_seq) return;  // not streamed, or of an answer already ended
   if (!st->head_sent) {
     if (st->chunked) {
-      write(self, hdl,
+      write(self, hdl, st,
             http::chunked_head(200, "text/event-stream", {{"Connection", st->keep_alive ? "keep-alive" : "close"}}));
     } else {
       st->keep_alive = false;  // the close is what ends the body
-      write(self, hdl, http::close_delimited_head(200, "text/event-stream"));
+      write(self, hdl, st, http::close_delimited_head(200, "text/event-stream"));
     }
     st->head_sent = true;
   }
@@ -269,7 +298,8 @@ void dispatch(caf::io::broker* self, caf::io::connection_handle hdl, const share
   if (!found)
     return reply_error(self, hdl, g, st, {404, "no route " + req.method + " " + req.path.substr(0, 128), "invalid_request_error", {}});
   // HEAD /health: load balancers' probes; the status alone.
-  if (req.method != found->method && !(req.method == "HEAD" && req.path == "/health"))
+  // HEAD wherever GET is served (RFC 9110 §9.3.2): load balancers' probes; the head alone.
+  if (req.method != found->method && !(req.method == "HEAD" && std::string_view{found->method} == "GET"))
     return reply_error(self, hdl, g, st,
                        {405, req.path + " takes " + found->method + ", not " + req.method.substr(0, 16), "invalid_request_error", {}},
                        {{"Allow", found->method}});
@@ -311,13 +341,15 @@ void dispatch(caf::io::broker* self, caf::io::connection_handle hdl, const share
 void pump(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st) {
   if (st->pumping) return;  // the loop below takes the next one
   st->pumping = true;
-  while (!st->busy && !st->in.empty()) {
+  // Parsed from an offset, compacted once at the end: thousands of pipelined requests answered
+  // in one pass must not each move the rest of the buffer.
+  while (!st->busy && !st->closed && st->in_off < st->in.size() && st->out_pending < out_limit_bytes) {
     http::request req;
-    const auto r = http::parse_request(st->in, g->cfg.limits, &req);
+    const auto r = http::parse_request(std::string_view{st->in}.substr(st->in_off), g->cfg.limits, &req);
     if (r.status == http::parse_status::incomplete) {
       // Headers in, body not: a client that asked to be told before it sends the body is told.
       if (r.expects_continue && !st->sent_continue) {
-        write(self, hdl, "HTTP/1.1 100 Continue\r\n\r\n");
+        write(self, hdl, st, "HTTP/1.1 100 Continue\r\n\r\n");
         st->sent_continue = true;
       }
       break;
@@ -329,24 +361,45 @@ void pump(caf::io::broker* self, caf::io::connection_handle hdl, const shared_pt
       st->keep_alive = false;  // the stream cannot be trusted past a malformed request
       st->route = "malformed";
       st->in.clear();
+      st->in_off = 0;
       reply_error(self, hdl, g, st, {r.error_status, r.why, "invalid_request_error", {}});
       break;
     }
-    st->in.erase(0, r.consumed);
+    st->in_off += r.consumed;
+    st->request_started = std::chrono::steady_clock::now();  // the next one's clock, if any
     st->keep_alive = req.keep_alive;
     st->chunked = req.version == "HTTP/1.1";
     st->head_only = req.method == "HEAD";
     dispatch(self, hdl, g, st, req);
   }
+  if (!st->closed && st->in_off > 0) {
+    st->in.erase(0, st->in_off);
+    st->in_off = 0;
+  }
   st->pumping = false;
 }
 
-caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, shared_ptr g) {
+caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, shared_ptr g, caf::actor server) {
   auto st = std::make_shared<connection_state>();
   self->configure_read(hdl, caf::io::receive_policy::at_most(64 * 1024));
+  self->ack_writes(hdl, true);  // data_transferred_msg: how much output is still queued
   self->attach_functor([g] { --g->num_connections; });
-  // A connection that sends no complete request for idle_timeout_ms while nothing is being
-  // answered is closed: idle or dribbling sockets must not hold every slot of max_connections.
+  // The gateway stops (its process ends, or a restarted head gets a new one): an idle keep-alive
+  // connection closes now, a busy one after its answer -- instead of serving on with a router
+  // that is gone, or holding the actor system's shutdown open.
+  self->monitor(server);
+  self->set_down_handler([=](caf::down_msg&) {
+    st->keep_alive = false;
+    if (!st->busy) {
+      st->closed = true;
+      self->close(hdl);
+      self->quit();
+    }
+  });
+  // Slots of max_connections are not held for nothing: a connection idle for idle_timeout_ms
+  // between requests is closed, and so is one whose request has not all arrived that long after
+  // it began (however slowly it trickles: slowloris), or whose answers the client has not read
+  // for that long.
   const auto idle = std::chrono::milliseconds{g->cfg.idle_timeout_ms};
   const auto tick = std::max(std::chrono::milliseconds{10}, idle / 4);
   self->delayed_send(self, tick, timer_atom::value);
@@ -358,15 +411,30 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
   }
   return {
       [=](const caf::io::new_data_msg& msg) {
+        if (st->closed) return;
+        if (st->in_off == st->in.size() && !st->busy) st->request_started = std::chrono::steady_clock::now();
         st->in.append(msg.buf.begin(), msg.buf.end());
-        st->last_activity = std::chrono::steady_clock::now();
         pump(self, hdl, g, st);
-        // Bounded buffering: while an answer is in progress, requests pipelined behind it wait
-        // here; past one request's limits, reading stops until the answer is done.
-        if (st->busy && st->reading && st->in.size() > g->cfg.limits.max_header_bytes + g->cfg.limits.max_body_bytes) {
+        // Bounded buffering: while an answer is in progress (or answers wait to be read),
+        // requests pipelined behind it wait here; past one request's limits, reading stops until
+        // the answer is done and read.
+        const bool held = st->busy || st->out_pending >= out_limit_bytes;
+        if (!st->closed && held && st->reading &&
+            st->in.size() - st->in_off > g->cfg.limits.max_header_bytes + g->cfg.limits.max_body_bytes) {
           st->reading = false;
           self->halt(hdl);
         }
+      },
+      [=](const caf::io::data_transferred_msg& msg) {
+        if (msg.written > 0) st->out_progress = std::chrono::steady_clock::now();
+        const bool was_full = st->out_pending >= out_limit_bytes;
+        st->out_pending = msg.remaining;
+        if (!was_full || st->out_pending >= out_limit_bytes || st->closed) return;
+        if (!st->reading && !st->busy) {
+          st->reading = true;
+          self->trigger(hdl);
+        }
+        pump(self, hdl, g, st);  // requests held back while the client was not reading
       },
       [=](const caf::io::connection_closed_msg&) {  // cancels a generation in flight (its sink goes)
         end_call(self, st);
@@ -381,10 +449,30 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
         if (st->call && seq == st->call_seq) on_failed(self, hdl, g, st, e);
       },
       [=](timer_atom) {
-        if (!st->busy && std::chrono::steady_clock::now() - st->last_activity >= idle) {
+        if (st->closed) return;
+        const auto now = std::chrono::steady_clock::now();
+        if (st->out_pending > 0 && now - st->out_progress >= idle) {
+          // The client has read nothing of its answers for that long: whatever it is doing,
+          // the queued bytes and the generation behind them go.
+          g->metrics.count_response(st->route, 499);
+          end_call(self, st);
+          return abort_connection(self, hdl);
+        }
+        const bool receiving = st->in_off < st->in.size();
+        if (!st->busy && !receiving && now - st->last_activity >= idle) {
           self->close(hdl);
           self->quit();
           return;
+        }
+        if (!st->busy && receiving && now - st->request_started >= idle) {
+          st->keep_alive = false;
+          st->busy = true;
+          st->route = "incomplete";
+          st->in.clear();
+          st->in_off = 0;
+          return reply_error(self, hdl, g, st,
+                             api_error_of(408, "the request did not arrive whole within " +
+                                                   std::to_string(g->cfg.idle_timeout_ms) + " ms"));
         }
         self->delayed_send(self, tick, timer_atom::value);
       },
@@ -394,7 +482,9 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
 caf::behavior server(caf::io::broker* self, int fd, shared_ptr g) {
   self->add_doorman(fd);
   return {
-      [=](const caf::io::new_connection_msg& msg) { self->fork(connection, msg.handle, g); },
+      [=](const caf::io::new_connection_msg& msg) {
+        self->fork(connection, msg.handle, g, caf::actor_cast<caf::actor>(self));
+      },
   };
 }
 

@@ -4,10 +4,14 @@
 #include <doctest/doctest.h>
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <thread>
 
 #include <caf/actor_system.hpp>
@@ -554,6 +558,111 @@ TEST_CASE("a connection that sends nothing is closed after the idle limit, so si
   ::close(a);
   ::close(b);
   CHECK(round_trip(s.gateway.port, get("/health", "")).status == 200);
+}
+
+TEST_CASE("a request that trickles in a byte at a time is cut off with 408 once it has taken the idle limit, "
+          "however often a byte arrives (slowloris)") {
+  deploy::gateway_config gc;
+  gc.idle_timeout_ms = 200;
+  served_cluster s{gc};
+  const int fd = connect_to(s.gateway.port);
+  const std::string slow = get("/health", "");
+  std::string buf;
+  // One byte every 20 ms: each arrives well inside the idle limit, the request never completes.
+  size_t sent = 0;
+  for (; sent < slow.size() - 1; ++sent) {
+    if (::send(fd, slow.data() + sent, 1, MSG_NOSIGNAL) != 1) break;  // the gateway closed it
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 20) > 0) break;  // it answered
+  }
+  CHECK(sent < slow.size() - 1);  // cut off before the request was whole
+  const auto a = read_answer(fd, buf);
+  CHECK(a.status == 408);
+  CHECK_MESSAGE(a.body.find("did not arrive whole within 200 ms") != std::string::npos, a.body);
+  ::close(fd);
+  CHECK(round_trip(s.gateway.port, get("/health", "")).status == 200);
+}
+
+TEST_CASE("a request pipelined behind one that closes the connection is never started") {
+  served_cluster s;
+  const auto before = s.stats().num_admitted;
+  const int fd = connect_to(s.gateway.port);
+  const std::string body = R"({"prompt":"Once upon a time","max_tokens":50,"ignore_eos":true})";
+  // HTTP/1.0 without keep-alive: the first answer closes the connection.
+  send_all(fd, "GET /v1/models HTTP/1.0\r\nAuthorization: Bearer sk-test\r\n\r\n"
+               "POST /v1/completions HTTP/1.0\r\nAuthorization: Bearer sk-test\r\nContent-Length: " +
+                   std::to_string(body.size()) + "\r\n\r\n" + body);
+  std::string all;
+  char tmp[4096];
+  for (ssize_t n; (n = ::recv(fd, tmp, sizeof tmp, 0)) > 0;) all.append(tmp, static_cast<size_t>(n));
+  ::close(fd);
+  CHECK(all.rfind("HTTP/1.1 200", 0) == 0);
+  CHECK(all.find("HTTP/1.1", 1) == std::string::npos);  // one answer only
+  CHECK(s.settles());
+  CHECK(s.stats().num_admitted == before);  // no generation was started
+}
+
+TEST_CASE("a client that pipelines requests and reads none of the answers is held to a bounded backlog: the "
+          "gateway stops reading from it, then drops the connection once it has read nothing for the idle limit") {
+  deploy::gateway_config gc;
+  gc.idle_timeout_ms = 1500;  // longer than the stall below: the stall shows the read limit at work
+  served_cluster s{gc};
+  const int fd = connect_to(s.gateway.port);
+  int small = 64 * 1024;  // small socket buffers: the backlog shows in megabytes, not tens of them
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &small, sizeof small);
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+  // 404s, answered at once without a key: ~250 bytes of answer per 35 bytes of request.
+  std::string burst;
+  while (burst.size() < 64 * 1024) burst += "GET /nowhere HTTP/1.1\r\nHost: x\r\n\r\n";
+  size_t accepted = 0;
+  int stalls = 0;
+  while (accepted < (64u << 20) && stalls < 20) {  // at most 64 MiB; stalled: 20 x 25 ms refused
+    const size_t at = accepted % burst.size();  // a partial send resumes mid-request
+    const auto n = ::send(fd, burst.data() + at, burst.size() - at, MSG_NOSIGNAL);
+    if (n > 0) {
+      accepted += static_cast<size_t>(n);
+      stalls = 0;
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      ++stalls;
+      std::this_thread::sleep_for(std::chrono::milliseconds{25});
+    } else {
+      MESSAGE("send failed after " << accepted << " bytes: errno " << errno << ", stalls " << stalls);
+      break;
+    }
+  }
+  // It stopped taking requests: about its 1 MiB answer limit's worth plus one request's limits
+  // and the sockets' buffers, not the 64 MiB (whose answers would have been ~460 MiB in its memory).
+  CHECK(stalls == 20);
+  CHECK_MESSAGE(accepted < (8u << 20), accepted);
+  // Reading nothing for the idle limit, the client is dropped (bounded wait).
+  bool dropped = false;
+  for (int i = 0; i < 1000 && !dropped; ++i) {
+    const auto n = ::send(fd, burst.data() + accepted++ % burst.size(), 1, MSG_NOSIGNAL);
+    dropped = n < 0 && (errno == ECONNRESET || errno == EPIPE);
+    if (!dropped) std::this_thread::sleep_for(std::chrono::milliseconds{10});
+  }
+  CHECK(dropped);
+  ::close(fd);
+  CHECK(round_trip(s.gateway.port, get("/health", "")).status == 200);
+}
+
+TEST_CASE("HEAD is answered wherever GET is, with the head alone") {
+  served_cluster s;
+  const int fd = connect_to(s.gateway.port);
+  send_all(fd, "HEAD /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-test\r\n\r\nGET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+  std::string all;
+  char tmp[4096];
+  while (all.find("\"status\":\"ok\"") == std::string::npos) {
+    const auto n = ::recv(fd, tmp, sizeof tmp, 0);
+    REQUIRE(n > 0);
+    all.append(tmp, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  CHECK(all.rfind("HTTP/1.1 200", 0) == 0);
+  // The HEAD's head, then at once the next answer: no body in between.
+  const auto next = all.find("\r\n\r\n") + 4;
+  CHECK(all.compare(next, 12, "HTTP/1.1 200") == 0);
 }
 
 TEST_CASE("a client that hangs up mid-stream cancels its request and its KV pages come back") {
