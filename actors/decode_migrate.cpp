@@ -23,6 +23,13 @@ namespace {
 
 constexpr auto migrate_timeout = std::chrono::seconds{2};
 
+/// A sequence released while it moved: its decode order is answered as any released one is.
+void answer_released(decode_state& st, uint64_t lease_id) {
+  auto l = st.leases.find(lease_id);
+  if (l != st.leases.end() && l->second.has_order && l->second.promise.pending())
+    l->second.promise.deliver(decode_summary{.request_id = l->second.request_id, .finish_reason = "released"});
+}
+
 void schedule_poll(decode_pointer self) {
   auto& st = self->state;
   if (st.migrate_poll_scheduled || st.migrations.empty()) return;
@@ -52,6 +59,7 @@ void abandon(decode_pointer self, uint64_t lease_id, const std::string& why) {
   const bool released = m->second.released;
   st.migrations.erase(m);
   if (released) {
+    answer_released(st, lease_id);
     free_lease(self, lease_id);
     return;
   }
@@ -71,6 +79,7 @@ void complete(decode_pointer self, uint64_t lease_id) {
   self->send(m->second.target, writer_done_atom::value, m->second.grant.lease_id, uint32_t{1});
   if (m->second.released) {
     self->send(m->second.target, release_atom::value, m->second.grant.lease_id, false);
+    answer_released(st, lease_id);
   } else {
     decode_summary s{.request_id = l->second.request_id, .num_tokens = m->second.seq.num_generated, .finish_reason = "migrated",
                      .queue_us = l->second.queue_us};
@@ -219,6 +228,7 @@ bool release_migrating(decode_pointer self, uint64_t lease_id) {
   if (m->second.xfers.empty() && !m->second.grant.lease_id) {
     // Still asking for a place or a lease: those answers find no migration and clean up.
     st.migrations.erase(m);
+    answer_released(st, lease_id);
     free_lease(self, lease_id);
   }
   return true;

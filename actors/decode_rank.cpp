@@ -185,8 +185,12 @@ uint32_t pages_to_reserve(const decode_state& st, const kv_lease_reserve& req) {
 /// steps only). False when nothing runs or host memory is too full.
 bool offload_youngest(decode_pointer self) {
   auto& st = self->state;
-  if (st.batch.empty()) return false;
-  auto victim = st.batch.back();
+  // Not a sequence whose lease a writer may still put into (it gave a put up at its send
+  // timeout): its device pages would go to another lease with that put still able to land.
+  auto v = std::find_if(st.batch.rbegin(), st.batch.rend(),
+                        [&](const auto& s) { return !st.leases.at(s.lease_id).writers.abandoned; });
+  if (v == st.batch.rend()) return false;
+  auto victim = *v;
   auto& l = st.leases.at(victim.lease_id);
   if (st.host_free.size() < l.pages.size()) return false;
   std::vector<uint32_t> slots(st.host_free.end() - l.pages.size(), st.host_free.end());
@@ -194,7 +198,7 @@ bool offload_youngest(decode_pointer self) {
   copy_pages(st, l.pages, slots, true);
   st.core.exec->kv().kv_page_free(l.pages);
   l.pages.clear();
-  st.batch.pop_back();
+  st.batch.erase(std::next(v).base());
   st.paused.push_back({victim, std::move(slots)});
   ++st.offloaded;
   st.core.log->add({0, "offload", l.request_id, 0, 0, {}, {}});
@@ -698,6 +702,7 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
                                                      std::to_string(order.lease_id) +
                                                      " expired or was never granted");
         auto& l = i->second;
+        l.writers.abandoned |= order.writer_abandoned;  // its writer's own notice may come later
         l.order = std::move(order);
         l.has_order = true;
         l.order_at = self->clock().now();
@@ -766,11 +771,15 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
         const auto code = standing ? errc::rank_unavailable : errc::executor_failed;
         s.step_in_flight = false;
         if (standing) rebalance_memory(self);  // queued reservations go elsewhere; it reports the load
+        std::vector<uint64_t> released;  // let go while their chunk ran: nothing else frees them now
         for (size_t k = 0; k < s.step_chunks.size() && !s.local_prefills.empty(); ++k) {
           auto& p = s.local_prefills.front();
           p.promise.deliver(make_error(code, where(p.order.request_id, s.cfg.name, "prefill") + ": " + what));
+          if (auto l = s.leases.find(p.lease_id); l != s.leases.end() && l->second.release_after_step)
+            released.push_back(p.lease_id);
           s.local_prefills.pop_front();
         }
+        for (auto id : released) free_lease(self, id);
         s.step_chunks.clear();
         auto failed = s.step_leases;
         for (auto id : failed) {

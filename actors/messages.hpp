@@ -271,11 +271,14 @@ struct prefill_result {
   uint32_t local_cached_tokens = 0;  ///< of cached_tokens, those found in the rank's own pages
   uint64_t kv_bytes = 0;      ///< KV shipped to the decode rank (every layer of the prompt)
   int64_t kv_send_us = 0;     ///< first put posted -> last layer announced
+  /// A put of it (an aborted attempt's, say) was given up at the send timeout and may still land
+  /// in the lease's pages: they must wait out the quarantine whenever they are let go.
+  bool abandoned_put = false;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, prefill_result& x) {
   return f(caf::meta::type_name("prefill_result"), x.request_id, x.first_token, x.logits, x.rank, x.queue_us,
-           x.cached_tokens, x.recomputed_blocks, x.local_cached_tokens, x.kv_bytes, x.kv_send_us);
+           x.cached_tokens, x.recomputed_blocks, x.local_cached_tokens, x.kv_bytes, x.kv_send_us, x.abandoned_put);
 }
 
 /// One entry of a rank's event log: what happened, in the order it happened (seq).
@@ -634,13 +637,17 @@ struct decode_order {
   float top_p = 1.0f;
   float repetition_penalty = 1.0f;
   float presence_penalty = 0.0f;
+  /// A prefill writer gave up a put into the lease that may still land (prefill_result::
+  /// abandoned_put): however the sequence ends or moves, its pages wait out the quarantine.
+  /// Said here because the writer's own notice (writer_done) may arrive after the sequence ended.
+  bool writer_abandoned = false;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, decode_order& x) {
   return f(caf::meta::type_name("decode_order"), x.request_id, x.lease_id, x.first_token, x.prompt_len,
            x.max_new_tokens, x.temperature, x.seed, x.return_logits, x.ignore_eos, x.stream_to, x.prompt_tokens,
            x.traffic_class, x.cached_blocks, x.write_back, x.top_k, x.top_p, x.repetition_penalty,
-           x.presence_penalty);
+           x.presence_penalty, x.writer_abandoned);
 }
 
 struct prefill_order;

@@ -190,7 +190,7 @@ void finish_if_done(prefill_pointer self, uint64_t request_id) {
                        : 0;
     r.promise.deliver(prefill_result{request_id, r.first_token, std::move(r.logits), st.cfg.name, r.queue_us,
                                      r.split.active ? 0 : r.cached_tokens, r.recomputed_blocks,
-                                     r.shared_blocks * st.store.block_tokens(), kv_bytes, send_us});
+                                     r.shared_blocks * st.store.block_tokens(), kv_bytes, send_us, r.abandoned_put});
   }
   // No put of it is in flight now: a decode rank that dropped its lease meanwhile may reuse the
   // pages (and one that did not counts this writer done). One abandoned at the send timeout may

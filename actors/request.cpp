@@ -34,6 +34,9 @@ struct request_state {
   /// may still put KV into the lease, so a release says so and they are told to stop. An answer,
   /// even an error, comes only once nothing of theirs is in flight; a timeout proves nothing.
   uint32_t num_writers_out = 0;
+  /// This attempt's prefill gave up a put that may still land in the lease (prefill_result::
+  /// abandoned_put): its pages wait out the decode rank's quarantine whenever they are let go.
+  bool writer_abandoned = false;
   uint64_t watch_seq = 0;  ///< the token watchdog only acts on its latest arming
   bool hybrid = false;     ///< hybrid PD: the decode rank prefills the prompt itself
   bool stopped = false;    ///< a stop token or string ended generation (out.text already cut)
@@ -116,7 +119,7 @@ std::vector<std::pair<prefill_rank_actor, std::string>> prefill_ranks_of(const r
 /// rank to keep the pages from other requests until they have.
 void let_go(request_pointer self) {
   auto& st = self->state;
-  const bool writing = st.num_writers_out > 0 && !st.hybrid;
+  const bool writing = (st.num_writers_out > 0 || st.writer_abandoned) && !st.hybrid;
   if (st.lease_id != 0 && st.decode) self->send(st.decode, release_atom::value, st.lease_id, writing);
   // Every part of a split prompt stops too (a later part keeps its pages from other prompts
   // until the earlier parts' puts into them are past: prefill_rank's return_pages).
@@ -134,6 +137,15 @@ void writer_answered(request_pointer self, const caf::error& err) {
   auto& st = self->state;
   const bool quiet = !err || (err.category() == caf::atom("baton") && static_cast<errc>(err.code()) != errc::transfer_failed);
   if (quiet && st.num_writers_out > 0) --st.num_writers_out;
+}
+
+/// A prefill rank's success: quiet, unless it gave up a put that may still land.
+void writer_succeeded(request_pointer self, const prefill_result& r) {
+  if (r.abandoned_put) {
+    self->state.writer_abandoned = true;  // still counted as writing: a release says so
+    return;
+  }
+  writer_answered(self, {});
 }
 
 void answer(request_pointer self, caf::error err) {
@@ -246,6 +258,7 @@ void fail_or_retry(request_pointer self, caf::error err) {
   st.prefix.clear();
   st.block_keys.clear();
   st.split = {};
+  st.writer_abandoned = false;
   st.hybrid = false;
   st.cached_blocks = 0;
   st.prefill = prefill_rank_actor{};
@@ -317,6 +330,7 @@ void start_decode(request_pointer self) {
   order.top_p = p.params.top_p;
   order.repetition_penalty = p.params.repetition_penalty;
   order.presence_penalty = p.params.presence_penalty;
+  order.writer_abandoned = st.writer_abandoned;
   if (order.repetition_penalty != 1.0f || order.presence_penalty != 0.0f) order.prompt_tokens = fed_sequence(st);
   arm_watchdog(self);
   // No deadline on the whole generation: the watchdog bounds each token instead.
@@ -403,7 +417,7 @@ void start_split_prefill(request_pointer self, prefill_order order) {
         .then(
             [=](prefill_result& r) {
               if (stale(self, attempt)) return;
-              writer_answered(self, {});
+              writer_succeeded(self, r);
               if (is_last) *last = std::move(r);
               if (--*left == 0) on_prefill_result(self, *last);
             },
@@ -438,7 +452,7 @@ void start_prefill(request_pointer self, kv_lease_grant grant) {
   std::move(pending).then(
           [=](prefill_result& r) {
             if (stale(self, attempt)) return;
-            writer_answered(self, {});
+            writer_succeeded(self, r);
             on_prefill_result(self, r);
           },
           [=](caf::error& err) {

@@ -344,6 +344,47 @@ TEST_CASE("a stalled layer expires the lease, frees the decode rank's pages and 
   CHECK(f.t.generate(f.cluster.router, req));
 }
 
+TEST_CASE("a sequence whose prefill writer gave up a put (it may still land) has its pages quarantined when it "
+          "finishes, even before the writer's own notice arrives") {
+  test::cluster_system t;
+  auto cfg = small_cluster();
+  cfg.decode.verify_kv_checksums = false;  // the layers below are announced, not written
+  auto cluster = start_local_cluster(t.sys, cfg);
+  test::cluster_system::stopper stop{t, cluster};
+  const auto decode = cluster.decode[0].handle;
+  caf::scoped_actor self{t.sys};
+  auto listener = caf::actor_cast<request_actor>(
+      t.sys.spawn([](caf::event_based_actor*) -> caf::behavior { return {[](token_event&) {}}; }));
+  const uint32_t prompt = 20;
+  // As a request whose prefill succeeded: every layer landed, then the decode order. `abandoned`
+  // is what prefill_result::abandoned_put told the request.
+  const auto decode_one = [&](uint64_t rid, bool abandoned) {
+    kv_lease_grant g;
+    self->request(decode, std::chrono::seconds{10}, reserve_atom::value, kv_lease_reserve{rid, prompt + 4, 60000, prompt})
+        .receive([&](kv_lease_grant& x) { g = std::move(x); }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
+    for (uint32_t l = 0; l < cfg.model.num_hidden_layers; ++l)
+      self->send(decode, kv_layer_ready{rid, g.lease_id, l, prompt, 1, "prefill-0"});
+    decode_order o;
+    o.request_id = rid;
+    o.lease_id = g.lease_id;
+    o.first_token = 7;
+    o.prompt_len = prompt;
+    o.max_new_tokens = 2;
+    o.ignore_eos = true;
+    o.stream_to = listener;
+    o.writer_abandoned = abandoned;
+    self->request(decode, std::chrono::seconds{30}, o)
+        .receive([&](decode_summary& d) { CHECK(d.finish_reason == "length"); }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
+    bool quarantined = false;
+    for (const auto& e : t.events(decode)) quarantined |= e.kind == "quarantine" && e.request_id == rid;
+    return quarantined;
+  };
+  CHECK_FALSE(decode_one(1, false));  // its writers are done: the pages go back at once
+  CHECK(decode_one(2, true));          // a late put could land in them: they wait (kv_quarantine_ms)
+  CHECK(t.stats(decode).num_free_pages < cfg.executor.num_kv_pages);
+  caf::anon_send_exit(listener, caf::exit_reason::user_shutdown);
+}
+
 TEST_CASE("a lease whose holder ended without learning of it goes back at once; one whose holder failed waits out "
           "its lease") {
   test::cluster_system t;
