@@ -465,8 +465,12 @@ void finish_seq(decode_pointer self, uint64_t lease_id, const std::string& reaso
       st.batch.erase(s);
       break;
     }
-  if (st.store.enabled() && (reason == "eos" || reason == "length") && i->second.order.write_back)
-    write_back(self, i->second);
+  // Every finish writes back the sequence's full blocks, a release too: the request lets go when
+  // it sees a stop of its own (a stop string or token, an extra EOS id such as Llama 3's
+  // <|eot_id|>), which ends chat turns -- whose prefix the next turn wants -- and the KV of every
+  // token fed is whole whatever ended it. Not when a writer gave up a put into the pages: it may
+  // have landed since, and a checksum taken now would seal it.
+  if (st.store.enabled() && i->second.order.write_back && !i->second.writers.abandoned) write_back(self, i->second);
   i->second.promise.deliver(decode_summary{.request_id = i->second.request_id, .num_tokens = generated, .finish_reason = reason,
                                                    .queue_us = i->second.queue_us});
   free_lease(self, lease_id);

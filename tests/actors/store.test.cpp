@@ -223,6 +223,32 @@ TEST_CASE("store: blocks are keyed by the weights' fingerprint: a cluster on oth
   CHECK(serve("00000000000000aa", 3) == 96);  // the first weights again: all three blocks hit
 }
 
+TEST_CASE("store: a sequence the request ends on a stop of its own (a stop token here; stop strings and extra EOS "
+          "ids alike) is written back: the next turn finds its prefix") {
+  temp_dir dir{"stop-writeback"};
+  auto cfg = store_cluster(dir.path);
+  const auto p = prompt_tokens(cfg, 99, 4);  // 3 full blocks
+  const auto ref = reference(cfg, p);
+  // Stop at the third token (the second the decode rank samples): the request sees it and lets go.
+  size_t at = 2;
+  while (at < ref.tokens.size() && std::count(ref.tokens.begin(), ref.tokens.begin() + at, ref.tokens[at])) ++at;
+  REQUIRE(at < ref.tokens.size());
+  test::cluster_system t;
+  auto cluster = start_local_cluster(t.sys, cfg);
+  test::cluster_system::stopper stop{t, cluster};
+  auto req = request_for(p);
+  req.stop_token_ids = {ref.tokens[at]};
+  auto r = t.generate(cluster.router, req);
+  REQUIRE_MESSAGE(r, t.sys.render(r.error()));
+  CHECK(r->finish_reason == "stop");
+  CHECK(r->tokens.size() == at + 1);
+  wait_for_blocks(t, cluster, 3);  // before, a released sequence wrote nothing back
+  auto again = t.generate(cluster.router, request_for(p));
+  REQUIRE_MESSAGE(again, t.sys.render(again.error()));
+  CHECK(again->cached_tokens == 96);
+  check_equal(*again, ref);
+}
+
 TEST_CASE("store: DeepSeek-V2 and V3 (MLA latent pages, MoE): a prefix from the store equals computing it") {
   for (bool v3 : {false, true}) {
     CAPTURE(v3);
