@@ -237,13 +237,20 @@ void place(request_pointer self);
 void fail_or_retry(request_pointer self, caf::error err) {
   auto& st = self->state;
   if (st.answered) return;
-  const bool retryable = err.category() == caf::atom("baton") && is_retryable(static_cast<errc>(err.code()));
-  if (!retryable || st.attempt + 1 >= st.plan.cfg.max_attempts) return answer(self, std::move(err));
   const int32_t done = static_cast<int32_t>(st.out.tokens.size());
-  if (done >= st.plan.params.max_tokens) {  // every token is here; only the summary went missing
+  // Every token is here, only the summary went missing (a link that dropped between the two, a
+  // rank gone right after its last step): the request is complete, whatever the failure.
+  if (done >= st.plan.params.max_tokens) {
     st.out.finish_reason = "length";
     return answer(self, caf::error{});
   }
+  // Likewise a sequence whose last token is <eos>: it ended; a retry would generate past it.
+  if (done > 0 && st.out.tokens.back() == st.plan.eos_token_id && !st.plan.params.ignore_eos) {
+    st.out.finish_reason = "eos";
+    return answer(self, caf::error{});
+  }
+  const bool retryable = err.category() == caf::atom("baton") && is_retryable(static_cast<errc>(err.code()));
+  if (!retryable || st.attempt + 1 >= st.plan.cfg.max_attempts) return answer(self, std::move(err));
   let_go(self);
   if (st.decode) self->demonitor(caf::actor_cast<caf::actor_addr>(st.decode));
   for (const auto& [rank, name] : prefill_ranks_of(st)) self->demonitor(caf::actor_cast<caf::actor_addr>(rank));
