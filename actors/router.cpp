@@ -25,6 +25,11 @@ std::string tokenize_and_validate(const generate_request& req, const gpu::model_
   if (!std::isfinite(req.presence_penalty) || std::abs(req.presence_penalty) > 100.0f)
     return "presence_penalty must be a finite number in [-100, 100], got " + std::to_string(req.presence_penalty);
   if (req.stop.size() > 16) return "at most 16 stop strings";
+  // Each token's check searches the text's tail as long as the longest stop string: bounded.
+  for (size_t i = 0; i < req.stop.size(); ++i)
+    if (req.stop[i].size() > 1024)
+      return "stop string " + std::to_string(i) + " is " + std::to_string(req.stop[i].size()) + " bytes; at most 1024";
+  if (req.stop_token_ids.size() > 1024) return "at most 1024 stop_token_ids";
   const uint32_t ctx = model.max_position_embeddings;
   const uint32_t limit = max_new_tokens_limit ? std::min(max_new_tokens_limit, ctx) : ctx;
   if (req.max_tokens <= 0) return "max_tokens must be >= 1, got " + std::to_string(req.max_tokens);

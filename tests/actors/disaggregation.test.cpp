@@ -219,6 +219,10 @@ TEST_CASE("bad input gets a clear error naming the problem, and the cluster keep
   sampling.top_p = 1.0f;
   sampling.repetition_penalty = -2.0f;
   expect_bad(sampling, "repetition_penalty must be > 0");
+  generate_request stops;
+  stops.prompt = "a";
+  stops.stop = {"fine", std::string(2000, 'x')};
+  expect_bad(stops, "stop string 1 is 2000 bytes; at most 1024");
   generate_request chat;
   chat.messages = {{"user", "hello"}};
   expect_bad(chat, "the built-in byte model has no chat template");
