@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -540,6 +541,21 @@ bool spawn_gateway(caf::actor_system& sys, const gateway_config& cfg, router_act
             },
             [&](caf::error& e) { *why = "gateway: the router did not answer: " + sys.render(e); });
     if (!ok) return false;
+  }
+  // Each connection is a descriptor: the soft limit (often 1024, as is max_connections by
+  // default) is raised to the hard one, or accept() fails with EMFILE before the gateway's own
+  // 503 -- and CAF's acceptor then retries the still-readable socket in a busy loop.
+  rlimit files{};
+  if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &files);
+  }
+  if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY &&
+      files.rlim_cur < uint64_t{cfg.max_connections} + 64) {
+    *why = "gateway: max_connections " + std::to_string(cfg.max_connections) + " needs about " +
+           std::to_string(cfg.max_connections + 64) + " file descriptors; this process may open " +
+           std::to_string(files.rlim_cur) + " (ulimit -n)";
+    return false;
   }
   uint16_t port = 0;
   const int fd = open_listener(cfg.host, cfg.port, &port, why);

@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -645,6 +646,25 @@ TEST_CASE("a client that pipelines requests and reads none of the answers is hel
   CHECK(dropped);
   ::close(fd);
   CHECK(round_trip(s.gateway.port, get("/health", "")).status == 200);
+}
+
+TEST_CASE("a gateway whose max_connections the process's descriptor limit cannot hold is refused, naming both") {
+  served_cluster s;
+  rlimit files{};
+  REQUIRE(::getrlimit(RLIMIT_NOFILE, &files) == 0);
+  if (files.rlim_max == RLIM_INFINITY || files.rlim_max > (1u << 30)) return;  // nothing to exceed here
+  deploy::gateway_config gc;
+  gc.port = 0;
+  gc.max_connections = 1u << 30;
+  deploy::gateway_handle h;
+  std::string why;
+  CHECK_FALSE(deploy::spawn_gateway(s.sys, gc, s.cluster.router, &h, &why));
+  CHECK_MESSAGE(why.find("gateway: max_connections 1073741824 needs about 1073741888 file descriptors; this process "
+                         "may open ") != std::string::npos,
+                why);
+  // Raised to the hard limit on the way: the default 1024 connections fit.
+  REQUIRE(::getrlimit(RLIMIT_NOFILE, &files) == 0);
+  CHECK(files.rlim_cur == files.rlim_max);
 }
 
 TEST_CASE("HEAD is answered wherever GET is, with the head alone") {
