@@ -129,7 +129,13 @@ void start(decode_pointer self, const running_seq& seq) {
   const uint32_t remaining = l.order.max_new_tokens > seq.num_generated ? l.order.max_new_tokens - seq.num_generated : 0;
   const uint32_t total = seq.pos + remaining + 1;
   const uint64_t lease_id = seq.lease_id, rid = l.request_id;
-  const uint32_t lease_ms = l.lease_ms;
+  // The target's lease must outlive the puts: each landed layer renews it, but a long sequence's
+  // first layer may take longer than a request's lease (2 s) to land, and a lease expired there
+  // would turn a finished move into a failover that recomputes everything. It lasts as long as
+  // this rank waits for the puts (migrate_send_timeout_ms), plus the time to place and reserve.
+  const uint32_t lease_ms = std::max<uint32_t>(
+      l.lease_ms, st.cfg.migrate_send_timeout_ms +
+                      static_cast<uint32_t>(std::chrono::duration_cast<std::chrono::milliseconds>(migrate_timeout).count()));
   place_query q{rid, 0, seq.pos, total};
   q.wait_ms = static_cast<uint32_t>(std::chrono::duration_cast<std::chrono::milliseconds>(migrate_timeout).count());
   self->request(st.balancer, migrate_timeout, place_atom::value, std::move(q))

@@ -3,6 +3,7 @@
 
 #include <doctest/doctest.h>
 
+#include <optional>
 #include <thread>
 
 #include "gpu/byte_tokenizer.hpp"
@@ -140,4 +141,57 @@ TEST_CASE("a move whose KV puts never land (a stalled link) is given up after mi
   bool idle = false;
   self->request(leaving, std::chrono::seconds{5}, role_atom::value, false).receive([&](bool ok) { idle = ok; }, [](caf::error&) {});
   CHECK(idle);
+}
+
+TEST_CASE("a move whose KV takes longer to land than a request's lease lasts still completes: the target holds "
+          "the lease as long as the source waits for its puts, and nothing is recomputed") {
+  test::cluster_system t;
+  local_cluster_config cfg;
+  cfg.num_prefill_ranks = 1;
+  cfg.num_decode_ranks = 2;
+  cfg.executor.num_kv_pages = 512;
+  cfg.router.request.lease_ms = 200;  // a move's puts take longer than this below
+  REQUIRE(cfg.validate().empty());
+  // The decode ranks' puts (only moves use them) each report pending for their first 2000 polls:
+  // at least 0.4 s at the 200 us poll interval.
+  auto wrap = [](std::unique_ptr<transport::transport> inner, const std::string& name) -> std::shared_ptr<transport::transport> {
+    if (name.rfind("decode", 0) != 0) return std::shared_ptr<transport::transport>{std::move(inner)};
+    transport::fault_plan slow{transport::fault_kind::delay, {}, {}, 1000000, 1};
+    slow.delay_polls = 2000;
+    return std::shared_ptr<transport::transport>{transport::make_fault_proxy(std::move(inner), slow)};
+  };
+  auto cluster = start_local_cluster(t.sys, cfg, {}, wrap);
+  test::cluster_system::stopper stop{t, cluster};
+  caf::scoped_actor self{t.sys};
+  constexpr int n = 6, max_tokens = 300;
+  std::vector<decltype(self->request(cluster.router, std::chrono::seconds{1}, generate_atom::value, generate_request{}))> handles;
+  for (int i = 0; i < n; ++i) {
+    generate_request req;
+    req.prompt = "a slow move, number " + std::to_string(i) + (i % 2 ? " with more words in it" : "");
+    req.max_tokens = max_tokens;
+    req.ignore_eos = true;
+    handles.push_back(self->request(cluster.router, std::chrono::seconds{120}, generate_atom::value, std::move(req)));
+  }
+  // Whichever rank decodes some of them first leaves.
+  std::optional<decode_rank_actor> found;
+  for (int i = 0; i < 5000 && !found; ++i) {
+    for (const auto& d : cluster.decode)
+      if (!found && t.stats(d.handle).num_running > 0) found = d.handle;
+    if (!found) std::this_thread::sleep_for(std::chrono::milliseconds{1});
+  }
+  REQUIRE(found);
+  const auto leaving = *found;
+  self->send(cluster.decode_balancer, drain_atom::value, leaving);
+  self->send(leaving, migrate_atom::value);
+  for (int i = 0; i < n; ++i)
+    handles[i].receive(
+        [&](completion& c) {
+          CAPTURE(i);
+          CHECK(c.failovers == 0);  // before: the target's lease expired first, and the move became a recompute
+          CHECK(c.tokens.size() == max_tokens);
+        },
+        [&](caf::error& e) { FAIL("request " << i << ": " << t.sys.render(e)); });
+  const auto st = t.stats(leaving);
+  CHECK(st.migrated_out > 0);
+  CHECK(st.migrate_failed == 0);
 }
