@@ -380,6 +380,13 @@ void maybe_step(decode_pointer self) {
     // On demand with host memory full, every running sequence may be waiting for a page that
     // nothing will free: give up the youngest (its request re-places itself) so the rest move.
     if (on_demand(st) && !st.batch.empty() && !st.step_in_flight) {
+      // First a sequence outside this step's window (more run than one step takes) that has its
+      // page: the next step starts there, and nobody is given up for nothing.
+      for (size_t k = 0; k < st.batch.size(); ++k)
+        if (has_page_for_next(st, st.batch[k])) {
+          st.batch_cursor = k;
+          return maybe_step(self);
+        }
       const uint64_t victim = st.batch.back().lease_id;
       auto& l = st.leases.at(victim);
       l.promise.deliver(make_error(errc::kv_capacity, where(l.request_id, st.cfg.name, "decode") +
