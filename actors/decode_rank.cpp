@@ -123,7 +123,7 @@ kv_lease_grant grant_lease(decode_pointer self, const kv_lease_reserve& req, std
   l.request_id = req.request_id;
   l.holder = holder;
   // A holder already gone is told at once (a reservation that waited for pages outlived it).
-  if (auto h = caf::actor_cast<caf::actor>(holder)) self->monitor(h);
+  if (auto h = caf::actor_cast<caf::actor>(holder); h && s.watched_holders.insert(holder).second) self->monitor(h);
   l.pages = std::move(pages);
   l.landed.assign(s.core.exec->config().num_hidden_layers, false);
   l.lease_ms = req.lease_ms;
@@ -141,6 +141,7 @@ kv_lease_grant grant_lease(decode_pointer self, const kv_lease_reserve& req, std
 /// told a writer: its leases go on as before.
 void holder_down(decode_pointer self, const caf::down_msg& dm) {
   auto& st = self->state;
+  st.watched_holders.erase(dm.source);
   if (dm.reason && dm.reason != caf::exit_reason::normal) return;
   std::vector<uint64_t> unknown, held;
   for (const auto& [id, l] : st.leases)

@@ -9,6 +9,7 @@
 #include <deque>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -153,6 +154,9 @@ struct decode_state {
   rank_core core;
   kv_region_desc region;  ///< the KV pool as prefill ranks address it
   uint64_t last_lease = 0;
+  /// Lease holders this rank monitors, each once however many leases it holds: a source decode
+  /// rank holds one lease per sequence it moves here, and a monitor each would pile up.
+  std::set<caf::actor_addr> watched_holders;
   uint64_t last_job = 0;
   uint64_t num_steps = 0;
   caf::actor_clock::time_point step_started;  ///< of the step in flight
