@@ -34,7 +34,21 @@ const std::string* request::header(std::string_view lower_name) const {
   return nullptr;
 }
 
-parse_result parse_request(std::string_view buf, const limits& lim, request* out) {
+static parse_result parse_request_at(std::string_view buf, const limits& lim, request* out);
+
+parse_result parse_request(std::string_view whole, const limits& lim, request* out) {
+  // Empty lines before a request line are ignored (RFC 9112 §2.2: a client may send a CRLF after
+  // a POST body).
+  size_t lead = 0;
+  while (whole.substr(lead, 2) == "\r\n") lead += 2;
+  if (lead > lim.max_header_bytes)
+    return fail(431, "more than " + std::to_string(lim.max_header_bytes) + " bytes of empty lines before a request");
+  auto r = parse_request_at(whole.substr(lead), lim, out);
+  if (r.status == parse_status::complete) r.consumed += lead;
+  return r;
+}
+
+static parse_result parse_request_at(std::string_view buf, const limits& lim, request* out) {
   const auto head_end = buf.find("\r\n\r\n");
   if (head_end == std::string_view::npos) {
     if (buf.size() > lim.max_header_bytes)
@@ -91,6 +105,8 @@ parse_result parse_request(std::string_view buf, const limits& lim, request* out
       if (first_length && *first_length != v) return fail(400, "two Content-Length headers that disagree");
       first_length = &v;
     }
+  if (out->method == "POST" && !out->header("content-length"))
+    return fail(411, "a POST needs a Content-Length header");
   if (const auto* cl = out->header("content-length")) {
     const auto [end, ec] = std::from_chars(cl->data(), cl->data() + cl->size(), length);
     if (cl->empty() || ec != std::errc{} || end != cl->data() + cl->size())

@@ -248,6 +248,16 @@ TEST_CASE("the HTTP parser takes whole requests, waits for partial ones and refu
   CHECK(status("GET nope HTTP/1.1\r\n\r\n") == 400);
   CHECK(status("GET / HTTP/1.1\r\nno colon\r\n\r\n") == 400);
   CHECK(status(std::string(20000, 'a')) == 431);
+  CHECK(status("POST /v1/completions HTTP/1.1\r\nHost: x\r\n\r\n") == 411);  // no Content-Length: say so
+  // Empty lines before a request are skipped (RFC 9112 §2.2), and counted in what it consumed;
+  // an endless run of them is not.
+  r = deploy::http::parse_request("\r\n\r\nGET /health HTTP/1.1\r\n\r\n", lim, &req);
+  REQUIRE(r.status == deploy::http::parse_status::complete);
+  CHECK(req.path == "/health");
+  CHECK(r.consumed == 4 + 24);
+  std::string blank;
+  for (int i = 0; i < 10000; ++i) blank += "\r\n";
+  CHECK(status(blank) == 431);
   CHECK(status("POST / HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}x") == 400);  // which body?
   CHECK(deploy::http::parse_request("POST / HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\n{}", lim, &req).status ==
         deploy::http::parse_status::complete);
