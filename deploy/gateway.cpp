@@ -73,13 +73,10 @@ struct connection_state {
   std::chrono::steady_clock::time_point last_activity = std::chrono::steady_clock::now();
   std::string route;
   // The answer in progress, if any.
-  std::optional<openai::call> call;
+  bool in_call = false;
   uint64_t call_seq = 0;     ///< numbers the calls: a chunk of an earlier call is dropped
-  caf::actor call_sink;      ///< receives the call's chunks; its exit cancels the generation
-  std::string id;
-  int64_t created = 0;
+  caf::actor call_sink;      ///< renders the call's chunks; its exit cancels the generation
   bool head_sent = false;
-  bool first_chunk = true;
 };
 using state_ptr = std::shared_ptr<connection_state>;
 
@@ -139,7 +136,7 @@ void pump(caf::io::broker* self, caf::io::connection_handle hdl, const shared_pt
 /// The call's sink goes: a generation still running is cancelled (its request actor watches the
 /// sink), and chunks still on their way find nobody.
 void end_call(caf::io::broker* self, const state_ptr& st) {
-  st->call.reset();
+  st->in_call = false;
   if (st->call_sink) self->send_exit(st->call_sink, caf::exit_reason::user_shutdown);
   st->call_sink = nullptr;
 }
@@ -187,43 +184,88 @@ void end_stream(caf::io::broker* self, caf::io::connection_handle hdl, const sta
   if (st->chunked) write(self, hdl, st, http::last_chunk());
 }
 
-/// One call's go-between: it asks the router with itself as the sink and passes the chunks, then
-/// the answer or the failure, to its connection in the order it gets them (the request actor
+/// What a call's go-between keeps: the parsed request, and where its stream stands.
+struct call_state {
+  openai::call call;
+  std::string id;
+  int64_t created = 0;
+  bool first_chunk = true;
+};
+
+/// One call's go-between, on the scheduler's threads: it parses the body, asks the router with
+/// itself as the sink, and renders every chunk and the answer into JSON -- so the connection's
+/// thread, CAF's one I/O thread serving every socket, only frames and writes bytes (a 1 MiB chat
+/// body or thousands of streams' tokens do not stall the other connections). It passes what it
+/// renders to its connection in the order it gets the chunks and the answer (the request actor
 /// sends its last chunk before its answer; one sender keeps that order). When it exits (finish(),
 /// or the connection closed) the request actor sees its sink go and stops the generation, so a
-/// call that ends early (a timeout, a client gone) frees its KV at once.
+/// call that ends early (a timeout, a client gone) frees its KV at once. To the connection:
+///   (seq, status, error JSON)          the body was refused
+///   (seq, event JSON)                  one server-sent event of a stream
+///   (seq, completion, JSON, stream)    the answer: the whole body, or a stream's usage chunk ("" if none)
+///   (seq, error)                       the generation failed
 client_sink_actor::behavior_type call_impl(client_sink_actor::pointer self, caf::actor broker, uint64_t seq,
-                                           router_actor router, generate_request gen, std::chrono::milliseconds timeout) {
-  self->request(router, timeout, generate_atom::value, std::move(gen), caf::actor_cast<client_sink_actor>(self))
-      .then([=](completion& done) { caf::anon_send(broker, seq, std::move(done)); },
-            [=](caf::error& e) { caf::anon_send(broker, seq, std::move(e)); });
-  return {[=](stream_chunk& c) { caf::anon_send(broker, seq, std::move(c)); }};
+                                           router_actor router, std::string body, bool chat, std::string model,
+                                           std::string id, std::chrono::milliseconds timeout) {
+  auto cs = std::make_shared<call_state>();
+  openai::api_error err;
+  if (!openai::parse_body(body, chat, model, &cs->call, &err)) {
+    caf::anon_send(broker, seq, static_cast<int32_t>(err.status), openai::error_json(err));
+    return {[](stream_chunk&) {}};  // the connection answers and ends this actor
+  }
+  cs->id = std::move(id);
+  cs->created = unix_seconds();
+  self->request(router, timeout, generate_atom::value, cs->call.req, caf::actor_cast<client_sink_actor>(self))
+      .then(
+          [=](completion& done) {
+            const auto& c = cs->call;
+            std::string json = !c.stream           ? openai::completion_json(c, done, cs->id, cs->created)
+                               : c.include_usage   ? openai::usage_chunk_json(c, done, cs->id, cs->created)
+                                                   : std::string{};
+            caf::anon_send(broker, seq, std::move(done), std::move(json), c.stream);
+          },
+          [=](caf::error& e) { caf::anon_send(broker, seq, std::move(e)); });
+  return {[=](stream_chunk& c) {
+    if (!cs->call.stream) return;
+    // Nothing new to say (e.g. half a UTF-8 character held back): no event.
+    if (c.text.empty() && c.finish_reason.empty() && !(cs->first_chunk && cs->call.chat)) return;
+    caf::anon_send(broker, seq, openai::chunk_json(cs->call, c, cs->id, cs->created, cs->first_chunk));
+    cs->first_chunk = false;
+  }};
 }
 
-void generate(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st,
-              const http::request& req, bool chat) {
-  openai::call call;
-  openai::api_error err;
-  if (!openai::parse_body(req.body, chat, g->model, &call, &err)) return reply_error(self, hdl, g, st, err);
-  st->id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(g->started_s) + "-" + std::to_string(++g->last_id);
-  st->created = unix_seconds();
-  // The call lives in the connection's state until its answer is written (finish() drops it).
+void generate(caf::io::broker* self, const shared_ptr& g, const state_ptr& st, const http::request& req, bool chat) {
+  // The call lives in its go-between until its answer is written (finish() ends it).
   st->head_sent = false;
-  st->first_chunk = true;
-  st->call = std::move(call);
+  st->in_call = true;
   const uint64_t seq = ++st->call_seq;
-  st->call_sink = caf::actor_cast<caf::actor>(self->spawn(call_impl, caf::actor_cast<caf::actor>(self), seq, g->router,
-                                                          st->call->req,
-                                                          std::chrono::milliseconds{g->cfg.request_timeout_ms}));
+  std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(g->started_s) + "-" + std::to_string(++g->last_id);
+  st->call_sink = caf::actor_cast<caf::actor>(
+      self->spawn(call_impl, caf::actor_cast<caf::actor>(self), seq, g->router, req.body, chat, g->model, std::move(id),
+                  std::chrono::milliseconds{g->cfg.request_timeout_ms}));
+}
+
+/// The stream's head, once, before its first event.
+void stream_head(caf::io::broker* self, caf::io::connection_handle hdl, const state_ptr& st) {
+  if (st->head_sent) return;
+  if (st->chunked) {
+    write(self, hdl, st,
+          http::chunked_head(200, "text/event-stream", {{"Connection", st->keep_alive ? "keep-alive" : "close"}}));
+  } else {
+    st->keep_alive = false;  // the close is what ends the body
+    write(self, hdl, st, http::close_delimited_head(200, "text/event-stream"));
+  }
+  st->head_sent = true;
 }
 
 /// The call's answer: the whole completion, or the end of its stream.
 void on_done(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st,
-             const completion& done) {
+             const completion& done, const std::string& json, bool stream) {
   g->metrics.record(done);
-  if (!st->call->stream) return reply(self, hdl, g, st, 200, openai::completion_json(*st->call, done, st->id, st->created));
+  if (!stream) return reply(self, hdl, g, st, 200, json);
   g->metrics.count_response(st->route, 200);
-  if (st->call->include_usage) event(self, hdl, st, openai::usage_chunk_json(*st->call, done, st->id, st->created));
+  stream_head(self, hdl, st);
+  if (!json.empty()) event(self, hdl, st, json);
   event(self, hdl, st, "[DONE]");
   end_stream(self, hdl, st);
   finish(self, hdl, g, st);
@@ -238,26 +280,6 @@ void on_failed(caf::io::broker* self, caf::io::connection_handle hdl, const shar
   event(self, hdl, st, openai::error_json(api_error_of(status, msg)));
   end_stream(self, hdl, st);
   finish(self, hdl, g, st);
-}
-
-/// A chunk of the streamed answer in progress: one server-sent event.
-void on_chunk(caf::io::broker* self, caf::io::connection_handle hdl, const state_ptr& st, uint64_t seq,
-              const stream_chunk& c) {
-  if (!st->call || !st->call->stream || seq != st->call_seq) return;  // not streamed, or of an answer already ended
-  if (!st->head_sent) {
-    if (st->chunked) {
-      write(self, hdl, st,
-            http::chunked_head(200, "text/event-stream", {{"Connection", st->keep_alive ? "keep-alive" : "close"}}));
-    } else {
-      st->keep_alive = false;  // the close is what ends the body
-      write(self, hdl, st, http::close_delimited_head(200, "text/event-stream"));
-    }
-    st->head_sent = true;
-  }
-  // Nothing new to say (e.g. half a UTF-8 character held back): no event.
-  if (c.text.empty() && c.finish_reason.empty() && !(st->first_chunk && st->call->chat)) return;
-  event(self, hdl, st, openai::chunk_json(*st->call, c, st->id, st->created, st->first_chunk));
-  st->first_chunk = false;
 }
 
 /// Asks the router for the cluster's numbers; `then` gets them, or null when it did not answer.
@@ -308,8 +330,8 @@ void dispatch(caf::io::broker* self, caf::io::connection_handle hdl, const share
     return reply_error(self, hdl, g, st,
                        {401, "missing or wrong API key: send Authorization: Bearer <key>", "invalid_request_error", {}},
                        {{"WWW-Authenticate", "Bearer"}});
-  if (req.path == "/v1/completions") return generate(self, hdl, g, st, req, false);
-  if (req.path == "/v1/chat/completions") return generate(self, hdl, g, st, req, true);
+  if (req.path == "/v1/completions") return generate(self, g, st, req, false);
+  if (req.path == "/v1/chat/completions") return generate(self, g, st, req, true);
   if (req.path == "/v1/models") return reply(self, hdl, g, st, 200, openai::models_json(g->model, g->started_s));
   if (model_by_id) {
     const std::string id = req.path.substr(models_prefix.size());
@@ -441,13 +463,21 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
         end_call(self, st);
         self->quit();
       },
-      // The current call's messages (on_chunk checks the number itself).
-      [=](uint64_t seq, stream_chunk& c) { on_chunk(self, hdl, st, seq, c); },
-      [=](uint64_t seq, completion& done) {
-        if (st->call && seq == st->call_seq) on_done(self, hdl, g, st, done);
+      // The current call's messages, rendered by its go-between (call_impl); an earlier call's
+      // are dropped by their number.
+      [=](uint64_t seq, std::string& event_json) {
+        if (!st->in_call || seq != st->call_seq) return;
+        stream_head(self, hdl, st);
+        event(self, hdl, st, event_json);
+      },
+      [=](uint64_t seq, completion& done, std::string& json, bool stream) {
+        if (st->in_call && seq == st->call_seq) on_done(self, hdl, g, st, done, json, stream);
+      },
+      [=](uint64_t seq, int32_t status, std::string& error_json) {
+        if (st->in_call && seq == st->call_seq) reply(self, hdl, g, st, status, error_json);
       },
       [=](uint64_t seq, caf::error& e) {
-        if (st->call && seq == st->call_seq) on_failed(self, hdl, g, st, e);
+        if (st->in_call && seq == st->call_seq) on_failed(self, hdl, g, st, e);
       },
       [=](timer_atom) {
         if (st->closed) return;
