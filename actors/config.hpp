@@ -120,8 +120,13 @@ struct prefill_balancer_config {
   /// cache_affinity: a rank whose queue is longer than this loses its affinity.
   uint64_t affinity_max_queued_tokens = 16384;
   uint32_t decision_log_size = 256;  ///< recent decisions kept for `events`
+  /// A placement counts as its rank's load until the rank's next report; one no report followed
+  /// within this long (its prompt never came: the request failed to reserve KV first) is taken
+  /// back. Longer than a placement takes to become an order (reserve waits up to 5 s).
+  uint32_t charge_ttl_ms = 30000;
 
   std::string validate() const {
+    if (charge_ttl_ms == 0) return "prefill balancer charge_ttl_ms must be >= 1";
     if (!policies::parse_prefill_policy(policy))
       return "prefill balancer policy must be seed, least_loaded, round_robin, cache_affinity or split, got '" +
              policy + "'";

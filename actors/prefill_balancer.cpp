@@ -10,6 +10,7 @@
 #include <list>
 #include <map>
 #include <optional>
+#include <unordered_map>
 
 #include "actors/rank_registry.hpp"
 #include "policies/cost_model.hpp"
@@ -60,6 +61,16 @@ struct prefill_balancer_state {
   /// approximation of what its rank-local tier holds (sgl-router keeps a similar tree).
   std::vector<recent_keys> placed_keys;
   uint64_t rr_cursor = 0;
+  /// The balancer's own placements on each rank (by name) since that rank's last report: each
+  /// report replaces them. One whose prompt never reached the rank (its request failed to
+  /// reserve KV, or gave up, before ordering) would otherwise stay charged to an idle rank --
+  /// which reports only on change -- for ever: charges older than cfg.charge_ttl_ms go.
+  struct charge {
+    caf::actor_clock::time_point at;
+    uint64_t tokens;
+    double predicted_us;
+  };
+  std::unordered_map<std::string, std::deque<charge>> charges;
   decision_log log;
   caf::actor_clock::time_point started;
   static inline const char* name = "baton.prefill_balancer";
@@ -163,6 +174,7 @@ std::optional<prefill_placement> place_split(pointer self, const place_query& q,
     r.queued_tokens += b - a;
     r.num_running += 1;
     r.predicted_us += st.cfg.cost.prefill_us(b - a, a);
+    st.charges[r.name].push_back({self->clock().now(), b - a, st.cfg.cost.prefill_us(b - a, a)});
     sync_view(st, order[i]);
     out.part_ranks.push_back(st.registry.ranks[order[i]]);
     out.part_names.push_back(r.name);
@@ -174,10 +186,40 @@ std::optional<prefill_placement> place_split(pointer self, const place_query& q,
   return out;
 }
 
+/// Takes back the charges (see prefill_balancer_state::charges) no report has replaced within
+/// cfg.charge_ttl_ms: their prompts never reached their ranks.
+void expire_charges(pointer self) {
+  auto& st = self->state;
+  const auto oldest = self->clock().now() - std::chrono::milliseconds{st.cfg.charge_ttl_ms};
+  for (auto c = st.charges.begin(); c != st.charges.end();) {
+    auto& q = c->second;
+    if (q.empty() || q.front().at > oldest) {
+      c = q.empty() ? st.charges.erase(c) : std::next(c);
+      continue;
+    }
+    for (size_t i = 0; i < st.registry.loads.size(); ++i) {
+      auto& r = st.registry.loads[i];
+      if (r.name != c->first) continue;
+      uint32_t n = 0;
+      for (; !q.empty() && q.front().at <= oldest; ++n, q.pop_front()) {
+        r.queued_tokens -= std::min(r.queued_tokens, q.front().tokens);
+        r.num_running -= std::min(r.num_running, 1u);
+        r.predicted_us = std::max(0.0, r.predicted_us - q.front().predicted_us);
+      }
+      st.log.add({0, r.name, std::to_string(n) + " placement(s) no report followed within charge_ttl_ms (" +
+                                 std::to_string(st.cfg.charge_ttl_ms) + " ms): taken back"});
+      sync_view(st, i);
+    }
+    q.erase(q.begin(), std::find_if(q.begin(), q.end(), [&](const auto& x) { return x.at > oldest; }));  // rank gone
+    c = q.empty() ? st.charges.erase(c) : std::next(c);
+  }
+}
+
 /// The chosen rank for `q` under the configured policy, counted as its load until its next
 /// report (so a burst spreads instead of piling onto the rank that looked idle).
 std::optional<prefill_placement> try_place(pointer self, const place_query& q) {
   auto& st = self->state;
+  expire_charges(self);
   std::vector<policies::prefill_rank_load> loads;
   uint32_t open = 0;  // ranks taking work (not draining, not stepped aside)
   if (st.policy != policies::prefill_policy::seed)
@@ -235,6 +277,7 @@ std::optional<prefill_placement> try_place(pointer self, const place_query& q) {
   r.queued_tokens += q.new_tokens;
   r.num_running += 1;
   r.predicted_us += cost;
+  st.charges[r.name].push_back({self->clock().now(), q.new_tokens, cost});
   sync_view(st, *pick);
   if (!q.block_keys.empty()) {
     st.placed_keys.resize(st.registry.loads.size());
@@ -264,7 +307,9 @@ prefill_balancer_actor::behavior_type prefill_balancer_impl(pointer self, prefil
       },
       [=](load_atom, rank_load& load, prefill_rank_actor& rank) {
         auto& st = self->state;
+        const std::string name = load.name;
         if (st.registry.report(std::move(load), rank, st.log)) self->monitor(rank);
+        if (st.registry.index_of(rank)) st.charges.erase(name);  // the report counts what reached it
         if (auto i = st.registry.index_of(rank)) sync_view(st, *i);
         serve_parked(st.parked, self->clock().now(), "place_prefill", [=](const place_query& q) { return try_place(self, q); });
       },

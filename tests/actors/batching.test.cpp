@@ -921,3 +921,44 @@ TEST_CASE("a rank forgotten because its node was given up for lost stays forgott
                  caf::actor_cast<caf::actor>(decode_bal), caf::actor_cast<caf::actor>(prefill_bal)})
     self->send_exit(a, caf::exit_reason::user_shutdown);
 }
+
+TEST_CASE("a prefill placement whose prompt never reaches its rank (no report follows) stops counting as that "
+          "rank's load after charge_ttl_ms, instead of for as long as the idle rank stays silent") {
+  test::cluster_system t;
+  caf::scoped_actor self{t.sys};
+  prefill_balancer_config bc;
+  bc.policy = "least_loaded";
+  bc.charge_ttl_ms = 50;
+  auto bal = spawn_prefill_balancer(t.sys, bc);
+  auto rank = caf::actor_cast<prefill_rank_actor>(
+      t.sys.spawn([](caf::event_based_actor*) -> caf::behavior { return {[](int) {}}; }));
+  rank_load load;
+  load.name = "prefill-x";
+  load.num_free_pages = load.num_total_pages = 64;
+  load.page_size_tokens = 16;
+  self->send(bal, load_atom::value, load, rank);
+  const auto place = [&](uint64_t id) {
+    std::string why;
+    self->request(bal, std::chrono::seconds{5}, place_atom::value, place_query{id, 100, 0, 120})
+        .receive([&](prefill_placement& p) { why = p.why; }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
+    return why;
+  };
+  CHECK(place(1).rfind("least_loaded: 0 queued tokens", 0) == 0);
+  CHECK(place(2).rfind("least_loaded: 100 queued tokens", 0) == 0);  // the first counts until a report
+  // A report replaces what the balancer counted.
+  self->send(bal, load_atom::value, load, rank);
+  CHECK(place(3).rfind("least_loaded: 0 queued tokens", 0) == 0);
+  // No report follows placement 3 (its request failed before ordering): past the limit it goes.
+  std::this_thread::sleep_for(std::chrono::milliseconds{80});
+  CHECK(place(4).rfind("least_loaded: 0 queued tokens", 0) == 0);
+  bool logged = false;
+  self->request(bal, std::chrono::seconds{5}, events_atom::value)
+      .receive(
+          [&](std::vector<placement_record>& log) {
+            for (const auto& r : log) logged |= r.rank == "prefill-x" && r.why.find("taken back") != std::string::npos;
+          },
+          [](caf::error&) {});
+  CHECK(logged);
+  self->send_exit(bal, caf::exit_reason::user_shutdown);
+  self->send_exit(rank, caf::exit_reason::user_shutdown);
+}
