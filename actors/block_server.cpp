@@ -107,6 +107,9 @@ struct io_context {
 std::string put_and_wait(io_context& io, const store_read_order& order, uint32_t layer,
                          std::vector<transport::segment> segments, bool* abandoned) {
   const auto& reg = order.region;
+  // A stopping server posts nothing more: its readers were told the read failed, and the next
+  // queued job would overwrite this put's source while the put might still read it.
+  if (io.stopping.load()) return "put of layer " + std::to_string(layer) + " to " + order.reader + " not posted: the server stopped";
   transport::put_desc d{order.request_id, layer, order.reader, io.staging_region,
                         transport::region_key{reg.backend, reg.region_id, reg.size_bytes, reg.packed_key},
                         std::move(segments)};
@@ -182,7 +185,7 @@ store_read_result serve_read(io_context& io, const store_read_order& order, uint
     const auto& h = headers[i];
     if (h.num_layers != layout.num_layers || h.kv_dim != layout.kv_dim || h.block_tokens != order.block_tokens ||
         h.page_tokens != layout.page_size_tokens || h.layer_bytes != block_layer_bytes ||
-        uint64_t{order.block_index[i] + 1} * ppb > order.page_ids.size()) {
+        (uint64_t{order.block_index[i]} + 1) * ppb > order.page_ids.size()) {
       r.errors[i] = "block " + key.hex() + " does not match the reader's pages: " + std::to_string(h.num_layers) +
                     " layers of " + std::to_string(h.layer_bytes) + " bytes, the reader's " +
                     std::to_string(layout.num_layers) + " of " + std::to_string(block_layer_bytes);
@@ -223,7 +226,7 @@ store_read_result serve_read(io_context& io, const store_read_order& order, uint
         }
         for (uint32_t p = 0; p < ppb; ++p)
           segs.push_back({(i - first) * block_layer_bytes + p * layout.page_bytes(),
-                          layout.offset_bytes(l, order.page_ids[order.block_index[i] * ppb + p]), layout.page_bytes()});
+                          layout.offset_bytes(l, order.page_ids[uint64_t{order.block_index[i]} * ppb + p]), layout.page_bytes()});
         *bytes += block_layer_bytes;
       }
       if (segs.empty()) continue;

@@ -3,6 +3,7 @@
 
 #include <caf/typed_event_based_actor.hpp>
 
+#include <algorithm>
 #include <cstring>
 
 #include "actors/decode_rank_state.hpp"
@@ -84,7 +85,10 @@ void write_back(decode_pointer self, const lease& l) {
   const auto& lay = kv.layout();
   const uint32_t ppb = b / lay.page_size_tokens;
   const uint64_t block_bytes = uint64_t{ppb} * lay.page_bytes() * lay.num_layers;
-  for (size_t k = o.cached_blocks; k < keys.size(); ++k) {
+  // Only blocks whose pages the lease holds on the device: none for a sequence offloaded to host
+  // memory when it was released (its pages are host slots then).
+  const size_t on_device = ppb > 0 ? l.pages.size() / ppb : 0;
+  for (size_t k = o.cached_blocks; k < std::min(keys.size(), on_device); ++k) {
     // Every server of the block down: nobody to write to (a job of no servers would never end).
     const auto servers = st.ring->servers_for(keys[k], st.store.replicas, &st.server_down);
     auto off = st.write_key && !servers.empty() ? st.write_slots.acquire(block_bytes) : std::nullopt;

@@ -249,6 +249,39 @@ TEST_CASE("store: a sequence the request ends on a stop of its own (a stop token
   check_equal(*again, ref);
 }
 
+TEST_CASE("store: a sequence released while it sits offloaded in host memory writes back no device blocks (its "
+          "lease holds none) and the decode rank serves on") {
+  temp_dir dir{"offloaded-release"};
+  auto cfg = store_cluster(dir.path);
+  cfg.executor.num_kv_pages = 16;
+  cfg.decode.host_offload_pages = 32;
+  cfg.router.request.token_timeout_ms = 600000;
+  test::cluster_system t;
+  auto cluster = start_local_cluster(t.sys, cfg);
+  test::cluster_system::stopper stop{t, cluster};
+  const auto& decode = cluster.decode[0].handle;
+  caf::scoped_actor self{t.sys};
+  generate_request req;
+  req.prompt = std::string(39, 'a');  // 40 + 120 tokens: 10 of the 16 pages; its lease is the first
+  req.max_tokens = 120;
+  req.ignore_eos = true;
+  auto a = self->request(cluster.router, std::chrono::seconds{20}, generate_atom::value, std::move(req));
+  for (int i = 0; i < 2000 && t.stats(decode).num_steps < 5; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{1});
+  REQUIRE(t.stats(decode).num_steps >= 5);
+  // A reservation of 8 pages (6 are free) offloads it; then its lease is released while offloaded.
+  uint64_t lease = 0;
+  self->request(decode, std::chrono::seconds{10}, reserve_atom::value, kv_lease_reserve{999, 128, 60000, 100})
+      .receive([&](kv_lease_grant& g) { lease = g.lease_id; }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
+  REQUIRE(lease == 2);
+  REQUIRE(t.stats(decode).offloaded == 1);
+  self->send(decode, release_atom::value, uint64_t{1}, false);
+  a.receive([](completion&) {}, [](caf::error&) {});  // ended either way: it was let go under it
+  self->send(decode, release_atom::value, lease, false);
+  const auto s = t.stats(decode);  // still serving (before: a write-back read past an empty page list)
+  CHECK(s.num_free_pages == 16);
+  CHECK(t.generate(cluster.router, request_for(prompt_tokens(cfg, 40, 2))));
+}
+
 TEST_CASE("store: DeepSeek-V2 and V3 (MLA latent pages, MoE): a prefix from the store equals computing it") {
   for (bool v3 : {false, true}) {
     CAPTURE(v3);
