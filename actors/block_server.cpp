@@ -408,7 +408,8 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
               const auto path = store::block_path(io.cfg.dir, key);
               const uint32_t layers = static_cast<uint32_t>(w.checksums.size());
               if (!io.setup_error.empty()) return std::make_pair(std::move(w), io.setup_error);
-              if (layers == 0 || w.bytes % layers != 0 || offset + w.bytes > io.write_staging.size() ||
+              if (layers == 0 || w.bytes % layers != 0 || w.bytes > io.write_staging.size() ||
+                  offset > io.write_staging.size() - w.bytes ||  // a remote size: no sum that can wrap
                   w.page_tokens == 0 || w.block_tokens % w.page_tokens != 0 || (w.bytes / layers) % (w.block_tokens / w.page_tokens) != 0)
                 return std::make_pair(std::move(w), std::string{"block bytes are not whole layers of whole pages"});
               // The bytes in the slot must be what the writer checksummed: a put that failed

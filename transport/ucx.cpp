@@ -43,7 +43,8 @@ bool unpack_key(const std::vector<uint8_t>& packed, unpacked_key* out) {
   uint32_t addr_len = 0;
   std::memcpy(&out->base, packed.data(), 8);
   std::memcpy(&addr_len, packed.data() + 8, 4);
-  if (packed.size() < 12 + size_t{addr_len}) return false;
+  // Neither part may be empty: UCX parses both without a length, past the end of an empty one.
+  if (addr_len == 0 || packed.size() <= 12 + size_t{addr_len}) return false;
   out->worker_addr.assign(reinterpret_cast<const char*>(packed.data()) + 12, addr_len);
   out->rkey.assign(reinterpret_cast<const char*>(packed.data()) + 12 + addr_len, packed.size() - 12 - addr_len);
   return true;
@@ -273,7 +274,9 @@ private:
     if (header_length != sizeof h) return UCS_ERR_INVALID_PARAM;
     std::memcpy(&h, header, sizeof h);
     auto r = self->regions_.find(h.region_id);
-    const bool fits = r != self->regions_.end() && h.dst_offset + length <= r->second.size_bytes;
+    // The target's own check on another process's header: no sum that can wrap.
+    const bool fits = r != self->regions_.end() && h.dst_offset <= r->second.size_bytes &&
+                      length <= r->second.size_bytes - h.dst_offset;
     if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {  // eager (the sender forces rendezvous)
       if (fits) std::memcpy(r->second.base + h.dst_offset, data, length);
       return UCS_OK;
