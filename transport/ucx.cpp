@@ -458,10 +458,11 @@ private:
         // Busy while transfers are in flight, but every so often let the other threads of this
         // core run: on a small machine the executor and the peer's progress thread (which some
         // shared-memory flushes wait for) need it too.
-        if (++spins_ % 256 == 0) {
+        if (only_unwatched_ || ++spins_ % 256 == 0) {
           // Transfers nobody polls any more (released: given up by their callers, e.g. a put to a
           // peer that died, which UCX never fails over shared memory) must not keep a core
-          // spinning for ever: with only those left, progress once a millisecond.
+          // spinning for ever: with only those left, progress once a millisecond -- every pass,
+          // until a transfer someone waits for is posted again.
           bool watched = false;
           {
             std::lock_guard<std::mutex> lock{mutex_};
@@ -471,11 +472,13 @@ private:
                 break;
               }
           }
+          only_unwatched_ = !watched;
           if (watched) std::this_thread::yield();
           else std::this_thread::sleep_for(std::chrono::milliseconds{1});
         }
         continue;
       }
+      only_unwatched_ = false;
       // Idle: sleep until UCX has events (incoming puts over TCP need our progress) or a
       // command arrives.
       if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
@@ -509,6 +512,7 @@ private:
   std::thread thread_;
   bool stop_ = false;  ///< set and read on the progress thread only
   uint64_t spins_ = 0;
+  bool only_unwatched_ = false;  ///< in flight: only transfers their callers released (progress thread)
 
   // Progress-thread state.
   uint64_t last_region_ = 0;
