@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <optional>
+#include <utility>
 #include <thread>
 
 #include "gpu/byte_tokenizer.hpp"
@@ -14,13 +15,42 @@
 
 using namespace baton;
 
-TEST_CASE("a drained decode rank moves its running sequences with their KV; they finish elsewhere with the same "
-          "tokens, no recompute") {
-  test::cluster_system t;
+namespace {
+
+/// One prefill rank and two decode ranks with room for long sequences.
+local_cluster_config two_decode_ranks() {
   local_cluster_config cfg;
   cfg.num_prefill_ranks = 1;
   cfg.num_decode_ranks = 2;
   cfg.executor.num_kv_pages = 512;
+  return cfg;
+}
+
+using pending_answer = decltype(std::declval<caf::scoped_actor&>()->request(
+    std::declval<router_actor>(), std::chrono::seconds{1}, generate_atom::value, generate_request{}));
+
+/// `n` greedy requests of `max_tokens` tokens each (eos ignored), prompts `name i` (every other
+/// one longer); their prompts go to `prompts` when given.
+std::vector<pending_answer> send_long(caf::scoped_actor& self, const router_actor& router, int n, int32_t max_tokens,
+                                      const std::string& name, std::vector<std::string>* prompts = nullptr) {
+  std::vector<pending_answer> handles;
+  for (int i = 0; i < n; ++i) {
+    generate_request req;
+    req.prompt = name + " " + std::to_string(i) + (i % 2 ? " with more words in it" : "");
+    req.max_tokens = max_tokens;
+    req.ignore_eos = true;
+    if (prompts) prompts->push_back(req.prompt);
+    handles.push_back(self->request(router, std::chrono::seconds{120}, generate_atom::value, std::move(req)));
+  }
+  return handles;
+}
+
+}  // namespace
+
+TEST_CASE("a drained decode rank moves its running sequences with their KV; they finish elsewhere with the same "
+          "tokens, no recompute") {
+  test::cluster_system t;
+  auto cfg = two_decode_ranks();
   REQUIRE(cfg.validate().empty());
   auto cluster = start_local_cluster(t.sys, cfg);
   test::cluster_system::stopper stop{t, cluster};
@@ -29,15 +59,7 @@ TEST_CASE("a drained decode rank moves its running sequences with their KV; they
 
   constexpr int n = 6, max_tokens = 400;
   std::vector<std::string> prompts;
-  std::vector<decltype(self->request(cluster.router, std::chrono::seconds{1}, generate_atom::value, generate_request{}))> handles;
-  for (int i = 0; i < n; ++i) {
-    generate_request req;
-    req.prompt = "moving sequence number " + std::to_string(i) + (i % 2 ? " with more words in it" : "");
-    req.max_tokens = max_tokens;
-    req.ignore_eos = true;
-    prompts.push_back(req.prompt);
-    handles.push_back(self->request(cluster.router, std::chrono::seconds{120}, generate_atom::value, std::move(req)));
-  }
+  auto handles = send_long(self, cluster.router, n, max_tokens, "moving sequence number", &prompts);
   // Once the leaving rank decodes some of them (bounded wait), drain it and move them.
   bool running = false;
   for (int i = 0; i < 2000 && !running; ++i) {
@@ -76,10 +98,7 @@ TEST_CASE("a drained decode rank moves its running sequences with their KV; they
 TEST_CASE("a move whose KV puts never land (a stalled link) is given up after migrate_send_timeout_ms: the "
           "sequences finish where they were, the target's pages come back, the rank is not left busy") {
   test::cluster_system t;
-  local_cluster_config cfg;
-  cfg.num_prefill_ranks = 1;
-  cfg.num_decode_ranks = 2;
-  cfg.executor.num_kv_pages = 512;
+  auto cfg = two_decode_ranks();
   cfg.decode.migrate_send_timeout_ms = 300;
   cfg.decode.kv_quarantine_ms = 500;  // the target holds pages a stalled put might still reach
   REQUIRE(cfg.validate().empty());
@@ -96,15 +115,7 @@ TEST_CASE("a move whose KV puts never land (a stalled link) is given up after mi
   const auto& target = cluster.decode[0].handle;
   constexpr int n = 4, max_tokens = 200;
   std::vector<std::string> prompts;
-  std::vector<decltype(self->request(cluster.router, std::chrono::seconds{1}, generate_atom::value, generate_request{}))> handles;
-  for (int i = 0; i < n; ++i) {
-    generate_request req;
-    req.prompt = "stalled move " + std::to_string(i);
-    req.max_tokens = max_tokens;
-    req.ignore_eos = true;
-    prompts.push_back(req.prompt);
-    handles.push_back(self->request(cluster.router, std::chrono::seconds{120}, generate_atom::value, std::move(req)));
-  }
+  auto handles = send_long(self, cluster.router, n, max_tokens, "stalled move", &prompts);
   bool running = false;
   for (int i = 0; i < 2000 && !running; ++i) {
     running = t.stats(leaving).num_running > 0;
@@ -146,10 +157,7 @@ TEST_CASE("a move whose KV puts never land (a stalled link) is given up after mi
 TEST_CASE("a move whose KV takes longer to land than a request's lease lasts still completes: the target holds "
           "the lease as long as the source waits for its puts, and nothing is recomputed") {
   test::cluster_system t;
-  local_cluster_config cfg;
-  cfg.num_prefill_ranks = 1;
-  cfg.num_decode_ranks = 2;
-  cfg.executor.num_kv_pages = 512;
+  auto cfg = two_decode_ranks();
   cfg.router.request.lease_ms = 200;  // a move's puts take longer than this below
   REQUIRE(cfg.validate().empty());
   // The decode ranks' puts (only moves use them) each report pending for their first 2000 polls:
@@ -164,14 +172,7 @@ TEST_CASE("a move whose KV takes longer to land than a request's lease lasts sti
   test::cluster_system::stopper stop{t, cluster};
   caf::scoped_actor self{t.sys};
   constexpr int n = 6, max_tokens = 300;
-  std::vector<decltype(self->request(cluster.router, std::chrono::seconds{1}, generate_atom::value, generate_request{}))> handles;
-  for (int i = 0; i < n; ++i) {
-    generate_request req;
-    req.prompt = "a slow move, number " + std::to_string(i) + (i % 2 ? " with more words in it" : "");
-    req.max_tokens = max_tokens;
-    req.ignore_eos = true;
-    handles.push_back(self->request(cluster.router, std::chrono::seconds{120}, generate_atom::value, std::move(req)));
-  }
+  auto handles = send_long(self, cluster.router, n, max_tokens, "a slow move, number");
   // Whichever rank decodes some of them first leaves.
   std::optional<decode_rank_actor> found;
   for (int i = 0; i < 5000 && !found; ++i) {
