@@ -5,6 +5,7 @@
 #include <cstring>
 #include <vector>
 #include <mutex>
+#include <shared_mutex>
 #include <unordered_map>
 
 namespace baton::transport {
@@ -16,24 +17,33 @@ public:
     uint64_t size_bytes;
   };
   uint64_t add(std::byte* base, uint64_t size) {
-    std::lock_guard<std::mutex> lock{mutex_};
+    std::lock_guard<std::shared_mutex> lock{mutex_};
     regions_.emplace(++last_id_, region{base, size});
     return last_id_;
   }
   void remove(uint64_t id) {
-    std::lock_guard<std::mutex> lock{mutex_};
+    std::lock_guard<std::shared_mutex> lock{mutex_};
     regions_.erase(id);
   }
   std::optional<region> find(uint64_t id) {
-    std::lock_guard<std::mutex> lock{mutex_};
+    std::shared_lock<std::shared_mutex> lock{mutex_};
     auto i = regions_.find(id);
     if (i == regions_.end()) return std::nullopt;
     return i->second;
   }
+  /// Runs fn(source, destination) -- null where not registered -- with both registrations held
+  /// for its whole run: an owner deregistering a region (and then freeing it, as a rank that
+  /// stops does) waits for a copy into it to finish instead of racing it.
+  template <class F>
+  void with_regions(uint64_t src, uint64_t dst, F fn) {
+    std::shared_lock<std::shared_mutex> lock{mutex_};
+    const auto s = regions_.find(src), d = regions_.find(dst);
+    fn(s == regions_.end() ? nullptr : &s->second, d == regions_.end() ? nullptr : &d->second);
+  }
   /// Memory an endpoint gave back: freed with the fabric, since a peer that mapped it
   /// (map_remote) may still store into it after its owner let go.
   void retire(std::byte* p) {
-    std::lock_guard<std::mutex> lock{mutex_};
+    std::lock_guard<std::shared_mutex> lock{mutex_};
     retired_.push_back(p);
   }
   ~loopback_fabric() {
@@ -41,7 +51,7 @@ public:
   }
 
 private:
-  std::mutex mutex_;
+  std::shared_mutex mutex_;
   uint64_t last_id_ = 0;
   std::unordered_map<uint64_t, region> regions_;
   std::vector<std::byte*> retired_;
@@ -136,21 +146,21 @@ private:
       err.what = "remote key comes from backend '" + d.remote.backend + "', not loopback";
       return;
     }
-    auto src = fabric_->find(d.local_region);
-    auto dst = fabric_->find(d.remote.region_id);
-    if (!src || !dst) {
-      err.code = xfer_errc::unknown_region;
-      err.what = std::string{!src ? "local" : "remote"} + " region " +
-                 std::to_string(!src ? d.local_region : d.remote.region_id) + " is not registered";
-      return;
-    }
-    if (auto bad = segments_outside(d.segments, src->size_bytes, dst->size_bytes); !bad.empty()) {
-      err.code = xfer_errc::out_of_bounds;
-      err.what = std::move(bad);
-      return;
-    }
-    if (copy_bytes_)
-      for (const auto& s : d.segments) std::memcpy(dst->base + s.dst_offset, src->base + s.src_offset, s.size_bytes);
+    fabric_->with_regions(d.local_region, d.remote.region_id, [&](const auto* src, const auto* dst) {
+      if (!src || !dst) {
+        err.code = xfer_errc::unknown_region;
+        err.what = std::string{!src ? "local" : "remote"} + " region " +
+                   std::to_string(!src ? d.local_region : d.remote.region_id) + " is not registered";
+        return;
+      }
+      if (auto bad = segments_outside(d.segments, src->size_bytes, dst->size_bytes); !bad.empty()) {
+        err.code = xfer_errc::out_of_bounds;
+        err.what = std::move(bad);
+        return;
+      }
+      if (copy_bytes_)
+        for (const auto& s : d.segments) std::memcpy(dst->base + s.dst_offset, src->base + s.src_offset, s.size_bytes);
+    });
   }
 
   std::shared_ptr<loopback_fabric> fabric_;
