@@ -168,6 +168,15 @@ store_read_result serve_read(io_context& io, const store_read_order& order, uint
     for (auto& e : r.errors) e = io.setup_error.empty() ? "malformed read order from " + order.reader + ": " + bad : bad;
     return r;
   }
+  // Queued past its budget (a backlog of reads or deletes ahead of it): answered at once, without
+  // opening a file -- the reader is about to stop waiting, and a backlog must not grow on work
+  // nobody will use.
+  if (std::chrono::steady_clock::now() > deadline) {
+    for (auto& e : r.errors)
+      e = "the read's budget of " + std::to_string(order.budget_ms) + " ms ran out before it started (" + io.cfg.name +
+          " was busy)";
+    return r;
+  }
   const auto& reg = order.region;
   const gpu::kv_layout layout{reg.num_layers, reg.num_pages, reg.page_size_tokens, reg.kv_dim, reg.kv_planes};
   const uint32_t ppb = order.block_tokens / reg.page_size_tokens;
