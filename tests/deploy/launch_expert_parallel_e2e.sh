@@ -106,7 +106,7 @@ echo "launch EP e2e: four decode ranks in two processes as one data-parallel gro
 # decode-a's process dies without a word: it leaves no abort word, so decode-b's members would
 # only notice at the all-to-all's timeout in a step, and never while idle. The head's directory
 # sees the node go and tells decode-b, whose ranks step aside at once.
-kill -9 "$(pgrep -f "$BATON node .*--name decode-a" | head -1)" || fail "no decode-a process to kill"
+kill -9 "$(pgrep -f "$BATON node .*--name decode-a --connect 127.0.0.1:$P_CLUSTER " | head -1)" || fail "no decode-a process to kill"
 for _ in $(seq 100); do grep -q "rank decode-b-1 steps aside" "$WORK/launch.log" && break; sleep 0.1; done
 for r in decode-b-0 decode-b-1; do
   grep -q "baton node decode-b: rank $r steps aside: data-parallel group dp0 lost member(s) 0 1 (node decode-a, which hosted 2 of its 4 members, went down" \
@@ -132,7 +132,7 @@ same_as_single deepseek-v3-tiny ep-e2e 12 "Experts, route this" "A second prompt
   "A third one for the other decode rank" "And a fourth, so both members have rows of their own"
 echo "launch EP e2e: the group re-formed in place around the restarted decode-a, decode-b never left, and it answers as EP 1 again"
 # Once more: a re-formed group loses the same node again and re-forms again.
-kill -9 "$(pgrep -f "$BATON node .*--name decode-a" | head -1)" || fail "no decode-a process to kill (second time)"
+kill -9 "$(pgrep -f "$BATON node .*--name decode-a --connect 127.0.0.1:$P_CLUSTER " | head -1)" || fail "no decode-a process to kill (second time)"
 reformed() { grep -c "baton node decode-b: data-parallel group dp0 re-formed in place" "$WORK/launch.log" || true; }
 for _ in $(seq 600); do [ "$(reformed)" -ge 2 ] && break; sleep 0.1; done
 [ "$(reformed)" -ge 2 ] || fail "decode-b did not re-form dp0 a second time: $(grep 'decode-b' "$WORK/launch.log" | tail -5)"
@@ -144,7 +144,7 @@ echo "launch EP e2e: killed again, the group re-formed in place a second time an
 # A third death: decode-a's restarts are used up, so the spec's spare, decode-s, standing by
 # since the launch with the model loaded, is told decode-a's flags and takes its place. It takes
 # decode-a's members (0 and 1 of dp0), and decode-b re-forms the group with it in place.
-kill -9 "$(pgrep -f "$BATON node .*--name decode-a" | head -1)" || fail "no decode-a process to kill (third time)"
+kill -9 "$(pgrep -f "$BATON node .*--name decode-a --connect 127.0.0.1:$P_CLUSTER " | head -1)" || fail "no decode-a process to kill (third time)"
 for _ in $(seq 600); do [ "$(reformed)" -ge 3 ] && break; sleep 0.1; done
 [ "$(reformed)" -ge 3 ] || fail "decode-b did not re-form dp0 with the spare: $(grep 'decode-[bs]' "$WORK/launch.log" | tail -8)"
 grep -q "baton launch: node decode-a failed for good; spare decode-s, standing by, takes its place" "$WORK/launch.log" ||

@@ -25,7 +25,8 @@ cat > "$WORK/spec.json" <<SPEC
 }
 SPEC
 launch_cluster --restart-failed 3 --restart-backoff-ms 400
-decode_pid() { pgrep -f "baton node .*--name decode-a" | head -1 || true; }
+# This cluster's decode-a only (other scripts, run in parallel by ctest, have their own decode-a).
+decode_pid() { pgrep -f "baton node --role decode --name decode-a --connect 127.0.0.1:$P_CLUSTER " | head -1 || true; }
 # kill_decode N: kills decode-a's current process and waits (bounded) for restart N's new one.
 kill_decode() {
   local old
