@@ -1,7 +1,7 @@
 #pragma once
 
 // Every message type of the runtime, in one place (design.md §1), CAF 0.17 style: atoms as
-// atom_constant, an inspect() for every struct. All of them are registered with
+// atom_constant (with the error codes in actors/atoms_and_errors.hpp), an inspect() for every struct. All of them are registered with
 // add_message_type in register_message_types() (actors/message_types.cpp), so they can cross
 // processes. Only actor .cpp files and tests include this header (it pulls in CAF).
 
@@ -16,85 +16,13 @@
 #include <caf/replies_to.hpp>
 #include <caf/typed_actor.hpp>
 
+#include "actors/atoms_and_errors.hpp"
+
 namespace caf {
 class actor_system_config;
 }
 
 namespace baton {
-
-// --- atoms (0.17: at most 10 characters) -------------------------------------------------
-using generate_atom = caf::atom_constant<caf::atom("generate")>;
-using run_atom = caf::atom_constant<caf::atom("run")>;
-using reserve_atom = caf::atom_constant<caf::atom("kv_reserve")>;
-using release_atom = caf::atom_constant<caf::atom("kv_release")>;
-using stats_atom = caf::atom_constant<caf::atom("stats")>;
-using events_atom = caf::atom_constant<caf::atom("events")>;
-using exec_done_atom = caf::atom_constant<caf::atom("exec_done")>;
-using exec_fail_atom = caf::atom_constant<caf::atom("exec_fail")>;
-using timer_atom = caf::atom_constant<caf::atom("timer")>;
-using xfer_atom = caf::atom_constant<caf::atom("xfer")>;
-using poll_atom = caf::atom_constant<caf::atom("poll")>;
-using expire_atom = caf::atom_constant<caf::atom("lease_exp")>;
-using exec_start_atom = caf::atom_constant<caf::atom("exec_start")>;
-using place_atom = caf::atom_constant<caf::atom("place")>;
-using load_atom = caf::atom_constant<caf::atom("load")>;
-using watchdog_atom = caf::atom_constant<caf::atom("watchdog")>;
-using keepalive_atom = caf::atom_constant<caf::atom("kv_keep")>;
-using check_atom = caf::atom_constant<caf::atom("check")>;
-using commit_atom = caf::atom_constant<caf::atom("blk_commit")>;
-using delete_atom = caf::atom_constant<caf::atom("blk_delete")>;
-using io_atom = caf::atom_constant<caf::atom("io_done")>;
-using store_atom = caf::atom_constant<caf::atom("store")>;
-using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
-using join_atom = caf::atom_constant<caf::atom("join")>;
-using heartbeat_atom = caf::atom_constant<caf::atom("heartbeat")>;
-using drain_atom = caf::atom_constant<caf::atom("drain")>;
-using rendezvous_atom = caf::atom_constant<caf::atom("rendezvous")>;
-using member_gone_atom = caf::atom_constant<caf::atom("mbr_gone")>;
-using health_atom = caf::atom_constant<caf::atom("health")>;
-using undrain_atom = caf::atom_constant<caf::atom("undrain")>;
-/// A decode rank's waiting KV reservation reached its deadline (reserve_wait_ms).
-using reserve_expire_atom = caf::atom_constant<caf::atom("rsvexpire")>;
-using forget_atom = caf::atom_constant<caf::atom("forget")>;
-/// A rank forgotten by forget_atom (its node was given up for lost, an elastic move took it to
-/// the other role) may register again: its next load report brings it back, draining again if
-/// it was when forgotten and the bool says so (a node back from a partition: yes; an instance
-/// an elastic move brings back to this role: no, its drain was that earlier move's).
-using rejoin_atom = caf::atom_constant<caf::atom("rejoin")>;
-using rank_gone_atom = caf::atom_constant<caf::atom("rank_gone")>;
-using adopt_atom = caf::atom_constant<caf::atom("adopt")>;
-/// A writer of a decode lease (a prefill rank, a part of a split prompt) has no put into it in
-/// flight and will post none: a lease dropped while it still wrote may now give its pages back.
-using writer_done_atom = caf::atom_constant<caf::atom("kv_wdone")>;
-using role_atom = caf::atom_constant<caf::atom("role")>;
-/// Elastic P/D: a draining decode rank moves its running sequences, with their KV, to other
-/// decode ranks (and polls the puts with migpoll).
-using migrate_atom = caf::atom_constant<caf::atom("migrate")>;
-using migrate_poll_atom = caf::atom_constant<caf::atom("migpoll")>;
-/// A transfer of the rank's transport settled (transport::set_settled_listener): poll now.
-using settled_atom = caf::atom_constant<caf::atom("settled")>;
-using resume_atom = caf::atom_constant<caf::atom("resume")>;
-
-// --- errors ---------------------------------------------------------------------------------
-/// Baton's error codes (category atom "baton"). The context string of every error names the
-/// request, the rank or peer, and the stage (prefill, kv_send, kv_recv, decode, ...).
-enum class errc : uint8_t {
-  bad_request = 1,    ///< fatal: the request itself is invalid; the message says which field
-  kv_capacity,        ///< retryable: a rank has too few free KV pages right now
-  rank_unavailable,   ///< retryable: no rank of the needed kind, or it stopped answering
-  deadline_exceeded,  ///< retryable: a hop did not answer in time
-  transfer_failed,    ///< retryable unless the transport said fatal: KV did not arrive
-  executor_failed,    ///< fatal: the executor refused or failed a job
-  lease_expired,      ///< retryable: the KV reservation timed out before decode began
-  layout_mismatch,    ///< fatal: prefill and decode ranks disagree on the KV page layout
-  cancelled,          ///< fatal: the client cancelled the request or went away
-  overloaded,         ///< retryable: the cluster is at its admission limit; retry after a moment
-};
-std::string to_string(errc x);
-bool is_retryable(errc x);
-caf::error make_error(errc code, std::string context);
-/// "request 7, rank decode-0, stage kv_recv: ..." -- the one format for error contexts.
-std::string where(uint64_t request_id, const std::string& rank, const std::string& stage);
 
 // --- client-facing ----------------------------------------------------------------------------
 /// One message of a chat request.

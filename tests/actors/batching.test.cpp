@@ -6,8 +6,6 @@
 
 #include <caf/event_based_actor.hpp>
 
-#include "actors/decode_balancer.hpp"
-#include "actors/prefill_balancer.hpp"
 #include "gpu/byte_tokenizer.hpp"
 #include "gpu/cpu_executor.hpp"
 #include "gpu/fault_executor.hpp"
@@ -713,12 +711,24 @@ TEST_CASE("dynamic prefill split: a part whose peer never shows up fails after s
     const uint64_t rid = 71 + (1 - index);
     auto order = half_split_order(self, t, decode, rid, 128, index, rank, ghost);
     const uint64_t lease = order.grant.lease_id;
+    const auto aborts_before = [&] {
+      std::lock_guard<std::mutex> lock{log->m};
+      return log->aborts.size();
+    }();
     std::string err;
     self->request(cluster.prefill[1].handle, std::chrono::seconds{30}, std::move(order))
         .receive([&](prefill_result&) { FAIL("a part with a silent peer succeeded"); },
                  [&](caf::error& e) { err = t.sys.render(e); });
     CHECK_MESSAGE(err.find("deadline_exceeded") != std::string::npos, err);
     CHECK_MESSAGE(err.find(expected[1 - index]) != std::string::npos, err);
+    // The abort to the other part travels on its own: it may reach the stand-in after the answer.
+    for (int i = 0; i < 500; ++i) {
+      {
+        std::lock_guard<std::mutex> lock{log->m};
+        if (log->aborts.size() > aborts_before) break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds{2});
+    }
     {
       std::lock_guard<std::mutex> lock{log->m};
       // A later part told the earlier one where its pages are, under this attempt's lease.
@@ -728,7 +738,7 @@ TEST_CASE("dynamic prefill split: a part whose peer never shows up fails after s
         CHECK(log->peers[0].part_index == 1);
       }
       // The failure went to the other part, with its code and words.
-      REQUIRE(!log->aborts.empty());
+      REQUIRE(log->aborts.size() > aborts_before);
       CHECK(log->aborts.back().request_id == rid);
       CHECK(log->aborts.back().lease_id == lease);
       CHECK(log->aborts.back().code == static_cast<uint8_t>(errc::deadline_exceeded));
@@ -804,161 +814,4 @@ TEST_CASE("dynamic prefill split: an order whose parts do not add up is refused,
   CHECK(s.num_running == 0);
   CHECK(s.num_free_pages == cfg.executor.num_kv_pages);
   caf::anon_send_exit(ghost, caf::exit_reason::user_shutdown);
-}
-
-TEST_CASE("a placement parked for want of room is given up once its asker stops waiting: served later it charged "
-          "a rank with a sequence nobody brought, and an outage grew the queue with every retry") {
-  test::cluster_system t;
-  auto balancer = spawn_decode_balancer(t.sys, {});
-  caf::scoped_actor self{t.sys};
-  // No decode rank at all: each placement parks; its asker waits 20 ms and gives up.
-  for (uint64_t i = 1; i <= 50; ++i) {
-    place_query q{i, 16, 0, 64};  // 64 tokens: 4 pages of 16
-    q.wait_ms = 20;
-    self->request(balancer, std::chrono::milliseconds{20}, place_atom::value, q)
-        .receive([&](decode_placement&) { FAIL("placed with no rank"); }, [&](caf::error&) {});
-  }
-  std::this_thread::sleep_for(std::chrono::milliseconds{30});
-  // A rank with room for two such sequences reports: no ghost takes its room.
-  auto rank = caf::actor_cast<decode_rank_actor>(
-      t.sys.spawn([](caf::event_based_actor*) -> caf::behavior { return {[](int) {}}; }));
-  rank_load load;
-  load.name = "decode-x";
-  load.num_free_pages = load.num_total_pages = 8;
-  load.page_size_tokens = 16;
-  self->send(balancer, load_atom::value, load, rank);
-  self->request(balancer, std::chrono::seconds{5}, stats_atom::value)
-      .receive(
-          [&](std::vector<rank_load>& loads) {
-            REQUIRE(loads.size() == 1);
-            CHECK(loads[0].num_free_pages == 8);
-            CHECK(loads[0].num_running == 0);
-          },
-          [&](caf::error& e) { FAIL(t.sys.render(e)); });
-  // A live request is placed at once.
-  place_query fresh{99, 16, 0, 64};
-  self->request(balancer, std::chrono::seconds{5}, place_atom::value, fresh)
-      .receive([&](decode_placement& p) { CHECK(p.name == "decode-x"); }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
-  self->send_exit(balancer, caf::exit_reason::user_shutdown);
-  self->send_exit(rank, caf::exit_reason::user_shutdown);
-}
-
-TEST_CASE("a rank forgotten because its node was given up for lost stays forgotten when a load report it sent "
-          "earlier arrives late, and comes back -- still draining if it was -- only once told it may rejoin") {
-  test::cluster_system t;
-  caf::scoped_actor self{t.sys};
-  auto decode_bal = spawn_decode_balancer(t.sys, {});
-  auto prefill_bal = spawn_prefill_balancer(t.sys, {});
-  const auto stand_in = [&] {
-    return t.sys.spawn([](caf::event_based_actor*) -> caf::behavior { return {[](int) {}}; });
-  };
-  auto decode = caf::actor_cast<decode_rank_actor>(stand_in());
-  auto prefill = caf::actor_cast<prefill_rank_actor>(stand_in());
-  rank_load load;
-  load.num_free_pages = load.num_total_pages = 8;
-  load.page_size_tokens = 16;
-  const auto names = [&](auto& balancer) {
-    std::vector<std::string> out;
-    self->request(balancer, std::chrono::seconds{5}, stats_atom::value)
-        .receive(
-            [&](std::vector<rank_load>& loads) {
-              for (const auto& l : loads) out.push_back(l.name);
-            },
-            [&](caf::error& e) { FAIL(t.sys.render(e)); });
-    return out;
-  };
-  const auto placed = [&](auto& balancer, auto placement) {
-    place_query q{7, 16, 0, 32};
-    q.wait_ms = 20;
-    bool ok = false;
-    self->request(balancer, std::chrono::seconds{5}, place_atom::value, q)
-        .receive([&](decltype(placement)&) { ok = true; }, [&](caf::error&) {});
-    return ok;
-  };
-  const auto logged = [&](auto& balancer, const std::string& why) {
-    bool found = false;
-    self->request(balancer, std::chrono::seconds{5}, events_atom::value)
-        .receive(
-            [&](std::vector<placement_record>& log) {
-              for (const auto& r : log) found |= r.why == why;
-            },
-            [](caf::error&) {});
-    return found;
-  };
-  const auto both = [&](auto check) {
-    check(decode_bal, decode, "decode-x", decode_placement{});
-    check(prefill_bal, prefill, "prefill-x", prefill_placement{});
-  };
-  both([&](auto& bal, auto& rank, const std::string& name, auto kind) {
-    CAPTURE(name);
-    load.name = name;
-    self->send(bal, load_atom::value, load, rank);
-    CHECK(names(bal) == std::vector<std::string>{name});
-    self->send(bal, drain_atom::value, rank);  // an elastic move began on it
-    CHECK(!placed(bal, kind));
-    // Its node is given up for lost; a report it sent before that arrives after.
-    self->send(bal, forget_atom::value, rank);
-    self->send(bal, load_atom::value, load, rank);
-    CHECK(names(bal).empty());
-    // The node is back: the balancer hears so, then the rank's report -- it still drains.
-    self->send(bal, rejoin_atom::value, rank, true);
-    self->send(bal, load_atom::value, load, rank);
-    CHECK(names(bal) == std::vector<std::string>{name});
-    CHECK(logged(bal, "rejoined, still draining"));
-    CHECK(!placed(bal, kind));
-    // An elastic move takes it to the other role (drained, then forgotten) and later back: it
-    // returns taking work, as that drain was the move's.
-    self->send(bal, forget_atom::value, rank);
-    self->send(bal, rejoin_atom::value, rank, false);
-    self->send(bal, load_atom::value, load, rank);
-    CHECK(names(bal) == std::vector<std::string>{name});
-    CHECK(placed(bal, kind));
-    // A rejoin for a rank that was not set aside changes nothing.
-    self->send(bal, rejoin_atom::value, rank, true);
-    CHECK(names(bal) == std::vector<std::string>{name});
-  });
-  for (auto a : {caf::actor_cast<caf::actor>(decode), caf::actor_cast<caf::actor>(prefill),
-                 caf::actor_cast<caf::actor>(decode_bal), caf::actor_cast<caf::actor>(prefill_bal)})
-    self->send_exit(a, caf::exit_reason::user_shutdown);
-}
-
-TEST_CASE("a prefill placement whose prompt never reaches its rank (no report follows) stops counting as that "
-          "rank's load after charge_ttl_ms, instead of for as long as the idle rank stays silent") {
-  test::cluster_system t;
-  caf::scoped_actor self{t.sys};
-  prefill_balancer_config bc;
-  bc.policy = "least_loaded";
-  bc.charge_ttl_ms = 50;
-  auto bal = spawn_prefill_balancer(t.sys, bc);
-  auto rank = caf::actor_cast<prefill_rank_actor>(
-      t.sys.spawn([](caf::event_based_actor*) -> caf::behavior { return {[](int) {}}; }));
-  rank_load load;
-  load.name = "prefill-x";
-  load.num_free_pages = load.num_total_pages = 64;
-  load.page_size_tokens = 16;
-  self->send(bal, load_atom::value, load, rank);
-  const auto place = [&](uint64_t id) {
-    std::string why;
-    self->request(bal, std::chrono::seconds{5}, place_atom::value, place_query{id, 100, 0, 120})
-        .receive([&](prefill_placement& p) { why = p.why; }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
-    return why;
-  };
-  CHECK(place(1).rfind("least_loaded: 0 queued tokens", 0) == 0);
-  CHECK(place(2).rfind("least_loaded: 100 queued tokens", 0) == 0);  // the first counts until a report
-  // A report replaces what the balancer counted.
-  self->send(bal, load_atom::value, load, rank);
-  CHECK(place(3).rfind("least_loaded: 0 queued tokens", 0) == 0);
-  // No report follows placement 3 (its request failed before ordering): past the limit it goes.
-  std::this_thread::sleep_for(std::chrono::milliseconds{80});
-  CHECK(place(4).rfind("least_loaded: 0 queued tokens", 0) == 0);
-  bool logged = false;
-  self->request(bal, std::chrono::seconds{5}, events_atom::value)
-      .receive(
-          [&](std::vector<placement_record>& log) {
-            for (const auto& r : log) logged |= r.rank == "prefill-x" && r.why.find("taken back") != std::string::npos;
-          },
-          [](caf::error&) {});
-  CHECK(logged);
-  self->send_exit(bal, caf::exit_reason::user_shutdown);
-  self->send_exit(rank, caf::exit_reason::user_shutdown);
 }
