@@ -144,8 +144,13 @@ struct decode_balancer_config {
   policies::decode_2d_config two_d;
   uint32_t page_size_tokens = 16;
   uint32_t decision_log_size = 256;
+  /// A placement counts as its rank's load until the rank's next report; one no report followed
+  /// within this long (its sequence never came: the request failed or gave up before reserving
+  /// KV there) is taken back. Longer than a placement takes to become a reservation.
+  uint32_t charge_ttl_ms = 30000;
 
   std::string validate() const {
+    if (charge_ttl_ms == 0) return "decode balancer charge_ttl_ms must be >= 1";
     if (!policies::parse_decode_policy(policy))
       return "decode balancer policy must be seed, least_loaded or round_robin, got '" + policy + "'";
     if (page_size_tokens == 0) return "decode balancer page_size_tokens must be >= 1";

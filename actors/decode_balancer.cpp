@@ -8,6 +8,7 @@
 #include <deque>
 #include <optional>
 
+#include "actors/charge_ledger.hpp"
 #include "actors/rank_registry.hpp"
 #include "policies/decode_placement.hpp"
 #include "policies/placement.hpp"
@@ -24,6 +25,14 @@ struct decode_balancer_state {
   /// first, after every load report. The requester's place deadline bounds the wait.
   std::deque<parked_placement<decode_placement>> parked;
   uint64_t rr_cursor = 0;
+  /// The balancer's own placements since each rank's last report (charge_ledger.hpp); those no
+  /// report followed within cfg.charge_ttl_ms are taken back.
+  struct charge {
+    caf::actor_clock::time_point at;
+    uint32_t pages;
+    uint64_t kv_tokens;
+  };
+  charge_ledger<charge, caf::actor_clock::time_point> charges;
   decision_log log;
   store_info store;  ///< handed to decode ranks that join from other processes
   static inline const char* name = "baton.decode_balancer";
@@ -42,9 +51,41 @@ uint32_t need_tokens(const place_query& q, const rank_load& r) {
   return std::min(q.total_tokens, q.new_tokens + q.cached_tokens + r.on_demand_headroom_tokens);
 }
 
+/// Takes back the charges no report has replaced within cfg.charge_ttl_ms: their sequences
+/// never reached their ranks.
+void expire_charges(pointer self) {
+  auto& st = self->state;
+  st.charges.expire(
+      self->clock().now() - std::chrono::milliseconds{st.cfg.charge_ttl_ms},
+      [&](const std::string& name, const decode_balancer_state::charge& c) {
+        auto i = st.registry.index_of(name);
+        if (!i) return;  // the rank is gone
+        auto& r = st.registry.loads[*i];
+        r.num_running -= std::min(r.num_running, 1u);
+        r.num_free_pages = std::min(r.num_total_pages, r.num_free_pages + c.pages);
+        r.kv_tokens -= std::min(r.kv_tokens, c.kv_tokens);
+      },
+      [&](const std::string& name, size_t n) {
+        if (st.registry.index_of(name))
+          st.log.add({0, name, std::to_string(n) + " placement(s) no report followed within charge_ttl_ms (" +
+                                   std::to_string(st.cfg.charge_ttl_ms) + " ms): taken back"});
+      });
+}
+
+/// Parked placements are retried after each load report, but what keeps them parked may be
+/// charges whose sequences never came, and an idle rank sends no report: retry them when those
+/// charges expire too.
+void arm_charge_expiry(pointer self) {
+  auto& st = self->state;
+  if (st.charges.timer_armed || st.charges.empty() || st.parked.empty()) return;
+  st.charges.timer_armed = true;
+  self->delayed_send(self, std::chrono::milliseconds{st.cfg.charge_ttl_ms}, expire_atom::value);
+}
+
 /// The chosen rank with room for the sequence's KV, counted as its load until its next report.
 std::optional<decode_placement> try_place(pointer self, const place_query& q) {
   auto& st = self->state;
+  expire_charges(self);
   const auto& loads = st.registry.loads;
   std::optional<size_t> pick;
   std::string why;
@@ -91,9 +132,11 @@ std::optional<decode_placement> try_place(pointer self, const place_query& q) {
   auto& r = st.registry.loads[*pick];
   const uint32_t ps = page_size(st, r);
   const uint32_t pages = (need_tokens(q, r) + ps - 1) / ps;
+  const uint32_t taken = std::min(r.num_free_pages, pages);
   r.num_running += 1;
-  r.num_free_pages -= std::min(r.num_free_pages, pages);
+  r.num_free_pages -= taken;
   r.kv_tokens += uint64_t{pages} * ps;
+  st.charges.add(r.name, {self->clock().now(), taken, uint64_t{pages} * ps});
   why += " [needs " + std::to_string(q.total_tokens) + " tokens]";
   st.log.add({q.request_id, r.name, why});
   return decode_placement{r.name, st.registry.ranks[*pick], why};
@@ -124,12 +167,21 @@ decode_balancer_actor::behavior_type decode_balancer_impl(pointer self, decode_b
         auto promise = self->make_response_promise<decode_placement>();
         drop_expired(st.parked, self->clock().now(), "place_decode");
         park(st.parked, std::move(q), promise, self->clock().now());
+        arm_charge_expiry(self);
         return promise;
       },
       [=](load_atom, rank_load& load, decode_rank_actor& rank) {
         auto& st = self->state;
+        const std::string name = load.name;
         if (st.registry.report(std::move(load), rank, st.log)) self->monitor(rank);
+        if (st.registry.index_of(rank)) st.charges.reported(name);  // the report counts what reached it
         serve_parked(st.parked, self->clock().now(), "place_decode", [=](const place_query& q) { return try_place(self, q); });
+      },
+      [=](expire_atom) {
+        self->state.charges.timer_armed = false;
+        expire_charges(self);
+        serve_parked(self->state.parked, self->clock().now(), "place_decode", [=](const place_query& q) { return try_place(self, q); });
+        arm_charge_expiry(self);
       },
       [=](stats_atom) { return self->state.registry.loads; },
       [=](events_atom) { return self->state.log.snapshot(); },

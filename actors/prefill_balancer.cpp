@@ -12,6 +12,7 @@
 #include <optional>
 #include <unordered_map>
 
+#include "actors/charge_ledger.hpp"
 #include "actors/rank_registry.hpp"
 #include "policies/cost_model.hpp"
 #include "policies/placement.hpp"
@@ -61,16 +62,14 @@ struct prefill_balancer_state {
   /// approximation of what its rank-local tier holds (sgl-router keeps a similar tree).
   std::vector<recent_keys> placed_keys;
   uint64_t rr_cursor = 0;
-  /// The balancer's own placements on each rank (by name) since that rank's last report: each
-  /// report replaces them. One whose prompt never reached the rank (its request failed to
-  /// reserve KV, or gave up, before ordering) would otherwise stay charged to an idle rank --
-  /// which reports only on change -- for ever: charges older than cfg.charge_ttl_ms go.
+  /// The balancer's own placements since each rank's last report (charge_ledger.hpp); those no
+  /// report followed within cfg.charge_ttl_ms are taken back.
   struct charge {
     caf::actor_clock::time_point at;
     uint64_t tokens;
     double predicted_us;
   };
-  std::unordered_map<std::string, std::deque<charge>> charges;
+  charge_ledger<charge, caf::actor_clock::time_point> charges;
   decision_log log;
   caf::actor_clock::time_point started;
   static inline const char* name = "baton.prefill_balancer";
@@ -174,7 +173,7 @@ std::optional<prefill_placement> place_split(pointer self, const place_query& q,
     r.queued_tokens += b - a;
     r.num_running += 1;
     r.predicted_us += st.cfg.cost.prefill_us(b - a, a);
-    st.charges[r.name].push_back({self->clock().now(), b - a, st.cfg.cost.prefill_us(b - a, a)});
+    st.charges.add(r.name, {self->clock().now(), b - a, st.cfg.cost.prefill_us(b - a, a)});
     sync_view(st, order[i]);
     out.part_ranks.push_back(st.registry.ranks[order[i]]);
     out.part_names.push_back(r.name);
@@ -190,29 +189,33 @@ std::optional<prefill_placement> place_split(pointer self, const place_query& q,
 /// cfg.charge_ttl_ms: their prompts never reached their ranks.
 void expire_charges(pointer self) {
   auto& st = self->state;
-  const auto oldest = self->clock().now() - std::chrono::milliseconds{st.cfg.charge_ttl_ms};
-  for (auto c = st.charges.begin(); c != st.charges.end();) {
-    auto& q = c->second;
-    if (q.empty() || q.front().at > oldest) {
-      c = q.empty() ? st.charges.erase(c) : std::next(c);
-      continue;
-    }
-    for (size_t i = 0; i < st.registry.loads.size(); ++i) {
-      auto& r = st.registry.loads[i];
-      if (r.name != c->first) continue;
-      uint32_t n = 0;
-      for (; !q.empty() && q.front().at <= oldest; ++n, q.pop_front()) {
-        r.queued_tokens -= std::min(r.queued_tokens, q.front().tokens);
+  st.charges.expire(
+      self->clock().now() - std::chrono::milliseconds{st.cfg.charge_ttl_ms},
+      [&](const std::string& name, const prefill_balancer_state::charge& c) {
+        auto i = st.registry.index_of(name);
+        if (!i) return;  // the rank is gone
+        auto& r = st.registry.loads[*i];
+        r.queued_tokens -= std::min(r.queued_tokens, c.tokens);
         r.num_running -= std::min(r.num_running, 1u);
-        r.predicted_us = std::max(0.0, r.predicted_us - q.front().predicted_us);
-      }
-      st.log.add({0, r.name, std::to_string(n) + " placement(s) no report followed within charge_ttl_ms (" +
+        r.predicted_us = std::max(0.0, r.predicted_us - c.predicted_us);
+      },
+      [&](const std::string& name, size_t n) {
+        auto i = st.registry.index_of(name);
+        if (!i) return;
+        st.log.add({0, name, std::to_string(n) + " placement(s) no report followed within charge_ttl_ms (" +
                                  std::to_string(st.cfg.charge_ttl_ms) + " ms): taken back"});
-      sync_view(st, i);
-    }
-    q.erase(q.begin(), std::find_if(q.begin(), q.end(), [&](const auto& x) { return x.at > oldest; }));  // rank gone
-    c = q.empty() ? st.charges.erase(c) : std::next(c);
-  }
+        sync_view(st, *i);
+      });
+}
+
+/// Parked placements are retried after each load report, but what keeps them parked may be
+/// charges whose sequences never came, and an idle rank sends no report: retry them when those
+/// charges expire too.
+void arm_charge_expiry(pointer self) {
+  auto& st = self->state;
+  if (st.charges.timer_armed || st.charges.empty() || st.parked.empty()) return;
+  st.charges.timer_armed = true;
+  self->delayed_send(self, std::chrono::milliseconds{st.cfg.charge_ttl_ms}, expire_atom::value);
 }
 
 /// The chosen rank for `q` under the configured policy, counted as its load until its next
@@ -277,7 +280,7 @@ std::optional<prefill_placement> try_place(pointer self, const place_query& q) {
   r.queued_tokens += q.new_tokens;
   r.num_running += 1;
   r.predicted_us += cost;
-  st.charges[r.name].push_back({self->clock().now(), q.new_tokens, cost});
+  st.charges.add(r.name, {self->clock().now(), q.new_tokens, cost});
   sync_view(st, *pick);
   if (!q.block_keys.empty()) {
     st.placed_keys.resize(st.registry.loads.size());
@@ -303,15 +306,22 @@ prefill_balancer_actor::behavior_type prefill_balancer_impl(pointer self, prefil
         auto promise = self->make_response_promise<prefill_placement>();
         drop_expired(self->state.parked, self->clock().now(), "place_prefill");
         park(self->state.parked, std::move(q), promise, self->clock().now());
+        arm_charge_expiry(self);
         return promise;
       },
       [=](load_atom, rank_load& load, prefill_rank_actor& rank) {
         auto& st = self->state;
         const std::string name = load.name;
         if (st.registry.report(std::move(load), rank, st.log)) self->monitor(rank);
-        if (st.registry.index_of(rank)) st.charges.erase(name);  // the report counts what reached it
+        if (st.registry.index_of(rank)) st.charges.reported(name);  // the report counts what reached it
         if (auto i = st.registry.index_of(rank)) sync_view(st, *i);
         serve_parked(st.parked, self->clock().now(), "place_prefill", [=](const place_query& q) { return try_place(self, q); });
+      },
+      [=](expire_atom) {
+        self->state.charges.timer_armed = false;
+        expire_charges(self);
+        serve_parked(self->state.parked, self->clock().now(), "place_prefill", [=](const place_query& q) { return try_place(self, q); });
+        arm_charge_expiry(self);
       },
       [=](stats_atom) {
         // With each prefill rank's length bucket (the elastic controller weighs buckets apart).

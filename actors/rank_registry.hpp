@@ -108,6 +108,11 @@ struct rank_registry {
       if (ranks[i] == rank) return i;
     return std::nullopt;
   }
+  std::optional<size_t> index_of(const std::string& name) const {
+    for (size_t i = 0; i < loads.size(); ++i)
+      if (loads[i].name == name) return i;
+    return std::nullopt;
+  }
 };
 
 inline constexpr uint32_t parked_wait_default_ms = 5000;

@@ -169,3 +169,51 @@ TEST_CASE("a prefill placement whose prompt never reaches its rank (no report fo
   self->send_exit(bal, caf::exit_reason::user_shutdown);
   self->send_exit(rank, caf::exit_reason::user_shutdown);
 }
+
+TEST_CASE("a decode placement whose sequence never reserves on its rank gives its pages back after charge_ttl_ms, "
+          "and a placement parked behind it is then served without waiting for a report") {
+  test::cluster_system t;
+  caf::scoped_actor self{t.sys};
+  decode_balancer_config bc;
+  bc.policy = "least_loaded";
+  bc.charge_ttl_ms = 50;
+  auto bal = spawn_decode_balancer(t.sys, bc);
+  auto rank = caf::actor_cast<decode_rank_actor>(
+      t.sys.spawn([](caf::event_based_actor*) -> caf::behavior { return {[](int) {}}; }));
+  rank_load load;
+  load.name = "decode-x";
+  load.num_free_pages = load.num_total_pages = 4;
+  load.page_size_tokens = 16;
+  self->send(bal, load_atom::value, load, rank);
+  const auto place = [&](uint64_t id) {
+    std::string where;
+    place_query q{id, 60, 0, 64};
+    q.wait_ms = 5000;
+    self->request(bal, std::chrono::seconds{5}, place_atom::value, q)
+        .receive([&](decode_placement& p) { where = p.name; }, [&](caf::error& e) { where = t.sys.render(e); });
+    return where;
+  };
+  // The first takes all four pages; the second fits only once the first is taken back: the
+  // rank never reports again (the first request failed before reserving).
+  CHECK(place(1) == "decode-x");
+  CHECK(place(2) == "decode-x");
+  std::vector<rank_load> loads;
+  self->request(bal, std::chrono::seconds{5}, stats_atom::value).receive([&](std::vector<rank_load>& l) { loads = l; }, [](caf::error&) {});
+  REQUIRE(loads.size() == 1);
+  CHECK(loads[0].num_free_pages == 0);  // the second's charge: it has not reserved either
+  CHECK(loads[0].num_running == 1);
+  bool logged = false;
+  self->request(bal, std::chrono::seconds{5}, events_atom::value)
+      .receive(
+          [&](std::vector<placement_record>& log) {
+            for (const auto& r : log) logged |= r.rank == "decode-x" && r.why.find("taken back") != std::string::npos;
+          },
+          [](caf::error&) {});
+  CHECK(logged);
+  // A report replaces the charges at once.
+  self->send(bal, load_atom::value, load, rank);
+  self->request(bal, std::chrono::seconds{5}, stats_atom::value).receive([&](std::vector<rank_load>& l) { loads = l; }, [](caf::error&) {});
+  CHECK(loads[0].num_free_pages == 4);
+  self->send_exit(bal, caf::exit_reason::user_shutdown);
+  self->send_exit(rank, caf::exit_reason::user_shutdown);
+}

@@ -1,0 +1,52 @@
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <deque>
+#include <string>
+#include <unordered_map>
+
+namespace baton {
+
+/// A balancer's own placements on each rank (by name) since that rank's last load report. A
+/// placement counts as its rank's load at once, so a burst spreads instead of piling onto the
+/// rank that looked idle; the rank's next report counts what reached it and replaces them. One
+/// whose sequence never reached the rank (its request failed or gave up between placement and
+/// order) would otherwise stay charged to an idle rank -- ranks report only on change -- for
+/// ever, so charges older than a limit are taken back. `Charge` has a `time_point at`.
+template <class Charge, class TimePoint>
+class charge_ledger {
+public:
+  void add(const std::string& rank, Charge c) { by_rank_[rank].push_back(std::move(c)); }
+
+  /// The rank reported: its report counts everything that reached it.
+  void reported(const std::string& rank) { by_rank_.erase(rank); }
+
+  /// Calls take_back(rank, charge) for every charge placed at or before `oldest`, oldest first,
+  /// and then done(rank, count) once per rank that lost any; forgets them.
+  template <class TakeBack, class Done>
+  void expire(TimePoint oldest, TakeBack take_back, Done done) {
+    for (auto it = by_rank_.begin(); it != by_rank_.end();) {
+      auto& q = it->second;
+      size_t n = 0;
+      for (; !q.empty() && q.front().at <= oldest; ++n, q.pop_front()) take_back(it->first, q.front());
+      if (n > 0) done(it->first, n);
+      it = q.empty() ? by_rank_.erase(it) : std::next(it);
+    }
+  }
+
+  bool empty() const { return by_rank_.empty(); }
+
+  size_t size(const std::string& rank) const {
+    auto it = by_rank_.find(rank);
+    return it == by_rank_.end() ? 0 : it->second.size();
+  }
+
+  /// Whether the owner's timer to expire charges is already set (one at a time).
+  bool timer_armed = false;
+
+private:
+  std::unordered_map<std::string, std::deque<Charge>> by_rank_;
+};
+
+}  // namespace baton
