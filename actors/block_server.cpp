@@ -81,6 +81,19 @@ struct io_context {
   std::shared_ptr<transport::transport> xport;
   std::vector<std::byte> staging;        ///< reads: file -> here -> put to the reader
   uint64_t staging_region = 0;
+  /// Read staging whose puts were given up while still in flight: the transport may yet read
+  /// from it and land those bytes in the reader's pages, so it is neither refilled (the late put
+  /// would carry another block's KV) nor freed until they settle. A fresh buffer replaces it.
+  struct retired_staging {
+    std::vector<std::byte> bytes;
+    uint64_t region = 0;
+    std::vector<uint64_t> puts;
+  };
+  std::vector<retired_staging> retired;
+  std::vector<uint64_t> abandoned;  ///< given-up puts out of the current staging
+  /// Reads are refused while this many buffers still wait: a peer that never settles its puts
+  /// must not make the server allocate without end.
+  static constexpr size_t max_retired = 4;
   /// Writes: the writer puts here, the I/O thread writes the file. The transport's own memory, so
   /// a writer on this host stores into it directly (transport::allocate_memory).
   std::shared_ptr<std::byte> write_memory;
@@ -89,6 +102,11 @@ struct io_context {
   std::string setup_error;
   std::atomic<bool> stopping{false};  ///< the actor is gone: abandon waits at once
   ~io_context() {
+    for (auto id : abandoned) xport->release(id);
+    for (auto& r : retired) {
+      for (auto id : r.puts) xport->release(id);
+      xport->deregister_region(r.region);
+    }
     if (staging_region) xport->deregister_region(staging_region);
     if (write_key) xport->deregister_region(write_key->region_id);
     // The transport goes (with its progress thread) before the buffers: members die in reverse
@@ -115,7 +133,7 @@ std::string put_and_wait(io_context& io, const store_read_order& order, uint32_t
                         std::move(segments)};
   const uint64_t id = io.xport->post_put(d);
   transport::xfer_error err;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds{store_put_limit_ms};
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds{io.cfg.put_limit_ms};
   for (;;) {
     const auto s = io.xport->poll(id, &err);
     if (s == transport::xfer_state::done) break;
@@ -124,16 +142,52 @@ std::string put_and_wait(io_context& io, const store_read_order& order, uint32_t
       return err.to_string();
     }
     if (std::chrono::steady_clock::now() > deadline || io.stopping.load()) {
-      io.xport->release(id);
+      io.abandoned.push_back(id);  // not released: retire_staging() waits for it to settle
       *abandoned = true;
       return "put of layer " + std::to_string(layer) + " to " + order.reader +
              (io.stopping.load() ? " abandoned: the server stopped"
-                                 : " still pending after " + std::to_string(store_put_limit_ms) + " ms");
+                                 : " still pending after " + std::to_string(io.cfg.put_limit_ms) + " ms");
     }
     std::this_thread::yield();
   }
   io.xport->release(id);
   return {};
+}
+
+/// Sets the read staging aside with the puts given up out of it (io_context::retired) and
+/// registers a fresh one; an error sentence when it cannot (reads then fail until it can).
+std::string retire_staging(io_context& io) {
+  io.retired.push_back({std::move(io.staging), io.staging_region, std::move(io.abandoned)});
+  io.abandoned.clear();
+  io.staging_region = 0;
+  io.staging.assign(io.cfg.staging_bytes, std::byte{0});
+  transport::xfer_error err;
+  auto key = io.xport->register_region(io.staging.data(), io.staging.size(), &err);
+  if (!key) return io.cfg.name + ": cannot register a fresh read staging: " + err.to_string();
+  io.staging_region = key->region_id;
+  return {};
+}
+
+/// Frees the retired buffers whose given-up puts have all settled (landed or failed).
+void reap_retired(io_context& io) {
+  for (auto r = io.retired.begin(); r != io.retired.end();) {
+    std::erase_if(r->puts, [&](uint64_t id) {
+      transport::xfer_error ignored;
+      if (io.xport->poll(id, &ignored) == transport::xfer_state::pending) return false;
+      io.xport->release(id);
+      return true;
+    });
+    if (!r->puts.empty()) {
+      ++r;
+      continue;
+    }
+    io.xport->deregister_region(r->region);
+    r = io.retired.erase(r);
+  }
+  if (io.staging_region == 0 && io.setup_error.empty()) {  // an earlier replacement failed: again
+    transport::xfer_error err;
+    if (auto key = io.xport->register_region(io.staging.data(), io.staging.size(), &err)) io.staging_region = key->region_id;
+  }
 }
 
 /// What is wrong with a read order as a whole (empty: nothing). Orders come from other processes:
@@ -166,6 +220,15 @@ store_read_result serve_read(io_context& io, const store_read_order& order, uint
   const std::string bad = io.setup_error.empty() ? malformed(io, order) : io.setup_error;
   if (!bad.empty()) {
     for (auto& e : r.errors) e = io.setup_error.empty() ? "malformed read order from " + order.reader + ": " + bad : bad;
+    return r;
+  }
+  reap_retired(io);
+  if (io.staging_region == 0 || io.retired.size() >= io_context::max_retired) {
+    for (auto& e : r.errors)
+      e = io.cfg.name + (io.staging_region == 0 ? " has no read staging: registering a fresh one failed"
+                                                : " serves no reads while " + std::to_string(io.retired.size()) +
+                                                      " staging buffers wait on puts given up after " +
+                                                      std::to_string(io.cfg.put_limit_ms) + " ms");
     return r;
   }
   // Queued past its budget (a backlog of reads or deletes ahead of it): answered at once, without
@@ -242,6 +305,15 @@ store_read_result serve_read(io_context& io, const store_read_order& order, uint
       if (auto err = put_and_wait(io, order, l, std::move(segs), &r.puts_abandoned); !err.empty())
         for (size_t i = first; i < std::min(n, first + per_batch); ++i)
           if (r.errors[i].empty() && fds[i] >= 0) r.errors[i] = err;
+      if (!io.abandoned.empty()) {
+        // The next batch must not overwrite what a given-up put may still read.
+        if (auto err = retire_staging(io); !err.empty()) {
+          for (size_t i = 0; i < n; ++i)
+            if (r.errors[i].empty() && fds[i] >= 0) r.errors[i] = err;
+          expired = true;  // no more layers: there is no staging to read them into
+          break;
+        }
+      }
     }
     // This layer of every good block is in the reader's pages: it may compute the layer now.
     if (order.reader_actor && !expired) {
@@ -336,12 +408,17 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
   auto& io = *st.io;
   io.salt = store::salt_of(cfg.identity);
   io.xport = std::move(xport);
+  if (cfg.put_limit_ms == 0 || cfg.put_limit_ms > store_put_limit_ms)
+    io.setup_error = cfg.name + ": put_limit_ms must be between 1 and " + std::to_string(store_put_limit_ms) + " (got " +
+                     std::to_string(cfg.put_limit_ms) + "): readers hold their pages that long for a late put";
   io.staging.resize(cfg.staging_bytes);
   transport::xfer_error err;
-  if (auto key = io.xport->register_region(io.staging.data(), io.staging.size(), &err))
-    io.staging_region = key->region_id;
-  else
-    io.setup_error = cfg.name + ": cannot register the staging buffer: " + err.to_string();
+  if (io.setup_error.empty()) {
+    if (auto key = io.xport->register_region(io.staging.data(), io.staging.size(), &err))
+      io.staging_region = key->region_id;
+    else
+      io.setup_error = cfg.name + ": cannot register the staging buffer: " + err.to_string();
+  }
   if (io.setup_error.empty()) {
     io.write_memory = transport::transport_memory(io.xport, cfg.staging_bytes, &err);
     if (!io.write_memory) io.setup_error = cfg.name + ": no memory for the write staging: " + err.to_string();

@@ -33,6 +33,9 @@ struct block_server_config {
   /// A write slot whose write order has not come this long after it was granted is taken back:
   /// a writer that died, or whose put failed without a word, must not hold staging for good.
   uint32_t write_slot_ttl_ms = 30000;
+  /// One put of a read is given up after this long (at most store_put_limit_ms, which readers
+  /// count on; tests shorten it).
+  uint32_t put_limit_ms = store_put_limit_ms;
 };
 
 /// A block server's write slots: ranges of its registered write staging handed to writers for

@@ -70,6 +70,9 @@ public:
       case fault_kind::drop:
         dropped_.insert(id);
         return id;
+      case fault_kind::late:
+        late_[id] = {d, false, false, {}};
+        return id;
       case fault_kind::disconnect:
         disconnected_ = true;
         own_[id] = {xfer_errc::peer_unreachable, true, d.request_id, d.peer, d.layer, "fault proxy: peer disconnected"};
@@ -124,6 +127,12 @@ public:
     }
     std::lock_guard<std::mutex> lock{mutex_};
     if (stalled_.count(xfer_id)) return xfer_state::pending;
+    if (auto l = late_.find(xfer_id); l != late_.end()) {
+      if (!l->second.landed) return xfer_state::pending;
+      if (l->second.error.code == xfer_errc::none) return xfer_state::done;
+      if (err) *err = l->second.error;
+      return xfer_state::failed;
+    }
     if (dropped_.count(xfer_id)) return xfer_state::done;
     auto i = own_.find(xfer_id);
     if (i == own_.end()) return xfer_state::failed;
@@ -143,6 +152,37 @@ public:
     own_.erase(xfer_id);
     stalled_.erase(xfer_id);
     dropped_.erase(xfer_id);
+    if (auto l = late_.find(xfer_id); l != late_.end()) {
+      if (l->second.landed)
+        late_.erase(l);
+      else
+        l->second.released = true;  // it still lands, when land_late() says so
+    }
+  }
+
+  void land_late() override {
+    std::vector<std::pair<uint64_t, put_desc>> due;
+    {
+      std::lock_guard<std::mutex> lock{mutex_};
+      for (auto& [id, l] : late_)
+        if (!l.landed) due.emplace_back(id, l.desc);
+    }
+    for (auto& [id, d] : due) {
+      const uint64_t real = inner_->post_put(d);
+      xfer_error err;
+      xfer_state s = xfer_state::pending;
+      for (int i = 0; i < 100000 && s == xfer_state::pending; ++i) s = inner_->poll(real, &err);  // loopback: at once
+      inner_->release(real);
+      std::lock_guard<std::mutex> lock{mutex_};
+      auto l = late_.find(id);
+      if (l == late_.end()) continue;
+      if (l->second.released) {
+        late_.erase(l);
+        continue;
+      }
+      l->second.landed = true;
+      if (s != xfer_state::done) l->second.error = s == xfer_state::failed ? err : xfer_error{xfer_errc::injected_failure, true, d.request_id, d.peer, d.layer, "fault proxy: the late put never settled"};
+    }
   }
 
   uint32_t num_injected() const override {
@@ -163,6 +203,13 @@ private:
   std::unordered_set<uint64_t> stalled_;
   std::unordered_set<uint64_t> dropped_;
   std::unordered_map<uint64_t, uint32_t> delayed_;  ///< inner transfer id -> polls left
+  struct late_put {
+    put_desc desc;
+    bool landed = false;
+    bool released = false;
+    xfer_error error{};  ///< code none: it landed
+  };
+  std::unordered_map<uint64_t, late_put> late_;
   bool disconnected_ = false;
   std::byte scratch_{};
   std::optional<region_key> scratch_key_;

@@ -17,6 +17,9 @@ enum class fault_kind : uint8_t {
   fail,          ///< the put does nothing and reports injected_failure
   stall,         ///< the put does nothing and stays pending forever
   disconnect,    ///< this put and every later one fail with peer_unreachable
+  /// The put stays pending, even after release(), until the test calls land_late(): then it
+  /// reads its source and lands, as a zero-copy put long stuck in a network would.
+  late,
 };
 
 struct fault_plan {
@@ -33,6 +36,8 @@ struct fault_plan {
 class fault_proxy : public transport {
 public:
   virtual uint32_t num_injected() const = 0;
+  /// kind late: lands every put held back so far (reading its source now) and settles it.
+  virtual void land_late() = 0;
 };
 
 std::unique_ptr<fault_proxy> make_fault_proxy(std::unique_ptr<transport> inner, fault_plan plan);

@@ -1,0 +1,149 @@
+// One block server on its own, against a reader's pool on the in-process transport: what its
+// puts leave in the reader's pages when they go wrong.
+
+#include <doctest/doctest.h>
+
+#include <filesystem>
+
+#include <unistd.h>
+
+#include "actors/block_server.hpp"
+#include "gpu/kv_cache.hpp"
+#include "store/block_file.hpp"
+#include "tests/actors/cluster_fixture.hpp"
+#include "transport/fault_proxy.hpp"
+#include "transport/loopback.hpp"
+
+using namespace baton;
+
+namespace {
+
+/// Two layers, one 16-token page per block, kv_dim 4: a block layer is one page of 512 bytes.
+constexpr uint32_t layers = 2, tokens = 16, kv_dim = 4, reader_pages = 4;
+
+struct one_server {
+  std::string dir = (std::filesystem::temp_directory_path() / ("baton-block-server-" + std::to_string(::getpid()))).string();
+  store::kv_identity identity{"block-server-test", layers, kv_dim, tokens, tokens, "f32"};
+  gpu::kv_layout layout{layers, reader_pages, tokens, kv_dim, 2};
+
+  one_server() { std::filesystem::remove_all(dir); }
+  ~one_server() { std::filesystem::remove_all(dir); }
+
+  /// A block whose every byte is `fill`, stored as the server's file for `key`.
+  void store_block(const store::block_key& key, std::byte fill) {
+    const std::vector<std::byte> page(layout.page_bytes(), fill);
+    store::block_header h;
+    h.salt = store::salt_of(identity);
+    h.key = key;
+    h.num_layers = layers;
+    h.kv_dim = kv_dim;
+    h.block_tokens = tokens;
+    h.page_tokens = tokens;
+    h.layer_bytes = layout.page_bytes();
+    for (uint32_t l = 0; l < layers; ++l)
+      h.layer_checksums.push_back(std::max<uint64_t>(1, gpu::layer_checksum(l, page.data(), 1, page.size())));
+    std::filesystem::create_directories(std::filesystem::path{store::block_path(dir, key)}.parent_path());
+    REQUIRE(store::write_block_file(store::block_path(dir, key), h, [&](uint32_t) {
+              return store::layer_pieces{{page.data(), page.size()}};
+            }).empty());
+  }
+};
+
+}  // namespace
+
+TEST_CASE("block server: a put it gave up on that lands later carries the block it was for, not whatever the server "
+          "read next (its staging is set aside until the put settles), and reads go on meanwhile") {
+  test::cluster_system t;
+  one_server s;
+  const store::block_key a{1, 11}, b{2, 22};
+  s.store_block(a, std::byte{0x11});
+  s.store_block(b, std::byte{0x22});
+
+  auto fabric = transport::make_loopback_fabric();
+  // The server's first put (request 1, layer 0) stays in flight until land_late().
+  auto proxy = transport::make_fault_proxy(transport::make_loopback_transport(fabric, "store-0"),
+                                           {transport::fault_kind::late, 0, 1, 1, 1});
+  auto* late = proxy.get();
+  auto reader_xport = transport::make_loopback_transport(fabric, "reader");
+  std::vector<std::byte> pool(s.layout.layer_stride_bytes() * layers, std::byte{0});
+  transport::xfer_error err;
+  auto key = reader_xport->register_region(pool.data(), pool.size(), &err);
+  REQUIRE(key);
+
+  block_server_config bc;
+  bc.dir = s.dir;
+  bc.identity = s.identity;
+  bc.staging_bytes = s.layout.page_bytes();  // one block layer: every put reuses the same bytes
+  bc.put_limit_ms = 50;
+  auto server = spawn_block_server(t.sys, bc, std::shared_ptr<transport::transport>{std::move(proxy)}, {});
+
+  caf::scoped_actor self{t.sys};
+  const auto read = [&](uint64_t request_id, const store::block_key& k, uint32_t page) {
+    store_read_order o;
+    o.request_id = request_id;
+    o.blocks = {block_ref{k.hi, k.lo, {0}}};
+    o.block_index = {0};
+    o.block_tokens = tokens;
+    o.region = kv_region_desc{key->backend, key->region_id, key->size_bytes, key->packed, layers, reader_pages, tokens, kv_dim, 2};
+    o.page_ids = {page};
+    o.reader = "reader";
+    store_read_result out;
+    self->request(server, std::chrono::seconds{10}, std::move(o))
+        .receive([&](store_read_result& r) { out = std::move(r); }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
+    return out;
+  };
+  const auto page_is = [&](uint32_t layer, uint32_t page, std::byte fill) {
+    const auto* p = pool.data() + s.layout.offset_bytes(layer, page);
+    return std::all_of(p, p + s.layout.page_bytes(), [&](std::byte x) { return x == fill; });
+  };
+
+  // Block a into page 0: its layer-0 put is given up after 50 ms, still in flight.
+  auto first = read(1, a, 0);
+  REQUIRE(first.errors.size() == 1);
+  CHECK(first.errors[0].find("still pending after 50 ms") != std::string::npos);
+  CHECK(first.puts_abandoned);
+  CHECK(page_is(0, 0, std::byte{0}));  // nothing landed yet
+  // Block b into page 1: the server reads b into staging (before: the same bytes a's put reads).
+  auto second = read(2, b, 1);
+  REQUIRE(second.errors.size() == 1);
+  CHECK(second.errors[0].empty());
+  CHECK(page_is(0, 1, std::byte{0x22}));
+  CHECK(page_is(1, 1, std::byte{0x22}));
+  // Now a's put lands: a's bytes, where it used to bring b's.
+  REQUIRE(late->num_injected() == 1);
+  late->land_late();
+  CHECK(page_is(0, 0, std::byte{0x11}));
+  // The set-aside staging is freed at the next read, which is served in full.
+  auto third = read(3, a, 2);
+  REQUIRE(third.errors.size() == 1);
+  CHECK(third.errors[0].empty());
+  CHECK(page_is(0, 2, std::byte{0x11}));
+  CHECK(page_is(1, 2, std::byte{0x11}));
+  self->send_exit(server, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("block server: a put limit beyond what readers wait for is refused with a sentence naming it") {
+  test::cluster_system t;
+  one_server s;
+  const store::block_key a{1, 11};
+  s.store_block(a, std::byte{0x11});
+  auto fabric = transport::make_loopback_fabric();
+  block_server_config bc;
+  bc.dir = s.dir;
+  bc.identity = s.identity;
+  bc.staging_bytes = s.layout.page_bytes();
+  bc.put_limit_ms = store_put_limit_ms + 1;
+  auto server = spawn_block_server(t.sys, bc, transport::make_loopback_transport(fabric, "store-0"), {});
+  caf::scoped_actor self{t.sys};
+  store_read_order o;
+  o.request_id = 1;
+  o.blocks = {block_ref{a.hi, a.lo, {0}}};
+  o.block_index = {0};
+  o.block_tokens = tokens;
+  o.page_ids = {0};
+  std::string why;
+  self->request(server, std::chrono::seconds{10}, std::move(o))
+      .receive([&](store_read_result& r) { why = r.errors.empty() ? "" : r.errors[0]; }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
+  CHECK(why.find("put_limit_ms must be between 1 and 10000 (got 10001)") != std::string::npos);
+  self->send_exit(server, caf::exit_reason::user_shutdown);
+}
