@@ -49,7 +49,8 @@ struct generate_request {
   uint32_t top_k = 0;                  ///< 0 = off
   float top_p = 1.0f;                  ///< 1 = off
   float repetition_penalty = 1.0f;     ///< 1 = off
-  float presence_penalty = 0.0f;       ///< 0 = off
+  float presence_penalty = 0.0f;       ///< 0 = off; counts the output only (gpu::sampling_config)
+  float frequency_penalty = 0.0f;      ///< 0 = off; per repeat in the output
   std::vector<std::string> stop;       ///< generation ends when the text contains one (it is cut off)
   std::vector<int32_t> stop_token_ids; ///< ... or when one of these tokens is generated
 };
@@ -57,7 +58,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, generate_request& x) {
   return f(caf::meta::type_name("generate_request"), x.prompt, x.prompt_tokens, x.max_tokens, x.temperature,
            x.seed, x.return_logits, x.ignore_eos, x.traffic_class, x.priority, x.messages, x.top_k, x.top_p,
-           x.repetition_penalty, x.presence_penalty, x.stop, x.stop_token_ids);
+           x.repetition_penalty, x.presence_penalty, x.frequency_penalty, x.stop, x.stop_token_ids);
 }
 
 struct completion {
@@ -565,6 +566,8 @@ struct decode_order {
   float top_p = 1.0f;
   float repetition_penalty = 1.0f;
   float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  uint32_t output_from = 0;      ///< the request's own prompt length: penalties count the output after it
   /// A prefill writer gave up a put into the lease that may still land (prefill_result::
   /// abandoned_put): however the sequence ends or moves, its pages wait out the quarantine.
   /// Said here because the writer's own notice (writer_done) may arrive after the sequence ended.
@@ -575,7 +578,7 @@ typename Inspector::result_type inspect(Inspector& f, decode_order& x) {
   return f(caf::meta::type_name("decode_order"), x.request_id, x.lease_id, x.first_token, x.prompt_len,
            x.max_new_tokens, x.temperature, x.seed, x.return_logits, x.ignore_eos, x.stream_to, x.prompt_tokens,
            x.traffic_class, x.cached_blocks, x.write_back, x.top_k, x.top_p, x.repetition_penalty,
-           x.presence_penalty, x.writer_abandoned);
+           x.presence_penalty, x.frequency_penalty, x.output_from, x.writer_abandoned);
 }
 
 struct prefill_order;
@@ -629,12 +632,15 @@ struct prefill_order {
   float top_p = 1.0f;
   float repetition_penalty = 1.0f;
   float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  uint32_t output_from = 0;      ///< the request's own prompt length (after a failover, tokens holds output too)
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, prefill_order& x) {
   return f(caf::meta::type_name("prefill_order"), x.request_id, x.tokens, x.temperature, x.seed,
            x.return_logits, x.batch_priority, x.grant, x.decode, x.prefix, x.block_tokens, x.part_index,
-           x.part_bounds, x.part_ranks, x.part_names, x.top_k, x.top_p, x.repetition_penalty, x.presence_penalty);
+           x.part_bounds, x.part_ranks, x.part_names, x.top_k, x.top_p, x.repetition_penalty, x.presence_penalty,
+           x.frequency_penalty, x.output_from);
 }
 
 /// Split prefill: a later part's rank tells an earlier part's rank where its pages are. The

@@ -337,8 +337,11 @@ void start_decode(request_pointer self) {
   order.top_p = p.params.top_p;
   order.repetition_penalty = p.params.repetition_penalty;
   order.presence_penalty = p.params.presence_penalty;
+  order.frequency_penalty = p.params.frequency_penalty;
+  order.output_from = static_cast<uint32_t>(p.prompt_tokens.size());
   order.writer_abandoned = st.writer_abandoned;
-  if (order.repetition_penalty != 1.0f || order.presence_penalty != 0.0f) order.prompt_tokens = fed_sequence(st);
+  if (order.repetition_penalty != 1.0f || order.presence_penalty != 0.0f || order.frequency_penalty != 0.0f)
+    order.prompt_tokens = fed_sequence(st);
   arm_watchdog(self);
   // No deadline on the whole generation: the watchdog bounds each token instead.
   self->request(st.decode, caf::infinite, std::move(order))
@@ -452,6 +455,8 @@ void start_prefill(request_pointer self, kv_lease_grant grant) {
   order.top_p = p.params.top_p;
   order.repetition_penalty = p.params.repetition_penalty;
   order.presence_penalty = p.params.presence_penalty;
+  order.frequency_penalty = p.params.frequency_penalty;
+  order.output_from = static_cast<uint32_t>(p.prompt_tokens.size());
   if (!st.hybrid && st.split.part_ranks.size() > 1) return start_split_prefill(self, std::move(order));
   st.num_writers_out = st.hybrid ? 0 : 1;  // hybrid: the decode rank writes its own pages
   auto pending = st.hybrid ? self->request(st.decode, std::chrono::milliseconds{p.cfg.prefill_timeout_ms}, std::move(order))

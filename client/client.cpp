@@ -62,6 +62,7 @@ generate_request to_request(const request& r) {
   g.top_p = r.top_p;
   g.repetition_penalty = r.repetition_penalty;
   g.presence_penalty = r.presence_penalty;
+  g.frequency_penalty = r.frequency_penalty;
   g.stop = r.stop;
   g.stop_token_ids = r.stop_token_ids;
   g.ignore_eos = r.ignore_eos;

@@ -225,10 +225,6 @@ bool refuse_unsupported(const json& j, api_error* err) {
       return false;
     }
   }
-  if (auto it = j.find("frequency_penalty"); it != j.end() && !it->is_null() && *it != 0) {
-    *err = bad("frequency_penalty", "frequency_penalty is not supported; use presence_penalty or repetition_penalty");
-    return false;
-  }
   for (const char* key : {"tools", "functions", "response_format", "logit_bias"}) {
     auto it = j.find(key);
     if (it != j.end() && !it->is_null() && !(it->is_array() && it->empty()) && !(it->is_object() && it->empty())) {
@@ -319,6 +315,7 @@ bool parse_checked_body(std::string_view body, bool chat, const std::string& ser
     }
   }
   if (!number_field(j, "presence_penalty", -2, 2, &r.presence_penalty, err)) return false;
+  if (!number_field(j, "frequency_penalty", -2, 2, &r.frequency_penalty, err)) return false;
   if (!number_field(j, "repetition_penalty", 0.01, 100, &r.repetition_penalty, err)) return false;
   if (!bool_field(j, "ignore_eos", &r.ignore_eos, err)) return false;
   if (!bool_field(j, "stream", &out->stream, err)) return false;

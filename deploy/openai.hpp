@@ -6,7 +6,7 @@
 //
 // Accepted beyond OpenAI's own fields, as vLLM does: top_k, repetition_penalty, ignore_eos,
 // stop_token_ids; and Baton's traffic_class and priority. Fields Baton cannot honour (n > 1,
-// logprobs, echo, best_of, frequency_penalty) are refused by name rather than ignored;
+// logprobs, echo, best_of) are refused by name rather than ignored;
 // unknown fields are ignored, as OpenAI's servers do.
 
 #include <cstdint>

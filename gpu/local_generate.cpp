@@ -54,8 +54,10 @@ colocated_generation generate_colocated(executor& exec, const std::vector<int32_
   }
   uint32_t pos = static_cast<uint32_t>(prompt.size());
   std::vector<int32_t> history = prompt;  // for the penalties: every token before the one sampled
+  sampling_config how = sampling;
+  how.output_from = static_cast<uint32_t>(prompt.size());  // presence and frequency: the output only
   while (out.error.empty() && out.tokens.size() < max_new_tokens) {
-    const int32_t tok = sample_token(last, sampling, pos, &history);
+    const int32_t tok = sample_token(last, how, pos, &history);
     history.push_back(tok);
     out.tokens.push_back(tok);
     out.step_logits.push_back(last);

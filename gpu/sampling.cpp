@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
-#include <unordered_set>
 
 namespace baton::gpu {
 
@@ -24,12 +23,21 @@ int32_t sample_token(std::span<const float> raw, const sampling_config& cfg, uin
   std::span<const float> logits_in = raw;
   if (cfg.penalised() && !history.empty()) {
     sc.penalised.assign(raw.begin(), raw.end());
-    std::unordered_set<int32_t> seen(history.begin(), history.end());
-    for (int32_t t : seen) {
-      if (t < 0 || static_cast<size_t>(t) >= sc.penalised.size()) continue;
+    // Each distinct token of the history once, with how often the output (from output_from on)
+    // holds it: sorted pairs, so a long history costs no hash set per row.
+    auto& counts = sc.counts;
+    counts.clear();
+    for (size_t i = 0; i < history.size(); ++i)
+      if (history[i] >= 0 && static_cast<size_t>(history[i]) < sc.penalised.size())
+        counts.emplace_back(history[i], i >= cfg.output_from ? 1u : 0u);
+    std::sort(counts.begin(), counts.end());
+    for (size_t i = 0; i < counts.size();) {
+      const int32_t t = counts[i].first;
+      uint32_t in_output = 0;
+      for (; i < counts.size() && counts[i].first == t; ++i) in_output += counts[i].second;
       float& x = sc.penalised[t];
       if (cfg.repetition_penalty != 1.0f) x = x > 0 ? x / cfg.repetition_penalty : x * cfg.repetition_penalty;
-      x -= cfg.presence_penalty;
+      if (in_output > 0) x -= cfg.presence_penalty + cfg.frequency_penalty * static_cast<float>(in_output);
     }
     logits_in = sc.penalised;
   }

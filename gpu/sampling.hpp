@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace baton::gpu {
@@ -12,8 +13,15 @@ struct sampling_config {
   uint32_t top_k = 0;        ///< sample among the k most likely (0 = all)
   float top_p = 1.0f;        ///< ... and within them the smallest set holding this much probability
   float repetition_penalty = 1.0f;  ///< Hugging Face's: a seen token's logit divided (>0) or multiplied (<0)
-  float presence_penalty = 0.0f;    ///< OpenAI's: subtracted from a seen token's logit
-  bool penalised() const { return repetition_penalty != 1.0f || presence_penalty != 0.0f; }
+  /// OpenAI's: subtracted from the logit of a token the output has produced before, once...
+  float presence_penalty = 0.0f;
+  /// ... and once for every time it did.
+  float frequency_penalty = 0.0f;
+  /// Where the output starts in the history: the prompt's length. Presence and frequency count
+  /// only what follows (as vLLM and SGLang do; a prompt's words are not repeats), the repetition
+  /// penalty counts the whole history (as Hugging Face does).
+  uint32_t output_from = 0;
+  bool penalised() const { return repetition_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f; }
 };
 
 /// The uniform draw in [0, 1) of a sequence's token at `position` (splitmix64 of both): the same on
@@ -25,6 +33,7 @@ double draw_uniform(uint64_t seed, uint32_t position);
 /// otherwise allocate and fault in afresh, row after row.
 struct sampling_scratch {
   std::vector<float> penalised;
+  std::vector<std::pair<int32_t, uint32_t>> counts;  ///< (token, times in the output) for the penalties
   std::vector<double> p;
   std::vector<uint32_t> idx;
 };

@@ -29,7 +29,8 @@ struct request {
   uint32_t top_k = 0;                  ///< 0 = off
   float top_p = 1.0f;
   float repetition_penalty = 1.0f;
-  float presence_penalty = 0.0f;
+  float presence_penalty = 0.0f;       ///< per token the output has produced before
+  float frequency_penalty = 0.0f;      ///< per time it has
   std::vector<std::string> stop;
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;

@@ -558,10 +558,11 @@ TEST_CASE("top-k, top-p and penalties sample the same tokens disaggregated as co
   req.top_p = 0.9f;
   req.repetition_penalty = 1.3f;
   req.presence_penalty = 0.4f;
+  req.frequency_penalty = 0.3f;
   req.ignore_eos = true;
   auto got = t.generate(cluster.router, req);
   REQUIRE_MESSAGE(got, t.sys.render(got.error()));
-  const gpu::sampling_config sc{0.9f, 11, 20, 0.9f, 1.3f, 0.4f};
+  const gpu::sampling_config sc{0.9f, 11, 20, 0.9f, 1.3f, 0.4f, 0.3f};
   auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
   auto exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
   auto ref = gpu::generate_colocated(*exec, encode(cfg, prompt), 16, chunk_tokens, sc, true);

@@ -286,6 +286,9 @@ TEST_CASE("OpenAI request bodies map onto generate_request, and refusals name th
   CHECK(c.req.stop == std::vector<std::string>{"\n"});
   CHECK(c.stream);
   CHECK(c.include_usage);
+  REQUIRE(deploy::openai::parse_body(R"({"prompt":"hi","frequency_penalty":0.5,"presence_penalty":-0.25})", false, "m", &c, &e));
+  CHECK(c.req.frequency_penalty == 0.5f);
+  CHECK(c.req.presence_penalty == -0.25f);
   REQUIRE(deploy::openai::parse_body(R"({"prompt":[1,2,3]})", false, "m", &c, &e));
   CHECK(c.req.prompt_tokens == std::vector<int32_t>{1, 2, 3});
   CHECK(c.req.max_tokens == deploy::openai::default_completion_tokens);
@@ -304,7 +307,7 @@ TEST_CASE("OpenAI request bodies map onto generate_request, and refusals name th
   CHECK(refused("{not json").message == "the body is not valid JSON");
   CHECK(refused(R"({"prompt":"a","n":2})").param == "n");
   CHECK(refused(R"({"prompt":"a","logprobs":3})").param == "logprobs");
-  CHECK(refused(R"({"prompt":"a","frequency_penalty":0.5})").param == "frequency_penalty");
+  CHECK(refused(R"({"prompt":"a","frequency_penalty":2.5})").message == "frequency_penalty must be in [-2, 2], got 2.5");
   CHECK(refused(R"({"prompt":"a","max_tokens":"5"})").param == "max_tokens");
   CHECK(refused(R"({"prompt":"a","max_tokens":2.5})").message.find("integer") != std::string::npos);
   CHECK(refused(R"({"prompt":"a","temperature":7})").message == "temperature must be in [0, 2], got 7");

@@ -255,6 +255,35 @@ TEST_CASE("sampling: top-k 1 and a tiny top-p are greedy, penalties move a seen 
   CHECK(gpu::sample_token(logits, rep, 0, &history) == 2);
   gpu::sampling_config pres{0.0f, 0, 0, 1.0f, 1.0f, 0.2f};
   CHECK(gpu::sample_token(logits, pres, 0, &history) == 2);  // 3.0 - 0.2 < 2.9
+}
+
+TEST_CASE("sampling: presence and frequency penalties count the output only (after output_from), frequency once per "
+          "repeat; the repetition penalty counts the prompt too") {
+  const std::vector<float> logits = {1.0f, 3.0f, 2.5f, -1.0f, 0.5f};
+  // Prompt {1, 1, 4}, output {2, 4, 4}: token 1 is only in the prompt.
+  const std::vector<int32_t> history = {1, 1, 4, 2, 4, 4};
+  gpu::sampling_config pres{0.0f, 0, 0, 1.0f, 1.0f, 1.0f};
+  pres.output_from = 3;
+  CHECK(gpu::sample_token(logits, pres, 6, &history) == 1);  // 1 is the prompt's: no presence penalty
+  gpu::sampling_config big{0.0f, 0, 0, 1.0f, 1.0f, 5.0f};
+  big.output_from = 0;
+  CHECK(gpu::sample_token(logits, big, 6, &history) == 0);  // 1, 2 and 4 all pushed below token 0
+  big.output_from = 3;
+  CHECK(gpu::sample_token(logits, big, 6, &history) == 1);
+  // Frequency: token 4 twice in the output, token 2 once. 0.5 - 2 * 0.3 vs -1.0 - 0 (token 3).
+  gpu::sampling_config freq{0.0f, 0, 0, 1.0f, 1.0f, 0.0f, 2.0f};
+  freq.output_from = 3;
+  const std::vector<float> flat = {-9.0f, -9.0f, 0.9f, 0.0f, 3.5f};
+  // 2: 0.9 - 2 = -1.1; 3: 0.0; 4: 3.5 - 2 * 2 = -0.5. Presence alone (2.0) would keep 4 (1.5).
+  CHECK(gpu::sample_token(flat, freq, 6, &history) == 3);
+  gpu::sampling_config pres2{0.0f, 0, 0, 1.0f, 1.0f, 2.0f};
+  pres2.output_from = 3;
+  CHECK(gpu::sample_token(flat, pres2, 6, &history) == 4);
+  // The repetition penalty counts the prompt: token 1's 3.0 halved to 1.5 < 2.5.
+  const std::vector<int32_t> prompt_1_output_4 = {1, 4};
+  gpu::sampling_config rep{0.0f, 0, 0, 1.0f, 2.0f};
+  rep.output_from = 1;
+  CHECK(gpu::sample_token(logits, rep, 2, &prompt_1_output_4) == 2);
   // The same (seed, position) draws the same token; another seed may not.
   gpu::sampling_config a{1.0f, 42}, b{1.0f, 42};
   for (uint32_t pos = 0; pos < 20; ++pos) CHECK(gpu::sample_token(logits, a, pos) == gpu::sample_token(logits, b, pos));
