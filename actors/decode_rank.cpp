@@ -337,7 +337,7 @@ void maybe_step(decode_pointer self) {
     const auto& l = st.leases.at(s.lease_id);
     // The executor picks the next token: greedy rows' logits then stay on the device.
     gpu::forward_seq seq{l.request_id, {s.next_input}, s.pos, l.pages, l.order.return_logits};
-    seq.sample = gpu::seq_sampling{sampling_of(l.order), s.pos + 1, {}};
+    seq.sample = gpu::seq_sampling{sampling_of(l.order), s.pos + 1, {}, l.order.logprobs, l.order.top_logprobs};
     if (seq.sample->cfg.penalised()) {  // every token before the one sampled: prompt, what was fed, this input
       seq.sample->history = l.order.prompt_tokens;
       seq.sample->history.insert(seq.sample->history.end(), l.fed.begin(), l.fed.end());
@@ -404,7 +404,7 @@ void maybe_step(decode_pointer self) {
 }
 
 /// True when the prompt is done with (answered, or failed because its lease is gone).
-bool finish_local_chunk(decode_pointer self, local_prefill& p, std::vector<float>* logits, int32_t token) {
+bool finish_local_chunk(decode_pointer self, local_prefill& p, gpu::forward_output& out, size_t row) {
   auto& st = self->state;
   auto li = st.leases.find(p.lease_id);
   if (li == st.leases.end()) {  // released while the chunk ran
@@ -421,8 +421,9 @@ bool finish_local_chunk(decode_pointer self, local_prefill& p, std::vector<float
   }
   l.expires_at = self->clock().now() + std::chrono::milliseconds{l.lease_ms};  // progress renews
   if (p.next_pos < p.order.tokens.size()) return false;
-  prefill_result r{p.order.request_id, token, {}, st.cfg.name, p.queue_us};
-  if (p.order.return_logits) r.logits = std::move(*logits);
+  prefill_result r{p.order.request_id, out.tokens[row], {}, st.cfg.name, p.queue_us};
+  if (p.order.return_logits) r.logits = std::move(out.logits[row]);
+  if (p.order.logprobs && row < out.logprobs.size()) r.logprobs.push_back(std::move(out.logprobs[row]));
   std::fill(l.landed.begin(), l.landed.end(), true);
   l.num_landed = static_cast<uint32_t>(l.landed.size());
   st.core.log->add({0, "kv_landed", l.request_id, 0, 0, {}, {}});
@@ -432,13 +433,13 @@ bool finish_local_chunk(decode_pointer self, local_prefill& p, std::vector<float
 
 /// A step carrying local prefill chunks finished: advance each prompt; after its last chunk
 /// every layer of the lease holds the prompt's KV, so the first token (picked by the executor) is
-/// answered. `logits` and `tokens` are the chunks' rows, in step order.
-void on_local_chunks_done(decode_pointer self, std::vector<float>* logits, const int32_t* tokens) {
+/// answered. The chunks' rows of `out` start at `first`, in step order.
+void on_local_chunks_done(decode_pointer self, gpu::forward_output& out, size_t first) {
   auto& st = self->state;
   auto p = st.local_prefills.begin();
   for (size_t k = 0; k < st.step_chunks.size() && p != st.local_prefills.end(); ++k) {
     p->next_pos += st.step_chunks[k];
-    if (finish_local_chunk(self, *p, &logits[k], tokens[k]))
+    if (finish_local_chunk(self, *p, out, first + k))
       p = st.local_prefills.erase(p);
     else
       ++p;
@@ -484,14 +485,14 @@ void finish_seq(decode_pointer self, uint64_t lease_id, const std::string& reaso
   free_lease(self, lease_id);
 }
 
-void on_step_done(decode_pointer self, std::vector<std::vector<float>>& logits, const std::vector<int32_t>& tokens) {
+void on_step_done(decode_pointer self, gpu::forward_output& out) {
   auto& st = self->state;
   st.step_in_flight = false;
   ++st.num_steps;
   const double us = static_cast<double>(micros(self->clock().now() - st.step_started));
   st.recent_step_us = st.num_steps == 1 ? us : st.recent_step_us + (us - st.recent_step_us) / 16;
   if (!st.step_chunks.empty())
-    on_local_chunks_done(self, &logits[st.step_leases.size()], tokens.data() + st.step_leases.size());
+    on_local_chunks_done(self, out, st.step_leases.size());
   const auto eos = st.core.exec->config().eos_token_id;
   for (size_t row = 0; row < st.step_leases.size(); ++row) {
     const uint64_t lease_id = st.step_leases[row];
@@ -505,10 +506,11 @@ void on_step_done(decode_pointer self, std::vector<std::vector<float>>& logits, 
       continue;
     }
     l.fed.push_back(s->next_input);  // its KV is now at position s->pos
-    const int32_t tok = tokens[row];  // picked by the executor (forward_seq::sample)
+    const int32_t tok = out.tokens[row];  // picked by the executor (forward_seq::sample)
     ++s->num_generated;
     token_event ev{l.request_id, s->num_generated, tok, {}, lease_id};
-    if (l.order.return_logits) ev.logits = std::move(logits[row]);
+    if (l.order.return_logits) ev.logits = std::move(out.logits[row]);
+    if (l.order.logprobs && row < out.logprobs.size()) ev.logprobs.push_back(std::move(out.logprobs[row]));
     self->send(l.order.stream_to, std::move(ev));
     if (tok == eos && !l.order.ignore_eos)
       finish_seq(self, lease_id, "eos");
@@ -772,8 +774,7 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
             &s.cfg.standby, *s.core.log, [=] { report_load(self); }, [] {});
       },
       [=](events_atom) { return self->state.core.log->snapshot(); },
-      [=](exec_done_atom, uint64_t, std::vector<std::vector<float>>& logits, std::vector<int32_t>& tokens) {
-        on_step_done(self, logits, tokens);
+      [=](exec_done_atom, uint64_t, gpu::forward_output& out) { on_step_done(self, out);
       },
       [=](exec_fail_atom, uint64_t, std::string& what) {
         // A refused step fails every request in it; the rank keeps serving the others. When the

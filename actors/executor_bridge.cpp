@@ -20,9 +20,8 @@ void forwarding_sink::on_layer_computed(uint64_t job_id, uint32_t layer) {
   if (on_computed_) on_computed_(job_id, layer);
 }
 
-void forwarding_sink::on_done(uint64_t job_id, std::vector<std::vector<float>> logits, std::vector<int32_t> tokens) {
-  if (auto owner = caf::actor_cast<caf::actor>(owner_))
-    caf::anon_send(owner, exec_done_atom::value, job_id, std::move(logits), std::move(tokens));
+void forwarding_sink::on_done(uint64_t job_id, gpu::forward_output out) {
+  if (auto owner = caf::actor_cast<caf::actor>(owner_)) caf::anon_send(owner, exec_done_atom::value, job_id, std::move(out));
 }
 
 void forwarding_sink::on_failed(uint64_t job_id, std::string what) {

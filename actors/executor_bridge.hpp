@@ -38,7 +38,7 @@ gpu::sampling_config sampling_of(const Order& o) {
 /// penalties read it.
 template <class Order>
 gpu::seq_sampling sample_next(const Order& o, uint32_t position, const std::vector<int32_t>& history) {
-  gpu::seq_sampling s{sampling_of(o), position, {}};
+  gpu::seq_sampling s{sampling_of(o), position, {}, o.logprobs, o.top_logprobs};
   if (s.cfg.penalised()) s.history = history;
   return s;
 }
@@ -109,7 +109,7 @@ public:
   void on_started(uint64_t job_id) override;
   void on_layer_kv_ready(uint64_t job_id, uint32_t layer) override;
   void on_layer_computed(uint64_t job_id, uint32_t layer) override;
-  void on_done(uint64_t job_id, std::vector<std::vector<float>> logits, std::vector<int32_t> tokens) override;
+  void on_done(uint64_t job_id, gpu::forward_output out) override;
   void on_failed(uint64_t job_id, std::string what) override;
 
 private:

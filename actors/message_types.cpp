@@ -86,7 +86,12 @@ void register_message_types(caf::actor_system_config& cfg) {
       .add_message_type<std::vector<block_index_actor>>("std::vector<baton::block_index_actor>")
       .add_message_type<std::vector<std::vector<uint64_t>>>("std::vector<std::vector<uint64_t>>")
       .add_message_type<std::vector<uint32_t>>("std::vector<uint32_t>")  // member_gone_atom's members
-      .add_message_type<std::vector<int32_t>>("std::vector<int32_t>")    // exec_done_atom's picked tokens
+      .add_message_type<std::vector<int32_t>>("std::vector<int32_t>")
+      .add_message_type<gpu::forward_output>("baton::gpu::forward_output")  // exec_done_atom's
+      .add_message_type<gpu::token_logprobs>("baton::gpu::token_logprobs")
+      .add_message_type<std::vector<gpu::token_logprobs>>("std::vector<baton::gpu::token_logprobs>")
+      .add_message_type<token_logprob>("baton::token_logprob")
+      .add_message_type<std::vector<token_logprob>>("std::vector<baton::token_logprob>")
       .add_message_type<block_server_actor>("baton::block_server_actor")
       .add_message_type<block_index_actor>("baton::block_index_actor")
       .add_message_type<std::vector<block_server_actor>>("std::vector<baton::block_server_actor>")

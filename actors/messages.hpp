@@ -17,6 +17,7 @@
 #include <caf/typed_actor.hpp>
 
 #include "actors/atoms_and_errors.hpp"
+#include "gpu/forward_output.hpp"
 
 namespace caf {
 class actor_system_config;
@@ -33,6 +34,36 @@ struct chat_turn {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, chat_turn& x) {
   return f(caf::meta::type_name("chat_turn"), x.role, x.content);
+}
+
+}  // namespace baton
+
+namespace baton::gpu {
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, token_logprobs& x) {
+  return f(caf::meta::type_name("token_logprobs"), x.logprob, x.top_tokens, x.top_logprobs);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, forward_output& x) {
+  return f(caf::meta::type_name("forward_output"), x.logits, x.tokens, x.logprobs);
+}
+}  // namespace baton::gpu
+
+namespace baton {
+
+/// One generated token's log-probability and the most likely tokens' at its step
+/// (generate_request::logprobs), with their texts, as clients get them.
+struct token_logprob {
+  int32_t token = 0;
+  float logprob = 0.0f;
+  std::string text;  ///< the token decoded alone: may hold part of a UTF-8 character
+  std::vector<int32_t> top_tokens;
+  std::vector<float> top_logprobs;
+  std::vector<std::string> top_texts;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, token_logprob& x) {
+  return f(caf::meta::type_name("token_logprob"), x.token, x.logprob, x.text, x.top_tokens, x.top_logprobs, x.top_texts);
 }
 
 struct generate_request {
@@ -53,12 +84,17 @@ struct generate_request {
   float frequency_penalty = 0.0f;      ///< 0 = off; per repeat in the output
   std::vector<std::string> stop;       ///< generation ends when the text contains one (it is cut off)
   std::vector<int32_t> stop_token_ids; ///< ... or when one of these tokens is generated
+  /// Each generated token's log-probability (completion::logprobs, stream_chunk::logprobs), with
+  /// the top_logprobs (<= 20) most likely tokens' at its step.
+  bool logprobs = false;
+  uint32_t top_logprobs = 0;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, generate_request& x) {
   return f(caf::meta::type_name("generate_request"), x.prompt, x.prompt_tokens, x.max_tokens, x.temperature,
            x.seed, x.return_logits, x.ignore_eos, x.traffic_class, x.priority, x.messages, x.top_k, x.top_p,
-           x.repetition_penalty, x.presence_penalty, x.frequency_penalty, x.stop, x.stop_token_ids);
+           x.repetition_penalty, x.presence_penalty, x.frequency_penalty, x.stop, x.stop_token_ids, x.logprobs,
+           x.top_logprobs);
 }
 
 struct completion {
@@ -70,6 +106,7 @@ struct completion {
   int64_t ttft_us = 0;                         ///< arrival at the request actor -> first token
   std::vector<int64_t> tbt_us;                 ///< each interval between consecutive tokens
   std::vector<std::vector<float>> step_logits; ///< step_logits[i] chose tokens[i] (if asked)
+  std::vector<token_logprob> logprobs;         ///< logprobs[i]: tokens[i]'s (generate_request::logprobs)
   std::string prefill_rank;
   std::string decode_rank;
   // Where the time went, per stage (microseconds, actor clock: virtual in sims).
@@ -97,7 +134,7 @@ typename Inspector::result_type inspect(Inspector& f, completion& x) {
            x.finish_reason, x.ttft_us, x.tbt_us, x.step_logits, x.prefill_rank, x.decode_rank, x.place_us,
            x.reserve_us, x.prefill_queue_us, x.prefill_us, x.decode_queue_us, x.prefill_placement_why,
            x.decode_placement_why, x.check_us, x.cached_tokens, x.local_cached_tokens, x.recomputed_blocks,
-           x.kv_bytes, x.kv_send_us, x.failovers, x.failover_why, x.migrations);
+           x.kv_bytes, x.kv_send_us, x.failovers, x.failover_why, x.migrations, x.logprobs);
 }
 
 // --- KV leases and handoff ---------------------------------------------------------------------
@@ -166,10 +203,11 @@ struct token_event {
   /// The lease the token's sequence runs under: a late token of an earlier attempt on the same
   /// rank is told apart from the current attempt's by it.
   uint64_t lease_id = 0;
+  std::vector<gpu::token_logprobs> logprobs;  ///< the token's, one entry, when the request asked
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, token_event& x) {
-  return f(caf::meta::type_name("token_event"), x.request_id, x.index, x.token, x.logits, x.lease_id);
+  return f(caf::meta::type_name("token_event"), x.request_id, x.index, x.token, x.logits, x.lease_id, x.logprobs);
 }
 
 struct decode_summary {
@@ -203,11 +241,13 @@ struct prefill_result {
   /// A put of it (an aborted attempt's, say) was given up at the send timeout and may still land
   /// in the lease's pages: they must wait out the quarantine whenever they are let go.
   bool abandoned_put = false;
+  std::vector<gpu::token_logprobs> logprobs;  ///< first_token's, one entry, when the order asked
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, prefill_result& x) {
   return f(caf::meta::type_name("prefill_result"), x.request_id, x.first_token, x.logits, x.rank, x.queue_us,
-           x.cached_tokens, x.recomputed_blocks, x.local_cached_tokens, x.kv_bytes, x.kv_send_us, x.abandoned_put);
+           x.cached_tokens, x.recomputed_blocks, x.local_cached_tokens, x.kv_bytes, x.kv_send_us, x.abandoned_put,
+           x.logprobs);
 }
 
 /// One entry of a rank's event log: what happened, in the order it happened (seq).
@@ -536,11 +576,12 @@ struct stream_chunk {
   std::string text;              ///< new text since the previous chunk (may be empty)
   std::string finish_reason;     ///< empty until the last chunk: eos | stop | length
   uint32_t num_prompt_tokens = 0;
+  std::vector<token_logprob> logprobs;  ///< the chunk's tokens' (generate_request::logprobs)
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, stream_chunk& x) {
   return f(caf::meta::type_name("stream_chunk"), x.request_id, x.request, x.first_index, x.tokens, x.text,
-           x.finish_reason, x.num_prompt_tokens);
+           x.finish_reason, x.num_prompt_tokens, x.logprobs);
 }
 
 /// Whatever receives a streamed completion: a client library's actor, a gateway connection.
@@ -568,6 +609,8 @@ struct decode_order {
   float presence_penalty = 0.0f;
   float frequency_penalty = 0.0f;
   uint32_t output_from = 0;      ///< the request's own prompt length: penalties count the output after it
+  bool logprobs = false;         ///< each token's log-probabilities in its token_event...
+  uint32_t top_logprobs = 0;     ///< ... with this many alternatives
   /// A prefill writer gave up a put into the lease that may still land (prefill_result::
   /// abandoned_put): however the sequence ends or moves, its pages wait out the quarantine.
   /// Said here because the writer's own notice (writer_done) may arrive after the sequence ended.
@@ -578,7 +621,7 @@ typename Inspector::result_type inspect(Inspector& f, decode_order& x) {
   return f(caf::meta::type_name("decode_order"), x.request_id, x.lease_id, x.first_token, x.prompt_len,
            x.max_new_tokens, x.temperature, x.seed, x.return_logits, x.ignore_eos, x.stream_to, x.prompt_tokens,
            x.traffic_class, x.cached_blocks, x.write_back, x.top_k, x.top_p, x.repetition_penalty,
-           x.presence_penalty, x.frequency_penalty, x.output_from, x.writer_abandoned);
+           x.presence_penalty, x.frequency_penalty, x.output_from, x.logprobs, x.top_logprobs, x.writer_abandoned);
 }
 
 struct prefill_order;
@@ -598,7 +641,7 @@ using decode_rank_actor = caf::typed_actor<
     caf::replies_to<decode_order>::with<decode_summary>,
     caf::replies_to<stats_atom>::with<rank_stats>,
     caf::replies_to<events_atom>::with<std::vector<rank_event>>,
-    caf::reacts_to<exec_done_atom, uint64_t, std::vector<std::vector<float>>, std::vector<int32_t>>,
+    caf::reacts_to<exec_done_atom, uint64_t, gpu::forward_output>,
     caf::reacts_to<exec_fail_atom, uint64_t, std::string>,
     caf::reacts_to<timer_atom, uint64_t>,
     caf::reacts_to<expire_atom, uint64_t>,
@@ -634,13 +677,15 @@ struct prefill_order {
   float presence_penalty = 0.0f;
   float frequency_penalty = 0.0f;
   uint32_t output_from = 0;      ///< the request's own prompt length (after a failover, tokens holds output too)
+  bool logprobs = false;         ///< the first token's log-probabilities in the result...
+  uint32_t top_logprobs = 0;     ///< ... with this many alternatives
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, prefill_order& x) {
   return f(caf::meta::type_name("prefill_order"), x.request_id, x.tokens, x.temperature, x.seed,
            x.return_logits, x.batch_priority, x.grant, x.decode, x.prefix, x.block_tokens, x.part_index,
            x.part_bounds, x.part_ranks, x.part_names, x.top_k, x.top_p, x.repetition_penalty, x.presence_penalty,
-           x.frequency_penalty, x.output_from);
+           x.frequency_penalty, x.output_from, x.logprobs, x.top_logprobs);
 }
 
 /// Split prefill: a later part's rank tells an earlier part's rank where its pages are. The
@@ -693,7 +738,7 @@ using prefill_rank_actor = caf::typed_actor<
     caf::reacts_to<cancel_atom, uint64_t, uint64_t>,  // request, its lease: the request let go; stop
     caf::replies_to<stats_atom>::with<rank_stats>,
     caf::replies_to<events_atom>::with<std::vector<rank_event>>,
-    caf::reacts_to<exec_done_atom, uint64_t, std::vector<std::vector<float>>, std::vector<int32_t>>,
+    caf::reacts_to<exec_done_atom, uint64_t, gpu::forward_output>,
     caf::reacts_to<exec_fail_atom, uint64_t, std::string>,
     caf::reacts_to<exec_start_atom, uint64_t>,
     caf::reacts_to<timer_atom, uint64_t>,

@@ -190,7 +190,8 @@ void finish_if_done(prefill_pointer self, uint64_t request_id) {
                        : 0;
     r.promise.deliver(prefill_result{request_id, r.first_token, std::move(r.logits), st.cfg.name, r.queue_us,
                                      r.split.active ? 0 : r.cached_tokens, r.recomputed_blocks,
-                                     r.shared_blocks * st.store.block_tokens(), kv_bytes, send_us, r.abandoned_put});
+                                     r.shared_blocks * st.store.block_tokens(), kv_bytes, send_us, r.abandoned_put,
+                                     std::move(r.logprobs)});
   }
   // No put of it is in flight now: a decode rank that dropped its lease meanwhile may reuse the
   // pages (and one that did not counts this writer done). One abandoned at the send timeout may
@@ -695,7 +696,7 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
             });
       },
       [=](events_atom) { return self->state.core.log->snapshot(); },
-      [=](exec_done_atom, uint64_t job_id, std::vector<std::vector<float>>& logits, std::vector<int32_t>& tokens) {
+      [=](exec_done_atom, uint64_t job_id, gpu::forward_output& out) {
         auto& s = self->state;
         const auto cj = take_job(self, job_id);
         if (!cj) return;
@@ -708,9 +709,11 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
         if (cj->attempt != r.attempt) return maybe_restart(self, *rid);  // an aborted attempt's chunk
         ++r.chunks_done;
         r.tokens_left -= std::min<uint64_t>(r.tokens_left, cj->tokens);
-        if (r.chunks_done == r.num_chunks && !tokens.empty() && tokens[0] >= 0) {
-          r.first_token = tokens[0];
-          if (r.order.return_logits && !logits.empty()) r.logits = std::move(logits[0]);
+        if (r.chunks_done == r.num_chunks && !out.tokens.empty() && out.tokens[0] >= 0) {
+          r.first_token = out.tokens[0];
+          if (r.order.return_logits && !out.logits.empty()) r.logits = std::move(out.logits[0]);
+          r.logprobs.clear();
+          if (r.order.logprobs && !out.logprobs.empty()) r.logprobs.push_back(std::move(out.logprobs[0]));
           r.have_logits = true;
           s.core.log->add({0, "first_token", *rid, cj->attempt, 0, {}, {}});
         } else if (r.chunks_done == r.num_chunks && !r.split.earlier_part()) {

@@ -151,6 +151,7 @@ struct prefill_job_state {
   bool have_logits = false;
   int32_t first_token = -1;
   std::vector<float> logits;
+  std::vector<gpu::token_logprobs> logprobs;  ///< first_token's, when the order asked (one entry)
   bool failed = false;
   bool abandoned_put = false;  ///< a put was given up on at the send timeout: it may still land
   caf::error failure;                 ///< answered once no queued chunk can still post a put

@@ -3,6 +3,7 @@
 #include "actors/block_index.hpp"
 
 #include <algorithm>
+#include <limits>
 
 #include <caf/actor_system.hpp>
 #include <caf/sec.hpp>
@@ -73,6 +74,11 @@ int64_t lap(request_pointer self) {
   return us;
 }
 
+/// A token alone as text, by the request's tokenizer.
+std::string token_text(const request_state& st, int32_t token) {
+  return st.plan.tokenizer ? st.plan.tokenizer->decode({token}) : gpu::byte_tokenizer{-1, -1}.decode({token});
+}
+
 std::string decode_text(const request_state& st) {
   if (st.plan.tokenizer) return st.plan.tokenizer->decode(st.out.tokens);
   return gpu::byte_tokenizer{-1, -1}.decode(st.out.tokens);
@@ -90,6 +96,8 @@ void stream(request_pointer self, bool last) {
   c.request = caf::actor_cast<request_actor>(self);
   c.first_index = static_cast<uint32_t>(st.emitted_tokens);
   c.tokens.assign(st.out.tokens.begin() + static_cast<std::ptrdiff_t>(st.emitted_tokens), st.out.tokens.end());
+  if (st.emitted_tokens < st.out.logprobs.size())
+    c.logprobs.assign(st.out.logprobs.begin() + static_cast<std::ptrdiff_t>(st.emitted_tokens), st.out.logprobs.end());
   c.num_prompt_tokens = st.out.num_prompt_tokens;
   const std::string& text = last ? st.out.text : st.text;
   const size_t end = last ? text.size() : streamable_prefix(text, st.plan.params.stop);
@@ -193,7 +201,7 @@ bool hits_stop(request_state& st, int32_t token) {
   // again at every token). Streaming sends this text as it grows.
   const size_t before = st.text.size();
   if (st.plan.sink || !p.stop.empty())
-    st.text += st.plan.tokenizer ? st.plan.tokenizer->decode({token}) : gpu::byte_tokenizer{-1, -1}.decode({token});
+    st.text += token_text(st, token);
   if (!p.ignore_eos && std::find(st.plan.extra_eos_token_ids.begin(), st.plan.extra_eos_token_ids.end(), token) !=
                            st.plan.extra_eos_token_ids.end()) {
     st.out.text = decode_text(st);
@@ -216,7 +224,8 @@ bool hits_stop(request_state& st, int32_t token) {
   return true;
 }
 
-void record_token(request_pointer self, int32_t token, std::vector<float> logits) {
+void record_token(request_pointer self, int32_t token, std::vector<float> logits,
+                  std::vector<gpu::token_logprobs> logprobs) {
   auto& st = self->state;
   const auto now = self->clock().now();
   if (st.out.tokens.empty())
@@ -226,6 +235,13 @@ void record_token(request_pointer self, int32_t token, std::vector<float> logits
   st.last_token_at = now;
   st.out.tokens.push_back(token);
   if (st.plan.params.return_logits) st.out.step_logits.push_back(std::move(logits));
+  if (st.plan.params.logprobs) {
+    // A rank that sent none (it cannot: orders ask) would leave a gap: -inf says it honestly.
+    auto lp = logprobs.empty() ? gpu::token_logprobs{-std::numeric_limits<float>::infinity(), {}, {}} : std::move(logprobs[0]);
+    token_logprob t{token, lp.logprob, token_text(st, token), std::move(lp.top_tokens), std::move(lp.top_logprobs), {}};
+    for (auto id : t.top_tokens) t.top_texts.push_back(token_text(st, id));
+    st.out.logprobs.push_back(std::move(t));
+  }
 }
 
 void check(request_pointer self);
@@ -339,6 +355,8 @@ void start_decode(request_pointer self) {
   order.presence_penalty = p.params.presence_penalty;
   order.frequency_penalty = p.params.frequency_penalty;
   order.output_from = static_cast<uint32_t>(p.prompt_tokens.size());
+  order.logprobs = p.params.logprobs;
+  order.top_logprobs = p.params.top_logprobs;
   order.writer_abandoned = st.writer_abandoned;
   if (order.repetition_penalty != 1.0f || order.presence_penalty != 0.0f || order.frequency_penalty != 0.0f)
     order.prompt_tokens = fed_sequence(st);
@@ -393,7 +411,7 @@ void on_prefill_result(request_pointer self, prefill_result& r) {
   if (st.plan.store.enabled())
     st.cached_blocks = std::min<uint32_t>(r.cached_tokens / st.plan.store.block_tokens(),
                                           static_cast<uint32_t>(st.prefix.size()));
-  record_token(self, r.first_token, std::move(r.logits));
+  record_token(self, r.first_token, std::move(r.logits), std::move(r.logprobs));
   const bool eos = r.first_token == st.plan.eos_token_id && !st.plan.params.ignore_eos;
   st.stopped = hits_stop(st, r.first_token);
   if (eos || st.stopped || st.max_new == 1) {
@@ -457,6 +475,8 @@ void start_prefill(request_pointer self, kv_lease_grant grant) {
   order.presence_penalty = p.params.presence_penalty;
   order.frequency_penalty = p.params.frequency_penalty;
   order.output_from = static_cast<uint32_t>(p.prompt_tokens.size());
+  order.logprobs = p.params.logprobs;
+  order.top_logprobs = p.params.top_logprobs;
   if (!st.hybrid && st.split.part_ranks.size() > 1) return start_split_prefill(self, std::move(order));
   st.num_writers_out = st.hybrid ? 0 : 1;  // hybrid: the decode rank writes its own pages
   auto pending = st.hybrid ? self->request(st.decode, std::chrono::milliseconds{p.cfg.prefill_timeout_ms}, std::move(order))
@@ -649,7 +669,7 @@ request_actor::behavior_type request_impl(request_pointer self, request_plan pla
         // Only this attempt's decode rank speaks for the request (a rank given up on may still).
         if (caf::actor_cast<caf::actor_addr>(self->current_sender()) != caf::actor_cast<caf::actor_addr>(st.decode)) return;
         if (ev.lease_id != st.lease_id) return;  // an earlier attempt's sequence on the same rank
-        record_token(self, ev.token, std::move(ev.logits));
+        record_token(self, ev.token, std::move(ev.logits), std::move(ev.logprobs));
         if (hits_stop(st, ev.token)) {
           // Done here: the lease is released, the decode rank drops the sequence at its next step.
           st.stopped = true;

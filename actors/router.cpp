@@ -26,6 +26,9 @@ std::string tokenize_and_validate(const generate_request& req, const gpu::model_
     return "presence_penalty must be a finite number in [-100, 100], got " + std::to_string(req.presence_penalty);
   if (!std::isfinite(req.frequency_penalty) || std::abs(req.frequency_penalty) > 100.0f)
     return "frequency_penalty must be a finite number in [-100, 100], got " + std::to_string(req.frequency_penalty);
+  if (req.top_logprobs > gpu::max_top_logprobs)
+    return "top_logprobs must be at most " + std::to_string(gpu::max_top_logprobs) + ", got " + std::to_string(req.top_logprobs);
+  if (req.top_logprobs > 0 && !req.logprobs) return "top_logprobs needs logprobs";
   if (req.stop.size() > 16) return "at most 16 stop strings";
   // Each token's check searches the text's tail as long as the longest stop string: bounded.
   for (size_t i = 0; i < req.stop.size(); ++i)

@@ -68,6 +68,8 @@ generate_request to_request(const request& r) {
   g.ignore_eos = r.ignore_eos;
   g.traffic_class = r.traffic_class;
   g.priority = r.priority;
+  g.logprobs = r.logprobs;
+  g.top_logprobs = r.top_logprobs;
   return g;
 }
 
@@ -100,7 +102,11 @@ caf::behavior sink_impl(caf::event_based_actor* self, router_actor router, gener
   return {
       [=](stream_chunk& c) {
         std::lock_guard<std::mutex> guard{ch->mutex};
-        ch->chunks.push_back({c.request_id, c.first_index, std::move(c.tokens), std::move(c.text), std::move(c.finish_reason)});
+        token_chunk out{c.request_id, c.first_index, std::move(c.tokens), std::move(c.text), std::move(c.finish_reason), {}};
+        for (auto& t : c.logprobs)
+          out.logprobs.push_back({t.token, t.logprob, std::move(t.text), std::move(t.top_tokens), std::move(t.top_logprobs),
+                                  std::move(t.top_texts)});
+        ch->chunks.push_back(std::move(out));
         ch->cv.notify_all();
       },
   };

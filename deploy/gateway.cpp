@@ -190,6 +190,7 @@ struct call_state {
   std::string id;
   int64_t created = 0;
   bool first_chunk = true;
+  uint64_t text_offset = 0;  ///< bytes of the streamed tokens' texts so far (logprobs.text_offset)
 };
 
 /// One call's go-between, on the scheduler's threads: it parses the body, asks the router with
@@ -227,9 +228,11 @@ client_sink_actor::behavior_type call_impl(client_sink_actor::pointer self, caf:
           [=](caf::error& e) { caf::anon_send(broker, seq, std::move(e)); });
   return {[=](stream_chunk& c) {
     if (!cs->call.stream) return;
-    // Nothing new to say (e.g. half a UTF-8 character held back): no event.
-    if (c.text.empty() && c.finish_reason.empty() && !(cs->first_chunk && cs->call.chat)) return;
-    caf::anon_send(broker, seq, openai::chunk_json(cs->call, c, cs->id, cs->created, cs->first_chunk));
+    // Nothing new to say (e.g. half a UTF-8 character held back, and no log-probabilities asked
+    // for): no event.
+    if (c.text.empty() && c.finish_reason.empty() && c.logprobs.empty() && !(cs->first_chunk && cs->call.chat)) return;
+    caf::anon_send(broker, seq, openai::chunk_json(cs->call, c, cs->id, cs->created, cs->first_chunk, cs->text_offset));
+    for (const auto& t : c.logprobs) cs->text_offset += t.text.size();
     cs->first_chunk = false;
   }};
 }

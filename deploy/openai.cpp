@@ -208,6 +208,26 @@ bool parse_stop(const json& j, generate_request* req, api_error* err) {
   return true;
 }
 
+/// Log-probabilities: completions take `logprobs` N (the N most likely tokens at each step, 0-20;
+/// OpenAI stops at 5, vLLM at 20); chat takes `logprobs` true and `top_logprobs` N (0-20).
+bool parse_logprobs(const json& j, bool chat, generate_request* r, api_error* err) {
+  const double top_max = gpu::max_top_logprobs;
+  if (!chat) {
+    int32_t n = -1;
+    if (!number_field(j, "logprobs", 0, top_max, &n, err)) return false;
+    r->logprobs = n >= 0;
+    r->top_logprobs = n > 0 ? static_cast<uint32_t>(n) : 0;
+    return true;
+  }
+  if (!bool_field(j, "logprobs", &r->logprobs, err)) return false;
+  if (!number_field(j, "top_logprobs", 0, top_max, &r->top_logprobs, err)) return false;
+  if (r->top_logprobs > 0 && !r->logprobs) {
+    *err = bad("top_logprobs", "top_logprobs needs logprobs: true");
+    return false;
+  }
+  return true;
+}
+
 /// Fields OpenAI defines that Baton does not implement: refused by name, never silently ignored.
 bool refuse_unsupported(const json& j, api_error* err) {
   if (auto it = j.find("n"); it != j.end() && !it->is_null() && *it != 1) {
@@ -218,12 +238,9 @@ bool refuse_unsupported(const json& j, api_error* err) {
     *err = bad("best_of", "best_of is not supported");
     return false;
   }
-  for (const char* key : {"logprobs", "echo", "top_logprobs"}) {
-    auto it = j.find(key);
-    if (it != j.end() && !it->is_null() && *it != false && *it != 0) {
-      *err = bad(key, std::string(key) + " is not supported");
-      return false;
-    }
+  if (auto it = j.find("echo"); it != j.end() && !it->is_null() && *it != false) {
+    *err = bad("echo", "echo is not supported (it needs the prompt's log-probabilities)");
+    return false;
   }
   for (const char* key : {"tools", "functions", "response_format", "logit_bias"}) {
     auto it = j.find(key);
@@ -346,7 +363,7 @@ bool parse_checked_body(std::string_view body, bool chat, const std::string& ser
   }
   if (!string_field(j, "traffic_class", &r.traffic_class, err)) return false;
   if (!string_field(j, "priority", &r.priority, err)) return false;
-  return true;
+  return parse_logprobs(j, chat, &r, err);
 }
 }  // namespace
 
@@ -354,8 +371,54 @@ std::string finish_reason(const std::string& baton_reason) {
   return baton_reason == "length" ? "length" : "stop";
 }
 
+namespace {
+
+/// JSON has no -Infinity: a token that could not have been picked gets OpenAI's -9999.
+double logprob_value(float x) { return std::isfinite(x) ? static_cast<double>(x) : -9999.0; }
+
+json bytes_of(const std::string& s) {
+  json out = json::array();
+  for (unsigned char ch : s) out.push_back(static_cast<int>(ch));
+  return out;
+}
+
+/// The logprobs object of a choice (or of a streamed chunk's tokens). Completions: parallel
+/// arrays, `text_offset` counting bytes of the tokens' texts from `offset` (the tokens before
+/// these), `top_logprobs` a {text: logprob} object per token (null when none were asked for).
+/// Chat: `content`, an entry per token with its UTF-8 bytes (a token may hold part of a character).
+json logprobs_json(const call& c, const std::vector<token_logprob>& lps, uint64_t offset) {
+  if (!c.req.logprobs) return nullptr;
+  if (c.chat) {
+    json content = json::array();
+    for (const auto& t : lps) {
+      json top = json::array();
+      for (size_t k = 0; k < t.top_tokens.size() && k < t.top_texts.size(); ++k)
+        top.push_back({{"token", t.top_texts[k]}, {"logprob", logprob_value(t.top_logprobs[k])}, {"bytes", bytes_of(t.top_texts[k])}});
+      content.push_back({{"token", t.text}, {"logprob", logprob_value(t.logprob)}, {"bytes", bytes_of(t.text)}, {"top_logprobs", top}});
+    }
+    return {{"content", content}, {"refusal", nullptr}};
+  }
+  json tokens = json::array(), values = json::array(), tops = json::array(), offsets = json::array();
+  for (const auto& t : lps) {
+    tokens.push_back(t.text);
+    values.push_back(logprob_value(t.logprob));
+    offsets.push_back(offset);
+    offset += t.text.size();
+    json top = json::object();
+    for (size_t k = 0; k < t.top_tokens.size() && k < t.top_texts.size(); ++k)
+      top[t.top_texts[k]] = logprob_value(t.top_logprobs[k]);
+    tops.push_back(std::move(top));
+  }
+  return {{"tokens", tokens},
+          {"token_logprobs", values},
+          {"top_logprobs", c.req.top_logprobs > 0 ? tops : json(nullptr)},
+          {"text_offset", offsets}};
+}
+
+}  // namespace
+
 std::string completion_json(const call& c, const completion& done, const std::string& id, int64_t created) {
-  json choice = {{"index", 0}, {"finish_reason", finish_reason(done.finish_reason)}, {"logprobs", nullptr}};
+  json choice = {{"index", 0}, {"finish_reason", finish_reason(done.finish_reason)}, {"logprobs", logprobs_json(c, done.logprobs, 0)}};
   if (c.chat)
     choice["message"] = {{"role", "assistant"}, {"content", done.text}};
   else
@@ -370,8 +433,9 @@ std::string completion_json(const call& c, const completion& done, const std::st
   return out.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-std::string chunk_json(const call& c, const stream_chunk& chunk, const std::string& id, int64_t created, bool first) {
-  json choice = {{"index", 0}, {"logprobs", nullptr}};
+std::string chunk_json(const call& c, const stream_chunk& chunk, const std::string& id, int64_t created, bool first,
+                       uint64_t text_offset) {
+  json choice = {{"index", 0}, {"logprobs", logprobs_json(c, chunk.logprobs, text_offset)}};
   choice["finish_reason"] = chunk.finish_reason.empty() ? json(nullptr) : json(finish_reason(chunk.finish_reason));
   if (c.chat) {
     json delta = json::object();

@@ -5,8 +5,8 @@
 // bodies, errors into OpenAI's error object. Pure functions (no sockets, no actors).
 //
 // Accepted beyond OpenAI's own fields, as vLLM does: top_k, repetition_penalty, ignore_eos,
-// stop_token_ids; and Baton's traffic_class and priority. Fields Baton cannot honour (n > 1,
-// logprobs, echo, best_of) are refused by name rather than ignored;
+// stop_token_ids, up to 20 log-probabilities per token; and Baton's traffic_class and priority.
+// Fields Baton cannot honour (n > 1, echo, best_of) are refused by name rather than ignored;
 // unknown fields are ignored, as OpenAI's servers do.
 
 #include <cstdint>
@@ -43,8 +43,10 @@ bool parse_body(std::string_view body, bool chat, const std::string& served_mode
 std::string finish_reason(const std::string& baton_reason);
 
 std::string completion_json(const call& c, const completion& done, const std::string& id, int64_t created);
-/// One streamed chunk; `first` adds the chat's assistant role.
-std::string chunk_json(const call& c, const stream_chunk& chunk, const std::string& id, int64_t created, bool first);
+/// One streamed chunk; `first` adds the chat's assistant role. `text_offset`: the bytes of the
+/// texts of the tokens streamed before this chunk (completions' logprobs.text_offset).
+std::string chunk_json(const call& c, const stream_chunk& chunk, const std::string& id, int64_t created, bool first,
+                       uint64_t text_offset = 0);
 /// The usage chunk that ends a stream when stream_options.include_usage is set.
 std::string usage_chunk_json(const call& c, const completion& done, const std::string& id, int64_t created);
 std::string error_json(const api_error& e);

@@ -271,15 +271,18 @@ private:
     }
     std::vector<float> all_logits(wanting.size() * c.vocab_size);
     matmul_nt(act_.hn.data(), wanting.size(), h, w.lm_head_data(), c.vocab_size, all_logits.data(), &pool_);
-    std::vector<std::vector<float>> logits(job.seqs.size());
-    std::vector<int32_t> tokens(job.seqs.size(), -1);
+    forward_output out{std::vector<std::vector<float>>(job.seqs.size()), std::vector<int32_t>(job.seqs.size(), -1), {}};
     for (size_t i = 0; i < wanting.size(); ++i) {
       const auto& s = job.seqs[wanting[i]];
       const std::span<const float> row(all_logits.data() + i * c.vocab_size, c.vocab_size);
-      if (s.sample) tokens[wanting[i]] = sample_token(row, *s.sample, &scratch_);
-      if (s.want_logits) logits[wanting[i]].assign(row.begin(), row.end());
+      if (s.sample) out.tokens[wanting[i]] = sample_token(row, *s.sample, &scratch_);
+      if (s.sample && s.sample->want_logprobs) {
+        out.logprobs.resize(job.seqs.size());
+        out.logprobs[wanting[i]] = logprobs_of(row, out.tokens[wanting[i]], s.sample->top_logprobs);
+      }
+      if (s.want_logits) out.logits[wanting[i]].assign(row.begin(), row.end());
     }
-    sink.on_done(job.job_id, std::move(logits), std::move(tokens));
+    sink.on_done(job.job_id, std::move(out));
   }
 
   /// The pipeline's consumer end: a sequence whose cached prefix is still arriving waits here for

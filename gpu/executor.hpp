@@ -19,6 +19,7 @@
 
 #include "gpu/kv_cache.hpp"
 #include "gpu/model_config.hpp"
+#include "gpu/forward_output.hpp"
 #include "gpu/sampling.hpp"
 
 namespace baton::gpu {
@@ -134,9 +135,8 @@ public:
   /// Layer `layer` has finished computing (timelines and logs). The CUDA backend does not
   /// report it: nothing on its host side knows when a kernel ends without a synchronisation.
   virtual void on_layer_computed(uint64_t /*job_id*/, uint32_t /*layer*/) {}
-  /// logits[i] is sequence i's last-token logits (empty when it did not want them); tokens[i] is
-  /// the token picked for it (forward_seq::sample), or -1 when it asked for none.
-  virtual void on_done(uint64_t job_id, std::vector<std::vector<float>> logits, std::vector<int32_t> tokens) = 0;
+  /// The job's logits, picked tokens and their log-probabilities, by sequence (forward_output).
+  virtual void on_done(uint64_t job_id, forward_output out) = 0;
   virtual void on_failed(uint64_t job_id, std::string what) = 0;
 };
 

@@ -15,9 +15,7 @@ public:
   void on_started(uint64_t job_id) override { inner_->on_started(job_id); }
   void on_layer_kv_ready(uint64_t job_id, uint32_t layer) override { inner_->on_layer_kv_ready(job_id, layer); }
   void on_layer_computed(uint64_t job_id, uint32_t layer) override { inner_->on_layer_computed(job_id, layer); }
-  void on_done(uint64_t job_id, std::vector<std::vector<float>> logits, std::vector<int32_t> tokens) override {
-    inner_->on_done(job_id, std::move(logits), std::move(tokens));
-  }
+  void on_done(uint64_t job_id, forward_output out) override { inner_->on_done(job_id, std::move(out)); }
   void on_failed(uint64_t job_id, std::string what) override { inner_->on_failed(job_id, std::move(what)); }
 
 protected:
@@ -48,7 +46,7 @@ public:
   void on_layer_computed(uint64_t job_id, uint32_t layer) override {
     if (layer < layer_) inner_->on_layer_computed(job_id, layer);
   }
-  void on_done(uint64_t job_id, std::vector<std::vector<float>>, std::vector<int32_t>) override {
+  void on_done(uint64_t job_id, forward_output) override {
     inner_->on_failed(job_id, "fault: the job failed in layer " + std::to_string(layer_) + " after its KV was announced");
   }
 
@@ -60,8 +58,8 @@ private:
 class tokenless_sink final : public forwarding_sink {
 public:
   using forwarding_sink::forwarding_sink;
-  void on_done(uint64_t job_id, std::vector<std::vector<float>>, std::vector<int32_t>) override {
-    inner_->on_done(job_id, {}, {});
+  void on_done(uint64_t job_id, forward_output) override {
+    inner_->on_done(job_id, {});
   }
 };
 

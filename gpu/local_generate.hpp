@@ -15,6 +15,7 @@ struct forward_outcome {
   std::vector<std::vector<float>> logits;  ///< per sequence, as executor_sink::on_done gives them
   std::string error;                       ///< non-empty when the executor refused the job
   std::vector<int32_t> tokens;             ///< per sequence: its picked token (forward_seq::sample), or -1
+  std::vector<token_logprobs> logprobs;    ///< as forward_output::logprobs
 };
 
 /// Submits one job and waits for it.

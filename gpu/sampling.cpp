@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 namespace baton::gpu {
@@ -101,6 +102,44 @@ int32_t sample_token(std::span<const float> raw, const sampling_config& cfg, uin
     if (u < acc) return static_cast<int32_t>(i);
   }
   return static_cast<int32_t>(idx.back());
+}
+
+token_logprobs logprobs_of(std::span<const float> logits, int32_t token, uint32_t top_n) {
+  token_logprobs out;
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  double max = -std::numeric_limits<double>::infinity();
+  for (float x : logits)
+    if (!std::isnan(x)) max = std::max<double>(max, x);
+  // log-sum-exp in double around the largest logit; an infinite largest one has all the mass.
+  double sum = 0.0;
+  if (std::isfinite(max))
+    for (float x : logits)
+      if (!std::isnan(x)) sum += std::exp(static_cast<double>(x) - max);
+  const auto lp = [&](float x) -> float {
+    if (std::isnan(x) || (std::isinf(max) && x != max)) return neg_inf;
+    if (std::isinf(max)) return 0.0f;  // the infinite logit itself
+    return static_cast<float>(static_cast<double>(x) - max - std::log(sum));
+  };
+  out.logprob = token >= 0 && static_cast<size_t>(token) < logits.size() ? lp(logits[token]) : neg_inf;
+  top_n = std::min<uint32_t>({top_n, max_top_logprobs, static_cast<uint32_t>(logits.size())});
+  if (top_n == 0) return out;
+  // The top_n in a strict order (logit, then id; NaN last), found by one pass over the row.
+  const auto before = [&](uint32_t a, uint32_t b) {
+    const float x = std::isnan(logits[a]) ? neg_inf : logits[a], y = std::isnan(logits[b]) ? neg_inf : logits[b];
+    return x > y || (x == y && a < b);
+  };
+  std::vector<uint32_t> best;
+  best.reserve(top_n + 1);
+  for (uint32_t i = 0; i < logits.size(); ++i) {
+    if (best.size() == top_n && !before(i, best.back())) continue;
+    best.insert(std::upper_bound(best.begin(), best.end(), i, before), i);
+    if (best.size() > top_n) best.pop_back();
+  }
+  for (auto i : best) {
+    out.top_tokens.push_back(static_cast<int32_t>(i));
+    out.top_logprobs.push_back(lp(logits[i]));
+  }
+  return out;
 }
 
 int32_t sample_token(const std::vector<float>& logits, const sampling_config& cfg, uint32_t position,

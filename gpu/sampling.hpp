@@ -51,6 +51,22 @@ int32_t sample_token(std::span<const float> logits, const sampling_config& cfg, 
 int32_t sample_token(const std::vector<float>& logits, const sampling_config& cfg, uint32_t position,
                      const std::vector<int32_t>* history = nullptr);
 
+/// What OpenAI's `logprobs` asks for about one picked token: its log-probability and the most
+/// likely tokens' at that step, from the raw logits (a log-softmax before temperature, top-k,
+/// top-p and penalties, as vLLM and OpenAI report them).
+struct token_logprobs {
+  float logprob = 0.0f;             ///< the picked token's (-inf when its logit was NaN)
+  std::vector<int32_t> top_tokens;  ///< the most likely tokens, most likely first (ties: lower id)
+  std::vector<float> top_logprobs;  ///< theirs
+};
+
+/// The most tokens `logprobs_of` reports besides the pick (OpenAI's top_logprobs limit).
+inline constexpr uint32_t max_top_logprobs = 20;
+
+/// token_logprobs of `token` under `logits`, with the `top_n` (<= max_top_logprobs) most likely.
+/// A NaN logit has probability 0, as sample_token treats it.
+token_logprobs logprobs_of(std::span<const float> logits, int32_t token, uint32_t top_n);
+
 /// A sequence's request to have its next token picked by the executor that computed its logits
 /// (gpu/executor.hpp, forward_seq::sample), by sample_token's rules. The CUDA backend picks greedy
 /// rows on the device, so that a decode step moves one token per sequence off the GPU instead of
@@ -59,11 +75,17 @@ struct seq_sampling {
   sampling_config cfg;
   uint32_t position = 0;         ///< the sampled token's position (the draw's input)
   std::vector<int32_t> history;  ///< every token before it, when cfg.penalised(); else unused
-  /// Whether the pick is an argmax of the raw logits, which needs no history and no draw.
-  bool plain_greedy() const { return cfg.temperature <= 0.0f && !cfg.penalised(); }
+  bool want_logprobs = false;    ///< report the pick's token_logprobs (forward_output::logprobs)...
+  uint32_t top_logprobs = 0;     ///< ... with this many alternatives
+  /// Whether the pick is an argmax of the raw logits, which needs no history and no draw (nor
+  /// the row on the host afterwards, for log-probabilities).
+  bool plain_greedy() const { return cfg.temperature <= 0.0f && !cfg.penalised() && !want_logprobs; }
   /// Whether the pick is a draw over the whole vocabulary at a temperature (no top-k, no top-p,
-  /// no penalties): one pass to sum, one to find the draw, which the CUDA backend runs on the device.
-  bool plain_draw() const { return cfg.temperature > 0.0f && cfg.top_k == 0 && cfg.top_p >= 1.0f && !cfg.penalised(); }
+  /// no penalties, no log-probabilities): one pass to sum, one to find the draw, which the CUDA
+  /// backend runs on the device.
+  bool plain_draw() const {
+    return cfg.temperature > 0.0f && cfg.top_k == 0 && cfg.top_p >= 1.0f && !cfg.penalised() && !want_logprobs;
+  }
 };
 
 /// sample_token for one forward_seq::sample.

@@ -112,7 +112,7 @@ private:
         if (s.sample) tokens[i] = gpu::sample_token(logits[i], *s.sample);
         if (!s.want_logits) logits[i].clear();
       }
-      sink->on_done(job->job_id, std::move(logits), std::move(tokens));
+      sink->on_done(job->job_id, {std::move(logits), std::move(tokens), {}});
       job_ended();
       start_next();
     });

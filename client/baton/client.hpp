@@ -36,6 +36,19 @@ struct request {
   bool ignore_eos = false;
   std::string traffic_class = "chat";  ///< chat | agent | batch
   std::string priority = "interactive";
+  bool logprobs = false;               ///< each token's log-probability in token_chunk::logprobs...
+  uint32_t top_logprobs = 0;           ///< ... with this many (<= 20) most likely tokens'
+};
+
+/// A generated token's log-probability (request::logprobs), from the raw logits, and the most
+/// likely tokens' at its step, most likely first.
+struct token_logprob {
+  int32_t token = 0;
+  float logprob = 0.0f;
+  std::string text;  ///< the token alone: may be part of a UTF-8 character
+  std::vector<int32_t> top_tokens;
+  std::vector<float> top_logprobs;
+  std::vector<std::string> top_texts;
 };
 
 /// New tokens of a request, in order; the last chunk has a finish_reason.
@@ -45,6 +58,7 @@ struct token_chunk {
   std::vector<int32_t> tokens;
   std::string text;             ///< never ends inside a UTF-8 character
   std::string finish_reason;    ///< empty until the last chunk: eos | stop | length
+  std::vector<token_logprob> logprobs;  ///< tokens' log-probabilities, when the request asked
 };
 
 /// The whole answer, when the stream has ended well.

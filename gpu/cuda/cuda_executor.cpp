@@ -696,7 +696,16 @@ private:
         tokens[s] = sample_token(std::span<const float>(lh + k * cfg_.vocab_size, cfg_.vocab_size), *q.sample, &scratch);
       }
     });
-    sink.on_done(job.job_id, std::move(logits), std::move(tokens));
+    // Log-probabilities read the pick's row on the host (plain_greedy/plain_draw are false for
+    // such rows, so it came back).
+    std::vector<token_logprobs> logprobs;
+    for (const auto& [s, k] : drawn)
+      if (job.seqs[s].sample->want_logprobs) {
+        logprobs.resize(job.seqs.size());
+        logprobs[s] = logprobs_of(std::span<const float>(lh + k * cfg_.vocab_size, cfg_.vocab_size), tokens[s],
+                                  job.seqs[s].sample->top_logprobs);
+      }
+    sink.on_done(job.job_id, {std::move(logits), std::move(tokens), std::move(logprobs)});
   }
 
   /// The addresses (and the argument buffers' sizes) a captured graph has baked in: when one

@@ -542,64 +542,6 @@ TEST_CASE("a delayed layer only delays: tokens still equal the colocated run") {
   CHECK(got->tokens == colocated(f.cfg, encode(f.cfg, prompts[1]), 6).tokens);
 }
 
-TEST_CASE("top-k, top-p and penalties sample the same tokens disaggregated as colocated; stop tokens and strings "
-          "end generation early") {
-  test::cluster_system t;
-  auto cfg = small_cluster();
-  auto cluster = start_local_cluster(t.sys, cfg);
-  test::cluster_system::stopper stop{t, cluster};
-  const std::string prompt = "sampling with every knob turned";
-  generate_request req;
-  req.prompt = prompt;
-  req.max_tokens = 16;
-  req.temperature = 0.9f;
-  req.seed = 11;
-  req.top_k = 20;
-  req.top_p = 0.9f;
-  req.repetition_penalty = 1.3f;
-  req.presence_penalty = 0.4f;
-  req.frequency_penalty = 0.3f;
-  req.ignore_eos = true;
-  auto got = t.generate(cluster.router, req);
-  REQUIRE_MESSAGE(got, t.sys.render(got.error()));
-  const gpu::sampling_config sc{0.9f, 11, 20, 0.9f, 1.3f, 0.4f, 0.3f};
-  auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
-  auto exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
-  auto ref = gpu::generate_colocated(*exec, encode(cfg, prompt), 16, chunk_tokens, sc, true);
-  CHECK(got->tokens == ref.tokens);
-  // The penalties matter: without them the same seed samples something else.
-  auto plain = gpu::generate_colocated(*exec, encode(cfg, prompt), 16, chunk_tokens, {0.9f, 11, 20, 0.9f}, true);
-  CHECK(plain.tokens != ref.tokens);
-
-  // Stop token: the greedy run's 4th token stops generation right there.
-  generate_request greedy;
-  greedy.prompt = prompt;
-  greedy.max_tokens = 12;
-  greedy.ignore_eos = true;
-  auto full = t.generate(cluster.router, greedy);
-  REQUIRE(full);
-  REQUIRE(full->tokens.size() == 12);
-  auto stopped = greedy;
-  stopped.stop_token_ids = {full->tokens[3]};
-  auto s1 = t.generate(cluster.router, stopped);
-  REQUIRE(s1);
-  CHECK(s1->finish_reason == "stop");
-  const auto first_hit = std::find(full->tokens.begin(), full->tokens.end(), full->tokens[3]) - full->tokens.begin();
-  CHECK(s1->tokens.size() == static_cast<size_t>(first_hit) + 1);
-  // Stop string: the text ends before it.
-  auto by_text = greedy;
-  const std::string needle = full->text.substr(5, 2);
-  by_text.stop = {needle};
-  auto s2 = t.generate(cluster.router, by_text);
-  REQUIRE(s2);
-  CHECK(s2->finish_reason == "stop");
-  CHECK(s2->text == full->text.substr(0, full->text.find(needle)));
-  // Every lease comes back (a stopped request's release reaches the decode rank asynchronously).
-  for (int i = 0; i < 1000 && t.stats(cluster.decode[0].handle).num_free_pages != cfg.executor.num_kv_pages; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds{2});
-  CHECK(t.stats(cluster.decode[0].handle).num_free_pages == cfg.executor.num_kv_pages);
-}
-
 TEST_CASE("extra end-of-sequence tokens (generation_config.json's list) end generation as eos, unless ignore_eos") {
   auto cfg = small_cluster();
   const std::string prompt = "where does it end";

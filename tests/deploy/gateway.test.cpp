@@ -13,6 +13,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <limits>
 #include <thread>
 
 #include <caf/actor_system.hpp>
@@ -306,7 +307,11 @@ TEST_CASE("OpenAI request bodies map onto generate_request, and refusals name th
   };
   CHECK(refused("{not json").message == "the body is not valid JSON");
   CHECK(refused(R"({"prompt":"a","n":2})").param == "n");
-  CHECK(refused(R"({"prompt":"a","logprobs":3})").param == "logprobs");
+  CHECK(refused(R"({"prompt":"a","logprobs":21})").message == "logprobs must be in [0, 20], got 21");
+  CHECK(refused(R"({"prompt":"a","logprobs":true})").param == "logprobs");  // completions: a count
+  CHECK(refused(R"({"prompt":"a","echo":true})").param == "echo");
+  CHECK(refused(R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":2})", true).message ==
+        "top_logprobs needs logprobs: true");
   CHECK(refused(R"({"prompt":"a","frequency_penalty":2.5})").message == "frequency_penalty must be in [-2, 2], got 2.5");
   CHECK(refused(R"({"prompt":"a","max_tokens":"5"})").param == "max_tokens");
   CHECK(refused(R"({"prompt":"a","max_tokens":2.5})").message.find("integer") != std::string::npos);
@@ -335,6 +340,97 @@ TEST_CASE("OpenAI request bodies map onto generate_request, and refusals name th
   REQUIRE(deploy::openai::parse_body(R"({"prompt":"a","seed":9007199254740993})", false, "m", &c, &e));
   CHECK(c.req.seed == 9007199254740993ull);
   CHECK(refused(R"({"prompt":"a","seed":1.5})").param == "seed");
+}
+
+TEST_CASE("logprobs: completions take a count, chat a flag and top_logprobs; both render OpenAI's shapes, with "
+          "-9999 for a token that could not be picked and each token's bytes in chat") {
+  deploy::openai::call c;
+  deploy::openai::api_error e;
+  REQUIRE(deploy::openai::parse_body(R"({"prompt":"a","logprobs":2})", false, "m", &c, &e));
+  CHECK(c.req.logprobs);
+  CHECK(c.req.top_logprobs == 2);
+  REQUIRE(deploy::openai::parse_body(R"({"prompt":"a","logprobs":0})", false, "m", &c, &e));
+  CHECK(c.req.logprobs);
+  CHECK(c.req.top_logprobs == 0);
+  REQUIRE(deploy::openai::parse_body(R"({"prompt":"a"})", false, "m", &c, &e));
+  CHECK_FALSE(c.req.logprobs);
+  completion done;
+  done.tokens = {104, 195};
+  done.text = "h\xc3";
+  done.finish_reason = "length";
+  done.logprobs = {{104, -0.5f, "h", {104, 105}, {-0.5f, -1.5f}, {"h", "i"}},
+                   {195, -std::numeric_limits<float>::infinity(), "\xc3", {}, {}, {}}};
+  REQUIRE(deploy::openai::parse_body(R"({"prompt":"a","logprobs":2})", false, "m", &c, &e));
+  auto lp = json::parse(deploy::openai::completion_json(c, done, "id", 0))["choices"][0]["logprobs"];
+  CHECK(lp["tokens"].size() == 2);
+  CHECK(lp["token_logprobs"] == json::array({-0.5, -9999.0}));
+  CHECK(lp["top_logprobs"][0] == json{{"h", -0.5}, {"i", -1.5}});
+  CHECK(lp["text_offset"] == json::array({0, 1}));
+  // A stream's chunk carries its own tokens, offset past the ones streamed before.
+  stream_chunk chunk;
+  chunk.tokens = {195};
+  chunk.logprobs = {done.logprobs[1]};
+  auto clp = json::parse(deploy::openai::chunk_json(c, chunk, "id", 0, false, 1))["choices"][0]["logprobs"];
+  CHECK(clp["text_offset"] == json::array({1}));
+  // Chat: an entry per token, with its bytes (half a UTF-8 character as it is).
+  REQUIRE(deploy::openai::parse_body(R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":2})",
+                                     true, "m", &c, &e));
+  auto chat = json::parse(deploy::openai::completion_json(c, done, "id", 0))["choices"][0]["logprobs"]["content"];
+  REQUIRE(chat.size() == 2);
+  CHECK(chat[0]["token"] == "h");
+  CHECK(chat[0]["logprob"] == -0.5);
+  CHECK(chat[0]["bytes"] == json::array({104}));
+  CHECK(chat[0]["top_logprobs"][1] == json{{"token", "i"}, {"logprob", -1.5}, {"bytes", json::array({105})}});
+  CHECK(chat[1]["bytes"] == json::array({195}));
+  CHECK(chat[1]["logprob"] == -9999.0);
+  // Not asked: null, as before.
+  REQUIRE(deploy::openai::parse_body(R"({"prompt":"a"})", false, "m", &c, &e));
+  CHECK(json::parse(deploy::openai::completion_json(c, done, "id", 0))["choices"][0]["logprobs"].is_null());
+}
+
+TEST_CASE("logprobs over HTTP: the whole answer's and the stream's are the router's, token for token") {
+  served_cluster s;
+  const uint16_t port = s.gateway.port;
+  generate_request ref_req;
+  ref_req.prompt = "The quick brown fox";
+  ref_req.max_tokens = 8;
+  ref_req.ignore_eos = true;
+  ref_req.logprobs = true;
+  ref_req.top_logprobs = 2;
+  const auto ref = s.direct(ref_req);
+  REQUIRE(ref.logprobs.size() == 8);
+  const std::string body = R"({"prompt":"The quick brown fox","max_tokens":8,"ignore_eos":true,"logprobs":2)";
+  auto whole = round_trip(port, post("/v1/completions", body + "}"));
+  REQUIRE(whole.status == 200);
+  auto lp = json::parse(whole.body)["choices"][0]["logprobs"];
+  REQUIRE(lp["token_logprobs"].size() == 8);
+  uint64_t offset = 0;
+  for (size_t i = 0; i < 8; ++i) {
+    CAPTURE(i);
+    CHECK(lp["tokens"][i] == ref.logprobs[i].text);
+    CHECK(lp["token_logprobs"][i].get<double>() == doctest::Approx(ref.logprobs[i].logprob));
+    CHECK(lp["text_offset"][i] == offset);
+    offset += ref.logprobs[i].text.size();
+    CHECK(lp["top_logprobs"][i].size() <= 2);
+    CHECK(lp["top_logprobs"][i][ref.logprobs[i].top_texts[0]].get<double>() == doctest::Approx(ref.logprobs[i].top_logprobs[0]));
+  }
+  auto streamed = round_trip(port, post("/v1/completions", body + R"(,"stream":true})"));
+  REQUIRE(streamed.status == 200);
+  std::vector<json> events;
+  sse_text(streamed.body, &events);
+  std::vector<double> values;
+  std::vector<uint64_t> offsets;
+  for (const auto& ev : events)
+    if (ev.is_object() && !ev["choices"].empty() && !ev["choices"][0]["logprobs"].is_null())
+      for (size_t k = 0; k < ev["choices"][0]["logprobs"]["token_logprobs"].size(); ++k) {
+        values.push_back(ev["choices"][0]["logprobs"]["token_logprobs"][k].get<double>());
+        offsets.push_back(ev["choices"][0]["logprobs"]["text_offset"][k].get<uint64_t>());
+      }
+  REQUIRE(values.size() == 8);
+  for (size_t i = 0; i < 8; ++i) {
+    CHECK(values[i] == doctest::Approx(lp["token_logprobs"][i].get<double>()));
+    CHECK(offsets[i] == lp["text_offset"][i].get<uint64_t>());
+  }
 }
 
 TEST_CASE("the gateway answers OpenAI requests over HTTP with the router's tokens, streamed or whole") {
@@ -747,7 +843,7 @@ TEST_CASE("the C++ client library streams a request's tokens and can cancel it")
     text += c.text;
     ++chunks;
   }
-  REQUIRE_FALSE(stream->failed());
+  REQUIRE_FALSE_MESSAGE(stream->failed(), stream->error_info().code << ": " << stream->error_info().message);
   CHECK(tokens == ref.tokens);
   CHECK(text == ref.text);
   // One chunk per token (the first from prefill, then one per decode step) as it is made, and
@@ -755,6 +851,23 @@ TEST_CASE("the C++ client library streams a request's tokens and can cancel it")
   CHECK(chunks == 11);
   CHECK(stream->final_result().tokens == ref.tokens);
   CHECK(c.finish_reason == "length");
+
+  // Log-probabilities come with their chunks, one per token.
+  req.logprobs = true;
+  req.top_logprobs = 1;
+  auto scored = conn->submit(req);
+  std::vector<baton::client::token_logprob> lps;
+  while (scored->next(&c, std::chrono::seconds{60})) {
+    CHECK(c.logprobs.size() == c.tokens.size());
+    lps.insert(lps.end(), c.logprobs.begin(), c.logprobs.end());
+  }
+  REQUIRE(lps.size() == ref.tokens.size());
+  for (size_t i = 0; i < lps.size(); ++i) {
+    CHECK(lps[i].token == ref.tokens[i]);
+    CHECK(lps[i].top_tokens == std::vector<int32_t>{ref.tokens[i]});  // greedy
+  }
+  req.logprobs = false;
+  req.top_logprobs = 0;
 
   // Bad input comes back as an error naming the field.
   req.max_tokens = 0;

@@ -289,6 +289,31 @@ TEST_CASE("sampling: presence and frequency penalties count the output only (aft
   for (uint32_t pos = 0; pos < 20; ++pos) CHECK(gpu::sample_token(logits, a, pos) == gpu::sample_token(logits, b, pos));
 }
 
+TEST_CASE("logprobs_of: the log-softmax of the raw logits at the pick, and the top n in order (ties to the lower id, "
+          "NaN never ranked)") {
+  const std::vector<float> logits = {1.0f, 3.0f, 3.0f, -1.0f, NAN, 0.5f};
+  double z = 0.0;
+  for (float x : logits)
+    if (!std::isnan(x)) z += std::exp(static_cast<double>(x));
+  const auto lsm = [&](size_t i) { return static_cast<float>(std::log(std::exp(static_cast<double>(logits[i])) / z)); };
+  auto lp = gpu::logprobs_of(logits, 5, 3);
+  CHECK(lp.logprob == doctest::Approx(lsm(5)).epsilon(1e-6));
+  CHECK(lp.top_tokens == std::vector<int32_t>{1, 2, 0});
+  REQUIRE(lp.top_logprobs.size() == 3);
+  for (size_t k = 0; k < 3; ++k) CHECK(lp.top_logprobs[k] == doctest::Approx(lsm(lp.top_tokens[k])).epsilon(1e-6));
+  // Probabilities sum to one; a NaN logit has none.
+  double mass = 0.0;
+  for (size_t i = 0; i < logits.size(); ++i) mass += std::exp(gpu::logprobs_of(logits, static_cast<int32_t>(i), 0).logprob);
+  CHECK(mass == doctest::Approx(1.0).epsilon(1e-6));
+  CHECK(std::isinf(gpu::logprobs_of(logits, 4, 0).logprob));
+  CHECK(gpu::logprobs_of(logits, 4, 0).top_tokens.empty());
+  // At most 20 and at most the vocabulary; the NaN comes last.
+  CHECK(gpu::logprobs_of(logits, 0, 50).top_tokens == std::vector<int32_t>{1, 2, 0, 5, 3, 4});
+  std::vector<float> wide(100, 0.0f);
+  CHECK(gpu::logprobs_of(wide, 0, 50).top_tokens.size() == gpu::max_top_logprobs);
+  CHECK(gpu::logprobs_of(wide, 0, 0).logprob == doctest::Approx(-std::log(100.0)));
+}
+
 TEST_CASE("the executor picks each sequence's token by sample_token's rules, and returns logits only where asked") {
   auto exec = tiny_executor(2);
   auto& kv = exec->kv();

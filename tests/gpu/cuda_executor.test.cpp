@@ -425,6 +425,26 @@ TEST_CASE("cuda executor picks greedy tokens on the device as sample_token picks
     }
     CHECK(got.tokens[5] == -1);
     CHECK(got.logits[5].size() == m.config.vocab_size);
+    // Log-probabilities take a greedy row and a plain draw off the device: the same picks, and
+    // logprobs_of over the row the host got.
+    auto scored = sampled;
+    scored.job_id = 3;
+    for (size_t i : {0u, 4u}) {
+      scored.seqs[i].sample->want_logprobs = true;
+      scored.seqs[i].sample->top_logprobs = 3;
+    }
+    const auto lp = run_blocking(*e, scored);
+    REQUIRE(lp.error.empty());
+    REQUIRE(lp.logprobs.size() == scored.seqs.size());
+    for (size_t i : {0u, 4u}) {
+      CAPTURE(i);
+      CHECK(lp.tokens[i] == got.tokens[i]);
+      const auto want = logprobs_of(ref.logits[i], lp.tokens[i], 3);
+      CHECK(lp.logprobs[i].logprob == want.logprob);
+      CHECK(lp.logprobs[i].top_tokens == want.top_tokens);
+      CHECK(lp.logprobs[i].top_logprobs == want.top_logprobs);
+    }
+    CHECK(lp.logprobs[1].top_tokens.empty());  // not asked
   }
 }
 

@@ -39,6 +39,19 @@ assert.ok(events > 1, 'the answer arrives in several events');
 assert.equal(finish, 'length');
 checks++;
 
+// Log-probabilities: greedy, so each step's most likely token is the one picked.
+const scored = await client.completions.create({ model, prompt, max_tokens: maxTokens, logprobs: 2 });
+const lp = scored.choices[0].logprobs;
+assert.equal(lp.tokens.join(''), expected, 'the logprobs tokens join to the text');
+assert.equal(lp.token_logprobs.length, maxTokens);
+lp.token_logprobs.forEach((v, i) => {
+  assert.ok(v <= 0, `token ${i}'s log-probability ${v} is at most 0`);
+  const top = Object.entries(lp.top_logprobs[i]).sort((a, b) => b[1] - a[1]);
+  assert.equal(top[0][1], v, `token ${i} was the most likely (greedy)`);
+});
+assert.deepEqual(lp.text_offset, lp.tokens.map((_, i) => lp.tokens.slice(0, i).join('').length));
+checks++;
+
 await assert.rejects(client.completions.create({ model, prompt, max_tokens: 100000 }), (err) => {
   assert.equal(err.status, 400);
   assert.match(err.message, /max_tokens/);
