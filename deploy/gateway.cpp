@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <mutex>
 #include <optional>
 #include <string_view>
 
@@ -184,23 +185,76 @@ void end_stream(caf::io::broker* self, caf::io::connection_handle hdl, const sta
   if (st->chunked) write(self, hdl, st, http::last_chunk());
 }
 
-/// What a call's go-between keeps: the parsed request, and where its stream stands.
+/// What a call's go-between keeps: the parsed request, and its choices' answers. With n > 1
+/// the choices run on actors of their own, so the answers are kept under a lock.
 struct call_state {
   openai::call call;
   std::string id;
   int64_t created = 0;
-  bool first_chunk = true;
-  uint64_t text_offset = 0;  ///< bytes of the streamed tokens' texts so far (logprobs.text_offset)
+  std::mutex mutex;
+  std::vector<completion> done;  ///< by choice
+  uint32_t left = 0;             ///< choices not yet answered
+  bool failed = false;           ///< an error went to the connection: nothing more does
 };
 
+/// Choice `index` of a call: asks the router for it with `self` as the sink, renders its chunks,
+/// and records its answer; the last choice to be answered sends the call's answer. Each choice
+/// sends its last chunk before its answer is recorded, so the call's answer (sent after) reaches
+/// the connection after every chunk of every choice (local sends keep causal order).
+client_sink_actor::behavior_type run_choice(client_sink_actor::pointer self, caf::actor broker, uint64_t seq,
+                                            router_actor router, std::shared_ptr<call_state> cs, uint32_t index,
+                                            std::chrono::milliseconds timeout) {
+  auto req = cs->call.req;
+  req.seed += index;  // n samples, not one sample n times
+  self->request(router, timeout, generate_atom::value, std::move(req), caf::actor_cast<client_sink_actor>(self))
+      .then(
+          [=](completion& done) {
+            std::unique_lock<std::mutex> lock{cs->mutex};
+            if (cs->failed) return;
+            cs->done[index] = std::move(done);
+            if (--cs->left > 0) return;
+            const auto& c = cs->call;
+            std::string json = !c.stream         ? openai::completion_json(c, cs->done, cs->id, cs->created)
+                               : c.include_usage ? openai::usage_chunk_json(c, cs->done, cs->id, cs->created)
+                                                 : std::string{};
+            // The connection's metrics count one answer: every choice's tokens and gaps.
+            completion all = std::move(cs->done[0]);
+            for (size_t i = 1; i < cs->done.size(); ++i) {
+              all.tokens.insert(all.tokens.end(), cs->done[i].tokens.begin(), cs->done[i].tokens.end());
+              all.tbt_us.insert(all.tbt_us.end(), cs->done[i].tbt_us.begin(), cs->done[i].tbt_us.end());
+            }
+            lock.unlock();
+            caf::anon_send(broker, seq, std::move(all), std::move(json), c.stream);
+          },
+          [=](caf::error& e) {
+            {
+              std::lock_guard<std::mutex> lock{cs->mutex};
+              if (std::exchange(cs->failed, true)) return;
+            }
+            caf::anon_send(broker, seq, std::move(e));  // the connection ends the call: the other choices stop
+          });
+  auto first_chunk = std::make_shared<bool>(true);
+  auto text_offset = std::make_shared<uint64_t>(0);  // bytes of the streamed tokens' texts (logprobs.text_offset)
+  return {[=](stream_chunk& c) {
+    if (!cs->call.stream) return;
+    // Nothing new to say (e.g. half a UTF-8 character held back, and no log-probabilities asked
+    // for): no event.
+    if (c.text.empty() && c.finish_reason.empty() && c.logprobs.empty() && !(*first_chunk && cs->call.chat)) return;
+    caf::anon_send(broker, seq, openai::chunk_json(cs->call, c, cs->id, cs->created, *first_chunk, *text_offset, index));
+    for (const auto& t : c.logprobs) *text_offset += t.text.size();
+    *first_chunk = false;
+  }};
+}
+
 /// One call's go-between, on the scheduler's threads: it parses the body, asks the router with
-/// itself as the sink, and renders every chunk and the answer into JSON -- so the connection's
-/// thread, CAF's one I/O thread serving every socket, only frames and writes bytes (a 1 MiB chat
-/// body or thousands of streams' tokens do not stall the other connections). It passes what it
-/// renders to its connection in the order it gets the chunks and the answer (the request actor
-/// sends its last chunk before its answer; one sender keeps that order). When it exits (finish(),
-/// or the connection closed) the request actor sees its sink go and stops the generation, so a
-/// call that ends early (a timeout, a client gone) frees its KV at once. To the connection:
+/// itself as the sink (or, for n > 1 choices, with a linked actor per choice: run_choice), and
+/// renders every chunk and the answer into JSON -- so the connection's thread, CAF's one I/O
+/// thread serving every socket, only frames and writes bytes (a 1 MiB chat body or thousands of
+/// streams' tokens do not stall the other connections). It passes what it renders to its
+/// connection in the order it gets the chunks and the answer (the request actor sends its last
+/// chunk before its answer; one sender keeps that order). When it exits (finish(), or the
+/// connection closed) the request actors see their sinks go and stop the generation, so a call
+/// that ends early (a timeout, a client gone) frees its KV at once. To the connection:
 ///   (seq, status, error JSON)          the body was refused
 ///   (seq, event JSON)                  one server-sent event of a stream
 ///   (seq, completion, JSON, stream)    the answer: the whole body, or a stream's usage chunk ("" if none)
@@ -216,25 +270,11 @@ client_sink_actor::behavior_type call_impl(client_sink_actor::pointer self, caf:
   }
   cs->id = std::move(id);
   cs->created = unix_seconds();
-  self->request(router, timeout, generate_atom::value, cs->call.req, caf::actor_cast<client_sink_actor>(self))
-      .then(
-          [=](completion& done) {
-            const auto& c = cs->call;
-            std::string json = !c.stream           ? openai::completion_json(c, done, cs->id, cs->created)
-                               : c.include_usage   ? openai::usage_chunk_json(c, done, cs->id, cs->created)
-                                                   : std::string{};
-            caf::anon_send(broker, seq, std::move(done), std::move(json), c.stream);
-          },
-          [=](caf::error& e) { caf::anon_send(broker, seq, std::move(e)); });
-  return {[=](stream_chunk& c) {
-    if (!cs->call.stream) return;
-    // Nothing new to say (e.g. half a UTF-8 character held back, and no log-probabilities asked
-    // for): no event.
-    if (c.text.empty() && c.finish_reason.empty() && c.logprobs.empty() && !(cs->first_chunk && cs->call.chat)) return;
-    caf::anon_send(broker, seq, openai::chunk_json(cs->call, c, cs->id, cs->created, cs->first_chunk, cs->text_offset));
-    for (const auto& t : c.logprobs) cs->text_offset += t.text.size();
-    cs->first_chunk = false;
-  }};
+  cs->left = cs->call.n;
+  cs->done.resize(cs->call.n);
+  if (cs->call.n == 1) return run_choice(self, broker, seq, router, cs, 0, timeout);
+  for (uint32_t i = 0; i < cs->call.n; ++i) self->spawn<caf::linked>(run_choice, broker, seq, router, cs, i, timeout);
+  return {[](stream_chunk&) {}};  // the choices' sinks are their own actors
 }
 
 void generate(caf::io::broker* self, const shared_ptr& g, const state_ptr& st, const http::request& req, bool chat) {

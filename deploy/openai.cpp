@@ -230,10 +230,6 @@ bool parse_logprobs(const json& j, bool chat, generate_request* r, api_error* er
 
 /// Fields OpenAI defines that Baton does not implement: refused by name, never silently ignored.
 bool refuse_unsupported(const json& j, api_error* err) {
-  if (auto it = j.find("n"); it != j.end() && !it->is_null() && *it != 1) {
-    *err = bad("n", "n must be 1: send one request per choice");
-    return false;
-  }
   if (auto it = j.find("best_of"); it != j.end() && !it->is_null() && *it != 1) {
     *err = bad("best_of", "best_of is not supported");
     return false;
@@ -253,11 +249,16 @@ bool refuse_unsupported(const json& j, api_error* err) {
   return true;
 }
 
-json usage_of(const completion& done) {
-  return {{"prompt_tokens", done.num_prompt_tokens},
-          {"completion_tokens", done.tokens.size()},
-          {"total_tokens", done.num_prompt_tokens + done.tokens.size()},
-          {"prompt_tokens_details", {{"cached_tokens", done.cached_tokens}}}};
+/// The prompt once (every choice has the same), and every choice's tokens.
+json usage_of(const std::vector<completion>& choices) {
+  size_t generated = 0;
+  for (const auto& c : choices) generated += c.tokens.size();
+  const uint32_t prompt = choices.empty() ? 0 : choices[0].num_prompt_tokens;
+  const uint32_t cached = choices.empty() ? 0 : choices[0].cached_tokens;
+  return {{"prompt_tokens", prompt},
+          {"completion_tokens", generated},
+          {"total_tokens", prompt + generated},
+          {"prompt_tokens_details", {{"cached_tokens", cached}}}};
 }
 
 }  // namespace
@@ -363,6 +364,7 @@ bool parse_checked_body(std::string_view body, bool chat, const std::string& ser
   }
   if (!string_field(j, "traffic_class", &r.traffic_class, err)) return false;
   if (!string_field(j, "priority", &r.priority, err)) return false;
+  if (!number_field(j, "n", 1, max_choices, &out->n, err)) return false;
   return parse_logprobs(j, chat, &r, err);
 }
 }  // namespace
@@ -417,25 +419,34 @@ json logprobs_json(const call& c, const std::vector<token_logprob>& lps, uint64_
 
 }  // namespace
 
-std::string completion_json(const call& c, const completion& done, const std::string& id, int64_t created) {
-  json choice = {{"index", 0}, {"finish_reason", finish_reason(done.finish_reason)}, {"logprobs", logprobs_json(c, done.logprobs, 0)}};
-  if (c.chat)
-    choice["message"] = {{"role", "assistant"}, {"content", done.text}};
-  else
-    choice["text"] = done.text;
+std::string completion_json(const call& c, const std::vector<completion>& choices, const std::string& id, int64_t created) {
+  json list = json::array();
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const auto& done = choices[i];
+    json choice = {{"index", i}, {"finish_reason", finish_reason(done.finish_reason)}, {"logprobs", logprobs_json(c, done.logprobs, 0)}};
+    if (c.chat)
+      choice["message"] = {{"role", "assistant"}, {"content", done.text}};
+    else
+      choice["text"] = done.text;
+    list.push_back(std::move(choice));
+  }
   json out = {{"id", id},
               {"object", c.chat ? "chat.completion" : "text_completion"},
               {"created", created},
               {"model", c.model},
-              {"choices", json::array({choice})},
-              {"usage", usage_of(done)}};
+              {"choices", std::move(list)},
+              {"usage", usage_of(choices)}};
   // Invalid UTF-8 (a model may emit any bytes) becomes U+FFFD instead of failing the answer.
   return out.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
+std::string completion_json(const call& c, const completion& done, const std::string& id, int64_t created) {
+  return completion_json(c, std::vector<completion>{done}, id, created);
+}
+
 std::string chunk_json(const call& c, const stream_chunk& chunk, const std::string& id, int64_t created, bool first,
-                       uint64_t text_offset) {
-  json choice = {{"index", 0}, {"logprobs", logprobs_json(c, chunk.logprobs, text_offset)}};
+                       uint64_t text_offset, uint32_t index) {
+  json choice = {{"index", index}, {"logprobs", logprobs_json(c, chunk.logprobs, text_offset)}};
   choice["finish_reason"] = chunk.finish_reason.empty() ? json(nullptr) : json(finish_reason(chunk.finish_reason));
   if (c.chat) {
     json delta = json::object();
@@ -454,13 +465,13 @@ std::string chunk_json(const call& c, const stream_chunk& chunk, const std::stri
   return out.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-std::string usage_chunk_json(const call& c, const completion& done, const std::string& id, int64_t created) {
+std::string usage_chunk_json(const call& c, const std::vector<completion>& choices, const std::string& id, int64_t created) {
   json out = {{"id", id},
               {"object", c.chat ? "chat.completion.chunk" : "text_completion"},
               {"created", created},
               {"model", c.model},
               {"choices", json::array()},
-              {"usage", usage_of(done)}};
+              {"usage", usage_of(choices)}};
   return out.dump();
 }
 

@@ -6,7 +6,8 @@
 //
 // Accepted beyond OpenAI's own fields, as vLLM does: top_k, repetition_penalty, ignore_eos,
 // stop_token_ids, up to 20 log-probabilities per token; and Baton's traffic_class and priority.
-// Fields Baton cannot honour (n > 1, echo, best_of) are refused by name rather than ignored;
+// `n` choices are n requests (choice i draws with seed + i). Fields Baton cannot honour (echo,
+// best_of) are refused by name rather than ignored;
 // unknown fields are ignored, as OpenAI's servers do.
 
 #include <cstdint>
@@ -19,6 +20,7 @@ namespace baton::deploy::openai {
 
 struct call {
   bool chat = false;           ///< /v1/chat/completions
+  uint32_t n = 1;              ///< choices: n requests, choice i drawn with seed + i
   bool stream = false;         ///< answer as server-sent events
   bool include_usage = false;  ///< stream_options.include_usage: a last chunk with the usage
   std::string model;           ///< the model the client named (echoed back)
@@ -35,6 +37,8 @@ struct api_error {
 /// Default max_tokens: OpenAI's 16 for completions; chat answers are usually longer.
 inline constexpr int32_t default_completion_tokens = 16;
 inline constexpr int32_t default_chat_tokens = 128;
+/// The most choices one call may ask for (`n`): each is a request of its own.
+inline constexpr uint32_t max_choices = 64;
 
 /// Parses a request body; false and `err` (naming the field) when it is not acceptable.
 bool parse_body(std::string_view body, bool chat, const std::string& served_model, call* out, api_error* err);
@@ -42,13 +46,15 @@ bool parse_body(std::string_view body, bool chat, const std::string& served_mode
 /// OpenAI's finish_reason for Baton's: eos and stop -> "stop", length -> "length".
 std::string finish_reason(const std::string& baton_reason);
 
+/// The whole answer: one choice per completion, in order (usage: the prompt once, every choice's tokens).
+std::string completion_json(const call& c, const std::vector<completion>& choices, const std::string& id, int64_t created);
 std::string completion_json(const call& c, const completion& done, const std::string& id, int64_t created);
-/// One streamed chunk; `first` adds the chat's assistant role. `text_offset`: the bytes of the
-/// texts of the tokens streamed before this chunk (completions' logprobs.text_offset).
+/// One streamed chunk of choice `index`; `first` adds the chat's assistant role. `text_offset`:
+/// the bytes of the texts of that choice's tokens streamed before (completions' logprobs.text_offset).
 std::string chunk_json(const call& c, const stream_chunk& chunk, const std::string& id, int64_t created, bool first,
-                       uint64_t text_offset = 0);
+                       uint64_t text_offset = 0, uint32_t index = 0);
 /// The usage chunk that ends a stream when stream_options.include_usage is set.
-std::string usage_chunk_json(const call& c, const completion& done, const std::string& id, int64_t created);
+std::string usage_chunk_json(const call& c, const std::vector<completion>& choices, const std::string& id, int64_t created);
 std::string error_json(const api_error& e);
 std::string models_json(const std::string& model, int64_t created);
 /// GET /v1/models/{id}: the one model object.
