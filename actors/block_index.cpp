@@ -29,8 +29,11 @@ double now_s(pointer self) {
 void drop(pointer self, const std::vector<store::block_meta>& gone) {
   auto& st = self->state;
   for (const auto& m : gone)
-    for (auto s : m.servers)
-      if (s < st.servers.size() && !st.server_down[s]) self->send(st.servers[s], delete_atom::value, m.key.hi, m.key.lo);
+    for (size_t k = 0; k < m.servers.size(); ++k) {
+      const auto s = m.servers[k];
+      const uint64_t seq = k < m.write_seqs.size() ? m.write_seqs[k] : 0;
+      if (s < st.servers.size() && !st.server_down[s]) self->send(st.servers[s], delete_atom::value, m.key.hi, m.key.lo, seq);
+    }
 }
 
 void set_servers(pointer self, std::vector<block_server_actor> servers) {
@@ -86,7 +89,7 @@ block_index_actor::behavior_type block_index_impl(pointer self, block_index_conf
         const double now = now_s(self);
         const double expires = now + st.cfg.retention.ttl_s(cls) - static_cast<double>(c.age_ms) / 1e3;
         store::block_meta m{{c.block.hi, c.block.lo}, {c.parent_hi, c.parent_lo}, c.block.servers, c.size_bytes, cls,
-                            expires, now};
+                            expires, now, std::vector<uint64_t>(c.block.servers.size(), c.write_seq)};
         if (c.age_ms > 0 && expires <= now) {
           // Found on disk by a restarted server, but its retention ran out while it was down.
           ++st.stats.expired;

@@ -100,6 +100,10 @@ struct io_context {
   std::span<std::byte> write_staging;
   std::optional<transport::region_key> write_key;
   std::string setup_error;
+  /// Each key written since start, with its write's sequence number (block_commit::write_seq):
+  /// the I/O thread's alone. Blocks found on disk at start are 0.
+  std::unordered_map<store::block_key, uint64_t, store::block_key_hash> written;
+  uint64_t last_write_seq = 0;
   std::atomic<bool> stopping{false};  ///< the actor is gone: abandon waits at once
   ~io_context() {
     for (auto id : abandoned) xport->release(id);
@@ -153,6 +157,13 @@ std::string put_and_wait(io_context& io, const store_read_order& order, uint32_t
   io.xport->release(id);
   return {};
 }
+
+/// What the I/O thread made of a write order: an error sentence, or the write's sequence number.
+struct write_outcome {
+  store_write_order w;
+  std::string err;
+  uint64_t seq = 0;
+};
 
 /// Sets the read staging aside with the puts given up out of it (io_context::retired) and
 /// registers a fresh one; an error sentence when it cannot (reads then fail until it can).
@@ -493,11 +504,11 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
               const store::block_key key{w.block.hi, w.block.lo};
               const auto path = store::block_path(io.cfg.dir, key);
               const uint32_t layers = static_cast<uint32_t>(w.checksums.size());
-              if (!io.setup_error.empty()) return std::make_pair(std::move(w), io.setup_error);
+              if (!io.setup_error.empty()) return write_outcome{std::move(w), io.setup_error};
               if (layers == 0 || w.bytes % layers != 0 || w.bytes > io.write_staging.size() ||
                   offset > io.write_staging.size() - w.bytes ||  // a remote size: no sum that can wrap
                   w.page_tokens == 0 || w.block_tokens % w.page_tokens != 0 || (w.bytes / layers) % (w.block_tokens / w.page_tokens) != 0)
-                return std::make_pair(std::move(w), std::string{"block bytes are not whole layers of whole pages"});
+                return write_outcome{std::move(w), "block bytes are not whole layers of whole pages"};
               // The bytes in the slot must be what the writer checksummed: a put that failed
               // silently, or a late put into a reclaimed slot, must never become a block file.
               const uint64_t layer_bytes = w.bytes / layers;
@@ -505,7 +516,7 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
               for (uint32_t l = 0; l < layers; ++l)
                 if (std::max<uint64_t>(1, gpu::layer_checksum(l, io.write_staging.data() + offset + l * layer_bytes, ppb,
                                                               layer_bytes / ppb)) != w.checksums[l])
-                  return std::make_pair(std::move(w), "layer " + std::to_string(l) + " in the write slot differs from what the writer checksummed");
+                  return write_outcome{std::move(w), "layer " + std::to_string(l) + " in the write slot differs from what the writer checksummed"};
               // Always (re)written, atomically: a block that failed a reader's checksum is repaired
               // by the next write-back of it (writers skip blocks they loaded intact).
               store::block_header h{io.salt, key, {w.parent_hi, w.parent_lo}, layers, w.kv_dim, w.block_tokens,
@@ -515,33 +526,40 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
               auto err = store::write_block_file(path, h, [&](uint32_t l) {
                 return store::layer_pieces{{base + l * h.layer_bytes, h.layer_bytes}};
               });
-              return std::make_pair(std::move(w), std::move(err));
+              uint64_t seq = 0;
+              if (err.empty()) io.written[key] = seq = ++io.last_write_seq;
+              return write_outcome{std::move(w), std::move(err), seq};
             },
-            [=](std::pair<store_write_order, std::string> out) mutable {
+            [=](write_outcome out) mutable {
               auto& s = self->state;
-              s.slots.release(out.first.slot_id);
-              if (!out.second.empty()) {  // a failed write-back is a future miss, nothing more
+              s.slots.release(out.w.slot_id);
+              if (!out.err.empty()) {  // a failed write-back is a future miss, nothing more
                 ++s.stats.write_failures;
-                caf::aout(self) << s.io->cfg.name << ": block " << store::block_key{out.first.block.hi, out.first.block.lo}.hex()
-                                << " of request " << out.first.request_id << " not written: " << out.second << std::endl;
+                caf::aout(self) << s.io->cfg.name << ": block " << store::block_key{out.w.block.hi, out.w.block.lo}.hex()
+                                << " of request " << out.w.request_id << " not written: " << out.err << std::endl;
                 promise.deliver(uint64_t{0});
                 return;
               }
-              promise.deliver(out.first.bytes);
+              promise.deliver(out.w.bytes);
               ++s.stats.blocks_written;
-              s.stats.bytes_written += out.first.bytes;
-              block_ref b{out.first.block.hi, out.first.block.lo, {s.io->cfg.server_id}};
+              s.stats.bytes_written += out.w.bytes;
+              block_ref b{out.w.block.hi, out.w.block.lo, {s.io->cfg.server_id}};
               self->send(s.index[shard_of({b.hi, b.lo}, static_cast<uint32_t>(s.index.size()))], commit_atom::value,
-                         block_commit{b, out.first.parent_hi, out.first.parent_lo, out.first.retention,
-                                      out.first.bytes});
+                         block_commit{b, out.w.parent_hi, out.w.parent_lo, out.w.retention, out.w.bytes, 0, out.seq});
             });
         return promise;
       },
-      [=](delete_atom, uint64_t hi, uint64_t lo) {
+      [=](delete_atom, uint64_t hi, uint64_t lo, uint64_t seq) {
         run_io(
             self,
-            [hi, lo](io_context& io) {
-              ::unlink(store::block_path(io.cfg.dir, {hi, lo}).c_str());
+            [hi, lo, seq](io_context& io) {
+              // A later write of the key than the index evicted (one queued before this delete,
+              // whose commit the index had not seen) stays: the index learns of it by that commit.
+              const store::block_key key{hi, lo};
+              auto w = io.written.find(key);
+              if (w != io.written.end() && w->second > seq) return 0;
+              ::unlink(store::block_path(io.cfg.dir, key).c_str());
+              if (w != io.written.end()) io.written.erase(w);
               return 0;
             },
             [](int) {});

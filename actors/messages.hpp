@@ -462,11 +462,14 @@ struct block_commit {
   /// 0 for a block just written; for one a restarted server found on disk, how long ago it was
   /// written: its retention counts from then, not from the restart.
   uint64_t age_ms = 0;
+  /// Which write of the block on this server it was (the server's counter; 0 for a block found
+  /// on disk at start). A delete names it, so that it never removes a later write of the same key.
+  uint64_t write_seq = 0;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, block_commit& x) {
   return f(caf::meta::type_name("block_commit"), x.block, x.parent_hi, x.parent_lo, x.retention, x.size_bytes,
-           x.age_ms);
+           x.age_ms, x.write_seq);
 }
 
 /// Counters of the store's actors (index and servers fill their own fields).
@@ -499,7 +502,7 @@ using block_server_actor = caf::typed_actor<
     caf::replies_to<store_write_order>::with<uint64_t>,         // step 2 (after the put): bytes written (0: failed)
     caf::reacts_to<release_atom, uint64_t>,                     // or: the writer's put failed, the slot back
     caf::reacts_to<expire_atom, uint64_t>,                      // a slot's time is up (internal)
-    caf::reacts_to<delete_atom, uint64_t, uint64_t>,           // key hi, lo: evicted or expired
+    caf::reacts_to<delete_atom, uint64_t, uint64_t, uint64_t>,  // key hi, lo, write_seq: evicted or expired
     caf::replies_to<stats_atom>::with<store_stats>,
     caf::reacts_to<io_atom, uint64_t>>;                         // an I/O job finished (internal)
 

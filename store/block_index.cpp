@@ -82,8 +82,18 @@ void block_index::upsert(block_meta meta, double now_s) {
   auto& e = i->second;
   place(e);
   e.meta.last_access_s = now_s;
-  for (auto s : meta.servers)
-    if (std::find(e.meta.servers.begin(), e.meta.servers.end(), s) == e.meta.servers.end()) e.meta.servers.push_back(s);
+  e.meta.write_seqs.resize(e.meta.servers.size());
+  for (size_t k = 0; k < meta.servers.size(); ++k) {
+    const uint64_t seq = k < meta.write_seqs.size() ? meta.write_seqs[k] : 0;
+    auto at = std::find(e.meta.servers.begin(), e.meta.servers.end(), meta.servers[k]);
+    if (at == e.meta.servers.end()) {
+      e.meta.servers.push_back(meta.servers[k]);
+      e.meta.write_seqs.push_back(seq);
+    } else {
+      auto& known = e.meta.write_seqs[static_cast<size_t>(at - e.meta.servers.begin())];
+      known = std::max(known, seq);  // the same copy written again
+    }
+  }
   if (meta.expires_at_s > e.meta.expires_at_s) {
     by_expiry_.erase(e.expiry);
     e.meta.expires_at_s = meta.expires_at_s;

@@ -43,6 +43,9 @@ struct block_meta {
   retention cls = retention::chat;
   double expires_at_s = 0.0;
   double last_access_s = 0.0;
+  /// Parallel to servers: the write of the copy each holds (block_commit::write_seq), which a
+  /// delete names so that a server keeps a later write of the key that the index has not heard of.
+  std::vector<uint64_t> write_seqs;
 };
 
 class block_index {

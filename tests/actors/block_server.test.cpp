@@ -4,8 +4,12 @@
 #include <doctest/doctest.h>
 
 #include <filesystem>
+#include <mutex>
+#include <thread>
 
 #include <unistd.h>
+
+#include <caf/typed_event_based_actor.hpp>
 
 #include "actors/block_server.hpp"
 #include "gpu/kv_cache.hpp"
@@ -146,4 +150,94 @@ TEST_CASE("block server: a put limit beyond what readers wait for is refused wit
       .receive([&](store_read_result& r) { why = r.errors.empty() ? "" : r.errors[0]; }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
   CHECK(why.find("put_limit_ms must be between 1 and 10000 (got 10001)") != std::string::npos);
   self->send_exit(server, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("block server: a delete the index sent for an older write of a key leaves a later write of it alone (the "
+          "write was queued before the delete; the index learns of it by its commit); a current one removes it") {
+  test::cluster_system t;
+  one_server s;
+  auto fabric = transport::make_loopback_fabric();
+  // The index's stand-in: the commits the server sends it.
+  auto commits = std::make_shared<std::vector<block_commit>>();
+  auto mutex = std::make_shared<std::mutex>();
+  auto index = t.sys.spawn([=](block_index_actor::pointer) -> block_index_actor::behavior_type {
+    return {[](check_atom, uint64_t, std::vector<block_ref>& refs) { return refs; },
+            [=](commit_atom, block_commit& c) {
+              std::lock_guard<std::mutex> lock{*mutex};
+              commits->push_back(c);
+            },
+            [](timer_atom, uint64_t) {}, [](std::vector<block_server_actor>&) {}, [](stats_atom) { return store_stats{}; }};
+  });
+  block_server_config bc;
+  bc.dir = s.dir;
+  bc.identity = s.identity;
+  bc.staging_bytes = 4 * s.layout.page_bytes();
+  auto server = spawn_block_server(t.sys, bc, transport::make_loopback_transport(fabric, "store-0"), {index});
+  // The writer: one block (a page per layer, layer-major), every byte 0x33.
+  auto writer = transport::make_loopback_transport(fabric, "writer");
+  const uint64_t layer_bytes = s.layout.page_bytes(), bytes = layer_bytes * layers;
+  std::vector<std::byte> block(bytes, std::byte{0x33});
+  transport::xfer_error err;
+  auto src = writer->register_region(block.data(), block.size(), &err);
+  REQUIRE(src);
+  const store::block_key k{7, 77};
+  caf::scoped_actor self{t.sys};
+  const auto write = [&](uint64_t request_id) {
+    store_write_slot slot;
+    self->request(server, std::chrono::seconds{10}, store_write_begin{request_id, bytes})
+        .receive([&](store_write_slot& x) { slot = x; }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
+    const transport::region_key dst{slot.region.backend, slot.region.region_id, slot.region.size_bytes, slot.region.packed_key};
+    const uint64_t id = writer->post_put({request_id, 0, "store-0", src->region_id, dst, {{0, slot.offset, bytes}}});
+    REQUIRE(writer->poll(id, &err) == transport::xfer_state::done);  // loopback: done at post
+    writer->release(id);
+    store_write_order w{request_id, slot.slot_id, bytes, block_ref{k.hi, k.lo, {0}}, 0, 0, "chat", tokens, tokens, kv_dim, {}};
+    for (uint32_t l = 0; l < layers; ++l)
+      w.checksums.push_back(std::max<uint64_t>(1, gpu::layer_checksum(l, block.data() + l * layer_bytes, 1, layer_bytes)));
+    uint64_t written = 0;
+    self->request(server, std::chrono::seconds{10}, std::move(w))
+        .receive([&](uint64_t n) { written = n; }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
+    CHECK(written == bytes);
+  };
+  // Whether the server still serves k: a read queues behind the delete on the I/O thread.
+  auto reader_xport = transport::make_loopback_transport(fabric, "reader");
+  std::vector<std::byte> pool(s.layout.layer_stride_bytes() * layers);
+  auto key = reader_xport->register_region(pool.data(), pool.size(), &err);
+  REQUIRE(key);
+  const auto serves_k = [&] {
+    store_read_order o;
+    o.request_id = 9;
+    o.blocks = {block_ref{k.hi, k.lo, {0}}};
+    o.block_index = {0};
+    o.block_tokens = tokens;
+    o.region = kv_region_desc{key->backend, key->region_id, key->size_bytes, key->packed, layers, reader_pages, tokens, kv_dim, 2};
+    o.page_ids = {0};
+    o.reader = "reader";
+    bool ok = false;
+    self->request(server, std::chrono::seconds{10}, std::move(o))
+        .receive([&](store_read_result& r) { ok = r.errors.size() == 1 && r.errors[0].empty(); },
+                 [&](caf::error& e) { FAIL(t.sys.render(e)); });
+    return ok;
+  };
+  write(1);
+  write(2);  // the same key again: the index may not have heard of it when it evicts the first
+  uint64_t first = 0, second = 0;
+  for (int i = 0; i < 1000; ++i) {
+    {
+      std::lock_guard<std::mutex> lock{*mutex};
+      if (commits->size() == 2) {
+        first = (*commits)[0].write_seq;
+        second = (*commits)[1].write_seq;
+        break;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds{2});
+  }
+  REQUIRE(first > 0);
+  CHECK(second > first);
+  self->send(server, delete_atom::value, k.hi, k.lo, first);  // stale: it removed the second write before
+  CHECK(serves_k());
+  self->send(server, delete_atom::value, k.hi, k.lo, second);
+  CHECK_FALSE(serves_k());
+  self->send_exit(server, caf::exit_reason::user_shutdown);
+  self->send_exit(index, caf::exit_reason::user_shutdown);
 }

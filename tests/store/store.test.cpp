@@ -342,6 +342,21 @@ TEST_CASE("the index: a chain committed first block first (as a write-back does)
   CHECK(turns.expire(50).size() == 3);
 }
 
+TEST_CASE("the index keeps each copy's write (write_seq) so an eviction's delete names the latest one it heard of") {
+  block_index idx{1};
+  const block_key k{0, 1};
+  idx.upsert({k, {}, {0}, 1, retention::chat, 100, 0, {3}}, 0);
+  idx.upsert({k, {}, {0}, 1, retention::chat, 100, 0, {5}}, 0);  // server 0 wrote it again
+  idx.upsert({k, {}, {1}, 1, retention::chat, 100, 0, {2}}, 0);  // a replica on server 1
+  idx.upsert({k, {}, {0}, 1, retention::chat, 100, 0, {4}}, 0);  // a late commit of an older write
+  idx.upsert({block_key{0, 2}, {}, {0}, 1, retention::chat, 100, 1, {1}}, 1);  // over capacity: k goes
+  const auto gone = idx.evict_to_capacity();
+  REQUIRE(gone.size() == 1);
+  CHECK(gone[0].key == k);
+  CHECK(gone[0].servers == std::vector<uint32_t>{0, 1});
+  CHECK(gone[0].write_seqs == std::vector<uint64_t>{5, 2});
+}
+
 TEST_CASE("the server ring: distinct replicas, and a new server takes about 1/n of the keys") {
   server_ring four{4}, five{5};
   size_t moved = 0, n = 20000;
