@@ -88,12 +88,22 @@ struct io_context {
     std::vector<std::byte> bytes;
     uint64_t region = 0;
     std::vector<uint64_t> puts;
+    std::chrono::steady_clock::time_point at;  ///< when it was set aside
   };
   std::vector<retired_staging> retired;
   std::vector<uint64_t> abandoned;  ///< given-up puts out of the current staging
   /// Reads are refused while this many buffers still wait: a peer that never settles its puts
   /// must not make the server allocate without end.
   static constexpr size_t max_retired = 4;
+  /// A buffer whose puts have not settled this many put limits after it was set aside is left to
+  /// them and stops counting toward max_retired: one stuck peer must not stop every reader's
+  /// reads for good. Its memory stays (kept on purpose, freed if they ever settle).
+  static constexpr uint32_t retired_counts_for_limits = 6;
+  /// The buffers set aside recently enough to count toward max_retired.
+  size_t retired_recently() const {
+    const auto horizon = std::chrono::steady_clock::now() - std::chrono::milliseconds{uint64_t{cfg.put_limit_ms} * retired_counts_for_limits};
+    return static_cast<size_t>(std::count_if(retired.begin(), retired.end(), [&](const auto& r) { return r.at > horizon; }));
+  }
   /// Writes: the writer puts here, the I/O thread writes the file. The transport's own memory, so
   /// a writer on this host stores into it directly (transport::allocate_memory).
   std::shared_ptr<std::byte> write_memory;
@@ -109,7 +119,7 @@ struct io_context {
     for (auto id : abandoned) xport->release(id);
     for (auto& r : retired) {
       for (auto id : r.puts) xport->release(id);
-      xport->deregister_region(r.region);
+      if (r.region) xport->deregister_region(r.region);
     }
     if (staging_region) xport->deregister_region(staging_region);
     if (write_key) xport->deregister_region(write_key->region_id);
@@ -168,14 +178,19 @@ struct write_outcome {
 /// Sets the read staging aside with the puts given up out of it (io_context::retired) and
 /// registers a fresh one; an error sentence when it cannot (reads then fail until it can).
 std::string retire_staging(io_context& io) {
-  io.retired.push_back({std::move(io.staging), io.staging_region, std::move(io.abandoned)});
+  io.retired.push_back({std::move(io.staging), io.staging_region, std::move(io.abandoned), std::chrono::steady_clock::now()});
   io.abandoned.clear();
   io.staging_region = 0;
+  io.staging = {};
+  if (io.stopping.load()) return io.cfg.name + " stopped";  // no fresh buffer for a server going away
   io.staging.assign(io.cfg.staging_bytes, std::byte{0});
   transport::xfer_error err;
   auto key = io.xport->register_region(io.staging.data(), io.staging.size(), &err);
   if (!key) return io.cfg.name + ": cannot register a fresh read staging: " + err.to_string();
   io.staging_region = key->region_id;
+  if (io.retired_recently() >= io_context::max_retired)  // the rest of this read would only add more
+    return io.cfg.name + " stopped this read: " + std::to_string(io.retired.size()) +
+           " staging buffers wait on puts given up after " + std::to_string(io.cfg.put_limit_ms) + " ms";
   return {};
 }
 
@@ -192,10 +207,10 @@ void reap_retired(io_context& io) {
       ++r;
       continue;
     }
-    io.xport->deregister_region(r->region);
+    if (r->region) io.xport->deregister_region(r->region);
     r = io.retired.erase(r);
   }
-  if (io.staging_region == 0 && io.setup_error.empty()) {  // an earlier replacement failed: again
+  if (io.staging_region == 0 && io.setup_error.empty() && !io.staging.empty()) {  // an earlier registration failed: again
     transport::xfer_error err;
     if (auto key = io.xport->register_region(io.staging.data(), io.staging.size(), &err)) io.staging_region = key->region_id;
   }
@@ -234,10 +249,10 @@ store_read_result serve_read(io_context& io, const store_read_order& order, uint
     return r;
   }
   reap_retired(io);
-  if (io.staging_region == 0 || io.retired.size() >= io_context::max_retired) {
+  if (io.staging_region == 0 || io.retired_recently() >= io_context::max_retired) {
     for (auto& e : r.errors)
       e = io.cfg.name + (io.staging_region == 0 ? " has no read staging: registering a fresh one failed"
-                                                : " serves no reads while " + std::to_string(io.retired.size()) +
+                                                : " serves no reads while " + std::to_string(io.retired_recently()) +
                                                       " staging buffers wait on puts given up after " +
                                                       std::to_string(io.cfg.put_limit_ms) + " ms");
     return r;

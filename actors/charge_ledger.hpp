@@ -37,6 +37,14 @@ public:
 
   bool empty() const { return by_rank_.empty(); }
 
+  /// When the oldest charge was placed (empty(): none).
+  TimePoint oldest() const {
+    TimePoint out = TimePoint::max();
+    for (const auto& [rank, q] : by_rank_)
+      if (!q.empty()) out = std::min(out, q.front().at);
+    return out;
+  }
+
   size_t size(const std::string& rank) const {
     auto it = by_rank_.find(rank);
     return it == by_rank_.end() ? 0 : it->second.size();

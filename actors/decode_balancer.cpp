@@ -79,7 +79,11 @@ void arm_charge_expiry(pointer self) {
   auto& st = self->state;
   if (st.charges.timer_armed || st.charges.empty() || st.parked.empty()) return;
   st.charges.timer_armed = true;
-  self->delayed_send(self, std::chrono::milliseconds{st.cfg.charge_ttl_ms}, expire_atom::value);
+  // When the oldest charge expires (a parked placement waits seconds, not a whole TTL).
+  const auto due = st.charges.oldest() + std::chrono::milliseconds{st.cfg.charge_ttl_ms};
+  const auto now = self->clock().now();
+  self->delayed_send(self, std::max<caf::actor_clock::duration_type>(std::chrono::milliseconds{1}, due - now),
+                     expire_atom::value);
 }
 
 /// The chosen rank with room for the sequence's KV, counted as its load until its next report.

@@ -241,7 +241,7 @@ client_sink_actor::behavior_type run_choice(client_sink_actor::pointer self, caf
     // for): no event.
     if (c.text.empty() && c.finish_reason.empty() && c.logprobs.empty() && !(*first_chunk && cs->call.chat)) return;
     caf::anon_send(broker, seq, openai::chunk_json(cs->call, c, cs->id, cs->created, *first_chunk, *text_offset, index));
-    for (const auto& t : c.logprobs) *text_offset += t.text.size();
+    for (const auto& t : c.logprobs) *text_offset += openai::utf8_chars(t.text);
     *first_chunk = false;
   }};
 }

@@ -214,6 +214,7 @@ bool parse_logprobs(const json& j, bool chat, generate_request* r, api_error* er
   const double top_max = gpu::max_top_logprobs;
   if (!chat) {
     int32_t n = -1;
+    if (auto it = j.find("logprobs"); it != j.end() && it->is_boolean() && !it->get<bool>()) return true;  // false: none
     if (!number_field(j, "logprobs", 0, top_max, &n, err)) return false;
     r->logprobs = n >= 0;
     r->top_logprobs = n > 0 ? static_cast<uint32_t>(n) : 0;
@@ -373,6 +374,14 @@ std::string finish_reason(const std::string& baton_reason) {
   return baton_reason == "length" ? "length" : "stop";
 }
 
+/// Characters of UTF-8 text: its bytes that start one (a token that ends inside a character
+/// counts it; the next token's continuation bytes do not count it again).
+uint64_t utf8_chars(const std::string& s) {
+  uint64_t n = 0;
+  for (unsigned char ch : s) n += (ch & 0xC0) != 0x80;
+  return n;
+}
+
 namespace {
 
 /// JSON has no -Infinity: a token that could not have been picked gets OpenAI's -9999.
@@ -385,8 +394,9 @@ json bytes_of(const std::string& s) {
 }
 
 /// The logprobs object of a choice (or of a streamed chunk's tokens). Completions: parallel
-/// arrays, `text_offset` counting bytes of the tokens' texts from `offset` (the tokens before
-/// these), `top_logprobs` a {text: logprob} object per token (null when none were asked for).
+/// arrays, `text_offset` counting characters of the tokens' texts from `offset` (the tokens
+/// before these), `top_logprobs` a {text: logprob} object per token (null when none were asked
+/// for; as in OpenAI's format, two tokens of the same text share one key).
 /// Chat: `content`, an entry per token with its UTF-8 bytes (a token may hold part of a character).
 json logprobs_json(const call& c, const std::vector<token_logprob>& lps, uint64_t offset) {
   if (!c.req.logprobs) return nullptr;
@@ -405,7 +415,7 @@ json logprobs_json(const call& c, const std::vector<token_logprob>& lps, uint64_
     tokens.push_back(t.text);
     values.push_back(logprob_value(t.logprob));
     offsets.push_back(offset);
-    offset += t.text.size();
+    offset += utf8_chars(t.text);
     json top = json::object();
     for (size_t k = 0; k < t.top_tokens.size() && k < t.top_texts.size(); ++k)
       top[t.top_texts[k]] = logprob_value(t.top_logprobs[k]);

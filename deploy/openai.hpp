@@ -50,9 +50,12 @@ std::string finish_reason(const std::string& baton_reason);
 std::string completion_json(const call& c, const std::vector<completion>& choices, const std::string& id, int64_t created);
 std::string completion_json(const call& c, const completion& done, const std::string& id, int64_t created);
 /// One streamed chunk of choice `index`; `first` adds the chat's assistant role. `text_offset`:
-/// the bytes of the texts of that choice's tokens streamed before (completions' logprobs.text_offset).
+/// the characters of the texts of that choice's tokens streamed before (completions'
+/// logprobs.text_offset; utf8_chars).
 std::string chunk_json(const call& c, const stream_chunk& chunk, const std::string& id, int64_t created, bool first,
                        uint64_t text_offset = 0, uint32_t index = 0);
+/// Characters of UTF-8 text, counted by the bytes that start one (text_offset's unit).
+uint64_t utf8_chars(const std::string& s);
 /// The usage chunk that ends a stream when stream_options.include_usage is set.
 std::string usage_chunk_json(const call& c, const std::vector<completion>& choices, const std::string& id, int64_t created);
 std::string error_json(const api_error& e);

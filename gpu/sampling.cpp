@@ -110,14 +110,18 @@ token_logprobs logprobs_of(std::span<const float> logits, int32_t token, uint32_
   double max = -std::numeric_limits<double>::infinity();
   for (float x : logits)
     if (!std::isnan(x)) max = std::max<double>(max, x);
-  // log-sum-exp in double around the largest logit; an infinite largest one has all the mass.
+  // log-sum-exp in double around the largest logit. Degenerate rows as sample_token draws them:
+  // the logits equal to an infinite largest one (+inf, or all -inf) share the mass evenly.
   double sum = 0.0;
-  if (std::isfinite(max))
-    for (float x : logits)
-      if (!std::isnan(x)) sum += std::exp(static_cast<double>(x) - max);
+  uint64_t at_max = 0;
+  for (float x : logits) {
+    if (std::isnan(x)) continue;
+    if (std::isfinite(max)) sum += std::exp(static_cast<double>(x) - max);
+    at_max += x == max;
+  }
   const auto lp = [&](float x) -> float {
     if (std::isnan(x) || (std::isinf(max) && x != max)) return neg_inf;
-    if (std::isinf(max)) return 0.0f;  // the infinite logit itself
+    if (std::isinf(max)) return static_cast<float>(-std::log(static_cast<double>(at_max)));
     return static_cast<float>(static_cast<double>(x) - max - std::log(sum));
   };
   out.logprob = token >= 0 && static_cast<size_t>(token) < logits.size() ? lp(logits[token]) : neg_inf;

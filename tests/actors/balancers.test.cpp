@@ -176,7 +176,7 @@ TEST_CASE("a decode placement whose sequence never reserves on its rank gives it
   caf::scoped_actor self{t.sys};
   decode_balancer_config bc;
   bc.policy = "least_loaded";
-  bc.charge_ttl_ms = 50;
+  bc.charge_ttl_ms = 600;
   auto bal = spawn_decode_balancer(t.sys, bc);
   auto rank = caf::actor_cast<decode_rank_actor>(
       t.sys.spawn([](caf::event_based_actor*) -> caf::behavior { return {[](int) {}}; }));
@@ -185,18 +185,21 @@ TEST_CASE("a decode placement whose sequence never reserves on its rank gives it
   load.num_free_pages = load.num_total_pages = 4;
   load.page_size_tokens = 16;
   self->send(bal, load_atom::value, load, rank);
-  const auto place = [&](uint64_t id) {
+  const auto place = [&](uint64_t id, uint32_t wait_ms) {
     std::string where;
     place_query q{id, 60, 0, 64};
-    q.wait_ms = 5000;
+    q.wait_ms = wait_ms;
     self->request(bal, std::chrono::seconds{5}, place_atom::value, q)
         .receive([&](decode_placement& p) { where = p.name; }, [&](caf::error& e) { where = t.sys.render(e); });
     return where;
   };
   // The first takes all four pages; the second fits only once the first is taken back: the
-  // rank never reports again (the first request failed before reserving).
-  CHECK(place(1) == "decode-x");
-  CHECK(place(2) == "decode-x");
+  // rank never reports again (the first request failed before reserving). The second parks
+  // 500 ms after the first and may wait 400 ms: the retry comes when the first's charge expires
+  // (100 ms after it parked), not a whole charge_ttl_ms after it parked (past its deadline).
+  CHECK(place(1, 5000) == "decode-x");
+  std::this_thread::sleep_for(std::chrono::milliseconds{500});
+  CHECK(place(2, 400) == "decode-x");
   std::vector<rank_load> loads;
   self->request(bal, std::chrono::seconds{5}, stats_atom::value).receive([&](std::vector<rank_load>& l) { loads = l; }, [](caf::error&) {});
   REQUIRE(loads.size() == 1);

@@ -126,6 +126,51 @@ TEST_CASE("block server: a put it gave up on that lands later carries the block 
   self->send_exit(server, caf::exit_reason::user_shutdown);
 }
 
+TEST_CASE("block server: while four staging buffers wait on given-up puts it refuses reads, saying why, and serves "
+          "again once those puts settle") {
+  test::cluster_system t;
+  one_server s;
+  const store::block_key a{1, 11};
+  s.store_block(a, std::byte{0x11});
+  auto fabric = transport::make_loopback_fabric();
+  // Every put of every read stays in flight until land_late().
+  auto proxy = transport::make_fault_proxy(transport::make_loopback_transport(fabric, "store-0"),
+                                           {transport::fault_kind::late, {}, {}, 1000, 1});
+  auto* late = proxy.get();
+  auto reader_xport = transport::make_loopback_transport(fabric, "reader");
+  std::vector<std::byte> pool(s.layout.layer_stride_bytes() * layers);
+  transport::xfer_error err;
+  auto key = reader_xport->register_region(pool.data(), pool.size(), &err);
+  REQUIRE(key);
+  block_server_config bc;
+  bc.dir = s.dir;
+  bc.identity = s.identity;
+  bc.staging_bytes = s.layout.page_bytes();
+  bc.put_limit_ms = 20;
+  auto server = spawn_block_server(t.sys, bc, std::shared_ptr<transport::transport>{std::move(proxy)}, {});
+  caf::scoped_actor self{t.sys};
+  const auto read = [&](uint64_t request_id) {
+    store_read_order o;
+    o.request_id = request_id;
+    o.blocks = {block_ref{a.hi, a.lo, {0}}};
+    o.block_index = {0};
+    o.block_tokens = tokens;
+    o.region = kv_region_desc{key->backend, key->region_id, key->size_bytes, key->packed, layers, reader_pages, tokens, kv_dim, 2};
+    o.page_ids = {0};
+    o.reader = "reader";
+    std::string why = "no answer";
+    self->request(server, std::chrono::seconds{10}, std::move(o))
+        .receive([&](store_read_result& r) { why = r.errors.empty() ? "no errors" : r.errors[0]; },
+                 [&](caf::error& e) { FAIL(t.sys.render(e)); });
+    return why;
+  };
+  for (uint64_t i = 1; i <= 4; ++i) CHECK(read(i).find("still pending after 20 ms") != std::string::npos);
+  CHECK(read(5) == "store-0 serves no reads while 4 staging buffers wait on puts given up after 20 ms");
+  late->land_late();  // they settle: the next read frees the buffers and goes ahead (into the late fault again)
+  CHECK(read(6).find("still pending after 20 ms") != std::string::npos);
+  self->send_exit(server, caf::exit_reason::user_shutdown);
+}
+
 TEST_CASE("block server: a put limit beyond what readers wait for is refused with a sentence naming it") {
   test::cluster_system t;
   one_server s;

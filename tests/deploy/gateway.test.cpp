@@ -231,7 +231,7 @@ TEST_CASE("logprobs over HTTP: the whole answer's and the stream's are the route
     CHECK(lp["tokens"][i] == ref.logprobs[i].text);
     CHECK(lp["token_logprobs"][i].get<double>() == doctest::Approx(ref.logprobs[i].logprob));
     CHECK(lp["text_offset"][i] == offset);
-    offset += ref.logprobs[i].text.size();
+    offset += deploy::openai::utf8_chars(ref.logprobs[i].text);
     CHECK(lp["top_logprobs"][i].size() <= 2);
     CHECK(lp["top_logprobs"][i][ref.logprobs[i].top_texts[0]].get<double>() == doctest::Approx(ref.logprobs[i].top_logprobs[0]));
   }

@@ -161,6 +161,11 @@ TEST_CASE("logprobs: completions take a count, chat a flag and top_logprobs; bot
   CHECK(c.req.top_logprobs == 0);
   REQUIRE(deploy::openai::parse_body(R"({"prompt":"a"})", false, "m", &c, &e));
   CHECK_FALSE(c.req.logprobs);
+  REQUIRE(deploy::openai::parse_body(R"({"prompt":"a","logprobs":false})", false, "m", &c, &e));  // as null
+  CHECK_FALSE(c.req.logprobs);
+  // text_offset counts characters: a token ending inside one counts it, the rest of it does not.
+  CHECK(deploy::openai::utf8_chars("h\xc3") == 2);
+  CHECK(deploy::openai::utf8_chars("\xa9x") == 1);
   completion done;
   done.tokens = {104, 195};
   done.text = "h\xc3";

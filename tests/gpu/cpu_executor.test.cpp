@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <set>
@@ -312,6 +313,13 @@ TEST_CASE("logprobs_of: the log-softmax of the raw logits at the pick, and the t
   std::vector<float> wide(100, 0.0f);
   CHECK(gpu::logprobs_of(wide, 0, 50).top_tokens.size() == gpu::max_top_logprobs);
   CHECK(gpu::logprobs_of(wide, 0, 0).logprob == doctest::Approx(-std::log(100.0)));
+  // Degenerate rows, as sample_token draws them: the infinite largest logits share the mass.
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> none = {-inf, -inf, -inf, -inf};
+  CHECK(gpu::logprobs_of(none, 2, 0).logprob == doctest::Approx(-std::log(4.0)));
+  const std::vector<float> two = {inf, 1.0f, inf};
+  CHECK(gpu::logprobs_of(two, 0, 0).logprob == doctest::Approx(-std::log(2.0)));
+  CHECK(std::isinf(gpu::logprobs_of(two, 1, 0).logprob));
 }
 
 TEST_CASE("the executor picks each sequence's token by sample_token's rules, and returns logits only where asked") {
