@@ -50,6 +50,11 @@ parse_result parse_request(std::string_view whole, const limits& lim, request* o
 
 static parse_result parse_request_at(std::string_view buf, const limits& lim, request* out) {
   const auto head_end = buf.find("\r\n\r\n");
+  // A bare LF in the head (a hand-typed request, netcat without -C) would never make the CRLF
+  // CRLF this parser waits for: refused at once, rather than left to the idle limit.
+  const std::string_view head_so_far = buf.substr(0, head_end == std::string_view::npos ? buf.size() : head_end + 4);
+  for (size_t i = head_so_far.find('\n'); i != std::string_view::npos; i = head_so_far.find('\n', i + 1))
+    if (i == 0 || head_so_far[i - 1] != '\r') return fail(400, "a line of the request head ends in a bare LF: HTTP/1.1 wants CRLF");
   if (head_end == std::string_view::npos) {
     if (buf.size() > lim.max_header_bytes)
       return fail(431, "the request line and headers exceed " + std::to_string(lim.max_header_bytes) + " bytes");

@@ -52,6 +52,11 @@ TEST_CASE("the HTTP parser takes whole requests, waits for partial ones and refu
   CHECK(status("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n") == 411);
   CHECK(status("GET / HTTP/2.0\r\n\r\n") == 505);
   CHECK(status("GET /\r\n\r\n") == 400);
+  // Bare LFs (netcat without -C): refused at once, not left waiting for a CRLF CRLF.
+  CHECK(status("GET / HTTP/1.1\nHost: x\n\n") == 400);
+  CHECK(status("GET / HTTP/1.1\r\nHost: x\n") == 400);  // even before the head is complete
+  CHECK(deploy::http::parse_request("POST / HTTP/1.1\r\nContent-Length: 3\r\n\r\na\nb", lim, &req).status ==
+        deploy::http::parse_status::complete);  // a body may hold LFs
   CHECK(status("GET nope HTTP/1.1\r\n\r\n") == 400);
   CHECK(status("GET / HTTP/1.1\r\nno colon\r\n\r\n") == 400);
   CHECK(status(std::string(20000, 'a')) == 431);
