@@ -236,6 +236,9 @@ struct request_config {
   /// re-places the request, its prompt extended by the tokens already generated, up to this many
   /// attempts in all; then the client gets the last failure.
   uint32_t max_attempts = 3;
+  /// The pause before each retry: retry_backoff_ms, doubling per attempt up to 1 s, stretched
+  /// by up to half by a hash of the request (policies::retry_backoff). 0: retry at once.
+  uint32_t retry_backoff_ms = 50;
 
   std::string validate() const {
     if (!place_timeout_ms || !reserve_timeout_ms || !prefill_timeout_ms || !token_timeout_ms || !lease_ms)

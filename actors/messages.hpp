@@ -126,6 +126,7 @@ struct completion {
   int64_t kv_send_us = 0;          ///< first KV put posted -> last layer announced
   uint32_t failovers = 0;          ///< times the request was re-placed after a rank failed
   std::string failover_why;        ///< the last failure that re-placed it
+  int64_t retry_wait_us = 0;       ///< paused before re-placing it (request_config::retry_backoff_ms)
   uint32_t migrations = 0;         ///< times its decode moved, KV and all, to another rank (no recompute)
 };
 template <class Inspector>
@@ -134,7 +135,7 @@ typename Inspector::result_type inspect(Inspector& f, completion& x) {
            x.finish_reason, x.ttft_us, x.tbt_us, x.step_logits, x.prefill_rank, x.decode_rank, x.place_us,
            x.reserve_us, x.prefill_queue_us, x.prefill_us, x.decode_queue_us, x.prefill_placement_why,
            x.decode_placement_why, x.check_us, x.cached_tokens, x.local_cached_tokens, x.recomputed_blocks,
-           x.kv_bytes, x.kv_send_us, x.failovers, x.failover_why, x.migrations, x.logprobs);
+           x.kv_bytes, x.kv_send_us, x.failovers, x.failover_why, x.migrations, x.logprobs, x.retry_wait_us);
 }
 
 // --- KV leases and handoff ---------------------------------------------------------------------
@@ -565,7 +566,8 @@ using request_actor = caf::typed_actor<                       //
     caf::reacts_to<cancel_atom>,                               // from the client: stop, release everything
     // From the router: these ranks are gone (their node missed its heartbeats), and why.
     caf::reacts_to<rank_gone_atom, std::vector<std::string>, std::string>,
-    caf::reacts_to<watchdog_atom, uint64_t>>;                  // token deadline check
+    caf::reacts_to<watchdog_atom, uint64_t>,                   // token deadline check
+    caf::reacts_to<timer_atom, uint64_t>>;                     // a retry's pause is over (attempt)
 
 /// A piece of a streamed completion, from the request actor to the client's sink, in order.
 /// The first chunk comes with the first token (TTFT); the last one has a finish_reason. The

@@ -12,6 +12,7 @@
 
 #include "gpu/byte_tokenizer.hpp"
 #include "policies/placement.hpp"
+#include "policies/restart_backoff.hpp"
 
 namespace baton {
 
@@ -246,6 +247,7 @@ void record_token(request_pointer self, int32_t token, std::vector<float> logits
 
 void check(request_pointer self);
 void place(request_pointer self);
+void retry(request_pointer self);
 
 /// A failed attempt: re-placed from the start (CHECK, placement, lease, prefill of the prompt plus
 /// the tokens generated so far) while the failure is retryable and attempts are left; the
@@ -288,6 +290,15 @@ void fail_or_retry(request_pointer self, caf::error err) {
   st.decode = decode_rank_actor{};
   st.prefill_name.clear();
   st.decode_name.clear();
+  const uint32_t pause = policies::retry_backoff{st.plan.cfg.retry_backoff_ms}.delay_ms(st.attempt, st.plan.request_id);
+  st.out.retry_wait_us += int64_t{pause} * 1000;
+  if (pause > 0) return self->delayed_send(self, std::chrono::milliseconds{pause}, timer_atom::value, uint64_t{st.attempt});
+  retry(self);
+}
+
+/// Places the request again (after fail_or_retry's pause).
+void retry(request_pointer self) {
+  auto& st = self->state;
   st.stage_started = self->clock().now();
   if (st.plan.store.keyed())
     check(self);
@@ -691,6 +702,9 @@ request_actor::behavior_type request_impl(request_pointer self, request_plan pla
       [=](cancel_atom) {
         answer(self, make_error(errc::cancelled, where(self->state.plan.request_id, "", "stream") +
                                                      ": cancelled by the client"));
+      },
+      [=](timer_atom, uint64_t attempt) {
+        if (!stale(self, static_cast<uint32_t>(attempt))) retry(self);
       },
       [=](watchdog_atom, uint64_t seq) {
         auto& st = self->state;

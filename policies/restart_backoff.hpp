@@ -25,4 +25,26 @@ struct restart_backoff {
   }
 };
 
+/// How long a request waits before it is placed again after a retryable failure. Without a
+/// pause, a retry placed at once may land on the rank that just failed -- its balancer has not
+/// yet heard that it went down or stepped aside -- and spend the request's attempts in
+/// milliseconds. Waits double per attempt; each is stretched by up to half again by a hash of
+/// the request, so requests that failed together do not all come back together.
+struct retry_backoff {
+  uint32_t base_ms = 50;   ///< before the second attempt (0: never wait)
+  uint32_t max_ms = 1000;
+
+  /// The wait before attempt `attempt` (1 = the first retry) of request `request_id`.
+  uint32_t delay_ms(uint32_t attempt, uint64_t request_id) const {
+    if (base_ms == 0 || attempt == 0) return 0;
+    const uint64_t doubled = uint64_t{base_ms} << std::min<uint32_t>(attempt - 1, 20);
+    uint64_t z = request_id * 0x9E3779B97F4A7C15ull + attempt;  // splitmix64's finaliser: a spread, not a secret
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    const uint64_t stretched = doubled + doubled * (z % 512) / 1024;  // [1, 1.5) x
+    return static_cast<uint32_t>(std::min<uint64_t>(stretched, max_ms));
+  }
+};
+
 }  // namespace baton::policies

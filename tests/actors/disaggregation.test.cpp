@@ -436,6 +436,7 @@ TEST_CASE("failover: a corrupted, a dropped or a stalled layer re-places the req
     REQUIRE_MESSAGE(got, f.t.sys.render(got.error()));
     CHECK(got->tokens == colocated(f.cfg, encode(f.cfg, prompts[1]), 6).tokens);
     CHECK(got->failovers == 1);
+    CHECK(got->retry_wait_us >= 50000);  // it paused before the retry (request_config::retry_backoff_ms)
     CHECK_MESSAGE(got->failover_why.find("layer 1") != std::string::npos, got->failover_why);
     CHECK(f.decode_pages_back());
   }

@@ -2,6 +2,7 @@
 
 #include <doctest/doctest.h>
 
+#include <set>
 #include <vector>
 
 #include "policies/restart_backoff.hpp"
@@ -211,4 +212,25 @@ TEST_CASE("restart backoff: a node that fails at once, again and again, waits tw
   b.base_ms = 40000;  // a base above the cap: the cap wins
   CHECK(b.next_delay_ms(0, 0) == 30000);
   CHECK(b.next_delay_ms(30000, 0) == 30000);
+}
+
+TEST_CASE("retry backoff: each retry waits twice the last, stretched by up to half by the request's hash (so requests "
+          "that failed together spread out), capped; 0 never waits") {
+  baton::policies::retry_backoff b;  // 50 ms, at most 1 s
+  for (uint64_t id : {1ull, 2ull, 77ull, 123456789ull}) {
+    CAPTURE(id);
+    for (uint32_t attempt = 1; attempt <= 4; ++attempt) {
+      const uint32_t base = 50u << (attempt - 1);
+      CHECK(b.delay_ms(attempt, id) >= base);
+      CHECK(b.delay_ms(attempt, id) < base + base / 2);
+      CHECK(b.delay_ms(attempt, id) == b.delay_ms(attempt, id));  // a pure function of its inputs
+    }
+    CHECK(b.delay_ms(10, id) == 1000);
+    CHECK(b.delay_ms(0, id) == 0);
+  }
+  std::set<uint32_t> spread;
+  for (uint64_t id = 0; id < 100; ++id) spread.insert(b.delay_ms(1, id));
+  CHECK(spread.size() > 10);  // not one wait for all
+  b.base_ms = 0;
+  CHECK(b.delay_ms(3, 1) == 0);
 }
