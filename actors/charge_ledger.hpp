@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <deque>
+#include <optional>
 #include <string>
 #include <unordered_map>
 
@@ -50,10 +51,19 @@ public:
     return it == by_rank_.end() ? 0 : it->second.size();
   }
 
-  /// Whether the owner's timer to expire charges is already set (one at a time).
-  bool timer_armed = false;
+  /// The owner's timer that expires charges (one at a time): the wait until the oldest charge
+  /// expires, when the timer should be set now -- it is `wanted` (placements are parked), not
+  /// yet set, and there are charges -- else nothing. timer_fired() when it goes off.
+  template <class Duration>
+  std::optional<Duration> arm_timer(TimePoint now, Duration ttl, bool wanted) {
+    if (timer_armed_ || !wanted || empty()) return std::nullopt;
+    timer_armed_ = true;
+    return std::max<Duration>(Duration{1}, std::chrono::duration_cast<Duration>(oldest() + ttl - now));
+  }
+  void timer_fired() { timer_armed_ = false; }
 
 private:
+  bool timer_armed_ = false;
   std::unordered_map<std::string, std::deque<Charge>> by_rank_;
 };
 

@@ -77,13 +77,9 @@ void expire_charges(pointer self) {
 /// charges expire too.
 void arm_charge_expiry(pointer self) {
   auto& st = self->state;
-  if (st.charges.timer_armed || st.charges.empty() || st.parked.empty()) return;
-  st.charges.timer_armed = true;
   // When the oldest charge expires (a parked placement waits seconds, not a whole TTL).
-  const auto due = st.charges.oldest() + std::chrono::milliseconds{st.cfg.charge_ttl_ms};
-  const auto now = self->clock().now();
-  self->delayed_send(self, std::max<caf::actor_clock::duration_type>(std::chrono::milliseconds{1}, due - now),
-                     expire_atom::value);
+  if (auto wait = st.charges.arm_timer(self->clock().now(), std::chrono::milliseconds{st.cfg.charge_ttl_ms}, !st.parked.empty()))
+    self->delayed_send(self, *wait, expire_atom::value);
 }
 
 /// The chosen rank with room for the sequence's KV, counted as its load until its next report.
@@ -182,7 +178,7 @@ decode_balancer_actor::behavior_type decode_balancer_impl(pointer self, decode_b
         serve_parked(st.parked, self->clock().now(), "place_decode", [=](const place_query& q) { return try_place(self, q); });
       },
       [=](expire_atom) {
-        self->state.charges.timer_armed = false;
+        self->state.charges.timer_fired();
         expire_charges(self);
         serve_parked(self->state.parked, self->clock().now(), "place_decode", [=](const place_query& q) { return try_place(self, q); });
         arm_charge_expiry(self);

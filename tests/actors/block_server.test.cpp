@@ -53,6 +53,19 @@ struct one_server {
   }
 };
 
+/// A read of block `k` into page `page` of the reader's pool registered as `key`.
+store_read_order read_order(uint64_t request_id, const store::block_key& k, uint32_t page, const transport::region_key& key) {
+  store_read_order o;
+  o.request_id = request_id;
+  o.blocks = {block_ref{k.hi, k.lo, {0}}};
+  o.block_index = {0};
+  o.block_tokens = tokens;
+  o.region = kv_region_desc{key.backend, key.region_id, key.size_bytes, key.packed, layers, reader_pages, tokens, kv_dim, 2};
+  o.page_ids = {page};
+  o.reader = "reader";
+  return o;
+}
+
 }  // namespace
 
 TEST_CASE("block server: a put it gave up on that lands later carries the block it was for, not whatever the server "
@@ -83,14 +96,7 @@ TEST_CASE("block server: a put it gave up on that lands later carries the block 
 
   caf::scoped_actor self{t.sys};
   const auto read = [&](uint64_t request_id, const store::block_key& k, uint32_t page) {
-    store_read_order o;
-    o.request_id = request_id;
-    o.blocks = {block_ref{k.hi, k.lo, {0}}};
-    o.block_index = {0};
-    o.block_tokens = tokens;
-    o.region = kv_region_desc{key->backend, key->region_id, key->size_bytes, key->packed, layers, reader_pages, tokens, kv_dim, 2};
-    o.page_ids = {page};
-    o.reader = "reader";
+    auto o = read_order(request_id, k, page, *key);
     store_read_result out;
     self->request(server, std::chrono::seconds{10}, std::move(o))
         .receive([&](store_read_result& r) { out = std::move(r); }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
@@ -150,14 +156,7 @@ TEST_CASE("block server: while four staging buffers wait on given-up puts it ref
   auto server = spawn_block_server(t.sys, bc, std::shared_ptr<transport::transport>{std::move(proxy)}, {});
   caf::scoped_actor self{t.sys};
   const auto read = [&](uint64_t request_id) {
-    store_read_order o;
-    o.request_id = request_id;
-    o.blocks = {block_ref{a.hi, a.lo, {0}}};
-    o.block_index = {0};
-    o.block_tokens = tokens;
-    o.region = kv_region_desc{key->backend, key->region_id, key->size_bytes, key->packed, layers, reader_pages, tokens, kv_dim, 2};
-    o.page_ids = {0};
-    o.reader = "reader";
+    auto o = read_order(request_id, a, 0, *key);
     std::string why = "no answer";
     self->request(server, std::chrono::seconds{10}, std::move(o))
         .receive([&](store_read_result& r) { why = r.errors.empty() ? "no errors" : r.errors[0]; },
@@ -249,14 +248,7 @@ TEST_CASE("block server: a delete the index sent for an older write of a key lea
   auto key = reader_xport->register_region(pool.data(), pool.size(), &err);
   REQUIRE(key);
   const auto serves_k = [&] {
-    store_read_order o;
-    o.request_id = 9;
-    o.blocks = {block_ref{k.hi, k.lo, {0}}};
-    o.block_index = {0};
-    o.block_tokens = tokens;
-    o.region = kv_region_desc{key->backend, key->region_id, key->size_bytes, key->packed, layers, reader_pages, tokens, kv_dim, 2};
-    o.page_ids = {0};
-    o.reader = "reader";
+    auto o = read_order(9, k, 0, *key);
     bool ok = false;
     self->request(server, std::chrono::seconds{10}, std::move(o))
         .receive([&](store_read_result& r) { ok = r.errors.size() == 1 && r.errors[0].empty(); },
