@@ -17,7 +17,7 @@
 #include <caf/typed_actor.hpp>
 
 #include "actors/atoms_and_errors.hpp"
-#include "gpu/forward_output.hpp"
+#include "actors/logprob_messages.hpp"
 
 namespace caf {
 class actor_system_config;
@@ -34,36 +34,6 @@ struct chat_turn {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, chat_turn& x) {
   return f(caf::meta::type_name("chat_turn"), x.role, x.content);
-}
-
-}  // namespace baton
-
-namespace baton::gpu {
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, token_logprobs& x) {
-  return f(caf::meta::type_name("token_logprobs"), x.logprob, x.top_tokens, x.top_logprobs);
-}
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, forward_output& x) {
-  return f(caf::meta::type_name("forward_output"), x.logits, x.tokens, x.logprobs);
-}
-}  // namespace baton::gpu
-
-namespace baton {
-
-/// One generated token's log-probability and the most likely tokens' at its step
-/// (generate_request::logprobs), with their texts, as clients get them.
-struct token_logprob {
-  int32_t token = 0;
-  float logprob = 0.0f;
-  std::string text;  ///< the token decoded alone: may hold part of a UTF-8 character
-  std::vector<int32_t> top_tokens;
-  std::vector<float> top_logprobs;
-  std::vector<std::string> top_texts;
-};
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, token_logprob& x) {
-  return f(caf::meta::type_name("token_logprob"), x.token, x.logprob, x.text, x.top_tokens, x.top_logprobs, x.top_texts);
 }
 
 struct generate_request {

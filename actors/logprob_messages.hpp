@@ -1,0 +1,43 @@
+#pragma once
+
+// Log-probabilities on the wire: what executors report with a picked token (gpu::token_logprobs,
+// inside gpu::forward_output) and what clients get (token_logprob, with texts). Included by
+// messages.hpp.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <caf/meta/type_name.hpp>
+
+#include "gpu/forward_output.hpp"
+
+namespace baton::gpu {
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, token_logprobs& x) {
+  return f(caf::meta::type_name("token_logprobs"), x.logprob, x.top_tokens, x.top_logprobs);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, forward_output& x) {
+  return f(caf::meta::type_name("forward_output"), x.logits, x.tokens, x.logprobs);
+}
+}  // namespace baton::gpu
+
+namespace baton {
+
+/// One generated token's log-probability and the most likely tokens' at its step
+/// (generate_request::logprobs), with their texts, as clients get them.
+struct token_logprob {
+  int32_t token = 0;
+  float logprob = 0.0f;
+  std::string text;  ///< the token decoded alone: may hold part of a UTF-8 character
+  std::vector<int32_t> top_tokens;
+  std::vector<float> top_logprobs;
+  std::vector<std::string> top_texts;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, token_logprob& x) {
+  return f(caf::meta::type_name("token_logprob"), x.token, x.logprob, x.text, x.top_tokens, x.top_logprobs, x.top_texts);
+}
+
+}  // namespace baton
