@@ -401,7 +401,12 @@ void run_io(pointer self, Work work, Then then) {
 /// I/O thread: reads and writes that come meanwhile queue behind it.
 void recover_blocks(pointer self) {
   run_io(
-      self, [](io_context& io) { return store::scan_block_dir(io.cfg.dir, io.salt); },
+      self,
+      [](io_context& io) {
+        auto scan = store::scan_block_dir(io.cfg.dir, io.salt);
+        store::keep_chains_alive(scan.blocks, io.cfg.retention);
+        return scan;
+      },
       [self](store::dir_scan scan) {
         auto& st = self->state;
         if (st.index.empty()) return;

@@ -9,6 +9,7 @@
 #include <caf/expected.hpp>
 
 #include "actors/messages.hpp"
+#include "store/block_index.hpp"
 #include "store/block_key.hpp"
 #include "store/staging_pool.hpp"
 #include "transport/transport.hpp"
@@ -36,6 +37,9 @@ struct block_server_config {
   /// One put of a read is given up after this long (at most store_put_limit_ms, which readers
   /// count on; tests shorten it).
   uint32_t put_limit_ms = store_put_limit_ms;
+  /// The index's retention: blocks found on disk at start keep their chains alive by it
+  /// (store::keep_chains_alive) before they are committed.
+  store::retention_policy retention;
 };
 
 /// A block server's write slots: ranges of its registered write staging handed to writers for

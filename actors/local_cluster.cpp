@@ -152,6 +152,7 @@ local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_co
     for (uint32_t i = 0; i < cfg.store.num_servers; ++i) {
       const std::string name = "store-" + std::to_string(i);
       block_server_config bc{i, name, cfg.store.dir + "/server-" + std::to_string(i), access.identity, staging_bytes};
+      bc.retention = cfg.store.retention;
       auto server = make_block_server ? make_block_server(sys, std::move(bc), make_transport(name), out.store_index)
                                       : spawn_block_server(sys, std::move(bc), make_transport(name), out.store_index);
       out.store_servers.push_back({name, server});
@@ -163,7 +164,8 @@ local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_co
       for (size_t i = 0; i < cfg.remote_store_hosts.size() && out.setup_error.empty(); ++i) {
         const auto& id = access.identity;
         store_adoption a{static_cast<uint32_t>(access.servers.size()), out.store_index, id.model_id, id.num_layers,
-                         id.kv_dim, id.block_tokens, id.page_tokens, id.dtype, staging_bytes};
+                         id.kv_dim, id.block_tokens, id.page_tokens, id.dtype, staging_bytes,
+                         cfg.store.retention.chat_ttl_s, cfg.store.retention.agent_ttl_s};
         self->request(cfg.remote_store_hosts[i], std::chrono::milliseconds{cfg.adopt_timeout_ms}, adopt_atom::value, a)
             .receive(
                 [&](block_server_actor& server) {

@@ -20,6 +20,26 @@ std::string to_string(retention r) {
   return "?";
 }
 
+void keep_chains_alive(std::vector<found_block>& blocks, const retention_policy& policy) {
+  std::unordered_map<block_key, size_t, block_key_hash> at;
+  for (size_t i = 0; i < blocks.size(); ++i) at.emplace(blocks[i].key, i);
+  const auto left_s = [&](const found_block& b) {
+    return policy.ttl_s(static_cast<retention>(b.retention)) - static_cast<double>(b.age_ms) / 1e3;
+  };
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const found_block from = blocks[i];
+    // Up the chain while the ancestor would expire sooner. An ancestor that already lives as
+    // long passed its own value up when it got it, so its ancestors do too: stop there.
+    size_t steps = 0;
+    for (auto p = at.find(from.parent); p != at.end() && steps < blocks.size(); p = at.find(blocks[p->second].parent), ++steps) {
+      auto& a = blocks[p->second];
+      if (left_s(a) >= left_s(from)) break;
+      a.retention = from.retention;
+      a.age_ms = from.age_ms;
+    }
+  }
+}
+
 double retention_policy::ttl_s(retention r) const {
   switch (r) {
     case retention::chat: return chat_ttl_s;

@@ -19,6 +19,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "store/block_file.hpp"
 #include "store/block_key.hpp"
 
 namespace baton::store {
@@ -34,6 +35,14 @@ struct retention_policy {
   double batch_ttl_s = 0.0;  ///< 0: the class is not written back at all
   double ttl_s(retention r) const;
 };
+
+/// For blocks a restarted server found on disk (scan_block_dir), what the live index does for
+/// chains (block_index::extend_ancestors): each block takes the retention class and age of
+/// whichever of itself and its descendants among `blocks` lives longest under `policy`. An old
+/// block that starts many prompts -- a system prompt written weeks ago, read ever since -- is
+/// otherwise expired at the restart by its own write time, and deleted, which cuts off every
+/// younger block after it.
+void keep_chains_alive(std::vector<found_block>& blocks, const retention_policy& policy);
 
 struct block_meta {
   block_key key;

@@ -280,6 +280,35 @@ TEST_CASE("a store directory scanned at start: this model's blocks oldest first 
   fs::remove_all(dir);
 }
 
+TEST_CASE("blocks found at a restart keep their chains alive: an ancestor takes the class and age of its longest-lived "
+          "descendant, as the live index kept it, instead of expiring by its own write time") {
+  retention_policy ret;  // chat 7 days, agent 3
+  const uint64_t day_ms = 86400ull * 1000;
+  // A system prompt written 30 days ago (a), under it a chat block 10 days old (b) and an agent
+  // block 1 day old (c); a chain of its own (x), 9 days old; and d, 2 days, whose parent is gone.
+  std::vector<found_block> found = {
+      {block_key{0, 1}, {}, 0, 10, 30 * day_ms},
+      {block_key{0, 2}, block_key{0, 1}, 0, 10, 10 * day_ms},
+      {block_key{0, 3}, block_key{0, 2}, 1, 10, 1 * day_ms},
+      {block_key{0, 9}, {}, 0, 10, 9 * day_ms},
+      {block_key{0, 4}, block_key{0, 99}, 0, 10, 2 * day_ms},
+  };
+  keep_chains_alive(found, ret);
+  // c lives 2 more days (agent); a and b take that.
+  for (size_t i : {0u, 1u, 2u}) {
+    CAPTURE(i);
+    CHECK(found[i].retention == 1);
+    CHECK(found[i].age_ms == 1 * day_ms);
+  }
+  CHECK(found[3].age_ms == 9 * day_ms);  // its own chain: it expires, as it would have live
+  CHECK(found[4].age_ms == 2 * day_ms);
+  // A descendant that lives less long changes nothing: a 1-day-old chat block above a 2-day agent one.
+  std::vector<found_block> young_root = {{block_key{0, 1}, {}, 0, 10, 1 * day_ms}, {block_key{0, 2}, block_key{0, 1}, 1, 10, 2 * day_ms}};
+  keep_chains_alive(young_root, ret);
+  CHECK(young_root[0].retention == 0);
+  CHECK(young_root[0].age_ms == 1 * day_ms);
+}
+
 TEST_CASE("the index: longest cached prefix, leaf-first LRU eviction, expiry by class, pins") {
   retention_policy ret;
   block_index idx{3};
