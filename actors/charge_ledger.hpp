@@ -58,7 +58,7 @@ public:
   std::optional<Duration> arm_timer(TimePoint now, Duration ttl, bool wanted) {
     if (timer_armed_ || !wanted || empty()) return std::nullopt;
     timer_armed_ = true;
-    return std::max<Duration>(Duration{1}, std::chrono::duration_cast<Duration>(oldest() + ttl - now));
+    return std::max<Duration>(Duration{1}, std::chrono::ceil<Duration>(oldest() + ttl - now));
   }
   void timer_fired() { timer_armed_ = false; }
 

@@ -165,7 +165,7 @@ local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_co
         const auto& id = access.identity;
         store_adoption a{static_cast<uint32_t>(access.servers.size()), out.store_index, id.model_id, id.num_layers,
                          id.kv_dim, id.block_tokens, id.page_tokens, id.dtype, staging_bytes,
-                         cfg.store.retention.chat_ttl_s, cfg.store.retention.agent_ttl_s};
+                         cfg.store.retention.chat_ttl_s, cfg.store.retention.agent_ttl_s, cfg.store.retention.batch_ttl_s};
         self->request(cfg.remote_store_hosts[i], std::chrono::milliseconds{cfg.adopt_timeout_ms}, adopt_atom::value, a)
             .receive(
                 [&](block_server_actor& server) {

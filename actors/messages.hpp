@@ -515,12 +515,13 @@ struct store_adoption {
   uint32_t num_layers = 0, kv_dim = 0, block_tokens = 0, page_tokens = 0;
   std::string dtype;
   uint64_t staging_bytes = 0;
-  double chat_ttl_s = 7 * 86400.0, agent_ttl_s = 3 * 86400.0;  ///< the index's retention (keep_chains_alive)
+  double chat_ttl_s = 7 * 86400.0, agent_ttl_s = 3 * 86400.0, batch_ttl_s = 0.0;  ///< the index's retention (keep_chains_alive)
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, store_adoption& x) {
   return f(caf::meta::type_name("store_adoption"), x.server_id, x.index, x.model_id, x.num_layers, x.kv_dim,
-           x.block_tokens, x.page_tokens, x.dtype, x.staging_bytes, x.chat_ttl_s, x.agent_ttl_s);
+           x.block_tokens, x.page_tokens, x.dtype, x.staging_bytes, x.chat_ttl_s, x.agent_ttl_s,
+           x.batch_ttl_s);
 }
 
 /// A store node's front: the head adopts its block server, which then lives in the store

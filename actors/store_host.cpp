@@ -47,6 +47,7 @@ store_host_actor::behavior_type store_host_impl(pointer self, store_host_config 
         if (a.staging_bytes) bc.staging_bytes = a.staging_bytes;
         bc.retention.chat_ttl_s = a.chat_ttl_s;
         bc.retention.agent_ttl_s = a.agent_ttl_s;
+        bc.retention.batch_ttl_s = a.batch_ttl_s;
         bc.fault_layer_delay_ms = st.cfg.fault_layer_delay_ms;
         *st.server = spawn_block_server(self->system(), std::move(bc), std::move(xport), std::move(a.index));
         return *st.server;

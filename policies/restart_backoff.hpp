@@ -32,18 +32,17 @@ struct restart_backoff {
 /// the request, so requests that failed together do not all come back together.
 struct retry_backoff {
   uint32_t base_ms = 50;   ///< before the second attempt (0: never wait)
-  uint32_t max_ms = 1000;
+  uint32_t max_ms = 1000;  ///< the doubling stops here (the stretch still spreads the waits)
 
   /// The wait before attempt `attempt` (1 = the first retry) of request `request_id`.
   uint32_t delay_ms(uint32_t attempt, uint64_t request_id) const {
     if (base_ms == 0 || attempt == 0) return 0;
-    const uint64_t doubled = uint64_t{base_ms} << std::min<uint32_t>(attempt - 1, 20);
+    const uint64_t doubled = std::min<uint64_t>(uint64_t{base_ms} << std::min<uint32_t>(attempt - 1, 20), max_ms);
     uint64_t z = request_id * 0x9E3779B97F4A7C15ull + attempt;  // splitmix64's finaliser: a spread, not a secret
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     z ^= z >> 31;
-    const uint64_t stretched = doubled + doubled * (z % 512) / 1024;  // [1, 1.5) x
-    return static_cast<uint32_t>(std::min<uint64_t>(stretched, max_ms));
+    return static_cast<uint32_t>(doubled + doubled * (z % 512) / 1024);  // [1, 1.5) x, past the cap too
   }
 };
 

@@ -26,7 +26,9 @@ void keep_chains_alive(std::vector<found_block>& blocks, const retention_policy&
   const auto left_s = [&](const found_block& b) {
     return policy.ttl_s(static_cast<retention>(b.retention)) - static_cast<double>(b.age_ms) / 1e3;
   };
-  for (size_t i = 0; i < blocks.size(); ++i) {
+  // Youngest first (the scan lists them oldest first): a growing chain's newest block carries its
+  // value to the root once, and the older ones then stop at their first ancestor.
+  for (size_t i = blocks.size(); i-- > 0;) {
     const found_block from = blocks[i];
     // Up the chain while the ancestor would expire sooner. An ancestor that already lives as
     // long passed its own value up when it got it, so its ancestors do too: stop there.
