@@ -175,6 +175,15 @@ struct write_outcome {
   uint64_t seq = 0;
 };
 
+/// Registers the read staging with the transport; an error sentence when it cannot.
+std::string register_staging(io_context& io) {
+  transport::xfer_error err;
+  auto key = io.xport->register_region(io.staging.data(), io.staging.size(), &err);
+  if (!key) return io.cfg.name + ": cannot register the read staging: " + err.to_string();
+  io.staging_region = key->region_id;
+  return {};
+}
+
 /// Sets the read staging aside with the puts given up out of it (io_context::retired) and
 /// registers a fresh one; an error sentence when it cannot (reads then fail until it can).
 std::string retire_staging(io_context& io) {
@@ -184,12 +193,9 @@ std::string retire_staging(io_context& io) {
   io.staging = {};
   if (io.stopping.load()) return io.cfg.name + " stopped";  // no fresh buffer for a server going away
   io.staging.assign(io.cfg.staging_bytes, std::byte{0});
-  transport::xfer_error err;
-  auto key = io.xport->register_region(io.staging.data(), io.staging.size(), &err);
-  if (!key) return io.cfg.name + ": cannot register a fresh read staging: " + err.to_string();
-  io.staging_region = key->region_id;
+  if (auto err = register_staging(io); !err.empty()) return err;
   if (io.retired_recently() >= io_context::max_retired)  // the rest of this read would only add more
-    return io.cfg.name + " stopped this read: " + std::to_string(io.retired.size()) +
+    return io.cfg.name + " stopped this read: " + std::to_string(io.retired_recently()) +
            " staging buffers wait on puts given up after " + std::to_string(io.cfg.put_limit_ms) + " ms";
   return {};
 }
@@ -210,10 +216,7 @@ void reap_retired(io_context& io) {
     if (r->region) io.xport->deregister_region(r->region);
     r = io.retired.erase(r);
   }
-  if (io.staging_region == 0 && io.setup_error.empty() && !io.staging.empty()) {  // an earlier registration failed: again
-    transport::xfer_error err;
-    if (auto key = io.xport->register_region(io.staging.data(), io.staging.size(), &err)) io.staging_region = key->region_id;
-  }
+  if (io.staging_region == 0 && io.setup_error.empty() && !io.staging.empty()) register_staging(io);  // it failed before: again
 }
 
 /// What is wrong with a read order as a whole (empty: nothing). Orders come from other processes:
@@ -437,33 +440,29 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
   st.index = std::move(index);
   st.io = std::make_shared<io_context>();
   auto& io = *st.io;
-  io.salt = store::salt_of(cfg.identity);
+  io.cfg = std::move(cfg);
+  const auto& c = io.cfg;
+  io.salt = store::salt_of(c.identity);
   io.xport = std::move(xport);
-  if (cfg.put_limit_ms == 0 || cfg.put_limit_ms > store_put_limit_ms)
-    io.setup_error = cfg.name + ": put_limit_ms must be between 1 and " + std::to_string(store_put_limit_ms) + " (got " +
-                     std::to_string(cfg.put_limit_ms) + "): readers hold their pages that long for a late put";
-  io.staging.resize(cfg.staging_bytes);
+  if (c.put_limit_ms == 0 || c.put_limit_ms > store_put_limit_ms)
+    io.setup_error = c.name + ": put_limit_ms must be between 1 and " + std::to_string(store_put_limit_ms) + " (got " +
+                     std::to_string(c.put_limit_ms) + "): readers hold their pages that long for a late put";
+  io.staging.resize(c.staging_bytes);
   transport::xfer_error err;
+  if (io.setup_error.empty()) io.setup_error = register_staging(io);
   if (io.setup_error.empty()) {
-    if (auto key = io.xport->register_region(io.staging.data(), io.staging.size(), &err))
-      io.staging_region = key->region_id;
-    else
-      io.setup_error = cfg.name + ": cannot register the staging buffer: " + err.to_string();
+    io.write_memory = transport::transport_memory(io.xport, c.staging_bytes, &err);
+    if (!io.write_memory) io.setup_error = c.name + ": no memory for the write staging: " + err.to_string();
   }
-  if (io.setup_error.empty()) {
-    io.write_memory = transport::transport_memory(io.xport, cfg.staging_bytes, &err);
-    if (!io.write_memory) io.setup_error = cfg.name + ": no memory for the write staging: " + err.to_string();
-  }
-  if (io.write_memory) io.write_staging = {io.write_memory.get(), cfg.staging_bytes};
+  if (io.write_memory) io.write_staging = {io.write_memory.get(), c.staging_bytes};
   if (io.setup_error.empty()) {
     io.write_key = io.xport->register_region(io.write_staging.data(), io.write_staging.size(), &err);
-    if (!io.write_key) io.setup_error = cfg.name + ": cannot register the write staging: " + err.to_string();
+    if (!io.write_key) io.setup_error = c.name + ": cannot register the write staging: " + err.to_string();
   }
   st.slots.reset(io.write_staging.size(), io.write_key);
   std::error_code ec;
-  std::filesystem::create_directories(cfg.dir, ec);
-  if (ec) io.setup_error = cfg.name + ": cannot create " + cfg.dir + ": " + ec.message();
-  io.cfg = std::move(cfg);
+  std::filesystem::create_directories(c.dir, ec);
+  if (ec) io.setup_error = c.name + ": cannot create " + c.dir + ": " + ec.message();
   st.worker = std::make_unique<io_worker>();
   if (io.setup_error.empty()) recover_blocks(self);
   // The staging buffer is deregistered when the last holder of the context (the I/O thread's

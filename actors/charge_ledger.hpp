@@ -46,11 +46,6 @@ public:
     return out;
   }
 
-  size_t size(const std::string& rank) const {
-    auto it = by_rank_.find(rank);
-    return it == by_rank_.end() ? 0 : it->second.size();
-  }
-
   /// The owner's timer that expires charges (one at a time): the wait until the oldest charge
   /// expires, when the timer should be set now -- it is `wanted` (placements are parked), not
   /// yet set, and there are charges -- else nothing. timer_fired() when it goes off.
