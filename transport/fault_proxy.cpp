@@ -44,6 +44,7 @@ public:
   /// None: a direct store would pass the proxy by, and its faults need every byte to be a put.
   std::byte* map_remote(const region_key&) override { return nullptr; }
   void set_settled_listener(std::function<void()> fn) override { inner_->set_settled_listener(std::move(fn)); }
+  transport_stats stats() override { return inner_->stats(); }
 
   uint64_t post_put(const put_desc& d) override {
     std::unique_lock<std::mutex> lock{mutex_};

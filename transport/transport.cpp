@@ -27,6 +27,8 @@ void transport::free_memory(std::byte* base) { std::free(base); }
 
 std::byte* transport::map_remote(const region_key&) { return nullptr; }
 
+transport_stats transport::stats() { return {}; }
+
 void transport::set_settled_listener(std::function<void()>) {}
 
 std::shared_ptr<std::byte> transport_memory(std::shared_ptr<transport> t, uint64_t size_bytes, xfer_error* err) {

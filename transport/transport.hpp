@@ -84,6 +84,13 @@ struct put_desc {
 
 enum class xfer_state : uint8_t { pending, done, failed };
 
+/// What a backend holds for its peers, for operators and tests (zeros where it keeps nothing).
+struct transport_stats {
+  uint64_t peers = 0;      ///< endpoints to peers kept open
+  uint64_t keys = 0;       ///< peers' memory keys kept unpacked
+  uint64_t in_flight = 0;  ///< transfers not yet settled (released ones too)
+};
+
 /// Backends are thread-safe: posts may come from an executor's thread while the owning actor
 /// polls. A post never blocks on the transfer itself.
 class transport {
@@ -121,6 +128,7 @@ public:
   /// call it: their owner finds the transfer settled at its first poll. One per transport; setting
   /// another replaces it, an empty one removes it.
   virtual void set_settled_listener(std::function<void()> fn);
+  virtual transport_stats stats();
 };
 
 /// allocate_memory from `t`, freed when the last holder lets go, and holding `t` until then (a

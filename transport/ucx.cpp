@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -57,12 +58,19 @@ struct am_header {
 };
 constexpr unsigned put_am_id = 1;
 
+uint64_t now_ms() {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
+}
+
 /// One transfer: its puts, then a flush (or its active messages); done when all complete.
 struct transfer {
   std::vector<am_header> headers;  ///< "am" mode: each send's header lives until it completes
   std::vector<void*> pending;  ///< UCX requests still in flight
   xfer_state state = xfer_state::pending;
   xfer_error error;
+  std::string peer;  ///< the worker address whose endpoint (and key) it uses: kept while it flies
+  std::string key;   ///< the packed rkey it uses
 
   /// Keeps a request UCX returned: in flight (a pointer), done at once (null), or refused, which
   /// fails the transfer naming the call. False once the transfer has failed.
@@ -78,9 +86,24 @@ struct transfer {
   }
 };
 
+/// A peer's unpacked memory key. Dropped when idle (see ucx_config::peer_idle_ms) unless a put
+/// through it is in flight or a map_remote pointer hands out its mapping.
+struct cached_key {
+  ucp_rkey_h handle = nullptr;
+  uint64_t in_flight = 0;
+  uint64_t used_ms = 0;
+  bool mapped = false;
+};
+
 struct remote_peer {
   ucp_ep_h ep = nullptr;
-  std::map<std::string, ucp_rkey_h> rkeys;  ///< by packed rkey bytes
+  std::map<std::string, cached_key> keys;  ///< by packed rkey bytes
+  uint64_t in_flight = 0;
+  uint64_t used_ms = 0;
+
+  bool pinned() const {
+    return in_flight > 0 || std::any_of(keys.begin(), keys.end(), [](const auto& k) { return k.second.mapped; });
+  }
 };
 
 class ucx_transport final : public transport {
@@ -220,6 +243,7 @@ public:
       auto* rkey = remote_rkey(k, &ignored);
       void* p = nullptr;
       if (!rkey || ucp_rkey_ptr(rkey, k.base, &p) != UCS_OK) return nullptr;
+      peers_[k.worker_addr].keys[k.rkey].mapped = true;  // the pointer must stay valid: never dropped
       return static_cast<std::byte*>(p);
     });
   }
@@ -250,6 +274,16 @@ public:
   void release(uint64_t xfer_id) override {
     std::lock_guard<std::mutex> lock{mutex_};
     status_.erase(xfer_id);  // a transfer still in flight finishes unobserved
+  }
+
+  transport_stats stats() override {
+    return run_on_thread([&] {
+      transport_stats out;
+      out.peers = peers_.size();
+      for (const auto& [addr, p] : peers_) out.keys += p.keys.size();
+      out.in_flight = inflight_.size();
+      return out;
+    });
   }
 
 private:
@@ -332,9 +366,11 @@ private:
   }
 
   /// Progress thread: the endpoint to the key's worker and the key's unpacked rkey, made on first
-  /// use and kept; null with `err` filled when UCX refuses either.
+  /// use and kept while used (drop_idle, trim); null with `err` filled when UCX refuses either.
   ucp_rkey_h remote_rkey(const unpacked_key& key, xfer_error* err) {
+    const uint64_t now = now_ms();
     auto& peer = peers_[key.worker_addr];
+    peer.used_ms = now;
     if (!peer.ep) {
       ucp_ep_params_t ep{};
       ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
@@ -348,16 +384,69 @@ private:
         return nullptr;
       }
     }
-    auto& rkey = peer.rkeys[key.rkey];
-    if (!rkey) {
-      if (auto s = ucp_ep_rkey_unpack(peer.ep, key.rkey.data(), &rkey); s != UCS_OK) {
-        peer.rkeys.erase(key.rkey);
+    auto& cached = peer.keys[key.rkey];
+    cached.used_ms = now;
+    if (!cached.handle) {
+      if (auto s = ucp_ep_rkey_unpack(peer.ep, key.rkey.data(), &cached.handle); s != UCS_OK) {
+        peer.keys.erase(key.rkey);
         err->code = xfer_errc::backend_error;
         err->what = std::string{"ucp_ep_rkey_unpack: "} + ucs_status_string(s);
         return nullptr;
       }
+      trim(peer, key.worker_addr, key.rkey);
     }
-    return rkey;
+    return cached.handle;
+  }
+
+  /// Progress thread: past the caps, drops the least recently used keys of `peer` and the least
+  /// recently used peers, keeping the ones just used (`addr`, `rkey`) and any in flight or mapped.
+  void trim(remote_peer& peer, const std::string& addr, const std::string& rkey) {
+    while (peer.keys.size() > cfg_.max_keys_per_peer) {
+      auto victim = peer.keys.end();
+      for (auto k = peer.keys.begin(); k != peer.keys.end(); ++k)
+        if (k->first != rkey && k->second.in_flight == 0 && !k->second.mapped &&
+            (victim == peer.keys.end() || k->second.used_ms < victim->second.used_ms))
+          victim = k;
+      if (victim == peer.keys.end()) break;  // every one is busy: over the cap until they settle
+      ucp_rkey_destroy(victim->second.handle);
+      peer.keys.erase(victim);
+    }
+    while (peers_.size() > cfg_.max_peers) {
+      auto victim = peers_.end();
+      for (auto p = peers_.begin(); p != peers_.end(); ++p)
+        if (p->first != addr && !p->second.pinned() && (victim == peers_.end() || p->second.used_ms < victim->second.used_ms))
+          victim = p;
+      if (victim == peers_.end()) break;
+      drop_peer(victim);
+    }
+  }
+
+  /// Progress thread: drops the keys and endpoints unused for cfg_.peer_idle_ms (a peer that died
+  /// or moved keeps nothing of ours, and we keep none of its memory attached).
+  void drop_idle(uint64_t now) {
+    for (auto p = peers_.begin(); p != peers_.end();) {
+      auto& keys = p->second.keys;
+      for (auto k = keys.begin(); k != keys.end();) {
+        if (k->second.in_flight == 0 && !k->second.mapped && now - k->second.used_ms >= cfg_.peer_idle_ms) {
+          ucp_rkey_destroy(k->second.handle);
+          k = keys.erase(k);
+        } else {
+          ++k;
+        }
+      }
+      if (keys.empty() && p->second.in_flight == 0 && now - p->second.used_ms >= cfg_.peer_idle_ms) p = drop_peer(p);
+      else ++p;
+    }
+  }
+
+  /// Progress thread: destroys a peer's keys and closes its endpoint (flushing nothing: nothing
+  /// is in flight on it). The close may need progress; check_inflight finishes it.
+  std::unordered_map<std::string, remote_peer>::iterator drop_peer(std::unordered_map<std::string, remote_peer>::iterator p) {
+    for (auto& [bytes, k] : p->second.keys) ucp_rkey_destroy(k.handle);
+    ucp_request_param_t rp{};
+    auto req = ucp_ep_close_nbx(p->second.ep, &rp);
+    if (UCS_PTR_IS_PTR(req)) closing_.push_back(req);
+    return peers_.erase(p);
   }
 
   /// Progress thread: validates and posts the puts of one transfer.
@@ -383,7 +472,9 @@ private:
     auto* rkey = remote_rkey(key, &err);
     if (!rkey) return finish(id, xfer_state::failed, err);
     auto& peer = peers_[key.worker_addr];
-    transfer t{{}, {}, xfer_state::pending, err};
+    transfer t{{}, {}, xfer_state::pending, err, key.worker_addr, key.rkey};
+    ++peer.in_flight;
+    ++peer.keys[key.rkey].in_flight;
     ucp_request_param_t rp{};
     if (cfg_.send == "am") {
       // Rendezvous for every size: the send completes only once the target has the bytes, which
@@ -437,8 +528,25 @@ private:
         continue;
       }
       finish(i->first, t.state == xfer_state::pending ? xfer_state::done : xfer_state::failed, t.error);
+      unpin(t);
       i = inflight_.erase(i);
     }
+    for (auto c = closing_.begin(); c != closing_.end();) {
+      if (ucp_request_check_status(*c) == UCS_INPROGRESS) {
+        ++c;
+        continue;
+      }
+      ucp_request_free(*c);
+      c = closing_.erase(c);
+    }
+  }
+
+  /// Progress thread: a settled transfer no longer holds its peer's endpoint and key.
+  void unpin(const transfer& t) {
+    auto p = peers_.find(t.peer);
+    if (p == peers_.end()) return;
+    --p->second.in_flight;
+    if (auto k = p->second.keys.find(t.key); k != p->second.keys.end()) --k->second.in_flight;
   }
 
   void progress_loop() {
@@ -454,6 +562,10 @@ private:
       }
       check_inflight();
       if (stop_) break;
+      if (const uint64_t now = now_ms(); now >= next_idle_check_ms_) {
+        drop_idle(now);
+        next_idle_check_ms_ = now + std::clamp<uint64_t>(cfg_.peer_idle_ms / 4, 1, 1000);
+      }
       if (!inflight_.empty()) {
         // Busy while transfers are in flight, but every so often let the other threads of this
         // core run: on a small machine the executor and the peer's progress thread (which some
@@ -488,7 +600,7 @@ private:
       [[maybe_unused]] auto n = read(wake_fd_, &drained, sizeof(drained));
     }
     for (auto& [addr, peer] : peers_) {
-      for (auto& [bytes, rkey] : peer.rkeys) ucp_rkey_destroy(rkey);
+      for (auto& [bytes, k] : peer.keys) ucp_rkey_destroy(k.handle);
       ucp_request_param_t rp{};
       rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
       rp.flags = UCP_EP_CLOSE_FLAG_FORCE;
@@ -498,6 +610,11 @@ private:
         ucp_request_free(req);
       }
     }
+    for (auto* req : closing_) {
+      for (int i = 0; i < 1000 && ucp_request_check_status(req) == UCS_INPROGRESS; ++i) ucp_worker_progress(worker_);
+      if (ucp_request_check_status(req) != UCS_INPROGRESS) ucp_request_free(req);  // else the worker takes it
+    }
+    closing_.clear();
     for (auto& [id, r] : regions_)
       if (r.owned) ucp_mem_unmap(context_, r.memh);
     regions_.clear();
@@ -520,6 +637,8 @@ private:
   std::map<std::byte*, allocation> allocations_;  ///< by base, ordered to find the one holding a pointer
   std::unordered_map<std::string, remote_peer> peers_;
   std::unordered_map<uint64_t, transfer> inflight_;
+  std::vector<void*> closing_;  ///< endpoint closes still completing (drop_peer)
+  uint64_t next_idle_check_ms_ = 0;
 
   // Shared with callers.
   std::mutex mutex_;
