@@ -39,7 +39,7 @@ typename Inspector::result_type inspect(Inspector& f, chat_turn& x) {
 struct generate_request {
   std::string prompt;                  ///< text, tokenized by the router; or ...
   std::vector<int32_t> prompt_tokens;  ///< ... token ids (give one of the two)
-  int32_t max_tokens = 16;             ///< tokens to generate, >= 1
+  int32_t max_tokens = 16;             ///< tokens to generate, >= 1; 0: as many as the context leaves
   float temperature = 0.0f;            ///< 0 = greedy
   uint64_t seed = 0;                   ///< sampling seed when temperature > 0
   bool return_logits = false;          ///< attach each step's logits to the completion (tests)

@@ -12,7 +12,7 @@
 
 namespace baton {
 
-std::string tokenize_and_validate(const generate_request& req, const gpu::model_config& model,
+std::string tokenize_and_validate(generate_request& req, const gpu::model_config& model,
                                   uint32_t max_new_tokens_limit, std::vector<int32_t>* tokens,
                                   const gpu::tokenizer* tokenizer) {
   const int given = !req.prompt.empty() + !req.prompt_tokens.empty() + !req.messages.empty();
@@ -37,7 +37,8 @@ std::string tokenize_and_validate(const generate_request& req, const gpu::model_
   if (req.stop_token_ids.size() > 1024) return "at most 1024 stop_token_ids";
   const uint32_t ctx = model.max_position_embeddings;
   const uint32_t limit = max_new_tokens_limit ? std::min(max_new_tokens_limit, ctx) : ctx;
-  if (req.max_tokens <= 0) return "max_tokens must be >= 1, got " + std::to_string(req.max_tokens);
+  if (req.max_tokens < 0)
+    return "max_tokens must be >= 1 (or 0: as many as the context leaves), got " + std::to_string(req.max_tokens);
   if (static_cast<uint32_t>(req.max_tokens) > limit)
     return "max_tokens " + std::to_string(req.max_tokens) + " exceeds the limit of " + std::to_string(limit);
   if (!std::isfinite(req.temperature) || req.temperature < 0.0f)
@@ -69,6 +70,12 @@ std::string tokenize_and_validate(const generate_request& req, const gpu::model_
   // A tokenizer without BOS can turn text (whitespace under a stripping normalizer) into nothing;
   // a prompt needs one token whose logits give the first output.
   if (tokens->empty()) return "the prompt encodes to no tokens; send at least one";
+  if (req.max_tokens == 0) {  // not given (OpenAI's chat default): the rest of the context, within the limit
+    if (tokens->size() >= ctx)
+      return "prompt of " + std::to_string(tokens->size()) + " tokens leaves no room in the model's context of " +
+             std::to_string(ctx) + " tokens";
+    req.max_tokens = static_cast<int32_t>(std::min<size_t>(ctx - tokens->size(), limit));
+  }
   if (tokens->size() + static_cast<size_t>(req.max_tokens) > ctx)
     return "prompt of " + std::to_string(tokens->size()) + " tokens plus max_tokens " +
            std::to_string(req.max_tokens) + " exceeds the model's context of " + std::to_string(ctx) + " tokens";

@@ -28,7 +28,7 @@ namespace baton::deploy {
 
 std::string gateway_config::validate() const {
   if (host.empty()) return "gateway: host must not be empty";
-  if (request_timeout_ms == 0) return "gateway: request_timeout_ms must be >= 1";
+  if (first_token_timeout_ms == 0) return "gateway: first_token_timeout_ms must be >= 1";
   if (max_connections == 0) return "gateway: max_connections must be >= 1";
   for (const auto& k : api_keys)
     if (k.empty()) return "gateway: an API key must not be empty";
@@ -38,6 +38,11 @@ std::string gateway_config::validate() const {
 }
 
 namespace {
+
+/// A call's go-between saw its first token: the call's first-token deadline no longer applies.
+using token_seen_atom = caf::atom_constant<caf::atom("toknseen")>;
+/// The first-token deadline of call `seq` (a message to the connection, to itself).
+using first_token_deadline_atom = caf::atom_constant<caf::atom("ftdeadln")>;
 
 /// What every connection of one gateway shares.
 struct gateway_shared {
@@ -77,6 +82,7 @@ struct connection_state {
   bool in_call = false;
   uint64_t call_seq = 0;     ///< numbers the calls: a chunk of an earlier call is dropped
   caf::actor call_sink;      ///< renders the call's chunks; its exit cancels the generation
+  bool token_seen = false;   ///< the call's first token came (its first-token deadline is void)
   bool head_sent = false;
 };
 using state_ptr = std::shared_ptr<connection_state>;
@@ -99,7 +105,7 @@ std::pair<int, std::string> status_of(caf::actor_system& sys, const caf::error& 
       default: return {503, msg};  // retryable: capacity, ranks, transfers, leases
     }
   }
-  if (err == caf::sec::request_timeout) return {504, "the cluster did not answer within the gateway's request timeout"};
+  if (err == caf::sec::request_timeout) return {504, "the cluster did not answer in time"};
   if (err == caf::sec::request_receiver_down) return {503, "the router is not reachable"};
   return {503, "the router failed the request: " + sys.render(err)};
 }
@@ -202,13 +208,33 @@ struct call_state {
 /// sends its last chunk before its answer is recorded, so the call's answer (sent after) reaches
 /// the connection after every chunk of every choice (local sends keep causal order).
 client_sink_actor::behavior_type run_choice(client_sink_actor::pointer self, caf::actor broker, uint64_t seq,
-                                            router_actor router, std::shared_ptr<call_state> cs, uint32_t index,
-                                            std::chrono::milliseconds timeout) {
+                                            router_actor router, std::shared_ptr<call_state> cs, uint32_t index) {
   auto req = cs->call.req;
   req.seed += index;  // n samples, not one sample n times
-  self->request(router, timeout, generate_atom::value, std::move(req), caf::actor_cast<client_sink_actor>(self))
+  // Ends the call with `e`, once for all its choices: the connection ends the call, and the
+  // other choices stop.
+  auto fail = [=](caf::error e) {
+    {
+      std::lock_guard<std::mutex> lock{cs->mutex};
+      if (std::exchange(cs->failed, true)) return;
+    }
+    caf::anon_send(broker, seq, std::move(e));
+  };
+  auto answered = std::make_shared<bool>(false);
+  // No real deadline on the whole call: the connection bounds the wait for the first token, the
+  // request actor each next one. A request actor that ended without an answer is seen by its
+  // down message (monitored from its first chunk on). The day is a backstop, not caf::infinite:
+  // with CAF 0.17.6, n > 1 choices each requesting with an infinite timeout stalled all but one
+  // of them (measured here; the finite one does not).
+  self->set_down_handler([=](caf::down_msg& m) {
+    if (!*answered)
+      fail(make_error(errc::rank_unavailable,
+                      "the request ended without an answer" + (m.reason ? ": " + self->system().render(m.reason) : std::string{})));
+  });
+  self->request(router, std::chrono::seconds{24 * 3600}, generate_atom::value, std::move(req), caf::actor_cast<client_sink_actor>(self))
       .then(
           [=](completion& done) {
+            *answered = true;
             std::unique_lock<std::mutex> lock{cs->mutex};
             if (cs->failed) return;
             cs->done[index] = std::move(done);
@@ -217,25 +243,24 @@ client_sink_actor::behavior_type run_choice(client_sink_actor::pointer self, caf
             std::string json = !c.stream         ? openai::completion_json(c, cs->done, cs->id, cs->created)
                                : c.include_usage ? openai::usage_chunk_json(c, cs->done, cs->id, cs->created)
                                                  : std::string{};
-            // The connection's metrics count one answer: every choice's tokens and gaps.
-            completion all = std::move(cs->done[0]);
-            for (size_t i = 1; i < cs->done.size(); ++i) {
-              all.tokens.insert(all.tokens.end(), cs->done[i].tokens.begin(), cs->done[i].tokens.end());
-              all.tbt_us.insert(all.tbt_us.end(), cs->done[i].tbt_us.begin(), cs->done[i].tbt_us.end());
-            }
+            // The connection's metrics count each choice: a generation of its own.
+            std::vector<completion> all = std::move(cs->done);
             lock.unlock();
             caf::anon_send(broker, seq, std::move(all), std::move(json), c.stream);
           },
           [=](caf::error& e) {
-            {
-              std::lock_guard<std::mutex> lock{cs->mutex};
-              if (std::exchange(cs->failed, true)) return;
-            }
-            caf::anon_send(broker, seq, std::move(e));  // the connection ends the call: the other choices stop
+            *answered = true;
+            fail(std::move(e));
           });
   auto first_chunk = std::make_shared<bool>(true);
   auto text_offset = std::make_shared<uint64_t>(0);  // bytes of the streamed tokens' texts (logprobs.text_offset)
+  auto monitored = std::make_shared<bool>(false);
   return {[=](stream_chunk& c) {
+    if (!*monitored) {
+      *monitored = true;
+      if (auto from = self->current_sender()) self->monitor(from);
+      caf::anon_send(broker, seq, token_seen_atom::value);
+    }
     if (!cs->call.stream) return;
     // Nothing new to say (e.g. half a UTF-8 character held back, and no log-probabilities asked
     // for): no event.
@@ -257,11 +282,11 @@ client_sink_actor::behavior_type run_choice(client_sink_actor::pointer self, caf
 /// that ends early (a timeout, a client gone) frees its KV at once. To the connection:
 ///   (seq, status, error JSON)          the body was refused
 ///   (seq, event JSON)                  one server-sent event of a stream
-///   (seq, completion, JSON, stream)    the answer: the whole body, or a stream's usage chunk ("" if none)
+///   (seq, completions, JSON, stream)   the answer (a completion per choice): the whole body, or a stream's usage chunk ("" if none)
 ///   (seq, error)                       the generation failed
 client_sink_actor::behavior_type call_impl(client_sink_actor::pointer self, caf::actor broker, uint64_t seq,
                                            router_actor router, std::string body, bool chat, std::string model,
-                                           std::string id, std::chrono::milliseconds timeout) {
+                                           std::string id) {
   auto cs = std::make_shared<call_state>();
   openai::api_error err;
   if (!openai::parse_body(body, chat, model, &cs->call, &err)) {
@@ -272,8 +297,8 @@ client_sink_actor::behavior_type call_impl(client_sink_actor::pointer self, caf:
   cs->created = unix_seconds();
   cs->left = cs->call.n;
   cs->done.resize(cs->call.n);
-  if (cs->call.n == 1) return run_choice(self, broker, seq, router, cs, 0, timeout);
-  for (uint32_t i = 0; i < cs->call.n; ++i) self->spawn<caf::linked>(run_choice, broker, seq, router, cs, i, timeout);
+  if (cs->call.n == 1) return run_choice(self, broker, seq, router, cs, 0);
+  for (uint32_t i = 0; i < cs->call.n; ++i) self->spawn<caf::linked>(run_choice, broker, seq, router, cs, i);
   return {[](stream_chunk&) {}};  // the choices' sinks are their own actors
 }
 
@@ -281,11 +306,12 @@ void generate(caf::io::broker* self, const shared_ptr& g, const state_ptr& st, c
   // The call lives in its go-between until its answer is written (finish() ends it).
   st->head_sent = false;
   st->in_call = true;
+  st->token_seen = false;
   const uint64_t seq = ++st->call_seq;
+  self->delayed_send(self, std::chrono::milliseconds{g->cfg.first_token_timeout_ms}, first_token_deadline_atom::value, seq);
   std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(g->started_s) + "-" + std::to_string(++g->last_id);
   st->call_sink = caf::actor_cast<caf::actor>(
-      self->spawn(call_impl, caf::actor_cast<caf::actor>(self), seq, g->router, req.body, chat, g->model, std::move(id),
-                  std::chrono::milliseconds{g->cfg.request_timeout_ms}));
+      self->spawn(call_impl, caf::actor_cast<caf::actor>(self), seq, g->router, req.body, chat, g->model, std::move(id)));
 }
 
 /// The stream's head, once, before its first event.
@@ -303,8 +329,8 @@ void stream_head(caf::io::broker* self, caf::io::connection_handle hdl, const st
 
 /// The call's answer: the whole completion, or the end of its stream.
 void on_done(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st,
-             const completion& done, const std::string& json, bool stream) {
-  g->metrics.record(done);
+             const std::vector<completion>& choices, const std::string& json, bool stream) {
+  for (const auto& c : choices) g->metrics.record(c);
   if (!stream) return reply(self, hdl, g, st, 200, json);
   g->metrics.count_response(st->route, 200);
   stream_head(self, hdl, st);
@@ -368,7 +394,7 @@ void dispatch(caf::io::broker* self, caf::io::connection_handle hdl, const share
   if (req.method != found->method && !(req.method == "HEAD" && std::string_view{found->method} == "GET"))
     return reply_error(self, hdl, g, st,
                        {405, req.path + " takes " + found->method + ", not " + req.method.substr(0, 16), "invalid_request_error", {}},
-                       {{"Allow", found->method}});
+                       {{"Allow", std::string_view{found->method} == "GET" ? "GET, HEAD" : found->method}});
   if (!authorized(g, req))
     return reply_error(self, hdl, g, st,
                        {401, "missing or wrong API key: send Authorization: Bearer <key>", "invalid_request_error", {}},
@@ -410,6 +436,11 @@ void pump(caf::io::broker* self, caf::io::connection_handle hdl, const shared_pt
   // Parsed from an offset, compacted once at the end: thousands of pipelined requests answered
   // in one pass must not each move the rest of the buffer.
   while (!st->busy && !st->closed && st->in_off < st->in.size() && st->out_pending < out_limit_bytes) {
+    // Empty lines between requests (a CRLF a client sent after a POST body, RFC 9112 §2.2) are
+    // not the start of a request: dropped now, so an idle connection holding one is idle (not
+    // a request that never completes, answered 408 by the timer).
+    while (st->in.compare(st->in_off, 2, "\r\n") == 0) st->in_off += 2;
+    if (st->in_off == st->in.size()) break;
     http::request req;
     const auto r = http::parse_request(std::string_view{st->in}.substr(st->in_off), g->cfg.limits, &req);
     if (r.status == http::parse_status::incomplete) {
@@ -513,14 +544,23 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
         stream_head(self, hdl, st);
         event(self, hdl, st, event_json);
       },
-      [=](uint64_t seq, completion& done, std::string& json, bool stream) {
-        if (st->in_call && seq == st->call_seq) on_done(self, hdl, g, st, done, json, stream);
+      [=](uint64_t seq, std::vector<completion>& choices, std::string& json, bool stream) {
+        if (st->in_call && seq == st->call_seq) on_done(self, hdl, g, st, choices, json, stream);
       },
       [=](uint64_t seq, int32_t status, std::string& error_json) {
         if (st->in_call && seq == st->call_seq) reply(self, hdl, g, st, status, error_json);
       },
       [=](uint64_t seq, caf::error& e) {
         if (st->in_call && seq == st->call_seq) on_failed(self, hdl, g, st, e);
+      },
+      [=](uint64_t seq, token_seen_atom) {
+        if (st->in_call && seq == st->call_seq) st->token_seen = true;
+      },
+      [=](first_token_deadline_atom, uint64_t seq) {
+        if (!st->in_call || seq != st->call_seq || st->token_seen) return;
+        on_failed(self, hdl, g, st,
+                  make_error(errc::deadline_exceeded, "no token within the gateway's first-token timeout of " +
+                                                          std::to_string(g->cfg.first_token_timeout_ms) + " ms"));
       },
       [=](timer_atom) {
         if (st->closed) return;
@@ -542,6 +582,7 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
           st->keep_alive = false;
           st->busy = true;
           st->route = "incomplete";
+          st->head_only = false;  // the last answer's HEAD does not strip this one's body
           st->in.clear();
           st->in_off = 0;
           return reply_error(self, hdl, g, st,

@@ -24,7 +24,10 @@ struct gateway_config {
   uint16_t port = 8000;            ///< 0 = any free port
   std::vector<std::string> api_keys;  ///< empty: no authentication
   http::limits limits;
-  uint32_t request_timeout_ms = 600000;  ///< a generation's whole time, then 504
+  /// A call whose first token has not come within this long is cancelled with 504. Only the
+  /// first: once tokens flow, the request's own watchdog bounds each next one
+  /// (request_config::token_timeout_ms), so a long generation is never cut for its length.
+  uint32_t first_token_timeout_ms = 600000;
   uint32_t max_connections = 1024;       ///< beyond: 503 and close
   /// A connection with no request in progress that completes none for this long is closed.
   uint32_t idle_timeout_ms = 60000;

@@ -45,7 +45,8 @@ int run_gateway(const std::vector<std::string>& args) {
   flags.add("--api-key", &gc.api_keys,
             "an API key accepted as a bearer token (repeatable; also BATON_API_KEYS, comma-separated; none: no "
             "authentication)");
-  flags.add("--request-timeout-ms", &gc.request_timeout_ms, "a generation's whole time before 504");
+  flags.add("--first-token-timeout-ms", &gc.first_token_timeout_ms,
+            "a call's wait for its first token before 504 (later tokens: the request's own watchdog)");
   flags.add("--max-connections", &gc.max_connections, "connections beyond this are answered 503");
   flags.add("--idle-timeout-ms", &gc.idle_timeout_ms,
             "a connection with nothing in progress that completes no request for this long is closed");

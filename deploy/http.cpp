@@ -100,8 +100,12 @@ static parse_result parse_request_at(std::string_view buf, const limits& lim, re
     if (v.find("close") != std::string::npos) out->keep_alive = false;
     if (v.find("keep-alive") != std::string::npos) out->keep_alive = true;
   }
-  if (const auto* te = out->header("transfer-encoding"); te && lower(*te) != "identity")
-    return fail(411, "chunked request bodies are not accepted: send the body with a Content-Length");
+  // Every Transfer-Encoding header, not the first: "identity" then "chunked" framed by its
+  // Content-Length here would be framed by its chunks behind a proxy (request smuggling).
+  for (const auto& [k, v] : out->headers)
+    if (k == "transfer-encoding" && lower(v) != "identity")
+      return fail(501, "Transfer-Encoding '" + v.substr(0, 32) +
+                           "' is not supported for request bodies: send the body with a Content-Length");
   size_t length = 0;
   // Two Content-Length headers that disagree: which body is meant cannot be told (RFC 9112 §6.3).
   const std::string* first_length = nullptr;
@@ -147,6 +151,7 @@ const char* reason_phrase(int status) {
     case 500: return "Internal Server Error";
     case 503: return "Service Unavailable";
     case 504: return "Gateway Timeout";
+    case 501: return "Not Implemented";
     case 505: return "HTTP Version Not Supported";
   }
   return "Unknown";

@@ -34,9 +34,10 @@ struct api_error {
   std::string param;  ///< the offending field, if one
 };
 
-/// Default max_tokens: OpenAI's 16 for completions; chat answers are usually longer.
+/// Default max_tokens: OpenAI's (and vLLM's) 16 for completions; for chat, 0, which the router
+/// turns into what the context leaves after the prompt (OpenAI's and vLLM's chat default).
 inline constexpr int32_t default_completion_tokens = 16;
-inline constexpr int32_t default_chat_tokens = 128;
+inline constexpr int32_t default_chat_tokens = 0;
 /// The most choices one call may ask for (`n`): each is a request of its own.
 inline constexpr uint32_t max_choices = 64;
 

@@ -23,7 +23,7 @@ struct request {
   std::string prompt;                  ///< text (the cluster tokenizes it); or ...
   std::vector<int32_t> prompt_tokens;  ///< ... token ids; or ...
   std::vector<std::pair<std::string, std::string>> messages;  ///< ... a chat: (role, content)
-  int32_t max_tokens = 16;
+  int32_t max_tokens = 16;             ///< 0: as many as the context leaves after the prompt
   float temperature = 0.0f;            ///< 0 = greedy
   uint64_t seed = 0;                   ///< sampling seed when temperature > 0
   uint32_t top_k = 0;                  ///< 0 = off

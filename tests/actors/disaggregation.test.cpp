@@ -191,10 +191,20 @@ TEST_CASE("bad input gets a clear error naming the problem, and the cluster keep
   expect_bad(too_long, "exceeds the model's context of 2048 tokens");
   generate_request zero;
   zero.prompt = "hi";
-  zero.max_tokens = 0;
-  expect_bad(zero, "max_tokens must be >= 1, got 0");
   zero.max_tokens = -5;
-  expect_bad(zero, "max_tokens must be >= 1, got -5");
+  expect_bad(zero, "max_tokens must be >= 1 (or 0: as many as the context leaves), got -5");
+  // 0: what the context leaves after the prompt (OpenAI's chat default), within the router's limit.
+  zero.max_tokens = 0;
+  std::vector<int32_t> tokens;
+  CHECK(tokenize_and_validate(zero, cfg.model, 0, &tokens).empty());
+  CHECK(zero.max_tokens == static_cast<int32_t>(cfg.model.max_position_embeddings - tokens.size()));
+  zero.max_tokens = 0;
+  CHECK(tokenize_and_validate(zero, cfg.model, 100, &tokens).empty());
+  CHECK(zero.max_tokens == 100);
+  generate_request full;
+  full.prompt_tokens.assign(cfg.model.max_position_embeddings, 72);
+  full.max_tokens = 0;
+  expect_bad(full, "prompt of 2048 tokens leaves no room in the model's context of 2048 tokens");
   generate_request huge;
   huge.prompt = "hi";
   huge.max_tokens = 1'000'000'000;

@@ -29,6 +29,8 @@
 #include "deploy/gateway.hpp"
 #include "deploy/http.hpp"
 #include "deploy/openai.hpp"
+#include "gpu/cpu_executor.hpp"
+#include "gpu/fault_executor.hpp"
 
 using namespace baton;
 using nlohmann::json;
@@ -156,12 +158,22 @@ struct served_cluster {
     c.set("logger.console-verbosity", caf::atom("quiet"));
     return c;
   }
-  explicit served_cluster(deploy::gateway_config gc = {}) : sys(init(cfg)) {
+  /// Prefill and decode jobs may start late (a fault executor), to test deadlines.
+  explicit served_cluster(deploy::gateway_config gc = {}, uint32_t prefill_delay_ms = 0, uint32_t decode_delay_ms = 0)
+      : sys(init(cfg)) {
     // The trained built-in model: its text is real UTF-8 (a random model's bytes would not be).
     local_cluster_config cc;
     std::string why;
     REQUIRE_MESSAGE(deploy::load_model_into(BATON_SOURCE_DIR "/models/baton-kjv-tiny", &cc, &why), why);
-    cluster = start_local_cluster(sys, cc);
+    executor_factory make_exec;
+    if (prefill_delay_ms > 0 || decode_delay_ms > 0)
+      make_exec = [model = cc.model, weights = cc.weights, ec = cc.executor, prefill_delay_ms,
+                   decode_delay_ms](const std::string& name) -> std::shared_ptr<gpu::executor> {
+        std::shared_ptr<gpu::executor> exec = gpu::make_cpu_executor(model, weights, ec);
+        const uint32_t delay = name.rfind("prefill", 0) == 0 ? prefill_delay_ms : decode_delay_ms;
+        return delay > 0 ? gpu::make_fault_slow_executor(exec, delay) : exec;
+      };
+    cluster = start_local_cluster(sys, cc, make_exec);
     gc.port = 0;
     if (gc.api_keys.empty()) gc.api_keys = {"sk-other", "sk-test"};
     REQUIRE_MESSAGE(deploy::spawn_gateway(sys, gc, cluster.router, &gateway, &why), why);
@@ -454,27 +466,48 @@ TEST_CASE("the gateway keeps serving a client that pipelines thousands of reques
   CHECK(round_trip(s.gateway.port, get("/health", "")).status == 200);
 }
 
-TEST_CASE("a call that times out at the gateway stops its generation, and none of its text reaches the next answer") {
+TEST_CASE("a call whose first token misses the gateway's first-token timeout gets 504 and stops its generation; "
+          "none of its text reaches the next answer") {
   deploy::gateway_config gc;
-  gc.request_timeout_ms = 40;
-  served_cluster s{gc};
-  generate_request b;
-  b.prompt = "In";
-  b.max_tokens = 3;
-  const auto ref = s.direct(b);
+  gc.first_token_timeout_ms = 100;
+  served_cluster s{gc, 1500};  // every prefill starts 1.5 s late: no first token within 100 ms
   const int fd = connect_to(s.gateway.port);
-  // A streams far longer than 40 ms; B, pipelined behind it, is short.
-  send_all(fd, post("/v1/completions", R"({"prompt":"a","max_tokens":240,"ignore_eos":true,"stream":true})") +
-                   post("/v1/completions", R"({"prompt":"In","max_tokens":3,"stream":true})"));
+  send_all(fd, post("/v1/completions", R"({"prompt":"a","max_tokens":40,"ignore_eos":true,"stream":true})"));
   std::string buf;
   auto a = read_answer(fd, buf);
-  auto second = read_answer(fd, buf);
+  CHECK(a.status == 504);
+  CHECK(a.body.find("no token within the gateway's first-token timeout of 100 ms") != std::string::npos);
   ::close(fd);
-  CHECK(a.status == 200);
-  CHECK(a.body.find("the cluster did not answer within the gateway's request timeout") != std::string::npos);
-  std::vector<json> events;
-  // B's own text only: A's generation went on and its chunks arrived under B's id before.
-  CHECK(sse_text(second.body, &events) == ref.text);
+  CHECK(s.settles());  // its generation was cancelled: its pages came back
+}
+
+TEST_CASE("a generation that outlasts the first-token timeout is not cut once its tokens flow, streamed or whole") {
+  deploy::gateway_config gc;
+  gc.first_token_timeout_ms = 1000;
+  served_cluster s{gc, 0, 40};  // each decode step starts 40 ms late: 40 tokens take over 1.5 s
+  generate_request b;
+  b.prompt = "a";
+  b.max_tokens = 40;
+  b.ignore_eos = true;
+  const auto ref = s.direct(b);
+  for (const bool stream : {true, false}) {
+    CAPTURE(stream);
+    const int fd = connect_to(s.gateway.port);
+    // Each token comes well within the request's own watchdog; the whole generation does not
+    // come within the first-token timeout.
+    send_all(fd, post("/v1/completions", std::string{R"({"prompt":"a","max_tokens":40,"ignore_eos":true,"stream":)"} +
+                                             (stream ? "true" : "false") + "}"));
+    std::string buf;
+    auto a = read_answer(fd, buf);
+    ::close(fd);
+    CHECK(a.status == 200);
+    if (stream) {
+      std::vector<json> events;
+      CHECK(sse_text(a.body, &events) == ref.text);
+    } else {
+      CHECK(json::parse(a.body)["choices"][0]["text"] == ref.text);
+    }
+  }
   CHECK(s.settles());
 }
 
@@ -535,6 +568,27 @@ TEST_CASE("a connection that sends nothing is closed after the idle limit, so si
   ::close(a);
   ::close(b);
   CHECK(round_trip(s.gateway.port, get("/health", "")).status == 200);
+}
+
+TEST_CASE("a CRLF after a request's body is no request: the idle connection is closed quietly, not answered 408") {
+  deploy::gateway_config gc;
+  gc.idle_timeout_ms = 200;
+  served_cluster s{gc};
+  const int fd = connect_to(s.gateway.port);
+  send_all(fd, get("/v1/models") + "\r\n");  // RFC 9112 §2.2 allows the stray CRLF
+  std::string buf;
+  CHECK(read_answer(fd, buf).status == 200);
+  // Then nothing more: the gateway closes the idle connection without a word (a 408 written
+  // here would be read as the answer to the client's next request).
+  std::string rest = buf;
+  char tmp[256];
+  for (;;) {
+    const auto n = ::recv(fd, tmp, sizeof tmp, 0);
+    if (n <= 0) break;
+    rest.append(tmp, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  CHECK_MESSAGE(rest.empty(), rest);
 }
 
 TEST_CASE("a request that trickles in a byte at a time is cut off with 408 once it has taken the idle limit, "
@@ -740,7 +794,7 @@ TEST_CASE("the C++ client library streams a request's tokens and can cancel it")
   req.top_logprobs = 0;
 
   // Bad input comes back as an error naming the field.
-  req.max_tokens = 0;
+  req.max_tokens = -1;
   auto bad = conn->submit(req);
   while (bad->next(&c, std::chrono::seconds{30})) {
   }

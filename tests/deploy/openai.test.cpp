@@ -49,7 +49,8 @@ TEST_CASE("the HTTP parser takes whole requests, waits for partial ones and refu
   auto status = [&](const std::string& text) { return deploy::http::parse_request(text, lim, &req).error_status; };
   CHECK(status("POST / HTTP/1.1\r\nContent-Length: 101\r\n\r\n") == 413);
   CHECK(status("POST / HTTP/1.1\r\nContent-Length: -1\r\n\r\n") == 400);
-  CHECK(status("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n") == 411);
+  CHECK(status("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n") == 501);
+  CHECK(status("POST / HTTP/1.1\r\nTransfer-Encoding: identity\r\nTransfer-Encoding: chunked\r\nContent-Length: 2\r\n\r\n{}") == 501);
   CHECK(status("GET / HTTP/2.0\r\n\r\n") == 505);
   CHECK(status("GET /\r\n\r\n") == 400);
   // Bare LFs (netcat without -C): refused at once, not left waiting for a CRLF CRLF.
@@ -111,6 +112,7 @@ TEST_CASE("OpenAI request bodies map onto generate_request, and refusals name th
   REQUIRE(c.req.messages.size() == 2);
   CHECK(c.req.messages[0].role == "system");
   CHECK(c.req.messages[1].content == "ab");
+  CHECK(c.req.max_tokens == 0);  // not given: the router gives what the context leaves (OpenAI's chat default)
   auto refused = [&](const std::string& body, bool chat = false) {
     e = {};
     CHECK_FALSE(deploy::openai::parse_body(body, chat, "m", &c, &e));
