@@ -69,7 +69,7 @@ struct transfer {
   std::vector<void*> pending;  ///< UCX requests still in flight
   xfer_state state = xfer_state::pending;
   xfer_error error;
-  std::string peer;  ///< the worker address whose endpoint (and key) it uses: kept while it flies
+  std::string peer;  ///< the worker address whose key it uses: kept while it flies
   std::string key;   ///< the packed rkey it uses
 
   /// Keeps a request UCX returned: in flight (a pointer), done at once (null), or refused, which
@@ -86,7 +86,7 @@ struct transfer {
   }
 };
 
-/// A peer's unpacked memory key. Dropped when idle (see ucx_config::peer_idle_ms) unless a put
+/// A peer's unpacked memory key. Dropped when idle (see ucx_config::key_idle_ms) unless a put
 /// through it is in flight or a map_remote pointer hands out its mapping.
 struct cached_key {
   ucp_rkey_h handle = nullptr;
@@ -98,12 +98,6 @@ struct cached_key {
 struct remote_peer {
   ucp_ep_h ep = nullptr;
   std::map<std::string, cached_key> keys;  ///< by packed rkey bytes
-  uint64_t in_flight = 0;
-  uint64_t used_ms = 0;
-
-  bool pinned() const {
-    return in_flight > 0 || std::any_of(keys.begin(), keys.end(), [](const auto& k) { return k.second.mapped; });
-  }
 };
 
 class ucx_transport final : public transport {
@@ -366,11 +360,11 @@ private:
   }
 
   /// Progress thread: the endpoint to the key's worker and the key's unpacked rkey, made on first
-  /// use and kept while used (drop_idle, trim); null with `err` filled when UCX refuses either.
+  /// use; the endpoint is kept, the key while used (drop_idle, trim). Null with `err` filled
+  /// when UCX refuses either.
   ucp_rkey_h remote_rkey(const unpacked_key& key, xfer_error* err) {
     const uint64_t now = now_ms();
     auto& peer = peers_[key.worker_addr];
-    peer.used_ms = now;
     if (!peer.ep) {
       ucp_ep_params_t ep{};
       ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
@@ -393,14 +387,14 @@ private:
         err->what = std::string{"ucp_ep_rkey_unpack: "} + ucs_status_string(s);
         return nullptr;
       }
-      trim(peer, key.worker_addr, key.rkey);
+      trim(peer, key.rkey);
     }
     return cached.handle;
   }
 
-  /// Progress thread: past the caps, drops the least recently used keys of `peer` and the least
-  /// recently used peers, keeping the ones just used (`addr`, `rkey`) and any in flight or mapped.
-  void trim(remote_peer& peer, const std::string& addr, const std::string& rkey) {
+  /// Progress thread: past the cap, drops the least recently used keys of `peer`, keeping the one
+  /// just used (`rkey`) and any in flight or mapped.
+  void trim(remote_peer& peer, const std::string& rkey) {
     while (peer.keys.size() > cfg_.max_keys_per_peer) {
       auto victim = peer.keys.end();
       for (auto k = peer.keys.begin(); k != peer.keys.end(); ++k)
@@ -411,42 +405,20 @@ private:
       ucp_rkey_destroy(victim->second.handle);
       peer.keys.erase(victim);
     }
-    while (peers_.size() > cfg_.max_peers) {
-      auto victim = peers_.end();
-      for (auto p = peers_.begin(); p != peers_.end(); ++p)
-        if (p->first != addr && !p->second.pinned() && (victim == peers_.end() || p->second.used_ms < victim->second.used_ms))
-          victim = p;
-      if (victim == peers_.end()) break;
-      drop_peer(victim);
-    }
   }
 
-  /// Progress thread: drops the keys and endpoints unused for cfg_.peer_idle_ms (a peer that died
-  /// or moved keeps nothing of ours, and we keep none of its memory attached).
+  /// Progress thread: drops the keys unused for cfg_.key_idle_ms, so a peer that died or moved
+  /// keeps none of its memory attached here.
   void drop_idle(uint64_t now) {
-    for (auto p = peers_.begin(); p != peers_.end();) {
-      auto& keys = p->second.keys;
-      for (auto k = keys.begin(); k != keys.end();) {
-        if (k->second.in_flight == 0 && !k->second.mapped && now - k->second.used_ms >= cfg_.peer_idle_ms) {
+    for (auto& [addr, peer] : peers_)
+      for (auto k = peer.keys.begin(); k != peer.keys.end();) {
+        if (k->second.in_flight == 0 && !k->second.mapped && now - k->second.used_ms >= cfg_.key_idle_ms) {
           ucp_rkey_destroy(k->second.handle);
-          k = keys.erase(k);
+          k = peer.keys.erase(k);
         } else {
           ++k;
         }
       }
-      if (keys.empty() && p->second.in_flight == 0 && now - p->second.used_ms >= cfg_.peer_idle_ms) p = drop_peer(p);
-      else ++p;
-    }
-  }
-
-  /// Progress thread: destroys a peer's keys and closes its endpoint (flushing nothing: nothing
-  /// is in flight on it). The close may need progress; check_inflight finishes it.
-  std::unordered_map<std::string, remote_peer>::iterator drop_peer(std::unordered_map<std::string, remote_peer>::iterator p) {
-    for (auto& [bytes, k] : p->second.keys) ucp_rkey_destroy(k.handle);
-    ucp_request_param_t rp{};
-    auto req = ucp_ep_close_nbx(p->second.ep, &rp);
-    if (UCS_PTR_IS_PTR(req)) closing_.push_back(req);
-    return peers_.erase(p);
   }
 
   /// Progress thread: validates and posts the puts of one transfer.
@@ -473,7 +445,6 @@ private:
     if (!rkey) return finish(id, xfer_state::failed, err);
     auto& peer = peers_[key.worker_addr];
     transfer t{{}, {}, xfer_state::pending, err, key.worker_addr, key.rkey};
-    ++peer.in_flight;
     ++peer.keys[key.rkey].in_flight;
     ucp_request_param_t rp{};
     if (cfg_.send == "am") {
@@ -531,21 +502,12 @@ private:
       unpin(t);
       i = inflight_.erase(i);
     }
-    for (auto c = closing_.begin(); c != closing_.end();) {
-      if (ucp_request_check_status(*c) == UCS_INPROGRESS) {
-        ++c;
-        continue;
-      }
-      ucp_request_free(*c);
-      c = closing_.erase(c);
-    }
   }
 
-  /// Progress thread: a settled transfer no longer holds its peer's endpoint and key.
+  /// Progress thread: a settled transfer no longer holds its key.
   void unpin(const transfer& t) {
     auto p = peers_.find(t.peer);
     if (p == peers_.end()) return;
-    --p->second.in_flight;
     if (auto k = p->second.keys.find(t.key); k != p->second.keys.end()) --k->second.in_flight;
   }
 
@@ -564,7 +526,7 @@ private:
       if (stop_) break;
       if (const uint64_t now = now_ms(); now >= next_idle_check_ms_) {
         drop_idle(now);
-        next_idle_check_ms_ = now + std::clamp<uint64_t>(cfg_.peer_idle_ms / 4, 1, 1000);
+        next_idle_check_ms_ = now + std::clamp<uint64_t>(cfg_.key_idle_ms / 4, 1, 1000);
       }
       if (!inflight_.empty()) {
         // Busy while transfers are in flight, but every so often let the other threads of this
@@ -610,11 +572,6 @@ private:
         ucp_request_free(req);
       }
     }
-    for (auto* req : closing_) {
-      for (int i = 0; i < 1000 && ucp_request_check_status(req) == UCS_INPROGRESS; ++i) ucp_worker_progress(worker_);
-      if (ucp_request_check_status(req) != UCS_INPROGRESS) ucp_request_free(req);  // else the worker takes it
-    }
-    closing_.clear();
     for (auto& [id, r] : regions_)
       if (r.owned) ucp_mem_unmap(context_, r.memh);
     regions_.clear();
@@ -637,7 +594,6 @@ private:
   std::map<std::byte*, allocation> allocations_;  ///< by base, ordered to find the one holding a pointer
   std::unordered_map<std::string, remote_peer> peers_;
   std::unordered_map<uint64_t, transfer> inflight_;
-  std::vector<void*> closing_;  ///< endpoint closes still completing (drop_peer)
   uint64_t next_idle_check_ms_ = 0;
 
   // Shared with callers.

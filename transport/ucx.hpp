@@ -37,21 +37,20 @@ struct ucx_config {
   ///          once the data is there. For TCP, where UCX's RMA emulation is very slow
   ///          (platform-notes §2). Every endpoint receives either kind; the sender chooses.
   std::string send = "put";
-  /// How long a peer's endpoint and unpacked memory keys are kept unused before they are
-  /// dropped (and made again on the next put, for a few microseconds). Over shared memory an
-  /// unpacked key holds the peer's segment attached: a KV pool of gigabytes that outlives its
-  /// process (a rank that died or restarted under a new address) for as long as the key is kept.
-  uint32_t peer_idle_ms = 60'000;
-  /// At most this many peers (and this many keys per peer) are kept; past it the least recently
-  /// used one with nothing in flight is dropped at once. Keys behind a map_remote pointer are
-  /// never dropped (the pointer must stay valid).
-  uint32_t max_peers = 256;
+  /// How long a peer's unpacked memory key is kept unused before it is dropped (and unpacked
+  /// again on the next put, for a few microseconds). Over shared memory an unpacked key holds the
+  /// peer's segment attached: a KV pool of gigabytes that outlives its process (a rank that died
+  /// or restarted under a new address) for as long as the key is kept.
+  uint32_t key_idle_ms = 60'000;
+  /// At most this many keys per peer are kept; past it the least recently used one with nothing
+  /// in flight is dropped at once. Keys behind a map_remote pointer are never dropped (the
+  /// pointer must stay valid). Endpoints are kept (a few kilobytes each): UCX pairs the two
+  /// workers' endpoints, so closing ours would also cut the peer's puts to us.
   uint32_t max_keys_per_peer = 16;
 
   std::string validate() const {
     if (name.empty()) return "ucx transport needs a rank name";
     if (send != "put" && send != "am") return "ucx send mode must be put or am, not " + send;
-    if (max_peers == 0) return "ucx max_peers must be at least 1";
     if (max_keys_per_peer == 0) return "ucx max_keys_per_peer must be at least 1";
     return {};
   }

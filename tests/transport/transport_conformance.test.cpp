@@ -144,89 +144,104 @@ TEST_CASE("UCX calls the settled listener when a transfer settles, done or faile
   }
 }
 
-TEST_CASE("UCX keeps a bounded cache of peers: past its caps the least recently used idle one is dropped, an idle "
-          "one goes after peer_idle_ms, a mapped key stays, and a dropped peer is reached again on its next put") {
+TEST_CASE("UCX keeps a bounded cache of peers' keys: past its cap the least recently used idle one is dropped, "
+          "idle ones go after key_idle_ms, a mapped one stays, a dropped one is unpacked again on its next put, "
+          "and puts keep flowing both ways") {
   for (const std::string mode : {"put", "am"}) {
     CAPTURE(mode);
     std::string why;
     ucx_config cfg{"sender", 1, mode};
-    cfg.max_peers = 2;
-    cfg.max_keys_per_peer = 1;
+    cfg.max_keys_per_peer = 2;
     auto a = make_ucx_transport(cfg, &why);
     REQUIRE_MESSAGE(a, why);
-    std::vector<std::unique_ptr<transport>> peers;
-    for (const char* n : {"p0", "p1", "p2"}) {
-      peers.push_back(make_ucx_transport({n, 1, mode}, &why));
-      REQUIRE_MESSAGE(peers.back(), why);
-    }
+    auto b = make_ucx_transport({"b", 1, mode}, &why);
+    REQUIRE_MESSAGE(b, why);
     std::vector<std::byte> src(4096, std::byte{7});
     xfer_error err;
     auto ka = a->register_region(src.data(), src.size(), &err);
     REQUIRE(ka);
-    std::vector<std::vector<std::byte>> dst(4, std::vector<std::byte>(4096));
+    // Three segments of b's own memory: each has a key of its own (regions of plain memory may
+    // share one, the same bytes).
+    std::vector<std::byte*> dst;
     std::vector<region_key> keys;
-    for (int i = 0; i < 3; ++i) keys.push_back(*peers[i]->register_region(dst[i].data(), 4096, &err));
-    keys.push_back(*peers[0]->register_region(dst[3].data(), 4096, &err));  // a second key of p0
+    for (int i = 0; i < 3; ++i) {
+      dst.push_back(b->allocate_memory(4096, &err));
+      REQUIRE(dst.back());
+      keys.push_back(*b->register_region(dst.back(), 4096, &err));
+    }
+    REQUIRE(keys[0].packed != keys[1].packed);
     auto put = [&](int k, std::byte value) {
       std::fill(src.begin(), src.end(), value);
-      auto id = a->post_put({1, 0, "peer", ka->region_id, keys[k], {{0, 0, 4096}}});
+      auto id = a->post_put({1, 0, "b", ka->region_id, keys[k], {{0, 0, 4096}}});
       const auto state = wait(*a, id, &err);
       a->release(id);
       return state == xfer_state::done && dst[k][0] == value && dst[k][4095] == value;
     };
     CHECK(put(0, std::byte{1}));
     CHECK(put(1, std::byte{2}));
-    CHECK(a->stats().peers == 2);
-    CHECK(put(2, std::byte{3}));  // p0, least recently used, goes
-    CHECK(a->stats().peers == 2);
     CHECK(a->stats().keys == 2);
-    CHECK(put(0, std::byte{4}));  // reached again (p1 goes)
-    CHECK(put(3, std::byte{5}));  // p0's other key replaces its first
+    CHECK(put(2, std::byte{3}));  // key 0, least recently used, goes
     CHECK(a->stats().keys == 2);
-    CHECK(put(0, std::byte{6}));
+    CHECK(a->stats().peers == 1);  // the endpoint stays
+    CHECK(put(0, std::byte{4}));   // unpacked again (key 1 goes)
+    CHECK(put(1, std::byte{5}));
+    CHECK(a->stats().keys == 2);
     CHECK(a->stats().in_flight == 0);
-    // A mapped key (and so its peer) is never dropped: the pointer must stay valid.
+    // A mapped key is never dropped: the pointer must stay valid.
     if (mode == "put") {
-      std::byte* mem = peers[1]->allocate_memory(4096, &err);
+      std::byte* mem = b->allocate_memory(4096, &err);
       REQUIRE(mem);
-      auto km = peers[1]->register_region(mem, 4096, &err);
+      auto km = b->register_region(mem, 4096, &err);
       REQUIRE(km);
       std::byte* remote = a->map_remote(*km);
       REQUIRE(remote);
       CHECK(put(2, std::byte{8}));
-      CHECK(put(0, std::byte{9}));  // p2 goes, not p1, though p1 was used longest ago
+      CHECK(put(0, std::byte{9}));
+      CHECK(put(1, std::byte{10}));
+      CHECK(a->stats().keys == 2);  // the mapped one and the last used: the others churned past it
       remote[5] = std::byte{0x42};
       CHECK(mem[5] == std::byte{0x42});
     }
   }
-  // Idle peers go on their own.
-  std::string why;
-  ucx_config cfg{"sender", 1, "put"};
-  cfg.peer_idle_ms = 1;
-  auto a = make_ucx_transport(cfg, &why);
-  auto b = make_ucx_transport({"b"}, &why);
-  REQUIRE(a);
-  REQUIRE(b);
-  std::vector<std::byte> src(512, std::byte{1}), dst(512);
-  xfer_error err;
-  auto ka = a->register_region(src.data(), src.size(), &err);
-  auto kb = b->register_region(dst.data(), dst.size(), &err);
-  auto id = a->post_put({1, 0, "b", ka->region_id, *kb, {{0, 0, 512}}});
-  CHECK(wait(*a, id, &err) == xfer_state::done);
-  a->release(id);
-  bool gone = false;
-  for (int i = 0; i < 5000 && !gone; ++i) {  // bounded: up to ~5 s for a 1 ms idle limit
-    gone = a->stats().peers == 0;
-    if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds{1});
+  // Idle keys go on their own; the endpoints stay, and puts go on both ways (UCX pairs the two
+  // workers' endpoints: closing one side's would have cut the other's puts).
+  for (const std::string mode : {"put", "am"}) {
+    CAPTURE(mode);
+    std::string why;
+    ucx_config cfg{"a", 1, mode};
+    cfg.key_idle_ms = 1;
+    auto a = make_ucx_transport(cfg, &why);
+    auto b = make_ucx_transport({"b", 1, mode}, &why);
+    REQUIRE(a);
+    REQUIRE(b);
+    std::vector<std::byte> abuf(512, std::byte{1}), bbuf(512, std::byte{0});
+    xfer_error err;
+    auto ka = a->register_region(abuf.data(), abuf.size(), &err);
+    auto kb = b->register_region(bbuf.data(), bbuf.size(), &err);
+    auto round = [&](std::byte value) {
+      std::fill(abuf.begin(), abuf.end(), value);
+      auto id = a->post_put({1, 0, "b", ka->region_id, *kb, {{0, 0, 512}}});
+      bool ok = wait(*a, id, &err) == xfer_state::done && bbuf[511] == value;
+      a->release(id);
+      bbuf[0] = static_cast<std::byte>(static_cast<int>(value) + 1);
+      id = b->post_put({2, 0, "a", kb->region_id, *ka, {{0, 0, 1}}});
+      ok = ok && wait(*b, id, &err) == xfer_state::done && abuf[0] == bbuf[0];
+      b->release(id);
+      return ok;
+    };
+    CHECK(round(std::byte{2}));
+    bool gone = false;
+    for (int i = 0; i < 5000 && !gone; ++i) {  // bounded: up to ~5 s for a 1 ms idle limit
+      gone = a->stats().keys == 0;
+      if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds{1});
+    }
+    CHECK(gone);
+    CHECK(a->stats().peers == 1);
+    CHECK(round(std::byte{4}));
+    CHECK(round(std::byte{6}));
   }
-  CHECK(gone);
-  CHECK(a->stats().keys == 0);
-  CHECK(b->stats().in_flight == 0);
-  std::fill(src.begin(), src.end(), std::byte{2});
-  id = a->post_put({2, 0, "b", ka->region_id, *kb, {{0, 0, 512}}});
-  CHECK(wait(*a, id, &err) == xfer_state::done);
-  CHECK(dst[511] == std::byte{2});
-  CHECK(make_ucx_transport({"c", 1, "put", 1, 256, 0}, &why) == nullptr);
+  std::string why;
+  CHECK(make_ucx_transport({"c", 1, "put", 1, 0}, &why) == nullptr);
   CHECK(why.find("max_keys_per_peer") != std::string::npos);
 }
 
