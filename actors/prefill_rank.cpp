@@ -180,6 +180,15 @@ void finish_if_done(prefill_pointer self, uint64_t request_id) {
   // A failure also waits for its store reads: the servers are putting into the pages.
   if ((r.failed && (r.jobs_in_executor > 0 || r.load.outstanding > 0)) || in_flight()) return;
   if (r.failed) {
+    // A put given up at the send timeout may still land in the lease's pages: the request must
+    // hear transfer_failed, whatever failed first, so that its release keeps the pages out of
+    // reuse until the quarantine (a quiet error would let the decode rank reuse them at once).
+    if (r.abandoned_put && !(r.failure.category() == caf::atom("baton") &&
+                             static_cast<errc>(r.failure.code()) == errc::transfer_failed)) {
+      std::string what = r.failure.context().match_elements<std::string>() ? r.failure.context().get_as<std::string>(0)
+                                                                            : self->system().render(r.failure);
+      r.failure = make_error(errc::transfer_failed, what + "; a put given up at the send timeout may still land");
+    }
     r.promise.deliver(std::move(r.failure));
   } else {
     const auto& m = st.core.exec->config();
@@ -208,7 +217,10 @@ void finish_if_done(prefill_pointer self, uint64_t request_id) {
 void fail_request(prefill_pointer self, uint64_t request_id, errc code, const std::string& stage,
                   const std::string& what) {
   auto i = self->state.requests.find(request_id);
-  if (i == self->state.requests.end() || i->second.failed) return;
+  if (i == self->state.requests.end()) return;
+  // Failed already: this is one of its puts settling (failed, or given up at the send timeout),
+  // which its answer may be waiting for.
+  if (i->second.failed) return finish_if_done(self, request_id);
   i->second.failed = true;
   i->second.cancelled->store(true);
   // A chunk waiting at the streamed-prefix gate leaves the executor now, not at the gate's timeout

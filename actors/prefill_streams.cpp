@@ -49,7 +49,8 @@ void maybe_announce_split(prefill_pointer self, prefill_job_state& r, uint32_t l
 void on_peer_put_landed(prefill_pointer self, uint64_t request_id, int32_t peer, uint32_t layer) {
   auto& st = self->state;
   auto i = st.requests.find(request_id);
-  if (i == st.requests.end() || i->second.failed) return;
+  if (i == st.requests.end()) return;
+  if (i->second.failed) return finish_if_done(self, request_id);  // its answer may have waited for this put
   auto& r = i->second;
   // A put of an attempt since superseded (the request was placed here again: new peers).
   if (peer < 0 || static_cast<size_t>(peer) >= r.split.peers.size()) return;

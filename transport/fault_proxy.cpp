@@ -1,5 +1,6 @@
 #include "transport/fault_proxy.hpp"
 
+#include <atomic>
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
@@ -49,7 +50,7 @@ public:
   uint64_t post_put(const put_desc& d) override {
     std::unique_lock<std::mutex> lock{mutex_};
     if (disconnected_) {
-      const uint64_t id = ++last_own_id_ | own_bit;
+      const uint64_t id = ++last_own_id_ | own_bit_;
       own_[id] = {xfer_errc::peer_unreachable, true, d.request_id, d.peer, d.layer, "fault proxy: peer disconnected"};
       return id;
     }
@@ -60,7 +61,7 @@ public:
       return inner_->post_put(d);
     }
     ++injected_;
-    const uint64_t id = ++last_own_id_ | own_bit;
+    const uint64_t id = ++last_own_id_ | own_bit_;
     switch (plan_.kind) {
       case fault_kind::fail:
         own_[id] = {xfer_errc::injected_failure, true, d.request_id, d.peer, d.layer, "fault proxy failed this put"};
@@ -116,7 +117,7 @@ public:
   }
 
   xfer_state poll(uint64_t xfer_id, xfer_error* err) override {
-    if (!(xfer_id & own_bit)) {
+    if (!(xfer_id & own_bit_)) {
       {
         std::lock_guard<std::mutex> lock{mutex_};
         if (auto d = delayed_.find(xfer_id); d != delayed_.end() && d->second > 0) {
@@ -136,13 +137,16 @@ public:
     }
     if (dropped_.count(xfer_id)) return xfer_state::done;
     auto i = own_.find(xfer_id);
-    if (i == own_.end()) return xfer_state::failed;
+    if (i == own_.end()) {
+      if (err) *err = {xfer_errc::unknown_region, false, 0, {}, 0, "fault proxy: unknown transfer id " + std::to_string(xfer_id)};
+      return xfer_state::failed;
+    }
     if (err) *err = i->second;
     return xfer_state::failed;
   }
 
   void release(uint64_t xfer_id) override {
-    if (!(xfer_id & own_bit)) {
+    if (!(xfer_id & own_bit_)) {
       {
         std::lock_guard<std::mutex> lock{mutex_};
         delayed_.erase(xfer_id);
@@ -192,7 +196,10 @@ public:
   }
 
 private:
-  static constexpr uint64_t own_bit = uint64_t{1} << 63;  ///< ids the proxy answers itself
+  /// Marks the ids the proxy answers itself: a bit of its own per proxy (of the top 16, where
+  /// no backend's ids reach), so that a proxy wrapping another tells its ids from the inner's.
+  const uint64_t own_bit_ = uint64_t{1} << (63 - next_instance_.fetch_add(1) % 16);
+  static inline std::atomic<uint32_t> next_instance_{0};
 
   std::unique_ptr<transport> inner_;
   fault_plan plan_;
