@@ -37,6 +37,29 @@ uint32_t watermark_pages(const decode_state& st) {
   return on_demand(st) ? std::max(1u, st.core.exec->kv().layout().num_pages / 100) : 0;
 }
 
+/// May offload_youngest move this lease's sequence to host memory? Not one a writer may still put
+/// into (it gave a put up at its send timeout: its device pages would go to another lease with
+/// that put still able to land), nor one released during the step being finished
+/// (release_after_step: about to be freed; offloaded it would keep its lease and host slots
+/// until it resumed).
+bool offloadable(const lease& l) { return !l.writers.abandoned && !l.release_after_step; }
+
+/// The device pages offload_youngest can free, as it would: youngest eligible sequence first,
+/// stopping at the first that does not fit in the host slots left. 0 on demand (nothing is
+/// preempted for a newcomer there).
+uint64_t offloadable_pages(const decode_state& st) {
+  if (st.host_free.empty() || on_demand(st)) return 0;
+  uint64_t host = st.host_free.size(), pages = 0;
+  for (auto s = st.batch.rbegin(); s != st.batch.rend(); ++s) {
+    const auto& l = st.leases.at(s->lease_id);
+    if (!offloadable(l)) continue;
+    if (host < l.pages.size()) break;
+    host -= l.pages.size();
+    pages += l.pages.size();
+  }
+  return pages;
+}
+
 void report_load(decode_pointer self) {
   auto& st = self->state;
   if (!st.balancer || st.cfg.standby) return;  // on standby the balancer must not know us
@@ -44,10 +67,7 @@ void report_load(decode_pointer self) {
   const auto& layout = pool.layout();
   // With host memory for offloads, pages of running sequences that could move there count as
   // room: the balancer may place a sequence here, and the rank makes the room between steps.
-  uint64_t offloadable = 0;
-  if (!st.host_free.empty() && !on_demand(st))  // on demand, nothing is preempted for a newcomer
-    for (const auto& b : st.batch) offloadable += st.leases.at(b.lease_id).pages.size();
-  auto room = static_cast<uint32_t>(pool.num_free_pages() + std::min<uint64_t>(offloadable, st.host_free.size()));
+  auto room = static_cast<uint32_t>(pool.num_free_pages() + offloadable_pages(st));
   auto failure = st.core.exec->standing_failure();
   if (!failure.empty()) room = 0;  // it refuses new work: place nothing here
   rank_load load{st.cfg.name, 0, static_cast<uint32_t>(st.leases.size()), room, layout.num_pages};
@@ -186,10 +206,8 @@ uint32_t pages_to_reserve(const decode_state& st, const kv_lease_reserve& req) {
 /// steps only). False when nothing runs or host memory is too full.
 bool offload_youngest(decode_pointer self) {
   auto& st = self->state;
-  // Not a sequence whose lease a writer may still put into (it gave a put up at its send
-  // timeout): its device pages would go to another lease with that put still able to land.
   auto v = std::find_if(st.batch.rbegin(), st.batch.rend(),
-                        [&](const auto& s) { return !st.leases.at(s.lease_id).writers.abandoned; });
+                        [&](const auto& s) { return offloadable(st.leases.at(s.lease_id)); });
   if (v == st.batch.rend()) return false;
   auto victim = *v;
   auto& l = st.leases.at(victim.lease_id);
@@ -271,8 +289,9 @@ void rebalance_memory(decode_pointer self) {
       st.reserves.pop_front();
       continue;
     }
-    // Nothing to offload (wait for sequences to finish), or host memory full too.
-    if (!offload_youngest(self)) break;
+    // Offloading cannot make the room (or nothing is left to offload): wait for sequences to
+    // finish instead of moving them to host memory for nothing.
+    if (kv.num_free_pages() + offloadable_pages(st) < pages_to_reserve(st, r.req) || !offload_youngest(self)) break;
   }
   bool resumed = false;
   while (st.reserves.empty() && resume_oldest(self)) resumed = true;

@@ -391,6 +391,9 @@ void start_decode(request_pointer self) {
               st.decode_name = s.moved_rank;
               st.out.decode_rank = s.moved_rank;
               st.lease_id = s.moved_lease;
+              // A put the prefill writer gave up could land only in the source's pages, which
+              // the source quarantines: the target's lease was written by the move alone.
+              st.writer_abandoned = false;
               st.decode_fed += s.num_tokens;
               self->monitor(st.decode);
               ++st.out.migrations;

@@ -442,6 +442,44 @@ TEST_CASE("a sequence offloaded for a reservation that is then released comes ba
   check_colocated(cfg, {a_prompt}, {done});
 }
 
+TEST_CASE("a decode rank offloads nothing for a reservation that offloading cannot satisfy, and reports as room "
+          "only the pages it could offload") {
+  test::cluster_system t;
+  auto cfg = shared_decode_rank();
+  cfg.executor.num_kv_pages = 16;
+  cfg.decode.host_offload_pages = 6;  // C (5 pages) fits; B (7) does not
+  cfg.decode.reserve_wait_ms = 200;
+  // Decode steps start 20 ms late (a fault executor): B and C both run for most of a second.
+  auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
+  auto cluster = start_local_cluster(t.sys, cfg, [&cfg, weights](const std::string& name) -> std::shared_ptr<gpu::executor> {
+    std::shared_ptr<gpu::executor> exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
+    return name.rfind("decode", 0) == 0 ? gpu::make_fault_slow_executor(exec, 20) : exec;
+  });
+  test::cluster_system::stopper stop{t, cluster};
+  const auto& decode = cluster.decode[0].handle;
+  caf::scoped_actor self{t.sys};
+  std::vector<decltype(send_request(self, cluster.router, "", 1))> handles;
+  handles.push_back(send_request(self, cluster.router, std::string(39, 'b'), 72));  // 40 + 72 tokens: 7 pages
+  wait_for_steps(t, decode, 2);
+  handles.push_back(send_request(self, cluster.router, std::string(39, 'c'), 40));  // 40 + 40: 5 pages
+  for (int i = 0; i < 2000 && t.stats(decode).num_running < 2; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{1});
+  REQUIRE(t.stats(decode).num_running == 2);
+  // 4 pages free; offloading C frees 5 more; B would not fit in host memory after it: room 9
+  // (counting every running page up to the host's size said 10).
+  std::vector<rank_load> loads;
+  self->request(cluster.decode_balancer, std::chrono::seconds{5}, stats_atom::value)
+      .receive([&](std::vector<rank_load>& l) { loads = l; }, [](caf::error&) {});
+  REQUIRE(loads.size() == 1);
+  CHECK(loads[0].num_free_pages == 9);
+  // 12 pages: 4 free + 5 offloadable fall short, so C stays (it used to go to host memory for
+  // nothing while the reservation waited anyway).
+  self->request(decode, std::chrono::seconds{10}, reserve_atom::value, kv_lease_reserve{999, 192, 60000, 100})
+      .receive([&](kv_lease_grant& g) { self->send(decode, release_atom::value, g.lease_id, false); },
+               [&](caf::error&) {});
+  CHECK(t.stats(decode).offloaded == 0);
+  collect_all(t, handles);
+}
+
 TEST_CASE("on-demand KV: leases reserve the prompt plus headroom and grow page by page; when the pool runs dry "
           "the youngest sequence is preempted to host memory, and every token and logit is unchanged") {
   test::cluster_system t;
