@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 namespace baton {
 
@@ -22,6 +23,25 @@ public:
 
   /// The rank reported: its report counts everything that reached it.
   void reported(const std::string& rank) { by_rank_.erase(rank); }
+
+  /// The rank reported, naming the placements it settled since its last report (`settled`:
+  /// request ids). Their charges go; the others' placements are still on their way, which the
+  /// report does not count, so each is applied again on top of it -- reapply(charge&), oldest
+  /// first -- rather than wiped (a burst would pile onto a rank whose reports kept saying it
+  /// was empty). `Charge` has a `uint64_t request_id`.
+  template <class Reapply>
+  void reported(const std::string& rank, const std::vector<uint64_t>& settled, Reapply reapply) {
+    auto it = by_rank_.find(rank);
+    if (it == by_rank_.end()) return;
+    auto& q = it->second;
+    q.erase(std::remove_if(q.begin(), q.end(),
+                           [&](const Charge& c) {
+                             return std::find(settled.begin(), settled.end(), c.request_id) != settled.end();
+                           }),
+            q.end());
+    for (auto& c : q) reapply(c);
+    if (q.empty()) by_rank_.erase(it);
+  }
 
   /// Calls take_back(rank, charge) for every charge placed at or before `oldest`, oldest first,
   /// and then done(rank, count) once per rank that lost any; forgets them.

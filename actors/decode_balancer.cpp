@@ -29,8 +29,10 @@ struct decode_balancer_state {
   /// report followed within cfg.charge_ttl_ms are taken back.
   struct charge {
     caf::actor_clock::time_point at;
-    uint32_t pages;
+    uint32_t pages;      ///< taken off the rank's free pages (at most what it had)
     uint64_t kv_tokens;
+    uint64_t request_id;
+    uint32_t pages_needed;  ///< what the sequence asked, to take again after a report
   };
   charge_ledger<charge, caf::actor_clock::time_point> charges;
   decision_log log;
@@ -136,7 +138,7 @@ std::optional<decode_placement> try_place(pointer self, const place_query& q) {
   r.num_running += 1;
   r.num_free_pages -= taken;
   r.kv_tokens += uint64_t{pages} * ps;
-  st.charges.add(r.name, {self->clock().now(), taken, uint64_t{pages} * ps});
+  st.charges.add(r.name, {self->clock().now(), taken, uint64_t{pages} * ps, q.request_id, pages});
   why += " [needs " + std::to_string(q.total_tokens) + " tokens]";
   st.log.add({q.request_id, r.name, why});
   return decode_placement{r.name, st.registry.ranks[*pick], why};
@@ -174,7 +176,17 @@ decode_balancer_actor::behavior_type decode_balancer_impl(pointer self, decode_b
         auto& st = self->state;
         const std::string name = load.name;
         if (st.registry.report(std::move(load), rank, st.log)) self->monitor(rank);
-        if (st.registry.index_of(rank)) st.charges.reported(name);  // the report counts what reached it
+        // The report counts the placements it settled; the others still take their room.
+        if (auto i = st.registry.index_of(rank)) {
+          st.charges.reported(name, st.registry.loads[*i].settled, [&](decode_balancer_state::charge& c) {
+            auto& r = st.registry.loads[*i];
+            c.pages = std::min(r.num_free_pages, c.pages_needed);
+            r.num_running += 1;
+            r.num_free_pages -= c.pages;
+            r.kv_tokens += c.kv_tokens;
+          });
+          st.registry.loads[*i].settled.clear();
+        }
         serve_parked(st.parked, self->clock().now(), "place_decode", [=](const place_query& q) { return try_place(self, q); });
       },
       [=](expire_atom) {

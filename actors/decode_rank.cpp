@@ -62,6 +62,7 @@ uint64_t offloadable_pages(const decode_state& st) {
 
 void report_load(decode_pointer self) {
   auto& st = self->state;
+  auto settled = std::exchange(st.settled, {});
   if (!st.balancer || st.cfg.standby) return;  // on standby the balancer must not know us
   const auto& pool = st.core.exec->kv();
   const auto& layout = pool.layout();
@@ -72,6 +73,7 @@ void report_load(decode_pointer self) {
   if (!failure.empty()) room = 0;  // it refuses new work: place nothing here
   rank_load load{st.cfg.name, 0, static_cast<uint32_t>(st.leases.size()), room, layout.num_pages};
   load.unavailable = std::move(failure);
+  load.settled = std::move(settled);
   load.page_size_tokens = layout.page_size_tokens;
   load.kv_tokens = uint64_t{layout.num_pages - pool.num_free_pages()} * layout.page_size_tokens;
   load.on_demand_headroom_tokens = st.cfg.on_demand_headroom_tokens;
@@ -149,6 +151,7 @@ kv_lease_grant grant_lease(decode_pointer self, const kv_lease_reserve& req, std
   l.lease_ms = req.lease_ms;
   l.expires_at = self->clock().now() + std::chrono::milliseconds{req.lease_ms};
   self->delayed_send(self, std::chrono::milliseconds{req.lease_ms}, expire_atom::value, id);
+  s.settled.push_back(req.request_id);
   report_load(self);
   return kv_lease_grant{req.request_id, id, s.cfg.name, s.region, l.pages, req.lease_ms};
 }
@@ -597,16 +600,22 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
       [=](reserve_atom, const kv_lease_reserve& req) -> caf::result<kv_lease_grant> {
         auto& s = self->state;
         const auto stage = where(req.request_id, s.cfg.name, "kv_reserve");
-        if (!s.core.setup_error.empty()) return make_error(errc::executor_failed, stage + ": " + s.core.setup_error);
+        // A refusal settles the balancer's charge for it with the next report (as a grant does).
+        auto refuse = [&](errc code, const std::string& why) {
+          s.settled.push_back(req.request_id);
+          return make_error(code, stage + ": " + why);
+        };
+        if (!s.core.setup_error.empty()) return refuse(errc::executor_failed, s.core.setup_error);
         // An executor that can run nothing (a broken data-parallel group): the request is placed
         // again elsewhere, and the balancer hears that this rank has no room.
         if (auto failure = s.core.exec->standing_failure(); !failure.empty()) {
+          auto e = refuse(errc::rank_unavailable, failure);
           report_load(self);
-          return make_error(errc::rank_unavailable, stage + ": " + failure);
+          return e;
         }
         // On standby the executor's pool belongs to this instance's other role: a placement made
         // before the switch must go elsewhere.
-        if (s.cfg.standby) return make_error(errc::rank_unavailable, stage + ": on standby (serving as prefill)");
+        if (s.cfg.standby) return refuse(errc::rank_unavailable, "on standby (serving as prefill)");
         auto& pool = s.core.exec->kv();
         const uint32_t need = pages_to_reserve(s, req);
         if (s.reserves.empty() && s.paused.empty() && pool.num_free_pages() >= need + watermark_pages(s))
@@ -625,9 +634,11 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
           rebalance_memory(self);
           return promise;
         }
-        return make_error(errc::kv_capacity, stage + ": needs " + std::to_string(need) + " KV pages for " +
-                                                 std::to_string(req.num_tokens) + " tokens, " +
-                                                 std::to_string(pool.num_free_pages()) + " free");
+        auto e = refuse(errc::kv_capacity, "needs " + std::to_string(need) + " KV pages for " +
+                                               std::to_string(req.num_tokens) + " tokens, " +
+                                               std::to_string(pool.num_free_pages()) + " free");
+        report_load(self);
+        return e;
       },
       [=](prefill_order& order) -> caf::result<prefill_result> {
         auto& s = self->state;
@@ -767,6 +778,7 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
         auto& s = self->state;
         auto r = std::find_if(s.reserves.begin(), s.reserves.end(), [&](auto& x) { return x.id == id; });
         if (r == s.reserves.end()) return;  // granted meanwhile
+        s.settled.push_back(r->req.request_id);
         const auto& pool = s.core.exec->kv();
         r->promise.deliver(make_error(
             errc::kv_capacity, where(r->req.request_id, s.cfg.name, "kv_reserve") + ": waited " +

@@ -194,6 +194,8 @@ struct decode_state {
   std::deque<paused_seq> paused;         ///< offloaded sequences, oldest first
   std::deque<pending_reserve> reserves;  ///< reservations waiting for pages an offload will free
   uint64_t last_reserve = 0;
+  /// Reservations granted or refused since the last load report (rank_load::settled).
+  std::vector<uint64_t> settled;
   uint64_t offloaded = 0, resumed = 0;
   // Elastic drain (migrate_atom): running sequences move to other decode ranks with their KV.
   bool migrate_out = false;

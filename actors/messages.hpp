@@ -256,12 +256,16 @@ struct rank_load {
   /// Non-empty while the rank takes no new work, saying why (its executor's standing failure: a
   /// broken expert group, say): balancers place nothing there until a report clears it.
   std::string unavailable = {};
+  /// decode: the requests whose placement this report accounts for, since the rank's last one
+  /// (granted a lease, so counted in its pages, or refused). The balancer drops their charges and
+  /// keeps those of placements still on their way, which a report must not wipe.
+  std::vector<uint64_t> settled = {};
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, rank_load& x) {
   return f(caf::meta::type_name("rank_load"), x.name, x.queued_tokens, x.num_running, x.num_free_pages,
            x.num_total_pages, x.page_size_tokens, x.predicted_us, x.kv_tokens, x.on_demand_headroom_tokens, x.bucket,
-           x.unavailable);
+           x.unavailable, x.settled);
 }
 
 /// A request asking a balancer for a rank.

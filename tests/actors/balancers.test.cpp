@@ -213,10 +213,64 @@ TEST_CASE("a decode placement whose sequence never reserves on its rank gives it
           },
           [](caf::error&) {});
   CHECK(logged);
-  // A report replaces the charges at once.
+  // A report that settles the second (its reservation was refused, say) replaces its charge at once.
+  load.settled = {2};
   self->send(bal, load_atom::value, load, rank);
   self->request(bal, std::chrono::seconds{5}, stats_atom::value).receive([&](std::vector<rank_load>& l) { loads = l; }, [](caf::error&) {});
   CHECK(loads[0].num_free_pages == 4);
   self->send_exit(bal, caf::exit_reason::user_shutdown);
   self->send_exit(rank, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("a decode rank's report drops the charges of the placements it settled and keeps those still on their "
+          "way, so a burst spreads over the ranks instead of piling onto the one that reported first") {
+  test::cluster_system t;
+  caf::scoped_actor self{t.sys};
+  decode_balancer_config bc;
+  bc.policy = "least_loaded";
+  auto bal = spawn_decode_balancer(t.sys, bc);
+  std::vector<decode_rank_actor> ranks;
+  for (const char* name : {"decode-a", "decode-b"}) {
+    ranks.push_back(caf::actor_cast<decode_rank_actor>(
+        t.sys.spawn([](caf::event_based_actor*) -> caf::behavior { return {[](int) {}}; })));
+    rank_load load;
+    load.name = name;
+    load.num_free_pages = load.num_total_pages = 16;
+    load.page_size_tokens = 16;
+    self->send(bal, load_atom::value, load, ranks.back());
+  }
+  std::vector<std::string> placed;
+  const auto place = [&](uint64_t id) {
+    self->request(bal, std::chrono::seconds{5}, place_atom::value, place_query{id, 60, 0, 64})
+        .receive([&](decode_placement& p) { placed.push_back(p.name); }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
+  };
+  place(1);
+  place(2);
+  place(3);
+  place(4);
+  REQUIRE(placed.size() == 4);
+  // Request 1 reached its rank, whose report counts it (4 pages); the other placements there
+  // are still on their way.
+  const auto first = placed[0];
+  const auto& first_rank = first == "decode-a" ? ranks[0] : ranks[1];
+  rank_load load;
+  load.name = first;
+  load.num_total_pages = 16;
+  load.num_free_pages = 12;
+  load.num_running = 1;
+  load.page_size_tokens = 16;
+  load.settled = {1};
+  self->send(bal, load_atom::value, load, first_rank);
+  std::vector<rank_load> loads;
+  self->request(bal, std::chrono::seconds{5}, stats_atom::value).receive([&](std::vector<rank_load>& l) { loads = l; }, [](caf::error&) {});
+  REQUIRE(loads.size() == 2);
+  uint32_t charged_there = 0;
+  for (size_t i = 1; i < placed.size(); ++i) charged_there += placed[i] == first;
+  for (const auto& l : loads)
+    if (l.name == first) {
+      CHECK(l.num_free_pages == 12 - 4 * charged_there);  // not 12: the others still take their room
+      CHECK(l.num_running == 1 + charged_there);
+    }
+  for (auto& r : ranks) self->send_exit(r, caf::exit_reason::user_shutdown);
+  self->send_exit(bal, caf::exit_reason::user_shutdown);
 }
