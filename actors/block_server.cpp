@@ -346,7 +346,7 @@ store_read_result serve_read(io_context& io, const store_read_order& order, uint
     }
     // This layer of every good block is in the reader's pages: it may compute the layer now.
     if (order.reader_actor && !expired) {
-      store_layer_landed ev{order.request_id, l, {}, {}};
+      store_layer_landed ev{order.request_id, l, {}, {}, order.tag};
       for (size_t i = 0; i < n; ++i)
         if (fds[i] >= 0 && r.errors[i].empty()) {
           ev.block_index.push_back(order.block_index[i]);

@@ -342,11 +342,15 @@ struct store_read_order {
   /// limit). The reader waits read_timeout_ms; half of it here leaves the other half for the
   /// last put and the answer, so that no put lands after the reader stopped waiting.
   uint32_t budget_ms = 0;
+  /// The reader's name for this read, echoed in store_layer_landed: a request placed on the same
+  /// rank again reads again, and a late notice of the earlier read must not count for the new one
+  /// (a prefill rank uses the attempt's lease id).
+  uint64_t tag = 0;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, store_read_order& x) {
   return f(caf::meta::type_name("store_read_order"), x.request_id, x.blocks, x.block_index, x.block_tokens, x.region,
-           x.page_ids, x.reader, x.reader_actor, x.budget_ms);
+           x.page_ids, x.reader, x.reader_actor, x.budget_ms, x.tag);
 }
 
 /// A block server gives up one put of a read after this long. With the order's budget, it bounds
@@ -364,10 +368,11 @@ struct store_layer_landed {
   uint32_t layer = 0;
   std::vector<uint32_t> block_index;  ///< blocks whose layer landed
   std::vector<uint64_t> checksums;    ///< their header checksum of this layer
+  uint64_t tag = 0;                   ///< the read order's tag
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, store_layer_landed& x) {
-  return f(caf::meta::type_name("store_layer_landed"), x.request_id, x.layer, x.block_index, x.checksums);
+  return f(caf::meta::type_name("store_layer_landed"), x.request_id, x.layer, x.block_index, x.checksums, x.tag);
 }
 
 /// Block server -> reader: what landed. Per block (in the order's order): an empty error and its

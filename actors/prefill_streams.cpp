@@ -94,7 +94,7 @@ void maybe_restart(prefill_pointer self, uint64_t rid) {
 void on_layer_landed(prefill_pointer self, const store_layer_landed& ev) {
   auto& st = self->state;
   auto i = st.requests.find(ev.request_id);
-  if (i == st.requests.end()) return;
+  if (i == st.requests.end() || i->second.order.grant.lease_id != ev.tag) return;  // of an earlier attempt's read
   auto& r = i->second;
   auto& ld = r.load;
   if (!ld.gate || ld.aborted) return;
@@ -176,6 +176,7 @@ void load_round(prefill_pointer self, uint64_t rid) {
       o.page_ids = r.local_pages;
       o.reader = st.cfg.name;
       o.budget_ms = std::max<uint32_t>(1, st.store.read_timeout_ms / 2);
+      o.tag = r.order.grant.lease_id;
       if (r.load.gate) o.reader_actor = caf::actor_cast<caf::actor>(self);
     }
     o.blocks.push_back(ld.blocks[b]);
@@ -185,12 +186,15 @@ void load_round(prefill_pointer self, uint64_t rid) {
   if (orders.empty()) return on_round_done(self, rid);
   ld.outstanding = static_cast<uint32_t>(orders.size());
   schedule_keepalive(self);  // a slow read must not let the decode rank's lease expire
+  // Replies are matched by request and lease: the request may have finished here and been placed
+  // here again (a new lease) while a reply of this read was still on its way.
+  const uint64_t lease = r.order.grant.lease_id;
   for (auto& [server, order] : orders) {
     const std::vector<uint32_t> asked = order.block_index;
     auto on_reply = [=](store_read_result& res) {
       auto& st = self->state;
       auto i = st.requests.find(rid);
-      if (i == st.requests.end()) return;
+      if (i == st.requests.end() || i->second.order.grant.lease_id != lease) return;
       auto& r = i->second;
       r.load.late_writer |= res.puts_abandoned;  // a put of it may still land: hold the pages
       auto& kv = st.core.exec->kv();
@@ -222,7 +226,7 @@ void load_round(prefill_pointer self, uint64_t rid) {
     auto on_error = [=](caf::error& err) {
       auto& st = self->state;
       auto i = st.requests.find(rid);
-      if (i == st.requests.end()) return;
+      if (i == st.requests.end() || i->second.order.grant.lease_id != lease) return;
       i->second.load.late_writer = true;  // no answer: the server may still be putting
       for (auto b : asked)
         if (i->second.load.state[b] == prefix_load::in_flight)

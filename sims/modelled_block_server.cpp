@@ -82,7 +82,7 @@ void serve_layer(pointer self, std::shared_ptr<store_read_order> order, std::sha
                  caf::actor_clock::duration_type per) {
   at_time(self, at, [=]() mutable {
     if (order->reader_actor) {
-      store_layer_landed ev{order->request_id, l, {}, {}};
+      store_layer_landed ev{order->request_id, l, {}, {}, order->tag};
       for (size_t i = 0; i < order->blocks.size(); ++i)
         if (result->errors[i].empty()) {
           ev.block_index.push_back(order->block_index[i]);
