@@ -233,6 +233,9 @@ std::string malformed(const io_context& io, const store_read_order& order) {
       return "page " + std::to_string(page) + " is outside the reader's pool of " + std::to_string(reg.num_pages);
   const gpu::kv_layout layout{reg.num_layers, reg.num_pages, reg.page_size_tokens, reg.kv_dim, reg.kv_planes};
   const uint64_t block_layer_bytes = uint64_t{order.block_tokens / reg.page_size_tokens} * layout.page_bytes();
+  if (block_layer_bytes == 0)  // no K/V plane or width: a layer of nothing (the batch size divides by it)
+    return "the reader's pool has pages of 0 bytes (kv_dim " + std::to_string(reg.kv_dim) + ", planes " +
+           std::to_string(reg.kv_planes) + ")";
   if (block_layer_bytes > io.staging.size())
     return "one layer of a block is " + std::to_string(block_layer_bytes) + " bytes, more than this server's staging of " +
            std::to_string(io.staging.size()) + " (store staging_bytes)";
@@ -526,7 +529,8 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
               if (!io.setup_error.empty()) return write_outcome{std::move(w), io.setup_error};
               if (layers == 0 || w.bytes % layers != 0 || w.bytes > io.write_staging.size() ||
                   offset > io.write_staging.size() - w.bytes ||  // a remote size: no sum that can wrap
-                  w.page_tokens == 0 || w.block_tokens % w.page_tokens != 0 || (w.bytes / layers) % (w.block_tokens / w.page_tokens) != 0)
+                  w.page_tokens == 0 || w.block_tokens == 0 || w.block_tokens % w.page_tokens != 0 ||
+                  (w.bytes / layers) % (w.block_tokens / w.page_tokens) != 0)
                 return write_outcome{std::move(w), "block bytes are not whole layers of whole pages"};
               // The bytes in the slot must be what the writer checksummed: a put that failed
               // silently, or a late put into a reclaimed slot, must never become a block file.
@@ -605,6 +609,8 @@ caf::expected<store_write_slot> write_slot_table::grant(const store_write_begin&
                                                         const std::string& setup_error) {
   const auto stage = where(b.request_id, server, "store_write");
   if (!setup_error.empty() || !key_) return make_error(errc::rank_unavailable, stage + ": " + setup_error);
+  // A slot of 0 bytes would share its offset with the next slot granted, and freeing it free that one's range.
+  if (b.bytes == 0) return make_error(errc::bad_request, stage + ": a write slot of 0 bytes");
   auto off = pool_.acquire(b.bytes);
   if (!off) return make_error(errc::kv_capacity, stage + ": write staging is full");
   const uint64_t id = ++last_;

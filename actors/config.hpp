@@ -257,6 +257,12 @@ struct router_config {
   std::vector<int32_t> extra_eos_token_ids;
   /// Upper bound on max_tokens per request; 0 = the model's context length.
   uint32_t max_new_tokens_limit = 0;
+  /// max_tokens of a request that gives none (0: OpenAI chat's default, "what the context
+  /// leaves"): what the context leaves after the prompt, but at most this (0: no cap). A lease
+  /// reserves a sequence's whole length unless KV is on demand, so an uncapped default would
+  /// reserve the whole context for every such request (and a long-context model's would fit
+  /// no decode rank).
+  uint32_t default_max_tokens = 4096;
   /// Admission control: requests in flight at most; more are refused at once with
   /// errc::overloaded (HTTP 429 with Retry-After) instead of queueing without bound. Every
   /// queue behind the router (balancers' parked placements, ranks' waiting prompts) is bounded

@@ -14,7 +14,7 @@ namespace baton {
 
 std::string tokenize_and_validate(generate_request& req, const gpu::model_config& model,
                                   uint32_t max_new_tokens_limit, std::vector<int32_t>* tokens,
-                                  const gpu::tokenizer* tokenizer) {
+                                  const gpu::tokenizer* tokenizer, uint32_t default_max_tokens) {
   const int given = !req.prompt.empty() + !req.prompt_tokens.empty() + !req.messages.empty();
   if (given > 1) return "give one of prompt, prompt_tokens or messages, not several";
   if (given == 0) return "prompt is empty";
@@ -74,7 +74,9 @@ std::string tokenize_and_validate(generate_request& req, const gpu::model_config
     if (tokens->size() >= ctx)
       return "prompt of " + std::to_string(tokens->size()) + " tokens leaves no room in the model's context of " +
              std::to_string(ctx) + " tokens";
-    req.max_tokens = static_cast<int32_t>(std::min<size_t>(ctx - tokens->size(), limit));
+    size_t room = std::min<size_t>(ctx - tokens->size(), limit);
+    if (default_max_tokens > 0) room = std::min<size_t>(room, default_max_tokens);
+    req.max_tokens = static_cast<int32_t>(room);
   }
   if (tokens->size() + static_cast<size_t>(req.max_tokens) > ctx)
     return "prompt of " + std::to_string(tokens->size()) + " tokens plus max_tokens " +
@@ -162,7 +164,8 @@ router_actor::behavior_type router_impl(router_pointer self, router_config cfg, 
                                               std::to_string(s.cfg.max_active_requests) + "; retry after a moment");
     }
     std::vector<int32_t> tokens;
-    if (auto why = tokenize_and_validate(req, s.model, s.cfg.max_new_tokens_limit, &tokens, s.cfg.tokenizer.get());
+    if (auto why = tokenize_and_validate(req, s.model, s.cfg.max_new_tokens_limit, &tokens, s.cfg.tokenizer.get(),
+                                         s.cfg.default_max_tokens);
         !why.empty()) {
       ++s.num_rejected;
       return make_error(errc::bad_request, where(id, "", "admission") + ": " + why);

@@ -76,6 +76,7 @@ struct local_options {
   std::string router_listen;       ///< HOST:PORT to publish the router on (C++ clients, gateways)
   std::string cluster_listen;      ///< HOST:PORT to publish the node directory on (`baton node`)
   std::string http_listen;         ///< HOST:PORT of an in-process OpenAI-compatible gateway
+  gateway_config gateway;          ///< its settings (host, port and keys come from the flags above)
   std::vector<std::string> api_keys;
   net_security sec;                ///< cluster id and TLS of the published router and directory
 };
@@ -134,7 +135,7 @@ int serve(caf::actor_system& sys, const local_cluster& cluster, const local_opti
     return rc;
   gateway_handle gateway;
   if (!opt.http_listen.empty()) {
-    gateway_config gc;
+    gateway_config gc = opt.gateway;
     gc.api_keys = opt.api_keys;
     for (auto& k : api_keys_from_env()) gc.api_keys.push_back(std::move(k));
     if (!parse_host_port(opt.http_listen, "--http-listen", &gc.host, &gc.port, &why) ||
@@ -296,6 +297,13 @@ int run_local(const std::vector<std::string>& args) {
   flags.add("--max-active-requests", &opt.cluster.router.max_active_requests,
             "admission control: requests in flight at most, more are refused (HTTP 429); 0 = no limit");
   flags.add("--api-key", &opt.api_keys, "--serve: an API key the gateway accepts as a bearer token (repeatable)");
+  flags.add("--first-token-timeout-ms", &opt.gateway.first_token_timeout_ms,
+            "--http-listen: a call's wait for its first token before 504 (later tokens: --token-timeout-ms)");
+  flags.add("--idle-timeout-ms", &opt.gateway.idle_timeout_ms, "--http-listen: a connection idle this long is closed");
+  flags.add("--max-tokens-limit", &opt.cluster.router.max_new_tokens_limit,
+            "the most tokens one request may ask to generate; 0 = the model's context");
+  flags.add("--default-max-tokens", &opt.cluster.router.default_max_tokens,
+            "max_tokens of a request that gives none (OpenAI chat): what the context leaves, at most this; 0 = no cap");
   if (auto rc = flags.parse_command_line(args, "local", "baton local [flags]")) return *rc;
   opt.cluster.backend.cuda_bf16 = !cuda_fp32;
   if (opt.model != "random") {

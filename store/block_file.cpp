@@ -262,6 +262,12 @@ dir_scan scan_block_dir(const std::string& dir, const block_key& salt) {
       remove(p, "holds block " + h.key.hex());
       continue;
     }
+    // Where reads and deletes look for it, or it could never be served nor deleted (a file
+    // moved by hand), only found again at every restart.
+    if (std::filesystem::path{block_path(dir, h.key)}.lexically_normal() != p.lexically_normal()) {
+      remove(p, "is not where block " + h.key.hex() + " belongs (" + block_path(dir, h.key) + ")");
+      continue;
+    }
     found.push_back({written, {h.key, h.parent, h.retention, h.file_bytes(), static_cast<uint64_t>(age_of(written).count())}});
   }
   std::stable_sort(found.begin(), found.end(), [](const dated& a, const dated& b) { return a.written < b.written; });

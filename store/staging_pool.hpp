@@ -16,6 +16,7 @@ class staging_pool {
   }
   /// An offset with `bytes` reserved there, or nothing when no free range is large enough.
   std::optional<uint64_t> acquire(uint64_t bytes) {
+    if (bytes == 0) return std::nullopt;  // it would share its offset with the next range given out
     for (auto it = free_.begin(); it != free_.end(); ++it) {
       if (it->second < bytes) continue;
       const uint64_t off = it->first, left = it->second - bytes;

@@ -278,3 +278,42 @@ TEST_CASE("block server: a delete the index sent for an older write of a key lea
   self->send_exit(server, caf::exit_reason::user_shutdown);
   self->send_exit(index, caf::exit_reason::user_shutdown);
 }
+
+TEST_CASE("block server: orders that would divide by zero (pages of 0 bytes, blocks of 0 tokens, a write slot of 0 "
+          "bytes) are refused with a sentence naming them, and the server goes on serving") {
+  test::cluster_system t;
+  one_server s;
+  const store::block_key a{1, 11};
+  s.store_block(a, std::byte{0x11});
+  auto fabric = transport::make_loopback_fabric();
+  auto reader_xport = transport::make_loopback_transport(fabric, "reader");
+  std::vector<std::byte> pool(s.layout.layer_stride_bytes() * layers, std::byte{0});
+  transport::xfer_error err;
+  auto key = reader_xport->register_region(pool.data(), pool.size(), &err);
+  REQUIRE(key);
+  block_server_config bc;
+  bc.dir = s.dir;
+  bc.identity = s.identity;
+  bc.staging_bytes = s.layout.page_bytes();
+  auto server = spawn_block_server(t.sys, bc, transport::make_loopback_transport(fabric, "store-0"), {});
+  caf::scoped_actor self{t.sys};
+  const auto read = [&](store_read_order o) {
+    std::string why = "no answer";
+    self->request(server, std::chrono::seconds{10}, std::move(o))
+        .receive([&](store_read_result& r) { why = r.errors.empty() ? "no block" : r.errors[0]; },
+                 [&](caf::error& e) { why = t.sys.render(e); });
+    return why;
+  };
+  for (const bool no_planes : {true, false}) {
+    auto o = read_order(1, a, 0, *key);
+    (no_planes ? o.region.kv_planes : o.region.kv_dim) = 0;
+    CHECK_MESSAGE(read(o).find("pages of 0 bytes") != std::string::npos, read(o));
+  }
+  std::string why;
+  self->request(server, std::chrono::seconds{10}, store_write_begin{7, 0})
+      .receive([&](store_write_slot&) { why = "granted"; }, [&](caf::error& e) { why = t.sys.render(e); });
+  CHECK_MESSAGE(why.find("a write slot of 0 bytes") != std::string::npos, why);
+  CHECK(read(read_order(2, a, 0, *key)).empty());  // still serving: the block lands
+  CHECK(pool[0] == std::byte{0x11});
+  self->send_exit(server, caf::exit_reason::user_shutdown);
+}

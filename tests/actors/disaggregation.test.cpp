@@ -201,6 +201,9 @@ TEST_CASE("bad input gets a clear error naming the problem, and the cluster keep
   zero.max_tokens = 0;
   CHECK(tokenize_and_validate(zero, cfg.model, 100, &tokens).empty());
   CHECK(zero.max_tokens == 100);
+  zero.max_tokens = 0;  // the router's default cap (router_config::default_max_tokens)
+  CHECK(tokenize_and_validate(zero, cfg.model, 0, &tokens, nullptr, 64).empty());
+  CHECK(zero.max_tokens == 64);
   generate_request full;
   full.prompt_tokens.assign(cfg.model.max_position_embeddings, 72);
   full.max_tokens = 0;

@@ -244,6 +244,10 @@ TEST_CASE("a store directory scanned at start: this model's blocks oldest first 
   const auto junk_key = chain_keys(salt, tokens(192), 32)[5];
   fs::create_directories(fs::path(block_path(dir, junk_key)).parent_path());
   std::ofstream{block_path(dir, junk_key)} << "not a block";
+  // A good block in the wrong directory (moved by hand): reads and deletes would never find it.
+  const auto moved = fs::path(dir) / "zz" / (keys[2].hex() + ".blk");
+  fs::create_directories(moved.parent_path());
+  fs::copy_file(block_path(dir, keys[2]), moved);
   // Temporaries: a crashed writer's from an hour ago, and one being written now.
   const auto stale = block_path(dir, keys[0]) + ".tmp.999.1";
   const auto fresh = block_path(dir, keys[1]) + ".tmp.999.2";
@@ -264,8 +268,9 @@ TEST_CASE("a store directory scanned at start: this model's blocks oldest first 
   CHECK(scan.blocks[0].age_ms >= 3 * 3600 * 1000ull);
   CHECK(scan.blocks[0].age_ms < 4 * 3600 * 1000ull);
   CHECK(scan.foreign == 1);
-  CHECK(scan.removed == 4);
+  CHECK(scan.removed == 5);
   CHECK(!scan.first_removed.empty());
+  CHECK(!fs::exists(moved));
   CHECK(fs::exists(block_path(dir, foreign_key)));
   CHECK(!fs::exists(block_path(dir, extra)));
   CHECK(!fs::exists(block_path(dir, misnamed)));
@@ -481,4 +486,5 @@ TEST_CASE("the staging pool hands out disjoint ranges and merges them back") {
   p.release(*b);
   CHECK(p.used_bytes() == 0);
   CHECK(p.acquire(100) == 0u);  // everything merged into one range again
+  CHECK_FALSE(p.acquire(0));     // nothing to hand out: it would share an offset with the next range
 }
