@@ -15,6 +15,16 @@ struct block_index_state {
   /// Servers whose actor went down (their store node died): CHECK no longer names them, so
   /// readers do not wait on them; their entries age out like any other.
   std::vector<bool> server_down;
+  /// Deletes for servers the index does not know yet: a server recovering its blocks commits
+  /// them (and its expired ones are dropped) before the cluster hands the index its server
+  /// list. Sent when the list comes, or those files would stay on disk for good. Bounded by
+  /// the blocks recovered meanwhile.
+  struct pending_delete {
+    uint32_t server;
+    store::block_key key;
+    uint64_t write_seq;
+  };
+  std::vector<pending_delete> pending_deletes;
   caf::actor_clock::time_point started;
   store_stats stats;
   static inline const char* name = "baton.block_index";
@@ -32,7 +42,8 @@ void drop(pointer self, const std::vector<store::block_meta>& gone) {
     for (size_t k = 0; k < m.servers.size(); ++k) {
       const auto s = m.servers[k];
       const uint64_t seq = k < m.write_seqs.size() ? m.write_seqs[k] : 0;
-      if (s < st.servers.size() && !st.server_down[s]) self->send(st.servers[s], delete_atom::value, m.key.hi, m.key.lo, seq);
+      if (s >= st.servers.size()) st.pending_deletes.push_back({s, m.key, seq});
+      else if (!st.server_down[s]) self->send(st.servers[s], delete_atom::value, m.key.hi, m.key.lo, seq);
     }
 }
 
@@ -41,6 +52,11 @@ void set_servers(pointer self, std::vector<block_server_actor> servers) {
   st.servers = std::move(servers);
   st.server_down.assign(st.servers.size(), false);
   for (const auto& s : st.servers) self->monitor(s);
+  auto pending = std::exchange(st.pending_deletes, {});
+  for (const auto& d : pending) {
+    if (d.server < st.servers.size()) self->send(st.servers[d.server], delete_atom::value, d.key.hi, d.key.lo, d.write_seq);
+    else st.pending_deletes.push_back(d);  // still unknown
+  }
 }
 
 void schedule_housekeeping(pointer self) {

@@ -11,6 +11,7 @@
 
 #include <caf/typed_event_based_actor.hpp>
 
+#include "actors/block_index.hpp"
 #include "actors/block_server.hpp"
 #include "gpu/kv_cache.hpp"
 #include "store/block_file.hpp"
@@ -316,4 +317,41 @@ TEST_CASE("block server: orders that would divide by zero (pages of 0 bytes, blo
   CHECK(read(read_order(2, a, 0, *key)).empty());  // still serving: the block lands
   CHECK(pool[0] == std::byte{0x11});
   self->send_exit(server, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("block index: blocks it drops before it knows their server (a server recovering at start commits them "
+          "before the cluster hands the index its server list) are deleted once the list comes") {
+  test::cluster_system t;
+  one_server s;
+  const store::block_key a{1, 11}, b{2, 22};
+  s.store_block(a, std::byte{0x11});
+  s.store_block(b, std::byte{0x22});
+  block_index_config ic;
+  ic.capacity_blocks = 1;  // one of the two recovered blocks is evicted at once
+  ic.housekeeping_interval_ms = 10;
+  auto index = spawn_block_index(t.sys, ic, {});
+  auto fabric = transport::make_loopback_fabric();
+  block_server_config bc;
+  bc.dir = s.dir;
+  bc.identity = s.identity;
+  bc.staging_bytes = s.layout.page_bytes();
+  auto server = spawn_block_server(t.sys, bc, transport::make_loopback_transport(fabric, "store-0"), {index});
+  caf::scoped_actor self{t.sys};
+  const auto blocks_in_index = [&] {
+    uint64_t n = 0;
+    self->request(index, std::chrono::seconds{5}, stats_atom::value)
+        .receive([&](store_stats& st) { n = st.blocks; }, [](caf::error&) {});
+    return n;
+  };
+  for (int i = 0; i < 1000 && blocks_in_index() != 1; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{2});
+  REQUIRE(blocks_in_index() == 1);
+  const auto on_disk = [&] {
+    return std::filesystem::exists(store::block_path(s.dir, a)) + std::filesystem::exists(store::block_path(s.dir, b));
+  };
+  CHECK(on_disk() == 2);  // the evicted one's delete had nowhere to go
+  self->send(index, std::vector<block_server_actor>{server});
+  for (int i = 0; i < 1000 && on_disk() != 1; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{2});
+  CHECK(on_disk() == 1);
+  self->send_exit(server, caf::exit_reason::user_shutdown);
+  self->send_exit(index, caf::exit_reason::user_shutdown);
 }
