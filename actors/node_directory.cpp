@@ -289,6 +289,9 @@ void mark_gone(pointer self, const std::string& name, node_entry& n, const std::
   for (const auto& r : n.ranks.prefill) self->send(w.prefill_balancer, forget_atom::value, r);
   if (!n.ranks.names.empty())
     self->send(w.router, rank_gone_atom::value, n.ranks.names, "node " + name + " " + why);
+  // The elastic controller too: it would otherwise ask the silent node's ranks for stats each
+  // round (waiting out each request's timeout) and might pick them for a move.
+  if (w.elastic_controller) self->send(w.elastic_controller, drain_atom::value, n.ranks);
 }
 
 node_directory_actor::behavior_type node_directory_impl(pointer self, node_directory_config cfg,

@@ -3,6 +3,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -106,7 +107,9 @@ std::shared_ptr<gpu::expert_group> spawn_expert_group(const expert_spawn& s, con
   };
   for (uint32_t r = 1; r < s.size; ++r) {
     int to[2], from[2];
-    if (pipe(to) != 0 || pipe(from) != 0) return fail("cannot make pipes for an expert shard");
+    // Close-on-exec: a shard of another group forked meanwhile (the keeper thread) must not hold
+    // this shard's pipe ends, or a shard that dies before its key line never shows EOF here.
+    if (pipe2(to, O_CLOEXEC) != 0 || pipe2(from, O_CLOEXEC) != 0) return fail("cannot make pipes for an expert shard");
     const std::vector<std::string> argv = {self_executable(), "experts", "--model", s.model_arg, "--weights-seed",
                                            std::to_string(s.weights_seed), "--ep-rank", std::to_string(r), "--ep-size",
                                            std::to_string(s.size), "--slot-bytes", std::to_string(s.slot_bytes),
@@ -121,7 +124,9 @@ std::shared_ptr<gpu::expert_group> spawn_expert_group(const expert_spawn& s, con
       std::vector<char*> cargs;
       for (const auto& a : argv) cargs.push_back(const_cast<char*>(a.c_str()));
       cargs.push_back(nullptr);
-      execv(cargs[0], cargs.data());
+      // This very binary even once an upgrade replaced the file (the path would then name
+      // "... (deleted)").
+      execv("/proc/self/exe", cargs.data());
       _exit(127);
     }
     close(to[0]);

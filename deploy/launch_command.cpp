@@ -214,7 +214,9 @@ int run_launch(const std::vector<std::string>& raw_args) {
   };
   std::map<std::string, uint32_t> restarts;  // by node name
   auto spawn = [&](const node_launch& n) {
-    return spawn_process(command_of(spec, n), &why, is_local_host(n.host) ? env_of(n) : std::vector<std::string>{});
+    const bool local = is_local_host(n.host);
+    // A remote node's ssh reads /dev/null, not the launcher's terminal (see spawn_process).
+    return spawn_process(command_of(spec, n), &why, local ? env_of(n) : std::vector<std::string>{}, false, nullptr, !local);
   };
   auto start = [&](const node_launch& n) {
     const auto pid = spawn(n);
@@ -237,9 +239,10 @@ int run_launch(const std::vector<std::string>& raw_args) {
     children.emplace_back(n, pid, in);
     return true;
   };
+  // A node (not a spare standing by: one that dies is only started cold later) that has exited.
   auto dead_child = [&]() -> const child* {
     for (const auto& c : children)
-      if (!process_alive(c.pid)) return &c;
+      if (c.standby_in < 0 && !process_alive(c.pid)) return &c;
     return nullptr;
   };
   // Store nodes first (the head adopts their block servers as it starts), then the head.
@@ -441,9 +444,11 @@ int run_launch(const std::vector<std::string>& raw_args) {
         return tries;
       };
       if (it->standby_in >= 0) {  // a spare that was standing by: no node to replace, nothing to restart
-        std::printf("baton launch: spare %s stopped standing by (%s)\n", it->node.name.c_str(), how.c_str());
+        std::printf("baton launch: spare %s stopped standing by (%s); it starts cold if it is needed\n",
+                    it->node.name.c_str(), how.c_str());
         std::fflush(stdout);
         close(it->standby_in);
+        spares.push_back(it->node);  // as one that could not stand by (docs/cluster-spec.md)
         it = children.erase(it);
         continue;
       }

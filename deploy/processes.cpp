@@ -3,7 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -54,7 +54,7 @@ void configure_networked_system(caf::actor_system_config& cfg, uint32_t schedule
 }
 
 pid_t spawn_process(const std::vector<std::string>& argv, std::string* why, const std::vector<std::string>& env,
-                    bool quiet, int* stdin_writer) {
+                    bool quiet, int* stdin_writer, bool null_stdin) {
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
@@ -72,25 +72,61 @@ pid_t spawn_process(const std::vector<std::string>& argv, std::string* why, cons
   }
   for (auto& e : own) envp.push_back(e.data());
   envp.push_back(nullptr);
-  pid_t pid = -1;
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  if (quiet) {
-    posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
-    posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
-  }
   int pipe_fds[2] = {-1, -1};
-  if (stdin_writer) {
-    if (pipe2(pipe_fds, O_CLOEXEC) != 0) {
-      if (why) *why = std::string{"cannot make a pipe: "} + std::strerror(errno);
-      posix_spawn_file_actions_destroy(&actions);
-      return -1;
-    }
-    posix_spawn_file_actions_adddup2(&actions, pipe_fds[0], 0);  // dup2 clears close-on-exec on stdin
+  if (stdin_writer && pipe2(pipe_fds, O_CLOEXEC) != 0) {
+    if (why) *why = std::string{"cannot make a pipe: "} + std::strerror(errno);
+    return -1;
   }
-  // posix_spawnp: an ssh command is found on PATH; our own binary comes as an absolute path.
-  const int rc = posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), envp.data());
-  posix_spawn_file_actions_destroy(&actions);
+  // The child reports a failed exec's errno here (close-on-exec: a successful exec closes it).
+  int err_fds[2] = {-1, -1};
+  if (pipe2(err_fds, O_CLOEXEC) != 0) {
+    if (why) *why = std::string{"cannot make a pipe: "} + std::strerror(errno);
+    if (stdin_writer) close(pipe_fds[0]), close(pipe_fds[1]);
+    return -1;
+  }
+  const pid_t parent = ::getpid();
+  // fork + exec, not posix_spawn: the child must die with this process (PR_SET_PDEATHSIG), which
+  // no spawn attribute sets. Baton children also watch BATON_PARENT_PID themselves, but an ssh
+  // (a remote node) would outlive a launcher killed with SIGKILL and keep its node running
+  // unsupervised. Between fork and exec only async-signal-safe calls.
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != parent) ::_exit(127);  // the parent died before the line above
+    // A process group of its own: a terminal's Ctrl-C reaches this process alone, which stops
+    // its children in order (nodes drain before the head) instead of all of them at once.
+    ::setpgid(0, 0);
+    if (quiet) {
+      const int null_out = ::open("/dev/null", O_WRONLY);
+      ::dup2(null_out, 1);
+      ::dup2(null_out, 2);
+    }
+    if (stdin_writer) {
+      ::dup2(pipe_fds[0], 0);  // dup2 clears close-on-exec on stdin
+    } else if (null_stdin) {
+      const int null_in = ::open("/dev/null", O_RDONLY);
+      ::dup2(null_in, 0);
+    }
+    ::execvpe(args[0], args.data(), envp.data());  // PATH: an ssh command; our own binary is absolute
+    const int e = errno;
+    [[maybe_unused]] auto n = ::write(err_fds[1], &e, sizeof e);
+    ::_exit(127);
+  }
+  const int fork_errno = errno;
+  close(err_fds[1]);
+  int exec_errno = 0;
+  if (pid > 0) {
+    ssize_t got;
+    while ((got = ::read(err_fds[0], &exec_errno, sizeof exec_errno)) < 0 && errno == EINTR) {
+    }
+    if (got != static_cast<ssize_t>(sizeof exec_errno)) exec_errno = 0;  // EOF: the exec succeeded
+  }
+  close(err_fds[0]);
+  const int rc = pid < 0 ? fork_errno : exec_errno;
+  if (pid > 0 && exec_errno != 0) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);  // it exited at once: reaped here, no zombie
+  }
   if (stdin_writer) {
     close(pipe_fds[0]);
     if (rc != 0) close(pipe_fds[1]);

@@ -33,9 +33,13 @@ void configure_networked_system(caf::actor_system_config& cfg, uint32_t schedule
 
 /// Starts `argv[0]` with `argv` (no shell), this process's environment plus `env` ("K=V");
 /// returns the pid, or -1 with `*why` set. With `stdin_writer`, the child's stdin is a pipe whose
-/// writing end (close-on-exec) comes back there.
+/// writing end (close-on-exec) comes back there; with `null_stdin`, /dev/null (an `ssh -tt`
+/// given the terminal would put it in raw mode, so Ctrl-C would no longer reach this process).
+/// The child gets SIGTERM when the thread that started it ends (PR_SET_PDEATHSIG; so a launcher
+/// killed with SIGKILL leaves no ssh behind), and a process group of its own (a terminal's
+/// Ctrl-C reaches this process only, which stops its children in its own order).
 pid_t spawn_process(const std::vector<std::string>& argv, std::string* why, const std::vector<std::string>& env = {},
-                    bool quiet = false, int* stdin_writer = nullptr);
+                    bool quiet = false, int* stdin_writer = nullptr, bool null_stdin = false);
 
 /// Runs `argv` to its end (no shell), its output discarded; its exit code, or -1 with `*why` set.
 int run_process(const std::vector<std::string>& argv, std::string* why);
