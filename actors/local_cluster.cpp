@@ -103,6 +103,11 @@ elastic_instance spawn_elastic_instance(caf::actor_system& sys, const std::strin
   return out;
 }
 
+std::string model_fingerprint(const gpu::model_config& m) {
+  return "model '" + m.name + "' (vocabulary " + std::to_string(m.vocab_size) + ", " + std::to_string(m.num_hidden_layers) +
+         " layers, hidden " + std::to_string(m.hidden_size) + ")";
+}
+
 local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_config& cfg,
                                   executor_factory make_executor, transport_wrapper wrap,
                                   block_server_factory make_block_server) {
@@ -228,7 +233,9 @@ local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_co
   cluster_welcome welcome{.router = out.router, .prefill_balancer = out.prefill_balancer,
                           .decode_balancer = out.decode_balancer, .store = out.store};
   welcome.elastic_controller = out.elastic_controller;
-  out.directory = spawn_node_directory(sys, {}, welcome);
+  node_directory_config dc;
+  dc.model = model_fingerprint(cfg.model);
+  out.directory = spawn_node_directory(sys, dc, welcome);
   if (!out.setup_error.empty())
     for (auto& a : out.actors()) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
   return out;

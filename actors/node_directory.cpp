@@ -306,7 +306,11 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
   // The liveness sweep runs only while nodes are registered: an idle directory schedules
   // nothing (sims run until no event is left).
   return {
-      [=](join_atom, node_hello& hello) -> cluster_welcome {
+      [=](join_atom, node_hello& hello) -> caf::result<cluster_welcome> {
+        const auto& head_model = self->state.cfg.model;
+        if (!hello.model.empty() && !head_model.empty() && hello.model != head_model)
+          return make_error(errc::bad_request, "node " + hello.name + " serves " + hello.model + ", but this cluster serves " +
+                                                   head_model + ": start it with the head's --model (and --weights-seed)");
         if (!self->state.sweeping) {
           self->state.sweeping = true;
           self->delayed_send(self, std::chrono::milliseconds{self->state.cfg.heartbeat_interval_ms}, timer_atom::value);

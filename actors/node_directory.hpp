@@ -14,6 +14,9 @@ namespace baton {
 struct node_directory_config {
   uint32_t heartbeat_interval_ms = 500;  ///< told to every joining node
   uint32_t missed_heartbeats = 4;        ///< a node silent this many intervals counts as gone
+  /// The head's model (model_fingerprint): a node that says another is refused at its join.
+  /// Empty: not checked.
+  std::string model;
   std::string validate() const {
     if (heartbeat_interval_ms == 0 || missed_heartbeats == 0)
       return "node directory: heartbeat_interval_ms and missed_heartbeats must be >= 1";

@@ -17,10 +17,13 @@ struct node_hello {
   std::string name;
   std::vector<std::string> roles;  ///< decode | prefill | gateway (store nodes do not join)
   int32_t pid = 0;
+  /// The model its ranks serve (model_fingerprint); empty for a node without one (a gateway).
+  /// The head refuses a node whose model is not its own: its tokens would mean other things.
+  std::string model = {};
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, node_hello& x) {
-  return f(caf::meta::type_name("node_hello"), x.name, x.roles, x.pid);
+  return f(caf::meta::type_name("node_hello"), x.name, x.roles, x.pid, x.model);
 }
 
 /// What a joining node needs to start its actors.

@@ -472,7 +472,8 @@ int run_node(const std::vector<std::string>& args) {
                   dp->peers[i]->held(first_moe).size(), model.moe.n_routed_experts);
     std::fflush(stdout);
   }
-  agent_cfg.hello = {name, {role}, static_cast<int32_t>(::getpid())};
+  agent_cfg.hello = {name, {role}, static_cast<int32_t>(::getpid()),
+                     model_fingerprint(model)};
   // Re-forming group `g` in place: this node's members meet the others afresh at the head, whose
   // directory holds the meeting until every node of the lost one has gone or posted again (the
   // lost node restarted, or a replacement under its name). The new members' stores are filled

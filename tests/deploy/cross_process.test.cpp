@@ -296,6 +296,29 @@ TEST_CASE("elastic ranks in a node process (baton node --role elastic): the head
   CHECK(on_node > 0);
 }
 
+TEST_CASE("the node directory refuses a node whose model is not the head's, naming both; one with the same model, or "
+          "none (a gateway), joins") {
+  network_system n;
+  node_directory_config dc;
+  dc.model = model_fingerprint(gpu::builtin_tiny_config());
+  auto dir = spawn_node_directory(n.sys, dc, {});
+  caf::scoped_actor self{n.sys};
+  const auto join = [&](const std::string& model) {
+    std::string out = "joined";
+    self->request(dir, std::chrono::seconds{10}, join_atom::value, node_hello{"node-x", {"decode"}, 1, model})
+        .receive([](cluster_welcome&) {}, [&](caf::error& e) { out = n.sys.render(e); });
+    return out;
+  };
+  auto other = gpu::builtin_tiny_config();
+  other.name = "baton-kjv-tiny";
+  const auto refused = join(model_fingerprint(other));
+  CHECK_MESSAGE(refused.find("node node-x serves model 'baton-kjv-tiny'") != std::string::npos, refused);
+  CHECK_MESSAGE(refused.find("but this cluster serves model 'baton-tiny'") != std::string::npos, refused);
+  CHECK(join(dc.model) == "joined");
+  CHECK(join("") == "joined");
+  self->send_exit(dir, caf::exit_reason::user_shutdown);
+}
+
 TEST_CASE("the node directory's rendezvous: each process posts its members' cards and all get every card in member "
           "order once the last one posts; a member posting twice, a late one and a misfit are refused with a sentence") {
   network_system n;
