@@ -374,11 +374,19 @@ struct block_server_state {
     for (auto& [id, r] : reads)
       r.second.deliver(make_error(errc::rank_unavailable, where(r.first, io ? io->cfg.name : std::string{}, "store_read") +
                                                               ": the block server stopped during the read"));
+    // Writers too (CAF 0.17's promises say nothing when dropped: the writer would wait out its
+    // order timeout with its staging held).
+    for (auto& [id, w] : writes)
+      w.second.deliver(make_error(errc::rank_unavailable, where(w.first, io ? io->cfg.name : std::string{}, "store_write") +
+                                                              ": the block server stopped before the block was written"));
   }
   uint64_t last_read = 0;
   write_slot_table slots;
   /// Reads in progress (request id, promise): answered with an error if the server stops.
   std::unordered_map<uint64_t, std::pair<uint64_t, caf::typed_response_promise<store_read_result>>> reads;
+  /// Writes in progress (request id, promise), by job: answered with an error if the server stops.
+  std::unordered_map<uint64_t, std::pair<uint64_t, caf::typed_response_promise<uint64_t>>> writes;
+  uint64_t last_write = 0;
   std::vector<block_index_actor> index;  ///< shards; a commit goes to its key's shard
   uint64_t last_job = 0;
   store_stats stats;
@@ -520,6 +528,8 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
                                                    " (never granted, taken back after write_slot_ttl_ms, or in use)");
         const uint64_t offset = *slot;
         auto promise = self->make_response_promise<uint64_t>();
+        const uint64_t write_id = ++st.last_write;
+        st.writes.emplace(write_id, std::make_pair(w.request_id, promise));
         run_io(
             self,
             [w = std::move(w), offset](io_context& io) {
@@ -527,6 +537,8 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
               const auto path = store::block_path(io.cfg.dir, key);
               const uint32_t layers = static_cast<uint32_t>(w.checksums.size());
               if (!io.setup_error.empty()) return write_outcome{std::move(w), io.setup_error};
+              // Stopping: not worth a file nobody will commit (the writer hears so at once).
+              if (io.stopping.load()) return write_outcome{std::move(w), "the block server is stopping"};
               if (layers == 0 || w.bytes % layers != 0 || w.bytes > io.write_staging.size() ||
                   offset > io.write_staging.size() - w.bytes ||  // a remote size: no sum that can wrap
                   w.page_tokens == 0 || w.block_tokens == 0 || w.block_tokens % w.page_tokens != 0 ||
@@ -555,6 +567,7 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
             },
             [=](write_outcome out) mutable {
               auto& s = self->state;
+              s.writes.erase(write_id);
               s.slots.release(out.w.slot_id);
               if (!out.err.empty()) {  // a failed write-back is a future miss, nothing more
                 ++s.stats.write_failures;
