@@ -32,7 +32,11 @@ void answer_released(decode_state& st, uint64_t lease_id) {
 
 void schedule_poll(decode_pointer self) {
   auto& st = self->state;
-  if (st.migrate_poll_scheduled || st.migrations.empty()) return;
+  // Only while some move has puts in flight: one still waiting for a place or a lease (seconds)
+  // has nothing to poll, and its answer schedules the poll when its puts go.
+  if (st.migrate_poll_scheduled ||
+      std::none_of(st.migrations.begin(), st.migrations.end(), [](const auto& m) { return !m.second.xfers.empty(); }))
+    return;
   st.migrate_poll_scheduled = true;
   self->delayed_send(self, std::chrono::microseconds{200}, migrate_poll_atom::value);
 }

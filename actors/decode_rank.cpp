@@ -65,6 +65,7 @@ void report_load(decode_pointer self) {
   auto settled = std::exchange(st.settled, {});
   if (!st.balancer || st.cfg.standby) return;  // on standby the balancer must not know us
   const auto& pool = st.core.exec->kv();
+  st.reported_free_pages = pool.num_free_pages();
   const auto& layout = pool.layout();
   // With host memory for offloads, pages of running sequences that could move there count as
   // room: the balancer may place a sequence here, and the rank makes the room between steps.
@@ -320,6 +321,12 @@ void grow_pages(decode_pointer self) {
       break;
     }
   }
+  // Growing takes pages without a lease ending: the balancer hears of it once the free pages
+  // moved by a percent of the pool since the last report, not only when a sequence ends (it
+  // would go on placing sequences here on a count of free pages long gone).
+  const uint32_t moved = kv.num_free_pages() > st.reported_free_pages ? kv.num_free_pages() - st.reported_free_pages
+                                                                       : st.reported_free_pages - kv.num_free_pages();
+  if (moved > 0 && moved * 100 >= kv.layout().num_pages) report_load(self);
 }
 
 bool has_page_for_next(const decode_state& st, const running_seq& s) {

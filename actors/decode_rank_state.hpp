@@ -196,6 +196,7 @@ struct decode_state {
   uint64_t last_reserve = 0;
   /// Reservations granted or refused since the last load report (rank_load::settled).
   std::vector<uint64_t> settled;
+  uint32_t reported_free_pages = 0;  ///< free pages at the last load report (grow_pages reports drift)
   uint64_t offloaded = 0, resumed = 0;
   // Elastic drain (migrate_atom): running sequences move to other decode ranks with their KV.
   bool migrate_out = false;
