@@ -27,7 +27,7 @@ public:
     auto key = inner_->register_region(base, size_bytes, err);
     if (key) {
       std::lock_guard<std::mutex> lock{mutex_};
-      local_bases_[key->region_id] = base;
+      local_bases_[key->region_id] = {base, size_bytes};
     }
     return key;
   }
@@ -104,11 +104,14 @@ public:
     const uint64_t off = (r >> 16) % seg.size_bytes;
     auto base = local_bases_.find(d.local_region);
     if (base == local_bases_.end()) return real;  // unknown local region: the inner put reports it
+    // A put outside its regions fails in the inner backend; its source byte must not be read here.
+    if (!segments_outside(d.segments, base->second.second, d.remote.size_bytes).empty()) return real;
     if (!scratch_key_) {
       xfer_error ignored;
       scratch_key_ = inner_->register_region(&scratch_, 1, &ignored);
+      if (!scratch_key_) return real;  // no flip possible: the put lands intact (the test sees no fault)
     }
-    scratch_ = static_cast<std::byte>(~static_cast<uint8_t>(base->second[seg.src_offset + off]));
+    scratch_ = static_cast<std::byte>(~static_cast<uint8_t>(base->second.first[seg.src_offset + off]));
     put_desc flip{d.request_id, d.layer, d.peer, scratch_key_->region_id, d.remote, {{0, seg.dst_offset + off, 1}}};
     lock.unlock();
     // Ordering: the loopback backend completes puts in post order, so the flip lands last.
@@ -206,7 +209,7 @@ private:
   mutable std::mutex mutex_;
   uint32_t injected_ = 0;
   uint64_t last_own_id_ = 0;
-  std::unordered_map<uint64_t, std::byte*> local_bases_;
+  std::unordered_map<uint64_t, std::pair<std::byte*, uint64_t>> local_bases_;  ///< base and size by region id
   std::unordered_map<uint64_t, xfer_error> own_;
   std::unordered_set<uint64_t> stalled_;
   std::unordered_set<uint64_t> dropped_;
