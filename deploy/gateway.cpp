@@ -43,6 +43,12 @@ namespace {
 using token_seen_atom = caf::atom_constant<caf::atom("toknseen")>;
 /// The first-token deadline of call `seq` (a message to the connection, to itself).
 using first_token_deadline_atom = caf::atom_constant<caf::atom("ftdeadln")>;
+/// A lingering close ran its time (finish()).
+using linger_atom = caf::atom_constant<caf::atom("linger")>;
+
+/// How long a connection closing after its answer keeps reading (and dropping) what the client
+/// still sends, so that the client reads the answer instead of a reset.
+constexpr std::chrono::milliseconds linger_time{2000};
 
 /// What every connection of one gateway shares.
 struct gateway_shared {
@@ -64,6 +70,8 @@ struct connection_state {
   bool busy = false;
   bool keep_alive = true;
   bool closed = false;    ///< finish() closed it: nothing pipelined behind may start
+  bool lingering = false;    ///< closed: the answer is being sent, then our side shut, input dropped
+  bool half_closed = false;  ///< lingering and our side is shut (SHUT_WR): the client saw the end
   /// Bytes written and not yet sent (the socket's buffers full: a client that does not read).
   /// Past out_limit_bytes no further pipelined request starts and reads stop.
   uint64_t out_pending = 0;
@@ -148,6 +156,13 @@ void end_call(caf::io::broker* self, const state_ptr& st) {
   st->call_sink = nullptr;
 }
 
+/// Lingering: once the answer is all sent, our side is shut (the client reads its end).
+void half_close_when_sent(caf::io::connection_handle hdl, const state_ptr& st) {
+  if (!st->lingering || st->half_closed || st->out_pending > 0) return;
+  st->half_closed = true;
+  ::shutdown(static_cast<int>(hdl.id()), SHUT_WR);  // the scribe's socket (CAF's default multiplexer)
+}
+
 /// Ends the current answer: the next pipelined request may start, or the connection closes.
 void finish(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st) {
   st->busy = false;
@@ -155,8 +170,17 @@ void finish(caf::io::broker* self, caf::io::connection_handle hdl, const shared_
   end_call(self, st);
   if (!st->keep_alive) {
     st->closed = true;  // a request pipelined behind this one is never started
-    self->close(hdl);
-    self->quit();
+    // A lingering close (RFC 9112 §9.6): a client still sending (a body past the limit answered
+    // 413 before it all came, pipelined requests) would get a reset for its unread bytes, which
+    // discards our answer at its end unread. So: send the answer, shut our side, and read and
+    // drop what comes until the client closes or linger_time passes.
+    st->lingering = true;
+    if (!st->reading) {
+      st->reading = true;
+      self->trigger(hdl);
+    }
+    self->delayed_send(self, linger_time, linger_atom::value);
+    half_close_when_sent(hdl, st);
     return;
   }
   if (!st->reading && st->out_pending < out_limit_bytes) {  // a backlog halted reads: take in more
@@ -526,6 +550,7 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
         if (msg.written > 0) st->out_progress = std::chrono::steady_clock::now();
         const bool was_full = st->out_pending >= out_limit_bytes;
         st->out_pending = msg.remaining;
+        if (st->lingering) return half_close_when_sent(hdl, st);
         if (!was_full || st->out_pending >= out_limit_bytes || st->closed) return;
         if (!st->reading && !st->busy) {
           st->reading = true;
@@ -535,6 +560,13 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
       },
       [=](const caf::io::connection_closed_msg&) {  // cancels a generation in flight (its sink goes)
         end_call(self, st);
+        self->quit();
+      },
+      [=](linger_atom) {
+        // The client neither closed nor stopped sending: close now (abort if the answer itself
+        // is still stuck unsent: a client that does not read would hold CAF's close for ever).
+        if (st->out_pending > 0) abort_connection(self, hdl);
+        else self->close(hdl);
         self->quit();
       },
       // The current call's messages, rendered by its go-between (call_impl); an earlier call's

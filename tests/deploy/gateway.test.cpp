@@ -570,6 +570,36 @@ TEST_CASE("a connection that sends nothing is closed after the idle limit, so si
   CHECK(round_trip(s.gateway.port, get("/health", "")).status == 200);
 }
 
+TEST_CASE("a body past the limit is answered 413 while the client is still sending it, and the client reads the 413 "
+          "(a lingering close: no reset discards the answer)") {
+  deploy::gateway_config gc;
+  gc.limits.max_body_bytes = 4096;
+  served_cluster s{gc};
+  const int fd = connect_to(s.gateway.port);
+  const std::string body(4 << 20, ' ');  // 4 MiB: far more than the socket buffers hold
+  send_all(fd, post("/v1/completions", body).substr(0, 300));  // the head and the body's start
+  std::string buf;
+  // The client goes on sending while the answer comes (a client that sends its whole body before
+  // reading, as most do); the gateway drops what it sends.
+  std::thread sender{[&] {
+    size_t off = 0;
+    while (off < body.size()) {
+      const auto n = ::send(fd, body.data() + off, std::min<size_t>(65536, body.size() - off), MSG_NOSIGNAL);
+      if (n <= 0) break;  // the gateway closed after its linger: the rest is not wanted
+      off += static_cast<size_t>(n);
+    }
+  }};
+  // The client reads a moment later (it was busy sending): by then a gateway that closed at once
+  // has answered the bytes still coming with a reset, which discards the 413 unread.
+  std::this_thread::sleep_for(std::chrono::milliseconds{300});
+  const auto a = read_answer(fd, buf);
+  sender.join();
+  ::close(fd);
+  CHECK(a.status == 413);
+  CHECK_MESSAGE(a.body.find("exceeds the limit of 4096") != std::string::npos, a.body);
+  CHECK(round_trip(s.gateway.port, get("/health", "")).status == 200);
+}
+
 TEST_CASE("a CRLF after a request's body is no request: the idle connection is closed quietly, not answered 408") {
   deploy::gateway_config gc;
   gc.idle_timeout_ms = 200;
