@@ -22,7 +22,7 @@ int run_export_model(const std::vector<std::string>& args) {
   bool fused = false;
   flag_set flags;
   flags.add("--model", &model,
-            "what to write: `random` (the seeded built-in Llama shape), `deepseek-v2-tiny`, `deepseek-v3-tiny`, or a "
+            "what to write: `random` (the seeded random model of the built-in Llama shape), `deepseek-v2-tiny`, `deepseek-v3-tiny`, or a "
             "model directory");
   flags.add("--out", &out, "the directory to write (created if missing; its model files are replaced)");
   flags.add("--dtype", &dtype, "f32 (the weights bit for bit: the directory answers as --model does), bf16 or f16");

@@ -254,7 +254,7 @@ int run_local(const std::vector<std::string>& args) {
   flags.add("--repeat", &opt.repeat, "send the prompts this many rounds, one round after another (store reuse)");
   flags.add("--weights-seed", &opt.cluster.weights_seed, "seed of the random model's weights (--model random)");
   flags.add("--model", &opt.model,
-            "a Hugging Face model directory, `random` for the seeded built-in model, or `deepseek-v2-tiny` / "
+            "a Hugging Face model directory, `random` for the seeded random model, or `deepseek-v2-tiny` / "
             "`deepseek-v3-tiny` for seeded DeepSeek shapes (MLA latent KV, MoE)");
   flags.add("--chat", &opt.chat, "send each prompt as a user message through the model's chat template");
   flags.add("--prompt", &opt.prompts, "a prompt to answer (repeat for several)");

@@ -144,7 +144,7 @@ int run_node(const std::vector<std::string>& args) {
   bool cuda_fp32 = false;
   flags.add("--executor", &backend.kind, "executor backend: cpu (default) or cuda");
   flags.add("--cuda-fp32", &cuda_fp32, "cuda: fp32 weights and KV instead of bf16");
-  flags.add("--weights-seed", &weights_seed, "seed of the built-in model's weights (must match the head)");
+  flags.add("--weights-seed", &weights_seed, "seed of `--model random`'s weights (must match the head)");
   flags.add("--scheduler-threads", &scheduler_threads, "CAF scheduler threads");
   flags.add("--poll-attempts", &poll_attempts, "CAF work-stealing moderate-poll-attempts");
   flags.add("--drain-timeout-ms", &agent_cfg.drain_timeout_ms, "on SIGTERM, stop anyway after this long");

@@ -77,7 +77,7 @@ int run_profile(const std::vector<std::string>& args) {
   profile_options opt;
   flag_set flags;
   flags.add("--executor-threads", &opt.executor.num_threads, "math threads of the executor being profiled");
-  flags.add("--weights-seed", &opt.weights_seed, "seed of the built-in model's weights");
+  flags.add("--weights-seed", &opt.weights_seed, "seed of the profiled random model's weights");
   flags.add("--out", &opt.out, "where to write the profile (JSON)");
   flags.add("--repeats", &opt.repeats, "timings per grid point (the median is kept)");
   flags.add("--held-out-every", &opt.held_out_every, "hold every n-th grid point out of the fit (>= 2)");
