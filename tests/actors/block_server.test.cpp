@@ -34,6 +34,29 @@ struct one_server {
   one_server() { std::filesystem::remove_all(dir); }
   ~one_server() { std::filesystem::remove_all(dir); }
 
+  /// The server's config: this directory and model, staging for `staging_pages` block layers.
+  block_server_config config(uint64_t staging_pages = 1) const {
+    block_server_config bc;
+    bc.dir = dir;
+    bc.identity = identity;
+    bc.staging_bytes = staging_pages * layout.page_bytes();
+    return bc;
+  }
+
+  /// A reader's KV pool (zeroed), registered with `reader` for the server to put into.
+  struct reader_pool {
+    std::vector<std::byte> bytes;
+    transport::region_key key;
+  };
+  reader_pool register_reader(transport::transport& reader) const {
+    reader_pool out{std::vector<std::byte>(layout.layer_stride_bytes() * layers, std::byte{0}), {}};
+    transport::xfer_error err;
+    auto key = reader.register_region(out.bytes.data(), out.bytes.size(), &err);
+    REQUIRE(key);
+    out.key = *key;
+    return out;
+  }
+
   /// A block whose every byte is `fill`, stored as the server's file for `key`.
   void store_block(const store::block_key& key, std::byte fill) {
     const std::vector<std::byte> page(layout.page_bytes(), fill);
@@ -288,15 +311,10 @@ TEST_CASE("block server: orders that would divide by zero (pages of 0 bytes, blo
   s.store_block(a, std::byte{0x11});
   auto fabric = transport::make_loopback_fabric();
   auto reader_xport = transport::make_loopback_transport(fabric, "reader");
-  std::vector<std::byte> pool(s.layout.layer_stride_bytes() * layers, std::byte{0});
-  transport::xfer_error err;
-  auto key = reader_xport->register_region(pool.data(), pool.size(), &err);
-  REQUIRE(key);
-  block_server_config bc;
-  bc.dir = s.dir;
-  bc.identity = s.identity;
-  bc.staging_bytes = s.layout.page_bytes();
-  auto server = spawn_block_server(t.sys, bc, transport::make_loopback_transport(fabric, "store-0"), {});
+  auto reader = s.register_reader(*reader_xport);
+  const auto* key = &reader.key;
+  auto& pool = reader.bytes;
+  auto server = spawn_block_server(t.sys, s.config(), transport::make_loopback_transport(fabric, "store-0"), {});
   caf::scoped_actor self{t.sys};
   const auto read = [&](store_read_order o) {
     std::string why = "no answer";
@@ -331,11 +349,7 @@ TEST_CASE("block index: blocks it drops before it knows their server (a server r
   ic.housekeeping_interval_ms = 10;
   auto index = spawn_block_index(t.sys, ic, {});
   auto fabric = transport::make_loopback_fabric();
-  block_server_config bc;
-  bc.dir = s.dir;
-  bc.identity = s.identity;
-  bc.staging_bytes = s.layout.page_bytes();
-  auto server = spawn_block_server(t.sys, bc, transport::make_loopback_transport(fabric, "store-0"), {index});
+  auto server = spawn_block_server(t.sys, s.config(), transport::make_loopback_transport(fabric, "store-0"), {index});
   caf::scoped_actor self{t.sys};
   const auto blocks_in_index = [&] {
     uint64_t n = 0;
