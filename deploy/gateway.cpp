@@ -41,8 +41,6 @@ namespace {
 
 /// A call's go-between saw its first token: the call's first-token deadline no longer applies.
 using token_seen_atom = caf::atom_constant<caf::atom("toknseen")>;
-/// The first-token deadline of call `seq` (a message to the connection, to itself).
-using first_token_deadline_atom = caf::atom_constant<caf::atom("ftdeadln")>;
 /// A lingering close ran its time (finish()).
 using linger_atom = caf::atom_constant<caf::atom("linger")>;
 
@@ -91,6 +89,9 @@ struct connection_state {
   uint64_t call_seq = 0;     ///< numbers the calls: a chunk of an earlier call is dropped
   caf::actor call_sink;      ///< renders the call's chunks; its exit cancels the generation
   bool token_seen = false;   ///< the call's first token came (its first-token deadline is void)
+  /// When the call began: its first token is due within first_token_timeout_ms (the connection's
+  /// timer checks; a timer message per call would pile up for the whole timeout at high rates).
+  std::chrono::steady_clock::time_point call_started;
   bool head_sent = false;
 };
 using state_ptr = std::shared_ptr<connection_state>;
@@ -331,8 +332,8 @@ void generate(caf::io::broker* self, const shared_ptr& g, const state_ptr& st, c
   st->head_sent = false;
   st->in_call = true;
   st->token_seen = false;
+  st->call_started = std::chrono::steady_clock::now();
   const uint64_t seq = ++st->call_seq;
-  self->delayed_send(self, std::chrono::milliseconds{g->cfg.first_token_timeout_ms}, first_token_deadline_atom::value, seq);
   std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(g->started_s) + "-" + std::to_string(++g->last_id);
   st->call_sink = caf::actor_cast<caf::actor>(
       self->spawn(call_impl, caf::actor_cast<caf::actor>(self), seq, g->router, req.body, chat, g->model, std::move(id)));
@@ -522,7 +523,8 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
   // it began (however slowly it trickles: slowloris), or whose answers the client has not read
   // for that long.
   const auto idle = std::chrono::milliseconds{g->cfg.idle_timeout_ms};
-  const auto tick = std::max(std::chrono::milliseconds{10}, idle / 4);
+  const auto first_token = std::chrono::milliseconds{g->cfg.first_token_timeout_ms};
+  const auto tick = std::max(std::chrono::milliseconds{10}, std::min(idle, first_token) / 4);
   self->delayed_send(self, tick, timer_atom::value);
   if (++g->num_connections > g->cfg.max_connections) {
     st->keep_alive = false;
@@ -588,15 +590,15 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
       [=](uint64_t seq, token_seen_atom) {
         if (st->in_call && seq == st->call_seq) st->token_seen = true;
       },
-      [=](first_token_deadline_atom, uint64_t seq) {
-        if (!st->in_call || seq != st->call_seq || st->token_seen) return;
-        on_failed(self, hdl, g, st,
-                  make_error(errc::deadline_exceeded, "no token within the gateway's first-token timeout of " +
-                                                          std::to_string(g->cfg.first_token_timeout_ms) + " ms"));
-      },
       [=](timer_atom) {
         if (st->closed) return;
         const auto now = std::chrono::steady_clock::now();
+        if (st->in_call && !st->token_seen && now - st->call_started >= first_token) {
+          on_failed(self, hdl, g, st,
+                    make_error(errc::deadline_exceeded, "no token within the gateway's first-token timeout of " +
+                                                            std::to_string(g->cfg.first_token_timeout_ms) + " ms"));
+          if (st->closed) return;
+        }
         if (st->out_pending > 0 && now - st->out_progress >= idle) {
           // The client has read nothing of its answers for that long: whatever it is doing,
           // the queued bytes and the generation behind them go.
