@@ -21,9 +21,6 @@ class charge_ledger {
 public:
   void add(const std::string& rank, Charge c) { by_rank_[rank].push_back(std::move(c)); }
 
-  /// The rank reported: its report counts everything that reached it.
-  void reported(const std::string& rank) { by_rank_.erase(rank); }
-
   /// The rank reported, naming the placements it settled since its last report (`settled`:
   /// request ids). Their charges go; the others' placements are still on their way, which the
   /// report does not count, so each is applied again on top of it -- reapply(charge&), oldest

@@ -256,9 +256,10 @@ struct rank_load {
   /// Non-empty while the rank takes no new work, saying why (its executor's standing failure: a
   /// broken expert group, say): balancers place nothing there until a report clears it.
   std::string unavailable = {};
-  /// decode: the requests whose placement this report accounts for, since the rank's last one
-  /// (granted a lease, so counted in its pages, or refused). The balancer drops their charges and
-  /// keeps those of placements still on their way, which a report must not wipe.
+  /// The requests whose placement this report accounts for, since the rank's last one (decode:
+  /// granted a lease, so counted in its pages, or refused; prefill: orders that arrived, counted
+  /// in its queued work or refused). The balancer drops their charges and keeps those of
+  /// placements still on their way, which a report must not wipe.
   std::vector<uint64_t> settled = {};
 };
 template <class Inspector>

@@ -68,6 +68,7 @@ struct prefill_balancer_state {
     caf::actor_clock::time_point at;
     uint64_t tokens;
     double predicted_us;
+    uint64_t request_id;
   };
   charge_ledger<charge, caf::actor_clock::time_point> charges;
   decision_log log;
@@ -173,7 +174,7 @@ std::optional<prefill_placement> place_split(pointer self, const place_query& q,
     r.queued_tokens += b - a;
     r.num_running += 1;
     r.predicted_us += st.cfg.cost.prefill_us(b - a, a);
-    st.charges.add(r.name, {self->clock().now(), b - a, st.cfg.cost.prefill_us(b - a, a)});
+    st.charges.add(r.name, {self->clock().now(), b - a, st.cfg.cost.prefill_us(b - a, a), q.request_id});
     sync_view(st, order[i]);
     out.part_ranks.push_back(st.registry.ranks[order[i]]);
     out.part_names.push_back(r.name);
@@ -280,7 +281,7 @@ std::optional<prefill_placement> try_place(pointer self, const place_query& q) {
   r.queued_tokens += q.new_tokens;
   r.num_running += 1;
   r.predicted_us += cost;
-  st.charges.add(r.name, {self->clock().now(), q.new_tokens, cost});
+  st.charges.add(r.name, {self->clock().now(), q.new_tokens, cost, q.request_id});
   sync_view(st, *pick);
   if (!q.block_keys.empty()) {
     st.placed_keys.resize(st.registry.loads.size());
@@ -313,8 +314,18 @@ prefill_balancer_actor::behavior_type prefill_balancer_impl(pointer self, prefil
         auto& st = self->state;
         const std::string name = load.name;
         if (st.registry.report(std::move(load), rank, st.log)) self->monitor(rank);
-        if (st.registry.index_of(rank)) st.charges.reported(name);  // the report counts what reached it
-        if (auto i = st.registry.index_of(rank)) sync_view(st, *i);
+        // The report counts the orders that reached the rank; placements still on their way keep
+        // their charges on top of it.
+        if (auto i = st.registry.index_of(rank)) {
+          st.charges.reported(name, st.registry.loads[*i].settled, [&](prefill_balancer_state::charge& c) {
+            auto& r = st.registry.loads[*i];
+            r.queued_tokens += c.tokens;
+            r.num_running += 1;
+            r.predicted_us += c.predicted_us;
+          });
+          st.registry.loads[*i].settled.clear();
+          sync_view(st, *i);
+        }
         serve_parked(st.parked, self->clock().now(), "place_prefill", [=](const place_query& q) { return try_place(self, q); });
       },
       [=](expire_atom) {

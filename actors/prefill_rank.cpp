@@ -50,6 +50,7 @@ std::pair<uint64_t, double> queued_work(const prefill_state& st) {
 
 void report_load(prefill_pointer self) {
   auto& st = self->state;
+  auto settled = std::exchange(st.settled, {});
   if (!st.balancer || st.cfg.standby) return;  // on standby the balancer must not know us
   const auto [queued, predicted] = queued_work(st);
   const auto& kv = st.core.exec->kv();
@@ -58,6 +59,7 @@ void report_load(prefill_pointer self) {
   load.page_size_tokens = kv.layout().page_size_tokens;
   load.predicted_us = predicted;
   load.unavailable = st.core.exec->standing_failure();  // the balancer then places nothing here
+  load.settled = std::move(settled);
   self->send(st.balancer, load_atom::value, std::move(load), caf::actor_cast<prefill_rank_actor>(self));
 }
 
@@ -661,9 +663,15 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
         const auto decode = order.decode;
         const auto lease_id = order.grant.lease_id;
         const auto parts = order.part_ranks.size();
+        // Accepted, it counts in the next report's queued work; refused, it never will: either
+        // way the balancer's charge for it goes with that report.
+        self->state.settled.push_back(order.request_id);
         auto r = accept_prefill(self, std::move(order));
         // Refused at once: it will post nothing (a split's decode lease counts its writers done).
-        if (r.flag == caf::rt_error) tell_writer_done(self, decode, lease_id, std::max<size_t>(1, parts));
+        if (r.flag == caf::rt_error) {
+          tell_writer_done(self, decode, lease_id, std::max<size_t>(1, parts));
+          report_load(self);
+        }
         return r;
       },
       [=](cancel_atom, uint64_t request_id, uint64_t lease_id) {

@@ -197,6 +197,7 @@ struct prefill_state {
   /// back to the head of its class after each chunk, so within a class prompts run in order.
   policies::priority_classes<uint64_t> runnable{4};
   uint32_t chunks_in_executor = 0;
+  std::vector<uint64_t> settled;  ///< orders that arrived since the last load report (rank_load::settled)
   std::vector<pending_put> pending;
   bool polling = false;  ///< poll_pending is settling puts (its list is out of `pending` meanwhile)
   std::vector<uint64_t> answer_after_poll;  ///< requests finish_if_done looked at meanwhile

@@ -152,10 +152,15 @@ TEST_CASE("a prefill placement whose prompt never reaches its rank (no report fo
   };
   CHECK(place(1).rfind("least_loaded: 0 queued tokens", 0) == 0);
   CHECK(place(2).rfind("least_loaded: 100 queued tokens", 0) == 0);  // the first counts until a report
-  // A report replaces what the balancer counted.
+  // A report that settles the first (its order arrived and ran) drops its charge; the second's
+  // order has not arrived, so it still counts on top of the report.
+  load.settled = {1};
   self->send(bal, load_atom::value, load, rank);
-  CHECK(place(3).rfind("least_loaded: 0 queued tokens", 0) == 0);
-  // No report follows placement 3 (its request failed before ordering): past the limit it goes.
+  CHECK(place(3).rfind("least_loaded: 100 queued tokens", 0) == 0);
+  load.settled = {2, 3};  // and a report that settles them both
+  self->send(bal, load_atom::value, load, rank);
+  CHECK(place(5).rfind("least_loaded: 0 queued tokens", 0) == 0);
+  // No report follows placement 5 (its request failed before ordering): past the limit it goes.
   std::this_thread::sleep_for(std::chrono::milliseconds{80});
   CHECK(place(4).rfind("least_loaded: 0 queued tokens", 0) == 0);
   bool logged = false;
