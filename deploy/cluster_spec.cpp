@@ -366,6 +366,12 @@ bool parse_cluster_spec(const std::string& json_text, const std::string& base_di
       !fs.num("rank_cache_blocks", &out->rank_cache_blocks, 0, 1u << 24, why) || !fs.no_others(why) ||
       !fh.str("user", &out->ssh_user, why) || !fh.strs("options", &out->ssh_options, why) || !fh.no_others(why))
     return false;
+  // As a host's: "user@host" reaches ssh as one word, and a leading '-' would make it an option.
+  if (!out->ssh_user.empty() &&
+      (out->ssh_user.front() == '-' || out->ssh_user.find_first_of(" \t'\"$`\\;&|<>@") != std::string::npos)) {
+    *why = "spec.ssh.user '" + out->ssh_user + "' is not a user name";
+    return false;
+  }
   auto nodes = j.find("nodes");
   if (nodes == j.end() || !nodes->is_array()) {
     *why = "spec.nodes must be an array of nodes";
@@ -673,7 +679,9 @@ std::string slurm_script(const cluster_spec& s) {
     << "\n";
   if (gpus) b << "#SBATCH --gpus-per-node=" << gpus << "\n";
   b << "# Gateways read their API keys from BATON_API_KEYS (comma-separated): export it before sbatch.\n"
-    << "set -euo pipefail\nBATON=${BATON:-" << (s.binary.empty() ? "baton" : s.binary) << "}\n"
+    // The binary quoted as one word: a path with '}' or '$(...)' in it must not end the
+    // expansion or run anything.
+    << "set -euo pipefail\nBATON=${BATON:-" << shell_quote(s.binary.empty() ? "baton" : s.binary) << "}\n"
     << "mapfile -t HOSTS < <(scontrol show hostnames \"$SLURM_JOB_NODELIST\")\nHEAD=${HOSTS[0]}\n";
   for (const auto& n : plan) {
     const size_t k = static_cast<size_t>(std::find(hosts.begin(), hosts.end(), n.host) - hosts.begin());

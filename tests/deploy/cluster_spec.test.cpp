@@ -167,6 +167,9 @@ TEST_CASE("the transport's send mode and expert parallelism reach the engines th
   CHECK(error_of(R"("model": "m")", R"("model": "m", "transport": {"send": "rdma"})") ==
         "spec.transport.send must be put (one-sided RMA: shared memory, RDMA) or am (rendezvous active messages: TCP), not 'rdma'");
   CHECK(error_of(R"("model": "m")", R"("model": "m", "transport": {"mode": "am"})") == "spec.transport: unknown field 'mode'");
+  CHECK(error_of(R"("model": "m")", R"("model": "m", "ssh": {"user": "-oProxyCommand=x"})") ==
+        "spec.ssh.user '-oProxyCommand=x' is not a user name");
+  CHECK(error_of(R"("model": "m")", R"("model": "m", "ssh": {"user": "a@b"})") == "spec.ssh.user 'a@b' is not a user name");
   CHECK(error_of(R"("model": "m")", R"("model": "random", "expert_parallel": {"decode": 8})")
             .find("spec.expert_parallel needs a model with routed experts") == 0);
   CHECK(error_of(R"("model": "m")", R"("model": "m", "expert_parallel": {"decode": 0})") ==
@@ -447,6 +450,9 @@ TEST_CASE("Kubernetes manifests and the Slurm script match their golden files") 
   REQUIRE_MESSAGE(load_cluster_spec(dir + "two-hosts.json", &s, &why), why);
   CHECK(kubernetes_manifests(s) == read(dir + "two-hosts.k8s.yaml"));
   CHECK(slurm_script(s) == read(dir + "two-hosts.slurm.sh"));
+  // A binary path that would end the ${BATON:-...} expansion, or run a command, stays one word.
+  s.binary = "/opt/b}$(touch x)";
+  CHECK(slurm_script(s).find("BATON=${BATON:-'/opt/b}$(touch x)'}") != std::string::npos);
   const auto k8s = kubernetes_manifests(s);
   CHECK(k8s.find("BATON_PROD_KEYS") == std::string::npos);  // keys come from a Secret, not the file
   CHECK(k8s.find("secretKeyRef") != std::string::npos);

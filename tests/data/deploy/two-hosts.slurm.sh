@@ -6,7 +6,7 @@
 #SBATCH --gpus-per-node=4
 # Gateways read their API keys from BATON_API_KEYS (comma-separated): export it before sbatch.
 set -euo pipefail
-BATON=${BATON:-/opt/baton/bin/baton}
+BATON=${BATON:-'/opt/baton/bin/baton'}
 mapfile -t HOSTS < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
 HEAD=${HOSTS[0]}
 
