@@ -10,9 +10,10 @@
 
 namespace baton {
 
-/// A balancer's own placements on each rank (by name) since that rank's last load report. A
+/// A balancer's own placements on each rank (by name) that no load report has counted yet. A
 /// placement counts as its rank's load at once, so a burst spreads instead of piling onto the
-/// rank that looked idle; the rank's next report counts what reached it and replaces them. One
+/// rank that looked idle; a report names the placements it counts (reported()), and only their
+/// charges go. One
 /// whose sequence never reached the rank (its request failed or gave up between placement and
 /// order) would otherwise stay charged to an idle rank -- ranks report only on change -- for
 /// ever, so charges older than a limit are taken back. `Charge` has a `time_point at`.

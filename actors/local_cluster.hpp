@@ -126,12 +126,12 @@ struct local_cluster {
   std::vector<caf::actor> actors() const;
 };
 
-/// Spawns the cluster. The config must validate (callers report validate()'s sentence).
 /// A model's identity in one line, for a node's join to be checked against the head's: its name
 /// and shape. (Not its weights: a named built-in model is drawn from its seed on the head and
 /// loaded from files on a node, the same weights either way.)
 std::string model_fingerprint(const gpu::model_config& m);
 
+/// Spawns the cluster. The config must validate (callers report validate()'s sentence).
 local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_config& cfg,
                                   executor_factory make_executor = {}, transport_wrapper wrap = {},
                                   block_server_factory make_block_server = {});

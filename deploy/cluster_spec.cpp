@@ -6,6 +6,7 @@
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -121,6 +122,13 @@ bool plain_name(const std::string& s) {
   return std::all_of(s.begin(), s.end(), [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-'; });
 }
 
+/// A host or user that reaches ssh's command line as one word: no leading '-' (ssh would take it
+/// for an option, ssh -oProxyCommand=...), no blank or shell character, none of `also_refused`.
+bool ssh_word(const std::string& s, std::string_view also_refused = {}) {
+  if (s.empty() || s.front() == '-' || s.find_first_of(" \t'\"$`\\;&|<>") != std::string::npos) return false;
+  return s.find_first_of(also_refused) == std::string::npos;
+}
+
 bool parse_node(const json& j, size_t i, node_spec* n, std::string* why) {
   const std::string where = "nodes[" + std::to_string(i) + "]";
   if (!j.is_object()) {
@@ -143,8 +151,7 @@ bool parse_node(const json& j, size_t i, node_spec* n, std::string* why) {
       !p.num("http", &n->http_port, 1, 65535, why) || !p.num("store", &n->store_port, 1, 65535, why) ||
       !p.no_others(why))
     return false;
-  // A leading '-' would reach ssh as an option (ssh -oProxyCommand=...), not as a host.
-  if (n->host.empty() || n->host.front() == '-' || n->host.find_first_of(" \t'\"$`\\;&|<>") != std::string::npos) {
+  if (!ssh_word(n->host)) {
     *why = where + ".host '" + n->host + "' is not a host name or address";
     return false;
   }
@@ -366,9 +373,7 @@ bool parse_cluster_spec(const std::string& json_text, const std::string& base_di
       !fs.num("rank_cache_blocks", &out->rank_cache_blocks, 0, 1u << 24, why) || !fs.no_others(why) ||
       !fh.str("user", &out->ssh_user, why) || !fh.strs("options", &out->ssh_options, why) || !fh.no_others(why))
     return false;
-  // As a host's: "user@host" reaches ssh as one word, and a leading '-' would make it an option.
-  if (!out->ssh_user.empty() &&
-      (out->ssh_user.front() == '-' || out->ssh_user.find_first_of(" \t'\"$`\\;&|<>@") != std::string::npos)) {
+  if (!out->ssh_user.empty() && !ssh_word(out->ssh_user, "@")) {  // "user@host" is one word
     *why = "spec.ssh.user '" + out->ssh_user + "' is not a user name";
     return false;
   }

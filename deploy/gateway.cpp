@@ -172,9 +172,10 @@ void finish(caf::io::broker* self, caf::io::connection_handle hdl, const shared_
   if (!st->keep_alive) {
     st->closed = true;  // a request pipelined behind this one is never started
     // A lingering close (RFC 9112 §9.6): a client still sending (a body past the limit answered
-    // 413 before it all came, pipelined requests) would get a reset for its unread bytes, which
-    // discards our answer at its end unread. So: send the answer, shut our side, and read and
-    // drop what comes until the client closes or linger_time passes.
+    // 413 before it all came, pipelined requests) gets a reset for its unread bytes, and some
+    // stacks drop the answer unread on a reset (Linux on loopback did not, in our test). So:
+    // send the answer, shut our side, and read and drop what comes until the client closes or
+    // linger_time passes.
     st->lingering = true;
     if (!st->reading) {
       st->reading = true;

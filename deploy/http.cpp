@@ -149,9 +149,9 @@ const char* reason_phrase(int status) {
     case 431: return "Request Header Fields Too Large";
     case 499: return "Client Closed Request";
     case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
     case 503: return "Service Unavailable";
     case 504: return "Gateway Timeout";
-    case 501: return "Not Implemented";
     case 505: return "HTTP Version Not Supported";
   }
   return "Unknown";

@@ -63,14 +63,24 @@ uint64_t now_ms() {
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
 }
 
+/// A peer's unpacked memory key. Dropped when idle (see ucx_config::key_idle_ms) unless a put
+/// through it is in flight or a map_remote pointer hands out its mapping.
+struct cached_key {
+  ucp_rkey_h handle = nullptr;
+  uint64_t in_flight = 0;
+  uint64_t used_ms = 0;
+  bool mapped = false;
+};
+
 /// One transfer: its puts, then a flush (or its active messages); done when all complete.
 struct transfer {
   std::vector<am_header> headers;  ///< "am" mode: each send's header lives until it completes
   std::vector<void*> pending;  ///< UCX requests still in flight
   xfer_state state = xfer_state::pending;
   xfer_error error;
-  std::string peer;  ///< the worker address whose key it uses: kept while it flies
-  std::string key;   ///< the packed rkey it uses
+  /// The peer's key it puts through, kept while it flies (keys in flight are never dropped,
+  /// endpoints never are: the pointer stays valid).
+  cached_key* key = nullptr;
 
   /// Keeps a request UCX returned: in flight (a pointer), done at once (null), or refused, which
   /// fails the transfer naming the call. False once the transfer has failed.
@@ -84,15 +94,6 @@ struct transfer {
     if (req) pending.push_back(req);
     return true;
   }
-};
-
-/// A peer's unpacked memory key. Dropped when idle (see ucx_config::key_idle_ms) unless a put
-/// through it is in flight or a map_remote pointer hands out its mapping.
-struct cached_key {
-  ucp_rkey_h handle = nullptr;
-  uint64_t in_flight = 0;
-  uint64_t used_ms = 0;
-  bool mapped = false;
 };
 
 struct remote_peer {
@@ -444,8 +445,8 @@ private:
     auto* rkey = remote_rkey(key, &err);
     if (!rkey) return finish(id, xfer_state::failed, err);
     auto& peer = peers_[key.worker_addr];
-    transfer t{{}, {}, xfer_state::pending, err, key.worker_addr, key.rkey};
-    ++peer.keys[key.rkey].in_flight;
+    transfer t{{}, {}, xfer_state::pending, err, &peer.keys[key.rkey]};
+    ++t.key->in_flight;
     ucp_request_param_t rp{};
     if (cfg_.send == "am") {
       // Rendezvous for every size: the send completes only once the target has the bytes, which
@@ -499,17 +500,11 @@ private:
         continue;
       }
       finish(i->first, t.state == xfer_state::pending ? xfer_state::done : xfer_state::failed, t.error);
-      unpin(t);
+      if (t.key) --t.key->in_flight;  // settled: its key may go when idle
       i = inflight_.erase(i);
     }
   }
 
-  /// Progress thread: a settled transfer no longer holds its key.
-  void unpin(const transfer& t) {
-    auto p = peers_.find(t.peer);
-    if (p == peers_.end()) return;
-    if (auto k = p->second.keys.find(t.key); k != p->second.keys.end()) --k->second.in_flight;
-  }
 
   void progress_loop() {
     // The active-message receive handler may run on this thread only (thread mode single).

@@ -13,6 +13,25 @@
 
 using namespace baton;
 
+namespace {
+
+/// A stand-in for a rank: an actor the balancer can hold and monitor, that answers nothing.
+template <class Handle>
+Handle stand_in_rank(test::cluster_system& t) {
+  return caf::actor_cast<Handle>(t.sys.spawn([](caf::event_based_actor*) -> caf::behavior { return {[](int) {}}; }));
+}
+
+/// A load report of an idle rank: `pages` free of `pages`, 16-token pages.
+rank_load idle_load(const std::string& name, uint32_t pages) {
+  rank_load load;
+  load.name = name;
+  load.num_free_pages = load.num_total_pages = pages;
+  load.page_size_tokens = 16;
+  return load;
+}
+
+}  // namespace
+
 TEST_CASE("a placement parked for want of room is given up once its asker stops waiting: served later it charged "
           "a rank with a sequence nobody brought, and an outage grew the queue with every retry") {
   test::cluster_system t;
@@ -27,12 +46,8 @@ TEST_CASE("a placement parked for want of room is given up once its asker stops 
   }
   std::this_thread::sleep_for(std::chrono::milliseconds{30});
   // A rank with room for two such sequences reports: no ghost takes its room.
-  auto rank = caf::actor_cast<decode_rank_actor>(
-      t.sys.spawn([](caf::event_based_actor*) -> caf::behavior { return {[](int) {}}; }));
-  rank_load load;
-  load.name = "decode-x";
-  load.num_free_pages = load.num_total_pages = 8;
-  load.page_size_tokens = 16;
+  auto rank = stand_in_rank<decode_rank_actor>(t);
+  rank_load load = idle_load("decode-x", 8);
   self->send(balancer, load_atom::value, load, rank);
   self->request(balancer, std::chrono::seconds{5}, stats_atom::value)
       .receive(
@@ -56,11 +71,8 @@ TEST_CASE("a rank forgotten because its node was given up for lost stays forgott
   caf::scoped_actor self{t.sys};
   auto decode_bal = spawn_decode_balancer(t.sys, {});
   auto prefill_bal = spawn_prefill_balancer(t.sys, {});
-  const auto stand_in = [&] {
-    return t.sys.spawn([](caf::event_based_actor*) -> caf::behavior { return {[](int) {}}; });
-  };
-  auto decode = caf::actor_cast<decode_rank_actor>(stand_in());
-  auto prefill = caf::actor_cast<prefill_rank_actor>(stand_in());
+  auto decode = stand_in_rank<decode_rank_actor>(t);
+  auto prefill = stand_in_rank<prefill_rank_actor>(t);
   rank_load load;
   load.num_free_pages = load.num_total_pages = 8;
   load.page_size_tokens = 16;
@@ -137,12 +149,8 @@ TEST_CASE("a prefill placement whose prompt never reaches its rank (no report fo
   bc.policy = "least_loaded";
   bc.charge_ttl_ms = 50;
   auto bal = spawn_prefill_balancer(t.sys, bc);
-  auto rank = caf::actor_cast<prefill_rank_actor>(
-      t.sys.spawn([](caf::event_based_actor*) -> caf::behavior { return {[](int) {}}; }));
-  rank_load load;
-  load.name = "prefill-x";
-  load.num_free_pages = load.num_total_pages = 64;
-  load.page_size_tokens = 16;
+  auto rank = stand_in_rank<prefill_rank_actor>(t);
+  rank_load load = idle_load("prefill-x", 64);
   self->send(bal, load_atom::value, load, rank);
   const auto place = [&](uint64_t id) {
     std::string why;
@@ -183,12 +191,8 @@ TEST_CASE("a decode placement whose sequence never reserves on its rank gives it
   bc.policy = "least_loaded";
   bc.charge_ttl_ms = 600;
   auto bal = spawn_decode_balancer(t.sys, bc);
-  auto rank = caf::actor_cast<decode_rank_actor>(
-      t.sys.spawn([](caf::event_based_actor*) -> caf::behavior { return {[](int) {}}; }));
-  rank_load load;
-  load.name = "decode-x";
-  load.num_free_pages = load.num_total_pages = 4;
-  load.page_size_tokens = 16;
+  auto rank = stand_in_rank<decode_rank_actor>(t);
+  rank_load load = idle_load("decode-x", 4);
   self->send(bal, load_atom::value, load, rank);
   const auto place = [&](uint64_t id, uint32_t wait_ms) {
     std::string where;
@@ -236,13 +240,8 @@ TEST_CASE("a decode rank's report drops the charges of the placements it settled
   auto bal = spawn_decode_balancer(t.sys, bc);
   std::vector<decode_rank_actor> ranks;
   for (const char* name : {"decode-a", "decode-b"}) {
-    ranks.push_back(caf::actor_cast<decode_rank_actor>(
-        t.sys.spawn([](caf::event_based_actor*) -> caf::behavior { return {[](int) {}}; })));
-    rank_load load;
-    load.name = name;
-    load.num_free_pages = load.num_total_pages = 16;
-    load.page_size_tokens = 16;
-    self->send(bal, load_atom::value, load, ranks.back());
+    ranks.push_back(stand_in_rank<decode_rank_actor>(t));
+    self->send(bal, load_atom::value, idle_load(name, 16), ranks.back());
   }
   std::vector<std::string> placed;
   const auto place = [&](uint64_t id) {
@@ -258,12 +257,9 @@ TEST_CASE("a decode rank's report drops the charges of the placements it settled
   // are still on their way.
   const auto first = placed[0];
   const auto& first_rank = first == "decode-a" ? ranks[0] : ranks[1];
-  rank_load load;
-  load.name = first;
-  load.num_total_pages = 16;
+  rank_load load = idle_load(first, 16);
   load.num_free_pages = 12;
   load.num_running = 1;
-  load.page_size_tokens = 16;
   load.settled = {1};
   self->send(bal, load_atom::value, load, first_rank);
   std::vector<rank_load> loads;
