@@ -3,7 +3,7 @@
 // actors under CAF's test coordinator, next to the ceiling it chases, measured in the same run:
 // the test coordinator's own rate of message-plus-timer events between two bare actors (what a
 // simulator built on it could do if Baton's actors cost nothing). Goal: <= 10 s on one core
-// (>= 1,200 requests/s). Usage: baton_bench_sim [TRACE] (default: the copy in tests/data/traces)
+// (>= 1,200 requests/s). Usage: baton_bench_sim [TRACE] (default: the copy in traces)
 
 #include <chrono>
 #include <cstdio>
@@ -58,7 +58,7 @@ double bare_events_per_s(uint64_t n) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string path = argc > 1 ? argv[1] : BATON_SOURCE_DIR "/tests/data/traces/mooncake_conversation_trace.jsonl";
+  const std::string path = argc > 1 ? argv[1] : BATON_SOURCE_DIR "/traces/mooncake_conversation_trace.jsonl";
   sims::trace t;
   std::string why;
   if (!sims::load_trace(path, {}, &t, &why)) {

@@ -1,7 +1,7 @@
 #pragma once
 
 // Step time from per-layer profile tables measured inside a real engine (issue 8): the
-// `../shared/traces/vllm_measured/profiles/` format, three CSV files per GPU and model:
+// `traces/vllm_measured/profiles/` format, three CSV files per GPU and model:
 //   <prefix>_dense.csv         layer,tokens,time_us        one decoder layer's dense ops by token count
 //   <prefix>_attention.csv     prefill_chunk,kv_prefill,n_decode,kv_decode,time_us
 //                                                          one attention layer over a mixed batch

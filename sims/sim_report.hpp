@@ -35,7 +35,7 @@ struct percentiles {
   double mean = 0, p50 = 0, p90 = 0, p99 = 0, max = 0;
   size_t count = 0;
 };
-/// Linear interpolation between closest ranks (as ../shared/traces/README.md computes them).
+/// Linear interpolation between closest ranks (as traces/README.md computes them).
 percentiles percentiles_of(std::vector<double> values);
 
 struct slo {

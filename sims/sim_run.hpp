@@ -81,7 +81,7 @@ struct sim_config {
   uint32_t page_tokens = 64;             ///< KV page size of the modelled ranks
   uint32_t sim_layers = 4;               ///< layers the actors see (KV ships per layer group); time uses the real count
   /// Step times from per-layer profile tables (`<prefix>_dense.csv`, ... as in
-  /// ../shared/traces/vllm_measured/profiles/, sims/profile_table.hpp) instead of the roofline;
+  /// traces/vllm_measured/profiles/, sims/profile_table.hpp) instead of the roofline;
   /// the GPUs' memory still sizes the KV. One profile times every instance.
   std::string profile;
   /// Or step times from fitted cost models (a `baton profile` file: prefill cost(q, c) per

@@ -1,7 +1,7 @@
 #pragma once
 
 // Request traces for replay (issue 8): the Mooncake JSONL release (with its prefix hash ids), the
-// Azure 2023 CSV traces, the measured vLLM request files (../shared/traces/README.md describes
+// Azure 2023 CSV traces, the measured vLLM request files (traces/README.md describes
 // all three), and synthetic arrivals (Poisson, or bursty gamma) over length distributions.
 // Pure: no actors, no clock. A malformed line is an error naming file and line, or, when asked,
 // skipped and counted.

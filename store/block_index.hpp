@@ -4,7 +4,7 @@
 // order. Pure and single-owner (the block_index actor, or a trace replay): time is passed in.
 //
 // Eviction is leaf-first LRU: a prefix's leading blocks are always more recently used than its
-// tail, so a chain is evicted from its leaves (../shared/traces/README.md §1 gives the same
+// tail, so a chain is evicted from its leaves (traces/README.md §1 gives the same
 // semantics and reference ratios). A hit touches the chain last block first; a block inserted
 // goes right behind its parent when the parent is in this index (a write-back commits first
 // block first). Likewise a block's ancestors expire no earlier than it does. Both hold within one

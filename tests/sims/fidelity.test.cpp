@@ -1,5 +1,5 @@
 // Issue 8, fidelity: step times from per-layer profile tables measured inside vLLM, and the
-// colocated baseline replaying the measured vLLM runs of ../shared/traces/vllm_measured/ with one
+// colocated baseline replaying the measured vLLM runs of traces/vllm_measured/ with one
 // parameter set for both GPUs (only the profile tables, the GPUs' memory and each run's recorded
 // max_num_seqs differ; nothing is fitted to the request files).
 
@@ -19,12 +19,7 @@ using namespace baton::sims;
 
 namespace {
 
-const std::string measured = BATON_SOURCE_DIR "/../shared/traces/vllm_measured/";
-
-bool have_measured_runs() {
-  struct stat s {};
-  return ::stat((measured + "profiles").c_str(), &s) == 0;
-}
+const std::string measured = BATON_SOURCE_DIR "/traces/vllm_measured/";
 
 std::vector<step_seq> decodes(uint32_t n, uint32_t context) { return std::vector<step_seq>(n, step_seq{1, context}); }
 
@@ -48,10 +43,6 @@ sim_config vllm_like(const std::string& gpu, uint32_t max_num_seqs, const std::s
 
 TEST_CASE("profile tables: a step sums the measured layers as the traces' README does, and measured rows come back "
           "exactly") {
-  if (!have_measured_runs()) {
-    MESSAGE("../shared/traces is not here: skipped");
-    return;
-  }
   std::string why;
   auto rtx = profile_table::load(measured + "profiles/rtx4090_llama-3.1-8b_tp1", &why);
   REQUIRE_MESSAGE(rtx, why);
@@ -106,14 +97,10 @@ TEST_CASE("profile tables: a missing file or a malformed line is an error naming
 
 TEST_CASE("fidelity: one parameter set predicts both measured Llama-3.1-8B vLLM runs, TPOT mean within 10% and "
           "TTFT p50 within 25%") {
-  if (!have_measured_runs()) {
-    MESSAGE("../shared/traces is not here: skipped");
-    return;
-  }
   struct run {
     const char* name;
     const char* gpu;
-    uint32_t max_num_seqs;  // as each run was configured (../shared/traces/README.md)
+    uint32_t max_num_seqs;  // as each run was configured (traces/README.md)
   };
   for (const run r : {run{"rtx4090", "RTX4090", 256}, run{"rtxpro6000", "RTXPRO6000", 128}}) {
     const std::string name = r.name;

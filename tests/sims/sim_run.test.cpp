@@ -63,7 +63,7 @@ TEST_CASE("roofline: decode steps are bandwidth-bound, long prefills compute-bou
   const roofline r2{*named_gpu("H200"), *named_model("llama-3-8b"), 2, {}};
   CHECK(r2.step_us({{4096, 0}}) < prefill);
   CHECK(r2.step_us({{4096, 0}}) > prefill / 2);
-  // KV sizes from the shapes: Llama-3-70B 320 KiB per token (../shared/traces/README.md), MLA 576 values.
+  // KV sizes from the shapes: Llama-3-70B 320 KiB per token (traces/README.md), MLA 576 values.
   CHECK(named_model("llama-3-70b")->kv_bytes_per_token == 327680);
   CHECK(named_model("deepseek-v3")->kv_bytes_per_token == 61 * 576 * 2);
   CHECK(named_model("deepseek-v3")->active_params() == doctest::Approx(37.4e9).epsilon(0.02));
@@ -318,7 +318,7 @@ TEST_CASE("sim: a decode rank and a prefill rank killed mid-trace: every request
   std::string why;
   trace_options o;
   o.window_s = 300;
-  REQUIRE_MESSAGE(load_trace(BATON_SOURCE_DIR "/tests/data/traces/mooncake_conversation_trace.jsonl", o, &t, &why), why);
+  REQUIRE_MESSAGE(load_trace(BATON_SOURCE_DIR "/traces/mooncake_conversation_trace.jsonl", o, &t, &why), why);
   sim_config cfg;
   cfg.prefill_instances = 5;
   cfg.decode_instances = 3;

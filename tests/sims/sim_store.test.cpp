@@ -85,11 +85,8 @@ TEST_CASE("sim store: the Mooncake trace with the store hits more than the local
   std::string why;
   trace_options o;
   o.window_s = 300;
-  const std::string path = BATON_SOURCE_DIR "/../shared/traces/mooncake_conversation_trace.jsonl";
-  if (!load_trace(path, o, &t, &why)) {
-    MESSAGE("../shared/traces is not here: skipped (" << why << ")");
-    return;
-  }
+  const std::string path = BATON_SOURCE_DIR "/traces/mooncake_conversation_trace.jsonl";
+  REQUIRE_MESSAGE(load_trace(path, o, &t, &why), why);
   sim_config c;
   c.model = "llama-3-70b";
   c.prefill_instances = 5;

@@ -1,11 +1,10 @@
-// Trace readers against the public traces in ../shared/traces (their README gives the figures
-// checked here; the Mooncake file is also committed under tests/data/traces/), malformed lines,
+// Trace readers against the public traces committed under traces/ (their README gives the
+// figures checked here), malformed lines,
 // windows and rate scaling, and synthetic arrivals.
 
 #include <doctest/doctest.h>
 
 #include <cmath>
-#include <filesystem>
 #include <sstream>
 
 #include "sims/trace.hpp"
@@ -13,14 +12,13 @@
 using namespace baton::sims;
 
 namespace {
-const std::string shared = BATON_SOURCE_DIR "/../shared/traces/";
-bool have(const std::string& f) { return std::filesystem::exists(shared + f); }
+const std::string traces = BATON_SOURCE_DIR "/traces/";
 }  // namespace
 
 TEST_CASE("the Mooncake conversation trace: 12,031 requests over 59 minutes, one hash id per 512-token block") {
   trace t;
   std::string why;
-  REQUIRE_MESSAGE(load_trace(BATON_SOURCE_DIR "/tests/data/traces/mooncake_conversation_trace.jsonl", {}, &t, &why), why);
+  REQUIRE_MESSAGE(load_trace(BATON_SOURCE_DIR "/traces/mooncake_conversation_trace.jsonl", {}, &t, &why), why);
   REQUIRE(t.requests.size() == 12031);
   CHECK(t.skipped == 0);
   CHECK(std::lround(t.span_s()) == 3537);
@@ -34,19 +32,15 @@ TEST_CASE("the Mooncake conversation trace: 12,031 requests over 59 minutes, one
 }
 
 TEST_CASE("the Azure 2023 traces and the measured vLLM runs read as their README says") {
-  if (!have("azure2023_code.csv") || !have("vllm_measured/rtx4090_llama-3.1-8b_requests.jsonl")) {
-    MESSAGE("../shared/traces is not here: skipped");
-    return;
-  }
   trace code, conv, vllm;
   std::string why;
-  REQUIRE_MESSAGE(load_trace(shared + "azure2023_code.csv", {}, &code, &why), why);
-  REQUIRE_MESSAGE(load_trace(shared + "azure2023_conv.csv", {}, &conv, &why), why);
+  REQUIRE_MESSAGE(load_trace(traces + "azure2023_code.csv", {}, &code, &why), why);
+  REQUIRE_MESSAGE(load_trace(traces + "azure2023_conv.csv", {}, &conv, &why), why);
   CHECK(code.requests.size() == 8819);
   CHECK(conv.requests.size() == 19366);
   CHECK(std::lround(code.span_s()) == 3436);
   CHECK(std::lround(conv.span_s()) == 3502);
-  REQUIRE_MESSAGE(load_trace(shared + "vllm_measured/rtx4090_llama-3.1-8b_requests.jsonl", {}, &vllm, &why), why);
+  REQUIRE_MESSAGE(load_trace(traces + "vllm_measured/rtx4090_llama-3.1-8b_requests.jsonl", {}, &vllm, &why), why);
   REQUIRE(vllm.requests.size() == 300);
   double ttft = 0;
   for (const auto& r : vllm.requests) ttft += r.measured_ttft_s;

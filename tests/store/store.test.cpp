@@ -425,7 +425,7 @@ TEST_CASE("the server ring skips servers marked down: only their keys move, to t
 }
 
 TEST_CASE("Mooncake conversation trace through the index: the README's LRU hit ratios, and 0.3664 unbounded") {
-  std::ifstream f{BATON_SOURCE_DIR "/tests/data/traces/mooncake_conversation_trace.jsonl"};
+  std::ifstream f{BATON_SOURCE_DIR "/traces/mooncake_conversation_trace.jsonl"};
   REQUIRE(f);
   std::vector<std::vector<block_key>> requests;
   std::string line;
