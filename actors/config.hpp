@@ -30,6 +30,9 @@ struct prefill_rank_config {
   bool standby = false;
   /// Chunk size cap in tokens; with step_budget_us = 0, every chunk has exactly this size.
   uint32_t chunk_tokens = 64;
+  /// A scored prompt's (prefill_order::prompt_logprobs) chunks are at most this long: each of
+  /// their rows brings its logits to the host, a vocabulary of floats per row.
+  uint32_t score_chunk_tokens = 256;
   /// Seed 000 §3.1 level 4: each chunk is the largest whose predicted cost fits this budget
   /// (chunks shrink as the context grows). 0 = fixed chunk_tokens.
   uint32_t step_budget_us = 0;
@@ -57,6 +60,7 @@ struct prefill_rank_config {
   std::string validate() const {
     if (name.empty()) return "prefill rank name must not be empty";
     if (chunk_tokens == 0) return "prefill chunk_tokens must be >= 1";
+    if (score_chunk_tokens == 0) return "prefill score_chunk_tokens must be >= 1";
     if (step_budget_us > 0 && !cost.usable())
       return "prefill step_budget_us needs a usable cost model (alpha, beta, delta >= 0, gamma > 0)";
     if (kv_send_timeout_ms == 0) return "prefill kv_send_timeout_ms must be >= 1";

@@ -656,6 +656,8 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
           return make_error(errc::lease_expired, stage + ": lease " + std::to_string(order.grant.lease_id) +
                                                      " expired or was never granted");
         if (order.tokens.empty()) return make_error(errc::bad_request, stage + ": empty prompt");
+        if (order.prompt_logprobs)  // the request sends scored prompts to a prefill rank (request.cpp)
+          return make_error(errc::bad_request, stage + ": a decode rank does not score prompts (prompt log-probabilities)");
         if (s.core.exec->kv().pages_for_tokens(static_cast<uint32_t>(order.tokens.size())) > i->second.pages.size())
           return make_error(errc::layout_mismatch, stage + ": the lease is too small for the prompt");
         for (const auto& p : s.local_prefills)

@@ -19,7 +19,7 @@ typename Inspector::result_type inspect(Inspector& f, token_logprobs& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, forward_output& x) {
-  return f(caf::meta::type_name("forward_output"), x.logits, x.tokens, x.logprobs);
+  return f(caf::meta::type_name("forward_output"), x.logits, x.tokens, x.logprobs, x.scores);
 }
 }  // namespace baton::gpu
 

@@ -58,13 +58,21 @@ struct generate_request {
   /// the top_logprobs (<= 20) most likely tokens' at its step.
   bool logprobs = false;
   uint32_t top_logprobs = 0;
+  /// The prompt's tokens detokenized in the completion (completion::prompt_text), as OpenAI's
+  /// echo shows them.
+  bool echo = false;
+  /// Each prompt token's log-probability given the tokens before it, with top_logprobs
+  /// alternatives (completion::prompt_logprobs): prompt scoring, as evaluation harnesses ask with
+  /// echo and logprobs. The prompt is then computed whole on one prefill rank (no cached prefix,
+  /// no split, no prefill on the decode rank).
+  bool prompt_logprobs = false;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, generate_request& x) {
   return f(caf::meta::type_name("generate_request"), x.prompt, x.prompt_tokens, x.max_tokens, x.temperature,
            x.seed, x.return_logits, x.ignore_eos, x.traffic_class, x.priority, x.messages, x.top_k, x.top_p,
            x.repetition_penalty, x.presence_penalty, x.frequency_penalty, x.stop, x.stop_token_ids, x.logprobs,
-           x.top_logprobs);
+           x.top_logprobs, x.echo, x.prompt_logprobs);
 }
 
 struct completion {
@@ -77,6 +85,10 @@ struct completion {
   std::vector<int64_t> tbt_us;                 ///< each interval between consecutive tokens
   std::vector<std::vector<float>> step_logits; ///< step_logits[i] chose tokens[i] (if asked)
   std::vector<token_logprob> logprobs;         ///< logprobs[i]: tokens[i]'s (generate_request::logprobs)
+  std::string prompt_text;                     ///< the prompt's tokens detokenized (generate_request::echo)
+  /// generate_request::prompt_logprobs: entry i is prompt token i's; the first's logprob is NaN
+  /// (no token precedes it) and it has no alternatives.
+  std::vector<token_logprob> prompt_logprobs;
   std::string prefill_rank;
   std::string decode_rank;
   // Where the time went, per stage (microseconds, actor clock: virtual in sims).
@@ -105,7 +117,8 @@ typename Inspector::result_type inspect(Inspector& f, completion& x) {
            x.finish_reason, x.ttft_us, x.tbt_us, x.step_logits, x.prefill_rank, x.decode_rank, x.place_us,
            x.reserve_us, x.prefill_queue_us, x.prefill_us, x.decode_queue_us, x.prefill_placement_why,
            x.decode_placement_why, x.check_us, x.cached_tokens, x.local_cached_tokens, x.recomputed_blocks,
-           x.kv_bytes, x.kv_send_us, x.failovers, x.failover_why, x.migrations, x.logprobs, x.retry_wait_us);
+           x.kv_bytes, x.kv_send_us, x.failovers, x.failover_why, x.migrations, x.logprobs, x.retry_wait_us,
+           x.prompt_text, x.prompt_logprobs);
 }
 
 // --- KV leases and handoff ---------------------------------------------------------------------
@@ -213,12 +226,15 @@ struct prefill_result {
   /// in the lease's pages: they must wait out the quarantine whenever they are let go.
   bool abandoned_put = false;
   std::vector<gpu::token_logprobs> logprobs;  ///< first_token's, one entry, when the order asked
+  /// prefill_order::prompt_logprobs: entry i is prompt token i + 1's, given the tokens before it
+  /// (the prompt's first token has none), so one fewer than the prompt's tokens.
+  std::vector<gpu::token_logprobs> prompt_logprobs;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, prefill_result& x) {
   return f(caf::meta::type_name("prefill_result"), x.request_id, x.first_token, x.logits, x.rank, x.queue_us,
            x.cached_tokens, x.recomputed_blocks, x.local_cached_tokens, x.kv_bytes, x.kv_send_us, x.abandoned_put,
-           x.logprobs);
+           x.logprobs, x.prompt_logprobs);
 }
 
 /// One entry of a rank's event log: what happened, in the order it happened (seq).
@@ -284,11 +300,13 @@ struct place_query {
   /// of room is given up after this, so it never lands on a rank after its asker has gone.
   /// 0: parked_wait_default_ms.
   uint32_t wait_ms = 0;
+  /// The prompt must be computed on one rank (prompt scoring): never split.
+  bool whole_prompt = false;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, place_query& x) {
   return f(caf::meta::type_name("place_query"), x.request_id, x.new_tokens, x.cached_tokens, x.total_tokens,
-           x.priority, x.block_keys, x.block_tokens, x.wait_ms);
+           x.priority, x.block_keys, x.block_tokens, x.wait_ms, x.whole_prompt);
 }
 
 struct rank_stats {
@@ -665,14 +683,17 @@ struct prefill_order {
   float frequency_penalty = 0.0f;
   uint32_t output_from = 0;      ///< the request's own prompt length (after a failover, tokens holds output too)
   bool logprobs = false;         ///< the first token's log-probabilities in the result...
-  uint32_t top_logprobs = 0;     ///< ... with this many alternatives
+  uint32_t top_logprobs = 0;     ///< ... with this many alternatives (and the prompt's tokens)
+  /// Prompt scoring (echo): each prompt token's log-probability given the tokens before it, in
+  /// the result. The whole prompt is computed on one rank: no cached prefix, no split.
+  bool prompt_logprobs = false;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, prefill_order& x) {
   return f(caf::meta::type_name("prefill_order"), x.request_id, x.tokens, x.temperature, x.seed,
            x.return_logits, x.batch_priority, x.grant, x.decode, x.prefix, x.block_tokens, x.part_index,
            x.part_bounds, x.part_ranks, x.part_names, x.top_k, x.top_p, x.repetition_penalty, x.presence_penalty,
-           x.frequency_penalty, x.output_from, x.logprobs, x.top_logprobs);
+           x.frequency_penalty, x.output_from, x.logprobs, x.top_logprobs, x.prompt_logprobs);
 }
 
 /// Split prefill: a later part's rank tells an earlier part's rank where its pages are. The

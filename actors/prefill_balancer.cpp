@@ -253,10 +253,12 @@ std::optional<prefill_placement> try_place(pointer self, const place_query& q) {
       const uint32_t ps = loads.empty() ? 16 : std::max<uint32_t>(1, st.registry.loads[0].page_size_tokens);
       const uint32_t parts = std::min<uint32_t>({st.cfg.split_max_parts, open,
                                                  q.new_tokens / std::max<uint32_t>(ps, 1)});
-      if (q.cached_tokens == 0 && q.new_tokens >= st.cfg.split_min_tokens && parts >= 2)
+      if (q.cached_tokens == 0 && q.new_tokens >= st.cfg.split_min_tokens && parts >= 2 && !q.whole_prompt)
         return place_split(self, q, parts, ps);
       pick = policies::least_loaded_prefill(loads);
-      if (pick) why = "split: not split (" + std::to_string(q.new_tokens) + " tokens), least_loaded";
+      if (pick)
+        why = "split: not split (" + std::to_string(q.new_tokens) + " tokens" + (q.whole_prompt ? ", scored whole" : "") +
+              "), least_loaded";
       break;
     }
     case policies::prefill_policy::cache_affinity: {

@@ -27,6 +27,14 @@ void pump(prefill_pointer self);
 void launch(prefill_pointer self, waiting_order w, std::vector<uint32_t> pages, std::vector<store::block_key> keys,
             uint32_t shared_blocks);
 void drain_waiting(prefill_pointer self);
+
+/// The tokens of a scored prompt (prefill_order::prompt_logprobs): the request's own prompt,
+/// without output tokens fed back after a failover.
+uint32_t scored_prompt(const prefill_order& o) {
+  const auto n = static_cast<uint32_t>(o.tokens.size());
+  return o.output_from > 0 ? std::min(o.output_from, n) : n;
+}
+
 caf::result<prefill_result> accept_prefill(prefill_pointer self, prefill_order order);
 
 /// The queued prompt tokens and the cost model's time for them (what placement weighs).
@@ -199,10 +207,20 @@ void finish_if_done(prefill_pointer self, uint64_t request_id) {
     const int64_t send_us =
         r.first_put_at ? std::chrono::duration_cast<std::chrono::microseconds>(self->clock().now() - *r.first_put_at).count()
                        : 0;
-    r.promise.deliver(prefill_result{request_id, r.first_token, std::move(r.logits), st.cfg.name, r.queue_us,
-                                     r.split.active ? 0 : r.cached_tokens, r.recomputed_blocks,
-                                     r.shared_blocks * st.store.block_tokens(), kv_bytes, send_us, r.abandoned_put,
-                                     std::move(r.logprobs)});
+    prefill_result out{request_id, r.first_token, std::move(r.logits), st.cfg.name, r.queue_us,
+                       r.split.active ? 0 : r.cached_tokens, r.recomputed_blocks,
+                       r.shared_blocks * st.store.block_tokens(), kv_bytes, send_us, r.abandoned_put,
+                       std::move(r.logprobs), {}};
+    for (auto& scores : r.chunk_scores)
+      for (auto& s : scores) out.prompt_logprobs.push_back(std::move(s));
+    if (r.order.prompt_logprobs && out.prompt_logprobs.size() + 1 != scored_prompt(r.order))
+      r.promise.deliver(make_error(errc::executor_failed,
+                                   where(request_id, st.cfg.name, "prefill") + ": the executor (" +
+                                       st.core.exec->describe() + ") scored " + std::to_string(out.prompt_logprobs.size()) +
+                                       " of the prompt's " + std::to_string(scored_prompt(r.order) - 1) +
+                                       " tokens after its first (it may not score prompts)"));
+    else
+      r.promise.deliver(std::move(out));
   }
   // No put of it is in flight now: a decode rank that dropped its lease meanwhile may reuse the
   // pages (and one that did not counts this writer done). One abandoned at the send timeout may
@@ -404,7 +422,7 @@ void submit_chunk(prefill_pointer self, uint64_t rid) {
     log->add({0, "compute_done", rid, chunk, l, {}, {}});
   };
   const uint64_t job_id = ++st.last_job;
-  st.job_to_request[job_id] = chunk_job{rid, end - start, r.attempt};
+  st.job_to_request[job_id] = chunk_job{rid, end - start, r.attempt, c};
   ++st.chunks_in_executor;
   ++r.jobs_in_executor;
   // The prompt's last chunk has its executor pick the first token (greedy rows' logits stay on
@@ -413,6 +431,14 @@ void submit_chunk(prefill_pointer self, uint64_t rid) {
   gpu::forward_job job{job_id, {gpu::forward_seq{rid, {order.tokens.begin() + start, order.tokens.begin() + end},
                                                  start, r.local_pages, last && order.return_logits}}};
   if (last) job.seqs[0].sample = sample_next(order, static_cast<uint32_t>(order.tokens.size()), order.tokens);
+  if (order.prompt_logprobs) {
+    // Row p scores the prompt's token p + 1; the prompt's last row has none (it picks the first
+    // output token), nor have rows of output tokens fed back after a failover.
+    auto& targets = job.seqs[0].score_targets;
+    const uint32_t prompt = scored_prompt(order);
+    for (uint32_t p = start; p < end; ++p) targets.push_back(p + 1 < prompt ? order.tokens[p + 1] : -1);
+    job.seqs[0].score_top = order.top_logprobs;
+  }
   if (r.load.gate && !r.load.aborted) job.seqs[0].gate = r.load.gate;  // streaming prefix: wait per layer
   st.core.exec->submit(std::move(job),
                        std::make_shared<forwarding_sink>(self->address(), std::move(on_kv_ready), std::move(on_computed),
@@ -455,6 +481,14 @@ void start_compute(prefill_pointer self, uint64_t rid, uint32_t cached) {
   else
     for (uint32_t done = 0; done < todo; done += st.cfg.chunk_tokens)
       r.chunk_sizes.push_back(std::min(st.cfg.chunk_tokens, todo - done));
+  if (r.order.prompt_logprobs) {  // each scored row brings its logits to the host: keep chunks short
+    std::vector<uint32_t> capped;
+    for (auto size : r.chunk_sizes)
+      for (uint32_t done = 0; done < size; done += st.cfg.score_chunk_tokens)
+        capped.push_back(std::min(st.cfg.score_chunk_tokens, size - done));
+    r.chunk_sizes = std::move(capped);
+  }
+  r.chunk_scores.assign(r.chunk_sizes.size(), {});
   r.num_chunks = static_cast<uint32_t>(r.chunk_sizes.size());
   r.tokens_left = todo;
   st.runnable.push(rid, r.order.batch_priority);
@@ -482,7 +516,7 @@ void launch(prefill_pointer self, waiting_order w, std::vector<uint32_t> pages, 
   r.order = std::move(w.order);
   const auto& o = r.order;
   if (o.part_ranks.size() > 1) return launch_split(self, rid);
-  const bool can_load = st.store.enabled() && st.core.pool_key && o.prefix.size() > shared_blocks &&
+  const bool can_load = st.store.enabled() && st.core.pool_key && !o.prompt_logprobs && o.prefix.size() > shared_blocks &&
                         o.block_tokens > 0 && o.block_tokens % local.page_size_tokens == 0 &&
                         uint64_t{o.prefix.size()} * o.block_tokens < o.tokens.size();
   if (!can_load) return start_compute(self, rid, shared_blocks * st.store.block_tokens());
@@ -503,7 +537,7 @@ void drain_waiting(prefill_pointer self) {
     std::vector<store::block_key> keys;
     size_t hit = 0;
     std::vector<uint32_t> shared;
-    if (st.local && !split) {
+    if (st.local && !split && !w->order.prompt_logprobs) {  // a scored prompt computes every token
       // The rank-local tier first: blocks already in our pages are shared, pinned, not copied.
       keys = store::chain_keys(st.salt, w->order.tokens, st.store.block_tokens());
       hit = std::min<size_t>(st.local->match(keys), (len - 1) / st.store.block_tokens());
@@ -606,6 +640,8 @@ caf::result<prefill_result> accept_prefill(prefill_pointer self, prefill_order o
   const uint32_t num_pages = kv.pages_for_tokens(num_tokens);
   if (num_tokens == 0) return make_error(errc::bad_request, stage + ": empty prompt");
   if (auto bad = check_split(order); !bad.empty()) return make_error(errc::bad_request, stage + ": " + bad);
+  if (order.prompt_logprobs && order.part_ranks.size() > 1)
+    return make_error(errc::bad_request, stage + ": prompt log-probabilities need the whole prompt on one rank, not a split");
   if (order.grant.page_ids.size() < num_pages)
     return make_error(errc::layout_mismatch, stage + ": lease has " + std::to_string(order.grant.page_ids.size()) +
                                                  " pages, the prompt needs " + std::to_string(num_pages));
@@ -729,6 +765,8 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
         if (cj->attempt != r.attempt) return maybe_restart(self, *rid);  // an aborted attempt's chunk
         ++r.chunks_done;
         r.tokens_left -= std::min<uint64_t>(r.tokens_left, cj->tokens);
+        if (r.order.prompt_logprobs && cj->chunk < r.chunk_scores.size() && !out.scores.empty())
+          r.chunk_scores[cj->chunk] = std::move(out.scores[0]);
         if (r.chunks_done == r.num_chunks && !out.tokens.empty() && out.tokens[0] >= 0) {
           r.first_token = out.tokens[0];
           if (r.order.return_logits && !out.logits.empty()) r.logits = std::move(out.logits[0]);

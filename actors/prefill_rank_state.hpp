@@ -152,6 +152,7 @@ struct prefill_job_state {
   int32_t first_token = -1;
   std::vector<float> logits;
   std::vector<gpu::token_logprobs> logprobs;  ///< first_token's, when the order asked (one entry)
+  std::vector<std::vector<gpu::token_logprobs>> chunk_scores;  ///< prompt scoring: each chunk's rows
   bool failed = false;
   bool abandoned_put = false;  ///< a put was given up on at the send timeout: it may still land
   caf::error failure;                 ///< answered once no queued chunk can still post a put
@@ -176,6 +177,7 @@ struct chunk_job {
   uint64_t request_id;
   uint32_t tokens;
   uint32_t attempt;
+  uint32_t chunk;  ///< its index in the prompt's chunk plan
 };
 
 /// Chunk jobs kept in the executor at once: one computing, one queued behind it, so the

@@ -75,6 +75,10 @@ int64_t lap(request_pointer self) {
   return us;
 }
 
+/// This attempt's prompt is scored (generate_request::prompt_logprobs): asked, and not yet
+/// answered by an earlier attempt (a failover after the first token re-prefills unscored).
+bool scores_prompt(const request_state& st) { return st.plan.params.prompt_logprobs && st.out.prompt_logprobs.empty(); }
+
 /// A token alone as text, by the request's tokenizer.
 std::string token_text(const request_state& st, int32_t token) {
   return st.plan.tokenizer ? st.plan.tokenizer->decode({token}) : gpu::byte_tokenizer{-1, -1}.decode({token});
@@ -166,6 +170,9 @@ void answer(request_pointer self, caf::error err) {
     st.promise.deliver(std::move(err));
   else {
     if (!st.stopped) st.out.text = decode_text(st);
+    if (st.plan.params.echo)
+      st.out.prompt_text = st.plan.tokenizer ? st.plan.tokenizer->decode(st.plan.prompt_tokens)
+                                             : gpu::byte_tokenizer{-1, -1}.decode(st.plan.prompt_tokens);
     stream(self, true);  // before the answer: one sender, so the sink sees it first
     st.promise.deliver(std::move(st.out));
   }
@@ -242,6 +249,26 @@ void record_token(request_pointer self, int32_t token, std::vector<float> logits
     token_logprob t{token, lp.logprob, token_text(st, token), std::move(lp.top_tokens), std::move(lp.top_logprobs), {}};
     for (auto id : t.top_tokens) t.top_texts.push_back(token_text(st, id));
     st.out.logprobs.push_back(std::move(t));
+  }
+}
+
+/// The prompt's tokens, each with its log-probability given those before it (the first has
+/// none: NaN), from the prefill rank's scores (prefill_result::prompt_logprobs).
+void record_prompt_logprobs(request_pointer self, std::vector<gpu::token_logprobs> scores) {
+  auto& st = self->state;
+  const auto& prompt = st.plan.prompt_tokens;
+  auto& out = st.out.prompt_logprobs;
+  out.clear();
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    token_logprob t{prompt[i], std::numeric_limits<float>::quiet_NaN(), token_text(st, prompt[i]), {}, {}, {}};
+    if (i > 0 && i - 1 < scores.size()) {
+      auto& s = scores[i - 1];
+      t.logprob = s.logprob;
+      t.top_tokens = std::move(s.top_tokens);
+      t.top_logprobs = std::move(s.top_logprobs);
+      for (auto id : t.top_tokens) t.top_texts.push_back(token_text(st, id));
+    }
+    out.push_back(std::move(t));
   }
 }
 
@@ -425,6 +452,7 @@ void on_prefill_result(request_pointer self, prefill_result& r) {
   if (st.plan.store.enabled())
     st.cached_blocks = std::min<uint32_t>(r.cached_tokens / st.plan.store.block_tokens(),
                                           static_cast<uint32_t>(st.prefix.size()));
+  if (scores_prompt(st)) record_prompt_logprobs(self, std::move(r.prompt_logprobs));
   record_token(self, r.first_token, std::move(r.logits), std::move(r.logprobs));
   const bool eos = r.first_token == st.plan.eos_token_id && !st.plan.params.ignore_eos;
   st.stopped = hits_stop(st, r.first_token);
@@ -491,6 +519,7 @@ void start_prefill(request_pointer self, kv_lease_grant grant) {
   order.output_from = static_cast<uint32_t>(p.prompt_tokens.size());
   order.logprobs = p.params.logprobs;
   order.top_logprobs = p.params.top_logprobs;
+  order.prompt_logprobs = scores_prompt(st);
   if (!st.hybrid && st.split.part_ranks.size() > 1) return start_split_prefill(self, std::move(order));
   st.num_writers_out = st.hybrid ? 0 : 1;  // hybrid: the decode rank writes its own pages
   auto pending = st.hybrid ? self->request(st.decode, std::chrono::milliseconds{p.cfg.prefill_timeout_ms}, std::move(order))
@@ -546,7 +575,7 @@ void place(request_pointer self) {
   const auto cached = static_cast<uint32_t>(st.prefix.size() * p.store.block_tokens());
   place_query q{p.request_id, static_cast<uint32_t>(st.prompt.size()) - cached, cached,
                 static_cast<uint32_t>(st.prompt.size() + st.max_new), p.params.priority,
-                st.block_keys, p.store.block_tokens(), p.cfg.place_timeout_ms};
+                st.block_keys, p.store.block_tokens(), p.cfg.place_timeout_ms, scores_prompt(st)};
   const uint32_t attempt = st.attempt;
   self->request(p.decode_balancer, timeout, place_atom::value, q)
       .then(
@@ -557,7 +586,7 @@ void place(request_pointer self) {
             st.decode = d.rank;
             st.out.decode_placement_why = std::move(d.why);
             const auto& p = st.plan;
-            if (policies::prefill_on_decode_rank(st.prompt.size(), p.cfg.hybrid_prefill_below_tokens)) {
+            if (!scores_prompt(st) && policies::prefill_on_decode_rank(st.prompt.size(), p.cfg.hybrid_prefill_below_tokens)) {
               // Seed 002, hybrid PD: a short prompt is cheaper to prefill where it decodes than
               // to ship; no prefill rank is involved.
               st.hybrid = true;
@@ -602,7 +631,8 @@ void check(request_pointer self) {
   auto keys = store::chain_keys(store::salt_of(p.store.identity), st.prompt, b);
   for (const auto& k : keys) st.block_keys.insert(st.block_keys.end(), {k.hi, k.lo});
   keys.resize(std::min(keys.size(), usable));
-  if (keys.empty() || p.store.index.empty()) return place(self);  // no index: keys for the balancer only
+  // No index, or a scored prompt (computed whole): keys for the balancer only.
+  if (keys.empty() || p.store.index.empty() || scores_prompt(st)) return place(self);
   // Each index shard is asked for its own keys, in parallel; the cached prefix is the leading
   // run of keys that some shard holds. A shard that does not answer holds nothing.
   const auto shards = static_cast<uint32_t>(p.store.index.size());

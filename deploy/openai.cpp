@@ -235,10 +235,6 @@ bool refuse_unsupported(const json& j, api_error* err) {
     *err = bad("best_of", "best_of is not supported");
     return false;
   }
-  if (auto it = j.find("echo"); it != j.end() && !it->is_null() && *it != false) {
-    *err = bad("echo", "echo is not supported (it needs the prompt's log-probabilities)");
-    return false;
-  }
   for (const char* key : {"tools", "functions", "response_format", "logit_bias"}) {
     auto it = j.find(key);
     if (it != j.end() && !it->is_null() && !(it->is_array() && it->empty()) && !(it->is_object() && it->empty())) {
@@ -251,9 +247,9 @@ bool refuse_unsupported(const json& j, api_error* err) {
 }
 
 /// The prompt once (every choice has the same), and every choice's tokens.
-json usage_of(const std::vector<completion>& choices) {
+json usage_of(const std::vector<completion>& choices, bool prompt_only = false) {
   size_t generated = 0;
-  for (const auto& c : choices) generated += c.tokens.size();
+  for (const auto& c : choices) generated += prompt_only ? 0 : c.tokens.size();
   const uint32_t prompt = choices.empty() ? 0 : choices[0].num_prompt_tokens;
   const uint32_t cached = choices.empty() ? 0 : choices[0].cached_tokens;
   return {{"prompt_tokens", prompt},
@@ -312,7 +308,18 @@ bool parse_checked_body(std::string_view body, bool chat, const std::string& ser
   }
   r.max_tokens = chat ? default_chat_tokens : default_completion_tokens;
   constexpr double big = std::numeric_limits<int32_t>::max();
-  if (!number_field(j, "max_tokens", 1, big, &r.max_tokens, err)) return false;
+  // Echo: the prompt comes back first (with its tokens' log-probabilities when logprobs is set),
+  // and max_tokens 0 then asks for the prompt alone: scoring, as evaluation harnesses do.
+  if (!bool_field(j, "echo", &r.echo, err)) return false;
+  if (r.echo && chat) {
+    *err = bad("echo", "echo is supported on /v1/completions only");
+    return false;
+  }
+  if (!number_field(j, "max_tokens", r.echo ? 0 : 1, big, &r.max_tokens, err)) return false;
+  if (r.echo && j.contains("max_tokens") && r.max_tokens == 0) {
+    out->prompt_only = true;
+    r.max_tokens = 1;  // the prefill picks one token in any case; it is not returned
+  }
   if (chat && !number_field(j, "max_completion_tokens", 1, big, &r.max_tokens, err)) return false;
   if (!number_field(j, "temperature", 0, 2, &r.temperature, err)) return false;
   if (!number_field(j, "top_p", 0, 1, &r.top_p, err)) return false;
@@ -366,7 +373,13 @@ bool parse_checked_body(std::string_view body, bool chat, const std::string& ser
   if (!string_field(j, "traffic_class", &r.traffic_class, err)) return false;
   if (!string_field(j, "priority", &r.priority, err)) return false;
   if (!number_field(j, "n", 1, max_choices, &out->n, err)) return false;
-  return parse_logprobs(j, chat, &r, err);
+  if (!parse_logprobs(j, chat, &r, err)) return false;
+  r.prompt_logprobs = r.echo && r.logprobs;
+  if (r.echo && out->stream) {
+    *err = bad("echo", "echo with stream is not supported: ask without stream");
+    return false;
+  }
+  return true;
 }
 }  // namespace
 
@@ -384,8 +397,12 @@ uint64_t utf8_chars(const std::string& s) {
 
 namespace {
 
-/// JSON has no -Infinity: a token that could not have been picked gets OpenAI's -9999.
-double logprob_value(float x) { return std::isfinite(x) ? static_cast<double>(x) : -9999.0; }
+/// JSON has no -Infinity: a token that could not have been picked gets OpenAI's -9999. NaN (an
+/// echoed prompt's first token, which nothing precedes) is null.
+json logprob_value(float x) {
+  if (std::isnan(x)) return nullptr;
+  return std::isfinite(x) ? static_cast<double>(x) : -9999.0;
+}
 
 json bytes_of(const std::string& s) {
   json out = json::array();
@@ -419,7 +436,7 @@ json logprobs_json(const call& c, const std::vector<token_logprob>& lps, uint64_
     json top = json::object();
     for (size_t k = 0; k < t.top_tokens.size() && k < t.top_texts.size(); ++k)
       top[t.top_texts[k]] = logprob_value(t.top_logprobs[k]);
-    tops.push_back(std::move(top));
+    tops.push_back(std::isnan(t.logprob) ? json(nullptr) : std::move(top));
   }
   return {{"tokens", tokens},
           {"token_logprobs", values},
@@ -433,11 +450,21 @@ std::string completion_json(const call& c, const std::vector<completion>& choice
   json list = json::array();
   for (size_t i = 0; i < choices.size(); ++i) {
     const auto& done = choices[i];
-    json choice = {{"index", i}, {"finish_reason", finish_reason(done.finish_reason)}, {"logprobs", logprobs_json(c, done.logprobs, 0)}};
-    if (c.chat)
+    json choice = {{"index", i}, {"finish_reason", finish_reason(done.finish_reason)}};
+    if (c.chat) {
+      choice["logprobs"] = logprobs_json(c, done.logprobs, 0);
       choice["message"] = {{"role", "assistant"}, {"content", done.text}};
-    else
+    } else if (c.req.echo) {
+      // The prompt as the client gave it (token ids: as they decode), then what was generated.
+      std::vector<token_logprob> lps = done.prompt_logprobs;
+      if (!c.prompt_only) lps.insert(lps.end(), done.logprobs.begin(), done.logprobs.end());
+      choice["logprobs"] = logprobs_json(c, lps, 0);
+      choice["text"] = (c.req.prompt_tokens.empty() ? c.req.prompt : done.prompt_text) + (c.prompt_only ? "" : done.text);
+      if (c.prompt_only) choice["finish_reason"] = "length";
+    } else {
+      choice["logprobs"] = logprobs_json(c, done.logprobs, 0);
       choice["text"] = done.text;
+    }
     list.push_back(std::move(choice));
   }
   json out = {{"id", id},
@@ -445,7 +472,7 @@ std::string completion_json(const call& c, const std::vector<completion>& choice
               {"created", created},
               {"model", c.model},
               {"choices", std::move(list)},
-              {"usage", usage_of(choices)}};
+              {"usage", usage_of(choices, c.prompt_only)}};
   // Invalid UTF-8 (a model may emit any bytes) becomes U+FFFD instead of failing the answer.
   return out.dump(-1, ' ', false, json::error_handler_t::replace);
 }

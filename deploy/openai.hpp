@@ -6,8 +6,10 @@
 //
 // Accepted beyond OpenAI's own fields, as vLLM does: top_k, repetition_penalty, ignore_eos,
 // stop_token_ids, up to 20 log-probabilities per token; and Baton's traffic_class and priority.
-// `n` choices are n requests (choice i draws with seed + i). Fields Baton cannot honour (echo,
-// best_of) are refused by name rather than ignored;
+// `n` choices are n requests (choice i draws with seed + i). Completions' echo returns the
+// prompt first, with its tokens' log-probabilities when logprobs is set (prompt scoring; max_tokens
+// 0 for the prompt alone); not with stream. Fields Baton cannot honour (best_of, echo on chat, tools)
+// are refused by name rather than ignored;
 // unknown fields are ignored, as OpenAI's servers do.
 
 #include <cstdint>
@@ -23,6 +25,8 @@ struct call {
   uint32_t n = 1;              ///< choices: n requests, choice i drawn with seed + i
   bool stream = false;         ///< answer as server-sent events
   bool include_usage = false;  ///< stream_options.include_usage: a last chunk with the usage
+  /// echo with max_tokens 0: the answer is the prompt alone (one token is generated, not shown).
+  bool prompt_only = false;
   std::string model;           ///< the model the client named (echoed back)
   generate_request req;
 };

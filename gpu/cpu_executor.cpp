@@ -213,6 +213,11 @@ private:
   void forward(const forward_job& job, executor_sink& sink) {
     const auto& c = cfg_;
     const auto& w = *weights_;
+    for (const auto& q : job.seqs)
+      if (!q.score_targets.empty() && q.score_targets.size() != q.tokens.size())
+        return sink.on_failed(job.job_id, "sequence " + std::to_string(q.seq_id) + ": " +
+                                              std::to_string(q.score_targets.size()) + " score targets for " +
+                                              std::to_string(q.tokens.size()) + " rows");
     std::vector<row_ref> rows;
     for (uint32_t s = 0; s < job.seqs.size(); ++s)
       for (uint32_t i = 0; i < job.seqs[s].tokens.size(); ++i) rows.push_back({s, job.seqs[s].start_pos + i});
@@ -282,7 +287,38 @@ private:
       }
       if (s.want_logits) out.logits[wanting[i]].assign(row.begin(), row.end());
     }
+    score_rows(job, &out);
     sink.on_done(job.job_id, std::move(out));
+  }
+
+  /// Prompt scoring (forward_seq::score_targets): the head over every scored row, a slice of
+  /// rows at a time so that the logits held stay small (a slice times the vocabulary), and each
+  /// row's log-probabilities read from its logits as a pick's are.
+  void score_rows(const forward_job& job, forward_output* out) {
+    const auto& c = cfg_;
+    const auto& w = *weights_;
+    const size_t h = c.hidden_size;
+    constexpr size_t slice = 32;
+    std::vector<float> normed(slice * h), logits(slice * c.vocab_size);
+    size_t first_row = 0;
+    for (size_t s = 0; s < job.seqs.size(); first_row += job.seqs[s].tokens.size(), ++s) {
+      const auto& q = job.seqs[s];
+      if (q.score_targets.empty()) continue;
+      out->scores.resize(job.seqs.size());
+      std::vector<size_t> rows;
+      for (size_t i = 0; i < q.score_targets.size(); ++i)
+        if (q.score_targets[i] >= 0) rows.push_back(i);
+      for (size_t from = 0; from < rows.size(); from += slice) {
+        const size_t m = std::min(slice, rows.size() - from);
+        for (size_t k = 0; k < m; ++k)
+          rmsnorm(act_.x.data() + (first_row + rows[from + k]) * h, w.final_norm.data(), 1, h, c.rms_norm_eps,
+                  normed.data() + k * h);
+        matmul_nt(normed.data(), m, h, w.lm_head_data(), c.vocab_size, logits.data(), &pool_);
+        for (size_t k = 0; k < m; ++k)
+          out->scores[s].push_back(logprobs_of(std::span<const float>(logits.data() + k * c.vocab_size, c.vocab_size),
+                                               q.score_targets[rows[from + k]], q.score_top));
+      }
+    }
   }
 
   /// The pipeline's consumer end: a sequence whose cached prefix is still arriving waits here for

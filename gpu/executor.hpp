@@ -105,6 +105,12 @@ struct forward_seq {
   /// When set, the executor also picks the token after the last one (on_done's tokens), whether
   /// or not it returns the logits: the CUDA backend then keeps greedy rows' logits on the device.
   std::optional<seq_sampling> sample = std::nullopt;
+  /// Prompt scoring (echo with log-probabilities): for each row i whose score_targets[i] >= 0,
+  /// the log-probability of that token after row i, under the raw logits (no temperature or
+  /// penalty), with the score_top (<= max_top_logprobs) most likely tokens (forward_output::scores).
+  /// Empty: no row is scored. Otherwise one entry per row.
+  std::vector<int32_t> score_targets = {};
+  uint32_t score_top = 0;
   /// Whether the job computes this sequence's last-token logits at all.
   bool wants_head() const { return want_logits || sample.has_value(); }
 };

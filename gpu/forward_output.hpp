@@ -15,6 +15,16 @@ struct forward_output {
   /// The pick's log-probabilities where seq_sampling::want_logprobs (empty entries elsewhere);
   /// empty as a whole when no sequence wanted them.
   std::vector<token_logprobs> logprobs;
+  /// Prompt scoring (forward_seq::score_targets): scores[s] has one entry per scored row of
+  /// sequence s, in row order; empty as a whole when no sequence asked.
+  std::vector<std::vector<token_logprobs>> scores;
 };
+
+/// The rows of `targets` that are scored (target >= 0), counted.
+inline size_t scored_rows(const std::vector<int32_t>& targets) {
+  size_t n = 0;
+  for (auto t : targets) n += t >= 0;
+  return n;
+}
 
 }  // namespace baton::gpu

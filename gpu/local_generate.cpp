@@ -10,9 +10,10 @@ class promise_sink final : public executor_sink {
 public:
   void on_layer_kv_ready(uint64_t, uint32_t) override {}
   void on_done(uint64_t, forward_output out) override {
-    promise_.set_value(forward_outcome{std::move(out.logits), {}, std::move(out.tokens), std::move(out.logprobs)});
+    promise_.set_value(
+        forward_outcome{std::move(out.logits), {}, std::move(out.tokens), std::move(out.logprobs), std::move(out.scores)});
   }
-  void on_failed(uint64_t, std::string what) override { promise_.set_value(forward_outcome{{}, std::move(what), {}, {}}); }
+  void on_failed(uint64_t, std::string what) override { promise_.set_value(forward_outcome{{}, std::move(what), {}, {}, {}}); }
   std::future<forward_outcome> future() { return promise_.get_future(); }
 
 private:

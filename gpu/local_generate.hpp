@@ -16,6 +16,7 @@ struct forward_outcome {
   std::string error;                       ///< non-empty when the executor refused the job
   std::vector<int32_t> tokens;             ///< per sequence: its picked token (forward_seq::sample), or -1
   std::vector<token_logprobs> logprobs;    ///< as forward_output::logprobs
+  std::vector<std::vector<token_logprobs>> scores;  ///< as forward_output::scores
 };
 
 /// Submits one job and waits for it.

@@ -359,8 +359,14 @@ private:
     const uint32_t ps = kv_.layout().page_size_tokens, kvd = cfg_.kv_dim();
     std::unordered_map<uint32_t, bool> seen_up, seen_mirror;
     const bool flash = ecfg_.flash_attention && !cfg_.is_mla() && cuda::flash_attention_supported(cfg_.head_dim, type_);
+    std::vector<uint32_t> scored;  // prompt scoring's rows: head rows after every sequence's own
     for (const auto& s : job.seqs) {
       const auto first_row = static_cast<uint32_t>(a.tokens.size());
+      if (!s.score_targets.empty() && s.score_targets.size() != s.tokens.size())
+        return "sequence " + std::to_string(s.seq_id) + ": " + std::to_string(s.score_targets.size()) +
+               " score targets for " + std::to_string(s.tokens.size()) + " rows";
+      for (uint32_t i = 0; i < s.score_targets.size(); ++i)
+        if (s.score_targets[i] >= 0) scored.push_back(first_row + i);
       const bool flash_rows = flash && s.tokens.size() > 1;  // a decode row keeps its kernel whatever shares its job
       const auto table_at = static_cast<uint32_t>(a.page_table.size());
       a.page_table.insert(a.page_table.end(), s.pages.begin(), s.pages.end());
@@ -400,6 +406,7 @@ private:
       if (!a.upload.empty() && !ecfg_.host_pool)
         return "sequence " + std::to_string(s.seq_id) + ": its cached prefix is not on the device and this executor has no host pool";
     }
+    a.want_rows.insert(a.want_rows.end(), scored.begin(), scored.end());
     if (a.tokens.size() > ecfg_.max_batch_tokens)
       return "job " + std::to_string(job.job_id) + ": " + std::to_string(a.tokens.size()) +
              " rows exceed max_batch_tokens " + std::to_string(ecfg_.max_batch_tokens);
@@ -459,6 +466,7 @@ private:
       }
       ++k;
     }
+    for (uint32_t k = nw - static_cast<uint32_t>(scored_rows_of(job)); k < nw; ++k) host_rows.push_back(k);  // scored rows
     pack(bytes, off[12], temperature);
     pack(bytes, off[13], draw);
     pack(bytes, off[14], a.mirror_slots);
@@ -705,7 +713,35 @@ private:
         logprobs[s] = logprobs_of(std::span<const float>(lh + k * cfg_.vocab_size, cfg_.vocab_size), tokens[s],
                                   job.seqs[s].sample->top_logprobs);
       }
-    sink.on_done(job.job_id, {std::move(logits), std::move(tokens), std::move(logprobs)});
+    // Scored rows (prompt scoring) follow the head rows, in sequence and row order.
+    struct scored_row {
+      size_t seq, head_row, row, slot;  // slot: its place in the sequence's scores
+    };
+    std::vector<scored_row> score_at;
+    for (size_t s = 0, k = nw - scored_rows_of(job); s < job.seqs.size(); ++s)
+      for (size_t i = 0, slot = 0; i < job.seqs[s].score_targets.size(); ++i)
+        if (job.seqs[s].score_targets[i] >= 0) score_at.push_back({s, k++, i, slot++});
+    std::vector<std::vector<token_logprobs>> scores;
+    if (!score_at.empty()) {
+      scores.resize(job.seqs.size());
+      for (size_t s = 0; s < job.seqs.size(); ++s) scores[s].resize(scored_rows(job.seqs[s].score_targets));
+      sampler_.parallel_for(score_at.size(), 8, [&](size_t begin, size_t end) {
+        for (size_t i = begin; i < end; ++i) {
+          const auto& r = score_at[i];
+          const auto& q = job.seqs[r.seq];
+          scores[r.seq][r.slot] = logprobs_of(std::span<const float>(lh + r.head_row * cfg_.vocab_size, cfg_.vocab_size),
+                                              q.score_targets[r.row], q.score_top);
+        }
+      });
+    }
+    sink.on_done(job.job_id, {std::move(logits), std::move(tokens), std::move(logprobs), std::move(scores)});
+  }
+
+  /// Rows of `job` that prompt scoring reads the head of.
+  static size_t scored_rows_of(const forward_job& job) {
+    size_t n = 0;
+    for (const auto& q : job.seqs) n += scored_rows(q.score_targets);
+    return n;
   }
 
   /// The addresses (and the argument buffers' sizes) a captured graph has baked in: when one

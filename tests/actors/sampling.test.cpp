@@ -5,7 +5,10 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <thread>
+
+#include <unistd.h>
 
 #include "gpu/byte_tokenizer.hpp"
 #include "gpu/cpu_executor.hpp"
@@ -160,4 +163,87 @@ TEST_CASE("logprobs: each token's log-probability and its step's top tokens are 
   refused = t.generate(cluster.router, bad);
   REQUIRE_FALSE(refused);
   CHECK(t.sys.render(refused.error()).find("top_logprobs needs logprobs") != std::string::npos);
+}
+
+TEST_CASE("prompt scoring (echo with logprobs): each prompt token's log-probability is what one executor's logits of "
+          "its prefix say, the prompt computed whole where the cluster would reuse its cached prefix, split it, or "
+          "prefill it on the decode rank; the tokens generated are the same") {
+  test::cluster_system t;
+  char dir_template[] = "/tmp/baton-score-XXXXXX";
+  REQUIRE(::mkdtemp(dir_template) != nullptr);
+  struct cleanup {
+    std::string dir;
+    ~cleanup() { std::filesystem::remove_all(dir); }
+  } clean{dir_template};
+  std::string text;
+  for (int i = 0; i < 90; ++i) text.push_back(static_cast<char>('a' + (i * 7) % 26));
+  for (const bool hybrid : {false, true}) {
+    CAPTURE(hybrid);
+    auto cfg = one_by_one();
+    cfg.num_prefill_ranks = 2;
+    cfg.executor.num_kv_pages = 128;
+    cfg.prefill.chunk_tokens = 64;
+    cfg.prefill.score_chunk_tokens = 16;  // a scored prompt runs in several chunks
+    cfg.prefill_balancer.policy = "split";
+    cfg.prefill_balancer.split_min_tokens = 32;
+    cfg.store.enabled = true;
+    cfg.store.dir = std::string(dir_template) + (hybrid ? "/h" : "/s");
+    cfg.store.block_tokens = 32;
+    if (hybrid) cfg.router.request.hybrid_prefill_below_tokens = 1000;
+    auto cluster = start_local_cluster(t.sys, cfg);
+    test::cluster_system::stopper stop{t, cluster};
+    generate_request req;
+    req.prompt = text;
+    req.max_tokens = 4;
+    req.ignore_eos = true;
+    auto plain = t.generate(cluster.router, req);
+    REQUIRE_MESSAGE(plain, t.sys.render(plain.error()));
+    if (!hybrid) {
+      CHECK(plain->prefill_placement_why.rfind("split:", 0) == 0);
+      CHECK(plain->prefill_placement_why.find("not split") == std::string::npos);  // it was split
+      // Its blocks reach the store when its decode ends (written back behind the answer): ask
+      // again until a request finds them, so the scored one below had a prefix to reuse.
+      uint32_t cached = 0;
+      for (int tries = 0; tries < 100 && cached == 0; ++tries) {
+        auto again = t.generate(cluster.router, req);
+        REQUIRE(again);
+        cached = again->cached_tokens;
+        if (cached == 0) std::this_thread::sleep_for(std::chrono::milliseconds{50});
+      }
+      CHECK(cached > 0);
+    }
+    req.echo = true;
+    req.prompt_logprobs = true;
+    req.top_logprobs = 2;
+    auto got = t.generate(cluster.router, req);
+    REQUIRE_MESSAGE(got, t.sys.render(got.error()));
+    CHECK(got->tokens == plain->tokens);
+    CHECK(got->cached_tokens == 0);
+    CHECK(got->prefill_rank.rfind("prefill-", 0) == 0);  // never the decode rank
+    CHECK(got->kv_bytes > 0);
+    if (!hybrid) CHECK(got->prefill_placement_why.find("scored whole") != std::string::npos);
+    const auto prompt = encode(cfg, text);
+    CHECK(got->prompt_text == gpu::byte_tokenizer{cfg.model.bos_token_id, cfg.model.eos_token_id}.decode(prompt));
+    REQUIRE(got->prompt_logprobs.size() == prompt.size());
+    CHECK(std::isnan(got->prompt_logprobs[0].logprob));
+    CHECK(got->prompt_logprobs[0].top_tokens.empty());
+    CHECK(got->logprobs.empty());  // not asked for the generated tokens
+    auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
+    auto exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
+    auto& kv = exec->kv();
+    for (size_t i = 1; i < prompt.size(); ++i) {
+      CAPTURE(i);
+      auto pages = *kv.kv_page_alloc(kv.pages_for_tokens(static_cast<uint32_t>(i)));
+      auto ref = gpu::run_blocking(*exec, gpu::forward_job{i, {gpu::forward_seq{1, {prompt.begin(), prompt.begin() + i}, 0, pages, true}}});
+      kv.kv_page_free(pages);
+      REQUIRE(ref.error.empty());
+      const auto want = gpu::logprobs_of(ref.logits[0], prompt[i], 2);
+      const auto& lp = got->prompt_logprobs[i];
+      CHECK(lp.token == prompt[i]);
+      CHECK(lp.logprob == doctest::Approx(want.logprob).epsilon(1e-5));
+      CHECK(lp.top_tokens == want.top_tokens);
+      REQUIRE(lp.top_texts.size() == 2);
+      CHECK(lp.top_texts[0] == gpu::byte_tokenizer{cfg.model.bos_token_id, cfg.model.eos_token_id}.decode({lp.top_tokens[0]}));
+    }
+  }
 }

@@ -266,6 +266,50 @@ TEST_CASE("logprobs over HTTP: the whole answer's and the stream's are the route
   }
 }
 
+TEST_CASE("echo over HTTP, as evaluation harnesses score: the prompt's token log-probabilities are the router's, "
+          "max_tokens 0 answers the prompt alone, and a text prompt comes back ahead of its completion") {
+  served_cluster s;
+  const uint16_t port = s.gateway.port;
+  generate_request ref_req;
+  ref_req.prompt = "In the beginning";
+  ref_req.max_tokens = 1;
+  ref_req.prompt_logprobs = true;
+  ref_req.top_logprobs = 1;
+  ref_req.echo = true;
+  const auto ref = s.direct(ref_req);
+  REQUIRE(ref.prompt_logprobs.size() == ref.num_prompt_tokens);
+  // The harness's request: token ids, echo, one alternative, nothing generated.
+  json ids = json::array();
+  for (const auto& t : ref.prompt_logprobs) ids.push_back(t.token);
+  auto scored = round_trip(port, post("/v1/completions", json{{"prompt", ids}, {"echo", true}, {"logprobs", 1},
+                                                               {"max_tokens", 0}, {"temperature", 0}}.dump()));
+  REQUIRE(scored.status == 200);
+  const auto answer = json::parse(scored.body);
+  const auto lp = answer["choices"][0]["logprobs"];
+  REQUIRE(lp["token_logprobs"].size() == ref.num_prompt_tokens);
+  CHECK(lp["token_logprobs"][0].is_null());
+  CHECK(lp["top_logprobs"][0].is_null());
+  for (size_t i = 1; i < ref.num_prompt_tokens; ++i) {
+    CAPTURE(i);
+    CHECK(lp["tokens"][i] == ref.prompt_logprobs[i].text);
+    CHECK(lp["token_logprobs"][i].get<double>() == doctest::Approx(ref.prompt_logprobs[i].logprob));
+    REQUIRE(lp["top_logprobs"][i].size() == 1);
+    CHECK(lp["top_logprobs"][i].begin().value().get<double>() >= lp["token_logprobs"][i].get<double>() - 1e-6);
+  }
+  CHECK(answer["choices"][0]["text"] == ref.prompt_text);
+  CHECK(answer["usage"]["completion_tokens"] == 0);
+  // A text prompt, echoed ahead of three generated tokens (the router's greedy ones).
+  ref_req.max_tokens = 3;
+  ref_req.prompt_logprobs = false;
+  ref_req.top_logprobs = 0;
+  ref_req.ignore_eos = true;
+  const auto gen = s.direct(ref_req);
+  auto echoed = round_trip(port, post("/v1/completions", R"({"prompt":"In the beginning","echo":true,"max_tokens":3,"ignore_eos":true})"));
+  REQUIRE(echoed.status == 200);
+  CHECK(json::parse(echoed.body)["choices"][0]["text"] == "In the beginning" + gen.text);
+  CHECK(json::parse(echoed.body)["choices"][0]["logprobs"].is_null());
+}
+
 TEST_CASE("n choices: each is the router's answer for seed + i, whole or streamed (events tagged by index), usage "
           "counts the prompt once") {
   served_cluster s;

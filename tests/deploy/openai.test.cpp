@@ -123,7 +123,11 @@ TEST_CASE("OpenAI request bodies map onto generate_request, and refusals name th
   CHECK(refused(R"({"prompt":"a","n":65})").message == "n must be in [1, 64], got 65");
   CHECK(refused(R"({"prompt":"a","logprobs":21})").message == "logprobs must be in [0, 20], got 21");
   CHECK(refused(R"({"prompt":"a","logprobs":true})").param == "logprobs");  // completions: a count
-  CHECK(refused(R"({"prompt":"a","echo":true})").param == "echo");
+  CHECK(refused(R"({"messages":[{"role":"user","content":"x"}],"echo":true})", true).message ==
+        "echo is supported on /v1/completions only");
+  CHECK(refused(R"({"prompt":"a","echo":true,"stream":true})").message == "echo with stream is not supported: ask without stream");
+  CHECK(refused(R"({"prompt":"a","echo":1})").message == "echo must be true or false");
+  CHECK(refused(R"({"prompt":"a","max_tokens":0})").message == "max_tokens must be in [1, 2147483647], got 0");
   CHECK(refused(R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":2})", true).message ==
         "top_logprobs needs logprobs: true");
   CHECK(refused(R"({"prompt":"a","frequency_penalty":2.5})").message == "frequency_penalty must be in [-2, 2], got 2.5");
@@ -205,4 +209,52 @@ TEST_CASE("logprobs: completions take a count, chat a flag and top_logprobs; bot
   // Not asked: null, as before.
   REQUIRE(deploy::openai::parse_body(R"({"prompt":"a"})", false, "m", &c, &e));
   CHECK(json::parse(deploy::openai::completion_json(c, done, "id", 0))["choices"][0]["logprobs"].is_null());
+}
+
+TEST_CASE("echo: the prompt comes back before the completion, its tokens' log-probabilities first (null for the "
+          "first token), and max_tokens 0 answers the prompt alone") {
+  deploy::openai::call c;
+  deploy::openai::api_error e;
+  REQUIRE(deploy::openai::parse_body(R"({"prompt":"ab","echo":true,"logprobs":1,"max_tokens":0})", false, "m", &c, &e));
+  CHECK(c.req.echo);
+  CHECK(c.req.prompt_logprobs);
+  CHECK(c.prompt_only);
+  CHECK(c.req.max_tokens == 1);  // the prefill's pick, not shown
+  REQUIRE(deploy::openai::parse_body(R"({"prompt":"ab","echo":true})", false, "m", &c, &e));
+  CHECK(c.req.echo);
+  CHECK_FALSE(c.req.prompt_logprobs);  // the text alone needs no scores
+  CHECK_FALSE(c.prompt_only);
+  completion done;
+  done.num_prompt_tokens = 3;
+  done.tokens = {120};
+  done.text = "x";
+  done.finish_reason = "length";
+  done.prompt_text = "ab";
+  done.logprobs = {{120, -0.25f, "x", {120}, {-0.25f}, {"x"}}};
+  done.prompt_logprobs = {{1, std::numeric_limits<float>::quiet_NaN(), "", {}, {}, {}},
+                          {97, -2.0f, "a", {98}, {-1.0f}, {"b"}},
+                          {98, -0.5f, "b", {98}, {-0.5f}, {"b"}}};
+  // Echo without logprobs: the text only.
+  auto plain = json::parse(deploy::openai::completion_json(c, done, "id", 0))["choices"][0];
+  CHECK(plain["text"] == "abx");
+  CHECK(plain["logprobs"].is_null());
+  // With logprobs: the prompt's tokens, then the completion's, offsets running on.
+  REQUIRE(deploy::openai::parse_body(R"({"prompt":"ab","echo":true,"logprobs":1})", false, "m", &c, &e));
+  auto both = json::parse(deploy::openai::completion_json(c, done, "id", 0));
+  auto lp = both["choices"][0]["logprobs"];
+  CHECK(both["choices"][0]["text"] == "abx");
+  CHECK(lp["tokens"] == json::array({"", "a", "b", "x"}));
+  CHECK(lp["token_logprobs"] == json::array({nullptr, -2.0, -0.5, -0.25}));
+  CHECK(lp["top_logprobs"][0].is_null());
+  CHECK(lp["top_logprobs"][1] == json{{"b", -1.0}});
+  CHECK(lp["text_offset"] == json::array({0, 0, 1, 2}));
+  CHECK(both["usage"]["completion_tokens"] == 1);
+  // max_tokens 0: the prompt alone, nothing generated is shown or counted.
+  REQUIRE(deploy::openai::parse_body(R"({"prompt":[1,97,98],"echo":true,"logprobs":1,"max_tokens":0})", false, "m", &c, &e));
+  auto alone = json::parse(deploy::openai::completion_json(c, done, "id", 0));
+  CHECK(alone["choices"][0]["text"] == "ab");  // token ids: as they decode
+  CHECK(alone["choices"][0]["logprobs"]["tokens"].size() == 3);
+  CHECK(alone["choices"][0]["finish_reason"] == "length");
+  CHECK(alone["usage"]["completion_tokens"] == 0);
+  CHECK(alone["usage"]["prompt_tokens"] == 3);
 }

@@ -366,6 +366,76 @@ TEST_CASE("the executor picks each sequence's token by sample_token's rules, and
   CHECK(std::find(prompts[2].begin(), prompts[2].end(), got.tokens[2]) == prompts[2].end());
 }
 
+TEST_CASE("prompt scoring: each scored row gives the log-probability of its target as the logits of that prefix "
+          "alone do, in chunks or whole, next to a pick, and a mismatched target list is refused by name") {
+  auto exec = tiny_executor(2);
+  auto& kv = exec->kv();
+  const auto p = prompt("Score every token of this prompt.");
+  const auto n = static_cast<uint32_t>(p.size());
+  // The reference: for each prefix p[0..i], the last row's logits of that prefix computed alone.
+  std::vector<token_logprobs> ref;
+  for (uint32_t i = 0; i + 1 < n; ++i) {
+    auto pages = *kv.kv_page_alloc(kv.pages_for_tokens(i + 1));
+    auto got = run_blocking(*exec, forward_job{1, {forward_seq{1, {p.begin(), p.begin() + i + 1}, 0, pages, true}}});
+    kv.kv_page_free(pages);
+    REQUIRE(got.error.empty());
+    ref.push_back(logprobs_of(got.logits[0], p[i + 1], 3));
+  }
+  auto same = [&](const std::vector<token_logprobs>& got, size_t from) {
+    for (size_t k = 0; k < got.size(); ++k) {
+      CAPTURE(from + k);
+      const auto& r = ref[from + k];
+      CHECK(got[k].logprob == doctest::Approx(r.logprob).epsilon(1e-5));
+      CHECK(got[k].top_tokens == r.top_tokens);
+      REQUIRE(got[k].top_logprobs.size() == r.top_logprobs.size());
+      for (size_t t = 0; t < r.top_logprobs.size(); ++t) CHECK(got[k].top_logprobs[t] == doctest::Approx(r.top_logprobs[t]).epsilon(1e-5));
+    }
+  };
+  auto targets = [&](uint32_t from, uint32_t to) {  // row q scores p[q + 1]; the prompt's last row nothing
+    std::vector<int32_t> t;
+    for (uint32_t q = from; q < to; ++q) t.push_back(q + 1 < n ? p[q + 1] : -1);
+    return t;
+  };
+  auto pages = *kv.kv_page_alloc(kv.pages_for_tokens(n));
+  // Whole, with the last row also picking a token (a prompt's last chunk does both).
+  forward_seq whole{1, p, 0, pages, false};
+  whole.score_targets = targets(0, n);
+  whole.score_top = 3;
+  whole.sample = seq_sampling{};
+  whole.sample->position = n;
+  auto got = run_blocking(*exec, forward_job{2, {whole}});
+  REQUIRE(got.error.empty());
+  REQUIRE(got.scores.size() == 1);
+  REQUIRE(got.scores[0].size() == n - 1);
+  same(got.scores[0], 0);
+  CHECK(got.tokens[0] >= 0);
+  // In two chunks, the second beside an unscored sequence in the same job: the scores carry over.
+  const uint32_t cut = n / 2;
+  forward_seq first{1, {p.begin(), p.begin() + cut}, 0, pages, false};
+  first.score_targets = targets(0, cut);
+  first.score_top = 3;
+  auto a = run_blocking(*exec, forward_job{3, {first}});
+  REQUIRE(a.scores.size() == 1);
+  REQUIRE(a.scores[0].size() == cut);  // the chunk's last row scores the next chunk's first token
+  same(a.scores[0], 0);
+  auto other = *kv.kv_page_alloc(1);
+  forward_seq second{1, {p.begin() + cut, p.end()}, cut, pages, false};
+  second.score_targets = targets(cut, n);
+  second.score_top = 3;
+  auto b = run_blocking(*exec, forward_job{4, {forward_seq{2, prompt("x"), 0, other, true}, second}});
+  REQUIRE(b.error.empty());
+  REQUIRE(b.scores.size() == 2);
+  CHECK(b.scores[0].empty());
+  REQUIRE(b.scores[1].size() == n - 1 - cut);
+  same(b.scores[1], cut);
+  CHECK(b.logits[0].size() == builtin_tiny_config().vocab_size);
+  // Targets that do not match the rows: refused, naming the sequence.
+  forward_seq bad{9, p, 0, pages, false};
+  bad.score_targets = {1, 2};
+  auto refused = run_blocking(*exec, forward_job{5, {bad}});
+  CHECK(refused.error == "sequence 9: 2 score targets for " + std::to_string(n) + " rows");
+}
+
 TEST_CASE("argmax_rows is sample_token's greedy pick: ties to the lowest id, NaNs never chosen") {
   const std::vector<float> rows = {1.0f, 3.0f, 3.0f, -1.0f,  //
                                    -INFINITY, -INFINITY, -INFINITY, -INFINITY,  //

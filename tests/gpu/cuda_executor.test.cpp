@@ -448,6 +448,43 @@ TEST_CASE("cuda executor picks greedy tokens on the device as sample_token picks
   }
 }
 
+TEST_CASE("cuda executor scores a prompt's rows (echo with logprobs) as the logits of each prefix alone give them, "
+          "beside a sequence that picks a token" * doctest::skip(no_gpu) * doctest::test_suite("unverified")) {
+  auto m = load(source_dir() + "/models/baton-kjv-tiny");
+  auto e = cuda_exec(m, false, 128);
+  auto& kv = e->kv();
+  const auto p = some_prompt(40, m.config.vocab_size);
+  const auto n = static_cast<uint32_t>(p.size());
+  std::vector<token_logprobs> ref;
+  for (uint32_t i = 0; i + 1 < n; ++i) {
+    auto pages = *kv.kv_page_alloc(kv.pages_for_tokens(i + 1));
+    auto got = run_blocking(*e, forward_job{1, {forward_seq{1, {p.begin(), p.begin() + i + 1}, 0, pages, true}}});
+    kv.kv_page_free(pages);
+    REQUIRE(got.error.empty());
+    ref.push_back(logprobs_of(got.logits[0], p[i + 1], 3));
+  }
+  forward_seq scored{1, p, 0, *kv.kv_page_alloc(kv.pages_for_tokens(n)), false};
+  for (uint32_t q = 0; q < n; ++q) scored.score_targets.push_back(q + 1 < n ? p[q + 1] : -1);
+  scored.score_top = 3;
+  scored.sample = seq_sampling{};
+  scored.sample->position = n;
+  forward_seq picker{2, some_prompt(9, m.config.vocab_size), 0, *kv.kv_page_alloc(1), false};
+  picker.sample = seq_sampling{};
+  picker.sample->position = 9;
+  const auto got = run_blocking(*e, forward_job{2, {picker, scored}});
+  REQUIRE(got.error.empty());
+  REQUIRE(got.scores.size() == 2);
+  CHECK(got.scores[0].empty());
+  REQUIRE(got.scores[1].size() == n - 1);
+  for (uint32_t i = 0; i + 1 < n; ++i) {
+    CAPTURE(i);
+    CHECK(got.scores[1][i].logprob == doctest::Approx(ref[i].logprob).epsilon(1e-4));
+    CHECK(got.scores[1][i].top_tokens == ref[i].top_tokens);
+  }
+  CHECK(got.tokens[0] >= 0);
+  CHECK(got.tokens[1] >= 0);
+}
+
 TEST_CASE("cuda executor: within a row bucket of the matrix products a sequence's logits do not depend on what shares "
           "its batch, bit for bit" * doctest::skip(no_gpu) * doctest::test_suite("unverified")) {
   auto m = load(source_dir() + "/models/baton-kjv-tiny");
