@@ -36,6 +36,62 @@ const std::string* request::header(std::string_view lower_name) const {
 
 static parse_result parse_request_at(std::string_view buf, const limits& lim, request* out);
 
+parse_result parse_chunked_body(std::string_view buf, const limits& lim, std::string* body) {
+  body->clear();
+  constexpr size_t max_line = 4096;  // a chunk's size line with its extensions
+  size_t at = 0;
+  // One line from `at`, without its CRLF; false while it is not all here (or a bare LF / an
+  // overlong line, which *err says).
+  auto line = [&](std::string_view* l, parse_result* err) {
+    const auto end = buf.find("\r\n", at);
+    const auto lf = buf.find('\n', at);
+    if (lf != std::string_view::npos && (end == std::string_view::npos || lf < end))
+      return *err = fail(400, "a line of the chunked body ends in a bare LF"), false;
+    if (end == std::string_view::npos) {
+      if (buf.size() - at > max_line) *err = fail(400, "a chunk size line longer than " + std::to_string(max_line) + " bytes");
+      return false;
+    }
+    if (end - at > max_line) return *err = fail(400, "a chunk size line longer than " + std::to_string(max_line) + " bytes"), false;
+    *l = buf.substr(at, end - at);
+    at = end + 2;
+    return true;
+  };
+  // Framing counts too: a body of tiny chunks with long extensions must not hold the connection's
+  // buffer far past the limit.
+  const size_t max_framed = 2 * lim.max_body_bytes + lim.max_header_bytes;
+  for (;;) {
+    if (at > max_framed)
+      return fail(413, "the chunked body with its framing exceeds " + std::to_string(max_framed) + " bytes");
+    std::string_view l;
+    parse_result err;
+    if (!line(&l, &err)) return err;
+    const auto size_text = trim(l.substr(0, l.find(';')));  // extensions (";name=value") are ignored
+    size_t size = 0;
+    const auto [end, ec] = std::from_chars(size_text.data(), size_text.data() + size_text.size(), size, 16);
+    if (size_text.empty() || ec != std::errc{} || end != size_text.data() + size_text.size())
+      return fail(400, "chunk size '" + std::string(size_text.substr(0, 32)) + "' is not a hexadecimal number");
+    if (size > lim.max_body_bytes || body->size() + size > lim.max_body_bytes)
+      return fail(413, "the chunked body exceeds the limit of " + std::to_string(lim.max_body_bytes) + " bytes");
+    if (size == 0) break;
+    if (buf.size() < at + size + 2) return {};
+    if (buf.substr(at + size, 2) != "\r\n") return fail(400, "a chunk's data is not followed by CRLF");
+    body->append(buf.substr(at, size));
+    at += size + 2;
+  }
+  // Trailer fields, read and dropped (none is needed), then the empty line.
+  const size_t trailers_at = at;
+  for (;;) {
+    std::string_view l;
+    parse_result err;
+    if (!line(&l, &err)) return err.status == parse_status::error ? err : parse_result{};
+    if (l.empty()) break;
+    if (at - trailers_at > lim.max_header_bytes)
+      return fail(431, "the chunked body's trailer fields exceed " + std::to_string(lim.max_header_bytes) + " bytes");
+    if (l.find(':') == std::string_view::npos || l.front() == ':') return fail(400, "malformed trailer field (want Name: value)");
+  }
+  return {parse_status::complete, at, 0, {}};
+}
+
 parse_result parse_request(std::string_view whole, const limits& lim, request* out) {
   // Empty lines before a request line are ignored (RFC 9112 §2.2: a client may send a CRLF after
   // a POST body).
@@ -101,11 +157,31 @@ static parse_result parse_request_at(std::string_view buf, const limits& lim, re
     if (v.find("keep-alive") != std::string::npos) out->keep_alive = true;
   }
   // Every Transfer-Encoding header, not the first: "identity" then "chunked" framed by its
-  // Content-Length here would be framed by its chunks behind a proxy (request smuggling).
+  // Content-Length here would be framed by its chunks behind a proxy (request smuggling). The
+  // codings, all headers' lists together, must be "chunked" alone: a body is never compressed.
+  std::string codings;
   for (const auto& [k, v] : out->headers)
-    if (k == "transfer-encoding" && lower(v) != "identity")
-      return fail(501, "Transfer-Encoding '" + v.substr(0, 32) +
-                           "' is not supported for request bodies: send the body with a Content-Length");
+    if (k == "transfer-encoding") codings += (codings.empty() ? "" : ",") + lower(v);
+  if (!codings.empty()) {
+    std::string list;
+    for (char c : codings)
+      if (c != ' ' && c != '\t') list.push_back(c);
+    if (list != "chunked")
+      return fail(501, "Transfer-Encoding '" + codings.substr(0, 32) +
+                           "' is not supported for request bodies: send it chunked or with a Content-Length");
+    // Both framings at once: which one a proxy in front used cannot be told (RFC 9112 §6.1).
+    if (out->header("content-length")) return fail(400, "both Transfer-Encoding and Content-Length");
+    if (out->version == "HTTP/1.0") return fail(400, "Transfer-Encoding in an HTTP/1.0 request");
+    const auto r = parse_chunked_body(buf.substr(head_end + 4), lim, &out->body);
+    if (r.status != parse_status::complete) {
+      parse_result wait = r;
+      const auto* expect = out->header("expect");
+      wait.expects_continue = r.status == parse_status::incomplete && expect && lower(*expect) == "100-continue" &&
+                              out->version == "HTTP/1.1";
+      return wait;
+    }
+    return {parse_status::complete, head_end + 4 + r.consumed, 0, {}};
+  }
   size_t length = 0;
   // Two Content-Length headers that disagree: which body is meant cannot be told (RFC 9112 §6.3).
   const std::string* first_length = nullptr;
@@ -115,7 +191,7 @@ static parse_result parse_request_at(std::string_view buf, const limits& lim, re
       first_length = &v;
     }
   if (out->method == "POST" && !out->header("content-length"))
-    return fail(411, "a POST needs a Content-Length header");
+    return fail(411, "a POST needs a Content-Length header (or a chunked body)");
   if (const auto* cl = out->header("content-length")) {
     const auto [end, ec] = std::from_chars(cl->data(), cl->data() + cl->size(), length);
     if (cl->empty() || ec != std::errc{} || end != cl->data() + cl->size())

@@ -1,7 +1,7 @@
 #pragma once
 
 // The part of HTTP/1.1 the gateway speaks (RFC 9112): one request at a time from the front of a
-// connection's buffer, bodies by Content-Length, responses with a length or chunked (for
+// connection's buffer, bodies by Content-Length or in chunks, responses with a length or chunked (for
 // server-sent events). Pure functions, no sockets and no CAF, so fuzz targets and tests use
 // them directly. Every refusal carries the status to answer with and a sentence saying why.
 
@@ -41,8 +41,14 @@ struct parse_result {
   bool expects_continue = false;
 };
 
-/// Parses one request from the front of `buf` into `out`.
+/// Parses one request from the front of `buf` into `out`. A body comes by Content-Length, or in
+/// chunks (Transfer-Encoding: chunked, HTTP/1.1, no Content-Length beside it), decoded.
 parse_result parse_request(std::string_view buf, const limits& lim, request* out);
+/// A chunked body (RFC 9112 §7.1) from the front of `buf`, decoded into `body`: complete with
+/// the bytes it took (chunks, last chunk, trailer fields), incomplete, or an error (400 for bad
+/// framing, 413 past max_body_bytes as soon as the sizes say so, 431 for trailers past
+/// max_header_bytes).
+parse_result parse_chunked_body(std::string_view buf, const limits& lim, std::string* body);
 
 using header_list = std::vector<std::pair<std::string, std::string>>;
 

@@ -455,6 +455,46 @@ TEST_CASE("regression: after a streamed answer, the next request on the connecti
   CHECK(json::parse(second.body)["error"]["message"].get<std::string>().find("context") != std::string::npos);
 }
 
+TEST_CASE("a body sent in chunks (curl -T -, a client streaming its upload) is answered as the same body with a "
+          "Content-Length, including after 100 Continue; one past the limit gets 413") {
+  deploy::gateway_config gc;
+  gc.limits.max_body_bytes = 4096;
+  served_cluster s{gc};
+  const std::string body = R"({"prompt":"In the beginning","max_tokens":4,"ignore_eos":true})";
+  const auto whole = round_trip(s.gateway.port, post("/v1/completions", body));
+  REQUIRE(whole.status == 200);
+  const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer sk-test\r\n"
+                           "Transfer-Encoding: chunked\r\n";
+  std::string chunks;
+  for (size_t at = 0; at < body.size(); at += 7) {
+    const auto part = body.substr(at, 7);
+    char size[16];
+    std::snprintf(size, sizeof size, "%zx", part.size());
+    chunks += std::string(size) + "\r\n" + part + "\r\n";
+  }
+  chunks += "0\r\n\r\n";
+  const auto got = round_trip(s.gateway.port, head + "\r\n" + chunks);
+  REQUIRE(got.status == 200);
+  CHECK(json::parse(got.body)["choices"][0]["text"] == json::parse(whole.body)["choices"][0]["text"]);
+  // Expect: 100-continue: the gateway says "go on" after the head, then answers the chunks.
+  const int fd = connect_to(s.gateway.port);
+  send_all(fd, head + "Expect: 100-continue\r\n\r\n");
+  std::string buf;
+  char tmp[4096];
+  while (buf.find("\r\n\r\n") == std::string::npos) {
+    const auto n = ::recv(fd, tmp, sizeof(tmp), 0);
+    REQUIRE(n > 0);
+    buf.append(tmp, static_cast<size_t>(n));
+  }
+  CHECK(buf == "HTTP/1.1 100 Continue\r\n\r\n");
+  buf.clear();
+  send_all(fd, chunks);
+  const auto after = read_answer(fd, buf);
+  ::close(fd);
+  CHECK(after.status == 200);
+  CHECK(round_trip(s.gateway.port, head + "\r\n1001\r\n").status == 413);  // 4097 bytes: refused before they come
+}
+
 TEST_CASE("the gateway refuses what it cannot serve with the right status and a sentence") {
   deploy::gateway_config gc;
   gc.limits.max_body_bytes = 4096;
