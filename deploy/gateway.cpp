@@ -235,8 +235,7 @@ struct call_state {
 /// the connection after every chunk of every choice (local sends keep causal order).
 client_sink_actor::behavior_type run_choice(client_sink_actor::pointer self, caf::actor broker, uint64_t seq,
                                             router_actor router, std::shared_ptr<call_state> cs, uint32_t index) {
-  auto req = cs->call.req;
-  req.seed += index;  // n samples, not one sample n times
+  auto req = cs->call.choice_request(index);
   // Ends the call with `e`, once for all its choices: the connection ends the call, and the
   // other choices stop.
   auto fail = [=](caf::error e) {
@@ -321,10 +320,11 @@ client_sink_actor::behavior_type call_impl(client_sink_actor::pointer self, caf:
   }
   cs->id = std::move(id);
   cs->created = unix_seconds();
-  cs->left = cs->call.n;
-  cs->done.resize(cs->call.n);
-  if (cs->call.n == 1) return run_choice(self, broker, seq, router, cs, 0);
-  for (uint32_t i = 0; i < cs->call.n; ++i) self->spawn<caf::linked>(run_choice, broker, seq, router, cs, i);
+  const uint32_t choices = cs->call.num_choices();
+  cs->left = choices;
+  cs->done.resize(choices);
+  if (choices == 1) return run_choice(self, broker, seq, router, cs, 0);
+  for (uint32_t i = 0; i < choices; ++i) self->spawn<caf::linked>(run_choice, broker, seq, router, cs, i);
   return {[](stream_chunk&) {}};  // the choices' sinks are their own actors
 }
 

@@ -125,7 +125,22 @@ bool message_content(const json& m, size_t i, std::string* out, api_error* err) 
   return true;
 }
 
-bool parse_prompt(const json& j, generate_request* req, api_error* err) {
+/// Token ids: non-negative 32-bit integers.
+bool token_ids(const json& list, const std::string& param, std::vector<int32_t>* out, api_error* err) {
+  for (const auto& t : list) {
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+      *err = bad("prompt", param + " token ids must be non-negative integers");
+      return false;
+    }
+    out->push_back(static_cast<int32_t>(t.get<int64_t>()));
+  }
+  return true;
+}
+
+/// prompt: a string, token ids, or a batch (an array of strings, or of token-id arrays), each
+/// prompt of a batch answered by choices of its own (call::batch_texts, batch_tokens).
+bool parse_prompt(const json& j, call* c, api_error* err) {
+  auto* req = &c->req;
   auto it = j.find("prompt");
   if (it == j.end() || it->is_null()) {
     *err = bad("prompt", "prompt is required");
@@ -136,24 +151,34 @@ bool parse_prompt(const json& j, generate_request* req, api_error* err) {
     return true;
   }
   if (!it->is_array() || it->empty()) {
-    *err = bad("prompt", "prompt must be a string, an array of one string, or an array of token ids");
+    *err = bad("prompt", "prompt must be a string, token ids, or a non-empty array of strings or of token-id arrays");
     return false;
   }
-  if ((*it)[0].is_string()) {
-    if (it->size() != 1) {
-      *err = bad("prompt", "one prompt per request: batches of prompts are not supported, send them separately");
+  if (!(*it)[0].is_string() && !(*it)[0].is_array()) return token_ids(*it, "prompt", &req->prompt_tokens, err);
+  if (it->size() > max_batch_prompts) {
+    *err = bad("prompt", "a batch of " + std::to_string(it->size()) + " prompts; at most " +
+                             std::to_string(max_batch_prompts) + " in one call");
+    return false;
+  }
+  const bool texts = (*it)[0].is_string();
+  for (size_t i = 0; i < it->size(); ++i) {
+    const auto& p = (*it)[i];
+    const std::string param = "prompt[" + std::to_string(i) + "]";
+    if (texts != p.is_string() || (!texts && (!p.is_array() || p.empty()))) {
+      *err = bad("prompt", param + ": a batch holds strings only, or non-empty token-id arrays only");
       return false;
     }
-    req->prompt = (*it)[0].get<std::string>();
-    return true;
-  }
-  for (const auto& t : *it) {
-    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
-      *err = bad("prompt", "prompt token ids must be non-negative integers");
-      return false;
+    if (texts) {
+      c->batch_texts.push_back(p.get<std::string>());
+    } else {
+      c->batch_tokens.emplace_back();
+      if (!token_ids(p, param, &c->batch_tokens.back(), err)) return false;
     }
-    req->prompt_tokens.push_back(static_cast<int32_t>(t.get<int64_t>()));
   }
+  // A batch of one is the plain prompt (OpenAI's ["text"] form).
+  if (texts) req->prompt = c->batch_texts[0];
+  else req->prompt_tokens = c->batch_tokens[0];
+  if (it->size() == 1) c->batch_texts.clear(), c->batch_tokens.clear();
   return true;
 }
 
@@ -246,12 +271,14 @@ bool refuse_unsupported(const json& j, api_error* err) {
   return true;
 }
 
-/// The prompt once (every choice has the same), and every choice's tokens.
-json usage_of(const std::vector<completion>& choices, bool prompt_only = false) {
-  size_t generated = 0;
-  for (const auto& c : choices) generated += prompt_only ? 0 : c.tokens.size();
-  const uint32_t prompt = choices.empty() ? 0 : choices[0].num_prompt_tokens;
-  const uint32_t cached = choices.empty() ? 0 : choices[0].cached_tokens;
+/// Each prompt once (its n choices share it; choice i answers prompt i / n), and every choice's
+/// tokens.
+json usage_of(const std::vector<completion>& choices, uint32_t n, bool prompt_only = false) {
+  size_t generated = 0, prompt = 0, cached = 0;
+  for (size_t i = 0; i < choices.size(); ++i) {
+    generated += prompt_only ? 0 : choices[i].tokens.size();
+    if (i % std::max<uint32_t>(n, 1) == 0) prompt += choices[i].num_prompt_tokens, cached += choices[i].cached_tokens;
+  }
   return {{"prompt_tokens", prompt},
           {"completion_tokens", generated},
           {"total_tokens", prompt + generated},
@@ -303,7 +330,7 @@ bool parse_checked_body(std::string_view body, bool chat, const std::string& ser
   auto& r = out->req;
   if (chat) {
     if (!parse_messages(j, &r, err)) return false;
-  } else if (!parse_prompt(j, &r, err)) {
+  } else if (!parse_prompt(j, out, err)) {
     return false;
   }
   r.max_tokens = chat ? default_chat_tokens : default_completion_tokens;
@@ -373,6 +400,12 @@ bool parse_checked_body(std::string_view body, bool chat, const std::string& ser
   if (!string_field(j, "traffic_class", &r.traffic_class, err)) return false;
   if (!string_field(j, "priority", &r.priority, err)) return false;
   if (!number_field(j, "n", 1, max_choices, &out->n, err)) return false;
+  if (out->num_choices() > max_call_requests) {
+    *err = bad("n", std::to_string(out->num_prompts()) + " prompts times n " + std::to_string(out->n) + " is " +
+                        std::to_string(out->num_choices()) + " generations; at most " + std::to_string(max_call_requests) +
+                        " in one call");
+    return false;
+  }
   if (!parse_logprobs(j, chat, &r, err)) return false;
   r.prompt_logprobs = r.echo && r.logprobs;
   if (r.echo && out->stream) {
@@ -382,6 +415,15 @@ bool parse_checked_body(std::string_view body, bool chat, const std::string& ser
   return true;
 }
 }  // namespace
+
+generate_request call::choice_request(uint32_t index) const {
+  generate_request r = req;
+  const uint32_t prompt = index / n;
+  if (prompt < batch_texts.size()) r.prompt = batch_texts[prompt];
+  if (prompt < batch_tokens.size()) r.prompt_tokens = batch_tokens[prompt];
+  r.seed += index % n;  // n samples of a prompt, not one sample n times
+  return r;
+}
 
 std::string finish_reason(const std::string& baton_reason) {
   return baton_reason == "length" ? "length" : "stop";
@@ -459,7 +501,8 @@ std::string completion_json(const call& c, const std::vector<completion>& choice
       std::vector<token_logprob> lps = done.prompt_logprobs;
       if (!c.prompt_only) lps.insert(lps.end(), done.logprobs.begin(), done.logprobs.end());
       choice["logprobs"] = logprobs_json(c, lps, 0);
-      choice["text"] = (c.req.prompt_tokens.empty() ? c.req.prompt : done.prompt_text) + (c.prompt_only ? "" : done.text);
+      const auto asked = c.choice_request(static_cast<uint32_t>(i));
+      choice["text"] = (asked.prompt_tokens.empty() ? asked.prompt : done.prompt_text) + (c.prompt_only ? "" : done.text);
       if (c.prompt_only) choice["finish_reason"] = "length";
     } else {
       choice["logprobs"] = logprobs_json(c, done.logprobs, 0);
@@ -472,7 +515,7 @@ std::string completion_json(const call& c, const std::vector<completion>& choice
               {"created", created},
               {"model", c.model},
               {"choices", std::move(list)},
-              {"usage", usage_of(choices, c.prompt_only)}};
+              {"usage", usage_of(choices, c.n, c.prompt_only)}};
   // Invalid UTF-8 (a model may emit any bytes) becomes U+FFFD instead of failing the answer.
   return out.dump(-1, ' ', false, json::error_handler_t::replace);
 }
@@ -508,7 +551,7 @@ std::string usage_chunk_json(const call& c, const std::vector<completion>& choic
               {"created", created},
               {"model", c.model},
               {"choices", json::array()},
-              {"usage", usage_of(choices)}};
+              {"usage", usage_of(choices, c.n)}};
   return out.dump();
 }
 

@@ -6,12 +6,14 @@
 //
 // Accepted beyond OpenAI's own fields, as vLLM does: top_k, repetition_penalty, ignore_eos,
 // stop_token_ids, up to 20 log-probabilities per token; and Baton's traffic_class and priority.
-// `n` choices are n requests (choice i draws with seed + i). Completions' echo returns the
+// `n` choices are n requests (choice i draws with seed + i); a batch of prompts is n choices per
+// prompt (call::choice_request). Completions' echo returns the
 // prompt first, with its tokens' log-probabilities when logprobs is set (prompt scoring; max_tokens
 // 0 for the prompt alone); not with stream. Fields Baton cannot honour (best_of, echo on chat, tools)
 // are refused by name rather than ignored;
 // unknown fields are ignored, as OpenAI's servers do.
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -28,7 +30,18 @@ struct call {
   /// echo with max_tokens 0: the answer is the prompt alone (one token is generated, not shown).
   bool prompt_only = false;
   std::string model;           ///< the model the client named (echoed back)
-  generate_request req;
+  generate_request req;        ///< the request of every choice (its prompt: the first of a batch)
+  /// A batch (completions' `prompt` as an array of strings, or of token-id arrays): choice i
+  /// answers prompt i / n, drawn with seed + i % n, as OpenAI orders them. Empty: one prompt, req's.
+  std::vector<std::string> batch_texts;
+  std::vector<std::vector<int32_t>> batch_tokens;
+
+  uint32_t num_prompts() const {
+    return static_cast<uint32_t>(std::max<size_t>(1, std::max(batch_texts.size(), batch_tokens.size())));
+  }
+  uint32_t num_choices() const { return num_prompts() * n; }
+  /// Choice `index`'s request: its prompt and its seed.
+  generate_request choice_request(uint32_t index) const;
 };
 
 struct api_error {
@@ -44,6 +57,9 @@ inline constexpr int32_t default_completion_tokens = 16;
 inline constexpr int32_t default_chat_tokens = 0;
 /// The most choices one call may ask for (`n`): each is a request of its own.
 inline constexpr uint32_t max_choices = 64;
+/// The most prompts in one batch, and the most requests (prompts times n) one call may start.
+inline constexpr uint32_t max_batch_prompts = 256;
+inline constexpr uint32_t max_call_requests = 1024;
 
 /// Parses a request body; false and `err` (naming the field) when it is not acceptable.
 bool parse_body(std::string_view body, bool chat, const std::string& served_model, call* out, api_error* err);

@@ -278,13 +278,23 @@ TEST_CASE("echo over HTTP, as evaluation harnesses score: the prompt's token log
   ref_req.echo = true;
   const auto ref = s.direct(ref_req);
   REQUIRE(ref.prompt_logprobs.size() == ref.num_prompt_tokens);
-  // The harness's request: token ids, echo, one alternative, nothing generated.
-  json ids = json::array();
+  ref_req.prompt = "And God said";
+  const auto ref2 = s.direct(ref_req);
+  // The harness's request: a batch of token-id prompts, echo, one alternative, nothing generated.
+  json ids = json::array(), ids2 = json::array();
   for (const auto& t : ref.prompt_logprobs) ids.push_back(t.token);
-  auto scored = round_trip(port, post("/v1/completions", json{{"prompt", ids}, {"echo", true}, {"logprobs", 1},
+  for (const auto& t : ref2.prompt_logprobs) ids2.push_back(t.token);
+  auto scored = round_trip(port, post("/v1/completions", json{{"prompt", {ids, ids2}}, {"echo", true}, {"logprobs", 1},
                                                                {"max_tokens", 0}, {"temperature", 0}}.dump()));
   REQUIRE(scored.status == 200);
   const auto answer = json::parse(scored.body);
+  REQUIRE(answer["choices"].size() == 2);
+  const auto lp2 = answer["choices"][1]["logprobs"];
+  REQUIRE(lp2["token_logprobs"].size() == ref2.num_prompt_tokens);
+  for (size_t i = 1; i < ref2.num_prompt_tokens; ++i)
+    CHECK(lp2["token_logprobs"][i].get<double>() == doctest::Approx(ref2.prompt_logprobs[i].logprob));
+  CHECK(answer["choices"][1]["text"] == ref2.prompt_text);
+  CHECK(answer["usage"]["prompt_tokens"] == ref.num_prompt_tokens + ref2.num_prompt_tokens);
   const auto lp = answer["choices"][0]["logprobs"];
   REQUIRE(lp["token_logprobs"].size() == ref.num_prompt_tokens);
   CHECK(lp["token_logprobs"][0].is_null());
@@ -299,6 +309,7 @@ TEST_CASE("echo over HTTP, as evaluation harnesses score: the prompt's token log
   CHECK(answer["choices"][0]["text"] == ref.prompt_text);
   CHECK(answer["usage"]["completion_tokens"] == 0);
   // A text prompt, echoed ahead of three generated tokens (the router's greedy ones).
+  ref_req.prompt = "In the beginning";
   ref_req.max_tokens = 3;
   ref_req.prompt_logprobs = false;
   ref_req.top_logprobs = 0;

@@ -159,7 +159,12 @@ TEST_CASE("OpenAI request bodies map onto generate_request, and refusals name th
   CHECK(refused(R"({"prompt":"a","max_tokens":"5"})").param == "max_tokens");
   CHECK(refused(R"({"prompt":"a","max_tokens":2.5})").message.find("integer") != std::string::npos);
   CHECK(refused(R"({"prompt":"a","temperature":7})").message == "temperature must be in [0, 2], got 7");
-  CHECK(refused(R"({"prompt":["a","b"]})").param == "prompt");
+  CHECK(refused(R"({"prompt":["a",[1]]})").message == "prompt[1]: a batch holds strings only, or non-empty token-id arrays only");
+  CHECK(refused(R"({"prompt":[[1],[]]})").message == "prompt[1]: a batch holds strings only, or non-empty token-id arrays only");
+  CHECK(refused(R"({"prompt":[[1],[2,-1]]})").message == "prompt[1] token ids must be non-negative integers");
+  CHECK(refused(R"({"prompt":[]})").param == "prompt");
+  CHECK(refused(R"({"prompt":["a","b","c","d","e","f","g","h","i","j","k","l","m","n","o","p","q"],"n":64})").message ==
+        "17 prompts times n 64 is 1088 generations; at most 1024 in one call");
   CHECK(refused(R"({"prompt":[1,-2]})").param == "prompt");
   CHECK(refused(R"({"prompt":"a","model":"gpt-4"})").status == 404);
   CHECK(refused(R"({"messages":[{"role":"tool","content":"x"}]})", true).param == "messages[0].role");
@@ -282,4 +287,42 @@ TEST_CASE("echo: the prompt comes back before the completion, its tokens' log-pr
   CHECK(alone["choices"][0]["finish_reason"] == "length");
   CHECK(alone["usage"]["completion_tokens"] == 0);
   CHECK(alone["usage"]["prompt_tokens"] == 3);
+}
+
+TEST_CASE("a batch of prompts: choice i answers prompt i / n with seed + i % n, echo shows each its own prompt, and "
+          "usage counts each prompt once") {
+  deploy::openai::call c;
+  deploy::openai::api_error e;
+  REQUIRE(deploy::openai::parse_body(R"({"prompt":["one","two"],"n":2,"seed":10,"echo":true})", false, "m", &c, &e));
+  REQUIRE(c.num_prompts() == 2);
+  REQUIRE(c.num_choices() == 4);
+  CHECK(c.choice_request(0).prompt == "one");
+  CHECK(c.choice_request(1).prompt == "one");
+  CHECK(c.choice_request(1).seed == 11);
+  CHECK(c.choice_request(2).prompt == "two");
+  CHECK(c.choice_request(2).seed == 10);
+  CHECK(c.choice_request(3).seed == 11);
+  std::vector<completion> done(4);
+  for (size_t i = 0; i < 4; ++i) {
+    done[i].num_prompt_tokens = i < 2 ? 4 : 5;
+    done[i].tokens = {1, 2};
+    done[i].text = "!" + std::to_string(i);
+    done[i].finish_reason = "length";
+  }
+  auto out = json::parse(deploy::openai::completion_json(c, done, "id", 0));
+  REQUIRE(out["choices"].size() == 4);
+  CHECK(out["choices"][0]["text"] == "one!0");
+  CHECK(out["choices"][3]["text"] == "two!3");
+  CHECK(out["choices"][3]["index"] == 3);
+  CHECK(out["usage"]["prompt_tokens"] == 9);  // 4 + 5: each prompt once
+  CHECK(out["usage"]["completion_tokens"] == 8);
+  // Token-id batches, as evaluation harnesses send them; a batch of one is a plain prompt.
+  REQUIRE(deploy::openai::parse_body(R"({"prompt":[[1,2],[3]]})", false, "m", &c, &e));
+  CHECK(c.choice_request(1).prompt_tokens == std::vector<int32_t>{3});
+  REQUIRE(deploy::openai::parse_body(R"({"prompt":[[1,2]]})", false, "m", &c, &e));
+  CHECK(c.num_prompts() == 1);
+  CHECK(c.req.prompt_tokens == std::vector<int32_t>{1, 2});
+  REQUIRE(deploy::openai::parse_body(R"({"prompt":["x"]})", false, "m", &c, &e));
+  CHECK(c.num_prompts() == 1);
+  CHECK(c.req.prompt == "x");
 }
