@@ -582,11 +582,15 @@ struct stream_chunk {
   std::string finish_reason;     ///< empty until the last chunk: eos | stop | length
   uint32_t num_prompt_tokens = 0;
   std::vector<token_logprob> logprobs;  ///< the chunk's tokens' (generate_request::logprobs)
+  /// The first chunk of an echo: the prompt detokenized (generate_request::echo) and its tokens'
+  /// log-probabilities (generate_request::prompt_logprobs, as completion::prompt_logprobs).
+  std::string prompt_text;
+  std::vector<token_logprob> prompt_logprobs;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, stream_chunk& x) {
   return f(caf::meta::type_name("stream_chunk"), x.request_id, x.request, x.first_index, x.tokens, x.text,
-           x.finish_reason, x.num_prompt_tokens, x.logprobs);
+           x.finish_reason, x.num_prompt_tokens, x.logprobs, x.prompt_text, x.prompt_logprobs);
 }
 
 /// Whatever receives a streamed completion: a client library's actor, a gateway connection.

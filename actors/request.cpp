@@ -57,6 +57,7 @@ struct request_state {
   uint32_t attempt = 0;           ///< failovers so far
   size_t emitted_text = 0;        ///< streaming: bytes of `text` already sent to the sink
   size_t emitted_tokens = 0;      ///< ... and tokens
+  bool echo_streamed = false;     ///< streaming an echo: the prompt went with the first chunk
   bool answered = false;
   static inline const char* name = "baton.request";
 };
@@ -73,6 +74,12 @@ int64_t lap(request_pointer self) {
   const auto us = micros(now - self->state.stage_started);
   self->state.stage_started = now;
   return us;
+}
+
+/// The request's prompt detokenized (echo).
+std::string prompt_text(const request_state& st) {
+  const auto& p = st.plan.prompt_tokens;
+  return st.plan.tokenizer ? st.plan.tokenizer->decode(p) : gpu::byte_tokenizer{-1, -1}.decode(p);
 }
 
 /// This attempt's prompt is scored (generate_request::prompt_logprobs): asked, and not yet
@@ -104,6 +111,10 @@ void stream(request_pointer self, bool last) {
   if (st.emitted_tokens < st.out.logprobs.size())
     c.logprobs.assign(st.out.logprobs.begin() + static_cast<std::ptrdiff_t>(st.emitted_tokens), st.out.logprobs.end());
   c.num_prompt_tokens = st.out.num_prompt_tokens;
+  if (st.plan.params.echo && !std::exchange(st.echo_streamed, true)) {
+    c.prompt_text = prompt_text(st);
+    c.prompt_logprobs = st.out.prompt_logprobs;
+  }
   const std::string& text = last ? st.out.text : st.text;
   const size_t end = last ? text.size() : streamable_prefix(text, st.plan.params.stop);
   if (end > st.emitted_text) {
@@ -170,9 +181,7 @@ void answer(request_pointer self, caf::error err) {
     st.promise.deliver(std::move(err));
   else {
     if (!st.stopped) st.out.text = decode_text(st);
-    if (st.plan.params.echo)
-      st.out.prompt_text = st.plan.tokenizer ? st.plan.tokenizer->decode(st.plan.prompt_tokens)
-                                             : gpu::byte_tokenizer{-1, -1}.decode(st.plan.prompt_tokens);
+    if (st.plan.params.echo) st.out.prompt_text = prompt_text(st);
     stream(self, true);  // before the answer: one sender, so the sink sees it first
     st.promise.deliver(std::move(st.out));
   }

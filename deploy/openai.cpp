@@ -408,10 +408,6 @@ bool parse_checked_body(std::string_view body, bool chat, const std::string& ser
   }
   if (!parse_logprobs(j, chat, &r, err)) return false;
   r.prompt_logprobs = r.echo && r.logprobs;
-  if (r.echo && out->stream) {
-    *err = bad("echo", "echo with stream is not supported: ask without stream");
-    return false;
-  }
   return true;
 }
 }  // namespace
@@ -527,6 +523,24 @@ std::string completion_json(const call& c, const completion& done, const std::st
 std::string chunk_json(const call& c, const stream_chunk& chunk, const std::string& id, int64_t created, bool first,
                        uint64_t text_offset, uint32_t index) {
   json choice = {{"index", index}, {"logprobs", logprobs_json(c, chunk.logprobs, text_offset)}};
+  if (c.req.echo && !c.chat) {
+    // The prompt goes first, in the chunk that brings it (the first); with max_tokens 0 nothing
+    // generated follows it.
+    std::vector<token_logprob> lps = chunk.prompt_logprobs;
+    if (!c.prompt_only) lps.insert(lps.end(), chunk.logprobs.begin(), chunk.logprobs.end());
+    choice["logprobs"] = logprobs_json(c, lps, text_offset);
+    std::string text = c.prompt_only ? "" : chunk.text;
+    if (!chunk.prompt_text.empty() || !chunk.prompt_logprobs.empty()) {
+      const auto asked = c.choice_request(index);
+      text = (asked.prompt_tokens.empty() ? asked.prompt : chunk.prompt_text) + text;
+    }
+    choice["text"] = text;
+    choice["finish_reason"] = chunk.finish_reason.empty() ? json(nullptr) : json(c.prompt_only ? "length" : finish_reason(chunk.finish_reason));
+    json out = {{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", c.model},
+                {"choices", json::array({choice})}};
+    if (c.include_usage) out["usage"] = nullptr;
+    return out.dump(-1, ' ', false, json::error_handler_t::replace);
+  }
   choice["finish_reason"] = chunk.finish_reason.empty() ? json(nullptr) : json(finish_reason(chunk.finish_reason));
   if (c.chat) {
     json delta = json::object();
@@ -551,7 +565,7 @@ std::string usage_chunk_json(const call& c, const std::vector<completion>& choic
               {"created", created},
               {"model", c.model},
               {"choices", json::array()},
-              {"usage", usage_of(choices, c.n)}};
+              {"usage", usage_of(choices, c.n, c.prompt_only)}};
   return out.dump();
 }
 

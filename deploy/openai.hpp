@@ -9,7 +9,7 @@
 // `n` choices are n requests (choice i draws with seed + i); a batch of prompts is n choices per
 // prompt (call::choice_request). Completions' echo returns the
 // prompt first, with its tokens' log-probabilities when logprobs is set (prompt scoring; max_tokens
-// 0 for the prompt alone); not with stream. Fields Baton cannot honour (best_of, echo on chat, tools)
+// 0 for the prompt alone), streamed too. Fields Baton cannot honour (best_of, echo on chat, tools)
 // are refused by name rather than ignored;
 // unknown fields are ignored, as OpenAI's servers do.
 

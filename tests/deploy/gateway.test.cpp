@@ -319,6 +319,11 @@ TEST_CASE("echo over HTTP, as evaluation harnesses score: the prompt's token log
   REQUIRE(echoed.status == 200);
   CHECK(json::parse(echoed.body)["choices"][0]["text"] == "In the beginning" + gen.text);
   CHECK(json::parse(echoed.body)["choices"][0]["logprobs"].is_null());
+  // Streamed, the prompt comes in the first event, ahead of the tokens.
+  auto streamed = round_trip(port, post("/v1/completions", R"({"prompt":"In the beginning","echo":true,"max_tokens":3,"ignore_eos":true,"stream":true})"));
+  REQUIRE(streamed.status == 200);
+  std::vector<json> events;
+  CHECK(sse_text(streamed.body, &events) == "In the beginning" + gen.text);
 }
 
 TEST_CASE("n choices: each is the router's answer for seed + i, whole or streamed (events tagged by index), usage "

@@ -150,7 +150,6 @@ TEST_CASE("OpenAI request bodies map onto generate_request, and refusals name th
   CHECK(refused(R"({"prompt":"a","logprobs":true})").param == "logprobs");  // completions: a count
   CHECK(refused(R"({"messages":[{"role":"user","content":"x"}],"echo":true})", true).message ==
         "echo is supported on /v1/completions only");
-  CHECK(refused(R"({"prompt":"a","echo":true,"stream":true})").message == "echo with stream is not supported: ask without stream");
   CHECK(refused(R"({"prompt":"a","echo":1})").message == "echo must be true or false");
   CHECK(refused(R"({"prompt":"a","max_tokens":0})").message == "max_tokens must be in [1, 2147483647], got 0");
   CHECK(refused(R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":2})", true).message ==
@@ -287,6 +286,30 @@ TEST_CASE("echo: the prompt comes back before the completion, its tokens' log-pr
   CHECK(alone["choices"][0]["finish_reason"] == "length");
   CHECK(alone["usage"]["completion_tokens"] == 0);
   CHECK(alone["usage"]["prompt_tokens"] == 3);
+  // Streamed: the first chunk brings the prompt ahead of its token; with max_tokens 0, only it.
+  stream_chunk first;
+  first.tokens = {120};
+  first.text = "x";
+  first.logprobs = done.logprobs;
+  first.prompt_text = "ab";
+  first.prompt_logprobs = done.prompt_logprobs;
+  REQUIRE(deploy::openai::parse_body(R"({"prompt":"ab","echo":true,"logprobs":1,"stream":true})", false, "m", &c, &e));
+  auto ev = json::parse(deploy::openai::chunk_json(c, first, "id", 0, true))["choices"][0];
+  CHECK(ev["text"] == "abx");
+  CHECK(ev["logprobs"]["token_logprobs"] == json::array({nullptr, -2.0, -0.5, -0.25}));
+  stream_chunk later;
+  later.tokens = {121};
+  later.text = "y";
+  later.logprobs = {{121, -1.0f, "y", {121}, {-1.0f}, {"y"}}};
+  later.finish_reason = "length";
+  ev = json::parse(deploy::openai::chunk_json(c, later, "id", 0, false, 3))["choices"][0];
+  CHECK(ev["text"] == "y");
+  CHECK(ev["logprobs"]["text_offset"] == json::array({3}));
+  REQUIRE(deploy::openai::parse_body(R"({"prompt":"ab","echo":true,"max_tokens":0,"stream":true})", false, "m", &c, &e));
+  CHECK(json::parse(deploy::openai::chunk_json(c, first, "id", 0, true))["choices"][0]["text"] == "ab");
+  ev = json::parse(deploy::openai::chunk_json(c, later, "id", 0, false))["choices"][0];
+  CHECK(ev["text"] == "");
+  CHECK(ev["finish_reason"] == "length");
 }
 
 TEST_CASE("a batch of prompts: choice i answers prompt i / n with seed + i % n, echo shows each its own prompt, and "
