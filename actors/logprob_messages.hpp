@@ -10,16 +10,17 @@
 
 #include <caf/meta/type_name.hpp>
 
+#include "actors/wire_float.hpp"
 #include "gpu/forward_output.hpp"
 
 namespace baton::gpu {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, token_logprobs& x) {
-  return f(caf::meta::type_name("token_logprobs"), x.logprob, x.top_tokens, x.top_logprobs);
+  return f(caf::meta::type_name("token_logprobs"), wire::f32{&x.logprob}, x.top_tokens, wire::f32s{&x.top_logprobs});
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, forward_output& x) {
-  return f(caf::meta::type_name("forward_output"), x.logits, x.tokens, x.logprobs, x.scores);
+  return f(caf::meta::type_name("forward_output"), wire::f32_rows{&x.logits}, x.tokens, x.logprobs, x.scores);
 }
 }  // namespace baton::gpu
 
@@ -37,7 +38,7 @@ struct token_logprob {
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, token_logprob& x) {
-  return f(caf::meta::type_name("token_logprob"), x.token, x.logprob, x.text, x.top_tokens, x.top_logprobs, x.top_texts);
+  return f(caf::meta::type_name("token_logprob"), x.token, wire::f32{&x.logprob}, x.text, x.top_tokens, wire::f32s{&x.top_logprobs}, x.top_texts);
 }
 
 }  // namespace baton

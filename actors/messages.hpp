@@ -18,6 +18,7 @@
 
 #include "actors/atoms_and_errors.hpp"
 #include "actors/logprob_messages.hpp"
+#include "actors/wire_float.hpp"
 
 namespace caf {
 class actor_system_config;
@@ -69,9 +70,9 @@ struct generate_request {
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, generate_request& x) {
-  return f(caf::meta::type_name("generate_request"), x.prompt, x.prompt_tokens, x.max_tokens, x.temperature,
-           x.seed, x.return_logits, x.ignore_eos, x.traffic_class, x.priority, x.messages, x.top_k, x.top_p,
-           x.repetition_penalty, x.presence_penalty, x.frequency_penalty, x.stop, x.stop_token_ids, x.logprobs,
+  return f(caf::meta::type_name("generate_request"), x.prompt, x.prompt_tokens, x.max_tokens, wire::f32{&x.temperature},
+           x.seed, x.return_logits, x.ignore_eos, x.traffic_class, x.priority, x.messages, x.top_k, wire::f32{&x.top_p},
+           wire::f32{&x.repetition_penalty}, wire::f32{&x.presence_penalty}, wire::f32{&x.frequency_penalty}, x.stop, x.stop_token_ids, x.logprobs,
            x.top_logprobs, x.echo, x.prompt_logprobs);
 }
 
@@ -114,7 +115,7 @@ struct completion {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, completion& x) {
   return f(caf::meta::type_name("completion"), x.request_id, x.num_prompt_tokens, x.tokens, x.text,
-           x.finish_reason, x.ttft_us, x.tbt_us, x.step_logits, x.prefill_rank, x.decode_rank, x.place_us,
+           x.finish_reason, x.ttft_us, x.tbt_us, wire::f32_rows{&x.step_logits}, x.prefill_rank, x.decode_rank, x.place_us,
            x.reserve_us, x.prefill_queue_us, x.prefill_us, x.decode_queue_us, x.prefill_placement_why,
            x.decode_placement_why, x.check_us, x.cached_tokens, x.local_cached_tokens, x.recomputed_blocks,
            x.kv_bytes, x.kv_send_us, x.failovers, x.failover_why, x.migrations, x.logprobs, x.retry_wait_us,
@@ -191,7 +192,7 @@ struct token_event {
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, token_event& x) {
-  return f(caf::meta::type_name("token_event"), x.request_id, x.index, x.token, x.logits, x.lease_id, x.logprobs);
+  return f(caf::meta::type_name("token_event"), x.request_id, x.index, x.token, wire::f32s{&x.logits}, x.lease_id, x.logprobs);
 }
 
 struct decode_summary {
@@ -232,7 +233,7 @@ struct prefill_result {
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, prefill_result& x) {
-  return f(caf::meta::type_name("prefill_result"), x.request_id, x.first_token, x.logits, x.rank, x.queue_us,
+  return f(caf::meta::type_name("prefill_result"), x.request_id, x.first_token, wire::f32s{&x.logits}, x.rank, x.queue_us,
            x.cached_tokens, x.recomputed_blocks, x.local_cached_tokens, x.kv_bytes, x.kv_send_us, x.abandoned_put,
            x.logprobs, x.prompt_logprobs);
 }
@@ -281,7 +282,7 @@ struct rank_load {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, rank_load& x) {
   return f(caf::meta::type_name("rank_load"), x.name, x.queued_tokens, x.num_running, x.num_free_pages,
-           x.num_total_pages, x.page_size_tokens, x.predicted_us, x.kv_tokens, x.on_demand_headroom_tokens, x.bucket,
+           x.num_total_pages, x.page_size_tokens, wire::f64{&x.predicted_us}, x.kv_tokens, x.on_demand_headroom_tokens, x.bucket,
            x.unavailable, x.settled);
 }
 
@@ -332,7 +333,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, rank_stats& x) {
   return f(caf::meta::type_name("rank_stats"), x.name, x.num_free_pages, x.num_total_pages, x.num_running,
            x.num_waiting, x.num_steps, x.blocks_written_back, x.write_backs_dropped, x.offloaded, x.resumed,
-           x.num_writes_in_flight, x.predicted_us, x.recent_step_us, x.active, x.migrated_out, x.migrate_failed);
+           x.num_writes_in_flight, wire::f64{&x.predicted_us}, wire::f64{&x.recent_step_us}, x.active, x.migrated_out, x.migrate_failed);
 }
 
 // --- block store (store/, design.md §2) ------------------------------------------------------
@@ -531,7 +532,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, store_info& x) {
   return f(caf::meta::type_name("store_info"), x.index, x.servers, x.model_id, x.num_layers, x.kv_dim,
            x.block_tokens, x.page_tokens, x.dtype, x.replicas, x.read_timeout_ms, x.max_pending_write_bytes,
-           x.chat_ttl_s, x.agent_ttl_s, x.batch_ttl_s);
+           wire::f64{&x.chat_ttl_s}, wire::f64{&x.agent_ttl_s}, wire::f64{&x.batch_ttl_s});
 }
 
 /// The head -> a store node (`baton node --role store`): serve the cluster's blocks as server
@@ -548,8 +549,8 @@ struct store_adoption {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, store_adoption& x) {
   return f(caf::meta::type_name("store_adoption"), x.server_id, x.index, x.model_id, x.num_layers, x.kv_dim,
-           x.block_tokens, x.page_tokens, x.dtype, x.staging_bytes, x.chat_ttl_s, x.agent_ttl_s,
-           x.batch_ttl_s);
+           x.block_tokens, x.page_tokens, x.dtype, x.staging_bytes, wire::f64{&x.chat_ttl_s}, wire::f64{&x.agent_ttl_s},
+           wire::f64{&x.batch_ttl_s});
 }
 
 /// A store node's front: the head adopts its block server, which then lives in the store
@@ -628,9 +629,9 @@ struct decode_order {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, decode_order& x) {
   return f(caf::meta::type_name("decode_order"), x.request_id, x.lease_id, x.first_token, x.prompt_len,
-           x.max_new_tokens, x.temperature, x.seed, x.return_logits, x.ignore_eos, x.stream_to, x.prompt_tokens,
-           x.traffic_class, x.cached_blocks, x.write_back, x.top_k, x.top_p, x.repetition_penalty,
-           x.presence_penalty, x.frequency_penalty, x.output_from, x.logprobs, x.top_logprobs, x.writer_abandoned);
+           x.max_new_tokens, wire::f32{&x.temperature}, x.seed, x.return_logits, x.ignore_eos, x.stream_to, x.prompt_tokens,
+           x.traffic_class, x.cached_blocks, x.write_back, x.top_k, wire::f32{&x.top_p}, wire::f32{&x.repetition_penalty},
+           wire::f32{&x.presence_penalty}, wire::f32{&x.frequency_penalty}, x.output_from, x.logprobs, x.top_logprobs, x.writer_abandoned);
 }
 
 struct prefill_order;
@@ -694,10 +695,10 @@ struct prefill_order {
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, prefill_order& x) {
-  return f(caf::meta::type_name("prefill_order"), x.request_id, x.tokens, x.temperature, x.seed,
+  return f(caf::meta::type_name("prefill_order"), x.request_id, x.tokens, wire::f32{&x.temperature}, x.seed,
            x.return_logits, x.batch_priority, x.grant, x.decode, x.prefix, x.block_tokens, x.part_index,
-           x.part_bounds, x.part_ranks, x.part_names, x.top_k, x.top_p, x.repetition_penalty, x.presence_penalty,
-           x.frequency_penalty, x.output_from, x.logprobs, x.top_logprobs, x.prompt_logprobs);
+           x.part_bounds, x.part_ranks, x.part_names, x.top_k, wire::f32{&x.top_p}, wire::f32{&x.repetition_penalty}, wire::f32{&x.presence_penalty},
+           wire::f32{&x.frequency_penalty}, x.output_from, x.logprobs, x.top_logprobs, x.prompt_logprobs);
 }
 
 /// Split prefill: a later part's rank tells an earlier part's rank where its pages are. The
@@ -840,7 +841,7 @@ struct role_change {
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, role_change& x) {
-  return f(caf::meta::type_name("role_change"), x.at_s, x.rank, x.from, x.to, x.why, x.state, x.drain_s);
+  return f(caf::meta::type_name("role_change"), wire::f64{&x.at_s}, x.rank, x.from, x.to, x.why, x.state, wire::f64{&x.drain_s});
 }
 
 /// The ranks a node process runs, as its agent tells the directory: what the balancers drop and

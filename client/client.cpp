@@ -70,6 +70,7 @@ generate_request to_request(const request& r) {
   g.priority = r.priority;
   g.logprobs = r.logprobs;
   g.top_logprobs = r.top_logprobs;
+  g.prompt_logprobs = r.prompt_logprobs;
   return g;
 }
 
@@ -88,7 +89,10 @@ caf::behavior sink_impl(caf::event_based_actor* self, router_actor router, gener
             end([&] {
               ch->done = {c.request_id,   std::move(c.tokens), std::move(c.text), std::move(c.finish_reason),
                           c.num_prompt_tokens, c.cached_tokens, c.ttft_us,        std::move(c.tbt_us),
-                          c.prefill_rank, c.decode_rank};
+                          c.prefill_rank, c.decode_rank, {}};
+              for (auto& t : c.prompt_logprobs)
+                ch->done.prompt_logprobs.push_back({t.token, t.logprob, std::move(t.text), std::move(t.top_tokens),
+                                                    std::move(t.top_logprobs), std::move(t.top_texts)});
             });
             self->quit();
           },

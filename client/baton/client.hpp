@@ -38,6 +38,9 @@ struct request {
   std::string priority = "interactive";
   bool logprobs = false;               ///< each token's log-probability in token_chunk::logprobs...
   uint32_t top_logprobs = 0;           ///< ... with this many (<= 20) most likely tokens'
+  /// Prompt scoring: each prompt token's log-probability given those before it, in
+  /// result::prompt_logprobs (with top_logprobs alternatives). The prompt is then computed whole.
+  bool prompt_logprobs = false;
 };
 
 /// A generated token's log-probability (request::logprobs), from the raw logits, and the most
@@ -72,6 +75,9 @@ struct result {
   int64_t ttft_us = 0;
   std::vector<int64_t> tbt_us;
   std::string prefill_rank, decode_rank;
+  /// request::prompt_logprobs: entry i is prompt token i's; the first's logprob is NaN (nothing
+  /// precedes it).
+  std::vector<token_logprob> prompt_logprobs;
 };
 
 struct error {

@@ -923,6 +923,19 @@ TEST_CASE("the C++ client library streams a request's tokens and can cancel it")
   req.logprobs = false;
   req.top_logprobs = 0;
 
+  // Prompt scoring: the prompt's tokens' log-probabilities in the result, the first NaN.
+  req.prompt_logprobs = true;
+  auto prompt_scored = conn->submit(req);
+  while (prompt_scored->next(&c, std::chrono::seconds{60})) {
+  }
+  REQUIRE_FALSE(prompt_scored->failed());
+  const auto& pl = prompt_scored->final_result().prompt_logprobs;
+  REQUIRE(pl.size() == prompt_scored->final_result().num_prompt_tokens);
+  CHECK(std::isnan(pl[0].logprob));
+  for (size_t i = 1; i < pl.size(); ++i) CHECK(pl[i].logprob <= 0.0f);
+  CHECK(prompt_scored->final_result().tokens == ref.tokens);
+  req.prompt_logprobs = false;
+
   // Bad input comes back as an error naming the field.
   req.max_tokens = -1;
   auto bad = conn->submit(req);
