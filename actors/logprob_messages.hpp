@@ -38,7 +38,8 @@ struct token_logprob {
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, token_logprob& x) {
-  return f(caf::meta::type_name("token_logprob"), x.token, wire::f32{&x.logprob}, x.text, x.top_tokens, wire::f32s{&x.top_logprobs}, x.top_texts);
+  return f(caf::meta::type_name("token_logprob"), x.token, wire::f32{&x.logprob}, x.text, x.top_tokens,
+           wire::f32s{&x.top_logprobs}, x.top_texts);
 }
 
 }  // namespace baton

@@ -17,6 +17,7 @@
 #include <caf/typed_actor.hpp>
 
 #include "actors/atoms_and_errors.hpp"
+#include "actors/client_messages.hpp"
 #include "actors/logprob_messages.hpp"
 #include "actors/wire_float.hpp"
 
@@ -25,102 +26,6 @@ class actor_system_config;
 }
 
 namespace baton {
-
-// --- client-facing ----------------------------------------------------------------------------
-/// One message of a chat request.
-struct chat_turn {
-  std::string role;  ///< system | user | assistant
-  std::string content;
-};
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, chat_turn& x) {
-  return f(caf::meta::type_name("chat_turn"), x.role, x.content);
-}
-
-struct generate_request {
-  std::string prompt;                  ///< text, tokenized by the router; or ...
-  std::vector<int32_t> prompt_tokens;  ///< ... token ids (give one of the two)
-  int32_t max_tokens = 16;             ///< tokens to generate, >= 1; 0: as many as the context leaves
-  float temperature = 0.0f;            ///< 0 = greedy
-  uint64_t seed = 0;                   ///< sampling seed when temperature > 0
-  bool return_logits = false;          ///< attach each step's logits to the completion (tests)
-  bool ignore_eos = false;             ///< generate max_tokens even past <eos> (benchmarks)
-  std::string traffic_class = "chat";  ///< chat | agent | batch: store retention later
-  std::string priority = "interactive";
-  std::vector<chat_turn> messages;     ///< a chat instead of a prompt: rendered by the model's template
-  uint32_t top_k = 0;                  ///< 0 = off
-  float top_p = 1.0f;                  ///< 1 = off
-  float repetition_penalty = 1.0f;     ///< 1 = off
-  float presence_penalty = 0.0f;       ///< 0 = off; counts the output only (gpu::sampling_config)
-  float frequency_penalty = 0.0f;      ///< 0 = off; per repeat in the output
-  std::vector<std::string> stop;       ///< generation ends when the text contains one (it is cut off)
-  std::vector<int32_t> stop_token_ids; ///< ... or when one of these tokens is generated
-  /// Each generated token's log-probability (completion::logprobs, stream_chunk::logprobs), with
-  /// the top_logprobs (<= 20) most likely tokens' at its step.
-  bool logprobs = false;
-  uint32_t top_logprobs = 0;
-  /// The prompt's tokens detokenized in the completion (completion::prompt_text), as OpenAI's
-  /// echo shows them.
-  bool echo = false;
-  /// Each prompt token's log-probability given the tokens before it, with top_logprobs
-  /// alternatives (completion::prompt_logprobs): prompt scoring, as evaluation harnesses ask with
-  /// echo and logprobs. The prompt is then computed whole on one prefill rank (no cached prefix,
-  /// no split, no prefill on the decode rank).
-  bool prompt_logprobs = false;
-};
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, generate_request& x) {
-  return f(caf::meta::type_name("generate_request"), x.prompt, x.prompt_tokens, x.max_tokens, wire::f32{&x.temperature},
-           x.seed, x.return_logits, x.ignore_eos, x.traffic_class, x.priority, x.messages, x.top_k, wire::f32{&x.top_p},
-           wire::f32{&x.repetition_penalty}, wire::f32{&x.presence_penalty}, wire::f32{&x.frequency_penalty}, x.stop, x.stop_token_ids, x.logprobs,
-           x.top_logprobs, x.echo, x.prompt_logprobs);
-}
-
-struct completion {
-  uint64_t request_id = 0;
-  uint32_t num_prompt_tokens = 0;
-  std::vector<int32_t> tokens;                 ///< generated tokens, first one from prefill
-  std::string text;                            ///< detokenized `tokens`
-  std::string finish_reason;                   ///< "length" or "eos"
-  int64_t ttft_us = 0;                         ///< arrival at the request actor -> first token
-  std::vector<int64_t> tbt_us;                 ///< each interval between consecutive tokens
-  std::vector<std::vector<float>> step_logits; ///< step_logits[i] chose tokens[i] (if asked)
-  std::vector<token_logprob> logprobs;         ///< logprobs[i]: tokens[i]'s (generate_request::logprobs)
-  std::string prompt_text;                     ///< the prompt's tokens detokenized (generate_request::echo)
-  /// generate_request::prompt_logprobs: entry i is prompt token i's; the first's logprob is NaN
-  /// (no token precedes it) and it has no alternatives.
-  std::vector<token_logprob> prompt_logprobs;
-  std::string prefill_rank;
-  std::string decode_rank;
-  // Where the time went, per stage (microseconds, actor clock: virtual in sims).
-  int64_t place_us = 0;          ///< asking both balancers
-  int64_t reserve_us = 0;        ///< KV lease round trip to the decode rank
-  int64_t prefill_queue_us = 0;  ///< prefill order arrival -> its first chunk starts computing
-  int64_t prefill_us = 0;        ///< prefill order sent -> first token back (queue + compute + send)
-  int64_t decode_queue_us = 0;   ///< decode order arrival -> joins the batch (waits for KV layers)
-  /// Why the balancers placed the request where they did: policy, inputs and choice.
-  std::string prefill_placement_why;
-  std::string decode_placement_why;
-  int64_t check_us = 0;            ///< CHECK against the store's index
-  uint32_t cached_tokens = 0;      ///< prompt tokens not computed (rank-local tier or store)
-  uint32_t local_cached_tokens = 0;  ///< of those, found in the prefill rank's own pages
-  uint32_t recomputed_blocks = 0;  ///< cached blocks that could not be used (recomputed)
-  uint64_t kv_bytes = 0;           ///< KV shipped from prefill to decode rank (0: hybrid PD)
-  int64_t kv_send_us = 0;          ///< first KV put posted -> last layer announced
-  uint32_t failovers = 0;          ///< times the request was re-placed after a rank failed
-  std::string failover_why;        ///< the last failure that re-placed it
-  int64_t retry_wait_us = 0;       ///< paused before re-placing it (request_config::retry_backoff_ms)
-  uint32_t migrations = 0;         ///< times its decode moved, KV and all, to another rank (no recompute)
-};
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, completion& x) {
-  return f(caf::meta::type_name("completion"), x.request_id, x.num_prompt_tokens, x.tokens, x.text,
-           x.finish_reason, x.ttft_us, x.tbt_us, wire::f32_rows{&x.step_logits}, x.prefill_rank, x.decode_rank, x.place_us,
-           x.reserve_us, x.prefill_queue_us, x.prefill_us, x.decode_queue_us, x.prefill_placement_why,
-           x.decode_placement_why, x.check_us, x.cached_tokens, x.local_cached_tokens, x.recomputed_blocks,
-           x.kv_bytes, x.kv_send_us, x.failovers, x.failover_why, x.migrations, x.logprobs, x.retry_wait_us,
-           x.prompt_text, x.prompt_logprobs);
-}
 
 // --- KV leases and handoff ---------------------------------------------------------------------
 struct kv_lease_reserve {
@@ -177,7 +82,8 @@ struct kv_layer_ready {
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, kv_layer_ready& x) {
-  return f(caf::meta::type_name("kv_layer_ready"), x.request_id, x.lease_id, x.layer, x.num_tokens, x.checksum, x.from);
+  return f(caf::meta::type_name("kv_layer_ready"), x.request_id, x.lease_id, x.layer, x.num_tokens, x.checksum,
+           x.from);
 }
 
 struct token_event {
@@ -192,7 +98,8 @@ struct token_event {
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, token_event& x) {
-  return f(caf::meta::type_name("token_event"), x.request_id, x.index, x.token, wire::f32s{&x.logits}, x.lease_id, x.logprobs);
+  return f(caf::meta::type_name("token_event"), x.request_id, x.index, x.token, wire::f32s{&x.logits}, x.lease_id,
+           x.logprobs);
 }
 
 struct decode_summary {
@@ -233,9 +140,9 @@ struct prefill_result {
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, prefill_result& x) {
-  return f(caf::meta::type_name("prefill_result"), x.request_id, x.first_token, wire::f32s{&x.logits}, x.rank, x.queue_us,
-           x.cached_tokens, x.recomputed_blocks, x.local_cached_tokens, x.kv_bytes, x.kv_send_us, x.abandoned_put,
-           x.logprobs, x.prompt_logprobs);
+  return f(caf::meta::type_name("prefill_result"), x.request_id, x.first_token, wire::f32s{&x.logits}, x.rank,
+           x.queue_us, x.cached_tokens, x.recomputed_blocks, x.local_cached_tokens, x.kv_bytes, x.kv_send_us,
+           x.abandoned_put, x.logprobs, x.prompt_logprobs);
 }
 
 /// One entry of a rank's event log: what happened, in the order it happened (seq).
@@ -282,8 +189,8 @@ struct rank_load {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, rank_load& x) {
   return f(caf::meta::type_name("rank_load"), x.name, x.queued_tokens, x.num_running, x.num_free_pages,
-           x.num_total_pages, x.page_size_tokens, wire::f64{&x.predicted_us}, x.kv_tokens, x.on_demand_headroom_tokens, x.bucket,
-           x.unavailable, x.settled);
+           x.num_total_pages, x.page_size_tokens, wire::f64{&x.predicted_us}, x.kv_tokens,
+           x.on_demand_headroom_tokens, x.bucket, x.unavailable, x.settled);
 }
 
 /// A request asking a balancer for a rank.
@@ -333,7 +240,8 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, rank_stats& x) {
   return f(caf::meta::type_name("rank_stats"), x.name, x.num_free_pages, x.num_total_pages, x.num_running,
            x.num_waiting, x.num_steps, x.blocks_written_back, x.write_backs_dropped, x.offloaded, x.resumed,
-           x.num_writes_in_flight, wire::f64{&x.predicted_us}, wire::f64{&x.recent_step_us}, x.active, x.migrated_out, x.migrate_failed);
+           x.num_writes_in_flight, wire::f64{&x.predicted_us}, wire::f64{&x.recent_step_us}, x.active, x.migrated_out,
+           x.migrate_failed);
 }
 
 // --- block store (store/, design.md §2) ------------------------------------------------------
@@ -549,8 +457,8 @@ struct store_adoption {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, store_adoption& x) {
   return f(caf::meta::type_name("store_adoption"), x.server_id, x.index, x.model_id, x.num_layers, x.kv_dim,
-           x.block_tokens, x.page_tokens, x.dtype, x.staging_bytes, wire::f64{&x.chat_ttl_s}, wire::f64{&x.agent_ttl_s},
-           wire::f64{&x.batch_ttl_s});
+           x.block_tokens, x.page_tokens, x.dtype, x.staging_bytes, wire::f64{&x.chat_ttl_s},
+           wire::f64{&x.agent_ttl_s}, wire::f64{&x.batch_ttl_s});
 }
 
 /// A store node's front: the head adopts its block server, which then lives in the store
@@ -629,9 +537,10 @@ struct decode_order {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, decode_order& x) {
   return f(caf::meta::type_name("decode_order"), x.request_id, x.lease_id, x.first_token, x.prompt_len,
-           x.max_new_tokens, wire::f32{&x.temperature}, x.seed, x.return_logits, x.ignore_eos, x.stream_to, x.prompt_tokens,
-           x.traffic_class, x.cached_blocks, x.write_back, x.top_k, wire::f32{&x.top_p}, wire::f32{&x.repetition_penalty},
-           wire::f32{&x.presence_penalty}, wire::f32{&x.frequency_penalty}, x.output_from, x.logprobs, x.top_logprobs, x.writer_abandoned);
+           x.max_new_tokens, wire::f32{&x.temperature}, x.seed, x.return_logits, x.ignore_eos, x.stream_to,
+           x.prompt_tokens, x.traffic_class, x.cached_blocks, x.write_back, x.top_k, wire::f32{&x.top_p},
+           wire::f32{&x.repetition_penalty}, wire::f32{&x.presence_penalty}, wire::f32{&x.frequency_penalty},
+           x.output_from, x.logprobs, x.top_logprobs, x.writer_abandoned);
 }
 
 struct prefill_order;
@@ -697,8 +606,9 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, prefill_order& x) {
   return f(caf::meta::type_name("prefill_order"), x.request_id, x.tokens, wire::f32{&x.temperature}, x.seed,
            x.return_logits, x.batch_priority, x.grant, x.decode, x.prefix, x.block_tokens, x.part_index,
-           x.part_bounds, x.part_ranks, x.part_names, x.top_k, wire::f32{&x.top_p}, wire::f32{&x.repetition_penalty}, wire::f32{&x.presence_penalty},
-           wire::f32{&x.frequency_penalty}, x.output_from, x.logprobs, x.top_logprobs, x.prompt_logprobs);
+           x.part_bounds, x.part_ranks, x.part_names, x.top_k, wire::f32{&x.top_p}, wire::f32{&x.repetition_penalty},
+           wire::f32{&x.presence_penalty}, wire::f32{&x.frequency_penalty}, x.output_from, x.logprobs, x.top_logprobs,
+           x.prompt_logprobs);
 }
 
 /// Split prefill: a later part's rank tells an earlier part's rank where its pages are. The
@@ -841,7 +751,8 @@ struct role_change {
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, role_change& x) {
-  return f(caf::meta::type_name("role_change"), wire::f64{&x.at_s}, x.rank, x.from, x.to, x.why, x.state, wire::f64{&x.drain_s});
+  return f(caf::meta::type_name("role_change"), wire::f64{&x.at_s}, x.rank, x.from, x.to, x.why, x.state,
+           wire::f64{&x.drain_s});
 }
 
 /// The ranks a node process runs, as its agent tells the directory: what the balancers drop and

@@ -1,0 +1,200 @@
+// The OpenAI API's features over real sockets on 127.0.0.1, each against the router's own
+// answer: log-probabilities, echo and prompt scoring (as evaluation harnesses call it), n
+// choices and batches of prompts, and request bodies sent in chunks.
+
+#include "tests/deploy/gateway_fixture.hpp"
+
+using namespace baton;
+using namespace baton::test_gateway;
+using nlohmann::json;
+
+TEST_CASE("logprobs over HTTP: the whole answer's and the stream's are the router's, token for token") {
+  served_cluster s;
+  const uint16_t port = s.gateway.port;
+  generate_request ref_req;
+  ref_req.prompt = "The quick brown fox";
+  ref_req.max_tokens = 8;
+  ref_req.ignore_eos = true;
+  ref_req.logprobs = true;
+  ref_req.top_logprobs = 2;
+  const auto ref = s.direct(ref_req);
+  REQUIRE(ref.logprobs.size() == 8);
+  const std::string body = R"({"prompt":"The quick brown fox","max_tokens":8,"ignore_eos":true,"logprobs":2)";
+  auto whole = round_trip(port, post("/v1/completions", body + "}"));
+  REQUIRE(whole.status == 200);
+  auto lp = json::parse(whole.body)["choices"][0]["logprobs"];
+  REQUIRE(lp["token_logprobs"].size() == 8);
+  uint64_t offset = 0;
+  for (size_t i = 0; i < 8; ++i) {
+    CAPTURE(i);
+    CHECK(lp["tokens"][i] == ref.logprobs[i].text);
+    CHECK(lp["token_logprobs"][i].get<double>() == doctest::Approx(ref.logprobs[i].logprob));
+    CHECK(lp["text_offset"][i] == offset);
+    offset += deploy::openai::utf8_chars(ref.logprobs[i].text);
+    CHECK(lp["top_logprobs"][i].size() <= 2);
+    CHECK(lp["top_logprobs"][i][ref.logprobs[i].top_texts[0]].get<double>() == doctest::Approx(ref.logprobs[i].top_logprobs[0]));
+  }
+  auto streamed = round_trip(port, post("/v1/completions", body + R"(,"stream":true})"));
+  REQUIRE(streamed.status == 200);
+  std::vector<json> events;
+  sse_text(streamed.body, &events);
+  std::vector<double> values;
+  std::vector<uint64_t> offsets;
+  for (const auto& ev : events)
+    if (ev.is_object() && !ev["choices"].empty() && !ev["choices"][0]["logprobs"].is_null())
+      for (size_t k = 0; k < ev["choices"][0]["logprobs"]["token_logprobs"].size(); ++k) {
+        values.push_back(ev["choices"][0]["logprobs"]["token_logprobs"][k].get<double>());
+        offsets.push_back(ev["choices"][0]["logprobs"]["text_offset"][k].get<uint64_t>());
+      }
+  REQUIRE(values.size() == 8);
+  for (size_t i = 0; i < 8; ++i) {
+    CHECK(values[i] == doctest::Approx(lp["token_logprobs"][i].get<double>()));
+    CHECK(offsets[i] == lp["text_offset"][i].get<uint64_t>());
+  }
+}
+
+TEST_CASE("echo over HTTP, as evaluation harnesses score: the prompt's token log-probabilities are the router's, "
+          "max_tokens 0 answers the prompt alone, and a text prompt comes back ahead of its completion") {
+  served_cluster s;
+  const uint16_t port = s.gateway.port;
+  generate_request ref_req;
+  ref_req.prompt = "In the beginning";
+  ref_req.max_tokens = 1;
+  ref_req.prompt_logprobs = true;
+  ref_req.top_logprobs = 1;
+  ref_req.echo = true;
+  const auto ref = s.direct(ref_req);
+  REQUIRE(ref.prompt_logprobs.size() == ref.num_prompt_tokens);
+  ref_req.prompt = "And God said";
+  const auto ref2 = s.direct(ref_req);
+  // The harness's request: a batch of token-id prompts, echo, one alternative, nothing generated.
+  json ids = json::array(), ids2 = json::array();
+  for (const auto& t : ref.prompt_logprobs) ids.push_back(t.token);
+  for (const auto& t : ref2.prompt_logprobs) ids2.push_back(t.token);
+  auto scored = round_trip(port, post("/v1/completions", json{{"prompt", {ids, ids2}}, {"echo", true}, {"logprobs", 1},
+                                                               {"max_tokens", 0}, {"temperature", 0}}.dump()));
+  REQUIRE(scored.status == 200);
+  const auto answer = json::parse(scored.body);
+  REQUIRE(answer["choices"].size() == 2);
+  const auto lp2 = answer["choices"][1]["logprobs"];
+  REQUIRE(lp2["token_logprobs"].size() == ref2.num_prompt_tokens);
+  for (size_t i = 1; i < ref2.num_prompt_tokens; ++i)
+    CHECK(lp2["token_logprobs"][i].get<double>() == doctest::Approx(ref2.prompt_logprobs[i].logprob));
+  CHECK(answer["choices"][1]["text"] == ref2.prompt_text);
+  CHECK(answer["usage"]["prompt_tokens"] == ref.num_prompt_tokens + ref2.num_prompt_tokens);
+  const auto lp = answer["choices"][0]["logprobs"];
+  REQUIRE(lp["token_logprobs"].size() == ref.num_prompt_tokens);
+  CHECK(lp["token_logprobs"][0].is_null());
+  CHECK(lp["top_logprobs"][0].is_null());
+  for (size_t i = 1; i < ref.num_prompt_tokens; ++i) {
+    CAPTURE(i);
+    CHECK(lp["tokens"][i] == ref.prompt_logprobs[i].text);
+    CHECK(lp["token_logprobs"][i].get<double>() == doctest::Approx(ref.prompt_logprobs[i].logprob));
+    REQUIRE(lp["top_logprobs"][i].size() == 1);
+    CHECK(lp["top_logprobs"][i].begin().value().get<double>() >= lp["token_logprobs"][i].get<double>() - 1e-6);
+  }
+  CHECK(answer["choices"][0]["text"] == ref.prompt_text);
+  CHECK(answer["usage"]["completion_tokens"] == 0);
+  // A text prompt, echoed ahead of three generated tokens (the router's greedy ones).
+  ref_req.prompt = "In the beginning";
+  ref_req.max_tokens = 3;
+  ref_req.prompt_logprobs = false;
+  ref_req.top_logprobs = 0;
+  ref_req.ignore_eos = true;
+  const auto gen = s.direct(ref_req);
+  auto echoed = round_trip(port, post("/v1/completions", R"({"prompt":"In the beginning","echo":true,"max_tokens":3,"ignore_eos":true})"));
+  REQUIRE(echoed.status == 200);
+  CHECK(json::parse(echoed.body)["choices"][0]["text"] == "In the beginning" + gen.text);
+  CHECK(json::parse(echoed.body)["choices"][0]["logprobs"].is_null());
+  // Streamed, the prompt comes in the first event, ahead of the tokens.
+  auto streamed = round_trip(port, post("/v1/completions", R"({"prompt":"In the beginning","echo":true,"max_tokens":3,"ignore_eos":true,"stream":true})"));
+  REQUIRE(streamed.status == 200);
+  std::vector<json> events;
+  CHECK(sse_text(streamed.body, &events) == "In the beginning" + gen.text);
+}
+
+TEST_CASE("n choices: each is the router's answer for seed + i, whole or streamed (events tagged by index), usage "
+          "counts the prompt once") {
+  served_cluster s;
+  const uint16_t port = s.gateway.port;
+  generate_request ref_req;
+  ref_req.prompt = "The quick brown fox";
+  ref_req.max_tokens = 6;
+  ref_req.ignore_eos = true;
+  ref_req.temperature = 0.9f;
+  std::vector<completion> refs;
+  for (uint64_t i = 0; i < 3; ++i) {
+    ref_req.seed = 40 + i;
+    refs.push_back(s.direct(ref_req));
+  }
+  CHECK((refs[0].tokens != refs[1].tokens || refs[1].tokens != refs[2].tokens));  // the seeds differ
+  const std::string body = R"({"prompt":"The quick brown fox","max_tokens":6,"ignore_eos":true,"temperature":0.9,"seed":40,"n":3)";
+  auto whole = round_trip(port, post("/v1/completions", body + "}"));
+  REQUIRE(whole.status == 200);
+  auto j = json::parse(whole.body);
+  REQUIRE(j["choices"].size() == 3);
+  for (size_t i = 0; i < 3; ++i) {
+    CAPTURE(i);
+    CHECK(j["choices"][i]["index"] == i);
+    CHECK(j["choices"][i]["text"] == json(refs[i].text).get<std::string>());
+  }
+  CHECK(j["usage"]["prompt_tokens"] == refs[0].num_prompt_tokens);
+  CHECK(j["usage"]["completion_tokens"] == 18);
+  auto streamed = round_trip(port, post("/v1/completions", body + R"(,"stream":true,"stream_options":{"include_usage":true}})"));
+  REQUIRE(streamed.status == 200);
+  std::vector<json> events;
+  sse_text(streamed.body, &events);
+  std::string texts[3];
+  int finished = 0;
+  for (const auto& ev : events)
+    if (ev.is_object() && !ev["choices"].empty()) {
+      const auto& c = ev["choices"][0];
+      texts[c["index"].get<size_t>()] += c["text"].get<std::string>();
+      finished += !c["finish_reason"].is_null();
+    }
+  for (size_t i = 0; i < 3; ++i) CHECK(texts[i] == json(refs[i].text).get<std::string>());
+  CHECK(finished == 3);
+  REQUIRE(events.size() >= 2);
+  CHECK(events.back() == "[DONE]");
+  CHECK(events[events.size() - 2]["usage"]["completion_tokens"] == 18);  // after every choice's last chunk
+}
+
+TEST_CASE("a body sent in chunks (curl -T -, a client streaming its upload) is answered as the same body with a "
+          "Content-Length, including after 100 Continue; one past the limit gets 413") {
+  deploy::gateway_config gc;
+  gc.limits.max_body_bytes = 4096;
+  served_cluster s{gc};
+  const std::string body = R"({"prompt":"In the beginning","max_tokens":4,"ignore_eos":true})";
+  const auto whole = round_trip(s.gateway.port, post("/v1/completions", body));
+  REQUIRE(whole.status == 200);
+  const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer sk-test\r\n"
+                           "Transfer-Encoding: chunked\r\n";
+  std::string chunks;
+  for (size_t at = 0; at < body.size(); at += 7) {
+    const auto part = body.substr(at, 7);
+    char size[16];
+    std::snprintf(size, sizeof size, "%zx", part.size());
+    chunks += std::string(size) + "\r\n" + part + "\r\n";
+  }
+  chunks += "0\r\n\r\n";
+  const auto got = round_trip(s.gateway.port, head + "\r\n" + chunks);
+  REQUIRE(got.status == 200);
+  CHECK(json::parse(got.body)["choices"][0]["text"] == json::parse(whole.body)["choices"][0]["text"]);
+  // Expect: 100-continue: the gateway says "go on" after the head, then answers the chunks.
+  const int fd = connect_to(s.gateway.port);
+  send_all(fd, head + "Expect: 100-continue\r\n\r\n");
+  std::string buf;
+  char tmp[4096];
+  while (buf.find("\r\n\r\n") == std::string::npos) {
+    const auto n = ::recv(fd, tmp, sizeof(tmp), 0);
+    REQUIRE(n > 0);
+    buf.append(tmp, static_cast<size_t>(n));
+  }
+  CHECK(buf == "HTTP/1.1 100 Continue\r\n\r\n");
+  buf.clear();
+  send_all(fd, chunks);
+  const auto after = read_answer(fd, buf);
+  ::close(fd);
+  CHECK(after.status == 200);
+  CHECK(round_trip(s.gateway.port, head + "\r\n1001\r\n").status == 413);  // 4097 bytes: refused before they come
+}
