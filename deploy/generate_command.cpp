@@ -1,6 +1,8 @@
 // `baton generate`: one request to a running cluster's router through the C++ client library,
-// its text printed as it streams in.
+// its text printed as it streams in; with --score, each prompt's tokens' log-probabilities too
+// (how well the served model predicts a text: its perplexity).
 
+#include <cmath>
 #include <cstdio>
 
 #include "client/baton/client.hpp"
@@ -11,7 +13,7 @@ namespace baton::deploy {
 
 int run_generate(const std::vector<std::string>& raw_args) {
   // Positional arguments are prompts too: `baton generate --router H:P "prompt"`. Every flag but
-  // --chat, --ignore-eos, --verbose and --help takes a value, which is not a prompt.
+  // --chat, --ignore-eos, --score, --verbose and --help takes a value, which is not a prompt.
   std::vector<std::string> args, positional;
   for (size_t i = 0; i < raw_args.size(); ++i) {
     const auto& a = raw_args[i];
@@ -20,8 +22,8 @@ int run_generate(const std::vector<std::string>& raw_args) {
       continue;
     }
     args.push_back(a);
-    const bool takes_value = a != "--chat" && a != "--ignore-eos" && a != "--verbose" && a != "--help" &&
-                             a.find('=') == std::string::npos;
+    const bool takes_value = a != "--chat" && a != "--ignore-eos" && a != "--score" && a != "--verbose" &&
+                             a != "--help" && a.find('=') == std::string::npos;
     if (takes_value && i + 1 < raw_args.size()) args.push_back(raw_args[++i]);
   }
   std::string router = "127.0.0.1:7100";
@@ -29,7 +31,7 @@ int run_generate(const std::vector<std::string>& raw_args) {
   baton::client::request req;
   uint32_t max_tokens = 16;
   uint64_t seed = 0;
-  bool chat = false, verbose = false;
+  bool chat = false, verbose = false, score = false;
   baton::client::connect_options conn_opts;
   flag_set flags;
   flags.add("--cluster-id", &conn_opts.cluster_id, "the cluster's id");
@@ -46,6 +48,9 @@ int run_generate(const std::vector<std::string>& raw_args) {
   flags.add("--top-k", &req.top_k, "top-k sampling (0 = off)");
   flags.add("--stop", &req.stop, "a stop string (repeatable)");
   flags.add("--ignore-eos", &req.ignore_eos, "generate --max-tokens tokens even past <eos> (load tests)");
+  flags.add("--score", &score,
+            "also score the prompt: a line 'score: N tokens, log-probability S, perplexity P' after the text "
+            "(with --verbose, each token's log-probability on stderr)");
   flags.add("--verbose", &verbose, "print the request's timings and ranks after its text");
   if (auto rc = flags.parse_command_line(args, "generate", "baton generate --router HOST:PORT [flags] PROMPT..."))
     return *rc;
@@ -67,6 +72,7 @@ int run_generate(const std::vector<std::string>& raw_args) {
   }
   req.max_tokens = static_cast<int32_t>(max_tokens);
   req.seed = seed;
+  req.prompt_logprobs = score;
   int failures = 0;
   for (const auto& p : prompts) {
     if (chat)
@@ -91,6 +97,19 @@ int run_generate(const std::vector<std::string>& raw_args) {
       continue;
     }
     const auto& r = s->final_result();
+    if (score) {
+      // The first token has no log-probability (nothing precedes it): N - 1 terms.
+      double sum = 0.0;
+      for (size_t i = 1; i < r.prompt_logprobs.size(); ++i) {
+        sum += r.prompt_logprobs[i].logprob;
+        if (verbose)
+          std::fprintf(stderr, "  %5zu %-16s %10.6f\n", i, ("'" + r.prompt_logprobs[i].text + "'").c_str(),
+                       static_cast<double>(r.prompt_logprobs[i].logprob));
+      }
+      const size_t n = r.prompt_logprobs.size() > 1 ? r.prompt_logprobs.size() - 1 : 0;
+      std::printf("score: %zu tokens, log-probability %.6f, perplexity %.6f\n", n, sum,
+                  n ? std::exp(-sum / static_cast<double>(n)) : 1.0);
+    }
     if (verbose)
       std::fprintf(stderr, "[request %llu] %zu tokens (%s), %u prompt tokens (%u cached), TTFT %.3f ms, %s -> %s\n",
                    static_cast<unsigned long long>(r.request_id), r.tokens.size(), r.finish_reason.c_str(),

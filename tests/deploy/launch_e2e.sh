@@ -65,6 +65,17 @@ PROMPTS=(--prompt "In the beginning" --prompt "And God said" --prompt "The LORD 
 cmp -s "$WORK/single.txt" "$WORK/cluster.txt" || fail "the cluster's text differs from the single process's: $(diff "$WORK/single.txt" "$WORK/cluster.txt")"
 [ "$(wc -l < "$WORK/cluster.txt")" -ge 3 ] || fail "generate printed too little"
 echo "launch e2e: C++ client: 3 prompts, same text as the single-process cluster"
+# Prompt scoring across processes (prefill rank -> head -> client, floats as bits): the same
+# log-probabilities as in one process, and a real text scores better than noise.
+"$BATON" generate --router "127.0.0.1:$P_SINGLE" --score --max-tokens 1 --prompt "$(printf 'In the beginning God created the heaven and the earth.')" --prompt "zqxv jjkw pplq" > "$WORK/single_score.txt" || fail "score (single)"
+"$BATON" generate --router "127.0.0.1:$P_ROUTER" --cluster-id e2e --score --max-tokens 1 --prompt "$(printf 'In the beginning God created the heaven and the earth.')" --prompt "zqxv jjkw pplq" > "$WORK/cluster_score.txt" || fail "score (cluster)"
+diff <(grep "^score:" "$WORK/single_score.txt") <(grep "^score:" "$WORK/cluster_score.txt") > /dev/null || fail "the cluster's scores differ: $(grep "^score:" "$WORK/single_score.txt" "$WORK/cluster_score.txt")"
+python3 - "$WORK/cluster_score.txt" <<'PY' || fail "scores: $(cat "$WORK/cluster_score.txt")"
+import re, sys
+ppl = [float(m) for m in re.findall(r"^score: \d+ tokens, log-probability \S+, perplexity (\S+)$", open(sys.argv[1]).read(), re.M)]
+assert len(ppl) == 2 and 1.0 < ppl[0] < ppl[1], ppl
+PY
+echo "launch e2e: scoring: the same perplexities as in one process ($(grep -o 'perplexity [0-9.]*' "$WORK/cluster_score.txt" | tr '\n' ' '))"
 
 # 2. curl: whole and streamed answers carry the same text as the C++ client's first prompt.
 URL="http://127.0.0.1:$P_HTTP"

@@ -52,6 +52,21 @@ lp.token_logprobs.forEach((v, i) => {
 assert.deepEqual(lp.text_offset, lp.tokens.map((_, i) => lp.tokens.slice(0, i).join('').length));
 checks++;
 
+// Echo, as evaluation harnesses score: the prompt comes back first with its tokens'
+// log-probabilities (the first null), then the greedy text; max_tokens 0 gives the prompt alone.
+const echoed = await client.completions.create({ model, prompt, max_tokens: maxTokens, echo: true, logprobs: 1 });
+assert.equal(echoed.choices[0].text, prompt + expected, 'echo puts the prompt ahead of the text');
+const elp = echoed.choices[0].logprobs;
+assert.equal(elp.tokens.join(''), prompt + expected, "echo's tokens join to prompt and text");
+assert.equal(elp.token_logprobs[0], null, 'the first prompt token has no log-probability');
+assert.ok(elp.token_logprobs.slice(1).every((v) => v <= 0));
+const alone = await client.completions.create({ model, prompt: [prompt, prompt], max_tokens: 0, echo: true, logprobs: 0 });
+assert.equal(alone.choices.length, 2, 'a batch of two prompts gives two choices');
+assert.equal(alone.choices[1].text, prompt);
+assert.deepEqual(alone.choices[1].logprobs.token_logprobs, elp.token_logprobs.slice(0, alone.choices[1].logprobs.tokens.length));
+assert.equal(alone.usage.completion_tokens, 0);
+checks++;
+
 await assert.rejects(client.completions.create({ model, prompt, max_tokens: 100000 }), (err) => {
   assert.equal(err.status, 400);
   assert.match(err.message, /max_tokens/);
