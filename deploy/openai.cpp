@@ -260,6 +260,12 @@ bool refuse_unsupported(const json& j, api_error* err) {
     *err = bad("best_of", "best_of is not supported");
     return false;
   }
+  // Completions' suffix (text after the insertion point, for fill-in-the-middle models): an
+  // answer without it would look right and be wrong.
+  if (auto it = j.find("suffix"); it != j.end() && !it->is_null() && !(it->is_string() && it->get<std::string>().empty())) {
+    *err = bad("suffix", "suffix is not supported");
+    return false;
+  }
   for (const char* key : {"tools", "functions", "response_format", "logit_bias"}) {
     auto it = j.find(key);
     if (it != j.end() && !it->is_null() && !(it->is_array() && it->empty()) && !(it->is_object() && it->empty())) {

@@ -171,6 +171,7 @@ TEST_CASE("OpenAI request bodies map onto generate_request, and refusals name th
         "messages[0].content");
   CHECK(refused(R"({"prompt":"a","stop":["ok",""]})").param == "stop");
   CHECK(refused(R"({"prompt":"a","tools":[{"type":"function"}]})").param == "tools");
+  CHECK(refused(R"({"prompt":"a","suffix":"b"})").message == "suffix is not supported");
   // Fields of the wrong type, where a string was expected inside: a 400 naming the field, never
   // an exception through the gateway (these threw nlohmann's type_error, and the connection died).
   CHECK(refused(R"({"messages":[{"role":"user","content":[{"type":1,"text":"x"}]}]})", true).param == "messages[0].content");
