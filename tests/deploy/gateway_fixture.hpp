@@ -106,6 +106,18 @@ inline http_answer read_answer(int fd, std::string& buf) {
   return a;
 }
 
+/// Reads up to the end of an answer's head (a "100 Continue" is all head) into a fresh string.
+inline std::string read_head(int fd) {
+  std::string buf;
+  char tmp[4096];
+  while (buf.find("\r\n\r\n") == std::string::npos) {
+    const auto n = ::recv(fd, tmp, sizeof(tmp), 0);
+    REQUIRE(n > 0);
+    buf.append(tmp, static_cast<size_t>(n));
+  }
+  return buf;
+}
+
 inline std::string post(const std::string& path, const std::string& body, const std::string& key = "sk-test") {
   return "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" +
          (key.empty() ? std::string{} : "Authorization: Bearer " + key + "\r\n") +
