@@ -56,6 +56,9 @@ struct generate_request {
   /// echo and logprobs. The prompt is then computed whole on one prefill rank (no cached prefix,
   /// no split, no prefill on the decode rank).
   bool prompt_logprobs = false;
+  /// Echo with max_tokens 0: the one token the prefill picks (max_tokens is 1) is not shown and
+  /// never fed back, so the prompt may fill the whole context.
+  bool prompt_only = false;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, generate_request& x) {
@@ -63,7 +66,7 @@ typename Inspector::result_type inspect(Inspector& f, generate_request& x) {
            wire::f32{&x.temperature}, x.seed, x.return_logits, x.ignore_eos, x.traffic_class, x.priority, x.messages,
            x.top_k, wire::f32{&x.top_p}, wire::f32{&x.repetition_penalty}, wire::f32{&x.presence_penalty},
            wire::f32{&x.frequency_penalty}, x.stop, x.stop_token_ids, x.logprobs, x.top_logprobs, x.echo,
-           x.prompt_logprobs);
+           x.prompt_logprobs, x.prompt_only);
 }
 
 struct completion {

@@ -553,7 +553,9 @@ void reserve(request_pointer self) {
   st.out.place_us = lap(self);
   st.out.prefill_rank = st.prefill_name;
   st.out.decode_rank = st.decode_name;
-  kv_lease_reserve req{p.request_id, static_cast<uint32_t>(st.prompt.size() + st.max_new), p.cfg.lease_ms,
+  // A prompt-only call's one token is never fed back: no slot for it (the prompt may fill the context).
+  const uint32_t unfed = p.params.prompt_only && st.max_new == 1 ? 1 : 0;
+  kv_lease_reserve req{p.request_id, static_cast<uint32_t>(st.prompt.size() + st.max_new - unfed), p.cfg.lease_ms,
                        static_cast<uint32_t>(st.prompt.size())};
   const uint32_t attempt = st.attempt;
   // Watched from here on: a decode rank (or prefill rank) that goes down re-places the request.

@@ -78,7 +78,8 @@ std::string tokenize_and_validate(generate_request& req, const gpu::model_config
     if (default_max_tokens > 0) room = std::min<size_t>(room, default_max_tokens);
     req.max_tokens = static_cast<int32_t>(room);
   }
-  if (tokens->size() + static_cast<size_t>(req.max_tokens) > ctx)
+  // A prompt-only call's one token is never fed back: it takes no place in the context.
+  if (tokens->size() + static_cast<size_t>(req.max_tokens) - (req.prompt_only && req.max_tokens == 1 ? 1 : 0) > ctx)
     return "prompt of " + std::to_string(tokens->size()) + " tokens plus max_tokens " +
            std::to_string(req.max_tokens) + " exceeds the model's context of " + std::to_string(ctx) + " tokens";
   return {};

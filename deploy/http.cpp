@@ -53,6 +53,7 @@ parse_result parse_chunked_body(std::string_view buf, const limits& lim, std::st
     }
     if (end - at > max_line) return *err = fail(400, "a chunk size line longer than " + std::to_string(max_line) + " bytes"), false;
     *l = buf.substr(at, end - at);
+    if (l->find('\r') != std::string_view::npos) return *err = fail(400, "a bare CR in a line of the chunked body"), false;
     at = end + 2;
     return true;
   };
@@ -65,7 +66,10 @@ parse_result parse_chunked_body(std::string_view buf, const limits& lim, std::st
     std::string_view l;
     parse_result err;
     if (!line(&l, &err)) return err;
-    const auto size_text = trim(l.substr(0, l.find(';')));  // extensions (";name=value") are ignored
+    // 1*HEXDIG, then optional whitespace before extensions (";name=value", ignored) and nothing else.
+    auto size_text = l.substr(0, l.find(';'));
+    if (l.find(';') != std::string_view::npos)
+      while (!size_text.empty() && (size_text.back() == ' ' || size_text.back() == '\t')) size_text.remove_suffix(1);
     size_t size = 0;
     const auto [end, ec] = std::from_chars(size_text.data(), size_text.data() + size_text.size(), size, 16);
     if (size_text.empty() || ec != std::errc{} || end != size_text.data() + size_text.size())
@@ -160,9 +164,13 @@ static parse_result parse_request_at(std::string_view buf, const limits& lim, re
   // Content-Length here would be framed by its chunks behind a proxy (request smuggling). The
   // codings, all headers' lists together, must be "chunked" alone: a body is never compressed.
   std::string codings;
+  bool has_codings = false;  // an empty Transfer-Encoding is one too: never framed by Content-Length
   for (const auto& [k, v] : out->headers)
-    if (k == "transfer-encoding") codings += (codings.empty() ? "" : ",") + lower(v);
-  if (!codings.empty()) {
+    if (k == "transfer-encoding") {
+      codings += (has_codings ? "," : "") + lower(v);
+      has_codings = true;
+    }
+  if (has_codings) {
     std::string list;
     for (char c : codings)
       if (c != ' ' && c != '\t') list.push_back(c);

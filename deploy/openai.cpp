@@ -350,7 +350,7 @@ bool parse_checked_body(std::string_view body, bool chat, const std::string& ser
   }
   if (!number_field(j, "max_tokens", r.echo ? 0 : 1, big, &r.max_tokens, err)) return false;
   if (r.echo && j.contains("max_tokens") && r.max_tokens == 0) {
-    out->prompt_only = true;
+    out->prompt_only = r.prompt_only = true;
     r.max_tokens = 1;  // the prefill picks one token in any case; it is not returned
   }
   if (chat && !number_field(j, "max_completion_tokens", 1, big, &r.max_tokens, err)) return false;
@@ -414,6 +414,10 @@ bool parse_checked_body(std::string_view body, bool chat, const std::string& ser
   }
   if (!parse_logprobs(j, chat, &r, err)) return false;
   r.prompt_logprobs = r.echo && r.logprobs;
+  if (r.prompt_logprobs && out->n > 1) {  // each choice would compute and carry the same scores
+    *err = bad("n", "n > 1 with echo and logprobs would score the same prompt n times: ask with n 1");
+    return false;
+  }
   return true;
 }
 }  // namespace

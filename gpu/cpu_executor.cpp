@@ -295,6 +295,8 @@ private:
   /// rows at a time so that the logits held stay small (a slice times the vocabulary), and each
   /// row's log-probabilities read from its logits as a pick's are.
   void score_rows(const forward_job& job, forward_output* out) {
+    if (std::none_of(job.seqs.begin(), job.seqs.end(), [](const forward_seq& q) { return !q.score_targets.empty(); }))
+      return;
     const auto& c = cfg_;
     const auto& w = *weights_;
     const size_t h = c.hidden_size;

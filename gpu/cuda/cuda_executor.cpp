@@ -407,6 +407,9 @@ private:
         return "sequence " + std::to_string(s.seq_id) + ": its cached prefix is not on the device and this executor has no host pool";
     }
     a.want_rows.insert(a.want_rows.end(), scored.begin(), scored.end());
+    if (a.want_rows.size() > ecfg_.max_batch_tokens)  // the head's rows live in buffers of that many
+      return "job " + std::to_string(job.job_id) + ": " + std::to_string(a.want_rows.size()) +
+             " head rows (scored ones too) exceed max_batch_tokens " + std::to_string(ecfg_.max_batch_tokens);
     if (a.tokens.size() > ecfg_.max_batch_tokens)
       return "job " + std::to_string(job.job_id) + ": " + std::to_string(a.tokens.size()) +
              " rows exceed max_batch_tokens " + std::to_string(ecfg_.max_batch_tokens);

@@ -95,6 +95,23 @@ TEST_CASE("echo over HTTP, as evaluation harnesses score: the prompt's token log
   }
   CHECK(answer["choices"][0]["text"] == ref.prompt_text);
   CHECK(answer["usage"]["completion_tokens"] == 0);
+  // A prompt that fills the whole context can be scored (its picked token is never fed back);
+  // one token more cannot, and generating after a full context cannot either.
+  const uint32_t ctx = s.stats().context_tokens;
+  json full = json::array(), over = json::array();
+  for (uint32_t i = 0; i < ctx; ++i) full.push_back(ids[i % ids.size()]);
+  over = full;
+  over.push_back(ids[0]);
+  auto whole_context = round_trip(port, post("/v1/completions", json{{"prompt", full}, {"echo", true}, {"logprobs", 0},
+                                                                     {"max_tokens", 0}}.dump()));
+  REQUIRE_MESSAGE(whole_context.status == 200, whole_context.body);
+  CHECK(json::parse(whole_context.body)["choices"][0]["logprobs"]["token_logprobs"].size() == ctx);
+  CHECK(round_trip(port, post("/v1/completions", json{{"prompt", over}, {"echo", true}, {"max_tokens", 0}}.dump())).status == 400);
+  CHECK(round_trip(port, post("/v1/completions", json{{"prompt", full}, {"max_tokens", 1}}.dump())).status == 400);
+  // n > 1 would score the same prompt n times: refused by name.
+  auto twice = round_trip(port, post("/v1/completions", json{{"prompt", ids}, {"echo", true}, {"logprobs", 0}, {"n", 2}}.dump()));
+  CHECK(twice.status == 400);
+  CHECK(json::parse(twice.body)["error"]["param"] == "n");
   // A text prompt, echoed ahead of three generated tokens (the router's greedy ones).
   ref_req.prompt = "In the beginning";
   ref_req.max_tokens = 3;

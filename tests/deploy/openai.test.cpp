@@ -103,6 +103,12 @@ TEST_CASE("the HTTP parser takes whole requests, waits for partial ones and refu
   CHECK(status("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 2\r\n\r\n0\r\n\r\n") == 400);
   CHECK(status("POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n") == 400);
   CHECK(status(chunked + "0\r\nno colon\r\n\r\n") == 400);
+  CHECK(status(chunked + " 5\r\n") == 400);             // no whitespace before the size
+  CHECK(status(chunked + "5 \r\n") == 400);             // nor after it without an extension
+  CHECK(status(chunked + "5\r;x\r\n") == 400);         // a bare CR
+  CHECK(deploy::http::parse_request(chunked + "2 ;x=y\r\nab\r\n0\r\n\r\n", lim, &req).status ==
+        deploy::http::parse_status::complete);  // whitespace before an extension is allowed
+  CHECK(status("POST / HTTP/1.1\r\nTransfer-Encoding:\r\nContent-Length: 2\r\n\r\n{}") == 501);  // empty: still there
   CHECK(deploy::http::iequals("Bearer ", "bEARER "));
   CHECK(deploy::http::chunk("") == "");  // an empty chunk would end the body early
   CHECK(deploy::http::constant_time_equal("sk-1", "sk-1"));
