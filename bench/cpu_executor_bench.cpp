@@ -100,6 +100,16 @@ void model_rows(const model_config& cfg, unsigned threads, uint32_t prompt_len, 
   });
   std::printf("| %s | prefill %u tokens | %u | %.0f tok/s | %.1f GFLOP/s (matmul part) |\n", cfg.name.c_str(),
               prompt_len, threads, prompt_len / t_prefill, matmul_flops_per_token * prompt_len / t_prefill / 1e9);
+  // Prompt scoring (echo with logprobs): the same prefill with every row's log-probabilities,
+  // next to the plain prefill above, its ceiling; the LM head over every row adds its FLOPs.
+  forward_seq scored{1, prompt, 0, pages, false};
+  for (uint32_t i = 0; i < prompt_len; ++i) scored.score_targets.push_back(i + 1 < prompt_len ? prompt[i + 1] : -1);
+  scored.score_top = 1;
+  const double t_scored = best_of(reps, [&] { run_blocking(*exec, forward_job{1, {scored}}); });
+  const double head_share = static_cast<double>(head) / static_cast<double>(layer_params);
+  std::printf("| %s | prefill %u tokens, every row scored | %u | %.0f tok/s | %.2fx the plain prefill's time (the head "
+              "adds %.0f %% of the layers' FLOPs) |\n",
+              cfg.name.c_str(), prompt_len, threads, prompt_len / t_scored, t_scored / t_prefill, 100.0 * head_share);
   for (uint32_t batch : {1u, 8u}) {
     std::vector<std::vector<uint32_t>> seq_pages(batch, pages);
     std::vector<std::vector<uint32_t>> own;
