@@ -414,8 +414,10 @@ bool parse_checked_body(std::string_view body, bool chat, const std::string& ser
   }
   if (!parse_logprobs(j, chat, &r, err)) return false;
   r.prompt_logprobs = r.echo && r.logprobs;
-  if (r.prompt_logprobs && out->n > 1) {  // each choice would compute and carry the same scores
-    *err = bad("n", "n > 1 with echo and logprobs would score the same prompt n times: ask with n 1");
+  // n choices of a prompt share its scores: the first scores it (choice_request), the others
+  // copy them into the answer. A stream cannot wait for another choice's scores.
+  if (r.prompt_logprobs && out->n > 1 && out->stream) {
+    *err = bad("n", "n > 1 with echo and logprobs is answered whole, not streamed: ask without stream or with n 1");
     return false;
   }
   return true;
@@ -428,6 +430,7 @@ generate_request call::choice_request(uint32_t index) const {
   if (prompt < batch_texts.size()) r.prompt = batch_texts[prompt];
   if (prompt < batch_tokens.size()) r.prompt_tokens = batch_tokens[prompt];
   r.seed += index % n;  // n samples of a prompt, not one sample n times
+  r.prompt_logprobs = r.prompt_logprobs && index % n == 0;  // scored once, by the prompt's first choice
   return r;
 }
 
@@ -504,7 +507,8 @@ std::string completion_json(const call& c, const std::vector<completion>& choice
       choice["message"] = {{"role", "assistant"}, {"content", done.text}};
     } else if (c.req.echo) {
       // The prompt as the client gave it (token ids: as they decode), then what was generated.
-      std::vector<token_logprob> lps = done.prompt_logprobs;
+      // The prompt's scores come with its first choice (call::choice_request).
+      std::vector<token_logprob> lps = choices[i - i % c.n].prompt_logprobs;
       if (!c.prompt_only) lps.insert(lps.end(), done.logprobs.begin(), done.logprobs.end());
       choice["logprobs"] = logprobs_json(c, lps, 0);
       const auto asked = c.choice_request(static_cast<uint32_t>(i));

@@ -108,10 +108,23 @@ TEST_CASE("echo over HTTP, as evaluation harnesses score: the prompt's token log
   CHECK(json::parse(whole_context.body)["choices"][0]["logprobs"]["token_logprobs"].size() == ctx);
   CHECK(round_trip(port, post("/v1/completions", json{{"prompt", over}, {"echo", true}, {"max_tokens", 0}}.dump())).status == 400);
   CHECK(round_trip(port, post("/v1/completions", json{{"prompt", full}, {"max_tokens", 1}}.dump())).status == 400);
-  // n > 1 would score the same prompt n times: refused by name.
-  auto twice = round_trip(port, post("/v1/completions", json{{"prompt", ids}, {"echo", true}, {"logprobs", 0}, {"n", 2}}.dump()));
-  CHECK(twice.status == 400);
-  CHECK(json::parse(twice.body)["error"]["param"] == "n");
+  // n choices of a prompt: scored once, every choice shows the scores; a stream cannot wait for them.
+  auto twice = round_trip(port, post("/v1/completions", json{{"prompt", ids}, {"echo", true}, {"logprobs", 0},
+                                                              {"n", 2}, {"max_tokens", 2}, {"temperature", 1}}.dump()));
+  REQUIRE(twice.status == 200);
+  const auto both = json::parse(twice.body)["choices"];
+  REQUIRE(both.size() == 2);
+  const auto prompt_part = [&](const json& choice) {
+    auto v = choice["logprobs"]["token_logprobs"];
+    return json(std::vector<json>(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(ref.num_prompt_tokens)));
+  };
+  CHECK(prompt_part(both[0]) == prompt_part(both[1]));
+  CHECK(prompt_part(both[1])[1].get<double>() == doctest::Approx(ref.prompt_logprobs[1].logprob));
+  CHECK(both[1]["logprobs"]["token_logprobs"].size() == ref.num_prompt_tokens + 2);
+  auto streamed_twice = round_trip(port, post("/v1/completions", json{{"prompt", ids}, {"echo", true}, {"logprobs", 0},
+                                                                       {"n", 2}, {"stream", true}}.dump()));
+  CHECK(streamed_twice.status == 400);
+  CHECK(json::parse(streamed_twice.body)["error"]["param"] == "n");
   // A text prompt, echoed ahead of three generated tokens (the router's greedy ones).
   ref_req.prompt = "In the beginning";
   ref_req.max_tokens = 3;

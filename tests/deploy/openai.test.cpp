@@ -332,6 +332,11 @@ TEST_CASE("a batch of prompts: choice i answers prompt i / n with seed + i % n, 
   CHECK(c.choice_request(2).prompt == "two");
   CHECK(c.choice_request(2).seed == 10);
   CHECK(c.choice_request(3).seed == 11);
+  REQUIRE(deploy::openai::parse_body(R"({"prompt":["one","two"],"n":2,"echo":true,"logprobs":0})", false, "m", &c, &e));
+  CHECK(c.choice_request(0).prompt_logprobs);  // each prompt scored once, by its first choice
+  CHECK_FALSE(c.choice_request(1).prompt_logprobs);
+  CHECK(c.choice_request(2).prompt_logprobs);
+  REQUIRE(deploy::openai::parse_body(R"({"prompt":["one","two"],"n":2,"seed":10,"echo":true})", false, "m", &c, &e));
   std::vector<completion> done(4);
   for (size_t i = 0; i < 4; ++i) {
     done[i].num_prompt_tokens = i < 2 ? 4 : 5;
