@@ -17,6 +17,7 @@
 
 #include "gpu/byte_tokenizer.hpp"
 #include "gpu/cpu_executor.hpp"
+#include "transport/fault_proxy.hpp"
 #include "gpu/local_generate.hpp"
 #include "tests/actors/cluster_fixture.hpp"
 
@@ -250,6 +251,43 @@ TEST_CASE("prompt scoring (echo with logprobs): each prompt token's log-probabil
       REQUIRE(lp.top_texts.size() == 2);
       CHECK(lp.top_texts[0] == gpu::byte_tokenizer{cfg.model.bos_token_id, cfg.model.eos_token_id}.decode({lp.top_tokens[0]}));
     }
+  }
+}
+
+TEST_CASE("prompt scoring survives a failed KV send: the request is placed again and its scores are the new "
+          "attempt's, whole") {
+  test::cluster_system t;
+  auto cfg = one_by_one();
+  cfg.router.request.retry_backoff_ms = 1;
+  // The first put of layer 1 fails (retryable): the first attempt's prompt is scored, then lost.
+  const transport::fault_plan plan{transport::fault_kind::fail, 1u, {}, 1};
+  auto cluster = start_local_cluster(t.sys, cfg, {},
+                                     [plan](std::unique_ptr<transport::transport> inner,
+                                            const std::string& name) -> std::shared_ptr<transport::transport> {
+                                       if (name != "prefill-0") return std::shared_ptr<transport::transport>{std::move(inner)};
+                                       return std::shared_ptr<transport::transport>{
+                                           transport::make_fault_proxy(std::move(inner), plan)};
+                                     });
+  test::cluster_system::stopper stop{t, cluster};
+  generate_request req;
+  req.prompt = "scored after a failover";
+  req.max_tokens = 2;
+  req.prompt_logprobs = true;
+  req.ignore_eos = true;
+  auto got = t.generate(cluster.router, req);
+  REQUIRE_MESSAGE(got, t.sys.render(got.error()));
+  CHECK(got->failovers == 1);
+  const auto prompt = encode(cfg, req.prompt);
+  REQUIRE(got->prompt_logprobs.size() == prompt.size());
+  auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
+  auto exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
+  auto& kv = exec->kv();
+  for (size_t i = 1; i < prompt.size(); ++i) {
+    CAPTURE(i);
+    auto pages = *kv.kv_page_alloc(kv.pages_for_tokens(static_cast<uint32_t>(i)));
+    auto ref = gpu::run_blocking(*exec, gpu::forward_job{i, {gpu::forward_seq{1, {prompt.begin(), prompt.begin() + i}, 0, pages, true}}});
+    kv.kv_page_free(pages);
+    CHECK(got->prompt_logprobs[i].logprob == doctest::Approx(gpu::logprobs_of(ref.logits[0], prompt[i], 0).logprob).epsilon(1e-5));
   }
 }
 
