@@ -41,6 +41,24 @@ std::vector<int32_t> encode(const local_cluster_config& cfg, const std::string& 
   return gpu::byte_tokenizer{cfg.model.bos_token_id, cfg.model.eos_token_id}.encode(text);
 }
 
+/// What one executor alone says of each prompt token given those before it: entry i is token
+/// i's log-probability and its `top` alternatives (entry 0 is left empty).
+std::vector<gpu::token_logprobs> prefix_logprobs(const local_cluster_config& cfg, const std::vector<int32_t>& prompt,
+                                                 uint32_t top) {
+  auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
+  auto exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
+  auto& kv = exec->kv();
+  std::vector<gpu::token_logprobs> out(prompt.size());
+  for (size_t i = 1; i < prompt.size(); ++i) {
+    auto pages = *kv.kv_page_alloc(kv.pages_for_tokens(static_cast<uint32_t>(i)));
+    auto ref = gpu::run_blocking(*exec, gpu::forward_job{i, {gpu::forward_seq{1, {prompt.begin(), prompt.begin() + i}, 0, pages, true}}});
+    kv.kv_page_free(pages);
+    REQUIRE(ref.error.empty());
+    out[i] = gpu::logprobs_of(ref.logits[0], prompt[i], top);
+  }
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("top-k, top-p and penalties sample the same tokens disaggregated as colocated; stop tokens and strings "
@@ -234,16 +252,10 @@ TEST_CASE("prompt scoring (echo with logprobs): each prompt token's log-probabil
     CHECK(std::isnan(got->prompt_logprobs[0].logprob));
     CHECK(got->prompt_logprobs[0].top_tokens.empty());
     CHECK(got->logprobs.empty());  // not asked for the generated tokens
-    auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
-    auto exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
-    auto& kv = exec->kv();
+    const auto ref = prefix_logprobs(cfg, prompt, 2);
     for (size_t i = 1; i < prompt.size(); ++i) {
       CAPTURE(i);
-      auto pages = *kv.kv_page_alloc(kv.pages_for_tokens(static_cast<uint32_t>(i)));
-      auto ref = gpu::run_blocking(*exec, gpu::forward_job{i, {gpu::forward_seq{1, {prompt.begin(), prompt.begin() + i}, 0, pages, true}}});
-      kv.kv_page_free(pages);
-      REQUIRE(ref.error.empty());
-      const auto want = gpu::logprobs_of(ref.logits[0], prompt[i], 2);
+      const auto& want = ref[i];
       const auto& lp = got->prompt_logprobs[i];
       CHECK(lp.token == prompt[i]);
       CHECK(lp.logprob == doctest::Approx(want.logprob).epsilon(1e-5));
@@ -279,15 +291,10 @@ TEST_CASE("prompt scoring survives a failed KV send: the request is placed again
   CHECK(got->failovers == 1);
   const auto prompt = encode(cfg, req.prompt);
   REQUIRE(got->prompt_logprobs.size() == prompt.size());
-  auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
-  auto exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
-  auto& kv = exec->kv();
+  const auto ref = prefix_logprobs(cfg, prompt, 0);
   for (size_t i = 1; i < prompt.size(); ++i) {
     CAPTURE(i);
-    auto pages = *kv.kv_page_alloc(kv.pages_for_tokens(static_cast<uint32_t>(i)));
-    auto ref = gpu::run_blocking(*exec, gpu::forward_job{i, {gpu::forward_seq{1, {prompt.begin(), prompt.begin() + i}, 0, pages, true}}});
-    kv.kv_page_free(pages);
-    CHECK(got->prompt_logprobs[i].logprob == doctest::Approx(gpu::logprobs_of(ref.logits[0], prompt[i], 0).logprob).epsilon(1e-5));
+    CHECK(got->prompt_logprobs[i].logprob == doctest::Approx(ref[i].logprob).epsilon(1e-5));
   }
 }
 
