@@ -354,7 +354,9 @@ TEST_CASE("a request pipelined behind one that closes the connection is never st
 TEST_CASE("a client that pipelines requests and reads none of the answers is held to a bounded backlog: the "
           "gateway stops reading from it, then drops the connection once it has read nothing for the idle limit") {
   deploy::gateway_config gc;
-  gc.idle_timeout_ms = 1500;  // longer than the stall below: the stall shows the read limit at work
+  // Far longer than the send phase and the stall below, even on a loaded machine (a CI run once
+  // spent more than 1.5 s sending and was dropped mid-stall): the stall shows the read limit.
+  gc.idle_timeout_ms = 4000;
   served_cluster s{gc};
   const int fd = connect_to(s.gateway.port);
   int small = 64 * 1024;  // small socket buffers: the backlog shows in megabytes, not tens of them
