@@ -385,7 +385,7 @@ TEST_CASE("a client that pipelines requests and reads none of the answers is hel
   // It stopped taking requests: about its 1 MiB answer limit's worth plus one request's limits
   // and the sockets' buffers, not the 64 MiB (whose answers would have been ~460 MiB in its memory).
   CHECK(stalls == 20);
-  CHECK_MESSAGE(accepted < (8u << 20), accepted);
+  CHECK_MESSAGE(accepted < (16u << 20), accepted);  // 8.5 MB seen under load: the kernel grows loopback buffers
   // Reading nothing for the idle limit, the client is dropped (bounded wait).
   bool dropped = false;
   for (int i = 0; i < 1000 && !dropped; ++i) {
