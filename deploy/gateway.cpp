@@ -290,11 +290,11 @@ client_sink_actor::behavior_type run_choice(client_sink_actor::pointer self, caf
     // Nothing new to say (e.g. half a UTF-8 character held back, and no log-probabilities asked
     // for): no event.
     const bool echo = !c.prompt_text.empty() || !c.prompt_logprobs.empty();
-    const bool shown = !cs->call.prompt_only && (!c.text.empty() || !c.logprobs.empty());  // echo alone: none is
+    const bool shown = !cs->call.req.prompt_only && (!c.text.empty() || !c.logprobs.empty());  // echo alone: none is
     if (!shown && c.finish_reason.empty() && !echo && !(*first_chunk && cs->call.chat)) return;
     caf::anon_send(broker, seq, openai::chunk_json(cs->call, c, cs->id, cs->created, *first_chunk, *text_offset, index));
     for (const auto& t : c.prompt_logprobs) *text_offset += openai::utf8_chars(t.text);
-    if (!cs->call.prompt_only)
+    if (!cs->call.req.prompt_only)
       for (const auto& t : c.logprobs) *text_offset += openai::utf8_chars(t.text);
     *first_chunk = false;
   }};

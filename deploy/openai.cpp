@@ -350,7 +350,7 @@ bool parse_checked_body(std::string_view body, bool chat, const std::string& ser
   }
   if (!number_field(j, "max_tokens", r.echo ? 0 : 1, big, &r.max_tokens, err)) return false;
   if (r.echo && j.contains("max_tokens") && r.max_tokens == 0) {
-    out->prompt_only = r.prompt_only = true;
+    r.prompt_only = true;
     r.max_tokens = 1;  // the prefill picks one token in any case; it is not returned
   }
   if (chat && !number_field(j, "max_completion_tokens", 1, big, &r.max_tokens, err)) return false;
@@ -497,6 +497,25 @@ json logprobs_json(const call& c, const std::vector<token_logprob>& lps, uint64_
 
 }  // namespace
 
+namespace {
+
+/// Echo's text and log-probabilities for choice `index`: the prompt as the client gave it (token
+/// ids: as they decode, `decoded`) and its tokens' scores, then what was generated -- nothing
+/// generated when the call asked for the prompt alone (generate_request::prompt_only).
+void echo_parts(const call& c, uint32_t index, const std::string& decoded, bool with_prompt,
+                const std::vector<token_logprob>& prompt_lps, const std::string& text,
+                const std::vector<token_logprob>& lps, std::string* out_text, std::vector<token_logprob>* out_lps) {
+  *out_lps = prompt_lps;
+  *out_text = c.req.prompt_only ? "" : text;
+  if (!c.req.prompt_only) out_lps->insert(out_lps->end(), lps.begin(), lps.end());
+  if (!with_prompt) return;
+  const uint32_t prompt = index / c.n;
+  const bool ids = !c.req.prompt_tokens.empty();  // a batch's first prompt is req's too
+  out_text->insert(0, ids ? decoded : prompt < c.batch_texts.size() ? c.batch_texts[prompt] : c.req.prompt);
+}
+
+}  // namespace
+
 std::string completion_json(const call& c, const std::vector<completion>& choices, const std::string& id, int64_t created) {
   json list = json::array();
   for (size_t i = 0; i < choices.size(); ++i) {
@@ -506,14 +525,14 @@ std::string completion_json(const call& c, const std::vector<completion>& choice
       choice["logprobs"] = logprobs_json(c, done.logprobs, 0);
       choice["message"] = {{"role", "assistant"}, {"content", done.text}};
     } else if (c.req.echo) {
-      // The prompt as the client gave it (token ids: as they decode), then what was generated.
       // The prompt's scores come with its first choice (call::choice_request).
-      std::vector<token_logprob> lps = choices[i - i % c.n].prompt_logprobs;
-      if (!c.prompt_only) lps.insert(lps.end(), done.logprobs.begin(), done.logprobs.end());
+      std::string text;
+      std::vector<token_logprob> lps;
+      echo_parts(c, static_cast<uint32_t>(i), done.prompt_text, true, choices[i - i % c.n].prompt_logprobs, done.text,
+                 done.logprobs, &text, &lps);
       choice["logprobs"] = logprobs_json(c, lps, 0);
-      const auto asked = c.choice_request(static_cast<uint32_t>(i));
-      choice["text"] = (asked.prompt_tokens.empty() ? asked.prompt : done.prompt_text) + (c.prompt_only ? "" : done.text);
-      if (c.prompt_only) choice["finish_reason"] = "length";
+      choice["text"] = std::move(text);
+      if (c.req.prompt_only) choice["finish_reason"] = "length";
     } else {
       choice["logprobs"] = logprobs_json(c, done.logprobs, 0);
       choice["text"] = done.text;
@@ -525,7 +544,7 @@ std::string completion_json(const call& c, const std::vector<completion>& choice
               {"created", created},
               {"model", c.model},
               {"choices", std::move(list)},
-              {"usage", usage_of(choices, c.n, c.prompt_only)}};
+              {"usage", usage_of(choices, c.n, c.req.prompt_only)}};
   // Invalid UTF-8 (a model may emit any bytes) becomes U+FFFD instead of failing the answer.
   return out.dump(-1, ' ', false, json::error_handler_t::replace);
 }
@@ -537,26 +556,17 @@ std::string completion_json(const call& c, const completion& done, const std::st
 std::string chunk_json(const call& c, const stream_chunk& chunk, const std::string& id, int64_t created, bool first,
                        uint64_t text_offset, uint32_t index) {
   json choice = {{"index", index}, {"logprobs", logprobs_json(c, chunk.logprobs, text_offset)}};
-  if (c.req.echo && !c.chat) {
-    // The prompt goes first, in the chunk that brings it (the first); with max_tokens 0 nothing
-    // generated follows it.
-    std::vector<token_logprob> lps = chunk.prompt_logprobs;
-    if (!c.prompt_only) lps.insert(lps.end(), chunk.logprobs.begin(), chunk.logprobs.end());
-    choice["logprobs"] = logprobs_json(c, lps, text_offset);
-    std::string text = c.prompt_only ? "" : chunk.text;
-    if (!chunk.prompt_text.empty() || !chunk.prompt_logprobs.empty()) {
-      const auto asked = c.choice_request(index);
-      text = (asked.prompt_tokens.empty() ? asked.prompt : chunk.prompt_text) + text;
-    }
-    choice["text"] = text;
-    choice["finish_reason"] = chunk.finish_reason.empty() ? json(nullptr) : json(c.prompt_only ? "length" : finish_reason(chunk.finish_reason));
-    json out = {{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", c.model},
-                {"choices", json::array({choice})}};
-    if (c.include_usage) out["usage"] = nullptr;
-    return out.dump(-1, ' ', false, json::error_handler_t::replace);
-  }
   choice["finish_reason"] = chunk.finish_reason.empty() ? json(nullptr) : json(finish_reason(chunk.finish_reason));
-  if (c.chat) {
+  if (c.req.echo && !c.chat) {
+    // The prompt goes first, in the chunk that brings it (the first).
+    std::string text;
+    std::vector<token_logprob> lps;
+    echo_parts(c, index, chunk.prompt_text, !chunk.prompt_text.empty() || !chunk.prompt_logprobs.empty(),
+               chunk.prompt_logprobs, chunk.text, chunk.logprobs, &text, &lps);
+    choice["logprobs"] = logprobs_json(c, lps, text_offset);
+    choice["text"] = std::move(text);
+    if (c.req.prompt_only && !chunk.finish_reason.empty()) choice["finish_reason"] = "length";
+  } else if (c.chat) {
     json delta = json::object();
     if (first) delta["role"] = "assistant";
     if (!chunk.text.empty() || first) delta["content"] = chunk.text;
@@ -579,7 +589,7 @@ std::string usage_chunk_json(const call& c, const std::vector<completion>& choic
               {"created", created},
               {"model", c.model},
               {"choices", json::array()},
-              {"usage", usage_of(choices, c.n, c.prompt_only)}};
+              {"usage", usage_of(choices, c.n, c.req.prompt_only)}};
   return out.dump();
 }
 

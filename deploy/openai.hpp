@@ -27,8 +27,6 @@ struct call {
   uint32_t n = 1;              ///< choices: n requests, choice i drawn with seed + i
   bool stream = false;         ///< answer as server-sent events
   bool include_usage = false;  ///< stream_options.include_usage: a last chunk with the usage
-  /// echo with max_tokens 0: the answer is the prompt alone (one token is generated, not shown).
-  bool prompt_only = false;
   std::string model;           ///< the model the client named (echoed back)
   generate_request req;        ///< the request of every choice (its prompt: the first of a batch)
   /// A batch (completions' `prompt` as an array of strings, or of token-id arrays): choice i

@@ -10,6 +10,7 @@
 
 #include "actors/local_cluster.hpp"
 #include "actors/messages.hpp"
+#include "transport/fault_proxy.hpp"
 
 namespace baton::test {
 
@@ -80,5 +81,14 @@ struct cluster_system {
     for (auto& a : c.actors()) self->send_exit(a, caf::exit_reason::user_shutdown);
   }
 };
+
+/// Wraps rank `rank`'s transport in a fault proxy running `plan`; the other ranks' go unwrapped.
+inline transport_wrapper fault_proxy_on(std::string rank, transport::fault_plan plan) {
+  return [rank = std::move(rank), plan](std::unique_ptr<transport::transport> inner,
+                                        const std::string& name) -> std::shared_ptr<transport::transport> {
+    if (name != rank) return std::shared_ptr<transport::transport>{std::move(inner)};
+    return std::shared_ptr<transport::transport>{transport::make_fault_proxy(std::move(inner), plan)};
+  };
+}
 
 }  // namespace baton::test

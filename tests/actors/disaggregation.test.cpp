@@ -510,12 +510,7 @@ TEST_CASE("a prefill that fails after posting a layer's put is answered only onc
   // Layer 1's put lands, but stays pending for 2000 polls: long after the job has failed.
   const transport::fault_plan plan{transport::fault_kind::delay, layer, {}, 1, 5, 2000};
   auto cluster = start_local_cluster(t.sys, cfg, make_exec,
-                                     [plan](std::unique_ptr<transport::transport> inner,
-                                            const std::string& name) -> std::shared_ptr<transport::transport> {
-                                       if (name != "prefill-0") return std::shared_ptr<transport::transport>{std::move(inner)};
-                                       return std::shared_ptr<transport::transport>{
-                                           transport::make_fault_proxy(std::move(inner), plan)};
-                                     });
+                                     test::fault_proxy_on("prefill-0", plan));
   test::cluster_system::stopper stop{t, cluster};
   CHECK(failure_of(t, cluster.router).find("failed in layer 1") != std::string::npos);
   // When the client heard of the failure, every put the prefill rank had posted had settled. A

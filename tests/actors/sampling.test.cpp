@@ -274,12 +274,7 @@ TEST_CASE("prompt scoring survives a failed KV send: the request is placed again
   // The first put of layer 1 fails (retryable): the first attempt's prompt is scored, then lost.
   const transport::fault_plan plan{transport::fault_kind::fail, 1u, {}, 1};
   auto cluster = start_local_cluster(t.sys, cfg, {},
-                                     [plan](std::unique_ptr<transport::transport> inner,
-                                            const std::string& name) -> std::shared_ptr<transport::transport> {
-                                       if (name != "prefill-0") return std::shared_ptr<transport::transport>{std::move(inner)};
-                                       return std::shared_ptr<transport::transport>{
-                                           transport::make_fault_proxy(std::move(inner), plan)};
-                                     });
+                                     test::fault_proxy_on("prefill-0", plan));
   test::cluster_system::stopper stop{t, cluster};
   generate_request req;
   req.prompt = "scored after a failover";

@@ -254,12 +254,12 @@ TEST_CASE("echo: the prompt comes back before the completion, its tokens' log-pr
   REQUIRE(deploy::openai::parse_body(R"({"prompt":"ab","echo":true,"logprobs":1,"max_tokens":0})", false, "m", &c, &e));
   CHECK(c.req.echo);
   CHECK(c.req.prompt_logprobs);
-  CHECK(c.prompt_only);
+  CHECK(c.req.prompt_only);
   CHECK(c.req.max_tokens == 1);  // the prefill's pick, not shown
   REQUIRE(deploy::openai::parse_body(R"({"prompt":"ab","echo":true})", false, "m", &c, &e));
   CHECK(c.req.echo);
   CHECK_FALSE(c.req.prompt_logprobs);  // the text alone needs no scores
-  CHECK_FALSE(c.prompt_only);
+  CHECK_FALSE(c.req.prompt_only);
   completion done;
   done.num_prompt_tokens = 3;
   done.tokens = {120};
