@@ -236,6 +236,11 @@ struct request_config {
   /// no KV transfer; 0 = never (pure disaggregation). A very large value gives a colocated
   /// cluster (every prompt prefilled where it decodes), the baseline PD disaggregation beats.
   uint32_t hybrid_prefill_below_tokens = 0;
+  /// A request that generates one token (max_tokens 1: evaluation harnesses' scoring calls,
+  /// classification) runs on a prefill rank alone: the prefill picks that token, so no decode
+  /// lease is reserved and no KV is shipped. false: it goes through a decode rank like any other.
+  /// (A prompt that hybrid PD prefills on its decode rank stays there.)
+  bool single_token_prefill_only = true;
   /// Attempts per request: a retryable failure (a rank down or silent, KV lost, a lease expired)
   /// re-places the request, its prompt extended by the tokens already generated, up to this many
   /// attempts in all; then the client gets the last failure.

@@ -601,6 +601,10 @@ struct prefill_order {
   /// Prompt scoring (echo): each prompt token's log-probability given the tokens before it, in
   /// the result. The whole prompt is computed on one rank: no cached prefix, no split.
   bool prompt_logprobs = false;
+  /// The request generates this one token only (max_tokens 1: scoring, classification): no
+  /// decode rank is involved, so no KV is shipped and `grant` holds no pages; its lease_id is
+  /// the request's tag for this attempt (prefill_only_tag), which cancels and store reads use.
+  bool prefill_only = false;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, prefill_order& x) {
@@ -608,8 +612,13 @@ typename Inspector::result_type inspect(Inspector& f, prefill_order& x) {
            x.return_logits, x.batch_priority, x.grant, x.decode, x.prefix, x.block_tokens, x.part_index,
            x.part_bounds, x.part_ranks, x.part_names, x.top_k, wire::f32{&x.top_p}, wire::f32{&x.repetition_penalty},
            wire::f32{&x.presence_penalty}, wire::f32{&x.frequency_penalty}, x.output_from, x.logprobs, x.top_logprobs,
-           x.prompt_logprobs);
+           x.prompt_logprobs, x.prefill_only);
 }
+
+/// The lease id a prefill-only order carries (prefill_order::prefill_only): decode ranks number
+/// their leases from 1 up, so the top bit keeps the two apart; the attempt keeps one request's
+/// attempts apart (a late store notice of an earlier attempt must not count for the next).
+inline constexpr uint64_t prefill_only_tag(uint32_t attempt) { return (uint64_t{1} << 63) | attempt; }
 
 /// Split prefill: a later part's rank tells an earlier part's rank where its pages are. The
 /// lease names the attempt: a request placed again reuses its id, and a message of the old

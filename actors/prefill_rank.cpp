@@ -168,7 +168,7 @@ void finish_if_done(prefill_pointer self, uint64_t request_id) {
   auto& r = i->second;
   const bool compute_finished = r.chunks_done == r.num_chunks && r.num_chunks > 0;
   const uint32_t layers = st.core.exec->config().num_hidden_layers;
-  bool done = compute_finished && r.have_logits && r.layers_ready == layers;
+  bool done = compute_finished && r.have_logits && (r.order.prefill_only || r.layers_ready == layers);
   if (r.split.earlier_part()) {  // an earlier part: done when every later part has our KV
     const auto peers_expected = r.split.parts - 1 - r.split.index;
     done = compute_finished && std::all_of(r.split.layer_done.begin(), r.split.layer_done.end(), [](bool b) { return b; }) &&
@@ -202,8 +202,9 @@ void finish_if_done(prefill_pointer self, uint64_t request_id) {
     r.promise.deliver(std::move(r.failure));
   } else {
     const auto& m = st.core.exec->config();
-    // Every layer of the whole prompt goes to the decode rank, K and V, as f32 pages.
-    const uint64_t kv_bytes = uint64_t{prompt_end(r)} * m.num_hidden_layers * m.kv_values_per_token() * sizeof(float);
+    // Every layer of the whole prompt goes to the decode rank, K and V, as f32 pages (none prefill-only).
+    const uint64_t kv_bytes =
+        r.order.prefill_only ? 0 : uint64_t{prompt_end(r)} * m.num_hidden_layers * m.kv_values_per_token() * sizeof(float);
     const int64_t send_us =
         r.first_put_at ? std::chrono::duration_cast<std::chrono::microseconds>(self->clock().now() - *r.first_put_at).count()
                        : 0;
@@ -404,10 +405,10 @@ void submit_chunk(prefill_pointer self, uint64_t rid) {
   // rank_core destroys the executor (joining its thread) before the transport, so both outlive
   // every callback.
   auto on_kv_ready = [sender, xport = st.core.xport.get(), log = st.core.log, exec = st.core.exec.get(),
-                      owner = self->address(), checksums = st.cfg.checksum_kv,
+                      owner = self->address(), checksums = st.cfg.checksum_kv, ships = !order.prefill_only,
                       cancelled = r.cancelled](uint64_t, uint32_t l) {
     log->add({0, "kv_written", sender->request_id, sender->chunk, l, {}, {}});
-    if (cancelled->load()) return;
+    if (!ships || cancelled->load()) return;
     // The last chunk completes layer l of the whole prompt: its checksum goes with the
     // layer-ready signal so the decode rank can prove the layer landed intact.
     uint64_t checksum = 0;
@@ -564,7 +565,7 @@ void drain_waiting(prefill_pointer self) {
 /// or for its prefix from the store: either may take longer than a lease lives. A chunk that
 /// computes renews the lease with its landed layers, so a hung executor lets it expire.
 bool needs_keepalive(const prefill_state& st, const prefill_job_state& r) {
-  if (r.failed || r.layers_ready >= st.core.exec->config().num_hidden_layers) return false;
+  if (r.order.prefill_only || r.failed || r.layers_ready >= st.core.exec->config().num_hidden_layers) return false;
   return r.load.outstanding > 0 || r.jobs_in_executor == 0;
 }
 
@@ -572,7 +573,9 @@ bool needs_keepalive(const prefill_state& st, const prefill_job_state& r) {
 void schedule_keepalive(prefill_pointer self) {
   auto& st = self->state;
   uint32_t lease_ms = UINT32_MAX;
-  st.waiting.for_each([&](const waiting_order& w) { lease_ms = std::min(lease_ms, w.order.grant.lease_ms); });
+  st.waiting.for_each([&](const waiting_order& w) {
+    if (!w.order.prefill_only) lease_ms = std::min(lease_ms, w.order.grant.lease_ms);  // prefill-only: no lease
+  });
   for (const auto& [id, r] : st.requests)  // started, not every layer announced yet
     if (needs_keepalive(st, r)) lease_ms = std::min(lease_ms, r.order.grant.lease_ms);
   if (st.keepalive_scheduled || lease_ms == UINT32_MAX) return;
@@ -627,8 +630,10 @@ caf::result<prefill_result> accept_prefill(prefill_pointer self, prefill_order o
   auto& kv = st.core.exec->kv();
   const auto& local = kv.layout();
   const auto& reg = order.grant.region;
-  if (reg.num_layers != local.num_layers || reg.page_size_tokens != local.page_size_tokens ||
-      reg.kv_dim != local.kv_dim || reg.kv_planes != local.planes)
+  if (order.prefill_only && order.part_ranks.size() > 1)
+    return make_error(errc::bad_request, stage + ": a prefill-only order is computed on one rank, not a split");
+  if (!order.prefill_only && (reg.num_layers != local.num_layers || reg.page_size_tokens != local.page_size_tokens ||
+      reg.kv_dim != local.kv_dim || reg.kv_planes != local.planes))
     return make_error(errc::layout_mismatch,
                       stage + ": decode rank " + order.grant.rank + " pages are " + std::to_string(reg.num_layers) +
                           " layers x " + std::to_string(reg.page_size_tokens) + " tokens x " +
@@ -642,7 +647,7 @@ caf::result<prefill_result> accept_prefill(prefill_pointer self, prefill_order o
   if (auto bad = check_split(order); !bad.empty()) return make_error(errc::bad_request, stage + ": " + bad);
   if (order.prompt_logprobs && order.part_ranks.size() > 1)
     return make_error(errc::bad_request, stage + ": prompt log-probabilities need the whole prompt on one rank, not a split");
-  if (order.grant.page_ids.size() < num_pages)
+  if (!order.prefill_only && order.grant.page_ids.size() < num_pages)
     return make_error(errc::layout_mismatch, stage + ": lease has " + std::to_string(order.grant.page_ids.size()) +
                                                  " pages, the prompt needs " + std::to_string(num_pages));
   if (num_pages > local.num_pages)
@@ -823,7 +828,8 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
         auto& s = self->state;
         s.keepalive_scheduled = false;
         s.waiting.for_each([&](const waiting_order& w) {
-          self->send(w.order.decode, keepalive_atom::value, w.order.request_id, w.order.grant.lease_id);
+          if (!w.order.prefill_only)
+            self->send(w.order.decode, keepalive_atom::value, w.order.request_id, w.order.grant.lease_id);
         });
         for (const auto& [id, r] : s.requests)
           if (needs_keepalive(s, r)) self->send(r.order.decode, keepalive_atom::value, id, r.order.grant.lease_id);

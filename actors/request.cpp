@@ -22,6 +22,7 @@ namespace {
 //  --lease granted--> prefilling
 //                                                                     |
 //     answered <--last token-- decoding <--first token (TTFT)---------+
+//  One token to generate (prefill-only): placing --prefill balancer answers--> prefilling --> answered.
 //  Any hop's error or deadline goes straight to `answered` with that error (lease released).
 struct request_state {
   request_plan plan;
@@ -32,6 +33,9 @@ struct request_state {
   decode_rank_actor decode;
   caf::actor_clock::time_point started, stage_started, last_token_at;
   uint64_t lease_id = 0;   ///< 0 = none held
+  /// The lease id this attempt's prefill ranks know it by (prefill_order::grant): the decode
+  /// lease's, or a prefill-only attempt's tag. A cancel names it. 0: no order out.
+  uint64_t writer_tag = 0;
   /// Prefill ranks of this attempt whose order is unanswered (split parts count one each): they
   /// may still put KV into the lease, so a release says so and they are told to stop. An answer,
   /// even an error, comes only once nothing of theirs is in flight; a timeout proves nothing.
@@ -41,6 +45,7 @@ struct request_state {
   bool writer_abandoned = false;
   uint64_t watch_seq = 0;  ///< the token watchdog only acts on its latest arming
   bool hybrid = false;     ///< hybrid PD: the decode rank prefills the prompt itself
+  bool prefill_only = false;  ///< this attempt's one token comes from a prefill rank alone: no decode rank
   bool stopped = false;    ///< a stop token or string ended generation (out.text already cut)
   bool eos_hit = false;    ///< ... and it was one of the model's extra end-of-sequence tokens
   std::string text;        ///< with stop strings: the text so far, grown token by token
@@ -147,10 +152,11 @@ void let_go(request_pointer self) {
   if (st.lease_id != 0 && st.decode) self->send(st.decode, release_atom::value, st.lease_id, writing);
   // Every part of a split prompt stops too (a later part keeps its pages from other prompts
   // until the earlier parts' puts into them are past: prefill_rank's return_pages).
-  if (writing && st.lease_id != 0)
+  if (writing && st.writer_tag != 0)
     for (const auto& [rank, name] : prefill_ranks_of(st))
-      if (rank) self->send(rank, cancel_atom::value, st.plan.request_id, st.lease_id);
+      if (rank) self->send(rank, cancel_atom::value, st.plan.request_id, st.writer_tag);
   st.lease_id = 0;
+  st.writer_tag = 0;
   st.num_writers_out = 0;
 }
 
@@ -321,6 +327,7 @@ void fail_or_retry(request_pointer self, caf::error err) {
   st.split = {};
   st.writer_abandoned = false;
   st.hybrid = false;
+  st.prefill_only = false;
   st.cached_blocks = 0;
   st.prefill = prefill_rank_actor{};
   st.decode = decode_rank_actor{};
@@ -529,6 +536,8 @@ void start_prefill(request_pointer self, kv_lease_grant grant) {
   order.logprobs = p.params.logprobs;
   order.top_logprobs = p.params.top_logprobs;
   order.prompt_logprobs = scores_prompt(st);
+  order.prefill_only = st.prefill_only;
+  st.writer_tag = order.grant.lease_id;
   if (!st.hybrid && st.split.part_ranks.size() > 1) return start_split_prefill(self, std::move(order));
   st.num_writers_out = st.hybrid ? 0 : 1;  // hybrid: the decode rank writes its own pages
   auto pending = st.hybrid ? self->request(st.decode, std::chrono::milliseconds{p.cfg.prefill_timeout_ms}, std::move(order))
@@ -579,6 +588,43 @@ void reserve(request_pointer self) {
           });
 }
 
+/// A prefill-only attempt (prefill_order::prefill_only): no decode lease; the order's grant
+/// holds no pages and carries the attempt's tag.
+void start_prefill_only(request_pointer self) {
+  auto& st = self->state;
+  st.out.place_us = lap(self);
+  st.out.prefill_rank = st.prefill_name;
+  st.out.decode_rank.clear();
+  self->monitor(st.prefill);  // a prefill rank that goes down re-places the request
+  kv_lease_grant none;
+  none.request_id = st.plan.request_id;
+  none.lease_id = prefill_only_tag(st.attempt);
+  start_prefill(self, std::move(none));
+}
+
+/// Asks the prefill balancer for this attempt's prefill rank (or a split's ranks), then
+/// reserves the decode lease -- or, prefill-only, starts at once.
+void place_prefill(request_pointer self, const place_query& q) {
+  const uint32_t attempt = self->state.attempt;
+  self->request(self->state.plan.prefill_balancer, std::chrono::milliseconds{self->state.plan.cfg.place_timeout_ms},
+                place_atom::value, q)
+      .then(
+          [=](prefill_placement& pp) {
+            if (stale(self, attempt)) return;
+            auto& st = self->state;
+            st.prefill_name = pp.name;
+            st.prefill = pp.rank;
+            st.out.prefill_placement_why = std::move(pp.why);
+            st.split = std::move(pp);
+            if (st.prefill_only) return start_prefill_only(self);
+            reserve(self);
+          },
+          [=](caf::error& err) {
+            if (stale(self, attempt)) return;
+            fail_or_retry(self, hop_error(self, err, "prefill_balancer", "place_prefill", self->state.plan.cfg.place_timeout_ms));
+          });
+}
+
 void place(request_pointer self) {
   auto& st = self->state;
   const auto& p = st.plan;
@@ -587,6 +633,17 @@ void place(request_pointer self) {
   place_query q{p.request_id, static_cast<uint32_t>(st.prompt.size()) - cached, cached,
                 static_cast<uint32_t>(st.prompt.size() + st.max_new), p.params.priority,
                 st.block_keys, p.store.block_tokens(), p.cfg.place_timeout_ms, scores_prompt(st)};
+  // Seed 002, hybrid PD: a short prompt is cheaper to prefill where it decodes than to ship
+  // (a scored prompt is computed on a prefill rank, which scores).
+  const bool hybrid = !scores_prompt(st) && policies::prefill_on_decode_rank(st.prompt.size(), p.cfg.hybrid_prefill_below_tokens);
+  // One token to generate: the prefill picks it, and a decode rank would only receive KV to
+  // drop. The prompt is computed on one rank (a split's parts hand their KV to the last part,
+  // which ships it on; with nowhere to ship it the split buys nothing here).
+  st.prefill_only = p.cfg.single_token_prefill_only && st.max_new == 1 && !hybrid;
+  if (st.prefill_only) {
+    q.whole_prompt = true;
+    return place_prefill(self, q);
+  }
   const uint32_t attempt = st.attempt;
   self->request(p.decode_balancer, timeout, place_atom::value, q)
       .then(
@@ -596,33 +653,15 @@ void place(request_pointer self) {
             st.decode_name = d.name;
             st.decode = d.rank;
             st.out.decode_placement_why = std::move(d.why);
-            const auto& p = st.plan;
-            if (!scores_prompt(st) && policies::prefill_on_decode_rank(st.prompt.size(), p.cfg.hybrid_prefill_below_tokens)) {
-              // Seed 002, hybrid PD: a short prompt is cheaper to prefill where it decodes than
-              // to ship; no prefill rank is involved.
+            if (hybrid) {  // no prefill rank is involved
               st.hybrid = true;
               st.prefill_name = d.name;
               st.out.prefill_placement_why = "hybrid PD: " + std::to_string(st.prompt.size()) + " < " +
-                                             std::to_string(p.cfg.hybrid_prefill_below_tokens) +
+                                             std::to_string(st.plan.cfg.hybrid_prefill_below_tokens) +
                                              " tokens, prefilled on the decode rank";
-              reserve(self);
-              return;
+              return reserve(self);
             }
-            self->request(p.prefill_balancer, std::chrono::milliseconds{p.cfg.place_timeout_ms}, place_atom::value, q)
-                .then(
-                    [=](prefill_placement& pp) {
-                      if (stale(self, attempt)) return;
-                      self->state.prefill_name = pp.name;
-                      self->state.prefill = pp.rank;
-                      self->state.out.prefill_placement_why = std::move(pp.why);
-                      self->state.split = std::move(pp);
-                      reserve(self);
-                    },
-                    [=](caf::error& err) {
-                      if (stale(self, attempt)) return;
-                      fail_or_retry(self, hop_error(self, err, "prefill_balancer", "place_prefill",
-                                                    self->state.plan.cfg.place_timeout_ms));
-                    });
+            place_prefill(self, q);
           },
           [=](caf::error& err) {
             if (stale(self, attempt)) return;

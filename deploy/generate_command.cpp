@@ -114,7 +114,7 @@ int run_generate(const std::vector<std::string>& raw_args) {
       std::fprintf(stderr, "[request %llu] %zu tokens (%s), %u prompt tokens (%u cached), TTFT %.3f ms, %s -> %s\n",
                    static_cast<unsigned long long>(r.request_id), r.tokens.size(), r.finish_reason.c_str(),
                    r.num_prompt_tokens, r.cached_tokens, static_cast<double>(r.ttft_us) / 1000.0,
-                   r.prefill_rank.c_str(), r.decode_rank.c_str());
+                   r.prefill_rank.c_str(), r.decode_rank.empty() ? "(no decode rank: one token)" : r.decode_rank.c_str());
   }
   return failures ? 1 : 0;
 }

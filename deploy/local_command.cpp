@@ -66,6 +66,7 @@ struct local_options {
   uint32_t timeout_ms = 120000;
   bool quiet = false;              ///< only the summary
   bool ignore_eos = false;         ///< always generate max_tokens (throughput runs)
+  bool one_token_via_decode = false;  ///< max_tokens 1 through a decode rank too (comparison runs)
   bool explain = false;            ///< print each placement's reasons
   std::string model = default_model_dir();  ///< a model directory, or "random"
   bool chat = false;               ///< prompts as chat messages
@@ -234,6 +235,9 @@ int run_local(const std::vector<std::string>& args) {
   flags.add("--ranks-per-engine", &opt.cluster.prefill_balancer.ranks_per_engine, "prefill ranks per engine (DP group)");
   flags.add("--split-min-tokens", &opt.cluster.prefill_balancer.split_min_tokens,
             "--prefill-policy split: prompts with at least this many new tokens are split over ranks");
+  flags.add("--one-token-via-decode", &opt.one_token_via_decode,
+            "send one-token requests (max_tokens 1) through a decode rank as well, shipping their KV "
+            "(default: the prefill rank alone answers them)");
   flags.add("--hybrid-below-tokens", &opt.cluster.router.request.hybrid_prefill_below_tokens,
             "hybrid PD: prompts shorter than this are prefilled on their decode rank (0 = never)");
   flags.add("--host-offload-pages", &opt.cluster.decode.host_offload_pages,
@@ -363,6 +367,7 @@ int run_local(const std::vector<std::string>& args) {
       return 2;
     }
   }
+  opt.cluster.router.request.single_token_prefill_only = !opt.one_token_via_decode;
   if (opt.decode_processes > 0) opt.cluster.num_decode_ranks = 0;  // they join from their own processes
   if (opt.decode_processes > 0 || !opt.cluster_listen.empty()) opt.cluster.transport = "ucx";  // loopback cannot cross processes
   if (opt.cluster.num_decode_ranks == 0 && opt.decode_processes == 0 && opt.cluster_listen.empty()) {
@@ -616,10 +621,10 @@ int run_local(const std::vector<std::string>& args) {
             prefill.push_back(c.prefill_us);
             decode_queue.push_back(c.decode_queue_us);
             ++per_rank[c.prefill_rank];
-            ++per_rank[c.decode_rank];
+            if (!c.decode_rank.empty()) ++per_rank[c.decode_rank];  // a one-token request has none
             if (opt.quiet) return;
             std::printf("\n[request %llu] %s -> %s\n", static_cast<unsigned long long>(c.request_id),
-                        c.prefill_rank.c_str(), c.decode_rank.c_str());
+                        c.prefill_rank.c_str(), c.decode_rank.empty() ? "(no decode rank: one token)" : c.decode_rank.c_str());
             std::printf("  prompt : %s\n", gpu::byte_tokenizer::escape(f.prompt).c_str());
             std::printf("  output : %s\n", gpu::byte_tokenizer::escape(c.text).c_str());
             std::printf("  tokens : %zu (%s)   TTFT %.3f ms   mean TBT %.3f ms\n", c.tokens.size(),

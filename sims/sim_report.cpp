@@ -70,7 +70,7 @@ sim_summary summarize(const std::vector<request_outcome>& outcomes, const slo& s
     }
     last = std::max(last, o.arrival_us + o.e2e_us);
     ++out.prefill_requests[o.prefill_rank];
-    ++out.decode_requests[o.decode_rank];
+    if (!o.decode_rank.empty()) ++out.decode_requests[o.decode_rank];  // a one-token request has none
     if (static_cast<double>(o.ttft_us) <= s.ttft_ms * 1e3 && o.tbt_slow10_us <= s.tbt_ms * 1e3) ++within;
   }
   out.ttft_ms = percentiles_of(ttft);

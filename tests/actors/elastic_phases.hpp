@@ -86,14 +86,16 @@ inline elastic_phases_result run_elastic_phases(caf::actor_system& sys, caf::sco
   };
   // Phase 1, prefill-heavy: 4 long generations, some of which must be on `moving` when it moves
   // (so that its drain hands them over with their KV), then 40 prompts of 100 tokens with one
-  // token each (a few % of decode KV). The generations go one at a time, each once the last is
-  // placed, so that placement sees every earlier one and spreads them over the decode ranks.
+  // token each (answered by prefill ranks alone: no decode KV). The generations go one at a time,
+  // each once the last is placed, so that placement sees every earlier one and spreads them over
+  // the decode ranks; they are long enough (~1 ms a step here) to outlast the 40 prompts' queue,
+  // which moves `moving` once it has been hot for the planner's hold time.
   std::vector<std::string> prompts;
   std::vector<decltype(send("", 1))> handles;
   for (int i = 0; i < 4; ++i) {
     const auto before = decode_running("");
     prompts.push_back("a long story, part " + std::to_string(i));
-    handles.push_back(send(prompts.back(), 300));
+    handles.push_back(send(prompts.back(), 1000));
     for (int k = 0; k < 500 && decode_running("") <= before; ++k) std::this_thread::sleep_for(std::chrono::milliseconds{10});
   }
   REQUIRE_MESSAGE(decode_running(moving) > 0, "no long generation was placed on " << moving);

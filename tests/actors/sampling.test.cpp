@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
+#include <algorithm>
 #include <filesystem>
 #include <thread>
 
@@ -14,9 +16,11 @@
 
 #include <caf/binary_deserializer.hpp>
 #include <caf/binary_serializer.hpp>
+#include <caf/typed_event_based_actor.hpp>
 
 #include "gpu/byte_tokenizer.hpp"
 #include "gpu/cpu_executor.hpp"
+#include "gpu/fault_executor.hpp"
 #include "transport/fault_proxy.hpp"
 #include "gpu/local_generate.hpp"
 #include "tests/actors/cluster_fixture.hpp"
@@ -291,6 +295,229 @@ TEST_CASE("prompt scoring survives a failed KV send: the request is placed again
     CAPTURE(i);
     CHECK(got->prompt_logprobs[i].logprob == doctest::Approx(ref[i].logprob).epsilon(1e-5));
   }
+}
+
+/// Events of `kind` that a rank logged for request `rid`.
+size_t count_events(const std::vector<rank_event>& events, const char* kind, uint64_t rid) {
+  return static_cast<size_t>(std::count_if(events.begin(), events.end(),
+                                           [&](const rank_event& e) { return e.kind == kind && e.request_id == rid; }));
+}
+
+TEST_CASE("a request for one token runs on a prefill rank alone: no decode lease, no KV shipped; its token, "
+          "log-probabilities and prompt scores are those of the path through a decode rank") {
+  test::cluster_system t;
+  std::string text;
+  for (int i = 0; i < 70; ++i) text.push_back(static_cast<char>('a' + (i * 5) % 26));  // five chunks
+  std::vector<completion> got;
+  for (const bool alone : {true, false}) {
+    CAPTURE(alone);
+    auto cfg = one_by_one();
+    cfg.router.request.single_token_prefill_only = alone;
+    auto cluster = start_local_cluster(t.sys, cfg);
+    test::cluster_system::stopper stop{t, cluster};
+    generate_request req;
+    req.prompt = text;
+    req.max_tokens = 1;
+    req.ignore_eos = true;
+    req.logprobs = true;
+    req.top_logprobs = 2;
+    req.echo = true;
+    req.prompt_logprobs = true;
+    auto c = t.generate(cluster.router, req);
+    REQUIRE_MESSAGE(c, t.sys.render(c.error()));
+    CHECK(c->finish_reason == "length");
+    CHECK(c->prefill_rank == "prefill-0");
+    CHECK(c->decode_rank.empty() == alone);
+    CHECK((c->kv_bytes == 0) == alone);
+    // Nothing was put to the decode rank, and nothing landed there.
+    CHECK((count_events(t.events(cluster.prefill[0].handle), "send_posted", c->request_id) == 0) == alone);
+    CHECK((count_events(t.events(cluster.decode[0].handle), "kv_landed", c->request_id) == 0) == alone);
+    const auto ps = t.stats(cluster.prefill[0].handle);
+    CHECK(ps.num_free_pages == ps.num_total_pages);  // the prompt's pages came back
+    got.push_back(std::move(*c));
+  }
+  REQUIRE(got.size() == 2);
+  CHECK(got[0].tokens == got[1].tokens);
+  REQUIRE(got[0].logprobs.size() == 1);
+  REQUIRE(got[1].logprobs.size() == 1);
+  CHECK(got[0].logprobs[0].logprob == got[1].logprobs[0].logprob);
+  CHECK(got[0].logprobs[0].top_tokens == got[1].logprobs[0].top_tokens);
+  REQUIRE(got[0].prompt_logprobs.size() == got[1].prompt_logprobs.size());
+  for (size_t i = 1; i < got[0].prompt_logprobs.size(); ++i) {
+    CAPTURE(i);
+    CHECK(got[0].prompt_logprobs[i].logprob == got[1].prompt_logprobs[i].logprob);
+  }
+}
+
+TEST_CASE("a prefill-only order is answered without a lease; a cancel naming its tag stops it, one naming another "
+          "tag does not, and a split of one is refused") {
+  test::cluster_system t;
+  auto cfg = one_by_one();
+  auto cluster = start_local_cluster(t.sys, cfg);
+  test::cluster_system::stopper stop{t, cluster};
+  REQUIRE(t.wait_registered(cluster));
+  const std::string text(100, 'q');  // seven chunks of 16
+  const auto prompt = encode(cfg, text);
+  const auto rank = cluster.prefill[0].handle;
+  auto order_for = [&](uint64_t rid, uint32_t attempt) {
+    prefill_order o;
+    o.request_id = rid;
+    o.tokens = prompt;
+    o.output_from = static_cast<uint32_t>(prompt.size());
+    o.prefill_only = true;
+    o.grant.request_id = rid;
+    o.grant.lease_id = prefill_only_tag(attempt);
+    return o;
+  };
+  caf::scoped_actor self{t.sys};
+  // The cancel is sent right behind the order, so the rank reads it before any chunk's result.
+  auto ask = [&](prefill_order o, std::optional<uint64_t> cancel_tag) {
+    caf::expected<prefill_result> out{caf::error{}};
+    const auto rid = o.request_id;
+    auto pending = self->request(rank, std::chrono::seconds{60}, std::move(o));
+    if (cancel_tag) self->send(rank, cancel_atom::value, rid, *cancel_tag);
+    pending.receive([&](prefill_result& r) { out = std::move(r); }, [&](caf::error& e) { out = std::move(e); });
+    return out;
+  };
+  generate_request ref_req;
+  ref_req.prompt = text;
+  ref_req.max_tokens = 1;
+  ref_req.ignore_eos = true;
+  auto ref = t.generate(cluster.router, ref_req);
+  REQUIRE_MESSAGE(ref, t.sys.render(ref.error()));
+
+  auto whole = ask(order_for(901, 0), prefill_only_tag(1));  // another attempt's tag: not this order
+  REQUIRE_MESSAGE(whole, t.sys.render(whole.error()));
+  CHECK(whole->first_token == ref->tokens.at(0));
+  CHECK(whole->kv_bytes == 0);
+  auto events = t.events(rank);
+  CHECK(count_events(events, "send_posted", 901) == 0);
+  CHECK(count_events(events, "compute_done", 901) == 7 * cfg.model.num_hidden_layers);
+
+  auto cancelled = ask(order_for(902, 2), prefill_only_tag(2));
+  REQUIRE_FALSE(cancelled);
+  CHECK(cancelled.error().code() == static_cast<uint8_t>(errc::cancelled));
+  CHECK(t.sys.render(cancelled.error()).find("let go of lease") != std::string::npos);
+  // At most the two chunks the executor held when the cancel came were computed.
+  events = t.events(rank);
+  CHECK(std::none_of(events.begin(), events.end(),
+                     [](const rank_event& e) { return e.request_id == 902 && e.kind == "compute_done" && e.chunk >= 2; }));
+  const auto ps = t.stats(rank);
+  CHECK(ps.num_free_pages == ps.num_total_pages);
+
+  auto split = order_for(903, 0);
+  split.part_ranks = {caf::actor_cast<caf::actor>(rank), caf::actor_cast<caf::actor>(rank)};
+  split.part_bounds = {0, 50, static_cast<uint32_t>(prompt.size())};
+  split.part_names = {"prefill-0", "prefill-0"};
+  auto refused = ask(split, std::nullopt);
+  REQUIRE_FALSE(refused);
+  CHECK(t.sys.render(refused.error()).find("a prefill-only order is computed on one rank, not a split") != std::string::npos);
+}
+
+TEST_CASE("a one-token request reuses a prompt prefix from the block store, and is placed again when its prefill "
+          "rank is declared gone mid-prompt") {
+  test::cluster_system t;
+  char dir_template[] = "/tmp/baton-alone-XXXXXX";
+  REQUIRE(::mkdtemp(dir_template) != nullptr);
+  struct cleanup {
+    std::string dir;
+    ~cleanup() { std::filesystem::remove_all(dir); }
+  } clean{dir_template};
+  auto cfg = one_by_one();
+  cfg.executor.num_kv_pages = 128;
+  cfg.store.enabled = true;
+  cfg.store.dir = dir_template;
+  cfg.store.block_tokens = 32;
+  cfg.prefill.prefix_cache_blocks = 0;  // no rank-local tier: the prefix comes from the store
+  cfg.router.request.retry_backoff_ms = 1;
+  // Every prefill job of prefill-0 starts 100 ms late: long enough to declare the rank gone in
+  // the middle of a prompt.
+  auto make_exec = [cfg](const std::string& name) -> std::shared_ptr<gpu::executor> {
+    auto w = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
+    std::shared_ptr<gpu::executor> x = gpu::make_cpu_executor(cfg.model, w, cfg.executor);
+    return name == "prefill-0" ? gpu::make_fault_slow_executor(std::move(x), 100) : x;
+  };
+  auto cluster = start_local_cluster(t.sys, cfg, make_exec);
+  test::cluster_system::stopper stop{t, cluster};
+  std::string text;
+  for (int i = 0; i < 100; ++i) text.push_back(static_cast<char>('a' + (i * 3) % 26));
+  generate_request req;
+  req.prompt = text;
+  req.max_tokens = 3;  // through the decode rank, which writes the prompt's blocks back
+  req.ignore_eos = true;
+  auto first = t.generate(cluster.router, req);
+  REQUIRE_MESSAGE(first, t.sys.render(first.error()));
+  req.max_tokens = 1;
+  caf::expected<completion> got{caf::error{}};
+  for (int tries = 0; tries < 100; ++tries) {  // the write-back lands behind the first answer
+    got = t.generate(cluster.router, req);
+    REQUIRE_MESSAGE(got, t.sys.render(got.error()));
+    if (got->cached_tokens == 96) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds{50});
+  }
+  CHECK(got->cached_tokens == 96);  // three blocks of 32, loaded under the order's tag
+  CHECK(got->decode_rank.empty());
+  CHECK(got->tokens.at(0) == first->tokens.at(0));
+
+  // Declared gone while it computes: the request is placed again (on the same rank, which is
+  // alive: the newer attempt supersedes the older) and answers the same token.
+  caf::scoped_actor self{t.sys};
+  req.prompt.clear();  // not cached: 101 tokens with <bos>, seven chunks
+  for (int i = 0; i < 100; ++i) req.prompt.push_back(static_cast<char>('a' + (i * 11) % 26));
+  auto pending = self->request(cluster.router, std::chrono::seconds{60}, generate_atom::value, req);
+  bool running = false;
+  for (int i = 0; i < 2000 && !running; ++i) {
+    running = t.stats(cluster.prefill[0].handle).num_running > 0;
+    if (!running) std::this_thread::sleep_for(std::chrono::milliseconds{1});
+  }
+  REQUIRE(running);
+  self->send(cluster.router, rank_gone_atom::value, std::vector<std::string>{"prefill-0"}, std::string{"test"});
+  caf::expected<completion> moved{caf::error{}};
+  pending.receive([&](completion& c) { moved = std::move(c); }, [&](caf::error& e) { moved = std::move(e); });
+  REQUIRE_MESSAGE(moved, t.sys.render(moved.error()));
+  CHECK(moved->failovers == 1);
+  CHECK(moved->decode_rank.empty());
+  // The first attempt was told to stop (its tag named in the cancel): it did not compute all seven
+  // chunks, 100 ms late each, before the second attempt computed its own.
+  const auto computed = count_events(t.events(cluster.prefill[0].handle), "compute_done", moved->request_id);
+  CHECK(computed >= 7 * cfg.model.num_hidden_layers);
+  CHECK(computed < 14 * cfg.model.num_hidden_layers);
+  req.max_tokens = 2;  // the reference goes through the decode rank
+  auto through = t.generate(cluster.router, req);
+  REQUIRE(through);
+  CHECK(moved->tokens.at(0) == through->tokens.at(0));
+
+  // A client that goes away while its prompt computes: its request lets go, and the cancel, naming
+  // the attempt's tag, stops the prefill rank after the chunks the executor already held.
+  const auto all_computed = [&] {
+    const auto ev = t.events(cluster.prefill[0].handle);
+    return std::count_if(ev.begin(), ev.end(), [](const rank_event& e) { return e.kind == "compute_done"; });
+  };
+  const auto computed_before = all_computed();
+  auto sink = t.sys.spawn([](client_sink_actor::pointer) -> client_sink_actor::behavior_type {
+    return {[](stream_chunk&) {}};
+  });
+  req.max_tokens = 1;
+  req.prompt.clear();
+  for (int i = 0; i < 100; ++i) req.prompt.push_back(static_cast<char>('a' + (i * 17) % 26));
+  auto gone = self->request(cluster.router, std::chrono::seconds{60}, generate_atom::value, req, sink);
+  running = false;
+  for (int i = 0; i < 2000 && !running; ++i) {
+    running = t.stats(cluster.prefill[0].handle).num_running > 0;
+    if (!running) std::this_thread::sleep_for(std::chrono::milliseconds{1});
+  }
+  REQUIRE(running);
+  self->send_exit(sink, caf::exit_reason::kill);
+  gone.receive([](completion&) { FAIL("a cancelled request was answered"); },
+               [&](caf::error& e) { CHECK(t.sys.render(e).find("the client went away") != std::string::npos); });
+  bool idle = false;  // the rank answers the cancelled order once its executor is done with it
+  for (int i = 0; i < 3000 && !idle; ++i) {
+    const auto s = t.stats(cluster.prefill[0].handle);
+    idle = s.num_running == 0 && s.num_waiting == 0 && s.num_free_pages == s.num_total_pages;
+    if (!idle) std::this_thread::sleep_for(std::chrono::milliseconds{1});
+  }
+  CHECK(idle);
+  CHECK(all_computed() - computed_before < 7 * static_cast<long>(cfg.model.num_hidden_layers));
 }
 
 TEST_CASE("floats cross processes bit for bit, NaN and infinities too (CAF 0.17 packs floats by hand: NaN became 1.0 "

@@ -1,0 +1,157 @@
+// One-token requests (max_tokens 1: scoring and classification calls) through a local cluster,
+// answered by the prefill rank alone (request_config::single_token_prefill_only, the default)
+// and through a decode rank as well (the KV shipped, a lease reserved and released), against the
+// ceiling both chase: the same prompts' prefills on one executor alone, back to back, in the same
+// run. Built-in model, 1 prefill + 1 decode rank, CPU executor with 1 thread each.
+// Usage: baton_bench_one_token [--requests N] [--tokens T] [--transport loopback|ucx]
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/scoped_actor.hpp>
+
+#include "actors/local_cluster.hpp"
+#include "gpu/cpu_executor.hpp"
+#include "gpu/local_generate.hpp"
+
+using namespace baton;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size() - 1) + 0.5))];
+}
+
+/// Prompt i: <bos> and `tokens - 1` letters in an order of its own, so no two share a prefix.
+std::vector<int32_t> prompt_of(const gpu::model_config& m, uint32_t i, uint32_t tokens) {
+  std::vector<int32_t> p{m.bos_token_id};
+  for (uint32_t k = 1; k < tokens; ++k) p.push_back(static_cast<int32_t>('a' + (k * (2 * i + 3) + i) % 26));
+  return p;
+}
+
+struct run_result {
+  double seconds = 0;
+  std::vector<double> ttft_ms;
+  uint64_t kv_bytes = 0;
+  uint32_t via_decode = 0;  ///< answers that named a decode rank
+  uint32_t failed = 0;
+};
+
+run_result run_cluster(const local_cluster_config& cfg, uint32_t requests, uint32_t tokens) {
+  caf::actor_system_config sys_cfg;
+  register_message_types(sys_cfg);
+  sys_cfg.set("scheduler.max-threads", 2);
+  sys_cfg.set("work-stealing.moderate-poll-attempts", 0);
+  sys_cfg.set("logger.console-verbosity", caf::atom("quiet"));
+  caf::actor_system sys{sys_cfg};
+  auto cluster = start_local_cluster(sys, cfg);
+  run_result out;
+  {
+    caf::scoped_actor self{sys};
+    // Warm-up: one request, so that both clusters start measured work with their ranks known.
+    generate_request warm;
+    warm.prompt_tokens = prompt_of(cfg.model, requests, tokens);
+    warm.max_tokens = 1;
+    self->request(cluster.router, std::chrono::seconds{600}, generate_atom::value, warm)
+        .receive([](completion&) {}, [](caf::error&) {});
+    const auto t0 = clock_type::now();
+    for (uint32_t i = 0; i < requests; ++i) {
+      generate_request req;
+      req.prompt_tokens = prompt_of(cfg.model, i, tokens);
+      req.max_tokens = 1;
+      req.logprobs = true;  // a classification call wants the token's probability
+      self->send(cluster.router, generate_atom::value, std::move(req));
+    }
+    for (uint32_t i = 0; i < requests; ++i)
+      self->receive([&](completion& c) {
+                      out.ttft_ms.push_back(static_cast<double>(c.ttft_us) / 1000.0);
+                      out.kv_bytes += c.kv_bytes;
+                      out.via_decode += c.decode_rank.empty() ? 0 : 1;
+                    },
+                    [&](caf::error& e) {
+                      ++out.failed;
+                      std::fprintf(stderr, "request failed: %s\n", sys.render(e).c_str());
+                    });
+    out.seconds = seconds_since(t0);
+    for (auto& a : cluster.actors()) self->send_exit(a, caf::exit_reason::user_shutdown);
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  uint32_t requests = 64, tokens = 512;
+  std::string transport = "ucx";
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    if (a == "--requests") requests = static_cast<uint32_t>(std::stoul(argv[i + 1]));
+    else if (a == "--tokens") tokens = static_cast<uint32_t>(std::stoul(argv[i + 1]));
+    else if (a == "--transport") transport = argv[i + 1];
+    else {
+      std::fprintf(stderr, "baton_bench_one_token: unknown flag %s\n", a.c_str());
+      return 2;
+    }
+  }
+  local_cluster_config cfg;
+  cfg.num_prefill_ranks = 1;
+  cfg.num_decode_ranks = 1;
+  cfg.executor.num_threads = 1;
+  cfg.transport = transport;
+  // Room for every request's pages at once on either rank: the comparison is about the work
+  // a decode rank adds, not about waiting for its pages.
+  cfg.executor.num_kv_pages = (requests + 1) * (tokens / cfg.executor.page_size_tokens + 2);
+  cfg.router.request.prefill_timeout_ms = 600000;
+  cfg.router.request.lease_ms = 600000;
+  if (auto why = cfg.validate(); !why.empty()) {
+    std::fprintf(stderr, "baton_bench_one_token: %s\n", why.c_str());
+    return 2;
+  }
+
+  // The ceiling: the same prefills, chunked as the prefill rank chunks them, on one executor.
+  auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
+  double alone_s = 0;
+  {
+    auto exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
+    const auto t0 = clock_type::now();
+    for (uint32_t i = 0; i < requests; ++i) {
+      auto g = gpu::generate_colocated(*exec, prompt_of(cfg.model, i, tokens), 1, cfg.prefill.chunk_tokens);
+      if (!g.error.empty()) {
+        std::fprintf(stderr, "baton_bench_one_token: the executor failed: %s\n", g.error.c_str());
+        return 1;
+      }
+    }
+    alone_s = seconds_since(t0);
+  }
+  std::printf("%u one-token requests (logprobs on) of %u tokens, sent at once; built-in model, 1 prefill + 1 decode "
+              "rank, CPU executor 1 thread each, transport %s\n\n",
+              requests, tokens, transport.c_str());
+  std::printf("| path | requests/s | vs the executor alone | TTFT p50 / p99 ms | KV shipped | answers via a decode rank |\n");
+  std::printf("|---|---|---|---|---|---|\n");
+  std::printf("| the executor alone, back to back (ceiling) | %.1f | 1.00 | | | |\n", requests / alone_s);
+  int rc = 0;
+  for (const bool alone : {true, false}) {
+    auto c = cfg;
+    c.router.request.single_token_prefill_only = alone;
+    const auto r = run_cluster(c, requests, tokens);
+    if (r.failed > 0) rc = 1;
+    std::printf("| %s | %.1f | %.2f | %.1f / %.1f | %.1f MiB | %u of %u |\n",
+                alone ? "prefill rank alone (default)" : "through a decode rank (--one-token-via-decode)",
+                requests / r.seconds, alone_s / r.seconds, percentile(r.ttft_ms, 0.5), percentile(r.ttft_ms, 0.99),
+                static_cast<double>(r.kv_bytes) / (1 << 20), r.via_decode, requests);
+  }
+  return rc;
+}
