@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -18,7 +20,6 @@
 
 #include "actors/local_cluster.hpp"
 #include "gpu/cpu_executor.hpp"
-#include "gpu/local_generate.hpp"
 
 using namespace baton;
 using clock_type = std::chrono::steady_clock;
@@ -41,6 +42,34 @@ std::vector<int32_t> prompt_of(const gpu::model_config& m, uint32_t i, uint32_t 
   for (uint32_t k = 1; k < tokens; ++k) p.push_back(static_cast<int32_t>('a' + (k * (2 * i + 3) + i) % 26));
   return p;
 }
+
+/// Counts finished executor jobs; wait() returns once `n` are done (false if one failed).
+class counting_sink final : public gpu::executor_sink {
+public:
+  void on_layer_kv_ready(uint64_t, uint32_t) override {}
+  void on_done(uint64_t, gpu::forward_output) override { finish(true); }
+  void on_failed(uint64_t, std::string what) override {
+    std::fprintf(stderr, "baton_bench_one_token: the executor failed: %s\n", what.c_str());
+    finish(false);
+  }
+  bool wait(uint32_t n) {
+    std::unique_lock<std::mutex> lock{mutex_};
+    cv_.wait(lock, [&] { return done_ >= n; });
+    return ok_;
+  }
+
+private:
+  void finish(bool ok) {
+    std::lock_guard<std::mutex> lock{mutex_};
+    ++done_;
+    ok_ = ok_ && ok;
+    cv_.notify_all();
+  }
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  uint32_t done_ = 0;
+  bool ok_ = true;
+};
 
 struct run_result {
   double seconds = 0;
@@ -121,37 +150,70 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  // The ceiling: the same prefills, chunked as the prefill rank chunks them, on one executor.
+  // The ceiling: the same prefills on one executor, every chunk submitted at once in prompt
+  // order (the executor keeps its queue full: no hop, no wait between jobs), each prompt's last
+  // chunk picking its token with its log-probability as the prefill rank's does.
   auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
-  double alone_s = 0;
-  {
+  auto ceiling_s = [&]() -> double {
     auto exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
+    auto& kv = exec->kv();
+    auto sink = std::make_shared<counting_sink>();
+    std::vector<std::vector<uint32_t>> pages;
+    uint32_t jobs = 0;
     const auto t0 = clock_type::now();
     for (uint32_t i = 0; i < requests; ++i) {
-      auto g = gpu::generate_colocated(*exec, prompt_of(cfg.model, i, tokens), 1, cfg.prefill.chunk_tokens);
-      if (!g.error.empty()) {
-        std::fprintf(stderr, "baton_bench_one_token: the executor failed: %s\n", g.error.c_str());
-        return 1;
+      const auto prompt = prompt_of(cfg.model, i, tokens);
+      pages.push_back(*kv.kv_page_alloc(kv.pages_for_tokens(tokens)));
+      for (uint32_t start = 0; start < tokens; start += cfg.prefill.chunk_tokens) {
+        const uint32_t end = std::min(tokens, start + cfg.prefill.chunk_tokens);
+        gpu::forward_job job{++jobs, {gpu::forward_seq{i, {prompt.begin() + start, prompt.begin() + end}, start, pages.back(), false}}};
+        if (end == tokens) job.seqs[0].sample = gpu::seq_sampling{{}, tokens, {}, true, 0};
+        exec->submit(std::move(job), sink);
       }
     }
-    alone_s = seconds_since(t0);
-  }
+    const bool ok = sink->wait(jobs);
+    const double s = seconds_since(t0);
+    for (auto& p : pages) kv.kv_page_free(p);
+    return ok ? s : -1.0;
+  };
   std::printf("%u one-token requests (logprobs on) of %u tokens, sent at once; built-in model, 1 prefill + 1 decode "
               "rank, CPU executor 1 thread each, transport %s\n\n",
               requests, tokens, transport.c_str());
-  std::printf("| path | requests/s | vs the executor alone | TTFT p50 / p99 ms | KV shipped | answers via a decode rank |\n");
-  std::printf("|---|---|---|---|---|---|\n");
-  std::printf("| the executor alone, back to back (ceiling) | %.1f | 1.00 | | | |\n", requests / alone_s);
+  // Three rounds, each measuring the ceiling and both paths, so that a slow spell of the machine
+  // hits all three alike; the round with the median ceiling is reported, the others' ratios too.
+  struct round {
+    double ceiling_s = 0;
+    run_result alone, via;
+  };
+  std::vector<round> rounds(3);
   int rc = 0;
+  for (auto& r : rounds) {
+    r.ceiling_s = ceiling_s();
+    if (r.ceiling_s < 0) return 1;
+    for (const bool alone : {true, false}) {
+      auto c = cfg;
+      c.router.request.single_token_prefill_only = alone;
+      (alone ? r.alone : r.via) = run_cluster(c, requests, tokens);
+      if ((alone ? r.alone : r.via).failed > 0) rc = 1;
+    }
+  }
+  std::printf("| path | requests/s | vs the executor alone (each round) | TTFT p50 / p99 ms | KV shipped | answers via a decode rank |\n");
+  std::printf("|---|---|---|---|---|---|\n");
+  auto by_ceiling = rounds;
+  std::sort(by_ceiling.begin(), by_ceiling.end(), [](const round& a, const round& b) { return a.ceiling_s < b.ceiling_s; });
+  const auto& mid = by_ceiling[1];
+  std::printf("| the executor alone, every chunk queued at once (ceiling) | %.1f | 1.00 | | | |\n", requests / mid.ceiling_s);
   for (const bool alone : {true, false}) {
-    auto c = cfg;
-    c.router.request.single_token_prefill_only = alone;
-    const auto r = run_cluster(c, requests, tokens);
-    if (r.failed > 0) rc = 1;
-    std::printf("| %s | %.1f | %.2f | %.1f / %.1f | %.1f MiB | %u of %u |\n",
+    const auto& r = alone ? mid.alone : mid.via;
+    std::string ratios;
+    for (const auto& x : rounds) {
+      const auto& y = alone ? x.alone : x.via;
+      ratios += (ratios.empty() ? "" : ", ") + std::to_string(x.ceiling_s / y.seconds).substr(0, 4);
+    }
+    std::printf("| %s | %.1f | %.2f (%s) | %.1f / %.1f | %.1f MiB | %u of %u |\n",
                 alone ? "prefill rank alone (default)" : "through a decode rank (--one-token-via-decode)",
-                requests / r.seconds, alone_s / r.seconds, percentile(r.ttft_ms, 0.5), percentile(r.ttft_ms, 0.99),
-                static_cast<double>(r.kv_bytes) / (1 << 20), r.via_decode, requests);
+                requests / r.seconds, mid.ceiling_s / r.seconds, ratios.c_str(), percentile(r.ttft_ms, 0.5),
+                percentile(r.ttft_ms, 0.99), static_cast<double>(r.kv_bytes) / (1 << 20), r.via_decode, requests);
   }
   return rc;
 }
