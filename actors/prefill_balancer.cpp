@@ -257,7 +257,7 @@ std::optional<prefill_placement> try_place(pointer self, const place_query& q) {
         return place_split(self, q, parts, ps);
       pick = policies::least_loaded_prefill(loads);
       if (pick)
-        why = "split: not split (" + std::to_string(q.new_tokens) + " tokens" + (q.whole_prompt ? ", scored whole" : "") +
+        why = "split: not split (" + std::to_string(q.new_tokens) + " tokens" + (q.whole_prompt ? ", computed whole: scored or one token" : "") +
               "), least_loaded";
       break;
     }

@@ -594,7 +594,9 @@ void start_prefill_only(request_pointer self) {
   auto& st = self->state;
   st.out.place_us = lap(self);
   st.out.prefill_rank = st.prefill_name;
-  st.out.decode_rank.clear();
+  // A first attempt has no decode rank; a failover for the last token keeps the one that
+  // generated the others (placement's reasons name it too).
+  if (st.out.tokens.empty()) st.out.decode_rank.clear();
   self->monitor(st.prefill);  // a prefill rank that goes down re-places the request
   kv_lease_grant none;
   none.request_id = st.plan.request_id;

@@ -220,6 +220,7 @@ TEST_CASE("prompt scoring (echo with logprobs): each prompt token's log-probabil
     if (hybrid) cfg.router.request.hybrid_prefill_below_tokens = 1000;
     auto cluster = start_local_cluster(t.sys, cfg);
     test::cluster_system::stopper stop{t, cluster};
+    REQUIRE(t.wait_registered(cluster));  // a split needs both prefill ranks known to the balancer
     generate_request req;
     req.prompt = text;
     req.max_tokens = 4;
@@ -228,7 +229,8 @@ TEST_CASE("prompt scoring (echo with logprobs): each prompt token's log-probabil
     REQUIRE_MESSAGE(plain, t.sys.render(plain.error()));
     if (!hybrid) {
       CHECK(plain->prefill_placement_why.rfind("split:", 0) == 0);
-      CHECK(plain->prefill_placement_why.find("not split") == std::string::npos);  // it was split
+      CHECK_MESSAGE(plain->prefill_placement_why.find("not split") == std::string::npos,  // it was split
+                    plain->prefill_placement_why);
       // Its blocks reach the store when its decode ends (written back behind the answer): ask
       // again until a request finds them, so the scored one below had a prefix to reuse.
       uint32_t cached = 0;
@@ -249,7 +251,7 @@ TEST_CASE("prompt scoring (echo with logprobs): each prompt token's log-probabil
     CHECK(got->cached_tokens == 0);
     CHECK(got->prefill_rank.rfind("prefill-", 0) == 0);  // never the decode rank
     CHECK(got->kv_bytes > 0);
-    if (!hybrid) CHECK(got->prefill_placement_why.find("scored whole") != std::string::npos);
+    if (!hybrid) CHECK(got->prefill_placement_why.find("computed whole") != std::string::npos);
     const auto prompt = encode(cfg, text);
     CHECK(got->prompt_text == gpu::byte_tokenizer{cfg.model.bos_token_id, cfg.model.eos_token_id}.decode(prompt));
     REQUIRE(got->prompt_logprobs.size() == prompt.size());
@@ -518,6 +520,32 @@ TEST_CASE("a one-token request reuses a prompt prefix from the block store, and 
   }
   CHECK(idle);
   CHECK(all_computed() - computed_before < 7 * static_cast<long>(cfg.model.num_hidden_layers));
+}
+
+TEST_CASE("a request whose decode fails before its last token gets that token from a prefill rank alone, and its "
+          "answer still names the decode rank that generated the others") {
+  test::cluster_system t;
+  auto cfg = one_by_one();
+  cfg.router.request.retry_backoff_ms = 1;
+  // Layer 1 of the first prompt arrives corrupted: the decode rank refuses the lease at its
+  // checksum after the prefill answered with the first token.
+  const transport::fault_plan plan{transport::fault_kind::corrupt_byte, 1u, {}, 1, 5};
+  auto cluster = start_local_cluster(t.sys, cfg, {}, test::fault_proxy_on("prefill-0", plan));
+  test::cluster_system::stopper stop{t, cluster};
+  generate_request req;
+  req.prompt = "two tokens, the last after a failover";
+  req.max_tokens = 2;
+  req.ignore_eos = true;
+  auto got = t.generate(cluster.router, req);
+  REQUIRE_MESSAGE(got, t.sys.render(got.error()));
+  CHECK(got->failovers == 1);
+  REQUIRE(got->tokens.size() == 2);
+  CHECK(got->kv_bytes == 0);  // the last attempt shipped nothing: its one token came from the prefill
+  CHECK(got->decode_rank == "decode-0");
+  auto again = t.generate(cluster.router, req);  // the proxy is transparent now
+  REQUIRE(again);
+  CHECK(again->failovers == 0);
+  CHECK(got->tokens == again->tokens);
 }
 
 TEST_CASE("floats cross processes bit for bit, NaN and infinities too (CAF 0.17 packs floats by hand: NaN became 1.0 "
