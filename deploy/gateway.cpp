@@ -80,6 +80,7 @@ struct connection_state {
   bool pumping = false;   ///< pump()'s loop is running: finish() leaves the next request to it
   bool reading = true;    ///< false while reads are halted (a pipelined backlog past the limits)
   bool sent_continue = false;  ///< "100 Continue" written for the request being received
+  http::chunked_progress body_progress;  ///< the chunks of the request being received decoded so far
   bool head_only = false;      ///< a HEAD request: the answer's head without its body
   bool chunked = true;         ///< the client speaks HTTP/1.1: a stream goes in chunks (1.0: until close)
   std::chrono::steady_clock::time_point last_activity = std::chrono::steady_clock::now();
@@ -472,7 +473,7 @@ void pump(caf::io::broker* self, caf::io::connection_handle hdl, const shared_pt
     while (st->in.compare(st->in_off, 2, "\r\n") == 0) st->in_off += 2;
     if (st->in_off == st->in.size()) break;
     http::request req;
-    const auto r = http::parse_request(std::string_view{st->in}.substr(st->in_off), g->cfg.limits, &req);
+    const auto r = http::parse_request(std::string_view{st->in}.substr(st->in_off), g->cfg.limits, &req, &st->body_progress);
     if (r.status == http::parse_status::incomplete) {
       // Headers in, body not: a client that asked to be told before it sends the body is told.
       if (r.expects_continue && !st->sent_continue) {
@@ -624,6 +625,7 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
           st->head_only = false;  // the last answer's HEAD does not strip this one's body
           st->in.clear();
           st->in_off = 0;
+          st->body_progress.clear();
           return reply_error(self, hdl, g, st,
                              api_error_of(408, "the request did not arrive whole within " +
                                                    std::to_string(g->cfg.idle_timeout_ms) + " ms"));

@@ -34,12 +34,29 @@ const std::string* request::header(std::string_view lower_name) const {
   return nullptr;
 }
 
-static parse_result parse_request_at(std::string_view buf, const limits& lim, request* out);
+static parse_result parse_request_at(std::string_view buf, const limits& lim, request* out, chunked_progress* progress);
 
-parse_result parse_chunked_body(std::string_view buf, const limits& lim, std::string* body) {
+parse_result parse_chunked_body(std::string_view buf, const limits& lim, std::string* body, chunked_progress* progress) {
   body->clear();
   constexpr size_t max_line = 4096;  // a chunk's size line with its extensions
   size_t at = 0;
+  if (progress && progress->at > 0 && progress->at <= buf.size()) {
+    at = progress->at;
+    body->swap(progress->body);
+  }
+  if (progress) {
+    progress->at = 0;
+    progress->body.clear();
+  }
+  size_t chunk_at = at;  // where the chunk being read starts (its size line)
+  // Incomplete: the chunks before chunk_at are decoded for good; the next call starts there.
+  auto wait = [&]() -> parse_result {
+    if (progress) {
+      progress->at = chunk_at;
+      progress->body.swap(*body);
+    }
+    return {};
+  };
   // One line from `at`, without its CRLF; false while it is not all here (or a bare LF / an
   // overlong line, which *err says).
   auto line = [&](std::string_view* l, parse_result* err) {
@@ -61,11 +78,12 @@ parse_result parse_chunked_body(std::string_view buf, const limits& lim, std::st
   // buffer far past the limit.
   const size_t max_framed = 2 * lim.max_body_bytes + lim.max_header_bytes;
   for (;;) {
+    chunk_at = at;
     if (at > max_framed)
       return fail(413, "the chunked body with its framing exceeds " + std::to_string(max_framed) + " bytes");
     std::string_view l;
     parse_result err;
-    if (!line(&l, &err)) return err;
+    if (!line(&l, &err)) return err.status == parse_status::error ? err : wait();
     // 1*HEXDIG, then optional whitespace before extensions (";name=value", ignored) and nothing else.
     auto size_text = l.substr(0, l.find(';'));
     if (l.find(';') != std::string_view::npos)
@@ -77,7 +95,7 @@ parse_result parse_chunked_body(std::string_view buf, const limits& lim, std::st
     if (size > lim.max_body_bytes || body->size() + size > lim.max_body_bytes)
       return fail(413, "the chunked body exceeds the limit of " + std::to_string(lim.max_body_bytes) + " bytes");
     if (size == 0) break;
-    if (buf.size() < at + size + 2) return {};
+    if (buf.size() < at + size + 2) return wait();
     if (buf.substr(at + size, 2) != "\r\n") return fail(400, "a chunk's data is not followed by CRLF");
     body->append(buf.substr(at, size));
     at += size + 2;
@@ -87,7 +105,7 @@ parse_result parse_chunked_body(std::string_view buf, const limits& lim, std::st
   for (;;) {
     std::string_view l;
     parse_result err;
-    if (!line(&l, &err)) return err.status == parse_status::error ? err : parse_result{};
+    if (!line(&l, &err)) return err.status == parse_status::error ? err : wait();  // from the last chunk again
     if (l.empty()) break;
     if (at - trailers_at > lim.max_header_bytes)
       return fail(431, "the chunked body's trailer fields exceed " + std::to_string(lim.max_header_bytes) + " bytes");
@@ -96,19 +114,22 @@ parse_result parse_chunked_body(std::string_view buf, const limits& lim, std::st
   return {parse_status::complete, at, 0, {}};
 }
 
-parse_result parse_request(std::string_view whole, const limits& lim, request* out) {
+parse_result parse_request(std::string_view whole, const limits& lim, request* out, chunked_progress* progress) {
   // Empty lines before a request line are ignored (RFC 9112 §2.2: a client may send a CRLF after
   // a POST body).
   size_t lead = 0;
   while (whole.substr(lead, 2) == "\r\n") lead += 2;
-  if (lead > lim.max_header_bytes)
+  if (lead > lim.max_header_bytes) {
+    if (progress) progress->clear();
     return fail(431, "more than " + std::to_string(lim.max_header_bytes) + " bytes of empty lines before a request");
-  auto r = parse_request_at(whole.substr(lead), lim, out);
+  }
+  auto r = parse_request_at(whole.substr(lead), lim, out, progress);
   if (r.status == parse_status::complete) r.consumed += lead;
+  if (progress && r.status != parse_status::incomplete) progress->clear();  // the request is over
   return r;
 }
 
-static parse_result parse_request_at(std::string_view buf, const limits& lim, request* out) {
+static parse_result parse_request_at(std::string_view buf, const limits& lim, request* out, chunked_progress* progress) {
   const auto head_end = buf.find("\r\n\r\n");
   // A bare LF in the head (a hand-typed request, netcat without -C) would never make the CRLF
   // CRLF this parser waits for: refused at once, rather than left to the idle limit.
@@ -180,7 +201,11 @@ static parse_result parse_request_at(std::string_view buf, const limits& lim, re
     // Both framings at once: which one a proxy in front used cannot be told (RFC 9112 §6.1).
     if (out->header("content-length")) return fail(400, "both Transfer-Encoding and Content-Length");
     if (out->version == "HTTP/1.0") return fail(400, "Transfer-Encoding in an HTTP/1.0 request");
-    const auto r = parse_chunked_body(buf.substr(head_end + 4), lim, &out->body);
+    if (progress && progress->head_bytes != head_end + 4) {  // saved behind another head: not this request's
+      progress->clear();
+      progress->head_bytes = head_end + 4;
+    }
+    const auto r = parse_chunked_body(buf.substr(head_end + 4), lim, &out->body, progress);
     if (r.status != parse_status::complete) {
       parse_result wait = r;
       const auto* expect = out->header("expect");

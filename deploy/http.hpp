@@ -41,14 +41,32 @@ struct parse_result {
   bool expects_continue = false;
 };
 
+/// Where decoding a chunked body stopped while it was incomplete, so that the next parse of the
+/// same request, with more of it in the buffer, resumes at the chunk it waited for: a body that
+/// arrives in many reads is decoded once, not again from its start at every read (quadratic in
+/// the reads). It belongs to one request: a parse that completes or fails clears it, and a head
+/// of another length than the one it was saved behind starts it over.
+struct chunked_progress {
+  size_t head_bytes = 0;  ///< where the body starts in the request it was saved for
+  size_t at = 0;          ///< framed bytes of the body taken (whole chunks); 0: nothing saved
+  std::string body;       ///< their data
+  void clear() {
+    head_bytes = at = 0;
+    body.clear();
+  }
+};
+
 /// Parses one request from the front of `buf` into `out`. A body comes by Content-Length, or in
-/// chunks (Transfer-Encoding: chunked, HTTP/1.1, no Content-Length beside it), decoded.
-parse_result parse_request(std::string_view buf, const limits& lim, request* out);
+/// chunks (Transfer-Encoding: chunked, HTTP/1.1, no Content-Length beside it), decoded. A caller
+/// that parses a growing buffer again after each read passes the same `progress` every time.
+parse_result parse_request(std::string_view buf, const limits& lim, request* out, chunked_progress* progress = nullptr);
 /// A chunked body (RFC 9112 §7.1) from the front of `buf`, decoded into `body`: complete with
 /// the bytes it took (chunks, last chunk, trailer fields), incomplete, or an error (400 for bad
 /// framing, 413 past max_body_bytes as soon as the sizes say so, 431 for trailers past
-/// max_header_bytes).
-parse_result parse_chunked_body(std::string_view buf, const limits& lim, std::string* body);
+/// max_header_bytes). With `progress`, it resumes where an incomplete call with it stopped, and
+/// an incomplete call leaves the decoded chunks there (not in `body`).
+parse_result parse_chunked_body(std::string_view buf, const limits& lim, std::string* body,
+                                chunked_progress* progress = nullptr);
 
 using header_list = std::vector<std::pair<std::string, std::string>>;
 

@@ -92,6 +92,40 @@ TEST_CASE("the HTTP parser takes whole requests, waits for partial ones and refu
     CHECK(part.status == deploy::http::parse_status::incomplete);
     CHECK(part.expects_continue);
   }
+  // Fed as it arrives, a growing buffer parsed again after each byte with one chunked_progress:
+  // the chunks already decoded are not decoded again (the parse resumes at the chunk it waited
+  // for), and the result is the one-shot parse's.
+  {
+    deploy::http::chunked_progress progress;
+    const std::string whole = chunked + chunks + "GET /health HTTP/1.1\r\n\r\n";
+    const size_t first_chunk_end = chunked.size() + std::string("5;name=value\r\n{\"a\":\r\n").size();
+    deploy::http::parse_result last;
+    for (size_t end = 1; end <= chunked.size() + chunks.size(); ++end) {
+      CAPTURE(end);
+      last = deploy::http::parse_request(std::string_view{whole}.substr(0, end), lim, &req, &progress);
+      if (end < chunked.size() + chunks.size()) {
+        REQUIRE(last.status == deploy::http::parse_status::incomplete);
+        if (end >= first_chunk_end) {  // the first chunk is taken for good
+          CHECK(progress.at >= first_chunk_end - chunked.size());
+          CHECK(progress.body.rfind("{\"a\":", 0) == 0);
+        } else {
+          CHECK(progress.at == 0);
+        }
+      }
+    }
+    REQUIRE(last.status == deploy::http::parse_status::complete);
+    CHECK(req.body == "{\"a\":1234567890");
+    CHECK(last.consumed == chunked.size() + chunks.size());
+    CHECK(progress.at == 0);  // cleared with the request
+    CHECK(progress.body.empty());
+    // Progress saved behind another head is not this request's: it starts over.
+    progress.head_bytes = 3;
+    progress.at = 6;
+    progress.body = "stale!";
+    last = deploy::http::parse_request(whole, lim, &req, &progress);
+    REQUIRE(last.status == deploy::http::parse_status::complete);
+    CHECK(req.body == "{\"a\":1234567890");
+  }
   CHECK(status(chunked + "zz\r\n") == 400);                        // not hexadecimal
   CHECK(status(chunked + "2\r\nabc\r\n") == 400);                 // data longer than its size
   CHECK(status(chunked + "2\nab\r\n") == 400);                     // bare LF
