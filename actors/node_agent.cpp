@@ -1,8 +1,11 @@
 #include "actors/node_agent.hpp"
 
+#include <algorithm>
 #include <memory>
 
 #include <caf/actor_system.hpp>
+#include <caf/event_based_actor.hpp>
+#include <caf/send.hpp>
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
@@ -22,6 +25,24 @@ struct node_agent_state {
 };
 
 using pointer = node_agent_actor::stateful_pointer<node_agent_state>;
+
+/// Heartbeats for a node whose agent is busy starting its actors: `start` runs on the agent's
+/// thread and may take seconds (expert processes to spawn and meet, weights to upload to a GPU),
+/// longer than the directory waits for a heartbeat, which would declare the node gone and tell
+/// its groups so before it ever served. On a thread of its own (detached): the agent's
+/// scheduler thread is the one that is busy. Stopped once `start` returns.
+caf::actor spawn_start_pulse(caf::actor_system& sys, node_directory_actor directory, std::string name,
+                             uint32_t interval_ms) {
+  return sys.spawn<caf::detached>([=](caf::event_based_actor* self) -> caf::behavior {
+    self->send(self, heartbeat_atom::value);
+    return {
+        [=](heartbeat_atom) {
+          self->send(directory, heartbeat_atom::value, name);
+          self->delayed_send(self, std::chrono::milliseconds{std::max<uint32_t>(1, interval_ms)}, heartbeat_atom::value);
+        },
+    };
+  });
+}
 
 void stop_all(pointer self) {
   auto& a = self->state.actors;
@@ -88,7 +109,11 @@ node_agent_actor::behavior_type node_agent_impl(pointer self, node_directory_act
           [=](cluster_welcome& w) {
             auto& st = self->state;
             st.welcome = std::move(w);
-            if (auto why = start(self->system(), st.welcome, &st.actors); !why.empty()) {
+            auto pulse = spawn_start_pulse(self->system(), st.directory, st.cfg.hello.name,
+                                           st.welcome.heartbeat_interval_ms);
+            auto why = start(self->system(), st.welcome, &st.actors);
+            caf::anon_send_exit(pulse, caf::exit_reason::user_shutdown);
+            if (!why.empty()) {
               stop_all(self);
               self->quit(make_error(errc::executor_failed, "node " + st.cfg.hello.name + ", stage start: " + why));
               return;

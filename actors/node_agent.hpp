@@ -36,7 +36,7 @@ struct node_agent_config {
 
 /// A node process's agent (design.md §1):
 ///
-///   joining --welcome: start the node's actors--> serving --drain--> draining --idle--> gone
+///   joining --welcome: start the node's actors (heartbeating meanwhile)--> serving --drain--> draining --idle--> gone
 ///      |                                             |                   (or drain timeout)
 ///      +--no answer / start failed--> gone           +--directory down--> gone
 ///

@@ -17,6 +17,7 @@
 #include <caf/event_based_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
+#include "actors/node_agent.hpp"
 #include "actors/node_directory.hpp"
 #include "deploy/processes.hpp"
 #include "gpu/byte_tokenizer.hpp"
@@ -316,6 +317,42 @@ TEST_CASE("the node directory refuses a node whose model is not the head's, nami
   CHECK_MESSAGE(refused.find("but this cluster serves model 'baton-tiny'") != std::string::npos, refused);
   CHECK(join(dc.model) == "joined");
   CHECK(join("") == "joined");
+  self->send_exit(dir, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("a node whose start outlasts the directory's heartbeat timeout heartbeats while it starts and is never "
+          "declared gone") {
+  network_system n;
+  node_directory_config dc;
+  dc.heartbeat_interval_ms = 20;
+  dc.missed_heartbeats = 4;  // silent for 80 ms: gone
+  auto dir = spawn_node_directory(n.sys, dc, {});
+  // A start that blocks the agent for 30 heartbeat intervals, as spawning expert processes or
+  // uploading weights to a GPU may.
+  auto started = std::make_shared<std::atomic<bool>>(false);
+  node_agent_config ac;
+  ac.hello = node_hello{"slow-node", {"decode"}, 1, ""};
+  auto agent = spawn_node_agent(n.sys, dir, ac, [started](caf::actor_system&, const cluster_welcome&, node_actors*) {
+    std::this_thread::sleep_for(std::chrono::milliseconds{600});
+    started->store(true);
+    return std::string{};
+  });
+  caf::scoped_actor self{n.sys};
+  std::vector<std::string> states;
+  for (int i = 0; i < 2000 && !started->load(); ++i) {
+    self->request(dir, std::chrono::seconds{5}, stats_atom::value)
+        .receive(
+            [&](std::vector<node_status>& all) {
+              for (const auto& s : all)
+                if (s.name == "slow-node") states.push_back(s.state);
+            },
+            [](caf::error&) {});
+    std::this_thread::sleep_for(std::chrono::milliseconds{5});
+  }
+  CHECK(started->load());
+  CHECK(states.size() > 10);  // watched through the start
+  CHECK(std::count(states.begin(), states.end(), "gone") == 0);
+  self->send_exit(agent, caf::exit_reason::user_shutdown);
   self->send_exit(dir, caf::exit_reason::user_shutdown);
 }
 
