@@ -13,6 +13,8 @@
 #include <iostream>
 #include <optional>
 #include <string_view>
+#include <thread>
+#include <cerrno>
 
 #include "actors/local_cluster.hpp"
 #include "deploy/commands.hpp"
@@ -26,6 +28,37 @@ namespace baton::deploy {
 namespace {
 
 std::string key_line(const transport::region_key& k) { return transport::key_to_text(k) + "\n"; }
+
+/// A child's stdout, read line by line with a deadline (not stdio: a buffered FILE may hold the
+/// next line already while its descriptor has nothing more to poll for).
+struct line_reader {
+  int fd = -1;
+  std::string pending;
+  enum outcome { line, ended, late };
+  /// One line (without its newline) into *out, unless the child closed its end first or `by`
+  /// passed; at most max_bytes are taken without a newline.
+  outcome next(std::chrono::steady_clock::time_point by, std::string* out, size_t max_bytes = 16384) {
+    for (;;) {
+      if (const auto nl = pending.find('\n'); nl != std::string::npos) {
+        *out = pending.substr(0, nl);
+        pending.erase(0, nl + 1);
+        return line;
+      }
+      if (pending.size() > max_bytes) return ended;  // no line a shard prints is this long
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(by - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return late;
+      pollfd p{fd, POLLIN, 0};
+      const int ready = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
+      if (ready < 0 && errno != EINTR) return ended;
+      if (ready <= 0) continue;
+      char buf[4096];
+      const ssize_t n = ::read(fd, buf, sizeof buf);
+      if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+      if (n <= 0) return ended;
+      pending.append(buf, static_cast<size_t>(n));
+    }
+  }
+};
 
 std::vector<std::string> names_for(const std::string& engine, uint32_t size) {
   std::vector<std::string> names;
@@ -90,7 +123,7 @@ std::shared_ptr<gpu::expert_group> spawn_expert_group(const expert_spawn& s, con
   const int channels = s.dual_batch ? 2 : 1;
   struct child {
     pid_t pid;
-    FILE* out;
+    line_reader out;
     int in;
   };
   std::vector<child> kids;
@@ -99,7 +132,7 @@ std::shared_ptr<gpu::expert_group> spawn_expert_group(const expert_spawn& s, con
     std::vector<pid_t> pids;
     for (auto& k : kids) {
       close(k.in);
-      std::fclose(k.out);
+      close(k.out.fd);
       pids.push_back(k.pid);
     }
     stop_processes(pids, 2000);
@@ -110,7 +143,7 @@ std::shared_ptr<gpu::expert_group> spawn_expert_group(const expert_spawn& s, con
     // Close-on-exec: a shard of another group forked meanwhile (the keeper thread) must not hold
     // this shard's pipe ends, or a shard that dies before its key line never shows EOF here.
     if (pipe2(to, O_CLOEXEC) != 0 || pipe2(from, O_CLOEXEC) != 0) return fail("cannot make pipes for an expert shard");
-    const std::vector<std::string> argv = {self_executable(), "experts", "--model", s.model_arg, "--weights-seed",
+    const std::vector<std::string> argv = {s.executable.empty() ? self_executable() : s.executable, "experts", "--model", s.model_arg, "--weights-seed",
                                            std::to_string(s.weights_seed), "--ep-rank", std::to_string(r), "--ep-size",
                                            std::to_string(s.size), "--slot-bytes", std::to_string(s.slot_bytes),
                                            "--name", s.name, "--dual-batch", s.dual_batch ? "1" : "0"};
@@ -126,23 +159,29 @@ std::shared_ptr<gpu::expert_group> spawn_expert_group(const expert_spawn& s, con
       cargs.push_back(nullptr);
       // This very binary even once an upgrade replaced the file (the path would then name
       // "... (deleted)").
-      execv("/proc/self/exe", cargs.data());
+      execv(s.executable.empty() ? "/proc/self/exe" : s.executable.c_str(), cargs.data());
       _exit(127);
     }
     close(to[0]);
     close(from[1]);
-    kids.push_back({pid, fdopen(from[0], "r"), to[1]});
+    kids.push_back({pid, line_reader{from[0], {}}, to[1]});
   }
   // Every process's key per channel: all of channel A's (rank order), then all of channel B's.
   std::vector<std::vector<transport::region_key>> parsed(channels);
   parsed[0].push_back(a2a->key());
   if (b) parsed[1].push_back(b->key());
+  const auto keys_by = std::chrono::steady_clock::now() + std::chrono::milliseconds{s.key_timeout_ms};
   for (auto& k : kids)
     for (int c = 0; c < channels; ++c) {
-      char line[16384];
+      const auto& name = names[&k - kids.data() + 1];
+      std::string line;
+      const auto got = k.out.next(keys_by, &line);
+      if (got == line_reader::late)
+        return fail("expert shard " + name + " printed no key within " + std::to_string(s.key_timeout_ms) +
+                    " ms of its start (hung loading its experts, or in its transport?)");
       std::optional<transport::region_key> key;
-      if (fgets(line, sizeof line, k.out)) key = transport::key_from_text(line);
-      if (!key) return fail("expert shard " + names[&k - kids.data() + 1] + " did not start (see its stderr)");
+      if (got == line_reader::line) key = transport::key_from_text(line + "\n");
+      if (!key) return fail("expert shard " + name + " did not start (see its stderr)");
       parsed[c].push_back(*key);
     }
   std::string keys;
@@ -159,21 +198,17 @@ std::shared_ptr<gpu::expert_group> spawn_expert_group(const expert_spawn& s, con
   const auto ready_by = std::chrono::steady_clock::now() + std::chrono::seconds{120};
   for (auto& k : kids) {
     const auto& name = names[&k - kids.data() + 1];
-    pollfd p{fileno(k.out), POLLIN, 0};
-    char line[64];
-    for (;;) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(ready_by - std::chrono::steady_clock::now());
-      if (left.count() <= 0) return fail("expert shard " + name + " was not ready within 120 s of getting the keys");
-      if (::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000))) > 0) break;
-    }
-    if (!fgets(line, sizeof line, k.out) || std::string_view{line} != "ready\n")
+    std::string line;
+    const auto got = k.out.next(ready_by, &line, 64);
+    if (got == line_reader::late) return fail("expert shard " + name + " was not ready within 120 s of getting the keys");
+    if (got != line_reader::line || line != "ready")
       return fail("expert shard " + name + " ended before it was ready (see its stderr)");
   }
   std::vector<pid_t> pids;
   for (auto& k : kids) {
     pids.push_back(k.pid);
     close(k.in);
-    std::fclose(k.out);
+    close(k.out.fd);
   }
   // The deleter: the group's destructor tells the shards to stop; then they are reaped.
   auto group = std::shared_ptr<gpu::expert_group>(
@@ -403,6 +438,10 @@ int run_experts(const std::vector<std::string>& args) {
       std::fprintf(stderr, "baton experts: %s\n", x->error().c_str());
       return 1;
     }
+  // Fault injection for tests: a shard that hangs before it prints its keys (weights on a
+  // stalled file system, a transport that never comes up), for the engine's key deadline.
+  if (const char* ms = std::getenv("BATON_FAULT_EXPERTS_STALL_MS"); ms && *ms)
+    std::this_thread::sleep_for(std::chrono::milliseconds{std::strtoul(ms, nullptr, 10)});
   std::fputs(key_line(a2a.key()).c_str(), stdout);
   if (b) std::fputs(key_line(b->key()).c_str(), stdout);
   std::fflush(stdout);

@@ -27,6 +27,10 @@ struct expert_spawn {
   uint64_t slot_bytes = 0;     ///< gpu::expert_slot_bytes for the engine's largest job
   std::string name;            ///< the engine's name: the shards are <name>-ep<i>
   bool dual_batch = false;     ///< dual-batch overlap: a second all-to-all channel per group
+  /// A shard prints its keys once it holds its experts' weights: a shard silent this long (hung
+  /// in its weights or its transport) fails the group's start, naming it, instead of hanging it.
+  uint32_t key_timeout_ms = 600000;
+  std::string executable;      ///< the binary that runs `baton experts` (empty: this process's own)
 };
 
 /// The all-to-all slot an engine's expert group needs: twice its largest job's rows (a prefill

@@ -19,6 +19,7 @@
 
 #include "actors/node_agent.hpp"
 #include "actors/node_directory.hpp"
+#include "deploy/expert_processes.hpp"
 #include "deploy/processes.hpp"
 #include "gpu/byte_tokenizer.hpp"
 #include "gpu/cpu_executor.hpp"
@@ -354,6 +355,25 @@ TEST_CASE("a node whose start outlasts the directory's heartbeat timeout heartbe
   CHECK(std::count(states.begin(), states.end(), "gone") == 0);
   self->send_exit(agent, caf::exit_reason::user_shutdown);
   self->send_exit(dir, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("an expert shard that prints no key within the engine's deadline fails the group's start, naming the "
+          "shard, instead of hanging the engine") {
+  // The shard stalls 30 s before its keys (BATON_FAULT_EXPERTS_STALL_MS, inherited); the engine
+  // waits 500 ms. Without the deadline the start would block until the keys came, and succeed.
+  ::setenv("BATON_FAULT_EXPERTS_STALL_MS", "30000", 1);
+  deploy::expert_spawn s;
+  s.model_arg = "deepseek-v3-tiny";
+  s.size = 2;
+  s.slot_bytes = 1 << 20;
+  s.name = "stalled";
+  s.key_timeout_ms = 500;
+  s.executable = BATON_BINARY;
+  std::string why;
+  auto group = deploy::spawn_expert_group(s, gpu::deepseek_tiny_config(true), &why);
+  ::unsetenv("BATON_FAULT_EXPERTS_STALL_MS");
+  CHECK(group == nullptr);
+  CHECK_MESSAGE(why.find("expert shard stalled-ep1 printed no key within 500 ms of its start") != std::string::npos, why);
 }
 
 TEST_CASE("the node directory's rendezvous: each process posts its members' cards and all get every card in member "
