@@ -4,7 +4,10 @@
 #include <map>
 #include <set>
 
+#include <thread>
+
 #include <caf/actor_system.hpp>
+#include <caf/scoped_actor.hpp>
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
@@ -429,6 +432,29 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
 
 node_directory_actor spawn_node_directory(caf::actor_system& sys, node_directory_config cfg, cluster_welcome welcome) {
   return sys.spawn(node_directory_impl, cfg, std::move(welcome));
+}
+
+std::vector<std::string> wait_nodes_gone(caf::actor_system& sys, const node_directory_actor& directory,
+                                         std::vector<std::string> names, std::chrono::milliseconds budget) {
+  const auto by = std::chrono::steady_clock::now() + budget;
+  caf::scoped_actor self{sys};
+  for (;;) {
+    bool answered = false;
+    std::vector<std::string> still;
+    self->request(directory, std::chrono::seconds{2}, stats_atom::value)
+        .receive(
+            [&](std::vector<node_status>& all) {
+              answered = true;
+              for (const auto& n : names) {
+                const auto i = std::find_if(all.begin(), all.end(), [&](const node_status& s) { return s.name == n; });
+                if (i != all.end() && i->state != "gone") still.push_back(n);
+              }
+            },
+            [](caf::error&) {});
+    if (!answered || still.empty() || std::chrono::steady_clock::now() >= by) return answered ? still : std::vector<std::string>{};
+    names = std::move(still);
+    std::this_thread::sleep_for(std::chrono::milliseconds{50});
+  }
 }
 
 }  // namespace baton

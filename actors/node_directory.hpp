@@ -1,5 +1,9 @@
 #pragma once
 
+#include <chrono>
+#include <string>
+#include <vector>
+
 #include <cstdint>
 #include <string>
 
@@ -30,5 +34,12 @@ struct node_directory_config {
 /// announces a drain is marked draining until it leaves. `baton launch` reads the register to
 /// know when every node has joined.
 node_directory_actor spawn_node_directory(caf::actor_system& sys, node_directory_config cfg, cluster_welcome welcome);
+
+/// Blocks (a tool's thread, never an actor's) until none of `names` is in the directory's
+/// register other than as gone -- each drained and left, or was given up on -- or until `budget`
+/// has passed; returns those still there (empty: all gone). A directory that does not answer
+/// counts as every node gone (the head itself is going).
+std::vector<std::string> wait_nodes_gone(caf::actor_system& sys, const node_directory_actor& directory,
+                                         std::vector<std::string> names, std::chrono::milliseconds budget);
 
 }  // namespace baton

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <functional>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -23,6 +24,7 @@
 #include <caf/scoped_actor.hpp>
 
 #include "actors/messages.hpp"
+#include "actors/node_directory.hpp"
 #include "deploy/cluster_spec.hpp"
 #include "deploy/commands.hpp"
 #include "deploy/flags.hpp"
@@ -113,13 +115,27 @@ bool make_certificates(const cluster_spec& spec, std::string* why) {
   return true;
 }
 
-void stop_all(std::vector<child>& children, int drain_ms) {
+/// Waits, up to a budget in ms, until the named nodes have left the head's register.
+using remote_wait = std::function<void(const std::vector<std::string>& names, int budget_ms)>;
+
+void stop_all(std::vector<child>& children, int drain_ms, const remote_wait& await_remote = {}) {
   // Rank nodes and gateways first: they drain (finish their streams and write-backs) before the
   // head goes; store nodes last, as the write-backs land on them.
   std::vector<pid_t> nodes, head, stores;
+  std::vector<std::string> remote;
   for (const auto& c : children)
-    if (c.pid > 0) (c.node.role == "head" ? head : c.node.role == "store" ? stores : nodes).push_back(c.pid);
+    if (c.pid > 0) {
+      (c.node.role == "head" ? head : c.node.role == "store" ? stores : nodes).push_back(c.pid);
+      if (c.node.role != "head" && c.node.role != "store" && !is_local_host(c.node.host)) remote.push_back(c.node.name);
+    }
+  const auto started = std::chrono::steady_clock::now();
   stop_processes(nodes, drain_ms);
+  // A remote node's ssh ends at once (its session's end is the node's SIGHUP): the node drains
+  // on its host meanwhile, and the head must outlive that drain, which the head's register shows.
+  if (await_remote && !remote.empty()) {
+    const auto spent = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started);
+    await_remote(remote, std::max<int>(0, drain_ms - static_cast<int>(spent.count())));
+  }
   stop_processes(head, 5000);
   stop_processes(stores, 5000);
   children.clear();
@@ -529,6 +545,14 @@ int run_launch(const std::vector<std::string>& raw_args) {
   }
   std::printf("baton launch: stopping (decode nodes and gateways drain first)\n");
   std::fflush(stdout);
+  stop_all(children, static_cast<int>(drain_ms), [&](const std::vector<std::string>& names, int budget_ms) {
+    std::string list;
+    for (const auto& n : names) list += " " + n;
+    std::printf("baton launch: waiting up to %d ms for the remote nodes%s to drain\n", budget_ms, list.c_str());
+    std::fflush(stdout);
+    const auto still = wait_nodes_gone(sys, directory, names, std::chrono::milliseconds{budget_ms});
+    for (const auto& n : still) std::printf("baton launch: remote node %s still there after the drain time; stopping the head\n", n.c_str());
+  });
   return 0;
 }
 

@@ -357,6 +357,31 @@ TEST_CASE("a node whose start outlasts the directory's heartbeat timeout heartbe
   self->send_exit(dir, caf::exit_reason::user_shutdown);
 }
 
+TEST_CASE("the launcher's wait for draining nodes ends when they have left the head's register, or at its budget "
+          "naming those still there") {
+  network_system n;
+  auto dir = spawn_node_directory(n.sys, {}, {});
+  node_agent_config ac;
+  ac.hello = node_hello{"far-node", {"decode"}, 1, ""};
+  auto agent = spawn_node_agent(n.sys, dir, ac, [](caf::actor_system&, const cluster_welcome&, node_actors*) {
+    return std::string{};
+  });
+  caf::scoped_actor self{n.sys};
+  bool joined = false;
+  for (int i = 0; i < 2000 && !joined; ++i) {
+    self->request(dir, std::chrono::seconds{5}, stats_atom::value)
+        .receive([&](std::vector<node_status>& all) { joined = !all.empty() && all[0].state == "joined"; }, [](caf::error&) {});
+    if (!joined) std::this_thread::sleep_for(std::chrono::milliseconds{2});
+  }
+  REQUIRE(joined);
+  // Serving, not draining: still there when the budget runs out. A node never seen counts as gone.
+  CHECK(wait_nodes_gone(n.sys, dir, {"far-node", "never-joined"}, std::chrono::milliseconds{200}) ==
+        std::vector<std::string>{"far-node"});
+  self->send(agent, drain_atom::value);  // as SIGHUP does on its host: it drains and leaves
+  CHECK(wait_nodes_gone(n.sys, dir, {"far-node"}, std::chrono::seconds{30}).empty());
+  self->send_exit(dir, caf::exit_reason::user_shutdown);
+}
+
 TEST_CASE("an expert shard that prints no key within the engine's deadline fails the group's start, naming the "
           "shard, instead of hanging the engine") {
   // The shard stalls 30 s before its keys (BATON_FAULT_EXPERTS_STALL_MS, inherited); the engine
