@@ -56,6 +56,10 @@ struct generate_request {
   /// echo and logprobs. The prompt is then computed whole on one prefill rank (no cached prefix,
   /// no split, no prefill on the decode rank).
   bool prompt_logprobs = false;
+  /// With prompt_logprobs: at least this many (<= 20) alternatives per prompt token, whatever
+  /// top_logprobs asks for the generated ones (vLLM's `prompt_logprobs: k`); the prompt is scored
+  /// with the larger of the two.
+  uint32_t prompt_top_logprobs = 0;
   /// Echo with max_tokens 0: the one token the prefill picks (max_tokens is 1) is not shown and
   /// never fed back, so the prompt may fill the whole context.
   bool prompt_only = false;
@@ -66,7 +70,7 @@ typename Inspector::result_type inspect(Inspector& f, generate_request& x) {
            wire::f32{&x.temperature}, x.seed, x.return_logits, x.ignore_eos, x.traffic_class, x.priority, x.messages,
            x.top_k, wire::f32{&x.top_p}, wire::f32{&x.repetition_penalty}, wire::f32{&x.presence_penalty},
            wire::f32{&x.frequency_penalty}, x.stop, x.stop_token_ids, x.logprobs, x.top_logprobs, x.echo,
-           x.prompt_logprobs, x.prompt_only);
+           x.prompt_logprobs, x.prompt_only, x.prompt_top_logprobs);
 }
 
 struct completion {

@@ -16,7 +16,8 @@
 namespace baton::gpu {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, token_logprobs& x) {
-  return f(caf::meta::type_name("token_logprobs"), wire::f32{&x.logprob}, x.top_tokens, wire::f32s{&x.top_logprobs});
+  return f(caf::meta::type_name("token_logprobs"), wire::f32{&x.logprob}, x.top_tokens, wire::f32s{&x.top_logprobs},
+           x.rank);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, forward_output& x) {
@@ -35,11 +36,12 @@ struct token_logprob {
   std::vector<int32_t> top_tokens;
   std::vector<float> top_logprobs;
   std::vector<std::string> top_texts;
+  uint32_t rank = 0;  ///< 1 + the tokens more likely at its step (gpu::token_logprobs::rank)
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, token_logprob& x) {
   return f(caf::meta::type_name("token_logprob"), x.token, wire::f32{&x.logprob}, x.text, x.top_tokens,
-           wire::f32s{&x.top_logprobs}, x.top_texts);
+           wire::f32s{&x.top_logprobs}, x.top_texts, x.rank);
 }
 
 }  // namespace baton

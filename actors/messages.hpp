@@ -601,6 +601,7 @@ struct prefill_order {
   /// Prompt scoring (echo): each prompt token's log-probability given the tokens before it, in
   /// the result. The whole prompt is computed on one rank: no cached prefix, no split.
   bool prompt_logprobs = false;
+  uint32_t prompt_top_logprobs = 0;  ///< ... with at least this many alternatives (else top_logprobs)
   /// The request generates this one token only (max_tokens 1: scoring, classification): no
   /// decode rank is involved, so no KV is shipped and `grant` holds no pages; its lease_id is
   /// the request's tag for this attempt (prefill_only_tag), which cancels and store reads use.
@@ -612,7 +613,7 @@ typename Inspector::result_type inspect(Inspector& f, prefill_order& x) {
            x.return_logits, x.batch_priority, x.grant, x.decode, x.prefix, x.block_tokens, x.part_index,
            x.part_bounds, x.part_ranks, x.part_names, x.top_k, wire::f32{&x.top_p}, wire::f32{&x.repetition_penalty},
            wire::f32{&x.presence_penalty}, wire::f32{&x.frequency_penalty}, x.output_from, x.logprobs, x.top_logprobs,
-           x.prompt_logprobs, x.prefill_only);
+           x.prompt_logprobs, x.prefill_only, x.prompt_top_logprobs);
 }
 
 /// The lease id a prefill-only order carries (prefill_order::prefill_only): decode ranks number

@@ -438,7 +438,7 @@ void submit_chunk(prefill_pointer self, uint64_t rid) {
     auto& targets = job.seqs[0].score_targets;
     const uint32_t prompt = scored_prompt(order);
     for (uint32_t p = start; p < end; ++p) targets.push_back(p + 1 < prompt ? order.tokens[p + 1] : -1);
-    job.seqs[0].score_top = order.top_logprobs;
+    job.seqs[0].score_top = std::max(order.top_logprobs, order.prompt_top_logprobs);
   }
   if (r.load.gate && !r.load.aborted) job.seqs[0].gate = r.load.gate;  // streaming prefix: wait per layer
   st.core.exec->submit(std::move(job),

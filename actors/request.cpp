@@ -261,7 +261,7 @@ void record_token(request_pointer self, int32_t token, std::vector<float> logits
   if (st.plan.params.logprobs) {
     // A rank that sent none (it cannot: orders ask) would leave a gap: -inf says it honestly.
     auto lp = logprobs.empty() ? gpu::token_logprobs{-std::numeric_limits<float>::infinity(), {}, {}} : std::move(logprobs[0]);
-    token_logprob t{token, lp.logprob, token_text(st, token), std::move(lp.top_tokens), std::move(lp.top_logprobs), {}};
+    token_logprob t{token, lp.logprob, token_text(st, token), std::move(lp.top_tokens), std::move(lp.top_logprobs), {}, lp.rank};
     for (auto id : t.top_tokens) t.top_texts.push_back(token_text(st, id));
     st.out.logprobs.push_back(std::move(t));
   }
@@ -281,6 +281,7 @@ void record_prompt_logprobs(request_pointer self, std::vector<gpu::token_logprob
       t.logprob = s.logprob;
       t.top_tokens = std::move(s.top_tokens);
       t.top_logprobs = std::move(s.top_logprobs);
+      t.rank = s.rank;
       for (auto id : t.top_tokens) t.top_texts.push_back(token_text(st, id));
     }
     out.push_back(std::move(t));
@@ -536,6 +537,7 @@ void start_prefill(request_pointer self, kv_lease_grant grant) {
   order.logprobs = p.params.logprobs;
   order.top_logprobs = p.params.top_logprobs;
   order.prompt_logprobs = scores_prompt(st);
+  order.prompt_top_logprobs = p.params.prompt_top_logprobs;
   order.prefill_only = st.prefill_only;
   st.writer_tag = order.grant.lease_id;
   if (!st.hybrid && st.split.part_ranks.size() > 1) return start_split_prefill(self, std::move(order));

@@ -29,6 +29,10 @@ std::string tokenize_and_validate(generate_request& req, const gpu::model_config
   if (req.top_logprobs > gpu::max_top_logprobs)
     return "top_logprobs must be at most " + std::to_string(gpu::max_top_logprobs) + ", got " + std::to_string(req.top_logprobs);
   if (req.top_logprobs > 0 && !req.logprobs && !req.prompt_logprobs) return "top_logprobs needs logprobs or prompt_logprobs";
+  if (req.prompt_top_logprobs > gpu::max_top_logprobs)
+    return "prompt_top_logprobs must be at most " + std::to_string(gpu::max_top_logprobs) + ", got " +
+           std::to_string(req.prompt_top_logprobs);
+  if (req.prompt_top_logprobs > 0 && !req.prompt_logprobs) return "prompt_top_logprobs needs prompt_logprobs";
   if (req.stop.size() > 16) return "at most 16 stop strings";
   // Each token's check searches the text's tail as long as the longest stop string: bounded.
   for (size_t i = 0; i < req.stop.size(); ++i)

@@ -414,6 +414,18 @@ bool parse_checked_body(std::string_view body, bool chat, const std::string& ser
   }
   if (!parse_logprobs(j, chat, &r, err)) return false;
   r.prompt_logprobs = r.echo && r.logprobs;
+  // vLLM's prompt_logprobs: k alternatives per prompt token (0: the token's own only).
+  int32_t prompt_top = -1;
+  if (!number_field(j, "prompt_logprobs", 0, gpu::max_top_logprobs, &prompt_top, err)) return false;
+  if (prompt_top >= 0) {
+    if (out->stream) {  // as vLLM refuses it
+      *err = bad("prompt_logprobs", "prompt_logprobs is answered whole, not streamed: ask without stream");
+      return false;
+    }
+    out->vllm_prompt_logprobs = true;
+    r.prompt_logprobs = true;
+    r.prompt_top_logprobs = static_cast<uint32_t>(prompt_top);
+  }
   // n choices of a prompt share its scores: the first scores it (choice_request), the others
   // copy them into the answer. A stream cannot wait for another choice's scores.
   if (r.prompt_logprobs && out->n > 1 && out->stream) {
@@ -431,6 +443,7 @@ generate_request call::choice_request(uint32_t index) const {
   if (prompt < batch_tokens.size()) r.prompt_tokens = batch_tokens[prompt];
   r.seed += index % n;  // n samples of a prompt, not one sample n times
   r.prompt_logprobs = r.prompt_logprobs && index % n == 0;  // scored once, by the prompt's first choice
+  if (!r.prompt_logprobs) r.prompt_top_logprobs = 0;
   return r;
 }
 
@@ -472,7 +485,7 @@ json logprobs_json(const call& c, const std::vector<token_logprob>& lps, uint64_
     json content = json::array();
     for (const auto& t : lps) {
       json top = json::array();
-      for (size_t k = 0; k < t.top_tokens.size() && k < t.top_texts.size(); ++k)
+      for (size_t k = 0; k < t.top_tokens.size() && k < t.top_texts.size() && k < c.req.top_logprobs; ++k)
         top.push_back({{"token", t.top_texts[k]}, {"logprob", logprob_value(t.top_logprobs[k])}, {"bytes", bytes_of(t.top_texts[k])}});
       content.push_back({{"token", t.text}, {"logprob", logprob_value(t.logprob)}, {"bytes", bytes_of(t.text)}, {"top_logprobs", top}});
     }
@@ -485,7 +498,8 @@ json logprobs_json(const call& c, const std::vector<token_logprob>& lps, uint64_
     offsets.push_back(offset);
     offset += utf8_chars(t.text);
     json top = json::object();
-    for (size_t k = 0; k < t.top_tokens.size() && k < t.top_texts.size(); ++k)
+    // (A prompt scored for vLLM's prompt_logprobs may carry more alternatives than asked here.)
+    for (size_t k = 0; k < t.top_tokens.size() && k < t.top_texts.size() && k < c.req.top_logprobs; ++k)
       top[t.top_texts[k]] = logprob_value(t.top_logprobs[k]);
     tops.push_back(std::isnan(t.logprob) ? json(nullptr) : std::move(top));
   }
@@ -493,6 +507,29 @@ json logprobs_json(const call& c, const std::vector<token_logprob>& lps, uint64_
           {"token_logprobs", values},
           {"top_logprobs", c.req.top_logprobs > 0 ? tops : json(nullptr)},
           {"text_offset", offsets}};
+}
+
+/// vLLM's prompt_logprobs list: null for the first token (nothing precedes it), then per token
+/// an object keyed by token id: the prompt token's log-probability, rank and text, and the `top`
+/// most likely tokens' (rank 1, 2, ...; the prompt token once if it is among them).
+json vllm_prompt_logprobs_json(const std::vector<token_logprob>& lps, uint32_t top) {
+  json out = json::array();
+  for (size_t i = 0; i < lps.size(); ++i) {
+    const auto& t = lps[i];
+    if (i == 0 || std::isnan(t.logprob)) {
+      out.push_back(nullptr);
+      continue;
+    }
+    json entry = json::object();
+    entry[std::to_string(t.token)] = {{"logprob", logprob_value(t.logprob)}, {"rank", t.rank}, {"decoded_token", t.text}};
+    for (size_t k = 0; k < t.top_tokens.size() && k < t.top_texts.size() && k < top; ++k) {
+      const auto key = std::to_string(t.top_tokens[k]);
+      if (!entry.contains(key))
+        entry[key] = {{"logprob", logprob_value(t.top_logprobs[k])}, {"rank", k + 1}, {"decoded_token", t.top_texts[k]}};
+    }
+    out.push_back(std::move(entry));
+  }
+  return out;
 }
 
 }  // namespace
@@ -537,6 +574,9 @@ std::string completion_json(const call& c, const std::vector<completion>& choice
       choice["logprobs"] = logprobs_json(c, done.logprobs, 0);
       choice["text"] = done.text;
     }
+    // The prompt's scores come with its first choice (call::choice_request).
+    if (c.vllm_prompt_logprobs && !c.chat)
+      choice["prompt_logprobs"] = vllm_prompt_logprobs_json(choices[i - i % c.n].prompt_logprobs, c.req.prompt_top_logprobs);
     list.push_back(std::move(choice));
   }
   json out = {{"id", id},
@@ -545,6 +585,8 @@ std::string completion_json(const call& c, const std::vector<completion>& choice
               {"model", c.model},
               {"choices", std::move(list)},
               {"usage", usage_of(choices, c.n, c.req.prompt_only)}};
+  if (c.vllm_prompt_logprobs && c.chat && !choices.empty())  // one prompt: at the top, as vLLM puts it
+    out["prompt_logprobs"] = vllm_prompt_logprobs_json(choices[0].prompt_logprobs, c.req.prompt_top_logprobs);
   // Invalid UTF-8 (a model may emit any bytes) becomes U+FFFD instead of failing the answer.
   return out.dump(-1, ' ', false, json::error_handler_t::replace);
 }

@@ -9,7 +9,8 @@
 // `n` choices are n requests (choice i draws with seed + i); a batch of prompts is n choices per
 // prompt (call::choice_request). Completions' echo returns the
 // prompt first, with its tokens' log-probabilities when logprobs is set (prompt scoring; max_tokens
-// 0 for the prompt alone), streamed too. Fields Baton cannot honour (best_of, echo on chat, tools)
+// 0 for the prompt alone), streamed too; vLLM's `prompt_logprobs: k` gives them in vLLM's shape,
+// on chat too. Fields Baton cannot honour (best_of, echo on chat, tools)
 // are refused by name rather than ignored;
 // unknown fields are ignored, as OpenAI's servers do.
 
@@ -33,6 +34,10 @@ struct call {
   /// answers prompt i / n, drawn with seed + i % n, as OpenAI orders them. Empty: one prompt, req's.
   std::vector<std::string> batch_texts;
   std::vector<std::vector<int32_t>> batch_tokens;
+  /// vLLM's `prompt_logprobs: k` (req.prompt_top_logprobs = k): each prompt token's log-probability,
+  /// rank and the k most likely tokens at its position, in vLLM's shape (`prompt_logprobs` in each
+  /// completions choice, at the top of a chat answer). Answered whole, never streamed.
+  bool vllm_prompt_logprobs = false;
 
   uint32_t num_prompts() const {
     return static_cast<uint32_t>(std::max<size_t>(1, std::max(batch_texts.size(), batch_tokens.size())));

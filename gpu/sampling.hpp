@@ -58,6 +58,9 @@ struct token_logprobs {
   float logprob = 0.0f;             ///< the picked token's (-inf when its logit was NaN)
   std::vector<int32_t> top_tokens;  ///< the most likely tokens, most likely first (ties: lower id)
   std::vector<float> top_logprobs;  ///< theirs
+  /// The token's rank: 1 + the tokens whose logit is strictly larger (vLLM's `rank`); a NaN
+  /// logit ranks after every other token. 0: no token asked (out of the vocabulary).
+  uint32_t rank = 0;
 };
 
 /// The most tokens `logprobs_of` reports besides the pick (OpenAI's top_logprobs limit).

@@ -143,6 +143,51 @@ TEST_CASE("echo over HTTP, as evaluation harnesses score: the prompt's token log
   CHECK(sse_text(streamed.body, &events) == "In the beginning" + gen.text);
 }
 
+TEST_CASE("vLLM's prompt_logprobs over HTTP: each prompt token's log-probability, rank and "
+          "the k most likely tokens, the router's; refused when streamed or past 20") {
+  served_cluster s;
+  const uint16_t port = s.gateway.port;
+  generate_request ref_req;
+  ref_req.prompt = "In the beginning";
+  ref_req.max_tokens = 1;
+  ref_req.prompt_logprobs = true;
+  ref_req.prompt_top_logprobs = 2;
+  const auto ref = s.direct(ref_req);
+  REQUIRE(ref.prompt_logprobs.size() == ref.num_prompt_tokens);
+  auto got = round_trip(port, post("/v1/completions", json{{"prompt", "In the beginning"}, {"prompt_logprobs", 2},
+                                                           {"max_tokens", 1}, {"n", 2}, {"temperature", 1}}.dump()));
+  REQUIRE_MESSAGE(got.status == 200, got.body);
+  const auto answer = json::parse(got.body);
+  REQUIRE(answer["choices"].size() == 2);
+  CHECK(answer["choices"][0]["prompt_logprobs"] == answer["choices"][1]["prompt_logprobs"]);  // scored once
+  CHECK(answer["choices"][0]["logprobs"].is_null());  // nothing asked of the generated token
+  const auto pl = answer["choices"][0]["prompt_logprobs"];
+  REQUIRE(pl.size() == ref.num_prompt_tokens);
+  CHECK(pl[0].is_null());
+  for (size_t i = 1; i < ref.num_prompt_tokens; ++i) {
+    CAPTURE(i);
+    const auto& want = ref.prompt_logprobs[i];
+    const auto& mine = pl[i][std::to_string(want.token)];
+    CHECK(mine["logprob"].get<double>() == doctest::Approx(want.logprob));
+    CHECK(mine["rank"] == want.rank);
+    CHECK(mine["decoded_token"] == want.text);
+    CHECK(want.rank >= 1);
+    // The two most likely too (ranks 1 and 2), unless the prompt token is one of them.
+    REQUIRE(want.top_tokens.size() == 2);
+    CHECK(pl[i].size() == (want.rank <= 2 ? 2u : 3u));
+    CHECK(pl[i][std::to_string(want.top_tokens[0])]["rank"] == (want.top_tokens[0] == want.token ? want.rank : 1u));
+    CHECK(pl[i][std::to_string(want.top_tokens[1])]["logprob"].get<double>() == doctest::Approx(want.top_logprobs[1]));
+  }
+  // (Chat's shape is checked in openai.test.cpp: this cluster's model has no chat template.)
+  // Refused by name: streamed (as vLLM refuses it), more than 20, not a count.
+  for (const auto& body : {json{{"prompt", "x"}, {"prompt_logprobs", 1}, {"stream", true}},
+                           json{{"prompt", "x"}, {"prompt_logprobs", 21}}, json{{"prompt", "x"}, {"prompt_logprobs", "all"}}}) {
+    auto refused = round_trip(port, post("/v1/completions", body.dump()));
+    CHECK(refused.status == 400);
+    CHECK(json::parse(refused.body)["error"]["param"] == "prompt_logprobs");
+  }
+}
+
 TEST_CASE("n choices: each is the router's answer for seed + i, whole or streamed (events tagged by index), usage "
           "counts the prompt once") {
   served_cluster s;

@@ -281,6 +281,47 @@ TEST_CASE("logprobs: completions take a count, chat a flag and top_logprobs; bot
   CHECK(json::parse(deploy::openai::completion_json(c, done, "id", 0))["choices"][0]["logprobs"].is_null());
 }
 
+TEST_CASE("vLLM's prompt_logprobs: per prompt token an object keyed by token id with logprob, rank and text, the k "
+          "most likely added; in each completions choice, at the top of a chat answer; echo's own alternatives stay "
+          "as logprobs asks") {
+  deploy::openai::call c;
+  deploy::openai::api_error e;
+  completion done;
+  done.num_prompt_tokens = 3;
+  done.tokens = {120};
+  done.text = "x";
+  done.finish_reason = "length";
+  done.prompt_text = "ab";
+  done.prompt_logprobs = {{1, std::numeric_limits<float>::quiet_NaN(), "", {}, {}, {}},
+                          {97, -2.0f, "a", {98, 99}, {-1.0f, -1.5f}, {"b", "c"}, 3},
+                          {98, -0.5f, "b", {98, 97}, {-0.5f, -1.0f}, {"b", "a"}, 1}};
+  REQUIRE(deploy::openai::parse_body(R"({"messages":[{"role":"user","content":"x"}],"prompt_logprobs":1})", true, "m", &c, &e));
+  CHECK(c.vllm_prompt_logprobs);
+  CHECK(c.req.prompt_logprobs);
+  CHECK(c.req.prompt_top_logprobs == 1);
+  CHECK_FALSE(c.req.logprobs);
+  auto chat = json::parse(deploy::openai::completion_json(c, done, "id", 0));
+  const json want = json::array(
+      {nullptr,
+       {{"97", {{"logprob", -2.0}, {"rank", 3}, {"decoded_token", "a"}}}, {"98", {{"logprob", -1.0}, {"rank", 1}, {"decoded_token", "b"}}}},
+       {{"98", {{"logprob", -0.5}, {"rank", 1}, {"decoded_token", "b"}}}}});
+  CHECK(chat["prompt_logprobs"] == want);
+  CHECK_FALSE(chat["choices"][0].contains("prompt_logprobs"));
+  // Completions: in the choice. With echo and logprobs 1 besides, echo's alternatives stay one.
+  REQUIRE(deploy::openai::parse_body(R"({"prompt":"ab","echo":true,"logprobs":1,"prompt_logprobs":2})", false, "m", &c, &e));
+  CHECK(c.req.prompt_top_logprobs == 2);
+  CHECK(c.req.top_logprobs == 1);
+  auto text = json::parse(deploy::openai::completion_json(c, done, "id", 0))["choices"][0];
+  CHECK(text["prompt_logprobs"][1].size() == 3);  // the token and the two most likely
+  CHECK(text["prompt_logprobs"][1]["99"]["rank"] == 2);
+  CHECK(text["logprobs"]["top_logprobs"][1] == json{{"b", -1.0}});
+  // Refused: streamed, past 20, negative.
+  CHECK_FALSE(deploy::openai::parse_body(R"({"prompt":"a","prompt_logprobs":0,"stream":true})", false, "m", &c, &e));
+  CHECK(e.param == "prompt_logprobs");
+  CHECK_FALSE(deploy::openai::parse_body(R"({"prompt":"a","prompt_logprobs":-1})", false, "m", &c, &e));
+  CHECK(e.param == "prompt_logprobs");
+}
+
 TEST_CASE("echo: the prompt comes back before the completion, its tokens' log-probabilities first (null for the "
           "first token), and max_tokens 0 answers the prompt alone") {
   deploy::openai::call c;
