@@ -99,7 +99,8 @@ cat > "$WORK/spec.json" <<SPEC
   "nodes": [
     {"name": "head", "host": "$A", "roles": ["router", "prefill", "store", "gateway"],
      "ports": {"router": 7100, "cluster": 7101, "http": 8000}, "env": {"UCX_NET_DEVICES": "$V1", "UCX_TLS": "tcp"}},
-    {"name": "decode-remote", "host": "$B", "roles": ["decode"], "env": {"UCX_NET_DEVICES": "$V2", "UCX_TLS": "tcp"}}
+    {"name": "decode-remote", "host": "$B", "roles": ["decode"],
+     "env": {"UCX_NET_DEVICES": "$V2", "UCX_TLS": "tcp", "BATON_FAULT_JOB_DELAY_MS": "40"}}
   ]
 }
 SPEC
@@ -122,10 +123,25 @@ assert a["choices"][0]["text"] == open(sys.argv[2]).read()[:-1]
 PY
 echo "ssh netns e2e: head and gateway on $A, decode node on $B, all started over ssh; the same 12 tokens over HTTP and the C++ client"
 
+# A stream in flight when the launcher stops: the remote decode node drains it on its host (its
+# ssh session ended at once), and the launcher waits for that drain before it stops the head,
+# whose gateway carries the stream. Its steps take 40 ms (BATON_FAULT_JOB_DELAY_MS above), so
+# the stream lasts ~10 s: longer than the 5 s the launcher gives the head before killing it.
+ip netns exec "$NS1" curl -sN -H "Authorization: Bearer sk-netns-test-key" "http://$A:8000/v1/completions" \
+  -d '{"prompt":"In the beginning","max_tokens":240,"ignore_eos":true,"stream":true}' > "$WORK/stream.txt" &
+CURL=$!
+for _ in $(seq 200); do [ -s "$WORK/stream.txt" ] && break; sleep 0.05; done
+[ -s "$WORK/stream.txt" ] || fail "the long stream did not start"
 kill -INT "$LAUNCHER"
 for _ in $(seq 300); do kill -0 "$LAUNCHER" 2>/dev/null || break; sleep 0.1; done
 kill -0 "$LAUNCHER" 2>/dev/null && fail "the launcher did not stop"
 LAUNCHER=""
+wait "$CURL"
+grep -q "waiting up to [0-9]* ms for the remote nodes decode-remote to drain" "$WORK/launch.log" ||
+  fail "the launcher did not wait for the remote node's drain: $(tail -5 "$WORK/launch.log")"
+grep -q '"finish_reason":"length"' "$WORK/stream.txt" && grep -q 'data: \[DONE\]' "$WORK/stream.txt" ||
+  fail "the stream in flight was cut when the launcher stopped: $(tail -c 300 "$WORK/stream.txt")"
+echo "ssh netns e2e: a 240-token stream in flight at the stop finished: the head outlived the remote node's drain"
 # The remote nodes end when their ssh sessions do (SIGHUP through the remote terminal).
 for _ in $(seq 150); do pgrep -f "$WORK/store|--name decode-remote" > /dev/null || break; sleep 0.1; done
 pgrep -fa "$WORK/store|--name decode-remote" && fail "remote processes outlived the launcher by 15 s"
