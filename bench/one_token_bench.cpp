@@ -19,6 +19,7 @@
 #include <caf/scoped_actor.hpp>
 
 #include "actors/local_cluster.hpp"
+#include "bench/bench_system.hpp"
 #include "gpu/cpu_executor.hpp"
 
 using namespace baton;
@@ -81,11 +82,7 @@ struct run_result {
 
 run_result run_cluster(const local_cluster_config& cfg, uint32_t requests, uint32_t tokens) {
   caf::actor_system_config sys_cfg;
-  register_message_types(sys_cfg);
-  sys_cfg.set("scheduler.max-threads", 2);
-  sys_cfg.set("work-stealing.moderate-poll-attempts", 0);
-  sys_cfg.set("logger.console-verbosity", caf::atom("quiet"));
-  caf::actor_system sys{sys_cfg};
+  caf::actor_system sys{bench::cluster_system_config(sys_cfg)};
   auto cluster = start_local_cluster(sys, cfg);
   run_result out;
   {

@@ -20,6 +20,7 @@
 #include <caf/scoped_actor.hpp>
 
 #include "actors/local_cluster.hpp"
+#include "bench/bench_system.hpp"
 
 using namespace baton;
 using clock_type = std::chrono::steady_clock;
@@ -55,11 +56,7 @@ result run(const options& opt, bool colocated) {
   cfg.decode.local_prefill_chunk_tokens = opt.chunk_tokens;
   cfg.router.request.hybrid_prefill_below_tokens = colocated ? UINT32_MAX : 0;
   caf::actor_system_config sys_cfg;
-  register_message_types(sys_cfg);
-  sys_cfg.set("scheduler.max-threads", 2);
-  sys_cfg.set("work-stealing.moderate-poll-attempts", 0);
-  sys_cfg.set("logger.console-verbosity", caf::atom("quiet"));
-  caf::actor_system sys{sys_cfg};
+  caf::actor_system sys{bench::cluster_system_config(sys_cfg)};
   auto cluster = start_local_cluster(sys, cfg);
   result out;
   {
