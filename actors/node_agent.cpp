@@ -109,10 +109,17 @@ node_agent_actor::behavior_type node_agent_impl(pointer self, node_directory_act
           [=](cluster_welcome& w) {
             auto& st = self->state;
             st.welcome = std::move(w);
-            auto pulse = spawn_start_pulse(self->system(), st.directory, st.cfg.hello.name,
-                                           st.welcome.heartbeat_interval_ms);
-            auto why = start(self->system(), st.welcome, &st.actors);
-            caf::anon_send_exit(pulse, caf::exit_reason::user_shutdown);
+            std::string why;
+            {
+              // Stopped however start ends (an allocation that throws too): a pulse left running
+              // would keep a node that never served alive in the directory.
+              struct pulse_guard {
+                caf::actor pulse;
+                ~pulse_guard() { caf::anon_send_exit(pulse, caf::exit_reason::user_shutdown); }
+              } guard{spawn_start_pulse(self->system(), st.directory, st.cfg.hello.name,
+                                        st.welcome.heartbeat_interval_ms)};
+              why = start(self->system(), st.welcome, &st.actors);
+            }
             if (!why.empty()) {
               stop_all(self);
               self->quit(make_error(errc::executor_failed, "node " + st.cfg.hello.name + ", stage start: " + why));

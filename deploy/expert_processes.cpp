@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <optional>
 #include <string_view>
@@ -148,6 +149,10 @@ std::shared_ptr<gpu::expert_group> spawn_expert_group(const expert_spawn& s, con
                                            std::to_string(s.size), "--slot-bytes", std::to_string(s.slot_bytes),
                                            "--name", s.name, "--dual-batch", s.dual_batch ? "1" : "0"};
     const pid_t pid = fork();
+    if (pid < 0) {  // never stored: stop_processes would signal pid -1, every process of ours
+      for (int fd : {to[0], to[1], from[0], from[1]}) close(fd);
+      return fail("cannot fork an expert shard (" + std::string(std::strerror(errno)) + ")");
+    }
     if (pid == 0) {
       prctl(PR_SET_PDEATHSIG, SIGTERM);  // a shard never outlives its engine
       dup2(to[0], 0);
