@@ -283,7 +283,7 @@ void on_put_landed(prefill_pointer self, uint64_t request_id, uint32_t layer, ui
   // Chunks before the last make progress the decode rank cannot see (a layer completes only with
   // the last chunk): each of their landed layers renews the lease.
   if (r.puts_done[layer] + 1 < r.num_chunks)
-    self->send(r.order.decode, keepalive_atom::value, request_id, r.order.grant.lease_id);
+    renew_lease(self, r.order);
   if (++r.puts_done[layer] == r.num_chunks) {
     if (!r.split.active) {
       announce_layer(self, r, layer);
@@ -827,12 +827,9 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
       [=](keepalive_atom) {
         auto& s = self->state;
         s.keepalive_scheduled = false;
-        s.waiting.for_each([&](const waiting_order& w) {
-          if (!w.order.prefill_only)
-            self->send(w.order.decode, keepalive_atom::value, w.order.request_id, w.order.grant.lease_id);
-        });
+        s.waiting.for_each([&](const waiting_order& w) { renew_lease(self, w.order); });
         for (const auto& [id, r] : s.requests)
-          if (needs_keepalive(s, r)) self->send(r.order.decode, keepalive_atom::value, id, r.order.grant.lease_id);
+          if (needs_keepalive(s, r)) renew_lease(self, r.order);
         schedule_keepalive(self);
       },
       [=](settled_atom) {

@@ -223,6 +223,12 @@ struct prefill_state {
 
 using prefill_pointer = prefill_rank_actor::stateful_pointer<prefill_state>;
 
+/// Renews the order's decode lease: progress the decode rank cannot see (a prefill-only order
+/// holds no lease).
+inline void renew_lease(prefill_pointer self, const prefill_order& o) {
+  if (!o.prefill_only) self->send(o.decode, keepalive_atom::value, o.request_id, o.grant.lease_id);
+}
+
 // Defined in prefill_rank.cpp, used by both.
 void finish_if_done(prefill_pointer self, uint64_t request_id);
 void fail_request(prefill_pointer self, uint64_t request_id, errc code, const std::string& stage,

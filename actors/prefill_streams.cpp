@@ -121,8 +121,7 @@ void on_round_done(prefill_pointer self, uint64_t rid) {
   auto& r = st.requests.at(rid);
   auto& ld = r.load;
   if (r.failed) return finish_if_done(self, rid);  // stopped meanwhile: its answer waited for the reads
-  if (!r.order.prefill_only)  // loading is progress: the lease lives on
-    self->send(r.order.decode, keepalive_atom::value, rid, r.order.grant.lease_id);
+  renew_lease(self, r.order);  // loading is progress: the lease lives on
   bool retry = false;
   for (size_t b = 0; b < ld.state.size(); ++b)
     if (ld.state[b] == prefix_load::retrying) {

@@ -33,9 +33,6 @@ struct request_state {
   decode_rank_actor decode;
   caf::actor_clock::time_point started, stage_started, last_token_at;
   uint64_t lease_id = 0;   ///< 0 = none held
-  /// The lease id this attempt's prefill ranks know it by (prefill_order::grant): the decode
-  /// lease's, or a prefill-only attempt's tag. A cancel names it. 0: no order out.
-  uint64_t writer_tag = 0;
   /// Prefill ranks of this attempt whose order is unanswered (split parts count one each): they
   /// may still put KV into the lease, so a release says so and they are told to stop. An answer,
   /// even an error, comes only once nothing of theirs is in flight; a timeout proves nothing.
@@ -68,6 +65,10 @@ struct request_state {
 };
 
 using request_pointer = request_actor::stateful_pointer<request_state>;
+
+/// The lease id this attempt's prefill ranks know it by (prefill_order::grant), which a cancel
+/// names: the decode lease's, or a prefill-only attempt's tag.
+uint64_t writer_tag(const request_state& st) { return st.prefill_only ? prefill_only_tag(st.attempt) : st.lease_id; }
 
 int64_t micros(caf::actor_clock::duration_type d) {
   return std::chrono::duration_cast<std::chrono::microseconds>(d).count();
@@ -152,11 +153,10 @@ void let_go(request_pointer self) {
   if (st.lease_id != 0 && st.decode) self->send(st.decode, release_atom::value, st.lease_id, writing);
   // Every part of a split prompt stops too (a later part keeps its pages from other prompts
   // until the earlier parts' puts into them are past: prefill_rank's return_pages).
-  if (writing && st.writer_tag != 0)
+  if (writing && writer_tag(st) != 0)
     for (const auto& [rank, name] : prefill_ranks_of(st))
-      if (rank) self->send(rank, cancel_atom::value, st.plan.request_id, st.writer_tag);
+      if (rank) self->send(rank, cancel_atom::value, st.plan.request_id, writer_tag(st));
   st.lease_id = 0;
-  st.writer_tag = 0;
   st.num_writers_out = 0;
 }
 
@@ -539,7 +539,6 @@ void start_prefill(request_pointer self, kv_lease_grant grant) {
   order.prompt_logprobs = scores_prompt(st);
   order.prompt_top_logprobs = p.params.prompt_top_logprobs;
   order.prefill_only = st.prefill_only;
-  st.writer_tag = order.grant.lease_id;
   if (!st.hybrid && st.split.part_ranks.size() > 1) return start_split_prefill(self, std::move(order));
   st.num_writers_out = st.hybrid ? 0 : 1;  // hybrid: the decode rank writes its own pages
   auto pending = st.hybrid ? self->request(st.decode, std::chrono::milliseconds{p.cfg.prefill_timeout_ms}, std::move(order))

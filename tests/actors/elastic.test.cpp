@@ -102,10 +102,12 @@ TEST_CASE("elastic P/D: a move not drained in time is abandoned, and the rank se
   for (int i = 0; i < 1000 && (registered(self, cluster.prefill_balancer) < 2 || registered(self, cluster.decode_balancer) < 2); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds{2});
   std::vector<decltype(self->request(cluster.router, std::chrono::seconds{1}, generate_atom::value, generate_request{}))> handles;
-  for (int i = 0; i < 30; ++i) {
+  // Prompts of one token each (answered by prefill ranks alone) keep the prefill queue hot past
+  // the planner's hold time; a few long generations keep the decode side busy.
+  for (int i = 0; i < 80; ++i) {
     generate_request req;
     req.prompt = std::string(99, static_cast<char>('a' + i % 26));
-    req.max_tokens = i < 4 ? 200 : 1;  // a few long ones keep the decode side busy
+    req.max_tokens = i < 4 ? 200 : 1;
     req.ignore_eos = true;
     handles.push_back(self->request(cluster.router, std::chrono::seconds{120}, generate_atom::value, std::move(req)));
   }
