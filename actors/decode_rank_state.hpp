@@ -97,6 +97,7 @@ struct running_seq {
 struct write_job {
   uint64_t offset = 0;
   uint32_t servers_left = 0;
+  uint32_t servers_written = 0;  ///< servers that confirmed the block: none at the end counts as dropped
   store_write_order order;  ///< everything but the server's slot
 };
 

@@ -13,12 +13,16 @@ namespace baton::decode_detail {
 
 namespace {
 
-/// One server finished (or gave up on) a write-back job; the staging range is freed after the last.
-void write_done_one(decode_pointer self, uint64_t job) {
+/// One server finished (`written`) or gave up on a write-back job; the staging range is freed
+/// after the last. A block no server confirmed is counted as dropped however each one failed (a
+/// server that died before this rank heard of it fails its write_begin, not the ring lookup).
+void write_done_one(decode_pointer self, uint64_t job, bool written) {
   auto& st = self->state;
   auto j = st.writes.find(job);
   if (j == st.writes.end()) return;
+  if (written) ++j->second.servers_written;
   if (--j->second.servers_left > 0) return;
+  if (j->second.servers_written == 0) ++st.write_backs_dropped;
   st.write_slots.release(j->second.offset);
   st.writes.erase(j);
 }
@@ -55,7 +59,7 @@ void poll_writes(decode_pointer self) {
     if (state == transport::xfer_state::failed) {
       // Nothing comes for the slot now: the server takes it back at once, not after its ttl.
       self->send(st.store.servers[p.server], release_atom::value, p.slot_id);
-      write_done_one(self, p.job);
+      write_done_one(self, p.job, false);
       continue;
     }
     auto order = j->second.order;
@@ -63,7 +67,7 @@ void poll_writes(decode_pointer self) {
     const uint64_t job = p.job;
     // Bounded: a server that never answers must not hold the job (and this rank's idleness).
     self->request(st.store.servers[p.server], std::chrono::milliseconds{store_write_order_timeout_ms}, std::move(order))
-        .then([=](uint64_t) { write_done_one(self, job); }, [=](caf::error&) { write_done_one(self, job); });
+        .then([=](uint64_t) { write_done_one(self, job, true); }, [=](caf::error&) { write_done_one(self, job, false); });
   }
   st.write_puts = std::move(still);
   schedule_write_poll(self);
@@ -113,7 +117,7 @@ void write_back(decode_pointer self, const lease& l) {
                     kv.data() + lay.offset_bytes(layer, pages[p]), lay.page_bytes());
     }
     const uint64_t job = ++st.last_write;
-    st.writes[job] = write_job{*off, static_cast<uint32_t>(servers.size()), std::move(w)};
+    st.writes[job] = write_job{*off, static_cast<uint32_t>(servers.size()), 0, std::move(w)};
     for (auto server : servers)
       self->request(st.store.servers[server], std::chrono::milliseconds{st.store.read_timeout_ms},
                     store_write_begin{l.request_id, block_bytes})
@@ -130,7 +134,7 @@ void write_back(decode_pointer self, const lease& l) {
                 st.write_puts.push_back({job, server, slot.slot_id, st.core.xport->post_put(d), self->clock().now()});
                 schedule_write_poll(self);
               },
-              [=](caf::error&) { write_done_one(self, job); });
+              [=](caf::error&) { write_done_one(self, job, false); });
     ++st.blocks_written_back;
   }
 }
