@@ -1,7 +1,9 @@
 #include "actors/node_agent.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <memory>
+#include <random>
 
 #include <caf/actor_system.hpp>
 #include <caf/event_based_actor.hpp>
@@ -32,12 +34,12 @@ using pointer = node_agent_actor::stateful_pointer<node_agent_state>;
 /// its groups so before it ever served. On a thread of its own (detached): the agent's
 /// scheduler thread is the one that is busy. Stopped once `start` returns.
 caf::actor spawn_start_pulse(caf::actor_system& sys, node_directory_actor directory, std::string name,
-                             uint32_t interval_ms) {
+                             uint64_t incarnation, uint32_t interval_ms) {
   return sys.spawn<caf::detached>([=](caf::event_based_actor* self) -> caf::behavior {
     self->send(self, heartbeat_atom::value);
     return {
         [=](heartbeat_atom) {
-          self->send(directory, heartbeat_atom::value, name);
+          self->send(directory, heartbeat_atom::value, name, incarnation);
           self->delayed_send(self, std::chrono::milliseconds{std::max<uint32_t>(1, interval_ms)}, heartbeat_atom::value);
         },
     };
@@ -97,6 +99,11 @@ node_agent_actor::behavior_type node_agent_impl(pointer self, node_directory_act
                                                 node_start start) {
   auto& st = self->state;
   st.cfg = std::move(cfg);
+  if (st.cfg.hello.incarnation == 0) {
+    std::random_device rd;
+    const auto now = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+    st.cfg.hello.incarnation = ((uint64_t{rd()} << 32) ^ rd() ^ now) | 1;  // never 0
+  }
   st.directory = std::move(directory);
   self->monitor(st.directory);
   self->set_down_handler([=](caf::down_msg&) {  // the head went away: nothing left to serve
@@ -116,7 +123,7 @@ node_agent_actor::behavior_type node_agent_impl(pointer self, node_directory_act
               struct pulse_guard {
                 caf::actor pulse;
                 ~pulse_guard() { caf::anon_send_exit(pulse, caf::exit_reason::user_shutdown); }
-              } guard{spawn_start_pulse(self->system(), st.directory, st.cfg.hello.name,
+              } guard{spawn_start_pulse(self->system(), st.directory, st.cfg.hello.name, st.cfg.hello.incarnation,
                                         st.welcome.heartbeat_interval_ms)};
               why = start(self->system(), st.welcome, &st.actors);
             }
@@ -136,7 +143,7 @@ node_agent_actor::behavior_type node_agent_impl(pointer self, node_directory_act
   return {
       [=](heartbeat_atom) {
         auto& st = self->state;
-        self->send(st.directory, heartbeat_atom::value, st.cfg.hello.name);
+        self->send(st.directory, heartbeat_atom::value, st.cfg.hello.name, st.cfg.hello.incarnation);
         self->delayed_send(self, std::chrono::milliseconds{st.welcome.heartbeat_interval_ms}, heartbeat_atom::value);
       },
       [=](drain_atom) {

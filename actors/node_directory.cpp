@@ -92,6 +92,12 @@ struct node_directory_state {
 
 using pointer = node_directory_actor::stateful_pointer<node_directory_state>;
 
+std::string roles_text(const std::vector<std::string>& roles) {
+  std::string out;
+  for (const auto& r : roles) out += (out.empty() ? "" : "+") + r;
+  return out.empty() ? "role-less" : out;
+}
+
 std::string members_text(uint32_t first, size_t count) {
   return count == 1 ? "member " + std::to_string(first)
                     : "members " + std::to_string(first) + " to " + std::to_string(first + count - 1);
@@ -319,6 +325,25 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
           self->delayed_send(self, std::chrono::milliseconds{self->state.cfg.heartbeat_interval_ms}, timer_atom::value);
         }
         const std::string name = hello.name;
+        if (auto old = self->state.nodes.find(name); old != self->state.nodes.end() && old->second.state != "gone" &&
+                                                      old->second.hello.incarnation != hello.incarnation) {
+          auto& o = old->second;
+          // Two live processes of different kinds under one name (`baton node --name x` and
+          // `baton gateway --name x`): one entry cannot stand for both, and the death of either
+          // would go unseen while the other heartbeats.
+          if (o.hello.roles != hello.roles)
+            return make_error(errc::bad_request, "node name " + name + " is held by a live " + roles_text(o.hello.roles) +
+                                                     " process (pid " + std::to_string(o.hello.pid) + "): give this " +
+                                                     roles_text(hello.roles) + " process a --name of its own");
+          // The same kind of process under a live entry's name: a restart before this directory
+          // saw the old one go (a host that froze, or went off the network, sends no down
+          // message). The old process is given up now: its heartbeats no longer count, so its
+          // silence would never be seen, and its ranks would stay in the balancers. One that
+          // drains is left to finish: it no longer takes work and leaves by itself.
+          if (o.state == "joined")
+            mark_gone(self, name, o, "was replaced by a new process (pid " + std::to_string(hello.pid) + ") under its name");
+          o.ranks = {};
+        }
         auto& n = self->state.nodes[name];  // a node that rejoins replaces its old entry
         n.hello = std::move(hello);
         n.agent = caf::actor_cast<caf::actor_addr>(self->current_sender());
@@ -328,10 +353,11 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
         tell_late_node(self, name);  // a group of its lost a member before it could be told
         return self->state.welcome;
       },
-      [=](heartbeat_atom, const std::string& name) {
+      [=](heartbeat_atom, const std::string& name, uint64_t incarnation) {
         auto& st = self->state;
         auto i = st.nodes.find(name);
-        if (i == st.nodes.end()) return;
+        // A process that a newer one under its name replaced keeps no entry alive.
+        if (i == st.nodes.end() || i->second.hello.incarnation != incarnation) return;
         i->second.last_heartbeat = self->clock().now();
         // Back after a partition (or a stall past the heartbeats): its ranks rejoin the balancers
         // by their next load report, which each is asked for at once (health_atom: a rank

@@ -20,10 +20,14 @@ struct node_hello {
   /// The model its ranks serve (model_fingerprint); empty for a node without one (a gateway).
   /// The head refuses a node whose model is not its own: its tokens would mean other things.
   std::string model = {};
+  /// This process's identity under its name, drawn at random as its agent starts (0: the agent
+  /// draws one). A pid is no identity: every container's first process is pid 1, and a node
+  /// restarted in its container comes back as pid 1 under the same name.
+  uint64_t incarnation = 0;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, node_hello& x) {
-  return f(caf::meta::type_name("node_hello"), x.name, x.roles, x.pid, x.model);
+  return f(caf::meta::type_name("node_hello"), x.name, x.roles, x.pid, x.model, x.incarnation);
 }
 
 /// What a joining node needs to start its actors.
@@ -58,7 +62,9 @@ typename Inspector::result_type inspect(Inspector& f, node_status& x) {
 /// The head's register of node processes: who joined, their heartbeats, who drains.
 using node_directory_actor = caf::typed_actor<
     caf::replies_to<join_atom, node_hello>::with<cluster_welcome>,
-    caf::reacts_to<heartbeat_atom, std::string>,   // node name
+    // node name and the incarnation it joined as: a process the name no longer belongs to (a
+    // newer one joined under it) keeps no entry alive
+    caf::reacts_to<heartbeat_atom, std::string, uint64_t>,
     caf::reacts_to<drain_atom, std::string>,       // node name: it is draining and will leave
     // node name and its ranks: what to drop if the node goes silent
     caf::reacts_to<std::string, node_ranks>,

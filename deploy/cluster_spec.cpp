@@ -522,11 +522,15 @@ std::vector<node_launch> plan_launch(const cluster_spec& s, const std::string& b
       if (role == "decode" && !n.spare) decode_ranks += n.gpus;
       out.push_back(std::move(d));
     }
-    if (n.has("gateway") && !n.has("router"))
+    if (n.has("gateway") && !n.has("router")) {
+      const std::string process = n.gpu_rank_node() ? n.name + "/gateway" : n.name;
       out.push_back({n.name, n.host, "gateway",
-                     {binary, "gateway", "--name", n.name, "--cluster", join, "--listen", listen(n, n.http_port)},
-                     key_env});
+                     {binary, "gateway", "--name", process, "--cluster", join, "--listen", listen(n, n.http_port)},
+                     key_env, false, 0, process});
+    }
   }
+  for (auto& l : out)
+    if (l.process.empty()) l.process = l.name;
   // Every process carries the cluster's id, and with TLS its own certificate.
   for (auto& l : out) {
     l.argv.insert(l.argv.end(), {"--cluster-id", s.name});

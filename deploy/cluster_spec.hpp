@@ -111,6 +111,10 @@ struct node_launch {
   std::map<std::string, std::string> env;
   bool spare = false;  ///< not started with the others (node_spec::spare); no data-parallel members of its own
   uint32_t ranks = 0;  ///< decode, prefill or elastic node: its ranks (what a spare must match)
+  /// The name this process joins the head's node directory under, one per process: the node's
+  /// name, or <node>/gateway for a gateway that shares its node with a rank process (the
+  /// directory refuses two kinds of process under one name).
+  std::string process;
 };
 
 /// The command that starts spare `spare` in place of node `failed` (same role and ranks): the

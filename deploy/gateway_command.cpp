@@ -95,10 +95,21 @@ int run_gateway(const std::vector<std::string>& args) {
       welcome->set_value(w.router);
       return std::string{};
     }));
-    if (got.wait_for(within) != std::future_status::ready) {
+    // Until the welcome, or the agent's end: a directory that refuses the join (another process
+    // holds this name) says why, and that is what the user reads, not a timeout.
+    caf::scoped_actor watch{sys};
+    watch->monitor(agent);
+    std::string refused;
+    const auto until = std::chrono::steady_clock::now() + within;
+    while (refused.empty() && got.wait_for(std::chrono::milliseconds{0}) != std::future_status::ready &&
+           std::chrono::steady_clock::now() < until)
+      watch->receive([&](const caf::down_msg& dm) { refused = dm.reason ? sys.render(dm.reason) : "its agent ended"; },
+                     caf::after(std::chrono::milliseconds{50}) >> [] {});
+    if (got.wait_for(std::chrono::milliseconds{0}) != std::future_status::ready) {
       caf::anon_send_exit(agent, caf::exit_reason::user_shutdown);  // a late welcome must not leave a second gateway joined
       agent = {};
-      return *err = "the node directory at " + cluster + " did not welcome this node", std::nullopt;
+      return *err = "the node directory at " + cluster + (refused.empty() ? " did not welcome this node" : " refused this node: " + refused),
+             std::nullopt;
     }
     return got.get();
   };

@@ -126,7 +126,7 @@ void stop_all(std::vector<child>& children, int drain_ms, const remote_wait& awa
   for (const auto& c : children)
     if (c.pid > 0) {
       (c.node.role == "head" ? head : c.node.role == "store" ? stores : nodes).push_back(c.pid);
-      if (c.node.role != "head" && c.node.role != "store" && !is_local_host(c.node.host)) remote.push_back(c.node.name);
+      if (c.node.role != "head" && c.node.role != "store" && !is_local_host(c.node.host)) remote.push_back(c.node.process);
     }
   const auto started = std::chrono::steady_clock::now();
   stop_processes(nodes, drain_ms);
@@ -331,12 +331,12 @@ int run_launch(const std::vector<std::string>& raw_args) {
   }
   std::set<std::string> waiting;
   for (size_t i = head_at + 1; i < plan.size(); ++i)
-    if (!plan[i].spare) waiting.insert(plan[i].name);
+    if (!plan[i].spare) waiting.insert(plan[i].process);
   std::map<std::string, int32_t> joined_pid;  // the process each node last joined as
   caf::scoped_actor self{sys};
   while (!waiting.empty()) {
     if (auto d = dead_child()) {
-      std::fprintf(stderr, "baton launch: node %s exited before it joined; its output says why\n", d->node.name.c_str());
+      std::fprintf(stderr, "baton launch: node %s exited before it joined; its output says why\n", d->node.process.c_str());
       return 1;
     }
     if (std::chrono::steady_clock::now() > deadline || stop_requested()) {
@@ -384,7 +384,7 @@ int run_launch(const std::vector<std::string>& raw_args) {
         directory = *d;
         head_back.reset();
         joined_pid.clear();  // every node joins the new head: say so as each does
-        for (const auto& c : children) restarts.emplace(c.node.name, 0);
+        for (const auto& c : children) restarts.emplace(c.node.process, 0);
         std::printf("baton launch: head %s up again: router %s:%u\n", head.name.c_str(), head.host.c_str(),
                     static_cast<unsigned>(head.router_port));
         std::fflush(stdout);
@@ -422,7 +422,7 @@ int run_launch(const std::vector<std::string>& raw_args) {
           continue;
         }
         it->restart_at.reset();
-        const uint32_t tries = restarts[it->node.name];
+        const uint32_t tries = restarts[it->node.process];
         if (const auto pid = spawn(it->node); pid > 0) {
           it->pid = pid;
           it->started_at = now;
@@ -434,7 +434,7 @@ int run_launch(const std::vector<std::string>& raw_args) {
             // reaped) and restarted by a later pass, while tries are left.
             head_back = awaited_head{now + std::chrono::seconds{wait_s}, {}};
           } else {
-            std::printf("baton launch: node %s restarted (%u of %u, pid %d, after %.1f s)\n", it->node.name.c_str(), tries,
+            std::printf("baton launch: node %s restarted (%u of %u, pid %d, after %.1f s)\n", it->node.process.c_str(), tries,
                         restart_failed, static_cast<int>(pid), it->backoff_ms / 1000.0);
           }
           std::fflush(stdout);
@@ -451,7 +451,7 @@ int run_launch(const std::vector<std::string>& raw_args) {
       }
       // Failed with tries left: restarted once its backoff has passed.
       const auto schedule_restart = [&] {
-        const uint32_t tries = ++restarts[it->node.name];
+        const uint32_t tries = ++restarts[it->node.process];
         const auto ran_ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - it->started_at).count();
         it->backoff_ms = backoff.next_delay_ms(it->backoff_ms, static_cast<uint64_t>(ran_ms));
         it->restart_at = now + std::chrono::milliseconds{it->backoff_ms};
@@ -472,7 +472,7 @@ int run_launch(const std::vector<std::string>& raw_args) {
         // The head restarted in place: the other nodes keep their processes and models, wait
         // for it (`--head-wait-s`) and join it afresh; store nodes are adopted again as it starts.
         // Requests in flight when it died are lost (their clients got an error).
-        if (!cannot_restart && restart_failed > 0 && restarts[it->node.name] < restart_failed) {
+        if (!cannot_restart && restart_failed > 0 && restarts[it->node.process] < restart_failed) {
           const uint32_t tries = schedule_restart();
           std::printf("baton launch: the head exited (%s); restarting it in %.1f s (%u of %u)\n", how.c_str(),
                       it->backoff_ms / 1000.0, tries, restart_failed);
@@ -486,15 +486,15 @@ int run_launch(const std::vector<std::string>& raw_args) {
       }
       // Store nodes are not restarted: the head adopts their block servers only as it starts.
       const bool failed = how != "exit code 0" && it->node.role != "store";
-      if (!cannot_restart && failed && restart_failed > 0 && restarts[it->node.name] < restart_failed) {
+      if (!cannot_restart && failed && restart_failed > 0 && restarts[it->node.process] < restart_failed) {
         const uint32_t tries = schedule_restart();
-        std::printf("baton launch: node %s left (%s); restarting it in %.1f s (%u of %u)\n", it->node.name.c_str(),
+        std::printf("baton launch: node %s left (%s); restarting it in %.1f s (%u of %u)\n", it->node.process.c_str(),
                     how.c_str(), it->backoff_ms / 1000.0, tries, restart_failed);
         std::fflush(stdout);
         ++it;
         continue;
       }
-      if (!cannot_restart) std::printf("baton launch: node %s left (%s)\n", it->node.name.c_str(), how.c_str());
+      if (!cannot_restart) std::printf("baton launch: node %s left (%s)\n", it->node.process.c_str(), how.c_str());
       // Failed for good (restarts used up, or its host cannot start it): a spare of the same
       // role and ranks takes its place, and with it the node's data-parallel members; one
       // standing by first (told the node's flags on its stdin), else one started cold.
@@ -513,7 +513,7 @@ int run_launch(const std::vector<std::string>& raw_args) {
         std::printf("baton launch: node %s failed for good; spare %s, standing by, takes its place (pid %d)\n",
                     it->node.name.c_str(), in.name.c_str(), static_cast<int>(sb.pid));
         sb.node = in;
-        restarts.emplace(in.name, 0);  // a spare may be restarted as any node, and is watched for its join
+        restarts.emplace(in.process, 0);  // a spare may be restarted as any node, and is watched for its join
         replaced = by_standby = true;
       }
       for (auto sp = spares.begin(); failed && !replaced && sp != spares.end();) {
@@ -526,7 +526,7 @@ int run_launch(const std::vector<std::string>& raw_args) {
           std::printf("baton launch: node %s failed for good; spare %s started in its place (pid %d)\n",
                       it->node.name.c_str(), in.name.c_str(), static_cast<int>(pid));
           *it = child{in, pid};
-          restarts.emplace(in.name, 0);  // a spare may be restarted as any node, and is watched for its join
+          restarts.emplace(in.process, 0);  // a spare may be restarted as any node, and is watched for its join
           replaced = true;
         } else {
           std::fprintf(stderr, "baton launch: spare %s: cannot start it: %s\n", sp->name.c_str(), why.c_str());

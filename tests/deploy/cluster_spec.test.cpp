@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -79,6 +80,34 @@ TEST_CASE("a cluster spec parses into nodes and plans one command line per node 
   const auto keyed = plan_launch(s, "/bin/baton", {"127.0.0.1", ""});
   CHECK(keyed[2].env.at("BATON_API_KEYS") == "sk-secret-1");
   for (const auto& a : keyed[2].argv) CHECK(a.find("sk-secret") == std::string::npos);  // never on a command line
+}
+
+TEST_CASE("each process of a plan joins the head's node directory under a name of its own: a gateway beside a "
+          "decode node's ranks is <node>/gateway") {
+  const std::string spec = R"({
+    "name": "t", "model": "m",
+    "nodes": [
+      {"name": "head", "roles": ["router", "prefill"], "ports": {"router": 7100, "cluster": 7101}},
+      {"name": "d", "roles": ["decode", "gateway"], "ports": {"http": 8000}},
+      {"name": "g", "roles": ["gateway"], "ports": {"http": 8001}}
+    ]})";
+  cluster_spec s;
+  std::string why;
+  REQUIRE_MESSAGE(parse_cluster_spec(spec, "/base", &s, &why), why);
+  const auto plan = plan_launch(s, "/bin/baton", {"127.0.0.1", ""});
+  REQUIRE(plan.size() == 4);
+  auto name_flag = [](const node_launch& n) { return *(std::find(n.argv.begin(), n.argv.end(), "--name") + 1); };
+  CHECK(plan[1].role == "decode");
+  CHECK(plan[1].process == "d");
+  CHECK(name_flag(plan[1]) == "d");
+  CHECK(plan[2].role == "gateway");
+  CHECK(plan[2].name == "d");  // the node (its host, its certificate)
+  CHECK(plan[2].process == "d/gateway");
+  CHECK(name_flag(plan[2]) == "d/gateway");
+  CHECK(plan[3].process == "g");  // alone on its node: the node's name
+  CHECK(name_flag(plan[3]) == "g");
+  std::set<std::string> names;
+  for (const auto& l : plan) CHECK(names.insert(l.process).second);
 }
 
 TEST_CASE("prefill ranks and block servers in their own node processes: store nodes start first") {

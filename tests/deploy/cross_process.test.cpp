@@ -629,7 +629,7 @@ TEST_CASE("the node directory: a node given up for lost (missed heartbeats) that
   for (int i = 0; i < 400 && state() != "gone"; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{5});
   REQUIRE(state() == "gone");
   CHECK(asked->load() == 0);
-  self->send(dir, heartbeat_atom::value, std::string{"node-a"});  // back after a partition
+  self->send(dir, heartbeat_atom::value, std::string{"node-a"}, uint64_t{0});  // back after a partition
   for (int i = 0; i < 400 && asked->load() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{5});
   CHECK(asked->load() == 1);
   CHECK(state() == "joined");
@@ -703,6 +703,65 @@ TEST_CASE("the node directory: a node restarted under its name that met its grou
   CHECK(log_a->got.size() == 1);
   a->send_exit(agent_a, caf::exit_reason::kill);
   a->send_exit(dir, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("the node directory: another kind of process under a live node's name is refused by name; the same kind "
+          "replaces it, the old process's ranks are forgotten at once and its heartbeats keep nothing alive") {
+  network_system n;
+  // A stand-in for the decode balancer: it records the ranks the directory tells it to forget.
+  auto forgotten = std::make_shared<std::atomic<int>>(0);
+  auto balancer = caf::actor_cast<decode_balancer_actor>(n.sys.spawn([forgotten](caf::event_based_actor*) -> caf::behavior {
+    return {[forgotten](forget_atom, const decode_rank_actor&) { ++*forgotten; }};
+  }));
+  auto rank = caf::actor_cast<decode_rank_actor>(n.sys.spawn([](caf::event_based_actor*) -> caf::behavior {
+    return {[](health_atom) {}};
+  }));
+  cluster_welcome welcome;
+  welcome.decode_balancer = balancer;
+  node_directory_config dc;
+  dc.heartbeat_interval_ms = 200;
+  dc.missed_heartbeats = 5;  // gone after 1 s without a heartbeat that counts: room for a stalled machine
+  auto dir = spawn_node_directory(n.sys, dc, welcome);
+  caf::scoped_actor first{n.sys}, second{n.sys};
+  auto join = [&](caf::scoped_actor& as, std::vector<std::string> roles, int32_t pid, uint64_t incarnation) {
+    std::string error;
+    as->request(dir, std::chrono::seconds{5}, join_atom::value, node_hello{"node-a", std::move(roles), pid, "", incarnation})
+        .receive([](cluster_welcome&) {}, [&](caf::error& e) { error = n.sys.render(e); });
+    return error;
+  };
+  auto state = [&] {
+    std::pair<std::string, int32_t> out;
+    first->request(dir, std::chrono::seconds{5}, stats_atom::value)
+        .receive([&](std::vector<node_status>& s) { for (const auto& x : s) if (x.name == "node-a") out = {x.state, x.pid}; },
+                 [](caf::error&) {});
+    return out;
+  };
+  REQUIRE(join(first, {"decode"}, 41, 11).empty());
+  first->send(dir, std::string{"node-a"}, node_ranks{{rank}, {}, {"node-a"}});
+  // A gateway started with the decode node's name is refused, and the decode node stays as it was.
+  first->send(dir, heartbeat_atom::value, std::string{"node-a"}, uint64_t{11});
+  const auto refused = join(second, {"gateway"}, 42, 22);
+  CHECK(refused.find("node name node-a is held by a live decode process (pid 41)") != std::string::npos);
+  CHECK(refused.find("give this gateway process a --name of its own") != std::string::npos);
+  CHECK(state() == std::pair<std::string, int32_t>{"joined", 41});
+  CHECK(forgotten->load() == 0);
+  // The same kind of process under the name: a restart the directory did not see coming. The old
+  // process's rank is forgotten at its join, not when a network timeout notices.
+  REQUIRE(join(second, {"decode"}, 43, 33).empty());
+  first->send(dir, heartbeat_atom::value, std::string{"node-a"}, uint64_t{33});  // before the look, in order
+  CHECK(state() == std::pair<std::string, int32_t>{"joined", 43});
+  for (int i = 0; i < 500 && forgotten->load() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{5});
+  CHECK(forgotten->load() == 1);
+  // Only the old process heartbeats now: that keeps nothing alive, and the silent new one is
+  // given up (before, the old process's beats held the entry up for good).
+  for (int i = 0; i < 3000 && state().first != "gone"; ++i) {
+    first->send(dir, heartbeat_atom::value, std::string{"node-a"}, uint64_t{11});
+    std::this_thread::sleep_for(std::chrono::milliseconds{5});
+  }
+  CHECK(state() == std::pair<std::string, int32_t>{"gone", 43});
+  CHECK(forgotten->load() == 1);  // the new process had announced no ranks
+  for (auto a : {caf::actor_cast<caf::actor>(dir), caf::actor_cast<caf::actor>(balancer), caf::actor_cast<caf::actor>(rank)})
+    first->send_exit(a, caf::exit_reason::user_shutdown);
 }
 
 TEST_CASE("process_gone reports how a child ended without reaping it, so its owner still can") {

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # A multi-process cluster from a spec on 127.0.0.1 (head with router, 2 prefill ranks and 2
-# block servers; 2 decode nodes; a gateway node), launched by `baton launch`, serving:
+# block servers; 2 decode nodes, one with a gateway of its own; a gateway node), launched by
+# `baton launch`, serving:
 #   1. the C++ client (`baton generate`) gets exactly the text of a single-process cluster;
 #   2. curl gets the same text over HTTP, whole and streamed;
 #   3. the official OpenAI Node.js SDK passes its checks (tests/node);
 #   4. SIGTERM on a decode node while 4 clients stream: every stream ends well (drain);
 #   5. SIGINT on the launcher stops every process.
+# Besides: the gateway beside decode-b's ranks joins the head as decode-b/gateway and serves, and
+# a gateway started under a live decode node's name is refused by name.
 # Usage: launch_e2e.sh BATON_BINARY SOURCE_DIR. Bounded waits throughout; always cleans up.
 set -euo pipefail
 BATON=$1
@@ -31,7 +34,7 @@ wait_for() {  # wait_for FILE PATTERN SECONDS
 }
 
 source "$(dirname "$0")/e2e_lib.sh"
-read -r P_ROUTER P_CLUSTER P_HTTP < <(free_ports 3)
+read -r P_ROUTER P_CLUSTER P_HTTP P_HTTP_B < <(free_ports 4)
 KEY="sk-e2e-$RANDOM$RANDOM$RANDOM"
 MODEL_DIR="$SRC/models/baton-kjv-tiny"
 cat > "$WORK/spec.json" <<SPEC
@@ -44,7 +47,7 @@ cat > "$WORK/spec.json" <<SPEC
     {"name": "head", "host": "127.0.0.1", "roles": ["router", "prefill", "store"], "prefill_ranks": 2,
      "ports": {"router": $P_ROUTER, "cluster": $P_CLUSTER}},
     {"name": "decode-a", "host": "127.0.0.1", "roles": ["decode"]},
-    {"name": "decode-b", "host": "127.0.0.1", "roles": ["decode"]},
+    {"name": "decode-b", "host": "127.0.0.1", "roles": ["decode", "gateway"], "ports": {"http": $P_HTTP_B}},
     {"name": "gw", "host": "127.0.0.1", "roles": ["gateway"], "ports": {"http": $P_HTTP}}
   ]
 }
@@ -53,6 +56,20 @@ BATON_E2E_KEYS="$KEY" "$BATON" launch "$WORK/spec.json" --wait-s 90 > "$WORK/lau
 LAUNCHER=$!
 wait_for "$WORK/launch.log" "is up" 90
 grep -q "node decode-a joined" "$WORK/launch.log" || fail "decode-a did not join"
+# One process, one name at the head: decode-b's ranks and its gateway are two entries.
+grep -q "node decode-b joined (decode" "$WORK/launch.log" || fail "decode-b did not join as a decode process"
+grep -q "node decode-b/gateway joined (gateway" "$WORK/launch.log" || fail "decode-b's gateway did not join as decode-b/gateway"
+[ "$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $KEY" "http://127.0.0.1:$P_HTTP_B/v1/models")" = 200 ] ||
+  fail "decode-b's gateway does not serve"
+set +e
+timeout 60 "$BATON" gateway --cluster "127.0.0.1:$P_CLUSTER" --cluster-id e2e --name decode-a --listen 127.0.0.1:0 \
+  > "$WORK/dup_gateway.log" 2>&1
+DUP_RC=$?
+set -e
+[ "$DUP_RC" = 1 ] || fail "a gateway under decode-a's name exited $DUP_RC, not 1: $(cat "$WORK/dup_gateway.log")"
+grep -q "refused this node: .*node name decode-a is held by a live decode process" "$WORK/dup_gateway.log" ||
+  fail "a gateway under decode-a's name was not refused by name: $(cat "$WORK/dup_gateway.log")"
+echo "launch e2e: names: decode-b's gateway joined as decode-b/gateway; a gateway named decode-a was refused ($(grep -o 'node name decode-a[^:]*' "$WORK/dup_gateway.log"))"
 
 # 1. The same prompts through a single-process cluster and through the launched one.
 "$BATON" local --serve --model "$MODEL_DIR" --router-listen 127.0.0.1:0 > "$WORK/single.log" 2>&1 &
