@@ -147,7 +147,7 @@ TEST_CASE("a prefill placement whose prompt never reaches its rank (no report fo
   caf::scoped_actor self{t.sys};
   prefill_balancer_config bc;
   bc.policy = "least_loaded";
-  bc.charge_ttl_ms = 50;
+  bc.charge_ttl_ms = 1000;  // long enough that placements 1 to 5 all fall inside it on a stalled machine
   auto bal = spawn_prefill_balancer(t.sys, bc);
   auto rank = stand_in_rank<prefill_rank_actor>(t);
   rank_load load = idle_load("prefill-x", 64);
@@ -169,7 +169,7 @@ TEST_CASE("a prefill placement whose prompt never reaches its rank (no report fo
   self->send(bal, load_atom::value, load, rank);
   CHECK(place(5).rfind("least_loaded: 0 queued tokens", 0) == 0);
   // No report follows placement 5 (its request failed before ordering): past the limit it goes.
-  std::this_thread::sleep_for(std::chrono::milliseconds{80});
+  std::this_thread::sleep_for(std::chrono::milliseconds{1200});
   CHECK(place(4).rfind("least_loaded: 0 queued tokens", 0) == 0);
   bool logged = false;
   self->request(bal, std::chrono::seconds{5}, events_atom::value)

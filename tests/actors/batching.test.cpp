@@ -380,7 +380,8 @@ TEST_CASE("a decode rank short of pages offloads a running sequence to host memo
   auto cfg = shared_decode_rank();
   cfg.executor.num_kv_pages = 16;  // 256 tokens per rank
   cfg.decode.host_offload_pages = 32;
-  auto cluster = start_local_cluster(t.sys, cfg);
+  // A's 120 steps take over a second: B's placement finds it running, not finished.
+  auto cluster = test::start_with_slow_ranks(t.sys, cfg, "decode", 10);
   test::cluster_system::stopper stop{t, cluster};
   const auto& decode = cluster.decode[0].handle;
   caf::scoped_actor self{t.sys};
@@ -414,7 +415,7 @@ TEST_CASE("a sequence offloaded for a reservation that is then released comes ba
   cfg.executor.num_kv_pages = 16;
   cfg.decode.host_offload_pages = 32;
   cfg.router.request.token_timeout_ms = 600000;  // the watchdog must not be what moves it
-  auto cluster = start_local_cluster(t.sys, cfg);
+  auto cluster = test::start_with_slow_ranks(t.sys, cfg, "decode", 10);  // A still runs when the reservation comes
   test::cluster_system::stopper stop{t, cluster};
   const auto& decode = cluster.decode[0].handle;
   caf::scoped_actor self{t.sys};
@@ -450,11 +451,7 @@ TEST_CASE("a decode rank offloads nothing for a reservation that offloading cann
   cfg.decode.host_offload_pages = 6;  // C (5 pages) fits; B (7) does not
   cfg.decode.reserve_wait_ms = 200;
   // Decode steps start 20 ms late (a fault executor): B and C both run for most of a second.
-  auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
-  auto cluster = start_local_cluster(t.sys, cfg, [&cfg, weights](const std::string& name) -> std::shared_ptr<gpu::executor> {
-    std::shared_ptr<gpu::executor> exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
-    return name.rfind("decode", 0) == 0 ? gpu::make_fault_slow_executor(exec, 20) : exec;
-  });
+  auto cluster = test::start_with_slow_ranks(t.sys, cfg, "decode", 20);
   test::cluster_system::stopper stop{t, cluster};
   const auto& decode = cluster.decode[0].handle;
   caf::scoped_actor self{t.sys};

@@ -10,6 +10,8 @@
 
 #include "actors/local_cluster.hpp"
 #include "actors/messages.hpp"
+#include "gpu/cpu_executor.hpp"
+#include "gpu/fault_executor.hpp"
 #include "transport/fault_proxy.hpp"
 
 namespace baton::test {
@@ -89,6 +91,18 @@ inline transport_wrapper fault_proxy_on(std::string rank, transport::fault_plan 
     if (name != rank) return std::shared_ptr<transport::transport>{std::move(inner)};
     return std::shared_ptr<transport::transport>{transport::make_fault_proxy(std::move(inner), plan)};
   };
+}
+
+/// A cluster whose ranks named `prefix`... ("decode", "prefill") start each job `delay_ms` late (a
+/// fault executor): work in progress stays in progress long enough for the test's next message to
+/// find it, however loaded the machine.
+inline local_cluster start_with_slow_ranks(caf::actor_system& sys, const local_cluster_config& cfg,
+                                           const std::string& prefix, uint32_t delay_ms) {
+  auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
+  return start_local_cluster(sys, cfg, [cfg, weights, prefix, delay_ms](const std::string& name) -> std::shared_ptr<gpu::executor> {
+    std::shared_ptr<gpu::executor> exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
+    return name.rfind(prefix, 0) == 0 ? gpu::make_fault_slow_executor(exec, delay_ms) : exec;
+  });
 }
 
 }  // namespace baton::test

@@ -441,7 +441,9 @@ TEST_CASE("failover: a corrupted, a dropped or a stalled layer re-places the req
           "colocated tokens") {
   for (auto kind : {transport::fault_kind::corrupt_byte, transport::fault_kind::drop, transport::fault_kind::stall}) {
     CAPTURE(static_cast<int>(kind));
-    faulty_cluster f{{kind, 1, {}, 1, 5}, /*lease_ms*/ 300, /*max_attempts*/ 3};
+    // A lease of 1 s: the stall is found at its end, and the clean retry's lease does not run out
+    // on a stalled machine (which would make a second failover).
+    faulty_cluster f{{kind, 1, {}, 1, 5}, /*lease_ms*/ 1000, /*max_attempts*/ 3};
     generate_request req;
     req.prompt = prompts[1];
     req.max_tokens = 6;
@@ -457,7 +459,7 @@ TEST_CASE("failover: a corrupted, a dropped or a stalled layer re-places the req
 
 TEST_CASE("failover of a sampled request: the retry draws the same tokens (a draw depends only on the seed and the "
           "token's position)") {
-  faulty_cluster f{{transport::fault_kind::corrupt_byte, 1, {}, 1, 5}, /*lease_ms*/ 300, /*max_attempts*/ 3};
+  faulty_cluster f{{transport::fault_kind::corrupt_byte, 1, {}, 1, 5}, /*lease_ms*/ 1000, /*max_attempts*/ 3};
   generate_request req;
   req.prompt = prompts[2];
   req.max_tokens = 12;
@@ -503,6 +505,9 @@ TEST_CASE("a prefill that fails after posting a layer's put is answered only onc
   test::cluster_system t;
   auto cfg = small_cluster();
   cfg.router.request.max_attempts = 1;
+  // The delayed put must settle, not be given up: 2000 polls can outlast the default 2 s on a
+  // stalled machine, and an abandoned put logs no send_done.
+  cfg.prefill.kv_send_timeout_ms = 60000;
   const uint32_t layer = 1;
   auto make_exec = prefill0_wrapped(cfg, [layer](std::shared_ptr<gpu::executor> x) {
     return gpu::make_fault_failing_prefill_executor(std::move(x), layer);

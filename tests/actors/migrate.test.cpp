@@ -158,14 +158,17 @@ TEST_CASE("a move whose KV takes longer to land than a request's lease lasts sti
           "the lease as long as the source waits for its puts, and nothing is recomputed") {
   test::cluster_system t;
   auto cfg = two_decode_ranks();
-  cfg.router.request.lease_ms = 200;  // a move's puts take longer than this below
+  // A move's puts take longer than this below; still long enough that keepalives (every third of
+  // it) do not miss it on a stalled machine (a failover would spoil the count).
+  cfg.router.request.lease_ms = 600;
+  cfg.decode.migrate_send_timeout_ms = 60000;  // slow puts, not abandoned ones
   REQUIRE(cfg.validate().empty());
-  // The decode ranks' puts (only moves use them) each report pending for their first 2000 polls:
-  // at least 0.4 s at the 200 us poll interval.
+  // The decode ranks' puts (only moves use them) each report pending for their first 5000 polls:
+  // at least 1 s at the 200 us poll interval.
   auto wrap = [](std::unique_ptr<transport::transport> inner, const std::string& name) -> std::shared_ptr<transport::transport> {
     if (name.rfind("decode", 0) != 0) return std::shared_ptr<transport::transport>{std::move(inner)};
     transport::fault_plan slow{transport::fault_kind::delay, {}, {}, 1000000, 1};
-    slow.delay_polls = 2000;
+    slow.delay_polls = 5000;
     return std::shared_ptr<transport::transport>{transport::make_fault_proxy(std::move(inner), slow)};
   };
   auto cluster = start_local_cluster(t.sys, cfg, {}, wrap);

@@ -355,7 +355,9 @@ TEST_CASE("a prefill-only order is answered without a lease; a cancel naming its
           "tag does not, and a split of one is refused") {
   test::cluster_system t;
   auto cfg = one_by_one();
-  auto cluster = start_local_cluster(t.sys, cfg);
+  // Each chunk starts 30 ms late: the cancel sent behind an order is read before chunk 0's result
+  // even if this thread is held up between the two sends.
+  auto cluster = test::start_with_slow_ranks(t.sys, cfg, "prefill", 30);
   test::cluster_system::stopper stop{t, cluster};
   REQUIRE(t.wait_registered(cluster));
   const std::string text(100, 'q');  // seven chunks of 16

@@ -94,8 +94,18 @@ store_stats index_stats(test::cluster_system& t, const local_cluster& c) {
 
 /// Waits (bounded) until the index knows at least `n` blocks: write-back is asynchronous.
 void wait_for_blocks(test::cluster_system& t, const local_cluster& c, uint64_t n) {
-  for (int i = 0; i < 500 && index_stats(t, c).blocks < n; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{4});
+  for (int i = 0; i < 2500 && index_stats(t, c).blocks < n; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{4});
   REQUIRE(index_stats(t, c).blocks >= n);
+}
+
+/// The servers the (single) index shard names for `key`: none when absent, expired, or on servers
+/// the index saw go.
+std::vector<uint32_t> servers_of(test::cluster_system& t, const local_cluster& c, const store::block_key& key) {
+  caf::scoped_actor self{t.sys};
+  std::vector<block_ref> refs{{key.hi, key.lo, {}}};
+  self->request(c.store_index[0], std::chrono::seconds{5}, check_atom::value, uint64_t{1}, refs)
+      .receive([&](std::vector<block_ref>& r) { refs = std::move(r); }, [](caf::error&) {});
+  return refs[0].servers;
 }
 
 /// The key of block `b` of `tokens` in this cluster's store.
@@ -257,7 +267,7 @@ TEST_CASE("store: a sequence released while it sits offloaded in host memory wri
   cfg.decode.host_offload_pages = 32;
   cfg.router.request.token_timeout_ms = 600000;
   test::cluster_system t;
-  auto cluster = start_local_cluster(t.sys, cfg);
+  auto cluster = test::start_with_slow_ranks(t.sys, cfg, "decode", 10);  // it still runs when the reservation comes
   test::cluster_system::stopper stop{t, cluster};
   const auto& decode = cluster.decode[0].handle;
   caf::scoped_actor self{t.sys};
@@ -400,15 +410,23 @@ TEST_CASE("store: with 2 replicas, a killed block server still yields hits; with
     const auto ref = reference(cfg, p);
     REQUIRE(t.generate(cluster.router, request_for(p)));
     wait_for_blocks(t, cluster, 3);
-    std::this_thread::sleep_for(std::chrono::milliseconds{100});  // replicas' writes land too
-    // Kill the server holding block 0's primary copy.
+    // Every replica's write has landed (the index counts a block at its first copy).
+    for (size_t b = 0; b < 3; ++b)
+      for (int i = 0; i < 2500 && servers_of(t, cluster, key_of(cfg, p, b)).size() < replicas; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds{4});
+    // Kill the server holding block 0's primary copy, and wait until the index has seen it go.
     const store::server_ring ring{2};
     const auto primary = ring.servers_for(key_of(cfg, p, 0), 1)[0];
     {
       caf::scoped_actor self{t.sys};
       self->send_exit(cluster.store_servers[primary].handle, caf::exit_reason::kill);
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds{50});
+    const auto names_primary = [&] {
+      const auto s = servers_of(t, cluster, key_of(cfg, p, 0));
+      return std::find(s.begin(), s.end(), primary) != s.end();
+    };
+    for (int i = 0; i < 2500 && names_primary(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds{4});
+    REQUIRE_FALSE(names_primary());
     auto got = t.generate(cluster.router, request_for(p));
     REQUIRE_MESSAGE(got, t.sys.render(got.error()));
     check_equal(*got, ref);
@@ -420,12 +438,7 @@ TEST_CASE("store: with 2 replicas, a killed block server still yields hits; with
       // (computed, never waited for) and nothing after it can be used.
       CHECK(got->cached_tokens == 0);
       CHECK(got->recomputed_blocks == 0);
-      caf::scoped_actor self{t.sys};
-      const auto k = key_of(cfg, p, 0);
-      std::vector<block_ref> refs{{k.hi, k.lo, {}}};
-      self->request(cluster.store_index[0], std::chrono::seconds{5}, check_atom::value, uint64_t{1}, refs)
-          .receive([&](std::vector<block_ref>& r) { refs = std::move(r); }, [](caf::error&) {});
-      CHECK(refs[0].servers.empty());
+      CHECK(servers_of(t, cluster, key_of(cfg, p, 0)).empty());
     }
   }
 }

@@ -325,22 +325,22 @@ TEST_CASE("a node whose start outlasts the directory's heartbeat timeout heartbe
           "declared gone") {
   network_system n;
   node_directory_config dc;
-  dc.heartbeat_interval_ms = 20;
-  dc.missed_heartbeats = 4;  // silent for 80 ms: gone
+  dc.heartbeat_interval_ms = 50;
+  dc.missed_heartbeats = 8;  // silent for 400 ms: gone (room for a stalled machine's late beat)
   auto dir = spawn_node_directory(n.sys, dc, {});
-  // A start that blocks the agent for 30 heartbeat intervals, as spawning expert processes or
-  // uploading weights to a GPU may.
+  // A start that blocks the agent for 30 heartbeat intervals (almost 4 timeouts), as spawning
+  // expert processes or uploading weights to a GPU may.
   auto started = std::make_shared<std::atomic<bool>>(false);
   node_agent_config ac;
   ac.hello = node_hello{"slow-node", {"decode"}, 1, ""};
   auto agent = spawn_node_agent(n.sys, dir, ac, [started](caf::actor_system&, const cluster_welcome&, node_actors*) {
-    std::this_thread::sleep_for(std::chrono::milliseconds{600});
+    std::this_thread::sleep_for(std::chrono::milliseconds{1500});
     started->store(true);
     return std::string{};
   });
   caf::scoped_actor self{n.sys};
   std::vector<std::string> states;
-  for (int i = 0; i < 2000 && !started->load(); ++i) {
+  for (int i = 0; i < 4000 && !started->load(); ++i) {
     self->request(dir, std::chrono::seconds{5}, stats_atom::value)
         .receive(
             [&](std::vector<node_status>& all) {
@@ -630,9 +630,11 @@ TEST_CASE("the node directory: a node given up for lost (missed heartbeats) that
   REQUIRE(state() == "gone");
   CHECK(asked->load() == 0);
   self->send(dir, heartbeat_atom::value, std::string{"node-a"}, uint64_t{0});  // back after a partition
-  for (int i = 0; i < 400 && asked->load() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{5});
-  CHECK(asked->load() == 1);
+  // Asked right behind the heartbeat (one sender's messages arrive in order): joined again, before
+  // its next silence can count.
   CHECK(state() == "joined");
+  for (int i = 0; i < 2000 && asked->load() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{5});
+  CHECK(asked->load() == 1);
   self->send_exit(dir, caf::exit_reason::user_shutdown);
   self->send_exit(agent, caf::exit_reason::user_shutdown);
   self->send_exit(rank, caf::exit_reason::user_shutdown);
