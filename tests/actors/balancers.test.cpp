@@ -44,7 +44,7 @@ TEST_CASE("a placement parked for want of room is given up once its asker stops 
     self->request(balancer, std::chrono::milliseconds{20}, place_atom::value, q)
         .receive([&](decode_placement&) { FAIL("placed with no rank"); }, [&](caf::error&) {});
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds{30});
+  std::this_thread::sleep_for(std::chrono::milliseconds{100});  // past every parked deadline, with room to spare
   // A rank with room for two such sequences reports: no ghost takes its room.
   auto rank = stand_in_rank<decode_rank_actor>(t);
   rank_load load = idle_load("decode-x", 8);

@@ -38,7 +38,7 @@ local_cluster_config on_demand_decode_rank() {
 
 /// Waits (bounded) until the decode rank has run at least `n` steps.
 void wait_for_steps(test::cluster_system& t, const decode_rank_actor& decode, uint64_t n) {
-  for (int i = 0; i < 2000 && t.stats(decode).num_steps < n; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{1});
+  for (int i = 0; i < 10000 && t.stats(decode).num_steps < n; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{1});
   REQUIRE(t.stats(decode).num_steps >= n);
 }
 

@@ -424,7 +424,7 @@ TEST_CASE("a lease whose holder ended without learning of it goes back at once; 
     const auto ev = t.events(decode);
     return std::count_if(ev.begin(), ev.end(), [](auto& e) { return e.kind == "lease_orphaned"; });
   };
-  for (int i = 0; i < 1000 && orphaned() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{2});
+  for (int i = 0; i < 5000 && orphaned() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{2});
   CHECK(orphaned() == 1);
   CHECK(t.stats(decode).num_free_pages == all);
   // The control: a holder that failed (it may have told a writer) leaves its lease to run out.

@@ -93,7 +93,7 @@ TEST_CASE("all-to-all: a rank that never exchanges is named in the others' error
   std::vector<std::unique_ptr<all_to_all>> groups;
   std::vector<region_key> keys;
   for (uint32_t r = 0; r < 3; ++r) {
-    groups.push_back(std::make_unique<all_to_all>(*ts[r], names, all_to_all_config{r, 3, 64, std::chrono::milliseconds{200}}));
+    groups.push_back(std::make_unique<all_to_all>(*ts[r], names, all_to_all_config{r, 3, 64, std::chrono::milliseconds{1000}}));
     keys.push_back(groups.back()->key());
   }
   for (auto& g : groups) g->connect(keys);
@@ -104,7 +104,7 @@ TEST_CASE("all-to-all: a rank that never exchanges is named in the others' error
   std::vector<std::span<const std::byte>> recv0;
   CHECK_FALSE(groups[0]->exchange(send, &recv0, &why0));
   other.join();
-  CHECK_MESSAGE(why0.find("all-to-all exchange 1: rank ep-0 has nothing from ep-2 after 200 ms") != std::string::npos, why0);
+  CHECK_MESSAGE(why0.find("all-to-all exchange 1: rank ep-0 has nothing from ep-2 after 1000 ms") != std::string::npos, why0);
   CHECK_MESSAGE(why1.find("has nothing from ep-2") != std::string::npos, why1);
   send[2] = big;
   CHECK_FALSE(groups[0]->exchange(send, &recv0, &why0));
