@@ -21,6 +21,10 @@ struct node_entry {
   caf::actor_addr agent;
   caf::actor_clock::time_point last_heartbeat;
   std::string state = "joined";
+  /// Its agent went down: the process ended, or its connection to the head did (its agent then
+  /// sees the head go, and joins afresh). Unlike a node gone silent, it never comes back by a
+  /// heartbeat -- one still in flight from its start pulse must not revive it.
+  bool ended = false;
 };
 
 using cards_promise = caf::typed_response_promise<std::vector<std::string>>;
@@ -310,7 +314,10 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
   self->state.welcome.heartbeat_interval_ms = cfg.heartbeat_interval_ms;
   self->set_down_handler([=](caf::down_msg& dm) {
     for (auto& [name, n] : self->state.nodes)
-      if (n.agent == dm.source) mark_gone(self, name, n, "went down (" + self->system().render(dm.reason) + ")");
+      if (n.agent == dm.source) {
+        n.ended = true;
+        mark_gone(self, name, n, "went down (" + self->system().render(dm.reason) + ")");
+      }
   });
   // The liveness sweep runs only while nodes are registered: an idle directory schedules
   // nothing (sims run until no event is left).
@@ -349,6 +356,7 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
         n.agent = caf::actor_cast<caf::actor_addr>(self->current_sender());
         n.last_heartbeat = self->clock().now();
         n.state = "joined";
+        n.ended = false;
         if (auto agent = caf::actor_cast<caf::actor>(self->current_sender())) self->monitor(agent);
         tell_late_node(self, name);  // a group of its lost a member before it could be told
         return self->state.welcome;
@@ -356,8 +364,9 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
       [=](heartbeat_atom, const std::string& name, uint64_t incarnation) {
         auto& st = self->state;
         auto i = st.nodes.find(name);
-        // A process that a newer one under its name replaced keeps no entry alive.
-        if (i == st.nodes.end() || i->second.hello.incarnation != incarnation) return;
+        // A process that a newer one under its name replaced keeps no entry alive, nor does one
+        // whose agent ended.
+        if (i == st.nodes.end() || i->second.hello.incarnation != incarnation || i->second.ended) return;
         i->second.last_heartbeat = self->clock().now();
         // Back after a partition (or a stall past the heartbeats): its ranks rejoin the balancers
         // by their next load report, which each is asked for at once (health_atom: a rank
