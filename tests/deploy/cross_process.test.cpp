@@ -150,6 +150,16 @@ struct gone_log {
   uint32_t returns = 0;  ///< notices that members came back to a shrunk group
 };
 
+/// Node `name`'s state in the directory's register (empty: not there), asked by `self` -- so
+/// after anything `self` sent the directory before.
+std::string state_of(caf::scoped_actor& self, const node_directory_actor& dir, const std::string& name) {
+  std::string out;
+  self->request(dir, std::chrono::seconds{5}, stats_atom::value)
+      .receive([&](std::vector<node_status>& s) { for (const auto& x : s) if (x.name == name) out = x.state; },
+               [](caf::error&) {});
+  return out;
+}
+
 /// A directory for stand-in agents, which never heartbeat: its liveness sweep does not fire within a
 /// test (with the default 2 s, a stalled machine would see them given up for silence, and their
 /// groups lost, in the middle of a test that is about something else).
@@ -626,13 +636,7 @@ TEST_CASE("the node directory: a node given up for lost (missed heartbeats) that
     return {[asked](health_atom) { ++*asked; }};
   }));
   caf::scoped_actor self{n.sys};
-  auto state = [&] {
-    std::string out;
-    self->request(dir, std::chrono::seconds{5}, stats_atom::value)
-        .receive([&](std::vector<node_status>& s) { for (const auto& x : s) if (x.name == "node-a") out = x.state; },
-                 [](caf::error&) {});
-    return out;
-  };
+  auto state = [&] { return state_of(self, dir, "node-a"); };
   for (int i = 0; i < 200 && state().empty(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds{5});
   self->send(dir, std::string{"node-a"}, node_ranks{{rank}, {}, {"node-a"}});
   for (int i = 0; i < 400 && state() != "gone"; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{5});
@@ -656,13 +660,7 @@ TEST_CASE("the node directory: a node whose agent went down is not revived by a 
   auto log = std::make_shared<gone_log>();
   auto agent = spawn_agent_stand_in(n.sys, dir, "node-a", log);
   caf::scoped_actor self{n.sys};
-  auto state = [&] {
-    std::string out;
-    self->request(dir, std::chrono::seconds{5}, stats_atom::value)
-        .receive([&](std::vector<node_status>& s) { for (const auto& x : s) if (x.name == "node-a") out = x.state; },
-                 [](caf::error&) {});
-    return out;
-  };
+  auto state = [&] { return state_of(self, dir, "node-a"); };
   for (int i = 0; i < 2000 && state().empty(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds{5});
   REQUIRE(state() == "joined");
   self->send_exit(agent, caf::exit_reason::kill);
