@@ -36,8 +36,9 @@ public:
 /// The built-in model's tokenizer (one id per byte, <bos> first); no chat template.
 std::shared_ptr<const tokenizer> make_byte_tokenizer(const model_config& cfg);
 
-/// tokenizer.json (and tokenizer_config.json for the chat template: ChatML or Llama 3) of a
-/// model directory. nullptr and a sentence on failure.
+/// tokenizer.json (and tokenizer_config.json for the chat template: ChatML, Llama 3, DeepSeek-V2
+/// or DeepSeek-V3/R1, recognised by their markers) of a model directory. nullptr and a sentence
+/// on failure.
 std::shared_ptr<const tokenizer> load_model_tokenizer(const std::string& dir, const model_config& cfg, std::string* why);
 
 }  // namespace baton::gpu
