@@ -113,7 +113,7 @@ token_logprobs logprobs_of(std::span<const float> logits, int32_t token, uint32_
   // log-sum-exp in double around the largest logit. Degenerate rows as sample_token draws them:
   // the logits equal to an infinite largest one (+inf, or all -inf) share the mass evenly.
   double sum = 0.0;
-  uint64_t at_max = 0, above = 0, counted = 0;
+  uint64_t at_max = 0, at_least = 0, counted = 0;
   const bool has_token = token >= 0 && static_cast<size_t>(token) < logits.size();
   const float mine = has_token ? logits[token] : neg_inf;
   for (float x : logits) {
@@ -121,9 +121,9 @@ token_logprobs logprobs_of(std::span<const float> logits, int32_t token, uint32_
     ++counted;
     if (std::isfinite(max)) sum += std::exp(static_cast<double>(x) - max);
     at_max += x == max;
-    above += x > mine;
+    at_least += x >= mine;  // itself included
   }
-  if (has_token) out.rank = static_cast<uint32_t>(1 + (std::isnan(mine) ? counted : above));
+  if (has_token) out.rank = static_cast<uint32_t>(std::isnan(mine) ? counted + 1 : at_least);
   const auto lp = [&](float x) -> float {
     if (std::isnan(x) || (std::isinf(max) && x != max)) return neg_inf;
     if (std::isinf(max)) return static_cast<float>(-std::log(static_cast<double>(at_max)));

@@ -58,8 +58,9 @@ struct token_logprobs {
   float logprob = 0.0f;             ///< the picked token's (-inf when its logit was NaN)
   std::vector<int32_t> top_tokens;  ///< the most likely tokens, most likely first (ties: lower id)
   std::vector<float> top_logprobs;  ///< theirs
-  /// The token's rank: 1 + the tokens whose logit is strictly larger (vLLM's `rank`); a NaN
-  /// logit ranks after every other token. 0: no token asked (out of the vocabulary).
+  /// The token's rank as vLLM v1 counts it: the tokens whose logit is at least its own, itself
+  /// included (a tie at the top ranks both 2). A NaN logit ranks after every other token (vLLM
+  /// would say 0). 0: no token asked (out of the vocabulary).
   uint32_t rank = 0;
 };
 

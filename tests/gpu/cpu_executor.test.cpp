@@ -320,10 +320,11 @@ TEST_CASE("logprobs_of: the log-softmax of the raw logits at the pick, and the t
   const std::vector<float> two = {inf, 1.0f, inf};
   CHECK(gpu::logprobs_of(two, 0, 0).logprob == doctest::Approx(-std::log(2.0)));
   CHECK(std::isinf(gpu::logprobs_of(two, 1, 0).logprob));
-  // The rank (vLLM's): 1 + the tokens strictly more likely; tied tokens share a rank; a NaN
-  // logit ranks after every other token; a token outside the vocabulary has none.
-  CHECK(gpu::logprobs_of(logits, 1, 0).rank == 1);
-  CHECK(gpu::logprobs_of(logits, 2, 0).rank == 1);
+  // The rank (vLLM v1's): the tokens at least as likely, itself included, so the two tied at the
+  // top both rank 2; a NaN logit ranks after every other token; a token outside the vocabulary
+  // has none.
+  CHECK(gpu::logprobs_of(logits, 1, 0).rank == 2);
+  CHECK(gpu::logprobs_of(logits, 2, 0).rank == 2);
   CHECK(gpu::logprobs_of(logits, 0, 0).rank == 3);
   CHECK(gpu::logprobs_of(logits, 5, 0).rank == 4);
   CHECK(gpu::logprobs_of(logits, 3, 0).rank == 5);
