@@ -17,6 +17,7 @@
 
 #include <caf/actor_system.hpp>
 #include <caf/io/broker.hpp>
+#include <caf/event_based_actor.hpp>
 #include <caf/io/middleman.hpp>
 #include <caf/typed_event_based_actor.hpp>
 #include <caf/scoped_actor.hpp>
@@ -47,6 +48,10 @@ using linger_atom = caf::atom_constant<caf::atom("linger")>;
 /// How long a connection closing after its answer keeps reading (and dropping) what the client
 /// still sends, so that the client reads the answer instead of a reset.
 constexpr std::chrono::milliseconds linger_time{2000};
+
+/// A request actor found already ended when its sink's monitor reached it waited on for its
+/// answer (gateway_config::unanswered_grace_ms, run_choice).
+using grace_atom = caf::atom_constant<caf::atom("grace")>;
 
 /// What every connection of one gateway shares.
 struct gateway_shared {
@@ -228,6 +233,7 @@ struct call_state {
   std::vector<completion> done;  ///< by choice
   uint32_t left = 0;             ///< choices not yet answered
   bool failed = false;           ///< an error went to the connection: nothing more does
+  std::chrono::milliseconds unanswered_grace{0};  ///< gateway_config::unanswered_grace_ms
 };
 
 /// Choice `index` of a call: asks the router for it with `self` as the sink, renders its chunks,
@@ -246,16 +252,30 @@ client_sink_actor::behavior_type run_choice(client_sink_actor::pointer self, caf
     }
     caf::anon_send(broker, seq, std::move(e));
   };
-  auto answered = std::make_shared<bool>(false);
+  // Read by the grace timer below, on another actor's thread.
+  auto answered = std::make_shared<std::atomic<bool>>(false);
   // No real deadline on the whole call: the connection bounds the wait for the first token, the
   // request actor each next one. A request actor that ended without an answer is seen by its
   // down message (monitored from its first chunk on). The day is a backstop, not caf::infinite:
   // with CAF 0.17.6, n > 1 choices each requesting with an infinite timeout stalled all but one
   // of them (measured here; the finite one does not).
   self->set_down_handler([=](caf::down_msg& m) {
-    if (!*answered)
-      fail(make_error(errc::rank_unavailable,
-                      "the request ended without an answer" + (m.reason ? ": " + self->system().render(m.reason) : std::string{})));
+    if (*answered) return;
+    auto why = make_error(errc::rank_unavailable, "the request ended without an answer" +
+                                                      (m.reason ? ": " + self->system().render(m.reason) : std::string{}));
+    if (m.reason != caf::exit_reason::unknown) return fail(std::move(why));
+    // exit_reason::unknown: the request actor had already ended when our monitor reached its
+    // node -- a short request can send its last chunk and its answer first. CAF's network layer
+    // answers the monitor from its I/O handler, ahead of the answer still queued for the wire, so
+    // this down can overtake it (seen in CI: an echo of 16 tokens failed with 503). The answer,
+    // if the actor sent one, is right behind: fail only if it has not come within the grace.
+    self->system().spawn([=](caf::event_based_actor* timer) -> caf::behavior {
+      timer->delayed_send(timer, cs->unanswered_grace, grace_atom::value);
+      return {[=](grace_atom) {
+        if (!*answered) fail(why);
+        timer->quit();
+      }};
+    });
   });
   self->request(router, std::chrono::seconds{24 * 3600}, generate_atom::value, std::move(req), caf::actor_cast<client_sink_actor>(self))
       .then(
@@ -316,8 +336,9 @@ client_sink_actor::behavior_type run_choice(client_sink_actor::pointer self, caf
 ///   (seq, error)                       the generation failed
 client_sink_actor::behavior_type call_impl(client_sink_actor::pointer self, caf::actor broker, uint64_t seq,
                                            router_actor router, std::string body, bool chat, std::string model,
-                                           std::string id) {
+                                           std::string id, std::chrono::milliseconds unanswered_grace) {
   auto cs = std::make_shared<call_state>();
+  cs->unanswered_grace = unanswered_grace;
   openai::api_error err;
   if (!openai::parse_body(body, chat, model, &cs->call, &err)) {
     caf::anon_send(broker, seq, static_cast<int32_t>(err.status), openai::error_json(err));
@@ -342,7 +363,8 @@ void generate(caf::io::broker* self, const shared_ptr& g, const state_ptr& st, c
   const uint64_t seq = ++st->call_seq;
   std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(g->started_s) + "-" + std::to_string(++g->last_id);
   st->call_sink = caf::actor_cast<caf::actor>(
-      self->spawn(call_impl, caf::actor_cast<caf::actor>(self), seq, g->router, req.body, chat, g->model, std::move(id)));
+      self->spawn(call_impl, caf::actor_cast<caf::actor>(self), seq, g->router, req.body, chat, g->model, std::move(id),
+                  std::chrono::milliseconds{g->cfg.unanswered_grace_ms}));
 }
 
 /// The stream's head, once, before its first event.

@@ -31,6 +31,10 @@ struct gateway_config {
   uint32_t max_connections = 1024;       ///< beyond: 503 and close
   /// A connection with no request in progress that completes none for this long is closed.
   uint32_t idle_timeout_ms = 60000;
+  /// A request actor already ended when the gateway first looked (CAF reports exit_reason
+  /// unknown) may still have its answer on the wire behind that report: the call waits this long
+  /// for it before failing with 503.
+  uint32_t unanswered_grace_ms = 5000;
   std::string validate() const;
 };
 

@@ -489,8 +489,13 @@ int run_local(const std::vector<std::string>& args) {
         return exec;
       }
       std::string why;
-      const expert_spawn spawn{opt.model, c.weights_seed, opt.expert_parallel,
-                               engine_slot_bytes(c.model, c.prefill, c.decode), rank, opt.dual_batch_overlap};
+      expert_spawn spawn;
+      spawn.model_arg = opt.model;
+      spawn.weights_seed = c.weights_seed;
+      spawn.size = opt.expert_parallel;
+      spawn.slot_bytes = engine_slot_bytes(c.model, c.prefill, c.decode);
+      spawn.name = rank;
+      spawn.dual_batch = opt.dual_batch_overlap;
       auto group = spawn_expert_group(spawn, c.model, &why);
       if (!group) {
         std::fprintf(stderr, "baton local: %s: %s\n", rank.c_str(), why.c_str());

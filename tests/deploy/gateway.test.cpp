@@ -1,6 +1,8 @@
 // The client-facing paths: streaming from the request actor, the HTTP parser and OpenAI
 // mapping, the gateway over real sockets on 127.0.0.1, and the C++ client library.
 
+#include <caf/event_based_actor.hpp>
+
 #include "tests/deploy/gateway_fixture.hpp"
 
 using namespace baton;
@@ -545,4 +547,69 @@ TEST_CASE("the C++ client library streams a request's tokens and can cancel it")
   CHECK(long_one->failed());
   CHECK(long_one->error_info().code == "cancelled");
   CHECK(s.settles());
+}
+
+namespace {
+
+using answer_tick_atom = caf::atom_constant<caf::atom("anstick")>;
+
+/// A stand-in router (for fault injection only) that reproduces what CAF's network layer can do
+/// to a short request: the sink hears its request actor end, with exit_reason::unknown, before
+/// that actor's answer arrives. Each streamed call gets one chunk from an actor that then ends
+/// so; the answer follows `answer_after` later, or never (zero).
+caf::behavior fault_late_answer_router(caf::event_based_actor* self, std::chrono::milliseconds answer_after) {
+  auto pending = std::make_shared<std::vector<caf::typed_response_promise<completion>>>();
+  return {
+      [=](stats_atom) {
+        cluster_stats s;
+        s.model = "stand-in";
+        return s;
+      },
+      [=](generate_atom, generate_request&, client_sink_actor& sink) {
+        self->spawn([sink](caf::event_based_actor* request) {
+          stream_chunk c;
+          c.text = "late";
+          request->send(sink, std::move(c));
+          request->quit(caf::exit_reason::unknown);
+        });
+        pending->push_back(self->make_response_promise<completion>());
+        if (answer_after.count() > 0) self->delayed_send(self, answer_after, answer_tick_atom::value);
+        return pending->back();
+      },
+      [=](answer_tick_atom) {
+        completion c;
+        c.text = "late answer";
+        c.finish_reason = "length";
+        for (auto& p : *pending) p.deliver(c);
+        pending->clear();
+      },
+  };
+}
+
+}  // namespace
+
+TEST_CASE("regression: a request actor reported ended (exit_reason unknown) before its answer arrives still gets "
+          "its answer to the client; with no answer the call fails with 503 after the grace") {
+  caf::actor_system_config cfg;
+  caf::actor_system sys{served_cluster::init(cfg)};
+  for (const int answer_ms : {300, 0}) {
+    CAPTURE(answer_ms);
+    auto router = caf::actor_cast<router_actor>(sys.spawn(fault_late_answer_router, std::chrono::milliseconds{answer_ms}));
+    deploy::gateway_config gc;
+    gc.port = 0;
+    gc.unanswered_grace_ms = 1000;  // the answer, when it comes, is 300 ms behind
+    deploy::gateway_handle gw;
+    std::string why;
+    REQUIRE_MESSAGE(deploy::spawn_gateway(sys, gc, router, &gw, &why), why);
+    const auto a = round_trip(gw.port, post("/v1/completions", R"({"prompt":"x","max_tokens":4})", ""));
+    if (answer_ms > 0) {
+      CHECK(a.status == 200);
+      CHECK(json::parse(a.body)["choices"][0]["text"] == "late answer");
+    } else {
+      CHECK(a.status == 503);
+      CHECK(a.body.find("the request ended without an answer") != std::string::npos);
+    }
+    caf::anon_send_exit(gw.server, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(router, caf::exit_reason::user_shutdown);
+  }
 }
