@@ -264,11 +264,12 @@ client_sink_actor::behavior_type run_choice(client_sink_actor::pointer self, caf
     auto why = make_error(errc::rank_unavailable, "the request ended without an answer" +
                                                       (m.reason ? ": " + self->system().render(m.reason) : std::string{}));
     if (m.reason != caf::exit_reason::unknown) return fail(std::move(why));
-    // exit_reason::unknown: the request actor had already ended when our monitor reached its
-    // node -- a short request can send its last chunk and its answer first. CAF's network layer
-    // answers the monitor from its I/O handler, ahead of the answer still queued for the wire, so
-    // this down can overtake it (seen in CI: an echo of 16 tokens failed with 503). The answer,
-    // if the actor sent one, is right behind: fail only if it has not come within the grace.
+    // exit_reason::unknown: the request actor had already ended when this node's proxy of it was
+    // announced to its node (on its first chunk) -- a short request can send its last chunk and
+    // its answer first. CAF 0.17's BASP answers that announcement (kill_proxy) from its I/O
+    // handler, ahead of the answer still queued in its broker for the wire, so this down can
+    // overtake the answer (seen in CI: an echo of 16 tokens failed with 503). The answer, if the
+    // actor sent one, is right behind: fail only if it has not come within the grace.
     self->system().spawn([=](caf::event_based_actor* timer) -> caf::behavior {
       timer->delayed_send(timer, cs->unanswered_grace, grace_atom::value);
       return {[=](grace_atom) {
