@@ -809,11 +809,14 @@ struct cluster_stats {
   uint64_t num_rejected = 0;         ///< requests refused (bad input or overload)
   uint64_t num_active = 0;           ///< request actors alive now
   uint64_t num_overloaded = 0;       ///< of the refused: by admission control
+  /// The model's chat template opens a thinking block (gpu::tokenizer::chat_opens_thinking): the
+  /// gateway gives chat answers' reasoning as reasoning_content.
+  bool chat_opens_thinking = false;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, cluster_stats& x) {
   return f(caf::meta::type_name("cluster_stats"), x.model, x.context_tokens, x.prefill, x.decode, x.store,
-           x.num_admitted, x.num_rejected, x.num_active, x.num_overloaded);
+           x.num_admitted, x.num_rejected, x.num_active, x.num_overloaded, x.chat_opens_thinking);
 }
 
 using router_actor = caf::typed_actor<

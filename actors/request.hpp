@@ -6,6 +6,7 @@
 
 #include "actors/config.hpp"
 #include "actors/messages.hpp"
+#include "actors/text_stream.hpp"
 #include "actors/store_access.hpp"
 #include "gpu/tokenizer.hpp"
 
@@ -29,11 +30,6 @@ struct request_plan {
   std::vector<int32_t> extra_eos_token_ids;         ///< also end the sequence (unless ignore_eos)
   client_sink_actor sink;  ///< streaming: receives stream_chunks (null: the completion only)
 };
-
-/// How much of `text` may be streamed now: all of it but an unfinished UTF-8 character at
-/// its end and the longest tail that is the start of one of the stop strings (which a later
-/// token could complete, and which would then be cut off). Exposed for tests.
-size_t streamable_prefix(const std::string& text, const std::vector<std::string>& stop);
 
 /// One request's state machine. With a sink it streams chunks as tokens come; cancel_atom, or
 /// the sink going down, ends it with errc::cancelled. It answers `run` exactly once: with the completion, or with an

@@ -114,6 +114,7 @@ caf::result<cluster_stats> collect_stats(router_pointer self) {
   auto out = std::make_shared<cluster_stats>();
   out->model = s.model.name;
   out->context_tokens = s.model.max_position_embeddings;
+  out->chat_opens_thinking = s.cfg.tokenizer && s.cfg.tokenizer->chat_opens_thinking();
   out->num_admitted = s.last_request - s.num_rejected;
   out->num_rejected = s.num_rejected;
   out->num_active = s.num_active;

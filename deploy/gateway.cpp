@@ -58,6 +58,7 @@ struct gateway_shared {
   gateway_config cfg;
   router_actor router;
   std::string model;
+  bool chat_opens_thinking = false;  ///< cluster_stats': chat answers split their reasoning out
   int64_t started_s = 0;
   gateway_metrics metrics;
   std::atomic<uint32_t> num_connections{0};
@@ -302,6 +303,7 @@ client_sink_actor::behavior_type run_choice(client_sink_actor::pointer self, caf
   auto first_chunk = std::make_shared<bool>(true);
   auto text_offset = std::make_shared<uint64_t>(0);  // bytes of the streamed tokens' texts (logprobs.text_offset)
   auto monitored = std::make_shared<bool>(false);
+  auto splitter = std::make_shared<openai::reasoning_splitter>();  // call::separate_reasoning
   return {[=](stream_chunk& c) {
     if (!*monitored) {
       *monitored = true;
@@ -312,9 +314,13 @@ client_sink_actor::behavior_type run_choice(client_sink_actor::pointer self, caf
     // Nothing new to say (e.g. half a UTF-8 character held back, and no log-probabilities asked
     // for): no event.
     const bool echo = !c.prompt_text.empty() || !c.prompt_logprobs.empty();
-    const bool shown = !cs->call.req.prompt_only && (!c.text.empty() || !c.logprobs.empty());  // echo alone: none is
+    std::optional<openai::reasoning_splitter::parts> split;
+    if (cs->call.separate_reasoning) split = splitter->feed(c.text, !c.finish_reason.empty());
+    const bool has_text = split ? !split->reasoning.empty() || !split->content.empty() : !c.text.empty();
+    const bool shown = !cs->call.req.prompt_only && (has_text || !c.logprobs.empty());  // echo alone: none is
     if (!shown && c.finish_reason.empty() && !echo && !(*first_chunk && cs->call.chat)) return;
-    caf::anon_send(broker, seq, openai::chunk_json(cs->call, c, cs->id, cs->created, *first_chunk, *text_offset, index));
+    caf::anon_send(broker, seq, openai::chunk_json(cs->call, c, cs->id, cs->created, *first_chunk, *text_offset, index,
+                                                   split ? &*split : nullptr));
     for (const auto& t : c.prompt_logprobs) *text_offset += openai::utf8_chars(t.text);
     if (!cs->call.req.prompt_only)
       for (const auto& t : c.logprobs) *text_offset += openai::utf8_chars(t.text);
@@ -337,7 +343,8 @@ client_sink_actor::behavior_type run_choice(client_sink_actor::pointer self, caf
 ///   (seq, error)                       the generation failed
 client_sink_actor::behavior_type call_impl(client_sink_actor::pointer self, caf::actor broker, uint64_t seq,
                                            router_actor router, std::string body, bool chat, std::string model,
-                                           std::string id, std::chrono::milliseconds unanswered_grace) {
+                                           std::string id, std::chrono::milliseconds unanswered_grace,
+                                           bool chat_opens_thinking) {
   auto cs = std::make_shared<call_state>();
   cs->unanswered_grace = unanswered_grace;
   openai::api_error err;
@@ -345,6 +352,7 @@ client_sink_actor::behavior_type call_impl(client_sink_actor::pointer self, caf:
     caf::anon_send(broker, seq, static_cast<int32_t>(err.status), openai::error_json(err));
     return {[](stream_chunk&) {}};  // the connection answers and ends this actor
   }
+  cs->call.separate_reasoning = chat && chat_opens_thinking && cs->call.reasoning_wanted;
   cs->id = std::move(id);
   cs->created = unix_seconds();
   const uint32_t choices = cs->call.num_choices();
@@ -365,7 +373,7 @@ void generate(caf::io::broker* self, const shared_ptr& g, const state_ptr& st, c
   std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(g->started_s) + "-" + std::to_string(++g->last_id);
   st->call_sink = caf::actor_cast<caf::actor>(
       self->spawn(call_impl, caf::actor_cast<caf::actor>(self), seq, g->router, req.body, chat, g->model, std::move(id),
-                  std::chrono::milliseconds{g->cfg.unanswered_grace_ms}));
+                  std::chrono::milliseconds{g->cfg.unanswered_grace_ms}, g->chat_opens_thinking));
 }
 
 /// The stream's head, once, before its first event.
@@ -715,6 +723,7 @@ bool spawn_gateway(caf::actor_system& sys, const gateway_config& cfg, router_act
         .receive(
             [&](cluster_stats& s) {
               g->model = s.model;
+              g->chat_opens_thinking = s.chat_opens_thinking;
               ok = true;
             },
             [&](caf::error& e) { *why = "gateway: the router did not answer: " + sys.render(e); });

@@ -5,6 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "actors/text_stream.hpp"
+
 namespace baton::deploy::openai {
 
 using nlohmann::json;
@@ -377,6 +379,7 @@ bool parse_checked_body(std::string_view body, bool chat, const std::string& ser
   if (!number_field(j, "frequency_penalty", -2, 2, &r.frequency_penalty, err)) return false;
   if (!number_field(j, "repetition_penalty", 0.01, 100, &r.repetition_penalty, err)) return false;
   if (!bool_field(j, "ignore_eos", &r.ignore_eos, err)) return false;
+  if (!bool_field(j, "separate_reasoning", &out->reasoning_wanted, err)) return false;
   if (!bool_field(j, "stream", &out->stream, err)) return false;
   if (auto it = j.find("stream_options"); it != j.end() && !it->is_null()) {
     if (!out->stream) {  // as OpenAI answers it
@@ -446,6 +449,34 @@ generate_request call::choice_request(uint32_t index) const {
   if (!r.prompt_logprobs) r.prompt_top_logprobs = 0;
   return r;
 }
+
+namespace {
+constexpr std::string_view think_end = "</think>";
+}  // namespace
+
+reasoning_splitter::parts reasoning_splitter::feed(const std::string& text, bool last) {
+  parts out;
+  if (closed_) {
+    out.content = text;
+    return out;
+  }
+  std::string pending = std::move(held_) + text;
+  held_.clear();
+  if (const auto end = pending.find(think_end); end != std::string::npos) {
+    closed_ = true;
+    out.reasoning = pending.substr(0, end);
+    out.content = pending.substr(end + think_end.size());
+    return out;
+  }
+  // Hold back the longest tail that </think> starts with, as a stop string's (none at the end).
+  const size_t shown = last ? pending.size() : streamable_prefix(pending, {std::string{think_end}});
+  held_ = pending.substr(shown);
+  pending.resize(shown);
+  out.reasoning = std::move(pending);
+  return out;
+}
+
+reasoning_splitter::parts split_reasoning(const std::string& text) { return reasoning_splitter{}.feed(text, true); }
 
 std::string finish_reason(const std::string& baton_reason) {
   return baton_reason == "length" ? "length" : "stop";
@@ -561,6 +592,11 @@ std::string completion_json(const call& c, const std::vector<completion>& choice
     if (c.chat) {
       choice["logprobs"] = logprobs_json(c, done.logprobs, 0);
       choice["message"] = {{"role", "assistant"}, {"content", done.text}};
+      if (c.separate_reasoning) {
+        auto parts = split_reasoning(done.text);
+        choice["message"]["content"] = std::move(parts.content);
+        choice["message"]["reasoning_content"] = std::move(parts.reasoning);
+      }
     } else if (c.req.echo) {
       // The prompt's scores come with its first choice (call::choice_request).
       std::string text;
@@ -596,7 +632,7 @@ std::string completion_json(const call& c, const completion& done, const std::st
 }
 
 std::string chunk_json(const call& c, const stream_chunk& chunk, const std::string& id, int64_t created, bool first,
-                       uint64_t text_offset, uint32_t index) {
+                       uint64_t text_offset, uint32_t index, const reasoning_splitter::parts* split) {
   json choice = {{"index", index}, {"logprobs", logprobs_json(c, chunk.logprobs, text_offset)}};
   choice["finish_reason"] = chunk.finish_reason.empty() ? json(nullptr) : json(finish_reason(chunk.finish_reason));
   if (c.req.echo && !c.chat) {
@@ -611,7 +647,12 @@ std::string chunk_json(const call& c, const stream_chunk& chunk, const std::stri
   } else if (c.chat) {
     json delta = json::object();
     if (first) delta["role"] = "assistant";
-    if (!chunk.text.empty() || first) delta["content"] = chunk.text;
+    if (split) {
+      if (!split->reasoning.empty()) delta["reasoning_content"] = split->reasoning;
+      if (!split->content.empty() || (first && split->reasoning.empty())) delta["content"] = split->content;
+    } else if (!chunk.text.empty() || first) {
+      delta["content"] = chunk.text;
+    }
     choice["delta"] = delta;
   } else {
     choice["text"] = chunk.text;

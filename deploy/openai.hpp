@@ -38,6 +38,13 @@ struct call {
   /// rank and the k most likely tokens at its position, in vLLM's shape (`prompt_logprobs` in each
   /// completions choice, at the top of a chat answer). Answered whole, never streamed.
   bool vllm_prompt_logprobs = false;
+  /// The body's `separate_reasoning` (SGLang's; default true): false keeps a thinking model's
+  /// reasoning in `content`, as generated.
+  bool reasoning_wanted = true;
+  /// Chat answers split into `reasoning_content` (up to the first </think>) and `content`, as
+  /// DeepSeek's API gives R1's. Set by the gateway: a chat call, reasoning_wanted, and a model
+  /// whose chat template opens a thinking block (cluster_stats::chat_opens_thinking).
+  bool separate_reasoning = false;
 
   uint32_t num_prompts() const {
     return static_cast<uint32_t>(std::max<size_t>(1, std::max(batch_texts.size(), batch_tokens.size())));
@@ -64,6 +71,26 @@ inline constexpr uint32_t max_choices = 64;
 inline constexpr uint32_t max_batch_prompts = 256;
 inline constexpr uint32_t max_call_requests = 1024;
 
+/// A thinking model's answer, told apart as it streams: everything before the first </think> is
+/// reasoning, everything after it content (the tag itself is neither). A tail that may be the
+/// start of </think> is held back until the next piece, or the last, settles it.
+class reasoning_splitter {
+public:
+  struct parts {
+    std::string reasoning;
+    std::string content;
+  };
+  /// The next piece of the answer's text; `last`: nothing follows (what is held back goes out).
+  parts feed(const std::string& text, bool last);
+
+private:
+  bool closed_ = false;  ///< </think> seen: everything now is content
+  std::string held_;     ///< reasoning's tail that </think> may start with
+};
+
+/// A whole answer split the same way (reasoning_splitter).
+reasoning_splitter::parts split_reasoning(const std::string& text);
+
 /// Parses a request body; false and `err` (naming the field) when it is not acceptable.
 bool parse_body(std::string_view body, bool chat, const std::string& served_model, call* out, api_error* err);
 
@@ -75,9 +102,10 @@ std::string completion_json(const call& c, const std::vector<completion>& choice
 std::string completion_json(const call& c, const completion& done, const std::string& id, int64_t created);
 /// One streamed chunk of choice `index`; `first` adds the chat's assistant role. `text_offset`:
 /// the characters of the texts of that choice's tokens streamed before (completions'
-/// logprobs.text_offset; utf8_chars).
+/// logprobs.text_offset; utf8_chars). `split`: with call::separate_reasoning, the chunk's text
+/// as that choice's reasoning_splitter told it apart (chunk.text is then not used).
 std::string chunk_json(const call& c, const stream_chunk& chunk, const std::string& id, int64_t created, bool first,
-                       uint64_t text_offset = 0, uint32_t index = 0);
+                       uint64_t text_offset = 0, uint32_t index = 0, const reasoning_splitter::parts* split = nullptr);
 /// Characters of UTF-8 text, counted by the bytes that start one (text_offset's unit).
 uint64_t utf8_chars(const std::string& s);
 /// The usage chunk that ends a stream when stream_options.include_usage is set.

@@ -8,6 +8,7 @@
 
 #include "gpu/bpe_tokenizer.hpp"
 #include "gpu/byte_tokenizer.hpp"
+#include "gpu/chat_template.hpp"
 
 namespace baton::gpu {
 
@@ -28,41 +29,19 @@ private:
   byte_tokenizer t_;
 };
 
-/// The chat templates Baton renders, each recognised in tokenizer_config.json's chat_template by
-/// the markers only it has (Baton runs no Jinja: a template it does not know is refused).
-enum class chat_format {
-  none,
-  chatml,       ///< Qwen2/Qwen3: <|im_start|>role\n ... <|im_end|>\n
-  llama3,       ///< <|start_header_id|>role<|end_header_id|>\n\n ... <|eot_id|>
-  deepseek_v2,  ///< DeepSeek-V2(-Lite)-Chat: "User: ...\n\n", "Assistant: ..." + EOS, system in place
-  deepseek_v3,  ///< DeepSeek-V2.5/V3/R1: system prompts first, <｜User｜>..., <｜Assistant｜>...<｜end▁of▁sentence｜>
+/// A model directory's chat template, compiled (chat_template.hpp), or why it cannot be used.
+struct chat_setup {
+  std::unique_ptr<chat_template> tmpl;
+  std::string unusable;    ///< the compiler's sentence (a template Baton's engine does not run)
+  std::string bos_text;    ///< bos_token as the template writes it
+  std::string eos_text;    ///< eos_token
+  bool opens_thinking = false;  ///< the generation prompt ends inside <think> (DeepSeek-R1)
 };
-
-/// What a DeepSeek-V3-style template does besides its markers (R1 and its distillations).
-struct chat_variant {
-  bool think_prompt = false;  ///< the answer starts inside <think>: the prompt ends "<｜Assistant｜><think>\n"
-  bool strip_think = false;   ///< earlier answers lose everything up to their last </think>
-};
-
-const char* chat_name(chat_format f) {
-  switch (f) {
-    case chat_format::chatml: return ", chatml";
-    case chat_format::llama3: return ", llama3 chat";
-    case chat_format::deepseek_v2: return ", deepseek-v2 chat";
-    case chat_format::deepseek_v3: return ", deepseek-v3 chat";
-    default: return "";
-  }
-}
 
 class hf final : public tokenizer {
 public:
-  /// `bos_text`: what the DeepSeek templates write first ({{ bos_token }}), empty when the encoder
-  /// adds the begin-of-text id itself (`bos` >= 0), so that a chat starts with exactly one.
-  /// `eos_text`: the end-of-sentence token's text, which DeepSeek-V2 writes after each answer.
-  hf(std::unique_ptr<bpe_tokenizer> t, int32_t bos, chat_format chat, chat_variant variant, std::string bos_text,
-     std::string eos_text)
-    : t_(std::move(t)), bos_(bos), chat_(chat), variant_(variant), bos_text_(std::move(bos_text)),
-      eos_text_(std::move(eos_text)) {}
+  /// `bos`: the id the encoder puts first (-1: none).
+  hf(std::unique_ptr<bpe_tokenizer> t, int32_t bos, chat_setup chat) : t_(std::move(t)), bos_(bos), chat_(std::move(chat)) {}
   std::vector<int32_t> encode_prompt(const std::string& text) const override {
     std::vector<int32_t> ids;
     if (bos_ >= 0) ids.push_back(bos_);
@@ -77,69 +56,73 @@ public:
         *why = "chat role '" + m.role + "' is not system, user or assistant";
         return false;
       }
-    if (chat_ == chat_format::deepseek_v2 || chat_ == chat_format::deepseek_v3) {
-      *text = render_deepseek(messages);
-      return true;
-    }
-    std::string out;
-    for (const auto& m : messages) {
-      if (chat_ == chat_format::chatml)
-        out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
-      else if (chat_ == chat_format::llama3)
-        out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n" + m.content + "<|eot_id|>";
-    }
-    if (chat_ == chat_format::chatml) out += "<|im_start|>assistant\n";
-    else if (chat_ == chat_format::llama3) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
-    else {
-      *why = "the model directory has no supported chat template (ChatML, Llama 3, DeepSeek-V2 or DeepSeek-V3)";
+    if (!chat_.tmpl) {
+      *why = chat_.unusable.empty() ? "the model directory has no chat template (tokenizer_config.json's chat_template)"
+                                    : "the model's chat template cannot be used: " + chat_.unusable;
       return false;
     }
-    *text = std::move(out);
+    nlohmann::ordered_json context = nlohmann::ordered_json::object();
+    context["messages"] = nlohmann::ordered_json::array();
+    for (const auto& m : messages) {
+      nlohmann::ordered_json turn = nlohmann::ordered_json::object();
+      turn["role"] = m.role;
+      turn["content"] = m.content;
+      context["messages"].push_back(std::move(turn));
+    }
+    context["add_generation_prompt"] = true;
+    context["bos_token"] = chat_.bos_text;
+    context["eos_token"] = chat_.eos_text;
+    context["tools"] = nullptr;
+    if (!chat_.tmpl->render(context, text, why)) return false;
+    // The template writes the begin-of-text token itself; so does an encoder that adds one. One
+    // of them goes (as vLLM encodes a chat without special tokens): the text's leading copy.
+    if (bos_ >= 0 && !chat_.bos_text.empty() && text->rfind(chat_.bos_text, 0) == 0) text->erase(0, chat_.bos_text.size());
     return true;
   }
+  bool chat_opens_thinking() const override { return chat_.opens_thinking; }
   std::string describe() const override {
-    return "bpe " + std::to_string(t_->vocab_size()) + " tokens" + chat_name(chat_) +
-           (variant_.think_prompt ? " (answers start thinking)" : "");
+    return "bpe " + std::to_string(t_->vocab_size()) + " tokens" +
+           (chat_.tmpl ? std::string{", chat template"} + (chat_.opens_thinking ? " (answers start thinking)" : "")
+                       : chat_.unusable.empty() ? std::string{} : ", chat template unusable (" + chat_.unusable + ")");
   }
 
 private:
-  /// DeepSeek's two templates, as their tokenizer_config.json writes them (tools aside).
-  std::string render_deepseek(const std::vector<chat_message>& messages) const {
-    std::string out = bos_text_;
-    if (chat_ == chat_format::deepseek_v2) {
-      for (const auto& m : messages) {
-        if (m.role == "user") out += "User: " + m.content + "\n\n";
-        else if (m.role == "assistant") out += "Assistant: " + m.content + eos_text_;
-        else out += m.content + "\n\n";  // system, where it stands
-      }
-      return out + "Assistant:";
-    }
-    // V3: every system prompt first, joined by a blank line, then the turns.
-    bool first_system = true;
-    for (const auto& m : messages)
-      if (m.role == "system") {
-        out += (first_system ? "" : "\n\n") + m.content;
-        first_system = false;
-      }
-    for (const auto& m : messages) {
-      if (m.role == "user") {
-        out += "<｜User｜>" + m.content;
-      } else if (m.role == "assistant") {
-        auto content = m.content;
-        if (const auto end = content.rfind("</think>"); variant_.strip_think && end != std::string::npos)
-          content = content.substr(end + 8);
-        out += "<｜Assistant｜>" + content + "<｜end▁of▁sentence｜>";
-      }
-    }
-    return out + (variant_.think_prompt ? "<｜Assistant｜><think>\n" : "<｜Assistant｜>");
-  }
-
   std::unique_ptr<bpe_tokenizer> t_;
   int32_t bos_;
-  chat_format chat_;
-  chat_variant variant_;
-  std::string bos_text_, eos_text_;
+  chat_setup chat_;
 };
+
+std::string read_file(const std::string& path) {
+  std::ifstream in{path};
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+/// A special token named in tokenizer_config.json: a string, or an AddedToken object.
+std::string token_text(const nlohmann::json& c, const char* key) {
+  if (!c.contains(key)) return {};
+  const auto& v = c[key];
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
+  return {};
+}
+
+/// The template transformers would use: chat_template.jinja beside the tokenizer (newer
+/// transformers save it there), else tokenizer_config.json's chat_template -- a string, or a list
+/// of named templates of which "default" is the chat's.
+std::string template_source(const std::string& dir, const nlohmann::json& config) {
+  if (std::filesystem::exists(dir + "/chat_template.jinja")) return read_file(dir + "/chat_template.jinja");
+  if (!config.is_object() || !config.contains("chat_template")) return {};
+  const auto& t = config["chat_template"];
+  if (t.is_string()) return t.get<std::string>();
+  if (t.is_array())
+    for (const auto& named : t)
+      if (named.is_object() && named.value("name", std::string{}) == "default" && named.contains("template") &&
+          named["template"].is_string())
+        return named["template"].get<std::string>();
+  return {};
+}
 
 }  // namespace
 
@@ -157,13 +140,9 @@ std::shared_ptr<const tokenizer> load_model_tokenizer(const std::string& dir, co
   // The leading token: tokenizer_config.json's add_bos_token, else a TemplateProcessing
   // post-processor that starts with a special token (Llama 3 does, Qwen2 does not).
   int32_t bos = -1;
-  chat_format chat = chat_format::none;
-  chat_variant variant;
+  nlohmann::json config;
   try {
-    std::ifstream tj{dir + "/tokenizer.json"};
-    std::stringstream ss;
-    ss << tj.rdbuf();
-    auto j = nlohmann::json::parse(ss.str(), nullptr, false);
+    auto j = nlohmann::json::parse(read_file(dir + "/tokenizer.json"), nullptr, false);
     if (!j.is_discarded() && j.contains("post_processor") && j["post_processor"].is_object()) {
       const auto& pp = j["post_processor"];
       std::vector<nlohmann::json> procs;
@@ -177,36 +156,42 @@ std::shared_ptr<const tokenizer> load_model_tokenizer(const std::string& dir, co
           bos = t->token_id(p["single"][0]["SpecialToken"].value("id", std::string{}));
     }
     if (std::filesystem::exists(dir + "/tokenizer_config.json")) {
-      std::ifstream cf{dir + "/tokenizer_config.json"};
-      std::stringstream cs;
-      cs << cf.rdbuf();
-      auto c = nlohmann::json::parse(cs.str(), nullptr, false);
-      if (!c.is_discarded() && c.is_object()) {
-        if (c.value("add_bos_token", false) && cfg.bos_token_id >= 0) bos = cfg.bos_token_id;
-        const auto tmpl = c.contains("chat_template") && c["chat_template"].is_string()
-                              ? c["chat_template"].get<std::string>()
-                              : std::string{};
-        const auto has = [&](const char* marker) { return tmpl.find(marker) != std::string::npos; };
-        if (has("<|im_start|>")) chat = chat_format::chatml;
-        else if (has("<|start_header_id|>")) chat = chat_format::llama3;
-        else if (has("'Assistant: ' + message['content'] + eos_token")) chat = chat_format::deepseek_v2;
-        else if (has("<｜User｜>") && has("<｜Assistant｜>") && has("<｜end▁of▁sentence｜>")) chat = chat_format::deepseek_v3;
-        variant.think_prompt = chat == chat_format::deepseek_v3 && has("<｜Assistant｜><think>\\n");
-        variant.strip_think = chat == chat_format::deepseek_v3 && has("split('</think>')");
-      }
+      config = nlohmann::json::parse(read_file(dir + "/tokenizer_config.json"), nullptr, false);
+      if (config.is_object() && config.value("add_bos_token", false) && cfg.bos_token_id >= 0) bos = cfg.bos_token_id;
     }
   } catch (const nlohmann::json::exception& e) {
     *why = dir + ": " + e.what();
     return nullptr;
   }
-  // The DeepSeek templates write {{ bos_token }} themselves: rendered as text only when the encoder
-  // does not add the id (it would be there twice otherwise).
+  // The special tokens as the template writes them: named in tokenizer_config.json, else the
+  // text of config.json's ids.
   const auto special_text = [&](int32_t id) {
     return id >= 0 && static_cast<uint32_t>(id) < t->vocab_size() ? t->decode({id}, false) : std::string{};
   };
-  const std::string bos_text = bos < 0 ? special_text(cfg.bos_token_id) : std::string{};
-  const std::string eos_text = special_text(cfg.eos_token_id);
-  return std::make_shared<hf>(std::move(t), bos, chat, variant, bos_text, eos_text);
+  chat_setup chat;
+  chat.bos_text = config.is_object() ? token_text(config, "bos_token") : std::string{};
+  chat.eos_text = config.is_object() ? token_text(config, "eos_token") : std::string{};
+  if (chat.bos_text.empty()) chat.bos_text = special_text(cfg.bos_token_id);
+  if (chat.eos_text.empty()) chat.eos_text = special_text(cfg.eos_token_id);
+  if (const auto source = template_source(dir, config); !source.empty()) {
+    chat.tmpl = chat_template::compile(source, &chat.unusable);
+    // Does the answer start inside a thinking block? The generation prompt of a one-turn chat says.
+    std::string probe, ignored;
+    nlohmann::ordered_json turn = nlohmann::ordered_json::object();
+    turn["role"] = "user";
+    turn["content"] = "?";
+    nlohmann::ordered_json context = nlohmann::ordered_json::object();
+    context["messages"] = nlohmann::ordered_json::array({turn});
+    context["add_generation_prompt"] = true;
+    context["bos_token"] = chat.bos_text;
+    context["eos_token"] = chat.eos_text;
+    context["tools"] = nullptr;
+    if (chat.tmpl && chat.tmpl->render(context, &probe, &ignored)) {
+      while (!probe.empty() && (probe.back() == '\n' || probe.back() == ' ')) probe.pop_back();
+      chat.opens_thinking = probe.size() >= 7 && probe.compare(probe.size() - 7, 7, "<think>") == 0;
+    }
+  }
+  return std::make_shared<hf>(std::move(t), bos, std::move(chat));
 }
 
 }  // namespace baton::gpu

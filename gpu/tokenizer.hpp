@@ -31,14 +31,18 @@ public:
   virtual bool render_chat(const std::vector<chat_message>& messages, std::string* text, std::string* why) const = 0;
   /// Short description for logs ("bytes", "bpe 771 tokens, chatml").
   virtual std::string describe() const = 0;
+  /// The chat template leaves the answer inside a thinking block (DeepSeek-R1: the prompt ends
+  /// "<think>\n"): an answer is its reasoning up to the first </think>, then its content.
+  virtual bool chat_opens_thinking() const { return false; }
 };
 
 /// The built-in model's tokenizer (one id per byte, <bos> first); no chat template.
 std::shared_ptr<const tokenizer> make_byte_tokenizer(const model_config& cfg);
 
-/// tokenizer.json (and tokenizer_config.json for the chat template: ChatML, Llama 3, DeepSeek-V2
-/// or DeepSeek-V3/R1, recognised by their markers) of a model directory. nullptr and a sentence
-/// on failure.
+/// tokenizer.json of a model directory, and its chat template (chat_template.jinja, else
+/// tokenizer_config.json's chat_template) run by Baton's Jinja engine (chat_template.hpp). A
+/// template the engine cannot run still loads: chat requests then get its sentence. nullptr and
+/// a sentence when the tokenizer itself cannot be read.
 std::shared_ptr<const tokenizer> load_model_tokenizer(const std::string& dir, const model_config& cfg, std::string* why);
 
 }  // namespace baton::gpu

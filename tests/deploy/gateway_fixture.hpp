@@ -173,13 +173,14 @@ struct served_cluster {
     c.set("logger.console-verbosity", caf::atom("quiet"));
     return c;
   }
-  /// Prefill and decode jobs may start late (a fault executor), to test deadlines.
-  explicit served_cluster(deploy::gateway_config gc = {}, uint32_t prefill_delay_ms = 0, uint32_t decode_delay_ms = 0)
+  /// Prefill and decode jobs may start late (a fault executor), to test deadlines. The model: the
+  /// trained built-in one by default (its text is real UTF-8; a random model's bytes would not be).
+  explicit served_cluster(deploy::gateway_config gc = {}, uint32_t prefill_delay_ms = 0, uint32_t decode_delay_ms = 0,
+                          const std::string& model_dir = BATON_SOURCE_DIR "/models/baton-kjv-tiny")
       : sys(init(cfg)) {
-    // The trained built-in model: its text is real UTF-8 (a random model's bytes would not be).
     local_cluster_config cc;
     std::string why;
-    REQUIRE_MESSAGE(deploy::load_model_into(BATON_SOURCE_DIR "/models/baton-kjv-tiny", &cc, &why), why);
+    REQUIRE_MESSAGE(deploy::load_model_into(model_dir, &cc, &why), why);
     executor_factory make_exec;
     if (prefill_delay_ms > 0 || decode_delay_ms > 0)
       make_exec = [model = cc.model, weights = cc.weights, ec = cc.executor, prefill_delay_ms,

@@ -1,6 +1,9 @@
 // The OpenAI API's features over real sockets on 127.0.0.1, each against the router's own
 // answer: log-probabilities, echo and prompt scoring (as evaluation harnesses call it), n
-// choices and batches of prompts, and request bodies sent in chunks.
+// choices and batches of prompts, request bodies sent in chunks, and a thinking model's reasoning.
+
+#include <filesystem>
+#include <fstream>
 
 #include "tests/deploy/gateway_fixture.hpp"
 
@@ -265,4 +268,50 @@ TEST_CASE("a body sent in chunks (curl -T -, a client streaming its upload) is a
   ::close(fd);
   CHECK(after.status == 200);
   CHECK(round_trip(s.gateway.port, head + "\r\n1001\r\n").status == 413);  // 4097 bytes: refused before they come
+}
+
+TEST_CASE("a model whose chat template opens a thinking block (DeepSeek-R1's) answers chat with its reasoning in "
+          "reasoning_content and the rest in content, whole and streamed; separate_reasoning false keeps it in content") {
+  // The built-in model under R1's chat markers: its weights and tokenizer, a template that ends
+  // the prompt inside <think>.
+  const auto dir = std::filesystem::temp_directory_path() / ("baton-r1-chat-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::filesystem::path src = BATON_SOURCE_DIR "/models/baton-kjv-tiny";
+  for (const char* f : {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json"})
+    std::filesystem::create_symlink(src / f, dir / f);
+  std::ofstream{dir / "tokenizer_config.json"} << json{
+      {"add_bos_token", false},
+      {"chat_template", "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}{{ '<｜User｜>' + m['content'] }}"
+                        "{% else %}{{ '<｜Assistant｜>' + m['content'] + '<｜end▁of▁sentence｜>' }}{% endif %}{% endfor %}"
+                        "{% if add_generation_prompt %}{{ '<｜Assistant｜><think>\\n' }}{% endif %}"}}.dump();
+  {
+    served_cluster s{{}, 0, 0, dir.string()};
+    const std::string messages = R"("messages":[{"role":"user","content":"In the beginning"}],"max_tokens":12)";
+    const auto raw = round_trip(s.gateway.port, post("/v1/chat/completions", "{" + messages + R"(,"separate_reasoning":false})"));
+    REQUIRE(raw.status == 200);
+    const std::string generated = json::parse(raw.body)["choices"][0]["message"]["content"];
+    REQUIRE_FALSE(generated.empty());
+    const auto want = deploy::openai::split_reasoning(generated);
+
+    const auto whole = round_trip(s.gateway.port, post("/v1/chat/completions", "{" + messages + "}"));
+    REQUIRE(whole.status == 200);
+    const auto message = json::parse(whole.body)["choices"][0]["message"];
+    CHECK(message["reasoning_content"] == want.reasoning);
+    CHECK(message["content"] == want.content);
+
+    const auto streamed = round_trip(s.gateway.port, post("/v1/chat/completions", "{" + messages + R"(,"stream":true})"));
+    REQUIRE(streamed.status == 200);
+    std::vector<json> events;
+    sse_text(streamed.body, &events, true);
+    std::string reasoning, content;
+    for (const auto& ev : events) {
+      if (!ev.is_object() || ev["choices"].empty()) continue;
+      const auto& delta = ev["choices"][0]["delta"];
+      if (delta.contains("reasoning_content")) reasoning += delta["reasoning_content"].get<std::string>();
+      if (delta.contains("content")) content += delta["content"].get<std::string>();
+    }
+    CHECK(reasoning == want.reasoning);
+    CHECK(content == want.content);
+  }
+  std::filesystem::remove_all(dir);
 }

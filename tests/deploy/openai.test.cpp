@@ -436,3 +436,58 @@ TEST_CASE("a batch of prompts: choice i answers prompt i / n with seed + i % n, 
   CHECK(c.num_prompts() == 1);
   CHECK(c.req.prompt == "x");
 }
+
+TEST_CASE("a thinking model's chat answer: reasoning_content up to the first </think>, content after it, told apart "
+          "as it streams even when the tag is cut between pieces") {
+  using deploy::openai::reasoning_splitter;
+  {
+    reasoning_splitter s;
+    auto a = s.feed("Let me think.</th", false);  // the tag's start is held back
+    CHECK(a.reasoning == "Let me think.");
+    CHECK(a.content.empty());
+    auto b = s.feed("ink>\n\nYes.", false);
+    CHECK(b.reasoning.empty());
+    CHECK(b.content == "\n\nYes.");
+    CHECK(s.feed(" </think> stays", true).content == " </think> stays");  // only the first closes
+  }
+  {
+    reasoning_splitter s;  // a held tail that was no tag after all goes out with the next piece
+    CHECK(s.feed("a <", false).reasoning == "a ");
+    CHECK(s.feed("b", false).reasoning == "<b");
+    CHECK(s.feed("</", true).reasoning == "</");  // the last piece holds nothing back
+  }
+  CHECK(deploy::openai::split_reasoning("all thinking").reasoning == "all thinking");
+  CHECK(deploy::openai::split_reasoning("all thinking").content.empty());
+  CHECK(deploy::openai::split_reasoning("</think>answer").content == "answer");
+
+  deploy::openai::call c;
+  deploy::openai::api_error e;
+  REQUIRE(deploy::openai::parse_body(R"({"messages":[{"role":"user","content":"x"}]})", true, "m", &c, &e));
+  CHECK(c.reasoning_wanted);
+  CHECK_FALSE(c.separate_reasoning);  // the gateway sets it, for a model that thinks
+  CHECK_FALSE(deploy::openai::parse_body(R"({"messages":[{"role":"user","content":"x"}],"separate_reasoning":"no"})",
+                                         true, "m", &c, &e));
+  CHECK(e.param == "separate_reasoning");
+  REQUIRE(deploy::openai::parse_body(R"({"messages":[{"role":"user","content":"x"}],"separate_reasoning":false})", true,
+                                     "m", &c, &e));
+  CHECK_FALSE(c.reasoning_wanted);
+
+  completion done;
+  done.text = "hmm</think>Yes.";
+  done.finish_reason = "eos";
+  auto message = json::parse(deploy::openai::completion_json(c, done, "id", 0))["choices"][0]["message"];
+  CHECK(message["content"] == "hmm</think>Yes.");  // not split: as generated
+  CHECK_FALSE(message.contains("reasoning_content"));
+  c.separate_reasoning = true;
+  message = json::parse(deploy::openai::completion_json(c, done, "id", 0))["choices"][0]["message"];
+  CHECK(message["reasoning_content"] == "hmm");
+  CHECK(message["content"] == "Yes.");
+  // Streamed: the delta carries what the splitter told apart; the first has the role.
+  stream_chunk chunk;
+  chunk.text = "ignored when split";
+  const reasoning_splitter::parts first{"hmm", ""}, both{"m", "Yes"};
+  auto d = json::parse(deploy::openai::chunk_json(c, chunk, "id", 0, true, 0, 0, &first))["choices"][0]["delta"];
+  CHECK(d == json{{"role", "assistant"}, {"reasoning_content", "hmm"}});
+  d = json::parse(deploy::openai::chunk_json(c, chunk, "id", 0, false, 0, 0, &both))["choices"][0]["delta"];
+  CHECK(d == json{{"reasoning_content", "m"}, {"content", "Yes"}});
+}

@@ -1,7 +1,8 @@
-// Chat rendering: each template Baton knows (ChatML, Llama 3, DeepSeek-V2, DeepSeek-V3 and R1),
-// recognised in a model directory's tokenizer_config.json, renders a conversation as the model was
-// trained to see it, and a chat encodes with exactly one begin-of-text id; a template Baton does
-// not know is refused by name.
+// Chat through a model directory's tokenizer: its chat template (tokenizer_config.json's, or
+// chat_template.jinja) renders a conversation as the model was trained to see it, a chat encodes
+// with exactly one begin-of-text id, a template that opens a thinking block is recognised, and a
+// template the engine cannot run, or none, is refused with a sentence. The engine itself is tested
+// against Jinja2 in chat_template_engine.test.cpp.
 
 #include <doctest/doctest.h>
 
@@ -27,10 +28,12 @@ const std::vector<std::string> specials = {"<｜begin▁of▁sentence｜>", "<�
 constexpr int32_t bos_id = 256, eos_id = 257;
 
 /// A model directory with a byte-level tokenizer.json (no merges) and a tokenizer_config.json
-/// holding `chat_template`; removed with the object.
+/// holding `chat_template` (a string, or the list form), and chat_template.jinja if given;
+/// removed with the object.
 struct model_dir {
   std::filesystem::path path;
-  model_dir(const std::string& name, const std::string& chat_template, bool add_bos_token) {
+  model_dir(const std::string& name, const nlohmann::json& chat_template, bool add_bos_token,
+            const std::string& jinja_file = {}) {
     path = std::filesystem::temp_directory_path() / ("baton-chat-" + name + "-" + std::to_string(::getpid()));
     std::filesystem::create_directories(path);
     nlohmann::json vocab = nlohmann::json::object();
@@ -44,8 +47,10 @@ struct model_dir {
                                 {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
                                 {"normalizer", nullptr}};
     std::ofstream{path / "tokenizer.json"} << tok.dump();
-    const nlohmann::json cfg = {{"add_bos_token", add_bos_token}, {"chat_template", chat_template}};
+    nlohmann::json cfg = {{"add_bos_token", add_bos_token}};
+    if (!chat_template.is_null()) cfg["chat_template"] = chat_template;
     std::ofstream{path / "tokenizer_config.json"} << cfg.dump();
+    if (!jinja_file.empty()) std::ofstream{path / "chat_template.jinja"} << jinja_file;
   }
   ~model_dir() { std::filesystem::remove_all(path); }
   std::shared_ptr<const tokenizer> load() const {
@@ -69,84 +74,107 @@ std::string render(const tokenizer& t, const std::vector<chat_message>& messages
 const std::vector<chat_message> conversation = {
     {"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello."}, {"user", "Why?"}};
 
+
+/// Templates in the manner of the models' own (the engine runs them as Jinja would:
+/// tests/gpu/chat_template_engine.test.cpp).
+const std::string chatml =
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+const std::string llama3 =
+    "{{ bos_token }}{% for m in messages %}{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>\n\n' + "
+    "m['content'] | trim + '<|eot_id|>' }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}";
+const std::string deepseek_v2 =
+    "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}{{ 'User: ' + message['content'] + "
+    "'\n\n' }}{% elif message['role'] == 'assistant' %}{{ 'Assistant: ' + message['content'] + eos_token }}"
+    "{% elif message['role'] == 'system' %}{{ message['content'] + '\n\n' }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}";
+const std::string r1 =
+    "{% set ns = namespace(system_prompt='') %}{% for m in messages %}{% if m['role'] == 'system' %}"
+    "{% set ns.system_prompt = m['content'] %}{% endif %}{% endfor %}{{ bos_token }}{{ ns.system_prompt }}"
+    "{% for m in messages %}{% if m['role'] == 'user' %}{{ '<｜User｜>' + m['content'] }}"
+    "{% elif m['role'] == 'assistant' %}{% set content = m['content'] %}{% if '</think>' in content %}"
+    "{% set content = content.split('</think>')[-1] %}{% endif %}{{ '<｜Assistant｜>' + content + "
+    "'<｜end▁of▁sentence｜>' }}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<｜Assistant｜><think>\n' }}{% endif %}";
+
 }  // namespace
 
-TEST_CASE("chat: ChatML and Llama 3 render each turn between their markers and leave the answer open") {
+TEST_CASE("chat: a model's template renders the conversation and leaves the answer open (ChatML, Llama 3)") {
   {
-    model_dir d{"chatml", "{% for m in messages %}{{'<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>'}}", false};
+    model_dir d{"chatml", chatml, false};
     const auto t = d.load();
-    CHECK(t->describe().find("chatml") != std::string::npos);
+    CHECK(t->describe().find(", chat template") != std::string::npos);
+    CHECK_FALSE(t->chat_opens_thinking());
     CHECK(render(*t, conversation) ==
           "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello.<|im_end|>\n"
           "<|im_start|>user\nWhy?<|im_end|>\n<|im_start|>assistant\n");
   }
   {
-    model_dir d{"llama3", "{{ bos_token }}{{'<|start_header_id|>' + m['role'] + '<|end_header_id|>'}}", false};
+    model_dir d{"llama3", llama3, true};  // the encoder adds <bos> and the template writes it: one stays
     const auto t = d.load();
-    CHECK(render(*t, {{"user", "Hi"}}) ==
-          "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
+    const auto text = render(*t, {{"user", " Hi "}});
+    CHECK(text == "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
+    const auto ids = t->encode_prompt(text);
+    CHECK(ids.front() == bos_id);
+    CHECK(std::count(ids.begin(), ids.end(), bos_id) == 1);
   }
 }
 
-TEST_CASE("chat: DeepSeek-V2 writes the system prompt where it stands, 'User: ' and 'Assistant: ' turns, EOS after "
-          "each answer, and one begin-of-text id however the tokenizer adds it") {
-  const std::string tmpl =
-      "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}{{ 'User: ' + message['content'] + "
-      "'\\n\\n' }}{% elif message['role'] == 'assistant' %}{{ 'Assistant: ' + message['content'] + eos_token }}{% endif "
-      "%}{% endfor %}";
-  model_dir d{"dsv2", tmpl, false};  // the encoder adds no begin-of-text id: the template's text brings it
-  const auto t = d.load();
-  CHECK(t->describe().find("deepseek-v2 chat") != std::string::npos);
-  const auto text = render(*t, conversation);
-  CHECK(text ==
-        "<｜begin▁of▁sentence｜>Be brief.\n\nUser: Hi\n\nAssistant: Hello.<｜end▁of▁sentence｜>User: Why?\n\nAssistant:");
-  const auto ids = t->encode_prompt(text);
-  REQUIRE_FALSE(ids.empty());
-  CHECK(ids.front() == bos_id);
-  CHECK(std::count(ids.begin(), ids.end(), bos_id) == 1);
-  CHECK(std::count(ids.begin(), ids.end(), eos_id) == 1);  // one per earlier answer
+TEST_CASE("chat: DeepSeek-V2's template, the system prompt where it stands, EOS after each answer, and one "
+          "begin-of-text id whether the template or the encoder brings it") {
+  for (const bool encoder_adds : {false, true}) {
+    CAPTURE(encoder_adds);
+    model_dir d{"dsv2", deepseek_v2, encoder_adds};
+    const auto t = d.load();
+    const auto text = render(*t, conversation);
+    CHECK(text == std::string{encoder_adds ? "" : "<｜begin▁of▁sentence｜>"} +
+                      "Be brief.\n\nUser: Hi\n\nAssistant: Hello.<｜end▁of▁sentence｜>User: Why?\n\nAssistant:");
+    const auto ids = t->encode_prompt(text);
+    REQUIRE_FALSE(ids.empty());
+    CHECK(ids.front() == bos_id);
+    CHECK(std::count(ids.begin(), ids.end(), bos_id) == 1);
+    CHECK(std::count(ids.begin(), ids.end(), eos_id) == 1);  // one per earlier answer
+  }
 }
 
-TEST_CASE("chat: DeepSeek-V3 puts every system prompt first, marks turns with <｜User｜> and <｜Assistant｜>; R1's "
-          "template opens the answer in <think> and drops earlier answers' thinking") {
-  const std::string v3 =
-      "{{ bos_token }}{{ ns.system_prompt }}{%- for message in messages %}{{'<｜User｜>' + message['content']}}"
-      "{{'<｜Assistant｜>' + content + '<｜end▁of▁sentence｜>'}}{% endfor %}{{'<｜Assistant｜>'}}";
+TEST_CASE("chat: R1's template opens the answer in <think> (the tokenizer says so) and drops earlier thinking") {
   const std::vector<chat_message> chat = {{"system", "Be brief."},
                                           {"user", "Hi"},
                                           {"assistant", "<think>greet</think>Hello."},
                                           {"system", "Use English."},
                                           {"user", "Why?"}};
-  {
-    model_dir d{"dsv3", v3, true};  // the encoder adds the begin-of-text id: the text must not carry one too
-    const auto t = d.load();
-    CHECK(t->describe().find("deepseek-v3 chat") != std::string::npos);
-    const auto text = render(*t, chat);
-    CHECK(text == "Be brief.\n\nUse English.<｜User｜>Hi<｜Assistant｜><think>greet</think>Hello.<｜end▁of▁sentence｜>"
-                  "<｜User｜>Why?<｜Assistant｜>");
-    const auto ids = t->encode_prompt(text);
-    REQUIRE_FALSE(ids.empty());
-    CHECK(ids.front() == bos_id);
-    CHECK(std::count(ids.begin(), ids.end(), bos_id) == 1);
-  }
-  {
-    const std::string r1 = v3.substr(0, v3.size() - std::string{"{{'<｜Assistant｜>'}}"}.size()) +
-                           "{% set content = content.split('</think>')[-1] %}{{'<｜Assistant｜><think>\\n'}}";
-    model_dir d{"r1", r1, true};
-    const auto t = d.load();
-    CHECK(t->describe().find("answers start thinking") != std::string::npos);
-    CHECK(render(*t, chat) == "Be brief.\n\nUse English.<｜User｜>Hi<｜Assistant｜>Hello.<｜end▁of▁sentence｜>"
-                              "<｜User｜>Why?<｜Assistant｜><think>\n");
-  }
+  model_dir d{"r1", r1, true};
+  const auto t = d.load();
+  CHECK(t->chat_opens_thinking());
+  CHECK(t->describe().find("answers start thinking") != std::string::npos);
+  CHECK(render(*t, chat) == "Use English.<｜User｜>Hi<｜Assistant｜>Hello.<｜end▁of▁sentence｜>"
+                            "<｜User｜>Why?<｜Assistant｜><think>\n");
 }
 
-TEST_CASE("chat: a template Baton does not know, and a role it does not take, are refused with a sentence") {
-  model_dir d{"mistral", "{{ bos_token }}{% for m in messages %}{{ '[INST] ' + m['content'] + '[/INST]' }}{% endfor %}", false};
-  const auto t = d.load();
+TEST_CASE("chat: chat_template.jinja beside the tokenizer wins, and of a list of named templates 'default' is used") {
+  model_dir file{"jinja-file", chatml, false, "{% for m in messages %}[{{ m.role }}]{% endfor %}"};
+  CHECK(render(*file.load(), {{"user", "Hi"}}) == "[user]");
+  const nlohmann::json named = nlohmann::json::array(
+      {{{"name", "tool_use"}, {"template", "tools"}}, {{"name", "default"}, {"template", "{{ messages | length }} turns"}}});
+  model_dir list{"named", named, false};
+  CHECK(render(*list.load(), conversation) == "4 turns");
+}
+
+TEST_CASE("chat: a template the engine cannot run, no template, and a role Baton does not take are refused with a "
+          "sentence") {
   std::string text, why;
+  model_dir odd{"odd", "{% for m in messages %}{{ m.content | wordwrap(8) }}{% endfor %}", false};
+  const auto t = odd.load();  // the model still loads: completions need no template
+  CHECK(t->describe().find("chat template unusable") != std::string::npos);
   CHECK_FALSE(t->render_chat(conversation, &text, &why));
-  CHECK(why == "the model directory has no supported chat template (ChatML, Llama 3, DeepSeek-V2 or DeepSeek-V3)");
-  model_dir v3{"dsv3-tool", "<｜User｜><｜Assistant｜><｜end▁of▁sentence｜>", false};
+  CHECK(why == "the model's chat template cannot be used: chat template line 1: the filter 'wordwrap' is not supported");
+  model_dir none{"none", nullptr, false};
+  CHECK_FALSE(none.load()->render_chat(conversation, &text, &why));
+  CHECK(why == "the model directory has no chat template (tokenizer_config.json's chat_template)");
+  model_dir strict{"strict", "{{ raise_exception('Only user and assistant roles are supported!') }}", false};
+  CHECK_FALSE(strict.load()->render_chat(conversation, &text, &why));
+  CHECK(why == "Only user and assistant roles are supported!");
+  model_dir v3{"tool", chatml, false};
   CHECK_FALSE(v3.load()->render_chat({{"tool", "42"}}, &text, &why));
   CHECK(why == "chat role 'tool' is not system, user or assistant");
 }

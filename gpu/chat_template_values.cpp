@@ -1,0 +1,344 @@
+// The chat template's values as Python sees them: truthiness, str() and repr(), json.dumps,
+// ==, <, lengths, iteration, and the string helpers the renderer's methods and filters share.
+
+#include <charconv>
+#include <cmath>
+
+#include "gpu/chat_template_ast.hpp"
+
+namespace baton::gpu::jinja {
+
+namespace {
+[[noreturn]] void fail(int line, const std::string& what) {
+  throw error{"chat template line " + std::to_string(line) + ": " + what};
+}
+}  // namespace
+
+// ---- Python's view of values ----------------------------------------------------------------
+
+const char* type_name(const value& v) {
+  if (is_undefined(v)) return "undefined";
+  switch (v.type()) {
+    case value::value_t::null: return "none";
+    case value::value_t::boolean: return "bool";
+    case value::value_t::string: return "str";
+    case value::value_t::array: return "list";
+    case value::value_t::object: return "dict";
+    case value::value_t::number_float: return "float";
+    default: return "int";
+  }
+}
+
+bool is_number(const value& v) { return v.is_number() || v.is_boolean(); }  // Python's True is 1
+double as_double(const value& v) { return v.is_boolean() ? (v.get<bool>() ? 1.0 : 0.0) : v.get<double>(); }
+int64_t as_int(const value& v) {
+  if (v.is_boolean()) return v.get<bool>() ? 1 : 0;
+  if (v.is_number_float()) return static_cast<int64_t>(v.get<double>());
+  return v.get<int64_t>();
+}
+bool is_integral(const value& v) { return v.is_boolean() || v.is_number_integer(); }
+
+bool truthy(const value& v) {
+  if (is_undefined(v) || v.is_null()) return false;
+  if (v.is_boolean()) return v.get<bool>();
+  if (v.is_number_float()) return v.get<double>() != 0.0;
+  if (v.is_number()) return v.get<int64_t>() != 0;
+  if (v.is_string()) return !v.get_ref<const std::string&>().empty();
+  return !v.empty();
+}
+
+/// Python's repr() of a float: the shortest digits that read back as the same number, written
+/// plainly when the exponent is in [-4, 16) and as d.ddde+XX otherwise.
+std::string py_float(double d) {
+  if (std::isnan(d)) return "nan";
+  if (std::isinf(d)) return d < 0 ? "-inf" : "inf";
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof buf, d, std::chars_format::scientific);
+  const std::string sci{buf, r.ptr};  // -1.2345e+06
+  const size_t e = sci.find('e');
+  const bool negative = sci[0] == '-';
+  std::string digits;
+  for (size_t i = negative ? 1 : 0; i < e; ++i)
+    if (sci[i] != '.') digits += sci[i];
+  const int exp = std::stoi(sci.substr(e + 1));
+  std::string out = negative ? "-" : "";
+  if (exp >= -4 && exp < 16) {
+    if (exp < 0) return out + "0." + std::string(static_cast<size_t>(-exp - 1), '0') + digits;
+    const auto point = static_cast<size_t>(exp) + 1;
+    if (digits.size() <= point) return out + digits + std::string(point - digits.size(), '0') + ".0";
+    return out + digits.substr(0, point) + "." + digits.substr(point);
+  }
+  out += digits.substr(0, 1);
+  if (digits.size() > 1) {
+    out += '.';
+    out.append(digits, 1, std::string::npos);
+  }
+  const std::string mag = std::to_string(exp < 0 ? -exp : exp);
+  return out + "e" + (exp < 0 ? "-" : "+") + (mag.size() < 2 ? "0" : "") + mag;
+}
+
+std::string py_str_repr(const std::string& s) {
+  const bool dq = s.find('\'') != std::string::npos && s.find('"') == std::string::npos;
+  const char q = dq ? '"' : '\'';
+  std::string out(1, q);
+  for (unsigned char c : s) {
+    if (c == '\\') out += "\\\\";
+    else if (c == q) out += std::string{"\\"} + static_cast<char>(q);
+    else if (c == '\n') out += "\\n";
+    else if (c == '\r') out += "\\r";
+    else if (c == '\t') out += "\\t";
+    else if (c < 0x20 || c == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    } else out += static_cast<char>(c);
+  }
+  return out + q;
+}
+
+std::string to_text(const value& v);
+
+std::string py_repr(const value& v) {
+  if (v.is_string()) return py_str_repr(v.get_ref<const std::string&>());
+  if (v.is_array()) {
+    std::string out = "[";
+    for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + py_repr(v[i]);
+    return out + "]";
+  }
+  if (v.is_object()) {
+    std::string out = "{";
+    bool first = true;
+    for (const auto& [k, x] : v.items()) {
+      out += (first ? "" : ", ") + py_str_repr(k) + ": " + py_repr(x);
+      first = false;
+    }
+    return out + "}";
+  }
+  return to_text(v);
+}
+
+/// What {{ v }} writes: Python's str().
+std::string to_text(const value& v) {
+  if (is_undefined(v)) return "";
+  switch (v.type()) {
+    case value::value_t::null: return "None";
+    case value::value_t::boolean: return v.get<bool>() ? "True" : "False";
+    case value::value_t::string: return v.get<std::string>();
+    case value::value_t::number_float: return py_float(v.get<double>());
+    case value::value_t::number_unsigned: return std::to_string(v.get<uint64_t>());
+    case value::value_t::number_integer: return std::to_string(v.get<int64_t>());
+    default: return py_repr(v);
+  }
+}
+
+/// Python's json.dumps(ensure_ascii=False): ", " and ": " on one line, or "," and indented lines.
+void dump_json(const value& v, int indent, int level, int line, std::string& out) {
+  const auto newline = [&](int lvl) {
+    if (indent < 0) return;
+    out += '\n';
+    out.append(static_cast<size_t>(indent * lvl), ' ');
+  };
+  const char* comma = indent >= 0 ? "," : ", ";
+  if (is_undefined(v)) fail(line, "tojson of an undefined value");
+  switch (v.type()) {
+    case value::value_t::null: out += "null"; return;
+    case value::value_t::boolean: out += v.get<bool>() ? "true" : "false"; return;
+    case value::value_t::number_float: {
+      const double d = v.get<double>();
+      out += std::isnan(d) ? "NaN" : std::isinf(d) ? (d < 0 ? "-Infinity" : "Infinity") : py_float(d);
+      return;
+    }
+    case value::value_t::string: {
+      out += '"';
+      for (unsigned char c : v.get_ref<const std::string&>()) {
+        switch (c) {
+          case '"': out += "\\\""; break;
+          case '\\': out += "\\\\"; break;
+          case '\n': out += "\\n"; break;
+          case '\r': out += "\\r"; break;
+          case '\t': out += "\\t"; break;
+          case '\b': out += "\\b"; break;
+          case '\f': out += "\\f"; break;
+          default:
+            if (c < 0x20) {
+              char buf[8];
+              std::snprintf(buf, sizeof buf, "\\u%04x", c);
+              out += buf;
+            } else {
+              out += static_cast<char>(c);
+            }
+        }
+      }
+      out += '"';
+      return;
+    }
+    case value::value_t::array: {
+      if (v.empty()) {
+        out += "[]";
+        return;
+      }
+      out += '[';
+      for (size_t i = 0; i < v.size(); ++i) {
+        if (i) out += comma;
+        newline(level + 1);
+        dump_json(v[i], indent, level + 1, line, out);
+      }
+      newline(level);
+      out += ']';
+      return;
+    }
+    case value::value_t::object: {
+      if (v.empty()) {
+        out += "{}";
+        return;
+      }
+      out += '{';
+      bool first = true;
+      for (const auto& [k, x] : v.items()) {
+        if (!first) out += comma;
+        first = false;
+        newline(level + 1);
+        dump_json(value(k), indent, level + 1, line, out);
+        out += ": ";
+        dump_json(x, indent, level + 1, line, out);
+      }
+      newline(level);
+      out += '}';
+      return;
+    }
+    default: out += to_text(v); return;
+  }
+}
+
+bool equal(const value& a, const value& b) {
+  if (is_undefined(a) || is_undefined(b)) return is_undefined(a) && is_undefined(b);
+  if (is_number(a) && is_number(b)) return as_double(a) == as_double(b);
+  if (a.is_array() && b.is_array()) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i)
+      if (!equal(a[i], b[i])) return false;
+    return true;
+  }
+  return a == b;
+}
+
+bool less(const value& a, const value& b, int line) {
+  if (is_number(a) && is_number(b)) return as_double(a) < as_double(b);
+  if (a.is_string() && b.is_string()) return a.get_ref<const std::string&>() < b.get_ref<const std::string&>();
+  if (a.is_array() && b.is_array()) {
+    for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+      if (less(a[i], b[i], line)) return true;
+      if (less(b[i], a[i], line)) return false;
+    }
+    return a.size() < b.size();
+  }
+  fail(line, std::string{"cannot order "} + type_name(a) + " and " + type_name(b));
+}
+
+/// Byte offsets of a UTF-8 string's characters, and its size last.
+std::vector<size_t> char_starts(const std::string& s) {
+  std::vector<size_t> out;
+  for (size_t i = 0; i < s.size(); ++i)
+    if ((static_cast<unsigned char>(s[i]) & 0xC0) != 0x80) out.push_back(i);
+  out.push_back(s.size());
+  return out;
+}
+
+size_t length_of(const value& v, int line) {
+  if (is_undefined(v)) return 0;
+  if (v.is_string()) return char_starts(v.get_ref<const std::string&>()).size() - 1;
+  if (v.is_array() || v.is_object()) return v.size();
+  fail(line, std::string{"a "} + type_name(v) + " has no length");
+}
+
+/// A list of what iterating `v` gives: a list's items, a dict's keys, a string's characters.
+std::vector<value> items_of(const value& v, int line) {
+  std::vector<value> out;
+  if (is_undefined(v)) return out;
+  if (v.is_array()) {
+    out.assign(v.begin(), v.end());
+  } else if (v.is_object()) {
+    for (const auto& [k, x] : v.items()) out.emplace_back(k);
+  } else if (v.is_string()) {
+    const auto& s = v.get_ref<const std::string&>();
+    const auto starts = char_starts(s);
+    for (size_t i = 0; i + 1 < starts.size(); ++i) out.emplace_back(s.substr(starts[i], starts[i + 1] - starts[i]));
+  } else {
+    fail(line, std::string{"a "} + type_name(v) + " cannot be iterated");
+  }
+  return out;
+}
+
+value to_list(const std::vector<value>& items) {
+  value out = value::array();
+  for (const auto& x : items) out.push_back(x);
+  return out;
+}
+
+bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+
+std::string strip(const std::string& s, const value& chars, bool left, bool right) {
+  const auto drop = [&](char c) {
+    return chars.is_string() ? chars.get_ref<const std::string&>().find(c) != std::string::npos : is_space(c);
+  };
+  size_t b = 0, e = s.size();
+  if (left)
+    while (b < e && drop(s[b])) ++b;
+  if (right)
+    while (e > b && drop(s[e - 1])) --e;
+  return s.substr(b, e - b);
+}
+
+value split(const std::string& s, const value& sep, int64_t maxsplit) {
+  value out = value::array();
+  if (!sep.is_string()) {  // runs of whitespace, no empty parts
+    size_t i = 0;
+    while (i < s.size()) {
+      while (i < s.size() && is_space(s[i])) ++i;
+      if (i >= s.size()) break;
+      if (maxsplit >= 0 && static_cast<int64_t>(out.size()) == maxsplit) {
+        size_t e = s.size();
+        while (e > i && is_space(s[e - 1])) --e;
+        out.push_back(s.substr(i, e - i));
+        break;
+      }
+      size_t j = i;
+      while (j < s.size() && !is_space(s[j])) ++j;
+      out.push_back(s.substr(i, j - i));
+      i = j;
+    }
+    return out;
+  }
+  const auto& d = sep.get_ref<const std::string&>();
+  size_t from = 0, at;
+  while ((maxsplit < 0 || static_cast<int64_t>(out.size()) < maxsplit) && !d.empty() &&
+         (at = s.find(d, from)) != std::string::npos) {
+    out.push_back(s.substr(from, at - from));
+    from = at + d.size();
+  }
+  out.push_back(s.substr(from));
+  return out;
+}
+
+std::string replace_all(std::string s, const std::string& from, const std::string& to, int64_t count) {
+  if (from.empty()) return s;
+  size_t at = 0;
+  for (int64_t n = 0; (count < 0 || n < count) && (at = s.find(from, at)) != std::string::npos; ++n) {
+    s.replace(at, from.size(), to);
+    at += to.size();
+  }
+  return s;
+}
+
+std::string case_of(std::string s, int how) {  // 0 lower, 1 upper, 2 capitalize, 3 title (ASCII letters)
+  bool word_start = true;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const bool up = how == 1 || (how == 2 && i == 0) || (how == 3 && word_start);
+    s[i] = static_cast<char>(up ? std::toupper(c) : std::tolower(c));
+    word_start = !std::isalnum(c);
+  }
+  return s;
+}
+
+}  // namespace baton::gpu::jinja
