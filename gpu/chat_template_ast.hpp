@@ -103,7 +103,15 @@ bool truthy(const value& v);                           ///< Python's bool(): emp
 std::string py_float(double d);                        ///< repr(): the shortest text that reads back
 std::string py_repr(const value& v);                   ///< repr(): 'quoted', [1, 'a'], {'k': None}
 std::string to_text(const value& v);                   ///< str(), what {{ v }} writes (undefined: nothing)
-void dump_json(const value& v, int indent, int level, int line, std::string& out);  ///< json.dumps(ensure_ascii=False)
+/// json.dumps's options, as transformers' tojson passes them (ensure_ascii off by default).
+struct json_style {
+  int indent = -1;  ///< -1: one line
+  bool ensure_ascii = false;
+  bool sort_keys = false;
+  std::string item_separator = ", ";  ///< "," once indented (Python's default)
+  std::string key_separator = ": ";
+};
+void dump_json(const value& v, const json_style& style, int level, int line, std::string& out);  ///< json.dumps
 bool equal(const value& a, const value& b);            ///< ==, with 1 == 1.0 == True
 bool less(const value& a, const value& b, int line);   ///< <, numbers and strings and lists only
 std::vector<size_t> char_starts(const std::string& s);  ///< each UTF-8 character's byte offset, then the size

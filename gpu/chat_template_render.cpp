@@ -138,8 +138,10 @@ private:
     switch (e.k) {
       case expr::kind::literal: return e.literal;
       case expr::kind::name: {
-        const value* v = find(e.text);
-        return v ? *v : undefined();
+        if (const value* v = find(e.text)) return *v;
+        // A global function is defined (`strftime_now is defined` picks the date a template
+        // writes); as a value it is only its name.
+        return known_function(e.text) ? value("<function " + e.text + ">") : undefined();
       }
       case expr::kind::attr: return attribute(eval(*e.args[0]), e.text, e);
       case expr::kind::item: return item(eval(*e.args[0]), eval(*e.args[1]), e);
@@ -480,9 +482,23 @@ private:
       return use ? a.get(0, "") : v;
     }
     if (name == "tojson") {
-      const value indent = args_of(e, {"indent"}, first_arg).get(0, nullptr);
+      const auto a = args_of(e, {"ensure_ascii", "indent", "separators", "sort_keys"}, first_arg);
+      json_style style;
+      style.ensure_ascii = truthy(a.get(0, false));
+      const value indent = a.get(1, nullptr);
+      if (is_integral(indent)) style.indent = static_cast<int>(std::clamp<int64_t>(as_int(indent), 0, 64));
+      else if (indent.is_string()) fail(e.line, "tojson's indent must be a number");
+      if (style.indent >= 0) style.item_separator = ",";
+      const value separators = a.get(2, nullptr);
+      if (separators.is_array() && separators.size() == 2 && separators[0].is_string() && separators[1].is_string()) {
+        style.item_separator = separators[0].get<std::string>();
+        style.key_separator = separators[1].get<std::string>();
+      } else if (!separators.is_null()) {
+        fail(e.line, "tojson's separators must be two strings");
+      }
+      style.sort_keys = truthy(a.get(3, false));
       std::string out;
-      dump_json(v, is_integral(indent) ? static_cast<int>(as_int(indent)) : -1, 0, e.line, out);
+      dump_json(v, style, 0, e.line, out);
       return out;
     }
     if (name == "string") return to_text(v);

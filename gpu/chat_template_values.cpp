@@ -1,6 +1,7 @@
 // The chat template's values as Python sees them: truthiness, str() and repr(), json.dumps,
 // ==, <, lengths, iteration, and the string helpers the renderer's methods and filters share.
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 
@@ -132,13 +133,65 @@ std::string to_text(const value& v) {
 }
 
 /// Python's json.dumps(ensure_ascii=False): ", " and ": " on one line, or "," and indented lines.
-void dump_json(const value& v, int indent, int level, int line, std::string& out) {
-  const auto newline = [&](int lvl) {
-    if (indent < 0) return;
-    out += '\n';
-    out.append(static_cast<size_t>(indent * lvl), ' ');
+namespace {
+
+/// Decodes the UTF-8 character at s[i] (advancing i); a broken byte reads as itself.
+uint32_t next_code_point(const std::string& s, size_t& i) {
+  const auto c = static_cast<unsigned char>(s[i++]);
+  const int more = c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : c >= 0xC0 ? 1 : 0;
+  uint32_t cp = more == 3 ? c & 0x07 : more == 2 ? c & 0x0F : more == 1 ? c & 0x1F : c;
+  for (int k = 0; k < more && i < s.size() && (static_cast<unsigned char>(s[i]) & 0xC0) == 0x80; ++k)
+    cp = (cp << 6) | (static_cast<unsigned char>(s[i++]) & 0x3F);
+  return cp;
+}
+
+void dump_string(const std::string& s, bool ensure_ascii, std::string& out) {
+  out += '"';
+  const auto u = [&](uint32_t unit) {
+    char buf[8];
+    std::snprintf(buf, sizeof buf, "\\u%04x", unit);
+    out += buf;
   };
-  const char* comma = indent >= 0 ? "," : ", ";
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x80) {
+      const size_t start = i;
+      const uint32_t cp = next_code_point(s, i);
+      if (!ensure_ascii) {
+        out.append(s, start, i - start);
+      } else if (cp >= 0x10000) {  // a surrogate pair, as Python writes it
+        u(0xD800 + ((cp - 0x10000) >> 10));
+        u(0xDC00 + ((cp - 0x10000) & 0x3FF));
+      } else {
+        u(cp);
+      }
+      continue;
+    }
+    ++i;
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      default:
+        if (c < 0x20 || (ensure_ascii && c == 0x7f)) u(c);
+        else out += static_cast<char>(c);
+    }
+  }
+  out += '"';
+}
+
+}  // namespace
+
+void dump_json(const value& v, const json_style& style, int level, int line, std::string& out) {
+  const auto newline = [&](int lvl) {
+    if (style.indent < 0) return;
+    out += '\n';
+    out.append(static_cast<size_t>(style.indent * lvl), ' ');
+  };
   if (is_undefined(v)) fail(line, "tojson of an undefined value");
   switch (v.type()) {
     case value::value_t::null: out += "null"; return;
@@ -148,30 +201,7 @@ void dump_json(const value& v, int indent, int level, int line, std::string& out
       out += std::isnan(d) ? "NaN" : std::isinf(d) ? (d < 0 ? "-Infinity" : "Infinity") : py_float(d);
       return;
     }
-    case value::value_t::string: {
-      out += '"';
-      for (unsigned char c : v.get_ref<const std::string&>()) {
-        switch (c) {
-          case '"': out += "\\\""; break;
-          case '\\': out += "\\\\"; break;
-          case '\n': out += "\\n"; break;
-          case '\r': out += "\\r"; break;
-          case '\t': out += "\\t"; break;
-          case '\b': out += "\\b"; break;
-          case '\f': out += "\\f"; break;
-          default:
-            if (c < 0x20) {
-              char buf[8];
-              std::snprintf(buf, sizeof buf, "\\u%04x", c);
-              out += buf;
-            } else {
-              out += static_cast<char>(c);
-            }
-        }
-      }
-      out += '"';
-      return;
-    }
+    case value::value_t::string: dump_string(v.get_ref<const std::string&>(), style.ensure_ascii, out); return;
     case value::value_t::array: {
       if (v.empty()) {
         out += "[]";
@@ -179,9 +209,9 @@ void dump_json(const value& v, int indent, int level, int line, std::string& out
       }
       out += '[';
       for (size_t i = 0; i < v.size(); ++i) {
-        if (i) out += comma;
+        if (i) out += style.item_separator;
         newline(level + 1);
-        dump_json(v[i], indent, level + 1, line, out);
+        dump_json(v[i], style, level + 1, line, out);
       }
       newline(level);
       out += ']';
@@ -192,15 +222,17 @@ void dump_json(const value& v, int indent, int level, int line, std::string& out
         out += "{}";
         return;
       }
+      std::vector<std::pair<std::string, const value*>> entries;
+      for (const auto& [k, x] : v.items()) entries.emplace_back(k, &x);
+      if (style.sort_keys)
+        std::stable_sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
       out += '{';
-      bool first = true;
-      for (const auto& [k, x] : v.items()) {
-        if (!first) out += comma;
-        first = false;
+      for (size_t i = 0; i < entries.size(); ++i) {
+        if (i) out += style.item_separator;
         newline(level + 1);
-        dump_json(value(k), indent, level + 1, line, out);
-        out += ": ";
-        dump_json(x, indent, level + 1, line, out);
+        dump_string(entries[i].first, style.ensure_ascii, out);
+        out += style.key_separator;
+        dump_json(*entries[i].second, style, level + 1, line, out);
       }
       newline(level);
       out += '}';

@@ -5,6 +5,7 @@ text Baton's chat template engine must match (tests/gpu/chat_template_engine.tes
 
 Needs Jinja2 (Debian: python3-jinja2). Run from anywhere: python3 render.py
 """
+import datetime
 import json
 import pathlib
 
@@ -27,6 +28,7 @@ def environment():
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
     return env
 
 
