@@ -37,6 +37,9 @@ struct generate_request {
   std::string traffic_class = "chat";  ///< chat | agent | batch: store retention later
   std::string priority = "interactive";
   std::vector<chat_turn> messages;     ///< a chat instead of a prompt: rendered by the model's template
+  /// More variables for that template, a JSON object's text (vLLM's chat_template_kwargs, e.g.
+  /// {"enable_thinking": false} for Qwen3); empty: none.
+  std::string chat_template_kwargs;
   uint32_t top_k = 0;                  ///< 0 = off
   float top_p = 1.0f;                  ///< 1 = off
   float repetition_penalty = 1.0f;     ///< 1 = off
@@ -70,7 +73,7 @@ typename Inspector::result_type inspect(Inspector& f, generate_request& x) {
            wire::f32{&x.temperature}, x.seed, x.return_logits, x.ignore_eos, x.traffic_class, x.priority, x.messages,
            x.top_k, wire::f32{&x.top_p}, wire::f32{&x.repetition_penalty}, wire::f32{&x.presence_penalty},
            wire::f32{&x.frequency_penalty}, x.stop, x.stop_token_ids, x.logprobs, x.top_logprobs, x.echo,
-           x.prompt_logprobs, x.prompt_only, x.prompt_top_logprobs);
+           x.prompt_logprobs, x.prompt_only, x.prompt_top_logprobs, x.chat_template_kwargs);
 }
 
 struct completion {

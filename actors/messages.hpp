@@ -809,14 +809,14 @@ struct cluster_stats {
   uint64_t num_rejected = 0;         ///< requests refused (bad input or overload)
   uint64_t num_active = 0;           ///< request actors alive now
   uint64_t num_overloaded = 0;       ///< of the refused: by admission control
-  /// The model's chat template opens a thinking block (gpu::tokenizer::chat_opens_thinking): the
-  /// gateway gives chat answers' reasoning as reasoning_content.
-  bool chat_opens_thinking = false;
+  /// How the model's chat answers carry their reasoning: gpu::chat_reasoning's value (0 none, 1 the
+  /// template opens <think>, 2 the model may). The gateway gives it as reasoning_content.
+  uint8_t chat_reasoning = 0;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, cluster_stats& x) {
   return f(caf::meta::type_name("cluster_stats"), x.model, x.context_tokens, x.prefill, x.decode, x.store,
-           x.num_admitted, x.num_rejected, x.num_active, x.num_overloaded, x.chat_opens_thinking);
+           x.num_admitted, x.num_rejected, x.num_active, x.num_overloaded, x.chat_reasoning);
 }
 
 using router_actor = caf::typed_actor<

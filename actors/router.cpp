@@ -64,7 +64,7 @@ std::string tokenize_and_validate(generate_request& req, const gpu::model_config
     std::vector<gpu::chat_message> chat;
     for (const auto& m : req.messages) chat.push_back({m.role, m.content});
     std::string text, why;
-    if (!tokenizer->render_chat(chat, &text, &why)) return why;
+    if (!tokenizer->render_chat(chat, req.chat_template_kwargs, &text, &why)) return why;
     *tokens = tokenizer->encode_prompt(text);
   } else if (tokenizer) {
     *tokens = tokenizer->encode_prompt(req.prompt);
@@ -114,7 +114,7 @@ caf::result<cluster_stats> collect_stats(router_pointer self) {
   auto out = std::make_shared<cluster_stats>();
   out->model = s.model.name;
   out->context_tokens = s.model.max_position_embeddings;
-  out->chat_opens_thinking = s.cfg.tokenizer && s.cfg.tokenizer->chat_opens_thinking();
+  out->chat_reasoning = s.cfg.tokenizer ? static_cast<uint8_t>(s.cfg.tokenizer->reasoning()) : 0;
   out->num_admitted = s.last_request - s.num_rejected;
   out->num_rejected = s.num_rejected;
   out->num_active = s.num_active;

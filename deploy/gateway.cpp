@@ -58,7 +58,7 @@ struct gateway_shared {
   gateway_config cfg;
   router_actor router;
   std::string model;
-  bool chat_opens_thinking = false;  ///< cluster_stats': chat answers split their reasoning out
+  uint8_t chat_reasoning = 0;  ///< cluster_stats': chat answers split their reasoning out (gpu::chat_reasoning)
   int64_t started_s = 0;
   gateway_metrics metrics;
   std::atomic<uint32_t> num_connections{0};
@@ -303,7 +303,7 @@ client_sink_actor::behavior_type run_choice(client_sink_actor::pointer self, caf
   auto first_chunk = std::make_shared<bool>(true);
   auto text_offset = std::make_shared<uint64_t>(0);  // bytes of the streamed tokens' texts (logprobs.text_offset)
   auto monitored = std::make_shared<bool>(false);
-  auto splitter = std::make_shared<openai::reasoning_splitter>();  // call::separate_reasoning
+  auto splitter = std::make_shared<openai::reasoning_splitter>(cs->call.reasoning_opened);  // call::separate_reasoning
   return {[=](stream_chunk& c) {
     if (!*monitored) {
       *monitored = true;
@@ -344,7 +344,7 @@ client_sink_actor::behavior_type run_choice(client_sink_actor::pointer self, caf
 client_sink_actor::behavior_type call_impl(client_sink_actor::pointer self, caf::actor broker, uint64_t seq,
                                            router_actor router, std::string body, bool chat, std::string model,
                                            std::string id, std::chrono::milliseconds unanswered_grace,
-                                           bool chat_opens_thinking) {
+                                           uint8_t chat_reasoning) {
   auto cs = std::make_shared<call_state>();
   cs->unanswered_grace = unanswered_grace;
   openai::api_error err;
@@ -352,7 +352,8 @@ client_sink_actor::behavior_type call_impl(client_sink_actor::pointer self, caf:
     caf::anon_send(broker, seq, static_cast<int32_t>(err.status), openai::error_json(err));
     return {[](stream_chunk&) {}};  // the connection answers and ends this actor
   }
-  cs->call.separate_reasoning = chat && chat_opens_thinking && cs->call.reasoning_wanted;
+  cs->call.separate_reasoning = chat && chat_reasoning != 0 && cs->call.reasoning_wanted;
+  cs->call.reasoning_opened = chat_reasoning == 1;  // 2: Qwen3's, the model opens <think> or not
   cs->id = std::move(id);
   cs->created = unix_seconds();
   const uint32_t choices = cs->call.num_choices();
@@ -373,7 +374,7 @@ void generate(caf::io::broker* self, const shared_ptr& g, const state_ptr& st, c
   std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(g->started_s) + "-" + std::to_string(++g->last_id);
   st->call_sink = caf::actor_cast<caf::actor>(
       self->spawn(call_impl, caf::actor_cast<caf::actor>(self), seq, g->router, req.body, chat, g->model, std::move(id),
-                  std::chrono::milliseconds{g->cfg.unanswered_grace_ms}, g->chat_opens_thinking));
+                  std::chrono::milliseconds{g->cfg.unanswered_grace_ms}, g->chat_reasoning));
 }
 
 /// The stream's head, once, before its first event.
@@ -723,7 +724,7 @@ bool spawn_gateway(caf::actor_system& sys, const gateway_config& cfg, router_act
         .receive(
             [&](cluster_stats& s) {
               g->model = s.model;
-              g->chat_opens_thinking = s.chat_opens_thinking;
+              g->chat_reasoning = s.chat_reasoning;
               ok = true;
             },
             [&](caf::error& e) { *why = "gateway: the router did not answer: " + sys.render(e); });

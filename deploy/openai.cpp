@@ -380,6 +380,17 @@ bool parse_checked_body(std::string_view body, bool chat, const std::string& ser
   if (!number_field(j, "repetition_penalty", 0.01, 100, &r.repetition_penalty, err)) return false;
   if (!bool_field(j, "ignore_eos", &r.ignore_eos, err)) return false;
   if (!bool_field(j, "separate_reasoning", &out->reasoning_wanted, err)) return false;
+  if (auto it = j.find("chat_template_kwargs"); it != j.end() && !it->is_null()) {
+    if (!chat) {
+      *err = bad("chat_template_kwargs", "chat_template_kwargs is for /v1/chat/completions");
+      return false;
+    }
+    if (!it->is_object()) {
+      *err = bad("chat_template_kwargs", "chat_template_kwargs must be an object of template variables");
+      return false;
+    }
+    r.chat_template_kwargs = it->dump();
+  }
   if (!bool_field(j, "stream", &out->stream, err)) return false;
   if (auto it = j.find("stream_options"); it != j.end() && !it->is_null()) {
     if (!out->stream) {  // as OpenAI answers it
@@ -451,6 +462,7 @@ generate_request call::choice_request(uint32_t index) const {
 }
 
 namespace {
+constexpr std::string_view think_begin = "<think>";
 constexpr std::string_view think_end = "</think>";
 }  // namespace
 
@@ -462,6 +474,21 @@ reasoning_splitter::parts reasoning_splitter::feed(const std::string& text, bool
   }
   std::string pending = std::move(held_) + text;
   held_.clear();
+  if (undecided_) {  // does the answer open <think> itself?
+    const size_t start = pending.find_first_not_of(" \t\r\n");
+    const std::string_view rest = start == std::string::npos ? std::string_view{} : std::string_view{pending}.substr(start);
+    if (rest.size() < think_begin.size() && think_begin.substr(0, rest.size()) == rest && !last) {
+      held_ = std::move(pending);  // whitespace, or the start of <think>: not known yet
+      return out;
+    }
+    undecided_ = false;
+    if (rest.substr(0, think_begin.size()) != think_begin) {  // no thinking: all of it is content
+      closed_ = true;
+      out.content = std::move(pending);
+      return out;
+    }
+    pending.erase(0, start + think_begin.size());
+  }
   if (const auto end = pending.find(think_end); end != std::string::npos) {
     closed_ = true;
     out.reasoning = pending.substr(0, end);
@@ -476,7 +503,9 @@ reasoning_splitter::parts reasoning_splitter::feed(const std::string& text, bool
   return out;
 }
 
-reasoning_splitter::parts split_reasoning(const std::string& text) { return reasoning_splitter{}.feed(text, true); }
+reasoning_splitter::parts split_reasoning(const std::string& text, bool opened) {
+  return reasoning_splitter{opened}.feed(text, true);
+}
 
 std::string finish_reason(const std::string& baton_reason) {
   return baton_reason == "length" ? "length" : "stop";
@@ -593,7 +622,7 @@ std::string completion_json(const call& c, const std::vector<completion>& choice
       choice["logprobs"] = logprobs_json(c, done.logprobs, 0);
       choice["message"] = {{"role", "assistant"}, {"content", done.text}};
       if (c.separate_reasoning) {
-        auto parts = split_reasoning(done.text);
+        auto parts = split_reasoning(done.text, c.reasoning_opened);
         choice["message"]["content"] = std::move(parts.content);
         choice["message"]["reasoning_content"] = std::move(parts.reasoning);
       }

@@ -43,8 +43,11 @@ struct call {
   bool reasoning_wanted = true;
   /// Chat answers split into `reasoning_content` (up to the first </think>) and `content`, as
   /// DeepSeek's API gives R1's. Set by the gateway: a chat call, reasoning_wanted, and a model
-  /// whose chat template opens a thinking block (cluster_stats::chat_opens_thinking).
+  /// whose chat template knows <think> (cluster_stats::chat_reasoning).
   bool separate_reasoning = false;
+  /// With separate_reasoning: the template opened <think>, so the answer starts as reasoning;
+  /// false (Qwen3): only an answer that itself starts with <think> has any.
+  bool reasoning_opened = true;
 
   uint32_t num_prompts() const {
     return static_cast<uint32_t>(std::max<size_t>(1, std::max(batch_texts.size(), batch_tokens.size())));
@@ -73,9 +76,12 @@ inline constexpr uint32_t max_call_requests = 1024;
 
 /// A thinking model's answer, told apart as it streams: everything before the first </think> is
 /// reasoning, everything after it content (the tag itself is neither). A tail that may be the
-/// start of </think> is held back until the next piece, or the last, settles it.
+/// start of </think> is held back until the next piece, or the last, settles it. When the
+/// template did not open <think> (`opened` false), an answer is reasoning only if it starts with
+/// <think> (after whitespace); its start is held back until that is known.
 class reasoning_splitter {
 public:
+  explicit reasoning_splitter(bool opened = true) : undecided_(!opened) {}
   struct parts {
     std::string reasoning;
     std::string content;
@@ -84,12 +90,13 @@ public:
   parts feed(const std::string& text, bool last);
 
 private:
-  bool closed_ = false;  ///< </think> seen: everything now is content
-  std::string held_;     ///< reasoning's tail that </think> may start with
+  bool undecided_;        ///< not yet known whether the answer opens <think>
+  bool closed_ = false;  ///< </think> seen (or no <think> opened): everything now is content
+  std::string held_;     ///< the undecided start, or reasoning's tail that </think> may start with
 };
 
 /// A whole answer split the same way (reasoning_splitter).
-reasoning_splitter::parts split_reasoning(const std::string& text);
+reasoning_splitter::parts split_reasoning(const std::string& text, bool opened = true);
 
 /// Parses a request body; false and `err` (naming the field) when it is not acceptable.
 bool parse_body(std::string_view body, bool chat, const std::string& served_model, call* out, api_error* err);

@@ -19,7 +19,7 @@ public:
   explicit bytes(const model_config& c) : t_(c.bos_token_id, c.eos_token_id) {}
   std::vector<int32_t> encode_prompt(const std::string& text) const override { return t_.encode(text); }
   std::string decode(const std::vector<int32_t>& ids) const override { return t_.decode(ids); }
-  bool render_chat(const std::vector<chat_message>&, std::string*, std::string* why) const override {
+  bool render_chat(const std::vector<chat_message>&, const std::string&, std::string*, std::string* why) const override {
     *why = "the built-in byte model has no chat template";
     return false;
   }
@@ -35,8 +35,29 @@ struct chat_setup {
   std::string unusable;    ///< the compiler's sentence (a template Baton's engine does not run)
   std::string bos_text;    ///< bos_token as the template writes it
   std::string eos_text;    ///< eos_token
-  bool opens_thinking = false;  ///< the generation prompt ends inside <think> (DeepSeek-R1)
+  chat_reasoning reasoning = chat_reasoning::none;
 };
+
+/// The variables every chat sets: a request's chat_template_kwargs may not replace them.
+bool chat_sets(const std::string& key) {
+  return key == "messages" || key == "add_generation_prompt" || key == "bos_token" || key == "eos_token" || key == "tools";
+}
+
+nlohmann::ordered_json chat_context(const std::vector<chat_message>& messages, const chat_setup& chat) {
+  nlohmann::ordered_json context = nlohmann::ordered_json::object();
+  context["messages"] = nlohmann::ordered_json::array();
+  for (const auto& m : messages) {
+    nlohmann::ordered_json turn = nlohmann::ordered_json::object();
+    turn["role"] = m.role;
+    turn["content"] = m.content;
+    context["messages"].push_back(std::move(turn));
+  }
+  context["add_generation_prompt"] = true;
+  context["bos_token"] = chat.bos_text;
+  context["eos_token"] = chat.eos_text;
+  context["tools"] = nullptr;
+  return context;
+}
 
 class hf final : public tokenizer {
 public:
@@ -50,7 +71,8 @@ public:
     return ids;
   }
   std::string decode(const std::vector<int32_t>& ids) const override { return t_->decode(ids, true); }
-  bool render_chat(const std::vector<chat_message>& messages, std::string* text, std::string* why) const override {
+  bool render_chat(const std::vector<chat_message>& messages, const std::string& variables_json, std::string* text,
+                   std::string* why) const override {
     for (const auto& m : messages)
       if (m.role != "system" && m.role != "user" && m.role != "assistant") {
         *why = "chat role '" + m.role + "' is not system, user or assistant";
@@ -61,28 +83,34 @@ public:
                                     : "the model's chat template cannot be used: " + chat_.unusable;
       return false;
     }
-    nlohmann::ordered_json context = nlohmann::ordered_json::object();
-    context["messages"] = nlohmann::ordered_json::array();
-    for (const auto& m : messages) {
-      nlohmann::ordered_json turn = nlohmann::ordered_json::object();
-      turn["role"] = m.role;
-      turn["content"] = m.content;
-      context["messages"].push_back(std::move(turn));
+    auto context = chat_context(messages, chat_);
+    if (!variables_json.empty()) {
+      const auto extra = nlohmann::ordered_json::parse(variables_json, nullptr, false);
+      if (!extra.is_object()) {
+        *why = "chat_template_kwargs must be a JSON object";
+        return false;
+      }
+      for (const auto& [k, v] : extra.items()) {
+        if (chat_sets(k)) {
+          *why = "chat_template_kwargs may not set '" + k + "': the chat sets it";
+          return false;
+        }
+        context[k] = v;
+      }
     }
-    context["add_generation_prompt"] = true;
-    context["bos_token"] = chat_.bos_text;
-    context["eos_token"] = chat_.eos_text;
-    context["tools"] = nullptr;
     if (!chat_.tmpl->render(context, text, why)) return false;
     // The template writes the begin-of-text token itself; so does an encoder that adds one. One
     // of them goes (as vLLM encodes a chat without special tokens): the text's leading copy.
     if (bos_ >= 0 && !chat_.bos_text.empty() && text->rfind(chat_.bos_text, 0) == 0) text->erase(0, chat_.bos_text.size());
     return true;
   }
-  bool chat_opens_thinking() const override { return chat_.opens_thinking; }
+  chat_reasoning reasoning() const override { return chat_.reasoning; }
   std::string describe() const override {
+    const char* thinking = chat_.reasoning == chat_reasoning::opened        ? " (answers start thinking)"
+                           : chat_.reasoning == chat_reasoning::model_opens ? " (answers may think)"
+                                                                            : "";
     return "bpe " + std::to_string(t_->vocab_size()) + " tokens" +
-           (chat_.tmpl ? std::string{", chat template"} + (chat_.opens_thinking ? " (answers start thinking)" : "")
+           (chat_.tmpl ? std::string{", chat template"} + thinking
                        : chat_.unusable.empty() ? std::string{} : ", chat template unusable (" + chat_.unusable + ")");
   }
 
@@ -175,20 +203,13 @@ std::shared_ptr<const tokenizer> load_model_tokenizer(const std::string& dir, co
   if (chat.eos_text.empty()) chat.eos_text = special_text(cfg.eos_token_id);
   if (const auto source = template_source(dir, config); !source.empty()) {
     chat.tmpl = chat_template::compile(source, &chat.unusable);
-    // Does the answer start inside a thinking block? The generation prompt of a one-turn chat says.
+    // Does the answer start inside a thinking block? The generation prompt of a one-turn chat
+    // says; else a template that knows </think> leaves it to the model (Qwen3's).
     std::string probe, ignored;
-    nlohmann::ordered_json turn = nlohmann::ordered_json::object();
-    turn["role"] = "user";
-    turn["content"] = "?";
-    nlohmann::ordered_json context = nlohmann::ordered_json::object();
-    context["messages"] = nlohmann::ordered_json::array({turn});
-    context["add_generation_prompt"] = true;
-    context["bos_token"] = chat.bos_text;
-    context["eos_token"] = chat.eos_text;
-    context["tools"] = nullptr;
-    if (chat.tmpl && chat.tmpl->render(context, &probe, &ignored)) {
+    if (chat.tmpl && chat.tmpl->render(chat_context({{"user", "?"}}, chat), &probe, &ignored)) {
       while (!probe.empty() && (probe.back() == '\n' || probe.back() == ' ')) probe.pop_back();
-      chat.opens_thinking = probe.size() >= 7 && probe.compare(probe.size() - 7, 7, "<think>") == 0;
+      if (probe.size() >= 7 && probe.compare(probe.size() - 7, 7, "<think>") == 0) chat.reasoning = chat_reasoning::opened;
+      else if (source.find("</think>") != std::string::npos) chat.reasoning = chat_reasoning::model_opens;
     }
   }
   return std::make_shared<hf>(std::move(t), bos, std::move(chat));

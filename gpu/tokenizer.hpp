@@ -19,6 +19,13 @@ struct chat_message {
   std::string content;
 };
 
+/// How a model's chat answers carry their reasoning (tokenizer::reasoning), told by its template.
+enum class chat_reasoning : uint8_t {
+  none,         ///< the template has no <think>
+  opened,       ///< its generation prompt ends inside <think> (DeepSeek-R1, QwQ): answers start thinking
+  model_opens,  ///< it knows <think> but leaves opening it to the model (Qwen3): an answer that starts <think> thinks
+};
+
 class tokenizer {
 public:
   virtual ~tokenizer() = default;
@@ -27,13 +34,18 @@ public:
   /// Text of generated ids (special tokens left out).
   virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
   /// The chat as the model was trained to see it, ending where the assistant's answer starts;
-  /// false and a sentence when the model has no (supported) chat template.
-  virtual bool render_chat(const std::vector<chat_message>& messages, std::string* text, std::string* why) const = 0;
+  /// false and a sentence when the model has no (supported) chat template. `variables_json`: more
+  /// variables for the template, a JSON object's text (empty: none); the ones the chat sets
+  /// (messages, add_generation_prompt, bos_token, eos_token, tools) are refused by name.
+  virtual bool render_chat(const std::vector<chat_message>& messages, const std::string& variables_json,
+                           std::string* text, std::string* why) const = 0;
+  bool render_chat(const std::vector<chat_message>& messages, std::string* text, std::string* why) const {
+    return render_chat(messages, {}, text, why);
+  }
   /// Short description for logs ("bytes", "bpe 771 tokens, chatml").
   virtual std::string describe() const = 0;
-  /// The chat template leaves the answer inside a thinking block (DeepSeek-R1: the prompt ends
-  /// "<think>\n"): an answer is its reasoning up to the first </think>, then its content.
-  virtual bool chat_opens_thinking() const { return false; }
+  /// Whether and how a chat answer starts with its reasoning, up to a </think>.
+  virtual chat_reasoning reasoning() const { return chat_reasoning::none; }
 };
 
 /// The built-in model's tokenizer (one id per byte, <bos> first); no chat template.

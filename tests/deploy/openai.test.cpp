@@ -456,6 +456,18 @@ TEST_CASE("a thinking model's chat answer: reasoning_content up to the first </t
     CHECK(s.feed("b", false).reasoning == "<b");
     CHECK(s.feed("</", true).reasoning == "</");  // the last piece holds nothing back
   }
+  {
+    reasoning_splitter s{false};  // the model opens <think> itself, or not (Qwen3)
+    CHECK(s.feed("\n <thi", false).reasoning.empty());  // not known yet: held
+    auto a = s.feed("nk>\nhmm</think>ok", false);
+    CHECK(a.reasoning == "\nhmm");
+    CHECK(a.content == "ok");
+    reasoning_splitter plain{false};
+    CHECK(plain.feed(" ", false).content.empty());
+    CHECK(plain.feed(" Hello", false).content == "  Hello");  // no <think>: all content
+    CHECK(plain.feed("</think>", true).content == "</think>");
+    CHECK(deploy::openai::split_reasoning("<thin", false).content == "<thin");  // the end decides
+  }
   CHECK(deploy::openai::split_reasoning("all thinking").reasoning == "all thinking");
   CHECK(deploy::openai::split_reasoning("all thinking").content.empty());
   CHECK(deploy::openai::split_reasoning("</think>answer").content == "answer");
@@ -471,6 +483,15 @@ TEST_CASE("a thinking model's chat answer: reasoning_content up to the first </t
   REQUIRE(deploy::openai::parse_body(R"({"messages":[{"role":"user","content":"x"}],"separate_reasoning":false})", true,
                                      "m", &c, &e));
   CHECK_FALSE(c.reasoning_wanted);
+  REQUIRE(deploy::openai::parse_body(R"({"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":{"enable_thinking":false}})",
+                                     true, "m", &c, &e));
+  CHECK(c.req.chat_template_kwargs == R"({"enable_thinking":false})");
+  CHECK_FALSE(deploy::openai::parse_body(R"({"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":[1]})", true,
+                                         "m", &c, &e));
+  CHECK(e.param == "chat_template_kwargs");
+  CHECK_FALSE(deploy::openai::parse_body(R"({"prompt":"x","chat_template_kwargs":{}})", false, "m", &c, &e));
+  CHECK(e.message == "chat_template_kwargs is for /v1/chat/completions");
+  REQUIRE(deploy::openai::parse_body(R"({"messages":[{"role":"user","content":"x"}]})", true, "m", &c, &e));
 
   completion done;
   done.text = "hmm</think>Yes.";

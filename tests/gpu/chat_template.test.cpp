@@ -104,7 +104,7 @@ TEST_CASE("chat: a model's template renders the conversation and leaves the answ
     model_dir d{"chatml", chatml, false};
     const auto t = d.load();
     CHECK(t->describe().find(", chat template") != std::string::npos);
-    CHECK_FALSE(t->chat_opens_thinking());
+    CHECK(t->reasoning() == chat_reasoning::none);
     CHECK(render(*t, conversation) ==
           "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello.<|im_end|>\n"
           "<|im_start|>user\nWhy?<|im_end|>\n<|im_start|>assistant\n");
@@ -145,10 +145,31 @@ TEST_CASE("chat: R1's template opens the answer in <think> (the tokenizer says s
                                           {"user", "Why?"}};
   model_dir d{"r1", r1, true};
   const auto t = d.load();
-  CHECK(t->chat_opens_thinking());
+  CHECK(t->reasoning() == chat_reasoning::opened);
   CHECK(t->describe().find("answers start thinking") != std::string::npos);
   CHECK(render(*t, chat) == "Use English.<｜User｜>Hi<｜Assistant｜>Hello.<｜end▁of▁sentence｜>"
                             "<｜User｜>Why?<｜Assistant｜><think>\n");
+}
+
+TEST_CASE("chat: a template that leaves <think> to the model (Qwen3's) says answers may think; a request's "
+          "chat_template_kwargs reach it (enable_thinking), but not in place of what the chat sets") {
+  const std::string qwen3 =
+      chatml.substr(0, chatml.find("{% if add_generation_prompt %}")) +
+      "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% if enable_thinking is defined and "
+      "enable_thinking is false %}{{ '<think>\n\n</think>\n\n' }}{% endif %}{% endif %}";
+  model_dir d{"qwen3", qwen3, false};
+  const auto t = d.load();
+  CHECK(t->reasoning() == chat_reasoning::model_opens);
+  CHECK(t->describe().find("answers may think") != std::string::npos);
+  std::string text, why;
+  REQUIRE(t->render_chat({{"user", "Hi"}}, R"({"enable_thinking": false})", &text, &why));
+  CHECK(text == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+  REQUIRE(t->render_chat({{"user", "Hi"}}, R"({"enable_thinking": true})", &text, &why));
+  CHECK(text == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+  CHECK_FALSE(t->render_chat({{"user", "Hi"}}, R"({"messages": []})", &text, &why));
+  CHECK(why == "chat_template_kwargs may not set 'messages': the chat sets it");
+  CHECK_FALSE(t->render_chat({{"user", "Hi"}}, "[1]", &text, &why));
+  CHECK(why == "chat_template_kwargs must be a JSON object");
 }
 
 TEST_CASE("chat: chat_template.jinja beside the tokenizer wins, and of a list of named templates 'default' is used") {
