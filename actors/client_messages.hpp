@@ -18,12 +18,15 @@ namespace baton {
 // --- client-facing ----------------------------------------------------------------------------
 /// One message of a chat request.
 struct chat_turn {
-  std::string role;  ///< system | user | assistant
+  std::string role;  ///< system | user | assistant | tool
   std::string content;
+  /// The turn's other fields for the chat template, a JSON object's text (empty: none): an
+  /// assistant's tool_calls (arguments as objects), a tool result's tool_call_id and name.
+  std::string fields_json;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, chat_turn& x) {
-  return f(caf::meta::type_name("chat_turn"), x.role, x.content);
+  return f(caf::meta::type_name("chat_turn"), x.role, x.content, x.fields_json);
 }
 
 struct generate_request {
@@ -40,6 +43,9 @@ struct generate_request {
   /// More variables for that template, a JSON object's text (vLLM's chat_template_kwargs, e.g.
   /// {"enable_thinking": false} for Qwen3); empty: none.
   std::string chat_template_kwargs;
+  /// The functions the model may call, OpenAI's `tools` array as JSON text (empty: none), for
+  /// the chat template to show the model.
+  std::string tools_json;
   uint32_t top_k = 0;                  ///< 0 = off
   float top_p = 1.0f;                  ///< 1 = off
   float repetition_penalty = 1.0f;     ///< 1 = off
@@ -73,7 +79,8 @@ typename Inspector::result_type inspect(Inspector& f, generate_request& x) {
            wire::f32{&x.temperature}, x.seed, x.return_logits, x.ignore_eos, x.traffic_class, x.priority, x.messages,
            x.top_k, wire::f32{&x.top_p}, wire::f32{&x.repetition_penalty}, wire::f32{&x.presence_penalty},
            wire::f32{&x.frequency_penalty}, x.stop, x.stop_token_ids, x.logprobs, x.top_logprobs, x.echo,
-           x.prompt_logprobs, x.prompt_only, x.prompt_top_logprobs, x.chat_template_kwargs);
+           x.prompt_logprobs, x.prompt_only, x.prompt_top_logprobs, x.chat_template_kwargs,
+           x.tools_json);
 }
 
 struct completion {

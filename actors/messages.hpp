@@ -812,11 +812,14 @@ struct cluster_stats {
   /// How the model's chat answers carry their reasoning: gpu::chat_reasoning's value (0 none, 1 the
   /// template opens <think>, 2 the model may). The gateway gives it as reasoning_content.
   uint8_t chat_reasoning = 0;
+  /// How its answers write tool calls: gpu::tool_call_format's value (0 none, 1 Hermes' <tool_call>).
+  uint8_t chat_tool_calls = 0;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, cluster_stats& x) {
   return f(caf::meta::type_name("cluster_stats"), x.model, x.context_tokens, x.prefill, x.decode, x.store,
-           x.num_admitted, x.num_rejected, x.num_active, x.num_overloaded, x.chat_reasoning);
+           x.num_admitted, x.num_rejected, x.num_active, x.num_overloaded, x.chat_reasoning,
+           x.chat_tool_calls);
 }
 
 using router_actor = caf::typed_actor<

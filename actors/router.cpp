@@ -62,9 +62,12 @@ std::string tokenize_and_validate(generate_request& req, const gpu::model_config
   } else if (!req.messages.empty()) {
     if (!tokenizer) return "messages need the model's chat template; this router has none";
     std::vector<gpu::chat_message> chat;
-    for (const auto& m : req.messages) chat.push_back({m.role, m.content});
+    for (const auto& m : req.messages) chat.push_back({m.role, m.content, m.fields_json});
+    if (!req.tools_json.empty() && tokenizer->tool_calls() == gpu::tool_call_format::none)
+      return "tools need a model whose chat template asks for tool calls in a form Baton reads (<tool_call> JSON, "
+             "as Qwen's and Hermes' do); this model's does not";
     std::string text, why;
-    if (!tokenizer->render_chat(chat, req.chat_template_kwargs, &text, &why)) return why;
+    if (!tokenizer->render_chat(chat, gpu::chat_extras{req.chat_template_kwargs, req.tools_json}, &text, &why)) return why;
     *tokens = tokenizer->encode_prompt(text);
   } else if (tokenizer) {
     *tokens = tokenizer->encode_prompt(req.prompt);
@@ -115,6 +118,7 @@ caf::result<cluster_stats> collect_stats(router_pointer self) {
   out->model = s.model.name;
   out->context_tokens = s.model.max_position_embeddings;
   out->chat_reasoning = s.cfg.tokenizer ? static_cast<uint8_t>(s.cfg.tokenizer->reasoning()) : 0;
+  out->chat_tool_calls = s.cfg.tokenizer ? static_cast<uint8_t>(s.cfg.tokenizer->tool_calls()) : 0;
   out->num_admitted = s.last_request - s.num_rejected;
   out->num_rejected = s.num_rejected;
   out->num_active = s.num_active;

@@ -58,7 +58,8 @@ struct gateway_shared {
   gateway_config cfg;
   router_actor router;
   std::string model;
-  uint8_t chat_reasoning = 0;  ///< cluster_stats': chat answers split their reasoning out (gpu::chat_reasoning)
+  uint8_t chat_reasoning = 0;   ///< cluster_stats': chat answers split their reasoning out (gpu::chat_reasoning)
+  uint8_t chat_tool_calls = 0;  ///< cluster_stats': how answers write tool calls (gpu::tool_call_format)
   int64_t started_s = 0;
   gateway_metrics metrics;
   std::atomic<uint32_t> num_connections{0};
@@ -303,7 +304,9 @@ client_sink_actor::behavior_type run_choice(client_sink_actor::pointer self, caf
   auto first_chunk = std::make_shared<bool>(true);
   auto text_offset = std::make_shared<uint64_t>(0);  // bytes of the streamed tokens' texts (logprobs.text_offset)
   auto monitored = std::make_shared<bool>(false);
-  auto splitter = std::make_shared<openai::reasoning_splitter>(cs->call.reasoning_opened);  // call::separate_reasoning
+  // call::separate_reasoning and read_tool_calls: the reasoning first, then the calls in the rest.
+  auto splitter = std::make_shared<openai::reasoning_splitter>(cs->call.reasoning_opened);
+  auto calls = std::make_shared<openai::tool_call_splitter>();
   return {[=](stream_chunk& c) {
     if (!*monitored) {
       *monitored = true;
@@ -314,9 +317,18 @@ client_sink_actor::behavior_type run_choice(client_sink_actor::pointer self, caf
     // Nothing new to say (e.g. half a UTF-8 character held back, and no log-probabilities asked
     // for): no event.
     const bool echo = !c.prompt_text.empty() || !c.prompt_logprobs.empty();
-    std::optional<openai::reasoning_splitter::parts> split;
-    if (cs->call.separate_reasoning) split = splitter->feed(c.text, !c.finish_reason.empty());
-    const bool has_text = split ? !split->reasoning.empty() || !split->content.empty() : !c.text.empty();
+    std::optional<openai::answer_parts> split;
+    const bool last = !c.finish_reason.empty();
+    if (cs->call.separate_reasoning || cs->call.read_tool_calls) {
+      split = cs->call.separate_reasoning ? splitter->feed(c.text, last) : openai::answer_parts{{}, c.text, {}};
+      if (cs->call.read_tool_calls) {
+        auto told = calls->feed(split->content, last);
+        split->content = std::move(told.content);
+        split->tool_calls = std::move(told.tool_calls);
+      }
+    }
+    const bool has_text =
+        split ? !split->reasoning.empty() || !split->content.empty() || !split->tool_calls.empty() : !c.text.empty();
     const bool shown = !cs->call.req.prompt_only && (has_text || !c.logprobs.empty());  // echo alone: none is
     if (!shown && c.finish_reason.empty() && !echo && !(*first_chunk && cs->call.chat)) return;
     caf::anon_send(broker, seq, openai::chunk_json(cs->call, c, cs->id, cs->created, *first_chunk, *text_offset, index,
@@ -344,7 +356,7 @@ client_sink_actor::behavior_type run_choice(client_sink_actor::pointer self, caf
 client_sink_actor::behavior_type call_impl(client_sink_actor::pointer self, caf::actor broker, uint64_t seq,
                                            router_actor router, std::string body, bool chat, std::string model,
                                            std::string id, std::chrono::milliseconds unanswered_grace,
-                                           uint8_t chat_reasoning) {
+                                           uint8_t chat_reasoning, uint8_t chat_tool_calls) {
   auto cs = std::make_shared<call_state>();
   cs->unanswered_grace = unanswered_grace;
   openai::api_error err;
@@ -354,6 +366,7 @@ client_sink_actor::behavior_type call_impl(client_sink_actor::pointer self, caf:
   }
   cs->call.separate_reasoning = chat && chat_reasoning != 0 && cs->call.reasoning_wanted;
   cs->call.reasoning_opened = chat_reasoning == 1;  // 2: Qwen3's, the model opens <think> or not
+  cs->call.read_tool_calls = chat && !cs->call.req.tools_json.empty() && chat_tool_calls == 1;
   cs->id = std::move(id);
   cs->created = unix_seconds();
   const uint32_t choices = cs->call.num_choices();
@@ -374,7 +387,7 @@ void generate(caf::io::broker* self, const shared_ptr& g, const state_ptr& st, c
   std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(g->started_s) + "-" + std::to_string(++g->last_id);
   st->call_sink = caf::actor_cast<caf::actor>(
       self->spawn(call_impl, caf::actor_cast<caf::actor>(self), seq, g->router, req.body, chat, g->model, std::move(id),
-                  std::chrono::milliseconds{g->cfg.unanswered_grace_ms}, g->chat_reasoning));
+                  std::chrono::milliseconds{g->cfg.unanswered_grace_ms}, g->chat_reasoning, g->chat_tool_calls));
 }
 
 /// The stream's head, once, before its first event.
@@ -725,6 +738,7 @@ bool spawn_gateway(caf::actor_system& sys, const gateway_config& cfg, router_act
             [&](cluster_stats& s) {
               g->model = s.model;
               g->chat_reasoning = s.chat_reasoning;
+              g->chat_tool_calls = s.chat_tool_calls;
               ok = true;
             },
             [&](caf::error& e) { *why = "gateway: the router did not answer: " + sys.render(e); });

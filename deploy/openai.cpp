@@ -1,5 +1,6 @@
 #include "deploy/openai.hpp"
 
+#include <cctype>
 #include <cmath>
 #include <limits>
 
@@ -10,6 +11,7 @@
 namespace baton::deploy::openai {
 
 using nlohmann::json;
+using nlohmann::ordered_json;
 
 namespace {
 
@@ -184,7 +186,42 @@ bool parse_prompt(const json& j, call* c, api_error* err) {
   return true;
 }
 
-bool parse_messages(const json& j, generate_request* req, api_error* err) {
+/// An assistant turn's tool_calls for the template: OpenAI's shape, each call's arguments (JSON
+/// text on the wire) read into an object, as transformers' templates expect them.
+bool turn_tool_calls(const ordered_json& calls, const std::string& param, ordered_json* out, api_error* err) {
+  if (!calls.is_array()) {
+    *err = bad(param, param + " must be an array of tool calls");
+    return false;
+  }
+  *out = ordered_json::array();
+  for (size_t k = 0; k < calls.size(); ++k) {
+    const auto& c = calls[k];
+    const std::string at = param + "[" + std::to_string(k) + "]";
+    if (!c.is_object() || !c.contains("function") || !c["function"].is_object() || !c["function"].contains("name") ||
+        !c["function"]["name"].is_string()) {
+      *err = bad(at, at + " must be {id, type: \"function\", function: {name, arguments}}");
+      return false;
+    }
+    ordered_json args = ordered_json::object();
+    if (auto a = c["function"].find("arguments"); a != c["function"].end() && !a->is_null()) {
+      args = a->is_string() ? ordered_json::parse(a->get<std::string>(), nullptr, false) : *a;
+      if (args.is_discarded()) {
+        *err = bad(at + ".function.arguments", at + ".function.arguments is not valid JSON");
+        return false;
+      }
+    }
+    ordered_json call = ordered_json::object();
+    if (c.contains("id") && c["id"].is_string()) call["id"] = c["id"];
+    call["type"] = "function";
+    call["function"] = {{"name", c["function"]["name"]}, {"arguments", std::move(args)}};
+    out->push_back(std::move(call));
+  }
+  return true;
+}
+
+/// Messages in their given key order (`body`, ordered): a tool call's arguments reach the
+/// template as the client wrote them.
+bool parse_messages(const json& j, const ordered_json& body, generate_request* req, api_error* err) {
   auto it = j.find("messages");
   if (it == j.end() || !it->is_array() || it->empty()) {
     *err = bad("messages", "messages must be a non-empty array of {role, content}");
@@ -197,15 +234,58 @@ bool parse_messages(const json& j, generate_request* req, api_error* err) {
       *err = bad(param + ".role", param + " must be an object with a string role");
       return false;
     }
-    chat_turn turn{m["role"].get<std::string>(), {}};
+    chat_turn turn{m["role"].get<std::string>(), {}, {}};
     if (turn.role == "developer") turn.role = "system";  // OpenAI's newer name for it
-    if (turn.role != "system" && turn.role != "user" && turn.role != "assistant") {
-      *err = bad(param + ".role", param + ".role must be system, user or assistant, got '" + turn.role.substr(0, 32) + "'");
+    if (turn.role != "system" && turn.role != "user" && turn.role != "assistant" && turn.role != "tool") {
+      *err = bad(param + ".role",
+                 param + ".role must be system, user, assistant or tool, got '" + turn.role.substr(0, 32) + "'");
       return false;
     }
     if (!message_content(m, i, &turn.content, err)) return false;
+    ordered_json fields = ordered_json::object();
+    if (!m.contains("content") || m["content"].is_null()) fields["content"] = nullptr;  // "is none" in templates
+    if (turn.role == "assistant" && m.contains("tool_calls") && !m["tool_calls"].is_null()) {
+      ordered_json calls;
+      if (!turn_tool_calls(body["messages"][i]["tool_calls"], param + ".tool_calls", &calls, err)) return false;
+      if (!calls.empty()) fields["tool_calls"] = std::move(calls);
+    }
+    if (turn.role == "tool") {
+      for (const char* key : {"tool_call_id", "name"})
+        if (m.contains(key) && m[key].is_string()) fields[key] = m[key];
+    }
+    if (!fields.empty()) turn.fields_json = fields.dump();
     req->messages.push_back(std::move(turn));
   }
+  return true;
+}
+
+/// OpenAI's tools: function definitions, kept in the client's key order for the template.
+/// tool_choice: "auto" (the default) or "none" (the tools are left out); a forced call needs
+/// constrained decoding, which Baton does not have.
+bool parse_tools(const json& j, const ordered_json& body, generate_request* req, api_error* err) {
+  auto it = j.find("tools");
+  if (it == j.end() || it->is_null() || (it->is_array() && it->empty())) return true;
+  if (!it->is_array()) {
+    *err = bad("tools", "tools must be an array of {type: \"function\", function: {name, ...}}");
+    return false;
+  }
+  for (size_t k = 0; k < it->size(); ++k) {
+    const auto& t = (*it)[k];
+    if (!t.is_object() || !type_is(t, "function") || !t.contains("function") || !t["function"].is_object() ||
+        !t["function"].contains("name") || !t["function"]["name"].is_string()) {
+      *err = bad("tools", "tools[" + std::to_string(k) + "] must be {type: \"function\", function: {name, ...}}");
+      return false;
+    }
+  }
+  if (auto c = j.find("tool_choice"); c != j.end() && !c->is_null()) {
+    if (*c == "none") return true;
+    if (*c != "auto") {
+      *err = bad("tool_choice", "tool_choice may be \"auto\" or \"none\"; a forced call needs constrained decoding, "
+                                "which Baton does not have");
+      return false;
+    }
+  }
+  req->tools_json = body["tools"].dump();
   return true;
 }
 
@@ -268,7 +348,7 @@ bool refuse_unsupported(const json& j, api_error* err) {
     *err = bad("suffix", "suffix is not supported");
     return false;
   }
-  for (const char* key : {"tools", "functions", "response_format", "logit_bias"}) {
+  for (const char* key : {"functions", "response_format", "logit_bias"}) {
     auto it = j.find(key);
     if (it != j.end() && !it->is_null() && !(it->is_array() && it->empty()) && !(it->is_object() && it->empty())) {
       if (std::string(key) == "response_format" && it->is_object() && type_is(*it, "text")) continue;
@@ -337,8 +417,13 @@ bool parse_checked_body(std::string_view body, bool chat, const std::string& ser
   if (!refuse_unsupported(j, err)) return false;
   auto& r = out->req;
   if (chat) {
-    if (!parse_messages(j, &r, err)) return false;
+    // The body again, in its key order (JSON objects in a template print in that order).
+    const auto ordered = ordered_json::parse(body, nullptr, false);
+    if (!parse_messages(j, ordered, &r, err) || !parse_tools(j, ordered, &r, err)) return false;
   } else if (!parse_prompt(j, out, err)) {
+    return false;
+  } else if (auto t = j.find("tools"); t != j.end() && !t->is_null() && !(t->is_array() && t->empty())) {
+    *err = bad("tools", "tools are for /v1/chat/completions");
     return false;
   }
   r.max_tokens = chat ? default_chat_tokens : default_completion_tokens;
@@ -507,6 +592,67 @@ reasoning_splitter::parts split_reasoning(const std::string& text, bool opened) 
   return reasoning_splitter{opened}.feed(text, true);
 }
 
+namespace {
+constexpr std::string_view call_begin = "<tool_call>";
+constexpr std::string_view call_end = "</tool_call>";
+}  // namespace
+
+answer_parts read_tool_calls(const std::string& content) {
+  answer_parts out;
+  const size_t first = content.find(call_begin);
+  if (first == std::string::npos) {
+    out.content = content;
+    return out;
+  }
+  for (size_t at = first; at != std::string::npos; at = content.find(call_begin, at)) {
+    const size_t from = at + call_begin.size();
+    const size_t end = content.find(call_end, from);
+    // A call cut off by max_tokens has no end: it is read to the answer's end.
+    const auto body = ordered_json::parse(content.substr(from, end == std::string::npos ? std::string::npos : end - from),
+                                          nullptr, false);
+    if (!body.is_object() || !body.contains("name") || !body["name"].is_string()) {
+      out.tool_calls.clear();  // not a call after all: the answer is content, whole
+      out.content = content;
+      return out;
+    }
+    const auto args = body.contains("arguments") ? body["arguments"] : ordered_json::object();
+    out.tool_calls.push_back({body["name"].get<std::string>(),
+                              args.is_string() ? args.get<std::string>() : args.dump(-1, ' ', false, ordered_json::error_handler_t::replace)});
+    at = end == std::string::npos ? std::string::npos : end + call_end.size();
+  }
+  out.content = content.substr(0, first);
+  while (!out.content.empty() && std::isspace(static_cast<unsigned char>(out.content.back()))) out.content.pop_back();
+  return out;
+}
+
+answer_parts tool_call_splitter::feed(const std::string& content, bool last) {
+  answer_parts out;
+  held_ += content;
+  if (!calling_) {
+    if (const auto at = held_.find(call_begin); at != std::string::npos) {
+      out.content = held_.substr(0, at);
+      held_.erase(0, at);
+      calling_ = true;
+    } else {
+      const size_t shown = last ? held_.size() : streamable_prefix(held_, {std::string{call_begin}});
+      out.content = held_.substr(0, shown);
+      held_.erase(0, shown);
+      return out;
+    }
+  }
+  if (!last) return out;
+  auto calls = read_tool_calls(held_);
+  held_.clear();
+  if (calls.tool_calls.empty()) {
+    out.content += calls.content;  // no calls after all: the held text is content
+  } else {
+    // The content before the first call already went out (less its trailing whitespace, which
+    // read_tool_calls drops from a whole answer too).
+    out.tool_calls = std::move(calls.tool_calls);
+  }
+  return out;
+}
+
 std::string finish_reason(const std::string& baton_reason) {
   return baton_reason == "length" ? "length" : "stop";
 }
@@ -613,6 +759,22 @@ void echo_parts(const call& c, uint32_t index, const std::string& decoded, bool 
 
 }  // namespace
 
+namespace {
+/// OpenAI's tool_calls list; a call's id names the answer, its choice and its place. In a stream
+/// each entry carries its index.
+json tool_calls_json(const std::vector<tool_call>& calls, const std::string& id, size_t choice, bool indexed) {
+  json out = json::array();
+  for (size_t k = 0; k < calls.size(); ++k) {
+    json entry = {{"id", "call_" + id.substr(id.find('-') + 1) + "-" + std::to_string(choice) + "-" + std::to_string(k)},
+                  {"type", "function"},
+                  {"function", {{"name", calls[k].name}, {"arguments", calls[k].arguments}}}};
+    if (indexed) entry["index"] = k;
+    out.push_back(std::move(entry));
+  }
+  return out;
+}
+}  // namespace
+
 std::string completion_json(const call& c, const std::vector<completion>& choices, const std::string& id, int64_t created) {
   json list = json::array();
   for (size_t i = 0; i < choices.size(); ++i) {
@@ -621,10 +783,20 @@ std::string completion_json(const call& c, const std::vector<completion>& choice
     if (c.chat) {
       choice["logprobs"] = logprobs_json(c, done.logprobs, 0);
       choice["message"] = {{"role", "assistant"}, {"content", done.text}};
+      answer_parts parts;
+      parts.content = done.text;
       if (c.separate_reasoning) {
-        auto parts = split_reasoning(done.text, c.reasoning_opened);
-        choice["message"]["content"] = std::move(parts.content);
-        choice["message"]["reasoning_content"] = std::move(parts.reasoning);
+        parts = split_reasoning(done.text, c.reasoning_opened);
+        choice["message"]["reasoning_content"] = parts.reasoning;
+        choice["message"]["content"] = parts.content;
+      }
+      if (c.read_tool_calls) {
+        auto called = read_tool_calls(parts.content);
+        if (!called.tool_calls.empty()) {
+          choice["message"]["content"] = called.content.empty() ? json(nullptr) : json(called.content);
+          choice["message"]["tool_calls"] = tool_calls_json(called.tool_calls, id, i, false);
+          choice["finish_reason"] = "tool_calls";
+        }
       }
     } else if (c.req.echo) {
       // The prompt's scores come with its first choice (call::choice_request).
@@ -661,7 +833,7 @@ std::string completion_json(const call& c, const completion& done, const std::st
 }
 
 std::string chunk_json(const call& c, const stream_chunk& chunk, const std::string& id, int64_t created, bool first,
-                       uint64_t text_offset, uint32_t index, const reasoning_splitter::parts* split) {
+                       uint64_t text_offset, uint32_t index, const answer_parts* split) {
   json choice = {{"index", index}, {"logprobs", logprobs_json(c, chunk.logprobs, text_offset)}};
   choice["finish_reason"] = chunk.finish_reason.empty() ? json(nullptr) : json(finish_reason(chunk.finish_reason));
   if (c.req.echo && !c.chat) {
@@ -679,6 +851,10 @@ std::string chunk_json(const call& c, const stream_chunk& chunk, const std::stri
     if (split) {
       if (!split->reasoning.empty()) delta["reasoning_content"] = split->reasoning;
       if (!split->content.empty() || (first && split->reasoning.empty())) delta["content"] = split->content;
+      if (!split->tool_calls.empty()) {
+        delta["tool_calls"] = tool_calls_json(split->tool_calls, id, index, true);
+        choice["finish_reason"] = "tool_calls";
+      }
     } else if (!chunk.text.empty() || first) {
       delta["content"] = chunk.text;
     }

@@ -10,7 +10,8 @@
 // prompt (call::choice_request). Completions' echo returns the
 // prompt first, with its tokens' log-probabilities when logprobs is set (prompt scoring; max_tokens
 // 0 for the prompt alone), streamed too; vLLM's `prompt_logprobs: k` gives them in vLLM's shape,
-// on chat too. Fields Baton cannot honour (best_of, echo on chat, tools)
+// on chat too. Chat takes tools (docs/chat-templates.md). Fields Baton cannot honour (best_of,
+// echo on chat, a forced tool_choice, response_format)
 // are refused by name rather than ignored;
 // unknown fields are ignored, as OpenAI's servers do.
 
@@ -18,6 +19,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "actors/messages.hpp"
 
@@ -48,6 +50,9 @@ struct call {
   /// With separate_reasoning: the template opened <think>, so the answer starts as reasoning;
   /// false (Qwen3): only an answer that itself starts with <think> has any.
   bool reasoning_opened = true;
+  /// The request gave tools (req.tools_json) and the model writes Hermes' <tool_call>s
+  /// (cluster_stats::chat_tool_calls): set by the gateway. Answers' calls go to `tool_calls`.
+  bool read_tool_calls = false;
 
   uint32_t num_prompts() const {
     return static_cast<uint32_t>(std::max<size_t>(1, std::max(batch_texts.size(), batch_tokens.size())));
@@ -79,13 +84,24 @@ inline constexpr uint32_t max_call_requests = 1024;
 /// start of </think> is held back until the next piece, or the last, settles it. When the
 /// template did not open <think> (`opened` false), an answer is reasoning only if it starts with
 /// <think> (after whitespace); its start is held back until that is known.
+/// A function call the model wrote (OpenAI's tool_calls entry): `arguments` is JSON text.
+struct tool_call {
+  std::string name;
+  std::string arguments;
+};
+
+/// What a piece of an answer shows, told apart: its reasoning, its content, and (at the end) the
+/// tool calls it made.
+struct answer_parts {
+  std::string reasoning;
+  std::string content;
+  std::vector<tool_call> tool_calls;
+};
+
 class reasoning_splitter {
 public:
   explicit reasoning_splitter(bool opened = true) : undecided_(!opened) {}
-  struct parts {
-    std::string reasoning;
-    std::string content;
-  };
+  using parts = answer_parts;
   /// The next piece of the answer's text; `last`: nothing follows (what is held back goes out).
   parts feed(const std::string& text, bool last);
 
@@ -98,6 +114,23 @@ private:
 /// A whole answer split the same way (reasoning_splitter).
 reasoning_splitter::parts split_reasoning(const std::string& text, bool opened = true);
 
+/// Hermes' tool calls in an answer's content: each <tool_call>{"name": ..., "arguments": ...}
+/// </tool_call> is a call; the content is what comes before the first. An answer whose calls do
+/// not all read as JSON with a name is content, whole (nothing is lost).
+answer_parts read_tool_calls(const std::string& content);
+
+/// The same as an answer streams: content before <tool_call> goes out at once (a tail that may
+/// start the tag held back); from the tag on, everything waits for the end, where the calls are
+/// read (read_tool_calls).
+class tool_call_splitter {
+public:
+  answer_parts feed(const std::string& content, bool last);
+
+private:
+  bool calling_ = false;  ///< <tool_call> seen: held until the end
+  std::string held_;
+};
+
 /// Parses a request body; false and `err` (naming the field) when it is not acceptable.
 bool parse_body(std::string_view body, bool chat, const std::string& served_model, call* out, api_error* err);
 
@@ -109,10 +142,11 @@ std::string completion_json(const call& c, const std::vector<completion>& choice
 std::string completion_json(const call& c, const completion& done, const std::string& id, int64_t created);
 /// One streamed chunk of choice `index`; `first` adds the chat's assistant role. `text_offset`:
 /// the characters of the texts of that choice's tokens streamed before (completions'
-/// logprobs.text_offset; utf8_chars). `split`: with call::separate_reasoning, the chunk's text
-/// as that choice's reasoning_splitter told it apart (chunk.text is then not used).
+/// logprobs.text_offset; utf8_chars). `split`: with call::separate_reasoning or
+/// read_tool_calls, the chunk's text as that choice's splitters told it apart (chunk.text is then
+/// not used); tool calls come with the last chunk, whose finish_reason is then "tool_calls".
 std::string chunk_json(const call& c, const stream_chunk& chunk, const std::string& id, int64_t created, bool first,
-                       uint64_t text_offset = 0, uint32_t index = 0, const reasoning_splitter::parts* split = nullptr);
+                       uint64_t text_offset = 0, uint32_t index = 0, const answer_parts* split = nullptr);
 /// Characters of UTF-8 text, counted by the bytes that start one (text_offset's unit).
 uint64_t utf8_chars(const std::string& s);
 /// The usage chunk that ends a stream when stream_options.include_usage is set.

@@ -19,7 +19,7 @@ public:
   explicit bytes(const model_config& c) : t_(c.bos_token_id, c.eos_token_id) {}
   std::vector<int32_t> encode_prompt(const std::string& text) const override { return t_.encode(text); }
   std::string decode(const std::vector<int32_t>& ids) const override { return t_.decode(ids); }
-  bool render_chat(const std::vector<chat_message>&, const std::string&, std::string*, std::string* why) const override {
+  bool render_chat(const std::vector<chat_message>&, const chat_extras&, std::string*, std::string* why) const override {
     *why = "the built-in byte model has no chat template";
     return false;
   }
@@ -36,6 +36,7 @@ struct chat_setup {
   std::string bos_text;    ///< bos_token as the template writes it
   std::string eos_text;    ///< eos_token
   chat_reasoning reasoning = chat_reasoning::none;
+  tool_call_format tool_calls = tool_call_format::none;
 };
 
 /// The variables every chat sets: a request's chat_template_kwargs may not replace them.
@@ -50,6 +51,11 @@ nlohmann::ordered_json chat_context(const std::vector<chat_message>& messages, c
     nlohmann::ordered_json turn = nlohmann::ordered_json::object();
     turn["role"] = m.role;
     turn["content"] = m.content;
+    if (!m.fields_json.empty()) {
+      const auto fields = nlohmann::ordered_json::parse(m.fields_json, nullptr, false);
+      if (fields.is_object())
+        for (const auto& [k, v] : fields.items()) turn[k] = v;
+    }
     context["messages"].push_back(std::move(turn));
   }
   context["add_generation_prompt"] = true;
@@ -71,11 +77,11 @@ public:
     return ids;
   }
   std::string decode(const std::vector<int32_t>& ids) const override { return t_->decode(ids, true); }
-  bool render_chat(const std::vector<chat_message>& messages, const std::string& variables_json, std::string* text,
+  bool render_chat(const std::vector<chat_message>& messages, const chat_extras& extras, std::string* text,
                    std::string* why) const override {
     for (const auto& m : messages)
-      if (m.role != "system" && m.role != "user" && m.role != "assistant") {
-        *why = "chat role '" + m.role + "' is not system, user or assistant";
+      if (m.role != "system" && m.role != "user" && m.role != "assistant" && m.role != "tool") {
+        *why = "chat role '" + m.role + "' is not system, user, assistant or tool";
         return false;
       }
     if (!chat_.tmpl) {
@@ -84,8 +90,16 @@ public:
       return false;
     }
     auto context = chat_context(messages, chat_);
-    if (!variables_json.empty()) {
-      const auto extra = nlohmann::ordered_json::parse(variables_json, nullptr, false);
+    if (!extras.tools_json.empty()) {
+      auto tools = nlohmann::ordered_json::parse(extras.tools_json, nullptr, false);
+      if (!tools.is_array()) {
+        *why = "tools must be a JSON array";
+        return false;
+      }
+      context["tools"] = std::move(tools);
+    }
+    if (!extras.variables_json.empty()) {
+      const auto extra = nlohmann::ordered_json::parse(extras.variables_json, nullptr, false);
       if (!extra.is_object()) {
         *why = "chat_template_kwargs must be a JSON object";
         return false;
@@ -105,6 +119,7 @@ public:
     return true;
   }
   chat_reasoning reasoning() const override { return chat_.reasoning; }
+  tool_call_format tool_calls() const override { return chat_.tool_calls; }
   std::string describe() const override {
     const char* thinking = chat_.reasoning == chat_reasoning::opened        ? " (answers start thinking)"
                            : chat_.reasoning == chat_reasoning::model_opens ? " (answers may think)"
@@ -211,6 +226,7 @@ std::shared_ptr<const tokenizer> load_model_tokenizer(const std::string& dir, co
       if (probe.size() >= 7 && probe.compare(probe.size() - 7, 7, "<think>") == 0) chat.reasoning = chat_reasoning::opened;
       else if (source.find("</think>") != std::string::npos) chat.reasoning = chat_reasoning::model_opens;
     }
+    if (chat.tmpl && source.find("<tool_call>") != std::string::npos) chat.tool_calls = tool_call_format::hermes;
   }
   return std::make_shared<hf>(std::move(t), bos, std::move(chat));
 }

@@ -15,8 +15,21 @@
 namespace baton::gpu {
 
 struct chat_message {
-  std::string role;  ///< system | user | assistant
+  std::string role;  ///< system | user | assistant | tool
   std::string content;
+  std::string fields_json;  ///< more of the turn for the template, a JSON object's text (tool_calls, tool_call_id)
+};
+
+/// What a chat request gives its template besides the messages.
+struct chat_extras {
+  std::string variables_json;  ///< more variables, a JSON object's text (vLLM's chat_template_kwargs)
+  std::string tools_json;      ///< `tools`, a JSON array's text (empty: none)
+};
+
+/// How a model's template asks for tool calls, and so how its answers are read for them.
+enum class tool_call_format : uint8_t {
+  none,    ///< the template shows no tools Baton can read calls of
+  hermes,  ///< <tool_call>{"name": ..., "arguments": {...}}</tool_call> (Qwen2.5, Qwen3, Hermes)
 };
 
 /// How a model's chat answers carry their reasoning (tokenizer::reasoning), told by its template.
@@ -35,17 +48,19 @@ public:
   virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
   /// The chat as the model was trained to see it, ending where the assistant's answer starts;
   /// false and a sentence when the model has no (supported) chat template. `variables_json`: more
-  /// variables for the template, a JSON object's text (empty: none); the ones the chat sets
-  /// (messages, add_generation_prompt, bos_token, eos_token, tools) are refused by name.
-  virtual bool render_chat(const std::vector<chat_message>& messages, const std::string& variables_json,
-                           std::string* text, std::string* why) const = 0;
+  /// variables and tools for the template; variables may not set what the chat sets (messages,
+  /// add_generation_prompt, bos_token, eos_token, tools): refused by name.
+  virtual bool render_chat(const std::vector<chat_message>& messages, const chat_extras& extras, std::string* text,
+                           std::string* why) const = 0;
   bool render_chat(const std::vector<chat_message>& messages, std::string* text, std::string* why) const {
-    return render_chat(messages, {}, text, why);
+    return render_chat(messages, chat_extras{}, text, why);
   }
   /// Short description for logs ("bytes", "bpe 771 tokens, chatml").
   virtual std::string describe() const = 0;
   /// Whether and how a chat answer starts with its reasoning, up to a </think>.
   virtual chat_reasoning reasoning() const { return chat_reasoning::none; }
+  /// How the model writes tool calls, as its template shows it (none: requests with tools are refused).
+  virtual tool_call_format tool_calls() const { return tool_call_format::none; }
 };
 
 /// The built-in model's tokenizer (one id per byte, <bos> first); no chat template.

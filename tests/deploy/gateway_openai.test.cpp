@@ -4,12 +4,32 @@
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "tests/deploy/gateway_fixture.hpp"
 
 using namespace baton;
 using namespace baton::test_gateway;
 using nlohmann::json;
+
+namespace {
+
+/// The built-in model (its weights and tokenizer, linked) under another chat template, in a
+/// temporary directory removed with the object.
+struct templated_model {
+  std::filesystem::path path;
+  templated_model(const std::string& name, const std::string& chat_template) {
+    path = std::filesystem::temp_directory_path() / ("baton-chat-" + name + "-" + std::to_string(::getpid()));
+    std::filesystem::create_directories(path);
+    const std::filesystem::path src = BATON_SOURCE_DIR "/models/baton-kjv-tiny";
+    for (const char* f : {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json"})
+      std::filesystem::create_symlink(src / f, path / f);
+    std::ofstream{path / "tokenizer_config.json"} << json{{"add_bos_token", false}, {"chat_template", chat_template}}.dump();
+  }
+  ~templated_model() { std::filesystem::remove_all(path); }
+};
+
+}  // namespace
 
 TEST_CASE("logprobs over HTTP: the whole answer's and the stream's are the router's, token for token") {
   served_cluster s;
@@ -272,20 +292,13 @@ TEST_CASE("a body sent in chunks (curl -T -, a client streaming its upload) is a
 
 TEST_CASE("a model whose chat template opens a thinking block (DeepSeek-R1's) answers chat with its reasoning in "
           "reasoning_content and the rest in content, whole and streamed; separate_reasoning false keeps it in content") {
-  // The built-in model under R1's chat markers: its weights and tokenizer, a template that ends
-  // the prompt inside <think>.
-  const auto dir = std::filesystem::temp_directory_path() / ("baton-r1-chat-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  const std::filesystem::path src = BATON_SOURCE_DIR "/models/baton-kjv-tiny";
-  for (const char* f : {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json"})
-    std::filesystem::create_symlink(src / f, dir / f);
-  std::ofstream{dir / "tokenizer_config.json"} << json{
-      {"add_bos_token", false},
-      {"chat_template", "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}{{ '<｜User｜>' + m['content'] }}"
-                        "{% else %}{{ '<｜Assistant｜>' + m['content'] + '<｜end▁of▁sentence｜>' }}{% endif %}{% endfor %}"
-                        "{% if add_generation_prompt %}{{ '<｜Assistant｜><think>\\n' }}{% endif %}"}}.dump();
+  // The built-in model under R1's chat markers: a template that ends the prompt inside <think>.
+  const templated_model dir{"r1",
+                            "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}{{ '<｜User｜>' + m['content'] }}"
+                            "{% else %}{{ '<｜Assistant｜>' + m['content'] + '<｜end▁of▁sentence｜>' }}{% endif %}{% endfor %}"
+                            "{% if add_generation_prompt %}{{ '<｜Assistant｜><think>\\n' }}{% endif %}"};
   {
-    served_cluster s{{}, 0, 0, dir.string()};
+    served_cluster s{{}, 0, 0, dir.path.string()};
     const std::string messages = R"("messages":[{"role":"user","content":"In the beginning"}],"max_tokens":12)";
     const auto raw = round_trip(s.gateway.port, post("/v1/chat/completions", "{" + messages + R"(,"separate_reasoning":false})"));
     REQUIRE(raw.status == 200);
@@ -313,5 +326,32 @@ TEST_CASE("a model whose chat template opens a thinking block (DeepSeek-R1's) an
     CHECK(reasoning == want.reasoning);
     CHECK(content == want.content);
   }
-  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("tools over HTTP: a model whose template asks for <tool_call>s is shown the tools (its prompt grows by "
+          "them) and answers; a model whose template has no tool format refuses tools with a sentence") {
+  std::ifstream in{BATON_SOURCE_DIR "/tests/data/chat_templates/chatml_tools.jinja"};
+  std::stringstream tmpl;
+  tmpl << in.rdbuf();
+  const templated_model hermes{"hermes", tmpl.str()};
+  const std::string messages = R"("messages":[{"role":"user","content":"Weather in Paris?"}],"max_tokens":4)";
+  const std::string tools =
+      R"("tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}])";
+  {
+    served_cluster s{{}, 0, 0, hermes.path.string()};
+    const auto plain = round_trip(s.gateway.port, post("/v1/chat/completions", "{" + messages + "}"));
+    const auto with = round_trip(s.gateway.port, post("/v1/chat/completions", "{" + messages + "," + tools + "}"));
+    REQUIRE(plain.status == 200);
+    REQUIRE(with.status == 200);
+    const auto p = json::parse(plain.body), w = json::parse(with.body);
+    CHECK(w["usage"]["prompt_tokens"].get<int>() > p["usage"]["prompt_tokens"].get<int>() + 20);
+    // The built-in model writes no <tool_call>: its answer is content, as without tools.
+    CHECK(w["choices"][0]["message"]["content"].is_string());
+    CHECK_FALSE(w["choices"][0]["message"].contains("tool_calls"));
+  }
+  const templated_model plain{"plain", "{% for m in messages %}{{ m['content'] }}{% endfor %}"};
+  served_cluster s{{}, 0, 0, plain.path.string()};
+  const auto refused = round_trip(s.gateway.port, post("/v1/chat/completions", "{" + messages + "," + tools + "}"));
+  CHECK(refused.status == 400);
+  CHECK(refused.body.find("tools need a model whose chat template asks for tool calls") != std::string::npos);
 }

@@ -206,7 +206,7 @@ TEST_CASE("OpenAI request bodies map onto generate_request, and refusals name th
         "17 prompts times n 64 is 1088 generations; at most 1024 in one call");
   CHECK(refused(R"({"prompt":[1,-2]})").param == "prompt");
   CHECK(refused(R"({"prompt":"a","model":"gpt-4"})").status == 404);
-  CHECK(refused(R"({"messages":[{"role":"tool","content":"x"}]})", true).param == "messages[0].role");
+  CHECK(refused(R"({"messages":[{"role":"function","content":"x"}]})", true).param == "messages[0].role");
   CHECK(refused(R"({"messages":[{"role":"user","content":[{"type":"image_url"}]}]})", true).param ==
         "messages[0].content");
   CHECK(refused(R"({"prompt":"a","stop":["ok",""]})").param == "stop");
@@ -511,4 +511,90 @@ TEST_CASE("a thinking model's chat answer: reasoning_content up to the first </t
   CHECK(d == json{{"role", "assistant"}, {"reasoning_content", "hmm"}});
   d = json::parse(deploy::openai::chunk_json(c, chunk, "id", 0, false, 0, 0, &both))["choices"][0]["delta"];
   CHECK(d == json{{"reasoning_content", "m"}, {"content", "Yes"}});
+}
+
+TEST_CASE("tools: OpenAI's tools and tool_choice, tool results and an assistant's calls parse into what the chat "
+          "template gets; what cannot be honoured is refused by name") {
+  deploy::openai::call c;
+  deploy::openai::api_error e;
+  const std::string tools =
+      R"("tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}])";
+  REQUIRE(deploy::openai::parse_body(R"({"messages":[{"role":"user","content":"Paris?"}],)" + tools + "}", true, "m", &c, &e));
+  // Kept in the client's key order (type before properties), as the template prints it.
+  CHECK(c.req.tools_json ==
+        R"([{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}])");
+  REQUIRE(deploy::openai::parse_body(R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"none",)" + tools + "}", true,
+                                     "m", &c, &e));
+  CHECK(c.req.tools_json.empty());  // "none": the model is not shown them
+  CHECK_FALSE(deploy::openai::parse_body(R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"required",)" + tools + "}",
+                                         true, "m", &c, &e));
+  CHECK(e.param == "tool_choice");
+  CHECK_FALSE(deploy::openai::parse_body(R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"code"}]})", true, "m", &c, &e));
+  CHECK(e.message == R"(tools[0] must be {type: "function", function: {name, ...}})");
+  CHECK_FALSE(deploy::openai::parse_body(R"({"prompt":"x",)" + tools + "}", false, "m", &c, &e));
+  CHECK(e.message == "tools are for /v1/chat/completions");
+
+  const std::string turns = R"({"messages":[{"role":"user","content":"Paris?"},
+      {"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\": \"Paris\", \"unit\": \"c\"}"}}]},
+      {"role":"tool","tool_call_id":"call_1","content":"21"}]})";
+  REQUIRE(deploy::openai::parse_body(turns, true, "m", &c, &e));
+  REQUIRE(c.req.messages.size() == 3);
+  // The arguments reach the template as an object, in their order; a null content stays none.
+  CHECK(c.req.messages[1].fields_json ==
+        R"({"content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":{"city":"Paris","unit":"c"}}}]})");
+  CHECK(c.req.messages[2].role == "tool");
+  CHECK(c.req.messages[2].fields_json == R"({"tool_call_id":"call_1"})");
+  std::string bad = turns;
+  bad.replace(bad.find(R"(\"unit\")"), 8, "");
+  CHECK_FALSE(deploy::openai::parse_body(bad, true, "m", &c, &e));
+  CHECK(e.param == "messages[1].tool_calls[0].function.arguments");
+}
+
+TEST_CASE("tool calls in an answer: Hermes' <tool_call> JSON becomes tool_calls and finish_reason tool_calls, whole "
+          "or streamed; text that is no call stays content, whole") {
+  using deploy::openai::read_tool_calls;
+  auto two = read_tool_calls("Checking.\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"b\": 1, \"a\": [2]}}\n</tool_call>\n"
+                             "<tool_call>{\"name\": \"g\"}</tool_call>");
+  CHECK(two.content == "Checking.");
+  REQUIRE(two.tool_calls.size() == 2);
+  CHECK(two.tool_calls[0].name == "f");
+  CHECK(two.tool_calls[0].arguments == R"({"b":1,"a":[2]})");
+  CHECK(two.tool_calls[1].arguments == "{}");
+  CHECK(read_tool_calls("<tool_call>{\"name\": \"f\", \"arguments\": {}}").tool_calls.size() == 1);  // cut by max_tokens
+  const auto not_json = read_tool_calls("a <tool_call> b </tool_call>");
+  CHECK(not_json.tool_calls.empty());
+  CHECK(not_json.content == "a <tool_call> b </tool_call>");
+
+  deploy::openai::tool_call_splitter s;
+  CHECK(s.feed("Let me check.<tool", false).content == "Let me check.");
+  auto mid = s.feed("_call>{\"name\": \"f\", ", false);
+  CHECK(mid.content.empty());
+  CHECK(mid.tool_calls.empty());
+  auto end = s.feed("\"arguments\": {\"x\": 1}}</tool_call>", true);
+  REQUIRE(end.tool_calls.size() == 1);
+  CHECK(end.tool_calls[0].arguments == R"({"x":1})");
+  deploy::openai::tool_call_splitter no_call;
+  CHECK(no_call.feed("a <tool_call", false).content == "a ");
+  CHECK(no_call.feed("> nope", true).content == "<tool_call> nope");  // held, then given back
+
+  deploy::openai::call c;
+  deploy::openai::api_error e;
+  REQUIRE(deploy::openai::parse_body(R"({"messages":[{"role":"user","content":"x"}]})", true, "m", &c, &e));
+  c.read_tool_calls = true;
+  completion done;
+  done.text = "<tool_call>{\"name\": \"f\", \"arguments\": {\"x\": 1}}</tool_call>";
+  done.finish_reason = "eos";
+  const auto choice = json::parse(deploy::openai::completion_json(c, done, "chatcmpl-7-1", 0))["choices"][0];
+  CHECK(choice["finish_reason"] == "tool_calls");
+  CHECK(choice["message"]["content"].is_null());
+  CHECK(choice["message"]["tool_calls"] ==
+        json::parse(R"([{"id":"call_7-1-0-0","type":"function","function":{"name":"f","arguments":"{\"x\":1}"}}])"));
+  stream_chunk last;
+  last.finish_reason = "eos";
+  deploy::openai::answer_parts parts;
+  parts.tool_calls = {{"f", "{}"}};
+  const auto streamed = json::parse(deploy::openai::chunk_json(c, last, "chatcmpl-7-1", 0, false, 0, 0, &parts))["choices"][0];
+  CHECK(streamed["finish_reason"] == "tool_calls");
+  CHECK(streamed["delta"]["tool_calls"][0]["index"] == 0);
+  CHECK(streamed["delta"]["tool_calls"][0]["function"]["name"] == "f");
 }

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include <unistd.h>
 
@@ -162,13 +163,13 @@ TEST_CASE("chat: a template that leaves <think> to the model (Qwen3's) says answ
   CHECK(t->reasoning() == chat_reasoning::model_opens);
   CHECK(t->describe().find("answers may think") != std::string::npos);
   std::string text, why;
-  REQUIRE(t->render_chat({{"user", "Hi"}}, R"({"enable_thinking": false})", &text, &why));
+  REQUIRE(t->render_chat({{"user", "Hi"}}, chat_extras{R"({"enable_thinking": false})", {}}, &text, &why));
   CHECK(text == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
-  REQUIRE(t->render_chat({{"user", "Hi"}}, R"({"enable_thinking": true})", &text, &why));
+  REQUIRE(t->render_chat({{"user", "Hi"}}, chat_extras{R"({"enable_thinking": true})", {}}, &text, &why));
   CHECK(text == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
-  CHECK_FALSE(t->render_chat({{"user", "Hi"}}, R"({"messages": []})", &text, &why));
+  CHECK_FALSE(t->render_chat({{"user", "Hi"}}, chat_extras{R"({"messages": []})", {}}, &text, &why));
   CHECK(why == "chat_template_kwargs may not set 'messages': the chat sets it");
-  CHECK_FALSE(t->render_chat({{"user", "Hi"}}, "[1]", &text, &why));
+  CHECK_FALSE(t->render_chat({{"user", "Hi"}}, chat_extras{"[1]", {}}, &text, &why));
   CHECK(why == "chat_template_kwargs must be a JSON object");
 }
 
@@ -196,6 +197,34 @@ TEST_CASE("chat: a template the engine cannot run, no template, and a role Baton
   CHECK_FALSE(strict.load()->render_chat(conversation, &text, &why));
   CHECK(why == "Only user and assistant roles are supported!");
   model_dir v3{"tool", chatml, false};
-  CHECK_FALSE(v3.load()->render_chat({{"tool", "42"}}, &text, &why));
-  CHECK(why == "chat role 'tool' is not system, user or assistant");
+  CHECK_FALSE(v3.load()->render_chat({{"function", "42"}}, &text, &why));
+  CHECK(why == "chat role 'function' is not system, user, assistant or tool");
+}
+
+TEST_CASE("chat: tools, an assistant's tool calls and the tools' results reach a Hermes-style template as "
+          "transformers gives them (the text Jinja2 rendered for the same conversation)") {
+  const std::string dir = BATON_SOURCE_DIR "/tests/data/chat_templates/";
+  const auto read = [](const std::string& path) {
+    std::ifstream in{path};
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  };
+  model_dir d{"hermes", read(dir + "chatml_tools.jinja"), false};
+  const auto t = d.load();
+  CHECK(t->tool_calls() == tool_call_format::hermes);
+  const auto context = nlohmann::ordered_json::parse(read(dir + "contexts.json"))["tools"];
+  std::vector<chat_message> messages;
+  for (const auto& m : context["messages"]) {
+    nlohmann::ordered_json fields = m;  // what the gateway passes: every field but role and content
+    fields.erase("role");
+    fields.erase("content");
+    messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>(), fields.empty() ? "" : fields.dump()});
+  }
+  std::string text, why;
+  REQUIRE_MESSAGE(t->render_chat(messages, chat_extras{{}, context["tools"].dump()}, &text, &why), why);
+  const auto expected = nlohmann::json::parse(read(dir + "expected.json"));
+  CHECK(text == expected["chatml_tools/tools"]["text"].get<std::string>());
+  model_dir plain{"no-tools", chatml, false};
+  CHECK(plain.load()->tool_calls() == tool_call_format::none);
 }
