@@ -68,7 +68,7 @@ std::string tokenize_and_validate(generate_request& req, const gpu::model_config
              "as Qwen's and Hermes' do); this model's does not";
     std::string text, why;
     if (!tokenizer->render_chat(chat, gpu::chat_extras{req.chat_template_kwargs, req.tools_json}, &text, &why)) return why;
-    *tokens = tokenizer->encode_prompt(text);
+    *tokens = tokenizer->encode_chat(text);
   } else if (tokenizer) {
     *tokens = tokenizer->encode_prompt(req.prompt);
   } else {

@@ -679,7 +679,7 @@ std::string completion_json(const call& c, const std::vector<completion>& choice
       parts.content = done.text;
       if (c.separate_reasoning) {
         parts = split_reasoning(done.text, c.reasoning_opened);
-        choice["message"]["reasoning_content"] = parts.reasoning;
+        choice["message"]["reasoning_content"] = parts.reasoning.empty() ? json(nullptr) : json(parts.reasoning);
         choice["message"]["content"] = parts.content;
       }
       if (c.read_tool_calls) {
@@ -687,7 +687,7 @@ std::string completion_json(const call& c, const std::vector<completion>& choice
         if (!called.tool_calls.empty()) {
           choice["message"]["content"] = called.content.empty() ? json(nullptr) : json(called.content);
           choice["message"]["tool_calls"] = tool_calls_json(called.tool_calls, id, i, false);
-          choice["finish_reason"] = "tool_calls";
+          if (done.finish_reason != "length") choice["finish_reason"] = "tool_calls";  // a cut answer says so
         }
       }
     } else if (c.req.echo) {
@@ -745,7 +745,7 @@ std::string chunk_json(const call& c, const stream_chunk& chunk, const std::stri
       if (!split->content.empty() || (first && split->reasoning.empty())) delta["content"] = split->content;
       if (!split->tool_calls.empty()) {
         delta["tool_calls"] = tool_calls_json(split->tool_calls, id, index, true);
-        choice["finish_reason"] = "tool_calls";
+        if (chunk.finish_reason != "length") choice["finish_reason"] = "tool_calls";
       }
     } else if (!chunk.text.empty() || first) {
       delta["content"] = chunk.text;

@@ -70,7 +70,16 @@ answer_parts read_tool_calls(const std::string& content) {
     out.content = content;
     return out;
   }
-  for (size_t at = first; at != std::string::npos; at = content.find(call_begin, at)) {
+  // Text between and after the calls (rarely more than whitespace) joins the content: nothing
+  // the model wrote is dropped.
+  const auto trimmed = [](std::string s) {
+    const auto b = s.find_first_not_of(" \t\r\n");
+    if (b == std::string::npos) return std::string{};
+    return s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
+  };
+  std::string rest;
+  size_t at = first;
+  while (at != std::string::npos) {
     const size_t from = at + call_begin.size();
     const size_t end = content.find(call_end, from);
     // A call cut off by max_tokens has no end: it is read to the answer's end.
@@ -84,10 +93,15 @@ answer_parts read_tool_calls(const std::string& content) {
     const auto args = body.contains("arguments") ? body["arguments"] : ordered_json::object();
     out.tool_calls.push_back({body["name"].get<std::string>(),
                               args.is_string() ? args.get<std::string>() : args.dump(-1, ' ', false, ordered_json::error_handler_t::replace)});
-    at = end == std::string::npos ? std::string::npos : end + call_end.size();
+    if (end == std::string::npos) break;
+    const size_t after = end + call_end.size();
+    at = content.find(call_begin, after);
+    const auto between = trimmed(content.substr(after, at == std::string::npos ? std::string::npos : at - after));
+    if (!between.empty()) rest += (rest.empty() ? "" : "\n") + between;
   }
   out.content = content.substr(0, first);
   while (!out.content.empty() && std::isspace(static_cast<unsigned char>(out.content.back()))) out.content.pop_back();
+  if (!rest.empty()) out.content += (out.content.empty() ? "" : "\n") + rest;
   return out;
 }
 
@@ -112,9 +126,10 @@ answer_parts tool_call_splitter::feed(const std::string& content, bool last) {
   if (calls.tool_calls.empty()) {
     out.content += calls.content;  // no calls after all: the held text is content
   } else {
-    // The content before the first call already went out (less its trailing whitespace, which
-    // read_tool_calls drops from a whole answer too).
+    // The content before the first call already went out; what the calls leave (text between
+    // and after them) follows it now.
     out.tool_calls = std::move(calls.tool_calls);
+    if (!calls.content.empty()) out.content += "\n" + calls.content;
   }
   return out;
 }

@@ -6,6 +6,7 @@
 
 #include <cctype>
 #include <set>
+#include <utility>
 
 #include "gpu/chat_template_ast.hpp"
 
@@ -133,6 +134,8 @@ void put_utf8(std::string& out, uint32_t cp) {
   }
 }
 
+constexpr size_t max_tag_tokens = 4096;
+
 /// A tag's inside as tokens. Strings take Python's escapes (Jinja decodes them so).
 std::vector<token> tokenize(const std::string& src, int line) {
   std::vector<token> out;
@@ -169,7 +172,11 @@ std::vector<token> tokenize(const std::string& src, int line) {
       std::string digits;
       for (size_t k = i; k < j; ++k)
         if (src[k] != '_') digits += src[k];
-      out.push_back({token::kind::number, {}, is_float ? value(std::stod(digits)) : value(std::stoll(digits))});
+      try {
+        out.push_back({token::kind::number, {}, is_float ? value(std::stod(digits)) : value(std::stoll(digits))});
+      } catch (const std::exception&) {
+        fail(line, "the number " + digits.substr(0, 32) + " is too large");
+      }
       i = j;
     } else if (c == '\'' || c == '"') {
       std::string v;
@@ -189,8 +196,12 @@ std::vector<token> tokenize(const std::string& src, int line) {
           case '\n': break;  // a continued line
           case 'x': case 'u': case 'U': {
             const size_t digits = e == 'x' ? 2 : e == 'u' ? 4 : 8;
-            if (j + digits >= src.size()) fail(line, "a string's \\" + std::string(1, e) + " escape is cut short");
-            put_utf8(v, static_cast<uint32_t>(std::stoul(src.substr(j + 1, digits), nullptr, 16)));
+            const std::string hex = j + digits < src.size() ? src.substr(j + 1, digits) : std::string{};
+            if (hex.size() != digits || hex.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos)
+              fail(line, "a string's \\" + std::string(1, e) + " escape needs " + std::to_string(digits) + " hex digits");
+            const auto cp = static_cast<uint32_t>(std::stoul(hex, nullptr, 16));
+            if (cp > 0x10FFFF) fail(line, "a string's \\U escape is past U+10FFFF");
+            put_utf8(v, cp);
             j += digits;
             break;
           }
@@ -212,6 +223,8 @@ std::vector<token> tokenize(const std::string& src, int line) {
       if (!matched) fail(line, std::string{"unexpected character '"} + c + "'");
     }
   }
+  // A tag's expression is a tree as deep as its chain of operators: bounded through its length.
+  if (out.size() > max_tag_tokens) fail(line, "a tag holds more than " + std::to_string(max_tag_tokens) + " tokens");
   out.push_back({token::kind::end, {}, {}});
   return out;
 }
@@ -287,8 +300,11 @@ private:
     return e;
   }
   expr_ptr not_expr() {
-    if (skip_name("not")) return node(expr::kind::not_, {not_expr()});
-    return compare();
+    if (!skip_name("not")) return compare();
+    if (++depth_ > max_depth) fail(line_, "the expression nests deeper than " + std::to_string(max_depth) + " levels");
+    auto e = node(expr::kind::not_, {not_expr()});
+    --depth_;
+    return e;
   }
   expr_ptr compare() {
     auto e = math1();
@@ -529,6 +545,7 @@ private:
       }
       const std::string name = ps.expect_name();
       if (ends.count(name)) {
+        if (name.rfind("end", 0) == 0 || name == "else") ps.expect_end(name.c_str());
         *end = name;
         if (end_parser) *end_parser = std::move(owner);  // elif's condition follows its name
         return out;
@@ -562,7 +579,9 @@ private:
         if (ps.is_name("recursive")) fail(pc.line, "recursive loops are not supported");
         ps.expect_end("the for loop's head");
         std::string e;
+        ++loops_;
         s->inner = block({"else", "endfor"}, &e);
+        --loops_;
         if (e == "else") s->else_body = block({"endfor"}, &e);
         if (e.empty()) fail(pc.line, "this for is never closed with endfor");
       } else if (name == "set") {
@@ -594,10 +613,13 @@ private:
         ps.expect_end("the macro's parameters");
         macros_.insert(s->text);
         std::string e;
+        const int loops = std::exchange(loops_, 0);  // a macro's body is outside any loop around it
         s->inner = block({"endmacro"}, &e);
+        loops_ = loops;
         if (e.empty()) fail(pc.line, "this macro is never closed with endmacro");
       } else if (name == "break" || name == "continue") {
         ps.expect_end(name.c_str());
+        if (loops_ == 0) fail(pc.line, "'" + name + "' is outside a for loop");
         s->k = name == "break" ? stmt::kind::break_ : stmt::kind::continue_;
       } else if (name == "generation") {  // transformers' marker of the assistant's text: rendered as is
         ps.expect_end("generation");
@@ -606,6 +628,9 @@ private:
         if (e.empty()) fail(pc.line, "this generation is never closed with endgeneration");
         out.insert(out.end(), inner.begin(), inner.end());
         continue;
+      } else if (name == "endif" || name == "endfor" || name == "endset" || name == "endmacro" || name == "elif" ||
+                 name == "else" || name == "endgeneration") {
+        fail(pc.line, "'" + name + "' closes nothing open here");
       } else {
         fail(pc.line, "the statement '" + name + "' is not supported");
       }
@@ -619,6 +644,7 @@ private:
   std::vector<piece> p_;
   size_t i_ = 0;
   int depth_ = 0;
+  int loops_ = 0;  ///< for loops open around the statement being read (break and continue need one)
   std::set<std::string> macros_;
 };
 
@@ -626,6 +652,8 @@ private:
 /// checked once the whole template is read (a macro may be called above its definition).
 void check_calls(const expr_ptr& e, const std::set<std::string>& macros) {
   if (!e) return;
+  if (e->k == expr::kind::call && e->args[0]->k != expr::kind::name && e->args[0]->k != expr::kind::attr)
+    fail(e->line, "only functions, macros and methods can be called");
   if (e->k == expr::kind::call && e->args[0]->k == expr::kind::name && !jinja::known_function(e->args[0]->text) &&
       !macros.count(e->args[0]->text))
     fail(e->line, "the function '" + e->args[0]->text + "' is not defined");
@@ -676,6 +704,9 @@ bool chat_template::render(const nlohmann::ordered_json& context, std::string* o
     return true;
   } catch (const jinja::error& e) {
     *why = e.what;
+    return false;
+  } catch (const std::exception& e) {  // a value too large for the library (bad_alloc, length_error)
+    *why = std::string{"chat template: "} + e.what();
     return false;
   }
 }

@@ -143,8 +143,12 @@ private:
         // writes); as a value it is only its name.
         return known_function(e.text) ? value("<function " + e.text + ">") : undefined();
       }
-      case expr::kind::attr: return attribute(eval(*e.args[0]), e.text, e);
-      case expr::kind::item: return item(eval(*e.args[0]), eval(*e.args[1]), e);
+      case expr::kind::attr:
+        if (const value* v = ref(*e.args[0])) return attribute(*v, e.text, e);
+        return attribute(eval(*e.args[0]), e.text, e);
+      case expr::kind::item:
+        if (const value* v = ref(*e.args[0])) return item(*v, eval(*e.args[1]), e);
+        return item(eval(*e.args[0]), eval(*e.args[1]), e);
       case expr::kind::slice: return slice(e);
       case expr::kind::call: return held(call(e), e.line);
       case expr::kind::filter: return held(filter(e), e.line);
@@ -152,6 +156,7 @@ private:
       case expr::kind::neg: {
         const value v = eval(*e.args[0]);
         if (!is_number(v)) fail(e.line, std::string{"cannot negate a "} + type_name(v));
+        if (is_integral(v) && as_int(v) == INT64_MIN) fail(e.line, "integer overflow");
         return is_integral(v) ? value(-as_int(v)) : value(-as_double(v));
       }
       case expr::kind::not_: return !truthy(eval(*e.args[0]));
@@ -175,6 +180,27 @@ private:
       }
     }
     return undefined();
+  }
+
+  /// The value `e` names, without copying it: a variable, or an attribute or item of one (null
+  /// when `e` is computed, or names nothing). A template reads a turn, or the conversation's
+  /// length, once per turn: copying the conversation each time would make rendering quadratic.
+  const value* ref(const expr& e) {
+    if (e.k == expr::kind::name) return find(e.text);
+    if (e.k != expr::kind::attr && e.k != expr::kind::item) return nullptr;
+    const value* v = ref(*e.args[0]);
+    if (!v) return nullptr;
+    const value key = e.k == expr::kind::attr ? value(e.text) : eval(*e.args[1]);
+    if (v->is_object() && key.is_string()) {
+      const auto it = v->find(key.get_ref<const std::string&>());
+      return it == v->end() ? nullptr : &*it;
+    }
+    if (v->is_array() && e.k == expr::kind::item && is_integral(key)) {
+      const auto n = static_cast<int64_t>(v->size());
+      const int64_t i = as_int(key) < 0 ? as_int(key) + n : as_int(key);
+      return i < 0 || i >= n ? nullptr : &(*v)[static_cast<size_t>(i)];
+    }
+    return nullptr;
   }
 
   static std::string what(const expr& e) {
@@ -232,7 +258,11 @@ private:
     const int64_t start = clamp(bound(e.args[1]), step > 0 ? 0 : n - 1);
     const int64_t stop = clamp(bound(e.args[2]), step > 0 ? n : -1);
     std::vector<value> picked;
-    for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) picked.push_back(items[static_cast<size_t>(i)]);
+    // By count, not by stepping past the end: a huge step must not overflow.
+    const int64_t span = step > 0 ? stop - start : start - stop;
+    const int64_t stride = step > 0 ? step : (step == INT64_MIN ? INT64_MAX : -step);
+    const int64_t count = span <= 0 ? 0 : 1 + (span - 1) / stride;
+    for (int64_t k = 0; k < count; ++k) picked.push_back(items[static_cast<size_t>(start + (step > 0 ? k * stride : -k * stride))]);
     if (v.is_array()) return to_list(picked);
     std::string s;
     for (const auto& c : picked) s += c.get<std::string>();
@@ -269,6 +299,8 @@ private:
     }
     if (op == "*" && (a.is_string() || a.is_array()) && is_integral(b)) {
       const int64_t times = std::max<int64_t>(as_int(b), 0);
+      if (times == 0 || a.empty() || (a.is_string() && a.get_ref<const std::string&>().empty()))
+        return a.is_string() ? value("") : value::array();
       if (a.is_string()) {
         const auto& s = a.get_ref<const std::string&>();
         if (!s.empty() && static_cast<uint64_t>(times) > max_output_bytes / s.size())
@@ -288,16 +320,37 @@ private:
     const bool ints = is_integral(a) && is_integral(b);
     const double x = as_double(a), y = as_double(b);
     if ((op == "/" || op == "//" || op == "%") && y == 0) fail(e.line, "division by zero");
-    if (op == "+") return ints ? value(as_int(a) + as_int(b)) : value(x + y);
-    if (op == "-") return ints ? value(as_int(a) - as_int(b)) : value(x - y);
-    if (op == "*") return ints ? value(as_int(a) * as_int(b)) : value(x * y);
+    int64_t r = 0;
+    const auto checked = [&](bool overflowed) -> value {
+      if (overflowed) fail(e.line, "integer overflow in '" + op + "'");
+      return r;
+    };
+    if (op == "+") return ints ? checked(__builtin_add_overflow(as_int(a), as_int(b), &r)) : value(x + y);
+    if (op == "-") return ints ? checked(__builtin_sub_overflow(as_int(a), as_int(b), &r)) : value(x - y);
+    if (op == "*") return ints ? checked(__builtin_mul_overflow(as_int(a), as_int(b), &r)) : value(x * y);
     if (op == "/") return x / y;
-    if (op == "//") return ints ? value(static_cast<int64_t>(std::floor(x / y))) : value(std::floor(x / y));
+    if (op == "//" && ints) {  // Python floors; exact in integers
+      const int64_t p = as_int(a), q = as_int(b);
+      if (p == INT64_MIN && q == -1) fail(e.line, "integer overflow in '//'");
+      return p / q - ((p % q != 0) && ((p < 0) != (q < 0)) ? 1 : 0);
+    }
+    if (op == "//") return std::floor(x / y);
+    if (op == "%" && ints) {  // the divisor's sign, as Python's
+      const int64_t p = as_int(a), q = as_int(b);
+      if (q == -1) return int64_t{0};
+      const int64_t m = p % q;
+      return m != 0 && ((m < 0) != (q < 0)) ? m + q : m;
+    }
     if (op == "%") {
       const double m = x - y * std::floor(x / y);  // the divisor's sign, as Python's
       return ints ? value(static_cast<int64_t>(m)) : value(m);
     }
-    if (op == "**") return ints && as_int(b) >= 0 ? value(static_cast<int64_t>(std::pow(x, y))) : value(std::pow(x, y));
+    if (op == "**" && ints && as_int(b) >= 0) {
+      const double p = std::pow(x, y);
+      if (!(std::fabs(p) < 9.2e18)) fail(e.line, "integer overflow in '**'");
+      return static_cast<int64_t>(p);
+    }
+    if (op == "**") return std::pow(x, y);
     fail(e.line, "unknown operator " + op);
   }
 
@@ -364,9 +417,10 @@ private:
       const int64_t start = a.size() > 1 ? a[0] : 0, stop = a.size() > 1 ? a[1] : a[0], step = a.size() > 2 ? a[2] : 1;
       if (step == 0) fail(e.line, "range() step cannot be zero");
       value out = value::array();
-      for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
+      for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
         if (out.size() >= max_range) fail(e.line, "range() is too long");
         out.push_back(i);
+        if (__builtin_add_overflow(i, step, &i)) break;
       }
       return out;
     }
@@ -471,7 +525,11 @@ private:
     fail(e.line, std::string{"a "} + type_name(self) + " has no method '" + name + "'");
   }
 
-  value filter(const expr& e) { return apply_filter(e.text, eval(*e.args[0]), e); }
+  value filter(const expr& e) {
+    if (e.text == "length" || e.text == "count")
+      if (const value* v = ref(*e.args[0])) return static_cast<int64_t>(length_of(*v, e.line));  // no copy
+    return apply_filter(e.text, eval(*e.args[0]), e);
+  }
 
   value apply_filter(const std::string& name, const value& v, const expr& e, size_t first_arg = 1) {
     if (name == "length" || name == "count") return static_cast<int64_t>(length_of(v, e.line));
@@ -525,6 +583,7 @@ private:
     }
     if (name == "abs") {
       if (!is_number(v)) fail(e.line, std::string{"abs of a "} + type_name(v));
+      if (is_integral(v) && as_int(v) == INT64_MIN) fail(e.line, "integer overflow in abs");
       return is_integral(v) ? value(std::llabs(as_int(v))) : value(std::fabs(as_double(v)));
     }
     if (name == "replace") {
@@ -535,6 +594,8 @@ private:
     if (name == "indent") {
       const auto a = args_of(e, {"width", "first", "blank"}, first_arg);
       const value w = a.get(0, 4);
+      if (!w.is_string() && !(is_integral(w) && as_int(w) >= 0 && as_int(w) <= 1024))
+        fail(e.line, "indent's width must be a string or a number from 0 to 1024");
       const std::string pad = w.is_string() ? w.get<std::string>() : std::string(static_cast<size_t>(as_int(w)), ' ');
       const auto lines = jinja::split(to_text(v), "\n", -1);
       std::string out;
@@ -621,7 +682,7 @@ private:
       if (v.is_object()) {
         auto it = v.find(key);
         v = it == v.end() ? undefined() : *it;
-      } else if (v.is_array() && !key.empty() && std::all_of(key.begin(), key.end(), ::isdigit)) {
+      } else if (v.is_array() && !key.empty() && key.size() < 10 && std::all_of(key.begin(), key.end(), ::isdigit)) {
         const auto i = std::stoull(key);
         v = i < v.size() ? v[i] : undefined();
       } else {
@@ -662,7 +723,7 @@ private:
     if (name == "divisibleby") {
       const value d = arg();
       if (!is_integral(v) || !is_integral(d) || as_int(d) == 0) fail(e.line, "'divisibleby' tests integers by a non-zero one");
-      return as_int(v) % as_int(d) == 0;
+      return as_int(d) == -1 || as_int(v) % as_int(d) == 0;
     }
     if (name == "eq" || name == "equalto" || name == "==" || name == "sameas") return equal(v, arg());
     if (name == "ne" || name == "!=") return !equal(v, arg());

@@ -34,7 +34,14 @@ bool is_number(const value& v) { return v.is_number() || v.is_boolean(); }  // P
 double as_double(const value& v) { return v.is_boolean() ? (v.get<bool>() ? 1.0 : 0.0) : v.get<double>(); }
 int64_t as_int(const value& v) {
   if (v.is_boolean()) return v.get<bool>() ? 1 : 0;
-  if (v.is_number_float()) return static_cast<int64_t>(v.get<double>());
+  if (v.is_number_float()) {  // truncated, and held inside int64 (NaN is 0)
+    const double d = v.get<double>();
+    if (std::isnan(d)) return 0;
+    if (d >= 9.2e18) return INT64_MAX;
+    if (d <= -9.2e18) return INT64_MIN;
+    return static_cast<int64_t>(d);
+  }
+  if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) return INT64_MAX;
   return v.get<int64_t>();
 }
 bool is_integral(const value& v) { return v.is_boolean() || v.is_number_integer(); }

@@ -76,6 +76,9 @@ public:
     ids.insert(ids.end(), rest.begin(), rest.end());
     return ids;
   }
+  /// The template writes the special tokens it wants (its begin-of-text among them): the encoder
+  /// adds none, as transformers' apply_chat_template and vLLM encode a chat.
+  std::vector<int32_t> encode_chat(const std::string& text) const override { return t_->encode(text); }
   std::string decode(const std::vector<int32_t>& ids) const override { return t_->decode(ids, true); }
   bool render_chat(const std::vector<chat_message>& messages, const chat_extras& extras, std::string* text,
                    std::string* why) const override {
@@ -112,11 +115,7 @@ public:
         context[k] = v;
       }
     }
-    if (!chat_.tmpl->render(context, text, why)) return false;
-    // The template writes the begin-of-text token itself; so does an encoder that adds one. One
-    // of them goes (as vLLM encodes a chat without special tokens): the text's leading copy.
-    if (bos_ >= 0 && !chat_.bos_text.empty() && text->rfind(chat_.bos_text, 0) == 0) text->erase(0, chat_.bos_text.size());
-    return true;
+    return chat_.tmpl->render(context, text, why);
   }
   chat_reasoning reasoning() const override { return chat_.reasoning; }
   tool_call_format tool_calls() const override { return chat_.tool_calls; }
@@ -161,7 +160,7 @@ std::string template_source(const std::string& dir, const nlohmann::json& config
   if (t.is_string()) return t.get<std::string>();
   if (t.is_array())
     for (const auto& named : t)
-      if (named.is_object() && named.value("name", std::string{}) == "default" && named.contains("template") &&
+      if (named.is_object() && named.contains("name") && named["name"] == "default" && named.contains("template") &&
           named["template"].is_string())
         return named["template"].get<std::string>();
   return {};

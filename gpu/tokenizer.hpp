@@ -44,6 +44,9 @@ public:
   virtual ~tokenizer() = default;
   /// Ids of a prompt, starting with the model's begin-of-text token when it has one.
   virtual std::vector<int32_t> encode_prompt(const std::string& text) const = 0;
+  /// Ids of a rendered chat (render_chat): the template wrote its special tokens, so none is
+  /// added (the built-in byte tokenizer has no template: its prompt's ids).
+  virtual std::vector<int32_t> encode_chat(const std::string& text) const { return encode_prompt(text); }
   /// Text of generated ids (special tokens left out).
   virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
   /// The chat as the model was trained to see it, ending where the assistant's answer starts;

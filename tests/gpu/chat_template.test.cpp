@@ -111,26 +111,26 @@ TEST_CASE("chat: a model's template renders the conversation and leaves the answ
           "<|im_start|>user\nWhy?<|im_end|>\n<|im_start|>assistant\n");
   }
   {
-    model_dir d{"llama3", llama3, true};  // the encoder adds <bos> and the template writes it: one stays
+    model_dir d{"llama3", llama3, true};  // the encoder adds <bos> to prompts; a chat's comes from its template
     const auto t = d.load();
     const auto text = render(*t, {{"user", " Hi "}});
-    CHECK(text == "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
-    const auto ids = t->encode_prompt(text);
+    CHECK(text == "<｜begin▁of▁sentence｜><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+                  "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    const auto ids = t->encode_chat(text);
     CHECK(ids.front() == bos_id);
     CHECK(std::count(ids.begin(), ids.end(), bos_id) == 1);
   }
 }
 
 TEST_CASE("chat: DeepSeek-V2's template, the system prompt where it stands, EOS after each answer, and one "
-          "begin-of-text id whether the template or the encoder brings it") {
+          "begin-of-text id, the template's, whether or not the encoder adds one to prompts") {
   for (const bool encoder_adds : {false, true}) {
     CAPTURE(encoder_adds);
     model_dir d{"dsv2", deepseek_v2, encoder_adds};
     const auto t = d.load();
     const auto text = render(*t, conversation);
-    CHECK(text == std::string{encoder_adds ? "" : "<｜begin▁of▁sentence｜>"} +
-                      "Be brief.\n\nUser: Hi\n\nAssistant: Hello.<｜end▁of▁sentence｜>User: Why?\n\nAssistant:");
-    const auto ids = t->encode_prompt(text);
+    CHECK(text == "<｜begin▁of▁sentence｜>Be brief.\n\nUser: Hi\n\nAssistant: Hello.<｜end▁of▁sentence｜>User: Why?\n\nAssistant:");
+    const auto ids = t->encode_chat(text);
     REQUIRE_FALSE(ids.empty());
     CHECK(ids.front() == bos_id);
     CHECK(std::count(ids.begin(), ids.end(), bos_id) == 1);
@@ -148,7 +148,7 @@ TEST_CASE("chat: R1's template opens the answer in <think> (the tokenizer says s
   const auto t = d.load();
   CHECK(t->reasoning() == chat_reasoning::opened);
   CHECK(t->describe().find("answers start thinking") != std::string::npos);
-  CHECK(render(*t, chat) == "Use English.<｜User｜>Hi<｜Assistant｜>Hello.<｜end▁of▁sentence｜>"
+  CHECK(render(*t, chat) == "<｜begin▁of▁sentence｜>Use English.<｜User｜>Hi<｜Assistant｜>Hello.<｜end▁of▁sentence｜>"
                             "<｜User｜>Why?<｜Assistant｜><think>\n");
 }
 

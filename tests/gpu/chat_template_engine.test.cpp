@@ -110,3 +110,38 @@ TEST_CASE("a chat template's failures while rendering name the line; raise_excep
   // Undefined is lenient where Jinja's is: it prints nothing, is false, and has no length.
   CHECK(render("[{{ nothing }}]{{ nothing | length }}{% if not nothing %}!{% endif %}") == "[]0!");
 }
+
+TEST_CASE("regression: the chat template engine holds odd templates to an error, never a crash, a hang or an "
+          "overflow (found in review)") {
+  CHECK(render_error("{{ -9223372036854775807 - 2 }}") == "chat template line 1: integer overflow in '-'");
+  CHECK(render_error("{{ 9223372036854775807 * 2 }}") == "chat template line 1: integer overflow in '*'");
+  CHECK(render("{{ (-9223372036854775807 - 1) // -1 if false else 7 // -2 }} {{ -7 % 3 }} {{ 7 % -3 }}") == "-4 2 -2");
+  CHECK(render("{{ 5 is divisibleby(-1) }}{{ '' * 9223372036854775807 }}{{ [] * 9223372036854775807 }}") == "True[]");
+  CHECK(render("{{ 'abcdef'[1::9223372036854775807] }} {{ 'abcdef'[::-9223372036854775807] }}") == "b f");
+  CHECK(render("{{ range(9223372036854775806, 9223372036854775807, 9223372036854775807) | list }}") ==
+        "[9223372036854775806]");
+  CHECK(render_error("{{ 'x' | indent(-1) }}") == "chat template line 1: indent's width must be a string or a number from 0 to 1024");
+  CHECK(compile_error("{{ 99999999999999999999 }}") == "chat template line 1: the number 99999999999999999999 is too large");
+  CHECK(compile_error("{{ '\\x4Z' }}") == "chat template line 1: a string's \\x escape needs 2 hex digits");
+  std::string deep = "{{ ";
+  for (int i = 0; i < 200; ++i) deep += "not ";
+  CHECK(compile_error(deep + "x }}") == "chat template line 1: the expression nests deeper than 128 levels");
+  std::string chain = "{{ a";
+  for (int i = 0; i < 3000; ++i) chain += " + a";
+  CHECK(compile_error(chain + " }}") == "chat template line 1: a tag holds more than 4096 tokens");
+  CHECK(compile_error("{% break %}") == "chat template line 1: 'break' is outside a for loop");
+  CHECK(compile_error("{% endif %}") == "chat template line 1: 'endif' closes nothing open here");
+  CHECK(compile_error("{% if x %}{% else if y %}{% endif %}") == "chat template line 1: unexpected 'if' after else");
+  CHECK(compile_error("{{ 'a'(1) }}") == "chat template line 1: only functions, macros and methods can be called");
+}
+
+TEST_CASE("a conversation's turns and length are read in place: a template that looks back at the previous turn, "
+          "as Qwen's do, renders thousands of turns") {
+  ordered_json context = {{"messages", ordered_json::array()}};
+  for (int i = 0; i < 20000; ++i) context["messages"].push_back({{"role", i % 2 ? "assistant" : "user"}, {"content", "x"}});
+  const auto out = render(
+      "{% for m in messages %}{% if loop.index0 > 0 and messages[loop.index0 - 1].role != m.role %}"
+      "{{ (messages | length) - loop.index0 }}{% endif %}{% endfor %}",
+      context);
+  CHECK(out.size() > 20000);
+}
