@@ -53,13 +53,19 @@ constexpr std::chrono::milliseconds linger_time{2000};
 /// answer (gateway_config::unanswered_grace_ms, run_choice).
 using grace_atom = caf::atom_constant<caf::atom("grace")>;
 
+/// What every call's go-between is told of the gateway and the model (fixed once it starts).
+struct call_settings {
+  std::chrono::milliseconds unanswered_grace{0};  ///< gateway_config::unanswered_grace_ms
+  uint8_t chat_reasoning = 0;   ///< cluster_stats': how chat answers carry reasoning (gpu::chat_reasoning)
+  uint8_t chat_tool_calls = 0;  ///< cluster_stats': how answers write tool calls (gpu::tool_call_format)
+};
+
 /// What every connection of one gateway shares.
 struct gateway_shared {
   gateway_config cfg;
   router_actor router;
   std::string model;
-  uint8_t chat_reasoning = 0;   ///< cluster_stats': chat answers split their reasoning out (gpu::chat_reasoning)
-  uint8_t chat_tool_calls = 0;  ///< cluster_stats': how answers write tool calls (gpu::tool_call_format)
+  call_settings calls;
   int64_t started_s = 0;
   gateway_metrics metrics;
   std::atomic<uint32_t> num_connections{0};
@@ -235,7 +241,7 @@ struct call_state {
   std::vector<completion> done;  ///< by choice
   uint32_t left = 0;             ///< choices not yet answered
   bool failed = false;           ///< an error went to the connection: nothing more does
-  std::chrono::milliseconds unanswered_grace{0};  ///< gateway_config::unanswered_grace_ms
+  std::chrono::milliseconds unanswered_grace{0};  ///< call_settings'
 };
 
 /// Choice `index` of a call: asks the router for it with `self` as the sink, renders its chunks,
@@ -304,9 +310,7 @@ client_sink_actor::behavior_type run_choice(client_sink_actor::pointer self, caf
   auto first_chunk = std::make_shared<bool>(true);
   auto text_offset = std::make_shared<uint64_t>(0);  // bytes of the streamed tokens' texts (logprobs.text_offset)
   auto monitored = std::make_shared<bool>(false);
-  // call::separate_reasoning and read_tool_calls: the reasoning first, then the calls in the rest.
-  auto splitter = std::make_shared<openai::reasoning_splitter>(cs->call.reasoning_opened);
-  auto calls = std::make_shared<openai::tool_call_splitter>();
+  auto reader = std::make_shared<openai::answer_reader>(cs->call);  // reasoning and tool calls, as asked
   return {[=](stream_chunk& c) {
     if (!*monitored) {
       *monitored = true;
@@ -318,15 +322,7 @@ client_sink_actor::behavior_type run_choice(client_sink_actor::pointer self, caf
     // for): no event.
     const bool echo = !c.prompt_text.empty() || !c.prompt_logprobs.empty();
     std::optional<openai::answer_parts> split;
-    const bool last = !c.finish_reason.empty();
-    if (cs->call.separate_reasoning || cs->call.read_tool_calls) {
-      split = cs->call.separate_reasoning ? splitter->feed(c.text, last) : openai::answer_parts{{}, c.text, {}};
-      if (cs->call.read_tool_calls) {
-        auto told = calls->feed(split->content, last);
-        split->content = std::move(told.content);
-        split->tool_calls = std::move(told.tool_calls);
-      }
-    }
+    if (reader->active()) split = reader->feed(c.text, !c.finish_reason.empty());
     const bool has_text =
         split ? !split->reasoning.empty() || !split->content.empty() || !split->tool_calls.empty() : !c.text.empty();
     const bool shown = !cs->call.req.prompt_only && (has_text || !c.logprobs.empty());  // echo alone: none is
@@ -355,18 +351,17 @@ client_sink_actor::behavior_type run_choice(client_sink_actor::pointer self, caf
 ///   (seq, error)                       the generation failed
 client_sink_actor::behavior_type call_impl(client_sink_actor::pointer self, caf::actor broker, uint64_t seq,
                                            router_actor router, std::string body, bool chat, std::string model,
-                                           std::string id, std::chrono::milliseconds unanswered_grace,
-                                           uint8_t chat_reasoning, uint8_t chat_tool_calls) {
+                                           std::string id, call_settings settings) {
   auto cs = std::make_shared<call_state>();
-  cs->unanswered_grace = unanswered_grace;
+  cs->unanswered_grace = settings.unanswered_grace;
   openai::api_error err;
   if (!openai::parse_body(body, chat, model, &cs->call, &err)) {
     caf::anon_send(broker, seq, static_cast<int32_t>(err.status), openai::error_json(err));
     return {[](stream_chunk&) {}};  // the connection answers and ends this actor
   }
-  cs->call.separate_reasoning = chat && chat_reasoning != 0 && cs->call.reasoning_wanted;
-  cs->call.reasoning_opened = chat_reasoning == 1;  // 2: Qwen3's, the model opens <think> or not
-  cs->call.read_tool_calls = chat && !cs->call.req.tools_json.empty() && chat_tool_calls == 1;
+  cs->call.separate_reasoning = chat && settings.chat_reasoning != 0 && cs->call.reasoning_wanted;
+  cs->call.reasoning_opened = settings.chat_reasoning == 1;  // 2: Qwen3's, the model opens <think> or not
+  cs->call.read_tool_calls = chat && !cs->call.req.tools_json.empty() && settings.chat_tool_calls == 1;
   cs->id = std::move(id);
   cs->created = unix_seconds();
   const uint32_t choices = cs->call.num_choices();
@@ -387,7 +382,7 @@ void generate(caf::io::broker* self, const shared_ptr& g, const state_ptr& st, c
   std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(g->started_s) + "-" + std::to_string(++g->last_id);
   st->call_sink = caf::actor_cast<caf::actor>(
       self->spawn(call_impl, caf::actor_cast<caf::actor>(self), seq, g->router, req.body, chat, g->model, std::move(id),
-                  std::chrono::milliseconds{g->cfg.unanswered_grace_ms}, g->chat_reasoning, g->chat_tool_calls));
+                  g->calls));
 }
 
 /// The stream's head, once, before its first event.
@@ -728,6 +723,7 @@ bool spawn_gateway(caf::actor_system& sys, const gateway_config& cfg, router_act
   }
   auto g = std::make_shared<gateway_shared>();
   g->cfg = cfg;
+  g->calls.unanswered_grace = std::chrono::milliseconds{cfg.unanswered_grace_ms};
   g->router = router;
   g->started_s = unix_seconds();
   {
@@ -737,8 +733,8 @@ bool spawn_gateway(caf::actor_system& sys, const gateway_config& cfg, router_act
         .receive(
             [&](cluster_stats& s) {
               g->model = s.model;
-              g->chat_reasoning = s.chat_reasoning;
-              g->chat_tool_calls = s.chat_tool_calls;
+              g->calls.chat_reasoning = s.chat_reasoning;
+              g->calls.chat_tool_calls = s.chat_tool_calls;
               ok = true;
             },
             [&](caf::error& e) { *why = "gateway: the router did not answer: " + sys.render(e); });

@@ -674,22 +674,16 @@ std::string completion_json(const call& c, const std::vector<completion>& choice
     json choice = {{"index", i}, {"finish_reason", finish_reason(done.finish_reason)}};
     if (c.chat) {
       choice["logprobs"] = logprobs_json(c, done.logprobs, 0);
-      choice["message"] = {{"role", "assistant"}, {"content", done.text}};
-      answer_parts parts;
-      parts.content = done.text;
-      if (c.separate_reasoning) {
-        parts = split_reasoning(done.text, c.reasoning_opened);
-        choice["message"]["reasoning_content"] = parts.reasoning.empty() ? json(nullptr) : json(parts.reasoning);
-        choice["message"]["content"] = parts.content;
+      // Read as its stream is (answer_reader), so whole and streamed answers agree.
+      const auto parts = answer_reader{c}.feed(done.text, true);
+      json message = {{"role", "assistant"}, {"content", parts.content}};
+      if (c.separate_reasoning) message["reasoning_content"] = parts.reasoning.empty() ? json(nullptr) : json(parts.reasoning);
+      if (!parts.tool_calls.empty()) {
+        if (parts.content.empty()) message["content"] = nullptr;
+        message["tool_calls"] = tool_calls_json(parts.tool_calls, id, i, false);
+        if (done.finish_reason != "length") choice["finish_reason"] = "tool_calls";  // a cut answer says so
       }
-      if (c.read_tool_calls) {
-        auto called = read_tool_calls(parts.content);
-        if (!called.tool_calls.empty()) {
-          choice["message"]["content"] = called.content.empty() ? json(nullptr) : json(called.content);
-          choice["message"]["tool_calls"] = tool_calls_json(called.tool_calls, id, i, false);
-          if (done.finish_reason != "length") choice["finish_reason"] = "tool_calls";  // a cut answer says so
-        }
-      }
+      choice["message"] = std::move(message);
     } else if (c.req.echo) {
       // The prompt's scores come with its first choice (call::choice_request).
       std::string text;

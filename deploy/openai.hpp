@@ -115,8 +115,9 @@ private:
 reasoning_splitter::parts split_reasoning(const std::string& text, bool opened = true);
 
 /// Hermes' tool calls in an answer's content: each <tool_call>{"name": ..., "arguments": ...}
-/// </tool_call> is a call; the content is what comes before the first. An answer whose calls do
-/// not all read as JSON with a name is content, whole (nothing is lost).
+/// </tool_call> is a call; the content is what comes before the first, then any text between and
+/// after them. An answer whose calls do not all read as JSON with a name is content, whole
+/// (nothing is lost).
 answer_parts read_tool_calls(const std::string& content);
 
 /// The same as an answer streams: content before <tool_call> goes out at once (a tail that may
@@ -129,6 +130,24 @@ public:
 private:
   bool calling_ = false;  ///< <tool_call> seen: held until the end
   std::string held_;
+};
+
+/// One choice's chat answer read as its call asks: the reasoning split out
+/// (call::separate_reasoning), then tool calls read from the rest (call::read_tool_calls); else
+/// the text is content as it is. Fed each streamed piece, or a whole answer once with `last`:
+/// both read the same.
+class answer_reader {
+public:
+  explicit answer_reader(const call& c)
+    : reasoning_(c.separate_reasoning), tools_(c.read_tool_calls), thinking_(c.reasoning_opened) {}
+  /// Whether it tells anything apart (else a chunk's text is shown as it is).
+  bool active() const { return reasoning_ || tools_; }
+  answer_parts feed(const std::string& text, bool last);
+
+private:
+  bool reasoning_, tools_;
+  reasoning_splitter thinking_;
+  tool_call_splitter calls_;
 };
 
 /// Parses a request body; false and `err` (naming the field) when it is not acceptable.

@@ -134,4 +134,16 @@ answer_parts tool_call_splitter::feed(const std::string& content, bool last) {
   return out;
 }
 
+answer_parts answer_reader::feed(const std::string& text, bool last) {
+  answer_parts out;
+  if (reasoning_) out = thinking_.feed(text, last);
+  else out.content = text;
+  if (tools_) {
+    auto told = calls_.feed(out.content, last);
+    out.content = std::move(told.content);
+    out.tool_calls = std::move(told.tool_calls);
+  }
+  return out;
+}
+
 }  // namespace baton::deploy::openai

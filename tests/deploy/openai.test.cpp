@@ -506,7 +506,7 @@ TEST_CASE("a thinking model's chat answer: reasoning_content up to the first </t
   // Streamed: the delta carries what the splitter told apart; the first has the role.
   stream_chunk chunk;
   chunk.text = "ignored when split";
-  const reasoning_splitter::parts first{"hmm", ""}, both{"m", "Yes"};
+  const reasoning_splitter::parts first{"hmm", "", {}}, both{"m", "Yes", {}};
   auto d = json::parse(deploy::openai::chunk_json(c, chunk, "id", 0, true, 0, 0, &first))["choices"][0]["delta"];
   CHECK(d == json{{"role", "assistant"}, {"reasoning_content", "hmm"}});
   d = json::parse(deploy::openai::chunk_json(c, chunk, "id", 0, false, 0, 0, &both))["choices"][0]["delta"];
