@@ -30,11 +30,18 @@
 
 #include "bench/bench_stats.hpp"
 #include "gpu/cuda/fixed_gemm.hpp"
+#ifdef BATON_HAVE_CUPTI
+#include "bench/kernel_trace.hpp"
+#endif
 #include "gpu/cuda/kernels.hpp"
 #include "gpu/cuda_executor.hpp"
 #include "gpu/local_generate.hpp"
 
 using namespace baton::gpu;
+#ifdef BATON_HAVE_CUPTI
+using baton::bench::kernel_trace_start;
+using baton::bench::kernel_trace_stop;
+#endif
 namespace cuda = baton::gpu::cuda;
 
 using baton::bench::median;
@@ -207,12 +214,14 @@ void invariant_gemm_bench(bool quick) {
   for (const auto& s : shapes)
     for (uint32_t m : rows) {
       const float alpha = 1, beta = 0;
-      auto run_fixed = [&] {
-        if (auto e = fixed->run(a, w, static_cast<float*>(y1), m, s.n, s.k, 0.0f, nullptr); !e.empty()) {
-          std::fprintf(stderr, "baton_bench_gpu: %s\n", e.c_str());
-          std::exit(1);
-        }
-      };
+      // A shape without a plan is reported in its row and the rest goes on (the executor falls
+      // back to GemmEx there, without batch invariance).
+      if (auto e = fixed->run(a, w, static_cast<float*>(y1), m, s.n, s.k, 0.0f, nullptr); !e.empty()) {
+        std::printf("%-8s %6u   no plan: %s\n", s.name, m, e.c_str());
+        json << "{\"bench\":\"invariant_gemm\",\"product\":\"" << s.name << "\",\"rows\":" << m << ",\"no_plan\":true}\n";
+        continue;
+      }
+      auto run_fixed = [&] { fixed->run(a, w, static_cast<float*>(y1), m, s.n, s.k, 0.0f, nullptr); };
       auto run_ex = [&] {
         CK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, s.n, m, s.k, &alpha, w, CUDA_R_16BF, s.k, a, CUDA_R_16BF, s.k, &beta,
                         y2, CUDA_R_32F, s.n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
@@ -514,6 +523,36 @@ void decode_and_prefill_bench(bool quick, double read_bw_gbps, double gemm_rate)
         fmt("graph x%.2f of the floor", plain_ms[1] / floor));
   }
   std::printf("graph launches: %llu\n", static_cast<unsigned long long>(x->graph_replays()));
+#ifdef BATON_HAVE_CUPTI
+  // Where a step's time goes: every kernel of a few steps, launched (no graph, no timeline).
+  x->set_record_timeline(false);
+  for (auto p : {pts.front(), pts.back()}) {
+    const auto job = decode_job(pages, p.batch, p.ctx, ps);
+    wall_ms(*e, job);
+    const int steps = 4;
+    if (auto why = kernel_trace_start(); !why.empty()) {
+      std::printf("kernel breakdown: %s\n", why.c_str());
+      break;
+    }
+    double wall = 0;
+    for (int i = 0; i < steps; ++i) wall += wall_ms(*e, job);
+    const auto kernels = kernel_trace_stop();
+    double busy = 0;
+    for (const auto& k : kernels) busy += k.ms;
+    std::printf("\nkernels of a decode step, batch %u, ctx %u: %.2f ms wall, %.2f ms of kernels (the rest: gaps between them)\n",
+                p.batch, p.ctx, wall / steps, busy / steps);
+    std::printf("%-36s %10s %8s %10s\n", "kernel", "ms/step", "share", "launches");
+    for (size_t i = 0; i < kernels.size() && i < 14; ++i) {
+      const auto& k = kernels[i];
+      std::printf("%-36s %10.3f %7.1f%% %10.1f\n", k.name.substr(0, 36).c_str(), k.ms / steps, 100.0 * k.ms / busy,
+                  static_cast<double>(k.launches) / steps);
+      json << "{\"bench\":\"decode_kernels\",\"batch\":" << p.batch << ",\"ctx\":" << p.ctx << ",\"kernel\":\"" << k.name
+           << "\",\"ms_per_step\":" << k.ms / steps << ",\"launches_per_step\":" << static_cast<double>(k.launches) / steps
+           << "}\n";
+    }
+  }
+  x->set_record_timeline(true);
+#endif
   // Prefill from scratch: matrix-product FLOPs (2 per weight per token, LM head on the last
   // token only) and causal attention FLOPs (4·d per (query, key) pair, half the square).
   const double layer_params = double(cfg.hidden_size) * (cfg.q_dim() + 2 * cfg.kv_dim()) +

@@ -21,4 +21,8 @@ for b in "${bins[@]}"; do
 done
 # UCX loads its cross-memory-attach transport as a module (bench/gpu/h200.sh sets UCX_MODULE_DIR).
 mkdir -p .device/lib/ucx && cp -L /usr/lib/x86_64-linux-gnu/ucx/libuct_cma.so.0 .device/lib/ucx/ 2>/dev/null || true
+# The tree and .device travel together under 64 MiB; xz packs the binaries to about a third
+# (bench/gpu/h200.sh unpacks them there).
+tar -C .device -cJf /tmp/baton-device-pack.tar.xz bin lib
+rm -rf .device/bin .device/lib && mv /tmp/baton-device-pack.tar.xz .device/pack.tar.xz
 du -sh .device

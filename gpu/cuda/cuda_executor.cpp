@@ -874,18 +874,11 @@ std::unique_ptr<executor> make_cuda_executor(model_config cfg, std::shared_ptr<c
     *why = "model " + cfg.name + " uses YaRN RoPE without latent attention, which only the CPU executor applies so far";
     return nullptr;
   }
-  const bool deepseek = cfg.is_mla() || cfg.moe.n_routed_experts > 0;
   auto e = std::make_unique<cuda_executor>(std::move(cfg), std::move(weights), exec_cfg);
   if (auto err = e->init(); !err.empty()) {
     *why = std::move(err);
     return nullptr;
   }
-  static std::once_flag said;
-  if (deepseek)  // until tests/gpu/cuda_deepseek.test.cpp has passed on a GPU (docs/gpu.md)
-    std::call_once(said, [] {
-      std::fprintf(stderr, "baton: cuda executor: the latent-attention and expert kernels were written without a GPU "
-                           "and have not passed their conformance cases yet; compare with --executor cpu\n");
-    });
   return e;
 }
 

@@ -74,7 +74,7 @@ namespace {
 
 /// The reference directories transformers made (index.json), split by family: DeepSeek's latent
 /// attention and experts, or not. Split by the family each reference.json names, without loading
-/// the models: a DeepSeek directory the loader refuses fails the unverified case, not the gate.
+/// the models, so that a DeepSeek directory the loader refuses fails its own case only.
 std::vector<std::string> reference_models(bool deepseek) {
   const std::string root = test::gpu_paths().hf_reference();
   std::ifstream in{root + "/index.json"};
@@ -142,10 +142,9 @@ TEST_CASE("cuda executor vs transformers: fp32 within 1e-4 of the largest logit,
   for (const auto& name : reference_models(false)) against_transformers(name);
 }
 
-// DeepSeek's CUDA path was written without a GPU: its comparison stays out of the gate above
-// (a failure there would cost a session its timings) until it has passed once.
+// DeepSeek's families apart, so that a failure names them (first passed on the H200 on 2026-12-04).
 TEST_CASE("cuda executor vs transformers, DeepSeek-V2 and V3 (latent attention, experts): the same bounds" *
-          doctest::skip(no_gpu) * doctest::test_suite("unverified")) {
+          doctest::skip(no_gpu)) {
   const auto names = reference_models(true);
   if (names.empty()) MESSAGE("no DeepSeek reference directories (scripts/hf_reference.py makes them where torch is)");
   for (const auto& name : names) against_transformers(name);
@@ -230,7 +229,7 @@ TEST_CASE("cuda: disaggregated (prefill on one executor, KV through the host poo
 }
 
 TEST_CASE("cuda: decode rows mirrored slot by slot leave the host pool complete: another executor continues the "
-          "sequence from it bit for bit" * doctest::skip(no_gpu) * doctest::test_suite("unverified")) {
+          "sequence from it bit for bit" * doctest::skip(no_gpu)) {
   auto m = load(source_dir() + "/models/baton-kjv-tiny");
   const auto prompt = some_prompt(45, m.config.vocab_size);  // the prefill leaves its last page part-filled
   const uint32_t steps = 22;  // decode rows fill that page and the next two
@@ -277,6 +276,8 @@ TEST_CASE("cuda: decode rows mirrored slot by slot leave the host pool complete:
 TEST_CASE("cuda graphs: decode steps replayed from captured graphs give the bits of launched ones, as the batch "
           "shrinks and grows and contexts cross a split" * doctest::skip(no_gpu) * doctest::test_suite("unverified")) {
   auto m = load(source_dir() + "/models/baton-kjv-tiny");
+  // The model was trained to 256 positions; RoPE is defined past them, and the split needs 512.
+  m.config.max_position_embeddings = 1024;
   for (bool bf16 : {false, true}) {
     CAPTURE(bf16);
     cuda_executor_config c;
@@ -390,8 +391,7 @@ TEST_CASE("cuda executor: what sharing a batch does to a sequence's logits (repo
 }
 
 TEST_CASE("cuda executor picks greedy tokens on the device as sample_token picks them from its own logits, samples the "
-          "other rows by the same rules, and returns logits only where asked" * doctest::skip(no_gpu) *
-          doctest::test_suite("unverified")) {
+          "other rows by the same rules, and returns logits only where asked" * doctest::skip(no_gpu)) {
   auto m = load(source_dir() + "/models/baton-kjv-tiny");
   for (bool bf16 : {false, true}) {
     CAPTURE(bf16);
@@ -449,7 +449,7 @@ TEST_CASE("cuda executor picks greedy tokens on the device as sample_token picks
 }
 
 TEST_CASE("cuda executor scores a prompt's rows (echo with logprobs) as the logits of each prefix alone give them, "
-          "beside a sequence that picks a token" * doctest::skip(no_gpu) * doctest::test_suite("unverified")) {
+          "beside a sequence that picks a token" * doctest::skip(no_gpu)) {
   auto m = load(source_dir() + "/models/baton-kjv-tiny");
   auto e = cuda_exec(m, false, 128);
   auto& kv = e->kv();
@@ -486,7 +486,7 @@ TEST_CASE("cuda executor scores a prompt's rows (echo with logprobs) as the logi
 }
 
 TEST_CASE("cuda executor: within a row bucket of the matrix products a sequence's logits do not depend on what shares "
-          "its batch, bit for bit" * doctest::skip(no_gpu) * doctest::test_suite("unverified")) {
+          "its batch, bit for bit" * doctest::skip(no_gpu)) {
   auto m = load(source_dir() + "/models/baton-kjv-tiny");
   for (bool bf16 : {false, true}) {
     CAPTURE(bf16);
@@ -509,8 +509,7 @@ TEST_CASE("cuda executor: within a row bucket of the matrix products a sequence'
 }
 
 TEST_CASE("cuda executor with tensor-core attention for prefill rows: logits within bf16 rounding of the CUDA-core "
-          "kernel's (greedy text reported)" * doctest::skip(no_gpu) *
-          doctest::test_suite("unverified")) {
+          "kernel's (greedy text reported)" * doctest::skip(no_gpu)) {
   auto m = load(source_dir() + "/models/baton-kjv-tiny");  // head_dim 64: supported
   REQUIRE(cuda::flash_attention_supported(m.config.head_dim, cuda::dtype::bf16));
   cuda_executor_config c;
@@ -572,8 +571,10 @@ TEST_CASE("cuda executor runs DeepSeek-V2 and V3 (latent attention over the late
       float worst = 0;  // over the steps both took with the same tokens
       for (size_t i = 0; i <= std::min(same, g.step_logits.size() - 1); ++i)
         worst = std::max(worst, max_diff(g.step_logits[i], c.step_logits[i]) / max_abs(c.step_logits[i]));
-      MESSAGE((v3 ? "V3" : "V2") << (bf16 ? " bf16" : " fp32") << (tc ? " (experts on tensor cores)" : "")
-                                 << ": max |dlogit| / max |logit| " << worst
+      // One string first: doctest's MESSAGE applies its builder with `*`, which binds tighter.
+      const std::string what = std::string{v3 ? "V3" : "V2"} + (bf16 ? " bf16" : " fp32") +
+                               (tc ? " (experts on tensor cores)" : "");
+      MESSAGE(what << ": max |dlogit| / max |logit| " << worst
                                  << ", greedy tokens equal for " << same << " of " << c.tokens.size());
       if (!bf16) {
         CHECK(worst <= 1e-4f);
@@ -581,14 +582,17 @@ TEST_CASE("cuda executor runs DeepSeek-V2 and V3 (latent attention over the late
       } else {
         // bf16 weights, KV and products against fp32 throughout; a row whose routing flips under
         // bf16 rounding moves its logits more than rounding does, so the bound only catches garbage.
-        CHECK(worst <= 0.25f);
+        // V3's sigmoid gating with a correction bias flips most: on the H200 (2026-12-04) this case
+        // measured 0.015 for V2 and 0.376 for V3, and transformers' own bf16 run of its tiny V3
+        // reference differs from its fp32 run by 4.55 of a largest logit of 8.38 (0.54).
+        CHECK(worst <= (v3 ? 0.6f : 0.1f));
       }
     }
   }
 }
 
 TEST_CASE("cuda executor, DeepSeek: disaggregated equals colocated bit for bit with the latent as the only KV shipped, "
-          "and a decode row's logits do not depend on the rows sharing its step" * doctest::skip(no_gpu) * doctest::test_suite("unverified")) {
+          "and a decode row's logits do not depend on the rows sharing its step" * doctest::skip(no_gpu)) {
   auto m = seeded_deepseek(true);
   REQUIRE(m.config.kv_planes() == 1);
   const auto prompt = some_prompt(45, m.config.vocab_size);

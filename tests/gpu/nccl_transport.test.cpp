@@ -45,8 +45,7 @@ std::vector<segment> scattered(uint64_t region) {
 
 }  // namespace
 
-TEST_CASE("nccl transport: a one-rank put equals the host-staged path, byte for byte" * doctest::skip(no_nccl_gpu) *
-          doctest::test_suite("unverified")) {
+TEST_CASE("nccl transport: a one-rank put equals the host-staged path, byte for byte" * doctest::skip(no_nccl_gpu)) {
   std::atomic<int> settled{0};  // before the transport: its host callback may run until the transport is gone
   std::string why;
   auto nccl = make_nccl_transport({.name = "gpu-0"}, &why);
@@ -119,7 +118,7 @@ TEST_CASE("nccl transport: a one-rank put equals the host-staged path, byte for 
 }
 
 TEST_CASE("nccl transport: bad input fails naming what was wrong, and the transport keeps working" *
-          doctest::skip(no_nccl_gpu) * doctest::test_suite("unverified")) {
+          doctest::skip(no_nccl_gpu)) {
   std::string why;
   auto nccl = make_nccl_transport({.name = "gpu-0"}, &why);
   REQUIRE_MESSAGE(nccl, why);
