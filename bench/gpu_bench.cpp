@@ -452,6 +452,40 @@ void overlap_bench(bool quick, double pinned_big_gbps, double pinned_page_gbps) 
       fmt("pinned ceiling %.1f GB/s", pinned_big_gbps) + fmt(" (%.0f%%; goal >= 90%%)", 100.0 * h2d_gbps / pinned_big_gbps));
 }
 
+/// Runs `step` (returning its wall ms) once to warm up, then four times with every kernel
+/// recorded (CUPTI), and prints the kernels' device time per step, longest first: where a step's
+/// time goes. Prints why not where CUPTI is missing or refuses.
+template <typename Step>
+void kernel_breakdown(const std::string& what, const char* json_name, Step&& step) {
+#ifdef BATON_HAVE_CUPTI
+  step();
+  const int steps = 4;
+  if (auto why = kernel_trace_start(); !why.empty()) {
+    std::printf("kernels of %s: %s\n", what.c_str(), why.c_str());
+    return;
+  }
+  double wall = 0;
+  for (int i = 0; i < steps; ++i) wall += step();
+  const auto kernels = kernel_trace_stop();
+  double busy = 0;
+  for (const auto& k : kernels) busy += k.ms;
+  std::printf("\nkernels of %s: %.2f ms wall, %.2f ms of kernels (the rest: gaps between them)\n", what.c_str(),
+              wall / steps, busy / steps);
+  std::printf("%-36s %10s %8s %10s\n", "kernel", "ms/step", "share", "launches");
+  for (size_t i = 0; i < kernels.size() && i < 14; ++i) {
+    const auto& k = kernels[i];
+    std::printf("%-36s %10.3f %7.1f%% %10.1f\n", k.name.substr(0, 36).c_str(), k.ms / steps, 100.0 * k.ms / busy,
+                static_cast<double>(k.launches) / steps);
+    json << "{\"bench\":\"" << json_name << "\",\"what\":\"" << what << "\",\"kernel\":\"" << k.name
+         << "\",\"ms_per_step\":" << k.ms / steps << ",\"launches_per_step\":" << static_cast<double>(k.launches) / steps
+         << "}\n";
+  }
+#else
+  (void)step;
+  std::printf("kernels of %s: built without CUPTI\n", what.c_str());
+#endif
+}
+
 void decode_and_prefill_bench(bool quick, double read_bw_gbps, double gemm_rate) {
   const uint32_t ps = 16;
   struct point {
@@ -523,36 +557,14 @@ void decode_and_prefill_bench(bool quick, double read_bw_gbps, double gemm_rate)
         fmt("graph x%.2f of the floor", plain_ms[1] / floor));
   }
   std::printf("graph launches: %llu\n", static_cast<unsigned long long>(x->graph_replays()));
-#ifdef BATON_HAVE_CUPTI
   // Where a step's time goes: every kernel of a few steps, launched (no graph, no timeline).
   x->set_record_timeline(false);
   for (auto p : {pts.front(), pts.back()}) {
     const auto job = decode_job(pages, p.batch, p.ctx, ps);
-    wall_ms(*e, job);
-    const int steps = 4;
-    if (auto why = kernel_trace_start(); !why.empty()) {
-      std::printf("kernel breakdown: %s\n", why.c_str());
-      break;
-    }
-    double wall = 0;
-    for (int i = 0; i < steps; ++i) wall += wall_ms(*e, job);
-    const auto kernels = kernel_trace_stop();
-    double busy = 0;
-    for (const auto& k : kernels) busy += k.ms;
-    std::printf("\nkernels of a decode step, batch %u, ctx %u: %.2f ms wall, %.2f ms of kernels (the rest: gaps between them)\n",
-                p.batch, p.ctx, wall / steps, busy / steps);
-    std::printf("%-36s %10s %8s %10s\n", "kernel", "ms/step", "share", "launches");
-    for (size_t i = 0; i < kernels.size() && i < 14; ++i) {
-      const auto& k = kernels[i];
-      std::printf("%-36s %10.3f %7.1f%% %10.1f\n", k.name.substr(0, 36).c_str(), k.ms / steps, 100.0 * k.ms / busy,
-                  static_cast<double>(k.launches) / steps);
-      json << "{\"bench\":\"decode_kernels\",\"batch\":" << p.batch << ",\"ctx\":" << p.ctx << ",\"kernel\":\"" << k.name
-           << "\",\"ms_per_step\":" << k.ms / steps << ",\"launches_per_step\":" << static_cast<double>(k.launches) / steps
-           << "}\n";
-    }
+    kernel_breakdown("a decode step, batch " + std::to_string(p.batch) + ", ctx " + std::to_string(p.ctx),
+                     "decode_kernels", [&] { return wall_ms(*e, job); });
   }
   x->set_record_timeline(true);
-#endif
   // Prefill from scratch: matrix-product FLOPs (2 per weight per token, LM head on the last
   // token only) and causal attention FLOPs (4·d per (query, key) pair, half the square).
   const double layer_params = double(cfg.hidden_size) * (cfg.q_dim() + 2 * cfg.kv_dim()) +
@@ -686,7 +698,7 @@ void deepseek_bench(bool quick, double read_bw_gbps, double gemm_rate) {
               x->weight_bytes() / 1e9, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), ctx,
               read_bw_gbps);
   // The routed experts' grouped products on CUDA cores, then on the tensor cores
-  // (cuda_executor_config::moe_tensor_cores, off by default until verified).
+  // (cuda_executor_config::moe_tensor_cores, the default).
   for (bool tc : {false, true}) {
     x->set_moe_tensor_cores(tc);
     const std::string how = tc ? ", experts on tensor cores" : ", experts on CUDA cores";
@@ -712,6 +724,12 @@ void deepseek_bench(bool quick, double read_bw_gbps, double gemm_rate) {
           fmt("HBM floor %.2f ms", floor) + fmt(" (%.1fx)", ms / floor));
       json << "{\"bench\":\"deepseek_decode\",\"tensor_cores\":" << tc << ",\"batch\":" << b << ",\"ctx\":" << ctx << ",\"step_ms\":" << ms
            << ",\"floor_ms\":" << floor << "}\n";
+      if (tc && (b == batches.front() || b == batches.back()))
+        kernel_breakdown("a DeepSeek-V3-shaped decode step, batch " + std::to_string(b), "deepseek_kernels", [&] {
+          const auto s0 = std::chrono::steady_clock::now();
+          run_blocking(*e, job);
+          return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count();
+        });
     }
     // Prefill from scratch: one sequence of n tokens in one job.
     // Bytes of weights every token goes through (the LM head only for the last one: left out).
@@ -738,6 +756,12 @@ void deepseek_bench(bool quick, double read_bw_gbps, double gemm_rate) {
           fmt("%.1f TFLOP/s", tflops) + fmt(" (%.0f ms)", ms),
           fmt("cuBLAS bf16 GEMM %.0f TFLOP/s", gemm_rate) + fmt(" (%.0f%%)", 100.0 * tflops / gemm_rate));
       json << "{\"bench\":\"deepseek_prefill\",\"tensor_cores\":" << tc << ",\"tokens\":" << n << ",\"ms\":" << ms << ",\"tflops\":" << tflops << "}\n";
+      if (tc && n == 1024)
+        kernel_breakdown("a DeepSeek-V3-shaped prefill of 1024 tokens", "deepseek_kernels", [&] {
+          const auto s0 = std::chrono::steady_clock::now();
+          run_blocking(*e, job);
+          return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count();
+        });
     }
   }
 }

@@ -1,4 +1,5 @@
-// Paged causal attention on CUDA cores, one block per (tile of query rows, query head).
+// Paged causal attention on CUDA cores, one block per (tile of query rows, group of query heads
+// sharing a KV head): a K or V row is read once for every (row, head) pair of the block.
 //
 // Positions are taken 128 at a time: thread t scores position c0 + t against every row of the
 // tile (the K row is read once for the tile), the block folds the chunk into a running
@@ -28,60 +29,87 @@ __device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float
 __device__ __forceinline__ void put(float* p, float v) { *p = v; }
 __device__ __forceinline__ void put(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
 
-__device__ float block_max(float v, float* scratch) {  // scratch: 4 floats; blockDim.x == 128
-  for (int o = 16; o; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+/// Query heads one block serves: the heads of one KV head (grouped-query attention), up to this
+/// many, so that a K or V row read from memory serves R·G (row, head) pairs. More heads per KV
+/// head (Llama-3-70B's 8) take more blocks, each reading the rows again.
+constexpr uint32_t G = 4;
+
+/// Each pair's value reduced over the block's 128 threads as block_max / block_sum did, one
+/// pair at a time (lanes by xor shuffles, then the four warps as (w0 ∘ w1) ∘ (w2 ∘ w3)), but
+/// with two barriers for all pairs instead of two per pair.
+template <bool is_max, uint32_t P>
+__device__ void block_reduce(float (&v)[P], float (*scratch)[4]) {
+#pragma unroll
+  for (uint32_t q = 0; q < P; ++q)
+    for (int o = 16; o; o /= 2) {
+      const float other = __shfl_xor_sync(0xffffffffu, v[q], o);
+      v[q] = is_max ? fmaxf(v[q], other) : v[q] + other;
+    }
+  __syncthreads();  // the previous reduction's readers are done with scratch
+  if (threadIdx.x % 32 == 0)
+#pragma unroll
+    for (uint32_t q = 0; q < P; ++q) scratch[q][threadIdx.x / 32] = v[q];
   __syncthreads();
-  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = v;
-  __syncthreads();
-  return fmaxf(fmaxf(scratch[0], scratch[1]), fmaxf(scratch[2], scratch[3]));
+#pragma unroll
+  for (uint32_t q = 0; q < P; ++q) {
+    const float* w = scratch[q];
+    v[q] = is_max ? fmaxf(fmaxf(w[0], w[1]), fmaxf(w[2], w[3])) : (w[0] + w[1]) + (w[2] + w[3]);
+  }
 }
 
-__device__ float block_sum(float v, float* scratch) {
-  for (int o = 16; o; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-  __syncthreads();
-  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = v;
-  __syncthreads();
-  return (scratch[0] + scratch[1]) + (scratch[2] + scratch[3]);
-}
-
-template <typename T>
+/// One block per (tile of up to R rows of one sequence, group of up to G query heads sharing a
+/// KV head, range of positions). Pair q = r·G + g is row r with head g of the group. Each
+/// pair's arithmetic (its dot products in dimension order, its online softmax over chunks of
+/// 128 positions, its weighted sum of V in position order) is the same whatever the tile's other
+/// rows and the group's other heads, so batching and grouping do not change a result.
+///
+/// RT is the most rows a tile holds: 1 for decode rows (a launch whose tiles all hold one row),
+/// else R; WIDE says head_dim exceeds the 128 threads (each then owns two output dims). Neither
+/// changes a pair's arithmetic, only how much work the block does for pairs that do not exist.
+template <typename T, uint32_t RT, bool WIDE>
 __global__ void __launch_bounds__(chunk) attention_kernel(attention_params p) {
-  __shared__ float q_s[R][max_head_dim];
-  __shared__ float p_s[R][chunk];
+  constexpr uint32_t P = RT * G;  // (row, head) pairs per block
+  __shared__ float q_s[P][max_head_dim];
+  __shared__ float p_s[P][chunk];
   __shared__ uint64_t v_off[chunk];
-  __shared__ float scratch[4];
-  const uint32_t tile = blockIdx.x, head = blockIdx.y, t = threadIdx.x;
+  __shared__ float scratch[P][4];
+  const uint32_t tile = blockIdx.x, t = threadIdx.x;
+  const uint32_t group = p.num_heads / p.num_kv_heads, blocks_per_kv = (group + G - 1) / G;
+  const uint32_t kvh = blockIdx.y / blocks_per_kv, head0 = kvh * group + (blockIdx.y % blocks_per_kv) * G;
+  const uint32_t heads = min(G, kvh * group + group - head0);
   const uint32_t first = p.tiles[tile], rows = p.tile_count[tile];
-  const uint32_t hd = p.head_dim, kvh = head / (p.num_heads / p.num_kv_heads);
+  const uint32_t hd = p.head_dim;
   const uint32_t kvd = p.num_kv_heads * hd;
   const uint32_t* pages = p.page_table + p.row_pages[first];
   const T* kv = static_cast<const T*>(p.kv_layer);
+  auto live = [&](uint32_t q) { return q / G < rows && q % G < heads; };
 
-  uint32_t pos[R];
+  uint32_t pos[RT];
 #pragma unroll
-  for (uint32_t r = 0; r < R; ++r) pos[r] = r < rows ? p.positions[first + r] : 0;
+  for (uint32_t r = 0; r < RT; ++r) pos[r] = r < rows ? p.positions[first + r] : 0;
   uint32_t len = 0;
 #pragma unroll
-  for (uint32_t r = 0; r < R; ++r) len = r < rows ? max(len, pos[r] + 1) : len;
-  for (uint32_t r = 0; r < R; ++r)
-    for (uint32_t d = t; d < hd; d += chunk) q_s[r][d] = r < rows ? p.q[uint64_t{first + r} * p.q_stride + head * hd + d] : 0.0f;
+  for (uint32_t r = 0; r < RT; ++r) len = r < rows ? max(len, pos[r] + 1) : len;
+  for (uint32_t q = 0; q < P; ++q)
+    for (uint32_t d = t; d < hd; d += chunk)
+      q_s[q][d] = live(q) ? p.q[uint64_t{first + q / G} * p.q_stride + (head0 + q % G) * hd + d] : 0.0f;
   __syncthreads();
 
-  float m[R], l[R], acc[R][2];
+  float m[P], l[P], acc[P][2];
 #pragma unroll
-  for (uint32_t r = 0; r < R; ++r) {
-    m[r] = -INFINITY;
-    l[r] = 0.0f;
-    acc[r][0] = acc[r][1] = 0.0f;
+  for (uint32_t q = 0; q < P; ++q) {
+    m[q] = -INFINITY;
+    l[q] = 0.0f;
+    acc[q][0] = acc[q][1] = 0.0f;
   }
   // This block's share of the positions: all of them, or split blockIdx.z's range.
   const uint32_t begin = blockIdx.z * p.split_positions;
   const uint32_t end = p.splits > 1 ? min(len, begin + p.split_positions) : len;
   for (uint32_t c0 = p.splits > 1 ? begin : 0; c0 < end; c0 += chunk) {
     const uint32_t j = c0 + t;
-    float s[R];
+    float s[P];
 #pragma unroll
-    for (uint32_t r = 0; r < R; ++r) s[r] = 0.0f;
+    for (uint32_t q = 0; q < P; ++q) s[q] = 0.0f;
     if (j < end) {
       const uint64_t base = uint64_t{pages[j / p.page_size_tokens]} * p.page_elems +
                             uint64_t{j % p.page_size_tokens} * kvd + uint64_t{kvh} * hd;
@@ -89,6 +117,7 @@ __global__ void __launch_bounds__(chunk) attention_kernel(attention_params p) {
       // 16-byte loads: each thread walks its own K row (launch_attention checks alignment).
       const uint4* k = reinterpret_cast<const uint4*>(kv + base);
       constexpr uint32_t per = 16 / sizeof(T);
+#pragma unroll 4  // four loads in flight before their products
       for (uint32_t d0 = 0; d0 < hd; d0 += per) {
         const uint4 raw = k[d0 / per];
         const T* kd = reinterpret_cast<const T*>(&raw);
@@ -96,54 +125,76 @@ __global__ void __launch_bounds__(chunk) attention_kernel(attention_params p) {
         for (uint32_t i = 0; i < per; ++i) {
           const float kf = to_f(kd[i]);
 #pragma unroll
-          for (uint32_t r = 0; r < R; ++r) s[r] = fmaf(q_s[r][d0 + i], kf, s[r]);
+          for (uint32_t q = 0; q < P; ++q) s[q] = fmaf(q_s[q][d0 + i], kf, s[q]);
         }
       }
     }
+    // s becomes each pair's scores, then its probabilities; x its chunk max, then its rescale.
+    float x[P];
 #pragma unroll
-    for (uint32_t r = 0; r < R; ++r) {
-      const float sc = (j < end && r < rows && j <= pos[r]) ? s[r] * p.scale : -INFINITY;
-      const float cmax = block_max(sc, scratch);
-      const float new_m = fmaxf(m[r], cmax);  // -inf only while a split has seen none of the row's positions
-      const float corr = m[r] == -INFINITY ? 0.0f : expf(m[r] - new_m);
-      const float pr = sc == -INFINITY ? 0.0f : expf(sc - new_m);
-      p_s[r][t] = pr;
-      l[r] = l[r] * corr + block_sum(pr, scratch);
-      acc[r][0] *= corr;
-      acc[r][1] *= corr;
-      m[r] = new_m;
+    for (uint32_t q = 0; q < P; ++q) {
+      s[q] = (j < end && live(q) && j <= pos[q / G]) ? s[q] * p.scale : -INFINITY;
+      x[q] = s[q];
     }
-    __syncthreads();
-    const uint32_t n = min(chunk, end - c0);
-    for (uint32_t i = 0; i < n; ++i) {
-      const T* v = kv + v_off[i];
-      const float v0 = t < hd ? to_f(v[t]) : 0.0f;
-      const float v1 = t + chunk < hd ? to_f(v[t + chunk]) : 0.0f;
+    block_reduce<true, P>(x, scratch);
 #pragma unroll
-      for (uint32_t r = 0; r < R; ++r) {
-        acc[r][0] = fmaf(p_s[r][i], v0, acc[r][0]);
-        acc[r][1] = fmaf(p_s[r][i], v1, acc[r][1]);
+    for (uint32_t q = 0; q < P; ++q) {
+      const float new_m = fmaxf(m[q], x[q]);  // -inf only while a split has seen none of the row's positions
+      x[q] = m[q] == -INFINITY ? 0.0f : expf(m[q] - new_m);
+      s[q] = s[q] == -INFINITY ? 0.0f : expf(s[q] - new_m);
+      p_s[q][t] = s[q];
+      acc[q][0] *= x[q];
+      acc[q][1] *= x[q];
+      m[q] = new_m;
+    }
+    block_reduce<false, P>(s, scratch);  // its barriers also publish p_s and v_off
+#pragma unroll
+    for (uint32_t q = 0; q < P; ++q) l[q] = l[q] * x[q] + s[q];
+    // The chunk's V rows in position order, `ahead` loaded before their products: one row at a
+    // time left each thread waiting a memory round trip per position (a decode step's attention
+    // took 40 % of a batch-1 step on the H200).
+    const uint32_t n = min(chunk, end - c0);
+    constexpr uint32_t ahead = 16;
+    for (uint32_t i0 = 0; i0 < n; i0 += ahead) {
+      float v0[ahead], v1[ahead];
+#pragma unroll
+      for (uint32_t u = 0; u < ahead; ++u) {
+        const bool in = i0 + u < n;
+        const T* v = kv + v_off[in ? i0 + u : i0];
+        v0[u] = in && t < hd ? to_f(v[t]) : 0.0f;
+        v1[u] = WIDE && in && t + chunk < hd ? to_f(v[t + chunk]) : 0.0f;
+      }
+#pragma unroll
+      for (uint32_t u = 0; u < ahead; ++u) {
+        if (i0 + u >= n) break;
+#pragma unroll
+        for (uint32_t q = 0; q < P; ++q) {
+          const float pq = p_s[q][i0 + u];
+          acc[q][0] = fmaf(pq, v0[u], acc[q][0]);
+          if (WIDE) acc[q][1] = fmaf(pq, v1[u], acc[q][1]);
+        }
       }
     }
     __syncthreads();  // p_s and v_off are rewritten by the next chunk
   }
   const uint32_t qd = p.num_heads * hd;
 #pragma unroll
-  for (uint32_t r = 0; r < R; ++r) {
-    if (r >= rows) continue;
+  for (uint32_t q = 0; q < P; ++q) {
+    if (!live(q)) continue;
+    const uint32_t row = first + q / G, head = head0 + q % G;
     if (p.splits > 1) {  // unnormalised, with the running max and sum, for attention_merge
-      float* part = p.partial + ((uint64_t{blockIdx.z} * p.rows + first + r) * p.num_heads + head) * (hd + 2);
-      if (t < hd) part[t] = acc[r][0];
-      if (t + chunk < hd) part[t + chunk] = acc[r][1];
+      float* part = p.partial + ((uint64_t{blockIdx.z} * p.rows + row) * p.num_heads + head) * (hd + 2);
+      if (t < hd) part[t] = acc[q][0];
+      if (t + chunk < hd) part[t + chunk] = acc[q][1];
       if (t == 0) {
-        part[hd] = m[r];
-        part[hd + 1] = l[r];
+        part[hd] = m[q];
+        part[hd + 1] = l[q];
       }
       continue;
     }
-    T* out = static_cast<T*>(p.out) + uint64_t{first + r} * qd + head * hd;
-    if (t < hd) put(out + t, acc[r][0] / l[r]);
-    if (t + chunk < hd) put(out + t + chunk, acc[r][1] / l[r]);
+    T* out = static_cast<T*>(p.out) + uint64_t{row} * qd + head * hd;
+    if (t < hd) put(out + t, acc[q][0] / l[q]);
+    if (t + chunk < hd) put(out + t + chunk, acc[q][1] / l[q]);
   }
 }
 
@@ -175,16 +226,23 @@ __global__ void attention_merge_kernel(attention_params p) {
 int launch_attention(const attention_params& p, void* stream) {
   if (p.num_tiles == 0) return 0;
   // 16-byte K loads need every K vector 16-byte aligned: head_dim a multiple of 8 elements.
-  if (p.head_dim > max_head_dim || p.head_dim % 8 != 0 || p.tile_rows != R || p.num_heads % p.num_kv_heads != 0)
+  if (p.head_dim > max_head_dim || p.head_dim % 8 != 0 || (p.tile_rows != R && p.tile_rows != 1) ||
+      p.num_heads % p.num_kv_heads != 0)
     return static_cast<int>(cudaErrorInvalidValue);
   if (p.splits == 0 || (p.splits > 1 && (!p.partial || p.split_positions == 0 || p.split_positions % chunk != 0)))
     return static_cast<int>(cudaErrorInvalidValue);
-  const dim3 grid{p.num_tiles, p.num_heads, p.splits};
+  const uint32_t group = p.num_heads / p.num_kv_heads;
+  const dim3 grid{p.num_tiles, p.num_kv_heads * ((group + G - 1) / G), p.splits};
   auto s = static_cast<cudaStream_t>(stream);
-  if (p.type == dtype::f32)
-    attention_kernel<float><<<grid, chunk, 0, s>>>(p);
-  else
-    attention_kernel<__nv_bfloat16><<<grid, chunk, 0, s>>>(p);
+  const bool one = p.tile_rows == 1, wide = p.head_dim > chunk;
+  auto go = [&](auto kernel) { kernel<<<grid, chunk, 0, s>>>(p); };
+  if (p.type == dtype::f32) {
+    if (one) wide ? go(attention_kernel<float, 1, true>) : go(attention_kernel<float, 1, false>);
+    else wide ? go(attention_kernel<float, R, true>) : go(attention_kernel<float, R, false>);
+  } else {
+    if (one) wide ? go(attention_kernel<__nv_bfloat16, 1, true>) : go(attention_kernel<__nv_bfloat16, 1, false>);
+    else wide ? go(attention_kernel<__nv_bfloat16, R, true>) : go(attention_kernel<__nv_bfloat16, R, false>);
+  }
   if (p.splits > 1) {
     const dim3 merge{p.rows, p.num_heads};
     if (p.type == dtype::f32)

@@ -489,7 +489,13 @@ private:
     // so a row's result does not depend on its batch-mates. Mixed jobs keep one block per tile.
     const uint32_t max_len = *std::max_element(a.positions.begin(), a.positions.end()) + 1;
     const bool pure_decode = a.flash_tiles.empty() && a.tiles.size() == n;
-    const uint32_t split_positions = 512;
+    // Decode rows (and, with the tensor-core kernel taking prefill rows, every CUDA-core tile)
+    // hold one row: the attention kernel's variant for them skips the absent rows' work.
+    const bool single_row_tiles =
+        std::all_of(a.tile_count.begin(), a.tile_count.end(), [](uint32_t c) { return c == 1; });
+    // 256: a batch-1 step at 1K context then runs 4 blocks per KV head instead of 2; each
+    // block's chunks of 128 positions are serial, so fewer per block is lower latency.
+    const uint32_t split_positions = 256;
     const uint32_t splits = pure_decode && max_len > split_positions ? (max_len + split_positions - 1) / split_positions : 1;
     if (splits > 1 &&
         !ok(partial_.grow(uint64_t{splits} * n * cfg_.num_attention_heads *
@@ -582,7 +588,8 @@ private:
         ok_launch(cuda::launch_attention({qkv_.as<float>(), qd + 2 * kvd, kv_layer(l), reinterpret_cast<uint32_t*>(dev(1)),
                                           reinterpret_cast<uint32_t*>(dev(3)), reinterpret_cast<uint32_t*>(dev(2)),
                                           reinterpret_cast<uint32_t*>(dev(4)), static_cast<uint32_t>(a.tiles.size()),
-                                          cuda::attention_tile_rows, reinterpret_cast<uint32_t*>(dev(5)), attn_.ptr, n,
+                                          single_row_tiles ? 1u : cuda::attention_tile_rows,
+                                          reinterpret_cast<uint32_t*>(dev(5)), attn_.ptr, n,
                                           splits, split_positions, partial_.as<float>(), cfg_.num_attention_heads,
                                           cfg_.num_key_value_heads, cfg_.head_dim, kv_.layout().page_size_tokens, pe,
                                           1.0f / std::sqrt(float(cfg_.head_dim)), type_},

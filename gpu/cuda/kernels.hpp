@@ -87,7 +87,8 @@ struct attention_params {
   const uint32_t* row_pages;   ///< device, [rows] offset of the row's sequence in page_table
   const uint32_t* tiles;       ///< device, [num_tiles] first row of each tile
   uint32_t num_tiles;
-  uint32_t tile_rows;          ///< rows per tile at most (the launcher's constant; rows of a tile share a sequence)
+  uint32_t tile_rows;          ///< attention_tile_rows, or 1 when every tile holds one row (decode rows: a block
+                               ///< then does no work for absent rows; the bits are the same either way)
   const uint32_t* tile_count;  ///< device, [num_tiles] rows in each tile (1..tile_rows)
   void* out;                   ///< device, [rows][num_heads·head_dim] of `type` (input of the o-projection)
   uint32_t rows;               ///< rows in the job (the partials' stride)

@@ -15,19 +15,27 @@ namespace {
 
 using namespace row_math;
 
+constexpr uint32_t rmsnorm_threads = 512;  // a 4096-wide row: 8 loads a thread, all in flight
+
+/// The row is staged in shared memory by the whole block first: the reduction's eight serial
+/// sums (the CPU reference's order) then wait on shared memory, not on a global round trip per
+/// element (39 us a launch on the H200 at hidden 4096, 20 % of a batch-1 decode step).
 template <typename T>
 __global__ void rmsnorm_cast_kernel(rmsnorm_cast_params p) {
+  extern __shared__ float xs[];  // [dim]
   const uint32_t row = p.row_ids ? p.row_ids[blockIdx.x] : blockIdx.x;
   const float* x = p.x + static_cast<uint64_t>(row) * p.dim;
   T* y = static_cast<T*>(p.y) + static_cast<uint64_t>(blockIdx.x) * p.dim;
+  for (uint32_t i = threadIdx.x; i < p.dim; i += blockDim.x) xs[i] = x[i];
+  __syncthreads();
   __shared__ float inv;
   if (threadIdx.x < 32) {
-    const float r = inv_rms_warp(x, p.dim, p.eps);
+    const float r = inv_rms_warp(xs, p.dim, p.eps);
     if (threadIdx.x == 0) inv = r;
   }
   __syncthreads();
   for (uint32_t i = threadIdx.x; i < p.dim; i += blockDim.x)
-    store_from_float(y, i, __fmul_rn(p.weight[i], __fmul_rn(x[i], inv)));
+    store_from_float(y, i, __fmul_rn(p.weight[i], __fmul_rn(xs[i], inv)));
 }
 
 template <typename T>
@@ -153,10 +161,14 @@ unsigned grid_for(uint64_t n, unsigned threads) {
 
 int launch_rmsnorm_cast(const rmsnorm_cast_params& p, void* stream) {
   if (p.rows == 0) return 0;
-  if (p.type == dtype::f32)
-    rmsnorm_cast_kernel<float><<<p.rows, 128, 0, as_stream(stream)>>>(p);
-  else
-    rmsnorm_cast_kernel<__nv_bfloat16><<<p.rows, 128, 0, as_stream(stream)>>>(p);
+  const int smem = static_cast<int>(p.dim * sizeof(float));
+  if (p.type == dtype::f32) {
+    if (smem > 48 * 1024) allow_dynamic_smem<rmsnorm_cast_kernel<float>>(smem);
+    rmsnorm_cast_kernel<float><<<p.rows, rmsnorm_threads, smem, as_stream(stream)>>>(p);
+  } else {
+    if (smem > 48 * 1024) allow_dynamic_smem<rmsnorm_cast_kernel<__nv_bfloat16>>(smem);
+    rmsnorm_cast_kernel<__nv_bfloat16><<<p.rows, rmsnorm_threads, smem, as_stream(stream)>>>(p);
+  }
   return last_error();
 }
 

@@ -73,8 +73,10 @@ inline int last_error() { return static_cast<int>(cudaGetLastError()); }
 __device__ __forceinline__ float inv_rms_warp(const float* x, uint32_t dim, float eps) {
   const uint32_t lane = threadIdx.x % 32;
   float acc = 0.0f;
-  if (lane < 8)
+  if (lane < 8) {
+#pragma unroll 8  // the loads go ahead of the serial adds
     for (uint32_t i = lane; i < dim; i += 8) acc = __fadd_rn(acc, __fmul_rn(x[i], x[i]));
+  }
   float l[8];
 #pragma unroll
   for (int j = 0; j < 8; ++j) l[j] = __shfl_sync(0xffffffffu, acc, j);
