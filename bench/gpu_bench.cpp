@@ -125,6 +125,10 @@ double gemm_tflops(uint32_t m, uint32_t n, uint32_t k, int reps) {
 /// 8 rows, with 4 and with 8 loads in flight per lane, as GB/s of weights read against the
 /// read-only ceiling. Each launch reads another copy of the matrix (a 2 GiB ring), so none is
 /// served from the 50 MB L2.
+/// The weight-streaming product against the executor's cuBLASLt path (fixed_gemm, whose first
+/// bucket takes 1-64 rows) at 1, 2, 4 and 8 rows, GB/s of weights over a 2 GiB ring (no L2
+/// reuse): where cuBLASLt wins, the executor's row limit for the gemv (gemv_max_rows) should
+/// drop. On 2026-12-04 a batch-8 decode step was slower than a batch-32 one.
 void gemv_bench(bool quick, double read_bw_gbps) {
   struct shape {
     const char* name;
@@ -138,25 +142,29 @@ void gemv_bench(bool quick, double read_bw_gbps) {
   CK(cudaMalloc(&y, uint64_t{8} * 28672 * 4));
   CK(cuda::launch_fill_random({w, cuda::dtype::bf16, ring / 2, 7, 0.02f, 0.0f}, nullptr));
   CK(cuda::launch_fill_random({a, cuda::dtype::bf16, uint64_t{8} * 14336, 8, 1.0f, 0.0f}, nullptr));
-  std::printf("\nweight-streaming product (launch_gemv), bf16, GB/s of weights; read-only ceiling %.0f GB/s\n", read_bw_gbps);
-  std::printf("%-8s %5s %14s %14s\n", "product", "rows", "4 in flight", "8 in flight");
-  for (uint32_t m : {1u, 8u}) {
-    double bytes_all = 0, ms_all[2] = {0, 0};
+  std::string why;
+  auto fixed = cuda::fixed_gemm::create(cuda::dtype::bf16, &why);
+  std::printf("\nweight-streaming product (launch_gemv) against cuBLASLt (fixed_gemm), bf16, GB/s of weights; "
+              "read-only ceiling %.0f GB/s\n", read_bw_gbps);
+  std::printf("%-8s %5s %14s %14s %14s\n", "product", "rows", "4 in flight", "8 in flight", "cuBLASLt");
+  for (uint32_t m : quick ? std::vector<uint32_t>{1u, 8u} : std::vector<uint32_t>{1u, 2u, 4u, 8u}) {
+    double bytes_all = 0, ms_all[3] = {0, 0, 0};
     std::string which;
     for (const auto& s : shapes) {
-      if (uint64_t{m} * s.k * 2 > cuda::gemv_max_input_bytes) {  // the executor hands these to cuBLASLt
-        std::printf("%-8s %5u   (inputs exceed shared memory: cuBLASLt's)\n", s.name, m);
-        continue;
-      }
-      which += std::string{which.empty() ? "" : ", "} + s.name;
+      const bool gemv_fits = uint64_t{m} * s.k * 2 <= cuda::gemv_max_input_bytes;  // else the executor uses cuBLASLt
       const uint64_t mat = uint64_t{s.n} * s.k * 2, copies = ring / mat;
-      double gbps[2];
-      for (int v = 0; v < 2; ++v) {
-        const uint32_t loads = v ? 8 : 4;
+      double gbps[3] = {0, 0, 0};
+      for (int v = 0; v < 3; ++v) {
+        if (v < 2 && !gemv_fits) continue;
+        if (v == 2 && !fixed) continue;
+        const uint32_t loads = v == 1 ? 8 : 4;
         uint64_t next = 0;
         auto launch = [&] {
           const void* wi = static_cast<const char*>(w) + (next++ % copies) * mat;
-          CK(cuda::launch_gemv({a, wi, static_cast<float*>(y), m, s.n, s.k, 0.0f, cuda::dtype::bf16, loads}, nullptr));
+          if (v < 2)
+            CK(cuda::launch_gemv({a, wi, static_cast<float*>(y), m, s.n, s.k, 0.0f, cuda::dtype::bf16, loads}, nullptr));
+          else if (auto e = fixed->run(a, wi, static_cast<float*>(y), m, s.n, s.k, 0.0f, nullptr); !e.empty())
+            std::printf("cuBLASLt: %s\n", e.c_str());
         };
         for (int i = 0; i < 3; ++i) launch();
         const int reps = quick ? 10 : 40;
@@ -165,15 +173,21 @@ void gemv_bench(bool quick, double read_bw_gbps) {
         for (int i = 0; i < reps; ++i) launch();
         const double ms = tm.stop_ms() / reps;
         gbps[v] = mat / (ms * 1e-3) / 1e9;
-        ms_all[v] += ms;
+        if (gemv_fits) ms_all[v] += ms;
       }
-      bytes_all += mat;
-      std::printf("%-8s %5u %9.0f GB/s %9.0f GB/s\n", s.name, m, gbps[0], gbps[1]);
+      if (gemv_fits) {
+        bytes_all += mat;
+        which += std::string{which.empty() ? "" : ", "} + s.name;
+        std::printf("%-8s %5u %9.0f GB/s %9.0f GB/s %9.0f GB/s\n", s.name, m, gbps[0], gbps[1], gbps[2]);
+      } else {
+        std::printf("%-8s %5u   (inputs exceed shared memory)  %9.0f GB/s\n", s.name, m, gbps[2]);
+      }
       json << "{\"bench\":\"gemv\",\"product\":\"" << s.name << "\",\"rows\":" << m << ",\"gbps_4\":" << gbps[0]
-           << ",\"gbps_8\":" << gbps[1] << "}\n";
+           << ",\"gbps_8\":" << gbps[1] << ",\"gbps_cublaslt\":" << gbps[2] << "}\n";
     }
-    row("gemv " + which + ", " + std::to_string(m) + " row(s): 4 / 8 loads in flight",
-        fmt("%.0f / ", bytes_all / (ms_all[0] * 1e-3) / 1e9) + fmt("%.0f GB/s", bytes_all / (ms_all[1] * 1e-3) / 1e9),
+    row("gemv " + which + ", " + std::to_string(m) + " row(s): 4 / 8 loads / cuBLASLt",
+        fmt("%.0f / ", bytes_all / (ms_all[0] * 1e-3) / 1e9) + fmt("%.0f / ", bytes_all / (ms_all[1] * 1e-3) / 1e9) +
+            fmt("%.0f GB/s", ms_all[2] > 0 ? bytes_all / (ms_all[2] * 1e-3) / 1e9 : 0.0),
         fmt("read-only ceiling %.0f GB/s", read_bw_gbps));
   }
   cudaFree(w);

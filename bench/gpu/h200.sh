@@ -15,9 +15,13 @@ out="${OUT:-/tmp/baton-h200-out}"
 mkdir -p "$out"
 quick=""
 case "${1:-}" in --dry-run | --quick) quick="--quick" ;; esac  # --quick: a short pass on the GPU
-# scripts/device-package.sh packs the binaries and libraries as .device/pack.tar.xz.
-[ -f .device/pack.tar.xz ] && [ ! -d .device/bin ] && tar -C .device -xJf .device/pack.tar.xz
+# scripts/device-package.sh packs the binaries and libraries as .device/pack.tar.xz; the dry run
+# uses the build tree instead (a pack may be older than the last build).
+if [ "${1:-}" != --dry-run ] && [ -f .device/pack.tar.xz ] && [ ! -d .device/bin ]; then
+  tar -C .device -xJf .device/pack.tar.xz
+fi
 bin=.device/bin
+[ "${1:-}" = --dry-run ] && bin=build/tests
 [ -x "$bin/baton_gpu_tests" ] || bin=build/tests  # the dry run uses the build tree
 gpu_tests="$bin/baton_gpu_tests"
 bench="$(dirname "$bin")/bin/baton_bench_gpu"

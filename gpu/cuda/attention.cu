@@ -31,8 +31,12 @@ __device__ __forceinline__ void put(__nv_bfloat16* p, float v) { *p = __float2bf
 
 /// Query heads one block serves: the heads of one KV head (grouped-query attention), up to this
 /// many, so that a K or V row read from memory serves R·G (row, head) pairs. More heads per KV
-/// head (Llama-3-70B's 8) take more blocks, each reading the rows again.
-constexpr uint32_t G = 4;
+/// head (Llama-3-70B's 8) take more blocks, each reading the rows again; groups of 1 or 2 heads
+/// take a variant sized for them (heads_per_block), so no block computes for absent heads.
+constexpr uint32_t max_group = 4;
+
+/// G of the kernel variant for `group` query heads per KV head.
+uint32_t heads_per_block(uint32_t group) { return group >= 3 ? 4 : group; }
 
 /// Each pair's value reduced over the block's 128 threads as block_max / block_sum did, one
 /// pair at a time (lanes by xor shuffles, then the four warps as (w0 ∘ w1) ∘ (w2 ∘ w3)), but
@@ -64,9 +68,10 @@ __device__ void block_reduce(float (&v)[P], float (*scratch)[4]) {
 /// rows and the group's other heads, so batching and grouping do not change a result.
 ///
 /// RT is the most rows a tile holds: 1 for decode rows (a launch whose tiles all hold one row),
-/// else R; WIDE says head_dim exceeds the 128 threads (each then owns two output dims). Neither
-/// changes a pair's arithmetic, only how much work the block does for pairs that do not exist.
-template <typename T, uint32_t RT, bool WIDE>
+/// else R; G the query heads a block serves (heads_per_block); WIDE says head_dim exceeds the 128
+/// threads (each then owns two output dims). None changes a pair's arithmetic, only how much
+/// work the block does for pairs that do not exist.
+template <typename T, uint32_t RT, uint32_t G, bool WIDE>
 __global__ void __launch_bounds__(chunk) attention_kernel(attention_params p) {
   constexpr uint32_t P = RT * G;  // (row, head) pairs per block
   __shared__ float q_s[P][max_head_dim];
@@ -231,18 +236,35 @@ int launch_attention(const attention_params& p, void* stream) {
     return static_cast<int>(cudaErrorInvalidValue);
   if (p.splits == 0 || (p.splits > 1 && (!p.partial || p.split_positions == 0 || p.split_positions % chunk != 0)))
     return static_cast<int>(cudaErrorInvalidValue);
-  const uint32_t group = p.num_heads / p.num_kv_heads;
-  const dim3 grid{p.num_tiles, p.num_kv_heads * ((group + G - 1) / G), p.splits};
+  const uint32_t group = p.num_heads / p.num_kv_heads, g = heads_per_block(group);
+  const dim3 grid{p.num_tiles, p.num_kv_heads * ((group + g - 1) / g), p.splits};
   auto s = static_cast<cudaStream_t>(stream);
   const bool one = p.tile_rows == 1, wide = p.head_dim > chunk;
-  auto go = [&](auto kernel) { kernel<<<grid, chunk, 0, s>>>(p); };
-  if (p.type == dtype::f32) {
-    if (one) wide ? go(attention_kernel<float, 1, true>) : go(attention_kernel<float, 1, false>);
-    else wide ? go(attention_kernel<float, R, true>) : go(attention_kernel<float, R, false>);
-  } else {
-    if (one) wide ? go(attention_kernel<__nv_bfloat16, 1, true>) : go(attention_kernel<__nv_bfloat16, 1, false>);
-    else wide ? go(attention_kernel<__nv_bfloat16, R, true>) : go(attention_kernel<__nv_bfloat16, R, false>);
-  }
+  // The variants by (rows per tile, heads per block, wide): 12 per element type.
+  auto by_wide = [&]<typename T, uint32_t RT, uint32_t GH>() {
+    if (wide)
+      attention_kernel<T, RT, GH, true><<<grid, chunk, 0, s>>>(p);
+    else
+      attention_kernel<T, RT, GH, false><<<grid, chunk, 0, s>>>(p);
+  };
+  auto by_heads = [&]<typename T, uint32_t RT>() {
+    if (g == 1)
+      by_wide.template operator()<T, RT, 1>();
+    else if (g == 2)
+      by_wide.template operator()<T, RT, 2>();
+    else
+      by_wide.template operator()<T, RT, max_group>();
+  };
+  auto by_rows = [&]<typename T>() {
+    if (one)
+      by_heads.template operator()<T, 1>();
+    else
+      by_heads.template operator()<T, R>();
+  };
+  if (p.type == dtype::f32)
+    by_rows.template operator()<float>();
+  else
+    by_rows.template operator()<__nv_bfloat16>();
   if (p.splits > 1) {
     const dim3 merge{p.rows, p.num_heads};
     if (p.type == dtype::f32)

@@ -119,11 +119,13 @@ TEST_CASE("cuda qkv_finish equals bias, per-head norm and RoPE of the CPU refere
   }
 }
 
-TEST_CASE("cuda paged attention equals the CPU reference for tiles of one sequence and mixed lengths" *
-          doctest::skip(cuda::device_count() == 0)) {
+TEST_CASE("cuda paged attention equals the CPU reference for tiles of one sequence and mixed lengths, with 4, 2 "
+          "and 1 query heads per KV head" * doctest::skip(cuda::device_count() == 0)) {
+  for (const uint32_t kv_heads : {1u, 2u, 4u})  // each group size takes its own kernel variant
   for (auto type : {cuda::dtype::f32, cuda::dtype::bf16}) {
+    CAPTURE(kv_heads);
     CAPTURE(static_cast<int>(type));
-    const uint32_t heads = 4, kv_heads = 2, hd = 64, kvd = kv_heads * hd, ps = 16, num_pages = 40;
+    const uint32_t heads = 4, hd = 64, kvd = kv_heads * hd, ps = 16, num_pages = 40;
     const uint64_t pe = 2ull * ps * kvd;
     auto kv = wavy(num_pages * pe, 0.013f, 0.7f);
     if (type == cuda::dtype::bf16) kv = through_bf16(kv);
@@ -164,7 +166,7 @@ TEST_CASE("cuda paged attention equals the CPU reference for tiles of one sequen
     for (uint32_t r = 0; r < rows; ++r)
       for (uint32_t h = 0; h < heads; ++h) {
         attention_ref(q.data() + r * qd + h * hd, positions[r] + 1, kv_t.data(), page_table.data() + row_pages[r], ps, kvd,
-                      pe, (h / 2) * hd, hd, scale, scores.data(), ref.data());
+                      pe, (h / (heads / kv_heads)) * hd, hd, scale, scores.data(), ref.data());
         const float tol = type == cuda::dtype::f32 ? 1e-5f : 1e-2f;  // bf16 output rounding
         CHECK_MESSAGE(max_abs_diff(std::vector<float>(got.begin() + r * qd + h * hd, got.begin() + r * qd + (h + 1) * hd), ref) <=
                           tol,
