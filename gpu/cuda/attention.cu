@@ -232,7 +232,7 @@ int launch_attention(const attention_params& p, void* stream) {
   if (p.num_tiles == 0) return 0;
   // 16-byte K loads need every K vector 16-byte aligned: head_dim a multiple of 8 elements.
   if (p.head_dim > max_head_dim || p.head_dim % 8 != 0 || (p.tile_rows != R && p.tile_rows != 1) ||
-      p.num_heads % p.num_kv_heads != 0)
+      p.num_heads == 0 || p.num_kv_heads == 0 || p.num_heads % p.num_kv_heads != 0)
     return static_cast<int>(cudaErrorInvalidValue);
   if (p.splits == 0 || (p.splits > 1 && (!p.partial || p.split_positions == 0 || p.split_positions % chunk != 0)))
     return static_cast<int>(cudaErrorInvalidValue);

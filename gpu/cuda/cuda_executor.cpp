@@ -329,13 +329,15 @@ private:
     if (m <= cuda::gemv_max_rows && k % (16 / cuda::dtype_bytes(type_)) == 0 &&
         uint64_t{m} * k * cuda::dtype_bytes(type_) <= cuda::gemv_max_input_bytes)  // decode-sized: stream the weights once
       return ok_launch(cuda::launch_gemv({a, w, y, m, n, k, beta, type_}, compute_), "gemv");
-    if (gemm_) {
+    if (gemm_ && !gemm_failed_) {
       auto e = gemm_->run(a, w, y, m, n, k, beta, compute_);
       if (e.empty()) return true;
       // Products must go on: say once that batch invariance is lost, and use cuBLAS's own pick.
+      // gemm_ itself stays: graphs captured before hold its workspace's address, and freeing
+      // memory here could also fall inside a capture, which a free would break.
       std::fprintf(stderr, "baton: cuda executor: %s; matrix products fall back to cuBLAS GemmEx, without batch "
                    "invariance\n", e.c_str());
-      gemm_.reset();
+      gemm_failed_ = true;
     }
     if (!blas_) {
       if (cublasCreate(&blas_) != CUBLAS_STATUS_SUCCESS) {
@@ -844,7 +846,8 @@ private:
   cudaStream_t compute_ = nullptr, copy_ = nullptr, send_ = nullptr;
   /// Host threads for the rows picked on the host (top-k, top-p or penalties).
   thread_pool sampler_{std::clamp(std::thread::hardware_concurrency() / 2, 1u, 8u)};
-  std::unique_ptr<cuda::fixed_gemm> gemm_;  ///< products of many rows (the job thread only); null after a failure
+  std::unique_ptr<cuda::fixed_gemm> gemm_;  ///< products of many rows (the job thread only); null if it could not start
+  bool gemm_failed_ = false;                ///< a product failed: the rest use cuBLAS GemmEx
   cublasHandle_t blas_ = nullptr;           ///< the fallback when fixed_gemm fails: cuBLAS's own pick
   std::vector<cudaEvent_t> events_;
   cudaEvent_t join_ = nullptr;       ///< a captured job's send stream rejoins compute_ here

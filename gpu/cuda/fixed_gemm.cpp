@@ -177,9 +177,13 @@ std::string fixed_gemm::run(const void* a, const void* w, float* y, uint32_t m, 
   if (!p.ok) return p.why;
   const float alpha = 1.0f;
   const layouts l{impl_->type, m, n, k};
-  // One workspace for every plan: products run one at a time on the caller's stream.
+  // One workspace for every plan: products run one at a time on the caller's stream. A plan that
+  // needs any gets all of it: its need was measured at the bucket's edges only, and a row count
+  // between them may need more (a stream-K schedule sizes its partials by the grid).
+  const bool any = p.workspace > 0;
   const auto rc = cublasLtMatmul(impl_->lt, impl_->op, &alpha, w, l.w, a, l.a, &beta, y, l.y, y, l.y, &p.algo,
-                                 p.workspace ? impl_->workspace : nullptr, p.workspace, static_cast<cudaStream_t>(stream));
+                                 any ? impl_->workspace : nullptr, any ? impl::max_workspace : 0,
+                                 static_cast<cudaStream_t>(stream));
   if (rc == CUBLAS_STATUS_SUCCESS) return {};
   return "cuBLASLt matmul of " + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) +
          " failed (status " + std::to_string(rc) + ")";

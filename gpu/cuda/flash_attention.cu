@@ -194,7 +194,7 @@ bool flash_attention_supported(uint32_t head_dim, dtype type) {
 int launch_flash_attention(const attention_params& p, void* stream) {
   if (p.num_tiles == 0) return 0;
   if (!flash_attention_supported(p.head_dim, p.type) || p.tile_rows != flash_tile_rows || p.splits != 1 ||
-      p.num_kv_heads == 0 || p.num_heads % p.num_kv_heads != 0 || p.page_elems % 8 != 0 ||
+      p.num_heads == 0 || p.num_kv_heads == 0 || p.num_heads % p.num_kv_heads != 0 || p.page_elems % 8 != 0 ||
       reinterpret_cast<uintptr_t>(p.kv_layer) % 16 != 0)
     return static_cast<int>(cudaErrorInvalidValue);
   const dim3 grid{p.num_tiles, p.num_heads};

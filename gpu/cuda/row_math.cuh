@@ -13,18 +13,29 @@
 
 namespace baton::gpu::cuda::row_math {
 
-/// Lets `Kernel` take up to `bytes` of dynamic shared memory (above 48 KiB a kernel must ask
-/// first) on the current device. An attribute belongs to the device's context, so this asks
-/// once per device, not once per process; every executor launches each kernel once before it
-/// captures a graph, so it never runs during a capture. A refusal shows as the launch's error.
+/// Lets `Kernel` take as much dynamic shared memory as the device allows a block (above 48 KiB
+/// a kernel must ask first), when a launch needs more than 48 KiB (`bytes`). It asks for the
+/// device's opt-in limit, not for `bytes`: a later launch of the same kernel may need more
+/// (a wider model in the same process), and the attribute is set once per device. It belongs
+/// to the device's context, so once per device, not per process; every executor launches each
+/// kernel once before it captures a graph, so it never runs during a capture. A launch needing
+/// more than the device has fails, and the launch's error says so.
 template <auto Kernel>
 inline void allow_dynamic_smem(int bytes) {
   static std::atomic<uint64_t> asked{0};  // a bit per device
+  if (bytes <= 48 * 1024) return;
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return;
   const uint64_t bit = uint64_t{1} << device;
   if (asked.load(std::memory_order_acquire) & bit) return;
-  if (cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) == cudaSuccess)
+  int optin = 0;
+  cudaFuncAttributes attr{};
+  if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess ||
+      cudaFuncGetAttributes(&attr, Kernel) != cudaSuccess)
+    return;
+  const int dynamic_max = optin - static_cast<int>(attr.sharedSizeBytes);
+  if (dynamic_max > 0 &&
+      cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic_max) == cudaSuccess)
     asked.fetch_or(bit, std::memory_order_acq_rel);
 }
 
