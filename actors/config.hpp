@@ -3,6 +3,7 @@
 // The typed configuration of the actor layer: one struct per component, defaults written once,
 // units in the names, validate() returns an empty string or a sentence naming the bad field.
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -15,6 +16,7 @@
 #include "policies/role_planner.hpp"
 #include "store/block_index.hpp"
 #include "gpu/tokenizer.hpp"
+#include "transport/kv_wire.hpp"
 
 namespace baton {
 
@@ -223,6 +225,53 @@ struct elastic_controller_config {
   policies::role_planner_config planner;
 };
 
+/// Wire quantisation of the KV handoff per traffic class (design.md §2, issue 6): the prompt's
+/// KV travels from prefill to decode rank in this form and is expanded back to fp32 there. f32
+/// (the default) sends it as computed. INT8 and INT4 carry 3.8x and 7.1x fewer bytes at the cost
+/// of the codec's time on both ranks and some accuracy (docs/perf.md, "Wire quantisation"): for
+/// links slower than the codec, e.g. TCP between hosts. Split prompts keep f32.
+struct kv_wire_config {
+  transport::wire_format chat = transport::wire_format::f32;
+  transport::wire_format agent = transport::wire_format::f32;
+  transport::wire_format batch = transport::wire_format::f32;
+
+  /// The form for a request's traffic class (an unknown class: f32).
+  transport::wire_format for_class(const std::string& traffic_class) const {
+    if (traffic_class == "chat") return chat;
+    if (traffic_class == "agent") return agent;
+    if (traffic_class == "batch") return batch;
+    return transport::wire_format::f32;
+  }
+  /// Reads "int8" (every class) or "CLASS=FORM[,CLASS=FORM...]" (e.g. "batch=int4,agent=int8");
+  /// empty, or a sentence naming what is wrong (the rest unchanged then).
+  std::string parse(const std::string& spec) {
+    kv_wire_config next = *this;
+    if (spec.find('=') == std::string::npos) {
+      auto f = transport::wire_format_from(spec);
+      if (!f) return "KV wire form must be f32, int8 or int4, got '" + spec + "'";
+      next.chat = next.agent = next.batch = *f;
+    } else {
+      size_t at = 0;
+      while (at <= spec.size()) {
+        const size_t comma = std::min(spec.find(',', at), spec.size());
+        const std::string item = spec.substr(at, comma - at);
+        const size_t eq = item.find('=');
+        const std::string cls = item.substr(0, eq), form = eq == std::string::npos ? "" : item.substr(eq + 1);
+        auto f = transport::wire_format_from(form);
+        if (eq == std::string::npos || !f)
+          return "KV wire form '" + item + "' must be CLASS=FORM with FORM f32, int8 or int4";
+        if (cls == "chat") next.chat = *f;
+        else if (cls == "agent") next.agent = *f;
+        else if (cls == "batch") next.batch = *f;
+        else return "KV wire form '" + item + "': the traffic class must be chat, agent or batch, got '" + cls + "'";
+        at = comma + 1;
+      }
+    }
+    *this = next;
+    return {};
+  }
+};
+
 /// Deadlines of a request's hops. Each failure names the hop (stage) that timed out.
 struct request_config {
   uint32_t place_timeout_ms = 5000;     ///< a balancer answers a placement
@@ -248,6 +297,7 @@ struct request_config {
   /// The pause before each retry: retry_backoff_ms, doubling per attempt up to 1 s, stretched
   /// by up to half by a hash of the request (policies::retry_backoff). 0: retry at once.
   uint32_t retry_backoff_ms = 50;
+  kv_wire_config kv_wire;  ///< the KV's form on the wire per traffic class (f32 for all by default)
 
   std::string validate() const {
     if (!place_timeout_ms || !reserve_timeout_ms || !prefill_timeout_ms || !token_timeout_ms || !lease_ms)

@@ -6,6 +6,7 @@
 #include <caf/typed_event_based_actor.hpp>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <optional>
@@ -138,6 +139,45 @@ void free_lease(decode_pointer self, uint64_t lease_id, bool writer_may_write, b
   report_load(self);
 }
 
+/// Corrupt KV never reaches a decode step: the lease is dropped, the request told why (now, or
+/// when its order comes).
+void drop_corrupt_lease(decode_pointer self, const kv_layer_ready& ev, std::string why) {
+  auto& s = self->state;
+  auto& l = s.leases.at(ev.lease_id);
+  if (l.has_order) l.promise.deliver(make_error(errc::transfer_failed, why));
+  if (s.corrupted.size() >= 1024) s.corrupted.erase(s.corrupted.begin());  // bounded: orders may never come
+  s.corrupted[ev.lease_id] = std::move(why);
+  free_lease(self, ev.lease_id, true);  // the later layers' puts may still come
+}
+
+/// A layer that came in wire form (kv_layer_ready::wire): its staged bytes checked against the
+/// sender's checksum (unless checksums are off), then expanded into the lease's pages. Empty, or
+/// why the layer cannot be used (naming request, rank, stage, layer and sender).
+std::string expand_wire_layer(decode_pointer self, const lease& l, const kv_layer_ready& ev,
+                              std::optional<transport::wire_format> wire) {
+  auto& s = self->state;
+  auto& kv = s.core.exec->kv();
+  auto fail = [&](const std::string& what) {
+    return where(ev.request_id, s.cfg.name, "kv_recv") + ": layer " + std::to_string(ev.layer) +
+           (ev.from.empty() ? "" : " from " + ev.from) + " " + what;
+  };
+  const auto* staging = s.core.wire.get();
+  if (!wire || !staging)
+    return fail(!wire ? "names wire form " + std::to_string(ev.wire) + ", which does not exist"
+                      : "came in " + std::string(transport::to_string(*wire)) + " form, but this rank granted no staging");
+  const uint32_t pages = std::min<uint32_t>(kv.pages_for_tokens(ev.num_tokens), l.pages.size());
+  if (s.cfg.verify_kv_checksums) {
+    const uint64_t got = std::max<uint64_t>(1, staging->checksum(*wire, ev.layer, l.pages, pages));
+    if (got != ev.checksum)
+      return fail("failed its checksum in " + std::string(transport::to_string(*wire)) + " form (sent " +
+                  std::to_string(ev.checksum) + ", landed " + std::to_string(got) + ")");
+  }
+  for (uint32_t i = 0; i < pages; ++i)
+    transport::wire_decode(*wire, reinterpret_cast<const uint8_t*>(staging->slot(ev.layer, l.pages[i])),
+                           staging->page_values, kv.k_at(ev.layer, l.pages[i], 0));
+  return {};
+}
+
 kv_lease_grant grant_lease(decode_pointer self, const kv_lease_reserve& req, std::vector<uint32_t> pages,
                            const caf::actor_addr& holder) {
   auto& s = self->state;
@@ -154,7 +194,22 @@ kv_lease_grant grant_lease(decode_pointer self, const kv_lease_reserve& req, std
   self->delayed_send(self, std::chrono::milliseconds{req.lease_ms}, expire_atom::value, id);
   s.settled.push_back(req.request_id);
   report_load(self);
-  return kv_lease_grant{req.request_id, id, s.cfg.name, s.region, l.pages, req.lease_ms};
+  kv_lease_grant grant{req.request_id, id, s.cfg.name, s.region, l.pages, req.lease_ms, {}};
+  // The form on the wire the request asked for, with this rank's staging for it; f32 (said once)
+  // where the rank has none.
+  if (auto f = transport::wire_format_of(req.wire); f && *f != transport::wire_format::f32) {
+    std::string why;
+    if (const auto* w = s.core.wire_staging(&why)) {
+      grant.wire = kv_wire_region{req.wire, w->key.backend, w->key.region_id, w->key.size_bytes, w->key.packed,
+                                  w->slot_bytes, w->num_pages};
+    } else if (!s.wire_refusal_said) {
+      s.wire_refusal_said = true;
+      std::fprintf(stderr, "baton: decode rank %s: request %llu asked for KV in %s on the wire; it comes as f32 (%s)\n",
+                   s.cfg.name.c_str(), static_cast<unsigned long long>(req.request_id), transport::to_string(*f),
+                   why.c_str());
+    }
+  }
+  return grant;
 }
 
 /// A lease holder (a request actor) ended. One that ended normally let go of every lease it knew
@@ -712,19 +767,24 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
           return;  // a late layer of a lease that already expired: nothing to do
         auto& l = i->second;
         if (l.decoding) return;  // a repeated layer after admission: its pages hold decode KV now
-        if (s.cfg.verify_kv_checksums) {
+        const auto wire = transport::wire_format_of(ev.wire);
+        if (wire != transport::wire_format::f32) {
+          // In wire form: checked and expanded once. A repeated signal (its slots may be taking a
+          // retried attempt's identical bytes) leaves the expanded pages alone.
+          if (l.landed[ev.layer]) return;
+          if (auto why = expand_wire_layer(self, l, ev, wire); !why.empty()) {
+            drop_corrupt_lease(self, ev, std::move(why));
+            return;
+          }
+        } else if (s.cfg.verify_kv_checksums) {
           const auto& kv = s.core.exec->kv();
           const uint32_t pages = std::min<uint32_t>(kv.pages_for_tokens(ev.num_tokens), l.pages.size());
           const uint64_t got = std::max<uint64_t>(1, kv.kv_layer_checksum(ev.layer, l.pages, pages));
           if (got != ev.checksum) {
-            // Corrupt KV never reaches a decode step: the lease is dropped, the request told why.
-            auto why = where(ev.request_id, s.cfg.name, "kv_recv") + ": layer " + std::to_string(ev.layer) +
-                       (ev.from.empty() ? "" : " from " + ev.from) + " failed its checksum (sent " +
-                       std::to_string(ev.checksum) + ", landed " + std::to_string(got) + ")";
-            if (l.has_order) l.promise.deliver(make_error(errc::transfer_failed, why));
-            if (s.corrupted.size() >= 1024) s.corrupted.erase(s.corrupted.begin());  // bounded: orders may never come
-            s.corrupted[ev.lease_id] = std::move(why);
-            free_lease(self, ev.lease_id, true);  // the later layers' puts may still come
+            drop_corrupt_lease(self, ev,
+                               where(ev.request_id, s.cfg.name, "kv_recv") + ": layer " + std::to_string(ev.layer) +
+                                   (ev.from.empty() ? "" : " from " + ev.from) + " failed its checksum (sent " +
+                                   std::to_string(ev.checksum) + ", landed " + std::to_string(got) + ")");
             return;
           }
         }

@@ -154,6 +154,7 @@ struct decode_state {
   decode_rank_config cfg;
   rank_core core;
   kv_region_desc region;  ///< the KV pool as prefill ranks address it
+  bool wire_refusal_said = false;  ///< a grant fell back to f32 for want of wire staging (said once)
   uint64_t last_lease = 0;
   /// Lease holders this rank monitors, each once however many leases it holds: a source decode
   /// rank holds one lease per sequence it moves here, and a monitor each would pile up.

@@ -43,6 +43,37 @@ void timer_runner::fire(uint64_t id) {
   fn();
 }
 
+const kv_wire_staging* rank_core::wire_staging(std::string* why) {
+  if (wire) return wire.get();
+  if (wire_error.empty()) {
+    const auto& lay = exec->kv().layout();
+    auto w = std::make_shared<kv_wire_staging>();
+    w->num_pages = lay.num_pages;
+    w->page_values = lay.page_bytes() / sizeof(float);
+    w->slot_bytes = kv_wire_staging::slot_bytes_for(lay);
+    const uint64_t bytes = w->slot_bytes * lay.num_layers * lay.num_pages;
+    transport::xfer_error err;
+    // Transport memory: a peer on this host then puts into it with plain stores (UCX shared memory).
+    w->memory = transport::transport_memory(xport, bytes, &err);
+    std::optional<transport::region_key> key;
+    if (w->memory) key = xport->register_region(w->memory.get(), bytes, &err);
+    if (key) {
+      w->key = *key;
+      // Deregistered, then freed, only when the transport's other users are gone (rank_core::start's
+      // shutdown order): a peer's late put must not land in freed memory.
+      outlive_transport->push_back(std::shared_ptr<void>(nullptr, [xp = xport, mem = w->memory, id = key->region_id](void*) {
+        xp->deregister_region(id);
+      }));
+      wire = std::move(w);
+      return wire.get();
+    }
+    wire_error = "no wire-form staging of " + std::to_string(bytes >> 20) + " MiB for the KV pool (" + err.what +
+                 "): KV travels as f32";
+  }
+  if (why) *why = wire_error;
+  return nullptr;
+}
+
 void rank_core::start(caf::local_actor* self, std::shared_ptr<gpu::executor> executor,
                       std::shared_ptr<transport::transport> transport) {
   exec = std::move(executor);

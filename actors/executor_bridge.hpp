@@ -21,6 +21,7 @@
 #include <caf/fwd.hpp>
 #include <caf/result.hpp>
 
+#include "actors/kv_wire_staging.hpp"
 #include "actors/messages.hpp"
 #include "gpu/executor.hpp"
 #include "transport/transport.hpp"
@@ -147,6 +148,14 @@ struct rank_core {
   /// staging): kept until the transport is gone, since the actor's state is destroyed first.
   std::shared_ptr<std::vector<std::shared_ptr<void>>> outlive_transport =
       std::make_shared<std::vector<std::shared_ptr<void>>>();
+
+  /// Wire-form staging for KV handoffs, made by wire_staging() when first asked for.
+  std::shared_ptr<const kv_wire_staging> wire;
+  std::string wire_error;  ///< why staging could not be made (said once, not tried again)
+
+  /// The rank's wire-form staging: made and registered with the transport on the first call;
+  /// null, and `why`, when there is no memory or registration for it (the caller sends f32).
+  const kv_wire_staging* wire_staging(std::string* why);
 
   /// Binds the executor to the actor's timers and registers the KV pool with the transport; the
   /// pool is deregistered when the actor terminates.

@@ -50,6 +50,7 @@ void register_message_types(caf::actor_system_config& cfg) {
       .add_message_type<completion>("baton::completion")
       .add_message_type<kv_lease_reserve>("baton::kv_lease_reserve")
       .add_message_type<kv_region_desc>("baton::kv_region_desc")
+      .add_message_type<kv_wire_region>("baton::kv_wire_region")
       .add_message_type<kv_lease_grant>("baton::kv_lease_grant")
       .add_message_type<kv_layer_ready>("baton::kv_layer_ready")
       .add_message_type<token_event>("baton::token_event")

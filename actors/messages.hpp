@@ -33,10 +33,14 @@ struct kv_lease_reserve {
   uint32_t num_tokens = 0;  ///< prompt + max new tokens: the pages cover the whole sequence
   uint32_t lease_ms = 0;    ///< pages are freed if decode has not begun by then
   uint32_t prompt_tokens = 0;  ///< of num_tokens, the prompt's (a rank allocating on demand reserves these first)
+  /// The KV's form on the wire the request's traffic class asks for (transport::wire_format:
+  /// 0 f32, 8 int8, 4 int4); the grant says what the rank can take.
+  uint8_t wire = 0;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, kv_lease_reserve& x) {
-  return f(caf::meta::type_name("kv_lease_reserve"), x.request_id, x.num_tokens, x.lease_ms, x.prompt_tokens);
+  return f(caf::meta::type_name("kv_lease_reserve"), x.request_id, x.num_tokens, x.lease_ms, x.prompt_tokens,
+           x.wire);
 }
 
 /// Where a decode rank's KV pool lives and how it is laid out (see gpu::kv_layout).
@@ -57,6 +61,23 @@ typename Inspector::result_type inspect(Inspector& f, kv_region_desc& x) {
            x.num_layers, x.num_pages, x.page_size_tokens, x.kv_dim, x.kv_planes);
 }
 
+/// Where a rank stages KV in wire form (kv_wire_staging): slot (layer, page) at
+/// (layer · num_pages + page) · slot_bytes of the region.
+struct kv_wire_region {
+  uint8_t format = 0;  ///< transport::wire_format granted; 0 (f32): no staging, pages travel as they are
+  std::string backend;
+  uint64_t region_id = 0;
+  uint64_t size_bytes = 0;
+  std::vector<uint8_t> packed_key;
+  uint64_t slot_bytes = 0;
+  uint32_t num_pages = 0;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, kv_wire_region& x) {
+  return f(caf::meta::type_name("kv_wire_region"), x.format, x.backend, x.region_id, x.size_bytes, x.packed_key,
+           x.slot_bytes, x.num_pages);
+}
+
 struct kv_lease_grant {
   uint64_t request_id = 0;
   uint64_t lease_id = 0;
@@ -64,11 +85,12 @@ struct kv_lease_grant {
   kv_region_desc region;
   std::vector<uint32_t> page_ids;  ///< page i holds positions [i·P, (i+1)·P)
   uint32_t lease_ms = 0;           ///< the pages are freed this long after the grant unless decode began
+  kv_wire_region wire;             ///< the form asked for and the staging to put it in (format 0: f32)
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, kv_lease_grant& x) {
   return f(caf::meta::type_name("kv_lease_grant"), x.request_id, x.lease_id, x.rank, x.region, x.page_ids,
-           x.lease_ms);
+           x.lease_ms, x.wire);
 }
 
 /// Prefill -> decode: every chunk's KV of `layer` has landed in the lease's pages.
@@ -79,11 +101,14 @@ struct kv_layer_ready {
   uint32_t num_tokens = 0;  ///< prompt tokens whose KV the layer holds
   uint64_t checksum = 0;    ///< kv_layer_checksum of the prompt's pages at the sender
   std::string from;         ///< the sending rank's name (errors name it)
+  /// The layer's form on the wire (transport::wire_format): 0, its pages landed as they are;
+  /// else in the grant's staging slots, the checksum over their wire bytes, to be expanded.
+  uint8_t wire = 0;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, kv_layer_ready& x) {
   return f(caf::meta::type_name("kv_layer_ready"), x.request_id, x.lease_id, x.layer, x.num_tokens, x.checksum,
-           x.from);
+           x.from, x.wire);
 }
 
 struct token_event {
@@ -676,6 +701,7 @@ using prefill_rank_actor = caf::typed_actor<
     caf::reacts_to<exec_start_atom, uint64_t>,
     caf::reacts_to<timer_atom, uint64_t>,
     caf::reacts_to<xfer_atom, uint64_t, uint32_t, uint64_t, uint64_t, uint32_t>,  // request, layer, transfer, checksum, attempt
+    caf::reacts_to<xfer_atom, uint64_t, uint32_t, std::string, uint32_t>,  // request, layer, why it was not encoded, attempt
     caf::reacts_to<store_layer_landed>,
     caf::reacts_to<split_peer>,
     caf::reacts_to<split_layer>,

@@ -270,7 +270,8 @@ void announce_layer(prefill_pointer self, prefill_job_state& r, uint32_t layer) 
   self->state.core.log->add({0, "layer_ready", r.order.request_id, 0, layer, {}, {}});
   self->send(r.order.decode, kv_layer_ready{r.order.request_id, r.order.grant.lease_id, layer,
                                             static_cast<uint32_t>(r.order.tokens.size()), r.checksums[layer],
-                                            self->state.cfg.name});
+                                            self->state.cfg.name,
+                                            static_cast<uint8_t>(r.wire.value_or(transport::wire_format::f32))});
 }
 
 void on_put_landed(prefill_pointer self, uint64_t request_id, uint32_t layer, uint64_t checksum, uint32_t attempt) {
@@ -373,6 +374,29 @@ void track_put(prefill_pointer self, pending_put p) {
   }
 }
 
+/// The KV's form on the wire for a prompt: what its grant asks for, if the grant has staging for
+/// it, the prompt is not split (parts hand each other f32) and this rank can stage it; else f32.
+transport::wire_format choose_wire(prefill_pointer self, const prefill_job_state& r) {
+  auto& st = self->state;
+  const auto& g = r.order.grant.wire;
+  const auto asked = transport::wire_format_of(g.format).value_or(transport::wire_format::f32);
+  if (asked == transport::wire_format::f32 || r.order.prefill_only || r.split.active || g.slot_bytes == 0 ||
+      g.num_pages != r.order.grant.region.num_pages)
+    return transport::wire_format::f32;
+  std::string why;
+  const auto* staging = st.core.wire_staging(&why);
+  // The decode rank's slots must hold this rank's pages' wire form: the same page shape.
+  if (staging && transport::wire_bytes(asked, staging->page_values) <= g.slot_bytes) return asked;
+  if (staging) why = "the decode rank's wire slots of " + std::to_string(g.slot_bytes) + " bytes are smaller than a page";
+  if (!st.wire_refusal_said) {
+    st.wire_refusal_said = true;
+    std::fprintf(stderr, "baton: prefill rank %s: request %llu asked for KV in %s on the wire; sent as f32 (%s)\n",
+                 st.cfg.name.c_str(), static_cast<unsigned long long>(r.order.request_id), transport::to_string(asked),
+                 why.c_str());
+  }
+  return transport::wire_format::f32;
+}
+
 /// Submits one chunk of a started prompt. Its layers' puts are posted from the executor thread.
 void submit_chunk(prefill_pointer self, uint64_t rid) {
   auto& st = self->state;
@@ -393,10 +417,11 @@ void submit_chunk(prefill_pointer self, uint64_t rid) {
   // it whole; only the part's last chunk ships its partly filled tail. So each page of each
   // layer travels once.
   const bool part_ends = end == num_tokens;
+  if (!r.wire) r.wire = choose_wire(self, r);
   auto sender = std::make_shared<const chunk_sender>(chunk_sender{
       rid, r.attempt, c, part_ends, c == 0 && !r.split.active ? 0 : start / ps, part_ends ? (end + ps - 1) / ps : end / ps,
       r.local_pages, order.grant.page_ids, local, remote_layout, st.core.pool_key->region_id, remote_key,
-      order.grant.rank});
+      order.grant.rank, *r.wire, st.core.wire.get(), order.grant.wire});
   // Runs on the executor thread as soon as layer `l`'s KV is written, before the layer's
   // attention and MLP: the put is posted in stream order and travels while they compute (its
   // checksum reads pages still in the cache), and the actor polls it.
@@ -409,11 +434,22 @@ void submit_chunk(prefill_pointer self, uint64_t rid) {
                       cancelled = r.cancelled](uint64_t, uint32_t l) {
     log->add({0, "kv_written", sender->request_id, sender->chunk, l, {}, {}});
     if (!ships || cancelled->load()) return;
+    const bool in_wire_form = sender->wire != transport::wire_format::f32;
+    if (in_wire_form) {
+      if (auto why = sender->encode_layer(l, exec->kv()); !why.empty()) {
+        if (auto h = caf::actor_cast<caf::actor>(owner)) caf::anon_send(h, xfer_atom::value, sender->request_id, l, why, sender->attempt);
+        return;
+      }
+    }
     // The last chunk completes layer l of the whole prompt: its checksum goes with the
-    // layer-ready signal so the decode rank can prove the layer landed intact.
+    // layer-ready signal so the decode rank can prove the layer landed intact. In wire form it
+    // covers the staged wire bytes, every earlier chunk's pages still staged (slots are per page).
     uint64_t checksum = 0;
-    if (sender->last)
-      checksum = checksums ? std::max<uint64_t>(1, exec->kv().kv_layer_checksum(l, sender->local_pages, sender->end_page)) : 1;
+    if (sender->last && !checksums) checksum = 1;
+    else if (sender->last && in_wire_form)
+      checksum = std::max<uint64_t>(1, sender->staging->checksum(sender->wire, l, sender->local_pages, sender->end_page));
+    else if (sender->last)
+      checksum = std::max<uint64_t>(1, exec->kv().kv_layer_checksum(l, sender->local_pages, sender->end_page));
     const uint64_t xfer = xport->post_put(sender->put_for_layer(l));
     log->add({0, "send_posted", sender->request_id, sender->chunk, l, {}, {}});
     if (auto h = caf::actor_cast<caf::actor>(owner))
@@ -817,6 +853,12 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
       [=](split_peer& p) { on_split_peer(self, std::move(p)); },
       [=](split_layer& ev) { on_split_layer(self, ev); },
       [=](split_abort& ev) { on_split_abort(self, ev); },
+      [=](xfer_atom, uint64_t request_id, uint32_t layer, const std::string& why, uint32_t attempt) {
+        // A layer could not take its wire form (a value that is not finite): nothing was posted.
+        auto i = self->state.requests.find(request_id);
+        if (i == self->state.requests.end() || i->second.attempt != attempt) return;
+        fail_request(self, request_id, errc::transfer_failed, "kv_encode", "layer " + std::to_string(layer) + ": " + why);
+      },
       [=](xfer_atom, uint64_t request_id, uint32_t layer, uint64_t xfer_id, uint64_t checksum, uint32_t attempt) {
         pending_put p{request_id, layer, xfer_id, checksum, self->clock().now(), attempt};
         if (auto i = self->state.requests.find(request_id); i != self->state.requests.end() && !i->second.first_put_at)

@@ -46,13 +46,38 @@ struct chunk_sender {
   uint64_t local_region;
   transport::region_key remote_key;
   std::string peer;
+  /// The KV's form on the wire. Not f32: each page's layer is encoded into the rank's staging
+  /// (`staging`, which outlives the executor) and put to the decode rank's (`remote_wire`).
+  transport::wire_format wire = transport::wire_format::f32;
+  const kv_wire_staging* staging = nullptr;
+  kv_wire_region remote_wire;
 
   transport::put_desc put_for_layer(uint32_t layer) const {
+    if (wire != transport::wire_format::f32) {
+      transport::put_desc d{request_id, layer, peer, staging->key.region_id,
+                            {remote_wire.backend, remote_wire.region_id, remote_wire.size_bytes, remote_wire.packed_key}, {}};
+      const uint64_t bytes = transport::wire_bytes(wire, staging->page_values);
+      for (uint32_t i = first_page; i < end_page; ++i)
+        d.segments.push_back({staging->offset(layer, local_pages[i]),
+                              (uint64_t{layer} * remote_wire.num_pages + remote_pages[i]) * remote_wire.slot_bytes, bytes});
+      return d;
+    }
     transport::put_desc d{request_id, layer, peer, local_region, remote_key, {}};
     for (uint32_t i = first_page; i < end_page; ++i)
       d.segments.push_back({local_layout.offset_bytes(layer, local_pages[i]),
                             remote_layout.offset_bytes(layer, remote_pages[i]), local_layout.page_bytes()});
     return d;
+  }
+
+  /// Writes the wire form of this chunk's pages of `layer` into their staging slots. Empty, or
+  /// why not (a value with no wire form), naming the page.
+  std::string encode_layer(uint32_t layer, gpu::kv_cache& kv) const {
+    for (uint32_t i = first_page; i < end_page; ++i) {
+      auto why = transport::wire_encode(wire, kv.k_at(layer, local_pages[i], 0), staging->page_values,
+                                        reinterpret_cast<uint8_t*>(staging->slot(layer, local_pages[i])));
+      if (!why.empty()) return "page " + std::to_string(i) + " of the prompt: " + why;
+    }
+    return {};
   }
 };
 
@@ -155,6 +180,9 @@ struct prefill_job_state {
   std::vector<std::vector<gpu::token_logprobs>> chunk_scores;  ///< prompt scoring: each chunk's rows
   bool failed = false;
   bool abandoned_put = false;  ///< a put was given up on at the send timeout: it may still land
+  /// The KV's form on the wire, chosen at the first chunk from the grant (f32 where the grant
+  /// has no staging, the prompt is split, or this rank has no staging): every chunk agrees.
+  std::optional<transport::wire_format> wire;
   caf::error failure;                 ///< answered once no queued chunk can still post a put
   /// Read by the executor thread before each post: a failed request ships nothing more.
   std::shared_ptr<std::atomic<bool>> cancelled = std::make_shared<std::atomic<bool>>(false);
@@ -204,6 +232,7 @@ struct prefill_state {
   bool polling = false;  ///< poll_pending is settling puts (its list is out of `pending` meanwhile)
   std::vector<uint64_t> answer_after_poll;  ///< requests finish_if_done looked at meanwhile
   bool poll_scheduled = false;
+  bool wire_refusal_said = false;  ///< a prompt's wire form fell back to f32 (said once on stderr)
   /// Set by the transport's settled listener when it sends settled_atom, cleared by its handler.
   std::shared_ptr<std::atomic<bool>> settled_flag;
   prefill_balancer_actor balancer;  ///< told our load after every change (may be null)

@@ -566,7 +566,8 @@ void reserve(request_pointer self) {
   // A prompt-only call's one token is never fed back: no slot for it (the prompt may fill the context).
   const uint32_t unfed = p.params.prompt_only && st.max_new == 1 ? 1 : 0;
   kv_lease_reserve req{p.request_id, static_cast<uint32_t>(st.prompt.size() + st.max_new - unfed), p.cfg.lease_ms,
-                       static_cast<uint32_t>(st.prompt.size())};
+                       static_cast<uint32_t>(st.prompt.size()),
+                       static_cast<uint8_t>(p.cfg.kv_wire.for_class(p.params.traffic_class))};
   const uint32_t attempt = st.attempt;
   // Watched from here on: a decode rank (or prefill rank) that goes down re-places the request.
   self->monitor(st.decode);

@@ -204,6 +204,7 @@ int run_local(const std::vector<std::string>& args) {
   local_options opt;
   flag_set flags;
   bool cuda_fp32 = false;
+  std::string kv_wire;
   flags.add("--prefill-ranks", &opt.cluster.num_prefill_ranks, "prefill ranks");
   flags.add("--decode-ranks", &opt.cluster.num_decode_ranks, "decode ranks");
   flags.add("--elastic-ranks", &opt.cluster.num_elastic_ranks,
@@ -272,6 +273,9 @@ int run_local(const std::vector<std::string>& args) {
             "a decode rank silent this long after a token loses the request to another rank");
   flags.add("--quiet", &opt.quiet, "print only the summary");
   flags.add("--transport", &opt.cluster.transport, "KV handoff: loopback (in-process) or ucx");
+  flags.add("--kv-wire", &kv_wire,
+            "KV handoff's form on the wire: f32 (default), int8 or int4 for every traffic class, or per class, "
+            "e.g. batch=int4,agent=int8 (expanded back to fp32 on the decode rank)");
   flags.add("--ucx-send", &opt.cluster.ucx_send,
             "ucx: how this process's ranks send KV: put (one-sided RMA) or am (rendezvous active messages, "
             "several times faster over TCP)");
@@ -310,6 +314,10 @@ int run_local(const std::vector<std::string>& args) {
             "max_tokens of a request that gives none (OpenAI chat): what the context leaves, at most this; 0 = no cap");
   if (auto rc = flags.parse_command_line(args, "local", "baton local [flags]")) return *rc;
   opt.cluster.backend.cuda_bf16 = !cuda_fp32;
+  if (auto e = kv_wire.empty() ? std::string{} : opt.cluster.router.request.kv_wire.parse(kv_wire); !e.empty()) {
+    std::fprintf(stderr, "baton local: --kv-wire: %s\n", e.c_str());
+    return 2;
+  }
   if (opt.model != "random") {
     std::string why;
     if (!load_model_into(opt.model, &opt.cluster, &why)) {

@@ -139,6 +139,10 @@ uint64_t layer_checksum(uint32_t layer, const std::byte* first_page, uint32_t nu
   return checksum_pages(layer, num_pages, page_bytes, [&](uint32_t i) { return first_page + uint64_t{i} * page_bytes; });
 }
 
+uint64_t pieces_checksum(uint32_t layer, const std::vector<const std::byte*>& pieces, uint64_t piece_bytes) {
+  return checksum_pages(layer, static_cast<uint32_t>(pieces.size()), piece_bytes, [&](uint32_t i) { return pieces[i]; });
+}
+
 uint64_t kv_cache::kv_layer_checksum(uint32_t layer, const std::vector<uint32_t>& pages, uint32_t num_pages) const {
   const auto* base = reinterpret_cast<const std::byte*>(memory_);
   return checksum_pages(layer, std::min<uint32_t>(num_pages, static_cast<uint32_t>(pages.size())), layout_.page_bytes(),

@@ -121,4 +121,8 @@ std::string kv_pools_fit_memory(const model_config& m, uint64_t num_pages, uint3
 /// sends the layer anywhere.
 uint64_t layer_checksum(uint32_t layer, const std::byte* first_page, uint32_t num_pages, uint64_t page_bytes);
 
+/// The same checksum over `pieces` of `piece_bytes` each, in order, wherever they lie: both ends
+/// of a handoff in wire form (transport/kv_wire) checksum a layer's staged bytes with it.
+uint64_t pieces_checksum(uint32_t layer, const std::vector<const std::byte*>& pieces, uint64_t piece_bytes);
+
 }  // namespace baton::gpu

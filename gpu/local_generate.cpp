@@ -31,7 +31,8 @@ forward_outcome run_blocking(executor& exec, forward_job job) {
 
 colocated_generation generate_colocated(executor& exec, const std::vector<int32_t>& prompt,
                                         uint32_t max_new_tokens, uint32_t chunk_tokens,
-                                        const sampling_config& sampling, bool ignore_eos) {
+                                        const sampling_config& sampling, bool ignore_eos,
+                                        const after_prefill_fn& after_prefill) {
   colocated_generation out;
   auto& kv = exec.kv();
   const uint32_t total = static_cast<uint32_t>(prompt.size()) + max_new_tokens;
@@ -53,6 +54,7 @@ colocated_generation generate_colocated(executor& exec, const std::vector<int32_
     }
     last = std::move(r.logits[0]);
   }
+  if (after_prefill && out.error.empty()) after_prefill(kv, *pages, static_cast<uint32_t>(prompt.size()));
   uint32_t pos = static_cast<uint32_t>(prompt.size());
   std::vector<int32_t> history = prompt;  // for the penalties: every token before the one sampled
   sampling_config how = sampling;

@@ -3,6 +3,7 @@
 // Blocking helpers over the asynchronous executor, for tests, benchmarks and `baton profile`:
 // never call them from an actor handler.
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -29,11 +30,17 @@ struct colocated_generation {
   std::string error;
 };
 
+/// Called between a colocated run's prefill and its first decode step with the executor's pool
+/// and the sequence's pages: a test applies there what a handoff does to the prompt's KV (its
+/// wire form), and the run becomes that handoff's exact reference.
+using after_prefill_fn = std::function<void(kv_cache& kv, const std::vector<uint32_t>& pages, uint32_t prompt_tokens)>;
+
 /// The colocated reference: prefill in chunks of `chunk_tokens`, then decode one token per
 /// step, all on one executor and one page table. Stops after `max_new_tokens`, or at <eos>
 /// unless `ignore_eos`.
 colocated_generation generate_colocated(executor& exec, const std::vector<int32_t>& prompt,
                                         uint32_t max_new_tokens, uint32_t chunk_tokens,
-                                        const sampling_config& sampling = {}, bool ignore_eos = false);
+                                        const sampling_config& sampling = {}, bool ignore_eos = false,
+                                        const after_prefill_fn& after_prefill = {});
 
 }  // namespace baton::gpu

@@ -48,6 +48,12 @@ std::optional<wire_format> wire_format_from(const std::string& word) {
   return std::nullopt;
 }
 
+std::optional<wire_format> wire_format_of(uint8_t byte) {
+  for (const auto f : {wire_format::f32, wire_format::int8, wire_format::int4})
+    if (static_cast<uint8_t>(f) == byte) return f;
+  return std::nullopt;
+}
+
 size_t wire_bytes(wire_format f, size_t values) {
   switch (f) {
     case wire_format::f32: return values * sizeof(float);

@@ -29,6 +29,8 @@ constexpr size_t wire_block = 64;
 /// "f32", "int8", "int4", and back (nothing for another word).
 const char* to_string(wire_format f);
 std::optional<wire_format> wire_format_from(const std::string& word);
+/// The form a message's byte names (its enum value), or nothing for a byte that names none.
+std::optional<wire_format> wire_format_of(uint8_t byte);
 
 /// Bytes the wire form of `values` fp32 values takes.
 size_t wire_bytes(wire_format f, size_t values);

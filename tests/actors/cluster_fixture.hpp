@@ -12,9 +12,27 @@
 #include "actors/messages.hpp"
 #include "gpu/cpu_executor.hpp"
 #include "gpu/fault_executor.hpp"
+#include "gpu/local_generate.hpp"
 #include "transport/fault_proxy.hpp"
+#include "transport/kv_wire.hpp"
 
 namespace baton::test {
+
+/// What a handoff in wire form `f` does to a prompt's KV, for generate_colocated: every page
+/// the prompt reaches, each layer, through the wire form and back, in place (as whole pages, as
+/// the handoff sends them). The colocated run is then the exact reference of that handoff.
+inline gpu::after_prefill_fn wire_round_trip(transport::wire_format f) {
+  return [f](gpu::kv_cache& kv, const std::vector<uint32_t>& pages, uint32_t prompt_tokens) {
+    const uint64_t values = kv.layout().page_bytes() / sizeof(float);
+    std::vector<uint8_t> wire(transport::wire_bytes(f, values));
+    for (uint32_t l = 0; l < kv.layout().num_layers; ++l)
+      for (uint32_t i = 0; i < kv.pages_for_tokens(prompt_tokens); ++i) {
+        // A value with no wire form leaves its page as it is: the handoff fails that request instead.
+        if (!transport::wire_encode(f, kv.k_at(l, pages[i], 0), values, wire.data()).empty()) continue;
+        transport::wire_decode(f, wire.data(), values, kv.k_at(l, pages[i], 0));
+      }
+  };
+}
 
 struct cluster_system {
   caf::actor_system_config cfg;

@@ -802,3 +802,107 @@ TEST_CASE("a chunk that ends mid-page leaves that page to the next chunk: each p
     }
   }
 }
+
+TEST_CASE("KV in wire form (INT8, INT4): the decode rank's steps equal the colocated run whose prompt KV went "
+          "through the same form, bit for bit, and each layer carries each page's wire bytes once") {
+  for (const std::string transport : {"loopback", "ucx"})
+    for (const auto form : {transport::wire_format::int8, transport::wire_format::int4}) {
+      CAPTURE(transport);
+      CAPTURE(transport::to_string(form));
+      test::cluster_system t;
+      auto cfg = small_cluster();
+      cfg.transport = transport;
+      // The batch class only: a chat request in the same cluster still travels as f32.
+      cfg.router.request.kv_wire.batch = form;
+      std::shared_ptr<put_counting_transport> counted;
+      auto cluster = start_local_cluster(t.sys, cfg, {}, [&](std::unique_ptr<transport::transport> inner,
+                                                             const std::string& name) -> std::shared_ptr<transport::transport> {
+        if (name != "prefill-0") return std::shared_ptr<transport::transport>{std::move(inner)};
+        counted = std::make_shared<put_counting_transport>(std::move(inner));
+        return counted;
+      });
+      test::cluster_system::stopper stop{t, cluster};
+      REQUIRE(counted);
+      auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
+      auto exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
+      const auto prompt = encode(cfg, prompts[2]);  // 65 tokens: five pages of 16, the last holding one
+      const auto plain = gpu::generate_colocated(*exec, prompt, 10, chunk_tokens);
+      const auto through = gpu::generate_colocated(*exec, prompt, 10, chunk_tokens, {}, false, test::wire_round_trip(form));
+      REQUIRE(plain.error.empty());
+      REQUIRE(through.error.empty());
+
+      generate_request req;
+      req.prompt = prompts[2];
+      req.max_tokens = 10;
+      req.return_logits = true;
+      req.traffic_class = "batch";
+      auto got = t.generate(cluster.router, req);
+      REQUIRE_MESSAGE(got, t.sys.render(got.error()));
+      CHECK(got->tokens == through.tokens);
+      REQUIRE(got->step_logits.size() == through.step_logits.size());
+      bool moved = false;  // the wire form did change the decode steps' inputs
+      for (size_t i = 0; i < through.step_logits.size(); ++i) {
+        CHECK_MESSAGE(test::same_bits(got->step_logits[i], through.step_logits[i]), "step " << i);
+        if (i < plain.step_logits.size()) moved |= !test::same_bits(got->step_logits[i], plain.step_logits[i]);
+      }
+      CHECK(moved);
+      // The first token is the prefill rank's, from its own f32 KV.
+      CHECK(test::same_bits(got->step_logits[0], plain.step_logits[0]));
+      const uint64_t page_values = exec->kv().layout().page_bytes() / sizeof(float);
+      const uint64_t pages = exec->kv().pages_for_tokens(static_cast<uint32_t>(prompt.size()));
+      auto bytes = counted->bytes();
+      REQUIRE(bytes.size() == cfg.model.num_hidden_layers);
+      for (const auto& [layer, b] : bytes) {
+        CAPTURE(layer);
+        CHECK(b == pages * transport::wire_bytes(form, page_values));
+      }
+
+      // A chat request in the same cluster: f32 on the wire, and bit for bit the plain colocated run.
+      req.traffic_class = "chat";
+      auto chat = t.generate(cluster.router, req);
+      REQUIRE_MESSAGE(chat, t.sys.render(chat.error()));
+      CHECK(chat->tokens == plain.tokens);
+      CHECK(test::same_bits(chat->step_logits, plain.step_logits));
+      bytes = counted->bytes();
+      for (const auto& [layer, b] : bytes) CHECK(b == pages * (transport::wire_bytes(form, page_values) + exec->kv().layout().page_bytes()));
+      CHECK(t.stats(cluster.decode[0].handle).num_free_pages == cfg.executor.num_kv_pages);
+      CHECK(t.stats(cluster.prefill[0].handle).num_free_pages == cfg.executor.num_kv_pages);
+    }
+}
+
+TEST_CASE("KV in wire form: a corrupted layer fails its checksum over the wire bytes and never reaches decoding; the "
+          "lease's pages come back") {
+  test::cluster_system t;
+  auto cfg = small_cluster();
+  cfg.router.request.max_attempts = 1;
+  cfg.router.request.kv_wire.chat = transport::wire_format::int8;
+  auto cluster = start_local_cluster(t.sys, cfg, {}, [](std::unique_ptr<transport::transport> inner,
+                                                        const std::string& name) -> std::shared_ptr<transport::transport> {
+    if (name != "prefill-0") return std::shared_ptr<transport::transport>{std::move(inner)};
+    return std::shared_ptr<transport::transport>{
+        transport::make_fault_proxy(std::move(inner), {transport::fault_kind::corrupt_byte, 2, {}, 1, 5})};
+  });
+  test::cluster_system::stopper stop{t, cluster};
+  generate_request req;
+  req.prompt = prompts[1];
+  req.max_tokens = 6;
+  auto got = t.generate(cluster.router, req);
+  REQUIRE_FALSE(got);
+  const auto text = t.sys.render(got.error());
+  CHECK_MESSAGE(text.find("transfer_failed") != std::string::npos, text);
+  CHECK_MESSAGE(text.find("rank decode-0, stage kv_recv: layer 2 from prefill-0 failed its checksum in int8 form") !=
+                    std::string::npos,
+                text);
+  bool stepped = false;
+  for (const auto& e : t.events(cluster.decode[0].handle)) stepped |= e.kind == "step";
+  CHECK_FALSE(stepped);
+  bool back = false;
+  for (int i = 0; i < 500 && !back; ++i) {
+    back = t.stats(cluster.decode[0].handle).num_free_pages == cfg.executor.num_kv_pages;
+    if (!back) std::this_thread::sleep_for(std::chrono::milliseconds{10});
+  }
+  CHECK(back);
+  // The next request (no fault left to inject) succeeds in INT8.
+  req.prompt = "after the corruption";
+  CHECK(t.generate(cluster.router, req));
+}

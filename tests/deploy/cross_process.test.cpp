@@ -70,7 +70,10 @@ caf::expected<completion> ask(caf::scoped_actor& self, const router_actor& route
   return got;
 }
 
-void run_across_processes(const char* ucx_tls, bool with_store = false) {
+/// `wire`: the KV's form on the wire (every traffic class); the reference is then the colocated
+/// run with the prompt's KV through that form.
+void run_across_processes(const char* ucx_tls, bool with_store = false,
+                          transport::wire_format wire = transport::wire_format::f32) {
   // UCX reads its configuration from the environment, in this process and in the child.
   setenv("UCX_TLS", ucx_tls, 1);
   network_system n;
@@ -80,6 +83,7 @@ void run_across_processes(const char* ucx_tls, bool with_store = false) {
   cfg.transport = "ucx";
   cfg.prefill.chunk_tokens = 16;
   cfg.executor.num_kv_pages = 64;
+  cfg.router.request.kv_wire.chat = cfg.router.request.kv_wire.agent = cfg.router.request.kv_wire.batch = wire;
   const std::string store_dir = "/tmp/baton-cross-store-" + std::to_string(::getpid());
   if (with_store) {  // block servers here; the remote decode rank writes back to them over UCX
     std::filesystem::remove_all(store_dir);
@@ -117,9 +121,15 @@ void run_across_processes(const char* ucx_tls, bool with_store = false) {
     auto got = ask(self, cluster.router, prompt);
     REQUIRE_MESSAGE(got, n.sys.render(got.error()));
     CHECK(got->decode_rank == "decode-remote");
-    auto ref = gpu::generate_colocated(*exec, tok.encode(prompt), 8, cfg.prefill.chunk_tokens);
+    auto ref = gpu::generate_colocated(*exec, tok.encode(prompt), 8, cfg.prefill.chunk_tokens, {}, false,
+                                       wire == transport::wire_format::f32 ? gpu::after_prefill_fn{}
+                                                                           : test::wire_round_trip(wire));
     CHECK(got->tokens == ref.tokens);
     CHECK(test::same_bits(got->step_logits, ref.step_logits));
+    if (wire != transport::wire_format::f32) {  // and the wire form did change the decode steps
+      auto plain = gpu::generate_colocated(*exec, tok.encode(prompt), 8, cfg.prefill.chunk_tokens);
+      CHECK_FALSE(test::same_bits(got->step_logits, plain.step_logits));
+    }
   }
   if (!with_store) return;
   // The remote decode rank wrote the long prompt's blocks back across processes; wait for them,
@@ -257,6 +267,12 @@ TEST_CASE("across processes over UCX shared memory: tokens and logits equal the 
 
 TEST_CASE("across processes over UCX TCP on 127.0.0.1: tokens and logits equal the colocated run") {
   run_across_processes("tcp");
+}
+
+TEST_CASE("across processes with KV in INT8 and INT4 on the wire (UCX shared memory, then TCP on 127.0.0.1): "
+          "tokens and logits equal the colocated run whose prompt KV went through the same form") {
+  run_across_processes("sm", false, transport::wire_format::int8);
+  run_across_processes("tcp", false, transport::wire_format::int4);
 }
 
 TEST_CASE("across processes with the block store: a remote decode rank writes blocks back over UCX, the "

@@ -1,5 +1,6 @@
 #include <doctest/doctest.h>
 
+#include "actors/config.hpp"
 #include "deploy/flags.hpp"
 
 using baton::deploy::flag_set;
@@ -29,4 +30,23 @@ TEST_CASE("flags set the config fields they are bound to, and name what is wrong
   CHECK(f.parse({"--verbose=1"}).empty());
   CHECK(verbose);
   CHECK(f.parse({"--verbose=maybe"}) == "flag --verbose takes true or false after '=', got 'maybe'");
+}
+
+TEST_CASE("--kv-wire reads one form for every traffic class or CLASS=FORM pairs, and names what is wrong") {
+  baton::kv_wire_config w;
+  using baton::transport::wire_format;
+  CHECK(w.for_class("chat") == wire_format::f32);  // off by default
+  CHECK(w.parse("int8").empty());
+  CHECK((w.chat == wire_format::int8 && w.agent == wire_format::int8 && w.batch == wire_format::int8));
+  CHECK(w.parse("chat=f32,batch=int4").empty());
+  CHECK((w.chat == wire_format::f32 && w.agent == wire_format::int8 && w.batch == wire_format::int4));
+  CHECK(w.for_class("batch") == wire_format::int4);
+  CHECK(w.for_class("nonsense") == wire_format::f32);
+  CHECK(w.parse("int2") == "KV wire form must be f32, int8 or int4, got 'int2'");
+  CHECK(w.parse("chat=int8,bulk=int4") ==
+        "KV wire form 'bulk=int4': the traffic class must be chat, agent or batch, got 'bulk'");
+  CHECK(w.parse("chat=int9") == "KV wire form 'chat=int9' must be CLASS=FORM with FORM f32, int8 or int4");
+  CHECK(w.parse("chat=int8,") == "KV wire form '' must be CLASS=FORM with FORM f32, int8 or int4");
+  // A refused spec changes nothing.
+  CHECK((w.chat == wire_format::f32 && w.agent == wire_format::int8 && w.batch == wire_format::int4));
 }
