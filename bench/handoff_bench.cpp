@@ -9,7 +9,10 @@
 // time, the transfer's own latency whether or not compute hides it.
 //
 // Usage: baton_bench_handoff [--model tiny|100m|deepseek-v3-tiny] [--prompt-tokens N]
-//        [--transport ucx|loopback] [--verbose]  (per-layer posted -> ready times on stderr; put it last)
+//        [--transport ucx|loopback] [--wire f32|int8|int4] [--verbose]  (per-layer posted -> ready
+//        times on stderr; put it last). --wire sends the KV in that form (issue 6's wire
+//        quantisation): the send columns then move the wire form's bytes, and the landed times
+//        include the prefill rank's encoding and the decode rank's check and expansion.
 //
 //        baton_bench_handoff --compare-shapes [--prompt-tokens N] [--transport ucx|loopback]
 //        KV bytes per token and the P->D transfer time of one request's KV, every layer sent
@@ -28,6 +31,7 @@
 #include <caf/scoped_actor.hpp>
 
 #include "actors/local_cluster.hpp"
+#include "transport/kv_wire.hpp"
 #include "transport/loopback.hpp"
 #include "transport/ucx.hpp"
 
@@ -118,7 +122,7 @@ int compare_shapes(const std::string& kind, uint32_t prompt_tokens) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model = "100m", kind = "ucx";
+  std::string model = "100m", kind = "ucx", wire_word = "f32";
   uint32_t prompt_tokens = 512;
   bool verbose = false;
   bool shapes = false, checksums = true;
@@ -132,7 +136,10 @@ int main(int argc, char** argv) {
     if (a == "--model") model = argv[i + 1];
     else if (a == "--prompt-tokens") prompt_tokens = static_cast<uint32_t>(std::stoul(argv[i + 1]));
     else if (a == "--transport") kind = argv[i + 1];
+    else if (a == "--wire") wire_word = argv[i + 1];
   }
+  const auto wire = transport::wire_format_from(wire_word);
+  if (!wire) return std::fprintf(stderr, "--wire must be f32, int8 or int4, got '%s'\n", wire_word.c_str()), 2;
   if (shapes) return compare_shapes(kind, prompt_tokens);
   local_cluster_config cfg;
   cfg.model = model == "tiny"               ? gpu::builtin_tiny_config()
@@ -144,6 +151,7 @@ int main(int argc, char** argv) {
   cfg.prefill.chunk_tokens = prompt_tokens;
   cfg.prefill.checksum_kv = checksums;
   cfg.decode.verify_kv_checksums = checksums;
+  cfg.router.request.kv_wire.chat = *wire;  // the bench's requests are chat's
   cfg.executor.num_kv_pages = (prompt_tokens + 64) / 16 + 8;
   caf::actor_system_config sys_cfg;
   register_message_types(sys_cfg);
@@ -210,17 +218,17 @@ int main(int argc, char** argv) {
   }
   for (auto* v : {&exposed, &lm_head, &admitted, &hidden_under, &last_latency}) std::sort(v->begin(), v->end());
   const uint64_t pages = (prompt_tokens + 15) / 16;
-  const uint64_t layer_bytes = pages * 16 * cfg.model.kv_values_per_token() * sizeof(float);
+  const uint64_t layer_bytes = pages * transport::wire_bytes(*wire, 16 * cfg.model.kv_values_per_token());
   const double one = send_us(kind, layer_bytes, 1), all = send_us(kind, layer_bytes, layers);
   const double exposed_us = std::max(0.0, exposed[1]);
-  std::printf("| model | transport | prompt | KV per layer | one layer's send | all %u layers after prefill | "
+  std::printf("| model | transport | wire | prompt | KV per layer | one layer's send | all %u layers after prefill | "
               "last layer: KV written -> all KV landed | last layer: KV written -> computed | "
               "all KV landed - last layer computed | exposed | exposed / one layer | first token sampled - last layer computed | "
               "decode admission - first token sampled |\n",
               layers);
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-  std::printf("| %s | %s | %u tokens | %.2f MiB | %.0f us | %.0f us | %.0f us | %.0f us | %.0f us | %.0f us | %.2f | %.0f us | %.0f us |\n",
-              cfg.model.name.c_str(), kind.c_str(), prompt_tokens, static_cast<double>(layer_bytes) / (1 << 20), one, all,
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("| %s | %s | %s | %u tokens | %.2f MiB | %.0f us | %.0f us | %.0f us | %.0f us | %.0f us | %.0f us | %.2f | %.0f us | %.0f us |\n",
+              cfg.model.name.c_str(), kind.c_str(), transport::to_string(*wire), prompt_tokens, static_cast<double>(layer_bytes) / (1 << 20), one, all,
               last_latency[1], hidden_under[1], exposed[1], exposed_us, exposed_us / one, lm_head[1], admitted[1]);
   stop_cluster();
   return 0;
