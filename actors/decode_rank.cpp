@@ -562,8 +562,10 @@ void finish_seq(decode_pointer self, uint64_t lease_id, const std::string& reaso
   // it sees a stop of its own (a stop string or token, an extra EOS id such as Llama 3's
   // <|eot_id|>), which ends chat turns -- whose prefix the next turn wants -- and the KV of every
   // token fed is whole whatever ended it. Not when a writer gave up a put into the pages: it may
-  // have landed since, and a checksum taken now would seal it.
-  if (st.store.enabled() && i->second.order.write_back && !i->second.writers.abandoned) write_back(self, i->second);
+  // have landed since, and a checksum taken now would seal it. Nor when its prompt came in a wire
+  // form: a prefix loaded from the store must equal computing it.
+  if (st.store.enabled() && i->second.order.write_back && !i->second.writers.abandoned && !i->second.wire_form)
+    write_back(self, i->second);
   i->second.promise.deliver(decode_summary{.request_id = i->second.request_id, .num_tokens = generated, .finish_reason = reason,
                                                    .queue_us = i->second.queue_us});
   free_lease(self, lease_id);
@@ -776,6 +778,7 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
             drop_corrupt_lease(self, ev, std::move(why));
             return;
           }
+          l.wire_form = true;
         } else if (s.cfg.verify_kv_checksums) {
           const auto& kv = s.core.exec->kv();
           const uint32_t pages = std::min<uint32_t>(kv.pages_for_tokens(ev.num_tokens), l.pages.size());

@@ -771,3 +771,63 @@ TEST_CASE("store pipeline: the prompt computes layer by layer while its prefix s
   }
   CHECK(first("prefix_abort", 0) > first("compute_done", 2));
 }
+
+TEST_CASE("store with KV in wire form: an INT8 request reads exact blocks, also through a streamed prefix that "
+          "aborts and restarts, and equals its reference; it writes none back, so the store keeps exact KV only") {
+  temp_dir dir{"wire"};
+  test::cluster_system t;
+  auto cfg = store_cluster(dir.path);
+  cfg.router.request.kv_wire.agent = transport::wire_format::int8;  // agent in INT8, chat in f32
+  auto cluster = start_local_cluster(t.sys, cfg);
+  test::cluster_system::stopper stop{t, cluster};
+  auto wire_reference = [&](const std::vector<int32_t>& tokens) {
+    auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
+    auto exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
+    return gpu::generate_colocated(*exec, tokens, 8, 16, {}, true, test::wire_round_trip(transport::wire_format::int8));
+  };
+  auto agent = [](const std::vector<int32_t>& tokens) {
+    auto req = request_for(tokens);
+    req.traffic_class = "agent";
+    return req;
+  };
+  // An INT8 request on a prompt of its own: right output, and nothing written back.
+  const auto other = prompt_tokens(cfg, 99, 5);
+  auto got = t.generate(cluster.router, agent(other));
+  REQUIRE_MESSAGE(got, t.sys.render(got.error()));
+  check_equal(*got, wire_reference(other));
+  // An f32 (chat) request writes its 3 full blocks; the INT8 one's would have come before them.
+  const auto p = prompt_tokens(cfg, 99, 2);
+  REQUIRE(t.generate(cluster.router, request_for(p)));
+  wait_for_blocks(t, cluster, 3);
+  std::this_thread::sleep_for(std::chrono::milliseconds{200});
+  CHECK(index_stats(t, cluster).blocks == 3);
+
+  // INT8 on p: its prefix comes whole from the store (exact KV), then through the wire form.
+  const auto ref = wire_reference(p);
+  got = t.generate(cluster.router, agent(p));
+  REQUIRE_MESSAGE(got, t.sys.render(got.error()));
+  CHECK(got->cached_tokens == 96);
+  check_equal(*got, ref);
+
+  // Block 1 damaged: the streamed prefix aborts at its layer 2 and the computation restarts after
+  // block 0, shipping the restarted chunks' pages again; the answer still equals the reference.
+  {
+    const auto path = store::block_path(dir.path + "/server-0", key_of(cfg, p, 1));
+    std::fstream f{path, std::ios::in | std::ios::out | std::ios::binary};
+    REQUIRE(f);
+    const std::streamoff at = 4096 + 2 * (cfg.store.block_tokens * 2 * cfg.model.kv_dim() * 4) + 123;
+    f.seekg(at);
+    char c = 0;
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 0x40);
+    f.seekp(at);
+    f.write(&c, 1);
+  }
+  got = t.generate(cluster.router, agent(p));
+  REQUIRE_MESSAGE(got, t.sys.render(got.error()));
+  CHECK(got->cached_tokens == 32);
+  CHECK(got->recomputed_blocks == 2);
+  check_equal(*got, ref);
+  const auto events = t.events(cluster.prefill[0].handle);
+  CHECK(std::any_of(events.begin(), events.end(), [&](auto& e) { return e.kind == "prefix_abort" && e.request_id == got->request_id; }));
+}
