@@ -39,7 +39,7 @@ struct block_server_config {
   uint32_t put_limit_ms = store_put_limit_ms;
   /// The index's retention: blocks found on disk at start keep their chains alive by it
   /// (store::keep_chains_alive) before they are committed.
-  store::retention_policy retention;
+  store::retention_policy retention{};
 };
 
 /// A block server's write slots: ranges of its registered write staging handed to writers for

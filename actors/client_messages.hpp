@@ -22,7 +22,7 @@ struct chat_turn {
   std::string content;
   /// The turn's other fields for the chat template, a JSON object's text (empty: none): an
   /// assistant's tool_calls (arguments as objects), a tool result's tool_call_id and name.
-  std::string fields_json;
+  std::string fields_json{};
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, chat_turn& x) {

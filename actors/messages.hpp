@@ -85,7 +85,7 @@ struct kv_lease_grant {
   kv_region_desc region;
   std::vector<uint32_t> page_ids;  ///< page i holds positions [i·P, (i+1)·P)
   uint32_t lease_ms = 0;           ///< the pages are freed this long after the grant unless decode began
-  kv_wire_region wire;             ///< the form asked for and the staging to put it in (format 0: f32)
+  kv_wire_region wire{};             ///< the form asked for and the staging to put it in (format 0: f32)
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, kv_lease_grant& x) {
@@ -119,7 +119,7 @@ struct token_event {
   /// The lease the token's sequence runs under: a late token of an earlier attempt on the same
   /// rank is told apart from the current attempt's by it.
   uint64_t lease_id = 0;
-  std::vector<gpu::token_logprobs> logprobs;  ///< the token's, one entry, when the request asked
+  std::vector<gpu::token_logprobs> logprobs{};  ///< the token's, one entry, when the request asked
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, token_event& x) {
@@ -158,10 +158,10 @@ struct prefill_result {
   /// A put of it (an aborted attempt's, say) was given up at the send timeout and may still land
   /// in the lease's pages: they must wait out the quarantine whenever they are let go.
   bool abandoned_put = false;
-  std::vector<gpu::token_logprobs> logprobs;  ///< first_token's, one entry, when the order asked
+  std::vector<gpu::token_logprobs> logprobs{};  ///< first_token's, one entry, when the order asked
   /// prefill_order::prompt_logprobs: entry i is prompt token i + 1's, given the tokens before it
   /// (the prompt's first token has none), so one fewer than the prompt's tokens.
-  std::vector<gpu::token_logprobs> prompt_logprobs;
+  std::vector<gpu::token_logprobs> prompt_logprobs{};
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, prefill_result& x) {

@@ -114,7 +114,7 @@ struct node_launch {
   /// The name this process joins the head's node directory under, one per process: the node's
   /// name, or <node>/gateway for a gateway that shares its node with a rank process (the
   /// directory refuses two kinds of process under one name).
-  std::string process;
+  std::string process{};
 };
 
 /// The command that starts spare `spare` in place of node `failed` (same role and ranks): the

@@ -30,7 +30,7 @@ struct expert_spawn {
   /// A shard prints its keys once it holds its experts' weights: a shard silent this long (hung
   /// in its weights or its transport) fails the group's start, naming it, instead of hanging it.
   uint32_t key_timeout_ms = 600000;
-  std::string executable;      ///< the binary that runs `baton experts` (empty: this process's own)
+  std::string executable{};    ///< the binary that runs `baton experts` (empty: this process's own)
 };
 
 /// The all-to-all slot an engine's expert group needs: twice its largest job's rows (a prefill

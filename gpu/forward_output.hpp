@@ -17,7 +17,7 @@ struct forward_output {
   std::vector<token_logprobs> logprobs;
   /// Prompt scoring (forward_seq::score_targets): scores[s] has one entry per scored row of
   /// sequence s, in row order; empty as a whole when no sequence asked.
-  std::vector<std::vector<token_logprobs>> scores;
+  std::vector<std::vector<token_logprobs>> scores{};
 };
 
 /// The rows of `targets` that are scored (target >= 0), counted.

@@ -17,7 +17,7 @@ namespace baton::gpu {
 struct chat_message {
   std::string role;  ///< system | user | assistant | tool
   std::string content;
-  std::string fields_json;  ///< more of the turn for the template, a JSON object's text (tool_calls, tool_call_id)
+  std::string fields_json{};  ///< more of the turn for the template, a JSON object's text (tool_calls, tool_call_id)
 };
 
 /// What a chat request gives its template besides the messages.

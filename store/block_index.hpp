@@ -54,7 +54,7 @@ struct block_meta {
   double last_access_s = 0.0;
   /// Parallel to servers: the write of the copy each holds (block_commit::write_seq), which a
   /// delete names so that a server keeps a later write of the key that the index has not heard of.
-  std::vector<uint64_t> write_seqs;
+  std::vector<uint64_t> write_seqs{};
 };
 
 class block_index {

@@ -755,6 +755,15 @@ private:
   std::map<uint32_t, uint64_t> bytes_;
 };
 
+/// A transport wrapper for start_local_cluster: prefill-0's puts are counted in `*counted`.
+auto counting_prefill_0(std::shared_ptr<put_counting_transport>* counted) {
+  return [counted](std::unique_ptr<xp::transport> inner, const std::string& name) -> std::shared_ptr<xp::transport> {
+    if (name != "prefill-0") return std::shared_ptr<xp::transport>{std::move(inner)};
+    *counted = std::make_shared<put_counting_transport>(std::move(inner));
+    return *counted;
+  };
+}
+
 }  // namespace
 
 TEST_CASE("a chunk that ends mid-page leaves that page to the next chunk: each page of each layer is shipped once, "
@@ -767,12 +776,7 @@ TEST_CASE("a chunk that ends mid-page leaves that page to the next chunk: each p
     auto cfg = small_cluster();
     cfg.executor.page_size_tokens = page_tokens;
     std::shared_ptr<put_counting_transport> counted;
-    auto cluster = start_local_cluster(t.sys, cfg, {}, [&](std::unique_ptr<transport::transport> inner,
-                                                           const std::string& name) -> std::shared_ptr<transport::transport> {
-      if (name != "prefill-0") return std::shared_ptr<transport::transport>{std::move(inner)};
-      counted = std::make_shared<put_counting_transport>(std::move(inner));
-      return counted;
-    });
+    auto cluster = start_local_cluster(t.sys, cfg, {}, counting_prefill_0(&counted));
     test::cluster_system::stopper stop{t, cluster};
     REQUIRE(counted);
     const std::string text = prompts[2];
@@ -815,12 +819,7 @@ TEST_CASE("KV in wire form (INT8, INT4): the decode rank's steps equal the coloc
       // The batch class only: a chat request in the same cluster still travels as f32.
       cfg.router.request.kv_wire.batch = form;
       std::shared_ptr<put_counting_transport> counted;
-      auto cluster = start_local_cluster(t.sys, cfg, {}, [&](std::unique_ptr<transport::transport> inner,
-                                                             const std::string& name) -> std::shared_ptr<transport::transport> {
-        if (name != "prefill-0") return std::shared_ptr<transport::transport>{std::move(inner)};
-        counted = std::make_shared<put_counting_transport>(std::move(inner));
-        return counted;
-      });
+      auto cluster = start_local_cluster(t.sys, cfg, {}, counting_prefill_0(&counted));
       test::cluster_system::stopper stop{t, cluster};
       REQUIRE(counted);
       auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));

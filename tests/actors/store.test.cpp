@@ -116,6 +116,19 @@ store::block_key key_of(const local_cluster_config& cfg, const std::vector<int32
   return store::chain_keys(store::salt_of(id), tokens, cfg.store.block_tokens).at(b);
 }
 
+/// Flips one byte of layer 2's KV in the block file at `path`, leaving its header intact.
+void damage_layer_2(const std::string& path, const local_cluster_config& cfg) {
+  std::fstream f{path, std::ios::in | std::ios::out | std::ios::binary};
+  REQUIRE(f);
+  const std::streamoff at = 4096 + 2 * (cfg.store.block_tokens * 2 * cfg.model.kv_dim() * 4) + 123;
+  f.seekg(at);
+  char c = 0;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ 0x40);
+  f.seekp(at);
+  f.write(&c, 1);
+}
+
 }  // namespace
 
 TEST_CASE("store: a prefix loaded from the store gives the same tokens and logits as computing it, "
@@ -334,18 +347,8 @@ TEST_CASE("store: a corrupted block file and a deleted one end as recomputation 
   REQUIRE(t.generate(cluster.router, request_for(p)));
   wait_for_blocks(t, cluster, 3);
   const auto server_dir = dir.path + "/server-0";
-  {  // flip one byte of block 1's KV (layer 2): the header is intact, the landed layer is not
-    const auto path = store::block_path(server_dir, key_of(cfg, p, 1));
-    std::fstream f{path, std::ios::in | std::ios::out | std::ios::binary};
-    REQUIRE(f);
-    const std::streamoff at = 4096 + 2 * (cfg.store.block_tokens * 2 * cfg.model.kv_dim() * 4) + 123;
-    f.seekg(at);
-    char c = 0;
-    f.read(&c, 1);
-    c = static_cast<char>(c ^ 0x40);
-    f.seekp(at);
-    f.write(&c, 1);
-  }
+  // One byte of block 1's KV (layer 2) flipped: the header is intact, the landed layer is not.
+  damage_layer_2(store::block_path(server_dir, key_of(cfg, p, 1)), cfg);
   auto got = t.generate(cluster.router, request_for(p));
   REQUIRE_MESSAGE(got, t.sys.render(got.error()));
   CHECK(got->cached_tokens == 32);      // block 0 loaded ...
@@ -811,18 +814,7 @@ TEST_CASE("store with KV in wire form: an INT8 request reads exact blocks, also 
 
   // Block 1 damaged: the streamed prefix aborts at its layer 2 and the computation restarts after
   // block 0, shipping the restarted chunks' pages again; the answer still equals the reference.
-  {
-    const auto path = store::block_path(dir.path + "/server-0", key_of(cfg, p, 1));
-    std::fstream f{path, std::ios::in | std::ios::out | std::ios::binary};
-    REQUIRE(f);
-    const std::streamoff at = 4096 + 2 * (cfg.store.block_tokens * 2 * cfg.model.kv_dim() * 4) + 123;
-    f.seekg(at);
-    char c = 0;
-    f.read(&c, 1);
-    c = static_cast<char>(c ^ 0x40);
-    f.seekp(at);
-    f.write(&c, 1);
-  }
+  damage_layer_2(store::block_path(dir.path + "/server-0", key_of(cfg, p, 1)), cfg);
   got = t.generate(cluster.router, agent(p));
   REQUIRE_MESSAGE(got, t.sys.render(got.error()));
   CHECK(got->cached_tokens == 32);

@@ -416,7 +416,7 @@ TEST_CASE("a batch of prompts: choice i answers prompt i / n with seed + i % n, 
   for (size_t i = 0; i < 4; ++i) {
     done[i].num_prompt_tokens = i < 2 ? 4 : 5;
     done[i].tokens = {1, 2};
-    done[i].text = "!" + std::to_string(i);
+    done[i].text = std::string{"!"} + std::to_string(i);  // not "!" + ...: GCC 12 warns falsely (-Wrestrict)
     done[i].finish_reason = "length";
   }
   auto out = json::parse(deploy::openai::completion_json(c, done, "id", 0));

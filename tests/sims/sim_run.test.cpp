@@ -127,7 +127,7 @@ TEST_CASE("sim with expert parallelism: EPLB cuts the busiest GPU's load and kee
   cfg.max_batch = 1024;
   cfg.sample_s = 0;
   trace t;
-  for (int i = 0; i < 20; ++i) t.requests.push_back({i * 100'000ll, 2000, 20, {}, "r" + std::to_string(i)});
+  for (int i = 0; i < 20; ++i) t.requests.push_back({i * 100'000ll, 2000, 20, {}, std::string{"r"} + std::to_string(i)});
   sim_result off, on;
   std::string why;
   REQUIRE_MESSAGE(run_sim(cfg, t, "ep", &off, &why), why);
