@@ -132,6 +132,7 @@ void start(decode_pointer self, const running_seq& seq) {
   m.seq = seq;
   const uint32_t remaining = l.order.max_new_tokens > seq.num_generated ? l.order.max_new_tokens - seq.num_generated : 0;
   const uint32_t total = seq.pos + remaining + 1;
+  const bool inexact_kv = l.wire_form;  // the target must not write back expanded KV either
   const uint64_t lease_id = seq.lease_id, rid = l.request_id;
   // The target's lease must outlive the puts: each landed layer renews it, but a long sequence's
   // first layer may take longer than a request's lease (2 s) to land, and a lease expired there
@@ -153,7 +154,7 @@ void start(decode_pointer self, const running_seq& seq) {
             // Longer than the target may hold a reservation waiting for pages (reserve_wait_ms, the
             // same config on every rank): giving up first would leave its late grant to nobody.
             const auto reserve_timeout = std::chrono::milliseconds{self->state.cfg.reserve_wait_ms} + migrate_timeout;
-            self->request(p.rank, reserve_timeout, reserve_atom::value, kv_lease_reserve{rid, total, lease_ms, seq.pos})
+            self->request(p.rank, reserve_timeout, reserve_atom::value, kv_lease_reserve{rid, total, lease_ms, seq.pos, 0, inexact_kv})
                 .then(
                     [=](kv_lease_grant& g) {
                       auto& st = self->state;

@@ -190,6 +190,7 @@ kv_lease_grant grant_lease(decode_pointer self, const kv_lease_reserve& req, std
   l.pages = std::move(pages);
   l.landed.assign(s.core.exec->config().num_hidden_layers, false);
   l.lease_ms = req.lease_ms;
+  l.wire_form = req.inexact_kv;
   l.expires_at = self->clock().now() + std::chrono::milliseconds{req.lease_ms};
   self->delayed_send(self, std::chrono::milliseconds{req.lease_ms}, expire_atom::value, id);
   s.settled.push_back(req.request_id);

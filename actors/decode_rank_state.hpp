@@ -62,8 +62,9 @@ struct lease {
   bool has_order = false;
   bool release_after_step = false;  ///< released while a step was writing its pages
   bool local_writer = false;        ///< hybrid PD: this rank prefills it (no remote writer)
-  /// Its prompt's KV came in a wire form (INT8, INT4): its pages hold the expanded values, not
-  /// what a computation gives, so they are not written back (the store keeps exact KV only).
+  /// Its prompt's KV came in a wire form (INT8, INT4), here or on the rank that moved it here:
+  /// its pages hold expanded values, not what a computation gives, so they are not written back
+  /// (the store keeps exact KV only).
   bool wire_form = false;
   lease_writers writers;            ///< what its remote writers said so far
   /// Who reserved it (a request actor), watched: one that ends normally without releasing the

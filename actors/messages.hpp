@@ -36,11 +36,14 @@ struct kv_lease_reserve {
   /// The KV's form on the wire the request's traffic class asks for (transport::wire_format:
   /// 0 f32, 8 int8, 4 int4); the grant says what the rank can take.
   uint8_t wire = 0;
+  /// The KV to be written is not a computation's exactly (its prompt came in a wire form, and
+  /// a decode rank moves it here): the sequence is not written back to the store.
+  bool inexact_kv = false;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, kv_lease_reserve& x) {
   return f(caf::meta::type_name("kv_lease_reserve"), x.request_id, x.num_tokens, x.lease_ms, x.prompt_tokens,
-           x.wire);
+           x.wire, x.inexact_kv);
 }
 
 /// Where a decode rank's KV pool lives and how it is laid out (see gpu::kv_layout).

@@ -202,9 +202,16 @@ void finish_if_done(prefill_pointer self, uint64_t request_id) {
     r.promise.deliver(std::move(r.failure));
   } else {
     const auto& m = st.core.exec->config();
-    // Every layer of the whole prompt goes to the decode rank, K and V, as f32 pages (none prefill-only).
+    // Every layer of the whole prompt goes to the decode rank, K and V, as f32 values, or as whole
+    // pages' wire forms (none prefill-only).
+    const auto wire = r.wire.value_or(transport::wire_format::f32);
+    const auto& kv = st.core.exec->kv();
     const uint64_t kv_bytes =
-        r.order.prefill_only ? 0 : uint64_t{prompt_end(r)} * m.num_hidden_layers * m.kv_values_per_token() * sizeof(float);
+        r.order.prefill_only ? 0
+        : wire == transport::wire_format::f32
+            ? uint64_t{prompt_end(r)} * m.num_hidden_layers * m.kv_values_per_token() * sizeof(float)
+            : uint64_t{kv.pages_for_tokens(prompt_end(r))} * m.num_hidden_layers *
+                  transport::wire_bytes(wire, kv.layout().page_bytes() / sizeof(float));
     const int64_t send_us =
         r.first_put_at ? std::chrono::duration_cast<std::chrono::microseconds>(self->clock().now() - *r.first_put_at).count()
                        : 0;
@@ -421,7 +428,7 @@ void submit_chunk(prefill_pointer self, uint64_t rid) {
   auto sender = std::make_shared<const chunk_sender>(chunk_sender{
       rid, r.attempt, c, part_ends, c == 0 && !r.split.active ? 0 : start / ps, part_ends ? (end + ps - 1) / ps : end / ps,
       r.local_pages, order.grant.page_ids, local, remote_layout, st.core.pool_key->region_id, remote_key,
-      order.grant.rank, *r.wire, st.core.wire.get(), order.grant.wire});
+      order.grant.rank, *r.wire, st.core.wire, order.grant.wire, part_ends && end % ps ? end % ps : 0});
   // Runs on the executor thread as soon as layer `l`'s KV is written, before the layer's
   // attention and MLP: the put is posted in stream order and travels while they compute (its
   // checksum reads pages still in the cache), and the actor polls it.

@@ -16,6 +16,7 @@
 
 #include <caf/actor_clock.hpp>
 #include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
 #include <caf/typed_response_promise.hpp>
 
 #include "actors/config.hpp"
@@ -47,10 +48,15 @@ struct chunk_sender {
   transport::region_key remote_key;
   std::string peer;
   /// The KV's form on the wire. Not f32: each page's layer is encoded into the rank's staging
-  /// (`staging`, which outlives the executor) and put to the decode rank's (`remote_wire`).
+  /// and put to the decode rank's (`remote_wire`). Held here: the actor's state (which holds it
+  /// too) is destroyed before the executor stops, so a running chunk may outlive it.
   transport::wire_format wire = transport::wire_format::f32;
-  const kv_wire_staging* staging = nullptr;
+  std::shared_ptr<const kv_wire_staging> staging;
   kv_wire_region remote_wire;
+  /// Positions the prompt fills in its last page when this chunk ships it partly filled (0: every
+  /// page it ships is full). The rest of that page is not this prompt's (a former sequence's KV,
+  /// or whatever a device mirror left) and travels as zeros.
+  uint32_t tail_tokens = 0;
 
   transport::put_desc put_for_layer(uint32_t layer) const {
     if (wire != transport::wire_format::f32) {
@@ -72,8 +78,20 @@ struct chunk_sender {
   /// Writes the wire form of this chunk's pages of `layer` into their staging slots. Empty, or
   /// why not (a value with no wire form), naming the page.
   std::string encode_layer(uint32_t layer, gpu::kv_cache& kv) const {
+    thread_local std::vector<float> tail;
     for (uint32_t i = first_page; i < end_page; ++i) {
-      auto why = transport::wire_encode(wire, kv.k_at(layer, local_pages[i], 0), staging->page_values,
+      const float* page = kv.k_at(layer, local_pages[i], 0);
+      if (tail_tokens > 0 && i + 1 == end_page) {
+        // A partly filled last page: only the prompt's rows, the rest zero (a stale value there
+        // could be one with no wire form, and would not be this prompt's KV anyway).
+        const uint64_t plane = uint64_t{local_layout.page_size_tokens} * local_layout.kv_dim;
+        const uint64_t rows = uint64_t{tail_tokens} * local_layout.kv_dim;
+        tail.assign(staging->page_values, 0.0f);
+        for (uint64_t p = 0; p * plane < staging->page_values; ++p)
+          std::copy(page + p * plane, page + p * plane + rows, tail.begin() + static_cast<ptrdiff_t>(p * plane));
+        page = tail.data();
+      }
+      auto why = transport::wire_encode(wire, page, staging->page_values,
                                         reinterpret_cast<uint8_t*>(staging->slot(layer, local_pages[i])));
       if (!why.empty()) return "page " + std::to_string(i) + " of the prompt: " + why;
     }

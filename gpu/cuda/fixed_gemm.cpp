@@ -134,8 +134,12 @@ struct fixed_gemm::impl {
       if (!p.ok || need < p.workspace) p.algo = algo, p.workspace = need, p.ok = true;
       if (need == 0) break;
     }
-    if (p.ok && p.workspace > 0 && !workspace && cudaMalloc(&workspace, max_workspace) != cudaSuccess) {
+    // Made with the first plan, whether or not it needs any (see run()): 32 MiB of 141 GiB. A plan
+    // that needs none runs without it where there is no room for it.
+    if (p.ok && !workspace && cudaMalloc(&workspace, max_workspace) != cudaSuccess) {
       workspace = nullptr;
+      cudaGetLastError();  // not sticky: the next launch must not report it
+      if (p.workspace == 0) return p;
       p.ok = false;
       p.why = "no device memory for cuBLASLt's workspace of " + std::to_string(max_workspace >> 20) + " MiB";
       return p;
@@ -177,12 +181,11 @@ std::string fixed_gemm::run(const void* a, const void* w, float* y, uint32_t m, 
   if (!p.ok) return p.why;
   const float alpha = 1.0f;
   const layouts l{impl_->type, m, n, k};
-  // One workspace for every plan: products run one at a time on the caller's stream. A plan that
-  // needs any gets all of it: its need was measured at the bucket's edges only, and a row count
-  // between them may need more (a stream-K schedule sizes its partials by the grid).
-  const bool any = p.workspace > 0;
+  // One workspace for every plan: products run one at a time on the caller's stream. Every plan
+  // gets all of it: needs were measured at the bucket's edges only, and a row count between them
+  // may need more (a stream-K schedule sizes its partials by the grid).
   const auto rc = cublasLtMatmul(impl_->lt, impl_->op, &alpha, w, l.w, a, l.a, &beta, y, l.y, y, l.y, &p.algo,
-                                 any ? impl_->workspace : nullptr, any ? impl::max_workspace : 0,
+                                 impl_->workspace, impl_->workspace ? impl::max_workspace : 0,
                                  static_cast<cudaStream_t>(stream));
   if (rc == CUBLAS_STATUS_SUCCESS) return {};
   return "cuBLASLt matmul of " + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) +

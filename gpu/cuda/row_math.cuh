@@ -30,13 +30,19 @@ inline void allow_dynamic_smem(int bytes) {
   if (asked.load(std::memory_order_acquire) & bit) return;
   int optin = 0;
   cudaFuncAttributes attr{};
+  // A failure here leaves no error behind (the launchers read cudaGetLastError): the launch that
+  // then needs more than it may have fails, and says so itself.
   if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess ||
-      cudaFuncGetAttributes(&attr, Kernel) != cudaSuccess)
+      cudaFuncGetAttributes(&attr, Kernel) != cudaSuccess) {
+    cudaGetLastError();
     return;
+  }
   const int dynamic_max = optin - static_cast<int>(attr.sharedSizeBytes);
   if (dynamic_max > 0 &&
       cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic_max) == cudaSuccess)
     asked.fetch_or(bit, std::memory_order_acq_rel);
+  else
+    cudaGetLastError();
 }
 
 __device__ __forceinline__ float load_as_float(const float* p, uint64_t i) { return p[i]; }

@@ -2,6 +2,7 @@
 
 // A real-threaded actor system with an in-process cluster, for actor tests.
 
+#include <algorithm>
 #include <thread>
 
 #include <caf/actor_system.hpp>
@@ -20,16 +21,23 @@ namespace baton::test {
 
 /// What a handoff in wire form `f` does to a prompt's KV, for generate_colocated: every page
 /// the prompt reaches, each layer, through the wire form and back, in place (as whole pages, as
-/// the handoff sends them). The colocated run is then the exact reference of that handoff.
+/// the handoff sends them, the last page's rows past the prompt as zeros). The colocated run is
+/// then the exact reference of that handoff.
 inline gpu::after_prefill_fn wire_round_trip(transport::wire_format f) {
   return [f](gpu::kv_cache& kv, const std::vector<uint32_t>& pages, uint32_t prompt_tokens) {
-    const uint64_t values = kv.layout().page_bytes() / sizeof(float);
+    const auto& lay = kv.layout();
+    const uint64_t values = lay.page_bytes() / sizeof(float), plane = uint64_t{lay.page_size_tokens} * lay.kv_dim;
+    const uint32_t n = kv.pages_for_tokens(prompt_tokens), tail = prompt_tokens % lay.page_size_tokens;
     std::vector<uint8_t> wire(transport::wire_bytes(f, values));
-    for (uint32_t l = 0; l < kv.layout().num_layers; ++l)
-      for (uint32_t i = 0; i < kv.pages_for_tokens(prompt_tokens); ++i) {
+    for (uint32_t l = 0; l < lay.num_layers; ++l)
+      for (uint32_t i = 0; i < n; ++i) {
+        float* page = kv.k_at(l, pages[i], 0);
+        if (tail > 0 && i + 1 == n)
+          for (uint64_t p = 0; p * plane < values; ++p)
+            std::fill(page + p * plane + uint64_t{tail} * lay.kv_dim, page + (p + 1) * plane, 0.0f);
         // A value with no wire form leaves its page as it is: the handoff fails that request instead.
-        if (!transport::wire_encode(f, kv.k_at(l, pages[i], 0), values, wire.data()).empty()) continue;
-        transport::wire_decode(f, wire.data(), values, kv.k_at(l, pages[i], 0));
+        if (!transport::wire_encode(f, page, values, wire.data()).empty()) continue;
+        transport::wire_decode(f, wire.data(), values, page);
       }
   };
 }

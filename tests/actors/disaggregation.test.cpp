@@ -1,10 +1,13 @@
 #include <doctest/doctest.h>
 
+#include <cmath>
+#include <limits>
 #include <map>
 #include <thread>
 
 #include <caf/event_based_actor.hpp>
 
+#include "actors/prefill_rank_state.hpp"
 #include "gpu/byte_tokenizer.hpp"
 #include "gpu/cpu_executor.hpp"
 #include "gpu/fault_executor.hpp"
@@ -904,4 +907,50 @@ TEST_CASE("KV in wire form: a corrupted layer fails its checksum over the wire b
   // The next request (no fault left to inject) succeeds in INT8.
   req.prompt = "after the corruption";
   CHECK(t.generate(cluster.router, req));
+}
+
+TEST_CASE("KV in wire form: a partly filled last page travels with the prompt's rows only, the rest as zeros, so "
+          "a stale value there (even a NaN) neither fails the prompt nor reaches the decode rank") {
+  const gpu::kv_layout lay{2, 4, 8, 64, 2};  // 2 layers, 4 pages of 8 positions, K and V of 64 values
+  gpu::kv_cache kv{lay};
+  const auto pages = *kv.kv_page_alloc(2);
+  for (uint32_t l = 0; l < 2; ++l)
+    for (uint32_t i = 0; i < 2; ++i) {
+      float* page = kv.k_at(l, pages[i], 0);
+      for (uint64_t v = 0; v < lay.page_bytes() / 4; ++v) page[v] = 0.01f * static_cast<float>((v * 7 + l + i) % 23) - 0.1f;
+    }
+  // The prompt fills 11 positions: page 0 whole, 3 rows of page 1. Row 5 of page 1 holds a NaN
+  // from a former sequence, in K and in V.
+  kv.k_at(1, pages[1], 5)[3] = std::numeric_limits<float>::quiet_NaN();
+  kv.v_at(1, pages[1], 5)[9] = std::numeric_limits<float>::quiet_NaN();
+  auto staging = std::make_shared<kv_wire_staging>();
+  staging->num_pages = lay.num_pages;
+  staging->page_values = lay.page_bytes() / 4;
+  staging->slot_bytes = kv_wire_staging::slot_bytes_for(lay);
+  staging->memory = std::shared_ptr<std::byte>(new std::byte[staging->slot_bytes * lay.num_layers * lay.num_pages],
+                                               std::default_delete<std::byte[]>());
+  prefill_detail::chunk_sender sender{};
+  sender.request_id = 7;
+  sender.last = true;
+  sender.first_page = 0, sender.end_page = 2;
+  sender.local_pages = pages, sender.remote_pages = {0, 1};
+  sender.local_layout = sender.remote_layout = lay;
+  sender.wire = transport::wire_format::int8;
+  sender.staging = staging;
+  sender.tail_tokens = 3;
+  for (uint32_t l = 0; l < 2; ++l) REQUIRE(sender.encode_layer(l, kv).empty());
+  std::vector<float> back(staging->page_values);
+  transport::wire_decode(transport::wire_format::int8, reinterpret_cast<const uint8_t*>(staging->slot(1, pages[1])),
+                         staging->page_values, back.data());
+  const uint64_t plane = 8 * 64;
+  for (uint64_t p = 0; p < 2; ++p)
+    for (uint64_t v = 0; v < plane; ++v) {
+      const float orig = kv.k_at(1, pages[1], 0)[p * plane + v];
+      if (v < 3 * 64) CHECK(std::fabs(back[p * plane + v] - orig) <= 0.1f / 127 + 1e-6f);  // the prompt's rows
+      else CHECK(back[p * plane + v] == 0.0f);                                             // the rest
+    }
+  // A NaN in the prompt's own rows has no wire form: the layer says which page.
+  kv.k_at(0, pages[0], 2)[1] = std::numeric_limits<float>::quiet_NaN();
+  const auto why = sender.encode_layer(0, kv);
+  CHECK_MESSAGE(why.find("page 0 of the prompt") != std::string::npos, why);
 }

@@ -3,6 +3,7 @@
 
 #include <doctest/doctest.h>
 
+#include <filesystem>
 #include <optional>
 #include <utility>
 #include <thread>
@@ -12,6 +13,8 @@
 #include "gpu/local_generate.hpp"
 #include "tests/actors/cluster_fixture.hpp"
 #include "transport/fault_proxy.hpp"
+
+#include <unistd.h>
 
 using namespace baton;
 
@@ -198,4 +201,73 @@ TEST_CASE("a move whose KV takes longer to land than a request's lease lasts sti
   const auto st = t.stats(leaving);
   CHECK(st.migrated_out > 0);
   CHECK(st.migrate_failed == 0);
+}
+
+TEST_CASE("a sequence whose prompt came in a wire form keeps that mark when it moves: neither decode rank writes it "
+          "back to the store (the store keeps exact KV only), and its tokens are the wire form's reference") {
+  struct temp_dir {  // removed after the cluster has stopped (declared before it)
+    std::string path = "/tmp/baton-migrate-wire-" + std::to_string(::getpid());
+    temp_dir() { std::filesystem::remove_all(path); }
+    ~temp_dir() {
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+  } tmp;
+  const std::string& dir = tmp.path;
+  test::cluster_system t;
+  auto cfg = two_decode_ranks();
+  cfg.store.enabled = true;
+  cfg.store.dir = dir;
+  cfg.store.block_tokens = 16;
+  cfg.router.request.kv_wire.chat = transport::wire_format::int8;  // chat in INT8; agent in f32
+  REQUIRE(cfg.validate().empty());
+  auto cluster = start_local_cluster(t.sys, cfg);
+  test::cluster_system::stopper stop{t, cluster};
+  caf::scoped_actor self{t.sys};
+
+  constexpr int n = 6, max_tokens = 300;
+  std::vector<std::string> prompts;
+  auto handles = send_long(self, cluster.router, n, max_tokens, "a quantised sequence on the move", &prompts);
+  // The first decode rank seen running sequences leaves (bounded wait); the other takes them.
+  std::optional<size_t> from;
+  for (int i = 0; i < 5000 && !from; ++i) {
+    for (size_t k = 0; k < 2 && !from; ++k)
+      if (t.stats(cluster.decode[k].handle).num_running > 0) from = k;
+    if (!from) std::this_thread::sleep_for(std::chrono::milliseconds{1});
+  }
+  REQUIRE(from);
+  const auto& leaving = cluster.decode[*from].handle;
+  const auto& target = cluster.decode[1 - *from].handle;
+  self->send(cluster.decode_balancer, drain_atom::value, leaving);
+  self->send(leaving, migrate_atom::value);
+  std::vector<completion> done(n);
+  for (int i = 0; i < n; ++i)
+    handles[i].receive([&](completion& c) { done[i] = std::move(c); },
+                       [&](caf::error& e) { FAIL("request " << i << ": " << t.sys.render(e)); });
+  uint32_t moved = 0;
+  auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
+  const gpu::byte_tokenizer tok{cfg.model.bos_token_id, cfg.model.eos_token_id};
+  for (int i = 0; i < n; ++i) {
+    CAPTURE(i);
+    moved += done[i].migrations;
+    auto exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
+    auto ref = gpu::generate_colocated(*exec, tok.encode(prompts[i]), max_tokens, cfg.prefill.chunk_tokens, {}, true,
+                                       test::wire_round_trip(transport::wire_format::int8));
+    CHECK(done[i].tokens == ref.tokens);
+  }
+  REQUIRE(moved > 0);
+  CHECK(t.stats(target).blocks_written_back == 0);
+  CHECK(t.stats(leaving).blocks_written_back == 0);
+  // The control: an f32 (agent) request in the same cluster is written back.
+  generate_request req;
+  req.prompt = "an exact sequence, written back";
+  req.max_tokens = 20;
+  req.traffic_class = "agent";
+  REQUIRE(t.generate(cluster.router, req));
+  uint64_t written = 0;
+  for (int i = 0; i < 500 && written == 0; ++i) {
+    written = t.stats(target).blocks_written_back + t.stats(leaving).blocks_written_back;
+    if (written == 0) std::this_thread::sleep_for(std::chrono::milliseconds{10});
+  }
+  CHECK(written > 0);
 }
