@@ -7,7 +7,7 @@
 // error is at most s / 2. A layer's wire form is its scales, then its packed values.
 //
 // Plain functions over host memory, no transport in them: the handoff applies them to a layer's
-// pages before the put and after the layer lands. Bytes per fp32 value: 0.27 for INT8, 0.14 for
+// pages before the put and after the layer lands (actors/kv_wire_staging.hpp). Bytes per fp32 value: 0.27 for INT8, 0.14 for
 // INT4 (3.8x and 7.1x fewer than fp32).
 
 #include <cstddef>
@@ -37,7 +37,7 @@ size_t wire_bytes(wire_format f, size_t values);
 
 /// Writes the wire form of src[0, values) to out (wire_bytes(f, values) bytes). Empty on
 /// success; else why not, naming the first value that has no wire form (not finite), and out
-/// is left unspecified: send that layer as f32.
+/// is left unspecified (the handoff then fails the request: non-finite KV is a broken model).
 std::string wire_encode(wire_format f, const float* src, size_t values, uint8_t* out);
 
 /// Expands what wire_encode wrote back to `values` fp32 values in dst. `in` and `dst` must not
