@@ -26,7 +26,7 @@ wait_bounded() {
   local pid=$1 secs=${2:-30}
   for _ in $(seq $((secs * 10))); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
   if kill -0 "$pid" 2>/dev/null; then
-    kill -9 "$pid" 2>/dev/null
+    kill -9 "$pid" 2>/dev/null || true
     wait "$pid" 2>/dev/null
     return 124
   fi
@@ -40,7 +40,7 @@ stop_launcher() {
     for _ in $(seq 300); do kill -0 "$LAUNCHER" 2>/dev/null || break; sleep 0.1; done
     # Its nodes first: a command line of a built-in model's node does not name WORK.
     pkill -9 -P "$LAUNCHER" 2>/dev/null || true
-    kill -9 "$LAUNCHER" 2>/dev/null
+    kill -9 "$LAUNCHER" 2>/dev/null || true  # gone already: set -e would end the trap before WORK is removed
   fi
   pkill -9 -f "$WORK" 2>/dev/null || true
   rm -rf "$WORK"
