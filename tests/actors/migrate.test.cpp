@@ -65,7 +65,7 @@ TEST_CASE("a drained decode rank moves its running sequences with their KV; they
   auto handles = send_long(self, cluster.router, n, max_tokens, "moving sequence number", &prompts);
   // Once the leaving rank decodes some of them (bounded wait), drain it and move them.
   bool running = false;
-  for (int i = 0; i < 2000 && !running; ++i) {
+  for (int i = 0; i < 10000 && !running; ++i) {  // bounded: ~10 s (a loaded CI machine prefills slowly)
     running = t.stats(leaving).num_running > 0;
     if (!running) std::this_thread::sleep_for(std::chrono::milliseconds{1});
   }
@@ -120,7 +120,7 @@ TEST_CASE("a move whose KV puts never land (a stalled link) is given up after mi
   std::vector<std::string> prompts;
   auto handles = send_long(self, cluster.router, n, max_tokens, "stalled move", &prompts);
   bool running = false;
-  for (int i = 0; i < 2000 && !running; ++i) {
+  for (int i = 0; i < 10000 && !running; ++i) {  // bounded: ~10 s (a loaded CI machine prefills slowly)
     running = t.stats(leaving).num_running > 0;
     if (!running) std::this_thread::sleep_for(std::chrono::milliseconds{1});
   }
