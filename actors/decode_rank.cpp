@@ -84,8 +84,6 @@ void report_load(decode_pointer self) {
   self->send(st.balancer, load_atom::value, std::move(load), caf::actor_cast<decode_rank_actor>(self));
 }
 
-void rebalance_memory(decode_pointer self);
-
 /// Gives a quarantined lease's pages back to the pool.
 void end_quarantine(decode_pointer self, uint64_t lease_id) {
   auto& st = self->state;
@@ -139,80 +137,6 @@ void free_lease(decode_pointer self, uint64_t lease_id, bool writer_may_write, b
   report_load(self);
 }
 
-/// Corrupt KV never reaches a decode step: the lease is dropped, the request told why (now, or
-/// when its order comes).
-void drop_corrupt_lease(decode_pointer self, const kv_layer_ready& ev, std::string why) {
-  auto& s = self->state;
-  auto& l = s.leases.at(ev.lease_id);
-  if (l.has_order) l.promise.deliver(make_error(errc::transfer_failed, why));
-  if (s.corrupted.size() >= 1024) s.corrupted.erase(s.corrupted.begin());  // bounded: orders may never come
-  s.corrupted[ev.lease_id] = std::move(why);
-  free_lease(self, ev.lease_id, true);  // the later layers' puts may still come
-}
-
-/// A layer that came in wire form (kv_layer_ready::wire): its staged bytes checked against the
-/// sender's checksum (unless checksums are off), then expanded into the lease's pages. Empty, or
-/// why the layer cannot be used (naming request, rank, stage, layer and sender).
-std::string expand_wire_layer(decode_pointer self, const lease& l, const kv_layer_ready& ev,
-                              std::optional<transport::wire_format> wire) {
-  auto& s = self->state;
-  auto& kv = s.core.exec->kv();
-  auto fail = [&](const std::string& what) {
-    return where(ev.request_id, s.cfg.name, "kv_recv") + ": layer " + std::to_string(ev.layer) +
-           (ev.from.empty() ? "" : " from " + ev.from) + " " + what;
-  };
-  const auto* staging = s.core.wire.get();
-  if (!wire || !staging)
-    return fail(!wire ? "names wire form " + std::to_string(ev.wire) + ", which does not exist"
-                      : "came in " + std::string(transport::to_string(*wire)) + " form, but this rank granted no staging");
-  const uint32_t pages = std::min<uint32_t>(kv.pages_for_tokens(ev.num_tokens), l.pages.size());
-  if (s.cfg.verify_kv_checksums) {
-    const uint64_t got = std::max<uint64_t>(1, staging->checksum(*wire, ev.layer, l.pages, pages));
-    if (got != ev.checksum)
-      return fail("failed its checksum in " + std::string(transport::to_string(*wire)) + " form (sent " +
-                  std::to_string(ev.checksum) + ", landed " + std::to_string(got) + ")");
-  }
-  for (uint32_t i = 0; i < pages; ++i)
-    transport::wire_decode(*wire, reinterpret_cast<const uint8_t*>(staging->slot(ev.layer, l.pages[i])),
-                           staging->page_values, kv.k_at(ev.layer, l.pages[i], 0));
-  return {};
-}
-
-kv_lease_grant grant_lease(decode_pointer self, const kv_lease_reserve& req, std::vector<uint32_t> pages,
-                           const caf::actor_addr& holder) {
-  auto& s = self->state;
-  const uint64_t id = ++s.last_lease;
-  auto& l = s.leases[id];
-  l.request_id = req.request_id;
-  l.holder = holder;
-  // A holder already gone is told at once (a reservation that waited for pages outlived it).
-  if (auto h = caf::actor_cast<caf::actor>(holder); h && s.watched_holders.insert(holder).second) self->monitor(h);
-  l.pages = std::move(pages);
-  l.landed.assign(s.core.exec->config().num_hidden_layers, false);
-  l.lease_ms = req.lease_ms;
-  l.wire_form = req.inexact_kv;
-  l.expires_at = self->clock().now() + std::chrono::milliseconds{req.lease_ms};
-  self->delayed_send(self, std::chrono::milliseconds{req.lease_ms}, expire_atom::value, id);
-  s.settled.push_back(req.request_id);
-  report_load(self);
-  kv_lease_grant grant{req.request_id, id, s.cfg.name, s.region, l.pages, req.lease_ms, {}};
-  // The form on the wire the request asked for, with this rank's staging for it; f32 (said once)
-  // where the rank has none.
-  if (auto f = transport::wire_format_of(req.wire); f && *f != transport::wire_format::f32) {
-    std::string why;
-    if (const auto* w = s.core.wire_staging(&why)) {
-      grant.wire = kv_wire_region{req.wire, w->key.backend, w->key.region_id, w->key.size_bytes, w->key.packed,
-                                  w->slot_bytes, w->num_pages};
-    } else if (!s.wire_refusal_said) {
-      s.wire_refusal_said = true;
-      std::fprintf(stderr, "baton: decode rank %s: request %llu asked for KV in %s on the wire; it comes as f32 (%s)\n",
-                   s.cfg.name.c_str(), static_cast<unsigned long long>(req.request_id), transport::to_string(*f),
-                   why.c_str());
-    }
-  }
-  return grant;
-}
-
 /// A lease holder (a request actor) ended. One that ended normally let go of every lease it knew
 /// (its release came first: one sender, in order), so a lease of it still here, or held at expiry
 /// with no word from anyone, was never known to it, nor to any writer: its pages go back now,
@@ -251,14 +175,6 @@ void copy_pages(decode_state& st, const std::vector<uint32_t>& pages, const std:
       else
         std::memcpy(dev, host, lay.page_bytes());
     }
-}
-
-/// Pages a reservation takes now: the whole sequence, or on demand the prompt plus headroom.
-uint32_t pages_to_reserve(const decode_state& st, const kv_lease_reserve& req) {
-  uint32_t tokens = req.num_tokens;
-  if (on_demand(st) && req.prompt_tokens > 0)
-    tokens = std::min(tokens, req.prompt_tokens + st.cfg.on_demand_headroom_tokens);
-  return st.core.exec->kv().pages_for_tokens(tokens);
 }
 
 
@@ -663,47 +579,7 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
   report_load(self);  // registers this rank with its balancer
   return {
       [=](reserve_atom, const kv_lease_reserve& req) -> caf::result<kv_lease_grant> {
-        auto& s = self->state;
-        const auto stage = where(req.request_id, s.cfg.name, "kv_reserve");
-        // A refusal settles the balancer's charge for it with the next report (as a grant does).
-        auto refuse = [&](errc code, const std::string& why) {
-          s.settled.push_back(req.request_id);
-          return make_error(code, stage + ": " + why);
-        };
-        if (!s.core.setup_error.empty()) return refuse(errc::executor_failed, s.core.setup_error);
-        // An executor that can run nothing (a broken data-parallel group): the request is placed
-        // again elsewhere, and the balancer hears that this rank has no room.
-        if (auto failure = s.core.exec->standing_failure(); !failure.empty()) {
-          auto e = refuse(errc::rank_unavailable, failure);
-          report_load(self);
-          return e;
-        }
-        // On standby the executor's pool belongs to this instance's other role: a placement made
-        // before the switch must go elsewhere.
-        if (s.cfg.standby) return refuse(errc::rank_unavailable, "on standby (serving as prefill)");
-        auto& pool = s.core.exec->kv();
-        const uint32_t need = pages_to_reserve(s, req);
-        if (s.reserves.empty() && s.paused.empty() && pool.num_free_pages() >= need + watermark_pages(s))
-          if (auto pages = pool.kv_page_alloc(need))
-            return grant_lease(self, req, std::move(*pages), caf::actor_cast<caf::actor_addr>(self->current_sender()));
-        // Short of pages: with host memory for offloads, running sequences make room (between
-        // steps); on demand, the reservation waits its turn for pages that finishing sequences
-        // free; otherwise refuse now and let the request re-place itself.
-        const bool can_wait = on_demand(s) ? need + watermark_pages(s) <= pool.layout().num_pages
-                                           : s.cfg.host_offload_pages > 0 && !s.batch.empty();
-        if (can_wait && need <= pool.layout().num_pages) {
-          auto promise = self->make_response_promise<kv_lease_grant>();
-          const uint64_t id = ++s.last_reserve;
-          s.reserves.push_back({req, caf::actor_cast<caf::actor_addr>(self->current_sender()), promise, id});
-          self->delayed_send(self, std::chrono::milliseconds{s.cfg.reserve_wait_ms}, reserve_expire_atom::value, id);
-          rebalance_memory(self);
-          return promise;
-        }
-        auto e = refuse(errc::kv_capacity, "needs " + std::to_string(need) + " KV pages for " +
-                                               std::to_string(req.num_tokens) + " tokens, " +
-                                               std::to_string(pool.num_free_pages()) + " free");
-        report_load(self);
-        return e;
+        return on_reserve(self, req);
       },
       [=](prefill_order& order) -> caf::result<prefill_result> {
         auto& s = self->state;
@@ -764,40 +640,7 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
         if (q->second.writers.all_done()) end_quarantine(self, lease_id);
       },
       [=](const kv_layer_ready& ev) {
-        auto& s = self->state;
-        auto i = s.leases.find(ev.lease_id);
-        if (i == s.leases.end() || i->second.request_id != ev.request_id || ev.layer >= i->second.landed.size())
-          return;  // a late layer of a lease that already expired: nothing to do
-        auto& l = i->second;
-        if (l.decoding) return;  // a repeated layer after admission: its pages hold decode KV now
-        const auto wire = transport::wire_format_of(ev.wire);
-        if (wire != transport::wire_format::f32) {
-          // In wire form: checked and expanded once. A repeated signal (its slots may be taking a
-          // retried attempt's identical bytes) leaves the expanded pages alone.
-          if (l.landed[ev.layer]) return;
-          if (auto why = expand_wire_layer(self, l, ev, wire); !why.empty()) {
-            drop_corrupt_lease(self, ev, std::move(why));
-            return;
-          }
-          l.wire_form = true;
-        } else if (s.cfg.verify_kv_checksums) {
-          const auto& kv = s.core.exec->kv();
-          const uint32_t pages = std::min<uint32_t>(kv.pages_for_tokens(ev.num_tokens), l.pages.size());
-          const uint64_t got = std::max<uint64_t>(1, kv.kv_layer_checksum(ev.layer, l.pages, pages));
-          if (got != ev.checksum) {
-            drop_corrupt_lease(self, ev,
-                               where(ev.request_id, s.cfg.name, "kv_recv") + ": layer " + std::to_string(ev.layer) +
-                                   (ev.from.empty() ? "" : " from " + ev.from) + " failed its checksum (sent " +
-                                   std::to_string(ev.checksum) + ", landed " + std::to_string(got) + ")");
-            return;
-          }
-        }
-        if (!l.landed[ev.layer]) {
-          l.landed[ev.layer] = true;
-          if (++l.num_landed == l.landed.size()) s.core.log->add({0, "kv_landed", l.request_id, 0, 0, {}, {}});
-        }
-        l.expires_at = self->clock().now() + std::chrono::milliseconds{l.lease_ms};  // progress renews
-        maybe_admit(self, ev.lease_id);
+        on_layer_ready(self, ev);
       },
       [=](keepalive_atom, uint64_t request_id, uint64_t lease_id) {
         // The prompt waits in a prefill rank's queue: that rank is alive and busy, keep the pages.

@@ -1,9 +1,11 @@
 #pragma once
 
-// The decode rank's state and the functions its translation units share (internal: only
-// decode_rank.cpp and decode_writeback.cpp include this). decode_rank.cpp is the rank itself:
-// leases, the continuous batch, offload to host memory, hybrid prefill. decode_writeback.cpp
-// writes finished sequences' full blocks back to the block store.
+// The decode rank's state and the functions its translation units share (internal: only the
+// decode_*.cpp files include this). decode_rank.cpp is the rank itself: leases, the continuous
+// batch, offload to host memory, hybrid prefill. decode_handoff.cpp takes the KV handoff's side
+// of it: reservations, layer-ready signals, wire-form expansion. decode_writeback.cpp writes
+// finished sequences' full blocks back to the block store; decode_migrate.cpp moves running
+// sequences to other decode ranks.
 
 #include <cstdint>
 #include <deque>
@@ -15,6 +17,8 @@
 #include <vector>
 
 #include <caf/actor_clock.hpp>
+#include <caf/make_message.hpp>  // before result.hpp, whose templates call it
+#include <caf/result.hpp>
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 #include <caf/typed_response_promise.hpp>
@@ -225,6 +229,27 @@ using decode_pointer = decode_rank_actor::stateful_pointer<decode_state>;
 void free_lease(decode_pointer self, uint64_t lease_id, bool writer_may_write = false, bool unreleased = false);
 void report_load(decode_pointer self);
 void maybe_step(decode_pointer self);
+/// Joins the batch once every layer has landed and the order is here (between steps).
+void maybe_admit(decode_pointer self, uint64_t lease_id);
+/// Offloads running sequences or resumes paused ones, and grants waiting reservations, as the
+/// free pages allow (decode_rank.cpp).
+void rebalance_memory(decode_pointer self);
+/// On demand: a reservation takes the prompt plus headroom, and running sequences grow a page
+/// at a time (cfg.on_demand_headroom_tokens > 0).
+bool on_demand(const decode_state& st);
+/// Pages kept free on demand for running sequences to grow into.
+uint32_t watermark_pages(const decode_state& st);
+
+/// The KV handoff (decode_handoff.cpp). A reservation: granted now, queued until offloads or
+/// finishing sequences free pages, or refused, naming why.
+caf::result<kv_lease_grant> on_reserve(decode_pointer self, const kv_lease_reserve& req);
+/// A lease over `pages` for `req`, with wire-form staging where the request asked for one.
+kv_lease_grant grant_lease(decode_pointer self, const kv_lease_reserve& req, std::vector<uint32_t> pages,
+                           const caf::actor_addr& holder);
+uint32_t pages_to_reserve(const decode_state& st, const kv_lease_reserve& req);
+/// A layer landed (kv_layer_ready): checked, expanded when in wire form, and the sequence
+/// admitted once all layers are in.
+void on_layer_ready(decode_pointer self, const kv_layer_ready& ev);
 
 /// Elastic drain (decode_migrate.cpp): takes the batch's sequences out between steps and moves
 /// each, with its KV, to a decode rank the balancer picks; a move that fails puts the sequence

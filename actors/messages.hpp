@@ -65,7 +65,8 @@ typename Inspector::result_type inspect(Inspector& f, kv_region_desc& x) {
 }
 
 /// Where a rank stages KV in wire form (kv_wire_staging): slot (layer, page) at
-/// (layer · num_pages + page) · slot_bytes of the region.
+/// (layer · num_pages + page) · slot_bytes of the region, num_pages being its KV pool's
+/// (kv_region_desc::num_pages of the same grant).
 struct kv_wire_region {
   uint8_t format = 0;  ///< transport::wire_format granted; 0 (f32): no staging, pages travel as they are
   std::string backend;
@@ -73,12 +74,11 @@ struct kv_wire_region {
   uint64_t size_bytes = 0;
   std::vector<uint8_t> packed_key;
   uint64_t slot_bytes = 0;
-  uint32_t num_pages = 0;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, kv_wire_region& x) {
   return f(caf::meta::type_name("kv_wire_region"), x.format, x.backend, x.region_id, x.size_bytes, x.packed_key,
-           x.slot_bytes, x.num_pages);
+           x.slot_bytes);
 }
 
 struct kv_lease_grant {

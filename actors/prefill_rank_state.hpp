@@ -1,8 +1,9 @@
 #pragma once
 
-// The prefill rank's state and the functions its two translation units share (internal: only
-// prefill_rank.cpp and prefill_streams.cpp include this). prefill_rank.cpp is the rank itself:
-// queue, chunks, executor, puts to the decode rank. prefill_streams.cpp is KV that streams in
+// The prefill rank's state and the functions its translation units share (internal: only the
+// prefill_*.cpp files include this). prefill_rank.cpp is the rank itself: queue, chunks,
+// executor. prefill_send.cpp tracks the puts to the decode rank until they land, and picks the
+// KV's form on the wire. prefill_streams.cpp is KV that streams in
 // from elsewhere while the rank computes: a cached prefix from the block store, and the earlier
 // parts of a split prompt from other prefill ranks.
 
@@ -65,7 +66,7 @@ struct chunk_sender {
       const uint64_t bytes = transport::wire_bytes(wire, staging->page_values);
       for (uint32_t i = first_page; i < end_page; ++i)
         d.segments.push_back({staging->offset(layer, local_pages[i]),
-                              (uint64_t{layer} * remote_wire.num_pages + remote_pages[i]) * remote_wire.slot_bytes, bytes});
+                              (uint64_t{layer} * remote_layout.num_pages + remote_pages[i]) * remote_wire.slot_bytes, bytes});
       return d;
     }
     transport::put_desc d{request_id, layer, peer, local_region, remote_key, {}};
@@ -276,16 +277,26 @@ inline void renew_lease(prefill_pointer self, const prefill_order& o) {
   if (!o.prefill_only) self->send(o.decode, keepalive_atom::value, o.request_id, o.grant.lease_id);
 }
 
-// Defined in prefill_rank.cpp, used by both.
+// Defined in prefill_rank.cpp, used by the others.
 void finish_if_done(prefill_pointer self, uint64_t request_id);
 void fail_request(prefill_pointer self, uint64_t request_id, errc code, const std::string& stage,
                   const std::string& what);
-void announce_layer(prefill_pointer self, prefill_job_state& r, uint32_t layer);
-void track_put(prefill_pointer self, pending_put p);
 void start_compute(prefill_pointer self, uint64_t rid, uint32_t cached);
 void schedule_keepalive(prefill_pointer self);
 
-// Defined in prefill_streams.cpp, used by both.
+// Defined in prefill_send.cpp: the puts' side of the rank.
+/// Tells the decode rank that layer `layer` of the whole prompt is in its pages.
+void announce_layer(prefill_pointer self, prefill_job_state& r, uint32_t layer);
+/// Polls `p` from now on (never settles it on the spot: callers may be iterating state it changes).
+void track_put(prefill_pointer self, pending_put p);
+/// Polls one transfer; returns true when it is finished (landed or failed).
+bool settle(prefill_pointer self, const pending_put& p);
+/// Polls every tracked put once.
+void poll_pending(prefill_pointer self);
+/// The KV's form on the wire for a prompt (f32 unless its grant, the rank and the prompt allow one).
+transport::wire_format choose_wire(prefill_pointer self, const prefill_job_state& r);
+
+// Defined in prefill_streams.cpp, used by the others.
 void put_to_peer(prefill_pointer self, prefill_job_state& r, size_t peer, uint32_t layer);
 void maybe_announce_split(prefill_pointer self, prefill_job_state& r, uint32_t layer);
 void on_peer_put_landed(prefill_pointer self, uint64_t request_id, int32_t peer, uint32_t layer);

@@ -11,6 +11,7 @@
 
 #include "actors/local_cluster.hpp"
 #include "actors/messages.hpp"
+#include "gpu/byte_tokenizer.hpp"
 #include "gpu/cpu_executor.hpp"
 #include "gpu/fault_executor.hpp"
 #include "gpu/local_generate.hpp"
@@ -18,6 +19,41 @@
 #include "transport/kv_wire.hpp"
 
 namespace baton::test {
+
+/// The prefill chunk of small_cluster(): tests run their colocated references with the same.
+inline constexpr uint32_t chunk_tokens = 16;
+
+/// One prefill rank and one decode rank, one executor thread each, 64 KV pages, chunks of
+/// chunk_tokens. Faults injected on prefill-0's transport meet every prompt.
+inline local_cluster_config small_cluster() {
+  local_cluster_config cfg;
+  cfg.num_prefill_ranks = 1;
+  cfg.num_decode_ranks = 1;
+  cfg.executor.num_threads = 1;
+  cfg.executor.num_kv_pages = 64;
+  cfg.prefill.chunk_tokens = chunk_tokens;
+  return cfg;
+}
+
+/// The same prompt on one executor, same chunk schedule, same weights: the cluster's reference.
+inline gpu::colocated_generation colocated(const local_cluster_config& cfg, const std::vector<int32_t>& prompt,
+                                           uint32_t max_tokens, const gpu::sampling_config& sampling = {}) {
+  auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
+  auto exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
+  return gpu::generate_colocated(*exec, prompt, max_tokens, chunk_tokens, sampling);
+}
+
+/// The built-in model's tokens of `text` (its byte tokenizer).
+inline std::vector<int32_t> encode(const local_cluster_config& cfg, const std::string& text) {
+  return gpu::byte_tokenizer{cfg.model.bos_token_id, cfg.model.eos_token_id}.encode(text);
+}
+
+/// Prompts of 1 chunk, several chunks, and 65 tokens (five pages of 16, the last holding one).
+inline const std::vector<std::string> prompts = {
+    "The capital of France is",                                  // < one chunk
+    "def fibonacci(n): return n if n < 2 else fibonacci(n-1)",   // several chunks
+    "Once upon a time, in a land far away, there lived a decode rank.",
+};
 
 /// What a handoff in wire form `f` does to a prompt's KV, for generate_colocated: every page
 /// the prompt reaches, each layer, through the wire form and back, in place (as whole pages, as

@@ -48,6 +48,26 @@ std::vector<pending_answer> send_long(caf::scoped_actor& self, const router_acto
   return handles;
 }
 
+/// The first of decode ranks `among` seen running a sequence; nullopt when none does within
+/// ~10 s (bounded: a loaded CI machine prefills slowly).
+std::optional<size_t> first_running(test::cluster_system& t, const local_cluster& cluster, std::vector<size_t> among) {
+  for (int i = 0; i < 10000; ++i) {
+    for (size_t k : among)
+      if (t.stats(cluster.decode[k].handle).num_running > 0) return k;
+    std::this_thread::sleep_for(std::chrono::milliseconds{1});
+  }
+  return std::nullopt;
+}
+
+/// Every answer, in order; one that failed fails the test, naming it.
+std::vector<completion> answers(test::cluster_system& t, std::vector<pending_answer>& handles) {
+  std::vector<completion> done(handles.size());
+  for (size_t i = 0; i < handles.size(); ++i)
+    handles[i].receive([&](completion& c) { done[i] = std::move(c); },
+                       [&](caf::error& e) { FAIL("request " << i << ": " << t.sys.render(e)); });
+  return done;
+}
+
 }  // namespace
 
 TEST_CASE("a drained decode rank moves its running sequences with their KV; they finish elsewhere with the same "
@@ -63,20 +83,12 @@ TEST_CASE("a drained decode rank moves its running sequences with their KV; they
   constexpr int n = 6, max_tokens = 400;
   std::vector<std::string> prompts;
   auto handles = send_long(self, cluster.router, n, max_tokens, "moving sequence number", &prompts);
-  // Once the leaving rank decodes some of them (bounded wait), drain it and move them.
-  bool running = false;
-  for (int i = 0; i < 10000 && !running; ++i) {  // bounded: ~10 s (a loaded CI machine prefills slowly)
-    running = t.stats(leaving).num_running > 0;
-    if (!running) std::this_thread::sleep_for(std::chrono::milliseconds{1});
-  }
-  REQUIRE(running);
+  // Once the leaving rank decodes some of them, drain it and move them.
+  REQUIRE(first_running(t, cluster, {1}));
   self->send(cluster.decode_balancer, drain_atom::value, leaving);
   self->send(leaving, migrate_atom::value);
 
-  std::vector<completion> done(n);
-  for (int i = 0; i < n; ++i)
-    handles[i].receive([&](completion& c) { done[i] = std::move(c); },
-                       [&](caf::error& e) { FAIL("request " << i << ": " << t.sys.render(e)); });
+  const auto done = answers(t, handles);
   const auto st = t.stats(leaving);
   CHECK(st.migrated_out > 0);
   CHECK(st.migrate_failed == 0);
@@ -119,18 +131,10 @@ TEST_CASE("a move whose KV puts never land (a stalled link) is given up after mi
   constexpr int n = 4, max_tokens = 200;
   std::vector<std::string> prompts;
   auto handles = send_long(self, cluster.router, n, max_tokens, "stalled move", &prompts);
-  bool running = false;
-  for (int i = 0; i < 10000 && !running; ++i) {  // bounded: ~10 s (a loaded CI machine prefills slowly)
-    running = t.stats(leaving).num_running > 0;
-    if (!running) std::this_thread::sleep_for(std::chrono::milliseconds{1});
-  }
-  REQUIRE(running);
+  REQUIRE(first_running(t, cluster, {1}));
   self->send(cluster.decode_balancer, drain_atom::value, leaving);
   self->send(leaving, migrate_atom::value);
-  std::vector<completion> done(n);
-  for (int i = 0; i < n; ++i)
-    handles[i].receive([&](completion& c) { done[i] = std::move(c); },
-                       [&](caf::error& e) { FAIL("request " << i << ": " << t.sys.render(e)); });
+  const auto done = answers(t, handles);
   const auto st = t.stats(leaving);
   CHECK(st.migrate_failed > 0);
   CHECK(st.migrated_out == 0);
@@ -180,24 +184,17 @@ TEST_CASE("a move whose KV takes longer to land than a request's lease lasts sti
   constexpr int n = 6, max_tokens = 300;
   auto handles = send_long(self, cluster.router, n, max_tokens, "a slow move, number");
   // Whichever rank decodes some of them first leaves.
-  std::optional<decode_rank_actor> found;
-  for (int i = 0; i < 5000 && !found; ++i) {
-    for (const auto& d : cluster.decode)
-      if (!found && t.stats(d.handle).num_running > 0) found = d.handle;
-    if (!found) std::this_thread::sleep_for(std::chrono::milliseconds{1});
-  }
+  const auto found = first_running(t, cluster, {0, 1});
   REQUIRE(found);
-  const auto leaving = *found;
+  const auto leaving = cluster.decode[*found].handle;
   self->send(cluster.decode_balancer, drain_atom::value, leaving);
   self->send(leaving, migrate_atom::value);
-  for (int i = 0; i < n; ++i)
-    handles[i].receive(
-        [&](completion& c) {
-          CAPTURE(i);
-          CHECK(c.failovers == 0);  // before: the target's lease expired first, and the move became a recompute
-          CHECK(c.tokens.size() == max_tokens);
-        },
-        [&](caf::error& e) { FAIL("request " << i << ": " << t.sys.render(e)); });
+  const auto done = answers(t, handles);
+  for (int i = 0; i < n; ++i) {
+    CAPTURE(i);
+    CHECK(done[i].failovers == 0);  // before: the target's lease expired first, and the move became a recompute
+    CHECK(done[i].tokens.size() == max_tokens);
+  }
   const auto st = t.stats(leaving);
   CHECK(st.migrated_out > 0);
   CHECK(st.migrate_failed == 0);
@@ -229,21 +226,13 @@ TEST_CASE("a sequence whose prompt came in a wire form keeps that mark when it m
   std::vector<std::string> prompts;
   auto handles = send_long(self, cluster.router, n, max_tokens, "a quantised sequence on the move", &prompts);
   // The first decode rank seen running sequences leaves (bounded wait); the other takes them.
-  std::optional<size_t> from;
-  for (int i = 0; i < 5000 && !from; ++i) {
-    for (size_t k = 0; k < 2 && !from; ++k)
-      if (t.stats(cluster.decode[k].handle).num_running > 0) from = k;
-    if (!from) std::this_thread::sleep_for(std::chrono::milliseconds{1});
-  }
+  const auto from = first_running(t, cluster, {0, 1});
   REQUIRE(from);
   const auto& leaving = cluster.decode[*from].handle;
   const auto& target = cluster.decode[1 - *from].handle;
   self->send(cluster.decode_balancer, drain_atom::value, leaving);
   self->send(leaving, migrate_atom::value);
-  std::vector<completion> done(n);
-  for (int i = 0; i < n; ++i)
-    handles[i].receive([&](completion& c) { done[i] = std::move(c); },
-                       [&](caf::error& e) { FAIL("request " << i << ": " << t.sys.render(e)); });
+  const auto done = answers(t, handles);
   uint32_t moved = 0;
   auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
   const gpu::byte_tokenizer tok{cfg.model.bos_token_id, cfg.model.eos_token_id};

@@ -26,24 +26,11 @@
 #include "tests/actors/cluster_fixture.hpp"
 
 using namespace baton;
+using test::chunk_tokens;
+using test::encode;
+using test::small_cluster;
 
 namespace {
-
-constexpr uint32_t chunk_tokens = 16;
-
-local_cluster_config one_by_one() {
-  local_cluster_config cfg;
-  cfg.num_prefill_ranks = 1;
-  cfg.num_decode_ranks = 1;
-  cfg.executor.num_threads = 1;
-  cfg.executor.num_kv_pages = 64;
-  cfg.prefill.chunk_tokens = chunk_tokens;
-  return cfg;
-}
-
-std::vector<int32_t> encode(const local_cluster_config& cfg, const std::string& text) {
-  return gpu::byte_tokenizer{cfg.model.bos_token_id, cfg.model.eos_token_id}.encode(text);
-}
 
 /// What one executor alone says of each prompt token given those before it: entry i is token
 /// i's log-probability and its `top` alternatives (entry 0 is left empty).
@@ -68,7 +55,7 @@ std::vector<gpu::token_logprobs> prefix_logprobs(const local_cluster_config& cfg
 TEST_CASE("top-k, top-p and penalties sample the same tokens disaggregated as colocated; stop tokens and strings "
           "end generation early") {
   test::cluster_system t;
-  auto cfg = one_by_one();
+  auto cfg = small_cluster();
   auto cluster = start_local_cluster(t.sys, cfg);
   test::cluster_system::stopper stop{t, cluster};
   const std::string prompt = "sampling with every knob turned";
@@ -130,7 +117,7 @@ TEST_CASE("logprobs: each token's log-probability and its step's top tokens are 
   for (const float temperature : {0.0f, 0.8f}) {
     CAPTURE(hybrid);
     CAPTURE(temperature);
-    auto cfg = one_by_one();
+    auto cfg = small_cluster();
     // Hybrid PD: the prompt is prefilled on the decode rank, whose step answers its first token.
     if (hybrid) cfg.router.request.hybrid_prefill_below_tokens = 1000;
     auto cluster = start_local_cluster(t.sys, cfg);
@@ -176,7 +163,7 @@ TEST_CASE("logprobs: each token's log-probability and its step's top tokens are 
     if (hybrid) CHECK(got->kv_bytes == 0);  // it was prefilled where it decoded
   }
   // Too many alternatives, or alternatives without logprobs, are refused by name.
-  auto cfg = one_by_one();
+  auto cfg = small_cluster();
   auto cluster = start_local_cluster(t.sys, cfg);
   test::cluster_system::stopper stop{t, cluster};
   generate_request bad;
@@ -207,7 +194,7 @@ TEST_CASE("prompt scoring (echo with logprobs): each prompt token's log-probabil
   for (int i = 0; i < 90; ++i) text.push_back(static_cast<char>('a' + (i * 7) % 26));
   for (const bool hybrid : {false, true}) {
     CAPTURE(hybrid);
-    auto cfg = one_by_one();
+    auto cfg = small_cluster();
     cfg.num_prefill_ranks = 2;
     cfg.executor.num_kv_pages = 128;
     cfg.prefill.chunk_tokens = 64;
@@ -275,7 +262,7 @@ TEST_CASE("prompt scoring (echo with logprobs): each prompt token's log-probabil
 TEST_CASE("prompt scoring survives a failed KV send: the request is placed again and its scores are the new "
           "attempt's, whole") {
   test::cluster_system t;
-  auto cfg = one_by_one();
+  auto cfg = small_cluster();
   cfg.router.request.retry_backoff_ms = 1;
   // The first put of layer 1 fails (retryable): the first attempt's prompt is scored, then lost.
   const transport::fault_plan plan{transport::fault_kind::fail, 1u, {}, 1};
@@ -313,7 +300,7 @@ TEST_CASE("a request for one token runs on a prefill rank alone: no decode lease
   std::vector<completion> got;
   for (const bool alone : {true, false}) {
     CAPTURE(alone);
-    auto cfg = one_by_one();
+    auto cfg = small_cluster();
     cfg.router.request.single_token_prefill_only = alone;
     auto cluster = start_local_cluster(t.sys, cfg);
     test::cluster_system::stopper stop{t, cluster};
@@ -354,7 +341,7 @@ TEST_CASE("a request for one token runs on a prefill rank alone: no decode lease
 TEST_CASE("a prefill-only order is answered without a lease; a cancel naming its tag stops it, one naming another "
           "tag does not, and a split of one is refused") {
   test::cluster_system t;
-  auto cfg = one_by_one();
+  auto cfg = small_cluster();
   // Each chunk starts 30 ms late: the cancel sent behind an order is read before chunk 0's result
   // even if this thread is held up between the two sends.
   auto cluster = test::start_with_slow_ranks(t.sys, cfg, "prefill", 30);
@@ -427,7 +414,7 @@ TEST_CASE("a one-token request reuses a prompt prefix from the block store, and 
     std::string dir;
     ~cleanup() { std::filesystem::remove_all(dir); }
   } clean{dir_template};
-  auto cfg = one_by_one();
+  auto cfg = small_cluster();
   cfg.executor.num_kv_pages = 128;
   cfg.store.enabled = true;
   cfg.store.dir = dir_template;
@@ -527,7 +514,7 @@ TEST_CASE("a one-token request reuses a prompt prefix from the block store, and 
 TEST_CASE("a request whose decode fails before its last token gets that token from a prefill rank alone, and its "
           "answer still names the decode rank that generated the others") {
   test::cluster_system t;
-  auto cfg = one_by_one();
+  auto cfg = small_cluster();
   cfg.router.request.retry_backoff_ms = 1;
   // Layer 1 of the first prompt arrives corrupted: the decode rank refuses the lease at its
   // checksum after the prefill answered with the first token.
