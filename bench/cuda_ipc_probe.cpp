@@ -8,20 +8,32 @@
 //      a second pattern into the parent's buffer and records the event;
 //   3. the parent waits on the shared event and checks that the child's writes are visible.
 // Compared in the same run with device-to-device copies inside one process (the ceiling).
+// Then the transport stage: the same through Baton's cuda_ipc transport (transport/cuda_ipc.hpp),
+// a second child putting a 1K-token prompt's KV (Llama-3-8B bf16: 32 layers of 64 pages of
+// 64 KiB, one put per layer) into this process's pool, to consecutive pages and to scattered
+// ones; this process then checks every byte.
 // Exit code: 0 it works, 3 it does not (the line says which call refused), 2 no GPU.
 //   baton_cuda_ipc_probe [--mib N]
 
 #include <cuda_runtime.h>
+#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <iostream>
+#include <random>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include "transport/cuda_ipc.hpp"
+
+extern char** environ;
 
 namespace {
 
@@ -124,10 +136,155 @@ int child(int in, int out) {
   return 0;
 }
 
+// The transport stage's shapes: a 1K-token prompt of Llama-3-8B in bf16 pages of 16 tokens.
+constexpr uint32_t kv_layers = 32, prompt_pages = 64, pool_pages = 256;
+constexpr uint64_t page_bytes = 2ull * 16 * 8 * 128 * 2;  // K and V, 16 tokens, 8 KV heads of 128, bf16
+constexpr int put_reps = 5;
+
+uint8_t byte_pattern(uint64_t i) { return static_cast<uint8_t>((i * 2654435761u >> 11) ^ 0x5a); }
+
+/// The pool pages a prompt's pages land in: consecutive [0, 64), or 64 scattered ones from
+/// [64, 256) (the same on both sides: a fixed seed).
+std::vector<uint32_t> dst_pages(bool scattered) {
+  std::vector<uint32_t> p(prompt_pages);
+  if (!scattered) {
+    for (uint32_t i = 0; i < prompt_pages; ++i) p[i] = i;
+    return p;
+  }
+  std::vector<uint32_t> all;
+  for (uint32_t i = prompt_pages; i < pool_pages; ++i) all.push_back(i);
+  std::shuffle(all.begin(), all.end(), std::mt19937{42});
+  std::copy_n(all.begin(), prompt_pages, p.begin());
+  return p;
+}
+
+/// The put child: reads the parent's pool key (a line on stdin), puts the prompt's KV into it
+/// put_reps times each way, and says the best times on stdout.
+int put_child() {
+  namespace xp = baton::transport;
+  std::string line;
+  std::getline(std::cin, line);
+  auto say = [](const std::string& what) {
+    std::cout << what << std::endl;
+    return 0;
+  };
+  const auto key = xp::key_from_text(line);
+  if (!key) return say("FAIL the parent's key line is malformed");
+  std::string why;
+  auto t = xp::make_cuda_ipc_transport({.name = "prefill"}, &why);
+  if (!t) return say("FAIL " + why);
+  xp::xfer_error err;
+  const uint64_t src_bytes = uint64_t{kv_layers} * prompt_pages * page_bytes;
+  std::byte* src = t->allocate_memory(src_bytes, &err);
+  if (!src) return say("FAIL " + err.to_string());
+  std::vector<uint8_t> host(src_bytes);
+  for (uint64_t i = 0; i < src_bytes; ++i) host[i] = byte_pattern(i);
+  if (cudaMemcpy(src, host.data(), src_bytes, cudaMemcpyHostToDevice) != cudaSuccess) return say("FAIL filling the source");
+  const auto src_key = t->register_region(src, src_bytes, &err);
+  if (!src_key) return say("FAIL " + err.to_string());
+  double best_ms[2] = {1e30, 1e30};
+  for (int scattered = 0; scattered < 2; ++scattered) {
+    const auto pages = dst_pages(scattered);
+    for (int rep = 0; rep < put_reps; ++rep) {
+      const auto t0 = std::chrono::steady_clock::now();
+      std::vector<uint64_t> ids;
+      for (uint32_t l = 0; l < kv_layers; ++l) {
+        xp::put_desc d{1, l, "decode", src_key->region_id, *key, {}};
+        for (uint32_t i = 0; i < prompt_pages; ++i)
+          d.segments.push_back({(uint64_t{l} * prompt_pages + i) * page_bytes, (uint64_t{l} * pool_pages + pages[i]) * page_bytes,
+                                page_bytes});
+        ids.push_back(t->post_put(d));
+      }
+      for (auto id : ids) {
+        xp::xfer_state s;
+        for (int spin = 0; (s = t->poll(id, &err)) == xp::xfer_state::pending && spin < 10'000'000; ++spin) {
+        }
+        if (s != xp::xfer_state::done) return say("FAIL a put: " + (s == xp::xfer_state::pending ? "never settled" : err.to_string()));
+        t->release(id);
+      }
+      best_ms[scattered] = std::min(best_ms[scattered],
+                                    std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+  }
+  char out[128];
+  std::snprintf(out, sizeof out, "OK consecutive_ms=%.3f scattered_ms=%.3f", best_ms[0], best_ms[1]);
+  return say(out);
+}
+
+/// The transport stage, in the parent (CUDA already initialised: the child is spawned, not forked).
+int transport_stage(double local_gbps) {
+  namespace xp = baton::transport;
+  auto line = [](const std::string& what) { std::printf("cuda_ipc_transport: %s\n", what.c_str()); };
+  std::string why;
+  auto t = xp::make_cuda_ipc_transport({.name = "decode"}, &why);
+  if (!t) return line("cannot start: " + why), 3;
+  xp::xfer_error err;
+  const uint64_t pool_bytes = uint64_t{kv_layers} * pool_pages * page_bytes;
+  std::byte* pool = t->allocate_memory(pool_bytes, &err);
+  if (!pool) return line(err.to_string()), 3;
+  cudaMemset(pool, 0, pool_bytes);
+  const auto key = t->register_region(pool, pool_bytes, &err);
+  if (!key) return line(err.to_string()), 3;
+  int to_child[2], from_child[2];
+  if (pipe(to_child) != 0 || pipe(from_child) != 0) return line("no pipe"), 3;
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, to_child[0], 0);
+  posix_spawn_file_actions_adddup2(&fa, from_child[1], 1);
+  posix_spawn_file_actions_addclose(&fa, to_child[1]);
+  posix_spawn_file_actions_addclose(&fa, from_child[0]);
+  char arg0[] = "baton_cuda_ipc_probe", arg1[] = "--put-child";
+  char* args[] = {arg0, arg1, nullptr};
+  pid_t pid = 0;
+  const int spawned = posix_spawn(&pid, "/proc/self/exe", &fa, nullptr, args, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  close(to_child[0]);
+  close(from_child[1]);
+  if (spawned != 0) return line("cannot start the put child"), 3;
+  const std::string key_line = xp::key_to_text(*key) + "\n";
+  if (write(to_child[1], key_line.data(), key_line.size()) < 0) std::perror("write");
+  close(to_child[1]);
+  std::string reply;
+  char c;
+  while (read(from_child[0], &c, 1) == 1 && c != '\n') reply += c;
+  close(from_child[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (reply.rfind("OK ", 0) != 0) return line("FAIL the put child says: " + (reply.empty() ? "nothing" : reply)), 3;
+  double consecutive_ms = 0, scattered_ms = 0;
+  std::sscanf(reply.c_str(), "OK consecutive_ms=%lf scattered_ms=%lf", &consecutive_ms, &scattered_ms);
+  // Every byte: the consecutive pages, then the scattered ones, of every layer; the rest zero.
+  std::vector<uint8_t> got(pool_bytes), want(pool_bytes, 0);
+  cudaMemcpy(got.data(), pool, pool_bytes, cudaMemcpyDeviceToHost);
+  for (int scattered = 0; scattered < 2; ++scattered) {
+    const auto pages = dst_pages(scattered);
+    for (uint32_t l = 0; l < kv_layers; ++l)
+      for (uint32_t i = 0; i < prompt_pages; ++i)
+        for (uint64_t b = 0; b < page_bytes; ++b)
+          want[(uint64_t{l} * pool_pages + pages[i]) * page_bytes + b] =
+              byte_pattern((uint64_t{l} * prompt_pages + i) * page_bytes + b);
+  }
+  uint64_t bad = 0;
+  for (uint64_t i = 0; i < pool_bytes; ++i) bad += got[i] != want[i];
+  const double prompt_bytes = double(kv_layers) * prompt_pages * page_bytes;
+  char out[512];
+  std::snprintf(out, sizeof out,
+                "| cuda_ipc transport | %s | 1K-token prompt, %u layers x %u pages of %llu KiB, a put per layer | "
+                "consecutive pages %.3f ms (%.0f GB/s) | scattered pages %.3f ms (%.0f GB/s) | same-process D2D %.0f GB/s | "
+                "bytes wrong: %llu |",
+                bad == 0 ? "works" : "WRONG DATA", kv_layers, prompt_pages,
+                static_cast<unsigned long long>(page_bytes >> 10), consecutive_ms, prompt_bytes / (consecutive_ms * 1e6),
+                scattered_ms, prompt_bytes / (scattered_ms * 1e6), local_gbps, static_cast<unsigned long long>(bad));
+  std::printf("%s\n", out);
+  t->free_memory(pool);
+  return bad == 0 ? 0 : 3;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc == 4 && std::strcmp(argv[1], "--child") == 0) return child(std::atoi(argv[2]), std::atoi(argv[3]));
+  if (argc == 2 && std::strcmp(argv[1], "--put-child") == 0) return put_child();
   uint64_t mib = 256;
   const bool sized = argc == 3 && std::strcmp(argv[1], "--mib") == 0;
   if (sized) mib = std::strtoull(argv[2], nullptr, 10);
@@ -197,5 +354,8 @@ int main(int argc, char** argv) {
                 "(%.0f %%) | words wrong: read %llu, written back %llu |",
                 child_bad == 0 && bad == 0 ? "works" : "WRONG DATA", static_cast<unsigned long long>(mib), open_ms, gbps,
                 local_gbps, 100.0 * gbps / local_gbps, child_bad, static_cast<unsigned long long>(bad));
-  return finish(child_bad == 0 && bad == 0 ? 0 : 3, line);
+  const int rc = finish(child_bad == 0 && bad == 0 ? 0 : 3, line);
+  if (rc != 0) return rc;
+  std::fflush(stdout);
+  return transport_stage(local_gbps);
 }

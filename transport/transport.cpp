@@ -50,6 +50,22 @@ std::string segments_outside(const std::vector<segment>& segments, uint64_t loca
   return {};
 }
 
+std::vector<segment> coalesce_segments(const std::vector<segment>& segments) {
+  std::vector<segment> out;
+  for (const auto& s : segments) {
+    if (s.size_bytes == 0) continue;
+    if (!out.empty()) {
+      auto& last = out.back();
+      if (last.src_offset + last.size_bytes == s.src_offset && last.dst_offset + last.size_bytes == s.dst_offset) {
+        last.size_bytes += s.size_bytes;
+        continue;
+      }
+    }
+    out.push_back(s);
+  }
+  return out;
+}
+
 std::string hex_of(const uint8_t* bytes, size_t n) {
   static const char* digits = "0123456789abcdef";
   std::string hex;

@@ -1,7 +1,8 @@
 #pragma once
 
 // Moving KV bytes between ranks. One interface, several backends (in-process loopback, UCX
-// between processes, NCCL between device regions), and a fault-injecting proxy for tests and sims.
+// between processes, NCCL between device regions, CUDA IPC into device memory of another process
+// on the host), and a fault-injecting proxy for tests and sims.
 //
 // Lifecycle, as NIXL's backends: prepare (register_region on both sides, ship the region_key
 // to the peer in a message) -> post_put -> poll until done or failed -> release.
@@ -68,6 +69,11 @@ struct segment {
 /// Why a put's segments do not fit its regions (a segment past either end, or one whose end
 /// overflows), naming the first such segment; empty when they fit. Every backend checks so.
 std::string segments_outside(const std::vector<segment>& segments, uint64_t local_bytes, uint64_t remote_bytes);
+
+/// The same copies in fewer segments: each segment that continues the one before it in both
+/// regions joins it, and empty ones go (order kept). Backends that pay per copy call it (a KV
+/// layer's pages are often consecutive on both sides).
+std::vector<segment> coalesce_segments(const std::vector<segment>& segments);
 
 /// Bytes as lowercase hex, and back (false for odd length or a character that is not one).
 std::string hex_of(const uint8_t* bytes, size_t n);

@@ -1,5 +1,6 @@
 // baton_gpu_tests' main: takes its two path options (gpu_test_paths.hpp), hands the rest to
-// doctest, and refuses an option of ours without a value.
+// doctest, and refuses an option of ours without a value. `--cuda-ipc-put-child` makes it the
+// second process of a cross-process case instead (cuda_ipc_transport.test.cpp).
 
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
@@ -11,6 +12,7 @@
 #include "tests/gpu/gpu_test_paths.hpp"
 
 namespace baton::test {
+int cuda_ipc_put_child();
 gpu_test_paths& gpu_paths() {
   static gpu_test_paths p;
   return p;
@@ -18,6 +20,7 @@ gpu_test_paths& gpu_paths() {
 }  // namespace baton::test
 
 int main(int argc, char** argv) {
+  if (argc == 2 && std::string{argv[1]} == "--cuda-ipc-put-child") return baton::test::cuda_ipc_put_child();
   std::vector<char*> rest{argv[0]};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <thread>
 
+#include "transport/cuda_ipc.hpp"
 #include "transport/fault_proxy.hpp"
 #include "transport/loopback.hpp"
 #include "transport/nccl.hpp"
@@ -397,4 +398,69 @@ TEST_CASE("nccl transport: a wrong config is refused by name; where it cannot st
            why.find("does not exist") != std::string::npos));
   }
   if (!nccl_built()) CHECK(nccl_unique_id(&why).empty());
+}
+
+TEST_CASE("coalesce_segments joins segments that continue each other on both sides, drops empty ones, keeps order") {
+  const std::vector<segment> in = {{0, 100, 10}, {10, 110, 5}, {15, 200, 5}, {20, 205, 0}, {20, 205, 5}, {99, 0, 1}};
+  const auto out = coalesce_segments(in);
+  REQUIRE(out.size() == 3);
+  CHECK((out[0].src_offset == 0 && out[0].dst_offset == 100 && out[0].size_bytes == 15));
+  CHECK((out[1].src_offset == 15 && out[1].dst_offset == 200 && out[1].size_bytes == 10));  // dst jumped: a new run
+  CHECK((out[2].src_offset == 99 && out[2].dst_offset == 0 && out[2].size_bytes == 1));
+  CHECK(coalesce_segments({}).empty());
+}
+
+TEST_CASE("cuda_ipc keys: what a key carries comes back unchanged; a key of another backend, version or length is "
+          "refused by name; a wrong config is refused by name; where it cannot start, it says why") {
+  cuda_ipc_key k;
+  k.host = cuda_ipc_host_id();
+  k.pid = 4242;
+  k.device = 3;
+  k.offset = (uint64_t{1} << 40) + 17;
+  for (size_t i = 0; i < k.handle.size(); ++i) k.handle[i] = static_cast<uint8_t>(i * 31 + 7);
+  region_key key{"cuda_ipc", 9, 1 << 20, pack_cuda_ipc_key(k)};
+  std::string why;
+  auto back = unpack_cuda_ipc_key(key, &why);
+  REQUIRE_MESSAGE(back, why);
+  CHECK(back->host == k.host);
+  CHECK(back->pid == 4242);
+  CHECK(back->device == 3);
+  CHECK(back->offset == k.offset);
+  CHECK(back->handle == k.handle);
+  CHECK(cuda_ipc_host_id() != 0);
+  CHECK(cuda_ipc_host_id() == cuda_ipc_host_id());
+
+  auto refused = [&](region_key bad) {
+    why.clear();
+    CHECK_FALSE(unpack_cuda_ipc_key(bad, &why));
+    return why;
+  };
+  auto other = key;
+  other.backend = "ucx";
+  CHECK(refused(other).find("a ucx key, not a cuda_ipc one") != std::string::npos);
+  auto short_key = key;
+  short_key.packed.pop_back();
+  CHECK(refused(short_key).find("this one 95") != std::string::npos);
+  auto newer = key;
+  newer.packed[0] = 2;
+  CHECK(refused(newer).find("version 2") != std::string::npos);
+
+  CHECK(cuda_ipc_config{.name = ""}.validate().find("rank name") != std::string::npos);
+  CHECK(cuda_ipc_config{.name = "d0", .device = -2}.validate().find("device -2") != std::string::npos);
+  CHECK(cuda_ipc_config{.name = "d0", .max_open_peer_allocations = 0}.validate().find("max_open_peer_allocations") !=
+        std::string::npos);
+  CHECK(cuda_ipc_config{.name = "d0"}.validate().empty());
+  why.clear();
+  CHECK_FALSE(make_cuda_ipc_transport({.name = "d0", .device = -1}, &why));
+  CHECK(why.find("device -1") != std::string::npos);
+  why.clear();
+  auto t = make_cuda_ipc_transport({.name = "d0"}, &why);
+  if (t) {  // a GPU: the GPU suite checks its puts (tests/gpu/cuda_ipc_transport.test.cpp)
+    CHECK(t->caps().name == "cuda_ipc");
+    CHECK(t->caps().one_sided_put);
+    CHECK(t->caps().crosses_processes);
+  } else {
+    INFO(why);
+    CHECK((why.find("no CUDA") != std::string::npos || why.find("does not exist") != std::string::npos));
+  }
 }

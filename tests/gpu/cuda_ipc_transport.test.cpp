@@ -1,0 +1,233 @@
+// The CUDA IPC backend (issue 12, part 4): puts between device regions, inside one process and
+// from a second process (this binary again, `--cuda-ipc-put-child`), land byte for byte at
+// their segments and nowhere else; bad input fails by name. Written without a GPU: the cases
+// are in the suite "unverified" until they have passed on the H200.
+
+#include <doctest/doctest.h>
+
+#include <poll.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "gpu/cuda/kernels.hpp"
+#include "transport/cuda_ipc.hpp"
+
+extern char** environ;
+
+using namespace baton;
+using namespace baton::transport;
+
+namespace {
+
+constexpr uint64_t region_bytes = 8 << 20;
+constexpr uint64_t region_offset = 4096;  ///< regions start inside their allocation: the key's offset is used
+
+uint8_t pattern(uint64_t i, uint32_t seed) { return static_cast<uint8_t>((i * 2654435761u >> 13) ^ seed); }
+
+/// Scattered, out-of-order segments of different sizes, some continuing each other (so they
+/// coalesce), as a layer's pages are.
+std::vector<segment> scattered(uint64_t region) {
+  return {{0, region / 2, 4096},
+          {4096, region / 2 + 4096, 4096},  // continues the one before on both sides
+          {3 * 4096, 0, 16 * 4096},
+          {region / 4, region / 4 + 8192, 1 << 20},
+          {region - 12345, 3 * region / 4 + 100, 12345},
+          {77, region - 8192, 4096}};
+}
+
+/// Polls `id` until it settles; bounded (10 s).
+xfer_state settle(transport::transport& t, uint64_t id, xfer_error* err) {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds{10};
+  xfer_state s;
+  while ((s = t.poll(id, err)) == xfer_state::pending && std::chrono::steady_clock::now() < give_up)
+    std::this_thread::sleep_for(std::chrono::microseconds{50});
+  return s;
+}
+
+/// A device allocation of the transport, zeroed, and a region over it from region_offset on.
+struct device_region {
+  std::byte* base = nullptr;
+  region_key key;
+};
+
+device_region make_region(transport::transport& t, std::string* why) {
+  xfer_error err;
+  device_region r;
+  r.base = t.allocate_memory(region_offset + region_bytes, &err);
+  if (!r.base) return *why = err.to_string(), r;
+  cudaMemset(r.base, 0, region_offset + region_bytes);
+  auto key = t.register_region(r.base + region_offset, region_bytes, &err);
+  if (!key) return *why = err.to_string(), r;
+  r.key = *key;
+  return r;
+}
+
+/// Fills the region with pattern(seed).
+bool fill(const device_region& r, uint32_t seed) {
+  std::vector<uint8_t> host(region_bytes);
+  for (uint64_t i = 0; i < host.size(); ++i) host[i] = pattern(i, seed);
+  return cudaMemcpy(r.base + region_offset, host.data(), region_bytes, cudaMemcpyHostToDevice) == cudaSuccess;
+}
+
+/// Bytes of `dst` (its region) that differ from what the puts of scattered() from a region of
+/// pattern(seed) leave: the source's bytes at each segment, zeros elsewhere.
+uint64_t wrong_bytes(const device_region& dst, uint32_t seed) {
+  std::vector<uint8_t> got(region_bytes), want(region_bytes, 0);
+  if (cudaMemcpy(got.data(), dst.base + region_offset, region_bytes, cudaMemcpyDeviceToHost) != cudaSuccess)
+    return UINT64_MAX;
+  for (const auto& s : scattered(region_bytes))
+    for (uint64_t i = 0; i < s.size_bytes; ++i) want[s.dst_offset + i] = pattern(s.src_offset + i, seed);
+  uint64_t bad = 0;
+  for (uint64_t i = 0; i < region_bytes; ++i) bad += got[i] != want[i];
+  // The allocation's bytes before the region stay zero.
+  std::vector<uint8_t> head(region_offset);
+  cudaMemcpy(head.data(), dst.base, region_offset, cudaMemcpyDeviceToHost);
+  for (auto b : head) bad += b != 0;
+  return bad;
+}
+
+const bool no_gpu = !cuda_ipc_built() || gpu::cuda::device_count() == 0;
+
+}  // namespace
+
+namespace baton::test {
+
+/// The second process of the cross-process case: reads the parent's key (one line on stdin),
+/// puts scattered() from a region of pattern(5) into it, then a segment past its end, and says
+/// on stdout "ok" or what went wrong.
+int cuda_ipc_put_child() {
+  std::string line;
+  std::getline(std::cin, line);
+  auto say = [](const std::string& what) {
+    std::cout << what << std::endl;
+    return 0;
+  };
+  const auto key = key_from_text(line);
+  if (!key) return say("failed: the parent's key line is malformed: " + line);
+  std::string why;
+  auto t = make_cuda_ipc_transport({.name = "child"}, &why);
+  if (!t) return say("failed: " + why);
+  auto src = make_region(*t, &why);
+  if (!why.empty()) return say("failed: " + why);
+  if (!fill(src, 5)) return say("failed: cannot fill the source");
+  put_desc d{7, 3, "parent", src.key.region_id, *key, scattered(region_bytes)};
+  xfer_error err;
+  const auto id = t->post_put(d);
+  if (auto s = settle(*t, id, &err); s != xfer_state::done)
+    return say("failed: the put " + std::string(s == xfer_state::pending ? "never settled" : err.to_string()));
+  t->release(id);
+  d.segments = {{0, region_bytes - 10, 11}};  // one byte past the parent's region
+  const auto past = t->post_put(d);
+  if (settle(*t, past, &err) != xfer_state::failed || err.code != xfer_errc::out_of_bounds)
+    return say("failed: a put past the parent's region was not refused as out of bounds");
+  return say("ok " + std::to_string(t->stats().keys) + " opened");
+}
+
+}  // namespace baton::test
+
+TEST_CASE("cuda_ipc transport in one process: a put lands at its segments and nowhere else; bad input fails by name" *
+          doctest::skip(no_gpu) * doctest::test_suite("unverified")) {
+  std::atomic<int> settled{0};  // before the transport: its host callback may run until the transport is gone
+  std::string why;
+  auto t = make_cuda_ipc_transport({.name = "gpu-0"}, &why);
+  REQUIRE_MESSAGE(t, why);
+  t->set_settled_listener([&] { ++settled; });
+  auto src = make_region(*t, &why);
+  REQUIRE_MESSAGE(why.empty(), why);
+  auto dst = make_region(*t, &why);
+  REQUIRE_MESSAGE(why.empty(), why);
+  REQUIRE(fill(src, 1));
+  xfer_error err;
+  const auto id = t->post_put({1, 0, "decode-0", src.key.region_id, dst.key, scattered(region_bytes)});
+  REQUIRE_MESSAGE(settle(*t, id, &err) == xfer_state::done, err.to_string());
+  t->release(id);
+  CHECK(wrong_bytes(dst, 1) == 0);
+  for (int i = 0; i < 1000 && settled == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{1});
+  CHECK(settled > 0);
+
+  // Host memory is not registered, and the error says what it is.
+  std::vector<std::byte> host(4096);
+  CHECK_FALSE(t->register_region(host.data(), host.size(), &err));
+  CHECK(err.what.find("host memory") != std::string::npos);
+  auto fails = [&](put_desc d, xfer_errc code, const std::string& says) {
+    const auto x = t->post_put(d);
+    xfer_error e;
+    CHECK(settle(*t, x, &e) == xfer_state::failed);
+    CHECK(e.code == code);
+    CHECK_MESSAGE(e.what.find(says) != std::string::npos, e.what);
+    CHECK(e.request_id == 9);
+    t->release(x);
+  };
+  fails({9, 2, "decode-0", src.key.region_id, dst.key, {{0, region_bytes - 1, 2}}}, xfer_errc::out_of_bounds, "outside");
+  auto nccl_key = dst.key;
+  nccl_key.backend = "nccl";
+  fails({9, 2, "decode-0", src.key.region_id, nccl_key, {{0, 0, 1}}}, xfer_errc::unknown_region, "not a cuda_ipc one");
+  auto parts = *unpack_cuda_ipc_key(dst.key, &why);
+  parts.host ^= 1;
+  auto elsewhere = dst.key;
+  elsewhere.packed = pack_cuda_ipc_key(parts);
+  fails({9, 2, "decode-0", src.key.region_id, elsewhere, {{0, 0, 1}}}, xfer_errc::unknown_region, "another host");
+  fails({9, 2, "decode-0", 12345, dst.key, {{0, 0, 1}}}, xfer_errc::unknown_region, "no local region 12345");
+  t->free_memory(src.base);
+  t->free_memory(dst.base);
+}
+
+TEST_CASE("cuda_ipc transport across processes: a second process's put lands in this one's device memory at its "
+          "segments and nowhere else, and one past the region is refused" *
+          doctest::skip(no_gpu) * doctest::test_suite("unverified")) {
+  std::string why;
+  auto t = make_cuda_ipc_transport({.name = "decode-0"}, &why);
+  REQUIRE_MESSAGE(t, why);
+  auto dst = make_region(*t, &why);
+  REQUIRE_MESSAGE(why.empty(), why);
+  int to_child[2], from_child[2];
+  REQUIRE(pipe(to_child) == 0);
+  REQUIRE(pipe(from_child) == 0);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, to_child[0], 0);
+  posix_spawn_file_actions_adddup2(&fa, from_child[1], 1);
+  posix_spawn_file_actions_addclose(&fa, to_child[1]);
+  posix_spawn_file_actions_addclose(&fa, from_child[0]);
+  char arg0[] = "baton_gpu_tests", arg1[] = "--cuda-ipc-put-child";
+  char* argv[] = {arg0, arg1, nullptr};
+  pid_t pid = 0;
+  const int spawned = posix_spawn(&pid, "/proc/self/exe", &fa, nullptr, argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  close(to_child[0]);
+  close(from_child[1]);
+  REQUIRE(spawned == 0);
+  const std::string line = key_to_text(dst.key) + "\n";
+  CHECK(write(to_child[1], line.data(), line.size()) == static_cast<ssize_t>(line.size()));
+  close(to_child[1]);
+  // The child's answer, bounded: 60 s.
+  std::string reply;
+  pollfd p{from_child[0], POLLIN, 0};
+  for (int i = 0; i < 600 && reply.find('\n') == std::string::npos; ++i) {
+    if (poll(&p, 1, 100) <= 0) continue;
+    char buf[256];
+    const ssize_t n = read(from_child[0], buf, sizeof buf);
+    if (n <= 0) break;
+    reply.append(buf, static_cast<size_t>(n));
+  }
+  close(from_child[0]);
+  int status = 0;
+  if (reply.find('\n') == std::string::npos) kill(pid, SIGKILL);
+  waitpid(pid, &status, 0);
+  INFO("the child said: " << reply);
+  REQUIRE(reply.rfind("ok", 0) == 0);
+  CHECK(wrong_bytes(dst, 5) == 0);
+  t->free_memory(dst.base);
+}
