@@ -235,6 +235,11 @@ struct kv_wire_config {
   transport::wire_format agent = transport::wire_format::f32;
   transport::wire_format batch = transport::wire_format::f32;
 
+  /// Some class sends a quantised form: ranks then make wire-form staging (kv_wire_staging.hpp).
+  bool any_quantised() const {
+    return chat != transport::wire_format::f32 || agent != transport::wire_format::f32 ||
+           batch != transport::wire_format::f32;
+  }
   /// The form for a request's traffic class (an unknown class: f32).
   transport::wire_format for_class(const std::string& traffic_class) const {
     if (traffic_class == "chat") return chat;

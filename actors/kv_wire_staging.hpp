@@ -36,6 +36,10 @@ struct kv_wire_staging {
   static uint64_t slot_bytes_for(const gpu::kv_layout& layout) {
     return (transport::wire_bytes(transport::wire_format::int8, layout.page_bytes() / sizeof(float)) + 63) / 64 * 64;
   }
+  /// The staging a rank makes for a pool of `num_pages` pages of `one_page` (a layout of 1 page).
+  static uint64_t bytes_for(const gpu::kv_layout& one_page, uint64_t num_pages) {
+    return slot_bytes_for(one_page) * one_page.num_layers * num_pages;
+  }
   uint64_t offset(uint32_t layer, uint32_t page) const { return (uint64_t{layer} * num_pages + page) * slot_bytes; }
   std::byte* slot(uint32_t layer, uint32_t page) const { return memory.get() + offset(layer, page); }
 

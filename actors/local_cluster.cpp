@@ -11,6 +11,7 @@
 #include "actors/decode_rank.hpp"
 #include "actors/node_directory.hpp"
 #include "actors/prefill_balancer.hpp"
+#include "actors/kv_wire_staging.hpp"
 #include "actors/prefill_rank.hpp"
 #include "gpu/cpu_executor.hpp"
 #include "transport/loopback.hpp"
@@ -38,8 +39,14 @@ std::pair<uint64_t, uint64_t> store_buffers(const local_cluster_config& cfg) {
 std::string local_cluster_config::validate() const {
   if (auto e = model.validate(); !e.empty()) return "model: " + e;
   if (auto e = executor.validate(); !e.empty()) return "executor: " + e;
+  // With a quantised wire form, each rank makes wire-form staging on its first such request; an
+  // elastic instance may make one per role.
+  const uint32_t stagings =
+      router.request.kv_wire.any_quantised() ? num_prefill_ranks + num_decode_ranks + 2 * num_elastic_ranks : 0;
+  const uint64_t staging_bytes =
+      stagings * kv_wire_staging::bytes_for(gpu::model_kv_layout(model, 1, executor.page_size_tokens), executor.num_kv_pages);
   if (auto e = gpu::kv_pools_fit_memory(model, executor.num_kv_pages, executor.page_size_tokens,
-                                        num_prefill_ranks + num_decode_ranks + num_elastic_ranks);
+                                        num_prefill_ranks + num_decode_ranks + num_elastic_ranks, staging_bytes);
       !e.empty())
     return e;
   if (auto e = backend.validate(); !e.empty()) return e;

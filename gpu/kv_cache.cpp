@@ -122,16 +122,19 @@ uint64_t checksum_pages(uint32_t layer, uint32_t n, uint64_t page_bytes, PageAt 
 }
 }  // namespace
 
-std::string kv_pools_fit_memory(const model_config& m, uint64_t num_pages, uint32_t page_size_tokens, uint32_t pools) {
+std::string kv_pools_fit_memory(const model_config& m, uint64_t num_pages, uint32_t page_size_tokens, uint32_t pools,
+                                uint64_t extra_bytes) {
   const auto lay = model_kv_layout(m, 1, page_size_tokens);
   const long phys = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
   if (phys <= 0 || page <= 0) return {};  // unknown: nothing to compare with
   const uint64_t memory = static_cast<uint64_t>(phys) * static_cast<uint64_t>(page);
-  const long double want = static_cast<long double>(num_pages) * lay.page_bytes() * lay.num_layers * pools;
+  const long double want =
+      static_cast<long double>(num_pages) * lay.page_bytes() * lay.num_layers * pools + static_cast<long double>(extra_bytes);
   if (want <= static_cast<long double>(memory)) return {};
   return std::to_string(pools) + " KV pool(s) of " + std::to_string(num_pages) + " pages (" +
-         std::to_string(lay.page_bytes() * lay.num_layers) + " bytes each, every layer) need " +
-         std::to_string(static_cast<unsigned long long>(want / (1 << 20))) + " MiB, more than this machine's " +
+         std::to_string(lay.page_bytes() * lay.num_layers) + " bytes each, every layer)" +
+         (extra_bytes ? " and " + std::to_string(extra_bytes >> 20) + " MiB of wire-form staging" : std::string{}) +
+         " need " + std::to_string(static_cast<unsigned long long>(want / (1 << 20))) + " MiB, more than this machine's " +
          std::to_string(memory >> 20) + " MiB: lower --kv-pages";
 }
 

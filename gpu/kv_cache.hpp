@@ -114,7 +114,9 @@ private:
 
 /// Empty, or why `pools` KV pools of `num_pages` pages each for `m` cannot fit this machine's
 /// memory (asking for them would end in bad_alloc or in swapping, not in a sentence).
-std::string kv_pools_fit_memory(const model_config& m, uint64_t num_pages, uint32_t page_size_tokens, uint32_t pools);
+/// `extra_bytes`: memory the pools' holders take besides (wire-form staging), named in the error.
+std::string kv_pools_fit_memory(const model_config& m, uint64_t num_pages, uint32_t page_size_tokens, uint32_t pools,
+                                uint64_t extra_bytes = 0);
 
 /// kv_cache::kv_layer_checksum of `num_pages` pages of one layer lying one after another from
 /// `first_page` (as a block file stores them): a block server checks a layer with it before it

@@ -1,6 +1,10 @@
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include "actors/config.hpp"
+#include "actors/kv_wire_staging.hpp"
+#include "actors/local_cluster.hpp"
 #include "deploy/flags.hpp"
 
 using baton::deploy::flag_set;
@@ -49,4 +53,21 @@ TEST_CASE("--kv-wire reads one form for every traffic class or CLASS=FORM pairs,
   CHECK(w.parse("chat=int8,") == "KV wire form '' must be CLASS=FORM with FORM f32, int8 or int4");
   // A refused spec changes nothing.
   CHECK((w.chat == wire_format::f32 && w.agent == wire_format::int8 && w.batch == wire_format::int4));
+}
+
+TEST_CASE("a quantised KV wire form counts the ranks' wire-form staging against memory: pools that fit alone but "
+          "not with it are refused, naming it") {
+  baton::local_cluster_config cfg;
+  const auto one = baton::gpu::model_kv_layout(cfg.model, 1, cfg.executor.page_size_tokens);
+  const uint64_t memory = static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint32_t pools = cfg.num_prefill_ranks + cfg.num_decode_ranks + cfg.num_elastic_ranks;
+  // Pools taking 90 % of this machine's memory: they fit; INT8 staging (over a fifth of a pool) does not.
+  cfg.executor.num_kv_pages = static_cast<uint32_t>(memory * 9 / 10 / (one.page_bytes() * one.num_layers) / pools);
+  REQUIRE(baton::kv_wire_staging::bytes_for(one, cfg.executor.num_kv_pages) * pools > memory / 10);
+  CHECK(cfg.validate().find("memory") == std::string::npos);
+  REQUIRE(cfg.router.request.kv_wire.parse("batch=int8").empty());
+  CHECK(cfg.router.request.kv_wire.any_quantised());
+  const auto e = cfg.validate();
+  CHECK_MESSAGE(e.find("MiB of wire-form staging") != std::string::npos, e);
+  CHECK(e.find("lower --kv-pages") != std::string::npos);
 }
