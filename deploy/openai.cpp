@@ -335,12 +335,36 @@ bool parse_logprobs(const json& j, bool chat, generate_request* r, api_error* er
   return true;
 }
 
+/// Completions' best_of: best_of generations per prompt (call::n), of which the n with the
+/// highest log-probability per token are answered (call::best_of_keep), as OpenAI's and vLLM's.
+bool parse_best_of(const json& j, bool chat, call* out, api_error* err) {
+  uint32_t best_of = 0;
+  if (!number_field(j, "best_of", 1, max_choices, &best_of, err)) return false;
+  if (best_of == 0) return true;
+  auto refuse = [&](const std::string& why) {
+    *err = bad("best_of", why);
+    return false;
+  };
+  if (chat) return refuse("best_of is for /v1/completions");
+  if (best_of < out->n)
+    return refuse("best_of (" + std::to_string(best_of) + ") must be at least n (" + std::to_string(out->n) + ")");
+  if (best_of == out->n) return true;
+  if (out->stream) return refuse("best_of > n is answered whole (the best is known at the end), not streamed: ask without stream");
+  if (out->req.echo || out->vllm_prompt_logprobs)
+    return refuse("best_of > n with echo or prompt_logprobs is not supported");
+  out->best_of_keep = out->n;
+  out->n = best_of;
+  if (out->num_choices() > max_call_requests)
+    return refuse(std::to_string(out->num_prompts()) + " prompts times best_of " + std::to_string(best_of) + " is " +
+                  std::to_string(out->num_choices()) + " generations; at most " + std::to_string(max_call_requests) +
+                  " in one call");
+  out->logprobs_for_ranking = !out->req.logprobs;
+  out->req.logprobs = true;
+  return true;
+}
+
 /// Fields OpenAI defines that Baton does not implement: refused by name, never silently ignored.
 bool refuse_unsupported(const json& j, api_error* err) {
-  if (auto it = j.find("best_of"); it != j.end() && !it->is_null() && *it != 1) {
-    *err = bad("best_of", "best_of is not supported");
-    return false;
-  }
   // Completions' suffix (text after the insertion point, for fill-in-the-middle models): an
   // answer without it would look right and be wrong.
   if (auto it = j.find("suffix"); it != j.end() && !it->is_null() && !(it->is_string() && it->get<std::string>().empty())) {
@@ -530,7 +554,7 @@ bool parse_checked_body(std::string_view body, bool chat, const std::string& ser
     *err = bad("n", "n > 1 with echo and logprobs is answered whole, not streamed: ask without stream or with n 1");
     return false;
   }
-  return true;
+  return parse_best_of(j, chat, out, err);
 }
 }  // namespace
 
@@ -667,7 +691,32 @@ json tool_calls_json(const std::vector<tool_call>& calls, const std::string& id,
 }
 }  // namespace
 
-std::string completion_json(const call& c, const std::vector<completion>& choices, const std::string& id, int64_t created) {
+namespace {
+/// A generation's log-probability per token (best_of's ranking); none generated: the lowest.
+double per_token_logprob(const completion& x) {
+  if (x.logprobs.empty()) return -std::numeric_limits<double>::infinity();
+  double sum = 0;
+  for (const auto& t : x.logprobs) sum += t.logprob;
+  return sum / static_cast<double>(x.logprobs.size());
+}
+}  // namespace
+
+std::vector<completion> best_of_choices(const call& c, const std::vector<completion>& generations) {
+  if (c.best_of_keep == 0 || c.best_of_keep >= c.n) return generations;
+  std::vector<completion> out;
+  for (size_t first = 0; first < generations.size(); first += c.n) {
+    std::vector<size_t> order;
+    for (size_t i = first; i < std::min<size_t>(first + c.n, generations.size()); ++i) order.push_back(i);
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return per_token_logprob(generations[a]) > per_token_logprob(generations[b]);
+    });
+    for (size_t k = 0; k < c.best_of_keep && k < order.size(); ++k) out.push_back(generations[order[k]]);
+  }
+  return out;
+}
+
+namespace {
+json completion_object(const call& c, const std::vector<completion>& choices, const std::string& id, int64_t created) {
   json list = json::array();
   for (size_t i = 0; i < choices.size(); ++i) {
     const auto& done = choices[i];
@@ -710,6 +759,23 @@ std::string completion_json(const call& c, const std::vector<completion>& choice
               {"usage", usage_of(choices, c.n, c.req.prompt_only)}};
   if (c.vllm_prompt_logprobs && c.chat && !choices.empty())  // one prompt: at the top, as vLLM puts it
     out["prompt_logprobs"] = vllm_prompt_logprobs_json(choices[0].prompt_logprobs, c.req.prompt_top_logprobs);
+  return out;
+}
+}  // namespace
+
+std::string completion_json(const call& c, const std::vector<completion>& choices, const std::string& id, int64_t created) {
+  json out;
+  if (c.best_of_keep > 0 && c.best_of_keep < c.n) {
+    // The answer shows the kept generations as n choices; usage counts every generation.
+    call shown = c;
+    shown.n = c.best_of_keep;
+    shown.best_of_keep = 0;
+    if (c.logprobs_for_ranking) shown.req.logprobs = false;
+    out = completion_object(shown, best_of_choices(c, choices), id, created);
+    out["usage"] = usage_of(choices, c.n, c.req.prompt_only);
+  } else {
+    out = completion_object(c, choices, id, created);
+  }
   // Invalid UTF-8 (a model may emit any bytes) becomes U+FFFD instead of failing the answer.
   return out.dump(-1, ' ', false, json::error_handler_t::replace);
 }

@@ -10,8 +10,9 @@
 // prompt (call::choice_request). Completions' echo returns the
 // prompt first, with its tokens' log-probabilities when logprobs is set (prompt scoring; max_tokens
 // 0 for the prompt alone), streamed too; vLLM's `prompt_logprobs: k` gives them in vLLM's shape,
-// on chat too. Chat takes tools (docs/chat-templates.md). Fields Baton cannot honour (best_of,
-// echo on chat, a forced tool_choice, response_format)
+// on chat too. Chat takes tools (docs/chat-templates.md). Completions' best_of runs best_of
+// generations per prompt and answers the n with the highest log-probability per token. Fields
+// Baton cannot honour (echo on chat, a forced tool_choice, response_format)
 // are refused by name rather than ignored;
 // unknown fields are ignored, as OpenAI's servers do.
 
@@ -27,7 +28,12 @@ namespace baton::deploy::openai {
 
 struct call {
   bool chat = false;           ///< /v1/chat/completions
-  uint32_t n = 1;              ///< choices: n requests, choice i drawn with seed + i
+  uint32_t n = 1;              ///< generations per prompt: n requests, generation i drawn with seed + i
+  /// Completions' best_of > n: `n` holds best_of, and this many of each prompt's generations
+  /// are answered, those with the highest log-probability per token (0: every generation is).
+  uint32_t best_of_keep = 0;
+  /// best_of turned req.logprobs on to rank the generations; the answer shows none.
+  bool logprobs_for_ranking = false;
   bool stream = false;         ///< answer as server-sent events
   bool include_usage = false;  ///< stream_options.include_usage: a last chunk with the usage
   std::string model;           ///< the model the client named (echoed back)
@@ -158,6 +164,9 @@ std::string finish_reason(const std::string& baton_reason);
 
 /// The whole answer: one choice per completion, in order (usage: the prompt once, every choice's tokens).
 std::string completion_json(const call& c, const std::vector<completion>& choices, const std::string& id, int64_t created);
+/// best_of: each prompt's best_of_keep generations with the highest log-probability per token
+/// (ties: the earlier), best first; every generation when the call has no best_of.
+std::vector<completion> best_of_choices(const call& c, const std::vector<completion>& generations);
 std::string completion_json(const call& c, const completion& done, const std::string& id, int64_t created);
 /// One streamed chunk of choice `index`; `first` adds the chat's assistant role. `text_offset`:
 /// the characters of the texts of that choice's tokens streamed before (completions'

@@ -1,6 +1,6 @@
 // The OpenAI API's features over real sockets on 127.0.0.1, each against the router's own
 // answer: log-probabilities, echo and prompt scoring (as evaluation harnesses call it), n
-// choices and batches of prompts, request bodies sent in chunks, and a thinking model's reasoning.
+// choices, best_of and batches of prompts, request bodies sent in chunks, and a thinking model's reasoning.
 
 #include <filesystem>
 #include <fstream>
@@ -212,7 +212,7 @@ TEST_CASE("vLLM's prompt_logprobs over HTTP: each prompt token's log-probability
 }
 
 TEST_CASE("n choices: each is the router's answer for seed + i, whole or streamed (events tagged by index), usage "
-          "counts the prompt once") {
+          "counts the prompt once; best_of answers the one of them with the highest log-probability per token") {
   served_cluster s;
   const uint16_t port = s.gateway.port;
   generate_request ref_req;
@@ -255,6 +255,27 @@ TEST_CASE("n choices: each is the router's answer for seed + i, whole or streame
   REQUIRE(events.size() >= 2);
   CHECK(events.back() == "[DONE]");
   CHECK(events[events.size() - 2]["usage"]["completion_tokens"] == 18);  // after every choice's last chunk
+
+  // best_of 3: the same three generations, the one with the highest log-probability per token answered.
+  ref_req.logprobs = true;
+  double best = -1e30;
+  std::string best_text;
+  for (uint64_t i = 0; i < 3; ++i) {
+    ref_req.seed = 40 + i;
+    const auto scored = s.direct(ref_req);
+    REQUIRE(scored.logprobs.size() == 6);
+    double sum = 0;
+    for (const auto& t : scored.logprobs) sum += t.logprob;
+    if (sum / 6 > best) best = sum / 6, best_text = scored.text;
+  }
+  auto best_of = round_trip(port, post("/v1/completions", R"({"prompt":"The quick brown fox","max_tokens":6,"ignore_eos":true,)"
+                                                          R"("temperature":0.9,"seed":40,"best_of":3})"));
+  REQUIRE(best_of.status == 200);
+  j = json::parse(best_of.body);
+  REQUIRE(j["choices"].size() == 1);
+  CHECK(j["choices"][0]["text"] == json(best_text).get<std::string>());
+  CHECK(j["choices"][0]["logprobs"].is_null());     // not asked for
+  CHECK(j["usage"]["completion_tokens"] == 18);     // every generation counts
 }
 
 TEST_CASE("a body sent in chunks (curl -T -, a client streaming its upload) is answered as the same body with a "

@@ -437,6 +437,68 @@ TEST_CASE("a batch of prompts: choice i answers prompt i / n with seed + i % n, 
   CHECK(c.req.prompt == "x");
 }
 
+TEST_CASE("best_of: best_of generations per prompt, the n with the highest log-probability per token answered, best "
+          "first; usage counts every generation; logprobs shown only when asked; bad combinations refused by name") {
+  deploy::openai::call c;
+  deploy::openai::api_error e;
+  REQUIRE(deploy::openai::parse_body(R"({"prompt":["one","two"],"n":2,"best_of":3,"seed":10})", false, "m", &c, &e));
+  CHECK(c.n == 3);  // generations per prompt
+  CHECK(c.best_of_keep == 2);
+  CHECK(c.num_choices() == 6);
+  CHECK(c.req.logprobs);  // on, to rank them
+  CHECK(c.logprobs_for_ranking);
+  CHECK(c.choice_request(4).prompt == "two");
+  CHECK(c.choice_request(4).seed == 11);
+  // Per token: prompt one's generations -1.0, -0.5, -2.0; prompt two's -3.0, (none), -0.1.
+  const std::vector<std::vector<float>> lps = {{-1, -1}, {-0.5f, -0.5f, -0.5f}, {-2}, {-3}, {}, {-0.1f}};
+  std::vector<completion> done(6);
+  for (size_t i = 0; i < 6; ++i) {
+    done[i].num_prompt_tokens = 4;
+    done[i].text = std::string{"g"} + std::to_string(i);
+    done[i].finish_reason = "length";
+    for (float v : lps[i]) {
+      done[i].tokens.push_back(1);
+      done[i].logprobs.push_back(token_logprob{1, v, "x", {}, {}, {}});
+    }
+  }
+  const auto kept = deploy::openai::best_of_choices(c, done);
+  REQUIRE(kept.size() == 4);
+  CHECK(kept[0].text == "g1");
+  CHECK(kept[1].text == "g0");
+  CHECK(kept[2].text == "g5");
+  CHECK(kept[3].text == "g3");  // a generation with no token ranks last
+  auto out = json::parse(deploy::openai::completion_json(c, done, "id", 0));
+  REQUIRE(out["choices"].size() == 4);
+  CHECK(out["choices"][0]["text"] == "g1");
+  CHECK(out["choices"][3]["index"] == 3);
+  CHECK(out["choices"][0]["logprobs"].is_null());  // not asked for
+  CHECK(out["usage"]["completion_tokens"] == 8);   // all six generations: 2 + 3 + 1 + 1 + 0 + 1
+  CHECK(out["usage"]["prompt_tokens"] == 8);       // each prompt once
+  REQUIRE(deploy::openai::parse_body(R"({"prompt":"one","best_of":2,"logprobs":1})", false, "m", &c, &e));
+  CHECK_FALSE(c.logprobs_for_ranking);
+  out = json::parse(deploy::openai::completion_json(c, std::vector<completion>{done[0], done[1]}, "id", 0));
+  REQUIRE(out["choices"].size() == 1);
+  CHECK(out["choices"][0]["text"] == "g1");
+  CHECK(out["choices"][0]["logprobs"]["token_logprobs"].size() == 3);  // asked for: shown
+  REQUIRE(deploy::openai::parse_body(R"({"prompt":"one","n":2,"best_of":2})", false, "m", &c, &e));
+  CHECK(c.best_of_keep == 0);  // best_of == n: every generation answered
+  CHECK_FALSE(c.req.logprobs);
+
+  auto refused = [&](const std::string& body, bool chat = false) {
+    e = {};
+    CHECK_FALSE(deploy::openai::parse_body(body, chat, "m", &c, &e));
+    CHECK(e.param == "best_of");
+    return e.message;
+  };
+  CHECK(refused(R"({"prompt":"a","n":3,"best_of":2})") == "best_of (2) must be at least n (3)");
+  CHECK(refused(R"({"prompt":"a","best_of":2,"stream":true})").find("not streamed") != std::string::npos);
+  CHECK(refused(R"({"prompt":"a","best_of":2,"echo":true})").find("echo") != std::string::npos);
+  CHECK(refused(R"({"prompt":"a","best_of":65})") == "best_of must be in [1, 64], got 65");
+  CHECK(refused(R"({"messages":[{"role":"user","content":"x"}],"best_of":2})", true) == "best_of is for /v1/completions");
+  CHECK(refused(R"({"prompt":["a","b","c","d","e","f","g","h","i","j","k","l","m","n","o","p","q"],"best_of":64})") ==
+        "17 prompts times best_of 64 is 1088 generations; at most 1024 in one call");
+}
+
 TEST_CASE("a thinking model's chat answer: reasoning_content up to the first </think>, content after it, told apart "
           "as it streams even when the tag is cut between pieces") {
   using deploy::openai::reasoning_splitter;
