@@ -16,6 +16,8 @@
 //   baton_cuda_ipc_probe [--mib N]
 
 #include <cuda_runtime.h>
+#include <poll.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -179,7 +181,10 @@ int put_child() {
   if (!src) return say("FAIL " + err.to_string());
   std::vector<uint8_t> host(src_bytes);
   for (uint64_t i = 0; i < src_bytes; ++i) host[i] = byte_pattern(i);
-  if (cudaMemcpy(src, host.data(), src_bytes, cudaMemcpyHostToDevice) != cudaSuccess) return say("FAIL filling the source");
+  // Synchronised: a pageable copy may return before its last bytes land, and the transport's
+  // stream waits for no other.
+  if (cudaMemcpy(src, host.data(), src_bytes, cudaMemcpyHostToDevice) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess)
+    return say("FAIL filling the source");
   const auto src_key = t->register_region(src, src_bytes, &err);
   if (!src_key) return say("FAIL " + err.to_string());
   double best_ms[2] = {1e30, 1e30};
@@ -223,6 +228,7 @@ int transport_stage(double local_gbps) {
   std::byte* pool = t->allocate_memory(pool_bytes, &err);
   if (!pool) return line(err.to_string()), 3;
   cudaMemset(pool, 0, pool_bytes);
+  cudaDeviceSynchronize();
   const auto key = t->register_region(pool, pool_bytes, &err);
   if (!key) return line(err.to_string()), 3;
   int to_child[2], from_child[2];
@@ -244,10 +250,19 @@ int transport_stage(double local_gbps) {
   const std::string key_line = xp::key_to_text(*key) + "\n";
   if (write(to_child[1], key_line.data(), key_line.size()) < 0) std::perror("write");
   close(to_child[1]);
+  // The answer, bounded (40 s: the part's whole budget is 60 s), else the child is killed.
   std::string reply;
-  char c;
-  while (read(from_child[0], &c, 1) == 1 && c != '\n') reply += c;
+  pollfd p{from_child[0], POLLIN, 0};
+  for (int i = 0; i < 400 && reply.find('\n') == std::string::npos; ++i) {
+    if (poll(&p, 1, 100) <= 0) continue;
+    char buf[256];
+    const ssize_t n = read(from_child[0], buf, sizeof buf);
+    if (n <= 0) break;
+    reply.append(buf, static_cast<size_t>(n));
+  }
   close(from_child[0]);
+  if (reply.find('\n') == std::string::npos) kill(pid, SIGKILL);
+  reply = reply.substr(0, reply.find('\n'));
   int status = 0;
   waitpid(pid, &status, 0);
   if (reply.rfind("OK ", 0) != 0) return line("FAIL the put child says: " + (reply.empty() ? "nothing" : reply)), 3;

@@ -2,11 +2,14 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <random>
 
 #if BATON_HAVE_CUDA
+#include <cuda.h>  // driver types only: the driver is reached through the runtime
 #include <cuda_runtime.h>
 
 #include <chrono>
@@ -18,8 +21,9 @@ namespace baton::transport {
 
 namespace {
 
-// The packed key: [version u32][pid u32][host u64][device u32][reserved u32][offset u64][handle 64].
-constexpr size_t packed_bytes = 4 + 4 + 8 + 4 + 4 + 8 + 64;
+// The packed key: [version u32][pid u32][host u64][device u32][reserved u32][process u64]
+// [offset u64][handle 64].
+constexpr size_t packed_bytes = 4 + 4 + 8 + 4 + 4 + 8 + 8 + 64;
 
 template <class T>
 void put_le(std::vector<uint8_t>& out, size_t at, T v) {
@@ -60,6 +64,16 @@ uint64_t cuda_ipc_host_id() {
   return id;
 }
 
+uint64_t cuda_ipc_process_id() {
+  static const uint64_t id = [] {
+    std::random_device rd;
+    uint64_t v = (uint64_t{rd()} << 32) ^ rd() ^ static_cast<uint64_t>(getpid()) ^
+                 static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+    return v ? v : 1;
+  }();
+  return id;
+}
+
 std::vector<uint8_t> pack_cuda_ipc_key(const cuda_ipc_key& k) {
   std::vector<uint8_t> out(packed_bytes);
   put_le<uint32_t>(out, 0, cuda_ipc_key::version);
@@ -67,8 +81,9 @@ std::vector<uint8_t> pack_cuda_ipc_key(const cuda_ipc_key& k) {
   put_le<uint64_t>(out, 8, k.host);
   put_le<uint32_t>(out, 16, k.device);
   put_le<uint32_t>(out, 20, 0);
-  put_le<uint64_t>(out, 24, k.offset);
-  std::memcpy(out.data() + 32, k.handle.data(), k.handle.size());
+  put_le<uint64_t>(out, 24, k.process);
+  put_le<uint64_t>(out, 32, k.offset);
+  std::memcpy(out.data() + 40, k.handle.data(), k.handle.size());
   return out;
 }
 
@@ -88,8 +103,9 @@ std::optional<cuda_ipc_key> unpack_cuda_ipc_key(const region_key& key, std::stri
   k.pid = get_le<uint32_t>(key.packed, 4);
   k.host = get_le<uint64_t>(key.packed, 8);
   k.device = get_le<uint32_t>(key.packed, 16);
-  k.offset = get_le<uint64_t>(key.packed, 24);
-  std::memcpy(k.handle.data(), key.packed.data() + 32, k.handle.size());
+  k.process = get_le<uint64_t>(key.packed, 24);
+  k.offset = get_le<uint64_t>(key.packed, 32);
+  std::memcpy(k.handle.data(), key.packed.data() + 40, k.handle.size());
   return k;
 }
 
@@ -113,6 +129,7 @@ static_assert(sizeof(cudaIpcMemHandle_t) == 64, "cuda_ipc_key::handle holds a cu
 namespace {
 
 using clock_type = std::chrono::steady_clock;
+constexpr uint64_t block_bytes = 2 << 20;  // cudaMalloc's sub-allocation granularity for IPC
 
 /// Who the settled listener is; a host callback on the stream reads it.
 struct listener_box {
@@ -130,7 +147,41 @@ void CUDART_CB notify_settled(void* p) {
   if (fn) fn();
 }
 
-std::string cuda_text(const char* what, cudaError_t e) { return std::string{what} + ": " + cudaGetErrorString(e); }
+std::string cuda_text(const std::string& what, cudaError_t e) { return what + ": " + cudaGetErrorString(e); }
+
+/// The start and size of the allocation holding `p`, from the driver (cuMemGetAddressRange,
+/// found through the runtime: no link against libcuda); false where the driver does not say.
+bool allocation_of(const void* p, std::byte** start, uint64_t* size) {
+  using range_fn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
+  static const range_fn fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &f, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return static_cast<range_fn>(nullptr);
+    }
+    return reinterpret_cast<range_fn>(f);
+  }();
+  CUdeviceptr base = 0;
+  size_t bytes = 0;
+  if (!fn || fn(&base, &bytes, reinterpret_cast<CUdeviceptr>(p)) != CUDA_SUCCESS) return false;
+  *start = reinterpret_cast<std::byte*>(base);
+  *size = bytes;
+  return true;
+}
+
+/// Every region of every cuda_ipc transport of this process, by its allocation's handle: a put
+/// between two of them (two ranks in one process) finds the allocation here, as CUDA opens no
+/// handle of its own process.
+struct local_allocations {
+  std::mutex mutex;
+  std::map<std::string, std::pair<std::byte*, uint32_t>> by_handle;  ///< allocation start, regions over it
+};
+local_allocations& local_registry() {
+  static local_allocations r;
+  return r;
+}
 
 class cuda_ipc_transport final : public transport {
 public:
@@ -143,6 +194,11 @@ public:
     for (auto& [id, x] : xfers_)
       if (x.done) cudaEventDestroy(x.done);
     for (auto& [handle, o] : opened_) cudaIpcCloseMemHandle(o.base);
+    for (auto& c : closing_) {
+      cudaIpcCloseMemHandle(c.base);
+      cudaEventDestroy(c.passed);
+    }
+    for (auto& [id, r] : regions_) forget_local(r.handle);
     for (auto& [base, size] : allocations_) cudaFree(base);
     cudaStreamDestroy(stream_);
   }
@@ -151,53 +207,59 @@ public:
 
   std::optional<region_key> register_region(std::byte* base, uint64_t size_bytes, xfer_error* err) override {
     auto refuse = [&](std::string what) {
+      cudaGetLastError();  // clear what a refused call left
       if (err) *err = {xfer_errc::backend_error, false, 0, cfg_.name, 0, std::move(what)};
       return std::nullopt;
     };
     cudaSetDevice(cfg_.device);
     cudaPointerAttributes attr{};
     const auto rc = cudaPointerGetAttributes(&attr, base);
-    if (rc != cudaSuccess || attr.type != cudaMemoryTypeDevice || attr.device != cfg_.device) {
-      cudaGetLastError();  // clear the query's error
+    if (rc != cudaSuccess || attr.type != cudaMemoryTypeDevice || attr.device != cfg_.device)
       return refuse("cuda_ipc registers memory of device " + std::to_string(cfg_.device) + " only: the region at " +
                     std::to_string(reinterpret_cast<uintptr_t>(base)) + " is " +
                     (rc != cudaSuccess || attr.type == cudaMemoryTypeUnregistered ? std::string{"host memory"}
                      : attr.type == cudaMemoryTypeHost                           ? std::string{"pinned host memory"}
                      : attr.type == cudaMemoryTypeManaged                        ? std::string{"managed memory"}
                                                           : "memory of device " + std::to_string(attr.device)));
-    }
-    std::lock_guard<std::mutex> lock{mutex_};
-    // The allocation the handle will name: one of ours that holds the region, else the region's
-    // own start (which must then be a cudaMalloc allocation's).
-    std::byte* alloc = base;
-    for (const auto& [a, size] : allocations_)
-      if (base >= a && base < a + size) {
-        if (static_cast<uint64_t>(base - a) + size_bytes > size)
-          return refuse("the region of " + std::to_string(size_bytes) + " bytes runs past its allocation of " +
-                        std::to_string(size) + " bytes");
-        alloc = a;
-      }
+    // The handle names the whole allocation; the key carries where the region starts in it.
+    std::byte* alloc = nullptr;
+    uint64_t alloc_size = 0;
+    if (!allocation_of(base, &alloc, &alloc_size))
+      return refuse("the driver does not say which allocation holds the region (cuMemGetAddressRange)");
+    const uint64_t offset = static_cast<uint64_t>(base - alloc);
+    if (offset + size_bytes > alloc_size)
+      return refuse("the region of " + std::to_string(size_bytes) + " bytes at offset " + std::to_string(offset) +
+                    " runs past its allocation of " + std::to_string(alloc_size) + " bytes");
+    cudaIpcMemHandle_t handle;
+    if (auto e = cudaIpcGetMemHandle(&handle, alloc); e != cudaSuccess)
+      return refuse(cuda_text("CUDA refused an IPC handle for the region's allocation", e));
     cuda_ipc_key k;
     k.host = cuda_ipc_host_id();
     k.pid = pid_;
+    k.process = cuda_ipc_process_id();
     k.device = static_cast<uint32_t>(cfg_.device);
-    k.offset = static_cast<uint64_t>(base - alloc);
-    cudaIpcMemHandle_t handle;
-    if (auto e = cudaIpcGetMemHandle(&handle, alloc); e != cudaSuccess) {
-      cudaGetLastError();
-      return refuse(cuda_text("CUDA refused an IPC handle for the region (it must start at a cudaMalloc allocation, or "
-                              "lie in this transport's allocate_memory)",
-                              e));
-    }
+    k.offset = offset;
     std::memcpy(k.handle.data(), &handle, sizeof handle);
+    const std::string handle_bytes(reinterpret_cast<const char*>(k.handle.data()), k.handle.size());
+    {
+      auto& reg = local_registry();
+      std::lock_guard<std::mutex> lock{reg.mutex};
+      auto& entry = reg.by_handle[handle_bytes];
+      entry.first = alloc;
+      ++entry.second;
+    }
+    std::lock_guard<std::mutex> lock{mutex_};
     const uint64_t id = ++last_region_;
-    regions_[id] = {base, size_bytes};
+    regions_[id] = {base, size_bytes, handle_bytes};
     return region_key{"cuda_ipc", id, size_bytes, pack_cuda_ipc_key(k)};
   }
 
   void deregister_region(uint64_t region_id) override {
     std::lock_guard<std::mutex> lock{mutex_};
-    regions_.erase(region_id);
+    auto r = regions_.find(region_id);
+    if (r == regions_.end()) return;
+    forget_local(r->second.handle);
+    regions_.erase(r);
   }
 
   uint64_t post_put(const put_desc& d) override {
@@ -206,6 +268,7 @@ public:
     auto& x = xfers_[id];
     x.request_id = d.request_id, x.peer = d.peer, x.layer = d.layer;  // for failures found later, in poll
     auto fail = [&](xfer_errc code, bool retryable, std::string what) {
+      cudaGetLastError();  // clear what a failed call left, so no later check reports it
       x.state = xfer_state::failed;
       x.err = {code, retryable, d.request_id, d.peer, d.layer, std::move(what)};
       return id;
@@ -221,16 +284,19 @@ public:
     if (auto bad = segments_outside(d.segments, local->second.size, d.remote.size_bytes); !bad.empty())
       return fail(xfer_errc::out_of_bounds, false, std::move(bad));
     cudaSetDevice(cfg_.device);
+    reap_closed();
     std::byte* remote = nullptr;
-    if (key->pid == pid_) {  // a region of this process (CUDA opens no handle of its own process)
-      auto r = regions_.find(d.remote.region_id);
-      if (r == regions_.end() || r->second.size != d.remote.size_bytes)
-        return fail(xfer_errc::unknown_region, false,
-                    "no region " + std::to_string(d.remote.region_id) + " of this process (deregistered?)");
-      remote = r->second.base;
+    const std::string handle(reinterpret_cast<const char*>(key->handle.data()), key->handle.size());
+    if (key->process == cuda_ipc_process_id()) {  // a region of this process: CUDA opens no handle of its own
+      auto& reg = local_registry();
+      std::lock_guard<std::mutex> reg_lock{reg.mutex};
+      auto a = reg.by_handle.find(handle);
+      if (a == reg.by_handle.end())
+        return fail(xfer_errc::unknown_region, false, "no region " + std::to_string(d.remote.region_id) +
+                                                          " of this process's cuda_ipc transports (deregistered?)");
+      remote = a->second.first + key->offset;
     } else {
       close_idle();
-      const std::string handle(reinterpret_cast<const char*>(key->handle.data()), key->handle.size());
       auto o = opened_.find(handle);
       if (o == opened_.end()) {
         if (opened_.size() >= cfg_.max_open_peer_allocations) close_least_recent();
@@ -238,10 +304,12 @@ public:
         std::memcpy(&h, key->handle.data(), sizeof h);
         void* base = nullptr;
         if (auto e = cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess); e != cudaSuccess) {
-          cudaGetLastError();
-          // The owner may be gone (its allocation with it): retryable, the request goes elsewhere.
-          return fail(xfer_errc::peer_unreachable, true,
-                      cuda_text(("cannot open process " + std::to_string(key->pid) + "'s device memory").c_str(), e));
+          // The owner may be gone, its allocation with it: retryable, the request goes elsewhere.
+          // Devices that cannot reach each other stay so.
+          const bool lasting = e == cudaErrorPeerAccessUnsupported || e == cudaErrorNotSupported ||
+                               e == cudaErrorInvalidDevice;
+          return fail(lasting ? xfer_errc::backend_error : xfer_errc::peer_unreachable, !lasting,
+                      cuda_text("cannot open the device memory of process " + std::to_string(key->pid), e));
         }
         o = opened_.emplace(handle, opening{static_cast<std::byte*>(base), clock_type::now()}).first;
       }
@@ -281,6 +349,7 @@ public:
         x.state = xfer_state::failed;
         x.err = {xfer_errc::backend_error, false, x.request_id, x.peer, x.layer, cuda_text("the put's stream failed", q)};
       }
+      reap_closed();
     }
     if (x.state == xfer_state::failed && err) *err = x.err;
     return x.state;
@@ -296,8 +365,10 @@ public:
 
   std::byte* allocate_memory(uint64_t size_bytes, xfer_error* err) override {
     cudaSetDevice(cfg_.device);
+    // Whole 2 MiB blocks: an IPC handle exports the block, so no other allocation may share it.
+    const uint64_t bytes = (size_bytes + block_bytes - 1) / block_bytes * block_bytes;
     void* p = nullptr;
-    if (auto e = cudaMalloc(&p, size_bytes); e != cudaSuccess) {
+    if (auto e = cudaMalloc(&p, bytes); e != cudaSuccess) {
       cudaGetLastError();
       if (err)
         *err = {xfer_errc::backend_error, false, 0, cfg_.name, 0,
@@ -306,18 +377,18 @@ public:
       return nullptr;
     }
     std::lock_guard<std::mutex> lock{mutex_};
-    allocations_[static_cast<std::byte*>(p)] = size_bytes;
+    allocations_[static_cast<std::byte*>(p)] = bytes;
     return static_cast<std::byte*>(p);
   }
 
   void free_memory(std::byte* base) override {
-    std::lock_guard<std::mutex> lock{mutex_};
-    auto a = allocations_.find(base);
-    if (a == allocations_.end()) return;
+    {
+      std::lock_guard<std::mutex> lock{mutex_};
+      if (!allocations_.erase(base)) return;
+    }
     cudaSetDevice(cfg_.device);
-    cudaStreamSynchronize(stream_);  // no put may still read it
+    cudaStreamSynchronize(stream_);  // no put may still read it (outside the lock: polls go on meanwhile)
     cudaFree(base);
-    allocations_.erase(a);
   }
 
   void set_settled_listener(std::function<void()> fn) override {
@@ -338,10 +409,16 @@ private:
   struct region {
     std::byte* base = nullptr;
     uint64_t size = 0;
+    std::string handle;  ///< its allocation's IPC handle, as bytes
   };
   struct opening {
     std::byte* base = nullptr;  ///< where the peer's allocation is mapped here
     clock_type::time_point last_used;
+  };
+  /// An opening let go: closed once the stream has passed `passed` (no put still writes through it).
+  struct closing {
+    std::byte* base = nullptr;
+    cudaEvent_t passed = nullptr;
   };
   struct xfer {
     uint64_t request_id = 0;
@@ -352,11 +429,37 @@ private:
     xfer_error err;
   };
 
-  /// Closes `o` once no put of this transport can still write through it.
+  static void forget_local(const std::string& handle) {
+    auto& reg = local_registry();
+    std::lock_guard<std::mutex> lock{reg.mutex};
+    auto a = reg.by_handle.find(handle);
+    if (a != reg.by_handle.end() && --a->second.second == 0) reg.by_handle.erase(a);
+  }
+
+  /// Lets `o` go without waiting: it closes once the puts posted before now have passed.
   void close(std::map<std::string, opening>::iterator o) {
-    cudaStreamSynchronize(stream_);
-    cudaIpcCloseMemHandle(o->second.base);
+    cudaEvent_t passed = nullptr;
+    if (cudaEventCreateWithFlags(&passed, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventRecord(passed, stream_) != cudaSuccess) {
+      cudaGetLastError();
+      if (passed) cudaEventDestroy(passed);
+      cudaStreamSynchronize(stream_);  // no event to wait on: wait here (rare)
+      cudaIpcCloseMemHandle(o->second.base);
+    } else {
+      closing_.push_back({o->second.base, passed});
+    }
     opened_.erase(o);
+  }
+  void reap_closed() {
+    for (auto c = closing_.begin(); c != closing_.end();)
+      if (cudaEventQuery(c->passed) == cudaSuccess) {
+        cudaIpcCloseMemHandle(c->base);
+        cudaEventDestroy(c->passed);
+        c = closing_.erase(c);
+      } else {
+        cudaGetLastError();  // cudaErrorNotReady is no error to keep
+        ++c;
+      }
   }
   void close_least_recent() {
     auto oldest = opened_.begin();
@@ -380,6 +483,7 @@ private:
   std::map<uint64_t, region> regions_;
   std::map<std::byte*, uint64_t> allocations_;  ///< allocate_memory's, by base
   std::map<std::string, opening> opened_;       ///< peers' allocations, by their handle's bytes
+  std::vector<closing> closing_;
   std::map<uint64_t, xfer> xfers_;
   uint64_t last_region_ = 0, last_xfer_ = 0;
   bool has_listener_ = false;

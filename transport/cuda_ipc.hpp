@@ -13,9 +13,17 @@
 // transport stage, both run by bench/gpu/h200.sh.
 //
 // What it reaches: device memory of this host only. A key carries the owner's host (its boot
-// id), so a key from another host is refused by name rather than opened. A region must start at
-// a cudaMalloc allocation, or lie inside memory this transport's allocate_memory gave (IPC
-// handles name whole allocations; the offset into one travels in the key).
+// id), so a key from another host is refused by name rather than opened, and the owner's process
+// (a random number drawn once per process, as pids repeat across PID namespaces): a put into a
+// region of the writer's own process (two ranks in one process) copies into it directly, as CUDA
+// opens no handle of its own process. A region may lie anywhere inside a cudaMalloc allocation:
+// IPC handles name whole allocations, so the key carries the offset into it, found with the
+// driver's cuMemGetAddressRange. allocate_memory rounds sizes up to 2 MiB, so that no other
+// allocation shares the block a handle exports.
+//
+// The caller orders the source bytes before the put: post_put copies on the transport's own
+// stream, which waits for no other stream, so the bytes must be complete (the producing stream
+// synchronised, or the put posted from what runs after it).
 //
 // Openings of peers' allocations are kept for later puts, at most cuda_ipc_config::
 // max_open_peer_allocations of them, and each is closed after peer_idle_ms unused (a decode rank
@@ -48,8 +56,9 @@ struct cuda_ipc_config {
 /// What a cuda_ipc region_key's packed bytes carry.
 struct cuda_ipc_key {
   static constexpr uint32_t version = 1;
-  uint64_t host = 0;    ///< the owner's host (cuda_ipc_host_id)
-  uint32_t pid = 0;     ///< the owner's process: a put into its own process needs no opening
+  uint64_t host = 0;     ///< the owner's host (cuda_ipc_host_id)
+  uint32_t pid = 0;      ///< the owner's pid, for errors
+  uint64_t process = 0;  ///< the owner's process (cuda_ipc_process_id): a put into its own needs no opening
   uint32_t device = 0;  ///< the owner's device
   uint64_t offset = 0;  ///< where the region starts in the allocation the handle names
   std::array<uint8_t, 64> handle{};  ///< cudaIpcMemHandle_t's bytes
@@ -58,6 +67,8 @@ struct cuda_ipc_key {
 /// This host's identity for keys: a hash of the kernel's boot id (the same in every container
 /// and network namespace of one boot of one machine).
 uint64_t cuda_ipc_host_id();
+/// This process's identity for keys: drawn at random once (pids repeat across PID namespaces).
+uint64_t cuda_ipc_process_id();
 
 std::vector<uint8_t> pack_cuda_ipc_key(const cuda_ipc_key& k);
 /// Reads a key's packed bytes back; nothing and `*why` (naming what is wrong) for a key of

@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <poll.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -68,6 +69,7 @@ device_region make_region(transport::transport& t, std::string* why) {
   r.base = t.allocate_memory(region_offset + region_bytes, &err);
   if (!r.base) return *why = err.to_string(), r;
   cudaMemset(r.base, 0, region_offset + region_bytes);
+  cudaDeviceSynchronize();  // the transport's stream waits for no other
   auto key = t.register_region(r.base + region_offset, region_bytes, &err);
   if (!key) return *why = err.to_string(), r;
   r.key = *key;
@@ -78,7 +80,10 @@ device_region make_region(transport::transport& t, std::string* why) {
 bool fill(const device_region& r, uint32_t seed) {
   std::vector<uint8_t> host(region_bytes);
   for (uint64_t i = 0; i < host.size(); ++i) host[i] = pattern(i, seed);
-  return cudaMemcpy(r.base + region_offset, host.data(), region_bytes, cudaMemcpyHostToDevice) == cudaSuccess;
+  // Synchronised: a pageable copy may return before its last bytes land, and the transport's
+  // stream waits for no other.
+  return cudaMemcpy(r.base + region_offset, host.data(), region_bytes, cudaMemcpyHostToDevice) == cudaSuccess &&
+         cudaDeviceSynchronize() == cudaSuccess;
 }
 
 /// Bytes of `dst` (its region) that differ from what the puts of scattered() from a region of
@@ -180,6 +185,39 @@ TEST_CASE("cuda_ipc transport in one process: a put lands at its segments and no
   elsewhere.packed = pack_cuda_ipc_key(parts);
   fails({9, 2, "decode-0", src.key.region_id, elsewhere, {{0, 0, 1}}}, xfer_errc::unknown_region, "another host");
   fails({9, 2, "decode-0", 12345, dst.key, {{0, 0, 1}}}, xfer_errc::unknown_region, "no local region 12345");
+
+  // Two transports of one process (two ranks in it): a put from one reaches the other's region,
+  // not a region of its own with the same id.
+  auto other = make_cuda_ipc_transport({.name = "gpu-0b"}, &why);
+  REQUIRE_MESSAGE(other, why);
+  auto theirs = make_region(*other, &why);
+  REQUIRE_MESSAGE(why.empty(), why);
+  REQUIRE(theirs.key.region_id == src.key.region_id);  // the same id in each transport
+  const auto across = t->post_put({2, 0, "gpu-0b", src.key.region_id, theirs.key, scattered(region_bytes)});
+  REQUIRE_MESSAGE(settle(*t, across, &err) == xfer_state::done, err.to_string());
+  t->release(across);
+  CHECK(wrong_bytes(theirs, 1) == 0);
+
+  // A region inside an allocation the transport did not make: the key's offset is its place in it.
+  void* foreign = nullptr;
+  REQUIRE(cudaMalloc(&foreign, region_offset + region_bytes) == cudaSuccess);
+  REQUIRE(cudaMemset(foreign, 0, region_offset + region_bytes) == cudaSuccess);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  device_region inside{static_cast<std::byte*>(foreign), {}};
+  auto inside_key = t->register_region(inside.base + region_offset, region_bytes, &err);
+  REQUIRE_MESSAGE(inside_key, err.to_string());
+  CHECK(unpack_cuda_ipc_key(*inside_key, &why)->offset == region_offset);
+  inside.key = *inside_key;
+  const auto into = t->post_put({3, 0, "decode-0", src.key.region_id, inside.key, scattered(region_bytes)});
+  REQUIRE_MESSAGE(settle(*t, into, &err) == xfer_state::done, err.to_string());
+  t->release(into);
+  CHECK(wrong_bytes(inside, 1) == 0);
+  // One that runs past its allocation is refused.
+  CHECK_FALSE(t->register_region(inside.base + region_offset, region_bytes + 2 * region_offset + (4 << 20), &err));
+  CHECK(err.what.find("runs past its allocation") != std::string::npos);
+  t->deregister_region(inside.key.region_id);
+  cudaFree(foreign);
+  other->free_memory(theirs.base);
   t->free_memory(src.base);
   t->free_memory(dst.base);
 }
@@ -210,7 +248,9 @@ TEST_CASE("cuda_ipc transport across processes: a second process's put lands in 
   close(from_child[1]);
   REQUIRE(spawned == 0);
   const std::string line = key_to_text(dst.key) + "\n";
+  const auto old_pipe = signal(SIGPIPE, SIG_IGN);  // a child that died already must not take this process with it
   CHECK(write(to_child[1], line.data(), line.size()) == static_cast<ssize_t>(line.size()));
+  signal(SIGPIPE, old_pipe);
   close(to_child[1]);
   // The child's answer, bounded: 60 s.
   std::string reply;
@@ -223,9 +263,17 @@ TEST_CASE("cuda_ipc transport across processes: a second process's put lands in 
     reply.append(buf, static_cast<size_t>(n));
   }
   close(from_child[0]);
+  // Its end, bounded: 10 s after it answered (or at once when it did not), then killed.
   int status = 0;
-  if (reply.find('\n') == std::string::npos) kill(pid, SIGKILL);
-  waitpid(pid, &status, 0);
+  bool ended = false;
+  for (int i = 0; i < 1000 && reply.find('\n') != std::string::npos && !ended; ++i) {
+    ended = waitpid(pid, &status, WNOHANG) == pid;
+    if (!ended) std::this_thread::sleep_for(std::chrono::milliseconds{10});
+  }
+  if (!ended) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+  }
   INFO("the child said: " << reply);
   REQUIRE(reply.rfind("ok", 0) == 0);
   CHECK(wrong_bytes(dst, 5) == 0);

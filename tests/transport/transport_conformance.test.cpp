@@ -415,6 +415,7 @@ TEST_CASE("cuda_ipc keys: what a key carries comes back unchanged; a key of anot
   cuda_ipc_key k;
   k.host = cuda_ipc_host_id();
   k.pid = 4242;
+  k.process = cuda_ipc_process_id();
   k.device = 3;
   k.offset = (uint64_t{1} << 40) + 17;
   for (size_t i = 0; i < k.handle.size(); ++i) k.handle[i] = static_cast<uint8_t>(i * 31 + 7);
@@ -424,11 +425,14 @@ TEST_CASE("cuda_ipc keys: what a key carries comes back unchanged; a key of anot
   REQUIRE_MESSAGE(back, why);
   CHECK(back->host == k.host);
   CHECK(back->pid == 4242);
+  CHECK(back->process == cuda_ipc_process_id());
   CHECK(back->device == 3);
   CHECK(back->offset == k.offset);
   CHECK(back->handle == k.handle);
   CHECK(cuda_ipc_host_id() != 0);
   CHECK(cuda_ipc_host_id() == cuda_ipc_host_id());
+  CHECK(cuda_ipc_process_id() != 0);
+  CHECK(cuda_ipc_process_id() == cuda_ipc_process_id());
 
   auto refused = [&](region_key bad) {
     why.clear();
@@ -440,7 +444,7 @@ TEST_CASE("cuda_ipc keys: what a key carries comes back unchanged; a key of anot
   CHECK(refused(other).find("a ucx key, not a cuda_ipc one") != std::string::npos);
   auto short_key = key;
   short_key.packed.pop_back();
-  CHECK(refused(short_key).find("this one 95") != std::string::npos);
+  CHECK(refused(short_key).find("this one 103") != std::string::npos);
   auto newer = key;
   newer.packed[0] = 2;
   CHECK(refused(newer).find("version 2") != std::string::npos);
