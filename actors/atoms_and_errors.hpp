@@ -64,6 +64,8 @@ using migrate_poll_atom = caf::atom_constant<caf::atom("migpoll")>;
 /// A transfer of the rank's transport settled (transport::set_settled_listener): poll now.
 using settled_atom = caf::atom_constant<caf::atom("settled")>;
 using resume_atom = caf::atom_constant<caf::atom("resume")>;
+/// A landed KV layer was checked (and expanded, in a wire form) off the decode rank's thread.
+using layer_checked_atom = caf::atom_constant<caf::atom("kv_checked")>;
 
 // --- errors ---------------------------------------------------------------------------------
 /// Baton's error codes (category atom "baton"). The context string of every error names the

@@ -1,6 +1,8 @@
 // The decode rank's side of the KV handoff: reservations (leases granted now, after offloads
 // make room, or refused), the layer-ready signals that admit a sequence once every layer landed
 // and passed its checksum, and the expansion of layers that came in a wire form (INT8, INT4).
+// Checks and expansions run on the rank's worker thread (serial_worker), not the actor's: a
+// layer's checksum is a pass over its bytes, and the rank's step scheduling must not wait on it.
 
 #include "actors/decode_rank_state.hpp"
 
@@ -10,6 +12,7 @@
 #include <string>
 
 #include <caf/actor_cast.hpp>
+#include <caf/send.hpp>
 
 #include "transport/kv_wire.hpp"
 
@@ -17,41 +20,49 @@ namespace baton::decode_detail {
 
 /// Corrupt KV never reaches a decode step: the lease is dropped, the request told why (now, or
 /// when its order comes).
-void drop_corrupt_lease(decode_pointer self, const kv_layer_ready& ev, std::string why) {
+void drop_corrupt_lease(decode_pointer self, uint64_t lease_id, std::string why) {
   auto& s = self->state;
-  auto& l = s.leases.at(ev.lease_id);
+  auto& l = s.leases.at(lease_id);
   if (l.has_order) l.promise.deliver(make_error(errc::transfer_failed, why));
   if (s.corrupted.size() >= 1024) s.corrupted.erase(s.corrupted.begin());  // bounded: orders may never come
-  s.corrupted[ev.lease_id] = std::move(why);
-  free_lease(self, ev.lease_id, true);  // the later layers' puts may still come
+  s.corrupted[lease_id] = std::move(why);
+  free_lease(self, lease_id, true);  // the later layers' puts may still come
 }
 
-/// A layer that came in wire form (kv_layer_ready::wire): its staged bytes checked against the
-/// sender's checksum (unless checksums are off), then expanded into the lease's pages. Empty, or
-/// why the layer cannot be used (naming request, rank, stage, layer and sender).
-std::string expand_wire_layer(decode_pointer self, const lease& l, const kv_layer_ready& ev,
-                              std::optional<transport::wire_format> wire) {
-  auto& s = self->state;
-  auto& kv = s.core.exec->kv();
-  auto fail = [&](const std::string& what) {
-    return where(ev.request_id, s.cfg.name, "kv_recv") + ": layer " + std::to_string(ev.layer) +
-           (ev.from.empty() ? "" : " from " + ev.from) + " " + what;
-  };
-  const auto* staging = s.core.wire.get();
-  if (!wire || !staging)
-    return fail(!wire ? "names wire form " + std::to_string(ev.wire) + ", which does not exist"
-                      : "came in " + std::string(transport::to_string(*wire)) + " form, but this rank granted no staging");
-  const uint32_t pages = std::min<uint32_t>(kv.pages_for_tokens(ev.num_tokens), l.pages.size());
-  if (s.cfg.verify_kv_checksums) {
-    const uint64_t got = std::max<uint64_t>(1, staging->checksum(*wire, ev.layer, l.pages, pages));
-    if (got != ev.checksum)
-      return fail("failed its checksum in " + std::string(transport::to_string(*wire)) + " form (sent " +
-                  std::to_string(ev.checksum) + ", landed " + std::to_string(got) + ")");
+/// Checks a landed layer against the sender's checksum: its f32 pages, or in a wire form its
+/// staged wire bytes, which are then expanded into the pages. Runs on the rank's worker: reads
+/// and writes only the lease's pages and staging slots, which nothing else touches until the
+/// lease is admitted (and a freed lease's pages wait for it: give_back_pages). Empty, or why the
+/// layer cannot be used.
+std::string check_layer(gpu::kv_cache& kv, const kv_wire_staging* staging, transport::wire_format wire, bool verify,
+                        uint32_t layer, const std::vector<uint32_t>& pages, uint64_t sent) {
+  const auto n = static_cast<uint32_t>(pages.size());
+  if (wire == transport::wire_format::f32) {
+    const uint64_t got = std::max<uint64_t>(1, kv.kv_layer_checksum(layer, pages, n));
+    return got == sent ? std::string{}
+                       : "failed its checksum (sent " + std::to_string(sent) + ", landed " + std::to_string(got) + ")";
   }
-  for (uint32_t i = 0; i < pages; ++i)
-    transport::wire_decode(*wire, reinterpret_cast<const uint8_t*>(staging->slot(ev.layer, l.pages[i])),
-                           staging->page_values, kv.k_at(ev.layer, l.pages[i], 0));
+  if (verify) {
+    const uint64_t got = std::max<uint64_t>(1, staging->checksum(wire, layer, pages, n));
+    if (got != sent)
+      return "failed its checksum in " + std::string(transport::to_string(wire)) + " form (sent " +
+             std::to_string(sent) + ", landed " + std::to_string(got) + ")";
+  }
+  for (uint32_t page : pages)
+    transport::wire_decode(wire, reinterpret_cast<const uint8_t*>(staging->slot(layer, page)), staging->page_values,
+                           kv.k_at(layer, page, 0));
   return {};
+}
+
+/// The layer is in: counted once, the lease renewed, and the sequence admitted if all is here.
+void mark_landed(decode_pointer self, lease& l, uint64_t lease_id, uint32_t layer) {
+  auto& s = self->state;
+  if (!l.landed[layer]) {
+    l.landed[layer] = true;
+    if (++l.num_landed == l.landed.size()) s.core.log->add({0, "kv_landed", l.request_id, 0, 0, {}, {}});
+  }
+  l.expires_at = self->clock().now() + std::chrono::milliseconds{l.lease_ms};  // progress renews
+  maybe_admit(self, lease_id);
 }
 
 kv_lease_grant grant_lease(decode_pointer self, const kv_lease_reserve& req, std::vector<uint32_t> pages,
@@ -65,6 +76,7 @@ kv_lease_grant grant_lease(decode_pointer self, const kv_lease_reserve& req, std
   if (auto h = caf::actor_cast<caf::actor>(holder); h && s.watched_holders.insert(holder).second) self->monitor(h);
   l.pages = std::move(pages);
   l.landed.assign(s.core.exec->config().num_hidden_layers, false);
+  l.checking.assign(l.landed.size(), 0);
   l.lease_ms = req.lease_ms;
   l.wire_form = req.inexact_kv;
   l.expires_at = self->clock().now() + std::chrono::milliseconds{req.lease_ms};
@@ -148,34 +160,69 @@ void on_layer_ready(decode_pointer self, const kv_layer_ready& ev) {
     return;  // a late layer of a lease that already expired: nothing to do
   auto& l = i->second;
   if (l.decoding) return;  // a repeated layer after admission: its pages hold decode KV now
+  auto prefix = [&] {
+    return where(ev.request_id, s.cfg.name, "kv_recv") + ": layer " + std::to_string(ev.layer) +
+           (ev.from.empty() ? "" : " from " + ev.from) + " ";
+  };
   const auto wire = transport::wire_format_of(ev.wire);
   if (wire != transport::wire_format::f32) {
     // In wire form: checked and expanded once. A repeated signal (its slots may be taking a
     // retried attempt's identical bytes) leaves the expanded pages alone.
-    if (l.landed[ev.layer]) return;
-    if (auto why = expand_wire_layer(self, l, ev, wire); !why.empty()) {
-      drop_corrupt_lease(self, ev, std::move(why));
-      return;
-    }
-    l.wire_form = true;
-  } else if (s.cfg.verify_kv_checksums) {
-    const auto& kv = s.core.exec->kv();
-    const uint32_t pages = std::min<uint32_t>(kv.pages_for_tokens(ev.num_tokens), l.pages.size());
-    const uint64_t got = std::max<uint64_t>(1, kv.kv_layer_checksum(ev.layer, l.pages, pages));
-    if (got != ev.checksum) {
-      drop_corrupt_lease(self, ev,
-                         where(ev.request_id, s.cfg.name, "kv_recv") + ": layer " + std::to_string(ev.layer) +
-                             (ev.from.empty() ? "" : " from " + ev.from) + " failed its checksum (sent " +
-                             std::to_string(ev.checksum) + ", landed " + std::to_string(got) + ")");
-      return;
+    if (l.landed[ev.layer] || l.checking[ev.layer] > 0) return;
+    if (!wire || !s.core.wire)
+      return drop_corrupt_lease(self, ev.lease_id,
+                                prefix() + (!wire ? "names wire form " + std::to_string(ev.wire) + ", which does not exist"
+                                                  : "came in " + std::string(transport::to_string(*wire)) +
+                                                        " form, but this rank granted no staging"));
+    l.wire_form = true;  // its pages will hold expanded values (a failed layer drops the lease)
+  } else if (!s.cfg.verify_kv_checksums) {
+    return mark_landed(self, l, ev.lease_id, ev.layer);
+  } else if (l.checking[ev.layer] == UINT8_MAX) {
+    return;  // that many checks of it already queued: the last of them decides
+  }
+  // Checked (and expanded) on the worker; a repeated f32 signal is checked again, as a retried
+  // attempt's puts land in the same pages.
+  auto& kv = s.core.exec->kv();
+  const uint32_t n = std::min<uint32_t>(kv.pages_for_tokens(ev.num_tokens), l.pages.size());
+  std::vector<uint32_t> pages(l.pages.begin(), l.pages.begin() + n);
+  if (s.core.exec->on_virtual_time()) {  // sims: no thread of ours runs in virtual time
+    auto why = check_layer(kv, s.core.wire.get(), *wire, s.cfg.verify_kv_checksums, ev.layer, pages, ev.checksum);
+    if (!why.empty()) return drop_corrupt_lease(self, ev.lease_id, prefix() + why);
+    return mark_landed(self, l, ev.lease_id, ev.layer);
+  }
+  ++l.checking[ev.layer];
+  ++s.checks_in_flight[ev.lease_id];
+  l.expires_at = self->clock().now() + std::chrono::milliseconds{l.lease_ms};  // a put landed: progress
+  if (!s.checker) s.checker = std::make_unique<serial_worker>();
+  s.checker->post([exec = s.core.exec, staging = s.core.wire, form = *wire, verify = s.cfg.verify_kv_checksums,
+                   layer = ev.layer, pages = std::move(pages), sent = ev.checksum, prefix = prefix(),
+                   me = caf::actor_cast<caf::actor_addr>(self), lease_id = ev.lease_id] {
+    auto why = check_layer(exec->kv(), staging.get(), form, verify, layer, pages, sent);
+    if (!why.empty()) why = prefix + why;
+    if (auto rank = caf::actor_cast<decode_rank_actor>(me))
+      caf::anon_send(rank, layer_checked_atom::value, lease_id, layer, std::move(why));
+  });
+}
+
+void on_layer_checked(decode_pointer self, uint64_t lease_id, uint32_t layer, std::string why) {
+  auto& s = self->state;
+  if (auto c = s.checks_in_flight.find(lease_id); c != s.checks_in_flight.end() && --c->second == 0) {
+    s.checks_in_flight.erase(c);
+    // Freed while checked: its pages go back now that nothing writes them.
+    if (auto h = s.held_pages.find(lease_id); h != s.held_pages.end()) {
+      s.core.exec->kv().kv_page_free(h->second);
+      s.held_pages.erase(h);
+      if (!s.reserves.empty() || !s.paused.empty()) rebalance_memory(self);
+      report_load(self);
     }
   }
-  if (!l.landed[ev.layer]) {
-    l.landed[ev.layer] = true;
-    if (++l.num_landed == l.landed.size()) s.core.log->add({0, "kv_landed", l.request_id, 0, 0, {}, {}});
-  }
-  l.expires_at = self->clock().now() + std::chrono::milliseconds{l.lease_ms};  // progress renews
-  maybe_admit(self, ev.lease_id);
+  auto i = s.leases.find(lease_id);
+  if (i == s.leases.end()) return;  // dropped meanwhile (expired, released, or another layer failed)
+  auto& l = i->second;
+  if (layer < l.checking.size() && l.checking[layer] > 0) --l.checking[layer];
+  if (l.decoding) return;
+  if (!why.empty()) return drop_corrupt_lease(self, lease_id, std::move(why));
+  mark_landed(self, l, lease_id, layer);
 }
 
 }  // namespace baton::decode_detail

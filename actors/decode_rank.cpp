@@ -84,12 +84,21 @@ void report_load(decode_pointer self) {
   self->send(st.balancer, load_atom::value, std::move(load), caf::actor_cast<decode_rank_actor>(self));
 }
 
+void give_back_pages(decode_state& st, uint64_t lease_id, std::vector<uint32_t> pages) {
+  if (st.checks_in_flight.count(lease_id)) {
+    auto& held = st.held_pages[lease_id];
+    held.insert(held.end(), pages.begin(), pages.end());
+    return;
+  }
+  st.core.exec->kv().kv_page_free(pages);
+}
+
 /// Gives a quarantined lease's pages back to the pool.
 void end_quarantine(decode_pointer self, uint64_t lease_id) {
   auto& st = self->state;
   auto q = st.quarantine.find(lease_id);
   if (q == st.quarantine.end()) return;
-  st.core.exec->kv().kv_page_free(q->second.pages);
+  give_back_pages(st, lease_id, std::move(q->second.pages));
   st.core.log->add({0, "quarantine_end", q->second.request_id, 0, 0, {}, {}});
   st.quarantine.erase(q);
   if (!st.reserves.empty() || !st.paused.empty()) rebalance_memory(self);
@@ -125,7 +134,7 @@ void free_lease(decode_pointer self, uint64_t lease_id, bool writer_may_write, b
     st.core.log->add({0, "quarantine", l.request_id, static_cast<uint32_t>(q.pages.size()), 0, {}, {}});
     l.pages.clear();
   }
-  st.core.exec->kv().kv_page_free(l.pages);
+  give_back_pages(st, lease_id, std::move(l.pages));
   for (auto p = st.paused.begin(); p != st.paused.end(); ++p)  // an offloaded sequence's host pages
     if (p->seq.lease_id == lease_id) {
       st.host_free.insert(st.host_free.end(), p->host_slots.begin(), p->host_slots.end());
@@ -456,6 +465,7 @@ void maybe_admit(decode_pointer self, uint64_t lease_id) {
   if (i == st.leases.end()) return;
   auto& l = i->second;
   if (l.decoding || !l.has_order || l.num_landed != st.core.exec->config().num_hidden_layers) return;
+  if (st.checks_in_flight.count(lease_id)) return;  // a repeated layer's check may yet drop it
   l.decoding = true;
   st.core.log->add({0, "admit", l.request_id, 0, 0, {}, {}});
   l.queue_us = micros(self->clock().now() - l.order_at);
@@ -641,6 +651,9 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
       },
       [=](const kv_layer_ready& ev) {
         on_layer_ready(self, ev);
+      },
+      [=](layer_checked_atom, uint64_t lease_id, uint32_t layer, std::string& why) {
+        on_layer_checked(self, lease_id, layer, std::move(why));
       },
       [=](keepalive_atom, uint64_t request_id, uint64_t lease_id) {
         // The prompt waits in a prefill rank's queue: that rank is alive and busy, keep the pages.

@@ -27,6 +27,7 @@
 #include "actors/decode_rank.hpp"
 #include "actors/executor_bridge.hpp"
 #include "actors/messages.hpp"
+#include "actors/serial_worker.hpp"
 #include "actors/store_access.hpp"
 #include "store/block_index.hpp"
 #include "store/staging_pool.hpp"
@@ -62,6 +63,8 @@ struct lease {
   std::vector<uint32_t> pages;
   std::vector<bool> landed;  ///< per layer
   uint32_t num_landed = 0;
+  /// Per layer: checks of it on the rank's worker not yet answered (layer_checked_atom).
+  std::vector<uint8_t> checking;
   bool decoding = false;
   bool has_order = false;
   bool release_after_step = false;  ///< released while a step was writing its pages
@@ -176,6 +179,13 @@ struct decode_state {
   /// Leases dropped because a layer failed its checksum, with the reason, so that a decode
   /// order arriving afterwards gets that reason rather than "expired".
   std::unordered_map<uint64_t, std::string> corrupted;
+  /// Landed layers are checked, and those in a wire form expanded, here: off the actor's thread.
+  /// Made on the first layer that needs it.
+  std::unique_ptr<serial_worker> checker;
+  /// Checks on the worker per lease: a lease freed meanwhile keeps its pages out of the pool
+  /// (held_pages) until they are answered, as an expansion may still write them.
+  std::unordered_map<uint64_t, uint32_t> checks_in_flight;
+  std::unordered_map<uint64_t, std::vector<uint32_t>> held_pages;
   std::vector<running_seq> batch;
   bool step_in_flight = false;
   std::vector<uint64_t> step_leases;  ///< lease ids of the step in flight, in row order
@@ -250,6 +260,12 @@ uint32_t pages_to_reserve(const decode_state& st, const kv_lease_reserve& req);
 /// A layer landed (kv_layer_ready): checked, expanded when in wire form, and the sequence
 /// admitted once all layers are in.
 void on_layer_ready(decode_pointer self, const kv_layer_ready& ev);
+
+/// Gives a freed lease's pages back to the pool, or holds them while a check on the worker may
+/// still write them (decode_rank.cpp).
+void give_back_pages(decode_state& st, uint64_t lease_id, std::vector<uint32_t> pages);
+/// A check on the worker answered (decode_handoff.cpp): the layer lands, or the lease is dropped.
+void on_layer_checked(decode_pointer self, uint64_t lease_id, uint32_t layer, std::string why);
 
 /// Elastic drain (decode_migrate.cpp): takes the batch's sequences out between steps and moves
 /// each, with its KV, to a decode rank the balancer picks; a move that fails puts the sequence

@@ -8,7 +8,7 @@
 // The prefill rank encodes a shipped page's layer into its own slot and puts the slot to the
 // decode rank's slot of the same (layer, page of the lease); the decode rank checks the layer's
 // wire bytes against the sender's checksum and expands them into its pages when the layer's
-// ready signal comes. Slots belong to pages, so staging needs no allocator and lives as long as
+// ready signal comes (on its worker thread: decode_handoff.cpp). Slots belong to pages, so staging needs no allocator and lives as long as
 // the page's holder: a prefill rank's slot is rewritten only when its page is (a restarted
 // attempt, or a prefix page shared by prompts, writes the bytes it already holds), and a repeated
 // put into a decode rank's slot (a retried attempt) lands in the slot, never in a page already

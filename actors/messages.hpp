@@ -598,6 +598,7 @@ using decode_rank_actor = caf::typed_actor<
     caf::reacts_to<reserve_expire_atom, uint64_t>,              // a waiting reservation's deadline
     caf::reacts_to<health_atom>,                                // standing failure began or ended; re-report load
     caf::reacts_to<resume_atom>,                                // sequences came back from host memory: step (internal)
+    caf::reacts_to<layer_checked_atom, uint64_t, uint32_t, std::string>,  // lease, layer, why it is unusable (internal)
     caf::replies_to<role_atom, bool>::with<bool>>;              // elastic P/D: active, or standby when idle
 
 struct prefill_order {

@@ -170,6 +170,9 @@ public:
   virtual void submit(forward_job job, std::shared_ptr<executor_sink> sink) = 0;
   /// Gives a modelled executor its timeline; real executors ignore it.
   virtual void bind_runner(deferred_runner*) {}
+  /// A modelled executor on virtual time (sims): work its owner would hand to a thread of its own
+  /// runs inline instead, as no real thread takes part in virtual time.
+  virtual bool on_virtual_time() const { return false; }
   /// Ends the executor's threads (idempotent): no job runs and no callback fires afterwards,
   /// while the KV pool stays valid until the executor is destroyed. Owners call it before they
   /// take the pool away from a transport (actors/executor_bridge.cpp).

@@ -70,6 +70,7 @@ public:
   const model_config& config() const override { return inner_->config(); }
   kv_cache& kv() override { return inner_->kv(); }
   void bind_runner(deferred_runner* r) override { inner_->bind_runner(r); }
+  bool on_virtual_time() const override { return inner_->on_virtual_time(); }
   void stop() override { inner_->stop(); }
   std::string standing_failure() const override { return inner_->standing_failure(); }
   void on_health_change(std::function<void()> fn) override { inner_->on_health_change(std::move(fn)); }

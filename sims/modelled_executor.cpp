@@ -34,6 +34,7 @@ public:
   gpu::kv_cache& kv() override { return kv_; }
   std::string describe() const override { return "modelled"; }
   void bind_runner(gpu::deferred_runner* runner) override { runner_ = runner; }
+  bool on_virtual_time() const override { return true; }
 
   void submit(gpu::forward_job job, std::shared_ptr<gpu::executor_sink> sink) override {
     queue_.emplace_back(std::move(job), std::move(sink));
