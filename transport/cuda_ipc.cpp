@@ -12,6 +12,8 @@
 #include <cuda.h>  // driver types only: the driver is reached through the runtime
 #include <cuda_runtime.h>
 
+#include "transport/cuda_stream_put.hpp"
+
 #include <chrono>
 #include <map>
 #include <mutex>
@@ -131,21 +133,8 @@ namespace {
 using clock_type = std::chrono::steady_clock;
 constexpr uint64_t block_bytes = 2 << 20;  // cudaMalloc's sub-allocation granularity for IPC
 
-/// Who the settled listener is; a host callback on the stream reads it.
-struct listener_box {
-  std::mutex mutex;
-  std::function<void()> fn;
-};
-
-void CUDART_CB notify_settled(void* p) {
-  auto* box = static_cast<listener_box*>(p);
-  std::function<void()> fn;
-  {
-    std::lock_guard<std::mutex> lock{box->mutex};
-    fn = box->fn;
-  }
-  if (fn) fn();
-}
+using cuda_detail::listener_box;
+using cuda_detail::notify_settled;
 
 std::string cuda_text(const std::string& what, cudaError_t e) { return what + ": " + cudaGetErrorString(e); }
 
@@ -212,15 +201,7 @@ public:
       return std::nullopt;
     };
     cudaSetDevice(cfg_.device);
-    cudaPointerAttributes attr{};
-    const auto rc = cudaPointerGetAttributes(&attr, base);
-    if (rc != cudaSuccess || attr.type != cudaMemoryTypeDevice || attr.device != cfg_.device)
-      return refuse("cuda_ipc registers memory of device " + std::to_string(cfg_.device) + " only: the region at " +
-                    std::to_string(reinterpret_cast<uintptr_t>(base)) + " is " +
-                    (rc != cudaSuccess || attr.type == cudaMemoryTypeUnregistered ? std::string{"host memory"}
-                     : attr.type == cudaMemoryTypeHost                           ? std::string{"pinned host memory"}
-                     : attr.type == cudaMemoryTypeManaged                        ? std::string{"managed memory"}
-                                                          : "memory of device " + std::to_string(attr.device)));
+    if (auto why = cuda_detail::not_device_memory("cuda_ipc", cfg_.device, base); !why.empty()) return refuse(std::move(why));
     // The handle names the whole allocation; the key carries where the region starts in it.
     std::byte* alloc = nullptr;
     uint64_t alloc_size = 0;
@@ -342,13 +323,7 @@ public:
     auto& x = i->second;
     if (x.state == xfer_state::pending) {
       cudaSetDevice(cfg_.device);
-      const auto q = cudaEventQuery(x.done);
-      if (q == cudaSuccess) {
-        x.state = xfer_state::done;
-      } else if (q != cudaErrorNotReady) {
-        x.state = xfer_state::failed;
-        x.err = {xfer_errc::backend_error, false, x.request_id, x.peer, x.layer, cuda_text("the put's stream failed", q)};
-      }
+      cuda_detail::settle(x);
       reap_closed();
     }
     if (x.state == xfer_state::failed && err) *err = x.err;
@@ -420,14 +395,7 @@ private:
     std::byte* base = nullptr;
     cudaEvent_t passed = nullptr;
   };
-  struct xfer {
-    uint64_t request_id = 0;
-    std::string peer;
-    uint32_t layer = 0;
-    cudaEvent_t done = nullptr;
-    xfer_state state = xfer_state::pending;
-    xfer_error err;
-  };
+  using xfer = cuda_detail::stream_put;
 
   static void forget_local(const std::string& handle) {
     auto& reg = local_registry();

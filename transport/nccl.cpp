@@ -10,6 +10,8 @@
 #include <map>
 #include <mutex>
 #include <type_traits>
+
+#include "transport/cuda_stream_put.hpp"
 #endif
 
 namespace baton::transport {
@@ -121,21 +123,8 @@ std::vector<uint8_t> pack_key(uint32_t rank, uint32_t world, uint64_t tag) {
   return out;
 }
 
-/// Who the settled listener is; a host callback on the stream reads it.
-struct listener_box {
-  std::mutex mutex;
-  std::function<void()> fn;
-};
-
-void CUDART_CB notify_settled(void* p) {
-  auto* box = static_cast<listener_box*>(p);
-  std::function<void()> fn;
-  {
-    std::lock_guard<std::mutex> lock{box->mutex};
-    fn = box->fn;
-  }
-  if (fn) fn();
-}
+using cuda_detail::listener_box;
+using cuda_detail::notify_settled;
 
 class nccl_transport final : public transport {
 public:
@@ -160,18 +149,8 @@ public:
 
   std::optional<region_key> register_region(std::byte* base, uint64_t size_bytes, xfer_error* err) override {
     cudaSetDevice(cfg_.device);
-    cudaPointerAttributes attr{};
-    const auto rc = cudaPointerGetAttributes(&attr, base);
-    if (rc != cudaSuccess || attr.type != cudaMemoryTypeDevice || attr.device != cfg_.device) {
-      cudaGetLastError();  // clear a sticky-free error from the query
-      if (err)
-        *err = {xfer_errc::backend_error, false, 0, cfg_.name, 0,
-                "nccl registers memory of device " + std::to_string(cfg_.device) + " only: the region at " +
-                    std::to_string(reinterpret_cast<uintptr_t>(base)) + " is " +
-                    (rc != cudaSuccess || attr.type == cudaMemoryTypeUnregistered ? std::string{"host memory"}
-                     : attr.type == cudaMemoryTypeHost                           ? std::string{"pinned host memory"}
-                     : attr.type == cudaMemoryTypeManaged                        ? std::string{"managed memory"}
-                                                          : "memory of device " + std::to_string(attr.device))};
+    if (auto why = cuda_detail::not_device_memory("nccl", cfg_.device, base); !why.empty()) {
+      if (err) *err = {xfer_errc::backend_error, false, 0, cfg_.name, 0, std::move(why)};
       return std::nullopt;
     }
     std::lock_guard<std::mutex> lock{mutex_};
@@ -251,15 +230,10 @@ public:
     auto& x = i->second;
     if (x.state == xfer_state::pending) {
       cudaSetDevice(cfg_.device);
-      const auto q = cudaEventQuery(x.done);
-      if (q == cudaSuccess) {
-        x.state = xfer_state::done;
-      } else if (q != cudaErrorNotReady) {
-        x.state = xfer_state::failed;
-        x.err = {xfer_errc::backend_error, false, x.request_id, x.peer, x.layer,
-                 std::string{"the put's stream failed: "} + cudaGetErrorString(q)};
-      } else if (ncclResult_t async = ncclSuccess; nccl().comm_get_async_error(comm_, &async) == ncclSuccess &&
-                                                    async != ncclSuccess && async != ncclInProgress) {
+      cuda_detail::settle(x);
+      if (ncclResult_t async = ncclSuccess; x.state == xfer_state::pending &&
+                                            nccl().comm_get_async_error(comm_, &async) == ncclSuccess &&
+                                            async != ncclSuccess && async != ncclInProgress) {
         x.state = xfer_state::failed;
         x.err = {xfer_errc::backend_error, false, x.request_id, x.peer, x.layer, nccl_error("the communicator", async)};
       }
@@ -314,14 +288,7 @@ private:
     std::byte* base = nullptr;
     uint64_t size = 0;
   };
-  struct xfer {
-    uint64_t request_id = 0;
-    std::string peer;
-    uint32_t layer = 0;
-    cudaEvent_t done = nullptr;
-    xfer_state state = xfer_state::pending;
-    xfer_error err;
-  };
+  using xfer = cuda_detail::stream_put;
 
   const nccl_config cfg_;
   ncclComm_t comm_;
