@@ -134,7 +134,6 @@ using clock_type = std::chrono::steady_clock;
 constexpr uint64_t block_bytes = 2 << 20;  // cudaMalloc's sub-allocation granularity for IPC
 
 using cuda_detail::listener_box;
-using cuda_detail::notify_settled;
 
 std::string cuda_text(const std::string& what, cudaError_t e) { return what + ": " + cudaGetErrorString(e); }
 
@@ -302,14 +301,8 @@ public:
                                    cudaMemcpyDeviceToDevice, stream_);
           e != cudaSuccess)
         return fail(xfer_errc::backend_error, false, cuda_text("a device-to-device copy", e));
-    if (auto e = cudaEventCreateWithFlags(&x.done, cudaEventDisableTiming); e != cudaSuccess) {
-      x.done = nullptr;
-      return fail(xfer_errc::backend_error, false, cuda_text("cannot create an event", e));
-    }
-    if (auto e = cudaEventRecord(x.done, stream_); e != cudaSuccess)
-      return fail(xfer_errc::backend_error, false, cuda_text("cannot record an event", e));
-    // Without the notice the owner still finds the put settled at its next poll.
-    if (has_listener_ && cudaLaunchHostFunc(stream_, notify_settled, &listener_) != cudaSuccess) cudaGetLastError();
+    if (auto bad = cuda_detail::end_put(x, stream_, has_listener_ ? &listener_ : nullptr); !bad.empty())
+      return fail(xfer_errc::backend_error, false, std::move(bad));
     return id;
   }
 

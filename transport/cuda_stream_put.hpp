@@ -58,6 +58,23 @@ struct stream_put {
   xfer_error err;
 };
 
+/// Marks the end of a put just queued on `stream`: its event, then, with a listener, the notice
+/// queued behind it. Empty, or what failed (the caller fails the put).
+inline std::string end_put(stream_put& x, cudaStream_t stream, listener_box* listener) {
+  if (auto e = cudaEventCreateWithFlags(&x.done, cudaEventDisableTiming); e != cudaSuccess) {
+    x.done = nullptr;
+    cudaGetLastError();
+    return std::string{"cannot create an event: "} + cudaGetErrorString(e);
+  }
+  if (auto e = cudaEventRecord(x.done, stream); e != cudaSuccess) {
+    cudaGetLastError();
+    return std::string{"cannot record an event: "} + cudaGetErrorString(e);
+  }
+  // Without the notice the owner still finds the put settled at its next poll.
+  if (listener && cudaLaunchHostFunc(stream, notify_settled, listener) != cudaSuccess) cudaGetLastError();
+  return {};
+}
+
 /// A pending put whose event has passed is done; one whose stream failed is failed, naming
 /// CUDA's error; otherwise it stays pending.
 inline void settle(stream_put& x) {

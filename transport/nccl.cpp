@@ -124,7 +124,6 @@ std::vector<uint8_t> pack_key(uint32_t rank, uint32_t world, uint64_t tag) {
 }
 
 using cuda_detail::listener_box;
-using cuda_detail::notify_settled;
 
 class nccl_transport final : public transport {
 public:
@@ -209,14 +208,8 @@ public:
     const ncclResult_t end = nccl().group_end();
     if (rc == ncclSuccess) rc = end;
     if (rc != ncclSuccess) return fail(xfer_errc::backend_error, false, nccl_error("send/recv", rc));
-    if (auto e = cudaEventCreateWithFlags(&x.done, cudaEventDisableTiming); e != cudaSuccess) {
-      x.done = nullptr;
-      return fail(xfer_errc::backend_error, false, std::string{"cannot create an event: "} + cudaGetErrorString(e));
-    }
-    if (auto e = cudaEventRecord(x.done, stream_); e != cudaSuccess)
-      return fail(xfer_errc::backend_error, false, std::string{"cannot record an event: "} + cudaGetErrorString(e));
-    // Without the notice the owner still finds the put settled at its next poll.
-    if (has_listener_ && cudaLaunchHostFunc(stream_, notify_settled, &listener_) != cudaSuccess) cudaGetLastError();
+    if (auto bad = cuda_detail::end_put(x, stream_, has_listener_ ? &listener_ : nullptr); !bad.empty())
+      return fail(xfer_errc::backend_error, false, std::move(bad));
     return id;
   }
 
