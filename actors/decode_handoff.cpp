@@ -184,21 +184,21 @@ void on_layer_ready(decode_pointer self, const kv_layer_ready& ev) {
   // attempt's puts land in the same pages.
   auto& kv = s.core.exec->kv();
   const uint32_t n = std::min<uint32_t>(kv.pages_for_tokens(ev.num_tokens), l.pages.size());
-  std::vector<uint32_t> pages(l.pages.begin(), l.pages.begin() + n);
-  if (s.core.exec->on_virtual_time()) {  // sims: no thread of ours runs in virtual time
-    auto why = check_layer(kv, s.core.wire.get(), *wire, s.cfg.verify_kv_checksums, ev.layer, pages, ev.checksum);
-    if (!why.empty()) return drop_corrupt_lease(self, ev.lease_id, prefix() + why);
-    return mark_landed(self, l, ev.lease_id, ev.layer);
-  }
   ++l.checking[ev.layer];
   ++s.checks_in_flight[ev.lease_id];
   l.expires_at = self->clock().now() + std::chrono::milliseconds{l.lease_ms};  // a put landed: progress
-  if (!s.checker) s.checker = std::make_unique<serial_worker>();
-  s.checker->post([exec = s.core.exec, staging = s.core.wire, form = *wire, verify = s.cfg.verify_kv_checksums,
-                   layer = ev.layer, pages = std::move(pages), sent = ev.checksum, prefix = prefix(),
-                   me = caf::actor_cast<caf::actor_addr>(self), lease_id = ev.lease_id] {
+  auto check = [exec = s.core.exec, staging = s.core.wire, form = *wire, verify = s.cfg.verify_kv_checksums,
+                layer = ev.layer, pages = std::vector<uint32_t>(l.pages.begin(), l.pages.begin() + n),
+                sent = ev.checksum, prefix = prefix()] {
     auto why = check_layer(exec->kv(), staging.get(), form, verify, layer, pages, sent);
-    if (!why.empty()) why = prefix + why;
+    return why.empty() ? why : prefix + why;
+  };
+  if (s.core.exec->on_virtual_time())  // sims: no thread of ours runs in virtual time
+    return on_layer_checked(self, ev.lease_id, ev.layer, check());
+  if (!s.checker) s.checker = std::make_unique<serial_worker>();
+  s.checker->post([check = std::move(check), me = caf::actor_cast<caf::actor_addr>(self), lease_id = ev.lease_id,
+                   layer = ev.layer] {
+    auto why = check();
     if (auto rank = caf::actor_cast<decode_rank_actor>(me))
       caf::anon_send(rank, layer_checked_atom::value, lease_id, layer, std::move(why));
   });

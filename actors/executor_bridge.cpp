@@ -51,7 +51,7 @@ const kv_wire_staging* rank_core::wire_staging(std::string* why) {
     w->num_pages = lay.num_pages;
     w->page_values = lay.page_bytes() / sizeof(float);
     w->slot_bytes = kv_wire_staging::slot_bytes_for(lay);
-    const uint64_t bytes = w->slot_bytes * lay.num_layers * lay.num_pages;
+    const uint64_t bytes = kv_wire_staging::bytes_for(lay, lay.num_pages);
     transport::xfer_error err;
     // Transport memory: a peer on this host then puts into it with plain stores (UCX shared memory).
     w->memory = transport::transport_memory(xport, bytes, &err);

@@ -8,11 +8,12 @@
 // The prefill rank encodes a shipped page's layer into its own slot and puts the slot to the
 // decode rank's slot of the same (layer, page of the lease); the decode rank checks the layer's
 // wire bytes against the sender's checksum and expands them into its pages when the layer's
-// ready signal comes (on its worker thread: decode_handoff.cpp). Slots belong to pages, so staging needs no allocator and lives as long as
-// the page's holder: a prefill rank's slot is rewritten only when its page is (a restarted
-// attempt, or a prefix page shared by prompts, writes the bytes it already holds), and a repeated
-// put into a decode rank's slot (a retried attempt) lands in the slot, never in a page already
-// expanded, which is why the decode side does not expand in place.
+// ready signal comes (on its worker thread: decode_handoff.cpp). Slots belong to pages, so
+// staging needs no allocator and lives as long as the page's holder: a prefill rank's slot is
+// rewritten only when its page is (a restarted attempt, or a prefix page shared by prompts,
+// writes the bytes it already holds), and a repeated put into a decode rank's slot (a retried
+// attempt) lands in the slot, never in a page already expanded, which is why the decode side
+// does not expand in place.
 
 #include <cstddef>
 #include <cstdint>
@@ -36,9 +37,9 @@ struct kv_wire_staging {
   static uint64_t slot_bytes_for(const gpu::kv_layout& layout) {
     return (transport::wire_bytes(transport::wire_format::int8, layout.page_bytes() / sizeof(float)) + 63) / 64 * 64;
   }
-  /// The staging a rank makes for a pool of `num_pages` pages of `one_page` (a layout of 1 page).
-  static uint64_t bytes_for(const gpu::kv_layout& one_page, uint64_t num_pages) {
-    return slot_bytes_for(one_page) * one_page.num_layers * num_pages;
+  /// The staging a rank makes for a pool of `num_pages` pages shaped as `layout`'s.
+  static uint64_t bytes_for(const gpu::kv_layout& layout, uint64_t num_pages) {
+    return slot_bytes_for(layout) * layout.num_layers * num_pages;
   }
   uint64_t offset(uint32_t layer, uint32_t page) const { return (uint64_t{layer} * num_pages + page) * slot_bytes; }
   std::byte* slot(uint32_t layer, uint32_t page) const { return memory.get() + offset(layer, page); }

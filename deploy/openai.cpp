@@ -349,7 +349,8 @@ bool parse_best_of(const json& j, bool chat, call* out, api_error* err) {
   if (best_of < out->n)
     return refuse("best_of (" + std::to_string(best_of) + ") must be at least n (" + std::to_string(out->n) + ")");
   if (best_of == out->n) return true;
-  if (out->stream) return refuse("best_of > n is answered whole (the best is known at the end), not streamed: ask without stream");
+  if (out->stream)
+    return refuse("best_of > n is answered whole (the best is known at the end), not streamed: ask without stream");
   if (out->req.echo || out->vllm_prompt_logprobs)
     return refuse("best_of > n with echo or prompt_logprobs is not supported");
   out->best_of_keep = out->n;
@@ -702,14 +703,14 @@ double per_token_logprob(const completion& x) {
 }  // namespace
 
 std::vector<completion> best_of_choices(const call& c, const std::vector<completion>& generations) {
-  if (c.best_of_keep == 0 || c.best_of_keep >= c.n) return generations;
+  if (c.best_of_keep == 0) return generations;
+  std::vector<double> score(generations.size());
+  for (size_t i = 0; i < generations.size(); ++i) score[i] = per_token_logprob(generations[i]);
   std::vector<completion> out;
   for (size_t first = 0; first < generations.size(); first += c.n) {
     std::vector<size_t> order;
     for (size_t i = first; i < std::min<size_t>(first + c.n, generations.size()); ++i) order.push_back(i);
-    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-      return per_token_logprob(generations[a]) > per_token_logprob(generations[b]);
-    });
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return score[a] > score[b]; });
     for (size_t k = 0; k < c.best_of_keep && k < order.size(); ++k) out.push_back(generations[order[k]]);
   }
   return out;
@@ -765,7 +766,7 @@ json completion_object(const call& c, const std::vector<completion>& choices, co
 
 std::string completion_json(const call& c, const std::vector<completion>& choices, const std::string& id, int64_t created) {
   json out;
-  if (c.best_of_keep > 0 && c.best_of_keep < c.n) {
+  if (c.best_of_keep > 0) {
     // The answer shows the kept generations as n choices; usage counts every generation.
     call shown = c;
     shown.n = c.best_of_keep;

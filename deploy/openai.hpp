@@ -29,8 +29,8 @@ namespace baton::deploy::openai {
 struct call {
   bool chat = false;           ///< /v1/chat/completions
   uint32_t n = 1;              ///< generations per prompt: n requests, generation i drawn with seed + i
-  /// Completions' best_of > n: `n` holds best_of, and this many of each prompt's generations
-  /// are answered, those with the highest log-probability per token (0: every generation is).
+  /// Completions' best_of > n: `n` holds best_of, and this many (fewer than n) of each prompt's
+  /// generations are answered, those with the highest log-probability per token (0: all are).
   uint32_t best_of_keep = 0;
   /// best_of turned req.logprobs on to rank the generations; the answer shows none.
   bool logprobs_for_ranking = false;

@@ -174,7 +174,7 @@ local_allocations& local_registry() {
 class cuda_ipc_transport final : public transport {
 public:
   cuda_ipc_transport(cuda_ipc_config cfg, cudaStream_t stream)
-    : cfg_(std::move(cfg)), stream_(stream), pid_(static_cast<uint32_t>(getpid())) {}
+    : cfg_(std::move(cfg)), stream_(stream) {}
 
   ~cuda_ipc_transport() override {
     cudaSetDevice(cfg_.device);
@@ -200,7 +200,8 @@ public:
       return std::nullopt;
     };
     cudaSetDevice(cfg_.device);
-    if (auto why = cuda_detail::not_device_memory("cuda_ipc", cfg_.device, base); !why.empty()) return refuse(std::move(why));
+    if (auto why = cuda_detail::not_device_memory("cuda_ipc", cfg_.device, base); !why.empty())
+      return refuse(std::move(why));
     // The handle names the whole allocation; the key carries where the region starts in it.
     std::byte* alloc = nullptr;
     uint64_t alloc_size = 0;
@@ -215,7 +216,7 @@ public:
       return refuse(cuda_text("CUDA refused an IPC handle for the region's allocation", e));
     cuda_ipc_key k;
     k.host = cuda_ipc_host_id();
-    k.pid = pid_;
+    k.pid = static_cast<uint32_t>(getpid());
     k.process = cuda_ipc_process_id();
     k.device = static_cast<uint32_t>(cfg_.device);
     k.offset = offset;
@@ -439,7 +440,6 @@ private:
 
   const cuda_ipc_config cfg_;
   cudaStream_t stream_;
-  const uint32_t pid_;
   std::mutex mutex_;
   std::map<uint64_t, region> regions_;
   std::map<std::byte*, uint64_t> allocations_;  ///< allocate_memory's, by base

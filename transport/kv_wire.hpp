@@ -7,8 +7,8 @@
 // error is at most s / 2. A layer's wire form is its scales, then its packed values.
 //
 // Plain functions over host memory, no transport in them: the handoff applies them to a layer's
-// pages before the put and after the layer lands (actors/kv_wire_staging.hpp). Bytes per fp32 value: 0.27 for INT8, 0.14 for
-// INT4 (3.8x and 7.1x fewer than fp32).
+// pages before the put and after the layer lands (actors/kv_wire_staging.hpp). Bytes per fp32
+// value: 0.27 for INT8, 0.14 for INT4 (3.8x and 7.1x fewer than fp32).
 
 #include <cstddef>
 #include <cstdint>

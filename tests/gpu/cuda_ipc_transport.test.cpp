@@ -5,15 +5,11 @@
 
 #include <doctest/doctest.h>
 
-#include <poll.h>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
-#include <cstdio>
 #include <cstring>
 #include <iostream>
 #include <string>
@@ -22,10 +18,9 @@
 
 #include <cuda_runtime.h>
 
+#include "deploy/processes.hpp"
 #include "gpu/cuda/kernels.hpp"
 #include "transport/cuda_ipc.hpp"
-
-extern char** environ;
 
 using namespace baton;
 using namespace baton::transport;
@@ -110,14 +105,14 @@ const bool no_gpu = !cuda_ipc_built() || gpu::cuda::device_count() == 0;
 namespace baton::test {
 
 /// The second process of the cross-process case: reads the parent's key (one line on stdin),
-/// puts scattered() from a region of pattern(5) into it, then a segment past its end, and says
-/// on stdout "ok" or what went wrong.
+/// puts scattered() from a region of pattern(5) into it, then a segment past its end. Exit code
+/// 0 when all went as it should; else 1, and what went wrong on stderr.
 int cuda_ipc_put_child() {
   std::string line;
   std::getline(std::cin, line);
   auto say = [](const std::string& what) {
-    std::cout << what << std::endl;
-    return 0;
+    std::cerr << "cuda_ipc_put_child: " << what << std::endl;
+    return what.rfind("failed", 0) == 0 ? 1 : 0;
   };
   const auto key = key_from_text(line);
   if (!key) return say("failed: the parent's key line is malformed: " + line);
@@ -230,52 +225,27 @@ TEST_CASE("cuda_ipc transport across processes: a second process's put lands in 
   REQUIRE_MESSAGE(t, why);
   auto dst = make_region(*t, &why);
   REQUIRE_MESSAGE(why.empty(), why);
-  int to_child[2], from_child[2];
-  REQUIRE(pipe(to_child) == 0);
-  REQUIRE(pipe(from_child) == 0);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, to_child[0], 0);
-  posix_spawn_file_actions_adddup2(&fa, from_child[1], 1);
-  posix_spawn_file_actions_addclose(&fa, to_child[1]);
-  posix_spawn_file_actions_addclose(&fa, from_child[0]);
-  char arg0[] = "baton_gpu_tests", arg1[] = "--cuda-ipc-put-child";
-  char* argv[] = {arg0, arg1, nullptr};
-  pid_t pid = 0;
-  const int spawned = posix_spawn(&pid, "/proc/self/exe", &fa, nullptr, argv, environ);
-  posix_spawn_file_actions_destroy(&fa);
-  close(to_child[0]);
-  close(from_child[1]);
-  REQUIRE(spawned == 0);
+  // The second process: this binary again, told the region's key on its stdin.
+  int to_child = -1;
+  const pid_t pid = deploy::spawn_process({deploy::self_executable(), "--cuda-ipc-put-child"}, &why, {}, false, &to_child);
+  REQUIRE_MESSAGE(pid > 0, why);
   const std::string line = key_to_text(dst.key) + "\n";
   const auto old_pipe = signal(SIGPIPE, SIG_IGN);  // a child that died already must not take this process with it
-  CHECK(write(to_child[1], line.data(), line.size()) == static_cast<ssize_t>(line.size()));
+  CHECK(write(to_child, line.data(), line.size()) == static_cast<ssize_t>(line.size()));
   signal(SIGPIPE, old_pipe);
-  close(to_child[1]);
-  // The child's answer, bounded: 60 s.
-  std::string reply;
-  pollfd p{from_child[0], POLLIN, 0};
-  for (int i = 0; i < 600 && reply.find('\n') == std::string::npos; ++i) {
-    if (poll(&p, 1, 100) <= 0) continue;
-    char buf[256];
-    const ssize_t n = read(from_child[0], buf, sizeof buf);
-    if (n <= 0) break;
-    reply.append(buf, static_cast<size_t>(n));
-  }
-  close(from_child[0]);
-  // Its end, bounded: 10 s after it answered (or at once when it did not), then killed.
-  int status = 0;
+  close(to_child);
+  // Its end, bounded (60 s), else it is stopped.
+  std::string how;
   bool ended = false;
-  for (int i = 0; i < 1000 && reply.find('\n') != std::string::npos && !ended; ++i) {
-    ended = waitpid(pid, &status, WNOHANG) == pid;
-    if (!ended) std::this_thread::sleep_for(std::chrono::milliseconds{10});
-  }
+  for (int i = 0; i < 6000 && !(ended = deploy::process_exited(pid, &how)); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds{10});
   if (!ended) {
-    kill(pid, SIGKILL);
-    waitpid(pid, &status, 0);
+    std::vector<pid_t> left{pid};
+    deploy::stop_processes(left, 0);
   }
-  INFO("the child said: " << reply);
-  REQUIRE(reply.rfind("ok", 0) == 0);
+  REQUIRE_MESSAGE((ended && how == "exit code 0"),
+                  "the child " << (ended ? "ended with " + how : std::string{"hung and was stopped"})
+                               << " (what went wrong is on stderr)");
   CHECK(wrong_bytes(dst, 5) == 0);
   t->free_memory(dst.base);
 }
