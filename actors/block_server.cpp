@@ -9,8 +9,6 @@
 #include <caf/typed_event_based_actor.hpp>
 
 #include <atomic>
-#include <condition_variable>
-#include <deque>
 #include <filesystem>
 #include <functional>
 #include <mutex>
@@ -22,6 +20,7 @@
 #include <unistd.h>
 
 #include "gpu/kv_cache.hpp"
+#include "actors/serial_worker.hpp"
 #include "store/block_file.hpp"
 #include "store/block_index.hpp"
 #include "store/staging_pool.hpp"
@@ -30,48 +29,6 @@
 namespace baton {
 
 namespace {
-
-/// One thread running blocking jobs in order; each job's completion goes back to the actor as
-/// an io_atom message carrying the job id.
-class io_worker {
- public:
-  io_worker() : thread_([this] { loop(); }) {}
-  ~io_worker() {
-    {
-      std::lock_guard<std::mutex> lock{mutex_};
-      stop_ = true;
-    }
-    cv_.notify_one();
-    thread_.join();
-  }
-  void post(std::function<void()> job) {
-    {
-      std::lock_guard<std::mutex> lock{mutex_};
-      jobs_.push_back(std::move(job));
-    }
-    cv_.notify_one();
-  }
-
- private:
-  void loop() {
-    for (;;) {
-      std::function<void()> job;
-      {
-        std::unique_lock<std::mutex> lock{mutex_};
-        cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
-        if (jobs_.empty()) return;  // stop_ and drained
-        job = std::move(jobs_.front());
-        jobs_.pop_front();
-      }
-      job();
-    }
-  }
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> jobs_;
-  bool stop_ = false;
-  std::thread thread_;  // last: starts after the other members exist
-};
 
 /// What the I/O thread shares with the actor; owned by a shared_ptr so jobs in flight outlive
 /// neither the staging buffer nor the transport.
@@ -365,7 +322,9 @@ store_read_result serve_read(io_context& io, const store_read_order& order, uint
 
 struct block_server_state {
   std::shared_ptr<io_context> io;
-  std::unique_ptr<io_worker> worker;  // destroyed first: joins the I/O thread
+  /// Blocking file jobs, in order; each job's completion goes back to the actor as an io_atom
+  /// message carrying the job id.
+  std::unique_ptr<serial_worker> worker;  // destroyed first: joins the I/O thread
   /// CAF destroys the state before it runs attached functors, so the I/O thread is told to
   /// abandon its waits here, before the worker joins it. Jobs it drops take their response
   /// promises with them: readers get a broken-promise error at once, not a timeout.
@@ -474,7 +433,7 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
   std::error_code ec;
   std::filesystem::create_directories(c.dir, ec);
   if (ec) io.setup_error = c.name + ": cannot create " + c.dir + ": " + ec.message();
-  st.worker = std::make_unique<io_worker>();
+  st.worker = std::make_unique<serial_worker>();
   if (io.setup_error.empty()) recover_blocks(self);
   // The staging buffer is deregistered when the last holder of the context (the I/O thread's
   // job, or the state) lets go of it.

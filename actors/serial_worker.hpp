@@ -1,9 +1,9 @@
 #pragma once
 
-// One thread that runs posted functions in order, off an actor's thread: the decode rank checks
-// landed KV layers (and expands those that came in a wire form) on one, so that its step
-// scheduling never waits behind a layer's worth of memory traffic. Destruction runs what is
-// queued, then joins.
+// One thread that runs posted functions in order, off an actor's thread: a block server does its
+// blocking file I/O on one, and a decode rank checks landed KV layers (and expands those that
+// came in a wire form) on one, so that its step scheduling never waits behind a layer's worth of
+// memory traffic. Destruction runs what is queued, then joins.
 
 #include <condition_variable>
 #include <deque>
