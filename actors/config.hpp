@@ -200,6 +200,10 @@ struct decode_rank_config {
   /// posted are given up and the sequence stays (a target that died, a stalled link), so a
   /// move never holds the sequence, its pages and the drain for good.
   uint32_t migrate_send_timeout_ms = 10000;
+  /// Fault injection, for tests only (0 everywhere else): each landed layer's check waits this
+  /// long on the rank's check worker before it runs, as a slow check of a large layer would, so
+  /// that a test can free a lease while its layers are still being checked.
+  uint32_t fault_check_delay_ms = 0;
 
   std::string validate() const {
     if (name.empty()) return "decode rank name must not be empty";

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <string>
+#include <thread>
 
 #include <caf/actor_cast.hpp>
 #include <caf/send.hpp>
@@ -197,7 +198,8 @@ void on_layer_ready(decode_pointer self, const kv_layer_ready& ev) {
     return on_layer_checked(self, ev.lease_id, ev.layer, check());
   if (!s.checker) s.checker = std::make_unique<serial_worker>();
   s.checker->post([check = std::move(check), me = caf::actor_cast<caf::actor_addr>(self), lease_id = ev.lease_id,
-                   layer = ev.layer] {
+                   layer = ev.layer, delay = std::chrono::milliseconds{s.cfg.fault_check_delay_ms}] {
+    if (delay.count() > 0) std::this_thread::sleep_for(delay);
     auto why = check();
     if (auto rank = caf::actor_cast<decode_rank_actor>(me))
       caf::anon_send(rank, layer_checked_atom::value, lease_id, layer, std::move(why));

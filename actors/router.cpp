@@ -64,8 +64,9 @@ std::string tokenize_and_validate(generate_request& req, const gpu::model_config
     std::vector<gpu::chat_message> chat;
     for (const auto& m : req.messages) chat.push_back({m.role, m.content, m.fields_json});
     if (!req.tools_json.empty() && tokenizer->tool_calls() == gpu::tool_call_format::none)
-      return "tools need a model whose chat template asks for tool calls in a form Baton reads (<tool_call> JSON, "
-             "as Qwen's and Hermes' do); this model's does not";
+      return "tools need a model whose chat template asks for tool calls in a form Baton reads (Qwen's and Hermes' "
+             "<tool_call> JSON, Llama 3.1's JSON answer, Mistral's [TOOL_CALLS], DeepSeek's or Kimi-K2's tool-call "
+             "tokens); this model's does not";
     std::string text, why;
     if (!tokenizer->render_chat(chat, gpu::chat_extras{req.chat_template_kwargs, req.tools_json}, &text, &why)) return why;
     *tokens = tokenizer->encode_chat(text);

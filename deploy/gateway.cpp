@@ -361,7 +361,8 @@ client_sink_actor::behavior_type call_impl(client_sink_actor::pointer self, caf:
   }
   cs->call.separate_reasoning = chat && settings.chat_reasoning != 0 && cs->call.reasoning_wanted;
   cs->call.reasoning_opened = settings.chat_reasoning == 1;  // 2: Qwen3's, the model opens <think> or not
-  cs->call.read_tool_calls = chat && !cs->call.req.tools_json.empty() && settings.chat_tool_calls == 1;
+  if (chat && !cs->call.req.tools_json.empty() && settings.chat_tool_calls <= gpu::max_tool_call_format)
+    cs->call.tool_calls = static_cast<gpu::tool_call_format>(settings.chat_tool_calls);
   cs->id = std::move(id);
   cs->created = unix_seconds();
   const uint32_t choices = cs->call.num_choices();

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "actors/messages.hpp"
+#include "gpu/tool_call_format.hpp"
 
 namespace baton::deploy::openai {
 
@@ -56,9 +57,9 @@ struct call {
   /// With separate_reasoning: the template opened <think>, so the answer starts as reasoning;
   /// false (Qwen3): only an answer that itself starts with <think> has any.
   bool reasoning_opened = true;
-  /// The request gave tools (req.tools_json) and the model writes Hermes' <tool_call>s
-  /// (cluster_stats::chat_tool_calls): set by the gateway. Answers' calls go to `tool_calls`.
-  bool read_tool_calls = false;
+  /// The request gave tools (req.tools_json): how the model writes its calls
+  /// (cluster_stats::chat_tool_calls), set by the gateway. Answers' calls go to `tool_calls`.
+  gpu::tool_call_format tool_calls = gpu::tool_call_format::none;
 
   uint32_t num_prompts() const {
     return static_cast<uint32_t>(std::max<size_t>(1, std::max(batch_texts.size(), batch_tokens.size())));
@@ -120,32 +121,40 @@ private:
 /// A whole answer split the same way (reasoning_splitter).
 reasoning_splitter::parts split_reasoning(const std::string& text, bool opened = true);
 
-/// Hermes' tool calls in an answer's content: each <tool_call>{"name": ..., "arguments": ...}
-/// </tool_call> is a call; the content is what comes before the first, then any text between and
-/// after them. An answer whose calls do not all read as JSON with a name is content, whole
-/// (nothing is lost).
-answer_parts read_tool_calls(const std::string& content);
+/// The tool calls in an answer's content, read as `format` writes them
+/// (gpu/tool_call_format.hpp); the content is what comes before the first call, then any text
+/// between and after them. All or nothing: an answer whose calls do not all read as JSON with a
+/// name is content, whole (nothing is lost). A Llama call counts only where the answer starts.
+answer_parts read_tool_calls(const std::string& content, gpu::tool_call_format format);
 
-/// The same as an answer streams: content before <tool_call> goes out at once (a tail that may
-/// start the tag held back); from the tag on, everything waits for the end, where the calls are
-/// read (read_tool_calls).
+/// The same as an answer streams: content before the first call's marker (<tool_call>,
+/// [TOOL_CALLS], <｜tool▁calls▁begin｜>) goes out at once, a tail that may start the marker held
+/// back; from the marker on, everything waits for the end, where the calls are read
+/// (read_tool_calls). A Llama answer is held while it may still start with a call ({ or
+/// <|python_tag|> after whitespace), then streams as content, or waits for the end.
 class tool_call_splitter {
 public:
+  explicit tool_call_splitter(gpu::tool_call_format format) : format_(format) {}
   answer_parts feed(const std::string& content, bool last);
 
 private:
-  bool calling_ = false;  ///< <tool_call> seen: held until the end
+  gpu::tool_call_format format_;
+  bool calling_ = false;  ///< a call's marker seen: held until the end
+  bool plain_ = false;    ///< Llama: the answer did not start with a call, so it has none
   std::string held_;
 };
 
 /// One choice's chat answer read as its call asks: the reasoning split out
-/// (call::separate_reasoning), then tool calls read from the rest (call::read_tool_calls); else
+/// (call::separate_reasoning), then tool calls read from the rest (call::tool_calls); else
 /// the text is content as it is. Fed each streamed piece, or a whole answer once with `last`:
 /// both read the same.
 class answer_reader {
 public:
   explicit answer_reader(const call& c)
-    : reasoning_(c.separate_reasoning), tools_(c.read_tool_calls), thinking_(c.reasoning_opened) {}
+    : reasoning_(c.separate_reasoning),
+      tools_(c.tool_calls != gpu::tool_call_format::none),
+      thinking_(c.reasoning_opened),
+      calls_(c.tool_calls) {}
   /// Whether it tells anything apart (else a chunk's text is shown as it is).
   bool active() const { return reasoning_ || tools_; }
   answer_parts feed(const std::string& text, bool last);
@@ -171,7 +180,7 @@ std::string completion_json(const call& c, const completion& done, const std::st
 /// One streamed chunk of choice `index`; `first` adds the chat's assistant role. `text_offset`:
 /// the characters of the texts of that choice's tokens streamed before (completions'
 /// logprobs.text_offset; utf8_chars). `split`: with call::separate_reasoning or
-/// read_tool_calls, the chunk's text as that choice's splitters told it apart (chunk.text is then
+/// tool_calls, the chunk's text as that choice's splitters told it apart (chunk.text is then
 /// not used); tool calls come with the last chunk, whose finish_reason is then "tool_calls".
 std::string chunk_json(const call& c, const stream_chunk& chunk, const std::string& id, int64_t created, bool first,
                        uint64_t text_offset = 0, uint32_t index = 0, const answer_parts* split = nullptr);

@@ -244,6 +244,13 @@ std::unique_ptr<bpe_tokenizer> bpe_tokenizer::from_json(const std::string& text,
   }
 }
 
+bool bpe_tokenizer::show_special(const std::string& content) {
+  const int32_t id = token_id(content);
+  if (id < 0 || static_cast<size_t>(id) >= is_special_.size()) return false;
+  is_special_[id] = false;
+  return true;
+}
+
 int32_t bpe_tokenizer::token_id(const std::string& content) const {
   for (const auto& a : added_)
     if (a.content == content) return a.id;

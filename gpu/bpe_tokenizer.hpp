@@ -30,6 +30,10 @@ class bpe_tokenizer {
   std::string decode(const std::vector<int32_t>& ids, bool skip_special = false) const;
   /// The id of a token's content (e.g. "<|im_start|>"), or -1.
   int32_t token_id(const std::string& content) const;
+  /// Decoding keeps this special token's text even where special tokens are skipped (a tool-call
+  /// marker such as Mistral's [TOOL_CALLS], which the answer's reader needs to see). False when
+  /// the vocabulary has no such token.
+  bool show_special(const std::string& content);
   uint32_t vocab_size() const { return static_cast<uint32_t>(id_to_token_.size()); }
 
   /// Decodes a stream of ids, emitting only complete UTF-8 characters: bytes of a character split

@@ -39,6 +39,35 @@ struct chat_setup {
   tool_call_format tool_calls = tool_call_format::none;
 };
 
+/// How a template asks for tool calls, told by the text it writes for an assistant's calls.
+tool_call_format tool_format_of(const std::string& source) {
+  const auto has = [&](const char* text) { return source.find(text) != std::string::npos; };
+  if (has("<tool_call>")) return tool_call_format::hermes;
+  if (has("[TOOL_CALLS]")) return tool_call_format::mistral;
+  if (has("<｜tool▁calls▁begin｜>")) return tool_call_format::deepseek;
+  if (has("<|tool_calls_section_begin|>")) return tool_call_format::kimi;
+  if (has("{\"name\": ") && has("\"parameters\": ")) return tool_call_format::llama_json;
+  return tool_call_format::none;
+}
+
+/// The special tokens that mark a format's calls: decoded answers keep them (where the
+/// vocabulary calls them special, decoding would drop them, and the calls with them).
+std::vector<const char*> tool_call_markers(tool_call_format f) {
+  switch (f) {
+    case tool_call_format::hermes: return {"<tool_call>", "</tool_call>"};
+    case tool_call_format::llama_json: return {"<|python_tag|>"};
+    case tool_call_format::mistral: return {"[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"};
+    case tool_call_format::deepseek:
+      return {"<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>",
+              "<｜tool▁sep｜>"};
+    case tool_call_format::kimi:
+      return {"<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>", "<|tool_call_end|>",
+              "<|tool_call_argument_begin|>"};
+    case tool_call_format::none: break;
+  }
+  return {};
+}
+
 /// The variables every chat sets: a request's chat_template_kwargs may not replace them.
 bool chat_sets(const std::string& key) {
   return key == "messages" || key == "add_generation_prompt" || key == "bos_token" || key == "eos_token" || key == "tools";
@@ -225,7 +254,8 @@ std::shared_ptr<const tokenizer> load_model_tokenizer(const std::string& dir, co
       if (probe.size() >= 7 && probe.compare(probe.size() - 7, 7, "<think>") == 0) chat.reasoning = chat_reasoning::opened;
       else if (source.find("</think>") != std::string::npos) chat.reasoning = chat_reasoning::model_opens;
     }
-    if (chat.tmpl && source.find("<tool_call>") != std::string::npos) chat.tool_calls = tool_call_format::hermes;
+    if (chat.tmpl) chat.tool_calls = tool_format_of(source);
+    for (const char* marker : tool_call_markers(chat.tool_calls)) t->show_special(marker);
   }
   return std::make_shared<hf>(std::move(t), bos, std::move(chat));
 }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gpu/model_config.hpp"
+#include "gpu/tool_call_format.hpp"
 
 namespace baton::gpu {
 
@@ -24,12 +25,6 @@ struct chat_message {
 struct chat_extras {
   std::string variables_json;  ///< more variables, a JSON object's text (vLLM's chat_template_kwargs)
   std::string tools_json;      ///< `tools`, a JSON array's text (empty: none)
-};
-
-/// How a model's template asks for tool calls, and so how its answers are read for them.
-enum class tool_call_format : uint8_t {
-  none,    ///< the template shows no tools Baton can read calls of
-  hermes,  ///< <tool_call>{"name": ..., "arguments": {...}}</tool_call> (Qwen2.5, Qwen3, Hermes)
 };
 
 /// How a model's chat answers carry their reasoning (tokenizer::reasoning), told by its template.

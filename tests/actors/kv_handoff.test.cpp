@@ -256,3 +256,43 @@ TEST_CASE("KV in wire form: a partly filled last page travels with the prompt's 
   const auto why = sender.encode_layer(0, kv);
   CHECK_MESSAGE(why.find("page 0 of the prompt") != std::string::npos, why);
 }
+
+TEST_CASE("a lease freed while its layers are still being checked keeps its pages out of the pool until the last "
+          "check answers, then gives every one back") {
+  test::cluster_system t;
+  auto cfg = small_cluster();
+  // Each check waits 300 ms on the rank's check worker (one thread, in order): the layers below
+  // are still queued there for at least (layers - 1) x 300 ms after the release.
+  cfg.decode.fault_check_delay_ms = 300;
+  auto cluster = start_local_cluster(t.sys, cfg);
+  test::cluster_system::stopper stop{t, cluster};
+  const auto decode = cluster.decode[0].handle;
+  const uint32_t all = cfg.executor.num_kv_pages;
+  REQUIRE(cfg.model.num_hidden_layers >= 2);
+  caf::scoped_actor self{t.sys};
+  const uint32_t prompt = 40;
+  kv_lease_grant g;
+  self->request(decode, std::chrono::seconds{10}, reserve_atom::value, kv_lease_reserve{1, prompt + 4, 60000, prompt})
+      .receive([&](kv_lease_grant& x) { g = std::move(x); }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
+  REQUIRE(t.stats(decode).num_free_pages < all);
+  // Every layer announced (its checksum does not matter: the lease is gone before any answer),
+  // then the lease released by a holder whose writers are done, so no quarantine holds it.
+  for (uint32_t l = 0; l < cfg.model.num_hidden_layers; ++l)
+    self->send(decode, kv_layer_ready{1, g.lease_id, l, prompt, 1, "prefill-0"});
+  self->send(decode, release_atom::value, g.lease_id, false);
+  // Messages from one sender arrive in order: the release came before this question.
+  CHECK(t.stats(decode).num_free_pages < all);  // held: a check (an expansion) may still write them
+  bool quarantined = false;
+  for (const auto& e : t.events(decode)) quarantined |= e.kind == "quarantine";
+  CHECK_FALSE(quarantined);  // held by the checks, not by a quarantine
+  bool back = false;
+  for (int i = 0; i < 1000 && !back; ++i) {
+    back = t.stats(decode).num_free_pages == all;
+    if (!back) std::this_thread::sleep_for(std::chrono::milliseconds{10});
+  }
+  CHECK(back);
+  // Once, not twice: a second lease gets the whole pool and no more.
+  self->request(decode, std::chrono::seconds{10}, reserve_atom::value, kv_lease_reserve{2, prompt + 4, 60000, prompt})
+      .receive([&](kv_lease_grant& x) { CHECK(x.lease_id != g.lease_id); }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
+  CHECK(t.stats(decode).num_free_pages == all - static_cast<uint32_t>(g.page_ids.size()));
+}

@@ -614,7 +614,9 @@ TEST_CASE("tools: OpenAI's tools and tool_choice, tool results and an assistant'
 
 TEST_CASE("tool calls in an answer: Hermes' <tool_call> JSON becomes tool_calls and finish_reason tool_calls, whole "
           "or streamed; text that is no call stays content, whole") {
-  using deploy::openai::read_tool_calls;
+  const auto read_tool_calls = [](const std::string& text) {
+    return deploy::openai::read_tool_calls(text, gpu::tool_call_format::hermes);
+  };
   auto two = read_tool_calls("Checking.\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"b\": 1, \"a\": [2]}}\n</tool_call>\n"
                              "<tool_call>{\"name\": \"g\"}</tool_call>");
   CHECK(two.content == "Checking.");
@@ -627,7 +629,7 @@ TEST_CASE("tool calls in an answer: Hermes' <tool_call> JSON becomes tool_calls 
   CHECK(not_json.tool_calls.empty());
   CHECK(not_json.content == "a <tool_call> b </tool_call>");
 
-  deploy::openai::tool_call_splitter s;
+  deploy::openai::tool_call_splitter s{gpu::tool_call_format::hermes};
   CHECK(s.feed("Let me check.<tool", false).content == "Let me check.");
   auto mid = s.feed("_call>{\"name\": \"f\", ", false);
   CHECK(mid.content.empty());
@@ -635,14 +637,14 @@ TEST_CASE("tool calls in an answer: Hermes' <tool_call> JSON becomes tool_calls 
   auto end = s.feed("\"arguments\": {\"x\": 1}}</tool_call>", true);
   REQUIRE(end.tool_calls.size() == 1);
   CHECK(end.tool_calls[0].arguments == R"({"x":1})");
-  deploy::openai::tool_call_splitter no_call;
+  deploy::openai::tool_call_splitter no_call{gpu::tool_call_format::hermes};
   CHECK(no_call.feed("a <tool_call", false).content == "a ");
   CHECK(no_call.feed("> nope", true).content == "<tool_call> nope");  // held, then given back
 
   deploy::openai::call c;
   deploy::openai::api_error e;
   REQUIRE(deploy::openai::parse_body(R"({"messages":[{"role":"user","content":"x"}]})", true, "m", &c, &e));
-  c.read_tool_calls = true;
+  c.tool_calls = gpu::tool_call_format::hermes;
   completion done;
   done.text = "<tool_call>{\"name\": \"f\", \"arguments\": {\"x\": 1}}</tool_call>";
   done.finish_reason = "eos";
@@ -659,4 +661,82 @@ TEST_CASE("tool calls in an answer: Hermes' <tool_call> JSON becomes tool_calls 
   CHECK(streamed["finish_reason"] == "tool_calls");
   CHECK(streamed["delta"]["tool_calls"][0]["index"] == 0);
   CHECK(streamed["delta"]["tool_calls"][0]["function"]["name"] == "f");
+}
+
+TEST_CASE("tool calls in Llama 3.1's, Mistral's, DeepSeek's and Kimi-K2's forms: read whole, and streamed in pieces of any size "
+          "alike; an answer whose calls do not all read stays content, whole") {
+  using gpu::tool_call_format;
+  using calls = std::vector<std::pair<std::string, std::string>>;
+  struct example {
+    tool_call_format format;
+    std::string text;
+    std::string content;  ///< "=": the text itself (no call read)
+    calls want;
+  };
+  const std::string ds_begin = "<｜tool▁calls▁begin｜>", ds_end = "<｜tool▁calls▁end｜>", call = "<｜tool▁call▁begin｜>",
+                    end = "<｜tool▁call▁end｜>", sep = "<｜tool▁sep｜>";
+  const std::vector<example> examples = {
+      {tool_call_format::llama_json, " {\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}", "",
+       {{"get_weather", R"({"city":"Paris"})"}}},
+      {tool_call_format::llama_json, "<|python_tag|>{\"name\": \"f\", \"arguments\": {\"x\": \"};\"}}; {\"name\": \"g\", \"parameters\": {}}",
+       "", {{"f", R"({"x":"};"})"}, {"g", "{}"}}},
+      {tool_call_format::llama_json, "{\"name\": \"f\", \"parameters\": {}}\nDone.", "Done.", {{"f", "{}"}}},
+      {tool_call_format::llama_json, "It is sunny in {Paris}.", "=", {}},
+      {tool_call_format::llama_json, "<b>bold</b>", "=", {}},
+      {tool_call_format::llama_json, "{\"name\": \"f\", \"parameters\": {\"x\": ", "=", {}},  // cut by max_tokens
+      {tool_call_format::llama_json, "{\"city\": \"Paris\"}", "=", {}},                     // JSON, but no call
+      {tool_call_format::mistral, "[TOOL_CALLS] [{\"name\": \"f\", \"arguments\": {\"x\": \"a]b\"}}, {\"name\": \"g\", \"arguments\": {}}]",
+       "", {{"f", R"({"x":"a]b"})"}, {"g", "{}"}}},
+      {tool_call_format::mistral, "Let me look.[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\"}[TOOL_CALLS]f[CALL_ID]ab12[ARGS]{}",
+       "Let me look.", {{"get_weather", R"({"city":"Paris"})"}, {"f", "{}"}}},
+      {tool_call_format::mistral, "[TOOL_CALLS]f[ARGS]{\"x\": 1}g[ARGS]{\"y\": 2}", "", {{"f", R"({"x":1})"}, {"g", R"({"y":2})"}}},
+      {tool_call_format::mistral, "No [TOOL_CALLS] here", "=", {}},
+      {tool_call_format::mistral, "[TOOL_CALLS][{\"arguments\": {}}]", "=", {}},  // a call without a name
+      {tool_call_format::deepseek,
+       "Checking." + ds_begin + call + "function" + sep + "get_weather\n```json\n{\"city\": \"Paris\"}\n```" + end + ds_end,
+       "Checking.", {{"get_weather", R"({"city":"Paris"})"}}},
+      {tool_call_format::deepseek, ds_begin + call + "f" + sep + "{\"x\": 1}" + end + call + "g" + sep + "{}" + end + ds_end, "",
+       {{"f", R"({"x":1})"}, {"g", "{}"}}},
+      {tool_call_format::deepseek, ds_begin + call + "f" + sep + "{\"x\": " + end + ds_end, "=", {}},
+      {tool_call_format::deepseek, "A plain answer.", "=", {}},
+      {tool_call_format::kimi,
+       "Sure.<|tool_calls_section_begin|>\n<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
+       "{\"city\": \"Paris\"}<|tool_call_end|>\n<|tool_call_begin|>g:1<|tool_call_argument_begin|>{}<|tool_call_end|>"
+       "<|tool_calls_section_end|>",
+       "Sure.", {{"get_weather", R"({"city":"Paris"})"}, {"g", "{}"}}},
+      {tool_call_format::kimi, "<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0{}<|tool_call_end|>", "=", {}},
+  };
+  for (const auto& ex : examples) {
+    CAPTURE(ex.text);
+    const auto whole = deploy::openai::read_tool_calls(ex.text, ex.format);
+    CHECK(whole.content == (ex.content == "=" ? ex.text : ex.content));
+    calls got;
+    for (const auto& c : whole.tool_calls) got.emplace_back(c.name, c.arguments);
+    CHECK(got == ex.want);
+    for (size_t step : {1, 2, 5, 13, 4096}) {  // as an answer streams: pieces of `step` bytes
+      CAPTURE(step);
+      deploy::openai::tool_call_splitter s{ex.format};
+      std::string content;
+      calls streamed;
+      for (size_t at = 0; at < ex.text.size(); at += step) {
+        const auto part = s.feed(ex.text.substr(at, step), at + step >= ex.text.size());
+        content += part.content;
+        for (const auto& c : part.tool_calls) streamed.emplace_back(c.name, c.arguments);
+      }
+      CHECK(content == whole.content);
+      CHECK(streamed == ex.want);
+    }
+  }
+  // A Llama answer that is a call: no content, finish_reason tool_calls.
+  deploy::openai::call c;
+  deploy::openai::api_error e;
+  REQUIRE(deploy::openai::parse_body(R"({"messages":[{"role":"user","content":"x"}]})", true, "m", &c, &e));
+  c.tool_calls = tool_call_format::llama_json;
+  completion done;
+  done.text = R"({"name": "f", "parameters": {"x": 1}})";
+  done.finish_reason = "eos";
+  const auto choice = json::parse(deploy::openai::completion_json(c, done, "chatcmpl-9-1", 0))["choices"][0];
+  CHECK(choice["finish_reason"] == "tool_calls");
+  CHECK(choice["message"]["content"].is_null());
+  CHECK(choice["message"]["tool_calls"][0]["function"]["arguments"] == R"({"x":1})");
 }

@@ -25,7 +25,12 @@ namespace {
 /// The special tokens of every template, after the 256 byte symbols.
 const std::vector<std::string> specials = {"<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>",
                                            "<｜Assistant｜>",        "<|im_start|>",          "<|im_end|>",
-                                           "<|start_header_id|>",    "<|end_header_id|>",     "<|eot_id|>"};
+                                           "<|start_header_id|>",    "<|end_header_id|>",     "<|eot_id|>",
+                                           // tool-call markers (special in their models' vocabularies)
+                                           "<|python_tag|>", "[TOOL_CALLS]", "[ARGS]", "<｜tool▁calls▁begin｜>",
+                                           "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>",
+                                           "<｜tool▁sep｜>", "<|tool_calls_section_begin|>", "<|tool_call_begin|>",
+                                           "<|tool_call_argument_begin|>"};
 constexpr int32_t bos_id = 256, eos_id = 257;
 
 /// A model directory with a byte-level tokenizer.json (no merges) and a tokenizer_config.json
@@ -227,4 +232,47 @@ TEST_CASE("chat: tools, an assistant's tool calls and the tools' results reach a
   CHECK(text == expected["chatml_tools/tools"]["text"].get<std::string>());
   model_dir plain{"no-tools", chatml, false};
   CHECK(plain.load()->tool_calls() == tool_call_format::none);
+}
+
+TEST_CASE("chat: a template's tool-call form is told from what it writes for an assistant's calls (Llama 3.1's JSON, "
+          "Mistral's [TOOL_CALLS], DeepSeek's and Kimi-K2's tokens), and answers keep that form's markers though they are special "
+          "tokens") {
+  const auto id = [](const std::string& content) {
+    return 256 + static_cast<int32_t>(std::find(specials.begin(), specials.end(), content) - specials.begin());
+  };
+  const int32_t a = 'a';
+  std::ifstream in{BATON_SOURCE_DIR "/tests/data/chat_templates/header_tools.jinja"};
+  std::stringstream llama_source;
+  llama_source << in.rdbuf();
+  const std::string mistral_source =
+      "{% for m in messages %}{% if m.tool_calls is defined %}[TOOL_CALLS]{{ m.tool_calls | tojson }}{% else %}"
+      "{{ m.content }}{% endif %}{% endfor %}";
+  const std::string deepseek_source =
+      "{% for m in messages %}{% if m.tool_calls is defined %}<｜tool▁calls▁begin｜>{% for c in m.tool_calls %}"
+      "<｜tool▁call▁begin｜>{{ c.function.name }}<｜tool▁sep｜>{{ c.function.arguments | tojson }}<｜tool▁call▁end｜>"
+      "{% endfor %}<｜tool▁calls▁end｜>{% else %}{{ m.content }}{% endif %}{% endfor %}";
+  const std::string kimi_source =
+      "{% for m in messages %}{% if m.tool_calls is defined %}<|tool_calls_section_begin|>{% for c in m.tool_calls %}"
+      "<|tool_call_begin|>functions.{{ c.function.name }}:{{ loop.index0 }}<|tool_call_argument_begin|>"
+      "{{ c.function.arguments | tojson }}<|tool_call_end|>{% endfor %}<|tool_calls_section_end|>{% else %}"
+      "{{ m.content }}{% endif %}{% endfor %}";
+  model_dir llama{"llama-tools", llama_source.str(), true}, mistral{"mistral-tools", mistral_source, true},
+      deepseek{"deepseek-tools", deepseek_source, true}, kimi{"kimi-tools", kimi_source, true},
+      plain{"plain-tools", "{{ messages[0].content }}", true};
+  const auto l = llama.load(), m = mistral.load(), d = deepseek.load(), k = kimi.load(), p = plain.load();
+  CHECK(k->tool_calls() == tool_call_format::kimi);
+  CHECK(k->decode({id("<|tool_call_begin|>"), a, id("<|tool_call_argument_begin|>"), eos_id}) ==
+        "<|tool_call_begin|>a<|tool_call_argument_begin|>");
+  CHECK(l->tool_calls() == tool_call_format::llama_json);
+  CHECK(m->tool_calls() == tool_call_format::mistral);
+  CHECK(d->tool_calls() == tool_call_format::deepseek);
+  CHECK(p->tool_calls() == tool_call_format::none);
+  // Generated ids decode without special tokens, but a format's markers stay: its reader needs them.
+  CHECK(l->decode({id("<|python_tag|>"), a, eos_id}) == "<|python_tag|>a");
+  CHECK(m->decode({id("[TOOL_CALLS]"), a, id("[ARGS]"), eos_id}) == "[TOOL_CALLS]a[ARGS]");
+  CHECK(m->decode({id("<|python_tag|>"), a}) == "a");  // another format's marker is special as ever
+  CHECK(d->decode({id("<｜tool▁calls▁begin｜>"), id("<｜tool▁call▁begin｜>"), a, id("<｜tool▁sep｜>"),
+                   id("<｜tool▁call▁end｜>"), id("<｜tool▁calls▁end｜>")}) ==
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>a<｜tool▁sep｜><｜tool▁call▁end｜><｜tool▁calls▁end｜>");
+  CHECK(p->decode({id("[TOOL_CALLS]"), a}) == "a");
 }
