@@ -141,6 +141,7 @@ private:
   gpu::tool_call_format format_;
   bool calling_ = false;  ///< a call's marker seen: held until the end
   bool plain_ = false;    ///< Llama: the answer did not start with a call, so it has none
+  bool shown_ = false;    ///< content went out before the calls: what they leave follows on a new line
   std::string held_;
 };
 

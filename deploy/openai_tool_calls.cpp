@@ -326,9 +326,11 @@ answer_parts tool_call_splitter::feed(const std::string& content, bool last) {
       const size_t shown = last || marker.empty() ? held_.size() : streamable_prefix(held_, {std::string{marker}});
       out.content = held_.substr(0, shown);
       held_.erase(0, shown);
+      shown_ |= !out.content.empty();
       return out;
     }
   }
+  shown_ |= !out.content.empty();
   if (!last) return out;
   auto calls = read_tool_calls(held_, format_);
   held_.clear();
@@ -338,7 +340,7 @@ answer_parts tool_call_splitter::feed(const std::string& content, bool last) {
     // The content before the first call already went out; what the calls leave (text between
     // and after them) follows it now.
     out.tool_calls = std::move(calls.tool_calls);
-    if (!calls.content.empty()) out.content += (format_ == tool_call_format::llama_json ? "" : "\n") + calls.content;
+    if (!calls.content.empty()) out.content += (shown_ ? "\n" : "") + calls.content;
   }
   return out;
 }

@@ -1,0 +1,53 @@
+// A model's chat answer, read for its reasoning and tool calls as the gateway reads it
+// (answer_reader): any bytes, in every tool-call form. Beyond not crashing, the answer read in
+// one piece and the same answer streamed in pieces of 1-16 bytes must tell apart exactly the
+// same reasoning, content and calls (a streamed client and a whole one see one answer).
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "deploy/openai.hpp"
+
+namespace {
+
+struct told {
+  std::string reasoning, content;
+  std::vector<std::string> calls;  ///< name, then arguments, per call
+};
+
+told read(const baton::deploy::openai::call& c, const std::string& text, size_t step) {
+  baton::deploy::openai::answer_reader r{c};
+  told out;
+  size_t at = 0;
+  do {
+    const auto piece = text.substr(at, step);
+    at += step;
+    auto parts = r.feed(piece, at >= text.size());
+    out.reasoning += parts.reasoning;
+    out.content += parts.content;
+    for (auto& t : parts.tool_calls) {
+      out.calls.push_back(std::move(t.name));
+      out.calls.push_back(std::move(t.arguments));
+    }
+  } while (at < text.size());
+  return out;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size < 2) return 0;
+  baton::deploy::openai::call c;
+  c.chat = true;
+  c.tool_calls = static_cast<baton::gpu::tool_call_format>((data[0] & 0x0f) % (baton::gpu::max_tool_call_format + 1));
+  c.separate_reasoning = data[0] & 0x10;
+  c.reasoning_opened = data[0] & 0x20;
+  const size_t step = 1 + data[1] % 16;
+  const std::string text(reinterpret_cast<const char*>(data) + 2, size - 2);
+  const auto whole = read(c, text, text.size() + 1);
+  const auto streamed = read(c, text, step);
+  if (whole.reasoning != streamed.reasoning || whole.content != streamed.content || whole.calls != streamed.calls)
+    __builtin_trap();
+  return 0;
+}
