@@ -90,6 +90,19 @@ std::string prompt_text(const request_state& st) {
 
 /// This attempt's prompt is scored (generate_request::prompt_logprobs): asked, and not yet
 /// answered by an earlier attempt (a failover after the first token re-prefills unscored).
+/// The request's sampling settings and log-probability asks, as both order kinds carry them.
+template <class Order>
+void copy_sampling(const request_plan& p, Order& order) {
+  order.top_k = p.params.top_k;
+  order.top_p = p.params.top_p;
+  order.repetition_penalty = p.params.repetition_penalty;
+  order.presence_penalty = p.params.presence_penalty;
+  order.frequency_penalty = p.params.frequency_penalty;
+  order.output_from = static_cast<uint32_t>(p.prompt_tokens.size());
+  order.logprobs = p.params.logprobs;
+  order.top_logprobs = p.params.top_logprobs;
+}
+
 bool scores_prompt(const request_state& st) { return st.plan.params.prompt_logprobs && st.out.prompt_logprobs.empty(); }
 
 /// A token alone as text, by the request's tokenizer.
@@ -404,14 +417,7 @@ void start_decode(request_pointer self) {
       order.write_back = true;
     }
   }
-  order.top_k = p.params.top_k;
-  order.top_p = p.params.top_p;
-  order.repetition_penalty = p.params.repetition_penalty;
-  order.presence_penalty = p.params.presence_penalty;
-  order.frequency_penalty = p.params.frequency_penalty;
-  order.output_from = static_cast<uint32_t>(p.prompt_tokens.size());
-  order.logprobs = p.params.logprobs;
-  order.top_logprobs = p.params.top_logprobs;
+  copy_sampling(p, order);
   order.writer_abandoned = st.writer_abandoned;
   if (order.repetition_penalty != 1.0f || order.presence_penalty != 0.0f || order.frequency_penalty != 0.0f)
     order.prompt_tokens = fed_sequence(st);
@@ -528,14 +534,7 @@ void start_prefill(request_pointer self, kv_lease_grant grant) {
     order.prefix = st.prefix;
     order.block_tokens = p.store.block_tokens();
   }
-  order.top_k = p.params.top_k;
-  order.top_p = p.params.top_p;
-  order.repetition_penalty = p.params.repetition_penalty;
-  order.presence_penalty = p.params.presence_penalty;
-  order.frequency_penalty = p.params.frequency_penalty;
-  order.output_from = static_cast<uint32_t>(p.prompt_tokens.size());
-  order.logprobs = p.params.logprobs;
-  order.top_logprobs = p.params.top_logprobs;
+  copy_sampling(p, order);
   order.prompt_logprobs = scores_prompt(st);
   order.prompt_top_logprobs = p.params.prompt_top_logprobs;
   order.prefill_only = st.prefill_only;
