@@ -51,6 +51,10 @@ struct generate_request {
   float repetition_penalty = 1.0f;     ///< 1 = off
   float presence_penalty = 0.0f;       ///< 0 = off; counts the output only (gpu::sampling_config)
   float frequency_penalty = 0.0f;      ///< 0 = off; per repeat in the output
+  /// OpenAI's logit_bias: logit_bias_values[i] (in [-100, 100]) added to the logit of token
+  /// logit_bias_tokens[i] when each token is picked (gpu::sampling_config); distinct tokens.
+  std::vector<int32_t> logit_bias_tokens;
+  std::vector<float> logit_bias_values;
   std::vector<std::string> stop;       ///< generation ends when the text contains one (it is cut off)
   std::vector<int32_t> stop_token_ids; ///< ... or when one of these tokens is generated
   /// Each generated token's log-probability (completion::logprobs, stream_chunk::logprobs), with
@@ -80,7 +84,7 @@ typename Inspector::result_type inspect(Inspector& f, generate_request& x) {
            x.top_k, wire::f32{&x.top_p}, wire::f32{&x.repetition_penalty}, wire::f32{&x.presence_penalty},
            wire::f32{&x.frequency_penalty}, x.stop, x.stop_token_ids, x.logprobs, x.top_logprobs, x.echo,
            x.prompt_logprobs, x.prompt_only, x.prompt_top_logprobs, x.chat_template_kwargs,
-           x.tools_json);
+           x.tools_json, x.logit_bias_tokens, wire::f32s{&x.logit_bias_values});
 }
 
 struct completion {
@@ -94,6 +98,10 @@ struct completion {
   std::vector<std::vector<float>> step_logits; ///< step_logits[i] chose tokens[i] (if asked)
   std::vector<token_logprob> logprobs;         ///< logprobs[i]: tokens[i]'s (generate_request::logprobs)
   std::string prompt_text;                     ///< the prompt's tokens detokenized (generate_request::echo)
+  /// A chat of a thinking model: whether its rendered prompt ended inside <think> (1: the answer
+  /// starts with reasoning) or not (2), as this request's own template variables made it (a
+  /// DeepSeek-V3.1 chat's `thinking`, a Qwen3 chat's `enable_thinking`); 0: not such a chat.
+  uint8_t prompt_thinking = 0;
   /// generate_request::prompt_logprobs: entry i is prompt token i's; the first's logprob is NaN
   /// (no token precedes it) and it has no alternatives.
   std::vector<token_logprob> prompt_logprobs;
@@ -126,7 +134,7 @@ typename Inspector::result_type inspect(Inspector& f, completion& x) {
            x.reserve_us, x.prefill_queue_us, x.prefill_us, x.decode_queue_us, x.prefill_placement_why,
            x.decode_placement_why, x.check_us, x.cached_tokens, x.local_cached_tokens, x.recomputed_blocks,
            x.kv_bytes, x.kv_send_us, x.failovers, x.failover_why, x.migrations, x.logprobs, x.retry_wait_us,
-           x.prompt_text, x.prompt_logprobs);
+           x.prompt_text, x.prompt_logprobs, x.prompt_thinking);
 }
 
 }  // namespace baton

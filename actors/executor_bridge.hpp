@@ -31,7 +31,9 @@ namespace baton {
 /// An order's sampling settings (decode and prefill orders carry the same fields).
 template <class Order>
 gpu::sampling_config sampling_of(const Order& o) {
-  return {o.temperature, o.seed, o.top_k, o.top_p, o.repetition_penalty, o.presence_penalty, o.frequency_penalty, o.output_from};
+  return {o.temperature,       o.seed,           o.top_k,          o.top_p,
+          o.repetition_penalty, o.presence_penalty, o.frequency_penalty, o.output_from,
+          o.logit_bias_tokens,  o.logit_bias_values};
 }
 
 /// forward_seq::sample for the token at `position`: the executor picks it (on the device, for

@@ -523,11 +523,12 @@ struct stream_chunk {
   /// log-probabilities (generate_request::prompt_logprobs, as completion::prompt_logprobs).
   std::string prompt_text;
   std::vector<token_logprob> prompt_logprobs;
+  uint8_t prompt_thinking = 0;  ///< completion::prompt_thinking, in every chunk
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, stream_chunk& x) {
   return f(caf::meta::type_name("stream_chunk"), x.request_id, x.request, x.first_index, x.tokens, x.text,
-           x.finish_reason, x.num_prompt_tokens, x.logprobs, x.prompt_text, x.prompt_logprobs);
+           x.finish_reason, x.num_prompt_tokens, x.logprobs, x.prompt_text, x.prompt_logprobs, x.prompt_thinking);
 }
 
 /// Whatever receives a streamed completion: a client library's actor, a gateway connection.
@@ -554,6 +555,8 @@ struct decode_order {
   float repetition_penalty = 1.0f;
   float presence_penalty = 0.0f;
   float frequency_penalty = 0.0f;
+  std::vector<int32_t> logit_bias_tokens = {};  ///< generate_request's logit_bias
+  std::vector<float> logit_bias_values = {};
   uint32_t output_from = 0;      ///< the request's own prompt length: penalties count the output after it
   bool logprobs = false;         ///< each token's log-probabilities in its token_event...
   uint32_t top_logprobs = 0;     ///< ... with this many alternatives
@@ -568,7 +571,8 @@ typename Inspector::result_type inspect(Inspector& f, decode_order& x) {
            x.max_new_tokens, wire::f32{&x.temperature}, x.seed, x.return_logits, x.ignore_eos, x.stream_to,
            x.prompt_tokens, x.traffic_class, x.cached_blocks, x.write_back, x.top_k, wire::f32{&x.top_p},
            wire::f32{&x.repetition_penalty}, wire::f32{&x.presence_penalty}, wire::f32{&x.frequency_penalty},
-           x.output_from, x.logprobs, x.top_logprobs, x.writer_abandoned);
+           x.output_from, x.logprobs, x.top_logprobs, x.writer_abandoned, x.logit_bias_tokens,
+           wire::f32s{&x.logit_bias_values});
 }
 
 struct prefill_order;
@@ -624,6 +628,8 @@ struct prefill_order {
   float repetition_penalty = 1.0f;
   float presence_penalty = 0.0f;
   float frequency_penalty = 0.0f;
+  std::vector<int32_t> logit_bias_tokens = {};  ///< generate_request's logit_bias
+  std::vector<float> logit_bias_values = {};
   uint32_t output_from = 0;      ///< the request's own prompt length (after a failover, tokens holds output too)
   bool logprobs = false;         ///< the first token's log-probabilities in the result...
   uint32_t top_logprobs = 0;     ///< ... with this many alternatives (and the prompt's tokens)
@@ -642,7 +648,8 @@ typename Inspector::result_type inspect(Inspector& f, prefill_order& x) {
            x.return_logits, x.batch_priority, x.grant, x.decode, x.prefix, x.block_tokens, x.part_index,
            x.part_bounds, x.part_ranks, x.part_names, x.top_k, wire::f32{&x.top_p}, wire::f32{&x.repetition_penalty},
            wire::f32{&x.presence_penalty}, wire::f32{&x.frequency_penalty}, x.output_from, x.logprobs, x.top_logprobs,
-           x.prompt_logprobs, x.prefill_only, x.prompt_top_logprobs);
+           x.prompt_logprobs, x.prefill_only, x.prompt_top_logprobs, x.logit_bias_tokens,
+           wire::f32s{&x.logit_bias_values});
 }
 
 /// The lease id a prefill-only order carries (prefill_order::prefill_only): decode ranks number

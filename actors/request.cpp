@@ -101,6 +101,8 @@ void copy_sampling(const request_plan& p, Order& order) {
   order.output_from = static_cast<uint32_t>(p.prompt_tokens.size());
   order.logprobs = p.params.logprobs;
   order.top_logprobs = p.params.top_logprobs;
+  order.logit_bias_tokens = p.params.logit_bias_tokens;
+  order.logit_bias_values = p.params.logit_bias_values;
 }
 
 bool scores_prompt(const request_state& st) { return st.plan.params.prompt_logprobs && st.out.prompt_logprobs.empty(); }
@@ -130,6 +132,7 @@ void stream(request_pointer self, bool last) {
   if (st.emitted_tokens < st.out.logprobs.size())
     c.logprobs.assign(st.out.logprobs.begin() + static_cast<std::ptrdiff_t>(st.emitted_tokens), st.out.logprobs.end());
   c.num_prompt_tokens = st.out.num_prompt_tokens;
+  c.prompt_thinking = st.out.prompt_thinking;
   if (st.plan.params.echo && !std::exchange(st.echo_streamed, true)) {
     c.prompt_text = prompt_text(st);
     c.prompt_logprobs = st.out.prompt_logprobs;
@@ -735,6 +738,7 @@ request_actor::behavior_type request_impl(request_pointer self, request_plan pla
         st.started = st.stage_started = self->clock().now();
         st.out.request_id = st.plan.request_id;
         st.out.num_prompt_tokens = static_cast<uint32_t>(st.plan.prompt_tokens.size());
+        st.out.prompt_thinking = st.plan.prompt_thinking;
         st.prompt = st.plan.prompt_tokens;
         st.max_new = st.plan.params.max_tokens;
         // A client that goes away (its process, its connection) cancels its request; a rank of

@@ -29,6 +29,7 @@ struct request_plan {
   std::shared_ptr<const gpu::tokenizer> tokenizer;  ///< decodes the completion's text (null: bytes)
   std::vector<int32_t> extra_eos_token_ids;         ///< also end the sequence (unless ignore_eos)
   client_sink_actor sink;  ///< streaming: receives stream_chunks (null: the completion only)
+  uint8_t prompt_thinking = 0;  ///< completion::prompt_thinking, as the router rendered the chat
 };
 
 /// One request's state machine. With a sink it streams chunks as tokens come; cancel_atom, or

@@ -1,6 +1,8 @@
 #include "actors/router.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <string_view>
 #include <unordered_map>
 
 #include <caf/actor_system.hpp>
@@ -12,9 +14,36 @@
 
 namespace baton {
 
+namespace {
+
+/// logit_bias: as many values as tokens, each token in the vocabulary and named once, each value
+/// in [-100, 100] (OpenAI's range), at most 1024 of them.
+std::string check_logit_bias(const generate_request& req, uint32_t vocab_size) {
+  const auto& tokens = req.logit_bias_tokens;
+  if (tokens.size() != req.logit_bias_values.size())
+    return "logit_bias has " + std::to_string(tokens.size()) + " tokens but " + std::to_string(req.logit_bias_values.size()) +
+           " values";
+  if (tokens.size() > 1024) return "logit_bias names " + std::to_string(tokens.size()) + " tokens; at most 1024";
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || static_cast<uint32_t>(tokens[i]) >= vocab_size)
+      return "logit_bias token " + std::to_string(tokens[i]) + " is outside the vocabulary [0, " + std::to_string(vocab_size) +
+             ")";
+    const float v = req.logit_bias_values[i];
+    if (!std::isfinite(v) || std::abs(v) > 100.0f)
+      return "logit_bias of token " + std::to_string(tokens[i]) + " must be a number in [-100, 100], got " + std::to_string(v);
+  }
+  auto sorted = tokens;
+  std::sort(sorted.begin(), sorted.end());
+  if (auto d = std::adjacent_find(sorted.begin(), sorted.end()); d != sorted.end())
+    return "logit_bias names token " + std::to_string(*d) + " twice";
+  return {};
+}
+
+}  // namespace
+
 std::string tokenize_and_validate(generate_request& req, const gpu::model_config& model,
                                   uint32_t max_new_tokens_limit, std::vector<int32_t>* tokens,
-                                  const gpu::tokenizer* tokenizer, uint32_t default_max_tokens) {
+                                  const gpu::tokenizer* tokenizer, uint32_t default_max_tokens, uint8_t* thinking) {
   const int given = !req.prompt.empty() + !req.prompt_tokens.empty() + !req.messages.empty();
   if (given > 1) return "give one of prompt, prompt_tokens or messages, not several";
   if (given == 0) return "prompt is empty";
@@ -39,6 +68,7 @@ std::string tokenize_and_validate(generate_request& req, const gpu::model_config
     if (req.stop[i].size() > 1024)
       return "stop string " + std::to_string(i) + " is " + std::to_string(req.stop[i].size()) + " bytes; at most 1024";
   if (req.stop_token_ids.size() > 1024) return "at most 1024 stop_token_ids";
+  if (auto e = check_logit_bias(req, model.vocab_size); !e.empty()) return e;
   const uint32_t ctx = model.max_position_embeddings;
   const uint32_t limit = max_new_tokens_limit ? std::min(max_new_tokens_limit, ctx) : ctx;
   if (req.max_tokens < 0)
@@ -69,6 +99,13 @@ std::string tokenize_and_validate(generate_request& req, const gpu::model_config
              "tokens); this model's does not";
     std::string text, why;
     if (!tokenizer->render_chat(chat, gpu::chat_extras{req.chat_template_kwargs, req.tools_json}, &text, &why)) return why;
+    // Whether this chat's answer starts thinking: the request's own template variables decide
+    // (DeepSeek-V3.1's `thinking`), not only the model's default.
+    if (thinking && tokenizer->reasoning() != gpu::chat_reasoning::none) {
+      std::string_view t = text;
+      while (!t.empty() && (t.back() == '\n' || t.back() == ' ')) t.remove_suffix(1);
+      *thinking = t.size() >= 7 && t.substr(t.size() - 7) == "<think>" ? 1 : 2;
+    }
     *tokens = tokenizer->encode_chat(text);
   } else if (tokenizer) {
     *tokens = tokenizer->encode_prompt(req.prompt);
@@ -175,15 +212,16 @@ router_actor::behavior_type router_impl(router_pointer self, router_config cfg, 
                                               std::to_string(s.cfg.max_active_requests) + "; retry after a moment");
     }
     std::vector<int32_t> tokens;
+    uint8_t thinking = 0;
     if (auto why = tokenize_and_validate(req, s.model, s.cfg.max_new_tokens_limit, &tokens, s.cfg.tokenizer.get(),
-                                         s.cfg.default_max_tokens);
+                                         s.cfg.default_max_tokens, &thinking);
         !why.empty()) {
       ++s.num_rejected;
       return make_error(errc::bad_request, where(id, "", "admission") + ": " + why);
     }
     auto r = spawn_request(self->system(), request_plan{id, std::move(tokens), std::move(req), s.prefill, s.decode,
                                                         s.model.eos_token_id, s.cfg.request, s.store, s.cfg.tokenizer,
-                                                        s.cfg.extra_eos_token_ids, std::move(sink)});
+                                                        s.cfg.extra_eos_token_ids, std::move(sink), thinking});
     self->monitor(r);
     ++s.num_active;
     s.live.emplace(caf::actor_cast<caf::actor_addr>(r), r);

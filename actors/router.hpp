@@ -22,9 +22,11 @@ router_actor spawn_router(caf::actor_system& sys, router_config cfg, gpu::model_
 
 /// The router's input checks, exposed for tests: fills `tokens` or returns why not.
 /// A max_tokens of 0 becomes what the context leaves after the prompt (at most the limit, and at
-/// most default_max_tokens unless that is 0).
+/// most default_max_tokens unless that is 0). `thinking`, when given, gets
+/// completion::prompt_thinking.
 std::string tokenize_and_validate(generate_request& req, const gpu::model_config& model,
                                   uint32_t max_new_tokens_limit, std::vector<int32_t>* tokens,
-                                  const gpu::tokenizer* tokenizer = nullptr, uint32_t default_max_tokens = 0);
+                                  const gpu::tokenizer* tokenizer = nullptr, uint32_t default_max_tokens = 0,
+                                  uint8_t* thinking = nullptr);
 
 }  // namespace baton

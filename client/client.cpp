@@ -63,6 +63,10 @@ generate_request to_request(const request& r) {
   g.repetition_penalty = r.repetition_penalty;
   g.presence_penalty = r.presence_penalty;
   g.frequency_penalty = r.frequency_penalty;
+  for (const auto& [token, bias] : r.logit_bias) {
+    g.logit_bias_tokens.push_back(token);
+    g.logit_bias_values.push_back(bias);
+  }
   g.stop = r.stop;
   g.stop_token_ids = r.stop_token_ids;
   g.ignore_eos = r.ignore_eos;

@@ -311,6 +311,7 @@ client_sink_actor::behavior_type run_choice(client_sink_actor::pointer self, caf
   auto text_offset = std::make_shared<uint64_t>(0);  // bytes of the streamed tokens' texts (logprobs.text_offset)
   auto monitored = std::make_shared<bool>(false);
   auto reader = std::make_shared<openai::answer_reader>(cs->call);  // reasoning and tool calls, as asked
+  auto read_any = std::make_shared<bool>(false);
   return {[=](stream_chunk& c) {
     if (!*monitored) {
       *monitored = true;
@@ -322,6 +323,7 @@ client_sink_actor::behavior_type run_choice(client_sink_actor::pointer self, caf
     // for): no event.
     const bool echo = !c.prompt_text.empty() || !c.prompt_logprobs.empty();
     std::optional<openai::answer_parts> split;
+    if (!std::exchange(*read_any, true)) reader->prompt_thinking(c.prompt_thinking);
     if (reader->active()) split = reader->feed(c.text, !c.finish_reason.empty());
     const bool has_text =
         split ? !split->reasoning.empty() || !split->content.empty() || !split->tool_calls.empty() : !c.text.empty();

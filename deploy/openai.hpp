@@ -4,7 +4,8 @@
 // /v1/chat/completions into a generate_request, completions and stream chunks into response
 // bodies, errors into OpenAI's error object. Pure functions (no sockets, no actors).
 //
-// Accepted beyond OpenAI's own fields, as vLLM does: top_k, repetition_penalty, ignore_eos,
+// OpenAI's logit_bias is honoured (token ids of the served model's vocabulary). Accepted beyond
+// OpenAI's own fields, as vLLM does: top_k, repetition_penalty, ignore_eos,
 // stop_token_ids, up to 20 log-probabilities per token; and Baton's traffic_class and priority.
 // `n` choices are n requests (choice i draws with seed + i); a batch of prompts is n choices per
 // prompt (call::choice_request). Completions' echo returns the
@@ -158,6 +159,12 @@ public:
       calls_(c.tool_calls) {}
   /// Whether it tells anything apart (else a chunk's text is shown as it is).
   bool active() const { return reasoning_ || tools_; }
+  /// The router's word on this answer (completion::prompt_thinking, 0: none), before the first
+  /// feed: 1, the prompt opened <think>, so the answer starts with reasoning; 2, it did not, so
+  /// only an answer that opens <think> itself thinks. Overrides the call's reasoning_opened.
+  void prompt_thinking(uint8_t told) {
+    if (told) thinking_ = reasoning_splitter{told == 1};
+  }
   answer_parts feed(const std::string& text, bool last);
 
 private:

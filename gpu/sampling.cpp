@@ -16,30 +16,43 @@ double draw_uniform(uint64_t seed, uint32_t position) {
   return static_cast<double>(z >> 11) * (1.0 / 9007199254740992.0);
 }
 
+namespace {
+
+/// The penalties of sampling_config on a copy of the row (`x`), from the history's tokens.
+void apply_penalties(std::vector<float>& x, const sampling_config& cfg, std::span<const int32_t> history,
+                     std::vector<std::pair<int32_t, uint32_t>>& counts) {
+  // Each distinct token of the history once, with how often the output (from output_from on)
+  // holds it: sorted pairs, so a long history costs no hash set per row.
+  counts.clear();
+  for (size_t i = 0; i < history.size(); ++i)
+    if (history[i] >= 0 && static_cast<size_t>(history[i]) < x.size())
+      counts.emplace_back(history[i], i >= cfg.output_from ? 1u : 0u);
+  std::sort(counts.begin(), counts.end());
+  for (size_t i = 0; i < counts.size();) {
+    const int32_t t = counts[i].first;
+    uint32_t in_output = 0;
+    for (; i < counts.size() && counts[i].first == t; ++i) in_output += counts[i].second;
+    float& v = x[t];
+    if (cfg.repetition_penalty != 1.0f) v = v > 0 ? v / cfg.repetition_penalty : v * cfg.repetition_penalty;
+    if (in_output > 0) v -= cfg.presence_penalty + cfg.frequency_penalty * static_cast<float>(in_output);
+  }
+}
+
+}  // namespace
+
 int32_t sample_token(std::span<const float> raw, const sampling_config& cfg, uint32_t position,
                      std::span<const int32_t> history, sampling_scratch* scratch) {
   if (raw.empty()) return -1;
   sampling_scratch own;
   sampling_scratch& sc = scratch ? *scratch : own;
   std::span<const float> logits_in = raw;
-  if (cfg.penalised() && !history.empty()) {
+  const bool penalise = cfg.penalised() && !history.empty();
+  if (penalise || !cfg.bias_tokens.empty()) {
     sc.penalised.assign(raw.begin(), raw.end());
-    // Each distinct token of the history once, with how often the output (from output_from on)
-    // holds it: sorted pairs, so a long history costs no hash set per row.
-    auto& counts = sc.counts;
-    counts.clear();
-    for (size_t i = 0; i < history.size(); ++i)
-      if (history[i] >= 0 && static_cast<size_t>(history[i]) < sc.penalised.size())
-        counts.emplace_back(history[i], i >= cfg.output_from ? 1u : 0u);
-    std::sort(counts.begin(), counts.end());
-    for (size_t i = 0; i < counts.size();) {
-      const int32_t t = counts[i].first;
-      uint32_t in_output = 0;
-      for (; i < counts.size() && counts[i].first == t; ++i) in_output += counts[i].second;
-      float& x = sc.penalised[t];
-      if (cfg.repetition_penalty != 1.0f) x = x > 0 ? x / cfg.repetition_penalty : x * cfg.repetition_penalty;
-      if (in_output > 0) x -= cfg.presence_penalty + cfg.frequency_penalty * static_cast<float>(in_output);
-    }
+    if (penalise) apply_penalties(sc.penalised, cfg, history, sc.counts);
+    for (size_t i = 0; i < cfg.bias_tokens.size() && i < cfg.bias_values.size(); ++i)
+      if (const int32_t t = cfg.bias_tokens[i]; t >= 0 && static_cast<size_t>(t) < sc.penalised.size())
+        sc.penalised[t] += cfg.bias_values[i];
     logits_in = sc.penalised;
   }
   const std::span<const float> logits = logits_in;

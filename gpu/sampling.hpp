@@ -21,7 +21,14 @@ struct sampling_config {
   /// only what follows (as vLLM and SGLang do; a prompt's words are not repeats), the repetition
   /// penalty counts the whole history (as Hugging Face does).
   uint32_t output_from = 0;
+  /// OpenAI's logit_bias: bias_values[i] is added to the logit of token bias_tokens[i] (after the
+  /// penalties) for the pick; log-probabilities stay those of the raw logits, as vLLM reports
+  /// them. The tokens are distinct (the router refuses a repeat); one outside the row is ignored.
+  std::vector<int32_t> bias_tokens = {};
+  std::vector<float> bias_values = {};
   bool penalised() const { return repetition_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f; }
+  /// Whether the pick reads changed logits (penalties or biases): never one of the device's picks.
+  bool adjusted() const { return penalised() || !bias_tokens.empty(); }
 };
 
 /// The uniform draw in [0, 1) of a sequence's token at `position` (splitmix64 of both): the same on
@@ -42,7 +49,8 @@ struct sampling_scratch {
 /// (prompt and output), needed only for the penalties. The random draw depends only on (seed,
 /// position), never on which rank samples or what shares the batch, so a request sampled partly
 /// on a prefill rank and partly on a decode rank gets the same tokens as on one rank.
-/// Order: penalties, then temperature, top-k, top-p, draw (greedy: penalties, then argmax).
+/// Order: penalties, biases, then temperature, top-k, top-p, draw (greedy: penalties, biases,
+/// then argmax).
 /// Reads `logits` in place (a row of a batch's logits needs no copy); `scratch`, when given, is
 /// reused instead of allocating.
 int32_t sample_token(std::span<const float> logits, const sampling_config& cfg, uint32_t position,
@@ -83,12 +91,12 @@ struct seq_sampling {
   uint32_t top_logprobs = 0;     ///< ... with this many alternatives
   /// Whether the pick is an argmax of the raw logits, which needs no history and no draw (nor
   /// the row on the host afterwards, for log-probabilities).
-  bool plain_greedy() const { return cfg.temperature <= 0.0f && !cfg.penalised() && !want_logprobs; }
+  bool plain_greedy() const { return cfg.temperature <= 0.0f && !cfg.adjusted() && !want_logprobs; }
   /// Whether the pick is a draw over the whole vocabulary at a temperature (no top-k, no top-p,
   /// no penalties, no log-probabilities): one pass to sum, one to find the draw, which the CUDA
   /// backend runs on the device.
   bool plain_draw() const {
-    return cfg.temperature > 0.0f && cfg.top_k == 0 && cfg.top_p >= 1.0f && !cfg.penalised() && !want_logprobs;
+    return cfg.temperature > 0.0f && cfg.top_k == 0 && cfg.top_p >= 1.0f && !cfg.adjusted() && !want_logprobs;
   }
 };
 

@@ -31,6 +31,8 @@ struct request {
   float repetition_penalty = 1.0f;
   float presence_penalty = 0.0f;       ///< per token the output has produced before
   float frequency_penalty = 0.0f;      ///< per time it has
+  /// (token id, bias in [-100, 100]) added to that token's logit at every pick (OpenAI's logit_bias).
+  std::vector<std::pair<int32_t, float>> logit_bias;
   std::vector<std::string> stop;
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;

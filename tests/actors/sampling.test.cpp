@@ -110,6 +110,55 @@ TEST_CASE("top-k, top-p and penalties sample the same tokens disaggregated as co
   CHECK(t.stats(cluster.decode[0].handle).num_free_pages == cfg.executor.num_kv_pages);
 }
 
+TEST_CASE("logit_bias: banned tokens never come out, greedy or drawn, and the tokens equal the colocated run's "
+          "with the same bias; a token outside the vocabulary, a repeat or a bias out of range is refused by name") {
+  test::cluster_system t;
+  auto cfg = small_cluster();
+  auto cluster = start_local_cluster(t.sys, cfg);
+  test::cluster_system::stopper stop{t, cluster};
+  const std::string prompt = "a bias on the logits";
+  generate_request plain;
+  plain.prompt = prompt;
+  plain.max_tokens = 12;
+  plain.ignore_eos = true;
+  auto full = t.generate(cluster.router, plain);
+  REQUIRE_MESSAGE(full, t.sys.render(full.error()));
+  // Ban what the greedy run picked first and second (the prefill's token and a decode step's).
+  const std::vector<int32_t> banned = {full->tokens[0], full->tokens[1] != full->tokens[0] ? full->tokens[1] : 0};
+  auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
+  auto exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
+  for (const float temperature : {0.0f, 0.8f}) {
+    CAPTURE(temperature);
+    auto req = plain;
+    req.temperature = temperature;
+    req.seed = 3;
+    req.logit_bias_tokens = banned;
+    req.logit_bias_values = {-100.0f, -100.0f};
+    auto got = t.generate(cluster.router, req);
+    REQUIRE_MESSAGE(got, t.sys.render(got.error()));
+    for (int32_t b : banned) CHECK(std::count(got->tokens.begin(), got->tokens.end(), b) == 0);
+    gpu::sampling_config sc{temperature, 3};
+    sc.bias_tokens = banned;
+    sc.bias_values = {-100.0f, -100.0f};
+    CHECK(got->tokens == gpu::generate_colocated(*exec, encode(cfg, prompt), 12, chunk_tokens, sc, true).tokens);
+  }
+  auto refused = [&](std::vector<int32_t> tokens, std::vector<float> values) {
+    auto req = plain;
+    req.logit_bias_tokens = std::move(tokens);
+    req.logit_bias_values = std::move(values);
+    auto r = t.generate(cluster.router, req);
+    REQUIRE_FALSE(r);
+    return t.sys.render(r.error());
+  };
+  const auto vocab = std::to_string(cfg.model.vocab_size);
+  CHECK(refused({static_cast<int32_t>(cfg.model.vocab_size)}, {1.0f}).find("logit_bias token " + vocab +
+                                                                           " is outside the vocabulary [0, " + vocab + ")") !=
+        std::string::npos);
+  CHECK(refused({5, 5}, {1.0f, 2.0f}).find("logit_bias names token 5 twice") != std::string::npos);
+  CHECK(refused({5}, {-101.0f}).find("logit_bias of token 5 must be a number in [-100, 100]") != std::string::npos);
+  CHECK(refused({5}, {}).find("logit_bias has 1 tokens but 0 values") != std::string::npos);
+}
+
 TEST_CASE("logprobs: each token's log-probability and its step's top tokens are the log-softmax of the logits that "
           "chose it, from the prefill rank's first token to the decode rank's last; asking changes no token") {
   test::cluster_system t;

@@ -349,6 +349,51 @@ TEST_CASE("a model whose chat template opens a thinking block (DeepSeek-R1's) an
   }
 }
 
+TEST_CASE("a chat whose own template variables open the thinking block (DeepSeek-V3.1's `thinking`) has its answer "
+          "read as reasoning, whole and streamed; the same model's chat without them answers in content") {
+  // In the manner of DeepSeek-V3.1's template: <think> after the assistant marker when the
+  // request's chat_template_kwargs say thinking, else </think> (the model's default).
+  const templated_model dir{"v31",
+                            "{{ bos_token }}{% for m in messages %}{{ '<｜User｜>' + m['content'] }}{% endfor %}"
+                            "{% if add_generation_prompt %}{{ '<｜Assistant｜>' }}{% if thinking is defined and thinking %}"
+                            "{{ '<think>' }}{% else %}{{ '</think>' }}{% endif %}{% endif %}"};
+  served_cluster s{{}, 0, 0, dir.path.string()};
+  const std::string messages = R"("messages":[{"role":"user","content":"In the beginning"}],"max_tokens":12)";
+  const std::string thinking = R"(,"chat_template_kwargs":{"thinking":true})";
+  // What the model writes after each prompt, untouched.
+  const auto raw_text = [&](const std::string& extra) {
+    const auto raw = round_trip(s.gateway.port, post("/v1/chat/completions", "{" + messages + extra + R"(,"separate_reasoning":false})"));
+    REQUIRE(raw.status == 200);
+    return json::parse(raw.body)["choices"][0]["message"]["content"].get<std::string>();
+  };
+  const auto thought = raw_text(thinking), plain = raw_text("");
+  REQUIRE_FALSE(thought.empty());
+  REQUIRE(plain.rfind("<think>", 0) != 0);  // the model does not open <think> itself here
+  const auto want = deploy::openai::split_reasoning(thought, true);  // all reasoning, up to a </think>
+  REQUIRE_FALSE(want.reasoning.empty());
+
+  const auto whole = json::parse(round_trip(s.gateway.port, post("/v1/chat/completions", "{" + messages + thinking + "}")).body);
+  CHECK(whole["choices"][0]["message"]["reasoning_content"] == want.reasoning);
+  CHECK(whole["choices"][0]["message"]["content"] == want.content);
+  const auto streamed = round_trip(s.gateway.port, post("/v1/chat/completions", "{" + messages + thinking + R"(,"stream":true})"));
+  REQUIRE(streamed.status == 200);
+  std::vector<json> events;
+  sse_text(streamed.body, &events, true);
+  std::string reasoning, content;
+  for (const auto& ev : events) {
+    if (!ev.is_object() || ev["choices"].empty()) continue;
+    const auto& delta = ev["choices"][0]["delta"];
+    if (delta.contains("reasoning_content")) reasoning += delta["reasoning_content"].get<std::string>();
+    if (delta.contains("content")) content += delta["content"].get<std::string>();
+  }
+  CHECK(reasoning == want.reasoning);
+  CHECK(content == want.content);
+  // Without the variable the prompt closes the block: the answer is content.
+  const auto no_think = json::parse(round_trip(s.gateway.port, post("/v1/chat/completions", "{" + messages + "}")).body);
+  CHECK(no_think["choices"][0]["message"]["content"] == plain);
+  CHECK(no_think["choices"][0]["message"]["reasoning_content"].is_null());
+}
+
 TEST_CASE("tools over HTTP: a model whose template asks for <tool_call>s is shown the tools (its prompt grows by "
           "them) and answers; a model whose template has no tool format refuses tools with a sentence") {
   std::ifstream in{BATON_SOURCE_DIR "/tests/data/chat_templates/chatml_tools.jinja"};

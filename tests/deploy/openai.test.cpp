@@ -212,6 +212,16 @@ TEST_CASE("OpenAI request bodies map onto generate_request, and refusals name th
   CHECK(refused(R"({"prompt":"a","stop":["ok",""]})").param == "stop");
   CHECK(refused(R"({"prompt":"a","tools":[{"type":"function"}]})").param == "tools");
   CHECK(refused(R"({"prompt":"a","suffix":"b"})").message == "suffix is not supported");
+  // logit_bias: token ids (as the object's keys) to biases in [-100, 100].
+  REQUIRE(deploy::openai::parse_body(R"({"prompt":"a","logit_bias":{"50256":-100,"7":2.5}})", false, "m", &c, &e));
+  CHECK(c.req.logit_bias_tokens == std::vector<int32_t>{50256, 7});
+  CHECK(c.req.logit_bias_values == std::vector<float>{-100.0f, 2.5f});
+  CHECK(refused(R"({"prompt":"a","logit_bias":{"x1":1}})").message ==
+        "logit_bias keys must be token ids (decimal integers >= 0), got 'x1'");
+  CHECK(refused(R"({"prompt":"a","logit_bias":{"-3":1}})").param == "logit_bias");
+  CHECK(refused(R"({"prompt":"a","logit_bias":{"3":101}})").message == "logit_bias of token 3 must be a number in [-100, 100], got 101");
+  CHECK(refused(R"({"prompt":"a","logit_bias":{"3":"1"}})").param == "logit_bias");
+  CHECK(refused(R"({"prompt":"a","logit_bias":[1]})").param == "logit_bias");
   // Fields of the wrong type, where a string was expected inside: a 400 naming the field, never
   // an exception through the gateway (these threw nlohmann's type_error, and the connection died).
   CHECK(refused(R"({"messages":[{"role":"user","content":[{"type":1,"text":"x"}]}]})", true).param == "messages[0].content");

@@ -290,6 +290,41 @@ TEST_CASE("sampling: presence and frequency penalties count the output only (aft
   for (uint32_t pos = 0; pos < 20; ++pos) CHECK(gpu::sample_token(logits, a, pos) == gpu::sample_token(logits, b, pos));
 }
 
+TEST_CASE("sampling: logit_bias moves a token's logit for the pick (after the penalties), draws too, and makes no "
+          "row a device pick") {
+  const std::vector<float> logits = {1.0f, 3.0f, 2.9f, -1.0f, 0.5f};
+  gpu::sampling_config ban;
+  ban.bias_tokens = {1};
+  ban.bias_values = {-100.0f};
+  CHECK(gpu::sample_token(logits, ban, 0) == 2);  // the best one banned: the next
+  gpu::sampling_config boost;
+  boost.bias_tokens = {3, 7};  // 7 lies outside the row: ignored
+  boost.bias_values = {4.5f, 100.0f};
+  CHECK(gpu::sample_token(logits, boost, 0) == 3);  // -1 + 4.5 = 3.5 > 3
+  // After the penalties: a repetition penalty of 2 on token 1, then +1.45 on it: 3.0 / 2 + 1.45
+  // = 2.95 > 2.9 wins; biased first it would lose ((3.0 + 1.45) / 2 = 2.225).
+  const std::vector<int32_t> history = {1};
+  gpu::sampling_config rep{0.0f, 0, 0, 1.0f, 2.0f};
+  rep.bias_tokens = {1};
+  rep.bias_values = {1.45f};
+  CHECK(gpu::sample_token(logits, rep, 1, &history) == 1);
+  // Draws: a banned token never comes out, at any position.
+  gpu::sampling_config draw{1.0f, 5};
+  draw.bias_tokens = {1, 2};
+  draw.bias_values = {-100.0f, -100.0f};
+  std::set<int32_t> seen;
+  for (uint32_t pos = 0; pos < 300; ++pos) seen.insert(gpu::sample_token(logits, draw, pos));
+  CHECK(seen.count(1) == 0);
+  CHECK(seen.count(2) == 0);
+  CHECK(seen.size() == 3);
+  // The CUDA backend's device picks read raw logits: a biased row is picked on the host.
+  gpu::seq_sampling greedy{ban, 0, {}};
+  CHECK_FALSE(greedy.plain_greedy());
+  gpu::seq_sampling at_temperature{draw, 0, {}};
+  CHECK_FALSE(at_temperature.plain_draw());
+  CHECK(gpu::seq_sampling{gpu::sampling_config{}, 0, {}}.plain_greedy());
+}
+
 TEST_CASE("logprobs_of: the log-softmax of the raw logits at the pick, and the top n in order (ties to the lower id, "
           "NaN never ranked)") {
   const std::vector<float> logits = {1.0f, 3.0f, 3.0f, -1.0f, NAN, 0.5f};

@@ -1,0 +1,592 @@
+// Request bodies of /v1/completions and /v1/chat/completions read into a call (openai.hpp):
+// every field checked for its type and range, refused by name when wrong.
+
+#include "deploy/openai.hpp"
+
+#include <charconv>
+#include <cmath>
+#include <limits>
+
+#include <nlohmann/json.hpp>
+
+namespace baton::deploy::openai {
+
+using nlohmann::json;
+using nlohmann::ordered_json;
+
+namespace {
+
+/// A bound for a message: integers without a decimal point.
+std::string bound(double x) {
+  if (x == std::floor(x) && std::abs(x) < 1e15) return std::to_string(static_cast<int64_t>(x));
+  return json(x).dump();
+}
+
+api_error bad(std::string param, std::string message) {
+  return {400, std::move(message), "invalid_request_error", std::move(param)};
+}
+
+/// A value for an error message: a scalar as JSON (cut short), an array or object by its type
+/// only (printing one nested 100,000 deep would recurse that deep).
+std::string describe(const json& v) {
+  if (v.is_structured()) return v.is_array() ? "an array" : "an object";
+  return v.dump(-1, ' ', false, json::error_handler_t::replace).substr(0, 40);
+}
+
+/// Whether object `o` has a string field "type" equal to `t` (any other type of it: no).
+bool type_is(const json& o, const char* t) {
+  auto it = o.find("type");
+  return it != o.end() && it->is_string() && it->get_ref<const std::string&>() == t;
+}
+
+/// Deeper nesting than any OpenAI body has: refused before parsing, so that nothing (the parser,
+/// a message printing the value, the destructor) walks a million levels deep.
+constexpr size_t max_json_depth = 64;
+
+bool nested_too_deep(std::string_view body) {
+  size_t depth = 0;
+  bool in_string = false, escaped = false;
+  for (char c : body) {
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+      continue;
+    }
+    if (c == '"') in_string = true;
+    else if (c == '[' || c == '{') {
+      if (++depth > max_json_depth) return true;
+    } else if ((c == ']' || c == '}') && depth > 0) --depth;
+  }
+  return false;
+}
+
+/// Reads an optional number field into `dst` within [lo, hi]; false and `err` when wrong.
+template <class T>
+bool number_field(const json& j, const char* key, double lo, double hi, T* dst, api_error* err) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return true;
+  if (!it->is_number()) {
+    *err = bad(key, std::string(key) + " must be a number, got " + describe(*it));
+    return false;
+  }
+  const double v = it->get<double>();
+  if (!std::isfinite(v) || v < lo || v > hi) {
+    *err = bad(key, std::string(key) + " must be in [" + bound(lo) + ", " + bound(hi) + "], got " + describe(*it));
+    return false;
+  }
+  if constexpr (std::is_integral_v<T>) {
+    if (v != std::floor(v)) {
+      *err = bad(key, std::string(key) + " must be an integer, got " + describe(*it));
+      return false;
+    }
+  }
+  *dst = static_cast<T>(v);
+  return true;
+}
+
+bool string_field(const json& j, const char* key, std::string* dst, api_error* err) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return true;
+  if (!it->is_string()) {
+    *err = bad(key, std::string(key) + " must be a string");
+    return false;
+  }
+  *dst = it->get<std::string>();
+  return true;
+}
+
+bool bool_field(const json& j, const char* key, bool* dst, api_error* err) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return true;
+  if (!it->is_boolean()) {
+    *err = bad(key, std::string(key) + " must be true or false");
+    return false;
+  }
+  *dst = it->get<bool>();
+  return true;
+}
+
+/// A message's content: a string, or an array of {"type":"text","text":...} parts.
+bool message_content(const json& m, size_t i, std::string* out, api_error* err) {
+  const std::string param = "messages[" + std::to_string(i) + "].content";
+  auto it = m.find("content");
+  if (it == m.end() || it->is_null()) return true;  // e.g. an assistant turn with tool calls only
+  if (it->is_string()) {
+    *out = it->get<std::string>();
+    return true;
+  }
+  if (!it->is_array()) {
+    *err = bad(param, param + " must be a string or an array of text parts");
+    return false;
+  }
+  for (const auto& part : *it) {
+    if (!part.is_object() || !type_is(part, "text") || !part.contains("text") || !part["text"].is_string()) {
+      *err = bad(param, param + ": only text parts ({\"type\":\"text\",\"text\":...}) are supported");
+      return false;
+    }
+    *out += part["text"].get<std::string>();
+  }
+  return true;
+}
+
+/// Token ids: non-negative 32-bit integers.
+bool token_ids(const json& list, const std::string& param, std::vector<int32_t>* out, api_error* err) {
+  for (const auto& t : list) {
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+      *err = bad("prompt", param + " token ids must be non-negative integers");
+      return false;
+    }
+    out->push_back(static_cast<int32_t>(t.get<int64_t>()));
+  }
+  return true;
+}
+
+/// prompt: a string, token ids, or a batch (an array of strings, or of token-id arrays), each
+/// prompt of a batch answered by choices of its own (call::batch_texts, batch_tokens).
+bool parse_prompt(const json& j, call* c, api_error* err) {
+  auto* req = &c->req;
+  auto it = j.find("prompt");
+  if (it == j.end() || it->is_null()) {
+    *err = bad("prompt", "prompt is required");
+    return false;
+  }
+  if (it->is_string()) {
+    req->prompt = it->get<std::string>();
+    return true;
+  }
+  if (!it->is_array() || it->empty()) {
+    *err = bad("prompt", "prompt must be a string, token ids, or a non-empty array of strings or of token-id arrays");
+    return false;
+  }
+  if (!(*it)[0].is_string() && !(*it)[0].is_array()) return token_ids(*it, "prompt", &req->prompt_tokens, err);
+  if (it->size() > max_batch_prompts) {
+    *err = bad("prompt", "a batch of " + std::to_string(it->size()) + " prompts; at most " +
+                             std::to_string(max_batch_prompts) + " in one call");
+    return false;
+  }
+  const bool texts = (*it)[0].is_string();
+  for (size_t i = 0; i < it->size(); ++i) {
+    const auto& p = (*it)[i];
+    const std::string param = "prompt[" + std::to_string(i) + "]";
+    if (texts != p.is_string() || (!texts && (!p.is_array() || p.empty()))) {
+      *err = bad("prompt", param + ": a batch holds strings only, or non-empty token-id arrays only");
+      return false;
+    }
+    if (texts) {
+      c->batch_texts.push_back(p.get<std::string>());
+    } else {
+      c->batch_tokens.emplace_back();
+      if (!token_ids(p, param, &c->batch_tokens.back(), err)) return false;
+    }
+  }
+  // A batch of one is the plain prompt (OpenAI's ["text"] form).
+  if (texts) req->prompt = c->batch_texts[0];
+  else req->prompt_tokens = c->batch_tokens[0];
+  if (it->size() == 1) c->batch_texts.clear(), c->batch_tokens.clear();
+  return true;
+}
+
+/// An assistant turn's tool_calls for the template: OpenAI's shape, each call's arguments (JSON
+/// text on the wire) read into an object, as transformers' templates expect them.
+bool turn_tool_calls(const ordered_json& calls, const std::string& param, ordered_json* out, api_error* err) {
+  if (!calls.is_array()) {
+    *err = bad(param, param + " must be an array of tool calls");
+    return false;
+  }
+  *out = ordered_json::array();
+  for (size_t k = 0; k < calls.size(); ++k) {
+    const auto& c = calls[k];
+    const std::string at = param + "[" + std::to_string(k) + "]";
+    if (!c.is_object() || !c.contains("function") || !c["function"].is_object() || !c["function"].contains("name") ||
+        !c["function"]["name"].is_string()) {
+      *err = bad(at, at + " must be {id, type: \"function\", function: {name, arguments}}");
+      return false;
+    }
+    ordered_json args = ordered_json::object();
+    if (auto a = c["function"].find("arguments"); a != c["function"].end() && !a->is_null()) {
+      args = a->is_string() ? ordered_json::parse(a->get<std::string>(), nullptr, false) : *a;
+      if (args.is_discarded()) {
+        *err = bad(at + ".function.arguments", at + ".function.arguments is not valid JSON");
+        return false;
+      }
+    }
+    ordered_json call = ordered_json::object();
+    if (c.contains("id") && c["id"].is_string()) call["id"] = c["id"];
+    call["type"] = "function";
+    call["function"] = {{"name", c["function"]["name"]}, {"arguments", std::move(args)}};
+    out->push_back(std::move(call));
+  }
+  return true;
+}
+
+/// Messages in their given key order (`body`, ordered): a tool call's arguments reach the
+/// template as the client wrote them.
+bool parse_messages(const json& j, const ordered_json& body, generate_request* req, api_error* err) {
+  auto it = j.find("messages");
+  if (it == j.end() || !it->is_array() || it->empty()) {
+    *err = bad("messages", "messages must be a non-empty array of {role, content}");
+    return false;
+  }
+  for (size_t i = 0; i < it->size(); ++i) {
+    const auto& m = (*it)[i];
+    const std::string param = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
+      *err = bad(param + ".role", param + " must be an object with a string role");
+      return false;
+    }
+    chat_turn turn{m["role"].get<std::string>(), {}, {}};
+    if (turn.role == "developer") turn.role = "system";  // OpenAI's newer name for it
+    if (turn.role != "system" && turn.role != "user" && turn.role != "assistant" && turn.role != "tool") {
+      *err = bad(param + ".role",
+                 param + ".role must be system, user, assistant or tool, got '" + turn.role.substr(0, 32) + "'");
+      return false;
+    }
+    if (!message_content(m, i, &turn.content, err)) return false;
+    ordered_json fields = ordered_json::object();
+    if (!m.contains("content") || m["content"].is_null()) fields["content"] = nullptr;  // "is none" in templates
+    if (turn.role == "assistant" && m.contains("tool_calls") && !m["tool_calls"].is_null()) {
+      ordered_json calls;
+      if (!turn_tool_calls(body["messages"][i]["tool_calls"], param + ".tool_calls", &calls, err)) return false;
+      if (!calls.empty()) fields["tool_calls"] = std::move(calls);
+    }
+    if (turn.role == "tool") {
+      for (const char* key : {"tool_call_id", "name"})
+        if (m.contains(key) && m[key].is_string()) fields[key] = m[key];
+    }
+    if (!fields.empty()) turn.fields_json = fields.dump();
+    req->messages.push_back(std::move(turn));
+  }
+  return true;
+}
+
+/// OpenAI's tools: function definitions, kept in the client's key order for the template.
+/// tool_choice: "auto" (the default) or "none" (the tools are left out); a forced call needs
+/// constrained decoding, which Baton does not have.
+bool parse_tools(const json& j, const ordered_json& body, generate_request* req, api_error* err) {
+  auto it = j.find("tools");
+  if (it == j.end() || it->is_null() || (it->is_array() && it->empty())) return true;
+  if (!it->is_array()) {
+    *err = bad("tools", "tools must be an array of {type: \"function\", function: {name, ...}}");
+    return false;
+  }
+  for (size_t k = 0; k < it->size(); ++k) {
+    const auto& t = (*it)[k];
+    if (!t.is_object() || !type_is(t, "function") || !t.contains("function") || !t["function"].is_object() ||
+        !t["function"].contains("name") || !t["function"]["name"].is_string()) {
+      *err = bad("tools", "tools[" + std::to_string(k) + "] must be {type: \"function\", function: {name, ...}}");
+      return false;
+    }
+  }
+  if (auto c = j.find("tool_choice"); c != j.end() && !c->is_null()) {
+    if (*c == "none") return true;
+    if (*c != "auto") {
+      *err = bad("tool_choice", "tool_choice may be \"auto\" or \"none\"; a forced call needs constrained decoding, "
+                                "which Baton does not have");
+      return false;
+    }
+  }
+  req->tools_json = body["tools"].dump();
+  return true;
+}
+
+/// stop: a string or an array of at most 16 strings.
+bool parse_stop(const json& j, generate_request* req, api_error* err) {
+  auto it = j.find("stop");
+  if (it == j.end() || it->is_null()) return true;
+  if (it->is_string()) {
+    req->stop.push_back(it->get<std::string>());
+  } else if (it->is_array()) {
+    for (const auto& s : *it) {
+      if (!s.is_string()) {
+        *err = bad("stop", "stop must be a string or an array of strings");
+        return false;
+      }
+      req->stop.push_back(s.get<std::string>());
+    }
+  } else {
+    *err = bad("stop", "stop must be a string or an array of strings");
+    return false;
+  }
+  for (const auto& s : req->stop)
+    if (s.empty()) {
+      *err = bad("stop", "stop strings must not be empty");
+      return false;
+    }
+  return true;
+}
+
+/// Log-probabilities: completions take `logprobs` N (the N most likely tokens at each step, 0-20;
+/// OpenAI stops at 5, vLLM at 20); chat takes `logprobs` true and `top_logprobs` N (0-20).
+bool parse_logprobs(const json& j, bool chat, generate_request* r, api_error* err) {
+  const double top_max = gpu::max_top_logprobs;
+  if (!chat) {
+    int32_t n = -1;
+    if (auto it = j.find("logprobs"); it != j.end() && it->is_boolean() && !it->get<bool>()) return true;  // false: none
+    if (!number_field(j, "logprobs", 0, top_max, &n, err)) return false;
+    r->logprobs = n >= 0;
+    r->top_logprobs = n > 0 ? static_cast<uint32_t>(n) : 0;
+    return true;
+  }
+  if (!bool_field(j, "logprobs", &r->logprobs, err)) return false;
+  if (!number_field(j, "top_logprobs", 0, top_max, &r->top_logprobs, err)) return false;
+  if (r->top_logprobs > 0 && !r->logprobs) {
+    *err = bad("top_logprobs", "top_logprobs needs logprobs: true");
+    return false;
+  }
+  return true;
+}
+
+/// Completions' best_of: best_of generations per prompt (call::n), of which the n with the
+/// highest log-probability per token are answered (call::best_of_keep), as OpenAI's and vLLM's.
+bool parse_best_of(const json& j, bool chat, call* out, api_error* err) {
+  uint32_t best_of = 0;
+  if (!number_field(j, "best_of", 1, max_choices, &best_of, err)) return false;
+  if (best_of == 0) return true;
+  auto refuse = [&](const std::string& why) {
+    *err = bad("best_of", why);
+    return false;
+  };
+  if (chat) return refuse("best_of is for /v1/completions");
+  if (best_of < out->n)
+    return refuse("best_of (" + std::to_string(best_of) + ") must be at least n (" + std::to_string(out->n) + ")");
+  if (best_of == out->n) return true;
+  if (out->stream)
+    return refuse("best_of > n is answered whole (the best is known at the end), not streamed: ask without stream");
+  if (out->req.echo || out->vllm_prompt_logprobs)
+    return refuse("best_of > n with echo or prompt_logprobs is not supported");
+  out->best_of_keep = out->n;
+  out->n = best_of;
+  if (out->num_choices() > max_call_requests)
+    return refuse(std::to_string(out->num_prompts()) + " prompts times best_of " + std::to_string(best_of) + " is " +
+                  std::to_string(out->num_choices()) + " generations; at most " + std::to_string(max_call_requests) +
+                  " in one call");
+  out->logprobs_for_ranking = !out->req.logprobs;
+  out->req.logprobs = true;
+  return true;
+}
+
+/// logit_bias: {"token id": bias, ...}, each id a decimal integer, each bias in [-100, 100]
+/// (OpenAI's range); the router checks the ids against the model's vocabulary.
+bool parse_logit_bias(const json& j, generate_request* r, api_error* err) {
+  auto it = j.find("logit_bias");
+  if (it == j.end() || it->is_null()) return true;
+  if (!it->is_object()) {
+    *err = bad("logit_bias", "logit_bias must be an object of token ids to biases, got " + describe(*it));
+    return false;
+  }
+  if (it->size() > 1024) {
+    *err = bad("logit_bias", "logit_bias names " + std::to_string(it->size()) + " tokens; at most 1024");
+    return false;
+  }
+  for (const auto& [key, value] : it->items()) {
+    int32_t id = -1;
+    const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+    if (ec != std::errc{} || end != key.data() + key.size() || id < 0) {
+      *err = bad("logit_bias", "logit_bias keys must be token ids (decimal integers >= 0), got '" + key.substr(0, 32) + "'");
+      return false;
+    }
+    if (!value.is_number() || !std::isfinite(value.get<double>()) || std::abs(value.get<double>()) > 100.0) {
+      *err = bad("logit_bias", "logit_bias of token " + key + " must be a number in [-100, 100], got " + describe(value));
+      return false;
+    }
+    r->logit_bias_tokens.push_back(id);
+    r->logit_bias_values.push_back(value.get<float>());
+  }
+  return true;
+}
+
+/// Fields OpenAI defines that Baton does not implement: refused by name, never silently ignored.
+bool refuse_unsupported(const json& j, api_error* err) {
+  // Completions' suffix (text after the insertion point, for fill-in-the-middle models): an
+  // answer without it would look right and be wrong.
+  if (auto it = j.find("suffix"); it != j.end() && !it->is_null() && !(it->is_string() && it->get<std::string>().empty())) {
+    *err = bad("suffix", "suffix is not supported");
+    return false;
+  }
+  for (const char* key : {"functions", "response_format"}) {
+    auto it = j.find(key);
+    if (it != j.end() && !it->is_null() && !(it->is_array() && it->empty()) && !(it->is_object() && it->empty())) {
+      if (std::string(key) == "response_format" && it->is_object() && type_is(*it, "text")) continue;
+      *err = bad(key, std::string(key) + " is not supported");
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+namespace {
+bool parse_checked_body(std::string_view body, bool chat, const std::string& served_model, call* out, api_error* err);
+}
+
+bool parse_body(std::string_view body, bool chat, const std::string& served_model, call* out, api_error* err) {
+  // Every field is checked for its type before it is read; this catch is the net under that, so
+  // that no body can throw through the gateway's connection.
+  try {
+    return parse_checked_body(body, chat, served_model, out, err);
+  } catch (const json::exception& e) {
+    *err = bad("", std::string("the body has a field of an unexpected type (") + e.what() + ")");
+    return false;
+  }
+}
+
+namespace {
+bool parse_checked_body(std::string_view body, bool chat, const std::string& served_model, call* out, api_error* err) {
+  *out = call{};
+  out->chat = chat;
+  if (nested_too_deep(body)) {
+    *err = bad("", "the body nests arrays and objects deeper than " + std::to_string(max_json_depth) + " levels");
+    return false;
+  }
+  auto j = json::parse(body, nullptr, false);
+  if (j.is_discarded()) {
+    *err = bad("", "the body is not valid JSON");
+    return false;
+  }
+  if (!j.is_object()) {
+    *err = bad("", "the body must be a JSON object");
+    return false;
+  }
+  if (!string_field(j, "model", &out->model, err)) return false;
+  if (!out->model.empty() && out->model != served_model) {
+    *err = {404, "the model '" + out->model.substr(0, 128) + "' does not exist; this cluster serves '" + served_model + "'",
+            "invalid_request_error", "model"};
+    return false;
+  }
+  if (out->model.empty()) out->model = served_model;
+  if (!refuse_unsupported(j, err)) return false;
+  auto& r = out->req;
+  if (chat) {
+    // The body again, in its key order (JSON objects in a template print in that order).
+    const auto ordered = ordered_json::parse(body, nullptr, false);
+    if (!parse_messages(j, ordered, &r, err) || !parse_tools(j, ordered, &r, err)) return false;
+  } else if (!parse_prompt(j, out, err)) {
+    return false;
+  } else if (auto t = j.find("tools"); t != j.end() && !t->is_null() && !(t->is_array() && t->empty())) {
+    *err = bad("tools", "tools are for /v1/chat/completions");
+    return false;
+  }
+  r.max_tokens = chat ? default_chat_tokens : default_completion_tokens;
+  constexpr double big = std::numeric_limits<int32_t>::max();
+  // Echo: the prompt comes back first (with its tokens' log-probabilities when logprobs is set),
+  // and max_tokens 0 then asks for the prompt alone: scoring, as evaluation harnesses do.
+  if (!bool_field(j, "echo", &r.echo, err)) return false;
+  if (r.echo && chat) {
+    *err = bad("echo", "echo is supported on /v1/completions only");
+    return false;
+  }
+  if (!number_field(j, "max_tokens", r.echo ? 0 : 1, big, &r.max_tokens, err)) return false;
+  if (r.echo && j.contains("max_tokens") && r.max_tokens == 0) {
+    r.prompt_only = true;
+    r.max_tokens = 1;  // the prefill picks one token in any case; it is not returned
+  }
+  if (chat && !number_field(j, "max_completion_tokens", 1, big, &r.max_tokens, err)) return false;
+  if (!number_field(j, "temperature", 0, 2, &r.temperature, err)) return false;
+  if (!number_field(j, "top_p", 0, 1, &r.top_p, err)) return false;
+  if (j.contains("top_p") && r.top_p <= 0.0f) {
+    *err = bad("top_p", "top_p must be in (0, 1]");
+    return false;
+  }
+  int64_t top_k = r.top_k;
+  if (!number_field(j, "top_k", -1, 1 << 20, &top_k, err)) return false;
+  r.top_k = top_k < 0 ? 0 : static_cast<uint32_t>(top_k);  // vLLM's -1: off
+  // Any 64-bit integer, as OpenAI takes (a negative one keeps its bits), read as an integer: a
+  // double would round seeds above 2^53.
+  if (auto it = j.find("seed"); it != j.end() && !it->is_null()) {
+    if (it->is_number_unsigned()) r.seed = it->get<uint64_t>();
+    else if (it->is_number_integer()) r.seed = static_cast<uint64_t>(it->get<int64_t>());
+    else {
+      *err = bad("seed", "seed must be an integer, got " + describe(*it));
+      return false;
+    }
+  }
+  if (!number_field(j, "presence_penalty", -2, 2, &r.presence_penalty, err)) return false;
+  if (!number_field(j, "frequency_penalty", -2, 2, &r.frequency_penalty, err)) return false;
+  if (!parse_logit_bias(j, &r, err)) return false;
+  if (!number_field(j, "repetition_penalty", 0.01, 100, &r.repetition_penalty, err)) return false;
+  if (!bool_field(j, "ignore_eos", &r.ignore_eos, err)) return false;
+  if (!bool_field(j, "separate_reasoning", &out->reasoning_wanted, err)) return false;
+  if (auto it = j.find("chat_template_kwargs"); it != j.end() && !it->is_null()) {
+    if (!chat) {
+      *err = bad("chat_template_kwargs", "chat_template_kwargs is for /v1/chat/completions");
+      return false;
+    }
+    if (!it->is_object()) {
+      *err = bad("chat_template_kwargs", "chat_template_kwargs must be an object of template variables");
+      return false;
+    }
+    r.chat_template_kwargs = it->dump();
+  }
+  if (!bool_field(j, "stream", &out->stream, err)) return false;
+  if (auto it = j.find("stream_options"); it != j.end() && !it->is_null()) {
+    if (!out->stream) {  // as OpenAI answers it
+      *err = bad("stream_options", "stream_options is only allowed when stream is true");
+      return false;
+    }
+    if (!it->is_object()) {
+      *err = bad("stream_options", "stream_options must be an object");
+      return false;
+    }
+    if (!bool_field(*it, "include_usage", &out->include_usage, err)) return false;
+  }
+  if (!parse_stop(j, &r, err)) return false;
+  if (auto it = j.find("stop_token_ids"); it != j.end() && !it->is_null()) {
+    if (!it->is_array()) {
+      *err = bad("stop_token_ids", "stop_token_ids must be an array of token ids");
+      return false;
+    }
+    for (const auto& t : *it) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+        *err = bad("stop_token_ids", "stop_token_ids must be non-negative integers");
+        return false;
+      }
+      r.stop_token_ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+    }
+  }
+  if (!string_field(j, "traffic_class", &r.traffic_class, err)) return false;
+  if (!string_field(j, "priority", &r.priority, err)) return false;
+  if (!number_field(j, "n", 1, max_choices, &out->n, err)) return false;
+  if (out->num_choices() > max_call_requests) {
+    *err = bad("n", std::to_string(out->num_prompts()) + " prompts times n " + std::to_string(out->n) + " is " +
+                        std::to_string(out->num_choices()) + " generations; at most " + std::to_string(max_call_requests) +
+                        " in one call");
+    return false;
+  }
+  if (!parse_logprobs(j, chat, &r, err)) return false;
+  r.prompt_logprobs = r.echo && r.logprobs;
+  // vLLM's prompt_logprobs: k alternatives per prompt token (0: the token's own only).
+  int32_t prompt_top = -1;
+  if (!number_field(j, "prompt_logprobs", 0, gpu::max_top_logprobs, &prompt_top, err)) return false;
+  if (prompt_top >= 0) {
+    if (out->stream) {  // as vLLM refuses it
+      *err = bad("prompt_logprobs", "prompt_logprobs is answered whole, not streamed: ask without stream");
+      return false;
+    }
+    out->vllm_prompt_logprobs = true;
+    r.prompt_logprobs = true;
+    r.prompt_top_logprobs = static_cast<uint32_t>(prompt_top);
+  }
+  // n choices of a prompt share its scores: the first scores it (choice_request), the others
+  // copy them into the answer. A stream cannot wait for another choice's scores.
+  if (r.prompt_logprobs && out->n > 1 && out->stream) {
+    *err = bad("n", "n > 1 with echo and logprobs is answered whole, not streamed: ask without stream or with n 1");
+    return false;
+  }
+  return parse_best_of(j, chat, out, err);
+}
+}  // namespace
+
+generate_request call::choice_request(uint32_t index) const {
+  generate_request r = req;
+  const uint32_t prompt = index / n;
+  if (prompt < batch_texts.size()) r.prompt = batch_texts[prompt];
+  if (prompt < batch_tokens.size()) r.prompt_tokens = batch_tokens[prompt];
+  r.seed += index % n;  // n samples of a prompt, not one sample n times
+  r.prompt_logprobs = r.prompt_logprobs && index % n == 0;  // scored once, by the prompt's first choice
+  if (!r.prompt_logprobs) r.prompt_top_logprobs = 0;
+  return r;
+}
+
+}  // namespace baton::deploy::openai
