@@ -29,6 +29,9 @@ typename Inspector::result_type inspect(Inspector& f, chat_turn& x) {
   return f(caf::meta::type_name("chat_turn"), x.role, x.content, x.fields_json);
 }
 
+/// The most logit_bias entries a request may give (the gateway and the router refuse more).
+inline constexpr uint32_t max_logit_bias = 1024;
+
 struct generate_request {
   std::string prompt;                  ///< text, tokenized by the router; or ...
   std::vector<int32_t> prompt_tokens;  ///< ... token ids (give one of the two)
@@ -52,7 +55,8 @@ struct generate_request {
   float presence_penalty = 0.0f;       ///< 0 = off; counts the output only (gpu::sampling_config)
   float frequency_penalty = 0.0f;      ///< 0 = off; per repeat in the output
   /// OpenAI's logit_bias: logit_bias_values[i] (in [-100, 100]) added to the logit of token
-  /// logit_bias_tokens[i] when each token is picked (gpu::sampling_config); distinct tokens.
+  /// logit_bias_tokens[i] when each token is picked (gpu::sampling_config); distinct tokens, at
+  /// most max_logit_bias.
   std::vector<int32_t> logit_bias_tokens;
   std::vector<float> logit_bias_values;
   std::vector<std::string> stop;       ///< generation ends when the text contains one (it is cut off)

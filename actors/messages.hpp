@@ -849,7 +849,7 @@ struct cluster_stats {
   /// How the model's chat answers carry their reasoning: gpu::chat_reasoning's value (0 none, 1 the
   /// template opens <think>, 2 the model may). The gateway gives it as reasoning_content.
   uint8_t chat_reasoning = 0;
-  /// How its answers write tool calls: gpu::tool_call_format's value (0 none, 1 Hermes' <tool_call>).
+  /// How its answers write tool calls: gpu::tool_call_format's value (0 none; gpu/tool_call_format.hpp).
   uint8_t chat_tool_calls = 0;
 };
 template <class Inspector>

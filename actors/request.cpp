@@ -88,8 +88,6 @@ std::string prompt_text(const request_state& st) {
   return st.plan.tokenizer ? st.plan.tokenizer->decode(p) : gpu::byte_tokenizer{-1, -1}.decode(p);
 }
 
-/// This attempt's prompt is scored (generate_request::prompt_logprobs): asked, and not yet
-/// answered by an earlier attempt (a failover after the first token re-prefills unscored).
 /// The request's sampling settings and log-probability asks, as both order kinds carry them.
 template <class Order>
 void copy_sampling(const request_plan& p, Order& order) {
@@ -105,6 +103,8 @@ void copy_sampling(const request_plan& p, Order& order) {
   order.logit_bias_values = p.params.logit_bias_values;
 }
 
+/// This attempt's prompt is scored (generate_request::prompt_logprobs): asked, and not yet
+/// answered by an earlier attempt (a failover after the first token re-prefills unscored).
 bool scores_prompt(const request_state& st) { return st.plan.params.prompt_logprobs && st.out.prompt_logprobs.empty(); }
 
 /// A token alone as text, by the request's tokenizer.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <string_view>
 #include <unordered_map>
 
@@ -23,14 +24,18 @@ std::string check_logit_bias(const generate_request& req, uint32_t vocab_size) {
   if (tokens.size() != req.logit_bias_values.size())
     return "logit_bias has " + std::to_string(tokens.size()) + " tokens but " + std::to_string(req.logit_bias_values.size()) +
            " values";
-  if (tokens.size() > 1024) return "logit_bias names " + std::to_string(tokens.size()) + " tokens; at most 1024";
+  if (tokens.size() > max_logit_bias)
+    return "logit_bias names " + std::to_string(tokens.size()) + " tokens; at most " + std::to_string(max_logit_bias);
   for (size_t i = 0; i < tokens.size(); ++i) {
     if (tokens[i] < 0 || static_cast<uint32_t>(tokens[i]) >= vocab_size)
       return "logit_bias token " + std::to_string(tokens[i]) + " is outside the vocabulary [0, " + std::to_string(vocab_size) +
              ")";
     const float v = req.logit_bias_values[i];
-    if (!std::isfinite(v) || std::abs(v) > 100.0f)
-      return "logit_bias of token " + std::to_string(tokens[i]) + " must be a number in [-100, 100], got " + std::to_string(v);
+    if (!std::isfinite(v) || std::abs(v) > 100.0f) {
+      char got[32];
+      std::snprintf(got, sizeof got, "%g", static_cast<double>(v));
+      return "logit_bias of token " + std::to_string(tokens[i]) + " must be a number in [-100, 100], got " + got;
+    }
   }
   auto sorted = tokens;
   std::sort(sorted.begin(), sorted.end());

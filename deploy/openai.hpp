@@ -18,6 +18,7 @@
 // unknown fields are ignored, as OpenAI's servers do.
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -85,6 +86,12 @@ inline constexpr int32_t default_chat_tokens = 0;
 inline constexpr uint32_t max_choices = 64;
 /// The most prompts in one batch, and the most requests (prompts times n) one call may start.
 inline constexpr uint32_t max_batch_prompts = 256;
+/// Deeper nesting than any OpenAI body (or a tool call's arguments) has: refused before parsing,
+/// so that nothing (the parser, a message printing the value, the destructor) walks a million
+/// levels deep.
+inline constexpr size_t max_json_depth = 64;
+/// Whether JSON text nests arrays and objects deeper than max_json_depth (strings skipped).
+bool nested_too_deep(std::string_view text);
 inline constexpr uint32_t max_call_requests = 1024;
 
 /// A thinking model's answer, told apart as it streams: everything before the first </think> is

@@ -39,28 +39,6 @@ bool type_is(const json& o, const char* t) {
   return it != o.end() && it->is_string() && it->get_ref<const std::string&>() == t;
 }
 
-/// Deeper nesting than any OpenAI body has: refused before parsing, so that nothing (the parser,
-/// a message printing the value, the destructor) walks a million levels deep.
-constexpr size_t max_json_depth = 64;
-
-bool nested_too_deep(std::string_view body) {
-  size_t depth = 0;
-  bool in_string = false, escaped = false;
-  for (char c : body) {
-    if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
-      continue;
-    }
-    if (c == '"') in_string = true;
-    else if (c == '[' || c == '{') {
-      if (++depth > max_json_depth) return true;
-    } else if ((c == ']' || c == '}') && depth > 0) --depth;
-  }
-  return false;
-}
-
 /// Reads an optional number field into `dst` within [lo, hi]; false and `err` when wrong.
 template <class T>
 bool number_field(const json& j, const char* key, double lo, double hi, T* dst, api_error* err) {
@@ -375,8 +353,9 @@ bool parse_logit_bias(const json& j, generate_request* r, api_error* err) {
     *err = bad("logit_bias", "logit_bias must be an object of token ids to biases, got " + describe(*it));
     return false;
   }
-  if (it->size() > 1024) {
-    *err = bad("logit_bias", "logit_bias names " + std::to_string(it->size()) + " tokens; at most 1024");
+  if (it->size() > max_logit_bias) {
+    *err = bad("logit_bias", "logit_bias names " + std::to_string(it->size()) + " tokens; at most " +
+                                 std::to_string(max_logit_bias));
     return false;
   }
   for (const auto& [key, value] : it->items()) {
@@ -415,10 +394,26 @@ bool refuse_unsupported(const json& j, api_error* err) {
   return true;
 }
 
+bool parse_checked_body(std::string_view body, bool chat, const std::string& served_model, call* out, api_error* err);
+
 }  // namespace
 
-namespace {
-bool parse_checked_body(std::string_view body, bool chat, const std::string& served_model, call* out, api_error* err);
+bool nested_too_deep(std::string_view text) {
+  size_t depth = 0;
+  bool in_string = false, escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+      continue;
+    }
+    if (c == '"') in_string = true;
+    else if (c == '[' || c == '{') {
+      if (++depth > max_json_depth) return true;
+    } else if ((c == ']' || c == '}') && depth > 0) --depth;
+  }
+  return false;
 }
 
 bool parse_body(std::string_view body, bool chat, const std::string& served_model, call* out, api_error* err) {

@@ -82,6 +82,14 @@ size_t json_extent(std::string_view s, size_t at) {
   return npos;
 }
 
+/// A call's JSON, or a discarded value where it is not JSON or nests deeper than a request body
+/// may (max_json_depth): a model writing ten thousand brackets must not make the reader (or the
+/// answer's JSON writer) recurse that deep.
+ordered_json parse_json(std::string_view text) {
+  if (nested_too_deep(text)) return ordered_json(ordered_json::value_t::discarded);
+  return ordered_json::parse(text, nullptr, false);
+}
+
 /// OpenAI's arguments: JSON text of the object (a string the model wrote stays as it is; none
 /// is `{}`). False for anything that is not an object or a string.
 bool arguments_text(const ordered_json& args, std::string* out) {
@@ -92,12 +100,14 @@ bool arguments_text(const ordered_json& args, std::string* out) {
   return true;
 }
 
-/// A call written as one JSON object: its "name", and its "arguments" (or Llama's "parameters").
-bool add_object_call(const ordered_json& body, answer_parts* out) {
+/// A call written as one JSON object: its "name", and its "arguments" (or Llama's "parameters"),
+/// which `need_args` requires (a Llama answer that is JSON with a "name" alone is an answer).
+bool add_object_call(const ordered_json& body, answer_parts* out, bool need_args = false) {
   if (!body.is_object() || !body.contains("name") || !body["name"].is_string()) return false;
-  const auto& args = body.contains("arguments") ? body["arguments"] : body.contains("parameters") ? body["parameters"] : ordered_json{};
+  const char* key = body.contains("arguments") ? "arguments" : body.contains("parameters") ? "parameters" : nullptr;
+  if (!key && need_args) return false;
   std::string text;
-  if (!arguments_text(args, &text)) return false;
+  if (!arguments_text(key ? body[key] : ordered_json{}, &text)) return false;
   out->tool_calls.push_back({body["name"].get<std::string>(), std::move(text)});
   return true;
 }
@@ -106,7 +116,7 @@ bool add_object_call(const ordered_json& body, answer_parts* out) {
 bool add_named_call(std::string name, std::string_view args, answer_parts* out) {
   if (name.empty()) return false;
   const auto body = trimmed(args);
-  const auto parsed = body.empty() ? ordered_json{} : ordered_json::parse(body, nullptr, false);
+  const auto parsed = body.empty() ? ordered_json{} : parse_json(body);
   std::string text;
   if (parsed.is_discarded() || !arguments_text(parsed, &text) || parsed.is_string()) return false;
   out->tool_calls.push_back({std::move(name), std::move(text)});
@@ -143,7 +153,7 @@ answer_parts read_hermes(const std::string& content) {
     const size_t from = at + hermes_begin.size();
     const size_t end = s.find(hermes_end, from);
     // A call cut off by max_tokens has no end tag: it is read to the answer's end.
-    const auto body = ordered_json::parse(s.substr(from, end == npos ? npos : end - from), nullptr, false);
+    const auto body = parse_json(s.substr(from, end == npos ? npos : end - from));
     if (!add_object_call(body, &out)) return whole(content);
     if (end == npos) break;
     const size_t after = end + hermes_end.size();
@@ -162,7 +172,7 @@ answer_parts read_llama(const std::string& content) {
   answer_parts out;
   while (at < s.size() && s[at] == '{') {  // calls, `;` between them
     const size_t end = json_extent(s, at);
-    if (end == npos || !add_object_call(ordered_json::parse(s.substr(at, end - at), nullptr, false), &out))
+    if (end == npos || !add_object_call(parse_json(s.substr(at, end - at)), &out, /*need_args*/ true))
       return whole(content);
     at = skip_space(s, end);
     if (at < s.size() && s[at] == ';') at = skip_space(s, at + 1);
@@ -178,9 +188,9 @@ bool read_mistral_named(std::string_view s, size_t* at, answer_parts* out) {
   size_t i = *at;
   while (i < s.size() && name_char(s[i])) ++i;
   const std::string name{s.substr(*at, i - *at)};
-  if (starts_with(s, i, mistral_call_id)) {
-    i = s.find(mistral_args, i);
-    if (i == npos) return false;
+  if (starts_with(s, i, mistral_call_id)) {  // an id of letters and digits, then [ARGS] at once
+    i += mistral_call_id.size();
+    while (i < s.size() && std::isalnum(static_cast<unsigned char>(s[i]))) ++i;
   }
   if (name.empty() || !starts_with(s, i, mistral_args)) return false;
   const size_t from = skip_space(s, i + mistral_args.size());
@@ -202,7 +212,7 @@ answer_parts read_mistral(const std::string& content) {
     if (marked) at = skip_space(s, at + mistral_calls.size());
     if (marked && at < s.size() && s[at] == '[') {  // v0.3: a JSON list of calls
       const size_t end = json_extent(s, at);
-      const auto list = end == npos ? ordered_json{} : ordered_json::parse(s.substr(at, end - at), nullptr, false);
+      const auto list = end == npos ? ordered_json{} : parse_json(s.substr(at, end - at));
       if (!list.is_array() || list.empty()) return whole(content);
       for (const auto& c : list)
         if (!add_object_call(c, &out)) return whole(content);

@@ -2,7 +2,7 @@
 
 // How a model writes the tool calls its chat template asks for: told from the template when the
 // model loads (gpu/tokenizer.cpp), and how the gateway reads answers for calls
-// (deploy/openai_answer.cpp). A header of its own so that the gateway's pure JSON code needs no
+// (deploy/openai_tool_calls.cpp). A header of its own so that the gateway's pure JSON code needs no
 // tokenizer.
 
 #include <cstdint>

@@ -261,9 +261,9 @@ TEST_CASE("a lease freed while its layers are still being checked keeps its page
           "check answers, then gives every one back") {
   test::cluster_system t;
   auto cfg = small_cluster();
-  // Each check waits 300 ms on the rank's check worker (one thread, in order): the layers below
-  // are still queued there for at least (layers - 1) x 300 ms after the release.
-  cfg.decode.fault_check_delay_ms = 300;
+  // Each check waits 500 ms on the rank's check worker (one thread, in order): the layers below
+  // are still queued there for about layers x 500 ms after the first is announced.
+  cfg.decode.fault_check_delay_ms = 500;
   auto cluster = start_local_cluster(t.sys, cfg);
   test::cluster_system::stopper stop{t, cluster};
   const auto decode = cluster.decode[0].handle;

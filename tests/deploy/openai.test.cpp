@@ -695,12 +695,18 @@ TEST_CASE("tool calls in Llama 3.1's, Mistral's, DeepSeek's and Kimi-K2's forms:
       {tool_call_format::llama_json, "<b>bold</b>", "=", {}},
       {tool_call_format::llama_json, "{\"name\": \"f\", \"parameters\": {\"x\": ", "=", {}},  // cut by max_tokens
       {tool_call_format::llama_json, "{\"city\": \"Paris\"}", "=", {}},                     // JSON, but no call
+      {tool_call_format::llama_json, "{\"name\": \"Bob\", \"age\": 3}", "=", {}},           // a name, but no arguments
+      {tool_call_format::llama_json,
+       "{\"name\": \"f\", \"parameters\": {\"a\": " + std::string(100, '[') + std::string(100, ']') + "}}", "=",
+       {}},  // nested past max_json_depth: text, never parsed (nor written back) that deep
       {tool_call_format::mistral, "[TOOL_CALLS] [{\"name\": \"f\", \"arguments\": {\"x\": \"a]b\"}}, {\"name\": \"g\", \"arguments\": {}}]",
        "", {{"f", R"({"x":"a]b"})"}, {"g", "{}"}}},
       {tool_call_format::mistral, "Let me look.[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\"}[TOOL_CALLS]f[CALL_ID]ab12[ARGS]{}",
        "Let me look.", {{"get_weather", R"({"city":"Paris"})"}, {"f", "{}"}}},
       {tool_call_format::mistral, "[TOOL_CALLS]f[ARGS]{\"x\": 1}g[ARGS]{\"y\": 2}", "", {{"f", R"({"x":1})"}, {"g", R"({"y":2})"}}},
       {tool_call_format::mistral, "No [TOOL_CALLS] here", "=", {}},
+      // An id that is not one (text before [ARGS]): not a call, and never another call's arguments.
+      {tool_call_format::mistral, "[TOOL_CALLS]f[CALL_ID]x y[TOOL_CALLS]g[ARGS]{}", "=", {}},
       {tool_call_format::mistral, "[TOOL_CALLS][{\"arguments\": {}}]", "=", {}},  // a call without a name
       {tool_call_format::deepseek,
        "Checking." + ds_begin + call + "function" + sep + "get_weather\n```json\n{\"city\": \"Paris\"}\n```" + end + ds_end,
