@@ -29,6 +29,20 @@ struct templated_model {
   ~templated_model() { std::filesystem::remove_all(path); }
 };
 
+/// A streamed chat answer's reasoning_content and content deltas, each joined.
+std::pair<std::string, std::string> streamed_chat(const std::string& body) {
+  std::vector<json> events;
+  sse_text(body, &events, true);
+  std::string reasoning, content;
+  for (const auto& ev : events) {
+    if (!ev.is_object() || ev["choices"].empty()) continue;
+    const auto& delta = ev["choices"][0]["delta"];
+    if (delta.contains("reasoning_content")) reasoning += delta["reasoning_content"].get<std::string>();
+    if (delta.contains("content")) content += delta["content"].get<std::string>();
+  }
+  return {reasoning, content};
+}
+
 }  // namespace
 
 TEST_CASE("logprobs over HTTP: the whole answer's and the stream's are the router's, token for token") {
@@ -335,15 +349,7 @@ TEST_CASE("a model whose chat template opens a thinking block (DeepSeek-R1's) an
 
     const auto streamed = round_trip(s.gateway.port, post("/v1/chat/completions", "{" + messages + R"(,"stream":true})"));
     REQUIRE(streamed.status == 200);
-    std::vector<json> events;
-    sse_text(streamed.body, &events, true);
-    std::string reasoning, content;
-    for (const auto& ev : events) {
-      if (!ev.is_object() || ev["choices"].empty()) continue;
-      const auto& delta = ev["choices"][0]["delta"];
-      if (delta.contains("reasoning_content")) reasoning += delta["reasoning_content"].get<std::string>();
-      if (delta.contains("content")) content += delta["content"].get<std::string>();
-    }
+    const auto [reasoning, content] = streamed_chat(streamed.body);
     CHECK(reasoning == want.reasoning);
     CHECK(content == want.content);
   }
@@ -377,15 +383,7 @@ TEST_CASE("a chat whose own template variables open the thinking block (DeepSeek
   CHECK(whole["choices"][0]["message"]["content"] == want.content);
   const auto streamed = round_trip(s.gateway.port, post("/v1/chat/completions", "{" + messages + thinking + R"(,"stream":true})"));
   REQUIRE(streamed.status == 200);
-  std::vector<json> events;
-  sse_text(streamed.body, &events, true);
-  std::string reasoning, content;
-  for (const auto& ev : events) {
-    if (!ev.is_object() || ev["choices"].empty()) continue;
-    const auto& delta = ev["choices"][0]["delta"];
-    if (delta.contains("reasoning_content")) reasoning += delta["reasoning_content"].get<std::string>();
-    if (delta.contains("content")) content += delta["content"].get<std::string>();
-  }
+  const auto [reasoning, content] = streamed_chat(streamed.body);
   CHECK(reasoning == want.reasoning);
   CHECK(content == want.content);
   // Without the variable the prompt closes the block: the answer is content.
