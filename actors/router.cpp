@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <string_view>
 #include <unordered_map>
 
 #include <caf/actor_system.hpp>
@@ -106,11 +105,7 @@ std::string tokenize_and_validate(generate_request& req, const gpu::model_config
     if (!tokenizer->render_chat(chat, gpu::chat_extras{req.chat_template_kwargs, req.tools_json}, &text, &why)) return why;
     // Whether this chat's answer starts thinking: the request's own template variables decide
     // (DeepSeek-V3.1's `thinking`), not only the model's default.
-    if (thinking && tokenizer->reasoning() != gpu::chat_reasoning::none) {
-      std::string_view t = text;
-      while (!t.empty() && (t.back() == '\n' || t.back() == ' ')) t.remove_suffix(1);
-      *thinking = t.size() >= 7 && t.substr(t.size() - 7) == "<think>" ? 1 : 2;
-    }
+    if (thinking && tokenizer->reasoning() != gpu::chat_reasoning::none) *thinking = gpu::opens_thinking(text) ? 1 : 2;
     *tokens = tokenizer->encode_chat(text);
   } else if (tokenizer) {
     *tokens = tokenizer->encode_prompt(req.prompt);

@@ -310,8 +310,9 @@ client_sink_actor::behavior_type run_choice(client_sink_actor::pointer self, caf
   auto first_chunk = std::make_shared<bool>(true);
   auto text_offset = std::make_shared<uint64_t>(0);  // bytes of the streamed tokens' texts (logprobs.text_offset)
   auto monitored = std::make_shared<bool>(false);
-  auto reader = std::make_shared<openai::answer_reader>(cs->call);  // reasoning and tool calls, as asked
-  auto read_any = std::make_shared<bool>(false);
+  // Reasoning and tool calls, as asked: made at the first chunk, which says whether the prompt
+  // opened <think>.
+  auto reader = std::make_shared<std::optional<openai::answer_reader>>();
   return {[=](stream_chunk& c) {
     if (!*monitored) {
       *monitored = true;
@@ -323,8 +324,8 @@ client_sink_actor::behavior_type run_choice(client_sink_actor::pointer self, caf
     // for): no event.
     const bool echo = !c.prompt_text.empty() || !c.prompt_logprobs.empty();
     std::optional<openai::answer_parts> split;
-    if (!std::exchange(*read_any, true)) reader->prompt_thinking(c.prompt_thinking);
-    if (reader->active()) split = reader->feed(c.text, !c.finish_reason.empty());
+    if (!*reader) reader->emplace(cs->call, c.prompt_thinking);
+    if ((*reader)->active()) split = (*reader)->feed(c.text, !c.finish_reason.empty());
     const bool has_text =
         split ? !split->reasoning.empty() || !split->content.empty() || !split->tool_calls.empty() : !c.text.empty();
     const bool shown = !cs->call.req.prompt_only && (has_text || !c.logprobs.empty());  // echo alone: none is
@@ -362,7 +363,6 @@ client_sink_actor::behavior_type call_impl(client_sink_actor::pointer self, caf:
     return {[](stream_chunk&) {}};  // the connection answers and ends this actor
   }
   cs->call.separate_reasoning = chat && settings.chat_reasoning != 0 && cs->call.reasoning_wanted;
-  cs->call.reasoning_opened = settings.chat_reasoning == 1;  // 2: Qwen3's, the model opens <think> or not
   if (chat && !cs->call.req.tools_json.empty() && settings.chat_tool_calls <= gpu::max_tool_call_format)
     cs->call.tool_calls = static_cast<gpu::tool_call_format>(settings.chat_tool_calls);
   cs->id = std::move(id);

@@ -186,9 +186,7 @@ json completion_object(const call& c, const std::vector<completion>& choices, co
     if (c.chat) {
       choice["logprobs"] = logprobs_json(c, done.logprobs, 0);
       // Read as its stream is (answer_reader), so whole and streamed answers agree.
-      answer_reader reader{c};
-      reader.prompt_thinking(done.prompt_thinking);
-      const auto parts = reader.feed(done.text, true);
+      const auto parts = answer_reader{c, done.prompt_thinking}.feed(done.text, true);
       json message = {{"role", "assistant"}, {"content", parts.content}};
       if (c.separate_reasoning) message["reasoning_content"] = parts.reasoning.empty() ? json(nullptr) : json(parts.reasoning);
       if (!parts.tool_calls.empty()) {

@@ -56,9 +56,6 @@ struct call {
   /// DeepSeek's API gives R1's. Set by the gateway: a chat call, reasoning_wanted, and a model
   /// whose chat template knows <think> (cluster_stats::chat_reasoning).
   bool separate_reasoning = false;
-  /// With separate_reasoning: the template opened <think>, so the answer starts as reasoning;
-  /// false (Qwen3): only an answer that itself starts with <think> has any.
-  bool reasoning_opened = true;
   /// The request gave tools (req.tools_json): how the model writes its calls
   /// (cluster_stats::chat_tool_calls), set by the gateway. Answers' calls go to `tool_calls`.
   gpu::tool_call_format tool_calls = gpu::tool_call_format::none;
@@ -159,19 +156,16 @@ private:
 /// both read the same.
 class answer_reader {
 public:
-  explicit answer_reader(const call& c)
+  /// `prompt_thinking`: the router's word on this answer (completion::prompt_thinking, in every
+  /// stream chunk): 1, the chat's prompt opened <think>, so the answer starts as reasoning;
+  /// otherwise only an answer that itself opens <think> has any.
+  answer_reader(const call& c, uint8_t prompt_thinking)
     : reasoning_(c.separate_reasoning),
       tools_(c.tool_calls != gpu::tool_call_format::none),
-      thinking_(c.reasoning_opened),
+      thinking_(prompt_thinking == 1),
       calls_(c.tool_calls) {}
   /// Whether it tells anything apart (else a chunk's text is shown as it is).
   bool active() const { return reasoning_ || tools_; }
-  /// The router's word on this answer (completion::prompt_thinking, 0: none), before the first
-  /// feed: 1, the prompt opened <think>, so the answer starts with reasoning; 2, it did not, so
-  /// only an answer that opens <think> itself thinks. Overrides the call's reasoning_opened.
-  void prompt_thinking(uint8_t told) {
-    if (told) thinking_ = reasoning_splitter{told == 1};
-  }
   answer_parts feed(const std::string& text, bool last);
 
 private:

@@ -16,8 +16,8 @@ struct told {
   std::vector<std::string> calls;  ///< name, then arguments, per call
 };
 
-told read(const baton::deploy::openai::call& c, const std::string& text, size_t step) {
-  baton::deploy::openai::answer_reader r{c};
+told read(const baton::deploy::openai::call& c, uint8_t thinking, const std::string& text, size_t step) {
+  baton::deploy::openai::answer_reader r{c, thinking};
   told out;
   size_t at = 0;
   do {
@@ -42,11 +42,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   c.chat = true;
   c.tool_calls = static_cast<baton::gpu::tool_call_format>((data[0] & 0x0f) % (baton::gpu::max_tool_call_format + 1));
   c.separate_reasoning = data[0] & 0x10;
-  c.reasoning_opened = data[0] & 0x20;
+  const uint8_t thinking = data[0] & 0x20 ? 1 : 2;  // the router's word: the prompt opened <think> or not
   const size_t step = 1 + data[1] % 16;
   const std::string text(reinterpret_cast<const char*>(data) + 2, size - 2);
-  const auto whole = read(c, text, text.size() + 1);
-  const auto streamed = read(c, text, step);
+  const auto whole = read(c, thinking, text, text.size() + 1);
+  const auto streamed = read(c, thinking, text, step);
   if (whole.reasoning != streamed.reasoning || whole.content != streamed.content || whole.calls != streamed.calls)
     __builtin_trap();
   return 0;

@@ -39,6 +39,16 @@ struct chat_setup {
   tool_call_format tool_calls = tool_call_format::none;
 };
 
+}  // namespace
+
+bool opens_thinking(std::string_view rendered) {
+  while (!rendered.empty() && (rendered.back() == '\n' || rendered.back() == ' ')) rendered.remove_suffix(1);
+  constexpr std::string_view think = "<think>";
+  return rendered.size() >= think.size() && rendered.substr(rendered.size() - think.size()) == think;
+}
+
+namespace {
+
 /// How a template asks for tool calls, told by the text it writes for an assistant's calls.
 tool_call_format tool_format_of(const std::string& source) {
   const auto has = [&](const char* text) { return source.find(text) != std::string::npos; };
@@ -250,8 +260,7 @@ std::shared_ptr<const tokenizer> load_model_tokenizer(const std::string& dir, co
     // says; else a template that knows </think> leaves it to the model (Qwen3's).
     std::string probe, ignored;
     if (chat.tmpl && chat.tmpl->render(chat_context({{"user", "?"}}, chat), &probe, &ignored)) {
-      while (!probe.empty() && (probe.back() == '\n' || probe.back() == ' ')) probe.pop_back();
-      if (probe.size() >= 7 && probe.compare(probe.size() - 7, 7, "<think>") == 0) chat.reasoning = chat_reasoning::opened;
+      if (opens_thinking(probe)) chat.reasoning = chat_reasoning::opened;
       else if (source.find("</think>") != std::string::npos) chat.reasoning = chat_reasoning::model_opens;
     }
     if (chat.tmpl) chat.tool_calls = tool_format_of(source);

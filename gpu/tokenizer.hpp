@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "gpu/model_config.hpp"
@@ -33,6 +34,10 @@ enum class chat_reasoning : uint8_t {
   opened,       ///< its generation prompt ends inside <think> (DeepSeek-R1, QwQ): answers start thinking
   model_opens,  ///< it knows <think> but leaves opening it to the model (Qwen3): an answer that starts <think> thinks
 };
+
+/// Whether a rendered chat leaves its answer inside a thinking block: the text ends with <think>
+/// (trailing spaces and newlines aside).
+bool opens_thinking(std::string_view rendered);
 
 class tokenizer {
 public:

@@ -568,6 +568,7 @@ TEST_CASE("a thinking model's chat answer: reasoning_content up to the first </t
   completion done;
   done.text = "hmm</think>Yes.";
   done.finish_reason = "eos";
+  done.prompt_thinking = 1;  // the router's word: this chat's prompt opened <think>
   auto message = json::parse(deploy::openai::completion_json(c, done, "id", 0))["choices"][0]["message"];
   CHECK(message["content"] == "hmm</think>Yes.");  // not split: as generated
   CHECK_FALSE(message.contains("reasoning_content"));
