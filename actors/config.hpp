@@ -58,6 +58,9 @@ struct prefill_rank_config {
   /// others, and so does a request that gives up, so this fires only for a part orphaned with
   /// nobody left to say so (its request and a peer's rank both gone).
   uint32_t split_wait_ms = 120000;
+  /// The model's vocabulary as constrained decoding walks it (gpu::tokenizer::vocabulary); null:
+  /// the built-in byte model's.
+  std::shared_ptr<const gpu::token_vocabulary> vocabulary;
 
   std::string validate() const {
     if (name.empty()) return "prefill rank name must not be empty";
@@ -204,6 +207,8 @@ struct decode_rank_config {
   /// long on the rank's check worker before it runs, as a slow check of a large layer would, so
   /// that a test can free a lease while its layers are still being checked.
   uint32_t fault_check_delay_ms = 0;
+  /// As prefill_rank_config::vocabulary.
+  std::shared_ptr<const gpu::token_vocabulary> vocabulary;
 
   std::string validate() const {
     if (name.empty()) return "decode rank name must not be empty";

@@ -347,7 +347,7 @@ void maybe_step(decode_pointer self) {
     const auto& l = st.leases.at(s.lease_id);
     // The executor picks the next token: greedy rows' logits then stay on the device.
     gpu::forward_seq seq{l.request_id, {s.next_input}, s.pos, l.pages, l.order.return_logits};
-    seq.sample = gpu::seq_sampling{sampling_of(l.order), s.pos + 1, {}, l.order.logprobs, l.order.top_logprobs};
+    seq.sample = gpu::seq_sampling{sampling_of(l.order), s.pos + 1, {}, l.order.logprobs, l.order.top_logprobs, l.grammar};
     if (seq.sample->cfg.penalised()) {  // every token before the one sampled: prompt, what was fed, this input
       seq.sample->history = l.order.prompt_tokens;
       seq.sample->history.insert(seq.sample->history.end(), l.fed.begin(), l.fed.end());
@@ -381,7 +381,11 @@ void maybe_step(decode_pointer self) {
     job.seqs.push_back(gpu::forward_seq{p.order.request_id,
                                         {p.order.tokens.begin() + p.next_pos, p.order.tokens.begin() + p.next_pos + len},
                                         p.next_pos, l.pages, last && p.order.return_logits});
-    if (last) job.seqs.back().sample = sample_next(p.order, total, p.order.tokens);
+    if (last) {  // the order's grammar was checked when it arrived
+      auto grammar = st.core.follow_grammar(p.order.grammar, answer_so_far(p.order),
+                                            where(p.order.request_id, st.cfg.name, "prefill"));
+      job.seqs.back().sample = sample_next(p.order, total, p.order.tokens, grammar ? *grammar : nullptr);
+    }
     job.kind = gpu::forward_job::prefill;
     st.step_chunks.push_back(len);
     st.core.log->add({0, "local_chunk", p.order.request_id, p.num_chunks++, 0, {}, {}});
@@ -520,6 +524,7 @@ void on_step_done(decode_pointer self, gpu::forward_output& out) {
     }
     l.fed.push_back(s->next_input);  // its KV is now at position s->pos
     const int32_t tok = out.tokens[row];  // picked by the executor (forward_seq::sample)
+    if (l.grammar) l.grammar->accept(tok);  // the pick followed it: it was one the grammar allowed
     ++s->num_generated;
     token_event ev{l.request_id, s->num_generated, tok, {}, lease_id};
     if (l.order.return_logits) ev.logits = std::move(out.logits[row]);
@@ -563,6 +568,7 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
   }
   st.core.log->set_capacity(cfg.event_log_events);
   st.cfg = std::move(cfg);
+  st.core.vocabulary = st.cfg.vocabulary;
   st.core.start(self, std::move(exec), std::move(xport));
   // An executor that can run nothing any more (a broken data-parallel group) says so at once:
   // the rank stops taking work before a request finds out; and again when its group re-formed,
@@ -600,6 +606,8 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
           return make_error(errc::lease_expired, stage + ": lease " + std::to_string(order.grant.lease_id) +
                                                      " expired or was never granted");
         if (order.tokens.empty()) return make_error(errc::bad_request, stage + ": empty prompt");
+        if (auto grammar = s.core.follow_grammar(order.grammar, answer_so_far(order), stage); !grammar)
+          return grammar.error();
         if (order.prompt_logprobs)  // the request sends scored prompts to a prefill rank (request.cpp)
           return make_error(errc::bad_request, stage + ": a decode rank does not score prompts (prompt log-probabilities)");
         if (s.core.exec->kv().pages_for_tokens(static_cast<uint32_t>(order.tokens.size())) > i->second.pages.size())
@@ -675,6 +683,17 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
                                                      std::to_string(order.lease_id) +
                                                      " expired or was never granted");
         auto& l = i->second;
+        // The answer so far: after the request's own prompt, what a failover or a move fed again,
+        // then the first token.
+        std::vector<int32_t> answer;
+        if (order.grammar.kind != 0) {
+          if (order.output_from < order.prompt_tokens.size())
+            answer.assign(order.prompt_tokens.begin() + order.output_from, order.prompt_tokens.end());
+          answer.push_back(order.first_token);
+        }
+        auto grammar = s.core.follow_grammar(order.grammar, answer, where(order.request_id, s.cfg.name, "decode"));
+        if (!grammar) return grammar.error();
+        l.grammar = std::move(*grammar);
         l.writers.abandoned |= order.writer_abandoned;  // its writer's own notice may come later
         l.order = std::move(order);
         l.has_order = true;

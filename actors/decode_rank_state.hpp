@@ -83,6 +83,9 @@ struct lease {
   decode_order order;
   caf::typed_response_promise<decode_summary> promise;
   std::vector<int32_t> fed;  ///< tokens fed to steps so far (their KV follows the prompt's)
+  /// Constrained decoding: the order's grammar after every token of the answer so far (the next
+  /// input included); advanced as each step's pick comes back, read by the executor in between.
+  std::shared_ptr<gpu::grammar_matcher> grammar;
 };
 
 /// Hybrid PD: a prompt prefilled on this rank into its lease's pages, chunk by chunk.

@@ -1,5 +1,7 @@
 #include "actors/executor_bridge.hpp"
 
+#include "gpu/json_schema_grammar.hpp"
+
 #include <caf/actor.hpp>
 #include <caf/actor_cast.hpp>
 #include <caf/local_actor.hpp>
@@ -27,6 +29,31 @@ void forwarding_sink::on_done(uint64_t job_id, gpu::forward_output out) {
 void forwarding_sink::on_failed(uint64_t job_id, std::string what) {
   if (auto owner = caf::actor_cast<caf::actor>(owner_))
     caf::anon_send(owner, exec_fail_atom::value, job_id, std::move(what));
+}
+
+caf::expected<std::shared_ptr<gpu::grammar_matcher>> rank_core::follow_grammar(const output_grammar& g,
+                                                                               std::span<const int32_t> output,
+                                                                               const std::string& stage) {
+  if (g.kind == 0) return std::shared_ptr<gpu::grammar_matcher>{};
+  constexpr size_t kept = 16;
+  const std::string key = std::to_string(g.kind) + (g.after_thinking ? "t" : "-") + g.schema;
+  auto it = std::find_if(grammars.begin(), grammars.end(), [&](const auto& e) { return e.first == key; });
+  if (it == grammars.end()) {
+    std::string why;
+    auto compiled = gpu::json_grammar(static_cast<gpu::json_output>(g.kind), g.schema, g.after_thinking, &why);
+    if (!compiled) return make_error(errc::bad_request, stage + ": " + why);
+    grammars.emplace_front(key, std::move(compiled));
+    if (grammars.size() > kept) grammars.pop_back();
+  } else {
+    grammars.splice(grammars.begin(), grammars, it);
+  }
+  if (!vocabulary) vocabulary = gpu::byte_vocabulary(exec->config().vocab_size);
+  auto m = std::make_shared<gpu::grammar_matcher>(grammars.front().second, vocabulary, g.end_tokens);
+  for (size_t i = 0; i < output.size(); ++i)
+    if (!m->accept(output[i]))
+      return make_error(errc::bad_request, stage + ": output token " + std::to_string(i) + " (id " +
+                                               std::to_string(output[i]) + ") strays from the answer's grammar");
+  return m;
 }
 
 void timer_runner::run_after(std::chrono::nanoseconds delay, std::function<void()> fn) {

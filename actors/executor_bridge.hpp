@@ -13,17 +13,21 @@
 #include <unordered_map>
 #include <vector>
 
+#include <list>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 
 #include <caf/actor_addr.hpp>
+#include <caf/expected.hpp>
 #include <caf/fwd.hpp>
 #include <caf/result.hpp>
 
 #include "actors/kv_wire_staging.hpp"
 #include "actors/messages.hpp"
 #include "gpu/executor.hpp"
+#include "gpu/grammar.hpp"
 #include "transport/transport.hpp"
 
 namespace baton {
@@ -40,10 +44,18 @@ gpu::sampling_config sampling_of(const Order& o) {
 /// greedy rows of the CUDA backend). `history` (every token before it) is copied only when
 /// penalties read it.
 template <class Order>
-gpu::seq_sampling sample_next(const Order& o, uint32_t position, const std::vector<int32_t>& history) {
-  gpu::seq_sampling s{sampling_of(o), position, {}, o.logprobs, o.top_logprobs};
+gpu::seq_sampling sample_next(const Order& o, uint32_t position, const std::vector<int32_t>& history,
+                              std::shared_ptr<const gpu::grammar_matcher> grammar = nullptr) {
+  gpu::seq_sampling s{sampling_of(o), position, {}, o.logprobs, o.top_logprobs, std::move(grammar)};
   if (s.cfg.penalised()) s.history = history;
   return s;
+}
+
+/// The answer's tokens a prefill order carries: after a failover, its tokens hold the output so
+/// far after the request's own prompt.
+inline std::span<const int32_t> answer_so_far(const prefill_order& o) {
+  const size_t from = std::min<size_t>(o.output_from, o.tokens.size());
+  return std::span<const int32_t>(o.tokens).subspan(from);
 }
 
 /// The most recent events in the order they happened, across threads (seq is global to the
@@ -158,6 +170,18 @@ struct rank_core {
   /// The rank's wire-form staging: made and registered with the transport on the first call;
   /// null, and `why`, when there is no memory or registration for it (the caller sends f32).
   const kv_wire_staging* wire_staging(std::string* why);
+
+  /// Constrained decoding: the vocabulary grammars are walked over (the rank's config; null: the
+  /// built-in byte model's, made at the first use).
+  std::shared_ptr<const gpu::token_vocabulary> vocabulary;
+  /// A matcher of the order's grammar that has followed `output` (the answer's tokens so far);
+  /// null when the order has no grammar. An error (bad_request, naming `stage`) when the grammar
+  /// does not compile or the output strays from it.
+  caf::expected<std::shared_ptr<gpu::grammar_matcher>> follow_grammar(const output_grammar& g,
+                                                                      std::span<const int32_t> output,
+                                                                      const std::string& stage);
+  /// Grammars compiled lately, most recent first (the requests of one service share a schema).
+  std::list<std::pair<std::string, std::shared_ptr<const gpu::grammar>>> grammars;
 
   /// Binds the executor to the actor's timers and registers the KV pool with the transport; the
   /// pool is deregistered when the actor terminates.

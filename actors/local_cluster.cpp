@@ -201,8 +201,13 @@ local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_co
   auto dbc = cfg.decode_balancer;
   dbc.page_size_tokens = cfg.executor.page_size_tokens;
   out.decode_balancer = spawn_decode_balancer(sys, dbc, access.enabled() ? access.to_info() : store_info{});
+  // Ranks that pick tokens walk the router's vocabulary for constrained decoding.
+  auto prefill_cfg = cfg.prefill;
+  auto decode_cfg = cfg.decode;
+  if (cfg.router.tokenizer && !prefill_cfg.vocabulary) prefill_cfg.vocabulary = cfg.router.tokenizer->vocabulary();
+  if (cfg.router.tokenizer && !decode_cfg.vocabulary) decode_cfg.vocabulary = cfg.router.tokenizer->vocabulary();
   for (uint32_t i = 0; i < cfg.num_decode_ranks; ++i) {
-    auto rc = cfg.decode;
+    auto rc = decode_cfg;
     rc.name = cfg.decode.name + "-" + std::to_string(i);
     pool_transport = make_transport(rc.name);
     auto exec = make_executor(rc.name);
@@ -210,7 +215,7 @@ local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_co
                                                            out.decode_balancer, access)});
   }
   for (uint32_t i = 0; i < cfg.num_prefill_ranks; ++i) {
-    auto rc = cfg.prefill;
+    auto rc = prefill_cfg;
     rc.name = cfg.prefill.name + "-" + std::to_string(i);
     pool_transport = make_transport(rc.name);
     auto exec = make_executor(rc.name);
@@ -221,7 +226,7 @@ local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_co
   // it, the inactive one on standby; the controller moves them between the roles.
   for (uint32_t i = 0; i < cfg.num_elastic_ranks; ++i) {
     const std::string name = cfg.elastic_name + "-" + std::to_string(i);
-    out.elastic.push_back(spawn_elastic_instance(sys, name, i < cfg.elastic_prefill_at_start, cfg.prefill, cfg.decode,
+    out.elastic.push_back(spawn_elastic_instance(sys, name, i < cfg.elastic_prefill_at_start, prefill_cfg, decode_cfg,
                                                  make_executor(name), make_transport(name), make_transport(name),
                                                  out.prefill_balancer, out.decode_balancer, access));
   }

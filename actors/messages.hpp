@@ -534,6 +534,20 @@ typename Inspector::result_type inspect(Inspector& f, stream_chunk& x) {
 /// Whatever receives a streamed completion: a client library's actor, a gateway connection.
 using client_sink_actor = caf::typed_actor<caf::reacts_to<stream_chunk>>;
 
+/// Constrained decoding as orders carry it (generate_request's json_output and json_schema): each
+/// rank that picks tokens compiles the grammar (gpu::json_grammar) and follows the output through
+/// it, so a request moved between ranks keeps to it.
+struct output_grammar {
+  uint8_t kind = 0;    ///< gpu::json_output; 0: none
+  std::string schema;  ///< the JSON schema's text, for kind 2
+  bool after_thinking = false;      ///< the prompt opened a thinking block: the JSON follows its </think>
+  std::vector<int32_t> end_tokens;  ///< the tokens that end an answer, allowed once its JSON is whole
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, output_grammar& x) {
+  return f(caf::meta::type_name("output_grammar"), x.kind, x.schema, x.after_thinking, x.end_tokens);
+}
+
 struct decode_order {
   uint64_t request_id = 0;
   uint64_t lease_id = 0;
@@ -557,6 +571,7 @@ struct decode_order {
   float frequency_penalty = 0.0f;
   std::vector<int32_t> logit_bias_tokens = {};  ///< generate_request's logit_bias
   std::vector<float> logit_bias_values = {};
+  output_grammar grammar = {};   ///< constrained decoding (prompt_tokens then holds the whole sequence)
   uint32_t output_from = 0;      ///< the request's own prompt length: penalties count the output after it
   bool logprobs = false;         ///< each token's log-probabilities in its token_event...
   uint32_t top_logprobs = 0;     ///< ... with this many alternatives
@@ -572,7 +587,7 @@ typename Inspector::result_type inspect(Inspector& f, decode_order& x) {
            x.prompt_tokens, x.traffic_class, x.cached_blocks, x.write_back, x.top_k, wire::f32{&x.top_p},
            wire::f32{&x.repetition_penalty}, wire::f32{&x.presence_penalty}, wire::f32{&x.frequency_penalty},
            x.output_from, x.logprobs, x.top_logprobs, x.writer_abandoned, x.logit_bias_tokens,
-           wire::f32s{&x.logit_bias_values});
+           wire::f32s{&x.logit_bias_values}, x.grammar);
 }
 
 struct prefill_order;
@@ -630,6 +645,7 @@ struct prefill_order {
   float frequency_penalty = 0.0f;
   std::vector<int32_t> logit_bias_tokens = {};  ///< generate_request's logit_bias
   std::vector<float> logit_bias_values = {};
+  output_grammar grammar = {};   ///< constrained decoding
   uint32_t output_from = 0;      ///< the request's own prompt length (after a failover, tokens holds output too)
   bool logprobs = false;         ///< the first token's log-probabilities in the result...
   uint32_t top_logprobs = 0;     ///< ... with this many alternatives (and the prompt's tokens)
@@ -649,7 +665,7 @@ typename Inspector::result_type inspect(Inspector& f, prefill_order& x) {
            x.part_bounds, x.part_ranks, x.part_names, x.top_k, wire::f32{&x.top_p}, wire::f32{&x.repetition_penalty},
            wire::f32{&x.presence_penalty}, wire::f32{&x.frequency_penalty}, x.output_from, x.logprobs, x.top_logprobs,
            x.prompt_logprobs, x.prefill_only, x.prompt_top_logprobs, x.logit_bias_tokens,
-           wire::f32s{&x.logit_bias_values});
+           wire::f32s{&x.logit_bias_values}, x.grammar);
 }
 
 /// The lease id a prefill-only order carries (prefill_order::prefill_only): decode ranks number

@@ -335,7 +335,13 @@ void submit_chunk(prefill_pointer self, uint64_t rid) {
   const bool last = end == num_tokens && !r.split.earlier_part();
   gpu::forward_job job{job_id, {gpu::forward_seq{rid, {order.tokens.begin() + start, order.tokens.begin() + end},
                                                  start, r.local_pages, last && order.return_logits}}};
-  if (last) job.seqs[0].sample = sample_next(order, static_cast<uint32_t>(order.tokens.size()), order.tokens);
+  if (last) {
+    // The order's grammar was checked when it arrived (accept_prefill): it compiles and the
+    // output it carries after a failover follows it.
+    auto grammar = st.core.follow_grammar(order.grammar, answer_so_far(order), where(rid, st.cfg.name, "prefill"));
+    job.seqs[0].sample = sample_next(order, static_cast<uint32_t>(order.tokens.size()), order.tokens,
+                                     grammar ? *grammar : nullptr);
+  }
   if (order.prompt_logprobs) {
     // Row p scores the prompt's token p + 1; the prompt's last row has none (it picks the first
     // output token), nor have rows of output tokens fed back after a failover.
@@ -516,6 +522,8 @@ caf::result<prefill_result> accept_prefill(prefill_pointer self, prefill_order o
   // On standby the executor's pool belongs to this instance's other role: a placement made
   // before the switch must go elsewhere.
   if (st.cfg.standby) return make_error(errc::rank_unavailable, stage + ": on standby (serving as decode)");
+  if (auto grammar = st.core.follow_grammar(order.grammar, answer_so_far(order), stage); !grammar)
+    return grammar.error();
   // An executor that can run nothing (a broken expert group): the request is placed again
   // elsewhere, and the balancer hears that this rank takes no work (a placement made before it
   // heard may still arrive).
@@ -586,6 +594,7 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
   st.runnable = policies::priority_classes<uint64_t>{cfg.batch_max_bypass};
   st.core.log->set_capacity(cfg.event_log_events);
   st.cfg = std::move(cfg);
+  st.core.vocabulary = st.cfg.vocabulary;
   st.core.start(self, std::move(exec), std::move(xport));
   // A backend that settles transfers on its own thread (UCX) says so at once: the last layer's
   // send is then noticed when it lands, not at the next poll tick (the timer stays, for backends

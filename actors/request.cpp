@@ -101,6 +101,10 @@ void copy_sampling(const request_plan& p, Order& order) {
   order.top_logprobs = p.params.top_logprobs;
   order.logit_bias_tokens = p.params.logit_bias_tokens;
   order.logit_bias_values = p.params.logit_bias_values;
+  if (p.params.json_output != 0) {
+    order.grammar = {p.params.json_output, p.params.json_schema, p.prompt_thinking == 1, p.extra_eos_token_ids};
+    order.grammar.end_tokens.insert(order.grammar.end_tokens.begin(), p.eos_token_id);
+  }
 }
 
 /// This attempt's prompt is scored (generate_request::prompt_logprobs): asked, and not yet
@@ -422,7 +426,8 @@ void start_decode(request_pointer self) {
   }
   copy_sampling(p, order);
   order.writer_abandoned = st.writer_abandoned;
-  if (order.repetition_penalty != 1.0f || order.presence_penalty != 0.0f || order.frequency_penalty != 0.0f)
+  if (order.repetition_penalty != 1.0f || order.presence_penalty != 0.0f || order.frequency_penalty != 0.0f ||
+      order.grammar.kind != 0)
     order.prompt_tokens = fed_sequence(st);
   arm_watchdog(self);
   // No deadline on the whole generation: the watchdog bounds each token instead.

@@ -11,6 +11,7 @@
 
 #include "actors/request.hpp"
 #include "gpu/byte_tokenizer.hpp"
+#include "gpu/json_schema_grammar.hpp"
 
 namespace baton {
 
@@ -40,6 +41,20 @@ std::string check_logit_bias(const generate_request& req, uint32_t vocab_size) {
   std::sort(sorted.begin(), sorted.end());
   if (auto d = std::adjacent_find(sorted.begin(), sorted.end()); d != sorted.end())
     return "logit_bias names token " + std::to_string(*d) + " twice";
+  return {};
+}
+
+/// Constrained decoding: a known kind, a schema only with kind 2, and one the grammar compiler
+/// takes (its sentence names the keyword and where it is).
+std::string check_json_output(const generate_request& req) {
+  if (req.json_output > gpu::max_json_output)
+    return "json_output must be 0 (free text), 1 (a JSON object) or 2 (JSON matching json_schema), got " +
+           std::to_string(req.json_output);
+  if (req.json_output != static_cast<uint8_t>(gpu::json_output::schema) && !req.json_schema.empty())
+    return "json_schema is given, but json_output is not 2 (JSON matching a schema)";
+  if (req.json_output == 0) return {};
+  std::string why;
+  if (!gpu::json_grammar(static_cast<gpu::json_output>(req.json_output), req.json_schema, false, &why)) return why;
   return {};
 }
 
@@ -73,6 +88,7 @@ std::string tokenize_and_validate(generate_request& req, const gpu::model_config
       return "stop string " + std::to_string(i) + " is " + std::to_string(req.stop[i].size()) + " bytes; at most 1024";
   if (req.stop_token_ids.size() > 1024) return "at most 1024 stop_token_ids";
   if (auto e = check_logit_bias(req, model.vocab_size); !e.empty()) return e;
+  if (auto e = check_json_output(req); !e.empty()) return e;
   const uint32_t ctx = model.max_position_embeddings;
   const uint32_t limit = max_new_tokens_limit ? std::min(max_new_tokens_limit, ctx) : ctx;
   if (req.max_tokens < 0)

@@ -67,6 +67,9 @@ generate_request to_request(const request& r) {
     g.logit_bias_tokens.push_back(token);
     g.logit_bias_values.push_back(bias);
   }
+  // A schema wins; the router refuses json_output 1 with a schema, so no mix is sent.
+  g.json_output = !r.json_schema.empty() ? 2 : r.json_object ? 1 : 0;
+  g.json_schema = r.json_schema;
   g.stop = r.stop;
   g.stop_token_ids = r.stop_token_ids;
   g.ignore_eos = r.ignore_eos;

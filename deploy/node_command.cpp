@@ -267,6 +267,9 @@ int run_node(const std::vector<std::string>& args) {
     }
   }
   auto model = loaded.model;
+  // Constrained decoding walks the model's vocabulary on the ranks that pick tokens (a built-in
+  // model has no tokenizer here: the ranks use its byte vocabulary).
+  if (loaded.router.tokenizer) rank.vocabulary = prefill.vocabulary = loaded.router.tokenizer->vocabulary();
   if (eplb.slots_per_rank && expert_parallel < 2) {
     std::fprintf(stderr, "baton node: --eplb-slots places expert copies over EP ranks: it needs --expert-parallel N >= 2\n");
     return 2;

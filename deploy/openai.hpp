@@ -11,11 +11,12 @@
 // prompt (call::choice_request). Completions' echo returns the
 // prompt first, with its tokens' log-probabilities when logprobs is set (prompt scoring; max_tokens
 // 0 for the prompt alone), streamed too; vLLM's `prompt_logprobs: k` gives them in vLLM's shape,
-// on chat too. Chat takes tools (docs/chat-templates.md). Completions' best_of runs best_of
-// generations per prompt and answers the n with the highest log-probability per token. Fields
-// Baton cannot honour (echo on chat, a forced tool_choice, response_format)
-// are refused by name rather than ignored;
-// unknown fields are ignored, as OpenAI's servers do.
+// on chat too. Chat takes tools (docs/chat-templates.md), a forced tool_choice too, and
+// response_format's json_object and json_schema (docs/structured-outputs.md): those answers are
+// constrained to JSON as they are generated. Completions' best_of runs best_of generations per
+// prompt and answers the n with the highest log-probability per token. Fields Baton cannot
+// honour (echo on chat, the old `functions`) are refused by name rather than ignored; unknown
+// fields are ignored, as OpenAI's servers do.
 
 #include <algorithm>
 #include <cstddef>
@@ -59,6 +60,11 @@ struct call {
   /// The request gave tools (req.tools_json): how the model writes its calls
   /// (cluster_stats::chat_tool_calls), set by the gateway. Answers' calls go to `tool_calls`.
   gpu::tool_call_format tool_calls = gpu::tool_call_format::none;
+  /// A forced tool_choice, answered as JSON under a grammar (req.json_output): the answer is the
+  /// arguments of a call of this function ({type: "function", function: {name}}) ...
+  std::string forced_tool;
+  /// ... or, with "required", a list of calls, each {"name", "parameters"}.
+  bool forced_calls = false;
 
   uint32_t num_prompts() const {
     return static_cast<uint32_t>(std::max<size_t>(1, std::max(batch_texts.size(), batch_tokens.size())));
@@ -162,17 +168,26 @@ public:
   answer_reader(const call& c, uint8_t prompt_thinking)
     : reasoning_(c.separate_reasoning),
       tools_(c.tool_calls != gpu::tool_call_format::none),
+      forced_(!c.forced_tool.empty() || c.forced_calls),
+      forced_tool_(c.forced_tool),
       thinking_(prompt_thinking == 1),
       calls_(c.tool_calls) {}
   /// Whether it tells anything apart (else a chunk's text is shown as it is).
-  bool active() const { return reasoning_ || tools_; }
+  bool active() const { return reasoning_ || tools_ || forced_; }
   answer_parts feed(const std::string& text, bool last);
 
 private:
-  bool reasoning_, tools_;
+  bool reasoning_, tools_, forced_;
+  std::string forced_tool_;
+  std::string forced_text_;  ///< a forced call's JSON so far: read whole at the end
   reasoning_splitter thinking_;
   tool_call_splitter calls_;
 };
+
+/// A forced tool_choice's answer (call::forced_tool, call::forced_calls) read as its calls: the
+/// JSON is the named function's arguments, or a list of {"name", "parameters"}. An answer that
+/// does not read (cut by max_tokens) is content, whole.
+answer_parts read_forced_calls(const std::string& text, const std::string& forced_tool);
 
 /// Parses a request body; false and `err` (naming the field) when it is not acceptable.
 bool parse_body(std::string_view body, bool chat, const std::string& served_model, call* out, api_error* err);

@@ -4,6 +4,8 @@
 #include "actors/text_stream.hpp"
 #include "deploy/openai.hpp"
 
+#include <nlohmann/json.hpp>
+
 namespace baton::deploy::openai {
 
 namespace {
@@ -52,10 +54,40 @@ reasoning_splitter::parts split_reasoning(const std::string& text, bool opened) 
   return reasoning_splitter{opened}.feed(text, true);
 }
 
+answer_parts read_forced_calls(const std::string& text, const std::string& forced_tool) {
+  answer_parts out;
+  auto j = nested_too_deep(text) ? nlohmann::json() : nlohmann::json::parse(text, nullptr, false);
+  if (!forced_tool.empty() && j.is_object()) {
+    out.tool_calls.push_back({forced_tool, j.dump()});
+    return out;
+  }
+  if (forced_tool.empty() && j.is_array() && !j.empty()) {
+    for (const auto& c : j) {
+      if (!c.is_object() || !c.contains("name") || !c["name"].is_string() || !c.contains("parameters")) {
+        out.tool_calls.clear();
+        break;
+      }
+      out.tool_calls.push_back({c["name"].get<std::string>(), c["parameters"].dump()});
+    }
+    if (!out.tool_calls.empty()) return out;
+  }
+  out.content = text;
+  return out;
+}
+
 answer_parts answer_reader::feed(const std::string& text, bool last) {
   answer_parts out;
   if (reasoning_) out = thinking_.feed(text, last);
   else out.content = text;
+  if (forced_) {  // JSON to the end: its calls are read whole
+    forced_text_ += out.content;
+    out.content.clear();
+    if (!last) return out;
+    auto told = read_forced_calls(forced_text_, forced_tool_);
+    out.content = std::move(told.content);
+    out.tool_calls = std::move(told.tool_calls);
+    return out;
+  }
   if (tools_) {
     auto told = calls_.feed(out.content, last);
     out.content = std::move(told.content);

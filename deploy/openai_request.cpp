@@ -2,6 +2,7 @@
 // every field checked for its type and range, refused by name when wrong.
 
 #include "deploy/openai.hpp"
+#include "gpu/json_schema_grammar.hpp"
 
 #include <charconv>
 #include <cmath>
@@ -239,16 +240,20 @@ bool parse_messages(const json& j, const ordered_json& body, generate_request* r
 }
 
 /// OpenAI's tools: function definitions, kept in the client's key order for the template.
-/// tool_choice: "auto" (the default) or "none" (the tools are left out); a forced call needs
-/// constrained decoding, which Baton does not have.
-bool parse_tools(const json& j, const ordered_json& body, generate_request* req, api_error* err) {
+/// tool_choice: "auto" (the default), "none" (the tools are left out), or a forced call:
+/// "required" (one call or more, of any of the tools; one with parallel_tool_calls false) or
+/// {type: "function", function: {name}} (that one). A forced answer is constrained to JSON (the
+/// named function's parameters, or a list of {name, parameters}), which the gateway reads back
+/// as the calls (call::forced_tool, call::forced_calls), as vLLM does.
+bool parse_tools(const json& j, const ordered_json& body, call* out, api_error* err) {
+  generate_request* req = &out->req;
   auto it = j.find("tools");
-  if (it == j.end() || it->is_null() || (it->is_array() && it->empty())) return true;
-  if (!it->is_array()) {
+  const bool none = it == j.end() || it->is_null() || (it->is_array() && it->empty());
+  if (!none && !it->is_array()) {
     *err = bad("tools", "tools must be an array of {type: \"function\", function: {name, ...}}");
     return false;
   }
-  for (size_t k = 0; k < it->size(); ++k) {
+  for (size_t k = 0; !none && k < it->size(); ++k) {
     const auto& t = (*it)[k];
     if (!t.is_object() || !type_is(t, "function") || !t.contains("function") || !t["function"].is_object() ||
         !t["function"].contains("name") || !t["function"]["name"].is_string()) {
@@ -256,15 +261,81 @@ bool parse_tools(const json& j, const ordered_json& body, generate_request* req,
       return false;
     }
   }
+  // A function's parameters as a schema (none: it takes no arguments).
+  const auto parameters = [&](size_t k) {
+    const auto& f = body["tools"][k]["function"];
+    if (f.contains("parameters") && !f["parameters"].is_null()) return f["parameters"];
+    return ordered_json{{"type", "object"}, {"properties", ordered_json::object()}, {"additionalProperties", false}};
+  };
   if (auto c = j.find("tool_choice"); c != j.end() && !c->is_null()) {
     if (*c == "none") return true;
-    if (*c != "auto") {
-      *err = bad("tool_choice", "tool_choice may be \"auto\" or \"none\"; a forced call needs constrained decoding, "
-                                "which Baton does not have");
+    if (none && *c != "auto") {
+      *err = bad("tool_choice", "tool_choice forces a call, but the request gives no tools");
       return false;
     }
+    if (*c == "required") {
+      ordered_json calls = ordered_json::array();
+      for (size_t k = 0; k < it->size(); ++k)
+        calls.push_back({{"type", "object"},
+                         {"properties", {{"name", {{"const", (*it)[k]["function"]["name"]}}}, {"parameters", parameters(k)}}},
+                         {"required", {"name", "parameters"}},
+                         {"additionalProperties", false}});
+      ordered_json schema = {{"type", "array"}, {"items", {{"anyOf", calls}}}, {"minItems", 1}};
+      if (auto p = j.find("parallel_tool_calls"); p != j.end() && p->is_boolean() && !p->get<bool>()) schema["maxItems"] = 1;
+      req->json_schema = schema.dump();
+      out->forced_calls = true;
+    } else if (c->is_object() && type_is(*c, "function") && c->contains("function") && (*c)["function"].is_object() &&
+               (*c)["function"].contains("name") && (*c)["function"]["name"].is_string()) {
+      const auto name = (*c)["function"]["name"].get<std::string>();
+      size_t k = 0;
+      while (k < it->size() && (*it)[k]["function"]["name"] != name) ++k;
+      if (k == it->size()) {
+        *err = bad("tool_choice", "tool_choice names the function '" + name.substr(0, 64) + "', which tools lacks");
+        return false;
+      }
+      req->json_schema = parameters(k).dump();
+      out->forced_tool = name;
+    } else if (*c != "auto") {
+      *err = bad("tool_choice", "tool_choice must be \"auto\", \"none\", \"required\" or {type: \"function\", "
+                                "function: {name}}, got " + describe(*c));
+      return false;
+    }
+    if (!req->json_schema.empty()) req->json_output = static_cast<uint8_t>(gpu::json_output::schema);
   }
-  req->tools_json = body["tools"].dump();
+  if (!none) req->tools_json = body["tools"].dump();
+  return true;
+}
+
+/// response_format: {type: "text"} (the default), {type: "json_object"} (any JSON object), or
+/// {type: "json_schema", json_schema: {name, schema, strict}} (JSON matching the schema, in its
+/// key order). The answer is constrained to it (gpu/json_schema_grammar.hpp); a schema the
+/// grammar cannot honour is refused by the router, naming the keyword.
+bool parse_response_format(const json& j, const ordered_json& body, call* out, api_error* err) {
+  auto it = j.find("response_format");
+  if (it == j.end() || it->is_null()) return true;
+  const auto shape = [&] {
+    *err = bad("response_format", "response_format must be {type: \"text\"}, {type: \"json_object\"} or {type: "
+                                  "\"json_schema\", json_schema: {name, schema}}, got " + describe(*it));
+    return false;
+  };
+  if (!it->is_object() || !it->contains("type")) return shape();
+  if (type_is(*it, "text")) return true;
+  if (out->req.json_output != 0) {
+    *err = bad("response_format", "response_format cannot be combined with a forced tool_choice");
+    return false;
+  }
+  if (type_is(*it, "json_object")) {
+    out->req.json_output = static_cast<uint8_t>(gpu::json_output::object);
+    return true;
+  }
+  if (!type_is(*it, "json_schema") || !it->contains("json_schema") || !(*it)["json_schema"].is_object()) return shape();
+  const auto& spec = body["response_format"]["json_schema"];
+  if (!spec.contains("schema")) {
+    *err = bad("response_format", "response_format.json_schema needs its schema");
+    return false;
+  }
+  out->req.json_output = static_cast<uint8_t>(gpu::json_output::schema);
+  out->req.json_schema = spec["schema"].dump();
   return true;
 }
 
@@ -383,13 +454,9 @@ bool refuse_unsupported(const json& j, api_error* err) {
     *err = bad("suffix", "suffix is not supported");
     return false;
   }
-  for (const char* key : {"functions", "response_format"}) {
-    auto it = j.find(key);
-    if (it != j.end() && !it->is_null() && !(it->is_array() && it->empty()) && !(it->is_object() && it->empty())) {
-      if (std::string(key) == "response_format" && it->is_object() && type_is(*it, "text")) continue;
-      *err = bad(key, std::string(key) + " is not supported");
-      return false;
-    }
+  if (auto it = j.find("functions"); it != j.end() && !it->is_null() && !(it->is_array() && it->empty())) {
+    *err = bad("functions", "functions (the API's old form) is not supported: give tools");
+    return false;
   }
   return true;
 }
@@ -453,10 +520,11 @@ bool parse_checked_body(std::string_view body, bool chat, const std::string& ser
   if (out->model.empty()) out->model = served_model;
   if (!refuse_unsupported(j, err)) return false;
   auto& r = out->req;
+  // The body again, in its key order (JSON objects in a template print in that order, and a
+  // schema's properties come in it).
+  const auto ordered = ordered_json::parse(body, nullptr, false);
   if (chat) {
-    // The body again, in its key order (JSON objects in a template print in that order).
-    const auto ordered = ordered_json::parse(body, nullptr, false);
-    if (!parse_messages(j, ordered, &r, err) || !parse_tools(j, ordered, &r, err)) return false;
+    if (!parse_messages(j, ordered, &r, err) || !parse_tools(j, ordered, out, err)) return false;
   } else if (!parse_prompt(j, out, err)) {
     return false;
   } else if (auto t = j.find("tools"); t != j.end() && !t->is_null() && !(t->is_array() && t->empty())) {
@@ -500,6 +568,7 @@ bool parse_checked_body(std::string_view body, bool chat, const std::string& ser
   if (!number_field(j, "presence_penalty", -2, 2, &r.presence_penalty, err)) return false;
   if (!number_field(j, "frequency_penalty", -2, 2, &r.frequency_penalty, err)) return false;
   if (!parse_logit_bias(j, &r, err)) return false;
+  if (!parse_response_format(j, ordered, out, err)) return false;
   if (!number_field(j, "repetition_penalty", 0.01, 100, &r.repetition_penalty, err)) return false;
   if (!bool_field(j, "ignore_eos", &r.ignore_eos, err)) return false;
   if (!bool_field(j, "separate_reasoning", &out->reasoning_wanted, err)) return false;

@@ -35,6 +35,8 @@ class bpe_tokenizer {
   /// the vocabulary has no such token.
   bool show_special(const std::string& content);
   uint32_t vocab_size() const { return static_cast<uint32_t>(id_to_token_.size()); }
+  /// Whether the id is a special token (an added token marked special).
+  bool is_special(int32_t id) const { return id >= 0 && static_cast<size_t>(id) < is_special_.size() && is_special_[id]; }
 
   /// Decodes a stream of ids, emitting only complete UTF-8 characters: bytes of a character split
   /// across tokens wait for the rest.

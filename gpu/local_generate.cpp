@@ -1,5 +1,7 @@
 #include "gpu/local_generate.hpp"
 
+#include "gpu/grammar.hpp"
+
 #include <future>
 
 namespace baton::gpu {
@@ -32,7 +34,8 @@ forward_outcome run_blocking(executor& exec, forward_job job) {
 colocated_generation generate_colocated(executor& exec, const std::vector<int32_t>& prompt,
                                         uint32_t max_new_tokens, uint32_t chunk_tokens,
                                         const sampling_config& sampling, bool ignore_eos,
-                                        const after_prefill_fn& after_prefill) {
+                                        const after_prefill_fn& after_prefill,
+                                        std::shared_ptr<grammar_matcher> grammar) {
   colocated_generation out;
   auto& kv = exec.kv();
   const uint32_t total = static_cast<uint32_t>(prompt.size()) + max_new_tokens;
@@ -60,7 +63,8 @@ colocated_generation generate_colocated(executor& exec, const std::vector<int32_
   sampling_config how = sampling;
   how.output_from = static_cast<uint32_t>(prompt.size());  // presence and frequency: the output only
   while (out.error.empty() && out.tokens.size() < max_new_tokens) {
-    const int32_t tok = sample_token(last, how, pos, &history);
+    const int32_t tok = sample_token(last, seq_sampling{how, pos, history, false, 0, grammar});
+    if (grammar) grammar->accept(tok);
     history.push_back(tok);
     out.tokens.push_back(tok);
     out.step_logits.push_back(last);

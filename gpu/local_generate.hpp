@@ -37,10 +37,12 @@ using after_prefill_fn = std::function<void(kv_cache& kv, const std::vector<uint
 
 /// The colocated reference: prefill in chunks of `chunk_tokens`, then decode one token per
 /// step, all on one executor and one page table. Stops after `max_new_tokens`, or at <eos>
-/// unless `ignore_eos`.
+/// unless `ignore_eos`. `grammar`: constrained decoding, each pick one it allows (it follows
+/// the picks).
 colocated_generation generate_colocated(executor& exec, const std::vector<int32_t>& prompt,
                                         uint32_t max_new_tokens, uint32_t chunk_tokens,
                                         const sampling_config& sampling = {}, bool ignore_eos = false,
-                                        const after_prefill_fn& after_prefill = {});
+                                        const after_prefill_fn& after_prefill = {},
+                                        std::shared_ptr<grammar_matcher> grammar = nullptr);
 
 }  // namespace baton::gpu

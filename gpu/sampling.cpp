@@ -1,5 +1,7 @@
 #include "gpu/sampling.hpp"
 
+#include "gpu/grammar.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -171,8 +173,32 @@ int32_t sample_token(const std::vector<float>& logits, const sampling_config& cf
 }
 
 int32_t sample_token(std::span<const float> logits, const seq_sampling& s, sampling_scratch* scratch) {
-  return sample_token(logits, s.cfg, s.position,
-                      s.cfg.penalised() ? std::span<const int32_t>(s.history) : std::span<const int32_t>{}, scratch);
+  const auto history = s.cfg.penalised() ? std::span<const int32_t>(s.history) : std::span<const int32_t>{};
+  if (!s.grammar) return sample_token(logits, s.cfg, s.position, history, scratch);
+  sampling_scratch own;
+  sampling_scratch& sc = scratch ? *scratch : own;
+  if (s.cfg.temperature <= 0.0f) {
+    const int32_t best = sample_token(logits, s.cfg, s.position, history, &sc);
+    if (s.grammar->allows(best)) return best;
+  }
+  const auto& ends = s.grammar->end_tokens();
+  const int32_t fallback = ends.empty() ? 0 : ends.front();
+  if (s.grammar->allowed(&sc.allowed) == 0) return fallback;
+  // The grammar's mask is sized to its vocabulary; a row may be longer (padded embeddings).
+  sc.masked.assign(logits.begin(), logits.end());
+  int32_t first = -1;
+  bool any_number = false;
+  for (size_t i = 0; i < sc.masked.size(); ++i) {
+    if (i >= sc.allowed.size() || !sc.allowed[i]) {
+      sc.masked[i] = std::numeric_limits<float>::quiet_NaN();
+      continue;
+    }
+    if (first < 0) first = static_cast<int32_t>(i);
+    any_number = any_number || !std::isnan(sc.masked[i]);
+  }
+  if (first < 0) return fallback;
+  if (!any_number) return first;  // every allowed logit NaN: sample_token would say 0
+  return sample_token(std::span<const float>(sc.masked), s.cfg, s.position, history, &sc);
 }
 
 }  // namespace baton::gpu

@@ -1,11 +1,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <utility>
 #include <vector>
 
 namespace baton::gpu {
+
+class grammar_matcher;  // gpu/grammar.hpp
 
 struct sampling_config {
   float temperature = 0.0f;  ///< 0 = greedy (argmax, lowest id on ties)
@@ -43,6 +46,8 @@ struct sampling_scratch {
   std::vector<std::pair<int32_t, uint32_t>> counts;  ///< (token, times in the output) for the penalties
   std::vector<double> p;
   std::vector<uint32_t> idx;
+  std::vector<float> masked;     ///< a row with the tokens a grammar forbids made NaN
+  std::vector<uint8_t> allowed;  ///< the grammar's mask
 };
 
 /// Picks the token for position `position` of a sequence; `history` is every token before it
@@ -89,18 +94,26 @@ struct seq_sampling {
   std::vector<int32_t> history;  ///< every token before it, when cfg.penalised(); else unused
   bool want_logprobs = false;    ///< report the pick's token_logprobs (forward_output::logprobs)...
   uint32_t top_logprobs = 0;     ///< ... with this many alternatives
+  /// Constrained decoding: the pick is one of the tokens this grammar allows after the output so
+  /// far (null: any). Its owner (a rank) keeps it at this position until the pick is made.
+  std::shared_ptr<const grammar_matcher> grammar = nullptr;
   /// Whether the pick is an argmax of the raw logits, which needs no history and no draw (nor
   /// the row on the host afterwards, for log-probabilities).
-  bool plain_greedy() const { return cfg.temperature <= 0.0f && !cfg.adjusted() && !want_logprobs; }
+  bool plain_greedy() const { return cfg.temperature <= 0.0f && !cfg.adjusted() && !want_logprobs && !grammar; }
   /// Whether the pick is a draw over the whole vocabulary at a temperature (no top-k, no top-p,
   /// no penalties, no log-probabilities): one pass to sum, one to find the draw, which the CUDA
   /// backend runs on the device.
   bool plain_draw() const {
-    return cfg.temperature > 0.0f && cfg.top_k == 0 && cfg.top_p >= 1.0f && !cfg.adjusted() && !want_logprobs;
+    return cfg.temperature > 0.0f && cfg.top_k == 0 && cfg.top_p >= 1.0f && !cfg.adjusted() && !want_logprobs &&
+           !grammar;
   }
 };
 
-/// sample_token for one forward_seq::sample.
+/// sample_token for one forward_seq::sample; with a grammar, over the tokens it allows (the
+/// others' logits made NaN, so never picked; log-probabilities stay the raw row's). A greedy pick
+/// the grammar allows is the pick, without its mask: the argmax of the allowed tokens is the
+/// argmax of all of them whenever the grammar allows it. No token allowed (the grammar's output
+/// is over, or its vocabulary cannot spell what must come): the grammar's first end token.
 int32_t sample_token(std::span<const float> logits, const seq_sampling& s, sampling_scratch* scratch = nullptr);
 
 }  // namespace baton::gpu

@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -9,6 +10,7 @@
 #include "gpu/bpe_tokenizer.hpp"
 #include "gpu/byte_tokenizer.hpp"
 #include "gpu/chat_template.hpp"
+#include "gpu/grammar.hpp"
 
 namespace baton::gpu {
 
@@ -16,7 +18,7 @@ namespace {
 
 class bytes final : public tokenizer {
 public:
-  explicit bytes(const model_config& c) : t_(c.bos_token_id, c.eos_token_id) {}
+  explicit bytes(const model_config& c) : t_(c.bos_token_id, c.eos_token_id), vocab_size_(c.vocab_size) {}
   std::vector<int32_t> encode_prompt(const std::string& text) const override { return t_.encode(text); }
   std::string decode(const std::vector<int32_t>& ids) const override { return t_.decode(ids); }
   bool render_chat(const std::vector<chat_message>&, const chat_extras&, std::string*, std::string* why) const override {
@@ -24,9 +26,16 @@ public:
     return false;
   }
   std::string describe() const override { return "bytes"; }
+  std::shared_ptr<const token_vocabulary> vocabulary() const override {
+    std::call_once(vocab_once_, [&] { vocab_ = byte_vocabulary(vocab_size_); });
+    return vocab_;
+  }
 
 private:
   byte_tokenizer t_;
+  uint32_t vocab_size_;
+  mutable std::once_flag vocab_once_;
+  mutable std::shared_ptr<const token_vocabulary> vocab_;
 };
 
 /// A model directory's chat template, compiled (chat_template.hpp), or why it cannot be used.
@@ -158,6 +167,21 @@ public:
   }
   chat_reasoning reasoning() const override { return chat_.reasoning; }
   tool_call_format tool_calls() const override { return chat_.tool_calls; }
+  std::shared_ptr<const token_vocabulary> vocabulary() const override {
+    std::call_once(vocab_once_, [&] {
+      std::vector<std::string> text(t_->vocab_size());
+      std::vector<bool> special(text.size());
+      for (uint32_t id = 0; id < text.size(); ++id) {
+        text[id] = t_->decode({static_cast<int32_t>(id)}, false);
+        // A reasoning model's think markers are text to the grammar: an answer after a thinking
+        // block must be able to close it (Qwen3's and DeepSeek-R1's are plain added tokens, not
+        // every vocabulary's are).
+        special[id] = t_->is_special(static_cast<int32_t>(id)) && text[id] != "<think>" && text[id] != "</think>";
+      }
+      vocab_ = std::make_shared<token_vocabulary>(std::move(text), std::move(special));
+    });
+    return vocab_;
+  }
   std::string describe() const override {
     const char* thinking = chat_.reasoning == chat_reasoning::opened        ? " (answers start thinking)"
                            : chat_.reasoning == chat_reasoning::model_opens ? " (answers may think)"
@@ -171,6 +195,8 @@ private:
   std::unique_ptr<bpe_tokenizer> t_;
   int32_t bos_;
   chat_setup chat_;
+  mutable std::once_flag vocab_once_;
+  mutable std::shared_ptr<const token_vocabulary> vocab_;
 };
 
 std::string read_file(const std::string& path) {

@@ -16,6 +16,8 @@
 
 namespace baton::gpu {
 
+class token_vocabulary;  // gpu/grammar.hpp
+
 struct chat_message {
   std::string role;  ///< system | user | assistant | tool
   std::string content;
@@ -64,6 +66,8 @@ public:
   virtual chat_reasoning reasoning() const { return chat_reasoning::none; }
   /// How the model writes tool calls, as its template shows it (none: requests with tools are refused).
   virtual tool_call_format tool_calls() const { return tool_call_format::none; }
+  /// Each token's bytes, as constrained decoding walks them (made at the first call, then shared).
+  virtual std::shared_ptr<const token_vocabulary> vocabulary() const = 0;
 };
 
 /// The built-in model's tokenizer (one id per byte, <bos> first); no chat template.

@@ -33,6 +33,10 @@ struct request {
   float frequency_penalty = 0.0f;      ///< per time it has
   /// (token id, bias in [-100, 100]) added to that token's logit at every pick (OpenAI's logit_bias).
   std::vector<std::pair<int32_t, float>> logit_bias;
+  /// Constrained decoding: the answer is any JSON object (json_object), or JSON matching this
+  /// JSON schema's text (json_schema; see docs/structured-outputs.md for the keywords it takes).
+  bool json_object = false;
+  std::string json_schema;
   std::vector<std::string> stop;
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;

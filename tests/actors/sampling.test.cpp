@@ -14,6 +14,8 @@
 
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
 #include <caf/binary_deserializer.hpp>
 #include <caf/binary_serializer.hpp>
 #include <caf/typed_event_based_actor.hpp>
@@ -21,6 +23,7 @@
 #include "gpu/byte_tokenizer.hpp"
 #include "gpu/cpu_executor.hpp"
 #include "gpu/fault_executor.hpp"
+#include "gpu/json_schema_grammar.hpp"
 #include "transport/fault_proxy.hpp"
 #include "gpu/local_generate.hpp"
 #include "tests/actors/cluster_fixture.hpp"
@@ -159,6 +162,77 @@ TEST_CASE("logit_bias: banned tokens never come out, greedy or drawn, and the to
   CHECK(refused({5, 5}, {1.0f, 2.0f}).find("logit_bias names token 5 twice") != std::string::npos);
   CHECK(refused({5}, {-101.0f}).find("logit_bias of token 5 must be a number in [-100, 100]") != std::string::npos);
   CHECK(refused({5}, {}).find("logit_bias has 1 tokens but 0 values") != std::string::npos);
+}
+
+TEST_CASE("structured outputs: a JSON schema's answer parses and holds to it, greedy or drawn, disaggregated or "
+          "hybrid, with the colocated run's tokens under the same grammar; what the grammar cannot honour is refused") {
+  test::cluster_system t;
+  // A finite language: every answer ends (an end token is all the grammar allows at its end).
+  const std::string schema = R"({"type":"object","properties":{"color":{"enum":["red","green","blue"]},
+      "ok":{"type":"boolean"},"n":{"enum":[1,2,3]}},"required":["color","ok"],"additionalProperties":false})";
+  const std::string prompt = "Answer in JSON:";
+  constexpr int32_t max_tokens = 600;  // more than the longest sentence, whitespace and all
+  for (const bool hybrid : {false, true})
+    for (const float temperature : {0.0f, 1.0f}) {
+      CAPTURE(hybrid);
+      CAPTURE(temperature);
+      auto cfg = small_cluster();
+      // Hybrid PD: the prompt is prefilled on the decode rank, whose step picks the first token.
+      if (hybrid) cfg.router.request.hybrid_prefill_below_tokens = 1000;
+      auto cluster = start_local_cluster(t.sys, cfg);
+      test::cluster_system::stopper stop{t, cluster};
+      generate_request req;
+      req.prompt = prompt;
+      req.max_tokens = max_tokens;
+      req.temperature = temperature;
+      req.seed = 11;
+      req.json_output = static_cast<uint8_t>(gpu::json_output::schema);
+      req.json_schema = schema;
+      auto got = t.generate(cluster.router, req);
+      REQUIRE_MESSAGE(got, t.sys.render(got.error()));
+      CAPTURE(got->text);
+      CHECK(got->finish_reason == "eos");
+      // The built-in model's weights are random: without the grammar this is never JSON.
+      const auto j = nlohmann::json::parse(got->text, nullptr, false);
+      REQUIRE(j.is_object());
+      CHECK((j["color"] == "red" || j["color"] == "green" || j["color"] == "blue"));
+      CHECK(j["ok"].is_boolean());
+      CHECK(j.size() == (j.contains("n") ? 3u : 2u));
+      std::string why;
+      auto grammar = gpu::json_grammar(gpu::json_output::schema, schema, false, &why);
+      REQUIRE(grammar);
+      auto matcher = std::make_shared<gpu::grammar_matcher>(grammar, gpu::byte_vocabulary(cfg.model.vocab_size),
+                                                            std::vector<int32_t>{cfg.model.eos_token_id});
+      auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
+      auto exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
+      const auto ref = gpu::generate_colocated(*exec, encode(cfg, prompt), max_tokens, chunk_tokens,
+                                               gpu::sampling_config{temperature, 11}, false, {}, matcher);
+      CHECK(got->tokens == ref.tokens);
+      if (hybrid || temperature > 0.0f) continue;
+      // Any JSON object: it opens as one (its language has no end, so it may run to max_tokens).
+      req.json_output = static_cast<uint8_t>(gpu::json_output::object);
+      req.json_schema.clear();
+      req.max_tokens = 40;
+      auto object = t.generate(cluster.router, req);
+      REQUIRE_MESSAGE(object, t.sys.render(object.error()));
+      REQUIRE_FALSE(object->text.empty());
+      CHECK(object->text[0] == '{');
+      if (object->finish_reason == "eos") CHECK(nlohmann::json::parse(object->text, nullptr, false).is_object());
+      auto refused = [&](uint8_t kind, const std::string& s) {
+        auto bad = req;
+        bad.json_output = kind;
+        bad.json_schema = s;
+        auto r = t.generate(cluster.router, bad);
+        REQUIRE_FALSE(r);
+        return t.sys.render(r.error());
+      };
+      CHECK(refused(2, R"({"type":"string","pattern":"^a+$"})").find("json_schema at /: the keyword 'pattern' is not "
+                                                                    "supported") != std::string::npos);
+      CHECK(refused(2, R"({"type":"object","properties":{"a":{"$ref":"#/nowhere"}}})")
+                .find("json_schema at /properties/a/$ref: $ref '#/nowhere' names nothing") != std::string::npos);
+      CHECK(refused(1, schema).find("json_schema is given, but json_output is not 2") != std::string::npos);
+      CHECK(refused(3, "").find("json_output must be 0 (free text), 1 (a JSON object) or 2") != std::string::npos);
+    }
 }
 
 TEST_CASE("logprobs: each token's log-probability and its step's top tokens are the log-softmax of the logits that "

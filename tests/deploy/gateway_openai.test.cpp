@@ -419,3 +419,64 @@ TEST_CASE("tools over HTTP: a model whose template asks for <tool_call>s is show
   CHECK(refused.status == 400);
   CHECK(refused.body.find("tools need a model whose chat template asks for tool calls") != std::string::npos);
 }
+
+TEST_CASE("structured outputs over HTTP: a json_schema answer is JSON that holds to the schema, whole and streamed "
+          "alike; a forced tool_choice comes back as tool_calls whose arguments hold to the function's parameters") {
+  std::ifstream in{BATON_SOURCE_DIR "/tests/data/chat_templates/chatml_tools.jinja"};
+  std::stringstream tmpl;
+  tmpl << in.rdbuf();
+  const templated_model hermes{"hermes-json", tmpl.str()};
+  // Room for the tools' preamble: the tiny model's 256 positions would leave a call 8 tokens
+  // (its RoPE runs on past them; the answers need not be good, only well-formed).
+  json config = json::parse(std::ifstream{BATON_SOURCE_DIR "/models/baton-kjv-tiny/config.json"});
+  config["max_position_embeddings"] = 1024;
+  std::filesystem::remove(hermes.path / "config.json");
+  std::ofstream{hermes.path / "config.json"} << config.dump();
+  served_cluster s{{}, 0, 0, hermes.path.string()};
+  // The trained built-in model (byte-level BPE) writes Bible verses, never JSON, unless made to.
+  const std::string format = R"("response_format":{"type":"json_schema","json_schema":{"name":"v","schema":
+      {"type":"object","properties":{"book":{"enum":["Genesis","Exodus"]},"verse":{"type":"boolean"}},
+       "required":["book","verse"]}}})";
+  const std::string body = R"({"prompt":"In the beginning","max_tokens":200,)" + format;
+  const auto whole = round_trip(s.gateway.port, post("/v1/completions", body + "}"));
+  REQUIRE(whole.status == 200);
+  const auto answer = json::parse(whole.body)["choices"][0];
+  CHECK(answer["finish_reason"] == "stop");
+  const auto j = json::parse(answer["text"].get<std::string>());
+  CHECK((j["book"] == "Genesis" || j["book"] == "Exodus"));
+  CHECK(j["verse"].is_boolean());
+  const auto streamed = round_trip(s.gateway.port, post("/v1/completions", body + R"(,"stream":true})"));
+  REQUIRE(streamed.status == 200);
+  std::vector<json> chunks;
+  CHECK(sse_text(streamed.body, &chunks) == answer["text"].get<std::string>());
+  // A schema the grammar cannot hold to is refused, naming the keyword.
+  const auto refused = round_trip(
+      s.gateway.port, post("/v1/completions", R"({"prompt":"x","response_format":{"type":"json_schema","json_schema":
+          {"name":"v","schema":{"type":"string","format":"email"}}}})"));
+  CHECK(refused.status == 400);
+  CHECK(refused.body.find("the keyword 'format' is not supported") != std::string::npos);
+
+  const std::string chat = R"({"messages":[{"role":"user","content":"Weather in Paris?"}],"max_tokens":200,
+      "tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object",
+        "properties":{"city":{"enum":["Paris","Oslo"]},"celsius":{"type":"boolean"}},"required":["city"]}}}],
+      "tool_choice":{"type":"function","function":{"name":"get_weather"}})";
+  const auto called = round_trip(s.gateway.port, post("/v1/chat/completions", chat + "}"));
+  REQUIRE_MESSAGE(called.status == 200, called.body);
+  const auto choice = json::parse(called.body)["choices"][0];
+  CHECK(choice["finish_reason"] == "tool_calls");
+  REQUIRE(choice["message"]["tool_calls"].size() == 1);
+  const auto& call = choice["message"]["tool_calls"][0]["function"];
+  CHECK(call["name"] == "get_weather");
+  const auto args = json::parse(call["arguments"].get<std::string>());
+  CHECK((args["city"] == "Paris" || args["city"] == "Oslo"));
+  const auto called_streamed = round_trip(s.gateway.port, post("/v1/chat/completions", chat + R"(,"stream":true})"));
+  REQUIRE(called_streamed.status == 200);
+  std::vector<json> events;
+  sse_text(called_streamed.body, &events, true);
+  json streamed_calls;
+  for (const auto& ev : events)
+    if (ev.is_object() && !ev["choices"].empty() && ev["choices"][0]["delta"].contains("tool_calls"))
+      streamed_calls = ev["choices"][0]["delta"]["tool_calls"];
+  REQUIRE(streamed_calls.size() == 1);
+  CHECK(streamed_calls[0]["function"]["arguments"] == call["arguments"]);
+}

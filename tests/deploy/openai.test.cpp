@@ -226,6 +226,10 @@ TEST_CASE("OpenAI request bodies map onto generate_request, and refusals name th
   // an exception through the gateway (these threw nlohmann's type_error, and the connection died).
   CHECK(refused(R"({"messages":[{"role":"user","content":[{"type":1,"text":"x"}]}]})", true).param == "messages[0].content");
   CHECK(refused(R"({"prompt":"a","response_format":{"type":5}})").param == "response_format");
+  CHECK(refused(R"({"prompt":"a","response_format":{"type":"json_schema"}})").param == "response_format");
+  CHECK(refused(R"({"prompt":"a","response_format":{"type":"json_schema","json_schema":{"name":"x"}}})").message ==
+        "response_format.json_schema needs its schema");
+  CHECK(refused(R"({"prompt":"a","functions":[{"name":"f"}]})").param == "functions");
   // Nesting 100,000 deep in a number field: printing it for the message recursed that deep and
   // crashed the process.
   const std::string deep = R"({"prompt":"a","max_tokens":)" + std::string(100000, '[') + std::string(100000, ']') + "}";
@@ -599,7 +603,7 @@ TEST_CASE("tools: OpenAI's tools and tool_choice, tool results and an assistant'
   REQUIRE(deploy::openai::parse_body(R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"none",)" + tools + "}", true,
                                      "m", &c, &e));
   CHECK(c.req.tools_json.empty());  // "none": the model is not shown them
-  CHECK_FALSE(deploy::openai::parse_body(R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"required",)" + tools + "}",
+  CHECK_FALSE(deploy::openai::parse_body(R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"maybe",)" + tools + "}",
                                          true, "m", &c, &e));
   CHECK(e.param == "tool_choice");
   CHECK_FALSE(deploy::openai::parse_body(R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"code"}]})", true, "m", &c, &e));
@@ -756,4 +760,74 @@ TEST_CASE("tool calls in Llama 3.1's, Mistral's, DeepSeek's and Kimi-K2's forms:
   CHECK(choice["finish_reason"] == "tool_calls");
   CHECK(choice["message"]["content"].is_null());
   CHECK(choice["message"]["tool_calls"][0]["function"]["arguments"] == R"({"x":1})");
+}
+
+TEST_CASE("structured outputs: response_format and a forced tool_choice become a JSON grammar's request, and the "
+          "forced answer reads back as the calls") {
+  deploy::openai::call c;
+  deploy::openai::api_error e;
+  REQUIRE(deploy::openai::parse_body(R"({"prompt":"a","response_format":{"type":"text"}})", false, "m", &c, &e));
+  CHECK(c.req.json_output == 0);
+  REQUIRE(deploy::openai::parse_body(R"({"prompt":"a","response_format":{"type":"json_object"}})", false, "m", &c, &e));
+  CHECK(c.req.json_output == 1);
+  CHECK(c.req.json_schema.empty());
+  // The schema keeps the client's key order: its properties are written in it.
+  REQUIRE(deploy::openai::parse_body(
+      R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":
+          {"name":"p","strict":true,"schema":{"type":"object","properties":{"zeta":{"type":"integer"},"alpha":{"type":"string"}}}}}})",
+      true, "m", &c, &e));
+  CHECK(c.req.json_output == 2);
+  CHECK(c.req.json_schema == R"({"type":"object","properties":{"zeta":{"type":"integer"},"alpha":{"type":"string"}}})");
+
+  const std::string tools = R"("tools":[{"type":"function","function":{"name":"get_weather","parameters":
+      {"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}},
+      {"type":"function","function":{"name":"now"}}])";
+  const std::string chat = R"({"messages":[{"role":"user","content":"x"}],)";
+  REQUIRE(deploy::openai::parse_body(chat + R"("tool_choice":{"type":"function","function":{"name":"get_weather"}},)" + tools + "}",
+                                     true, "m", &c, &e));
+  CHECK(c.forced_tool == "get_weather");
+  CHECK(c.req.json_output == 2);
+  CHECK(c.req.json_schema == R"({"type":"object","properties":{"city":{"type":"string"}},"required":["city"]})");
+  CHECK_FALSE(c.req.tools_json.empty());  // the model still sees them
+  REQUIRE(deploy::openai::parse_body(chat + R"("tool_choice":"required","parallel_tool_calls":false,)" + tools + "}", true, "m",
+                                     &c, &e));
+  CHECK(c.forced_calls);
+  const auto schema = json::parse(c.req.json_schema);
+  CHECK(schema["type"] == "array");
+  CHECK(schema["minItems"] == 1);
+  CHECK(schema["maxItems"] == 1);
+  CHECK(schema["items"]["anyOf"].size() == 2);
+  CHECK(schema["items"]["anyOf"][1]["properties"]["name"] == json{{"const", "now"}});
+  // A function without parameters takes an empty object.
+  CHECK(schema["items"]["anyOf"][1]["properties"]["parameters"]["additionalProperties"] == false);
+  CHECK_FALSE(deploy::openai::parse_body(chat + R"("tool_choice":{"type":"function","function":{"name":"nope"}},)" + tools + "}",
+                                         true, "m", &c, &e));
+  CHECK(e.message == "tool_choice names the function 'nope', which tools lacks");
+  CHECK_FALSE(deploy::openai::parse_body(chat + R"("tool_choice":"required"})", true, "m", &c, &e));
+  CHECK(e.message == "tool_choice forces a call, but the request gives no tools");
+  CHECK_FALSE(deploy::openai::parse_body(chat + R"("tool_choice":"required","response_format":{"type":"json_object"},)" + tools +
+                                             "}",
+                                         true, "m", &c, &e));
+  CHECK(e.message == "response_format cannot be combined with a forced tool_choice");
+
+  // Reading the forced answers back, whole and streamed: the JSON is the calls.
+  deploy::openai::call named;
+  named.chat = true;
+  named.forced_tool = "get_weather";
+  deploy::openai::answer_reader r{named, 0};
+  CHECK(r.active());
+  auto part = r.feed(R"({"city": )", false);
+  CHECK(part.content.empty());
+  CHECK(part.tool_calls.empty());
+  part = r.feed(R"("Paris"})", true);
+  REQUIRE(part.tool_calls.size() == 1);
+  CHECK(part.tool_calls[0].name == "get_weather");
+  CHECK(part.tool_calls[0].arguments == R"({"city":"Paris"})");
+  const auto list = deploy::openai::read_forced_calls(R"([{"name":"now","parameters":{}}, {"name":"get_weather","parameters":{"city":"Oslo"}}])", "");
+  REQUIRE(list.tool_calls.size() == 2);
+  CHECK(list.tool_calls[1].arguments == R"({"city":"Oslo"})");
+  // Cut by max_tokens: no calls, the text is content, whole.
+  const auto cut = deploy::openai::read_forced_calls(R"({"city": "Par)", "get_weather");
+  CHECK(cut.tool_calls.empty());
+  CHECK(cut.content == R"({"city": "Par)");
 }

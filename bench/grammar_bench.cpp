@@ -1,0 +1,124 @@
+// Constrained decoding's cost per token: the vocabulary walk (grammar_matcher::allowed) that finds
+// every token a JSON grammar allows next, on a synthetic byte-level vocabulary of a real model's
+// size, at the states an answer passes through. Next to it, in the same run, what the walk
+// replaces: checking each token on its own (grammar_matcher::allows, the per-token cost a sampler
+// without a trie pays), and the greedy fast path's single check (sampling.cpp takes it whenever
+// the model's own pick is allowed, which is most steps of a well-prompted model).
+// Usage: baton_bench_grammar [--vocab N] [--reps N]
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench/bench_stats.hpp"
+#include "gpu/json_schema_grammar.hpp"
+
+using namespace baton::gpu;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+/// Tokens as byte-level BPE vocabularies look: words with and without a leading space, word
+/// pieces, numbers, punctuation runs, whitespace runs; every byte alone too.
+std::shared_ptr<const token_vocabulary> synthetic_vocabulary(uint32_t n) {
+  std::mt19937 rng(42);
+  const std::string letters = "etaoinshrdlcumwfgypbvkjxqz";
+  std::vector<std::string> text;
+  for (int b = 0; b < 256; ++b) text.emplace_back(1, static_cast<char>(b));
+  while (text.size() < n) {
+    std::string t;
+    const unsigned kind = rng() % 100;
+    if (kind < 70) {  // a word or a piece of one
+      if (rng() % 2) t += ' ';
+      const unsigned len = 1 + rng() % 9;
+      for (unsigned i = 0; i < len; ++i) t += letters[std::min<size_t>(rng() % 26, rng() % 26)];
+      if (rng() % 8 == 0) t[t[0] == ' ' ? 1 : 0] = static_cast<char>(std::toupper(t[t[0] == ' ' ? 1 : 0]));
+    } else if (kind < 80) {
+      const unsigned len = 1 + rng() % 3;
+      for (unsigned i = 0; i < len; ++i) t += static_cast<char>('0' + rng() % 10);
+    } else if (kind < 95) {
+      const std::string punct = "{}[]\":,.;!?()'-_/\\<>=+*&%$#@";
+      const unsigned len = 1 + rng() % 3;
+      for (unsigned i = 0; i < len; ++i) t += punct[rng() % punct.size()];
+    } else {
+      t = std::string(1 + rng() % 8, rng() % 2 ? ' ' : '\n');
+    }
+    text.push_back(std::move(t));
+  }
+  std::vector<bool> special(text.size(), false);
+  text.push_back("<|end|>");
+  special.push_back(true);
+  return std::make_shared<token_vocabulary>(std::move(text), std::move(special));
+}
+
+template <class F>
+double median_us(int reps, F&& f) {
+  std::vector<double> us;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = clock_type::now();
+    f();
+    us.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - t0).count());
+  }
+  return baton::bench::median(us);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  uint32_t vocab_size = 151643;  // Qwen2.5's byte-level BPE vocabulary
+  int reps = 5;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--vocab")) vocab_size = static_cast<uint32_t>(std::stoul(argv[i + 1]));
+    else if (!std::strcmp(argv[i], "--reps")) reps = std::stoi(argv[i + 1]);
+  }
+  const auto t0 = clock_type::now();
+  const auto vocab = synthetic_vocabulary(vocab_size);
+  const double build_ms = std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
+  const int32_t end = static_cast<int32_t>(vocab->size() - 1);
+  std::printf("vocabulary: %u tokens, trie of %zu nodes built in %.0f ms\n", vocab->size(), vocab->trie().size(), build_ms);
+  const std::string schema = R"({"type":"object","properties":{"name":{"type":"string"},"age":{"type":"integer"},
+      "tags":{"type":"array","items":{"enum":["red","green","blue"]}}},"required":["name","age","tags"]})";
+  struct state {
+    const char* what;
+    bool any_object;
+    std::string text;  // the answer so far
+  };
+  const std::vector<state> states = {
+      {"json_object, at the start", true, ""},
+      {"json_object, inside a string", true, "{\"note\": \"The quick brown"},
+      {"schema, after a key", false, "{\"name\":"},
+      {"schema, inside a number", false, "{\"name\": \"Ada\", \"age\": 3"},
+      {"schema, an enum's string", false, "{\"name\": \"Ada\", \"age\": 36, \"tags\": [\"gr"},
+  };
+  std::printf("| state | allowed | walk (allowed) us | per-token checks us | walk speedup | one check us |\n");
+  std::printf("|---|---:|---:|---:|---:|---:|\n");
+  for (const auto& s : states) {
+    std::string why;
+    auto g = json_grammar(s.any_object ? json_output::object : json_output::schema, s.any_object ? "" : schema, false, &why);
+    grammar_matcher m(g, vocab, {end});
+    if (!m.accept_bytes(s.text)) {
+      std::printf("bad state text: %s\n", s.text.c_str());
+      return 1;
+    }
+    std::vector<uint8_t> mask;
+    size_t allowed = 0;
+    const double walk = median_us(reps, [&] { allowed = m.allowed(&mask); });
+    size_t checked = 0;
+    const double each = median_us(std::max(1, reps / 2), [&] {
+      checked = 0;
+      for (uint32_t t = 0; t < vocab->size(); ++t) checked += m.allows(static_cast<int32_t>(t));
+    });
+    if (checked != allowed) {
+      std::printf("MISMATCH: walk allows %zu, per-token checks %zu\n", allowed, checked);
+      return 1;
+    }
+    int32_t some = 0;
+    while (some < end && !mask[some]) ++some;
+    const double one = median_us(reps * 20, [&] { (void)m.allows(some); });
+    std::printf("| %s | %zu | %.0f | %.0f | %.1fx | %.2f |\n", s.what, allowed, walk, each, each / walk, one);
+  }
+  return 0;
+}

@@ -1,0 +1,313 @@
+#include "gpu/grammar.hpp"
+
+#include <algorithm>
+
+namespace baton::gpu {
+
+// --- grammar -------------------------------------------------------------------------------------
+
+uint32_t grammar::add_rule() {
+  alternatives_.emplace_back();
+  return static_cast<uint32_t>(alternatives_.size() - 1);
+}
+
+void grammar::add_alternative(uint32_t rule, const std::vector<symbol>& symbols) {
+  alternatives_[rule].push_back(static_cast<uint32_t>(elements_.size()));
+  for (const auto& s : symbols) {
+    if (s.is_rule) {
+      elements_.push_back({kind::rule, s.rule});
+      continue;
+    }
+    // Sets repeat (every string's body is the same set): one copy each.
+    auto it = std::find(sets_.begin(), sets_.end(), s.set);
+    if (it == sets_.end()) it = sets_.insert(sets_.end(), s.set);
+    elements_.push_back({kind::bytes, static_cast<uint32_t>(it - sets_.begin())});
+  }
+  elements_.push_back({kind::end, 0});
+}
+
+grammar::symbol grammar::byte(uint8_t b) { return range(b, b); }
+
+grammar::symbol grammar::range(uint8_t lo, uint8_t hi) {
+  symbol s;
+  for (unsigned b = lo; b <= hi; ++b) s.set[b >> 6] |= uint64_t{1} << (b & 63);
+  return s;
+}
+
+grammar::symbol grammar::except(std::string_view bytes) {
+  symbol s = range(0, 255);
+  for (char c : bytes) {
+    const auto b = static_cast<uint8_t>(c);
+    s.set[b >> 6] &= ~(uint64_t{1} << (b & 63));
+  }
+  return s;
+}
+
+std::vector<grammar::symbol> grammar::literal(std::string_view text) {
+  std::vector<symbol> out;
+  for (char c : text) out.push_back(byte(static_cast<uint8_t>(c)));
+  return out;
+}
+
+// --- token_vocabulary ----------------------------------------------------------------------------
+
+token_vocabulary::token_vocabulary(std::vector<std::string> text, std::vector<bool> special)
+    : text_(std::move(text)), special_(std::move(special)) {
+  special_.resize(text_.size(), false);
+  std::vector<int32_t> ids;
+  for (size_t i = 0; i < text_.size(); ++i)
+    if (is_text(static_cast<int32_t>(i))) ids.push_back(static_cast<int32_t>(i));
+  // In byte order, tokens sharing a prefix are neighbours: each new token adds nodes only past
+  // the prefix it shares with the one before.
+  std::stable_sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return text_[a] < text_[b]; });
+  std::vector<uint32_t> path;  // the nodes of the previous token's text
+  const std::string* prev = nullptr;
+  for (int32_t id : ids) {
+    const std::string& t = text_[id];
+    size_t common = 0;
+    if (prev)
+      while (common < path.size() && common < t.size() && (*prev)[common] == t[common]) ++common;
+    for (; path.size() > common; path.pop_back()) trie_[path.back()].skip = static_cast<uint32_t>(trie_.size());
+    for (size_t k = path.size(); k < t.size(); ++k) {
+      path.push_back(static_cast<uint32_t>(trie_.size()));
+      trie_.push_back({0, static_cast<uint16_t>(std::min<size_t>(k + 1, UINT16_MAX)), static_cast<uint8_t>(t[k]), 0, 0});
+    }
+    auto& node = trie_[path.back()];
+    if (node.end_token != trie_tokens_.size() || node.first_token == node.end_token)
+      node.first_token = static_cast<uint32_t>(trie_tokens_.size());
+    trie_tokens_.push_back(id);
+    node.end_token = static_cast<uint32_t>(trie_tokens_.size());
+    prev = &t;
+  }
+  for (; !path.empty(); path.pop_back()) trie_[path.back()].skip = static_cast<uint32_t>(trie_.size());
+}
+
+bool token_vocabulary::is_text(int32_t id) const {
+  return id >= 0 && static_cast<size_t>(id) < text_.size() && !special_[id] && !text_[id].empty() &&
+         text_[id].size() < UINT16_MAX;
+}
+
+std::shared_ptr<const token_vocabulary> byte_vocabulary(uint32_t vocab_size) {
+  std::vector<std::string> text(vocab_size);
+  std::vector<bool> special(vocab_size, true);
+  for (uint32_t i = 0; i < vocab_size && i < 256; ++i) {
+    text[i] = std::string(1, static_cast<char>(i));
+    special[i] = false;
+  }
+  return std::make_shared<token_vocabulary>(std::move(text), std::move(special));
+}
+
+// --- grammar_matcher -----------------------------------------------------------------------------
+
+/// Stacks as shared, interned linked lists: a stack is the id of its top node, a node is (position,
+/// the stack below it), and equal stacks get equal ids. So following a byte copies no stack, and a
+/// set of stacks is a sorted list of ids. Id 0 is the empty stack (the output matched).
+struct grammar_arena {
+  struct node {
+    uint32_t pos, below;
+  };
+  std::vector<node> nodes;
+  std::unordered_map<uint64_t, uint32_t> ids;
+  /// What a node whose top is a rule expands to (the byte-set tops and 0), computed once.
+  std::unordered_map<uint32_t, std::vector<uint32_t>> expanded;
+  std::vector<uint32_t> work;
+
+  void reset() {
+    nodes.assign(1, {0, 0});
+    ids.clear();
+    expanded.clear();
+  }
+  uint32_t intern(uint32_t pos, uint32_t below) {
+    const uint64_t key = uint64_t{pos} << 32 | below;
+    auto [it, fresh] = ids.try_emplace(key, static_cast<uint32_t>(nodes.size()));
+    if (fresh) nodes.push_back({pos, below});
+    return it->second;
+  }
+};
+
+namespace {
+
+/// Right recursion never deepens a stack (a rule's last symbol leaves nothing behind), so only a
+/// left-recursive or runaway grammar nests this deep: it is cut off there rather than loop.
+constexpr int max_expand_depth = 256;
+/// More parses alive at once than any JSON grammar keeps (an ambiguous one could multiply them):
+/// past it the rest are dropped, which only narrows what may follow, never widens it.
+constexpr size_t max_live_stacks = 4096;
+
+
+/// The stacks a stack becomes once every rule on its top is expanded: tops that are byte sets, and
+/// 0 when the stack empties (the output may end here).
+void expand(const grammar& g, grammar_arena& a, uint32_t id, std::vector<uint32_t>& out, int depth = 0) {
+  if (id == 0) {
+    out.push_back(0);
+    return;
+  }
+  const auto [pos, below] = a.nodes[id];
+  const auto& e = g.elements()[pos];
+  if (e.k == grammar::kind::bytes) {
+    out.push_back(id);
+    return;
+  }
+  if (depth > max_expand_depth) return;
+  // Known, or being expanded further up this very walk (a rule that starts with itself, which
+  // well-formed grammars never write): then it adds nothing, and the walk stays linear.
+  auto [it, fresh] = a.expanded.try_emplace(id);
+  if (!fresh) {
+    out.insert(out.end(), it->second.begin(), it->second.end());
+    return;
+  }
+  std::vector<uint32_t> mine;
+  // What follows the rule in its alternative; nothing when the rule ends it (no frame is kept for
+  // a finished alternative, so right recursion runs in constant depth).
+  const uint32_t after = g.elements()[pos + 1].k == grammar::kind::end ? below : a.intern(pos + 1, below);
+  for (uint32_t start : g.alternatives(e.value))
+    expand(g, a, g.elements()[start].k == grammar::kind::end ? after : a.intern(start, after), mine, depth + 1);
+  std::sort(mine.begin(), mine.end());
+  mine.erase(std::unique(mine.begin(), mine.end()), mine.end());
+  out.insert(out.end(), mine.begin(), mine.end());
+  a.expanded[id] = std::move(mine);
+}
+
+/// The stacks after byte `b`: each top whose set holds it moves on (and expands).
+void advance(const grammar& g, grammar_arena& a, const std::vector<uint32_t>& tops, uint8_t b,
+             std::vector<uint32_t>& out) {
+  out.clear();
+  for (uint32_t id : tops) {
+    if (id == 0) continue;
+    const auto [pos, below] = a.nodes[id];
+    if (!grammar::has(g.sets()[g.elements()[pos].value], b)) continue;
+    expand(g, a, g.elements()[pos + 1].k == grammar::kind::end ? below : a.intern(pos + 1, below), out);
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  if (out.size() > max_live_stacks) out.resize(max_live_stacks);
+}
+
+}  // namespace
+
+grammar_matcher::grammar_matcher(std::shared_ptr<const grammar> g, std::shared_ptr<const token_vocabulary> vocab,
+                                 std::vector<int32_t> end_tokens)
+    : g_(std::move(g)), vocab_(std::move(vocab)), end_tokens_(std::move(end_tokens)), arena_(std::make_unique<grammar_arena>()) {
+  arena_->reset();
+  std::vector<uint32_t> tops;
+  for (uint32_t start : g_->alternatives(g_->start()))
+    expand(*g_, *arena_, g_->elements()[start].k == grammar::kind::end ? 0 : arena_->intern(start, 0),
+                         tops);
+  std::sort(tops.begin(), tops.end());
+  tops.erase(std::unique(tops.begin(), tops.end()), tops.end());
+  for (uint32_t id : tops) {
+    std::vector<uint32_t> stack;
+    for (; id != 0; id = arena_->nodes[id].below) stack.push_back(arena_->nodes[id].pos);
+    std::reverse(stack.begin(), stack.end());
+    stacks_.push_back(std::move(stack));
+  }
+}
+
+grammar_matcher::grammar_matcher(const grammar_matcher& o)
+    : g_(o.g_), vocab_(o.vocab_), end_tokens_(o.end_tokens_), stacks_(o.stacks_), consumed_(o.consumed_),
+      ended_(o.ended_), arena_(std::make_unique<grammar_arena>()) {}
+
+grammar_matcher::~grammar_matcher() = default;
+
+namespace {
+
+/// The matcher's stacks as arena ids (a fresh arena: ids from earlier walks are gone).
+std::vector<uint32_t> load(grammar_arena& a, const std::vector<std::vector<uint32_t>>& stacks) {
+  a.reset();
+  std::vector<uint32_t> tops;
+  for (const auto& s : stacks) {
+    uint32_t id = 0;
+    for (uint32_t pos : s) id = a.intern(pos, id);
+    tops.push_back(id);
+  }
+  std::sort(tops.begin(), tops.end());
+  tops.erase(std::unique(tops.begin(), tops.end()), tops.end());
+  return tops;
+}
+
+bool follows(const grammar& g, grammar_arena& a, std::vector<uint32_t>& tops, std::string_view bytes) {
+  std::vector<uint32_t> next;
+  for (char c : bytes) {
+    advance(g, a, tops, static_cast<uint8_t>(c), next);
+    if (next.empty()) return false;
+    tops.swap(next);
+  }
+  return true;
+}
+
+}  // namespace
+
+bool grammar_matcher::complete() const {
+  return !ended_ && std::any_of(stacks_.begin(), stacks_.end(), [](const auto& s) { return s.empty(); });
+}
+
+bool grammar_matcher::allows(int32_t token) const {
+  if (ended_) return false;
+  if (std::find(end_tokens_.begin(), end_tokens_.end(), token) != end_tokens_.end()) return complete();
+  if (!vocab_->is_text(token)) return false;
+  auto tops = load(*arena_, stacks_);
+  return follows(*g_, *arena_, tops, vocab_->text(token));
+}
+
+bool grammar_matcher::accept(int32_t token) {
+  if (ended_) return false;
+  if (std::find(end_tokens_.begin(), end_tokens_.end(), token) != end_tokens_.end()) {
+    if (!complete()) return false;
+    ended_ = true;
+    ++consumed_;
+    return true;
+  }
+  if (!vocab_->is_text(token) || !accept_bytes(vocab_->text(token))) return false;
+  ++consumed_;
+  return true;
+}
+
+bool grammar_matcher::accept_bytes(std::string_view bytes) {
+  if (ended_) return false;
+  auto tops = load(*arena_, stacks_);
+  if (!follows(*g_, *arena_, tops, bytes)) return false;
+  stacks_.clear();
+  for (uint32_t id : tops) {
+    std::vector<uint32_t> stack;
+    for (; id != 0; id = arena_->nodes[id].below) stack.push_back(arena_->nodes[id].pos);
+    std::reverse(stack.begin(), stack.end());
+    stacks_.push_back(std::move(stack));
+  }
+  return true;
+}
+
+size_t grammar_matcher::allowed(std::vector<uint8_t>* mask) const {
+  mask->assign(vocab_->size(), 0);
+  if (ended_) return 0;
+  size_t n = 0;
+  if (complete())
+    for (int32_t t : end_tokens_)
+      if (t >= 0 && static_cast<size_t>(t) < mask->size() && !(*mask)[t]) {
+        (*mask)[t] = 1;
+        ++n;
+      }
+  // One walk of the trie: a node's stacks are its parent's after its byte; a node no stack
+  // survives is skipped with its whole subtree (every token that starts with its prefix).
+  const auto& trie = vocab_->trie();
+  const auto& tokens = vocab_->trie_tokens();
+  std::vector<std::vector<uint32_t>> level(1);
+  level[0] = load(*arena_, stacks_);
+  for (size_t i = 0; i < trie.size();) {
+    const auto& node = trie[i];
+    if (level.size() <= node.depth) level.resize(node.depth + 1);
+    advance(*g_, *arena_, level[node.depth - 1], node.byte, level[node.depth]);
+    if (level[node.depth].empty()) {
+      i = node.skip;
+      continue;
+    }
+    for (uint32_t k = node.first_token; k < node.end_token; ++k)
+      if (!(*mask)[tokens[k]]) {
+        (*mask)[tokens[k]] = 1;
+        ++n;
+      }
+    ++i;
+  }
+  return n;
+}
+
+}  // namespace baton::gpu

@@ -1,0 +1,145 @@
+#pragma once
+
+// Constrained decoding (OpenAI's response_format and forced tool calls): a context-free grammar
+// over bytes, a matcher that follows one sequence's output through it, and which tokens of a
+// vocabulary may come next. json_schema_grammar.hpp writes the grammars; sampling.cpp applies a
+// matcher to a row of logits (a token the grammar does not allow is never picked).
+//
+// Bytes, not characters: byte-level BPE tokens often end inside a UTF-8 character, so a token is
+// checked byte by byte, and a grammar's "any character" is any byte of a multi-byte one.
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace baton::gpu {
+
+struct grammar_arena;  // grammar.cpp: interned stacks, a matcher's scratch
+
+/// Rules of alternatives of sequences; each element is a set of bytes or another rule. The
+/// start rule matches the whole output. No rule may start with itself (left recursion): the
+/// grammars here are written right-recursive (a list is `item rest`, `rest ::= "," item rest | ""`),
+/// which the matcher follows in constant stack depth.
+class grammar {
+public:
+  using byte_set = std::array<uint64_t, 4>;
+  /// One symbol of an alternative: a byte from `set`, or what rule `rule` matches.
+  struct symbol {
+    bool is_rule = false;
+    uint32_t rule = 0;
+    byte_set set = {};
+  };
+
+  /// A rule with no alternatives yet (alternatives may name it: recursion).
+  uint32_t add_rule();
+  /// One way to match `rule`: the symbols in order (none: the empty string).
+  void add_alternative(uint32_t rule, const std::vector<symbol>& symbols);
+  void set_start(uint32_t rule) { start_ = rule; }
+
+  static symbol ref(uint32_t rule) { return {true, rule, {}}; }
+  static symbol byte(uint8_t b);
+  /// Any byte in [lo, hi].
+  static symbol range(uint8_t lo, uint8_t hi);
+  /// Any byte but these.
+  static symbol except(std::string_view bytes);
+  /// One symbol per byte of `text`.
+  static std::vector<symbol> literal(std::string_view text);
+
+  uint32_t rules() const { return static_cast<uint32_t>(alternatives_.size()); }
+  uint32_t start() const { return start_; }
+
+  // The matcher's view: alternatives flattened into `elements`, each ended by an `end` element.
+  enum class kind : uint8_t { bytes, rule, end };
+  struct element {
+    kind k;
+    uint32_t value;  ///< bytes: index into sets(); rule: the rule
+  };
+  const std::vector<element>& elements() const { return elements_; }
+  const std::vector<byte_set>& sets() const { return sets_; }
+  /// Where each alternative of `rule` starts in elements().
+  const std::vector<uint32_t>& alternatives(uint32_t rule) const { return alternatives_[rule]; }
+  static bool has(const byte_set& s, uint8_t b) { return (s[b >> 6] >> (b & 63)) & 1; }
+
+private:
+  std::vector<element> elements_;
+  std::vector<byte_set> sets_;
+  std::vector<std::vector<uint32_t>> alternatives_;
+  uint32_t start_ = 0;
+};
+
+/// A vocabulary as the grammar sees it: each token's bytes, and which tokens are not text (special
+/// tokens, never allowed under a grammar, save the end tokens). A byte trie of the text tokens lets
+/// one walk find every token a state allows, sharing the work of common prefixes.
+class token_vocabulary {
+public:
+  /// `text[id]`: the token's bytes; `special[id]`: not text. Ids with empty text are never text.
+  token_vocabulary(std::vector<std::string> text, std::vector<bool> special);
+  uint32_t size() const { return static_cast<uint32_t>(text_.size()); }
+  const std::string& text(int32_t id) const { return text_[static_cast<size_t>(id)]; }
+  bool is_text(int32_t id) const;
+
+  /// The trie in depth-first order: node i's subtree is [i, skip), its byte the last of its prefix.
+  struct trie_node {
+    uint32_t skip;
+    uint16_t depth;  ///< prefix length (>= 1)
+    uint8_t byte;
+    uint32_t first_token, end_token;  ///< tokens whose whole text is this prefix: ids_[first, end)
+  };
+  const std::vector<trie_node>& trie() const { return trie_; }
+  const std::vector<int32_t>& trie_tokens() const { return trie_tokens_; }
+
+private:
+  std::vector<std::string> text_;
+  std::vector<bool> special_;
+  std::vector<trie_node> trie_;
+  std::vector<int32_t> trie_tokens_;
+};
+
+/// The built-in byte model's vocabulary: ids 0-255 are bytes, the rest (<bos>, <eos>) special.
+std::shared_ptr<const token_vocabulary> byte_vocabulary(uint32_t vocab_size);
+
+/// Where one sequence's output stands in a grammar, and what it may produce next. Not
+/// thread-safe: one thread at a time (the rank's, then the executor's while a step picks).
+class grammar_matcher {
+public:
+  /// `end_tokens`: the tokens that end the output (the model's end-of-sequence ids), allowed
+  /// once the grammar has matched a whole output.
+  grammar_matcher(std::shared_ptr<const grammar> g, std::shared_ptr<const token_vocabulary> vocab,
+                  std::vector<int32_t> end_tokens);
+  grammar_matcher(const grammar_matcher& other);
+  grammar_matcher& operator=(const grammar_matcher&) = delete;
+  ~grammar_matcher();
+
+  /// Whether `token` may come next.
+  bool allows(int32_t token) const;
+  /// Follows `token`; false (and nothing changes) when the grammar does not allow it.
+  bool accept(int32_t token);
+  /// Follows raw bytes (tests, and a prompt's own start of the output); false when not allowed.
+  bool accept_bytes(std::string_view bytes);
+  /// allowed[id] = 1 for each token allowed next (sized to the vocabulary); how many.
+  size_t allowed(std::vector<uint8_t>* allowed) const;
+  /// Whether the output so far is a whole sentence of the grammar (an end token may come).
+  bool complete() const;
+  /// Whether an end token came: the output is over.
+  bool ended() const { return ended_; }
+  /// Tokens accepted so far.
+  size_t consumed() const { return consumed_; }
+  const std::vector<int32_t>& end_tokens() const { return end_tokens_; }
+
+private:
+  std::shared_ptr<const grammar> g_;
+  std::shared_ptr<const token_vocabulary> vocab_;
+  std::vector<int32_t> end_tokens_;
+  /// The live stacks, each the positions in grammar::elements() still to match, innermost last
+  /// (the top is always a byte set); an empty stack: the whole output matched.
+  std::vector<std::vector<uint32_t>> stacks_;
+  size_t consumed_ = 0;
+  bool ended_ = false;
+  std::unique_ptr<grammar_arena> arena_;  ///< scratch for walks, kept between calls
+};
+
+}  // namespace baton::gpu

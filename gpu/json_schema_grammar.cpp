@@ -1,0 +1,416 @@
+#include "gpu/json_schema_grammar.hpp"
+
+#include <map>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+namespace baton::gpu {
+
+namespace {
+
+using json = nlohmann::ordered_json;  // properties keep the schema's order
+using sym = grammar::symbol;
+using seq = std::vector<sym>;
+
+/// Deeper schemas are refused: compiling recurses once per level.
+constexpr int max_schema_depth = 64;
+/// The most items a bounded array spells out (one rule each).
+constexpr uint64_t max_bounded_items = 1024;
+/// The most rules one schema may make (a guard against schemas that would blow up).
+constexpr uint32_t max_rules = 100000;
+
+seq operator+(seq a, const seq& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+class compiler {
+public:
+  explicit compiler(const json* root) : root_(root) { build_common(); }
+
+  grammar& g() { return *g_; }
+  std::shared_ptr<const grammar> finish(uint32_t start) {
+    g_->set_start(start);
+    return std::move(g_);
+  }
+
+  /// A rule matching values of `s` (at JSON pointer `where`), or false and why_.
+  bool value(const json& s, const std::string& where, int depth, uint32_t* rule) {
+    if (depth > max_schema_depth) return fail(where, "the schema nests deeper than " + std::to_string(max_schema_depth));
+    if (g_->rules() > max_rules) return fail(where, "the schema makes more than " + std::to_string(max_rules) + " rules");
+    if (s.is_boolean()) {
+      if (!s.get<bool>()) return fail(where, "the schema `false` matches nothing");
+      *rule = any_value_;
+      return true;
+    }
+    if (!s.is_object()) return fail(where, "a schema must be an object or a boolean, got " + std::string(s.type_name()));
+    for (const auto& [key, v] : s.items()) {
+      static const std::set<std::string> known = {
+          "type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems", "enum", "const",
+          "anyOf", "oneOf", "allOf", "$ref", "$defs", "definitions", "title", "description", "default", "examples",
+          "$schema", "$id", "$comment", "strict", "nullable"};
+      if (!known.count(key))
+        return fail(where, "the keyword '" + key + "' is not supported (Baton's grammars cannot enforce it)");
+    }
+    if (auto it = s.find("$ref"); it != s.end()) {
+      if (s.size() > 1 && (s.contains("type") || s.contains("properties") || s.contains("enum")))
+        return fail(where, "$ref beside other constraints is not supported");
+      return ref(*it, where, depth, rule);
+    }
+    if (auto it = s.find("const"); it != s.end()) return literals(json::array({*it}), rule);
+    if (auto it = s.find("enum"); it != s.end()) {
+      if (!it->is_array() || it->empty()) return fail(where + "/enum", "enum must be a non-empty array");
+      return literals(*it, rule);
+    }
+    for (const char* key : {"anyOf", "oneOf"})
+      if (auto it = s.find(key); it != s.end()) {
+        if (!it->is_array() || it->empty()) return fail(where + "/" + key, std::string(key) + " must be a non-empty array");
+        const uint32_t r = g_->add_rule();
+        for (size_t i = 0; i < it->size(); ++i) {
+          uint32_t alt = 0;
+          if (!value((*it)[i], where + "/" + key + "/" + std::to_string(i), depth + 1, &alt)) return false;
+          g_->add_alternative(r, {grammar::ref(alt)});
+        }
+        *rule = r;
+        return true;
+      }
+    if (auto it = s.find("allOf"); it != s.end()) {
+      if (!it->is_array() || it->size() != 1) return fail(where + "/allOf", "allOf is supported with one schema only");
+      return value((*it)[0], where + "/allOf/0", depth + 1, rule);
+    }
+    std::vector<std::string> types;
+    if (auto it = s.find("type"); it != s.end()) {
+      if (it->is_string()) types.push_back(it->get<std::string>());
+      else if (it->is_array())
+        for (const auto& t : *it) {
+          if (!t.is_string()) return fail(where + "/type", "type must be a string or a list of strings");
+          types.push_back(t.get<std::string>());
+        }
+      else
+        return fail(where + "/type", "type must be a string or a list of strings");
+      if (types.empty()) return fail(where + "/type", "type lists no type");
+    } else if (s.contains("properties") || s.contains("additionalProperties") || s.contains("required")) {
+      types.push_back("object");
+    } else if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) {
+      types.push_back("array");
+    } else {
+      *rule = any_value_;
+      return true;
+    }
+    if (s.value("nullable", false)) types.push_back("null");  // OpenAPI's spelling of ["T", "null"]
+    const uint32_t r = g_->add_rule();
+    for (const auto& t : types) {
+      uint32_t one = 0;
+      if (t == "object") {
+        if (!object(s, where, depth, &one)) return false;
+      } else if (t == "array") {
+        if (!array(s, where, depth, &one)) return false;
+      } else if (t == "string") one = string_;
+      else if (t == "integer") one = integer_;
+      else if (t == "number") one = number_;
+      else if (t == "boolean") one = boolean_;
+      else if (t == "null") one = null_;
+      else
+        return fail(where + "/type", "unknown type '" + t + "'");
+      g_->add_alternative(r, {grammar::ref(one)});
+    }
+    *rule = r;
+    return true;
+  }
+
+  std::string why_;
+
+private:
+  bool fail(const std::string& where, const std::string& what) {
+    why_ = "json_schema at " + (where.empty() ? std::string("/") : where) + ": " + what;
+    return false;
+  }
+
+  seq lit(std::string_view text) { return grammar::literal(text); }
+  sym r(uint32_t rule) { return grammar::ref(rule); }
+
+  /// Exactly one of these values, written compactly (enum, const).
+  bool literals(const json& values, uint32_t* rule) {
+    const uint32_t out = g_->add_rule();
+    for (const auto& v : values) g_->add_alternative(out, lit(v.dump()));
+    *rule = out;
+    return true;
+  }
+
+  bool ref(const json& target, const std::string& where, int depth, uint32_t* rule) {
+    if (!target.is_string()) return fail(where + "/$ref", "$ref must be a string");
+    const std::string path = target.get<std::string>();
+    if (auto it = refs_.find(path); it != refs_.end()) {
+      *rule = it->second;
+      return true;
+    }
+    if (path.empty() || path[0] != '#')
+      return fail(where + "/$ref", "$ref '" + path + "' is not inside this schema (only #/... is followed)");
+    const json* at = root_;
+    try {
+      if (path.size() > 1) at = &root_->at(json::json_pointer(path.substr(1)));
+    } catch (const json::exception&) {
+      return fail(where + "/$ref", "$ref '" + path + "' names nothing in this schema");
+    }
+    // The rule exists before its body, so a schema that refers to itself (a tree) recurses.
+    const uint32_t out = g_->add_rule();
+    refs_.emplace(path, out);
+    uint32_t body = 0;
+    if (!value(*at, path.substr(1), depth + 1, &body)) return false;
+    g_->add_alternative(out, {r(body)});
+    *rule = out;
+    return true;
+  }
+
+  bool object(const json& s, const std::string& where, int depth, uint32_t* rule) {
+    const auto props = s.find("properties");
+    const auto extra = s.find("additionalProperties");
+    std::set<std::string> required;
+    if (auto it = s.find("required"); it != s.end()) {
+      if (!it->is_array()) return fail(where + "/required", "required must be a list of property names");
+      for (const auto& n : *it) {
+        if (!n.is_string()) return fail(where + "/required", "required must be a list of property names");
+        required.insert(n.get<std::string>());
+      }
+    }
+    const uint32_t out = g_->add_rule();
+    if (props == s.end() || (props->is_object() && props->empty() && required.empty())) {
+      // Any keys: additionalProperties' schema for every value (absent or true: any value).
+      uint32_t v = any_value_;
+      if (extra != s.end() && extra->is_boolean() && !extra->get<bool>()) {
+        g_->add_alternative(out, lit("{") + seq{r(ws_)} + lit("}"));
+        *rule = out;
+        return true;
+      }
+      if (extra != s.end() && !extra->is_boolean() &&
+          !value(*extra, where + "/additionalProperties", depth + 1, &v))
+        return false;
+      if (!required.empty()) return fail(where + "/required", "required names properties that `properties` lacks");
+      *rule = members(v);
+      return true;
+    }
+    if (!props->is_object()) return fail(where + "/properties", "properties must be an object");
+    if (extra != s.end() && !extra->is_boolean())
+      return fail(where + "/additionalProperties",
+                  "an additionalProperties schema beside properties is not supported (use false)");
+    for (const auto& n : required)
+      if (!props->contains(n)) return fail(where + "/required", "required names '" + n + "', which properties lacks");
+    // Properties in order, required ones always, optional ones maybe, commas only between:
+    // rest[i][c]: the properties from i on, c = whether one was written already (a comma first).
+    const size_t n = props->size();
+    std::vector<std::array<uint32_t, 2>> rest(n + 1);
+    for (auto& rr : rest) rr = {g_->add_rule(), g_->add_rule()};
+    g_->add_alternative(rest[n][0], {});
+    g_->add_alternative(rest[n][1], {});
+    size_t i = 0;
+    for (const auto& [name, schema] : props->items()) {
+      uint32_t v = 0;
+      if (!value(schema, where + "/properties/" + name, depth + 1, &v)) return false;
+      const seq kv = lit(json(name).dump()) + seq{r(ws_)} + lit(":") + seq{r(ws_), r(v)};
+      const bool must = required.count(name) > 0;
+      g_->add_alternative(rest[i][0], kv + seq{r(rest[i + 1][1])});
+      g_->add_alternative(rest[i][1], seq{r(ws_)} + lit(",") + seq{r(ws_)} + kv + seq{r(rest[i + 1][1])});
+      if (!must) {
+        g_->add_alternative(rest[i][0], {r(rest[i + 1][0])});
+        g_->add_alternative(rest[i][1], {r(rest[i + 1][1])});
+      }
+      ++i;
+    }
+    g_->add_alternative(out, lit("{") + seq{r(ws_), r(rest[0][0]), r(ws_)} + lit("}"));
+    *rule = out;
+    return true;
+  }
+
+  /// {"key": value, ...} with any keys.
+  uint32_t members(uint32_t v) {
+    if (auto it = members_.find(v); it != members_.end()) return it->second;
+    const uint32_t out = g_->add_rule(), more = g_->add_rule();
+    const seq kv = seq{r(string_), r(ws_)} + lit(":") + seq{r(ws_), r(v)};
+    g_->add_alternative(out, lit("{") + seq{r(ws_)} + lit("}"));
+    g_->add_alternative(out, lit("{") + seq{r(ws_)} + kv + seq{r(more)});
+    g_->add_alternative(more, seq{r(ws_)} + lit("}"));
+    g_->add_alternative(more, seq{r(ws_)} + lit(",") + seq{r(ws_)} + kv + seq{r(more)});
+    members_.emplace(v, out);
+    return out;
+  }
+
+  bool array(const json& s, const std::string& where, int depth, uint32_t* rule) {
+    uint32_t item = any_value_;
+    if (auto it = s.find("items"); it != s.end() && !(it->is_boolean() && it->get<bool>()))
+      if (!value(*it, where + "/items", depth + 1, &item)) return false;
+    uint64_t lo = 0, hi = UINT64_MAX;
+    for (const auto& [key, out] : {std::pair<const char*, uint64_t*>{"minItems", &lo}, {"maxItems", &hi}})
+      if (auto it = s.find(key); it != s.end()) {
+        if (!it->is_number_unsigned() && !(it->is_number_integer() && it->get<int64_t>() >= 0))
+          return fail(where + "/" + key, std::string(key) + " must be an integer >= 0");
+        *out = it->get<uint64_t>();
+      }
+    if (lo > hi) return fail(where, "minItems is above maxItems");
+    if (std::max(lo, hi == UINT64_MAX ? 0 : hi) > max_bounded_items)
+      return fail(where, "minItems and maxItems are supported up to " + std::to_string(max_bounded_items));
+    // after[k]: k items written; more may follow while k < hi, the list may close once k >= lo.
+    // Unbounded lists share one rule for every k >= lo (it refers to itself).
+    const uint64_t distinct = hi == UINT64_MAX ? std::max<uint64_t>(lo, 1) : hi;
+    std::vector<uint32_t> after(distinct + 1);
+    for (auto& a : after) a = g_->add_rule();
+    for (uint64_t k = 1; k <= distinct; ++k) {
+      if (k >= lo) g_->add_alternative(after[k], seq{r(ws_)} + lit("]"));
+      if (k < hi) {
+        const uint32_t next = after[std::min(k + 1, distinct)];
+        g_->add_alternative(after[k], seq{r(ws_)} + lit(",") + seq{r(ws_), r(item), r(next)});
+      }
+    }
+    const uint32_t out = g_->add_rule();
+    if (lo == 0) g_->add_alternative(out, lit("[") + seq{r(ws_)} + lit("]"));
+    if (hi >= 1) g_->add_alternative(out, lit("[") + seq{r(ws_), r(item), r(after[1])});
+    *rule = out;
+    return true;
+  }
+
+  /// The rules every JSON grammar uses: whitespace, strings, numbers, literals, any value.
+  void build_common() {
+    grammar& G = *g_;
+    // ws: nothing, a space, or a newline and up to 24 spaces or tabs.
+    sym blank = grammar::byte(' ');
+    blank.set['\t' >> 6] |= uint64_t{1} << ('\t' & 63);
+    uint32_t indent = G.add_rule();
+    G.add_alternative(indent, {});
+    for (int k = 0; k < 24; ++k) {
+      const uint32_t more = G.add_rule();
+      G.add_alternative(more, {});
+      G.add_alternative(more, {blank, r(indent)});
+      indent = more;
+    }
+    ws_ = G.add_rule();
+    G.add_alternative(ws_, {});
+    G.add_alternative(ws_, lit(" "));
+    G.add_alternative(ws_, lit("\n") + seq{r(indent)});
+    // string: '"' then characters up to the closing quote; escapes as JSON spells them.
+    string_ = G.add_rule();
+    const uint32_t chars = G.add_rule();
+    const uint32_t hex = G.add_rule();
+    sym hexset = grammar::range('0', '9');
+    for (int b = 'a'; b <= 'f'; ++b) hexset.set[b >> 6] |= uint64_t{1} << (b & 63);
+    for (int b = 'A'; b <= 'F'; ++b) hexset.set[b >> 6] |= uint64_t{1} << (b & 63);
+    G.add_alternative(hex, {hexset, hexset, hexset, hexset});
+    sym plain = grammar::except("\"\\");
+    for (int b = 0; b < 0x20; ++b) plain.set[0] &= ~(uint64_t{1} << b);
+    sym escaped = grammar::byte('"');
+    for (char c : std::string_view("\\/bfnrt")) escaped.set[static_cast<uint8_t>(c) >> 6] |= uint64_t{1} << (c & 63);
+    G.add_alternative(string_, lit("\"") + seq{r(chars)});
+    G.add_alternative(chars, lit("\""));
+    G.add_alternative(chars, {plain, r(chars)});
+    G.add_alternative(chars, lit("\\") + seq{escaped, r(chars)});
+    G.add_alternative(chars, lit("\\u") + seq{r(hex), r(chars)});
+    // numbers: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?
+    const sym digit = grammar::range('0', '9');
+    const uint32_t digits = G.add_rule();  // [0-9]*
+    G.add_alternative(digits, {});
+    G.add_alternative(digits, {digit, r(digits)});
+    const uint32_t natural = G.add_rule();
+    G.add_alternative(natural, lit("0"));
+    G.add_alternative(natural, {grammar::range('1', '9'), r(digits)});
+    integer_ = G.add_rule();
+    G.add_alternative(integer_, {r(natural)});
+    G.add_alternative(integer_, lit("-") + seq{r(natural)});
+    const uint32_t fraction = G.add_rule(), exponent = G.add_rule(), sign = G.add_rule();
+    G.add_alternative(fraction, {});
+    G.add_alternative(fraction, lit(".") + seq{digit, r(digits)});
+    G.add_alternative(sign, {});
+    G.add_alternative(sign, lit("+"));
+    G.add_alternative(sign, lit("-"));
+    G.add_alternative(exponent, {});
+    G.add_alternative(exponent, lit("e") + seq{r(sign), digit, r(digits)});
+    G.add_alternative(exponent, lit("E") + seq{r(sign), digit, r(digits)});
+    number_ = G.add_rule();
+    G.add_alternative(number_, {r(integer_), r(fraction), r(exponent)});
+    boolean_ = G.add_rule();
+    G.add_alternative(boolean_, lit("true"));
+    G.add_alternative(boolean_, lit("false"));
+    null_ = G.add_rule();
+    G.add_alternative(null_, lit("null"));
+    // any value: objects and lists of any values, recursively.
+    any_value_ = G.add_rule();
+    const uint32_t any_array = G.add_rule(), any_more = G.add_rule();
+    G.add_alternative(any_array, lit("[") + seq{r(ws_)} + lit("]"));
+    G.add_alternative(any_array, lit("[") + seq{r(ws_), r(any_value_), r(any_more)});
+    G.add_alternative(any_more, seq{r(ws_)} + lit("]"));
+    G.add_alternative(any_more, seq{r(ws_)} + lit(",") + seq{r(ws_), r(any_value_), r(any_more)});
+    any_object_ = members(any_value_);
+    for (uint32_t one : {any_object_, any_array, string_, number_, boolean_, null_})
+      G.add_alternative(any_value_, {r(one)});
+  }
+
+  const json* root_;
+  std::shared_ptr<grammar> g_ = std::make_shared<grammar>();
+  std::map<std::string, uint32_t> refs_;
+  std::map<uint32_t, uint32_t> members_;
+
+public:
+  uint32_t ws_ = 0, string_ = 0, integer_ = 0, number_ = 0, boolean_ = 0, null_ = 0, any_value_ = 0, any_object_ = 0;
+};
+
+/// A rule matching any bytes up to and including `marker`, then `then`: a string-matching
+/// automaton over the marker (state k: its first k bytes just seen), written as rules.
+uint32_t until(grammar& g, std::string_view marker, uint32_t then) {
+  const size_t m = marker.size();
+  // KMP: fail[k] = the longest proper prefix of marker[0, k) that is also its suffix.
+  std::vector<size_t> fail(m + 1, 0);
+  for (size_t k = 2; k <= m; ++k) {
+    size_t f = fail[k - 1];
+    while (f > 0 && marker[f] != marker[k - 1]) f = fail[f];
+    fail[k] = marker[f] == marker[k - 1] ? f + 1 : 0;
+  }
+  std::vector<uint32_t> state(m);
+  for (auto& s : state) s = g.add_rule();
+  for (size_t k = 0; k < m; ++k) {
+    std::map<size_t, grammar::symbol> by_target;
+    for (unsigned b = 0; b < 256; ++b) {
+      size_t f = k;
+      while (f > 0 && static_cast<uint8_t>(marker[f]) != b) f = fail[f];
+      const size_t next = static_cast<uint8_t>(marker[f]) == b ? f + 1 : 0;
+      auto& s = by_target[next];
+      s.set[b >> 6] |= uint64_t{1} << (b & 63);
+    }
+    for (const auto& [next, s] : by_target) g.add_alternative(state[k], {s, grammar::ref(next == m ? then : state[next])});
+  }
+  return state[0];
+}
+
+}  // namespace
+
+std::shared_ptr<const grammar> json_grammar(json_output kind, const std::string& schema, bool after_thinking,
+                                            std::string* why) {
+  if (kind == json_output::free) {
+    *why = "no JSON output was asked for";
+    return nullptr;
+  }
+  json root;
+  if (kind == json_output::schema) {
+    if (schema.size() > max_json_schema_bytes) {
+      *why = "json_schema is " + std::to_string(schema.size()) + " bytes; at most " + std::to_string(max_json_schema_bytes);
+      return nullptr;
+    }
+    root = json::parse(schema, nullptr, false);
+    if (root.is_discarded()) {
+      *why = "json_schema is not valid JSON";
+      return nullptr;
+    }
+  }
+  compiler c(&root);
+  uint32_t value = c.any_object_;
+  if (kind == json_output::schema && !c.value(root, "", 0, &value)) {
+    *why = c.why_;
+    return nullptr;
+  }
+  uint32_t start = value;
+  if (after_thinking) {
+    const uint32_t answer = c.g().add_rule();
+    c.g().add_alternative(answer, {grammar::ref(c.ws_), grammar::ref(c.ws_), grammar::ref(value)});  // "\n\n" too
+    start = until(c.g(), "</think>", answer);
+  }
+  return c.finish(start);
+}
+
+}  // namespace baton::gpu

@@ -1,0 +1,221 @@
+// Constrained decoding's grammars (gpu/grammar.hpp, gpu/json_schema_grammar.hpp): what a JSON
+// grammar accepts and refuses, byte by byte and token by token, and that the vocabulary walk
+// allows exactly the tokens a token-by-token check allows.
+
+#include <doctest/doctest.h>
+
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "gpu/json_schema_grammar.hpp"
+
+using namespace baton::gpu;
+
+namespace {
+
+std::shared_ptr<const grammar> compile(const std::string& schema, std::string* why = nullptr, bool thinking = false) {
+  std::string w;
+  auto g = json_grammar(schema.empty() ? json_output::object : json_output::schema, schema, thinking, &w);
+  if (why) *why = w;
+  return g;
+}
+
+/// Whether the whole text is a sentence of the grammar.
+bool matches(const std::shared_ptr<const grammar>& g, std::string_view text) {
+  grammar_matcher m(g, byte_vocabulary(258), {257});
+  return m.accept_bytes(text) && m.complete();
+}
+
+/// Whether the text can still grow into a sentence.
+bool viable(const std::shared_ptr<const grammar>& g, std::string_view text) {
+  grammar_matcher m(g, byte_vocabulary(258), {257});
+  return m.accept_bytes(text);
+}
+
+/// A vocabulary of JSON-ish pieces (several bytes, some spanning structure), specials, an end.
+std::shared_ptr<const token_vocabulary> json_pieces() {
+  std::vector<std::string> text = {"{",   "}",     "[",    "]",  "\"",   ":",   ",",     " ",     "\n",  "\n  ", "\t",
+                                   "{\"", "\":",   "\": ", "\",", "\"}", "a",   "ab",    "name",  "\"name\"", "ok",
+                                   "true", "tru",  "e",    "false", "null", "0",   "1",     "12",    "-",   ".",  "5e",
+                                   "x",   "y",     "\"x\"", "ada", "bob",  "\\",  "\\n",   "\\u00", "e9",  "é",  "\xc3",
+                                   "]}",  "},",    "[\"",   "tags", "\"tags\":[", "\",\"", "<think>", "</think>", "</",
+                                   "think", ">",   "", "<|end|>", "<|im_start|>"};
+  std::vector<bool> special(text.size(), false);
+  special[text.size() - 1] = true;
+  special[text.size() - 2] = true;
+  // Every printable byte on its own too, as real vocabularies have: any viable text can go on.
+  for (char c = ' '; c < 127; ++c) {
+    text.emplace_back(1, c);
+    special.push_back(false);
+  }
+  return std::make_shared<token_vocabulary>(text, special);
+}
+
+constexpr int32_t end_token = 55;  // "<|end|>" in json_pieces (the empty token is 54, <|im_start|> 56)
+
+}  // namespace
+
+TEST_CASE("grammar: json_object accepts JSON objects, whitespace between tokens, and nothing else") {
+  const auto g = compile("");
+  REQUIRE(g);
+  for (const char* ok : {"{}", "{ }", R"({"a":1})", R"({"a": [1, 2.5e-3, -0, true, null, {"b": "c\n\u00e9"}]})",
+                         "{\n  \"a\": {\n    \"b\": []\n  }\n}", R"({"é": "ü"})"})
+    CHECK_MESSAGE(matches(g, ok), ok);
+  for (const char* bad : {"[1]", "1", "\"a\"", R"({"a":})", R"({"a" 1})", R"({"a":1,})", R"({a:1})", R"({"a":01})",
+                          R"({"a":1.})", "{\"a\":\"\x01\"}", R"({"a":"\q"})", "{}}", " {}", "{}\n"})
+    CHECK_FALSE_MESSAGE(matches(g, bad), bad);
+  CHECK(viable(g, R"({"a": [1, )"));
+  CHECK_FALSE(viable(g, R"({"a": ]})"));
+  // Whitespace is bounded: a newline and 24 blanks, but not 25, nor two newlines.
+  CHECK(viable(g, "{\n" + std::string(24, ' ')));
+  CHECK_FALSE(viable(g, "{\n" + std::string(25, ' ')));
+  CHECK_FALSE(viable(g, "{\n\n"));
+}
+
+TEST_CASE("grammar: a schema's properties come in order, required always, optional maybe, no others") {
+  const auto g = compile(R"({"type":"object","properties":{"name":{"type":"string"},"age":{"type":"integer"},
+      "tags":{"type":"array","items":{"enum":["x","y"]},"minItems":1,"maxItems":2}},"required":["name"]})");
+  REQUIRE(g);
+  CHECK(matches(g, R"({"name":"ada"})"));
+  CHECK(matches(g, R"({"name": "ada", "age": 36})"));
+  CHECK(matches(g, R"({"name":"ada","tags":["x"]})"));
+  CHECK(matches(g, R"({"name":"ada","age":-1,"tags":["y","x"]})"));
+  CHECK_FALSE(matches(g, R"({})"));                               // name is required
+  CHECK_FALSE(matches(g, R"({"age":1,"name":"ada"})"));           // out of order
+  CHECK_FALSE(matches(g, R"({"name":"ada","email":"a@b"})"));     // not a property
+  CHECK_FALSE(matches(g, R"({"name":"ada","age":1.5})"));         // not an integer
+  CHECK_FALSE(matches(g, R"({"name":"ada","tags":[]})"));         // minItems 1
+  CHECK_FALSE(matches(g, R"({"name":"ada","tags":["x","y","x"]})"));  // maxItems 2
+  CHECK_FALSE(matches(g, R"({"name":"ada","tags":["z"]})"));      // not in the enum
+  CHECK_FALSE(matches(g, R"({"name":"ada",})"));
+  CHECK_FALSE(matches(g, R"({,"name":"ada"})"));
+}
+
+TEST_CASE("grammar: enum, const, anyOf, type lists, nullable and $ref recursion") {
+  CHECK(matches(compile(R"({"enum":["red",1,null,{"a":[true]}]})"), R"({"a":[true]})"));
+  CHECK(matches(compile(R"({"enum":["red",1,null]})"), "null"));
+  CHECK_FALSE(matches(compile(R"({"enum":["red",1,null]})"), "\"blue\""));
+  CHECK(matches(compile(R"({"const":"only"})"), "\"only\""));
+  const auto either = compile(R"({"anyOf":[{"type":"integer"},{"type":"array","items":{"type":"boolean"}}]})");
+  CHECK(matches(either, "7"));
+  CHECK(matches(either, "[true, false]"));
+  CHECK_FALSE(matches(either, "\"7\""));
+  CHECK(matches(compile(R"({"type":["string","null"]})"), "null"));
+  CHECK(matches(compile(R"({"type":"number","nullable":true})"), "null"));
+  // A tree through $defs: each node's children are nodes.
+  const auto tree = compile(R"({"$ref":"#/$defs/node","$defs":{"node":{"type":"object",
+      "properties":{"v":{"type":"integer"},"kids":{"type":"array","items":{"$ref":"#/$defs/node"}}},
+      "required":["v","kids"],"additionalProperties":false}}})");
+  REQUIRE(tree);
+  CHECK(matches(tree, R"({"v":1,"kids":[{"v":2,"kids":[]},{"v":3,"kids":[{"v":4,"kids":[]}]}]})"));
+  CHECK_FALSE(matches(tree, R"({"v":1,"kids":[{"v":2}]})"));
+  // Objects without properties: any keys, values by additionalProperties.
+  const auto map = compile(R"({"type":"object","additionalProperties":{"type":"integer"}})");
+  CHECK(matches(map, R"({"a":1,"b":2})"));
+  CHECK_FALSE(matches(map, R"({"a":"1"})"));
+  CHECK(matches(compile(R"({"type":"object","additionalProperties":false})"), "{}"));
+  CHECK_FALSE(matches(compile(R"({"type":"object","additionalProperties":false})"), R"({"a":1})"));
+}
+
+TEST_CASE("grammar: schemas Baton cannot honour are refused, naming the keyword and where it is") {
+  const auto refused = [](const std::string& schema) {
+    std::string why;
+    CHECK_MESSAGE(compile(schema, &why) == nullptr, schema);
+    return why;
+  };
+  CHECK(refused(R"({"type":"string","pattern":"^a"})") == "json_schema at /: the keyword 'pattern' is not supported "
+                                                           "(Baton's grammars cannot enforce it)");
+  CHECK(refused(R"({"properties":{"when":{"type":"string","format":"date-time"}}})").find("/properties/when: the keyword 'format'") !=
+        std::string::npos);
+  CHECK(refused(R"({"type":"integer","minimum":0})").find("'minimum'") != std::string::npos);
+  CHECK(refused(R"({"type":"decimal"})").find("unknown type 'decimal'") != std::string::npos);
+  CHECK(refused(R"({"$ref":"#/$defs/missing"})").find("names nothing") != std::string::npos);
+  CHECK(refused(R"({"$ref":"http://x/y.json"})").find("not inside this schema") != std::string::npos);
+  CHECK(refused(R"({"properties":{"a":{}},"required":["b"]})").find("required names 'b'") != std::string::npos);
+  CHECK(refused(R"({"items":{},"minItems":3,"maxItems":2})").find("minItems is above maxItems") != std::string::npos);
+  CHECK(refused(R"({"items":{},"maxItems":100000})").find("up to 1024") != std::string::npos);
+  CHECK(refused("false").find("matches nothing") != std::string::npos);
+  CHECK(refused("{\"type\":").find("not valid JSON") != std::string::npos);
+  CHECK(refused("[1]").find("must be an object or a boolean") != std::string::npos);
+  std::string deep;
+  for (int i = 0; i < 100; ++i) deep += R"({"type":"array","items":)";
+  deep += "{}" + std::string(100, '}');
+  CHECK(refused(deep).find("nests deeper than 64") != std::string::npos);
+}
+
+TEST_CASE("grammar: after a thinking block, free text up to </think>, then the JSON") {
+  const auto g = compile("", nullptr, true);
+  REQUIRE(g);
+  CHECK(matches(g, "Let me see. </thin </ think> <</think>{\"a\":1}"));
+  CHECK(matches(g, "</think>\n\n{}"));
+  CHECK_FALSE(matches(g, "{\"a\":1}"));  // the thinking block must close first
+  CHECK_FALSE(matches(g, "</think>x{}"));
+}
+
+TEST_CASE("grammar: tokens follow the grammar as their bytes do; specials never, the end token only when complete") {
+  const auto vocab = json_pieces();
+  grammar_matcher m(compile(""), vocab, {end_token});
+  const auto id = [&](std::string_view t) {
+    for (uint32_t i = 0; i < vocab->size(); ++i)
+      if (vocab->text(static_cast<int32_t>(i)) == t) return static_cast<int32_t>(i);
+    FAIL("no token " << t);
+    return -1;
+  };
+  CHECK(m.allows(id("{\"")));
+  CHECK_FALSE(m.allows(id("[")));
+  CHECK_FALSE(m.allows(end_token));
+  CHECK_FALSE(m.allows(56));  // <|im_start|>, special
+  CHECK_FALSE(m.allows(54));  // empty text
+  for (const char* t : {"{\"", "name", "\": ", "\"x\"", "}"}) REQUIRE(m.accept(id(t)));
+  CHECK(m.complete());
+  CHECK_FALSE(m.allows(id(",")));
+  CHECK_FALSE(m.accept(id(",")));  // refused, and nothing changed
+  CHECK(m.allows(end_token));
+  CHECK(m.accept(end_token));
+  CHECK(m.ended());
+  CHECK_FALSE(m.allows(end_token));
+  CHECK(m.consumed() == 6);
+}
+
+TEST_CASE("grammar: the vocabulary walk allows exactly what token-by-token checks allow, on random walks") {
+  const auto vocab = json_pieces();
+  const std::string schema = R"({"type":"object","properties":{"name":{"enum":["ada","bob"]},"ok":{"type":"boolean"},
+      "tags":{"type":"array","items":{"enum":["x","y"]},"maxItems":3}},"required":["name","ok"]})";
+  for (const std::string& s : {std::string{}, schema}) {
+    const bool finite = !s.empty();
+    std::mt19937 rng(7);
+    for (int walk = 0; walk < 40; ++walk) {
+      grammar_matcher m(compile(s), vocab, {end_token});
+      std::string text;
+      for (int step = 0; step < 60 && !m.ended(); ++step) {
+        std::vector<uint8_t> mask;
+        const size_t n = m.allowed(&mask);
+        std::vector<int32_t> ok;
+        for (uint32_t t = 0; t < vocab->size(); ++t) {
+          REQUIRE_MESSAGE(static_cast<bool>(mask[t]) == m.allows(static_cast<int32_t>(t)),
+                          "token " << t << " after '" << text << "'");
+          if (mask[t]) ok.push_back(static_cast<int32_t>(t));
+        }
+        REQUIRE(ok.size() == n);
+        REQUIRE_FALSE_MESSAGE(ok.empty(), "after '" << text << "'");  // a viable prefix always has a way on
+        // Lean towards ending once the text is long, so finite grammars finish: no more blanks.
+        if (step > 30) {
+          std::vector<int32_t> solid;
+          for (int32_t t : ok)
+            if (vocab->text(t).find_first_of(" \n\t") == std::string::npos) solid.push_back(t);
+          if (!solid.empty()) ok.swap(solid);
+        }
+        int32_t pick = ok[rng() % ok.size()];
+        if (step > 30 && m.allows(end_token)) pick = end_token;
+        REQUIRE(m.accept(pick));
+        if (pick != end_token) text += vocab->text(pick);
+      }
+      if (!finite) continue;
+      REQUIRE_MESSAGE(m.ended(), text);
+      const auto j = nlohmann::json::parse(text);  // the schema's language is finite: it always ends
+      CHECK((j["name"] == "ada" || j["name"] == "bob"));
+      CHECK(j["ok"].is_boolean());
+      CHECK(j.size() == (j.contains("tags") ? 3u : 2u));
+    }
+  }
+}
