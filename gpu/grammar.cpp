@@ -277,8 +277,15 @@ bool grammar_matcher::accept_bytes(std::string_view bytes) {
 }
 
 size_t grammar_matcher::allowed(std::vector<uint8_t>* mask) const {
+  if (ended_) {
+    mask->assign(vocab_->size(), 0);
+    return 0;
+  }
+  if (walked_ && walked_stacks_ == stacks_) {
+    *mask = walked_mask_;
+    return walked_count_;
+  }
   mask->assign(vocab_->size(), 0);
-  if (ended_) return 0;
   size_t n = 0;
   if (complete())
     for (int32_t t : end_tokens_)
@@ -307,6 +314,10 @@ size_t grammar_matcher::allowed(std::vector<uint8_t>* mask) const {
       }
     ++i;
   }
+  walked_stacks_ = stacks_;
+  walked_mask_ = *mask;
+  walked_count_ = n;
+  walked_ = true;
   return n;
 }
 

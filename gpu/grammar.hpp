@@ -140,6 +140,13 @@ private:
   size_t consumed_ = 0;
   bool ended_ = false;
   std::unique_ptr<grammar_arena> arena_;  ///< scratch for walks, kept between calls
+  /// The last walk's answer and the stacks it was for: inside a string (or any run of one
+  /// right-recursive rule) the stacks come back the same after each token, and the walk with
+  /// them, so a long string costs one walk, not one per token.
+  mutable std::vector<std::vector<uint32_t>> walked_stacks_;
+  mutable std::vector<uint8_t> walked_mask_;
+  mutable size_t walked_count_ = 0;
+  mutable bool walked_ = false;
 };
 
 }  // namespace baton::gpu

@@ -18,6 +18,8 @@
 #include "gpu/cuda/kernels.hpp"
 #include "gpu/cuda_executor.hpp"
 #include "gpu/hf_model.hpp"
+#include "gpu/json_schema_grammar.hpp"
+#include "gpu/tokenizer.hpp"
 #include "gpu/local_generate.hpp"
 #include "gpu/sampling.hpp"
 #include "tests/gpu/gpu_test_paths.hpp"
@@ -446,6 +448,24 @@ TEST_CASE("cuda executor picks greedy tokens on the device as sample_token picks
       CHECK(lp.logprobs[i].top_logprobs == want.top_logprobs);
     }
     CHECK(lp.logprobs[1].top_tokens.empty());  // not asked
+    // Constrained rows (a JSON grammar, greedy and drawn) are picked on the host over the tokens
+    // the grammar allows: the picks sample_token makes from the row, each one allowed.
+    std::string why;
+    const auto tok = load_model_tokenizer(source_dir() + "/models/baton-kjv-tiny", m.config, &why);
+    REQUIRE_MESSAGE(tok, why);
+    const auto grammar = json_grammar(json_output::object, "", false, &why);
+    auto constrained = sampled;
+    constrained.job_id = 4;
+    for (size_t i : {0u, 4u})
+      constrained.seqs[i].sample->grammar = std::make_shared<grammar_matcher>(
+          grammar, tok->vocabulary(), std::vector<int32_t>{m.config.eos_token_id});
+    const auto c = run_blocking(*e, constrained);
+    REQUIRE(c.error.empty());
+    for (size_t i : {0u, 4u}) {
+      CAPTURE(i);
+      CHECK(c.tokens[i] == sample_token(ref.logits[i], *constrained.seqs[i].sample));
+      CHECK(constrained.seqs[i].sample->grammar->allows(c.tokens[i]));
+    }
   }
 }
 
