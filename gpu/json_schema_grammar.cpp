@@ -1,9 +1,13 @@
 #include "gpu/json_schema_grammar.hpp"
 
+#include <cmath>
 #include <map>
+#include <optional>
 #include <set>
 
 #include <nlohmann/json.hpp>
+
+#include "gpu/regex_grammar.hpp"
 
 namespace baton::gpu {
 
@@ -49,7 +53,8 @@ public:
       static const std::set<std::string> known = {
           "type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems", "enum", "const",
           "anyOf", "oneOf", "allOf", "$ref", "$defs", "definitions", "title", "description", "default", "examples",
-          "$schema", "$id", "$comment", "strict", "nullable"};
+          "$schema", "$id", "$comment", "strict", "nullable", "pattern", "format", "minLength", "maxLength",
+          "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
       if (!known.count(key))
         return fail(where, "the keyword '" + key + "' is not supported (Baton's grammars cannot enforce it)");
     }
@@ -106,9 +111,15 @@ public:
         if (!object(s, where, depth, &one)) return false;
       } else if (t == "array") {
         if (!array(s, where, depth, &one)) return false;
-      } else if (t == "string") one = string_;
-      else if (t == "integer") one = integer_;
-      else if (t == "number") one = number_;
+      } else if (t == "string") {
+        if (!string_rule(s, where, &one)) return false;
+      } else if (t == "integer") {
+        if (!integer_rule(s, where, &one)) return false;
+      } else if (t == "number") {
+        for (const char* key : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
+          if (s.contains(key)) return fail(where + "/" + key, std::string(key) + " is supported on integers only");
+        one = number_;
+      }
       else if (t == "boolean") one = boolean_;
       else if (t == "null") one = null_;
       else
@@ -222,6 +233,150 @@ private:
     return true;
   }
 
+  /// A string; with pattern, format or minLength/maxLength, as a regular expression says.
+  bool string_rule(const json& s, const std::string& where, uint32_t* rule) {
+    const auto pattern = s.find("pattern"), format = s.find("format");
+    const bool lengths = s.contains("minLength") || s.contains("maxLength");
+    if (pattern == s.end() && format == s.end() && !lengths) {
+      *rule = string_;
+      return true;
+    }
+    if ((pattern != s.end()) + (format != s.end()) + lengths > 1)
+      return fail(where, "pattern, format and minLength/maxLength are supported one at a time");
+    std::string regex, at = where;
+    if (pattern != s.end()) {
+      if (!pattern->is_string()) return fail(where + "/pattern", "pattern must be a string");
+      regex = pattern->get<std::string>();
+      at += "/pattern";
+    } else if (format != s.end()) {
+      // What each format's strings look like; every string they match is valid (email: a
+      // common subset of addresses).
+      static const std::map<std::string, std::string> formats = {
+          {"date", date_regex},
+          {"time", "^" + time_regex + "$"},
+          {"date-time", date_regex.substr(0, date_regex.size() - 1) + "T" + time_regex + "$"},
+          {"uuid", "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"},
+          {"ipv4", "^((25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)\\.){3}(25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)$"},
+          {"email", "^[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(\\.[A-Za-z0-9-]+)*\\.[A-Za-z]{2,}$"}};
+      const auto f = format->is_string() ? formats.find(format->get<std::string>()) : formats.end();
+      if (f == formats.end())
+        return fail(where + "/format", "the format " + format->dump() +
+                                           " is not supported (date, time, date-time, uuid, ipv4 and email are)");
+      regex = f->second;
+    } else {
+      uint64_t lo = 0, hi = UINT64_MAX;
+      for (const auto& [key, out] : {std::pair<const char*, uint64_t*>{"minLength", &lo}, {"maxLength", &hi}})
+        if (auto it = s.find(key); it != s.end()) {
+          if (!it->is_number_unsigned() && !(it->is_number_integer() && it->get<int64_t>() >= 0))
+            return fail(where + "/" + key, std::string(key) + " must be an integer >= 0");
+          *out = it->get<uint64_t>();
+        }
+      if (lo > hi) return fail(where, "minLength is above maxLength");
+      if (lo > max_regex_count || (hi != UINT64_MAX && hi > max_regex_count))
+        return fail(where, "minLength and maxLength are supported up to " + std::to_string(max_regex_count));
+      regex = "^(?:.|\\n|\\r){" + std::to_string(lo) + "," + (hi == UINT64_MAX ? "" : std::to_string(hi)) + "}$";
+    }
+    std::string why;
+    if (!json_string_matching(*g_, regex, rule, &why)) return fail(at, why);
+    return true;
+  }
+
+  /// An integer; with minimum / maximum (exclusive ones too), only those in the range: spelled
+  /// out digit by digit, as a range of numbers is in a regular expression.
+  bool integer_rule(const json& s, const std::string& where, uint32_t* rule) {
+    std::optional<int64_t> lo, hi;
+    constexpr double limit = 1e15;  // well inside int64 and exact in a double
+    for (const char* key : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}) {
+      auto it = s.find(key);
+      if (it == s.end()) continue;
+      if (!it->is_number() || std::abs(it->get<double>()) > limit)
+        return fail(where + "/" + key, std::string(key) + " must be a number within +-1e15 (draft 4's boolean "
+                                                           "exclusiveMinimum is not supported)");
+      const double v = it->get<double>();
+      const std::string k = key;
+      std::optional<int64_t>& bound = k == "minimum" || k == "exclusiveMinimum" ? lo : hi;
+      int64_t b = k == "minimum"            ? static_cast<int64_t>(std::ceil(v))
+                  : k == "maximum"          ? static_cast<int64_t>(std::floor(v))
+                  : k == "exclusiveMinimum" ? static_cast<int64_t>(std::floor(v)) + 1
+                                            : static_cast<int64_t>(std::ceil(v)) - 1;
+      bound = !bound ? b : (&bound == &lo ? std::max(*bound, b) : std::min(*bound, b));
+    }
+    if (!lo && !hi) {
+      *rule = integer_;
+      return true;
+    }
+    if (lo && hi && *lo > *hi) return fail(where, "no integer lies between its minimum and maximum");
+    const uint32_t out = g_->add_rule();
+    const auto minus = [&](std::optional<int64_t> from, std::optional<int64_t> to) {  // -y for y in [from, to]
+      const uint32_t part = naturals(*from, to);
+      g_->add_alternative(out, lit("-") + seq{r(part)});
+    };
+    if (lo && *lo >= 0) {
+      g_->add_alternative(out, {r(naturals(*lo, hi))});
+    } else if (hi && *hi < 0) {
+      minus(-*hi, lo ? std::optional<int64_t>(-*lo) : std::nullopt);
+    } else {  // the negatives down to lo, then 0 up to hi
+      minus(1, lo ? std::optional<int64_t>(-*lo) : std::nullopt);
+      g_->add_alternative(out, {r(naturals(0, hi))});
+    }
+    *rule = out;
+    return true;
+  }
+
+  /// The integers in [lo, hi] (hi none: no end), lo >= 0, written without leading zeros.
+  uint32_t naturals(int64_t lo, std::optional<int64_t> hi) {
+    const uint32_t out = g_->add_rule();
+    const std::string a = std::to_string(lo);
+    const std::string b = hi ? std::to_string(*hi) : std::string{};
+    const size_t last = hi ? b.size() : a.size();
+    for (size_t n = a.size(); n <= last; ++n) {
+      std::string from = a;  // the smallest n-digit number past a's length: 10...0
+      if (n > a.size()) {
+        from.assign(n, '0');
+        from[0] = '1';
+      }
+      const std::string to = hi && n == b.size() ? b : std::string(n, '9');
+      same_length(from, to, {}, out);
+    }
+    if (!hi) {  // every longer number
+      seq longer = {grammar::range('1', '9')};
+      for (size_t k = 0; k < a.size(); ++k) longer.push_back(grammar::range('0', '9'));
+      longer.push_back(r(digits_));
+      g_->add_alternative(out, longer);
+    }
+    return out;
+  }
+
+  /// Alternatives of `rule` for the digit strings of one length in [from, to], after `prefix`.
+  void same_length(const std::string& from, const std::string& to, seq prefix, uint32_t rule) {
+    if (from.empty()) {
+      g_->add_alternative(rule, prefix);
+      return;
+    }
+    const std::string rest_from = from.substr(1), rest_to = to.substr(1);
+    if (from[0] == to[0]) {
+      prefix.push_back(grammar::byte(static_cast<uint8_t>(from[0])));
+      same_length(rest_from, rest_to, std::move(prefix), rule);
+      return;
+    }
+    const size_t n = rest_from.size();
+    seq low = prefix, high = prefix;
+    low.push_back(grammar::byte(static_cast<uint8_t>(from[0])));
+    same_length(rest_from, std::string(n, '9'), std::move(low), rule);
+    if (to[0] - from[0] > 1) {
+      seq middle = prefix;
+      middle.push_back(grammar::range(static_cast<uint8_t>(from[0] + 1), static_cast<uint8_t>(to[0] - 1)));
+      for (size_t k = 0; k < n; ++k) middle.push_back(grammar::range('0', '9'));
+      g_->add_alternative(rule, middle);
+    }
+    high.push_back(grammar::byte(static_cast<uint8_t>(to[0])));
+    same_length(std::string(n, '0'), rest_to, std::move(high), rule);
+  }
+
+  static inline const std::string date_regex = "^\\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\\d|3[01])$";
+  static inline const std::string time_regex =
+      "([01]\\d|2[0-3]):[0-5]\\d:[0-5]\\d(\\.\\d{1,9})?(Z|[+-]([01]\\d|2[0-3]):[0-5]\\d)";
+
   /// {"key": value, ...} with any keys.
   uint32_t members(uint32_t v) {
     if (auto it = members_.find(v); it != members_.end()) return it->second;
@@ -305,7 +460,7 @@ private:
     G.add_alternative(chars, lit("\\u") + seq{r(hex), r(chars)});
     // numbers: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?
     const sym digit = grammar::range('0', '9');
-    const uint32_t digits = G.add_rule();  // [0-9]*
+    const uint32_t digits = digits_ = G.add_rule();  // [0-9]*
     G.add_alternative(digits, {});
     G.add_alternative(digits, {digit, r(digits)});
     const uint32_t natural = G.add_rule();
@@ -346,6 +501,7 @@ private:
   std::shared_ptr<grammar> g_ = std::make_shared<grammar>();
   std::map<std::string, uint32_t> refs_;
   std::map<uint32_t, uint32_t> members_;
+  uint32_t digits_ = 0;  ///< [0-9]*
 
 public:
   uint32_t ws_ = 0, string_ = 0, integer_ = 0, number_ = 0, boolean_ = 0, null_ = 0, any_value_ = 0, any_object_ = 0;

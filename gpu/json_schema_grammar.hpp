@@ -5,11 +5,13 @@
 //
 // The schema subset, as OpenAI's structured outputs and llama.cpp's converter take it:
 // type (one or a list), properties / required / additionalProperties, items / minItems /
-// maxItems, enum, const, anyOf / oneOf, allOf of one schema, and $ref into the schema's own
-// $defs or definitions (recursion allowed). Annotations (title, description, default,
-// examples, $schema, $id, $comment) are ignored. Anything that restricts values in a way the
-// grammar does not enforce (pattern, format, minimum, minLength, ...) is refused by name rather
-// than silently not honoured.
+// maxItems, enum, const, anyOf / oneOf, allOf of one schema, $ref into the schema's own $defs
+// or definitions (recursion allowed), a string's pattern, format (date, time, date-time, uuid,
+// ipv4, email) or minLength / maxLength (regex_grammar.hpp), and an integer's minimum / maximum
+// (exclusive ones too). Annotations (title, description, default, examples, $schema, $id,
+// $comment) are ignored. Anything that restricts values in a way the grammar does not enforce
+// (multipleOf, uniqueItems, not, a number's bounds, ...) is refused by name rather than
+// silently not honoured.
 //
 // The text: compact separators are not required; between tokens the model may write a space, or
 // a newline with up to 24 spaces or tabs of indentation (pretty-printed JSON), but no more, so a

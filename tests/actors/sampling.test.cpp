@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <regex>
 #include <algorithm>
 #include <filesystem>
 #include <thread>
@@ -169,7 +170,9 @@ TEST_CASE("structured outputs: a JSON schema's answer parses and holds to it, gr
   test::cluster_system t;
   // A finite language: every answer ends (an end token is all the grammar allows at its end).
   const std::string schema = R"({"type":"object","properties":{"color":{"enum":["red","green","blue"]},
-      "ok":{"type":"boolean"},"n":{"enum":[1,2,3]}},"required":["color","ok"],"additionalProperties":false})";
+      "ok":{"type":"boolean"},"n":{"type":"integer","minimum":-3,"maximum":12},
+      "code":{"type":"string","pattern":"^[A-Z]{2}-[0-9]{2}$"}},"required":["color","ok","code"],
+      "additionalProperties":false})";
   const std::string prompt = "Answer in JSON:";
   constexpr int32_t max_tokens = 600;  // more than the longest sentence, whitespace and all
   for (const bool hybrid : {false, true})
@@ -197,7 +200,9 @@ TEST_CASE("structured outputs: a JSON schema's answer parses and holds to it, gr
       REQUIRE(j.is_object());
       CHECK((j["color"] == "red" || j["color"] == "green" || j["color"] == "blue"));
       CHECK(j["ok"].is_boolean());
-      CHECK(j.size() == (j.contains("n") ? 3u : 2u));
+      CHECK(std::regex_match(j["code"].get<std::string>(), std::regex("[A-Z]{2}-[0-9]{2}")));
+      if (j.contains("n")) CHECK((j["n"].is_number_integer() && j["n"] >= -3 && j["n"] <= 12));
+      CHECK(j.size() == (j.contains("n") ? 4u : 3u));
       std::string why;
       auto grammar = gpu::json_grammar(gpu::json_output::schema, schema, false, &why);
       REQUIRE(grammar);
@@ -226,8 +231,8 @@ TEST_CASE("structured outputs: a JSON schema's answer parses and holds to it, gr
         REQUIRE_FALSE(r);
         return t.sys.render(r.error());
       };
-      CHECK(refused(2, R"({"type":"string","pattern":"^a+$"})").find("json_schema at /: the keyword 'pattern' is not "
-                                                                    "supported") != std::string::npos);
+      CHECK(refused(2, R"({"type":"integer","multipleOf":2})").find("json_schema at /: the keyword 'multipleOf' is "
+                                                                   "not supported") != std::string::npos);
       CHECK(refused(2, R"({"type":"object","properties":{"a":{"$ref":"#/nowhere"}}})")
                 .find("json_schema at /properties/a/$ref: $ref '#/nowhere' names nothing") != std::string::npos);
       CHECK(refused(1, schema).find("json_schema is given, but json_output is not 2") != std::string::npos);

@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 #include <random>
+#include <tuple>
 
 #include "gpu/json_schema_grammar.hpp"
 
@@ -123,11 +124,19 @@ TEST_CASE("grammar: schemas Baton cannot honour are refused, naming the keyword 
     CHECK_MESSAGE(compile(schema, &why) == nullptr, schema);
     return why;
   };
-  CHECK(refused(R"({"type":"string","pattern":"^a"})") == "json_schema at /: the keyword 'pattern' is not supported "
-                                                           "(Baton's grammars cannot enforce it)");
-  CHECK(refused(R"({"properties":{"when":{"type":"string","format":"date-time"}}})").find("/properties/when: the keyword 'format'") !=
-        std::string::npos);
-  CHECK(refused(R"({"type":"integer","minimum":0})").find("'minimum'") != std::string::npos);
+  CHECK(refused(R"({"type":"integer","multipleOf":3})") == "json_schema at /: the keyword 'multipleOf' is not supported "
+                                                             "(Baton's grammars cannot enforce it)");
+  CHECK(refused(R"({"properties":{"when":{"type":"string","format":"uri"}}})") ==
+        "json_schema at /properties/when/format: the format \"uri\" is not supported (date, time, date-time, uuid, "
+        "ipv4 and email are)");
+  CHECK(refused(R"({"type":"number","minimum":0})").find("/minimum: minimum is supported on integers only") != std::string::npos);
+  CHECK(refused(R"x({"type":"string","pattern":"a(?=b)"})x") ==
+        "json_schema at /pattern: pattern: lookarounds are not supported (offset 2)");
+  CHECK(refused(R"({"type":"string","pattern":"(a)\\1"})").find("backreferences are not supported") != std::string::npos);
+  CHECK(refused(R"({"type":"string","pattern":"a{2000}"})").find("counts are supported up to 1024") != std::string::npos);
+  CHECK(refused(R"({"type":"string","pattern":"^a|b$"})").find("group it, as ^(a|b)$") != std::string::npos);
+  CHECK(refused(R"({"type":"string","pattern":"a","format":"date"})").find("one at a time") != std::string::npos);
+  CHECK(refused(R"({"type":"integer","minimum":5,"maximum":4})").find("no integer lies between") != std::string::npos);
   CHECK(refused(R"({"type":"decimal"})").find("unknown type 'decimal'") != std::string::npos);
   CHECK(refused(R"({"$ref":"#/$defs/missing"})").find("names nothing") != std::string::npos);
   CHECK(refused(R"({"$ref":"http://x/y.json"})").find("not inside this schema") != std::string::npos);
@@ -141,6 +150,52 @@ TEST_CASE("grammar: schemas Baton cannot honour are refused, naming the keyword 
   for (int i = 0; i < 100; ++i) deep += R"({"type":"array","items":)";
   deep += "{}" + std::string(100, '}');
   CHECK(refused(deep).find("nests deeper than 64") != std::string::npos);
+}
+
+TEST_CASE("grammar: string patterns, formats and lengths, as the decoded text; integer ranges, digit by digit") {
+  const auto str = [](const std::string& keywords) { return compile(R"({"type":"string",)" + keywords + "}"); };
+  const auto zip = str(R"("pattern":"^[0-9]{5}(-[0-9]{4})?$")");
+  CHECK(matches(zip, R"("12345")"));
+  CHECK(matches(zip, R"("12345-6789")"));
+  CHECK_FALSE(matches(zip, R"("1234")"));
+  CHECK_FALSE(matches(zip, R"("12345-")"));
+  // Unanchored: the text need only contain a match.
+  CHECK(matches(str(R"("pattern":"ab+c")"), R"("xxabbbcyy")"));
+  CHECK_FALSE(matches(str(R"("pattern":"ab+c")"), R"("xxacyy")"));
+  // Characters JSON escapes are written escaped; a pattern's class takes them decoded.
+  const auto quoted = str(R"("pattern":"^[\"\\\\a]+\\n$")");  // the class holds ", \ and a
+  CHECK(matches(quoted, R"("\"a\\\n")"));
+  CHECK_FALSE(matches(quoted, "\"\"\\n\""));  // a raw quote would end the string
+  // . and \w, classes past ASCII, negated classes.
+  CHECK(matches(str(R"("pattern":"^.\\w[^a-z]$")"), "\"é_Q\""));
+  CHECK_FALSE(matches(str(R"("pattern":"^.\\w[^a-z]$")"), "\"é_q\""));
+  CHECK(matches(str(R"("format":"date")"), R"("2026-12-04")"));
+  CHECK_FALSE(matches(str(R"("format":"date")"), R"("2026-13-04")"));
+  CHECK(matches(str(R"("format":"date-time")"), R"("2026-12-04T23:59:60Z")") == false);  // no leap second
+  CHECK(matches(str(R"("format":"date-time")"), R"("2026-12-04T23:59:59.5+01:00")"));
+  CHECK(matches(str(R"("format":"uuid")"), R"("123e4567-e89b-12d3-a456-426614174000")"));
+  CHECK(matches(str(R"("format":"ipv4")"), R"("192.168.0.255")"));
+  CHECK_FALSE(matches(str(R"("format":"ipv4")"), R"("192.168.0.256")"));
+  CHECK(matches(str(R"("format":"email")"), R"("ada@example.org")"));
+  CHECK_FALSE(matches(str(R"("format":"email")"), R"("ada@example")"));
+  const auto len = str(R"("minLength":2,"maxLength":3)");
+  CHECK(matches(len, R"("ab")"));
+  CHECK(matches(len, R"("a\né")"));  // three characters: a, a newline, é (two bytes)
+  CHECK_FALSE(matches(len, R"("a")"));
+  CHECK_FALSE(matches(len, R"("abcd")"));
+  // Integers in a range, and only those: every value from -130 to 130 against each range.
+  for (const auto& [keywords, lo, hi] : std::vector<std::tuple<std::string, int, int>>{
+           {R"("minimum":0)", 0, 1000000}, {R"("minimum":-17,"maximum":123)", -17, 123},
+           {R"("exclusiveMinimum":9,"exclusiveMaximum":100)", 10, 99}, {R"("maximum":-3)", -1000000, -3},
+           {R"("minimum":-100,"maximum":-99)", -100, -99}, {R"("minimum":7,"maximum":7)", 7, 7}}) {
+    CAPTURE(keywords);
+    const auto g = compile(R"({"type":"integer",)" + keywords + "}");
+    REQUIRE(g);
+    for (int v = -130; v <= 130; ++v) CHECK_MESSAGE(matches(g, std::to_string(v)) == (v >= lo && v <= hi), v);
+    CHECK_FALSE(matches(g, "007"));
+    CHECK_FALSE(matches(g, "-0"));
+  }
+  CHECK(matches(compile(R"({"type":"integer","minimum":0})"), "123456789012"));
 }
 
 TEST_CASE("grammar: after a thinking block, free text up to </think>, then the JSON") {

@@ -1,0 +1,468 @@
+#include "gpu/regex_grammar.hpp"
+
+#include <bitset>
+#include <cstdio>
+#include <memory>
+#include <vector>
+
+namespace baton::gpu {
+
+namespace {
+
+using sym = grammar::symbol;
+constexpr uint32_t unbounded = UINT32_MAX;
+/// The most rules one expression may make (its counts multiply).
+constexpr uint32_t max_regex_rules = 50000;
+
+/// One piece of a parsed expression.
+struct node {
+  enum kind { chars, seq, alt, repeat } k = chars;
+  std::bitset<128> ascii;              ///< chars: the ASCII characters it takes
+  bool non_ascii = false;              ///< chars: and any character past ASCII
+  std::vector<std::string> multibyte;  ///< chars: and these characters past ASCII (UTF-8)
+  std::vector<node> kids;              ///< seq, alt: the parts; repeat: the one repeated
+  uint32_t min = 1, max = 1;           ///< repeat
+};
+
+node any_char() {
+  node n;
+  n.ascii.set();
+  n.non_ascii = true;
+  return n;
+}
+
+class parser {
+public:
+  explicit parser(std::string_view p) : p_(p) {}
+
+  bool parse(node* out, std::string* why) {
+    if (!alternation(out)) {
+      *why = why_;
+      return false;
+    }
+    if (at_ < p_.size()) {
+      *why = "pattern: unbalanced ')' at offset " + std::to_string(at_);
+      return false;
+    }
+    return true;
+  }
+
+private:
+  bool fail(const std::string& what) {
+    why_ = "pattern: " + what + " (offset " + std::to_string(at_) + ")";
+    return false;
+  }
+  bool more() const { return at_ < p_.size(); }
+  char peek() const { return p_[at_]; }
+
+  bool alternation(node* out) {
+    node first;
+    if (!sequence(&first)) return false;
+    if (!more() || peek() != '|') {
+      *out = std::move(first);
+      return true;
+    }
+    out->k = node::alt;
+    out->kids.push_back(std::move(first));
+    while (more() && peek() == '|') {
+      ++at_;
+      node next;
+      if (!sequence(&next)) return false;
+      out->kids.push_back(std::move(next));
+    }
+    return true;
+  }
+
+  bool sequence(node* out) {
+    out->k = node::seq;
+    while (more() && peek() != '|' && peek() != ')') {
+      node a;
+      if (!atom(&a) || !quantifier(&a)) return false;
+      out->kids.push_back(std::move(a));
+    }
+    return true;
+  }
+
+  bool quantifier(node* a) {
+    if (!more()) return true;
+    uint32_t lo = 0, hi = 0;
+    const size_t start = at_;
+    const char c = peek();
+    if (c == '*' || c == '+' || c == '?') {
+      ++at_;
+      lo = c == '+' ? 1 : 0;
+      hi = c == '?' ? 1 : unbounded;
+    } else if (c == '{') {
+      ++at_;
+      if (!number(&lo)) {  // not a count: a literal '{', as ECMA-262 reads it outside unicode mode
+        at_ = start;
+        return true;
+      }
+      hi = lo;
+      if (more() && peek() == ',') {
+        ++at_;
+        hi = unbounded;
+        if (more() && peek() != '}' && !number(&hi)) return fail("a malformed {m,n}");
+      }
+      if (!more() || peek() != '}') return fail("a malformed {m,n}");
+      ++at_;
+      if (hi < lo) return fail("{m,n} with n below m");
+      if (lo > max_regex_count || (hi != unbounded && hi > max_regex_count))
+        return fail("counts are supported up to " + std::to_string(max_regex_count));
+    } else {
+      return true;
+    }
+    if (more() && peek() == '?') ++at_;  // lazy: the same strings match
+    if (more() && (peek() == '*' || peek() == '+' || peek() == '?' || peek() == '{'))
+      return fail("a quantifier after a quantifier");
+    node r;
+    r.k = node::repeat;
+    r.min = lo;
+    r.max = hi;
+    r.kids.push_back(std::move(*a));
+    *a = std::move(r);
+    return true;
+  }
+
+  bool number(uint32_t* out) {
+    const size_t start = at_;
+    uint64_t v = 0;
+    while (more() && peek() >= '0' && peek() <= '9' && v <= max_regex_count * 10ull) v = v * 10 + (p_[at_++] - '0');
+    *out = static_cast<uint32_t>(std::min<uint64_t>(v, UINT32_MAX));
+    return at_ > start;
+  }
+
+  bool atom(node* out) {
+    const char c = p_[at_++];
+    switch (c) {
+      case '(': {
+        if (more() && peek() == '?') {
+          if (at_ + 1 < p_.size() && p_[at_ + 1] == ':') {
+            at_ += 2;
+          } else if (at_ + 1 < p_.size() && p_[at_ + 1] == '<' && at_ + 2 < p_.size() && p_[at_ + 2] != '=' &&
+                     p_[at_ + 2] != '!') {
+            const size_t end = p_.find('>', at_);  // a named group: a group
+            if (end == std::string_view::npos) return fail("an unclosed group name");
+            at_ = end + 1;
+          } else {
+            return fail("lookarounds are not supported");
+          }
+        }
+        if (!alternation(out)) return false;
+        if (!more() || peek() != ')') return fail("an unclosed group");
+        ++at_;
+        return true;
+      }
+      case ')': return fail("unbalanced ')'");
+      case '[': return set(out);
+      case '.':
+        *out = any_char();
+        out->ascii.reset('\n');
+        out->ascii.reset('\r');
+        return true;
+      case '^': return fail("^ is supported only at the start");
+      case '$': return fail("$ is supported only at the end");
+      case '*': case '+': case '?': return fail(std::string("nothing to repeat before '") + c + "'");
+      case '\\': return escape(out, false);
+      default:
+        --at_;
+        return literal(out);
+    }
+  }
+
+  /// One character as itself (UTF-8: a character past ASCII is several bytes).
+  bool literal(node* out) {
+    const auto b = static_cast<uint8_t>(p_[at_]);
+    if (b < 0x80) {
+      out->ascii.set(b);
+      ++at_;
+      return true;
+    }
+    const size_t len = b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : b >= 0xC0 ? 2 : 0;
+    if (len == 0 || at_ + len > p_.size()) return fail("malformed UTF-8");
+    out->multibyte.emplace_back(p_.substr(at_, len));
+    at_ += len;
+    return true;
+  }
+
+  bool escape(node* out, bool in_class) {
+    if (!more()) return fail("a trailing backslash");
+    const char c = p_[at_++];
+    auto range = [&](char lo, char hi) {
+      for (int x = lo; x <= hi; ++x) out->ascii.set(x);
+    };
+    switch (c) {
+      case 'd': range('0', '9'); return true;
+      case 'w': range('0', '9'); range('a', 'z'); range('A', 'Z'); out->ascii.set('_'); return true;
+      case 's': for (char x : std::string_view(" \t\n\r\f\v")) out->ascii.set(static_cast<uint8_t>(x)); return true;
+      case 'D': case 'W': case 'S': {
+        if (in_class) return fail(std::string("\\") + c + " inside a class is not supported");
+        node positive;
+        parser sub(std::string_view(&"dws"[c == 'D' ? 0 : c == 'W' ? 1 : 2], 1));
+        sub.escape(&positive, false);  // the lower-case class, then its complement
+        out->ascii = ~positive.ascii;
+        out->non_ascii = true;
+        return true;
+      }
+      case 'n': out->ascii.set('\n'); return true;
+      case 't': out->ascii.set('\t'); return true;
+      case 'r': out->ascii.set('\r'); return true;
+      case 'f': out->ascii.set('\f'); return true;
+      case 'v': out->ascii.set('\v'); return true;
+      case '0': out->ascii.set(0); return true;
+      case 'b':
+        if (in_class) {
+          out->ascii.set('\b');
+          return true;
+        }
+        return fail("word boundaries (\\b) are not supported");
+      case 'x': case 'u': {
+        const size_t digits = c == 'x' ? 2 : 4;
+        if (at_ + digits > p_.size()) return fail(std::string("a malformed \\") + c);
+        uint32_t cp = 0;
+        for (size_t i = 0; i < digits; ++i) {
+          const char h = p_[at_++];
+          const int v = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10 : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+          if (v < 0) return fail(std::string("a malformed \\") + c);
+          cp = cp * 16 + static_cast<uint32_t>(v);
+        }
+        if (cp < 0x80) {
+          out->ascii.set(cp);
+          return true;
+        }
+        if (cp >= 0xD800 && cp <= 0xDFFF) return fail("surrogate escapes are not supported");
+        std::string u;
+        if (cp < 0x800) {
+          u = {static_cast<char>(0xC0 | (cp >> 6)), static_cast<char>(0x80 | (cp & 0x3F))};
+        } else {
+          u = {static_cast<char>(0xE0 | (cp >> 12)), static_cast<char>(0x80 | ((cp >> 6) & 0x3F)),
+               static_cast<char>(0x80 | (cp & 0x3F))};
+        }
+        out->multibyte.push_back(u);
+        return true;
+      }
+      default:
+        if (c >= '1' && c <= '9') return fail("backreferences are not supported");
+        if (c == 'p' || c == 'P') return fail("Unicode property classes are not supported");
+        if (c == 'B' || c == 'k' || c == 'c') return fail(std::string("\\") + c + " is not supported");
+        if (static_cast<uint8_t>(c) >= 0x80) {
+          --at_;
+          return literal(out);
+        }
+        out->ascii.set(static_cast<uint8_t>(c));  // an escaped punctuation character: itself
+        return true;
+    }
+  }
+
+  bool set(node* out) {
+    const bool negated = more() && peek() == '^';
+    if (negated) ++at_;
+    bool first = true;
+    while (more() && (peek() != ']' || first)) {
+      first = false;
+      node item;
+      if (peek() == '\\') {
+        ++at_;
+        if (!escape(&item, true)) return false;
+      } else if (!literal(&item)) {
+        return false;
+      }
+      // A range: two single ASCII characters around '-' (not the class's last character).
+      if (more() && peek() == '-' && at_ + 1 < p_.size() && p_[at_ + 1] != ']') {
+        ++at_;
+        node hi;
+        if (peek() == '\\') {
+          ++at_;
+          if (!escape(&hi, true)) return false;
+        } else if (!literal(&hi)) {
+          return false;
+        }
+        if (item.ascii.count() != 1 || hi.ascii.count() != 1 || !item.multibyte.empty() || !hi.multibyte.empty())
+          return fail("class ranges are supported between ASCII characters only");
+        size_t lo_c = 0, hi_c = 0;
+        while (!item.ascii.test(lo_c)) ++lo_c;
+        while (!hi.ascii.test(hi_c)) ++hi_c;
+        if (hi_c < lo_c) return fail("a class range out of order");
+        for (size_t x = lo_c; x <= hi_c; ++x) out->ascii.set(x);
+        continue;
+      }
+      out->ascii |= item.ascii;
+      out->non_ascii |= item.non_ascii;
+      for (auto& m : item.multibyte) out->multibyte.push_back(std::move(m));
+    }
+    if (!more()) return fail("an unclosed class");
+    ++at_;
+    if (negated) {
+      if (!out->multibyte.empty()) return fail("a negated class with characters past ASCII is not supported");
+      out->ascii = ~out->ascii;
+      out->non_ascii = !out->non_ascii;
+    }
+    return true;
+  }
+
+  std::string_view p_;
+  size_t at_ = 0;
+  std::string why_;
+};
+
+/// Grammar rules for a parsed expression, writing its text as the inside of a JSON string.
+class builder {
+public:
+  explicit builder(grammar& g) : g_(g), start_rules_(g.rules()) {}
+
+  bool build(const node& n, uint32_t* rule, std::string* why) {
+    if (g_.rules() - start_rules_ > max_regex_rules) {
+      *why = "pattern: the expression's counts make it too large (more than " + std::to_string(max_regex_rules) +
+             " rules)";
+      return false;
+    }
+    const uint32_t r = g_.add_rule();
+    switch (n.k) {
+      case node::chars: chars(n, r); break;
+      case node::seq: {
+        std::vector<sym> parts;
+        for (const auto& k : n.kids) {
+          uint32_t kr = 0;
+          if (!build(k, &kr, why)) return false;
+          parts.push_back(grammar::ref(kr));
+        }
+        g_.add_alternative(r, parts);
+        break;
+      }
+      case node::alt:
+        for (const auto& k : n.kids) {
+          uint32_t kr = 0;
+          if (!build(k, &kr, why)) return false;
+          g_.add_alternative(r, {grammar::ref(kr)});
+        }
+        break;
+      case node::repeat: {
+        uint32_t item = 0;
+        if (!build(n.kids[0], &item, why)) return false;
+        // The optional tail: any number more (a rule that refers to itself), or up to max - min.
+        uint32_t tail = g_.add_rule();
+        g_.add_alternative(tail, {});
+        if (n.max == unbounded) {
+          g_.add_alternative(tail, {grammar::ref(item), grammar::ref(tail)});
+        } else {
+          for (uint32_t k = n.min; k < n.max; ++k) {
+            const uint32_t more = g_.add_rule();
+            g_.add_alternative(more, {});
+            g_.add_alternative(more, {grammar::ref(item), grammar::ref(tail)});
+            tail = more;
+          }
+        }
+        std::vector<sym> parts(n.min, grammar::ref(item));
+        parts.push_back(grammar::ref(tail));
+        g_.add_alternative(r, parts);
+        break;
+      }
+    }
+    *rule = r;
+    return true;
+  }
+
+private:
+  /// One character of the set as JSON writes it inside a string.
+  void chars(const node& n, uint32_t r) {
+    sym plain;
+    bool any_plain = false;
+    for (uint32_t c = 0; c < 128; ++c) {
+      if (!n.ascii.test(c)) continue;
+      if (c >= 0x20 && c != '"' && c != '\\') {
+        plain.set[c >> 6] |= uint64_t{1} << (c & 63);
+        any_plain = true;
+        continue;
+      }
+      std::string e;
+      switch (c) {
+        case '"': e = "\\\""; break;
+        case '\\': e = "\\\\"; break;
+        case '\n': e = "\\n"; break;
+        case '\t': e = "\\t"; break;
+        case '\r': e = "\\r"; break;
+        case '\b': e = "\\b"; break;
+        case '\f': e = "\\f"; break;
+        default: {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          e = buf;
+        }
+      }
+      g_.add_alternative(r, grammar::literal(e));
+    }
+    if (any_plain) g_.add_alternative(r, {plain});
+    for (const auto& m : n.multibyte) g_.add_alternative(r, grammar::literal(m));
+    if (n.non_ascii) {
+      const sym cont = grammar::range(0x80, 0xBF);
+      g_.add_alternative(r, {grammar::range(0xC2, 0xDF), cont});
+      g_.add_alternative(r, {grammar::range(0xE0, 0xEF), cont, cont});
+      g_.add_alternative(r, {grammar::range(0xF0, 0xF4), cont, cont, cont});
+    }
+  }
+
+  grammar& g_;
+  uint32_t start_rules_;
+};
+
+/// Whether the byte at `i` is escaped (an odd run of backslashes before it).
+bool escaped(std::string_view p, size_t i) {
+  size_t n = 0;
+  while (i > n && p[i - n - 1] == '\\') ++n;
+  return n % 2 == 1;
+}
+
+/// Whether the expression has a '|' outside every group and class.
+bool top_level_alternation(std::string_view p) {
+  int depth = 0;
+  bool in_class = false;
+  for (size_t i = 0; i < p.size(); ++i) {
+    if (escaped(p, i)) continue;
+    const char c = p[i];
+    if (in_class) in_class = c != ']';
+    else if (c == '[') in_class = true;
+    else if (c == '(') ++depth;
+    else if (c == ')') --depth;
+    else if (c == '|' && depth == 0) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+bool json_string_matching(grammar& g, std::string_view pattern, uint32_t* rule, std::string* why) {
+  if (pattern.size() > 4096) {
+    *why = "pattern: longer than 4096 bytes";
+    return false;
+  }
+  // Anchors: without ^ (or $) the text may have anything before (or after) a match.
+  const bool from_start = !pattern.empty() && pattern.front() == '^';
+  const bool to_end = !pattern.empty() && pattern.back() == '$' && !escaped(pattern, pattern.size() - 1) &&
+                      (pattern.size() > 1 || !from_start);
+  std::string_view body = pattern.substr(from_start ? 1 : 0);
+  if (to_end) body.remove_suffix(1);
+  if ((from_start || to_end) && top_level_alternation(body)) {
+    *why = "pattern: an anchor beside a top-level '|' is ambiguous here; group it, as ^(a|b)$";
+    return false;
+  }
+  node parsed;
+  if (!parser(body).parse(&parsed, why)) return false;
+  node whole;
+  whole.k = node::seq;
+  node anything;
+  anything.k = node::repeat;
+  anything.min = 0;
+  anything.max = unbounded;
+  anything.kids.push_back(any_char());
+  if (!from_start) whole.kids.push_back(anything);
+  whole.kids.push_back(std::move(parsed));
+  if (!to_end) whole.kids.push_back(anything);
+  uint32_t inside = 0;
+  if (!builder(g).build(whole, &inside, why)) return false;
+  const uint32_t out = g.add_rule();
+  g.add_alternative(out, {grammar::byte('"'), grammar::ref(inside), grammar::byte('"')});
+  *rule = out;
+  return true;
+}
+
+}  // namespace baton::gpu

@@ -1,0 +1,29 @@
+#pragma once
+
+// Regular expressions as grammar rules (grammar.hpp), for JSON schema's `pattern`, the string
+// `format`s and `minLength`/`maxLength`: a rule that matches a JSON string, quotes included,
+// whose decoded text matches the expression. The rule writes the text as JSON spells it: `"`,
+// `\` and control characters escaped (\n, \t, ... or \u00XX), everything else as itself.
+//
+// The syntax is ECMA-262's, as JSON schema's `pattern` is: alternation, groups ((...) and
+// (?:...)), quantifiers (?, *, +, {m}, {m,}, {m,n}; lazy ones match the same strings),
+// classes ([a-z], [^...]), `.`, \d \w \s and their capitals, escaped characters. The anchors ^
+// and $ only at the start and end. Without them the text need only contain a match, as the
+// standard says. Refused by name: backreferences, lookarounds, word boundaries, Unicode property
+// classes, counts above 1,024.
+
+#include <string>
+#include <string_view>
+
+#include "gpu/grammar.hpp"
+
+namespace baton::gpu {
+
+/// The most a quantifier may count ({m,n}; minLength, maxLength).
+inline constexpr uint32_t max_regex_count = 1024;
+
+/// Adds to `g` a rule matching a JSON string whose text matches `pattern`; false and a
+/// sentence naming what is not supported (or malformed) otherwise.
+bool json_string_matching(grammar& g, std::string_view pattern, uint32_t* rule, std::string* why);
+
+}  // namespace baton::gpu
