@@ -524,7 +524,15 @@ void on_step_done(decode_pointer self, gpu::forward_output& out) {
     }
     l.fed.push_back(s->next_input);  // its KV is now at position s->pos
     const int32_t tok = out.tokens[row];  // picked by the executor (forward_seq::sample)
-    if (l.grammar) l.grammar->accept(tok);  // the pick followed it: it was one the grammar allowed
+    if (l.grammar && !l.grammar->accept(tok)) {
+      // The executor picks among the tokens the grammar allows, so this never happens; if it
+      // did, the answer could not be kept to its grammar: it fails rather than go on unchecked.
+      l.promise.deliver(make_error(errc::executor_failed, where(l.request_id, st.cfg.name, "decode") + ": token " +
+                                                              std::to_string(tok) + " strays from the answer's grammar"));
+      st.batch.erase(s);
+      free_lease(self, lease_id);
+      continue;
+    }
     ++s->num_generated;
     token_event ev{l.request_id, s->num_generated, tok, {}, lease_id};
     if (l.order.return_logits) ev.logits = std::move(out.logits[row]);

@@ -261,11 +261,28 @@ bool parse_tools(const json& j, const ordered_json& body, call* out, api_error* 
       return false;
     }
   }
-  // A function's parameters as a schema (none: it takes no arguments).
-  const auto parameters = [&](size_t k) {
+  // A function's parameters as a schema (none: it takes no arguments). Placed inside a larger
+  // schema (`at`, a JSON pointer), its own references ("#/$defs/...") are moved along with it.
+  const auto parameters = [&](size_t k, const std::string& at) {
     const auto& f = body["tools"][k]["function"];
-    if (f.contains("parameters") && !f["parameters"].is_null()) return f["parameters"];
-    return ordered_json{{"type", "object"}, {"properties", ordered_json::object()}, {"additionalProperties", false}};
+    if (!f.contains("parameters") || f["parameters"].is_null())
+      return ordered_json{{"type", "object"}, {"properties", ordered_json::object()}, {"additionalProperties", false}};
+    ordered_json p = f["parameters"];
+    std::vector<ordered_json*> todo = {&p};
+    while (!todo.empty()) {
+      ordered_json* v = todo.back();
+      todo.pop_back();
+      if (v->is_object())
+        for (auto& [key, child] : v->items()) {
+          if (key == "$ref" && child.is_string() && child.get<std::string>().rfind('#', 0) == 0)
+            child = "#" + at + child.get<std::string>().substr(1);
+          else
+            todo.push_back(&child);
+        }
+      else if (v->is_array())
+        for (auto& child : *v) todo.push_back(&child);
+    }
+    return p;
   };
   if (auto c = j.find("tool_choice"); c != j.end() && !c->is_null()) {
     if (*c == "none") return true;
@@ -277,7 +294,9 @@ bool parse_tools(const json& j, const ordered_json& body, call* out, api_error* 
       ordered_json calls = ordered_json::array();
       for (size_t k = 0; k < it->size(); ++k)
         calls.push_back({{"type", "object"},
-                         {"properties", {{"name", {{"const", (*it)[k]["function"]["name"]}}}, {"parameters", parameters(k)}}},
+                         {"properties", {{"name", {{"const", (*it)[k]["function"]["name"]}}},
+                                         {"parameters", parameters(k, "/items/anyOf/" + std::to_string(k) +
+                                                                          "/properties/parameters")}}},
                          {"required", {"name", "parameters"}},
                          {"additionalProperties", false}});
       ordered_json schema = {{"type", "array"}, {"items", {{"anyOf", calls}}}, {"minItems", 1}};
@@ -293,7 +312,7 @@ bool parse_tools(const json& j, const ordered_json& body, call* out, api_error* 
         *err = bad("tool_choice", "tool_choice names the function '" + name.substr(0, 64) + "', which tools lacks");
         return false;
       }
-      req->json_schema = parameters(k).dump();
+      req->json_schema = parameters(k, "").dump();
       out->forced_tool = name;
     } else if (*c != "auto") {
       *err = bad("tool_choice", "tool_choice must be \"auto\", \"none\", \"required\" or {type: \"function\", "

@@ -1,6 +1,7 @@
 #include "gpu/grammar.hpp"
 
 #include <algorithm>
+#include <climits>
 
 namespace baton::gpu {
 
@@ -24,6 +25,18 @@ void grammar::add_alternative(uint32_t rule, const std::vector<symbol>& symbols)
     elements_.push_back({kind::bytes, static_cast<uint32_t>(it - sets_.begin())});
   }
   elements_.push_back({kind::end, 0});
+}
+
+void grammar::add_utf8_multibyte(uint32_t rule) {
+  const symbol tail = range(0x80, 0xBF);
+  add_alternative(rule, {range(0xC2, 0xDF), tail});
+  add_alternative(rule, {byte(0xE0), range(0xA0, 0xBF), tail});
+  add_alternative(rule, {range(0xE1, 0xEC), tail, tail});
+  add_alternative(rule, {byte(0xED), range(0x80, 0x9F), tail});
+  add_alternative(rule, {range(0xEE, 0xEF), tail, tail});
+  add_alternative(rule, {byte(0xF0), range(0x90, 0xBF), tail, tail});
+  add_alternative(rule, {range(0xF1, 0xF3), tail, tail, tail});
+  add_alternative(rule, {byte(0xF4), range(0x80, 0x8F), tail, tail});
 }
 
 grammar::symbol grammar::byte(uint8_t b) { return range(b, b); }
@@ -110,12 +123,14 @@ struct grammar_arena {
   std::unordered_map<uint64_t, uint32_t> ids;
   /// What a node whose top is a rule expands to (the byte-set tops and 0), computed once.
   std::unordered_map<uint32_t, std::vector<uint32_t>> expanded;
+  std::unordered_map<uint32_t, int> in_progress;  ///< nodes being expanded, at their depth
   std::vector<uint32_t> work;
 
   void reset() {
     nodes.assign(1, {0, 0});
     ids.clear();
     expanded.clear();
+    in_progress.clear();
   }
   uint32_t intern(uint32_t pos, uint32_t below) {
     const uint64_t key = uint64_t{pos} << 32 | below;
@@ -128,44 +143,55 @@ struct grammar_arena {
 namespace {
 
 /// Right recursion never deepens a stack (a rule's last symbol leaves nothing behind), so only a
-/// left-recursive or runaway grammar nests this deep: it is cut off there rather than loop.
-constexpr int max_expand_depth = 256;
+/// runaway chain of rules that each start with the next nests this deep: it is cut off there
+/// rather than loop (the compilers refuse schemas and patterns nested anywhere near it).
+constexpr int max_expand_depth = 2048;
 /// More parses alive at once than any JSON grammar keeps (an ambiguous one could multiply them):
 /// past it the rest are dropped, which only narrows what may follow, never widens it.
 constexpr size_t max_live_stacks = 4096;
-
+constexpr int no_cycle = INT32_MAX;
 
 /// The stacks a stack becomes once every rule on its top is expanded: tops that are byte sets, and
 /// 0 when the stack empties (the output may end here).
-void expand(const grammar& g, grammar_arena& a, uint32_t id, std::vector<uint32_t>& out, int depth = 0) {
+///
+/// A rule may reach itself again without reading a byte (a pattern's (a?)*: the repeat's tail,
+/// an empty item, the tail again). The second visit adds nothing the first does not, so it is
+/// cut; but a node between the two has then seen only part of what it reaches, and is not
+/// remembered (the node the cycle returns to is complete, and is). Returns the depth of the
+/// shallowest node still being expanded that this expansion reached (no_cycle: none).
+int expand(const grammar& g, grammar_arena& a, uint32_t id, std::vector<uint32_t>& out, int depth = 0) {
   if (id == 0) {
     out.push_back(0);
-    return;
+    return no_cycle;
   }
   const auto [pos, below] = a.nodes[id];
   const auto& e = g.elements()[pos];
   if (e.k == grammar::kind::bytes) {
     out.push_back(id);
-    return;
+    return no_cycle;
   }
-  if (depth > max_expand_depth) return;
-  // Known, or being expanded further up this very walk (a rule that starts with itself, which
-  // well-formed grammars never write): then it adds nothing, and the walk stays linear.
-  auto [it, fresh] = a.expanded.try_emplace(id);
-  if (!fresh) {
+  if (depth > max_expand_depth) return -1;  // cut: nothing above it is remembered either
+  if (auto it = a.expanded.find(id); it != a.expanded.end()) {
     out.insert(out.end(), it->second.begin(), it->second.end());
-    return;
+    return no_cycle;
   }
+  if (auto it = a.in_progress.find(id); it != a.in_progress.end()) return it->second;
+  a.in_progress.emplace(id, depth);
   std::vector<uint32_t> mine;
+  int low = no_cycle;
   // What follows the rule in its alternative; nothing when the rule ends it (no frame is kept for
   // a finished alternative, so right recursion runs in constant depth).
   const uint32_t after = g.elements()[pos + 1].k == grammar::kind::end ? below : a.intern(pos + 1, below);
   for (uint32_t start : g.alternatives(e.value))
-    expand(g, a, g.elements()[start].k == grammar::kind::end ? after : a.intern(start, after), mine, depth + 1);
+    low = std::min(low, expand(g, a, g.elements()[start].k == grammar::kind::end ? after : a.intern(start, after),
+                               mine, depth + 1));
+  a.in_progress.erase(id);
   std::sort(mine.begin(), mine.end());
   mine.erase(std::unique(mine.begin(), mine.end()), mine.end());
   out.insert(out.end(), mine.begin(), mine.end());
-  a.expanded[id] = std::move(mine);
+  if (low < depth) return low;  // part of a cycle through a node further up: not complete yet
+  a.expanded.emplace(id, std::move(mine));
+  return no_cycle;
 }
 
 /// The stacks after byte `b`: each top whose set holds it moves on (and expands).
@@ -242,22 +268,21 @@ bool grammar_matcher::complete() const {
 }
 
 bool grammar_matcher::allows(int32_t token) const {
+  if (std::find(end_tokens_.begin(), end_tokens_.end(), token) != end_tokens_.end()) return ended_ || complete();
   if (ended_) return false;
-  if (std::find(end_tokens_.begin(), end_tokens_.end(), token) != end_tokens_.end()) return complete();
   if (!vocab_->is_text(token)) return false;
   auto tops = load(*arena_, stacks_);
   return follows(*g_, *arena_, tops, vocab_->text(token));
 }
 
 bool grammar_matcher::accept(int32_t token) {
-  if (ended_) return false;
   if (std::find(end_tokens_.begin(), end_tokens_.end(), token) != end_tokens_.end()) {
-    if (!complete()) return false;
+    if (!ended_ && !complete()) return false;
     ended_ = true;
     ++consumed_;
     return true;
   }
-  if (!vocab_->is_text(token) || !accept_bytes(vocab_->text(token))) return false;
+  if (ended_ || !vocab_->is_text(token) || !accept_bytes(vocab_->text(token))) return false;
   ++consumed_;
   return true;
 }
@@ -277,9 +302,15 @@ bool grammar_matcher::accept_bytes(std::string_view bytes) {
 }
 
 size_t grammar_matcher::allowed(std::vector<uint8_t>* mask) const {
-  if (ended_) {
+  if (ended_) {  // only more end tokens (a request that ignores them goes on to max_tokens)
     mask->assign(vocab_->size(), 0);
-    return 0;
+    size_t n = 0;
+    for (int32_t t : end_tokens_)
+      if (t >= 0 && static_cast<size_t>(t) < mask->size() && !(*mask)[t]) {
+        (*mask)[t] = 1;
+        ++n;
+      }
+    return n;
   }
   if (walked_ && walked_stacks_ == stacks_) {
     *mask = walked_mask_;

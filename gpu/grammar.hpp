@@ -39,6 +39,9 @@ public:
   /// One way to match `rule`: the symbols in order (none: the empty string).
   void add_alternative(uint32_t rule, const std::vector<symbol>& symbols);
   void set_start(uint32_t rule) { start_ = rule; }
+  /// One alternative of `rule` per form of a well-formed UTF-8 character past ASCII (RFC 3629:
+  /// no overlong forms, no surrogates, nothing past U+10FFFF).
+  void add_utf8_multibyte(uint32_t rule);
 
   static symbol ref(uint32_t rule) { return {true, rule, {}}; }
   static symbol byte(uint8_t b);
@@ -124,7 +127,8 @@ public:
   size_t allowed(std::vector<uint8_t>* allowed) const;
   /// Whether the output so far is a whole sentence of the grammar (an end token may come).
   bool complete() const;
-  /// Whether an end token came: the output is over.
+  /// Whether an end token came: the output is over (only end tokens may follow, for a request
+  /// that ignores them).
   bool ended() const { return ended_; }
   /// Tokens accepted so far.
   size_t consumed() const { return consumed_; }

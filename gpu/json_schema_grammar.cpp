@@ -1,5 +1,6 @@
 #include "gpu/json_schema_grammar.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <optional>
@@ -58,18 +59,38 @@ public:
       if (!known.count(key))
         return fail(where, "the keyword '" + key + "' is not supported (Baton's grammars cannot enforce it)");
     }
+    // A keyword that takes the whole value (a reference, a list of values, a choice of schemas)
+    // leaves nothing for others beside it to say: one that would, would be ignored, so it is
+    // refused ($defs and annotations aside; a type beside an enum is implied by its values).
+    const auto alone = [&](const std::string& key, std::initializer_list<const char*> allowed) {
+      static const std::set<std::string> quiet = {"title", "description", "default", "examples", "$schema",
+                                                  "$id",   "$comment",    "strict",  "$defs",    "definitions"};
+      for (const auto& [k, v] : s.items()) {
+        if (k == key || quiet.count(k)) continue;
+        if (std::find_if(allowed.begin(), allowed.end(), [&](const char* a) { return k == a; }) != allowed.end()) continue;
+        return fail(where, "'" + k + "' beside " + key + " is not supported (it would be ignored); move it into " +
+                               (key == "$ref" ? "the schema referred to" : key == "enum" || key == "const"
+                                                                            ? "nothing: the values say it all"
+                                                                            : "each of " + key + "'s schemas"));
+      }
+      return true;
+    };
     if (auto it = s.find("$ref"); it != s.end()) {
-      if (s.size() > 1 && (s.contains("type") || s.contains("properties") || s.contains("enum")))
-        return fail(where, "$ref beside other constraints is not supported");
+      if (!alone("$ref", {})) return false;
       return ref(*it, where, depth, rule);
     }
-    if (auto it = s.find("const"); it != s.end()) return literals(json::array({*it}), rule);
+    if (auto it = s.find("const"); it != s.end()) {
+      if (!alone("const", {"type", "nullable"})) return false;
+      return literals(json::array({*it}), rule);
+    }
     if (auto it = s.find("enum"); it != s.end()) {
       if (!it->is_array() || it->empty()) return fail(where + "/enum", "enum must be a non-empty array");
+      if (!alone("enum", {"type", "nullable"})) return false;
       return literals(*it, rule);
     }
     for (const char* key : {"anyOf", "oneOf"})
       if (auto it = s.find(key); it != s.end()) {
+        if (!alone(key, {})) return false;
         if (!it->is_array() || it->empty()) return fail(where + "/" + key, std::string(key) + " must be a non-empty array");
         const uint32_t r = g_->add_rule();
         for (size_t i = 0; i < it->size(); ++i) {
@@ -82,6 +103,7 @@ public:
       }
     if (auto it = s.find("allOf"); it != s.end()) {
       if (!it->is_array() || it->size() != 1) return fail(where + "/allOf", "allOf is supported with one schema only");
+      if (!alone("allOf", {})) return false;
       return value((*it)[0], where + "/allOf/0", depth + 1, rule);
     }
     std::vector<std::string> types;
@@ -99,6 +121,11 @@ public:
       types.push_back("object");
     } else if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) {
       types.push_back("array");
+    } else if (s.contains("pattern") || s.contains("format") || s.contains("minLength") || s.contains("maxLength")) {
+      types.push_back("string");  // only strings have them: the answer is one
+    } else if (s.contains("minimum") || s.contains("maximum") || s.contains("exclusiveMinimum") ||
+               s.contains("exclusiveMaximum")) {
+      return fail(where, "a bound without a type: give type integer (bounds hold on integers only)");
     } else {
       *rule = any_value_;
       return true;
@@ -448,14 +475,24 @@ private:
     sym hexset = grammar::range('0', '9');
     for (int b = 'a'; b <= 'f'; ++b) hexset.set[b >> 6] |= uint64_t{1} << (b & 63);
     for (int b = 'A'; b <= 'F'; ++b) hexset.set[b >> 6] |= uint64_t{1} << (b & 63);
-    G.add_alternative(hex, {hexset, hexset, hexset, hexset});
-    sym plain = grammar::except("\"\\");
-    for (int b = 0; b < 0x20; ++b) plain.set[0] &= ~(uint64_t{1} << b);
+    // \uXXXX of a character, never of half a surrogate pair (a lone one is not valid JSON text
+    // to most parsers; characters past U+FFFF come as UTF-8 instead).
+    sym hex_not_d = hexset;
+    for (int b : {'d', 'D'}) hex_not_d.set[b >> 6] &= ~(uint64_t{1} << (b & 63));
+    G.add_alternative(hex, {hex_not_d, hexset, hexset, hexset});
+    G.add_alternative(hex, {grammar::range('d', 'd'), grammar::range('0', '7'), hexset, hexset});
+    G.add_alternative(hex, {grammar::range('D', 'D'), grammar::range('0', '7'), hexset, hexset});
+    // Plain ASCII, and characters past it as well-formed UTF-8 (never a stray byte).
+    sym plain = grammar::range(0x20, 0x7F);
+    for (int b : {'"', '\\'}) plain.set[b >> 6] &= ~(uint64_t{1} << (b & 63));
+    const uint32_t utf8 = G.add_rule();
+    G.add_utf8_multibyte(utf8);
     sym escaped = grammar::byte('"');
     for (char c : std::string_view("\\/bfnrt")) escaped.set[static_cast<uint8_t>(c) >> 6] |= uint64_t{1} << (c & 63);
     G.add_alternative(string_, lit("\"") + seq{r(chars)});
     G.add_alternative(chars, lit("\""));
     G.add_alternative(chars, {plain, r(chars)});
+    G.add_alternative(chars, {r(utf8), r(chars)});
     G.add_alternative(chars, lit("\\") + seq{escaped, r(chars)});
     G.add_alternative(chars, lit("\\u") + seq{r(hex), r(chars)});
     // numbers: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?

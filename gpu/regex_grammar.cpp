@@ -136,6 +136,7 @@ private:
     const char c = p_[at_++];
     switch (c) {
       case '(': {
+        if (++groups_open_ > max_group_depth) return fail("groups nest deeper than " + std::to_string(max_group_depth));
         if (more() && peek() == '?') {
           if (at_ + 1 < p_.size() && p_[at_ + 1] == ':') {
             at_ += 2;
@@ -151,6 +152,7 @@ private:
         if (!alternation(out)) return false;
         if (!more() || peek() != ')') return fail("an unclosed group");
         ++at_;
+        --groups_open_;
         return true;
       }
       case ')': return fail("unbalanced ')'");
@@ -300,8 +302,10 @@ private:
     return true;
   }
 
+  static constexpr int max_group_depth = 64;
   std::string_view p_;
   size_t at_ = 0;
+  int groups_open_ = 0;
   std::string why_;
 };
 
@@ -393,12 +397,7 @@ private:
     }
     if (any_plain) g_.add_alternative(r, {plain});
     for (const auto& m : n.multibyte) g_.add_alternative(r, grammar::literal(m));
-    if (n.non_ascii) {
-      const sym cont = grammar::range(0x80, 0xBF);
-      g_.add_alternative(r, {grammar::range(0xC2, 0xDF), cont});
-      g_.add_alternative(r, {grammar::range(0xE0, 0xEF), cont, cont});
-      g_.add_alternative(r, {grammar::range(0xF0, 0xF4), cont, cont, cont});
-    }
+    if (n.non_ascii) g_.add_utf8_multibyte(r);
   }
 
   grammar& g_;

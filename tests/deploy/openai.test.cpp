@@ -12,6 +12,7 @@
 #include "actors/request.hpp"
 #include "deploy/http.hpp"
 #include "deploy/openai.hpp"
+#include "gpu/json_schema_grammar.hpp"
 
 using namespace baton;
 using nlohmann::json;
@@ -800,6 +801,16 @@ TEST_CASE("structured outputs: response_format and a forced tool_choice become a
   CHECK(schema["items"]["anyOf"][1]["properties"]["name"] == json{{"const", "now"}});
   // A function without parameters takes an empty object.
   CHECK(schema["items"]["anyOf"][1]["properties"]["parameters"]["additionalProperties"] == false);
+  // A tool whose parameters refer to their own $defs (as pydantic writes them): the references
+  // move with the parameters into the list's schema, which then compiles.
+  const std::string with_refs = R"("tools":[{"type":"function","function":{"name":"book","parameters":
+      {"type":"object","properties":{"who":{"$ref":"#/$defs/P"}},"required":["who"],
+       "$defs":{"P":{"type":"object","properties":{"name":{"type":"string"}},"required":["name"]}}}}}])";
+  REQUIRE(deploy::openai::parse_body(chat + R"("tool_choice":"required",)" + with_refs + "}", true, "m", &c, &e));
+  CHECK(json::parse(c.req.json_schema)["items"]["anyOf"][0]["properties"]["parameters"]["properties"]["who"]["$ref"] ==
+        "#/items/anyOf/0/properties/parameters/$defs/P");
+  std::string why;
+  CHECK_MESSAGE(gpu::json_grammar(gpu::json_output::schema, c.req.json_schema, false, &why), why);
   CHECK_FALSE(deploy::openai::parse_body(chat + R"("tool_choice":{"type":"function","function":{"name":"nope"}},)" + tools + "}",
                                          true, "m", &c, &e));
   CHECK(e.message == "tool_choice names the function 'nope', which tools lacks");

@@ -44,9 +44,14 @@ std::shared_ptr<const token_vocabulary> json_pieces() {
   std::vector<bool> special(text.size(), false);
   special[text.size() - 1] = true;
   special[text.size() - 2] = true;
-  // Every printable byte on its own too, as real vocabularies have: any viable text can go on.
+  // Every printable byte on its own too, as real vocabularies have: any viable text can go on;
+  // and pieces that run through a pattern's repeats.
   for (char c = ' '; c < 127; ++c) {
     text.emplace_back(1, c);
+    special.push_back(false);
+  }
+  for (const char* t : {"aa", "ba", "bb", "aab", "b\"", "a\"", "\xa9"}) {
+    text.emplace_back(t);
     special.push_back(false);
   }
   return std::make_shared<token_vocabulary>(text, special);
@@ -138,6 +143,14 @@ TEST_CASE("grammar: schemas Baton cannot honour are refused, naming the keyword 
   CHECK(refused(R"({"type":"string","pattern":"a","format":"date"})").find("one at a time") != std::string::npos);
   CHECK(refused(R"({"type":"integer","minimum":5,"maximum":4})").find("no integer lies between") != std::string::npos);
   CHECK(refused(R"({"type":"decimal"})").find("unknown type 'decimal'") != std::string::npos);
+  // What a keyword taking the whole value would leave unsaid is refused, not ignored.
+  CHECK(refused(R"({"$ref":"#/$defs/a","minItems":2,"$defs":{"a":{"type":"array"}}})") ==
+        "json_schema at /: 'minItems' beside $ref is not supported (it would be ignored); move it into the schema "
+        "referred to");
+  CHECK(refused(R"({"type":"string","anyOf":[{"maxLength":5},{"pattern":"x"}]})").find("'type' beside anyOf") !=
+        std::string::npos);
+  CHECK(refused(R"({"enum":["a"],"maxLength":3})").find("'maxLength' beside enum") != std::string::npos);
+  CHECK(refused(R"({"minimum":3})").find("a bound without a type") != std::string::npos);
   CHECK(refused(R"({"$ref":"#/$defs/missing"})").find("names nothing") != std::string::npos);
   CHECK(refused(R"({"$ref":"http://x/y.json"})").find("not inside this schema") != std::string::npos);
   CHECK(refused(R"({"properties":{"a":{}},"required":["b"]})").find("required names 'b'") != std::string::npos);
@@ -196,6 +209,16 @@ TEST_CASE("grammar: string patterns, formats and lengths, as the decoded text; i
     CHECK_FALSE(matches(g, "-0"));
   }
   CHECK(matches(compile(R"({"type":"integer","minimum":0})"), "123456789012"));
+  // A string's keywords without a type: a string (only strings have them).
+  CHECK(matches(compile(R"({"pattern":"^x+$"})"), R"("xx")"));
+  CHECK_FALSE(matches(compile(R"({"pattern":"^x+$"})"), "1"));
+  // Strings are well-formed UTF-8: no stray byte, no overlong form, no surrogate, no lone \uD800.
+  CHECK(viable(compile(""), "{\"\xc3"));
+  CHECK_FALSE(viable(compile(""), "{\"\xc3\""));
+  CHECK_FALSE(viable(compile(""), "{\"\xc0\xaf"));
+  CHECK_FALSE(viable(compile(""), "{\"\xed\xa0\x80"));
+  CHECK_FALSE(viable(compile(""), R"({"\uD800)"));
+  CHECK(matches(compile(""), "{\"\xf0\x9f\x98\x80\":\"\\u00e9\"}"));
 }
 
 TEST_CASE("grammar: after a thinking block, free text up to </think>, then the JSON") {
@@ -228,16 +251,24 @@ TEST_CASE("grammar: tokens follow the grammar as their bytes do; specials never,
   CHECK(m.allows(end_token));
   CHECK(m.accept(end_token));
   CHECK(m.ended());
-  CHECK_FALSE(m.allows(end_token));
-  CHECK(m.consumed() == 6);
+  // Over: only more end tokens (a request that ignores them runs on to max_tokens).
+  CHECK(m.allows(end_token));
+  CHECK_FALSE(m.allows(id("}")));
+  CHECK_FALSE(m.accept(id("}")));
+  CHECK(m.accept(end_token));
+  CHECK(m.consumed() == 7);
 }
 
 TEST_CASE("grammar: the vocabulary walk allows exactly what token-by-token checks allow, on random walks") {
   const auto vocab = json_pieces();
   const std::string schema = R"({"type":"object","properties":{"name":{"enum":["ada","bob"]},"ok":{"type":"boolean"},
       "tags":{"type":"array","items":{"enum":["x","y"]},"maxItems":3}},"required":["name","ok"]})";
-  for (const std::string& s : {std::string{}, schema}) {
-    const bool finite = !s.empty();
+  // Patterns whose repeats may match nothing: a rule reaches itself again without a byte read.
+  const std::vector<std::pair<std::string, bool>> cases = {
+      {"", false}, {schema, true}, {R"({"type":"string","pattern":"^(a*b?)*$"})", false},
+      {R"({"type":"array","items":{"type":"string","pattern":"^(a?)*x?$"},"maxItems":2})", false}};
+  for (const auto& [s, finite] : cases) {
+    CAPTURE(s);
     std::mt19937 rng(7);
     for (int walk = 0; walk < 40; ++walk) {
       grammar_matcher m(compile(s), vocab, {end_token});
