@@ -123,7 +123,7 @@ struct grammar_arena {
   std::unordered_map<uint64_t, uint32_t> ids;
   /// What a node whose top is a rule expands to (the byte-set tops and 0), computed once.
   std::unordered_map<uint32_t, std::vector<uint32_t>> expanded;
-  std::unordered_map<uint32_t, int> in_progress;  ///< nodes being expanded, at their depth
+  std::vector<uint32_t> in_progress;  ///< the nodes being expanded, outermost first
   std::vector<uint32_t> work;
 
   void reset() {
@@ -175,8 +175,10 @@ int expand(const grammar& g, grammar_arena& a, uint32_t id, std::vector<uint32_t
     out.insert(out.end(), it->second.begin(), it->second.end());
     return no_cycle;
   }
-  if (auto it = a.in_progress.find(id); it != a.in_progress.end()) return it->second;
-  a.in_progress.emplace(id, depth);
+  // Being expanded further up this walk: its depth there (a short path, searched in place).
+  for (size_t k = 0; k < a.in_progress.size(); ++k)
+    if (a.in_progress[k] == id) return static_cast<int>(k);
+  a.in_progress.push_back(id);
   std::vector<uint32_t> mine;
   int low = no_cycle;
   // What follows the rule in its alternative; nothing when the rule ends it (no frame is kept for
@@ -185,7 +187,7 @@ int expand(const grammar& g, grammar_arena& a, uint32_t id, std::vector<uint32_t
   for (uint32_t start : g.alternatives(e.value))
     low = std::min(low, expand(g, a, g.elements()[start].k == grammar::kind::end ? after : a.intern(start, after),
                                mine, depth + 1));
-  a.in_progress.erase(id);
+  a.in_progress.pop_back();
   std::sort(mine.begin(), mine.end());
   mine.erase(std::unique(mine.begin(), mine.end()), mine.end());
   out.insert(out.end(), mine.begin(), mine.end());

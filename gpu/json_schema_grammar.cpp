@@ -65,9 +65,12 @@ public:
     const auto alone = [&](const std::string& key, std::initializer_list<const char*> allowed) {
       static const std::set<std::string> quiet = {"title", "description", "default", "examples", "$schema",
                                                   "$id",   "$comment",    "strict",  "$defs",    "definitions"};
-      for (const auto& [k, v] : s.items()) {
+      for (auto it = s.begin(); it != s.end(); ++it) {
+        const std::string& k = it.key();
         if (k == key || quiet.count(k)) continue;
-        if (std::find_if(allowed.begin(), allowed.end(), [&](const char* a) { return k == a; }) != allowed.end()) continue;
+        bool fine = false;
+        for (const char* a : allowed) fine = fine || k == a;
+        if (fine) continue;
         return fail(where, "'" + k + "' beside " + key + " is not supported (it would be ignored); move it into " +
                                (key == "$ref" ? "the schema referred to" : key == "enum" || key == "const"
                                                                             ? "nothing: the values say it all"
