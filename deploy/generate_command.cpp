@@ -22,7 +22,7 @@ int run_generate(const std::vector<std::string>& raw_args) {
       continue;
     }
     args.push_back(a);
-    const bool takes_value = a != "--chat" && a != "--ignore-eos" && a != "--score" && a != "--verbose" &&
+    const bool takes_value = a != "--chat" && a != "--ignore-eos" && a != "--score" && a != "--verbose" && a != "--json" &&
                              a != "--help" && a.find('=') == std::string::npos;
     if (takes_value && i + 1 < raw_args.size()) args.push_back(raw_args[++i]);
   }
@@ -48,6 +48,9 @@ int run_generate(const std::vector<std::string>& raw_args) {
   flags.add("--top-k", &req.top_k, "top-k sampling (0 = off)");
   flags.add("--stop", &req.stop, "a stop string (repeatable)");
   flags.add("--ignore-eos", &req.ignore_eos, "generate --max-tokens tokens even past <eos> (load tests)");
+  flags.add("--json", &req.json_object, "answer with a JSON object (constrained decoding)");
+  flags.add("--json-schema", &req.json_schema,
+            "answer with JSON matching this JSON schema, given as its text (docs/structured-outputs.md)");
   flags.add("--score", &score,
             "also score the prompt: a line 'score: N tokens, log-probability S, perplexity P' after the text "
             "(with --verbose, each token's log-probability on stderr)");

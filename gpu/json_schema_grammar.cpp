@@ -295,15 +295,7 @@ private:
       regex = f->second;
     } else {
       uint64_t lo = 0, hi = UINT64_MAX;
-      for (const auto& [key, out] : {std::pair<const char*, uint64_t*>{"minLength", &lo}, {"maxLength", &hi}})
-        if (auto it = s.find(key); it != s.end()) {
-          if (!it->is_number_unsigned() && !(it->is_number_integer() && it->get<int64_t>() >= 0))
-            return fail(where + "/" + key, std::string(key) + " must be an integer >= 0");
-          *out = it->get<uint64_t>();
-        }
-      if (lo > hi) return fail(where, "minLength is above maxLength");
-      if (lo > max_regex_count || (hi != UINT64_MAX && hi > max_regex_count))
-        return fail(where, "minLength and maxLength are supported up to " + std::to_string(max_regex_count));
+      if (!count_bounds(s, where, "minLength", "maxLength", max_regex_count, &lo, &hi)) return false;
       regex = "^(?:.|\\n|\\r){" + std::to_string(lo) + "," + (hi == UINT64_MAX ? "" : std::to_string(hi)) + "}$";
     }
     std::string why;
@@ -407,6 +399,22 @@ private:
   static inline const std::string time_regex =
       "([01]\\d|2[0-3]):[0-5]\\d:[0-5]\\d(\\.\\d{1,9})?(Z|[+-]([01]\\d|2[0-3]):[0-5]\\d)";
 
+  /// A pair of counts (minItems / maxItems, minLength / maxLength): integers >= 0, in order, at
+  /// most `limit`; absent, 0 and UINT64_MAX (no end).
+  bool count_bounds(const json& s, const std::string& where, const char* min_key, const char* max_key, uint64_t limit,
+                    uint64_t* lo, uint64_t* hi) {
+    for (const auto& [key, out] : {std::pair<const char*, uint64_t*>{min_key, lo}, {max_key, hi}})
+      if (auto it = s.find(key); it != s.end()) {
+        if (!it->is_number_unsigned() && !(it->is_number_integer() && it->get<int64_t>() >= 0))
+          return fail(where + "/" + key, std::string(key) + " must be an integer >= 0");
+        *out = it->get<uint64_t>();
+      }
+    if (*lo > *hi) return fail(where, std::string(min_key) + " is above " + max_key);
+    if (*lo > limit || (*hi != UINT64_MAX && *hi > limit))
+      return fail(where, std::string(min_key) + " and " + max_key + " are supported up to " + std::to_string(limit));
+    return true;
+  }
+
   /// {"key": value, ...} with any keys.
   uint32_t members(uint32_t v) {
     if (auto it = members_.find(v); it != members_.end()) return it->second;
@@ -425,15 +433,7 @@ private:
     if (auto it = s.find("items"); it != s.end() && !(it->is_boolean() && it->get<bool>()))
       if (!value(*it, where + "/items", depth + 1, &item)) return false;
     uint64_t lo = 0, hi = UINT64_MAX;
-    for (const auto& [key, out] : {std::pair<const char*, uint64_t*>{"minItems", &lo}, {"maxItems", &hi}})
-      if (auto it = s.find(key); it != s.end()) {
-        if (!it->is_number_unsigned() && !(it->is_number_integer() && it->get<int64_t>() >= 0))
-          return fail(where + "/" + key, std::string(key) + " must be an integer >= 0");
-        *out = it->get<uint64_t>();
-      }
-    if (lo > hi) return fail(where, "minItems is above maxItems");
-    if (std::max(lo, hi == UINT64_MAX ? 0 : hi) > max_bounded_items)
-      return fail(where, "minItems and maxItems are supported up to " + std::to_string(max_bounded_items));
+    if (!count_bounds(s, where, "minItems", "maxItems", max_bounded_items, &lo, &hi)) return false;
     // after[k]: k items written; more may follow while k < hi, the list may close once k >= lo.
     // Unbounded lists share one rule for every k >= lo (it refers to itself).
     const uint64_t distinct = hi == UINT64_MAX ? std::max<uint64_t>(lo, 1) : hi;

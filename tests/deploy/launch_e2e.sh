@@ -82,6 +82,20 @@ PROMPTS=(--prompt "In the beginning" --prompt "And God said" --prompt "The LORD 
 cmp -s "$WORK/single.txt" "$WORK/cluster.txt" || fail "the cluster's text differs from the single process's: $(diff "$WORK/single.txt" "$WORK/cluster.txt")"
 [ "$(wc -l < "$WORK/cluster.txt")" -ge 3 ] || fail "generate printed too little"
 echo "launch e2e: C++ client: 3 prompts, same text as the single-process cluster"
+# Structured outputs across processes: decode ranks in node processes of their own keep the
+# answer to the schema over the model's vocabulary, with the single process's very tokens.
+# (One property: the tiny model fills every place whitespace may go, 26 tokens each, and its
+# context is 256 tokens.)
+SCHEMA='{"type":"object","properties":{"verse":{"type":"integer","minimum":1,"maximum":50}},"required":["verse"]}'
+"$BATON" generate --router "127.0.0.1:$P_SINGLE" --json-schema "$SCHEMA" --max-tokens 200 --prompt "In the beginning" > "$WORK/single_json.txt" || fail "generate --json-schema (single)"
+"$BATON" generate --router "127.0.0.1:$P_ROUTER" --cluster-id e2e --json-schema "$SCHEMA" --max-tokens 200 --prompt "In the beginning" > "$WORK/cluster_json.txt" || fail "generate --json-schema (cluster)"
+cmp -s "$WORK/single_json.txt" "$WORK/cluster_json.txt" || fail "the cluster's JSON differs: $(cat "$WORK/single_json.txt" "$WORK/cluster_json.txt")"
+python3 - "$WORK/cluster_json.txt" <<'PY' || fail "--json-schema: not JSON of the schema: $(cat "$WORK/cluster_json.txt")"
+import json, sys
+j = json.loads(open(sys.argv[1]).read())
+assert list(j) == ["verse"] and isinstance(j["verse"], int) and 1 <= j["verse"] <= 50, j
+PY
+echo "launch e2e: --json-schema: the same JSON as the single process: $(tr -d ' \n' < "$WORK/cluster_json.txt")"
 # Prompt scoring across processes (prefill rank -> head -> client, floats as bits): the same
 # log-probabilities as in one process, and a real text scores better than noise.
 "$BATON" generate --router "127.0.0.1:$P_SINGLE" --score --max-tokens 1 --prompt "$(printf 'In the beginning God created the heaven and the earth.')" --prompt "zqxv jjkw pplq" > "$WORK/single_score.txt" || fail "score (single)"

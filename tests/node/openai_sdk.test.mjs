@@ -82,4 +82,25 @@ await assert.rejects(client.completions.create({ model: 'gpt-nonexistent', promp
 checks++;
 
 const { version } = JSON.parse(readFileSync(new URL('./node_modules/openai/package.json', import.meta.url), 'utf8'));
+// Structured outputs: the tiny model writes verses, never JSON, unless its answer is kept to a
+// schema (here on decode ranks in node processes of their own, which walk the model's vocabulary).
+// (One property: the tiny model fills every place whitespace may go, and its context is 256.)
+const schema = {
+  type: 'object',
+  properties: { verse: { type: 'integer', minimum: 1, maximum: 50 } },
+  required: ['verse'],
+  additionalProperties: false,
+};
+// (The tiny model has no chat template: a completion, with the same response_format as chat's.)
+const shaped = await client.completions.create({
+  model, prompt, max_tokens: 200,
+  response_format: { type: 'json_schema', json_schema: { name: 'verse', schema, strict: true } },
+});
+const shapedText = shaped.choices[0].text;
+const verse = JSON.parse(shapedText);
+assert.deepEqual(Object.keys(verse), ['verse']);
+assert.ok(Number.isInteger(verse.verse) && verse.verse >= 1 && verse.verse <= 50, `verse ${verse.verse} is in range`);
+assert.equal(shaped.choices[0].finish_reason, 'stop');
+checks++;
+
 console.log(`openai sdk ${version}: ${checks} checks passed`);
