@@ -60,10 +60,14 @@ struct generate_request {
   std::vector<int32_t> logit_bias_tokens;
   std::vector<float> logit_bias_values;
   /// Constrained decoding (OpenAI's response_format; the gateway's forced tool calls): the answer
-  /// is JSON, as gpu::json_output says: 0 free text, 1 any JSON object, 2 a value matching
+  /// is JSON, as gpu::output_format says: 0 free text, 1 any JSON object, 2 a value matching
   /// json_schema (a JSON schema's text, gpu/json_schema_grammar.hpp says which keywords hold).
   uint8_t json_output = 0;
   std::string json_schema;
+  /// Constrained decoding to text instead (vLLM's guided_regex and guided_choice): the whole
+  /// answer matches this regular expression (gpu/regex_grammar.hpp's syntax); empty: none. Not
+  /// with json_output.
+  std::string output_regex;
   std::vector<std::string> stop;       ///< generation ends when the text contains one (it is cut off)
   std::vector<int32_t> stop_token_ids; ///< ... or when one of these tokens is generated
   /// Each generated token's log-probability (completion::logprobs, stream_chunk::logprobs), with
@@ -93,7 +97,8 @@ typename Inspector::result_type inspect(Inspector& f, generate_request& x) {
            x.top_k, wire::f32{&x.top_p}, wire::f32{&x.repetition_penalty}, wire::f32{&x.presence_penalty},
            wire::f32{&x.frequency_penalty}, x.stop, x.stop_token_ids, x.logprobs, x.top_logprobs, x.echo,
            x.prompt_logprobs, x.prompt_only, x.prompt_top_logprobs, x.chat_template_kwargs,
-           x.tools_json, x.logit_bias_tokens, wire::f32s{&x.logit_bias_values}, x.json_output, x.json_schema);
+           x.tools_json, x.logit_bias_tokens, wire::f32s{&x.logit_bias_values}, x.json_output, x.json_schema,
+           x.output_regex);
 }
 
 struct completion {

@@ -381,11 +381,7 @@ void maybe_step(decode_pointer self) {
     job.seqs.push_back(gpu::forward_seq{p.order.request_id,
                                         {p.order.tokens.begin() + p.next_pos, p.order.tokens.begin() + p.next_pos + len},
                                         p.next_pos, l.pages, last && p.order.return_logits});
-    if (last) {  // the order's grammar was checked when it arrived
-      auto grammar = st.core.follow_grammar(p.order.grammar, answer_so_far(p.order),
-                                            where(p.order.request_id, st.cfg.name, "prefill"));
-      job.seqs.back().sample = sample_next(p.order, total, p.order.tokens, grammar ? *grammar : nullptr);
-    }
+    if (last) job.seqs.back().sample = sample_next(p.order, total, p.order.tokens, p.grammar);
     job.kind = gpu::forward_job::prefill;
     st.step_chunks.push_back(len);
     st.core.log->add({0, "local_chunk", p.order.request_id, p.num_chunks++, 0, {}, {}});
@@ -614,8 +610,8 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
           return make_error(errc::lease_expired, stage + ": lease " + std::to_string(order.grant.lease_id) +
                                                      " expired or was never granted");
         if (order.tokens.empty()) return make_error(errc::bad_request, stage + ": empty prompt");
-        if (auto grammar = s.core.follow_grammar(order.grammar, answer_so_far(order), stage); !grammar)
-          return grammar.error();
+        auto grammar = s.core.follow_grammar(order.grammar, answer_so_far(order), stage);
+        if (!grammar) return grammar.error();
         if (order.prompt_logprobs)  // the request sends scored prompts to a prefill rank (request.cpp)
           return make_error(errc::bad_request, stage + ": a decode rank does not score prompts (prompt log-probabilities)");
         if (s.core.exec->kv().pages_for_tokens(static_cast<uint32_t>(order.tokens.size())) > i->second.pages.size())
@@ -624,7 +620,8 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
           if (p.lease_id == i->first) return make_error(errc::bad_request, stage + ": already prefilling this lease");
         auto promise = self->make_response_promise<prefill_result>();
         const uint64_t lease_id = i->first;
-        s.local_prefills.push_back(local_prefill{lease_id, std::move(order), promise, 0, 0, self->clock().now()});
+        s.local_prefills.push_back(
+            local_prefill{lease_id, std::move(order), promise, 0, 0, self->clock().now(), -1, std::move(*grammar)});
         i->second.local_writer = true;
         i->second.expires_at = self->clock().now() + std::chrono::milliseconds{i->second.lease_ms};
         maybe_step(self);

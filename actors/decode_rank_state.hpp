@@ -97,6 +97,9 @@ struct local_prefill {
   uint32_t num_chunks = 0;  ///< chunks started so far
   caf::actor_clock::time_point arrived_at;
   int64_t queue_us = -1;  ///< arrival -> its first chunk started (-1: not yet)
+  /// The order's output grammar, compiled and fed its answer so far when the order arrived;
+  /// null when unconstrained. The first token's pick follows it.
+  std::shared_ptr<gpu::grammar_matcher> grammar;
 };
 
 /// A sequence in the continuous batch.

@@ -35,20 +35,11 @@ caf::expected<std::shared_ptr<gpu::grammar_matcher>> rank_core::follow_grammar(c
                                                                                std::span<const int32_t> output,
                                                                                const std::string& stage) {
   if (g.kind == 0) return std::shared_ptr<gpu::grammar_matcher>{};
-  constexpr size_t kept = 16;
-  const std::string key = std::to_string(g.kind) + (g.after_thinking ? "t" : "-") + g.schema;
-  auto it = std::find_if(grammars.begin(), grammars.end(), [&](const auto& e) { return e.first == key; });
-  if (it == grammars.end()) {
-    std::string why;
-    auto compiled = gpu::json_grammar(static_cast<gpu::json_output>(g.kind), g.schema, g.after_thinking, &why);
-    if (!compiled) return make_error(errc::bad_request, stage + ": " + why);
-    grammars.emplace_front(key, std::move(compiled));
-    if (grammars.size() > kept) grammars.pop_back();
-  } else {
-    grammars.splice(grammars.begin(), grammars, it);
-  }
+  std::string why;
+  auto compiled = gpu::cached_output_grammar(static_cast<gpu::output_format>(g.kind), g.text, g.after_thinking, &why);
+  if (!compiled) return make_error(errc::bad_request, stage + ": " + why);
   if (!vocabulary) vocabulary = gpu::byte_vocabulary(exec->config().vocab_size);
-  auto m = std::make_shared<gpu::grammar_matcher>(grammars.front().second, vocabulary, g.end_tokens);
+  auto m = std::make_shared<gpu::grammar_matcher>(std::move(compiled), vocabulary, g.end_tokens);
   for (size_t i = 0; i < output.size(); ++i)
     if (!m->accept(output[i]))
       return make_error(errc::bad_request, stage + ": output token " + std::to_string(i) + " (id " +

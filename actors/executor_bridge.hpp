@@ -13,7 +13,6 @@
 #include <unordered_map>
 #include <vector>
 
-#include <list>
 #include <memory>
 #include <optional>
 #include <span>
@@ -180,8 +179,6 @@ struct rank_core {
   caf::expected<std::shared_ptr<gpu::grammar_matcher>> follow_grammar(const output_grammar& g,
                                                                       std::span<const int32_t> output,
                                                                       const std::string& stage);
-  /// Grammars compiled lately, most recent first (the requests of one service share a schema).
-  std::list<std::pair<std::string, std::shared_ptr<const gpu::grammar>>> grammars;
 
   /// Binds the executor to the actor's timers and registers the KV pool with the transport; the
   /// pool is deregistered when the actor terminates.

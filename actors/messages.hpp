@@ -535,17 +535,17 @@ typename Inspector::result_type inspect(Inspector& f, stream_chunk& x) {
 using client_sink_actor = caf::typed_actor<caf::reacts_to<stream_chunk>>;
 
 /// Constrained decoding as orders carry it (generate_request's json_output and json_schema): each
-/// rank that picks tokens compiles the grammar (gpu::json_grammar) and follows the output through
+/// rank that picks tokens compiles the grammar (gpu::compile_output_grammar) and follows the output through
 /// it, so a request moved between ranks keeps to it.
 struct output_grammar {
-  uint8_t kind = 0;    ///< gpu::json_output; 0: none
-  std::string schema;  ///< the JSON schema's text, for kind 2
-  bool after_thinking = false;      ///< the prompt opened a thinking block: the JSON follows its </think>
+  uint8_t kind = 0;    ///< gpu::output_format; 0: none
+  std::string text;    ///< the JSON schema's text for kind 2, the regular expression for kind 3
+  bool after_thinking = false;      ///< the prompt opened a thinking block: the answer follows its </think>
   std::vector<int32_t> end_tokens;  ///< the tokens that end an answer, allowed once its JSON is whole
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, output_grammar& x) {
-  return f(caf::meta::type_name("output_grammar"), x.kind, x.schema, x.after_thinking, x.end_tokens);
+  return f(caf::meta::type_name("output_grammar"), x.kind, x.text, x.after_thinking, x.end_tokens);
 }
 
 struct decode_order {

@@ -335,13 +335,7 @@ void submit_chunk(prefill_pointer self, uint64_t rid) {
   const bool last = end == num_tokens && !r.split.earlier_part();
   gpu::forward_job job{job_id, {gpu::forward_seq{rid, {order.tokens.begin() + start, order.tokens.begin() + end},
                                                  start, r.local_pages, last && order.return_logits}}};
-  if (last) {
-    // The order's grammar was checked when it arrived (accept_prefill): it compiles and the
-    // output it carries after a failover follows it.
-    auto grammar = st.core.follow_grammar(order.grammar, answer_so_far(order), where(rid, st.cfg.name, "prefill"));
-    job.seqs[0].sample = sample_next(order, static_cast<uint32_t>(order.tokens.size()), order.tokens,
-                                     grammar ? *grammar : nullptr);
-  }
+  if (last) job.seqs[0].sample = sample_next(order, static_cast<uint32_t>(order.tokens.size()), order.tokens, r.grammar);
   if (order.prompt_logprobs) {
     // Row p scores the prompt's token p + 1; the prompt's last row has none (it picks the first
     // output token), nor have rows of output tokens fed back after a failover.
@@ -425,6 +419,7 @@ void launch(prefill_pointer self, waiting_order w, std::vector<uint32_t> pages, 
   r.announced.assign(local.num_layers, false);
   r.arrived_at = w.arrived_at;
   r.order = std::move(w.order);
+  r.grammar = std::move(w.grammar);
   const auto& o = r.order;
   if (o.part_ranks.size() > 1) return launch_split(self, rid);
   const bool can_load = st.store.enabled() && st.core.pool_key && !o.prompt_logprobs && o.prefix.size() > shared_blocks &&
@@ -522,8 +517,8 @@ caf::result<prefill_result> accept_prefill(prefill_pointer self, prefill_order o
   // On standby the executor's pool belongs to this instance's other role: a placement made
   // before the switch must go elsewhere.
   if (st.cfg.standby) return make_error(errc::rank_unavailable, stage + ": on standby (serving as decode)");
-  if (auto grammar = st.core.follow_grammar(order.grammar, answer_so_far(order), stage); !grammar)
-    return grammar.error();
+  auto grammar = st.core.follow_grammar(order.grammar, answer_so_far(order), stage);
+  if (!grammar) return grammar.error();
   // An executor that can run nothing (a broken expert group): the request is placed again
   // elsewhere, and the balancer hears that this rank takes no work (a placement made before it
   // heard may still arrive).
@@ -567,7 +562,7 @@ caf::result<prefill_result> accept_prefill(prefill_pointer self, prefill_order o
                                              " KV pages, this rank has " + std::to_string(local.num_pages) + " in all");
   auto promise = self->make_response_promise<prefill_result>();
   const bool batch = order.batch_priority;
-  st.waiting.push(waiting_order{std::move(order), promise, self->clock().now()}, batch);
+  st.waiting.push(waiting_order{std::move(order), promise, self->clock().now(), std::move(*grammar)}, batch);
   drain_waiting(self);
   schedule_keepalive(self);
   return promise;

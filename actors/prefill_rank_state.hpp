@@ -192,6 +192,9 @@ struct prefill_job_state {
   uint32_t jobs_in_executor = 0;     ///< chunk jobs of any attempt not yet finished
   std::optional<uint32_t> restart_from;  ///< after an abort: recompute from here once jobs drain
   split_state split;
+  /// The order's output grammar, compiled and fed its answer so far when the order arrived
+  /// (null when unconstrained); the last chunk's pick follows it.
+  std::shared_ptr<gpu::grammar_matcher> grammar;
   bool have_logits = false;
   int32_t first_token = -1;
   std::vector<float> logits;
@@ -217,6 +220,7 @@ struct waiting_order {
   prefill_order order;
   caf::typed_response_promise<prefill_result> promise;
   caf::actor_clock::time_point arrived_at;
+  std::shared_ptr<gpu::grammar_matcher> grammar;  ///< see prefill_job_state::grammar
 };
 
 /// A chunk job in the executor: which request, and how many of its tokens.

@@ -11,6 +11,7 @@
 #include <caf/typed_event_based_actor.hpp>
 
 #include "gpu/byte_tokenizer.hpp"
+#include "gpu/json_schema_grammar.hpp"
 #include "policies/placement.hpp"
 #include "policies/restart_backoff.hpp"
 
@@ -101,8 +102,11 @@ void copy_sampling(const request_plan& p, Order& order) {
   order.top_logprobs = p.params.top_logprobs;
   order.logit_bias_tokens = p.params.logit_bias_tokens;
   order.logit_bias_values = p.params.logit_bias_values;
-  if (p.params.json_output != 0) {
-    order.grammar = {p.params.json_output, p.params.json_schema, p.prompt_thinking == 1, p.extra_eos_token_ids};
+  const bool regex = !p.params.output_regex.empty();
+  if (p.params.json_output != 0 || regex) {
+    order.grammar = {regex ? static_cast<uint8_t>(gpu::output_format::regex) : p.params.json_output,
+                     regex ? p.params.output_regex : p.params.json_schema, p.prompt_thinking == 1,
+                     p.extra_eos_token_ids};
     order.grammar.end_tokens.insert(order.grammar.end_tokens.begin(), p.eos_token_id);
   }
 }

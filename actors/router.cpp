@@ -44,17 +44,23 @@ std::string check_logit_bias(const generate_request& req, uint32_t vocab_size) {
   return {};
 }
 
-/// Constrained decoding: a known kind, a schema only with kind 2, and one the grammar compiler
-/// takes (its sentence names the keyword and where it is).
-std::string check_json_output(const generate_request& req) {
-  if (req.json_output > gpu::max_json_output)
+/// Constrained decoding: a known JSON kind, a schema only with kind 2, a regular expression only
+/// without JSON, and what the grammar compiler takes (its sentence names the keyword and where
+/// it is, or the expression's offset).
+std::string check_output_format(const generate_request& req) {
+  if (req.json_output > static_cast<uint8_t>(gpu::output_format::schema))
     return "json_output must be 0 (free text), 1 (a JSON object) or 2 (JSON matching json_schema), got " +
            std::to_string(req.json_output);
-  if (req.json_output != static_cast<uint8_t>(gpu::json_output::schema) && !req.json_schema.empty())
+  if (req.json_output != static_cast<uint8_t>(gpu::output_format::schema) && !req.json_schema.empty())
     return "json_schema is given, but json_output is not 2 (JSON matching a schema)";
-  if (req.json_output == 0) return {};
+  if (req.json_output != 0 && !req.output_regex.empty())
+    return "output_regex and json_output are both given; an answer follows one";
   std::string why;
-  if (!gpu::json_grammar(static_cast<gpu::json_output>(req.json_output), req.json_schema, false, &why)) return why;
+  if (req.json_output != 0 &&
+      !gpu::cached_output_grammar(static_cast<gpu::output_format>(req.json_output), req.json_schema, false, &why))
+    return why;
+  if (!req.output_regex.empty() && !gpu::cached_output_grammar(gpu::output_format::regex, req.output_regex, false, &why))
+    return why;
   return {};
 }
 
@@ -88,7 +94,7 @@ std::string tokenize_and_validate(generate_request& req, const gpu::model_config
       return "stop string " + std::to_string(i) + " is " + std::to_string(req.stop[i].size()) + " bytes; at most 1024";
   if (req.stop_token_ids.size() > 1024) return "at most 1024 stop_token_ids";
   if (auto e = check_logit_bias(req, model.vocab_size); !e.empty()) return e;
-  if (auto e = check_json_output(req); !e.empty()) return e;
+  if (auto e = check_output_format(req); !e.empty()) return e;
   const uint32_t ctx = model.max_position_embeddings;
   const uint32_t limit = max_new_tokens_limit ? std::min(max_new_tokens_limit, ctx) : ctx;
   if (req.max_tokens < 0)

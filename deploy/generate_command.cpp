@@ -51,6 +51,7 @@ int run_generate(const std::vector<std::string>& raw_args) {
   flags.add("--json", &req.json_object, "answer with a JSON object (constrained decoding)");
   flags.add("--json-schema", &req.json_schema,
             "answer with JSON matching this JSON schema, given as its text (docs/structured-outputs.md)");
+  flags.add("--regex", &req.regex, "answer with text this regular expression matches whole (constrained decoding)");
   flags.add("--score", &score,
             "also score the prompt: a line 'score: N tokens, log-probability S, perplexity P' after the text "
             "(with --verbose, each token's log-probability on stderr)");

@@ -3,7 +3,9 @@
 
 #include "deploy/openai.hpp"
 #include "gpu/json_schema_grammar.hpp"
+#include "gpu/regex_grammar.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <limits>
@@ -319,7 +321,7 @@ bool parse_tools(const json& j, const ordered_json& body, call* out, api_error* 
                                 "function: {name}}, got " + describe(*c));
       return false;
     }
-    if (!req->json_schema.empty()) req->json_output = static_cast<uint8_t>(gpu::json_output::schema);
+    if (!req->json_schema.empty()) req->json_output = static_cast<uint8_t>(gpu::output_format::schema);
   }
   if (!none) req->tools_json = body["tools"].dump();
   return true;
@@ -344,7 +346,7 @@ bool parse_response_format(const json& j, const ordered_json& body, call* out, a
     return false;
   }
   if (type_is(*it, "json_object")) {
-    out->req.json_output = static_cast<uint8_t>(gpu::json_output::object);
+    out->req.json_output = static_cast<uint8_t>(gpu::output_format::object);
     return true;
   }
   if (!type_is(*it, "json_schema") || !it->contains("json_schema") || !(*it)["json_schema"].is_object()) return shape();
@@ -353,8 +355,112 @@ bool parse_response_format(const json& j, const ordered_json& body, call* out, a
     *err = bad("response_format", "response_format.json_schema needs its schema");
     return false;
   }
-  out->req.json_output = static_cast<uint8_t>(gpu::json_output::schema);
+  out->req.json_output = static_cast<uint8_t>(gpu::output_format::schema);
   out->req.json_schema = spec["schema"].dump();
+  return true;
+}
+
+/// One of `choices`, exactly, as a regular expression (gpu/regex_grammar.hpp's syntax).
+std::string regex_of_choices(const json& choices) {
+  std::string out = "(?:";
+  for (size_t i = 0; i < choices.size(); ++i) {
+    if (i > 0) out += '|';
+    for (char c : choices[i].get<std::string>()) {
+      if (std::string_view("\\^$.|?*+()[]{}").find(c) != std::string_view::npos) out += '\\';
+      out += c;
+    }
+  }
+  return out + ")";
+}
+
+/// vLLM's structured outputs, for clients written against it: guided_json (a schema, as an
+/// object or its text), guided_regex (the whole answer matches it), guided_choice (the answer is
+/// one of these strings), or the same as structured_outputs {json, regex, choice, json_object}.
+/// What Baton cannot honour (grammars as text, whitespace patterns, structural tags) is refused
+/// by name; backend choices are ignored (there is one).
+bool parse_guided(const json& j, const ordered_json& body, call* out, api_error* err) {
+  auto& r = out->req;
+  const bool structured = j.contains("structured_outputs") && !j["structured_outputs"].is_null();
+  for (const char* refused : {"guided_grammar", "guided_whitespace_pattern"})
+    if (j.contains(refused) && !j[refused].is_null()) {
+      *err = bad(refused, std::string(refused) + " is not supported: give guided_json, guided_regex or guided_choice");
+      return false;
+    }
+  if (structured && (j.contains("guided_json") || j.contains("guided_regex") || j.contains("guided_choice"))) {
+    *err = bad("structured_outputs", "give structured_outputs or the guided_* fields, not both");
+    return false;
+  }
+  const json& spec = structured ? j["structured_outputs"] : j;
+  const ordered_json& ordered = structured ? body["structured_outputs"] : body;
+  const std::string prefix = structured ? "structured_outputs." : "guided_";
+  const std::string param = structured ? "structured_outputs" : "";
+  auto name = [&](const char* key) { return prefix + key; };
+  if (structured) {
+    if (!spec.is_object()) {
+      *err = bad(param, "structured_outputs must be an object, got " + describe(spec));
+      return false;
+    }
+    for (const auto& [key, v] : spec.items()) {
+      if (key == "json" || key == "regex" || key == "choice" || key == "json_object" || key == "disable_fallback" ||
+          key == "disable_additional_properties" || (key == "disable_any_whitespace" && v == false))
+        continue;  // the fallback and extra properties: Baton has none of either to disable
+      *err = bad(param, "structured_outputs." + key + " is not supported (json, regex, choice and json_object are)");
+      return false;
+    }
+  }
+  const json* given = nullptr;
+  std::string key;
+  for (const char* k : {"json", "regex", "choice", "json_object"}) {
+    auto it = spec.find(structured ? std::string(k) : name(k));
+    if (it == spec.end() || it->is_null() || (!structured && std::string(k) == "json_object")) continue;
+    if (given) {
+      *err = bad(structured ? param : name(k), "give one of " + name("json") + ", " + name("regex") + " and " +
+                                                   name("choice") + ", not " + name(key.c_str()) + " and " + name(k));
+      return false;
+    }
+    given = &*it;
+    key = k;
+  }
+  if (!given) return true;
+  const std::string field = name(key.c_str());
+  const std::string at = structured ? param : field;
+  if (r.json_output != 0) {
+    *err = bad(at, field + " cannot be combined with response_format or a forced tool_choice");
+    return false;
+  }
+  if (key == "json") {
+    if (given->is_object() || given->is_boolean()) r.json_schema = ordered.at(structured ? "json" : field).dump();
+    else if (given->is_string()) r.json_schema = given->get<std::string>();
+    else {
+      *err = bad(at, field + " must be a JSON schema (an object, or its text), got " + describe(*given));
+      return false;
+    }
+    r.json_output = static_cast<uint8_t>(gpu::output_format::schema);
+  } else if (key == "json_object") {
+    if (*given != true) {
+      *err = bad(at, field + " must be true, got " + describe(*given));
+      return false;
+    }
+    r.json_output = static_cast<uint8_t>(gpu::output_format::object);
+  } else if (key == "regex") {
+    if (!given->is_string() || given->get<std::string>().empty()) {
+      *err = bad(at, field + " must be a non-empty regular expression, got " + describe(*given));
+      return false;
+    }
+    r.output_regex = given->get<std::string>();
+  } else {
+    if (!given->is_array() || given->empty() || given->size() > 1024 ||
+        !std::all_of(given->begin(), given->end(), [](const json& c) { return c.is_string(); })) {
+      *err = bad(at, field + " must be an array of 1 to 1024 strings, got " + describe(*given));
+      return false;
+    }
+    r.output_regex = regex_of_choices(*given);
+    if (r.output_regex.size() > gpu::max_regex_bytes) {
+      *err = bad(at, field + "'s strings come to " + std::to_string(r.output_regex.size()) + " bytes as an expression; at most " +
+                         std::to_string(gpu::max_regex_bytes));
+      return false;
+    }
+  }
   return true;
 }
 
@@ -587,7 +693,7 @@ bool parse_checked_body(std::string_view body, bool chat, const std::string& ser
   if (!number_field(j, "presence_penalty", -2, 2, &r.presence_penalty, err)) return false;
   if (!number_field(j, "frequency_penalty", -2, 2, &r.frequency_penalty, err)) return false;
   if (!parse_logit_bias(j, &r, err)) return false;
-  if (!parse_response_format(j, ordered, out, err)) return false;
+  if (!parse_response_format(j, ordered, out, err) || !parse_guided(j, ordered, out, err)) return false;
   if (!number_field(j, "repetition_penalty", 0.01, 100, &r.repetition_penalty, err)) return false;
   if (!bool_field(j, "ignore_eos", &r.ignore_eos, err)) return false;
   if (!bool_field(j, "separate_reasoning", &out->reasoning_wanted, err)) return false;

@@ -31,10 +31,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const size_t cut = input.find('\0');
   const std::string schema = input.substr(0, cut);
   const std::string answer = cut == std::string::npos ? std::string{} : input.substr(cut + 1);
-  using baton::gpu::json_output;
+  using baton::gpu::output_format;
   std::string why;
   const bool thinking = !answer.empty() && answer[0] == '<';
-  auto g = baton::gpu::json_grammar(schema.empty() ? json_output::object : json_output::schema, schema, thinking, &why);
+  auto g = baton::gpu::compile_output_grammar(schema.empty() ? output_format::object : output_format::schema, schema, thinking, &why);
   if (!g) {
     if (why.empty()) std::abort();  // a refusal always says why
     return 0;

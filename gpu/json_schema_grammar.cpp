@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <list>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <set>
 
@@ -576,19 +578,19 @@ uint32_t until(grammar& g, std::string_view marker, uint32_t then) {
 
 }  // namespace
 
-std::shared_ptr<const grammar> json_grammar(json_output kind, const std::string& schema, bool after_thinking,
-                                            std::string* why) {
-  if (kind == json_output::free) {
-    *why = "no JSON output was asked for";
+std::shared_ptr<const grammar> compile_output_grammar(output_format kind, const std::string& text, bool after_thinking,
+                                                      std::string* why) {
+  if (kind == output_format::free || static_cast<uint8_t>(kind) > max_output_format) {
+    *why = "no constrained output was asked for";
     return nullptr;
   }
   json root;
-  if (kind == json_output::schema) {
-    if (schema.size() > max_json_schema_bytes) {
-      *why = "json_schema is " + std::to_string(schema.size()) + " bytes; at most " + std::to_string(max_json_schema_bytes);
+  if (kind == output_format::schema) {
+    if (text.size() > max_json_schema_bytes) {
+      *why = "json_schema is " + std::to_string(text.size()) + " bytes; at most " + std::to_string(max_json_schema_bytes);
       return nullptr;
     }
-    root = json::parse(schema, nullptr, false);
+    root = json::parse(text, nullptr, false);
     if (root.is_discarded()) {
       *why = "json_schema is not valid JSON";
       return nullptr;
@@ -596,10 +598,11 @@ std::shared_ptr<const grammar> json_grammar(json_output kind, const std::string&
   }
   compiler c(&root);
   uint32_t value = c.any_object_;
-  if (kind == json_output::schema && !c.value(root, "", 0, &value)) {
+  if (kind == output_format::schema && !c.value(root, "", 0, &value)) {
     *why = c.why_;
     return nullptr;
   }
+  if (kind == output_format::regex && !text_matching(c.g(), text, &value, why)) return nullptr;
   uint32_t start = value;
   if (after_thinking) {
     const uint32_t answer = c.g().add_rule();
@@ -607,6 +610,37 @@ std::shared_ptr<const grammar> json_grammar(json_output kind, const std::string&
     start = until(c.g(), "</think>", answer);
   }
   return c.finish(start);
+}
+
+std::shared_ptr<const grammar> cached_output_grammar(output_format kind, const std::string& text, bool after_thinking,
+                                                     std::string* why) {
+  struct entry {
+    output_format kind;
+    bool after_thinking;
+    std::string text;
+    std::shared_ptr<const grammar> compiled;
+  };
+  constexpr size_t kept = 64;
+  static std::mutex mutex;
+  static std::list<entry> recent;  // most recent first
+  auto same = [&](const entry& e) { return e.kind == kind && e.after_thinking == after_thinking && e.text == text; };
+  {
+    std::lock_guard lock{mutex};
+    if (auto it = std::find_if(recent.begin(), recent.end(), same); it != recent.end()) {
+      recent.splice(recent.begin(), recent, it);
+      return it->compiled;
+    }
+  }
+  // Compiled outside the lock: a large schema takes milliseconds, and two threads compiling the
+  // same one at once only waste work.
+  auto compiled = compile_output_grammar(kind, text, after_thinking, why);
+  if (!compiled) return nullptr;
+  std::lock_guard lock{mutex};
+  if (std::find_if(recent.begin(), recent.end(), same) == recent.end()) {
+    recent.push_front(entry{kind, after_thinking, text, compiled});
+    if (recent.size() > kept) recent.pop_back();
+  }
+  return compiled;
 }
 
 }  // namespace baton::gpu

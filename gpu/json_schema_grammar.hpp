@@ -1,7 +1,8 @@
 #pragma once
 
-// Grammars for JSON answers (grammar.hpp): OpenAI's response_format "json_object" (any JSON
-// object) and "json_schema" (a value matching a JSON schema), which forced tool calls use too.
+// Grammars for constrained answers (grammar.hpp): OpenAI's response_format "json_object" (any
+// JSON object) and "json_schema" (a value matching a JSON schema), which forced tool calls use
+// too; and text matching a regular expression whole (vLLM's guided_regex and guided_choice).
 //
 // The schema subset, as OpenAI's structured outputs and llama.cpp's converter take it:
 // type (one or a list), properties / required / additionalProperties, items / minItems /
@@ -27,22 +28,30 @@
 namespace baton::gpu {
 
 /// What a constrained answer must be.
-enum class json_output : uint8_t {
+enum class output_format : uint8_t {
   free = 0,    ///< no constraint
   object = 1,  ///< any JSON object (response_format json_object)
   schema = 2,  ///< a JSON value matching a schema (response_format json_schema, forced tool calls)
+  regex = 3,   ///< text a regular expression matches whole (guided_regex, guided_choice)
 };
-inline constexpr uint8_t max_json_output = 2;
+inline constexpr uint8_t max_output_format = 3;
 
 /// The largest schema text accepted, in bytes.
 inline constexpr size_t max_json_schema_bytes = 64 * 1024;
 
-/// The grammar of an answer of kind `kind` (object or schema; `schema` is the schema's JSON text
-/// for schema). `after_thinking`: the answer starts inside a thinking block (the prompt opened
-/// it), written freely up to its `</think>`; the JSON follows. nullptr and a sentence naming
-/// what is wrong (with the schema's JSON pointer) when the schema is malformed or asks for
-/// what is not supported.
-std::shared_ptr<const grammar> json_grammar(json_output kind, const std::string& schema, bool after_thinking,
-                                            std::string* why);
+/// The grammar of an answer of kind `kind`, not free. `text` is the schema's JSON text for
+/// schema, the expression (regex_grammar.hpp's syntax) for regex, and empty for object.
+/// `after_thinking`: the answer starts inside a thinking block (the prompt opened it), written
+/// freely up to its `</think>`; the constrained answer follows. nullptr and a sentence naming
+/// what is wrong (with the schema's JSON pointer, or the expression's offset) when the text is
+/// malformed or asks for what is not supported.
+std::shared_ptr<const grammar> compile_output_grammar(output_format kind, const std::string& text, bool after_thinking,
+                                                      std::string* why);
+
+/// compile_output_grammar through a process-wide cache of the last 64 grammars that compiled: the requests
+/// of one service tend to share a schema, and the router (which checks it) and every rank in the
+/// process (which follow it) then compile it once. Thread-safe; a compiled grammar is immutable.
+std::shared_ptr<const grammar> cached_output_grammar(output_format kind, const std::string& text, bool after_thinking,
+                                                     std::string* why);
 
 }  // namespace baton::gpu

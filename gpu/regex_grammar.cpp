@@ -33,7 +33,7 @@ node any_char() {
 
 class parser {
 public:
-  explicit parser(std::string_view p) : p_(p) {}
+  parser(std::string_view p, std::string name) : p_(p), name_(std::move(name)) {}
 
   bool parse(node* out, std::string* why) {
     if (!alternation(out)) {
@@ -41,7 +41,7 @@ public:
       return false;
     }
     if (at_ < p_.size()) {
-      *why = "pattern: unbalanced ')' at offset " + std::to_string(at_);
+      *why = name_ + ": unbalanced ')' at offset " + std::to_string(at_);
       return false;
     }
     return true;
@@ -49,7 +49,7 @@ public:
 
 private:
   bool fail(const std::string& what) {
-    why_ = "pattern: " + what + " (offset " + std::to_string(at_) + ")";
+    why_ = name_ + ": " + what + " (offset " + std::to_string(at_) + ")";
     return false;
   }
   bool more() const { return at_ < p_.size(); }
@@ -200,7 +200,7 @@ private:
       case 'D': case 'W': case 'S': {
         if (in_class) return fail(std::string("\\") + c + " inside a class is not supported");
         node positive;
-        parser sub(std::string_view(&"dws"[c == 'D' ? 0 : c == 'W' ? 1 : 2], 1));
+        parser sub(std::string_view(&"dws"[c == 'D' ? 0 : c == 'W' ? 1 : 2], 1), name_);
         sub.escape(&positive, false);  // the lower-case class, then its complement
         out->ascii = ~positive.ascii;
         out->non_ascii = true;
@@ -256,6 +256,13 @@ private:
     }
   }
 
+  // One member of a class: an escape (read in class mode, where \b is a backspace) or a literal.
+  bool class_char(node* out) {
+    if (peek() != '\\') return literal(out);
+    ++at_;
+    return escape(out, true);
+  }
+
   bool set(node* out) {
     const bool negated = more() && peek() == '^';
     if (negated) ++at_;
@@ -263,22 +270,12 @@ private:
     while (more() && (peek() != ']' || first)) {
       first = false;
       node item;
-      if (peek() == '\\') {
-        ++at_;
-        if (!escape(&item, true)) return false;
-      } else if (!literal(&item)) {
-        return false;
-      }
+      if (!class_char(&item)) return false;
       // A range: two single ASCII characters around '-' (not the class's last character).
       if (more() && peek() == '-' && at_ + 1 < p_.size() && p_[at_ + 1] != ']') {
         ++at_;
         node hi;
-        if (peek() == '\\') {
-          ++at_;
-          if (!escape(&hi, true)) return false;
-        } else if (!literal(&hi)) {
-          return false;
-        }
+        if (!class_char(&hi)) return false;
         if (item.ascii.count() != 1 || hi.ascii.count() != 1 || !item.multibyte.empty() || !hi.multibyte.empty())
           return fail("class ranges are supported between ASCII characters only");
         size_t lo_c = 0, hi_c = 0;
@@ -304,19 +301,22 @@ private:
 
   static constexpr int max_group_depth = 64;
   std::string_view p_;
+  std::string name_;  ///< what the expression is called in what is wrong
   size_t at_ = 0;
   int groups_open_ = 0;
   std::string why_;
 };
 
-/// Grammar rules for a parsed expression, writing its text as the inside of a JSON string.
+/// Grammar rules for a parsed expression, writing its text as itself or as the inside of a JSON
+/// string.
 class builder {
 public:
-  explicit builder(grammar& g) : g_(g), start_rules_(g.rules()) {}
+  builder(grammar& g, std::string name, bool json_escaped)
+      : g_(g), name_(std::move(name)), start_rules_(g.rules()), json_escaped_(json_escaped) {}
 
   bool build(const node& n, uint32_t* rule, std::string* why) {
     if (g_.rules() - start_rules_ > max_regex_rules) {
-      *why = "pattern: the expression's counts make it too large (more than " + std::to_string(max_regex_rules) +
+      *why = name_ + ": the expression's counts make it too large (more than " + std::to_string(max_regex_rules) +
              " rules)";
       return false;
     }
@@ -367,13 +367,13 @@ public:
   }
 
 private:
-  /// One character of the set as JSON writes it inside a string.
+  /// One character of the set, as itself or as JSON writes it inside a string.
   void chars(const node& n, uint32_t r) {
     sym plain;
     bool any_plain = false;
     for (uint32_t c = 0; c < 128; ++c) {
       if (!n.ascii.test(c)) continue;
-      if (c >= 0x20 && c != '"' && c != '\\') {
+      if (!json_escaped_ || (c >= 0x20 && c != '"' && c != '\\')) {
         plain.set[c >> 6] |= uint64_t{1} << (c & 63);
         any_plain = true;
         continue;
@@ -401,7 +401,9 @@ private:
   }
 
   grammar& g_;
+  std::string name_;
   uint32_t start_rules_;
+  bool json_escaped_;
 };
 
 /// Whether the byte at `i` is escaped (an odd run of backslashes before it).
@@ -427,25 +429,33 @@ bool top_level_alternation(std::string_view p) {
   return false;
 }
 
+/// Reads `pattern` (called `name` in what is wrong): its anchors, ^ and $ at the ends, and the
+/// expression between.
+bool parse_pattern(std::string_view pattern, const std::string& name, node* out, bool* from_start, bool* to_end,
+                   std::string* why) {
+  if (pattern.size() > max_regex_bytes) {
+    *why = name + ": longer than " + std::to_string(max_regex_bytes) + " bytes";
+    return false;
+  }
+  *from_start = !pattern.empty() && pattern.front() == '^';
+  *to_end = !pattern.empty() && pattern.back() == '$' && !escaped(pattern, pattern.size() - 1) &&
+            (pattern.size() > 1 || !*from_start);
+  std::string_view body = pattern.substr(*from_start ? 1 : 0);
+  if (*to_end) body.remove_suffix(1);
+  if ((*from_start || *to_end) && top_level_alternation(body)) {
+    *why = name + ": an anchor beside a top-level '|' is ambiguous here; group it, as ^(a|b)$";
+    return false;
+  }
+  return parser(body, name).parse(out, why);
+}
+
 }  // namespace
 
 bool json_string_matching(grammar& g, std::string_view pattern, uint32_t* rule, std::string* why) {
-  if (pattern.size() > 4096) {
-    *why = "pattern: longer than 4096 bytes";
-    return false;
-  }
-  // Anchors: without ^ (or $) the text may have anything before (or after) a match.
-  const bool from_start = !pattern.empty() && pattern.front() == '^';
-  const bool to_end = !pattern.empty() && pattern.back() == '$' && !escaped(pattern, pattern.size() - 1) &&
-                      (pattern.size() > 1 || !from_start);
-  std::string_view body = pattern.substr(from_start ? 1 : 0);
-  if (to_end) body.remove_suffix(1);
-  if ((from_start || to_end) && top_level_alternation(body)) {
-    *why = "pattern: an anchor beside a top-level '|' is ambiguous here; group it, as ^(a|b)$";
-    return false;
-  }
   node parsed;
-  if (!parser(body).parse(&parsed, why)) return false;
+  bool from_start = false, to_end = false;
+  if (!parse_pattern(pattern, "pattern", &parsed, &from_start, &to_end, why)) return false;
+  // Anchors: without ^ (or $) the text may have anything before (or after) a match.
   node whole;
   whole.k = node::seq;
   node anything;
@@ -457,11 +467,19 @@ bool json_string_matching(grammar& g, std::string_view pattern, uint32_t* rule, 
   whole.kids.push_back(std::move(parsed));
   if (!to_end) whole.kids.push_back(anything);
   uint32_t inside = 0;
-  if (!builder(g).build(whole, &inside, why)) return false;
+  if (!builder(g, "pattern", true).build(whole, &inside, why)) return false;
   const uint32_t out = g.add_rule();
   g.add_alternative(out, {grammar::byte('"'), grammar::ref(inside), grammar::byte('"')});
   *rule = out;
   return true;
+}
+
+bool text_matching(grammar& g, std::string_view pattern, uint32_t* rule, std::string* why) {
+  // The whole text matches, so anchors at the ends say nothing more.
+  node parsed;
+  bool from_start = false, to_end = false;
+  return parse_pattern(pattern, "regex", &parsed, &from_start, &to_end, why) &&
+         builder(g, "regex", false).build(parsed, rule, why);
 }
 
 }  // namespace baton::gpu

@@ -4,6 +4,7 @@
 // `format`s and `minLength`/`maxLength`: a rule that matches a JSON string, quotes included,
 // whose decoded text matches the expression. The rule writes the text as JSON spells it: `"`,
 // `\` and control characters escaped (\n, \t, ... or \u00XX), everything else as itself.
+// Also a whole answer that must match an expression (text_matching), written as itself.
 //
 // The syntax is ECMA-262's, as JSON schema's `pattern` is: alternation, groups ((...) and
 // (?:...)), quantifiers (?, *, +, {m}, {m,}, {m,n}; lazy ones match the same strings),
@@ -22,8 +23,16 @@ namespace baton::gpu {
 /// The most a quantifier may count ({m,n}; minLength, maxLength).
 inline constexpr uint32_t max_regex_count = 1024;
 
+/// The longest expression taken, in bytes.
+inline constexpr size_t max_regex_bytes = 4096;
+
 /// Adds to `g` a rule matching a JSON string whose text matches `pattern`; false and a
-/// sentence naming what is not supported (or malformed) otherwise.
+/// sentence naming what is not supported (or malformed) otherwise, starting "pattern: ".
 bool json_string_matching(grammar& g, std::string_view pattern, uint32_t* rule, std::string* why);
+
+/// Adds to `g` a rule matching text, as itself, that `pattern` matches whole (vLLM's
+/// guided_regex, SGLang's regex): implicitly anchored at both ends. false and a sentence
+/// starting "regex: " otherwise.
+bool text_matching(grammar& g, std::string_view pattern, uint32_t* rule, std::string* why);
 
 }  // namespace baton::gpu

@@ -112,8 +112,9 @@ struct seq_sampling {
 /// sample_token for one forward_seq::sample; with a grammar, over the tokens it allows (the
 /// others' logits made NaN, so never picked; log-probabilities stay the raw row's). A greedy pick
 /// the grammar allows is the pick, without its mask: the argmax of the allowed tokens is the
-/// argmax of all of them whenever the grammar allows it. No token allowed (the grammar's output
-/// is over, or its vocabulary cannot spell what must come): the grammar's first end token.
+/// argmax of all of them whenever the grammar allows it. No token allowed (the vocabulary cannot
+/// spell what must come; an answer that is over still allows its end tokens): the grammar's first
+/// end token, and the rank then fails the request, since the grammar refuses that pick.
 int32_t sample_token(std::span<const float> logits, const seq_sampling& s, sampling_scratch* scratch = nullptr);
 
 }  // namespace baton::gpu

@@ -37,6 +37,8 @@ struct request {
   /// JSON schema's text (json_schema; see docs/structured-outputs.md for the keywords it takes).
   bool json_object = false;
   std::string json_schema;
+  /// ... or text that this regular expression matches whole (not with the JSON ones).
+  std::string regex;
   std::vector<std::string> stop;
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;

@@ -35,6 +35,14 @@ inline local_cluster_config small_cluster() {
   return cfg;
 }
 
+/// small_cluster, in hybrid PD when asked: short prompts are then prefilled on the decode rank,
+/// whose step picks the first token, instead of on the prefill rank.
+inline local_cluster_config small_cluster(bool hybrid) {
+  auto cfg = small_cluster();
+  if (hybrid) cfg.router.request.hybrid_prefill_below_tokens = 1000;
+  return cfg;
+}
+
 /// The same prompt on one executor, same chunk schedule, same weights: the cluster's reference.
 inline gpu::colocated_generation colocated(const local_cluster_config& cfg, const std::vector<int32_t>& prompt,
                                            uint32_t max_tokens, const gpu::sampling_config& sampling = {}) {

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <sstream>
 
 #include "tests/deploy/gateway_fixture.hpp"
@@ -439,7 +440,7 @@ TEST_CASE("structured outputs over HTTP: a json_schema answer is JSON that holds
        "required":["book","verse"]}}})";
   const std::string body = R"({"prompt":"In the beginning","max_tokens":200,)" + format;
   const auto whole = round_trip(s.gateway.port, post("/v1/completions", body + "}"));
-  REQUIRE(whole.status == 200);
+  REQUIRE_MESSAGE(whole.status == 200, whole.body);
   const auto answer = json::parse(whole.body)["choices"][0];
   CHECK(answer["finish_reason"] == "stop");
   const auto j = json::parse(answer["text"].get<std::string>());
@@ -455,6 +456,22 @@ TEST_CASE("structured outputs over HTTP: a json_schema answer is JSON that holds
           {"name":"v","schema":{"type":"string","format":"uri"}}}})"));
   CHECK(refused.status == 400);
   CHECK(refused.body.find(R"(the format \"uri\" is not supported)") != std::string::npos);  // as JSON escapes it
+  // vLLM's guided_choice and guided_regex: the answer is one of the strings, or text the
+  // expression matches whole, then the model's end (finish_reason stop, not length).
+  for (const std::string guided : {R"("guided_choice":["Exodus","Leviticus 19"])", R"("guided_regex":"[A-Z][a-z]+ [0-9]{1,3}")"}) {
+    CAPTURE(guided);
+    const auto one = round_trip(s.gateway.port, post("/v1/completions", R"({"prompt":"In the beginning","max_tokens":40,)" +
+                                                                            guided + "}"));
+    REQUIRE_MESSAGE(one.status == 200, one.body);
+    const auto got = json::parse(one.body)["choices"][0];
+    CHECK(got["finish_reason"] == "stop");
+    const auto text = got["text"].get<std::string>();
+    if (guided.find("choice") != std::string::npos) CHECK((text == "Exodus" || text == "Leviticus 19"));
+    else CHECK(std::regex_match(text, std::regex("[A-Z][a-z]+ [0-9]{1,3}")));
+  }
+  const auto bad_regex = round_trip(s.gateway.port, post("/v1/completions", R"({"prompt":"x","guided_regex":"(a"})"));
+  CHECK(bad_regex.status == 400);
+  CHECK(bad_regex.body.find("regex: an unclosed group") != std::string::npos);
 
   const std::string chat = R"({"messages":[{"role":"user","content":"Weather in Paris?"}],"max_tokens":200,
       "tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object",

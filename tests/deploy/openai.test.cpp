@@ -810,7 +810,7 @@ TEST_CASE("structured outputs: response_format and a forced tool_choice become a
   CHECK(json::parse(c.req.json_schema)["items"]["anyOf"][0]["properties"]["parameters"]["properties"]["who"]["$ref"] ==
         "#/items/anyOf/0/properties/parameters/$defs/P");
   std::string why;
-  CHECK_MESSAGE(gpu::json_grammar(gpu::json_output::schema, c.req.json_schema, false, &why), why);
+  CHECK_MESSAGE(gpu::compile_output_grammar(gpu::output_format::schema, c.req.json_schema, false, &why), why);
   CHECK_FALSE(deploy::openai::parse_body(chat + R"("tool_choice":{"type":"function","function":{"name":"nope"}},)" + tools + "}",
                                          true, "m", &c, &e));
   CHECK(e.message == "tool_choice names the function 'nope', which tools lacks");
@@ -841,4 +841,65 @@ TEST_CASE("structured outputs: response_format and a forced tool_choice become a
   const auto cut = deploy::openai::read_forced_calls(R"({"city": "Par)", "get_weather");
   CHECK(cut.tool_calls.empty());
   CHECK(cut.content == R"({"city": "Par)");
+}
+
+TEST_CASE("vLLM's structured outputs: guided_json, guided_regex and guided_choice, or structured_outputs, become the "
+          "grammar's request; what Baton cannot honour is refused by name") {
+  const auto parse = [](const std::string& fields, deploy::openai::call* c) {
+    deploy::openai::api_error e;
+    *c = {};
+    const bool ok = deploy::openai::parse_body(R"({"prompt":"a",)" + fields + "}", false, "m", c, &e);
+    return ok ? std::string() : e.param + ": " + e.message;
+  };
+  deploy::openai::call c;
+  REQUIRE(parse(R"("guided_json":{"type":"object","properties":{"z":{"type":"integer"},"a":{}}})", &c).empty());
+  CHECK(c.req.json_output == 2);
+  CHECK(c.req.json_schema == R"({"type":"object","properties":{"z":{"type":"integer"},"a":{}}})");  // key order kept
+  REQUIRE(parse(R"("guided_json":"{\"type\":\"string\"}")", &c).empty());  // a schema as its text
+  CHECK(c.req.json_schema == R"({"type":"string"})");
+  REQUIRE(parse(R"("guided_regex":"[0-9]{3}")", &c).empty());
+  CHECK(c.req.json_output == 0);
+  CHECK(c.req.output_regex == "[0-9]{3}");
+  // A choice becomes an alternation of its strings, their special characters escaped.
+  REQUIRE(parse(R"x("guided_choice":["yes","no","1+1 (two)"])x", &c).empty());
+  CHECK(c.req.output_regex == R"((?:yes|no|1\+1 \(two\)))");
+  std::string why;
+  auto g = gpu::compile_output_grammar(gpu::output_format::regex, c.req.output_regex, false, &why);
+  REQUIRE_MESSAGE(g, why);
+  for (const auto& [text, ok] : std::vector<std::pair<std::string, bool>>{
+           {"yes", true}, {"1+1 (two)", true}, {"11 (two)", false}, {"yesno", false}, {"", false}}) {
+    gpu::grammar_matcher m(g, gpu::byte_vocabulary(258), {257});
+    CHECK_MESSAGE((m.accept_bytes(text) && m.complete()) == ok, text);
+  }
+  // The newer form.
+  REQUIRE(parse(R"("structured_outputs":{"choice":["a","b"]})", &c).empty());
+  CHECK(c.req.output_regex == "(?:a|b)");
+  REQUIRE(parse(R"("structured_outputs":{"json":{"type":"boolean"},"disable_fallback":true})", &c).empty());
+  CHECK(c.req.json_schema == R"({"type":"boolean"})");
+  REQUIRE(parse(R"("structured_outputs":{"json_object":true})", &c).empty());
+  CHECK(c.req.json_output == 1);
+  REQUIRE(parse(R"("structured_outputs":{"regex":"x+"})", &c).empty());
+  CHECK(c.req.output_regex == "x+");
+  // Refusals, by name.
+  CHECK(parse(R"("guided_grammar":"root ::= \"a\"")", &c) ==
+        "guided_grammar: guided_grammar is not supported: give guided_json, guided_regex or guided_choice");
+  CHECK(parse(R"("structured_outputs":{"grammar":"root ::= \"a\""})", &c) ==
+        "structured_outputs: structured_outputs.grammar is not supported (json, regex, choice and json_object are)");
+  CHECK(parse(R"("guided_regex":"a","guided_choice":["a"])", &c) ==
+        "guided_choice: give one of guided_json, guided_regex and guided_choice, not guided_regex and guided_choice");
+  CHECK(parse(R"("structured_outputs":{"regex":"a"},"guided_regex":"a")", &c) ==
+        "structured_outputs: give structured_outputs or the guided_* fields, not both");
+  CHECK(parse(R"("guided_regex":"a","response_format":{"type":"json_object"})", &c) ==
+        "guided_regex: guided_regex cannot be combined with response_format or a forced tool_choice");
+  CHECK(parse(R"("guided_choice":[])", &c) == "guided_choice: guided_choice must be an array of 1 to 1024 strings, got an array");
+  CHECK(parse(R"("guided_choice":["a",1])", &c).find("must be an array of 1 to 1024 strings") != std::string::npos);
+  CHECK(parse(R"("guided_regex":7)", &c) == "guided_regex: guided_regex must be a non-empty regular expression, got 7");
+  CHECK(parse(R"("guided_json":7)", &c) ==
+        "guided_json: guided_json must be a JSON schema (an object, or its text), got 7");
+  CHECK(parse(R"("structured_outputs":{"json_object":false})", &c) ==
+        "structured_outputs: structured_outputs.json_object must be true, got false");
+  CHECK(parse(R"("structured_outputs":"x")", &c) == "structured_outputs: structured_outputs must be an object, got \"x\"");
+  std::string many = R"("guided_choice":[)";
+  for (int i = 0; i < 600; ++i) many += std::string(i ? "," : "") + "\"choice" + std::to_string(i) + "\"";
+  CHECK(parse(many + "]", &c).find("as an expression; at most 4096") != std::string::npos);
 }

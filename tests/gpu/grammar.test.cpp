@@ -16,7 +16,7 @@ namespace {
 
 std::shared_ptr<const grammar> compile(const std::string& schema, std::string* why = nullptr, bool thinking = false) {
   std::string w;
-  auto g = json_grammar(schema.empty() ? json_output::object : json_output::schema, schema, thinking, &w);
+  auto g = compile_output_grammar(schema.empty() ? output_format::object : output_format::schema, schema, thinking, &w);
   if (why) *why = w;
   return g;
 }
@@ -165,6 +165,34 @@ TEST_CASE("grammar: schemas Baton cannot honour are refused, naming the keyword 
   CHECK(refused(deep).find("nests deeper than 64") != std::string::npos);
 }
 
+TEST_CASE("grammar: the process-wide cache gives the same grammar for the same schema and kind, and keeps no failures") {
+  const std::string schema = R"({"type":"object","properties":{"cached":{"type":"boolean"}}})";
+  std::string why;
+  auto a = cached_output_grammar(output_format::schema, schema, false, &why);
+  REQUIRE(a != nullptr);
+  CHECK(cached_output_grammar(output_format::schema, schema, false, &why) == a);
+  // The kind and the thinking prefix are part of what is cached.
+  auto thinking = cached_output_grammar(output_format::schema, schema, true, &why);
+  REQUIRE(thinking != nullptr);
+  CHECK(thinking != a);
+  CHECK(cached_output_grammar(output_format::object, "", false, &why) != a);
+  CHECK(matches(a, R"({"cached":true})"));
+  CHECK_FALSE(matches(a, R"({"cached":1})"));
+  // A refused schema is refused again, by the same sentence.
+  const std::string bad = R"({"type":"integer","multipleOf":3})";
+  std::string first, second;
+  CHECK(cached_output_grammar(output_format::schema, bad, false, &first) == nullptr);
+  CHECK(cached_output_grammar(output_format::schema, bad, false, &second) == nullptr);
+  CHECK(first == second);
+  CHECK(first.find("multipleOf") != std::string::npos);
+  // Past 64 other schemas, the first is compiled anew (a different grammar, the same language).
+  for (int i = 0; i < 64; ++i)
+    REQUIRE(cached_output_grammar(output_format::schema, R"({"const":)" + std::to_string(i) + "}", false, &why));
+  auto again = cached_output_grammar(output_format::schema, schema, false, &why);
+  CHECK(again != a);
+  CHECK(matches(again, R"({"cached":false})"));
+}
+
 TEST_CASE("grammar: string patterns, formats and lengths, as the decoded text; integer ranges, digit by digit") {
   const auto str = [](const std::string& keywords) { return compile(R"({"type":"string",)" + keywords + "}"); };
   const auto zip = str(R"("pattern":"^[0-9]{5}(-[0-9]{4})?$")");
@@ -219,6 +247,50 @@ TEST_CASE("grammar: string patterns, formats and lengths, as the decoded text; i
   CHECK_FALSE(viable(compile(""), "{\"\xed\xa0\x80"));
   CHECK_FALSE(viable(compile(""), R"({"\uD800)"));
   CHECK(matches(compile(""), "{\"\xf0\x9f\x98\x80\":\"\\u00e9\"}"));
+}
+
+TEST_CASE("grammar: a whole answer matching a regular expression, written as itself (guided_regex, guided_choice)") {
+  const auto regex = [](const std::string& pattern, bool thinking = false) {
+    std::string why;
+    auto g = compile_output_grammar(output_format::regex, pattern, thinking, &why);
+    CHECK_MESSAGE(g != nullptr, why);
+    return g;
+  };
+  // Anchored at both ends whether or not it says so: the whole text matches.
+  for (const std::string p : {"[a-z]+-[0-9]{2}", "^[a-z]+-[0-9]{2}$"}) {
+    CAPTURE(p);
+    const auto g = regex(p);
+    CHECK(matches(g, "abc-12"));
+    CHECK_FALSE(matches(g, "abc-123"));
+    CHECK_FALSE(matches(g, "xabc-12 "));
+    CHECK(viable(g, "ab"));
+    CHECK_FALSE(viable(g, "1"));
+  }
+  // Written as itself: quotes, backslashes and newlines are not JSON-escaped.
+  const auto raw = regex(R"x("[^"\n]*"\n\\)x");
+  CHECK(matches(raw, "\"hi there\"\n\\"));
+  CHECK(matches(raw, "\"hi\\nthere\"\n\\"));  // a backslash and an n: neither a quote nor a newline
+  CHECK_FALSE(matches(raw, "\"hi\nthere\"\n\\"));
+  // A choice among strings, as the gateway writes guided_choice: exactly one of them.
+  const auto choice = regex(R"((?:yes|no|a\.b \(c\)))");
+  CHECK(matches(choice, "yes"));
+  CHECK(matches(choice, "a.b (c)"));
+  CHECK_FALSE(matches(choice, "axb (c)"));
+  CHECK_FALSE(matches(choice, "yesno"));
+  CHECK(matches(regex("[^a]", false), "é"));  // past ASCII, as UTF-8
+  // After a thinking block, the expression's text follows its </think>.
+  const auto thinking = regex("(?:positive|negative)", true);
+  CHECK(matches(thinking, "Hmm, mixed.</think>\n\nnegative"));
+  CHECK_FALSE(matches(thinking, "negative"));
+  // What is wrong is named as the regex's, with its offset; the process-wide cache takes it too.
+  std::string why;
+  CHECK(compile_output_grammar(output_format::regex, "a(?=b)", false, &why) == nullptr);
+  CHECK(why == "regex: lookarounds are not supported (offset 2)");
+  CHECK(cached_output_grammar(output_format::regex, "^a|b$", false, &why) == nullptr);
+  CHECK(why == "regex: an anchor beside a top-level '|' is ambiguous here; group it, as ^(a|b)$");
+  CHECK(compile_output_grammar(output_format::regex, std::string(5000, 'a'), false, &why) == nullptr);
+  CHECK(why == "regex: longer than 4096 bytes");
+  CHECK(compile_output_grammar(static_cast<output_format>(4), "a", false, &why) == nullptr);
 }
 
 TEST_CASE("grammar: after a thinking block, free text up to </think>, then the JSON") {
