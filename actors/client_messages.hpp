@@ -64,6 +64,7 @@ struct generate_request {
   /// json_schema (a JSON schema's text, gpu/json_schema_grammar.hpp says which keywords hold).
   uint8_t json_output = 0;
   std::string json_schema;
+  bool json_compact = false;  ///< the JSON without whitespace between its tokens
   /// Constrained decoding to text instead (vLLM's guided_regex and guided_choice): the whole
   /// answer matches this regular expression (gpu/regex_grammar.hpp's syntax); empty: none. Not
   /// with json_output.
@@ -98,7 +99,7 @@ typename Inspector::result_type inspect(Inspector& f, generate_request& x) {
            wire::f32{&x.frequency_penalty}, x.stop, x.stop_token_ids, x.logprobs, x.top_logprobs, x.echo,
            x.prompt_logprobs, x.prompt_only, x.prompt_top_logprobs, x.chat_template_kwargs,
            x.tools_json, x.logit_bias_tokens, wire::f32s{&x.logit_bias_values}, x.json_output, x.json_schema,
-           x.output_regex);
+           x.json_compact, x.output_regex);
 }
 
 struct completion {

@@ -36,7 +36,8 @@ caf::expected<std::shared_ptr<gpu::grammar_matcher>> rank_core::follow_grammar(c
                                                                                const std::string& stage) {
   if (g.kind == 0) return std::shared_ptr<gpu::grammar_matcher>{};
   std::string why;
-  auto compiled = gpu::cached_output_grammar(static_cast<gpu::output_format>(g.kind), g.text, g.after_thinking, &why);
+  auto compiled = gpu::cached_output_grammar(static_cast<gpu::output_format>(g.kind), g.text,
+                                             {.after_thinking = g.after_thinking, .compact = g.compact}, &why);
   if (!compiled) return make_error(errc::bad_request, stage + ": " + why);
   if (!vocabulary) vocabulary = gpu::byte_vocabulary(exec->config().vocab_size);
   auto m = std::make_shared<gpu::grammar_matcher>(std::move(compiled), vocabulary, g.end_tokens);

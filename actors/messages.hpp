@@ -541,11 +541,12 @@ struct output_grammar {
   uint8_t kind = 0;    ///< gpu::output_format; 0: none
   std::string text;    ///< the JSON schema's text for kind 2, the regular expression for kind 3
   bool after_thinking = false;      ///< the prompt opened a thinking block: the answer follows its </think>
+  bool compact = false;             ///< JSON without whitespace between tokens
   std::vector<int32_t> end_tokens;  ///< the tokens that end an answer, allowed once its JSON is whole
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, output_grammar& x) {
-  return f(caf::meta::type_name("output_grammar"), x.kind, x.text, x.after_thinking, x.end_tokens);
+  return f(caf::meta::type_name("output_grammar"), x.kind, x.text, x.after_thinking, x.compact, x.end_tokens);
 }
 
 struct decode_order {

@@ -106,7 +106,7 @@ void copy_sampling(const request_plan& p, Order& order) {
   if (p.params.json_output != 0 || regex) {
     order.grammar = {regex ? static_cast<uint8_t>(gpu::output_format::regex) : p.params.json_output,
                      regex ? p.params.output_regex : p.params.json_schema, p.prompt_thinking == 1,
-                     p.extra_eos_token_ids};
+                     p.params.json_compact, p.extra_eos_token_ids};
     order.grammar.end_tokens.insert(order.grammar.end_tokens.begin(), p.eos_token_id);
   }
 }

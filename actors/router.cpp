@@ -57,9 +57,10 @@ std::string check_output_format(const generate_request& req) {
     return "output_regex and json_output are both given; an answer follows one";
   std::string why;
   if (req.json_output != 0 &&
-      !gpu::cached_output_grammar(static_cast<gpu::output_format>(req.json_output), req.json_schema, false, &why))
+      !gpu::cached_output_grammar(static_cast<gpu::output_format>(req.json_output), req.json_schema,
+                                  {.compact = req.json_compact}, &why))
     return why;
-  if (!req.output_regex.empty() && !gpu::cached_output_grammar(gpu::output_format::regex, req.output_regex, false, &why))
+  if (!req.output_regex.empty() && !gpu::cached_output_grammar(gpu::output_format::regex, req.output_regex, {}, &why))
     return why;
   return {};
 }

@@ -99,7 +99,7 @@ int main(int argc, char** argv) {
   std::printf("|---|---:|---:|---:|---:|---:|\n");
   for (const auto& s : states) {
     std::string why;
-    auto g = compile_output_grammar(s.any_object ? output_format::object : output_format::schema, s.any_object ? "" : schema, false, &why);
+    auto g = compile_output_grammar(s.any_object ? output_format::object : output_format::schema, s.any_object ? "" : schema, {}, &why);
     grammar_matcher m(g, vocab, {end});
     if (!m.accept_bytes(s.text)) {
       std::printf("bad state text: %s\n", s.text.c_str());

@@ -70,6 +70,7 @@ generate_request to_request(const request& r) {
   // A schema wins; the router refuses json_output 1 with a schema, so no mix is sent.
   g.json_output = !r.json_schema.empty() ? 2 : r.json_object ? 1 : 0;
   g.json_schema = r.json_schema;
+  g.json_compact = r.json_compact;
   g.output_regex = r.regex;
   g.stop = r.stop;
   g.stop_token_ids = r.stop_token_ids;

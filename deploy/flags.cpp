@@ -96,6 +96,10 @@ std::string flag_set::parse(const std::vector<std::string>& args) {
       help_ = true;
       continue;
     }
+    if (positional_ && arg.rfind("--", 0) != 0) {
+      positional_->push_back(arg);
+      continue;
+    }
     const auto eq = arg.find('=');
     const bool inline_value = eq != std::string::npos;
     if (inline_value) {

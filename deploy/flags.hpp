@@ -22,6 +22,10 @@ public:
   void add(std::string name, std::vector<std::string>* target, std::string help);  ///< repeatable
   void add(std::string name, bool* target, std::string help);                      ///< no value
 
+  /// Arguments that are neither flags nor a flag's value go here (`baton generate "prompt"`),
+  /// rather than being refused as unknown flags.
+  void collect_positional(std::vector<std::string>* out) { positional_ = out; }
+
   /// Parses args; returns an error sentence, or empty. "--help" sets help_requested().
   std::string parse(const std::vector<std::string>& args);
   bool help_requested() const { return help_; }
@@ -40,6 +44,7 @@ private:
   };
   std::vector<flag> flags_;
   bool help_ = false;
+  std::vector<std::string>* positional_ = nullptr;
 };
 
 struct net_security;

@@ -11,21 +11,7 @@
 
 namespace baton::deploy {
 
-int run_generate(const std::vector<std::string>& raw_args) {
-  // Positional arguments are prompts too: `baton generate --router H:P "prompt"`. Every flag but
-  // --chat, --ignore-eos, --score, --verbose and --help takes a value, which is not a prompt.
-  std::vector<std::string> args, positional;
-  for (size_t i = 0; i < raw_args.size(); ++i) {
-    const auto& a = raw_args[i];
-    if (a.rfind("--", 0) != 0) {
-      positional.push_back(a);
-      continue;
-    }
-    args.push_back(a);
-    const bool takes_value = a != "--chat" && a != "--ignore-eos" && a != "--score" && a != "--verbose" && a != "--json" &&
-                             a != "--help" && a.find('=') == std::string::npos;
-    if (takes_value && i + 1 < raw_args.size()) args.push_back(raw_args[++i]);
-  }
+int run_generate(const std::vector<std::string>& args) {
   std::string router = "127.0.0.1:7100";
   std::vector<std::string> prompts;
   baton::client::request req;
@@ -34,6 +20,9 @@ int run_generate(const std::vector<std::string>& raw_args) {
   bool chat = false, verbose = false, score = false;
   baton::client::connect_options conn_opts;
   flag_set flags;
+  // Positional arguments are prompts too: `baton generate --router H:P "prompt"`.
+  std::vector<std::string> positional;
+  flags.collect_positional(&positional);
   flags.add("--cluster-id", &conn_opts.cluster_id, "the cluster's id");
   flags.add("--tls-cert", &conn_opts.tls_cert, "mutual TLS: this client's certificate (PEM)");
   flags.add("--tls-key", &conn_opts.tls_key, "mutual TLS: its key (PEM)");
@@ -51,6 +40,7 @@ int run_generate(const std::vector<std::string>& raw_args) {
   flags.add("--json", &req.json_object, "answer with a JSON object (constrained decoding)");
   flags.add("--json-schema", &req.json_schema,
             "answer with JSON matching this JSON schema, given as its text (docs/structured-outputs.md)");
+  flags.add("--json-compact", &req.json_compact, "with --json or --json-schema: no whitespace between JSON's tokens");
   flags.add("--regex", &req.regex, "answer with text this regular expression matches whole (constrained decoding)");
   flags.add("--score", &score,
             "also score the prompt: a line 'score: N tokens, log-probability S, perplexity P' after the text "

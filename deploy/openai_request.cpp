@@ -375,7 +375,9 @@ std::string regex_of_choices(const json& choices) {
 
 /// vLLM's structured outputs, for clients written against it: guided_json (a schema, as an
 /// object or its text), guided_regex (the whole answer matches it), guided_choice (the answer is
-/// one of these strings), or the same as structured_outputs {json, regex, choice, json_object}.
+/// one of these strings), or the same as structured_outputs {json, regex, choice, json_object},
+/// where disable_any_whitespace asks for compact JSON (from response_format or a forced tool
+/// too).
 /// What Baton cannot honour (grammars as text, whitespace patterns, structural tags) is refused
 /// by name; backend choices are ignored (there is one).
 bool parse_guided(const json& j, const ordered_json& body, call* out, api_error* err) {
@@ -402,9 +404,14 @@ bool parse_guided(const json& j, const ordered_json& body, call* out, api_error*
     }
     for (const auto& [key, v] : spec.items()) {
       if (key == "json" || key == "regex" || key == "choice" || key == "json_object" || key == "disable_fallback" ||
-          key == "disable_additional_properties" || (key == "disable_any_whitespace" && v == false))
+          key == "disable_additional_properties")
         continue;  // the fallback and extra properties: Baton has none of either to disable
-      *err = bad(param, "structured_outputs." + key + " is not supported (json, regex, choice and json_object are)");
+      if (key == "disable_any_whitespace" && v.is_boolean()) {
+        r.json_compact = v.get<bool>();  // also for response_format's and forced tools' JSON
+        continue;
+      }
+      *err = bad(param, "structured_outputs." + key +
+                            " is not supported (json, regex, choice, json_object and disable_any_whitespace are)");
       return false;
     }
   }

@@ -34,7 +34,7 @@ seq operator+(seq a, const seq& b) {
 
 class compiler {
 public:
-  explicit compiler(const json* root) : root_(root) { build_common(); }
+  compiler(const json* root, bool compact) : root_(root) { build_common(compact); }
 
   grammar& g() { return *g_; }
   std::shared_ptr<const grammar> finish(uint32_t start) {
@@ -456,9 +456,10 @@ private:
   }
 
   /// The rules every JSON grammar uses: whitespace, strings, numbers, literals, any value.
-  void build_common() {
+  void build_common(bool compact) {
     grammar& G = *g_;
-    // ws: nothing, a space, or a newline and up to 24 spaces or tabs.
+    // blanks: nothing, a space, or a newline and up to 24 spaces or tabs; ws, between JSON's
+    // tokens: the same, or nothing at all when compact.
     sym blank = grammar::byte(' ');
     blank.set['\t' >> 6] |= uint64_t{1} << ('\t' & 63);
     uint32_t indent = G.add_rule();
@@ -469,10 +470,15 @@ private:
       G.add_alternative(more, {blank, r(indent)});
       indent = more;
     }
-    ws_ = G.add_rule();
-    G.add_alternative(ws_, {});
-    G.add_alternative(ws_, lit(" "));
-    G.add_alternative(ws_, lit("\n") + seq{r(indent)});
+    blanks_ = G.add_rule();
+    G.add_alternative(blanks_, {});
+    G.add_alternative(blanks_, lit(" "));
+    G.add_alternative(blanks_, lit("\n") + seq{r(indent)});
+    ws_ = blanks_;
+    if (compact) {
+      ws_ = G.add_rule();
+      G.add_alternative(ws_, {});
+    }
     // string: '"' then characters up to the closing quote; escapes as JSON spells them.
     string_ = G.add_rule();
     const uint32_t chars = G.add_rule();
@@ -546,7 +552,7 @@ private:
   uint32_t digits_ = 0;  ///< [0-9]*
 
 public:
-  uint32_t ws_ = 0, string_ = 0, integer_ = 0, number_ = 0, boolean_ = 0, null_ = 0, any_value_ = 0, any_object_ = 0;
+  uint32_t blanks_ = 0, ws_ = 0, string_ = 0, integer_ = 0, number_ = 0, boolean_ = 0, null_ = 0, any_value_ = 0, any_object_ = 0;
 };
 
 /// A rule matching any bytes up to and including `marker`, then `then`: a string-matching
@@ -578,8 +584,8 @@ uint32_t until(grammar& g, std::string_view marker, uint32_t then) {
 
 }  // namespace
 
-std::shared_ptr<const grammar> compile_output_grammar(output_format kind, const std::string& text, bool after_thinking,
-                                                      std::string* why) {
+std::shared_ptr<const grammar> compile_output_grammar(output_format kind, const std::string& text,
+                                                      const output_options& options, std::string* why) {
   if (kind == output_format::free || static_cast<uint8_t>(kind) > max_output_format) {
     *why = "no constrained output was asked for";
     return nullptr;
@@ -596,7 +602,7 @@ std::shared_ptr<const grammar> compile_output_grammar(output_format kind, const 
       return nullptr;
     }
   }
-  compiler c(&root);
+  compiler c(&root, options.compact);
   uint32_t value = c.any_object_;
   if (kind == output_format::schema && !c.value(root, "", 0, &value)) {
     *why = c.why_;
@@ -604,26 +610,26 @@ std::shared_ptr<const grammar> compile_output_grammar(output_format kind, const 
   }
   if (kind == output_format::regex && !text_matching(c.g(), text, &value, why)) return nullptr;
   uint32_t start = value;
-  if (after_thinking) {
+  if (options.after_thinking) {
     const uint32_t answer = c.g().add_rule();
-    c.g().add_alternative(answer, {grammar::ref(c.ws_), grammar::ref(c.ws_), grammar::ref(value)});  // "\n\n" too
+    c.g().add_alternative(answer, {grammar::ref(c.blanks_), grammar::ref(c.blanks_), grammar::ref(value)});  // "\n\n" too
     start = until(c.g(), "</think>", answer);
   }
   return c.finish(start);
 }
 
-std::shared_ptr<const grammar> cached_output_grammar(output_format kind, const std::string& text, bool after_thinking,
-                                                     std::string* why) {
+std::shared_ptr<const grammar> cached_output_grammar(output_format kind, const std::string& text,
+                                                     const output_options& options, std::string* why) {
   struct entry {
     output_format kind;
-    bool after_thinking;
+    output_options options;
     std::string text;
     std::shared_ptr<const grammar> compiled;
   };
   constexpr size_t kept = 64;
   static std::mutex mutex;
   static std::list<entry> recent;  // most recent first
-  auto same = [&](const entry& e) { return e.kind == kind && e.after_thinking == after_thinking && e.text == text; };
+  auto same = [&](const entry& e) { return e.kind == kind && e.options == options && e.text == text; };
   {
     std::lock_guard lock{mutex};
     if (auto it = std::find_if(recent.begin(), recent.end(), same); it != recent.end()) {
@@ -633,11 +639,11 @@ std::shared_ptr<const grammar> cached_output_grammar(output_format kind, const s
   }
   // Compiled outside the lock: a large schema takes milliseconds, and two threads compiling the
   // same one at once only waste work.
-  auto compiled = compile_output_grammar(kind, text, after_thinking, why);
+  auto compiled = compile_output_grammar(kind, text, options, why);
   if (!compiled) return nullptr;
   std::lock_guard lock{mutex};
   if (std::find_if(recent.begin(), recent.end(), same) == recent.end()) {
-    recent.push_front(entry{kind, after_thinking, text, compiled});
+    recent.push_front(entry{kind, options, text, compiled});
     if (recent.size() > kept) recent.pop_back();
   }
   return compiled;

@@ -16,7 +16,7 @@
 //
 // The text: compact separators are not required; between tokens the model may write a space, or
 // a newline with up to 24 spaces or tabs of indentation (pretty-printed JSON), but no more, so a
-// model cannot loop on blank lines. An object with `properties` holds only those, in the
+// model cannot loop on blank lines; or, asked for compact JSON, nothing. An object with `properties` holds only those, in the
 // schema's order (the order OpenAI's strict mode writes); required ones always, the others may
 // be left out.
 
@@ -39,19 +39,28 @@ inline constexpr uint8_t max_output_format = 3;
 /// The largest schema text accepted, in bytes.
 inline constexpr size_t max_json_schema_bytes = 64 * 1024;
 
+/// How a constrained answer is laid out around what it must be.
+struct output_options {
+  /// The answer starts inside a thinking block (the prompt opened it), written freely up to its
+  /// `</think>`; the constrained answer follows.
+  bool after_thinking = false;
+  /// JSON without whitespace between its tokens (vLLM's disable_any_whitespace): what a model
+  /// that pads with blanks would spend tokens on. Otherwise bounded whitespace, as above.
+  bool compact = false;
+  bool operator==(const output_options&) const = default;
+};
+
 /// The grammar of an answer of kind `kind`, not free. `text` is the schema's JSON text for
-/// schema, the expression (regex_grammar.hpp's syntax) for regex, and empty for object.
-/// `after_thinking`: the answer starts inside a thinking block (the prompt opened it), written
-/// freely up to its `</think>`; the constrained answer follows. nullptr and a sentence naming
-/// what is wrong (with the schema's JSON pointer, or the expression's offset) when the text is
-/// malformed or asks for what is not supported.
-std::shared_ptr<const grammar> compile_output_grammar(output_format kind, const std::string& text, bool after_thinking,
-                                                      std::string* why);
+/// schema, the expression (regex_grammar.hpp's syntax) for regex, and empty for object. nullptr
+/// and a sentence naming what is wrong (with the schema's JSON pointer, or the expression's
+/// offset) when the text is malformed or asks for what is not supported.
+std::shared_ptr<const grammar> compile_output_grammar(output_format kind, const std::string& text,
+                                                      const output_options& options, std::string* why);
 
 /// compile_output_grammar through a process-wide cache of the last 64 grammars that compiled: the requests
 /// of one service tend to share a schema, and the router (which checks it) and every rank in the
 /// process (which follow it) then compile it once. Thread-safe; a compiled grammar is immutable.
-std::shared_ptr<const grammar> cached_output_grammar(output_format kind, const std::string& text, bool after_thinking,
-                                                     std::string* why);
+std::shared_ptr<const grammar> cached_output_grammar(output_format kind, const std::string& text,
+                                                     const output_options& options, std::string* why);
 
 }  // namespace baton::gpu

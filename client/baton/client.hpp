@@ -37,6 +37,7 @@ struct request {
   /// JSON schema's text (json_schema; see docs/structured-outputs.md for the keywords it takes).
   bool json_object = false;
   std::string json_schema;
+  bool json_compact = false;  ///< that JSON without whitespace between its tokens
   /// ... or text that this regular expression matches whole (not with the JSON ones).
   std::string regex;
   std::vector<std::string> stop;

@@ -202,7 +202,7 @@ TEST_CASE("structured outputs: a JSON schema's answer parses and holds to it, gr
       if (j.contains("n")) CHECK((j["n"].is_number_integer() && j["n"] >= -3 && j["n"] <= 12));
       CHECK(j.size() == (j.contains("n") ? 4u : 3u));
       std::string why;
-      auto grammar = gpu::compile_output_grammar(gpu::output_format::schema, schema, false, &why);
+      auto grammar = gpu::compile_output_grammar(gpu::output_format::schema, schema, {}, &why);
       REQUIRE(grammar);
       auto matcher = std::make_shared<gpu::grammar_matcher>(grammar, gpu::byte_vocabulary(cfg.model.vocab_size),
                                                             std::vector<int32_t>{cfg.model.eos_token_id});
@@ -267,7 +267,7 @@ TEST_CASE("structured outputs: a regular expression's answer (vLLM's guided_rege
       CHECK(got->finish_reason == "eos");  // the expression's language is finite
       CHECK(std::regex_match(got->text, std::regex(pattern)));
       std::string why;
-      auto grammar = gpu::compile_output_grammar(gpu::output_format::regex, pattern, false, &why);
+      auto grammar = gpu::compile_output_grammar(gpu::output_format::regex, pattern, {}, &why);
       REQUIRE_MESSAGE(grammar, why);
       auto matcher = std::make_shared<gpu::grammar_matcher>(grammar, gpu::byte_vocabulary(cfg.model.vocab_size),
                                                             std::vector<int32_t>{cfg.model.eos_token_id});

@@ -34,6 +34,15 @@ TEST_CASE("flags set the config fields they are bound to, and name what is wrong
   CHECK(f.parse({"--verbose=1"}).empty());
   CHECK(verbose);
   CHECK(f.parse({"--verbose=maybe"}) == "flag --verbose takes true or false after '=', got 'maybe'");
+  CHECK(f.parse({"loose"}) == "unknown flag 'loose' (see --help)");
+  // Positional arguments, when collected: whatever is neither a flag nor a flag's value, so a
+  // boolean flag never swallows the next flag (baton generate --json-compact --max-tokens 9 "p").
+  std::vector<std::string> positional;
+  f.collect_positional(&positional);
+  CHECK(f.parse({"first", "--verbose", "--ranks", "4", "second", "--prompt", "-x", "-5 degrees"}).empty());
+  CHECK(positional == std::vector<std::string>{"first", "second", "-5 degrees"});
+  CHECK(ranks == 4);
+  CHECK(prompts.back() == "-x");
 }
 
 TEST_CASE("--kv-wire reads one form for every traffic class or CLASS=FORM pairs, and names what is wrong") {

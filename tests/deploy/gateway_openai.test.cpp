@@ -450,6 +450,14 @@ TEST_CASE("structured outputs over HTTP: a json_schema answer is JSON that holds
   REQUIRE(streamed.status == 200);
   std::vector<json> chunks;
   CHECK(sse_text(streamed.body, &chunks) == answer["text"].get<std::string>());
+  // Compact JSON (vLLM's disable_any_whitespace): the same schema, and no blank anywhere (its
+  // strings have none).
+  const auto compact = round_trip(s.gateway.port, post("/v1/completions", body + R"(,"structured_outputs":
+      {"disable_any_whitespace":true}})"));
+  REQUIRE_MESSAGE(compact.status == 200, compact.body);
+  const auto tight = json::parse(compact.body)["choices"][0]["text"].get<std::string>();
+  CHECK(json::parse(tight)["verse"].is_boolean());
+  CHECK(tight.find_first_of(" \n\t") == std::string::npos);
   // A schema the grammar cannot hold to is refused, naming the keyword.
   const auto refused = round_trip(
       s.gateway.port, post("/v1/completions", R"({"prompt":"x","response_format":{"type":"json_schema","json_schema":

@@ -96,6 +96,22 @@ j = json.loads(open(sys.argv[1]).read())
 assert list(j) == ["verse"] and isinstance(j["verse"], int) and 1 <= j["verse"] <= 50, j
 PY
 echo "launch e2e: --json-schema: the same JSON as the single process: $(tr -d ' \n' < "$WORK/cluster_json.txt")"
+# Text matching a regular expression whole (guided_regex), and compact JSON, across processes too.
+REGEX='(?:Genesis|Exodus) [1-9][0-9]?:[1-9][0-9]?'
+"$BATON" generate --router "127.0.0.1:$P_SINGLE" --regex "$REGEX" --max-tokens 40 --prompt "In the beginning" > "$WORK/single_regex.txt" || fail "generate --regex (single)"
+"$BATON" generate --router "127.0.0.1:$P_ROUTER" --cluster-id e2e --regex "$REGEX" --max-tokens 40 --prompt "In the beginning" > "$WORK/cluster_regex.txt" || fail "generate --regex (cluster)"
+cmp -s "$WORK/single_regex.txt" "$WORK/cluster_regex.txt" || fail "the cluster's regex answer differs: $(cat "$WORK/single_regex.txt" "$WORK/cluster_regex.txt")"
+COMPACT='{"type":"object","properties":{"book":{"enum":["Genesis","Exodus"]},"chapter":{"type":"integer","minimum":1,"maximum":50}},"required":["book","chapter"]}'
+"$BATON" generate --router "127.0.0.1:$P_ROUTER" --cluster-id e2e --json-schema "$COMPACT" --json-compact --max-tokens 60 --prompt "In the beginning" > "$WORK/cluster_compact.txt" || fail "generate --json-compact (cluster)"
+python3 - "$WORK/cluster_regex.txt" "$WORK/cluster_compact.txt" "$REGEX" <<'PY' || fail "--regex/--json-compact: $(cat "$WORK/cluster_regex.txt" "$WORK/cluster_compact.txt")"
+import json, re, sys
+text = open(sys.argv[1]).read().rstrip("\n")
+assert re.fullmatch(sys.argv[3], text), text
+compact = open(sys.argv[2]).read().rstrip("\n")
+j = json.loads(compact)
+assert list(j) == ["book", "chapter"] and " " not in compact and "\n" not in compact, compact
+PY
+echo "launch e2e: --regex: the same text as the single process ($(cat "$WORK/cluster_regex.txt")); --json-compact: $(cat "$WORK/cluster_compact.txt")"
 # Prompt scoring across processes (prefill rank -> head -> client, floats as bits): the same
 # log-probabilities as in one process, and a real text scores better than noise.
 "$BATON" generate --router "127.0.0.1:$P_SINGLE" --score --max-tokens 1 --prompt "$(printf 'In the beginning God created the heaven and the earth.')" --prompt "zqxv jjkw pplq" > "$WORK/single_score.txt" || fail "score (single)"

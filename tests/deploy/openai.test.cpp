@@ -810,7 +810,7 @@ TEST_CASE("structured outputs: response_format and a forced tool_choice become a
   CHECK(json::parse(c.req.json_schema)["items"]["anyOf"][0]["properties"]["parameters"]["properties"]["who"]["$ref"] ==
         "#/items/anyOf/0/properties/parameters/$defs/P");
   std::string why;
-  CHECK_MESSAGE(gpu::compile_output_grammar(gpu::output_format::schema, c.req.json_schema, false, &why), why);
+  CHECK_MESSAGE(gpu::compile_output_grammar(gpu::output_format::schema, c.req.json_schema, {}, &why), why);
   CHECK_FALSE(deploy::openai::parse_body(chat + R"("tool_choice":{"type":"function","function":{"name":"nope"}},)" + tools + "}",
                                          true, "m", &c, &e));
   CHECK(e.message == "tool_choice names the function 'nope', which tools lacks");
@@ -864,7 +864,7 @@ TEST_CASE("vLLM's structured outputs: guided_json, guided_regex and guided_choic
   REQUIRE(parse(R"x("guided_choice":["yes","no","1+1 (two)"])x", &c).empty());
   CHECK(c.req.output_regex == R"((?:yes|no|1\+1 \(two\)))");
   std::string why;
-  auto g = gpu::compile_output_grammar(gpu::output_format::regex, c.req.output_regex, false, &why);
+  auto g = gpu::compile_output_grammar(gpu::output_format::regex, c.req.output_regex, {}, &why);
   REQUIRE_MESSAGE(g, why);
   for (const auto& [text, ok] : std::vector<std::pair<std::string, bool>>{
            {"yes", true}, {"1+1 (two)", true}, {"11 (two)", false}, {"yesno", false}, {"", false}}) {
@@ -880,11 +880,18 @@ TEST_CASE("vLLM's structured outputs: guided_json, guided_regex and guided_choic
   CHECK(c.req.json_output == 1);
   REQUIRE(parse(R"("structured_outputs":{"regex":"x+"})", &c).empty());
   CHECK(c.req.output_regex == "x+");
+  CHECK_FALSE(c.req.json_compact);
+  // Compact JSON, for response_format's JSON too.
+  REQUIRE(parse(R"("response_format":{"type":"json_object"},"structured_outputs":{"disable_any_whitespace":true})", &c)
+              .empty());
+  CHECK(c.req.json_output == 1);
+  CHECK(c.req.json_compact);
   // Refusals, by name.
   CHECK(parse(R"("guided_grammar":"root ::= \"a\"")", &c) ==
         "guided_grammar: guided_grammar is not supported: give guided_json, guided_regex or guided_choice");
   CHECK(parse(R"("structured_outputs":{"grammar":"root ::= \"a\""})", &c) ==
-        "structured_outputs: structured_outputs.grammar is not supported (json, regex, choice and json_object are)");
+        "structured_outputs: structured_outputs.grammar is not supported (json, regex, choice, json_object and "
+        "disable_any_whitespace are)");
   CHECK(parse(R"("guided_regex":"a","guided_choice":["a"])", &c) ==
         "guided_choice: give one of guided_json, guided_regex and guided_choice, not guided_regex and guided_choice");
   CHECK(parse(R"("structured_outputs":{"regex":"a"},"guided_regex":"a")", &c) ==

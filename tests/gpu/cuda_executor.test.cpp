@@ -453,7 +453,7 @@ TEST_CASE("cuda executor picks greedy tokens on the device as sample_token picks
     std::string why;
     const auto tok = load_model_tokenizer(source_dir() + "/models/baton-kjv-tiny", m.config, &why);
     REQUIRE_MESSAGE(tok, why);
-    const auto grammar = compile_output_grammar(output_format::object, "", false, &why);
+    const auto grammar = compile_output_grammar(output_format::object, "", {}, &why);
     auto constrained = sampled;
     constrained.job_id = 4;
     for (size_t i : {0u, 4u})

@@ -16,7 +16,7 @@ namespace {
 
 std::shared_ptr<const grammar> compile(const std::string& schema, std::string* why = nullptr, bool thinking = false) {
   std::string w;
-  auto g = compile_output_grammar(schema.empty() ? output_format::object : output_format::schema, schema, thinking, &w);
+  auto g = compile_output_grammar(schema.empty() ? output_format::object : output_format::schema, schema, {.after_thinking = thinking}, &w);
   if (why) *why = w;
   return g;
 }
@@ -168,27 +168,27 @@ TEST_CASE("grammar: schemas Baton cannot honour are refused, naming the keyword 
 TEST_CASE("grammar: the process-wide cache gives the same grammar for the same schema and kind, and keeps no failures") {
   const std::string schema = R"({"type":"object","properties":{"cached":{"type":"boolean"}}})";
   std::string why;
-  auto a = cached_output_grammar(output_format::schema, schema, false, &why);
+  auto a = cached_output_grammar(output_format::schema, schema, {}, &why);
   REQUIRE(a != nullptr);
-  CHECK(cached_output_grammar(output_format::schema, schema, false, &why) == a);
+  CHECK(cached_output_grammar(output_format::schema, schema, {}, &why) == a);
   // The kind and the thinking prefix are part of what is cached.
-  auto thinking = cached_output_grammar(output_format::schema, schema, true, &why);
+  auto thinking = cached_output_grammar(output_format::schema, schema, {.after_thinking = true}, &why);
   REQUIRE(thinking != nullptr);
   CHECK(thinking != a);
-  CHECK(cached_output_grammar(output_format::object, "", false, &why) != a);
+  CHECK(cached_output_grammar(output_format::object, "", {}, &why) != a);
   CHECK(matches(a, R"({"cached":true})"));
   CHECK_FALSE(matches(a, R"({"cached":1})"));
   // A refused schema is refused again, by the same sentence.
   const std::string bad = R"({"type":"integer","multipleOf":3})";
   std::string first, second;
-  CHECK(cached_output_grammar(output_format::schema, bad, false, &first) == nullptr);
-  CHECK(cached_output_grammar(output_format::schema, bad, false, &second) == nullptr);
+  CHECK(cached_output_grammar(output_format::schema, bad, {}, &first) == nullptr);
+  CHECK(cached_output_grammar(output_format::schema, bad, {}, &second) == nullptr);
   CHECK(first == second);
   CHECK(first.find("multipleOf") != std::string::npos);
   // Past 64 other schemas, the first is compiled anew (a different grammar, the same language).
   for (int i = 0; i < 64; ++i)
-    REQUIRE(cached_output_grammar(output_format::schema, R"({"const":)" + std::to_string(i) + "}", false, &why));
-  auto again = cached_output_grammar(output_format::schema, schema, false, &why);
+    REQUIRE(cached_output_grammar(output_format::schema, R"({"const":)" + std::to_string(i) + "}", {}, &why));
+  auto again = cached_output_grammar(output_format::schema, schema, {}, &why);
   CHECK(again != a);
   CHECK(matches(again, R"({"cached":false})"));
 }
@@ -252,7 +252,7 @@ TEST_CASE("grammar: string patterns, formats and lengths, as the decoded text; i
 TEST_CASE("grammar: a whole answer matching a regular expression, written as itself (guided_regex, guided_choice)") {
   const auto regex = [](const std::string& pattern, bool thinking = false) {
     std::string why;
-    auto g = compile_output_grammar(output_format::regex, pattern, thinking, &why);
+    auto g = compile_output_grammar(output_format::regex, pattern, {.after_thinking = thinking}, &why);
     CHECK_MESSAGE(g != nullptr, why);
     return g;
   };
@@ -284,13 +284,36 @@ TEST_CASE("grammar: a whole answer matching a regular expression, written as its
   CHECK_FALSE(matches(thinking, "negative"));
   // What is wrong is named as the regex's, with its offset; the process-wide cache takes it too.
   std::string why;
-  CHECK(compile_output_grammar(output_format::regex, "a(?=b)", false, &why) == nullptr);
+  CHECK(compile_output_grammar(output_format::regex, "a(?=b)", {}, &why) == nullptr);
   CHECK(why == "regex: lookarounds are not supported (offset 2)");
-  CHECK(cached_output_grammar(output_format::regex, "^a|b$", false, &why) == nullptr);
+  CHECK(cached_output_grammar(output_format::regex, "^a|b$", {}, &why) == nullptr);
   CHECK(why == "regex: an anchor beside a top-level '|' is ambiguous here; group it, as ^(a|b)$");
-  CHECK(compile_output_grammar(output_format::regex, std::string(5000, 'a'), false, &why) == nullptr);
+  CHECK(compile_output_grammar(output_format::regex, std::string(5000, 'a'), {}, &why) == nullptr);
   CHECK(why == "regex: longer than 4096 bytes");
-  CHECK(compile_output_grammar(static_cast<output_format>(4), "a", false, &why) == nullptr);
+  CHECK(compile_output_grammar(static_cast<output_format>(4), "a", {}, &why) == nullptr);
+}
+
+TEST_CASE("grammar: compact JSON has no whitespace between tokens (a thinking block may still end in blank lines)") {
+  const std::string schema = R"({"type":"object","properties":{"a":{"type":"array","items":{"type":"integer"}}}})";
+  std::string why;
+  const auto compact = compile_output_grammar(output_format::schema, schema, {.compact = true}, &why);
+  REQUIRE_MESSAGE(compact, why);
+  CHECK(matches(compact, R"({"a":[1,2]})"));
+  CHECK(matches(compact, R"({"a":[]})"));
+  CHECK_FALSE(matches(compact, R"({"a": [1,2]})"));
+  CHECK_FALSE(matches(compact, R"({"a":[1, 2]})"));
+  CHECK_FALSE(matches(compact, "{\n\"a\":[1]}"));
+  CHECK(matches(compile(schema), R"({ "a" : [1, 2] })"));  // the default: bounded whitespace
+  const auto object = compile_output_grammar(output_format::object, "", {.compact = true}, &why);
+  CHECK(matches(object, R"({"k":{"n":[null,true,"s",1.5]}})"));
+  CHECK_FALSE(matches(object, R"({"k": 1})"));
+  const auto thinking =
+      compile_output_grammar(output_format::object, "", {.after_thinking = true, .compact = true}, &why);
+  CHECK(matches(thinking, "Fine.</think>\n\n{\"k\":1}"));
+  CHECK_FALSE(matches(thinking, "Fine.</think>\n\n{\"k\": 1}"));
+  // The cache tells them apart.
+  CHECK(cached_output_grammar(output_format::object, "", {.compact = true}, &why) !=
+        cached_output_grammar(output_format::object, "", {}, &why));
 }
 
 TEST_CASE("grammar: after a thinking block, free text up to </think>, then the JSON") {
