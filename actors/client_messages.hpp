@@ -66,9 +66,11 @@ struct generate_request {
   std::string json_schema;
   bool json_compact = false;  ///< the JSON without whitespace between its tokens
   /// Constrained decoding to text instead (vLLM's guided_regex and guided_choice): the whole
-  /// answer matches this regular expression (gpu/regex_grammar.hpp's syntax); empty: none. Not
-  /// with json_output.
+  /// answer matches this regular expression (gpu/regex_grammar.hpp's syntax); empty: none.
   std::string output_regex;
+  /// ... or this GBNF grammar's root (guided_grammar; gpu/gbnf_grammar.hpp). One of json_output,
+  /// output_regex and output_gbnf at most.
+  std::string output_gbnf;
   std::vector<std::string> stop;       ///< generation ends when the text contains one (it is cut off)
   std::vector<int32_t> stop_token_ids; ///< ... or when one of these tokens is generated
   /// Each generated token's log-probability (completion::logprobs, stream_chunk::logprobs), with
@@ -99,7 +101,7 @@ typename Inspector::result_type inspect(Inspector& f, generate_request& x) {
            wire::f32{&x.frequency_penalty}, x.stop, x.stop_token_ids, x.logprobs, x.top_logprobs, x.echo,
            x.prompt_logprobs, x.prompt_only, x.prompt_top_logprobs, x.chat_template_kwargs,
            x.tools_json, x.logit_bias_tokens, wire::f32s{&x.logit_bias_values}, x.json_output, x.json_schema,
-           x.json_compact, x.output_regex);
+           x.json_compact, x.output_regex, x.output_gbnf);
 }
 
 struct completion {

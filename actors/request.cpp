@@ -102,11 +102,16 @@ void copy_sampling(const request_plan& p, Order& order) {
   order.top_logprobs = p.params.top_logprobs;
   order.logit_bias_tokens = p.params.logit_bias_tokens;
   order.logit_bias_values = p.params.logit_bias_values;
-  const bool regex = !p.params.output_regex.empty();
-  if (p.params.json_output != 0 || regex) {
-    order.grammar = {regex ? static_cast<uint8_t>(gpu::output_format::regex) : p.params.json_output,
-                     regex ? p.params.output_regex : p.params.json_schema, p.prompt_thinking == 1,
-                     p.params.json_compact, p.extra_eos_token_ids};
+  // The router let one constraint through at most.
+  const auto& q = p.params;
+  const auto kind = !q.output_regex.empty() ? gpu::output_format::regex
+                    : !q.output_gbnf.empty() ? gpu::output_format::gbnf
+                                             : static_cast<gpu::output_format>(q.json_output);
+  if (kind != gpu::output_format::free) {
+    const auto& text = kind == gpu::output_format::regex  ? q.output_regex
+                       : kind == gpu::output_format::gbnf ? q.output_gbnf
+                                                          : q.json_schema;
+    order.grammar = {static_cast<uint8_t>(kind), text, p.prompt_thinking == 1, q.json_compact, p.extra_eos_token_ids};
     order.grammar.end_tokens.insert(order.grammar.end_tokens.begin(), p.eos_token_id);
   }
 }

@@ -44,23 +44,25 @@ std::string check_logit_bias(const generate_request& req, uint32_t vocab_size) {
   return {};
 }
 
-/// Constrained decoding: a known JSON kind, a schema only with kind 2, a regular expression only
-/// without JSON, and what the grammar compiler takes (its sentence names the keyword and where
-/// it is, or the expression's offset).
+/// Constrained decoding: a known JSON kind, a schema only with kind 2, one constraint at most,
+/// and what the grammar compiler takes (its sentence names the keyword and where it is, or the
+/// expression's offset, or the grammar's line).
 std::string check_output_format(const generate_request& req) {
   if (req.json_output > static_cast<uint8_t>(gpu::output_format::schema))
     return "json_output must be 0 (free text), 1 (a JSON object) or 2 (JSON matching json_schema), got " +
            std::to_string(req.json_output);
   if (req.json_output != static_cast<uint8_t>(gpu::output_format::schema) && !req.json_schema.empty())
     return "json_schema is given, but json_output is not 2 (JSON matching a schema)";
-  if (req.json_output != 0 && !req.output_regex.empty())
-    return "output_regex and json_output are both given; an answer follows one";
+  if ((req.json_output != 0) + !req.output_regex.empty() + !req.output_gbnf.empty() > 1)
+    return "more than one of json_output, output_regex and output_gbnf is given; an answer follows one";
   std::string why;
   if (req.json_output != 0 &&
       !gpu::cached_output_grammar(static_cast<gpu::output_format>(req.json_output), req.json_schema,
                                   {.compact = req.json_compact}, &why))
     return why;
   if (!req.output_regex.empty() && !gpu::cached_output_grammar(gpu::output_format::regex, req.output_regex, {}, &why))
+    return why;
+  if (!req.output_gbnf.empty() && !gpu::cached_output_grammar(gpu::output_format::gbnf, req.output_gbnf, {}, &why))
     return why;
   return {};
 }

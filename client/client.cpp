@@ -72,6 +72,7 @@ generate_request to_request(const request& r) {
   g.json_schema = r.json_schema;
   g.json_compact = r.json_compact;
   g.output_regex = r.regex;
+  g.output_gbnf = r.gbnf;
   g.stop = r.stop;
   g.stop_token_ids = r.stop_token_ids;
   g.ignore_eos = r.ignore_eos;

@@ -42,6 +42,7 @@ int run_generate(const std::vector<std::string>& args) {
             "answer with JSON matching this JSON schema, given as its text (docs/structured-outputs.md)");
   flags.add("--json-compact", &req.json_compact, "with --json or --json-schema: no whitespace between JSON's tokens");
   flags.add("--regex", &req.regex, "answer with text this regular expression matches whole (constrained decoding)");
+  flags.add("--gbnf", &req.gbnf, "answer with text this GBNF grammar's root matches, given as its text");
   flags.add("--score", &score,
             "also score the prompt: a line 'score: N tokens, log-probability S, perplexity P' after the text "
             "(with --verbose, each token's log-probability on stderr)");

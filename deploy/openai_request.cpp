@@ -375,20 +375,20 @@ std::string regex_of_choices(const json& choices) {
 
 /// vLLM's structured outputs, for clients written against it: guided_json (a schema, as an
 /// object or its text), guided_regex (the whole answer matches it), guided_choice (the answer is
-/// one of these strings), or the same as structured_outputs {json, regex, choice, json_object},
-/// where disable_any_whitespace asks for compact JSON (from response_format or a forced tool
-/// too).
-/// What Baton cannot honour (grammars as text, whitespace patterns, structural tags) is refused
-/// by name; backend choices are ignored (there is one).
+/// one of these strings), guided_grammar (GBNF), or the same as structured_outputs {json, regex,
+/// choice, grammar, json_object}, where disable_any_whitespace asks for compact JSON (from
+/// response_format or a forced tool too). What Baton cannot honour (whitespace patterns,
+/// structural tags) is refused by name; backend choices are ignored (there is one).
 bool parse_guided(const json& j, const ordered_json& body, call* out, api_error* err) {
   auto& r = out->req;
   const bool structured = j.contains("structured_outputs") && !j["structured_outputs"].is_null();
-  for (const char* refused : {"guided_grammar", "guided_whitespace_pattern"})
-    if (j.contains(refused) && !j[refused].is_null()) {
-      *err = bad(refused, std::string(refused) + " is not supported: give guided_json, guided_regex or guided_choice");
-      return false;
-    }
-  if (structured && (j.contains("guided_json") || j.contains("guided_regex") || j.contains("guided_choice"))) {
+  if (j.contains("guided_whitespace_pattern") && !j["guided_whitespace_pattern"].is_null()) {
+    *err = bad("guided_whitespace_pattern", "guided_whitespace_pattern is not supported (structured_outputs' "
+                                            "disable_any_whitespace is)");
+    return false;
+  }
+  if (structured && (j.contains("guided_json") || j.contains("guided_regex") || j.contains("guided_choice") ||
+                     j.contains("guided_grammar"))) {
     *err = bad("structured_outputs", "give structured_outputs or the guided_* fields, not both");
     return false;
   }
@@ -403,7 +403,8 @@ bool parse_guided(const json& j, const ordered_json& body, call* out, api_error*
       return false;
     }
     for (const auto& [key, v] : spec.items()) {
-      if (key == "json" || key == "regex" || key == "choice" || key == "json_object" || key == "disable_fallback" ||
+      if (key == "json" || key == "regex" || key == "choice" || key == "grammar" || key == "json_object" ||
+          key == "disable_fallback" ||
           key == "disable_additional_properties")
         continue;  // the fallback and extra properties: Baton has none of either to disable
       if (key == "disable_any_whitespace" && v.is_boolean()) {
@@ -411,18 +412,20 @@ bool parse_guided(const json& j, const ordered_json& body, call* out, api_error*
         continue;
       }
       *err = bad(param, "structured_outputs." + key +
-                            " is not supported (json, regex, choice, json_object and disable_any_whitespace are)");
+                            " is not supported (json, regex, choice, grammar, json_object and "
+                            "disable_any_whitespace are)");
       return false;
     }
   }
   const json* given = nullptr;
   std::string key;
-  for (const char* k : {"json", "regex", "choice", "json_object"}) {
+  for (const char* k : {"json", "regex", "choice", "grammar", "json_object"}) {
     auto it = spec.find(structured ? std::string(k) : name(k));
     if (it == spec.end() || it->is_null() || (!structured && std::string(k) == "json_object")) continue;
     if (given) {
-      *err = bad(structured ? param : name(k), "give one of " + name("json") + ", " + name("regex") + " and " +
-                                                   name("choice") + ", not " + name(key.c_str()) + " and " + name(k));
+      *err = bad(structured ? param : name(k), "give one of " + name("json") + ", " + name("regex") + ", " +
+                                                   name("choice") + " and " + name("grammar") + ", not " +
+                                                   name(key.c_str()) + " and " + name(k));
       return false;
     }
     given = &*it;
@@ -449,12 +452,13 @@ bool parse_guided(const json& j, const ordered_json& body, call* out, api_error*
       return false;
     }
     r.json_output = static_cast<uint8_t>(gpu::output_format::object);
-  } else if (key == "regex") {
+  } else if (key == "regex" || key == "grammar") {
     if (!given->is_string() || given->get<std::string>().empty()) {
-      *err = bad(at, field + " must be a non-empty regular expression, got " + describe(*given));
+      *err = bad(at, field + " must be a non-empty " + (key == "regex" ? "regular expression" : "GBNF grammar") +
+                         ", got " + describe(*given));
       return false;
     }
-    r.output_regex = given->get<std::string>();
+    (key == "regex" ? r.output_regex : r.output_gbnf) = given->get<std::string>();
   } else {
     if (!given->is_array() || given->empty() || given->size() > 1024 ||
         !std::all_of(given->begin(), given->end(), [](const json& c) { return c.is_string(); })) {

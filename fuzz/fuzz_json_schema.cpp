@@ -1,6 +1,7 @@
 // Constrained decoding's schema compiler and grammar matcher (gpu/json_schema_grammar.hpp,
-// gpu/grammar.hpp): the input is a JSON schema's text (or "re:" and a regular expression, for a
-// guided_regex answer), a NUL, then an answer's bytes; an odd-sized input asks for compact JSON.
+// gpu/grammar.hpp): the input is a JSON schema's text (or "re:" and a regular expression, or
+// "gbnf:" and a GBNF grammar), a NUL, then an answer's bytes; an odd-sized input asks for compact
+// JSON.
 // Beyond not crashing or hanging: a schema either compiles or says why, and at every step of the
 // answer the vocabulary walk allows exactly the tokens a token-by-token check allows.
 #include <cstddef>
@@ -35,9 +36,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using baton::gpu::output_format;
   std::string why;
   const bool thinking = !answer.empty() && answer[0] == '<';
-  const bool regex = schema.rfind("re:", 0) == 0;
-  const auto kind = regex ? output_format::regex : schema.empty() ? output_format::object : output_format::schema;
-  auto g = baton::gpu::compile_output_grammar(kind, regex ? schema.substr(3) : schema,
+  const bool regex = schema.rfind("re:", 0) == 0, gbnf = schema.rfind("gbnf:", 0) == 0;
+  const auto kind = regex  ? output_format::regex
+                    : gbnf ? output_format::gbnf
+                           : schema.empty() ? output_format::object : output_format::schema;
+  auto g = baton::gpu::compile_output_grammar(kind, regex ? schema.substr(3) : gbnf ? schema.substr(5) : schema,
                                               {.after_thinking = thinking, .compact = size % 2 == 1}, &why);
   if (!g) {
     if (why.empty()) std::abort();  // a refusal always says why

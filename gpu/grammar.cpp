@@ -62,6 +62,104 @@ std::vector<grammar::symbol> grammar::literal(std::string_view text) {
   return out;
 }
 
+bool grammar::left_recursive(uint32_t* rule) const {
+  const uint32_t n = rules();
+  // Which rules match the empty string, by a worklist: an alternative is nullable once every
+  // element of it is a nullable rule.
+  std::vector<bool> nullable(n, false);
+  std::vector<uint32_t> missing;                     // per alternative: elements not yet nullable
+  std::vector<uint32_t> owner;                       // per alternative: its rule
+  std::vector<std::vector<uint32_t>> used_in(n);     // per rule: alternatives naming it (once per use)
+  std::vector<uint32_t> ready;
+  for (uint32_t r = 0; r < n; ++r)
+    for (uint32_t start : alternatives_[r]) {
+      size_t p = start;
+      while (elements_[p].k == kind::rule) ++p;
+      if (elements_[p].k == kind::bytes) continue;  // reads a byte: never empty
+      const auto a = static_cast<uint32_t>(owner.size());
+      owner.push_back(r);
+      missing.push_back(static_cast<uint32_t>(p - start));
+      for (size_t q = start; q < p; ++q) used_in[elements_[q].value].push_back(a);
+      const uint32_t count = missing.back();
+      if (count == 0 && !nullable[r]) {
+        nullable[r] = true;
+        ready.push_back(r);
+      }
+    }
+  while (!ready.empty()) {
+    const uint32_t s = ready.back();
+    ready.pop_back();
+    for (uint32_t a : used_in[s])
+      if (--missing[a] == 0 && !nullable[owner[a]]) {
+        nullable[owner[a]] = true;
+        ready.push_back(owner[a]);
+      }
+  }
+  // The left graph: r -> s when s may come first in an alternative of r (after nullable rules).
+  // The edge grows the stack when something follows s there (the matcher keeps a frame for it).
+  struct edge {
+    uint32_t to;
+    bool grows;
+  };
+  std::vector<std::vector<edge>> left(n);
+  for (uint32_t r = 0; r < n; ++r)
+    for (uint32_t start : alternatives_[r])
+      for (size_t p = start; elements_[p].k == kind::rule; ++p) {
+        left[r].push_back({elements_[p].value, elements_[p + 1].k != kind::end});
+        if (!nullable[elements_[p].value]) break;
+      }
+  // Strongly connected components (Tarjan's, without recursion: grammars run to 50,000 rules);
+  // left recursion is a growing edge inside one.
+  constexpr uint32_t unseen = UINT32_MAX;
+  std::vector<uint32_t> index(n, unseen), low(n, 0), component(n, unseen);
+  std::vector<bool> on_stack(n, false);
+  std::vector<uint32_t> stack;
+  std::vector<std::pair<uint32_t, size_t>> calls;  // (rule, next edge)
+  uint32_t next_index = 0, components = 0;
+  for (uint32_t root = 0; root < n; ++root) {
+    if (index[root] != unseen) continue;
+    calls.push_back({root, 0});
+    index[root] = low[root] = next_index++;
+    stack.push_back(root);
+    on_stack[root] = true;
+    while (!calls.empty()) {
+      auto& [v, e] = calls.back();
+      if (e < left[v].size()) {
+        const uint32_t w = left[v][e++].to;
+        if (index[w] == unseen) {
+          index[w] = low[w] = next_index++;
+          stack.push_back(w);
+          on_stack[w] = true;
+          calls.push_back({w, 0});
+        } else if (on_stack[w]) {
+          low[v] = std::min(low[v], index[w]);
+        }
+        continue;
+      }
+      const uint32_t done = v;
+      calls.pop_back();
+      if (!calls.empty()) low[calls.back().first] = std::min(low[calls.back().first], low[done]);
+      if (low[done] == index[done]) {
+        uint32_t w;
+        do {
+          w = stack.back();
+          stack.pop_back();
+          on_stack[w] = false;
+          component[w] = components;
+        } while (w != done);
+        ++components;
+      }
+    }
+  }
+  for (uint32_t r = 0; r < n; ++r)
+    for (const auto& e : left[r])
+      if (e.grows && component[e.to] == component[r]) {
+        *rule = r;
+        return true;
+      }
+  return false;
+}
+
 // --- token_vocabulary ----------------------------------------------------------------------------
 
 token_vocabulary::token_vocabulary(std::vector<std::string> text, std::vector<bool> special)

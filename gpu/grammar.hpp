@@ -67,6 +67,14 @@ public:
   const std::vector<uint32_t>& alternatives(uint32_t rule) const { return alternatives_[rule]; }
   static bool has(const byte_set& s, uint8_t b) { return (s[b >> 6] >> (b & 63)) & 1; }
 
+  /// Whether some rule can reach itself again before reading a byte with something left to
+  /// follow it there (`a ::= a "x" | "y"`): left recursion, which the matcher cannot follow (it
+  /// would expand without end, and cutting it would narrow the language). Then `*rule` is one
+  /// such rule. A rule that reaches itself only as the last thing of its alternatives, through
+  /// rules that may match nothing (a repeat of something optional, `("a"?)*`), is not: it adds
+  /// nothing new, and the matcher cuts it exactly.
+  bool left_recursive(uint32_t* rule) const;
+
 private:
   std::vector<element> elements_;
   std::vector<byte_set> sets_;

@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "gpu/gbnf_grammar.hpp"
 #include "gpu/regex_grammar.hpp"
 
 namespace baton::gpu {
@@ -609,6 +610,7 @@ std::shared_ptr<const grammar> compile_output_grammar(output_format kind, const 
     return nullptr;
   }
   if (kind == output_format::regex && !text_matching(c.g(), text, &value, why)) return nullptr;
+  if (kind == output_format::gbnf && !gbnf_rules(c.g(), text, &value, why)) return nullptr;
   uint32_t start = value;
   if (options.after_thinking) {
     const uint32_t answer = c.g().add_rule();

@@ -2,7 +2,8 @@
 
 // Grammars for constrained answers (grammar.hpp): OpenAI's response_format "json_object" (any
 // JSON object) and "json_schema" (a value matching a JSON schema), which forced tool calls use
-// too; and text matching a regular expression whole (vLLM's guided_regex and guided_choice).
+// too; and text matching a regular expression whole (vLLM's guided_regex and guided_choice) or
+// a grammar given as text (guided_grammar, gbnf_grammar.hpp).
 //
 // The schema subset, as OpenAI's structured outputs and llama.cpp's converter take it:
 // type (one or a list), properties / required / additionalProperties, items / minItems /
@@ -33,8 +34,9 @@ enum class output_format : uint8_t {
   object = 1,  ///< any JSON object (response_format json_object)
   schema = 2,  ///< a JSON value matching a schema (response_format json_schema, forced tool calls)
   regex = 3,   ///< text a regular expression matches whole (guided_regex, guided_choice)
+  gbnf = 4,    ///< text a GBNF grammar's root matches (guided_grammar; gbnf_grammar.hpp)
 };
-inline constexpr uint8_t max_output_format = 3;
+inline constexpr uint8_t max_output_format = 4;
 
 /// The largest schema text accepted, in bytes.
 inline constexpr size_t max_json_schema_bytes = 64 * 1024;
@@ -51,7 +53,8 @@ struct output_options {
 };
 
 /// The grammar of an answer of kind `kind`, not free. `text` is the schema's JSON text for
-/// schema, the expression (regex_grammar.hpp's syntax) for regex, and empty for object. nullptr
+/// schema, the expression (regex_grammar.hpp's syntax) for regex, the grammar's text for gbnf,
+/// and empty for object. nullptr
 /// and a sentence naming what is wrong (with the schema's JSON pointer, or the expression's
 /// offset) when the text is malformed or asks for what is not supported.
 std::shared_ptr<const grammar> compile_output_grammar(output_format kind, const std::string& text,

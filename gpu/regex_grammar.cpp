@@ -474,12 +474,12 @@ bool json_string_matching(grammar& g, std::string_view pattern, uint32_t* rule, 
   return true;
 }
 
-bool text_matching(grammar& g, std::string_view pattern, uint32_t* rule, std::string* why) {
+bool text_matching(grammar& g, std::string_view pattern, uint32_t* rule, std::string* why, const std::string& name) {
   // The whole text matches, so anchors at the ends say nothing more.
   node parsed;
   bool from_start = false, to_end = false;
-  return parse_pattern(pattern, "regex", &parsed, &from_start, &to_end, why) &&
-         builder(g, "regex", false).build(parsed, rule, why);
+  return parse_pattern(pattern, name, &parsed, &from_start, &to_end, why) &&
+         builder(g, name, false).build(parsed, rule, why);
 }
 
 }  // namespace baton::gpu

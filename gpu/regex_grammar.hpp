@@ -32,7 +32,8 @@ bool json_string_matching(grammar& g, std::string_view pattern, uint32_t* rule, 
 
 /// Adds to `g` a rule matching text, as itself, that `pattern` matches whole (vLLM's
 /// guided_regex, SGLang's regex): implicitly anchored at both ends. false and a sentence
-/// starting "regex: " otherwise.
-bool text_matching(grammar& g, std::string_view pattern, uint32_t* rule, std::string* why);
+/// starting with `name` ("regex: ...") otherwise.
+bool text_matching(grammar& g, std::string_view pattern, uint32_t* rule, std::string* why,
+                   const std::string& name = "regex");
 
 }  // namespace baton::gpu

@@ -38,8 +38,10 @@ struct request {
   bool json_object = false;
   std::string json_schema;
   bool json_compact = false;  ///< that JSON without whitespace between its tokens
-  /// ... or text that this regular expression matches whole (not with the JSON ones).
+  /// ... or text that this regular expression matches whole, or this GBNF grammar's root does
+  /// (one of json_object/json_schema, regex and gbnf at most).
   std::string regex;
+  std::string gbnf;
   std::vector<std::string> stop;
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;

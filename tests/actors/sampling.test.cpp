@@ -239,12 +239,13 @@ TEST_CASE("structured outputs: a JSON schema's answer parses and holds to it, gr
       both.output_regex = "a+";
       auto r = t.generate(cluster.router, both);
       REQUIRE_FALSE(r);
-      CHECK(t.sys.render(r.error()).find("output_regex and json_output are both given") != std::string::npos);
+      CHECK(t.sys.render(r.error()).find("more than one of json_output, output_regex and output_gbnf") != std::string::npos);
     }
 }
 
 TEST_CASE("structured outputs: a regular expression's answer (vLLM's guided_regex) matches it whole, greedy or drawn, "
-          "disaggregated or hybrid, with the colocated run's tokens under the same grammar") {
+          "disaggregated or hybrid, with the colocated run's tokens under the same grammar, and a GBNF grammar of the "
+          "same language gives the same answer") {
   test::cluster_system t;
   const std::string pattern = "(?:yes|no), [a-z]{2,5}-[0-9]{1,3}\\.";
   constexpr int32_t max_tokens = 64;
@@ -276,6 +277,14 @@ TEST_CASE("structured outputs: a regular expression's answer (vLLM's guided_rege
       const auto ref = gpu::generate_colocated(*exec, encode(cfg, req.prompt), max_tokens, chunk_tokens,
                                                gpu::sampling_config{temperature, 3}, false, {}, matcher);
       CHECK(got->tokens == ref.tokens);
+      // The same language as a GBNF grammar: the same tokens allowed at every step, so the same
+      // answer.
+      auto as_gbnf = req;
+      as_gbnf.output_regex.clear();
+      as_gbnf.output_gbnf = "root ::= (\"yes\" | \"no\") \", \" letter{2,5} \"-\" [0-9]{1,3} \".\"\nletter ::= [a-z]";
+      auto by_gbnf = t.generate(cluster.router, as_gbnf);
+      REQUIRE_MESSAGE(by_gbnf, t.sys.render(by_gbnf.error()));
+      CHECK(by_gbnf->tokens == got->tokens);
       if (hybrid || temperature > 0.0f) continue;
       req.output_regex = "a(?<=b)";
       auto bad = t.generate(cluster.router, req);

@@ -464,9 +464,10 @@ TEST_CASE("structured outputs over HTTP: a json_schema answer is JSON that holds
           {"name":"v","schema":{"type":"string","format":"uri"}}}})"));
   CHECK(refused.status == 400);
   CHECK(refused.body.find(R"(the format \"uri\" is not supported)") != std::string::npos);  // as JSON escapes it
-  // vLLM's guided_choice and guided_regex: the answer is one of the strings, or text the
-  // expression matches whole, then the model's end (finish_reason stop, not length).
-  for (const std::string guided : {R"("guided_choice":["Exodus","Leviticus 19"])", R"("guided_regex":"[A-Z][a-z]+ [0-9]{1,3}")"}) {
+  // vLLM's guided_choice, guided_regex and guided_grammar: the answer is one of the strings, or
+  // text the expression (or grammar) matches whole, then the model's end (finish_reason stop).
+  for (const std::string guided : {R"("guided_choice":["Exodus","Leviticus 19"])", R"("guided_regex":"[A-Z][a-z]+ [0-9]{1,3}")",
+                                   R"("guided_grammar":"root ::= [A-Z] [a-z]+ \" \" num\nnum ::= [0-9]{1,3}")"}) {
     CAPTURE(guided);
     const auto one = round_trip(s.gateway.port, post("/v1/completions", R"({"prompt":"In the beginning","max_tokens":40,)" +
                                                                             guided + "}"));

@@ -843,8 +843,8 @@ TEST_CASE("structured outputs: response_format and a forced tool_choice become a
   CHECK(cut.content == R"({"city": "Par)");
 }
 
-TEST_CASE("vLLM's structured outputs: guided_json, guided_regex and guided_choice, or structured_outputs, become the "
-          "grammar's request; what Baton cannot honour is refused by name") {
+TEST_CASE("vLLM's structured outputs: guided_json, guided_regex, guided_choice and guided_grammar, or "
+          "structured_outputs, become the grammar's request; what Baton cannot honour is refused by name") {
   const auto parse = [](const std::string& fields, deploy::openai::call* c) {
     deploy::openai::api_error e;
     *c = {};
@@ -887,13 +887,19 @@ TEST_CASE("vLLM's structured outputs: guided_json, guided_regex and guided_choic
   CHECK(c.req.json_output == 1);
   CHECK(c.req.json_compact);
   // Refusals, by name.
-  CHECK(parse(R"("guided_grammar":"root ::= \"a\"")", &c) ==
-        "guided_grammar: guided_grammar is not supported: give guided_json, guided_regex or guided_choice");
-  CHECK(parse(R"("structured_outputs":{"grammar":"root ::= \"a\""})", &c) ==
-        "structured_outputs: structured_outputs.grammar is not supported (json, regex, choice, json_object and "
-        "disable_any_whitespace are)");
+  // Grammars as text (GBNF).
+  REQUIRE(parse(R"("guided_grammar":"root ::= \"a\"")", &c).empty());
+  CHECK(c.req.output_gbnf == R"(root ::= "a")");
+  REQUIRE(parse(R"("structured_outputs":{"grammar":"root ::= [0-9]+"})", &c).empty());
+  CHECK(c.req.output_gbnf == "root ::= [0-9]+");
+  CHECK(parse(R"("structured_outputs":{"structural_tag":"x"})", &c) ==
+        "structured_outputs: structured_outputs.structural_tag is not supported (json, regex, choice, grammar, "
+        "json_object and disable_any_whitespace are)");
+  CHECK(parse(R"("guided_whitespace_pattern":" *")", &c).find("guided_whitespace_pattern is not supported") !=
+        std::string::npos);
   CHECK(parse(R"("guided_regex":"a","guided_choice":["a"])", &c) ==
-        "guided_choice: give one of guided_json, guided_regex and guided_choice, not guided_regex and guided_choice");
+        "guided_choice: give one of guided_json, guided_regex, guided_choice and guided_grammar, not guided_regex and "
+        "guided_choice");
   CHECK(parse(R"("structured_outputs":{"regex":"a"},"guided_regex":"a")", &c) ==
         "structured_outputs: give structured_outputs or the guided_* fields, not both");
   CHECK(parse(R"("guided_regex":"a","response_format":{"type":"json_object"})", &c) ==

@@ -400,3 +400,93 @@ TEST_CASE("grammar: the vocabulary walk allows exactly what token-by-token check
     }
   }
 }
+
+TEST_CASE("grammar: GBNF text (guided_grammar): rules, literals, classes, groups, repeats; refusals name line and column") {
+  const auto gbnf = [](const std::string& text) {
+    std::string why;
+    auto g = compile_output_grammar(output_format::gbnf, text, {}, &why);
+    CHECK_MESSAGE(g != nullptr, why);
+    return g;
+  };
+  const auto g = gbnf(R"(# a list of answers
+root   ::= answer ("," ws answer)*   # at least one
+answer ::= "yes" | "no" | [0-9]{1,3} | "\x41\u00e9\"" | quoted
+quoted ::= "'" [^'\n]* "'"
+ws     ::= [ \t]?
+)");
+  REQUIRE(g);
+  CHECK(matches(g, "yes"));
+  CHECK(matches(g, "yes, no,12,999"));
+  CHECK(matches(g, "A\xc3\xa9\""));  // \x41, \u00e9 as UTF-8, \"
+  CHECK(matches(g, "'it''s'") == false);
+  CHECK(matches(g, "'its', 'é'"));
+  CHECK_FALSE(matches(g, "1000"));
+  CHECK_FALSE(matches(g, "yes,"));
+  CHECK(viable(g, "yes, "));
+  CHECK_FALSE(matches(g, "maybe"));
+  // Rules across lines inside groups and after ::= or |; use before definition; recursion on the
+  // right; `.` is any character.
+  const auto nested = gbnf("root ::=\n  (\n  \"[\" items? \"]\"\n  )\nitems ::= item | item \",\" items\nitem ::= "
+                           "nested-list | . \nnested-list ::= \"[\" items? \"]\"");
+  CHECK(matches(nested, "[[a,[]],\xc3\xa9]"));
+  CHECK_FALSE(matches(nested, "[[a,]]"));
+  CHECK(matches(gbnf("root ::= (\"a\"?)* \"b\""), "aab"));  // a repeat of something optional is not left recursion
+  CHECK(matches(gbnf("root ::= \"\""), ""));
+  // Refusals.
+  const auto refused = [](const std::string& text) {
+    std::string why;
+    CHECK_MESSAGE(compile_output_grammar(output_format::gbnf, text, {}, &why) == nullptr, text);
+    return why;
+  };
+  CHECK(refused("root ::= a \"x\"\n") == "grammar: the rule 'a' is used but never defined, at line 1, column 10");
+  CHECK(refused("start ::= \"x\"") == "grammar: no rule named 'root' (the whole answer), at line 1, column 1");
+  CHECK(refused("root ::= \"x\"\nroot ::= \"y\"") == "grammar: the rule 'root' is defined twice, at line 2, column 1");
+  CHECK(refused("root ::= expr\nexpr ::= expr \"+\" term | term\nterm ::= [0-9]")
+            .find("grammar: the rule 'expr' is left-recursive") == 0);
+  CHECK(refused("root ::= (x? root \"a\") | \"b\"\nx ::= \"c\"").find("the rule 'root' is left-recursive") !=
+        std::string::npos);
+  CHECK(refused("root ::= \"abc") == "grammar: a literal without its closing quote, at line 1, column 10");
+  CHECK(refused("root ::= (\"a\"") == "grammar: a group without its ')', at line 1, column 14");
+  CHECK(refused("root ::= [a-") == "grammar: a character class without its ']', at line 1, column 10");
+  CHECK(refused("root ::= [z-a]").find("grammar: class: a class range out of order") == 0);
+  CHECK(refused("root ::= \"a\"{2000}") == "grammar: counts are supported up to 1024, at line 1, column 19");
+  CHECK(refused("root = \"a\"") == "grammar: expected '::=' after the rule name 'root', at line 1, column 6");
+  CHECK(refused("root ::= \"a\" )") == "grammar: unexpected ')', at line 1, column 14");
+  CHECK(refused("root ::= \"\\q\"") == "grammar: the escape \\q is not known, at line 1, column 13");
+  CHECK(refused(std::string(70000, '#')).find("at most 65536") != std::string::npos);
+}
+
+TEST_CASE("grammar: left recursion is found where a rule comes back to itself with something left to read, and "
+          "nowhere else: not in JSON, regex or GBNF grammars written on the right") {
+  uint32_t rule = 0;
+  std::string why;
+  for (const auto& [kind, text] : std::vector<std::pair<output_format, std::string>>{
+           {output_format::object, ""},
+           {output_format::schema, R"({"$defs":{"t":{"type":"array","items":{"$ref":"#/$defs/t"}}},"$ref":"#/$defs/t"})"},
+           {output_format::regex, "((a?)*b|c*)+"},
+           {output_format::gbnf, "root ::= (x? y?)* \"z\"\nx ::= \"a\"*\ny ::= x"}}) {
+    auto g = compile_output_grammar(kind, text, {}, &why);
+    REQUIRE_MESSAGE(g, why);
+    CHECK_MESSAGE(!g->left_recursive(&rule), text);
+  }
+  grammar direct;
+  const uint32_t a = direct.add_rule();
+  direct.add_alternative(a, {grammar::ref(a), grammar::byte('x')});
+  direct.add_alternative(a, {grammar::byte('y')});
+  CHECK(direct.left_recursive(&rule));
+  CHECK(rule == a);
+  // Through another rule that may match nothing.
+  grammar indirect;
+  const uint32_t b = indirect.add_rule(), c = indirect.add_rule(), empty = indirect.add_rule();
+  indirect.add_alternative(empty, {});
+  indirect.add_alternative(b, {grammar::ref(empty), grammar::ref(c), grammar::byte('x')});
+  indirect.add_alternative(c, {grammar::ref(b)});
+  indirect.add_alternative(c, {grammar::byte('y')});
+  CHECK(indirect.left_recursive(&rule));
+  // Right recursion is not.
+  grammar right;
+  const uint32_t r = right.add_rule();
+  right.add_alternative(r, {grammar::byte('x'), grammar::ref(r)});
+  right.add_alternative(r, {});
+  CHECK_FALSE(right.left_recursive(&rule));
+}
