@@ -3,12 +3,13 @@
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
-#include <fstream>
 #include <set>
 #include <sstream>
 #include <string_view>
 
 #include <nlohmann/json.hpp>
+
+#include "gpu/text_file.hpp"
 
 namespace baton::deploy {
 
@@ -404,19 +405,17 @@ bool parse_cluster_spec(const std::string& json_text, const std::string& base_di
 }
 
 bool load_cluster_spec(const std::string& path, cluster_spec* out, std::string* why) {
-  std::ifstream in(path);
-  if (!in) {
+  std::string text;
+  if (!gpu::read_text_file(path, &text)) {
     *why = path + ": cannot read it";
     return false;
   }
-  std::stringstream ss;
-  ss << in.rdbuf();
   // Absolute: paths resolved against it travel to other machines and processes, whose working
   // directory is not ours ("conf/models/x" would name nothing there).
   std::error_code ec;
   auto base = std::filesystem::absolute(std::filesystem::path(path), ec).parent_path();
   if (ec) base = std::filesystem::path(path).parent_path();
-  if (!parse_cluster_spec(ss.str(), base.lexically_normal().string(), out, why)) {
+  if (!parse_cluster_spec(text, base.lexically_normal().string(), out, why)) {
     *why = path + ": " + *why;
     return false;
   }

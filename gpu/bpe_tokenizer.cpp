@@ -2,13 +2,13 @@
 
 #include <algorithm>
 #include <queue>
-#include <fstream>
-#include <sstream>
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
 #include <nlohmann/json.hpp>
+
+#include "gpu/text_file.hpp"
 
 namespace baton::gpu {
 
@@ -110,14 +110,12 @@ bpe_tokenizer::~bpe_tokenizer() {
 }
 
 std::unique_ptr<bpe_tokenizer> bpe_tokenizer::load(const std::string& path, std::string* why) {
-  std::ifstream in{path};
-  if (!in) {
+  std::string text;
+  if (!read_text_file(path, &text)) {
     *why = path + ": cannot read it";
     return nullptr;
   }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return from_json(ss.str(), path, why);
+  return from_json(text, path, why);
 }
 
 std::unique_ptr<bpe_tokenizer> bpe_tokenizer::from_json(const std::string& text, const std::string& source,

@@ -2,12 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "gpu/safetensors.hpp"
+#include "gpu/text_file.hpp"
 
 namespace baton::gpu {
 
@@ -21,15 +20,6 @@ const char* supported =
 
 bool is_deepseek(const std::string& arch) {
   return arch == "DeepseekV2ForCausalLM" || arch == "DeepseekV3ForCausalLM";
-}
-
-bool read_text(const std::string& path, std::string* out) {
-  std::ifstream in{path};
-  if (!in) return false;
-  std::stringstream ss;
-  ss << in.rdbuf();
-  *out = ss.str();
-  return true;
 }
 
 }  // namespace
@@ -361,7 +351,7 @@ bool load_deepseek_layers(const safetensors_set& set, const model_config& c, Get
 
 bool load_hf_model_unchecked(const std::string& dir, hf_model* out, std::string* why, const expert_filter& keep) {
   std::string text;
-  if (!read_text(dir + "/config.json", &text)) {
+  if (!read_text_file(dir + "/config.json", &text)) {
     *why = dir + "/config.json: cannot read it";
     return false;
   }
@@ -421,7 +411,7 @@ bool load_hf_model_unchecked(const std::string& dir, hf_model* out, std::string*
                       !get(p + "self_attn.k_norm.weight", {c.head_dim}, &L.k_norm)))
       return false;
   }
-  if (read_text(dir + "/generation_config.json", &text)) {
+  if (read_text_file(dir + "/generation_config.json", &text)) {
     auto g = json::parse(text, nullptr, false);
     if (g.is_discarded() || !g.is_object()) {
       *why = dir + "/generation_config.json: not a JSON object";

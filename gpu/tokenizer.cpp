@@ -1,9 +1,7 @@
 #include "gpu/tokenizer.hpp"
 
 #include <filesystem>
-#include <fstream>
 #include <mutex>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -11,6 +9,7 @@
 #include "gpu/byte_tokenizer.hpp"
 #include "gpu/chat_template.hpp"
 #include "gpu/grammar.hpp"
+#include "gpu/text_file.hpp"
 
 namespace baton::gpu {
 
@@ -199,11 +198,11 @@ private:
   mutable std::shared_ptr<const token_vocabulary> vocab_;
 };
 
+/// The file's text; empty when it cannot be read (the JSON parse that follows then says so).
 std::string read_file(const std::string& path) {
-  std::ifstream in{path};
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  std::string text;
+  read_text_file(path, &text);
+  return text;
 }
 
 /// A special token named in tokenizer_config.json: a string, or an AddedToken object.
