@@ -20,6 +20,7 @@
 
 #include "deploy/processes.hpp"
 #include "gpu/cuda/kernels.hpp"
+#include "tests/transport/settle.hpp"
 #include "transport/cuda_ipc.hpp"
 
 using namespace baton;
@@ -41,15 +42,6 @@ std::vector<segment> scattered(uint64_t region) {
           {region / 4, region / 4 + 8192, 1 << 20},
           {region - 12345, 3 * region / 4 + 100, 12345},
           {77, region - 8192, 4096}};
-}
-
-/// Polls `id` until it settles; bounded (10 s).
-xfer_state settle(transport::transport& t, uint64_t id, xfer_error* err) {
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds{10};
-  xfer_state s;
-  while ((s = t.poll(id, err)) == xfer_state::pending && std::chrono::steady_clock::now() < give_up)
-    std::this_thread::sleep_for(std::chrono::microseconds{50});
-  return s;
 }
 
 /// A device allocation of the transport, zeroed, and a region over it from region_offset on.
@@ -125,12 +117,12 @@ int cuda_ipc_put_child() {
   put_desc d{7, 3, "parent", src.key.region_id, *key, scattered(region_bytes)};
   xfer_error err;
   const auto id = t->post_put(d);
-  if (auto s = settle(*t, id, &err); s != xfer_state::done)
+  if (auto s = test::settle(*t, id, &err); s != xfer_state::done)
     return say("failed: the put " + std::string(s == xfer_state::pending ? "never settled" : err.to_string()));
   t->release(id);
   d.segments = {{0, region_bytes - 10, 11}};  // one byte past the parent's region
   const auto past = t->post_put(d);
-  if (settle(*t, past, &err) != xfer_state::failed || err.code != xfer_errc::out_of_bounds)
+  if (test::settle(*t, past, &err) != xfer_state::failed || err.code != xfer_errc::out_of_bounds)
     return say("failed: a put past the parent's region was not refused as out of bounds");
   return say("ok " + std::to_string(t->stats().keys) + " opened");
 }
@@ -151,7 +143,7 @@ TEST_CASE("cuda_ipc transport in one process: a put lands at its segments and no
   REQUIRE(fill(src, 1));
   xfer_error err;
   const auto id = t->post_put({1, 0, "decode-0", src.key.region_id, dst.key, scattered(region_bytes)});
-  REQUIRE_MESSAGE(settle(*t, id, &err) == xfer_state::done, err.to_string());
+  REQUIRE_MESSAGE(test::settle(*t, id, &err) == xfer_state::done, err.to_string());
   t->release(id);
   CHECK(wrong_bytes(dst, 1) == 0);
   for (int i = 0; i < 1000 && settled == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{1});
@@ -164,7 +156,7 @@ TEST_CASE("cuda_ipc transport in one process: a put lands at its segments and no
   auto fails = [&](put_desc d, xfer_errc code, const std::string& says) {
     const auto x = t->post_put(d);
     xfer_error e;
-    CHECK(settle(*t, x, &e) == xfer_state::failed);
+    CHECK(test::settle(*t, x, &e) == xfer_state::failed);
     CHECK(e.code == code);
     CHECK_MESSAGE(e.what.find(says) != std::string::npos, e.what);
     CHECK(e.request_id == 9);
@@ -189,7 +181,7 @@ TEST_CASE("cuda_ipc transport in one process: a put lands at its segments and no
   REQUIRE_MESSAGE(why.empty(), why);
   REQUIRE(theirs.key.region_id == src.key.region_id);  // the same id in each transport
   const auto across = t->post_put({2, 0, "gpu-0b", src.key.region_id, theirs.key, scattered(region_bytes)});
-  REQUIRE_MESSAGE(settle(*t, across, &err) == xfer_state::done, err.to_string());
+  REQUIRE_MESSAGE(test::settle(*t, across, &err) == xfer_state::done, err.to_string());
   t->release(across);
   CHECK(wrong_bytes(theirs, 1) == 0);
 
@@ -204,7 +196,7 @@ TEST_CASE("cuda_ipc transport in one process: a put lands at its segments and no
   CHECK(unpack_cuda_ipc_key(*inside_key, &why)->offset == region_offset);
   inside.key = *inside_key;
   const auto into = t->post_put({3, 0, "decode-0", src.key.region_id, inside.key, scattered(region_bytes)});
-  REQUIRE_MESSAGE(settle(*t, into, &err) == xfer_state::done, err.to_string());
+  REQUIRE_MESSAGE(test::settle(*t, into, &err) == xfer_state::done, err.to_string());
   t->release(into);
   CHECK(wrong_bytes(inside, 1) == 0);
   // One that runs past its allocation is refused.

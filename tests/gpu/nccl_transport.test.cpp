@@ -14,6 +14,7 @@
 #include <cuda_runtime.h>
 
 #include "gpu/cuda/kernels.hpp"
+#include "tests/transport/settle.hpp"
 #include "transport/loopback.hpp"
 #include "transport/nccl.hpp"
 
@@ -23,15 +24,6 @@ using namespace baton::transport;
 namespace {
 
 const bool no_nccl_gpu = !nccl_built() || gpu::cuda::device_count() == 0;
-
-/// Polls `id` until it settles; bounded (10 s).
-xfer_state settle(transport::transport& t, uint64_t id, xfer_error* err) {
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds{10};
-  xfer_state s;
-  while ((s = t.poll(id, err)) == xfer_state::pending && std::chrono::steady_clock::now() < give_up)
-    std::this_thread::sleep_for(std::chrono::microseconds{50});
-  return s;
-}
 
 /// Scattered, out-of-order segments of different sizes, as a layer's pages are.
 std::vector<segment> scattered(uint64_t region) {
@@ -73,7 +65,7 @@ TEST_CASE("nccl transport: a one-rank put equals the host-staged path, byte for 
   // The fill and the clear ran on the legacy stream; the transport's stream does not wait for it.
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   const uint64_t id = nccl->post_put({7, 3, "gpu-0", ks->region_id, *kd, segs});
-  REQUIRE_MESSAGE(settle(*nccl, id, &err) == xfer_state::done, err.to_string());
+  REQUIRE_MESSAGE(test::settle(*nccl, id, &err) == xfer_state::done, err.to_string());
   nccl->release(id);
   std::vector<uint8_t> got(size);
   REQUIRE(cudaMemcpy(got.data(), dst, size, cudaMemcpyDeviceToHost) == cudaSuccess);
@@ -91,7 +83,7 @@ TEST_CASE("nccl transport: a one-rank put equals the host-staged path, byte for 
   auto ka = a->register_region(static_cast<std::byte*>(ha), size, &err);
   auto kb = b->register_region(static_cast<std::byte*>(hb), size, &err);
   const uint64_t hid = a->post_put({7, 3, "host-b", ka->region_id, *kb, segs});
-  REQUIRE(settle(*a, hid, &err) == xfer_state::done);
+  REQUIRE(test::settle(*a, hid, &err) == xfer_state::done);
   a->release(hid);
   std::byte* staged = nccl->allocate_memory(size, &err);
   REQUIRE(cudaMemcpy(staged, hb, size, cudaMemcpyHostToDevice) == cudaSuccess);
@@ -139,7 +131,7 @@ TEST_CASE("nccl transport: bad input fails naming what was wrong, and the transp
 
   // A segment past the destination's end.
   uint64_t id = nccl->post_put({11, 5, "gpu-0", ks->region_id, *kd, {{0, size - 100, 4096}}});
-  CHECK(settle(*nccl, id, &err) == xfer_state::failed);
+  CHECK(test::settle(*nccl, id, &err) == xfer_state::failed);
   CHECK(err.code == xfer_errc::out_of_bounds);
   CHECK(err.to_string().find("request 11") != std::string::npos);
   CHECK(err.to_string().find("layer 5") != std::string::npos);
@@ -149,7 +141,7 @@ TEST_CASE("nccl transport: bad input fails naming what was wrong, and the transp
   auto foreign = *kd;
   foreign.backend = "ucx";
   id = nccl->post_put({12, 0, "gpu-0", ks->region_id, foreign, {{0, 0, 4096}}});
-  CHECK(settle(*nccl, id, &err) == xfer_state::failed);
+  CHECK(test::settle(*nccl, id, &err) == xfer_state::failed);
   CHECK(err.code == xfer_errc::unknown_region);
   nccl->release(id);
   // A key naming a rank this one-rank communicator does not have. (A put to another rank of a
@@ -157,14 +149,14 @@ TEST_CASE("nccl transport: bad input fails naming what was wrong, and the transp
   auto other_rank = *kd;
   other_rank.packed[0] = 1;
   id = nccl->post_put({13, 0, "gpu-1", ks->region_id, other_rank, {{0, 0, 4096}}});
-  CHECK(settle(*nccl, id, &err) == xfer_state::failed);
+  CHECK(test::settle(*nccl, id, &err) == xfer_state::failed);
   CHECK(err.code == xfer_errc::unknown_region);
   CHECK(err.what.find("another NCCL communicator") != std::string::npos);
   nccl->release(id);
 
   // Still good for a sound put.
   id = nccl->post_put({14, 0, "gpu-0", ks->region_id, *kd, {{0, 0, size}}});
-  CHECK(settle(*nccl, id, &err) == xfer_state::done);
+  CHECK(test::settle(*nccl, id, &err) == xfer_state::done);
   nccl->release(id);
   nccl->free_memory(src);
   nccl->free_memory(dst);

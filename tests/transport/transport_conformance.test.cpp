@@ -4,6 +4,7 @@
 #include <atomic>
 #include <thread>
 
+#include "tests/transport/settle.hpp"
 #include "transport/cuda_ipc.hpp"
 #include "transport/fault_proxy.hpp"
 #include "transport/loopback.hpp"
@@ -40,16 +41,6 @@ endpoints make_endpoints(const std::string& backend, two_ranks& t) {
   return {std::move(a), std::move(b)};
 }
 
-/// Polls until the transfer leaves `pending` (bounded).
-xfer_state wait(transport& t, uint64_t id, xfer_error* err) {
-  for (int i = 0; i < 2'000'000; ++i) {
-    const auto s = t.poll(id, err);
-    if (s != xfer_state::pending) return s;
-    std::this_thread::yield();
-  }
-  return xfer_state::pending;
-}
-
 }  // namespace
 
 // The same expectations for every backend (design.md §8: conformance suites).
@@ -65,7 +56,7 @@ TEST_CASE("transport conformance: a put copies its segments and nothing else") {
     REQUIRE(ka);
     REQUIRE(kb);
     auto id = a->post_put({1, 0, "b", ka->region_id, *kb, {{0, 1024, 512}, {2048, 0, 256}}});
-    CHECK(wait(*a, id, &err) == xfer_state::done);
+    CHECK(baton::test::settle(*a, id, &err) == xfer_state::done);
     a->release(id);
     CHECK(std::equal(t.src.begin(), t.src.begin() + 512, t.dst.begin() + 1024));
     CHECK(std::equal(t.src.begin() + 2048, t.src.begin() + 2304, t.dst.begin()));
@@ -73,7 +64,7 @@ TEST_CASE("transport conformance: a put copies its segments and nothing else") {
     // Many transfers in flight at once all land.
     std::vector<uint64_t> ids;
     for (uint64_t i = 0; i < 16; ++i) ids.push_back(a->post_put({2, uint32_t(i), "b", ka->region_id, *kb, {{i * 256, i * 256, 256}}}));
-    for (auto x : ids) CHECK(wait(*a, x, &err) == xfer_state::done);
+    for (auto x : ids) CHECK(baton::test::settle(*a, x, &err) == xfer_state::done);
     CHECK(std::equal(t.src.begin(), t.src.end(), t.dst.begin()));
   }
 }
@@ -94,7 +85,7 @@ TEST_CASE("transport conformance: the transport's own memory takes puts; a peer 
     REQUIRE(ka);
     REQUIRE(kb);
     auto id = a->post_put({1, 0, "b", ka->region_id, *kb, {{0, 100, 1000}}});
-    CHECK(wait(*a, id, &err) == xfer_state::done);
+    CHECK(baton::test::settle(*a, id, &err) == xfer_state::done);
     a->release(id);
     CHECK(std::equal(t.src.begin(), t.src.begin() + 1000, mem + 4096 + 100));
     CHECK(mem[4096 + 99] == std::byte{0});
@@ -140,7 +131,7 @@ TEST_CASE("UCX calls the settled listener when a transfer settles, done or faile
     CHECK(a->poll(bad, &err) == xfer_state::failed);
     a->set_settled_listener({});
     auto quiet = a->post_put({3, 0, "b", ka->region_id, *kb, {{0, 0, 8}}});
-    CHECK(wait(*a, quiet, &err) == xfer_state::done);
+    CHECK(baton::test::settle(*a, quiet, &err) == xfer_state::done);
     CHECK(calls == 2);
   }
 }
@@ -174,7 +165,7 @@ TEST_CASE("UCX keeps a bounded cache of peers' keys: past its cap the least rece
     auto put = [&](int k, std::byte value) {
       std::fill(src.begin(), src.end(), value);
       auto id = a->post_put({1, 0, "b", ka->region_id, keys[k], {{0, 0, 4096}}});
-      const auto state = wait(*a, id, &err);
+      const auto state = baton::test::settle(*a, id, &err);
       a->release(id);
       return state == xfer_state::done && dst[k][0] == value && dst[k][4095] == value;
     };
@@ -222,11 +213,11 @@ TEST_CASE("UCX keeps a bounded cache of peers' keys: past its cap the least rece
     auto round = [&](std::byte value) {
       std::fill(abuf.begin(), abuf.end(), value);
       auto id = a->post_put({1, 0, "b", ka->region_id, *kb, {{0, 0, 512}}});
-      bool ok = wait(*a, id, &err) == xfer_state::done && bbuf[511] == value;
+      bool ok = baton::test::settle(*a, id, &err) == xfer_state::done && bbuf[511] == value;
       a->release(id);
       bbuf[0] = static_cast<std::byte>(static_cast<int>(value) + 1);
       id = b->post_put({2, 0, "a", kb->region_id, *ka, {{0, 0, 1}}});
-      ok = ok && wait(*b, id, &err) == xfer_state::done && abuf[0] == bbuf[0];
+      ok = ok && baton::test::settle(*b, id, &err) == xfer_state::done && abuf[0] == bbuf[0];
       b->release(id);
       return ok;
     };
@@ -255,17 +246,17 @@ TEST_CASE("transport conformance: errors name request, peer and layer") {
     auto ka = a->register_region(t.src.data(), t.src.size(), &err);
     auto kb = b->register_region(t.dst.data(), t.dst.size(), &err);
     auto id = a->post_put({7, 3, "decode-0", ka->region_id, *kb, {{4000, 0, 200}}});
-    CHECK(wait(*a, id, &err) == xfer_state::failed);
+    CHECK(baton::test::settle(*a, id, &err) == xfer_state::failed);
     CHECK(err.code == xfer_errc::out_of_bounds);
     CHECK(err.to_string().find("request 7, peer decode-0, layer 3") != std::string::npos);
     id = a->post_put({8, 1, "decode-0", ka->region_id + 1000, *kb, {{0, 0, 10}}});
-    CHECK(wait(*a, id, &err) == xfer_state::failed);
+    CHECK(baton::test::settle(*a, id, &err) == xfer_state::failed);
     CHECK(err.code == xfer_errc::unknown_region);
     CHECK(err.what.find("local region") != std::string::npos);
     auto foreign = *kb;
     foreign.backend = backend.rfind("ucx", 0) == 0 ? "loopback" : "ucx";  // (the modelled link's keys say loopback)
     id = a->post_put({9, 1, "decode-0", ka->region_id, foreign, {{0, 0, 10}}});
-    CHECK(wait(*a, id, &err) == xfer_state::failed);
+    CHECK(baton::test::settle(*a, id, &err) == xfer_state::failed);
     CHECK(err.code == xfer_errc::unknown_region);
   }
 }
@@ -278,7 +269,7 @@ TEST_CASE("modelled link (sims): a put is checked and completes, and no byte mov
   auto ka = a->register_region(t.src.data(), t.src.size(), &err);
   auto kb = b->register_region(t.dst.data(), t.dst.size(), &err);
   const auto id = a->post_put({1, 0, "b", ka->region_id, *kb, {{0, 0, 4096}}});
-  CHECK(wait(*a, id, &err) == xfer_state::done);
+  CHECK(baton::test::settle(*a, id, &err) == xfer_state::done);
   CHECK(std::all_of(t.dst.begin(), t.dst.end(), [](std::byte x) { return x == std::byte{0}; }));
 }
 
