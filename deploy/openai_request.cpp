@@ -381,14 +381,16 @@ std::string regex_of_choices(const json& choices) {
 /// structural tags) is refused by name; backend choices are ignored (there is one).
 bool parse_guided(const json& j, const ordered_json& body, call* out, api_error* err) {
   auto& r = out->req;
-  const bool structured = j.contains("structured_outputs") && !j["structured_outputs"].is_null();
-  if (j.contains("guided_whitespace_pattern") && !j["guided_whitespace_pattern"].is_null()) {
+  // A field given null is not given (clients that write every field of vLLM's params do so).
+  const auto given_in = [](const json& o, const std::string& key) { return o.contains(key) && !o[key].is_null(); };
+  const bool structured = given_in(j, "structured_outputs");
+  if (given_in(j, "guided_whitespace_pattern")) {
     *err = bad("guided_whitespace_pattern", "guided_whitespace_pattern is not supported (structured_outputs' "
                                             "disable_any_whitespace is)");
     return false;
   }
-  if (structured && (j.contains("guided_json") || j.contains("guided_regex") || j.contains("guided_choice") ||
-                     j.contains("guided_grammar"))) {
+  if (structured && (given_in(j, "guided_json") || given_in(j, "guided_regex") || given_in(j, "guided_choice") ||
+                     given_in(j, "guided_grammar"))) {
     *err = bad("structured_outputs", "give structured_outputs or the guided_* fields, not both");
     return false;
   }
@@ -403,11 +405,16 @@ bool parse_guided(const json& j, const ordered_json& body, call* out, api_error*
       return false;
     }
     for (const auto& [key, v] : spec.items()) {
+      if (v.is_null()) continue;
       if (key == "json" || key == "regex" || key == "choice" || key == "grammar" || key == "json_object" ||
           key == "disable_fallback" ||
           key == "disable_additional_properties")
         continue;  // the fallback and extra properties: Baton has none of either to disable
-      if (key == "disable_any_whitespace" && v.is_boolean()) {
+      if (key == "disable_any_whitespace") {
+        if (!v.is_boolean()) {
+          *err = bad(param, "structured_outputs.disable_any_whitespace must be true or false, got " + describe(v));
+          return false;
+        }
         r.json_compact = v.get<bool>();  // also for response_format's and forced tools' JSON
         continue;
       }

@@ -1,6 +1,7 @@
 #include "gpu/gbnf_grammar.hpp"
 
 #include <algorithm>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -145,7 +146,9 @@ private:
       if (g_.rules() - first_rule_ > max_gbnf_rules)
         return fail("the grammar makes more than " + std::to_string(max_gbnf_rules) + " rules");
       std::vector<sym> item;
-      if (!element(&item) || !quantifier(&item)) return false;
+      if (!element(&item)) return false;
+      skip(nested);  // llama.cpp takes `"a" *` as `"a"*`
+      if (!quantifier(&item)) return false;
       out->insert(out->end(), item.begin(), item.end());
     }
   }
@@ -163,6 +166,8 @@ private:
       return true;
     }
     if (c == '(') {
+      if (++groups_open_ > max_group_depth)
+        return fail("groups nest deeper than " + std::to_string(max_group_depth));
       ++at_;
       const uint32_t group = new_rule();
       skip(true);
@@ -170,6 +175,7 @@ private:
       skip(true);
       if (!more() || peek() != ')') return fail("a group without its ')'");
       ++at_;
+      --groups_open_;
       out->push_back(grammar::ref(group));
       return true;
     }
@@ -245,7 +251,8 @@ private:
   bool count(uint32_t* v) {
     const size_t start = at_;
     uint64_t x = 0;
-    while (more() && peek() >= '0' && peek() <= '9' && x <= max_regex_count) x = x * 10 + static_cast<uint64_t>(t_[at_++] - '0');
+    // Every digit is read (a count too large is refused as such, not as a malformed one).
+    for (; more() && peek() >= '0' && peek() <= '9'; ++at_) x = std::min<uint64_t>(x * 10 + (peek() - '0'), UINT32_MAX);
     *v = static_cast<uint32_t>(std::min<uint64_t>(x, UINT32_MAX));
     return at_ > start;
   }
@@ -311,14 +318,17 @@ private:
 
   /// Every rule used is defined, `root` is one of them, and none is left-recursive.
   bool check(uint32_t* root) {
+    // The first in the text, of those never defined.
+    std::optional<std::pair<size_t, uint32_t>> undefined;
     for (const auto& [rule, at] : first_use_)
-      if (!defined_.count(rule)) return fail_at("the rule '" + names_[rule] + "' is used but never defined", at);
+      if (!defined_.count(rule) && (!undefined || at < undefined->first)) undefined = {at, rule};
+    if (undefined)
+      return fail_at("the rule '" + names_[undefined->second] + "' is used but never defined", undefined->first);
     auto it = ids_.find("root");
     if (it == ids_.end()) return fail_at("no rule named 'root' (the whole answer)", 0);
-    uint32_t bad = 0;
-    if (g_.left_recursive(&bad)) {
+    if (const auto shape = g_.left_shape(); shape.left_recursive) {
       // A group's or a repeat's rule has no name: the rule it is part of has.
-      const uint32_t named = part_of_.count(bad) ? part_of_[bad] : bad;
+      const uint32_t named = part_of_.count(shape.rule) ? part_of_[shape.rule] : shape.rule;
       const auto n = names_.count(named) ? names_[named] : std::string("?");
       return fail_at("the rule '" + n + "' is left-recursive (it can come back to itself before reading "
                      "anything); write the repeat on the right, as x ::= \"y\" \"z\"*",
@@ -329,8 +339,10 @@ private:
   }
 
   grammar& g_;
+  static constexpr int max_group_depth = 64;
   std::string_view t_;
   size_t at_ = 0;
+  int groups_open_ = 0;
   uint32_t first_rule_;
   std::unordered_map<std::string, uint32_t> ids_;
   std::unordered_map<uint32_t, std::string> names_;

@@ -62,27 +62,35 @@ std::vector<grammar::symbol> grammar::literal(std::string_view text) {
   return out;
 }
 
-bool grammar::left_recursive(uint32_t* rule) const {
-  const uint32_t n = rules();
-  // Which rules match the empty string, by a worklist: an alternative is nullable once every
-  // element of it is a nullable rule.
-  std::vector<bool> nullable(n, false);
-  std::vector<uint32_t> missing;                     // per alternative: elements not yet nullable
-  std::vector<uint32_t> owner;                       // per alternative: its rule
-  std::vector<std::vector<uint32_t>> used_in(n);     // per rule: alternatives naming it (once per use)
+namespace {
+
+/// A rule holds when one of its alternatives does, and an alternative holds when each of its rule
+/// elements does and (unless `bytes_hold`) it has no byte set. With bytes_hold false: the rules
+/// that match the empty string; true: the rules that match any text at all. A worklist, linear in
+/// the grammar's size.
+std::vector<bool> rules_that_hold(const grammar& g, bool bytes_hold) {
+  const uint32_t n = g.rules();
+  const auto& el = g.elements();
+  std::vector<bool> holds(n, false);
+  std::vector<uint32_t> missing, owner;          // per alternative: rule elements not yet holding; its rule
+  std::vector<std::vector<uint32_t>> used_in(n);  // per rule: alternatives naming it (once per use)
   std::vector<uint32_t> ready;
   for (uint32_t r = 0; r < n; ++r)
-    for (uint32_t start : alternatives_[r]) {
-      size_t p = start;
-      while (elements_[p].k == kind::rule) ++p;
-      if (elements_[p].k == kind::bytes) continue;  // reads a byte: never empty
+    for (uint32_t start : g.alternatives(r)) {
+      uint32_t rule_elements = 0;
+      bool has_bytes = false;
+      for (size_t p = start; el[p].k != grammar::kind::end; ++p) {
+        if (el[p].k == grammar::kind::rule) ++rule_elements;
+        else has_bytes = true;
+      }
+      if (has_bytes && !bytes_hold) continue;
       const auto a = static_cast<uint32_t>(owner.size());
       owner.push_back(r);
-      missing.push_back(static_cast<uint32_t>(p - start));
-      for (size_t q = start; q < p; ++q) used_in[elements_[q].value].push_back(a);
-      const uint32_t count = missing.back();
-      if (count == 0 && !nullable[r]) {
-        nullable[r] = true;
+      missing.push_back(rule_elements);
+      for (size_t p = start; el[p].k != grammar::kind::end; ++p)
+        if (el[p].k == grammar::kind::rule) used_in[el[p].value].push_back(a);
+      if (rule_elements == 0 && !holds[r]) {
+        holds[r] = true;
         ready.push_back(r);
       }
     }
@@ -90,11 +98,21 @@ bool grammar::left_recursive(uint32_t* rule) const {
     const uint32_t s = ready.back();
     ready.pop_back();
     for (uint32_t a : used_in[s])
-      if (--missing[a] == 0 && !nullable[owner[a]]) {
-        nullable[owner[a]] = true;
+      if (--missing[a] == 0 && !holds[owner[a]]) {
+        holds[owner[a]] = true;
         ready.push_back(owner[a]);
       }
   }
+  return holds;
+}
+
+}  // namespace
+
+grammar::shape grammar::left_shape() const {
+  const uint32_t n = rules();
+  shape out;
+  out.matches_nothing = !rules_that_hold(*this, true)[start_];
+  const auto nullable = rules_that_hold(*this, false);
   // The left graph: r -> s when s may come first in an alternative of r (after nullable rules).
   // The edge grows the stack when something follows s there (the matcher keeps a frame for it).
   struct edge {
@@ -109,13 +127,13 @@ bool grammar::left_recursive(uint32_t* rule) const {
         if (!nullable[elements_[p].value]) break;
       }
   // Strongly connected components (Tarjan's, without recursion: grammars run to 50,000 rules);
-  // left recursion is a growing edge inside one.
+  // left recursion is a growing edge inside one. Components come out sinks first.
   constexpr uint32_t unseen = UINT32_MAX;
-  std::vector<uint32_t> index(n, unseen), low(n, 0), component(n, unseen);
+  std::vector<uint32_t> index(n, unseen), low(n, 0), component(n, unseen), sizes;
   std::vector<bool> on_stack(n, false);
   std::vector<uint32_t> stack;
   std::vector<std::pair<uint32_t, size_t>> calls;  // (rule, next edge)
-  uint32_t next_index = 0, components = 0;
+  uint32_t next_index = 0;
   for (uint32_t root = 0; root < n; ++root) {
     if (index[root] != unseen) continue;
     calls.push_back({root, 0});
@@ -130,7 +148,7 @@ bool grammar::left_recursive(uint32_t* rule) const {
           index[w] = low[w] = next_index++;
           stack.push_back(w);
           on_stack[w] = true;
-          calls.push_back({w, 0});
+          calls.push_back({w, 0});  // v and e are not used again before this call returns
         } else if (on_stack[w]) {
           low[v] = std::min(low[v], index[w]);
         }
@@ -141,23 +159,36 @@ bool grammar::left_recursive(uint32_t* rule) const {
       if (!calls.empty()) low[calls.back().first] = std::min(low[calls.back().first], low[done]);
       if (low[done] == index[done]) {
         uint32_t w;
+        sizes.push_back(0);
         do {
           w = stack.back();
           stack.pop_back();
           on_stack[w] = false;
-          component[w] = components;
+          component[w] = static_cast<uint32_t>(sizes.size() - 1);
+          ++sizes.back();
         } while (w != done);
-        ++components;
       }
     }
   }
-  for (uint32_t r = 0; r < n; ++r)
-    for (const auto& e : left[r])
-      if (e.grows && component[e.to] == component[r]) {
-        *rule = r;
-        return true;
+  // The deepest expansion: the heaviest path of components (each counted by its size, a bound
+  // on the rules an expansion passes inside it), sinks first so each edge's far end is known.
+  std::vector<std::vector<uint32_t>> members(sizes.size());
+  for (uint32_t r = 0; r < n; ++r) members[component[r]].push_back(r);
+  std::vector<uint32_t> depth(sizes.size(), 0);
+  for (uint32_t c = 0; c < sizes.size(); ++c) {
+    uint32_t below = 0;
+    for (uint32_t r : members[c])
+      for (const auto& e : left[r]) {
+        if (component[e.to] != c) below = std::max(below, depth[component[e.to]]);
+        else if (e.grows && !out.left_recursive) {
+          out.left_recursive = true;
+          out.rule = r;
+        }
       }
-  return false;
+    depth[c] = sizes[c] + below;
+    out.deepest = std::max(out.deepest, depth[c]);
+  }
+  return out;
 }
 
 // --- token_vocabulary ----------------------------------------------------------------------------
@@ -243,7 +274,7 @@ namespace {
 /// Right recursion never deepens a stack (a rule's last symbol leaves nothing behind), so only a
 /// runaway chain of rules that each start with the next nests this deep: it is cut off there
 /// rather than loop (the compilers refuse schemas and patterns nested anywhere near it).
-constexpr int max_expand_depth = 2048;
+constexpr int max_expand_depth = static_cast<int>(grammar::max_expand_depth);
 /// More parses alive at once than any JSON grammar keeps (an ambiguous one could multiply them):
 /// past it the rest are dropped, which only narrows what may follow, never widens it.
 constexpr size_t max_live_stacks = 4096;

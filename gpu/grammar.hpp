@@ -67,13 +67,26 @@ public:
   const std::vector<uint32_t>& alternatives(uint32_t rule) const { return alternatives_[rule]; }
   static bool has(const byte_set& s, uint8_t b) { return (s[b >> 6] >> (b & 63)) & 1; }
 
-  /// Whether some rule can reach itself again before reading a byte with something left to
-  /// follow it there (`a ::= a "x" | "y"`): left recursion, which the matcher cannot follow (it
-  /// would expand without end, and cutting it would narrow the language). Then `*rule` is one
-  /// such rule. A rule that reaches itself only as the last thing of its alternatives, through
-  /// rules that may match nothing (a repeat of something optional, `("a"?)*`), is not: it adds
-  /// nothing new, and the matcher cuts it exactly.
-  bool left_recursive(uint32_t* rule) const;
+  /// The most rules the matcher expands through without reading a byte; past it an expansion
+  /// is cut, which would narrow the language (left_shape says whether a grammar goes past it).
+  static constexpr uint32_t max_expand_depth = 2048;
+
+  /// What the matcher can follow of the grammar, found once, before any answer uses it.
+  struct shape {
+    /// Some rule can reach itself again before reading a byte, with something left to follow it
+    /// there (`a ::= a "x" | "y"`): left recursion, which the matcher cannot follow (it would
+    /// expand without end, and cutting it would narrow the language); `rule` is one such rule.
+    /// A rule that reaches itself only as the last thing of its alternatives, through rules
+    /// that may match nothing (a repeat of something optional, `("a"?)*`), is not: it adds
+    /// nothing new, and the matcher cuts it exactly.
+    bool left_recursive = false;
+    uint32_t rule = 0;
+    /// A bound on the rules an expansion passes through before a byte (compare max_expand_depth).
+    uint32_t deepest = 0;
+    /// The start rule matches no text at all (`root ::= root`).
+    bool matches_nothing = false;
+  };
+  shape left_shape() const;
 
 private:
   std::vector<element> elements_;

@@ -611,13 +611,39 @@ std::shared_ptr<const grammar> compile_output_grammar(output_format kind, const 
   }
   if (kind == output_format::regex && !text_matching(c.g(), text, &value, why)) return nullptr;
   if (kind == output_format::gbnf && !gbnf_rules(c.g(), text, &value, why)) return nullptr;
+  const bool json = kind == output_format::object || kind == output_format::schema;
   uint32_t start = value;
   if (options.after_thinking) {
-    const uint32_t answer = c.g().add_rule();
-    c.g().add_alternative(answer, {grammar::ref(c.blanks_), grammar::ref(c.blanks_), grammar::ref(value)});  // "\n\n" too
+    uint32_t answer = value;
+    if (json) {  // blank lines after </think> ("\n\n"), as JSON may start; text answers start at once
+      answer = c.g().add_rule();
+      c.g().add_alternative(answer, {grammar::ref(c.blanks_), grammar::ref(c.blanks_), grammar::ref(value)});
+    }
     start = until(c.g(), "</think>", answer);
   }
-  return c.finish(start);
+  auto g = c.finish(start);
+  // What the matcher could not follow exactly is refused here, not found out mid-answer.
+  const std::string name = json ? "json_schema" : kind == output_format::regex ? "regex" : "grammar";
+  if (g->elements().size() > max_grammar_elements) {
+    *why = name + ": too large (" + std::to_string(g->elements().size()) + " grammar elements; at most " +
+           std::to_string(max_grammar_elements) + ")";
+    return nullptr;
+  }
+  const auto shape = g->left_shape();
+  if (shape.matches_nothing) {
+    *why = name + ": matches no text at all";
+    return nullptr;
+  }
+  if (shape.left_recursive) {
+    *why = name + ": left-recursive (a rule comes back to itself before reading anything)";
+    return nullptr;
+  }
+  if (shape.deepest > grammar::max_expand_depth) {
+    *why = name + ": rules nest up to " + std::to_string(shape.deepest) + " deep before reading a character; at most " +
+           std::to_string(grammar::max_expand_depth);
+    return nullptr;
+  }
+  return g;
 }
 
 std::shared_ptr<const grammar> cached_output_grammar(output_format kind, const std::string& text,
@@ -628,9 +654,12 @@ std::shared_ptr<const grammar> cached_output_grammar(output_format kind, const s
     std::string text;
     std::shared_ptr<const grammar> compiled;
   };
-  constexpr size_t kept = 64;
+  // The most grammars kept, and their elements in all (about 8 bytes each): large grammars from
+  // distinct requests cannot pin memory without bound.
+  constexpr size_t kept = 64, kept_elements = 8 * max_grammar_elements;
   static std::mutex mutex;
   static std::list<entry> recent;  // most recent first
+  static size_t elements = 0;
   auto same = [&](const entry& e) { return e.kind == kind && e.options == options && e.text == text; };
   {
     std::lock_guard lock{mutex};
@@ -646,7 +675,11 @@ std::shared_ptr<const grammar> cached_output_grammar(output_format kind, const s
   std::lock_guard lock{mutex};
   if (std::find_if(recent.begin(), recent.end(), same) == recent.end()) {
     recent.push_front(entry{kind, options, text, compiled});
-    if (recent.size() > kept) recent.pop_back();
+    elements += compiled->elements().size();
+    while (recent.size() > kept || (elements > kept_elements && recent.size() > 1)) {
+      elements -= recent.back().compiled->elements().size();
+      recent.pop_back();
+    }
   }
   return compiled;
 }

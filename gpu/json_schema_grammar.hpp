@@ -40,6 +40,8 @@ inline constexpr uint8_t max_output_format = 4;
 
 /// The largest schema text accepted, in bytes.
 inline constexpr size_t max_json_schema_bytes = 64 * 1024;
+/// The largest grammar compiled, in grammar elements (about 8 bytes each).
+inline constexpr size_t max_grammar_elements = 1'000'000;
 
 /// How a constrained answer is laid out around what it must be.
 struct output_options {
@@ -54,9 +56,10 @@ struct output_options {
 
 /// The grammar of an answer of kind `kind`, not free. `text` is the schema's JSON text for
 /// schema, the expression (regex_grammar.hpp's syntax) for regex, the grammar's text for gbnf,
-/// and empty for object. nullptr
-/// and a sentence naming what is wrong (with the schema's JSON pointer, or the expression's
-/// offset) when the text is malformed or asks for what is not supported.
+/// and empty for object. nullptr and a sentence naming what is wrong (with the schema's JSON
+/// pointer, the expression's offset, or the grammar's line) when the text is malformed, asks for
+/// what is not supported, matches nothing, or is more than the matcher follows exactly (left
+/// recursion, expansions deeper than grammar::max_expand_depth, over max_grammar_elements).
 std::shared_ptr<const grammar> compile_output_grammar(output_format kind, const std::string& text,
                                                       const output_options& options, std::string* why);
 

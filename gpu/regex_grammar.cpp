@@ -1,5 +1,6 @@
 #include "gpu/regex_grammar.hpp"
 
+#include <algorithm>
 #include <bitset>
 #include <cstdio>
 #include <memory>
@@ -127,7 +128,8 @@ private:
   bool number(uint32_t* out) {
     const size_t start = at_;
     uint64_t v = 0;
-    while (more() && peek() >= '0' && peek() <= '9' && v <= max_regex_count * 10ull) v = v * 10 + (p_[at_++] - '0');
+    // Every digit is read (a count too large is refused as such, not as a malformed one).
+    for (; more() && peek() >= '0' && peek() <= '9'; ++at_) v = std::min<uint64_t>(v * 10 + (peek() - '0'), UINT32_MAX);
     *out = static_cast<uint32_t>(std::min<uint64_t>(v, UINT32_MAX));
     return at_ > start;
   }
@@ -247,6 +249,10 @@ private:
         if (c >= '1' && c <= '9') return fail("backreferences are not supported");
         if (c == 'p' || c == 'P') return fail("Unicode property classes are not supported");
         if (c == 'B' || c == 'k' || c == 'c') return fail(std::string("\\") + c + " is not supported");
+        // Any other letter or digit: an escape some dialect gives a meaning (\U, \A, \Z, \h),
+        // which read as the letter itself would match something else.
+        if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'))
+          return fail(std::string("the escape \\") + c + " is not known");
         if (static_cast<uint8_t>(c) >= 0x80) {
           --at_;
           return literal(out);

@@ -912,6 +912,12 @@ TEST_CASE("vLLM's structured outputs: guided_json, guided_regex, guided_choice a
   CHECK(parse(R"("structured_outputs":{"json_object":false})", &c) ==
         "structured_outputs: structured_outputs.json_object must be true, got false");
   CHECK(parse(R"("structured_outputs":"x")", &c) == "structured_outputs: structured_outputs must be an object, got \"x\"");
+  // Fields given null are not given, as clients that write all of vLLM's params send them.
+  REQUIRE(parse(R"("guided_json":null,"guided_grammar":null,"structured_outputs":{"choice":["a"],"regex":null,
+      "structural_tag":null,"whitespace_pattern":null,"disable_any_whitespace":null})", &c).empty());
+  CHECK(c.req.output_regex == "(?:a)");
+  CHECK(parse(R"("structured_outputs":{"disable_any_whitespace":"yes"})", &c) ==
+        "structured_outputs: structured_outputs.disable_any_whitespace must be true or false, got \"yes\"");
   std::string many = R"("guided_choice":[)";
   for (int i = 0; i < 600; ++i) many += std::string(i ? "," : "") + "\"choice" + std::to_string(i) + "\"";
   CHECK(parse(many + "]", &c).find("as an expression; at most 4096") != std::string::npos);

@@ -278,10 +278,15 @@ TEST_CASE("grammar: a whole answer matching a regular expression, written as its
   CHECK_FALSE(matches(choice, "axb (c)"));
   CHECK_FALSE(matches(choice, "yesno"));
   CHECK(matches(regex("[^a]", false), "é"));  // past ASCII, as UTF-8
-  // After a thinking block, the expression's text follows its </think>.
+  // After a thinking block, the expression's text follows its </think> at once: the content is
+  // exactly a match (JSON, which may start with blanks, takes blank lines there).
   const auto thinking = regex("(?:positive|negative)", true);
-  CHECK(matches(thinking, "Hmm, mixed.</think>\n\nnegative"));
+  CHECK(matches(thinking, "Hmm, mixed.</think>negative"));
+  CHECK_FALSE(matches(thinking, "Hmm, mixed.</think>\n\nnegative"));
   CHECK_FALSE(matches(thinking, "negative"));
+  std::string unknown;
+  CHECK(compile_output_grammar(output_format::regex, "a\\Ub", {}, &unknown) == nullptr);
+  CHECK(unknown == "regex: the escape \\U is not known (offset 3)");
   // What is wrong is named as the regex's, with its offset; the process-wide cache takes it too.
   std::string why;
   CHECK(compile_output_grammar(output_format::regex, "a(?=b)", {}, &why) == nullptr);
@@ -454,11 +459,36 @@ ws     ::= [ \t]?
   CHECK(refused("root ::= \"a\" )") == "grammar: unexpected ')', at line 1, column 14");
   CHECK(refused("root ::= \"\\q\"") == "grammar: the escape \\q is not known, at line 1, column 13");
   CHECK(refused(std::string(70000, '#')).find("at most 65536") != std::string::npos);
+  // What the matcher could not follow exactly is refused at compile time, not mid-answer.
+  CHECK(refused("root ::= " + std::string(65, '(') + "\"a\"" + std::string(65, ')')) ==
+        "grammar: groups nest deeper than 64, at line 1, column 74");
+  CHECK(refused("root ::= root") == "grammar: matches no text at all");
+  CHECK(refused("root ::= a | b\na ::= b\nb ::= a") == "grammar: matches no text at all");
+  std::string chain = "root ::= r0\n";
+  for (int k = 0; k < 2100; ++k) {  // (appended piece by piece: GCC 12 warns falsely on a + chain here)
+    chain += 'r';
+    chain += std::to_string(k);
+    chain += " ::= r";
+    chain += std::to_string(k + 1);
+    chain += " \"x\"\n";
+  }
+  chain += "r2100 ::= \"y\"";
+  CHECK(refused(chain).find("grammar: rules nest up to 2102 deep before reading a character; at most 2048") == 0);
+  std::string huge = "root ::=";
+  for (int k = 0; k < 1000; ++k) huge += " \"a\"{1024}";
+  CHECK(refused(huge).find("grammar: too large (") == 0);
+  CHECK(refused("root ::= \"a\"{100000}") == "grammar: counts are supported up to 1024, at line 1, column 21");
+  CHECK(refused("root ::= [\\U00000041-\\U0000005A]").find("the escape \\U is not known") != std::string::npos);
+  // Of several rules never defined, the first in the text is named.
+  CHECK(refused("root ::= b a\nc ::= z") == "grammar: the rule 'b' is used but never defined, at line 1, column 10");
+  // llama.cpp's spacing: blanks between an element and its quantifier.
+  const auto spaced = gbnf("root ::= \"a\" * (\"b\" | \"c\") +");
+  CHECK(matches(spaced, "aabcb"));
+  CHECK_FALSE(matches(spaced, "aa"));
 }
 
 TEST_CASE("grammar: left recursion is found where a rule comes back to itself with something left to read, and "
           "nowhere else: not in JSON, regex or GBNF grammars written on the right") {
-  uint32_t rule = 0;
   std::string why;
   for (const auto& [kind, text] : std::vector<std::pair<output_format, std::string>>{
            {output_format::object, ""},
@@ -467,14 +497,16 @@ TEST_CASE("grammar: left recursion is found where a rule comes back to itself wi
            {output_format::gbnf, "root ::= (x? y?)* \"z\"\nx ::= \"a\"*\ny ::= x"}}) {
     auto g = compile_output_grammar(kind, text, {}, &why);
     REQUIRE_MESSAGE(g, why);
-    CHECK_MESSAGE(!g->left_recursive(&rule), text);
+    CHECK_MESSAGE(!g->left_shape().left_recursive, text);
+    CHECK(g->left_shape().deepest < grammar::max_expand_depth);
+    CHECK_FALSE(g->left_shape().matches_nothing);
   }
   grammar direct;
   const uint32_t a = direct.add_rule();
   direct.add_alternative(a, {grammar::ref(a), grammar::byte('x')});
   direct.add_alternative(a, {grammar::byte('y')});
-  CHECK(direct.left_recursive(&rule));
-  CHECK(rule == a);
+  CHECK(direct.left_shape().left_recursive);
+  CHECK(direct.left_shape().rule == a);
   // Through another rule that may match nothing.
   grammar indirect;
   const uint32_t b = indirect.add_rule(), c = indirect.add_rule(), empty = indirect.add_rule();
@@ -482,11 +514,14 @@ TEST_CASE("grammar: left recursion is found where a rule comes back to itself wi
   indirect.add_alternative(b, {grammar::ref(empty), grammar::ref(c), grammar::byte('x')});
   indirect.add_alternative(c, {grammar::ref(b)});
   indirect.add_alternative(c, {grammar::byte('y')});
-  CHECK(indirect.left_recursive(&rule));
+  CHECK(indirect.left_shape().left_recursive);
   // Right recursion is not.
   grammar right;
   const uint32_t r = right.add_rule();
   right.add_alternative(r, {grammar::byte('x'), grammar::ref(r)});
   right.add_alternative(r, {});
-  CHECK_FALSE(right.left_recursive(&rule));
+  right.set_start(r);
+  CHECK_FALSE(right.left_shape().left_recursive);
+  CHECK_FALSE(right.left_shape().matches_nothing);
+  CHECK(right.left_shape().deepest == 1);
 }
