@@ -248,21 +248,14 @@ private:
     return true;
   }
 
-  bool count(uint32_t* v) {
-    const size_t start = at_;
-    uint64_t x = 0;
-    // Every digit is read (a count too large is refused as such, not as a malformed one).
-    for (; more() && peek() >= '0' && peek() <= '9'; ++at_) x = std::min<uint64_t>(x * 10 + (peek() - '0'), UINT32_MAX);
-    *v = static_cast<uint32_t>(std::min<uint64_t>(x, UINT32_MAX));
-    return at_ > start;
-  }
+  bool count(uint32_t* v) { return read_count(t_, &at_, v); }
 
   /// *, +, ?, {m}, {m,}, {m,n} after an element: `item` becomes a rule that repeats it.
   bool quantifier(std::vector<sym>* item) {
     if (!more()) return true;
     const char c = peek();
     uint32_t lo = 0, hi = 0;
-    constexpr uint32_t unbounded = UINT32_MAX;
+    constexpr uint32_t unbounded = grammar::unbounded;
     if (c == '*' || c == '+' || c == '?') {
       ++at_;
       lo = c == '+' ? 1 : 0;
@@ -295,23 +288,9 @@ private:
       one = new_rule();
       g_.add_alternative(one, *item);
     }
-    // As the regular expressions build theirs: the optional tail, unbounded or up to hi - lo.
-    uint32_t tail = new_rule();
-    g_.add_alternative(tail, {});
-    if (hi == unbounded) {
-      g_.add_alternative(tail, {grammar::ref(one), grammar::ref(tail)});
-    } else {
-      for (uint32_t k = lo; k < hi; ++k) {
-        const uint32_t next = new_rule();
-        g_.add_alternative(next, {});
-        g_.add_alternative(next, {grammar::ref(one), grammar::ref(tail)});
-        tail = next;
-      }
-    }
-    std::vector<sym> repeated(lo, grammar::ref(one));
-    repeated.push_back(grammar::ref(tail));
-    const uint32_t whole = new_rule();
-    g_.add_alternative(whole, repeated);
+    const uint32_t first = g_.rules();
+    const uint32_t whole = g_.add_repeat(one, lo, hi);
+    for (uint32_t r = first; r < g_.rules(); ++r) part_of_[r] = defining_;
     *item = {grammar::ref(whole)};
     return true;
   }

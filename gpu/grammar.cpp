@@ -27,6 +27,26 @@ void grammar::add_alternative(uint32_t rule, const std::vector<symbol>& symbols)
   elements_.push_back({kind::end, 0});
 }
 
+uint32_t grammar::add_repeat(uint32_t item, uint32_t min, uint32_t max) {
+  uint32_t tail = add_rule();
+  add_alternative(tail, {});
+  if (max == unbounded) {
+    add_alternative(tail, {ref(item), ref(tail)});
+  } else {
+    for (uint32_t k = min; k < max; ++k) {
+      const uint32_t more = add_rule();
+      add_alternative(more, {});
+      add_alternative(more, {ref(item), ref(tail)});
+      tail = more;
+    }
+  }
+  std::vector<symbol> parts(min, ref(item));
+  parts.push_back(ref(tail));
+  const uint32_t whole = add_rule();
+  add_alternative(whole, parts);
+  return whole;
+}
+
 void grammar::add_utf8_multibyte(uint32_t rule) {
   const symbol tail = range(0x80, 0xBF);
   add_alternative(rule, {range(0xC2, 0xDF), tail});

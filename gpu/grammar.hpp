@@ -39,6 +39,11 @@ public:
   /// One way to match `rule`: the symbols in order (none: the empty string).
   void add_alternative(uint32_t rule, const std::vector<symbol>& symbols);
   void set_start(uint32_t rule) { start_ = rule; }
+  /// What `max` is for a repeat without an upper bound.
+  static constexpr uint32_t unbounded = UINT32_MAX;
+  /// A new rule matching what `item` matches, `min` to `max` times (quantifiers of patterns and
+  /// GBNF): the optional tail is right-recursive when unbounded, a chain of max - min otherwise.
+  uint32_t add_repeat(uint32_t item, uint32_t min, uint32_t max);
   /// One alternative of `rule` per form of a well-formed UTF-8 character past ASCII (RFC 3629:
   /// no overlong forms, no surrogates, nothing past U+10FFFF).
   void add_utf8_multibyte(uint32_t rule);

@@ -11,7 +11,7 @@ namespace baton::gpu {
 namespace {
 
 using sym = grammar::symbol;
-constexpr uint32_t unbounded = UINT32_MAX;
+constexpr uint32_t unbounded = grammar::unbounded;
 /// The most rules one expression may make (its counts multiply).
 constexpr uint32_t max_regex_rules = 50000;
 
@@ -125,14 +125,7 @@ private:
     return true;
   }
 
-  bool number(uint32_t* out) {
-    const size_t start = at_;
-    uint64_t v = 0;
-    // Every digit is read (a count too large is refused as such, not as a malformed one).
-    for (; more() && peek() >= '0' && peek() <= '9'; ++at_) v = std::min<uint64_t>(v * 10 + (peek() - '0'), UINT32_MAX);
-    *out = static_cast<uint32_t>(std::min<uint64_t>(v, UINT32_MAX));
-    return at_ > start;
-  }
+  bool number(uint32_t* out) { return read_count(p_, &at_, out); }
 
   bool atom(node* out) {
     const char c = p_[at_++];
@@ -349,22 +342,7 @@ public:
       case node::repeat: {
         uint32_t item = 0;
         if (!build(n.kids[0], &item, why)) return false;
-        // The optional tail: any number more (a rule that refers to itself), or up to max - min.
-        uint32_t tail = g_.add_rule();
-        g_.add_alternative(tail, {});
-        if (n.max == unbounded) {
-          g_.add_alternative(tail, {grammar::ref(item), grammar::ref(tail)});
-        } else {
-          for (uint32_t k = n.min; k < n.max; ++k) {
-            const uint32_t more = g_.add_rule();
-            g_.add_alternative(more, {});
-            g_.add_alternative(more, {grammar::ref(item), grammar::ref(tail)});
-            tail = more;
-          }
-        }
-        std::vector<sym> parts(n.min, grammar::ref(item));
-        parts.push_back(grammar::ref(tail));
-        g_.add_alternative(r, parts);
+        g_.add_alternative(r, {grammar::ref(g_.add_repeat(item, n.min, n.max))});
         break;
       }
     }
@@ -456,6 +434,16 @@ bool parse_pattern(std::string_view pattern, const std::string& name, node* out,
 }
 
 }  // namespace
+
+bool read_count(std::string_view text, size_t* at, uint32_t* out) {
+  const size_t start = *at;
+  uint64_t v = 0;
+  // Every digit is read (a count too large is refused as such, not as a malformed one).
+  for (; *at < text.size() && text[*at] >= '0' && text[*at] <= '9'; ++*at)
+    v = std::min<uint64_t>(v * 10 + static_cast<uint64_t>(text[*at] - '0'), UINT32_MAX);
+  *out = static_cast<uint32_t>(v);
+  return *at > start;
+}
 
 bool json_string_matching(grammar& g, std::string_view pattern, uint32_t* rule, std::string* why) {
   node parsed;

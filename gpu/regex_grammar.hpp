@@ -23,6 +23,10 @@ namespace baton::gpu {
 /// The most a quantifier may count ({m,n}; minLength, maxLength).
 inline constexpr uint32_t max_regex_count = 1024;
 
+/// Reads a quantifier's count (decimal digits) at text[*at], moving *at past every digit; values
+/// past UINT32_MAX read as UINT32_MAX. false when no digit is there.
+bool read_count(std::string_view text, size_t* at, uint32_t* out);
+
 /// The longest expression taken, in bytes.
 inline constexpr size_t max_regex_bytes = 4096;
 

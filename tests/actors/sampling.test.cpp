@@ -165,6 +165,26 @@ TEST_CASE("logit_bias: banned tokens never come out, greedy or drawn, and the to
   CHECK(refused({5}, {}).find("logit_bias has 1 tokens but 0 values") != std::string::npos);
 }
 
+namespace {
+
+/// The tokens one executor picks for `prompt` under the constraint (kind, text), the reference the
+/// cluster's constrained answers must equal.
+std::vector<int32_t> constrained_colocated(const local_cluster_config& cfg, gpu::output_format kind,
+                                           const std::string& text, const std::string& prompt, int32_t max_tokens,
+                                           const gpu::sampling_config& sampling) {
+  std::string why;
+  auto grammar = gpu::compile_output_grammar(kind, text, {}, &why);
+  REQUIRE_MESSAGE(grammar, why);
+  auto matcher = std::make_shared<gpu::grammar_matcher>(grammar, gpu::byte_vocabulary(cfg.model.vocab_size),
+                                                        std::vector<int32_t>{cfg.model.eos_token_id});
+  auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
+  auto exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
+  return gpu::generate_colocated(*exec, encode(cfg, prompt), max_tokens, chunk_tokens, sampling, false, {}, matcher)
+      .tokens;
+}
+
+}  // namespace
+
 TEST_CASE("structured outputs: a JSON schema's answer parses and holds to it, greedy or drawn, disaggregated or "
           "hybrid, with the colocated run's tokens under the same grammar; what the grammar cannot honour is refused") {
   test::cluster_system t;
@@ -201,16 +221,8 @@ TEST_CASE("structured outputs: a JSON schema's answer parses and holds to it, gr
       CHECK(std::regex_match(j["code"].get<std::string>(), std::regex("[A-Z]{2}-[0-9]{2}")));
       if (j.contains("n")) CHECK((j["n"].is_number_integer() && j["n"] >= -3 && j["n"] <= 12));
       CHECK(j.size() == (j.contains("n") ? 4u : 3u));
-      std::string why;
-      auto grammar = gpu::compile_output_grammar(gpu::output_format::schema, schema, {}, &why);
-      REQUIRE(grammar);
-      auto matcher = std::make_shared<gpu::grammar_matcher>(grammar, gpu::byte_vocabulary(cfg.model.vocab_size),
-                                                            std::vector<int32_t>{cfg.model.eos_token_id});
-      auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
-      auto exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
-      const auto ref = gpu::generate_colocated(*exec, encode(cfg, prompt), max_tokens, chunk_tokens,
-                                               gpu::sampling_config{temperature, 11}, false, {}, matcher);
-      CHECK(got->tokens == ref.tokens);
+      CHECK(got->tokens == constrained_colocated(cfg, gpu::output_format::schema, schema, prompt, max_tokens,
+                                                 gpu::sampling_config{temperature, 11}));
       if (hybrid || temperature > 0.0f) continue;
       // Any JSON object: it opens as one (its language has no end, so it may run to max_tokens).
       req.json_output = static_cast<uint8_t>(gpu::output_format::object);
@@ -267,16 +279,8 @@ TEST_CASE("structured outputs: a regular expression's answer (vLLM's guided_rege
       CAPTURE(got->text);
       CHECK(got->finish_reason == "eos");  // the expression's language is finite
       CHECK(std::regex_match(got->text, std::regex(pattern)));
-      std::string why;
-      auto grammar = gpu::compile_output_grammar(gpu::output_format::regex, pattern, {}, &why);
-      REQUIRE_MESSAGE(grammar, why);
-      auto matcher = std::make_shared<gpu::grammar_matcher>(grammar, gpu::byte_vocabulary(cfg.model.vocab_size),
-                                                            std::vector<int32_t>{cfg.model.eos_token_id});
-      auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
-      auto exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
-      const auto ref = gpu::generate_colocated(*exec, encode(cfg, req.prompt), max_tokens, chunk_tokens,
-                                               gpu::sampling_config{temperature, 3}, false, {}, matcher);
-      CHECK(got->tokens == ref.tokens);
+      CHECK(got->tokens == constrained_colocated(cfg, gpu::output_format::regex, pattern, req.prompt, max_tokens,
+                                                 gpu::sampling_config{temperature, 3}));
       // The same language as a GBNF grammar: the same tokens allowed at every step, so the same
       // answer.
       auto as_gbnf = req;

@@ -450,6 +450,9 @@ ws     ::= [ \t]?
             .find("grammar: the rule 'expr' is left-recursive") == 0);
   CHECK(refused("root ::= (x? root \"a\") | \"b\"\nx ::= \"c\"").find("the rule 'root' is left-recursive") !=
         std::string::npos);
+  // Through a repeat's own rules, still named by the rule written.
+  CHECK(refused("root ::= \"b\" | list\nlist ::= (list \"a\")*").find("the rule 'list' is left-recursive") !=
+        std::string::npos);
   CHECK(refused("root ::= \"abc") == "grammar: a literal without its closing quote, at line 1, column 10");
   CHECK(refused("root ::= (\"a\"") == "grammar: a group without its ')', at line 1, column 14");
   CHECK(refused("root ::= [a-") == "grammar: a character class without its ']', at line 1, column 10");
