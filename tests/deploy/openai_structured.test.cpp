@@ -1,0 +1,177 @@
+// The gateway's structured outputs, without sockets or actors: response_format, forced
+// tool_choice and vLLM's guided_* / structured_outputs fields into generate_request's
+// constraint, and forced answers read back as tool calls.
+
+#include <doctest/doctest.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "deploy/openai.hpp"
+#include "gpu/json_schema_grammar.hpp"
+
+using namespace baton;
+using nlohmann::json;
+
+TEST_CASE("structured outputs: response_format and a forced tool_choice become a JSON grammar's request, and the "
+          "forced answer reads back as the calls") {
+  deploy::openai::call c;
+  deploy::openai::api_error e;
+  REQUIRE(deploy::openai::parse_body(R"({"prompt":"a","response_format":{"type":"text"}})", false, "m", &c, &e));
+  CHECK(c.req.json_output == 0);
+  REQUIRE(deploy::openai::parse_body(R"({"prompt":"a","response_format":{"type":"json_object"}})", false, "m", &c, &e));
+  CHECK(c.req.json_output == 1);
+  CHECK(c.req.json_schema.empty());
+  // The schema keeps the client's key order: its properties are written in it.
+  REQUIRE(deploy::openai::parse_body(
+      R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":
+          {"name":"p","strict":true,"schema":{"type":"object","properties":{"zeta":{"type":"integer"},"alpha":{"type":"string"}}}}}})",
+      true, "m", &c, &e));
+  CHECK(c.req.json_output == 2);
+  CHECK(c.req.json_schema == R"({"type":"object","properties":{"zeta":{"type":"integer"},"alpha":{"type":"string"}}})");
+
+  const std::string tools = R"("tools":[{"type":"function","function":{"name":"get_weather","parameters":
+      {"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}},
+      {"type":"function","function":{"name":"now"}}])";
+  const std::string chat = R"({"messages":[{"role":"user","content":"x"}],)";
+  REQUIRE(deploy::openai::parse_body(chat + R"("tool_choice":{"type":"function","function":{"name":"get_weather"}},)" + tools + "}",
+                                     true, "m", &c, &e));
+  CHECK(c.forced_tool == "get_weather");
+  CHECK(c.req.json_output == 2);
+  CHECK(c.req.json_schema == R"({"type":"object","properties":{"city":{"type":"string"}},"required":["city"]})");
+  CHECK_FALSE(c.req.tools_json.empty());  // the model still sees them
+  REQUIRE(deploy::openai::parse_body(chat + R"("tool_choice":"required","parallel_tool_calls":false,)" + tools + "}", true, "m",
+                                     &c, &e));
+  CHECK(c.forced_calls);
+  const auto schema = json::parse(c.req.json_schema);
+  CHECK(schema["type"] == "array");
+  CHECK(schema["minItems"] == 1);
+  CHECK(schema["maxItems"] == 1);
+  CHECK(schema["items"]["anyOf"].size() == 2);
+  CHECK(schema["items"]["anyOf"][1]["properties"]["name"] == json{{"const", "now"}});
+  // A function without parameters takes an empty object.
+  CHECK(schema["items"]["anyOf"][1]["properties"]["parameters"]["additionalProperties"] == false);
+  // A tool whose parameters refer to their own $defs (as pydantic writes them): the references
+  // move with the parameters into the list's schema, which then compiles.
+  const std::string with_refs = R"("tools":[{"type":"function","function":{"name":"book","parameters":
+      {"type":"object","properties":{"who":{"$ref":"#/$defs/P"}},"required":["who"],
+       "$defs":{"P":{"type":"object","properties":{"name":{"type":"string"}},"required":["name"]}}}}}])";
+  REQUIRE(deploy::openai::parse_body(chat + R"("tool_choice":"required",)" + with_refs + "}", true, "m", &c, &e));
+  CHECK(json::parse(c.req.json_schema)["items"]["anyOf"][0]["properties"]["parameters"]["properties"]["who"]["$ref"] ==
+        "#/items/anyOf/0/properties/parameters/$defs/P");
+  std::string why;
+  CHECK_MESSAGE(gpu::compile_output_grammar(gpu::output_format::schema, c.req.json_schema, {}, &why), why);
+  CHECK_FALSE(deploy::openai::parse_body(chat + R"("tool_choice":{"type":"function","function":{"name":"nope"}},)" + tools + "}",
+                                         true, "m", &c, &e));
+  CHECK(e.message == "tool_choice names the function 'nope', which tools lacks");
+  CHECK_FALSE(deploy::openai::parse_body(chat + R"("tool_choice":"required"})", true, "m", &c, &e));
+  CHECK(e.message == "tool_choice forces a call, but the request gives no tools");
+  CHECK_FALSE(deploy::openai::parse_body(chat + R"("tool_choice":"required","response_format":{"type":"json_object"},)" + tools +
+                                             "}",
+                                         true, "m", &c, &e));
+  CHECK(e.message == "response_format cannot be combined with a forced tool_choice");
+
+  // Reading the forced answers back, whole and streamed: the JSON is the calls.
+  deploy::openai::call named;
+  named.chat = true;
+  named.forced_tool = "get_weather";
+  deploy::openai::answer_reader r{named, 0};
+  CHECK(r.active());
+  auto part = r.feed(R"({"city": )", false);
+  CHECK(part.content.empty());
+  CHECK(part.tool_calls.empty());
+  part = r.feed(R"("Paris"})", true);
+  REQUIRE(part.tool_calls.size() == 1);
+  CHECK(part.tool_calls[0].name == "get_weather");
+  CHECK(part.tool_calls[0].arguments == R"({"city":"Paris"})");
+  const auto list = deploy::openai::read_forced_calls(R"([{"name":"now","parameters":{}}, {"name":"get_weather","parameters":{"city":"Oslo"}}])", "");
+  REQUIRE(list.tool_calls.size() == 2);
+  CHECK(list.tool_calls[1].arguments == R"({"city":"Oslo"})");
+  // Cut by max_tokens: no calls, the text is content, whole.
+  const auto cut = deploy::openai::read_forced_calls(R"({"city": "Par)", "get_weather");
+  CHECK(cut.tool_calls.empty());
+  CHECK(cut.content == R"({"city": "Par)");
+}
+
+TEST_CASE("vLLM's structured outputs: guided_json, guided_regex, guided_choice and guided_grammar, or "
+          "structured_outputs, become the grammar's request; what Baton cannot honour is refused by name") {
+  const auto parse = [](const std::string& fields, deploy::openai::call* c) {
+    deploy::openai::api_error e;
+    *c = {};
+    const bool ok = deploy::openai::parse_body(R"({"prompt":"a",)" + fields + "}", false, "m", c, &e);
+    return ok ? std::string() : e.param + ": " + e.message;
+  };
+  deploy::openai::call c;
+  REQUIRE(parse(R"("guided_json":{"type":"object","properties":{"z":{"type":"integer"},"a":{}}})", &c).empty());
+  CHECK(c.req.json_output == 2);
+  CHECK(c.req.json_schema == R"({"type":"object","properties":{"z":{"type":"integer"},"a":{}}})");  // key order kept
+  REQUIRE(parse(R"("guided_json":"{\"type\":\"string\"}")", &c).empty());  // a schema as its text
+  CHECK(c.req.json_schema == R"({"type":"string"})");
+  REQUIRE(parse(R"("guided_regex":"[0-9]{3}")", &c).empty());
+  CHECK(c.req.json_output == 0);
+  CHECK(c.req.output_regex == "[0-9]{3}");
+  // A choice becomes an alternation of its strings, their special characters escaped.
+  REQUIRE(parse(R"x("guided_choice":["yes","no","1+1 (two)"])x", &c).empty());
+  CHECK(c.req.output_regex == R"((?:yes|no|1\+1 \(two\)))");
+  std::string why;
+  auto g = gpu::compile_output_grammar(gpu::output_format::regex, c.req.output_regex, {}, &why);
+  REQUIRE_MESSAGE(g, why);
+  for (const auto& [text, ok] : std::vector<std::pair<std::string, bool>>{
+           {"yes", true}, {"1+1 (two)", true}, {"11 (two)", false}, {"yesno", false}, {"", false}}) {
+    gpu::grammar_matcher m(g, gpu::byte_vocabulary(258), {257});
+    CHECK_MESSAGE((m.accept_bytes(text) && m.complete()) == ok, text);
+  }
+  // The newer form.
+  REQUIRE(parse(R"("structured_outputs":{"choice":["a","b"]})", &c).empty());
+  CHECK(c.req.output_regex == "(?:a|b)");
+  REQUIRE(parse(R"("structured_outputs":{"json":{"type":"boolean"},"disable_fallback":true})", &c).empty());
+  CHECK(c.req.json_schema == R"({"type":"boolean"})");
+  REQUIRE(parse(R"("structured_outputs":{"json_object":true})", &c).empty());
+  CHECK(c.req.json_output == 1);
+  REQUIRE(parse(R"("structured_outputs":{"regex":"x+"})", &c).empty());
+  CHECK(c.req.output_regex == "x+");
+  CHECK_FALSE(c.req.json_compact);
+  // Compact JSON, for response_format's JSON too.
+  REQUIRE(parse(R"("response_format":{"type":"json_object"},"structured_outputs":{"disable_any_whitespace":true})", &c)
+              .empty());
+  CHECK(c.req.json_output == 1);
+  CHECK(c.req.json_compact);
+  // Refusals, by name.
+  // Grammars as text (GBNF).
+  REQUIRE(parse(R"("guided_grammar":"root ::= \"a\"")", &c).empty());
+  CHECK(c.req.output_gbnf == R"(root ::= "a")");
+  REQUIRE(parse(R"("structured_outputs":{"grammar":"root ::= [0-9]+"})", &c).empty());
+  CHECK(c.req.output_gbnf == "root ::= [0-9]+");
+  CHECK(parse(R"("structured_outputs":{"structural_tag":"x"})", &c) ==
+        "structured_outputs: structured_outputs.structural_tag is not supported (json, regex, choice, grammar, "
+        "json_object and disable_any_whitespace are)");
+  CHECK(parse(R"("guided_whitespace_pattern":" *")", &c).find("guided_whitespace_pattern is not supported") !=
+        std::string::npos);
+  CHECK(parse(R"("guided_regex":"a","guided_choice":["a"])", &c) ==
+        "guided_choice: give one of guided_json, guided_regex, guided_choice and guided_grammar, not guided_regex and "
+        "guided_choice");
+  CHECK(parse(R"("structured_outputs":{"regex":"a"},"guided_regex":"a")", &c) ==
+        "structured_outputs: give structured_outputs or the guided_* fields, not both");
+  CHECK(parse(R"("guided_regex":"a","response_format":{"type":"json_object"})", &c) ==
+        "guided_regex: guided_regex cannot be combined with response_format or a forced tool_choice");
+  CHECK(parse(R"("guided_choice":[])", &c) == "guided_choice: guided_choice must be an array of 1 to 1024 strings, got an array");
+  CHECK(parse(R"("guided_choice":["a",1])", &c).find("must be an array of 1 to 1024 strings") != std::string::npos);
+  CHECK(parse(R"("guided_regex":7)", &c) == "guided_regex: guided_regex must be a non-empty regular expression, got 7");
+  CHECK(parse(R"("guided_json":7)", &c) ==
+        "guided_json: guided_json must be a JSON schema (an object, or its text), got 7");
+  CHECK(parse(R"("structured_outputs":{"json_object":false})", &c) ==
+        "structured_outputs: structured_outputs.json_object must be true, got false");
+  CHECK(parse(R"("structured_outputs":"x")", &c) == "structured_outputs: structured_outputs must be an object, got \"x\"");
+  // Fields given null are not given, as clients that write all of vLLM's params send them.
+  REQUIRE(parse(R"("guided_json":null,"guided_grammar":null,"structured_outputs":{"choice":["a"],"regex":null,
+      "structural_tag":null,"whitespace_pattern":null,"disable_any_whitespace":null})", &c).empty());
+  CHECK(c.req.output_regex == "(?:a)");
+  CHECK(parse(R"("structured_outputs":{"disable_any_whitespace":"yes"})", &c) ==
+        "structured_outputs: structured_outputs.disable_any_whitespace must be true or false, got \"yes\"");
+  std::string many = R"("guided_choice":[)";
+  for (int i = 0; i < 600; ++i) many += std::string(i ? "," : "") + "\"choice" + std::to_string(i) + "\"";
+  CHECK(parse(many + "]", &c).find("as an expression; at most 4096") != std::string::npos);
+}
