@@ -34,7 +34,9 @@ node any_char() {
 
 class parser {
 public:
-  parser(std::string_view p, std::string name) : p_(p), name_(std::move(name)) {}
+  /// `ecma_dot`: `.` excludes \r as well as \n (JSON schema's ECMA-262); otherwise only \n (as
+  /// Python's re, which vLLM's guided_regex follows).
+  parser(std::string_view p, std::string name, bool ecma_dot = true) : p_(p), name_(std::move(name)), ecma_dot_(ecma_dot) {}
 
   bool parse(node* out, std::string* why) {
     if (!alternation(out)) {
@@ -155,7 +157,7 @@ private:
       case '.':
         *out = any_char();
         out->ascii.reset('\n');
-        out->ascii.reset('\r');
+        if (ecma_dot_) out->ascii.reset('\r');
         return true;
       case '^': return fail("^ is supported only at the start");
       case '$': return fail("$ is supported only at the end");
@@ -301,6 +303,7 @@ private:
   static constexpr int max_group_depth = 64;
   std::string_view p_;
   std::string name_;  ///< what the expression is called in what is wrong
+  bool ecma_dot_;
   size_t at_ = 0;
   int groups_open_ = 0;
   std::string why_;
@@ -415,8 +418,8 @@ bool top_level_alternation(std::string_view p) {
 
 /// Reads `pattern` (called `name` in what is wrong): its anchors, ^ and $ at the ends, and the
 /// expression between.
-bool parse_pattern(std::string_view pattern, const std::string& name, node* out, bool* from_start, bool* to_end,
-                   std::string* why) {
+bool parse_pattern(std::string_view pattern, const std::string& name, bool ecma_dot, node* out, bool* from_start,
+                   bool* to_end, std::string* why) {
   if (pattern.size() > max_regex_bytes) {
     *why = name + ": longer than " + std::to_string(max_regex_bytes) + " bytes";
     return false;
@@ -430,7 +433,7 @@ bool parse_pattern(std::string_view pattern, const std::string& name, node* out,
     *why = name + ": an anchor beside a top-level '|' is ambiguous here; group it, as ^(a|b)$";
     return false;
   }
-  return parser(body, name).parse(out, why);
+  return parser(body, name, ecma_dot).parse(out, why);
 }
 
 }  // namespace
@@ -448,7 +451,7 @@ bool read_count(std::string_view text, size_t* at, uint32_t* out) {
 bool json_string_matching(grammar& g, std::string_view pattern, uint32_t* rule, std::string* why) {
   node parsed;
   bool from_start = false, to_end = false;
-  if (!parse_pattern(pattern, "pattern", &parsed, &from_start, &to_end, why)) return false;
+  if (!parse_pattern(pattern, "pattern", true, &parsed, &from_start, &to_end, why)) return false;
   // Anchors: without ^ (or $) the text may have anything before (or after) a match.
   node whole;
   whole.k = node::seq;
@@ -472,7 +475,7 @@ bool text_matching(grammar& g, std::string_view pattern, uint32_t* rule, std::st
   // The whole text matches, so anchors at the ends say nothing more.
   node parsed;
   bool from_start = false, to_end = false;
-  return parse_pattern(pattern, name, &parsed, &from_start, &to_end, why) &&
+  return parse_pattern(pattern, name, false, &parsed, &from_start, &to_end, why) &&
          builder(g, name, false).build(parsed, rule, why);
 }
 

@@ -35,8 +35,9 @@ inline constexpr size_t max_regex_bytes = 4096;
 bool json_string_matching(grammar& g, std::string_view pattern, uint32_t* rule, std::string* why);
 
 /// Adds to `g` a rule matching text, as itself, that `pattern` matches whole (vLLM's
-/// guided_regex, SGLang's regex): implicitly anchored at both ends. false and a sentence
-/// starting with `name` ("regex: ...") otherwise.
+/// guided_regex, SGLang's regex): implicitly anchored at both ends, and `.` is any character
+/// but \n (Python's re, which vLLM's backends follow; a JSON schema's pattern also keeps \r
+/// out). false and a sentence starting with `name` ("regex: ...") otherwise.
 bool text_matching(grammar& g, std::string_view pattern, uint32_t* rule, std::string* why,
                    const std::string& name = "regex");
 

@@ -278,6 +278,11 @@ TEST_CASE("grammar: a whole answer matching a regular expression, written as its
   CHECK_FALSE(matches(choice, "axb (c)"));
   CHECK_FALSE(matches(choice, "yesno"));
   CHECK(matches(regex("[^a]", false), "é"));  // past ASCII, as UTF-8
+  // `.` is any character but a newline, as Python's re has it (a schema's pattern, ECMA-262's,
+  // also keeps \r out).
+  CHECK(matches(regex("a.b"), "a\rb"));
+  CHECK_FALSE(matches(regex("a.b"), "a\nb"));
+  CHECK_FALSE(matches(compile(R"({"type":"string","pattern":"^a.b$"})"), R"("a\rb")"));
   // After a thinking block, the expression's text follows its </think> at once: the content is
   // exactly a match (JSON, which may start with blanks, takes blank lines there).
   const auto thinking = regex("(?:positive|negative)", true);

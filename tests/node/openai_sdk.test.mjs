@@ -103,4 +103,12 @@ assert.ok(Number.isInteger(verse.verse) && verse.verse >= 1 && verse.verse <= 50
 assert.equal(shaped.choices[0].finish_reason, 'stop');
 checks++;
 
+// vLLM's fields pass through the SDK as extra body fields: the answer is one of the choices.
+const chosen = await client.completions.create({
+  model, prompt, max_tokens: 20, guided_choice: ['Genesis', 'Exodus 3'],
+});
+assert.ok(['Genesis', 'Exodus 3'].includes(chosen.choices[0].text), `choice ${chosen.choices[0].text}`);
+assert.equal(chosen.choices[0].finish_reason, 'stop');
+checks++;
+
 console.log(`openai sdk ${version}: ${checks} checks passed`);
