@@ -589,11 +589,13 @@ TEST_CASE("store: a read slower than the reader's timeout: the server starts no 
   temp_dir dir{"slow-read"};
   test::cluster_system t;
   auto cfg = store_cluster(dir.path);
-  cfg.store.read_timeout_ms = 200;  // the server's budget: 100 ms
-  // The server takes 300 ms before each layer of a read (reads only: write-back is unaffected).
+  // The server's budget: 300 ms. (Write-back's slot requests wait read_timeout_ms too: 200 ms
+  // left them no room on a loaded CI machine, and the first prompt's blocks never landed.)
+  cfg.store.read_timeout_ms = 600;
+  // The server takes 900 ms before each layer of a read (reads only: write-back is unaffected).
   auto slow = [](caf::actor_system& sys, block_server_config bc, std::shared_ptr<transport::transport> xport,
                  std::vector<block_index_actor> index) {
-    bc.fault_layer_delay_ms = 300;
+    bc.fault_layer_delay_ms = 900;
     return spawn_block_server(sys, std::move(bc), std::move(xport), std::move(index));
   };
   auto cluster = start_local_cluster(t.sys, cfg, {}, {}, slow);
@@ -615,7 +617,7 @@ TEST_CASE("store: a read slower than the reader's timeout: the server starts no 
   auto other = t.generate(cluster.router, request_for(q));
   REQUIRE(other);
   check_equal(*other, reference(cfg, q));
-  // The server stopped at its budget: it put nothing and says why (it answers after its 300 ms).
+  // The server stopped at its budget: it put nothing and says why (it answers after its 900 ms).
   caf::scoped_actor self{t.sys};
   store_stats s;
   for (int i = 0; i < 500 && s.read_failures + s.blocks_read < 3; ++i) {
