@@ -59,18 +59,15 @@ struct generate_request {
   /// most max_logit_bias.
   std::vector<int32_t> logit_bias_tokens;
   std::vector<float> logit_bias_values;
-  /// Constrained decoding (OpenAI's response_format; the gateway's forced tool calls): the answer
-  /// is JSON, as gpu::output_format says: 0 free text, 1 any JSON object, 2 a value matching
-  /// json_schema (a JSON schema's text, gpu/json_schema_grammar.hpp says which keywords hold).
-  uint8_t json_output = 0;
-  std::string json_schema;
-  bool json_compact = false;  ///< the JSON without whitespace between its tokens
-  /// Constrained decoding to text instead (vLLM's guided_regex and guided_choice): the whole
-  /// answer matches this regular expression (gpu/regex_grammar.hpp's syntax); empty: none.
-  std::string output_regex;
-  /// ... or this GBNF grammar's root (guided_grammar; gpu/gbnf_grammar.hpp). One of json_output,
-  /// output_regex and output_gbnf at most.
-  std::string output_gbnf;
+  /// Constrained decoding: what the answer must be, as gpu::output_format numbers it: 0 free
+  /// text; 1 any JSON object (OpenAI's json_object); 2 JSON matching the JSON schema whose text
+  /// is output_spec (response_format's json_schema, forced tool calls); 3 text that the regular
+  /// expression output_spec matches whole (vLLM's guided_regex and guided_choice); 4 text that
+  /// the GBNF grammar output_spec derives from its root (guided_grammar). docs/structured-outputs.md
+  /// says which schema keywords, expression syntax and grammar forms hold.
+  uint8_t output_format = 0;
+  std::string output_spec;     ///< the schema's, expression's or grammar's text; empty for 0 and 1
+  bool json_compact = false;   ///< with 1 or 2: the JSON without whitespace between its tokens
   std::vector<std::string> stop;       ///< generation ends when the text contains one (it is cut off)
   std::vector<int32_t> stop_token_ids; ///< ... or when one of these tokens is generated
   /// Each generated token's log-probability (completion::logprobs, stream_chunk::logprobs), with
@@ -100,8 +97,8 @@ typename Inspector::result_type inspect(Inspector& f, generate_request& x) {
            x.top_k, wire::f32{&x.top_p}, wire::f32{&x.repetition_penalty}, wire::f32{&x.presence_penalty},
            wire::f32{&x.frequency_penalty}, x.stop, x.stop_token_ids, x.logprobs, x.top_logprobs, x.echo,
            x.prompt_logprobs, x.prompt_only, x.prompt_top_logprobs, x.chat_template_kwargs,
-           x.tools_json, x.logit_bias_tokens, wire::f32s{&x.logit_bias_values}, x.json_output, x.json_schema,
-           x.json_compact, x.output_regex, x.output_gbnf);
+           x.tools_json, x.logit_bias_tokens, wire::f32s{&x.logit_bias_values}, x.output_format, x.output_spec,
+           x.json_compact);
 }
 
 struct completion {

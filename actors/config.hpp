@@ -86,6 +86,10 @@ struct store_config {
   store::retention_policy retention;  ///< chat 7 d, agent 3 d, batch not written
   uint32_t housekeeping_interval_ms = 60000;  ///< expiry and eviction run this often
   uint32_t read_timeout_ms = 5000;    ///< a read not answered by then is a miss (recompute)
+  /// A write-back's request for a server's write slot not answered by then: that block is not
+  /// written to that server (a miss later). Apart from read_timeout_ms: a short read budget keeps
+  /// prompts from waiting on slow disks, but need not drop blocks on a busy server.
+  uint32_t write_slot_timeout_ms = 5000;
   /// A block server's registered buffers (one for reads, one of write slots); 0: sized for the
   /// model, 2 whole blocks and at least 64 MiB (a Llama-3-8B block of 512 tokens is 128 MiB of f32).
   uint64_t staging_bytes = 0;
@@ -107,7 +111,8 @@ struct store_config {
     if (block_tokens == 0 || block_tokens % page_size_tokens != 0)
       return "store block_tokens must be a positive multiple of the KV page size (" +
              std::to_string(page_size_tokens) + ")";
-    if (housekeeping_interval_ms == 0 || read_timeout_ms == 0) return "store intervals must be >= 1 ms";
+    if (housekeeping_interval_ms == 0 || read_timeout_ms == 0 || write_slot_timeout_ms == 0)
+      return "store intervals (housekeeping_interval_ms, read_timeout_ms, write_slot_timeout_ms) must be >= 1 ms";
     return {};
   }
 };

@@ -119,7 +119,7 @@ void write_back(decode_pointer self, const lease& l) {
     const uint64_t job = ++st.last_write;
     st.writes[job] = write_job{*off, static_cast<uint32_t>(servers.size()), 0, std::move(w)};
     for (auto server : servers)
-      self->request(st.store.servers[server], std::chrono::milliseconds{st.store.read_timeout_ms},
+      self->request(st.store.servers[server], std::chrono::milliseconds{st.store.write_slot_timeout_ms},
                     store_write_begin{l.request_id, block_bytes})
           .then(
               [=](store_write_slot& slot) {

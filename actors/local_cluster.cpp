@@ -152,6 +152,7 @@ local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_co
     access.identity = kv_identity_of(cfg);
     access.replicas = cfg.store.replicas;
     access.read_timeout_ms = cfg.store.read_timeout_ms;
+    access.write_slot_timeout_ms = cfg.store.write_slot_timeout_ms;
     const auto [staging_bytes, pending_write_bytes] = store_buffers(cfg);
     access.max_pending_write_bytes = pending_write_bytes;
     access.retention = cfg.store.retention;

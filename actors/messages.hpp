@@ -461,13 +461,15 @@ struct store_info {
   std::string dtype;
   uint32_t replicas = 1;
   uint32_t read_timeout_ms = 5000;
+  uint32_t write_slot_timeout_ms = 5000;
   uint64_t max_pending_write_bytes = 0;
   double chat_ttl_s = 0, agent_ttl_s = 0, batch_ttl_s = 0;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, store_info& x) {
   return f(caf::meta::type_name("store_info"), x.index, x.servers, x.model_id, x.num_layers, x.kv_dim,
-           x.block_tokens, x.page_tokens, x.dtype, x.replicas, x.read_timeout_ms, x.max_pending_write_bytes,
+           x.block_tokens, x.page_tokens, x.dtype, x.replicas, x.read_timeout_ms, x.write_slot_timeout_ms,
+           x.max_pending_write_bytes,
            wire::f64{&x.chat_ttl_s}, wire::f64{&x.agent_ttl_s}, wire::f64{&x.batch_ttl_s});
 }
 
@@ -534,7 +536,7 @@ typename Inspector::result_type inspect(Inspector& f, stream_chunk& x) {
 /// Whatever receives a streamed completion: a client library's actor, a gateway connection.
 using client_sink_actor = caf::typed_actor<caf::reacts_to<stream_chunk>>;
 
-/// Constrained decoding as orders carry it (generate_request's json_output and json_schema): each
+/// Constrained decoding as orders carry it (generate_request's output_format and output_spec): each
 /// rank that picks tokens compiles the grammar (gpu::compile_output_grammar) and follows the output through
 /// it, so a request moved between ranks keeps to it.
 struct output_grammar {

@@ -11,7 +11,6 @@
 #include <caf/typed_event_based_actor.hpp>
 
 #include "gpu/byte_tokenizer.hpp"
-#include "gpu/json_schema_grammar.hpp"
 #include "policies/placement.hpp"
 #include "policies/restart_backoff.hpp"
 
@@ -102,16 +101,10 @@ void copy_sampling(const request_plan& p, Order& order) {
   order.top_logprobs = p.params.top_logprobs;
   order.logit_bias_tokens = p.params.logit_bias_tokens;
   order.logit_bias_values = p.params.logit_bias_values;
-  // The router let one constraint through at most.
+  // The router checked the constraint and compiled it with the same options.
   const auto& q = p.params;
-  const auto kind = !q.output_regex.empty() ? gpu::output_format::regex
-                    : !q.output_gbnf.empty() ? gpu::output_format::gbnf
-                                             : static_cast<gpu::output_format>(q.json_output);
-  if (kind != gpu::output_format::free) {
-    const auto& text = kind == gpu::output_format::regex  ? q.output_regex
-                       : kind == gpu::output_format::gbnf ? q.output_gbnf
-                                                          : q.json_schema;
-    order.grammar = {static_cast<uint8_t>(kind), text, p.prompt_thinking == 1, q.json_compact, p.extra_eos_token_ids};
+  if (q.output_format != 0) {
+    order.grammar = {q.output_format, q.output_spec, p.prompt_thinking == 1, q.json_compact, p.extra_eos_token_ids};
     order.grammar.end_tokens.insert(order.grammar.end_tokens.begin(), p.eos_token_id);
   }
 }

@@ -44,25 +44,40 @@ std::string check_logit_bias(const generate_request& req, uint32_t vocab_size) {
   return {};
 }
 
-/// Constrained decoding: a known JSON kind, a schema only with kind 2, one constraint at most,
-/// and what the grammar compiler takes (its sentence names the keyword and where it is, or the
-/// expression's offset, or the grammar's line).
+/// Constrained decoding's fields agree with each other: a known kind, a spec exactly for the
+/// kinds that read one, compact JSON only for JSON. Cheap; the grammar itself is compiled once
+/// the prompt is known (compile_output_format).
 std::string check_output_format(const generate_request& req) {
-  if (req.json_output > static_cast<uint8_t>(gpu::output_format::schema))
-    return "json_output must be 0 (free text), 1 (a JSON object) or 2 (JSON matching json_schema), got " +
-           std::to_string(req.json_output);
-  if (req.json_output != static_cast<uint8_t>(gpu::output_format::schema) && !req.json_schema.empty())
-    return "json_schema is given, but json_output is not 2 (JSON matching a schema)";
-  if ((req.json_output != 0) + !req.output_regex.empty() + !req.output_gbnf.empty() > 1)
-    return "more than one of json_output, output_regex and output_gbnf is given; an answer follows one";
+  using gpu::output_format;
+  if (req.output_format > gpu::max_output_format)
+    return "output_format must be 0 (free text), 1 (a JSON object), 2 (JSON matching a schema), 3 (text matching a "
+           "regular expression) or 4 (text a GBNF grammar derives), got " + std::to_string(req.output_format);
+  const auto kind = static_cast<output_format>(req.output_format);
+  const bool reads_spec = kind == output_format::schema || kind == output_format::regex || kind == output_format::gbnf;
+  if (reads_spec && req.output_spec.empty())
+    return "output_format " + std::to_string(req.output_format) + " needs output_spec: the " +
+           (kind == output_format::schema ? "JSON schema's" : kind == output_format::regex ? "regular expression's"
+                                                                                           : "GBNF grammar's") +
+           " text";
+  if (!reads_spec && !req.output_spec.empty())
+    return "output_spec is given, but output_format is " + std::to_string(req.output_format) + " (" +
+           (kind == output_format::free ? "free text" : "any JSON object") + "), which reads none";
+  if (req.json_compact && kind != output_format::object && kind != output_format::schema)
+    return std::string("json_compact asks for JSON without whitespace, but the answer is ") +
+           (kind == output_format::free    ? "free text"
+            : kind == output_format::regex ? "text matching a regular expression (write the spaces it allows into it)"
+                                           : "text a GBNF grammar derives (write the spaces it allows into it)");
+  return {};
+}
+
+/// The answer's grammar compiles (its sentence names the keyword and where it is, the
+/// expression's offset, or the grammar's line). Compiled as the ranks will follow it, after the
+/// thinking block when the prompt opens one, so the ranks of this process find it in the cache.
+std::string compile_output_format(const generate_request& req, uint8_t thinking) {
+  if (req.output_format == 0) return {};
   std::string why;
-  if (req.json_output != 0 &&
-      !gpu::cached_output_grammar(static_cast<gpu::output_format>(req.json_output), req.json_schema,
-                                  {.compact = req.json_compact}, &why))
-    return why;
-  if (!req.output_regex.empty() && !gpu::cached_output_grammar(gpu::output_format::regex, req.output_regex, {}, &why))
-    return why;
-  if (!req.output_gbnf.empty() && !gpu::cached_output_grammar(gpu::output_format::gbnf, req.output_gbnf, {}, &why))
+  if (!gpu::cached_output_grammar(static_cast<gpu::output_format>(req.output_format), req.output_spec,
+                                  {.after_thinking = thinking == 1, .compact = req.json_compact}, &why))
     return why;
   return {};
 }
@@ -152,7 +167,7 @@ std::string tokenize_and_validate(generate_request& req, const gpu::model_config
   if (tokens->size() + static_cast<size_t>(req.max_tokens) - (req.prompt_only && req.max_tokens == 1 ? 1 : 0) > ctx)
     return "prompt of " + std::to_string(tokens->size()) + " tokens plus max_tokens " +
            std::to_string(req.max_tokens) + " exceeds the model's context of " + std::to_string(ctx) + " tokens";
-  return {};
+  return compile_output_format(req, thinking ? *thinking : 0);
 }
 
 namespace {

@@ -17,6 +17,7 @@ struct store_access {
   store::kv_identity identity;              ///< identity.block_tokens is B
   uint32_t replicas = 1;
   uint32_t read_timeout_ms = 5000;
+  uint32_t write_slot_timeout_ms = 5000;  ///< store_config::write_slot_timeout_ms
   uint64_t max_pending_write_bytes = 64ull << 20;
   store::retention_policy retention;
   /// No block servers, only each prefill rank's own tier of prompt blocks (sims: the store's
@@ -30,7 +31,7 @@ struct store_access {
 
   store_info to_info() const {
     return {index, servers, identity.model_id, identity.num_layers, identity.kv_dim, identity.block_tokens,
-            identity.page_tokens, identity.dtype, replicas, read_timeout_ms, max_pending_write_bytes,
+            identity.page_tokens, identity.dtype, replicas, read_timeout_ms, write_slot_timeout_ms, max_pending_write_bytes,
             retention.chat_ttl_s, retention.agent_ttl_s, retention.batch_ttl_s};
   }
   static store_access from_info(const store_info& i) {
@@ -40,6 +41,7 @@ struct store_access {
     a.identity = {i.model_id, i.num_layers, i.kv_dim, i.block_tokens, i.page_tokens, i.dtype};
     a.replicas = i.replicas;
     a.read_timeout_ms = i.read_timeout_ms;
+    a.write_slot_timeout_ms = i.write_slot_timeout_ms;
     a.max_pending_write_bytes = i.max_pending_write_bytes;
     a.retention = {i.chat_ttl_s, i.agent_ttl_s, i.batch_ttl_s};
     return a;

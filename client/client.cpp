@@ -19,6 +19,7 @@
 
 #include "actors/messages.hpp"
 #include "client/net_identity.hpp"
+#include "gpu/json_schema_grammar.hpp"
 
 namespace baton::client {
 
@@ -50,6 +51,12 @@ error to_client_error(caf::actor_system& sys, const caf::error& e) {
   return out;
 }
 
+// The client's kinds travel as the router's numbers.
+static_assert(static_cast<uint8_t>(output_kind::json_object) == static_cast<uint8_t>(gpu::output_format::object) &&
+              static_cast<uint8_t>(output_kind::json_schema) == static_cast<uint8_t>(gpu::output_format::schema) &&
+              static_cast<uint8_t>(output_kind::regex) == static_cast<uint8_t>(gpu::output_format::regex) &&
+              static_cast<uint8_t>(output_kind::gbnf) == static_cast<uint8_t>(gpu::output_format::gbnf));
+
 generate_request to_request(const request& r) {
   generate_request g;
   g.prompt = r.prompt;
@@ -67,12 +74,9 @@ generate_request to_request(const request& r) {
     g.logit_bias_tokens.push_back(token);
     g.logit_bias_values.push_back(bias);
   }
-  // A schema wins; the router refuses json_output 1 with a schema, so no mix is sent.
-  g.json_output = !r.json_schema.empty() ? 2 : r.json_object ? 1 : 0;
-  g.json_schema = r.json_schema;
+  g.output_format = static_cast<uint8_t>(r.output);
+  g.output_spec = r.output_spec;
   g.json_compact = r.json_compact;
-  g.output_regex = r.regex;
-  g.output_gbnf = r.gbnf;
   g.stop = r.stop;
   g.stop_token_ids = r.stop_token_ids;
   g.ignore_eos = r.ignore_eos;

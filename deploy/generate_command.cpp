@@ -18,6 +18,8 @@ int run_generate(const std::vector<std::string>& args) {
   uint32_t max_tokens = 16;
   uint64_t seed = 0;
   bool chat = false, verbose = false, score = false;
+  bool json_object = false;
+  std::string json_schema, regex, gbnf;
   baton::client::connect_options conn_opts;
   flag_set flags;
   // Positional arguments are prompts too: `baton generate --router H:P "prompt"`.
@@ -37,12 +39,12 @@ int run_generate(const std::vector<std::string>& args) {
   flags.add("--top-k", &req.top_k, "top-k sampling (0 = off)");
   flags.add("--stop", &req.stop, "a stop string (repeatable)");
   flags.add("--ignore-eos", &req.ignore_eos, "generate --max-tokens tokens even past <eos> (load tests)");
-  flags.add("--json", &req.json_object, "answer with a JSON object (constrained decoding)");
-  flags.add("--json-schema", &req.json_schema,
+  flags.add("--json", &json_object, "answer with a JSON object (constrained decoding)");
+  flags.add("--json-schema", &json_schema,
             "answer with JSON matching this JSON schema, given as its text (docs/structured-outputs.md)");
   flags.add("--json-compact", &req.json_compact, "with --json or --json-schema: no whitespace between JSON's tokens");
-  flags.add("--regex", &req.regex, "answer with text this regular expression matches whole (constrained decoding)");
-  flags.add("--gbnf", &req.gbnf, "answer with text this GBNF grammar's root matches, given as its text");
+  flags.add("--regex", &regex, "answer with text this regular expression matches whole (constrained decoding)");
+  flags.add("--gbnf", &gbnf, "answer with text this GBNF grammar's root matches, given as its text");
   flags.add("--score", &score,
             "also score the prompt: a line 'score: N tokens, log-probability S, perplexity P' after the text "
             "(with --verbose, each token's log-probability on stderr)");
@@ -52,6 +54,21 @@ int run_generate(const std::vector<std::string>& args) {
   prompts.insert(prompts.end(), positional.begin(), positional.end());
   if (prompts.empty()) {
     std::fprintf(stderr, "baton generate: give a prompt (baton generate --router HOST:PORT \"prompt\")\n");
+    return 2;
+  }
+  if (json_object + !json_schema.empty() + !regex.empty() + !gbnf.empty() > 1) {
+    std::fprintf(stderr, "baton generate: give one of --json, --json-schema, --regex and --gbnf; an answer follows one\n");
+    return 2;
+  }
+  using baton::client::output_kind;
+  req.output = json_object            ? output_kind::json_object
+               : !json_schema.empty() ? output_kind::json_schema
+               : !regex.empty()       ? output_kind::regex
+               : !gbnf.empty()        ? output_kind::gbnf
+                                      : output_kind::text;
+  req.output_spec = json_schema + regex + gbnf;  // the one given
+  if (req.json_compact && req.output != output_kind::json_object && req.output != output_kind::json_schema) {
+    std::fprintf(stderr, "baton generate: --json-compact shapes JSON; give it with --json or --json-schema\n");
     return 2;
   }
   std::string host, why;

@@ -60,7 +60,7 @@ struct call {
   /// The request gave tools (req.tools_json): how the model writes its calls
   /// (cluster_stats::chat_tool_calls), set by the gateway. Answers' calls go to `tool_calls`.
   gpu::tool_call_format tool_calls = gpu::tool_call_format::none;
-  /// A forced tool_choice, answered as JSON under a grammar (req.json_output): the answer is the
+  /// A forced tool_choice, answered as JSON under a grammar (req.output_format 2): the answer is the
   /// arguments of a call of this function ({type: "function", function: {name}}) ...
   std::string forced_tool;
   /// ... or, with "required", a list of calls, each {"name", "parameters"}.

@@ -303,7 +303,7 @@ bool parse_tools(const json& j, const ordered_json& body, call* out, api_error* 
                          {"additionalProperties", false}});
       ordered_json schema = {{"type", "array"}, {"items", {{"anyOf", calls}}}, {"minItems", 1}};
       if (auto p = j.find("parallel_tool_calls"); p != j.end() && p->is_boolean() && !p->get<bool>()) schema["maxItems"] = 1;
-      req->json_schema = schema.dump();
+      req->output_spec = schema.dump();
       out->forced_calls = true;
     } else if (c->is_object() && type_is(*c, "function") && c->contains("function") && (*c)["function"].is_object() &&
                (*c)["function"].contains("name") && (*c)["function"]["name"].is_string()) {
@@ -314,14 +314,14 @@ bool parse_tools(const json& j, const ordered_json& body, call* out, api_error* 
         *err = bad("tool_choice", "tool_choice names the function '" + name.substr(0, 64) + "', which tools lacks");
         return false;
       }
-      req->json_schema = parameters(k, "").dump();
+      req->output_spec = parameters(k, "").dump();
       out->forced_tool = name;
     } else if (*c != "auto") {
       *err = bad("tool_choice", "tool_choice must be \"auto\", \"none\", \"required\" or {type: \"function\", "
                                 "function: {name}}, got " + describe(*c));
       return false;
     }
-    if (!req->json_schema.empty()) req->json_output = static_cast<uint8_t>(gpu::output_format::schema);
+    if (!req->output_spec.empty()) req->output_format = static_cast<uint8_t>(gpu::output_format::schema);
   }
   if (!none) req->tools_json = body["tools"].dump();
   return true;
@@ -341,12 +341,12 @@ bool parse_response_format(const json& j, const ordered_json& body, call* out, a
   };
   if (!it->is_object() || !it->contains("type")) return shape();
   if (type_is(*it, "text")) return true;
-  if (out->req.json_output != 0) {
+  if (out->req.output_format != 0) {
     *err = bad("response_format", "response_format cannot be combined with a forced tool_choice");
     return false;
   }
   if (type_is(*it, "json_object")) {
-    out->req.json_output = static_cast<uint8_t>(gpu::output_format::object);
+    out->req.output_format = static_cast<uint8_t>(gpu::output_format::object);
     return true;
   }
   if (!type_is(*it, "json_schema") || !it->contains("json_schema") || !(*it)["json_schema"].is_object()) return shape();
@@ -355,8 +355,8 @@ bool parse_response_format(const json& j, const ordered_json& body, call* out, a
     *err = bad("response_format", "response_format.json_schema needs its schema");
     return false;
   }
-  out->req.json_output = static_cast<uint8_t>(gpu::output_format::schema);
-  out->req.json_schema = spec["schema"].dump();
+  out->req.output_format = static_cast<uint8_t>(gpu::output_format::schema);
+  out->req.output_spec = spec["schema"].dump();
   return true;
 }
 
@@ -441,40 +441,42 @@ bool parse_guided(const json& j, const ordered_json& body, call* out, api_error*
   if (!given) return true;
   const std::string field = name(key.c_str());
   const std::string at = structured ? param : field;
-  if (r.json_output != 0) {
+  if (r.output_format != 0) {
     *err = bad(at, field + " cannot be combined with response_format or a forced tool_choice");
     return false;
   }
   if (key == "json") {
-    if (given->is_object() || given->is_boolean()) r.json_schema = ordered.at(structured ? "json" : field).dump();
-    else if (given->is_string()) r.json_schema = given->get<std::string>();
+    if (given->is_object() || given->is_boolean()) r.output_spec = ordered.at(structured ? "json" : field).dump();
+    else if (given->is_string()) r.output_spec = given->get<std::string>();
     else {
       *err = bad(at, field + " must be a JSON schema (an object, or its text), got " + describe(*given));
       return false;
     }
-    r.json_output = static_cast<uint8_t>(gpu::output_format::schema);
+    r.output_format = static_cast<uint8_t>(gpu::output_format::schema);
   } else if (key == "json_object") {
     if (*given != true) {
       *err = bad(at, field + " must be true, got " + describe(*given));
       return false;
     }
-    r.json_output = static_cast<uint8_t>(gpu::output_format::object);
+    r.output_format = static_cast<uint8_t>(gpu::output_format::object);
   } else if (key == "regex" || key == "grammar") {
     if (!given->is_string() || given->get<std::string>().empty()) {
       *err = bad(at, field + " must be a non-empty " + (key == "regex" ? "regular expression" : "GBNF grammar") +
                          ", got " + describe(*given));
       return false;
     }
-    (key == "regex" ? r.output_regex : r.output_gbnf) = given->get<std::string>();
+    r.output_format = static_cast<uint8_t>(key == "regex" ? gpu::output_format::regex : gpu::output_format::gbnf);
+    r.output_spec = given->get<std::string>();
   } else {
     if (!given->is_array() || given->empty() || given->size() > 1024 ||
         !std::all_of(given->begin(), given->end(), [](const json& c) { return c.is_string(); })) {
       *err = bad(at, field + " must be an array of 1 to 1024 strings, got " + describe(*given));
       return false;
     }
-    r.output_regex = regex_of_choices(*given);
-    if (r.output_regex.size() > gpu::max_regex_bytes) {
-      *err = bad(at, field + "'s strings come to " + std::to_string(r.output_regex.size()) + " bytes as an expression; at most " +
+    r.output_format = static_cast<uint8_t>(gpu::output_format::regex);
+    r.output_spec = regex_of_choices(*given);
+    if (r.output_spec.size() > gpu::max_regex_bytes) {
+      *err = bad(at, field + "'s strings come to " + std::to_string(r.output_spec.size()) + " bytes as an expression; at most " +
                          std::to_string(gpu::max_regex_bytes));
       return false;
     }
@@ -712,6 +714,11 @@ bool parse_checked_body(std::string_view body, bool chat, const std::string& ser
   if (!number_field(j, "frequency_penalty", -2, 2, &r.frequency_penalty, err)) return false;
   if (!parse_logit_bias(j, &r, err)) return false;
   if (!parse_response_format(j, ordered, out, err) || !parse_guided(j, ordered, out, err)) return false;
+  // disable_any_whitespace shapes JSON only; vLLM ignores it for text answers, and so does Baton
+  // (the router refuses json_compact elsewhere, to tell a direct client it has no effect).
+  if (r.output_format != static_cast<uint8_t>(gpu::output_format::object) &&
+      r.output_format != static_cast<uint8_t>(gpu::output_format::schema))
+    r.json_compact = false;
   if (!number_field(j, "repetition_penalty", 0.01, 100, &r.repetition_penalty, err)) return false;
   if (!bool_field(j, "ignore_eos", &r.ignore_eos, err)) return false;
   if (!bool_field(j, "separate_reasoning", &out->reasoning_wanted, err)) return false;

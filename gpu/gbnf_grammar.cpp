@@ -159,10 +159,14 @@ private:
     if (c == '[') return char_class(out);
     if (c == '.') {
       ++at_;
-      const uint32_t any = new_rule();
-      g_.add_alternative(any, {grammar::range(0, 0x7F)});
-      g_.add_utf8_multibyte(any);
-      out->push_back(grammar::ref(any));
+      // One rule for every '.': it reads a character at once, so it is part of no rule's
+      // left recursion and needs no owner in part_of_.
+      if (any_char_ == no_rule) {
+        any_char_ = g_.add_rule();
+        g_.add_alternative(any_char_, {grammar::range(0, 0x7F)});
+        g_.add_utf8_multibyte(any_char_);
+      }
+      out->push_back(grammar::ref(any_char_));
       return true;
     }
     if (c == '(') {
@@ -275,9 +279,7 @@ private:
       }
       if (!more() || peek() != '}') return fail("a malformed {m,n}");
       ++at_;
-      if (hi < lo) return fail("{m,n} with n below m");
-      if (lo > max_regex_count || (hi != unbounded && hi > max_regex_count))
-        return fail("counts are supported up to " + std::to_string(max_regex_count));
+      if (auto e = count_bounds_error(lo, hi); !e.empty()) return fail(e);
     } else {
       return true;
     }
@@ -328,6 +330,8 @@ private:
   std::unordered_map<uint32_t, size_t> first_use_;  ///< rule -> where it was first named
   std::unordered_map<uint32_t, size_t> defined_;    ///< rule -> where its definition starts
   std::unordered_map<uint32_t, uint32_t> part_of_;  ///< a rule without a name -> the rule it is part of
+  static constexpr uint32_t no_rule = UINT32_MAX;
+  uint32_t any_char_ = no_rule;  ///< the rule of '.', made at its first use
   uint32_t defining_ = 0;                           ///< the named rule being read
   std::string why_;
 };

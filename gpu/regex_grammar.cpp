@@ -109,9 +109,7 @@ private:
       }
       if (!more() || peek() != '}') return fail("a malformed {m,n}");
       ++at_;
-      if (hi < lo) return fail("{m,n} with n below m");
-      if (lo > max_regex_count || (hi != unbounded && hi > max_regex_count))
-        return fail("counts are supported up to " + std::to_string(max_regex_count));
+      if (auto e = count_bounds_error(lo, hi); !e.empty()) return fail(e);
     } else {
       return true;
     }
@@ -446,6 +444,13 @@ bool read_count(std::string_view text, size_t* at, uint32_t* out) {
     v = std::min<uint64_t>(v * 10 + static_cast<uint64_t>(text[*at] - '0'), UINT32_MAX);
   *out = static_cast<uint32_t>(v);
   return *at > start;
+}
+
+std::string count_bounds_error(uint32_t lo, uint32_t hi) {
+  if (hi < lo) return "{m,n} with n below m";
+  if (lo > max_regex_count || (hi != unbounded && hi > max_regex_count))
+    return "counts are supported up to " + std::to_string(max_regex_count);
+  return {};
 }
 
 bool json_string_matching(grammar& g, std::string_view pattern, uint32_t* rule, std::string* why) {

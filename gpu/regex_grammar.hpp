@@ -27,6 +27,10 @@ inline constexpr uint32_t max_regex_count = 1024;
 /// past UINT32_MAX read as UINT32_MAX. false when no digit is there.
 bool read_count(std::string_view text, size_t* at, uint32_t* out);
 
+/// Why a quantifier {lo,hi} is refused (hi below lo, or a count over max_regex_count; hi may be
+/// grammar::unbounded); empty when it is taken. The regex and GBNF parsers share it.
+std::string count_bounds_error(uint32_t lo, uint32_t hi);
+
 /// The longest expression taken, in bytes.
 inline constexpr size_t max_regex_bytes = 4096;
 

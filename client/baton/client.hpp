@@ -19,6 +19,15 @@
 
 namespace baton::client {
 
+/// What a constrained answer must be (request::output, request::output_spec).
+enum class output_kind : uint8_t {
+  text = 0,         ///< free text; no output_spec
+  json_object = 1,  ///< any JSON object; no output_spec
+  json_schema = 2,  ///< JSON matching the JSON schema whose text is output_spec
+  regex = 3,        ///< text that the regular expression output_spec matches whole
+  gbnf = 4,         ///< text that the GBNF grammar output_spec derives from its root
+};
+
 struct request {
   std::string prompt;                  ///< text (the cluster tokenizes it); or ...
   std::vector<int32_t> prompt_tokens;  ///< ... token ids; or ...
@@ -33,15 +42,11 @@ struct request {
   float frequency_penalty = 0.0f;      ///< per time it has
   /// (token id, bias in [-100, 100]) added to that token's logit at every pick (OpenAI's logit_bias).
   std::vector<std::pair<int32_t, float>> logit_bias;
-  /// Constrained decoding: the answer is any JSON object (json_object), or JSON matching this
-  /// JSON schema's text (json_schema; see docs/structured-outputs.md for the keywords it takes).
-  bool json_object = false;
-  std::string json_schema;
-  bool json_compact = false;  ///< that JSON without whitespace between its tokens
-  /// ... or text that this regular expression matches whole, or this GBNF grammar's root does
-  /// (one of json_object/json_schema, regex and gbnf at most).
-  std::string regex;
-  std::string gbnf;
+  /// Constrained decoding: what the answer must be (docs/structured-outputs.md), and the text
+  /// that says it for the kinds that read one.
+  output_kind output = output_kind::text;
+  std::string output_spec;
+  bool json_compact = false;  ///< with json_object or json_schema: no whitespace between JSON's tokens
   std::vector<std::string> stop;
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;

@@ -12,6 +12,7 @@
 #include <caf/typed_event_based_actor.hpp>
 
 #include "actors/block_index.hpp"
+#include "actors/config.hpp"
 #include "actors/block_server.hpp"
 #include "gpu/kv_cache.hpp"
 #include "store/block_file.hpp"
@@ -218,6 +219,20 @@ TEST_CASE("block server: a put limit beyond what readers wait for is refused wit
       .receive([&](store_read_result& r) { why = r.errors.empty() ? "" : r.errors[0]; }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
   CHECK(why.find("put_limit_ms must be between 1 and 10000 (got 10001)") != std::string::npos);
   self->send_exit(server, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("store config: a timeout of 0 ms is refused, naming the fields") {
+  store_config sc;
+  sc.enabled = true;
+  sc.dir = "/nonexistent";  // validate() reads no files
+  REQUIRE(sc.validate(tokens).empty());
+  for (uint32_t store_config::*field : {&store_config::read_timeout_ms, &store_config::write_slot_timeout_ms,
+                                        &store_config::housekeeping_interval_ms}) {
+    auto bad = sc;
+    bad.*field = 0;
+    CHECK(bad.validate(tokens) == "store intervals (housekeeping_interval_ms, read_timeout_ms, write_slot_timeout_ms) "
+                                  "must be >= 1 ms");
+  }
 }
 
 TEST_CASE("block server: a delete the index sent for an older write of a key leaves a later write of it alone (the "

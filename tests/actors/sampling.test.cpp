@@ -207,8 +207,8 @@ TEST_CASE("structured outputs: a JSON schema's answer parses and holds to it, gr
       req.max_tokens = max_tokens;
       req.temperature = temperature;
       req.seed = 11;
-      req.json_output = static_cast<uint8_t>(gpu::output_format::schema);
-      req.json_schema = schema;
+      req.output_format = static_cast<uint8_t>(gpu::output_format::schema);
+      req.output_spec = schema;
       auto got = t.generate(cluster.router, req);
       REQUIRE_MESSAGE(got, t.sys.render(got.error()));
       CAPTURE(got->text);
@@ -225,18 +225,19 @@ TEST_CASE("structured outputs: a JSON schema's answer parses and holds to it, gr
                                                  gpu::sampling_config{temperature, 11}));
       if (hybrid || temperature > 0.0f) continue;
       // Any JSON object: it opens as one (its language has no end, so it may run to max_tokens).
-      req.json_output = static_cast<uint8_t>(gpu::output_format::object);
-      req.json_schema.clear();
+      req.output_format = static_cast<uint8_t>(gpu::output_format::object);
+      req.output_spec.clear();
       req.max_tokens = 40;
       auto object = t.generate(cluster.router, req);
       REQUIRE_MESSAGE(object, t.sys.render(object.error()));
       REQUIRE_FALSE(object->text.empty());
       CHECK(object->text[0] == '{');
       if (object->finish_reason == "eos") CHECK(nlohmann::json::parse(object->text, nullptr, false).is_object());
-      auto refused = [&](uint8_t kind, const std::string& s) {
+      auto refused = [&](uint8_t kind, const std::string& s, bool compact = false) {
         auto bad = req;
-        bad.json_output = kind;
-        bad.json_schema = s;
+        bad.output_format = kind;
+        bad.output_spec = s;
+        bad.json_compact = compact;
         auto r = t.generate(cluster.router, bad);
         REQUIRE_FALSE(r);
         return t.sys.render(r.error());
@@ -245,13 +246,20 @@ TEST_CASE("structured outputs: a JSON schema's answer parses and holds to it, gr
                                                                    "not supported") != std::string::npos);
       CHECK(refused(2, R"({"type":"object","properties":{"a":{"$ref":"#/nowhere"}}})")
                 .find("json_schema at /properties/a/$ref: $ref '#/nowhere' names nothing") != std::string::npos);
-      CHECK(refused(1, schema).find("json_schema is given, but json_output is not 2") != std::string::npos);
-      CHECK(refused(3, "").find("json_output must be 0 (free text), 1 (a JSON object) or 2") != std::string::npos);
-      auto both = req;
-      both.output_regex = "a+";
-      auto r = t.generate(cluster.router, both);
-      REQUIRE_FALSE(r);
-      CHECK(t.sys.render(r.error()).find("more than one of json_output, output_regex and output_gbnf") != std::string::npos);
+      CHECK(refused(1, schema).find("output_spec is given, but output_format is 1 (any JSON object), which reads "
+                                    "none") != std::string::npos);
+      CHECK(refused(2, "").find("output_format 2 needs output_spec: the JSON schema's text") != std::string::npos);
+      CHECK(refused(4, "").find("output_format 4 needs output_spec: the GBNF grammar's text") != std::string::npos);
+      CHECK(refused(5, "").find("output_format must be 0 (free text), 1 (a JSON object), 2") != std::string::npos);
+      CHECK(refused(3, "a+", true).find("json_compact asks for JSON without whitespace, but the answer is text "
+                                        "matching a regular expression") != std::string::npos);
+      CHECK(refused(0, "", true).find("json_compact asks for JSON without whitespace, but the answer is free "
+                                      "text") != std::string::npos);
+      CHECK_MESSAGE(t.generate(cluster.router, [&] {
+        auto compact = req;
+        compact.json_compact = true;
+        return compact;
+      }()), "compact JSON of any object is taken");
     }
 }
 
@@ -273,7 +281,8 @@ TEST_CASE("structured outputs: a regular expression's answer (vLLM's guided_rege
       req.max_tokens = max_tokens;
       req.temperature = temperature;
       req.seed = 3;
-      req.output_regex = pattern;
+      req.output_format = static_cast<uint8_t>(gpu::output_format::regex);
+      req.output_spec = pattern;
       auto got = t.generate(cluster.router, req);
       REQUIRE_MESSAGE(got, t.sys.render(got.error()));
       CAPTURE(got->text);
@@ -284,13 +293,13 @@ TEST_CASE("structured outputs: a regular expression's answer (vLLM's guided_rege
       // The same language as a GBNF grammar: the same tokens allowed at every step, so the same
       // answer.
       auto as_gbnf = req;
-      as_gbnf.output_regex.clear();
-      as_gbnf.output_gbnf = "root ::= (\"yes\" | \"no\") \", \" letter{2,5} \"-\" [0-9]{1,3} \".\"\nletter ::= [a-z]";
+      as_gbnf.output_format = static_cast<uint8_t>(gpu::output_format::gbnf);
+      as_gbnf.output_spec = "root ::= (\"yes\" | \"no\") \", \" letter{2,5} \"-\" [0-9]{1,3} \".\"\nletter ::= [a-z]";
       auto by_gbnf = t.generate(cluster.router, as_gbnf);
       REQUIRE_MESSAGE(by_gbnf, t.sys.render(by_gbnf.error()));
       CHECK(by_gbnf->tokens == got->tokens);
       if (hybrid || temperature > 0.0f) continue;
-      req.output_regex = "a(?<=b)";
+      req.output_spec = "a(?<=b)";
       auto bad = t.generate(cluster.router, req);
       REQUIRE_FALSE(bad);
       CHECK(t.sys.render(bad.error()).find("regex: lookarounds are not supported") != std::string::npos);

@@ -589,8 +589,8 @@ TEST_CASE("store: a read slower than the reader's timeout: the server starts no 
   temp_dir dir{"slow-read"};
   test::cluster_system t;
   auto cfg = store_cluster(dir.path);
-  // The server's budget: 300 ms. (Write-back's slot requests wait read_timeout_ms too: 200 ms
-  // left them no room on a loaded CI machine, and the first prompt's blocks never landed.)
+  // The server's budget: 300 ms, with room on a loaded machine. Write-back's slot requests wait
+  // write_slot_timeout_ms (5 s by default), not this, so the first prompt's blocks land.
   cfg.store.read_timeout_ms = 600;
   // The server takes 900 ms before each layer of a read (reads only: write-back is unaffected).
   auto slow = [](caf::actor_system& sys, block_server_config bc, std::shared_ptr<transport::transport> xport,

@@ -111,6 +111,15 @@ compact = open(sys.argv[2]).read().rstrip("\n")
 j = json.loads(compact)
 assert list(j) == ["book", "chapter"] and " " not in compact and "\n" not in compact, compact
 PY
+# One constraint per request, said by the flags' names before anything is sent.
+set +e
+"$BATON" generate --router "127.0.0.1:$P_ROUTER" --cluster-id e2e --json --regex "a+" --prompt "x" > /dev/null 2> "$WORK/mixed.err"
+MIXED_RC=$?
+"$BATON" generate --router "127.0.0.1:$P_ROUTER" --cluster-id e2e --regex "a+" --json-compact --prompt "x" > /dev/null 2> "$WORK/compact_text.err"
+COMPACT_RC=$?
+set -e
+[ "$MIXED_RC" = 2 ] && grep -q "give one of --json, --json-schema, --regex and --gbnf" "$WORK/mixed.err" || fail "--json with --regex: rc $MIXED_RC, $(cat "$WORK/mixed.err")"
+[ "$COMPACT_RC" = 2 ] && grep -q -e "--json-compact shapes JSON" "$WORK/compact_text.err" || fail "--json-compact with --regex: rc $COMPACT_RC, $(cat "$WORK/compact_text.err")"
 echo "launch e2e: --regex: the same text as the single process ($(cat "$WORK/cluster_regex.txt")); --json-compact: $(cat "$WORK/cluster_compact.txt")"
 # Prompt scoring across processes (prefill rank -> head -> client, floats as bits): the same
 # log-probabilities as in one process, and a real text scores better than noise.

@@ -21,17 +21,17 @@ TEST_CASE("structured outputs: response_format and a forced tool_choice become a
   deploy::openai::call c;
   deploy::openai::api_error e;
   REQUIRE(deploy::openai::parse_body(R"({"prompt":"a","response_format":{"type":"text"}})", false, "m", &c, &e));
-  CHECK(c.req.json_output == 0);
+  CHECK(c.req.output_format == 0);
   REQUIRE(deploy::openai::parse_body(R"({"prompt":"a","response_format":{"type":"json_object"}})", false, "m", &c, &e));
-  CHECK(c.req.json_output == 1);
-  CHECK(c.req.json_schema.empty());
+  CHECK(c.req.output_format == 1);
+  CHECK(c.req.output_spec.empty());
   // The schema keeps the client's key order: its properties are written in it.
   REQUIRE(deploy::openai::parse_body(
       R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":
           {"name":"p","strict":true,"schema":{"type":"object","properties":{"zeta":{"type":"integer"},"alpha":{"type":"string"}}}}}})",
       true, "m", &c, &e));
-  CHECK(c.req.json_output == 2);
-  CHECK(c.req.json_schema == R"({"type":"object","properties":{"zeta":{"type":"integer"},"alpha":{"type":"string"}}})");
+  CHECK(c.req.output_format == 2);
+  CHECK(c.req.output_spec == R"({"type":"object","properties":{"zeta":{"type":"integer"},"alpha":{"type":"string"}}})");
 
   const std::string tools = R"("tools":[{"type":"function","function":{"name":"get_weather","parameters":
       {"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}},
@@ -40,13 +40,13 @@ TEST_CASE("structured outputs: response_format and a forced tool_choice become a
   REQUIRE(deploy::openai::parse_body(chat + R"("tool_choice":{"type":"function","function":{"name":"get_weather"}},)" + tools + "}",
                                      true, "m", &c, &e));
   CHECK(c.forced_tool == "get_weather");
-  CHECK(c.req.json_output == 2);
-  CHECK(c.req.json_schema == R"({"type":"object","properties":{"city":{"type":"string"}},"required":["city"]})");
+  CHECK(c.req.output_format == 2);
+  CHECK(c.req.output_spec == R"({"type":"object","properties":{"city":{"type":"string"}},"required":["city"]})");
   CHECK_FALSE(c.req.tools_json.empty());  // the model still sees them
   REQUIRE(deploy::openai::parse_body(chat + R"("tool_choice":"required","parallel_tool_calls":false,)" + tools + "}", true, "m",
                                      &c, &e));
   CHECK(c.forced_calls);
-  const auto schema = json::parse(c.req.json_schema);
+  const auto schema = json::parse(c.req.output_spec);
   CHECK(schema["type"] == "array");
   CHECK(schema["minItems"] == 1);
   CHECK(schema["maxItems"] == 1);
@@ -60,10 +60,10 @@ TEST_CASE("structured outputs: response_format and a forced tool_choice become a
       {"type":"object","properties":{"who":{"$ref":"#/$defs/P"}},"required":["who"],
        "$defs":{"P":{"type":"object","properties":{"name":{"type":"string"}},"required":["name"]}}}}}])";
   REQUIRE(deploy::openai::parse_body(chat + R"("tool_choice":"required",)" + with_refs + "}", true, "m", &c, &e));
-  CHECK(json::parse(c.req.json_schema)["items"]["anyOf"][0]["properties"]["parameters"]["properties"]["who"]["$ref"] ==
+  CHECK(json::parse(c.req.output_spec)["items"]["anyOf"][0]["properties"]["parameters"]["properties"]["who"]["$ref"] ==
         "#/items/anyOf/0/properties/parameters/$defs/P");
   std::string why;
-  CHECK_MESSAGE(gpu::compile_output_grammar(gpu::output_format::schema, c.req.json_schema, {}, &why), why);
+  CHECK_MESSAGE(gpu::compile_output_grammar(gpu::output_format::schema, c.req.output_spec, {}, &why), why);
   CHECK_FALSE(deploy::openai::parse_body(chat + R"("tool_choice":{"type":"function","function":{"name":"nope"}},)" + tools + "}",
                                          true, "m", &c, &e));
   CHECK(e.message == "tool_choice names the function 'nope', which tools lacks");
@@ -106,18 +106,18 @@ TEST_CASE("vLLM's structured outputs: guided_json, guided_regex, guided_choice a
   };
   deploy::openai::call c;
   REQUIRE(parse(R"("guided_json":{"type":"object","properties":{"z":{"type":"integer"},"a":{}}})", &c).empty());
-  CHECK(c.req.json_output == 2);
-  CHECK(c.req.json_schema == R"({"type":"object","properties":{"z":{"type":"integer"},"a":{}}})");  // key order kept
+  CHECK(c.req.output_format == 2);
+  CHECK(c.req.output_spec == R"({"type":"object","properties":{"z":{"type":"integer"},"a":{}}})");  // key order kept
   REQUIRE(parse(R"("guided_json":"{\"type\":\"string\"}")", &c).empty());  // a schema as its text
-  CHECK(c.req.json_schema == R"({"type":"string"})");
+  CHECK(c.req.output_spec == R"({"type":"string"})");
   REQUIRE(parse(R"("guided_regex":"[0-9]{3}")", &c).empty());
-  CHECK(c.req.json_output == 0);
-  CHECK(c.req.output_regex == "[0-9]{3}");
+  CHECK(c.req.output_format == 3);
+  CHECK(c.req.output_spec == "[0-9]{3}");
   // A choice becomes an alternation of its strings, their special characters escaped.
   REQUIRE(parse(R"x("guided_choice":["yes","no","1+1 (two)"])x", &c).empty());
-  CHECK(c.req.output_regex == R"((?:yes|no|1\+1 \(two\)))");
+  CHECK(c.req.output_spec == R"((?:yes|no|1\+1 \(two\)))");
   std::string why;
-  auto g = gpu::compile_output_grammar(gpu::output_format::regex, c.req.output_regex, {}, &why);
+  auto g = gpu::compile_output_grammar(gpu::output_format::regex, c.req.output_spec, {}, &why);
   REQUIRE_MESSAGE(g, why);
   for (const auto& [text, ok] : std::vector<std::pair<std::string, bool>>{
            {"yes", true}, {"1+1 (two)", true}, {"11 (two)", false}, {"yesno", false}, {"", false}}) {
@@ -126,25 +126,34 @@ TEST_CASE("vLLM's structured outputs: guided_json, guided_regex, guided_choice a
   }
   // The newer form.
   REQUIRE(parse(R"("structured_outputs":{"choice":["a","b"]})", &c).empty());
-  CHECK(c.req.output_regex == "(?:a|b)");
+  CHECK(c.req.output_spec == "(?:a|b)");
   REQUIRE(parse(R"("structured_outputs":{"json":{"type":"boolean"},"disable_fallback":true})", &c).empty());
-  CHECK(c.req.json_schema == R"({"type":"boolean"})");
+  CHECK(c.req.output_spec == R"({"type":"boolean"})");
   REQUIRE(parse(R"("structured_outputs":{"json_object":true})", &c).empty());
-  CHECK(c.req.json_output == 1);
+  CHECK(c.req.output_format == 1);
   REQUIRE(parse(R"("structured_outputs":{"regex":"x+"})", &c).empty());
-  CHECK(c.req.output_regex == "x+");
+  CHECK(c.req.output_spec == "x+");
+  CHECK_FALSE(c.req.json_compact);
+  // disable_any_whitespace shapes JSON only: on a text answer it is dropped, as vLLM ignores it
+  // (the router would refuse json_compact there).
+  REQUIRE(parse(R"("structured_outputs":{"regex":"x+","disable_any_whitespace":true})", &c).empty());
+  CHECK(c.req.output_format == 3);
+  CHECK_FALSE(c.req.json_compact);
+  REQUIRE(parse(R"("structured_outputs":{"disable_any_whitespace":true})", &c).empty());
+  CHECK(c.req.output_format == 0);
   CHECK_FALSE(c.req.json_compact);
   // Compact JSON, for response_format's JSON too.
   REQUIRE(parse(R"("response_format":{"type":"json_object"},"structured_outputs":{"disable_any_whitespace":true})", &c)
               .empty());
-  CHECK(c.req.json_output == 1);
+  CHECK(c.req.output_format == 1);
   CHECK(c.req.json_compact);
   // Refusals, by name.
   // Grammars as text (GBNF).
   REQUIRE(parse(R"("guided_grammar":"root ::= \"a\"")", &c).empty());
-  CHECK(c.req.output_gbnf == R"(root ::= "a")");
+  CHECK(c.req.output_format == 4);
+  CHECK(c.req.output_spec == R"(root ::= "a")");
   REQUIRE(parse(R"("structured_outputs":{"grammar":"root ::= [0-9]+"})", &c).empty());
-  CHECK(c.req.output_gbnf == "root ::= [0-9]+");
+  CHECK(c.req.output_spec == "root ::= [0-9]+");
   CHECK(parse(R"("structured_outputs":{"structural_tag":"x"})", &c) ==
         "structured_outputs: structured_outputs.structural_tag is not supported (json, regex, choice, grammar, "
         "json_object and disable_any_whitespace are)");
@@ -168,7 +177,7 @@ TEST_CASE("vLLM's structured outputs: guided_json, guided_regex, guided_choice a
   // Fields given null are not given, as clients that write all of vLLM's params send them.
   REQUIRE(parse(R"("guided_json":null,"guided_grammar":null,"structured_outputs":{"choice":["a"],"regex":null,
       "structural_tag":null,"whitespace_pattern":null,"disable_any_whitespace":null})", &c).empty());
-  CHECK(c.req.output_regex == "(?:a)");
+  CHECK(c.req.output_spec == "(?:a)");
   CHECK(parse(R"("structured_outputs":{"disable_any_whitespace":"yes"})", &c) ==
         "structured_outputs: structured_outputs.disable_any_whitespace must be true or false, got \"yes\"");
   std::string many = R"("guided_choice":[)";
