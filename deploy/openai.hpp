@@ -122,6 +122,8 @@ public:
   using parts = answer_parts;
   /// The next piece of the answer's text; `last`: nothing follows (what is held back goes out).
   parts feed(const std::string& text, bool last);
+  /// </think> has been read (what follows is content).
+  bool closed() const { return closed_; }
 
 private:
   bool undecided_;        ///< not yet known whether the answer opens <think>
@@ -169,6 +171,7 @@ public:
     : reasoning_(c.separate_reasoning),
       tools_(c.tool_calls != gpu::tool_call_format::none),
       forced_(!c.forced_tool.empty() || c.forced_calls),
+      prompt_thinking_(prompt_thinking == 1),
       forced_tool_(c.forced_tool),
       thinking_(prompt_thinking == 1),
       calls_(c.tool_calls) {}
@@ -178,6 +181,8 @@ public:
 
 private:
   bool reasoning_, tools_, forced_;
+  bool prompt_thinking_;      ///< the prompt opened <think>: a forced call's JSON follows its </think>
+  bool think_closed_ = false;  ///< ... and that </think> has been shown (separate_reasoning false)
   std::string forced_tool_;
   std::string forced_text_;  ///< a forced call's JSON so far: read whole at the end
   reasoning_splitter thinking_;

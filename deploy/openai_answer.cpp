@@ -77,8 +77,32 @@ answer_parts read_forced_calls(const std::string& text, const std::string& force
 
 answer_parts answer_reader::feed(const std::string& text, bool last) {
   answer_parts out;
-  if (reasoning_) out = thinking_.feed(text, last);
-  else out.content = text;
+  if (reasoning_) {
+    out = thinking_.feed(text, last);
+  } else if (forced_ && prompt_thinking_) {
+    // A forced call after a thinking block, shown as generated: the thinking, its </think> and
+    // the blank lines after it are content; the JSON the grammar asked for is still the call.
+    out = thinking_.feed(text, last);
+    std::string shown = std::move(out.reasoning);
+    if (thinking_.closed() && !think_closed_) {
+      shown += "</think>";
+      think_closed_ = true;
+    }
+    if (think_closed_ && forced_text_.empty()) {  // blanks between </think> and the JSON
+      const size_t json = out.content.find_first_not_of(" \t\r\n");
+      shown += out.content.substr(0, std::min(json, out.content.size()));
+      out.content.erase(0, std::min(json, out.content.size()));
+    }
+    forced_text_ += out.content;
+    out.content = std::move(shown);
+    if (!last) return out;
+    auto told = read_forced_calls(forced_text_, forced_tool_);
+    out.content += told.content;
+    out.tool_calls = std::move(told.tool_calls);
+    return out;
+  } else {
+    out.content = text;
+  }
   if (forced_) {  // JSON to the end: its calls are read whole
     forced_text_ += out.content;
     out.content.clear();

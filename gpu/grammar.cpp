@@ -1,18 +1,25 @@
 #include "gpu/grammar.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <climits>
+#include <cstring>
+#include <map>
+#include <optional>
 
 namespace baton::gpu {
 
 // --- grammar -------------------------------------------------------------------------------------
 
 uint32_t grammar::add_rule() {
+  // A grammar being built is not shared yet: no lock needed to see whether masks were kept.
+  if (!masks_.by_vocab.empty()) masks_.clear();
   alternatives_.emplace_back();
   return static_cast<uint32_t>(alternatives_.size() - 1);
 }
 
 void grammar::add_alternative(uint32_t rule, const std::vector<symbol>& symbols) {
+  if (!masks_.by_vocab.empty()) masks_.clear();
   alternatives_[rule].push_back(static_cast<uint32_t>(elements_.size()));
   for (const auto& s : symbols) {
     if (s.is_rule) {
@@ -239,6 +246,7 @@ token_vocabulary::token_vocabulary(std::vector<std::string> text, std::vector<bo
       node.first_token = static_cast<uint32_t>(trie_tokens_.size());
     trie_tokens_.push_back(id);
     node.end_token = static_cast<uint32_t>(trie_tokens_.size());
+    ++first_bytes_[static_cast<uint8_t>(t[0])];
     prev = &t;
   }
   for (; !path.empty(); path.pop_back()) trie_[path.back()].skip = static_cast<uint32_t>(trie_.size());
@@ -274,12 +282,17 @@ struct grammar_arena {
   std::unordered_map<uint32_t, std::vector<uint32_t>> expanded;
   std::vector<uint32_t> in_progress;  ///< the nodes being expanded, outermost first
   std::vector<uint32_t> work;
+  /// A walk of a stack's top frames alone (top_masks): the node standing for whatever lies below
+  /// them. Expanding it gives itself, and no byte moves it on. none: no such node.
+  static constexpr uint32_t none = UINT32_MAX;
+  uint32_t boundary = none;
 
   void reset() {
     nodes.assign(1, {0, 0});
     ids.clear();
     expanded.clear();
     in_progress.clear();
+    boundary = none;
   }
   uint32_t intern(uint32_t pos, uint32_t below) {
     const uint64_t key = uint64_t{pos} << 32 | below;
@@ -309,8 +322,8 @@ constexpr int no_cycle = INT32_MAX;
 /// remembered (the node the cycle returns to is complete, and is). Returns the depth of the
 /// shallowest node still being expanded that this expansion reached (no_cycle: none).
 int expand(const grammar& g, grammar_arena& a, uint32_t id, std::vector<uint32_t>& out, int depth = 0) {
-  if (id == 0) {
-    out.push_back(0);
+  if (id == 0 || id == a.boundary) {  // the end of the output; or, walking top frames alone, what is below them
+    out.push_back(id);
     return no_cycle;
   }
   const auto [pos, below] = a.nodes[id];
@@ -350,7 +363,7 @@ void advance(const grammar& g, grammar_arena& a, const std::vector<uint32_t>& to
              std::vector<uint32_t>& out) {
   out.clear();
   for (uint32_t id : tops) {
-    if (id == 0) continue;
+    if (id == 0 || id == a.boundary) continue;
     const auto [pos, below] = a.nodes[id];
     if (!grammar::has(g.sets()[g.elements()[pos].value], b)) continue;
     expand(g, a, g.elements()[pos + 1].k == grammar::kind::end ? below : a.intern(pos + 1, below), out);
@@ -362,9 +375,178 @@ void advance(const grammar& g, grammar_arena& a, const std::vector<uint32_t>& to
 
 }  // namespace
 
+// --- top_masks -----------------------------------------------------------------------------------
+
+/// What a stack's top frames allow, whatever lies below them. Inside a JSON string almost every
+/// token fits and a walk of the whole trie costs milliseconds; but only the few tokens that read
+/// past the string's closing quote depend on what comes after it. So each new top is walked once,
+/// with a stand-in for the frames below, and kept: the tokens it allows on its own (`accepted`),
+/// and the trie paths to the tokens that read past it, which each answer then walks from its own
+/// stack. xgrammar's adaptive token mask cache keys positions the same way.
+struct top_entry {
+  std::vector<uint64_t> accepted;  ///< a bit per token id: allowed by the top frames alone
+  /// Trie nodes, in trie order, leading to tokens that read past the frames (each node's
+  /// ancestors are here too, so a walk of only these nodes sees every parent before its child).
+  std::vector<uint32_t> reaching;
+  /// So many tokens read past the frames that one more frame is worth a key of its own (a
+  /// character's rule under a string's: the character ends after a byte).
+  bool deeper = false;
+};
+
+struct top_masks {
+  std::shared_ptr<const token_vocabulary> vocab;
+  std::mutex mutex;
+  /// Key: the frames, top first; one more element, whole_stack, when they are the whole stack.
+  std::map<std::vector<uint32_t>, std::shared_ptr<const top_entry>> entries;
+  size_t words = 0;  ///< the accepted bits' 64-bit words, over all entries
+  static constexpr uint32_t whole_stack = UINT32_MAX;
+  /// Memory bound, per grammar and vocabulary: past it, new tops are walked whole each time.
+  static constexpr size_t max_words = size_t{1} << 19;  // 4 MiB: about 220 tops of a 151K vocabulary
+  static constexpr size_t max_frames = 8;
+};
+
+std::shared_ptr<top_masks> grammar::masks_for(const std::shared_ptr<const token_vocabulary>& vocab) const {
+  std::lock_guard lock{masks_.mutex};
+  for (const auto& [v, m] : masks_.by_vocab)
+    if (v == vocab) return m;
+  auto m = std::make_shared<top_masks>();
+  m->vocab = vocab;
+  masks_.by_vocab.emplace_back(vocab, m);
+  return m;
+}
+
+size_t grammar::cached_tops(const std::shared_ptr<const token_vocabulary>& vocab) const {
+  auto m = masks_for(vocab);
+  std::lock_guard lock{m->mutex};
+  return m->entries.size();
+}
+
+namespace {
+
+/// The entry for `key`: the trie walked from its frames alone, the node below them the arena's
+/// boundary (or the empty stack, for a whole stack).
+std::shared_ptr<top_entry> walk_top(const grammar& g, const token_vocabulary& v, const std::vector<uint32_t>& key) {
+  const bool whole = key.back() == top_masks::whole_stack;
+  const size_t frames = key.size() - (whole ? 1 : 0);
+  grammar_arena a;
+  a.reset();
+  uint32_t id = 0;
+  if (!whole) id = a.boundary = a.intern(grammar_arena::none, 0);
+  for (size_t k = frames; k-- > 0;) id = a.intern(key[k], id);
+  auto e = std::make_shared<top_entry>();
+  e->accepted.assign((v.size() + 63) / 64, 0);
+  const auto& trie = v.trie();
+  const auto& tokens = v.trie_tokens();
+  std::vector<std::vector<uint32_t>> level(1, std::vector<uint32_t>{id});
+  std::vector<uint8_t> past(1, 0);  // per depth: some parse read past the frames on the way here
+  std::vector<uint32_t> path;       // the trie nodes of the prefix, by depth - 1
+  std::vector<uint8_t> mark(trie.size(), 0);
+  size_t reaching_tokens = 0;
+  for (size_t i = 0; i < trie.size();) {
+    const auto& node = trie[i];
+    const size_t d = node.depth;
+    if (level.size() <= d) level.resize(d + 1), past.resize(d + 1);
+    path.resize(d);
+    path[d - 1] = static_cast<uint32_t>(i);
+    auto& here = level[d];
+    advance(g, a, level[d - 1], node.byte, here);
+    bool at_boundary = false;
+    if (auto b = std::find(here.begin(), here.end(), a.boundary); b != here.end()) {
+      here.erase(b);
+      at_boundary = true;
+    }
+    past[d] = past[d - 1] || at_boundary;
+    if (here.empty()) {
+      // Dead here on the frames alone; if a parse read past them on the way, what lies below
+      // decides every token from here on.
+      if (past[d]) {
+        for (size_t j = i; j < node.skip; ++j) {
+          mark[j] = 1;
+          reaching_tokens += trie[j].end_token - trie[j].first_token;
+        }
+        for (size_t up = 0; up + 1 < d; ++up) mark[path[up]] = 1;
+      }
+      i = node.skip;
+      continue;
+    }
+    for (uint32_t k = node.first_token; k < node.end_token; ++k)
+      e->accepted[static_cast<uint32_t>(tokens[k]) >> 6] |= uint64_t{1} << (tokens[k] & 63);
+    ++i;
+  }
+  for (size_t j = 0; j < trie.size(); ++j)
+    if (mark[j]) e->reaching.push_back(static_cast<uint32_t>(j));
+  e->deeper = !whole && frames < top_masks::max_frames && reaching_tokens > v.size() / 16;
+  if (e->deeper) *e = top_entry{{}, {}, true};  // only the answer to look one frame further is kept
+  return e;
+}
+
+/// Sets mask[t] (to 1) and counts it if it was not set yet.
+inline size_t set_token(std::vector<uint8_t>& mask, size_t t) {
+  const size_t fresh = mask[t] ^ 1;
+  mask[t] = 1;
+  return fresh;
+}
+
+/// mask[t] = 1 for every bit of `bits` (a bit per token id), leaving the rest as they are; how
+/// many were not set before.
+size_t or_bits(const std::vector<uint64_t>& bits, std::vector<uint8_t>& mask) {
+  const size_t n = mask.size();
+  size_t added = 0;
+  for (size_t w = 0; w < bits.size(); ++w) {
+    uint64_t x = bits[w];
+    if (x == 0) continue;
+    const size_t base = w * 64;
+    if (x == ~uint64_t{0} && base + 64 <= n) {  // a run of 64: count what was set, then set all
+      size_t was = 0;
+      for (size_t k = 0; k < 64; k += 8) {
+        uint64_t b;
+        std::memcpy(&b, mask.data() + base + k, 8);
+        was += (b * 0x0101010101010101ull) >> 56;  // the sum of eight bytes of 0 or 1
+      }
+      std::memset(mask.data() + base, 1, 64);
+      added += 64 - was;
+      continue;
+    }
+    for (; x; x &= x - 1) {
+      const size_t t = base + static_cast<size_t>(std::countr_zero(x));
+      if (t < n) added += set_token(mask, t);
+    }
+  }
+  return added;
+}
+
+/// The trie nodes of `reaching` walked from stack `id` (interned in `a`): each token on them that
+/// the whole stack allows is set in `mask`; how many were not set before.
+size_t walk_reaching(const grammar& g, grammar_arena& a, uint32_t id, const token_vocabulary& v,
+                     const std::vector<uint32_t>& reaching, std::vector<uint8_t>& mask) {
+  size_t added = 0;
+  const auto& trie = v.trie();
+  const auto& tokens = v.trie_tokens();
+  std::vector<std::vector<uint32_t>> level(1, std::vector<uint32_t>{id});
+  uint32_t skip_to = 0;
+  for (uint32_t i : reaching) {
+    if (i < skip_to) continue;  // inside a subtree no parse survived into
+    const auto& node = trie[i];
+    if (level.size() <= node.depth) level.resize(node.depth + 1);
+    advance(g, a, level[node.depth - 1], node.byte, level[node.depth]);
+    if (level[node.depth].empty()) {
+      skip_to = node.skip;
+      continue;
+    }
+    for (uint32_t k = node.first_token; k < node.end_token; ++k) added += set_token(mask, tokens[k]);
+  }
+  return added;
+}
+
+}  // namespace
+
 grammar_matcher::grammar_matcher(std::shared_ptr<const grammar> g, std::shared_ptr<const token_vocabulary> vocab,
                                  std::vector<int32_t> end_tokens)
-    : g_(std::move(g)), vocab_(std::move(vocab)), end_tokens_(std::move(end_tokens)), arena_(std::make_unique<grammar_arena>()) {
+    : g_(std::move(g)),
+      vocab_(std::move(vocab)),
+      end_tokens_(std::move(end_tokens)),
+      arena_(std::make_unique<grammar_arena>()),
+      masks_(g_->masks_for(vocab_)) {
   arena_->reset();
   std::vector<uint32_t> tops;
   for (uint32_t start : g_->alternatives(g_->start()))
@@ -382,7 +564,7 @@ grammar_matcher::grammar_matcher(std::shared_ptr<const grammar> g, std::shared_p
 
 grammar_matcher::grammar_matcher(const grammar_matcher& o)
     : g_(o.g_), vocab_(o.vocab_), end_tokens_(o.end_tokens_), stacks_(o.stacks_), consumed_(o.consumed_),
-      ended_(o.ended_), arena_(std::make_unique<grammar_arena>()) {}
+      ended_(o.ended_), arena_(std::make_unique<grammar_arena>()), masks_(o.masks_) {}
 
 grammar_matcher::~grammar_matcher() = default;
 
@@ -452,7 +634,11 @@ bool grammar_matcher::accept_bytes(std::string_view bytes) {
   return true;
 }
 
-size_t grammar_matcher::allowed(std::vector<uint8_t>* mask) const {
+size_t grammar_matcher::allowed(std::vector<uint8_t>* mask) const { return allowed_by(mask, true); }
+
+size_t grammar_matcher::allowed_by_whole_walk(std::vector<uint8_t>* mask) const { return allowed_by(mask, false); }
+
+size_t grammar_matcher::allowed_by(std::vector<uint8_t>* mask, bool cached) const {
   if (ended_) {  // only more end tokens (a request that ignores them goes on to max_tokens)
     mask->assign(vocab_->size(), 0);
     size_t n = 0;
@@ -463,7 +649,7 @@ size_t grammar_matcher::allowed(std::vector<uint8_t>* mask) const {
       }
     return n;
   }
-  if (walked_ && walked_stacks_ == stacks_) {
+  if (cached && walked_ && walked_stacks_ == stacks_) {
     *mask = walked_mask_;
     return walked_count_;
   }
@@ -471,16 +657,26 @@ size_t grammar_matcher::allowed(std::vector<uint8_t>* mask) const {
   size_t n = 0;
   if (complete())
     for (int32_t t : end_tokens_)
-      if (t >= 0 && static_cast<size_t>(t) < mask->size() && !(*mask)[t]) {
-        (*mask)[t] = 1;
-        ++n;
-      }
+      if (t >= 0 && static_cast<size_t>(t) < mask->size()) n += set_token(*mask, static_cast<size_t>(t));
+  if (auto by_tops = cached && worth_caching() ? walk_cached(mask) : std::nullopt) n += *by_tops;
+  else n += walk_all(mask);
+  if (cached) {
+    walked_stacks_ = stacks_;
+    walked_mask_ = *mask;
+    walked_count_ = n;
+    walked_ = true;
+  }
+  return n;
+}
+
+size_t grammar_matcher::walk_all(std::vector<uint8_t>* mask) const {
   // One walk of the trie: a node's stacks are its parent's after its byte; a node no stack
   // survives is skipped with its whole subtree (every token that starts with its prefix).
   const auto& trie = vocab_->trie();
   const auto& tokens = vocab_->trie_tokens();
   std::vector<std::vector<uint32_t>> level(1);
   level[0] = load(*arena_, stacks_);
+  size_t added = 0;
   for (size_t i = 0; i < trie.size();) {
     const auto& node = trie[i];
     if (level.size() <= node.depth) level.resize(node.depth + 1);
@@ -489,18 +685,72 @@ size_t grammar_matcher::allowed(std::vector<uint8_t>* mask) const {
       i = node.skip;
       continue;
     }
-    for (uint32_t k = node.first_token; k < node.end_token; ++k)
-      if (!(*mask)[tokens[k]]) {
-        (*mask)[tokens[k]] = 1;
-        ++n;
-      }
+    for (uint32_t k = node.first_token; k < node.end_token; ++k) added += set_token(*mask, tokens[k]);
     ++i;
   }
-  walked_stacks_ = stacks_;
-  walked_mask_ = *mask;
-  walked_count_ = n;
-  walked_ = true;
-  return n;
+  return added;
+}
+
+bool grammar_matcher::worth_caching() const {
+  // The tokens whose first byte some stack's top takes: a bound on those allowed. Where it is
+  // small the whole walk prunes at the first byte and costs microseconds, less than walking a new
+  // top on its own (which a stand-in below the frames keeps wider); where most of the vocabulary
+  // may fit (a string), the cache saves nearly the whole walk.
+  grammar::byte_set firsts{};
+  for (const auto& stack : stacks_) {
+    if (stack.empty()) continue;
+    const auto& set = g_->sets()[g_->elements()[stack.back()].value];
+    for (size_t w = 0; w < firsts.size(); ++w) firsts[w] |= set[w];
+  }
+  size_t could = 0;
+  for (int b = 0; b < 256; ++b)
+    if (grammar::has(firsts, static_cast<uint8_t>(b))) could += vocab_->first_bytes()[b];
+  return could * 16 > vocab_->size();
+}
+
+std::optional<size_t> grammar_matcher::walk_cached(std::vector<uint8_t>* mask) const {
+  // Many live parses (an ambiguous grammar) share one whole walk better than they walk apart.
+  constexpr size_t max_stacks = 64;
+  if (stacks_.size() > max_stacks) return std::nullopt;
+  std::vector<std::shared_ptr<const top_entry>> found(stacks_.size());
+  for (size_t s = 0; s < stacks_.size(); ++s) {
+    const auto& stack = stacks_[s];
+    if (stack.empty()) continue;  // the output may end here: the end tokens, set by the caller
+    std::vector<uint32_t> key;
+    for (size_t k = 1;; ++k) {
+      key.assign(stack.rbegin(), stack.rbegin() + static_cast<std::ptrdiff_t>(k));
+      if (k == stack.size()) key.push_back(top_masks::whole_stack);
+      std::shared_ptr<const top_entry> e;
+      {
+        std::lock_guard lock{masks_->mutex};
+        if (auto it = masks_->entries.find(key); it != masks_->entries.end()) e = it->second;
+        else if (masks_->words >= top_masks::max_words) return std::nullopt;
+      }
+      if (!e) {
+        // Walked outside the lock: two threads reaching the same new top only repeat work.
+        auto fresh = walk_top(*g_, *vocab_, key);
+        std::lock_guard lock{masks_->mutex};
+        auto [it, added] = masks_->entries.emplace(key, fresh);
+        if (added) masks_->words += fresh->accepted.size() + fresh->reaching.size() / 2;
+        e = it->second;
+      }
+      if (!e->deeper) {
+        found[s] = std::move(e);
+        break;
+      }
+    }
+  }
+  size_t added = 0;
+  for (size_t s = 0; s < stacks_.size(); ++s) {
+    if (!found[s]) continue;
+    added += or_bits(found[s]->accepted, *mask);
+    if (found[s]->reaching.empty()) continue;
+    arena_->reset();
+    uint32_t id = 0;
+    for (uint32_t pos : stacks_[s]) id = arena_->intern(pos, id);
+    added += walk_reaching(*g_, *arena_, id, *vocab_, found[s]->reaching, *mask);
+  }
+  return added;
 }
 
 }  // namespace baton::gpu

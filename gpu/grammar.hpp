@@ -11,6 +11,8 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -19,6 +21,8 @@
 namespace baton::gpu {
 
 struct grammar_arena;  // grammar.cpp: interned stacks, a matcher's scratch
+struct top_masks;      // grammar.cpp: what the tops of stacks allow, per vocabulary
+class token_vocabulary;
 
 /// Rules of alternatives of sequences; each element is a set of bytes or another rule. The
 /// start rule matches the whole output. No rule may start with itself (left recursion): the
@@ -93,11 +97,35 @@ public:
   };
   shape left_shape() const;
 
+  /// What the top frames of stacks allow of `vocab`'s tokens, whatever lies below them, as
+  /// grammar_matcher::allowed has needed them: filled as answers reach new tops, shared by every
+  /// matcher of this grammar and vocabulary, thread-safe. A copy of the grammar starts empty, and
+  /// adding rules empties it.
+  std::shared_ptr<top_masks> masks_for(const std::shared_ptr<const token_vocabulary>& vocab) const;
+  /// How many tops masks_for(vocab) holds (tests: that answers went through it).
+  size_t cached_tops(const std::shared_ptr<const token_vocabulary>& vocab) const;
+
 private:
   std::vector<element> elements_;
   std::vector<byte_set> sets_;
   std::vector<std::vector<uint32_t>> alternatives_;
   uint32_t start_ = 0;
+  /// Per vocabulary (few: one per model a process serves). Not copied with the grammar.
+  struct mask_slot {
+    mask_slot() = default;
+    mask_slot(const mask_slot&) {}
+    mask_slot& operator=(const mask_slot&) {
+      clear();
+      return *this;
+    }
+    void clear() {
+      std::lock_guard lock{mutex};
+      by_vocab.clear();
+    }
+    std::mutex mutex;
+    std::vector<std::pair<std::shared_ptr<const token_vocabulary>, std::shared_ptr<top_masks>>> by_vocab;
+  };
+  mutable mask_slot masks_;
 };
 
 /// A vocabulary as the grammar sees it: each token's bytes, and which tokens are not text (special
@@ -120,12 +148,15 @@ public:
   };
   const std::vector<trie_node>& trie() const { return trie_; }
   const std::vector<int32_t>& trie_tokens() const { return trie_tokens_; }
+  /// How many text tokens start with each byte.
+  const std::array<uint32_t, 256>& first_bytes() const { return first_bytes_; }
 
 private:
   std::vector<std::string> text_;
   std::vector<bool> special_;
   std::vector<trie_node> trie_;
   std::vector<int32_t> trie_tokens_;
+  std::array<uint32_t, 256> first_bytes_{};
 };
 
 /// The built-in byte model's vocabulary: ids 0-255 are bytes, the rest (<bos>, <eos>) special.
@@ -149,8 +180,13 @@ public:
   bool accept(int32_t token);
   /// Follows raw bytes (tests, and a prompt's own start of the output); false when not allowed.
   bool accept_bytes(std::string_view bytes);
-  /// allowed[id] = 1 for each token allowed next (sized to the vocabulary); how many.
+  /// allowed[id] = 1 for each token allowed next (sized to the vocabulary); how many. Each
+  /// stack's top frames answer from the grammar's cache (grammar::masks_for), walked once per
+  /// grammar, vocabulary and top; only the tokens that read past them are walked per answer.
   size_t allowed(std::vector<uint8_t>* allowed) const;
+  /// The same answer from a walk of the whole trie from every stack, no cache taken or kept:
+  /// the reference allowed() must equal (tests, the bench).
+  size_t allowed_by_whole_walk(std::vector<uint8_t>* allowed) const;
   /// Whether the output so far is a whole sentence of the grammar (an end token may come).
   bool complete() const;
   /// Whether an end token came: the output is over (only end tokens may follow, for a request
@@ -177,6 +213,18 @@ private:
   mutable std::vector<uint8_t> walked_mask_;
   mutable size_t walked_count_ = 0;
   mutable bool walked_ = false;
+  std::shared_ptr<top_masks> masks_;  ///< the grammar's, for this vocabulary
+
+  size_t allowed_by(std::vector<uint8_t>* allowed, bool cached) const;
+  /// The whole trie walked from every stack at once (the reference; tops the cache cannot take);
+  /// how many tokens it set that were not set before.
+  size_t walk_all(std::vector<uint8_t>* mask) const;
+  /// Per stack: the cached answer of its top frames, and a walk of only the tokens that read
+  /// past them; how many tokens it set. nullopt (nothing set) when there are too many stacks, or
+  /// the cache is full and lacks a top.
+  std::optional<size_t> walk_cached(std::vector<uint8_t>* mask) const;
+  /// Whether the stacks' tops may take enough of the vocabulary for the cache to pay.
+  bool worth_caching() const;
 };
 
 }  // namespace baton::gpu

@@ -94,6 +94,36 @@ TEST_CASE("structured outputs: response_format and a forced tool_choice become a
   const auto cut = deploy::openai::read_forced_calls(R"({"city": "Par)", "get_weather");
   CHECK(cut.tool_calls.empty());
   CHECK(cut.content == R"({"city": "Par)");
+  // After a thinking block the prompt opened: with separate_reasoning the thinking is
+  // reasoning_content; without it, content as generated (</think> and the blank lines too).
+  // Either way the JSON after it is the call, streamed in any pieces or whole.
+  for (const bool separate : {true, false}) {
+    CAPTURE(separate);
+    named.separate_reasoning = separate;
+    const std::vector<std::string> pieces = {"Let me th", "ink</thi", "nk>\n", "\n{\"city\": ", "\"Oslo\"}"};
+    for (const bool whole : {false, true}) {
+      CAPTURE(whole);
+      deploy::openai::answer_reader thinking{named, 1};
+      deploy::openai::answer_parts all;
+      auto take = [&](const deploy::openai::answer_parts& p) {
+        all.reasoning += p.reasoning;
+        all.content += p.content;
+        all.tool_calls.insert(all.tool_calls.end(), p.tool_calls.begin(), p.tool_calls.end());
+      };
+      if (whole) {
+        std::string text;
+        for (const auto& p : pieces) text += p;
+        take(thinking.feed(text, true));
+      } else {
+        for (size_t i = 0; i < pieces.size(); ++i) take(thinking.feed(pieces[i], i + 1 == pieces.size()));
+      }
+      CHECK(all.reasoning == (separate ? "Let me think" : ""));
+      CHECK(all.content == (separate ? "" : "Let me think</think>\n\n"));
+      REQUIRE(all.tool_calls.size() == 1);
+      CHECK(all.tool_calls[0].name == "get_weather");
+      CHECK(all.tool_calls[0].arguments == R"({"city":"Oslo"})");
+    }
+  }
 }
 
 TEST_CASE("vLLM's structured outputs: guided_json, guided_regex, guided_choice and guided_grammar, or "

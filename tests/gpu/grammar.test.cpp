@@ -364,23 +364,44 @@ TEST_CASE("grammar: tokens follow the grammar as their bytes do; specials never,
   CHECK(m.consumed() == 7);
 }
 
-TEST_CASE("grammar: the vocabulary walk allows exactly what token-by-token checks allow, on random walks") {
+TEST_CASE("grammar: the vocabulary walk allows exactly what token-by-token checks allow, on random walks, from the "
+          "grammar's cache of stack tops as from a whole walk") {
   const auto vocab = json_pieces();
   const std::string schema = R"({"type":"object","properties":{"name":{"enum":["ada","bob"]},"ok":{"type":"boolean"},
       "tags":{"type":"array","items":{"enum":["x","y"]},"maxItems":3}},"required":["name","ok"]})";
-  // Patterns whose repeats may match nothing: a rule reaches itself again without a byte read.
-  const std::vector<std::pair<std::string, bool>> cases = {
-      {"", false}, {schema, true}, {R"({"type":"string","pattern":"^(a*b?)*$"})", false},
-      {R"({"type":"array","items":{"type":"string","pattern":"^(a?)*x?$"},"maxItems":2})", false}};
-  for (const auto& [s, finite] : cases) {
-    CAPTURE(s);
+  struct grammar_case {
+    output_format kind;
+    std::string text;
+    bool finite;  ///< a JSON schema's language that always ends: the text is checked against it
+    bool thinking = false;
+  };
+  const std::vector<grammar_case> cases = {
+      {output_format::object, "", false},
+      {output_format::schema, schema, true},
+      // Patterns whose repeats may match nothing: a rule reaches itself again without a byte read.
+      {output_format::schema, R"({"type":"string","pattern":"^(a*b?)*$"})", false},
+      {output_format::schema, R"({"type":"array","items":{"type":"string","pattern":"^(a?)*x?$"},"maxItems":2})", false},
+      // Free text after a thinking block, then JSON; text answers, where '.' takes any character.
+      {output_format::object, "", false, true},
+      {output_format::regex, "(?:ab|a\\.x)+[^\"]{0,3}\"?", false},
+      {output_format::gbnf, "root ::= \"{\" item (\",\" item)* \"}\"\nitem ::= \"\\\"\" [^\"]* \"\\\"\" | .", false},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.text);
+    CAPTURE(c.thinking);
+    std::string why;
+    // One grammar for all the walks: later ones start from the tops earlier ones kept.
+    const auto g = compile_output_grammar(c.kind, c.text, {.after_thinking = c.thinking}, &why);
+    REQUIRE_MESSAGE(g, why);
     std::mt19937 rng(7);
     for (int walk = 0; walk < 40; ++walk) {
-      grammar_matcher m(compile(s), vocab, {end_token});
+      grammar_matcher m(g, vocab, {end_token});
       std::string text;
       for (int step = 0; step < 60 && !m.ended(); ++step) {
-        std::vector<uint8_t> mask;
+        std::vector<uint8_t> mask, whole;
         const size_t n = m.allowed(&mask);
+        REQUIRE(m.allowed_by_whole_walk(&whole) == n);
+        REQUIRE_MESSAGE(mask == whole, "after '" << text << "'");
         std::vector<int32_t> ok;
         for (uint32_t t = 0; t < vocab->size(); ++t) {
           REQUIRE_MESSAGE(static_cast<bool>(mask[t]) == m.allows(static_cast<int32_t>(t)),
@@ -401,13 +422,15 @@ TEST_CASE("grammar: the vocabulary walk allows exactly what token-by-token check
         REQUIRE(m.accept(pick));
         if (pick != end_token) text += vocab->text(pick);
       }
-      if (!finite) continue;
+      if (!c.finite) continue;
       REQUIRE_MESSAGE(m.ended(), text);
       const auto j = nlohmann::json::parse(text);  // the schema's language is finite: it always ends
       CHECK((j["name"] == "ada" || j["name"] == "bob"));
       CHECK(j["ok"].is_boolean());
       CHECK(j.size() == (j.contains("tags") ? 3u : 2u));
     }
+    // The answers went through the cache (strings, patterns and free text take most bytes).
+    CHECK(g->cached_tops(vocab) > 0);
   }
 }
 
