@@ -384,7 +384,10 @@ void advance(const grammar& g, grammar_arena& a, const std::vector<uint32_t>& to
 /// and the trie paths to the tokens that read past it, which each answer then walks from its own
 /// stack. xgrammar's adaptive token mask cache keys positions the same way.
 struct top_entry {
-  std::vector<uint64_t> accepted;  ///< a bit per token id: allowed by the top frames alone
+  /// The tokens the top frames allow alone: a bit per token id, or (when they are few, as under
+  /// a UTF-8 lead byte's top) their ids, which cost less to keep and to merge.
+  std::vector<uint64_t> accepted;
+  std::vector<int32_t> accepted_ids;
   /// Trie nodes, in trie order, leading to tokens that read past the frames (each node's
   /// ancestors are here too, so a walk of only these nodes sees every parent before its child).
   std::vector<uint32_t> reaching;
@@ -398,7 +401,7 @@ struct top_masks {
   std::mutex mutex;
   /// Key: the frames, top first; one more element, whole_stack, when they are the whole stack.
   std::map<std::vector<uint32_t>, std::shared_ptr<const top_entry>> entries;
-  size_t words = 0;  ///< the accepted bits' 64-bit words, over all entries
+  size_t words = 0;  ///< the entries' size in 64-bit words, over all of them
   static constexpr uint32_t whole_stack = UINT32_MAX;
   /// Memory bound, per grammar and vocabulary: past it, new tops are walked whole each time.
   static constexpr size_t max_words = size_t{1} << 19;  // 4 MiB: about 220 tops of a 151K vocabulary
@@ -476,7 +479,20 @@ std::shared_ptr<top_entry> walk_top(const grammar& g, const token_vocabulary& v,
   for (size_t j = 0; j < trie.size(); ++j)
     if (mark[j]) e->reaching.push_back(static_cast<uint32_t>(j));
   e->deeper = !whole && frames < top_masks::max_frames && reaching_tokens > v.size() / 16;
-  if (e->deeper) *e = top_entry{{}, {}, true};  // only the answer to look one frame further is kept
+  if (e->deeper) {
+    *e = top_entry{};  // only the answer to look one frame further is kept
+    e->deeper = true;
+    return e;
+  }
+  size_t count = 0;
+  for (uint64_t w : e->accepted) count += static_cast<size_t>(std::popcount(w));
+  if (count * 2 < e->accepted.size()) {  // ids take less room than the bits
+    for (size_t w = 0; w < e->accepted.size(); ++w)
+      for (uint64_t x = e->accepted[w]; x; x &= x - 1)
+        e->accepted_ids.push_back(static_cast<int32_t>(w * 64 + static_cast<size_t>(std::countr_zero(x))));
+    e->accepted.clear();
+    e->accepted.shrink_to_fit();
+  }
   return e;
 }
 
@@ -731,7 +747,7 @@ std::optional<size_t> grammar_matcher::walk_cached(std::vector<uint8_t>* mask) c
         auto fresh = walk_top(*g_, *vocab_, key);
         std::lock_guard lock{masks_->mutex};
         auto [it, added] = masks_->entries.emplace(key, fresh);
-        if (added) masks_->words += fresh->accepted.size() + fresh->reaching.size() / 2;
+        if (added) masks_->words += fresh->accepted.size() + (fresh->accepted_ids.size() + fresh->reaching.size()) / 2;
         e = it->second;
       }
       if (!e->deeper) {
@@ -744,6 +760,7 @@ std::optional<size_t> grammar_matcher::walk_cached(std::vector<uint8_t>* mask) c
   for (size_t s = 0; s < stacks_.size(); ++s) {
     if (!found[s]) continue;
     added += or_bits(found[s]->accepted, *mask);
+    for (int32_t t : found[s]->accepted_ids) added += set_token(*mask, static_cast<size_t>(t));
     if (found[s]->reaching.empty()) continue;
     arena_->reset();
     uint32_t id = 0;

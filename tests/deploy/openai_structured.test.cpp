@@ -208,6 +208,24 @@ TEST_CASE("vLLM's structured outputs: guided_json, guided_regex, guided_choice a
   REQUIRE(parse(R"("guided_json":null,"guided_grammar":null,"structured_outputs":{"choice":["a"],"regex":null,
       "structural_tag":null,"whitespace_pattern":null,"disable_any_whitespace":null})", &c).empty());
   CHECK(c.req.output_spec == "(?:a)");
+  // SGLang's fields (its OpenAI API's extras): json_schema (its text, or the schema), regex, ebnf.
+  REQUIRE(parse(R"("json_schema":"{\"type\":\"integer\"}")", &c).empty());
+  CHECK(c.req.output_format == 2);
+  CHECK(c.req.output_spec == R"({"type":"integer"})");
+  REQUIRE(parse(R"("json_schema":{"type":"object","properties":{"z":{},"a":{}}})", &c).empty());
+  CHECK(c.req.output_spec == R"({"type":"object","properties":{"z":{},"a":{}}})");  // key order kept
+  REQUIRE(parse(R"("regex":"[0-9]+","ebnf":null)", &c).empty());
+  CHECK(c.req.output_format == 3);
+  CHECK(c.req.output_spec == "[0-9]+");
+  REQUIRE(parse(R"("ebnf":"root ::= \"a\"")", &c).empty());
+  CHECK(c.req.output_format == 4);
+  CHECK(c.req.output_spec == R"(root ::= "a")");
+  CHECK(parse(R"("regex":"a","ebnf":"root ::= \"a\"")", &c) == "ebnf: give one of json_schema, regex and ebnf, not regex and ebnf");
+  CHECK(parse(R"("regex":"a","guided_regex":"a")", &c) ==
+        "regex: regex cannot be combined with response_format, a forced tool_choice, guided_* or structured_outputs");
+  CHECK(parse(R"("ebnf":7)", &c) == "ebnf: ebnf must be a non-empty grammar (GBNF), got 7");
+  CHECK(parse(R"("json_schema":[1])", &c) ==
+        "json_schema: json_schema must be a non-empty JSON schema (its text, or an object), got an array");
   CHECK(parse(R"("structured_outputs":{"disable_any_whitespace":"yes"})", &c) ==
         "structured_outputs: structured_outputs.disable_any_whitespace must be true or false, got \"yes\"");
   std::string many = R"("guided_choice":[)";

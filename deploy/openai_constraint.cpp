@@ -1,0 +1,232 @@
+// The answer's constraint in a request body (openai_fields.hpp): OpenAI's response_format,
+// vLLM's guided_* and structured_outputs, SGLang's json_schema / regex / ebnf, each refused by
+// name when malformed or mixed. The grammar itself is compiled, and refused by keyword, by the
+// router.
+
+#include <algorithm>
+#include <string_view>
+
+#include "deploy/openai_fields.hpp"
+#include "gpu/json_schema_grammar.hpp"
+#include "gpu/regex_grammar.hpp"
+
+namespace baton::deploy::openai {
+
+using nlohmann::json;
+using nlohmann::ordered_json;
+
+namespace {
+
+/// response_format: {type: "text"} (the default), {type: "json_object"} (any JSON object), or
+/// {type: "json_schema", json_schema: {name, schema, strict}} (JSON matching the schema, in its
+/// key order). The answer is constrained to it (gpu/json_schema_grammar.hpp); a schema the
+/// grammar cannot honour is refused by the router, naming the keyword.
+bool parse_response_format(const json& j, const ordered_json& body, call* out, api_error* err) {
+  auto it = j.find("response_format");
+  if (it == j.end() || it->is_null()) return true;
+  const auto shape = [&] {
+    *err = bad("response_format", "response_format must be {type: \"text\"}, {type: \"json_object\"} or {type: "
+                                  "\"json_schema\", json_schema: {name, schema}}, got " + describe(*it));
+    return false;
+  };
+  if (!it->is_object() || !it->contains("type")) return shape();
+  if (type_is(*it, "text")) return true;
+  if (out->req.output_format != 0) {
+    *err = bad("response_format", "response_format cannot be combined with a forced tool_choice");
+    return false;
+  }
+  if (type_is(*it, "json_object")) {
+    out->req.output_format = static_cast<uint8_t>(gpu::output_format::object);
+    return true;
+  }
+  if (!type_is(*it, "json_schema") || !it->contains("json_schema") || !(*it)["json_schema"].is_object()) return shape();
+  const auto& spec = body["response_format"]["json_schema"];
+  if (!spec.contains("schema")) {
+    *err = bad("response_format", "response_format.json_schema needs its schema");
+    return false;
+  }
+  out->req.output_format = static_cast<uint8_t>(gpu::output_format::schema);
+  out->req.output_spec = spec["schema"].dump();
+  return true;
+}
+
+/// One of `choices`, exactly, as a regular expression (gpu/regex_grammar.hpp's syntax).
+std::string regex_of_choices(const json& choices) {
+  std::string out = "(?:";
+  for (size_t i = 0; i < choices.size(); ++i) {
+    if (i > 0) out += '|';
+    for (char c : choices[i].get<std::string>()) {
+      if (std::string_view("\\^$.|?*+()[]{}").find(c) != std::string_view::npos) out += '\\';
+      out += c;
+    }
+  }
+  return out + ")";
+}
+
+/// vLLM's structured outputs, for clients written against it: guided_json (a schema, as an
+/// object or its text), guided_regex (the whole answer matches it), guided_choice (the answer is
+/// one of these strings), guided_grammar (GBNF), or the same as structured_outputs {json, regex,
+/// choice, grammar, json_object}, where disable_any_whitespace asks for compact JSON (from
+/// response_format or a forced tool too). What Baton cannot honour (whitespace patterns,
+/// structural tags) is refused by name; backend choices are ignored (there is one).
+bool parse_guided(const json& j, const ordered_json& body, call* out, api_error* err) {
+  auto& r = out->req;
+  // A field given null is not given (clients that write every field of vLLM's params do so).
+  const auto given_in = [](const json& o, const std::string& key) { return o.contains(key) && !o[key].is_null(); };
+  const bool structured = given_in(j, "structured_outputs");
+  if (given_in(j, "guided_whitespace_pattern")) {
+    *err = bad("guided_whitespace_pattern", "guided_whitespace_pattern is not supported (structured_outputs' "
+                                            "disable_any_whitespace is)");
+    return false;
+  }
+  if (structured && (given_in(j, "guided_json") || given_in(j, "guided_regex") || given_in(j, "guided_choice") ||
+                     given_in(j, "guided_grammar"))) {
+    *err = bad("structured_outputs", "give structured_outputs or the guided_* fields, not both");
+    return false;
+  }
+  const json& spec = structured ? j["structured_outputs"] : j;
+  const ordered_json& ordered = structured ? body["structured_outputs"] : body;
+  const std::string prefix = structured ? "structured_outputs." : "guided_";
+  const std::string param = structured ? "structured_outputs" : "";
+  auto name = [&](const char* key) { return prefix + key; };
+  if (structured) {
+    if (!spec.is_object()) {
+      *err = bad(param, "structured_outputs must be an object, got " + describe(spec));
+      return false;
+    }
+    for (const auto& [key, v] : spec.items()) {
+      if (v.is_null()) continue;
+      if (key == "json" || key == "regex" || key == "choice" || key == "grammar" || key == "json_object" ||
+          key == "disable_fallback" ||
+          key == "disable_additional_properties")
+        continue;  // the fallback and extra properties: Baton has none of either to disable
+      if (key == "disable_any_whitespace") {
+        if (!v.is_boolean()) {
+          *err = bad(param, "structured_outputs.disable_any_whitespace must be true or false, got " + describe(v));
+          return false;
+        }
+        r.json_compact = v.get<bool>();  // also for response_format's and forced tools' JSON
+        continue;
+      }
+      *err = bad(param, "structured_outputs." + key +
+                            " is not supported (json, regex, choice, grammar, json_object and "
+                            "disable_any_whitespace are)");
+      return false;
+    }
+  }
+  const json* given = nullptr;
+  std::string key;
+  for (const char* k : {"json", "regex", "choice", "grammar", "json_object"}) {
+    auto it = spec.find(structured ? std::string(k) : name(k));
+    if (it == spec.end() || it->is_null() || (!structured && std::string(k) == "json_object")) continue;
+    if (given) {
+      *err = bad(structured ? param : name(k), "give one of " + name("json") + ", " + name("regex") + ", " +
+                                                   name("choice") + " and " + name("grammar") + ", not " +
+                                                   name(key.c_str()) + " and " + name(k));
+      return false;
+    }
+    given = &*it;
+    key = k;
+  }
+  if (!given) return true;
+  const std::string field = name(key.c_str());
+  const std::string at = structured ? param : field;
+  if (r.output_format != 0) {
+    *err = bad(at, field + " cannot be combined with response_format or a forced tool_choice");
+    return false;
+  }
+  if (key == "json") {
+    if (given->is_object() || given->is_boolean()) r.output_spec = ordered.at(structured ? "json" : field).dump();
+    else if (given->is_string()) r.output_spec = given->get<std::string>();
+    else {
+      *err = bad(at, field + " must be a JSON schema (an object, or its text), got " + describe(*given));
+      return false;
+    }
+    r.output_format = static_cast<uint8_t>(gpu::output_format::schema);
+  } else if (key == "json_object") {
+    if (*given != true) {
+      *err = bad(at, field + " must be true, got " + describe(*given));
+      return false;
+    }
+    r.output_format = static_cast<uint8_t>(gpu::output_format::object);
+  } else if (key == "regex" || key == "grammar") {
+    if (!given->is_string() || given->get<std::string>().empty()) {
+      *err = bad(at, field + " must be a non-empty " + (key == "regex" ? "regular expression" : "GBNF grammar") +
+                         ", got " + describe(*given));
+      return false;
+    }
+    r.output_format = static_cast<uint8_t>(key == "regex" ? gpu::output_format::regex : gpu::output_format::gbnf);
+    r.output_spec = given->get<std::string>();
+  } else {
+    if (!given->is_array() || given->empty() || given->size() > 1024 ||
+        !std::all_of(given->begin(), given->end(), [](const json& c) { return c.is_string(); })) {
+      *err = bad(at, field + " must be an array of 1 to 1024 strings, got " + describe(*given));
+      return false;
+    }
+    r.output_format = static_cast<uint8_t>(gpu::output_format::regex);
+    r.output_spec = regex_of_choices(*given);
+    if (r.output_spec.size() > gpu::max_regex_bytes) {
+      *err = bad(at, field + "'s strings come to " + std::to_string(r.output_spec.size()) + " bytes as an expression; at most " +
+                         std::to_string(gpu::max_regex_bytes));
+      return false;
+    }
+  }
+  return true;
+}
+
+/// SGLang's structured outputs (its OpenAI API's extra fields): json_schema (a schema's text, or
+/// the schema itself), regex, ebnf (xgrammar's grammar text, GBNF). One of them, and not with the
+/// OpenAI or vLLM forms.
+bool parse_sglang_constraint(const json& j, const ordered_json& body, call* out, api_error* err) {
+  auto& r = out->req;
+  const char* field = nullptr;
+  for (const char* k : {"json_schema", "regex", "ebnf"}) {
+    if (!j.contains(k) || j[k].is_null()) continue;
+    if (field) {
+      *err = bad(k, std::string("give one of json_schema, regex and ebnf, not ") + field + " and " + k);
+      return false;
+    }
+    field = k;
+  }
+  if (!field) return true;
+  const json& given = j[field];
+  if (r.output_format != 0) {
+    *err = bad(field, std::string(field) + " cannot be combined with response_format, a forced tool_choice, "
+                                            "guided_* or structured_outputs");
+    return false;
+  }
+  const std::string name = field;
+  if (name == "json_schema" && (given.is_object() || given.is_boolean())) {
+    r.output_spec = body.at("json_schema").dump();  // the client's key order: properties come in it
+  } else if (given.is_string() && !given.get<std::string>().empty()) {
+    r.output_spec = given.get<std::string>();
+  } else {
+    *err = bad(field, name + " must be a non-empty " +
+                          (name == "json_schema" ? "JSON schema (its text, or an object)"
+                           : name == "regex"     ? "regular expression"
+                                                 : "grammar (GBNF)") +
+                          ", got " + describe(given));
+    return false;
+  }
+  r.output_format = static_cast<uint8_t>(name == "json_schema" ? gpu::output_format::schema
+                                         : name == "regex"     ? gpu::output_format::regex
+                                                               : gpu::output_format::gbnf);
+  return true;
+}
+
+}  // namespace
+
+bool parse_constraint(const json& j, const ordered_json& body, call* out, api_error* err) {
+  if (!parse_response_format(j, body, out, err) || !parse_guided(j, body, out, err) ||
+      !parse_sglang_constraint(j, body, out, err))
+    return false;
+  // disable_any_whitespace shapes JSON only; vLLM ignores it for text answers, and so does Baton
+  // (the router refuses json_compact elsewhere, to tell a direct client it has no effect).
+  auto& r = out->req;
+  if (r.output_format != static_cast<uint8_t>(gpu::output_format::object) &&
+      r.output_format != static_cast<uint8_t>(gpu::output_format::schema))
+    r.json_compact = false;
+  return true;
+}
+
+}  // namespace baton::deploy::openai

@@ -1,0 +1,38 @@
+#pragma once
+
+// What the gateway's request readers share (openai_request.cpp, openai_constraint.cpp): error
+// values that name the field, and the readers of the answer's constraint. Not part of openai.hpp:
+// only the readers include it.
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "deploy/openai.hpp"
+
+namespace baton::deploy::openai {
+
+inline api_error bad(std::string param, std::string message) {
+  return {400, std::move(message), "invalid_request_error", std::move(param)};
+}
+
+/// A value for an error message: a scalar as JSON (cut short), an array or object by its type
+/// only (printing one nested 100,000 deep would recurse that deep).
+inline std::string describe(const nlohmann::json& v) {
+  if (v.is_structured()) return v.is_array() ? "an array" : "an object";
+  return v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).substr(0, 40);
+}
+
+/// Whether object `o` has a string field "type" equal to `t` (any other type of it: no).
+inline bool type_is(const nlohmann::json& o, const char* t) {
+  auto it = o.find("type");
+  return it != o.end() && it->is_string() && it->get_ref<const std::string&>() == t;
+}
+
+/// The answer's constraint, in any of the forms clients send: OpenAI's response_format, vLLM's
+/// guided_* and structured_outputs, SGLang's json_schema / regex / ebnf (one form, one
+/// constraint; a forced tool_choice, read before, is one too). Into call::req's output_format,
+/// output_spec and json_compact.
+bool parse_constraint(const nlohmann::json& j, const nlohmann::ordered_json& body, call* out, api_error* err);
+
+}  // namespace baton::deploy::openai
