@@ -137,7 +137,7 @@ bool parse_guided(const json& j, const ordered_json& body, call* out, api_error*
   }
   if (key == "json") {
     if (given->is_object() || given->is_boolean()) r.output_spec = ordered.at(structured ? "json" : field).dump();
-    else if (given->is_string()) r.output_spec = given->get<std::string>();
+    else if (given->is_string() && !given->get<std::string>().empty()) r.output_spec = given->get<std::string>();
     else {
       *err = bad(at, field + " must be a JSON schema (an object, or its text), got " + describe(*given));
       return false;

@@ -4,6 +4,7 @@
 #include <bit>
 #include <climits>
 #include <cstring>
+#include <atomic>
 #include <map>
 #include <optional>
 
@@ -257,7 +258,9 @@ bool token_vocabulary::is_text(int32_t id) const {
          text_[id].size() < UINT16_MAX;
 }
 
-std::shared_ptr<const token_vocabulary> byte_vocabulary(uint32_t vocab_size) {
+namespace {
+
+std::shared_ptr<const token_vocabulary> make_byte_vocabulary(uint32_t vocab_size) {
   std::vector<std::string> text(vocab_size);
   std::vector<bool> special(vocab_size, true);
   for (uint32_t i = 0; i < vocab_size && i < 256; ++i) {
@@ -265,6 +268,19 @@ std::shared_ptr<const token_vocabulary> byte_vocabulary(uint32_t vocab_size) {
     special[i] = false;
   }
   return std::make_shared<token_vocabulary>(std::move(text), std::move(special));
+}
+
+}  // namespace
+
+std::shared_ptr<const token_vocabulary> byte_vocabulary(uint32_t vocab_size) {
+  // One per size in the process: the ranks of a process then share each grammar's cache of
+  // stack tops (grammar::masks_for keys it by vocabulary).
+  static std::mutex mutex;
+  static std::map<uint32_t, std::shared_ptr<const token_vocabulary>> made;
+  std::lock_guard lock{mutex};
+  auto& v = made[vocab_size];
+  if (!v) v = make_byte_vocabulary(vocab_size);
+  return v;
 }
 
 // --- grammar_matcher -----------------------------------------------------------------------------
@@ -286,6 +302,10 @@ struct grammar_arena {
   /// them. Expanding it gives itself, and no byte moves it on. none: no such node.
   static constexpr uint32_t none = UINT32_MAX;
   uint32_t boundary = none;
+  /// A walk hit the matcher's limits (an expansion cut at max_expand_depth, parses dropped past
+  /// max_live_stacks): its answer is narrowed, and depends on what was expanded before it, so
+  /// the cache neither keeps nor trusts it.
+  bool limited = false;
 
   void reset() {
     nodes.assign(1, {0, 0});
@@ -293,6 +313,7 @@ struct grammar_arena {
     expanded.clear();
     in_progress.clear();
     boundary = none;
+    limited = false;
   }
   uint32_t intern(uint32_t pos, uint32_t below) {
     const uint64_t key = uint64_t{pos} << 32 | below;
@@ -332,7 +353,10 @@ int expand(const grammar& g, grammar_arena& a, uint32_t id, std::vector<uint32_t
     out.push_back(id);
     return no_cycle;
   }
-  if (depth > max_expand_depth) return -1;  // cut: nothing above it is remembered either
+  if (depth > max_expand_depth) {  // cut: nothing above it is remembered either
+    a.limited = true;
+    return -1;
+  }
   if (auto it = a.expanded.find(id); it != a.expanded.end()) {
     out.insert(out.end(), it->second.begin(), it->second.end());
     return no_cycle;
@@ -370,7 +394,10 @@ void advance(const grammar& g, grammar_arena& a, const std::vector<uint32_t>& to
   }
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());
-  if (out.size() > max_live_stacks) out.resize(max_live_stacks);
+  if (out.size() > max_live_stacks) {
+    out.resize(max_live_stacks);
+    a.limited = true;
+  }
 }
 
 }  // namespace
@@ -394,18 +421,37 @@ struct top_entry {
   /// So many tokens read past the frames that one more frame is worth a key of its own (a
   /// character's rule under a string's: the character ends after a byte).
   bool deeper = false;
+  /// The walk hit the matcher's limits (grammar_arena::limited): answer such tops whole.
+  bool limited = false;
+  /// What the entry holds, in 64-bit words, with its key's (for the budgets).
+  size_t words = 0;
 };
+
+/// The words of every top_masks alive in the process (grammars are kept by the process-wide
+/// cache of cached_output_grammar, 64 of them, each with its tops).
+static std::atomic<size_t> all_top_words{0};
 
 struct top_masks {
   std::shared_ptr<const token_vocabulary> vocab;
   std::mutex mutex;
   /// Key: the frames, top first; one more element, whole_stack, when they are the whole stack.
   std::map<std::vector<uint32_t>, std::shared_ptr<const top_entry>> entries;
+  /// Tops (one-frame keys) seen before, and whether the whole walk there allowed enough of the
+  /// vocabulary for the cache to pay. A top is walked on its own only when it comes back to a
+  /// state that allowed many tokens: an answer that passes a state once (a schema seen once), or
+  /// a state where few tokens fit (the whole walk prunes at once), pays what it did without it.
+  std::map<std::vector<uint32_t>, bool> verdict;
   size_t words = 0;  ///< the entries' size in 64-bit words, over all of them
   static constexpr uint32_t whole_stack = UINT32_MAX;
-  /// Memory bound, per grammar and vocabulary: past it, new tops are walked whole each time.
-  static constexpr size_t max_words = size_t{1} << 19;  // 4 MiB: about 220 tops of a 151K vocabulary
+  /// Memory bounds: per grammar and vocabulary, and over the process. Past either, new tops are
+  /// walked whole each time.
+  static constexpr size_t max_words = size_t{1} << 19;          // 4 MiB: about 220 tops of a 151K vocabulary
+  static constexpr size_t max_process_words = size_t{1} << 23;  // 64 MiB
   static constexpr size_t max_frames = 8;
+
+  ~top_masks() { all_top_words -= words; }
+  /// Whether `more` words fit both budgets.
+  bool fits(size_t more) const { return words + more <= max_words && all_top_words + more <= max_process_words; }
 };
 
 std::shared_ptr<top_masks> grammar::masks_for(const std::shared_ptr<const token_vocabulary>& vocab) const {
@@ -476,12 +522,20 @@ std::shared_ptr<top_entry> walk_top(const grammar& g, const token_vocabulary& v,
       e->accepted[static_cast<uint32_t>(tokens[k]) >> 6] |= uint64_t{1} << (tokens[k] & 63);
     ++i;
   }
+  const size_t key_words = (key.size() + 1) / 2 + 8;  // the key, and the map's node about it
+  if (a.limited) {
+    *e = top_entry{};
+    e->limited = true;
+    e->words = key_words;
+    return e;
+  }
   for (size_t j = 0; j < trie.size(); ++j)
     if (mark[j]) e->reaching.push_back(static_cast<uint32_t>(j));
   e->deeper = !whole && frames < top_masks::max_frames && reaching_tokens > v.size() / 16;
   if (e->deeper) {
     *e = top_entry{};  // only the answer to look one frame further is kept
     e->deeper = true;
+    e->words = key_words;
     return e;
   }
   size_t count = 0;
@@ -493,6 +547,7 @@ std::shared_ptr<top_entry> walk_top(const grammar& g, const token_vocabulary& v,
     e->accepted.clear();
     e->accepted.shrink_to_fit();
   }
+  e->words = key_words + e->accepted.size() + (e->accepted_ids.size() + e->reaching.size() + 1) / 2;
   return e;
 }
 
@@ -671,11 +726,20 @@ size_t grammar_matcher::allowed_by(std::vector<uint8_t>* mask, bool cached) cons
   }
   mask->assign(vocab_->size(), 0);
   size_t n = 0;
+  std::optional<size_t> by_tops;
+  std::vector<std::vector<uint32_t>> first_tops;  // seen for the first time: the whole walk's count is their verdict
+  if (cached && worth_caching()) {
+    by_tops = walk_cached(mask, &first_tops);
+    if (!by_tops) std::fill(mask->begin(), mask->end(), 0);  // what it set before it gave up
+  }
+  n = by_tops ? *by_tops : walk_all(mask);
+  if (!first_tops.empty()) {
+    std::lock_guard lock{masks_->mutex};
+    for (auto& top : first_tops) masks_->verdict.emplace(std::move(top), n * 16 > vocab_->size());
+  }
   if (complete())
     for (int32_t t : end_tokens_)
       if (t >= 0 && static_cast<size_t>(t) < mask->size()) n += set_token(*mask, static_cast<size_t>(t));
-  if (auto by_tops = cached && worth_caching() ? walk_cached(mask) : std::nullopt) n += *by_tops;
-  else n += walk_all(mask);
   if (cached) {
     walked_stacks_ = stacks_;
     walked_mask_ = *mask;
@@ -724,10 +788,29 @@ bool grammar_matcher::worth_caching() const {
   return could * 16 > vocab_->size();
 }
 
-std::optional<size_t> grammar_matcher::walk_cached(std::vector<uint8_t>* mask) const {
+std::optional<size_t> grammar_matcher::walk_cached(std::vector<uint8_t>* mask,
+                                                   std::vector<std::vector<uint32_t>>* first_tops) const {
   // Many live parses (an ambiguous grammar) share one whole walk better than they walk apart.
   constexpr size_t max_stacks = 64;
   if (stacks_.size() > max_stacks) return std::nullopt;
+  // A top is walked on its own only when it comes back to a state that allowed many tokens
+  // (top_masks::verdict); till then the whole walk answers, and tells the verdict.
+  {
+    bool whole = false;
+    std::lock_guard lock{masks_->mutex};
+    for (const auto& stack : stacks_) {
+      if (stack.empty()) continue;
+      std::vector<uint32_t> top{stack.back()};
+      if (stack.size() == 1) top.push_back(top_masks::whole_stack);
+      if (masks_->entries.count(top)) continue;
+      auto it = masks_->verdict.find(top);
+      if (it == masks_->verdict.end()) first_tops->push_back(std::move(top));
+      whole = whole || it == masks_->verdict.end() || !it->second;
+    }
+    if (whole) return std::nullopt;
+  }
+  // At most a bit per token and some paths: what a new entry may take.
+  const size_t entry_words = (vocab_->size() + 63) / 64 * 2;
   std::vector<std::shared_ptr<const top_entry>> found(stacks_.size());
   for (size_t s = 0; s < stacks_.size(); ++s) {
     const auto& stack = stacks_[s];
@@ -740,16 +823,20 @@ std::optional<size_t> grammar_matcher::walk_cached(std::vector<uint8_t>* mask) c
       {
         std::lock_guard lock{masks_->mutex};
         if (auto it = masks_->entries.find(key); it != masks_->entries.end()) e = it->second;
-        else if (masks_->words >= top_masks::max_words) return std::nullopt;
+        else if (!masks_->fits(entry_words)) return std::nullopt;
       }
       if (!e) {
         // Walked outside the lock: two threads reaching the same new top only repeat work.
         auto fresh = walk_top(*g_, *vocab_, key);
         std::lock_guard lock{masks_->mutex};
         auto [it, added] = masks_->entries.emplace(key, fresh);
-        if (added) masks_->words += fresh->accepted.size() + (fresh->accepted_ids.size() + fresh->reaching.size()) / 2;
+        if (added) {
+          masks_->words += fresh->words;
+          all_top_words += fresh->words;
+        }
         e = it->second;
       }
+      if (e->limited) return std::nullopt;
       if (!e->deeper) {
         found[s] = std::move(e);
         break;
@@ -766,6 +853,7 @@ std::optional<size_t> grammar_matcher::walk_cached(std::vector<uint8_t>* mask) c
     uint32_t id = 0;
     for (uint32_t pos : stacks_[s]) id = arena_->intern(pos, id);
     added += walk_reaching(*g_, *arena_, id, *vocab_, found[s]->reaching, *mask);
+    if (arena_->limited) return std::nullopt;  // the caller clears what was set and walks whole
   }
   return added;
 }

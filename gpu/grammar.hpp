@@ -220,9 +220,10 @@ private:
   /// how many tokens it set that were not set before.
   size_t walk_all(std::vector<uint8_t>* mask) const;
   /// Per stack: the cached answer of its top frames, and a walk of only the tokens that read
-  /// past them; how many tokens it set. nullopt (nothing set) when there are too many stacks, or
-  /// the cache is full and lacks a top.
-  std::optional<size_t> walk_cached(std::vector<uint8_t>* mask) const;
+  /// past them; how many tokens it set. nullopt (the caller walks whole, after clearing the
+  /// mask) when there are too many stacks, a top is new (added to `first_tops`) or not worth
+  /// keeping, the cache is full, or a walk hit the matcher's limits.
+  std::optional<size_t> walk_cached(std::vector<uint8_t>* mask, std::vector<std::vector<uint32_t>>* first_tops) const;
   /// Whether the stacks' tops may take enough of the vocabulary for the cache to pay.
   bool worth_caching() const;
 };

@@ -201,6 +201,8 @@ TEST_CASE("vLLM's structured outputs: guided_json, guided_regex, guided_choice a
   CHECK(parse(R"("guided_regex":7)", &c) == "guided_regex: guided_regex must be a non-empty regular expression, got 7");
   CHECK(parse(R"("guided_json":7)", &c) ==
         "guided_json: guided_json must be a JSON schema (an object, or its text), got 7");
+  CHECK(parse(R"("guided_json":"")", &c) ==
+        "guided_json: guided_json must be a JSON schema (an object, or its text), got \"\"");
   CHECK(parse(R"("structured_outputs":{"json_object":false})", &c) ==
         "structured_outputs: structured_outputs.json_object must be true, got false");
   CHECK(parse(R"("structured_outputs":"x")", &c) == "structured_outputs: structured_outputs must be an object, got \"x\"");
