@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 #include <random>
+#include <thread>
 #include <tuple>
 
 #include "gpu/json_schema_grammar.hpp"
@@ -432,6 +433,40 @@ TEST_CASE("grammar: the vocabulary walk allows exactly what token-by-token check
     // The answers went through the cache (strings, patterns and free text take most bytes).
     CHECK(g->cached_tops(vocab) > 0);
   }
+}
+
+TEST_CASE("grammar: matchers on several threads share one grammar's cache of stack tops, and each answer equals the "
+          "whole walk") {
+  const auto vocab = json_pieces();
+  std::string why;
+  const auto g = compile_output_grammar(output_format::object, "", {}, &why);
+  REQUIRE_MESSAGE(g, why);
+  // Four threads walk the same answers at once, so they reach the same new tops together: each
+  // may walk a top on its own while another stores it.
+  const std::vector<std::string> answers = {"{\"a\": \"x y\", \"b\": [1, \"é\"]}", "{\"note\": \"a\\n\", \"n\": {\"c\": \"d\"}}"};
+  std::vector<std::string> failures(4);
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < failures.size(); ++t)
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 3; ++round)
+        for (const auto& answer : answers) {
+          grammar_matcher m(g, vocab, {end_token});
+          for (size_t at = 0; at < answer.size(); ++at) {
+            std::vector<uint8_t> mask, whole;
+            if (m.allowed(&mask) != m.allowed_by_whole_walk(&whole) || mask != whole) {
+              failures[t] = "after '" + answer.substr(0, at) + "'";
+              return;
+            }
+            if (!m.accept_bytes(answer.substr(at, 1))) {
+              failures[t] = "refused byte " + std::to_string(at) + " of " + answer;
+              return;
+            }
+          }
+        }
+    });
+  for (auto& th : threads) th.join();
+  for (const auto& f : failures) CHECK_MESSAGE(f.empty(), f);
+  CHECK(g->cached_tops(vocab) > 0);
 }
 
 TEST_CASE("grammar: GBNF text (guided_grammar): rules, literals, classes, groups, repeats; refusals name line and column") {
