@@ -48,7 +48,11 @@ for _ in $(seq 600); do grep -q "serving" "$WORK/head.log" && break; sleep 0.1; 
 grep -q "serving" "$WORK/head.log" || fail "the head did not start"
 in_a "$BATON" node --role decode --name near --connect "$A:7101" --model "$MODEL" --cluster-id cut > "$WORK/near.log" 2>&1 &
 PIDS+=($!)
-in_b "$BATON" node --role decode --name far --connect "$A:7101" --model "$MODEL" --cluster-id cut > "$WORK/far.log" 2>&1 &
+# far decodes slowly (each step starts 10 ms late: 240 tokens take over 2.4 s), so its streams are
+# still going when the first of near's ends and the link is cut; on an idle machine both once
+# finished before the cut, and nothing was left to move.
+in_b "$BATON" node --role decode --name far --connect "$A:7101" --model "$MODEL" --cluster-id cut \
+  --fault-job-delay-ms 10 > "$WORK/far.log" 2>&1 &
 PIDS+=($!)
 URL="http://$A:8000"
 ranks() { ip netns exec "$NS1" curl -s "$URL/metrics" | grep "^baton_rank_kv_pages{role=\"decode\"" | grep -o 'rank="[a-z]*"' | sort | tr '\n' ' '; }
