@@ -22,7 +22,7 @@ cat > "$WORK/spec.json" <<SPEC
   "nodes": [
     {"name": "head", "host": "127.0.0.1", "roles": ["router", "prefill"], "prefill_ranks": 2,
      "ports": {"router": $P_ROUTER, "cluster": $P_CLUSTER}},
-    {"name": "decode-a", "host": "127.0.0.1", "roles": ["decode"]},
+    {"name": "decode-a", "host": "127.0.0.1", "roles": ["decode"], "env": {"BATON_FAULT_JOB_DELAY_MS": "10"}},
     {"name": "decode-b", "host": "127.0.0.1", "roles": ["decode"]},
     {"name": "gw", "host": "127.0.0.1", "roles": ["gateway"], "ports": {"http": $P_HTTP}}
   ]
@@ -37,6 +37,8 @@ for n in decode-a decode-b; do
   grep -q "baton node $n: joined the head" "$WORK/launch.log" || fail "$n's ranks did not start"
 done
 URL="http://127.0.0.1:$P_HTTP/v1/completions"
+# decode-a decodes slowly (each step starts 10 ms late: 120 tokens take over 1.2 s), so its
+# streams are still going when the first of decode-b's ends and the kill comes.
 N=20 TOKENS=120
 # Odd clients sample (temperature 0.9, top-p 0.95, their own seed): a draw depends only on the
 # seed and the token's position, so a request moved mid-stream must sample the same tokens.
