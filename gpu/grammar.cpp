@@ -586,25 +586,33 @@ size_t or_bits(const std::vector<uint64_t>& bits, std::vector<uint8_t>& mask) {
   return added;
 }
 
-/// The trie nodes of `reaching` walked from stack `id` (interned in `a`): each token on them that
-/// the whole stack allows is set in `mask`; how many were not set before.
-size_t walk_reaching(const grammar& g, grammar_arena& a, uint32_t id, const token_vocabulary& v,
-                     const std::vector<uint32_t>& reaching, std::vector<uint8_t>& mask) {
-  size_t added = 0;
+/// The trie walked from `tops` (interned in `a`), in trie order: a node's parses are its parent's
+/// after its byte, and a node no parse survives is skipped with its whole subtree (every token
+/// that starts with its prefix). All nodes, or only those in `only` (sorted, each node's
+/// ancestors in it too). Each surviving node's tokens are set in `mask`; how many were not set.
+size_t walk_trie(const grammar& g, grammar_arena& a, std::vector<uint32_t> tops, const token_vocabulary& v,
+                 const std::vector<uint32_t>* only, std::vector<uint8_t>& mask) {
   const auto& trie = v.trie();
   const auto& tokens = v.trie_tokens();
-  std::vector<std::vector<uint32_t>> level(1, std::vector<uint32_t>{id});
-  uint32_t skip_to = 0;
-  for (uint32_t i : reaching) {
-    if (i < skip_to) continue;  // inside a subtree no parse survived into
+  std::vector<std::vector<uint32_t>> level(1, std::move(tops));
+  size_t added = 0, next = 0;  // next: the position in `only`
+  for (uint32_t i = 0;;) {
+    if (only) {
+      while (next < only->size() && (*only)[next] < i) ++next;
+      if (next == only->size()) break;
+      i = (*only)[next];
+    } else if (i >= trie.size()) {
+      break;
+    }
     const auto& node = trie[i];
     if (level.size() <= node.depth) level.resize(node.depth + 1);
     advance(g, a, level[node.depth - 1], node.byte, level[node.depth]);
     if (level[node.depth].empty()) {
-      skip_to = node.skip;
+      i = node.skip;
       continue;
     }
     for (uint32_t k = node.first_token; k < node.end_token; ++k) added += set_token(mask, tokens[k]);
+    ++i;
   }
   return added;
 }
@@ -750,25 +758,7 @@ size_t grammar_matcher::allowed_by(std::vector<uint8_t>* mask, bool cached) cons
 }
 
 size_t grammar_matcher::walk_all(std::vector<uint8_t>* mask) const {
-  // One walk of the trie: a node's stacks are its parent's after its byte; a node no stack
-  // survives is skipped with its whole subtree (every token that starts with its prefix).
-  const auto& trie = vocab_->trie();
-  const auto& tokens = vocab_->trie_tokens();
-  std::vector<std::vector<uint32_t>> level(1);
-  level[0] = load(*arena_, stacks_);
-  size_t added = 0;
-  for (size_t i = 0; i < trie.size();) {
-    const auto& node = trie[i];
-    if (level.size() <= node.depth) level.resize(node.depth + 1);
-    advance(*g_, *arena_, level[node.depth - 1], node.byte, level[node.depth]);
-    if (level[node.depth].empty()) {
-      i = node.skip;
-      continue;
-    }
-    for (uint32_t k = node.first_token; k < node.end_token; ++k) added += set_token(*mask, tokens[k]);
-    ++i;
-  }
-  return added;
+  return walk_trie(*g_, *arena_, load(*arena_, stacks_), *vocab_, nullptr, *mask);
 }
 
 bool grammar_matcher::worth_caching() const {
@@ -852,7 +842,7 @@ std::optional<size_t> grammar_matcher::walk_cached(std::vector<uint8_t>* mask,
     arena_->reset();
     uint32_t id = 0;
     for (uint32_t pos : stacks_[s]) id = arena_->intern(pos, id);
-    added += walk_reaching(*g_, *arena_, id, *vocab_, found[s]->reaching, *mask);
+    added += walk_trie(*g_, *arena_, {id}, *vocab_, &found[s]->reaching, *mask);
     if (arena_->limited) return std::nullopt;  // the caller clears what was set and walks whole
   }
   return added;
