@@ -139,14 +139,19 @@ void echo_parts(const call& c, uint32_t index, const std::string& decoded, bool 
 
 namespace {
 /// OpenAI's tool_calls list; a call's id names the answer, its choice and its place. In a stream
-/// each entry carries its index.
+/// each entry carries its index, and a call's later pieces carry only that and more arguments.
 json tool_calls_json(const std::vector<tool_call>& calls, const std::string& id, size_t choice, bool indexed) {
   json out = json::array();
-  for (size_t k = 0; k < calls.size(); ++k) {
-    json entry = {{"id", "call_" + id.substr(id.find('-') + 1) + "-" + std::to_string(choice) + "-" + std::to_string(k)},
-                  {"type", "function"},
-                  {"function", {{"name", calls[k].name}, {"arguments", calls[k].arguments}}}};
-    if (indexed) entry["index"] = k;
+  for (const auto& call : calls) {
+    json entry = json::object();
+    if (indexed) entry["index"] = call.index;
+    if (!call.first) {
+      entry["function"] = {{"arguments", call.arguments}};
+    } else {
+      entry["id"] = "call_" + id.substr(id.find('-') + 1) + "-" + std::to_string(choice) + "-" + std::to_string(call.index);
+      entry["type"] = "function";
+      entry["function"] = {{"name", call.name}, {"arguments", call.arguments}};
+    }
     out.push_back(std::move(entry));
   }
   return out;
@@ -265,10 +270,9 @@ std::string chunk_json(const call& c, const stream_chunk& chunk, const std::stri
     if (split) {
       if (!split->reasoning.empty()) delta["reasoning_content"] = split->reasoning;
       if (!split->content.empty() || (first && split->reasoning.empty())) delta["content"] = split->content;
-      if (!split->tool_calls.empty()) {
-        delta["tool_calls"] = tool_calls_json(split->tool_calls, id, index, true);
-        if (chunk.finish_reason != "length") choice["finish_reason"] = "tool_calls";
-      }
+      if (!split->tool_calls.empty()) delta["tool_calls"] = tool_calls_json(split->tool_calls, id, index, true);
+      if (split->called && !chunk.finish_reason.empty() && chunk.finish_reason != "length")
+        choice["finish_reason"] = "tool_calls";  // a cut answer says so
     } else if (!chunk.text.empty() || first) {
       delta["content"] = chunk.text;
     }

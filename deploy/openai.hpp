@@ -19,6 +19,7 @@
 // fields are ignored, as OpenAI's servers do.
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -102,18 +103,24 @@ inline constexpr uint32_t max_call_requests = 1024;
 /// start of </think> is held back until the next piece, or the last, settles it. When the
 /// template did not open <think> (`opened` false), an answer is reasoning only if it starts with
 /// <think> (after whitespace); its start is held back until that is known.
-/// A function call the model wrote (OpenAI's tool_calls entry): `arguments` is JSON text.
+/// A function call the model wrote (OpenAI's tool_calls entry): `arguments` is JSON text, as the
+/// model wrote it. Read whole, a call is one piece. In a stream it comes in pieces: the first
+/// (`first`) names it, and each carries the next part of its arguments; `index` is the call's
+/// place in the answer, shared by its pieces.
 struct tool_call {
   std::string name;
   std::string arguments;
+  uint32_t index = 0;
+  bool first = true;
 };
 
-/// What a piece of an answer shows, told apart: its reasoning, its content, and (at the end) the
-/// tool calls it made.
+/// What a piece of an answer shows, told apart: its reasoning, its content, and the tool calls
+/// (or pieces of them) it made.
 struct answer_parts {
   std::string reasoning;
   std::string content;
   std::vector<tool_call> tool_calls;
+  bool called = false;  ///< on the answer's last piece: it made tool calls (its finish_reason is "tool_calls")
 };
 
 class reasoning_splitter {
@@ -140,22 +147,61 @@ reasoning_splitter::parts split_reasoning(const std::string& text, bool opened =
 /// name is content, whole (nothing is lost). A Llama call counts only where the answer starts.
 answer_parts read_tool_calls(const std::string& content, gpu::tool_call_format format);
 
+/// How far a JSON object or array has been read, so that reading it as it streams costs each
+/// byte once: scan_json goes on from `at`.
+struct json_scan {
+  size_t at = 0;
+  uint32_t depth = 0;
+  bool in_string = false, escaped = false;
+};
+
+/// Reads on from scan.at to the end of `s`; true when the value that started at the scan's first
+/// byte ends (scan.at is then one past it).
+bool scan_json(std::string_view s, json_scan& scan);
+
 /// The same as an answer streams: content before the first call's marker (<tool_call>,
 /// [TOOL_CALLS], <｜tool▁calls▁begin｜>) goes out at once, a tail that may start the marker held
-/// back; from the marker on, everything waits for the end, where the calls are read
-/// (read_tool_calls). A Llama answer is held while it may still start with a call ({ or
-/// <|python_tag|> after whitespace), then streams as content, or waits for the end.
+/// back. From the marker on, each call goes out as the model writes it: its name once read, then
+/// its arguments' JSON as it grows (trailing whitespace held back). Whatever a stream cannot read
+/// that way (arguments before the name, or written as a string; text between calls) waits for
+/// the end, where the whole answer is read (read_tool_calls) and completes the calls. A Llama
+/// answer is held while it may still start with a call ({ or <|python_tag|> after whitespace),
+/// then streams as content, or as calls.
+///
+/// A stream cannot take back what it sent: when the end does not read as the calls that went out
+/// (the model broke its JSON; a cut answer's arguments just stop), the calls sent stand, and the
+/// text from the first marker on follows as content, so nothing is lost. Read whole (one feed,
+/// `last`), an answer is all calls or all content, as read_tool_calls reads it.
 class tool_call_splitter {
 public:
   explicit tool_call_splitter(gpu::tool_call_format format) : format_(format) {}
+  /// A forced tool_choice's answer (read_forced_calls): JSON from its first byte, the arguments
+  /// of `tool`, or (`tool` empty) a list of calls.
+  static tool_call_splitter forced(std::string tool);
   answer_parts feed(const std::string& content, bool last);
 
 private:
+  /// A call whose first piece has gone out: its arguments are held_[args_begin, args_sent) so far.
+  struct sent_call {
+    std::string name;
+    size_t args_begin = 0, args_sent = 0;
+    std::array<std::string_view, 2> ends{};  ///< markers that end the call (static text), none when empty
+  };
+  void stream_calls(answer_parts* out);
+  answer_parts read_held() const;
+
   gpu::tool_call_format format_;
-  bool calling_ = false;  ///< a call's marker seen: held until the end
+  bool forced_ = false;
+  std::string forced_tool_;
+  bool calling_ = false;  ///< a call's marker seen: what follows is calls until the end says otherwise
   bool plain_ = false;    ///< Llama: the answer did not start with a call, so it has none
   bool shown_ = false;    ///< content went out before the calls: what they leave follows on a new line
-  std::string held_;
+  std::string held_;      ///< from the first marker on (or the undecided start)
+  std::vector<sent_call> sent_;
+  bool args_open_ = false;  ///< the last sent call's arguments have not ended yet (scan_ reads them)
+  json_scan scan_;
+  size_t next_from_ = 0;    ///< where the last sent call's arguments ended: the next call is looked for from here
+  bool stopped_ = false;    ///< nothing more streams: the rest waits for the end
 };
 
 /// One choice's chat answer read as its call asks: the reasoning split out
@@ -172,9 +218,8 @@ public:
       tools_(c.tool_calls != gpu::tool_call_format::none),
       forced_(!c.forced_tool.empty() || c.forced_calls),
       prompt_thinking_(prompt_thinking == 1),
-      forced_tool_(c.forced_tool),
       thinking_(prompt_thinking == 1),
-      calls_(c.tool_calls) {}
+      calls_(forced_ ? tool_call_splitter::forced(c.forced_tool) : tool_call_splitter{c.tool_calls}) {}
   /// Whether it tells anything apart (else a chunk's text is shown as it is).
   bool active() const { return reasoning_ || tools_ || forced_; }
   answer_parts feed(const std::string& text, bool last);
@@ -183,8 +228,7 @@ private:
   bool reasoning_, tools_, forced_;
   bool prompt_thinking_;      ///< the prompt opened <think>: a forced call's JSON follows its </think>
   bool think_closed_ = false;  ///< ... and that </think> has been shown (separate_reasoning false)
-  std::string forced_tool_;
-  std::string forced_text_;  ///< a forced call's JSON so far: read whole at the end
+  bool forced_started_ = false;  ///< a forced call's JSON has begun (after </think> and blank lines)
   reasoning_splitter thinking_;
   tool_call_splitter calls_;
 };
@@ -210,7 +254,8 @@ std::string completion_json(const call& c, const completion& done, const std::st
 /// the characters of the texts of that choice's tokens streamed before (completions'
 /// logprobs.text_offset; utf8_chars). `split`: with call::separate_reasoning or
 /// tool_calls, the chunk's text as that choice's splitters told it apart (chunk.text is then
-/// not used); tool calls come with the last chunk, whose finish_reason is then "tool_calls".
+/// not used); tool calls stream in pieces (tool_call), and the last chunk of an answer that
+/// made any has finish_reason "tool_calls" (unless it was cut: "length").
 std::string chunk_json(const call& c, const stream_chunk& chunk, const std::string& id, int64_t created, bool first,
                        uint64_t text_offset = 0, uint32_t index = 0, const answer_parts* split = nullptr);
 /// Characters of UTF-8 text, counted by the bytes that start one (text_offset's unit).

@@ -4,7 +4,7 @@
 #include "actors/text_stream.hpp"
 #include "deploy/openai.hpp"
 
-#include <nlohmann/json.hpp>
+#include <algorithm>
 
 namespace baton::deploy::openai {
 
@@ -54,27 +54,6 @@ reasoning_splitter::parts split_reasoning(const std::string& text, bool opened) 
   return reasoning_splitter{opened}.feed(text, true);
 }
 
-answer_parts read_forced_calls(const std::string& text, const std::string& forced_tool) {
-  answer_parts out;
-  auto j = nested_too_deep(text) ? nlohmann::json() : nlohmann::json::parse(text, nullptr, false);
-  if (!forced_tool.empty() && j.is_object()) {
-    out.tool_calls.push_back({forced_tool, j.dump()});
-    return out;
-  }
-  if (forced_tool.empty() && j.is_array() && !j.empty()) {
-    for (const auto& c : j) {
-      if (!c.is_object() || !c.contains("name") || !c["name"].is_string() || !c.contains("parameters")) {
-        out.tool_calls.clear();
-        break;
-      }
-      out.tool_calls.push_back({c["name"].get<std::string>(), c["parameters"].dump()});
-    }
-    if (!out.tool_calls.empty()) return out;
-  }
-  out.content = text;
-  return out;
-}
-
 answer_parts answer_reader::feed(const std::string& text, bool last) {
   answer_parts out;
   if (reasoning_) {
@@ -88,34 +67,23 @@ answer_parts answer_reader::feed(const std::string& text, bool last) {
       shown += "</think>";
       think_closed_ = true;
     }
-    if (think_closed_ && forced_text_.empty()) {  // blanks between </think> and the JSON
-      const size_t json = out.content.find_first_not_of(" \t\r\n");
-      shown += out.content.substr(0, std::min(json, out.content.size()));
-      out.content.erase(0, std::min(json, out.content.size()));
+    if (think_closed_ && !forced_started_) {  // blanks between </think> and the JSON
+      const size_t json = std::min(out.content.find_first_not_of(" \t\r\n"), out.content.size());
+      shown += out.content.substr(0, json);
+      out.content.erase(0, json);
+      forced_started_ = !out.content.empty();
     }
-    forced_text_ += out.content;
-    out.content = std::move(shown);
-    if (!last) return out;
-    auto told = read_forced_calls(forced_text_, forced_tool_);
-    out.content += told.content;
-    out.tool_calls = std::move(told.tool_calls);
-    return out;
+    auto told = calls_.feed(out.content, last);
+    told.content.insert(0, shown);
+    return told;
   } else {
     out.content = text;
   }
-  if (forced_) {  // JSON to the end: its calls are read whole
-    forced_text_ += out.content;
-    out.content.clear();
-    if (!last) return out;
-    auto told = read_forced_calls(forced_text_, forced_tool_);
-    out.content = std::move(told.content);
-    out.tool_calls = std::move(told.tool_calls);
-    return out;
-  }
-  if (tools_) {
+  if (tools_ || forced_) {  // a forced answer is JSON to the end: its calls stream as they are read
     auto told = calls_.feed(out.content, last);
     out.content = std::move(told.content);
     out.tool_calls = std::move(told.tool_calls);
+    out.called = told.called;
   }
   return out;
 }

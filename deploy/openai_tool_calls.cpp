@@ -2,7 +2,10 @@
 // (gpu/tool_call_format.hpp), whole or as the answer streams. Pure: the gateway's per-choice
 // state. Every reader is all or nothing: an answer whose calls do not all read is content, whole.
 
+#include <algorithm>
+#include <array>
 #include <cctype>
+#include <optional>
 #include <string_view>
 
 #include <nlohmann/json.hpp>
@@ -59,27 +62,66 @@ std::string trimmed(std::string_view s) { return std::string{trimmed_view(s)}; }
 
 bool starts_with(std::string_view s, size_t at, std::string_view prefix) { return s.substr(at, prefix.size()) == prefix; }
 
+/// The length of the longest end of `s` that `marker` starts with (short of the whole marker).
+size_t marker_tail(std::string_view s, std::string_view marker) {
+  for (size_t n = std::min(s.size(), marker.size() - 1); n > 0; --n)
+    if (s.substr(s.size() - n) == marker.substr(0, n)) return n;
+  return 0;
+}
+
+}  // namespace
+
+bool scan_json(std::string_view s, json_scan& scan) {
+  for (; scan.at < s.size(); ++scan.at) {
+    const char c = s[scan.at];
+    if (scan.in_string) {
+      if (scan.escaped) scan.escaped = false;
+      else if (c == '\\') scan.escaped = true;
+      else if (c == '"') scan.in_string = false;
+    } else if (c == '"') {
+      scan.in_string = true;
+    } else if (c == '{' || c == '[') {
+      ++scan.depth;
+    } else if ((c == '}' || c == ']') && --scan.depth == 0) {
+      ++scan.at;
+      return true;
+    }
+  }
+  return false;
+}
+
+namespace {
+
 /// One past the end of the JSON object or array that starts at `at`, brackets and strings matched
 /// (the parser checks the rest), or npos where it does not end (an answer cut by max_tokens).
 size_t json_extent(std::string_view s, size_t at) {
   if (at >= s.size() || (s[at] != '{' && s[at] != '[')) return npos;
-  int depth = 0;
-  bool in_string = false, escaped = false;
-  for (size_t i = at; i < s.size(); ++i) {
-    const char c = s[i];
-    if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
-      ++depth;
-    } else if ((c == '}' || c == ']') && --depth == 0) {
-      return i + 1;
+  json_scan scan{at};
+  return scan_json(s, scan) ? scan.at : npos;
+}
+
+/// One past the end of the JSON value that starts at `at` (any kind), or npos where the text ends
+/// first: a number at the very end may still go on.
+size_t value_extent(std::string_view s, size_t at) {
+  if (at >= s.size()) return npos;
+  if (s[at] == '{' || s[at] == '[') return json_extent(s, at);
+  if (s[at] == '"') {
+    for (size_t i = at + 1; i < s.size(); ++i) {
+      if (s[i] == '\\') ++i;
+      else if (s[i] == '"') return i + 1;
     }
+    return npos;
   }
+  for (size_t i = at; i < s.size(); ++i)
+    if (s[i] == ',' || s[i] == '}' || s[i] == ']' || space(s[i])) return i;
   return npos;
+}
+
+/// A JSON string token's text, decoded; nullopt where it is not one.
+std::optional<std::string> string_token(std::string_view token) {
+  const auto j = ordered_json::parse(token, nullptr, false);
+  if (!j.is_string()) return std::nullopt;
+  return j.get<std::string>();
 }
 
 /// A call's JSON, or a discarded value where it is not JSON or nests deeper than a request body
@@ -90,36 +132,83 @@ ordered_json parse_json(std::string_view text) {
   return ordered_json::parse(text, nullptr, false);
 }
 
-/// OpenAI's arguments: JSON text of the object (a string the model wrote stays as it is; none
-/// is `{}`). False for anything that is not an object or a string.
-bool arguments_text(const ordered_json& args, std::string* out) {
-  if (args.is_null()) return *out = "{}", true;
-  if (args.is_string()) return *out = args.get<std::string>(), true;
-  if (!args.is_object()) return false;
-  *out = args.dump(-1, ' ', false, ordered_json::error_handler_t::replace);
-  return true;
+/// A member of a JSON object: its key, and where its value's text lies.
+struct member {
+  std::string key;
+  size_t begin, end;
+};
+
+/// The members of a well-formed object (one that parsed) in the order written, with the text of
+/// each value: a call's arguments go out as the model wrote them, which is what a stream can send
+/// before the call ends.
+std::vector<member> object_members(std::string_view s) {
+  std::vector<member> out;
+  size_t at = skip_space(s, 1);
+  while (at < s.size() && s[at] == '"') {
+    const size_t key_end = value_extent(s, at);
+    auto key = string_token(s.substr(at, key_end - at));
+    const size_t begin = skip_space(s, skip_space(s, key_end) + 1);  // past the ':'
+    const size_t end = value_extent(s, begin);
+    out.push_back({key.value_or(""), begin, end});
+    at = skip_space(s, end);
+    if (at < s.size() && s[at] == ',') at = skip_space(s, at + 1);
+  }
+  return out;
 }
 
-/// A call written as one JSON object: its "name", and its "arguments" (or Llama's "parameters"),
-/// which `need_args` requires (a Llama answer that is JSON with a "name" alone is an answer).
-bool add_object_call(const ordered_json& body, answer_parts* out, bool need_args = false) {
+/// The elements of a well-formed array (one that parsed), as the text of each.
+std::vector<std::string_view> array_elements(std::string_view s) {
+  std::vector<std::string_view> out;
+  size_t at = skip_space(s, 1);
+  while (at < s.size() && s[at] != ']') {
+    const size_t end = value_extent(s, at);
+    out.push_back(s.substr(at, end - at));
+    at = skip_space(s, end);
+    if (at < s.size() && s[at] == ',') at = skip_space(s, at + 1);
+  }
+  return out;
+}
+
+bool arguments_key(std::string_view key) { return key == "arguments" || key == "parameters"; }
+
+/// A call written as one JSON object (`text`, exactly the object): its "name", and its
+/// "arguments" (or Llama's "parameters"), which `need_args` requires (a Llama answer that is
+/// JSON with a "name" alone is an answer). The arguments are their text as written when an
+/// object, the string's text when the model wrote a string, and `{}` when none or null. A second
+/// "name", or a second set of arguments, makes it no call: which one would be meant?
+bool add_object_call(std::string_view text, answer_parts* out, bool need_args = false) {
+  const auto body = parse_json(text);
   if (!body.is_object() || !body.contains("name") || !body["name"].is_string()) return false;
-  const char* key = body.contains("arguments") ? "arguments" : body.contains("parameters") ? "parameters" : nullptr;
-  if (!key && need_args) return false;
-  std::string text;
-  if (!arguments_text(key ? body[key] : ordered_json{}, &text)) return false;
-  out->tool_calls.push_back({body["name"].get<std::string>(), std::move(text)});
+  const member* args = nullptr;
+  int names = 0;
+  const auto members = object_members(text);
+  for (const auto& m : members) {
+    if (m.key == "name") ++names;
+    if (!arguments_key(m.key)) continue;
+    if (args) return false;
+    args = &m;
+  }
+  if (names != 1 || (!args && need_args)) return false;
+  std::string arguments = "{}";
+  if (args) {
+    const auto& value = body[args->key];
+    if (value.is_object()) arguments = std::string{text.substr(args->begin, args->end - args->begin)};
+    else if (value.is_string()) arguments = value.get<std::string>();
+    else if (!value.is_null()) return false;
+  }
+  out->tool_calls.push_back({body["name"].get<std::string>(), std::move(arguments), static_cast<uint32_t>(out->tool_calls.size())});
   return true;
 }
 
-/// A call given as a name and its arguments' JSON text.
+/// A call given as a name and its arguments' JSON text (an object, as written; none or null is
+/// `{}`).
 bool add_named_call(std::string name, std::string_view args, answer_parts* out) {
   if (name.empty()) return false;
-  const auto body = trimmed(args);
+  const auto body = trimmed_view(args);
   const auto parsed = body.empty() ? ordered_json{} : parse_json(body);
-  std::string text;
-  if (parsed.is_discarded() || !arguments_text(parsed, &text) || parsed.is_string()) return false;
-  out->tool_calls.push_back({std::move(name), std::move(text)});
+  if (!parsed.is_object() && !parsed.is_null()) return false;
+  out->tool_calls.push_back({std::move(name), parsed.is_object() ? std::string{body} : "{}",
+                             static_cast<uint32_t>(out->tool_calls.size())});
   return true;
 }
 
@@ -153,8 +242,7 @@ answer_parts read_hermes(const std::string& content) {
     const size_t from = at + hermes_begin.size();
     const size_t end = s.find(hermes_end, from);
     // A call cut off by max_tokens has no end tag: it is read to the answer's end.
-    const auto body = parse_json(s.substr(from, end == npos ? npos : end - from));
-    if (!add_object_call(body, &out)) return whole(content);
+    if (!add_object_call(trimmed_view(s.substr(from, end == npos ? npos : end - from)), &out)) return whole(content);
     if (end == npos) break;
     const size_t after = end + hermes_end.size();
     at = s.find(hermes_begin, after);
@@ -162,6 +250,16 @@ answer_parts read_hermes(const std::string& content) {
   }
   join_content(s.substr(0, first), rest, &out);
   return out;
+}
+
+/// A JSON list of call objects (`text`, exactly the list), each read as add_object_call; an empty
+/// list is none.
+bool add_call_list(std::string_view text, answer_parts* out, bool need_args = false) {
+  const auto list = text.empty() ? ordered_json{} : parse_json(text);
+  if (!list.is_array() || list.empty()) return false;
+  for (const auto element : array_elements(text))
+    if (!add_object_call(element, out, need_args)) return false;
+  return true;
 }
 
 answer_parts read_llama(const std::string& content) {
@@ -172,7 +270,7 @@ answer_parts read_llama(const std::string& content) {
   answer_parts out;
   while (at < s.size() && s[at] == '{') {  // calls, `;` between them
     const size_t end = json_extent(s, at);
-    if (end == npos || !add_object_call(parse_json(s.substr(at, end - at)), &out, /*need_args*/ true))
+    if (end == npos || !add_object_call(s.substr(at, end - at), &out, /*need_args*/ true))
       return whole(content);
     at = skip_space(s, end);
     if (at < s.size() && s[at] == ';') at = skip_space(s, at + 1);
@@ -212,10 +310,7 @@ answer_parts read_mistral(const std::string& content) {
     if (marked) at = skip_space(s, at + mistral_calls.size());
     if (marked && at < s.size() && s[at] == '[') {  // v0.3: a JSON list of calls
       const size_t end = json_extent(s, at);
-      const auto list = end == npos ? ordered_json{} : parse_json(s.substr(at, end - at));
-      if (!list.is_array() || list.empty()) return whole(content);
-      for (const auto& c : list)
-        if (!add_object_call(c, &out)) return whole(content);
+      if (!add_call_list(end == npos ? std::string_view{} : s.substr(at, end - at), &out)) return whole(content);
       at = end;
     } else if (marked) {
       if (!read_mistral_named(s, &at, &out)) return whole(content);
@@ -232,14 +327,16 @@ answer_parts read_mistral(const std::string& content) {
   return out;
 }
 
+/// A Kimi call's name from its head, the call's id: functions.name:index, or name:index.
+std::string_view kimi_name(std::string_view head) {
+  std::string_view name = trimmed_view(head.substr(0, head.rfind(':')));
+  if (const size_t dot = name.rfind('.'); dot != npos) name = name.substr(dot + 1);
+  return name;
+}
+
 /// One call of a sectioned form from its head and arguments.
 bool add_sectioned_call(tool_call_format f, std::string_view head, std::string_view right, answer_parts* out) {
-  if (f == tool_call_format::kimi) {  // the head is the call's id: functions.name:index, or name:index
-    const size_t colon = head.rfind(':');
-    std::string_view name = trimmed_view(head.substr(0, colon));
-    if (const size_t dot = name.rfind('.'); dot != npos) name = name.substr(dot + 1);
-    return add_named_call(std::string{name}, right, out);
-  }
+  if (f == tool_call_format::kimi) return add_named_call(std::string{kimi_name(head)}, right, out);
   if (head == "function") {  // DeepSeek V3, R1: the name on its own line, then a ```json block
     const size_t line = right.find('\n');
     if (line == npos) return false;
@@ -292,6 +389,200 @@ std::string_view call_marker(tool_call_format f) {
   }
 }
 
+
+/// Where a stream stands on its next call: the call's head read (its name, and where its
+/// arguments' object begins), more text needed, or none that can stream (the end reads the rest).
+struct call_head {
+  enum status_t { none, more, found } status = none;
+  std::string name;
+  size_t args = 0;
+  /// Text that ends the call where the whole answer's reader looks for it (hermes_end, the
+  /// call's end marker, a closing fence): the arguments stop there, whatever their JSON says.
+  std::array<std::string_view, 2> ends{};
+};
+
+const call_head more_text{call_head::more, {}, 0, {}};
+
+/// Whether `marker` is at `at`: yes, no, or not known yet (the text ends inside it).
+enum class seen { yes, no, more };
+seen see(std::string_view s, size_t at, std::string_view marker) {
+  const auto rest = s.substr(std::min(at, s.size()));
+  if (rest.size() >= marker.size()) return rest.substr(0, marker.size()) == marker ? seen::yes : seen::no;
+  return marker.substr(0, rest.size()) == rest ? seen::more : seen::no;
+}
+
+/// A call object's head, the object starting at `at`: "name" (a string) first, then "arguments"
+/// or "parameters" as an object. Anything else is for the end to read.
+call_head object_head(std::string_view s, size_t at) {
+  std::optional<std::string> name;
+  for (size_t i = at + 1;; ++i) {  // at a member, after '{' or ','
+    i = skip_space(s, i);
+    if (i >= s.size()) return more_text;
+    if (s[i] != '"') return {};
+    const size_t key_end = value_extent(s, i);
+    if (key_end == npos) return more_text;
+    const auto key = string_token(s.substr(i, key_end - i));
+    i = skip_space(s, key_end);
+    if (!key || (i < s.size() && s[i] != ':')) return {};
+    i = skip_space(s, i + 1);
+    if (i >= s.size()) return more_text;
+    if (arguments_key(*key)) {
+      if (!name || s[i] != '{') return {};
+      return {call_head::found, std::move(*name), i};
+    }
+    const size_t end = value_extent(s, i);
+    if (end == npos) return more_text;
+    if (*key == "name") {
+      if (name || s[i] != '"') return {};
+      name = string_token(s.substr(i, end - i));
+      if (!name) return {};
+    }
+    i = skip_space(s, end);
+    if (i >= s.size()) return more_text;
+    if (s[i] != ',') return {};
+  }
+}
+
+/// The arguments' object at `at`, for a call named `name`.
+call_head args_at(std::string_view s, size_t at, std::string name) {
+  if (at >= s.size()) return more_text;
+  if (name.empty() || s[at] != '{') return {};
+  return {call_head::found, std::move(name), at};
+}
+
+/// The next call object in a JSON list of calls: the first after the '[' at `open`, or the one
+/// after the call whose arguments ended at `from`.
+call_head list_head(std::string_view s, size_t open, size_t from, bool first) {
+  size_t at = skip_space(s, first ? open + 1 : from);
+  if (!first) {  // the call object closes, then a ',' and the next
+    if (at < s.size() && s[at] == '}') at = skip_space(s, at + 1);
+    if (at >= s.size()) return more_text;
+    if (s[at] != ',') return {};
+    at = skip_space(s, at + 1);
+  }
+  if (at >= s.size()) return more_text;
+  return s[at] == '{' ? object_head(s, at) : call_head{};
+}
+
+/// Mistral's newer form at `at`: name, [CALL_ID]id optionally, [ARGS], the arguments' object.
+call_head mistral_named_head(std::string_view s, size_t at) {
+  size_t i = at;
+  while (i < s.size() && name_char(s[i])) ++i;
+  if (i >= s.size()) return more_text;
+  std::string name{s.substr(at, i - at)};
+  switch (see(s, i, mistral_call_id)) {
+    case seen::more: return more_text;
+    case seen::yes:
+      i += mistral_call_id.size();
+      while (i < s.size() && std::isalnum(static_cast<unsigned char>(s[i]))) ++i;
+      if (i >= s.size()) return more_text;
+      break;
+    case seen::no: break;
+  }
+  switch (see(s, i, mistral_args)) {
+    case seen::more: return more_text;
+    case seen::no: return {};
+    case seen::yes: break;
+  }
+  return args_at(s, skip_space(s, i + mistral_args.size()), std::move(name));
+}
+
+call_head hermes_head(std::string_view s, size_t from, bool first) {
+  size_t at = hermes_begin.size();  // the text starts at the first call's marker
+  if (!first) {  // after this call's end tag, the next call's marker (any text between is read at the end)
+    const size_t end = s.find(hermes_end, from);
+    const size_t next = end == npos ? npos : s.find(hermes_begin, end + hermes_end.size());
+    if (next == npos) return more_text;
+    at = next + hermes_begin.size();
+  }
+  at = skip_space(s, at);
+  if (at >= s.size()) return more_text;
+  auto head = s[at] == '{' ? object_head(s, at) : call_head{};
+  head.ends = {hermes_end};
+  return head;
+}
+
+call_head llama_head(std::string_view s, size_t from, bool first) {
+  size_t at = skip_space(s, first ? 0 : from);
+  if (first) {
+    switch (see(s, at, python_tag)) {
+      case seen::more: return more_text;
+      case seen::yes: at = skip_space(s, at + python_tag.size()); break;
+      case seen::no: break;
+    }
+  } else {
+    if (at < s.size() && s[at] == '}') at = skip_space(s, at + 1);  // the call object closes
+    if (at < s.size() && s[at] == ';') at = skip_space(s, at + 1);
+  }
+  if (at >= s.size()) return more_text;
+  return s[at] == '{' ? object_head(s, at) : call_head{};
+}
+
+call_head mistral_head(std::string_view s, size_t from, bool first) {
+  const size_t open = skip_space(s, mistral_calls.size());  // the text starts at the first marker
+  if (open >= s.size()) return more_text;
+  if (s[open] == '[') return list_head(s, open, from, first);  // v0.3's list: its calls stream
+  size_t at = first ? open : skip_space(s, from);
+  if (!first) {
+    // Another named call with a marker of its own streams. One without is read at the end: it
+    // is a call only if its JSON reads, else text, which a stream cannot know yet.
+    if (at >= s.size()) return more_text;
+    switch (see(s, at, mistral_calls)) {
+      case seen::more: return more_text;
+      case seen::yes: at = skip_space(s, at + mistral_calls.size()); break;
+      case seen::no: return {};
+    }
+  }
+  return mistral_named_head(s, at);
+}
+
+call_head sectioned_head(std::string_view s, size_t from, bool first, tool_call_format f, const sectioned_form& form) {
+  size_t at = form.section_begin.size();  // the text starts at the section's marker
+  if (!first) {
+    const size_t end = s.find(form.call_end, from);
+    if (end == npos) return more_text;
+    at = end + form.call_end.size();
+  }
+  at = skip_space(s, at);
+  switch (see(s, at, form.call_begin)) {
+    case seen::more: return more_text;
+    case seen::no: return {};
+    case seen::yes: break;
+  }
+  const size_t head = at + form.call_begin.size();
+  auto found = [&](size_t args, std::string name, std::string_view fence = {}) {
+    auto h = args_at(s, args, std::move(name));
+    h.ends = {form.call_end, fence};
+    return h;
+  };
+  const size_t sep = s.find(form.sep, head);
+  const size_t end = s.find(form.call_end, head);
+  if (end != npos && (sep == npos || end < sep)) return {};
+  if (sep == npos) return more_text;
+  const std::string_view head_text = s.substr(head, sep - head);
+  const size_t right = sep + form.sep.size();
+  if (f == tool_call_format::kimi) return found(skip_space(s, right), std::string{kimi_name(head_text)});
+  if (head_text != "function") return found(skip_space(s, right), trimmed(head_text));
+  // DeepSeek V3, R1: the name on its own line, then the arguments in a ```json block.
+  const size_t line = s.find('\n', right);
+  if (line == npos) return more_text;
+  if (end != npos && end < line) return {};
+  size_t args = skip_space(s, line + 1);
+  switch (see(s, args, "```json")) {
+    case seen::more: return more_text;
+    case seen::yes: return found(skip_space(s, args + 7), trimmed(s.substr(right, line - right)), "```");
+    case seen::no: break;
+  }
+  return found(args, trimmed(s.substr(right, line - right)));
+}
+
+call_head forced_head(std::string_view s, size_t from, bool first, const std::string& tool) {
+  if (!tool.empty()) return first ? args_at(s, skip_space(s, 0), tool) : call_head{};
+  const size_t open = skip_space(s, 0);
+  if (open >= s.size()) return more_text;
+  return s[open] == '[' ? list_head(s, open, from, first) : call_head{};
+}
+
 }  // namespace
 
 answer_parts read_tool_calls(const std::string& content, tool_call_format format) {
@@ -306,6 +597,92 @@ answer_parts read_tool_calls(const std::string& content, tool_call_format format
   return whole(content);
 }
 
+answer_parts read_forced_calls(const std::string& text, const std::string& forced_tool) {
+  answer_parts out;
+  const auto body = trimmed_view(text);
+  if (!forced_tool.empty() && !body.empty() && body[0] == '{' && parse_json(body).is_object()) {
+    out.tool_calls.push_back({forced_tool, std::string{body}});
+    return out;
+  }
+  if (forced_tool.empty() && !body.empty() && body[0] == '[' && add_call_list(body, &out, /*need_args*/ true)) return out;
+  out.tool_calls.clear();
+  out.content = text;
+  return out;
+}
+
+tool_call_splitter tool_call_splitter::forced(std::string tool) {
+  tool_call_splitter s{tool_call_format::none};
+  s.forced_ = true;
+  s.forced_tool_ = std::move(tool);
+  s.calling_ = true;
+  return s;
+}
+
+answer_parts tool_call_splitter::read_held() const {
+  return forced_ ? read_forced_calls(held_, forced_tool_) : read_tool_calls(held_, format_);
+}
+
+void tool_call_splitter::stream_calls(answer_parts* out) {
+  const std::string_view s = held_;
+  while (!stopped_) {
+    if (args_open_) {  // the last call's arguments so far; trailing whitespace waits (the end may trim it)
+      auto& call = sent_.back();
+      const bool ended = scan_json(s, scan_);
+      size_t upto = ended ? scan_.at : s.size();
+      bool cut = false;
+      for (const auto end : call.ends) {
+        if (end.empty()) continue;
+        const size_t from = std::max(call.args_begin, call.args_sent >= end.size() ? call.args_sent - end.size() + 1 : 0);
+        if (const size_t at = s.find(end, from); at < upto) {
+          upto = at;
+          cut = true;
+        } else if (!ended) {
+          upto -= marker_tail(s.substr(0, upto), end);  // it may still become `end`
+        }
+      }
+      while ((cut || !ended) && upto > call.args_sent && space(s[upto - 1])) --upto;
+      upto = std::max(upto, call.args_sent);
+      if (upto > call.args_sent) {
+        const auto piece = s.substr(call.args_sent, upto - call.args_sent);
+        const auto index = static_cast<uint32_t>(sent_.size() - 1);
+        if (!out->tool_calls.empty() && out->tool_calls.back().index == index) out->tool_calls.back().arguments += piece;
+        else out->tool_calls.push_back({{}, std::string{piece}, index, false});
+        call.args_sent = upto;
+      }
+      if (cut) {  // the JSON did not end before the call did: the end reads it
+        stopped_ = true;
+        return;
+      }
+      if (!ended) return;
+      args_open_ = false;
+      next_from_ = scan_.at;
+    }
+    const bool first = sent_.empty();
+    call_head head;
+    if (forced_) {
+      head = forced_head(s, next_from_, first, forced_tool_);
+    } else {
+      switch (format_) {
+        case tool_call_format::hermes: head = hermes_head(s, next_from_, first); break;
+        case tool_call_format::llama_json: head = llama_head(s, next_from_, first); break;
+        case tool_call_format::mistral: head = mistral_head(s, next_from_, first); break;
+        case tool_call_format::deepseek: head = sectioned_head(s, next_from_, first, format_, deepseek_form); break;
+        case tool_call_format::kimi: head = sectioned_head(s, next_from_, first, format_, kimi_form); break;
+        case tool_call_format::none: break;
+      }
+    }
+    if (head.status == call_head::more) return;
+    if (head.status == call_head::none) {
+      stopped_ = true;
+      return;
+    }
+    out->tool_calls.push_back({head.name, {}, static_cast<uint32_t>(sent_.size()), true});
+    sent_.push_back({std::move(head.name), head.args, head.args, head.ends});
+    scan_ = json_scan{head.args};
+    args_open_ = true;
+  }
+}
+
 answer_parts tool_call_splitter::feed(const std::string& content, bool last) {
   answer_parts out;
   held_ += content;
@@ -314,7 +691,7 @@ answer_parts tool_call_splitter::feed(const std::string& content, bool last) {
     held_.clear();
     return out;
   }
-  if (!calling_ && format_ == tool_call_format::llama_json) {
+  if (!calling_ && format_ == tool_call_format::llama_json) {  // (a forced answer is calling_ from the start)
     // A Llama call is the answer itself: held while the answer may still start with one.
     const std::string_view rest = std::string_view{held_}.substr(skip_space(held_, 0));
     const bool undecided = rest.size() < python_tag.size() && python_tag.substr(0, rest.size()) == rest;
@@ -341,17 +718,37 @@ answer_parts tool_call_splitter::feed(const std::string& content, bool last) {
     }
   }
   shown_ |= !out.content.empty();
-  if (!last) return out;
-  auto calls = read_tool_calls(held_, format_);
-  held_.clear();
-  if (calls.tool_calls.empty()) {
-    out.content += calls.content;  // no calls after all: the held text is content
+  if (!last) {
+    stream_calls(&out);
+    return out;
+  }
+  auto calls = read_held();
+  // The whole answer's calls must go on from the pieces already sent.
+  bool agrees = !calls.tool_calls.empty() && calls.tool_calls.size() >= sent_.size();
+  for (size_t i = 0; agrees && i < sent_.size(); ++i) {
+    const auto& sent = sent_[i];
+    agrees = calls.tool_calls[i].name == sent.name &&
+             std::string_view{calls.tool_calls[i].arguments}.starts_with(
+                 std::string_view{held_}.substr(sent.args_begin, sent.args_sent - sent.args_begin));
+  }
+  out.called = agrees || !sent_.empty();
+  if (!agrees) {
+    out.content += held_;  // no calls after all, or not the ones sent: the held text is content
   } else {
+    for (auto& c : calls.tool_calls) {
+      if (c.index < sent_.size()) {  // the rest of a call already begun
+        c.arguments.erase(0, sent_[c.index].args_sent - sent_[c.index].args_begin);
+        c.name.clear();
+        c.first = false;
+        if (c.arguments.empty()) continue;
+      }
+      out.tool_calls.push_back(std::move(c));
+    }
     // The content before the first call already went out; what the calls leave (text between
     // and after them) follows it now.
-    out.tool_calls = std::move(calls.tool_calls);
     if (!calls.content.empty()) out.content += (shown_ ? "\n" : "") + calls.content;
   }
+  held_.clear();
   return out;
 }
 

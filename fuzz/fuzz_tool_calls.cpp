@@ -1,7 +1,11 @@
 // A model's chat answer, read for its reasoning and tool calls as the gateway reads it
-// (answer_reader): any bytes, in every tool-call form. Beyond not crashing, the answer read in
-// one piece and the same answer streamed in pieces of 1-16 bytes must tell apart exactly the
-// same reasoning, content and calls (a streamed client and a whole one see one answer).
+// (answer_reader): any bytes, in every tool-call form and as a forced tool_choice's JSON. Beyond
+// not crashing, the answer read in one piece and the same answer streamed in pieces of 1-16 bytes
+// must tell apart the same reasoning and content, and where the whole answer reads as calls, the
+// streamed pieces must join to exactly those calls: a stream sends a call's arguments before the
+// call ends, so it must never send what the whole answer then reads otherwise. (Where the whole
+// answer is content, a stream may have sent calls it cannot take back; its content is then the
+// same text, so nothing is lost.)
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -26,9 +30,15 @@ told read(const baton::deploy::openai::call& c, uint8_t thinking, const std::str
     auto parts = r.feed(piece, at >= text.size());
     out.reasoning += parts.reasoning;
     out.content += parts.content;
-    for (auto& t : parts.tool_calls) {
-      out.calls.push_back(std::move(t.name));
-      out.calls.push_back(std::move(t.arguments));
+    for (auto& t : parts.tool_calls) {  // a call's pieces, joined: the first names it
+      if (t.first) {
+        if (t.index * 2 != out.calls.size()) __builtin_trap();
+        out.calls.push_back(std::move(t.name));
+        out.calls.push_back(std::move(t.arguments));
+      } else {
+        if (t.index * 2 + 2 != out.calls.size()) __builtin_trap();
+        out.calls.back() += t.arguments;
+      }
     }
   } while (at < text.size());
   return out;
@@ -40,14 +50,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 2) return 0;
   baton::deploy::openai::call c;
   c.chat = true;
-  c.tool_calls = static_cast<baton::gpu::tool_call_format>((data[0] & 0x0f) % (baton::gpu::max_tool_call_format + 1));
+  const unsigned form = (data[0] & 0x0f) % (baton::gpu::max_tool_call_format + 3);
+  if (form <= baton::gpu::max_tool_call_format) c.tool_calls = static_cast<baton::gpu::tool_call_format>(form);
+  else if (form == baton::gpu::max_tool_call_format + 1) c.forced_tool = "f";  // tool_choice naming a function
+  else c.forced_calls = true;                                                 // tool_choice required
   c.separate_reasoning = data[0] & 0x10;
   const uint8_t thinking = data[0] & 0x20 ? 1 : 2;  // the router's word: the prompt opened <think> or not
   const size_t step = 1 + data[1] % 16;
   const std::string text(reinterpret_cast<const char*>(data) + 2, size - 2);
   const auto whole = read(c, thinking, text, text.size() + 1);
   const auto streamed = read(c, thinking, text, step);
-  if (whole.reasoning != streamed.reasoning || whole.content != streamed.content || whole.calls != streamed.calls)
-    __builtin_trap();
+  if (whole.reasoning != streamed.reasoning || whole.content != streamed.content) __builtin_trap();
+  if (!whole.calls.empty() && whole.calls != streamed.calls) __builtin_trap();
   return 0;
 }

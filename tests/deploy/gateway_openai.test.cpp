@@ -499,10 +499,24 @@ TEST_CASE("structured outputs over HTTP: a json_schema answer is JSON that holds
   REQUIRE(called_streamed.status == 200);
   std::vector<json> events;
   sse_text(called_streamed.body, &events, true);
-  json streamed_calls;
-  for (const auto& ev : events)
-    if (ev.is_object() && !ev["choices"].empty() && ev["choices"][0]["delta"].contains("tool_calls"))
-      streamed_calls = ev["choices"][0]["delta"]["tool_calls"];
-  REQUIRE(streamed_calls.size() == 1);
-  CHECK(streamed_calls[0]["function"]["arguments"] == call["arguments"]);
+  // The call streams: its name first, then its arguments a token or so at a time, which join to
+  // the whole answer's; the last event's finish_reason says tool_calls.
+  std::string streamed_name, streamed_args, last_finish;
+  int pieces = 0;
+  for (const auto& ev : events) {
+    if (!ev.is_object() || ev["choices"].empty()) continue;
+    const auto& ch = ev["choices"][0];
+    if (!ch["finish_reason"].is_null()) last_finish = ch["finish_reason"];
+    if (!ch["delta"].contains("tool_calls")) continue;
+    for (const auto& piece : ch["delta"]["tool_calls"]) {
+      CHECK(piece["index"] == 0);
+      if (piece.contains("id")) streamed_name += piece["function"]["name"].get<std::string>();
+      streamed_args += piece["function"]["arguments"].get<std::string>();
+      ++pieces;
+    }
+  }
+  CHECK(streamed_name == "get_weather");
+  CHECK(streamed_args == call["arguments"]);
+  CHECK(pieces > 2);
+  CHECK(last_finish == "tool_calls");
 }

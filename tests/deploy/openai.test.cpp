@@ -637,7 +637,7 @@ TEST_CASE("tool calls in an answer: Hermes' <tool_call> JSON becomes tool_calls 
   CHECK(two.content == "Checking.");
   REQUIRE(two.tool_calls.size() == 2);
   CHECK(two.tool_calls[0].name == "f");
-  CHECK(two.tool_calls[0].arguments == R"({"b":1,"a":[2]})");
+  CHECK(two.tool_calls[0].arguments == R"({"b": 1, "a": [2]})");  // as the model wrote them
   CHECK(two.tool_calls[1].arguments == "{}");
   CHECK(read_tool_calls("<tool_call>{\"name\": \"f\", \"arguments\": {}}").tool_calls.size() == 1);  // cut by max_tokens
   const auto not_json = read_tool_calls("a <tool_call> b </tool_call>");
@@ -651,7 +651,33 @@ TEST_CASE("tool calls in an answer: Hermes' <tool_call> JSON becomes tool_calls 
   CHECK(mid.tool_calls.empty());
   auto end = s.feed("\"arguments\": {\"x\": 1}}</tool_call>", true);
   REQUIRE(end.tool_calls.size() == 1);
-  CHECK(end.tool_calls[0].arguments == R"({"x":1})");
+  CHECK(end.tool_calls[0].arguments == R"({"x": 1})");
+  // Streamed: the call goes out once its name and the start of its arguments are read, then its
+  // arguments as they grow (a trailing blank waits); the end sends what is left.
+  deploy::openai::tool_call_splitter live{gpu::tool_call_format::hermes};
+  CHECK(live.feed("<tool_call>{\"name\": \"get_", false).tool_calls.empty());
+  auto named = live.feed("weather\", \"arguments\": {\"city\": ", false);
+  REQUIRE(named.tool_calls.size() == 1);
+  CHECK(named.tool_calls[0].first);
+  CHECK(named.tool_calls[0].name == "get_weather");
+  CHECK(named.tool_calls[0].arguments == R"({"city":)");
+  auto more = live.feed("\"Par", false);
+  REQUIRE(more.tool_calls.size() == 1);
+  CHECK_FALSE(more.tool_calls[0].first);
+  CHECK(more.tool_calls[0].arguments == R"( "Par)");
+  auto rest = live.feed("is\"}}</tool_call>", true);
+  REQUIRE(rest.tool_calls.size() == 1);
+  CHECK(rest.tool_calls[0].arguments == R"(is"})");
+  CHECK(rest.called);
+  CHECK(rest.content.empty());
+  // A stream cannot take back what it sent: a call whose JSON breaks stays sent, and the text
+  // from its marker on follows as content.
+  deploy::openai::tool_call_splitter broken{gpu::tool_call_format::hermes};
+  CHECK(broken.feed("<tool_call>{\"name\": \"f\", \"arguments\": {\"x\": 1", false).tool_calls.size() == 1);
+  auto after = broken.feed("]]</tool_call>", true);
+  CHECK(after.tool_calls.empty());
+  CHECK(after.called);
+  CHECK(after.content == "<tool_call>{\"name\": \"f\", \"arguments\": {\"x\": 1]]</tool_call>");
   deploy::openai::tool_call_splitter no_call{gpu::tool_call_format::hermes};
   CHECK(no_call.feed("a <tool_call", false).content == "a ");
   CHECK(no_call.feed("> nope", true).content == "<tool_call> nope");  // held, then given back
@@ -667,15 +693,21 @@ TEST_CASE("tool calls in an answer: Hermes' <tool_call> JSON becomes tool_calls 
   CHECK(choice["finish_reason"] == "tool_calls");
   CHECK(choice["message"]["content"].is_null());
   CHECK(choice["message"]["tool_calls"] ==
-        json::parse(R"([{"id":"call_7-1-0-0","type":"function","function":{"name":"f","arguments":"{\"x\":1}"}}])"));
+        json::parse(R"([{"id":"call_7-1-0-0","type":"function","function":{"name":"f","arguments":"{\"x\": 1}"}}])"));
   stream_chunk last;
   last.finish_reason = "eos";
   deploy::openai::answer_parts parts;
-  parts.tool_calls = {{"f", "{}"}};
+  parts.tool_calls = {{"f", "{", 1, true}};
+  stream_chunk mid_chunk;
+  const auto opened = json::parse(deploy::openai::chunk_json(c, mid_chunk, "chatcmpl-7-1", 0, false, 0, 0, &parts))["choices"][0];
+  CHECK(opened["finish_reason"].is_null());
+  CHECK(opened["delta"]["tool_calls"] ==
+        json::parse(R"([{"index":1,"id":"call_7-1-0-1","type":"function","function":{"name":"f","arguments":"{"}}])"));
+  parts.tool_calls = {{"", "}", 1, false}};
+  parts.called = true;
   const auto streamed = json::parse(deploy::openai::chunk_json(c, last, "chatcmpl-7-1", 0, false, 0, 0, &parts))["choices"][0];
   CHECK(streamed["finish_reason"] == "tool_calls");
-  CHECK(streamed["delta"]["tool_calls"][0]["index"] == 0);
-  CHECK(streamed["delta"]["tool_calls"][0]["function"]["name"] == "f");
+  CHECK(streamed["delta"]["tool_calls"] == json::parse(R"([{"index":1,"function":{"arguments":"}"}}])"));
 }
 
 TEST_CASE("tool calls in Llama 3.1's, Mistral's, DeepSeek's and Kimi-K2's forms: read whole, and streamed in pieces of any size "
@@ -687,44 +719,47 @@ TEST_CASE("tool calls in Llama 3.1's, Mistral's, DeepSeek's and Kimi-K2's forms:
     std::string text;
     std::string content;  ///< "=": the text itself (no call read)
     calls want;
+    calls sent = {};  ///< where no call reads whole: what a stream had sent by then (it cannot take it back)
   };
   const std::string ds_begin = "<｜tool▁calls▁begin｜>", ds_end = "<｜tool▁calls▁end｜>", call = "<｜tool▁call▁begin｜>",
                     end = "<｜tool▁call▁end｜>", sep = "<｜tool▁sep｜>";
   const std::vector<example> examples = {
       {tool_call_format::llama_json, " {\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}", "",
-       {{"get_weather", R"({"city":"Paris"})"}}},
+       {{"get_weather", R"({"city": "Paris"})"}}},
       {tool_call_format::llama_json, "<|python_tag|>{\"name\": \"f\", \"arguments\": {\"x\": \"};\"}}; {\"name\": \"g\", \"parameters\": {}}",
-       "", {{"f", R"({"x":"};"})"}, {"g", "{}"}}},
+       "", {{"f", R"({"x": "};"})"}, {"g", "{}"}}},
       {tool_call_format::llama_json, "{\"name\": \"f\", \"parameters\": {}}\nDone.", "Done.", {{"f", "{}"}}},
       {tool_call_format::llama_json, "It is sunny in {Paris}.", "=", {}},
       {tool_call_format::llama_json, "<b>bold</b>", "=", {}},
-      {tool_call_format::llama_json, "{\"name\": \"f\", \"parameters\": {\"x\": ", "=", {}},  // cut by max_tokens
+      {tool_call_format::llama_json, "{\"name\": \"f\", \"parameters\": {\"x\": ", "=", {},  // cut by max_tokens
+       {{"f", R"({"x":)"}}},
       {tool_call_format::llama_json, "{\"city\": \"Paris\"}", "=", {}},                     // JSON, but no call
       {tool_call_format::llama_json, "{\"name\": \"Bob\", \"age\": 3}", "=", {}},           // a name, but no arguments
       {tool_call_format::llama_json,
        "{\"name\": \"f\", \"parameters\": {\"a\": " + std::string(100, '[') + std::string(100, ']') + "}}", "=",
-       {}},  // nested past max_json_depth: text, never parsed (nor written back) that deep
+       {},  // nested past max_json_depth: text, never parsed (nor written back) that deep
+       {{"f", "{\"a\": " + std::string(100, '[') + std::string(100, ']') + "}"}}},
       {tool_call_format::mistral, "[TOOL_CALLS] [{\"name\": \"f\", \"arguments\": {\"x\": \"a]b\"}}, {\"name\": \"g\", \"arguments\": {}}]",
-       "", {{"f", R"({"x":"a]b"})"}, {"g", "{}"}}},
+       "", {{"f", R"({"x": "a]b"})"}, {"g", "{}"}}},
       {tool_call_format::mistral, "Let me look.[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\"}[TOOL_CALLS]f[CALL_ID]ab12[ARGS]{}",
-       "Let me look.", {{"get_weather", R"({"city":"Paris"})"}, {"f", "{}"}}},
-      {tool_call_format::mistral, "[TOOL_CALLS]f[ARGS]{\"x\": 1}g[ARGS]{\"y\": 2}", "", {{"f", R"({"x":1})"}, {"g", R"({"y":2})"}}},
+       "Let me look.", {{"get_weather", R"({"city": "Paris"})"}, {"f", "{}"}}},
+      {tool_call_format::mistral, "[TOOL_CALLS]f[ARGS]{\"x\": 1}g[ARGS]{\"y\": 2}", "", {{"f", R"({"x": 1})"}, {"g", R"({"y": 2})"}}},
       {tool_call_format::mistral, "No [TOOL_CALLS] here", "=", {}},
       // An id that is not one (text before [ARGS]): not a call, and never another call's arguments.
       {tool_call_format::mistral, "[TOOL_CALLS]f[CALL_ID]x y[TOOL_CALLS]g[ARGS]{}", "=", {}},
       {tool_call_format::mistral, "[TOOL_CALLS][{\"arguments\": {}}]", "=", {}},  // a call without a name
       {tool_call_format::deepseek,
        "Checking." + ds_begin + call + "function" + sep + "get_weather\n```json\n{\"city\": \"Paris\"}\n```" + end + ds_end,
-       "Checking.", {{"get_weather", R"({"city":"Paris"})"}}},
+       "Checking.", {{"get_weather", R"({"city": "Paris"})"}}},
       {tool_call_format::deepseek, ds_begin + call + "f" + sep + "{\"x\": 1}" + end + call + "g" + sep + "{}" + end + ds_end, "",
-       {{"f", R"({"x":1})"}, {"g", "{}"}}},
-      {tool_call_format::deepseek, ds_begin + call + "f" + sep + "{\"x\": " + end + ds_end, "=", {}},
+       {{"f", R"({"x": 1})"}, {"g", "{}"}}},
+      {tool_call_format::deepseek, ds_begin + call + "f" + sep + "{\"x\": " + end + ds_end, "=", {}, {{"f", R"({"x":)"}}},
       {tool_call_format::deepseek, "A plain answer.", "=", {}},
       {tool_call_format::kimi,
        "Sure.<|tool_calls_section_begin|>\n<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
        "{\"city\": \"Paris\"}<|tool_call_end|>\n<|tool_call_begin|>g:1<|tool_call_argument_begin|>{}<|tool_call_end|>"
        "<|tool_calls_section_end|>",
-       "Sure.", {{"get_weather", R"({"city":"Paris"})"}, {"g", "{}"}}},
+       "Sure.", {{"get_weather", R"({"city": "Paris"})"}, {"g", "{}"}}},
       {tool_call_format::kimi, "<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0{}<|tool_call_end|>", "=", {}},
   };
   for (const auto& ex : examples) {
@@ -742,10 +777,23 @@ TEST_CASE("tool calls in Llama 3.1's, Mistral's, DeepSeek's and Kimi-K2's forms:
       for (size_t at = 0; at < ex.text.size(); at += step) {
         const auto part = s.feed(ex.text.substr(at, step), at + step >= ex.text.size());
         content += part.content;
-        for (const auto& c : part.tool_calls) streamed.emplace_back(c.name, c.arguments);
+        for (const auto& c : part.tool_calls) {  // a call's pieces, joined
+          if (c.first) streamed.emplace_back(c.name, "");
+          REQUIRE(c.index + 1 == streamed.size());
+          streamed.back().second += c.arguments;
+        }
       }
       CHECK(content == whole.content);
-      CHECK(streamed == ex.want);
+      if (!ex.want.empty() || step >= ex.text.size()) {
+        CHECK(streamed == ex.want);
+      } else {  // what went out before the last piece, which depends on where the pieces broke
+        REQUIRE(streamed.size() <= ex.sent.size());
+        for (size_t i = 0; i < streamed.size(); ++i) {
+          CHECK(streamed[i].first == ex.sent[i].first);
+          CHECK(ex.sent[i].second.starts_with(streamed[i].second));
+        }
+        if (step == 1) CHECK(streamed == ex.sent);
+      }
     }
   }
   // A Llama answer that is a call: no content, finish_reason tool_calls.
@@ -759,5 +807,5 @@ TEST_CASE("tool calls in Llama 3.1's, Mistral's, DeepSeek's and Kimi-K2's forms:
   const auto choice = json::parse(deploy::openai::completion_json(c, done, "chatcmpl-9-1", 0))["choices"][0];
   CHECK(choice["finish_reason"] == "tool_calls");
   CHECK(choice["message"]["content"].is_null());
-  CHECK(choice["message"]["tool_calls"][0]["function"]["arguments"] == R"({"x":1})");
+  CHECK(choice["message"]["tool_calls"][0]["function"]["arguments"] == R"({"x": 1})");
 }

@@ -80,16 +80,34 @@ TEST_CASE("structured outputs: response_format and a forced tool_choice become a
   named.forced_tool = "get_weather";
   deploy::openai::answer_reader r{named, 0};
   CHECK(r.active());
-  auto part = r.feed(R"({"city": )", false);
+  auto part = r.feed(R"({"city": )", false);  // the call goes out at once, its arguments as they come
   CHECK(part.content.empty());
-  CHECK(part.tool_calls.empty());
+  REQUIRE(part.tool_calls.size() == 1);
+  CHECK(part.tool_calls[0].first);
+  CHECK(part.tool_calls[0].name == "get_weather");
+  CHECK(part.tool_calls[0].arguments == R"({"city":)");
   part = r.feed(R"("Paris"})", true);
   REQUIRE(part.tool_calls.size() == 1);
-  CHECK(part.tool_calls[0].name == "get_weather");
-  CHECK(part.tool_calls[0].arguments == R"({"city":"Paris"})");
+  CHECK_FALSE(part.tool_calls[0].first);
+  CHECK(part.tool_calls[0].arguments == R"( "Paris"})");
+  CHECK(part.called);
+  CHECK(deploy::openai::answer_reader{named, 0}.feed(R"( {"city": "Paris"} )", true).tool_calls[0].arguments ==
+        R"({"city": "Paris"})");
   const auto list = deploy::openai::read_forced_calls(R"([{"name":"now","parameters":{}}, {"name":"get_weather","parameters":{"city":"Oslo"}}])", "");
   REQUIRE(list.tool_calls.size() == 2);
   CHECK(list.tool_calls[1].arguments == R"({"city":"Oslo"})");
+  deploy::openai::call required;
+  required.chat = true;
+  required.forced_calls = true;
+  deploy::openai::answer_reader listed{required, 0};
+  const auto first_call = listed.feed(R"([{"name": "now", "parameters": {"tz": "UTC"}}, {"name": "get_w)", false);
+  REQUIRE(first_call.tool_calls.size() == 1);  // the first call, whole; the second's name is not read yet
+  CHECK(first_call.tool_calls[0].arguments == R"({"tz": "UTC"})");
+  const auto second_call = listed.feed(R"(eather", "parameters": {}}])", true);
+  REQUIRE(second_call.tool_calls.size() == 1);
+  CHECK(second_call.tool_calls[0].index == 1);
+  CHECK(second_call.tool_calls[0].name == "get_weather");
+  CHECK(second_call.tool_calls[0].arguments == "{}");
   // Cut by max_tokens: no calls, the text is content, whole.
   const auto cut = deploy::openai::read_forced_calls(R"({"city": "Par)", "get_weather");
   CHECK(cut.tool_calls.empty());
@@ -108,7 +126,10 @@ TEST_CASE("structured outputs: response_format and a forced tool_choice become a
       auto take = [&](const deploy::openai::answer_parts& p) {
         all.reasoning += p.reasoning;
         all.content += p.content;
-        all.tool_calls.insert(all.tool_calls.end(), p.tool_calls.begin(), p.tool_calls.end());
+        for (const auto& c : p.tool_calls) {  // a call's pieces, joined
+          if (c.first) all.tool_calls.push_back(c);
+          else all.tool_calls.at(c.index).arguments += c.arguments;
+        }
       };
       if (whole) {
         std::string text;
@@ -121,7 +142,7 @@ TEST_CASE("structured outputs: response_format and a forced tool_choice become a
       CHECK(all.content == (separate ? "" : "Let me think</think>\n\n"));
       REQUIRE(all.tool_calls.size() == 1);
       CHECK(all.tool_calls[0].name == "get_weather");
-      CHECK(all.tool_calls[0].arguments == R"({"city":"Oslo"})");
+      CHECK(all.tool_calls[0].arguments == R"({"city": "Oslo"})");
     }
   }
 }
