@@ -383,21 +383,23 @@ private:
     if (notify && !kv_ready(job, l, sink)) return false;
 
     // Causal attention of every row over its own sequence's KV pages, positions [0, pos].
-    // Each (row, head) is computed alone in a fixed order, so batching cannot change it.
+    // Each (row, head) is computed in a fixed order, so batching cannot change it; the heads
+    // that share a KV head go together, reading its keys and values once
+    // (attention_group_ref, equal to attention_ref per head).
     const uint32_t hd = c.head_dim, group = c.num_attention_heads / c.num_key_value_heads;
     const uint32_t ps = kv_.layout().page_size_tokens;
     const float scale = softmax_scale_;
-    pool_.parallel_for(n * c.num_attention_heads, 1, [&](size_t begin, size_t end) {
+    pool_.parallel_for(n * c.num_key_value_heads, 1, [&](size_t begin, size_t end) {
       std::vector<float> scores;
       for (size_t item = begin; item < end; ++item) {
-        const size_t r = item / c.num_attention_heads;
-        const uint32_t head = static_cast<uint32_t>(item % c.num_attention_heads), kvh = head / group;
+        const size_t r = item / c.num_key_value_heads;
+        const uint32_t kvh = static_cast<uint32_t>(item % c.num_key_value_heads);
         const auto& pages = job.seqs[rows[r].seq].pages;
         const uint32_t len = rows[r].pos + 1;
-        scores.resize(len);
-        attention_ref(q + r * qd + head * hd, len, kv_.k_at(l, 0, 0), pages.data(), ps, c.kv_dim(),
-                      kv_.layout().page_bytes() / sizeof(float), kvh * hd, hd, scale, scores.data(),
-                      attn + r * qd + head * hd);
+        scores.resize(size_t{group} * len);
+        attention_group_ref(q + r * qd + kvh * group * hd, group, len, kv_.k_at(l, 0, 0), pages.data(), ps, c.kv_dim(),
+                            kv_.layout().page_bytes() / sizeof(float), kvh * hd, hd, scale, scores.data(),
+                            attn + r * qd + kvh * group * hd);
       }
     });
     matmul_nt(attn, n, qd, lw.wo.data(), h, act_.proj.data() + rr.begin * h, &pool_);
@@ -453,23 +455,37 @@ private:
 
     const uint32_t ps = kv_.layout().page_size_tokens;
     const float scale = softmax_scale_;
-    pool_.parallel_for(n * c.num_attention_heads, 1, [&](size_t begin, size_t end) {
-      std::vector<float> scores, query(lat), out(lora);
+    // Heads go in bunches of up to `bunch`, which read each token's latent once
+    // (latent_attention_group_ref, equal to latent_attention_ref per head); bunches of a row
+    // still spread over the threads.
+    constexpr uint32_t bunch = 16;
+    const uint32_t bunches = (c.num_attention_heads + bunch - 1) / bunch;
+    pool_.parallel_for(n * bunches, 1, [&](size_t begin, size_t end) {
+      std::vector<float> scores, query(size_t{bunch} * lat), out(size_t{bunch} * lora);
       for (size_t item = begin; item < end; ++item) {
-        const size_t r = item / c.num_attention_heads;
-        const uint32_t head = static_cast<uint32_t>(item % c.num_attention_heads);
-        const float* qh = q + r * qd + head * qk;
-        // The latent query: W_UK_h^T q_nope, then the rotated part as is.
-        for (uint32_t j = 0; j < lora; ++j)
-          query[j] = dot_fixed(lw.w_uk_t.data() + (uint64_t{head} * lora + j) * nope, qh, nope);
-        std::copy_n(qh + nope, rope, query.data() + lora);
+        const size_t r = item / bunches;
+        const uint32_t first = static_cast<uint32_t>(item % bunches) * bunch;
+        const uint32_t heads = std::min(bunch, c.num_attention_heads - first);
+        for (uint32_t k = 0; k < heads; ++k) {
+          // The latent query: W_UK_h^T q_nope, then the rotated part as is.
+          const uint32_t head = first + k;
+          const float* qh = q + r * qd + head * qk;
+          float* qk_latent = query.data() + size_t{k} * lat;
+          for (uint32_t j = 0; j < lora; ++j)
+            qk_latent[j] = dot_fixed(lw.w_uk_t.data() + (uint64_t{head} * lora + j) * nope, qh, nope);
+          std::copy_n(qh + nope, rope, qk_latent + lora);
+        }
         const auto& pages = job.seqs[rows[r].seq].pages;
         const uint32_t len = rows[r].pos + 1;
-        scores.resize(len);
-        latent_attention_ref(query.data(), len, kv_.k_at(l, 0, 0), pages.data(), ps, lat,
-                             kv_.layout().page_bytes() / sizeof(float), lora, scale, scores.data(), out.data());
-        float* o = attn + r * c.attn_out_dim() + head * vd;
-        for (uint32_t d = 0; d < vd; ++d) o[d] = dot_fixed(lw.w_uv.data() + (uint64_t{head} * vd + d) * lora, out.data(), lora);
+        scores.resize(size_t{heads} * len);
+        latent_attention_group_ref(query.data(), heads, len, kv_.k_at(l, 0, 0), pages.data(), ps, lat,
+                                   kv_.layout().page_bytes() / sizeof(float), lora, scale, scores.data(), out.data());
+        for (uint32_t k = 0; k < heads; ++k) {
+          const uint32_t head = first + k;
+          float* o = attn + r * c.attn_out_dim() + head * vd;
+          for (uint32_t d = 0; d < vd; ++d)
+            o[d] = dot_fixed(lw.w_uv.data() + (uint64_t{head} * vd + d) * lora, out.data() + size_t{k} * lora, lora);
+        }
       }
     });
     matmul_nt(attn, n, c.attn_out_dim(), lw.wo.data(), h, act_.proj.data() + rr.begin * h, &pool_);

@@ -174,7 +174,89 @@ void attend(const float* q, uint32_t len, KeyAt key_at, uint32_t key_dim, ValueA
   }
 }
 
+/// out[i][j] = dot_fixed(xs[i], ws[j]) for nx rows and nw ≤ 4 columns: the tiles of the micro
+/// kernel (each loaded column vector serves up to 4 rows), so every element sums as dot_fixed's.
+void dot_block(const float* const* xs, uint32_t nx, const float* const* ws, uint32_t nw, size_t k, float* out) {
+  float tile[16];
+  for (uint32_t i = 0; i < nx;) {
+    const uint32_t rows = nx - i >= 4 ? 4 : nx - i >= 2 ? 2 : 1;
+    for (uint32_t j = 0; j < nw;) {
+      const uint32_t cols = nw - j >= 4 ? 4 : 1;
+      if (rows == 4 && cols == 4) micro_kernel<4, 4>(xs + i, ws + j, k, tile);
+      else if (rows == 2 && cols == 4) micro_kernel<2, 4>(xs + i, ws + j, k, tile);
+      else if (rows == 1 && cols == 4) micro_kernel<1, 4>(xs + i, ws + j, k, tile);
+      else if (rows == 4) micro_kernel<4, 1>(xs + i, ws + j, k, tile);
+      else if (rows == 2) micro_kernel<2, 1>(xs + i, ws + j, k, tile);
+      else micro_kernel<1, 1>(xs + i, ws + j, k, tile);
+      for (uint32_t r = 0; r < rows; ++r)
+        for (uint32_t c = 0; c < cols; ++c) out[(i + r) * nw + j + c] = tile[r * cols + c];
+      j += cols;
+    }
+    i += rows;
+  }
+}
+
+/// out[d] += p · v[d]: the product rounded, then the sum, per element (as attend's loop).
+#if defined(__x86_64__) && !defined(__AVX2__) && !defined(__clang__)
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+#endif
+void add_scaled(float* out, float p, const float* v, uint32_t n) {
+  for (uint32_t d = 0; d < n; ++d) out[d] += p * v[d];
+}
+
+/// attend for the `group` query heads (q, `key_dim` apart) that read the same keys and values:
+/// each head's scores, softmax and weighted sum are attend's, element by element, so each head's
+/// output equals attend's for that head alone, bit for bit. What it saves is memory traffic and
+/// calls: each key is loaded once for every head (4 keys at a time), and each value once.
+template <class KeyAt, class ValueAt>
+void attend_group(const float* q, uint32_t group, uint32_t len, KeyAt key_at, uint32_t key_dim, ValueAt value_at,
+                  uint32_t value_dim, float scale, float* scores /* [group][len] */, float* out /* [group][value_dim] */) {
+  std::vector<const float*> qs(group);
+  for (uint32_t g = 0; g < group; ++g) qs[g] = q + size_t{g} * key_dim;
+  std::vector<float> block(size_t{group} * 4);
+  for (uint32_t t = 0; t < len; t += 4) {
+    const uint32_t nt = std::min(4u, len - t);
+    const float* ks[4];
+    for (uint32_t c = 0; c < nt; ++c) ks[c] = key_at(t + c);
+    dot_block(qs.data(), group, ks, nt, key_dim, block.data());
+    for (uint32_t g = 0; g < group; ++g)
+      for (uint32_t c = 0; c < nt; ++c) scores[size_t{g} * len + t + c] = block[g * nt + c] * scale;
+  }
+  std::vector<float> sums(group);
+  for (uint32_t g = 0; g < group; ++g) {
+    float* sg = scores + size_t{g} * len;
+    float max_score = -INFINITY;
+    for (uint32_t t = 0; t < len; ++t) max_score = std::max(max_score, sg[t]);
+    float sum = 0.0f;
+    for (uint32_t t = 0; t < len; ++t) {
+      sg[t] = std::exp(sg[t] - max_score);
+      sum += sg[t];
+    }
+    sums[g] = sum;
+  }
+  std::fill_n(out, size_t{group} * value_dim, 0.0f);
+  for (uint32_t t = 0; t < len; ++t) {
+    const float* v = value_at(t);
+    for (uint32_t g = 0; g < group; ++g) add_scaled(out + size_t{g} * value_dim, scores[size_t{g} * len + t] / sums[g], v, value_dim);
+  }
+}
+
 }  // namespace
+
+void attention_group_ref(const float* q, uint32_t group, uint32_t len, const float* kv_layer, const uint32_t* pages,
+                         uint32_t page_size, uint32_t kv_dim, uint64_t page_elems, uint32_t kv_offset, uint32_t head_dim,
+                         float scale, float* scores, float* out) {
+  auto k_at = [&](uint32_t t) { return kv_layer + pages[t / page_size] * page_elems + uint64_t{t % page_size} * kv_dim + kv_offset; };
+  const uint64_t v_skip = uint64_t{page_size} * kv_dim;
+  attend_group(q, group, len, k_at, head_dim, [&](uint32_t t) { return k_at(t) + v_skip; }, head_dim, scale, scores, out);
+}
+
+void latent_attention_group_ref(const float* q, uint32_t heads, uint32_t len, const float* kv_layer,
+                                const uint32_t* pages, uint32_t page_size, uint32_t latent_dim, uint64_t page_elems,
+                                uint32_t value_dim, float scale, float* scores, float* out) {
+  auto at = [&](uint32_t t) { return kv_layer + pages[t / page_size] * page_elems + uint64_t{t % page_size} * latent_dim; };
+  attend_group(q, heads, len, at, latent_dim, at, value_dim, scale, scores, out);
+}
 
 void attention_ref(const float* q, uint32_t len, const float* kv_layer, const uint32_t* pages, uint32_t page_size,
                    uint32_t kv_dim, uint64_t page_elems, uint32_t kv_offset, uint32_t head_dim, float scale,

@@ -50,6 +50,14 @@ void attention_ref(const float* q, uint32_t len, const float* kv_layer, const ui
                    uint32_t kv_dim, uint64_t page_elems, uint32_t kv_offset, uint32_t head_dim, float scale,
                    float* scores /* [len] scratch */, float* out);
 
+/// attention_ref for `group` query heads that share one KV head (GQA: heads kv_head · group ..
+/// onward; q and out hold them one after another, head_dim apart), each head's output equal to
+/// attention_ref's bit for bit. The CPU executor's attention: each key and value is read once per
+/// group rather than once per head.
+void attention_group_ref(const float* q, uint32_t group, uint32_t len, const float* kv_layer, const uint32_t* pages,
+                         uint32_t page_size, uint32_t kv_dim, uint64_t page_elems, uint32_t kv_offset, uint32_t head_dim,
+                         float scale, float* scores /* [group][len] scratch */, float* out);
+
 /// Attention of one query over the MLA latent cache (one plane of `latent_dim` floats per token):
 /// scores are q·latent_t over all latent_dim values (the absorbed no-RoPE query against the
 /// compressed KV, plus the RoPE query against the shared rotated key), and the output is
@@ -57,6 +65,13 @@ void attention_ref(const float* q, uint32_t len, const float* kv_layer, const ui
 void latent_attention_ref(const float* q, uint32_t len, const float* kv_layer, const uint32_t* pages,
                           uint32_t page_size, uint32_t latent_dim, uint64_t page_elems, uint32_t value_dim,
                           float scale, float* scores /* [len] scratch */, float* out);
+
+/// latent_attention_ref for `heads` queries (latent_dim apart; outputs value_dim apart) over the
+/// same latent cache, each equal to latent_attention_ref's bit for bit; every head reads the one
+/// latent, so each token's is loaded once.
+void latent_attention_group_ref(const float* q, uint32_t heads, uint32_t len, const float* kv_layer,
+                                const uint32_t* pages, uint32_t page_size, uint32_t latent_dim, uint64_t page_elems,
+                                uint32_t value_dim, float scale, float* scores /* [heads][len] scratch */, float* out);
 
 /// Rotary embedding over adjacent pairs (2i, 2i + 1) of one `dim`-wide vector, as DeepSeek's MLA
 /// rotates its decoupled key and query parts (transformers' complex form for V2, its interleave

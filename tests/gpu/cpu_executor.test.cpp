@@ -62,6 +62,53 @@ TEST_CASE("matmul gives every element the same bits whatever the batch, tiling a
   }
 }
 
+TEST_CASE("grouped attention gives each query head exactly attention_ref's bits, and the latent form "
+          "latent_attention_ref's, over paged KV, for any group size, length and width") {
+  const uint32_t page_size = 4;
+  for (const uint32_t head_dim : {7u, 16u, 64u}) {  // 7: only the k tail; 16 and 64: whole lanes
+    for (const uint32_t kv_heads : {1u, 3u}) {
+      const uint32_t kv_dim = kv_heads * head_dim;
+      const uint64_t page_elems = uint64_t{2} * page_size * kv_dim;  // [k|v][slot][kv_dim]
+      const uint32_t num_pages = 12;
+      std::vector<float> kv(num_pages * page_elems);
+      for (size_t i = 0; i < kv.size(); ++i) kv[i] = std::sin(static_cast<float>(i) * 0.013f) * 3.0f;
+      const std::vector<uint32_t> pages = {7, 2, 11, 0, 5, 9, 1, 3, 10, 4, 6, 8};  // not in order
+      for (const uint32_t group : {1u, 2u, 3u, 5u, 8u}) {
+        for (const uint32_t len : {1u, 3u, 4u, 13u, 41u}) {
+          CAPTURE(head_dim);
+          CAPTURE(kv_heads);
+          CAPTURE(group);
+          CAPTURE(len);
+          std::vector<float> q(size_t{group} * head_dim);
+          for (size_t i = 0; i < q.size(); ++i) q[i] = std::cos(static_cast<float>(i * 7 + len) * 0.29f);
+          const uint32_t kvh = kv_heads - 1;
+          std::vector<float> scores(size_t{group} * len), grouped(q.size()), alone(head_dim);
+          attention_group_ref(q.data(), group, len, kv.data(), pages.data(), page_size, kv_dim, page_elems, kvh * head_dim,
+                              head_dim, 0.125f, scores.data(), grouped.data());
+          for (uint32_t g = 0; g < group; ++g) {
+            attention_ref(q.data() + g * head_dim, len, kv.data(), pages.data(), page_size, kv_dim, page_elems,
+                          kvh * head_dim, head_dim, 0.125f, scores.data(), alone.data());
+            CHECK(test::same_bits(alone, std::vector<float>(grouped.begin() + g * head_dim,
+                                                              grouped.begin() + (g + 1) * head_dim)));
+          }
+          // The latent form: every head reads the whole slot as its key, its first value_dim as its value.
+          const uint32_t latent = kv_dim, value_dim = std::max(1u, kv_dim - 3);
+          std::vector<float> lq(size_t{group} * latent), lgrouped(size_t{group} * value_dim), lalone(value_dim);
+          for (size_t i = 0; i < lq.size(); ++i) lq[i] = std::sin(static_cast<float>(i * 3 + len) * 0.17f);
+          latent_attention_group_ref(lq.data(), group, len, kv.data(), pages.data(), page_size, latent, page_elems,
+                                     value_dim, 0.0625f, scores.data(), lgrouped.data());
+          for (uint32_t g = 0; g < group; ++g) {
+            latent_attention_ref(lq.data() + g * latent, len, kv.data(), pages.data(), page_size, latent, page_elems,
+                                 value_dim, 0.0625f, scores.data(), lalone.data());
+            CHECK(test::same_bits(lalone, std::vector<float>(lgrouped.begin() + g * value_dim,
+                                                               lgrouped.begin() + (g + 1) * value_dim)));
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("rmsnorm, rope and swiglu match their definitions") {
   std::vector<float> x = {1, -2, 3, -4}, wt = {1, 1, 2, 0.5f}, y(4);
   rmsnorm(x.data(), wt.data(), 1, 4, 0.0f, y.data());
