@@ -4,7 +4,7 @@
 
 namespace baton {
 
-size_t streamable_prefix(const std::string& text, const std::vector<std::string>& stop) {
+size_t streamable_prefix(std::string_view text, const std::vector<std::string>& stop) {
   size_t end = text.size();
   // An unfinished UTF-8 character: its lead byte is among the last three bytes and announces
   // more continuation bytes than follow it.

@@ -1,6 +1,7 @@
 // Reading the tool calls in a chat answer, in each form a model's chat template asks for
 // (gpu/tool_call_format.hpp), whole or as the answer streams. Pure: the gateway's per-choice
-// state. Every reader is all or nothing: an answer whose calls do not all read is content, whole.
+// state. Read whole, every form is all or nothing: an answer whose calls do not all read is
+// content, whole. Streamed, each call goes out as it is written (tool_call_splitter).
 
 #include <algorithm>
 #include <array>
@@ -61,13 +62,6 @@ std::string_view trimmed_view(std::string_view s) {
 std::string trimmed(std::string_view s) { return std::string{trimmed_view(s)}; }
 
 bool starts_with(std::string_view s, size_t at, std::string_view prefix) { return s.substr(at, prefix.size()) == prefix; }
-
-/// The length of the longest end of `s` that `marker` starts with (short of the whole marker).
-size_t marker_tail(std::string_view s, std::string_view marker) {
-  for (size_t n = std::min(s.size(), marker.size() - 1); n > 0; --n)
-    if (s.substr(s.size() - n) == marker.substr(0, n)) return n;
-  return 0;
-}
 
 }  // namespace
 
@@ -389,7 +383,6 @@ std::string_view call_marker(tool_call_format f) {
   }
 }
 
-
 /// Where a stream stands on its next call: the call's head read (its name, and where its
 /// arguments' object begins), more text needed, or none that can stream (the end reads the rest).
 struct call_head {
@@ -630,16 +623,18 @@ void tool_call_splitter::stream_calls(answer_parts* out) {
       const bool ended = scan_json(s, scan_);
       size_t upto = ended ? scan_.at : s.size();
       bool cut = false;
+      std::vector<std::string> ends;
       for (const auto end : call.ends) {
         if (end.empty()) continue;
         const size_t from = std::max(call.args_begin, call.args_sent >= end.size() ? call.args_sent - end.size() + 1 : 0);
         if (const size_t at = s.find(end, from); at < upto) {
           upto = at;
           cut = true;
-        } else if (!ended) {
-          upto -= marker_tail(s.substr(0, upto), end);  // it may still become `end`
         }
+        ends.emplace_back(end);
       }
+      // A tail that may still become an end marker waits, as does half a UTF-8 character.
+      if (!ended && !cut) upto = streamable_prefix(s.substr(0, upto), ends);
       while ((cut || !ended) && upto > call.args_sent && space(s[upto - 1])) --upto;
       upto = std::max(upto, call.args_sent);
       if (upto > call.args_sent) {

@@ -216,18 +216,25 @@ void add_scaled(float* out, float p, const float* v, uint32_t n) {
 template <class KeyAt, class ValueAt>
 void attend_group(const float* q, uint32_t group, uint32_t len, KeyAt key_at, uint32_t key_dim, ValueAt value_at,
                   uint32_t value_dim, float scale, float* scores /* [group][len] */, float* out /* [group][value_dim] */) {
-  std::vector<const float*> qs(group);
-  for (uint32_t g = 0; g < group; ++g) qs[g] = q + size_t{g} * key_dim;
-  std::vector<float> block(size_t{group} * 4);
+  // Scores 4 keys by up to 4 heads at a time, in stack tiles: this runs per row, KV head and
+  // layer, so it allocates nothing for groups up to 16.
   for (uint32_t t = 0; t < len; t += 4) {
     const uint32_t nt = std::min(4u, len - t);
     const float* ks[4];
     for (uint32_t c = 0; c < nt; ++c) ks[c] = key_at(t + c);
-    dot_block(qs.data(), group, ks, nt, key_dim, block.data());
-    for (uint32_t g = 0; g < group; ++g)
-      for (uint32_t c = 0; c < nt; ++c) scores[size_t{g} * len + t + c] = block[g * nt + c] * scale;
+    for (uint32_t g0 = 0; g0 < group; g0 += 4) {
+      const uint32_t ng = std::min(4u, group - g0);
+      const float* qs[4];
+      for (uint32_t r = 0; r < ng; ++r) qs[r] = q + size_t{g0 + r} * key_dim;
+      float tile[16];
+      dot_block(qs, ng, ks, nt, key_dim, tile);
+      for (uint32_t r = 0; r < ng; ++r)
+        for (uint32_t c = 0; c < nt; ++c) scores[size_t{g0 + r} * len + t + c] = tile[r * nt + c] * scale;
+    }
   }
-  std::vector<float> sums(group);
+  float few_sums[16];
+  std::vector<float> many_sums(group > 16 ? group : 0);
+  float* sums = group > 16 ? many_sums.data() : few_sums;
   for (uint32_t g = 0; g < group; ++g) {
     float* sg = scores + size_t{g} * len;
     float max_score = -INFINITY;

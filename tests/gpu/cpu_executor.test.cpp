@@ -73,7 +73,7 @@ TEST_CASE("grouped attention gives each query head exactly attention_ref's bits,
       std::vector<float> kv(num_pages * page_elems);
       for (size_t i = 0; i < kv.size(); ++i) kv[i] = std::sin(static_cast<float>(i) * 0.013f) * 3.0f;
       const std::vector<uint32_t> pages = {7, 2, 11, 0, 5, 9, 1, 3, 10, 4, 6, 8};  // not in order
-      for (const uint32_t group : {1u, 2u, 3u, 5u, 8u}) {
+      for (const uint32_t group : {1u, 2u, 3u, 5u, 8u, 17u}) {  // 17: past the 16 sums kept on the stack
         for (const uint32_t len : {1u, 3u, 4u, 13u, 41u}) {
           CAPTURE(head_dim);
           CAPTURE(kv_heads);
