@@ -135,7 +135,7 @@ local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_co
     std::unique_ptr<transport::transport> t;
     if (cfg.transport == "ucx") {
       std::string why;
-      t = transport::make_ucx_transport({name, 1, cfg.ucx_send}, &why);
+      t = transport::make_ucx_transport({.name = name, .send = cfg.ucx_send}, &why);
       // A rank without a transport refuses work and says why (rank_core::setup_error).
       if (!t) t = std::make_unique<transport::failed_transport>("ucx: " + why);
     } else if (cfg.transport == "modelled") {

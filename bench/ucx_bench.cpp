@@ -145,7 +145,7 @@ int main(int argc, char** argv) {
   const transport::region_key remote = *parsed;
 
   std::string why;
-  auto t = transport::make_ucx_transport({"sender", 1, send}, &why);
+  auto t = transport::make_ucx_transport({.name = "sender", .send = send}, &why);
   if (!t) {
     std::fprintf(stderr, "sender: %s\n", why.c_str());
     return 1;

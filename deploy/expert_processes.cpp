@@ -77,7 +77,7 @@ uint64_t engine_slot_bytes(const gpu::model_config& cfg, const prefill_rank_conf
 
 gpu::peer_transport_maker ucx_peer_transports(const std::string& ucx_send) {
   return [ucx_send](const std::string& name, std::string* why) {
-    return transport::make_ucx_transport({name, 1, ucx_send}, why);
+    return transport::make_ucx_transport({.name = name, .send = ucx_send}, why);
   };
 }
 

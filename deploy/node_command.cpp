@@ -697,12 +697,12 @@ int run_node(const std::vector<std::string>& args) {
     for (uint32_t i = 0; i < num_ranks; ++i) {
       const std::string rank_name = rank_name_of(i);
       std::string why;
-      std::shared_ptr<transport::transport> xport{transport::make_ucx_transport({rank_name, 1, ucx_send}, &why)};
+      std::shared_ptr<transport::transport> xport{transport::make_ucx_transport({.name = rank_name, .send = ucx_send}, &why)};
       if (!xport) return "rank " + rank_name + ": UCX: " + why;
       // An elastic instance's decode actor has a transport of its own.
       std::shared_ptr<transport::transport> decode_xport;
       if (role == "elastic") {
-        decode_xport = transport::make_ucx_transport({rank_name + "-decode", 1, ucx_send}, &why);
+        decode_xport = transport::make_ucx_transport({.name = rank_name + "-decode", .send = ucx_send}, &why);
         if (!decode_xport) return "rank " + rank_name + ": UCX: " + why;
       }
       // The KV pool in the transport's memory: peers on this host (prefill ranks sending KV, the

@@ -123,22 +123,30 @@ void all_to_all::signal_abort() {
   wait_puts(puts, &why, std::min(cfg_.timeout, std::chrono::milliseconds{500}));
 }
 
-void all_to_all::pause(uint32_t* polls) const {
+void all_to_all::pause(waiting* w) const {
   // Yielding answers within microseconds, but a dozen shards yielding on two cores starve the
   // one that has work (seen: a shard silent for 10 s at its first exchange): a long wait sleeps.
+  // Sleeping in proportion to the wait so far bounds what it adds to 1 % of the wait (and 5 ms),
+  // while an idle shard (which waits for its engine's next step) wakes 200 times a second, not
+  // 20,000: twelve idle shards took most of two cores before, and slowed the next engine's start.
   constexpr uint32_t yields_first = 2000;
-  if (cfg_.poll_sleep_us)
+  if (cfg_.poll_sleep_us) {
     std::this_thread::sleep_for(std::chrono::microseconds{cfg_.poll_sleep_us});
-  else if (++*polls < yields_first)
+    return;
+  }
+  if (++w->polls < yields_first) {
     std::this_thread::yield();
-  else
-    std::this_thread::sleep_for(std::chrono::microseconds{50});
+    return;
+  }
+  using std::chrono::microseconds;
+  const auto waited = std::chrono::duration_cast<microseconds>(std::chrono::steady_clock::now() - w->since);
+  std::this_thread::sleep_for(std::clamp(waited / 100, microseconds{50}, microseconds{5000}));
 }
 
 bool all_to_all::wait_puts(std::vector<uint64_t>& ids, std::string* why, std::chrono::milliseconds limit) {
   const auto deadline = std::chrono::steady_clock::now() + limit;
   bool ok = true;
-  uint32_t polls = 0;
+  waiting w;
   for (size_t i = 0; i < ids.size(); ++i) {
     xfer_error err;
     xfer_state s;
@@ -148,7 +156,7 @@ bool all_to_all::wait_puts(std::vector<uint64_t>& ids, std::string* why, std::ch
         s = xfer_state::failed;
         break;
       }
-      pause(&polls);
+      pause(&w);
     }
     if (s == xfer_state::failed && ok) {
       *why = "all-to-all exchange " + std::to_string(seq_) + ": rank " + names_[cfg_.rank] + " -> " + err.peer +
@@ -227,7 +235,7 @@ bool all_to_all::complete(std::vector<std::span<const std::byte>>* recv, std::st
   // Every source's doorbell at this sequence: its chunk is here.
   recv->assign(cfg_.size, {});
   const auto deadline = std::chrono::steady_clock::now() + cfg_.timeout;
-  uint32_t polls = 0;
+  waiting w;
   for (uint32_t s = 0; s < cfg_.size; ++s) {
     auto* bell = reinterpret_cast<doorbell*>(recv_ + bell_offset(seq, s));
     uint64_t word = 0;
@@ -250,7 +258,7 @@ bool all_to_all::complete(std::vector<std::span<const std::byte>>* recv, std::st
                names_[s] + " " + fingerprint(s) + ")";
         return false;
       }
-      pause(&polls);
+      pause(&w);
     }
     const std::byte* slot = recv_ + bank_offset(seq) + uint64_t{s} * stride();
     uint64_t bytes = 0;

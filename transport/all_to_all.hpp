@@ -41,9 +41,10 @@ struct all_to_all_config {
   uint64_t slot_bytes = 1 << 20;    ///< the largest chunk one rank sends another per exchange
   std::chrono::milliseconds timeout{10'000};  ///< an exchange fails when a rank's input has not arrived by then
   /// Between polls: 0 yields (lowest latency with a core to spare), and once a wait has lasted
-  /// 2,000 polls sleeps 50 us between them, so that idle ranks and expert shards leave the cores
-  /// to those with work; N sleeps N us from the start, which leaves the core to the transport's
-  /// progress thread where cores are few.
+  /// 2,000 polls sleeps in proportion to how long it has lasted: 1 % of it, from 50 us up to
+  /// 5 ms. Idle ranks and expert shards so leave the cores to those with work, and a wait ends
+  /// at most 1 % (or 50 us) after its input came. N sleeps N us from the start, which leaves
+  /// the core to the transport's progress thread where cores are few.
   uint32_t poll_sleep_us = 0;
   /// Stores into peers' slots where the transport maps them (see above); false always puts (tests
   /// of the put path, and a baseline for benchmarks).
@@ -121,8 +122,13 @@ private:
   bool wait_puts(std::vector<uint64_t>& ids, std::string* why) {
     return wait_puts(ids, why, std::min(cfg_.timeout, cfg_.put_timeout));
   }
-  /// One wait between polls; `polls` counts this wait's polls so far (see poll_sleep_us).
-  void pause(uint32_t* polls) const;
+  /// How long one wait has lasted, in polls and time (see poll_sleep_us).
+  struct waiting {
+    uint32_t polls = 0;
+    std::chrono::steady_clock::time_point since = std::chrono::steady_clock::now();
+  };
+  /// One wait between polls.
+  void pause(waiting* w) const;
 
   transport& t_;
   std::vector<std::string> names_;

@@ -27,9 +27,13 @@ namespace baton::transport {
 
 struct ucx_config {
   std::string name;          ///< this endpoint's rank name, for errors
-  /// How long the progress thread sleeps when idle. Short, because some shared-memory paths need
-  /// the target's progress to complete a peer's flush and do not signal the wakeup fd.
-  uint32_t idle_wait_ms = 1;
+  /// How long the progress thread sleeps when idle, unless UCX's wakeup fd or a command wakes it.
+  /// Puts into ordinary memory over shared memory once needed the target's progress to complete
+  /// a peer's flush without signalling that fd (a 1 ms wait was chosen for them); the targets
+  /// Baton puts into now complete without it (the same handoff and TTFT at 1 ms and 100 ms,
+  /// docs/perf.md), and every wakeup costs a core ~25 us on a VM: 20 ms bounds what a path
+  /// still needing it could lose, at 1/20 of the idle cost.
+  uint32_t idle_wait_ms = 20;
   /// How a put's bytes travel:
   ///   "put": one-sided RMA puts, then a flush (shared memory, RDMA);
   ///   "am":  active messages forced to rendezvous: the target's progress thread receives each

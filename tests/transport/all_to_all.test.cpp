@@ -29,7 +29,7 @@ std::vector<std::unique_ptr<transport>> make_group(const std::string& backend, u
     names->push_back("ep-" + std::to_string(r));
     std::string why;
     if (backend == "loopback") out.push_back(make_loopback_transport(fabric, names->back() + "-" + std::to_string(::getpid())));
-    else out.push_back(make_ucx_transport({names->back(), 1, backend == "ucx-am" ? "am" : "put"}, &why));
+    else out.push_back(make_ucx_transport({.name = names->back(), .send = backend == "ucx-am" ? "am" : "put"}, &why));
     REQUIRE_MESSAGE(out.back(), why);
   }
   return out;

@@ -34,9 +34,9 @@ endpoints make_endpoints(const std::string& backend, two_ranks& t) {
   std::string why;
   // "ucx-am": the sender's bytes travel as rendezvous active messages instead of RMA puts.
   const std::string mode = backend == "ucx-am" ? "am" : "put";
-  auto a = make_ucx_transport({"a", 1, mode}, &why);
+  auto a = make_ucx_transport({.name = "a", .send = mode}, &why);
   REQUIRE_MESSAGE(a, why);
-  auto b = make_ucx_transport({"b", 1, mode}, &why);
+  auto b = make_ucx_transport({.name = "b", .send = mode}, &why);
   REQUIRE_MESSAGE(b, why);
   return {std::move(a), std::move(b)};
 }
@@ -142,11 +142,11 @@ TEST_CASE("UCX keeps a bounded cache of peers' keys: past its cap the least rece
   for (const std::string mode : {"put", "am"}) {
     CAPTURE(mode);
     std::string why;
-    ucx_config cfg{"sender", 1, mode};
+    ucx_config cfg{.name = "sender", .send = mode};
     cfg.max_keys_per_peer = 2;
     auto a = make_ucx_transport(cfg, &why);
     REQUIRE_MESSAGE(a, why);
-    auto b = make_ucx_transport({"b", 1, mode}, &why);
+    auto b = make_ucx_transport({.name = "b", .send = mode}, &why);
     REQUIRE_MESSAGE(b, why);
     std::vector<std::byte> src(4096, std::byte{7});
     xfer_error err;
@@ -200,10 +200,10 @@ TEST_CASE("UCX keeps a bounded cache of peers' keys: past its cap the least rece
   for (const std::string mode : {"put", "am"}) {
     CAPTURE(mode);
     std::string why;
-    ucx_config cfg{"a", 1, mode};
+    ucx_config cfg{.name = "a", .send = mode};
     cfg.key_idle_ms = 1;
     auto a = make_ucx_transport(cfg, &why);
-    auto b = make_ucx_transport({"b", 1, mode}, &why);
+    auto b = make_ucx_transport({.name = "b", .send = mode}, &why);
     REQUIRE(a);
     REQUIRE(b);
     std::vector<std::byte> abuf(512, std::byte{1}), bbuf(512, std::byte{0});
@@ -233,7 +233,7 @@ TEST_CASE("UCX keeps a bounded cache of peers' keys: past its cap the least rece
     CHECK(round(std::byte{6}));
   }
   std::string why;
-  CHECK(make_ucx_transport({"c", 1, "put", 1, 0}, &why) == nullptr);
+  CHECK(make_ucx_transport({.name = "c", .max_keys_per_peer = 0}, &why) == nullptr);
   CHECK(why.find("max_keys_per_peer") != std::string::npos);
 }
 

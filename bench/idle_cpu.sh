@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# What an idle cluster costs: `baton local --serve` in a few shapes (plain, KV over UCX to a decode
+# process, expert parallelism with 2 and 4 EP ranks per engine, whose shards are processes of their
+# own), left idle; the CPU time all its processes use, per second of wall time, over 5 s once they
+# have started. The floor it chases is the plain cluster's (the actors' own timers), measured in
+# the same run. 127.0.0.1 only.
+# Usage: bench/idle_cpu.sh [build dir]
+set -euo pipefail
+build="${1:-$(dirname "$0")/../build}"
+baton="$(cd "$build" && pwd)/deploy/baton"
+export UCX_NET_DEVICES=lo
+tick=$(getconf CLK_TCK)
+port=13700
+cpu_ticks() {  # the user + system time of the process $1 and all its descendants, in ticks
+  local total=0 p
+  for p in $1 $(pgrep -P "$1" || true); do
+    [ "$p" = "$1" ] || { total=$((total + $(cpu_ticks "$p"))); continue; }
+    [ -r "/proc/$p/stat" ] && total=$((total + $(awk '{print $14 + $15}' "/proc/$p/stat")))
+  done
+  echo "$total"
+}
+processes() { echo $((1 + $(pgrep -P "$1" | wc -l))); }
+echo "| cluster | processes | idle CPU (ms per s) |"
+echo "|---|---|---|"
+while IFS='|' read -r what args; do
+  log=$(mktemp)
+  # shellcheck disable=SC2086
+  "$baton" local --serve --router-listen 127.0.0.1:$port $args >"$log" 2>&1 &
+  pid=$!
+  port=$((port + 1))
+  for _ in $(seq 300); do grep -q "serving;" "$log" && break; sleep 0.1; done
+  grep -q "serving;" "$log" || { cat "$log"; kill -TERM $pid; exit 1; }
+  sleep 2  # let start-up settle (shards' first waits, UCX's first connections)
+  n=$(processes $pid)
+  a=$(cpu_ticks $pid); sleep 5; b=$(cpu_ticks $pid)
+  echo "| $what | $n | $(( (b - a) * 1000 / tick / 5 )) |"
+  kill -TERM $pid; wait $pid 2>/dev/null || true
+  rm -f "$log"
+done <<'SHAPES'
+plain, 2 prefill + 2 decode ranks|--model deepseek-v3-tiny
+decode in its own process, KV over UCX|--model deepseek-v3-tiny --decode-processes 1 --transport ucx
+EP 2 (4 shard processes)|--model deepseek-v3-tiny --expert-parallel 2
+EP 4 (12 shard processes)|--model deepseek-v3-tiny --expert-parallel 4
+SHAPES
