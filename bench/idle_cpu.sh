@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # What an idle cluster costs: `baton local --serve` in a few shapes (plain, KV over UCX to a decode
 # process, expert parallelism with 2 and 4 EP ranks per engine, whose shards are processes of their
-# own), left idle; the CPU time all its processes use, per second of wall time, over 5 s once they
-# have started. The floor it chases is the plain cluster's (the actors' own timers), measured in
+# own, data-parallel attention, whose decode ranks serve each other's experts), left idle; the CPU
+# time all its processes use, per second of wall time, over 5 s once they have started. The floor it chases is the plain cluster's (the actors' own timers), measured in
 # the same run. 127.0.0.1 only.
 # Usage: bench/idle_cpu.sh [build dir]
 set -euo pipefail
@@ -41,4 +41,5 @@ plain, 2 prefill + 2 decode ranks|--model deepseek-v3-tiny
 decode in its own process, KV over UCX|--model deepseek-v3-tiny --decode-processes 1 --transport ucx
 EP 2 (4 shard processes)|--model deepseek-v3-tiny --expert-parallel 2
 EP 4 (12 shard processes)|--model deepseek-v3-tiny --expert-parallel 4
+data-parallel attention, 4 decode ranks in one EP 4 group|--model deepseek-v3-tiny --decode-ranks 4 --expert-parallel 4 --dp-attention
 SHAPES

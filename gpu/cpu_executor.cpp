@@ -128,9 +128,9 @@ public:
       if (experts_ && !failure_told_ && !experts_->failure().empty()) tell_failure();  // a shard out for good
     };
     if (peers_)
-      jobs_.start(check, run, {}, [this] { join_peers(); });
+      jobs_.start(check, run, {}, {[this] { return join_peers(); }});
     else if (experts_)  // while idle: a dead shard is noticed, and new shards are taken
-      jobs_.start(check, run, {}, [this] { idle_experts(); }, std::chrono::milliseconds{5});
+      jobs_.start(check, run, {}, {[this] { return idle_experts(), false; }, std::chrono::milliseconds{5}});
     else
       jobs_.start(check, run);
   }
@@ -719,10 +719,12 @@ private:
     return true;
   }
 
-  /// Data-parallel attention: ends this member's step, or joins one a peer started. A failure
-  /// leaves the group out of step; the next forward's MoE round reports it to its requests.
-  void join_peers() {
+  /// Data-parallel attention: ends this member's step, or joins one a peer started (then true).
+  /// A failure leaves the group out of step; the next forward's MoE round reports it to its
+  /// requests.
+  bool join_peers() {
     switch_peers();
+    const uint64_t joined = peers_->steps_joined();
     std::string why;
     if (!peers_->join(cfg_, &why) && why != last_peer_error_) {
       std::fprintf(stderr, "baton: %s\n", why.c_str());
@@ -730,6 +732,7 @@ private:
     }
     // A group that broke, here or through a peer's abort word, is told to the rank once.
     if (!failure_told_ && !peers_->failure().empty()) tell_failure();
+    return peers_->steps_joined() != joined;
   }
 
   /// The rank's listener hears of a standing failure once (executor thread, between jobs).

@@ -1,13 +1,14 @@
 #include "gpu/job_queue.hpp"
 
+#include <algorithm>
+
 namespace baton::gpu {
 
-void job_queue::start(check_fn check, run_fn run, std::function<void()> on_thread, std::function<void()> idle,
-                      std::chrono::microseconds idle_every) {
+void job_queue::start(check_fn check, run_fn run, std::function<void()> on_thread, idle_work idle) {
   thread_ = std::thread([this, check = std::move(check), run = std::move(run), on_thread = std::move(on_thread),
-                         idle = std::move(idle), idle_every] {
+                         idle = std::move(idle)] {
     if (on_thread) on_thread();
-    loop(check, run, idle, idle_every);
+    loop(check, run, idle);
   });
 }
 
@@ -29,23 +30,27 @@ void job_queue::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-void job_queue::loop(const check_fn& check, const run_fn& run, const std::function<void()>& idle,
-                     std::chrono::microseconds every) {
+void job_queue::loop(const check_fn& check, const run_fn& run, const idle_work& idle) {
+  using clock = std::chrono::steady_clock;
+  auto busy_at = clock::now();  // the last job or busy look
   for (;;) {
     std::pair<forward_job, std::shared_ptr<executor_sink>> item;
     {
       std::unique_lock<std::mutex> lock{mutex_};
       const auto ready = [this] { return stop_ || !queue_.empty(); };
-      if (!idle) {
+      if (!idle.look) {
         wake_.wait(lock, ready);
-      } else if (!wake_.wait_for(lock, every, ready)) {
-        lock.unlock();
-        idle();
-        continue;
+      } else {
+        const auto quiet = std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - busy_at);
+        if (!wake_.wait_for(lock, std::clamp(quiet / 100, idle.every, std::max(idle.every, idle.at_most)), ready)) {
+          lock.unlock();
+          if (idle.look()) busy_at = clock::now();
+          continue;
+        }
       }
       if (queue_.empty()) {  // stopped with nothing left
         lock.unlock();
-        if (idle) idle();  // a last look: finish a step a peer began before this stop
+        if (idle.look) idle.look();  // a last look: finish a step a peer began before this stop
         return;
       }
       item = std::move(queue_.front());
@@ -57,6 +62,7 @@ void job_queue::loop(const check_fn& check, const run_fn& run, const std::functi
     }
     item.second->on_started(item.first.job_id);
     run(item.first, *item.second);
+    busy_at = clock::now();
   }
 }
 

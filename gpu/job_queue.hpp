@@ -17,6 +17,18 @@
 
 namespace baton::gpu {
 
+/// What a job_queue's thread runs while it has no job, and how often.
+struct idle_work {
+  /// Runs while no job is queued (a data-parallel member joins its peers' steps there); true
+  /// when it found something to do, which brings its next look back to `every`.
+  std::function<bool()> look;
+  std::chrono::microseconds every{100};
+  /// The looks spread out as the thread stays idle: 1 % of the time since the last job or busy
+  /// look, from `every` up to this. A quiet member of an idle group so wakes 500 times a second
+  /// rather than 10,000, and one that has just been busy looks every `every`.
+  std::chrono::microseconds at_most{2000};
+};
+
 class job_queue {
 public:
   using check_fn = std::function<std::string(const forward_job&)>;   ///< empty string = sound
@@ -28,17 +40,16 @@ public:
   ~job_queue() { stop(); }
 
   /// Starts the thread. `on_thread` runs first on it (a CUDA backend selects its device there).
-  /// With `idle`, the thread runs it every `idle_every` while no job is queued (a data-parallel
-  /// member joins its peers' steps there); without, an idle thread sleeps until a job comes.
-  void start(check_fn check, run_fn run, std::function<void()> on_thread = {}, std::function<void()> idle = {},
-             std::chrono::microseconds idle_every = std::chrono::microseconds{100});
+  /// With `idle.look`, the thread runs it while no job is queued (see idle_work); without, an
+  /// idle thread sleeps until a job comes.
+  void start(check_fn check, run_fn run, std::function<void()> on_thread = {}, idle_work idle = {});
   void submit(forward_job job, std::shared_ptr<executor_sink> sink);
   /// Runs what is queued, then ends the thread; idempotent, and safe from two owners at once
   /// (elastic instances share one executor).
   void stop();
 
 private:
-  void loop(const check_fn& check, const run_fn& run, const std::function<void()>& idle, std::chrono::microseconds every);
+  void loop(const check_fn& check, const run_fn& run, const idle_work& idle);
 
   std::mutex mutex_;
   std::mutex join_mutex_;
