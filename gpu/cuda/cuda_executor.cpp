@@ -3,7 +3,6 @@
 
 #include "gpu/cuda_executor.hpp"
 
-#include <cublas_v2.h>
 
 #include <cuda_runtime.h>
 
@@ -19,6 +18,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "gpu/cuda/blas_library.hpp"
 #include "gpu/cuda/deepseek_path.hpp"
 #include "gpu/cuda/device_buffer.hpp"
 #include "gpu/cuda/fixed_gemm.hpp"
@@ -96,7 +96,7 @@ public:
     if (host_registered_) cudaHostUnregister(kv_.data());
     for (auto* e : events_) cudaEventDestroy(e);
     if (join_) cudaEventDestroy(join_);
-    if (blas_) cublasDestroy(blas_);
+    if (blas_) blas_lib_->cublasDestroy(blas_);
     for (auto s : {compute_, copy_, send_})
       if (s) cudaStreamDestroy(s);
   }
@@ -125,6 +125,7 @@ public:
         !ok(cudaStreamCreateWithPriority(&send_, cudaStreamNonBlocking, greatest), "create a stream"))
       return err_;
     std::string why;
+    if (!(blas_lib_ = cuda::load_blas(&why))) return why;
     if (!(gemm_ = cuda::fixed_gemm::create(type_, &why))) return why;
     const uint32_t L = cfg_.num_hidden_layers;
     timeline_events_ = ecfg_.record_timeline;
@@ -340,15 +341,15 @@ private:
       gemm_failed_ = true;
     }
     if (!blas_) {
-      if (cublasCreate(&blas_) != CUBLAS_STATUS_SUCCESS) {
+      if (blas_lib_->cublasCreate(&blas_) != CUBLAS_STATUS_SUCCESS) {
         if (err_.empty()) err_ = "cuBLAS could not start";
         return false;
       }
-      cublasSetStream(blas_, compute_);
+      blas_lib_->cublasSetStream(blas_, compute_);
     }
     const float alpha = 1.0f;
     const auto t = type_ == dtype::bf16 ? CUDA_R_16BF : CUDA_R_32F;
-    const auto rc = cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+    const auto rc = blas_lib_->cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
                                  static_cast<int>(k), &alpha, w, t, static_cast<int>(k), a, t, static_cast<int>(k), &beta,
                                  y, CUDA_R_32F, static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     if (rc != CUBLAS_STATUS_SUCCESS && err_.empty()) err_ = "cuBLAS GemmEx failed (status " + std::to_string(rc) + ")";
@@ -848,6 +849,7 @@ private:
   thread_pool sampler_{std::clamp(std::thread::hardware_concurrency() / 2, 1u, 8u)};
   std::unique_ptr<cuda::fixed_gemm> gemm_;  ///< products of many rows (the job thread only); null if it could not start
   bool gemm_failed_ = false;                ///< a product failed: the rest use cuBLAS GemmEx
+  const cuda::blas_library* blas_lib_ = nullptr;  ///< loaded at start (gpu/cuda/blas_library.hpp)
   cublasHandle_t blas_ = nullptr;           ///< the fallback when fixed_gemm fails: cuBLAS's own pick
   std::vector<cudaEvent_t> events_;
   cudaEvent_t join_ = nullptr;       ///< a captured job's send stream rejoins compute_ here

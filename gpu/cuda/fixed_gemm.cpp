@@ -1,6 +1,7 @@
 #include "gpu/cuda/fixed_gemm.hpp"
 
-#include <cublasLt.h>
+#include "gpu/cuda/blas_library.hpp"
+
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -13,6 +14,9 @@ namespace baton::gpu::cuda {
 
 namespace {
 
+/// cuBLASLt, loaded by fixed_gemm::create before anything here runs.
+const blas_library& blas() { return *load_blas(nullptr); }
+
 /// The smallest row count of a bucket (the first also takes the few rows the weight-streaming
 /// kernel cannot: inputs too wide for its shared memory).
 uint32_t bucket_floor(uint32_t bucket) { return bucket == 64 ? 1 : bucket == 512 ? 65 : 513; }
@@ -22,13 +26,13 @@ uint32_t bucket_floor(uint32_t bucket) { return bucket == 64 ? 1 : bucket == 512
 struct layouts {
   cublasLtMatrixLayout_t w = nullptr, a = nullptr, y = nullptr;
   layouts(cudaDataType_t t, uint32_t m, uint32_t n, uint32_t k) {
-    cublasLtMatrixLayoutCreate(&w, t, k, n, k);
-    cublasLtMatrixLayoutCreate(&a, t, k, m, k);
-    cublasLtMatrixLayoutCreate(&y, CUDA_R_32F, n, m, n);
+    blas().cublasLtMatrixLayoutCreate(&w, t, k, n, k);
+    blas().cublasLtMatrixLayoutCreate(&a, t, k, m, k);
+    blas().cublasLtMatrixLayoutCreate(&y, CUDA_R_32F, n, m, n);
   }
   ~layouts() {
     for (auto l : {w, a, y})
-      if (l) cublasLtMatrixLayoutDestroy(l);
+      if (l) blas().cublasLtMatrixLayoutDestroy(l);
   }
   layouts(const layouts&) = delete;
   layouts& operator=(const layouts&) = delete;
@@ -74,25 +78,25 @@ struct fixed_gemm::impl {
 
   ~impl() {
     if (workspace) cudaFree(workspace);
-    if (op) cublasLtMatmulDescDestroy(op);
-    if (lt) cublasLtDestroy(lt);
+    if (op) blas().cublasLtMatmulDescDestroy(op);
+    if (lt) blas().cublasLtDestroy(lt);
   }
 
   /// The heuristic's candidates for one layout within a workspace limit, appended to `out`
   /// unless already there.
   void candidates(const layouts& l, uint64_t workspace_limit, std::vector<cublasLtMatmulAlgo_t>* out) {
     cublasLtMatmulPreference_t pref = nullptr;
-    if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) return;
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_limit,
+    if (blas().cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) return;
+    blas().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_limit,
                                          sizeof workspace_limit);
     cublasLtMatmulHeuristicResult_t found[32];
     int count = 0;
-    if (cublasLtMatmulAlgoGetHeuristic(lt, op, l.w, l.a, l.y, l.y, pref, 32, found, &count) == CUBLAS_STATUS_SUCCESS)
+    if (blas().cublasLtMatmulAlgoGetHeuristic(lt, op, l.w, l.a, l.y, l.y, pref, 32, found, &count) == CUBLAS_STATUS_SUCCESS)
       for (int i = 0; i < count; ++i)
         if (found[i].state == CUBLAS_STATUS_SUCCESS &&
             std::none_of(out->begin(), out->end(), [&](const auto& a) { return same_config(a, found[i].algo); }))
           out->push_back(found[i].algo);
-    cublasLtMatmulPreferenceDestroy(pref);
+    blas().cublasLtMatmulPreferenceDestroy(pref);
   }
 
   /// One algorithm for a (weight shape, row bucket). Candidates: the heuristic's picks at the
@@ -114,14 +118,14 @@ struct fixed_gemm::impl {
     const int32_t one_split = 1;
     const uint32_t no_reduction = CUBLASLT_REDUCTION_SCHEME_NONE;
     for (auto algo : found) {
-      cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one_split, sizeof one_split);
-      cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &no_reduction, sizeof no_reduction);
+      blas().cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one_split, sizeof one_split);
+      blas().cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &no_reduction, sizeof no_reduction);
       cublasLtMatmulHeuristicResult_t at_big{}, at_small{};
-      if (auto rc = cublasLtMatmulAlgoCheck(lt, op, big.w, big.a, big.y, big.y, &algo, &at_big); rc != CUBLAS_STATUS_SUCCESS) {
+      if (auto rc = blas().cublasLtMatmulAlgoCheck(lt, op, big.w, big.a, big.y, big.y, &algo, &at_big); rc != CUBLAS_STATUS_SUCCESS) {
         ++t.failed_big, t.big_status = rc;
         continue;
       }
-      if (auto rc = cublasLtMatmulAlgoCheck(lt, op, small.w, small.a, small.y, small.y, &algo, &at_small);
+      if (auto rc = blas().cublasLtMatmulAlgoCheck(lt, op, small.w, small.a, small.y, small.y, &algo, &at_small);
           rc != CUBLAS_STATUS_SUCCESS) {
         ++t.failed_small, t.small_status = rc;
         continue;
@@ -156,16 +160,17 @@ fixed_gemm::fixed_gemm(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
 fixed_gemm::~fixed_gemm() = default;
 
 std::unique_ptr<fixed_gemm> fixed_gemm::create(dtype type, std::string* why) {
+  if (!load_blas(why)) return nullptr;
   auto p = std::make_unique<impl>();
   p->type = type == dtype::bf16 ? CUDA_R_16BF : CUDA_R_32F;
-  if (cublasLtCreate(&p->lt) != CUBLAS_STATUS_SUCCESS ||
-      cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) {
+  if (blas().cublasLtCreate(&p->lt) != CUBLAS_STATUS_SUCCESS ||
+      blas().cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) {
     *why = "cuBLASLt could not start";
     return nullptr;
   }
   const cublasOperation_t transposed = CUBLAS_OP_T, plain = CUBLAS_OP_N;
-  cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &transposed, sizeof transposed);
-  cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &plain, sizeof plain);
+  blas().cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &transposed, sizeof transposed);
+  blas().cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &plain, sizeof plain);
   return std::unique_ptr<fixed_gemm>(new fixed_gemm(std::move(p)));
 }
 
@@ -184,7 +189,7 @@ std::string fixed_gemm::run(const void* a, const void* w, float* y, uint32_t m, 
   // One workspace for every plan: products run one at a time on the caller's stream. Every plan
   // gets all of it: needs were measured at the bucket's edges only, and a row count between them
   // may need more (a stream-K schedule sizes its partials by the grid).
-  const auto rc = cublasLtMatmul(impl_->lt, impl_->op, &alpha, w, l.w, a, l.a, &beta, y, l.y, y, l.y, &p.algo,
+  const auto rc = blas().cublasLtMatmul(impl_->lt, impl_->op, &alpha, w, l.w, a, l.a, &beta, y, l.y, y, l.y, &p.algo,
                                  impl_->workspace, impl_->workspace ? impl::max_workspace : 0,
                                  static_cast<cudaStream_t>(stream));
   if (rc == CUBLAS_STATUS_SUCCESS) return {};
@@ -198,12 +203,12 @@ std::string fixed_gemm::describe(uint32_t m, uint32_t n, uint32_t k) {
   auto get = [&](cublasLtMatmulAlgoConfigAttributes_t attr) {
     uint32_t v = 0;
     size_t written = 0;
-    cublasLtMatmulAlgoConfigGetAttribute(&p.algo, attr, &v, sizeof v, &written);
+    blas().cublasLtMatmulAlgoConfigGetAttribute(&p.algo, attr, &v, sizeof v, &written);
     return std::to_string(v);
   };
   int32_t split = 0;
   size_t written = 0;
-  cublasLtMatmulAlgoConfigGetAttribute(&p.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split, sizeof split, &written);
+  blas().cublasLtMatmulAlgoConfigGetAttribute(&p.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split, sizeof split, &written);
   return "algo " + get(CUBLASLT_ALGO_CONFIG_ID) + ", tile " + get(CUBLASLT_ALGO_CONFIG_TILE_ID) + ", stages " +
          get(CUBLASLT_ALGO_CONFIG_STAGES_ID) + ", split-K " + std::to_string(split) + ", bucket " +
          std::to_string(row_bucket(m)) + (p.workspace ? ", workspace " + std::to_string(p.workspace) + " B" : "");

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gpu/cpu_executor.hpp"
+#include "gpu/cuda/blas_library.hpp"
 #include "gpu/cuda/kernels.hpp"
 #include "gpu/cuda_executor.hpp"
 #include "gpu/hf_model.hpp"
@@ -639,4 +640,22 @@ TEST_CASE("cuda executor, DeepSeek: disaggregated equals colocated bit for bit w
       CHECK(test::same_bits(alone.logits[0], beside.logits[1]));
     }
   }
+}
+
+// No device needed: the libraries load on any machine with the CUDA toolkit this build used.
+TEST_CASE("cuBLAS and cuBLASLt load on demand with every entry point the executor calls, once per process") {
+  std::string why;
+  const auto* lib = cuda::load_blas(&why);
+  REQUIRE_MESSAGE(lib, why);
+#define BATON_CHECK_LOADED(f) CHECK_MESSAGE(static_cast<bool>(lib->f), #f);
+  BATON_CUBLAS_FUNCTIONS(BATON_CHECK_LOADED)
+  BATON_CUBLASLT_FUNCTIONS(BATON_CHECK_LOADED)
+#undef BATON_CHECK_LOADED
+  CHECK(static_cast<bool>(lib->cublasGemmEx));
+  CHECK(cuda::load_blas(nullptr) == lib);  // loaded once: the same table
+  std::ifstream maps{"/proc/self/maps"};
+  std::string line;
+  bool mapped = false;
+  while (std::getline(maps, line)) mapped = mapped || line.find("libcublasLt.so") != std::string::npos;
+  CHECK(mapped);
 }
