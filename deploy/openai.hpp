@@ -19,7 +19,6 @@
 // fields are ignored, as OpenAI's servers do.
 
 #include <algorithm>
-#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -185,7 +184,7 @@ private:
   struct sent_call {
     std::string name;
     size_t args_begin = 0, args_sent = 0;
-    std::array<std::string_view, 2> ends{};  ///< markers that end the call (static text), none when empty
+    std::vector<std::string> ends;  ///< markers that end the call (kept as streamable_prefix takes them)
   };
   void stream_calls(answer_parts* out);
   answer_parts read_held() const;

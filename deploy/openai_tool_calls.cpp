@@ -623,18 +623,15 @@ void tool_call_splitter::stream_calls(answer_parts* out) {
       const bool ended = scan_json(s, scan_);
       size_t upto = ended ? scan_.at : s.size();
       bool cut = false;
-      std::vector<std::string> ends;
-      for (const auto end : call.ends) {
-        if (end.empty()) continue;
+      for (const std::string_view end : call.ends) {
         const size_t from = std::max(call.args_begin, call.args_sent >= end.size() ? call.args_sent - end.size() + 1 : 0);
         if (const size_t at = s.find(end, from); at < upto) {
           upto = at;
           cut = true;
         }
-        ends.emplace_back(end);
       }
       // A tail that may still become an end marker waits, as does half a UTF-8 character.
-      if (!ended && !cut) upto = streamable_prefix(s.substr(0, upto), ends);
+      if (!ended && !cut) upto = streamable_prefix(s.substr(0, upto), call.ends);
       while ((cut || !ended) && upto > call.args_sent && space(s[upto - 1])) --upto;
       upto = std::max(upto, call.args_sent);
       if (upto > call.args_sent) {
@@ -672,7 +669,9 @@ void tool_call_splitter::stream_calls(answer_parts* out) {
       return;
     }
     out->tool_calls.push_back({head.name, {}, static_cast<uint32_t>(sent_.size()), true});
-    sent_.push_back({std::move(head.name), head.args, head.args, head.ends});
+    sent_.push_back({std::move(head.name), head.args, head.args, {}});
+    for (const auto end : head.ends)  // once per call, not per token
+      if (!end.empty()) sent_.back().ends.emplace_back(end);
     scan_ = json_scan{head.args};
     args_open_ = true;
   }
