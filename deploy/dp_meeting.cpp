@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <string_view>
+#include <thread>
 #include <unistd.h>
 
 #include <caf/actor_system.hpp>
@@ -16,6 +17,8 @@
 #include "actors/node_messages.hpp"
 #include "deploy/commands.hpp"
 #include "deploy/expert_processes.hpp"
+#include "deploy/processes.hpp"
+#include "gpu/executor.hpp"
 #include "transport/all_to_all.hpp"
 
 namespace baton::deploy {
@@ -220,6 +223,309 @@ std::vector<std::shared_ptr<gpu::expert_peers>> meet_shrunk_group(caf::actor_sys
   }
   std::fflush(stdout);
   return members;
+}
+
+bool node_state::winding_down() const { return stop_requested() || leaving.load() || head_down.load(); }
+
+dp_node_groups::dp_node_groups(caf::actor_system& sys, setup s, std::shared_ptr<node_state> state)
+    : sys_(sys), setup_(std::move(s)), state_(std::move(state)) {
+  execs_.resize(setup_.at.ranks);
+}
+
+dp_node_groups::~dp_node_groups() {
+  for (auto& r : take_threads()) r.thread.join();
+}
+
+std::vector<dp_node_groups::reformer> dp_node_groups::take_threads() {
+  std::lock_guard<std::mutex> lock{mutex_};
+  return std::exchange(threads_, {});
+}
+
+std::string dp_node_groups::form(std::shared_ptr<const gpu::model_weights>* weights, const std::string& source) {
+  const auto& at = setup_.at;
+  const auto& model = setup_.model;
+  // A node coming back to a group that re-forms (its meeting is not the group's first at this
+  // head) may find it closing without members still missing: it then meets the others as the
+  // smaller group too, with stores of their own (`filled`).
+  std::vector<bool> filled;
+  std::string why;
+  for (uint32_t g = at.first_group(); g <= at.last_group() && why.empty(); ++g) {
+    dp_shape shape;
+    auto members = meet_dp_group(sys_, setup_.head(), at, g, {}, setup_.meet.shrink_after_s > 0, model, setup_.meet,
+                                 &shape, &why);
+    if (members.empty() && shape.shrunk()) {
+      std::printf("baton node %s: data-parallel %s\n", setup_.node.c_str(), why.c_str());
+      why.clear();
+      members = meet_shrunk_group(sys_, setup_.head(), at, g, shape, model, setup_.meet, setup_.load, &why);
+      shapes_[g] = shape;
+    }
+    if (members.empty() && why.empty()) why = "group dp" + std::to_string(g) + " did not meet";
+    peers_.insert(peers_.end(), members.begin(), members.end());
+    filled.resize(peers_.size(), shape.shrunk());
+  }
+  if (!why.empty()) return why;
+  // Each member serves routed experts from its own store: its block, moved out of the weights
+  // (which hold only this node's blocks when they come from a directory); the weights the
+  // executors share then keep none.
+  gpu::model_weights attention_only = gpu::take_or_copy(std::move(*weights));
+  std::printf("baton node %s: loaded %zu of %u routed experts per layer from %s\n", setup_.node.c_str(),
+              gpu::held_experts(model, attention_only, model.moe.first_k_dense_replace).size(),
+              model.moe.n_routed_experts, source.c_str());
+  for (size_t i = 0; i < peers_.size(); ++i)
+    if (!filled[i]) peers_[i]->take_block(model, attention_only);
+  gpu::keep_expert_block(model, attention_only, at.ep, at.ep);  // what a seeded model has left
+  *weights = std::make_shared<const gpu::model_weights>(std::move(attention_only));
+  for (uint32_t i = 0; i < at.ranks; ++i)
+    std::printf("baton node %s: rank %s is member %u of data-parallel group %s, serving %zu of %u routed experts "
+                "per layer\n",
+                setup_.node.c_str(), setup_.rank_name(i).c_str(), peers_[i]->rank(),
+                shapes_[at.group_of(i)].meeting(at.group_of(i)).c_str(),
+                peers_[i]->held(model.moe.first_k_dense_replace).size(), model.moe.n_routed_experts);
+  std::fflush(stdout);
+  return {};
+}
+
+std::shared_ptr<gpu::expert_peers> dp_node_groups::member(uint32_t i) {
+  std::lock_guard<std::mutex> lock{mutex_};  // a re-forming may replace it meanwhile
+  return peers_[i];
+}
+
+void dp_node_groups::started(uint32_t i, std::shared_ptr<gpu::executor> exec) {
+  std::lock_guard<std::mutex> lock{mutex_};
+  execs_[i] = std::move(exec);
+}
+
+void dp_node_groups::watch() {
+  if (state_->head_down.load()) return;  // the ranks stopped: their groups re-form at the head that comes back
+  std::lock_guard<std::mutex> lock{mutex_};
+  for (uint32_t i = 0; i < execs_.size(); ++i) {
+    const uint32_t g = setup_.at.group_of(i);
+    if (!execs_[i] || reforming_.count(g)) continue;
+    if (auto failure = execs_[i]->standing_failure(); !failure.empty()) start_reform(g, failure);
+  }
+}
+
+void dp_node_groups::member_gone(const std::string& meeting, const std::vector<uint32_t>& members,
+                                 const std::string& why, bool returned) {
+  const auto& at = setup_.at;
+  const std::string channel = meeting.substr(0, meeting.find('/'));  // "dp3/b" is dp3's second channel
+  const std::string group = channel.substr(0, channel.find('~'));     // "dp3~5": dp3 shrunk (see above)
+  const uint64_t serial = channel.size() > group.size() ? std::strtoull(channel.c_str() + group.size() + 1, nullptr, 10) : 0;
+  std::lock_guard<std::mutex> lock{mutex_};
+  uint32_t g = at.first_group();
+  while (g <= at.last_group() && group != "dp" + std::to_string(g)) ++g;
+  if (g > at.last_group()) return;  // not a group of this node's
+  const auto r = reforming_.find(g);
+  const bool met = r != reforming_.end() && r->second == stage::met;
+  // Members that came back to a shrunk meeting while this node meets again (as the smaller
+  // group, say): once met, the group re-forms at full size.
+  if (r != reforming_.end() && r->second == stage::meeting && returned && meeting == channel) noticed_[g] = why;
+  // The notice in the group's own numbering. A shrunk group's meeting names its indices; the
+  // full meeting names the layout's, and a member the shrunk group lacks came back (or its
+  // meeting is over): the group re-forms at full size.
+  const dp_shape& shape = shapes_[g];
+  std::vector<uint32_t> lost;
+  bool everyone = false;
+  if (returned) {
+    if (!shape.shrunk() || serial != 0) return;  // the group is whole already: an old notice
+    everyone = true;
+  } else if (serial != shape.serial) {
+    if (serial != 0) return;  // about a shrunk group that is no more
+    for (uint32_t m : members) {
+      const int64_t k = shape.index_of(m);
+      if (k < 0) everyone = true;  // a member it lacks: its meeting is over
+      else lost.push_back(static_cast<uint32_t>(k));
+    }
+  } else {
+    lost = members;
+  }
+  // A group whose new meeting completed but whose members are not in place yet: the loss is
+  // the new group's, applied once they are (put_in_place).
+  if (met) {
+    held_[g].push_back({lost, why, everyone});
+    return;
+  }
+  for (uint32_t i = 0; i < peers_.size(); ++i) {
+    if (at.group_of(i) != g) continue;
+    if (everyone) peers_[i]->retire(why);
+    for (uint32_t m : lost) peers_[i]->peer_lost(m, why);
+    if (meeting != channel) continue;  // dual-batch overlap's second channel: the same members, said once
+    std::string line = "baton node " + setup_.node + ": rank " + setup_.rank_name(i) +
+                       " steps aside: data-parallel group " + channel + (everyone ? " re-forms" : " lost member(s)");
+    for (uint32_t m : everyone ? std::vector<uint32_t>{} : lost) line.append(1, ' ').append(std::to_string(m));
+    line += " (" + why + ")\n";
+    std::fputs(line.c_str(), stdout);
+  }
+  std::fflush(stdout);
+  if (meeting == channel && !peers_.empty()) start_reform(g, everyone ? "a member it lacks came back" : "lost member(s)");
+}
+
+void dp_node_groups::start_reform(uint32_t g, const std::string& cause) {
+  if (state_->winding_down()) return;  // on its way out, or no head to meet at
+  if (!reforming_.emplace(g, stage::meeting).second) return;  // member_gone routes its losses
+  std::printf("baton node %s: data-parallel group dp%u re-forms in place (%s): waiting at the head for its "
+              "members to meet again\n",
+              setup_.node.c_str(), g, cause.c_str());
+  std::fflush(stdout);
+  std::erase_if(threads_, [](reformer& r) {  // each finished one's stack goes
+    if (!r.done->load()) return false;
+    r.thread.join();
+    return true;
+  });
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  threads_.push_back({std::thread([this, g, done] {
+                        reform(g);
+                        done->store(true);
+                      }),
+                      done});
+}
+
+void dp_node_groups::reform(uint32_t g) {
+  std::string why;
+  dp_shape shape;  // full, unless the head closes the meeting without lost members
+  const auto members = meet_again(g, &shape, &why);
+  if (!members.empty() && put_in_place(g, members, shape, &why)) {
+    await_switch(g, shape);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock{mutex_};
+    reforming_.erase(g);
+    held_.erase(g);
+    noticed_.erase(g);
+  }
+  could_not_reform(g, why);
+}
+
+std::vector<std::shared_ptr<gpu::expert_peers>> dp_node_groups::meet_again(uint32_t g, dp_shape* shape,
+                                                                           std::string* why) {
+  const auto& at = setup_.at;
+  // The members' stores come from the model loaded again (the executors' shared weights keep
+  // no routed experts), before the meeting: once it completes, the others may step at once, and
+  // a load from disk could outlast their step timeout. So while it waits at the head, a node
+  // holds a second copy of the shared weights and of this group's members' blocks.
+  auto full = setup_.load(keep_blocks_of(at.members_of(g), at.ep), why);
+  if (!full) return {};
+  auto members = meet_dp_group(sys_, setup_.head(), at, g, {}, setup_.meet.shrink_after_s > 0, setup_.model,
+                               setup_.meet, shape, why);
+  if (!members.empty()) {
+    auto blocks = gpu::take_or_copy(std::move(full));
+    for (auto& m : members) m->take_block(setup_.model, blocks);
+  } else if (shape->shrunk()) {
+    std::printf("baton node %s: data-parallel %s\n", setup_.node.c_str(), why->c_str());
+    std::fflush(stdout);
+    full.reset();
+    why->clear();
+    members = meet_shrunk_group(sys_, setup_.head(), at, g, *shape, setup_.model, setup_.meet, setup_.load, why);
+  }
+  return members;
+}
+
+bool dp_node_groups::put_in_place(uint32_t g, const std::vector<std::shared_ptr<gpu::expert_peers>>& members,
+                                  const dp_shape& shape, std::string* why) {
+  const auto& at = setup_.at;
+  {
+    std::lock_guard<std::mutex> lock{mutex_};
+    reforming_[g] = stage::met;  // a loss from here on is the new group's
+    shapes_[g] = shape;
+    // A shrunk group told, while it met, that members came back to its full meeting re-forms
+    // once more: the full group may meet now.
+    if (auto n = noticed_.find(g); n != noticed_.end() && shape.shrunk()) held_[g].push_back({{}, n->second, true});
+    noticed_.erase(g);
+  }
+  // The executors of this group's ranks: after a head came back, the new ones may still be
+  // starting (bounded wait).
+  for (int i = 0; i < 200; ++i) {
+    bool all = true;
+    {
+      std::lock_guard<std::mutex> lock{mutex_};
+      for (uint32_t r = 0; r < at.ranks; ++r) all = all && (at.group_of(r) != g || execs_[r]);
+    }
+    if (all || stop_requested() || state_->leaving.load()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds{50});
+  }
+  std::lock_guard<std::mutex> lock{mutex_};
+  for (uint32_t i = 0, j = 0; i < at.ranks; ++i) {
+    if (at.group_of(i) != g) continue;
+    auto& exec = execs_[i];
+    if (!exec) *why = "rank " + setup_.rank_name(i) + " has no executor yet";
+    else if (!exec->rejoin_group(members[j], why)) *why = "rank " + setup_.rank_name(i) + ": " + *why;
+    else peers_[i] = members[j];
+    if (!why->empty()) return false;
+    ++j;
+  }
+  // Losses told while the stores filled: the new members step aside at once, and the group
+  // re-forms again once they have switched (watch).
+  for (const auto& note : held_[g])
+    for (auto& m : members) {
+      if (note.everyone) m->retire(note.why);
+      for (uint32_t lost : note.members) m->peer_lost(lost, note.why);
+    }
+  held_.erase(g);
+  reforming_[g] = stage::assigned;
+  return true;
+}
+
+void dp_node_groups::await_switch(uint32_t g, const dp_shape& shape) {
+  // Each executor switches between jobs (after the one it runs); until all have, the group
+  // stays re-forming, so that its old failure does not count as a new break (watch).
+  bool switched = false;
+  while (!switched && !state_->winding_down()) {
+    switched = true;
+    {
+      std::lock_guard<std::mutex> lock{mutex_};
+      for (uint32_t i = 0; i < setup_.at.ranks; ++i)
+        if (setup_.at.group_of(i) == g && execs_[i]->rejoin_pending()) switched = false;
+    }
+    if (!switched) std::this_thread::sleep_for(std::chrono::milliseconds{10});
+  }
+  std::lock_guard<std::mutex> lock{mutex_};
+  reforming_.erase(g);
+  if (!switched) return;
+  const std::string as = shape.shrunk() ? " as " + std::to_string(shape.present.size()) + " of " +
+                                              std::to_string(setup_.at.ep) + " members (" + shape.meeting(g) + ")"
+                                        : std::string{};
+  std::printf("baton node %s: data-parallel group dp%u re-formed in place%s; its ranks here take work again\n",
+              setup_.node.c_str(), g, as.c_str());
+  std::fflush(stdout);
+}
+
+void dp_node_groups::could_not_reform(uint32_t g, const std::string& why) {
+  // A meeting that failed because the head went away (its loss may reach this node's agent a
+  // moment after the meeting's error) is not the group's fault: the group re-forms at the head
+  // that comes back.
+  for (int i = 0; i < 20 && !state_->winding_down(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds{50});
+  if (state_->head_down.load()) {
+    std::printf("baton node %s: data-parallel group dp%u did not re-form (%s): the head went away; it re-forms at the "
+                "next head\n",
+                setup_.node.c_str(), g, why.c_str());
+    std::fflush(stdout);
+    return;
+  }
+  if (!stop_requested() && !state_->leaving.load())
+    std::printf("baton node %s: data-parallel group dp%u could not re-form in place (%s); leaving so that it re-forms "
+                "from restarted nodes\n",
+                setup_.node.c_str(), g, why.c_str());
+  std::fflush(stdout);
+  state_->must_leave.store(true);
+}
+
+void dp_node_groups::head_lost() {
+  // Re-formings meeting at the old head end (cancelled); the stopped executors go, so that
+  // nothing re-forms around them before the new ranks start.
+  for (auto& r : take_threads()) r.thread.join();
+  std::lock_guard<std::mutex> lock{mutex_};
+  for (auto& x : execs_) x.reset();
+  reforming_.clear();
+  held_.clear();
+  noticed_.clear();
+}
+
+std::vector<std::shared_ptr<gpu::expert_peers>> dp_node_groups::finish() {
+  for (auto& r : take_threads()) r.thread.join();  // no new one starts: the node is leaving
+  std::lock_guard<std::mutex> lock{mutex_};
+  execs_.clear();
+  return std::exchange(peers_, {});
 }
 
 }  // namespace baton::deploy

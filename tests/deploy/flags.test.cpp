@@ -5,7 +5,9 @@
 #include "actors/config.hpp"
 #include "actors/kv_wire_staging.hpp"
 #include "actors/local_cluster.hpp"
+#include "actors/node_agent.hpp"
 #include "deploy/flags.hpp"
+#include "deploy/node_options.hpp"
 
 using baton::deploy::flag_set;
 
@@ -79,4 +81,113 @@ TEST_CASE("a quantised KV wire form counts the ranks' wire-form staging against 
   const auto e = cfg.validate();
   CHECK_MESSAGE(e.find("MiB of wire-form staging") != std::string::npos, e);
   CHECK(e.find("lower --kv-pages") != std::string::npos);
+}
+
+TEST_CASE("baton node's flags are checked before a model loads: each refusal names its flag") {
+  using baton::deploy::node_options;
+  // The node's defaults are the head's and the agent's own.
+  CHECK(node_options{}.weights_seed == baton::local_cluster_config{}.weights_seed);
+  CHECK(node_options{}.drain_timeout_ms == baton::node_agent_config{}.drain_timeout_ms);
+  const auto ranks = [] {
+    node_options o;
+    o.connect = "127.0.0.1:7000";
+    return o;
+  };
+  auto o = ranks();
+  CHECK(o.validate().empty());
+  CHECK(o.name == "decode-0");
+  CHECK(o.head_host == "127.0.0.1");
+  CHECK(o.head_port == 7000);
+  CHECK(o.rank_name(0) == "decode-0");
+  o.num_ranks = 2;
+  CHECK(o.rank_name(1) == "decode-0-1");
+  const auto refusal = [&](auto change) {
+    auto x = ranks();
+    change(x);
+    return x.validate();
+  };
+  CHECK(refusal([](node_options& x) { x.role = "router"; }) ==
+        "--role must be decode, prefill, store or elastic (got 'router')");
+  CHECK(refusal([](node_options& x) { x.connect = "127.0.0.1:0"; }) == "--connect needs a non-zero port");
+  CHECK(refusal([](node_options& x) { x.connect.clear(); }).find("--connect") != std::string::npos);
+  CHECK(refusal([](node_options& x) { x.num_ranks = 0; }) == "--ranks must be >= 1");
+  CHECK(refusal([](node_options& x) {
+          x.role = "elastic";
+          x.prefill_at_start = 3;
+        }) == "--prefill-at-start 3 exceeds --ranks 1");
+  CHECK(refusal([](node_options& x) { x.eplb.slots_per_rank = 3; }) ==
+        "--eplb-slots places expert copies over EP ranks: it needs --expert-parallel N >= 2");
+  CHECK(refusal([](node_options& x) { x.dp_first_rank = 2; }) ==
+        "--dp-first-rank numbers data-parallel members: it needs --dp-attention");
+  CHECK(refusal([](node_options& x) { x.dp_meet_timeout_s = 0; }) == "--dp-meet-timeout-s must be at least 1");
+  CHECK(refusal([](node_options& x) {
+          x.dp_attention = true;
+          x.expert_parallel = 2;
+          x.dp_shrink_after_s = 120;
+        }) == "--dp-shrink-after-s 120 needs --dp-attention and must be below --dp-meet-timeout-s (120): a meeting "
+              "must be able to shrink before it times out");
+  CHECK(refusal([](node_options& x) { x.dp_step_timeout_ms = 50; }) == "--dp-step-timeout-ms must be at least 100");
+  CHECK(refusal([](node_options& x) {
+          x.role = "prefill";
+          x.dp_attention = true;
+          x.expert_parallel = 2;
+        }) == "--dp-attention groups decode ranks: it needs --role decode and --expert-parallel N >= 2");
+  CHECK(refusal([](node_options& x) { x.exec.page_size_tokens = 0; }).find("page") != std::string::npos);
+  // A store node needs where to listen and where its blocks live, and is never a spare.
+  CHECK(refusal([](node_options& x) { x.role = "store"; }) == "--role store needs --listen HOST:PORT and --store-dir DIR");
+  CHECK(refusal([](node_options& x) {
+          x.role = "store";
+          x.standby = true;
+        }) == "--standby is for decode, prefill and elastic nodes (a spare), not store nodes");
+  auto store = ranks();
+  store.role = "store";
+  store.listen = "127.0.0.1:0";
+  store.store_dir = "/tmp/blocks";
+  CHECK(store.validate().empty());
+  CHECK(store.name == "store");
+
+  // What the model rules out.
+  baton::gpu::model_config model;
+  model.name = "tiny-moe";
+  model.moe.n_routed_experts = 2;
+  auto ep = ranks();
+  ep.expert_parallel = 4;
+  REQUIRE(ep.validate().empty());
+  CHECK(ep.validate_for(model) == "--expert-parallel 4 needs a model with at least that many routed experts "
+                                  "(tiny-moe has 2)");
+  auto big = ranks();
+  big.exec.num_kv_pages = 4'000'000'000u;
+  REQUIRE(big.validate().empty());
+  const auto too_big = big.validate_for(baton::local_cluster_config{}.model);
+  CHECK_MESSAGE(too_big.find("more than this machine's") != std::string::npos, too_big);
+}
+
+TEST_CASE("parse_node_options reads the flags over the environment's fault injection, and ends the command on a "
+          "bad one") {
+  using baton::deploy::node_options;
+  using baton::deploy::parse_node_options;
+  node_options o;
+  CHECK_FALSE(parse_node_options({"--connect", "127.0.0.1:7000", "--ranks", "2", "--name", "d", "--fault-job-delay-ms",
+                                  "5", "--cuda-fp32"},
+                                 &o));
+  CHECK(o.num_ranks == 2);
+  CHECK(o.rank_name(1) == "d-1");
+  CHECK(o.rank.name == "d");
+  CHECK(o.fault_job_delay_ms == 5);
+  CHECK_FALSE(o.backend.cuda_bf16);
+  CHECK(o.prefill.step_budget_us > 0);  // the serving prefill defaults, as the head's ranks chunk
+  node_options help;
+  CHECK(parse_node_options({"--help"}, &help) == 0);
+  node_options bad;
+  CHECK(parse_node_options({"--connect", "127.0.0.1:7000", "--rank", "2"}, &bad) == 2);
+  node_options nonsense;
+  CHECK(parse_node_options({"--connect", "127.0.0.1:7000", "--dp-first-rank", "1"}, &nonsense) == 2);
+  ::setenv("BATON_FAULT_LAYER_DELAY_MS", "slow", 1);
+  node_options env;
+  CHECK(parse_node_options({"--connect", "127.0.0.1:7000"}, &env) == 2);
+  ::setenv("BATON_FAULT_LAYER_DELAY_MS", "250", 1);
+  node_options from_env;
+  CHECK_FALSE(parse_node_options({"--connect", "127.0.0.1:7000"}, &from_env));
+  CHECK(from_env.fault_layer_delay_ms == 250);
+  ::unsetenv("BATON_FAULT_LAYER_DELAY_MS");
 }
