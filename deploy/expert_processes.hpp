@@ -52,7 +52,7 @@ std::shared_ptr<gpu::expert_group> spawn_expert_group(const expert_spawn& s, con
 /// - a data-parallel group of this process (`baton local --dp-attention`), once every member
 ///   reports it broken (a member stalled past the step timeout, say): the group is made afresh
 ///   and every executor rejoins it (gpu::executor::rejoin_group). `baton node` groups span
-///   processes and re-form through the head instead (deploy/node_command.cpp).
+///   processes and re-form through the head instead (dp_node_groups, deploy/dp_meeting.hpp).
 /// Each executor switches between jobs; its rank then takes work again. A repair that fails is
 /// tried again after `first_backoff` (1 s), doubling up to 30 s; after `give_up_after` failures
 /// in a row the keeper stops trying that group and calls `give_up` (a node then leaves, to be
