@@ -74,7 +74,12 @@ int run_rank(const options& o, uint32_t rank) {
         for (auto e : route(o, s, tok)) n += owner(o, e) == d;
       slot = std::max(slot, n * o.hidden * 2);
     }
-  transport::all_to_all a2a{*t, names, {rank, o.ranks, slot, std::chrono::milliseconds{30'000}, o.poll_sleep_us, o.direct != 0}};
+  transport::all_to_all a2a{*t, names, {.rank = rank,
+                                              .size = o.ranks,
+                                              .slot_bytes = slot,
+                                              .timeout = std::chrono::milliseconds{30'000},
+                                              .poll_sleep_us = o.poll_sleep_us,
+                                              .direct = o.direct != 0}};
   if (!a2a.error().empty()) return std::fprintf(stderr, "%s\n", a2a.error().c_str()), 1;
   std::printf("%s\n", transport::key_to_text(a2a.key()).c_str());
   std::fflush(stdout);

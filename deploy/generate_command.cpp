@@ -2,6 +2,7 @@
 // its text printed as it streams in; with --score, each prompt's tokens' log-probabilities too
 // (how well the served model predicts a text: its perplexity).
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -122,11 +123,23 @@ int run_generate(const std::vector<std::string>& args) {
       std::printf("score: %zu tokens, log-probability %.6f, perplexity %.6f\n", n, sum,
                   n ? std::exp(-sum / static_cast<double>(n)) : 1.0);
     }
-    if (verbose)
-      std::fprintf(stderr, "[request %llu] %zu tokens (%s), %u prompt tokens (%u cached), TTFT %.3f ms, %s -> %s\n",
+    if (verbose) {
+      // The first gap apart: the decode rank's first step (a rank waking from idleness shows there).
+      std::string tbt;
+      if (!r.tbt_us.empty()) {
+        int64_t sum = 0, max = 0;
+        for (auto t : r.tbt_us) sum += t, max = std::max(max, t);
+        char buf[96];
+        std::snprintf(buf, sizeof buf, ", TBT mean %.3f ms (first %.3f, max %.3f)",
+                      static_cast<double>(sum) / static_cast<double>(r.tbt_us.size()) / 1000.0,
+                      static_cast<double>(r.tbt_us.front()) / 1000.0, static_cast<double>(max) / 1000.0);
+        tbt = buf;
+      }
+      std::fprintf(stderr, "[request %llu] %zu tokens (%s), %u prompt tokens (%u cached), TTFT %.3f ms%s, %s -> %s\n",
                    static_cast<unsigned long long>(r.request_id), r.tokens.size(), r.finish_reason.c_str(),
-                   r.num_prompt_tokens, r.cached_tokens, static_cast<double>(r.ttft_us) / 1000.0,
+                   r.num_prompt_tokens, r.cached_tokens, static_cast<double>(r.ttft_us) / 1000.0, tbt.c_str(),
                    r.prefill_rank.c_str(), r.decode_rank.empty() ? "(no decode rank: one token)" : r.decode_rank.c_str());
+    }
   }
   return failures ? 1 : 0;
 }

@@ -127,10 +127,17 @@ public:
       if (peers_) join_peers();
       if (experts_ && !failure_told_ && !experts_->failure().empty()) tell_failure();  // a shard out for good
     };
-    if (peers_)
-      jobs_.start(check, run, {}, {[this] { return join_peers(); }});
+    if (peers_)  // idle: joins a step a peer starts, woken by its doorbell
+      jobs_.start(check, run, {},
+                  {.look = [this] { return join_peers(); },
+                   .doze = [this](std::chrono::microseconds d, const std::function<bool()>& ready) { peers_->doze(d, ready); },
+                   .nudge =
+                       [this] {
+                         std::lock_guard<std::mutex> lock{failure_mutex_};  // peers_ may be switched meanwhile
+                         if (peers_) peers_->nudge();
+                       }});
     else if (experts_)  // while idle: a dead shard is noticed, and new shards are taken
-      jobs_.start(check, run, {}, {[this] { return idle_experts(), false; }, std::chrono::milliseconds{5}});
+      jobs_.start(check, run, {}, {.look = [this] { return idle_experts(), false; }, .every = std::chrono::milliseconds{5}});
     else
       jobs_.start(check, run);
   }

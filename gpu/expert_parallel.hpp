@@ -231,6 +231,11 @@ public:
   /// Takes part, with no rows of its own, in the rest of the current step, or in a whole step a
   /// peer has started; nothing when neither. Runs on the executor's thread.
   bool join(const model_config& cfg, std::string* why);
+  /// While idle, between joins: sleeps up to `d`, ending early when a peer starts a step (its
+  /// doorbell), nudge() is called, or `ready` says so (the executor's job thread idles here).
+  void doze(std::chrono::microseconds d, const std::function<bool()>& ready);
+  /// Ends a doze now (a job came). Any thread.
+  void nudge();
   /// This member stops taking part: the others' next steps fail at once, naming it, instead of
   /// waiting out the all-to-all's timeout.
   void leave();

@@ -260,6 +260,12 @@ bool expert_peers::join(const model_config& cfg, std::string* why) {
   return true;
 }
 
+void expert_peers::doze(std::chrono::microseconds d, const std::function<bool()>& ready) {
+  group_->a2a[rank_]->doze(d, ready);  // a step starts on the first channel (join)
+}
+
+void expert_peers::nudge() { group_->a2a[rank_]->nudge(); }
+
 std::vector<std::vector<std::byte>> expert_peers::dispatch_chunks(const model_config& cfg, uint32_t layer,
                                                                   const std::vector<std::vector<std::byte>>& entries,
                                                                   std::string* too_big) const {

@@ -5,6 +5,7 @@
 namespace baton::gpu {
 
 void job_queue::start(check_fn check, run_fn run, std::function<void()> on_thread, idle_work idle) {
+  if (idle.doze) nudge_ = idle.nudge;
   thread_ = std::thread([this, check = std::move(check), run = std::move(run), on_thread = std::move(on_thread),
                          idle = std::move(idle)] {
     if (on_thread) on_thread();
@@ -18,6 +19,7 @@ void job_queue::submit(forward_job job, std::shared_ptr<executor_sink> sink) {
     queue_.emplace_back(std::move(job), std::move(sink));
   }
   wake_.notify_one();
+  if (nudge_) nudge_();  // after the job is queued: a doze that missed it is woken
 }
 
 void job_queue::stop() {
@@ -26,6 +28,7 @@ void job_queue::stop() {
     stop_ = true;
   }
   wake_.notify_all();
+  if (nudge_) nudge_();
   std::lock_guard<std::mutex> once{join_mutex_};
   if (thread_.joinable()) thread_.join();
 }
@@ -40,6 +43,21 @@ void job_queue::loop(const check_fn& check, const run_fn& run, const idle_work& 
       const auto ready = [this] { return stop_ || !queue_.empty(); };
       if (!idle.look) {
         wake_.wait(lock, ready);
+      } else if (idle.doze) {
+        if (!ready()) {
+          const auto quiet = std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - busy_at);
+          lock.unlock();
+          idle.doze(std::clamp(quiet / 100, idle.every, std::max(idle.every, idle.at_most)), [this] {
+            std::lock_guard<std::mutex> again{mutex_};
+            return stop_ || !queue_.empty();
+          });
+          lock.lock();
+          if (!ready()) {
+            lock.unlock();
+            if (idle.look()) busy_at = clock::now();
+            continue;
+          }
+        }
       } else {
         const auto quiet = std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - busy_at);
         if (!wake_.wait_for(lock, std::clamp(quiet / 100, idle.every, std::max(idle.every, idle.at_most)), ready)) {

@@ -27,6 +27,12 @@ struct idle_work {
   /// look, from `every` up to this. A quiet member of an idle group so wakes 500 times a second
   /// rather than 10,000, and one that has just been busy looks every `every`.
   std::chrono::microseconds at_most{2000};
+  /// How the thread waits between looks; unset: on a condition variable, which a job ends. Set
+  /// (a data-parallel member): sleeps up to the given time, ending early when `ready` (has a job
+  /// or a stop come?) says so, when `nudge` is called, or when the look would find work (a peer
+  /// started a step: its doorbell wakes the member), so a step starts at once after idleness.
+  std::function<void(std::chrono::microseconds, const std::function<bool()>& ready)> doze = {};
+  std::function<void()> nudge = {};  ///< with doze: called once a job or a stop is queued; any thread
 };
 
 class job_queue {
@@ -55,6 +61,7 @@ private:
   std::mutex join_mutex_;
   std::condition_variable wake_;
   std::deque<std::pair<forward_job, std::shared_ptr<executor_sink>>> queue_;
+  std::function<void()> nudge_;  ///< idle_work::nudge, set before the thread starts
   bool stop_ = false;
   std::thread thread_;
 };

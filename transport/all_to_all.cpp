@@ -4,7 +4,13 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <climits>
+#include <ctime>
 #include <thread>
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 namespace baton::transport {
 
@@ -12,6 +18,11 @@ std::string all_to_all_config::validate() const {
   if (size == 0 || rank >= size) return "all-to-all: rank " + std::to_string(rank) + " outside a group of " + std::to_string(size);
   if (slot_bytes == 0) return "all-to-all: slot_bytes must be > 0";
   if (timeout.count() <= 0 || put_timeout.count() <= 0) return "all-to-all: timeout and put_timeout must be > 0";
+  if (min_sleep.count() <= 0 || min_sleep > max_sleep || min_sleep > max_sleep_woken)
+    return "all-to-all: min_sleep (" + std::to_string(min_sleep.count()) + " us) must be > 0 and at most max_sleep (" +
+           std::to_string(max_sleep.count()) + " us) and max_sleep_woken (" + std::to_string(max_sleep_woken.count()) +
+           " us)";
+  if (max_sleep_woken.count() >= 1'000'000'000) return "all-to-all: max_sleep_woken must be under 1000 s";
   return {};
 }
 
@@ -53,6 +64,7 @@ void all_to_all::connect(std::vector<region_key> keys) {
   if (cfg_.direct && error_.empty())
     for (uint32_t d = 0; d < peers_.size(); ++d)
       if (d != cfg_.rank && peers_[d].size_bytes == recv_bytes_) direct_[d] = t_.map_remote(peers_[d]);
+  all_direct_ = cfg_.size > 1 && direct_peers() + 1 == cfg_.size;
 }
 
 std::string key_fingerprint(const region_key& k) {
@@ -77,7 +89,8 @@ bool all_to_all::peer_started() const {
   for (uint32_t s = 0; s < cfg_.size; ++s) {
     if (s == cfg_.rank) continue;
     auto* bell = reinterpret_cast<doorbell*>(recv_ + bell_offset(next, s));
-    if ((std::atomic_ref<uint64_t>{*bell}.load(std::memory_order_acquire) >> 1) >= next) return true;
+    // Sequentially consistent: doze's look after it says it sleeps, against a peer's ring (wake).
+    if ((std::atomic_ref<uint64_t>{*bell}.load(std::memory_order_seq_cst) >> 1) >= next) return true;
   }
   return false;
 }
@@ -113,7 +126,8 @@ void all_to_all::signal_abort() {
   for (uint32_t d = 0; d < cfg_.size; ++d) {
     if (d == cfg_.rank) continue;
     if (direct_[d]) {
-      std::atomic_ref<uint64_t>{*reinterpret_cast<uint64_t*>(direct_[d] + at)}.store(1, std::memory_order_release);
+      std::atomic_ref<uint64_t>{*reinterpret_cast<uint64_t*>(direct_[d] + at)}.store(1, std::memory_order_seq_cst);
+      wake(d);  // its wait looks at the word (abort_) as soon as it is awake
       continue;
     }
     puts.push_back(t_.post_put({seq_, 0, names_[d], send_region_, peers_[d], {{staged, at, sizeof one}}}));
@@ -123,13 +137,33 @@ void all_to_all::signal_abort() {
   wait_puts(puts, &why, std::min(cfg_.timeout, std::chrono::milliseconds{500}));
 }
 
+namespace {
+
+/// Polls a wait yields for before it sleeps (see pause).
+constexpr uint32_t yields_first = 2000;
+
+/// The sleep word's futex half (the region is 8-byte aligned; little-endian: its low half).
+uint32_t* sleep_word(std::byte* region, uint64_t offset) { return reinterpret_cast<uint32_t*>(region + offset); }
+
+}  // namespace
+
+std::chrono::microseconds all_to_all::nap(std::chrono::steady_clock::time_point since,
+                                          std::chrono::microseconds bound) const {
+  using std::chrono::microseconds;
+  const auto waited = std::chrono::duration_cast<microseconds>(std::chrono::steady_clock::now() - since);
+  return std::clamp(waited / 100, cfg_.min_sleep, std::max(bound, cfg_.min_sleep));
+}
+
+bool all_to_all::sleeping() const {
+  return recv_ && std::atomic_ref<uint32_t>{*sleep_word(recv_, sleep_offset())}.load(std::memory_order_acquire) != 0;
+}
+
 void all_to_all::pause(waiting* w) const {
   // Yielding answers within microseconds, but a dozen shards yielding on two cores starve the
   // one that has work (seen: a shard silent for 10 s at its first exchange): a long wait sleeps.
   // Sleeping in proportion to the wait so far bounds what it adds to 1 % of the wait (and 5 ms),
   // while an idle shard (which waits for its engine's next step) wakes 200 times a second, not
   // 20,000: twelve idle shards took most of two cores before, and slowed the next engine's start.
-  constexpr uint32_t yields_first = 2000;
   if (cfg_.poll_sleep_us) {
     std::this_thread::sleep_for(std::chrono::microseconds{cfg_.poll_sleep_us});
     return;
@@ -138,9 +172,55 @@ void all_to_all::pause(waiting* w) const {
     std::this_thread::yield();
     return;
   }
-  using std::chrono::microseconds;
-  const auto waited = std::chrono::duration_cast<microseconds>(std::chrono::steady_clock::now() - w->since);
-  std::this_thread::sleep_for(std::clamp(waited / 100, microseconds{50}, microseconds{5000}));
+  std::this_thread::sleep_for(nap(w->since, cfg_.max_sleep));
+}
+
+void all_to_all::pause_for(waiting* w, const doorbell* bell, uint64_t seq) {
+  if (cfg_.poll_sleep_us || w->polls + 1 < yields_first) return pause(w);
+  uint32_t* addr = sleep_word(recv_, sleep_offset());
+  std::atomic_ref<uint32_t> word{*addr};
+  // Say so, then look once more (both sequentially consistent, as a peer's ring and its look at
+  // this word are): either this look sees the doorbell, or the peer sees the word and wakes this
+  // rank, whose futex wait then returns at once or is woken.
+  word.store(1, std::memory_order_seq_cst);
+  if ((std::atomic_ref<uint64_t>{*const_cast<doorbell*>(bell)}.load(std::memory_order_seq_cst) >> 1) < seq) {
+    const auto us = nap(w->since, all_direct_ ? cfg_.max_sleep_woken : cfg_.max_sleep).count();
+    const timespec ts{static_cast<time_t>(us / 1'000'000), static_cast<long>(us % 1'000'000) * 1000};
+    // Not FUTEX_PRIVATE: peers in other processes wake it through their mapping of the region.
+    if (::syscall(SYS_futex, addr, FUTEX_WAIT, 1, &ts, nullptr, 0) == 0) ++woken_;
+  }
+  word.store(0, std::memory_order_relaxed);
+}
+
+void all_to_all::doze(std::chrono::microseconds d, const std::function<bool()>& ready) {
+  if (!recv_) {
+    std::this_thread::sleep_for(d);
+    return;
+  }
+  uint32_t* addr = sleep_word(recv_, sleep_offset());
+  std::atomic_ref<uint32_t> word{*addr};
+  word.store(1, std::memory_order_seq_cst);  // then look, as pause_for does
+  if (!peer_started() && !(ready && ready())) {
+    const auto us = std::max<int64_t>(d.count(), 1);
+    const timespec ts{static_cast<time_t>(us / 1'000'000), static_cast<long>(us % 1'000'000) * 1000};
+    if (::syscall(SYS_futex, addr, FUTEX_WAIT, 1, &ts, nullptr, 0) == 0) ++woken_;
+  }
+  word.store(0, std::memory_order_relaxed);
+}
+
+void all_to_all::nudge() {
+  if (!recv_) return;
+  uint32_t* addr = sleep_word(recv_, sleep_offset());
+  if (std::atomic_ref<uint32_t>{*addr}.exchange(0, std::memory_order_seq_cst) != 0)
+    ::syscall(SYS_futex, addr, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+void all_to_all::wake(uint32_t d) {
+  uint32_t* addr = sleep_word(direct_[d], sleep_offset());
+  std::atomic_ref<uint32_t> word{*addr};
+  if (word.load(std::memory_order_seq_cst) == 0 || word.exchange(0, std::memory_order_seq_cst) == 0) return;
+  ::syscall(SYS_futex, addr, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+  ++wakes_;
 }
 
 bool all_to_all::wait_puts(std::vector<uint64_t>& ids, std::string* why, std::chrono::milliseconds limit) {
@@ -224,7 +304,8 @@ bool all_to_all::complete(std::vector<std::span<const std::byte>>* recv, std::st
     const doorbell b = seq << 1 | (sizes_[d] == 0 ? 1 : 0);
     if (d == cfg_.rank || direct_[d]) {
       auto* bell = reinterpret_cast<doorbell*>((d == cfg_.rank ? recv_ : direct_[d]) + bell_offset(seq, cfg_.rank));
-      std::atomic_ref<uint64_t>{*bell}.store(b, std::memory_order_release);
+      std::atomic_ref<uint64_t>{*bell}.store(b, std::memory_order_seq_cst);  // release, and ordered before wake's look
+      if (d != cfg_.rank) wake(d);
       continue;
     }
     std::memcpy(send_.data() + uint64_t{d} * sizeof(doorbell), &b, sizeof b);
@@ -258,7 +339,7 @@ bool all_to_all::complete(std::vector<std::span<const std::byte>>* recv, std::st
                names_[s] + " " + fingerprint(s) + ")";
         return false;
       }
-      pause(&w);
+      pause_for(&w, bell, seq);
     }
     const std::byte* slot = recv_ + bank_offset(seq) + uint64_t{s} * stride();
     uint64_t bytes = 0;

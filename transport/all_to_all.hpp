@@ -5,7 +5,8 @@
 // dispatch (tokens packed per destination rank) and combine (expert outputs back) are two such
 // exchanges per MoE layer.
 //
-// Each rank registers one receive region: an abort word per source (signal_abort), then two banks,
+// Each rank registers one receive region: an abort word per source (signal_abort), its sleep
+// word (below), then two banks,
 // each a doorbell per source and a slot per source (`slot_bytes`, after an 8-byte size header). An exchange puts each chunk, size first, into
 // its destination's slot, waits for those puts to complete remotely, then puts a doorbell (one
 // 64-bit word: the exchange's sequence number, and whether the chunk is empty, in which case no
@@ -20,6 +21,14 @@
 // peer's slots instead of puts: no staging copy, no flush round trip, and the doorbell is a
 // release store after the data. The receive region comes from the transport's own memory so
 // that peers can map it.
+//
+// A rank that has waited long for its doorbells sleeps between polls (see poll_sleep_us). Peers
+// that store into its region wake it at once: it sets its sleep word before it sleeps on it (a
+// futex; the region is a shared mapping, so across processes too), and a peer that rings its
+// doorbell and finds the word set clears it and wakes the sleeper. An idle rank between
+// exchanges dozes on the same word (doze), woken by a peer starting one or by its own thread's
+// owner (nudge). So the first exchange after an idle spell starts within microseconds on one
+// host; a peer that puts (another host) cannot wake it, and the sleep's bound applies.
 
 #include <algorithm>
 #include <chrono>
@@ -41,11 +50,18 @@ struct all_to_all_config {
   uint64_t slot_bytes = 1 << 20;    ///< the largest chunk one rank sends another per exchange
   std::chrono::milliseconds timeout{10'000};  ///< an exchange fails when a rank's input has not arrived by then
   /// Between polls: 0 yields (lowest latency with a core to spare), and once a wait has lasted
-  /// 2,000 polls sleeps in proportion to how long it has lasted: 1 % of it, from 50 us up to
-  /// 5 ms. Idle ranks and expert shards so leave the cores to those with work, and a wait ends
-  /// at most 1 % (or 50 us) after its input came. N sleeps N us from the start, which leaves
-  /// the core to the transport's progress thread where cores are few.
+  /// 2,000 polls sleeps in proportion to how long it has lasted: 1 % of it, from `min_sleep` up
+  /// to `max_sleep`. Idle ranks and expert shards so leave the cores to those with work; a peer
+  /// that stores its doorbell here wakes the sleeper at once, and a wait for one that puts ends
+  /// at most 1 % (or min_sleep, or max_sleep) after its input came. N sleeps N us from the
+  /// start, which leaves the core to the transport's progress thread where cores are few.
   uint32_t poll_sleep_us = 0;
+  std::chrono::microseconds min_sleep{50};
+  std::chrono::microseconds max_sleep{5'000};
+  /// The bound instead where every peer stores into this rank's region (one host): each wakes
+  /// it as it rings, so the bound only paces its looks at abort_ and the timeout, and an idle
+  /// shard wakes 20 times a second rather than 200.
+  std::chrono::microseconds max_sleep_woken{50'000};
   /// Stores into peers' slots where the transport maps them (see above); false always puts (tests
   /// of the put path, and a baseline for benchmarks).
   bool direct = true;
@@ -104,6 +120,19 @@ public:
   /// Whether another rank has already rung its doorbell for this rank's next exchange: a peer
   /// started an exchange this rank has not joined (a data-parallel member idles on this).
   bool peer_started() const;
+  /// How many times this rank woke a peer sleeping on its doorbells.
+  uint64_t wakes() const { return wakes_; }
+  /// While idle between exchanges: sleeps up to `d`, ending early once a peer starts an
+  /// exchange this rank has not joined (its doorbell wakes this rank, as in an exchange's wait),
+  /// nudge() is called, or `ready` (asked once this rank has said it sleeps) is true. A
+  /// data-parallel member's job thread idles here. Called by the thread that exchanges.
+  void doze(std::chrono::microseconds d, const std::function<bool()>& ready);
+  /// Ends this rank's doze, or a sleep in its exchange's wait, now. Any thread.
+  void nudge();
+  /// Whether this rank sleeps now, waiting for its doorbells (a test waits for it).
+  bool sleeping() const;
+  /// How many of this rank's sleeps a peer or a nudge ended (its futex wait was woken, not timed out).
+  uint64_t woken() const { return woken_; }
   /// Peers this rank reaches with plain stores (known after connect()).
   uint32_t direct_peers() const;
   /// A short fingerprint of rank `rank`'s key as this rank got it (connect()), for diagnostics:
@@ -114,7 +143,9 @@ private:
   /// A doorbell word: seq << 1 | (the chunk is empty).
   using doorbell = uint64_t;
   uint64_t stride() const { return cfg_.slot_bytes + sizeof(uint64_t); }  ///< a slot and its size header
-  uint64_t flags_bytes() const { return uint64_t{cfg_.size} * sizeof(uint64_t); }  ///< one abort word per source
+  /// One abort word per source, then the sleep word (a futex: its low 32 bits).
+  uint64_t flags_bytes() const { return (uint64_t{cfg_.size} + 1) * sizeof(uint64_t); }
+  uint64_t sleep_offset() const { return uint64_t{cfg_.size} * sizeof(uint64_t); }
   uint64_t bell_offset(uint64_t seq, uint32_t source) const;
   uint64_t bank_offset(uint64_t seq) const;
   /// Waits for (at most `limit`) and releases the puts `ids`; false and why if one failed.
@@ -129,6 +160,12 @@ private:
   };
   /// One wait between polls.
   void pause(waiting* w) const;
+  /// How long a wait that began at `since` sleeps between polls, at most `bound`.
+  std::chrono::microseconds nap(std::chrono::steady_clock::time_point since, std::chrono::microseconds bound) const;
+  /// The same while waiting for `bell` to reach `seq`: its sleeps end when a peer rings.
+  void pause_for(waiting* w, const doorbell* bell, uint64_t seq);
+  /// After ringing mapped peer `d`'s doorbell: wakes it if it sleeps.
+  void wake(uint32_t d);
 
   transport& t_;
   std::vector<std::string> names_;
@@ -141,6 +178,7 @@ private:
   std::vector<std::byte> send_;
   region_key recv_key_;
   std::vector<std::byte*> direct_;  ///< per rank: its receive region mapped here, or null
+  bool all_direct_ = false;         ///< every other rank's region is mapped here (max_sleep_woken)
   uint64_t send_region_ = 0;
   std::vector<region_key> peers_;
   uint64_t seq_ = 0;
@@ -149,6 +187,8 @@ private:
   std::vector<uint64_t> sizes_;    ///< the open exchange's chunk sizes, for the doorbells
   std::function<std::string(uint32_t)> abort_;
   bool aborted_ = false;  ///< signal_abort() ran: it says so once
+  uint64_t wakes_ = 0;     ///< sleeping peers this rank woke (wakes())
+  uint64_t woken_ = 0;     ///< sleeps of this rank a peer or a nudge ended (woken())
 };
 
 }  // namespace baton::transport

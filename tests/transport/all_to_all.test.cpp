@@ -4,8 +4,10 @@
 
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <thread>
 
+#include "gpu/job_queue.hpp"
 #include "transport/all_to_all.hpp"
 #include "transport/fault_proxy.hpp"
 #include "transport/loopback.hpp"
@@ -85,6 +87,124 @@ TEST_CASE("all-to-all: three ranks exchange distinct chunks (empty ones too) for
       CHECK(groups[r]->exchanges() == 6);
     }
   }
+}
+
+TEST_CASE("all-to-all: a rank asleep on its doorbells is woken by a peer that stores its doorbell, or its abort "
+          "word, over loopback and UCX shared memory (a second mapping of the region: the futex is not private)") {
+  using std::chrono::seconds;
+  for (const std::string backend : {"loopback", "ucx"}) {
+    CAPTURE(backend);
+    for (const bool abort : {false, true}) {
+      CAPTURE(abort);
+      std::vector<std::string> names;
+      auto ts = make_group(backend, 2, &names);
+      std::vector<std::unique_ptr<all_to_all>> g;
+      std::vector<region_key> keys;
+      for (uint32_t r = 0; r < 2; ++r) {
+        // Sleeps of a minute: a rank that was not woken sleeps through the test's end and fails it
+        // (woken() stays 0), rather than passing by polling.
+        g.push_back(std::make_unique<all_to_all>(*ts[r], names,
+                                                 all_to_all_config{.rank = r,
+                                                                   .size = 2,
+                                                                   .slot_bytes = 64,
+                                                                   .timeout = std::chrono::hours{1},
+                                                                   .min_sleep = seconds{60},
+                                                                   .max_sleep = seconds{60},
+                                                                   .max_sleep_woken = seconds{60}}));
+        REQUIRE_MESSAGE(g.back()->error().empty(), g.back()->error());
+        keys.push_back(g.back()->key());
+      }
+      for (auto& x : g) x->connect(keys);
+      REQUIRE(g[0]->direct_peers() == 1);
+      REQUIRE(g[1]->direct_peers() == 1);
+      g[1]->set_abort([&](uint32_t s) { return g[1]->peer_aborted(s) ? std::string{"it stopped"} : std::string{}; });
+      std::vector<std::byte> mine(8, std::byte{7});
+      std::vector<std::span<const std::byte>> send(2, std::span<const std::byte>{mine}), recv0, recv1;
+      std::string why0, why1;
+      bool ok1 = false;
+      std::thread sleeper([&] { ok1 = g[1]->exchange(send, &recv1, &why1); });
+      for (int i = 0; i < 2000 && !g[1]->sleeping(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds{5});
+      REQUIRE(g[1]->sleeping());
+      if (abort) {
+        g[0]->signal_abort();
+      } else {
+        CHECK_MESSAGE(g[0]->exchange(send, &recv0, &why0), why0);
+      }
+      sleeper.join();
+      CHECK(g[0]->wakes() == 1);
+      CHECK(g[1]->woken() >= 1);
+      if (abort) {
+        CHECK_FALSE(ok1);
+        CHECK_MESSAGE(why1.find("rank ep-1 stops waiting for ep-0: it stopped") != std::string::npos, why1);
+      } else {
+        CHECK_MESSAGE(ok1, why1);
+        REQUIRE(recv1.size() == 2);
+        CHECK((recv1[0].size() == 8 && recv1[0][0] == std::byte{7}));
+      }
+    }
+  }
+  CHECK(all_to_all_config{.size = 2, .min_sleep = std::chrono::microseconds{10'000}}.validate() ==
+        "all-to-all: min_sleep (10000 us) must be > 0 and at most max_sleep (5000 us) and max_sleep_woken (50000 us)");
+}
+
+TEST_CASE("a job thread dozing on its all-to-all (a data-parallel member, idle) is woken by a job, by a peer "
+          "starting an exchange, which it then joins, and by its stop") {
+  using namespace std::chrono;
+  std::vector<std::string> names;
+  auto ts = make_group("loopback", 2, &names);
+  std::vector<std::unique_ptr<all_to_all>> g;
+  std::vector<region_key> keys;
+  for (uint32_t r = 0; r < 2; ++r) {
+    g.push_back(std::make_unique<all_to_all>(*ts[r], names, all_to_all_config{.rank = r, .size = 2, .slot_bytes = 64}));
+    keys.push_back(g.back()->key());
+  }
+  for (auto& x : g) x->connect(keys);
+  std::vector<std::byte> none;
+  std::vector<std::span<const std::byte>> send(2, std::span<const std::byte>{none});
+  std::atomic<int> ran{0}, joined{0};
+  baton::gpu::job_queue q;
+  // Dozes of a minute: whatever ends one sooner woke it (woken() counts those).
+  q.start([](const baton::gpu::forward_job&) { return std::string{}; },
+          [&](const baton::gpu::forward_job&, baton::gpu::executor_sink&) { ++ran; }, {},
+          {.look =
+               [&] {
+                 if (!g[0]->peer_started()) return false;
+                 std::vector<std::span<const std::byte>> recv;
+                 std::string why;
+                 if (g[0]->exchange(send, &recv, &why)) ++joined;
+                 return true;
+               },
+           .every = minutes{1},
+           .at_most = minutes{1},
+           .doze = [&](microseconds d, const std::function<bool()>& ready) { g[0]->doze(d, ready); },
+           .nudge = [&] { g[0]->nudge(); }});
+  const auto until_asleep = [&] {
+    for (int i = 0; i < 2000 && !g[0]->sleeping(); ++i) std::this_thread::sleep_for(milliseconds{5});
+    return g[0]->sleeping();
+  };
+  struct no_sink : baton::gpu::executor_sink {
+    void on_layer_kv_ready(uint64_t, uint32_t) override {}
+    void on_done(uint64_t, baton::gpu::forward_output) override {}
+    void on_failed(uint64_t, std::string) override {}
+  };
+  // A job: submit nudges the dozing thread.
+  REQUIRE(until_asleep());
+  q.submit({}, std::make_shared<no_sink>());
+  for (int i = 0; i < 24000 && ran.load() == 0; ++i) std::this_thread::sleep_for(milliseconds{5});
+  CHECK(ran.load() == 1);
+  CHECK(g[0]->woken() == 1);
+  // A peer's step: its doorbell wakes the thread, whose look joins the exchange.
+  REQUIRE(until_asleep());
+  std::string why1;
+  std::vector<std::span<const std::byte>> recv1;
+  CHECK_MESSAGE(g[1]->exchange(send, &recv1, &why1), why1);
+  for (int i = 0; i < 24000 && joined.load() == 0; ++i) std::this_thread::sleep_for(milliseconds{5});
+  CHECK(joined.load() == 1);
+  CHECK(g[0]->woken() == 2);
+  // A stop: the thread ends now, not at its doze's end.
+  REQUIRE(until_asleep());
+  q.stop();
+  CHECK(g[0]->woken() == 3);
 }
 
 TEST_CASE("all-to-all: a rank that never exchanges is named in the others' error; an oversized chunk is refused") {
