@@ -808,13 +808,16 @@ private:
   /// Takes the group rejoin_group gave, if any (executor thread, between jobs): from here on this
   /// executor runs that group's steps; the rank hears that its standing failure cleared.
   void switch_peers() {
+    std::shared_ptr<expert_peers> old;  // left outside the lock: leaving may wait on puts (submit's nudge takes it)
     std::function<void()> tell;
     {
       std::lock_guard<std::mutex> lock{failure_mutex_};
       if (!next_peers_) return;
+      old = std::move(peers_);
       peers_ = std::move(next_peers_);
       tell = failure_listener_;
     }
+    old.reset();
     rounds_ = 0;
     last_peer_error_.clear();
     failure_told_ = false;

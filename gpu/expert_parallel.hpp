@@ -289,6 +289,8 @@ private:
   bool replan(const model_config& cfg, std::string* why);
   std::string gone_peer() const;
   std::string broken() const;
+  /// Ends this member's sleeps on both channels: a flag its waits look at has changed.
+  void nudge_all();
   /// Records that the group is out of step here, for good (later rounds fail with `why`).
   void mark_broken(const std::string& why);
   /// Why this member cannot run MoE layer `layer`'s round now (empty: it can).

@@ -70,14 +70,21 @@ void expert_peers::mark_broken(const std::string& why) {
 void expert_peers::peer_lost(uint32_t member, const std::string& why) {
   // Members in this process have flags of their own (`left` is also leave()'s guard).
   if (member >= size() || member == rank_ || group_->a2a[member]) return;
-  group_->left[member].store(true, std::memory_order_release);  // ends a wait for it (set_abort)
+  group_->left[member].store(true, std::memory_order_seq_cst);  // ends a wait for it (set_abort)
   mark_broken("data-parallel group of " + group_->names[rank_] + ": member " + group_->names[member] + " is lost: " + why);
+  nudge_all();  // a wait asleep for it looks again now
+}
+
+void expert_peers::nudge_all() {
+  group_->a2a[rank_]->nudge();
+  if (dual_batch()) group_->b[rank_]->nudge();
 }
 
 void expert_peers::retire(const std::string& why) {
   for (uint32_t m = 0; m < size(); ++m)
-    if (m != rank_ && !group_->a2a[m]) group_->left[m].store(true, std::memory_order_release);
+    if (m != rank_ && !group_->a2a[m]) group_->left[m].store(true, std::memory_order_seq_cst);
   mark_broken("data-parallel group of " + group_->names[rank_] + " re-forms: " + why);
+  nudge_all();
 }
 
 void expert_peers::fault_break_for_test(const std::string& why) {
@@ -424,9 +431,10 @@ std::vector<std::shared_ptr<expert_peers>> make_peer_group(
                                                     transport::all_to_all_config{r, size, group.slot_bytes, group.timeout});
       // A member that stopped or broke is seen at once, even in the middle of a step: in this
       // process by its flags, elsewhere by the abort word it put into this member's region.
+      // Sequentially consistent: a sleeping wait's last look, against the nudge after a flag.
       a2a->set_abort([g = g.get(), c = a2a.get()](uint32_t s) {
-        return g->left[s].load(std::memory_order_acquire)          ? std::string{"it has stopped"}
-               : g->out_of_step[s].load(std::memory_order_acquire) ? std::string{"it is out of step"}
+        return g->left[s].load(std::memory_order_seq_cst)          ? std::string{"it has stopped"}
+               : g->out_of_step[s].load(std::memory_order_seq_cst) ? std::string{"it is out of step"}
                : c->peer_aborted(s)                                ? std::string{"it has left the group"}
                                                                    : std::string{};
       });

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <cerrno>
 #include <climits>
 #include <ctime>
 #include <thread>
@@ -64,7 +65,18 @@ void all_to_all::connect(std::vector<region_key> keys) {
   if (cfg_.direct && error_.empty())
     for (uint32_t d = 0; d < peers_.size(); ++d)
       if (d != cfg_.rank && peers_[d].size_bytes == recv_bytes_) direct_[d] = t_.map_remote(peers_[d]);
-  all_direct_ = cfg_.size > 1 && direct_peers() + 1 == cfg_.size;
+  // Tell each mapped peer that this rank can wake it.
+  for (uint32_t d = 0; d < direct_.size(); ++d)
+    if (direct_[d])
+      std::atomic_ref<uint64_t>{*reinterpret_cast<uint64_t*>(direct_[d] + mapped_offset(cfg_.rank))}.store(
+          1, std::memory_order_release);
+  // Regions of one layout only: a peer of another build or slot size would read chunks and
+  // doorbells at other offsets than this rank writes them.
+  for (uint32_t d = 0; d < peers_.size() && error_.empty(); ++d)
+    if (peers_[d].size_bytes != recv_bytes_)
+      error_ = "all-to-all rank " + names_[cfg_.rank] + ": rank " + names_[d] + "'s receive region is " +
+               std::to_string(peers_[d].size_bytes) + " bytes, this rank's " + std::to_string(recv_bytes_) +
+               ": not the same slot size, or not the same build of Baton";
 }
 
 std::string key_fingerprint(const region_key& k) {
@@ -105,8 +117,24 @@ uint64_t all_to_all::bank_offset(uint64_t seq) const {
 
 bool all_to_all::peer_aborted(uint32_t source) const {
   if (!recv_ || source >= cfg_.size) return false;
+  // Sequentially consistent: a sleeper's last look, against the peer's store and its wake.
   return std::atomic_ref<uint64_t>{*reinterpret_cast<uint64_t*>(recv_ + uint64_t{source} * sizeof(uint64_t))}.load(
-             std::memory_order_acquire) != 0;
+             std::memory_order_seq_cst) != 0;
+}
+
+bool all_to_all::any_peer_aborted() const {
+  for (uint32_t s = 0; s < cfg_.size; ++s)
+    if (s != cfg_.rank && peer_aborted(s)) return true;
+  return false;
+}
+
+bool all_to_all::woken_by_all() const {
+  if (cfg_.size < 2) return false;
+  for (uint32_t s = 0; s < cfg_.size; ++s)
+    if (s != cfg_.rank &&
+        std::atomic_ref<uint64_t>{*reinterpret_cast<uint64_t*>(recv_ + mapped_offset(s))}.load(std::memory_order_acquire) == 0)
+      return false;
+  return true;
 }
 
 void all_to_all::abandon() {
@@ -175,21 +203,32 @@ void all_to_all::pause(waiting* w) const {
   std::this_thread::sleep_for(nap(w->since, cfg_.max_sleep));
 }
 
-void all_to_all::pause_for(waiting* w, const doorbell* bell, uint64_t seq) {
-  if (cfg_.poll_sleep_us || w->polls + 1 < yields_first) return pause(w);
+void all_to_all::sleep_on_word(std::chrono::microseconds d, const std::function<bool()>& over) {
   uint32_t* addr = sleep_word(recv_, sleep_offset());
   std::atomic_ref<uint32_t> word{*addr};
   // Say so, then look once more (both sequentially consistent, as a peer's ring and its look at
-  // this word are): either this look sees the doorbell, or the peer sees the word and wakes this
-  // rank, whose futex wait then returns at once or is woken.
+  // this word are): either this look sees the peer's store, or the peer sees the word and wakes
+  // this rank, whose futex wait then returns at once or is woken.
   word.store(1, std::memory_order_seq_cst);
-  if ((std::atomic_ref<uint64_t>{*const_cast<doorbell*>(bell)}.load(std::memory_order_seq_cst) >> 1) < seq) {
-    const auto us = nap(w->since, all_direct_ ? cfg_.max_sleep_woken : cfg_.max_sleep).count();
+  if (!over()) {
+    const auto us = std::max<int64_t>(d.count(), 1);
     const timespec ts{static_cast<time_t>(us / 1'000'000), static_cast<long>(us % 1'000'000) * 1000};
     // Not FUTEX_PRIVATE: peers in other processes wake it through their mapping of the region.
-    if (::syscall(SYS_futex, addr, FUTEX_WAIT, 1, &ts, nullptr, 0) == 0) ++woken_;
+    if (::syscall(SYS_futex, addr, FUTEX_WAIT, 1, &ts, nullptr, 0) != 0) {
+      const int err = errno;
+      if (err == ETIMEDOUT) slept_out_.fetch_add(1, std::memory_order_relaxed);
+      else if (err != EAGAIN && err != EINTR) std::this_thread::sleep_for(d);  // no futex here: sleep plainly
+    }
   }
   word.store(0, std::memory_order_relaxed);
+}
+
+void all_to_all::pause_for(waiting* w, const doorbell* bell, uint64_t seq, uint32_t source) {
+  if (cfg_.poll_sleep_us || w->polls + 1 < yields_first) return pause(w);
+  sleep_on_word(nap(w->since, woken_by_all() ? cfg_.max_sleep_woken : cfg_.max_sleep), [&] {
+    return (std::atomic_ref<uint64_t>{*const_cast<doorbell*>(bell)}.load(std::memory_order_seq_cst) >> 1) >= seq ||
+           any_peer_aborted() || (abort_ && !abort_(source).empty());
+  });
 }
 
 void all_to_all::doze(std::chrono::microseconds d, const std::function<bool()>& ready) {
@@ -197,15 +236,7 @@ void all_to_all::doze(std::chrono::microseconds d, const std::function<bool()>& 
     std::this_thread::sleep_for(d);
     return;
   }
-  uint32_t* addr = sleep_word(recv_, sleep_offset());
-  std::atomic_ref<uint32_t> word{*addr};
-  word.store(1, std::memory_order_seq_cst);  // then look, as pause_for does
-  if (!peer_started() && !(ready && ready())) {
-    const auto us = std::max<int64_t>(d.count(), 1);
-    const timespec ts{static_cast<time_t>(us / 1'000'000), static_cast<long>(us % 1'000'000) * 1000};
-    if (::syscall(SYS_futex, addr, FUTEX_WAIT, 1, &ts, nullptr, 0) == 0) ++woken_;
-  }
-  word.store(0, std::memory_order_relaxed);
+  sleep_on_word(d, [&] { return peer_started() || any_peer_aborted() || (ready && ready()); });
 }
 
 void all_to_all::nudge() {
@@ -220,7 +251,6 @@ void all_to_all::wake(uint32_t d) {
   std::atomic_ref<uint32_t> word{*addr};
   if (word.load(std::memory_order_seq_cst) == 0 || word.exchange(0, std::memory_order_seq_cst) == 0) return;
   ::syscall(SYS_futex, addr, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
-  ++wakes_;
 }
 
 bool all_to_all::wait_puts(std::vector<uint64_t>& ids, std::string* why, std::chrono::milliseconds limit) {
@@ -339,7 +369,7 @@ bool all_to_all::complete(std::vector<std::span<const std::byte>>* recv, std::st
                names_[s] + " " + fingerprint(s) + ")";
         return false;
       }
-      pause_for(&w, bell, seq);
+      pause_for(&w, bell, seq, s);
     }
     const std::byte* slot = recv_ + bank_offset(seq) + uint64_t{s} * stride();
     uint64_t bytes = 0;

@@ -5,8 +5,8 @@
 // dispatch (tokens packed per destination rank) and combine (expert outputs back) are two such
 // exchanges per MoE layer.
 //
-// Each rank registers one receive region: an abort word per source (signal_abort), its sleep
-// word (below), then two banks,
+// Each rank registers one receive region: an abort word per source (signal_abort), a mapped-by
+// word per source and its sleep word (below), then two banks,
 // each a doorbell per source and a slot per source (`slot_bytes`, after an 8-byte size header). An exchange puts each chunk, size first, into
 // its destination's slot, waits for those puts to complete remotely, then puts a doorbell (one
 // 64-bit word: the exchange's sequence number, and whether the chunk is empty, in which case no
@@ -25,12 +25,15 @@
 // A rank that has waited long for its doorbells sleeps between polls (see poll_sleep_us). Peers
 // that store into its region wake it at once: it sets its sleep word before it sleeps on it (a
 // futex; the region is a shared mapping, so across processes too), and a peer that rings its
-// doorbell and finds the word set clears it and wakes the sleeper. An idle rank between
+// doorbell (or stores its abort word) and finds the word set clears it and wakes the sleeper.
+// Each peer that maps the region says so once (its mapped-by word), so a rank knows whether
+// every peer can wake it (max_sleep_woken). An idle rank between
 // exchanges dozes on the same word (doze), woken by a peer starting one or by its own thread's
 // owner (nudge). So the first exchange after an idle spell starts within microseconds on one
 // host; a peer that puts (another host) cannot wake it, and the sleep's bound applies.
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -120,8 +123,6 @@ public:
   /// Whether another rank has already rung its doorbell for this rank's next exchange: a peer
   /// started an exchange this rank has not joined (a data-parallel member idles on this).
   bool peer_started() const;
-  /// How many times this rank woke a peer sleeping on its doorbells.
-  uint64_t wakes() const { return wakes_; }
   /// While idle between exchanges: sleeps up to `d`, ending early once a peer starts an
   /// exchange this rank has not joined (its doorbell wakes this rank, as in an exchange's wait),
   /// nudge() is called, or `ready` (asked once this rank has said it sleeps) is true. A
@@ -131,8 +132,9 @@ public:
   void nudge();
   /// Whether this rank sleeps now, waiting for its doorbells (a test waits for it).
   bool sleeping() const;
-  /// How many of this rank's sleeps a peer or a nudge ended (its futex wait was woken, not timed out).
-  uint64_t woken() const { return woken_; }
+  /// How many of this rank's sleeps on its sleep word ran to their end: nobody woke them (a
+  /// test's evidence that a peer's ring or a nudge ended them).
+  uint64_t slept_out() const { return slept_out_.load(std::memory_order_relaxed); }
   /// Peers this rank reaches with plain stores (known after connect()).
   uint32_t direct_peers() const;
   /// A short fingerprint of rank `rank`'s key as this rank got it (connect()), for diagnostics:
@@ -143,9 +145,17 @@ private:
   /// A doorbell word: seq << 1 | (the chunk is empty).
   using doorbell = uint64_t;
   uint64_t stride() const { return cfg_.slot_bytes + sizeof(uint64_t); }  ///< a slot and its size header
-  /// One abort word per source, then the sleep word (a futex: its low 32 bits).
-  uint64_t flags_bytes() const { return (uint64_t{cfg_.size} + 1) * sizeof(uint64_t); }
-  uint64_t sleep_offset() const { return uint64_t{cfg_.size} * sizeof(uint64_t); }
+  /// An abort word per source, a mapped-by word per source, then the sleep word (a futex: its
+  /// low 32 bits).
+  uint64_t flags_bytes() const { return (2 * uint64_t{cfg_.size} + 1) * sizeof(uint64_t); }
+  uint64_t mapped_offset(uint32_t source) const { return (uint64_t{cfg_.size} + source) * sizeof(uint64_t); }
+  uint64_t sleep_offset() const { return 2 * uint64_t{cfg_.size} * sizeof(uint64_t); }
+  /// Whether every other rank maps this rank's region (and so wakes it when it rings).
+  bool woken_by_all() const;
+  bool any_peer_aborted() const;
+  /// Sleeps up to `d` on the sleep word, unless `over` (asked once the word says so) finds
+  /// nothing left to wait for.
+  void sleep_on_word(std::chrono::microseconds d, const std::function<bool()>& over);
   uint64_t bell_offset(uint64_t seq, uint32_t source) const;
   uint64_t bank_offset(uint64_t seq) const;
   /// Waits for (at most `limit`) and releases the puts `ids`; false and why if one failed.
@@ -162,8 +172,9 @@ private:
   void pause(waiting* w) const;
   /// How long a wait that began at `since` sleeps between polls, at most `bound`.
   std::chrono::microseconds nap(std::chrono::steady_clock::time_point since, std::chrono::microseconds bound) const;
-  /// The same while waiting for `bell` to reach `seq`: its sleeps end when a peer rings.
-  void pause_for(waiting* w, const doorbell* bell, uint64_t seq);
+  /// The same while waiting for `bell` (rank `source`'s) to reach `seq`: its sleeps end when a
+  /// peer rings, aborts, or a nudge comes.
+  void pause_for(waiting* w, const doorbell* bell, uint64_t seq, uint32_t source);
   /// After ringing mapped peer `d`'s doorbell: wakes it if it sleeps.
   void wake(uint32_t d);
 
@@ -178,7 +189,6 @@ private:
   std::vector<std::byte> send_;
   region_key recv_key_;
   std::vector<std::byte*> direct_;  ///< per rank: its receive region mapped here, or null
-  bool all_direct_ = false;         ///< every other rank's region is mapped here (max_sleep_woken)
   uint64_t send_region_ = 0;
   std::vector<region_key> peers_;
   uint64_t seq_ = 0;
@@ -187,8 +197,7 @@ private:
   std::vector<uint64_t> sizes_;    ///< the open exchange's chunk sizes, for the doorbells
   std::function<std::string(uint32_t)> abort_;
   bool aborted_ = false;  ///< signal_abort() ran: it says so once
-  uint64_t wakes_ = 0;     ///< sleeping peers this rank woke (wakes())
-  uint64_t woken_ = 0;     ///< sleeps of this rank a peer or a nudge ended (woken())
+  std::atomic<uint64_t> slept_out_{0};  ///< slept_out()
 };
 
 }  // namespace baton::transport
