@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdio>
-#include <cstring>
 #include <cerrno>
 #include <climits>
+#include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <thread>
 
@@ -62,14 +62,6 @@ all_to_all::~all_to_all() {
 void all_to_all::connect(std::vector<region_key> keys) {
   peers_ = std::move(keys);
   direct_.assign(peers_.size(), nullptr);
-  if (cfg_.direct && error_.empty())
-    for (uint32_t d = 0; d < peers_.size(); ++d)
-      if (d != cfg_.rank && peers_[d].size_bytes == recv_bytes_) direct_[d] = t_.map_remote(peers_[d]);
-  // Tell each mapped peer that this rank can wake it.
-  for (uint32_t d = 0; d < direct_.size(); ++d)
-    if (direct_[d])
-      std::atomic_ref<uint64_t>{*reinterpret_cast<uint64_t*>(direct_[d] + mapped_offset(cfg_.rank))}.store(
-          1, std::memory_order_release);
   // Regions of one layout only: a peer of another build or slot size would read chunks and
   // doorbells at other offsets than this rank writes them.
   for (uint32_t d = 0; d < peers_.size() && error_.empty(); ++d)
@@ -77,6 +69,13 @@ void all_to_all::connect(std::vector<region_key> keys) {
       error_ = "all-to-all rank " + names_[cfg_.rank] + ": rank " + names_[d] + "'s receive region is " +
                std::to_string(peers_[d].size_bytes) + " bytes, this rank's " + std::to_string(recv_bytes_) +
                ": not the same slot size, or not the same build of Baton";
+  if (!cfg_.direct || !error_.empty()) return;
+  for (uint32_t d = 0; d < peers_.size(); ++d) {
+    if (d == cfg_.rank || !(direct_[d] = t_.map_remote(peers_[d]))) continue;
+    // Tell the peer that this rank can wake it (woken_by_all).
+    std::atomic_ref<uint64_t>{*reinterpret_cast<uint64_t*>(direct_[d] + mapped_offset(cfg_.rank))}.store(
+        1, std::memory_order_release);
+  }
 }
 
 std::string key_fingerprint(const region_key& k) {
