@@ -43,24 +43,20 @@ void job_queue::loop(const check_fn& check, const run_fn& run, const idle_work& 
       const auto ready = [this] { return stop_ || !queue_.empty(); };
       if (!idle.look) {
         wake_.wait(lock, ready);
-      } else if (idle.doze) {
-        if (!ready()) {
-          const auto quiet = std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - busy_at);
+      } else if (!ready()) {
+        const auto quiet = std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - busy_at);
+        const auto interval = std::clamp(quiet / 100, idle.every, std::max(idle.every, idle.at_most));
+        if (idle.doze) {  // outside the lock: submit() nudges after queuing
           lock.unlock();
-          idle.doze(std::clamp(quiet / 100, idle.every, std::max(idle.every, idle.at_most)), [this] {
+          idle.doze(interval, [this] {
             std::lock_guard<std::mutex> again{mutex_};
             return stop_ || !queue_.empty();
           });
           lock.lock();
-          if (!ready()) {
-            lock.unlock();
-            if (idle.look()) busy_at = clock::now();
-            continue;
-          }
+        } else {
+          wake_.wait_for(lock, interval, ready);
         }
-      } else {
-        const auto quiet = std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - busy_at);
-        if (!wake_.wait_for(lock, std::clamp(quiet / 100, idle.every, std::max(idle.every, idle.at_most)), ready)) {
+        if (!ready()) {  // nothing came: look
           lock.unlock();
           if (idle.look()) busy_at = clock::now();
           continue;
