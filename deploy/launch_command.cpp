@@ -362,9 +362,19 @@ int run_launch(const std::vector<std::string>& raw_args) {
     std::fflush(stdout);
     if (!waiting.empty()) std::this_thread::sleep_for(std::chrono::milliseconds{100});
   }
-  for (const auto& n : spec.nodes)
-    if (n.has("gateway")) std::printf("baton launch: gateway %s at http://%s:%u\n", n.name.c_str(), n.host.c_str(),
-                                      static_cast<unsigned>(n.http_port));
+  // A node joins before its gateway listens (a gateway node learns the router's address from
+  // its welcome), and clients go to the gateway as soon as this says "is up": wait (within the
+  // same deadline) until each gateway accepts connections.
+  for (const auto& n : spec.nodes) {
+    if (!n.has("gateway")) continue;
+    bool answers = tcp_listening(n.host, n.http_port, 200);
+    while (!answers && std::chrono::steady_clock::now() < deadline && !stop_requested() && !dead_child()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds{100});
+      answers = tcp_listening(n.host, n.http_port, 200);
+    }
+    std::printf("baton launch: gateway %s at http://%s:%u%s\n", n.name.c_str(), n.host.c_str(),
+                static_cast<unsigned>(n.http_port), answers ? "" : " (it does not answer there yet)");
+  }
   std::printf("baton launch: cluster '%s' is up: %zu processes; SIGINT or SIGTERM stops it\n", spec.name.c_str(),
               children.size());
   std::fflush(stdout);

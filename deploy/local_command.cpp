@@ -12,6 +12,7 @@
 #include <caf/actor_system_config.hpp>
 #include <caf/io/middleman.hpp>
 #include <caf/scoped_actor.hpp>
+#include <caf/send.hpp>
 
 #include "actors/local_cluster.hpp"
 #include "actors/messages.hpp"
@@ -131,9 +132,6 @@ int serve(caf::actor_system& sys, const local_cluster& cluster, const local_opti
   };
   if (int rc = publish(opt.router_listen, "--router-listen", "router", cluster.router))
     return rc;
-  // (the node directory: the line says "cluster" -- what `baton node --connect` takes)
-  if (int rc = publish(opt.cluster_listen, "--cluster-listen", "cluster", cluster.directory))
-    return rc;
   gateway_handle gateway;
   if (!opt.http_listen.empty()) {
     gateway_config gc = opt.gateway;
@@ -146,13 +144,20 @@ int serve(caf::actor_system& sys, const local_cluster& cluster, const local_opti
     }
     std::printf("baton local: gateway listening on http://%s:%u\n", gc.host.c_str(), static_cast<unsigned>(gateway.port));
   }
+  // The node directory last: `baton launch` takes its answer (and the nodes joining through it)
+  // as "the head is up" and then tells clients the gateway's address, so the gateway must
+  // already listen (it did not once: a curl right after "is up" was refused). The line says
+  // "cluster": what `baton node --connect` takes.
+  if (int rc = publish(opt.cluster_listen, "--cluster-listen", "cluster", cluster.directory)) {
+    if (gateway.server) caf::scoped_actor{sys}->send_exit(gateway.server, caf::exit_reason::user_shutdown);
+    return rc;
+  }
   std::printf("baton local: serving; SIGINT or SIGTERM stops\n");
   std::fflush(stdout);
   install_stop_signals();
   while (!stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds{100});
   caf::scoped_actor self{sys};
   if (gateway.server) self->send_exit(gateway.server, caf::exit_reason::user_shutdown);
-  for (auto& a : cluster.actors()) self->send_exit(a, caf::exit_reason::user_shutdown);
   std::printf("baton local: stopped\n");
   return 0;
 }
@@ -529,6 +534,14 @@ int run_local(const std::vector<std::string>& args) {
   if (!store_addrs.empty())
     std::printf("baton local: %zu store node(s) adopted: block servers %u..%zu live in their processes\n",
                 store_addrs.size(), opt.cluster.store.num_servers, opt.cluster.store.num_servers + store_addrs.size() - 1);
+  // Every way out stops the cluster's actors: the actor system's end waits for them, so a return
+  // that left them running (a port already taken, a decode process that did not join) hung.
+  struct cluster_stopper {
+    const local_cluster& cluster;
+    ~cluster_stopper() {
+      for (auto& a : cluster.actors()) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+    }
+  } stop_cluster{cluster};
   caf::scoped_actor self{sys};
 
   std::vector<pid_t> children;
@@ -684,7 +697,6 @@ int run_local(const std::vector<std::string>& args) {
                             c.to.c_str(), c.state.c_str(), c.drain_s, c.why.c_str());
             },
             [](caf::error&) {});
-  for (auto& a : cluster.actors()) self->send_exit(a, caf::exit_reason::user_shutdown);
   return failures == 0 ? 0 : 1;
 }
 

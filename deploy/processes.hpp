@@ -55,6 +55,11 @@ bool process_exited(pid_t pid, std::string* how);
 /// be reused meanwhile.
 bool process_gone(pid_t pid, std::string* how);
 
+/// True when something accepts a TCP connection on host:port within `timeout_ms` (the
+/// connection is closed at once). For the launcher, which says a gateway's address only once it
+/// answers there.
+bool tcp_listening(const std::string& host, uint16_t port, int timeout_ms);
+
 /// This executable's path (/proc/self/exe), to start sibling nodes.
 std::string self_executable();
 

@@ -28,6 +28,8 @@
 #include "tests/actors/elastic_phases.hpp"
 #include "tests/test_util.hpp"
 
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 using namespace baton;
@@ -260,6 +262,25 @@ bool await_answers(std::initializer_list<std::shared_ptr<answer_box>> boxes) {
 }
 
 }  // namespace
+
+TEST_CASE("tcp_listening answers true only while something listens on the port") {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  socklen_t len = sizeof a;
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  const uint16_t port = ntohs(a.sin_port);
+  CHECK_FALSE(baton::deploy::tcp_listening("127.0.0.1", port, 200));  // bound, not listening: refused
+  REQUIRE(::listen(fd, 4) == 0);
+  CHECK(baton::deploy::tcp_listening("127.0.0.1", port, 200));
+  CHECK(baton::deploy::tcp_listening("localhost", port, 200));
+  ::close(fd);
+  CHECK_FALSE(baton::deploy::tcp_listening("127.0.0.1", port, 200));
+  CHECK_FALSE(baton::deploy::tcp_listening("no-such-host.invalid", port, 200));
+}
 
 TEST_CASE("across processes over UCX shared memory: tokens and logits equal the colocated run") {
   run_across_processes("sm");

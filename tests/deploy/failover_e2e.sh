@@ -49,7 +49,7 @@ body() {
 }
 
 # Undisturbed answers, one at a time.
-for i in $(seq $N); do curl -sN -m 120 "$URL" -d "$(body "$i")" > "$WORK/calm$i.txt" || fail "undisturbed request $i"; done
+for i in $(seq $N); do curl -sN -m 120 "$URL" -d "$(body "$i")" > "$WORK/calm$i.txt" || fail "undisturbed request $i: curl exit $? (7: nothing listened), it got: $(head -c 300 "$WORK/calm$i.txt")"; done
 
 # The same requests at once; SIGKILL decode-a once every stream has begun.
 for i in $(seq $N); do curl -sN -m 120 "$URL" -d "$(body "$i")" > "$WORK/hit$i.txt" & done

@@ -37,7 +37,7 @@ URL="http://127.0.0.1:$P_HTTP/v1/completions"
 N=20 TOKENS=24
 body() { echo "{\"prompt\":\"Verse $1 of the chapter\",\"max_tokens\":$TOKENS,\"ignore_eos\":true,\"stream\":true}"; }
 
-for i in $(seq $N); do curl -sN -m 60 "$URL" -d "$(body "$i")" > "$WORK/calm$i.txt" || fail "undisturbed request $i"; done
+for i in $(seq $N); do curl -sN -m 60 "$URL" -d "$(body "$i")" > "$WORK/calm$i.txt" || fail "undisturbed request $i: curl exit $? (7: nothing listened), it got: $(head -c 300 "$WORK/calm$i.txt")"; done
 
 PID_A=$(grep -o "node prefill-a joined (prefill, pid [0-9]*" "$WORK/launch.log" | grep -o "[0-9]*$")
 CLIENTS=()

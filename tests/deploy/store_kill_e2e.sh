@@ -43,7 +43,7 @@ body() {
 }
 metric() { curl -sf "http://127.0.0.1:$P_HTTP/metrics" | grep "^$1 " | awk '{print $2}'; }
 
-for i in $(seq $N); do curl -sN -m 60 "$URL" -d "$(body "$i")" > "$WORK/calm$i.txt" || fail "undisturbed request $i"; done
+for i in $(seq $N); do curl -sN -m 60 "$URL" -d "$(body "$i")" > "$WORK/calm$i.txt" || fail "undisturbed request $i: curl exit $? (7: nothing listened), it got: $(head -c 300 "$WORK/calm$i.txt")"; done
 # Write-backs land after each sequence ends: wait (bounded) until store-a holds every block.
 for _ in $(seq 300); do [ "$(metric baton_store_blocks)" -ge $((3 * N)) ] 2>/dev/null && break; sleep 0.1; done
 [ "$(metric baton_store_blocks)" -ge $((3 * N)) ] || fail "store-a holds $(metric baton_store_blocks) blocks, expected >= $((3 * N))"
