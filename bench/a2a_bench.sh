@@ -8,19 +8,11 @@ build="${1:-$(dirname "$0")/../build}"
 shift || true
 tokens=("${@:-64 256}")
 export UCX_NET_DEVICES=lo UCX_TLS=sm
-port=13700
+source "$(dirname "$0")/perftest_lib.sh"
 perftest() {  # size_bytes -> GB/s (1e9 B/s)
-  local size=$1 iters=$(( (512 << 20) / $1 ))
+  local iters=$(( (512 << 20) / $1 ))
   [ "$iters" -lt 20 ] && iters=20
-  taskset -c 0 ucx_perftest -p $port >/dev/null 2>&1 &
-  local srv=$!
-  sleep 0.5
-  local mbs
-  mbs=$(taskset -c 1 ucx_perftest 127.0.0.1 -p $port -t ucp_put_bw -s "$size" -n "$iters" -w 5 -f 2>/dev/null |
-        awk 'NF == 8 && $1 ~ /^[0-9]+$/ {print $5}' | tail -1)
-  wait $srv 2>/dev/null || true
-  port=$((port + 1))
-  awk -v m="$mbs" 'BEGIN {printf "%.2f", m * 1.048576 / 1000}'
+  ucx_perftest_gbps sm ucp_put_bw "$1" "$iters"
 }
 echo "| tokens per rank | chunk to the peer (dispatch / combine) | Baton dispatch, direct stores | Baton combine, direct stores | Baton dispatch, puts | Baton combine, puts | ucx_perftest put_bw at the dispatch / combine size |"
 # Baton's figures: bytes each rank received from its peer over the exchange's time (median of 20),

@@ -15,7 +15,6 @@ build="${1:-$(dirname "$0")/../build}"
 baton="$(cd "$build" && pwd)/deploy/baton"
 export UCX_NET_DEVICES=lo
 tick=$(getconf CLK_TCK)
-port=13700
 cpu_ticks() {  # the user + system time of the process $1 and all its descendants, in ticks
   local total=0 p
   for p in $1 $(pgrep -P "$1" || true); do
@@ -38,13 +37,13 @@ echo "|---|---|---|---|---|---|---|"
 while IFS='|' read -r what args; do
   log=$(mktemp)
   # shellcheck disable=SC2086
-  "$baton" local --serve --router-listen 127.0.0.1:$port $args >"$log" 2>&1 &
+  "$baton" local --serve --router-listen 127.0.0.1:0 $args >"$log" 2>&1 &
   pid=$!
-  port=$((port + 1))
   for _ in $(seq 300); do grep -q "serving;" "$log" && break; sleep 0.1; done
   grep -q "serving;" "$log" || { cat "$log"; kill -TERM $pid; exit 1; }
+  port=$(grep -o "router listening on 127.0.0.1:[0-9]*" "$log" | grep -o "[0-9]*$")
   sleep 2  # let start-up settle (shards' first waits, UCX's first connections)
-  first=$(times $((port - 1)) 1)  # a first request's one-off costs (connections, first pages) stay out of both
+  first=$(times "$port" 1)  # a first request's one-off costs (connections, first pages) stay out of both
   [ -n "$first" ] || { cat "$log"; kill -TERM $pid; exit 1; }
   sleep 1
   n=$(processes $pid)
@@ -52,7 +51,7 @@ while IFS='|' read -r what args; do
   after=() warm=()
   for cycle in 1 2 3 4 5; do
     [ $cycle = 1 ] || sleep 2
-    mapfile -t t < <(times $((port - 1)) 4)
+    mapfile -t t < <(times "$port" 4)
     after+=("${t[0]}") warm+=("${t[@]:1}")
   done
   col() { printf '%s\n' "${@:2}" | cut -d' ' -f"$1" | median; }

@@ -12,19 +12,11 @@ build="${1:-$(dirname "$0")/../build}"
 bench_ucx="${BATON_BENCH_UCX:-$build/bench/baton_bench_ucx}"
 export UCX_NET_DEVICES=lo
 sizes_mib=(1 4 16 64)
-port=13500
+source "$(dirname "$0")/perftest_lib.sh"
 perftest() {  # test tls size_bytes -> GB/s (1e9 B/s)
-  local test=$1 tls=$2 size=$3 iters=$(( (1024 << 20) / $3 ))
+  local iters=$(( (1024 << 20) / $3 ))
   [ "$iters" -lt 20 ] && iters=20
-  UCX_TLS=$tls taskset -c 0 ucx_perftest -p $port >/dev/null 2>&1 &
-  local srv=$!
-  sleep 0.5
-  local mbs
-  mbs=$(UCX_TLS=$tls taskset -c 1 ucx_perftest 127.0.0.1 -p $port -t "$test" -s "$size" -n "$iters" -w 5 -f 2>/dev/null |
-        awk 'NF == 8 && $1 ~ /^[0-9]+$/ {print $5}' | tail -1)
-  wait $srv 2>/dev/null || true
-  port=$((port + 1))
-  awk -v m="$mbs" 'BEGIN {printf "%.2f", m * 1.048576 / 1000}'
+  ucx_perftest_gbps "$2" "$1" "$3" "$iters"
 }
 for tls in ${BATON_UCX_TLS:-sm tcp}; do
   echo "### UCX_TLS=$tls"

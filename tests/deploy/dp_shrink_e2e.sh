@@ -24,7 +24,8 @@ read -r P_HEAD < <(free_ports 1)
 "$BATON" local --serve --model deepseek-v3-tiny --prefill-ranks 1 --decode-ranks 0 --router-listen 127.0.0.1:0 \
   --cluster-listen "127.0.0.1:$P_HEAD" > "$WORK/head.log" 2>&1 &
 HEAD_PID=$!
-for _ in $(seq 300); do grep -q "router listening" "$WORK/head.log" && break; sleep 0.1; done
+# "serving;" is printed last, once the node directory the nodes join listens too.
+for _ in $(seq 300); do grep -q "serving;" "$WORK/head.log" && break; sleep 0.1; done
 P_ROUTER=$(grep -o "router listening on 127.0.0.1:[0-9]*" "$WORK/head.log" | grep -o "[0-9]*$") || fail "the head did not start"
 node_args=(node --role decode --connect "127.0.0.1:$P_HEAD" --model deepseek-v3-tiny --expert-parallel 3 --dp-attention
            --dp-shrink-after-s 2 --dp-meet-timeout-s 60)
