@@ -24,13 +24,21 @@ inline float reduce8(v8 a) {
   return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
 }
 
+/// How far ahead the micro-kernel prefetches its weight rows, in floats. 1 KiB where the weights
+/// are in cache (prefill: a tile's rows serve every row of x; attention's keys), 8 KiB where a
+/// decode step streams them from memory: the hardware's prefetcher alone left it latency-bound
+/// (1 KiB took a batch-8 step's products from 76 to 68 ms; 8 KiB, with the 8 x 3 tile, to about
+/// 35). 8 KiB in prefill cost it up to 10 % on two threads (lines of the next tiles pushed out
+/// the ones in use).
+constexpr size_t near_ahead = 256, far_ahead = 2048;
+
 /// R rows of x against C rows of w. Lane j of acc[r][c] sums x[r][i]·w[c][i] over i ≡ j (mod 8)
 /// in increasing i; the tail k % 8 goes to lanes 0.. in order. Same per element for any R, C.
 template <int R, int C>
 #if defined(__x86_64__) && !defined(__AVX2__) && !defined(__clang__)  // clang: no target_clones on templates
 __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
 #endif
-void micro_kernel(const float* const* xs, const float* const* ws, size_t k, float* out /* [R][C] */) {
+void micro_kernel(const float* const* xs, const float* const* ws, size_t k, float* out /* [R][C] */, size_t ahead) {
   v8 acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = v8{0, 0, 0, 0, 0, 0, 0, 0};
@@ -38,9 +46,8 @@ void micro_kernel(const float* const* xs, const float* const* ws, size_t k, floa
   for (; i + 8 <= k; i += 8) {
     v8 wv[C];
     for (int c = 0; c < C; ++c) {
-      // A cache line of each weight row 1 KiB ahead: a decode step streams weights from memory,
-      // and at batch 8 this took its products from 76 to 68 ms (arithmetic unchanged).
-      if ((i & 15) == 0) __builtin_prefetch(ws[c] + i + 256);
+      // A cache line of each weight row `ahead` floats on (see matmul_nt).
+      if ((i & 15) == 0) __builtin_prefetch(ws[c] + i + ahead);
       wv[c] = load8(ws[c] + i);
     }
     for (int r = 0; r < R; ++r) {
@@ -57,24 +64,40 @@ void micro_kernel(const float* const* xs, const float* const* ws, size_t k, floa
 
 /// Rows r..r+R-1 of x against the C rows of w at ws, into columns n0.. of y.
 template <int R, int C>
-void rows_block(const float* x, size_t r, size_t k, const float* const* ws, size_t n0, float* y, size_t n) {
+void rows_block(const float* x, size_t r, size_t k, const float* const* ws, size_t n0, float* y, size_t n, size_t ahead) {
   const float* xs[R];
   for (int q = 0; q < R; ++q) xs[q] = x + (r + q) * k;
   float out[R * C];
-  micro_kernel<R, C>(xs, ws, k, out);
+  micro_kernel<R, C>(xs, ws, k, out, ahead);
   for (int q = 0; q < R; ++q)
     for (int c = 0; c < C; ++c) y[(r + q) * n + n0 + c] = out[q * C + c];
 }
 
-/// Every row of x against C rows of w, 4 rows at a time (each loaded vector of w serves 4 rows).
-template <int C>
-void rows_against(const float* x, size_t m, size_t k, const float* w, size_t n0, float* y, size_t n) {
+/// Every row of x against C rows of w, R_MAX (8 or 4) rows at a time (each loaded vector of w
+/// serves that many rows), then 4, 2 and 1.
+template <int C, int R_MAX>
+void rows_against(const float* x, size_t m, size_t k, const float* w, size_t n0, float* y, size_t n, size_t ahead) {
   const float* ws[C];
   for (int c = 0; c < C; ++c) ws[c] = w + (n0 + c) * k;
   size_t r = 0;
-  for (; r + 4 <= m; r += 4) rows_block<4, C>(x, r, k, ws, n0, y, n);
-  for (; r + 2 <= m; r += 2) rows_block<2, C>(x, r, k, ws, n0, y, n);
-  for (; r < m; ++r) rows_block<1, C>(x, r, k, ws, n0, y, n);
+  if constexpr (R_MAX >= 8)
+    for (; r + 8 <= m; r += 8) rows_block<8, C>(x, r, k, ws, n0, y, n, ahead);
+  for (; r + 4 <= m; r += 4) rows_block<4, C>(x, r, k, ws, n0, y, n, ahead);
+  for (; r + 2 <= m; r += 2) rows_block<2, C>(x, r, k, ws, n0, y, n, ahead);
+  for (; r < m; ++r) rows_block<1, C>(x, r, k, ws, n0, y, n, ahead);
+}
+
+/// Whether the 8 x 3 tile fits the vector registers: its 24 accumulators, 3 weight vectors and a
+/// row of x need 28 of AVX-512's 32 (the x86-64-v4 clone). With AVX2's 16 they would spill.
+bool wide_tiles() {
+#if defined(__x86_64__) && !defined(__clang__)
+  static const bool wide = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+                           __builtin_cpu_supports("avx512cd");
+  return wide;
+#else
+  return false;
+#endif
 }
 
 }  // namespace
@@ -93,16 +116,25 @@ float dot_fixed(const float* a, const float* b, size_t k) {
   float out;
   const float* xs[1] = {a};
   const float* ws[1] = {b};
-  micro_kernel<1, 1>(xs, ws, k, &out);
+  micro_kernel<1, 1>(xs, ws, k, &out, near_ahead);
   return out;
 }
 
 void matmul_nt(const float* x, size_t m, size_t k, const float* w, size_t n, float* y, thread_pool* pool) {
-  constexpr size_t tile = 4;
+  // Decode batches of 8 rows and more stream their weights from memory: with 4 x 4 tiles each
+  // weight vector was loaded for rows 0-3 from memory and again for rows 4-7 from cache, and the
+  // products ran at half the in-cache rate. 8 x 3 tiles load each once for 8 rows. Every element
+  // still sums as dot_fixed does, so the tile never changes a result.
+  const bool streams = m <= 64;  // few rows per weight: the weights' bytes bound the product
+  const bool wide = m >= 8 && streams && wide_tiles();
+  const size_t tile = wide ? 3 : 4, ahead = streams ? far_ahead : near_ahead;
   auto body = [&](size_t begin, size_t end) {
     size_t j = begin;
-    for (; j + tile <= end; j += tile) rows_against<tile>(x, m, k, w, j, y, n);
-    for (; j < end; ++j) rows_against<1>(x, m, k, w, j, y, n);
+    if (wide)
+      for (; j + 3 <= end; j += 3) rows_against<3, 8>(x, m, k, w, j, y, n, ahead);
+    else
+      for (; j + 4 <= end; j += 4) rows_against<4, 4>(x, m, k, w, j, y, n, ahead);
+    for (; j < end; ++j) rows_against<1, 4>(x, m, k, w, j, y, n, ahead);
   };
   // Waking the pool costs tens of microseconds: not worth it for small products.
   constexpr size_t min_parallel_macs = size_t{1} << 20;
@@ -187,12 +219,12 @@ void dot_block(const float* const* xs, uint32_t nx, const float* const* ws, uint
     const uint32_t rows = nx - i >= 4 ? 4 : nx - i >= 2 ? 2 : 1;
     for (uint32_t j = 0; j < nw;) {
       const uint32_t cols = nw - j >= 4 ? 4 : 1;
-      if (rows == 4 && cols == 4) micro_kernel<4, 4>(xs + i, ws + j, k, tile);
-      else if (rows == 2 && cols == 4) micro_kernel<2, 4>(xs + i, ws + j, k, tile);
-      else if (rows == 1 && cols == 4) micro_kernel<1, 4>(xs + i, ws + j, k, tile);
-      else if (rows == 4) micro_kernel<4, 1>(xs + i, ws + j, k, tile);
-      else if (rows == 2) micro_kernel<2, 1>(xs + i, ws + j, k, tile);
-      else micro_kernel<1, 1>(xs + i, ws + j, k, tile);
+      if (rows == 4 && cols == 4) micro_kernel<4, 4>(xs + i, ws + j, k, tile, near_ahead);
+      else if (rows == 2 && cols == 4) micro_kernel<2, 4>(xs + i, ws + j, k, tile, near_ahead);
+      else if (rows == 1 && cols == 4) micro_kernel<1, 4>(xs + i, ws + j, k, tile, near_ahead);
+      else if (rows == 4) micro_kernel<4, 1>(xs + i, ws + j, k, tile, near_ahead);
+      else if (rows == 2) micro_kernel<2, 1>(xs + i, ws + j, k, tile, near_ahead);
+      else micro_kernel<1, 1>(xs + i, ws + j, k, tile, near_ahead);
       for (uint32_t r = 0; r < rows; ++r)
         for (uint32_t c = 0; c < cols; ++c) out[(i + r) * nw + j + c] = tile[r * cols + c];
       j += cols;
@@ -201,12 +233,31 @@ void dot_block(const float* const* xs, uint32_t nx, const float* const* ws, uint
   }
 }
 
-/// out[d] += p · v[d]: the product rounded, then the sum, per element (as attend's loop).
+/// out[g][d] += probs[g][t] · vs[t][d] for the tokens t < count in order, the heads g < group
+/// (at most 4) and d < n: the product rounded, then the sum, per element (as attend's loop), so
+/// every element sums as attend's does. Each 8-lane chunk of the heads' outputs stays in
+/// registers across the tokens, and each chunk of a value is loaded once for all heads.
 #if defined(__x86_64__) && !defined(__AVX2__) && !defined(__clang__)
 __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
 #endif
-void add_scaled(float* out, float p, const float* v, uint32_t n) {
-  for (uint32_t d = 0; d < n; ++d) out[d] += p * v[d];
+void add_scaled_tokens(float* out, uint32_t group, uint32_t n, const float* const* vs, const float* probs,
+                       uint32_t count) {
+  uint32_t d = 0;
+  for (; d + 8 <= n; d += 8) {
+    v8 acc[4];
+    for (uint32_t g = 0; g < group; ++g) acc[g] = load8(out + size_t{g} * n + d);
+    for (uint32_t t = 0; t < count; ++t) {
+      const v8 v = load8(vs[t] + d);
+      for (uint32_t g = 0; g < group; ++g) {
+        const float p = probs[g * count + t];
+        acc[g] += v8{p, p, p, p, p, p, p, p} * v;
+      }
+    }
+    for (uint32_t g = 0; g < group; ++g) std::memcpy(out + size_t{g} * n + d, &acc[g], sizeof(v8));
+  }
+  for (; d < n; ++d)
+    for (uint32_t g = 0; g < group; ++g)
+      for (uint32_t t = 0; t < count; ++t) out[size_t{g} * n + d] += probs[g * count + t] * vs[t][d];
 }
 
 /// attend for the `group` query heads (q, `key_dim` apart) that read the same keys and values:
@@ -247,9 +298,20 @@ void attend_group(const float* q, uint32_t group, uint32_t len, KeyAt key_at, ui
     sums[g] = sum;
   }
   std::fill_n(out, size_t{group} * value_dim, 0.0f);
-  for (uint32_t t = 0; t < len; ++t) {
-    const float* v = value_at(t);
-    for (uint32_t g = 0; g < group; ++g) add_scaled(out + size_t{g} * value_dim, scores[size_t{g} * len + t] / sums[g], v, value_dim);
+  // The values 16 tokens by up to 4 heads at a time (each head's weight p = score / sum, as
+  // attend's), the tokens in order.
+  constexpr uint32_t chunk = 16;
+  const float* vs[chunk];
+  float probs[4 * chunk];
+  for (uint32_t t0 = 0; t0 < len; t0 += chunk) {
+    const uint32_t nt = std::min(chunk, len - t0);
+    for (uint32_t c = 0; c < nt; ++c) vs[c] = value_at(t0 + c);
+    for (uint32_t g0 = 0; g0 < group; g0 += 4) {
+      const uint32_t ng = std::min(4u, group - g0);
+      for (uint32_t r = 0; r < ng; ++r)
+        for (uint32_t c = 0; c < nt; ++c) probs[r * nt + c] = scores[size_t{g0 + r} * len + t0 + c] / sums[g0 + r];
+      add_scaled_tokens(out + size_t{g0} * value_dim, ng, value_dim, vs, probs, nt);
+    }
   }
 }
 

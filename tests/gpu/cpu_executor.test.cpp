@@ -41,23 +41,28 @@ std::vector<int32_t> prompt(const char* text) {
 }  // namespace
 
 TEST_CASE("matmul gives every element the same bits whatever the batch, tiling and threads") {
-  const size_t k = 67, n = 13;  // odd sizes: tails in k and in the 4-wide column tiles
-  std::vector<float> x(5 * k), w(n * k);
-  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(static_cast<float>(i) * 0.37f);
-  for (size_t i = 0; i < w.size(); ++i) w[i] = std::cos(static_cast<float>(i) * 0.11f);
-  std::vector<float> batched(5 * n), alone(n), threaded(5 * n);
-  matmul_nt(x.data(), 5, k, w.data(), n, batched.data(), nullptr);
-  thread_pool pool{3};
-  matmul_nt(x.data(), 5, k, w.data(), n, threaded.data(), &pool);
-  CHECK(test::same_bits(batched, threaded));
-  for (size_t r = 0; r < 5; ++r) {
-    matmul_nt(x.data() + r * k, 1, k, w.data(), n, alone.data(), nullptr);
-    CHECK(test::same_bits(alone, std::vector<float>(batched.begin() + r * n, batched.begin() + (r + 1) * n)));
-    // and it is a dot product: compare with a plain double-precision sum
-    for (size_t c = 0; c < n; ++c) {
-      double ref = 0;
-      for (size_t i = 0; i < k; ++i) ref += double{x[r * k + i]} * w[c * k + i];
-      CHECK(alone[c] == doctest::Approx(ref).epsilon(1e-5));
+  const size_t k = 67, n = 13;  // odd sizes: tails in k and in the 3- and 4-wide column tiles
+  // 5: 4 + 1 rows; 8, 13 and 64: 8-row tiles where the CPU has 32 vector registers, then 4 + 1;
+  // 65: past those (4-row tiles again).
+  for (const size_t m : {5u, 8u, 13u, 64u, 65u}) {
+    CAPTURE(m);
+    std::vector<float> x(m * k), w(n * k);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(static_cast<float>(i) * 0.37f);
+    for (size_t i = 0; i < w.size(); ++i) w[i] = std::cos(static_cast<float>(i) * 0.11f);
+    std::vector<float> batched(m * n), alone(n), threaded(m * n);
+    matmul_nt(x.data(), m, k, w.data(), n, batched.data(), nullptr);
+    thread_pool pool{3};
+    matmul_nt(x.data(), m, k, w.data(), n, threaded.data(), &pool);
+    CHECK(test::same_bits(batched, threaded));
+    for (size_t r = 0; r < m; ++r) {
+      matmul_nt(x.data() + r * k, 1, k, w.data(), n, alone.data(), nullptr);
+      CHECK(test::same_bits(alone, std::vector<float>(batched.begin() + r * n, batched.begin() + (r + 1) * n)));
+      // and it is a dot product: compare with a plain double-precision sum
+      for (size_t c = 0; c < n; ++c) {
+        double ref = 0;
+        for (size_t i = 0; i < k; ++i) ref += double{x[r * k + i]} * w[c * k + i];
+        CHECK(alone[c] == doctest::Approx(ref).epsilon(1e-5));
+      }
     }
   }
 }
