@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -13,6 +14,7 @@
 #include <cstring>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <string_view>
 
 #include <caf/actor_system.hpp>
@@ -362,6 +364,12 @@ client_sink_actor::behavior_type call_impl(client_sink_actor::pointer self, caf:
     caf::anon_send(broker, seq, static_cast<int32_t>(err.status), openai::error_json(err));
     return {[](stream_chunk&) {}};  // the connection answers and ends this actor
   }
+  if (!cs->call.seeded) {
+    // No seed in the body: one of this call's own, or every call of a prompt at a temperature
+    // would draw the same text (choices i of n still draw with seed + i).
+    thread_local std::mt19937_64 draw{std::random_device{}()};
+    cs->call.req.seed = draw();
+  }
   cs->call.separate_reasoning = chat && settings.chat_reasoning != 0 && cs->call.reasoning_wanted;
   if (chat && !cs->call.req.tools_json.empty() && settings.chat_tool_calls <= gpu::max_tool_call_format)
     cs->call.tool_calls = static_cast<gpu::tool_call_format>(settings.chat_tool_calls);
@@ -704,6 +712,14 @@ int open_listener(const std::string& host, uint16_t port, uint16_t* bound, std::
   }
   const int one = 1;
   ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  // TCP keepalive, which accepted connections inherit: a client gone without a FIN or RST (a
+  // dropped NAT entry, a laptop asleep) is noticed within about a minute (30 s idle, then 3
+  // probes 10 s apart) and its call cancelled, where it used to hold its KV until max_tokens.
+  const int idle_s = 30, interval_s = 10, probes = 3;
+  ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_s, sizeof(idle_s));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval_s, sizeof(interval_s));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof(probes));
   if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(fd, SOMAXCONN) != 0) {
     *why = "gateway: cannot listen on " + host + ":" + std::to_string(port) + ": " + std::strerror(errno);
     ::close(fd);

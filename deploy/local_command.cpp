@@ -313,6 +313,9 @@ int run_local(const std::vector<std::string>& args) {
   flags.add("--first-token-timeout-ms", &opt.gateway.first_token_timeout_ms,
             "--http-listen: a call's wait for its first token before 504 (later tokens: --token-timeout-ms)");
   flags.add("--idle-timeout-ms", &opt.gateway.idle_timeout_ms, "--http-listen: a connection idle this long is closed");
+  flags.add("--max-connections", &opt.gateway.max_connections, "--http-listen: connections beyond this are answered 503");
+  flags.add("--max-body-bytes", &opt.gateway.limits.max_body_bytes,
+            "--http-listen: request bodies larger than this are answered 413");
   flags.add("--max-tokens-limit", &opt.cluster.router.max_new_tokens_limit,
             "the most tokens one request may ask to generate; 0 = the model's context");
   flags.add("--default-max-tokens", &opt.cluster.router.default_max_tokens,

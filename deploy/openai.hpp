@@ -40,6 +40,9 @@ struct call {
   bool logprobs_for_ranking = false;
   bool stream = false;         ///< answer as server-sent events
   bool include_usage = false;  ///< stream_options.include_usage: a last chunk with the usage
+  /// The body gave `seed`: the same body draws the same text. Without one the gateway draws a
+  /// seed per call, so that a retry or a "regenerate" samples anew (req.seed is 0 until then).
+  bool seeded = false;
   std::string model;           ///< the model the client named (echoed back)
   generate_request req;        ///< the request of every choice (its prompt: the first of a batch)
   /// A batch (completions' `prompt` as an array of strings, or of token-id arrays): choice i

@@ -535,6 +535,7 @@ bool parse_checked_body(std::string_view body, bool chat, const std::string& ser
       *err = bad("seed", "seed must be an integer, got " + describe(*it));
       return false;
     }
+    out->seeded = true;
   }
   if (!number_field(j, "presence_penalty", -2, 2, &r.presence_penalty, err)) return false;
   if (!number_field(j, "frequency_penalty", -2, 2, &r.frequency_penalty, err)) return false;

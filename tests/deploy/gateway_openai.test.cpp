@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <set>
 #include <sstream>
 
 #include "tests/deploy/gateway_fixture.hpp"
@@ -291,6 +292,24 @@ TEST_CASE("n choices: each is the router's answer for seed + i, whole or streame
   CHECK(j["choices"][0]["text"] == json(best_text).get<std::string>());
   CHECK(j["choices"][0]["logprobs"].is_null());     // not asked for
   CHECK(j["usage"]["completion_tokens"] == 18);     // every generation counts
+}
+
+TEST_CASE("a sampled call without a seed draws its own (a retry samples anew); with a seed the same body answers "
+          "the same text") {
+  served_cluster s;
+  const uint16_t port = s.gateway.port;
+  const std::string body = R"({"prompt":"The quick brown fox","max_tokens":8,"ignore_eos":true,"temperature":2)";
+  auto text_of = [&](const std::string& b) {
+    auto r = round_trip(port, post("/v1/completions", b));
+    REQUIRE_MESSAGE(r.status == 200, r.body);
+    return json::parse(r.body)["choices"][0]["text"].get<std::string>();
+  };
+  // Four equal texts from four seeds would need each of 8 tokens drawn at temperature 2 to come
+  // out the same four times; before, every call drew with seed 0 and all four were equal.
+  std::set<std::string> unseeded;
+  for (int i = 0; i < 4; ++i) unseeded.insert(text_of(body + "}"));
+  CHECK(unseeded.size() > 1);
+  CHECK(text_of(body + R"(,"seed":7})") == text_of(body + R"(,"seed":7})"));
 }
 
 TEST_CASE("a body sent in chunks (curl -T -, a client streaming its upload) is answered as the same body with a "

@@ -2,7 +2,8 @@
 # `baton local --serve`'s ports: (1) the gateway listens before the node directory does, since
 # `baton launch` takes the directory's answer as "the head is up" and sends clients to the
 # gateway right after; (2) a port already taken is refused with the flag and port named, and the
-# process exits (it once hung there: the cluster's actors were left running).
+# process exits (it once hung there: the cluster's actors were left running); (3) the gateway's
+# body limit is a flag of local --serve as of baton gateway.
 # Usage: serve_ports_e2e.sh BATON_BINARY. Bounded waits; always cleans up.
 set -euo pipefail
 BATON=$1
@@ -17,13 +18,20 @@ cleanup() {
 trap cleanup EXIT
 fail() { echo "serve ports e2e: FAILED: $*" >&2; cat "$WORK"/*.log >&2 2>/dev/null || true; exit 1; }
 
-"$BATON" local --serve --http-listen 127.0.0.1:0 --cluster-listen 127.0.0.1:0 > "$WORK/serve.log" 2>&1 &
+"$BATON" local --serve --http-listen 127.0.0.1:0 --cluster-listen 127.0.0.1:0 --max-body-bytes 100 > "$WORK/serve.log" 2>&1 &
 PID=$!
 for _ in $(seq 600); do grep -q "serving;" "$WORK/serve.log" && break; kill -0 "$PID" 2>/dev/null || break; sleep 0.1; done
 grep -q "serving;" "$WORK/serve.log" || fail "it did not start serving"
 G=$(grep -n "gateway listening" "$WORK/serve.log" | cut -d: -f1)
 C=$(grep -n "cluster listening" "$WORK/serve.log" | cut -d: -f1)
 [ -n "$G" ] && [ -n "$C" ] && [ "$G" -lt "$C" ] || fail "the gateway (line ${G:-none}) must listen before the node directory (line ${C:-none})"
+# The gateway's limits are local --serve's flags too.
+HTTP=$(grep -o "gateway listening on http://127.0.0.1:[0-9]*" "$WORK/serve.log" | grep -o "[0-9]*$")
+LONG=$(python3 -c 'print("{\"prompt\":\"" + "x" * 120 + "\",\"max_tokens\":1}")')
+[ "$(curl -s -m 30 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$HTTP/v1/completions" -d "$LONG")" = 413 ] ||
+  fail "a body past --max-body-bytes 100 was not refused with 413"
+[ "$(curl -s -m 30 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$HTTP/v1/completions" -d '{"prompt":"In","max_tokens":1}')" = 200 ] ||
+  fail "a body within --max-body-bytes 100 was not answered"
 kill -TERM "$PID"
 for _ in $(seq 300); do kill -0 "$PID" 2>/dev/null || break; sleep 0.1; done
 ! kill -0 "$PID" 2>/dev/null || fail "it did not stop within 30 s of SIGTERM"
