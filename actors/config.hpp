@@ -208,6 +208,13 @@ struct decode_rank_config {
   /// posted are given up and the sequence stays (a target that died, a stalled link), so a
   /// move never holds the sequence, its pages and the drain for good.
   uint32_t migrate_send_timeout_ms = 10000;
+  /// The rank's first lease id; the next count up from it. 0 (the default): a random 31-bit
+  /// high part drawn as the rank starts, then 1, 2, ... below it. A request's attempts are told
+  /// apart by (request id, lease id) on prefill ranks (cancels, split parts): with every rank
+  /// counting from 1, a failover to another rank (or to the same rank restarted) could reuse an
+  /// earlier attempt's pair, and that attempt's late split notices then reached the new one.
+  /// Sims set it (each rank its own range) so that their runs repeat.
+  uint64_t first_lease_id = 0;
   /// Fault injection, for tests only (0 everywhere else): each landed layer's check waits this
   /// long on the rank's check worker before it runs, as a slow check of a large layer would, so
   /// that a test can free a lease while its layers are still being checked.

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <deque>
 #include <optional>
+#include <random>
 
 #include "actors/executor_bridge.hpp"
 #include "actors/store_access.hpp"
@@ -571,6 +572,9 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
     for (uint32_t i = cfg.host_offload_pages; i-- > 0;) st.host_free.push_back(i);
   }
   st.core.log->set_capacity(cfg.event_log_events);
+  // Bit 63 stays clear: prefill-only attempts' tags have it set (prefill_only_tag).
+  st.last_lease = cfg.first_lease_id ? cfg.first_lease_id - 1
+                                     : (uint64_t{std::random_device{}()} & 0x7fff'ffffu) << 32;
   st.cfg = std::move(cfg);
   st.core.vocabulary = st.cfg.vocabulary;
   st.core.start(self, std::move(exec), std::move(xport));

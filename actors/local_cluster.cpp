@@ -207,9 +207,14 @@ local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_co
   auto decode_cfg = cfg.decode;
   if (cfg.router.tokenizer && !prefill_cfg.vocabulary) prefill_cfg.vocabulary = cfg.router.tokenizer->vocabulary();
   if (cfg.router.tokenizer && !decode_cfg.vocabulary) decode_cfg.vocabulary = cfg.router.tokenizer->vocabulary();
+  // A set first lease id (sims) gives each rank a range of its own (2^40 ids each).
+  auto lease_range = [&](uint32_t rank) {
+    return decode_cfg.first_lease_id ? decode_cfg.first_lease_id + (uint64_t{rank} << 40) : 0;
+  };
   for (uint32_t i = 0; i < cfg.num_decode_ranks; ++i) {
     auto rc = decode_cfg;
     rc.name = cfg.decode.name + "-" + std::to_string(i);
+    rc.first_lease_id = lease_range(i);
     pool_transport = make_transport(rc.name);
     auto exec = make_executor(rc.name);
     out.decode.push_back({rc.name, spawn_decode_rank(sys, rc, std::move(exec), std::move(pool_transport),
@@ -227,7 +232,9 @@ local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_co
   // it, the inactive one on standby; the controller moves them between the roles.
   for (uint32_t i = 0; i < cfg.num_elastic_ranks; ++i) {
     const std::string name = cfg.elastic_name + "-" + std::to_string(i);
-    out.elastic.push_back(spawn_elastic_instance(sys, name, i < cfg.elastic_prefill_at_start, prefill_cfg, decode_cfg,
+    auto dc = decode_cfg;
+    dc.first_lease_id = lease_range(cfg.num_decode_ranks + i);
+    out.elastic.push_back(spawn_elastic_instance(sys, name, i < cfg.elastic_prefill_at_start, prefill_cfg, dc,
                                                  make_executor(name), make_transport(name), make_transport(name),
                                                  out.prefill_balancer, out.decode_balancer, access));
   }

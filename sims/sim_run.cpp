@@ -221,6 +221,7 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
   cc.elastic.planner.cold = cfg.elastic_cold;
   cc.elastic.planner.pool_signal = cfg.elastic_signal;
   cc.transport = "modelled";  // the KV is not real: puts are checked and counted, nothing is copied
+  cc.decode.first_lease_id = 1;  // lease ids as a run's function, not drawn: runs repeat
   cc.executor.page_size_tokens = cfg.page_tokens;
   cc.executor.num_kv_pages = static_cast<uint32_t>(kv_tokens / cfg.page_tokens);
   cc.prefill.chunk_tokens = cfg.prefill_chunk_tokens;

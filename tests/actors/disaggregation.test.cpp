@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <set>
 #include <thread>
 
 #include <caf/event_based_actor.hpp>
@@ -118,6 +119,34 @@ TEST_CASE("negative control: one flipped byte in one transferred layer changes t
   for (size_t i = 1; i < std::min(got->step_logits.size(), ref.step_logits.size()); ++i)
     any_differs |= !test::same_bits(got->step_logits[i], ref.step_logits[i]);
   CHECK(any_differs);
+}
+
+TEST_CASE("lease ids differ between decode ranks and between a rank's incarnations, so a request's attempt on "
+          "another rank never reuses an earlier attempt's (request, lease) pair; sims' are set, a range per rank") {
+  // Prefill ranks tell a request's attempts apart by (request id, lease id): cancels and split
+  // parts' notices of an attempt given up must not reach the next one. Every rank used to count
+  // from 1, so a failover's lease on another rank (or on the same rank restarted) could equal it.
+  const auto first_leases = [](uint64_t first_lease_id) {
+    test::cluster_system t;
+    auto cfg = small_cluster();
+    cfg.num_decode_ranks = 2;
+    cfg.decode.first_lease_id = first_lease_id;
+    auto cluster = start_local_cluster(t.sys, cfg);
+    test::cluster_system::stopper stop{t, cluster};
+    caf::scoped_actor self{t.sys};
+    std::vector<uint64_t> ids;
+    for (const auto& r : cluster.decode)
+      self->request(r.handle, std::chrono::seconds{10}, reserve_atom::value, kv_lease_reserve{77, 8, 60000, 4})
+          .receive([&](kv_lease_grant& g) { ids.push_back(g.lease_id); }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
+    return ids;
+  };
+  const auto a = first_leases(0), b = first_leases(0);  // two clusters: every rank a new incarnation
+  REQUIRE(a.size() == 2);
+  REQUIRE(b.size() == 2);
+  const std::set<uint64_t> all{a[0], a[1], b[0], b[1]};
+  CHECK(all.size() == 4);
+  for (auto id : all) CHECK((id >> 63) == 0);  // below prefill_only_tag's range
+  CHECK(first_leases(1) == std::vector<uint64_t>{1, 1 + (uint64_t{1} << 40)});
 }
 
 TEST_CASE("layer-wise handoff: a layer's send is posted once its KV is written, before the layer's compute finishes") {

@@ -295,9 +295,9 @@ TEST_CASE("store: a sequence released while it sits offloaded in host memory wri
   uint64_t lease = 0;
   self->request(decode, std::chrono::seconds{10}, reserve_atom::value, kv_lease_reserve{999, 128, 60000, 100})
       .receive([&](kv_lease_grant& g) { lease = g.lease_id; }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
-  REQUIRE(lease == 2);
+  REQUIRE(lease != 0);
   REQUIRE(t.stats(decode).offloaded == 1);
-  self->send(decode, release_atom::value, uint64_t{1}, false);
+  self->send(decode, release_atom::value, lease - 1, false);  // the first lease: a rank's ids count up by 1
   a.receive([](completion&) {}, [](caf::error&) {});  // ended either way: it was let go under it
   self->send(decode, release_atom::value, lease, false);
   const auto s = t.stats(decode);  // still serving (before: a write-back read past an empty page list)
