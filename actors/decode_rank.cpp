@@ -71,7 +71,8 @@ void report_load(decode_pointer self) {
   const auto& layout = pool.layout();
   // With host memory for offloads, pages of running sequences that could move there count as
   // room: the balancer may place a sequence here, and the rank makes the room between steps.
-  auto room = static_cast<uint32_t>(pool.num_free_pages() + offloadable_pages(st));
+  // While a sequence is offloaded there is none: newcomers wait for it to come back first.
+  auto room = st.paused.empty() ? static_cast<uint32_t>(pool.num_free_pages() + offloadable_pages(st)) : 0u;
   auto failure = st.core.exec->standing_failure();
   if (!failure.empty()) room = 0;  // it refuses new work: place nothing here
   rank_load load{st.cfg.name, 0, static_cast<uint32_t>(st.leases.size()), room, layout.num_pages};
@@ -234,11 +235,11 @@ bool resume_oldest(decode_pointer self) {
   return true;
 }
 
-/// Between steps only (no step writes the pages). Whole-sequence leases: grants waiting
-/// reservations, offloading the youngest running sequences to host memory while that frees
-/// enough pages; then, with no reservation waiting, resumes offloaded sequences, oldest first,
-/// as pages allow. On demand: preempted sequences come back first, then waiting reservations
-/// are granted in order while the watermark stays free; nothing is preempted for a newcomer.
+/// Between steps only (no step writes the pages). Both ways, offloaded sequences come back
+/// first, oldest first, as pages allow, and newcomers wait while any is still out. Then
+/// whole-sequence leases: waiting reservations are granted in order, offloading the youngest
+/// running sequences to host memory while that makes the room. On demand: granted in order while
+/// the watermark stays free; nothing is preempted for a newcomer.
 void rebalance_memory(decode_pointer self) {
   auto& st = self->state;
   if (st.step_in_flight) return;
@@ -268,20 +269,27 @@ void rebalance_memory(decode_pointer self) {
     report_load(self);
     return;
   }
-  while (!st.reserves.empty()) {
-    auto& r = st.reserves.front();
-    if (auto pages = kv.kv_page_alloc(pages_to_reserve(st, r.req))) {
-      r.promise.deliver(grant_lease(self, r.req, std::move(*pages), r.holder));
-      st.reserves.pop_front();
-      continue;
-    }
-    // Offloading cannot make the room (or nothing is left to offload): wait for sequences to
-    // finish instead of moving them to host memory for nothing.
-    if (kv.num_free_pages() + offloadable_pages(st) < pages_to_reserve(st, r.req) || !offload_youngest(self)) break;
-  }
+  // Offloaded sequences come back first, oldest first, as pages allow; while one is still out,
+  // newcomers wait (and are refused after reserve_wait_ms, to be placed elsewhere). Granting
+  // newcomers first starved an offloaded sequence under steady arrivals, each newcomer taking
+  // the pages it waited for, until its token timeout failed it over to be computed again.
   bool resumed = false;
-  while (st.reserves.empty() && resume_oldest(self)) resumed = true;
+  while (resume_oldest(self)) resumed = true;
   if (resumed) step_resumed();
+  while (st.paused.empty() && !st.reserves.empty()) {
+    auto& r = st.reserves.front();
+    const uint32_t need = pages_to_reserve(st, r.req);
+    // Offloading cannot make the room: wait for sequences to finish instead of moving them to
+    // host memory for nothing. Else the youngest go out until the newcomer fits (one
+    // newcomer may send several out; the next waits for them to come back).
+    if (kv.num_free_pages() < need && kv.num_free_pages() + offloadable_pages(st) < need) break;
+    while (kv.num_free_pages() < need && offload_youngest(self)) {
+    }
+    auto pages = kv.kv_page_alloc(need);
+    if (!pages) break;
+    r.promise.deliver(grant_lease(self, r.req, std::move(*pages), r.holder));
+    st.reserves.pop_front();
+  }
   report_load(self);
 }
 

@@ -408,6 +408,61 @@ TEST_CASE("a decode rank short of pages offloads a running sequence to host memo
   check_colocated(cfg, {a_prompt, b_prompt}, done);
 }
 
+TEST_CASE("an offloaded sequence comes back before later newcomers are granted: a reservation that would fit "
+          "the free pages waits while it is out, and the rank reports no room meanwhile") {
+  test::cluster_system t;
+  auto cfg = shared_decode_rank();
+  cfg.executor.num_kv_pages = 16;
+  cfg.decode.host_offload_pages = 32;
+  cfg.router.request.token_timeout_ms = 600000;  // the watchdog must not be what moves them
+  auto cluster = test::start_with_slow_ranks(t.sys, cfg, "decode", 10);  // A and D still run when the reservations come
+  test::cluster_system::stopper stop{t, cluster};
+  const auto& decode = cluster.decode[0].handle;
+  caf::scoped_actor self{t.sys};
+  auto send = [&](const std::string& prompt, int32_t max_tokens) {
+    return send_request(self, cluster.router, prompt, max_tokens);
+  };
+  const std::string a_prompt(39, 'a'), d_prompt(39, 'd');  // 40 + 56 tokens each: 6 of the 16 pages
+  std::vector<decltype(send(a_prompt, 1))> handles;
+  handles.push_back(send(a_prompt, 56));
+  handles.push_back(send(d_prompt, 56));
+  for (int i = 0; i < 10000 && t.stats(decode).num_running < 2; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{1});
+  REQUIRE(t.stats(decode).num_running == 2);
+  // B (8 pages; 4 are free) sends D, the youngest, to host memory and is granted: 2 stay free,
+  // and A runs on.
+  uint64_t lease_b = 0;
+  self->request(decode, std::chrono::seconds{10}, reserve_atom::value, kv_lease_reserve{998, 128, 60000, 100})
+      .receive([&](kv_lease_grant& g) { lease_b = g.lease_id; }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
+  REQUIRE(lease_b != 0);
+  REQUIRE(t.stats(decode).offloaded == 1);
+  // C (2 pages) would fit the 2 free ones, but D (6) waits for pages first: C waits while D is
+  // out. (Before, C took them at the end of the step in flight, as every newcomer after it
+  // would: D starved.) Two steps later, C still waits.
+  auto c = self->request(decode, std::chrono::seconds{10}, reserve_atom::value, kv_lease_reserve{999, 32, 60000, 16});
+  wait_for_steps(t, decode, t.stats(decode).num_steps + 2);
+  const auto while_out = t.stats(decode);
+  CHECK(while_out.num_free_pages == 2);
+  CHECK(while_out.resumed == 0);
+  // and the balancer is told of no room here meanwhile (the report went out before the stats).
+  self->request(cluster.decode_balancer, std::chrono::seconds{10}, stats_atom::value)
+      .receive([&](std::vector<rank_load>& loads) {
+                 REQUIRE(loads.size() == 1);
+                 CHECK(loads[0].num_free_pages == 0);
+               },
+               [&](caf::error& e) { FAIL(t.sys.render(e)); });
+  // B is released: D comes back (6 of the 10 free pages), then C gets 2 of the 4 left.
+  self->send(decode, release_atom::value, lease_b, false);
+  uint64_t lease_c = 0;
+  c.receive([&](kv_lease_grant& g) { lease_c = g.lease_id; }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
+  CHECK(lease_c != 0);
+  CHECK(t.stats(decode).resumed == 1);
+  self->send(decode, release_atom::value, lease_c, false);
+  auto done = collect_all(t, handles);
+  CHECK(done[0].tokens.size() == 56);
+  CHECK(done[1].tokens.size() == 56);
+  check_colocated(cfg, {a_prompt, d_prompt}, done);
+}
+
 TEST_CASE("a sequence offloaded for a reservation that is then released comes back and finishes, though no "
           "other sequence was running to step it along") {
   test::cluster_system t;
