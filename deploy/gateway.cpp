@@ -37,6 +37,10 @@ std::string gateway_config::validate() const {
     if (k.empty()) return "gateway: an API key must not be empty";
   if (limits.max_body_bytes == 0 || limits.max_header_bytes < 64) return "gateway: HTTP limits are too small";
   if (idle_timeout_ms == 0) return "gateway: idle_timeout_ms must be >= 1";
+  // Printable ASCII: the name goes into every answer's JSON, which must not meet invalid UTF-8.
+  for (unsigned char c : served_model_name)
+    if (c < 0x20 || c > 0x7e)
+      return "gateway: --served-model-name must be printable ASCII, got '" + served_model_name + "'";
   return {};
 }
 
@@ -751,7 +755,7 @@ bool spawn_gateway(caf::actor_system& sys, const gateway_config& cfg, router_act
     self->request(router, std::chrono::seconds{10}, stats_atom::value)
         .receive(
             [&](cluster_stats& s) {
-              g->model = s.model;
+              g->model = cfg.served_model_name.empty() ? s.model : cfg.served_model_name;
               g->calls.chat_reasoning = s.chat_reasoning;
               g->calls.chat_tool_calls = s.chat_tool_calls;
               ok = true;

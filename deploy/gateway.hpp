@@ -35,6 +35,10 @@ struct gateway_config {
   /// unknown) may still have its answer on the wire behind that report: the call waits this long
   /// for it before failing with 503.
   uint32_t unanswered_grace_ms = 5000;
+  /// The model's id in the API (`model` in calls and answers, /v1/models), as vLLM's
+  /// --served-model-name; empty: the model's own name (config.json's _name_or_path, else its
+  /// architecture). Calls naming another model get 404.
+  std::string served_model_name;
   std::string validate() const;
 };
 

@@ -314,6 +314,8 @@ int run_local(const std::vector<std::string>& args) {
             "--http-listen: a call's wait for its first token before 504 (later tokens: --token-timeout-ms)");
   flags.add("--idle-timeout-ms", &opt.gateway.idle_timeout_ms, "--http-listen: a connection idle this long is closed");
   flags.add("--max-connections", &opt.gateway.max_connections, "--http-listen: connections beyond this are answered 503");
+  flags.add("--served-model-name", &opt.gateway.served_model_name,
+            "--http-listen: the model's id in the API (default: the model's own name)");
   flags.add("--max-body-bytes", &opt.gateway.limits.max_body_bytes,
             "--http-listen: request bodies larger than this are answered 413");
   flags.add("--max-tokens-limit", &opt.cluster.router.max_new_tokens_limit,

@@ -108,6 +108,32 @@ TEST_CASE("regression: after a streamed answer, the next request on the connecti
   CHECK(json::parse(second.body)["error"]["message"].get<std::string>().find("context") != std::string::npos);
 }
 
+TEST_CASE("--served-model-name: the API knows the model by that id alone (calls, answers, /v1/models); a name "
+          "that is not printable ASCII is refused") {
+  deploy::gateway_config gc;
+  gc.served_model_name = "org/my-kjv";
+  served_cluster s{gc};
+  const uint16_t port = s.gateway.port;
+  auto models = json::parse(round_trip(port, get("/v1/models")).body);
+  REQUIRE(models["data"].size() == 1);
+  CHECK(models["data"][0]["id"] == "org/my-kjv");
+  CHECK(round_trip(port, get("/v1/models/org/my-kjv")).status == 200);
+  auto named = round_trip(port, post("/v1/completions", R"({"model":"org/my-kjv","prompt":"In","max_tokens":2})"));
+  REQUIRE(named.status == 200);
+  CHECK(json::parse(named.body)["model"] == "org/my-kjv");
+  auto unnamed = round_trip(port, post("/v1/completions", R"({"prompt":"In","max_tokens":2})"));
+  REQUIRE(unnamed.status == 200);
+  CHECK(json::parse(unnamed.body)["model"] == "org/my-kjv");
+  auto own = round_trip(port, post("/v1/completions", R"({"model":"baton-kjv-tiny","prompt":"In","max_tokens":2})"));
+  CHECK(own.status == 404);
+  CHECK(own.body.find("this cluster serves 'org/my-kjv'") != std::string::npos);
+  deploy::gateway_config bad;
+  bad.served_model_name = "caf\xc3";
+  CHECK(bad.validate().find("--served-model-name must be printable ASCII") != std::string::npos);
+  bad.served_model_name = "tab\tname";
+  CHECK(!bad.validate().empty());
+}
+
 TEST_CASE("the gateway refuses what it cannot serve with the right status and a sentence") {
   deploy::gateway_config gc;
   gc.limits.max_body_bytes = 4096;
