@@ -340,6 +340,12 @@ struct router_config {
   /// More end-of-sequence tokens than config.json's one (generation_config.json lists them, e.g.
   /// Llama 3's <|eot_id|>): generation ends there too, with finish_reason "eos".
   std::vector<int32_t> extra_eos_token_ids;
+  /// What an OpenAI call that names no temperature, top_p or top_k samples with (the gateway
+  /// asks the router): the model's generation_config.json (do_sample false: greedy), OpenAI's
+  /// temperature 1 for a model directory without one, greedy for the built-in seeded models.
+  float default_temperature = 0.0f;
+  float default_top_p = 1.0f;
+  uint32_t default_top_k = 0;
   /// Upper bound on max_tokens per request; 0 = the model's context length.
   uint32_t max_new_tokens_limit = 0;
   /// max_tokens of a request that gives none (0: OpenAI chat's default, "what the context

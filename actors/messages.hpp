@@ -634,12 +634,16 @@ struct cluster_stats {
   uint8_t chat_reasoning = 0;
   /// How its answers write tool calls: gpu::tool_call_format's value (0 none; gpu/tool_call_format.hpp).
   uint8_t chat_tool_calls = 0;
+  /// router_config's sampling defaults: what an OpenAI call without them samples with.
+  float default_temperature = 0.0f;
+  float default_top_p = 1.0f;
+  uint32_t default_top_k = 0;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, cluster_stats& x) {
   return f(caf::meta::type_name("cluster_stats"), x.model, x.context_tokens, x.prefill, x.decode, x.store,
            x.num_admitted, x.num_rejected, x.num_active, x.num_overloaded, x.chat_reasoning,
-           x.chat_tool_calls);
+           x.chat_tool_calls, x.default_temperature, x.default_top_p, x.default_top_k);
 }
 
 using router_actor = caf::typed_actor<

@@ -64,6 +64,9 @@ struct call_settings {
   std::chrono::milliseconds unanswered_grace{0};  ///< gateway_config::unanswered_grace_ms
   uint8_t chat_reasoning = 0;   ///< cluster_stats': how chat answers carry reasoning (gpu::chat_reasoning)
   uint8_t chat_tool_calls = 0;  ///< cluster_stats': how answers write tool calls (gpu::tool_call_format)
+  float default_temperature = 0.0f;  ///< cluster_stats': what a call without them samples with
+  float default_top_p = 1.0f;
+  uint32_t default_top_k = 0;
 };
 
 /// What every connection of one gateway shares.
@@ -368,6 +371,11 @@ client_sink_actor::behavior_type call_impl(client_sink_actor::pointer self, caf:
     caf::anon_send(broker, seq, static_cast<int32_t>(err.status), openai::error_json(err));
     return {[](stream_chunk&) {}};  // the connection answers and ends this actor
   }
+  // Sampling fields the body left out: the model's defaults (its generation_config.json).
+  auto& req = cs->call.req;
+  if (!cs->call.temperature_given) req.temperature = settings.default_temperature;
+  if (!cs->call.top_p_given) req.top_p = settings.default_top_p;
+  if (!cs->call.top_k_given) req.top_k = settings.default_top_k;
   if (!cs->call.seeded) {
     // No seed in the body: one of this call's own, or every call of a prompt at a temperature
     // would draw the same text (choices i of n still draw with seed + i).
@@ -758,6 +766,9 @@ bool spawn_gateway(caf::actor_system& sys, const gateway_config& cfg, router_act
               g->model = cfg.served_model_name.empty() ? s.model : cfg.served_model_name;
               g->calls.chat_reasoning = s.chat_reasoning;
               g->calls.chat_tool_calls = s.chat_tool_calls;
+              g->calls.default_temperature = s.default_temperature;
+              g->calls.default_top_p = s.default_top_p;
+              g->calls.default_top_k = s.default_top_k;
               ok = true;
             },
             [&](caf::error& e) { *why = "gateway: the router did not answer: " + sys.render(e); });

@@ -195,6 +195,13 @@ bool load_model_into(const std::string& dir, local_cluster_config* cfg, std::str
   cfg->router.tokenizer = std::move(tok);
   for (auto id : m.generation.eos_token_ids)
     if (id != m.config.eos_token_id) cfg->router.extra_eos_token_ids.push_back(id);
+  // The model's sampling defaults for OpenAI calls, as Hugging Face's generate() reads them
+  // (do_sample false: greedy); OpenAI's temperature 1 without a generation_config.json.
+  const auto& g = m.generation;
+  const bool samples = !g.present || g.do_sample;
+  cfg->router.default_temperature = samples ? std::clamp(g.temperature, 0.0f, 2.0f) : 0.0f;
+  cfg->router.default_top_p = samples && g.top_p > 0.0f && g.top_p <= 1.0f ? g.top_p : 1.0f;
+  cfg->router.default_top_k = samples ? g.top_k : 0;
   return true;
 }
 

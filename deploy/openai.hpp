@@ -43,6 +43,9 @@ struct call {
   /// The body gave `seed`: the same body draws the same text. Without one the gateway draws a
   /// seed per call, so that a retry or a "regenerate" samples anew (req.seed is 0 until then).
   bool seeded = false;
+  /// The body gave temperature / top_p / top_k; the gateway fills those it did not from the
+  /// model's defaults (router_config::default_temperature, ...).
+  bool temperature_given = false, top_p_given = false, top_k_given = false;
   std::string model;           ///< the model the client named (echoed back)
   generate_request req;        ///< the request of every choice (its prompt: the first of a batch)
   /// A batch (completions' `prompt` as an array of strings, or of token-id arrays): choice i

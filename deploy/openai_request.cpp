@@ -518,6 +518,10 @@ bool parse_checked_body(std::string_view body, bool chat, const std::string& ser
   }
   if (chat && !number_field(j, "max_completion_tokens", 1, big, &r.max_tokens, err)) return false;
   if (!number_field(j, "temperature", 0, 2, &r.temperature, err)) return false;
+  const auto given = [&](const char* field) { return j.contains(field) && !j[field].is_null(); };
+  out->temperature_given = given("temperature");
+  out->top_p_given = given("top_p");
+  out->top_k_given = given("top_k");
   if (!number_field(j, "top_p", 0, 1, &r.top_p, err)) return false;
   if (j.contains("top_p") && r.top_p <= 0.0f) {
     *err = bad("top_p", "top_p must be in (0, 1]");

@@ -418,6 +418,7 @@ bool load_hf_model_unchecked(const std::string& dir, hf_model* out, std::string*
       return false;
     }
     auto& d = m.generation;
+    d.present = true;
     if (g.contains("temperature") && g["temperature"].is_number()) d.temperature = g["temperature"].get<float>();
     if (g.contains("top_p") && g["top_p"].is_number()) d.top_p = g["top_p"].get<float>();
     if (g.contains("top_k") && g["top_k"].is_number_unsigned()) d.top_k = g["top_k"].get<uint32_t>();

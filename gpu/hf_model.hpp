@@ -22,6 +22,7 @@ struct generation_defaults {
   uint32_t top_k = 0;
   bool do_sample = false;
   std::vector<int32_t> eos_token_ids;
+  bool present = false;  ///< the directory has a generation_config.json
 };
 
 struct hf_model {

@@ -312,6 +312,63 @@ TEST_CASE("a sampled call without a seed draws its own (a retry samples anew); w
   CHECK(text_of(body + R"(,"seed":7})") == text_of(body + R"(,"seed":7})"));
 }
 
+TEST_CASE("a call without temperature, top_p or top_k samples as the model's generation_config.json says (do_sample "
+          "false: greedy), with OpenAI's temperature 1 where the directory has none") {
+  // The built-in model's directory under another generation_config.json (none: nullptr).
+  struct generation_model {
+    std::filesystem::path path;
+    explicit generation_model(const char* name, const json* generation) {
+      path = std::filesystem::temp_directory_path() / ("baton-gen-" + std::string(name) + "-" + std::to_string(::getpid()));
+      std::filesystem::create_directories(path);
+      const std::filesystem::path src = BATON_SOURCE_DIR "/models/baton-kjv-tiny";
+      for (const char* f : {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"})
+        std::filesystem::create_symlink(src / f, path / f);
+      if (generation) std::ofstream{path / "generation_config.json"} << generation->dump();
+    }
+    ~generation_model() { std::filesystem::remove_all(path); }
+  };
+  const std::string prompt = "The quick brown fox";
+  const auto answer = [&](served_cluster& s, const std::string& fields) {
+    auto r = round_trip(s.gateway.port, post("/v1/completions", R"({"prompt":")" + prompt +
+                                                                   R"(","max_tokens":8,"ignore_eos":true,"seed":5)" + fields + "}"));
+    REQUIRE_MESSAGE(r.status == 200, r.body);
+    return json::parse(r.body)["choices"][0]["text"].get<std::string>();
+  };
+  const auto direct = [&](served_cluster& s, float temperature, float top_p, uint32_t top_k) {
+    generate_request req;
+    req.prompt = prompt;
+    req.max_tokens = 8;
+    req.ignore_eos = true;
+    req.seed = 5;
+    req.temperature = temperature;
+    req.top_p = top_p;
+    req.top_k = top_k;
+    return s.direct(req).text;
+  };
+  {  // do_sample true: its temperature, top_p and top_k; a field the call gives wins
+    const json g = {{"do_sample", true}, {"temperature", 1.5}, {"top_p", 0.9}, {"top_k", 40}};
+    generation_model m{"sample", &g};
+    served_cluster s{{}, 0, 0, m.path.string()};
+    const auto sampled = direct(s, 1.5f, 0.9f, 40);
+    CHECK(answer(s, "") == sampled);
+    CHECK(answer(s, R"(,"temperature":0)") == direct(s, 0, 1, 0));
+    CHECK(direct(s, 0, 1, 0) != sampled);  // else the first check could not fail
+    CHECK(answer(s, R"(,"top_k":1)") == direct(s, 1.5f, 0.9f, 1));
+  }
+  {  // do_sample false (the built-in model's own): greedy whatever its temperature says
+    const json g = {{"do_sample", false}, {"temperature", 1.5}};
+    generation_model m{"greedy", &g};
+    served_cluster s{{}, 0, 0, m.path.string()};
+    CHECK(answer(s, "") == direct(s, 0, 1, 0));
+  }
+  {  // no generation_config.json: OpenAI's temperature 1
+    generation_model m{"none", nullptr};
+    served_cluster s{{}, 0, 0, m.path.string()};
+    CHECK(answer(s, "") == direct(s, 1, 1, 0));
+    CHECK(direct(s, 1, 1, 0) != direct(s, 0, 1, 0));
+  }
+}
+
 TEST_CASE("a body sent in chunks (curl -T -, a client streaming its upload) is answered as the same body with a "
           "Content-Length, including after 100 Continue; one past the limit gets 413") {
   deploy::gateway_config gc;
