@@ -43,8 +43,11 @@ uint32_t watermark_pages(const decode_state& st) {
 /// into (it gave a put up at its send timeout: its device pages would go to another lease with
 /// that put still able to land), nor one released during the step being finished
 /// (release_after_step: about to be freed; offloaded it would keep its lease and host slots
-/// until it resumed).
-bool offloadable(const lease& l) { return !l.writers.abandoned && !l.release_after_step; }
+/// until it resumed), nor, with whole-sequence leases, one that went out for a newcomer before
+/// (offloaded_once). On demand a sequence is preempted as often as the pool runs dry.
+bool offloadable(const decode_state& st, const lease& l) {
+  return !l.writers.abandoned && !l.release_after_step && (on_demand(st) || !l.offloaded_once);
+}
 
 /// The device pages offload_youngest can free, as it would: youngest eligible sequence first,
 /// stopping at the first that does not fit in the host slots left. 0 on demand (nothing is
@@ -54,7 +57,7 @@ uint64_t offloadable_pages(const decode_state& st) {
   uint64_t host = st.host_free.size(), pages = 0;
   for (auto s = st.batch.rbegin(); s != st.batch.rend(); ++s) {
     const auto& l = st.leases.at(s->lease_id);
-    if (!offloadable(l)) continue;
+    if (!offloadable(st, l)) continue;
     if (host < l.pages.size()) break;
     host -= l.pages.size();
     pages += l.pages.size();
@@ -194,7 +197,7 @@ void copy_pages(decode_state& st, const std::vector<uint32_t>& pages, const std:
 bool offload_youngest(decode_pointer self) {
   auto& st = self->state;
   auto v = std::find_if(st.batch.rbegin(), st.batch.rend(),
-                        [&](const auto& s) { return offloadable(st.leases.at(s.lease_id)); });
+                        [&](const auto& s) { return offloadable(st, st.leases.at(s.lease_id)); });
   if (v == st.batch.rend()) return false;
   auto victim = *v;
   auto& l = st.leases.at(victim.lease_id);
@@ -204,6 +207,7 @@ bool offload_youngest(decode_pointer self) {
   copy_pages(st, l.pages, slots, true);
   st.core.exec->kv().kv_page_free(l.pages);
   l.pages.clear();
+  l.offloaded_once = true;
   st.batch.erase(std::next(v).base());
   st.paused.push_back({victim, std::move(slots)});
   ++st.offloaded;

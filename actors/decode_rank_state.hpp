@@ -68,6 +68,10 @@ struct lease {
   bool decoding = false;
   bool has_order = false;
   bool release_after_step = false;  ///< released while a step was writing its pages
+  /// Whole-sequence leases: its sequence went to host memory once for a newcomer. It is not
+  /// sent out for one again (it came back first; going out again at once, as the youngest in
+  /// the batch, copied its pages to and fro and let the newcomer go first after all).
+  bool offloaded_once = false;
   bool local_writer = false;        ///< hybrid PD: this rank prefills it (no remote writer)
   /// Its prompt's KV came in a wire form (INT8, INT4), here or on the rank that moved it here:
   /// its pages hold expanded values, not what a computation gives, so they are not written back

@@ -436,8 +436,15 @@ void drain_waiting(prefill_pointer self) {
   auto& st = self->state;
   auto& kv = st.core.exec->kv();
   refuse_waiting(self);
+  // Prompts whose superseded attempt still winds down here (its sends, up to their timeout)
+  // step aside for the ones behind them, and go back in front after: one used to hold up the
+  // whole queue for seconds while pages were free.
+  std::vector<waiting_order> held;
   while (const auto* w = st.waiting.peek()) {
-    if (st.requests.count(w->order.request_id)) break;  // its superseded attempt is still winding down
+    if (st.requests.count(w->order.request_id)) {
+      held.push_back(std::move(*st.waiting.pop()));
+      continue;
+    }
     const bool split = w->order.part_ranks.size() > 1;
     const auto len = split ? w->order.part_bounds.at(w->order.part_index + 1) : static_cast<uint32_t>(w->order.tokens.size());
     std::vector<store::block_key> keys;
@@ -461,6 +468,10 @@ void drain_waiting(prefill_pointer self) {
     }
     shared.insert(shared.end(), fresh->begin(), fresh->end());
     launch(self, std::move(*st.waiting.pop()), std::move(shared), std::move(keys), static_cast<uint32_t>(hit));
+  }
+  for (auto h = held.rbegin(); h != held.rend(); ++h) {
+    const bool batch = h->order.batch_priority;
+    st.waiting.push_front(std::move(*h), batch);
   }
   pump(self);
   report_load(self);

@@ -724,14 +724,18 @@ int open_listener(const std::string& host, uint16_t port, uint16_t* bound, std::
   }
   const int one = 1;
   ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  // TCP keepalive, which accepted connections inherit: a client gone without a FIN or RST (a
-  // dropped NAT entry, a laptop asleep) is noticed within about a minute (30 s idle, then 3
-  // probes 10 s apart) and its call cancelled, where it used to hold its KV until max_tokens.
+  // A client gone without a FIN or RST (a dropped NAT entry, a laptop asleep) is noticed within
+  // about a minute and its call cancelled, where it used to hold its KV until max_tokens.
+  // Accepted connections inherit both options. Keepalive (30 s idle, then 3 probes 10 s apart)
+  // finds it while nothing is being sent (a call not streamed); the user timeout (60 s of sent
+  // bytes unacknowledged) while a stream sends, where retransmissions alone take ~15 minutes.
   const int idle_s = 30, interval_s = 10, probes = 3;
+  const unsigned unacked_ms = 60000;
   ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
   ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_s, sizeof(idle_s));
   ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval_s, sizeof(interval_s));
   ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof(probes));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &unacked_ms, sizeof(unacked_ms));
   if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(fd, SOMAXCONN) != 0) {
     *why = "gateway: cannot listen on " + host + ":" + std::to_string(port) + ": " + std::strerror(errno);
     ::close(fd);

@@ -1,5 +1,6 @@
 #include <doctest/doctest.h>
 
+#include <map>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -408,8 +409,8 @@ TEST_CASE("a decode rank short of pages offloads a running sequence to host memo
   check_colocated(cfg, {a_prompt, b_prompt}, done);
 }
 
-TEST_CASE("an offloaded sequence comes back before later newcomers are granted: a reservation that would fit "
-          "the free pages waits while it is out, and the rank reports no room meanwhile") {
+TEST_CASE("an offloaded sequence comes back before later newcomers are granted, and is not sent out for one "
+          "again: a reservation waits while it is out, and the rank reports no room meanwhile") {
   test::cluster_system t;
   auto cfg = shared_decode_rank();
   cfg.executor.num_kv_pages = 16;
@@ -435,13 +436,14 @@ TEST_CASE("an offloaded sequence comes back before later newcomers are granted: 
       .receive([&](kv_lease_grant& g) { lease_b = g.lease_id; }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
   REQUIRE(lease_b != 0);
   REQUIRE(t.stats(decode).offloaded == 1);
-  // C (2 pages) would fit the 2 free ones, but D (6) waits for pages first: C waits while D is
-  // out. (Before, C took them at the end of the step in flight, as every newcomer after it
-  // would: D starved.) Two steps later, C still waits.
-  auto c = self->request(decode, std::chrono::seconds{10}, reserve_atom::value, kv_lease_reserve{999, 32, 60000, 16});
+  // C (8 pages) waits while D is out: newcomers send nothing more out then, and D comes back
+  // first. (Before, C sent A out at the end of the step in flight and took the pages D waited
+  // for, as every newcomer after it would: D starved.) Two steps later, C still waits.
+  auto c = self->request(decode, std::chrono::seconds{10}, reserve_atom::value, kv_lease_reserve{999, 128, 60000, 100});
   wait_for_steps(t, decode, t.stats(decode).num_steps + 2);
   const auto while_out = t.stats(decode);
   CHECK(while_out.num_free_pages == 2);
+  CHECK(while_out.offloaded == 1);
   CHECK(while_out.resumed == 0);
   // and the balancer is told of no room here meanwhile (the report went out before the stats).
   self->request(cluster.decode_balancer, std::chrono::seconds{10}, stats_atom::value)
@@ -450,16 +452,27 @@ TEST_CASE("an offloaded sequence comes back before later newcomers are granted: 
                  CHECK(loads[0].num_free_pages == 0);
                },
                [&](caf::error& e) { FAIL(t.sys.render(e)); });
-  // B is released: D comes back (6 of the 10 free pages), then C gets 2 of the 4 left.
+  // B is released: D comes back (6 of the 10 free pages). C needs 8 of the 4 left: A goes out,
+  // not D again (D went out once for a newcomer; sending the youngest, just back, out at once
+  // copied its pages to and fro and let C go first after all).
   self->send(decode, release_atom::value, lease_b, false);
   uint64_t lease_c = 0;
   c.receive([&](kv_lease_grant& g) { lease_c = g.lease_id; }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
   CHECK(lease_c != 0);
-  CHECK(t.stats(decode).resumed == 1);
-  self->send(decode, release_atom::value, lease_c, false);
+  const auto granted = t.stats(decode);
+  CHECK(granted.resumed == 1);
+  CHECK(granted.offloaded == 2);
+  CHECK(granted.num_free_pages == 2);
+  self->send(decode, release_atom::value, lease_c, false);  // A comes back
   auto done = collect_all(t, handles);
   CHECK(done[0].tokens.size() == 56);
   CHECK(done[1].tokens.size() == 56);
+  std::map<uint64_t, int> offloads;
+  for (const auto& e : t.events(decode))
+    if (e.kind == "offload") ++offloads[e.request_id];
+  CHECK(offloads[done[0].request_id] == 1);  // A
+  CHECK(offloads[done[1].request_id] == 1);  // D, once
+  CHECK(t.stats(decode).resumed == 2);
   check_colocated(cfg, {a_prompt, d_prompt}, done);
 }
 

@@ -600,6 +600,43 @@ TEST_CASE("a prefill-only order is answered without a lease; a cancel naming its
   CHECK(t.sys.render(refused.error()).find("a prefill-only order is computed on one rank, not a split") != std::string::npos);
 }
 
+TEST_CASE("a prompt whose earlier attempt still winds down on the prefill rank steps aside: the prompts behind it "
+          "start at once, and it starts once the attempt is gone") {
+  test::cluster_system t;
+  auto cfg = small_cluster();
+  // Each prefill job starts 300 ms late: a cancelled attempt stays until its job comes back.
+  auto cluster = test::start_with_slow_ranks(t.sys, cfg, "prefill", 300);
+  test::cluster_system::stopper stop{t, cluster};
+  const auto& prefill = cluster.prefill[0].handle;
+  caf::scoped_actor self{t.sys};
+  // Prefill-only orders (one token, no decode rank): the request's attempt is the lease's tag.
+  const auto order = [&](uint64_t rid, uint32_t attempt) {
+    prefill_order o;
+    o.request_id = rid;
+    o.tokens = encode(cfg, "In the beginning God created the heaven");
+    o.prefill_only = true;
+    o.grant.request_id = rid;
+    o.grant.lease_id = prefill_only_tag(attempt);
+    return o;
+  };
+  auto a = self->request(prefill, std::chrono::seconds{30}, order(1, 0));
+  self->send(prefill, cancel_atom::value, uint64_t{1}, prefill_only_tag(0));  // its job is in the executor
+  auto a2 = self->request(prefill, std::chrono::seconds{30}, order(1, 1));  // request 1 placed again, here
+  auto b = self->request(prefill, std::chrono::seconds{30}, order(2, 0));
+  // Handled in order (one mailbox): the first attempt winds down, its second waits for it, and
+  // request 2 runs. (It used to wait behind request 1's second attempt, which waited for the first.)
+  const auto st = t.stats(prefill);
+  CHECK(st.num_waiting == 1);
+  CHECK(st.num_running == 2);
+  a.receive([](prefill_result&) { FAIL("the cancelled attempt was answered as done"); },
+            [&](caf::error& e) { CHECK(t.sys.render(e).find("cancelled") != std::string::npos); });
+  int32_t b_token = -1, a2_token = -2;
+  b.receive([&](prefill_result& r) { b_token = r.first_token; }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
+  a2.receive([&](prefill_result& r) { a2_token = r.first_token; }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
+  CHECK(a2_token == b_token);  // the same prompt
+  CHECK(t.stats(prefill).num_waiting == 0);
+}
+
 TEST_CASE("a one-token request reuses a prompt prefix from the block store, and is placed again when its prefill "
           "rank is declared gone mid-prompt") {
   test::cluster_system t;

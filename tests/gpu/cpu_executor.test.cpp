@@ -41,11 +41,14 @@ std::vector<int32_t> prompt(const char* text) {
 }  // namespace
 
 TEST_CASE("matmul gives every element the same bits whatever the batch, tiling and threads") {
-  const size_t k = 67, n = 13;  // odd sizes: tails in k and in the 3- and 4-wide column tiles
-  // 5: 4 + 1 rows; 8, 13 and 64: 8-row tiles where the CPU has 32 vector registers, then 4 + 1;
-  // 65: past those (4-row tiles again).
-  for (const size_t m : {5u, 8u, 13u, 64u, 65u}) {
+  const size_t k = 67;  // odd: a tail in k
+  // m 5: 4 + 1 rows; 8, 13 and 64: 8-row tiles where the CPU has 32 vector registers, then 4 + 1;
+  // 65: past those (4-row tiles again). n 13: tails in the 3- and 4-wide column tiles; 2011: a
+  // product large enough for the pool to split its columns over the threads.
+  const std::pair<size_t, size_t> shapes[] = {{5, 13}, {8, 13}, {13, 13}, {64, 13}, {65, 13}, {8, 2011}, {13, 2011}};
+  for (const auto& [m, n] : shapes) {
     CAPTURE(m);
+    CAPTURE(n);
     std::vector<float> x(m * k), w(n * k);
     for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(static_cast<float>(i) * 0.37f);
     for (size_t i = 0; i < w.size(); ++i) w[i] = std::cos(static_cast<float>(i) * 0.11f);
