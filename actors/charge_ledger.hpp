@@ -23,7 +23,9 @@ public:
   void add(const std::string& rank, Charge c) { by_rank_[rank].push_back(std::move(c)); }
 
   /// The rank reported, naming the placements it settled since its last report (`settled`:
-  /// request ids). Their charges go; the others' placements are still on their way, which the
+  /// request ids, one per placement). Their charges go, the oldest charge of an id per mention:
+  /// two attempts of one request placed on the same rank are two charges, and the first one's
+  /// settling used to drop both. The others' placements are still on their way, which the
   /// report does not count, so each is applied again on top of it -- reapply(charge&), oldest
   /// first -- rather than wiped (a burst would pile onto a rank whose reports kept saying it
   /// was empty). `Charge` has a `uint64_t request_id`.
@@ -32,11 +34,9 @@ public:
     auto it = by_rank_.find(rank);
     if (it == by_rank_.end()) return;
     auto& q = it->second;
-    q.erase(std::remove_if(q.begin(), q.end(),
-                           [&](const Charge& c) {
-                             return std::find(settled.begin(), settled.end(), c.request_id) != settled.end();
-                           }),
-            q.end());
+    for (const uint64_t id : settled)
+      if (auto c = std::find_if(q.begin(), q.end(), [&](const Charge& x) { return x.request_id == id; }); c != q.end())
+        q.erase(c);
     for (auto& c : q) reapply(c);
     if (q.empty()) by_rank_.erase(it);
   }

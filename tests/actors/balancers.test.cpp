@@ -231,6 +231,32 @@ TEST_CASE("a decode placement whose sequence never reserves on its rank gives it
   self->send_exit(rank, caf::exit_reason::user_shutdown);
 }
 
+TEST_CASE("two attempts of one request placed on the same rank are two charges: the report that settles the first "
+          "keeps the second") {
+  test::cluster_system t;
+  caf::scoped_actor self{t.sys};
+  decode_balancer_config bc;
+  bc.policy = "least_loaded";
+  auto bal = spawn_decode_balancer(t.sys, bc);
+  auto rank = stand_in_rank<decode_rank_actor>(t);
+  self->send(bal, load_atom::value, idle_load("decode-a", 16), rank);
+  for (int attempt = 0; attempt < 2; ++attempt)  // request 7, placed again after its first attempt failed
+    self->request(bal, std::chrono::seconds{5}, place_atom::value, place_query{7, 60, 0, 64})
+        .receive([](decode_placement&) {}, [&](caf::error& e) { FAIL(t.sys.render(e)); });
+  // The rank settled the first attempt's reservation (and freed it: the attempt failed); the
+  // second's is still on its way.
+  rank_load load = idle_load("decode-a", 16);
+  load.settled = {7};
+  self->send(bal, load_atom::value, load, rank);
+  std::vector<rank_load> loads;
+  self->request(bal, std::chrono::seconds{5}, stats_atom::value).receive([&](std::vector<rank_load>& l) { loads = l; }, [](caf::error&) {});
+  REQUIRE(loads.size() == 1);
+  CHECK(loads[0].num_free_pages == 16 - 4);  // the second attempt still takes its room (it used to be 16)
+  CHECK(loads[0].num_running == 1);
+  self->send_exit(rank, caf::exit_reason::user_shutdown);
+  self->send_exit(bal, caf::exit_reason::user_shutdown);
+}
+
 TEST_CASE("a decode rank's report drops the charges of the placements it settled and keeps those still on their "
           "way, so a burst spreads over the ranks instead of piling onto the one that reported first") {
   test::cluster_system t;

@@ -77,6 +77,9 @@ TEST_CASE("a drained decode rank moves its running sequences with their KV; they
   REQUIRE(cfg.validate().empty());
   auto cluster = start_local_cluster(t.sys, cfg);
   test::cluster_system::stopper stop{t, cluster};
+  // Both decode ranks known to the balancer first: else the requests may all go to the one
+  // that registered first, and the rank a test drains has nothing to move.
+  REQUIRE(t.wait_registered(cluster));
   caf::scoped_actor self{t.sys};
   const auto& leaving = cluster.decode[1].handle;
 
@@ -125,6 +128,9 @@ TEST_CASE("a move whose KV puts never land (a stalled link) is given up after mi
   };
   auto cluster = start_local_cluster(t.sys, cfg, {}, wrap);
   test::cluster_system::stopper stop{t, cluster};
+  // Both decode ranks known to the balancer first: else the requests may all go to the one
+  // that registered first, and the rank a test drains has nothing to move.
+  REQUIRE(t.wait_registered(cluster));
   caf::scoped_actor self{t.sys};
   const auto& leaving = cluster.decode[1].handle;
   const auto& target = cluster.decode[0].handle;
@@ -180,6 +186,9 @@ TEST_CASE("a move whose KV takes longer to land than a request's lease lasts sti
   };
   auto cluster = start_local_cluster(t.sys, cfg, {}, wrap);
   test::cluster_system::stopper stop{t, cluster};
+  // Both decode ranks known to the balancer first: else the requests may all go to the one
+  // that registered first, and the rank a test drains has nothing to move.
+  REQUIRE(t.wait_registered(cluster));
   caf::scoped_actor self{t.sys};
   constexpr int n = 6, max_tokens = 300;
   auto handles = send_long(self, cluster.router, n, max_tokens, "a slow move, number");
@@ -220,6 +229,9 @@ TEST_CASE("a sequence whose prompt came in a wire form keeps that mark when it m
   REQUIRE(cfg.validate().empty());
   auto cluster = start_local_cluster(t.sys, cfg);
   test::cluster_system::stopper stop{t, cluster};
+  // Both decode ranks known to the balancer first: else the requests may all go to the one
+  // that registered first, and the rank a test drains has nothing to move.
+  REQUIRE(t.wait_registered(cluster));
   caf::scoped_actor self{t.sys};
 
   constexpr int n = 6, max_tokens = 300;
