@@ -1,21 +1,7 @@
 # ucx_perftest as the ceiling beside a Baton figure, for bench scripts (sourced, not run).
 
-# free_port: a free TCP port on 127.0.0.1 below the kernel's ephemeral range (see
-# tests/deploy/e2e_lib.sh's free_ports for why below it).
-free_port() {
-  python3 -c '
-import random, socket
-low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
-for _ in range(10000):
-    s = socket.socket()
-    try:
-        s.bind(("127.0.0.1", random.randrange(10000, max(low, 10001))))
-    except OSError:
-        s.close()
-        continue
-    print(s.getsockname()[1])
-    break'
-}
+# free_ports N (a port below the kernel's ephemeral range): the e2e tests' own.
+source "$(dirname "${BASH_SOURCE[0]}")/../tests/deploy/e2e_lib.sh"
 
 # tcp_port_listens PORT: whether a socket listens on PORT (read from /proc/net/tcp{,6}, state 0A,
 # so nothing connects to it: ucx_perftest's server takes the first connection as its client).
@@ -31,7 +17,7 @@ tcp_port_listens() {
 # `timeout 120`.
 ucx_perftest_gbps() {
   local tls=$1 test=$2 size=$3 iters=$4 port srv mbs
-  port=$(free_port)
+  port=$(free_ports 1)
   UCX_TLS=$tls timeout 120 taskset -c 0 ucx_perftest -p "$port" >/dev/null 2>&1 &
   srv=$!
   for _ in $(seq 100); do tcp_port_listens "$port" && break; kill -0 "$srv" 2>/dev/null || break; sleep 0.1; done
