@@ -276,4 +276,12 @@ std::vector<caf::actor> local_cluster::actors() const {
   return out;
 }
 
+std::vector<std::string> local_cluster::rank_names() const {
+  std::vector<std::string> out;
+  for (const auto& r : prefill) out.push_back(r.name);
+  for (const auto& r : decode) out.push_back(r.name);
+  for (const auto& e : elastic) out.push_back(e.name);
+  return out;
+}
+
 }  // namespace baton

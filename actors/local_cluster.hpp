@@ -124,6 +124,8 @@ struct local_cluster {
 
   /// Every actor of the cluster, for shutting it down.
   std::vector<caf::actor> actors() const;
+  /// Every rank's name: prefill, decode and elastic instances (as balancers list them).
+  std::vector<std::string> rank_names() const;
 };
 
 /// A model's identity in one line, for a node's join to be checked against the head's: its name

@@ -440,7 +440,8 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
         const auto now = self->clock().now();
         for (const auto& [name, n] : self->state.nodes)
           out.push_back({name, n.hello.roles, n.hello.pid,
-                         std::chrono::duration_cast<std::chrono::milliseconds>(now - n.last_heartbeat).count(), n.state});
+                         std::chrono::duration_cast<std::chrono::milliseconds>(now - n.last_heartbeat).count(), n.state,
+                         n.ranks.names});
         return out;
       },
       [=](timer_atom, const std::string& group, uint64_t timer) { shrink(self, group, timer); },

@@ -53,10 +53,11 @@ struct node_status {
   int32_t pid = 0;
   int64_t since_heartbeat_ms = 0;  ///< time since its last heartbeat
   std::string state;               ///< joined | draining | gone (missed heartbeats or left)
+  std::vector<std::string> ranks;  ///< its ranks' names, once it has started them
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, node_status& x) {
-  return f(caf::meta::type_name("node_status"), x.name, x.roles, x.pid, x.since_heartbeat_ms, x.state);
+  return f(caf::meta::type_name("node_status"), x.name, x.roles, x.pid, x.since_heartbeat_ms, x.state, x.ranks);
 }
 
 /// The head's register of node processes: who joined, their heartbeats, who drains.

@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <thread>
 #include <unordered_map>
 
 #include <caf/actor_system.hpp>
+#include <caf/scoped_actor.hpp>
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
@@ -286,6 +288,28 @@ router_actor spawn_router(caf::actor_system& sys, router_config cfg, gpu::model_
                           prefill_balancer_actor prefill, decode_balancer_actor decode, store_access store) {
   return sys.spawn(router_impl, std::move(cfg), std::move(model), std::move(prefill), std::move(decode),
                    std::move(store));
+}
+
+std::vector<std::string> await_ranks_registered(caf::actor_system& sys, const router_actor& router,
+                                                std::vector<std::string> names, std::chrono::milliseconds budget,
+                                                const std::function<bool()>& give_up) {
+  caf::scoped_actor self{sys};
+  const auto deadline = std::chrono::steady_clock::now() + budget;
+  for (;;) {
+    self->request(router, std::chrono::seconds{5}, stats_atom::value)
+        .receive(
+            [&](const cluster_stats& s) {
+              const auto listed = [&](const std::string& n) {
+                const auto named = [&](const rank_load& l) { return l.name == n; };
+                return std::any_of(s.prefill.begin(), s.prefill.end(), named) ||
+                       std::any_of(s.decode.begin(), s.decode.end(), named);
+              };
+              names.erase(std::remove_if(names.begin(), names.end(), listed), names.end());
+            },
+            [](caf::error&) {});
+    if (names.empty() || std::chrono::steady_clock::now() >= deadline || (give_up && give_up())) return names;
+    std::this_thread::sleep_for(std::chrono::milliseconds{20});
+  }
 }
 
 }  // namespace baton

@@ -1,5 +1,7 @@
 #pragma once
 
+#include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -28,5 +30,14 @@ std::string tokenize_and_validate(generate_request& req, const gpu::model_config
                                   uint32_t max_new_tokens_limit, std::vector<int32_t>* tokens,
                                   const gpu::tokenizer* tokenizer = nullptr, uint32_t default_max_tokens = 0,
                                   uint8_t* thinking = nullptr);
+
+/// Waits, asking the router every 20 ms for at most `budget`, until every rank in `names` has
+/// reported its load to its balancer: a rank registers asynchronously once it has started, and a
+/// cluster that says it is up before then sends its first requests to whichever registered first.
+/// `give_up` (optional) ends the wait early (a child process died, a signal came). Returns the
+/// names still unregistered: empty when all are.
+std::vector<std::string> await_ranks_registered(caf::actor_system& sys, const router_actor& router,
+                                                std::vector<std::string> names, std::chrono::milliseconds budget,
+                                                const std::function<bool()>& give_up = {});
 
 }  // namespace baton

@@ -25,6 +25,7 @@
 
 #include "actors/messages.hpp"
 #include "actors/node_directory.hpp"
+#include "actors/router.hpp"
 #include "deploy/cluster_spec.hpp"
 #include "deploy/commands.hpp"
 #include "deploy/flags.hpp"
@@ -329,9 +330,13 @@ int run_launch(const std::vector<std::string>& raw_args) {
       return 1;
     }
   }
+  // A node counts once it has joined and started its ranks (it tells the directory their names
+  // after its join); their registration with the balancers is awaited below.
   std::set<std::string> waiting;
+  std::map<std::string, uint32_t> num_ranks;
+  std::vector<std::string> rank_names;
   for (size_t i = head_at + 1; i < plan.size(); ++i)
-    if (!plan[i].spare) waiting.insert(plan[i].process);
+    if (!plan[i].spare) waiting.insert(plan[i].process), num_ranks[plan[i].process] = plan[i].ranks;
   std::map<std::string, int32_t> joined_pid;  // the process each node last joined as
   caf::scoped_actor self{sys};
   while (!waiting.empty()) {
@@ -352,8 +357,9 @@ int run_launch(const std::vector<std::string>& raw_args) {
         .receive(
             [&](std::vector<node_status>& nodes) {
               for (const auto& n : nodes)
-                if (n.state == "joined" && waiting.erase(n.name)) {
+                if (n.state == "joined" && n.ranks.size() >= num_ranks[n.name] && waiting.erase(n.name)) {
                   joined_pid[n.name] = n.pid;
+                  rank_names.insert(rank_names.end(), n.ranks.begin(), n.ranks.end());
                   std::printf("baton launch: node %s joined (%s, pid %d)\n", n.name.c_str(),
                               n.roles.empty() ? "?" : n.roles.front().c_str(), n.pid);
                 }
@@ -361,6 +367,27 @@ int run_launch(const std::vector<std::string>& raw_args) {
             [&](caf::error&) {});
     std::fflush(stdout);
     if (!waiting.empty()) std::this_thread::sleep_for(std::chrono::milliseconds{100});
+  }
+  // The head's own ranks registered before it listened; the nodes' register as they start, and
+  // until they have, the first requests would all go to the ranks that registered first.
+  {
+    const auto give_up = [&] { return stop_requested() || dead_child() != nullptr; };
+    std::string last = "nothing listens there";
+    auto router = connect_actor_until<router_actor>(sys, sec, head.host, head.router_port, deadline, give_up, &last);
+    if (!router) {
+      std::fprintf(stderr, "baton launch: cannot reach the head's router at %s:%u: %s\n", head.host.c_str(),
+                   static_cast<unsigned>(head.router_port), last.c_str());
+      return 1;
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    auto missing = await_ranks_registered(sys, *router, rank_names, std::max(left, std::chrono::milliseconds{0}), give_up);
+    if (!missing.empty()) {
+      std::string names;
+      for (const auto& n : missing) names += " " + n;
+      std::fprintf(stderr, "baton launch: ranks not registered with the head's balancers after %u s:%s\n", wait_s,
+                   names.c_str());
+      return 1;
+    }
   }
   // A node joins before its gateway listens (a gateway node learns the router's address from
   // its welcome), and clients go to the gateway as soon as this says "is up": wait (within the

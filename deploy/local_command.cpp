@@ -609,6 +609,15 @@ int run_local(const std::vector<std::string>& args) {
                 static_cast<unsigned>(*port));
   }
 
+  // Up means every rank takes work: the first requests would otherwise all go to whichever rank
+  // reported to its balancer first.
+  if (auto missing = await_ranks_registered(sys, cluster.router, cluster.rank_names(), std::chrono::seconds{120});
+      !missing.empty()) {
+    std::string names;
+    for (const auto& n : missing) names += " " + n;
+    std::fprintf(stderr, "baton local: ranks not registered with their balancers within 120 s:%s\n", names.c_str());
+    return 1;
+  }
   if (opt.serve) return serve(sys, cluster, opt);
 
   struct pending {

@@ -127,17 +127,7 @@ struct cluster_system {
   /// Waits (bounded) until every in-process rank has registered with its balancer: ranks
   /// register by reporting their load once they start, asynchronously.
   bool wait_registered(const local_cluster& c) {
-    caf::scoped_actor self{sys};
-    for (int i = 0; i < 1000; ++i) {
-      size_t p = 0, d = 0;
-      self->request(c.prefill_balancer, std::chrono::seconds{5}, stats_atom::value)
-          .receive([&](std::vector<rank_load>& l) { p = l.size(); }, [](caf::error&) {});
-      self->request(c.decode_balancer, std::chrono::seconds{5}, stats_atom::value)
-          .receive([&](std::vector<rank_load>& l) { d = l.size(); }, [](caf::error&) {});
-      if (p == c.prefill.size() && d == c.decode.size()) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds{2});
-    }
-    return false;
+    return await_ranks_registered(sys, c.router, c.rank_names(), std::chrono::seconds{10}).empty();
   }
 
   /// Stops the cluster when the test leaves scope, also after a failed REQUIRE (the actor

@@ -149,6 +149,36 @@ TEST_CASE("lease ids differ between decode ranks and between a rank's incarnatio
   CHECK(first_leases(1) == std::vector<uint64_t>{1, 1 + (uint64_t{1} << 40)});
 }
 
+TEST_CASE("a cluster is up once the router lists every rank (each registers with its balancer after it "
+          "starts); a rank no balancer knows is named once the wait's budget is spent, or when it gives up") {
+  test::cluster_system t;
+  auto cfg = small_cluster();
+  cfg.num_prefill_ranks = 2;
+  cfg.num_decode_ranks = 2;
+  auto cluster = start_local_cluster(t.sys, cfg);
+  test::cluster_system::stopper stop{t, cluster};
+  auto names = cluster.rank_names();
+  REQUIRE(names.size() == 4);
+  CHECK(await_ranks_registered(t.sys, cluster.router, names, std::chrono::seconds{10}).empty());
+  caf::scoped_actor self{t.sys};
+  std::set<std::string> listed;
+  self->request(cluster.router, std::chrono::seconds{10}, stats_atom::value)
+      .receive(
+          [&](cluster_stats& s) {
+            for (const auto* loads : {&s.prefill, &s.decode})
+              for (const auto& l : *loads) listed.insert(l.name);
+          },
+          [&](caf::error& e) { FAIL(t.sys.render(e)); });
+  CHECK(listed == std::set<std::string>(names.begin(), names.end()));
+  names.push_back("decode-9");
+  CHECK(await_ranks_registered(t.sys, cluster.router, names, std::chrono::milliseconds{100}) ==
+        std::vector<std::string>{"decode-9"});
+  int asked = 0;
+  CHECK(await_ranks_registered(t.sys, cluster.router, {"decode-9"}, std::chrono::hours{1}, [&] { return ++asked == 3; }) ==
+        std::vector<std::string>{"decode-9"});
+  CHECK(asked == 3);
+}
+
 TEST_CASE("layer-wise handoff: a layer's send is posted once its KV is written, before the layer's compute finishes") {
   test::cluster_system t;
   auto cfg = small_cluster();

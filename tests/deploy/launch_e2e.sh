@@ -56,6 +56,10 @@ BATON_E2E_KEYS="$KEY" "$BATON" launch "$WORK/spec.json" --wait-s 90 > "$WORK/lau
 LAUNCHER=$!
 wait_for "$WORK/launch.log" "is up" 90
 grep -q "node decode-a joined" "$WORK/launch.log" || fail "decode-a did not join"
+# "Is up" means every rank takes work: the balancers list all four ranks the moment it is said
+# (asked once, no retry), or the first requests would all go to the ranks that registered first.
+RANKS=$(curl -s -m 10 -H "Authorization: Bearer $KEY" "http://127.0.0.1:$P_HTTP/metrics" | grep '^baton_rank_kv_pages{' | grep -o 'role="[a-z]*"' | sort | uniq -c | tr -s ' \n' ' ')
+[ "$RANKS" = ' 2 role="decode" 2 role="prefill" ' ] || fail "at 'is up' the balancers list ranks: '$RANKS', not 2 decode and 2 prefill"
 # One process, one name at the head: decode-b's ranks and its gateway are two entries.
 grep -q "node decode-b joined (decode" "$WORK/launch.log" || fail "decode-b did not join as a decode process"
 grep -q "node decode-b/gateway joined (gateway" "$WORK/launch.log" || fail "decode-b's gateway did not join as decode-b/gateway"
