@@ -66,6 +66,7 @@ struct io_context {
   std::shared_ptr<std::byte> write_memory;
   std::span<std::byte> write_staging;
   std::optional<transport::region_key> write_key;
+  std::vector<std::byte> write_copy;  ///< the I/O thread's: a write's bytes, checked and written from here
   std::string setup_error;
   /// Each key written since start, with its write's sequence number (block_commit::write_seq):
   /// the I/O thread's alone. Blocks found on disk at start are 0.
@@ -275,7 +276,7 @@ store_read_result serve_read(io_context& io, const store_read_order& order, uint
         if (fds[i] < 0 || !r.errors[i].empty()) continue;
         std::byte* slot = io.staging.data() + (i - first) * block_layer_bytes;
         if (auto err = store::read_block_layer(fds[i], headers[i], l, slot); !err.empty()) {
-          r.errors[i] = err;
+          r.errors[i] = "block " + headers[i].key.hex() + " on " + io.cfg.name + ": " + err;
           continue;
         }
         // A layer whose bytes are not what was written never leaves the server: the reader's
@@ -291,18 +292,23 @@ store_read_result serve_read(io_context& io, const store_read_order& order, uint
         *bytes += block_layer_bytes;
       }
       if (segs.empty()) continue;
-      if (auto err = put_and_wait(io, order, l, std::move(segs), &r.puts_abandoned); !err.empty())
-        for (size_t i = first; i < std::min(n, first + per_batch); ++i)
+      if (auto err = put_and_wait(io, order, l, std::move(segs), &r.puts_abandoned); !err.empty()) {
+        // A reader whose put failed or was given up (it died, or stalls) would fail each later
+        // batch the same way, after the same wait, and every wait given up sets a staging buffer
+        // aside: one order of many blocks used to stop this server's reads for a minute.
+        for (size_t i = 0; i < n; ++i)
           if (r.errors[i].empty() && fds[i] >= 0) r.errors[i] = err;
+        expired = true;
+      }
       if (!io.abandoned.empty()) {
         // The next batch must not overwrite what a given-up put may still read.
         if (auto err = retire_staging(io); !err.empty()) {
           for (size_t i = 0; i < n; ++i)
             if (r.errors[i].empty() && fds[i] >= 0) r.errors[i] = err;
           expired = true;  // no more layers: there is no staging to read them into
-          break;
         }
       }
+      if (expired) break;
     }
     // This layer of every good block is in the reader's pages: it may compute the layer now.
     if (order.reader_actor && !expired) {
@@ -485,7 +491,14 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
           return make_error(errc::bad_request, where(w.request_id, st.io->cfg.name, "store_write") +
                                                    ": unknown slot " + std::to_string(w.slot_id) +
                                                    " (never granted, taken back after write_slot_ttl_ms, or in use)");
-        const uint64_t offset = *slot;
+        // The order's size is the slot's: more would checksum and store a neighbouring slot's bytes.
+        if (w.bytes != slot->bytes) {
+          st.slots.release(w.slot_id);
+          return make_error(errc::bad_request, where(w.request_id, st.io->cfg.name, "store_write") + ": a write of " +
+                                                   std::to_string(w.bytes) + " bytes into slot " +
+                                                   std::to_string(w.slot_id) + " of " + std::to_string(slot->bytes));
+        }
+        const uint64_t offset = slot->offset;
         auto promise = self->make_response_promise<uint64_t>();
         const uint64_t write_id = ++st.last_write;
         st.writes.emplace(write_id, std::make_pair(w.request_id, promise));
@@ -502,13 +515,22 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
                   offset > io.write_staging.size() - w.bytes ||  // a remote size: no sum that can wrap
                   w.page_tokens == 0 || w.block_tokens == 0 || w.block_tokens % w.page_tokens != 0 ||
                   (w.bytes / layers) % (w.block_tokens / w.page_tokens) != 0)
-                return write_outcome{std::move(w), "block bytes are not whole layers of whole pages"};
-              // The bytes in the slot must be what the writer checksummed: a put that failed
-              // silently, or a late put into a reclaimed slot, must never become a block file.
+                return write_outcome{std::move(w), "block of " + std::to_string(w.bytes) + " bytes is not whole layers (" +
+                                                       std::to_string(layers) + ") of whole pages (" +
+                                                       std::to_string(w.page_tokens) + " tokens, blocks of " +
+                                                       std::to_string(w.block_tokens) + ")"};
+              // The bytes checked and written are a copy: a late put into this slot (a writer
+              // that gave up its put, the slot taken back and granted again) could otherwise land
+              // between the check and the write, and a block file that fails its own checksums
+              // would be committed.
+              io.write_copy.assign(io.write_staging.begin() + static_cast<ptrdiff_t>(offset),
+                                   io.write_staging.begin() + static_cast<ptrdiff_t>(offset + w.bytes));
+              // The bytes must be what the writer checksummed: a put that failed silently, or a
+              // late put into a reclaimed slot, must never become a block file.
               const uint64_t layer_bytes = w.bytes / layers;
               const uint32_t ppb = w.block_tokens / w.page_tokens;
               for (uint32_t l = 0; l < layers; ++l)
-                if (std::max<uint64_t>(1, gpu::layer_checksum(l, io.write_staging.data() + offset + l * layer_bytes, ppb,
+                if (std::max<uint64_t>(1, gpu::layer_checksum(l, io.write_copy.data() + l * layer_bytes, ppb,
                                                               layer_bytes / ppb)) != w.checksums[l])
                   return write_outcome{std::move(w), "layer " + std::to_string(l) + " in the write slot differs from what the writer checksummed"};
               // Always (re)written, atomically: a block that failed a reader's checksum is repaired
@@ -516,7 +538,7 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
               store::block_header h{io.salt, key, {w.parent_hi, w.parent_lo}, layers, w.kv_dim, w.block_tokens,
                                     w.page_tokens, w.bytes / layers, w.checksums,
                                     static_cast<uint8_t>(store::parse_retention(w.retention).value_or(store::retention::chat))};
-              const auto* base = io.write_staging.data() + offset;
+              const auto* base = io.write_copy.data();
               auto err = store::write_block_file(path, h, [&](uint32_t l) {
                 return store::layer_pieces{{base + l * h.layer_bytes, h.layer_bytes}};
               });
@@ -584,9 +606,11 @@ caf::expected<store_write_slot> write_slot_table::grant(const store_write_begin&
   // A slot of 0 bytes would share its offset with the next slot granted, and freeing it free that one's range.
   if (b.bytes == 0) return make_error(errc::bad_request, stage + ": a write slot of 0 bytes");
   auto off = pool_.acquire(b.bytes);
-  if (!off) return make_error(errc::kv_capacity, stage + ": write staging is full");
+  if (!off)
+    return make_error(errc::kv_capacity, stage + ": write staging is full (a slot of " + std::to_string(b.bytes) +
+                                             " bytes asked, of " + std::to_string(pool_.capacity()) + " in all)");
   const uint64_t id = ++last_;
-  slots_[id] = {*off, false};
+  slots_[id] = {{*off, b.bytes}, false};
   kv_region_desc region;
   region.backend = key_->backend;
   region.region_id = key_->region_id;
@@ -595,23 +619,23 @@ caf::expected<store_write_slot> write_slot_table::grant(const store_write_begin&
   return store_write_slot{id, *off, std::move(region)};
 }
 
-std::optional<uint64_t> write_slot_table::offset(uint64_t slot_id) const {
+std::optional<write_slot_table::range> write_slot_table::find(uint64_t slot_id) const {
   auto i = slots_.find(slot_id);
   if (i == slots_.end()) return std::nullopt;
-  return i->second.offset;
+  return i->second.at;
 }
 
-std::optional<uint64_t> write_slot_table::claim(uint64_t slot_id) {
+std::optional<write_slot_table::range> write_slot_table::claim(uint64_t slot_id) {
   auto i = slots_.find(slot_id);
   if (i == slots_.end() || i->second.writing) return std::nullopt;
   i->second.writing = true;
-  return i->second.offset;
+  return i->second.at;
 }
 
 void write_slot_table::release(uint64_t slot_id) {
   auto i = slots_.find(slot_id);
   if (i == slots_.end()) return;
-  pool_.release(i->second.offset);
+  pool_.release(i->second.at.offset);
   slots_.erase(i);
 }
 

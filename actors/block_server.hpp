@@ -56,17 +56,22 @@ public:
   /// (`setup_error`), or its staging is full.
   caf::expected<store_write_slot> grant(const store_write_begin& b, const std::string& server,
                                         const std::string& setup_error);
-  /// The slot's offset in the staging, if granted and not yet released.
-  std::optional<uint64_t> offset(uint64_t slot_id) const;
+  /// Where a granted slot lies in the staging.
+  struct range {
+    uint64_t offset = 0;
+    uint64_t bytes = 0;
+  };
+  /// The slot's range, if granted and not yet released.
+  std::optional<range> find(uint64_t slot_id) const;
   /// The same, and the slot is being written from now on: reclaim() leaves it alone.
-  std::optional<uint64_t> claim(uint64_t slot_id);
+  std::optional<range> claim(uint64_t slot_id);
   void release(uint64_t slot_id);
   /// Releases a slot that no write order has claimed; false when there is none such.
   bool reclaim(uint64_t slot_id);
 
 private:
   struct slot {
-    uint64_t offset = 0;
+    range at;
     bool writing = false;
   };
   store::staging_pool pool_{0};

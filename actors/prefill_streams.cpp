@@ -201,13 +201,16 @@ void load_round(prefill_pointer self, uint64_t rid) {
       const uint32_t ppb = r.order.block_tokens / kv.layout().page_size_tokens;
       for (size_t k = 0; k < res.block_index.size() && k < res.errors.size(); ++k) {
         const uint32_t b = res.block_index[k];
+        // An answer from another process: a block this server was not asked for (or a short
+        // checksum list) is malformed, never an index into our pages.
+        if (std::find(asked.begin(), asked.end(), b) == asked.end()) continue;  // failed below if asked
         if (!res.errors[k].empty()) {
           block_failed(r.load, b, res.errors[k]);
           continue;
         }
         // End to end: the bytes now in our pages must match what the writer checksummed.
         std::vector<uint32_t> pages(r.local_pages.begin() + b * ppb, r.local_pages.begin() + (b + 1) * ppb);
-        bool intact = res.checksums[k].size() == kv.layout().num_layers;
+        bool intact = k < res.checksums.size() && res.checksums[k].size() == kv.layout().num_layers;
         for (uint32_t l = 0; intact && l < kv.layout().num_layers; ++l)
           intact = std::max<uint64_t>(1, kv.kv_layer_checksum(l, pages, ppb)) == std::max<uint64_t>(1, res.checksums[k][l]);
         if (intact)

@@ -57,6 +57,7 @@ bool pread_all(int fd, void* data, size_t n, uint64_t off) {
   while (n > 0) {
     const ssize_t r = ::pread(fd, p, n, static_cast<off_t>(off));
     if (r < 0 && errno == EINTR) continue;
+    if (r == 0) errno = 0;  // the file ends early: no error of the system's to name
     if (r <= 0) return false;
     p += r;
     n -= static_cast<size_t>(r);
@@ -92,12 +93,22 @@ std::string block_path(const std::string& dir, const block_key& key) {
   return dir + "/" + hex.substr(0, 2) + "/" + hex + ".blk";
 }
 
+namespace {
+
+/// Layers of more than this many bytes are no KV block's (a 64-token block of a 128K-wide KV row
+/// in f32 is 32 MiB): the bound keeps header_bytes() + layers x bytes from wrapping around.
+constexpr uint64_t max_layer_bytes = uint64_t{1} << 40;
+
+}  // namespace
+
 std::string write_block_file(const std::string& path, const block_header& h,
                              const std::function<layer_pieces(uint32_t layer)>& layer_data) {
   // 8 bytes per layer checksum must fit the fixed header with the fields before it.
   if (h.num_layers > 400 || h.layer_checksums.size() != h.num_layers)
     return "block header: " + std::to_string(h.num_layers) + " layers and " +
            std::to_string(h.layer_checksums.size()) + " checksums";
+  if (h.layer_bytes == 0 || h.layer_bytes > max_layer_bytes)
+    return "block header: layers of " + std::to_string(h.layer_bytes) + " bytes (1 to 2^40)";
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
   // A name of this write's own: two writers of one key (a re-adopted store node's old I/O thread
@@ -167,6 +178,7 @@ std::optional<header_problem> read_header(int fd, const block_key& salt, block_h
   h.page_tokens = c.get<uint32_t>();
   h.layer_bytes = c.get<uint64_t>();
   if (h.num_layers > 400) return header_problem{"corrupt header (layer count)"};
+  if (h.layer_bytes == 0 || h.layer_bytes > max_layer_bytes) return header_problem{"corrupt header (layer size)"};
   for (uint32_t l = 0; l < h.num_layers; ++l) h.layer_checksums.push_back(c.get<uint64_t>());
   if (version >= 3) h.retention = c.get<uint8_t>();
   const uint64_t expect = bytes_checksum(buf, c.off);
@@ -202,7 +214,8 @@ int open_block_file(const std::string& path, const block_key& salt, const block_
 
 std::string read_block_layer(int fd, const block_header& h, uint32_t layer, std::byte* dst) {
   if (layer >= h.num_layers) return "layer " + std::to_string(layer) + " out of range";
-  if (!pread_all(fd, dst, h.layer_bytes, h.layer_offset(layer))) return "short read of layer " + std::to_string(layer);
+  if (!pread_all(fd, dst, h.layer_bytes, h.layer_offset(layer)))
+    return "short read of layer " + std::to_string(layer) + ": " + (errno ? std::strerror(errno) : "the file ends early");
   return {};
 }
 

@@ -11,9 +11,10 @@ namespace baton::store {
 
 class staging_pool {
  public:
-  explicit staging_pool(uint64_t total_bytes) {
+  explicit staging_pool(uint64_t total_bytes) : total_(total_bytes) {
     if (total_bytes) free_[0] = total_bytes;
   }
+  uint64_t capacity() const { return total_; }
   /// An offset with `bytes` reserved there, or nothing when no free range is large enough.
   std::optional<uint64_t> acquire(uint64_t bytes) {
     if (bytes == 0) return std::nullopt;  // it would share its offset with the next range given out
@@ -53,6 +54,7 @@ class staging_pool {
   }
 
  private:
+  uint64_t total_ = 0;
   std::map<uint64_t, uint64_t> free_;  ///< offset -> length
   std::map<uint64_t, uint64_t> used_;
 };

@@ -35,13 +35,16 @@ all_to_all::all_to_all(transport& t, std::vector<std::string> rank_names, all_to
   const uint64_t bells = uint64_t{cfg_.size} * sizeof(doorbell);
   recv_bytes_ = flags_bytes() + 2 * bells + 2 * cfg_.size * stride();
   // Staging: doorbells, slots, then the word signal_abort() puts.
-  send_.assign(bells + cfg_.size * stride() + sizeof(uint64_t), std::byte{0});
+  const uint64_t send_bytes = bells + cfg_.size * stride() + sizeof(uint64_t);
   xfer_error err;
   recv_ = t_.allocate_memory(recv_bytes_, &err);
-  if (!recv_) {
-    error_ = "all-to-all rank " + names_[cfg_.rank] + ": no memory for its receive slots: " + err.to_string();
+  auto* send = recv_ ? t_.allocate_memory(send_bytes, &err) : nullptr;
+  if (!recv_ || !send) {
+    error_ = "all-to-all rank " + names_[cfg_.rank] + ": no memory for its receive slots and staging: " + err.to_string();
     return;
   }
+  send_ = {send, send_bytes};
+  std::memset(send_.data(), 0, send_.size());
   std::memset(recv_, 0, flags_bytes() + 2 * bells);  // no exchange yet, nobody gone: all zero
   auto rk = t_.register_region(recv_, recv_bytes_, &err);
   if (rk) recv_key_ = *rk;  // deregistered by the destructor whatever happens next
@@ -54,12 +57,17 @@ all_to_all::all_to_all(transport& t, std::vector<std::string> rank_names, all_to
 }
 
 all_to_all::~all_to_all() {
+  abandon();  // an exchange left open: its puts are waited for (bounded) and released
   if (recv_key_.region_id) t_.deregister_region(recv_key_.region_id);
   if (send_region_) t_.deregister_region(send_region_);
+  if (!send_.empty()) t_.free_memory(send_.data());
   if (recv_) t_.free_memory(recv_);
 }
 
 void all_to_all::connect(std::vector<region_key> keys) {
+  if (error_.empty() && keys.size() != cfg_.size)
+    error_ = "all-to-all rank " + names_[cfg_.rank] + ": " + std::to_string(keys.size()) + " peer keys for a group of " +
+             std::to_string(cfg_.size);
   peers_ = std::move(keys);
   direct_.assign(peers_.size(), nullptr);
   // Regions of one layout only: a peer of another build or slot size would read chunks and
@@ -149,7 +157,7 @@ void all_to_all::signal_abort() {
   abandon();
   const uint64_t at = uint64_t{cfg_.rank} * sizeof(uint64_t), staged = send_.size() - sizeof(uint64_t), one = 1;
   std::memcpy(send_.data() + staged, &one, sizeof one);
-  std::vector<uint64_t> puts;
+  std::vector<put_to> puts;
   for (uint32_t d = 0; d < cfg_.size; ++d) {
     if (d == cfg_.rank) continue;
     if (direct_[d]) {
@@ -157,7 +165,7 @@ void all_to_all::signal_abort() {
       wake(d);  // its wait looks at the word (abort_) as soon as it is awake
       continue;
     }
-    puts.push_back(t_.post_put({seq_, 0, names_[d], send_region_, peers_[d], {{staged, at, sizeof one}}}));
+    puts.push_back({t_.post_put({seq_, 0, names_[d], send_region_, peers_[d], {{staged, at, sizeof one}}}), d});
   }
   // Best effort, briefly: a peer that is gone needs no word, and a stop should not wait for it.
   std::string why;
@@ -252,27 +260,28 @@ void all_to_all::wake(uint32_t d) {
   ::syscall(SYS_futex, addr, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
 
-bool all_to_all::wait_puts(std::vector<uint64_t>& ids, std::string* why, std::chrono::milliseconds limit) {
+bool all_to_all::wait_puts(std::vector<put_to>& ids, std::string* why, std::chrono::milliseconds limit) {
   const auto deadline = std::chrono::steady_clock::now() + limit;
   bool ok = true;
   waiting w;
   for (size_t i = 0; i < ids.size(); ++i) {
     xfer_error err;
     xfer_state s;
-    while ((s = t_.poll(ids[i], &err)) == xfer_state::pending) {
+    while ((s = t_.poll(ids[i].id, &err)) == xfer_state::pending) {
       if (std::chrono::steady_clock::now() > deadline) {
         err.what = "not complete after " + std::to_string(limit.count()) + " ms";
+        err.request_id = seq_;
         s = xfer_state::failed;
         break;
       }
       pause(&w);
     }
     if (s == xfer_state::failed && ok) {
-      *why = "all-to-all exchange " + std::to_string(seq_) + ": rank " + names_[cfg_.rank] + " -> " + err.peer +
-             ": put failed: " + err.to_string();
+      *why = "all-to-all exchange " + std::to_string(seq_) + ": rank " + names_[cfg_.rank] + " -> " +
+             names_[ids[i].rank] + ": put failed: " + err.to_string();
       ok = false;
     }
-    t_.release(ids[i]);
+    t_.release(ids[i].id);
   }
   ids.clear();
   return ok;
@@ -316,7 +325,7 @@ bool all_to_all::post(const std::vector<std::span<const std::byte>>& send, std::
     const uint64_t staged = bells + uint64_t{d} * stride();
     std::memcpy(send_.data() + staged, &n, sizeof n);
     std::memcpy(send_.data() + staged + sizeof n, send[d].data(), n);
-    pending_.push_back(t_.post_put({seq, 0, names_[d], send_region_, peers_[d], {{staged, my_slot, sizeof n + n}}}));
+    pending_.push_back({t_.post_put({seq, 0, names_[d], send_region_, peers_[d], {{staged, my_slot, sizeof n + n}}}), d});
   }
   posted_ = true;
   return true;
@@ -338,8 +347,9 @@ bool all_to_all::complete(std::vector<std::span<const std::byte>>* recv, std::st
       continue;
     }
     std::memcpy(send_.data() + uint64_t{d} * sizeof(doorbell), &b, sizeof b);
-    pending_.push_back(t_.post_put(
-        {seq, 0, names_[d], send_region_, peers_[d], {{uint64_t{d} * sizeof(doorbell), bell_offset(seq, cfg_.rank), sizeof b}}}));
+    pending_.push_back({t_.post_put({seq, 0, names_[d], send_region_, peers_[d],
+                                      {{uint64_t{d} * sizeof(doorbell), bell_offset(seq, cfg_.rank), sizeof b}}}),
+                        d});
   }
   if (!wait_puts(pending_, why)) return false;
   // Every source's doorbell at this sequence: its chunk is here.

@@ -158,9 +158,15 @@ private:
   void sleep_on_word(std::chrono::microseconds d, const std::function<bool()>& over);
   uint64_t bell_offset(uint64_t seq, uint32_t source) const;
   uint64_t bank_offset(uint64_t seq) const;
-  /// Waits for (at most `limit`) and releases the puts `ids`; false and why if one failed.
-  bool wait_puts(std::vector<uint64_t>& ids, std::string* why, std::chrono::milliseconds limit);
-  bool wait_puts(std::vector<uint64_t>& ids, std::string* why) {
+  /// A put in flight and the rank it goes to (named when it fails or times out).
+  struct put_to {
+    uint64_t id = 0;
+    uint32_t rank = 0;
+  };
+  /// Waits for (at most `limit`) and releases the puts `ids`; false and why (naming the rank the
+  /// first failed put went to) if one failed.
+  bool wait_puts(std::vector<put_to>& ids, std::string* why, std::chrono::milliseconds limit);
+  bool wait_puts(std::vector<put_to>& ids, std::string* why) {
     return wait_puts(ids, why, std::min(cfg_.timeout, cfg_.put_timeout));
   }
   /// How long one wait has lasted, in polls and time (see poll_sleep_us).
@@ -186,14 +192,16 @@ private:
   /// memory) and [doorbells | slots | abort word] (staging for puts).
   std::byte* recv_ = nullptr;
   uint64_t recv_bytes_ = 0;
-  std::vector<std::byte> send_;
+  /// The transport's memory too: a put given up (timed out, released) may still read it, and a
+  /// backend keeps its own memory mapped until it is itself destroyed (transport::free_memory).
+  std::span<std::byte> send_;
   region_key recv_key_;
   std::vector<std::byte*> direct_;  ///< per rank: its receive region mapped here, or null
   uint64_t send_region_ = 0;
   std::vector<region_key> peers_;
   uint64_t seq_ = 0;
   bool posted_ = false;            ///< post() ran, complete() not yet
-  std::vector<uint64_t> pending_;  ///< puts in flight
+  std::vector<put_to> pending_;  ///< puts in flight
   std::vector<uint64_t> sizes_;    ///< the open exchange's chunk sizes, for the doorbells
   std::function<std::string(uint32_t)> abort_;
   bool aborted_ = false;  ///< signal_abort() ran: it says so once

@@ -515,7 +515,9 @@ private:
         work.swap(queue_);
       }
       for (auto& fn : work) fn();
-      while (ucp_worker_progress(worker_) != 0) {
+      // Bounded: a peer streaming active messages without pause must not starve the command
+      // queue (run_on_thread callers block on it) or the settling of transfers.
+      for (int i = 0; i < 64 && ucp_worker_progress(worker_) != 0; ++i) {
       }
       check_inflight();
       if (stop_) break;
@@ -556,8 +558,9 @@ private:
       uint64_t drained;
       [[maybe_unused]] auto n = read(wake_fd_, &drained, sizeof(drained));
     }
+    // Endpoints first: a forced close ends the requests still on them (transfers their callers
+    // released, given up), which are then freed, and only then the remote keys they used.
     for (auto& [addr, peer] : peers_) {
-      for (auto& [bytes, k] : peer.keys) ucp_rkey_destroy(k.handle);
       ucp_request_param_t rp{};
       rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
       rp.flags = UCP_EP_CLOSE_FLAG_FORCE;
@@ -567,6 +570,14 @@ private:
         ucp_request_free(req);
       }
     }
+    for (auto& [id, t] : inflight_)
+      for (auto* r : t.pending) {
+        for (int i = 0; i < 100000 && ucp_request_check_status(r) == UCS_INPROGRESS; ++i) ucp_worker_progress(worker_);
+        if (ucp_request_check_status(r) != UCS_INPROGRESS) ucp_request_free(r);  // else left to the worker's end
+      }
+    inflight_.clear();
+    for (auto& [addr, peer] : peers_)
+      for (auto& [bytes, k] : peer.keys) ucp_rkey_destroy(k.handle);
     for (auto& [id, r] : regions_)
       if (r.owned) ucp_mem_unmap(context_, r.memh);
     regions_.clear();

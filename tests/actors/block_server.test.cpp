@@ -195,6 +195,48 @@ TEST_CASE("block server: while four staging buffers wait on given-up puts it ref
   self->send_exit(server, caf::exit_reason::user_shutdown);
 }
 
+TEST_CASE("block server: a read of many blocks whose first put is given up fails the rest at once, so one "
+          "stalled reader sets one staging buffer aside, not one per batch, and others' reads go on") {
+  test::cluster_system t;
+  one_server s;
+  const std::vector<store::block_key> keys{{1, 11}, {2, 22}, {3, 33}, {4, 44}};
+  for (const auto& k : keys) s.store_block(k, std::byte{0x11});
+  auto fabric = transport::make_loopback_fabric();
+  // Request 1's puts stay in flight until land_late(); the other reader's land.
+  auto proxy = transport::make_fault_proxy(transport::make_loopback_transport(fabric, "store-0"),
+                                           {transport::fault_kind::late, {}, 1, 1000, 1});
+  auto* late = proxy.get();
+  auto reader_xport = transport::make_loopback_transport(fabric, "reader");
+  auto pool = s.register_reader(*reader_xport);
+  auto bc = s.config(1);  // one block layer per batch: four batches per layer
+  bc.put_limit_ms = 20;
+  auto server = spawn_block_server(t.sys, bc, std::shared_ptr<transport::transport>{std::move(proxy)}, {});
+  caf::scoped_actor self{t.sys};
+  auto o = read_order(1, keys[0], 0, pool.key);
+  o.blocks.clear();
+  o.block_index.clear();
+  o.page_ids.clear();
+  for (uint32_t i = 0; i < keys.size(); ++i) {
+    o.blocks.push_back(block_ref{keys[i].hi, keys[i].lo, {0}});
+    o.block_index.push_back(i);
+    o.page_ids.push_back(i);
+  }
+  std::vector<std::string> errors;
+  self->request(server, std::chrono::seconds{10}, std::move(o))
+      .receive([&](store_read_result& r) { errors = std::move(r.errors); }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
+  REQUIRE(errors.size() == keys.size());
+  for (const auto& e : errors) CHECK(e.find("still pending after 20 ms") != std::string::npos);
+  CHECK(late->num_injected() == 1);  // one put posted, not one per batch and layer
+  // Another reader is served in full: one buffer is set aside, not the four that stop reads.
+  std::string why = "no answer";
+  self->request(server, std::chrono::seconds{10}, read_order(2, keys[1], 1, pool.key))
+      .receive([&](store_read_result& r) { why = r.errors.empty() ? "no errors" : r.errors[0]; },
+               [&](caf::error& e) { FAIL(t.sys.render(e)); });
+  CHECK(why.empty());
+  late->land_late();
+  self->send_exit(server, caf::exit_reason::user_shutdown);
+}
+
 TEST_CASE("block server: a put limit beyond what readers wait for is refused with a sentence naming it") {
   test::cluster_system t;
   one_server s;
@@ -349,6 +391,38 @@ TEST_CASE("block server: orders that would divide by zero (pages of 0 bytes, blo
   CHECK_MESSAGE(why.find("a write slot of 0 bytes") != std::string::npos, why);
   CHECK(read(read_order(2, a, 0, *key)).empty());  // still serving: the block lands
   CHECK(pool[0] == std::byte{0x11});
+  self->send_exit(server, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("block server: a write order larger than its slot is refused naming both sizes (it would checksum and "
+          "store the next slot's bytes); a slot larger than the whole staging is refused naming both") {
+  test::cluster_system t;
+  one_server s;
+  auto fabric = transport::make_loopback_fabric();
+  auto server = spawn_block_server(t.sys, s.config(4), transport::make_loopback_transport(fabric, "store-0"), {});
+  caf::scoped_actor self{t.sys};
+  const uint64_t page = s.layout.page_bytes();
+  store_write_slot slot;
+  self->request(server, std::chrono::seconds{10}, store_write_begin{1, page})
+      .receive([&](store_write_slot& x) { slot = x; }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
+  store_write_order w{1, slot.slot_id, 2 * page, block_ref{3, 33, {0}}, 0, 0, "chat", tokens, tokens, kv_dim, {1, 1}};
+  std::string why = "written";
+  self->request(server, std::chrono::seconds{10}, std::move(w))
+      .receive([](uint64_t) {}, [&](caf::error& e) { why = t.sys.render(e); });
+  CHECK_MESSAGE(why.find("a write of " + std::to_string(2 * page) + " bytes into slot " + std::to_string(slot.slot_id) +
+                         " of " + std::to_string(page)) != std::string::npos,
+                why);
+  why = "granted";
+  self->request(server, std::chrono::seconds{10}, store_write_begin{2, 5 * page})
+      .receive([](store_write_slot&) {}, [&](caf::error& e) { why = t.sys.render(e); });
+  CHECK_MESSAGE(why.find("write staging is full (a slot of " + std::to_string(5 * page) + " bytes asked, of " +
+                         std::to_string(4 * page) + " in all)") != std::string::npos,
+                why);
+  // The refused order gave its slot back: the whole staging can be granted again.
+  why = "granted";
+  self->request(server, std::chrono::seconds{10}, store_write_begin{3, 4 * page})
+      .receive([](store_write_slot&) {}, [&](caf::error& e) { why = t.sys.render(e); });
+  CHECK(why == "granted");
   self->send_exit(server, caf::exit_reason::user_shutdown);
 }
 

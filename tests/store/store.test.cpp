@@ -194,6 +194,13 @@ TEST_CASE("block files round-trip layer by layer, and every kind of damage is re
   std::filesystem::remove(path);
   CHECK(open_block_file(path, salt, key, &got, &why) < 0);
   CHECK(why.find("No such file") != std::string::npos);
+  // Layer sizes whose file size would wrap around 2^64 (or a layer of nothing) are no block's.
+  for (const uint64_t layer_bytes : {uint64_t{0}, uint64_t{1} << 63}) {
+    auto huge = h;
+    huge.layer_bytes = layer_bytes;
+    CHECK(write_block_file(path, huge, pieces) == "block header: layers of " + std::to_string(layer_bytes) + " bytes (1 to 2^40)");
+    CHECK_FALSE(std::filesystem::exists(path));
+  }
   std::filesystem::remove_all(dir);
 }
 

@@ -266,6 +266,32 @@ TEST_CASE("all-to-all through a fault proxy puts every byte, so the proxy's faul
   CHECK(failing->num_injected() == 1);
 }
 
+TEST_CASE("all-to-all: a put that never settles fails the exchange after put_timeout, naming the rank it went "
+          "to; a group given too few or too many peer keys is refused by name") {
+  auto fabric = make_loopback_fabric();
+  const std::vector<std::string> names{"ep-0", "ep-1"};
+  auto stalled = make_fault_proxy(make_loopback_transport(fabric, "ep-0"), {.kind = fault_kind::stall, .max_faults = 100});
+  auto plain = make_loopback_transport(fabric, "ep-1");
+  all_to_all_config ca{0, 2, 64, std::chrono::milliseconds{200}};
+  ca.put_timeout = std::chrono::milliseconds{30};
+  all_to_all a{*stalled, names, ca};
+  all_to_all b{*plain, names, {1, 2, 64, std::chrono::milliseconds{200}}};
+  a.connect({a.key(), b.key()});
+  std::vector<std::byte> bytes(8, std::byte{7});
+  std::vector<std::span<const std::byte>> send(2, std::span<const std::byte>{bytes}), recv;
+  std::string why;
+  CHECK_FALSE(a.exchange(send, &recv, &why));
+  CHECK_MESSAGE(why.find("all-to-all exchange 1: rank ep-0 -> ep-1: put failed: request 1") != std::string::npos, why);
+  CHECK_MESSAGE(why.find("not complete after 30 ms") != std::string::npos, why);
+  for (const size_t n : {size_t{1}, size_t{3}}) {
+    all_to_all c{*plain, names, {1, 2, 64, std::chrono::milliseconds{200}}};
+    c.connect(std::vector<region_key>(n, b.key()));
+    why.clear();
+    CHECK_FALSE(c.exchange(send, &recv, &why));
+    CHECK(why == "all-to-all rank ep-1: " + std::to_string(n) + " peer keys for a group of 2");
+  }
+}
+
 TEST_CASE("a region key survives a line of text between processes; a malformed line gives nothing") {
   const region_key k{"ucx", 42, 1 << 20, {0x00, 0x7f, 0xff, 0x10}};
   const auto line = key_to_text(k);
