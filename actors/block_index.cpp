@@ -13,7 +13,8 @@ struct block_index_state {
   store::block_index index;
   std::vector<block_server_actor> servers;
   /// Servers whose actor went down (their store node died): CHECK no longer names them, so
-  /// readers do not wait on them; their entries age out like any other.
+  /// readers do not wait on them, and the index forgets their copies (a server that comes back
+  /// commits what its disk holds again).
   std::vector<bool> server_down;
   /// Deletes for servers the index does not know yet: a server recovering its blocks commits
   /// them (and its expired ones are dropped) before the cluster hands the index its server
@@ -74,7 +75,12 @@ block_index_actor::behavior_type block_index_impl(pointer self, block_index_conf
   self->set_down_handler([=](caf::down_msg& dm) {
     auto& st = self->state;
     for (size_t i = 0; i < st.servers.size(); ++i)
-      if (caf::actor_cast<caf::actor_addr>(st.servers[i]) == dm.source) st.server_down[i] = true;
+      if (caf::actor_cast<caf::actor_addr>(st.servers[i]) == dm.source && !st.server_down[i]) {
+        st.server_down[i] = true;
+        // Blocks only it held cannot be read: they must not take the room of blocks that can.
+        // No delete goes anywhere: their files stay on its disk for its return.
+        st.index.forget_server(static_cast<uint32_t>(i));
+      }
   });
   schedule_housekeeping(self);
   return {

@@ -142,6 +142,21 @@ void block_index::erase(const block_key& key) {
   entries_.erase(i);
 }
 
+std::vector<block_meta> block_index::forget_server(uint32_t server) {
+  std::vector<block_meta> out;
+  for (auto& [key, e] : entries_) {
+    auto& m = e.meta;
+    for (size_t k = m.servers.size(); k-- > 0;)
+      if (m.servers[k] == server) {
+        m.servers.erase(m.servers.begin() + static_cast<ptrdiff_t>(k));
+        if (k < m.write_seqs.size()) m.write_seqs.erase(m.write_seqs.begin() + static_cast<ptrdiff_t>(k));
+      }
+    if (m.servers.empty()) out.push_back(m);
+  }
+  for (const auto& m : out) erase(m.key);
+  return out;
+}
+
 void block_index::pin(const block_key& key) {
   if (auto i = entries_.find(key); i != entries_.end()) ++i->second.pins;
 }

@@ -383,6 +383,29 @@ TEST_CASE("the index: a chain committed first block first (as a write-back does)
   CHECK(turns.expire(50).size() == 3);
 }
 
+TEST_CASE("the index forgets a gone server's copies: blocks it held alone leave (room for blocks that can be "
+          "read), replicas keep their other servers and writes") {
+  block_index idx{2};
+  const block_key alone{0, 1}, replicated{0, 2}, elsewhere{0, 3}, later{0, 4};
+  idx.upsert({elsewhere, {}, {1}, 1, retention::chat, 100, 0, {7}}, 0);
+  idx.upsert({alone, {}, {0}, 1, retention::chat, 100, 1, {3}}, 1);
+  const auto gone = idx.forget_server(0);
+  REQUIRE(gone.size() == 1);
+  CHECK(gone[0].key == alone);
+  CHECK(idx.find(alone) == nullptr);
+  // Server 0's block took no room: a new block evicts nothing readable (before, `elsewhere`,
+  // the least recent, went in its place).
+  idx.upsert({later, {}, {1}, 1, retention::chat, 100, 2, {8}}, 2);
+  CHECK(idx.evict_to_capacity().empty());
+  CHECK(idx.find(elsewhere) != nullptr);
+  block_index replicas;
+  replicas.upsert({replicated, {}, {0, 1}, 1, retention::chat, 100, 0, {5, 6}}, 0);
+  CHECK(replicas.forget_server(0).empty());
+  REQUIRE(replicas.find(replicated) != nullptr);
+  CHECK(replicas.find(replicated)->servers == std::vector<uint32_t>{1});
+  CHECK(replicas.find(replicated)->write_seqs == std::vector<uint64_t>{6});
+}
+
 TEST_CASE("the index keeps each copy's write (write_seq) so an eviction's delete names the latest one it heard of") {
   block_index idx{1};
   const block_key k{0, 1};
