@@ -66,8 +66,12 @@ std::string local_cluster_config::validate() const {
   if (elastic_prefill_at_start > num_elastic_ranks)
     return "elastic_prefill_at_start (" + std::to_string(elastic_prefill_at_start) + ") exceeds num_elastic_ranks (" +
            std::to_string(num_elastic_ranks) + ")";
-  if (num_elastic_ranks > 0 || elastic_nodes)
+  if (num_elastic_ranks > 0 || elastic_nodes) {
     if (auto e = elastic.planner.validate(); !e.empty()) return e;
+    // 0 would re-arm the controller's timer without pause, or abandon every move at once.
+    if (elastic.interval_ms == 0) return "elastic interval_ms (--elastic-interval-ms) must be > 0";
+    if (elastic.drain_timeout_ms == 0) return "elastic drain_timeout_ms must be > 0";
+  }
   if (transport != "loopback" && transport != "ucx" && transport != "modelled")
     return "transport must be loopback, ucx or modelled, got '" + transport + "'";
   if (ucx_send != "put" && ucx_send != "am") return "ucx_send must be put or am, got '" + ucx_send + "'";

@@ -177,8 +177,11 @@ bool tcp_listening(const std::string& host, uint16_t port, int timeout_ms) {
 }
 
 bool process_alive(pid_t pid) {
-  int status = 0;
-  return waitpid(pid, &status, WNOHANG) == 0;
+  // Looks without reaping (WNOWAIT): the exit stays for process_exited to collect, which the
+  // launcher's restarts go by; reaped here, the pid looked alive for good after, and a stop
+  // signalled a number the system may have handed to another process.
+  siginfo_t info{};
+  return waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == 0;
 }
 
 bool process_gone(pid_t pid, std::string* how) {

@@ -47,7 +47,7 @@ int run_process(const std::vector<std::string>& argv, std::string* why);
 /// SIGTERM to each, wait up to `grace_ms`, then SIGKILL what is left; reaps all.
 void stop_processes(std::vector<pid_t>& pids, int grace_ms = 3000);
 
-/// True while `pid` has not exited (reaps it if it has).
+/// True while child `pid` has not exited. Never reaps it: process_exited does, once.
 bool process_alive(pid_t pid);
 /// True when `pid` has exited (reaped); `how` says how: "exit code N" or "signal N".
 bool process_exited(pid_t pid, std::string* how);
