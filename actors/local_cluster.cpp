@@ -68,9 +68,8 @@ std::string local_cluster_config::validate() const {
            std::to_string(num_elastic_ranks) + ")";
   if (num_elastic_ranks > 0 || elastic_nodes) {
     if (auto e = elastic.planner.validate(); !e.empty()) return e;
-    // 0 would re-arm the controller's timer without pause, or abandon every move at once.
+    // 0 would re-arm the controller's timer without pause, spinning a core.
     if (elastic.interval_ms == 0) return "elastic interval_ms (--elastic-interval-ms) must be > 0";
-    if (elastic.drain_timeout_ms == 0) return "elastic drain_timeout_ms must be > 0";
   }
   if (transport != "loopback" && transport != "ucx" && transport != "modelled")
     return "transport must be loopback, ucx or modelled, got '" + transport + "'";

@@ -66,14 +66,10 @@ TEST_CASE("elastic P/D: a prefill-heavy load turns a decode instance into a pref
   CHECK(saw(cluster.elastic[1].prefill, "role_active"));
 }
 
-TEST_CASE("elastic P/D: a controller interval or drain timeout of 0 is refused by name (the timer would spin, "
-          "every move be abandoned at once)") {
+TEST_CASE("elastic P/D: a controller interval of 0 is refused by name (its timer would spin)") {
   auto cfg = eager_elastic_config();
   cfg.elastic.interval_ms = 0;
   CHECK(cfg.validate() == "elastic interval_ms (--elastic-interval-ms) must be > 0");
-  cfg = eager_elastic_config();
-  cfg.elastic.drain_timeout_ms = 0;
-  CHECK(cfg.validate() == "elastic drain_timeout_ms must be > 0");
 }
 
 TEST_CASE("elastic P/D: an instance's two actors share one fate -- the side that dies takes the other with it") {
