@@ -2,6 +2,7 @@
 // every field checked for its type and range, refused by name when wrong.
 
 #include "deploy/openai.hpp"
+#include "gpu/text_file.hpp"
 #include "deploy/openai_fields.hpp"
 #include "gpu/json_schema_grammar.hpp"
 
@@ -436,23 +437,7 @@ bool parse_checked_body(std::string_view body, bool chat, const std::string& ser
 
 }  // namespace
 
-bool nested_too_deep(std::string_view text) {
-  size_t depth = 0;
-  bool in_string = false, escaped = false;
-  for (char c : text) {
-    if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
-      continue;
-    }
-    if (c == '"') in_string = true;
-    else if (c == '[' || c == '{') {
-      if (++depth > max_json_depth) return true;
-    } else if ((c == ']' || c == '}') && depth > 0) --depth;
-  }
-  return false;
-}
+bool nested_too_deep(std::string_view text) { return gpu::json_nested_deeper_than(text, max_json_depth); }
 
 bool parse_body(std::string_view body, bool chat, const std::string& served_model, call* out, api_error* err) {
   // Every field is checked for its type before it is read; this catch is the net under that, so

@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "gpu/json_file.hpp"
 #include "gpu/text_file.hpp"
 
 namespace baton::gpu {
@@ -125,8 +126,8 @@ std::unique_ptr<bpe_tokenizer> bpe_tokenizer::from_json(const std::string& text,
     return nullptr;
   };
   try {
-    auto j = json::parse(text, nullptr, false);
-    if (j.is_discarded() || !j.is_object()) return fail("not a JSON object");
+    json j;
+    if (!parse_json_object(text, source, &j, why)) return nullptr;
     if (!j.contains("model") || !j["model"].is_object()) return fail("no \"model\"");
     const auto& m = j["model"];
     if (m.value("type", std::string{}) != "BPE") return fail("model type " + m.value("type", std::string{"?"}) + " is not supported (BPE is)");
@@ -201,16 +202,17 @@ std::unique_ptr<bpe_tokenizer> bpe_tokenizer::from_json(const std::string& text,
       if (type != "NFC") return fail("normalizer " + type + " is not supported (none or NFC)");
     }
     // The pre-tokenizer: ByteLevel, Split(Isolated) or a Sequence of them.
-    std::vector<json> steps;
+    std::vector<const json*> steps;  // pointers: a copy of a value is recursive
     if (j.contains("pre_tokenizer") && j["pre_tokenizer"].is_object()) {
       const auto& p = j["pre_tokenizer"];
       if (p.value("type", std::string{}) == "Sequence" && p.contains("pretokenizers"))
-        for (const auto& s : p["pretokenizers"]) steps.push_back(s);
+        for (const auto& s : p["pretokenizers"]) steps.push_back(&s);
       else
-        steps.push_back(p);
+        steps.push_back(&p);
     }
     bool byte_level = false;
-    for (const auto& s : steps) {
+    for (const auto* step : steps) {
+      const auto& s = *step;
       const auto type = s.value("type", std::string{});
       std::string pattern;
       if (type == "ByteLevel") {

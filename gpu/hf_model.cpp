@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include <nlohmann/json.hpp>
 
 #include "gpu/safetensors.hpp"
+#include "gpu/json_file.hpp"
 #include "gpu/text_file.hpp"
 
 namespace baton::gpu {
@@ -165,12 +167,12 @@ bool parse_deepseek_fields(const json& j, model_config* out, Fail fail, UintFiel
 }
 
 bool parse_hf_config_unchecked(const std::string& text, const std::string& source, model_config* out, std::string* why) {
-  auto j = json::parse(text, nullptr, false);
+  json j;
+  if (!parse_json_object(text, source, &j, why)) return false;
   auto fail = [&](const std::string& s) {
     *why = source + ": " + s;
     return false;
   };
-  if (j.is_discarded() || !j.is_object()) return fail("not a JSON object");
   model_config c;
   if (!j.contains("architectures") || !j["architectures"].is_array() || j["architectures"].empty() ||
       !j["architectures"][0].is_string())
@@ -193,11 +195,14 @@ bool parse_hf_config_unchecked(const std::string& text, const std::string& sourc
   };
   auto float_field = [&](const json& o, const char* key, float* dst) {
     if (!o.contains(key) || o[key].is_null()) return true;
-    if (!o[key].is_number()) {
-      *why = source + ": " + key + " must be a number";
+    // Read wide: a float conversion of 1e39 is undefined (in practice inf, and NaN logits later).
+    const double d = o[key].is_number() ? o[key].get<double>() : 0.0;
+    if (!o[key].is_number() || !std::isfinite(d) || std::fabs(d) > std::numeric_limits<float>::max()) {
+      *why = source + ": " + key + " must be a number a float holds" +
+             (o[key].is_number() ? ", got " + o[key].dump() : std::string{});
       return false;
     }
-    *dst = o[key].get<float>();
+    *dst = static_cast<float>(d);
     return true;
   };
   if (!uint_field("vocab_size", &c.vocab_size, true) || !uint_field("hidden_size", &c.hidden_size, true) ||
@@ -228,7 +233,10 @@ bool parse_hf_config_unchecked(const std::string& text, const std::string& sourc
   // Features a family may switch on that Baton does not compute: refused, never ignored (ignoring
   // one would serve confident garbage). DeepSeek's attention_bias was refused above.
   if (j.contains("hidden_act") && j["hidden_act"] != "silu")
-    return fail("hidden_act " + j["hidden_act"].dump() + " is not supported (silu is)");
+    return fail("hidden_act " +
+                (j["hidden_act"].is_string() ? "\"" + j["hidden_act"].get<std::string>().substr(0, 64) + "\""
+                                             : std::string{"of type "} + j["hidden_act"].type_name()) +
+                " is not supported (silu is)");
   if (j.value("mlp_bias", false)) return fail("mlp_bias is not supported (the MLP projections have no bias)");
   if (c.attention_bias && c.architecture != "Qwen2ForCausalLM")
     return fail("attention_bias is not supported for " + c.architecture +
@@ -350,13 +358,13 @@ bool load_deepseek_layers(const safetensors_set& set, const model_config& c, Get
 }
 
 bool load_hf_model_unchecked(const std::string& dir, hf_model* out, std::string* why, const expert_filter& keep) {
-  std::string text;
-  if (!read_text_file(dir + "/config.json", &text)) {
+  std::string config_text;
+  if (!read_text_file(dir + "/config.json", &config_text)) {
     *why = dir + "/config.json: cannot read it";
     return false;
   }
   hf_model m;
-  if (!parse_hf_config(text, dir + "/config.json", &m.config, why)) return false;
+  if (!parse_hf_config(config_text, dir + "/config.json", &m.config, why)) return false;
   auto set = safetensors_set::open_dir(dir, why);
   if (!set) return false;
   const auto& c = m.config;
@@ -411,28 +419,47 @@ bool load_hf_model_unchecked(const std::string& dir, hf_model* out, std::string*
                       !get(p + "self_attn.k_norm.weight", {c.head_dim}, &L.k_norm)))
       return false;
   }
-  if (read_text_file(dir + "/generation_config.json", &text)) {
-    auto g = json::parse(text, nullptr, false);
-    if (g.is_discarded() || !g.is_object()) {
-      *why = dir + "/generation_config.json: not a JSON object";
-      return false;
-    }
-    auto& d = m.generation;
+  // Every end-of-sequence id a file lists (a number or a list of them).
+  const auto eos_ids = [](const json& o, std::vector<int32_t>* ids) {
+    if (!o.contains("eos_token_id")) return;
+    if (o["eos_token_id"].is_number_integer()) ids->push_back(o["eos_token_id"].get<int32_t>());
+    else if (o["eos_token_id"].is_array())
+      for (const auto& e : o["eos_token_id"])
+        if (e.is_number_integer()) ids->push_back(e.get<int32_t>());
+  };
+  auto& d = m.generation;
+  if (std::string text; read_text_file(dir + "/generation_config.json", &text)) {
+    const std::string source = dir + "/generation_config.json";
+    json g;
+    if (!parse_json_object(text, source, &g, why)) return false;
     d.present = true;
+    for (const char* key : {"temperature", "top_p", "top_k", "do_sample"})
+      if (g.contains(key) && !g[key].is_null() &&
+          !(std::string_view{key} == "do_sample" ? g[key].is_boolean()
+            : std::string_view{key} == "top_k"   ? g[key].is_number_unsigned()
+                                                 : g[key].is_number())) {
+        *why = source + ": " + key + " must be " +
+               (std::string_view{key} == "do_sample" ? "true or false"
+                : std::string_view{key} == "top_k"   ? "a whole number >= 0"
+                                                     : "a number") +
+               ", got " + g[key].dump().substr(0, 64);
+        return false;
+      }
     if (g.contains("temperature") && g["temperature"].is_number()) d.temperature = g["temperature"].get<float>();
     if (g.contains("top_p") && g["top_p"].is_number()) d.top_p = g["top_p"].get<float>();
     if (g.contains("top_k") && g["top_k"].is_number_unsigned()) d.top_k = g["top_k"].get<uint32_t>();
     d.do_sample = g.value("do_sample", false);
-    if (g.contains("eos_token_id")) {
-      if (g["eos_token_id"].is_number_integer()) d.eos_token_ids.push_back(g["eos_token_id"].get<int32_t>());
-      else if (g["eos_token_id"].is_array())
-        for (const auto& e : g["eos_token_id"])
-          if (e.is_number_integer()) d.eos_token_ids.push_back(e.get<int32_t>());
-    }
+    eos_ids(g, &d.eos_token_ids);
+  }
+  // Without a list there, config.json's (Llama 3 Instruct lists <|eot_id|> after <|end_of_text|>):
+  // the model config keeps the first, the rest end generation too.
+  if (d.eos_token_ids.empty()) {
+    json cj;
+    if (parse_json_object(config_text, dir + "/config.json", &cj, why)) eos_ids(cj, &d.eos_token_ids);
   }
   finish_mla_weights(c, *w);
   m.weights = std::move(w);
-  m.weights_id = set->fingerprint(text);  // config.json too: RoPE settings, say, change the KV
+  m.weights_id = set->fingerprint(config_text);  // config.json too: RoPE settings, say, change the KV
   *out = std::move(m);
   return true;
 }

@@ -88,6 +88,8 @@ std::string model_config::validate() const {
     if (m.num_experts_per_tok == 0 || m.num_experts_per_tok > m.n_routed_experts)
       return "num_experts_per_tok must be in [1, n_routed_experts (" + std::to_string(m.n_routed_experts) + ")]";
     if (m.moe_intermediate_size == 0) return "moe_intermediate_size must be > 0";
+    if (!std::isfinite(m.routed_scaling_factor) || m.routed_scaling_factor <= 0.0f || m.routed_scaling_factor > 1000.0f)
+      return "routed_scaling_factor must be in (0, 1000], got " + std::to_string(m.routed_scaling_factor);
     if (m.scoring != "softmax" && m.scoring != "sigmoid")
       return "MoE scoring must be softmax or sigmoid, not " + m.scoring;
     if (m.topk_method != "greedy" && m.topk_method != "group_limited_greedy" && m.topk_method != "noaux_tc")
@@ -116,6 +118,12 @@ std::string model_config::validate() const {
       return "llama3 rope_scaling needs 0 < low_freq_factor < high_freq_factor and original_max_position_embeddings > 0";
     if (r.type == "yarn" && (!positive(r.beta_fast) || !positive(r.beta_slow) || r.original_max_position_embeddings == 0))
       return "yarn rope_scaling needs beta_fast, beta_slow and original_max_position_embeddings > 0";
+    // 0: not given (derived from factor). Scales of attention's logits past 1000 only overflow.
+    auto scale = [](float x) { return std::isfinite(x) && x >= 0.0f && x <= 1000.0f; };
+    if (r.type == "yarn" && (!scale(r.attention_factor) || !scale(r.mscale) || !scale(r.mscale_all_dim)))
+      return "yarn rope_scaling's attention_factor, mscale and mscale_all_dim must be in [0, 1000], got " +
+             std::to_string(r.attention_factor) + ", " + std::to_string(r.mscale) + " and " +
+             std::to_string(r.mscale_all_dim);
   }
   if (bos_token_id >= static_cast<int32_t>(vocab_size) || eos_token_id >= static_cast<int32_t>(vocab_size))
     return "bos_token_id and eos_token_id must be < vocab_size";

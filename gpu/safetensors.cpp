@@ -14,6 +14,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "gpu/json_file.hpp"
+
 namespace baton::gpu {
 
 namespace {
@@ -118,9 +120,10 @@ std::unique_ptr<safetensors_file> safetensors_file::open(const std::string& path
   if (header_len > 100'000'000 || 8 + header_len > size)
     return fail("header length " + std::to_string(header_len) + " does not fit the file (" + std::to_string(size) +
                 " bytes): truncated or not a safetensors file");
-  auto header = nlohmann::json::parse(reinterpret_cast<const char*>(base + 8),
-                                      reinterpret_cast<const char*>(base + 8 + header_len), nullptr, false);
-  if (header.is_discarded() || !header.is_object()) return fail("the header is not a JSON object");
+  nlohmann::json header;
+  std::string bad;
+  if (!parse_json_object({reinterpret_cast<const char*>(base + 8), header_len}, "the header", &header, &bad))
+    return fail(bad);
   const uint64_t data_size = size - 8 - header_len;
   const auto* data = base + 8 + header_len;
   for (auto it = header.begin(); it != header.end(); ++it) {
@@ -163,10 +166,15 @@ std::unique_ptr<safetensors_set> safetensors_set::open_dir(const std::string& di
   std::unique_ptr<safetensors_set> set{new safetensors_set};
   const std::string single = dir + "/model.safetensors", index = dir + "/model.safetensors.index.json";
   std::map<std::string, std::string> weight_map;  // tensor -> shard file
-  if (std::filesystem::exists(index)) {
-    std::ifstream in{index};
-    auto j = nlohmann::json::parse(in, nullptr, false);
-    if (j.is_discarded() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
+  if (path_exists(index)) {
+    std::string text;
+    nlohmann::json j;
+    if (!read_text_file(index, &text)) {
+      *why = index + ": cannot read it";
+      return nullptr;
+    }
+    if (!parse_json_object(text, index, &j, why)) return nullptr;
+    if (!j.contains("weight_map") || !j["weight_map"].is_object()) {
       *why = index + ": not a JSON object with a weight_map";
       return nullptr;
     }
@@ -198,7 +206,7 @@ std::unique_ptr<safetensors_set> safetensors_set::open_dir(const std::string& di
       }
       set->by_name_[tensor] = &t->second;
     }
-  } else if (std::filesystem::exists(single)) {
+  } else if (path_exists(single)) {
     auto f = safetensors_file::open(single, why);
     if (!f) return nullptr;
     for (const auto& [name, t] : f->tensors()) set->by_name_[name] = &t;

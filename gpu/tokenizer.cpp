@@ -9,6 +9,7 @@
 #include "gpu/byte_tokenizer.hpp"
 #include "gpu/chat_template.hpp"
 #include "gpu/grammar.hpp"
+#include "gpu/json_file.hpp"
 #include "gpu/text_file.hpp"
 
 namespace baton::gpu {
@@ -218,7 +219,7 @@ std::string token_text(const nlohmann::json& c, const char* key) {
 /// transformers save it there), else tokenizer_config.json's chat_template -- a string, or a list
 /// of named templates of which "default" is the chat's.
 std::string template_source(const std::string& dir, const nlohmann::json& config) {
-  if (std::filesystem::exists(dir + "/chat_template.jinja")) return read_file(dir + "/chat_template.jinja");
+  if (path_exists(dir + "/chat_template.jinja")) return read_file(dir + "/chat_template.jinja");
   if (!config.is_object() || !config.contains("chat_template")) return {};
   const auto& t = config["chat_template"];
   if (t.is_string()) return t.get<std::string>();
@@ -251,19 +252,22 @@ std::shared_ptr<const tokenizer> load_model_tokenizer(const std::string& dir, co
     auto j = nlohmann::json::parse(read_file(dir + "/tokenizer.json"), nullptr, false);
     if (!j.is_discarded() && j.contains("post_processor") && j["post_processor"].is_object()) {
       const auto& pp = j["post_processor"];
-      std::vector<nlohmann::json> procs;
+      std::vector<const nlohmann::json*> procs;  // pointers: a copy of a value is recursive
       if (pp.value("type", std::string{}) == "Sequence" && pp.contains("processors"))
-        for (const auto& p : pp["processors"]) procs.push_back(p);
+        for (const auto& p : pp["processors"]) procs.push_back(&p);
       else
-        procs.push_back(pp);
-      for (const auto& p : procs)
+        procs.push_back(&pp);
+      for (const auto* proc : procs) {
+        const auto& p = *proc;
         if (p.value("type", std::string{}) == "TemplateProcessing" && p.contains("single") && p["single"].is_array() &&
             !p["single"].empty() && p["single"][0].contains("SpecialToken"))
           bos = t->token_id(p["single"][0]["SpecialToken"].value("id", std::string{}));
+      }
     }
-    if (std::filesystem::exists(dir + "/tokenizer_config.json")) {
-      config = nlohmann::json::parse(read_file(dir + "/tokenizer_config.json"), nullptr, false);
-      if (config.is_object() && config.value("add_bos_token", false) && cfg.bos_token_id >= 0) bos = cfg.bos_token_id;
+    if (path_exists(dir + "/tokenizer_config.json")) {
+      if (!parse_json_object(read_file(dir + "/tokenizer_config.json"), dir + "/tokenizer_config.json", &config, why))
+        return nullptr;
+      if (config.value("add_bos_token", false) && cfg.bos_token_id >= 0) bos = cfg.bos_token_id;
     }
   } catch (const nlohmann::json::exception& e) {
     *why = dir + ": " + e.what();

@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "gpu/bpe_tokenizer.hpp"
 #include "gpu/cpu_executor.hpp"
 #include "gpu/hf_export.hpp"
 #include "gpu/hf_model.hpp"
@@ -416,5 +417,70 @@ TEST_CASE("an exported built-in model is a model directory that loads to the sam
   scaled.rope_scaling.type = "llama3";
   const auto refused = save_hf_model(dir, scaled, w);
   CHECK_MESSAGE(refused.find("RoPE scaling (llama3) is not written") != std::string::npos, refused);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("hostile model files are refused by file and field, never crash: nesting that would overflow the stack, a "
+          "loop of symbolic links, floats a float cannot hold, generation_config fields of the wrong type") {
+  const auto cfg = builtin_tiny_config();
+  const auto w = make_seeded_weights(cfg, 3);
+  const auto dir = temp_dir("hostile");
+  REQUIRE(save_hf_model(dir, cfg, w).empty());
+  std::string why;
+  model_config c;
+  const auto base = nlohmann::json::parse(llama_config_json(cfg));
+  // Copied or printed, a value nested 200000 deep overflowed the stack (a segfault).
+  const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+  std::string text = base.dump();
+  text.insert(text.size() - 1, ",\"hidden_act\":" + deep);
+  CHECK_FALSE(parse_hf_config(text, "config.json", &c, &why));
+  CHECK(why == "config.json: not a JSON object of this kind: it nests arrays and objects deeper than 64 levels");
+  CHECK_FALSE(bpe_tokenizer::from_json(R"({"model":{"type":"BPE"},"pre_tokenizer":{"type":"ByteLevel","junk":)" + deep + "}}",
+                                       "tokenizer.json", &why));
+  CHECK(why.find("tokenizer.json: not a JSON object of this kind: it nests") == 0);
+  CHECK_FALSE(parse_hf_config("{\"vocab_size\": 3,}", "config.json", &c, &why));  // the parser's word, with where
+  CHECK_MESSAGE(why.find("config.json: not a JSON object ([json.exception.parse_error.101] parse error at line 1, column 18") == 0, why);
+  auto j = base;
+  j["hidden_act"] = nlohmann::json::array({"gelu"});
+  CHECK_FALSE(parse_hf_config(j.dump(), "config.json", &c, &why));
+  CHECK(why == "config.json: hidden_act of type array is not supported (silu is)");
+  // 1e39 became inf as a float: every logit NaN, and nothing failed.
+  j = base;
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 2.0}, {"original_max_position_embeddings", 128},
+                       {"attention_factor", 1e39}};
+  CHECK_FALSE(parse_hf_config(j.dump(), "config.json", &c, &why));
+  CHECK(why == "config.json: attention_factor must be a number a float holds, got 1e+39");
+  j["rope_scaling"]["attention_factor"] = 5000.0;
+  CHECK_FALSE(parse_hf_config(j.dump(), "config.json", &c, &why));
+  CHECK(why.find("attention_factor, mscale and mscale_all_dim must be in [0, 1000], got 5000") != std::string::npos);
+  // A loop of symbolic links where the chat template may be: no template, no std::terminate.
+  std::filesystem::create_symlink("chat_template.jinja", dir + "/chat_template.jinja");
+  hf_model m;
+  REQUIRE_MESSAGE(load_hf_model(dir, &m, &why), why);
+  CHECK(load_model_tokenizer(dir, m.config, &why) != nullptr);
+  std::filesystem::remove(dir + "/chat_template.jinja");
+  // Without generation_config.json, config.json's whole eos list ends generation.
+  j = nlohmann::json::parse(llama_config_json(cfg));
+  j["eos_token_id"] = {1, 7};
+  write_text(dir + "/config.json", j.dump());
+  REQUIRE_MESSAGE(load_hf_model(dir, &m, &why), why);
+  CHECK(m.config.eos_token_id == 1);
+  CHECK(m.generation.eos_token_ids == std::vector<int32_t>{1, 7});
+  // generation_config.json fields of the wrong type are named (a type error named neither).
+  write_text(dir + "/generation_config.json", R"({"do_sample": "yes"})");
+  CHECK_FALSE(load_hf_model(dir, &m, &why));
+  CHECK(why == dir + "/generation_config.json: do_sample must be true or false, got \"yes\"");
+  // The weights' id covers config.json even when a generation_config.json is there: RoPE's
+  // theta changes the KV (it covered the generation config instead, so two thetas shared blocks).
+  write_text(dir + "/generation_config.json", R"({"do_sample": false})");
+  REQUIRE(save_hf_model(dir, cfg, w).empty());
+  REQUIRE_MESSAGE(load_hf_model(dir, &m, &why), why);
+  auto theta = cfg;
+  theta.rope_theta *= 2;
+  REQUIRE(save_hf_model(dir, theta, w).empty());
+  hf_model t;
+  REQUIRE_MESSAGE(load_hf_model(dir, &t, &why), why);
+  CHECK(std::filesystem::exists(dir + "/generation_config.json"));
+  CHECK(t.weights_id != m.weights_id);
   std::filesystem::remove_all(dir);
 }
