@@ -390,8 +390,11 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
           }
         }
       },
+      // Both from the node's agent alone: an old process under a name a new one took (back from
+      // a partition) must neither swap the new one's ranks for its own nor drain it.
       [=](const std::string& name, node_ranks& ranks) {
-        if (auto i = self->state.nodes.find(name); i != self->state.nodes.end()) i->second.ranks = std::move(ranks);
+        if (auto i = self->state.nodes.find(name); i != self->state.nodes.end() && i->second.agent == self->current_sender())
+          i->second.ranks = std::move(ranks);
       },
       [=](rendezvous_atom, const std::string& group, uint32_t size, uint32_t first, std::vector<std::string>& cards,
           const std::string& node, int32_t pid, uint32_t shrink_after_ms) -> caf::result<std::vector<std::string>> {
@@ -433,7 +436,8 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
         return promise;
       },
       [=](drain_atom, const std::string& name) {
-        if (auto i = self->state.nodes.find(name); i != self->state.nodes.end()) i->second.state = "draining";
+        if (auto i = self->state.nodes.find(name); i != self->state.nodes.end() && i->second.agent == self->current_sender())
+          i->second.state = "draining";
       },
       [=](stats_atom) {
         std::vector<node_status> out;

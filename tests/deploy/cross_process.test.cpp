@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <tuple>
 
@@ -184,10 +185,13 @@ node_directory_config stand_in_directory() {
 /// A stand-in for a node's agent: joins the directory as process 1 of `name`, and records what
 /// the directory tells it.
 node_agent_actor spawn_agent_stand_in(caf::actor_system& sys, node_directory_actor dir, const std::string& name,
-                                      std::shared_ptr<gone_log> log) {
-  return sys.spawn([dir, name, log](node_agent_actor::pointer self) -> node_agent_actor::behavior_type {
+                                      std::shared_ptr<gone_log> log, std::optional<node_ranks> ranks = {}) {
+  return sys.spawn([dir, name, log, ranks](node_agent_actor::pointer self) -> node_agent_actor::behavior_type {
+    // Once joined, its ranks, as a node's agent tells them (the directory takes them from it alone).
     self->request(dir, std::chrono::seconds{5}, join_atom::value, node_hello{name, {"decode"}, 1})
-        .then([](cluster_welcome&) {});
+        .then([=](cluster_welcome&) {
+          if (ranks) self->send(dir, name, *ranks);
+        });
     return {[](heartbeat_atom) {},
             [log](drain_atom) {
               std::lock_guard<std::mutex> lock{log->m};
@@ -665,17 +669,17 @@ TEST_CASE("the node directory: a node given up for lost (missed heartbeats) that
   dc.heartbeat_interval_ms = 50;
   dc.missed_heartbeats = 2;  // gone after 100 ms of silence
   auto dir = spawn_node_directory(n.sys, dc, {});
-  auto log = std::make_shared<gone_log>();
-  auto agent = spawn_agent_stand_in(n.sys, dir, "node-a", log);  // it never heartbeats
   // A stand-in for the node's decode rank: it counts the directory's requests to report.
   auto asked = std::make_shared<std::atomic<int>>(0);
   auto rank = caf::actor_cast<decode_rank_actor>(n.sys.spawn([asked](caf::event_based_actor*) -> caf::behavior {
     return {[asked](health_atom) { ++*asked; }};
   }));
+  auto log = std::make_shared<gone_log>();
+  // It never heartbeats.
+  auto agent = spawn_agent_stand_in(n.sys, dir, "node-a", log, node_ranks{{rank}, {}, {"node-a"}});
   caf::scoped_actor self{n.sys};
   auto state = [&] { return state_of(self, dir, "node-a"); };
   for (int i = 0; i < 200 && state().empty(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds{5});
-  self->send(dir, std::string{"node-a"}, node_ranks{{rank}, {}, {"node-a"}});
   for (int i = 0; i < 400 && state() != "gone"; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{5});
   REQUIRE(state() == "gone");
   CHECK(asked->load() == 0);
@@ -822,6 +826,11 @@ TEST_CASE("the node directory: another kind of process under a live node's name 
   CHECK(state() == std::pair<std::string, int32_t>{"joined", 43});
   for (int i = 0; i < 500 && forgotten->load() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{5});
   CHECK(forgotten->load() == 1);
+  // The old process's late word applies to the new one no more: its drain, and its ranks (which
+  // would have replaced the new one's, to be forgotten again when it goes).
+  first->send(dir, drain_atom::value, std::string{"node-a"});
+  first->send(dir, std::string{"node-a"}, node_ranks{{rank}, {}, {"node-a"}});
+  CHECK(state() == std::pair<std::string, int32_t>{"joined", 43});
   // Only the old process heartbeats now: that keeps nothing alive, and the silent new one is
   // given up (before, the old process's beats held the entry up for good).
   for (int i = 0; i < 3000 && state().first != "gone"; ++i) {
