@@ -39,6 +39,7 @@ struct pending_post {
   /// A survivor re-forming its group: after this long the meeting may close with the members
   /// present (0: it waits for every member, as a group's first meeting does).
   uint32_t shrink_after_ms = 0;
+  caf::actor_addr poster;  ///< the actor that posted it (monitored: take_back_posts_of)
 };
 
 /// Members of one group swapping cards; each posting waits for the last one.
@@ -133,6 +134,22 @@ void drop_posts_of(meeting& r, const std::string& group, const std::string& node
   for (uint32_t i = 0; i < r.size; ++i)
     if (r.nodes[i] == node) r.posted[i] = false, r.nodes[i].clear();
   void_posts_of(r.waiting, group, node);
+}
+
+/// The posts the actor `poster` made, taken back from every meeting that has not met: it went
+/// down (its process ended, say after waiting out its meeting), so its members' slots are free
+/// again for a stand-in, and no meeting completes with the card of a process that is gone.
+void take_back_posts_of(node_directory_state& st, const caf::actor_addr& poster) {
+  for (auto& [group, r] : st.meetings) {
+    std::erase_if(r.queued, [&](const pending_post& p) { return p.poster == poster; });
+    if (r.done) continue;
+    std::erase_if(r.waiting, [&](const pending_post& p) {
+      if (p.poster != poster) return false;
+      for (uint32_t i = 0; i < r.size; ++i)
+        if (r.nodes[i] == p.node && r.pids[i] == p.pid) r.posted[i] = false, r.nodes[i].clear(), r.pids[i] = 0;
+      return true;
+    });
+  }
 }
 
 /// Why an open meeting cannot take this post (empty: it can).
@@ -318,6 +335,7 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
         n.ended = true;
         mark_gone(self, name, n, "went down (" + self->system().render(dm.reason) + ")");
       }
+    take_back_posts_of(self->state, dm.source);
   });
   // The liveness sweep runs only while nodes are registered: an idle directory schedules
   // nothing (sims run until no event is left).
@@ -408,6 +426,8 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
         if (found != self->state.meetings.end() && found->second.size != size)
           return refuse("a post for a group of " + std::to_string(size) + ", but the group has " +
                         std::to_string(found->second.size) + " members");
+        const auto poster = caf::actor_cast<caf::actor_addr>(self->current_sender());
+        if (auto a = caf::actor_cast<caf::actor>(self->current_sender())) self->monitor(a);
         auto& r = self->state.meetings[group];
         if (r.size == 0) r.start(size, {});
         const bool posted_before = std::find(r.nodes.begin(), r.nodes.end(), node) != r.nodes.end();
@@ -425,14 +445,14 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
           if (posted_before) r.reposted.insert(node);
           void_posts_of(r.queued, group, node);
           auto promise = self->make_response_promise<std::vector<std::string>>();
-          r.queued.push_back({first, std::move(cards), node, pid, promise, shrink_after_ms});
+          r.queued.push_back({first, std::move(cards), node, pid, promise, shrink_after_ms, poster});
           restart_if_empty(self, group, r);
           return promise;
         }
         drop_posts_of(r, group, node);  // the newest post of a node wins
         if (auto bad = refusal(r, first, cards); !bad.empty()) return refuse(bad);
         auto promise = self->make_response_promise<std::vector<std::string>>();
-        take_post(self, group, r, {first, std::move(cards), node, pid, promise, shrink_after_ms});
+        take_post(self, group, r, {first, std::move(cards), node, pid, promise, shrink_after_ms, poster});
         return promise;
       },
       [=](drain_atom, const std::string& name) {

@@ -779,6 +779,45 @@ TEST_CASE("the node directory: a node restarted under its name that met its grou
   a->send_exit(dir, caf::exit_reason::user_shutdown);
 }
 
+TEST_CASE("the node directory's rendezvous: a post whose process went down before its meeting met is taken back, "
+          "so a stand-in may take its member's place and the meeting never completes with a card of the dead") {
+  network_system n;
+  auto dir = spawn_node_directory(n.sys, {}, {});
+  struct stop_dir {  // also after a failed REQUIRE: the actor system's end waits for it
+    node_directory_actor d;
+    ~stop_dir() { caf::anon_send_exit(d, caf::exit_reason::user_shutdown); }
+  } stop{dir};
+  // Node x posts member 0 of a group of 2 and goes down while it waits (its meeting timed out).
+  auto box = std::make_shared<answer_box>();
+  auto x = n.sys.spawn([dir, box](caf::event_based_actor* self) {
+    self->request(dir, std::chrono::seconds{30}, rendezvous_atom::value, std::string{"g"}, uint32_t{2}, uint32_t{0},
+                  std::vector<std::string>{"x0"}, std::string{"node-x"}, int32_t{7}, uint32_t{0})
+        .then([](std::vector<std::string>&) {}, [](caf::error&) {});
+    std::lock_guard<std::mutex> lock{box->m};
+    box->sent = true;
+  });
+  for (int i = 0; i < 500 && !sent(box); ++i) std::this_thread::sleep_for(std::chrono::milliseconds{5});
+  REQUIRE(sent(box));
+  caf::scoped_actor self{n.sys};
+  self->request(dir, std::chrono::seconds{5}, stats_atom::value).receive([](std::vector<node_status>&) {}, [](caf::error&) {});
+  self->send_exit(x, caf::exit_reason::kill);
+  // A spare stands in for member 0: refused while x's post held the slot ("member 0 posted
+  // twice"), which it did for good before.
+  // (x's down may reach the directory a moment after x is gone: a refusal, answered at once, is
+  // tried again; a post not answered within 200 ms was taken and waits for member 1.)
+  std::shared_ptr<answer_box> s;
+  for (int i = 0; i < 50; ++i) {
+    s = post_async(n.sys, dir, {"g", 2, 0, {"s0"}, "node-s", 8, 0});
+    for (int k = 0; k < 200 && !answered(s); ++k) std::this_thread::sleep_for(std::chrono::milliseconds{1});
+    if (!answered(s)) break;
+  }
+  REQUIRE_FALSE(answered(s));
+  auto y = post_async(n.sys, dir, {"g", 2, 1, {"y1"}, "node-y", 9, 0});
+  REQUIRE(await_answers({s, y}));
+  CHECK(cards(s) == std::vector<std::string>{"s0", "y1"});
+  CHECK(cards(y) == std::vector<std::string>{"s0", "y1"});
+}
+
 TEST_CASE("the node directory: another kind of process under a live node's name is refused by name; the same kind "
           "replaces it, the old process's ranks are forgotten at once and its heartbeats keep nothing alive") {
   network_system n;
