@@ -13,8 +13,8 @@ struct block_index_state {
   store::block_index index;
   std::vector<block_server_actor> servers;
   /// Servers whose actor went down (their store node died): CHECK no longer names them, so
-  /// readers do not wait on them, and the index forgets their copies (a server that comes back
-  /// commits what its disk holds again).
+  /// readers do not wait on them, and the index forgets their copies (a restarted head adopts
+  /// the store node afresh, which commits what its disk holds again).
   std::vector<bool> server_down;
   /// Deletes for servers the index does not know yet: a server recovering its blocks commits
   /// them (and its expired ones are dropped) before the cluster hands the index its server
@@ -78,7 +78,7 @@ block_index_actor::behavior_type block_index_impl(pointer self, block_index_conf
       if (caf::actor_cast<caf::actor_addr>(st.servers[i]) == dm.source && !st.server_down[i]) {
         st.server_down[i] = true;
         // Blocks only it held cannot be read: they must not take the room of blocks that can.
-        // No delete goes anywhere: their files stay on its disk for its return.
+        // No delete goes anywhere: their files stay on its disk.
         st.index.forget_server(static_cast<uint32_t>(i));
       }
   });

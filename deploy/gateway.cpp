@@ -406,6 +406,7 @@ void generate(caf::io::broker* self, const shared_ptr& g, const state_ptr& st, c
   st->call_sink = caf::actor_cast<caf::actor>(
       self->spawn(call_impl, caf::actor_cast<caf::actor>(self), seq, g->router, req.body, chat, g->model, std::move(id),
                   g->calls));
+  self->monitor(st->call_sink);  // one that ends without answering fails its call (the down handler)
 }
 
 /// The stream's head, once, before its first event.
@@ -434,15 +435,21 @@ void on_done(caf::io::broker* self, caf::io::connection_handle hdl, const shared
   finish(self, hdl, g, st);
 }
 
-void on_failed(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st,
-               const caf::error& e) {
-  auto [status, msg] = status_of(self->system(), e);
+/// The call's failure with `status`: an error answer, or the stream's last event once it began.
+void fail_call(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st,
+               int status, const std::string& msg) {
   if (!st->head_sent) return reply_error(self, hdl, g, st, api_error_of(status, msg));
   // The stream has begun (status 200 is sent): the error travels as an event, as OpenAI's do.
   g->metrics.count_response(st->route, status);
   event(self, hdl, st, openai::error_json(api_error_of(status, msg)));
   end_stream(self, hdl, st);
   finish(self, hdl, g, st);
+}
+
+void on_failed(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st,
+               const caf::error& e) {
+  auto [status, msg] = status_of(self->system(), e);
+  fail_call(self, hdl, g, st, status, msg);
 }
 
 /// Asks the router for the cluster's numbers; `then` gets them, or null when it did not answer.
@@ -579,7 +586,16 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
   // connection closes now, a busy one after its answer -- instead of serving on with a router
   // that is gone, or holding the actor system's shutdown open.
   self->monitor(server);
-  self->set_down_handler([=](caf::down_msg&) {
+  self->set_down_handler([=](caf::down_msg& m) {
+    if (m.source != server.address()) {
+      // A call's go-between ended. After its answer (or end_call) that is nothing; before, the
+      // call fails now: a connection that had seen a token stayed busy, and a client that is not
+      // streaming waited for its own timeout. (Its answer, sent before it ended, comes first.)
+      if (st->in_call && st->call_sink && m.source == st->call_sink.address())
+        fail_call(self, hdl, g, st, 500,
+                  "the gateway's go-between for this call ended without an answer (" + self->system().render(m.reason) + ")");
+      return;
+    }
     st->keep_alive = false;
     if (!st->busy) {
       st->closed = true;

@@ -371,17 +371,32 @@ int run_launch(const std::vector<std::string>& raw_args) {
   // The head's own ranks registered before it listened; the nodes' register as they start, and
   // until they have, the first requests would all go to the ranks that registered first.
   {
+    // A node that dies meanwhile is the restart loop's below (the wait ends, the cluster is up
+    // without it); a stop ends the launch.
     const auto give_up = [&] { return stop_requested() || dead_child() != nullptr; };
     std::string last = "nothing listens there";
     auto router = connect_actor_until<router_actor>(sys, sec, head.host, head.router_port, deadline, give_up, &last);
-    if (!router) {
+    if (stop_requested()) {
+      std::fprintf(stderr, "baton launch: stopped while waiting for the ranks to register\n");
+      return 1;
+    }
+    if (!router && !dead_child()) {
       std::fprintf(stderr, "baton launch: cannot reach the head's router at %s:%u: %s\n", head.host.c_str(),
                    static_cast<unsigned>(head.router_port), last.c_str());
       return 1;
     }
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    auto missing = await_ranks_registered(sys, *router, rank_names, std::max(left, std::chrono::milliseconds{0}), give_up);
-    if (!missing.empty()) {
+    auto missing = router ? await_ranks_registered(sys, *router, rank_names, std::max(left, std::chrono::milliseconds{0}),
+                                                   give_up)
+                          : std::vector<std::string>{};
+    if (stop_requested()) {
+      std::fprintf(stderr, "baton launch: stopped while waiting for the ranks to register\n");
+      return 1;
+    }
+    if (auto d = dead_child()) {
+      std::printf("baton launch: %s exited while its ranks registered; it is restarted as any failed node is\n",
+                  d->node.process.c_str());
+    } else if (!missing.empty()) {
       std::string names;
       for (const auto& n : missing) names += " " + n;
       std::fprintf(stderr, "baton launch: ranks not registered with the head's balancers after %u s:%s\n", wait_s,

@@ -20,6 +20,23 @@ namespace {
 constexpr size_t max_output_bytes = 64u << 20;
 constexpr size_t max_range = 1u << 20;
 constexpr size_t max_steps = 1u << 20;  ///< loop iterations and macro calls, all together
+/// Bytes and items the template's values copy, all together: a loop that grows a list or a string
+/// by one each turn copies it whole each turn, quadratic work that max_steps alone let run for
+/// minutes. A real template copies a few times its output.
+constexpr size_t max_work = size_t{1} << 28;
+/// How deep a list or dict the template builds may nest: values are copied (and freed)
+/// recursively, so a loop wrapping a list in a list each turn would overflow the stack.
+constexpr size_t max_value_depth = 64;
+
+/// Whether `v` nests lists and dicts deeper than `limit`; `*visited` counts the values looked at.
+bool nests_deeper_than(const value& v, size_t limit, size_t* visited) {
+  ++*visited;
+  if (!v.is_array() && !v.is_object()) return false;
+  if (limit == 0) return true;
+  for (const auto& x : v)
+    if (nests_deeper_than(x, limit - 1, visited)) return true;
+  return false;
+}
 constexpr int max_macro_depth = 64;
 
 [[noreturn]] void fail(int line, const std::string& what) {
@@ -138,16 +155,16 @@ private:
     switch (e.k) {
       case expr::kind::literal: return e.literal;
       case expr::kind::name: {
-        if (const value* v = find(e.text)) return *v;
+        if (const value* v = find(e.text)) return copied(*v, e.line);
         // A global function is defined (`strftime_now is defined` picks the date a template
         // writes); as a value it is only its name.
         return known_function(e.text) ? value("<function " + e.text + ">") : undefined();
       }
       case expr::kind::attr:
-        if (const value* v = ref(*e.args[0])) return attribute(*v, e.text, e);
+        if (const value* v = ref(*e.args[0])) return copied(attribute(*v, e.text, e), e.line);
         return attribute(eval(*e.args[0]), e.text, e);
       case expr::kind::item:
-        if (const value* v = ref(*e.args[0])) return item(*v, eval(*e.args[1]), e);
+        if (const value* v = ref(*e.args[0])) return copied(item(*v, eval(*e.args[1]), e), e.line);
         return item(eval(*e.args[0]), eval(*e.args[1]), e);
       case expr::kind::slice: return slice(e);
       case expr::kind::call: return held(call(e), e.line);
@@ -167,7 +184,7 @@ private:
       case expr::kind::list: {
         value out = value::array();
         for (const auto& a : e.args) out.push_back(eval(*a));
-        return out;
+        return shallow(std::move(out), e.line);
       }
       case expr::kind::dict: {
         value out = value::object();
@@ -176,7 +193,7 @@ private:
           if (!k.is_string()) fail(e.line, "dict keys must be strings here, got a " + std::string{type_name(k)});
           out[k.get<std::string>()] = eval(*e.args[i + 1]);
         }
-        return out;
+        return shallow(std::move(out), e.line);
       }
     }
     return undefined();
@@ -292,6 +309,7 @@ private:
       if (a.is_string() && b.is_string()) return bounded(a.get<std::string>() + b.get<std::string>(), e.line);
       if (a.is_array() && b.is_array()) {
         if (a.size() + b.size() > max_range) fail(e.line, "a list grew past " + std::to_string(max_range) + " items");
+        charge(a.size() + b.size(), e.line);
         value out = a;
         for (const auto& x : b) out.push_back(x);
         return out;
@@ -305,11 +323,13 @@ private:
         const auto& s = a.get_ref<const std::string&>();
         if (!s.empty() && static_cast<uint64_t>(times) > max_output_bytes / s.size())
           fail(e.line, "a string grew past " + std::to_string(max_output_bytes) + " bytes");
+        charge(static_cast<size_t>(times) * s.size(), e.line);
         std::string out;
         for (int64_t i = 0; i < times; ++i) out += s;
         return out;
       }
       if (!a.empty() && static_cast<uint64_t>(times) > max_range / a.size()) fail(e.line, "a list grew past " + std::to_string(max_range) + " items");
+      charge(static_cast<size_t>(times) * a.size(), e.line);
       value out = value::array();
       for (int64_t i = 0; i < times; ++i)
         for (const auto& x : a) out.push_back(x);
@@ -738,14 +758,38 @@ private:
   void step(int line) {
     if (++steps_ > max_steps) fail(line, "the template ran more than " + std::to_string(max_steps) + " loop iterations");
   }
-  /// A string a template builds (+, ~, *, a filter or method) is held to the output's bound.
-  static value bounded(std::string s, int line) {
+  /// Counts `n` bytes or items copied toward max_work.
+  void charge(size_t n, int line) {
+    work_ += n;
+    if (work_ > max_work)
+      fail(line, "the template copied more than " + std::to_string(max_work) + " bytes and items (a value grown by one each "
+                 "turn of a loop is copied whole each turn)");
+  }
+  /// A string a template builds (+, ~, *, a filter or method) is held to the output's bound, and
+  /// its bytes are charged.
+  value bounded(std::string s, int line) {
     if (s.size() > max_output_bytes) fail(line, "a string grew past " + std::to_string(max_output_bytes) + " bytes");
+    charge(s.size(), line);
     return s;
   }
-  static value held(value v, int line) {
+  value held(value v, int line) {
     if (v.is_string()) return bounded(v.get<std::string>(), line);
     if (v.is_array() && v.size() > max_range) fail(line, "a list grew past " + std::to_string(max_range) + " items");
+    if (v.is_array() || v.is_object()) charge(v.size(), line);
+    return v;
+  }
+  /// A value read from a variable (a copy): its bytes, or its items, are charged.
+  value copied(value v, int line) {
+    if (v.is_string()) charge(v.get_ref<const std::string&>().size(), line);
+    else if (v.is_array() || v.is_object()) charge(v.size(), line);
+    return v;
+  }
+  /// A list or dict the template built: held to max_value_depth (the look is charged).
+  value shallow(value v, int line) {
+    size_t visited = 0;
+    const bool deep = nests_deeper_than(v, max_value_depth, &visited);
+    charge(visited, line);
+    if (deep) fail(line, "a list or dict nests deeper than " + std::to_string(max_value_depth) + " levels");
     return v;
   }
 
@@ -753,6 +797,7 @@ private:
   std::unordered_map<std::string, const stmt*> macros_;
   int depth_ = 0;
   size_t steps_ = 0;
+  size_t work_ = 0;  ///< see max_work
 };
 
 }  // namespace

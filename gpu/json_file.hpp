@@ -24,7 +24,7 @@ inline bool parse_json_object(std::string_view text, const std::string& source, 
   }
   try {
     *out = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, and out_of_range for a number like 1e400
     *why = source + ": not a JSON object (" + e.what() + ")";
     return false;
   }

@@ -135,6 +135,16 @@ public:
         *why = "chat role '" + m.role + "' is not system, user, assistant or tool";
         return false;
       }
+    // Copied into the template's context (and by the template) recursively: a request from a C++
+    // client is not the gateway's body, whose depth the gateway checks.
+    const auto too_deep = [&](const std::string& text, const std::string& what) {
+      if (!json_nested_deeper_than(text)) return false;
+      *why = what + " nest arrays and objects deeper than " + std::to_string(max_json_depth) + " levels";
+      return true;
+    };
+    for (const auto& m : messages)
+      if (too_deep(m.fields_json, "a " + m.role + " message's fields")) return false;
+    if (too_deep(extras.tools_json, "tools") || too_deep(extras.variables_json, "chat_template_kwargs")) return false;
     if (!chat_.tmpl) {
       *why = chat_.unusable.empty() ? "the model directory has no chat template (tokenizer_config.json's chat_template)"
                                     : "the model's chat template cannot be used: " + chat_.unusable;

@@ -79,9 +79,10 @@ class block_index {
   std::vector<block_meta> evict_to_capacity();
   /// Removes every unpinned block whose expiry has passed; returns them.
   std::vector<block_meta> expire(double now_s);
-  /// Takes server `server` off every block (it is gone; if it comes back it commits what its
-  /// disk still holds again) and removes the blocks it held alone, which it returns: they must
-  /// not take room from blocks that can still be read.
+  /// Takes server `server` off every block (it is gone for this index's life; a restarted head
+  /// adopts its store node afresh, and it commits what its disk holds again) and removes the
+  /// blocks it held alone, which it returns: they must not take room from blocks that can still
+  /// be read.
   std::vector<block_meta> forget_server(uint32_t server);
 
   size_t size() const { return entries_.size(); }

@@ -176,6 +176,13 @@ TEST_CASE("chat: a template that leaves <think> to the model (Qwen3's) says answ
   CHECK(why == "chat_template_kwargs may not set 'messages': the chat sets it");
   CHECK_FALSE(t->render_chat({{"user", "Hi"}}, chat_extras{"[1]", {}}, &text, &why));
   CHECK(why == "chat_template_kwargs must be a JSON object");
+  // A C++ client's request is not a gateway body (whose depth the gateway checks): nesting that
+  // would overflow the stack when copied into the context is refused by name.
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  CHECK_FALSE(t->render_chat({{"user", "Hi", "{\"x\": " + deep + "}"}}, {}, &text, &why));
+  CHECK(why == "a user message's fields nest arrays and objects deeper than 64 levels");
+  CHECK_FALSE(t->render_chat({{"user", "Hi"}}, chat_extras{{}, deep}, &text, &why));
+  CHECK(why == "tools nest arrays and objects deeper than 64 levels");
 }
 
 TEST_CASE("chat: chat_template.jinja beside the tokenizer wins, and of a list of named templates 'default' is used") {

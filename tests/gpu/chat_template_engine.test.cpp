@@ -133,6 +133,15 @@ TEST_CASE("regression: the chat template engine holds odd templates to an error,
   CHECK(compile_error("{% endif %}") == "chat template line 1: 'endif' closes nothing open here");
   CHECK(compile_error("{% if x %}{% else if y %}{% endif %}") == "chat template line 1: unexpected 'if' after else");
   CHECK(compile_error("{{ 'a'(1) }}") == "chat template line 1: only functions, macros and methods can be called");
+  // Loops within max_steps whose work is quadratic (each turn copies what the last built) ran for
+  // minutes; a list wrapped in a list each turn would overflow the stack when copied.
+  const std::string copied = "chat template line 1: the template copied more than 268435456 bytes and items";
+  CHECK(render_error("{% set ns = namespace(x=[]) %}{% for i in range(1000000) %}{% set ns.x = ns.x + [i] %}{% endfor %}")
+            .find(copied) == 0);
+  CHECK(render_error("{% set ns = namespace(s='') %}{% for i in range(1000000) %}{% set ns.s = ns.s ~ 'xxxxxxxxxx' %}{% endfor %}")
+            .find(copied) == 0);
+  CHECK(render_error("{% set ns = namespace(x=[]) %}{% for i in range(100000) %}{% set ns.x = [ns.x] %}{% endfor %}") ==
+        "chat template line 1: a list or dict nests deeper than 64 levels");
 }
 
 TEST_CASE("a conversation's turns and length are read in place: a template that looks back at the previous turn, "

@@ -440,6 +440,8 @@ TEST_CASE("hostile model files are refused by file and field, never crash: nesti
   CHECK(why.find("tokenizer.json: not a JSON object of this kind: it nests") == 0);
   CHECK_FALSE(parse_hf_config("{\"vocab_size\": 3,}", "config.json", &c, &why));  // the parser's word, with where
   CHECK_MESSAGE(why.find("config.json: not a JSON object ([json.exception.parse_error.101] parse error at line 1, column 18") == 0, why);
+  CHECK_FALSE(parse_hf_config("{\"rope_theta\": 1e400}", "config.json", &c, &why));  // out_of_range, not a parse_error
+  CHECK_MESSAGE(why.find("config.json: not a JSON object ([json.exception.out_of_range.406]") == 0, why);
   auto j = base;
   j["hidden_act"] = nlohmann::json::array({"gelu"});
   CHECK_FALSE(parse_hf_config(j.dump(), "config.json", &c, &why));
