@@ -216,11 +216,14 @@ bool parse_hf_config_unchecked(const std::string& text, const std::string& sourc
   if (!uint_field("head_dim", &c.head_dim, false)) return false;
   c.max_position_embeddings = 2048;
   if (!uint_field("max_position_embeddings", &c.max_position_embeddings, false)) return false;
-  // Mistral's sliding window (and Qwen2's, when use_sliding_window is set): full attention equals
-  // it only up to the window, so that is the limit.
+  // Mistral's sliding window (and Qwen2's and Qwen3's, when use_sliding_window is set): full
+  // attention equals it only up to the window, so that is the limit.
   uint32_t window = 0;
+  if (j.contains("use_sliding_window") && !j["use_sliding_window"].is_boolean() && !j["use_sliding_window"].is_null())
+    return fail("use_sliding_window must be true or false");
   const bool windowed = c.architecture == "MistralForCausalLM" ||
-                        (c.architecture == "Qwen2ForCausalLM" && j.value("use_sliding_window", false));
+                        ((c.architecture == "Qwen2ForCausalLM" || c.architecture == "Qwen3ForCausalLM") &&
+                         j.contains("use_sliding_window") && j["use_sliding_window"] == true);
   if (windowed && !uint_field("sliding_window", &window, false)) return false;
   if (window && window < c.max_position_embeddings) c.max_position_embeddings = window;
   c.rms_norm_eps = 1e-6f;

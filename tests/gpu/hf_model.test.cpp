@@ -176,6 +176,10 @@ TEST_CASE("config.json: the four families, their features, and clear refusals") 
   j["use_sliding_window"] = false;
   REQUIRE(parse(j));
   CHECK(c.max_position_embeddings == base["max_position_embeddings"].get<uint32_t>());
+  j["architectures"] = {"Qwen3ForCausalLM"};  // Qwen3 slides the same way (it was served past the window)
+  j["use_sliding_window"] = true;
+  REQUIRE(parse(j));
+  CHECK(c.max_position_embeddings == 64);
   // Widths are uint32 products: ones that would wrap (and size buffers too small) are refused.
   j = base;
   j["num_attention_heads"] = 65536;
