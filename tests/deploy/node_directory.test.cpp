@@ -457,3 +457,56 @@ TEST_CASE("the node directory: another kind of process under a live node's name 
   for (auto a : {caf::actor_cast<caf::actor>(dir), caf::actor_cast<caf::actor>(balancer), caf::actor_cast<caf::actor>(rank)})
     first->send_exit(a, caf::exit_reason::user_shutdown);
 }
+
+TEST_CASE("the node directory: a node given up for lost that comes back has its ranks drained again only if the node "
+          "itself drained (a rank drained for an elastic move, which the loss ended, serves again)") {
+  network_system n;
+  // A stand-in for the decode balancer: it records each rejoin's keep_draining.
+  auto kept = std::make_shared<std::vector<bool>>();
+  auto mutex = std::make_shared<std::mutex>();
+  auto balancer = caf::actor_cast<decode_balancer_actor>(n.sys.spawn([kept, mutex](caf::event_based_actor*) -> caf::behavior {
+    return {[](forget_atom, const decode_rank_actor&, bool) {}, [](forget_atom, const decode_rank_actor&) {},
+            [kept, mutex](rejoin_atom, const decode_rank_actor&, bool keep_draining) {
+              std::lock_guard<std::mutex> lock{*mutex};
+              kept->push_back(keep_draining);
+            }};
+  }));
+  auto rank = caf::actor_cast<decode_rank_actor>(n.sys.spawn([](caf::event_based_actor*) -> caf::behavior {
+    return {[](health_atom) {}};
+  }));
+  cluster_welcome welcome;
+  welcome.decode_balancer = balancer;
+  node_directory_config dc;
+  dc.heartbeat_interval_ms = 50;
+  dc.missed_heartbeats = 2;  // gone after 100 ms of silence
+  auto dir = spawn_node_directory(n.sys, dc, welcome);
+  caf::scoped_actor agent{n.sys};
+  const auto state = [&] { return state_of(agent, dir, "node-a"); };
+  const auto lost_and_back = [&](bool drain) {
+    agent->request(dir, std::chrono::seconds{5}, join_atom::value, node_hello{"node-a", {"decode"}, 1, "", drain ? 2u : 1u})
+        .receive([](cluster_welcome&) {}, [&](caf::error& e) { FAIL(n.sys.render(e)); });
+    agent->send(dir, std::string{"node-a"}, node_ranks{{rank}, {}, {"node-a-0"}});
+    if (drain) agent->send(dir, drain_atom::value, std::string{"node-a"});
+    for (int i = 0; i < 400 && state() != "gone"; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{5});
+    REQUIRE(state() == "gone");
+    agent->send(dir, heartbeat_atom::value, std::string{"node-a"}, uint64_t{drain ? 2u : 1u});
+    for (int i = 0; i < 400; ++i) {
+      {
+        std::lock_guard<std::mutex> lock{*mutex};
+        if (!kept->empty()) break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds{5});
+    }
+    std::lock_guard<std::mutex> lock{*mutex};
+    REQUIRE(kept->size() == 1);
+    const bool out = kept->front();
+    kept->clear();
+    return out;
+  };
+  CHECK_FALSE(lost_and_back(false));  // before: drained again, for good, after an elastic move's loss
+  CHECK(state() == "joined");
+  CHECK(lost_and_back(true));
+  CHECK(state() == "draining");
+  for (auto a : {caf::actor_cast<caf::actor>(dir), caf::actor_cast<caf::actor>(balancer), caf::actor_cast<caf::actor>(rank)})
+    agent->send_exit(a, caf::exit_reason::user_shutdown);
+}
