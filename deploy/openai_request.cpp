@@ -430,6 +430,23 @@ bool refuse_unsupported(const json& j, api_error* err) {
     *err = bad("functions", "functions (the API's old form) is not supported: give tools");
     return false;
   }
+  // vLLM's sampling extras that Baton does not compute, at a value that would change the answer:
+  // refused by name (vLLM clients would otherwise take the answer as shaped by them). Their
+  // neutral values (what vLLM clients often send always) pass.
+  const auto given = [&](const char* key, auto neutral) {
+    auto it = j.find(key);
+    return it != j.end() && !it->is_null() && !(*it == neutral);
+  };
+  for (const char* key : {"min_p", "min_tokens"})
+    if (given(key, 0)) {
+      *err = bad(key, std::string{key} + " is not supported (only its neutral value 0)");
+      return false;
+    }
+  for (const char* key : {"include_stop_str_in_output", "use_beam_search"})
+    if (given(key, false)) {
+      *err = bad(key, std::string{key} + " is not supported (only false)");
+      return false;
+    }
   return true;
 }
 
@@ -608,7 +625,10 @@ generate_request call::choice_request(uint32_t index) const {
   const uint32_t prompt = index / n;
   if (prompt < batch_texts.size()) r.prompt = batch_texts[prompt];
   if (prompt < batch_tokens.size()) r.prompt_tokens = batch_tokens[prompt];
-  r.seed += index % n;  // n samples of a prompt, not one sample n times
+  // n samples of a prompt, not one sample n times. Without a seed every prompt of a batch draws
+  // its own (identical prompts gave identical "samples"); with one, each prompt reuses it, as
+  // vLLM does.
+  r.seed += seeded ? index % n : index;
   r.prompt_logprobs = r.prompt_logprobs && index % n == 0;  // scored once, by the prompt's first choice
   if (!r.prompt_logprobs) r.prompt_top_logprobs = 0;
   return r;

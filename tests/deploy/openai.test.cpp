@@ -212,6 +212,14 @@ TEST_CASE("OpenAI request bodies map onto generate_request, and refusals name th
   CHECK(refused(R"({"prompt":"a","stop":["ok",""]})").param == "stop");
   CHECK(refused(R"({"prompt":"a","tools":[{"type":"function"}]})").param == "tools");
   CHECK(refused(R"({"prompt":"a","suffix":"b"})").message == "suffix is not supported");
+  // vLLM's extras Baton does not compute: refused unless neutral (they were ignored silently).
+  CHECK(refused(R"({"prompt":"a","min_p":0.1})").message == "min_p is not supported (only its neutral value 0)");
+  CHECK(refused(R"({"prompt":"a","min_tokens":4})").param == "min_tokens");
+  CHECK(refused(R"({"prompt":"a","include_stop_str_in_output":true})").message ==
+        "include_stop_str_in_output is not supported (only false)");
+  CHECK(refused(R"({"prompt":"a","use_beam_search":true})").param == "use_beam_search");
+  REQUIRE(deploy::openai::parse_body(R"({"prompt":"a","min_p":0.0,"min_tokens":0,"include_stop_str_in_output":false})",
+                                     false, "m", &c, &e));
   // logit_bias: token ids (as the object's keys) to biases in [-100, 100].
   REQUIRE(deploy::openai::parse_body(R"({"prompt":"a","logit_bias":{"50256":-100,"7":2.5}})", false, "m", &c, &e));
   CHECK(c.req.logit_bias_tokens == std::vector<int32_t>{50256, 7});
@@ -408,8 +416,8 @@ TEST_CASE("echo: the prompt comes back before the completion, its tokens' log-pr
   CHECK(ev["finish_reason"] == "length");
 }
 
-TEST_CASE("a batch of prompts: choice i answers prompt i / n with seed + i % n, echo shows each its own prompt, and "
-          "usage counts each prompt once") {
+TEST_CASE("a batch of prompts: choice i answers prompt i / n with seed + i % n (+ i without a seed: every prompt its "
+          "own draws), echo shows each its own prompt, and usage counts each prompt once") {
   deploy::openai::call c;
   deploy::openai::api_error e;
   REQUIRE(deploy::openai::parse_body(R"({"prompt":["one","two"],"n":2,"seed":10,"echo":true})", false, "m", &c, &e));
@@ -421,6 +429,12 @@ TEST_CASE("a batch of prompts: choice i answers prompt i / n with seed + i % n, 
   CHECK(c.choice_request(2).prompt == "two");
   CHECK(c.choice_request(2).seed == 10);
   CHECK(c.choice_request(3).seed == 11);
+  // No seed (the gateway draws one per call): identical prompts in a batch drew identical text.
+  REQUIRE(deploy::openai::parse_body(R"({"prompt":["same","same","same"]})", false, "m", &c, &e));
+  c.req.seed = 77;
+  CHECK(c.choice_request(0).seed == 77);
+  CHECK(c.choice_request(1).seed == 78);
+  CHECK(c.choice_request(2).seed == 79);
   REQUIRE(deploy::openai::parse_body(R"({"prompt":["one","two"],"n":2,"echo":true,"logprobs":0})", false, "m", &c, &e));
   CHECK(c.choice_request(0).prompt_logprobs);  // each prompt scored once, by its first choice
   CHECK_FALSE(c.choice_request(1).prompt_logprobs);
