@@ -664,20 +664,25 @@ std::string slurm_script(const cluster_spec& s) {
   uint32_t gpus = 0;
   for (const auto& n : s.nodes)
     if (n.gpu_rank_node()) gpus = std::max(gpus, n.gpus);
-  // Store nodes are reached at their allocation node: @HOSTk@ becomes ${HOSTS[k]}.
+  // Placeholders the plan's arguments carry, which become shell variables. Marked with a control
+  // character: a spec's own text ("@HOST$(...)" in a model path, say) is only ever quoted, and an
+  // index is digits alone (bash evaluates an array index as arithmetic, commands and all).
+  const std::string mark = "\x01";
+  // Store nodes are reached at their allocation node: HOSTk becomes ${HOSTS[k]}.
   auto host_var = [&](const node_spec& n) {
-    return "@HOST" + std::to_string(std::find(hosts.begin(), hosts.end(), n.host) - hosts.begin()) + "@";
+    return mark + "HOST" + std::to_string(std::find(hosts.begin(), hosts.end(), n.host) - hosts.begin()) + mark;
   };
-  const auto plan = plan_launch(s, "@BATON@", {"@HEAD@", "0.0.0.0", host_var});
+  const auto plan = plan_launch(s, mark + "BATON" + mark, {mark + "HEAD" + mark, "0.0.0.0", host_var});
   // Each argument quoted for the shell, except the placeholders, which become variables.
-  auto word = [](const std::string& a) {
-    if (a == "@BATON@") return std::string{"\"$BATON\""};
-    if (const auto at = a.find("@HEAD@"); at != std::string::npos)
+  auto word = [&](const std::string& a) {
+    if (a == mark + "BATON" + mark) return std::string{"\"$BATON\""};
+    if (const auto at = a.find(mark + "HEAD" + mark); at != std::string::npos)
       return (at ? shell_quote(a.substr(0, at)) : "") + "\"$HEAD\"" + shell_quote(a.substr(at + 6));
-    if (const auto at = a.find("@HOST"); at != std::string::npos) {
-      const auto end = a.find('@', at + 5);
-      return (at ? shell_quote(a.substr(0, at)) : "") + "\"${HOSTS[" + a.substr(at + 5, end - at - 5) + "]}\"" +
-             shell_quote(a.substr(end + 1));
+    if (const auto at = a.find(mark + "HOST"); at != std::string::npos) {
+      const auto end = a.find(mark, at + 5);
+      const std::string index = end == std::string::npos ? std::string{} : a.substr(at + 5, end - at - 5);
+      if (!index.empty() && index.size() < 10 && std::all_of(index.begin(), index.end(), [](char c) { return c >= '0' && c <= '9'; }))
+        return (at ? shell_quote(a.substr(0, at)) : "") + "\"${HOSTS[" + index + "]}\"" + shell_quote(a.substr(end + 1));
     }
     return shell_quote(a);
   };

@@ -482,6 +482,14 @@ TEST_CASE("Kubernetes manifests and the Slurm script match their golden files") 
   // A binary path that would end the ${BATON:-...} expansion, or run a command, stays one word.
   s.binary = "/opt/b}$(touch x)";
   CHECK(slurm_script(s).find("BATON=${BATON:-'/opt/b}$(touch x)'}") != std::string::npos);
+  // Spec text that looks like the script's placeholders is quoted like any other: "@HOST$(...)"
+  // in a model path became ${HOSTS[$(...)]}, which bash runs as arithmetic, command and all.
+  s.model = "/m/@HOST$(touch /tmp/pwned)@x";
+  s.prefill_policy = "@HEAD@";
+  const auto script = slurm_script(s);
+  CHECK(script.find("HOSTS[$(") == std::string::npos);
+  CHECK(script.find("'/m/@HOST$(touch /tmp/pwned)@x'") != std::string::npos);
+  CHECK(script.find("'@HEAD@'") != std::string::npos);
   const auto k8s = kubernetes_manifests(s);
   CHECK(k8s.find("BATON_PROD_KEYS") == std::string::npos);  // keys come from a Secret, not the file
   CHECK(k8s.find("secretKeyRef") != std::string::npos);
