@@ -23,6 +23,11 @@ std::string trace_options::validate() const {
 
 std::string synthetic_spec::validate() const {
   if (!(rate_per_s > 0) || !(duration_s > 0) || !(arrival_cv > 0)) return "rate, duration and arrival cv must be > 0";
+  // The trace is held in memory: a rate of 1e12 ended in std::bad_alloc (or took all the RAM).
+  constexpr double max_requests = 5e7;
+  if (const double n = rate_per_s * duration_s * (1.0 + std::max(rate_swing, 0.0)); !(n <= max_requests))
+    return "rate (--rate, scaled) x duration (--duration-s) makes about " + std::to_string(static_cast<uint64_t>(std::min(n, 1e19))) +
+           " requests; a synthetic trace holds at most 50000000";
   for (const auto* d : {&input, &output})
     if (d->min == 0 || d->min > d->max || (d->kind != length_dist::uniform && !(d->mean > 0)) || !(d->cv >= 0))
       return "length distributions: need 1 <= min <= max, cv >= 0, and mean > 0 unless uniform";

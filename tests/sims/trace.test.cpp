@@ -134,6 +134,11 @@ TEST_CASE("synthetic arrivals: the asked rate, bursty with a larger cv, the same
   s.input = {length_dist::lognormal, 1000, 1.0, 1, 32768};
   s.output = {length_dist::uniform, 0, 0, 10, 20};
   REQUIRE(s.validate().empty());
+  auto huge = s;  // held in memory: 1e12 per second ended in std::bad_alloc
+  huge.rate_per_s = 1e12;
+  CHECK(huge.validate() ==
+        "rate (--rate, scaled) x duration (--duration-s) makes about 500000000000000 requests; a synthetic trace holds at "
+        "most 50000000");
   const auto a = synthetic_trace(s), b = synthetic_trace(s);
   REQUIRE(a.requests.size() == b.requests.size());
   for (size_t i = 0; i < a.requests.size(); ++i) CHECK(a.requests[i].arrival_us == b.requests[i].arrival_us);
