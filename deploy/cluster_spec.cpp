@@ -190,9 +190,13 @@ bool validate(const cluster_spec& s, std::string* why) {
       *why = "nodes: the name '" + n.name + "' is used twice";
       return false;
     }
-    if (n.spare && (!n.gpu_rank_node() || n.has("gateway"))) {
+    if (n.spare && (!n.gpu_rank_node() || n.has("gateway") || n.has("store"))) {
       *why = "node '" + n.name + "': a spare stands in for a failed decode, prefill or elastic node: it needs one of "
              "those roles, and no router, store or gateway";
+      return false;
+    }
+    if (n.spare && (n.router_port || n.cluster_port || n.http_port || n.store_port)) {
+      *why = "node '" + n.name + "': a spare listens on no port of its own (it takes the failed node's place)";
       return false;
     }
     routers += n.has("router");

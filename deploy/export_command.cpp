@@ -44,6 +44,13 @@ int run_export_model(const std::vector<std::string>& args) {
     std::fprintf(stderr, "baton export-model: --dtype %s is not f32, bf16 or f16\n", dtype.c_str());
     return 2;
   }
+  // In place, the weights would be rewritten before the copy of the tokenizer failed: a model
+  // directory lost (its f32 weights now bf16, say) by a command that says it failed.
+  if (std::error_code ec; std::filesystem::is_directory(model, ec) && std::filesystem::equivalent(model, out, ec)) {
+    std::fprintf(stderr, "baton export-model: --out %s is the model directory itself; write the export elsewhere\n",
+                 out.c_str());
+    return 2;
+  }
   local_cluster_config loaded;  // `random`: the built-in shape, drawn from the seed
   std::string why;
   if (model != "random" && !load_model_into(model, &loaded, &why)) {

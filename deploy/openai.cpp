@@ -85,6 +85,9 @@ json logprobs_json(const call& c, const std::vector<token_logprob>& lps, uint64_
     // (A prompt scored for vLLM's prompt_logprobs may carry more alternatives than asked here.)
     for (size_t k = 0; k < t.top_tokens.size() && k < t.top_texts.size() && k < c.req.top_logprobs; ++k)
       top[t.top_texts[k]] = logprob_value(t.top_logprobs[k]);
+    // The token drawn, as OpenAI's completions and vLLM give it, when it is not among the top N
+    // (a grammar or a penalty chose it): up to N + 1 entries.
+    if (c.req.top_logprobs > 0 && !std::isnan(t.logprob) && !top.contains(t.text)) top[t.text] = logprob_value(t.logprob);
     tops.push_back(std::isnan(t.logprob) ? json(nullptr) : std::move(top));
   }
   return {{"tokens", tokens},

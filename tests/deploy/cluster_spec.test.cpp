@@ -336,6 +336,14 @@ TEST_CASE("a spare node is planned but not numbered: standing in for a failed da
         "node 's': a spare stands in for a failed decode, prefill or elastic node: it needs one of those roles, "
         "and no router, store or gateway");
   CHECK(refusal(spec, R"("spare": true)", R"("spare": 1)") == "nodes[2].spare must be true or false");
+  // A spare with a store role, or ports, was planned as a store process of its own (or took a
+  // port another node has).
+  CHECK(refusal(spec, R"("roles": ["decode"], "gpus": 2, "spare": true)", R"("roles": ["decode", "store"], "spare": true)") ==
+        "node 's': a spare stands in for a failed decode, prefill or elastic node: it needs one of those roles, "
+        "and no router, store or gateway");
+  CHECK(refusal(spec, R"("roles": ["decode"], "gpus": 2, "spare": true)",
+                R"("roles": ["decode"], "gpus": 2, "spare": true, "ports": {"http": 7300})") ==
+        "node 's': a spare listens on no port of its own (it takes the failed node's place)");
 }
 
 TEST_CASE("elastic nodes: their ranks start as prefill or decode, and the head runs the controller that moves them") {

@@ -336,7 +336,7 @@ TEST_CASE("vLLM's prompt_logprobs: per prompt token an object keyed by token id 
   auto text = json::parse(deploy::openai::completion_json(c, done, "id", 0))["choices"][0];
   CHECK(text["prompt_logprobs"][1].size() == 3);  // the token and the two most likely
   CHECK(text["prompt_logprobs"][1]["99"]["rank"] == 2);
-  CHECK(text["logprobs"]["top_logprobs"][1] == json{{"b", -1.0}});
+  CHECK(text["logprobs"]["top_logprobs"][1] == json{{"a", -2.0}, {"b", -1.0}});  // the most likely, and the token
   // Refused: streamed, past 20, negative.
   CHECK_FALSE(deploy::openai::parse_body(R"({"prompt":"a","prompt_logprobs":0,"stream":true})", false, "m", &c, &e));
   CHECK(e.param == "prompt_logprobs");
@@ -379,7 +379,7 @@ TEST_CASE("echo: the prompt comes back before the completion, its tokens' log-pr
   CHECK(lp["tokens"] == json::array({"", "a", "b", "x"}));
   CHECK(lp["token_logprobs"] == json::array({nullptr, -2.0, -0.5, -0.25}));
   CHECK(lp["top_logprobs"][0].is_null());
-  CHECK(lp["top_logprobs"][1] == json{{"b", -1.0}});
+  CHECK(lp["top_logprobs"][1] == json{{"a", -2.0}, {"b", -1.0}});  // "a" not the most likely: there too
   CHECK(lp["text_offset"] == json::array({0, 0, 1, 2}));
   CHECK(both["usage"]["completion_tokens"] == 1);
   // max_tokens 0: the prompt alone, nothing generated is shown or counted.
