@@ -123,8 +123,10 @@ node_launch stand_in(const node_launch& spare, const node_launch& failed);
 
 /// Every node's command line -- store nodes first (the head adopts their block servers as it
 /// starts), then the head, then the rest -- with the spec's and the node's environment.
-/// Gateways get their API keys through the environment (BATON_API_KEYS), never on a command
-/// line that `ps` shows.
+/// Gateways get their API keys through the environment (BATON_API_KEYS), never as a flag. A
+/// gateway on another host gets that environment on its ssh command line (ssh_argv), which `ps`
+/// on the launcher's host shows while it runs: give such a gateway its keys on its own host
+/// instead where other users share the launcher's.
 std::vector<node_launch> plan_launch(const cluster_spec& spec, const std::string& binary, const addressing& addr);
 
 /// True when `host` names this machine (127.0.0.0/8, localhost, ::1).
