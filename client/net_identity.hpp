@@ -6,13 +6,18 @@
 // Header-only and internal: included by CAF translation units (client.cpp, deploy/processes.cpp,
 // deploy/net_security.hpp), never by client/baton/client.hpp.
 
+#include <chrono>
+#include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
 #include <caf/error.hpp>
+#include <caf/io/middleman.hpp>
 #include <caf/openssl/manager.hpp>
+#include <caf/scoped_actor.hpp>
 #include <caf/sec.hpp>
 
 namespace baton::net {
@@ -37,6 +42,24 @@ inline std::string explain_connect_error(caf::actor_system& sys, const caf::erro
     out += tls ? " (the TLS handshake failed: is the certificate signed by the peer's cluster CA, and does the peer "
                  "speak TLS?)"
                : " (the peer may require mutual TLS: give the cluster's certificate, key and CA)";
+  return out;
+}
+
+/// Connects to the CAF peer at host:port (plain TCP) within `limit`; an error when it cannot. CAF
+/// waits for a peer's handshake without a limit, so a port where another kind of server listens
+/// (an HTTP one waits for a request) hung the caller for good. On success the middleman keeps
+/// the connection, and remote_actor then takes it at once, checking the published interface.
+inline caf::error handshake_within(caf::actor_system& sys, const std::string& host, uint16_t port,
+                                   std::chrono::milliseconds limit = std::chrono::seconds{10}) {
+  caf::scoped_actor self{sys};
+  caf::error out;
+  self->request(sys.middleman().actor_handle(), limit, caf::connect_atom::value, host, port)
+      .receive([](caf::node_id&, caf::strong_actor_ptr&, std::set<std::string>&) {},
+               [&](caf::error& e) { out = std::move(e); });
+  if (out == caf::sec::request_timeout)
+    return caf::make_error(caf::sec::request_timeout,
+                           "nothing at " + host + ":" + std::to_string(port) + " answered Baton's handshake within " +
+                               std::to_string(limit.count()) + " ms (another kind of server there, an HTTP port say?)");
   return out;
 }
 

@@ -41,11 +41,13 @@ caf::expected<uint16_t> publish_actor(caf::actor_system& sys, const net_security
 
 using net::explain_connect_error;
 
-/// Connects to the actor published at host:port over TLS or plain TCP.
+/// Connects to the actor published at host:port over TLS or plain TCP (the handshake within 10 s:
+/// net::handshake_within).
 template <class Handle>
 caf::expected<Handle> connect_actor(caf::actor_system& sys, const net_security& sec, const std::string& host,
                                     uint16_t port) {
   if (sec.tls()) return caf::openssl::remote_actor<Handle>(sys, host, port);
+  if (auto err = net::handshake_within(sys, host, port)) return err;
   return sys.middleman().remote_actor<Handle>(host, port);
 }
 
