@@ -25,10 +25,6 @@ struct node_entry {
   /// sees the head go, and joins afresh). Unlike a node gone silent, it never comes back by a
   /// heartbeat -- one still in flight from its start pulse must not revive it.
   bool ended = false;
-  /// The node said it drains (SIGTERM, or its operator's drain): its ranks stay draining if it
-  /// is given up and comes back. A rank drained for another reason (an elastic move, which the
-  /// loss ended) serves again then.
-  bool drained = false;
 };
 
 using cards_promise = caf::typed_response_promise<std::vector<std::string>>;
@@ -379,7 +375,6 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
         n.last_heartbeat = self->clock().now();
         n.state = "joined";
         n.ended = false;
-        n.drained = false;
         if (auto agent = caf::actor_cast<caf::actor>(self->current_sender())) self->monitor(agent);
         tell_late_node(self, name);  // a group of its lost a member before it could be told
         return self->state.welcome;
@@ -398,11 +393,10 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
         // first that the ranks may come back (until then they ignore a report sent before the
         // node was marked gone); they and this directory share a process, so that comes first.
         if (i->second.state == "gone") {
-          const bool drained = i->second.drained;
-          i->second.state = drained ? "draining" : "joined";
+          i->second.state = "joined";
           auto& w = st.welcome;
-          for (const auto& r : i->second.ranks.decode) self->send(w.decode_balancer, rejoin_atom::value, r, drained);
-          for (const auto& r : i->second.ranks.prefill) self->send(w.prefill_balancer, rejoin_atom::value, r, drained);
+          for (const auto& r : i->second.ranks.decode) self->send(w.decode_balancer, rejoin_atom::value, r, true);
+          for (const auto& r : i->second.ranks.prefill) self->send(w.prefill_balancer, rejoin_atom::value, r, true);
           for (const auto& r : i->second.ranks.decode) self->send(r, health_atom::value);
           for (const auto& r : i->second.ranks.prefill) self->send(r, health_atom::value);
           // Its data-parallel groups went on without it (their meetings were lost when it was
@@ -463,7 +457,7 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
       },
       [=](drain_atom, const std::string& name) {
         if (auto i = self->state.nodes.find(name); i != self->state.nodes.end() && i->second.agent == self->current_sender())
-          i->second.state = "draining", i->second.drained = true;
+          i->second.state = "draining";
       },
       [=](stats_atom) {
         std::vector<node_status> out;
