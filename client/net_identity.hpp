@@ -49,6 +49,7 @@ inline std::string explain_connect_error(caf::actor_system& sys, const caf::erro
 /// waits for a peer's handshake without a limit, so a port where another kind of server listens
 /// (an HTTP one waits for a request) hung the caller for good. On success the middleman keeps
 /// the connection, and remote_actor then takes it at once, checking the published interface.
+/// (A connect given up on stays pending in the middleman: asked again, host:port joins it.)
 inline caf::error handshake_within(caf::actor_system& sys, const std::string& host, uint16_t port,
                                    std::chrono::milliseconds limit = std::chrono::seconds{10}) {
   caf::scoped_actor self{sys};
@@ -58,8 +59,10 @@ inline caf::error handshake_within(caf::actor_system& sys, const std::string& ho
                [&](caf::error& e) { out = std::move(e); });
   if (out == caf::sec::request_timeout)
     return caf::make_error(caf::sec::request_timeout,
-                           "nothing at " + host + ":" + std::to_string(port) + " answered Baton's handshake within " +
-                               std::to_string(limit.count()) + " ms (another kind of server there, an HTTP port say?)");
+                           "no Baton handshake from " + host + ":" + std::to_string(port) + " within " +
+                               std::to_string(limit.count()) +
+                               " ms (the name resolution, the TCP connection and the handshake together): nothing "
+                               "reachable there, or another kind of server (an HTTP port, say)");
   return out;
 }
 
