@@ -613,6 +613,16 @@ void yaml_ports(std::ostringstream& y, const node_spec& n, const char* indent, b
 
 }  // namespace
 
+std::string kubernetes_name_problem(const cluster_spec& s) {
+  for (const auto& n : s.nodes) {
+    const auto name = object_name(s, n);
+    if (name.size() > 63 || !(name.front() >= 'a' && name.front() <= 'z') || name.back() == '-')
+      return "node '" + n.name + "': its Kubernetes name '" + name + "' is not a DNS-1035 label (at most 63 characters, " +
+             "a letter first, a letter or digit last): shorten or rename the spec or the node";
+  }
+  return {};
+}
+
 std::string kubernetes_manifests(const cluster_spec& s) {
   const addressing addr{object_name(s, s.head()), "0.0.0.0", [&](const node_spec& n) { return object_name(s, n); }};
   const auto plan = plan_launch(s, "baton", addr);

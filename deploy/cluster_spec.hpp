@@ -139,6 +139,10 @@ std::string shell_quote(const std::string& s);
 
 /// `baton deploy k8s`: a Pod per node and a Service for the head and for each gateway (YAML).
 std::string kubernetes_manifests(const cluster_spec& spec);
+/// Why the spec's Kubernetes object names (<spec name>-<node name>, also the Services' DNS
+/// names the pods dial) are not DNS-1035 labels: at most 63 characters, a letter first, a letter
+/// or digit last. Empty when they are.
+std::string kubernetes_name_problem(const cluster_spec& spec);
 /// `baton deploy slurm`: a batch script that starts every node with srun on the allocation.
 std::string slurm_script(const cluster_spec& spec);
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 
 #include "client/baton/client.hpp"
@@ -53,6 +54,10 @@ int run_generate(const std::vector<std::string>& args) {
   if (auto rc = flags.parse_command_line(args, "generate", "baton generate --router HOST:PORT [flags] PROMPT..."))
     return *rc;
   prompts.insert(prompts.end(), positional.begin(), positional.end());
+  if (max_tokens > static_cast<uint32_t>(INT32_MAX)) {  // a request's max_tokens is an int32: 4294967295 became -1
+    std::fprintf(stderr, "baton generate: --max-tokens must be at most 2147483647, got %u\n", max_tokens);
+    return 2;
+  }
   if (prompts.empty()) {
     std::fprintf(stderr, "baton generate: give a prompt (baton generate --router HOST:PORT \"prompt\")\n");
     return 2;

@@ -634,6 +634,10 @@ int run_deploy(const std::vector<std::string>& raw_args) {
                    n.name.c_str(), kind == "k8s" ? "Kubernetes" : "Slurm");
       return 2;
     }
+  if (const auto bad = kind == "k8s" ? kubernetes_name_problem(spec) : std::string{}; !bad.empty()) {
+    std::fprintf(stderr, "baton deploy: %s\n", bad.c_str());
+    return 2;
+  }
   const std::string text = kind == "k8s" ? kubernetes_manifests(spec) : slurm_script(spec);
   if (out_path.empty()) {
     std::fwrite(text.data(), 1, text.size(), stdout);

@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include <unistd.h>
+#include <cstdint>
 #include <cstdio>
 #include <map>
 #include <thread>
@@ -330,6 +331,10 @@ int run_local(const std::vector<std::string>& args) {
   flags.add("--default-max-tokens", &opt.cluster.router.default_max_tokens,
             "max_tokens of a request that gives none (OpenAI chat): what the context leaves, at most this; 0 = no cap");
   if (auto rc = flags.parse_command_line(args, "local", "baton local [flags]")) return *rc;
+  if (opt.max_tokens > static_cast<uint32_t>(INT32_MAX)) {  // a request's max_tokens is an int32: 4294967295 became -1
+    std::fprintf(stderr, "baton local: --max-tokens must be at most 2147483647, got %u\n", opt.max_tokens);
+    return 2;
+  }
   opt.cluster.backend.cuda_bf16 = !cuda_fp32;
   if (auto e = kv_wire.empty() ? std::string{} : opt.cluster.router.request.kv_wire.parse(kv_wire); !e.empty()) {
     std::fprintf(stderr, "baton local: --kv-wire: %s\n", e.c_str());

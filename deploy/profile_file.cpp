@@ -1,5 +1,6 @@
 #include "deploy/profile_file.hpp"
 
+#include <cmath>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
@@ -60,7 +61,15 @@ bool read_profile_unchecked(const std::string& path, executor_profile* out, std:
       *why = "profile file " + path + ": missing or non-numeric " + section + "." + key;
       return false;
     }
-    *dst = obj[section][key].get<double>();
+    // Microseconds of one step at most 1e9 (a thousand seconds): 1e300 overflowed the sims'
+    // integer durations (steps that took no time).
+    const double x = obj[section][key].get<double>();
+    if (!std::isfinite(x) || std::fabs(x) > 1e9) {
+      *why = "profile file " + path + ": " + section + "." + key + " must be a number within +-1e9, got " +
+             obj[section][key].dump();
+      return false;
+    }
+    *dst = x;
     return true;
   };
   if (j.value("format", "") != "baton-profile-1") {
@@ -84,8 +93,16 @@ bool read_profile_unchecked(const std::string& path, executor_profile* out, std:
   number(j, "decode", "held_out_mean_rel_error", &p.decode_held_out.mean_rel);
   number(j, "decode", "held_out_max_rel_error", &p.decode_held_out.max_rel);
   double points = 0;
-  if (number(j, "prefill", "held_out_points", &points)) p.prefill_held_out.count = static_cast<size_t>(points);
-  if (number(j, "decode", "held_out_points", &points)) p.decode_held_out.count = static_cast<size_t>(points);
+  for (auto [section, count] : {std::pair{"prefill", &p.prefill_held_out.count}, std::pair{"decode", &p.decode_held_out.count}})
+    if (number(j, section, "held_out_points", &points)) {
+      if (points < 0 || points != std::floor(points)) {  // a cast of -1 or 1e30 to size_t is undefined
+        *why = "profile file " + path + ": " + section + ".held_out_points must be a whole number >= 0";
+        return false;
+      }
+      *count = static_cast<size_t>(points);
+    } else if (why->find("within") != std::string::npos) {
+      return false;
+    }
   why->clear();
   if (j.contains("prefill_samples") && j["prefill_samples"].is_array())
     for (const auto& s : j["prefill_samples"])

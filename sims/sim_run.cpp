@@ -175,6 +175,15 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
     *why = e;
     return false;
   }
+  // Virtual time counts nanoseconds in an int64 (about 292 years): a trace past that ended with
+  // every request failed and no reason given.
+  constexpr double max_virtual_s = 9.0e9;  // ~285 years
+  if (!t.requests.empty() &&
+      static_cast<double>(t.requests.back().arrival_us) / 1e6 + cfg.horizon_s > max_virtual_s) {
+    *why = trace_name + ": its last arrival (" + std::to_string(t.requests.back().arrival_us / 1000000) +
+           " s) plus horizon_s passes what the sims' clock counts (9e9 s)";
+    return false;
+  }
   const auto shape = *named_model(cfg.model);
   std::shared_ptr<const profile_table> profile;
   if (!cfg.profile.empty()) {

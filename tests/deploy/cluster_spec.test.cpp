@@ -143,6 +143,16 @@ TEST_CASE("prefill ranks and block servers in their own node processes: store no
   CHECK(after(plan[2], "--prefix-cache-blocks") == "0");
   CHECK(plan[3].role == "decode");
   // Kubernetes reaches the store node through its Service, Slurm through its allocation node.
+  CHECK(kubernetes_name_problem(s).empty());
+  auto digit = s;  // a name Kubernetes refuses (a digit first; too long) is refused here, naming the node
+  digit.name = "9lives";
+  CHECK(kubernetes_name_problem(digit).find("is not a DNS-1035 label") != std::string::npos);
+  digit.name = std::string(40, 'a');
+  digit.nodes.front().name = std::string(40, 'b');
+  CHECK(kubernetes_name_problem(digit) ==
+        "node '" + digit.nodes.front().name + "': its Kubernetes name '" + std::string(40, 'a') + "-" + std::string(40, 'b') +
+            "' is not a DNS-1035 label (at most 63 characters, a letter first, a letter or digit last): shorten or "
+            "rename the spec or the node");
   const auto k8s = kubernetes_manifests(s);
   CHECK(k8s.find("- \"t-s:9000\"") != std::string::npos);
   CHECK(k8s.find("name: store\n") != std::string::npos);

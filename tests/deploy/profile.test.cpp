@@ -66,6 +66,18 @@ TEST_CASE("profile files round-trip and malformed ones are refused with a senten
       "decode": {"step_base_us": 500, "per_seq_us": -20, "per_context_token_us": 0.05}})"),
                                    &back, &why));
   CHECK(why.find("decode coefficients are not usable") != std::string::npos);
+  // 1e300 overflowed the sims' integer step times (steps that took no time); -1 points was cast
+  // to size_t.
+  CHECK_FALSE(deploy::read_profile(write_temp("huge", R"({"format": "baton-profile-1",
+      "prefill": {"alpha_us": 1, "beta_us": 1, "gamma_us": 1e300, "delta_us": 0},
+      "decode": {"step_base_us": 1, "per_seq_us": 1, "per_context_token_us": 1}})"),
+                                   &back, &why));
+  CHECK(why.find("prefill.gamma_us must be a number within +-1e9, got 1e+300") != std::string::npos);
+  CHECK_FALSE(deploy::read_profile(write_temp("points", R"({"format": "baton-profile-1",
+      "prefill": {"alpha_us": 1, "beta_us": 1, "gamma_us": 1, "delta_us": 0, "held_out_points": -1},
+      "decode": {"step_base_us": 1, "per_seq_us": 1, "per_context_token_us": 1}})"),
+                                   &back, &why));
+  CHECK(why.find("prefill.held_out_points must be a whole number >= 0") != std::string::npos);
   CHECK_FALSE(deploy::read_profile(write_temp("badsample", R"({"format": "baton-profile-1",
       "prefill": {"alpha_us": 1, "beta_us": 1, "gamma_us": 1, "delta_us": 0},
       "decode": {"step_base_us": 1, "per_seq_us": 1, "per_context_token_us": 1},

@@ -435,3 +435,13 @@ TEST_CASE("sim plots: a CDF climbs to 1 over sorted values, and the SVG draws on
   for (size_t at = svg.find("<polyline"); at != std::string::npos; at = svg.find("<polyline", at + 1)) ++lines;
   CHECK(lines == 2);
 }
+
+TEST_CASE("sim: a trace longer than the virtual clock counts is refused with a sentence (it ended with every request "
+          "failed and no reason)") {
+  auto t = one_request(100, 10);
+  t.requests.push_back({int64_t{10'000'000'000} * 1'000'000, 100, 10, {}, "centuries later"});  // 1e10 s: ~317 years
+  sim_result r;
+  std::string why;
+  CHECK_FALSE(run_sim(small_cluster(), t, "long", &r, &why));
+  CHECK(why == "long: its last arrival (10000000000 s) plus horizon_s passes what the sims' clock counts (9e9 s)");
+}
