@@ -54,10 +54,13 @@ bool read_profile_unchecked(const std::string& path, executor_profile* out, std:
     *why = "profile file " + path + ": not valid JSON";
     return false;
   }
+  // Whether section.key is there at all (optional fields are read only then).
+  auto present = [&](const char* section, const char* key) {
+    return j.contains(section) && j[section].is_object() && j[section].contains(key);
+  };
   // Reads a required number; names the missing or mistyped key.
   auto number = [&](const json& obj, const char* section, const char* key, double* dst) {
-    if (!obj.contains(section) || !obj[section].is_object() || !obj[section].contains(key) ||
-        !obj[section][key].is_number()) {
+    if (!present(section, key) || !obj[section][key].is_number()) {
       *why = "profile file " + path + ": missing or non-numeric " + section + "." + key;
       return false;
     }
@@ -88,22 +91,19 @@ bool read_profile_unchecked(const std::string& path, executor_profile* out, std:
       !number(j, "decode", "per_seq_us", &p.decode.per_seq_us) ||
       !number(j, "decode", "per_context_token_us", &p.decode.per_context_token_us))
     return false;
-  number(j, "prefill", "held_out_mean_rel_error", &p.prefill_held_out.mean_rel);
-  number(j, "prefill", "held_out_max_rel_error", &p.prefill_held_out.max_rel);
-  number(j, "decode", "held_out_mean_rel_error", &p.decode_held_out.mean_rel);
-  number(j, "decode", "held_out_max_rel_error", &p.decode_held_out.max_rel);
-  double points = 0;
-  for (auto [section, count] : {std::pair{"prefill", &p.prefill_held_out.count}, std::pair{"decode", &p.decode_held_out.count}})
-    if (number(j, section, "held_out_points", &points)) {
-      if (points < 0 || points != std::floor(points)) {  // a cast of -1 or 1e30 to size_t is undefined
-        *why = "profile file " + path + ": " + section + ".held_out_points must be a whole number >= 0";
-        return false;
-      }
-      *count = static_cast<size_t>(points);
-    } else if (why->find("within") != std::string::npos) {
+  // The held-out errors are optional; given, they are numbers like the rest.
+  for (auto [section, held] : {std::pair{"prefill", &p.prefill_held_out}, std::pair{"decode", &p.decode_held_out}}) {
+    double points = 0;
+    if ((present(section, "held_out_mean_rel_error") && !number(j, section, "held_out_mean_rel_error", &held->mean_rel)) ||
+        (present(section, "held_out_max_rel_error") && !number(j, section, "held_out_max_rel_error", &held->max_rel)) ||
+        (present(section, "held_out_points") && !number(j, section, "held_out_points", &points)))
+      return false;
+    if (points < 0 || points != std::floor(points)) {  // a cast of -1 or 1e30 to size_t is undefined
+      *why = "profile file " + path + ": " + section + ".held_out_points must be a whole number >= 0";
       return false;
     }
-  why->clear();
+    held->count = static_cast<size_t>(points);
+  }
   if (j.contains("prefill_samples") && j["prefill_samples"].is_array())
     for (const auto& s : j["prefill_samples"])
       p.prefill_samples.push_back({s.value("q", uint64_t{0}), s.value("c", uint64_t{0}), s.value("us", 0.0)});

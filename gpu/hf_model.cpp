@@ -436,16 +436,18 @@ bool load_hf_model_unchecked(const std::string& dir, hf_model* out, std::string*
     json g;
     if (!parse_json_object(text, source, &g, why)) return false;
     d.present = true;
-    for (const char* key : {"temperature", "top_p", "top_k", "do_sample"})
-      if (g.contains(key) && !g[key].is_null() &&
-          !(std::string_view{key} == "do_sample" ? g[key].is_boolean()
-            : std::string_view{key} == "top_k"   ? g[key].is_number_unsigned()
-                                                 : g[key].is_number())) {
-        *why = source + ": " + key + " must be " +
-               (std::string_view{key} == "do_sample" ? "true or false"
-                : std::string_view{key} == "top_k"   ? "a whole number >= 0"
-                                                     : "a number") +
-               ", got " + g[key].dump().substr(0, 64);
+    // Each field's type, checked before it is read (a mistyped one threw, naming neither).
+    struct typed_field {
+      const char* key;
+      bool (json::*is)() const noexcept;
+      const char* wanted;
+    };
+    for (const auto& f : {typed_field{"temperature", &json::is_number, "a number"},
+                          typed_field{"top_p", &json::is_number, "a number"},
+                          typed_field{"top_k", &json::is_number_unsigned, "a whole number >= 0"},
+                          typed_field{"do_sample", &json::is_boolean, "true or false"}})
+      if (g.contains(f.key) && !g[f.key].is_null() && !(g[f.key].*f.is)()) {
+        *why = source + ": " + f.key + " must be " + f.wanted + ", got " + g[f.key].dump().substr(0, 64);
         return false;
       }
     if (g.contains("temperature") && g["temperature"].is_number()) d.temperature = g["temperature"].get<float>();
