@@ -376,19 +376,10 @@ int run_launch(const std::vector<std::string>& raw_args) {
     const auto give_up = [&] { return stop_requested() || dead_child() != nullptr; };
     std::string last = "nothing listens there";
     auto router = connect_actor_until<router_actor>(sys, sec, head.host, head.router_port, deadline, give_up, &last);
-    if (stop_requested()) {
-      std::fprintf(stderr, "baton launch: stopped while waiting for the ranks to register\n");
-      return 1;
-    }
-    if (!router && !dead_child()) {
-      std::fprintf(stderr, "baton launch: cannot reach the head's router at %s:%u: %s\n", head.host.c_str(),
-                   static_cast<unsigned>(head.router_port), last.c_str());
-      return 1;
-    }
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    auto missing = router ? await_ranks_registered(sys, *router, rank_names, std::max(left, std::chrono::milliseconds{0}),
-                                                   give_up)
-                          : std::vector<std::string>{};
+    const auto missing =
+        router ? await_ranks_registered(sys, *router, rank_names, std::max(left, std::chrono::milliseconds{0}), give_up)
+               : rank_names;
     if (stop_requested()) {
       std::fprintf(stderr, "baton launch: stopped while waiting for the ranks to register\n");
       return 1;
@@ -396,6 +387,10 @@ int run_launch(const std::vector<std::string>& raw_args) {
     if (auto d = dead_child()) {
       std::printf("baton launch: %s exited while its ranks registered; it is restarted as any failed node is\n",
                   d->node.process.c_str());
+    } else if (!router) {
+      std::fprintf(stderr, "baton launch: cannot reach the head's router at %s:%u: %s\n", head.host.c_str(),
+                   static_cast<unsigned>(head.router_port), last.c_str());
+      return 1;
     } else if (!missing.empty()) {
       std::string names;
       for (const auto& n : missing) names += " " + n;
