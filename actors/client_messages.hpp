@@ -54,6 +54,11 @@ struct generate_request {
   float repetition_penalty = 1.0f;     ///< 1 = off
   float presence_penalty = 0.0f;       ///< 0 = off; counts the output only (gpu::sampling_config)
   float frequency_penalty = 0.0f;      ///< 0 = off; per repeat in the output
+  float min_p = 0.0f;                  ///< 0 = off; in [0, 1] (gpu::sampling_config::min_p)
+  /// vLLM's min_tokens: no end of sequence before this many tokens (<= max_tokens): the end
+  /// tokens (<eos> unless ignore_eos, the model's other end tokens, stop_token_ids) are never
+  /// picked and stop strings are not looked for until then.
+  uint32_t min_tokens = 0;
   /// OpenAI's logit_bias: logit_bias_values[i] (in [-100, 100]) added to the logit of token
   /// logit_bias_tokens[i] when each token is picked (gpu::sampling_config); distinct tokens, at
   /// most max_logit_bias.
@@ -98,7 +103,7 @@ typename Inspector::result_type inspect(Inspector& f, generate_request& x) {
            wire::f32{&x.frequency_penalty}, x.stop, x.stop_token_ids, x.logprobs, x.top_logprobs, x.echo,
            x.prompt_logprobs, x.prompt_only, x.prompt_top_logprobs, x.chat_template_kwargs,
            x.tools_json, x.logit_bias_tokens, wire::f32s{&x.logit_bias_values}, x.output_format, x.output_spec,
-           x.json_compact);
+           x.json_compact, wire::f32{&x.min_p}, x.min_tokens);
 }
 
 struct completion {

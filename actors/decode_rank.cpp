@@ -360,7 +360,7 @@ void maybe_step(decode_pointer self) {
     const auto& l = st.leases.at(s.lease_id);
     // The executor picks the next token: greedy rows' logits then stay on the device.
     gpu::forward_seq seq{l.request_id, {s.next_input}, s.pos, l.pages, l.order.return_logits};
-    seq.sample = gpu::seq_sampling{sampling_of(l.order), s.pos + 1, {}, l.order.logprobs, l.order.top_logprobs, l.grammar};
+    seq.sample = sampling_at(l.order, s.pos + 1, l.grammar);
     if (seq.sample->cfg.penalised()) {  // every token before the one sampled: prompt, what was fed, this input
       seq.sample->history = l.order.prompt_tokens;
       seq.sample->history.insert(seq.sample->history.end(), l.fed.begin(), l.fed.end());

@@ -36,7 +36,17 @@ template <class Order>
 gpu::sampling_config sampling_of(const Order& o) {
   return {o.temperature,       o.seed,           o.top_k,          o.top_p,
           o.repetition_penalty, o.presence_penalty, o.frequency_penalty, o.output_from,
-          o.logit_bias_tokens,  o.logit_bias_values};
+          o.logit_bias_tokens,  o.logit_bias_values, o.min_p};
+}
+
+/// The order's sampling settings for the token at `position`: min_tokens holds the end tokens
+/// back only while the output is shorter, so that later steps are plain picks again (on the
+/// device, for the CUDA backend).
+template <class Order>
+gpu::seq_sampling sampling_at(const Order& o, uint32_t position, std::shared_ptr<const gpu::grammar_matcher> grammar) {
+  gpu::seq_sampling s{sampling_of(o), position, {}, o.logprobs, o.top_logprobs, std::move(grammar)};
+  if (position >= o.output_from && position - o.output_from < o.min_tokens) s.cfg.banned_tokens = o.end_tokens;
+  return s;
 }
 
 /// forward_seq::sample for the token at `position`: the executor picks it (on the device, for
@@ -45,7 +55,7 @@ gpu::sampling_config sampling_of(const Order& o) {
 template <class Order>
 gpu::seq_sampling sample_next(const Order& o, uint32_t position, const std::vector<int32_t>& history,
                               std::shared_ptr<const gpu::grammar_matcher> grammar = nullptr) {
-  gpu::seq_sampling s{sampling_of(o), position, {}, o.logprobs, o.top_logprobs, std::move(grammar)};
+  auto s = sampling_at(o, position, std::move(grammar));
   if (s.cfg.penalised()) s.history = history;
   return s;
 }

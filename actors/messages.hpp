@@ -338,6 +338,9 @@ struct decode_order {
   float frequency_penalty = 0.0f;
   std::vector<int32_t> logit_bias_tokens = {};  ///< generate_request's logit_bias
   std::vector<float> logit_bias_values = {};
+  float min_p = 0.0f;
+  uint32_t min_tokens = 0;       ///< the output's tokens (from output_from) before end_tokens may be picked
+  std::vector<int32_t> end_tokens = {};  ///< with min_tokens: the tokens held back until then
   output_grammar grammar = {};   ///< constrained decoding (prompt_tokens then holds the whole sequence)
   uint32_t output_from = 0;      ///< the request's own prompt length: penalties count the output after it
   bool logprobs = false;         ///< each token's log-probabilities in its token_event...
@@ -354,7 +357,7 @@ typename Inspector::result_type inspect(Inspector& f, decode_order& x) {
            x.prompt_tokens, x.traffic_class, x.cached_blocks, x.write_back, x.top_k, wire::f32{&x.top_p},
            wire::f32{&x.repetition_penalty}, wire::f32{&x.presence_penalty}, wire::f32{&x.frequency_penalty},
            x.output_from, x.logprobs, x.top_logprobs, x.writer_abandoned, x.logit_bias_tokens,
-           wire::f32s{&x.logit_bias_values}, x.grammar);
+           wire::f32s{&x.logit_bias_values}, x.grammar, wire::f32{&x.min_p}, x.min_tokens, x.end_tokens);
 }
 
 struct prefill_order;
@@ -412,6 +415,9 @@ struct prefill_order {
   float frequency_penalty = 0.0f;
   std::vector<int32_t> logit_bias_tokens = {};  ///< generate_request's logit_bias
   std::vector<float> logit_bias_values = {};
+  float min_p = 0.0f;
+  uint32_t min_tokens = 0;       ///< the output's tokens (from output_from) before end_tokens may be picked
+  std::vector<int32_t> end_tokens = {};  ///< with min_tokens: the tokens held back until then
   output_grammar grammar = {};   ///< constrained decoding
   uint32_t output_from = 0;      ///< the request's own prompt length (after a failover, tokens holds output too)
   bool logprobs = false;         ///< the first token's log-probabilities in the result...
@@ -432,7 +438,7 @@ typename Inspector::result_type inspect(Inspector& f, prefill_order& x) {
            x.part_bounds, x.part_ranks, x.part_names, x.top_k, wire::f32{&x.top_p}, wire::f32{&x.repetition_penalty},
            wire::f32{&x.presence_penalty}, wire::f32{&x.frequency_penalty}, x.output_from, x.logprobs, x.top_logprobs,
            x.prompt_logprobs, x.prefill_only, x.prompt_top_logprobs, x.logit_bias_tokens,
-           wire::f32s{&x.logit_bias_values}, x.grammar);
+           wire::f32s{&x.logit_bias_values}, x.grammar, wire::f32{&x.min_p}, x.min_tokens, x.end_tokens);
 }
 
 /// The lease id a prefill-only order carries (prefill_order::prefill_only): decode ranks number

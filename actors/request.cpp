@@ -101,6 +101,15 @@ void copy_sampling(const request_plan& p, Order& order) {
   order.top_logprobs = p.params.top_logprobs;
   order.logit_bias_tokens = p.params.logit_bias_tokens;
   order.logit_bias_values = p.params.logit_bias_values;
+  order.min_p = p.params.min_p;
+  order.min_tokens = p.params.min_tokens;
+  if (p.params.min_tokens > 0) {
+    order.end_tokens = p.params.stop_token_ids;
+    if (!p.params.ignore_eos) {  // then <eos> and the model's other end tokens end nothing
+      order.end_tokens.insert(order.end_tokens.end(), p.extra_eos_token_ids.begin(), p.extra_eos_token_ids.end());
+      order.end_tokens.push_back(p.eos_token_id);
+    }
+  }
   // The router checked the constraint and compiled it with the same options.
   const auto& q = p.params;
   if (q.output_format != 0) {
@@ -257,7 +266,9 @@ bool hits_stop(request_state& st, int32_t token) {
     st.out.text = decode_text(st);
     return true;
   }
-  if (p.stop.empty()) return false;
+  // min_tokens: stop strings count from the token that reaches it on (as vLLM's do); the end
+  // tokens above were never picked before it.
+  if (p.stop.empty() || st.out.tokens.size() < p.min_tokens) return false;
   size_t longest = 0;
   for (const auto& s : p.stop) longest = std::max(longest, s.size());
   const size_t from = before >= longest ? before - longest + 1 : 0;

@@ -100,6 +100,7 @@ std::string tokenize_and_validate(generate_request& req, const gpu::model_config
     return "presence_penalty must be a finite number in [-100, 100], got " + std::to_string(req.presence_penalty);
   if (!std::isfinite(req.frequency_penalty) || std::abs(req.frequency_penalty) > 100.0f)
     return "frequency_penalty must be a finite number in [-100, 100], got " + std::to_string(req.frequency_penalty);
+  if (!(req.min_p >= 0.0f && req.min_p <= 1.0f)) return "min_p must be in [0, 1], got " + std::to_string(req.min_p);
   if (req.top_logprobs > gpu::max_top_logprobs)
     return "top_logprobs must be at most " + std::to_string(gpu::max_top_logprobs) + ", got " + std::to_string(req.top_logprobs);
   if (req.top_logprobs > 0 && !req.logprobs && !req.prompt_logprobs) return "top_logprobs needs logprobs or prompt_logprobs";
@@ -115,6 +116,11 @@ std::string tokenize_and_validate(generate_request& req, const gpu::model_config
   if (req.stop_token_ids.size() > 1024) return "at most 1024 stop_token_ids";
   if (auto e = check_logit_bias(req, model.vocab_size); !e.empty()) return e;
   if (auto e = check_output_format(req); !e.empty()) return e;
+  // A constrained answer ends where its grammar says: holding its end tokens back could leave
+  // no token the grammar allows.
+  if (req.min_tokens > 0 && req.output_format != 0)
+    return "min_tokens cannot hold back the end of a constrained answer (output_format " +
+           std::to_string(req.output_format) + "): its grammar says where it ends";
   const uint32_t ctx = model.max_position_embeddings;
   const uint32_t limit = max_new_tokens_limit ? std::min(max_new_tokens_limit, ctx) : ctx;
   if (req.max_tokens < 0)
@@ -157,6 +163,7 @@ std::string tokenize_and_validate(generate_request& req, const gpu::model_config
   // A tokenizer without BOS can turn text (whitespace under a stripping normalizer) into nothing;
   // a prompt needs one token whose logits give the first output.
   if (tokens->empty()) return "the prompt encodes to no tokens; send at least one";
+  const bool given_max = req.max_tokens != 0;
   if (req.max_tokens == 0) {  // not given (OpenAI's chat default): the rest of the context, within the limit
     if (tokens->size() >= ctx)
       return "prompt of " + std::to_string(tokens->size()) + " tokens leaves no room in the model's context of " +
@@ -165,6 +172,9 @@ std::string tokenize_and_validate(generate_request& req, const gpu::model_config
     if (default_max_tokens > 0) room = std::min<size_t>(room, default_max_tokens);
     req.max_tokens = static_cast<int32_t>(room);
   }
+  if (req.min_tokens > static_cast<uint32_t>(req.max_tokens))
+    return "min_tokens " + std::to_string(req.min_tokens) + " exceeds max_tokens " + std::to_string(req.max_tokens) +
+           (given_max ? "" : " (what the context leaves after this prompt)");
   // A prompt-only call's one token is never fed back: it takes no place in the context.
   if (tokens->size() + static_cast<size_t>(req.max_tokens) - (req.prompt_only && req.max_tokens == 1 ? 1 : 0) > ctx)
     return "prompt of " + std::to_string(tokens->size()) + " tokens plus max_tokens " +

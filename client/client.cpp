@@ -70,6 +70,8 @@ generate_request to_request(const request& r) {
   g.repetition_penalty = r.repetition_penalty;
   g.presence_penalty = r.presence_penalty;
   g.frequency_penalty = r.frequency_penalty;
+  g.min_p = r.min_p;
+  g.min_tokens = r.min_tokens;
   for (const auto& [token, bias] : r.logit_bias) {
     g.logit_bias_tokens.push_back(token);
     g.logit_bias_values.push_back(bias);

@@ -39,6 +39,8 @@ int run_generate(const std::vector<std::string>& args) {
   flags.add("--seed", &seed, "sampling seed");
   flags.add("--top-p", &req.top_p, "nucleus sampling (1 = off)");
   flags.add("--top-k", &req.top_k, "top-k sampling (0 = off)");
+  flags.add("--min-p", &req.min_p, "keep only tokens at least this fraction as likely as the best (0 = off)");
+  flags.add("--min-tokens", &req.min_tokens, "no end of the answer (end tokens, stop strings) before this many tokens");
   flags.add("--stop", &req.stop, "a stop string (repeatable)");
   flags.add("--ignore-eos", &req.ignore_eos, "generate --max-tokens tokens even past <eos> (load tests)");
   flags.add("--json", &json_object, "answer with a JSON object (constrained decoding)");

@@ -430,18 +430,13 @@ bool refuse_unsupported(const json& j, api_error* err) {
     *err = bad("functions", "functions (the API's old form) is not supported: give tools");
     return false;
   }
-  // vLLM's sampling extras that Baton does not compute, at a value that would change the answer:
+  // vLLM's extras that Baton does not compute, at a value that would change the answer:
   // refused by name (vLLM clients would otherwise take the answer as shaped by them). Their
   // neutral values (what vLLM clients often send always) pass.
   const auto given = [&](const char* key, auto neutral) {
     auto it = j.find(key);
     return it != j.end() && !it->is_null() && !(*it == neutral);
   };
-  for (const char* key : {"min_p", "min_tokens"})
-    if (given(key, 0)) {
-      *err = bad(key, std::string{key} + " is not supported (only its neutral value 0)");
-      return false;
-    }
   for (const char* key : {"include_stop_str_in_output", "use_beam_search"})
     if (given(key, false)) {
       *err = bad(key, std::string{key} + " is not supported (only false)");
@@ -548,6 +543,11 @@ bool parse_checked_body(std::string_view body, bool chat, const std::string& ser
   if (!parse_logit_bias(j, &r, err)) return false;
   if (!parse_constraint(j, ordered, out, err)) return false;
   if (!number_field(j, "repetition_penalty", 0.01, 100, &r.repetition_penalty, err)) return false;
+  // vLLM's min_p and min_tokens (the router checks min_tokens against max_tokens).
+  if (!number_field(j, "min_p", 0, 1, &r.min_p, err)) return false;
+  int64_t min_tokens = 0;
+  if (!number_field(j, "min_tokens", 0, big, &min_tokens, err)) return false;
+  r.min_tokens = static_cast<uint32_t>(min_tokens);
   if (!bool_field(j, "ignore_eos", &r.ignore_eos, err)) return false;
   if (!bool_field(j, "separate_reasoning", &out->reasoning_wanted, err)) return false;
   if (auto it = j.find("chat_template_kwargs"); it != j.end() && !it->is_null()) {

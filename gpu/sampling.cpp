@@ -49,12 +49,14 @@ int32_t sample_token(std::span<const float> raw, const sampling_config& cfg, uin
   sampling_scratch& sc = scratch ? *scratch : own;
   std::span<const float> logits_in = raw;
   const bool penalise = cfg.penalised() && !history.empty();
-  if (penalise || !cfg.bias_tokens.empty()) {
+  if (penalise || !cfg.bias_tokens.empty() || !cfg.banned_tokens.empty()) {
     sc.penalised.assign(raw.begin(), raw.end());
     if (penalise) apply_penalties(sc.penalised, cfg, history, sc.counts);
     for (size_t i = 0; i < cfg.bias_tokens.size() && i < cfg.bias_values.size(); ++i)
       if (const int32_t t = cfg.bias_tokens[i]; t >= 0 && static_cast<size_t>(t) < sc.penalised.size())
         sc.penalised[t] += cfg.bias_values[i];
+    for (const int32_t t : cfg.banned_tokens)
+      if (t >= 0 && static_cast<size_t>(t) < sc.penalised.size()) sc.penalised[t] = std::numeric_limits<float>::quiet_NaN();
     logits_in = sc.penalised;
   }
   const std::span<const float> logits = logits_in;
@@ -74,6 +76,10 @@ int32_t sample_token(std::span<const float> raw, const sampling_config& cfg, uin
     p[i] = logits[i] == logits[best] ? 1.0 : std::exp((static_cast<double>(logits[i]) - logits[best]) / cfg.temperature);
     if (std::isnan(p[i])) p[i] = 0.0;
   }
+  // min-p: p is relative to the most likely token (which has 1), so the cut is min_p itself.
+  if (cfg.min_p > 0.0f)
+    for (double& x : p)
+      if (x < cfg.min_p) x = 0.0;
   std::vector<uint32_t>& idx = sc.idx;
   idx.resize(p.size());
   std::iota(idx.begin(), idx.end(), 0u);
@@ -112,11 +118,16 @@ int32_t sample_token(std::span<const float> raw, const sampling_config& cfg, uin
   double total = 0.0;
   for (auto i : idx) total += p[i];
   double acc = 0.0;
+  uint32_t last_possible = static_cast<uint32_t>(best);
   for (auto i : idx) {
+    if (p[i] <= 0.0) continue;
+    last_possible = i;
     acc += p[i] / total;
     if (u < acc) return static_cast<int32_t>(i);
   }
-  return static_cast<int32_t>(idx.back());
+  // Rounding left the sum just under u: the last candidate that had a chance, never one with
+  // none (a NaN or banned logit, a token min-p cut).
+  return static_cast<int32_t>(last_possible);
 }
 
 token_logprobs logprobs_of(std::span<const float> logits, int32_t token, uint32_t top_n) {

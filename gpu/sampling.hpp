@@ -29,9 +29,16 @@ struct sampling_config {
   /// them. The tokens are distinct (the router refuses a repeat); one outside the row is ignored.
   std::vector<int32_t> bias_tokens = {};
   std::vector<float> bias_values = {};
+  /// vLLM's min_p: a draw keeps only the tokens at least this fraction as likely as the most
+  /// likely one (after temperature, before top-k and top-p). 0 = off; a greedy pick is unchanged.
+  float min_p = 0.0f;
+  /// Tokens never picked here (their logits taken as NaN): the end tokens while a request's
+  /// min_tokens is not reached yet (actors/executor_bridge.hpp, sample_next).
+  std::vector<int32_t> banned_tokens = {};
   bool penalised() const { return repetition_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f; }
-  /// Whether the pick reads changed logits (penalties or biases): never one of the device's picks.
-  bool adjusted() const { return penalised() || !bias_tokens.empty(); }
+  /// Whether the pick reads changed logits (penalties, biases or bans): never one of the
+  /// device's picks.
+  bool adjusted() const { return penalised() || !bias_tokens.empty() || !banned_tokens.empty(); }
 };
 
 /// The uniform draw in [0, 1) of a sequence's token at `position` (splitmix64 of both): the same on
@@ -54,8 +61,8 @@ struct sampling_scratch {
 /// (prompt and output), needed only for the penalties. The random draw depends only on (seed,
 /// position), never on which rank samples or what shares the batch, so a request sampled partly
 /// on a prefill rank and partly on a decode rank gets the same tokens as on one rank.
-/// Order: penalties, biases, then temperature, top-k, top-p, draw (greedy: penalties, biases,
-/// then argmax).
+/// Order: penalties, biases, bans, then temperature, min-p, top-k, top-p, draw (greedy:
+/// penalties, biases, bans, then argmax).
 /// Reads `logits` in place (a row of a batch's logits needs no copy); `scratch`, when given, is
 /// reused instead of allocating.
 int32_t sample_token(std::span<const float> logits, const sampling_config& cfg, uint32_t position,
@@ -104,8 +111,8 @@ struct seq_sampling {
   /// no penalties, no log-probabilities): one pass to sum, one to find the draw, which the CUDA
   /// backend runs on the device.
   bool plain_draw() const {
-    return cfg.temperature > 0.0f && cfg.top_k == 0 && cfg.top_p >= 1.0f && !cfg.adjusted() && !want_logprobs &&
-           !grammar;
+    return cfg.temperature > 0.0f && cfg.top_k == 0 && cfg.top_p >= 1.0f && cfg.min_p <= 0.0f && !cfg.adjusted() &&
+           !want_logprobs && !grammar;
   }
 };
 

@@ -40,6 +40,8 @@ struct request {
   float repetition_penalty = 1.0f;
   float presence_penalty = 0.0f;       ///< per token the output has produced before
   float frequency_penalty = 0.0f;      ///< per time it has
+  float min_p = 0.0f;                  ///< keep tokens at least this fraction as likely as the best (0 = off)
+  uint32_t min_tokens = 0;             ///< no end of sequence (end tokens, stop strings) before this many tokens
   /// (token id, bias in [-100, 100]) added to that token's logit at every pick (OpenAI's logit_bias).
   std::vector<std::pair<int32_t, float>> logit_bias;
   /// Constrained decoding: what the answer must be (docs/structured-outputs.md), and the text

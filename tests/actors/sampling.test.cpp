@@ -114,6 +114,89 @@ TEST_CASE("top-k, top-p and penalties sample the same tokens disaggregated as co
   CHECK(t.stats(cluster.decode[0].handle).num_free_pages == cfg.executor.num_kv_pages);
 }
 
+TEST_CASE("min_tokens holds the stop tokens back through prefill and decode, and stop strings until it is reached; "
+          "min_p draws the colocated run's tokens; out-of-range values are refused by name") {
+  test::cluster_system t;
+  auto cfg = small_cluster();
+  auto cluster = start_local_cluster(t.sys, cfg);
+  test::cluster_system::stopper stop{t, cluster};
+  generate_request greedy;
+  greedy.prompt = "the shortest answer is not allowed";
+  greedy.max_tokens = 12;
+  greedy.ignore_eos = true;
+  auto full = t.generate(cluster.router, greedy);
+  REQUIRE_MESSAGE(full, t.sys.render(full.error()));
+  REQUIRE(full->tokens.size() == 12);
+  // The prefill rank's pick (token 0) is a stop token: alone it ends the answer at once; with
+  // min_tokens 5 it is never picked before the fifth token, on the prefill rank or the decode rank.
+  auto held = greedy;
+  held.stop_token_ids = {full->tokens[0]};
+  auto at_once = t.generate(cluster.router, held);
+  REQUIRE(at_once);
+  CHECK(at_once->tokens.size() == 1);
+  held.min_tokens = 5;
+  auto later = t.generate(cluster.router, held);
+  REQUIRE_MESSAGE(later, t.sys.render(later.error()));
+  REQUIRE(later->tokens.size() >= 5);
+  for (size_t i = 0; i < 5; ++i) CHECK(later->tokens[i] != full->tokens[0]);
+  // Every token the greedy answer holds is a stop token, held back for all 12: the decode
+  // rank's steps pick none of them either, and the answer runs to its length.
+  held.stop_token_ids = full->tokens;
+  std::sort(held.stop_token_ids.begin(), held.stop_token_ids.end());
+  held.stop_token_ids.erase(std::unique(held.stop_token_ids.begin(), held.stop_token_ids.end()), held.stop_token_ids.end());
+  held.min_tokens = 12;
+  auto whole = t.generate(cluster.router, held);
+  REQUIRE_MESSAGE(whole, t.sys.render(whole.error()));
+  CHECK(whole->finish_reason == "length");
+  REQUIRE(whole->tokens.size() == 12);
+  for (auto tok : whole->tokens)
+    CHECK(std::find(held.stop_token_ids.begin(), held.stop_token_ids.end(), tok) == held.stop_token_ids.end());
+  // A stop string inside the first tokens: it ends nothing before min_tokens, and the tokens are
+  // the greedy run's (nothing is banned: no stop token, and <eos> is ignored).
+  auto by_text = greedy;
+  by_text.stop = {full->text.substr(1, 2)};
+  by_text.min_tokens = 10;
+  auto s2 = t.generate(cluster.router, by_text);
+  REQUIRE(s2);
+  REQUIRE(s2->tokens.size() >= 10);
+  CHECK(std::equal(s2->tokens.begin(), s2->tokens.end(), full->tokens.begin()));
+  // min_p: the tokens a colocated run draws with the same cut, which are not those without it.
+  generate_request drawn;
+  drawn.prompt = greedy.prompt;
+  drawn.max_tokens = 16;
+  drawn.ignore_eos = true;
+  drawn.temperature = 1.5f;
+  drawn.seed = 3;
+  drawn.min_p = 0.2f;
+  auto got = t.generate(cluster.router, drawn);
+  REQUIRE_MESSAGE(got, t.sys.render(got.error()));
+  auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
+  auto exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
+  gpu::sampling_config cut{1.5f, 3};
+  cut.min_p = 0.2f;
+  auto ref = gpu::generate_colocated(*exec, encode(cfg, greedy.prompt), 16, chunk_tokens, cut, true);
+  CHECK(got->tokens == ref.tokens);
+  auto uncut = gpu::generate_colocated(*exec, encode(cfg, greedy.prompt), 16, chunk_tokens, {1.5f, 3}, true);
+  CHECK(uncut.tokens != ref.tokens);
+  // Refused: min_tokens past max_tokens, min_p outside [0, 1].
+  auto too_many = greedy;
+  too_many.min_tokens = 13;
+  auto r1 = t.generate(cluster.router, too_many);
+  REQUIRE_FALSE(r1);
+  CHECK(t.sys.render(r1.error()).find("min_tokens 13 exceeds max_tokens 12") != std::string::npos);
+  auto bad_p = greedy;
+  bad_p.min_p = 1.5f;
+  auto r2 = t.generate(cluster.router, bad_p);
+  REQUIRE_FALSE(r2);
+  CHECK(t.sys.render(r2.error()).find("min_p must be in [0, 1]") != std::string::npos);
+  auto constrained = greedy;
+  constrained.output_format = 1;
+  constrained.min_tokens = 4;
+  auto r3 = t.generate(cluster.router, constrained);
+  REQUIRE_FALSE(r3);
+  CHECK(t.sys.render(r3.error()).find("min_tokens cannot hold back the end of a constrained answer") != std::string::npos);
+}
+
 TEST_CASE("logit_bias: banned tokens never come out, greedy or drawn, and the tokens equal the colocated run's "
           "with the same bias; a token outside the vocabulary, a repeat or a bias out of range is refused by name") {
   test::cluster_system t;

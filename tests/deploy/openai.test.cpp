@@ -212,9 +212,14 @@ TEST_CASE("OpenAI request bodies map onto generate_request, and refusals name th
   CHECK(refused(R"({"prompt":"a","stop":["ok",""]})").param == "stop");
   CHECK(refused(R"({"prompt":"a","tools":[{"type":"function"}]})").param == "tools");
   CHECK(refused(R"({"prompt":"a","suffix":"b"})").message == "suffix is not supported");
+  // vLLM's min_p and min_tokens are read; out of range or mistyped, refused by name.
+  CHECK(refused(R"({"prompt":"a","min_p":1.5})").param == "min_p");
+  CHECK(refused(R"({"prompt":"a","min_tokens":-1})").param == "min_tokens");
+  CHECK(refused(R"({"prompt":"a","min_tokens":2.5})").param == "min_tokens");
+  REQUIRE(deploy::openai::parse_body(R"({"prompt":"a","min_p":0.05,"min_tokens":4})", false, "m", &c, &e));
+  CHECK(c.req.min_p == doctest::Approx(0.05));
+  CHECK(c.req.min_tokens == 4);
   // vLLM's extras Baton does not compute: refused unless neutral (they were ignored silently).
-  CHECK(refused(R"({"prompt":"a","min_p":0.1})").message == "min_p is not supported (only its neutral value 0)");
-  CHECK(refused(R"({"prompt":"a","min_tokens":4})").param == "min_tokens");
   CHECK(refused(R"({"prompt":"a","include_stop_str_in_output":true})").message ==
         "include_stop_str_in_output is not supported (only false)");
   CHECK(refused(R"({"prompt":"a","use_beam_search":true})").param == "use_beam_search");

@@ -422,6 +422,48 @@ TEST_CASE("logprobs_of: the log-softmax of the raw logits at the pick, and the t
   CHECK(gpu::logprobs_of(logits, 6, 0).rank == 0);
 }
 
+TEST_CASE("sampling: min-p cuts the tokens less likely than its fraction of the best one, after temperature; "
+          "banned tokens are never picked, greedy or drawn") {
+  // Relative to the best token: 1, 0.5, 0.05, 0.2 at temperature 1.
+  const std::vector<float> logits = {0.0f, std::log(0.5f), std::log(0.05f), std::log(0.2f)};
+  const auto drawn = [&](const gpu::sampling_config& cfg) {
+    std::set<int32_t> seen;
+    for (uint32_t pos = 0; pos < 400; ++pos) seen.insert(gpu::sample_token(logits, cfg, pos));
+    return seen;
+  };
+  gpu::sampling_config plain{1.0f, 11};
+  CHECK(drawn(plain) == std::set<int32_t>{0, 1, 2, 3});
+  gpu::sampling_config cut = plain;
+  cut.min_p = 0.1f;
+  CHECK(drawn(cut) == std::set<int32_t>{0, 1, 3});
+  cut.min_p = 0.3f;
+  CHECK(drawn(cut) == std::set<int32_t>{0, 1});
+  // At temperature 2 token 2 is sqrt(0.05) = 0.22 of the best: above a min-p of 0.1, so kept
+  // (min-p reads the tempered probabilities, as vLLM's does).
+  gpu::sampling_config warm{2.0f, 11};
+  warm.min_p = 0.1f;
+  CHECK(drawn(warm) == std::set<int32_t>{0, 1, 2, 3});
+  // With top-k 2 as well: both cuts hold.
+  cut.min_p = 0.1f;
+  cut.top_k = 2;
+  CHECK(drawn(cut) == std::set<int32_t>{0, 1});
+  // Greedy: min-p keeps the best token, so the pick is the argmax; a row with min-p is never a
+  // device draw (the device draw has no cut), while a greedy one still is.
+  gpu::sampling_config greedy_min_p;
+  greedy_min_p.min_p = 0.5f;
+  CHECK(gpu::sample_token(logits, greedy_min_p, 0) == 0);
+  CHECK(gpu::seq_sampling{greedy_min_p, 0, {}}.plain_greedy());
+  CHECK_FALSE(gpu::seq_sampling{warm, 0, {}}.plain_draw());
+  // Bans: the best token banned, greedy takes the next; drawn, the banned ones never come out.
+  gpu::sampling_config ban;
+  ban.banned_tokens = {0, 9};  // 9 lies outside the row: ignored
+  CHECK(gpu::sample_token(logits, ban, 0) == 1);
+  CHECK_FALSE(gpu::seq_sampling{ban, 0, {}}.plain_greedy());
+  gpu::sampling_config ban_draw{1.0f, 11};
+  ban_draw.banned_tokens = {0, 1};
+  CHECK(drawn(ban_draw) == std::set<int32_t>{2, 3});
+}
+
 TEST_CASE("the executor picks each sequence's token by sample_token's rules, and returns logits only where asked") {
   auto exec = tiny_executor(2);
   auto& kv = exec->kv();
