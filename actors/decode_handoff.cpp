@@ -74,7 +74,7 @@ kv_lease_grant grant_lease(decode_pointer self, const kv_lease_reserve& req, std
   l.request_id = req.request_id;
   l.holder = holder;
   // A holder already gone is told at once (a reservation that waited for pages outlived it).
-  if (auto h = caf::actor_cast<caf::actor>(holder); h && s.watched_holders.insert(holder).second) self->monitor(h);
+  watch(self, holder);
   l.pages = std::move(pages);
   l.landed.assign(s.core.exec->config().num_hidden_layers, false);
   l.checking.assign(l.landed.size(), 0);

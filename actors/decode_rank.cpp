@@ -151,6 +151,41 @@ void free_lease(decode_pointer self, uint64_t lease_id, bool writer_may_write, b
   report_load(self);
 }
 
+void finish_seq(decode_pointer self, uint64_t lease_id, const std::string& reason);
+
+void release_lease(decode_pointer self, uint64_t lease_id, bool writer_may_write) {
+  auto& s = self->state;
+  if (release_migrating(self, lease_id)) return;
+  auto i = s.leases.find(lease_id);
+  if (i == s.leases.end()) return free_lease(self, lease_id, writer_may_write);  // quarantined, maybe
+  // A queued local prefill of this lease is dropped (unless its chunk is in the step in
+  // flight: finish_local_chunk notices the lease is gone).
+  bool chunk_in_step = false;
+  for (size_t k = 0; s.step_in_flight && k < s.step_chunks.size() && k < s.local_prefills.size(); ++k)
+    chunk_in_step |= s.local_prefills[k].lease_id == lease_id;
+  for (auto p = s.local_prefills.begin(); p != s.local_prefills.end(); ++p)
+    if (p->lease_id == lease_id && !chunk_in_step) {
+      p->promise.deliver(make_error(errc::lease_expired, where(p->order.request_id, s.cfg.name, "prefill") +
+                                                             ": the lease was released before the local prefill"));
+      s.local_prefills.erase(p);
+      break;
+    }
+  const bool in_step = s.step_in_flight && std::count(s.step_leases.begin(), s.step_leases.end(), lease_id);
+  if (in_step || chunk_in_step)
+    i->second.release_after_step = true;  // the executor still writes these pages
+  else if (i->second.decoding)
+    finish_seq(self, lease_id, "released");
+  else {
+    if (i->second.has_order) i->second.promise.deliver(decode_summary{.request_id = i->second.request_id, .finish_reason = "released"});
+    free_lease(self, lease_id, writer_may_write);
+  }
+}
+
+/// Monitors a lease's holder or its stream's receiver once, however many leases name it.
+void watch(decode_pointer self, const caf::actor_addr& who) {
+  if (auto h = caf::actor_cast<caf::actor>(who); h && self->state.watched_holders.insert(who).second) self->monitor(h);
+}
+
 /// A lease holder (a request actor) ended. One that ended normally let go of every lease it knew
 /// (its release came first: one sender, in order), so a lease of it still here, or held at expiry
 /// with no word from anyone, was never known to it, nor to any writer: its pages go back now,
@@ -160,6 +195,18 @@ void free_lease(decode_pointer self, uint64_t lease_id, bool writer_may_write, b
 void holder_down(decode_pointer self, const caf::down_msg& dm) {
   auto& st = self->state;
   st.watched_holders.erase(dm.source);
+  // A sequence whose tokens have no receiver any more (its request failed, or its node or link
+  // went), however that ended: nobody reads what it generates, and it would run on to its
+  // max_tokens with its batch slot and pages. Its writers are done (the order comes after the
+  // prefill's answer), so its pages need no quarantine beyond what the lease says.
+  std::vector<uint64_t> unread;
+  for (const auto& [id, l] : st.leases)
+    if (l.has_order && !l.release_after_step && caf::actor_cast<caf::actor_addr>(l.order.stream_to) == dm.source)
+      unread.push_back(id);
+  for (auto id : unread) {
+    st.core.log->add({0, "stream_gone", st.leases.at(id).request_id, 0, 0, {}, {}});
+    release_lease(self, id, false);
+  }
   if (dm.reason && dm.reason != caf::exit_reason::normal) return;
   std::vector<uint64_t> unknown, held;
   for (const auto& [id, l] : st.leases)
@@ -251,8 +298,10 @@ void rebalance_memory(decode_pointer self) {
   // waits for pages is placed again elsewhere. (Paused sequences still resume below: their next
   // step fails them over.)
   if (auto failure = st.core.exec->standing_failure(); !failure.empty()) {
-    for (auto& r : st.reserves)
+    for (auto& r : st.reserves) {
+      st.settled.push_back(r.req.request_id);  // the balancer stops charging its placement here
       r.promise.deliver(make_error(errc::rank_unavailable, where(r.req.request_id, st.cfg.name, "kv_reserve") + ": " + failure));
+    }
     st.reserves.clear();
   }
   auto& kv = st.core.exec->kv();
@@ -643,33 +692,7 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
         maybe_step(self);
         return promise;
       },
-      [=](release_atom, uint64_t lease_id, bool writer_may_write) {
-        auto& s = self->state;
-        if (release_migrating(self, lease_id)) return;
-        auto i = s.leases.find(lease_id);
-        if (i == s.leases.end()) return free_lease(self, lease_id, writer_may_write);  // quarantined, maybe
-        // A queued local prefill of this lease is dropped (unless its chunk is in the step in
-        // flight: finish_local_chunk notices the lease is gone).
-        bool chunk_in_step = false;
-        for (size_t k = 0; s.step_in_flight && k < s.step_chunks.size() && k < s.local_prefills.size(); ++k)
-          chunk_in_step |= s.local_prefills[k].lease_id == lease_id;
-        for (auto p = s.local_prefills.begin(); p != s.local_prefills.end(); ++p)
-          if (p->lease_id == lease_id && !chunk_in_step) {
-            p->promise.deliver(make_error(errc::lease_expired, where(p->order.request_id, s.cfg.name, "prefill") +
-                                                                   ": the lease was released before the local prefill"));
-            s.local_prefills.erase(p);
-            break;
-          }
-        const bool in_step = s.step_in_flight && std::count(s.step_leases.begin(), s.step_leases.end(), lease_id);
-        if (in_step || chunk_in_step)
-          i->second.release_after_step = true;  // the executor still writes these pages
-        else if (i->second.decoding)
-          finish_seq(self, lease_id, "released");
-        else {
-          if (i->second.has_order) i->second.promise.deliver(decode_summary{.request_id = i->second.request_id, .finish_reason = "released"});
-          free_lease(self, lease_id, writer_may_write);
-        }
-      },
+      [=](release_atom, uint64_t lease_id, bool writer_may_write) { release_lease(self, lease_id, writer_may_write); },
       [=](writer_done_atom, uint64_t lease_id, uint32_t num_writers) {
         auto& s = self->state;
         if (auto i = s.leases.find(lease_id); i != s.leases.end()) return i->second.writers.note(num_writers);
@@ -718,6 +741,8 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
         l.writers.abandoned |= order.writer_abandoned;  // its writer's own notice may come later
         l.order = std::move(order);
         l.has_order = true;
+        // The receiver of its tokens: after a move, the lease's holder is the rank it came from.
+        watch(self, caf::actor_cast<caf::actor_addr>(l.order.stream_to));
         l.order_at = self->clock().now();
         l.promise = self->make_response_promise<decode_summary>();
         auto promise = l.promise;

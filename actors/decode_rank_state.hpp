@@ -248,6 +248,12 @@ using decode_pointer = decode_rank_actor::stateful_pointer<decode_state>;
 /// learned of it.
 void free_lease(decode_pointer self, uint64_t lease_id, bool writer_may_write = false, bool unreleased = false);
 void report_load(decode_pointer self);
+/// The request let go of a lease (release_atom), or its stream's receiver is gone: a running
+/// sequence ends ("released"), one in a step at the end of the step, one moving away where the
+/// move stands; `writer_may_write` as free_lease's (decode_rank.cpp).
+void release_lease(decode_pointer self, uint64_t lease_id, bool writer_may_write);
+/// Monitors an actor once (a lease's holder, a stream's receiver): its end reaches holder_down.
+void watch(decode_pointer self, const caf::actor_addr& who);
 void maybe_step(decode_pointer self);
 /// Joins the batch once every layer has landed and the order is here (between steps).
 void maybe_admit(decode_pointer self, uint64_t lease_id);

@@ -332,15 +332,17 @@ void fail_or_retry(request_pointer self, caf::error err) {
   auto& st = self->state;
   if (st.answered) return;
   const int32_t done = static_cast<int32_t>(st.out.tokens.size());
-  // Every token is here, only the summary went missing (a link that dropped between the two, a
-  // rank gone right after its last step): the request is complete, whatever the failure.
-  if (done >= st.plan.params.max_tokens) {
-    st.out.finish_reason = "length";
-    return answer(self, caf::error{});
-  }
-  // Likewise a sequence whose last token is <eos>: it ended; a retry would generate past it.
+  // A sequence whose last token is <eos> ended, only its summary went missing (a link that
+  // dropped between the two, a rank gone right after its last step): the request is complete,
+  // whatever the failure; a retry would generate past it. Said first, as the ranks say "eos"
+  // for an <eos> that is also the last token max_tokens allows.
   if (done > 0 && st.out.tokens.back() == st.plan.eos_token_id && !st.plan.params.ignore_eos) {
     st.out.finish_reason = "eos";
+    return answer(self, caf::error{});
+  }
+  // Likewise every token is here.
+  if (done >= st.plan.params.max_tokens) {
+    st.out.finish_reason = "length";
     return answer(self, caf::error{});
   }
   const bool retryable = err.category() == caf::atom("baton") && is_retryable(static_cast<errc>(err.code()));

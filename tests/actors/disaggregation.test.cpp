@@ -436,6 +436,49 @@ TEST_CASE("a sequence whose prefill writer gave up a put (it may still land) has
   caf::anon_send_exit(listener, caf::exit_reason::user_shutdown);
 }
 
+TEST_CASE("a running sequence whose tokens' receiver failed ends at once ('released'), its pages back, instead of "
+          "running on to max_tokens") {
+  test::cluster_system t;
+  auto cfg = small_cluster();
+  cfg.decode.verify_kv_checksums = false;  // the layers below are announced, not written
+  auto cluster = start_local_cluster(t.sys, cfg);
+  test::cluster_system::stopper stop{t, cluster};
+  const auto decode = cluster.decode[0].handle;
+  caf::scoped_actor self{t.sys};
+  // The receiver fails at its first token, as a request actor whose node or link went: its end
+  // is not a normal one, so no release ever comes from it.
+  auto receiver = caf::actor_cast<request_actor>(t.sys.spawn([](caf::event_based_actor* me) -> caf::behavior {
+    return {[me](token_event&) { me->quit(caf::exit_reason::user_shutdown); }};
+  }));
+  const uint32_t prompt = 20, max_new = 900;  // 58 of the 64 pages
+  kv_lease_grant g;
+  self->request(decode, std::chrono::seconds{10}, reserve_atom::value, kv_lease_reserve{1, prompt + max_new, 60000, prompt})
+      .receive([&](kv_lease_grant& x) { g = std::move(x); }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
+  for (uint32_t l = 0; l < cfg.model.num_hidden_layers; ++l)
+    self->send(decode, kv_layer_ready{1, g.lease_id, l, prompt, 1, "prefill-0"});
+  decode_order o;
+  o.request_id = 1;
+  o.lease_id = g.lease_id;
+  o.first_token = 7;
+  o.prompt_len = prompt;
+  o.max_new_tokens = max_new;
+  o.ignore_eos = true;
+  o.stream_to = receiver;
+  self->request(decode, std::chrono::seconds{60}, o)
+      .receive(
+          [&](decode_summary& d) {
+            CHECK(d.finish_reason == "released");
+            CHECK(d.num_tokens < max_new);
+          },
+          [&](caf::error& e) { FAIL(t.sys.render(e)); });
+  bool noticed = false;
+  for (const auto& e : t.events(decode)) noticed |= e.kind == "stream_gone" && e.request_id == 1;
+  CHECK(noticed);
+  for (int i = 0; i < 1000 && t.stats(decode).num_free_pages != cfg.executor.num_kv_pages; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds{2});
+  CHECK(t.stats(decode).num_free_pages == cfg.executor.num_kv_pages);
+}
+
 TEST_CASE("a lease whose holder ended without learning of it goes back at once; one whose holder failed waits out "
           "its lease") {
   test::cluster_system t;
