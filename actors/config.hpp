@@ -66,6 +66,10 @@ struct prefill_rank_config {
     if (name.empty()) return "prefill rank name must not be empty";
     if (chunk_tokens == 0) return "prefill chunk_tokens must be >= 1";
     if (score_chunk_tokens == 0) return "prefill score_chunk_tokens must be >= 1";
+    // 0 would let no interactive prompt pass a waiting batch one: batch work first, the reverse
+    // of the classes' order.
+    if (batch_max_bypass == 0)
+      return "prefill batch_max_bypass must be >= 1 (0 would put batch prompts before interactive ones)";
     if (step_budget_us > 0 && !cost.usable())
       return "prefill step_budget_us needs a usable cost model (alpha, beta, delta >= 0, gamma > 0)";
     if (kv_send_timeout_ms == 0) return "prefill kv_send_timeout_ms must be >= 1";

@@ -44,7 +44,6 @@ sim_summary summarize(const std::vector<request_outcome>& outcomes, const slo& s
   uint64_t cached = 0, prompt = 0, tokens = 0, within = 0;
   int64_t first = outcomes.empty() ? 0 : outcomes.front().arrival_us, last = first;
   for (const auto& o : outcomes) {
-    prompt += o.input_tokens;
     first = std::min(first, o.arrival_us);
     if (!o.ok) {
       ++out.failed;
@@ -59,6 +58,9 @@ sim_summary summarize(const std::vector<request_outcome>& outcomes, const slo& s
       continue;
     }
     ++out.completed;
+    // Over completed requests only: a failed one reports no cached tokens, so its prompt would
+    // count as a miss however much of it the cache held.
+    prompt += o.input_tokens;
     cached += o.cached_tokens;
     tokens += o.output_tokens;
     out.failovers += o.failovers;
@@ -91,7 +93,9 @@ namespace {
 
 /// Numbers rounded to 4 significant decimals in a fixed format: the same doubles give the same
 /// text on every run and library.
+/// Non-finite numbers are null: JSON has no NaN or infinity ("nan" does not parse back).
 nlohmann::ordered_json num(double x) {
+  if (!std::isfinite(x)) return nullptr;
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.4f", x);
   return nlohmann::ordered_json::parse(buf);
@@ -147,7 +151,8 @@ std::string report_json(const std::map<std::string, std::string>& config, const 
       o["kv_used"] = series(r.kv_used);
     }
   }
-  return j.dump(2) + "\n";
+  // Replace, not throw, on a string that is not UTF-8 (config values and ranks are the caller's).
+  return j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
 }
 
 }  // namespace baton::sims

@@ -47,7 +47,7 @@ struct sim_summary {
   size_t requests = 0, completed = 0, failed = 0;
   percentiles ttft_ms, tbt_ms, tpot_ms, e2e_ms;  ///< over completed requests; tbt: Mooncake's
   double slo_attainment = 0;   ///< fraction of all requests that completed within both SLOs
-  double cache_hit_ratio = 0;  ///< cached prompt tokens / prompt tokens
+  double cache_hit_ratio = 0;  ///< cached prompt tokens / prompt tokens, of completed requests
   double span_s = 0;           ///< first arrival -> last completion (virtual)
   double output_tokens_per_s = 0, requests_per_s = 0;
   uint64_t failovers = 0;
@@ -74,7 +74,7 @@ struct timeline {
 
 /// The report as JSON: `config` (whatever the caller records: key -> value), the summary,
 /// `extra` numbers (events processed, ...) and, if given, the ranks' timeline. Fixed key order
-/// and number formatting.
+/// and number formatting; a non-finite number is null.
 std::string report_json(const std::map<std::string, std::string>& config, const sim_summary& s,
                         const std::map<std::string, double>& extra, const timeline* tl = nullptr);
 

@@ -69,6 +69,9 @@ std::string sim_config::validate() const {
     if (!known)
       return "fault names no rank '" + f.rank + "' (prefill-<i>, decode-<i> or, with the store, store-<i> of this cluster)";
     if (!(f.at_s >= 0 && f.at_s <= 1e9)) return "fault on " + f.rank + " must be at a time between 0 and 1e9 s";
+    // NaN fails both < 0 and > 0: it took the kill path, and infinity made the link free.
+    if (!std::isfinite(f.degrade_gbps))
+      return "fault on " + f.rank + " degrades its link to a rate that is not a finite number (degrade_gbps)";
     if (f.degrade_gbps < 0) return "fault on " + f.rank + " degrades its link to a negative rate";
     if (f.degrade_gbps > 0 && !model_links) return "a degraded link needs timed links (not --free-links)";
   }
@@ -198,18 +201,37 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
   const uint64_t kv_tokens = cfg.kv_tokens ? cfg.kv_tokens : decode_roof.kv_capacity_tokens();
   // Prefill instances hold their prompts (and local tier) in their own GPUs' memory.
   const uint64_t prefill_kv_tokens = cfg.kv_tokens ? cfg.kv_tokens : prefill_roof.kv_capacity_tokens();
-  uint64_t longest = 0;
-  for (const auto& r : t.requests) longest = std::max<uint64_t>(longest, uint64_t{r.input_tokens} + r.output_tokens);
+  // A prefill rank holds only its prompt's KV (the decode rank generates the rest); a decode rank
+  // the whole sequence.
+  uint64_t longest = 0, longest_prompt = 0;
+  for (const auto& r : t.requests) {
+    longest = std::max<uint64_t>(longest, uint64_t{r.input_tokens} + r.output_tokens);
+    longest_prompt = std::max<uint64_t>(longest_prompt, r.input_tokens);
+  }
   // A colocated cluster has no prefill pool to check (validate() refuses elastic ranks there).
   const bool prefill_pool = !cfg.colocated;
+  // Ranks get as many whole pages as the tokens fill, counted in a uint32_t: a request fits in
+  // those pages, not in the tokens (a part-page is not allocated).
+  auto pages_for = [&](uint64_t tokens) { return (tokens + cfg.page_tokens - 1) / cfg.page_tokens; };
   for (const auto& [tokens, gpu, is_prefill] :
-       {std::tuple{kv_tokens, cfg.decode_gpu, false}, std::tuple{prefill_kv_tokens, cfg.prefill_gpu, true}})
-    if ((!is_prefill || prefill_pool) && (tokens < longest || tokens == 0)) {
-      *why = "an instance holds " + std::to_string(tokens) + " KV tokens (" + cfg.model + " on " +
-             std::to_string(is_prefill ? prefill_roof.gpus() : decode_roof.gpus()) + " x " + gpu +
-             "), the longest request needs " + std::to_string(longest);
+       {std::tuple{kv_tokens, cfg.decode_gpu, false}, std::tuple{prefill_kv_tokens, cfg.prefill_gpu, true}}) {
+    if (is_prefill && !prefill_pool) continue;
+    const uint64_t pages = tokens / cfg.page_tokens;
+    const std::string where = cfg.model + " on " +
+                              std::to_string(is_prefill ? prefill_roof.gpus() : decode_roof.gpus()) + " x " + gpu;
+    if (pages > UINT32_MAX) {
+      *why = "an instance's " + std::to_string(tokens) + " KV tokens (" + where + ") make " + std::to_string(pages) +
+             " pages of " + std::to_string(cfg.page_tokens) + ", more than a rank counts (4294967295)";
       return false;
     }
+    const uint64_t need = is_prefill ? longest_prompt : longest;
+    if (pages < pages_for(need) || pages == 0) {
+      *why = "an instance holds " + std::to_string(tokens) + " KV tokens (" + std::to_string(pages) + " pages of " +
+             std::to_string(cfg.page_tokens) + "; " + where + "), the longest " + (is_prefill ? "prompt" : "request") +
+             " needs " + std::to_string(need) + " (" + std::to_string(pages_for(need)) + " pages)";
+      return false;
+    }
+  }
   if (longest > shape.max_context) {
     *why = "a request needs " + std::to_string(longest) + " tokens, beyond " + cfg.model + "'s context of " +
            std::to_string(shape.max_context);
@@ -528,8 +550,12 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
       o.error = past_horizon ? horizon_text : "not answered when the simulation ran out of events";
   out->outcomes = std::move(st->outcomes);
   out->summary = summarize(out->outcomes, cfg.slos);
+  // The measured percentiles over the requests the sim completed: the simulated ones are over
+  // those only, and the two are set side by side as errors.
   std::vector<double> mttft, mtpot, me2e;
-  for (const auto& r : t.requests) {
+  for (size_t i = 0; i < t.requests.size(); ++i) {
+    const auto& r = t.requests[i];
+    if (!out->outcomes[i].ok) continue;
     if (r.measured_ttft_s >= 0) mttft.push_back(r.measured_ttft_s * 1e3);
     if (r.measured_tpot_s >= 0) mtpot.push_back(r.measured_tpot_s * 1e3);
     if (r.measured_e2e_s >= 0) me2e.push_back(r.measured_e2e_s * 1e3);

@@ -120,7 +120,8 @@ struct sim_result {
   double ep_cross_node_gb = 0, ep_intra_node_gb = 0;
   double prefill_ep_imbalance = 1, decode_ep_imbalance = 1;
   /// What the engine measured, when the trace records it (vLLM request files): the same
-  /// percentiles over the same requests, to set beside `summary` (count 0: not recorded).
+  /// percentiles over the same requests (those the sim completed), to set beside `summary`
+  /// (count 0: not recorded).
   percentiles measured_ttft_ms, measured_tpot_ms, measured_e2e_ms;
   sims::timeline timeline;                ///< per rank over virtual time (empty when sample_s is 0)
   std::string json;                       ///< the deterministic report

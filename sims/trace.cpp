@@ -7,6 +7,7 @@
 #include <istream>
 #include <limits>
 #include <random>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -23,19 +24,31 @@ std::string trace_options::validate() const {
 
 std::string synthetic_spec::validate() const {
   if (!(rate_per_s > 0) || !(duration_s > 0) || !(arrival_cv > 0)) return "rate, duration and arrival cv must be > 0";
+  // The gaps are gamma with shape 1 / cv^2: an infinite cv, or one whose square overflows or
+  // vanishes, makes the shape 0 or infinite and every gap NaN.
+  if (const double sq = arrival_cv * arrival_cv; !std::isfinite(sq) || !std::isfinite(1.0 / sq))
+    return "arrival_cv (--arrival-cv) must be finite, between about 1e-154 and 1e154 (the gaps' gamma shape is 1 / cv^2)";
   // The trace is held in memory: a rate of 1e12 ended in std::bad_alloc (or took all the RAM).
   constexpr double max_requests = 5e7;
   if (const double n = rate_per_s * duration_s * (1.0 + std::max(rate_swing, 0.0)); !(n <= max_requests))
     return "rate (--rate, scaled) x duration (--duration-s) makes about " + std::to_string(static_cast<uint64_t>(std::min(n, 1e19))) +
            " requests; a synthetic trace holds at most 50000000";
-  for (const auto* d : {&input, &output})
+  for (const auto& [d, name] : {std::pair{&input, "input"}, std::pair{&output, "output"}}) {
     if (d->min == 0 || d->min > d->max || (d->kind != length_dist::uniform && !(d->mean > 0)) || !(d->cv >= 0))
       return "length distributions: need 1 <= min <= max, cv >= 0, and mean > 0 unless uniform";
+    // An infinite cv, or one whose square overflows, makes the lognormal's sigma infinite and
+    // every draw NaN.
+    if (!std::isfinite(d->cv * d->cv))
+      return std::string{name} + " cv must be finite, at most about 1e154 (the lognormal's sigma^2 is log(1 + cv^2))";
+  }
   if (period_s < 0 || !(rate_swing >= 0 && rate_swing < 1)) return "a diurnal day needs period_s >= 0 and 0 <= rate_swing < 1";
   if (period_s > 0)
-    for (const auto* d : {&alt_input, &alt_output})
+    for (const auto& [d, name] : {std::pair{&alt_input, "alt_input"}, std::pair{&alt_output, "alt_output"}}) {
       if (d->min == 0 || d->min > d->max || (d->kind != length_dist::uniform && !(d->mean > 0)) || !(d->cv >= 0))
         return "a diurnal day's alternative lengths: need 1 <= min <= max, cv >= 0, and mean > 0 unless uniform";
+      if (!std::isfinite(d->cv * d->cv))
+        return std::string{name} + " cv must be finite, at most about 1e154 (the lognormal's sigma^2 is log(1 + cv^2))";
+    }
   return {};
 }
 

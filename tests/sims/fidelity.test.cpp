@@ -124,6 +124,32 @@ TEST_CASE("fidelity: one parameter set predicts both measured Llama-3.1-8B vLLM 
   }
 }
 
+TEST_CASE("fidelity: the measured percentiles are over the requests the sim completed, as the simulated ones are") {
+  sim_config c;
+  c.model = "llama-3-8b";
+  c.tp = 1;
+  c.prefill_instances = 1;
+  c.decode_instances = 1;
+  c.model_links = false;
+  c.sample_s = 0;
+  c.horizon_s = 0.5;  // "a" completes in milliseconds; "b"'s 5,000 decode steps take ~20 s
+  trace t;
+  t.requests.push_back({0, 100, 2, {}, "a", 0.010, 0.020, 0.030});
+  t.requests.push_back({0, 100, 5000, {}, "b", 1.0, 1.0, 100.0});
+  sim_result r;
+  std::string why;
+  REQUIRE_MESSAGE(run_sim(c, t, "one done", &r, &why), why);
+  REQUIRE(r.summary.completed == 1);
+  CHECK(!r.outcomes[1].ok);
+  // "b"'s measured times, whose simulated ones never came, would pull the errors (it counted them).
+  CHECK(r.measured_ttft_ms.count == r.summary.ttft_ms.count);
+  CHECK(r.measured_tpot_ms.count == r.summary.tpot_ms.count);
+  CHECK(r.measured_e2e_ms.count == r.summary.e2e_ms.count);
+  CHECK(r.measured_ttft_ms.mean == doctest::Approx(10));
+  CHECK(r.measured_tpot_ms.mean == doctest::Approx(20));
+  CHECK(r.measured_e2e_ms.mean == doctest::Approx(30));
+}
+
 TEST_CASE("sim: step times from a fitted cost-model profile (`baton profile` output)") {
   sim_config c;
   c.model = "llama-3-8b";

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <limits>
 #include <regex>
 
 #include "sims/roofline.hpp"
@@ -254,6 +255,11 @@ TEST_CASE("sim: a link degraded in virtual time slows the handoffs through it fr
   CHECK(degraded.json.find("\"fault decode-0\": \"link at 1.0") != std::string::npos);
   cfg.faults = {{0, "decode-0", -1}};
   CHECK(cfg.validate() == "fault on decode-0 degrades its link to a negative rate");
+  for (double g : {std::nan(""), std::numeric_limits<double>::infinity()}) {  // NaN killed the rank instead
+    CAPTURE(g);
+    cfg.faults = {{0, "decode-0", g}};
+    CHECK(cfg.validate() == "fault on decode-0 degrades its link to a rate that is not a finite number (degrade_gbps)");
+  }
   cfg.faults = {{0, "store-0", 0}};
   CHECK(cfg.validate().rfind("fault names no rank 'store-0'", 0) == 0);  // no store here
 }
@@ -398,6 +404,28 @@ TEST_CASE("sim: configurations that cannot run say why") {
   cfg.kv_tokens = 1000;
   CHECK_FALSE(run_sim(cfg, one_request(4000, 2), "x", &r, &why));
   CHECK(why.find("holds 1000 KV tokens") != std::string::npos);
+  // Ranks get whole pages: 4,000 tokens are 62 pages of 64, too few for 3,992 (it passed, and the
+  // request could never be placed).
+  cfg.kv_tokens = 4000;
+  CHECK_FALSE(run_sim(cfg, one_request(3990, 2), "x", &r, &why));
+  CHECK(why == "an instance holds 4000 KV tokens (62 pages of 64; llama-3-8b on 1 x H200), the longest request needs "
+               "3992 (63 pages)");
+  // A rank counts its pages in a uint32_t: 2^32 of them are refused, not cut to 0.
+  cfg.kv_tokens = (uint64_t{UINT32_MAX} + 1) * 64;
+  CHECK_FALSE(run_sim(cfg, one_request(10, 2), "x", &r, &why));
+  CHECK(why == "an instance's 274877906944 KV tokens (llama-3-8b on 1 x H200) make 4294967296 pages of 64, more than a "
+               "rank counts (4294967295)");
+  // A prefill rank holds only its prompt: a small prefill GPU (an RTX 4090 keeps ~42K tokens of
+  // Llama-3-8B beside the weights) limits the prompt, not the output.
+  cfg = small_cluster();
+  cfg.prefill_instances = 1;
+  cfg.decode_instances = 1;
+  cfg.prefill_gpu = "RTX4090";
+  cfg.sample_s = 0;
+  cfg.horizon_s = 0.01;  // whether it may run is the point, not the 50,000 decode steps
+  CHECK_FALSE(run_sim(cfg, one_request(50000, 2), "x", &r, &why));
+  CHECK(why.find("x RTX4090), the longest prompt needs 50000") != std::string::npos);
+  CHECK_MESSAGE(run_sim(cfg, one_request(1000, 50000), "x", &r, &why), why);
 }
 
 TEST_CASE("sim report: percentiles interpolate, Mooncake's TBT is the slowest tenth of a request's intervals") {
@@ -413,6 +441,29 @@ TEST_CASE("sim report: percentiles interpolate, Mooncake's TBT is the slowest te
   CHECK(o.tbt_slow10_us == doctest::Approx(75));  // the 2 slowest of 20
   CHECK(o.tbt_max_us == 100);
   CHECK(o.tbt_mean_us == doctest::Approx((18 * 10 + 150) / 20.0));
+}
+
+TEST_CASE("sim report: the cache hit ratio is over completed requests, and a non-finite number is null in the JSON") {
+  request_outcome done, failed;
+  done.ok = true;
+  done.input_tokens = 1000;
+  done.output_tokens = 1;
+  done.cached_tokens = 500;
+  done.prefill_rank = "prefill-0";
+  failed.input_tokens = 1000;  // a failed request reports no cached tokens
+  failed.error = "not answered";
+  const auto s = summarize({done, failed}, slo{});
+  CHECK(s.failed == 1);
+  CHECK(s.cache_hit_ratio == doctest::Approx(0.5));  // it was 0.25: the failed prompt counted as a miss
+  // JSON has no NaN or infinity: "nan" did not parse back and report_json threw; nor may a
+  // string that is not UTF-8.
+  const std::map<std::string, std::string> config = {{"name", "bad \xff byte"}};
+  const std::map<std::string, double> extra = {{"a", std::nan("")}, {"b", std::numeric_limits<double>::infinity()}};
+  std::string j;
+  REQUIRE_NOTHROW(j = report_json(config, s, extra));
+  CHECK(j.find("\"a\": null") != std::string::npos);
+  CHECK(j.find("\"b\": null") != std::string::npos);
+  CHECK(j.find("bad \xef\xbf\xbd byte") != std::string::npos);  // U+FFFD in its place
 }
 
 TEST_CASE("sim plots: a CDF climbs to 1 over sorted values, and the SVG draws one polyline per series") {

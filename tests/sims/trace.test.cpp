@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <limits>
 #include <sstream>
 
 #include "sims/trace.hpp"
@@ -202,4 +203,30 @@ TEST_CASE("synthetic day: the rate swings with the period and the mix drifts to 
   CHECK(static_cast<double>(alt[3]) / n[3] < 0.25);
   s.rate_swing = 1.0;
   CHECK(s.validate() == "a diurnal day needs period_s >= 0 and 0 <= rate_swing < 1");
+}
+
+TEST_CASE("synthetic spec: an infinite cv, or one whose square overflows, is refused naming the field (it made every "
+          "gap or length NaN)") {
+  synthetic_spec s;
+  REQUIRE(s.validate().empty());
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::string arrival =
+      "arrival_cv (--arrival-cv) must be finite, between about 1e-154 and 1e154 (the gaps' gamma shape is 1 / cv^2)";
+  for (double cv : {inf, 1e200, 1e-200}) {  // the square: infinite, infinite, 0
+    CAPTURE(cv);
+    auto bad = s;
+    bad.arrival_cv = cv;
+    CHECK(bad.validate() == arrival);
+  }
+  auto bad = s;
+  bad.input.cv = inf;
+  CHECK(bad.validate() == "input cv must be finite, at most about 1e154 (the lognormal's sigma^2 is log(1 + cv^2))");
+  bad = s;
+  bad.output.cv = 1e200;
+  CHECK(bad.validate() == "output cv must be finite, at most about 1e154 (the lognormal's sigma^2 is log(1 + cv^2))");
+  bad = s;
+  bad.period_s = 100;
+  REQUIRE(bad.validate().empty());
+  bad.alt_input.cv = inf;
+  CHECK(bad.validate() == "alt_input cv must be finite, at most about 1e154 (the lognormal's sigma^2 is log(1 + cv^2))");
 }
