@@ -45,9 +45,10 @@ int run_profile(const std::vector<std::string>& args);
 /// `baton gateway`: the OpenAI-compatible HTTP gateway in front of a remote router.
 int run_gateway(const std::vector<std::string>& args);
 
-/// API keys from the environment (BATON_API_KEYS, comma-separated): how the launcher hands
-/// them to gateways without putting them on a command line.
-std::vector<std::string> api_keys_from_env();
+/// API keys from the environment (BATON_API_KEYS, comma-separated, blanks around each key
+/// trimmed): how the launcher hands them to gateways without putting them on a command line.
+/// Appended to `keys`; false (and `why`) when the variable is set but holds no key.
+bool api_keys_from_env(std::vector<std::string>* keys, std::string* why);
 
 /// `baton launch SPEC`: every node of a cluster spec as processes (ssh for other hosts).
 int run_launch(const std::vector<std::string>& args);

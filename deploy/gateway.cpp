@@ -37,6 +37,7 @@ std::string gateway_config::validate() const {
     if (k.empty()) return "gateway: an API key must not be empty";
   if (limits.max_body_bytes == 0 || limits.max_header_bytes < 64) return "gateway: HTTP limits are too small";
   if (idle_timeout_ms == 0) return "gateway: idle_timeout_ms must be >= 1";
+  if (max_stream_backlog_bytes < 4096) return "gateway: max_stream_backlog_bytes must be >= 4096";
   // Printable ASCII: the name goes into every answer's JSON, which must not meet invalid UTF-8.
   for (unsigned char c : served_model_name)
     if (c < 0x20 || c > 0x7e)
@@ -470,6 +471,12 @@ bool authorized(const shared_ptr& g, const http::request& req) {
   return ok;
 }
 
+void reply_unauthorized(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st) {
+  reply_error(self, hdl, g, st,
+              {401, "missing or wrong API key: send Authorization: Bearer <key>", "invalid_request_error", {}},
+              {{"WWW-Authenticate", "Bearer"}});
+}
+
 void dispatch(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st,
               const http::request& req) {
   struct route {
@@ -496,10 +503,7 @@ void dispatch(caf::io::broker* self, caf::io::connection_handle hdl, const share
     return reply_error(self, hdl, g, st,
                        {405, req.path + " takes " + found->method + ", not " + req.method.substr(0, 16), "invalid_request_error", {}},
                        {{"Allow", std::string_view{found->method} == "GET" ? "GET, HEAD" : found->method}});
-  if (!authorized(g, req))
-    return reply_error(self, hdl, g, st,
-                       {401, "missing or wrong API key: send Authorization: Bearer <key>", "invalid_request_error", {}},
-                       {{"WWW-Authenticate", "Bearer"}});
+  if (!authorized(g, req)) return reply_unauthorized(self, hdl, g, st);
   if (req.path == "/v1/completions") return generate(self, g, st, req, false);
   if (req.path == "/v1/chat/completions") return generate(self, g, st, req, true);
   if (req.path == "/v1/models") return reply(self, hdl, g, st, 200, openai::models_json(g->model, g->started_s));
@@ -545,8 +549,19 @@ void pump(caf::io::broker* self, caf::io::connection_handle hdl, const shared_pt
     http::request req;
     const auto r = http::parse_request(std::string_view{st->in}.substr(st->in_off), g->cfg.limits, &req, &st->body_progress);
     if (r.status == http::parse_status::incomplete) {
-      // Headers in, body not: a client that asked to be told before it sends the body is told.
+      // Headers in, body not: a client that asked to be told before it sends the body is told,
+      // unless its key is wrong: then the 401 is the answer, and no body is invited.
       if (r.expects_continue && !st->sent_continue) {
+        if (!authorized(g, req)) {
+          st->busy = true;
+          st->keep_alive = false;  // the body may still come: the close reads and drops it
+          st->route = "unauthorized";
+          st->in.clear();
+          st->in_off = 0;
+          st->body_progress.clear();
+          reply_unauthorized(self, hdl, g, st);
+          break;
+        }
         write(self, hdl, st, "HTTP/1.1 100 Continue\r\n\r\n");
         st->sent_continue = true;
       }
@@ -650,6 +665,12 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
         self->quit();
       },
       [=](linger_atom) {
+        // An answer still going out to a client that reads it (a large body, an HTTP/1.0 stream
+        // at the reader's pace): wait on, as the idle limit allows any answer.
+        if (st->out_pending > 0 && std::chrono::steady_clock::now() - st->out_progress < idle) {
+          self->delayed_send(self, linger_time, linger_atom::value);
+          return;
+        }
         // The client neither closed nor stopped sending: close now (abort if the answer itself
         // is still stuck unsent: a client that does not read would hold CAF's close for ever).
         if (st->out_pending > 0) abort_connection(self, hdl);
@@ -662,6 +683,14 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
         if (!st->in_call || seq != st->call_seq) return;
         stream_head(self, hdl, st);
         event(self, hdl, st, event_json);
+        if (st->out_pending > g->cfg.max_stream_backlog_bytes) {
+          // The client reads, but far slower than the stream is made (the idle limit counts only
+          // a client that reads nothing): its events would pile up in memory without bound. The
+          // generation and the connection go.
+          g->metrics.count_response(st->route, 499);
+          end_call(self, st);
+          abort_connection(self, hdl);
+        }
       },
       [=](uint64_t seq, std::vector<completion>& choices, std::string& json, bool stream) {
         if (st->in_call && seq == st->call_seq) on_done(self, hdl, g, st, choices, json, stream);

@@ -26,9 +26,24 @@
 
 namespace baton::deploy {
 
-std::vector<std::string> api_keys_from_env() {
+bool api_keys_from_env(std::vector<std::string>* keys, std::string* why) {
   const char* v = std::getenv("BATON_API_KEYS");  // comma-separated; kept off command lines (ps)
-  return v ? split_list(v) : std::vector<std::string>{};
+  if (!v) return true;
+  // Set but holding no key (an empty variable, a script's unset substitution): no key would mean
+  // no authentication, which nobody who set it asked for.
+  size_t found = 0;
+  for (auto& k : split_list(v)) {
+    const auto first = k.find_first_not_of(" \t"), last = k.find_last_not_of(" \t");
+    if (first == std::string::npos) continue;  // "a, ,b": the blank one is a typo, not a key
+    keys->push_back(k.substr(first, last - first + 1));  // "k1, k2": a client sends "k2"
+    ++found;
+  }
+  if (found == 0) {
+    *why = "BATON_API_KEYS is set but holds no key (give comma-separated keys, or unset it to serve without "
+           "authentication)";
+    return false;
+  }
+  return true;
 }
 
 int run_gateway(const std::vector<std::string>& args) {
@@ -59,9 +74,12 @@ int run_gateway(const std::vector<std::string>& args) {
             "(restarted: `baton launch --restart-failed`) and serve through it, on the same port (0 = leave at once)");
   if (auto rc = flags.parse_command_line(args, "gateway", "baton gateway --router HOST:PORT --listen HOST:PORT [flags]"))
     return *rc;
-  for (auto& k : api_keys_from_env()) gc.api_keys.push_back(std::move(k));
   std::string host, why;
   uint16_t port = 0;
+  if (!api_keys_from_env(&gc.api_keys, &why)) {
+    std::fprintf(stderr, "baton gateway: %s\n", why.c_str());
+    return 2;
+  }
   if (auto e = sec.validate(); !e.empty()) {
     std::fprintf(stderr, "baton gateway: %s\n", e.c_str());
     return 2;

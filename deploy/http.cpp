@@ -173,14 +173,25 @@ static parse_result parse_request_at(std::string_view buf, const limits& lim, re
       const auto name = h.substr(0, colon);
       if (!std::all_of(name.begin(), name.end(), is_token_char))
         return fail(400, "malformed header name '" + std::string(name.substr(0, 64)) + "'");
-      out->headers.emplace_back(lower(name), std::string(trim(h.substr(colon + 1))));
+      const auto value = h.substr(colon + 1);
+      // RFC 9112 §5.5: a value holds no control character but HTAB. A bare CR or a NUL read one
+      // way here and another by a proxy in front is how requests are smuggled past it.
+      if (std::any_of(value.begin(), value.end(), [](char c) { return (c >= 0 && c < 0x20 && c != '\t') || c == 0x7f; }))
+        return fail(400, "header '" + std::string(name.substr(0, 64)) + "' has a control character in its value");
+      out->headers.emplace_back(lower(name), std::string(trim(value)));
     }
   }
-  if (const auto* c = out->header("connection")) {
-    const auto v = lower(*c);
-    if (v.find("close") != std::string::npos) out->keep_alive = false;
-    if (v.find("keep-alive") != std::string::npos) out->keep_alive = true;
-  }
+  // Every Connection header's options together, and "close" wins: a keep-alive in one header
+  // must not keep open a connection another header closes.
+  bool close = false, keep = false;
+  for (const auto& [k, v] : out->headers)
+    if (k == "connection") {
+      const auto options = lower(v);
+      close |= options.find("close") != std::string::npos;
+      keep |= options.find("keep-alive") != std::string::npos;
+    }
+  if (close) out->keep_alive = false;
+  else if (keep) out->keep_alive = true;
   // Every Transfer-Encoding header, not the first: "identity" then "chunked" framed by its
   // Content-Length here would be framed by its chunks behind a proxy (request smuggling). The
   // codings, all headers' lists together, must be "chunked" alone: a body is never compressed.

@@ -137,8 +137,7 @@ int serve(caf::actor_system& sys, const local_cluster& cluster, const local_opti
   if (!opt.http_listen.empty()) {
     gateway_config gc = opt.gateway;
     gc.api_keys = opt.api_keys;
-    for (auto& k : api_keys_from_env()) gc.api_keys.push_back(std::move(k));
-    if (!parse_host_port(opt.http_listen, "--http-listen", &gc.host, &gc.port, &why) ||
+    if (!api_keys_from_env(&gc.api_keys, &why) || !parse_host_port(opt.http_listen, "--http-listen", &gc.host, &gc.port, &why) ||
         !spawn_gateway(sys, gc, cluster.router, &gateway, &why)) {
       std::fprintf(stderr, "baton local: %s\n", why.c_str());
       return 2;

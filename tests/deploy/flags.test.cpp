@@ -6,6 +6,7 @@
 #include "actors/kv_wire_staging.hpp"
 #include "actors/local_cluster.hpp"
 #include "actors/node_agent.hpp"
+#include "deploy/commands.hpp"
 #include "deploy/flags.hpp"
 #include "deploy/node_options.hpp"
 
@@ -190,4 +191,26 @@ TEST_CASE("parse_node_options reads the flags over the environment's fault injec
   CHECK_FALSE(parse_node_options({"--connect", "127.0.0.1:7000"}, &from_env));
   CHECK(from_env.fault_layer_delay_ms == 250);
   ::unsetenv("BATON_FAULT_LAYER_DELAY_MS");
+}
+
+TEST_CASE("BATON_API_KEYS: keys are trimmed of the blanks around them; set but holding no key is refused, never "
+          "read as no authentication") {
+  struct restore {
+    ~restore() { ::unsetenv("BATON_API_KEYS"); }
+  } r;
+  std::vector<std::string> keys;
+  std::string why;
+  ::unsetenv("BATON_API_KEYS");
+  CHECK(baton::deploy::api_keys_from_env(&keys, &why));
+  CHECK(keys.empty());
+  ::setenv("BATON_API_KEYS", "k1, k2 ,,k3", 1);
+  CHECK(baton::deploy::api_keys_from_env(&keys, &why));
+  CHECK(keys == std::vector<std::string>{"k1", "k2", "k3"});
+  for (const char* none : {"", ",", " , "}) {
+    CAPTURE(none);
+    ::setenv("BATON_API_KEYS", none, 1);
+    keys.clear();
+    CHECK_FALSE(baton::deploy::api_keys_from_env(&keys, &why));
+    CHECK(why.find("BATON_API_KEYS is set but holds no key") == 0);
+  }
 }

@@ -639,3 +639,44 @@ TEST_CASE("regression: a request actor reported ended (exit_reason unknown) befo
     caf::anon_send_exit(router, caf::exit_reason::user_shutdown);
   }
 }
+
+TEST_CASE("an answer that closes its connection (HTTP/1.0) is sent whole to a client that starts reading it late, "
+          "not reset after the lingering close's two seconds while it is still going out") {
+  served_cluster s;
+  const int fd = connect_to(s.gateway.port);
+  // 64 choices with 20 alternatives per token: an answer of ~8 MB, more than the sockets'
+  // buffers on loopback take in (4 MiB sending, 128 KiB receiving before the reader reads).
+  const std::string body = R"({"prompt":"In the beginning","max_tokens":240,"ignore_eos":true,"n":64,"logprobs":20})";
+  send_all(fd, "POST /v1/completions HTTP/1.0\r\nAuthorization: Bearer sk-test\r\nContent-Length: " +
+                   std::to_string(body.size()) + "\r\n\r\n" + body);
+  // The answer's first byte: the whole answer is written now, then the connection lingers.
+  std::string all;
+  std::vector<char> tmp(1 << 16);
+  auto n = ::recv(fd, tmp.data(), 1, 0);
+  REQUIRE(n == 1);
+  all.push_back(tmp[0]);
+  std::this_thread::sleep_for(std::chrono::milliseconds{3000});
+  while ((n = ::recv(fd, tmp.data(), tmp.size(), 0)) > 0) all.append(tmp.data(), static_cast<size_t>(n));
+  ::close(fd);
+  CHECK(n == 0);  // a close, not a reset
+  const auto head_end = all.find("\r\n\r\n");
+  REQUIRE(head_end != std::string::npos);
+  const auto cl = all.find("Content-Length: ");
+  REQUIRE(cl != std::string::npos);
+  const size_t length = std::stoul(all.substr(cl + 16));
+  CHECK_MESSAGE(length > (6u << 20), length);
+  CHECK(all.size() - head_end - 4 == length);
+  CHECK_MESSAGE(json::parse(all.substr(head_end + 4))["choices"].size() == 64, all.substr(0, 400));
+}
+
+TEST_CASE("a request that expects 100-continue with a wrong key is answered 401 at once, and no body is invited") {
+  served_cluster s;
+  const int fd = connect_to(s.gateway.port);
+  send_all(fd, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer wrong\r\nContent-Length: 20\r\n"
+               "Expect: 100-continue\r\n\r\n");
+  std::string buf;
+  const auto a = read_answer(fd, buf);
+  ::close(fd);
+  CHECK(a.status == 401);
+  CHECK(buf.find("100 Continue") == std::string::npos);
+}

@@ -52,6 +52,20 @@ TEST_CASE("the HTTP parser takes whole requests, waits for partial ones and refu
   CHECK(status("POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n") == 501);
   CHECK(status("POST / HTTP/1.1\r\nTransfer-Encoding: identity\r\nTransfer-Encoding: chunked\r\nContent-Length: 2\r\n\r\n{}") == 501);
   CHECK(status("GET / HTTP/2.0\r\n\r\n") == 505);
+  // Control characters in a header's value (a bare CR, a NUL): refused, naming the header.
+  CHECK(status("GET / HTTP/1.1\r\nX-A: a\rb\r\n\r\n") == 400);
+  CHECK(status(std::string("GET / HTTP/1.1\r\nX-A: a") + '\0' + "b\r\n\r\n") == 400);
+  CHECK(deploy::http::parse_request("GET / HTTP/1.1\r\nX-B: a\x01\r\n\r\n", lim, &req).why ==
+        "header 'X-B' has a control character in its value");
+  CHECK(deploy::http::parse_request("GET / HTTP/1.1\r\nX-A: a\tb\r\n\r\n", lim, &req).status ==
+        deploy::http::parse_status::complete);  // HTAB is a value's character
+  // Connection: every header's options, close winning.
+  REQUIRE(deploy::http::parse_request("GET / HTTP/1.1\r\nConnection: keep-alive\r\nConnection: close\r\n\r\n", lim, &req)
+              .status == deploy::http::parse_status::complete);
+  CHECK_FALSE(req.keep_alive);
+  REQUIRE(deploy::http::parse_request("GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n", lim, &req).status ==
+          deploy::http::parse_status::complete);
+  CHECK(req.keep_alive);
   CHECK(status("GET /\r\n\r\n") == 400);
   // Bare LFs (netcat without -C): refused at once, not left waiting for a CRLF CRLF.
   CHECK(status("GET / HTTP/1.1\nHost: x\n\n") == 400);
