@@ -42,6 +42,22 @@ std::string check_forward_job(const forward_job& job, const model_config& cfg, c
     for (auto p : s.pages)
       if (p >= layout.num_pages) return tag + "KV page " + std::to_string(p) + " does not exist";
   }
+  // A sequence's pages are distinct where it has tokens: one page at two places of its list
+  // would have its later tokens overwrite its earlier ones' KV, and attention read the wrong
+  // keys with no error. A stamp per page (this thread's, reused) keeps the check linear.
+  thread_local std::vector<uint64_t> listed_by;
+  thread_local uint64_t stamp = 0;
+  if (listed_by.size() < layout.num_pages) listed_by.assign(layout.num_pages, 0);
+  for (const auto& s : job.seqs) {
+    ++stamp;
+    const uint64_t used = (uint64_t{s.start_pos} + s.tokens.size() + page - 1) / page;
+    for (uint64_t k = 0; k < used; ++k) {
+      if (listed_by[s.pages[k]] == stamp)
+        return "sequence " + std::to_string(s.seq_id) + ": KV page " + std::to_string(s.pages[k]) +
+               " appears twice among the pages of its tokens";
+      listed_by[s.pages[k]] = stamp;
+    }
+  }
   // Pages a job writes (those holding its new tokens) belong to one sequence each: two writing
   // one page would corrupt each other's KV in a way no later check could see. Shared pages of a
   // cached prefix are read only, so they may appear in several sequences.

@@ -153,6 +153,12 @@ bool parse_deepseek_fields(const json& j, model_config* out, Fail fail, UintFiel
     e.topk_method = j.value("topk_method", std::string{"greedy"});
     if (e.topk_method != "greedy" && e.topk_method != "group_limited_greedy")
       return fail("topk_method " + e.topk_method + " is not one DeepSeek-V2 defines (greedy, group_limited_greedy)");
+    // transformers' DeepSeek-V2 never renormalises the chosen experts' weights, vLLM does when
+    // this is true: the two would answer differently, so a V2 asking for it is refused (the
+    // published V2 checkpoints say false).
+    if (j.contains("norm_topk_prob") && j["norm_topk_prob"].is_boolean() && j["norm_topk_prob"].get<bool>())
+      return fail("norm_topk_prob true is not supported for DeepSeek-V2 (its weights are used as scored, times "
+                  "routed_scaling_factor, as transformers' DeepseekV2 does)");
   }
   // A MoE layer needs experts to route to; transformers builds a dense model otherwise.
   if (e.n_routed_experts == 0 || e.num_experts_per_tok == 0) e.n_routed_experts = 0;

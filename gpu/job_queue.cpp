@@ -1,5 +1,8 @@
 #include "gpu/job_queue.hpp"
 
+#include <exception>
+#include <string>
+
 #include <algorithm>
 
 namespace baton::gpu {
@@ -75,7 +78,15 @@ void job_queue::loop(const check_fn& check, const run_fn& run, const idle_work& 
       continue;
     }
     item.second->on_started(item.first.job_id);
-    run(item.first, *item.second);
+    // An exception (a scratch buffer's std::bad_alloc) fails this job, naming it, instead of
+    // ending the process from this thread; the rank fails the job's requests over.
+    try {
+      run(item.first, *item.second);
+    } catch (const std::exception& e) {
+      item.second->on_failed(item.first.job_id, std::string("the forward pass threw: ") + e.what());
+    } catch (...) {
+      item.second->on_failed(item.first.job_id, "the forward pass threw an exception that is not a std::exception");
+    }
     busy_at = clock::now();
   }
 }

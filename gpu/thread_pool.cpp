@@ -1,5 +1,7 @@
 #include "gpu/thread_pool.hpp"
 
+#include <utility>
+
 namespace baton::gpu {
 
 thread_pool::thread_pool(unsigned num_threads) {
@@ -39,10 +41,19 @@ void thread_pool::parallel_for(size_t n, size_t grain, const std::function<void(
     ++generation_;
   }
   wake_.notify_all();
-  if (ranges_[0].first < ranges_[0].second) fn(ranges_[0].first, ranges_[0].second);
+  std::exception_ptr mine;
+  try {
+    if (ranges_[0].first < ranges_[0].second) fn(ranges_[0].first, ranges_[0].second);
+  } catch (...) {
+    mine = std::current_exception();
+  }
   std::unique_lock<std::mutex> lock{mutex_};
-  done_.wait(lock, [this] { return pending_ == 0; });
+  done_.wait(lock, [this] { return pending_ == 0; });  // `fn` lives in the caller's frame
   job_ = nullptr;
+  auto failure = mine ? mine : std::exchange(failure_, nullptr);
+  failure_ = nullptr;
+  lock.unlock();
+  if (failure) std::rethrow_exception(failure);
 }
 
 void thread_pool::worker_loop(unsigned index) {
@@ -58,9 +69,15 @@ void thread_pool::worker_loop(unsigned index) {
       range = ranges_[index + 1];
       job = job_;
     }
-    if (range.first < range.second) (*job)(range.first, range.second);
+    std::exception_ptr failure;
+    try {
+      if (range.first < range.second) (*job)(range.first, range.second);
+    } catch (...) {
+      failure = std::current_exception();
+    }
     {
       std::lock_guard<std::mutex> lock{mutex_};
+      if (failure && !failure_) failure_ = failure;
       if (--pending_ == 0) done_.notify_one();
     }
   }

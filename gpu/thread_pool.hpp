@@ -2,6 +2,7 @@
 
 #include <condition_variable>
 #include <cstddef>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -24,7 +25,9 @@ public:
   unsigned num_threads() const { return static_cast<unsigned>(workers_.size()) + 1; }
 
   /// Runs fn(begin, end) over disjoint ranges covering [0, n); returns when all are done.
-  /// Ranges are multiples of `grain` (except the last) so callers can keep tiles whole.
+  /// Ranges are multiples of `grain` (except the last) so callers can keep tiles whole. An
+  /// exception from any range (std::bad_alloc of a scratch buffer) is rethrown here once every
+  /// range has ended, never on a worker (std::terminate) nor while workers still run `fn`.
   void parallel_for(size_t n, size_t grain, const std::function<void(size_t, size_t)>& fn);
 
 private:
@@ -38,6 +41,7 @@ private:
   std::vector<std::pair<size_t, size_t>> ranges_;  ///< ranges_[i + 1] belongs to worker i
   uint64_t generation_ = 0;
   unsigned pending_ = 0;
+  std::exception_ptr failure_;  ///< the first exception of the current parallel_for's ranges
   bool stop_ = false;
 };
 

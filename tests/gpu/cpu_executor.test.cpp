@@ -10,10 +10,12 @@
 #include <memory>
 #include <numeric>
 #include <set>
+#include <stdexcept>
 
 #include "gpu/byte_tokenizer.hpp"
 #include "gpu/cpu_executor.hpp"
 #include "gpu/cpu_kernels.hpp"
+#include "gpu/job_queue.hpp"
 #include "gpu/sampling.hpp"
 #include "gpu/local_generate.hpp"
 #include "gpu/thread_pool.hpp"
@@ -244,6 +246,9 @@ TEST_CASE("the executor refuses bad jobs with a message naming the sequence and 
   // Two sequences writing one page would overwrite each other's KV.
   r = run_blocking(*exec, forward_job{1, {forward_seq{46, {1, 2}, 0, pages, true}, forward_seq{47, {3}, 0, pages, true}}});
   CHECK(r.error.find("sequences 46 and 47 both write KV page " + std::to_string(pages[0])) != std::string::npos);
+  // One page twice among one sequence's: its later tokens would overwrite its earlier ones' KV.
+  r = run_blocking(*exec, forward_job{1, {forward_seq{48, std::vector<int32_t>(20, 1), 0, {pages[0], pages[0]}, true}}});
+  CHECK(r.error == "sequence 48: KV page " + std::to_string(pages[0]) + " appears twice among the pages of its tokens");
   // ... and keeps working afterwards.
   r = run_blocking(*exec, forward_job{1, {forward_seq{45, {1, 2}, 0, pages, true}}});
   CHECK(r.error.empty());
@@ -687,4 +692,64 @@ TEST_CASE("a sampler's reused scratch changes no pick: each row in place, settin
       penalty_moved += c.penalised() && reused != sample_token(copy, c, pos);
     }
   CHECK(penalty_moved > 0);  // the penalties were in force, so stale penalised logits would show
+}
+
+TEST_CASE("an exception in a parallel range comes back to the caller once every range has ended (the caller's "
+          "range or a worker's), and a job that throws fails by its sink instead of ending the process") {
+  gpu::thread_pool pool{3};
+  for (size_t thrower : {size_t{0}, size_t{2}}) {  // the caller's range, then a worker's
+    CAPTURE(thrower);
+    std::atomic<int> finished{0};
+    bool caught = false;
+    try {
+      pool.parallel_for(3, 1, [&](size_t b, size_t) {
+        if (b == thrower) throw std::runtime_error("no memory for scratch");
+        std::this_thread::sleep_for(std::chrono::milliseconds{20});
+        ++finished;
+      });
+    } catch (const std::runtime_error& e) {
+      caught = std::string{e.what()} == "no memory for scratch";
+      CHECK(finished.load() == 2);  // the other ranges had ended: `fn` outlived none of them
+    }
+    CHECK(caught);
+  }
+  // The pool serves the next loop as before.
+  std::atomic<size_t> sum{0};
+  pool.parallel_for(100, 1, [&](size_t b, size_t e) {
+    for (size_t i = b; i < e; ++i) sum += i;
+  });
+  CHECK(sum.load() == 4950);
+
+  struct recorder : gpu::executor_sink {
+    std::mutex m;
+    std::condition_variable cv;
+    std::vector<std::pair<uint64_t, std::string>> failed;
+    std::vector<uint64_t> done;
+    void on_layer_kv_ready(uint64_t, uint32_t) override {}
+    void on_done(uint64_t id, gpu::forward_output) override {
+      std::lock_guard<std::mutex> l{m};
+      done.push_back(id);
+      cv.notify_all();
+    }
+    void on_failed(uint64_t id, std::string why) override {
+      std::lock_guard<std::mutex> l{m};
+      failed.emplace_back(id, std::move(why));
+      cv.notify_all();
+    }
+  };
+  auto sink = std::make_shared<recorder>();
+  gpu::job_queue q;
+  q.start([](const gpu::forward_job&) { return std::string{}; },
+          [](const gpu::forward_job& job, gpu::executor_sink& s) {
+            if (job.job_id == 1) throw std::bad_alloc{};
+            s.on_done(job.job_id, {});
+          });
+  q.submit(gpu::forward_job{1, {}}, sink);
+  q.submit(gpu::forward_job{2, {}}, sink);
+  std::unique_lock<std::mutex> lock{sink->m};
+  CHECK(sink->cv.wait_for(lock, std::chrono::seconds{30}, [&] { return !sink->done.empty(); }));
+  REQUIRE(sink->failed.size() == 1);
+  CHECK(sink->failed[0].first == 1);
+  CHECK(sink->failed[0].second.find("the forward pass threw: ") == 0);
+  CHECK(sink->done == std::vector<uint64_t>{2});  // the queue's thread lives on
 }

@@ -439,7 +439,7 @@ TEST_CASE("config.json: DeepSeek-V2 and V3 fields, transformers' defaults and fa
   CHECK(c.is_moe_layer(1));
   CHECK_FALSE(c.is_moe_layer(0));
   auto v2 = deepseek_config_json(deepseek_tiny_config(false));
-  v2["norm_topk_prob"] = true;  // transformers' V2 ignores it; so do we
+  v2["norm_topk_prob"] = false;  // as the published V2 checkpoints say
   REQUIRE_MESSAGE(parse_hf_config(v2.dump(), "config.json", &c, &why), why);
   CHECK(c.mla.q_lora_rank == 0);  // null: q_proj
   CHECK(c.moe.scoring == "softmax");
@@ -460,6 +460,10 @@ TEST_CASE("config.json: DeepSeek-V2 and V3 fields, transformers' defaults and fa
   j = v2;
   j["topk_method"] = "noaux_tc";
   refused(j, "topk_method noaux_tc is not one DeepSeek-V2 defines");
+  // transformers' V2 ignores it, vLLM renormalises: the two answer differently, so refused.
+  j = v2;
+  j["norm_topk_prob"] = true;
+  refused(j, "norm_topk_prob true is not supported for DeepSeek-V2");
   j = v3;
   j["attention_bias"] = true;
   refused(j, "attention_bias is not supported for DeepSeek");
