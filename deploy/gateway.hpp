@@ -31,9 +31,10 @@ struct gateway_config {
   uint32_t max_connections = 1024;       ///< beyond: 503 and close
   /// A connection with no request in progress that completes none for this long is closed.
   uint32_t idle_timeout_ms = 60000;
-  /// A stream's events not yet taken by the client beyond this: the client is far slower than
-  /// the stream (it reads, so the idle limit never comes), and its call and connection are
-  /// dropped instead of its events piling up in memory.
+  /// A stream's events not yet sent beyond this (in the connection's write buffer, the socket's
+  /// being full): the client reads far slower than the stream is made (it reads, so the idle
+  /// limit never comes), and its call and connection are dropped (499) instead of its events
+  /// piling up in memory.
   uint64_t max_stream_backlog_bytes = uint64_t{32} << 20;
   /// A request actor already ended when the gateway first looked (CAF reports exit_reason
   /// unknown) may still have its answer on the wire behind that report: the call waits this long

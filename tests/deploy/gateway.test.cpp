@@ -669,6 +669,38 @@ TEST_CASE("an answer that closes its connection (HTTP/1.0) is sent whole to a cl
   CHECK_MESSAGE(json::parse(all.substr(head_end + 4))["choices"].size() == 64, all.substr(0, 400));
 }
 
+TEST_CASE("a stream whose client reads far slower than it is made ends (499) once its unsent events pass the "
+          "limit, though the client reads (the idle limit never comes)") {
+  deploy::gateway_config gc;
+  gc.max_stream_backlog_bytes = 1 << 20;
+  served_cluster s{gc};
+  // 64 choices of 240 tokens with 20 alternatives each: 12 MB of events, made in seconds.
+  const auto call = post("/v1/completions", R"({"prompt":"In the beginning","max_tokens":240,"ignore_eos":true,)"
+                                            R"("stream":true,"n":64,"logprobs":20})");
+  // The control: a client that reads at once gets the whole stream under the same limit.
+  auto whole = round_trip(s.gateway.port, call);
+  CHECK(whole.status == 200);
+  CHECK(whole.body.find("data: [DONE]") != std::string::npos);
+  CHECK(whole.body.size() > (8u << 20));
+  const int fd = connect_to(s.gateway.port);
+  int small = 4 * 1024;  // a window that crawls on loopback: tens of kB a second
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+  send_all(fd, call);
+  const auto cut = [&] {
+    return round_trip(s.gateway.port, get("/metrics")).body.find(R"(baton_http_responses_total{route="/v1/completions",code="499"} 1)") !=
+           std::string::npos;
+  };
+  bool ended = false;
+  char c;
+  for (int i = 0; i < 600 && !(ended = cut()); ++i) {  // bounded: 60 s
+    (void)::recv(fd, &c, 1, MSG_DONTWAIT);            // it reads, a little
+    std::this_thread::sleep_for(std::chrono::milliseconds{100});
+  }
+  ::close(fd);
+  CHECK(ended);
+  CHECK(s.settles());
+}
+
 TEST_CASE("a request that expects 100-continue with a wrong key is answered 401 at once, and no body is invited") {
   served_cluster s;
   const int fd = connect_to(s.gateway.port);
