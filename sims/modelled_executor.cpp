@@ -16,7 +16,27 @@ int64_t modelled_layer_ns(const gpu::forward_job& job, const gpu::model_config& 
     for (const auto& s : job.seqs) context += s.start_pos + 1;
     us = cfg.decode.step_us(job.seqs.size(), context);
   } else {
-    for (const auto& s : job.seqs) us += cfg.prefill.prefill_us(s.tokens.size(), s.start_pos);
+    // Prompt chunks, and in a colocated step the running sequences' one-token rows riding along
+    // (the decode rank marks such a step a prefill): the rows are timed as a decode step's, the
+    // chunks by the prefill model, and the pass's fixed cost (its weights read once) is charged
+    // once -- the prefill model's delta per chunk and per row made a step of 64 rows and one
+    // chunk cost 65 passes.
+    const auto& p = cfg.prefill;
+    uint64_t rows = 0, row_context = 0, chunks = 0;
+    for (const auto& s : job.seqs) {
+      const uint64_t q = s.tokens.size(), c = s.start_pos;
+      if (q == 0) continue;
+      if (q == 1 && c > 0) {  // a decode row (a one-token chunk after a prefix costs the same)
+        ++rows;
+        row_context += c + 1;
+        continue;
+      }
+      ++chunks;
+      us += p.prefill_us(q, c) - p.delta_us;
+    }
+    const auto& d = cfg.decode;
+    if (rows > 0) us += d.per_seq_us * static_cast<double>(rows) + d.per_context_token_us * static_cast<double>(row_context);
+    us += std::max(chunks > 0 ? p.delta_us : 0.0, rows > 0 ? d.step_base_us : 0.0);
   }
   return std::llround(us * 1000.0 / model.num_hidden_layers);
 }

@@ -448,3 +448,30 @@ TEST_CASE("two prompts started together at a prefill rank: the one that waits it
   CHECK_MESSAGE(**second, s.sys.render((*second)->error()));
   CHECK(s.stats(cluster.decode[0].handle).num_free_pages == times.num_kv_pages);
 }
+
+TEST_CASE("a colocated step's one-token rows are timed as a decode step's and the pass's fixed cost is charged "
+          "once, not once per row and chunk") {
+  const auto cfg = one_by_one();
+  auto times = model_times();
+  times.prefill.delta_us = 300.0;
+  const uint32_t layers = cfg.model.num_hidden_layers;
+  // One 64-token chunk after 32 cached, and 8 running sequences at positions 100..107.
+  gpu::forward_job step{0, {gpu::forward_seq{0, std::vector<int32_t>(64, 1), 32, {}, true}}, gpu::forward_job::prefill};
+  uint64_t context = 0;
+  for (uint32_t i = 0; i < 8; ++i) {
+    step.seqs.push_back(gpu::forward_seq{1 + i, {1}, 100 + i, {}, true});
+    context += 100 + i + 1;
+  }
+  const auto& p = times.prefill;
+  const double chunk_us = p.alpha_us * 64 * 64 + p.beta_us * 64 * 32 + p.gamma_us * 64;
+  const double rows_us = times.decode.per_seq_us * 8 + times.decode.per_context_token_us * static_cast<double>(context);
+  const double fixed_us = std::max(p.delta_us, times.decode.step_base_us);  // 800: the decode step's
+  CHECK(sims::modelled_layer_ns(step, cfg.model, times) == std::llround((chunk_us + rows_us + fixed_us) * 1000.0 / layers));
+  // A chunk alone: the prefill model as it stands (its delta once).
+  gpu::forward_job chunk{0, {step.seqs[0]}, gpu::forward_job::prefill};
+  CHECK(sims::modelled_layer_ns(chunk, cfg.model, times) == std::llround(p.prefill_us(64, 32) * 1000.0 / layers));
+  // Two prompts' chunks in one pass: delta once.
+  gpu::forward_job two{0, {step.seqs[0], gpu::forward_seq{9, std::vector<int32_t>(16, 1), 0, {}, true}}, gpu::forward_job::prefill};
+  CHECK(sims::modelled_layer_ns(two, cfg.model, times) ==
+        std::llround((p.prefill_us(64, 32) + p.prefill_us(16, 0) - p.delta_us) * 1000.0 / layers));
+}
