@@ -353,6 +353,11 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
     timing = std::make_shared<transport::link_timing>();
     timing->now_ns = now_ns;
     timing->gbps = (cfg.nic_gbps > 0 ? cfg.nic_gbps : prefill_roof.gpu.nic_gbps) * prefill_roof.gpus();
+    // A decode instance moves KV over its own NICs: another GPU, or another width (a wide EP
+    // instance has a NIC per GPU), than the prefill instances whose rate is the default.
+    const double decode_gbps = (cfg.nic_gbps > 0 ? cfg.nic_gbps : decode_roof.gpu.nic_gbps) * decode_roof.gpus();
+    if (decode_gbps != timing->gbps)
+      for (uint32_t i = 0; i < cc.num_decode_ranks; ++i) timing->endpoint_gbps[cc.decode.name + "-" + std::to_string(i)] = decode_gbps;
     const double carrier_per_token_layer = static_cast<double>(cc.model.kv_values_per_token()) * sizeof(float);
     timing->bytes_scale = static_cast<double>(shape.kv_bytes_per_token) / cc.model.num_hidden_layers / carrier_per_token_layer;
     auto fabric = transport::make_loopback_fabric();
@@ -482,7 +487,8 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
       return caf::behavior{[=](timer_atom) {
         if (f.degrade_gbps > 0) {
           std::lock_guard<std::mutex> lock{timing->mutex};
-          timing->endpoint_gbps[f.rank] = f.degrade_gbps;
+          auto e = timing->endpoint_gbps.find(f.rank);  // drops to, never rises to
+          timing->endpoint_gbps[f.rank] = std::min(f.degrade_gbps, e != timing->endpoint_gbps.end() ? e->second : timing->gbps);
         } else {
           self->send_exit(victim, caf::exit_reason::kill);
         }

@@ -132,11 +132,17 @@ private:
     auto& out = t.nic_free_ns[name_];
     auto& in = t.nic_free_ns[d.peer];
     const int64_t start = std::max({t.now_ns(), out, in});
-    double gbps = t.gbps;
-    for (const std::string* end : std::initializer_list<const std::string*>{&name_, &d.peer})
-      if (auto e = t.endpoint_gbps.find(*end); e != t.endpoint_gbps.end()) gbps = std::min(gbps, e->second);
-    const int64_t done = start + t.latency_ns + static_cast<int64_t>(modelled / gbps);  // GB/s = B/ns
-    out = in = done;
+    const auto rate = [&](const std::string& end) {
+      auto e = t.endpoint_gbps.find(end);
+      return e != t.endpoint_gbps.end() ? e->second : t.gbps;
+    };
+    const double out_gbps = rate(name_), in_gbps = rate(d.peer);
+    // The put moves at its slower end's rate; each end's queue is busy for the time its own NIC
+    // takes to move the bytes (GB/s = B/ns), so a fat end (a wide instance's many NICs) serves
+    // several thin senders at once instead of one after another.
+    const int64_t done = start + t.latency_ns + static_cast<int64_t>(modelled / std::min(out_gbps, in_gbps));
+    out = start + static_cast<int64_t>(modelled / out_gbps);
+    in = start + static_cast<int64_t>(modelled / in_gbps);
     return std::max<int64_t>(done, 1);
   }
 

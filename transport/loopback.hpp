@@ -28,8 +28,8 @@ struct link_timing {
   double bytes_scale = 1.0;         ///< modelled bytes per byte the put names (carrier KV -> real KV)
   int64_t latency_ns = 5000;        ///< per put
   std::map<std::string, int64_t> nic_free_ns;  ///< by endpoint name: when its queue drains
-  /// Degraded endpoints: their NIC's GB/s (a put moves at its slower end's rate); sims set it
-  /// at a fault's virtual time.
+  /// Endpoints whose NICs differ from `gbps` (a decode instance of another width, a degraded
+  /// link from a fault's virtual time on): their GB/s. A put moves at its slower end's rate.
   std::map<std::string, double> endpoint_gbps;
   uint64_t modelled_bytes = 0;                 ///< every put's modelled bytes, summed
   /// Guards the queues and counters above: every rank's link shares this one object, and each

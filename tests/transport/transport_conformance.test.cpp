@@ -297,6 +297,31 @@ TEST_CASE("modelled link with timing: a put is pending until its bytes crossed b
   CHECK(timing->modelled_bytes == 2000);
 }
 
+TEST_CASE("modelled link with timing: an endpoint with a faster NIC takes two senders' puts together, each at its "
+          "sender's rate, instead of one after the other") {
+  two_ranks t;
+  auto timing = std::make_shared<link_timing>();
+  int64_t now = 0;
+  timing->now_ns = [&now] { return now; };
+  timing->gbps = 1.0;                  // the senders' NICs: 1 byte per ns
+  timing->endpoint_gbps["b"] = 4.0;    // the receiver's: 4
+  timing->latency_ns = 100;
+  auto a = make_modelled_link(t.fabric, "a", timing);
+  auto c = make_modelled_link(t.fabric, "c", timing);
+  auto b = make_modelled_link(t.fabric, "b", timing);
+  xfer_error err;
+  auto ka = a->register_region(t.src.data(), t.src.size(), &err);
+  auto kc = c->register_region(t.src.data(), t.src.size(), &err);
+  auto kb = b->register_region(t.dst.data(), t.dst.size(), &err);
+  const auto from_a = a->post_put({1, 0, "b", ka->region_id, *kb, {{0, 0, 1000}}});
+  const auto from_c = c->post_put({2, 0, "b", kc->region_id, *kb, {{0, 0, 1000}}});
+  now = 1100;  // 1000 bytes at the slower end's 1 B/ns, plus latency
+  CHECK(a->poll(from_a, &err) == xfer_state::done);
+  CHECK(c->poll(from_c, &err) == xfer_state::pending);
+  now = 1350;  // behind a's quarter of b's time (250 ns), not behind all of a's put (it was 2200)
+  CHECK(c->poll(from_c, &err) == xfer_state::done);
+}
+
 TEST_CASE("fault proxy: corrupt flips exactly one byte of the chosen layer and drop, delay, disconnect, fail and stall behave as named") {
   two_ranks t;
   auto proxy = make_fault_proxy(make_loopback_transport(t.fabric, "a"), {fault_kind::corrupt_byte, 2, {}, 1, 99});
