@@ -90,6 +90,10 @@ generate_request to_request(const request& r) {
   return g;
 }
 
+/// A watched actor went before the answer came: the stream fails after this grace (sink_impl).
+using gone_atom = caf::atom_constant<caf::atom("gone")>;
+constexpr std::chrono::seconds answer_grace{5};
+
 caf::behavior sink_impl(caf::event_based_actor* self, router_actor router, generate_request req,
                         std::shared_ptr<channel> ch) {
   auto end = [ch](auto&& fill) {
@@ -99,6 +103,20 @@ caf::behavior sink_impl(caf::event_based_actor* self, router_actor router, gener
     ch->ended = true;
     ch->cv.notify_all();
   };
+  // The router until the first chunk, then the request actor that sent it, are watched: one
+  // that goes before the answer (its node or link gone, an actor that failed) would leave the
+  // request unanswered -- CAF 0.17 does not always fail it -- and the reader waiting out its
+  // whole timeout. An answer sent just before a normal end may still be behind the down message
+  // (a short request's actor can end before this node learns of it): it has the grace to come.
+  const auto router_addr = caf::actor_cast<caf::actor_addr>(router);
+  self->monitor(router);
+  auto watching_request = std::make_shared<bool>(false);
+  self->set_down_handler([=](caf::down_msg& dm) {
+    const bool from_router = dm.source == router_addr;
+    self->delayed_send(self, answer_grace, gone_atom::value, from_router,
+                       std::string{from_router ? "the router" : "the request's actor"} + " ended before the answer (" +
+                           self->system().render(dm.reason) + ")");
+  });
   self->request(router, caf::infinite, generate_atom::value, std::move(req), caf::actor_cast<client_sink_actor>(self))
       .then(
           [=](completion& c) {
@@ -120,7 +138,19 @@ caf::behavior sink_impl(caf::event_based_actor* self, router_actor router, gener
             self->quit();
           });
   return {
+      [=](gone_atom, bool from_router, std::string& why) {
+        if (from_router && *watching_request) return;  // the request's own actor speaks for it now
+        end([&] {
+          ch->failed = true;
+          ch->err = {"rank_unavailable", why, true};
+        });
+        self->quit();
+      },
       [=](stream_chunk& c) {
+        if (!*watching_request) {
+          *watching_request = true;
+          if (auto from = self->current_sender()) self->monitor(from);
+        }
         std::lock_guard<std::mutex> guard{ch->mutex};
         token_chunk out{c.request_id, c.first_index, std::move(c.tokens), std::move(c.text), std::move(c.finish_reason), {}};
         for (auto& t : c.logprobs)

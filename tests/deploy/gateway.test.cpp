@@ -2,6 +2,7 @@
 // mapping, the gateway over real sockets on 127.0.0.1, and the C++ client library.
 
 #include <caf/event_based_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
 
 #include "tests/deploy/gateway_fixture.hpp"
 
@@ -711,4 +712,52 @@ TEST_CASE("a request that expects 100-continue with a wrong key is answered 401 
   ::close(fd);
   CHECK(a.status == 401);
   CHECK(buf.find("100 Continue") == std::string::npos);
+}
+
+TEST_CASE("the C++ client's stream fails (rank_unavailable, naming who went) when the request's actor ends "
+          "without an answer, instead of waiting out the reader's timeout") {
+  caf::actor_system_config cfg;
+  register_message_types(cfg);
+  cfg.load<caf::io::middleman>();
+  cfg.set("logger.console-verbosity", caf::atom("quiet"));
+  caf::actor_system sys{cfg};
+  // A router stand-in whose request actor streams one chunk and then fails; the promise of the
+  // answer is kept and never kept, as CAF 0.17 may leave a request whose actor went.
+  auto promises = std::make_shared<std::vector<caf::response_promise>>();
+  auto router = sys.spawn([promises](router_actor::pointer self) -> router_actor::behavior_type {
+    return {
+        [](generate_atom, generate_request&) -> caf::result<completion> { return completion{}; },
+        [=](generate_atom, generate_request&, client_sink_actor sink) -> caf::result<completion> {
+          auto rp = self->make_response_promise<completion>();
+          promises->push_back(rp);
+          self->spawn([sink](caf::event_based_actor* req) {
+            stream_chunk c;
+            c.request_id = 1;
+            c.tokens = {7};
+            c.text = "x";
+            req->send(sink, std::move(c));
+            req->quit(caf::exit_reason::user_shutdown);
+          });
+          return rp;
+        },
+        [](stats_atom) { return cluster_stats{}; },
+        [](rank_gone_atom, std::vector<std::string>&, std::string&) {},
+    };
+  });
+  auto port = sys.middleman().publish(router, 0, "127.0.0.1", true);
+  REQUIRE(port);
+  std::string why;
+  auto conn = baton::client::connection::connect("127.0.0.1", *port, &why);
+  REQUIRE_MESSAGE(conn, why);
+  auto stream = conn->submit(baton::client::request{});
+  baton::client::token_chunk c;
+  REQUIRE(stream->next(&c, std::chrono::seconds{60}));
+  CHECK(c.text == "x");
+  CHECK_FALSE(stream->next(&c, std::chrono::seconds{60}));  // the grace is 5 s
+  CHECK_FALSE(stream->timed_out());
+  REQUIRE(stream->failed());
+  CHECK(stream->error_info().code == "rank_unavailable");
+  CHECK(stream->error_info().message.find("the request's actor ended before the answer") == 0);
+  conn.reset();
+  caf::anon_send_exit(router, caf::exit_reason::user_shutdown);
 }
