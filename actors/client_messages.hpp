@@ -57,7 +57,7 @@ struct generate_request {
   float min_p = 0.0f;                  ///< 0 = off; in [0, 1] (gpu::sampling_config::min_p)
   /// vLLM's min_tokens: no end of sequence before this many tokens (<= max_tokens): the end
   /// tokens (<eos> unless ignore_eos, the model's other end tokens, stop_token_ids) are never
-  /// picked and stop strings are not looked for until then.
+  /// picked until then, and stop strings are looked for only in the text after them (vLLM v1).
   uint32_t min_tokens = 0;
   /// OpenAI's logit_bias: logit_bias_values[i] (in [-100, 100]) added to the logit of token
   /// logit_bias_tokens[i] when each token is picked (gpu::sampling_config); distinct tokens, at

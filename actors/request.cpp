@@ -58,6 +58,7 @@ struct request_state {
   uint32_t decode_fed = 0;        ///< tokens of this attempt fed at decode ranks it moved away from
   uint32_t attempt = 0;           ///< failovers so far
   size_t emitted_text = 0;        ///< streaming: bytes of `text` already sent to the sink
+  size_t stop_from = 0;           ///< stop strings start at or after this byte of `text` (min_tokens)
   size_t emitted_tokens = 0;      ///< ... and tokens
   bool echo_streamed = false;     ///< streaming an echo: the prompt went with the first chunk
   bool answered = false;
@@ -266,15 +267,18 @@ bool hits_stop(request_state& st, int32_t token) {
     st.out.text = decode_text(st);
     return true;
   }
-  // min_tokens: stop strings count from the token that reaches it on (as vLLM's do); the end
-  // tokens above were never picked before it.
-  if (p.stop.empty() || st.out.tokens.size() < p.min_tokens) return false;
-  size_t longest = 0;
-  for (const auto& s : p.stop) longest = std::max(longest, s.size());
-  const size_t from = before >= longest ? before - longest + 1 : 0;
+  // min_tokens: stop strings are looked for only in the text after its first min_tokens tokens
+  // (as vLLM v1's detokenizer does); the end tokens above were never picked before then.
+  if (p.stop.empty()) return false;
+  if (st.out.tokens.size() <= p.min_tokens) {
+    st.stop_from = st.text.size();
+    return false;
+  }
+  // Each stop string must end inside this token's text (an earlier end was found at its own
+  // token, or lies in the text min_tokens shields), and start after what min_tokens shields.
   size_t cut = std::string::npos;
   for (const auto& s : p.stop)
-    if (!s.empty()) cut = std::min(cut, st.text.find(s, from));
+    if (!s.empty()) cut = std::min(cut, st.text.find(s, std::max(st.stop_from, before >= s.size() ? before - s.size() + 1 : 0)));
   if (cut == std::string::npos) return false;
   st.out.text = st.text.substr(0, cut);
   return true;

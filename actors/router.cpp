@@ -174,7 +174,7 @@ std::string tokenize_and_validate(generate_request& req, const gpu::model_config
   }
   if (req.min_tokens > static_cast<uint32_t>(req.max_tokens))
     return "min_tokens " + std::to_string(req.min_tokens) + " exceeds max_tokens " + std::to_string(req.max_tokens) +
-           (given_max ? "" : " (what the context leaves after this prompt)");
+           (given_max ? "" : " (the default: what the context leaves after this prompt, within the router's limits)");
   // A prompt-only call's one token is never fed back: it takes no place in the context.
   if (tokens->size() + static_cast<size_t>(req.max_tokens) - (req.prompt_only && req.max_tokens == 1 ? 1 : 0) > ctx)
     return "prompt of " + std::to_string(tokens->size()) + " tokens plus max_tokens " +

@@ -556,6 +556,7 @@ void pump(caf::io::broker* self, caf::io::connection_handle hdl, const shared_pt
           st->busy = true;
           st->keep_alive = false;  // the body may still come: the close reads and drops it
           st->route = "unauthorized";
+          st->head_only = false;  // an earlier HEAD's: this answer has its body
           st->in.clear();
           st->in_off = 0;
           st->body_progress.clear();

@@ -224,7 +224,8 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
              " pages of " + std::to_string(cfg.page_tokens) + ", more than a rank counts (4294967295)";
       return false;
     }
-    const uint64_t need = is_prefill ? longest_prompt : longest;
+    // With faults, a killed decode rank's sequences are prefilled again with their output so far.
+    const uint64_t need = is_prefill && cfg.faults.empty() ? longest_prompt : longest;
     if (pages < pages_for(need) || pages == 0) {
       *why = "an instance holds " + std::to_string(tokens) + " KV tokens (" + std::to_string(pages) + " pages of " +
              std::to_string(cfg.page_tokens) + "; " + where + "), the longest " + (is_prefill ? "prompt" : "request") +

@@ -50,6 +50,7 @@ __global__ void __launch_bounds__(threads) draw_kernel(draw_params p) {
   __shared__ double dscratch[warps_per_block];
   __shared__ double warp_sums[warps_per_block];
   __shared__ int32_t found;
+  __shared__ int32_t last_possible;
   const uint32_t row = blockIdx.x, t = threadIdx.x, lane = t % 32, warp = t / 32;
   if (p.u[row] < 0.0) return;  // a row that makes no draw (the same for every thread)
   const float* x = p.logits + static_cast<uint64_t>(row) * p.cols;
@@ -93,7 +94,18 @@ __global__ void __launch_bounds__(threads) draw_kernel(draw_params p) {
     if (found >= 0) break;
     for (uint32_t w = 0; w < warps_per_block; ++w) before += warp_sums[w];
   }
-  if (t == 0) p.out[row] = found >= 0 ? found : static_cast<int32_t>(p.cols - 1);  // rounding: the last, as sample_token
+  if (found < 0) {  // rounding left the sum just under the target (the same in every thread)
+    // The last token that had a chance, as sample_token: never one with none (a NaN logit).
+    // Only here, so a draw's common path takes no atomics.
+    if (t == 0) last_possible = 0;
+    __syncthreads();
+    int32_t mine_last = -1;
+    for (uint32_t i = t; i < p.cols; i += threads)
+      if (prob(x[i], mx, temperature) > 0.0) mine_last = static_cast<int32_t>(i);
+    if (mine_last >= 0) atomicMax(&last_possible, mine_last);
+    __syncthreads();
+  }
+  if (t == 0) p.out[row] = found >= 0 ? found : last_possible;
 }
 
 }  // namespace

@@ -154,12 +154,16 @@ TEST_CASE("min_tokens holds the stop tokens back through prefill and decode, and
   // A stop string inside the first tokens: it ends nothing before min_tokens, and the tokens are
   // the greedy run's (nothing is banned: no stop token, and <eos> is ignored).
   auto by_text = greedy;
-  by_text.stop = {full->text.substr(1, 2)};
+  // With a longer stop string beside it (a wider search window), the short one that the first
+  // tokens hold is still not found once min_tokens is reached: only text after them counts.
+  by_text.stop = {full->text.substr(1, 2), "a stop string this text never holds"};
   by_text.min_tokens = 10;
   auto s2 = t.generate(cluster.router, by_text);
   REQUIRE(s2);
   REQUIRE(s2->tokens.size() >= 10);
   CHECK(std::equal(s2->tokens.begin(), s2->tokens.end(), full->tokens.begin()));
+  CHECK(s2->text.size() >= 10);
+  CHECK(full->text.rfind(s2->text.substr(0, 10), 0) == 0);
   // min_p: the tokens a colocated run draws with the same cut, which are not those without it.
   generate_request drawn;
   drawn.prompt = greedy.prompt;
