@@ -73,14 +73,15 @@ void job_queue::loop(const check_fn& check, const run_fn& run, const idle_work& 
       item = std::move(queue_.front());
       queue_.pop_front();
     }
-    if (auto err = check(item.first); !err.empty()) {
-      item.second->on_failed(item.first.job_id, std::move(err));
-      continue;
-    }
-    item.second->on_started(item.first.job_id);
-    // An exception (a scratch buffer's std::bad_alloc) fails this job, naming it, instead of
-    // ending the process from this thread; the rank fails the job's requests over.
+    // An exception (a scratch buffer's std::bad_alloc, in the check or the pass) fails this job,
+    // naming it, instead of ending the process from this thread; the rank fails the job's
+    // requests over.
     try {
+      if (auto err = check(item.first); !err.empty()) {
+        item.second->on_failed(item.first.job_id, std::move(err));
+        continue;
+      }
+      item.second->on_started(item.first.job_id);
       run(item.first, *item.second);
     } catch (const std::exception& e) {
       item.second->on_failed(item.first.job_id, std::string("the forward pass threw: ") + e.what());

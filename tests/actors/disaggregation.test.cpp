@@ -395,6 +395,30 @@ TEST_CASE("a stalled layer expires the lease, frees the decode rank's pages and 
   CHECK(f.t.generate(f.cluster.router, req));
 }
 
+namespace {
+
+/// As a request whose prefill succeeded: a lease on `decode` for `total` tokens with every layer
+/// of its `prompt` announced landed (not written: the cluster's verify_kv_checksums is off), and
+/// a decode order for it, its first token 7, streaming to `to`.
+decode_order landed_order(test::cluster_system& t, caf::scoped_actor& self, const decode_rank_actor& decode,
+                          uint32_t layers, uint64_t rid, uint32_t prompt, uint32_t total, request_actor to) {
+  kv_lease_grant g;
+  self->request(decode, std::chrono::seconds{10}, reserve_atom::value, kv_lease_reserve{rid, total, 60000, prompt})
+      .receive([&](kv_lease_grant& x) { g = std::move(x); }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
+  for (uint32_t l = 0; l < layers; ++l) self->send(decode, kv_layer_ready{rid, g.lease_id, l, prompt, 1, "prefill-0"});
+  decode_order o;
+  o.request_id = rid;
+  o.lease_id = g.lease_id;
+  o.first_token = 7;
+  o.prompt_len = prompt;
+  o.max_new_tokens = total - prompt;
+  o.ignore_eos = true;
+  o.stream_to = std::move(to);
+  return o;
+}
+
+}  // namespace
+
 TEST_CASE("a sequence whose prefill writer gave up a put (it may still land) has its pages quarantined when it "
           "finishes, even before the writer's own notice arrives") {
   test::cluster_system t;
@@ -410,19 +434,8 @@ TEST_CASE("a sequence whose prefill writer gave up a put (it may still land) has
   // As a request whose prefill succeeded: every layer landed, then the decode order. `abandoned`
   // is what prefill_result::abandoned_put told the request.
   const auto decode_one = [&](uint64_t rid, bool abandoned) {
-    kv_lease_grant g;
-    self->request(decode, std::chrono::seconds{10}, reserve_atom::value, kv_lease_reserve{rid, prompt + 4, 60000, prompt})
-        .receive([&](kv_lease_grant& x) { g = std::move(x); }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
-    for (uint32_t l = 0; l < cfg.model.num_hidden_layers; ++l)
-      self->send(decode, kv_layer_ready{rid, g.lease_id, l, prompt, 1, "prefill-0"});
-    decode_order o;
-    o.request_id = rid;
-    o.lease_id = g.lease_id;
-    o.first_token = 7;
-    o.prompt_len = prompt;
+    auto o = landed_order(t, self, decode, cfg.model.num_hidden_layers, rid, prompt, prompt + 4, listener);
     o.max_new_tokens = 2;
-    o.ignore_eos = true;
-    o.stream_to = listener;
     o.writer_abandoned = abandoned;
     self->request(decode, std::chrono::seconds{30}, o)
         .receive([&](decode_summary& d) { CHECK(d.finish_reason == "length"); }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
@@ -451,19 +464,7 @@ TEST_CASE("a running sequence whose tokens' receiver failed ends at once ('relea
     return {[me](token_event&) { me->quit(caf::exit_reason::user_shutdown); }};
   }));
   const uint32_t prompt = 20, max_new = 900;  // 58 of the 64 pages
-  kv_lease_grant g;
-  self->request(decode, std::chrono::seconds{10}, reserve_atom::value, kv_lease_reserve{1, prompt + max_new, 60000, prompt})
-      .receive([&](kv_lease_grant& x) { g = std::move(x); }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
-  for (uint32_t l = 0; l < cfg.model.num_hidden_layers; ++l)
-    self->send(decode, kv_layer_ready{1, g.lease_id, l, prompt, 1, "prefill-0"});
-  decode_order o;
-  o.request_id = 1;
-  o.lease_id = g.lease_id;
-  o.first_token = 7;
-  o.prompt_len = prompt;
-  o.max_new_tokens = max_new;
-  o.ignore_eos = true;
-  o.stream_to = receiver;
+  auto o = landed_order(t, self, decode, cfg.model.num_hidden_layers, 1, prompt, prompt + max_new, receiver);
   self->request(decode, std::chrono::seconds{60}, o)
       .receive(
           [&](decode_summary& d) {

@@ -739,17 +739,23 @@ TEST_CASE("an exception in a parallel range comes back to the caller once every 
   };
   auto sink = std::make_shared<recorder>();
   gpu::job_queue q;
-  q.start([](const gpu::forward_job&) { return std::string{}; },
-          [](const gpu::forward_job& job, gpu::executor_sink& s) {
-            if (job.job_id == 1) throw std::bad_alloc{};
-            s.on_done(job.job_id, {});
-          });
+  q.start(
+      [](const gpu::forward_job& job) {
+        if (job.job_id == 3) throw std::bad_alloc{};  // the check's own buffers
+        return std::string{};
+      },
+      [](const gpu::forward_job& job, gpu::executor_sink& s) {
+        if (job.job_id == 1) throw std::bad_alloc{};
+        s.on_done(job.job_id, {});
+      });
   q.submit(gpu::forward_job{1, {}}, sink);
-  q.submit(gpu::forward_job{2, {}}, sink);
+  q.submit(gpu::forward_job{3, {}}, sink);
+  q.submit(gpu::forward_job{2, {}}, sink);  // one thread, in order: 1 and 3 are settled first
   std::unique_lock<std::mutex> lock{sink->m};
   CHECK(sink->cv.wait_for(lock, std::chrono::seconds{30}, [&] { return !sink->done.empty(); }));
-  REQUIRE(sink->failed.size() == 1);
+  REQUIRE(sink->failed.size() == 2);
   CHECK(sink->failed[0].first == 1);
   CHECK(sink->failed[0].second.find("the forward pass threw: ") == 0);
+  CHECK(sink->failed[1].first == 3);
   CHECK(sink->done == std::vector<uint64_t>{2});  // the queue's thread lives on
 }
