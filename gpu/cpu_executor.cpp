@@ -26,6 +26,13 @@ std::string cpu_executor_config::validate() const {
 
 std::string check_forward_job(const forward_job& job, const model_config& cfg, const kv_layout& layout) {
   const uint32_t page = layout.page_size_tokens;
+  // A sequence's pages are distinct where it has tokens: one page at two places of its list
+  // would have its later tokens overwrite its earlier ones' KV, and attention read the wrong
+  // keys with no error. A stamp per page (this thread's, reused) keeps the check linear, in the
+  // one pass over the pages that checks them.
+  thread_local std::vector<uint64_t> listed_by;
+  thread_local uint64_t stamp = 0;
+  if (listed_by.size() < layout.num_pages) listed_by.assign(layout.num_pages, 0);
   for (const auto& s : job.seqs) {
     const auto tag = "sequence " + std::to_string(s.seq_id) + ": ";
     if (s.tokens.empty()) return tag + "no tokens to run";
@@ -39,23 +46,14 @@ std::string check_forward_job(const forward_job& job, const model_config& cfg, c
              std::to_string(cfg.max_position_embeddings);
     if (uint64_t{s.pages.size()} * page < end)
       return tag + std::to_string(s.pages.size()) + " KV pages cannot hold " + std::to_string(end) + " tokens";
-    for (auto p : s.pages)
-      if (p >= layout.num_pages) return tag + "KV page " + std::to_string(p) + " does not exist";
-  }
-  // A sequence's pages are distinct where it has tokens: one page at two places of its list
-  // would have its later tokens overwrite its earlier ones' KV, and attention read the wrong
-  // keys with no error. A stamp per page (this thread's, reused) keeps the check linear.
-  thread_local std::vector<uint64_t> listed_by;
-  thread_local uint64_t stamp = 0;
-  if (listed_by.size() < layout.num_pages) listed_by.assign(layout.num_pages, 0);
-  for (const auto& s : job.seqs) {
     ++stamp;
-    const uint64_t used = (uint64_t{s.start_pos} + s.tokens.size() + page - 1) / page;
-    for (uint64_t k = 0; k < used; ++k) {
-      if (listed_by[s.pages[k]] == stamp)
-        return "sequence " + std::to_string(s.seq_id) + ": KV page " + std::to_string(s.pages[k]) +
-               " appears twice among the pages of its tokens";
-      listed_by[s.pages[k]] = stamp;
+    const uint64_t used = (end + page - 1) / page;  // the pages holding its tokens
+    for (size_t k = 0; k < s.pages.size(); ++k) {
+      const uint32_t p = s.pages[k];
+      if (p >= layout.num_pages) return tag + "KV page " + std::to_string(p) + " does not exist";
+      if (k >= used) continue;
+      if (listed_by[p] == stamp) return tag + "KV page " + std::to_string(p) + " appears twice among the pages of its tokens";
+      listed_by[p] = stamp;
     }
   }
   // Pages a job writes (those holding its new tokens) belong to one sequence each: two writing

@@ -84,9 +84,9 @@ void job_queue::loop(const check_fn& check, const run_fn& run, const idle_work& 
       item.second->on_started(item.first.job_id);
       run(item.first, *item.second);
     } catch (const std::exception& e) {
-      item.second->on_failed(item.first.job_id, std::string("the forward pass threw: ") + e.what());
+      item.second->on_failed(item.first.job_id, std::string("the job threw: ") + e.what());
     } catch (...) {
-      item.second->on_failed(item.first.job_id, "the forward pass threw an exception that is not a std::exception");
+      item.second->on_failed(item.first.job_id, "the job threw an exception that is not a std::exception");
     }
     busy_at = clock::now();
   }

@@ -33,7 +33,7 @@ struct sampling_config {
   /// likely one (after temperature, before top-k and top-p). 0 = off; a greedy pick is unchanged.
   float min_p = 0.0f;
   /// Tokens never picked here (their logits taken as NaN): the end tokens while a request's
-  /// min_tokens is not reached yet (actors/executor_bridge.hpp, sample_next).
+  /// min_tokens is not reached yet (actors/executor_bridge.hpp, sampling_at).
   std::vector<int32_t> banned_tokens = {};
   bool penalised() const { return repetition_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f; }
   /// Whether the pick reads changed logits (penalties, biases or bans): never one of the

@@ -1,7 +1,5 @@
 #include "gpu/thread_pool.hpp"
 
-#include <utility>
-
 namespace baton::gpu {
 
 thread_pool::thread_pool(unsigned num_threads) {
@@ -50,7 +48,7 @@ void thread_pool::parallel_for(size_t n, size_t grain, const std::function<void(
   std::unique_lock<std::mutex> lock{mutex_};
   done_.wait(lock, [this] { return pending_ == 0; });  // `fn` lives in the caller's frame
   job_ = nullptr;
-  auto failure = mine ? mine : std::exchange(failure_, nullptr);
+  const auto failure = mine ? mine : failure_;  // the caller's own first, else a worker's
   failure_ = nullptr;
   lock.unlock();
   if (failure) std::rethrow_exception(failure);

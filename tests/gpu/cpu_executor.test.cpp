@@ -755,7 +755,7 @@ TEST_CASE("an exception in a parallel range comes back to the caller once every 
   CHECK(sink->cv.wait_for(lock, std::chrono::seconds{30}, [&] { return !sink->done.empty(); }));
   REQUIRE(sink->failed.size() == 2);
   CHECK(sink->failed[0].first == 1);
-  CHECK(sink->failed[0].second.find("the forward pass threw: ") == 0);
+  CHECK(sink->failed[0].second.find("the job threw: ") == 0);
   CHECK(sink->failed[1].first == 3);
   CHECK(sink->done == std::vector<uint64_t>{2});  // the queue's thread lives on
 }
