@@ -75,6 +75,10 @@ struct generate_request {
   bool json_compact = false;   ///< with 1 or 2: the JSON without whitespace between its tokens
   std::vector<std::string> stop;       ///< generation ends when the text contains one (it is cut off)
   std::vector<int32_t> stop_token_ids; ///< ... or when one of these tokens is generated
+  /// vLLM's include_stop_str_in_output: the stop string, or the text of the stop token (one of
+  /// stop_token_ids or the model's other end tokens), that ended the answer stays at its end.
+  /// Without it both are cut off, as vLLM does.
+  bool include_stop_str_in_output = false;
   /// Each generated token's log-probability (completion::logprobs, stream_chunk::logprobs), with
   /// the top_logprobs (<= 20) most likely tokens' at its step.
   bool logprobs = false;
@@ -103,7 +107,7 @@ typename Inspector::result_type inspect(Inspector& f, generate_request& x) {
            wire::f32{&x.frequency_penalty}, x.stop, x.stop_token_ids, x.logprobs, x.top_logprobs, x.echo,
            x.prompt_logprobs, x.prompt_only, x.prompt_top_logprobs, x.chat_template_kwargs,
            x.tools_json, x.logit_bias_tokens, wire::f32s{&x.logit_bias_values}, x.output_format, x.output_spec,
-           x.json_compact, wire::f32{&x.min_p}, x.min_tokens);
+           x.json_compact, wire::f32{&x.min_p}, x.min_tokens, x.include_stop_str_in_output);
 }
 
 struct completion {

@@ -128,9 +128,12 @@ std::string token_text(const request_state& st, int32_t token) {
   return st.plan.tokenizer ? st.plan.tokenizer->decode({token}) : gpu::byte_tokenizer{-1, -1}.decode({token});
 }
 
-std::string decode_text(const request_state& st) {
-  if (st.plan.tokenizer) return st.plan.tokenizer->decode(st.out.tokens);
-  return gpu::byte_tokenizer{-1, -1}.decode(st.out.tokens);
+/// The text of the first `n` generated tokens (all of them by default).
+std::string decode_text(const request_state& st, size_t n = std::string::npos) {
+  const std::vector<int32_t> some(st.out.tokens.begin(), st.out.tokens.begin() + static_cast<std::ptrdiff_t>(std::min(n, st.out.tokens.size())));
+  const auto& tokens = n < st.out.tokens.size() ? some : st.out.tokens;
+  if (st.plan.tokenizer) return st.plan.tokenizer->decode(tokens);
+  return gpu::byte_tokenizer{-1, -1}.decode(tokens);
 }
 
 /// Streaming: sends the sink the tokens and the text it has not seen yet. Before the end only
@@ -257,14 +260,19 @@ bool hits_stop(request_state& st, int32_t token) {
   const size_t before = st.text.size();
   if (st.plan.sink || !p.stop.empty())
     st.text += token_text(st, token);
+  // A stop token's text is not part of the answer unless asked for (vLLM v1's detokenizer
+  // leaves it out the same way); the token itself stays among the tokens.
+  const auto text_to_stop_token = [&] {
+    return decode_text(st, p.include_stop_str_in_output ? st.out.tokens.size() : st.out.tokens.size() - 1);
+  };
   if (!p.ignore_eos && std::find(st.plan.extra_eos_token_ids.begin(), st.plan.extra_eos_token_ids.end(), token) !=
                            st.plan.extra_eos_token_ids.end()) {
-    st.out.text = decode_text(st);
+    st.out.text = text_to_stop_token();
     st.eos_hit = true;
     return true;
   }
   if (std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) != p.stop_token_ids.end()) {
-    st.out.text = decode_text(st);
+    st.out.text = text_to_stop_token();
     return true;
   }
   // min_tokens: stop strings are looked for only in the text after its first min_tokens tokens
@@ -276,11 +284,17 @@ bool hits_stop(request_state& st, int32_t token) {
   }
   // Each stop string must end inside this token's text (an earlier end was found at its own
   // token, or lies in the text min_tokens shields), and start after what min_tokens shields.
-  size_t cut = std::string::npos;
-  for (const auto& s : p.stop)
-    if (!s.empty()) cut = std::min(cut, st.text.find(s, std::max(st.stop_from, before >= s.size() ? before - s.size() + 1 : 0)));
+  // The earliest wins; at the same place the first listed.
+  size_t cut = std::string::npos, cut_length = 0;
+  for (const auto& s : p.stop) {
+    const size_t at = s.empty() ? std::string::npos : st.text.find(s, std::max(st.stop_from, before >= s.size() ? before - s.size() + 1 : 0));
+    if (at < cut) {
+      cut = at;
+      cut_length = s.size();
+    }
+  }
   if (cut == std::string::npos) return false;
-  st.out.text = st.text.substr(0, cut);
+  st.out.text = st.text.substr(0, p.include_stop_str_in_output ? cut + cut_length : cut);
   return true;
 }
 

@@ -81,6 +81,7 @@ generate_request to_request(const request& r) {
   g.json_compact = r.json_compact;
   g.stop = r.stop;
   g.stop_token_ids = r.stop_token_ids;
+  g.include_stop_str_in_output = r.include_stop_str_in_output;
   g.ignore_eos = r.ignore_eos;
   g.traffic_class = r.traffic_class;
   g.priority = r.priority;

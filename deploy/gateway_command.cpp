@@ -66,6 +66,8 @@ int run_gateway(const std::vector<std::string>& args) {
   flags.add("--idle-timeout-ms", &gc.idle_timeout_ms,
             "a connection with nothing in progress that completes no request for this long is closed");
   flags.add("--max-body-bytes", &gc.limits.max_body_bytes, "request bodies larger than this are answered 413");
+  flags.add("--max-stream-backlog-bytes", &gc.max_stream_backlog_bytes,
+            "a streaming client that lets more than this wait unread is dropped (499; its generation stops)");
   flags.add("--served-model-name", &gc.served_model_name, "the model's id in the API (default: the model's own name)");
   flags.add("--scheduler-threads", &scheduler_threads, "CAF scheduler threads");
   uint32_t head_wait_s = 60;

@@ -42,6 +42,8 @@ int run_generate(const std::vector<std::string>& args) {
   flags.add("--min-p", &req.min_p, "keep only tokens at least this fraction as likely as the best (0 = off)");
   flags.add("--min-tokens", &req.min_tokens, "no end of the answer (end tokens, stop strings) before this many tokens");
   flags.add("--stop", &req.stop, "a stop string (repeatable)");
+  flags.add("--include-stop-str", &req.include_stop_str_in_output,
+            "keep the stop string (or stop token's text) that ended the answer at its end");
   flags.add("--ignore-eos", &req.ignore_eos, "generate --max-tokens tokens even past <eos> (load tests)");
   flags.add("--json", &json_object, "answer with a JSON object (constrained decoding)");
   flags.add("--json-schema", &json_schema,

@@ -430,18 +430,12 @@ bool refuse_unsupported(const json& j, api_error* err) {
     *err = bad("functions", "functions (the API's old form) is not supported: give tools");
     return false;
   }
-  // vLLM's extras that Baton does not compute, at a value that would change the answer:
-  // refused by name (vLLM clients would otherwise take the answer as shaped by them). Their
-  // neutral values (what vLLM clients often send always) pass.
-  const auto given = [&](const char* key, auto neutral) {
-    auto it = j.find(key);
-    return it != j.end() && !it->is_null() && !(*it == neutral);
-  };
-  for (const char* key : {"include_stop_str_in_output", "use_beam_search"})
-    if (given(key, false)) {
-      *err = bad(key, std::string{key} + " is not supported (only false)");
-      return false;
-    }
+  // vLLM's beam search, which Baton does not compute: refused by name when asked for (vLLM
+  // clients would otherwise take the answer as a beam's); false, which they often send, passes.
+  if (auto it = j.find("use_beam_search"); it != j.end() && !it->is_null() && *it != false) {
+    *err = bad("use_beam_search", "use_beam_search is not supported (only false)");
+    return false;
+  }
   return true;
 }
 
@@ -549,6 +543,7 @@ bool parse_checked_body(std::string_view body, bool chat, const std::string& ser
   if (!number_field(j, "min_tokens", 0, big, &min_tokens, err)) return false;
   r.min_tokens = static_cast<uint32_t>(min_tokens);
   if (!bool_field(j, "ignore_eos", &r.ignore_eos, err)) return false;
+  if (!bool_field(j, "include_stop_str_in_output", &r.include_stop_str_in_output, err)) return false;
   if (!bool_field(j, "separate_reasoning", &out->reasoning_wanted, err)) return false;
   if (auto it = j.find("chat_template_kwargs"); it != j.end() && !it->is_null()) {
     if (!chat) {

@@ -51,6 +51,7 @@ struct request {
   bool json_compact = false;  ///< with json_object or json_schema: no whitespace between JSON's tokens
   std::vector<std::string> stop;
   std::vector<int32_t> stop_token_ids;
+  bool include_stop_str_in_output = false;  ///< keep the stop string (or stop token's text) that ended it
   bool ignore_eos = false;
   std::string traffic_class = "chat";  ///< chat | agent | batch
   std::string priority = "interactive";

@@ -108,6 +108,28 @@ TEST_CASE("top-k, top-p and penalties sample the same tokens disaggregated as co
   REQUIRE(s2);
   CHECK(s2->finish_reason == "stop");
   CHECK(s2->text == full->text.substr(0, full->text.find(needle)));
+  // include_stop_str_in_output keeps the stop string; and a stop token's text, which is cut off
+  // without it (the text of the tokens before it, as a run that ends there gives).
+  by_text.include_stop_str_in_output = true;
+  auto s3 = t.generate(cluster.router, by_text);
+  REQUIRE(s3);
+  CHECK(s3->finish_reason == "stop");
+  CHECK(s3->text == full->text.substr(0, full->text.find(needle) + needle.size()));
+  auto upto = [&](size_t n) {
+    if (n == 0) return std::string{};
+    auto shorter = greedy;
+    shorter.max_tokens = static_cast<uint32_t>(n);
+    auto r = t.generate(cluster.router, shorter);
+    REQUIRE(r);
+    return r->text;
+  };
+  CHECK(s1->text == upto(static_cast<size_t>(first_hit)));
+  stopped.include_stop_str_in_output = true;
+  auto s4 = t.generate(cluster.router, stopped);
+  REQUIRE(s4);
+  CHECK(s4->tokens == s1->tokens);
+  CHECK(s4->text == upto(static_cast<size_t>(first_hit) + 1));
+  CHECK(s4->text != s1->text);
   // Every lease comes back (a stopped request's release reaches the decode rank asynchronously).
   for (int i = 0; i < 1000 && t.stats(cluster.decode[0].handle).num_free_pages != cfg.executor.num_kv_pages; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds{2});

@@ -233,12 +233,14 @@ TEST_CASE("OpenAI request bodies map onto generate_request, and refusals name th
   REQUIRE(deploy::openai::parse_body(R"({"prompt":"a","min_p":0.05,"min_tokens":4})", false, "m", &c, &e));
   CHECK(c.req.min_p == doctest::Approx(0.05));
   CHECK(c.req.min_tokens == 4);
-  // vLLM's extras Baton does not compute: refused unless neutral (they were ignored silently).
-  CHECK(refused(R"({"prompt":"a","include_stop_str_in_output":true})").message ==
-        "include_stop_str_in_output is not supported (only false)");
-  CHECK(refused(R"({"prompt":"a","use_beam_search":true})").param == "use_beam_search");
-  REQUIRE(deploy::openai::parse_body(R"({"prompt":"a","min_p":0.0,"min_tokens":0,"include_stop_str_in_output":false})",
+  // vLLM's beam search, which Baton does not compute: refused unless false (it was ignored silently).
+  CHECK(refused(R"({"prompt":"a","use_beam_search":true})").message == "use_beam_search is not supported (only false)");
+  REQUIRE(deploy::openai::parse_body(R"({"prompt":"a","min_p":0.0,"min_tokens":0,"use_beam_search":false})",
                                      false, "m", &c, &e));
+  CHECK_FALSE(c.req.include_stop_str_in_output);
+  REQUIRE(deploy::openai::parse_body(R"({"prompt":"a","include_stop_str_in_output":true})", false, "m", &c, &e));
+  CHECK(c.req.include_stop_str_in_output);
+  CHECK(refused(R"({"prompt":"a","include_stop_str_in_output":1})").param == "include_stop_str_in_output");
   // logit_bias: token ids (as the object's keys) to biases in [-100, 100].
   REQUIRE(deploy::openai::parse_body(R"({"prompt":"a","logit_bias":{"50256":-100,"7":2.5}})", false, "m", &c, &e));
   CHECK(c.req.logit_bias_tokens == std::vector<int32_t>{50256, 7});
