@@ -75,7 +75,7 @@ enum class errc : uint8_t {
   kv_capacity,        ///< retryable: a rank has too few free KV pages right now
   rank_unavailable,   ///< retryable: no rank of the needed kind, or it stopped answering
   deadline_exceeded,  ///< retryable: a hop did not answer in time
-  transfer_failed,    ///< retryable unless the transport said fatal: KV did not arrive
+  transfer_failed,    ///< retryable: KV did not arrive (a put outside its region: layout_mismatch)
   executor_failed,    ///< fatal: the executor refused or failed a job
   lease_expired,      ///< retryable: the KV reservation timed out before decode began
   layout_mismatch,    ///< fatal: prefill and decode ranks disagree on the KV page layout

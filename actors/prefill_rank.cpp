@@ -738,9 +738,10 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
       [=](split_abort& ev) { on_split_abort(self, ev); },
       [=](xfer_atom, uint64_t request_id, uint32_t layer, const std::string& why, uint32_t attempt) {
         // A layer could not take its wire form (a value that is not finite): nothing was posted.
+        // The model made that KV; another attempt with the same weights makes it again.
         auto i = self->state.requests.find(request_id);
         if (i == self->state.requests.end() || i->second.attempt != attempt) return;
-        fail_request(self, request_id, errc::transfer_failed, "kv_encode", "layer " + std::to_string(layer) + ": " + why);
+        fail_request(self, request_id, errc::executor_failed, "kv_encode", "layer " + std::to_string(layer) + ": " + why);
       },
       [=](xfer_atom, uint64_t request_id, uint32_t layer, uint64_t xfer_id, uint64_t checksum, uint32_t attempt) {
         pending_put p{request_id, layer, xfer_id, checksum, self->clock().now(), attempt};

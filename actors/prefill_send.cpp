@@ -98,7 +98,11 @@ bool settle(prefill_pointer self, const pending_put& p) {
       return true;
     case transport::xfer_state::failed:
       st.core.xport->release(p.xfer_id);
-      fail_request(self, p.request_id, errc::transfer_failed, "kv_send", err.to_string());
+      // A put outside its region means the two ranks' layouts disagree: another attempt (a new
+      // lease, perhaps on the same kind of rank) fails the same way. Every other failure is
+      // retried on a new lease: even a fatal one (a stale key) does not follow it there.
+      fail_request(self, p.request_id, err.code == transport::xfer_errc::out_of_bounds ? errc::layout_mismatch : errc::transfer_failed,
+                   "kv_send", err.to_string());
       return true;
   }
   return true;

@@ -66,6 +66,9 @@ public:
       case fault_kind::fail:
         own_[id] = {xfer_errc::injected_failure, true, d.request_id, d.peer, d.layer, "fault proxy failed this put"};
         return id;
+      case fault_kind::refuse:
+        own_[id] = {xfer_errc::out_of_bounds, false, d.request_id, d.peer, d.layer, "fault proxy refused this put as out of bounds"};
+        return id;
       case fault_kind::stall:
         stalled_.insert(id);
         return id;

@@ -15,6 +15,9 @@ enum class fault_kind : uint8_t {
   drop,          ///< the put does nothing but reports success (a silently lost write)
   delay,         ///< the put lands, but poll() says pending for the first `delay_polls` polls
   fail,          ///< the put does nothing and reports injected_failure
+  /// The put does nothing and fails as one outside its region does (out_of_bounds, fatal: the
+  /// two sides' layouts disagree).
+  refuse,
   stall,         ///< the put does nothing and stays pending forever
   disconnect,    ///< this put and every later one fail with peer_unreachable
   /// The put stays pending, even after release(), until the test calls land_late(): then it

@@ -92,7 +92,12 @@ std::string wire_encode(wire_format f, const float* src, size_t values, uint8_t*
                  std::to_string(x[i]) + "): it has no " + to_string(f) + " form";
     const float scale = top / q;  // 0 for an all-zero block: its codes are 0 and decode to 0
     std::memcpy(out + b * sizeof(float), &scale, sizeof scale);
-    codes_of(x, n, scale > 0.0f ? 1.0f / scale : 0.0f, q, c);
+    const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+    if (std::isfinite(inv)) {
+      codes_of(x, n, inv, q, c);
+    } else {  // values under ~1e-36: 1/scale overflows, and 0 * inf would code a zero as -q
+      for (size_t i = 0; i < n; ++i) c[i] = std::min(q, std::max(-q, round_even(x[i] / scale)));
+    }
     if (f == wire_format::int8 && n == wire_block) {
       for (size_t i = 0; i < wire_block; ++i) codes[first + i] = static_cast<uint8_t>(static_cast<int8_t>(c[i]));
     } else if (f == wire_format::int8) {

@@ -73,9 +73,38 @@ struct cached_key {
 };
 
 /// One transfer: its puts, then a flush (or its active messages); done when all complete.
+/// What a failed UCX call means for the put: a peer that went (or a request cancelled with
+/// its endpoint) may be reached again or elsewhere; the target refusing an active message's
+/// header (no such region, or outside it: its handler's UCS_ERR_INVALID_PARAM) and anything
+/// else UCX reports are not mended by trying again.
+void set_failure(xfer_error* err, ucs_status_t s, const char* call) {
+  switch (s) {
+    case UCS_ERR_UNREACHABLE:
+    case UCS_ERR_CONNECTION_RESET:
+    case UCS_ERR_ENDPOINT_TIMEOUT:
+    case UCS_ERR_TIMED_OUT:
+    case UCS_ERR_CANCELED:
+    case UCS_ERR_NOT_CONNECTED:
+    case UCS_ERR_REJECTED:
+      err->code = xfer_errc::peer_unreachable;
+      err->retryable = true;
+      break;
+    case UCS_ERR_INVALID_PARAM:
+      err->code = xfer_errc::unknown_region;
+      err->retryable = false;
+      break;
+    default:
+      err->code = xfer_errc::backend_error;
+      err->retryable = false;
+  }
+  err->what = std::string{call} + " failed: " + ucs_status_string(s);
+  if (s == UCS_ERR_INVALID_PARAM) err->what += " (the target refused it: no such region, or outside it)";
+}
+
 struct transfer {
   std::vector<am_header> headers;  ///< "am" mode: each send's header lives until it completes
-  std::vector<void*> pending;  ///< UCX requests still in flight
+  /// UCX requests still in flight, each with the call that made it (a failure names it).
+  std::vector<std::pair<void*, const char*>> pending;
   xfer_state state = xfer_state::pending;
   xfer_error error;
   /// The peer's key it puts through, kept while it flies (keys in flight are never dropped,
@@ -86,12 +115,11 @@ struct transfer {
   /// fails the transfer naming the call. False once the transfer has failed.
   bool track(ucs_status_ptr_t req, const char* call) {
     if (UCS_PTR_IS_ERR(req)) {
-      error.code = xfer_errc::backend_error;
-      error.what = std::string{call} + ": " + ucs_status_string(UCS_PTR_STATUS(req));
+      set_failure(&error, UCS_PTR_STATUS(req), call);
       state = xfer_state::failed;
       return false;
     }
-    if (req) pending.push_back(req);
+    if (req) pending.emplace_back(req, call);
     return true;
   }
 };
@@ -481,18 +509,16 @@ private:
     for (auto i = inflight_.begin(); i != inflight_.end();) {
       auto& t = i->second;
       for (auto r = t.pending.begin(); r != t.pending.end();) {
-        const auto s = ucp_request_check_status(*r);
+        const auto s = ucp_request_check_status(r->first);
         if (s == UCS_INPROGRESS) {
           ++r;
           continue;
         }
         if (s != UCS_OK && t.state == xfer_state::pending) {
           t.state = xfer_state::failed;
-          t.error.code = xfer_errc::peer_unreachable;
-          t.error.retryable = true;
-          t.error.what = std::string{"put failed: "} + ucs_status_string(s);
+          set_failure(&t.error, s, r->second);
         }
-        ucp_request_free(*r);
+        ucp_request_free(r->first);
         r = t.pending.erase(r);
       }
       if (!t.pending.empty()) {
@@ -505,6 +531,15 @@ private:
     }
   }
 
+
+  /// Sleeps up to `ms` unless UCX has events or a command is queued (wake()).
+  void wait_for_events(int ms) {
+    if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) return;
+    pollfd fds[2] = {{ucx_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    ::poll(fds, 2, ms);
+    uint64_t drained;
+    [[maybe_unused]] auto n = read(wake_fd_, &drained, sizeof(drained));
+  }
 
   void progress_loop() {
     // The active-message receive handler may run on this thread only (thread mode single).
@@ -532,8 +567,9 @@ private:
         if (only_unwatched_ || ++spins_ % 256 == 0) {
           // Transfers nobody polls any more (released: given up by their callers, e.g. a put to a
           // peer that died, which UCX never fails over shared memory) must not keep a core
-          // spinning for ever: with only those left, progress once a millisecond -- every pass,
-          // until a transfer someone waits for is posted again.
+          // spinning for ever: with only those left, wait up to a millisecond each pass, until a
+          // transfer someone waits for is posted again -- woken at once by UCX's events (peers'
+          // puts into this side over TCP, rendezvous of active messages) or a command.
           bool watched = false;
           {
             std::lock_guard<std::mutex> lock{mutex_};
@@ -545,18 +581,14 @@ private:
           }
           only_unwatched_ = !watched;
           if (watched) std::this_thread::yield();
-          else std::this_thread::sleep_for(std::chrono::milliseconds{1});
+          else wait_for_events(1);
         }
         continue;
       }
       only_unwatched_ = false;
       // Idle: sleep until UCX has events (incoming puts over TCP need our progress) or a
       // command arrives.
-      if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
-      pollfd fds[2] = {{ucx_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-      ::poll(fds, 2, static_cast<int>(cfg_.idle_wait_ms));
-      uint64_t drained;
-      [[maybe_unused]] auto n = read(wake_fd_, &drained, sizeof(drained));
+      wait_for_events(static_cast<int>(cfg_.idle_wait_ms));
     }
     // Endpoints first: a forced close ends the requests still on them (transfers their callers
     // released, given up), which are then freed, and only then the remote keys they used.
@@ -571,7 +603,7 @@ private:
       }
     }
     for (auto& [id, t] : inflight_)
-      for (auto* r : t.pending) {
+      for (const auto& [r, call] : t.pending) {
         for (int i = 0; i < 100000 && ucp_request_check_status(r) == UCS_INPROGRESS; ++i) ucp_worker_progress(worker_);
         if (ucp_request_check_status(r) != UCS_INPROGRESS) ucp_request_free(r);  // else left to the worker's end
       }

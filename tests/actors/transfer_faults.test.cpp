@@ -117,3 +117,35 @@ TEST_CASE("a prompt that fails in its executor while a layer's put stalls is ans
   CHECK(f.pages_back());
   CHECK(f.decode_event("quarantine_expired"));
 }
+
+TEST_CASE("a put refused as outside its region fails the request as layout_mismatch at once, with attempts left: "
+          "another lease would be refused the same way; a put that merely failed is placed again") {
+  for (const auto kind : {transport::fault_kind::refuse, transport::fault_kind::fail}) {
+    CAPTURE(static_cast<int>(kind));
+    test::cluster_system t;
+    local_cluster_config cfg;
+    cfg.num_prefill_ranks = 1;
+    cfg.num_decode_ranks = 1;
+    cfg.executor.num_threads = 1;
+    cfg.executor.num_kv_pages = 64;
+    cfg.router.request.max_attempts = 3;
+    cfg.router.request.retry_backoff_ms = 1;
+    // The first put only: a second attempt would find the transport sound.
+    auto cluster = start_local_cluster(t.sys, cfg, {}, test::fault_proxy_on("prefill-0", {kind, 1u, {}, 1}));
+    test::cluster_system::stopper stop{t, cluster};
+    generate_request req;
+    req.prompt = "a layout the decode rank does not share";
+    req.max_tokens = 3;
+    auto got = t.generate(cluster.router, req);
+    if (kind == transport::fault_kind::refuse) {
+      REQUIRE_FALSE(got);
+      const auto text = t.sys.render(got.error());
+      CHECK_MESSAGE(text.find("layout_mismatch") != std::string::npos, text);
+      CHECK_MESSAGE(text.find("stage kv_send") != std::string::npos, text);
+      CHECK_MESSAGE(text.find("out of bounds") != std::string::npos, text);
+    } else {
+      REQUIRE_MESSAGE(got, t.sys.render(got.error()));
+      CHECK(got->failovers == 1);
+    }
+  }
+}

@@ -79,6 +79,19 @@ TEST_CASE("wire quantisation: every value comes back within half its block's ste
   std::vector<float> ramp;
   for (int c = -7; c <= 7; ++c) ramp.push_back(static_cast<float>(c));
   CHECK(round_trip(wire_format::int4, ramp) == ramp);
+  // A block of tiny values (INT8's 1/scale overflows to infinity): its zeros stay zero (0 * inf coded
+  // them as -q, back as minus the block's largest value), the rest within half a step.
+  for (const auto f : {wire_format::int8, wire_format::int4}) {
+    CAPTURE(to_string(f));
+    std::vector<float> tiny(wire_block, 0.0f);
+    tiny[0] = 2e-37f;
+    tiny[1] = -8e-38f;
+    const auto back = round_trip(f, tiny);
+    const float step = 2e-37f / (f == wire_format::int8 ? 127.0f : 7.0f);
+    for (size_t i = 2; i < wire_block; ++i) CHECK(back[i] == 0.0f);
+    CHECK(std::fabs(back[0] - tiny[0]) <= step);
+    CHECK(std::fabs(back[1] - tiny[1]) <= step);
+  }
 }
 
 TEST_CASE("wire quantisation refuses a value without a wire form, naming it; the format names read back") {
