@@ -574,17 +574,66 @@ std::string shell_quote(const std::string& s) {
   return out + "'";
 }
 
+namespace {
+
+/// ssh, its options and the destination ([user@]host), before the remote command.
+std::vector<std::string> ssh_to(const cluster_spec& spec, const std::string& host, std::vector<std::string> out) {
+  out.push_back("-o");
+  out.push_back("BatchMode=yes");
+  out.insert(out.end(), spec.ssh_options.begin(), spec.ssh_options.end());
+  out.push_back(spec.ssh_user.empty() ? host : spec.ssh_user + "@" + host);
+  return out;
+}
+
+}  // namespace
+
+std::string remote_env_file(const cluster_spec& spec, const node_launch& n) {
+  // Spec names are plain (a-z, 0-9, '-'); a gateway's process is <node>/gateway, whose '/' becomes
+  // '.', which no name holds: two processes never share a file. Anything else odd (a name that
+  // did not come through the spec's checks) becomes '_': the path is never a shell's to expand.
+  auto plain = [](std::string s) {
+    for (char& c : s) {
+      if (c == '/')
+        c = '.';
+      else if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_')
+        c = '_';
+    }
+    return s;
+  };
+  return ".baton/env." + plain(spec.name) + "." + plain(n.process.empty() ? n.name : n.process);
+}
+
+std::vector<std::string> env_file_argv(const cluster_spec& spec, const std::string& host, const node_launch& n) {
+  // -T: no terminal, which would echo the text and turn its newlines into CR LF. The file is
+  // removed before it is made so that umask sets its mode (a file left by an earlier run keeps
+  // its own when truncated); sh -c: the login shell may be any, the script is POSIX sh.
+  auto out = ssh_to(spec, host, {"ssh", "-T"});
+  const std::string file = "\"$HOME/" + remote_env_file(spec, n) + "\"";
+  out.push_back("exec sh -c " + shell_quote("umask 077 && mkdir -p \"$HOME/.baton\" && rm -f " + file + " && cat > " + file));
+  return out;
+}
+
+std::string env_file_text(const node_launch& n) {
+  // Names are validated (letters, digits, '_', not a digit first): only the values need quoting.
+  std::string out;
+  for (const auto& [k, v] : n.env) out += "export " + k + "=" + shell_quote(v) + "\n";
+  return out;
+}
+
 std::vector<std::string> ssh_argv(const cluster_spec& spec, const std::string& host, const node_launch& n) {
   // -tt: a terminal on the remote side, so that when the launcher ends this ssh the remote
   // process gets SIGHUP and stops (without one it would outlive the session).
-  std::vector<std::string> out = {"ssh", "-tt", "-o", "BatchMode=yes"};
-  out.insert(out.end(), spec.ssh_options.begin(), spec.ssh_options.end());
-  out.push_back(spec.ssh_user.empty() ? host : spec.ssh_user + "@" + host);
+  auto out = ssh_to(spec, host, {"ssh", "-tt"});
   // ssh joins its arguments into one command line for the remote shell: quote every word.
   std::string remote = "exec";
   if (!n.env.empty()) {
-    remote += " env";
-    for (const auto& [k, v] : n.env) remote.append(" ").append(shell_quote(k + "=" + v));
+    // The environment comes from the file env_file_argv wrote: read into the shell, removed
+    // before any of it applies (an entry cannot redirect the removal, HOME say), then applied;
+    // the node runs with its arguments as sh's "$@". No value is in any command line, here or
+    // on that host.
+    const std::string file = "\"$HOME/" + remote_env_file(spec, n) + "\"";
+    const std::string script = "e=$(cat " + file + ") || exit; rm -f " + file + "; eval \"$e\" || exit; exec \"$@\"";
+    remote += " sh -c " + shell_quote(script) + " baton";  // "baton": the script's $0
   }
   for (const auto& a : n.argv) remote.append(" ").append(shell_quote(a));
   out.push_back(remote);

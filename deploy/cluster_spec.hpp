@@ -124,16 +124,26 @@ node_launch stand_in(const node_launch& spare, const node_launch& failed);
 /// Every node's command line -- store nodes first (the head adopts their block servers as it
 /// starts), then the head, then the rest -- with the spec's and the node's environment.
 /// Gateways get their API keys through the environment (BATON_API_KEYS), never as a flag. A
-/// gateway on another host gets that environment on its ssh command line (ssh_argv), which `ps`
-/// on the launcher's host shows while it runs: give such a gateway its keys on its own host
-/// instead where other users share the launcher's.
+/// node on another host gets its environment through a file on that host (env_file_argv), never
+/// on a command line, where `ps` would show it.
 std::vector<node_launch> plan_launch(const cluster_spec& spec, const std::string& binary, const addressing& addr);
 
 /// True when `host` names this machine (127.0.0.0/8, localhost, ::1).
 bool is_local_host(const std::string& host);
 /// The argv that runs `argv` on `host` through ssh: every argument single-quoted for the remote
-/// shell, so no spec string is ever interpreted by it.
+/// shell, so no spec string is ever interpreted by it. With an environment, the remote command
+/// first reads it from remote_env_file (written by env_file_argv just before), removes the file,
+/// then runs the node: no value of the environment is in this argv or the remote command line.
 std::vector<std::string> ssh_argv(const cluster_spec& spec, const std::string& host, const node_launch& n);
+/// Where node `n`'s environment waits on its host between the two ssh commands that start it,
+/// relative to the remote home: .baton/env.<cluster>.<process> (one file per process, so that a
+/// gateway sharing its node with a rank process does not take the other's).
+std::string remote_env_file(const cluster_spec& spec, const node_launch& n);
+/// The ssh command (no terminal: its stdin passes through as it is) that writes its stdin to
+/// remote_env_file on `host`, readable by the remote user only. Its stdin: env_file_text(n).
+std::vector<std::string> env_file_argv(const cluster_spec& spec, const std::string& host, const node_launch& n);
+/// Node `n`'s environment as POSIX sh lines, each value single-quoted: export K='v'.
+std::string env_file_text(const node_launch& n);
 /// A string quoted for a POSIX shell: 'it'\''s'.
 std::string shell_quote(const std::string& s);
 

@@ -143,18 +143,34 @@ std::shared_ptr<gpu::expert_group> spawn_expert_group(const expert_spawn& s, con
     int to[2], from[2];
     // Close-on-exec: a shard of another group forked meanwhile (the keeper thread) must not hold
     // this shard's pipe ends, or a shard that dies before its key line never shows EOF here.
-    if (pipe2(to, O_CLOEXEC) != 0 || pipe2(from, O_CLOEXEC) != 0) return fail("cannot make pipes for an expert shard");
+    if (pipe2(to, O_CLOEXEC) != 0)
+      return fail("cannot make pipes for an expert shard (" + std::string(std::strerror(errno)) + ")");
+    if (pipe2(from, O_CLOEXEC) != 0) {
+      const int e = errno;
+      close(to[0]);  // the first pair made it: not leaked with each failed try
+      close(to[1]);
+      return fail("cannot make pipes for an expert shard (" + std::string(std::strerror(e)) + ")");
+    }
     const std::vector<std::string> argv = {s.executable.empty() ? self_executable() : s.executable, "experts", "--model", s.model_arg, "--weights-seed",
                                            std::to_string(s.weights_seed), "--ep-rank", std::to_string(r), "--ep-size",
                                            std::to_string(s.size), "--slot-bytes", std::to_string(s.slot_bytes),
                                            "--name", s.name, "--dual-batch", s.dual_batch ? "1" : "0"};
+    const pid_t engine = getpid();
     const pid_t pid = fork();
     if (pid < 0) {  // never stored: stop_processes would signal pid -1, every process of ours
+      const int e = errno;  // before the closes, which may set it
       for (int fd : {to[0], to[1], from[0], from[1]}) close(fd);
-      return fail("cannot fork an expert shard (" + std::string(std::strerror(errno)) + ")");
+      return fail("cannot fork an expert shard (" + std::string(std::strerror(e)) + ")");
     }
     if (pid == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGTERM);  // a shard never outlives its engine
+      // A process group of its own, first: a terminal's Ctrl-C (SIGINT to the foreground group)
+      // must reach the engine alone, which drains while its shards serve on; in the engine's
+      // group they died at once and failed the drain's last steps. The shard still ends with its
+      // engine: SIGTERM when the thread that forked it ends (the engine's exit included), which
+      // this process does not catch; before its keys, also the engine's end of its stdin closing.
+      setpgid(0, 0);
+      prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (getppid() != engine) _exit(127);  // the engine died before the line above
       dup2(to[0], 0);
       dup2(from[1], 1);
       close(to[1]);

@@ -79,6 +79,23 @@ std::string printable(const std::vector<std::string>& argv) {
   return out;
 }
 
+/// How long the ssh that writes a remote node's environment may take (connecting included).
+constexpr int env_write_timeout_ms = 30'000;
+
+/// A remote node's environment, written to its host (env_file_argv) just before the ssh that
+/// starts it reads it: its values (API keys, tokens) travel on ssh's stdin, never in an argv that
+/// `ps` shows on either host. Nothing to do for a local node (its environment is its own) or one
+/// without an environment. False and why on failure.
+bool send_remote_env(const cluster_spec& spec, const node_launch& n, std::string* why) {
+  if (is_local_host(n.host) || n.env.empty()) return true;
+  std::string err;
+  const int rc = run_process_with_input(env_file_argv(spec, n.host, n), env_file_text(n), env_write_timeout_ms, &err);
+  if (rc == 0) return true;
+  *why = "cannot write its environment to ~/" + remote_env_file(spec, n) + " on " + n.host + " over ssh (" +
+         (rc < 0 ? err : "exit code " + std::to_string(rc) + (err.empty() ? "" : "; " + err)) + ")";
+  return false;
+}
+
 /// The cluster CA and a certificate for every node, the launcher and clients, made with the
 /// openssl command (EC P-256, one year). Kept when they exist, so a restarted cluster keeps its
 /// identity; false and why on failure.
@@ -195,10 +212,19 @@ int run_launch(const std::vector<std::string>& raw_args) {
     for (const auto& n : plan) {
       auto shown = n;
       if (n.spare) shown.argv.push_back("--standby");  // as stand_by below starts it
-      std::printf("# %s (%s on %s%s)\n%s\n", n.name.c_str(), n.role.c_str(), n.host.c_str(),
+      std::printf("# %s (%s on %s%s)\n", n.name.c_str(), n.role.c_str(), n.host.c_str(),
                   n.spare ? "; a spare: stands by with the model loaded until a node fails for good, then takes its place"
-                          : "",
-                  printable(command_of(spec, shown)).c_str());
+                          : "");
+      // The environment's names only: its values may be secrets (API keys, tokens), and this
+      // output goes to terminals, logs and bug reports.
+      if (!n.env.empty()) {
+        std::string names;
+        for (const auto& kv : n.env) names += " " + kv.first + "=<redacted>";
+        std::printf("# environment:%s\n", names.c_str());
+        if (!is_local_host(n.host))
+          std::printf("# written first, over ssh's stdin: %s\n", printable(env_file_argv(spec, n.host, n)).c_str());
+      }
+      std::printf("%s\n", printable(command_of(spec, shown)).c_str());
     }
     return 0;
   }
@@ -230,8 +256,9 @@ int run_launch(const std::vector<std::string>& raw_args) {
     return env;
   };
   std::map<std::string, uint32_t> restarts;  // by node name
-  auto spawn = [&](const node_launch& n) {
+  auto spawn = [&](const node_launch& n) -> pid_t {
     const bool local = is_local_host(n.host);
+    if (!send_remote_env(spec, n, &why)) return -1;
     // A remote node's ssh reads /dev/null, not the launcher's terminal (see spawn_process).
     return spawn_process(command_of(spec, n), &why, local ? env_of(n) : std::vector<std::string>{}, false, nullptr, !local);
   };
@@ -249,6 +276,7 @@ int run_launch(const std::vector<std::string>& raw_args) {
     std::signal(SIGPIPE, SIG_IGN);
     auto sb = n;
     sb.argv.push_back("--standby");
+    if (!send_remote_env(spec, sb, &why)) return false;
     int in = -1;
     const auto pid = spawn_process(command_of(spec, sb), &why, is_local_host(n.host) ? env_of(n) : std::vector<std::string>{},
                                    false, &in);
@@ -256,10 +284,13 @@ int run_launch(const std::vector<std::string>& raw_args) {
     children.emplace_back(n, pid, in);
     return true;
   };
+  // Nodes that failed before they joined, with restarts allowed: left (unreaped) to the restart
+  // loop below, so no longer a reason for the waits before it to end.
+  std::set<pid_t> left_before_join;
   // A node (not a spare standing by: one that dies is only started cold later) that has exited.
   auto dead_child = [&]() -> const child* {
     for (const auto& c : children)
-      if (c.standby_in < 0 && !process_alive(c.pid)) return &c;
+      if (c.standby_in < 0 && !left_before_join.count(c.pid) && !process_alive(c.pid)) return &c;
     return nullptr;
   };
   // Store nodes first (the head adopts their block servers as it starts), then the head.
@@ -341,6 +372,21 @@ int run_launch(const std::vector<std::string>& raw_args) {
   caf::scoped_actor self{sys};
   while (!waiting.empty()) {
     if (auto d = dead_child()) {
+      // With --restart-failed, a rank node or gateway that fails before it joins is restarted
+      // as one failing later is (its backoff, its tries, then a spare), by the loop below once the
+      // others have joined: one node's bad start does not take the cluster down. The head's or
+      // a store node's end, a clean exit, or no restarts allowed: the launch fails, as before.
+      std::string how;
+      if (restart_failed > 0 && d->node.role != "head" && d->node.role != "store" && process_gone(d->pid, &how) &&
+          how != "exit code 0") {
+        std::printf("baton launch: node %s exited before it joined (%s); it is restarted as any failed node is, once "
+                    "the others have joined\n",
+                    d->node.process.c_str(), how.c_str());
+        std::fflush(stdout);
+        waiting.erase(d->node.process);
+        left_before_join.insert(d->pid);
+        continue;
+      }
       std::fprintf(stderr, "baton launch: node %s exited before it joined; its output says why\n", d->node.process.c_str());
       return 1;
     }
@@ -404,6 +450,13 @@ int run_launch(const std::vector<std::string>& raw_args) {
   // same deadline) until each gateway accepts connections.
   for (const auto& n : spec.nodes) {
     if (!n.has("gateway")) continue;
+    if (std::any_of(children.begin(), children.end(), [&](const child& c) {
+          return c.node.name == n.name && c.node.role == "gateway" && left_before_join.count(c.pid);
+        })) {  // failed before it joined: the loop below restarts it and says when it has joined
+      std::printf("baton launch: gateway %s at http://%s:%u once it is restarted\n", n.name.c_str(), n.host.c_str(),
+                  static_cast<unsigned>(n.http_port));
+      continue;
+    }
     bool answers = tcp_listening(n.host, n.http_port, 200);
     while (!answers && std::chrono::steady_clock::now() < deadline && !stop_requested() && !dead_child()) {
       std::this_thread::sleep_for(std::chrono::milliseconds{100});

@@ -27,6 +27,7 @@
 #include <caf/exit_reason.hpp>
 #include <caf/io/middleman.hpp>
 #include <caf/scoped_actor.hpp>
+#include <caf/sec.hpp>
 #include <caf/send.hpp>
 
 #include "actors/decode_rank.hpp"
@@ -251,11 +252,32 @@ int run_rank_node(node_options o) {
   caf::actor_system_config cfg;
   configure_networked_system(cfg, o.scheduler_threads, o.poll_attempts, o.sec);
   caf::actor_system sys{cfg};
-  auto directory = connect_actor<node_directory_actor>(sys, o.sec, o.head_host, o.head_port);
-  if (!directory) {
-    std::fprintf(stderr, "baton node %s: cannot reach the head's node directory at %s: %s\n", o.name.c_str(),
-                 o.connect.c_str(), explain_connect_error(sys, directory.error(), o.sec.tls()).c_str());
-    return 1;
+  // A head that is not there yet (starting, restarted, its host rebooting) is waited for as one
+  // that went away is (--head-wait-s): a node started first, or restarted while the head is
+  // down, joins it when it comes instead of failing at once. Only absence is waited out (nothing
+  // listens, or nothing answers in time): a refusal -- another cluster's id, a certificate the
+  // cluster CA did not sign -- will not change, and is said at once.
+  std::optional<node_directory_actor> directory;
+  if (auto first = connect_actor<node_directory_actor>(sys, o.sec, o.head_host, o.head_port)) {
+    directory = *first;
+  } else {
+    std::string last = explain_connect_error(sys, first.error(), o.sec.tls());
+    const bool absent = first.error() == caf::sec::cannot_connect_to_node || first.error() == caf::sec::request_timeout;
+    if (absent && o.head_wait_s > 0 && !stop_requested()) {
+      std::printf("baton node %s: the head's node directory at %s does not answer (%s); waiting up to %u s for it\n",
+                  o.name.c_str(), o.connect.c_str(), last.c_str(), o.head_wait_s);
+      std::fflush(stdout);
+      directory = connect_actor_until<node_directory_actor>(
+          sys, o.sec, o.head_host, o.head_port, std::chrono::steady_clock::now() + std::chrono::seconds{o.head_wait_s},
+          stop_requested, &last);
+    }
+    if (!directory) {
+      if (stop_requested()) return 0;  // asked to stop while waiting: not a failure to restart
+      const std::string within = absent && o.head_wait_s > 0 ? " within " + std::to_string(o.head_wait_s) + " s" : "";
+      std::fprintf(stderr, "baton node %s: cannot reach the head's node directory at %s%s: %s\n", o.name.c_str(),
+                   o.connect.c_str(), within.c_str(), last.c_str());
+      return 1;
+    }
   }
   auto head = std::make_shared<head_link>();
   head->set(*directory);

@@ -152,6 +152,81 @@ int run_process(const std::vector<std::string>& argv, std::string* why) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+int run_process_with_input(const std::vector<std::string>& argv, const std::string& input, int timeout_ms,
+                           std::string* why) {
+  std::string ignored;
+  if (!why) why = &ignored;
+  int writer = -1;
+  const pid_t pid = spawn_process(argv, why, {}, /*quiet*/ false, &writer);
+  if (pid < 0) return -1;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds{timeout_ms};
+  auto left_ms = [&] {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    return static_cast<int>(std::clamp<int64_t>(left.count(), 0, INT_MAX));
+  };
+  // Written without blocking past the deadline (a child that never reads, an ssh stuck
+  // connecting, must not hold this process), and with SIGPIPE blocked in this thread, after the
+  // fork (the child would inherit the mask): a child that exited early fails the write (EPIPE)
+  // instead of ending this process.
+  sigset_t pipe_signal, old_mask;
+  sigemptyset(&pipe_signal);
+  sigaddset(&pipe_signal, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe_signal, &old_mask);
+  ::fcntl(writer, F_SETFL, ::fcntl(writer, F_GETFL) | O_NONBLOCK);
+  std::string write_error;
+  bool broken_pipe = false;
+  for (size_t done = 0; done < input.size() && write_error.empty();) {
+    pollfd p{writer, POLLOUT, 0};
+    const int ready = ::poll(&p, 1, left_ms());
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready == 0) {
+      write_error = "it took no input within " + std::to_string(timeout_ms) + " ms";
+      break;
+    }
+    if (ready < 0) {
+      write_error = std::string{"cannot wait to write its input: "} + std::strerror(errno);
+      break;
+    }
+    const ssize_t n = ::write(writer, input.data() + done, input.size() - done);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n < 0) {
+      broken_pipe = errno == EPIPE;
+      write_error = std::string{"cannot write its input: "} + std::strerror(errno);
+      break;
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (broken_pipe) {  // the SIGPIPE that write raised, pending in this thread: taken, not delivered
+    const timespec now{0, 0};
+    ::sigtimedwait(&pipe_signal, nullptr, &now);
+  }
+  pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
+  ::close(writer);  // the end of its input
+  int status = 0;
+  for (;;) {
+    const pid_t got = ::waitpid(pid, &status, WNOHANG);
+    if (got == pid) break;
+    if (got < 0 && errno != EINTR) {
+      *why = argv[0] + ": lost track of the process";
+      return -1;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      *why = argv[0] + " did not finish within " + std::to_string(timeout_ms) + " ms (killed)" +
+             (write_error.empty() ? "" : "; " + write_error);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds{10});
+  }
+  const int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  if (!write_error.empty()) {
+    *why = argv[0] + ": " + write_error;
+    if (rc == 0) return -1;  // it ended well without its whole input: not a success
+  }
+  return rc;
+}
+
 bool tcp_listening(const std::string& host, uint16_t port, int timeout_ms) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;

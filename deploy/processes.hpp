@@ -43,6 +43,13 @@ pid_t spawn_process(const std::vector<std::string>& argv, std::string* why, cons
 
 /// Runs `argv` to its end (no shell), its output discarded; its exit code, or -1 with `*why` set.
 int run_process(const std::vector<std::string>& argv, std::string* why);
+/// Runs `argv` (no shell) with `input` on its stdin (then closed), its output this process's, and
+/// waits for its end, up to `timeout_ms`: its exit code (128 + N for signal N), or -1 with `*why`
+/// set when it could not start or ran past the timeout (then it is killed with SIGKILL and
+/// reaped). A child that exits without reading its input is no harm: its exit code says the rest
+/// (the failed write is in `*why`).
+int run_process_with_input(const std::vector<std::string>& argv, const std::string& input, int timeout_ms,
+                           std::string* why);
 
 /// SIGTERM to each, wait up to `grace_ms`, then SIGKILL what is left; reaps all.
 void stop_processes(std::vector<pid_t>& pids, int grace_ms = 3000);

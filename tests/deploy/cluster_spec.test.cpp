@@ -479,15 +479,87 @@ TEST_CASE("shell quoting survives a real shell, so spec strings are never interp
   }
   cluster_spec s;
   s.ssh_user = "baton";
-  node_launch n{"d", "10.0.0.2", "decode", {"/opt/baton", "node", "--name", "it's"}, {{"K", "v w"}}};
+  node_launch n{"d", "10.0.0.2", "decode", {"/opt/baton", "node", "--name", "it's"}, {}};
   const auto argv = ssh_argv(s, "10.0.0.2", n);
   CHECK(argv[0] == "ssh");
   CHECK(argv[1] == "-tt");  // the remote process ends with the session
   CHECK(argv[argv.size() - 2] == "baton@10.0.0.2");
-  CHECK(argv.back() == "exec env 'K=v w' '/opt/baton' 'node' '--name' 'it'\\''s'");
+  CHECK(argv.back() == "exec '/opt/baton' 'node' '--name' 'it'\\''s'");
   CHECK(is_local_host("127.0.0.1"));
   CHECK(is_local_host("localhost"));
   CHECK_FALSE(is_local_host("10.0.0.1"));
+}
+
+namespace {
+
+/// Runs `command` with /bin/sh, `input` on its stdin (when not empty) or its stdout read: what it
+/// printed, and its exit status in *status.
+std::string run_sh(const std::string& command, const std::string& input, int* status) {
+  FILE* p = ::popen(command.c_str(), input.empty() ? "r" : "w");
+  REQUIRE(p);
+  std::string out;
+  if (input.empty()) {
+    char buf[256];
+    while (size_t n = std::fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
+  } else {
+    CHECK(std::fwrite(input.data(), 1, input.size(), p) == input.size());
+  }
+  *status = ::pclose(p);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a remote node's environment never travels in an argv: ssh's stdin writes it to a file there") {
+  cluster_spec s;
+  s.name = "demo";
+  const std::string secret = "it's a $ecret `id` \"q\" \\ ;|& \n2nd line";
+  node_launch n{"gw", "10.0.0.2", "gateway", {"sh", "-c", "printf %s \"$HF_TOKEN|$BATON_API_KEYS\""},
+                {{"HF_TOKEN", secret}, {"BATON_API_KEYS", "sk-one,sk-two"}}, false, 0, "d/gateway"};
+  const auto argv = ssh_argv(s, "10.0.0.2", n);
+  const auto writer = env_file_argv(s, "10.0.0.2", n);
+  const auto text = env_file_text(n);
+  // No value in either command line, whole or in part ("$ecret" is the part a shell would eat).
+  for (const auto* a : {&argv, &writer})
+    for (const auto& word : *a)
+      for (const std::string& value : {secret, std::string{"$ecret"}, std::string{"sk-one"}})
+        CHECK(word.find(value) == std::string::npos);
+  CHECK(argv[1] == "-tt");
+  CHECK(std::find(writer.begin(), writer.end(), "-tt") == writer.end());  // a terminal would echo the text
+  CHECK(writer[1] == "-T");
+  CHECK(writer[writer.size() - 2] == "10.0.0.2");
+  // One file per process (a gateway sharing a rank node's name), in the remote home.
+  CHECK(remote_env_file(s, n) == ".baton/env.demo.d.gateway");
+  CHECK(argv.back().find(".baton/env.demo.d.gateway") != std::string::npos);
+  CHECK(writer.back().find(".baton/env.demo.d.gateway") != std::string::npos);
+  // Each value single-quoted, the quote inside it closed and escaped.
+  CHECK(text == "export BATON_API_KEYS='sk-one,sk-two'\nexport HF_TOKEN='it'\\''s a $ecret `id` \"q\" \\ ;|& \n2nd line'\n");
+  // Both remote commands through a real shell, with a home of their own: the writer makes the
+  // file (mode 0600, in a directory of mode 0700), the node's command applies it, removes it, and
+  // runs the node, which sees every value exactly.
+  const auto home = std::filesystem::temp_directory_path() / ("baton-envfile-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(home);
+  const std::string in_home = "HOME=" + shell_quote(home.string()) + " sh -c ";
+  int status = -1;
+  run_sh(in_home + shell_quote(writer.back()), text, &status);
+  CHECK(status == 0);
+  const auto file = home / remote_env_file(s, n);
+  REQUIRE(std::filesystem::exists(file));
+  CHECK(read(file.string()) == text);
+  using std::filesystem::perms;
+  CHECK((std::filesystem::status(file).permissions() & perms::all) == (perms::owner_read | perms::owner_write));
+  CHECK((std::filesystem::status(home / ".baton").permissions() & perms::all) == perms::owner_all);
+  const auto out = run_sh(in_home + shell_quote(argv.back()), "", &status);
+  CHECK(status == 0);
+  CHECK(out == secret + "|sk-one,sk-two");
+  CHECK_FALSE(std::filesystem::exists(file));  // gone before the node even started
+  // Without the file (a writer that failed), the node does not start.
+  run_sh(in_home + shell_quote(argv.back()) + " 2> /dev/null", "", &status);
+  CHECK(status != 0);
+  std::filesystem::remove_all(home);
+  // Without an environment, no file at all.
+  n.env.clear();
+  CHECK(ssh_argv(s, "10.0.0.2", n).back() == "exec 'sh' '-c' 'printf %s \"$HF_TOKEN|$BATON_API_KEYS\"'");
 }
 
 TEST_CASE("Kubernetes manifests and the Slurm script match their golden files") {
