@@ -224,6 +224,41 @@ void forget_ranks(pointer self, const std::vector<caf::actor_addr>& leaving) {
   drop(st.fixed_decode);
 }
 
+/// A node given up for gone is back (its heartbeats resumed; the directory let its ranks back
+/// into the balancers, draining as they were): its instances are planned again, and each serves
+/// in the role it had. A move lost with the node never finished, so that is the old one, whose
+/// side was drained for it: it is undrained and told it is active, as an abandoned move's is.
+void rejoin_ranks(pointer self, const node_ranks& back) {
+  auto& st = self->state;
+  auto has = [](const auto& list, const auto& rank) { return std::find(list.begin(), list.end(), rank) != list.end(); };
+  for (size_t i = 0; i < st.elastic.size(); ++i) {
+    auto& inst = st.elastic[i];
+    if (!st.gone[i] || !has(back.prefill, inst.prefill) || !has(back.decode, inst.decode)) continue;
+    st.gone[i] = false;
+    // Both orders the rank's next report may take: still set aside, it comes back open
+    // (rejoin without keep_draining); back already, draining, it is opened (undrain).
+    if (st.serves_prefill[i]) {
+      self->send(st.prefill_balancer, rejoin_atom::value, inst.prefill, false);
+      self->send(st.prefill_balancer, undrain_atom::value, inst.prefill);
+      self->request(inst.prefill, caf::infinite, role_atom::value, true).then([](bool) {});
+    } else {
+      self->send(st.decode_balancer, rejoin_atom::value, inst.decode, false);
+      self->send(st.decode_balancer, undrain_atom::value, inst.decode);
+      self->request(inst.decode, caf::infinite, role_atom::value, true).then([](bool) {});
+    }
+  }
+  // Its fixed ranks give signals again.
+  auto elastic_side = [&](const auto& rank) {
+    return std::any_of(st.elastic.begin(), st.elastic.end(), [&](const elastic_instance& e) {
+      return e.prefill.address() == rank.address() || e.decode.address() == rank.address();
+    });
+  };
+  for (const auto& p : back.prefill)
+    if (!elastic_side(p) && !has(st.fixed_prefill, p)) st.fixed_prefill.push_back(p);
+  for (const auto& d : back.decode)
+    if (!elastic_side(d) && !has(st.fixed_decode, d)) st.fixed_decode.push_back(d);
+}
+
 elastic_controller_actor::behavior_type controller_impl(pointer self, elastic_controller_config cfg,
                                                         std::vector<elastic_instance> elastic,
                                                         std::vector<prefill_rank_actor> fixed_prefill,
@@ -275,6 +310,7 @@ elastic_controller_actor::behavior_type controller_impl(pointer self, elastic_co
         for (const auto& r : ranks.decode) leaving.push_back(r.address());
         forget_ranks(self, leaving);
       },
+      [=](rejoin_atom, const node_ranks& ranks) { rejoin_ranks(self, ranks); },
   };
 }
 

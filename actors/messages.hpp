@@ -621,7 +621,8 @@ typename Inspector::result_type inspect(Inspector& f, controller_join& x) {
 using elastic_controller_actor = caf::typed_actor<
     caf::reacts_to<timer_atom>,                                  // plan tick (internal)
     caf::reacts_to<controller_join>,                             // a node process's rank
-    caf::reacts_to<drain_atom, node_ranks>,                      // a node drains: never move its ranks again
+    caf::reacts_to<drain_atom, node_ranks>,                      // a node drains or is gone: its ranks are not moved
+    caf::reacts_to<rejoin_atom, node_ranks>,                     // a node given up for gone is back: they may be again
     caf::replies_to<events_atom>::with<std::vector<role_change>>>;  // every role change so far
 
 /// What the router knows of the cluster, for clients (the gateway's /v1/models and /metrics).

@@ -25,6 +25,8 @@ struct node_entry {
   /// sees the head go, and joins afresh). Unlike a node gone silent, it never comes back by a
   /// heartbeat -- one still in flight from its start pulse must not revive it.
   bool ended = false;
+  /// It was draining when it was marked gone: if it comes back, it still is.
+  bool gone_draining = false;
 };
 
 using cards_promise = caf::typed_response_promise<std::vector<std::string>>;
@@ -312,6 +314,7 @@ void tell_late_node(pointer self, const std::string& name) {
 /// without waiting for the network to notice a dead connection, which can take minutes.
 void mark_gone(pointer self, const std::string& name, node_entry& n, const std::string& why) {
   if (n.state == "gone") return;
+  n.gone_draining = n.state == "draining";
   n.state = "gone";
   tell_group_members(self, name, n.hello.pid, why);
   auto& w = self->state.welcome;
@@ -393,12 +396,16 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
         // first that the ranks may come back (until then they ignore a report sent before the
         // node was marked gone); they and this directory share a process, so that comes first.
         if (i->second.state == "gone") {
-          i->second.state = "joined";
+          i->second.state = i->second.gone_draining ? "draining" : "joined";
           auto& w = st.welcome;
           for (const auto& r : i->second.ranks.decode) self->send(w.decode_balancer, rejoin_atom::value, r, true);
           for (const auto& r : i->second.ranks.prefill) self->send(w.prefill_balancer, rejoin_atom::value, r, true);
           for (const auto& r : i->second.ranks.decode) self->send(r, health_atom::value);
           for (const auto& r : i->second.ranks.prefill) self->send(r, health_atom::value);
+          // The elastic controller forgot its ranks when it went: unless it is leaving, they
+          // serve in their roles again and may be moved (a move lost with it is undone).
+          if (w.elastic_controller && !i->second.gone_draining)
+            self->send(w.elastic_controller, rejoin_atom::value, i->second.ranks);
           // Its data-parallel groups went on without it (their meetings were lost when it was
           // marked gone): it hears so, and leaves to be restarted.
           tell_late_node(self, name);

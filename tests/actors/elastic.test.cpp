@@ -180,3 +180,68 @@ TEST_CASE("elastic P/D: the ranks of a node that drains are never moved again (t
   std::this_thread::sleep_for(std::chrono::milliseconds{200});  // ten planning rounds
   CHECK(test::role_changes(self, cluster.elastic_controller).empty());
 }
+
+TEST_CASE("elastic P/D: a node given up for gone that comes back serves again: the side a move had drained is open "
+          "again, and its instance is moved again") {
+  test::cluster_system t;
+  auto cfg = eager_elastic_config();
+  auto cluster = start_local_cluster(t.sys, cfg);
+  test::cluster_system::stopper stop{t, cluster};
+  caf::scoped_actor self{t.sys};
+  for (int i = 0; i < 1000 && (registered(self, cluster.prefill_balancer) < 2 || registered(self, cluster.decode_balancer) < 2); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds{2});
+  REQUIRE(registered(self, cluster.decode_balancer) == 2);
+  const auto& inst = cluster.elastic[1];  // serves decode
+  node_ranks ranks;
+  ranks.prefill.push_back(inst.prefill);
+  ranks.decode.push_back(inst.decode);
+  ranks.names.push_back("elastic-1");
+  // A move to prefill drained its decode side; then its node went silent, and the node
+  // directory gave it up (mark_gone) ...
+  self->send(cluster.decode_balancer, drain_atom::value, inst.decode);
+  self->send(cluster.decode_balancer, forget_atom::value, inst.decode);
+  self->send(cluster.prefill_balancer, forget_atom::value, inst.prefill);
+  self->send(cluster.elastic_controller, drain_atom::value, ranks);
+  for (int i = 0; i < 1000 && registered(self, cluster.decode_balancer) != 1; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds{2});
+  REQUIRE(registered(self, cluster.decode_balancer) == 1);
+  // ... and its heartbeats came back: the directory lets its ranks back, draining as they were,
+  // asks them to report, and tells the controller.
+  self->send(cluster.decode_balancer, rejoin_atom::value, inst.decode, true);
+  self->send(cluster.prefill_balancer, rejoin_atom::value, inst.prefill, true);
+  self->send(inst.decode, health_atom::value);
+  self->send(inst.prefill, health_atom::value);
+  self->send(cluster.elastic_controller, rejoin_atom::value, ranks);
+  for (int i = 0; i < 1000 && registered(self, cluster.decode_balancer) != 2; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds{2});
+  REQUIRE(registered(self, cluster.decode_balancer) == 2);
+  // Open again: the balancer's last word on it is not "still draining" (the rank's report and
+  // the controller's undrain may come in either order).
+  std::string last;
+  for (int i = 0; i < 500; ++i) {
+    std::vector<placement_record> events;
+    self->request(cluster.decode_balancer, std::chrono::seconds{5}, events_atom::value)
+        .receive([&](std::vector<placement_record>& r) { events = std::move(r); }, [](caf::error&) {});
+    for (const auto& e : events)
+      if (e.rank == "elastic-1" && (e.why.rfind("rejoined", 0) == 0 || e.why.rfind("undrained", 0) == 0)) last = e.why;
+    if (last == "rejoined" || last.rfind("undrained", 0) == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds{2});
+  }
+  CHECK_MESSAGE((last == "rejoined" || last.rfind("undrained", 0) == 0), last);
+  // A prefill-heavy load moves it, as any decode instance (a forgotten one never moves).
+  std::vector<decltype(self->request(cluster.router, std::chrono::seconds{120}, generate_atom::value, generate_request{}))> handles;
+  for (int i = 0; i < 120; ++i) {
+    generate_request req;
+    req.prompt = std::string(99, static_cast<char>('a' + i % 26));
+    req.max_tokens = 1;
+    handles.push_back(self->request(cluster.router, std::chrono::seconds{120}, generate_atom::value, std::move(req)));
+  }
+  for (auto& h : handles) h.receive([](completion&) {}, [&](caf::error& e) { FAIL(t.sys.render(e)); });
+  std::vector<role_change> log;
+  for (int i = 0; i < 200 && log.empty(); ++i) {
+    log = test::role_changes(self, cluster.elastic_controller);
+    std::this_thread::sleep_for(std::chrono::milliseconds{10});
+  }
+  REQUIRE_FALSE(log.empty());
+  CHECK(log[0].rank == "elastic-1");
+}
