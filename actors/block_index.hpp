@@ -15,6 +15,11 @@ struct block_index_config {
   uint64_t capacity_blocks = 0;  ///< 0 = unbounded
   store::retention_policy retention;
   uint32_t housekeeping_interval_ms = 60000;
+  /// A block a restarting server finds on disk is kept this many housekeeping intervals at least
+  /// (10 minutes by default), unserved if its retention ran out: the other servers' scans, which
+  /// may hold descendants that keep it alive, come in meanwhile (store::block_index::upsert). In
+  /// intervals because only housekeeping removes it, so tests that shorten one shorten both.
+  uint32_t recovery_hold_intervals = 10;
 };
 
 /// One shard of the store's index (seed 000 §2.2; keys are sharded by `shard_of`): answers CHECK

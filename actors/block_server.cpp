@@ -200,6 +200,50 @@ std::string malformed(const io_context& io, const store_read_order& order) {
   return {};
 }
 
+/// A read keeps at most this many block files open for its whole length (a read of more opens
+/// each again per layer): the process's open files are bounded, usually by 1024.
+constexpr size_t max_open_files_per_read = 64;
+
+/// Why block header `h` cannot go into the reader's pages at block position `position` of
+/// `order` (empty: it can): the first field that differs, with both values.
+std::string layout_mismatch(const store::block_header& h, const store_read_order& order, const gpu::kv_layout& layout,
+                            uint32_t position) {
+  const uint32_t ppb = order.block_tokens / layout.page_size_tokens;  // malformed() made it whole
+  const uint64_t block_layer_bytes = uint64_t{ppb} * layout.page_bytes();
+  if (h.num_layers != layout.num_layers)
+    return std::to_string(h.num_layers) + " layers, the reader's pool " + std::to_string(layout.num_layers);
+  if (h.kv_dim != layout.kv_dim)
+    return "kv_dim " + std::to_string(h.kv_dim) + ", the reader's " + std::to_string(layout.kv_dim);
+  if (h.block_tokens != order.block_tokens)
+    return "blocks of " + std::to_string(h.block_tokens) + " tokens, the order's " + std::to_string(order.block_tokens);
+  if (h.page_tokens != layout.page_size_tokens)
+    return "pages of " + std::to_string(h.page_tokens) + " tokens, the reader's " + std::to_string(layout.page_size_tokens);
+  if (h.layer_bytes != block_layer_bytes)
+    return "layers of " + std::to_string(h.layer_bytes) + " bytes, the reader's " + std::to_string(block_layer_bytes) +
+           " (" + std::to_string(layout.planes) + " planes)";
+  if ((uint64_t{position} + 1) * ppb > order.page_ids.size())
+    return "at position " + std::to_string(position) + " it needs " + std::to_string((uint64_t{position} + 1) * ppb) +
+           " of the order's pages, the order names " + std::to_string(order.page_ids.size());
+  return {};
+}
+
+/// Reads layer `layer` of the block whose header was `h` into `dst` from a file opened for this
+/// read alone and closed again; an error sentence or empty. The caller's checksum of the layer
+/// against `h` catches a file rewritten with other bytes since `h` was read.
+std::string read_layer_reopened(const io_context& io, const store::block_header& h, uint32_t layer, std::byte* dst) {
+  std::string why;
+  store::block_header now;
+  const int fd = store::open_block_file(store::block_path(io.cfg.dir, h.key), io.salt, h.key, &now, &why);
+  if (fd < 0) return "opened again for layer " + std::to_string(layer) + ": " + why;
+  std::string err;
+  if (now.num_layers != h.num_layers || now.layer_bytes != h.layer_bytes)
+    err = "opened again for layer " + std::to_string(layer) + ": its layout changed during the read";
+  else
+    err = store::read_block_layer(fd, h, layer, dst);
+  ::close(fd);
+  return err;
+}
+
 /// Serves a read on the I/O thread: layer-major, each layer of all blocks (in staging-sized
 /// batches) read, checked against its checksum, then put, so the reader's layer l lands before
 /// layer l + 1. No put starts after `deadline`.
@@ -234,29 +278,32 @@ store_read_result serve_read(io_context& io, const store_read_order& order, uint
   const gpu::kv_layout layout{reg.num_layers, reg.num_pages, reg.page_size_tokens, reg.kv_dim, reg.kv_planes};
   const uint32_t ppb = order.block_tokens / reg.page_size_tokens;
   const uint64_t block_layer_bytes = uint64_t{ppb} * layout.page_bytes();
+  // Few blocks: each file stays open for the whole read. More: none does (one is opened again
+  // for each layer read from it), or a read of ~1000 blocks reached the usual limit of 1024 open
+  // files and its later blocks failed.
+  const bool keep_open = n <= max_open_files_per_read;
   std::vector<int> fds(n, -1);
+  std::vector<char> usable(n, 0);  // its header fits the reader's pages: its layers are read
   std::vector<store::block_header> headers(n);
   for (size_t i = 0; i < n; ++i) {
     const store::block_key key{order.blocks[i].hi, order.blocks[i].lo};
     std::string why;
-    fds[i] = store::open_block_file(store::block_path(io.cfg.dir, key), io.salt, key, &headers[i], &why);
-    if (fds[i] < 0) {
+    const int fd = store::open_block_file(store::block_path(io.cfg.dir, key), io.salt, key, &headers[i], &why);
+    if (fd < 0) {
       r.errors[i] = why;
       continue;
     }
-    const auto& h = headers[i];
-    if (h.num_layers != layout.num_layers || h.kv_dim != layout.kv_dim || h.block_tokens != order.block_tokens ||
-        h.page_tokens != layout.page_size_tokens || h.layer_bytes != block_layer_bytes ||
-        (uint64_t{order.block_index[i]} + 1) * ppb > order.page_ids.size()) {
-      r.errors[i] = "block " + key.hex() + " does not match the reader's pages: " + std::to_string(h.num_layers) +
-                    " layers of " + std::to_string(h.layer_bytes) + " bytes, the reader's " +
-                    std::to_string(layout.num_layers) + " of " + std::to_string(block_layer_bytes);
-      ::close(fds[i]);
-      fds[i] = -1;
+    if (auto differs = layout_mismatch(headers[i], order, layout, order.block_index[i]); !differs.empty()) {
+      r.errors[i] = "block " + key.hex() + " does not match the reader's pages: " + differs;
+      ::close(fd);
       continue;
     }
-    r.checksums[i] = h.layer_checksums;
+    usable[i] = 1;
+    r.checksums[i] = headers[i].layer_checksums;
+    if (keep_open) fds[i] = fd;
+    else ::close(fd);
   }
+  const auto good = [&](size_t i) { return usable[i] && r.errors[i].empty(); };
   const size_t per_batch = std::max<uint64_t>(1, io.staging.size() / block_layer_bytes);  // >= 1 block layer: malformed()
   bool expired = false;
   for (uint32_t l = 0; l < layout.num_layers && !expired; ++l) {
@@ -265,7 +312,7 @@ store_read_result serve_read(io_context& io, const store_read_order& order, uint
       if (std::chrono::steady_clock::now() > deadline) {
         // The reader is about to stop waiting: a put now could land after it has moved on.
         for (size_t i = 0; i < n; ++i)
-          if (fds[i] >= 0 && r.errors[i].empty())
+          if (good(i))
             r.errors[i] = "the read's budget of " + std::to_string(order.budget_ms) + " ms ran out at layer " +
                           std::to_string(l) + " (" + io.cfg.name + " was busy)";
         expired = true;
@@ -273,14 +320,17 @@ store_read_result serve_read(io_context& io, const store_read_order& order, uint
       }
       std::vector<transport::segment> segs;
       for (size_t i = first; i < std::min(n, first + per_batch); ++i) {
-        if (fds[i] < 0 || !r.errors[i].empty()) continue;
+        if (!good(i)) continue;
         std::byte* slot = io.staging.data() + (i - first) * block_layer_bytes;
-        if (auto err = store::read_block_layer(fds[i], headers[i], l, slot); !err.empty()) {
+        const auto err = keep_open ? store::read_block_layer(fds[i], headers[i], l, slot)
+                                   : read_layer_reopened(io, headers[i], l, slot);
+        if (!err.empty()) {
           r.errors[i] = "block " + headers[i].key.hex() + " on " + io.cfg.name + ": " + err;
           continue;
         }
         // A layer whose bytes are not what was written never leaves the server: the reader's
         // end-to-end check would catch it, but only after it landed in pages being computed on.
+        // (It also catches a file replaced between two openings of it.)
         if (std::max<uint64_t>(1, gpu::layer_checksum(l, slot, ppb, layout.page_bytes())) != headers[i].layer_checksums[l]) {
           r.errors[i] = "layer " + std::to_string(l) + " of block " + store::block_key{order.blocks[i].hi, order.blocks[i].lo}.hex() +
                         " on " + io.cfg.name + " failed its checksum: the file is corrupt";
@@ -297,14 +347,14 @@ store_read_result serve_read(io_context& io, const store_read_order& order, uint
         // batch the same way, after the same wait, and every wait given up sets a staging buffer
         // aside: one order of many blocks used to stop this server's reads for a minute.
         for (size_t i = 0; i < n; ++i)
-          if (r.errors[i].empty() && fds[i] >= 0) r.errors[i] = err;
+          if (good(i)) r.errors[i] = err;
         expired = true;
       }
       if (!io.abandoned.empty()) {
         // The next batch must not overwrite what a given-up put may still read.
         if (auto err = retire_staging(io); !err.empty()) {
           for (size_t i = 0; i < n; ++i)
-            if (r.errors[i].empty() && fds[i] >= 0) r.errors[i] = err;
+            if (good(i)) r.errors[i] = err;
           expired = true;  // no more layers: there is no staging to read them into
         }
       }
@@ -314,7 +364,7 @@ store_read_result serve_read(io_context& io, const store_read_order& order, uint
     if (order.reader_actor && !expired) {
       store_layer_landed ev{order.request_id, l, {}, {}, order.tag};
       for (size_t i = 0; i < n; ++i)
-        if (fds[i] >= 0 && r.errors[i].empty()) {
+        if (good(i)) {
           ev.block_index.push_back(order.block_index[i]);
           ev.checksums.push_back(headers[i].layer_checksums[l]);
         }

@@ -66,8 +66,11 @@ void poll_writes(decode_pointer self) {
     order.slot_id = p.slot_id;
     const uint64_t job = p.job;
     // Bounded: a server that never answers must not hold the job (and this rank's idleness).
+    // It answers the bytes it wrote, 0 when it wrote none (the slot's bytes were not what this
+    // rank checksummed, its disk failed): that server did not store the block.
     self->request(st.store.servers[p.server], std::chrono::milliseconds{store_write_order_timeout_ms}, std::move(order))
-        .then([=](uint64_t) { write_done_one(self, job, true); }, [=](caf::error&) { write_done_one(self, job, false); });
+        .then([=](uint64_t written) { write_done_one(self, job, written > 0); },
+              [=](caf::error&) { write_done_one(self, job, false); });
   }
   st.write_puts = std::move(still);
   schedule_write_poll(self);

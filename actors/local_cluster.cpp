@@ -79,7 +79,11 @@ std::string local_cluster_config::validate() const {
 
 namespace {
 
-/// What the cluster's KV blocks are keyed by: the model and weights, layout and block size.
+/// What the cluster's KV blocks are keyed by: the model and weights, layout and block size, and
+/// the executor backend: KV is bit-identical only per backend, so a store directory reused after
+/// a switch must not serve the other backend's blocks. The dtype field carries it
+/// (backend_config::kv_dtype: "f32" on the CPU, "cuda-bf16" or "cuda-f32" on CUDA); naming the
+/// backend again elsewhere would change every existing store's keys for nothing.
 store::kv_identity kv_identity_of(const local_cluster_config& cfg) {
   const auto& m = cfg.model;
   const std::string weights = cfg.weights_id.empty() ? " seed " + std::to_string(cfg.weights_seed) : " weights " + cfg.weights_id;

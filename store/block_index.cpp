@@ -75,34 +75,57 @@ void block_index::place(entry& e) {
   lru_.splice(p == entries_.end() ? lru_.begin() : std::next(p->second.lru), lru_, e.lru);
 }
 
-void block_index::extend_ancestors(const block_meta& child) {
+void block_index::set_expiry(entry& e, double expires_at_s) {
+  by_expiry_.erase(e.expiry);
+  e.meta.expires_at_s = expires_at_s;
+  e.expiry = by_expiry_.emplace(std::max(expires_at_s, e.hold_until_s), e.meta.key);
+}
+
+void block_index::extend_ancestors(const block_meta& child, double now_s) {
   // A chain is found from its root: an ancestor that expires before its descendant would leave
   // them unreachable, so each is kept at least as long (stops at the first that already is).
   for (auto k = child.parent; !k.empty();) {
     auto i = entries_.find(k);
-    if (i == entries_.end() || i->second.meta.expires_at_s >= child.expires_at_s) return;
-    by_expiry_.erase(i->second.expiry);
-    i->second.meta.expires_at_s = child.expires_at_s;
-    i->second.expiry = by_expiry_.emplace(child.expires_at_s, k);
-    k = i->second.meta.parent;
+    if (i == entries_.end()) {
+      // A server still scanning its directory may commit it yet (after a restart the ring's
+      // servers recover a chain's blocks in any order): it will start from this expiry.
+      if (now_s < recovery_until_s_) {
+        auto& a = awaited_parents_[k];
+        a.expires_at_s = std::max(a.expires_at_s, child.expires_at_s);
+        a.until_s = recovery_until_s_;
+      }
+      return;
+    }
+    auto& e = i->second;
+    if (e.meta.expires_at_s >= child.expires_at_s) return;
+    set_expiry(e, child.expires_at_s);
+    k = e.meta.parent;
   }
 }
 
-void block_index::upsert(block_meta meta, double now_s) {
+void block_index::upsert(block_meta meta, double now_s, double hold_until_s) {
+  recovery_until_s_ = std::max(recovery_until_s_, hold_until_s);
   auto i = entries_.find(meta.key);
   if (i == entries_.end()) {
-    lru_.push_front(meta.key);
-    const auto exp = meta.expires_at_s;
+    // Its descendants came first (from servers whose scans finished sooner): it lives as long.
+    if (auto a = awaited_parents_.find(meta.key); a != awaited_parents_.end()) {
+      if (a->second.until_s > now_s) meta.expires_at_s = std::max(meta.expires_at_s, a->second.expires_at_s);
+      awaited_parents_.erase(a);
+    }
+    const bool expired = meta.expires_at_s <= now_s;
     const auto key = meta.key;
     meta.last_access_s = now_s;
-    entry e{std::move(meta), lru_.begin(), by_expiry_.emplace(exp, key), 0};
-    auto& placed = entries_.emplace(key, std::move(e)).first->second;
-    place(placed);
-    extend_ancestors(placed.meta);
+    lru_.push_front(key);
+    auto& placed = entries_.emplace(key, entry{std::move(meta), lru_.begin(), by_expiry_.end(), hold_until_s}).first->second;
+    placed.expiry = by_expiry_.emplace(std::max(placed.meta.expires_at_s, placed.hold_until_s), key);
+    // Held past its retention (nothing has extended it yet): the first to go when room is short,
+    // before any block that can be served.
+    if (expired) lru_.splice(lru_.end(), lru_, placed.lru);
+    else place(placed);
+    extend_ancestors(placed.meta, now_s);
     return;
   }
   auto& e = i->second;
-  place(e);
   e.meta.last_access_s = now_s;
   e.meta.write_seqs.resize(e.meta.servers.size());
   for (size_t k = 0; k < meta.servers.size(); ++k) {
@@ -116,13 +139,16 @@ void block_index::upsert(block_meta meta, double now_s) {
       known = std::max(known, seq);  // the same copy written again
     }
   }
+  e.hold_until_s = std::max(e.hold_until_s, hold_until_s);
   if (meta.expires_at_s > e.meta.expires_at_s) {
-    by_expiry_.erase(e.expiry);
-    e.meta.expires_at_s = meta.expires_at_s;
     e.meta.cls = meta.cls;
-    e.expiry = by_expiry_.emplace(e.meta.expires_at_s, e.meta.key);
-    extend_ancestors(e.meta);
+    set_expiry(e, meta.expires_at_s);
+    extend_ancestors(e.meta, now_s);
+  } else if (hold_until_s > 0) {
+    set_expiry(e, e.meta.expires_at_s);  // a longer hold: its removal moves with it
   }
+  // An expired copy found again does not make a held block recent; a live one does.
+  if (e.meta.expires_at_s > now_s) place(e);
 }
 
 void block_index::touch_chain(const std::vector<block_key>& keys, double now_s) {
@@ -157,25 +183,14 @@ std::vector<block_meta> block_index::forget_server(uint32_t server) {
   return out;
 }
 
-void block_index::pin(const block_key& key) {
-  if (auto i = entries_.find(key); i != entries_.end()) ++i->second.pins;
-}
-
-void block_index::unpin(const block_key& key) {
-  if (auto i = entries_.find(key); i != entries_.end() && i->second.pins > 0) --i->second.pins;
-}
-
 std::vector<block_meta> block_index::evict_to_capacity() {
   std::vector<block_meta> out;
   if (capacity_ == 0) return out;
-  auto it = lru_.end();
-  while (entries_.size() > capacity_ && it != lru_.begin()) {
-    --it;
-    auto e = entries_.find(*it);
-    if (e->second.pins > 0) continue;
+  while (entries_.size() > capacity_ && !lru_.empty()) {
+    auto e = entries_.find(lru_.back());
     out.push_back(e->second.meta);
     by_expiry_.erase(e->second.expiry);
-    it = lru_.erase(it);
+    lru_.pop_back();
     entries_.erase(e);
   }
   return out;
@@ -185,15 +200,13 @@ std::vector<block_meta> block_index::expire(double now_s) {
   std::vector<block_meta> out;
   for (auto it = by_expiry_.begin(); it != by_expiry_.end() && it->first <= now_s;) {
     auto e = entries_.find(it->second);
-    if (e->second.pins > 0) {
-      ++it;
-      continue;
-    }
     out.push_back(e->second.meta);
     lru_.erase(e->second.lru);
     entries_.erase(e);
     it = by_expiry_.erase(it);
   }
+  // A parent not come by the end of the holds is not coming from a recovery.
+  std::erase_if(awaited_parents_, [&](const auto& a) { return a.second.until_s <= now_s; });
   return out;
 }
 

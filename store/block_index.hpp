@@ -10,6 +10,12 @@
 // block first). Likewise a block's ancestors expire no earlier than it does. Both hold within one
 // index: with several index shards, a chain's blocks spread over them and each shard keeps its
 // own order.
+//
+// After a restart the index is filled again by the block servers, each from its own directory,
+// in whatever order their scans finish; the ring spreads a chain's blocks over the servers. So a
+// block found on disk (an upsert with a hold) is not removed before its hold ends even if its
+// retention ran out, and a parent that arrives after its descendants starts from their expiry:
+// an old root that younger blocks on other servers continue is kept, as the live index kept it.
 
 #include <cstdint>
 #include <list>
@@ -68,16 +74,20 @@ class block_index {
   /// Inserts, or refreshes an existing block: it becomes most recently used (behind its parent,
   /// when that is here), its expiry the later of the two (its ancestors' at least as late), its
   /// servers the union.
-  void upsert(block_meta meta, double now_s);
+  ///
+  /// `hold_until_s` > 0: the block was found on disk by a restarting server (block_commit::age_ms),
+  /// and other servers may still be scanning theirs until then. Until then the block is not
+  /// removed even once expired -- an expired one is not served (its expires_at_s is past, so a
+  /// CHECK misses it) and is the first evicted -- so that a descendant committed meanwhile can
+  /// extend it; and a parent that is not here yet and comes meanwhile starts from the expiry of
+  /// the descendants it has here.
+  void upsert(block_meta meta, double now_s, double hold_until_s = 0.0);
   /// Marks `keys` used, last one first (a read hit).
   void touch_chain(const std::vector<block_key>& keys, double now_s);
   void erase(const block_key& key);
-  /// Pins blocks that are being read: pinned blocks are neither evicted nor expired.
-  void pin(const block_key& key);
-  void unpin(const block_key& key);
-  /// Evicts least recently used unpinned blocks until at most capacity remain; returns them.
+  /// Evicts least recently used blocks until at most capacity remain; returns them.
   std::vector<block_meta> evict_to_capacity();
-  /// Removes every unpinned block whose expiry has passed; returns them.
+  /// Removes every block whose expiry (and hold, if any) has passed; returns them.
   std::vector<block_meta> expire(double now_s);
   /// Takes server `server` off every block (it is gone for this index's life; a restarted head
   /// adopts its store node afresh, and it commits what its disk holds again) and removes the
@@ -93,15 +103,28 @@ class block_index {
   struct entry {
     block_meta meta;
     std::list<block_key>::iterator lru;  ///< position in lru_ (front = most recent)
+    /// In by_expiry_ at the later of meta.expires_at_s and hold_until_s: when it is removed.
     std::multimap<double, block_key>::iterator expiry;
-    uint32_t pins = 0;
+    double hold_until_s = 0.0;  ///< see upsert: found on disk at a restart, kept until then
+  };
+  /// A parent named by blocks here that is not here itself, while servers may still be
+  /// recovering it (see upsert): the latest expiry of those blocks, and until when it may come.
+  struct awaited_parent {
+    double expires_at_s = 0.0;
+    double until_s = 0.0;
   };
   void make_recent(entry& e);
   void place(entry& e);
-  void extend_ancestors(const block_meta& child);
+  /// Sets the block's expiry, and its place in by_expiry_ (never before its hold ends).
+  void set_expiry(entry& e, double expires_at_s);
+  void extend_ancestors(const block_meta& child, double now_s);
   std::unordered_map<block_key, entry, block_key_hash> entries_;
   std::list<block_key> lru_;
   std::multimap<double, block_key> by_expiry_;
+  /// Only filled while a hold lasts (recovery_until_s_): bounded by the blocks committed
+  /// meanwhile, and emptied as the holds end (expire).
+  std::unordered_map<block_key, awaited_parent, block_key_hash> awaited_parents_;
+  double recovery_until_s_ = 0.0;  ///< the latest hold given: servers may be recovering until then
   uint64_t capacity_;
 };
 

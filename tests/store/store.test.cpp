@@ -1,4 +1,4 @@
-// The block store engine: keys, block files, the index (LRU, expiry, pins), the server ring,
+// The block store engine: keys, block files, the index (LRU, expiry, a restart's recovery), the server ring,
 // and the Mooncake trace's reference hit ratios.
 
 #include <doctest/doctest.h>
@@ -321,7 +321,7 @@ TEST_CASE("blocks found at a restart keep their chains alive: an ancestor takes 
   CHECK(young_root[0].age_ms == 1 * day_ms);
 }
 
-TEST_CASE("the index: longest cached prefix, leaf-first LRU eviction, expiry by class, pins") {
+TEST_CASE("the index: longest cached prefix, leaf-first LRU eviction, expiry by class") {
   retention_policy ret;
   block_index idx{3};
   auto key = [](uint64_t i) { return block_key{0, i}; };
@@ -343,13 +343,10 @@ TEST_CASE("the index: longest cached prefix, leaf-first LRU eviction, expiry by 
   block_index big;
   for (uint64_t i = 10; i < 13; ++i) big.upsert({key(i), {}, {0}, 1, retention::agent, ret.agent_ttl_s, 0}, 0);
   for (uint64_t i = 20; i < 23; ++i) big.upsert({key(i), {}, {0}, 1, retention::chat, ret.chat_ttl_s, 0}, 0);
-  big.pin(key(12));
   CHECK(big.expire(3 * 86400.0 - 1).empty());
   const auto gone = big.expire(3 * 86400.0);
-  CHECK(gone.size() == 2);  // 10 and 11; 12 is pinned (being read)
+  CHECK(gone.size() == 3);  // 10, 11 and 12
   CHECK(big.longest_prefix({key(20), key(21), key(22)}, 3 * 86400.0) == 3);
-  big.unpin(key(12));
-  CHECK(big.expire(3 * 86400.0).size() == 1);
   CHECK(big.expire(7 * 86400.0).size() == 3);
   CHECK(big.size() == 0);
   CHECK(parse_retention("agent") == retention::agent);
@@ -381,6 +378,63 @@ TEST_CASE("the index: a chain committed first block first (as a write-back does)
   CHECK(turns.expire(20).empty());  // before, 1 and 2 went at 10 and 3 could never be found again
   CHECK(turns.longest_prefix({key(1), key(2), key(3)}, 20) == 3);
   CHECK(turns.expire(50).size() == 3);
+}
+
+TEST_CASE("the index after a restart: a block found past its retention is held, unserved, while other servers "
+          "recover; a descendant from another server keeps it alive whichever comes first, as the live index did") {
+  auto key = [](uint64_t i) { return block_key{0, i}; };
+  // A recovered commit: found on disk, held until 10 s.
+  const double hold = 10;
+  auto recovered = [&](block_index& idx, uint64_t i, uint64_t parent, double expires, double now) {
+    idx.upsert({key(i), parent ? key(parent) : block_key{}, {0}, 1, retention::chat, expires, 0}, now, hold);
+  };
+  SUBCASE("the old root comes first: held, then revived by its child") {
+    block_index idx;
+    recovered(idx, 1, 0, -5, 1);  // expired 5 s before the index started
+    REQUIRE(idx.find(key(1)) != nullptr);
+    CHECK(idx.longest_prefix({key(1)}, 1) == 0);  // held, not served
+    CHECK(idx.expire(2).empty());                 // before, it was deleted as it came
+    recovered(idx, 2, 1, 1000, 3);
+    CHECK(idx.longest_prefix({key(1), key(2)}, 3) == 2);
+    CHECK(idx.expire(hold + 1).empty());
+    CHECK(idx.find(key(1))->expires_at_s == 1000);
+  }
+  SUBCASE("the child comes first: the root starts from its expiry") {
+    block_index idx;
+    recovered(idx, 2, 1, 1000, 1);
+    recovered(idx, 1, 0, -5, 2);  // before, a new block never looked at its children here
+    CHECK(idx.longest_prefix({key(1), key(2)}, 3) == 2);
+    CHECK(idx.expire(hold + 1).empty());
+  }
+  SUBCASE("three servers, a chain of three, the middle last: the grandchild reaches the root through it") {
+    block_index idx;
+    recovered(idx, 3, 2, 1000, 1);
+    recovered(idx, 1, 0, -5, 2);
+    recovered(idx, 2, 1, -3, 3);
+    CHECK(idx.longest_prefix({key(1), key(2), key(3)}, 4) == 3);
+    CHECK(idx.expire(hold + 1).empty());
+  }
+  SUBCASE("with no descendant it goes when the hold ends, and a parent coming after the hold starts afresh") {
+    block_index idx;
+    recovered(idx, 1, 0, -5, 1);
+    recovered(idx, 12, 11, 1000, 1);  // its parent 11 is not here
+    const auto gone = idx.expire(hold);
+    REQUIRE(gone.size() == 1);
+    CHECK(gone[0].key == key(1));
+    recovered(idx, 11, 0, -5, hold + 1);  // too late: the recovery it waited for is over
+    CHECK(idx.longest_prefix({key(11), key(12)}, hold + 1) == 0);
+  }
+  SUBCASE("a held block is the first evicted, and a copy found expired on a second server does not make it recent") {
+    block_index idx{2};
+    idx.upsert({key(7), {}, {0}, 1, retention::chat, 1000, 0}, 0);
+    recovered(idx, 1, 0, -5, 1);
+    idx.upsert({key(1), {}, {1}, 1, retention::chat, -4, 0}, 1.5, hold);
+    idx.upsert({key(8), {}, {0}, 1, retention::chat, 1000, 0}, 2);
+    const auto evicted = idx.evict_to_capacity();
+    REQUIRE(evicted.size() == 1);
+    CHECK(evicted[0].key == key(1));
+    CHECK(evicted[0].servers == std::vector<uint32_t>{0, 1});
+  }
 }
 
 TEST_CASE("the index forgets a gone server's copies: blocks it held alone leave (room for blocks that can be "
