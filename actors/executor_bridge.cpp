@@ -107,13 +107,17 @@ void rank_core::start(caf::local_actor* self, std::shared_ptr<gpu::executor> exe
   }
   // Shutdown order. CAF destroys the actor's state before it runs attached functors, so this
   // functor holds the executor and the transport: the executor stops first (no callback can
-  // post a put any more), then the pool leaves the transport and the transport goes with its
-  // progress thread (no peer's put can land in the pool any more), and only then is the pool's
-  // memory freed with the executor. Freed in the other order, a put arriving from a peer wrote
-  // into freed memory (seen as a SIGSEGV in ucp_put_handler when a decode node lost its head).
+  // post a put any more), then the pool leaves the transport and the transport stops moving
+  // bytes (quiesce: its progress thread joined, so no peer's put can land in the pool and no
+  // released put of ours reads a buffer any more), and only then are the pool (with the
+  // executor) and the other buffers freed. Freed in the other order, a put arriving from a peer
+  // wrote into freed memory (seen as a SIGSEGV in ucp_put_handler when a decode node lost its
+  // head). Quiesced, not just let go: other holders (the buffers' deregistering deleters, the
+  // pool's memory, a rank's other functors) may keep the transport itself alive past this.
   self->attach_functor([xp = xport, ex = exec, region = pool_key->region_id, keep = outlive_transport]() mutable {
     ex->stop();
     xp->deregister_region(region);
+    xp->quiesce();
     xp.reset();
     ex.reset();
     keep.reset();  // other registered buffers, freed only now

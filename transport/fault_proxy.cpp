@@ -122,6 +122,8 @@ public:
     return real;
   }
 
+  void quiesce() override { inner_->quiesce(); }
+
   xfer_state poll(uint64_t xfer_id, xfer_error* err) override {
     if (!(xfer_id & own_bit_)) {
       {

@@ -135,6 +135,14 @@ public:
   /// another replaces it, an empty one removes it.
   virtual void set_settled_listener(std::function<void()> fn);
   virtual transport_stats stats();
+  /// Stops moving bytes, for good, before its owner frees buffers it registered: when it returns
+  /// no put of this side reads a source and no peer's put is written by this side any more (a
+  /// backend with its own thread has joined it). Its memory (allocate_memory) stays mapped until
+  /// it is destroyed; a later post fails, and other calls do nothing harmful. Others may still
+  /// hold the transport (a deleter that deregisters, the pool's memory), so destruction alone
+  /// does not say when. The default does nothing: backends without a thread of their own (the
+  /// loopback's puts complete inside post_put) have nothing in flight.
+  virtual void quiesce() {}
 };
 
 /// allocate_memory from `t`, freed when the last holder lets go, and holding `t` until then (a

@@ -165,10 +165,7 @@ public:
   }
 
   ~ucx_transport() override {
-    if (thread_.joinable()) {
-      run_on_thread([this] { stop_ = true; });
-      thread_.join();
-    }
+    quiesce();
     if (wake_fd_ >= 0) close(wake_fd_);
     if (worker_) ucp_worker_destroy(worker_);
     // Only now, with no worker left to land a peer's late put in them.
@@ -178,8 +175,30 @@ public:
 
   capabilities caps() const override { return {"ucx", true, true, false}; }
 
+  /// Joins the progress thread, which closes the endpoints first (see progress_loop's end).
+  void quiesce() override {
+    std::lock_guard<std::mutex> once{quiesce_mutex_};
+    if (!thread_.joinable()) return;
+    run_on_thread([this] { stop_ = true; });
+    thread_.join();
+    // Commands queued while the thread ended: run here (each sees stop_ and does nothing), so
+    // that no caller waits for ever.
+    std::deque<std::function<void()>> left;
+    {
+      std::lock_guard<std::mutex> lock{mutex_};
+      stopped_ = true;
+      left.swap(queue_);
+    }
+    std::lock_guard<std::mutex> inline_lock{inline_mutex_};
+    for (auto& fn : left) fn();
+  }
+
   std::optional<region_key> register_region(std::byte* base, uint64_t size_bytes, xfer_error* err) override {
     return run_on_thread([&]() -> std::optional<region_key> {
+      if (stop_) {
+        if (err) *err = {xfer_errc::backend_error, false, 0, cfg_.name, 0, "the transport has stopped (quiesce)"};
+        return std::nullopt;
+      }
       // Inside memory of ours: its mapping serves (and its rkey lets peers store into it).
       ucp_mem_h memh = nullptr;
       bool owned = false;
@@ -260,6 +279,7 @@ public:
 
   std::byte* map_remote(const region_key& key) override {
     return run_on_thread([&]() -> std::byte* {
+      if (stop_) return nullptr;  // its peers' keys and endpoints are gone
       unpacked_key k;
       if (key.backend != "ucx" || !unpack_key(key.packed, &k)) return nullptr;
       xfer_error ignored;
@@ -276,6 +296,11 @@ public:
     {
       std::lock_guard<std::mutex> lock{mutex_};
       id = ++last_xfer_;
+      if (stopped_) {  // nothing would ever start it
+        status_[id] = {xfer_state::failed,
+                       {xfer_errc::backend_error, false, desc.request_id, cfg_.name, desc.layer, "the transport has stopped (quiesce)"}};
+        return id;
+      }
       status_[id] = {xfer_state::pending, {}};
       queue_.push_back([this, id, desc] { start(id, desc); });
     }
@@ -359,6 +384,16 @@ private:
   /// Runs fn on the progress thread and waits for it (registration, shutdown: rare calls).
   template <class F>
   auto run_on_thread(F fn) -> decltype(fn()) {
+    {
+      // Quiesced: no thread to run it, and none that could race with it (its state is this
+      // thread's after the join; callers are serialised here).
+      std::unique_lock<std::mutex> lock{mutex_};
+      if (stopped_) {
+        lock.unlock();
+        std::lock_guard<std::mutex> inline_lock{inline_mutex_};
+        return fn();
+      }
+    }
     using R = decltype(fn());
     std::packaged_task<R()> task{std::move(fn)};
     auto fut = task.get_future();
@@ -453,6 +488,11 @@ private:
   /// Progress thread: validates and posts the puts of one transfer.
   void start(uint64_t id, const put_desc& d) {
     xfer_error err{xfer_errc::none, false, d.request_id, d.peer, d.layer, {}};
+    if (stop_) {  // posted as the transport stopped: its endpoints are gone
+      err.code = xfer_errc::backend_error;
+      err.what = "the transport has stopped (quiesce)";
+      return finish(id, xfer_state::failed, err);
+    }
     auto local = regions_.find(d.local_region);
     unpacked_key key;
     if (d.remote.backend != "ucx" || !unpack_key(d.remote.packed, &key)) {
@@ -610,6 +650,7 @@ private:
     inflight_.clear();
     for (auto& [addr, peer] : peers_)
       for (auto& [bytes, k] : peer.keys) ucp_rkey_destroy(k.handle);
+    peers_.clear();
     for (auto& [id, r] : regions_)
       if (r.owned) ucp_mem_unmap(context_, r.memh);
     regions_.clear();
@@ -622,7 +663,10 @@ private:
   int ucx_fd_ = -1;
   int wake_fd_ = -1;
   std::thread thread_;
-  bool stop_ = false;  ///< set and read on the progress thread only
+  bool stop_ = false;  ///< set on the progress thread; read there, or inline once it is joined
+  bool stopped_ = false;  ///< the thread is joined (quiesce): run_on_thread runs inline (under mutex_)
+  std::mutex quiesce_mutex_;
+  std::mutex inline_mutex_;
   uint64_t spins_ = 0;
   bool only_unwatched_ = false;  ///< in flight: only transfers their callers released (progress thread)
 

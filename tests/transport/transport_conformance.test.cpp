@@ -136,6 +136,67 @@ TEST_CASE("UCX calls the settled listener when a transfer settles, done or faile
   }
 }
 
+TEST_CASE("UCX quiesce: its thread stops; a put posted after fails at once, saying so; registering and mapping give "
+          "nothing, deregistering and freeing return; its peers serve on") {
+  for (const std::string backend : {"ucx", "ucx-am"}) {
+    CAPTURE(backend);
+    two_ranks t;
+    auto [a, b] = make_endpoints(backend, t);
+    xfer_error err;
+    auto ka = a->register_region(t.src.data(), t.src.size(), &err);
+    auto kb = b->register_region(t.dst.data(), t.dst.size(), &err);
+    REQUIRE(ka);
+    REQUIRE(kb);
+    auto first = a->post_put({1, 0, "b", ka->region_id, *kb, {{0, 0, 512}}});
+    REQUIRE(baton::test::settle(*a, first, &err) == xfer_state::done);
+    a->release(first);
+    auto* mem = a->allocate_memory(4096, &err);
+    REQUIRE(mem);
+    a->quiesce();
+    a->quiesce();  // again: nothing more to stop
+    auto late = a->post_put({2, 5, "b", ka->region_id, *kb, {{0, 0, 512}}});
+    CHECK(a->poll(late, &err) == xfer_state::failed);
+    CHECK(err.what.find("stopped") != std::string::npos);
+    CHECK(err.layer == 5);
+    a->release(late);
+    xfer_error reg_err;
+    CHECK_FALSE(a->register_region(t.src.data(), 64, &reg_err));
+    CHECK(reg_err.what.find("stopped") != std::string::npos);
+    CHECK(a->map_remote(*kb) == nullptr);
+    a->deregister_region(ka->region_id);
+    mem[0] = std::byte{1};  // still mapped until the transport goes
+    a->free_memory(mem);
+    // The peer it talked to takes puts from another transport as before.
+    std::string why;
+    auto c = make_ucx_transport({.name = "c", .send = backend == "ucx-am" ? "am" : "put"}, &why);
+    REQUIRE_MESSAGE(c, why);
+    auto kc = c->register_region(t.src.data(), t.src.size(), &err);
+    REQUIRE(kc);
+    auto id = c->post_put({3, 0, "b", kc->region_id, *kb, {{1024, 1024, 512}}});
+    CHECK(baton::test::settle(*c, id, &err) == xfer_state::done);
+    CHECK(std::equal(t.src.begin() + 1024, t.src.begin() + 1536, t.dst.begin() + 1024));
+  }
+}
+
+TEST_CASE("UCX active messages: a put into a region its target no longer has is refused there, and fails as fatal "
+          "(unknown_region), naming the call") {
+  two_ranks t;
+  auto [a, b] = make_endpoints("ucx-am", t);
+  xfer_error err;
+  auto ka = a->register_region(t.src.data(), t.src.size(), &err);
+  auto kb = b->register_region(t.dst.data(), t.dst.size(), &err);
+  REQUIRE(ka);
+  REQUIRE(kb);
+  auto ok = a->post_put({1, 0, "b", ka->region_id, *kb, {{0, 0, 512}}});
+  REQUIRE(baton::test::settle(*a, ok, &err) == xfer_state::done);
+  b->deregister_region(kb->region_id);
+  auto stale = a->post_put({2, 1, "b", ka->region_id, *kb, {{0, 0, 512}}});
+  REQUIRE(baton::test::settle(*a, stale, &err) == xfer_state::failed);
+  CHECK(err.code == xfer_errc::unknown_region);
+  CHECK_FALSE(err.retryable);
+  CHECK_MESSAGE(err.what.find("ucp_am_send_nbx") != std::string::npos, err.what);
+}
+
 TEST_CASE("UCX keeps a bounded cache of peers' keys: past its cap the least recently used idle one is dropped, "
           "idle ones go after key_idle_ms, a mapped one stays, a dropped one is unpacked again on its next put, "
           "and puts keep flowing both ways") {
