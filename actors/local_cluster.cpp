@@ -52,6 +52,9 @@ std::string local_cluster_config::validate() const {
   if (auto e = backend.validate(); !e.empty()) return e;
   if (auto e = prefill.validate(); !e.empty()) return e;
   if (auto e = decode.validate(); !e.empty()) return e;
+  if (!prefill.checksum_kv && decode.verify_kv_checksums)
+    return "prefill.checksum_kv is off but decode.verify_kv_checksums is on: every layer would fail its check; turn "
+           "both off (only where the KV is not real, as the sims' modelled executors) or leave both on";
   if (auto e = router.request.validate(); !e.empty()) return e;
   if (auto e = prefill_balancer.validate(); !e.empty()) return e;
   if (auto e = decode_balancer.validate(); !e.empty()) return e;

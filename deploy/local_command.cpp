@@ -600,11 +600,20 @@ int run_local(const std::vector<std::string>& args) {
       children.push_back(pid);
     }
     // Wait (bounded) until every decode process has registered with the balancer.
+    // One that exited (a bad flag, no memory, UCX refusing) is said at once, by its pid; its
+    // own output says why.
     size_t joined = 0;
     for (int i = 0; i < 300 && joined < opt.decode_processes; ++i) {
       self->request(cluster.decode_balancer, std::chrono::seconds{5}, stats_atom::value)
           .receive([&](std::vector<rank_load>& loads) { joined = loads.size(); }, [](caf::error&) {});
-      if (joined < opt.decode_processes) std::this_thread::sleep_for(std::chrono::milliseconds{100});
+      if (joined >= opt.decode_processes) break;
+      for (size_t c = 0; c < children.size(); ++c)
+        if (std::string how; process_gone(children[c], &how)) {
+          std::fprintf(stderr, "baton local: decode process %zu (pid %d) ended before it joined (%s); its output says why\n",
+                       c, static_cast<int>(children[c]), how.c_str());
+          return 1;
+        }
+      std::this_thread::sleep_for(std::chrono::milliseconds{100});
     }
     if (joined < opt.decode_processes) {
       std::fprintf(stderr, "baton local: only %zu of %u decode processes joined within 30 s\n", joined,

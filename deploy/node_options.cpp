@@ -79,7 +79,7 @@ void add_node_flags(flag_set& flags, node_options* o, bool* cuda_fp32) {
   flags.add("--head-wait-s", &o->head_wait_s,
             "decode, prefill, elastic: when the head goes away, stop this node's ranks but keep its model, and wait "
             "this long for a head at --connect to come back (restarted: `baton launch --restart-failed`), then "
-            "join it afresh (0 = leave at once)");
+            "join it afresh; a head not there yet when the node starts is waited for as long (0 = leave at once)");
   flags.add("--dp-meet-timeout-s", &o->dp_meet_timeout_s,
             "with --dp-attention: how long this node waits at the head for its groups' members in other nodes "
             "(Ctrl-C ends the wait at once)");

@@ -149,3 +149,12 @@ TEST_CASE("a put refused as outside its region fails the request as layout_misma
     }
   }
 }
+
+TEST_CASE("KV checksums that the decode rank checks but no prefill rank makes are refused by name (every layer would "
+          "fail); both off, as the sims' modelled KV, is allowed") {
+  local_cluster_config cfg;
+  cfg.prefill.checksum_kv = false;
+  CHECK(cfg.validate().find("prefill.checksum_kv is off but decode.verify_kv_checksums is on") == 0);
+  cfg.decode.verify_kv_checksums = false;
+  CHECK(cfg.validate().empty());
+}
