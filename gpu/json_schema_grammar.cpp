@@ -136,7 +136,10 @@ public:
       *rule = any_value_;
       return true;
     }
-    if (s.value("nullable", false)) types.push_back("null");  // OpenAPI's spelling of ["T", "null"]
+    if (auto n = s.find("nullable"); n != s.end()) {  // OpenAPI's spelling of ["T", "null"]
+      if (!n->is_boolean()) return fail(where + "/nullable", "nullable must be true or false");
+      if (n->get<bool>()) types.push_back("null");
+    }
     const uint32_t r = g_->add_rule();
     for (const auto& t : types) {
       uint32_t one = 0;
@@ -583,10 +586,27 @@ uint32_t until(grammar& g, std::string_view marker, uint32_t then) {
   return state[0];
 }
 
+std::shared_ptr<const grammar> compile_checked(output_format kind, const std::string& text, const output_options& options,
+                                               std::string* why);
+
 }  // namespace
 
 std::shared_ptr<const grammar> compile_output_grammar(output_format kind, const std::string& text,
                                                       const output_options& options, std::string* why) {
+  // Every field is checked for its type before it is read; this is the net under that: the
+  // caller is the router, whose end would end every request's service.
+  try {
+    return compile_checked(kind, text, options, why);
+  } catch (const std::exception& e) {
+    *why = std::string{"the constraint could not be read ("} + e.what() + ")";
+    return nullptr;
+  }
+}
+
+namespace {
+
+std::shared_ptr<const grammar> compile_checked(output_format kind, const std::string& text, const output_options& options,
+                                               std::string* why) {
   if (kind == output_format::free || static_cast<uint8_t>(kind) > max_output_format) {
     *why = "no constrained output was asked for";
     return nullptr;
@@ -645,6 +665,8 @@ std::shared_ptr<const grammar> compile_output_grammar(output_format kind, const 
   }
   return g;
 }
+
+}  // namespace
 
 std::shared_ptr<const grammar> cached_output_grammar(output_format kind, const std::string& text,
                                                      const output_options& options, std::string* why) {

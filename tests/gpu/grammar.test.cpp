@@ -132,6 +132,9 @@ TEST_CASE("grammar: schemas Baton cannot honour are refused, naming the keyword 
   };
   CHECK(refused(R"({"type":"integer","multipleOf":3})") == "json_schema at /: the keyword 'multipleOf' is not supported "
                                                              "(Baton's grammars cannot enforce it)");
+  // A nullable that is not a boolean (it threw through the compiler, which ended the router).
+  CHECK(refused(R"({"type":"string","nullable":"yes"})") == "json_schema at /nullable: nullable must be true or false");
+  CHECK(refused(R"({"properties":{"a":{"type":"integer","nullable":1}}})").find("/properties/a/nullable") != std::string::npos);
   CHECK(refused(R"({"properties":{"when":{"type":"string","format":"uri"}}})") ==
         "json_schema at /properties/when/format: the format \"uri\" is not supported (date, time, date-time, uuid, "
         "ipv4 and email are)");
