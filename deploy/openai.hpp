@@ -71,6 +71,9 @@ struct call {
   std::string forced_tool;
   /// ... or, with "required", a list of calls, each {"name", "parameters"}.
   bool forced_calls = false;
+  /// parallel_tool_calls false: at most one call -- the answer's first (later ones are dropped,
+  /// as vLLM does; a "required" call's grammar allows one only).
+  bool one_tool_call = false;
 
   uint32_t num_prompts() const {
     return static_cast<uint32_t>(std::max<size_t>(1, std::max(batch_texts.size(), batch_tokens.size())));
@@ -222,6 +225,7 @@ public:
     : reasoning_(c.separate_reasoning),
       tools_(c.tool_calls != gpu::tool_call_format::none),
       forced_(!c.forced_tool.empty() || c.forced_calls),
+      one_call_(c.one_tool_call),
       prompt_thinking_(prompt_thinking == 1),
       thinking_(prompt_thinking == 1),
       calls_(forced_ ? tool_call_splitter::forced(c.forced_tool) : tool_call_splitter{c.tool_calls}) {}
@@ -230,7 +234,9 @@ public:
   answer_parts feed(const std::string& text, bool last);
 
 private:
+  answer_parts read(const std::string& text, bool last);
   bool reasoning_, tools_, forced_;
+  bool one_call_;             ///< call::one_tool_call
   bool prompt_thinking_;      ///< the prompt opened <think>: a forced call's JSON follows its </think>
   bool think_closed_ = false;  ///< ... and that </think> has been shown (separate_reasoning false)
   bool forced_started_ = false;  ///< a forced call's JSON has begun (after </think> and blank lines)

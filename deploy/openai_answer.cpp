@@ -55,6 +55,13 @@ reasoning_splitter::parts split_reasoning(const std::string& text, bool opened) 
 }
 
 answer_parts answer_reader::feed(const std::string& text, bool last) {
+  auto out = read(text, last);
+  if (one_call_)  // the first call only, whole or in pieces
+    std::erase_if(out.tool_calls, [](const tool_call& c) { return c.index > 0; });
+  return out;
+}
+
+answer_parts answer_reader::read(const std::string& text, bool last) {
   answer_parts out;
   if (reasoning_) {
     out = thinking_.feed(text, last);

@@ -85,11 +85,14 @@ bool message_content(const json& m, size_t i, std::string* out, api_error* err) 
     *err = bad(param, param + " must be a string or an array of text parts");
     return false;
   }
-  for (const auto& part : *it) {
+  // The parts joined by newlines, as vLLM joins them for a text-only template.
+  for (size_t k = 0; k < it->size(); ++k) {
+    const auto& part = (*it)[k];
     if (!part.is_object() || !type_is(part, "text") || !part.contains("text") || !part["text"].is_string()) {
       *err = bad(param, param + ": only text parts ({\"type\":\"text\",\"text\":...}) are supported");
       return false;
     }
+    if (k > 0) *out += "\n";
     *out += part["text"].get<std::string>();
   }
   return true;
@@ -544,6 +547,9 @@ bool parse_checked_body(std::string_view body, bool chat, const std::string& ser
   r.min_tokens = static_cast<uint32_t>(min_tokens);
   if (!bool_field(j, "ignore_eos", &r.ignore_eos, err)) return false;
   if (!bool_field(j, "include_stop_str_in_output", &r.include_stop_str_in_output, err)) return false;
+  bool parallel_tool_calls = true;
+  if (!bool_field(j, "parallel_tool_calls", &parallel_tool_calls, err)) return false;
+  out->one_tool_call = !parallel_tool_calls;
   if (!bool_field(j, "separate_reasoning", &out->reasoning_wanted, err)) return false;
   if (auto it = j.find("chat_template_kwargs"); it != j.end() && !it->is_null()) {
     if (!chat) {

@@ -234,7 +234,10 @@ answer_parts read_hermes(const std::string& content) {
   size_t at = first;
   while (at != npos) {
     const size_t from = at + hermes_begin.size();
-    const size_t end = s.find(hermes_end, from);
+    // The end tag after the call's JSON: one inside its strings (an argument that quotes
+    // </tool_call>) is text.
+    const size_t extent = json_extent(s, skip_space(s, from));
+    const size_t end = s.find(hermes_end, extent == npos ? from : extent);
     // A call cut off by max_tokens has no end tag: it is read to the answer's end.
     if (!add_object_call(trimmed_view(s.substr(from, end == npos ? npos : end - from)), &out)) return whole(content);
     if (end == npos) break;
@@ -335,9 +338,14 @@ bool add_sectioned_call(tool_call_format f, std::string_view head, std::string_v
     const size_t line = right.find('\n');
     if (line == npos) return false;
     std::string_view args = right.substr(line + 1);
-    const size_t open = args.find("```json");
-    const size_t close = open == npos ? npos : args.find("```", open + 7);
-    if (open != npos) args = args.substr(open + 7, close == npos ? npos : close - open - 7);
+    if (const size_t open = args.find("```json"); open != npos) {
+      // The block ends after the JSON (a ``` inside one of its strings is text): its extent,
+      // strings matched, where it is an object or array; else at the next fence.
+      const size_t json_at = skip_space(args, open + 7);
+      const size_t extent = json_extent(args, json_at);
+      const size_t close = extent != npos ? extent : args.find("```", open + 7);
+      args = args.substr(open + 7, close == npos ? npos : close - open - 7);
+    }
     return add_named_call(trimmed(right.substr(0, line)), args, out);
   }
   return add_named_call(trimmed(head), right, out);  // DeepSeek V3.1: the name, then the arguments
@@ -625,9 +633,15 @@ void tool_call_splitter::stream_calls(answer_parts* out) {
       bool cut = false;
       for (const std::string_view end : call.ends) {
         const size_t from = std::max(call.args_begin, call.args_sent >= end.size() ? call.args_sent - end.size() + 1 : 0);
-        if (const size_t at = s.find(end, from); at < upto) {
+        // An end marker inside one of the arguments' strings (a file's content with a ``` fence,
+        // say) is text, not the end: only one outside every string cuts the arguments.
+        for (size_t at = s.find(end, from); at < upto; at = s.find(end, at + 1)) {
+          json_scan probe{call.args_begin};
+          scan_json(s.substr(0, at), probe);
+          if (probe.in_string) continue;
           upto = at;
           cut = true;
+          break;
         }
       }
       // A tail that may still become an end marker waits, as does half a UTF-8 character.

@@ -190,7 +190,7 @@ TEST_CASE("OpenAI request bodies map onto generate_request, and refusals name th
       true, "m", &c, &e));
   REQUIRE(c.req.messages.size() == 2);
   CHECK(c.req.messages[0].role == "system");
-  CHECK(c.req.messages[1].content == "ab");
+  CHECK(c.req.messages[1].content == "a\nb");  // joined by a newline, as vLLM joins text parts
   CHECK(c.req.max_tokens == 0);  // not given: the router gives what the context leaves (OpenAI's chat default)
   auto refused = [&](const std::string& body, bool chat = false) {
     e = {};
@@ -674,7 +674,42 @@ TEST_CASE("tool calls in an answer: Hermes' <tool_call> JSON becomes tool_calls 
   CHECK(two.tool_calls[0].name == "f");
   CHECK(two.tool_calls[0].arguments == R"({"b": 1, "a": [2]})");  // as the model wrote them
   CHECK(two.tool_calls[1].arguments == "{}");
+  // parallel_tool_calls false: the first call only, whole or streamed.
+  {
+    deploy::openai::call one;
+    deploy::openai::api_error e1;
+    REQUIRE(deploy::openai::parse_body(R"({"messages":[{"role":"user","content":"x"}],"parallel_tool_calls":false})", true,
+                                       "m", &one, &e1));
+    CHECK(one.one_tool_call);
+    one.tool_calls = gpu::tool_call_format::hermes;
+    const std::string text = "<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call><tool_call>{\"name\": \"g\", "
+                             "\"arguments\": {\"y\": 2}}</tool_call>";
+    const auto whole = deploy::openai::answer_reader{one, 0}.feed(text, true);
+    REQUIRE(whole.tool_calls.size() == 1);
+    CHECK(whole.tool_calls[0].name == "f");
+    deploy::openai::answer_reader live{one, 0};
+    std::vector<std::string> names;
+    for (size_t i = 0; i < text.size(); i += 5)
+      for (const auto& piece : live.feed(text.substr(i, 5), i + 5 >= text.size()).tool_calls)
+        if (!piece.name.empty()) names.push_back(piece.name);
+    CHECK(names == std::vector<std::string>{"f"});
+    CHECK(deploy::openai::parse_body(R"({"messages":[{"role":"user","content":"x"}],"parallel_tool_calls":"no"})", true, "m",
+                                     &one, &e1) == false);
+    CHECK(e1.param == "parallel_tool_calls");
+  }
   CHECK(read_tool_calls("<tool_call>{\"name\": \"f\", \"arguments\": {}}").tool_calls.size() == 1);  // cut by max_tokens
+  // An argument that quotes the end tag: the call ends after its JSON, whole or streamed.
+  const std::string quoting = "<tool_call>{\"name\": \"f\", \"arguments\": {\"note\": \"close with </tool_call>\"}}</tool_call>";
+  const auto quoted = read_tool_calls(quoting);
+  REQUIRE(quoted.tool_calls.size() == 1);
+  CHECK(quoted.tool_calls[0].arguments == R"({"note": "close with </tool_call>"})");
+  CHECK(quoted.content.empty());
+  deploy::openai::tool_call_splitter quoting_live{gpu::tool_call_format::hermes};
+  std::string streamed_args;
+  for (size_t i = 0; i < quoting.size(); i += 7)
+    for (const auto& piece : quoting_live.feed(quoting.substr(i, 7), i + 7 >= quoting.size()).tool_calls)
+      streamed_args += piece.arguments;
+  CHECK(streamed_args == quoted.tool_calls[0].arguments);
   const auto not_json = read_tool_calls("a <tool_call> b </tool_call>");
   CHECK(not_json.tool_calls.empty());
   CHECK(not_json.content == "a <tool_call> b </tool_call>");
@@ -790,6 +825,11 @@ TEST_CASE("tool calls in Llama 3.1's, Mistral's, DeepSeek's and Kimi-K2's forms:
        {{"f", R"({"x": 1})"}, {"g", "{}"}}},
       {tool_call_format::deepseek, ds_begin + call + "f" + sep + "{\"x\": " + end + ds_end, "=", {}, {{"f", R"({"x":)"}}},
       {tool_call_format::deepseek, "A plain answer.", "=", {}},
+      // A ``` fence inside an argument's string (a file's content) is text, not the block's end.
+      {tool_call_format::deepseek,
+       ds_begin + call + "function" + sep + "write_file\n```json\n{\"path\": \"R.md\", \"content\": \"Run:\\n```sh\\nmake\\n```\"}\n```" +
+           end + ds_end,
+       "", {{"write_file", R"({"path": "R.md", "content": "Run:\n```sh\nmake\n```"})"}}},
       {tool_call_format::kimi,
        "Sure.<|tool_calls_section_begin|>\n<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
        "{\"city\": \"Paris\"}<|tool_call_end|>\n<|tool_call_begin|>g:1<|tool_call_argument_begin|>{}<|tool_call_end|>"
