@@ -4,6 +4,7 @@ find_package(Threads REQUIRED)
 find_package(nlohmann_json 3.11 REQUIRED)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)  # tokenizer pre-split patterns
+pkg_check_modules(ICU_UC REQUIRED IMPORTED_TARGET icu-uc)       # tokenizers' NFC normalizer (Qwen's)
 find_package(ucx REQUIRED)  # UCX 1.13.1: ucx::ucp
 
 # CAF 0.17.6: Debian ships no CMake config and no .pc file, so we import it by hand.

@@ -5,6 +5,9 @@
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
+#include <unicode/bytestream.h>
+#include <unicode/normalizer2.h>
+#include <unicode/utf8.h>
 
 #include <nlohmann/json.hpp>
 
@@ -197,9 +200,23 @@ std::unique_ptr<bpe_tokenizer> bpe_tokenizer::from_json(const std::string& text,
       t->added_by_id_.emplace(t->added_[k].id, k);
     }
     if (j.contains("normalizer") && !j["normalizer"].is_null()) {
-      // Inputs are taken as given: NFC normalisation (Qwen2) changes nothing for NFC text.
-      const auto type = j["normalizer"].value("type", std::string{});
-      if (type != "NFC") return fail("normalizer " + type + " is not supported (none or NFC)");
+      // NFC (Qwen's): text is composed before it is split, as Hugging Face does, so "e" and a
+      // combining acute accent are the tokens of "é". A Sequence is its members in turn
+      // (DeepSeek-V3's is empty: no normalisation at all).
+      std::vector<const json*> pending{&j["normalizer"]};
+      for (size_t seen = 0; !pending.empty(); ++seen) {
+        const json& n = *pending.back();
+        pending.pop_back();
+        if (seen > 64 || !n.is_object()) return fail("normalizer: not an object, or nested too deep");
+        const auto type = n.value("type", std::string{});
+        if (type == "Sequence" && n.contains("normalizers") && n["normalizers"].is_array()) {
+          for (const auto& m : n["normalizers"]) pending.push_back(&m);
+        } else if (type == "NFC") {
+          t->nfc_ = true;
+        } else {
+          return fail("normalizer " + type + " is not supported (none, NFC, or a Sequence of them)");
+        }
+      }
     }
     // The pre-tokenizer: ByteLevel, Split(Isolated) or a Sequence of them.
     std::vector<const json*> steps;  // pointers: a copy of a value is recursive
@@ -309,8 +326,36 @@ void bpe_tokenizer::encode_piece(const std::string& piece, std::vector<int32_t>*
   for (int32_t i = n > 0 ? 0 : -1; i >= 0; i = next[i]) out->push_back(id[i]);
 }
 
-void bpe_tokenizer::encode_plain(const std::string& text, std::vector<int32_t>* out) const {
-  if (text.empty()) return;
+namespace {
+
+/// `text` in Unicode's NFC (ICU's), or as it is where it is ASCII, already NFC, or not
+/// well-formed UTF-8 (which no Hugging Face input can be: it is left to the byte-level tokens).
+std::string composed(const std::string& text) {
+  if (std::all_of(text.begin(), text.end(), [](char c) { return static_cast<unsigned char>(c) < 0x80; })) return text;
+  if (text.size() > static_cast<size_t>(INT32_MAX)) return text;
+  const auto n = static_cast<int32_t>(text.size());
+  for (int32_t i = 0; i < n;) {
+    UChar32 c;
+    U8_NEXT(text.data(), i, n, c);
+    if (c < 0) return text;
+  }
+  UErrorCode status = U_ZERO_ERROR;
+  const icu::Normalizer2* nfc = icu::Normalizer2::getNFCInstance(status);
+  if (U_FAILURE(status)) return text;
+  if (nfc->isNormalizedUTF8(text, status) && U_SUCCESS(status)) return text;
+  status = U_ZERO_ERROR;
+  std::string out;
+  icu::StringByteSink<std::string> sink(&out);
+  nfc->normalizeUTF8(0, text, sink, nullptr, status);
+  return U_SUCCESS(status) ? out : text;
+}
+
+}  // namespace
+
+void bpe_tokenizer::encode_plain(const std::string& raw, std::vector<int32_t>* out) const {
+  if (raw.empty()) return;
+  const std::string normalized = nfc_ ? composed(raw) : std::string{};
+  const std::string& text = nfc_ ? normalized : raw;
   std::vector<std::string> pieces{add_prefix_space_ && text[0] != ' ' ? " " + text : text};
   for (auto* p : patterns_) pieces = split_isolated(static_cast<pcre2_code*>(p), pieces);
   for (const auto& p : pieces) encode_piece(p, out);

@@ -78,6 +78,7 @@ class bpe_tokenizer {
   std::vector<void*> patterns_;  ///< compiled pcre2 split patterns, applied in order (Isolated)
   bool ignore_merges_ = false;
   bool add_prefix_space_ = false;
+  bool nfc_ = false;  ///< the normalizer composes text to NFC (Qwen's) before it is split
   std::string byte_to_symbol_[256];
   std::unordered_map<std::string, uint8_t> symbol_to_byte_;
 };

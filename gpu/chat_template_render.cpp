@@ -163,9 +163,13 @@ private:
       case expr::kind::attr:
         if (const value* v = ref(*e.args[0])) return copied(attribute(*v, e.text, e), e.line);
         return attribute(eval(*e.args[0]), e.text, e);
-      case expr::kind::item:
-        if (const value* v = ref(*e.args[0])) return copied(item(*v, eval(*e.args[1]), e), e.line);
-        return item(eval(*e.args[0]), eval(*e.args[1]), e);
+      case expr::kind::item: {
+        // The key first: evaluating it may call a macro that sets a namespace's attribute, which
+        // moves the values a pointer from ref() would point into.
+        const value key = eval(*e.args[1]);
+        if (const value* v = ref(*e.args[0])) return copied(item(*v, key, e), e.line);
+        return item(eval(*e.args[0]), key, e);
+      }
       case expr::kind::slice: return slice(e);
       case expr::kind::call: return held(call(e), e.line);
       case expr::kind::filter: return held(filter(e), e.line);
@@ -205,9 +209,10 @@ private:
   const value* ref(const expr& e) {
     if (e.k == expr::kind::name) return find(e.text);
     if (e.k != expr::kind::attr && e.k != expr::kind::item) return nullptr;
+    // The key before the pointer (see eval's item): nothing is evaluated once it is taken.
+    const value key = e.k == expr::kind::attr ? value(e.text) : eval(*e.args[1]);
     const value* v = ref(*e.args[0]);
     if (!v) return nullptr;
-    const value key = e.k == expr::kind::attr ? value(e.text) : eval(*e.args[1]);
     if (v->is_object() && key.is_string()) {
       const auto it = v->find(key.get_ref<const std::string&>());
       return it == v->end() ? nullptr : &*it;

@@ -11,6 +11,7 @@ packages=(
   libucx-dev ucx-utils  # UCX 1.13.1: KV transport between processes
   nlohmann-json3-dev    # configs, cluster specs, traces
   libpcre2-dev          # tokenizer pre-split patterns (Unicode classes \p{L}, \p{N})
+  libicu-dev            # tokenizers' NFC normalizer (Qwen's tokenizer.json asks for it)
   doctest-dev           # unit tests
   libopenblas-dev       # sgemm ceiling in bench/ (the executor does not use it)
   procps                # ps/pkill used by the cluster scripts

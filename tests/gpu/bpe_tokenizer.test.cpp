@@ -77,6 +77,26 @@ TEST_CASE("BPE: ranked merges, the Llama 3 split, added tokens, and exact round 
     CHECK_MESSAGE(t->decode(t->encode(s)) == s, s);
 }
 
+TEST_CASE("BPE with an NFC normalizer (Qwen's) composes the text first: a decomposed accent gives the composed "
+          "character's tokens; without one, the bytes as given") {
+  std::string why;
+  auto j = nlohmann::json::parse(tokenizer_json({}));
+  auto plain = bpe_tokenizer::from_json(j.dump(), "tokenizer.json", &why);
+  REQUIRE_MESSAGE(plain, why);
+  j["normalizer"] = {{"type", "NFC"}};
+  auto nfc = bpe_tokenizer::from_json(j.dump(), "tokenizer.json", &why);
+  REQUIRE_MESSAGE(nfc, why);
+  const std::string composed = "caf\xc3\xa9", decomposed = "cafe\xcc\x81";  // é, and e + U+0301
+  CHECK(nfc->encode(decomposed) == nfc->encode(composed));
+  CHECK(nfc->encode(composed) == plain->encode(composed));
+  CHECK(plain->encode(decomposed) != plain->encode(composed));
+  CHECK(nfc->decode(nfc->encode(decomposed)) == composed);
+  // Around an added token, and with bytes that are not UTF-8 (kept as they are).
+  CHECK(nfc->encode(decomposed + "<|eot|>" + decomposed) == nfc->encode(composed + "<|eot|>" + composed));
+  const std::string broken = "e\xcc\x81\xff";
+  CHECK(nfc->decode(nfc->encode(broken)) == broken);
+}
+
 TEST_CASE("BPE merges lowest rank first and leftmost first, in time that grows gently with the piece") {
   std::string why;
   // "a a" (rank 0) before "aa a" (rank 1) before "aa aa" (rank 2): "aaa" merges its left pair
@@ -160,6 +180,16 @@ TEST_CASE("tokenizer.json files Baton cannot run are refused with a sentence") {
   CHECK_FALSE(bpe_tokenizer::from_json("{", "tokenizer.json", &why));
   CHECK_FALSE(bpe_tokenizer::load("/nonexistent/tokenizer.json", &why));
   CHECK(why.find("cannot read") != std::string::npos);
+  // Normalizers: none, NFC, or a Sequence of them (DeepSeek-V3's is an empty Sequence); others are
+  // refused by name, inside a Sequence too.
+  k = j;
+  k["normalizer"] = {{"type", "Sequence"}, {"normalizers", nlohmann::json::array()}};
+  CHECK(load(k));
+  k["normalizer"]["normalizers"].push_back({{"type", "NFC"}});
+  CHECK(load(k));
+  k["normalizer"]["normalizers"].push_back({{"type", "Lowercase"}});
+  CHECK_FALSE(load(k));
+  CHECK(why.find("normalizer Lowercase is not supported") != std::string::npos);
   // GPT-2 style (ByteLevel with its own regex) loads too.
   CHECK(bpe_tokenizer::from_json(tokenizer_json({}, false), "tokenizer.json", &why));
 }

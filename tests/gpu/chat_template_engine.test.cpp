@@ -120,6 +120,9 @@ TEST_CASE("regression: the chat template engine holds odd templates to an error,
   CHECK(render("{{ 'abcdef'[1::9223372036854775807] }} {{ 'abcdef'[::-9223372036854775807] }}") == "b f");
   CHECK(render("{{ range(9223372036854775806, 9223372036854775807, 9223372036854775807) | list }}") ==
         "[9223372036854775806]");
+  // A subscript whose key calls a macro that adds to the namespace holding the list: the list's
+  // storage moved under a pointer taken before the key was computed.
+  CHECK(render("{% set ns = namespace(a=[1,2]) %}{% macro g() %}{% set ns.b = 1 %}1{% endmacro %}{{ ns.a[g()|int] }}") == "2");
   CHECK(render_error("{{ 'x' | indent(-1) }}") == "chat template line 1: indent's width must be a string or a number from 0 to 1024");
   CHECK(compile_error("{{ 99999999999999999999 }}") == "chat template line 1: the number 99999999999999999999 is too large");
   CHECK(compile_error("{{ '\\x4Z' }}") == "chat template line 1: a string's \\x escape needs 2 hex digits");
