@@ -144,6 +144,12 @@ struct rank_starter {
     // The cluster's block store, if it runs one: decode ranks write finished sequences back to
     // it, prefill ranks load cached prefixes from it -- through UCX, like the head's own ranks.
     const auto store = store_access::from_info(w.store);
+    // Blocks are keyed by the head's KV form (store::kv_identity::dtype): a node computing
+    // another (CUDA's bf16 against the CPU's f32) would write its KV under their keys and read
+    // theirs as its own.
+    if (store.enabled() && store.identity.dtype != o.backend.kv_dtype())
+      return "the cluster's block store keeps KV as " + store.identity.dtype + " (the head's executor) but this node's is " +
+             o.backend.kv_dtype() + ": start it with the head's --executor";
     if (o.role == "elastic" && !w.elastic_controller)
       return "elastic ranks need the head's elastic controller: start the head with --elastic-nodes";
     for (uint32_t i = 0; i < o.num_ranks; ++i) {

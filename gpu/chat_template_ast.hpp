@@ -118,7 +118,7 @@ std::vector<size_t> char_starts(const std::string& s);  ///< each UTF-8 characte
 size_t length_of(const value& v, int line);            ///< len(); a string's in characters
 std::vector<value> items_of(const value& v, int line);  ///< what a for loop visits: items, keys or characters
 value to_list(const std::vector<value>& items);
-bool is_space(char c);
+bool is_space(uint32_t c);  ///< Python's str.isspace() of one code point
 std::string strip(const std::string& s, const value& chars, bool left, bool right);  ///< chars: null for whitespace
 value split(const std::string& s, const value& sep, int64_t maxsplit);             ///< str.split()
 std::string replace_all(std::string s, const std::string& from, const std::string& to, int64_t count);

@@ -314,35 +314,85 @@ value to_list(const std::vector<value>& items) {
   return out;
 }
 
-bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+namespace {
+
+/// The code point that starts at s[i] and its length in bytes; a byte that starts no well-formed
+/// UTF-8 sequence is taken alone, as its own value.
+std::pair<uint32_t, size_t> code_point_at(const std::string& s, size_t i) {
+  const auto b = static_cast<unsigned char>(s[i]);
+  const size_t n = b < 0x80 ? 1 : (b >> 5) == 0x6 ? 2 : (b >> 4) == 0xe ? 3 : (b >> 3) == 0x1e ? 4 : 0;
+  if (n <= 1 || i + n > s.size()) return {b, 1};
+  uint32_t c = b & (0x7f >> n);
+  for (size_t k = 1; k < n; ++k) {
+    const auto x = static_cast<unsigned char>(s[i + k]);
+    if ((x & 0xc0) != 0x80) return {b, 1};
+    c = (c << 6) | (x & 0x3f);
+  }
+  return {c, n};
+}
+
+/// Where the code point that ends at s[e] (exclusive) starts, not before `floor`.
+size_t code_point_before(const std::string& s, size_t e, size_t floor) {
+  size_t k = e - 1;
+  while (k > floor && e - k < 4 && (static_cast<unsigned char>(s[k]) & 0xc0) == 0x80) --k;
+  return code_point_at(s, k).second == e - k ? k : e - 1;
+}
+
+}  // namespace
+
+/// Python's str.isspace(), which strip(), split() and Jinja's trim go by: ASCII's six, the
+/// separators \x1c-\x1f, and Unicode's spaces (U+0085, U+00A0, U+1680, U+2000-U+200A, U+2028,
+/// U+2029, U+202F, U+205F, U+3000).
+bool is_space(uint32_t c) {
+  return (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x20) || c == 0x85 || c == 0xa0 || c == 0x1680 ||
+         (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
+}
 
 std::string strip(const std::string& s, const value& chars, bool left, bool right) {
-  const auto drop = [&](char c) {
-    return chars.is_string() ? chars.get_ref<const std::string&>().find(c) != std::string::npos : is_space(c);
+  // Characters, not bytes: strip("é") takes é, not each of its bytes wherever they occur.
+  std::vector<uint32_t> set;
+  if (chars.is_string()) {
+    const auto& c = chars.get_ref<const std::string&>();
+    for (size_t i = 0; i < c.size();) {
+      const auto [cp, n] = code_point_at(c, i);
+      set.push_back(cp);
+      i += n;
+    }
+  }
+  const auto drop = [&](uint32_t c) {
+    return chars.is_string() ? std::find(set.begin(), set.end(), c) != set.end() : is_space(c);
   };
   size_t b = 0, e = s.size();
   if (left)
-    while (b < e && drop(s[b])) ++b;
+    while (b < e) {
+      const auto [cp, n] = code_point_at(s, b);
+      if (!drop(cp)) break;
+      b += n;
+    }
   if (right)
-    while (e > b && drop(s[e - 1])) --e;
+    while (e > b) {
+      const size_t k = code_point_before(s, e, b);
+      if (!drop(code_point_at(s, k).first)) break;
+      e = k;
+    }
   return s.substr(b, e - b);
 }
 
 value split(const std::string& s, const value& sep, int64_t maxsplit) {
   value out = value::array();
   if (!sep.is_string()) {  // runs of whitespace, no empty parts
+    const auto space_at = [&](size_t i) { return is_space(code_point_at(s, i).first); };
+    const auto next = [&](size_t i) { return i + code_point_at(s, i).second; };
     size_t i = 0;
     while (i < s.size()) {
-      while (i < s.size() && is_space(s[i])) ++i;
+      while (i < s.size() && space_at(i)) i = next(i);
       if (i >= s.size()) break;
       if (maxsplit >= 0 && static_cast<int64_t>(out.size()) == maxsplit) {
-        size_t e = s.size();
-        while (e > i && is_space(s[e - 1])) --e;
-        out.push_back(s.substr(i, e - i));
+        out.push_back(s.substr(i));  // the rest as it is, trailing whitespace too (as Python)
         break;
       }
       size_t j = i;
-      while (j < s.size() && !is_space(s[j])) ++j;
+      while (j < s.size() && !space_at(j)) j = next(j);
       out.push_back(s.substr(i, j - i));
       i = j;
     }
