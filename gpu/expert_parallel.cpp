@@ -120,7 +120,7 @@ bool expert_group::dual_begin(const model_config& cfg, uint32_t layer, std::vect
   dual_layer_ = layer;
   dual_a_ = std::move(entries_a);
   if (!a2a_->post(spans(with_headers(cfg, layer, dual_a_)), why))
-    return *why = "expert dispatch (micro-batch A), layer " + std::to_string(layer) + ": " + *why, false;
+    return *why = "expert dispatch (micro-batch A), layer " + std::to_string(layer) + ": " + *why, lost(why);
   return true;
 }
 
@@ -128,34 +128,35 @@ bool expert_group::exchange_dual(const model_config& cfg, const model_weights& w
                                  std::vector<std::vector<std::byte>> entries_b,
                                  std::vector<std::vector<std::byte>>* outputs_a, std::string* why) {
   const uint32_t layer = dual_layer_;
-  auto fail = [&](const char* stage) { return *why = std::string{stage} + ", layer " + std::to_string(layer) + ": " + *why, false; };
+  auto fail = [&](const char* stage) { return *why = std::string{stage} + ", layer " + std::to_string(layer) + ": " + *why, lost(why); };
   dual_b_ = std::move(entries_b);
   std::vector<std::span<const std::byte>> recv_a, recv_b;
   std::vector<std::byte> own_a, own_b;
   // B's dispatch starts; A's experts run here while B's chunks travel.
   if (!b_->post(spans(with_headers(cfg, layer, dual_b_)), why)) return fail("expert dispatch (micro-batch B)");
   if (!a2a_->complete(&recv_a, why)) return fail("expert dispatch (micro-batch A)");
-  if (!serve_expert_chunk(cfg, w, recv_a[0], &own_a, why)) return false;
+  if (!serve_expert_chunk(cfg, w, recv_a[0], &own_a, why)) return fail("EP rank 0 serving micro-batch A");
   std::vector<std::span<const std::byte>> send(size_);
   send[0] = own_a;
   if (!a2a_->post(send, why)) return fail("expert combine (micro-batch A)");
   // B's experts run while A's outputs travel back.
   if (!b_->complete(&recv_b, why)) return fail("expert dispatch (micro-batch B)");
-  if (!serve_expert_chunk(cfg, w, recv_b[0], &own_b, why)) return false;
+  if (!serve_expert_chunk(cfg, w, recv_b[0], &own_b, why)) return fail("EP rank 0 serving micro-batch B");
   send.assign(size_, {});
   send[0] = own_b;
   if (!b_->post(send, why)) return fail("expert combine (micro-batch B)");
   if (!a2a_->complete(&recv_a, why)) return fail("expert combine (micro-batch A)");
-  return collect(cfg, layer, dual_a_, recv_a, outputs_a, why);
+  if (!collect(cfg, layer, dual_a_, recv_a, outputs_a, why)) return fail("expert combine (micro-batch A)");
+  return true;
 }
 
 bool expert_group::finish_dual(const model_config& cfg, const model_weights& w,
                                std::vector<std::vector<std::byte>>* outputs_b, std::string* why) {
   std::vector<std::span<const std::byte>> recv_b;
-  if (!b_->complete(&recv_b, why))
-    return *why = "expert combine (micro-batch B), layer " + std::to_string(dual_layer_) + ": " + *why, false;
-  if (!collect(cfg, dual_layer_, dual_b_, recv_b, outputs_b, why)) return false;
-  return after_round(cfg, w, why);
+  const std::string where = "expert combine (micro-batch B), layer " + std::to_string(dual_layer_) + ": ";
+  if (!b_->complete(&recv_b, why) || !collect(cfg, dual_layer_, dual_b_, recv_b, outputs_b, why))
+    return *why = where + *why, lost(why);
+  return after_round(cfg, w, why) || lost(why);
 }
 
 bool expert_group::enable_eplb(const live_eplb_config& cfg, uint32_t num_experts, std::string* why) {
@@ -233,14 +234,25 @@ bool expert_group::round(const model_config& cfg, const model_weights& w, uint32
                          std::string* why) {
   const auto chunks = with_headers(cfg, layer, entries);
   std::vector<std::span<const std::byte>> recv;
-  if (!a2a_->exchange(spans(chunks), &recv, why)) return *why = "expert dispatch, layer " + std::to_string(layer) + ": " + *why, false;
+  const auto at = [&](const char* stage) { return *why = std::string{stage} + ", layer " + std::to_string(layer) + ": " + *why, lost(why); };
+  if (!a2a_->exchange(spans(chunks), &recv, why)) return at("expert dispatch");
   std::vector<std::byte> own;
-  if (!serve_expert_chunk(cfg, w, recv[0], &own, why)) return false;
+  if (!serve_expert_chunk(cfg, w, recv[0], &own, why)) return at("EP rank 0 serving");
   std::vector<std::span<const std::byte>> send(size_);
   send[0] = own;
-  if (!a2a_->exchange(send, &recv, why)) return *why = "expert combine, layer " + std::to_string(layer) + ": " + *why, false;
-  if (!collect(cfg, layer, entries, recv, outputs, why)) return false;
-  return after_round(cfg, w, why);
+  if (!a2a_->exchange(send, &recv, why)) return at("expert combine");
+  if (!collect(cfg, layer, entries, recv, outputs, why)) return at("expert combine");
+  return after_round(cfg, w, why) || lost(why);
+}
+
+bool expert_group::lost(std::string* why) {
+  {
+    std::lock_guard<std::mutex> lock{failure_mutex_};
+    if (failure_.empty()) failure_ = "the lead: " + *why;
+  }
+  for (auto* c : {a2a_.get(), b_.get()})
+    if (c) c->signal_abort();  // ends an open exchange too (abandon)
+  return false;
 }
 
 namespace {

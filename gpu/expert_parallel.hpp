@@ -133,6 +133,11 @@ private:
   bool after_round(const model_config& cfg, const model_weights& w, std::string* why);
   /// Sends each EP rank d its chunk (an idle one when empty) and waits for the empty answers.
   bool control(const std::vector<std::vector<std::byte>>& chunks, std::string* why);
+  /// A round failed part-way (`why` says where): the lead and its shards are out of step (an
+  /// exchange may still be open, a shard waiting in one), so the group is broken for good. The
+  /// rank is told (failure(): it steps aside, and the keeper starts new shards) and the shards
+  /// stop waiting (the channels' abort words). False, for the caller to return.
+  bool lost(std::string* why);
 
   std::unique_ptr<transport::transport> t_;
   std::unique_ptr<transport::all_to_all> a2a_;

@@ -186,8 +186,34 @@ TEST_CASE("expert parallelism: a malformed dispatch chunk is refused with a sent
   const auto got = generate_colocated(*exec, {1, 2, 3}, 2, 16, {}, true);
   CHECK(got.error.find("layer 1: expert dispatch, layer 1: all-to-all exchange 1: rank lead has nothing from mute") !=
         std::string::npos);
+  // Out of step with its shard from here on: the group is out for good, and says so (the rank
+  // steps aside and the keeper starts new shards), not failing every later job for ever.
+  CHECK(exec->standing_failure().find("expert parallelism: the lead: expert dispatch, layer 1: all-to-all exchange 1") == 0);
   exec.reset();
   ec.experts.reset();  // its stop goes unanswered within the timeout
+
+  // The same with dual-batch overlap: the failed round left micro-batch B's exchange open, and
+  // every later job failed ("exchange ... is still open") with the rank never stepping aside.
+  {
+    auto tl = transport::make_loopback_transport(fabric, "lead-d"), tm = transport::make_loopback_transport(fabric, "mute-d");
+    std::vector<std::string> dn{"lead-d", "mute-d"};
+    auto la = std::make_unique<transport::all_to_all>(*tl, dn, c0), lb = std::make_unique<transport::all_to_all>(*tl, dn, c0);
+    transport::all_to_all ma{*tm, dn, c1}, mb{*tm, dn, c1};
+    la->connect({la->key(), ma.key()});
+    ma.connect({la->key(), ma.key()});
+    lb->connect({lb->key(), mb.key()});
+    mb.connect({lb->key(), mb.key()});
+    cpu_executor_config dc;
+    dc.experts = std::make_shared<expert_group>(std::move(tl), std::move(la), 2, std::move(lb));
+    REQUIRE(dc.experts->dual_batch());
+    auto dual_exec = make_cpu_executor(cfg, w, dc);
+    const auto first = generate_colocated(*dual_exec, {1, 2, 3, 4, 5, 6, 7, 8}, 2, 16, {}, true);
+    CHECK_FALSE(first.error.empty());
+    CHECK_MESSAGE(dual_exec->standing_failure().find("expert parallelism: the lead: ") == 0, dual_exec->standing_failure());
+    dual_exec.reset();
+    dc.experts->watch_shards([](uint32_t) { return std::string{"gone"}; });  // its stop is not waited for
+    dc.experts.reset();
+  }
 
   // A shard that fails (here: it holds none of its experts) says so, and the lead's job fails at
   // once naming it, not at the timeout.
