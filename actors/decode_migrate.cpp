@@ -198,14 +198,11 @@ void poll_migrations(decode_pointer self) {
   const auto limit = std::chrono::milliseconds{st.cfg.migrate_send_timeout_ms};
   for (auto& [lease_id, m] : st.migrations) {
     if (m.xfers.empty()) continue;  // not placed or reserved yet
-    if (now - m.posted_at > limit) {
-      failed.push_back(lease_id);
-      why.push_back(std::to_string(m.xfers.size() - m.landed) + " of " + std::to_string(m.xfers.size()) +
-                    " layers did not land within migrate_send_timeout_ms (" + std::to_string(st.cfg.migrate_send_timeout_ms) +
-                    " ms)");
-      continue;
-    }
+    // Polled first, the deadline after: puts that settled since the last poll count (given up
+    // with them, the move would leave the sequence here for good and quarantine the target's
+    // pages for puts that had landed).
     const auto& l = st.leases.at(lease_id);
+    bool broke = false;
     for (uint32_t layer = 0; layer < m.xfers.size(); ++layer) {
       if (!m.xfers[layer]) continue;
       transport::xfer_error err;
@@ -216,6 +213,7 @@ void poll_migrations(decode_pointer self) {
       if (state == transport::xfer_state::failed) {
         failed.push_back(lease_id);
         why.push_back("layer " + std::to_string(layer) + ": " + err.what);
+        broke = true;
         break;
       }
       const uint32_t pages = st.core.exec->kv().pages_for_tokens(m.seq.pos);
@@ -223,6 +221,12 @@ void poll_migrations(decode_pointer self) {
           st.cfg.verify_kv_checksums ? std::max<uint64_t>(1, st.core.exec->kv().kv_layer_checksum(layer, l.pages, pages)) : 1;
       self->send(m.target, kv_layer_ready{l.request_id, m.grant.lease_id, layer, m.seq.pos, sum, st.cfg.name});
       if (++m.landed == m.xfers.size()) done.push_back(lease_id);
+    }
+    if (!broke && m.landed < m.xfers.size() && now - m.posted_at > limit) {
+      failed.push_back(lease_id);
+      why.push_back(std::to_string(m.xfers.size() - m.landed) + " of " + std::to_string(m.xfers.size()) +
+                    " layers did not land within migrate_send_timeout_ms (" + std::to_string(st.cfg.migrate_send_timeout_ms) +
+                    " ms)");
     }
   }
   for (size_t i = 0; i < failed.size(); ++i) abandon(self, failed[i], why[i]);

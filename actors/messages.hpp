@@ -485,10 +485,13 @@ struct split_abort {
   uint32_t from_part = 0;
   uint8_t code = 0;       ///< the failure's errc
   std::string why;        ///< the failure, naming request, rank and stage
+  /// The sender gave up a put unsettled (at its send timeout), which may still land in the
+  /// receiver's pages: those are held for prefill_rank_config::split_quarantine_ms.
+  bool abandoned = false;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, split_abort& x) {
-  return f(caf::meta::type_name("split_abort"), x.request_id, x.lease_id, x.from_part, x.code, x.why);
+  return f(caf::meta::type_name("split_abort"), x.request_id, x.lease_id, x.from_part, x.code, x.why, x.abandoned);
 }
 
 using prefill_rank_actor = caf::typed_actor<

@@ -124,7 +124,9 @@ void return_pages(prefill_pointer self, prefill_job_state& r, bool success) {
   //   kv_send_timeout_ms (this rank's, in a cluster of one configuration), twice for the notice.
   uint32_t hold_ms = 0;
   if (r.load.late_writer) hold_ms = st.store.read_timeout_ms + store_put_limit_ms;
-  if (!success && r.split.active && r.split.index > 0) hold_ms = std::max(hold_ms, 2 * st.cfg.kv_send_timeout_ms);
+  //   One given up unsettled (split_abort::abandoned) may land later still: a quarantine.
+  if (!success && r.split.active && r.split.index > 0)
+    hold_ms = std::max(hold_ms, r.split.peer_abandoned ? st.cfg.split_quarantine_ms : 2 * st.cfg.kv_send_timeout_ms);
   if (hold_ms > 0) {
     size_t own_from = 0;  // the shared blocks' pages belong to the local tier, not to this prompt
     if (st.local) {
@@ -261,7 +263,8 @@ void fail_request(prefill_pointer self, uint64_t request_id, errc code, const st
       if (j != r.split.index)
         caf::anon_send(r.order.part_ranks[j], split_abort{request_id, r.order.grant.lease_id, r.split.index,
                                                           static_cast<uint8_t>(code),
-                                                          where(request_id, self->state.cfg.name, stage) + ": " + what});
+                                                          where(request_id, self->state.cfg.name, stage) + ": " + what,
+                                                          r.abandoned_put});
   finish_if_done(self, request_id);
 }
 

@@ -150,6 +150,7 @@ struct split_state {
   std::vector<std::vector<bool>> landed_from;
   std::vector<bool> layer_done;      ///< per layer: our decode puts of it all landed
   std::vector<peer> peers;           ///< later parts that told us their pages
+  bool peer_abandoned = false;       ///< an earlier part gave up a put into our pages unsettled
   uint32_t peer_puts_landed = 0;     ///< (peer, layer) puts landed
   /// A later part's computation is queued on the executor only once every earlier part's layer 0
   /// has landed here, i.e. once every earlier part is running: a part waiting at its gate then

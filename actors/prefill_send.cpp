@@ -82,7 +82,20 @@ bool settle(prefill_pointer self, const pending_put& p) {
     case transport::xfer_state::pending: {
       if (!overdue) return false;
       st.core.xport->release(p.xfer_id);
-      if (auto i = st.requests.find(p.request_id); i != st.requests.end()) i->second.abandoned_put = true;
+      if (auto i = st.requests.find(p.request_id); i != st.requests.end()) {
+        auto& r = i->second;
+        r.abandoned_put = true;
+        // Bound for a later part's pages, after this prompt had failed (its split_abort went
+        // out without this): that part holds them longer, as the put may still land.
+        if (r.failed && p.peer >= 0 && static_cast<size_t>(p.peer) < r.split.peers.size()) {
+          const uint32_t part = r.split.peers[p.peer].part;
+          if (part < r.order.part_ranks.size())
+            caf::anon_send(r.order.part_ranks[part],
+                           split_abort{p.request_id, r.order.grant.lease_id, r.split.index,
+                                       static_cast<uint8_t>(errc::transfer_failed),
+                                       where(p.request_id, st.cfg.name, "kv_send") + ": a put given up may still land", true});
+        }
+      }
       fail_request(self, p.request_id, errc::transfer_failed, "kv_send",
                    "put of layer " + std::to_string(p.layer) + " still pending after " +
                        std::to_string(st.cfg.kv_send_timeout_ms) + " ms" + to_rank(st, p));

@@ -329,6 +329,9 @@ void on_split_peer(prefill_pointer self, split_peer peer) {
     return;
   }
   auto& r = i->second;
+  // A part that already failed (cancelled, or told another part failed) sends nothing more: its
+  // puts would land in the pages of a part that is failing too, and hold its own answer back.
+  if (r.failed) return;
   const auto& sp = r.split;
   // One entry per later part: a repeated notice would send that part every layer twice.
   if (peer.part_index <= sp.index || peer.part_index >= sp.parts ||
@@ -370,6 +373,7 @@ void on_split_abort(prefill_pointer self, const split_abort& ev) {
   auto& st = self->state;
   auto i = st.requests.find(ev.request_id);
   if (i == st.requests.end() || !i->second.split.active || i->second.order.grant.lease_id != ev.lease_id) return;
+  if (ev.abandoned) i->second.split.peer_abandoned = true;  // even when failed already: its pages wait longer
   const bool known = ev.code >= static_cast<uint8_t>(errc::bad_request) && ev.code <= static_cast<uint8_t>(errc::overloaded);
   fail_request(self, ev.request_id, known ? static_cast<errc>(ev.code) : errc::rank_unavailable, "split",
                "part " + std::to_string(ev.from_part) + " failed: " + ev.why);

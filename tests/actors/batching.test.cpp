@@ -609,6 +609,50 @@ TEST_CASE("dynamic prefill split: a part told that another failed stops with tha
   caf::anon_send_exit(ghost, caf::exit_reason::user_shutdown);
 }
 
+TEST_CASE("dynamic prefill split: a later part told that an earlier part gave a put into its pages up unsettled holds "
+          "them for split_quarantine_ms, not twice the send timeout (the put may still land)") {
+  test::cluster_system t;
+  auto cfg = split_cluster_config();
+  cfg.prefill.split_wait_ms = 60000;
+  cfg.prefill.kv_send_timeout_ms = 200;        // the usual hold: 0.4 s
+  cfg.prefill.split_quarantine_ms = 60000;     // the quarantine: past this test's end
+  auto cluster = start_local_cluster(t.sys, cfg);
+  test::cluster_system::stopper stop{t, cluster};
+  REQUIRE(t.wait_registered(cluster));
+  caf::scoped_actor self{t.sys};
+  const auto rank = caf::actor_cast<caf::actor>(cluster.prefill[1].handle);
+  const auto count = [&](const char* kind, uint64_t rid) {
+    const auto ev = t.events(cluster.prefill[1].handle);
+    return std::count_if(ev.begin(), ev.end(), [&](const rank_event& e) { return e.kind == kind && e.request_id == rid; });
+  };
+  for (const bool abandoned : {false, true}) {
+    CAPTURE(abandoned);
+    const uint64_t rid = abandoned ? 75 : 74;
+    auto log = std::make_shared<silent_part_log>();
+    auto ghost = spawn_silent_part(t.sys, log);
+    auto order = half_split_order(self, t, cluster.decode[0].handle, rid, 128, 1, rank, ghost);
+    const uint64_t lease = order.grant.lease_id;
+    auto pending = self->request(cluster.prefill[1].handle, std::chrono::seconds{30}, std::move(order));
+    bool started = false;
+    for (int i = 0; i < 500 && !started; ++i) {
+      std::lock_guard<std::mutex> lock{log->m};
+      started = log->peers.size() == 1;
+      if (!started) std::this_thread::sleep_for(std::chrono::milliseconds{2});
+    }
+    REQUIRE(started);
+    split_abort abort{rid, lease, 0, static_cast<uint8_t>(errc::transfer_failed), "a put given up"};
+    abort.abandoned = abandoned;
+    caf::anon_send(rank, abort);
+    pending.receive([&](prefill_result&) { FAIL("a part whose peer failed succeeded"); }, [](caf::error&) {});
+    for (int i = 0; i < 500 && count("pages_held", rid) == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{5});
+    CHECK(count("pages_held", rid) == 1);
+    // Waited well past the usual hold (0.4 s): back without the word, still held with it.
+    for (int i = 0; i < 150 && count("pages_unheld", rid) == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{10});
+    CHECK(count("pages_unheld", rid) == (abandoned ? 0 : 1));
+    caf::anon_send_exit(ghost, caf::exit_reason::user_shutdown);
+  }
+}
+
 TEST_CASE("dynamic prefill split: an order whose parts do not add up is refused, naming what is wrong") {
   test::cluster_system t;
   auto cfg = split_cluster_config();
