@@ -49,6 +49,13 @@ void tick_later(pointer self) {
   self->delayed_send(self, std::chrono::milliseconds{self->state.cfg.interval_ms}, timer_atom::value);
 }
 
+/// Tells an instance's actor that it serves its role. A rank gone meanwhile answers with an
+/// error, which its node's loss reports: ignored here (unhandled, it would end this actor).
+template <class Handle>
+void make_active(pointer self, const Handle& rank) {
+  self->request(rank, caf::infinite, role_atom::value, true).then([](bool) {}, [](caf::error&) {});
+}
+
 policies::rank_signal signal_of(const rank_stats& s, policies::rank_role role, bool movable) {
   policies::rank_signal r;
   r.name = s.name;
@@ -83,10 +90,10 @@ void continue_move(pointer self) {
     // still in flight is overridden, since the controller's messages arrive in order).
     if (m.to_prefill) {
       self->send(st.decode_balancer, undrain_atom::value, inst.decode);
-      self->request(inst.decode, caf::infinite, role_atom::value, true).then([](bool) {});
+      make_active(self, inst.decode);
     } else {
       self->send(st.prefill_balancer, undrain_atom::value, inst.prefill);
-      self->request(inst.prefill, caf::infinite, role_atom::value, true).then([](bool) {});
+      make_active(self, inst.prefill);
     }
     rec.state = "abandoned";
     rec.drain_s = seconds_since(self, m.decided);
@@ -106,11 +113,11 @@ void continue_move(pointer self) {
     if (m.to_prefill) {
       self->send(st.decode_balancer, forget_atom::value, inst.decode);
       self->send(st.prefill_balancer, rejoin_atom::value, inst.prefill, false);
-      self->request(inst.prefill, caf::infinite, role_atom::value, true).then([](bool) {});
+      make_active(self, inst.prefill);
     } else {
       self->send(st.prefill_balancer, forget_atom::value, inst.prefill);
       self->send(st.decode_balancer, rejoin_atom::value, inst.decode, false);
-      self->request(inst.decode, caf::infinite, role_atom::value, true).then([](bool) {});
+      make_active(self, inst.decode);
     }
     st.serves_prefill[m.instance] = m.to_prefill;
     auto& rec = st.log[m.log_index];
@@ -240,11 +247,11 @@ void rejoin_ranks(pointer self, const node_ranks& back) {
     if (st.serves_prefill[i]) {
       self->send(st.prefill_balancer, rejoin_atom::value, inst.prefill, false);
       self->send(st.prefill_balancer, undrain_atom::value, inst.prefill);
-      self->request(inst.prefill, caf::infinite, role_atom::value, true).then([](bool) {});
+      make_active(self, inst.prefill);
     } else {
       self->send(st.decode_balancer, rejoin_atom::value, inst.decode, false);
       self->send(st.decode_balancer, undrain_atom::value, inst.decode);
-      self->request(inst.decode, caf::infinite, role_atom::value, true).then([](bool) {});
+      make_active(self, inst.decode);
     }
   }
   // Its fixed ranks give signals again.

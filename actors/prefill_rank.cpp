@@ -26,6 +26,24 @@ void launch(prefill_pointer self, waiting_order w, std::vector<uint32_t> pages, 
             uint32_t shared_blocks);
 void drain_waiting(prefill_pointer self);
 
+/// A failed split part's held pages (prefill_state::split_holds) go back once their hold is past;
+/// a hold pushed out meanwhile (an earlier part gave a put up unsettled) waits on.
+void end_split_hold(prefill_pointer self, uint64_t lease) {
+  auto& st = self->state;
+  auto h = st.split_holds.find(lease);
+  if (h == st.split_holds.end()) return;
+  if (const auto now = self->clock().now(); now < h->second.until) {
+    st.core.runner->run_after(std::chrono::duration_cast<std::chrono::milliseconds>(h->second.until - now) +
+                                  std::chrono::milliseconds{1},
+                              [self, lease] { end_split_hold(self, lease); });
+    return;
+  }
+  st.core.exec->kv().kv_page_free(h->second.pages);
+  st.core.log->add({0, "pages_unheld", h->second.request_id, static_cast<uint32_t>(h->second.pages.size()), 0, {}, {}});
+  st.split_holds.erase(h);
+  drain_waiting(self);
+}
+
 /// The tokens of a scored prompt (prefill_order::prompt_logprobs): the request's own prompt,
 /// without output tokens fed back after a failover.
 uint32_t scored_prompt(const prefill_order& o) {
@@ -135,6 +153,12 @@ void return_pages(prefill_pointer self, prefill_job_state& r, bool success) {
     }
     std::vector<uint32_t> held(r.local_pages.begin() + own_from, r.local_pages.end());
     st.core.log->add({0, "pages_held", r.order.request_id, static_cast<uint32_t>(held.size()), 0, {}, {}});
+    if (!success && r.split.active && r.split.index > 0) {
+      const uint64_t lease = r.order.grant.lease_id;
+      st.split_holds[lease] = {r.order.request_id, std::move(held), self->clock().now() + std::chrono::milliseconds{hold_ms}};
+      st.core.runner->run_after(std::chrono::milliseconds{hold_ms}, [self, lease] { end_split_hold(self, lease); });
+      return;
+    }
     st.core.runner->run_after(std::chrono::milliseconds{hold_ms},
                               [self, held = std::move(held), rid = r.order.request_id] {
                                 self->state.core.exec->kv().kv_page_free(held);

@@ -269,6 +269,15 @@ struct prefill_state {
     std::vector<split_peer> peers;
   };
   std::unordered_map<uint64_t, early_split_peers> early_peers;
+  /// Split: a failed later part's pages, held out of reuse after its request is gone (see
+  /// return_pages), by lease: an earlier part's word that it gave a put up unsettled may still
+  /// come (split_abort::abandoned), and pushes `until` out to cfg.split_quarantine_ms.
+  struct split_hold {
+    uint64_t request_id = 0;
+    std::vector<uint32_t> pages;
+    caf::actor_clock::time_point until;
+  };
+  std::unordered_map<uint64_t, split_hold> split_holds;
   store::block_key salt;
   bool keepalive_scheduled = false;
   static inline const char* name = "baton.prefill_rank";

@@ -208,6 +208,7 @@ private:
   std::vector<sent_call> sent_;
   bool args_open_ = false;  ///< the last sent call's arguments have not ended yet (scan_ reads them)
   json_scan scan_;
+  json_scan probe_;         ///< where an end marker found in the arguments lies: in a string or not
   size_t next_from_ = 0;    ///< where the last sent call's arguments ended: the next call is looked for from here
   bool stopped_ = false;    ///< nothing more streams: the rest waits for the end
 };

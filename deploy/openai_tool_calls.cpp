@@ -636,9 +636,11 @@ void tool_call_splitter::stream_calls(answer_parts* out) {
         // An end marker inside one of the arguments' strings (a file's content with a ``` fence,
         // say) is text, not the end: only one outside every string cuts the arguments.
         for (size_t at = s.find(end, from); at < upto; at = s.find(end, at + 1)) {
-          json_scan probe{call.args_begin};
-          scan_json(s.substr(0, at), probe);
-          if (probe.in_string) continue;
+          // Read on from where the last look stopped (each byte once, as the text grows); from
+          // the start again only for a marker behind it (another end's).
+          if (probe_.at > at) probe_ = json_scan{call.args_begin};
+          scan_json(s.substr(0, at), probe_);
+          if (probe_.in_string) continue;
           upto = at;
           cut = true;
           break;
@@ -687,6 +689,7 @@ void tool_call_splitter::stream_calls(answer_parts* out) {
     for (const auto end : head.ends)  // once per call, not per token
       if (!end.empty()) sent_.back().ends.emplace_back(end);
     scan_ = json_scan{head.args};
+    probe_ = scan_;
     args_open_ = true;
   }
 }

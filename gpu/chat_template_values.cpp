@@ -316,18 +316,26 @@ value to_list(const std::vector<value>& items) {
 
 namespace {
 
+/// What a byte that starts no well-formed UTF-8 sequence reads as: no character (a lone 0xA0 of
+/// Latin-1 text is not a no-break space).
+constexpr uint32_t not_a_character = 0xffffffff;
+
 /// The code point that starts at s[i] and its length in bytes; a byte that starts no well-formed
-/// UTF-8 sequence is taken alone, as its own value.
+/// UTF-8 sequence (cut short, overlong, a surrogate, past U+10FFFF) is taken alone, as
+/// not_a_character.
 std::pair<uint32_t, size_t> code_point_at(const std::string& s, size_t i) {
   const auto b = static_cast<unsigned char>(s[i]);
   const size_t n = b < 0x80 ? 1 : (b >> 5) == 0x6 ? 2 : (b >> 4) == 0xe ? 3 : (b >> 3) == 0x1e ? 4 : 0;
-  if (n <= 1 || i + n > s.size()) return {b, 1};
+  if (n == 1) return {b, 1};
+  if (n == 0 || i + n > s.size()) return {not_a_character, 1};
   uint32_t c = b & (0x7f >> n);
   for (size_t k = 1; k < n; ++k) {
     const auto x = static_cast<unsigned char>(s[i + k]);
-    if ((x & 0xc0) != 0x80) return {b, 1};
+    if ((x & 0xc0) != 0x80) return {not_a_character, 1};
     c = (c << 6) | (x & 0x3f);
   }
+  static constexpr uint32_t least[5] = {0, 0, 0x80, 0x800, 0x10000};
+  if (c < least[n] || c > 0x10ffff || (c >= 0xd800 && c <= 0xdfff)) return {not_a_character, 1};
   return {c, n};
 }
 

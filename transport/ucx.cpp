@@ -384,21 +384,20 @@ private:
   /// Runs fn on the progress thread and waits for it (registration, shutdown: rare calls).
   template <class F>
   auto run_on_thread(F fn) -> decltype(fn()) {
-    {
-      // Quiesced: no thread to run it, and none that could race with it (its state is this
-      // thread's after the join; callers are serialised here).
-      std::unique_lock<std::mutex> lock{mutex_};
-      if (stopped_) {
-        lock.unlock();
-        std::lock_guard<std::mutex> inline_lock{inline_mutex_};
-        return fn();
-      }
-    }
     using R = decltype(fn());
     std::packaged_task<R()> task{std::move(fn)};
     auto fut = task.get_future();
     {
-      std::lock_guard<std::mutex> lock{mutex_};
+      // Looked at and queued under one lock: quiesce either runs what is queued by then, or this
+      // sees it stopped. Quiesced: no thread to run it, and none that could race with it (its
+      // state is this thread's after the join; callers are serialised here).
+      std::unique_lock<std::mutex> lock{mutex_};
+      if (stopped_) {
+        lock.unlock();
+        std::lock_guard<std::mutex> inline_lock{inline_mutex_};
+        task();
+        return fut.get();
+      }
       queue_.push_back([&task] { task(); });
     }
     wake();
@@ -642,11 +641,18 @@ private:
         ucp_request_free(req);
       }
     }
-    for (auto& [id, t] : inflight_)
+    for (auto& [id, t] : inflight_) {
       for (const auto& [r, call] : t.pending) {
         for (int i = 0; i < 100000 && ucp_request_check_status(r) == UCS_INPROGRESS; ++i) ucp_worker_progress(worker_);
         if (ucp_request_check_status(r) != UCS_INPROGRESS) ucp_request_free(r);  // else left to the worker's end
       }
+      // Settled for whoever still polls it (the transport may outlive this, quiesced): it will
+      // not land now, its endpoint is gone.
+      t.error.code = xfer_errc::backend_error;
+      t.error.retryable = false;
+      t.error.what = "the transport stopped (quiesce) with it in flight";
+      finish(id, xfer_state::failed, t.error);
+    }
     inflight_.clear();
     for (auto& [addr, peer] : peers_)
       for (auto& [bytes, k] : peer.keys) ucp_rkey_destroy(k.handle);

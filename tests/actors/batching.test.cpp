@@ -466,6 +466,17 @@ struct silent_part_log {
   std::mutex m;
   std::vector<split_peer> peers;
   std::vector<split_abort> aborts;
+  /// Waits (bounded) until the part under test has told this stand-in where its pages are: it runs.
+  bool told_once() {
+    for (int i = 0; i < 5000; ++i) {
+      {
+        std::lock_guard<std::mutex> lock{m};
+        if (peers.size() == 1) return true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds{2});
+    }
+    return false;
+  }
 };
 
 caf::actor spawn_silent_part(caf::actor_system& sys, std::shared_ptr<silent_part_log> log) {
@@ -591,13 +602,7 @@ TEST_CASE("dynamic prefill split: a part told that another failed stops with tha
   auto order = half_split_order(self, t, decode, 73, 128, 1, rank, ghost);
   const uint64_t lease = order.grant.lease_id;
   auto pending = self->request(cluster.prefill[1].handle, std::chrono::seconds{30}, std::move(order));
-  bool started = false;
-  for (int i = 0; i < 500 && !started; ++i) {
-    std::lock_guard<std::mutex> lock{log->m};
-    started = log->peers.size() == 1;
-    if (!started) std::this_thread::sleep_for(std::chrono::milliseconds{2});
-  }
-  REQUIRE(started);
+  REQUIRE(log->told_once());
   // An abort of another attempt (another lease) is not ours.
   caf::anon_send(rank, split_abort{73, lease + 1000, 0, static_cast<uint8_t>(errc::transfer_failed), "not ours"});
   caf::anon_send(rank, split_abort{73, lease, 0, static_cast<uint8_t>(errc::transfer_failed), "the put went nowhere"});
@@ -610,7 +615,8 @@ TEST_CASE("dynamic prefill split: a part told that another failed stops with tha
 }
 
 TEST_CASE("dynamic prefill split: a later part told that an earlier part gave a put into its pages up unsettled holds "
-          "them for split_quarantine_ms, not twice the send timeout (the put may still land)") {
+          "them for split_quarantine_ms, not twice the send timeout (the put may still land), also when told after it "
+          "answered") {
   test::cluster_system t;
   auto cfg = split_cluster_config();
   cfg.prefill.split_wait_ms = 60000;
@@ -625,30 +631,29 @@ TEST_CASE("dynamic prefill split: a later part told that an earlier part gave a 
     const auto ev = t.events(cluster.prefill[1].handle);
     return std::count_if(ev.begin(), ev.end(), [&](const rank_event& e) { return e.kind == kind && e.request_id == rid; });
   };
-  for (const bool abandoned : {false, true}) {
-    CAPTURE(abandoned);
-    const uint64_t rid = abandoned ? 75 : 74;
+  enum class told { no, with_the_abort, after_the_answer };
+  for (const auto how : {told::no, told::with_the_abort, told::after_the_answer}) {
+    CAPTURE(static_cast<int>(how));
+    const uint64_t rid = 74 + static_cast<uint64_t>(how);
     auto log = std::make_shared<silent_part_log>();
     auto ghost = spawn_silent_part(t.sys, log);
     auto order = half_split_order(self, t, cluster.decode[0].handle, rid, 128, 1, rank, ghost);
     const uint64_t lease = order.grant.lease_id;
     auto pending = self->request(cluster.prefill[1].handle, std::chrono::seconds{30}, std::move(order));
-    bool started = false;
-    for (int i = 0; i < 500 && !started; ++i) {
-      std::lock_guard<std::mutex> lock{log->m};
-      started = log->peers.size() == 1;
-      if (!started) std::this_thread::sleep_for(std::chrono::milliseconds{2});
-    }
-    REQUIRE(started);
+    REQUIRE(log->told_once());
     split_abort abort{rid, lease, 0, static_cast<uint8_t>(errc::transfer_failed), "a put given up"};
-    abort.abandoned = abandoned;
+    abort.abandoned = how == told::with_the_abort;
     caf::anon_send(rank, abort);
     pending.receive([&](prefill_result&) { FAIL("a part whose peer failed succeeded"); }, [](caf::error&) {});
     for (int i = 0; i < 500 && count("pages_held", rid) == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{5});
     CHECK(count("pages_held", rid) == 1);
+    if (how == told::after_the_answer) {  // the earlier part gave its put up after this part had answered
+      abort.abandoned = true;
+      caf::anon_send(rank, abort);
+    }
     // Waited well past the usual hold (0.4 s): back without the word, still held with it.
     for (int i = 0; i < 150 && count("pages_unheld", rid) == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{10});
-    CHECK(count("pages_unheld", rid) == (abandoned ? 0 : 1));
+    CHECK(count("pages_unheld", rid) == (how == told::no ? 1 : 0));
     caf::anon_send_exit(ghost, caf::exit_reason::user_shutdown);
   }
 }

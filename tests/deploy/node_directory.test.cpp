@@ -238,12 +238,19 @@ TEST_CASE("the node directory: survivors re-forming a group that lost a node for
 }
 
 TEST_CASE("the node directory: a node given up for lost (missed heartbeats) that heartbeats again has each of its "
-          "ranks asked to report its load, so that an idle rank rejoins its balancer") {
+          "ranks asked to report its load, so that an idle rank rejoins its balancer, and the elastic controller hears "
+          "it is back") {
   network_system n;
   node_directory_config dc;
   dc.heartbeat_interval_ms = 50;
   dc.missed_heartbeats = 2;  // gone after 100 ms of silence
-  auto dir = spawn_node_directory(n.sys, dc, {});
+  // A stand-in for the elastic controller: it counts what it hears of the node's ranks.
+  auto forgotten = std::make_shared<std::atomic<int>>(0), back = std::make_shared<std::atomic<int>>(0);
+  cluster_welcome welcome;
+  welcome.elastic_controller = caf::actor_cast<elastic_controller_actor>(n.sys.spawn([=](caf::event_based_actor*) -> caf::behavior {
+    return {[=](drain_atom, const node_ranks&) { ++*forgotten; }, [=](rejoin_atom, const node_ranks&) { ++*back; }};
+  }));
+  auto dir = spawn_node_directory(n.sys, dc, welcome);
   // A stand-in for the node's decode rank: it counts the directory's requests to report.
   auto asked = std::make_shared<std::atomic<int>>(0);
   auto rank = caf::actor_cast<decode_rank_actor>(n.sys.spawn([asked](caf::event_based_actor*) -> caf::behavior {
@@ -264,9 +271,14 @@ TEST_CASE("the node directory: a node given up for lost (missed heartbeats) that
   CHECK(state() == "joined");
   for (int i = 0; i < 2000 && asked->load() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{5});
   CHECK(asked->load() == 1);
+  // The controller forgot its ranks when it went (drain) and may move them again now (rejoin).
+  for (int i = 0; i < 2000 && back->load() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{5});
+  CHECK(forgotten->load() == 1);
+  CHECK(back->load() == 1);
   self->send_exit(dir, caf::exit_reason::user_shutdown);
   self->send_exit(agent, caf::exit_reason::user_shutdown);
   self->send_exit(rank, caf::exit_reason::user_shutdown);
+  self->send_exit(welcome.elastic_controller, caf::exit_reason::user_shutdown);
 }
 
 TEST_CASE("the node directory: a node whose agent went down is not revived by a heartbeat that was still in flight "
