@@ -40,6 +40,12 @@ local_cluster_config eager_elastic_config() {
   return cfg;
 }
 
+/// Waits (bounded) until each balancer knows two ranks: a fixed rank and one elastic instance's side.
+void await_two_each(caf::scoped_actor& self, const local_cluster& cluster) {
+  for (int i = 0; i < 1000 && (registered(self, cluster.prefill_balancer) < 2 || registered(self, cluster.decode_balancer) < 2); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds{2});
+}
+
 /// `n` one-token prompts (answered by prefill ranks alone), all in flight at once: a prefill-heavy
 /// load that keeps the prefill queue hot for the planner's hold time; waits for every answer.
 void one_token_burst(test::cluster_system& t, caf::scoped_actor& self, const router_actor& router, int n) {
@@ -72,8 +78,7 @@ TEST_CASE("elastic P/D: a prefill-heavy load turns a decode instance into a pref
   auto cluster = start_local_cluster(t.sys, cfg);
   test::cluster_system::stopper stop{t, cluster};
   caf::scoped_actor self{t.sys};
-  for (int i = 0; i < 1000 && (registered(self, cluster.prefill_balancer) < 2 || registered(self, cluster.decode_balancer) < 2); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds{2});
+  await_two_each(self, cluster);
   REQUIRE(registered(self, cluster.prefill_balancer) == 2);  // prefill-0 and elastic-0
   REQUIRE(registered(self, cluster.decode_balancer) == 2);   // decode-0 and elastic-1
 
@@ -127,8 +132,7 @@ TEST_CASE("elastic P/D: a move not drained in time is abandoned, and the rank se
   auto cluster = start_local_cluster(t.sys, cfg);
   test::cluster_system::stopper stop{t, cluster};
   caf::scoped_actor self{t.sys};
-  for (int i = 0; i < 1000 && (registered(self, cluster.prefill_balancer) < 2 || registered(self, cluster.decode_balancer) < 2); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds{2});
+  await_two_each(self, cluster);
   std::vector<decltype(self->request(cluster.router, std::chrono::seconds{1}, generate_atom::value, generate_request{}))> handles;
   // Prompts of one token each (answered by prefill ranks alone) keep the prefill queue hot past
   // the planner's hold time; a few long generations keep the decode side busy.
@@ -182,8 +186,7 @@ TEST_CASE("elastic P/D: the ranks of a node that drains are never moved again (t
   auto cluster = start_local_cluster(t.sys, cfg);
   test::cluster_system::stopper stop{t, cluster};
   caf::scoped_actor self{t.sys};
-  for (int i = 0; i < 1000 && (registered(self, cluster.prefill_balancer) < 2 || registered(self, cluster.decode_balancer) < 2); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds{2});
+  await_two_each(self, cluster);
   // As a node agent tells it when its node drains: elastic-1 (the decode-side instance, the only
   // one a prefill-heavy load could move) leaves.
   self->send(cluster.elastic_controller, drain_atom::value, ranks_of(cluster.elastic[1]));
@@ -199,8 +202,7 @@ TEST_CASE("elastic P/D: a node given up for gone that comes back serves again: t
   auto cluster = start_local_cluster(t.sys, cfg);
   test::cluster_system::stopper stop{t, cluster};
   caf::scoped_actor self{t.sys};
-  for (int i = 0; i < 1000 && (registered(self, cluster.prefill_balancer) < 2 || registered(self, cluster.decode_balancer) < 2); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds{2});
+  await_two_each(self, cluster);
   REQUIRE(registered(self, cluster.decode_balancer) == 2);
   const auto& inst = cluster.elastic[1];  // serves decode
   const auto ranks = ranks_of(inst);
