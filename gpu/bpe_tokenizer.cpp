@@ -328,34 +328,34 @@ void bpe_tokenizer::encode_piece(const std::string& piece, std::vector<int32_t>*
 
 namespace {
 
-/// `text` in Unicode's NFC (ICU's), or as it is where it is ASCII, already NFC, or not
-/// well-formed UTF-8 (which no Hugging Face input can be: it is left to the byte-level tokens).
-std::string composed(const std::string& text) {
-  if (std::all_of(text.begin(), text.end(), [](char c) { return static_cast<unsigned char>(c) < 0x80; })) return text;
-  if (text.size() > static_cast<size_t>(INT32_MAX)) return text;
+/// `text` in Unicode's NFC (ICU's) in `*out`, true; false where it is left as it is: ASCII,
+/// already NFC, or not well-formed UTF-8 (which no Hugging Face input can be: it is left to the
+/// byte-level tokens). The common case, ASCII, copies nothing.
+bool composed(const std::string& text, std::string* out) {
+  if (std::all_of(text.begin(), text.end(), [](char c) { return static_cast<unsigned char>(c) < 0x80; })) return false;
+  if (text.size() > static_cast<size_t>(INT32_MAX)) return false;
   const auto n = static_cast<int32_t>(text.size());
   for (int32_t i = 0; i < n;) {
     UChar32 c;
     U8_NEXT(text.data(), i, n, c);
-    if (c < 0) return text;
+    if (c < 0) return false;
   }
   UErrorCode status = U_ZERO_ERROR;
   const icu::Normalizer2* nfc = icu::Normalizer2::getNFCInstance(status);
-  if (U_FAILURE(status)) return text;
-  if (nfc->isNormalizedUTF8(text, status) && U_SUCCESS(status)) return text;
+  if (U_FAILURE(status)) return false;
+  if (nfc->isNormalizedUTF8(text, status) && U_SUCCESS(status)) return false;
   status = U_ZERO_ERROR;
-  std::string out;
-  icu::StringByteSink<std::string> sink(&out);
+  icu::StringByteSink<std::string> sink(out);
   nfc->normalizeUTF8(0, text, sink, nullptr, status);
-  return U_SUCCESS(status) ? out : text;
+  return U_SUCCESS(status);
 }
 
 }  // namespace
 
 void bpe_tokenizer::encode_plain(const std::string& raw, std::vector<int32_t>* out) const {
   if (raw.empty()) return;
-  const std::string normalized = nfc_ ? composed(raw) : std::string{};
-  const std::string& text = nfc_ ? normalized : raw;
+  std::string normalized;
+  const std::string& text = nfc_ && composed(raw, &normalized) ? normalized : raw;
   std::vector<std::string> pieces{add_prefix_space_ && text[0] != ' ' ? " " + text : text};
   for (auto* p : patterns_) pieces = split_isolated(static_cast<pcre2_code*>(p), pieces);
   for (const auto& p : pieces) encode_piece(p, out);

@@ -142,20 +142,41 @@ std::string to_text(const value& v) {
 /// Python's json.dumps(ensure_ascii=False): ", " and ": " on one line, or "," and indented lines.
 namespace {
 
+/// What a byte that starts no well-formed UTF-8 sequence reads as: no character (a lone 0xA0 of
+/// Latin-1 text is not a no-break space).
+constexpr uint32_t not_a_character = 0xffffffff;
+
+/// The code point that starts at s[i] and its length in bytes; a byte that starts no well-formed
+/// UTF-8 sequence (cut short, overlong, a surrogate, past U+10FFFF) is taken alone, as
+/// not_a_character.
+std::pair<uint32_t, size_t> code_point_at(const std::string& s, size_t i) {
+  const auto b = static_cast<unsigned char>(s[i]);
+  const size_t n = b < 0x80 ? 1 : (b >> 5) == 0x6 ? 2 : (b >> 4) == 0xe ? 3 : (b >> 3) == 0x1e ? 4 : 0;
+  if (n == 1) return {b, 1};
+  if (n == 0 || i + n > s.size()) return {not_a_character, 1};
+  uint32_t c = b & (0x7f >> n);
+  for (size_t k = 1; k < n; ++k) {
+    const auto x = static_cast<unsigned char>(s[i + k]);
+    if ((x & 0xc0) != 0x80) return {not_a_character, 1};
+    c = (c << 6) | (x & 0x3f);
+  }
+  static constexpr uint32_t least[5] = {0, 0, 0x80, 0x800, 0x10000};
+  if (c < least[n] || c > 0x10ffff || (c >= 0xd800 && c <= 0xdfff)) return {not_a_character, 1};
+  return {c, n};
+}
+
 /// Decodes the UTF-8 character at s[i] (advancing i); a broken byte reads as itself.
 uint32_t next_code_point(const std::string& s, size_t& i) {
-  const auto c = static_cast<unsigned char>(s[i++]);
-  const int more = c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : c >= 0xC0 ? 1 : 0;
-  uint32_t cp = more == 3 ? c & 0x07 : more == 2 ? c & 0x0F : more == 1 ? c & 0x1F : c;
-  for (int k = 0; k < more && i < s.size() && (static_cast<unsigned char>(s[i]) & 0xC0) == 0x80; ++k)
-    cp = (cp << 6) | (static_cast<unsigned char>(s[i++]) & 0x3F);
-  return cp;
+  const auto b = static_cast<unsigned char>(s[i]);
+  const auto [cp, n] = code_point_at(s, i);
+  i += n;
+  return cp == not_a_character ? b : cp;
 }
 
 void dump_string(const std::string& s, bool ensure_ascii, std::string& out) {
   out += '"';
   const auto u = [&](uint32_t unit) {
-    char buf[8];
+    char buf[16];  // "\\u" and up to 8 hex digits: the compiler cannot see units stay below 0x10000
     std::snprintf(buf, sizeof buf, "\\u%04x", unit);
     out += buf;
   };
@@ -315,29 +336,6 @@ value to_list(const std::vector<value>& items) {
 }
 
 namespace {
-
-/// What a byte that starts no well-formed UTF-8 sequence reads as: no character (a lone 0xA0 of
-/// Latin-1 text is not a no-break space).
-constexpr uint32_t not_a_character = 0xffffffff;
-
-/// The code point that starts at s[i] and its length in bytes; a byte that starts no well-formed
-/// UTF-8 sequence (cut short, overlong, a surrogate, past U+10FFFF) is taken alone, as
-/// not_a_character.
-std::pair<uint32_t, size_t> code_point_at(const std::string& s, size_t i) {
-  const auto b = static_cast<unsigned char>(s[i]);
-  const size_t n = b < 0x80 ? 1 : (b >> 5) == 0x6 ? 2 : (b >> 4) == 0xe ? 3 : (b >> 3) == 0x1e ? 4 : 0;
-  if (n == 1) return {b, 1};
-  if (n == 0 || i + n > s.size()) return {not_a_character, 1};
-  uint32_t c = b & (0x7f >> n);
-  for (size_t k = 1; k < n; ++k) {
-    const auto x = static_cast<unsigned char>(s[i + k]);
-    if ((x & 0xc0) != 0x80) return {not_a_character, 1};
-    c = (c << 6) | (x & 0x3f);
-  }
-  static constexpr uint32_t least[5] = {0, 0, 0x80, 0x800, 0x10000};
-  if (c < least[n] || c > 0x10ffff || (c >= 0xd800 && c <= 0xdfff)) return {not_a_character, 1};
-  return {c, n};
-}
 
 /// Where the code point that ends at s[e] (exclusive) starts, not before `floor`.
 size_t code_point_before(const std::string& s, size_t e, size_t floor) {

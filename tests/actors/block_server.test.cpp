@@ -3,10 +3,13 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <mutex>
 #include <thread>
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <caf/typed_event_based_actor.hpp>
@@ -30,9 +33,10 @@ constexpr uint32_t layers = 2, tokens = 16, kv_dim = 4, reader_pages = 4;
 struct one_server {
   std::string dir = (std::filesystem::temp_directory_path() / ("baton-block-server-" + std::to_string(::getpid()))).string();
   store::kv_identity identity{"block-server-test", layers, kv_dim, tokens, tokens, "f32"};
-  gpu::kv_layout layout{layers, reader_pages, tokens, kv_dim, 2};
+  gpu::kv_layout layout;
 
-  one_server() { std::filesystem::remove_all(dir); }
+  /// A reader's pool of `pages` pages (one block each).
+  explicit one_server(uint32_t pages = reader_pages) : layout{layers, pages, tokens, kv_dim, 2} { std::filesystem::remove_all(dir); }
   ~one_server() { std::filesystem::remove_all(dir); }
 
   /// The server's config: this directory and model, staging for `staging_pages` block layers.
@@ -56,6 +60,22 @@ struct one_server {
     REQUIRE(key);
     out.key = *key;
     return out;
+  }
+
+  /// A read of `keys` into pages 0, 1, ... of the pool registered as `pool`, block i into page i.
+  store_read_order read_of(uint64_t request_id, const std::vector<store::block_key>& keys,
+                           const transport::region_key& pool) const {
+    store_read_order o;
+    o.request_id = request_id;
+    for (uint32_t i = 0; i < keys.size(); ++i) {
+      o.blocks.push_back({keys[i].hi, keys[i].lo, {0}});
+      o.block_index.push_back(i);
+      o.page_ids.push_back(i);
+    }
+    o.block_tokens = tokens;
+    o.region = kv_region_desc{pool.backend, pool.region_id, pool.size_bytes, pool.packed, layers, layout.num_pages, tokens, kv_dim, 2};
+    o.reader = "reader";
+    return o;
   }
 
   /// A block whose every byte is `fill`, stored as the server's file for `key`.
@@ -90,6 +110,39 @@ store_read_order read_order(uint64_t request_id, const store::block_key& k, uint
   o.reader = "reader";
   return o;
 }
+
+/// Watches, on a thread of its own, how many files under `dir` this process holds open, and
+/// keeps the most it saw at once.
+class open_file_watcher {
+ public:
+  explicit open_file_watcher(const std::string& dir)
+    : dir_(std::filesystem::canonical(dir).string()), thread_([this] { run(); }) {}
+  ~open_file_watcher() { stop(); }
+  size_t stop() {
+    done_ = true;
+    if (thread_.joinable()) thread_.join();
+    return most_;
+  }
+
+ private:
+  void run() {
+    while (!done_) {
+      size_t open = 0;
+      std::error_code ec;
+      for (const auto& fd : std::filesystem::directory_iterator{"/proc/self/fd", ec}) {
+        std::error_code gone;  // closed since it was listed
+        const auto target = std::filesystem::read_symlink(fd.path(), gone).string();
+        if (!gone && target.rfind(dir_, 0) == 0) ++open;
+      }
+      most_ = std::max<size_t>(most_, open);
+      std::this_thread::sleep_for(std::chrono::milliseconds{1});
+    }
+  }
+  std::string dir_;
+  std::atomic<bool> done_{false};
+  std::atomic<size_t> most_{0};
+  std::thread thread_;  // last: it starts once the members it reads are made
+};
 
 }  // namespace
 
@@ -457,4 +510,83 @@ TEST_CASE("block index: blocks it drops before it knows their server (a server r
   CHECK(on_disk() == 1);
   self->send_exit(server, caf::exit_reason::user_shutdown);
   self->send_exit(index, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("block server: reading 200 blocks in one order keeps at most 64 of their files open at once (an "
+          "order of ~1000 reached the usual limit of 1024 open files and its later blocks failed), and serves them all") {
+  constexpr uint32_t n = 200;
+  test::cluster_system t;
+  one_server s{n};
+  std::vector<store::block_key> keys;
+  for (uint32_t i = 0; i < n; ++i) {
+    keys.push_back({uint64_t{i} + 1, 0x5eed});
+    s.store_block(keys.back(), static_cast<std::byte>(i % 251 + 1));
+  }
+  auto fabric = transport::make_loopback_fabric();
+  auto reader = transport::make_loopback_transport(fabric, "reader");
+  auto pool = s.register_reader(*reader);
+  auto bc = s.config(16);         // batches of 16 blocks per put
+  bc.fault_layer_delay_ms = 100;  // each layer waits first: the watcher sees what the read holds meanwhile
+  auto server = spawn_block_server(t.sys, bc, transport::make_loopback_transport(fabric, "store-0"), {});
+  // The control: a file of the directory this test holds open itself, which the watcher must see.
+  const int control = ::open(store::block_path(s.dir, keys[0]).c_str(), O_RDONLY | O_CLOEXEC);
+  REQUIRE(control >= 0);
+  open_file_watcher watcher{s.dir};
+  store_read_result r;
+  {
+    caf::scoped_actor self{t.sys};
+    self->request(server, std::chrono::seconds{30}, s.read_of(1, keys, pool.key))
+        .receive([&](store_read_result& x) { r = std::move(x); }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
+    self->send_exit(server, caf::exit_reason::user_shutdown);
+  }
+  const size_t most = watcher.stop();
+  ::close(control);
+  CHECK(most >= 1);       // the watcher saw the control
+  CHECK(most <= 1 + 64);  // before: the control and all 200
+  REQUIRE(r.errors.size() == n);
+  size_t failed = 0, wrong = 0;
+  for (uint32_t i = 0; i < n; ++i) {
+    if (!r.errors[i].empty() && failed++ == 0) MESSAGE("block " << i << ": " << r.errors[i]);
+    for (uint32_t l = 0; l < layers; ++l) {
+      const auto* page = pool.bytes.data() + s.layout.offset_bytes(l, i);
+      const auto fill = static_cast<std::byte>(i % 251 + 1);
+      if (!std::all_of(page, page + s.layout.page_bytes(), [&](std::byte b) { return b == fill; })) ++wrong;
+    }
+  }
+  CHECK(failed == 0);
+  CHECK(wrong == 0);
+}
+
+TEST_CASE("block server: a block that does not fit the reader's pages is refused naming the field that differs, with both "
+          "values (before, every mismatch printed the layer counts and sizes, equal in most of them)") {
+  test::cluster_system t;
+  one_server s;
+  const store::block_key a{1, 11};
+  s.store_block(a, std::byte{0x11});
+  auto fabric = transport::make_loopback_fabric();
+  auto reader = transport::make_loopback_transport(fabric, "reader");
+  auto pool = s.register_reader(*reader);
+  auto server = spawn_block_server(t.sys, s.config(4), transport::make_loopback_transport(fabric, "store-0"), {});
+  caf::scoped_actor self{t.sys};
+  const auto read = [&](store_read_order o) {
+    std::string why = "no answer";
+    self->request(server, std::chrono::seconds{10}, std::move(o))
+        .receive([&](store_read_result& r) { why = r.errors.empty() ? "no block" : r.errors[0]; },
+                 [&](caf::error& e) { why = t.sys.render(e); });
+    return why;
+  };
+  const std::string prefix = "block " + a.hex() + " does not match the reader's pages: ";
+  auto wider = s.read_of(1, {a}, pool.key);
+  wider.region.kv_dim = 8;  // the reader's pages are twice as wide: so are its layers
+  CHECK(read(wider) == prefix + "kv_dim 4, the reader's 8");
+  auto longer = s.read_of(2, {a}, pool.key);
+  longer.block_tokens = 32;  // the order's blocks are two pages
+  CHECK(read(longer) == prefix + "blocks of 16 tokens, the order's 32");
+  auto beyond = s.read_of(3, {a}, pool.key);
+  beyond.block_index = {3};  // block 3 of the prompt: its page is the order's fourth
+  beyond.page_ids = {0, 1};
+  CHECK(read(beyond) == prefix + "at position 3 it needs 4 of the order's pages, the order names 2");
+  CHECK(read(s.read_of(4, {a}, pool.key)).empty());  // the same block, fitting: served
+  CHECK(pool.bytes[0] == std::byte{0x11});
+  self->send_exit(server, caf::exit_reason::user_shutdown);
 }

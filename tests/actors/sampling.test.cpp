@@ -17,8 +17,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include <caf/binary_deserializer.hpp>
-#include <caf/binary_serializer.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
 #include "gpu/byte_tokenizer.hpp"
@@ -876,45 +874,4 @@ TEST_CASE("a request whose decode fails before its last token gets that token fr
   REQUIRE(again);
   CHECK(again->failovers == 0);
   CHECK(got->tokens == again->tokens);
-}
-
-TEST_CASE("floats cross processes bit for bit, NaN and infinities too (CAF 0.17 packs floats by hand: NaN became 1.0 "
-          "and an infinity hung the sender)") {
-  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
-  auto bits = [](float x) {
-    uint32_t b;
-    std::memcpy(&b, &x, 4);
-    return b;
-  };
-  completion c;
-  c.step_logits = {{1.5f, -inf, inf, nan, -0.0f, 1e-40f}};  // 1e-40: subnormal, also lost by the hand packing
-  c.logprobs = {{7, -inf, "x", {7, 8}, {-inf, nan}, {"x", "y"}}};
-  c.prompt_logprobs = {{1, nan, "", {}, {}, {}}};
-  prefill_result p;
-  p.logprobs = {gpu::token_logprobs{-inf, {3}, {nan}}};
-  p.logits = {inf};
-  generate_request g;
-  g.temperature = inf;
-  rank_load load;
-  load.predicted_us = std::numeric_limits<double>::infinity();
-  std::vector<char> buf;
-  caf::binary_serializer sink{nullptr, buf};
-  REQUIRE_FALSE(sink(c, p, g, load));
-  completion c2;
-  prefill_result p2;
-  generate_request g2;
-  rank_load load2;
-  caf::binary_deserializer source{nullptr, buf};
-  REQUIRE_FALSE(source(c2, p2, g2, load2));
-  REQUIRE(c2.step_logits.size() == 1);
-  REQUIRE(c2.step_logits[0].size() == c.step_logits[0].size());
-  for (size_t i = 0; i < c.step_logits[0].size(); ++i) CHECK(bits(c2.step_logits[0][i]) == bits(c.step_logits[0][i]));
-  CHECK(bits(c2.logprobs[0].logprob) == bits(-inf));
-  CHECK(bits(c2.logprobs[0].top_logprobs[1]) == bits(nan));
-  CHECK(std::isnan(c2.prompt_logprobs[0].logprob));
-  CHECK(bits(p2.logprobs[0].logprob) == bits(-inf));
-  CHECK(std::isnan(p2.logprobs[0].top_logprobs[0]));
-  CHECK(bits(p2.logits[0]) == bits(inf));
-  CHECK(std::isinf(g2.temperature));
-  CHECK(std::isinf(load2.predicted_us));
 }

@@ -1,16 +1,13 @@
 // The block store in a running cluster: write-back, CHECK, prefix loading, a restart, and every
-// way a cached block can fail ending as a recompute with correct output; and one block server on
-// its own, reading blocks written here.
+// way a cached block can fail ending as a recompute with correct output.
 
 #include <doctest/doctest.h>
 
 #include <algorithm>
-#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <thread>
 
-#include <fcntl.h>
 #include <unistd.h>
 
 #include "gpu/byte_tokenizer.hpp"
@@ -134,95 +131,6 @@ void damage_layer_2(const std::string& path, const local_cluster_config& cfg) {
   f.seekp(at);
   f.write(&c, 1);
 }
-
-/// A block server's directory of small blocks written here (2 layers, one 16-token page per
-/// block, kv_dim 4: a block layer is one page of 512 bytes), and the reads of them into a
-/// reader's pool of `pages` pages: one block server on its own, without a cluster.
-struct small_blocks {
-  static constexpr uint32_t layers = 2, tokens = 16, kv_dim = 4;
-  temp_dir dir;
-  store::kv_identity identity{"store-test", layers, kv_dim, tokens, tokens, "f32"};
-  gpu::kv_layout layout;
-
-  small_blocks(const std::string& name, uint32_t pages) : dir{name}, layout{layers, pages, tokens, kv_dim, 2} {}
-
-  /// A block whose every byte is `fill`, stored as the server's file for `key`.
-  void store_block(const store::block_key& key, std::byte fill) const {
-    const std::vector<std::byte> page(layout.page_bytes(), fill);
-    store::block_header h;
-    h.salt = store::salt_of(identity);
-    h.key = key;
-    h.num_layers = layers;
-    h.kv_dim = kv_dim;
-    h.block_tokens = tokens;
-    h.page_tokens = tokens;
-    h.layer_bytes = layout.page_bytes();
-    for (uint32_t l = 0; l < layers; ++l)
-      h.layer_checksums.push_back(std::max<uint64_t>(1, gpu::layer_checksum(l, page.data(), 1, page.size())));
-    std::filesystem::create_directories(std::filesystem::path{store::block_path(dir.path, key)}.parent_path());
-    REQUIRE(store::write_block_file(store::block_path(dir.path, key), h, [&](uint32_t) {
-              return store::layer_pieces{{page.data(), page.size()}};
-            }).empty());
-  }
-
-  /// The server's config: this directory and model, staging for `staging_block_layers` block layers.
-  block_server_config config(uint64_t staging_block_layers) const {
-    block_server_config bc;
-    bc.dir = dir.path;
-    bc.identity = identity;
-    bc.staging_bytes = staging_block_layers * layout.page_bytes();
-    return bc;
-  }
-
-  /// A read of `keys` into pages 0, 1, ... of the pool registered as `pool`, block i into page i.
-  store_read_order read_order(uint64_t request_id, const std::vector<store::block_key>& keys,
-                              const transport::region_key& pool) const {
-    store_read_order o;
-    o.request_id = request_id;
-    for (uint32_t i = 0; i < keys.size(); ++i) {
-      o.blocks.push_back({keys[i].hi, keys[i].lo, {0}});
-      o.block_index.push_back(i);
-      o.page_ids.push_back(i);
-    }
-    o.block_tokens = tokens;
-    o.region = kv_region_desc{pool.backend, pool.region_id, pool.size_bytes, pool.packed, layers, layout.num_pages, tokens, kv_dim, 2};
-    o.reader = "reader";
-    return o;
-  }
-};
-
-/// Watches, on a thread of its own, how many files under `dir` this process holds open, and
-/// keeps the most it saw at once.
-class open_file_watcher {
- public:
-  explicit open_file_watcher(const std::string& dir)
-    : dir_(std::filesystem::canonical(dir).string()), thread_([this] { run(); }) {}
-  ~open_file_watcher() { stop(); }
-  size_t stop() {
-    done_ = true;
-    if (thread_.joinable()) thread_.join();
-    return most_;
-  }
-
- private:
-  void run() {
-    while (!done_) {
-      size_t open = 0;
-      std::error_code ec;
-      for (const auto& fd : std::filesystem::directory_iterator{"/proc/self/fd", ec}) {
-        std::error_code gone;  // closed since it was listed
-        const auto target = std::filesystem::read_symlink(fd.path(), gone).string();
-        if (!gone && target.rfind(dir_, 0) == 0) ++open;
-      }
-      most_ = std::max<size_t>(most_, open);
-      std::this_thread::sleep_for(std::chrono::milliseconds{1});
-    }
-  }
-  std::string dir_;
-  std::atomic<bool> done_{false};
-  std::atomic<size_t> most_{0};
-  std::thread thread_;  // last: it starts once the members it reads are made
-};
 
 }  // namespace
 
@@ -351,20 +259,9 @@ TEST_CASE("store: a chain's old root on one block server and its young continuat
   test::cluster_system t;
   auto cluster = start_local_cluster(t.sys, cfg);
   test::cluster_system::stopper stop{t, cluster};
-  // CHECK of [root, child]: the leading run of blocks the index serves. A held root is not
-  // served: 2 means its child's commit extended it, whichever server's scan came in first.
-  const auto hits = [&] {
-    caf::scoped_actor self{t.sys};
-    std::vector<block_ref> keys{{root.hi, root.lo, {}}, {child.hi, child.lo, {}}};
-    size_t n = 0;
-    self->request(cluster.store_index[0], std::chrono::seconds{5}, check_atom::value, uint64_t{1}, keys)
-        .receive(
-            [&](std::vector<block_ref>& r) {
-              while (n < r.size() && !r[n].servers.empty()) ++n;
-            },
-            [](caf::error&) {});
-    return n;
-  };
+  // CHECK of each: a held root is not served, so both served means its child's commit extended
+  // it, whichever server's scan came in first.
+  const auto hits = [&] { return !servers_of(t, cluster, root).empty() + !servers_of(t, cluster, child).empty(); };
   for (int i = 0; i < 1250 && hits() < 2; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{4});
   CHECK(hits() == 2);  // before, the root came in expired, was dropped and its file deleted
   CHECK(fs::exists(root_file));
@@ -994,89 +891,4 @@ TEST_CASE("store with KV in wire form: an INT8 request reads exact blocks, also 
   check_equal(*got, ref);
   const auto events = t.events(cluster.prefill[0].handle);
   CHECK(std::any_of(events.begin(), events.end(), [&](auto& e) { return e.kind == "prefix_abort" && e.request_id == got->request_id; }));
-}
-
-TEST_CASE("store: a block server reading 200 blocks in one order keeps at most 64 of their files open at once (an "
-          "order of ~1000 reached the usual limit of 1024 open files and its later blocks failed), and serves them all") {
-  constexpr uint32_t n = 200;
-  test::cluster_system t;
-  small_blocks s{"many-blocks", n};
-  std::vector<store::block_key> keys;
-  for (uint32_t i = 0; i < n; ++i) {
-    keys.push_back({uint64_t{i} + 1, 0x5eed});
-    s.store_block(keys.back(), static_cast<std::byte>(i % 251 + 1));
-  }
-  auto fabric = transport::make_loopback_fabric();
-  auto reader = transport::make_loopback_transport(fabric, "reader");
-  std::vector<std::byte> pool(s.layout.total_bytes(), std::byte{0});
-  transport::xfer_error err;
-  auto pool_key = reader->register_region(pool.data(), pool.size(), &err);
-  REQUIRE(pool_key);
-  auto bc = s.config(16);         // batches of 16 blocks per put
-  bc.fault_layer_delay_ms = 100;  // each layer waits first: the watcher sees what the read holds meanwhile
-  auto server = spawn_block_server(t.sys, bc, transport::make_loopback_transport(fabric, "store-0"), {});
-  // The control: a file of the directory this test holds open itself, which the watcher must see.
-  const int control = ::open(store::block_path(s.dir.path, keys[0]).c_str(), O_RDONLY | O_CLOEXEC);
-  REQUIRE(control >= 0);
-  open_file_watcher watcher{s.dir.path};
-  store_read_result r;
-  {
-    caf::scoped_actor self{t.sys};
-    self->request(server, std::chrono::seconds{30}, s.read_order(1, keys, *pool_key))
-        .receive([&](store_read_result& x) { r = std::move(x); }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
-    self->send_exit(server, caf::exit_reason::user_shutdown);
-  }
-  const size_t most = watcher.stop();
-  ::close(control);
-  CHECK(most >= 1);       // the watcher saw the control
-  CHECK(most <= 1 + 64);  // before: the control and all 200
-  REQUIRE(r.errors.size() == n);
-  size_t failed = 0, wrong = 0;
-  for (uint32_t i = 0; i < n; ++i) {
-    if (!r.errors[i].empty() && failed++ == 0) MESSAGE("block " << i << ": " << r.errors[i]);
-    for (uint32_t l = 0; l < small_blocks::layers; ++l) {
-      const auto* page = pool.data() + s.layout.offset_bytes(l, i);
-      const auto fill = static_cast<std::byte>(i % 251 + 1);
-      if (!std::all_of(page, page + s.layout.page_bytes(), [&](std::byte b) { return b == fill; })) ++wrong;
-    }
-  }
-  CHECK(failed == 0);
-  CHECK(wrong == 0);
-}
-
-TEST_CASE("store: a block that does not fit the reader's pages is refused naming the field that differs, with both "
-          "values (before, every mismatch printed the layer counts and sizes, equal in most of them)") {
-  test::cluster_system t;
-  small_blocks s{"mismatch", 4};
-  const store::block_key a{1, 11};
-  s.store_block(a, std::byte{0x11});
-  auto fabric = transport::make_loopback_fabric();
-  auto reader = transport::make_loopback_transport(fabric, "reader");
-  std::vector<std::byte> pool(s.layout.total_bytes(), std::byte{0});
-  transport::xfer_error err;
-  auto pool_key = reader->register_region(pool.data(), pool.size(), &err);
-  REQUIRE(pool_key);
-  auto server = spawn_block_server(t.sys, s.config(4), transport::make_loopback_transport(fabric, "store-0"), {});
-  caf::scoped_actor self{t.sys};
-  const auto read = [&](store_read_order o) {
-    std::string why = "no answer";
-    self->request(server, std::chrono::seconds{10}, std::move(o))
-        .receive([&](store_read_result& r) { why = r.errors.empty() ? "no block" : r.errors[0]; },
-                 [&](caf::error& e) { why = t.sys.render(e); });
-    return why;
-  };
-  const std::string prefix = "block " + a.hex() + " does not match the reader's pages: ";
-  auto wider = s.read_order(1, {a}, *pool_key);
-  wider.region.kv_dim = 8;  // the reader's pages are twice as wide: so are its layers
-  CHECK(read(wider) == prefix + "kv_dim 4, the reader's 8");
-  auto longer = s.read_order(2, {a}, *pool_key);
-  longer.block_tokens = 32;  // the order's blocks are two pages
-  CHECK(read(longer) == prefix + "blocks of 16 tokens, the order's 32");
-  auto beyond = s.read_order(3, {a}, *pool_key);
-  beyond.block_index = {3};  // block 3 of the prompt: its page is the order's fourth
-  beyond.page_ids = {0, 1};
-  CHECK(read(beyond) == prefix + "at position 3 it needs 4 of the order's pages, the order names 2");
-  CHECK(read(s.read_order(4, {a}, *pool_key)).empty());  // the same block, fitting: served
-  CHECK(pool[0] == std::byte{0x11});
-  self->send_exit(server, caf::exit_reason::user_shutdown);
 }
