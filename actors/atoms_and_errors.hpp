@@ -61,6 +61,9 @@ using role_atom = caf::atom_constant<caf::atom("role")>;
 /// decode ranks (and polls the puts with migpoll).
 using migrate_atom = caf::atom_constant<caf::atom("migrate")>;
 using migrate_poll_atom = caf::atom_constant<caf::atom("migpoll")>;
+/// A moved sequence's target: answer once every layer of the lease landed and passed its check
+/// (the source keeps the sequence until then, so a corrupt layer leaves it where it was).
+using kv_commit_atom = caf::atom_constant<caf::atom("kv_commit")>;
 /// A transfer of the rank's transport settled (transport::set_settled_listener): poll now.
 using settled_atom = caf::atom_constant<caf::atom("settled")>;
 using resume_atom = caf::atom_constant<caf::atom("resume")>;

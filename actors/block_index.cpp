@@ -123,6 +123,11 @@ block_index_actor::behavior_type block_index_impl(pointer self, block_index_conf
         st.stats.evicted += evicted.size();
         drop(self, evicted);
       },
+      [=](delete_atom, uint32_t server, uint64_t hi, uint64_t lo, uint64_t write_seq) {
+        // A server made room on its disk (block_server_config::capacity_bytes): CHECK must stop
+        // sending readers to a file that is gone. No delete goes back: the file is already gone.
+        self->state.index.drop_copy({hi, lo}, server, write_seq);
+      },
       [=](timer_atom, uint64_t) {
         // Background housekeeping: reads and CHECKs are never blocked by it (one actor turn).
         auto& st = self->state;

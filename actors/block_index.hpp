@@ -25,7 +25,8 @@ struct block_index_config {
 /// One shard of the store's index (seed 000 §2.2; keys are sharded by `shard_of`): answers CHECK
 /// with where each asked block lives, if anywhere (metadata only, no KV bytes); learns blocks from the block
 /// servers' commits; expires blocks by retention class and evicts leaf-first LRU beyond capacity
-/// on a timer (the actor clock: virtual time in sims), telling the servers to delete the files.
+/// on a timer (the actor clock: virtual time in sims), telling the servers to delete the files;
+/// forgets the copies a server deleted itself to stay within its disk's capacity.
 /// `servers` receive the deletes (index i = server id i).
 /// The index shard that owns `key` among `num_shards`.
 inline uint32_t shard_of(const store::block_key& key, uint32_t num_shards) {

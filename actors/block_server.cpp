@@ -8,9 +8,12 @@
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <span>
@@ -72,6 +75,13 @@ struct io_context {
   /// the I/O thread's alone. Blocks found on disk at start are 0.
   std::unordered_map<store::block_key, uint64_t, store::block_key_hash> written;
   uint64_t last_write_seq = 0;
+  /// Its block files, least recently used last (leaf-first, as the index orders blocks), each
+  /// counted at store::block_disk_bytes: what cfg.capacity_bytes holds them to. The I/O thread's
+  /// alone; a write or a read makes a block recent. Only the order counts here: no times, no
+  /// expiry (the index expires blocks and sends the deletes).
+  store::block_index on_disk;
+  std::atomic<uint64_t> disk_bytes{0};  ///< on_disk.bytes(), for the actor's stats
+  uint32_t fault_writes_left = 0;       ///< cfg.fault_write_failures not yet injected
   std::atomic<bool> stopping{false};  ///< the actor is gone: abandon waits at once
   ~io_context() {
     for (auto id : abandoned) xport->release(id);
@@ -126,11 +136,35 @@ std::string put_and_wait(io_context& io, const store_read_order& order, uint32_t
   return {};
 }
 
-/// What the I/O thread made of a write order: an error sentence, or the write's sequence number.
+/// A block file deleted to keep the server within its capacity: the index is told which write.
+struct disk_eviction {
+  store::block_key key;
+  uint64_t write_seq = 0;
+};
+
+/// Deletes the files of `gone` (already out of io.on_disk), on the I/O thread: no read of them is
+/// running (reads are jobs of this thread too), and one that opens them later finds no file, a
+/// miss. Returns them with their writes, for the index.
+std::vector<disk_eviction> delete_evicted(io_context& io, const std::vector<store::block_meta>& gone) {
+  std::vector<disk_eviction> out;
+  for (const auto& m : gone) {
+    ::unlink(store::block_path(io.cfg.dir, m.key).c_str());
+    auto w = io.written.find(m.key);
+    out.push_back({m.key, w == io.written.end() ? 0 : w->second});
+    if (w != io.written.end()) io.written.erase(w);
+  }
+  io.disk_bytes = io.on_disk.bytes();
+  return out;
+}
+
+/// What the I/O thread made of a write order: an error sentence (and the system's errno, if it
+/// gave one), or the write's sequence number; and the blocks deleted to make room for it.
 struct write_outcome {
   store_write_order w;
   std::string err;
   uint64_t seq = 0;
+  std::vector<disk_eviction> evicted{};
+  int err_no = 0;
 };
 
 /// Registers the read staging with the transport; an error sentence when it cannot.
@@ -373,6 +407,15 @@ store_read_result serve_read(io_context& io, const store_read_order& order, uint
   }
   for (int fd : fds)
     if (fd >= 0) ::close(fd);
+  // Blocks served were used: the least recently used go first when room is short, and a
+  // prompt's leading blocks (touched last) after its later ones.
+  std::vector<std::pair<uint32_t, store::block_key>> served;
+  for (size_t i = 0; i < n; ++i)
+    if (good(i)) served.emplace_back(order.block_index[i], headers[i].key);
+  std::sort(served.begin(), served.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<store::block_key> keys;
+  for (const auto& [position, key] : served) keys.push_back(key);
+  io.on_disk.touch_chain(keys, 0.0);
   return r;
 }
 
@@ -405,6 +448,9 @@ struct block_server_state {
   std::vector<block_index_actor> index;  ///< shards; a commit goes to its key's shard
   uint64_t last_job = 0;
   store_stats stats;
+  /// A write the disk refused for room was logged: later ones are only counted until a write
+  /// succeeds (a full disk would otherwise log every block of every write-back).
+  bool no_space_logged = false;
   static inline const char* name = "baton.block_server";
 };
 
@@ -433,11 +479,25 @@ void recover_blocks(pointer self) {
       self,
       [](io_context& io) {
         auto scan = store::scan_block_dir(io.cfg.dir, io.salt);
+        // Oldest first, so the newest are the most recent; beyond the capacity (it shrank since
+        // the blocks were written) the least recent are deleted before the index hears of them.
+        for (const auto& b : scan.blocks)
+          io.on_disk.upsert({b.key, b.parent, {io.cfg.server_id}, store::block_disk_bytes(b.file_bytes),
+                             static_cast<store::retention>(b.retention), std::numeric_limits<double>::infinity()},
+                            0.0);
+        const auto over = delete_evicted(io, io.on_disk.evict_to_capacity());
+        std::erase_if(scan.blocks, [&](const store::found_block& b) { return !io.on_disk.find(b.key); });
         store::keep_chains_alive(scan.blocks, io.cfg.retention);
-        return scan;
+        return std::make_pair(std::move(scan), uint64_t{over.size()});
       },
-      [self](store::dir_scan scan) {
+      [self](std::pair<store::dir_scan, uint64_t> found) {
         auto& st = self->state;
+        auto& scan = found.first;
+        st.stats.disk_evicted += found.second;
+        if (found.second)
+          caf::aout(self) << st.io->cfg.name << ": deleted " << found.second << " blocks found in " << st.io->cfg.dir
+                          << " beyond its capacity of " << st.io->cfg.capacity_bytes << " bytes, least recently written first"
+                          << std::endl;
         if (st.index.empty()) return;
         st.stats.blocks_recovered += scan.blocks.size();
         st.stats.files_removed += scan.removed;
@@ -486,6 +546,8 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
     if (!io.write_key) io.setup_error = c.name + ": cannot register the write staging: " + err.to_string();
   }
   st.slots.reset(io.write_staging.size(), io.write_key);
+  io.on_disk.set_capacity_bytes(c.capacity_bytes);
+  io.fault_writes_left = c.fault_write_errno ? c.fault_write_failures : 0;
   std::error_code ec;
   std::filesystem::create_directories(c.dir, ec);
   if (ec) io.setup_error = c.name + ": cannot create " + c.dir + ": " + ec.message();
@@ -583,36 +645,69 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
                 if (std::max<uint64_t>(1, gpu::layer_checksum(l, io.write_copy.data() + l * layer_bytes, ppb,
                                                               layer_bytes / ppb)) != w.checksums[l])
                   return write_outcome{std::move(w), "layer " + std::to_string(l) + " in the write slot differs from what the writer checksummed"};
+              const uint64_t disk_bytes = store::block_disk_bytes(store::block_header::fixed_header_bytes + w.bytes);
+              if (io.cfg.capacity_bytes && disk_bytes > io.cfg.capacity_bytes)
+                return write_outcome{std::move(w), "a block file of " + std::to_string(disk_bytes) + " bytes on disk is more than " +
+                                                       io.cfg.name + "'s capacity of " + std::to_string(io.cfg.capacity_bytes)};
+              // Room first, so the disk holds no more than the capacity even while the file is
+              // written. A rewrite short of room deletes its own old copy first, which the new one
+              // replaces anyway (no read runs in between: reads are jobs of this thread); should
+              // the write fail, the block is a miss.
+              auto evicted = delete_evicted(io, io.on_disk.evict_for(key, disk_bytes));
               // Always (re)written, atomically: a block that failed a reader's checksum is repaired
               // by the next write-back of it (writers skip blocks they loaded intact).
               store::block_header h{io.salt, key, {w.parent_hi, w.parent_lo}, layers, w.kv_dim, w.block_tokens,
                                     w.page_tokens, w.bytes / layers, w.checksums,
                                     static_cast<uint8_t>(store::parse_retention(w.retention).value_or(store::retention::chat))};
               const auto* base = io.write_copy.data();
-              auto err = store::write_block_file(path, h, [&](uint32_t l) {
-                return store::layer_pieces{{base + l * h.layer_bytes, h.layer_bytes}};
-              });
+              int err_no = 0;
+              const int fault = io.fault_writes_left ? io.cfg.fault_write_errno : 0;
+              if (fault) --io.fault_writes_left;
+              auto err = store::write_block_file(
+                  path, h, [&](uint32_t l) { return store::layer_pieces{{base + l * h.layer_bytes, h.layer_bytes}}; },
+                  &err_no, fault);
               uint64_t seq = 0;
-              if (err.empty()) io.written[key] = seq = ++io.last_write_seq;
-              return write_outcome{std::move(w), std::move(err), seq};
+              if (err.empty()) {
+                io.written[key] = seq = ++io.last_write_seq;
+                io.on_disk.upsert({key, h.parent, {io.cfg.server_id}, disk_bytes, static_cast<store::retention>(h.retention),
+                                   std::numeric_limits<double>::infinity()},
+                                  0.0);
+                io.disk_bytes = io.on_disk.bytes();
+              }
+              return write_outcome{std::move(w), std::move(err), seq, std::move(evicted), err_no};
             },
             [=](write_outcome out) mutable {
               auto& s = self->state;
               s.writes.erase(write_id);
               s.slots.release(out.w.slot_id);
+              // Before this write's commit (one sender, one receiver: in order), so a key deleted
+              // to make room for its own rewrite is gone and then back.
+              s.stats.disk_evicted += out.evicted.size();
+              for (const auto& e : out.evicted)
+                if (!s.index.empty())
+                  self->send(s.index[shard_of(e.key, static_cast<uint32_t>(s.index.size()))], delete_atom::value,
+                             s.io->cfg.server_id, e.key.hi, e.key.lo, e.write_seq);
               if (!out.err.empty()) {  // a failed write-back is a future miss, nothing more
                 ++s.stats.write_failures;
-                caf::aout(self) << s.io->cfg.name << ": block " << store::block_key{out.w.block.hi, out.w.block.lo}.hex()
-                                << " of request " << out.w.request_id << " not written: " << out.err << std::endl;
+                const bool no_space = out.err_no == ENOSPC || out.err_no == EDQUOT;
+                s.stats.write_no_space += no_space;
+                if (!no_space || !s.no_space_logged)
+                  caf::aout(self) << s.io->cfg.name << ": block " << store::block_key{out.w.block.hi, out.w.block.lo}.hex()
+                                  << " of request " << out.w.request_id << " not written: " << out.err
+                                  << (no_space ? " (more writes refused for room are counted, not logged, until one succeeds)" : "")
+                                  << std::endl;
+                s.no_space_logged |= no_space;
                 promise.deliver(uint64_t{0});
                 return;
               }
+              s.no_space_logged = false;
               promise.deliver(out.w.bytes);
               ++s.stats.blocks_written;
               s.stats.bytes_written += out.w.bytes;
               block_ref b{out.w.block.hi, out.w.block.lo, {s.io->cfg.server_id}};
-              self->send(s.index[shard_of({b.hi, b.lo}, static_cast<uint32_t>(s.index.size()))], commit_atom::value,
-                         block_commit{b, out.w.parent_hi, out.w.parent_lo, out.w.retention, out.w.bytes, 0, out.seq});
+              if (!s.index.empty())  // a server on its own (tests) has no index to tell
+                self->send(s.index[shard_of({b.hi, b.lo}, static_cast<uint32_t>(s.index.size()))], commit_atom::value,
+                           block_commit{b, out.w.parent_hi, out.w.parent_lo, out.w.retention, out.w.bytes, 0, out.seq});
             });
         return promise;
       },
@@ -627,11 +722,17 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
               if (w != io.written.end() && w->second > seq) return 0;
               ::unlink(store::block_path(io.cfg.dir, key).c_str());
               if (w != io.written.end()) io.written.erase(w);
+              io.on_disk.erase(key);
+              io.disk_bytes = io.on_disk.bytes();
               return 0;
             },
             [](int) {});
       },
-      [=](stats_atom) { return self->state.stats; },
+      [=](stats_atom) {
+        auto s = self->state.stats;
+        s.disk_bytes = self->state.io->disk_bytes.load();
+        return s;
+      },
       [=](io_atom, uint64_t id) {
         std::function<void()> then;
         {

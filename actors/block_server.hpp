@@ -31,6 +31,14 @@ struct block_server_config {
   uint64_t staging_bytes = 64ull << 20;
   /// Fault injection for tests (a slow disk): each layer of a read waits this long first. 0 = off.
   uint32_t fault_layer_delay_ms = 0;
+  /// Its directory's disk budget: its block files, each counted at store::block_disk_bytes, never
+  /// take more. Before a block is written the least recently used ones (written or read; leaf-first,
+  /// as the index orders them) are deleted to make room, and the index is told. 0 = unbounded.
+  uint64_t capacity_bytes = 0;
+  /// Fault injection for tests (a full or failing disk): the first fault_write_failures block
+  /// writes fail with errno fault_write_errno (ENOSPC, EIO) after their header is written. 0 = off.
+  int fault_write_errno = 0;
+  uint32_t fault_write_failures = 0;
   /// A write slot whose write order has not come this long after it was granted is taken back:
   /// a writer that died, or whose put failed without a word, must not hold staging for good.
   uint32_t write_slot_ttl_ms = 30000;
@@ -84,7 +92,9 @@ private:
 /// layer of the requested blocks, layer-major, into the reader's registered KV pages through the
 /// transport, and answer with each block's header checksums (the reader verifies its pages) or
 /// why a block could not be served. Writes store a block file and commit it to the index. All
-/// file I/O runs on the server's own I/O thread; the actor never blocks.
+/// file I/O runs on the server's own I/O thread, one job after another; the actor never blocks.
+/// So a block is never deleted (by the index, or for capacity_bytes) while a read of it runs, and
+/// a file once deleted is never reused: a new write of the key is a new file renamed into place.
 block_server_actor spawn_block_server(caf::actor_system& sys, block_server_config cfg,
                                       std::shared_ptr<transport::transport> xport,
                                       std::vector<block_index_actor> index_shards);

@@ -92,6 +92,10 @@ struct store_config {
   uint32_t replicas = 1;              ///< copies of each block (1 or 2)
   uint32_t block_tokens = 512;        ///< B: a multiple of the KV page size
   uint64_t capacity_blocks = 0;       ///< index capacity; 0 = unbounded (leaf-first LRU beyond it)
+  /// The disk budget of `dir` (`--store-capacity-gib`), split evenly over its num_servers: each
+  /// server deletes its least recently used block files to stay within its share. Store nodes
+  /// take their own budget. 0 = unbounded.
+  double capacity_gib = 0.0;
   store::retention_policy retention;  ///< chat 7 d, agent 3 d, batch not written
   uint32_t housekeeping_interval_ms = 60000;  ///< expiry and eviction run this often
   uint32_t read_timeout_ms = 5000;    ///< a read not answered by then is a miss (recompute)
@@ -111,6 +115,7 @@ struct store_config {
 
   /// `remote_servers`: block servers adopted from store nodes, after the in-process ones.
   std::string validate(uint32_t page_size_tokens, size_t remote_servers = 0) const {
+    if (auto e = store::capacity_gib_error(capacity_gib, "store capacity_gib"); !e.empty()) return e;
     if (!enabled) return {};
     if (dir.empty() && num_servers > 0) return "store dir must be set when the store has in-process servers";
     if (num_servers + remote_servers == 0) return "store needs at least one block server (num_servers or store nodes)";

@@ -25,6 +25,7 @@ void drop_corrupt_lease(decode_pointer self, uint64_t lease_id, std::string why)
   auto& s = self->state;
   auto& l = s.leases.at(lease_id);
   if (l.has_order) l.promise.deliver(make_error(errc::transfer_failed, why));
+  answer_commits(l, why);
   if (s.corrupted.size() >= 1024) s.corrupted.erase(s.corrupted.begin());  // bounded: orders may never come
   s.corrupted[lease_id] = std::move(why);
   free_lease(self, lease_id, true);  // the later layers' puts may still come
@@ -60,10 +61,41 @@ void mark_landed(decode_pointer self, lease& l, uint64_t lease_id, uint32_t laye
   auto& s = self->state;
   if (!l.landed[layer]) {
     l.landed[layer] = true;
-    if (++l.num_landed == l.landed.size()) s.core.log->add({0, "kv_landed", l.request_id, 0, 0, {}, {}});
+    if (++l.num_landed == l.landed.size()) {
+      s.core.log->add({0, "kv_landed", l.request_id, 0, 0, {}, {}});
+      answer_commits(l, {});
+    }
   }
   l.expires_at = self->clock().now() + std::chrono::milliseconds{l.lease_ms};  // progress renews
   maybe_admit(self, lease_id);
+}
+
+void answer_commits(lease& l, const std::string& why) {
+  for (auto& p : l.commits) {
+    if (!p.pending()) continue;
+    if (why.empty())
+      p.deliver(true);
+    else
+      p.deliver(make_error(errc::transfer_failed, why));
+  }
+  l.commits.clear();
+}
+
+caf::result<bool> on_commit(decode_pointer self, uint64_t lease_id, uint64_t request_id) {
+  auto& s = self->state;
+  const auto stage = where(request_id, s.cfg.name, "kv_commit") + ": lease " + std::to_string(lease_id) + " ";
+  auto i = s.leases.find(lease_id);
+  if (i == s.leases.end() || i->second.request_id != request_id) {
+    if (auto c = s.corrupted.find(lease_id); c != s.corrupted.end()) return make_error(errc::transfer_failed, c->second);
+    return make_error(errc::lease_expired, stage + "is gone (expired or released before its layers were checked)");
+  }
+  auto& l = i->second;
+  if (l.num_landed == l.landed.size()) return true;
+  // Layers still being checked on the worker (or their signals still on the way): answered by
+  // mark_landed or drop_corrupt_lease, or by free_lease when the lease ends first.
+  auto p = self->make_response_promise<bool>();
+  l.commits.push_back(p);
+  return p;
 }
 
 kv_lease_grant grant_lease(decode_pointer self, const kv_lease_reserve& req, std::vector<uint32_t> pages,

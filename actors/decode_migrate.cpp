@@ -5,15 +5,16 @@
 // Per sequence, between steps: out of the batch; a rank from the decode balancer (this one is
 // drained there, so never itself); a lease there (the same reserve a request makes); one put per
 // layer from this pool into that lease's pages, each announced with kv_layer_ready and its
-// checksum, as a prefill rank does; once every layer landed, the request's decode_order is
-// answered "migrated" with the new rank and lease, and the request sends that rank the order
-// that continues the sequence (request.cpp). Sampling depends only on (seed, position) and the
+// checksum, as a prefill rank does; once every layer landed and the target said each passed its
+// check (kv_commit_atom), the request's decode_order is answered "migrated" with the new rank
+// and lease, and the request sends that rank the order that continues the sequence (request.cpp). Sampling depends only on (seed, position) and the
 // executor is batch-invariant, so the tokens are the ones the sequence would have had here.
 // Any failure puts the sequence back into the batch: it finishes here.
 
 #include <caf/typed_event_based_actor.hpp>
 
 #include <algorithm>
+#include <cstdio>
 
 #include "actors/decode_rank_state.hpp"
 
@@ -34,8 +35,9 @@ void schedule_poll(decode_pointer self) {
   auto& st = self->state;
   // Only while some move has puts in flight: one still waiting for a place or a lease (seconds)
   // has nothing to poll, and its answer schedules the poll when its puts go.
-  if (st.migrate_poll_scheduled ||
-      std::none_of(st.migrations.begin(), st.migrations.end(), [](const auto& m) { return !m.second.xfers.empty(); }))
+  if (st.migrate_poll_scheduled || std::none_of(st.migrations.begin(), st.migrations.end(), [](const auto& m) {
+        return !m.second.xfers.empty() && !m.second.committing;
+      }))
     return;
   st.migrate_poll_scheduled = true;
   self->delayed_send(self, std::chrono::microseconds{200}, migrate_poll_atom::value);
@@ -59,6 +61,8 @@ void abandon(decode_pointer self, uint64_t lease_id, const std::string& why) {
   st.last_migrate_error = where(rid, st.cfg.name, "migrate") +
                           (m->second.target_name.empty() ? "" : ": to " + m->second.target_name) + ": " + why;
   ++st.migrate_failed;
+  // Moves are rare (a drain), and each failure leaves a rank busy longer than its operator asked.
+  std::fprintf(stderr, "baton: %s (the sequence finishes here)\n", st.last_migrate_error.c_str());
   const auto seq = m->second.seq;
   const bool released = m->second.released;
   st.migrations.erase(m);
@@ -72,7 +76,8 @@ void abandon(decode_pointer self, uint64_t lease_id, const std::string& why) {
   maybe_step(self);
 }
 
-/// Every layer landed: the request learns where its sequence went; this lease is freed.
+/// Every layer landed and passed its check there: the request learns where its sequence went;
+/// this lease is freed.
 void complete(decode_pointer self, uint64_t lease_id) {
   auto& st = self->state;
   auto m = st.migrations.find(lease_id);
@@ -96,6 +101,29 @@ void complete(decode_pointer self, uint64_t lease_id) {
   }
   st.migrations.erase(m);
   free_lease(self, lease_id);
+}
+
+/// Every put landed: the sequence stays here until the target says each layer passed its check
+/// (kv_commit_atom). Answered "migrated" on the puts alone, a layer corrupted on the way would
+/// have failed the request over to a recompute instead of leaving the sequence where it was.
+void commit(decode_pointer self, uint64_t lease_id) {
+  auto& st = self->state;
+  auto& m = st.migrations.at(lease_id);
+  m.committing = true;
+  const uint64_t rid = st.leases.count(lease_id) ? st.leases.at(lease_id).request_id : 0;
+  // The checks run on the target's worker at its memory's speed: far quicker than the puts.
+  const auto timeout = std::chrono::milliseconds{st.cfg.migrate_send_timeout_ms} + migrate_timeout;
+  self->request(m.target, timeout, kv_commit_atom::value, m.grant.lease_id, rid)
+      .then(
+          [=](bool) {
+            if (self->state.migrations.count(lease_id)) complete(self, lease_id);
+            report_load(self);
+          },
+          [=](caf::error& e) {
+            if (!self->state.migrations.count(lease_id)) return;
+            abandon(self, lease_id, "the target's check: " + self->system().render(e));
+            report_load(self);
+          });
 }
 
 /// Placed and reserved: one put per layer of the pages holding positions [0, pos).
@@ -230,7 +258,7 @@ void poll_migrations(decode_pointer self) {
     }
   }
   for (size_t i = 0; i < failed.size(); ++i) abandon(self, failed[i], why[i]);
-  for (auto id : done) complete(self, id);
+  for (auto id : done) commit(self, id);
   schedule_poll(self);
   if (!done.empty() || !failed.empty()) report_load(self);
 }

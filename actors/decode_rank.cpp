@@ -123,6 +123,9 @@ void free_lease(decode_pointer self, uint64_t lease_id, bool writer_may_write, b
   }
   st.stay.erase(std::remove(st.stay.begin(), st.stay.end(), lease_id), st.stay.end());
   auto& l = i->second;
+  if (!l.commits.empty())
+    answer_commits(l, where(l.request_id, st.cfg.name, "kv_commit") + ": the lease ended (expired or released) with " +
+                          std::to_string(l.num_landed) + " of " + std::to_string(l.landed.size()) + " layers in");
   // A remote writer still at the lease would put into pages that the pool hands to the next
   // request: they wait for it. (A decoding lease's writers are done; a local one is ours.) A
   // writer that abandoned a put at its send timeout cannot say when it lands: only time can.
@@ -701,6 +704,9 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
         q->second.writers.note(num_writers);
         if (q->second.writers.all_done()) end_quarantine(self, lease_id);
       },
+      [=](kv_commit_atom, uint64_t lease_id, uint64_t request_id) -> caf::result<bool> {
+        return on_commit(self, lease_id, request_id);
+      },
       [=](const kv_layer_ready& ev) {
         on_layer_ready(self, ev);
       },
@@ -759,6 +765,7 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
                      static_cast<uint32_t>(s.writes.size())};
         r.migrated_out = s.migrated_out;
         r.migrate_failed = s.migrate_failed;
+        r.last_migrate_error = s.last_migrate_error;
         r.recent_step_us = s.recent_step_us;
         r.active = !s.cfg.standby;
         return r;

@@ -86,6 +86,9 @@ struct lease {
   int64_t queue_us = 0;                   ///< order arrival -> joined the batch
   decode_order order;
   caf::typed_response_promise<decode_summary> promise;
+  /// A moving sequence's source asking whether every layer is in and checked (kv_commit_atom):
+  /// answered when the last one is, or with the reason the lease was dropped.
+  std::vector<caf::typed_response_promise<bool>> commits;
   std::vector<int32_t> fed;  ///< tokens fed to steps so far (their KV follows the prompt's)
   /// Constrained decoding: the order's grammar after every token of the answer so far (the next
   /// input included); advanced as each step's pick comes back, read by the executor in between.
@@ -155,6 +158,7 @@ struct migration {
   std::vector<uint64_t> xfers;   ///< per layer; 0 once landed
   caf::actor_clock::time_point posted_at;  ///< when the puts went out (migrate_send_timeout_ms counts from it)
   uint32_t landed = 0;
+  bool committing = false;       ///< every put landed: waiting for the target's checks (kv_commit_atom)
   bool released = false;         ///< the request let go meanwhile: release the target lease at the end
 };
 
@@ -276,6 +280,11 @@ uint32_t pages_to_reserve(const decode_state& st, const kv_lease_reserve& req);
 /// A layer landed (kv_layer_ready): checked, expanded when in wire form, and the sequence
 /// admitted once all layers are in.
 void on_layer_ready(decode_pointer self, const kv_layer_ready& ev);
+/// A moving sequence's source asks whether every layer of lease `lease_id` landed and passed its
+/// check: true now or once they have, or an error naming why the lease is gone.
+caf::result<bool> on_commit(decode_pointer self, uint64_t lease_id, uint64_t request_id);
+/// Answers the lease's pending commit questions: `why` empty for yes.
+void answer_commits(lease& l, const std::string& why);
 
 /// Gives a freed lease's pages back to the pool, or holds them while a check on the worker may
 /// still write them (decode_rank.cpp).

@@ -64,6 +64,18 @@ std::string local_cluster_config::validate() const {
     return "store staging_bytes (" + std::to_string(store.staging_bytes) + ") is smaller than one block of this model (" +
            std::to_string(store_block_bytes(*this)) + " bytes: " + std::to_string(store.block_tokens) +
            " tokens of every layer's KV): no block could be written or read; leave it 0 to size it for the model";
+  if (store.enabled && store.capacity_gib > 0) {
+    if (store.num_servers == 0)
+      return "store capacity_gib (--store-capacity-gib) budgets the store dir of this process's block servers, and it "
+             "has none (--store-dir): store nodes take their own (baton node --role store --store-capacity-gib)";
+    const uint64_t file = store::block_disk_bytes(store::block_header::fixed_header_bytes + store_block_bytes(*this));
+    const uint64_t share = store::capacity_bytes_of(store.capacity_gib) / store.num_servers;
+    if (share < file)
+      return "store capacity_gib (--store-capacity-gib) leaves each of the " + std::to_string(store.num_servers) +
+             " block servers under the store dir " + std::to_string(share) +
+             " bytes, less than one block file of this model (" + std::to_string(file) + " bytes on disk: " +
+             std::to_string(store.block_tokens) + " tokens of every layer's KV and a 4 KiB header)";
+  }
   // Prefill and decode ranks may also join from other processes (`baton node`), so 0
   // in-process is valid.
   if (elastic_prefill_at_start > num_elastic_ranks)
@@ -176,6 +188,8 @@ local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_co
       const std::string name = "store-" + std::to_string(i);
       block_server_config bc{i, name, cfg.store.dir + "/server-" + std::to_string(i), access.identity, staging_bytes};
       bc.retention = cfg.store.retention;
+      // The directory's budget, split evenly: the ring gives each server about the same share of keys.
+      bc.capacity_bytes = store::capacity_bytes_of(cfg.store.capacity_gib) / cfg.store.num_servers;
       auto server = make_block_server ? make_block_server(sys, std::move(bc), make_transport(name), out.store_index)
                                       : spawn_block_server(sys, std::move(bc), make_transport(name), out.store_index);
       out.store_servers.push_back({name, server});
@@ -189,6 +203,7 @@ local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_co
         store_adoption a{static_cast<uint32_t>(access.servers.size()), out.store_index, id.model_id, id.num_layers,
                          id.kv_dim, id.block_tokens, id.page_tokens, id.dtype, staging_bytes,
                          cfg.store.retention.chat_ttl_s, cfg.store.retention.agent_ttl_s, cfg.store.retention.batch_ttl_s};
+        a.block_bytes = store_block_bytes(cfg);
         self->request(cfg.remote_store_hosts[i], std::chrono::milliseconds{cfg.adopt_timeout_ms}, adopt_atom::value, a)
             .receive(
                 [&](block_server_actor& server) {

@@ -250,13 +250,14 @@ struct rank_stats {
   bool active = true;         ///< false: on standby (an elastic rank serving in its other role)
   uint64_t migrated_out = 0;     ///< decode: running sequences moved, with their KV, to other ranks
   uint64_t migrate_failed = 0;   ///< decode: moves that failed (the sequence went on here)
+  std::string last_migrate_error{};  ///< decode: why the last failed move failed (request, peer, stage)
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, rank_stats& x) {
   return f(caf::meta::type_name("rank_stats"), x.name, x.num_free_pages, x.num_total_pages, x.num_running,
            x.num_waiting, x.num_steps, x.blocks_written_back, x.write_backs_dropped, x.offloaded, x.resumed,
            x.num_writes_in_flight, wire::f64{&x.predicted_us}, wire::f64{&x.recent_step_us}, x.active, x.migrated_out,
-           x.migrate_failed);
+           x.migrate_failed, x.last_migrate_error);
 }
 
 // --- actor interfaces ---------------------------------------------------------------------------
@@ -373,6 +374,7 @@ using decode_rank_actor = caf::typed_actor<
     caf::reacts_to<release_atom, uint64_t, bool>,
     caf::reacts_to<writer_done_atom, uint64_t, uint32_t>,       // lease id, writers of the lease (split parts)
     caf::reacts_to<kv_layer_ready>,
+    caf::replies_to<kv_commit_atom, uint64_t, uint64_t>::with<bool>,  // lease, request: all its layers landed and checked
     caf::reacts_to<keepalive_atom, uint64_t, uint64_t>,         // request, lease: still queued at prefill
     caf::replies_to<decode_order>::with<decode_summary>,
     caf::replies_to<stats_atom>::with<rank_stats>,

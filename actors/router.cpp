@@ -227,6 +227,8 @@ caf::result<cluster_stats> collect_stats(router_pointer self) {
     t.blocks += x.blocks, t.checks += x.checks, t.hit_blocks += x.hit_blocks, t.evicted += x.evicted;
     t.expired += x.expired, t.blocks_written += x.blocks_written, t.blocks_read += x.blocks_read;
     t.read_failures += x.read_failures, t.bytes_read += x.bytes_read, t.bytes_written += x.bytes_written;
+    t.write_failures += x.write_failures, t.write_no_space += x.write_no_space;
+    t.disk_bytes += x.disk_bytes, t.disk_evicted += x.disk_evicted;
   };
   self->request(s.prefill, timeout, stats_atom::value)
       .then([=](std::vector<rank_load>& l) mutable { out->prefill = std::move(l), done(); },

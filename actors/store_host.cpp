@@ -6,6 +6,7 @@
 #include <caf/typed_event_based_actor.hpp>
 
 #include "actors/block_server.hpp"
+#include "store/block_file.hpp"
 #include "transport/transport.hpp"
 
 namespace baton {
@@ -34,6 +35,11 @@ store_host_actor::behavior_type store_host_impl(pointer self, store_host_config 
         if (a.index.empty() || a.num_layers == 0 || a.kv_dim == 0 || a.block_tokens == 0 || a.page_tokens == 0)
           return make_error(errc::bad_request, "store node " + st.cfg.name +
                                                    ", stage adopt: the adoption lacks an index or a KV layout");
+        if (const uint64_t file = store::block_disk_bytes(store::block_header::fixed_header_bytes + a.block_bytes);
+            st.cfg.capacity_bytes && a.block_bytes && file > st.cfg.capacity_bytes)
+          return make_error(errc::bad_request, "store node " + st.cfg.name + ", stage adopt: --store-capacity-gib allows " +
+                                                   std::to_string(st.cfg.capacity_bytes) + " bytes, less than one block file of " +
+                                                   "the head's model (" + std::to_string(file) + " bytes on disk)");
         std::string why;
         auto xport = st.make_transport(st.cfg.name, &why);
         if (!xport)
@@ -49,6 +55,7 @@ store_host_actor::behavior_type store_host_impl(pointer self, store_host_config 
         bc.retention.agent_ttl_s = a.agent_ttl_s;
         bc.retention.batch_ttl_s = a.batch_ttl_s;
         bc.fault_layer_delay_ms = st.cfg.fault_layer_delay_ms;
+        bc.capacity_bytes = st.cfg.capacity_bytes;
         *st.server = spawn_block_server(self->system(), std::move(bc), std::move(xport), std::move(a.index));
         return *st.server;
       },

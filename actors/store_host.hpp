@@ -20,6 +20,9 @@ struct store_host_config {
   std::string dir;             ///< server i keeps its files in <dir>/server-<i>
   /// Fault injection for tests (a slow disk): each layer of a read waits this long first. 0 = off.
   uint32_t fault_layer_delay_ms = 0;
+  /// The node's disk budget (`--store-capacity-gib`), its server's block_server_config::capacity_bytes.
+  /// An adoption whose blocks cannot fit it even once is refused. 0 = unbounded.
+  uint64_t capacity_bytes = 0;
 };
 
 /// Makes the transport of the adopted block server (UCX in a store node).

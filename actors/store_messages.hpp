@@ -169,12 +169,15 @@ struct store_stats {
   uint64_t slots_reclaimed = 0;  ///< server: write slots given back unused (a failed put, a silent writer)
   uint64_t blocks_recovered = 0; ///< server: blocks of this model found on disk at start, committed again
   uint64_t files_removed = 0;    ///< server: unreadable block files and stale temporary files deleted at start
+  uint64_t disk_bytes = 0;       ///< server: what its block files take (store::block_disk_bytes each), now
+  uint64_t disk_evicted = 0;     ///< server: block files it deleted to stay within its capacity_bytes
+  uint64_t write_no_space = 0;   ///< server: of write_failures, those the disk refused for room (ENOSPC, EDQUOT)
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, store_stats& x) {
   return f(caf::meta::type_name("store_stats"), x.blocks, x.checks, x.hit_blocks, x.evicted, x.expired,
            x.blocks_written, x.blocks_read, x.read_failures, x.bytes_read, x.bytes_written, x.write_failures,
-           x.slots_reclaimed, x.blocks_recovered, x.files_removed);
+           x.slots_reclaimed, x.blocks_recovered, x.files_removed, x.disk_bytes, x.disk_evicted, x.write_no_space);
 }
 
 using block_server_actor = caf::typed_actor<
@@ -192,6 +195,8 @@ using block_index_actor = caf::typed_actor<
     // request id, keys -> the same keys, each with the servers holding it (none: absent)
     caf::replies_to<check_atom, uint64_t, std::vector<block_ref>>::with<std::vector<block_ref>>,
     caf::reacts_to<commit_atom, block_commit>,
+    // server id, key hi, lo, write_seq: that server deleted its copy to stay within its disk's capacity
+    caf::reacts_to<delete_atom, uint32_t, uint64_t, uint64_t, uint64_t>,
     caf::reacts_to<timer_atom, uint64_t>,                       // housekeeping tick (internal)
     caf::reacts_to<std::vector<block_server_actor>>,            // the block servers (index = server id)
     caf::replies_to<stats_atom>::with<store_stats>>;
@@ -228,12 +233,15 @@ struct store_adoption {
   std::string dtype;
   uint64_t staging_bytes = 0;
   double chat_ttl_s = 7 * 86400.0, agent_ttl_s = 3 * 86400.0, batch_ttl_s = 0.0;  ///< the index's retention (keep_chains_alive)
+  /// One block's KV bytes (every layer, no header): the node refuses a capacity that cannot hold
+  /// one block file. 0: not checked.
+  uint64_t block_bytes = 0;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, store_adoption& x) {
   return f(caf::meta::type_name("store_adoption"), x.server_id, x.index, x.model_id, x.num_layers, x.kv_dim,
            x.block_tokens, x.page_tokens, x.dtype, x.staging_bytes, wire::f64{&x.chat_ttl_s},
-           wire::f64{&x.agent_ttl_s}, wire::f64{&x.batch_ttl_s});
+           wire::f64{&x.agent_ttl_s}, wire::f64{&x.batch_ttl_s}, x.block_bytes);
 }
 
 /// A store node's front: the head adopts its block server, which then lives in the store

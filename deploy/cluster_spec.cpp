@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
 #include <filesystem>
 #include <set>
 #include <sstream>
@@ -10,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gpu/text_file.hpp"
+#include "store/block_file.hpp"
 
 namespace baton::deploy {
 
@@ -61,6 +63,15 @@ class fields {
     if (!it->is_number_unsigned() || it->get<uint64_t>() < lo || it->get<uint64_t>() > hi)
       return fail(key, "must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]", why);
     *dst = static_cast<T>(it->get<uint64_t>());
+    return true;
+  }
+  /// A number, integer or not (absent: unchanged); the caller checks its range.
+  bool real(const char* key, double* dst, std::string* why) {
+    seen_.insert(key);
+    auto it = j_.find(key);
+    if (it == j_.end()) return true;
+    if (!it->is_number()) return fail(key, "must be a number", why);
+    *dst = it->get<double>();
     return true;
   }
   /// An object of string values: environment variables.
@@ -309,6 +320,14 @@ bool validate(const cluster_spec& s, std::string* why) {
     *why = "a node has the store role but store.dir is not set";
     return false;
   }
+  if (auto e = store::capacity_gib_error(s.store_capacity_gib, "spec.store.capacity_gib"); !e.empty()) {
+    *why = e;
+    return false;
+  }
+  if (s.store_capacity_gib > 0 && s.store_dir.empty()) {
+    *why = "spec.store.capacity_gib budgets the store's directories, but store.dir is not set";
+    return false;
+  }
   if (!plain_name(s.name)) {
     *why = "name must be 1-40 characters of a-z, 0-9 and '-', got '" + s.name + "'";
     return false;
@@ -375,7 +394,8 @@ bool parse_cluster_spec(const std::string& json_text, const std::string& base_di
       !fe.num("kv_pages", &out->kv_pages, 1, 1u << 24, why) || !fe.num("page_tokens", &out->page_tokens, 1, 4096, why) ||
       !fe.no_others(why) || !fs.str("dir", &out->store_dir, why) || !fs.num("servers", &out->store_servers, 1, 64, why) ||
       !fs.num("block_tokens", &out->block_tokens, 1, 1u << 20, why) ||
-      !fs.num("rank_cache_blocks", &out->rank_cache_blocks, 0, 1u << 24, why) || !fs.no_others(why) ||
+      !fs.num("rank_cache_blocks", &out->rank_cache_blocks, 0, 1u << 24, why) ||
+      !fs.real("capacity_gib", &out->store_capacity_gib, why) || !fs.no_others(why) ||
       !fh.str("user", &out->ssh_user, why) || !fh.strs("options", &out->ssh_options, why) || !fh.no_others(why))
     return false;
   if (!out->ssh_user.empty() && !ssh_word(out->ssh_user, "@")) {  // "user@host" is one word
@@ -464,6 +484,14 @@ std::vector<node_launch> plan_launch(const cluster_spec& s, const std::string& b
     for (const auto& k : s.api_keys) keys += (keys.empty() ? "" : ",") + k;
     key_env["BATON_API_KEYS"] = keys;
   }
+  // Each store directory's budget, on every process that has one (only when set: the
+  // generated scripts of specs without it stay as they were).
+  std::vector<std::string> capacity;
+  if (s.store_capacity_gib > 0) {
+    char gib[32];
+    std::snprintf(gib, sizeof gib, "%.15g", s.store_capacity_gib);
+    capacity = {"--store-capacity-gib", gib};
+  }
   // Store nodes first: the head connects to them as it starts.
   std::vector<std::string> store_nodes;
   for (const auto& n : s.nodes)
@@ -471,6 +499,7 @@ std::vector<node_launch> plan_launch(const cluster_spec& s, const std::string& b
       node_launch st{n.name, n.host, "store", {binary, "node", "--role", "store", "--name", n.name, "--listen",
                                                listen(n, n.store_port), "--store-dir", s.store_dir},
                      {}};
+      st.argv.insert(st.argv.end(), capacity.begin(), capacity.end());
       out.push_back(std::move(st));
       store_nodes.push_back((addr.host_of ? addr.host_of(n) : n.host) + ":" + std::to_string(n.store_port));
     }
@@ -492,8 +521,10 @@ std::vector<node_launch> plan_launch(const cluster_spec& s, const std::string& b
     const auto e = expert_flags(true);
     head.argv.insert(head.argv.end(), e.begin(), e.end());
   }
-  if (h.has("store"))
+  if (h.has("store")) {
     head.argv.insert(head.argv.end(), {"--store-dir", s.store_dir, "--store-servers", std::to_string(s.store_servers)});
+    head.argv.insert(head.argv.end(), capacity.begin(), capacity.end());
+  }
   for (const auto& a : store_nodes) head.argv.insert(head.argv.end(), {"--store-node", a});
   if (!s.store_dir.empty()) head.argv.insert(head.argv.end(), {"--block-tokens", std::to_string(s.block_tokens)});
   std::vector<std::string> rank_cache;  // prefill ranks, wherever they run

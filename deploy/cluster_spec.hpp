@@ -46,6 +46,7 @@ struct cluster_spec {
   std::string store_dir;          ///< empty: no block store
   int64_t rank_cache_blocks = -1; ///< prefill ranks' local prefix tier, in blocks (-1: their default)
   uint32_t store_servers = 1, block_tokens = 64;
+  double store_capacity_gib = 0;  ///< store.capacity_gib: each store directory's disk budget (--store-capacity-gib); 0 = unbounded
   std::string ssh_user;
   std::vector<std::string> ssh_options;
   /// Environment of every node process (e.g. UCX_TLS, UCX_NET_DEVICES, CUDA_VISIBLE_DEVICES).

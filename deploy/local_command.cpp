@@ -265,6 +265,9 @@ int run_local(const std::vector<std::string>& args) {
             "HOST:PORT of a store node (`baton node --role store`) whose block server joins the store (repeatable)");
   flags.add("--store-node-wait-s", &opt.store_node_wait_s, "keep trying to reach the store nodes this long");
   flags.add("--store-replicas", &opt.cluster.store.replicas, "copies of each block (1 or 2)");
+  flags.add("--store-capacity-gib", &opt.cluster.store.capacity_gib,
+            "disk budget of --store-dir in GiB, split evenly over its block servers: each deletes its least recently "
+            "used blocks to make room (0 = unbounded; store nodes take their own)");
   flags.add("--prefix-cache-blocks", &opt.cluster.prefill.prefix_cache_blocks,
             "prefill ranks: full prompt blocks kept in the rank's KV pages for later prompts (0 = only the block store)");
   flags.add("--block-tokens", &opt.cluster.store.block_tokens, "tokens per store block");
@@ -332,6 +335,15 @@ int run_local(const std::vector<std::string>& args) {
   flags.add("--default-max-tokens", &opt.cluster.router.default_max_tokens,
             "max_tokens of a request that gives none (OpenAI chat): what the context leaves, at most this; 0 = no cap");
   if (auto rc = flags.parse_command_line(args, "local", "baton local [flags]")) return *rc;
+  if (auto e = store::capacity_gib_error(opt.cluster.store.capacity_gib, "--store-capacity-gib"); !e.empty()) {
+    std::fprintf(stderr, "baton local: %s\n", e.c_str());
+    return 2;
+  }
+  if (opt.cluster.store.capacity_gib > 0 && opt.cluster.store.dir.empty()) {
+    std::fprintf(stderr, "baton local: --store-capacity-gib budgets the block files under --store-dir, and none is given "
+                         "(a store node takes its own: baton node --role store --store-capacity-gib)\n");
+    return 2;
+  }
   if (opt.max_tokens > static_cast<uint32_t>(INT32_MAX)) {  // a request's max_tokens is an int32: 4294967295 became -1
     std::fprintf(stderr, "baton local: --max-tokens must be at most 2147483647, got %u\n", opt.max_tokens);
     return 2;

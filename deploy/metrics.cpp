@@ -147,6 +147,15 @@ std::string gateway_metrics::render(const cluster_stats* cluster) const {
                  static_cast<double>(c.store.bytes_written));
   render_counter(out, "baton_store_bytes_read_total", "bytes the block servers read", static_cast<double>(c.store.bytes_read));
   render_counter(out, "baton_store_evicted_blocks_total", "blocks evicted for capacity", static_cast<double>(c.store.evicted));
+  render_counter(out, "baton_store_disk_bytes", "bytes the block servers' files take on disk (4 KiB units)",
+                 static_cast<double>(c.store.disk_bytes), "gauge");
+  render_counter(out, "baton_store_disk_evicted_blocks_total",
+                 "block files the servers deleted to stay within their --store-capacity-gib",
+                 static_cast<double>(c.store.disk_evicted));
+  render_counter(out, "baton_store_write_failures_total", "blocks the servers did not write (dropped: a future miss)",
+                 static_cast<double>(c.store.write_failures));
+  render_counter(out, "baton_store_write_no_space_total", "of those, writes the disk refused for room (ENOSPC, EDQUOT)",
+                 static_cast<double>(c.store.write_no_space));
   return out;
 }
 

@@ -72,6 +72,7 @@ int run_store_node(const node_options& o) {
   store_cfg.name = o.name;
   store_cfg.dir = o.store_dir;
   store_cfg.fault_layer_delay_ms = o.fault_layer_delay_ms;
+  store_cfg.capacity_bytes = store::capacity_bytes_of(o.store_capacity_gib);
   auto store = spawn_store_host(sys, std::move(store_cfg), [](const std::string& name, std::string* why) {
     return std::shared_ptr<transport::transport>{transport::make_ucx_transport({name}, why)};
   });
@@ -82,8 +83,10 @@ int run_store_node(const node_options& o) {
     caf::anon_send_exit(store, caf::exit_reason::user_shutdown);
     return 1;
   }
-  std::printf("baton node %s: store node on %s:%u, blocks under %s; waiting for the head to adopt it\n", o.name.c_str(),
-              host.c_str(), static_cast<unsigned>(*bound), o.store_dir.c_str());
+  const uint64_t capacity = store::capacity_bytes_of(o.store_capacity_gib);
+  const std::string budget = capacity ? "at most " + std::to_string(capacity) + " bytes" : "no capacity limit";
+  std::printf("baton node %s: store node on %s:%u, blocks under %s (%s); waiting for the head to adopt it\n",
+              o.name.c_str(), host.c_str(), static_cast<unsigned>(*bound), o.store_dir.c_str(), budget.c_str());
   std::fflush(stdout);
   while (!stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds{100});
   caf::anon_send_exit(store, caf::exit_reason::user_shutdown);

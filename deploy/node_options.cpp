@@ -37,6 +37,9 @@ void add_node_flags(flag_set& flags, node_options* o, bool* cuda_fp32) {
   flags.add("--connect", &o->connect, "decode, prefill: host:port of the head's node directory");
   flags.add("--listen", &o->listen, "store: host:port where the head connects to adopt this node's block server");
   flags.add("--store-dir", &o->store_dir, "store: the directory of the block files (server-<id> below it)");
+  flags.add("--store-capacity-gib", &o->store_capacity_gib,
+            "store: disk budget of the block files in GiB; the least recently used are deleted to make room (0 = "
+            "unbounded)");
   flags.add("--fault-layer-delay-ms", &o->fault_layer_delay_ms,
             "store, fault injection for tests: each layer of a read waits this long, a slow disk (env "
             "BATON_FAULT_LAYER_DELAY_MS)");
@@ -113,8 +116,9 @@ std::string node_options::validate() {
   if (role == "store") {
     if (standby) return "--standby is for decode, prefill and elastic nodes (a spare), not store nodes";
     if (listen.empty() || store_dir.empty()) return "--role store needs --listen HOST:PORT and --store-dir DIR";
-    return {};
+    return store::capacity_gib_error(store_capacity_gib, "--store-capacity-gib");
   }
+  if (store_capacity_gib != 0) return "--store-capacity-gib budgets a store node's disk: it needs --role store";
   if (std::string why; !parse_host_port(connect, "--connect", &head_host, &head_port, &why) || head_port == 0)
     return why.empty() ? "--connect needs a non-zero port" : why;
   if (num_ranks == 0) return "--ranks must be >= 1";

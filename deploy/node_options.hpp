@@ -23,6 +23,7 @@ struct node_options {
   std::string connect;          ///< rank nodes: the head's node directory, HOST:PORT
   std::string listen;           ///< store: where the head connects to adopt this node's block server
   std::string store_dir;        ///< store: the block files' directory
+  double store_capacity_gib = 0;  ///< store: the directory's disk budget (store_host_config::capacity_bytes); 0 = unbounded
   uint32_t num_ranks = 1;
   uint32_t prefill_at_start = 0;  ///< elastic: ranks that start as prefill
   decode_rank_config rank;

@@ -21,6 +21,9 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -29,6 +32,19 @@
 #include "gpu/tool_call_format.hpp"
 
 namespace baton::deploy::openai {
+
+/// How a Qwen3-Coder XML call's parameter value, raw text, becomes JSON: by the type its tool's
+/// schema gives the parameter, as vLLM's qwen3_coder parser reads it (openai_tool_calls_xml.cpp).
+enum class parameter_kind : uint8_t {
+  text,     ///< a string type, no type, or a parameter the schema lacks: the text as a string
+  integer,  ///< int*, uint*, long*, short*, unsigned*: an integer if it reads as one
+  number,   ///< num*, float*: a number if it reads as one (an integral one as an integer)
+  boolean,  ///< boolean, bool, binary: true or false if it reads as one
+  json,     ///< object, array, any other type: the text's JSON if it reads as JSON
+};
+/// The request's tools' parameters: function name -> parameter name -> how its value is read.
+/// The first tool of a name counts (vLLM's).
+using tool_parameter_kinds = std::map<std::string, std::map<std::string, parameter_kind, std::less<>>, std::less<>>;
 
 struct call {
   bool chat = false;           ///< /v1/chat/completions
@@ -66,6 +82,10 @@ struct call {
   /// The request gave tools (req.tools_json): how the model writes its calls
   /// (cluster_stats::chat_tool_calls), set by the gateway. Answers' calls go to `tool_calls`.
   gpu::tool_call_format tool_calls = gpu::tool_call_format::none;
+  /// The request's tools' parameter types (parse_body; null without tools): Qwen3-Coder's XML
+  /// calls write each value as text, typed by these. Built once per request and shared, read-only,
+  /// by its choices' readers (which may outlive a copy of the call).
+  std::shared_ptr<const tool_parameter_kinds> tool_parameters;
   /// A forced tool_choice, answered as JSON under a grammar (req.output_format 2): the answer is the
   /// arguments of a call of this function ({type: "function", function: {name}}) ...
   std::string forced_tool;
@@ -153,7 +173,9 @@ reasoning_splitter::parts split_reasoning(const std::string& text, bool opened =
 /// (gpu/tool_call_format.hpp); the content is what comes before the first call, then any text
 /// between and after them. All or nothing: an answer whose calls do not all read as JSON with a
 /// name is content, whole (nothing is lost). A Llama call counts only where the answer starts.
-answer_parts read_tool_calls(const std::string& content, gpu::tool_call_format format);
+/// `parameters` (may be null): the request's tools, which type a Qwen3-Coder XML call's values.
+answer_parts read_tool_calls(const std::string& content, gpu::tool_call_format format,
+                             const tool_parameter_kinds* parameters = nullptr);
 
 /// How far a JSON object or array has been read, so that reading it as it streams costs each
 /// byte once: scan_json goes on from `at`.
@@ -174,7 +196,9 @@ bool scan_json(std::string_view s, json_scan& scan);
 /// that way (arguments before the name, or written as a string; text between calls) waits for
 /// the end, where the whole answer is read (read_tool_calls) and completes the calls. A Llama
 /// answer is held while it may still start with a call ({ or <|python_tag|> after whitespace),
-/// then streams as content, or as calls.
+/// then streams as content, or as calls. A Qwen3-Coder XML call is named at its <function=NAME>
+/// and its arguments go out in one piece at its </function>: a value is typed only once it ends
+/// (an integer's "3" is 3, but "3 days" is text), and a piece sent cannot be taken back.
 ///
 /// A stream cannot take back what it sent: when the end does not read as the calls that went out
 /// (the model broke its JSON; a cut answer's arguments just stop), the calls sent stand, and the
@@ -182,23 +206,35 @@ bool scan_json(std::string_view s, json_scan& scan);
 /// `last`), an answer is all calls or all content, as read_tool_calls reads it.
 class tool_call_splitter {
 public:
-  explicit tool_call_splitter(gpu::tool_call_format format) : format_(format) {}
+  /// `parameters` (may be null): the request's tools (call::tool_parameters), for Qwen3-Coder's
+  /// XML calls.
+  explicit tool_call_splitter(gpu::tool_call_format format,
+                              std::shared_ptr<const tool_parameter_kinds> parameters = nullptr)
+    : format_(format), parameters_(std::move(parameters)) {}
   /// A forced tool_choice's answer (read_forced_calls): JSON from its first byte, the arguments
   /// of `tool`, or (`tool` empty) a list of calls.
   static tool_call_splitter forced(std::string tool);
   answer_parts feed(const std::string& content, bool last);
 
 private:
-  /// A call whose first piece has gone out: its arguments are held_[args_begin, args_sent) so far.
+  /// A call whose first piece has gone out: its arguments are held_[args_begin, args_sent) so far,
+  /// or `built`: a Qwen3-XML call's arguments are JSON made from its parameters, not its text.
   struct sent_call {
     std::string name;
     size_t args_begin = 0, args_sent = 0;
     std::vector<std::string> ends;  ///< markers that end the call (kept as streamable_prefix takes them)
+    std::string built;
   };
   void stream_calls(answer_parts* out);
+  /// The last Qwen3-XML call's arguments, whole, once its </function> is read: false until then
+  /// (or for good, stopped_, where they do not read).
+  bool stream_xml_arguments(answer_parts* out);
   answer_parts read_held() const;
+  /// The arguments of `call` that have gone out.
+  std::string_view sent_arguments(const sent_call& call) const;
 
   gpu::tool_call_format format_;
+  std::shared_ptr<const tool_parameter_kinds> parameters_;
   bool forced_ = false;
   std::string forced_tool_;
   bool calling_ = false;  ///< a call's marker seen: what follows is calls until the end says otherwise
@@ -229,7 +265,8 @@ public:
       one_call_(c.one_tool_call),
       prompt_thinking_(prompt_thinking == 1),
       thinking_(prompt_thinking == 1),
-      calls_(forced_ ? tool_call_splitter::forced(c.forced_tool) : tool_call_splitter{c.tool_calls}) {}
+      calls_(forced_ ? tool_call_splitter::forced(c.forced_tool)
+                     : tool_call_splitter{c.tool_calls, c.tool_parameters}) {}
   /// Whether it tells anything apart (else a chunk's text is shown as it is).
   bool active() const { return reasoning_ || tools_ || forced_; }
   answer_parts feed(const std::string& text, bool last);

@@ -4,6 +4,7 @@
 #include "deploy/openai.hpp"
 #include "gpu/text_file.hpp"
 #include "deploy/openai_fields.hpp"
+#include "deploy/openai_tool_calls_xml.hpp"
 #include "gpu/json_schema_grammar.hpp"
 
 #include <algorithm>
@@ -310,7 +311,11 @@ bool parse_tools(const json& j, const ordered_json& body, call* out, api_error* 
     }
     if (!req->output_spec.empty()) req->output_format = static_cast<uint8_t>(gpu::output_format::schema);
   }
-  if (!none) req->tools_json = body["tools"].dump();
+  if (!none) {
+    req->tools_json = body["tools"].dump();
+    // Once per request: every choice's answer reader types a Qwen3-Coder call's values by them.
+    out->tool_parameters = std::make_shared<const tool_parameter_kinds>(tool_parameter_kinds_of(*it));
+  }
   return true;
 }
 

@@ -1,7 +1,8 @@
 // Reading the tool calls in a chat answer, in each form a model's chat template asks for
 // (gpu/tool_call_format.hpp), whole or as the answer streams. Pure: the gateway's per-choice
 // state. Read whole, every form is all or nothing: an answer whose calls do not all read is
-// content, whole. Streamed, each call goes out as it is written (tool_call_splitter).
+// content, whole. Streamed, each call goes out as it is written (tool_call_splitter). Qwen3-Coder's
+// XML calls are read whole in openai_tool_calls_xml.cpp; their stream is here with the others'.
 
 #include <algorithm>
 #include <array>
@@ -13,6 +14,7 @@
 
 #include "actors/text_stream.hpp"
 #include "deploy/openai.hpp"
+#include "deploy/openai_tool_calls_xml.hpp"
 
 namespace baton::deploy::openai {
 
@@ -22,9 +24,9 @@ using nlohmann::ordered_json;
 namespace {
 
 constexpr auto npos = std::string_view::npos;
-// Hermes (Qwen2.5, Qwen3): <tool_call>{...}</tool_call> per call.
-constexpr std::string_view hermes_begin = "<tool_call>";
-constexpr std::string_view hermes_end = "</tool_call>";
+// Hermes (Qwen2.5, Qwen3): <tool_call>{...}</tool_call> per call (Qwen3-Coder's XML calls too).
+constexpr std::string_view hermes_begin = xml_call_begin;
+constexpr std::string_view hermes_end = xml_call_end;
 // Llama 3.1: the answer is the call's JSON, after <|python_tag|> when the model writes one.
 constexpr std::string_view python_tag = "<|python_tag|>";
 // Mistral: [TOOL_CALLS] then a JSON list (v0.3), or name[ARGS]{...} per call (newer tokenizers,
@@ -212,6 +214,8 @@ answer_parts whole(const std::string& content) {
   return out;
 }
 
+}  // namespace
+
 /// `before`, right-trimmed, then the text the calls left (between and after them) on a line of
 /// its own: nothing the model wrote is dropped.
 void join_content(std::string_view before, const std::string& rest, answer_parts* out) {
@@ -224,6 +228,8 @@ void join_content(std::string_view before, const std::string& rest, answer_parts
 void append_line(std::string* rest, const std::string& text) {
   if (!text.empty()) *rest += (rest->empty() ? "" : "\n") + text;
 }
+
+namespace {
 
 answer_parts read_hermes(const std::string& content) {
   const std::string_view s = content;
@@ -383,7 +389,8 @@ answer_parts read_sectioned(const std::string& content, tool_call_format f, cons
 /// The text that starts a call in a marked format (Llama's have none).
 std::string_view call_marker(tool_call_format f) {
   switch (f) {
-    case tool_call_format::hermes: return hermes_begin;
+    case tool_call_format::hermes:
+    case tool_call_format::qwen3_xml: return hermes_begin;
     case tool_call_format::mistral: return mistral_calls;
     case tool_call_format::deepseek: return deepseek_form.section_begin;
     case tool_call_format::kimi: return kimi_form.section_begin;
@@ -577,6 +584,28 @@ call_head sectioned_head(std::string_view s, size_t from, bool first, tool_call_
   return found(args, trimmed(s.substr(right, line - right)));
 }
 
+/// Qwen3-Coder's <tool_call><function=NAME>: named once its '>' is read. Its arguments (from just
+/// past the '>') are not JSON as written: stream_xml_arguments sends them whole at </function>.
+call_head xml_head(std::string_view s, size_t from, bool first) {
+  size_t at = hermes_begin.size();  // the text starts at the first call's marker
+  if (!first) {  // after </function>: </tool_call>, then the next call's marker (text between: read at the end)
+    const size_t end = s.find(hermes_end, from);
+    const size_t next = end == npos ? npos : s.find(hermes_begin, end + hermes_end.size());
+    if (next == npos) return more_text;
+    at = next + hermes_begin.size();
+  }
+  at = skip_space(s, at);
+  switch (see(s, at, xml_function_begin)) {
+    case seen::more: return more_text;
+    case seen::no: return {};
+    case seen::yes: break;
+  }
+  auto tag = read_xml_tag_name(s, at + xml_function_begin.size());
+  if (tag.more) return more_text;
+  if (tag.name.empty()) return {};
+  return {call_head::found, std::move(tag.name), tag.close + 1};
+}
+
 call_head forced_head(std::string_view s, size_t from, bool first, const std::string& tool) {
   if (!tool.empty()) return first ? args_at(s, skip_space(s, 0), tool) : call_head{};
   const size_t open = skip_space(s, 0);
@@ -586,13 +615,15 @@ call_head forced_head(std::string_view s, size_t from, bool first, const std::st
 
 }  // namespace
 
-answer_parts read_tool_calls(const std::string& content, tool_call_format format) {
+answer_parts read_tool_calls(const std::string& content, tool_call_format format,
+                             const tool_parameter_kinds* parameters) {
   switch (format) {
     case tool_call_format::hermes: return read_hermes(content);
     case tool_call_format::llama_json: return read_llama(content);
     case tool_call_format::mistral: return read_mistral(content);
     case tool_call_format::deepseek: return read_sectioned(content, format, deepseek_form);
     case tool_call_format::kimi: return read_sectioned(content, format, kimi_form);
+    case tool_call_format::qwen3_xml: return read_qwen3_xml(content, parameters);
     case tool_call_format::none: break;
   }
   return whole(content);
@@ -620,12 +651,42 @@ tool_call_splitter tool_call_splitter::forced(std::string tool) {
 }
 
 answer_parts tool_call_splitter::read_held() const {
-  return forced_ ? read_forced_calls(held_, forced_tool_) : read_tool_calls(held_, format_);
+  return forced_ ? read_forced_calls(held_, forced_tool_) : read_tool_calls(held_, format_, parameters_.get());
+}
+
+std::string_view tool_call_splitter::sent_arguments(const sent_call& call) const {
+  if (!call.built.empty()) return call.built;
+  return std::string_view{held_}.substr(call.args_begin, call.args_sent - call.args_begin);
+}
+
+bool tool_call_splitter::stream_xml_arguments(answer_parts* out) {
+  // The call's text from args_begin on; scan_.at: how far </function> has been looked for (each
+  // byte is looked at once as the text grows; held_ only grows while calls stream).
+  const std::string_view s = held_;
+  auto& call = sent_.back();
+  const size_t end = s.find(xml_function_end, scan_.at);
+  if (end == npos) {
+    scan_.at = std::max(scan_.at, s.size() - std::min(s.size(), xml_function_end.size() - 1));
+    return false;
+  }
+  auto args = xml_call_arguments(call.name, s.substr(call.args_begin, end - call.args_begin), parameters_.get());
+  if (!args) {  // not parameters: the end reads the answer (as content) and the text follows the call sent
+    stopped_ = true;
+    return false;
+  }
+  const auto index = static_cast<uint32_t>(sent_.size() - 1);
+  if (!out->tool_calls.empty() && out->tool_calls.back().index == index) out->tool_calls.back().arguments += *args;
+  else out->tool_calls.push_back({{}, *args, index, false});
+  call.built = std::move(*args);
+  args_open_ = false;
+  next_from_ = end + xml_function_end.size();
+  return true;
 }
 
 void tool_call_splitter::stream_calls(answer_parts* out) {
   const std::string_view s = held_;
   while (!stopped_) {
+    if (args_open_ && format_ == tool_call_format::qwen3_xml && !stream_xml_arguments(out)) return;
     if (args_open_) {  // the last call's arguments so far; trailing whitespace waits (the end may trim it)
       auto& call = sent_.back();
       const bool ended = scan_json(s, scan_);
@@ -676,6 +737,7 @@ void tool_call_splitter::stream_calls(answer_parts* out) {
         case tool_call_format::mistral: head = mistral_head(s, next_from_, first); break;
         case tool_call_format::deepseek: head = sectioned_head(s, next_from_, first, format_, deepseek_form); break;
         case tool_call_format::kimi: head = sectioned_head(s, next_from_, first, format_, kimi_form); break;
+        case tool_call_format::qwen3_xml: head = xml_head(s, next_from_, first); break;
         case tool_call_format::none: break;
       }
     }
@@ -685,7 +747,7 @@ void tool_call_splitter::stream_calls(answer_parts* out) {
       return;
     }
     out->tool_calls.push_back({head.name, {}, static_cast<uint32_t>(sent_.size()), true});
-    sent_.push_back({std::move(head.name), head.args, head.args, {}});
+    sent_.push_back({std::move(head.name), head.args, head.args, {}, {}});
     for (const auto end : head.ends)  // once per call, not per token
       if (!end.empty()) sent_.back().ends.emplace_back(end);
     scan_ = json_scan{head.args};
@@ -739,8 +801,7 @@ answer_parts tool_call_splitter::feed(const std::string& content, bool last) {
   for (size_t i = 0; agrees && i < sent_.size(); ++i) {
     const auto& sent = sent_[i];
     agrees = calls.tool_calls[i].name == sent.name &&
-             std::string_view{calls.tool_calls[i].arguments}.starts_with(
-                 std::string_view{held_}.substr(sent.args_begin, sent.args_sent - sent.args_begin));
+             std::string_view{calls.tool_calls[i].arguments}.starts_with(sent_arguments(sent));
   }
   out.called = agrees || !sent_.empty();
   if (!agrees) {
@@ -748,7 +809,7 @@ answer_parts tool_call_splitter::feed(const std::string& content, bool last) {
   } else {
     for (auto& c : calls.tool_calls) {
       if (c.index < sent_.size()) {  // the rest of a call already begun
-        c.arguments.erase(0, sent_[c.index].args_sent - sent_[c.index].args_begin);
+        c.arguments.erase(0, sent_arguments(sent_[c.index]).size());
         c.name.clear();
         c.first = false;
         if (c.arguments.empty()) continue;

@@ -8,6 +8,7 @@
 // same text, so nothing is lost.)
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (form <= baton::gpu::max_tool_call_format) c.tool_calls = static_cast<baton::gpu::tool_call_format>(form);
   else if (form == baton::gpu::max_tool_call_format + 1) c.forced_tool = "f";  // tool_choice naming a function
   else c.forced_calls = true;                                                 // tool_choice required
+  // Qwen3-Coder's XML values typed as a request's tools type them (f's a: integer, b: number, c:
+  // boolean, d: JSON; the other forms ignore it).
+  using baton::deploy::openai::parameter_kind;
+  static const auto typed = std::make_shared<const baton::deploy::openai::tool_parameter_kinds>(
+      baton::deploy::openai::tool_parameter_kinds{{"f",
+                                                   {{"a", parameter_kind::integer},
+                                                    {"b", parameter_kind::number},
+                                                    {"c", parameter_kind::boolean},
+                                                    {"d", parameter_kind::json}}}});
+  c.tool_parameters = typed;
   c.separate_reasoning = data[0] & 0x10;
   const uint8_t thinking = data[0] & 0x20 ? 1 : 2;  // the router's word: the prompt opened <think> or not
   const size_t step = 1 + data[1] % 16;

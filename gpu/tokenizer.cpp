@@ -61,6 +61,9 @@ namespace {
 /// How a template asks for tool calls, told by the text it writes for an assistant's calls.
 tool_call_format tool_format_of(const std::string& source) {
   const auto has = [&](const char* text) { return source.find(text) != std::string::npos; };
+  // Before Hermes: Qwen3-Coder's template wraps its XML calls in <tool_call> too. (The XML in
+  // other wrappers, as Seed-OSS's <seed:tool_call>, is not this reader's.)
+  if (has("<tool_call>") && has("<function=") && has("<parameter=")) return tool_call_format::qwen3_xml;
   if (has("<tool_call>")) return tool_call_format::hermes;
   if (has("[TOOL_CALLS]")) return tool_call_format::mistral;
   if (has("<｜tool▁calls▁begin｜>")) return tool_call_format::deepseek;
@@ -73,7 +76,8 @@ tool_call_format tool_format_of(const std::string& source) {
 /// vocabulary calls them special, decoding would drop them, and the calls with them).
 std::vector<const char*> tool_call_markers(tool_call_format f) {
   switch (f) {
-    case tool_call_format::hermes: return {"<tool_call>", "</tool_call>"};
+    case tool_call_format::hermes:
+    case tool_call_format::qwen3_xml: return {"<tool_call>", "</tool_call>"};
     case tool_call_format::llama_json: return {"<|python_tag|>"};
     case tool_call_format::mistral: return {"[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"};
     case tool_call_format::deepseek:

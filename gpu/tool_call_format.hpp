@@ -16,8 +16,9 @@ enum class tool_call_format : uint8_t {
   mistral,     ///< [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...], or [TOOL_CALLS]name[ARGS]{...}
   deepseek,    ///< <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>...<｜tool▁sep｜>...<｜tool▁call▁end｜> (V3, R1, V3.1)
   kimi,        ///< <|tool_calls_section_begin|><|tool_call_begin|>functions.name:0<|tool_call_argument_begin|>{...} (Kimi-K2)
+  qwen3_xml,   ///< <tool_call><function=name><parameter=k>value</parameter></function></tool_call> (Qwen3-Coder)
 };
 /// The largest value: a cluster's answer carries the format as a number.
-inline constexpr uint8_t max_tool_call_format = static_cast<uint8_t>(tool_call_format::kimi);
+inline constexpr uint8_t max_tool_call_format = static_cast<uint8_t>(tool_call_format::qwen3_xml);
 
 }  // namespace baton::gpu

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <optional>
@@ -88,6 +90,19 @@ void encode(const block_header& h, unsigned char* buf) {
 
 }  // namespace
 
+std::string capacity_gib_error(double gib, const std::string& what) {
+  if (std::isfinite(gib) && gib >= 0) return {};
+  char got[32];
+  std::snprintf(got, sizeof got, "%g", gib);
+  return what + " must be a finite number of GiB >= 0 (0: unbounded), got " + got;
+}
+
+uint64_t capacity_bytes_of(double gib) {
+  constexpr double gib_bytes = 1024.0 * 1024.0 * 1024.0;
+  if (!(gib > 0)) return 0;
+  return gib * gib_bytes >= 18446744073709551615.0 ? UINT64_MAX : static_cast<uint64_t>(gib * gib_bytes);
+}
+
 std::string block_path(const std::string& dir, const block_key& key) {
   const auto hex = key.hex();
   return dir + "/" + hex.substr(0, 2) + "/" + hex + ".blk";
@@ -102,7 +117,11 @@ constexpr uint64_t max_layer_bytes = uint64_t{1} << 40;
 }  // namespace
 
 std::string write_block_file(const std::string& path, const block_header& h,
-                             const std::function<layer_pieces(uint32_t layer)>& layer_data) {
+                             const std::function<layer_pieces(uint32_t layer)>& layer_data, int* failed_errno,
+                             int fault_errno) {
+  int ignored = 0;
+  int& code = failed_errno ? *failed_errno : ignored;
+  code = 0;
   // 8 bytes per layer checksum must fit the fixed header with the fields before it.
   if (h.num_layers > 400 || h.layer_checksums.size() != h.num_layers)
     return "block header: " + std::to_string(h.num_layers) + " layers and " +
@@ -116,16 +135,24 @@ std::string write_block_file(const std::string& path, const block_header& h,
   static std::atomic<uint64_t> writes{0};
   const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(++writes);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return "cannot create " + tmp + ": " + std::strerror(errno);
+  if (fd < 0) {
+    code = errno;
+    return "cannot create " + tmp + ": " + std::strerror(code);
+  }
   unsigned char header[4096];
   encode(h, header);
   std::string why;  // the first failure, with its errno taken at once (later calls overwrite it)
-  if (!write_all(fd, header, sizeof header)) why = std::strerror(errno);
+  const auto failed = [&](int e) {
+    code = e;
+    why = std::strerror(e);
+  };
+  if (!write_all(fd, header, sizeof header)) failed(errno);
+  if (why.empty() && fault_errno) failed(fault_errno);
   for (uint32_t l = 0; why.empty() && l < h.num_layers; ++l) {
     uint64_t written = 0;
     for (const auto& [p, n] : layer_data(l)) {
       if (!write_all(fd, p, n)) {
-        why = std::strerror(errno);
+        failed(errno);
         break;
       }
       written += n;
@@ -134,13 +161,14 @@ std::string write_block_file(const std::string& path, const block_header& h,
       why = "layer " + std::to_string(l) + " has " + std::to_string(written) + " bytes, the header says " +
             std::to_string(h.layer_bytes);
   }
-  if (::close(fd) != 0 && why.empty()) why = std::strerror(errno);
+  if (::close(fd) != 0 && why.empty()) failed(errno);  // NFS and quotas may say ENOSPC only here
   if (!why.empty()) {
     ::unlink(tmp.c_str());
     return "cannot write " + path + ": " + why;
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string err = std::strerror(errno);
+    code = errno;
+    const std::string err = std::strerror(code);
     ::unlink(tmp.c_str());
     return "cannot rename " + tmp + ": " + err;
   }

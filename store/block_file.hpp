@@ -32,7 +32,8 @@ struct block_header {
   std::vector<uint64_t> layer_checksums;   ///< gpu::kv_cache::kv_layer_checksum of each layer's pages
   uint8_t retention = 0;                   ///< store::retention (0 chat, 1 agent); 0 in version 2 files
 
-  uint64_t header_bytes() const { return 4096; }
+  static constexpr uint64_t fixed_header_bytes = 4096;
+  uint64_t header_bytes() const { return fixed_header_bytes; }
   uint64_t layer_offset(uint32_t layer) const { return header_bytes() + uint64_t{layer} * layer_bytes; }
   uint64_t file_bytes() const { return header_bytes() + uint64_t{num_layers} * layer_bytes; }
 };
@@ -43,9 +44,25 @@ using layer_pieces = std::vector<std::pair<const std::byte*, uint64_t>>;
 /// dir/<first two hex digits>/<32 hex digits>.blk
 std::string block_path(const std::string& dir, const block_key& key);
 
-/// Writes the block atomically; returns an error sentence or empty.
+/// What a block file of `file_bytes` takes on disk as a block server's capacity counts it: whole
+/// 4 KiB blocks, the usual file systems' allocation unit, so that the count is what `du` shows.
+inline uint64_t block_disk_bytes(uint64_t file_bytes) { return (file_bytes + 4095) / 4096 * 4096; }
+
+/// Why `gib` cannot be a store's disk budget in GiB (empty: it can), naming `what` (the flag or
+/// key it came from): it must be finite and >= 0 (0: unbounded).
+std::string capacity_gib_error(double gib, const std::string& what);
+/// A budget in GiB as whole bytes (beyond 2^64 bytes, the most there is; 0 for what
+/// capacity_gib_error refuses).
+uint64_t capacity_bytes_of(double gib);
+
+/// Writes the block atomically; returns an error sentence (naming the file and the system's
+/// error) or empty. A failed write leaves no file behind, not even its temporary one.
+/// `failed_errno`: set to the errno of the failure, where the system gave one (ENOSPC: the disk
+/// is full). `fault_errno`: fault injection for tests (a disk that fills or fails), never set
+/// outside them: the first layer's write fails with this errno after the header is written.
 std::string write_block_file(const std::string& path, const block_header& h,
-                             const std::function<layer_pieces(uint32_t layer)>& layer_data);
+                             const std::function<layer_pieces(uint32_t layer)>& layer_data,
+                             int* failed_errno = nullptr, int fault_errno = 0);
 
 /// Opens and validates a block file against the expected salt and key. On failure returns -1
 /// and a sentence (missing, truncated, corrupt header, other model...).

@@ -115,6 +115,7 @@ void block_index::upsert(block_meta meta, double now_s, double hold_until_s) {
     const bool expired = meta.expires_at_s <= now_s;
     const auto key = meta.key;
     meta.last_access_s = now_s;
+    bytes_ += meta.size_bytes;
     lru_.push_front(key);
     auto& placed = entries_.emplace(key, entry{std::move(meta), lru_.begin(), by_expiry_.end(), hold_until_s}).first->second;
     placed.expiry = by_expiry_.emplace(std::max(placed.meta.expires_at_s, placed.hold_until_s), key);
@@ -127,6 +128,10 @@ void block_index::upsert(block_meta meta, double now_s, double hold_until_s) {
   }
   auto& e = i->second;
   e.meta.last_access_s = now_s;
+  if (meta.size_bytes && meta.size_bytes != e.meta.size_bytes) {  // written again in another size
+    bytes_ = bytes_ - e.meta.size_bytes + meta.size_bytes;
+    e.meta.size_bytes = meta.size_bytes;
+  }
   e.meta.write_seqs.resize(e.meta.servers.size());
   for (size_t k = 0; k < meta.servers.size(); ++k) {
     const uint64_t seq = k < meta.write_seqs.size() ? meta.write_seqs[k] : 0;
@@ -165,7 +170,23 @@ void block_index::erase(const block_key& key) {
   if (i == entries_.end()) return;
   lru_.erase(i->second.lru);
   by_expiry_.erase(i->second.expiry);
+  bytes_ -= i->second.meta.size_bytes;
   entries_.erase(i);
+}
+
+bool block_index::drop_copy(const block_key& key, uint32_t server, uint64_t write_seq) {
+  auto i = entries_.find(key);
+  if (i == entries_.end()) return false;
+  auto& m = i->second.meta;
+  auto at = std::find(m.servers.begin(), m.servers.end(), server);
+  if (at == m.servers.end()) return false;
+  const auto k = static_cast<size_t>(at - m.servers.begin());
+  if (k < m.write_seqs.size() && m.write_seqs[k] > write_seq) return false;  // a later write, its commit seen
+  m.servers.erase(at);
+  if (k < m.write_seqs.size()) m.write_seqs.erase(m.write_seqs.begin() + static_cast<ptrdiff_t>(k));
+  if (!m.servers.empty()) return false;
+  erase(key);
+  return true;
 }
 
 std::vector<block_meta> block_index::forget_server(uint32_t server) {
@@ -183,16 +204,28 @@ std::vector<block_meta> block_index::forget_server(uint32_t server) {
   return out;
 }
 
+void block_index::evict_last(std::vector<block_meta>& out) {
+  auto e = entries_.find(lru_.back());
+  out.push_back(e->second.meta);
+  by_expiry_.erase(e->second.expiry);
+  bytes_ -= e->second.meta.size_bytes;
+  lru_.pop_back();
+  entries_.erase(e);
+}
+
 std::vector<block_meta> block_index::evict_to_capacity() {
   std::vector<block_meta> out;
-  if (capacity_ == 0) return out;
-  while (entries_.size() > capacity_ && !lru_.empty()) {
-    auto e = entries_.find(lru_.back());
-    out.push_back(e->second.meta);
-    by_expiry_.erase(e->second.expiry);
-    lru_.pop_back();
-    entries_.erase(e);
-  }
+  while (!lru_.empty() && ((capacity_ && entries_.size() > capacity_) || (capacity_bytes_ && bytes_ > capacity_bytes_)))
+    evict_last(out);
+  return out;
+}
+
+std::vector<block_meta> block_index::evict_for(const block_key& key, uint64_t incoming_bytes) {
+  std::vector<block_meta> out;
+  if (capacity_bytes_ == 0) return out;
+  if (auto i = entries_.find(key); i != entries_.end() && bytes_ + incoming_bytes > capacity_bytes_)
+    lru_.splice(lru_.end(), lru_, i->second.lru);
+  while (!lru_.empty() && bytes_ + incoming_bytes > capacity_bytes_) evict_last(out);
   return out;
 }
 
@@ -202,6 +235,7 @@ std::vector<block_meta> block_index::expire(double now_s) {
     auto e = entries_.find(it->second);
     out.push_back(e->second.meta);
     lru_.erase(e->second.lru);
+    bytes_ -= e->second.meta.size_bytes;
     entries_.erase(e);
     it = by_expiry_.erase(it);
   }

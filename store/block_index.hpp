@@ -1,7 +1,8 @@
 #pragma once
 
 // The store's metadata (seed 000 §2.2): which blocks exist, where, until when, and in which LRU
-// order. Pure and single-owner (the block_index actor, or a trace replay): time is passed in.
+// order. Pure and single-owner (the block_index actor, a trace replay, or a block server ordering
+// its own files for its disk's capacity): time is passed in.
 //
 // Eviction is leaf-first LRU: a prefix's leading blocks are always more recently used than its
 // tail, so a chain is evicted from its leaves (traces/README.md §1 gives the same
@@ -85,8 +86,18 @@ class block_index {
   /// Marks `keys` used, last one first (a read hit).
   void touch_chain(const std::vector<block_key>& keys, double now_s);
   void erase(const block_key& key);
-  /// Evicts least recently used blocks until at most capacity remain; returns them.
+  /// Evicts least recently used blocks until at most capacity remain, and (with a byte capacity)
+  /// until their size_bytes fit it; returns them.
   std::vector<block_meta> evict_to_capacity();
+  /// Room for a block of `incoming_bytes` about to be written as `key` under the byte capacity:
+  /// least recently used blocks are evicted until the blocks here and the incoming one fit
+  /// together (its file takes its room while it is written). When room is short, `key`'s own
+  /// copy goes first: the write replaces it anyway. Returns them.
+  std::vector<block_meta> evict_for(const block_key& key, uint64_t incoming_bytes);
+  /// Server `server` deleted its copy of `key` (the write `write_seq`) to keep its disk within its
+  /// capacity: that copy is no longer named. A copy known as a later write of the key stays. The
+  /// block goes when no copy is left; returns whether it went.
+  bool drop_copy(const block_key& key, uint32_t server, uint64_t write_seq);
   /// Removes every block whose expiry (and hold, if any) has passed; returns them.
   std::vector<block_meta> expire(double now_s);
   /// Takes server `server` off every block (it is gone for this index's life; a restarted head
@@ -98,6 +109,10 @@ class block_index {
   size_t size() const { return entries_.size(); }
   uint64_t capacity() const { return capacity_; }
   void set_capacity(uint64_t blocks) { capacity_ = blocks; }
+  /// The blocks' size_bytes together, and the most they may take (0 = unbounded).
+  uint64_t bytes() const { return bytes_; }
+  uint64_t capacity_bytes() const { return capacity_bytes_; }
+  void set_capacity_bytes(uint64_t bytes) { capacity_bytes_ = bytes; }
 
  private:
   struct entry {
@@ -114,6 +129,8 @@ class block_index {
     double until_s = 0.0;
   };
   void make_recent(entry& e);
+  /// Takes the least recently used block out (lru_ not empty) and adds it to `out`.
+  void evict_last(std::vector<block_meta>& out);
   void place(entry& e);
   /// Sets the block's expiry, and its place in by_expiry_ (never before its hold ends).
   void set_expiry(entry& e, double expires_at_s);
@@ -126,6 +143,8 @@ class block_index {
   std::unordered_map<block_key, awaited_parent, block_key_hash> awaited_parents_;
   double recovery_until_s_ = 0.0;  ///< the latest hold given: servers may be recovering until then
   uint64_t capacity_;
+  uint64_t capacity_bytes_ = 0;
+  uint64_t bytes_ = 0;  ///< sum of the entries' size_bytes
 };
 
 /// Consistent hashing of keys onto block servers (with virtual nodes, so adding a server moves

@@ -344,7 +344,8 @@ TEST_CASE("block server: a delete the index sent for an older write of a key lea
               std::lock_guard<std::mutex> lock{*mutex};
               commits->push_back(c);
             },
-            [](timer_atom, uint64_t) {}, [](std::vector<block_server_actor>&) {}, [](stats_atom) { return store_stats{}; }};
+            [](delete_atom, uint32_t, uint64_t, uint64_t, uint64_t) {}, [](timer_atom, uint64_t) {},
+            [](std::vector<block_server_actor>&) {}, [](stats_atom) { return store_stats{}; }};
   });
   block_server_config bc;
   bc.dir = s.dir;

@@ -167,6 +167,56 @@ TEST_CASE("a move whose KV puts never land (a stalled link) is given up after mi
   CHECK(idle);
 }
 
+TEST_CASE("a move whose KV is corrupted on the way is given up when the target's check fails: the sequences "
+          "finish where they were, nothing is recomputed, and the rank says why") {
+  test::cluster_system t;
+  auto cfg = two_decode_ranks();
+  cfg.decode.kv_quarantine_ms = 500;
+  REQUIRE(cfg.validate().empty());
+  // Every put of the leaving rank lands with one byte flipped (only moves put from decode ranks
+  // here: no store).
+  auto wrap = [](std::unique_ptr<transport::transport> inner, const std::string& name) -> std::shared_ptr<transport::transport> {
+    if (name != "decode-1") return std::shared_ptr<transport::transport>{std::move(inner)};
+    return std::shared_ptr<transport::transport>{
+        transport::make_fault_proxy(std::move(inner), {transport::fault_kind::corrupt_byte, {}, {}, 1000000, 7})};
+  };
+  auto cluster = start_local_cluster(t.sys, cfg, {}, wrap);
+  test::cluster_system::stopper stop{t, cluster};
+  REQUIRE(t.wait_registered(cluster));
+  caf::scoped_actor self{t.sys};
+  const auto& leaving = cluster.decode[1].handle;
+  const auto& target = cluster.decode[0].handle;
+  constexpr int n = 4, max_tokens = 200;
+  std::vector<std::string> prompts;
+  auto handles = send_long(self, cluster.router, n, max_tokens, "a corrupted move", &prompts);
+  REQUIRE(first_running(t, cluster, {1}));
+  self->send(cluster.decode_balancer, drain_atom::value, leaving);
+  self->send(leaving, migrate_atom::value);
+  const auto done = answers(t, handles);
+  const auto st = t.stats(leaving);
+  CHECK(st.migrate_failed > 0);
+  CHECK(st.migrated_out == 0);
+  CHECK(st.last_migrate_error.find("checksum") != std::string::npos);
+  CHECK(st.last_migrate_error.find(cluster.decode[0].name) != std::string::npos);  // the peer
+  auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
+  const gpu::byte_tokenizer tok{cfg.model.bos_token_id, cfg.model.eos_token_id};
+  for (int i = 0; i < n; ++i) {
+    CAPTURE(i);
+    // Before: "migrated" on the puts alone, the request's order found the target's lease dropped
+    // as corrupt, and the sequence was recomputed from its prompt.
+    CHECK(done[i].failovers == 0);
+    CHECK(done[i].migrations == 0);
+    auto exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
+    CHECK(done[i].tokens == gpu::generate_colocated(*exec, tok.encode(prompts[i]), max_tokens, 64, {}, true).tokens);
+  }
+  bool back = false;  // the target's pages come back
+  for (int i = 0; i < 500 && !back; ++i) {
+    back = t.stats(target).num_free_pages == cfg.executor.num_kv_pages;
+    if (!back) std::this_thread::sleep_for(std::chrono::milliseconds{10});
+  }
+  CHECK(back);
+}
+
 TEST_CASE("a move whose KV takes longer to land than a request's lease lasts still completes: the target holds "
           "the lease as long as the source waits for its puts, and nothing is recomputed") {
   test::cluster_system t;

@@ -1,0 +1,239 @@
+// Qwen3-Coder's XML tool calls read whole (openai_tool_calls_xml.hpp; the stream's side is in
+// openai_tool_calls.cpp). A value is raw text: its type comes from the request's tool schema, as
+// vLLM's qwen3_coder parser (Qwen3CoderToolParser) reads it, so that clients moving from vLLM get
+// the same arguments. Where the two differ it is said below.
+
+#include "deploy/openai_tool_calls_xml.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <initializer_list>
+#include <map>
+#include <optional>
+
+#include <nlohmann/json.hpp>
+
+namespace baton::deploy::openai {
+
+using nlohmann::ordered_json;
+
+namespace {
+
+constexpr auto npos = std::string_view::npos;
+
+bool space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
+
+size_t skip_space(std::string_view s, size_t at) {
+  while (at < s.size() && space(s[at])) ++at;
+  return at;
+}
+
+std::string_view trimmed(std::string_view s) {
+  while (!s.empty() && space(s.front())) s.remove_prefix(1);
+  while (!s.empty() && space(s.back())) s.remove_suffix(1);
+  return s;
+}
+
+bool starts_with(std::string_view s, size_t at, std::string_view prefix) {
+  return s.substr(std::min(at, s.size())).starts_with(prefix);
+}
+
+char lower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; }
+
+bool same_letters(std::string_view a, std::string_view b) {  // ASCII, case aside (Python's .lower() ==)
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (lower(a[i]) != lower(b[i])) return false;
+  return true;
+}
+
+/// Python's int() and float() take a leading '+', from_chars does not: it is dropped ("+-1" is no
+/// number). False where nothing is left.
+bool drop_plus(std::string_view* t) {
+  if (t->starts_with('+')) {
+    t->remove_prefix(1);
+    if (t->starts_with('-')) return false;
+  }
+  return !t->empty();
+}
+
+/// from_chars of all of `t`, in range.
+template <typename T>
+std::optional<T> whole_number(std::string_view t) {
+  T v{};
+  const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+  if (ec != std::errc{} || end != t.data() + t.size()) return std::nullopt;
+  return v;
+}
+
+/// Python's int() of the text, where it fits 64 bits (a larger one stays text: JSON readers
+/// round it anyway). Underscores between digits, which Python takes, are not.
+std::optional<ordered_json> integer_value(std::string_view t) {
+  if (!drop_plus(&t)) return std::nullopt;
+  if (const auto v = whole_number<int64_t>(t)) return ordered_json(*v);
+  if (const auto v = whole_number<uint64_t>(t)) return ordered_json(*v);
+  return std::nullopt;
+}
+
+/// Python's float() of the text, an integral one written as an integer (vLLM's). Not a finite
+/// number (inf, nan, 1e999): text, as vLLM's own check fails on those.
+std::optional<ordered_json> number_value(std::string_view t) {
+  if (!drop_plus(&t)) return std::nullopt;
+  const auto parsed = whole_number<double>(t);
+  if (!parsed || !std::isfinite(*parsed)) return std::nullopt;
+  const double v = *parsed;
+  constexpr double two_63 = 9223372036854775808.0;
+  if (v == std::trunc(v) && v >= -two_63 && v < two_63) return ordered_json(static_cast<int64_t>(v));
+  return ordered_json(v);
+}
+
+/// One parameter's value, its text typed by `kind`. Whatever does not read as its type stays
+/// text (nothing the model wrote is lost).
+ordered_json typed_value(std::string_view text, parameter_kind kind) {
+  if (same_letters(text, "null")) return nullptr;  // vLLM's: null whatever the type, a string's too
+  const auto t = trimmed(text);
+  switch (kind) {
+    case parameter_kind::text: break;
+    case parameter_kind::integer:
+      if (auto v = integer_value(t)) return *v;
+      break;
+    case parameter_kind::number:
+      if (auto v = number_value(t)) return *v;
+      break;
+    case parameter_kind::boolean:
+      // vLLM makes anything but "true" false; a value that is neither stays text here.
+      if (same_letters(t, "true")) return true;
+      if (same_letters(t, "false")) return false;
+      break;
+    case parameter_kind::json:
+      // vLLM tries Python's ast.literal_eval next ('a', True, (1, 2)); JSON only here. Nested
+      // past a request body's depth: text, never parsed that deep.
+      if (!nested_too_deep(t)) {
+        auto j = ordered_json::parse(t, nullptr, false);
+        if (!j.is_discarded()) return j;
+      }
+      break;
+  }
+  return std::string{text};
+}
+
+/// A parameter's schema's "type", read as vLLM's _convert_param_value reads it.
+parameter_kind kind_of(const nlohmann::json& schema) {
+  if (!schema.is_object()) return parameter_kind::text;
+  const auto it = schema.find("type");
+  if (it == schema.end()) return parameter_kind::text;
+  // ["integer", "null"] and the like: vLLM reads the value as a Python literal, JSON here.
+  if (!it->is_string()) return parameter_kind::json;
+  std::string type{trimmed(it->get_ref<const std::string&>())};
+  for (char& c : type) c = lower(c);
+  const auto is = [&](std::initializer_list<std::string_view> names) {
+    return std::find(names.begin(), names.end(), type) != names.end();
+  };
+  const auto starts = [&](std::initializer_list<std::string_view> prefixes) {
+    return std::any_of(prefixes.begin(), prefixes.end(), [&](std::string_view p) { return type.starts_with(p); });
+  };
+  if (is({"string", "str", "text", "varchar", "char", "enum"})) return parameter_kind::text;
+  if (starts({"int", "uint", "long", "short", "unsigned"})) return parameter_kind::integer;
+  if (starts({"num", "float"})) return parameter_kind::number;
+  if (is({"boolean", "bool", "binary"})) return parameter_kind::boolean;
+  return parameter_kind::json;
+}
+
+answer_parts whole(const std::string& content) {
+  answer_parts out;
+  out.content = content;
+  return out;
+}
+
+}  // namespace
+
+xml_tag_name read_xml_tag_name(std::string_view s, size_t at) {
+  // A name is one line: a tag never closed must not make a stream wait (and look) to the end.
+  const size_t close = s.find_first_of(">\n<", at);
+  if (close == npos) return {{}, npos, true};
+  if (s[close] != '>') return {};
+  return {std::string{trimmed(s.substr(at, close - at))}, close, false};
+}
+
+std::optional<std::string> xml_call_arguments(std::string_view name, std::string_view body,
+                                              const tool_parameter_kinds* parameters) {
+  const std::map<std::string, parameter_kind, std::less<>>* kinds = nullptr;
+  if (parameters)
+    if (const auto f = parameters->find(name); f != parameters->end()) kinds = &f->second;
+  ordered_json args = ordered_json::object();
+  size_t at = 0;
+  while ((at = skip_space(body, at)) < body.size()) {
+    if (!starts_with(body, at, xml_parameter_begin)) return std::nullopt;  // text among the parameters
+    const auto tag = read_xml_tag_name(body, at + xml_parameter_begin.size());
+    if (tag.name.empty()) return std::nullopt;
+    // Raw text up to </parameter> (one inside a value ends it: vLLM's reading too); where the
+    // model left that out, up to the next parameter or the call's end, as vLLM reads it.
+    const size_t from = tag.close + 1;
+    const size_t end = std::min(body.find(xml_parameter_end, from), body.find(xml_parameter_begin, from));
+    std::string_view value = body.substr(from, end == npos ? npos : end - from);
+    // The template writes each value on lines of its own: one line break before and after it
+    // is the form's, not the value's.
+    if (value.starts_with('\n')) value.remove_prefix(1);
+    if (value.ends_with('\n')) value.remove_suffix(1);
+    auto kind = parameter_kind::text;
+    if (kinds)
+      if (const auto k = kinds->find(tag.name); k != kinds->end()) kind = k->second;
+    args[tag.name] = typed_value(value, kind);  // a name written twice: the last value, in the first's place (vLLM's)
+    at = end == npos ? body.size() : starts_with(body, end, xml_parameter_end) ? end + xml_parameter_end.size() : end;
+  }
+  // Text that is not UTF-8 (an answer cut inside a character) is replaced, not thrown on.
+  return args.dump(-1, ' ', false, ordered_json::error_handler_t::replace);
+}
+
+answer_parts read_qwen3_xml(const std::string& content, const tool_parameter_kinds* parameters) {
+  const std::string_view s = content;
+  const size_t first = s.find(xml_call_begin);
+  if (first == npos) return whole(content);
+  answer_parts out;
+  std::string rest;
+  size_t at = first;
+  while (at != npos) {
+    const size_t open = skip_space(s, at + xml_call_begin.size());
+    if (!starts_with(s, open, xml_function_begin)) return whole(content);
+    const auto tag = read_xml_tag_name(s, open + xml_function_begin.size());
+    if (tag.name.empty()) return whole(content);
+    // The call ends at its first </function> (values are raw text). None: the answer was cut
+    // inside the call, whose last value may be cut too: it does not read.
+    const size_t end = s.find(xml_function_end, tag.close + 1);
+    if (end == npos) return whole(content);
+    auto args = xml_call_arguments(tag.name, s.substr(tag.close + 1, end - tag.close - 1), parameters);
+    if (!args) return whole(content);
+    out.tool_calls.push_back({tag.name, std::move(*args), static_cast<uint32_t>(out.tool_calls.size())});
+    size_t after = skip_space(s, end + xml_function_end.size());
+    if (after >= s.size()) break;  // cut by max_tokens before </tool_call>: the call itself is whole
+    if (!starts_with(s, after, xml_call_end)) return whole(content);  // one call per <tool_call>
+    after += xml_call_end.size();
+    at = s.find(xml_call_begin, after);
+    append_line(&rest, std::string{trimmed(s.substr(after, at == npos ? npos : at - after))});
+  }
+  join_content(s.substr(0, first), rest, &out);
+  return out;
+}
+
+tool_parameter_kinds tool_parameter_kinds_of(const nlohmann::json& tools) {
+  tool_parameter_kinds out;
+  if (!tools.is_array()) return out;
+  for (const auto& tool : tools) {
+    if (!tool.is_object() || !tool.contains("function")) continue;
+    const auto& f = tool["function"];
+    if (!f.is_object() || !f.contains("name") || !f["name"].is_string()) continue;
+    const auto [kinds, fresh] = out.try_emplace(f["name"].get<std::string>());
+    if (!fresh) continue;  // the first tool of a name counts (vLLM's)
+    const auto p = f.find("parameters");
+    if (p == f.end() || !p->is_object()) continue;
+    // Parameters without "properties": vLLM takes the object itself as the properties.
+    const auto props = p->find("properties");
+    const auto& properties = props != p->end() ? *props : *p;
+    if (!properties.is_object()) continue;
+    for (const auto& [key, schema] : properties.items()) kinds->second.emplace(key, kind_of(schema));
+  }
+  return out;
+}
+
+}  // namespace baton::deploy::openai
