@@ -33,6 +33,8 @@ using keepalive_atom = caf::atom_constant<caf::atom("kv_keep")>;
 using check_atom = caf::atom_constant<caf::atom("check")>;
 using commit_atom = caf::atom_constant<caf::atom("blk_commit")>;
 using delete_atom = caf::atom_constant<caf::atom("blk_delete")>;
+/// The index tells a block server which of its blocks CHECK hit (their use, for its disk's LRU).
+using touch_atom = caf::atom_constant<caf::atom("blk_touch")>;
 using io_atom = caf::atom_constant<caf::atom("io_done")>;
 using store_atom = caf::atom_constant<caf::atom("store")>;
 using cancel_atom = caf::atom_constant<caf::atom("cancel")>;

@@ -90,6 +90,7 @@ block_index_actor::behavior_type block_index_impl(pointer self, block_index_conf
         auto& st = self->state;
         const double now = now_s(self);
         std::vector<store::block_key> hits;
+        std::vector<std::vector<uint64_t>> per_server(st.servers.size());  // hits by server, for touch_atom
         for (auto& b : keys) {
           const auto* m = st.index.find({b.hi, b.lo});
           b.servers.clear();
@@ -98,9 +99,14 @@ block_index_actor::behavior_type block_index_impl(pointer self, block_index_conf
             if (s >= st.server_down.size() || !st.server_down[s]) b.servers.push_back(s);
           if (b.servers.empty()) continue;  // every copy was on servers that are gone: a miss
           hits.push_back({b.hi, b.lo});
+          for (auto s : b.servers)
+            if (s < per_server.size()) per_server[s].insert(per_server[s].end(), {b.hi, b.lo});
         }
-        // A hit is a use: the blocks become most recently used, leading ones last.
+        // A hit is a use: the blocks become most recently used, leading ones last -- here, and
+        // on the servers holding them, which order their own files for their disks' capacity.
         st.index.touch_chain(hits, now);
+        for (size_t s = 0; s < per_server.size(); ++s)
+          if (!per_server[s].empty()) self->send(st.servers[s], touch_atom::value, std::move(per_server[s]));
         ++st.stats.checks;
         st.stats.hit_blocks += hits.size();
         return keys;

@@ -504,10 +504,13 @@ void recover_blocks(pointer self) {
         uint64_t bytes = 0;
         for (const auto& b : scan.blocks) {
           bytes += b.file_bytes;
+          // The KV bytes, as a write's commit says (the file adds its header).
+          const uint64_t header = store::block_header::fixed_header_bytes;
+          const uint64_t kv_bytes = b.file_bytes > header ? b.file_bytes - header : 0;
           block_ref ref{b.key.hi, b.key.lo, {st.io->cfg.server_id}};
           self->send(st.index[shard_of(b.key, static_cast<uint32_t>(st.index.size()))], commit_atom::value,
                      block_commit{ref, b.parent.hi, b.parent.lo, store::to_string(static_cast<store::retention>(b.retention)),
-                                  b.file_bytes, std::max<uint64_t>(b.age_ms, 1)});
+                                  kv_bytes, std::max<uint64_t>(b.age_ms, 1)});
         }
         if (scan.blocks.empty() && scan.removed == 0 && scan.foreign == 0) return;
         auto line = caf::aout(self);
@@ -683,8 +686,11 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
               // Before this write's commit (one sender, one receiver: in order), so a key deleted
               // to make room for its own rewrite is gone and then back.
               s.stats.disk_evicted += out.evicted.size();
+              const store::block_key own{out.w.block.hi, out.w.block.lo};
               for (const auto& e : out.evicted)
-                if (!s.index.empty())
+                // Its own old copy, deleted for room: the new write's commit replaces it in the
+                // index, which keeps the expiry its descendants extended -- unless the write failed.
+                if (!s.index.empty() && !(e.key == own && out.err.empty()))
                   self->send(s.index[shard_of(e.key, static_cast<uint32_t>(s.index.size()))], delete_atom::value,
                              s.io->cfg.server_id, e.key.hi, e.key.lo, e.write_seq);
               if (!out.err.empty()) {  // a failed write-back is a future miss, nothing more
@@ -724,6 +730,21 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
               if (w != io.written.end()) io.written.erase(w);
               io.on_disk.erase(key);
               io.disk_bytes = io.on_disk.bytes();
+              return 0;
+            },
+            [](int) {});
+      },
+      [=](touch_atom, std::vector<uint64_t>& keys) {
+        // The index's CHECK hits on this server's blocks: uses its reads never see (a prefill
+        // rank's own prefix cache serves a hot chain's leading blocks), which the capacity's LRU
+        // must count, or the most used chains would be the first deleted.
+        if (!self->state.io->cfg.capacity_bytes) return;
+        run_io(
+            self,
+            [keys = std::move(keys)](io_context& io) {
+              std::vector<store::block_key> chain;
+              for (size_t i = 0; i + 1 < keys.size(); i += 2) chain.push_back({keys[i], keys[i + 1]});
+              io.on_disk.touch_chain(chain, 0.0);
               return 0;
             },
             [](int) {});

@@ -84,6 +84,12 @@ void report_load(decode_pointer self) {
   load.page_size_tokens = layout.page_size_tokens;
   load.kv_tokens = uint64_t{layout.num_pages - pool.num_free_pages()} * layout.page_size_tokens;
   load.on_demand_headroom_tokens = st.cfg.on_demand_headroom_tokens;
+  load.offloaded = st.offloaded;
+  load.resumed = st.resumed;
+  load.migrated_out = st.migrated_out;
+  load.migrate_failed = st.migrate_failed;
+  load.blocks_written_back = st.blocks_written_back;
+  load.write_backs_dropped = st.write_backs_dropped;
   if (on_demand(st))  // the watermark is the running sequences' room to grow, not a newcomer's
     load.num_free_pages = load.num_free_pages > watermark_pages(st) ? load.num_free_pages - watermark_pages(st) : 0;
   self->send(st.balancer, load_atom::value, std::move(load), caf::actor_cast<decode_rank_actor>(self));

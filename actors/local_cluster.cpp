@@ -66,8 +66,8 @@ std::string local_cluster_config::validate() const {
            " tokens of every layer's KV): no block could be written or read; leave it 0 to size it for the model";
   if (store.enabled && store.capacity_gib > 0) {
     if (store.num_servers == 0)
-      return "store capacity_gib (--store-capacity-gib) budgets the store dir of this process's block servers, and it "
-             "has none (--store-dir): store nodes take their own (baton node --role store --store-capacity-gib)";
+      return "store capacity_gib (--store-capacity-gib) budgets this process's block servers (--store-servers), and "
+             "it runs none: store nodes take their own (baton node --role store --store-capacity-gib)";
     const uint64_t file = store::block_disk_bytes(store::block_header::fixed_header_bytes + store_block_bytes(*this));
     const uint64_t share = store::capacity_bytes_of(store.capacity_gib) / store.num_servers;
     if (share < file)

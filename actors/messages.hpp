@@ -200,12 +200,22 @@ struct rank_load {
   /// in its queued work or refused). The balancer drops their charges and keeps those of
   /// placements still on their way, which a report must not wipe.
   std::vector<uint64_t> settled = {};
+  /// decode, counted since the rank started, for /metrics: sequences sent to host memory for
+  /// lack of pages and brought back; moved with their KV to other ranks (an elastic drain) and
+  /// moves given up; full blocks written back to the store, and blocks dropped on the way.
+  uint64_t offloaded = 0;
+  uint64_t resumed = 0;
+  uint64_t migrated_out = 0;
+  uint64_t migrate_failed = 0;
+  uint64_t blocks_written_back = 0;
+  uint64_t write_backs_dropped = 0;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, rank_load& x) {
   return f(caf::meta::type_name("rank_load"), x.name, x.queued_tokens, x.num_running, x.num_free_pages,
            x.num_total_pages, x.page_size_tokens, wire::f64{&x.predicted_us}, x.kv_tokens,
-           x.on_demand_headroom_tokens, x.bucket, x.unavailable, x.settled);
+           x.on_demand_headroom_tokens, x.bucket, x.unavailable, x.settled, x.offloaded, x.resumed, x.migrated_out,
+           x.migrate_failed, x.blocks_written_back, x.write_backs_dropped);
 }
 
 /// A request asking a balancer for a rank.

@@ -187,6 +187,7 @@ using block_server_actor = caf::typed_actor<
     caf::reacts_to<release_atom, uint64_t>,                     // or: the writer's put failed, the slot back
     caf::reacts_to<expire_atom, uint64_t>,                      // a slot's time is up (internal)
     caf::reacts_to<delete_atom, uint64_t, uint64_t, uint64_t>,  // key hi, lo, write_seq: evicted or expired
+    caf::reacts_to<touch_atom, std::vector<uint64_t>>,          // keys (hi, lo, ...) CHECK hit, leading first
     caf::replies_to<stats_atom>::with<store_stats>,
     caf::reacts_to<io_atom, uint64_t>>;                         // an I/O job finished (internal)
 

@@ -141,6 +141,23 @@ std::string gateway_metrics::render(const cluster_stats* cluster) const {
   per_rank("baton_rank_kv_pages", "KV pages in all", [](const rank_load& r) { return static_cast<double>(r.num_total_pages); });
   per_rank("baton_rank_available", "0 while the rank has stepped aside (its executor can run nothing: a broken expert group), else 1",
            [](const rank_load& r) { return r.unavailable.empty() ? 1.0 : 0.0; });
+  // Decode ranks' counters, as of each rank's last load report.
+  auto per_decode_rank = [&](const char* name, const char* help, auto value) {
+    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " counter\n";
+    for (const auto& r : c.decode)
+      out += std::string(name) + "{role=\"decode\",rank=\"" + label(r.name) + "\"} " + num(static_cast<double>(value(r))) + "\n";
+  };
+  per_decode_rank("baton_rank_offloaded_total", "sequences sent to host memory for lack of KV pages",
+                  [](const rank_load& r) { return r.offloaded; });
+  per_decode_rank("baton_rank_resumed_total", "offloaded sequences brought back", [](const rank_load& r) { return r.resumed; });
+  per_decode_rank("baton_rank_migrated_total", "running sequences moved with their KV to other decode ranks (elastic drain)",
+                  [](const rank_load& r) { return r.migrated_out; });
+  per_decode_rank("baton_rank_migrate_failed_total", "moves given up (the sequence finished where it was)",
+                  [](const rank_load& r) { return r.migrate_failed; });
+  per_decode_rank("baton_rank_blocks_written_back_total", "full KV blocks written back to the block store",
+                  [](const rank_load& r) { return r.blocks_written_back; });
+  per_decode_rank("baton_rank_write_backs_dropped_total", "blocks no block server stored (staging full, no server, write failed)",
+                  [](const rank_load& r) { return r.write_backs_dropped; });
   render_counter(out, "baton_store_blocks", "blocks in the KV block store's index", static_cast<double>(c.store.blocks),
                  "gauge");
   render_counter(out, "baton_store_bytes_written_total", "bytes the block servers wrote",

@@ -173,6 +173,8 @@ reasoning_splitter::parts split_reasoning(const std::string& text, bool opened =
 /// (gpu/tool_call_format.hpp); the content is what comes before the first call, then any text
 /// between and after them. All or nothing: an answer whose calls do not all read as JSON with a
 /// name is content, whole (nothing is lost). A Llama call counts only where the answer starts.
+/// Qwen3-Coder's XML calls are read leniently instead, as vLLM reads them: a call once named
+/// always reads, text among its parameters passed over (openai_tool_calls_xml.hpp).
 /// `parameters` (may be null): the request's tools, which type a Qwen3-Coder XML call's values.
 answer_parts read_tool_calls(const std::string& content, gpu::tool_call_format format,
                              const tool_parameter_kinds* parameters = nullptr);
@@ -198,7 +200,9 @@ bool scan_json(std::string_view s, json_scan& scan);
 /// answer is held while it may still start with a call ({ or <|python_tag|> after whitespace),
 /// then streams as content, or as calls. A Qwen3-Coder XML call is named at its <function=NAME>
 /// and its arguments go out in one piece at its </function>: a value is typed only once it ends
-/// (an integer's "3" is 3, but "3 days" is text), and a piece sent cannot be taken back.
+/// (an integer's "3" is 3, but "3 days" is text), and a piece sent cannot be taken back. Those
+/// always read as the whole answer does; a call cut by max_tokens gets its arguments (the
+/// parameters so far) at the answer's end.
 ///
 /// A stream cannot take back what it sent: when the end does not read as the calls that went out
 /// (the model broke its JSON; a cut answer's arguments just stop), the calls sent stand, and the
@@ -245,7 +249,12 @@ private:
   bool args_open_ = false;  ///< the last sent call's arguments have not ended yet (scan_ reads them)
   json_scan scan_;
   json_scan probe_;         ///< where an end marker found in the arguments lies: in a string or not
-  size_t next_from_ = 0;    ///< where the last sent call's arguments ended: the next call is looked for from here
+  /// Where the next call is looked for: where the last sent call's arguments ended, then moved
+  /// on (never back) past text searched that holds no marker looked for, so that text between
+  /// and after the calls is searched once however it streams (a byte at a time, say).
+  size_t next_from_ = 0;
+  bool end_seen_ = false;   ///< Hermes: the last call's </tool_call> is behind next_from_
+  size_t tag_scanned_ = 0;  ///< Qwen3-XML: the <function= at next_from_ holds no '>' before this
   bool stopped_ = false;    ///< nothing more streams: the rest waits for the end
 };
 

@@ -1,8 +1,9 @@
 // Reading the tool calls in a chat answer, in each form a model's chat template asks for
 // (gpu/tool_call_format.hpp), whole or as the answer streams. Pure: the gateway's per-choice
-// state. Read whole, every form is all or nothing: an answer whose calls do not all read is
+// state. Read whole, every JSON form is all or nothing: an answer whose calls do not all read is
 // content, whole. Streamed, each call goes out as it is written (tool_call_splitter). Qwen3-Coder's
-// XML calls are read whole in openai_tool_calls_xml.cpp; their stream is here with the others'.
+// XML calls are read leniently, as vLLM reads them (a call once named always reads), whole in
+// openai_tool_calls_xml.cpp; their stream is here with the others', by the same rules.
 
 #include <algorithm>
 #include <array>
@@ -386,16 +387,26 @@ answer_parts read_sectioned(const std::string& content, tool_call_format f, cons
   return out;
 }
 
-/// The text that starts a call in a marked format (Llama's have none).
-std::string_view call_marker(tool_call_format f) {
+/// The texts that start the calls in a marked format (Llama's have none): whichever comes first.
+/// Qwen3-Coder's calls may come without their <tool_call> (vLLM reads those too).
+std::array<std::string_view, 2> call_markers(tool_call_format f) {
   switch (f) {
-    case tool_call_format::hermes:
-    case tool_call_format::qwen3_xml: return hermes_begin;
-    case tool_call_format::mistral: return mistral_calls;
-    case tool_call_format::deepseek: return deepseek_form.section_begin;
-    case tool_call_format::kimi: return kimi_form.section_begin;
+    case tool_call_format::hermes: return {hermes_begin};
+    case tool_call_format::qwen3_xml: return {xml_call_begin, xml_function_begin};
+    case tool_call_format::mistral: return {mistral_calls};
+    case tool_call_format::deepseek: return {deepseek_form.section_begin};
+    case tool_call_format::kimi: return {kimi_form.section_begin};
     default: return {};
   }
+}
+
+/// `marker`'s first place in `s` from *from on. Where it is not there (yet), *from moves on to
+/// the last marker.size() - 1 bytes, which more text may make the marker: however a text grows
+/// (a byte at a time, say), each of its bytes is searched once, not once per piece.
+size_t find_forward(std::string_view s, std::string_view marker, size_t* from) {
+  const size_t at = s.find(marker, *from);
+  if (at == npos && s.size() >= marker.size()) *from = std::max(*from, s.size() - marker.size() + 1);
+  return at;
 }
 
 /// Where a stream stands on its next call: the call's head read (its name, and where its
@@ -495,11 +506,18 @@ call_head mistral_named_head(std::string_view s, size_t at) {
   return args_at(s, skip_space(s, i + mistral_args.size()), std::move(name));
 }
 
-call_head hermes_head(std::string_view s, size_t from, bool first) {
+/// `*from`: where the last call's JSON ended, moved on as the text is searched (find_forward);
+/// `*end_seen`: its </tool_call> is behind *from, the next <tool_call> is looked for.
+call_head hermes_head(std::string_view s, size_t* from, bool* end_seen, bool first) {
   size_t at = hermes_begin.size();  // the text starts at the first call's marker
   if (!first) {  // after this call's end tag, the next call's marker (any text between is read at the end)
-    const size_t end = s.find(hermes_end, from);
-    const size_t next = end == npos ? npos : s.find(hermes_begin, end + hermes_end.size());
+    if (!*end_seen) {
+      const size_t end = find_forward(s, hermes_end, from);
+      if (end == npos) return more_text;
+      *from = end + hermes_end.size();
+      *end_seen = true;
+    }
+    const size_t next = find_forward(s, hermes_begin, from);
     if (next == npos) return more_text;
     at = next + hermes_begin.size();
   }
@@ -544,10 +562,11 @@ call_head mistral_head(std::string_view s, size_t from, bool first) {
   return mistral_named_head(s, at);
 }
 
-call_head sectioned_head(std::string_view s, size_t from, bool first, tool_call_format f, const sectioned_form& form) {
+/// `*from`: where the last call's JSON ended, moved on as the text is searched (find_forward).
+call_head sectioned_head(std::string_view s, size_t* from, bool first, tool_call_format f, const sectioned_form& form) {
   size_t at = form.section_begin.size();  // the text starts at the section's marker
   if (!first) {
-    const size_t end = s.find(form.call_end, from);
+    const size_t end = find_forward(s, form.call_end, from);
     if (end == npos) return more_text;
     at = end + form.call_end.size();
   }
@@ -584,26 +603,27 @@ call_head sectioned_head(std::string_view s, size_t from, bool first, tool_call_
   return found(args, trimmed(s.substr(right, line - right)));
 }
 
-/// Qwen3-Coder's <tool_call><function=NAME>: named once its '>' is read. Its arguments (from just
-/// past the '>') are not JSON as written: stream_xml_arguments sends them whole at </function>.
-call_head xml_head(std::string_view s, size_t from, bool first) {
-  size_t at = hermes_begin.size();  // the text starts at the first call's marker
-  if (!first) {  // after </function>: </tool_call>, then the next call's marker (text between: read at the end)
-    const size_t end = s.find(hermes_end, from);
-    const size_t next = end == npos ? npos : s.find(hermes_begin, end + hermes_end.size());
-    if (next == npos) return more_text;
-    at = next + hermes_begin.size();
+/// Qwen3-Coder's next call: the next <function=NAME> tag from *from on (the first marker, then
+/// the last call's </function>), in a <tool_call> block or not, named once its '>' is read; a
+/// <function= that is no tag is text, passed over (read_qwen3_xml's rules: text among the calls
+/// is read at the end). *from moves on as the text is searched (find_forward), stopping at a
+/// <function= whose tag goes on; *tag_scanned: how far that tag has been looked at. Its arguments
+/// (from just past the '>') are not JSON as written: stream_xml_arguments sends them whole at
+/// </function>.
+call_head xml_head(std::string_view s, size_t* from, size_t* tag_scanned) {
+  for (;;) {
+    const size_t at = find_forward(s, xml_function_begin, from);
+    if (at == npos) return more_text;
+    *from = at;
+    auto tag = read_xml_tag_name(s, at + xml_function_begin.size(), *tag_scanned);
+    if (tag.more) {
+      *tag_scanned = s.size();
+      return more_text;
+    }
+    *tag_scanned = 0;
+    if (!tag.name.empty()) return {call_head::found, std::move(tag.name), tag.close + 1};
+    *from = at + 1;
   }
-  at = skip_space(s, at);
-  switch (see(s, at, xml_function_begin)) {
-    case seen::more: return more_text;
-    case seen::no: return {};
-    case seen::yes: break;
-  }
-  auto tag = read_xml_tag_name(s, at + xml_function_begin.size());
-  if (tag.more) return more_text;
-  if (tag.name.empty()) return {};
-  return {call_head::found, std::move(tag.name), tag.close + 1};
 }
 
 call_head forced_head(std::string_view s, size_t from, bool first, const std::string& tool) {
@@ -661,23 +681,20 @@ std::string_view tool_call_splitter::sent_arguments(const sent_call& call) const
 
 bool tool_call_splitter::stream_xml_arguments(answer_parts* out) {
   // The call's text from args_begin on; scan_.at: how far </function> has been looked for (each
-  // byte is looked at once as the text grows; held_ only grows while calls stream).
+  // byte is looked at once as the text grows; held_ only grows while calls stream). None before
+  // the answer ends (cut by max_tokens): the end reads the call with the parameters so far, and
+  // sends them as the rest of this call (sent_arguments is "" until then).
   const std::string_view s = held_;
   auto& call = sent_.back();
-  const size_t end = s.find(xml_function_end, scan_.at);
-  if (end == npos) {
-    scan_.at = std::max(scan_.at, s.size() - std::min(s.size(), xml_function_end.size() - 1));
-    return false;
-  }
+  const size_t end = find_forward(s, xml_function_end, &scan_.at);
+  if (end == npos) return false;
+  // Once named, a call always reads (text among its parameters is passed over): its arguments
+  // are a JSON object, `{}` at least, never empty, so `built` tells a call whose arguments went.
   auto args = xml_call_arguments(call.name, s.substr(call.args_begin, end - call.args_begin), parameters_.get());
-  if (!args) {  // not parameters: the end reads the answer (as content) and the text follows the call sent
-    stopped_ = true;
-    return false;
-  }
   const auto index = static_cast<uint32_t>(sent_.size() - 1);
-  if (!out->tool_calls.empty() && out->tool_calls.back().index == index) out->tool_calls.back().arguments += *args;
-  else out->tool_calls.push_back({{}, *args, index, false});
-  call.built = std::move(*args);
+  if (!out->tool_calls.empty() && out->tool_calls.back().index == index) out->tool_calls.back().arguments += args;
+  else out->tool_calls.push_back({{}, args, index, false});
+  call.built = std::move(args);
   args_open_ = false;
   next_from_ = end + xml_function_end.size();
   return true;
@@ -732,12 +749,12 @@ void tool_call_splitter::stream_calls(answer_parts* out) {
       head = forced_head(s, next_from_, first, forced_tool_);
     } else {
       switch (format_) {
-        case tool_call_format::hermes: head = hermes_head(s, next_from_, first); break;
+        case tool_call_format::hermes: head = hermes_head(s, &next_from_, &end_seen_, first); break;
         case tool_call_format::llama_json: head = llama_head(s, next_from_, first); break;
         case tool_call_format::mistral: head = mistral_head(s, next_from_, first); break;
-        case tool_call_format::deepseek: head = sectioned_head(s, next_from_, first, format_, deepseek_form); break;
-        case tool_call_format::kimi: head = sectioned_head(s, next_from_, first, format_, kimi_form); break;
-        case tool_call_format::qwen3_xml: head = xml_head(s, next_from_, first); break;
+        case tool_call_format::deepseek: head = sectioned_head(s, &next_from_, first, format_, deepseek_form); break;
+        case tool_call_format::kimi: head = sectioned_head(s, &next_from_, first, format_, kimi_form); break;
+        case tool_call_format::qwen3_xml: head = xml_head(s, &next_from_, &tag_scanned_); break;
         case tool_call_format::none: break;
       }
     }
@@ -753,6 +770,7 @@ void tool_call_splitter::stream_calls(answer_parts* out) {
     scan_ = json_scan{head.args};
     probe_ = scan_;
     args_open_ = true;
+    end_seen_ = false;
   }
 }
 
@@ -777,13 +795,20 @@ answer_parts tool_call_splitter::feed(const std::string& content, bool last) {
       return out;
     }
   } else if (!calling_) {
-    const auto marker = call_marker(format_);
-    if (const auto at = held_.find(marker); !marker.empty() && at != std::string::npos) {
+    // held_ is the tail held back (what may start a marker) and the new piece: searched once.
+    size_t at = npos;
+    std::vector<std::string> markers;
+    for (const auto marker : call_markers(format_))
+      if (!marker.empty()) {
+        at = std::min(at, held_.find(marker));
+        markers.emplace_back(marker);
+      }
+    if (at != npos) {
       out.content = held_.substr(0, at);
       held_.erase(0, at);
       calling_ = true;
     } else {
-      const size_t shown = last || marker.empty() ? held_.size() : streamable_prefix(held_, {std::string{marker}});
+      const size_t shown = last || markers.empty() ? held_.size() : streamable_prefix(held_, markers);
       out.content = held_.substr(0, shown);
       held_.erase(0, shown);
       shown_ |= !out.content.empty();

@@ -1,7 +1,41 @@
-// Qwen3-Coder's XML tool calls read whole (openai_tool_calls_xml.hpp; the stream's side is in
-// openai_tool_calls.cpp). A value is raw text: its type comes from the request's tool schema, as
-// vLLM's qwen3_coder parser (Qwen3CoderToolParser) reads it, so that clients moving from vLLM get
-// the same arguments. Where the two differ it is said below.
+// Qwen3-Coder's XML tool calls read whole (openai_tool_calls_xml.hpp gives the rules; the
+// stream's side is in openai_tool_calls.cpp, by the same rules and functions). A value is raw
+// text: its type comes from the request's tool schema, as vLLM's qwen3_coder parser
+// (Qwen3CoderToolParser) reads it, so that clients moving from vLLM get the same arguments.
+//
+// What a client would see differ from vLLM:
+// - arguments are written compact, {"a":1,"b":"x"}, where vLLM's json.dumps writes {"a": 1,
+//   "b": "x"} (the same JSON); an integral number past 64 bits stays a float here (1e+300),
+//   vLLM writes its digits;
+// - text between and after the calls is content here (each piece on a line of its own, the
+//   <tool_call> markers dropped); vLLM's content is the text before the first call only, the
+//   rest is dropped;
+// - a boolean is read trimmed (" true" is true; vLLM: false), and a value that is neither true nor
+//   false stays text (vLLM: false);
+// - integers as Python's int() reads them, but no underscores ("1_000") and 64 bits at most: else
+//   text (vLLM: the number);
+// - a type other than string, integer, number and boolean (object, array, ["integer", "null"],
+//   ...) reads the value as JSON; vLLM tries json.loads for object and array types only, then
+//   Python's ast.literal_eval ('a', True, (1, 2) read there; JSON's true does not, for the
+//   others);
+// - a tag's name is trimmed (<function= f > is f) and must be on one line without '<': else the
+//   tag is text, passed over (vLLM takes anything up to the first '>');
+// - a tag without its '>' (broken, or cut by max_tokens) is text here: a parameter's is passed
+//   over, a function's is text among the calls (content), and the other calls stand; vLLM then
+//   reads no call at all, the whole answer being content;
+// - a call ends at its first </function> only: a </tool_call> inside a value is text (vLLM ends
+//   the block there, cutting the value and dropping the rest of the call); a call whose
+//   </function> is missing runs to the next </function> or the answer's end, taking in any
+//   later block's parameters (vLLM ends it at its block's </tool_call>);
+// - a bare <function=NAME> (no <tool_call> before it) is a call wherever it is; vLLM reads bare
+//   calls only in an answer with no <tool_call> at all, and drops a <function= outside the
+//   blocks otherwise (one before the first <tool_call> is part of its content);
+// - a value without </parameter> that runs to its call's end (a cut call's last one, say) loses
+//   one trailing line break, as any value; vLLM's regex ($) loses one more there;
+// - streamed, a call's arguments go out in one piece at its </function> (at the stream's end for
+//   a call cut by max_tokens), where vLLM sends each parameter as it ends; joined, they are the
+//   same. Streamed and whole answers read the same here, bare calls and two calls in a block
+//   included, which vLLM's stream does not.
 
 #include "deploy/openai_tool_calls_xml.hpp"
 
@@ -11,6 +45,7 @@
 #include <initializer_list>
 #include <map>
 #include <optional>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
@@ -24,19 +59,10 @@ constexpr auto npos = std::string_view::npos;
 
 bool space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
 
-size_t skip_space(std::string_view s, size_t at) {
-  while (at < s.size() && space(s[at])) ++at;
-  return at;
-}
-
 std::string_view trimmed(std::string_view s) {
   while (!s.empty() && space(s.front())) s.remove_prefix(1);
   while (!s.empty() && space(s.back())) s.remove_suffix(1);
   return s;
-}
-
-bool starts_with(std::string_view s, size_t at, std::string_view prefix) {
-  return s.substr(std::min(at, s.size())).starts_with(prefix);
 }
 
 char lower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; }
@@ -146,31 +172,55 @@ answer_parts whole(const std::string& content) {
   return out;
 }
 
+/// Text among the calls, as content: its <tool_call> and </tool_call> markers are the form's and
+/// go; each piece between them, trimmed, on a line of its own (append_line).
+void append_text(std::string_view text, std::string* rest) {
+  // Each marker looked for again only once passed (the two never overlap).
+  size_t from = 0, open = text.find(xml_call_begin), close = text.find(xml_call_end);
+  for (;;) {
+    const size_t at = std::min(open, close);
+    append_line(rest, std::string{trimmed(text.substr(from, at == npos ? npos : at - from))});
+    if (at == npos) return;
+    if (at == open) {
+      from = open + xml_call_begin.size();
+      open = text.find(xml_call_begin, from);
+    } else {
+      from = close + xml_call_end.size();
+      close = text.find(xml_call_end, from);
+    }
+  }
+}
+
 }  // namespace
 
-xml_tag_name read_xml_tag_name(std::string_view s, size_t at) {
+xml_tag_name read_xml_tag_name(std::string_view s, size_t at, size_t scanned) {
   // A name is one line: a tag never closed must not make a stream wait (and look) to the end.
-  const size_t close = s.find_first_of(">\n<", at);
+  const size_t close = s.find_first_of(">\n<", std::max(at, scanned));
   if (close == npos) return {{}, npos, true};
   if (s[close] != '>') return {};
   return {std::string{trimmed(s.substr(at, close - at))}, close, false};
 }
 
-std::optional<std::string> xml_call_arguments(std::string_view name, std::string_view body,
-                                              const tool_parameter_kinds* parameters) {
+std::string xml_call_arguments(std::string_view name, std::string_view body, const tool_parameter_kinds* parameters) {
   const std::map<std::string, parameter_kind, std::less<>>* kinds = nullptr;
   if (parameters)
     if (const auto f = parameters->find(name); f != parameters->end()) kinds = &f->second;
   ordered_json args = ordered_json::object();
-  size_t at = 0;
-  while ((at = skip_space(body, at)) < body.size()) {
-    if (!starts_with(body, at, xml_parameter_begin)) return std::nullopt;  // text among the parameters
-    const auto tag = read_xml_tag_name(body, at + xml_parameter_begin.size());
-    if (tag.name.empty()) return std::nullopt;
+  // The next <parameter= and </parameter> from where the reading stands, each looked for again
+  // only once passed: the body is read once, however its tags fall.
+  size_t open = body.find(xml_parameter_begin), close = body.find(xml_parameter_end);
+  while (open != npos) {
+    const auto tag = read_xml_tag_name(body, open + xml_parameter_begin.size());
+    if (tag.name.empty()) {  // no tag: text, passed over
+      open = body.find(xml_parameter_begin, open + 1);
+      continue;
+    }
     // Raw text up to </parameter> (one inside a value ends it: vLLM's reading too); where the
     // model left that out, up to the next parameter or the call's end, as vLLM reads it.
     const size_t from = tag.close + 1;
-    const size_t end = std::min(body.find(xml_parameter_end, from), body.find(xml_parameter_begin, from));
+    if (close < from) close = body.find(xml_parameter_end, from);
+    open = body.find(xml_parameter_begin, from);
+    const size_t end = std::min(close, open);
     std::string_view value = body.substr(from, end == npos ? npos : end - from);
     // The template writes each value on lines of its own: one line break before and after it
     // is the form's, not the value's.
@@ -180,7 +230,7 @@ std::optional<std::string> xml_call_arguments(std::string_view name, std::string
     if (kinds)
       if (const auto k = kinds->find(tag.name); k != kinds->end()) kind = k->second;
     args[tag.name] = typed_value(value, kind);  // a name written twice: the last value, in the first's place (vLLM's)
-    at = end == npos ? body.size() : starts_with(body, end, xml_parameter_end) ? end + xml_parameter_end.size() : end;
+    // Text after the value's </parameter> up to the next <parameter= is passed over.
   }
   // Text that is not UTF-8 (an answer cut inside a character) is replaced, not thrown on.
   return args.dump(-1, ' ', false, ordered_json::error_handler_t::replace);
@@ -188,30 +238,32 @@ std::optional<std::string> xml_call_arguments(std::string_view name, std::string
 
 answer_parts read_qwen3_xml(const std::string& content, const tool_parameter_kinds* parameters) {
   const std::string_view s = content;
-  const size_t first = s.find(xml_call_begin);
+  const size_t first = std::min(s.find(xml_call_begin), s.find(xml_function_begin));
   if (first == npos) return whole(content);
   answer_parts out;
   std::string rest;
-  size_t at = first;
-  while (at != npos) {
-    const size_t open = skip_space(s, at + xml_call_begin.size());
-    if (!starts_with(s, open, xml_function_begin)) return whole(content);
-    const auto tag = read_xml_tag_name(s, open + xml_function_begin.size());
-    if (tag.name.empty()) return whole(content);
+  size_t text_from = first;  // the text since the last call's end (or the first marker): content
+  for (size_t at = s.find(xml_function_begin, first); at != npos; at = s.find(xml_function_begin, at)) {
+    const auto tag = read_xml_tag_name(s, at + xml_function_begin.size());
+    if (tag.name.empty()) {  // no tag (or one cut before its '>'): text
+      ++at;
+      continue;
+    }
+    append_text(s.substr(text_from, at - text_from), &rest);
     // The call ends at its first </function> (values are raw text). None: the answer was cut
-    // inside the call, whose last value may be cut too: it does not read.
-    const size_t end = s.find(xml_function_end, tag.close + 1);
-    if (end == npos) return whole(content);
-    auto args = xml_call_arguments(tag.name, s.substr(tag.close + 1, end - tag.close - 1), parameters);
-    if (!args) return whole(content);
-    out.tool_calls.push_back({tag.name, std::move(*args), static_cast<uint32_t>(out.tool_calls.size())});
-    size_t after = skip_space(s, end + xml_function_end.size());
-    if (after >= s.size()) break;  // cut by max_tokens before </tool_call>: the call itself is whole
-    if (!starts_with(s, after, xml_call_end)) return whole(content);  // one call per <tool_call>
-    after += xml_call_end.size();
-    at = s.find(xml_call_begin, after);
-    append_line(&rest, std::string{trimmed(s.substr(after, at == npos ? npos : at - after))});
+    // inside the call, which is read with the parameters written so far.
+    const size_t body = tag.close + 1;
+    const size_t end = s.find(xml_function_end, body);
+    auto args = xml_call_arguments(tag.name, s.substr(body, end == npos ? npos : end - body), parameters);
+    out.tool_calls.push_back({tag.name, std::move(args), static_cast<uint32_t>(out.tool_calls.size())});
+    if (end == npos) {
+      text_from = s.size();
+      break;
+    }
+    at = text_from = end + xml_function_end.size();
   }
+  if (out.tool_calls.empty()) return whole(content);
+  append_text(s.substr(text_from), &rest);
   join_content(s.substr(0, first), rest, &out);
   return out;
 }

@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <mutex>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -117,6 +118,29 @@ nlohmann::ordered_json chat_context(const std::vector<chat_message>& messages, c
   return context;
 }
 
+/// The conversation as vLLM hands it to a template (its "string" content form), where it differs
+/// from transformers' (chat_context): a null content is "", and a call's arguments are JSON
+/// text, not an object. nullopt when nothing differs.
+std::optional<nlohmann::ordered_json> vllm_string_form(const nlohmann::ordered_json& context) {
+  auto out = context;
+  bool changed = false;
+  for (auto& turn : out["messages"]) {
+    if (auto c = turn.find("content"); c != turn.end() && c->is_null()) {
+      *c = "";
+      changed = true;
+    }
+    if (auto calls = turn.find("tool_calls"); calls != turn.end() && calls->is_array())
+      for (auto& call : *calls)
+        if (auto f = call.find("function"); f != call.end() && f->is_object())
+          if (auto a = f->find("arguments"); a != f->end() && a->is_structured()) {
+            *a = a->dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+            changed = true;
+          }
+  }
+  if (!changed) return std::nullopt;
+  return out;
+}
+
 class hf final : public tokenizer {
 public:
   /// `bos`: the id the encoder puts first (-1: none).
@@ -177,7 +201,20 @@ public:
         context[k] = v;
       }
     }
-    return chat_.tmpl->render(context, text, why);
+    if (chat_.tmpl->render(context, text, why)) return true;
+    // Some templates only work on vLLM's form of a conversation: Qwen3's tests `'</think>' in
+    // message.content` (null content fails), DeepSeek-V3.1's adds a call's arguments to a string.
+    // One more try in that form turns such failures into the prompt vLLM would have rendered;
+    // the first error stands when it fails too.
+    if (const auto vllm = vllm_string_form(context)) {
+      std::string second, ignored;
+      if (chat_.tmpl->render(*vllm, &second, &ignored)) {
+        *text = std::move(second);
+        why->clear();
+        return true;
+      }
+    }
+    return false;
   }
   chat_reasoning reasoning() const override { return chat_.reasoning; }
   tool_call_format tool_calls() const override { return chat_.tool_calls; }

@@ -184,6 +184,7 @@ block_server_actor::behavior_type modelled_server(pointer self, block_server_con
       },
       // No race to guard against here (one thread, virtual time): write_seq is not checked.
       [=](delete_atom, uint64_t hi, uint64_t lo, uint64_t) { self->state.blocks.erase({hi, lo}); },
+      [=](touch_atom, std::vector<uint64_t>&) {},  // no disk capacity modelled: only the index's LRU counts
       [=](stats_atom) { return self->state.stats; },
       [=](io_atom, uint64_t id) {
         auto& s = self->state;

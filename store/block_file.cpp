@@ -100,7 +100,9 @@ std::string capacity_gib_error(double gib, const std::string& what) {
 uint64_t capacity_bytes_of(double gib) {
   constexpr double gib_bytes = 1024.0 * 1024.0 * 1024.0;
   if (!(gib > 0)) return 0;
-  return gib * gib_bytes >= 18446744073709551615.0 ? UINT64_MAX : static_cast<uint64_t>(gib * gib_bytes);
+  if (gib * gib_bytes >= 18446744073709551615.0) return UINT64_MAX;
+  // A positive budget under a byte is 1 byte (refused as under one block), never 0 (unbounded).
+  return std::max<uint64_t>(1, static_cast<uint64_t>(gib * gib_bytes));
 }
 
 std::string block_path(const std::string& dir, const block_key& key) {

@@ -111,6 +111,19 @@ TEST_CASE("a drained decode rank moves its running sequences with their KV; they
   }
   CHECK(moved == st.migrated_out);
   MESSAGE(moved << " of " << n << " sequences moved, KV and all");
+  // /metrics reads the count from the rank's load reports (at the router, through its balancer).
+  uint64_t reported = 0;
+  for (int i = 0; i < 200 && reported != st.migrated_out; ++i) {
+    self->request(cluster.router, std::chrono::seconds{10}, stats_atom::value)
+        .receive(
+            [&](cluster_stats& c) {
+              for (const auto& l : c.decode)
+                if (l.name == cluster.decode[1].name) reported = l.migrated_out;
+            },
+            [&](caf::error&) {});
+    if (reported != st.migrated_out) std::this_thread::sleep_for(std::chrono::milliseconds{10});
+  }
+  CHECK(reported == st.migrated_out);
 }
 
 TEST_CASE("a move whose KV puts never land (a stalled link) is given up after migrate_send_timeout_ms: the "

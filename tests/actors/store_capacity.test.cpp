@@ -281,6 +281,28 @@ TEST_CASE("block server with a capacity of 3 blocks: six writes keep its files w
   caf::anon_send_exit(index, caf::exit_reason::user_shutdown);
 }
 
+TEST_CASE("block server with a capacity: a CHECK hit at the index counts as a use of the block on its server, "
+          "so a chain prompts keep hitting (served from a prefill rank's own cache, never read here) is not the first "
+          "deleted") {
+  capacity_store s;
+  auto index = spawn_block_index(s.t.sys, {}, {});
+  auto server = spawn_block_server(s.t.sys, s.config(2), transport::make_loopback_transport(s.fabric, "store-0"), {index});
+  caf::anon_send(index, std::vector<block_server_actor>{server});
+  const store::block_key a1{1, 1}, b1{2, 1}, c1{3, 1};
+  CHECK(s.write(server, a1, {}, std::byte{0xa1}) > 0);
+  CHECK(s.write(server, b1, {}, std::byte{0xb1}) > 0);
+  REQUIRE(s.index_blocks(index, 2) == 2);
+  // a1 hit at the index (its touch reaches the server before the next write: the index sends it
+  // before answering), so b1 is now the server's least recently used block.
+  CHECK(s.listed(index, {a1}) == std::vector<store::block_key>{a1});
+  CHECK(s.write(server, c1, {}, std::byte{0xc1}) > 0);
+  CHECK(s.on_disk(a1));  // before: a1, written first and never read here, was deleted
+  CHECK_FALSE(s.on_disk(b1));
+  CHECK(s.on_disk(c1));
+  caf::anon_send_exit(server, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(index, caf::exit_reason::user_shutdown);
+}
+
 TEST_CASE("block server: writes the disk refuses (ENOSPC, injected after the header) are dropped -- 0 bytes to the "
           "writer, nothing to the index, no file left -- and counted, and the server goes on reading and writing") {
   capacity_store s;
@@ -397,7 +419,7 @@ TEST_CASE("store capacity: --store-capacity-gib, baton node's and the spec's cap
   CHECK(c.validate().empty());
   c.store.num_servers = 0;
   c.remote_store_hosts.resize(1);
-  CHECK(c.validate().find("has none (--store-dir)") != std::string::npos);
+  CHECK(c.validate().find("it runs none") != std::string::npos);
   const auto dir = (std::filesystem::temp_directory_path() / ("baton-capacity-flag-" + std::to_string(::getpid()))).string();
   CHECK(deploy::run_local({"--store-dir", dir, "--store-capacity-gib", "-1"}) == 2);
   CHECK(deploy::run_local({"--store-dir", dir, "--store-capacity-gib", "nan"}) == 2);

@@ -4,6 +4,7 @@
 #include <caf/event_based_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
+#include "deploy/metrics.hpp"
 #include "tests/deploy/gateway_fixture.hpp"
 
 using namespace baton;
@@ -761,4 +762,35 @@ TEST_CASE("the C++ client's stream fails (rank_unavailable, naming who went) whe
   CHECK(stream->error_info().message.find("the request's actor ended before the answer") == 0);
   conn.reset();
   caf::anon_send_exit(router, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("/metrics: each decode rank's counters (offloads, moves, write-backs) from its last load report, as "
+          "counters, and none for prefill ranks") {
+  deploy::gateway_metrics m;
+  cluster_stats c;
+  rank_load d;
+  d.name = "decode-3";
+  d.offloaded = 4;
+  d.resumed = 3;
+  d.migrated_out = 2;
+  d.migrate_failed = 1;
+  d.blocks_written_back = 9;
+  d.write_backs_dropped = 5;
+  c.decode.push_back(d);
+  rank_load p;
+  p.name = "prefill-0";
+  c.prefill.push_back(p);
+  const auto text = m.render(&c);
+  for (const auto& [name, value] : std::vector<std::pair<std::string, int>>{{"offloaded", 4},
+                                                                            {"resumed", 3},
+                                                                            {"migrated", 2},
+                                                                            {"migrate_failed", 1},
+                                                                            {"blocks_written_back", 9},
+                                                                            {"write_backs_dropped", 5}}) {
+    CAPTURE(name);
+    const std::string metric = "baton_rank_" + name + "_total";
+    CHECK(text.find("# TYPE " + metric + " counter\n") != std::string::npos);
+    CHECK(text.find(metric + "{role=\"decode\",rank=\"decode-3\"} " + std::to_string(value) + "\n") != std::string::npos);
+    CHECK(text.find(metric + "{role=\"prefill\"") == std::string::npos);
+  }
 }

@@ -1,6 +1,6 @@
 // Qwen3-Coder's XML tool calls (gpu::tool_call_format::qwen3_xml): told from the model's chat
-// template, read from answers whole and streamed, each value typed by the request's tool schema
-// as vLLM's qwen3_coder parser types it.
+// template, read from answers whole and streamed (leniently, as vLLM's qwen3_coder parser reads
+// them, and the same both ways), each value typed by the request's tool schema as vLLM types it.
 
 #include <doctest/doctest.h>
 
@@ -263,19 +263,17 @@ TEST_CASE("tool calls in Qwen3-Coder's XML streamed in pieces of any size (a byt
   CHECK(end.called);
 }
 
-TEST_CASE("tool calls in Qwen3-Coder's XML: a block that does not read (no <function=, never closed, text among the "
-          "parameters, two functions in one block) leaves the answer content, whole and streamed") {
+TEST_CASE("tool calls in Qwen3-Coder's XML: an answer with no <function=NAME> tag (Hermes' JSON in the block, a tag "
+          "without its '>', one cut before it) is content, whole and streamed") {
   const auto c = coder_call();
-  const std::vector<std::string> broken = {
+  const std::vector<std::string> no_calls = {
       "Hm. <tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}\n</tool_call>",  // Hermes' JSON
-      "<tool_call>\n<function=get_weather>\n<parameter=days>\n3\n",                    // cut inside the call
-      "<tool_call>\n<function=get_weather>\nParis\n</function>\n</tool_call>",          // text, no parameter
       "<tool_call>\n<function=get_weather\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>",  // no '>'
-      "<tool_call>\n<function=f>\n</function>\n<function=g>\n</function>\n</tool_call>",
-      // A value quoting </parameter> ends there (raw text), leaving text among the parameters.
-      "<tool_call>\n<function=write_file>\n<parameter=content>\na </parameter> b\n</parameter>\n</function>\n</tool_call>",
+      "<tool_call>\n<function= >\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>",  // no name
+      "I'll look.\n<tool_call>\n<function=get_wea",  // cut inside the tag
+      "Write <function=\nname> tags.",  // a bare <function= that is no tag
   };
-  for (const auto& text : broken) {
+  for (const auto& text : no_calls) {
     CAPTURE(text);
     const auto whole = deploy::openai::read_tool_calls(text, tool_call_format::qwen3_xml, c.tool_parameters.get());
     CHECK(whole.tool_calls.empty());
@@ -283,10 +281,226 @@ TEST_CASE("tool calls in Qwen3-Coder's XML: a block that does not read (no <func
     for (size_t step : {size_t{1}, size_t{4}, text.size()}) {
       CAPTURE(step);
       const auto streamed = read(c, text, step);
-      CHECK(streamed.content == text);  // a name that went out stands; the text follows it as content
-      if (step == text.size()) CHECK(streamed.got.empty());
+      CHECK(streamed.content == text);
+      CHECK(streamed.got.empty());  // nothing was named: nothing went out but the text
+      CHECK_FALSE(streamed.called);
     }
   }
+}
+
+namespace {
+
+/// The answer read as the gateway reads it, whole and streamed in pieces of several sizes (a byte
+/// at a time too): the two must agree, and every streamed call's arguments must be a JSON object
+/// (never "", which SDKs' JSON.parse refuses). The whole read (which read_tool_calls agrees with).
+told read_both(const deploy::openai::call& c, const std::string& text) {
+  const auto whole = read(c, text, text.size());
+  const auto direct = deploy::openai::read_tool_calls(text, tool_call_format::qwen3_xml, c.tool_parameters.get());
+  REQUIRE(direct.tool_calls.size() == whole.got.size());
+  for (size_t i = 0; i < whole.got.size(); ++i) {
+    CHECK(direct.tool_calls[i].name == whole.got[i].first);
+    CHECK(direct.tool_calls[i].arguments == whole.got[i].second);
+  }
+  for (size_t step : {1, 2, 3, 7, 64}) {
+    CAPTURE(step);
+    const auto streamed = read(c, text, step);
+    CHECK(streamed.content == whole.content);
+    CHECK(streamed.got == whole.got);
+    CHECK(streamed.called == whole.called);
+    for (const auto& [name, args] : streamed.got) {
+      CAPTURE(name);
+      REQUIRE_FALSE(args.empty());
+      CHECK(json::parse(args).is_object());
+    }
+  }
+  return whole;
+}
+
+/// What an answer should read as: its calls (name, arguments) and its content (the reader's: the
+/// text before the first call as written, then what the calls left on a line of its own).
+struct want_read {
+  std::string text;
+  std::vector<std::pair<std::string, json>> calls;
+  std::string content;
+};
+
+void check_reads(const deploy::openai::call& c, const want_read& want) {
+  CAPTURE(want.text);
+  const auto got = read_both(c, want.text);
+  CHECK(got.called);
+  CHECK(got.content == want.content);
+  REQUIRE(got.got.size() == want.calls.size());
+  for (size_t i = 0; i < want.calls.size(); ++i) {
+    CHECK(got.got[i].first == want.calls[i].first);
+    CHECK(json::parse(got.got[i].second) == want.calls[i].second);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("tool calls in Qwen3-Coder's XML are read leniently, as vLLM reads them: text among the parameters is "
+          "passed over, a body without parameters is {}, every <function= in a block is a call; whole and streamed "
+          "a byte at a time read the same, arguments always a JSON object") {
+  const auto c = coder_call();
+  const std::vector<want_read> lenient = {
+      // Text and no parameter: a call without arguments.
+      {"<tool_call>\n<function=get_weather>\nParis\n</function>\n</tool_call>", {{"get_weather", json::object()}}, ""},
+      // Stray text before, between and after the parameters is passed over.
+      {"<tool_call>\n<function=get_weather>\nLet me see.\n<parameter=city>\nParis\n</parameter>\nand\n"
+       "<parameter=days>\n3\n</parameter>\ndone\n</function>\n</tool_call>",
+       {{"get_weather", {{"city", "Paris"}, {"days", 3}}}},
+       ""},
+      // A value quoting </parameter> ends there (raw text, vLLM's reading); the rest is passed over.
+      {"<tool_call>\n<function=write_file>\n<parameter=content>\na </parameter> b\n</parameter>\n</function>\n"
+       "</tool_call>",
+       {{"write_file", {{"content", "a "}}}},
+       ""},
+      // Two functions in one block: two calls.
+      {"<tool_call>\n<function=get_weather>\n<parameter=days>\n1\n</parameter>\n</function>\n"
+       "<function=write_file>\n<parameter=path>\na\n</parameter>\n</function>\n</tool_call>",
+       {{"get_weather", {{"days", 1}}}, {"write_file", {{"path", "a"}}}},
+       ""},
+      // Text between </function> and </tool_call>, and after the block: content (vLLM drops it).
+      {"I'll look.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n"
+       "oops\n</tool_call>\nDone.",
+       {{"get_weather", {{"city", "Paris"}}}},
+       "I'll look.\n\noops\nDone."},
+      // A parameter tag that is no tag (a line break in its name) is passed over with its value.
+      {"<tool_call>\n<function=get_weather>\n<parameter=da\nys>\n3\n</parameter>\n<parameter=city>\nParis\n"
+       "</parameter>\n</function>\n</tool_call>",
+       {{"get_weather", {{"city", "Paris"}}}},
+       ""},
+      // A <function= inside a value is the value's text.
+      {"<tool_call>\n<function=write_file>\n<parameter=content>\nuse <function=f> tags\n</parameter>\n"
+       "</function>\n</tool_call>",
+       {{"write_file", {{"content", "use <function=f> tags"}}}},
+       ""},
+      // The last value without </parameter> ends at </function>.
+      {"<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</function>\n</tool_call>",
+       {{"get_weather", {{"city", "Paris"}}}},
+       ""},
+      // A call ends at its first </function> only: one missing it takes in the next block's parameters
+      // (vLLM ends it at </tool_call>; openai_tool_calls_xml.cpp lists the differences).
+      {"<tool_call>\n<function=get_weather>\n<parameter=days>\n1\n</parameter>\n</tool_call>\n<tool_call>\n"
+       "<function=write_file>\n<parameter=path>\na\n</parameter>\n</function>\n</tool_call>",
+       {{"get_weather", {{"days", 1}, {"path", "a"}}}},
+       ""},
+  };
+  for (const auto& want : lenient) check_reads(c, want);
+
+  // Streamed, the second call of a block is named at its own tag, before the answer ends.
+  const auto& two_in_one = lenient[3].text;
+  const auto streamed = read(c, two_in_one, 1);
+  CHECK(streamed.named_early);
+  CHECK(streamed.num_arg_pieces == 2);
+}
+
+TEST_CASE("tool calls in Qwen3-Coder's XML: an answer cut inside a call (max_tokens) reads as the call with the "
+          "parameters written so far, whole and streamed; streamed, that call's arguments go out at the end") {
+  const auto c = coder_call();
+  const std::vector<want_read> cut = {
+      {"Sure.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nPar", {{"get_weather", {{"city", "Par"}}}},
+       "Sure.\n"},
+      {"<tool_call>\n<function=get_weather>\n<parameter=days>\n3\n", {{"get_weather", {{"days", 3}}}}, ""},
+      // Cut inside a parameter's tag: that parameter is not read.
+      {"<tool_call>\n<function=get_weather>\n<parameter=days>\n3\n</parameter>\n<parameter=ci",
+       {{"get_weather", {{"days", 3}}}},
+       ""},
+      // Cut just after the name: no arguments.
+      {"<tool_call>\n<function=get_weather>", {{"get_weather", json::object()}}, ""},
+      // The first call whole, the second cut.
+      {two_calls.substr(0, two_calls.find("close with")),
+       {{"get_weather", weather_args}, {"write_file", {{"path", "a.html"}, {"content", "<p>1 < 2</p>"}}}},
+       "I'll check.\n"},
+  };
+  for (const auto& want : cut) check_reads(c, want);
+
+  // The cut call's arguments go out with the last piece: named early, its arguments not.
+  const auto& one = cut[0].text;
+  for (size_t step : {size_t{1}, size_t{5}}) {
+    const auto streamed = read(c, one, step);
+    CHECK(streamed.named_early);
+    CHECK_FALSE(streamed.args_early);
+    CHECK(streamed.num_arg_pieces == 1);
+  }
+
+  // As the gateway answers it: the call, with finish_reason length (the answer was cut).
+  completion done;
+  done.text = one;
+  done.finish_reason = "length";
+  const auto choice = json::parse(deploy::openai::completion_json(c, done, "chatcmpl-7-2", 0))["choices"][0];
+  CHECK(choice["finish_reason"] == "length");
+  REQUIRE(choice["message"]["tool_calls"].size() == 1);
+  CHECK(json::parse(choice["message"]["tool_calls"][0]["function"]["arguments"].get<std::string>()) ==
+        json{{"city", "Par"}});
+}
+
+TEST_CASE("tool calls in Qwen3-Coder's XML: a bare <function=NAME> with no <tool_call> before it is a call (vLLM "
+          "reads those whole), streamed alike") {
+  const auto c = coder_call();
+  const std::vector<want_read> bare = {
+      {"Sure. <function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>",
+       {{"get_weather", {{"city", "Paris"}}}},
+       "Sure. "},
+      {"<function=get_weather>\n</function>\n<tool_call>\n<function=write_file>\n</function>\n</tool_call>",
+       {{"get_weather", json::object()}, {"write_file", json::object()}},
+       ""},
+  };
+  for (const auto& want : bare) check_reads(c, want);
+  CHECK(deploy::openai::read_tool_calls(bare[0].text, tool_call_format::qwen3_xml, c.tool_parameters.get()).content ==
+        "Sure.");
+  // The content before it streams at once, the name at its '>'.
+  deploy::openai::answer_reader live{c, 0};
+  CHECK(live.feed("Sure. <func", false).content == "Sure. ");
+  const auto named = live.feed("tion=get_weather>\n", false);
+  REQUIRE(named.tool_calls.size() == 1);
+  CHECK(named.tool_calls[0].name == "get_weather");
+  CHECK(named.content.empty());
+}
+
+TEST_CASE("tool calls streamed a byte at a time with a long text after the last call, or between its end and "
+          "</tool_call> (Qwen3-Coder's XML and Hermes' JSON), read as the whole answer does") {
+  // Each piece looks for the next call from where the last look stopped (find_forward in
+  // openai_tool_calls.cpp), so 200 KB streamed a byte at a time is searched once, not once per
+  // byte; what is checked here is what they read. The text has '<' and "</" that may start a marker.
+  std::string prose;
+  while (prose.size() < 200'000) prose += "Then a < b, and </ is no tag. ";
+  const std::string trimmed_prose = prose.substr(0, prose.size() - 1);
+  auto c = coder_call();
+
+  const std::string xml_call = "<tool_call>\n<function=get_weather>\n<parameter=days>\n2\n</parameter>\n</function>\n";
+  for (const auto& text : {xml_call + "</tool_call>\n" + prose, xml_call + prose + "\n</tool_call>"}) {
+    const auto whole = read(c, text, text.size());
+    REQUIRE(whole.got.size() == 1);
+    CHECK(json::parse(whole.got[0].second) == json{{"days", 2}});
+    CHECK(whole.content == trimmed_prose);
+    const auto streamed = read(c, text, 1);
+    CHECK(streamed.got == whole.got);
+    CHECK(streamed.content == whole.content);
+  }
+  // A long value streams the same (its </function> is looked for from where the last look stopped).
+  const std::string long_value =
+      "<tool_call>\n<function=write_file>\n<parameter=content>\n" + prose + "\n</parameter>\n</function>\n</tool_call>";
+  const auto value = read(c, long_value, 1);
+  REQUIRE(value.got.size() == 1);
+  CHECK(json::parse(value.got[0].second) == json{{"content", prose}});
+
+  c.tool_calls = tool_call_format::hermes;
+  const std::string hermes_call = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"days\": 2}}";
+  const std::string after = hermes_call + "\n</tool_call>\n" + prose;
+  const auto whole = read(c, after, after.size());
+  REQUIRE(whole.got.size() == 1);
+  CHECK(whole.content == trimmed_prose);
+  const auto streamed = read(c, after, 1);
+  CHECK(streamed.got == whole.got);
+  CHECK(streamed.content == whole.content);
+  // Text between the JSON and </tool_call> breaks the call read whole (content, whole); the
+  // stream named it before it could know, and its text follows as content.
+  const std::string between = hermes_call + prose + "</tool_call>";
+  CHECK(read(c, between, between.size()).content == between);
+  const auto late = read(c, between, 1);
+  CHECK(late.content == between);
+  CHECK(late.got.size() == 1);
 }
 
 TEST_CASE("tool calls in Qwen3-Coder's XML with parallel_tool_calls false: the first call only, whole or streamed") {

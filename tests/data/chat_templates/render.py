@@ -3,6 +3,11 @@
 apply_chat_template does (its Jinja environment and globals), into expected.json: the golden
 text Baton's chat template engine must match (tests/gpu/chat_template_engine.test.cpp).
 
+Then the same for real/: models' own published templates (real/README.md says whose, from where)
+with every context in real/contexts.json, each given its model's bos_token and eos_token
+(real/models.json; null: left out, as transformers leaves out a token the model lacks), into
+real/expected.json (tests/gpu/chat_template.test.cpp renders them through a model directory).
+
 Needs Jinja2 (Debian: python3-jinja2). Run from anywhere: python3 render.py
 """
 import datetime
@@ -32,24 +37,64 @@ def environment():
     return env
 
 
-def main():
-    env = environment()
-    contexts = json.loads((HERE / "contexts.json").read_text(), object_pairs_hook=dict)
+def vllm_string_form(context):
+    """The conversation as vLLM hands it to a template: a null content is "", a call's arguments
+    JSON text (compact, as Baton's nlohmann dump writes it). None when nothing differs."""
+    out = json.loads(json.dumps(context))
+    changed = False
+    for turn in out.get("messages", []):
+        if "content" in turn and turn["content"] is None:
+            turn["content"] = ""
+            changed = True
+        for call in turn.get("tool_calls") or []:
+            f = call.get("function") if isinstance(call, dict) else None
+            if isinstance(f, dict) and isinstance(f.get("arguments"), (dict, list)):
+                f["arguments"] = json.dumps(f["arguments"], ensure_ascii=False, separators=(",", ":"))
+                changed = True
+    return out if changed else None
+
+
+def render_one(template, context):
+    try:
+        return {"text": template.render(**context)}
+    except TemplateError as e:
+        return {"error": str(e)}
+    except Exception as e:  # a template's own bug on this context (e.g. None + str)
+        return {"python_error": f"{type(e).__name__}: {e}"}
+
+
+def render_dir(env, directory, models=None, vllm_fallback=False):
+    """Every *.jinja in `directory` with every context in its contexts.json, into its expected.json.
+    `models`: per template (its stem), tokens to add to each context. `vllm_fallback`: a context
+    the template fails on is rendered once more in vLLM's form (Baton's tokenizer does so)."""
+    contexts = json.loads((directory / "contexts.json").read_text(), object_pairs_hook=dict)
     expected = {}
-    for path in sorted(HERE.glob("*.jinja")):
+    for path in sorted(directory.glob("*.jinja")):
         # {% generation %} is transformers' extension; it renders its body as is.
         source = path.read_text().replace("{% generation %}", "").replace("{% endgeneration %}", "")
         template = env.from_string(source)
+        tokens = {}
+        if models is not None:
+            tokens = {k: v for k, v in models[path.stem].items() if k in ("bos_token", "eos_token") and v is not None}
         for name, context in contexts.items():
             key = f"{path.stem}/{name}"
-            try:
-                expected[key] = {"text": template.render(**context)}
-            except TemplateError as e:
-                expected[key] = {"error": str(e)}
-            except Exception as e:  # a template's own bug on this context (e.g. None + str)
-                expected[key] = {"python_error": f"{type(e).__name__}: {e}"}
-    (HERE / "expected.json").write_text(json.dumps(expected, indent=1, ensure_ascii=False) + "\n")
-    print(f"{len(expected)} renderings into {HERE / 'expected.json'}")
+            got = render_one(template, {**context, **tokens})
+            if "text" not in got and vllm_fallback:
+                alt = vllm_string_form(context)
+                if alt is not None:
+                    second = render_one(template, {**alt, **tokens})
+                    if "text" in second:
+                        got = {"text": second["text"], "vllm_form": True}
+            expected[key] = got
+    (directory / "expected.json").write_text(json.dumps(expected, indent=1, ensure_ascii=False) + "\n")
+    print(f"{len(expected)} renderings into {directory / 'expected.json'}")
+
+
+def main():
+    env = environment()
+    render_dir(env, HERE)
+    real = HERE / "real"
+    render_dir(env, real, json.loads((real / "models.json").read_text(), object_pairs_hook=dict), vllm_fallback=True)
 
 
 if __name__ == "__main__":
