@@ -167,6 +167,14 @@ struct write_outcome {
   int err_no = 0;
 };
 
+/// What the I/O thread made of a read: the reader's answer, the bytes put, and the blocks whose
+/// files were gone (for the index).
+struct read_outcome {
+  store_read_result result;
+  uint64_t bytes = 0;
+  std::vector<disk_eviction> gone;
+};
+
 /// Registers the read staging with the transport; an error sentence when it cannot.
 std::string register_staging(io_context& io) {
   transport::xfer_error err;
@@ -280,9 +288,9 @@ std::string read_layer_reopened(const io_context& io, const store::block_header&
 
 /// Serves a read on the I/O thread: layer-major, each layer of all blocks (in staging-sized
 /// batches) read, checked against its checksum, then put, so the reader's layer l lands before
-/// layer l + 1. No put starts after `deadline`.
+/// layer l + 1. No put starts after `deadline`. Blocks whose files are not there go to `gone`.
 store_read_result serve_read(io_context& io, const store_read_order& order, uint64_t* bytes,
-                             std::chrono::steady_clock::time_point deadline) {
+                             std::chrono::steady_clock::time_point deadline, std::vector<disk_eviction>* gone) {
   const size_t n = order.blocks.size();
   store_read_result r{order.request_id, order.block_index, std::vector<std::string>(n), std::vector<std::vector<uint64_t>>(n)};
   const std::string bad = io.setup_error.empty() ? malformed(io, order) : io.setup_error;
@@ -322,9 +330,19 @@ store_read_result serve_read(io_context& io, const store_read_order& order, uint
   for (size_t i = 0; i < n; ++i) {
     const store::block_key key{order.blocks[i].hi, order.blocks[i].lo};
     std::string why;
-    const int fd = store::open_block_file(store::block_path(io.cfg.dir, key), io.salt, key, &headers[i], &why);
+    bool no_file = false;
+    const int fd = store::open_block_file(store::block_path(io.cfg.dir, key), io.salt, key, &headers[i], &why, &no_file);
     if (fd < 0) {
       r.errors[i] = why;
+      // Deleted behind the server's back (an operator freeing the disk): the index hears of it,
+      // or it would name the block, and readers miss on it, until it expires (days).
+      if (no_file) {
+        auto w = io.written.find(key);
+        gone->push_back({key, w == io.written.end() ? 0 : w->second});
+        if (w != io.written.end()) io.written.erase(w);
+        io.on_disk.erase(key);
+        io.disk_bytes = io.on_disk.bytes();
+      }
       continue;
     }
     if (auto differs = layout_mismatch(headers[i], order, layout, order.block_index[i]); !differs.empty()) {
@@ -569,16 +587,20 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
         run_io(
             self,
             [order = std::move(order), deadline](io_context& io) {
-              uint64_t bytes = 0;
-              auto r = serve_read(io, order, &bytes, deadline);
-              return std::make_pair(std::move(r), bytes);
+              read_outcome out;
+              out.result = serve_read(io, order, &out.bytes, deadline, &out.gone);
+              return out;
             },
-            [=](std::pair<store_read_result, uint64_t> out) mutable {
+            [=](read_outcome out) mutable {
               auto& st = self->state;
-              for (const auto& e : out.first.errors) ++(e.empty() ? st.stats.blocks_read : st.stats.read_failures);
-              st.stats.bytes_read += out.second;
+              for (const auto& e : out.result.errors) ++(e.empty() ? st.stats.blocks_read : st.stats.read_failures);
+              st.stats.bytes_read += out.bytes;
+              for (const auto& g : out.gone)
+                if (!st.index.empty())
+                  self->send(st.index[shard_of(g.key, static_cast<uint32_t>(st.index.size()))], delete_atom::value,
+                             st.io->cfg.server_id, g.key.hi, g.key.lo, g.write_seq);
               st.reads.erase(read_id);
-              promise.deliver(std::move(out.first));
+              promise.deliver(std::move(out.result));
             });
         return promise;
       },

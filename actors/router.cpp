@@ -145,12 +145,14 @@ std::string tokenize_and_validate(generate_request& req, const gpu::model_config
     if (!tokenizer) return "messages need the model's chat template; this router has none";
     std::vector<gpu::chat_message> chat;
     for (const auto& m : req.messages) chat.push_back({m.role, m.content, m.fields_json});
+    std::string text, why;
+    // Rendered first: a model with no chat template at all is told as such, not as one whose
+    // template writes no tool calls.
+    if (!tokenizer->render_chat(chat, gpu::chat_extras{req.chat_template_kwargs, req.tools_json}, &text, &why)) return why;
     if (!req.tools_json.empty() && tokenizer->tool_calls() == gpu::tool_call_format::none)
       return "tools need a model whose chat template asks for tool calls in a form Baton reads (Qwen's and Hermes' "
-             "<tool_call> JSON, Llama 3.1's JSON answer, Mistral's [TOOL_CALLS], DeepSeek's or Kimi-K2's tool-call "
-             "tokens); this model's does not";
-    std::string text, why;
-    if (!tokenizer->render_chat(chat, gpu::chat_extras{req.chat_template_kwargs, req.tools_json}, &text, &why)) return why;
+             "<tool_call> JSON, Qwen3-Coder's <function=...> XML, Llama 3.1's JSON answer, Mistral's [TOOL_CALLS], "
+             "DeepSeek's or Kimi-K2's tool-call tokens); this model's does not";
     // Whether this chat's answer starts thinking: the request's own template variables decide
     // (DeepSeek-V3.1's `thinking`), not only the model's default.
     if (thinking && tokenizer->reasoning() != gpu::chat_reasoning::none) *thinking = gpu::opens_thinking(text) ? 1 : 2;

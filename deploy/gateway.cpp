@@ -143,8 +143,28 @@ std::pair<int, std::string> status_of(caf::actor_system& sys, const caf::error& 
   return {503, "the router failed the request: " + sys.render(err)};
 }
 
+/// The request field a router's refusal is about, as OpenAI's `param`: the router's checks
+/// start their sentence with the field ("max_tokens 300 exceeds ...", "top_p must be ...").
+std::string param_of(std::string_view message) {
+  constexpr std::string_view stage = "stage admission: ";
+  const size_t at = message.find(stage);
+  if (at == std::string_view::npos) return {};
+  const auto rest = message.substr(at + stage.size());
+  size_t n = 0;
+  while (n < rest.size() && ((rest[n] >= 'a' && rest[n] <= 'z') || rest[n] == '_')) ++n;
+  const auto word = rest.substr(0, n);
+  // "prompt of 200 tokens plus max_tokens 100 exceeds the context": the number asked for.
+  if (word == "prompt" && rest.find("plus max_tokens") != std::string_view::npos) return "max_tokens";
+  for (std::string_view field : {"max_tokens", "prompt", "messages", "tools", "top_p", "temperature", "logit_bias", "stop",
+                                 "stop_token_ids", "min_p", "min_tokens", "top_logprobs", "prompt_top_logprobs",
+                                 "presence_penalty", "frequency_penalty", "repetition_penalty", "priority"})
+    if (word == field) return std::string{field};
+  return {};
+}
+
 openai::api_error api_error_of(int status, std::string message) {
-  return {status, std::move(message), status < 500 ? "invalid_request_error" : "server_error", {}};
+  auto param = status == 400 ? param_of(message) : std::string{};
+  return {status, std::move(message), status < 500 ? "invalid_request_error" : "server_error", std::move(param)};
 }
 
 /// Answers queued for a client that does not read past this stop the connection's further

@@ -278,7 +278,7 @@ int run_local(const std::vector<std::string>& args) {
             "`deepseek-v3-tiny` for seeded DeepSeek shapes (MLA latent KV, MoE)");
   flags.add("--chat", &opt.chat, "send each prompt as a user message through the model's chat template");
   flags.add("--prompt", &opt.prompts, "a prompt to answer (repeat for several)");
-  flags.add("--max-tokens", &opt.max_tokens, "tokens to generate per prompt");
+  flags.add("--max-tokens", &opt.max_tokens, "tokens to generate per prompt (0: what the context leaves after the prompt)");
   flags.add("--temperature", &opt.temperature, "0 = greedy");
   flags.add("--num-requests", &opt.num_requests, "requests to send at once, cycling through the prompts (0 = one each)");
   flags.add("--scheduler-threads", &opt.scheduler_threads, "CAF scheduler threads (0 = hardware threads)");
@@ -722,9 +722,26 @@ int run_local(const std::vector<std::string>& args) {
   std::printf("\nbaton local: %zu requests, %d failed, %zu tokens in %.3f s: %.1f requests/s, %.1f tokens/s\n",
               num_sent, failures, num_tokens, seconds, static_cast<double>(num_sent - failures) / seconds,
               static_cast<double>(num_tokens) / seconds);
-  if (opt.cluster.store.enabled)
+  if (opt.cluster.store.enabled) {
     std::printf("  store: %llu of %llu prompt tokens loaded instead of computed\n",
                 static_cast<unsigned long long>(cached_tokens), static_cast<unsigned long long>(prompt_tokens));
+    // What the disk holds now (write-backs of the last answers may still be on their way).
+    self->request(cluster.router, std::chrono::seconds{5}, stats_atom::value)
+        .receive(
+            [&](cluster_stats& c) {
+              const auto mib = [](uint64_t b) { return static_cast<double>(b) / (1024.0 * 1024.0); };
+              std::printf("  store: %llu blocks written, %.1f MiB of block files on disk",
+                          static_cast<unsigned long long>(c.store.blocks_written), mib(c.store.disk_bytes));
+              if (opt.cluster.store.capacity_gib > 0)
+                std::printf(" (budget %.1f MiB), %llu deleted for room", opt.cluster.store.capacity_gib * 1024.0,
+                            static_cast<unsigned long long>(c.store.disk_evicted));
+              if (c.store.write_failures)
+                std::printf(", %llu writes failed (%llu for want of room)", static_cast<unsigned long long>(c.store.write_failures),
+                            static_cast<unsigned long long>(c.store.write_no_space));
+              std::printf("\n");
+            },
+            [&](caf::error& e) { std::printf("  store: no figures from the router (%s)\n", sys.render(e).c_str()); });
+  }
   print_row("TTFT", ttft);
   print_row("TBT (every interval)", tbt);
   print_row("placement", place);

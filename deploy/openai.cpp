@@ -141,9 +141,61 @@ void echo_parts(const call& c, uint32_t index, const std::string& decoded, bool 
 }  // namespace
 
 namespace {
-/// OpenAI's tool_calls list; a call's id names the answer, its choice and its place. In a stream
-/// each entry carries its index, and a call's later pieces carry only that and more arguments.
-json tool_calls_json(const std::vector<tool_call>& calls, const std::string& id, size_t choice, bool indexed) {
+
+/// Mistral's call ids are 9 characters of [0-9A-Za-z]: its templates and mistral-common refuse
+/// any other id in the next turn (vLLM's Mistral parser draws them at random).
+constexpr uint64_t mistral_id_space = [] {
+  uint64_t n = 1;
+  for (int k = 0; k < 9; ++k) n *= 62;
+  return n;
+}();
+/// Odd and no multiple of 31, so prime to 62^9: multiplying by it modulo 62^9 permutes the ids,
+/// spreading neighbouring places over all nine characters. (About 62^9 times 0.618.)
+constexpr uint64_t mistral_id_scramble = 8366379594239805;
+static_assert(mistral_id_scramble % 2 == 1 && mistral_id_scramble % 31 != 0 && mistral_id_scramble < mistral_id_space);
+// A call's place below, choice * 2^32 + index, stays under 62^9 for every choice a call may have,
+// so distinct places stay distinct ids.
+static_assert((uint64_t{max_call_requests} << 32) < mistral_id_space);
+
+/// Drawn from the answer's id, the choice and the call's place rather than at random, so that
+/// the whole answer and its stream give a call the same id with no state kept between chunks
+/// (and a test can know it). Within an answer the ids differ by construction: the places differ
+/// and are offset and permuted alike. Across answers, whose ids differ (the gateway's start
+/// second and a counter), two calls' ids agree by chance about once in 62^9 (1.4e16).
+std::string mistral_call_id(const std::string& answer_id, size_t choice, uint32_t index) {
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a of the answer's id, then MurmurHash3's finaliser
+  for (unsigned char ch : answer_id) h = (h ^ ch) * 0x100000001b3ull;
+  h ^= h >> 33, h *= 0xff51afd7ed558ccdull, h ^= h >> 33, h *= 0xc4ceb9fe1a85ec53ull, h ^= h >> 33;
+  const uint64_t place = (static_cast<uint64_t>(choice) << 32) | index;  // below 2^42 (max_call_requests)
+  const uint64_t x = (h % mistral_id_space + place) % mistral_id_space;
+  auto v = static_cast<uint64_t>(static_cast<unsigned __int128>(x) * mistral_id_scramble % mistral_id_space);
+  static constexpr char digits[] = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+  std::string out(9, '0');
+  for (auto& ch : out) ch = digits[v % 62], v /= 62;
+  return out;
+}
+
+/// A call's id. The client sends it back in the next turn (the assistant's tool_calls[].id, the
+/// tool message's tool_call_id) and the model's template renders it, so it takes the form the
+/// model was trained on: Mistral's 9 characters (mistral_call_id); Kimi-K2's functions.NAME:N,
+/// N counting the conversation's calls from its first (call::num_history_tool_calls; each choice
+/// counts from the same history), as the model numbers them and vLLM gives them; otherwise the
+/// answer's id, the choice and the call's place.
+std::string tool_call_id(const call& c, const tool_call& t, const std::string& answer_id, size_t choice) {
+  switch (c.tool_calls) {
+    case gpu::tool_call_format::mistral: return mistral_call_id(answer_id, choice, t.index);
+    case gpu::tool_call_format::kimi:
+      return "functions." + t.name + ":" + std::to_string(uint64_t{c.num_history_tool_calls} + t.index);
+    default:
+      return "call_" + answer_id.substr(answer_id.find('-') + 1) + "-" + std::to_string(choice) + "-" +
+             std::to_string(t.index);
+  }
+}
+
+/// OpenAI's tool_calls list (ids: tool_call_id). In a stream each entry carries its index, and a
+/// call's later pieces carry only that and more arguments.
+json tool_calls_json(const call& c, const std::vector<tool_call>& calls, const std::string& id, size_t choice,
+                     bool indexed) {
   json out = json::array();
   for (const auto& call : calls) {
     json entry = json::object();
@@ -151,7 +203,7 @@ json tool_calls_json(const std::vector<tool_call>& calls, const std::string& id,
     if (!call.first) {
       entry["function"] = {{"arguments", call.arguments}};
     } else {
-      entry["id"] = "call_" + id.substr(id.find('-') + 1) + "-" + std::to_string(choice) + "-" + std::to_string(call.index);
+      entry["id"] = tool_call_id(c, call, id, choice);
       entry["type"] = "function";
       entry["function"] = {{"name", call.name}, {"arguments", call.arguments}};
     }
@@ -159,6 +211,7 @@ json tool_calls_json(const std::vector<tool_call>& calls, const std::string& id,
   }
   return out;
 }
+
 }  // namespace
 
 namespace {
@@ -199,7 +252,7 @@ json completion_object(const call& c, const std::vector<completion>& choices, co
       if (c.separate_reasoning) message["reasoning_content"] = parts.reasoning.empty() ? json(nullptr) : json(parts.reasoning);
       if (!parts.tool_calls.empty()) {
         if (parts.content.empty()) message["content"] = nullptr;
-        message["tool_calls"] = tool_calls_json(parts.tool_calls, id, i, false);
+        message["tool_calls"] = tool_calls_json(c, parts.tool_calls, id, i, false);
         if (done.finish_reason != "length") choice["finish_reason"] = "tool_calls";  // a cut answer says so
       }
       choice["message"] = std::move(message);
@@ -273,7 +326,7 @@ std::string chunk_json(const call& c, const stream_chunk& chunk, const std::stri
     if (split) {
       if (!split->reasoning.empty()) delta["reasoning_content"] = split->reasoning;
       if (!split->content.empty() || (first && split->reasoning.empty())) delta["content"] = split->content;
-      if (!split->tool_calls.empty()) delta["tool_calls"] = tool_calls_json(split->tool_calls, id, index, true);
+      if (!split->tool_calls.empty()) delta["tool_calls"] = tool_calls_json(c, split->tool_calls, id, index, true);
       if (split->called && !chunk.finish_reason.empty() && chunk.finish_reason != "length")
         choice["finish_reason"] = "tool_calls";  // a cut answer says so
     } else if (!chunk.text.empty() || first) {

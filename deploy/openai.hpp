@@ -82,6 +82,10 @@ struct call {
   /// The request gave tools (req.tools_json): how the model writes its calls
   /// (cluster_stats::chat_tool_calls), set by the gateway. Answers' calls go to `tool_calls`.
   gpu::tool_call_format tool_calls = gpu::tool_call_format::none;
+  /// The calls the conversation made before this answer: the assistant messages' tool_calls,
+  /// counted by parse_body. Kimi-K2's call ids number every call of a conversation, so each
+  /// choice's go on from these (its calls' ids: openai.cpp, tool_call_id).
+  uint32_t num_history_tool_calls = 0;
   /// The request's tools' parameter types (parse_body; null without tools): Qwen3-Coder's XML
   /// calls write each value as text, typed by these. Built once per request and shared, read-only,
   /// by its choices' readers (which may outlive a copy of the call).

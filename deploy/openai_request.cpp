@@ -190,8 +190,9 @@ bool turn_tool_calls(const ordered_json& calls, const std::string& param, ordere
 }
 
 /// Messages in their given key order (`body`, ordered): a tool call's arguments reach the
-/// template as the client wrote them.
-bool parse_messages(const json& j, const ordered_json& body, generate_request* req, api_error* err) {
+/// template as the client wrote them. `num_tool_calls`: the assistant turns' calls, counted.
+bool parse_messages(const json& j, const ordered_json& body, generate_request* req, uint32_t* num_tool_calls,
+                    api_error* err) {
   auto it = j.find("messages");
   if (it == j.end() || !it->is_array() || it->empty()) {
     *err = bad("messages", "messages must be a non-empty array of {role, content}");
@@ -217,6 +218,7 @@ bool parse_messages(const json& j, const ordered_json& body, generate_request* r
     if (turn.role == "assistant" && m.contains("tool_calls") && !m["tool_calls"].is_null()) {
       ordered_json calls;
       if (!turn_tool_calls(body["messages"][i]["tool_calls"], param + ".tool_calls", &calls, err)) return false;
+      *num_tool_calls += static_cast<uint32_t>(calls.size());
       if (!calls.empty()) fields["tool_calls"] = std::move(calls);
     }
     if (turn.role == "tool") {
@@ -494,7 +496,8 @@ bool parse_checked_body(std::string_view body, bool chat, const std::string& ser
   // schema's properties come in it).
   const auto ordered = ordered_json::parse(body, nullptr, false);
   if (chat) {
-    if (!parse_messages(j, ordered, &r, err) || !parse_tools(j, ordered, out, err)) return false;
+    if (!parse_messages(j, ordered, &r, &out->num_history_tool_calls, err) || !parse_tools(j, ordered, out, err))
+      return false;
   } else if (!parse_prompt(j, out, err)) {
     return false;
   } else if (auto t = j.find("tools"); t != j.end() && !t->is_null() && !(t->is_array() && t->empty())) {
@@ -510,7 +513,11 @@ bool parse_checked_body(std::string_view body, bool chat, const std::string& ser
     *err = bad("echo", "echo is supported on /v1/completions only");
     return false;
   }
-  if (!number_field(j, "max_tokens", r.echo ? 0 : 1, big, &r.max_tokens, err)) return false;
+  if (!number_field(j, "max_tokens", r.echo ? 0 : 1, big, &r.max_tokens, err)) {
+    if (!r.echo && j.contains("max_tokens") && j.at("max_tokens").is_number() && j.at("max_tokens") == 0)  // echo allows it
+      err->message = "max_tokens must be at least 1 (0 asks for the prompt's scores alone, with echo: true)";
+    return false;
+  }
   if (r.echo && j.contains("max_tokens") && r.max_tokens == 0) {
     r.prompt_only = true;
     r.max_tokens = 1;  // the prefill picks one token in any case; it is not returned

@@ -166,6 +166,17 @@ parameter_kind kind_of(const nlohmann::json& schema) {
   return parameter_kind::json;
 }
 
+/// A value the answer's end cut off (max_tokens): the start of the tag that was coming
+/// ("Rome\n</p") is not the value's.
+std::string_view without_cut_tag(std::string_view value) {
+  const size_t lt = value.rfind('<');
+  if (lt == npos) return value;
+  const auto tail = value.substr(lt);
+  for (std::string_view tag : {xml_parameter_end, xml_function_end, xml_parameter_begin, xml_call_end})
+    if (tail.size() < tag.size() && tag.starts_with(tail)) return value.substr(0, lt);
+  return value;
+}
+
 answer_parts whole(const std::string& content) {
   answer_parts out;
   out.content = content;
@@ -222,6 +233,7 @@ std::string xml_call_arguments(std::string_view name, std::string_view body, con
     open = body.find(xml_parameter_begin, from);
     const size_t end = std::min(close, open);
     std::string_view value = body.substr(from, end == npos ? npos : end - from);
+    if (end == npos) value = without_cut_tag(value);
     // The template writes each value on lines of its own: one line break before and after it
     // is the form's, not the value's.
     if (value.starts_with('\n')) value.remove_prefix(1);

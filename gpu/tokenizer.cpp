@@ -174,7 +174,7 @@ public:
       if (too_deep(m.fields_json, "a " + m.role + " message's fields")) return false;
     if (too_deep(extras.tools_json, "tools") || too_deep(extras.variables_json, "chat_template_kwargs")) return false;
     if (!chat_.tmpl) {
-      *why = chat_.unusable.empty() ? "the model directory has no chat template (tokenizer_config.json's chat_template)"
+      *why = chat_.unusable.empty() ? "the model directory has no chat template (chat_template.jinja, or tokenizer_config.json's chat_template)"
                                     : "the model's chat template cannot be used: " + chat_.unusable;
       return false;
     }

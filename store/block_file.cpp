@@ -224,8 +224,9 @@ std::optional<header_problem> read_header(int fd, const block_key& salt, block_h
 }  // namespace
 
 int open_block_file(const std::string& path, const block_key& salt, const block_key& key, block_header* out,
-                    std::string* why) {
+                    std::string* why, bool* no_file) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (no_file) *no_file = fd < 0 && errno == ENOENT;
   if (fd < 0) {
     *why = path + ": " + std::strerror(errno);
     return -1;

@@ -65,9 +65,10 @@ std::string write_block_file(const std::string& path, const block_header& h,
                              int* failed_errno = nullptr, int fault_errno = 0);
 
 /// Opens and validates a block file against the expected salt and key. On failure returns -1
-/// and a sentence (missing, truncated, corrupt header, other model...).
+/// and a sentence (missing, truncated, corrupt header, other model...); `no_file` (if given) says
+/// whether the file was not there at all.
 int open_block_file(const std::string& path, const block_key& salt, const block_key& key, block_header* out,
-                    std::string* why);
+                    std::string* why, bool* no_file = nullptr);
 
 /// Reads layer `layer` of an open block into dst (h.layer_bytes); error sentence or empty.
 std::string read_block_layer(int fd, const block_header& h, uint32_t layer, std::byte* dst);

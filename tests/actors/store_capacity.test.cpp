@@ -303,6 +303,25 @@ TEST_CASE("block server with a capacity: a CHECK hit at the index counts as a us
   caf::anon_send_exit(index, caf::exit_reason::user_shutdown);
 }
 
+TEST_CASE("block server: a block file deleted behind its back is a miss on the next read, and the index stops naming "
+          "it (readers would miss on it until it expired)") {
+  capacity_store s;
+  auto index = spawn_block_index(s.t.sys, {}, {});
+  auto server = spawn_block_server(s.t.sys, s.config(0), transport::make_loopback_transport(s.fabric, "store-0"), {index});
+  caf::anon_send(index, std::vector<block_server_actor>{server});
+  const store::block_key k1{1, 1}, k2{2, 1};
+  CHECK(s.write(server, k1, {}, std::byte{0x11}) > 0);
+  CHECK(s.write(server, k2, {}, std::byte{0x22}) > 0);
+  REQUIRE(s.index_blocks(index, 2) == 2);
+  std::filesystem::remove(store::block_path(s.dir, k1));  // an operator freeing the disk
+  CHECK(s.read(server, k1).find("No such file") != std::string::npos);
+  CHECK(s.index_blocks(index, 1) == 1);
+  CHECK(s.listed(index, {k1, k2}) == std::vector<store::block_key>{k2});
+  CHECK(s.read(server, k2).empty());  // the others are served as before
+  caf::anon_send_exit(server, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(index, caf::exit_reason::user_shutdown);
+}
+
 TEST_CASE("block server: writes the disk refuses (ENOSPC, injected after the header) are dropped -- 0 bytes to the "
           "writer, nothing to the index, no file left -- and counted, and the server goes on reading and writing") {
   capacity_store s;

@@ -154,6 +154,10 @@ TEST_CASE("the gateway refuses what it cannot serve with the right status and a 
   auto bad = round_trip(port, post("/v1/completions", R"({"prompt":"a","max_tokens":100000})"));
   CHECK(bad.status == 400);
   CHECK(json::parse(bad.body)["error"]["message"].get<std::string>().find("max_tokens") != std::string::npos);
+  // Refused by the router's checks (its limit), still naming the field.
+  CHECK_MESSAGE(json::parse(bad.body)["error"]["message"].get<std::string>().find("stage admission") != std::string::npos,
+                bad.body);
+  CHECK(json::parse(bad.body)["error"]["param"] == "max_tokens");
   CHECK(round_trip(port, post("/v1/completions", R"({"prompt":"a","model":"nope"})")).status == 404);
   CHECK(round_trip(port, post("/v1/completions", std::string(5000, ' '))).status == 413);
   CHECK(round_trip(port, "BROKEN\r\n\r\n").status == 400);

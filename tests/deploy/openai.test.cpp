@@ -205,7 +205,8 @@ TEST_CASE("OpenAI request bodies map onto generate_request, and refusals name th
   CHECK(refused(R"({"messages":[{"role":"user","content":"x"}],"echo":true})", true).message ==
         "echo is supported on /v1/completions only");
   CHECK(refused(R"({"prompt":"a","echo":1})").message == "echo must be true or false");
-  CHECK(refused(R"({"prompt":"a","max_tokens":0})").message == "max_tokens must be in [1, 2147483647], got 0");
+  CHECK(refused(R"({"prompt":"a","max_tokens":0})").message ==
+        "max_tokens must be at least 1 (0 asks for the prompt's scores alone, with echo: true)");
   CHECK(refused(R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":2})", true).message ==
         "top_logprobs needs logprobs: true");
   CHECK(refused(R"({"prompt":"a","frequency_penalty":2.5})").message == "frequency_penalty must be in [-2, 2], got 2.5");

@@ -402,6 +402,8 @@ TEST_CASE("tool calls in Qwen3-Coder's XML: an answer cut inside a call (max_tok
       {"Sure.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nPar", {{"get_weather", {{"city", "Par"}}}},
        "Sure.\n"},
       {"<tool_call>\n<function=get_weather>\n<parameter=days>\n3\n", {{"get_weather", {{"days", 3}}}}, ""},
+      // Cut inside the value's end tag: the tag's start is not the value's.
+      {"<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n</p", {{"get_weather", {{"city", "Rome"}}}}, ""},
       // Cut inside a parameter's tag: that parameter is not read.
       {"<tool_call>\n<function=get_weather>\n<parameter=days>\n3\n</parameter>\n<parameter=ci",
        {{"get_weather", {{"days", 3}}}},

@@ -205,7 +205,7 @@ TEST_CASE("chat: a template the engine cannot run, no template, and a role Baton
   CHECK(why == "the model's chat template cannot be used: chat template line 1: the filter 'wordwrap' is not supported");
   model_dir none{"none", nullptr, false};
   CHECK_FALSE(none.load()->render_chat(conversation, &text, &why));
-  CHECK(why == "the model directory has no chat template (tokenizer_config.json's chat_template)");
+  CHECK(why == "the model directory has no chat template (chat_template.jinja, or tokenizer_config.json's chat_template)");
   model_dir strict{"strict", "{{ raise_exception('Only user and assistant roles are supported!') }}", false};
   CHECK_FALSE(strict.load()->render_chat(conversation, &text, &why));
   CHECK(why == "Only user and assistant roles are supported!");
