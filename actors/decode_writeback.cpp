@@ -22,9 +22,11 @@ void write_done_one(decode_pointer self, uint64_t job, bool written) {
   if (j == st.writes.end()) return;
   if (written) ++j->second.servers_written;
   if (--j->second.servers_left > 0) return;
-  if (j->second.servers_written == 0) ++st.write_backs_dropped;
+  const bool dropped = j->second.servers_written == 0;
+  if (dropped) ++st.write_backs_dropped;
   st.write_slots.release(j->second.offset);
   st.writes.erase(j);
+  if (dropped) report_load(self);  // /metrics counts it from the load reports: an idle rank sends no other
 }
 
 void schedule_write_poll(decode_pointer self) {

@@ -514,7 +514,7 @@ bool parse_checked_body(std::string_view body, bool chat, const std::string& ser
     return false;
   }
   if (!number_field(j, "max_tokens", r.echo ? 0 : 1, big, &r.max_tokens, err)) {
-    if (!r.echo && j.contains("max_tokens") && j.at("max_tokens").is_number() && j.at("max_tokens") == 0)  // echo allows it
+    if (!r.echo && !chat && j.contains("max_tokens") && j.at("max_tokens").is_number() && j.at("max_tokens") == 0)  // echo allows it
       err->message = "max_tokens must be at least 1 (0 asks for the prompt's scores alone, with echo: true)";
     return false;
   }

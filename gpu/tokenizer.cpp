@@ -9,6 +9,7 @@
 #include "gpu/bpe_tokenizer.hpp"
 #include "gpu/byte_tokenizer.hpp"
 #include "gpu/chat_template.hpp"
+#include "gpu/chat_template_ast.hpp"
 #include "gpu/grammar.hpp"
 #include "gpu/json_file.hpp"
 #include "gpu/text_file.hpp"
@@ -118,25 +119,36 @@ nlohmann::ordered_json chat_context(const std::vector<chat_message>& messages, c
   return context;
 }
 
-/// The conversation as vLLM hands it to a template (its "string" content form), where it differs
-/// from transformers' (chat_context): a null content is "", and a call's arguments are JSON
-/// text, not an object. nullopt when nothing differs.
-std::optional<nlohmann::ordered_json> vllm_string_form(const nlohmann::ordered_json& context) {
+/// The conversation as vLLM hands it to a template (its "string" content form) where that differs
+/// from transformers' (chat_context): a null content is "". nullopt when none is null.
+std::optional<nlohmann::ordered_json> null_content_as_empty(const nlohmann::ordered_json& context) {
   auto out = context;
   bool changed = false;
-  for (auto& turn : out["messages"]) {
+  for (auto& turn : out["messages"])
     if (auto c = turn.find("content"); c != turn.end() && c->is_null()) {
       *c = "";
       changed = true;
     }
+  if (!changed) return std::nullopt;
+  return out;
+}
+
+/// Every call's arguments as JSON text (as json.dumps writes it, which is how models write and
+/// clients send them), not an object: what templates written for raw OpenAI messages add to
+/// strings (DeepSeek-V3.1's). nullopt when no call has structured arguments.
+std::optional<nlohmann::ordered_json> arguments_as_text(const nlohmann::ordered_json& context) {
+  auto out = context;
+  bool changed = false;
+  for (auto& turn : out["messages"])
     if (auto calls = turn.find("tool_calls"); calls != turn.end() && calls->is_array())
       for (auto& call : *calls)
         if (auto f = call.find("function"); f != call.end() && f->is_object())
           if (auto a = f->find("arguments"); a != f->end() && a->is_structured()) {
-            *a = a->dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+            std::string text;
+            jinja::dump_json(*a, jinja::json_style{}, 0, 0, text);
+            *a = std::move(text);
             changed = true;
           }
-  }
   if (!changed) return std::nullopt;
   return out;
 }
@@ -202,19 +214,21 @@ public:
       }
     }
     if (chat_.tmpl->render(context, text, why)) return true;
-    // Some templates only work on vLLM's form of a conversation: Qwen3's tests `'</think>' in
-    // message.content` (null content fails), DeepSeek-V3.1's adds a call's arguments to a string.
-    // One more try in that form turns such failures into the prompt vLLM would have rendered;
-    // the first error stands when it fails too.
-    if (const auto vllm = vllm_string_form(context)) {
-      std::string second, ignored;
-      if (chat_.tmpl->render(*vllm, &second, &ignored)) {
-        *text = std::move(second);
-        why->clear();
-        return true;
-      }
-    }
-    return false;
+    // Templates that fail on transformers' form of a conversation get two more tries, each only
+    // when the one before failed: a null content as "" (vLLM's form: Qwen3's tests `'</think>'
+    // in message.content`), then also the calls' arguments as JSON text (DeepSeek-V3.1's adds
+    // them to a string). The first error stands when both fail.
+    const auto render_instead = [&](const nlohmann::ordered_json& c) {
+      std::string other, ignored;
+      if (!chat_.tmpl->render(c, &other, &ignored)) return false;
+      *text = std::move(other);
+      why->clear();
+      return true;
+    };
+    const auto empty = null_content_as_empty(context);
+    if (empty && render_instead(*empty)) return true;
+    const auto as_text = arguments_as_text(empty ? *empty : context);
+    return as_text && render_instead(*as_text);
   }
   chat_reasoning reasoning() const override { return chat_.reasoning; }
   tool_call_format tool_calls() const override { return chat_.tool_calls; }

@@ -126,18 +126,26 @@ TEST_CASE("a drained decode rank moves its running sequences with their KV; they
   CHECK(reported == st.migrated_out);
 }
 
-TEST_CASE("a move whose KV puts never land (a stalled link) is given up after migrate_send_timeout_ms: the "
-          "sequences finish where they were, the target's pages come back, the rank is not left busy") {
+namespace {
+
+/// What a test of a move that fails sees: the leaving rank's stats once every answer came, and
+/// whether both ranks' pages came back and the leaving rank could then change role.
+struct failed_move {
+  rank_stats leaving;
+  bool pages_back = false;
+  bool idle = false;
+};
+
+/// Four greedy requests on two decode ranks; once decode-1 runs some, it is drained and moves
+/// them, every put of its transport faulted by `fault`. Every move must fail: the sequences
+/// finish where they were with the tokens they would have had, nothing recomputed.
+failed_move run_failed_moves(local_cluster_config cfg, transport::fault_plan fault, const std::string& name) {
   test::cluster_system t;
-  auto cfg = two_decode_ranks();
-  cfg.decode.migrate_send_timeout_ms = 300;
-  cfg.decode.kv_quarantine_ms = 500;  // the target holds pages a stalled put might still reach
+  cfg.decode.kv_quarantine_ms = 500;  // the target holds pages a faulted put might still reach
   REQUIRE(cfg.validate().empty());
-  // Every put of the leaving rank from now on stalls: pending for ever.
-  auto wrap = [](std::unique_ptr<transport::transport> inner, const std::string& name) -> std::shared_ptr<transport::transport> {
-    if (name != "decode-1") return std::shared_ptr<transport::transport>{std::move(inner)};
-    return std::shared_ptr<transport::transport>{
-        transport::make_fault_proxy(std::move(inner), {transport::fault_kind::stall, {}, {}, 1000000, 1})};
+  auto wrap = [fault](std::unique_ptr<transport::transport> inner, const std::string& rank) -> std::shared_ptr<transport::transport> {
+    if (rank != "decode-1") return std::shared_ptr<transport::transport>{std::move(inner)};
+    return std::shared_ptr<transport::transport>{transport::make_fault_proxy(std::move(inner), fault)};
   };
   auto cluster = start_local_cluster(t.sys, cfg, {}, wrap);
   test::cluster_system::stopper stop{t, cluster};
@@ -149,85 +157,58 @@ TEST_CASE("a move whose KV puts never land (a stalled link) is given up after mi
   const auto& target = cluster.decode[0].handle;
   constexpr int n = 4, max_tokens = 200;
   std::vector<std::string> prompts;
-  auto handles = send_long(self, cluster.router, n, max_tokens, "stalled move", &prompts);
+  auto handles = send_long(self, cluster.router, n, max_tokens, name, &prompts);
   REQUIRE(first_running(t, cluster, {1}));
   self->send(cluster.decode_balancer, drain_atom::value, leaving);
   self->send(leaving, migrate_atom::value);
   const auto done = answers(t, handles);
-  const auto st = t.stats(leaving);
-  CHECK(st.migrate_failed > 0);
-  CHECK(st.migrated_out == 0);
-  CHECK(st.num_running == 0);
+  failed_move out{t.stats(leaving)};
+  CHECK(out.leaving.migrate_failed > 0);
+  CHECK(out.leaving.migrated_out == 0);
+  CHECK(out.leaving.num_running == 0);
   auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
   const gpu::byte_tokenizer tok{cfg.model.bos_token_id, cfg.model.eos_token_id};
   for (int i = 0; i < n; ++i) {
     CAPTURE(i);
-    CHECK(done[i].migrations == 0);
-    auto exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
-    CHECK(done[i].tokens == gpu::generate_colocated(*exec, tok.encode(prompts[i]), max_tokens, 64, {}, true).tokens);
-  }
-  // Both ranks' pages come back (the target's after its quarantine), and the leaving rank, its
-  // moves given up, can change role.
-  bool back = false;
-  for (int i = 0; i < 500 && !back; ++i) {
-    back = t.stats(target).num_free_pages == cfg.executor.num_kv_pages &&
-           t.stats(leaving).num_free_pages == cfg.executor.num_kv_pages;
-    if (!back) std::this_thread::sleep_for(std::chrono::milliseconds{10});
-  }
-  CHECK(back);
-  bool idle = false;
-  self->request(leaving, std::chrono::seconds{5}, role_atom::value, false).receive([&](bool ok) { idle = ok; }, [](caf::error&) {});
-  CHECK(idle);
-}
-
-TEST_CASE("a move whose KV is corrupted on the way is given up when the target's check fails: the sequences "
-          "finish where they were, nothing is recomputed, and the rank says why") {
-  test::cluster_system t;
-  auto cfg = two_decode_ranks();
-  cfg.decode.kv_quarantine_ms = 500;
-  REQUIRE(cfg.validate().empty());
-  // Every put of the leaving rank lands with one byte flipped (only moves put from decode ranks
-  // here: no store).
-  auto wrap = [](std::unique_ptr<transport::transport> inner, const std::string& name) -> std::shared_ptr<transport::transport> {
-    if (name != "decode-1") return std::shared_ptr<transport::transport>{std::move(inner)};
-    return std::shared_ptr<transport::transport>{
-        transport::make_fault_proxy(std::move(inner), {transport::fault_kind::corrupt_byte, {}, {}, 1000000, 7})};
-  };
-  auto cluster = start_local_cluster(t.sys, cfg, {}, wrap);
-  test::cluster_system::stopper stop{t, cluster};
-  REQUIRE(t.wait_registered(cluster));
-  caf::scoped_actor self{t.sys};
-  const auto& leaving = cluster.decode[1].handle;
-  const auto& target = cluster.decode[0].handle;
-  constexpr int n = 4, max_tokens = 200;
-  std::vector<std::string> prompts;
-  auto handles = send_long(self, cluster.router, n, max_tokens, "a corrupted move", &prompts);
-  REQUIRE(first_running(t, cluster, {1}));
-  self->send(cluster.decode_balancer, drain_atom::value, leaving);
-  self->send(leaving, migrate_atom::value);
-  const auto done = answers(t, handles);
-  const auto st = t.stats(leaving);
-  CHECK(st.migrate_failed > 0);
-  CHECK(st.migrated_out == 0);
-  CHECK(st.last_migrate_error.find("checksum") != std::string::npos);
-  CHECK(st.last_migrate_error.find(cluster.decode[0].name) != std::string::npos);  // the peer
-  auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
-  const gpu::byte_tokenizer tok{cfg.model.bos_token_id, cfg.model.eos_token_id};
-  for (int i = 0; i < n; ++i) {
-    CAPTURE(i);
-    // Before: "migrated" on the puts alone, the request's order found the target's lease dropped
-    // as corrupt, and the sequence was recomputed from its prompt.
     CHECK(done[i].failovers == 0);
     CHECK(done[i].migrations == 0);
     auto exec = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
     CHECK(done[i].tokens == gpu::generate_colocated(*exec, tok.encode(prompts[i]), max_tokens, 64, {}, true).tokens);
   }
-  bool back = false;  // the target's pages come back
-  for (int i = 0; i < 500 && !back; ++i) {
-    back = t.stats(target).num_free_pages == cfg.executor.num_kv_pages;
-    if (!back) std::this_thread::sleep_for(std::chrono::milliseconds{10});
+  // Both ranks' pages come back (the target's after its quarantine, at the latest).
+  for (int i = 0; i < 500 && !out.pages_back; ++i) {
+    out.pages_back = t.stats(target).num_free_pages == cfg.executor.num_kv_pages &&
+                     t.stats(leaving).num_free_pages == cfg.executor.num_kv_pages;
+    if (!out.pages_back) std::this_thread::sleep_for(std::chrono::milliseconds{10});
   }
-  CHECK(back);
+  self->request(leaving, std::chrono::seconds{5}, role_atom::value, false)
+      .receive([&](bool ok) { out.idle = ok; }, [](caf::error&) {});
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a move whose KV puts never land (a stalled link) is given up after migrate_send_timeout_ms: the "
+          "sequences finish where they were, the target's pages come back, the rank is not left busy") {
+  auto cfg = two_decode_ranks();
+  cfg.decode.migrate_send_timeout_ms = 300;
+  // Every put of the leaving rank from now on stalls: pending for ever.
+  const auto got = run_failed_moves(cfg, {transport::fault_kind::stall, {}, {}, 1000000, 1}, "stalled move");
+  CHECK(got.leaving.last_migrate_error.find("did not land within migrate_send_timeout_ms") != std::string::npos);
+  CHECK(got.pages_back);
+  CHECK(got.idle);  // its moves given up, it can change role
+}
+
+TEST_CASE("a move whose KV is corrupted on the way is given up when the target's check fails: the sequences "
+          "finish where they were, nothing is recomputed, and the rank says why") {
+  // Every put of the leaving rank lands with one byte flipped (only moves put from decode ranks
+  // here: no store). Before: "migrated" on the puts alone, the request's order found the
+  // target's lease dropped as corrupt, and the sequence was recomputed from its prompt.
+  const auto got =
+      run_failed_moves(two_decode_ranks(), {transport::fault_kind::corrupt_byte, {}, {}, 1000000, 7}, "a corrupted move");
+  CHECK(got.leaving.last_migrate_error.find("checksum") != std::string::npos);
+  CHECK(got.leaving.last_migrate_error.find("to decode-0") != std::string::npos);  // the peer
+  CHECK(got.pages_back);
 }
 
 TEST_CASE("a move whose KV takes longer to land than a request's lease lasts still completes: the target holds "

@@ -286,8 +286,8 @@ TEST_CASE("chat: a template's tool-call form is told from what it writes for an 
 }
 
 TEST_CASE("chat: the models' own templates (Qwen3-Coder's, Qwen3's, DeepSeek-V3.1's, Kimi-K2's, Mistral Small 3.2's, "
-          "Llama 3.3's) render tools, calls and their results as Jinja2 rendered them (in vLLM's form of the "
-          "conversation where transformers' fails: vllm_form), and each one's tool-call form is told "
+          "Llama 3.3's) render tools, calls and their results as Jinja2 rendered them (null content as \"\", then "
+          "arguments as text, where a form fails: rendered_as), and each one's tool-call form is told "
           "(tests/data/chat_templates/real)") {
   const std::string dir = BATON_SOURCE_DIR "/tests/data/chat_templates/real/";
   const auto read = [](const std::string& path) {

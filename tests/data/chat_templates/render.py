@@ -37,19 +37,27 @@ def environment():
     return env
 
 
-def vllm_string_form(context):
-    """The conversation as vLLM hands it to a template: a null content is "", a call's arguments
-    JSON text (compact, as Baton's nlohmann dump writes it). None when nothing differs."""
+def null_content_as_empty(context):
+    """A null content as "" (vLLM's form of a conversation). None when none is null."""
     out = json.loads(json.dumps(context))
     changed = False
     for turn in out.get("messages", []):
         if "content" in turn and turn["content"] is None:
             turn["content"] = ""
             changed = True
+    return out if changed else None
+
+
+def arguments_as_text(context):
+    """Every call's arguments as JSON text, as json.dumps writes it (UTF-8 as is, as Baton's
+    tojson). None when no call has structured arguments."""
+    out = json.loads(json.dumps(context))
+    changed = False
+    for turn in out.get("messages", []):
         for call in turn.get("tool_calls") or []:
             f = call.get("function") if isinstance(call, dict) else None
             if isinstance(f, dict) and isinstance(f.get("arguments"), (dict, list)):
-                f["arguments"] = json.dumps(f["arguments"], ensure_ascii=False, separators=(",", ":"))
+                f["arguments"] = json.dumps(f["arguments"], ensure_ascii=False)
                 changed = True
     return out if changed else None
 
@@ -63,9 +71,9 @@ def render_one(template, context):
         return {"python_error": f"{type(e).__name__}: {e}"}
 
 
-def render_dir(env, directory, models=None, vllm_fallback=False):
+def render_dir(env, directory, models=None, retry_forms=False):
     """Every *.jinja in `directory` with every context in its contexts.json, into its expected.json.
-    `models`: per template (its stem), tokens to add to each context. `vllm_fallback`: a context
+    `models`: per template (its stem), tokens to add to each context. `retry_forms`: a context
     the template fails on is rendered once more in vLLM's form (Baton's tokenizer does so)."""
     contexts = json.loads((directory / "contexts.json").read_text(), object_pairs_hook=dict)
     expected = {}
@@ -79,12 +87,19 @@ def render_dir(env, directory, models=None, vllm_fallback=False):
         for name, context in contexts.items():
             key = f"{path.stem}/{name}"
             got = render_one(template, {**context, **tokens})
-            if "text" not in got and vllm_fallback:
-                alt = vllm_string_form(context)
-                if alt is not None:
-                    second = render_one(template, {**alt, **tokens})
-                    if "text" in second:
-                        got = {"text": second["text"], "vllm_form": True}
+            if "text" not in got and retry_forms:
+                # Baton's tokenizer's two more tries: null content as "", then also the
+                # arguments as text; each only when the one before failed.
+                empty = null_content_as_empty(context)
+                tries = [("null_content_as_empty", empty)]
+                tries.append(("arguments_as_text", arguments_as_text(empty if empty is not None else context)))
+                for name, alt in tries:
+                    if alt is None:
+                        continue
+                    again = render_one(template, {**alt, **tokens})
+                    if "text" in again:
+                        got = {"text": again["text"], "rendered_as": name}
+                        break
             expected[key] = got
     (directory / "expected.json").write_text(json.dumps(expected, indent=1, ensure_ascii=False) + "\n")
     print(f"{len(expected)} renderings into {directory / 'expected.json'}")
@@ -94,7 +109,7 @@ def main():
     env = environment()
     render_dir(env, HERE)
     real = HERE / "real"
-    render_dir(env, real, json.loads((real / "models.json").read_text(), object_pairs_hook=dict), vllm_fallback=True)
+    render_dir(env, real, json.loads((real / "models.json").read_text(), object_pairs_hook=dict), retry_forms=True)
 
 
 if __name__ == "__main__":
