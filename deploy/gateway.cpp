@@ -459,10 +459,12 @@ void on_done(caf::io::broker* self, caf::io::connection_handle hdl, const shared
 /// The call's failure with `status`: an error answer, or the stream's last event once it began.
 void fail_call(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st,
                int status, const std::string& msg) {
-  if (!st->head_sent) return reply_error(self, hdl, g, st, api_error_of(status, msg));
+  auto error = api_error_of(status, msg);
+  if (error.param == "prompt" && st->route == "/v1/chat/completions") error.param = "messages";  // a chat's prompt
+  if (!st->head_sent) return reply_error(self, hdl, g, st, std::move(error));
   // The stream has begun (status 200 is sent): the error travels as an event, as OpenAI's do.
   g->metrics.count_response(st->route, status);
-  event(self, hdl, st, openai::error_json(api_error_of(status, msg)));
+  event(self, hdl, st, openai::error_json(error));
   end_stream(self, hdl, st);
   finish(self, hdl, g, st);
 }

@@ -163,6 +163,22 @@ struct capacity_store {
             [&](caf::error& e) { FAIL(t.sys.render(e)); });
     return out;
   }
+
+  /// An index and one block server (id 0) configured `bc` that knows it; both stop with it.
+  struct served {
+    block_index_actor index;
+    block_server_actor server;
+    ~served() {
+      caf::anon_send_exit(server, caf::exit_reason::user_shutdown);
+      caf::anon_send_exit(index, caf::exit_reason::user_shutdown);
+    }
+  };
+  served serve(const block_server_config& bc) {
+    auto index = spawn_block_index(t.sys, {}, {});
+    auto server = spawn_block_server(t.sys, bc, transport::make_loopback_transport(fabric, "store-0"), {index});
+    caf::anon_send(index, std::vector<block_server_actor>{server});
+    return {index, server};
+  }
 };
 
 store::block_meta meta_of(const store::block_key& k, const store::block_key& parent, uint64_t bytes) {
@@ -241,9 +257,9 @@ TEST_CASE("block index with a byte capacity: room for a block evicts least recen
 TEST_CASE("block server with a capacity of 3 blocks: six writes keep its files within 3 blocks on disk, the least "
           "recently used leaves are deleted (a read counts as a use), and the index stops naming them") {
   capacity_store s;
-  auto index = spawn_block_index(s.t.sys, {}, {});
-  auto server = spawn_block_server(s.t.sys, s.config(3), transport::make_loopback_transport(s.fabric, "store-0"), {index});
-  caf::anon_send(index, std::vector<block_server_actor>{server});
+  const auto served = s.serve(s.config(3));
+  const auto& index = served.index;
+  const auto& server = served.server;
   const store::block_key a1{1, 1}, a2{1, 2}, a3{1, 3}, b1{2, 1}, b2{2, 2}, c1{3, 1};
   const std::vector<store::block_key> all{a1, a2, a3, b1, b2, c1};
   const auto within_budget = [&] {
@@ -277,17 +293,15 @@ TEST_CASE("block server with a capacity of 3 blocks: six writes keep its files w
   // The index heard of every deletion: CHECK names a server for the three on disk only.
   CHECK(s.index_blocks(index, 3) == 3);
   CHECK(s.listed(index, all) == std::vector<store::block_key>{a1, b1, c1});
-  caf::anon_send_exit(server, caf::exit_reason::user_shutdown);
-  caf::anon_send_exit(index, caf::exit_reason::user_shutdown);
 }
 
 TEST_CASE("block server with a capacity: a CHECK hit at the index counts as a use of the block on its server, "
           "so a chain prompts keep hitting (served from a prefill rank's own cache, never read here) is not the first "
           "deleted") {
   capacity_store s;
-  auto index = spawn_block_index(s.t.sys, {}, {});
-  auto server = spawn_block_server(s.t.sys, s.config(2), transport::make_loopback_transport(s.fabric, "store-0"), {index});
-  caf::anon_send(index, std::vector<block_server_actor>{server});
+  const auto served = s.serve(s.config(2));
+  const auto& index = served.index;
+  const auto& server = served.server;
   const store::block_key a1{1, 1}, b1{2, 1}, c1{3, 1};
   CHECK(s.write(server, a1, {}, std::byte{0xa1}) > 0);
   CHECK(s.write(server, b1, {}, std::byte{0xb1}) > 0);
@@ -299,16 +313,14 @@ TEST_CASE("block server with a capacity: a CHECK hit at the index counts as a us
   CHECK(s.on_disk(a1));  // before: a1, written first and never read here, was deleted
   CHECK_FALSE(s.on_disk(b1));
   CHECK(s.on_disk(c1));
-  caf::anon_send_exit(server, caf::exit_reason::user_shutdown);
-  caf::anon_send_exit(index, caf::exit_reason::user_shutdown);
 }
 
 TEST_CASE("block server: a block file deleted behind its back is a miss on the next read, and the index stops naming "
           "it (readers would miss on it until it expired)") {
   capacity_store s;
-  auto index = spawn_block_index(s.t.sys, {}, {});
-  auto server = spawn_block_server(s.t.sys, s.config(0), transport::make_loopback_transport(s.fabric, "store-0"), {index});
-  caf::anon_send(index, std::vector<block_server_actor>{server});
+  const auto served = s.serve(s.config(0));
+  const auto& index = served.index;
+  const auto& server = served.server;
   const store::block_key k1{1, 1}, k2{2, 1};
   CHECK(s.write(server, k1, {}, std::byte{0x11}) > 0);
   CHECK(s.write(server, k2, {}, std::byte{0x22}) > 0);
@@ -318,19 +330,17 @@ TEST_CASE("block server: a block file deleted behind its back is a miss on the n
   CHECK(s.index_blocks(index, 1) == 1);
   CHECK(s.listed(index, {k1, k2}) == std::vector<store::block_key>{k2});
   CHECK(s.read(server, k2).empty());  // the others are served as before
-  caf::anon_send_exit(server, caf::exit_reason::user_shutdown);
-  caf::anon_send_exit(index, caf::exit_reason::user_shutdown);
 }
 
 TEST_CASE("block server: writes the disk refuses (ENOSPC, injected after the header) are dropped -- 0 bytes to the "
           "writer, nothing to the index, no file left -- and counted, and the server goes on reading and writing") {
   capacity_store s;
-  auto index = spawn_block_index(s.t.sys, {}, {});
   auto bc = s.config(0);  // unbounded: a disk that fills on its own
   bc.fault_write_errno = ENOSPC;
   bc.fault_write_failures = 2;
-  auto server = spawn_block_server(s.t.sys, bc, transport::make_loopback_transport(s.fabric, "store-0"), {index});
-  caf::anon_send(index, std::vector<block_server_actor>{server});
+  const auto served = s.serve(bc);
+  const auto& index = served.index;
+  const auto& server = served.server;
   const store::block_key k1{1, 1}, k2{2, 1}, k3{3, 1};
   CHECK(s.write(server, k1, {}, std::byte{1}) == 0);
   CHECK(s.write(server, k2, {}, std::byte{2}) == 0);
@@ -347,8 +357,6 @@ TEST_CASE("block server: writes the disk refuses (ENOSPC, injected after the hea
   CHECK(s.disk_usage().second == 1);
   CHECK(s.index_blocks(index, 1) == 1);
   CHECK(s.listed(index, {k1, k2, k3}) == std::vector<store::block_key>{k3});
-  caf::anon_send_exit(server, caf::exit_reason::user_shutdown);
-  caf::anon_send_exit(index, caf::exit_reason::user_shutdown);
 }
 
 TEST_CASE("block file: a write that fails (EIO injected) names the file and the error, gives the errno, and leaves "
@@ -395,9 +403,9 @@ TEST_CASE("block server restarting on a directory beyond its capacity deletes th
     REQUIRE(store::write_block_file(path, h, [&](uint32_t) { return store::layer_pieces{{layer.data(), layer.size()}}; }).empty());
     std::filesystem::last_write_time(path, now - std::chrono::minutes{10 - i});  // keys[0] the oldest
   }
-  auto index = spawn_block_index(s.t.sys, {}, {});
-  auto server = spawn_block_server(s.t.sys, s.config(3), transport::make_loopback_transport(s.fabric, "store-0"), {index});
-  caf::anon_send(index, std::vector<block_server_actor>{server});
+  const auto served = s.serve(s.config(3));
+  const auto& index = served.index;
+  const auto& server = served.server;
   CHECK(s.index_blocks(index, 3) == 3);
   CHECK(s.listed(index, keys) == std::vector<store::block_key>{keys[2], keys[3], keys[4]});
   CHECK_FALSE(s.on_disk(keys[0]));
@@ -408,8 +416,6 @@ TEST_CASE("block server restarting on a directory beyond its capacity deletes th
   CHECK(st.disk_evicted == 2);
   CHECK(st.blocks_recovered == 3);
   CHECK(st.disk_bytes == 3 * block_file_bytes);
-  caf::anon_send_exit(server, caf::exit_reason::user_shutdown);
-  caf::anon_send_exit(index, caf::exit_reason::user_shutdown);
 }
 
 TEST_CASE("store capacity: --store-capacity-gib, baton node's and the spec's capacity_gib refuse negative or "

@@ -498,6 +498,11 @@ TEST_CASE("tools over HTTP: a model whose template asks for <tool_call>s is show
   const auto refused = round_trip(s.gateway.port, post("/v1/chat/completions", "{" + messages + "," + tools + "}"));
   CHECK(refused.status == 400);
   CHECK(refused.body.find("tools need a model whose chat template asks for tool calls") != std::string::npos);
+  // A chat longer than the context: the router's refusal names the chat's field.
+  const auto long_chat = round_trip(
+      s.gateway.port, post("/v1/chat/completions", R"({"messages":[{"role":"user","content":")" + std::string(20000, 'a') + R"("}]})"));
+  CHECK(long_chat.status == 400);
+  CHECK_MESSAGE(json::parse(long_chat.body)["error"]["param"] == "messages", long_chat.body);
 }
 
 TEST_CASE("structured outputs over HTTP: a json_schema answer is JSON that holds to the schema, whole and streamed "
