@@ -426,7 +426,9 @@ store_read_result serve_read(io_context& io, const store_read_order& order, uint
   for (int fd : fds)
     if (fd >= 0) ::close(fd);
   // Blocks served were used: the least recently used go first when room is short, and a
-  // prompt's leading blocks (touched last) after its later ones.
+  // prompt's leading blocks (touched last) after its later ones. Without a budget nothing is
+  // ever evicted, so the order is not kept (on_disk then only counts the bytes).
+  if (!io.cfg.capacity_bytes) return r;
   std::vector<std::pair<uint32_t, store::block_key>> served;
   for (size_t i = 0; i < n; ++i)
     if (good(i)) served.emplace_back(order.block_index[i], headers[i].key);

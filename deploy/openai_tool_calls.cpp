@@ -48,18 +48,9 @@ constexpr sectioned_form deepseek_form{"<｜tool▁calls▁begin｜>", "<｜tool
 constexpr sectioned_form kimi_form{"<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
                                    "<|tool_call_end|>", "<|tool_call_argument_begin|>"};
 
-bool space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
-
 size_t skip_space(std::string_view s, size_t at) {
-  while (at < s.size() && space(s[at])) ++at;
+  while (at < s.size() && json_space(s[at])) ++at;
   return at;
-}
-
-std::string_view trimmed_view(std::string_view s) {
-  size_t b = 0, e = s.size();
-  while (b < e && space(s[b])) ++b;
-  while (e > b && space(s[e - 1])) --e;
-  return s.substr(b, e - b);
 }
 
 std::string trimmed(std::string_view s) { return std::string{trimmed_view(s)}; }
@@ -110,7 +101,7 @@ size_t value_extent(std::string_view s, size_t at) {
     return npos;
   }
   for (size_t i = at; i < s.size(); ++i)
-    if (s[i] == ',' || s[i] == '}' || s[i] == ']' || space(s[i])) return i;
+    if (s[i] == ',' || s[i] == '}' || s[i] == ']' || json_space(s[i])) return i;
   return npos;
 }
 
@@ -221,7 +212,7 @@ answer_parts whole(const std::string& content) {
 /// its own: nothing the model wrote is dropped.
 void join_content(std::string_view before, const std::string& rest, answer_parts* out) {
   std::string c{before};
-  while (!c.empty() && space(c.back())) c.pop_back();
+  while (!c.empty() && json_space(c.back())) c.pop_back();
   if (!rest.empty()) c += (c.empty() ? "" : "\n") + rest;
   out->content = std::move(c);
 }
@@ -726,7 +717,7 @@ void tool_call_splitter::stream_calls(answer_parts* out) {
       }
       // A tail that may still become an end marker waits, as does half a UTF-8 character.
       if (!ended && !cut) upto = streamable_prefix(s.substr(0, upto), call.ends);
-      while ((cut || !ended) && upto > call.args_sent && space(s[upto - 1])) --upto;
+      while ((cut || !ended) && upto > call.args_sent && json_space(s[upto - 1])) --upto;
       upto = std::max(upto, call.args_sent);
       if (upto > call.args_sent) {
         const auto piece = s.substr(call.args_sent, upto - call.args_sent);

@@ -57,13 +57,6 @@ namespace {
 
 constexpr auto npos = std::string_view::npos;
 
-bool space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
-
-std::string_view trimmed(std::string_view s) {
-  while (!s.empty() && space(s.front())) s.remove_prefix(1);
-  while (!s.empty() && space(s.back())) s.remove_suffix(1);
-  return s;
-}
 
 char lower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; }
 
@@ -118,7 +111,7 @@ std::optional<ordered_json> number_value(std::string_view t) {
 /// text (nothing the model wrote is lost).
 ordered_json typed_value(std::string_view text, parameter_kind kind) {
   if (same_letters(text, "null")) return nullptr;  // vLLM's: null whatever the type, a string's too
-  const auto t = trimmed(text);
+  const auto t = trimmed_view(text);
   switch (kind) {
     case parameter_kind::text: break;
     case parameter_kind::integer:
@@ -151,7 +144,7 @@ parameter_kind kind_of(const nlohmann::json& schema) {
   if (it == schema.end()) return parameter_kind::text;
   // ["integer", "null"] and the like: vLLM reads the value as a Python literal, JSON here.
   if (!it->is_string()) return parameter_kind::json;
-  std::string type{trimmed(it->get_ref<const std::string&>())};
+  std::string type{trimmed_view(it->get_ref<const std::string&>())};
   for (char& c : type) c = lower(c);
   const auto is = [&](std::initializer_list<std::string_view> names) {
     return std::find(names.begin(), names.end(), type) != names.end();
@@ -190,7 +183,7 @@ void append_text(std::string_view text, std::string* rest) {
   size_t from = 0, open = text.find(xml_call_begin), close = text.find(xml_call_end);
   for (;;) {
     const size_t at = std::min(open, close);
-    append_line(rest, std::string{trimmed(text.substr(from, at == npos ? npos : at - from))});
+    append_line(rest, std::string{trimmed_view(text.substr(from, at == npos ? npos : at - from))});
     if (at == npos) return;
     if (at == open) {
       from = open + xml_call_begin.size();
@@ -209,7 +202,7 @@ xml_tag_name read_xml_tag_name(std::string_view s, size_t at, size_t scanned) {
   const size_t close = s.find_first_of(">\n<", std::max(at, scanned));
   if (close == npos) return {{}, npos, true};
   if (s[close] != '>') return {};
-  return {std::string{trimmed(s.substr(at, close - at))}, close, false};
+  return {std::string{trimmed_view(s.substr(at, close - at))}, close, false};
 }
 
 std::string xml_call_arguments(std::string_view name, std::string_view body, const tool_parameter_kinds* parameters) {

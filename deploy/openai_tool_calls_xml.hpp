@@ -39,6 +39,14 @@
 
 namespace baton::deploy::openai {
 
+/// JSON's whitespace, which both tool call readers pass over between tokens and trim from values.
+inline bool json_space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
+inline std::string_view trimmed_view(std::string_view s) {
+  while (!s.empty() && json_space(s.front())) s.remove_prefix(1);
+  while (!s.empty() && json_space(s.back())) s.remove_suffix(1);
+  return s;
+}
+
 inline constexpr std::string_view xml_call_begin = "<tool_call>";
 inline constexpr std::string_view xml_call_end = "</tool_call>";
 inline constexpr std::string_view xml_function_begin = "<function=";
