@@ -127,12 +127,17 @@ std::string gateway_metrics::render(const cluster_stats* cluster) const {
                  static_cast<double>(c.num_rejected));
   render_counter(out, "baton_requests_overloaded_total", "requests refused by admission control (HTTP 429)",
                  static_cast<double>(c.num_overloaded));
-  auto per_rank = [&](const char* name, const char* help, auto value) {
-    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " gauge\n";
+  // One family over ranks: a gauge over both roles, or a counter of the decode ranks alone (as of
+  // each rank's last load report).
+  auto family = [&](const char* name, const char* help, const char* type, bool decode_only, auto value) {
+    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
     for (const auto& [role, ranks] : {std::pair{"prefill", &c.prefill}, std::pair{"decode", &c.decode}})
-      for (const auto& r : *ranks)
-        out += std::string(name) + "{role=\"" + role + "\",rank=\"" + label(r.name) + "\"} " + num(value(r)) + "\n";
+      if (!decode_only || ranks == &c.decode)
+        for (const auto& r : *ranks)
+          out += std::string(name) + "{role=\"" + role + "\",rank=\"" + label(r.name) + "\"} " +
+                 num(static_cast<double>(value(r))) + "\n";
   };
+  auto per_rank = [&](const char* name, const char* help, auto value) { family(name, help, "gauge", false, value); };
   per_rank("baton_rank_queued_tokens", "prefill: prompt tokens accepted but not computed",
            [](const rank_load& r) { return static_cast<double>(r.queued_tokens); });
   per_rank("baton_rank_running", "prefill: prompts in progress; decode: sequences and leases",
@@ -141,12 +146,7 @@ std::string gateway_metrics::render(const cluster_stats* cluster) const {
   per_rank("baton_rank_kv_pages", "KV pages in all", [](const rank_load& r) { return static_cast<double>(r.num_total_pages); });
   per_rank("baton_rank_available", "0 while the rank has stepped aside (its executor can run nothing: a broken expert group), else 1",
            [](const rank_load& r) { return r.unavailable.empty() ? 1.0 : 0.0; });
-  // Decode ranks' counters, as of each rank's last load report.
-  auto per_decode_rank = [&](const char* name, const char* help, auto value) {
-    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " counter\n";
-    for (const auto& r : c.decode)
-      out += std::string(name) + "{role=\"decode\",rank=\"" + label(r.name) + "\"} " + num(static_cast<double>(value(r))) + "\n";
-  };
+  auto per_decode_rank = [&](const char* name, const char* help, auto value) { family(name, help, "counter", true, value); };
   per_decode_rank("baton_rank_offloaded_total", "sequences sent to host memory for lack of KV pages",
                   [](const rank_load& r) { return r.offloaded; });
   per_decode_rank("baton_rank_resumed_total", "offloaded sequences brought back", [](const rank_load& r) { return r.resumed; });
