@@ -173,6 +173,11 @@ TEST_CASE("the gateway refuses what it cannot serve with the right status and a 
   CHECK(metrics.body.find("baton_ttft_seconds_count 1") != std::string::npos);
   CHECK(metrics.body.find("baton_rank_free_kv_pages{role=\"decode\",rank=\"decode-0\"}") != std::string::npos);
   CHECK(metrics.body.find("baton_rank_available{role=\"prefill\",rank=\"prefill-0\"} 1\n") != std::string::npos);
+  // The decode ranks' counters: typed as counters, decode rows only.
+  CHECK(metrics.body.find("# TYPE baton_rank_offloaded_total counter\n") != std::string::npos);
+  CHECK(metrics.body.find("baton_rank_offloaded_total{role=\"decode\",rank=\"decode-0\"} 0\n") != std::string::npos);
+  CHECK(metrics.body.find("baton_rank_offloaded_total{role=\"prefill\"") == std::string::npos);
+  CHECK(metrics.body.find("# TYPE baton_rank_free_kv_pages gauge\n") != std::string::npos);
   CHECK(metrics.body.find("baton_router_up 1") != std::string::npos);
 }
 
