@@ -54,13 +54,29 @@ std::string label(const std::string& v) {
   return out;
 }
 
+// Seconds per stage, from half a millisecond (a CHECK on an idle cluster) to a minute (a long
+// prompt queued behind others).
+const std::vector<double> stage_bounds{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                       0.25,   0.5,   1,      2.5,   5,    10,    30,   60};
+// Tokens per request: 1-2-5 steps up to the longest contexts served (Mooncake's traces reach 128K).
+const std::vector<double> length_bounds{1,    2,    5,    10,    20,    50,     100,   200,  500,
+                                        1000, 2000, 5000, 10000, 20000, 50000, 100000, 200000};
+
+double seconds(int64_t us) { return static_cast<double>(us) / 1e6; }
+
 }  // namespace
 
 gateway_metrics::gateway_metrics()
     : ttft_({0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30}),
       tbt_({0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}),
       e2e_({0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120}),
-      kv_send_({0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1}) {}
+      kv_send_({0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1}),
+      routing_(stage_bounds),
+      prefill_queue_(stage_bounds),
+      prefill_(stage_bounds),
+      decode_queue_(stage_bounds),
+      prompt_len_(length_bounds),
+      generated_len_(length_bounds) {}
 
 void gateway_metrics::count_response(const std::string& route, int status) {
   std::lock_guard<std::mutex> guard{mutex_};
@@ -70,14 +86,23 @@ void gateway_metrics::count_response(const std::string& route, int status) {
 void gateway_metrics::record(const completion& c) {
   std::lock_guard<std::mutex> guard{mutex_};
   ++completions_;
-  ttft_.observe(static_cast<double>(c.ttft_us) / 1e6);
+  ttft_.observe(seconds(c.ttft_us));
   int64_t total = c.ttft_us;
   for (auto us : c.tbt_us) {
-    tbt_.observe(static_cast<double>(us) / 1e6);
+    tbt_.observe(seconds(us));
     total += us;
   }
-  e2e_.observe(static_cast<double>(total) / 1e6);
-  if (c.kv_bytes > 0) kv_send_.observe(static_cast<double>(c.kv_send_us) / 1e6);
+  e2e_.observe(seconds(total));
+  if (c.kv_bytes > 0) kv_send_.observe(seconds(c.kv_send_us));
+  routing_.observe(seconds(c.check_us + c.place_us + c.reserve_us));
+  prefill_queue_.observe(seconds(c.prefill_queue_us));
+  prefill_.observe(seconds(c.prefill_us));
+  decode_queue_.observe(seconds(c.decode_queue_us));
+  prompt_len_.observe(c.num_prompt_tokens);
+  generated_len_.observe(static_cast<double>(c.tokens.size()));
+  ++finished_[c.finish_reason.empty() ? "unknown" : c.finish_reason];
+  migrations_ += c.migrations;
+  recomputed_blocks_ += c.recomputed_blocks;
   prompt_tokens_ += c.num_prompt_tokens;
   cached_tokens_ += c.cached_tokens;
   generated_tokens_ += c.tokens.size();
@@ -99,7 +124,25 @@ std::string gateway_metrics::render(const cluster_stats* cluster) const {
     render_histogram(out, "baton_e2e_seconds", "first token plus every interval: the whole generation", e2e_);
     render_histogram(out, "baton_kv_transfer_seconds", "per request: first KV put posted to last layer announced",
                      kv_send_);
+    render_histogram(out, "baton_routing_seconds", "per request: the router's CHECK, placement and KV lease round trips",
+                     routing_);
+    render_histogram(out, "baton_prefill_queue_seconds", "per request: its prefill order waiting at the prefill rank",
+                     prefill_queue_);
+    render_histogram(out, "baton_prefill_seconds",
+                     "per request: prefill order sent to first token back (queue, compute, KV send)", prefill_);
+    render_histogram(out, "baton_decode_queue_seconds",
+                     "per request: its decode order waiting at the decode rank to join the batch (KV layers arriving)",
+                     decode_queue_);
+    render_histogram(out, "baton_request_prompt_tokens", "per request: prompt tokens", prompt_len_);
+    render_histogram(out, "baton_request_generated_tokens", "per request: tokens generated", generated_len_);
     render_counter(out, "baton_completions_total", "generations finished", static_cast<double>(completions_));
+    out += "# HELP baton_finished_total generations finished, by finish_reason\n# TYPE baton_finished_total counter\n";
+    for (const auto& [reason, n] : finished_)
+      out += "baton_finished_total{finish_reason=\"" + label(reason) + "\"} " + std::to_string(n) + "\n";
+    render_counter(out, "baton_migrations_total", "decode moves, KV and all, to another rank (summed over finished requests)",
+                   static_cast<double>(migrations_));
+    render_counter(out, "baton_recomputed_blocks_total", "cached KV blocks found but recomputed (a failed read or check)",
+                   static_cast<double>(recomputed_blocks_));
     render_counter(out, "baton_prompt_tokens_total", "prompt tokens of finished generations",
                    static_cast<double>(prompt_tokens_));
     render_counter(out, "baton_cached_prompt_tokens_total", "prompt tokens loaded instead of computed",

@@ -43,8 +43,13 @@ class gateway_metrics {
   mutable std::mutex mutex_;
   std::map<std::pair<std::string, int>, uint64_t> responses_;
   histogram ttft_, tbt_, e2e_, kv_send_;
+  /// Where a first token's time went, stage by stage (completion's *_us fields): the router's
+  /// round trips, the wait for a prefill rank, the prefill, the decode rank's wait for KV.
+  histogram routing_, prefill_queue_, prefill_, decode_queue_;
+  histogram prompt_len_, generated_len_;  ///< tokens per request
+  std::map<std::string, uint64_t> finished_;  ///< by finish_reason
   uint64_t prompt_tokens_ = 0, cached_tokens_ = 0, generated_tokens_ = 0, kv_bytes_ = 0, completions_ = 0;
-  uint64_t failovers_ = 0;
+  uint64_t failovers_ = 0, migrations_ = 0, recomputed_blocks_ = 0;
 };
 
 }  // namespace baton::deploy

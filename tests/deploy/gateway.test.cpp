@@ -4,7 +4,6 @@
 #include <caf/event_based_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
-#include "deploy/metrics.hpp"
 #include "tests/deploy/gateway_fixture.hpp"
 
 using namespace baton;
@@ -173,11 +172,6 @@ TEST_CASE("the gateway refuses what it cannot serve with the right status and a 
   CHECK(metrics.body.find("baton_ttft_seconds_count 1") != std::string::npos);
   CHECK(metrics.body.find("baton_rank_free_kv_pages{role=\"decode\",rank=\"decode-0\"}") != std::string::npos);
   CHECK(metrics.body.find("baton_rank_available{role=\"prefill\",rank=\"prefill-0\"} 1\n") != std::string::npos);
-  // The decode ranks' counters: typed as counters, decode rows only.
-  CHECK(metrics.body.find("# TYPE baton_rank_offloaded_total counter\n") != std::string::npos);
-  CHECK(metrics.body.find("baton_rank_offloaded_total{role=\"decode\",rank=\"decode-0\"} 0\n") != std::string::npos);
-  CHECK(metrics.body.find("baton_rank_offloaded_total{role=\"prefill\"") == std::string::npos);
-  CHECK(metrics.body.find("# TYPE baton_rank_free_kv_pages gauge\n") != std::string::npos);
   CHECK(metrics.body.find("baton_router_up 1") != std::string::npos);
 }
 
@@ -771,35 +765,4 @@ TEST_CASE("the C++ client's stream fails (rank_unavailable, naming who went) whe
   CHECK(stream->error_info().message.find("the request's actor ended before the answer") == 0);
   conn.reset();
   caf::anon_send_exit(router, caf::exit_reason::user_shutdown);
-}
-
-TEST_CASE("/metrics: each decode rank's counters (offloads, moves, write-backs) from its last load report, as "
-          "counters, and none for prefill ranks") {
-  deploy::gateway_metrics m;
-  cluster_stats c;
-  rank_load d;
-  d.name = "decode-3";
-  d.offloaded = 4;
-  d.resumed = 3;
-  d.migrated_out = 2;
-  d.migrate_failed = 1;
-  d.blocks_written_back = 9;
-  d.write_backs_dropped = 5;
-  c.decode.push_back(d);
-  rank_load p;
-  p.name = "prefill-0";
-  c.prefill.push_back(p);
-  const auto text = m.render(&c);
-  for (const auto& [name, value] : std::vector<std::pair<std::string, int>>{{"offloaded", 4},
-                                                                            {"resumed", 3},
-                                                                            {"migrated", 2},
-                                                                            {"migrate_failed", 1},
-                                                                            {"blocks_written_back", 9},
-                                                                            {"write_backs_dropped", 5}}) {
-    CAPTURE(name);
-    const std::string metric = "baton_rank_" + name + "_total";
-    CHECK(text.find("# TYPE " + metric + " counter\n") != std::string::npos);
-    CHECK(text.find(metric + "{role=\"decode\",rank=\"decode-3\"} " + std::to_string(value) + "\n") != std::string::npos);
-    CHECK(text.find(metric + "{role=\"prefill\"") == std::string::npos);
-  }
 }

@@ -1,0 +1,95 @@
+// /metrics as the gateway renders it: what it records from each completion, and the cluster's
+// gauges and counters from the router's stats (no sockets: the rendering alone).
+
+#include <doctest/doctest.h>
+
+#include "actors/client_messages.hpp"
+#include "actors/messages.hpp"
+#include "deploy/metrics.hpp"
+
+using namespace baton;
+
+namespace {
+
+/// The value of the line that starts with `series` ("name{labels}" or "name"), or -1.
+double value_of(const std::string& text, const std::string& series) {
+  const auto at = text.find("\n" + series + " ");
+  if (at == std::string::npos) return -1;
+  return std::stod(text.substr(at + series.size() + 2));
+}
+
+}  // namespace
+
+TEST_CASE("/metrics: a completion's stages, lengths and finish reason land in their histograms and counters") {
+  deploy::gateway_metrics m;
+  completion c;
+  c.num_prompt_tokens = 700;
+  c.tokens.assign(3, 1);
+  c.finish_reason = "length";
+  c.check_us = 200;
+  c.place_us = 300;
+  c.reserve_us = 500;      // routing: 1 ms
+  c.prefill_queue_us = 20'000;
+  c.prefill_us = 80'000;
+  c.decode_queue_us = 3'000;
+  c.migrations = 2;
+  c.recomputed_blocks = 4;
+  m.record(c);
+  c.finish_reason = "stop";
+  c.num_prompt_tokens = 3;
+  c.prefill_queue_us = 7'000'000;
+  m.record(c);
+  const auto text = m.render(nullptr);
+  CHECK(text.find("# TYPE baton_prefill_queue_seconds histogram\n") != std::string::npos);
+  // Cumulative buckets: one request within 25 ms, both within 10 s.
+  CHECK(value_of(text, "baton_prefill_queue_seconds_bucket{le=\"0.01\"}") == 0);
+  CHECK(value_of(text, "baton_prefill_queue_seconds_bucket{le=\"0.025\"}") == 1);
+  CHECK(value_of(text, "baton_prefill_queue_seconds_bucket{le=\"5\"}") == 1);
+  CHECK(value_of(text, "baton_prefill_queue_seconds_bucket{le=\"10\"}") == 2);
+  CHECK(value_of(text, "baton_prefill_queue_seconds_sum") == doctest::Approx(7.02));
+  CHECK(value_of(text, "baton_routing_seconds_bucket{le=\"0.001\"}") == 2);
+  CHECK(value_of(text, "baton_routing_seconds_bucket{le=\"0.0005\"}") == 0);
+  CHECK(value_of(text, "baton_prefill_seconds_sum") == doctest::Approx(0.16));
+  CHECK(value_of(text, "baton_decode_queue_seconds_count") == 2);
+  CHECK(value_of(text, "baton_request_prompt_tokens_bucket{le=\"5\"}") == 1);
+  CHECK(value_of(text, "baton_request_prompt_tokens_bucket{le=\"500\"}") == 1);
+  CHECK(value_of(text, "baton_request_prompt_tokens_bucket{le=\"1000\"}") == 2);
+  CHECK(value_of(text, "baton_request_generated_tokens_sum") == 6);
+  CHECK(value_of(text, "baton_finished_total{finish_reason=\"length\"}") == 1);
+  CHECK(value_of(text, "baton_finished_total{finish_reason=\"stop\"}") == 1);
+  CHECK(value_of(text, "baton_completions_total") == 2);
+  CHECK(value_of(text, "baton_migrations_total") == 4);
+  CHECK(value_of(text, "baton_recomputed_blocks_total") == 8);
+  CHECK(value_of(text, "baton_router_up") == 0);  // no cluster stats given
+}
+
+TEST_CASE("/metrics: each decode rank's counters (offloads, moves, write-backs) from its last load report, as "
+          "counters, and none for prefill ranks") {
+  deploy::gateway_metrics m;
+  cluster_stats c;
+  rank_load d;
+  d.name = "decode-3";
+  d.offloaded = 4;
+  d.resumed = 3;
+  d.migrated_out = 2;
+  d.migrate_failed = 1;
+  d.blocks_written_back = 9;
+  d.write_backs_dropped = 5;
+  c.decode.push_back(d);
+  rank_load p;
+  p.name = "prefill-0";
+  c.prefill.push_back(p);
+  const auto text = m.render(&c);
+  for (const auto& [name, value] : std::vector<std::pair<std::string, int>>{{"offloaded", 4},
+                                                                            {"resumed", 3},
+                                                                            {"migrated", 2},
+                                                                            {"migrate_failed", 1},
+                                                                            {"blocks_written_back", 9},
+                                                                            {"write_backs_dropped", 5}}) {
+    CAPTURE(name);
+    const std::string metric = "baton_rank_" + name + "_total";
+    CHECK(text.find("# TYPE " + metric + " counter\n") != std::string::npos);
+    CHECK(text.find(metric + "{role=\"decode\",rank=\"decode-3\"} " + std::to_string(value) + "\n") != std::string::npos);
+    CHECK(text.find(metric + "{role=\"prefill\"") == std::string::npos);
+  }
+}
