@@ -177,14 +177,15 @@ std::string mistral_call_id(const std::string& answer_id, size_t choice, uint32_
 
 /// A call's id. The client sends it back in the next turn (the assistant's tool_calls[].id, the
 /// tool message's tool_call_id) and the model's template renders it, so it takes the form the
-/// model was trained on: Mistral's 9 characters (mistral_call_id); Kimi-K2's functions.NAME:N,
-/// N counting the conversation's calls from its first (call::num_history_tool_calls; each choice
-/// counts from the same history), as the model numbers them and vLLM gives them; otherwise the
-/// answer's id, the choice and the call's place.
+/// model was trained on: Mistral's 9 characters (mistral_call_id); Kimi-K2's functions.NAME:N as
+/// the model wrote it (vLLM's id too), or where it wrote none, N counting the conversation's
+/// calls from its first (call::num_history_tool_calls; each choice counts from the same history);
+/// otherwise the answer's id, the choice and the call's place.
 std::string tool_call_id(const call& c, const tool_call& t, const std::string& answer_id, size_t choice) {
   switch (c.tool_calls) {
     case gpu::tool_call_format::mistral: return mistral_call_id(answer_id, choice, t.index);
     case gpu::tool_call_format::kimi:
+      if (!t.id.empty()) return t.id;
       return "functions." + t.name + ":" + std::to_string(uint64_t{c.num_history_tool_calls} + t.index);
     default:
       return "call_" + answer_id.substr(answer_id.find('-') + 1) + "-" + std::to_string(choice) + "-" +

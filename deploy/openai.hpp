@@ -144,6 +144,9 @@ struct tool_call {
   std::string arguments;
   uint32_t index = 0;
   bool first = true;
+  /// The id the model wrote for the call, where its format has one (Kimi-K2's functions.NAME:N);
+  /// empty: the gateway makes one (tool_call_id).
+  std::string id{};
 };
 
 /// What a piece of an answer shows, told apart: its reasoning, its content, and the tool calls

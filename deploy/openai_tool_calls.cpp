@@ -329,9 +329,26 @@ std::string_view kimi_name(std::string_view head) {
   return name;
 }
 
+/// A Kimi call's head as its id, where it has the id's form (NAME:N, no spaces), as vLLM keeps
+/// it: the model numbers its calls (and its template may render them) its own way; else empty.
+std::string kimi_id(std::string_view head) {
+  head = trimmed_view(head);
+  const size_t colon = head.rfind(':');
+  if (colon == npos || colon == 0 || colon + 1 == head.size()) return {};
+  for (size_t i = colon + 1; i < head.size(); ++i)
+    if (!std::isdigit(static_cast<unsigned char>(head[i]))) return {};
+  for (char c : head)
+    if (json_space(c)) return {};
+  return std::string{head};
+}
+
 /// One call of a sectioned form from its head and arguments.
 bool add_sectioned_call(tool_call_format f, std::string_view head, std::string_view right, answer_parts* out) {
-  if (f == tool_call_format::kimi) return add_named_call(std::string{kimi_name(head)}, right, out);
+  if (f == tool_call_format::kimi) {
+    if (!add_named_call(std::string{kimi_name(head)}, right, out)) return false;
+    out->tool_calls.back().id = kimi_id(head);
+    return true;
+  }
   if (head == "function") {  // DeepSeek V3, R1: the name on its own line, then a ```json block
     const size_t line = right.find('\n');
     if (line == npos) return false;
@@ -409,6 +426,7 @@ struct call_head {
   /// Text that ends the call where the whole answer's reader looks for it (hermes_end, the
   /// call's end marker, a closing fence): the arguments stop there, whatever their JSON says.
   std::array<std::string_view, 2> ends{};
+  std::string id{};  ///< tool_call::id
 };
 
 const call_head more_text{call_head::more, {}, 0, {}};
@@ -579,7 +597,11 @@ call_head sectioned_head(std::string_view s, size_t* from, bool first, tool_call
   if (sep == npos) return more_text;
   const std::string_view head_text = s.substr(head, sep - head);
   const size_t right = sep + form.sep.size();
-  if (f == tool_call_format::kimi) return found(skip_space(s, right), std::string{kimi_name(head_text)});
+  if (f == tool_call_format::kimi) {
+    auto h = found(skip_space(s, right), std::string{kimi_name(head_text)});
+    h.id = kimi_id(head_text);
+    return h;
+  }
   if (head_text != "function") return found(skip_space(s, right), trimmed(head_text));
   // DeepSeek V3, R1: the name on its own line, then the arguments in a ```json block.
   const size_t line = s.find('\n', right);
@@ -754,7 +776,7 @@ void tool_call_splitter::stream_calls(answer_parts* out) {
       stopped_ = true;
       return;
     }
-    out->tool_calls.push_back({head.name, {}, static_cast<uint32_t>(sent_.size()), true});
+    out->tool_calls.push_back({head.name, {}, static_cast<uint32_t>(sent_.size()), true, head.id});
     sent_.push_back({std::move(head.name), head.args, head.args, {}, {}});
     for (const auto end : head.ends)  // once per call, not per token
       if (!end.empty()) sent_.back().ends.emplace_back(end);

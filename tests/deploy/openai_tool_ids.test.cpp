@@ -1,7 +1,8 @@
 // Tool call ids in the form each model was trained on: clients send them back in the next turn
 // (the assistant's tool_calls[].id, the tool message's tool_call_id) and the model's template
 // renders them. Mistral's: 9 characters [A-Za-z0-9] (its templates refuse any other); Kimi-K2's:
-// functions.NAME:N, N counting the conversation's calls; every other model's: unchanged. The
+// the model's own functions.NAME:N, or N counting the conversation's calls where it wrote none;
+// every other model's: unchanged. The
 // whole answer and its stream give the same ids.
 
 #include <doctest/doctest.h>
@@ -186,8 +187,9 @@ TEST_CASE("tool call ids, Mistral's form: 9 characters [A-Za-z0-9], a different 
   CHECK(firsts.size() == 2000);
 }
 
-TEST_CASE("tool call ids, Kimi-K2's form: functions.NAME:N, N counting on from the calls in the conversation's history "
-          "(each choice from the same), whole and streamed alike") {
+TEST_CASE("tool call ids, Kimi-K2's form: functions.NAME:N as the model wrote it (vLLM's), and where it wrote "
+          "none, N counting on from the calls in the conversation's history (each choice from the same), whole and "
+          "streamed alike") {
   // Two calls before, in two assistant turns; an assistant turn without calls (null) counts none.
   const std::string history = R"([
     {"role": "user", "content": "x"},
@@ -201,20 +203,27 @@ TEST_CASE("tool call ids, Kimi-K2's form: functions.NAME:N, N counting on from t
     {"role": "user", "content": "Again."}])";
   const auto c = chat_call(tool_call_format::kimi, history, 2);
   CHECK(c.num_history_tool_calls == 2);
-  const std::string text =
-      "Again.<|tool_calls_section_begin|><|tool_call_begin|>functions.f:2<|tool_call_argument_begin|>{\"x\": 2}"
-      "<|tool_call_end|><|tool_call_begin|>functions.g:3<|tool_call_argument_begin|>{}<|tool_call_end|>"
-      "<|tool_calls_section_end|>";
-  const ids want = {{"functions.f:2", "functions.g:3"}, {"functions.f:2", "functions.g:3"}};
-  CHECK(whole_ids(c, text, "chatcmpl-1700000000-1") == want);
-  for (size_t step : {size_t{1}, size_t{9}, text.size()}) {
-    CAPTURE(step);
-    CHECK(streamed_ids(c, text, "chatcmpl-1700000000-1", step) == want);
-  }
+  const auto answer = [](std::string_view first_head, std::string_view second_head) {
+    return "Again.<|tool_calls_section_begin|><|tool_call_begin|>" + std::string{first_head} +
+           "<|tool_call_argument_begin|>{\"x\": 2}<|tool_call_end|><|tool_call_begin|>" + std::string{second_head} +
+           "<|tool_call_argument_begin|>{}<|tool_call_end|><|tool_calls_section_end|>";
+  };
+  const auto both_ways = [&](const deploy::openai::call& c, const std::string& text, const ids& want) {
+    CHECK(whole_ids(c, text, "chatcmpl-1700000000-1") == want);
+    for (size_t step : {size_t{1}, size_t{9}, text.size()}) {
+      CAPTURE(step);
+      CHECK(streamed_ids(c, text, "chatcmpl-1700000000-1", step) == want);
+    }
+  };
+  // The model's own ids, whatever it counted (Kimi-K2's first template numbers each turn's calls
+  // from 0; its later ones render the ids given back).
+  both_ways(c, answer("functions.f:0", " functions.g:7 "), {{"functions.f:0", "functions.g:7"}, {"functions.f:0", "functions.g:7"}});
+  // Heads that are no id (no index, an index that is no number): counted from the history.
+  both_ways(c, answer("functions.f", "functions.g:x"), {{"functions.f:2", "functions.g:3"}, {"functions.f:2", "functions.g:3"}});
   // A conversation's first calls count from 0.
-  CHECK(chat_call(tool_call_format::kimi, one_question).num_history_tool_calls == 0);
-  CHECK(whole_ids(chat_call(tool_call_format::kimi, one_question), text, "chatcmpl-1700000000-1") ==
-        ids{{"functions.f:0", "functions.g:1"}});
+  const auto first = chat_call(tool_call_format::kimi, one_question);
+  CHECK(first.num_history_tool_calls == 0);
+  both_ways(first, answer("f", "g"), {{"functions.f:0", "functions.g:1"}});
 }
 
 TEST_CASE("tool call ids of other forms (Hermes') are as they were: the answer's id, the choice and the call's place") {
