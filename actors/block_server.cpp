@@ -426,12 +426,16 @@ store_read_result serve_read(io_context& io, const store_read_order& order, uint
   for (int fd : fds)
     if (fd >= 0) ::close(fd);
   // Blocks served were used: the least recently used go first when room is short, and a
-  // prompt's leading blocks (touched last) after its later ones. Without a budget nothing is
-  // ever evicted, so the order is not kept (on_disk then only counts the bytes).
-  if (!io.cfg.capacity_bytes) return r;
+  // prompt's leading blocks (touched last) after its later ones. The files keep the use too, for
+  // the order after a restart. Without a budget nothing is ever evicted here, so the order is
+  // not kept (on_disk then only counts the bytes).
   std::vector<std::pair<uint32_t, store::block_key>> served;
   for (size_t i = 0; i < n; ++i)
-    if (good(i)) served.emplace_back(order.block_index[i], headers[i].key);
+    if (good(i)) {
+      served.emplace_back(order.block_index[i], headers[i].key);
+      store::mark_block_used(store::block_path(io.cfg.dir, headers[i].key));
+    }
+  if (!io.cfg.capacity_bytes) return r;
   std::sort(served.begin(), served.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   std::vector<store::block_key> keys;
   for (const auto& [position, key] : served) keys.push_back(key);
@@ -499,8 +503,9 @@ void recover_blocks(pointer self) {
       self,
       [](io_context& io) {
         auto scan = store::scan_block_dir(io.cfg.dir, io.salt);
-        // Oldest first, so the newest are the most recent; beyond the capacity (it shrank since
-        // the blocks were written) the least recent are deleted before the index hears of them.
+        // Least recently used first (written or read: scan_block_dir), so the last are the most
+        // recent; beyond the capacity (it shrank since the blocks were written) the least recent
+        // are deleted before the index hears of them.
         for (const auto& b : scan.blocks)
           io.on_disk.upsert({b.key, b.parent, {io.cfg.server_id}, store::block_disk_bytes(b.file_bytes),
                              static_cast<store::retention>(b.retention), std::numeric_limits<double>::infinity()},
@@ -769,6 +774,8 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
               std::vector<store::block_key> chain;
               for (size_t i = 0; i + 1 < keys.size(); i += 2) chain.push_back({keys[i], keys[i + 1]});
               io.on_disk.touch_chain(chain, 0.0);
+              for (const auto& k : chain)
+                if (io.on_disk.find(k)) store::mark_block_used(store::block_path(io.cfg.dir, k));
               return 0;
             },
             [](int) {});

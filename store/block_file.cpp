@@ -10,6 +10,7 @@
 #include <optional>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace baton::store {
@@ -254,7 +255,7 @@ dir_scan scan_block_dir(const std::string& dir, const block_key& salt) {
   namespace fs = std::filesystem;
   dir_scan out;
   struct dated {
-    fs::file_time_type written;
+    int64_t last_used_ns;  ///< the later of the file's write and its last use (mark_block_used)
     found_block block;
   };
   std::vector<dated> found;
@@ -289,8 +290,13 @@ dir_scan scan_block_dir(const std::string& dir, const block_key& salt) {
       continue;
     }
     if (p.extension() != ".blk") continue;
-    const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+    // Without touching its access time where the file is ours (else the open that only reads its
+    // header would count as a use, and the next restart would see every block used at once).
+    int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NOATIME);
+    if (fd < 0 && errno == EPERM) fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) continue;
+    struct stat st {};
+    const bool dated_ok = ::fstat(fd, &st) == 0;
     block_header h;
     auto bad = read_header(fd, salt, &h);
     ::close(fd);
@@ -312,12 +318,19 @@ dir_scan scan_block_dir(const std::string& dir, const block_key& salt) {
       remove(p, "is not where block " + h.key.hex() + " belongs (" + block_path(dir, h.key) + ")");
       continue;
     }
-    found.push_back({written, {h.key, h.parent, h.retention, h.file_bytes(), static_cast<uint64_t>(age_of(written).count())}});
+    const auto ns = [](const timespec& t) { return int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec; };
+    const int64_t last_used = dated_ok ? std::max(ns(st.st_atim), ns(st.st_mtim)) : 0;
+    found.push_back({last_used, {h.key, h.parent, h.retention, h.file_bytes(), static_cast<uint64_t>(age_of(written).count())}});
   }
-  std::stable_sort(found.begin(), found.end(), [](const dated& a, const dated& b) { return a.written < b.written; });
+  std::stable_sort(found.begin(), found.end(), [](const dated& a, const dated& b) { return a.last_used_ns < b.last_used_ns; });
   out.blocks.reserve(found.size());
   for (auto& d : found) out.blocks.push_back(d.block);
   return out;
+}
+
+void mark_block_used(const std::string& path) {
+  const timespec times[2] = {{0, UTIME_NOW}, {0, UTIME_OMIT}};
+  ::utimensat(AT_FDCWD, path.c_str(), times, 0);
 }
 
 }  // namespace baton::store

@@ -84,7 +84,7 @@ struct found_block {
 
 /// What a block server starting on an existing directory found there.
 struct dir_scan {
-  std::vector<found_block> blocks;  ///< oldest first: committed in this order, the newest end most recent
+  std::vector<found_block> blocks;  ///< least recently used first: committed in this order, the last most recent
   uint64_t removed = 0;             ///< unreadable block files and stale temporary files, deleted
   uint64_t foreign = 0;             ///< block files of another model or KV layout (or a newer format), left alone
   std::string first_removed;        ///< why the first removed file went (for the server's log line)
@@ -96,7 +96,14 @@ inline constexpr std::chrono::seconds stale_temp_after{600};
 /// Walks `dir` (dir/<2 hex>/<32 hex>.blk): collects the blocks written for `salt`, deletes block
 /// files that can never be read (corrupt or truncated header, a name that is not their key, a
 /// size that is not their layout's) and temporary files older than stale_temp_after. A missing
-/// directory is an empty one. Headers only: the layers are checked when a block is read.
+/// directory is an empty one. Headers only: the layers are checked when a block is read. The
+/// blocks come least recently used first: by the later of a file's write and its last use
+/// (mark_block_used), so a restart keeps an old block that is still read (a system prompt's).
 dir_scan scan_block_dir(const std::string& dir, const block_key& salt);
+
+/// Marks a block file used now, in its access time (its write time, from which the block's age
+/// counts, stays): what scan_block_dir orders by after a restart. Set outright, whatever the
+/// mount's atime policy; best effort (a file gone meanwhile is nothing).
+void mark_block_used(const std::string& path);
 
 }  // namespace baton::store

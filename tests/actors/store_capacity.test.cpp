@@ -13,6 +13,7 @@
 #include <limits>
 #include <thread>
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -383,11 +384,11 @@ TEST_CASE("block file: a write that fails (EIO injected) names the file and the 
   CHECK(s.disk_usage().second == 1);
 }
 
-TEST_CASE("block server restarting on a directory beyond its capacity deletes the least recently written blocks "
-          "before the index hears of them") {
-  capacity_store s;
+namespace {
+
+/// Five block files of `s`'s layout, keys[0] written (and last used) 10 minutes ago, keys[4] 6.
+std::vector<store::block_key> five_dated_blocks(capacity_store& s) {
   std::vector<store::block_key> keys;
-  const auto now = std::filesystem::file_time_type::clock::now();
   for (uint64_t i = 0; i < 5; ++i) {
     keys.push_back({10 + i, 1});
     store::block_header h;
@@ -397,12 +398,25 @@ TEST_CASE("block server restarting on a directory beyond its capacity deletes th
     h.kv_dim = kv_dim;
     h.block_tokens = h.page_tokens = tokens;
     h.layer_bytes = s.layout.page_bytes();
-    h.layer_checksums = {1, 1};
     const std::vector<std::byte> layer(h.layer_bytes);
+    for (uint32_t l = 0; l < layers; ++l)  // a block that reads (its layers pass their checks)
+      h.layer_checksums.push_back(std::max<uint64_t>(1, gpu::layer_checksum(l, layer.data(), 1, layer.size())));
     const auto path = store::block_path(s.dir, h.key);
     REQUIRE(store::write_block_file(path, h, [&](uint32_t) { return store::layer_pieces{{layer.data(), layer.size()}}; }).empty());
-    std::filesystem::last_write_time(path, now - std::chrono::minutes{10 - i});  // keys[0] the oldest
+    // Access and write times both: a file's access time is its creation's until it is used.
+    const timespec then{::time(nullptr) - static_cast<time_t>(60 * (10 - i)), 0};
+    const timespec times[2] = {then, then};
+    REQUIRE(::utimensat(AT_FDCWD, path.c_str(), times, 0) == 0);
   }
+  return keys;
+}
+
+}  // namespace
+
+TEST_CASE("block server restarting on a directory beyond its capacity deletes the least recently written blocks "
+          "before the index hears of them") {
+  capacity_store s;
+  const auto keys = five_dated_blocks(s);
   const auto served = s.serve(s.config(3));
   const auto& index = served.index;
   const auto& server = served.server;
@@ -416,6 +430,24 @@ TEST_CASE("block server restarting on a directory beyond its capacity deletes th
   CHECK(st.disk_evicted == 2);
   CHECK(st.blocks_recovered == 3);
   CHECK(st.disk_bytes == 3 * block_file_bytes);
+}
+
+TEST_CASE("block server restarting beyond its capacity keeps a block written long ago but read since (a system "
+          "prompt's), deleting the least recently used; its own scan at a start counts as no use") {
+  capacity_store s;
+  const auto keys = five_dated_blocks(s);
+  {
+    // Another life of the server, with no budget: it starts (and scans) on the directory, and
+    // serves keys[0] once. Before, restarts ordered by write time alone and deleted keys[0] first.
+    const auto served = s.serve(s.config(0));
+    REQUIRE(s.index_blocks(served.index, 5) == 5);
+    CHECK(s.read(served.server, keys[0]).empty());
+  }
+  const auto served = s.serve(s.config(3));
+  CHECK(s.index_blocks(served.index, 3) == 3);
+  CHECK(s.listed(served.index, keys) == std::vector<store::block_key>{keys[0], keys[3], keys[4]});
+  CHECK_FALSE(s.on_disk(keys[1]));
+  CHECK_FALSE(s.on_disk(keys[2]));
 }
 
 TEST_CASE("store capacity: --store-capacity-gib, baton node's and the spec's capacity_gib refuse negative or "
