@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
@@ -204,7 +205,7 @@ TEST_CASE("block files round-trip layer by layer, and every kind of damage is re
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("a store directory scanned at start: this model's blocks oldest first with their retention and age; "
+TEST_CASE("a store directory scanned at start: this model's blocks least recently used first with their retention and age; "
           "unreadable and stale temporary files deleted; other models' blocks and fresh temporaries left alone") {
   namespace fs = std::filesystem;
   const auto id = tiny_identity();
@@ -234,8 +235,6 @@ TEST_CASE("a store directory scanned at start: this model's blocks oldest first 
   for (size_t b = 0; b < 3; ++b) {
     const auto path = block_path(dir, keys[b]);
     REQUIRE(write_block_file(path, header(salt, keys[b], b ? keys[b - 1] : block_key{}, b == 1 ? 1 : 0), layer).empty());
-    // Written newest-first: the scan must order by time, not by name or directory order.
-    fs::last_write_time(path, now - std::chrono::hours{b == 0 ? 1 : (b == 1 ? 3 : 2)});
   }
   auto other = id;
   other.model_id = "another model";
@@ -261,6 +260,13 @@ TEST_CASE("a store directory scanned at start: this model's blocks oldest first 
   std::ofstream{stale} << "half";
   std::ofstream{fresh} << "half";
   fs::last_write_time(stale, now - std::chrono::hours{1});
+  // Written (and last used: access times too) newest-first: the scan must order by time, not by
+  // name or directory order. Dated last, as the copies above read two of them.
+  for (size_t b = 0; b < 3; ++b) {
+    const timespec then{::time(nullptr) - 3600 * (b == 0 ? 1 : (b == 1 ? 3 : 2)), 0};
+    const timespec times[2] = {then, then};
+    REQUIRE(::utimensat(AT_FDCWD, block_path(dir, keys[b]).c_str(), times, 0) == 0);
+  }
 
   const auto scan = scan_block_dir(dir, salt);
   REQUIRE(scan.blocks.size() == 3);
