@@ -86,6 +86,7 @@ void register_message_types(caf::actor_system_config& cfg) {
       .add_message_type<store_info>("baton::store_info")
       .add_message_type<std::vector<block_index_actor>>("std::vector<baton::block_index_actor>")
       .add_message_type<std::vector<std::vector<uint64_t>>>("std::vector<std::vector<uint64_t>>")
+      .add_message_type<std::vector<uint64_t>>("std::vector<uint64_t>")  // touch_atom's keys
       .add_message_type<std::vector<uint32_t>>("std::vector<uint32_t>")  // member_gone_atom's members
       .add_message_type<std::vector<int32_t>>("std::vector<int32_t>")
       .add_message_type<gpu::forward_output>("baton::gpu::forward_output")  // exec_done_atom's

@@ -7,7 +7,8 @@
 # fault injection makes slow (BATON_FAULT_LAYER_DELAY_MS: 250 ms per layer, a slow disk), and
 # store-a is killed with SIGKILL while it serves them. The reads in flight fail, the blocks are
 # recomputed, and every client must get exactly the undisturbed text; the launcher reports the
-# store node gone and the cluster serves on (now without the store's blocks).
+# store node gone and the cluster serves on (now without the store's blocks). Before the kill, a
+# prompt repeated twice loads its prefix from store-a both times.
 # Usage: store_kill_e2e.sh BATON_BINARY SOURCE_DIR. Bounded waits; always cleans up.
 set -euo pipefail
 BATON=$1
@@ -47,6 +48,15 @@ for i in $(seq $N); do curl -sN -m 60 "$URL" -d "$(body "$i")" > "$WORK/calm$i.t
 # Write-backs land after each sequence ends: wait (bounded) until store-a holds every block.
 for _ in $(seq 300); do [ "$(metric baton_store_blocks)" -ge $((3 * N)) ] 2>/dev/null && break; sleep 0.1; done
 [ "$(metric baton_store_blocks)" -ge $((3 * N)) ] || fail "store-a holds $(metric baton_store_blocks) blocks, expected >= $((3 * N))"
+# Hits repeat: one prompt twice more, each time loading its prefix from store-a. (Each hit at the
+# index touches the blocks on their server; that message once could not cross processes, broke
+# the link to store-a at the first hit, and every later prompt missed.)
+for k in 1 2; do
+  curl -sf -m 60 "$URL" -d "$(body 1 | sed 's/"stream":true/"stream":false/')" > "$WORK/repeat$k.json" ||
+    fail "repeat $k of prompt 1 failed"
+  python3 -c "import json,sys; u=json.load(open(sys.argv[1]))['usage']; sys.exit(0 if u['prompt_tokens_details']['cached_tokens'] >= 32 else 1)" \
+    "$WORK/repeat$k.json" || fail "repeat $k of prompt 1 loaded no prefix from store-a: $(cat "$WORK/repeat$k.json")"
+done
 CACHED0=$(metric baton_cached_prompt_tokens_total)
 
 PID_S=$(pgrep -f -- "--name store-a --listen 127.0.0.1:$P_STORE" | head -1)
