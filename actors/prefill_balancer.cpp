@@ -139,6 +139,7 @@ void forget_rank(prefill_balancer_state& st, const caf::actor_addr& rank, const 
       if (st.buckets && st.cfg.ranks_per_engine == 1) st.buckets->remove_engine(static_cast<uint32_t>(i));
       st.registry.forget(rank, until_rejoin);
       resync_views(st);
+      if (auto none = st.registry.none_left("prefill"); !none.empty()) fail_parked(st.parked, "place_prefill", none);
       return;
     }
 }
@@ -305,6 +306,8 @@ prefill_balancer_actor::behavior_type prefill_balancer_impl(pointer self, prefil
       [=](caf::down_msg& dm) { forget_rank(self->state, dm.source, "forgotten: it went down", false); });
   return {
       [=](place_atom, place_query& q) -> caf::result<prefill_placement> {
+        if (auto none = self->state.registry.none_left("prefill"); !none.empty())
+          return make_error(errc::rank_unavailable, where(q.request_id, "", "place_prefill") + ": " + none);
         if (auto p = try_place(self, q)) return std::move(*p);
         auto promise = self->make_response_promise<prefill_placement>();
         drop_expired(self->state.parked, self->clock().now(), "place_prefill");

@@ -48,6 +48,16 @@ struct rank_registry {
   };
   std::deque<absent_rank> absent;
   static constexpr size_t max_absent = 4096;
+  bool had_ranks = false;  ///< some rank has reported since start
+
+  /// Why no placement can wait for a rank: there were ranks, and every one has left (their
+  /// nodes died or stopped). Empty while a rank is here, and before the first report (at start,
+  /// ranks are on their way: a placement waits for them).
+  std::string none_left(const char* role) const {
+    if (!ranks.empty() || !had_ranks) return {};
+    return std::string{"no "} + role + " rank in the cluster: every one that joined has left (a node restarted " +
+           "takes work again once its rank has rejoined)";
+  }
 
   /// A report replaces the rank's previous one (including the balancer's own placements since).
   /// True when the rank is new (the caller monitors it). A rank stepping aside (its report names
@@ -76,6 +86,7 @@ struct rank_registry {
     ranks.push_back(std::move(rank));
     loads.push_back(std::move(load));
     draining.push_back(was_draining);
+    had_ranks = true;
     return true;
   }
   /// A rank that went down (its process ended) is forgotten; with `until_rejoin` (it may still
@@ -151,6 +162,14 @@ size_t drop_expired(std::deque<parked_placement<Placement>>& parked, caf::actor_
     ++n;
   }
   return n;
+}
+
+/// Answers every parked placement with `why` (rank_unavailable): the last rank left, and none
+/// will take them before their askers stop waiting, who can now tell their clients at once.
+template <class Placement>
+void fail_parked(std::deque<parked_placement<Placement>>& parked, const char* stage, const std::string& why) {
+  for (auto& p : parked) p.promise.deliver(make_error(errc::rank_unavailable, where(p.query.request_id, "", stage) + ": " + why));
+  parked.clear();
 }
 
 /// Serves parked placements, oldest first, while `try_place(query)` finds a rank; those whose

@@ -301,3 +301,59 @@ TEST_CASE("a decode rank's report drops the charges of the placements it settled
   for (auto& r : ranks) self->send_exit(r, caf::exit_reason::user_shutdown);
   self->send_exit(bal, caf::exit_reason::user_shutdown);
 }
+
+TEST_CASE("once the last rank of a role has left, placements are refused at once (rank_unavailable, naming why) and "
+          "those parked are answered, instead of each waiting out its asker's timeout; a rank back takes work again") {
+  test::cluster_system t;
+  auto decode = spawn_decode_balancer(t.sys, {});
+  auto prefill = spawn_prefill_balancer(t.sys, {});
+  caf::scoped_actor self{t.sys};
+  const auto refused_at_once = [&](const auto& balancer, auto placement, const char* stage) {
+    using placement_t = decltype(placement);
+    const auto asked = std::chrono::steady_clock::now();
+    std::string why;
+    place_query q{7, 16, 0, 64};
+    q.wait_ms = 30'000;
+    self->request(balancer, std::chrono::seconds{30}, place_atom::value, q)
+        .receive([&](placement_t&) { FAIL("placed with no rank"); },
+                 [&](caf::error& e) {
+                   CHECK(e.code() == static_cast<uint8_t>(errc::rank_unavailable));
+                   why = t.sys.render(e);
+                 });
+    CHECK(std::chrono::steady_clock::now() - asked < std::chrono::seconds{20});  // not its 30 s
+    CHECK_MESSAGE(why.find(std::string{stage} + ": no ") != std::string::npos, why);
+    CHECK_MESSAGE(why.find("every one that joined has left") != std::string::npos, why);
+  };
+  // Before any rank reported, a placement waits (ranks are on their way at start): parked.
+  place_query early{1, 16, 0, 64};
+  early.wait_ms = 30'000;
+  auto parked = self->request(decode, std::chrono::seconds{30}, place_atom::value, early);
+  auto rank = stand_in_rank<decode_rank_actor>(t);
+  self->send(decode, load_atom::value, idle_load("decode-x", 0), rank);  // no room: it stays parked
+  std::string parked_why;
+  self->send_exit(rank, caf::exit_reason::kill);  // the last decode rank goes
+  parked.receive([&](decode_placement&) { FAIL("placed with no rank"); },
+                 [&](caf::error& e) { parked_why = t.sys.render(e); });
+  CHECK_MESSAGE(parked_why.find("place_decode: no decode rank in the cluster") != std::string::npos, parked_why);
+  refused_at_once(decode, decode_placement{}, "place_decode");
+  // A rank joining again takes placements.
+  auto back = stand_in_rank<decode_rank_actor>(t);
+  self->send(decode, load_atom::value, idle_load("decode-y", 8), back);
+  self->request(decode, std::chrono::seconds{5}, place_atom::value, place_query{8, 16, 0, 64})
+      .receive([&](decode_placement& p) { CHECK(p.name == "decode-y"); }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
+  // The prefill balancer alike.
+  auto p_rank = stand_in_rank<prefill_rank_actor>(t);
+  self->send(prefill, load_atom::value, idle_load("prefill-x", 8), p_rank);
+  self->send_exit(p_rank, caf::exit_reason::kill);
+  for (int i = 0; i < 500; ++i) {  // bounded: until the balancer has seen it go
+    bool gone = false;
+    self->request(prefill, std::chrono::seconds{5}, stats_atom::value)
+        .receive([&](const std::vector<rank_load>& loads) { gone = loads.empty(); }, [](caf::error&) {});
+    if (gone) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds{2});
+  }
+  refused_at_once(prefill, prefill_placement{}, "place_prefill");
+  self->send_exit(decode, caf::exit_reason::user_shutdown);
+  self->send_exit(prefill, caf::exit_reason::user_shutdown);
+  self->send_exit(back, caf::exit_reason::user_shutdown);
+}
