@@ -594,7 +594,13 @@ int run_launch(const std::vector<std::string>& raw_args) {
         ++it;
         continue;
       }
-      if (!cannot_restart) std::printf("baton launch: node %s left (%s)\n", it->node.process.c_str(), how.c_str());
+      if (!cannot_restart && it->node.role == "store" && how != "exit code 0")
+        std::printf("baton launch: node %s left (%s); a store node is not restarted (the head adopts block servers "
+                    "only as it starts): the cluster serves on without its blocks, prefixes there are computed "
+                    "again, until the head restarts\n",
+                    it->node.process.c_str(), how.c_str());
+      else if (!cannot_restart)
+        std::printf("baton launch: node %s left (%s)\n", it->node.process.c_str(), how.c_str());
       // Failed for good (restarts used up, or its host cannot start it): a spare of the same
       // role and ranks takes its place, and with it the node's data-parallel members; one
       // standing by first (told the node's flags on its stdin), else one started cold.
