@@ -197,6 +197,10 @@ struct router_state {
   uint64_t num_overloaded = 0;  ///< of the rejected: refused by admission control
   uint64_t num_active = 0;  ///< request actors alive (monitored: their down message counts them out)
   std::unordered_map<caf::actor_addr, request_actor> live;  ///< the same, to tell them of lost ranks
+  /// Each block server's last answer to stats_atom: a server that stops answering (its store node
+  /// died) still counts what it did, or the cluster's counters (bytes written, ...) would go
+  /// backwards, which Prometheus reads as a reset.
+  std::vector<store_stats> server_stats_seen;
   static inline const char* name = "baton.router";
 };
 
@@ -241,9 +245,21 @@ caf::result<cluster_stats> collect_stats(router_pointer self) {
   for (const auto& shard : s.store.index)
     self->request(shard, timeout, stats_atom::value)
         .then([=](store_stats& x) mutable { add(x), done(); }, [=](caf::error&) mutable { done(); });
-  for (const auto& server : s.store.servers)
-    self->request(server, timeout, stats_atom::value)
-        .then([=](store_stats& x) mutable { add(x), done(); }, [=](caf::error&) mutable { done(); });
+  s.server_stats_seen.resize(s.store.servers.size());
+  for (size_t i = 0; i < s.store.servers.size(); ++i)
+    self->request(s.store.servers[i], timeout, stats_atom::value)
+        .then(
+            [=](store_stats& x) mutable {
+              self->state.server_stats_seen[i] = x;
+              add(x), done();
+            },
+            [=](caf::error& e) mutable {
+              // Its counters as last seen; its disk use too while it may be only slow, none once
+              // it is gone (its files serve nobody).
+              auto last = self->state.server_stats_seen[i];
+              if (e == caf::sec::request_receiver_down) last.disk_bytes = 0;
+              add(last), done();
+            });
   return rp;
 }
 

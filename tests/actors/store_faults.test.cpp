@@ -1,0 +1,275 @@
+// The block store in a running cluster when a cached block fails: a corrupted or deleted file, a
+// server killed before or during a read, a read slower than its reader's wait, a put that fails.
+// Each ends as a recompute with correct output, and nothing waits for ever.
+
+#include <doctest/doctest.h>
+
+#include "tests/actors/store_fixture.hpp"
+#include "transport/fault_proxy.hpp"
+#include "transport/loopback.hpp"
+
+using namespace baton;
+using namespace baton::test_store;
+
+TEST_CASE("store: a corrupted block file and a deleted one end as recomputation with correct output") {
+  temp_dir dir{"damage"};
+  test::cluster_system t;
+  auto cfg = store_cluster(dir.path);
+  auto cluster = start_local_cluster(t.sys, cfg);
+  test::cluster_system::stopper stop{t, cluster};
+  const auto p = prompt_tokens(cfg, 99, 2);
+  const auto ref = reference(cfg, p);
+  REQUIRE(t.generate(cluster.router, request_for(p)));
+  wait_for_blocks(t, cluster, 3);
+  const auto server_dir = dir.path + "/server-0";
+  // One byte of block 1's KV (layer 2) flipped: the header is intact, the landed layer is not.
+  damage_layer_2(store::block_path(server_dir, key_of(cfg, p, 1)), cfg);
+  auto got = t.generate(cluster.router, request_for(p));
+  REQUIRE_MESSAGE(got, t.sys.render(got.error()));
+  CHECK(got->cached_tokens == 32);      // block 0 loaded ...
+  CHECK(got->recomputed_blocks == 2);   // ... block 1 failed its checksum, and block 2 follows it
+  check_equal(*got, ref);
+  const auto events = t.events(cluster.prefill[0].handle);
+  CHECK(std::any_of(events.begin(), events.end(), [](auto& e) { return e.kind == "prefix_recompute" && e.chunk == 2; }));
+  // Streaming: the computation started on the optimistic prefix and was aborted when layer 2 of
+  // block 1 failed its checksum, then restarted after block 0.
+  CHECK(std::any_of(events.begin(), events.end(), [](auto& e) { return e.kind == "prefix_abort"; }));
+
+  // The recompute's write-back repaired block 1 (from cached_blocks = 1 on); now delete block 0.
+  std::this_thread::sleep_for(std::chrono::milliseconds{100});
+  std::filesystem::remove(store::block_path(server_dir, key_of(cfg, p, 0)));
+  got = t.generate(cluster.router, request_for(p));
+  REQUIRE_MESSAGE(got, t.sys.render(got.error()));
+  CHECK(got->cached_tokens == 0);
+  CHECK(got->recomputed_blocks == 3);
+  check_equal(*got, ref);
+  // The block server counted what it could not serve.
+  caf::scoped_actor self{t.sys};
+  store_stats s;
+  self->request(cluster.store_servers[0].handle, std::chrono::seconds{5}, stats_atom::value)
+      .receive([&](store_stats& x) { s = x; }, [](caf::error&) {});
+  CHECK(s.read_failures >= 1);
+}
+
+TEST_CASE("store: with every block server down, a finished sequence's blocks are dropped (counted), and no "
+          "write-back is left in flight for ever (it kept the rank from ever being idle)") {
+  temp_dir dir{"alldown"};
+  test::cluster_system t;
+  auto cfg = store_cluster(dir.path);
+  auto cluster = start_local_cluster(t.sys, cfg);
+  test::cluster_system::stopper stop{t, cluster};
+  {
+    caf::scoped_actor self{t.sys};
+    self->send_exit(cluster.store_servers[0].handle, caf::exit_reason::kill);
+  }
+  // No wait for the decode rank to hear of the death: whether the ring already skips the server or
+  // its write_begin fails, each block reaches no server and is counted as dropped.
+  const auto p = prompt_tokens(cfg, 99, 7);
+  auto got = t.generate(cluster.router, request_for(p));
+  REQUIRE_MESSAGE(got, t.sys.render(got.error()));
+  check_equal(*got, reference(cfg, p));
+  const auto& decode = cluster.decode[0].handle;
+  for (int i = 0; i < 2500 && t.stats(decode).write_backs_dropped < 3; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds{4});
+  const auto st = t.stats(decode);
+  CHECK(st.write_backs_dropped == 3);
+  CHECK(st.num_writes_in_flight == 0);
+}
+
+TEST_CASE("store: with 2 replicas, a killed block server still yields hits; with 1, its blocks are misses") {
+  for (uint32_t replicas : {2u, 1u}) {
+    CAPTURE(replicas);
+    temp_dir dir{"replicas" + std::to_string(replicas)};
+    test::cluster_system t;
+    auto cfg = store_cluster(dir.path, 2, replicas);
+    auto cluster = start_local_cluster(t.sys, cfg);
+    test::cluster_system::stopper stop{t, cluster};
+    const auto p = prompt_tokens(cfg, 99, 3);
+    const auto ref = reference(cfg, p);
+    REQUIRE(t.generate(cluster.router, request_for(p)));
+    wait_for_blocks(t, cluster, 3);
+    // Every replica's write has landed (the index counts a block at its first copy).
+    for (size_t b = 0; b < 3; ++b)
+      for (int i = 0; i < 2500 && servers_of(t, cluster, key_of(cfg, p, b)).size() < replicas; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds{4});
+    // Kill the server holding block 0's primary copy, and wait until the index has seen it go.
+    const store::server_ring ring{2};
+    const auto primary = ring.servers_for(key_of(cfg, p, 0), 1)[0];
+    const auto written = [&] {  // the router's sum over the servers (/metrics' counter)
+      uint64_t n = 0;
+      caf::scoped_actor self{t.sys};
+      self->request(cluster.router, std::chrono::seconds{5}, stats_atom::value)
+          .receive([&](cluster_stats& c) { n = c.store.bytes_written; }, [](caf::error&) {});
+      return n;
+    };
+    const uint64_t written_before = written();
+    CHECK(written_before > 0);
+    {
+      caf::scoped_actor self{t.sys};
+      self->send_exit(cluster.store_servers[primary].handle, caf::exit_reason::kill);
+    }
+    const auto names_primary = [&] {
+      const auto s = servers_of(t, cluster, key_of(cfg, p, 0));
+      return std::find(s.begin(), s.end(), primary) != s.end();
+    };
+    for (int i = 0; i < 2500 && names_primary(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds{4});
+    REQUIRE_FALSE(names_primary());
+    CHECK(written() >= written_before);  // a dead server's writes still count: the counter never goes back
+    auto got = t.generate(cluster.router, request_for(p));
+    REQUIRE_MESSAGE(got, t.sys.render(got.error()));
+    check_equal(*got, ref);
+    if (replicas == 2) {
+      CHECK(got->cached_tokens == 96);
+      CHECK(got->recomputed_blocks == 0);
+    } else {
+      // The index watches its servers: it no longer names the dead one, so block 0 is a miss
+      // (computed, never waited for) and nothing after it can be used.
+      CHECK(got->cached_tokens == 0);
+      CHECK(got->recomputed_blocks == 0);
+      CHECK(servers_of(t, cluster, key_of(cfg, p, 0)).empty());
+    }
+  }
+}
+
+TEST_CASE("store: a read slower than the reader's timeout: the server starts no put past its budget, the prompt is "
+          "recomputed, and the pages it named are held from the next prompts until no put of it can land") {
+  temp_dir dir{"slow-read"};
+  test::cluster_system t;
+  auto cfg = store_cluster(dir.path);
+  // The server's budget: 300 ms, with room on a loaded machine. Write-back's slot requests wait
+  // write_slot_timeout_ms (5 s by default), not this, so the first prompt's blocks land.
+  cfg.store.read_timeout_ms = 600;
+  // The server takes 900 ms before each layer of a read (reads only: write-back is unaffected).
+  auto slow = [](caf::actor_system& sys, block_server_config bc, std::shared_ptr<transport::transport> xport,
+                 std::vector<block_index_actor> index) {
+    bc.fault_layer_delay_ms = 900;
+    return spawn_block_server(sys, std::move(bc), std::move(xport), std::move(index));
+  };
+  auto cluster = start_local_cluster(t.sys, cfg, {}, {}, slow);
+  test::cluster_system::stopper stop{t, cluster};
+  const auto p = prompt_tokens(cfg, 99, 12);
+  REQUIRE(t.generate(cluster.router, request_for(p)));
+  wait_for_blocks(t, cluster, 3);
+  auto again = t.generate(cluster.router, request_for(p));
+  REQUIRE_MESSAGE(again, t.sys.render(again.error()));
+  CHECK(again->cached_tokens == 0);  // the read timed out: recomputed
+  check_equal(*again, reference(cfg, p));
+  auto held = [&](const char* kind) {
+    const auto ev = t.events(cluster.prefill[0].handle);
+    return std::count_if(ev.begin(), ev.end(), [&](auto& e) { return e.kind == kind; });
+  };
+  CHECK(held("pages_held") == 1);
+  // The next prompt on the rank gets other pages, and its own answer.
+  const auto q = prompt_tokens(cfg, 50, 13);
+  auto other = t.generate(cluster.router, request_for(q));
+  REQUIRE(other);
+  check_equal(*other, reference(cfg, q));
+  // The server stopped at its budget: it put nothing and says why (it answers after its 900 ms).
+  caf::scoped_actor self{t.sys};
+  store_stats s;
+  for (int i = 0; i < 500 && s.read_failures + s.blocks_read < 3; ++i) {
+    self->request(cluster.store_servers[0].handle, std::chrono::seconds{5}, stats_atom::value)
+        .receive([&](store_stats& x) { s = x; }, [](caf::error&) {});
+    if (s.read_failures + s.blocks_read < 3) std::this_thread::sleep_for(std::chrono::milliseconds{10});
+  }
+  CHECK(s.blocks_read == 0);
+  CHECK(s.read_failures == 3);
+  CHECK(s.bytes_read == 0);
+  // The held pages come back once no put can land: read_timeout_ms + store_put_limit_ms.
+  for (int i = 0; i < 400 && held("pages_unheld") == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{50});
+  CHECK(held("pages_unheld") == 1);
+  CHECK(t.stats(cluster.prefill[0].handle).num_free_pages == cfg.executor.num_kv_pages);
+}
+
+TEST_CASE("store: a write-back put that fails gives its slot back, so later write-backs find room; bytes that are "
+          "not what the writer checksummed never become a block") {
+  for (auto kind : {transport::fault_kind::fail, transport::fault_kind::drop}) {
+    CAPTURE(static_cast<int>(kind));
+    temp_dir dir{"slots" + std::to_string(static_cast<int>(kind))};
+    test::cluster_system t;
+    auto cfg = store_cluster(dir.path);
+    // Staging for one block at a time: one slot lost for good would stop every write.
+    const auto lay = gpu::model_kv_layout(cfg.model, 1, cfg.executor.page_size_tokens);
+    const uint64_t block = uint64_t{cfg.store.block_tokens / cfg.executor.page_size_tokens} * lay.page_bytes() * lay.num_layers;
+    cfg.store.staging_bytes = block * 3 / 2;
+    REQUIRE(cfg.validate().empty());
+    // decode-0's first write-back put fails (fail) or does nothing yet says it landed (drop).
+    auto wrap = [&](std::unique_ptr<transport::transport> inner, const std::string& name)
+        -> std::shared_ptr<transport::transport> {
+      if (name != "decode-0") return std::shared_ptr<transport::transport>{std::move(inner)};
+      return std::shared_ptr<transport::transport>{transport::make_fault_proxy(std::move(inner), {kind, {}, {}, 1, 1})};
+    };
+    auto cluster = start_local_cluster(t.sys, cfg, {}, wrap);
+    test::cluster_system::stopper stop{t, cluster};
+    auto server_stats = [&] {
+      caf::scoped_actor self{t.sys};
+      store_stats s;
+      self->request(cluster.store_servers[0].handle, std::chrono::seconds{5}, stats_atom::value)
+          .receive([&](store_stats& x) { s = x; }, [](caf::error&) {});
+      return s;
+    };
+    // Prompts of their own per kind: memory freed by the first cluster may come back to the
+    // second one's staging with the first one's blocks still in it.
+    const char k = static_cast<char>(kind) * 2;
+    const auto p = prompt_tokens(cfg, 99, static_cast<char>(14 + k));
+    REQUIRE(t.generate(cluster.router, request_for(p)));  // block 0 took the slot; 1 and 2 found it full
+    for (int i = 0; i < 500 && server_stats().slots_reclaimed + server_stats().write_failures == 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds{4});
+    if (kind == transport::fault_kind::fail) {
+      CHECK(server_stats().slots_reclaimed == 1);  // given back at once, not after write_slot_ttl_ms
+    } else {
+      // The slot held stale bytes: before, they were written as p's block 0 and committed.
+      CHECK(server_stats().write_failures == 1);
+      CHECK(server_stats().blocks_written == 0);
+    }
+    // Every block of p counts as dropped: 1 and 2 found the staging full, block 0's put failed
+    // or its write did (the server answers 0 then; before, any answer counted as stored).
+    const auto& decode = cluster.decode[0].handle;
+    for (int i = 0; i < 1250 && t.stats(decode).write_backs_dropped < 3; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds{4});
+    CHECK(t.stats(decode).write_backs_dropped == 3);
+    const auto q = prompt_tokens(cfg, 99, static_cast<char>(15 + k));
+    REQUIRE(t.generate(cluster.router, request_for(q)));
+    wait_for_blocks(t, cluster, 1);  // q's block 0: there was room again
+    CHECK(server_stats().blocks_written == 1);
+    auto again = t.generate(cluster.router, request_for(p));  // p's blocks: none stored
+    REQUIRE(again);
+    CHECK(again->cached_tokens == 0);
+    check_equal(*again, reference(cfg, p));
+  }
+}
+
+TEST_CASE("store: a block server killed in the middle of a read ends as a recompute with correct output") {
+  temp_dir dir{"killed"};
+  test::cluster_system t;
+  auto cfg = store_cluster(dir.path);
+  transport::fault_proxy* proxy = nullptr;
+  // The server's puts of layer 1 stall (after the first request's write-back, which uses no puts).
+  auto wrap = [&](std::unique_ptr<transport::transport> inner, const std::string& name)
+      -> std::shared_ptr<transport::transport> {
+    if (name != "store-0") return std::shared_ptr<transport::transport>{std::move(inner)};
+    auto p = transport::make_fault_proxy(std::move(inner), {transport::fault_kind::stall, 1, {}, 1, 1});
+    proxy = p.get();
+    return std::shared_ptr<transport::transport>{std::move(p)};
+  };
+  auto cluster = start_local_cluster(t.sys, cfg, {}, wrap);
+  test::cluster_system::stopper stop{t, cluster};
+  REQUIRE(proxy != nullptr);
+  const auto p = prompt_tokens(cfg, 99, 10);
+  REQUIRE(t.generate(cluster.router, request_for(p)));
+  wait_for_blocks(t, cluster, 3);
+  caf::scoped_actor self{t.sys};
+  auto pending = self->request(cluster.router, std::chrono::seconds{60}, generate_atom::value, request_for(p));
+  // Mid-read: layer 0 of the blocks landed, layer 1's put is stuck. Then the server dies.
+  for (int i = 0; i < 2000 && proxy->num_injected() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{1});
+  REQUIRE(proxy->num_injected() == 1);
+  self->send_exit(cluster.store_servers[0].handle, caf::exit_reason::kill);
+  completion got;
+  const auto t0 = std::chrono::steady_clock::now();
+  pending.receive([&](completion& c) { got = std::move(c); }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
+  CHECK(got.cached_tokens == 0);
+  CHECK(got.recomputed_blocks == 3);
+  MESSAGE("answered after " << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() << " s");
+  check_equal(got, reference(cfg, p));
+}
+
