@@ -43,6 +43,8 @@ using heartbeat_atom = caf::atom_constant<caf::atom("heartbeat")>;
 using drain_atom = caf::atom_constant<caf::atom("drain")>;
 using rendezvous_atom = caf::atom_constant<caf::atom("rendezvous")>;
 using member_gone_atom = caf::atom_constant<caf::atom("mbr_gone")>;
+/// To a node process whose name a newer process took at the head: it leaves.
+using replaced_atom = caf::atom_constant<caf::atom("replaced")>;
 using health_atom = caf::atom_constant<caf::atom("health")>;
 using undrain_atom = caf::atom_constant<caf::atom("undrain")>;
 /// A decode rank's waiting KV reservation reached its deadline (reserve_wait_ms).

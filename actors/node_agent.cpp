@@ -169,6 +169,13 @@ node_agent_actor::behavior_type node_agent_impl(pointer self, node_directory_act
           bool returned) {
         if (self->state.cfg.on_member_gone) self->state.cfg.on_member_gone(group, members, why, returned);
       },
+      [=](replaced_atom, int32_t pid) {
+        auto& st = self->state;
+        stop_all(self);
+        if (st.cfg.on_replaced) st.cfg.on_replaced(pid);
+        self->quit(make_error(errc::rank_unavailable, "node " + st.cfg.hello.name + ": a newer process (pid " +
+                                                          std::to_string(pid) + ") joined the head under its name"));
+      },
   };
 }
 

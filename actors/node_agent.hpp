@@ -32,6 +32,9 @@ struct node_agent_config {
   /// Called on the agent's thread when the head's directory went away, after the node's actors
   /// were told to stop and before the agent ends (its exit reason then says so too).
   std::function<void()> on_head_lost;
+  /// Called on the agent's thread when the directory says a newer process (this pid) took the
+  /// node's name, after the node's actors were told to stop and before the agent ends.
+  std::function<void(int32_t)> on_replaced;
 };
 
 /// A node process's agent (design.md §1):

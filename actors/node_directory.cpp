@@ -1,6 +1,7 @@
 #include "actors/node_directory.hpp"
 
 #include <algorithm>
+#include <deque>
 #include <map>
 #include <set>
 
@@ -92,6 +93,11 @@ struct node_directory_state {
   cluster_welcome welcome;
   std::map<std::string, node_entry> nodes;
   bool sweeping = false;  ///< a liveness sweep is scheduled
+  /// Processes a newer one under their name replaced while they served (incarnation -> the new
+  /// one's pid): told to leave at their next heartbeat, or they would run on, serving nothing.
+  /// Bounded: the oldest go first.
+  std::map<uint64_t, int32_t> replaced;
+  std::deque<uint64_t> replaced_order;
   uint64_t shrinks = 0;   ///< meetings closed without every member: each numbers its shrunk group
   uint64_t timers = 0;    ///< shrink timers started (meeting::shrink_timer names the one that counts)
   static inline const char* name = "baton.node_directory";
@@ -309,6 +315,15 @@ void tell_late_node(pointer self, const std::string& name) {
   }
 }
 
+void remember_replaced(node_directory_state& st, uint64_t incarnation, int32_t pid) {
+  constexpr size_t max_replaced = 1024;
+  if (st.replaced.emplace(incarnation, pid).second) st.replaced_order.push_back(incarnation);
+  if (st.replaced_order.size() > max_replaced) {
+    st.replaced.erase(st.replaced_order.front());
+    st.replaced_order.pop_front();
+  }
+}
+
 /// A node is gone (silent past the heartbeat timeout, or its agent went down): the balancers
 /// forget its ranks and the router tells every request on them to re-place itself --
 /// without waiting for the network to notice a dead connection, which can take minutes.
@@ -368,8 +383,11 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
           // message). The old process is given up now: its heartbeats no longer count, so its
           // silence would never be seen, and its ranks would stay in the balancers. One that
           // drains is left to finish: it no longer takes work and leaves by itself.
-          if (o.state == "joined")
+          if (o.state == "joined") {
             mark_gone(self, name, o, "was replaced by a new process (pid " + std::to_string(hello.pid) + ") under its name");
+            remember_replaced(self->state, o.hello.incarnation, hello.pid);
+            if (auto agent = caf::actor_cast<node_agent_actor>(o.agent)) self->send(agent, replaced_atom::value, hello.pid);
+          }
           o.ranks = {};
         }
         auto& n = self->state.nodes[name];  // a node that rejoins replaces its old entry
@@ -387,6 +405,11 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
         auto i = st.nodes.find(name);
         // A process that a newer one under its name replaced keeps no entry alive, nor does one
         // whose agent ended.
+        if (auto r = st.replaced.find(incarnation); r != st.replaced.end()) {
+          if (auto agent = caf::actor_cast<node_agent_actor>(self->current_sender()))
+            self->send(agent, replaced_atom::value, r->second);
+          return;
+        }
         if (i == st.nodes.end() || i->second.hello.incarnation != incarnation || i->second.ended) return;
         i->second.last_heartbeat = self->clock().now();
         // Back after a partition (or a stall past the heartbeats): its ranks rejoin the balancers

@@ -93,6 +93,9 @@ using node_agent_actor = caf::typed_actor<
     // from the directory: these members of this group (its meeting's name, member indices) were
     // on a node that went down or fell silent, and why; or (true) members that a shrunk meeting
     // closed without came back, so the group meets again at full size
-    caf::reacts_to<member_gone_atom, std::string, std::vector<uint32_t>, std::string, bool>>;
+    caf::reacts_to<member_gone_atom, std::string, std::vector<uint32_t>, std::string, bool>,
+    // from the directory: a newer process (its pid) joined under this node's name while this one
+    // served: its ranks were forgotten, so it stops them and leaves
+    caf::reacts_to<replaced_atom, int32_t>>;
 
 }  // namespace baton

@@ -104,6 +104,7 @@ std::vector<std::shared_ptr<gpu::expert_peers>> meet_shrunk_group(caf::actor_sys
 struct node_state {
   std::atomic<bool> leaving{false};     ///< it leaves: a stop, or what must_leave says
   std::atomic<bool> head_down{false};   ///< the head is away, from its loss until a new agent runs
+  std::atomic<int32_t> replaced_by{0};  ///< a newer process (this pid) took the node's name: it leaves
   std::atomic<bool> must_leave{false};  ///< a group or expert shards cannot be brought back: leave, exit code 3
   /// Meetings in progress end and no re-forming starts: the node stops or leaves, or has no head.
   bool winding_down() const;

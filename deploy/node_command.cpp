@@ -351,6 +351,7 @@ int run_rank_node(node_options o) {
   agent_cfg.hello = {o.name, {o.role}, static_cast<int32_t>(::getpid()), model_fingerprint(model)};
   // Set by the agent as it stops the ranks because the head went away (before it ends itself).
   agent_cfg.on_head_lost = [state] { state->head_down.store(true); };
+  agent_cfg.on_replaced = [state](int32_t pid) { state->replaced_by.store(pid); };
   auto agent = spawn_node_agent(sys, *directory, agent_cfg, start);
   caf::scoped_actor self{sys};
   self->monitor(agent);
@@ -416,6 +417,14 @@ int run_rank_node(node_options o) {
     std::fflush(stdout);
   }
   if (no_head) return 1;
+  if (const int32_t pid = state->replaced_by.load()) {
+    // Not a failure to restart: another process serves under the name now (a restart by hand, or
+    // by another supervisor, while this one was out of reach or still running).
+    std::printf("baton node %s: a newer process (pid %d) joined the head under this node's name; its ranks were "
+                "forgotten, so this one stopped them and leaves (exit code 0)\n",
+                o.name.c_str(), pid);
+    return 0;
+  }
   if (leaving_for_group) {
     std::printf("baton node %s: left to be restarted (exit code 3): its data-parallel group could not re-form in "
                 "place, or its expert shards could not be started again\n",

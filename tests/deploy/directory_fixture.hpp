@@ -47,6 +47,7 @@ struct gone_log {
   std::vector<std::tuple<std::string, std::vector<uint32_t>, std::string>> got;
   uint32_t drains = 0;
   uint32_t returns = 0;  ///< notices that members came back to a shrunk group
+  int32_t replaced_by = 0;  ///< a newer process under its name (replaced_atom)
 };
 
 /// Node `name`'s state in the directory's register (empty: not there), asked by `self` -- so
@@ -89,6 +90,10 @@ inline node_agent_actor spawn_agent_stand_in(caf::actor_system& sys, node_direct
               if (returned) ++log->returns;
               std::lock_guard<std::mutex> lock{log->m};
               log->got.emplace_back(g, m, why);
+            },
+            [log](replaced_atom, int32_t pid) {
+              std::lock_guard<std::mutex> lock{log->m};
+              log->replaced_by = pid;
             }};
   });
 }

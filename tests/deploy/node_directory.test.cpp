@@ -407,7 +407,8 @@ TEST_CASE("the node directory's rendezvous: a post whose process went down befor
 }
 
 TEST_CASE("the node directory: another kind of process under a live node's name is refused by name; the same kind "
-          "replaces it, the old process's ranks are forgotten at once and its heartbeats keep nothing alive") {
+          "replaces it, the old process's ranks are forgotten at once, it is told to leave (at once and at each "
+          "heartbeat after: it ran on, serving nothing), and its heartbeats keep nothing alive") {
   network_system n;
   // A stand-in for the decode balancer: it records the ranks the directory tells it to forget.
   auto forgotten = std::make_shared<std::atomic<int>>(0);
@@ -449,6 +450,12 @@ TEST_CASE("the node directory: another kind of process under a live node's name 
   // The same kind of process under the name: a restart the directory did not see coming. The old
   // process's rank is forgotten at its join, not when a network timeout notices.
   REQUIRE(join(second, {"decode"}, 43, 33).empty());
+  const auto told_to_leave = [&] {
+    int32_t by = 0;
+    first->receive([&](replaced_atom, int32_t pid) { by = pid; }, caf::after(std::chrono::seconds{5}) >> [] {});
+    return by;
+  };
+  CHECK(told_to_leave() == 43);  // the old process (first joined it) hears which process took its name
   first->send(dir, heartbeat_atom::value, std::string{"node-a"}, uint64_t{33});  // before the look, in order
   CHECK(state() == std::pair<std::string, int32_t>{"joined", 43});
   for (int i = 0; i < 500 && forgotten->load() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{5});
@@ -466,6 +473,7 @@ TEST_CASE("the node directory: another kind of process under a live node's name 
   }
   CHECK(state() == std::pair<std::string, int32_t>{"gone", 43});
   CHECK(forgotten->load() == 1);  // the new process had announced no ranks
+  CHECK(told_to_leave() == 43);   // and each of the old one's heartbeats was answered so
   for (auto a : {caf::actor_cast<caf::actor>(dir), caf::actor_cast<caf::actor>(balancer), caf::actor_cast<caf::actor>(rank)})
     first->send_exit(a, caf::exit_reason::user_shutdown);
 }
