@@ -178,7 +178,13 @@ std::string tokenize_and_validate(generate_request& req, const gpu::model_config
     return "min_tokens " + std::to_string(req.min_tokens) + " exceeds max_tokens " + std::to_string(req.max_tokens) +
            (given_max ? "" : " (the default: what the context leaves after this prompt, within the router's limits)");
   // A prompt-only call's one token is never fed back: it takes no place in the context.
-  if (tokens->size() + static_cast<size_t>(req.max_tokens) - (req.prompt_only && req.max_tokens == 1 ? 1 : 0) > ctx)
+  const bool one_token_only = req.prompt_only && req.max_tokens == 1;
+  // A prompt that alone fills the context is the prompt's fault (OpenAI names it the param), one
+  // that leaves some room max_tokens' (asking for fewer would do).
+  if (tokens->size() + (one_token_only ? 0 : 1) > ctx)
+    return "prompt of " + std::to_string(tokens->size()) + " tokens leaves no room in the model's context of " +
+           std::to_string(ctx) + " tokens";
+  if (tokens->size() + static_cast<size_t>(req.max_tokens) - (one_token_only ? 1 : 0) > ctx)
     return "prompt of " + std::to_string(tokens->size()) + " tokens plus max_tokens " +
            std::to_string(req.max_tokens) + " exceeds the model's context of " + std::to_string(ctx) + " tokens";
   return compile_output_format(req, thinking ? *thinking : 0);

@@ -528,11 +528,12 @@ bool parse_checked_body(std::string_view body, bool chat, const std::string& ser
   out->temperature_given = given("temperature");
   out->top_p_given = given("top_p");
   out->top_k_given = given("top_k");
-  if (!number_field(j, "top_p", 0, 1, &r.top_p, err)) return false;
-  if (j.contains("top_p") && r.top_p <= 0.0f) {
-    *err = bad("top_p", "top_p must be in (0, 1]");
+  // (0, 1]: 0 would keep no token at all. One range in every refusal, 0 and 2 alike.
+  if (auto p = j.find("top_p"); p != j.end() && p->is_number() && !(p->get<double>() > 0.0 && p->get<double>() <= 1.0)) {
+    *err = bad("top_p", "top_p must be in (0, 1], got " + describe(*p));
     return false;
   }
+  if (!number_field(j, "top_p", 0, 1, &r.top_p, err)) return false;
   int64_t top_k = r.top_k;
   if (!number_field(j, "top_k", -1, 1 << 20, &top_k, err)) return false;
   r.top_k = top_k < 0 ? 0 : static_cast<uint32_t>(top_k);  // vLLM's -1: off

@@ -222,7 +222,11 @@ TEST_CASE("bad input gets a clear error naming the problem, and the cluster keep
   expect_bad(empty, "prompt is empty");
   generate_request too_long;
   too_long.prompt = std::string(cfg.model.max_position_embeddings, 'x');
-  expect_bad(too_long, "exceeds the model's context of 2048 tokens");
+  expect_bad(too_long, "tokens leaves no room in the model's context of 2048 tokens");  // the prompt's fault
+  generate_request over;  // fits, but not with what it asks for: max_tokens' fault
+  over.prompt_tokens.assign(2000, 72);
+  over.max_tokens = 100;
+  expect_bad(over, "prompt of 2000 tokens plus max_tokens 100 exceeds the model's context of 2048 tokens");
   generate_request zero;
   zero.prompt = "hi";
   zero.max_tokens = -5;

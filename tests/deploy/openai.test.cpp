@@ -213,6 +213,8 @@ TEST_CASE("OpenAI request bodies map onto generate_request, and refusals name th
   CHECK(refused(R"({"prompt":"a","max_tokens":"5"})").param == "max_tokens");
   CHECK(refused(R"({"prompt":"a","max_tokens":2.5})").message.find("integer") != std::string::npos);
   CHECK(refused(R"({"prompt":"a","temperature":7})").message == "temperature must be in [0, 2], got 7");
+  for (const char* p : {"0", "2", "-0.5"})  // one range whatever the side (0 said "(0, 1]", 2 "[0, 1]")
+    CHECK(refused(std::string{R"({"prompt":"a","top_p":)"} + p + "}").message == std::string{"top_p must be in (0, 1], got "} + p);
   CHECK(refused(R"({"prompt":["a",[1]]})").message == "prompt[1]: a batch holds strings only, or non-empty token-id arrays only");
   CHECK(refused(R"({"prompt":[[1],[]]})").message == "prompt[1]: a batch holds strings only, or non-empty token-id arrays only");
   CHECK(refused(R"({"prompt":[[1],[2,-1]]})").message == "prompt[1] token ids must be non-negative integers");
