@@ -128,6 +128,9 @@ caf::behavior sink_impl(caf::event_based_actor* self, router_actor router, gener
               for (auto& t : c.prompt_logprobs)
                 ch->done.prompt_logprobs.push_back({t.token, t.logprob, std::move(t.text), std::move(t.top_tokens),
                                                     std::move(t.top_logprobs), std::move(t.top_texts)});
+              ch->done.failovers = c.failovers;
+              ch->done.failover_why = std::move(c.failover_why);
+              ch->done.migrations = c.migrations;
             });
             self->quit();
           },

@@ -34,7 +34,8 @@ int run_generate(const std::vector<std::string>& args) {
   flags.add("--router", &router, "HOST:PORT of the cluster's router");
   flags.add("--prompt", &prompts, "the prompt (repeat for several, sent one after another)");
   flags.add("--chat", &chat, "send the prompt as a user message through the model's chat template");
-  flags.add("--max-tokens", &max_tokens, "tokens to generate");
+  flags.add("--max-tokens", &max_tokens,
+            "tokens to generate (0: what the context leaves after the prompt, within the router's --default-max-tokens)");
   flags.add("--temperature", &req.temperature, "0 = greedy");
   flags.add("--seed", &seed, "sampling seed");
   flags.add("--top-p", &req.top_p, "nucleus sampling (1 = off)");
@@ -148,6 +149,12 @@ int run_generate(const std::vector<std::string>& args) {
                    static_cast<unsigned long long>(r.request_id), r.tokens.size(), r.finish_reason.c_str(),
                    r.num_prompt_tokens, r.cached_tokens, static_cast<double>(r.ttft_us) / 1000.0, tbt.c_str(),
                    r.prefill_rank.c_str(), r.decode_rank.empty() ? "(no decode rank: one token)" : r.decode_rank.c_str());
+      if (r.failovers)
+        std::fprintf(stderr, "[request %llu] re-placed %u time(s) after a rank failed; the last: %s\n",
+                     static_cast<unsigned long long>(r.request_id), r.failovers, r.failover_why.c_str());
+      if (r.migrations)
+        std::fprintf(stderr, "[request %llu] its decode moved %u time(s), KV and all, to another rank\n",
+                     static_cast<unsigned long long>(r.request_id), r.migrations);
     }
   }
   return failures ? 1 : 0;

@@ -97,6 +97,11 @@ struct result {
   /// request::prompt_logprobs: entry i is prompt token i's; the first's logprob is NaN (nothing
   /// precedes it).
   std::vector<token_logprob> prompt_logprobs;
+  /// Times the request was re-placed after a rank failed (its answer unchanged: a pause), and
+  /// the last failure that did it; times its decode moved, KV and all, to another rank.
+  uint32_t failovers = 0;
+  std::string failover_why;
+  uint32_t migrations = 0;
 };
 
 struct error {

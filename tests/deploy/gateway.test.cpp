@@ -766,3 +766,48 @@ TEST_CASE("the C++ client's stream fails (rank_unavailable, naming who went) whe
   conn.reset();
   caf::anon_send_exit(router, caf::exit_reason::user_shutdown);
 }
+
+TEST_CASE("the C++ client's result carries how the request got through: its failovers, the last failure that "
+          "re-placed it, and its decode moves") {
+  caf::actor_system_config cfg;
+  register_message_types(cfg);
+  cfg.load<caf::io::middleman>();
+  cfg.set("logger.console-verbosity", caf::atom("quiet"));
+  caf::actor_system sys{cfg};
+  // A router stand-in answering with a completion that went through two failovers and a move.
+  auto router = sys.spawn([](router_actor::pointer) -> router_actor::behavior_type {
+    return {
+        [](generate_atom, generate_request&) -> caf::result<completion> { return completion{}; },
+        [](generate_atom, generate_request&, client_sink_actor) -> caf::result<completion> {
+          completion c;
+          c.request_id = 1;
+          c.tokens = {7};
+          c.text = "x";
+          c.finish_reason = "length";
+          c.failovers = 2;
+          c.failover_why = "request 1, rank decode-0, stage decode: the actor is down";
+          c.migrations = 1;
+          return c;
+        },
+        [](stats_atom) { return cluster_stats{}; },
+        [](rank_gone_atom, std::vector<std::string>&, std::string&) {},
+    };
+  });
+  auto port = sys.middleman().publish(router, 0, "127.0.0.1", true);
+  REQUIRE(port);
+  std::string why;
+  auto conn = baton::client::connection::connect("127.0.0.1", *port, &why);
+  REQUIRE_MESSAGE(conn, why);
+  auto stream = conn->submit(baton::client::request{});
+  baton::client::token_chunk c;
+  while (stream->next(&c, std::chrono::seconds{60})) {
+  }
+  REQUIRE_FALSE(stream->failed());
+  const auto& r = stream->final_result();
+  CHECK(r.text == "x");
+  CHECK(r.failovers == 2);
+  CHECK(r.failover_why == "request 1, rank decode-0, stage decode: the actor is down");
+  CHECK(r.migrations == 1);
+  conn.reset();
+  caf::anon_send_exit(router, caf::exit_reason::user_shutdown);
+}
