@@ -19,6 +19,7 @@
 // fields are ignored, as OpenAI's servers do.
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -262,6 +263,7 @@ private:
   size_t next_from_ = 0;
   bool end_seen_ = false;   ///< Hermes: the last call's </tool_call> is behind next_from_
   size_t tag_scanned_ = 0;  ///< Qwen3-XML: the <function= at next_from_ holds no '>' before this
+  std::array<size_t, 3> head_scanned_{};  ///< DeepSeek, Kimi: how far the next call's head was searched (sectioned_head)
   bool stopped_ = false;    ///< nothing more streams: the rest waits for the end
 };
 

@@ -572,7 +572,11 @@ call_head mistral_head(std::string_view s, size_t from, bool first) {
 }
 
 /// `*from`: where the last call's JSON ended, moved on as the text is searched (find_forward).
-call_head sectioned_head(std::string_view s, size_t* from, bool first, tool_call_format f, const sectioned_form& form) {
+/// `*scanned`: how far this call's head has been searched for its separator, its end marker and
+/// (DeepSeek V3's name line) a line break, so that a long head is not searched again from its
+/// start with every piece (all 0 for a call not yet begun).
+call_head sectioned_head(std::string_view s, size_t* from, bool first, tool_call_format f, const sectioned_form& form,
+                         std::array<size_t, 3>* scanned) {
   size_t at = form.section_begin.size();  // the text starts at the section's marker
   if (!first) {
     const size_t end = find_forward(s, form.call_end, from);
@@ -591,8 +595,12 @@ call_head sectioned_head(std::string_view s, size_t* from, bool first, tool_call
     h.ends = {form.call_end, fence};
     return h;
   };
-  const size_t sep = s.find(form.sep, head);
-  const size_t end = s.find(form.call_end, head);
+  const auto search = [&](std::string_view marker, size_t start, size_t& resume) {
+    resume = std::max(resume, start);
+    return find_forward(s, marker, &resume);
+  };
+  const size_t sep = search(form.sep, head, (*scanned)[0]);
+  const size_t end = search(form.call_end, head, (*scanned)[1]);
   if (end != npos && (sep == npos || end < sep)) return {};
   if (sep == npos) return more_text;
   const std::string_view head_text = s.substr(head, sep - head);
@@ -604,7 +612,7 @@ call_head sectioned_head(std::string_view s, size_t* from, bool first, tool_call
   }
   if (head_text != "function") return found(skip_space(s, right), trimmed(head_text));
   // DeepSeek V3, R1: the name on its own line, then the arguments in a ```json block.
-  const size_t line = s.find('\n', right);
+  const size_t line = search("\n", right, (*scanned)[2]);
   if (line == npos) return more_text;
   if (end != npos && end < line) return {};
   size_t args = skip_space(s, line + 1);
@@ -765,8 +773,10 @@ void tool_call_splitter::stream_calls(answer_parts* out) {
         case tool_call_format::hermes: head = hermes_head(s, &next_from_, &end_seen_, first); break;
         case tool_call_format::llama_json: head = llama_head(s, next_from_, first); break;
         case tool_call_format::mistral: head = mistral_head(s, next_from_, first); break;
-        case tool_call_format::deepseek: head = sectioned_head(s, &next_from_, first, format_, deepseek_form); break;
-        case tool_call_format::kimi: head = sectioned_head(s, &next_from_, first, format_, kimi_form); break;
+        case tool_call_format::deepseek:
+          head = sectioned_head(s, &next_from_, first, format_, deepseek_form, &head_scanned_);
+          break;
+        case tool_call_format::kimi: head = sectioned_head(s, &next_from_, first, format_, kimi_form, &head_scanned_); break;
         case tool_call_format::qwen3_xml: head = xml_head(s, &next_from_, &tag_scanned_); break;
         case tool_call_format::none: break;
       }
@@ -777,6 +787,7 @@ void tool_call_splitter::stream_calls(answer_parts* out) {
       return;
     }
     out->tool_calls.push_back({head.name, {}, static_cast<uint32_t>(sent_.size()), true, head.id});
+    head_scanned_ = {};  // the next call's head is searched from its own start
     sent_.push_back({std::move(head.name), head.args, head.args, {}, {}});
     for (const auto end : head.ends)  // once per call, not per token
       if (!end.empty()) sent_.back().ends.emplace_back(end);

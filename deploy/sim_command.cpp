@@ -2,10 +2,15 @@
 // production actors under virtual time on modelled GPUs (sims/sim_run.hpp) and reports TTFT,
 // TBT, TPOT, E2E, SLO attainment and goodput.
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -13,6 +18,7 @@
 #include "deploy/commands.hpp"
 #include "deploy/flags.hpp"
 #include "deploy/profile_file.hpp"
+#include "sims/roofline.hpp"
 #include "sims/sim_plot.hpp"
 #include "sims/sim_run.hpp"
 #include "sims/trace.hpp"
@@ -173,6 +179,23 @@ void add_sim_flags(flag_set& f, sim_options* o) {
   f.add("--progress", &o->cfg.progress, "a progress line on stderr");
 }
 
+/// The synthetic arrivals (no --trace) at `scale` times the flags' rate: one place, so the checks
+/// before any run see the same spec the runs will draw from.
+sims::synthetic_spec synthetic_spec_of(const sim_options& o, double scale) {
+  sims::synthetic_spec s;
+  s.rate_per_s = o.synthetic_rate * o.rate_scale * scale;
+  s.duration_s = o.synthetic_duration_s;
+  s.arrival_cv = o.arrival_cv;
+  s.input = {sims::length_dist::lognormal, static_cast<double>(o.input_mean), 1.0, 1, 32768};
+  s.output = {sims::length_dist::lognormal, static_cast<double>(o.output_mean), 1.0, 1, 4096};
+  s.period_s = o.day_s;
+  s.rate_swing = o.day_s > 0 ? o.day_swing : 0.0;
+  s.alt_input = {sims::length_dist::lognormal, static_cast<double>(o.alt_input_mean), 1.0, 1, 32768};
+  s.alt_output = {sims::length_dist::lognormal, static_cast<double>(o.alt_output_mean), 1.0, 1, 4096};
+  s.seed = o.cfg.seed;
+  return s;
+}
+
 bool make_trace(const sim_options& o, double scale, sims::trace* t, std::string* name, std::string* why) {
   if (!o.trace_path.empty()) {
     sims::trace_options to;
@@ -202,17 +225,7 @@ bool make_trace(const sim_options& o, double scale, sims::trace* t, std::string*
     }
     return true;
   }
-  sims::synthetic_spec s;
-  s.rate_per_s = o.synthetic_rate * o.rate_scale * scale;
-  s.duration_s = o.synthetic_duration_s;
-  s.arrival_cv = o.arrival_cv;
-  s.input = {sims::length_dist::lognormal, static_cast<double>(o.input_mean), 1.0, 1, 32768};
-  s.output = {sims::length_dist::lognormal, static_cast<double>(o.output_mean), 1.0, 1, 4096};
-  s.period_s = o.day_s;
-  s.rate_swing = o.day_s > 0 ? o.day_swing : 0.0;
-  s.alt_input = {sims::length_dist::lognormal, static_cast<double>(o.alt_input_mean), 1.0, 1, 32768};
-  s.alt_output = {sims::length_dist::lognormal, static_cast<double>(o.alt_output_mean), 1.0, 1, 4096};
-  s.seed = o.cfg.seed;
+  const auto s = synthetic_spec_of(o, scale);
   if (auto e = s.validate(); !e.empty()) {
     *why = e;
     return false;
