@@ -714,14 +714,17 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
               s.slots.release(out.w.slot_id);
               // Before this write's commit (one sender, one receiver: in order), so a key deleted
               // to make room for its own rewrite is gone and then back.
-              s.stats.disk_evicted += out.evicted.size();
               const store::block_key own{out.w.block.hi, out.w.block.lo};
-              for (const auto& e : out.evicted)
+              for (const auto& e : out.evicted) {
                 // Its own old copy, deleted for room: the new write's commit replaces it in the
                 // index, which keeps the expiry its descendants extended -- unless the write failed.
-                if (!s.index.empty() && !(e.key == own && out.err.empty()))
+                // Nor is it counted as evicted then: the block is still here.
+                if (e.key == own && out.err.empty()) continue;
+                ++s.stats.disk_evicted;
+                if (!s.index.empty())
                   self->send(s.index[shard_of(e.key, static_cast<uint32_t>(s.index.size()))], delete_atom::value,
                              s.io->cfg.server_id, e.key.hi, e.key.lo, e.write_seq);
+              }
               if (!out.err.empty()) {  // a failed write-back is a future miss, nothing more
                 ++s.stats.write_failures;
                 const bool no_space = out.err_no == ENOSPC || out.err_no == EDQUOT;

@@ -5,8 +5,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
@@ -235,6 +237,285 @@ bool make_trace(const sim_options& o, double scale, sims::trace* t, std::string*
   return true;
 }
 
+/// A flag's number as it was typed (0.05, not 0.050000).
+std::string num(double x) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", x);
+  return b;
+}
+
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& i : items) out += (out.empty() ? "" : ", ") + i;
+  return out;
+}
+
+/// Tensor parallelism gives each GPU of an instance a whole share of the attention heads, and of
+/// the KV heads -- or, with more GPUs than KV heads, the same number of GPUs per KV head, each
+/// holding a copy (vLLM's rule; MLA has no KV heads to split). A split that no engine can run
+/// would still be timed by the roofline, as if it could.
+bool tp_splits(const sims::model_shape& m, uint32_t tp) {
+  if (tp == 0 || m.num_heads % tp != 0) return false;
+  return m.kv_heads == 0 || (tp <= m.kv_heads ? m.kv_heads % tp == 0 : tp % m.kv_heads == 0);
+}
+
+/// "decode-0 to decode-3": the ranks of one kind that --kill and --degrade can name.
+std::string rank_range(const std::string& kind, uint32_t n) {
+  if (n == 1) return kind + "-0";
+  return kind + "-0 to " + kind + "-" + std::to_string(n - 1);
+}
+
+/// sim_config::validate() names the config's fields ("tp and decode_instances must be >= 1");
+/// the user typed flags. For what cluster_problem does not check itself (fields without a flag,
+/// checks added to validate() later), the fields are given as their flags. Only snake_case words
+/// are replaced: a bare word such as "tp" may be part of a path in the same message.
+std::string with_flag_names(const std::string& text) {
+  static const std::map<std::string, std::string> flags = {
+      {"decode_instances", "--decode-instances"}, {"prefill_instances", "--prefill-instances"},
+      {"prefill_ep", "--prefill-ep"}, {"decode_ep", "--decode-ep"}, {"gpus_per_node", "--gpus-per-node"},
+      {"expert_skew", "--expert-skew"}, {"elastic_instances", "--elastic-instances"},
+      {"elastic_prefill_at_start", "--elastic-prefill"}, {"elastic_interval_s", "--elastic-interval-s"},
+      {"sample_s", "--sample-s"}, {"horizon_s", "--horizon-s"}, {"page_tokens", "--page-tokens"},
+      {"sim_layers", "--sim-layers"}, {"store_servers", "--store-servers"}, {"store_gbps", "--store-gbps"},
+      {"max_batch", "--max-batch"}, {"colocated_chunk_tokens", "--chunk-tokens"}, {"degrade_gbps", "--degrade"},
+      {"kv_tokens", "--kv-tokens"}, {"kv_on_demand_tokens", "--kv-on-demand"}, {"prefill_policy", "--prefill-policy"},
+      {"decode_policy", "--decode-policy"}, {"eplb_redundant", "--eplb-redundant"}};
+  auto word = [](char ch) { return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_'; };
+  std::string out;
+  for (size_t i = 0; i < text.size();) {
+    if (!word(text[i])) {
+      out += text[i++];
+      continue;
+    }
+    size_t j = i;
+    while (j < text.size() && word(text[j])) ++j;
+    const std::string w = text.substr(i, j - i);
+    const bool in_path = (i > 0 && std::strchr("/.-", text[i - 1])) || (j < text.size() && std::strchr("/.", text[j]));
+    const auto f = flags.find(w);
+    out += f != flags.end() && !in_path ? f->second : w;
+    i = j;
+  }
+  return out;
+}
+
+/// The cluster's flags, each named with its value, before anything runs. Mirrors
+/// sim_config::validate() (which speaks of config fields) and adds what it does not check: a
+/// --tp that the model's heads do not split over.
+std::string cluster_problem(const sim_options& o) {
+  const auto& c = o.cfg;
+  const auto shape = sims::named_model(c.model);
+  if (!shape) return "--model '" + c.model + "' is not a known model shape (known: " + join(sims::model_names()) + ")";
+  for (const auto& [flag, gpu] : {std::pair{"--prefill-gpu", &c.prefill_gpu}, std::pair{"--decode-gpu", &c.decode_gpu}})
+    if (!sims::named_gpu(*gpu))
+      return std::string{flag} + " '" + *gpu + "' is not a known GPU (known: " + join(sims::gpu_names()) + ")";
+  for (const auto& [flag, v] :
+       {std::pair{"--tp", c.tp}, std::pair{"--decode-instances", c.decode_instances}, std::pair{"--prefill-ep", c.prefill_ep},
+        std::pair{"--decode-ep", c.decode_ep}, std::pair{"--gpus-per-node", c.gpus_per_node},
+        std::pair{"--sim-layers", c.sim_layers}, std::pair{"--max-batch", c.max_batch},
+        std::pair{"--chunk-tokens", c.colocated_chunk_tokens}})
+    if (v == 0) return std::string{flag} + " must be >= 1, got 0";
+  for (const auto& [flag, ep] : {std::pair{"--prefill-ep", c.prefill_ep}, std::pair{"--decode-ep", c.decode_ep}})
+    if (ep > 1 && shape->num_experts == 0) {
+      std::vector<std::string> moe;
+      for (const auto& n : sims::model_names())
+        if (sims::named_model(n)->num_experts > 0) moe.push_back(n);
+      return std::string{flag} + " " + std::to_string(ep) + " needs a model with routed experts; " + c.model +
+             " has none (" + join(moe) + " has)";
+    }
+  // An expert-parallel pool's instances are ep GPUs with data-parallel attention: --tp applies
+  // only to the pools without it (a colocated cluster has no prefill pool).
+  const bool tp_used = c.decode_ep == 1 || (!c.colocated && c.prefill_ep == 1);
+  if (tp_used && !tp_splits(*shape, c.tp)) {
+    std::vector<std::string> fits;
+    for (uint32_t t = 1; t <= shape->num_heads; ++t)
+      if (tp_splits(*shape, t)) fits.push_back(std::to_string(t));
+    return "--tp " + std::to_string(c.tp) + " does not split " + c.model + "'s " + std::to_string(shape->num_heads) +
+           " attention heads" + (shape->kv_heads ? " and " + std::to_string(shape->kv_heads) + " KV heads" : std::string{}) +
+           " evenly over an instance's GPUs; " + c.model + " takes --tp " + join(fits);
+  }
+  if (!(c.expert_skew >= 0)) return "--expert-skew must be >= 0, got " + num(c.expert_skew);
+  if (!c.colocated && c.prefill_instances == 0 && c.elastic_prefill_at_start == 0)
+    return "--prefill-instances 0: a disaggregated cluster needs a prefill instance (or --elastic-prefill >= 1, or "
+           "--colocated)";
+  if (c.elastic_prefill_at_start > c.elastic_instances)
+    return "--elastic-prefill " + std::to_string(c.elastic_prefill_at_start) + " exceeds --elastic-instances " +
+           std::to_string(c.elastic_instances);
+  if (c.elastic_instances > 0 && c.colocated) return "--elastic-instances needs a disaggregated cluster, not --colocated";
+  if (c.elastic_instances > 0 && !(c.elastic_interval_s >= 1e-3 && c.elastic_interval_s <= 1e6))
+    return "--elastic-interval-s must be between 0.001 and 1e6, got " + num(c.elastic_interval_s);
+  if (!(c.sample_s == 0 || (c.sample_s >= 1e-3 && c.sample_s <= 1e6)))
+    return "--sample-s must be 0 (off) or between 0.001 and 1e6, got " + num(c.sample_s);
+  if (!(c.horizon_s > 0 && c.horizon_s <= 1e9)) return "--horizon-s must be > 0 and at most 1e9, got " + num(c.horizon_s);
+  if (c.page_tokens == 0 || (c.block_tokens != 0 && c.block_tokens % c.page_tokens != 0))
+    return "--page-tokens must divide the " + std::to_string(c.block_tokens) + "-token prefix-cache block, got " +
+           std::to_string(c.page_tokens);
+  if (c.prefill_policy == "split")
+    return "--prefill-policy split is not supported in sims yet (layer gates are not modelled)";
+  if (c.use_cost_profile && !c.profile.empty()) return "give --profile or --cost-profile, not both";
+  if (c.store && c.store_servers == 0) return "--store-servers must be >= 1 with --store, got 0";
+  if (c.store && !(c.store_gbps > 0)) return "--store-gbps must be > 0 with --store, got " + num(c.store_gbps);
+  // finish_options() turned --kill and then --degrade into faults, in that order.
+  for (size_t i = 0; i < c.faults.size(); ++i) {
+    const auto& f = c.faults[i];
+    const std::string flag = i < o.kills.size()                     ? "--kill " + o.kills[i]
+                             : i < o.kills.size() + o.degrades.size() ? "--degrade " + o.degrades[i - o.kills.size()]
+                                                                      : "fault on " + f.rank;
+    bool known = false;
+    for (uint32_t k = 0; k < c.decode_instances && !known; ++k) known = f.rank == "decode-" + std::to_string(k);
+    for (uint32_t k = 0; !c.colocated && k < c.prefill_instances && !known; ++k)
+      known = f.rank == "prefill-" + std::to_string(k);
+    for (uint32_t k = 0; c.store && k < c.store_servers && !known; ++k) known = f.rank == "store-" + std::to_string(k);
+    if (!known) {
+      std::vector<std::string> ranks;
+      if (!c.colocated && c.prefill_instances > 0) ranks.push_back(rank_range("prefill", c.prefill_instances));
+      ranks.push_back(rank_range("decode", c.decode_instances));
+      if (c.store) ranks.push_back(rank_range("store", c.store_servers));
+      return flag + ": this cluster has no rank '" + f.rank + "' (it has " + join(ranks) + ")";
+    }
+    if (!(f.at_s <= 1e9)) return flag + ": the time must be at most 1e9 s";
+    if (!std::isfinite(f.degrade_gbps)) return flag + ": GBPS must be a finite number";
+    if (f.degrade_gbps > 0 && !c.model_links) return flag + " needs timed links, not --free-links";
+  }
+  if (auto e = c.validate(); !e.empty()) return with_flag_names(e);
+  return {};
+}
+
+/// The arrivals' flags, at every rate scale the command uses: 1, and for goodput and compare
+/// up to --hi, so that a synthetic trace too large at --hi stops here and not after the runs at
+/// the lower rates.
+std::string arrivals_problem(const sim_options& o, bool searches) {
+  if (!(o.rate_scale > 0)) return "--rate-scale must be > 0, got " + num(o.rate_scale);
+  if (!o.trace_path.empty()) {
+    if (o.window_start_s < 0) return "--window-start-s must be >= 0, got " + num(o.window_start_s);
+    if (o.window_s < 0) return "--window-s must be >= 0 (0: to the end), got " + num(o.window_s);
+    return {};
+  }
+  if (!(o.synthetic_rate > 0)) return "--rate must be > 0, got " + num(o.synthetic_rate);
+  if (!(o.synthetic_duration_s > 0)) return "--duration-s must be > 0, got " + num(o.synthetic_duration_s);
+  if (!(o.arrival_cv > 0)) return "--arrival-cv must be > 0 (1: Poisson), got " + num(o.arrival_cv);
+  if (o.input_mean == 0) return "--input-mean must be >= 1, got 0";
+  if (o.output_mean == 0) return "--output-mean must be >= 1, got 0";
+  if (o.day_s < 0) return "--day-s must be >= 0 (0: steady), got " + num(o.day_s);
+  if (o.day_s > 0) {
+    if (!(o.day_swing >= 0 && o.day_swing < 1)) return "--day-swing must be in [0, 1), got " + num(o.day_swing);
+    if (o.alt_input_mean == 0) return "--alt-input-mean must be >= 1, got 0";
+    if (o.alt_output_mean == 0) return "--alt-output-mean must be >= 1, got 0";
+  }
+  if (auto e = synthetic_spec_of(o, 1.0).validate(); !e.empty()) return e;
+  if (searches && o.hi > 1)
+    if (auto e = synthetic_spec_of(o, o.hi).validate(); !e.empty()) return "at --hi " + num(o.hi) + ": " + e;
+  return {};
+}
+
+/// Goodput's bisection over [--lo, --hi]: a range, and a number of steps that each cost a whole
+/// run. Outside them it printed a goodput of 0 that no run had measured.
+std::string search_problem(const sim_options& o) {
+  if (!(o.lo > 0)) return "--lo must be > 0 (a rate scale), got " + num(o.lo);
+  if (!(o.lo < o.hi))
+    return "--lo " + num(o.lo) + " must be below --hi " + num(o.hi) + " (goodput bisects the rate scales between them)";
+  if (o.steps < 1 || o.steps > 40)
+    return "--steps must be between 1 and 40, got " + std::to_string(o.steps) +
+           " (each step is one more run; 40 narrow the range a trillion-fold)";
+  if (!(o.target > 0 && o.target <= 1))
+    return "--target must be a fraction in (0, 1] (0.9: 90% of requests), got " + num(o.target);
+  return {};
+}
+
+/// Why `path` cannot be written (empty: it can), asked before the runs rather than after them,
+/// when a bad path would throw the whole simulation away. Nothing is created or truncated.
+/// `shown` is what the user typed (the --svg prefix of `path`, or `path` itself).
+std::string unwritable(const std::string& flag, const std::string& shown, const std::string& path) {
+  namespace fs = std::filesystem;
+  const std::string head = flag + " " + shown + ": ", it = path == shown ? "it" : path;
+  std::error_code ec;
+  const fs::path p{path};
+  if (fs::is_directory(p, ec)) {
+    const std::string example = flag == "--report" ? " (e.g. " + (p / "report.json").string() + ")" : "";
+    return head + it + " is a directory, not a file" + example;
+  }
+  if (fs::exists(p, ec)) {
+    if (::access(path.c_str(), W_OK) == 0) return {};
+    return head + it + " cannot be written (" + std::strerror(errno) + ")";
+  }
+  if (!p.has_filename()) return head + it + " ends in '/': it names no file";
+  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path{"."};
+  if (!fs::exists(dir, ec)) return head + "the directory " + dir.string() + " does not exist";
+  if (!fs::is_directory(dir, ec)) return head + dir.string() + " is not a directory";
+  if (::access(dir.c_str(), W_OK | X_OK) != 0)
+    return head + "cannot create a file in " + dir.string() + " (" + std::strerror(errno) + ")";
+  return {};
+}
+
+/// What the runs of one configuration need: its cluster and its arrivals (up to --hi when
+/// `searches`, for goodput and compare's goodput column).
+std::string runs_problem(const sim_options& o, bool searches) {
+  if (auto e = cluster_problem(o); !e.empty()) return e;
+  return arrivals_problem(o, searches);
+}
+
+/// The files `mode` writes at the end. goodput writes none (it prints one line); compare writes
+/// only the two CDFs.
+std::string outputs_problem(const sim_options& o, const std::string& mode) {
+  if (mode == "run" && !o.report.empty())
+    if (auto e = unwritable("--report", o.report, o.report); !e.empty()) return e;
+  if (mode != "goodput" && !o.svg.empty()) {
+    std::vector<std::string> plots = {"ttft", "tbt"};
+    if (mode == "run") plots.insert(plots.end(), {"throughput", "utilisation", "queues"});
+    for (const auto& plot : plots)
+      if (auto e = unwritable("--svg", o.svg, o.svg + "-" + plot + ".svg"); !e.empty()) return e;
+  }
+  return {};
+}
+
+/// Every flag, checked before the first run: a bad one found after a long trace, or after a
+/// goodput search's runs, wasted them. compare checks its variants instead of the common flags
+/// (the common ones alone never run: a variant may override a bad one). Empty when all are usable.
+std::string options_problem(const sim_options& o, const std::string& mode) {
+  if (mode != "run")
+    if (auto e = search_problem(o); !e.empty()) return e;
+  if (mode != "compare")
+    if (auto e = runs_problem(o, mode == "goodput"); !e.empty()) return e;
+  return outputs_problem(o, mode);
+}
+
+/// The failed requests' most common reasons, grouped by their words (numbers -- request ids,
+/// sizes -- do not split a group), each with one verbatim example: "failed 293" alone gave no
+/// hint whether a fault, the KV capacity or the horizon failed them.
+void print_failures(const std::vector<sims::request_outcome>& outcomes) {
+  struct group {
+    size_t count = 0;
+    std::string example;
+  };
+  std::map<std::string, group> groups;
+  size_t failed = 0;
+  for (const auto& out : outcomes) {
+    if (out.ok) continue;
+    ++failed;
+    std::string kind;
+    for (char ch : out.error)
+      if (!std::isdigit(static_cast<unsigned char>(ch))) kind += ch;
+      else if (kind.empty() || kind.back() != '#') kind += '#';
+    auto& g = groups[kind];
+    if (g.count++ == 0) g.example = out.error.empty() ? "(no reason given)" : out.error;
+  }
+  if (failed == 0) return;
+  std::vector<const group*> common;
+  for (const auto& [kind, g] : groups) common.push_back(&g);
+  std::stable_sort(common.begin(), common.end(), [](auto* a, auto* b) { return a->count > b->count; });
+  constexpr size_t shown = 3, longest = 240;
+  std::printf("  failed %zu of %zu requests; %s:\n", failed, outcomes.size(),
+              common.size() == 1 ? "the reason" : "the most common reasons");
+  size_t listed = 0;
+  for (size_t k = 0; k < common.size() && k < shown; ++k) {
+    const auto& e = common[k]->example;
+    std::printf("    %zu x, e.g. %s%s\n", common[k]->count, e.substr(0, longest).c_str(), e.size() > longest ? "..." : "");
+    listed += common[k]->count;
+  }
+  if (common.size() > shown)
+    std::printf("    and %zu more for %zu other reasons (--report lists them all under \"errors\")\n", failed - listed,
+                common.size() - shown);
+}
+
 /// TTFT and TBT CDFs (cut at p99, the tail named in the title) and completions per 10 s of
 /// virtual time.
 bool write_plots(const std::string& prefix, const sims::sim_result& r, std::string* why) {
@@ -305,9 +586,23 @@ void print_summary(const sims::sim_summary& s) {
   row("TBT", s.tbt_ms);
   row("TPOT", s.tpot_ms);
   row("E2E", s.e2e_ms);
-  std::printf("  throughput: %.1f requests/s, %.0f output tokens/s over %.1f s\n", s.requests_per_s,
-              s.output_tokens_per_s, s.span_s);
+  // Over its own span, which the header's arrival and end times do not give: failed requests
+  // (and the wait for unanswered ones) can run the virtual clock far past the last completion.
+  if (s.completed == 0)
+    std::printf("  throughput: none (no request completed)\n");
+  else
+    std::printf("  throughput: %.1f requests/s, %.0f output tokens/s of completed requests over %.1f s (first arrival "
+                "to last completion)\n",
+                s.requests_per_s, s.output_tokens_per_s, s.span_s);
 }
+
+/// What a goodput search found: the scale and its rate, or that even --lo missed the target (and
+/// by how much).
+struct goodput_answer {
+  double scale = 0, req_per_s = 0;
+  bool below_lo = false;
+  double lo_attainment = 0, lo_req_per_s = 0;
+};
 
 /// One variant of `baton sim compare`: NAME=FLAGS, the flags applied over the common ones.
 bool apply_variant(const std::string& v, const sim_options& base, sim_options* out, std::string* name, std::string* why) {
@@ -343,7 +638,6 @@ int run_sim(const std::vector<std::string>& raw) {
     return 2;
   }
   const std::string mode = raw[0];
-  sims::tune_allocator_for_sims();
   std::vector<std::string> args(raw.begin() + 1, raw.end());
   sim_options o;
   flag_set f;
@@ -351,8 +645,8 @@ int run_sim(const std::vector<std::string>& raw) {
   if (mode != "run") {
     f.add("--lo", &o.lo, "goodput: lowest rate scale tried");
     f.add("--hi", &o.hi, "goodput: highest rate scale tried");
-    f.add("--steps", &o.steps, "goodput: bisection steps");
-    f.add("--target", &o.target, "goodput: fraction of requests within both SLOs");
+    f.add("--steps", &o.steps, "goodput: bisection steps (1 to 40), one run each");
+    f.add("--target", &o.target, "goodput: fraction of requests within both SLOs, in (0, 1]");
   }
   if (mode == "compare")
     f.add("--variant", &o.variants, "NAME=FLAGS: a configuration to compare (repeatable), e.g. colo=--colocated");
@@ -362,6 +656,29 @@ int run_sim(const std::vector<std::string>& raw) {
     std::fprintf(stderr, "baton sim: %s\n", why.c_str());
     return 2;
   }
+  if (auto e = options_problem(o, mode); !e.empty()) {
+    std::fprintf(stderr, "baton sim: %s\n", e.c_str());
+    return 2;
+  }
+  // compare runs one variant after another: a bad one found after the others' runs (and their
+  // goodput searches) would waste them, so every variant is checked before the first.
+  if (mode == "compare") {
+    if (o.variants.empty()) o.variants = {"as-given="};
+    for (const auto& v : o.variants) {
+      sim_options vo;
+      std::string vname;
+      if (!apply_variant(v, o, &vo, &vname, &why)) {
+        std::fprintf(stderr, "baton sim: %s\n", why.c_str());
+        return 2;
+      }
+      if (auto e = runs_problem(vo, true); !e.empty()) {
+        std::fprintf(stderr, "baton sim: variant '%s': %s\n", vname.c_str(), e.c_str());
+        return 2;
+      }
+    }
+  }
+  // Only now, with every flag checked: a refused command leaves the process's allocator alone.
+  sims::tune_allocator_for_sims();
 
   if (mode == "run") {
     sims::trace t;
@@ -376,8 +693,14 @@ int run_sim(const std::vector<std::string>& raw) {
       return 2;
     }
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
-    std::printf("baton sim: %s, %zu requests over %.0f s of virtual time\n", name.c_str(), t.requests.size(), r.virtual_s);
+    // Which span each figure covers: the arrivals, then the virtual clock's end (the last event:
+    // answers, failures, the wait for unanswered requests), then the throughput's own.
+    const double first_s = t.requests.empty() ? 0 : static_cast<double>(t.requests.front().arrival_us) / 1e6;
+    const double last_s = t.requests.empty() ? 0 : static_cast<double>(t.requests.back().arrival_us) / 1e6;
+    std::printf("baton sim: %s, %zu requests arriving from %.1f s to %.1f s of virtual time; the sim ended at %.1f s\n",
+                name.c_str(), t.requests.size(), first_s, last_s, r.virtual_s);
     print_summary(r.summary);
+    print_failures(r.outcomes);
     auto vs = [](const char* what, const sims::percentiles& sim, const sims::percentiles& m) {
       if (m.count == 0 || m.mean <= 0 || m.p50 <= 0) return;
       std::printf("  measured %-4s ms  mean %9.1f  p50 %9.1f   (sim: mean %+.1f%%, p50 %+.1f%%)\n", what, m.mean, m.p50,
@@ -414,13 +737,14 @@ int run_sim(const std::vector<std::string>& raw) {
     return r.summary.failed ? 1 : 0;
   }
 
-  auto goodput_of = [&](const sim_options& v, double* scale, double* req_per_s) {
+  auto goodput_of = [&](const sim_options& v, goodput_answer* a) {
     std::vector<std::pair<double, double>> runs;
+    why.clear();
     sims::trace base;
     if (!make_trace(v, 1.0, &base, &name, &why)) return false;
     const double base_rate = base.span_s() > 0 ? static_cast<double>(base.requests.size()) / base.span_s() : 0;
     std::string trace_why;
-    *scale = sims::find_goodput(
+    a->scale = sims::find_goodput(
         v.cfg,
         [&](double s) {
           sims::trace t;
@@ -433,15 +757,28 @@ int run_sim(const std::vector<std::string>& raw) {
       if (why.empty()) why = trace_why;
       return false;
     }
-    *req_per_s = *scale * base_rate;
+    a->req_per_s = a->scale * base_rate;
+    // find_goodput runs --lo first and, under the target there, returns 0: not a goodput of 0
+    // but one below the range searched.
+    a->below_lo = !runs.empty() && runs.front().second < v.target;
+    a->lo_attainment = runs.empty() ? 0 : runs.front().second;
+    a->lo_req_per_s = v.lo * base_rate;
     return true;
   };
 
   if (mode == "goodput") {
-    double scale = 0, rate = 0;
-    if (!goodput_of(o, &scale, &rate)) {
+    goodput_answer g;
+    if (!goodput_of(o, &g)) {
       std::fprintf(stderr, "baton sim: %s\n", why.c_str());
       return 2;
+    }
+    const double scale = g.scale, rate = g.req_per_s;
+    if (g.below_lo) {
+      std::printf("baton sim goodput: even the lowest rate tried (%.3f x the trace's rate = %.2f requests/s) meets the "
+                  "SLOs (TTFT <= %.0f ms and TBT <= %.0f ms) for only %.1f%% of requests (target %g%%); the goodput "
+                  "is below it: try a lower --lo\n",
+                  o.lo, g.lo_req_per_s, o.ttft_slo_ms, o.tbt_slo_ms, 100 * g.lo_attainment, 100 * o.target);
+      return 1;
     }
     // At the top of the range the knee was not found: say "at least".
     const char* bound = scale >= o.hi ? ">= " : "";
@@ -453,7 +790,6 @@ int run_sim(const std::vector<std::string>& raw) {
 
   // compare: one row per variant at the trace's rate, plus its goodput; with --svg, the
   // variants' TTFT and TBT CDFs overlaid.
-  if (o.variants.empty()) o.variants = {"as-given="};
   std::vector<sims::plot_series> ttft_cdfs, tbt_cdfs;
   double ttft_cut = 0;
   std::printf("%-16s %10s %10s %10s %10s %8s %10s %12s\n", "variant", "TTFT p50", "TTFT p99", "TBT p50", "TBT p99",
@@ -471,8 +807,8 @@ int run_sim(const std::vector<std::string>& raw) {
       std::fprintf(stderr, "baton sim: %s: %s\n", vname.c_str(), why.c_str());
       return 2;
     }
-    double scale = 0, rate = 0;
-    if (!goodput_of(vo, &scale, &rate)) {
+    goodput_answer ga;
+    if (!goodput_of(vo, &ga)) {
       std::fprintf(stderr, "baton sim: %s: %s\n", vname.c_str(), why.c_str());
       return 2;
     }
@@ -488,10 +824,16 @@ int run_sim(const std::vector<std::string>& raw) {
       tbt_cdfs.push_back(sims::cdf_of(vname, std::move(tbt)));
       ttft_cut = std::max(ttft_cut, s.ttft_ms.p99);
     }
-    // At the top of the range the knee was not found: "at least" (">=").
+    // At the top of the range the knee was not found: "at least" (">="); under the target even at
+    // --lo: "below" ("<") the lowest rate tried, not a goodput of 0.
     char g[2][32];
-    std::snprintf(g[0], sizeof g[0], "%s%.3f", scale >= vo.hi ? ">=" : "", scale);
-    std::snprintf(g[1], sizeof g[1], "%s%.2f", scale >= vo.hi ? ">=" : "", rate);
+    if (ga.below_lo) {
+      std::snprintf(g[0], sizeof g[0], "<%.3f", static_cast<double>(vo.lo));
+      std::snprintf(g[1], sizeof g[1], "<%.2f", ga.lo_req_per_s);
+    } else {
+      std::snprintf(g[0], sizeof g[0], "%s%.3f", ga.scale >= vo.hi ? ">=" : "", ga.scale);
+      std::snprintf(g[1], sizeof g[1], "%s%.2f", ga.scale >= vo.hi ? ">=" : "", ga.req_per_s);
+    }
     std::printf("%-16s %10.0f %10.0f %10.1f %10.1f %8.1f %10s %12s\n", vname.c_str(), s.ttft_ms.p50, s.ttft_ms.p99,
                 s.tbt_ms.p50, s.tbt_ms.p99, 100 * s.slo_attainment, g[0], g[1]);
     std::fflush(stdout);

@@ -316,6 +316,27 @@ TEST_CASE("block server with a capacity: a CHECK hit at the index counts as a us
   CHECK(s.on_disk(c1));
 }
 
+TEST_CASE("block server with a full capacity: a rewrite of a block (a reader repairing it) makes room from its own "
+          "old copy, which is neither counted as evicted nor dropped from the index") {
+  capacity_store s;
+  const auto served = s.serve(s.config(2));
+  const auto& index = served.index;
+  const auto& server = served.server;
+  const store::block_key a1{1, 1}, b1{2, 1};
+  CHECK(s.write(server, a1, {}, std::byte{0xa1}) > 0);
+  CHECK(s.write(server, b1, {}, std::byte{0xb1}) > 0);
+  REQUIRE(s.index_blocks(index, 2) == 2);
+  // Full, and a1 is the least recent: its rewrite deletes its old copy for room, then writes it.
+  CHECK(s.write(server, a1, {}, std::byte{0x5a}) > 0);
+  CHECK(s.on_disk(a1));
+  CHECK(s.on_disk(b1));
+  CHECK(s.read(server, a1).empty());
+  CHECK(s.pool[0] == std::byte{0x5a});
+  CHECK(s.stats(server).disk_evicted == 0);
+  CHECK(s.index_blocks(index, 2) == 2);
+  CHECK(s.listed(index, {a1, b1}) == std::vector<store::block_key>{a1, b1});
+}
+
 TEST_CASE("block server: a block file deleted behind its back is a miss on the next read, and the index stops naming "
           "it (readers would miss on it until it expired)") {
   capacity_store s;
