@@ -82,6 +82,7 @@ struct io_context {
   store::block_index on_disk;
   std::atomic<uint64_t> disk_bytes{0};  ///< on_disk.bytes(), for the actor's stats
   uint32_t fault_writes_left = 0;       ///< cfg.fault_write_failures not yet injected
+  uint32_t fault_writes_skip = 0;       ///< cfg.fault_write_after: writes still let through first
   std::atomic<bool> stopping{false};  ///< the actor is gone: abandon waits at once
   ~io_context() {
     for (auto id : abandoned) xport->release(id);
@@ -425,17 +426,15 @@ store_read_result serve_read(io_context& io, const store_read_order& order, uint
   }
   for (int fd : fds)
     if (fd >= 0) ::close(fd);
-  // Blocks served were used: the least recently used go first when room is short, and a
-  // prompt's leading blocks (touched last) after its later ones. The files keep the use too, for
-  // the order after a restart. Without a budget nothing is ever evicted here, so the order is
-  // not kept (on_disk then only counts the bytes).
+  // Blocks served were used: the least recently used go first when room is short (the budget,
+  // or a full disk), and a prompt's leading blocks (touched last) after its later ones. The files
+  // keep the use too, for the order after a restart.
   std::vector<std::pair<uint32_t, store::block_key>> served;
   for (size_t i = 0; i < n; ++i)
     if (good(i)) {
       served.emplace_back(order.block_index[i], headers[i].key);
       store::mark_block_used(store::block_path(io.cfg.dir, headers[i].key));
     }
-  if (!io.cfg.capacity_bytes) return r;
   std::sort(served.begin(), served.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   std::vector<store::block_key> keys;
   for (const auto& [position, key] : served) keys.push_back(key);
@@ -576,6 +575,7 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
   st.slots.reset(io.write_staging.size(), io.write_key);
   io.on_disk.set_capacity_bytes(c.capacity_bytes);
   io.fault_writes_left = c.fault_write_errno ? c.fault_write_failures : 0;
+  io.fault_writes_skip = c.fault_write_after;
   std::error_code ec;
   std::filesystem::create_directories(c.dir, ec);
   if (ec) io.setup_error = c.name + ": cannot create " + c.dir + ": " + ec.message();
@@ -693,11 +693,27 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
                                     static_cast<uint8_t>(store::parse_retention(w.retention).value_or(store::retention::chat))};
               const auto* base = io.write_copy.data();
               int err_no = 0;
-              const int fault = io.fault_writes_left ? io.cfg.fault_write_errno : 0;
-              if (fault) --io.fault_writes_left;
-              auto err = store::write_block_file(
-                  path, h, [&](uint32_t l) { return store::layer_pieces{{base + l * h.layer_bytes, h.layer_bytes}}; },
-                  &err_no, fault);
+              const auto write_file = [&] {
+                int fault = 0;
+                if (io.fault_writes_skip) --io.fault_writes_skip;
+                else if (io.fault_writes_left) fault = io.cfg.fault_write_errno, --io.fault_writes_left;
+                return store::write_block_file(
+                    path, h, [&](uint32_t l) { return store::layer_pieces{{base + l * h.layer_bytes, h.layer_bytes}}; },
+                    &err_no, fault);
+              };
+              auto err = write_file();
+              if (!err.empty() && (err_no == ENOSPC || err_no == EDQUOT)) {
+                // The disk filled short of the budget (others write to it too), or with none:
+                // room is made as a budget makes it -- the least recently used blocks, as many
+                // bytes as this one takes -- and the write tried once more. Else every later write
+                // would be refused until the index expired blocks, days later.
+                auto more = delete_evicted(io, io.on_disk.evict_bytes(disk_bytes));
+                if (!more.empty()) {
+                  evicted.insert(evicted.end(), more.begin(), more.end());
+                  err_no = 0;
+                  err = write_file();
+                }
+              }
               uint64_t seq = 0;
               if (err.empty()) {
                 io.written[key] = seq = ++io.last_write_seq;

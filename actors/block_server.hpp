@@ -35,10 +35,12 @@ struct block_server_config {
   /// take more. Before a block is written the least recently used ones (written or read; leaf-first,
   /// as the index orders them) are deleted to make room, and the index is told. 0 = unbounded.
   uint64_t capacity_bytes = 0;
-  /// Fault injection for tests (a full or failing disk): the first fault_write_failures block
-  /// writes fail with errno fault_write_errno (ENOSPC, EIO) after their header is written. 0 = off.
+  /// Fault injection for tests (a full or failing disk): after fault_write_after block file
+  /// writes, the next fault_write_failures fail with errno fault_write_errno (ENOSPC, EIO) after
+  /// their header is written. 0 = off.
   int fault_write_errno = 0;
   uint32_t fault_write_failures = 0;
+  uint32_t fault_write_after = 0;
   /// A write slot whose write order has not come this long after it was granted is taken back:
   /// a writer that died, or whose put failed without a word, must not hold staging for good.
   uint32_t write_slot_ttl_ms = 30000;

@@ -2,6 +2,7 @@
 // production actors under virtual time on modelled GPUs (sims/sim_run.hpp) and reports TTFT,
 // TBT, TPOT, E2E, SLO attainment and goodput.
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -422,28 +423,41 @@ std::string search_problem(const sim_options& o) {
 }
 
 /// Why `path` cannot be written (empty: it can), asked before the runs rather than after them,
-/// when a bad path would throw the whole simulation away. Nothing is created or truncated.
-/// `shown` is what the user typed (the --svg prefix of `path`, or `path` itself).
+/// when a bad path would throw the whole simulation away. Nothing is left behind or truncated: a
+/// file made to try is removed again. `shown` is what the user typed (the --svg prefix of
+/// `path`, or `path` itself).
 std::string unwritable(const std::string& flag, const std::string& shown, const std::string& path) {
   namespace fs = std::filesystem;
-  const std::string head = flag + " " + shown + ": ", it = path == shown ? "it" : path;
+  // "--report r.json ..." or, for a file the flag's value only starts, "--svg p: p-ttft.svg ...".
+  const std::string subject = flag + " " + shown + (path == shown ? "" : ": " + path), head = flag + " " + shown + ": ";
   std::error_code ec;
   const fs::path p{path};
   if (fs::is_directory(p, ec)) {
     const std::string example = flag == "--report" ? " (e.g. " + (p / "report.json").string() + ")" : "";
-    return head + it + " is a directory, not a file" + example;
+    return subject + " is a directory, not a file" + example;
   }
+  // access() says yes to root everywhere and knows nothing of filesystems such as /proc: a file
+  // is opened as the writer will open it. A device or pipe (/dev/stdout) is only asked: opening
+  // a pipe with no reader would wait here.
   if (fs::exists(p, ec)) {
-    if (::access(path.c_str(), W_OK) == 0) return {};
-    return head + it + " cannot be written (" + std::strerror(errno) + ")";
+    if (!fs::is_regular_file(p, ec)) {
+      if (::access(path.c_str(), W_OK) == 0) return {};
+    } else if (const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC); fd >= 0) {
+      ::close(fd);
+      return {};
+    }
+    return subject + " cannot be written (" + std::strerror(errno) + ")";
   }
-  if (!p.has_filename()) return head + it + " ends in '/': it names no file";
+  if (!p.has_filename()) return subject + " ends in '/' and names no file";
   const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path{"."};
   if (!fs::exists(dir, ec)) return head + "the directory " + dir.string() + " does not exist";
   if (!fs::is_directory(dir, ec)) return head + dir.string() + " is not a directory";
-  if (::access(dir.c_str(), W_OK | X_OK) != 0)
-    return head + "cannot create a file in " + dir.string() + " (" + std::strerror(errno) + ")";
-  return {};
+  if (const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644); fd >= 0) {
+    ::close(fd);
+    ::unlink(path.c_str());
+    return {};
+  }
+  return head + "cannot create a file in " + dir.string() + " (" + std::strerror(errno) + ")";
 }
 
 /// What the runs of one configuration need: its cluster and its arrivals (up to --hi when
@@ -503,8 +517,8 @@ void print_failures(const std::vector<sims::request_outcome>& outcomes) {
   for (const auto& [kind, g] : groups) common.push_back(&g);
   std::stable_sort(common.begin(), common.end(), [](auto* a, auto* b) { return a->count > b->count; });
   constexpr size_t shown = 3, longest = 240;
-  std::printf("  failed %zu of %zu requests; %s:\n", failed, outcomes.size(),
-              common.size() == 1 ? "the reason" : "the most common reasons");
+  std::printf("  failed %zu of %zu requests%s:\n", failed, outcomes.size(),
+              common.size() == 1 ? "" : ", by reason (the most common first)");
   size_t listed = 0;
   for (size_t k = 0; k < common.size() && k < shown; ++k) {
     const auto& e = common[k]->example;

@@ -229,6 +229,16 @@ std::vector<block_meta> block_index::evict_for(const block_key& key, uint64_t in
   return out;
 }
 
+std::vector<block_meta> block_index::evict_bytes(uint64_t bytes) {
+  std::vector<block_meta> out;
+  uint64_t freed = 0;
+  while (!lru_.empty() && freed < bytes) {
+    evict_last(out);
+    freed += out.back().size_bytes;
+  }
+  return out;
+}
+
 std::vector<block_meta> block_index::expire(double now_s) {
   std::vector<block_meta> out;
   for (auto it = by_expiry_.begin(); it != by_expiry_.end() && it->first <= now_s;) {

@@ -94,6 +94,9 @@ class block_index {
   /// together (its file takes its room while it is written). When room is short, `key`'s own
   /// copy goes first: the write replaces it anyway. Returns them.
   std::vector<block_meta> evict_for(const block_key& key, uint64_t incoming_bytes);
+  /// Evicts least recently used blocks until `bytes` of their size_bytes have gone (or none is
+  /// left), whatever the capacity: room that the disk itself refused. Returns them.
+  std::vector<block_meta> evict_bytes(uint64_t bytes);
   /// Server `server` deleted its copy of `key` (the write `write_seq`) to keep its disk within its
   /// capacity: that copy is no longer named. A copy known as a later write of the key stays. The
   /// block goes when no copy is left; returns whether it went.

@@ -381,6 +381,34 @@ TEST_CASE("block server: writes the disk refuses (ENOSPC, injected after the hea
   CHECK(s.listed(index, {k1, k2, k3}) == std::vector<store::block_key>{k3});
 }
 
+TEST_CASE("block server on a disk that fills short of its budget (or with none): a write the disk refuses for room "
+          "deletes the least recently used blocks, as many bytes as it takes, tells the index, and is tried once more") {
+  for (const uint64_t blocks : {uint64_t{0}, uint64_t{100}}) {  // no budget; a budget far above the disk
+    CAPTURE(blocks);
+    capacity_store s;
+    auto bc = s.config(blocks);
+    bc.fault_write_errno = ENOSPC;
+    bc.fault_write_after = 3;     // three blocks fit
+    bc.fault_write_failures = 1;  // the fourth finds the disk full
+    const auto served = s.serve(bc);
+    const auto& index = served.index;
+    const auto& server = served.server;
+    const store::block_key k1{1, 1}, k2{2, 1}, k3{3, 1}, k4{4, 1};
+    CHECK(s.write(server, k1, {}, std::byte{1}) > 0);
+    CHECK(s.write(server, k2, {}, std::byte{2}) > 0);
+    CHECK(s.write(server, k3, {}, std::byte{3}) > 0);
+    CHECK(s.read(server, k1).empty());  // k1 used: k2 is now the least recent
+    CHECK(s.write(server, k4, {}, std::byte{4}) == layers * s.layout.page_bytes());
+    CHECK_FALSE(s.on_disk(k2));
+    for (const auto& k : {k1, k3, k4}) CHECK(s.on_disk(k));
+    const auto st = s.stats(server);
+    CHECK(st.write_failures == 0);  // the first try's refusal is not the write's failure
+    CHECK(st.disk_evicted == 1);
+    CHECK(s.index_blocks(index, 3) == 3);
+    CHECK(s.listed(index, {k1, k2, k3, k4}) == std::vector<store::block_key>{k1, k3, k4});
+  }
+}
+
 TEST_CASE("block file: a write that fails (EIO injected) names the file and the error, gives the errno, and leaves "
           "neither the block file nor its temporary file") {
   capacity_store s;

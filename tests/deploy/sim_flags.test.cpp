@@ -1,0 +1,169 @@
+// `baton sim`'s flags are checked before anything runs, and the errors name the flag and its
+// value; the goodput and run summaries say what their figures cover. In process, through the
+// command's entry point (deploy::run_sim). Refusals run nothing; the two tests that do simulate
+// use a few synthetic requests.
+
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "deploy/commands.hpp"
+
+namespace {
+
+struct outcome {
+  int rc = -1;
+  std::string out, err;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+/// `baton sim ARGS` in this process, its stdout and stderr caught in files (the command prints
+/// with printf, so the streams are redirected at the descriptors).
+outcome baton_sim(const std::vector<std::string>& args) {
+  char out_path[] = "/tmp/baton-sim-flags-out-XXXXXX", err_path[] = "/tmp/baton-sim-flags-err-XXXXXX";
+  const int out_fd = ::mkstemp(out_path), err_fd = ::mkstemp(err_path);
+  REQUIRE((out_fd >= 0 && err_fd >= 0));
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const int saved_out = ::dup(1), saved_err = ::dup(2);
+  ::dup2(out_fd, 1);
+  ::dup2(err_fd, 2);
+  outcome o;
+  o.rc = baton::deploy::run_sim(args);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  ::dup2(saved_out, 1);
+  ::dup2(saved_err, 2);
+  for (int fd : {saved_out, saved_err, out_fd, err_fd}) ::close(fd);
+  o.out = slurp(out_path);
+  o.err = slurp(err_path);
+  std::remove(out_path);
+  std::remove(err_path);
+  return o;
+}
+
+bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+/// A refusal: exit code 2, `why` on stderr, and nothing run (no table, no summary on stdout).
+void refused(const std::vector<std::string>& args, const std::string& why) {
+  const auto o = baton_sim(args);
+  INFO("stderr: " << o.err);
+  INFO("stdout: " << o.out);
+  CHECK(o.rc == 2);
+  CHECK(has(o.err, why));
+  CHECK(o.out.empty());
+}
+
+/// A small cluster that simulates a few requests in well under a second.
+const std::vector<std::string> small = {"--rate", "2", "--duration-s", "5", "--model", "llama-3-8b", "--tp", "1",
+                                        "--prefill-instances", "1", "--decode-instances", "1"};
+
+std::vector<std::string> with(std::vector<std::string> head, const std::vector<std::string>& tail) {
+  head.insert(head.end(), tail.begin(), tail.end());
+  return head;
+}
+
+}  // namespace
+
+TEST_CASE("sim goodput refuses a search range that is not one, before any run") {
+  // These printed "0.000 x the trace's rate = 0.00 requests/s with >= 90% within ..." before.
+  refused({"goodput", "--lo", "2", "--hi", "0.05"}, "--lo 2 must be below --hi 0.05");
+  refused({"goodput", "--lo", "1", "--hi", "1"}, "--lo 1 must be below --hi 1");
+  refused({"goodput", "--lo", "0"}, "--lo must be > 0 (a rate scale), got 0");
+  refused({"goodput", "--lo", "-1"}, "--lo must be > 0 (a rate scale), got -1");
+  refused({"goodput", "--steps", "0"}, "--steps must be between 1 and 40, got 0");
+  refused({"goodput", "--steps", "1000"}, "--steps must be between 1 and 40, got 1000");
+  refused({"goodput", "--target", "90"}, "--target must be a fraction in (0, 1] (0.9: 90% of requests), got 90");
+  refused({"goodput", "--target", "0"}, "got 0");
+  refused({"compare", "--lo", "2", "--hi", "0.05"}, "--lo 2 must be below --hi 0.05");
+  // A synthetic trace too large at --hi was found only after the runs at the lower rates.
+  refused({"goodput", "--rate", "1000000", "--duration-s", "10", "--hi", "8"}, "at --hi 8: ");
+}
+
+TEST_CASE("sim run checks --report and --svg can be written before it simulates, and leaves no file behind") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("baton-sim-flags-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  refused({"run", "--report", dir.string()}, "--report " + dir.string() + " is a directory, not a file (e.g. " +
+                                                 (dir / "report.json").string() + ")");
+  refused({"run", "--report", "/nonexistent-baton-dir/x.json"},
+          "--report /nonexistent-baton-dir/x.json: the directory /nonexistent-baton-dir does not exist");
+  refused({"run", "--report", (dir / "sub/").string()}, "names no file");
+  refused({"run", "--svg", "/nonexistent-baton-dir/plots"},
+          "--svg /nonexistent-baton-dir/plots: the directory /nonexistent-baton-dir does not exist");
+  fs::create_directories(dir / "p-ttft.svg");
+  refused({"run", "--svg", (dir / "p").string()}, (dir / "p-ttft.svg").string() + " is a directory, not a file");
+  // A report path that can be written is tried by making the file, which is removed again.
+  const auto report = dir / "report.json";
+  refused({"run", "--report", report.string(), "--svg", "/nonexistent-baton-dir/plots"}, "--svg");
+  CHECK_FALSE(fs::exists(report));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("sim refuses a --tp the model's heads do not split over, and names the flags config checks are about") {
+  refused({"run", "--model", "llama-3-70b", "--tp", "3"},
+          "--tp 3 does not split llama-3-70b's 64 attention heads and 8 KV heads evenly over an instance's GPUs; "
+          "llama-3-70b takes --tp 1, 2, 4, 8, 16, 32, 64");
+  refused({"run", "--model", "deepseek-v3", "--tp", "3"}, "--tp 3 does not split deepseek-v3's 128 attention heads evenly");
+  // Valid splits pass the check: the refusal that follows is the unwritable report's.
+  for (const char* tp : {"1", "8", "16", "64"})
+    refused({"run", "--model", "llama-3-70b", "--tp", tp, "--report", "/nonexistent-baton-dir/x.json"}, "--report");
+  // Expert-parallel pools (both of them here) do not use --tp.
+  refused({"run", "--model", "deepseek-v3", "--prefill-ep", "8", "--decode-ep", "8", "--tp", "3", "--report",
+           "/nonexistent-baton-dir/x.json"},
+          "--report");
+  // These said "tp and decode_instances must be >= 1", config fields rather than flags.
+  refused({"run", "--tp", "0"}, "--tp must be >= 1, got 0");
+  refused({"run", "--decode-instances", "0"}, "--decode-instances must be >= 1, got 0");
+  refused({"run", "--prefill-ep", "0"}, "--prefill-ep must be >= 1, got 0");
+  refused({"run", "--model", "llama-3-8b", "--decode-ep", "4"},
+          "--decode-ep 4 needs a model with routed experts; llama-3-8b has none");
+  refused({"run", "--prefill-instances", "0"}, "--prefill-instances 0: a disaggregated cluster needs a prefill instance");
+  refused({"run", "--page-tokens", "48"}, "--page-tokens must divide the 512-token prefix-cache block, got 48");
+  refused({"run", "--sample-s", "0.0001"}, "--sample-s must be 0 (off) or between 0.001 and 1e6, got 0.0001");
+  refused({"run", "--kill", "decode-7@10"},
+          "--kill decode-7@10: this cluster has no rank 'decode-7' (it has prefill-0 to prefill-3, decode-0 to decode-3)");
+  refused({"run", "--rate-scale", "0"}, "--rate-scale must be > 0, got 0");
+  // compare checks every variant before the first one runs.
+  refused({"compare", "--model", "llama-3-8b", "--variant", "ok=--tp 1", "--variant", "bad=--tp 3"},
+          "variant 'bad': --tp 3 does not split llama-3-8b's 32 attention heads and 8 KV heads");
+}
+
+TEST_CASE("sim goodput says so when even the lowest rate tried misses the target") {
+  // A TTFT SLO of 1 ms that no request meets: the search stops after its run at --lo.
+  const auto o = baton_sim(with({"goodput", "--ttft-slo-ms", "1"}, small));
+  INFO("stdout: " << o.out);
+  INFO("stderr: " << o.err);
+  CHECK(o.rc == 1);
+  CHECK(has(o.out, "baton sim goodput: even the lowest rate tried (0.250 x the trace's rate = "));
+  CHECK(has(o.out, "meets the SLOs (TTFT <= 1 ms and TBT <= 100 ms) for only 0.0% of requests (target 90%)"));
+  CHECK_FALSE(has(o.out, "0.000 x the trace's rate"));
+}
+
+TEST_CASE("sim run says which span each figure covers, and why requests failed") {
+  // Every decode rank killed at the start: every request fails, placed nowhere.
+  const auto o = baton_sim(with({"run", "--kill", "decode-0@0"}, small));
+  INFO("stdout: " << o.out);
+  INFO("stderr: " << o.err);
+  CHECK(o.rc == 1);
+  CHECK(has(o.out, "requests arriving from "));
+  CHECK(has(o.out, "; the sim ended at "));
+  CHECK(has(o.out, "throughput: none (no request completed)"));
+  CHECK(has(o.out, "failed 10 of 10 requests:"));
+  CHECK(has(o.out, "10 x, e.g. baton::rank_unavailable: "));
+  CHECK(has(o.out, "no decode rank in the cluster"));
+}
