@@ -39,6 +39,7 @@ for pair in "H200 H200" "H200 H800" "H800 H200" "H800 H800"; do
   set -- $pair
   g=$("$BATON" sim goodput --model qwen3-32b --tp 2 --prefill-instances 2 --decode-instances 2 --prefill-gpu "$1" \
         --decode-gpu "$2" --input-mean 4096 --output-mean 256 --ttft-slo-ms 2000 --tbt-slo-ms 100 "${SEARCH[@]}" |
-        grep -o "= [>= ]*[0-9.]* requests/s" | sed "s/^= //; s/ requests\/s//")
+        grep -o "= [>= ]*[0-9.]* requests/s" | sed "s/^= //; s/ requests\/s//") ||
+    g="below the lowest rate tried"  # goodput says so and exits 1
   echo "| $1 | $2 | $g |"
 done
