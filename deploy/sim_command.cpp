@@ -299,9 +299,9 @@ std::string with_flag_names(const std::string& text) {
   return out;
 }
 
-/// The cluster's flags, each named with its value, before anything runs. Mirrors
-/// sim_config::validate() (which speaks of config fields) and adds what it does not check: a
-/// --tp that the model's heads do not split over.
+/// The cluster's flags, before anything runs: those whose refusal is clearer with the flag's
+/// value and what it may be (names, counts, --tp that the model's heads do not split over, the
+/// ranks --kill may name); the rest as sim_config::validate() words them, its fields as flags.
 std::string cluster_problem(const sim_options& o) {
   const auto& c = o.cfg;
   const auto shape = sims::named_model(c.model);
@@ -334,27 +334,7 @@ std::string cluster_problem(const sim_options& o) {
            " attention heads" + (shape->kv_heads ? " and " + std::to_string(shape->kv_heads) + " KV heads" : std::string{}) +
            " evenly over an instance's GPUs; " + c.model + " takes --tp " + join(fits);
   }
-  if (!(c.expert_skew >= 0)) return "--expert-skew must be >= 0, got " + num(c.expert_skew);
-  if (!c.colocated && c.prefill_instances == 0 && c.elastic_prefill_at_start == 0)
-    return "--prefill-instances 0: a disaggregated cluster needs a prefill instance (or --elastic-prefill >= 1, or "
-           "--colocated)";
-  if (c.elastic_prefill_at_start > c.elastic_instances)
-    return "--elastic-prefill " + std::to_string(c.elastic_prefill_at_start) + " exceeds --elastic-instances " +
-           std::to_string(c.elastic_instances);
-  if (c.elastic_instances > 0 && c.colocated) return "--elastic-instances needs a disaggregated cluster, not --colocated";
-  if (c.elastic_instances > 0 && !(c.elastic_interval_s >= 1e-3 && c.elastic_interval_s <= 1e6))
-    return "--elastic-interval-s must be between 0.001 and 1e6, got " + num(c.elastic_interval_s);
-  if (!(c.sample_s == 0 || (c.sample_s >= 1e-3 && c.sample_s <= 1e6)))
-    return "--sample-s must be 0 (off) or between 0.001 and 1e6, got " + num(c.sample_s);
-  if (!(c.horizon_s > 0 && c.horizon_s <= 1e9)) return "--horizon-s must be > 0 and at most 1e9, got " + num(c.horizon_s);
-  if (c.page_tokens == 0 || (c.block_tokens != 0 && c.block_tokens % c.page_tokens != 0))
-    return "--page-tokens must divide the " + std::to_string(c.block_tokens) + "-token prefix-cache block, got " +
-           std::to_string(c.page_tokens);
-  if (c.prefill_policy == "split")
-    return "--prefill-policy split is not supported in sims yet (layer gates are not modelled)";
-  if (c.use_cost_profile && !c.profile.empty()) return "give --profile or --cost-profile, not both";
-  if (c.store && c.store_servers == 0) return "--store-servers must be >= 1 with --store, got 0";
-  if (c.store && !(c.store_gbps > 0)) return "--store-gbps must be > 0 with --store, got " + num(c.store_gbps);
+  // The rest of sim_config::validate()'s checks speak of its fields: with_flag_names below.
   // finish_options() turned --kill and then --degrade into faults, in that order.
   for (size_t i = 0; i < c.faults.size(); ++i) {
     const auto& f = c.faults[i];

@@ -132,9 +132,10 @@ TEST_CASE("sim refuses a --tp the model's heads do not split over, and names the
   refused({"run", "--prefill-ep", "0"}, "--prefill-ep must be >= 1, got 0");
   refused({"run", "--model", "llama-3-8b", "--decode-ep", "4"},
           "--decode-ep 4 needs a model with routed experts; llama-3-8b has none");
-  refused({"run", "--prefill-instances", "0"}, "--prefill-instances 0: a disaggregated cluster needs a prefill instance");
-  refused({"run", "--page-tokens", "48"}, "--page-tokens must divide the 512-token prefix-cache block, got 48");
-  refused({"run", "--sample-s", "0.0001"}, "--sample-s must be 0 (off) or between 0.001 and 1e6, got 0.0001");
+  // The config's own checks, its fields given as the flags that set them.
+  refused({"run", "--prefill-instances", "0"}, "a disaggregated cluster needs --prefill-instances >= 1");
+  refused({"run", "--page-tokens", "48"}, "block_tokens must be a positive multiple of --page-tokens");
+  refused({"run", "--sample-s", "0.0001"}, "--sample-s must be 0 (off) or between 0.001 and 1e6");
   refused({"run", "--kill", "decode-7@10"},
           "--kill decode-7@10: this cluster has no rank 'decode-7' (it has prefill-0 to prefill-3, decode-0 to decode-3)");
   refused({"run", "--rate-scale", "0"}, "--rate-scale must be > 0, got 0");
