@@ -23,6 +23,7 @@
 #include "gpu/cuda_executor.hpp"
 #include "deploy/expert_processes.hpp"
 #include "deploy/flags.hpp"
+#include "deploy/node_options.hpp"
 #include "deploy/gateway.hpp"
 #include "deploy/net_security.hpp"
 #include "deploy/processes.hpp"
@@ -34,12 +35,6 @@
 namespace baton::deploy {
 
 namespace {
-
-/// The built-in model: the trained one shipped in the repository (models/), when it is there.
-std::string default_model_dir() {
-  const std::string dir = BATON_MODELS_DIR "/baton-kjv-tiny";
-  return std::filesystem::exists(dir + "/config.json") ? dir : "random";
-}
 
 struct local_options {
   local_cluster_config cluster = [] {
@@ -70,7 +65,7 @@ struct local_options {
   bool ignore_eos = false;         ///< always generate max_tokens (throughput runs)
   bool one_token_via_decode = false;  ///< max_tokens 1 through a decode rank too (comparison runs)
   bool explain = false;            ///< print each placement's reasons
-  std::string model = default_model_dir();  ///< a model directory, or "random"
+  std::string model = builtin_model_dir();  ///< a model directory, or "random"
   bool chat = false;               ///< prompts as chat messages
   uint32_t repeat = 1;             ///< rounds of the prompts, sequentially (a later round can hit the store)
   std::string profile;             ///< cost-model profile file; empty = built-in CPU profile

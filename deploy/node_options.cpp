@@ -2,12 +2,18 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 
 #include "deploy/commands.hpp"
 #include "deploy/flags.hpp"
 #include "gpu/kv_cache.hpp"
 
 namespace baton::deploy {
+
+std::string builtin_model_dir() {
+  const std::string dir = BATON_MODELS_DIR "/baton-kjv-tiny";
+  return std::filesystem::exists(dir + "/config.json") ? dir : "random";
+}
 
 namespace {
 
@@ -60,7 +66,8 @@ void add_node_flags(flag_set& flags, node_options* o, bool* cuda_fp32) {
   flags.add("--scheduler-threads", &o->scheduler_threads, "CAF scheduler threads");
   flags.add("--poll-attempts", &o->poll_attempts, "CAF work-stealing moderate-poll-attempts");
   flags.add("--drain-timeout-ms", &o->drain_timeout_ms, "on SIGTERM, stop anyway after this long");
-  flags.add("--model", &o->model_dir, "the head's model directory, or `random` for the seeded random model");
+  flags.add("--model", &o->model_dir,
+            "the head's model directory (the built-in one by default, as the head's), or `random` for the seeded random model");
   flags.add("--expert-parallel", &o->expert_parallel,
             "MoE models: split each rank's routed experts over N EP ranks (N - 1 `baton experts` processes)");
   flags.add("--dual-batch-overlap", &o->dual_batch_overlap, "with --expert-parallel: two micro-batches per MoE round");

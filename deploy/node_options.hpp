@@ -17,6 +17,11 @@
 
 namespace baton::deploy {
 
+/// The built-in model: the trained one shipped in the repository (models/baton-kjv-tiny) where it
+/// is there, else `random`. `baton local`'s default, and so a node's: a node started without
+/// --model joins a head started without one.
+std::string builtin_model_dir();
+
 struct node_options {
   std::string role = "decode";  ///< decode | prefill | elastic | store
   std::string name;             ///< default: <role>-0, or store
@@ -30,7 +35,7 @@ struct node_options {
   prefill_rank_config prefill;  ///< chunked as the head's own prefill ranks are
   gpu::cpu_executor_config exec;
   gpu::backend_config backend;
-  std::string model_dir = "random";
+  std::string model_dir = builtin_model_dir();  ///< the head's default too (baton local)
   uint64_t weights_seed = 20261130;  ///< the head's default (local_cluster_config; a test keeps them equal)
   uint32_t scheduler_threads = 2, poll_attempts = 0;
   uint32_t drain_timeout_ms = 60000;  ///< node_agent_config's default (a test keeps them equal)

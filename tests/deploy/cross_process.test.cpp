@@ -97,7 +97,7 @@ void run_across_processes(const char* ucx_tls, bool with_store = false,
   std::vector<pid_t> children;
   cluster_guard g{children, self, cluster};
   std::string why;
-  auto pid = deploy::spawn_process({BATON_BINARY, "node", "--role", "decode", "--name", "decode-remote", "--connect",
+  auto pid = deploy::spawn_process({BATON_BINARY, "node", "--role", "decode", "--name", "decode-remote", "--model", "random", "--connect",
                                     "127.0.0.1:" + std::to_string(*port), "--kv-pages", "64", "--weights-seed",
                                     std::to_string(cfg.weights_seed)},
                                    &why);
@@ -213,7 +213,7 @@ TEST_CASE("elastic ranks in a node process (baton node --role elastic): the head
   std::vector<pid_t> children;
   cluster_guard g{children, self, cluster};
   std::string why;
-  auto pid = deploy::spawn_process({BATON_BINARY, "node", "--role", "elastic", "--name", "elastic", "--ranks", "2",
+  auto pid = deploy::spawn_process({BATON_BINARY, "node", "--role", "elastic", "--name", "elastic", "--model", "random", "--ranks", "2",
                                     "--prefill-at-start", "1", "--connect", "127.0.0.1:" + std::to_string(*port),
                                     "--kv-pages", "1024", "--chunk-tokens", "32", "--weights-seed",
                                     std::to_string(cfg.weights_seed)},
