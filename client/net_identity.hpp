@@ -35,6 +35,10 @@ inline void apply_identity(caf::actor_system_config& cfg, const std::string& clu
 
 /// A failed connection's error, rendered, with what to check when it is the cluster id or TLS.
 inline std::string explain_connect_error(caf::actor_system& sys, const caf::error& err, bool tls) {
+  // Not CAF's words here: they list every message of both interfaces, a screenful.
+  if (err == caf::sec::unexpected_actor_messaging_interface)
+    return "another Baton actor listens there, not the one asked for (a head publishes its router on "
+           "--router-listen and its node directory on --cluster-listen; a store node its block store on --listen)";
   std::string out = sys.render(err);
   if (err == caf::sec::incompatible_application_ids)
     out += " (the peer belongs to another cluster: check the cluster id)";

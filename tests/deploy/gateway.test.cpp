@@ -4,6 +4,7 @@
 #include <caf/event_based_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
+#include "actors/node_directory.hpp"
 #include "tests/deploy/gateway_fixture.hpp"
 
 using namespace baton;
@@ -810,4 +811,22 @@ TEST_CASE("the C++ client's result carries how the request got through: its fail
   CHECK(r.migrations == 1);
   conn.reset();
   caf::anon_send_exit(router, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("the C++ client pointed at another Baton port (a node directory's) says so in a sentence, not CAF's "
+          "screenful of both interfaces") {
+  caf::actor_system_config cfg;
+  register_message_types(cfg);
+  cfg.load<caf::io::middleman>();
+  cfg.set("logger.console-verbosity", caf::atom("quiet"));
+  caf::actor_system sys{cfg};
+  auto directory = spawn_node_directory(sys, {}, cluster_welcome{});
+  auto port = sys.middleman().publish(directory, 0, "127.0.0.1", true);
+  REQUIRE(port);
+  std::string why;
+  auto conn = baton::client::connection::connect("127.0.0.1", *port, &why);
+  CHECK_FALSE(conn);
+  CHECK_MESSAGE(why.find("another Baton actor listens there, not the one asked for") != std::string::npos, why);
+  CHECK_MESSAGE(why.size() < 400, why);
+  caf::anon_send_exit(directory, caf::exit_reason::user_shutdown);
 }
