@@ -684,6 +684,8 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
         pump(self, hdl, g, st);  // requests held back while the client was not reading
       },
       [=](const caf::io::connection_closed_msg&) {  // cancels a generation in flight (its sink goes)
+        // Counted as nginx counts a client that closed before its answer was done: 499.
+        if (st->in_call) g->metrics.count_response(st->route, 499);
         end_call(self, st);
         self->quit();
       },

@@ -485,6 +485,9 @@ TEST_CASE("a client that hangs up mid-stream cancels its request (every choice o
     ::close(fd);
     CHECK(s.settles());
   }
+  // Both hang-ups are counted, as nginx counts a client that left before its answer: 499.
+  CHECK(round_trip(s.gateway.port, get("/metrics")).body.find(R"(baton_http_responses_total{route="/v1/completions",code="499"} 2)") !=
+        std::string::npos);
 }
 
 TEST_CASE("the C++ client library streams a request's tokens and can cancel it") {
