@@ -152,6 +152,11 @@ struct prefill_balancer_config {
   /// within this long (its prompt never came: the request failed to reserve KV first) is taken
   /// back. Longer than a placement takes to become an order (reserve waits up to 5 s).
   uint32_t charge_ttl_ms = 30000;
+  /// Once every rank has left, placements wait this long for one to come back (a node
+  /// restarting, one back from a partition or a stall, a spare taking over), as they wait for room;
+  /// after it they are refused at once (rank_unavailable: a 503 with Retry-After), instead of
+  /// each waiting out its asker's timeout for nothing.
+  uint32_t no_rank_grace_ms = 5000;
 
   std::string validate() const {
     if (charge_ttl_ms == 0) return "prefill balancer charge_ttl_ms must be >= 1";
@@ -176,6 +181,11 @@ struct decode_balancer_config {
   /// within this long (its sequence never came: the request failed or gave up before reserving
   /// KV there) is taken back. Longer than a placement takes to become a reservation.
   uint32_t charge_ttl_ms = 30000;
+  /// Once every rank has left, placements wait this long for one to come back (a node
+  /// restarting, one back from a partition or a stall, a spare taking over), as they wait for room;
+  /// after it they are refused at once (rank_unavailable: a 503 with Retry-After), instead of
+  /// each waiting out its asker's timeout for nothing.
+  uint32_t no_rank_grace_ms = 5000;
 
   std::string validate() const {
     if (charge_ttl_ms == 0) return "decode balancer charge_ttl_ms must be >= 1";

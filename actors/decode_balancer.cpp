@@ -151,15 +151,12 @@ decode_balancer_actor::behavior_type decode_balancer_impl(pointer self, decode_b
   st.log.capacity = cfg.decision_log_size;
   st.cfg = std::move(cfg);
   // A rank that goes away (its process ended, it drained) takes no more placements.
-  self->set_down_handler([=](caf::down_msg& dm) {
-    auto& st = self->state;
-    st.registry.forget(dm.source);
-    if (auto none = st.registry.none_left("decode"); !none.empty()) fail_parked(st.parked, "place_decode", none);
-  });
+  self->set_down_handler([=](caf::down_msg& dm) { self->state.registry.forget(dm.source, self->clock().now()); });
   return {
       [=](place_atom, place_query& q) -> caf::result<decode_placement> {
         auto& st = self->state;
-        if (auto none = st.registry.none_left("decode"); !none.empty())
+        if (auto none = st.registry.none_left("decode", self->clock().now(), std::chrono::milliseconds{st.cfg.no_rank_grace_ms});
+            !none.empty())
           return make_error(errc::rank_unavailable, where(q.request_id, "", "place_decode") + ": " + none);
         // Refuse at once what no rank could ever hold, instead of parking it until the deadline.
         uint64_t largest = 0;
@@ -208,8 +205,7 @@ decode_balancer_actor::behavior_type decode_balancer_impl(pointer self, decode_b
         auto& st = self->state;
         if (auto i = st.registry.index_of(rank)) {
           st.log.add({0, st.registry.loads[*i].name, "forgotten: its node is gone"});
-          st.registry.forget(caf::actor_cast<caf::actor_addr>(rank), true);
-          if (auto none = st.registry.none_left("decode"); !none.empty()) fail_parked(st.parked, "place_decode", none);
+          st.registry.forget(caf::actor_cast<caf::actor_addr>(rank), self->clock().now(), true);
         }
       },
       [=](rejoin_atom, decode_rank_actor& rank, bool keep_draining) {

@@ -129,7 +129,8 @@ void resync_views(prefill_balancer_state& st) {
 }
 
 /// Drops a rank (its node is gone, or its actor went down) from every view.
-void forget_rank(prefill_balancer_state& st, const caf::actor_addr& rank, const char* why, bool until_rejoin) {
+void forget_rank(prefill_balancer_state& st, const caf::actor_addr& rank, const char* why, bool until_rejoin,
+                 caf::actor_clock::time_point now) {
   for (size_t i = 0; i < st.registry.ranks.size(); ++i)
     if (caf::actor_cast<caf::actor_addr>(st.registry.ranks[i]) == rank) {
       st.log.add({0, st.registry.loads[i].name, why});
@@ -137,9 +138,8 @@ void forget_rank(prefill_balancer_state& st, const caf::actor_addr& rank, const 
       // One rank per engine: the later engines keep their buckets (with several, the mapping of
       // ranks to engines shifts, and resize() later drops the last engine instead).
       if (st.buckets && st.cfg.ranks_per_engine == 1) st.buckets->remove_engine(static_cast<uint32_t>(i));
-      st.registry.forget(rank, until_rejoin);
+      st.registry.forget(rank, now, until_rejoin);
       resync_views(st);
-      if (auto none = st.registry.none_left("prefill"); !none.empty()) fail_parked(st.parked, "place_prefill", none);
       return;
     }
 }
@@ -303,10 +303,11 @@ prefill_balancer_actor::behavior_type prefill_balancer_impl(pointer self, prefil
   // A rank that goes away (its process ended) takes no more placements; its prompts are
   // re-placed by their request actors, which watch it too.
   self->set_down_handler(
-      [=](caf::down_msg& dm) { forget_rank(self->state, dm.source, "forgotten: it went down", false); });
+      [=](caf::down_msg& dm) { forget_rank(self->state, dm.source, "forgotten: it went down", false, self->clock().now()); });
   return {
       [=](place_atom, place_query& q) -> caf::result<prefill_placement> {
-        if (auto none = self->state.registry.none_left("prefill"); !none.empty())
+        const auto grace = std::chrono::milliseconds{self->state.cfg.no_rank_grace_ms};
+        if (auto none = self->state.registry.none_left("prefill", self->clock().now(), grace); !none.empty())
           return make_error(errc::rank_unavailable, where(q.request_id, "", "place_prefill") + ": " + none);
         if (auto p = try_place(self, q)) return std::move(*p);
         auto promise = self->make_response_promise<prefill_placement>();
@@ -351,7 +352,8 @@ prefill_balancer_actor::behavior_type prefill_balancer_impl(pointer self, prefil
       },
       [=](events_atom) { return self->state.log.snapshot(); },
       [=](forget_atom, prefill_rank_actor& rank) {
-        forget_rank(self->state, caf::actor_cast<caf::actor_addr>(rank), "forgotten: its node is gone", true);
+        forget_rank(self->state, caf::actor_cast<caf::actor_addr>(rank), "forgotten: its node is gone", true,
+                    self->clock().now());
       },
       [=](rejoin_atom, prefill_rank_actor& rank, bool keep_draining) {
         self->state.registry.rejoin(caf::actor_cast<caf::actor_addr>(rank), keep_draining);

@@ -49,14 +49,17 @@ struct rank_registry {
   std::deque<absent_rank> absent;
   static constexpr size_t max_absent = 4096;
   bool had_ranks = false;  ///< some rank has reported since start
+  caf::actor_clock::time_point empty_since{};  ///< when the last rank left (had_ranks, none now)
 
-  /// Why no placement can wait for a rank: there were ranks, and every one has left (their
-  /// nodes died or stopped). Empty while a rank is here, and before the first report (at start,
-  /// ranks are on their way: a placement waits for them).
-  std::string none_left(const char* role) const {
-    if (!ranks.empty() || !had_ranks) return {};
-    return std::string{"no "} + role + " rank in the cluster: every one that joined has left (a node restarted " +
-           "takes work again once its rank has rejoined)";
+  /// Why no placement should wait for a rank: there were ranks, and every one has been gone for
+  /// longer than `grace` (their nodes died or stopped, and none came back). Empty while a rank
+  /// is here, within the grace (one may be on its way back), and before the first report (at
+  /// start, ranks are on their way: a placement waits for them).
+  std::string none_left(const char* role, caf::actor_clock::time_point now, caf::timespan grace) const {
+    if (!ranks.empty() || !had_ranks || now - empty_since < grace) return {};
+    return std::string{"no "} + role + " rank in the cluster: every one that joined has left, none came back within " +
+           std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(grace).count()) +
+           " ms (a node restarted takes work again once its rank has rejoined)";
   }
 
   /// A report replaces the rank's previous one (including the balancer's own placements since).
@@ -89,9 +92,9 @@ struct rank_registry {
     had_ranks = true;
     return true;
   }
-  /// A rank that went down (its process ended) is forgotten; with `until_rejoin` (it may still
-  /// run: set aside) its reports are ignored until rejoin().
-  void forget(const caf::actor_addr& addr, bool until_rejoin = false) {
+  /// A rank that went down (its process ended) is forgotten at `now`; with `until_rejoin` (it may
+  /// still run: set aside) its reports are ignored until rejoin().
+  void forget(const caf::actor_addr& addr, caf::actor_clock::time_point now, bool until_rejoin = false) {
     for (size_t i = 0; i < ranks.size(); ++i)
       if (caf::actor_cast<caf::actor_addr>(ranks[i]) == addr) {
         if (until_rejoin) {
@@ -101,6 +104,7 @@ struct rank_registry {
         ranks.erase(ranks.begin() + static_cast<std::ptrdiff_t>(i));
         loads.erase(loads.begin() + static_cast<std::ptrdiff_t>(i));
         draining.erase(draining.begin() + static_cast<std::ptrdiff_t>(i));
+        if (ranks.empty()) empty_since = now;
         return;
       }
   }
@@ -162,14 +166,6 @@ size_t drop_expired(std::deque<parked_placement<Placement>>& parked, caf::actor_
     ++n;
   }
   return n;
-}
-
-/// Answers every parked placement with `why` (rank_unavailable): the last rank left, and none
-/// will take them before their askers stop waiting, who can now tell their clients at once.
-template <class Placement>
-void fail_parked(std::deque<parked_placement<Placement>>& parked, const char* stage, const std::string& why) {
-  for (auto& p : parked) p.promise.deliver(make_error(errc::rank_unavailable, where(p.query.request_id, "", stage) + ": " + why));
-  parked.clear();
 }
 
 /// Serves parked placements, oldest first, while `try_place(query)` finds a rank; those whose

@@ -302,11 +302,16 @@ TEST_CASE("a decode rank's report drops the charges of the placements it settled
   self->send_exit(bal, caf::exit_reason::user_shutdown);
 }
 
-TEST_CASE("once the last rank of a role has left, placements are refused at once (rank_unavailable, naming why) and "
-          "those parked are answered, instead of each waiting out its asker's timeout; a rank back takes work again") {
+TEST_CASE("once every rank of a role has been gone past the grace, placements are refused at once "
+          "(rank_unavailable, naming why) instead of each waiting out its asker's timeout; within the grace, and before "
+          "any rank joined, they wait; a rank back takes work again") {
   test::cluster_system t;
-  auto decode = spawn_decode_balancer(t.sys, {});
-  auto prefill = spawn_prefill_balancer(t.sys, {});
+  decode_balancer_config dc;
+  dc.no_rank_grace_ms = 200;
+  prefill_balancer_config pc;
+  pc.no_rank_grace_ms = 200;
+  auto decode = spawn_decode_balancer(t.sys, dc);
+  auto prefill = spawn_prefill_balancer(t.sys, pc);
   caf::scoped_actor self{t.sys};
   const auto refused_at_once = [&](const auto& balancer, auto placement, const char* stage) {
     using placement_t = decltype(placement);
@@ -322,38 +327,44 @@ TEST_CASE("once the last rank of a role has left, placements are refused at once
                  });
     CHECK(std::chrono::steady_clock::now() - asked < std::chrono::seconds{20});  // not its 30 s
     CHECK_MESSAGE(why.find(std::string{stage} + ": no ") != std::string::npos, why);
-    CHECK_MESSAGE(why.find("every one that joined has left") != std::string::npos, why);
+    CHECK_MESSAGE(why.find("every one that joined has left, none came back within 200 ms") != std::string::npos, why);
   };
-  // Before any rank reported, a placement waits (ranks are on their way at start): parked.
+  // Before any rank reported, a placement waits (ranks are on their way at start).
   place_query early{1, 16, 0, 64};
   early.wait_ms = 30'000;
   auto parked = self->request(decode, std::chrono::seconds{30}, place_atom::value, early);
   auto rank = stand_in_rank<decode_rank_actor>(t);
-  self->send(decode, load_atom::value, idle_load("decode-x", 0), rank);  // no room: it stays parked
-  std::string parked_why;
-  self->send_exit(rank, caf::exit_reason::kill);  // the last decode rank goes
-  parked.receive([&](decode_placement&) { FAIL("placed with no rank"); },
-                 [&](caf::error& e) { parked_why = t.sys.render(e); });
-  CHECK_MESSAGE(parked_why.find("place_decode: no decode rank in the cluster") != std::string::npos, parked_why);
-  refused_at_once(decode, decode_placement{}, "place_decode");
-  // A rank joining again takes placements.
+  self->send(decode, load_atom::value, idle_load("decode-x", 8), rank);
+  parked.receive([&](decode_placement& p) { CHECK(p.name == "decode-x"); }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
+  // The last decode rank goes. Within the grace a placement waits, and the rank back takes it.
+  self->send_exit(rank, caf::exit_reason::kill);
+  const auto gone = [&](const auto& balancer) {
+    for (int i = 0; i < 500; ++i) {  // bounded: until the balancer has seen it go
+      bool empty = false;
+      self->request(balancer, std::chrono::seconds{5}, stats_atom::value)
+          .receive([&](const std::vector<rank_load>& loads) { empty = loads.empty(); }, [](caf::error&) {});
+      if (empty) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds{2});
+    }
+    return false;
+  };
+  REQUIRE(gone(decode));
+  auto waiting = self->request(decode, std::chrono::seconds{30}, place_atom::value, place_query{2, 16, 0, 64});
   auto back = stand_in_rank<decode_rank_actor>(t);
   self->send(decode, load_atom::value, idle_load("decode-y", 8), back);
-  self->request(decode, std::chrono::seconds{5}, place_atom::value, place_query{8, 16, 0, 64})
-      .receive([&](decode_placement& p) { CHECK(p.name == "decode-y"); }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
+  waiting.receive([&](decode_placement& p) { CHECK(p.name == "decode-y"); }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
+  // Gone for good: past the grace, refused at once.
+  self->send_exit(back, caf::exit_reason::kill);
+  REQUIRE(gone(decode));
+  std::this_thread::sleep_for(std::chrono::milliseconds{250});
+  refused_at_once(decode, decode_placement{}, "place_decode");
   // The prefill balancer alike.
   auto p_rank = stand_in_rank<prefill_rank_actor>(t);
   self->send(prefill, load_atom::value, idle_load("prefill-x", 8), p_rank);
   self->send_exit(p_rank, caf::exit_reason::kill);
-  for (int i = 0; i < 500; ++i) {  // bounded: until the balancer has seen it go
-    bool gone = false;
-    self->request(prefill, std::chrono::seconds{5}, stats_atom::value)
-        .receive([&](const std::vector<rank_load>& loads) { gone = loads.empty(); }, [](caf::error&) {});
-    if (gone) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds{2});
-  }
+  REQUIRE(gone(prefill));
+  std::this_thread::sleep_for(std::chrono::milliseconds{250});
   refused_at_once(prefill, prefill_placement{}, "place_prefill");
   self->send_exit(decode, caf::exit_reason::user_shutdown);
   self->send_exit(prefill, caf::exit_reason::user_shutdown);
-  self->send_exit(back, caf::exit_reason::user_shutdown);
 }
