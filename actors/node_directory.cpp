@@ -93,10 +93,15 @@ struct node_directory_state {
   cluster_welcome welcome;
   std::map<std::string, node_entry> nodes;
   bool sweeping = false;  ///< a liveness sweep is scheduled
-  /// Processes a newer one under their name replaced while they served (incarnation -> the new
-  /// one's pid): told to leave at their next heartbeat, or they would run on, serving nothing.
-  /// Bounded: the oldest go first.
-  std::map<uint64_t, int32_t> replaced;
+  /// Processes a newer one under their name replaced while they may still run, by incarnation:
+  /// told to leave (their agent, not whoever sends their heartbeats: a starting node's pulse) at
+  /// their next heartbeat, or they would run on, serving nothing. Bounded: the oldest go first.
+  struct replaced_process {
+    std::string name;
+    int32_t by_pid = 0;
+    caf::actor_addr agent;
+  };
+  std::map<uint64_t, replaced_process> replaced;
   std::deque<uint64_t> replaced_order;
   uint64_t shrinks = 0;   ///< meetings closed without every member: each numbers its shrunk group
   uint64_t timers = 0;    ///< shrink timers started (meeting::shrink_timer names the one that counts)
@@ -315,9 +320,9 @@ void tell_late_node(pointer self, const std::string& name) {
   }
 }
 
-void remember_replaced(node_directory_state& st, uint64_t incarnation, int32_t pid) {
+void remember_replaced(node_directory_state& st, uint64_t incarnation, node_directory_state::replaced_process p) {
   constexpr size_t max_replaced = 1024;
-  if (st.replaced.emplace(incarnation, pid).second) st.replaced_order.push_back(incarnation);
+  if (st.replaced.emplace(incarnation, std::move(p)).second) st.replaced_order.push_back(incarnation);
   if (st.replaced_order.size() > max_replaced) {
     st.replaced.erase(st.replaced_order.front());
     st.replaced_order.pop_front();
@@ -368,13 +373,14 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
           self->delayed_send(self, std::chrono::milliseconds{self->state.cfg.heartbeat_interval_ms}, timer_atom::value);
         }
         const std::string name = hello.name;
-        if (auto old = self->state.nodes.find(name); old != self->state.nodes.end() && old->second.state != "gone" &&
-                                                      old->second.hello.incarnation != hello.incarnation) {
+        if (auto old = self->state.nodes.find(name);
+            old != self->state.nodes.end() && old->second.hello.incarnation != hello.incarnation) {
           auto& o = old->second;
+          const bool was_live = o.state != "gone";
           // Two live processes of different kinds under one name (`baton node --name x` and
           // `baton gateway --name x`): one entry cannot stand for both, and the death of either
           // would go unseen while the other heartbeats.
-          if (o.hello.roles != hello.roles)
+          if (was_live && o.hello.roles != hello.roles)
             return make_error(errc::bad_request, "node name " + name + " is held by a live " + roles_text(o.hello.roles) +
                                                      " process (pid " + std::to_string(o.hello.pid) + "): give this " +
                                                      roles_text(hello.roles) + " process a --name of its own");
@@ -383,12 +389,17 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
           // message). The old process is given up now: its heartbeats no longer count, so its
           // silence would never be seen, and its ranks would stay in the balancers. One that
           // drains is left to finish: it no longer takes work and leaves by itself.
-          if (o.state == "joined") {
+          if (o.state == "joined")
             mark_gone(self, name, o, "was replaced by a new process (pid " + std::to_string(hello.pid) + ") under its name");
-            remember_replaced(self->state, o.hello.incarnation, hello.pid);
+          // The old process may still run, its ranks forgotten: just given up above, or gone
+          // silent before without its agent ending (a partition it may come back from). It is
+          // told to leave, now and at each heartbeat it sends later. One that was draining
+          // finishes first, and leaves by itself.
+          if (o.state == "gone" && !o.ended && !o.gone_draining && o.hello.roles == hello.roles) {
+            remember_replaced(self->state, o.hello.incarnation, {name, hello.pid, o.agent});
             if (auto agent = caf::actor_cast<node_agent_actor>(o.agent)) self->send(agent, replaced_atom::value, hello.pid);
           }
-          o.ranks = {};
+          if (was_live) o.ranks = {};
         }
         auto& n = self->state.nodes[name];  // a node that rejoins replaces its old entry
         n.hello = std::move(hello);
@@ -405,9 +416,12 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
         auto i = st.nodes.find(name);
         // A process that a newer one under its name replaced keeps no entry alive, nor does one
         // whose agent ended.
-        if (auto r = st.replaced.find(incarnation); r != st.replaced.end()) {
-          if (auto agent = caf::actor_cast<node_agent_actor>(self->current_sender()))
-            self->send(agent, replaced_atom::value, r->second);
+        if (auto r = st.replaced.find(incarnation); r != st.replaced.end() && r->second.name == name) {
+          // Its agent as it joined; back from a partition, that handle may have gone with the
+          // connection, and the sender is the agent itself (a pulse beats only while a node starts).
+          auto agent = caf::actor_cast<node_agent_actor>(r->second.agent);
+          if (!agent) agent = caf::actor_cast<node_agent_actor>(self->current_sender());
+          if (agent) self->send(agent, replaced_atom::value, r->second.by_pid);
           return;
         }
         if (i == st.nodes.end() || i->second.hello.incarnation != incarnation || i->second.ended) return;

@@ -477,3 +477,38 @@ TEST_CASE("the node directory: another kind of process under a live node's name 
   for (auto a : {caf::actor_cast<caf::actor>(dir), caf::actor_cast<caf::actor>(balancer), caf::actor_cast<caf::actor>(rank)})
     first->send_exit(a, caf::exit_reason::user_shutdown);
 }
+
+TEST_CASE("the node directory: a node given up for silence (a partition) and then replaced under its name is told "
+          "to leave when it comes back, not left running with forgotten ranks") {
+  network_system n;
+  node_directory_config dc;
+  dc.heartbeat_interval_ms = 50;
+  dc.missed_heartbeats = 2;  // gone after 100 ms of silence
+  auto dir = spawn_node_directory(n.sys, dc, cluster_welcome{});
+  caf::scoped_actor old_process{n.sys}, new_process{n.sys};
+  auto join = [&](caf::scoped_actor& as, int32_t pid, uint64_t incarnation) {
+    bool ok = false;
+    as->request(dir, std::chrono::seconds{5}, join_atom::value, node_hello{"node-b", {"decode"}, pid, "", incarnation})
+        .receive([&](cluster_welcome&) { ok = true; }, [](caf::error&) {});
+    return ok;
+  };
+  REQUIRE(join(old_process, 51, 111));
+  // Silent (cut off): the directory gives it up.
+  for (int i = 0; i < 3000 && state_of(new_process, dir, "node-b") != "gone"; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds{2});
+  REQUIRE(state_of(new_process, dir, "node-b") == "gone");
+  // Restarted elsewhere under its name (a supervisor that saw it silent).
+  REQUIRE(join(new_process, 52, 222));
+  const auto told = [&] {
+    int32_t by = 0;
+    old_process->receive([&](replaced_atom, int32_t pid) { by = pid; }, caf::after(std::chrono::seconds{5}) >> [] {});
+    return by;
+  };
+  CHECK(told() == 52);  // at once
+  old_process->send(dir, heartbeat_atom::value, std::string{"node-b"}, uint64_t{111});  // back from the partition
+  CHECK(told() == 52);
+  // The new process is the node.
+  new_process->send(dir, heartbeat_atom::value, std::string{"node-b"}, uint64_t{222});
+  CHECK(state_of(new_process, dir, "node-b") == "joined");
+  new_process->send_exit(dir, caf::exit_reason::user_shutdown);
+}
