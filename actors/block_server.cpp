@@ -784,9 +784,9 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
       },
       [=](touch_atom, std::vector<uint64_t>& keys) {
         // The index's CHECK hits on this server's blocks: uses its reads never see (a prefill
-        // rank's own prefix cache serves a hot chain's leading blocks), which the capacity's LRU
-        // must count, or the most used chains would be the first deleted.
-        if (!self->state.io->cfg.capacity_bytes) return;
+        // rank's own prefix cache serves a hot chain's leading blocks), which the LRU must count
+        // -- for the budget, a full disk (with or without one) and the order after a restart --
+        // or the most used chains would be the first deleted.
         run_io(
             self,
             [keys = std::move(keys)](io_context& io) {
