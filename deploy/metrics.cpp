@@ -95,9 +95,12 @@ void gateway_metrics::record(const completion& c) {
   e2e_.observe(seconds(total));
   if (c.kv_bytes > 0) kv_send_.observe(seconds(c.kv_send_us));
   routing_.observe(seconds(c.check_us + c.place_us + c.reserve_us));
-  prefill_queue_.observe(seconds(c.prefill_queue_us));
-  prefill_.observe(seconds(c.prefill_us));
-  decode_queue_.observe(seconds(c.decode_queue_us));
+  // A stage the request never ran (no decode rank: a prompt-only call) is no 0 s observation.
+  if (!c.prefill_rank.empty()) {
+    prefill_queue_.observe(seconds(c.prefill_queue_us));
+    prefill_.observe(seconds(c.prefill_us));
+  }
+  if (!c.decode_rank.empty()) decode_queue_.observe(seconds(c.decode_queue_us));
   prompt_len_.observe(c.num_prompt_tokens);
   generated_len_.observe(static_cast<double>(c.tokens.size()));
   ++finished_[c.finish_reason.empty() ? "unknown" : c.finish_reason];

@@ -34,6 +34,8 @@ TEST_CASE("/metrics: a completion's stages, lengths and finish reason land in th
   c.decode_queue_us = 3'000;
   c.migrations = 2;
   c.recomputed_blocks = 4;
+  c.prefill_rank = "prefill-0";
+  c.decode_rank = "decode-0";
   m.record(c);
   c.finish_reason = "stop";
   c.num_prompt_tokens = 3;
@@ -61,6 +63,11 @@ TEST_CASE("/metrics: a completion's stages, lengths and finish reason land in th
   CHECK(value_of(text, "baton_migrations_total") == 4);
   CHECK(value_of(text, "baton_recomputed_blocks_total") == 8);
   CHECK(value_of(text, "baton_router_up") == 0);  // no cluster stats given
+  // A prompt-only call (no decode rank) is not a 0 s wait for one.
+  c.decode_rank.clear();
+  m.record(c);
+  CHECK(value_of(m.render(nullptr), "baton_decode_queue_seconds_count") == 2);
+  CHECK(value_of(m.render(nullptr), "baton_prefill_seconds_count") == 3);
 }
 
 TEST_CASE("/metrics: each decode rank's counters (offloads, moves, write-backs) from its last load report, as "
