@@ -429,8 +429,12 @@ std::string unwritable(const std::string& flag, const std::string& shown, const 
     return subject + " cannot be written (" + std::strerror(errno) + ")";
   }
   if (!p.has_filename()) return subject + " ends in '/' and names no file";
+  // A link to a file not there yet: the writer creates its target (the trial below could not).
+  if (fs::is_symlink(fs::symlink_status(p, ec))) return {};
   const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path{"."};
-  if (!fs::exists(dir, ec)) return head + "the directory " + dir.string() + " does not exist";
+  const bool dir_there = fs::exists(dir, ec);
+  if (ec) return head + "cannot look into " + dir.string() + " (" + ec.message() + ")";
+  if (!dir_there) return head + "the directory " + dir.string() + " does not exist";
   if (!fs::is_directory(dir, ec)) return head + dir.string() + " is not a directory";
   if (const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644); fd >= 0) {
     ::close(fd);
