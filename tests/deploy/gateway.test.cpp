@@ -726,10 +726,7 @@ TEST_CASE("a request that expects 100-continue with a wrong key is answered 401 
 TEST_CASE("the C++ client's stream fails (rank_unavailable, naming who went) when the request's actor ends "
           "without an answer, instead of waiting out the reader's timeout") {
   caf::actor_system_config cfg;
-  register_message_types(cfg);
-  cfg.load<caf::io::middleman>();
-  cfg.set("logger.console-verbosity", caf::atom("quiet"));
-  caf::actor_system sys{cfg};
+  caf::actor_system sys{served_cluster::init(cfg)};  // no cluster: its actor system alone
   // A router stand-in whose request actor streams one chunk and then fails; the promise of the
   // answer is kept and never kept, as CAF 0.17 may leave a request whose actor went.
   auto promises = std::make_shared<std::vector<caf::response_promise>>();
@@ -774,10 +771,7 @@ TEST_CASE("the C++ client's stream fails (rank_unavailable, naming who went) whe
 TEST_CASE("the C++ client's result carries how the request got through: its failovers, the last failure that "
           "re-placed it, and its decode moves") {
   caf::actor_system_config cfg;
-  register_message_types(cfg);
-  cfg.load<caf::io::middleman>();
-  cfg.set("logger.console-verbosity", caf::atom("quiet"));
-  caf::actor_system sys{cfg};
+  caf::actor_system sys{served_cluster::init(cfg)};  // no cluster: its actor system alone
   // A router stand-in answering with a completion that went through two failovers and a move.
   auto router = sys.spawn([](router_actor::pointer) -> router_actor::behavior_type {
     return {
@@ -819,10 +813,7 @@ TEST_CASE("the C++ client's result carries how the request got through: its fail
 TEST_CASE("the C++ client pointed at another Baton port (a node directory's) says so in a sentence, not CAF's "
           "screenful of both interfaces") {
   caf::actor_system_config cfg;
-  register_message_types(cfg);
-  cfg.load<caf::io::middleman>();
-  cfg.set("logger.console-verbosity", caf::atom("quiet"));
-  caf::actor_system sys{cfg};
+  caf::actor_system sys{served_cluster::init(cfg)};  // no cluster: its actor system alone
   auto directory = spawn_node_directory(sys, {}, cluster_welcome{});
   auto port = sys.middleman().publish(directory, 0, "127.0.0.1", true);
   REQUIRE(port);
