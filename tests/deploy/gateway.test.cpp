@@ -723,6 +723,20 @@ TEST_CASE("a request that expects 100-continue with a wrong key is answered 401 
   CHECK(buf.find("100 Continue") == std::string::npos);
 }
 
+namespace {
+
+/// A C++ client connected to `router` (a stand-in), published on a port of 127.0.0.1.
+std::unique_ptr<baton::client::connection> client_of(caf::actor_system& sys, const router_actor& router) {
+  auto port = sys.middleman().publish(router, 0, "127.0.0.1", true);
+  REQUIRE(port);
+  std::string why;
+  auto conn = baton::client::connection::connect("127.0.0.1", *port, &why);
+  REQUIRE_MESSAGE(conn, why);
+  return conn;
+}
+
+}  // namespace
+
 TEST_CASE("the C++ client's stream fails (rank_unavailable, naming who went) when the request's actor ends "
           "without an answer, instead of waiting out the reader's timeout") {
   caf::actor_system_config cfg;
@@ -750,11 +764,7 @@ TEST_CASE("the C++ client's stream fails (rank_unavailable, naming who went) whe
         [](rank_gone_atom, std::vector<std::string>&, std::string&) {},
     };
   });
-  auto port = sys.middleman().publish(router, 0, "127.0.0.1", true);
-  REQUIRE(port);
-  std::string why;
-  auto conn = baton::client::connection::connect("127.0.0.1", *port, &why);
-  REQUIRE_MESSAGE(conn, why);
+  auto conn = client_of(sys, router);
   auto stream = conn->submit(baton::client::request{});
   baton::client::token_chunk c;
   REQUIRE(stream->next(&c, std::chrono::seconds{60}));
@@ -791,11 +801,7 @@ TEST_CASE("the C++ client's result carries how the request got through: its fail
         [](rank_gone_atom, std::vector<std::string>&, std::string&) {},
     };
   });
-  auto port = sys.middleman().publish(router, 0, "127.0.0.1", true);
-  REQUIRE(port);
-  std::string why;
-  auto conn = baton::client::connection::connect("127.0.0.1", *port, &why);
-  REQUIRE_MESSAGE(conn, why);
+  auto conn = client_of(sys, router);
   auto stream = conn->submit(baton::client::request{});
   baton::client::token_chunk c;
   while (stream->next(&c, std::chrono::seconds{60})) {
