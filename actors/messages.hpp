@@ -647,6 +647,8 @@ struct cluster_stats {
   std::vector<rank_load> prefill;    ///< every prefill rank's last load report
   std::vector<rank_load> decode;     ///< every decode rank's
   store_stats store;                 ///< index and servers summed (zero when the store is off)
+  uint32_t store_servers = 0;        ///< block servers the store was started with
+  uint32_t store_servers_up = 0;     ///< of those, the ones that answered this collection
   uint64_t num_admitted = 0;         ///< requests that passed the router's checks
   uint64_t num_rejected = 0;         ///< requests refused (bad input or overload)
   uint64_t num_active = 0;           ///< request actors alive now
@@ -665,7 +667,8 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, cluster_stats& x) {
   return f(caf::meta::type_name("cluster_stats"), x.model, x.context_tokens, x.prefill, x.decode, x.store,
            x.num_admitted, x.num_rejected, x.num_active, x.num_overloaded, x.chat_reasoning,
-           x.chat_tool_calls, x.default_temperature, x.default_top_p, x.default_top_k);
+           x.chat_tool_calls, x.default_temperature, x.default_top_p, x.default_top_k, x.store_servers,
+           x.store_servers_up);
 }
 
 using router_actor = caf::typed_actor<

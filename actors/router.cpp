@@ -252,11 +252,13 @@ caf::result<cluster_stats> collect_stats(router_pointer self) {
     self->request(shard, timeout, stats_atom::value)
         .then([=](store_stats& x) mutable { add(x), done(); }, [=](caf::error&) mutable { done(); });
   s.server_stats_seen.resize(s.store.servers.size());
+  out->store_servers = static_cast<uint32_t>(s.store.servers.size());
   for (size_t i = 0; i < s.store.servers.size(); ++i)
     self->request(s.store.servers[i], timeout, stats_atom::value)
         .then(
             [=](store_stats& x) mutable {
               self->state.server_stats_seen[i] = x;
+              ++out->store_servers_up;
               add(x), done();
             },
             [=](caf::error& e) mutable {

@@ -545,9 +545,14 @@ void dispatch(caf::io::broker* self, caf::io::connection_handle hdl, const share
         return reply_error(self, hdl, g, st,
                            api_error_of(503, "the cluster has " + std::to_string(s->prefill.size()) + " prefill and " +
                                                  std::to_string(s->decode.size()) + " decode ranks; it needs one of each"));
+      // The store is a cache: servers down cost hits, not answers (still 200), but are shown.
+      std::string store;
+      if (s->store_servers)
+        store = ",\"store_servers\":" + std::to_string(s->store_servers) +
+                ",\"store_servers_up\":" + std::to_string(s->store_servers_up);
       reply(self, hdl, g, st, 200,
             "{\"status\":\"ok\",\"prefill_ranks\":" + std::to_string(s->prefill.size()) +
-                ",\"decode_ranks\":" + std::to_string(s->decode.size()) + "}");
+                ",\"decode_ranks\":" + std::to_string(s->decode.size()) + store + "}");
     });
   with_cluster_stats(self, g, [=](const cluster_stats* s) {
     reply(self, hdl, g, st, 200, g->metrics.render(s), "text/plain; version=0.0.4; charset=utf-8");

@@ -206,6 +206,10 @@ std::string gateway_metrics::render(const cluster_stats* cluster) const {
                   [](const rank_load& r) { return r.write_backs_dropped; });
   render_counter(out, "baton_store_blocks", "blocks in the KV block store's index", static_cast<double>(c.store.blocks),
                  "gauge");
+  render_counter(out, "baton_store_servers", "block servers the store was started with",
+                 static_cast<double>(c.store_servers), "gauge");
+  render_counter(out, "baton_store_servers_up", "block servers that answered this scrape",
+                 static_cast<double>(c.store_servers_up), "gauge");
   render_counter(out, "baton_store_bytes_written_total", "bytes the block servers wrote",
                  static_cast<double>(c.store.bytes_written));
   render_counter(out, "baton_store_bytes_read_total", "bytes the block servers read", static_cast<double>(c.store.bytes_read));

@@ -95,15 +95,17 @@ TEST_CASE("store: with 2 replicas, a killed block server still yields hits; with
     // Kill the server holding block 0's primary copy, and wait until the index has seen it go.
     const store::server_ring ring{2};
     const auto primary = ring.servers_for(key_of(cfg, p, 0), 1)[0];
-    const auto written = [&] {  // the router's sum over the servers (/metrics' counter)
-      uint64_t n = 0;
+    const auto router_stats = [&] {  // what /metrics and /health show
+      cluster_stats out;
       caf::scoped_actor self{t.sys};
       self->request(cluster.router, std::chrono::seconds{5}, stats_atom::value)
-          .receive([&](cluster_stats& c) { n = c.store.bytes_written; }, [](caf::error&) {});
-      return n;
+          .receive([&](cluster_stats& c) { out = std::move(c); }, [](caf::error&) {});
+      return out;
     };
+    const auto written = [&] { return router_stats().store.bytes_written; };  // summed over the servers
     const uint64_t written_before = written();
     CHECK(written_before > 0);
+    CHECK(router_stats().store_servers_up == 2);
     {
       caf::scoped_actor self{t.sys};
       self->send_exit(cluster.store_servers[primary].handle, caf::exit_reason::kill);
@@ -115,6 +117,8 @@ TEST_CASE("store: with 2 replicas, a killed block server still yields hits; with
     for (int i = 0; i < 2500 && names_primary(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds{4});
     REQUIRE_FALSE(names_primary());
     CHECK(written() >= written_before);  // a dead server's writes still count: the counter never goes back
+    CHECK(router_stats().store_servers == 2);
+    CHECK(router_stats().store_servers_up == 1);
     auto got = t.generate(cluster.router, request_for(p));
     REQUIRE_MESSAGE(got, t.sys.render(got.error()));
     check_equal(*got, ref);

@@ -87,4 +87,7 @@ curl -sf -m 30 "$URL" -d "$(body 1 | sed 's/"stream":true/"stream":false/')" > "
   fail "the cluster does not serve after the kill"
 grep -q '"cached_tokens":0' "$WORK/after.json" || fail "a prefix was served from a dead store node: $(cat "$WORK/after.json")"
 echo "store kill e2e: afterwards the index names no block on store-a (a miss, recomputed) and the cluster serves on"
+HEALTH=$(curl -s -m 10 "http://127.0.0.1:$P_HTTP/health")
+echo "$HEALTH" | grep -q '"status":"ok".*"store_servers":1,"store_servers_up":0' ||
+  fail "/health does not show the store server down (the cluster still serves: 200): $HEALTH"
 echo "store kill e2e: all checks passed"
