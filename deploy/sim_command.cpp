@@ -366,6 +366,9 @@ std::string cluster_problem(const sim_options& o) {
 /// the lower rates.
 std::string arrivals_problem(const sim_options& o, bool searches) {
   if (!(o.rate_scale > 0)) return "--rate-scale must be > 0, got " + num(o.rate_scale);
+  if (!o.then_traces.empty() && o.trace_path.empty())
+    return "--then-trace " + o.then_traces.front() + " follows a --trace, and none is given (synthetic arrivals have no end "
+           "to follow)";
   if (!o.trace_path.empty()) {
     if (o.window_start_s < 0) return "--window-start-s must be >= 0, got " + num(o.window_start_s);
     if (o.window_s < 0) return "--window-s must be >= 0 (0: to the end), got " + num(o.window_s);
@@ -454,6 +457,9 @@ std::string runs_problem(const sim_options& o, bool searches) {
 /// The files `mode` writes at the end. goodput writes none (it prints one line); compare writes
 /// only the two CDFs.
 std::string outputs_problem(const sim_options& o, const std::string& mode) {
+  // Asked for and never written would be worse than refused.
+  if (mode != "run" && !o.report.empty()) return "--report is written by `baton sim run` only, not by " + mode;
+  if (mode == "goodput" && !o.svg.empty()) return "--svg is drawn by `baton sim run` and `compare` only, not by goodput";
   if (mode == "run" && !o.report.empty())
     if (auto e = unwritable("--report", o.report, o.report); !e.empty()) return e;
   if (mode != "goodput" && !o.svg.empty()) {

@@ -112,6 +112,12 @@ TEST_CASE("sim run checks --report and --svg can be written before it simulates,
   refused({"run", "--report", report.string(), "--svg", "/nonexistent-baton-dir/plots"}, "--svg");
   CHECK_FALSE(fs::exists(report));
   fs::remove_all(dir);
+  // Outputs a command never writes, and a trace to follow that is not there, are refused, not
+  // silently ignored.
+  refused({"goodput", "--report", "/tmp/r.json"}, "--report is written by `baton sim run` only, not by goodput");
+  refused({"compare", "--report", "/tmp/r.json"}, "--report is written by `baton sim run` only, not by compare");
+  refused({"goodput", "--svg", "/tmp/p"}, "--svg is drawn by `baton sim run` and `compare` only, not by goodput");
+  refused({"run", "--then-trace", "/tmp/t.jsonl"}, "--then-trace /tmp/t.jsonl follows a --trace, and none is given");
 }
 
 TEST_CASE("sim refuses a --tp the model's heads do not split over, and names the flags config checks are about") {
