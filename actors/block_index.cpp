@@ -13,19 +13,25 @@ struct block_index_state {
   store::block_index index;
   std::vector<block_server_actor> servers;
   /// Servers whose actor went down (their store node died): CHECK no longer names them, so
-  /// readers do not wait on them, and the index forgets their copies (a restarted head adopts
-  /// the store node afresh, which commits what its disk holds again).
+  /// readers do not wait on them, and the index forgets their copies (once the store node is
+  /// back, the head adopts it again, and its new server commits what its disk holds again).
   std::vector<bool> server_down;
-  /// Deletes for servers the index does not know yet: a server recovering its blocks commits
-  /// them (and its expired ones are dropped) before the cluster hands the index its server
-  /// list. Sent when the list comes, or those files would stay on disk for good. Bounded by
-  /// the blocks recovered meanwhile.
+  /// Deletes for servers the index does not know yet, or that are down: a server recovering its
+  /// blocks commits them (and its expired ones are dropped) before the cluster hands the index
+  /// its server list, or before its adoption again reaches the index. Sent when the server is
+  /// known and up, or those files would stay on disk for good. Bounded by the blocks evicted or
+  /// recovered meanwhile.
   struct pending_delete {
     uint32_t server;
     store::block_key key;
     uint64_t write_seq;
   };
   std::vector<pending_delete> pending_deletes;
+  /// Ranks waiting for a server that went down to be adopted again (servers_atom, id, old actor).
+  /// At most one per rank and server: a rank asks once per down message.
+  std::vector<std::pair<uint32_t, caf::typed_response_promise<block_server_actor, uint64_t>>> waiting;
+  /// By server id: how often it was adopted again (0: the actor the cluster started with).
+  std::vector<uint64_t> generation;
   caf::actor_clock::time_point started;
   store_stats stats;
   static inline const char* name = "baton.block_index";
@@ -43,20 +49,45 @@ void drop(pointer self, const std::vector<store::block_meta>& gone) {
     for (size_t k = 0; k < m.servers.size(); ++k) {
       const auto s = m.servers[k];
       const uint64_t seq = k < m.write_seqs.size() ? m.write_seqs[k] : 0;
-      if (s >= st.servers.size()) st.pending_deletes.push_back({s, m.key, seq});
-      else if (!st.server_down[s]) self->send(st.servers[s], delete_atom::value, m.key.hi, m.key.lo, seq);
+      if (s >= st.servers.size() || st.server_down[s]) st.pending_deletes.push_back({s, m.key, seq});
+      else self->send(st.servers[s], delete_atom::value, m.key.hi, m.key.lo, seq);
     }
+}
+
+/// Sends the deletes held for servers that are now known and up.
+void flush_pending_deletes(pointer self) {
+  auto& st = self->state;
+  auto pending = std::exchange(st.pending_deletes, {});
+  for (const auto& d : pending) {
+    if (d.server < st.servers.size() && !st.server_down[d.server])
+      self->send(st.servers[d.server], delete_atom::value, d.key.hi, d.key.lo, d.write_seq);
+    else st.pending_deletes.push_back(d);  // still unknown, or down
+  }
 }
 
 void set_servers(pointer self, std::vector<block_server_actor> servers) {
   auto& st = self->state;
   st.servers = std::move(servers);
   st.server_down.assign(st.servers.size(), false);
+  st.generation.assign(st.servers.size(), 0);
   for (const auto& s : st.servers) self->monitor(s);
-  auto pending = std::exchange(st.pending_deletes, {});
-  for (const auto& d : pending) {
-    if (d.server < st.servers.size()) self->send(st.servers[d.server], delete_atom::value, d.key.hi, d.key.lo, d.write_seq);
-    else st.pending_deletes.push_back(d);  // still unknown
+  flush_pending_deletes(self);
+}
+
+/// Server `id` is `server` now: a store node that went down, adopted again. It commits what its
+/// disk holds as it starts, and CHECK names it again.
+void readopted(pointer self, uint32_t id, block_server_actor server) {
+  auto& st = self->state;
+  if (id >= st.servers.size() || !server) return;
+  st.servers[id] = server;
+  st.server_down[id] = false;
+  ++st.generation[id];
+  self->monitor(server);
+  flush_pending_deletes(self);
+  auto waiting = std::exchange(st.waiting, {});
+  for (auto& [s, rp] : waiting) {
+    if (s == id) rp.deliver(server, st.generation[id]);
+    else st.waiting.emplace_back(s, std::move(rp));
   }
 }
 
@@ -146,6 +177,18 @@ block_index_actor::behavior_type block_index_impl(pointer self, block_index_conf
         schedule_housekeeping(self);
       },
       [=](std::vector<block_server_actor>& servers) { set_servers(self, std::move(servers)); },
+      [=](adopt_atom, uint32_t id, block_server_actor& server) { readopted(self, id, std::move(server)); },
+      [=](servers_atom) { return self->state.servers; },
+      [=](servers_atom, uint32_t id, uint64_t have) -> caf::result<block_server_actor, uint64_t> {
+        auto& st = self->state;
+        if (id >= st.servers.size())
+          return make_error(errc::bad_request, "block index: no block server " + std::to_string(id) + " (the store has " +
+                                                   std::to_string(st.servers.size()) + ")");
+        if (!st.server_down[id] && st.generation[id] > have) return {st.servers[id], st.generation[id]};
+        auto rp = self->make_response_promise<block_server_actor, uint64_t>();
+        st.waiting.emplace_back(id, rp);
+        return rp;
+      },
       [=](stats_atom) {
         auto s = self->state.stats;
         s.blocks = self->state.index.size();

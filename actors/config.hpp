@@ -98,6 +98,8 @@ struct store_config {
   double capacity_gib = 0.0;
   store::retention_policy retention;  ///< chat 7 d, agent 3 d, batch not written
   uint32_t housekeeping_interval_ms = 60000;  ///< expiry and eviction run this often
+  /// A store node whose server went down is tried this often until it is adopted again.
+  uint32_t readopt_interval_ms = 1000;
   uint32_t read_timeout_ms = 5000;    ///< a read not answered by then is a miss (recompute)
   /// A write-back's request for a server's write slot not answered by then: that block is not
   /// written to that server (a miss later). Apart from read_timeout_ms: a short read budget keeps
@@ -125,8 +127,9 @@ struct store_config {
     if (block_tokens == 0 || block_tokens % page_size_tokens != 0)
       return "store block_tokens must be a positive multiple of the KV page size (" +
              std::to_string(page_size_tokens) + ")";
-    if (housekeeping_interval_ms == 0 || read_timeout_ms == 0 || write_slot_timeout_ms == 0)
-      return "store intervals (housekeeping_interval_ms, read_timeout_ms, write_slot_timeout_ms) must be >= 1 ms";
+    if (housekeeping_interval_ms == 0 || read_timeout_ms == 0 || write_slot_timeout_ms == 0 || readopt_interval_ms == 0)
+      return "store intervals (housekeeping_interval_ms, read_timeout_ms, write_slot_timeout_ms, readopt_interval_ms) "
+             "must be >= 1 ms";
     return {};
   }
 };

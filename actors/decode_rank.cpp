@@ -627,14 +627,10 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
   st.store = std::move(store);
   if (st.store.enabled()) {
     st.ring.emplace(static_cast<uint32_t>(st.store.servers.size()));
-    st.server_down.assign(st.store.servers.size(), false);
-    for (const auto& s : st.store.servers) self->monitor(s);
+    watch_store_servers(self);
   }
   self->set_down_handler([=](caf::down_msg& dm) {
-    auto& s = self->state;
-    for (size_t i = 0; i < s.store.servers.size(); ++i)
-      if (caf::actor_cast<caf::actor_addr>(s.store.servers[i]) == dm.source) s.server_down[i] = true;
-    holder_down(self, dm);
+    if (!store_server_went_down(self, dm.source)) holder_down(self, dm);
   });
   if (cfg.host_offload_pages > 0) {
     const auto& lay = exec->kv().layout();

@@ -29,6 +29,7 @@
 #include "actors/messages.hpp"
 #include "actors/serial_worker.hpp"
 #include "actors/store_access.hpp"
+#include "actors/store_watch.hpp"
 #include "store/block_index.hpp"
 #include "store/staging_pool.hpp"
 #include "transport/transport.hpp"
@@ -211,7 +212,7 @@ struct decode_state {
   decode_balancer_actor balancer;     ///< told our load after every change (may be null)
   store_access store;
   std::optional<store::server_ring> ring;  ///< which block servers hold a key
-  std::vector<bool> server_down;           ///< block servers seen to stop: write-backs go to the next live ones
+  store_server_watch store_watch;  ///< block servers seen to stop: write-backs go to the next live ones
   // Write-back: a registered staging buffer, its ranges per job, and the puts in flight.
   std::shared_ptr<std::vector<std::byte>> write_buf = std::make_shared<std::vector<std::byte>>();  ///< write-back staging
   std::optional<transport::region_key> write_key;

@@ -99,7 +99,7 @@ void write_back(decode_pointer self, const lease& l) {
   const size_t on_device = ppb > 0 ? l.pages.size() / ppb : 0;
   for (size_t k = o.cached_blocks; k < std::min(keys.size(), on_device); ++k) {
     // Every server of the block down: nobody to write to (a job of no servers would never end).
-    const auto servers = st.ring->servers_for(keys[k], st.store.replicas, &st.server_down);
+    const auto servers = st.ring->servers_for(keys[k], st.store.replicas, &st.store_watch.down);
     auto off = st.write_key && !servers.empty() ? st.write_slots.acquire(block_bytes) : std::nullopt;
     if (!off) {
       ++st.write_backs_dropped;  // backpressure: a miss later, never a stall now

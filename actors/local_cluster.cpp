@@ -197,6 +197,7 @@ local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_co
     }
     // Store nodes: each starts the block server we ask for in its own process and disk.
     if (!cfg.remote_store_hosts.empty()) {
+      std::vector<kept_store_node> kept;
       caf::scoped_actor self{sys};
       for (size_t i = 0; i < cfg.remote_store_hosts.size() && out.setup_error.empty(); ++i) {
         const auto& id = access.identity;
@@ -209,12 +210,17 @@ local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_co
                 [&](block_server_actor& server) {
                   out.store_servers.push_back({"store node " + std::to_string(i), server});
                   access.servers.push_back(server);
+                  kept.push_back({"store node " + std::to_string(i), a, server});
                 },
                 [&](caf::error& e) {
                   out.setup_error = "store node " + std::to_string(i) + " (server " + std::to_string(a.server_id) +
                                     "): adoption failed: " + sys.render(e);
                 });
       }
+      if (out.setup_error.empty())
+        out.store_keeper = spawn_store_keeper(
+            sys, {cfg.reconnect_store_host, cfg.store.readopt_interval_ms, cfg.adopt_timeout_ms, cfg.store_log},
+            std::move(kept));
     }
     for (const auto& shard : out.store_index) caf::anon_send(shard, access.servers);
     access.index = out.store_index;
@@ -297,6 +303,7 @@ std::vector<caf::actor> local_cluster::actors() const {
   }
   if (elastic_controller) out.push_back(caf::actor_cast<caf::actor>(elastic_controller));
   for (const auto& shard : store_index) out.push_back(caf::actor_cast<caf::actor>(shard));
+  if (store_keeper) out.push_back(caf::actor_cast<caf::actor>(store_keeper));  // first: it sees the servers stop
   for (const auto& s : store_servers) out.push_back(caf::actor_cast<caf::actor>(s.handle));
   return out;
 }

@@ -14,6 +14,7 @@
 #include "actors/messages.hpp"
 #include "actors/router.hpp"
 #include "actors/store_access.hpp"
+#include "actors/store_keeper.hpp"
 #include "gpu/cuda_executor.hpp"
 #include "gpu/executor.hpp"
 #include "gpu/weights.hpp"
@@ -62,6 +63,11 @@ struct local_cluster_config {
   /// (adoption waits for the answers), not the sims' test coordinator.
   std::vector<store_host_actor> remote_store_hosts;
   uint32_t adopt_timeout_ms = 10000;
+  /// Reaches store node i's host again once its server went down (a restarted node process, a
+  /// broken link): the cluster adopts it again (store_keeper). Null: a lost store node stays lost.
+  store_host_connector reconnect_store_host;
+  /// A line per store node lost or adopted again; null: silent.
+  std::function<void(const std::string&)> store_log;
   router_config router;
 
   local_cluster_config() {
@@ -115,6 +121,7 @@ struct local_cluster {
   elastic_controller_actor elastic_controller;  ///< null without elastic instances
   std::vector<block_index_actor> store_index;  ///< index shards; empty when the store is off
   std::vector<named_rank<block_server_actor>> store_servers;
+  store_keeper_actor store_keeper;  ///< null without store nodes
   store_info store;  ///< for ranks that join from other processes (empty when the store is off)
   /// Where node processes join (`baton node`): publish it to let them in.
   node_directory_actor directory;

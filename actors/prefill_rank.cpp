@@ -618,6 +618,9 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
                                                     prefill_balancer_actor balancer, store_access store) {
   auto& st = self->state;
   st.store = std::move(store);
+  // Reads go to the servers CHECK names; a store node adopted again serves them as a new actor.
+  watch_store_servers(self);
+  self->set_down_handler([=](caf::down_msg& dm) { store_server_went_down(self, dm.source); });
   if (st.store.keyed() && cfg.prefix_cache_blocks > 0 && st.store.block_tokens() % exec->kv().layout().page_size_tokens == 0) {
     st.local.emplace(st.store.block_tokens() / exec->kv().layout().page_size_tokens, cfg.prefix_cache_blocks);
     st.salt = store::salt_of(st.store.identity);

@@ -24,6 +24,7 @@
 #include "actors/executor_bridge.hpp"
 #include "actors/messages.hpp"
 #include "actors/store_access.hpp"
+#include "actors/store_watch.hpp"
 #include "gpu/executor.hpp"
 #include "policies/placement.hpp"
 #include "store/block_key.hpp"
@@ -261,6 +262,7 @@ struct prefill_state {
   std::shared_ptr<std::atomic<bool>> settled_flag;
   prefill_balancer_actor balancer;  ///< told our load after every change (may be null)
   store_access store;               ///< the block store (off when it has no index)
+  store_server_watch store_watch;   ///< its servers seen to stop, until adopted again (store_watch.hpp)
   std::optional<store::prefix_cache> local;  ///< the rank-local prefix tier (store on)
   /// Split: later parts that found us before our own part started. Dropped after
   /// cfg.split_wait_ms (their order may never come here: its request gave up first).

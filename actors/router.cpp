@@ -212,6 +212,9 @@ struct router_state {
 
 using router_pointer = router_actor::stateful_pointer<router_state>;
 
+template <class Out, class Add, class Done>
+void ask_store_servers(router_pointer self, Out out, Add add, Done done, std::chrono::seconds timeout);
+
 /// Asks both balancers and every store actor for their numbers, in parallel; whoever does not
 /// answer within a second is left out (the answer is a snapshot, never an error).
 caf::result<cluster_stats> collect_stats(router_pointer self) {
@@ -253,6 +256,22 @@ caf::result<cluster_stats> collect_stats(router_pointer self) {
         .then([=](store_stats& x) mutable { add(x), done(); }, [=](caf::error&) mutable { done(); });
   s.server_stats_seen.resize(s.store.servers.size());
   out->store_servers = static_cast<uint32_t>(s.store.servers.size());
+  if (s.store.servers.empty()) return rp;
+  // The servers as the index knows them now: a store node that came back was adopted again, as
+  // a new actor (store_keeper). The ids stay, so the count above holds.
+  self->request(s.store.index.front(), timeout, servers_atom::value)
+      .then(
+          [=](std::vector<block_server_actor>& now) mutable {
+            if (now.size() == self->state.store.servers.size()) self->state.store.servers = std::move(now);
+            ask_store_servers(self, out, add, done, timeout);
+          },
+          [=](caf::error&) mutable { ask_store_servers(self, out, add, done, timeout); });
+  return rp;
+}
+
+template <class Out, class Add, class Done>
+void ask_store_servers(router_pointer self, Out out, Add add, Done done, std::chrono::seconds timeout) {
+  auto& s = self->state;
   for (size_t i = 0; i < s.store.servers.size(); ++i)
     self->request(s.store.servers[i], timeout, stats_atom::value)
         .then(
@@ -268,7 +287,6 @@ caf::result<cluster_stats> collect_stats(router_pointer self) {
               if (e == caf::sec::request_receiver_down) last.disk_bytes = 0;
               add(last), done();
             });
-  return rp;
 }
 
 router_actor::behavior_type router_impl(router_pointer self, router_config cfg, gpu::model_config model,

@@ -31,9 +31,10 @@ using store_transport_factory =
 
 /// A store node's front (`baton node --role store`): when the head adopts it, it starts the block
 /// server the head asked for, in this process and on this node's disk, and answers with its
-/// handle. A second adoption (the head restarted) replaces the server: the new head's index
-/// starts empty, so the old server's commits would go nowhere. The host stops its server when
-/// it stops.
+/// handle. A second adoption (the head restarted, or it lost its link to this node and adopts
+/// it again) replaces the server once the old one has stopped: the index forgot the old
+/// server's blocks, and the new one commits what the disk holds as it starts. The host stops
+/// its server when it stops.
 store_host_actor spawn_store_host(caf::actor_system& sys, store_host_config cfg, store_transport_factory make_transport);
 
 }  // namespace baton

@@ -584,20 +584,21 @@ int run_launch(const std::vector<std::string>& raw_args) {
         it->pid = -1;
         return 1;
       }
-      // Store nodes are not restarted: the head adopts their block servers only as it starts.
-      const bool failed = how != "exit code 0" && it->node.role != "store";
+      // A store node restarted on its disk is adopted again by the head (store_keeper), which
+      // keeps trying its address; meanwhile prefixes on it are computed again.
+      const bool failed = how != "exit code 0";
       if (!cannot_restart && failed && restart_failed > 0 && restarts[it->node.process] < restart_failed) {
         const uint32_t tries = schedule_restart();
-        std::printf("baton launch: node %s left (%s); restarting it in %.1f s (%u of %u)\n", it->node.process.c_str(),
-                    how.c_str(), it->backoff_ms / 1000.0, tries, restart_failed);
+        std::printf("baton launch: node %s left (%s); restarting it in %.1f s (%u of %u)%s\n", it->node.process.c_str(),
+                    how.c_str(), it->backoff_ms / 1000.0, tries, restart_failed,
+                    it->node.role == "store" ? "; the head adopts it again once it listens" : "");
         std::fflush(stdout);
         ++it;
         continue;
       }
-      if (!cannot_restart && it->node.role == "store" && how != "exit code 0")
-        std::printf("baton launch: node %s left (%s); a store node is not restarted (the head adopts block servers "
-                    "only as it starts): the cluster serves on without its blocks, prefixes there are computed "
-                    "again, until the head restarts\n",
+      if (!cannot_restart && it->node.role == "store" && failed)
+        std::printf("baton launch: node %s left (%s); the cluster serves on without its blocks (prefixes there are "
+                    "computed again); started again by hand at the same address, the head adopts it again\n",
                     it->node.process.c_str(), how.c_str());
       else if (!cannot_restart)
         std::printf("baton launch: node %s left (%s)\n", it->node.process.c_str(), how.c_str());

@@ -484,6 +484,20 @@ int run_local(const std::vector<std::string>& args) {
       std::this_thread::sleep_for(std::chrono::milliseconds{200});
     }
   }
+  // A store node that dies and comes back (restarted by hand or by `baton launch
+  // --restart-failed`) is adopted again at the same address, its blocks served from its disk.
+  opt.cluster.reconnect_store_host = [&sys, sec = opt.sec, store_addrs](size_t i) -> caf::expected<store_host_actor> {
+    if (i >= store_addrs.size()) return make_error(errc::bad_request, "no store node " + std::to_string(i));
+    const auto& [host, port] = store_addrs[i];
+    auto h = connect_actor<store_host_actor>(sys, sec, host, port);
+    if (h) return h;
+    return make_error(errc::rank_unavailable, host + ":" + std::to_string(port) + ": " +
+                                                  explain_connect_error(sys, h.error(), sec.tls()));
+  };
+  opt.cluster.store_log = [](const std::string& line) {
+    std::printf("baton local: %s\n", line.c_str());
+    std::fflush(stdout);
+  };
   executor_factory make_exec;
   // Engines with expert shards of their own: a lost shard is started afresh (the rank steps
   // aside meanwhile). Declared after the actor system, so it stops first: no shard is started

@@ -86,7 +86,7 @@ int run_store_node(const node_options& o) {
   const uint64_t capacity = store::capacity_bytes_of(o.store_capacity_gib);
   const std::string budget = capacity ? "at most " + std::to_string(capacity) + " bytes" : "no capacity limit";
   std::printf("baton node %s: store node on %s:%u, blocks under %s (%s); waiting for the head to adopt it (a head "
-              "adopts store nodes as it starts: one already running takes this node at its next start)\n",
+              "adopts store nodes as it starts, and again within a second when one it had comes back)\n",
               o.name.c_str(), host.c_str(), static_cast<unsigned>(*bound), o.store_dir.c_str(), budget.c_str());
   std::fflush(stdout);
   while (!stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds{100});

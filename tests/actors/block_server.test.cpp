@@ -322,11 +322,11 @@ TEST_CASE("store config: a timeout of 0 ms is refused, naming the fields") {
   sc.dir = "/nonexistent";  // validate() reads no files
   REQUIRE(sc.validate(tokens).empty());
   for (uint32_t store_config::*field : {&store_config::read_timeout_ms, &store_config::write_slot_timeout_ms,
-                                        &store_config::housekeeping_interval_ms}) {
+                                        &store_config::housekeeping_interval_ms, &store_config::readopt_interval_ms}) {
     auto bad = sc;
     bad.*field = 0;
-    CHECK(bad.validate(tokens) == "store intervals (housekeeping_interval_ms, read_timeout_ms, write_slot_timeout_ms) "
-                                  "must be >= 1 ms");
+    CHECK(bad.validate(tokens) == "store intervals (housekeeping_interval_ms, read_timeout_ms, write_slot_timeout_ms, "
+                                  "readopt_interval_ms) must be >= 1 ms");
   }
 }
 
@@ -345,7 +345,10 @@ TEST_CASE("block server: a delete the index sent for an older write of a key lea
               commits->push_back(c);
             },
             [](delete_atom, uint32_t, uint64_t, uint64_t, uint64_t) {}, [](timer_atom, uint64_t) {},
-            [](std::vector<block_server_actor>&) {}, [](stats_atom) { return store_stats{}; }};
+            [](std::vector<block_server_actor>&) {}, [](adopt_atom, uint32_t, block_server_actor&) {},
+            [](servers_atom) { return std::vector<block_server_actor>{}; },
+            [](servers_atom, uint32_t, uint64_t) { return caf::result<block_server_actor, uint64_t>{block_server_actor{}, 0}; },
+            [](stats_atom) { return store_stats{}; }};
   });
   block_server_config bc;
   bc.dir = s.dir;

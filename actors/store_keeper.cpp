@@ -1,0 +1,101 @@
+#include "actors/store_keeper.hpp"
+
+#include <caf/actor_system.hpp>
+#include <caf/blocking_actor.hpp>
+#include <caf/send.hpp>
+#include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
+
+namespace baton {
+
+namespace {
+
+struct store_keeper_state {
+  store_keeper_config cfg;
+  std::vector<kept_store_node> nodes;
+  std::vector<bool> lost;         ///< by node: its server went down, not adopted again yet
+  std::vector<uint32_t> failures;  ///< by node: tries since it was lost (the first failure is logged)
+  static inline const char* name = "baton.store_keeper";
+};
+
+using pointer = store_keeper_actor::stateful_pointer<store_keeper_state>;
+
+void log(pointer self, const std::string& line) {
+  if (self->state.cfg.log) self->state.cfg.log(line);
+}
+
+void retry_later(pointer self, uint64_t node) {
+  self->delayed_send(self, std::chrono::milliseconds{self->state.cfg.retry_interval_ms}, timer_atom::value, node);
+}
+
+void failed(pointer self, uint64_t node, const std::string& why) {
+  auto& st = self->state;
+  if (st.failures[node]++ == 0)
+    log(self, st.nodes[node].name + " (block server " + std::to_string(st.nodes[node].adoption.server_id) +
+                  "): not adopted again yet (" + why + "); trying every " + std::to_string(st.cfg.retry_interval_ms) +
+                  " ms");
+  retry_later(self, node);
+}
+
+store_keeper_actor::behavior_type store_keeper_impl(pointer self, store_keeper_config cfg,
+                                                    std::vector<kept_store_node> nodes) {
+  auto& st = self->state;
+  st.cfg = std::move(cfg);
+  st.nodes = std::move(nodes);
+  st.lost.assign(st.nodes.size(), false);
+  st.failures.assign(st.nodes.size(), 0);
+  for (const auto& n : st.nodes) self->monitor(n.server);
+  self->set_down_handler([=](caf::down_msg& dm) {
+    auto& st = self->state;
+    for (uint64_t i = 0; i < st.nodes.size(); ++i) {
+      if (st.lost[i] || caf::actor_cast<caf::actor_addr>(st.nodes[i].server) != dm.source) continue;
+      st.lost[i] = true;
+      st.failures[i] = 0;
+      log(self, st.nodes[i].name + " (block server " + std::to_string(st.nodes[i].adoption.server_id) +
+                    ") went down (" + self->system().render(dm.reason) +
+                    "); its prefixes are computed again until it is adopted again");
+      self->send(self, timer_atom::value, i);
+    }
+  });
+  return {
+      [=](timer_atom, uint64_t node) {
+        auto& st = self->state;
+        if (node >= st.nodes.size() || !st.lost[node]) return;
+        if (!st.cfg.reconnect) return failed(self, node, "no way to reach it is configured");
+        // Connecting blocks (a host that is down refuses at once, an unreachable one may take
+        // the TCP timeout): on a thread of its own, never on the keeper's.
+        self->system().spawn([keeper = caf::actor_cast<store_keeper_actor>(self), node, sys = &self->system(),
+                              connect = st.cfg.reconnect](caf::blocking_actor*) {
+          auto host = connect(node);
+          if (host) caf::anon_send(keeper, adopt_atom::value, node, std::move(*host));
+          else caf::anon_send(keeper, adopt_atom::value, node, sys->render(host.error()));
+        });
+      },
+      [=](adopt_atom, uint64_t node, std::string& why) { failed(self, node, why); },
+      [=](adopt_atom, uint64_t node, store_host_actor& host) {
+        auto& st = self->state;
+        if (node >= st.nodes.size() || !st.lost[node]) return;
+        self->request(host, std::chrono::milliseconds{st.cfg.adopt_timeout_ms}, adopt_atom::value, st.nodes[node].adoption)
+            .then(
+                [=](block_server_actor& server) {
+                  auto& st = self->state;
+                  auto& n = st.nodes[node];
+                  n.server = server;
+                  st.lost[node] = false;
+                  self->monitor(server);
+                  for (const auto& shard : n.adoption.index) self->send(shard, adopt_atom::value, n.adoption.server_id, server);
+                  log(self, n.name + " (block server " + std::to_string(n.adoption.server_id) +
+                                ") adopted again: it serves the blocks its disk holds");
+                },
+                [=](caf::error& e) { failed(self, node, "its adoption failed: " + self->system().render(e)); });
+      },
+  };
+}
+
+}  // namespace
+
+store_keeper_actor spawn_store_keeper(caf::actor_system& sys, store_keeper_config cfg, std::vector<kept_store_node> nodes) {
+  return sys.spawn(store_keeper_impl, std::move(cfg), std::move(nodes));
+}
+
+}  // namespace baton
