@@ -198,7 +198,7 @@ decode_balancer_actor::behavior_type decode_balancer_impl(pointer self, decode_b
         serve_parked(self->state.parked, self->clock().now(), "place_decode", [=](const place_query& q) { return try_place(self, q); });
         arm_charge_expiry(self);
       },
-      [=](stats_atom) { return self->state.registry.loads; },
+      [=](stats_atom) { return self->state.registry.stats(); },
       [=](events_atom) { return self->state.log.snapshot(); },
       [=](store_atom) { return self->state.store; },
       [=](forget_atom, decode_rank_actor& rank) {

@@ -343,7 +343,7 @@ prefill_balancer_actor::behavior_type prefill_balancer_impl(pointer self, prefil
       [=](stats_atom) {
         // With each prefill rank's length bucket (the elastic controller weighs buckets apart).
         auto& st = self->state;
-        auto loads = st.registry.loads;
+        auto loads = st.registry.stats();
         if (st.buckets && st.cfg.ranks_per_engine > 0)
           for (size_t i = 0; i < loads.size(); ++i)
             if (const auto e = i / st.cfg.ranks_per_engine; e < st.buckets->engine_buckets().size())

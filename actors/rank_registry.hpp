@@ -36,6 +36,14 @@ struct rank_registry {
 
   /// Whether rank i takes new work: not draining, and its last report named no standing failure.
   bool open(size_t i) const { return !draining[i] && loads[i].unavailable.empty(); }
+  /// The loads as /health, /metrics and the elastic controller see them: a draining rank's says
+  /// so in `unavailable` (it takes no new work, as one whose executor stepped aside).
+  std::vector<rank_load> stats() const {
+    auto out = loads;
+    for (size_t i = 0; i < out.size(); ++i)
+      if (draining[i] && out[i].unavailable.empty()) out[i].unavailable = "draining";
+    return out;
+  }
 
   /// Ranks forgotten while they may still run (set_aside): their node was given up for lost, or
   /// an elastic move took them to the other role. A load report they sent before that, arriving

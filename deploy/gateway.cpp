@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -541,18 +542,27 @@ void dispatch(caf::io::broker* self, caf::io::connection_handle hdl, const share
     return with_cluster_stats(self, g, [=](const cluster_stats* s) {
       if (!s) return reply_error(self, hdl, g, st, api_error_of(503, "the router did not answer"));
       // A gateway that can place nothing is not healthy: a load balancer should send elsewhere.
-      if (s->prefill.empty() || s->decode.empty())
+      // Ranks that take no new work (draining, stepped aside) do not count.
+      const auto open = [](const std::vector<rank_load>& ranks) {
+        return static_cast<size_t>(std::count_if(ranks.begin(), ranks.end(), [](const rank_load& r) { return r.unavailable.empty(); }));
+      };
+      const size_t prefill = open(s->prefill), decode = open(s->decode);
+      const size_t aside = s->prefill.size() - prefill + s->decode.size() - decode;
+      if (prefill == 0 || decode == 0)
         return reply_error(self, hdl, g, st,
-                           api_error_of(503, "the cluster has " + std::to_string(s->prefill.size()) + " prefill and " +
-                                                 std::to_string(s->decode.size()) + " decode ranks; it needs one of each"));
+                           api_error_of(503, "the cluster has " + std::to_string(prefill) + " prefill and " +
+                                                 std::to_string(decode) + " decode ranks taking work" +
+                                                 (aside ? " (" + std::to_string(aside) + " more draining or stepped aside)" : "") +
+                                                 "; it needs one of each"));
       // The store is a cache: servers down cost hits, not answers (still 200), but are shown.
       std::string store;
       if (s->store_servers)
         store = ",\"store_servers\":" + std::to_string(s->store_servers) +
                 ",\"store_servers_up\":" + std::to_string(s->store_servers_up);
       reply(self, hdl, g, st, 200,
-            "{\"status\":\"ok\",\"prefill_ranks\":" + std::to_string(s->prefill.size()) +
-                ",\"decode_ranks\":" + std::to_string(s->decode.size()) + store + "}");
+            "{\"status\":\"ok\",\"prefill_ranks\":" + std::to_string(prefill) +
+                ",\"decode_ranks\":" + std::to_string(decode) +
+                (aside ? ",\"ranks_not_taking_work\":" + std::to_string(aside) : std::string{}) + store + "}");
     });
   with_cluster_stats(self, g, [=](const cluster_stats* s) {
     reply(self, hdl, g, st, 200, g->metrics.render(s), "text/plain; version=0.0.4; charset=utf-8");

@@ -190,7 +190,7 @@ std::string gateway_metrics::render(const cluster_stats* cluster) const {
            [](const rank_load& r) { return static_cast<double>(r.num_running); });
   per_rank("baton_rank_free_kv_pages", "free KV pages", [](const rank_load& r) { return static_cast<double>(r.num_free_pages); });
   per_rank("baton_rank_kv_pages", "KV pages in all", [](const rank_load& r) { return static_cast<double>(r.num_total_pages); });
-  per_rank("baton_rank_available", "0 while the rank has stepped aside (its executor can run nothing: a broken expert group), else 1",
+  per_rank("baton_rank_available", "0 while the rank takes no new work (draining, or stepped aside: its executor can run nothing, a broken expert group), else 1",
            [](const rank_load& r) { return r.unavailable.empty() ? 1.0 : 0.0; });
   auto per_decode_rank = [&](const char* name, const char* help, auto value) { family(name, help, "counter", true, value); };
   per_decode_rank("baton_rank_offloaded_total", "sequences sent to host memory for lack of KV pages",

@@ -195,6 +195,35 @@ TEST_CASE("the gateway keeps serving a client that pipelines thousands of reques
   CHECK(round_trip(s.gateway.port, get("/health", "")).status == 200);
 }
 
+TEST_CASE("/health counts only ranks that take work: with every decode rank draining it answers 503 naming them, "
+          "and 200 again once one takes work") {
+  served_cluster s;
+  const auto health = [&] { return round_trip(s.gateway.port, get("/health", "")); };
+  auto h = health();
+  CHECK(h.status == 200);
+  CHECK_MESSAGE(h.body == "{\"status\":\"ok\",\"prefill_ranks\":2,\"decode_ranks\":2}", h.body);
+  caf::scoped_actor self{s.sys};
+  self->send(s.cluster.decode_balancer, drain_atom::value, s.cluster.decode[0].handle);
+  for (int i = 0; i < 500 && health().body.find("\"decode_ranks\":1") == std::string::npos; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds{2});
+  h = health();
+  CHECK(h.status == 200);
+  CHECK_MESSAGE(h.body.find("\"decode_ranks\":1,\"ranks_not_taking_work\":1") != std::string::npos, h.body);
+  self->send(s.cluster.decode_balancer, drain_atom::value, s.cluster.decode[1].handle);
+  for (int i = 0; i < 500 && health().status != 503; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{2});
+  h = health();
+  CHECK(h.status == 503);
+  CHECK_MESSAGE(h.body.find("the cluster has 2 prefill and 0 decode ranks taking work (2 more draining or stepped "
+                            "aside); it needs one of each") != std::string::npos,
+                h.body);
+  // The metrics say which: each draining rank is unavailable.
+  const auto m = round_trip(s.gateway.port, get("/metrics"));
+  CHECK_MESSAGE(m.body.find("baton_rank_available{role=\"decode\",rank=\"decode-0\"} 0") != std::string::npos, m.body);
+  self->send(s.cluster.decode_balancer, undrain_atom::value, s.cluster.decode[1].handle);
+  for (int i = 0; i < 500 && health().status != 200; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{2});
+  CHECK(health().status == 200);
+}
+
 TEST_CASE("a call whose first token misses the gateway's first-token timeout gets 504 and stops its generation; "
           "none of its text reaches the next answer") {
   deploy::gateway_config gc;
