@@ -1,5 +1,7 @@
 #include "actors/block_index.hpp"
 
+#include <set>
+
 #include <caf/actor_system.hpp>
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
@@ -27,9 +29,16 @@ struct block_index_state {
     uint64_t write_seq;
   };
   std::vector<pending_delete> pending_deletes;
-  /// Ranks waiting for a server that went down to be adopted again (servers_atom, id, old actor).
-  /// At most one per rank and server: a rank asks once per down message.
-  std::vector<std::pair<uint32_t, caf::typed_response_promise<block_server_actor, uint64_t>>> waiting;
+  /// Ranks' watches on the servers (servers_atom, id, generation, down), answered at the server's
+  /// next change: it goes down, or is adopted again. One per rank and server; a rank that stops
+  /// (watched: `watchers`) takes its own with it.
+  struct watch {
+    uint32_t server;
+    caf::actor_addr asker;
+    caf::typed_response_promise<block_server_actor, uint64_t, bool> rp;
+  };
+  std::vector<watch> waiting;
+  std::set<caf::actor_addr> watchers;
   /// By server id: how often it was adopted again (0: the actor the cluster started with).
   std::vector<uint64_t> generation;
   caf::actor_clock::time_point started;
@@ -74,6 +83,16 @@ void set_servers(pointer self, std::vector<block_server_actor> servers) {
   flush_pending_deletes(self);
 }
 
+/// Tells the ranks watching server `id` how it is now.
+void answer_watches(pointer self, uint32_t id) {
+  auto& st = self->state;
+  auto waiting = std::exchange(st.waiting, {});
+  for (auto& w : waiting) {
+    if (w.server == id) w.rp.deliver(st.servers[id], st.generation[id], static_cast<bool>(st.server_down[id]));
+    else st.waiting.push_back(std::move(w));
+  }
+}
+
 /// Server `id` is `server` now: a store node that went down, adopted again. It commits what its
 /// disk holds as it starts, and CHECK names it again.
 void readopted(pointer self, uint32_t id, block_server_actor server) {
@@ -84,11 +103,7 @@ void readopted(pointer self, uint32_t id, block_server_actor server) {
   ++st.generation[id];
   self->monitor(server);
   flush_pending_deletes(self);
-  auto waiting = std::exchange(st.waiting, {});
-  for (auto& [s, rp] : waiting) {
-    if (s == id) rp.deliver(server, st.generation[id]);
-    else st.waiting.emplace_back(s, std::move(rp));
-  }
+  answer_watches(self, id);
 }
 
 void schedule_housekeeping(pointer self) {
@@ -105,12 +120,19 @@ block_index_actor::behavior_type block_index_impl(pointer self, block_index_conf
   st.started = self->clock().now();
   self->set_down_handler([=](caf::down_msg& dm) {
     auto& st = self->state;
+    if (st.watchers.erase(dm.source)) {  // a rank that watched servers stopped
+      std::erase_if(st.waiting, [&](const auto& w) { return w.asker == dm.source; });
+      return;
+    }
     for (size_t i = 0; i < st.servers.size(); ++i)
       if (caf::actor_cast<caf::actor_addr>(st.servers[i]) == dm.source && !st.server_down[i]) {
         st.server_down[i] = true;
         // Blocks only it held cannot be read: they must not take the room of blocks that can.
         // No delete goes anywhere: their files stay on its disk.
         st.index.forget_server(static_cast<uint32_t>(i));
+        // Ranks in other processes see no down message of their own (their messages to it went
+        // through the head): they learn it here, and stop writing to it.
+        answer_watches(self, static_cast<uint32_t>(i));
       }
   });
   schedule_housekeeping(self);
@@ -179,14 +201,17 @@ block_index_actor::behavior_type block_index_impl(pointer self, block_index_conf
       [=](std::vector<block_server_actor>& servers) { set_servers(self, std::move(servers)); },
       [=](adopt_atom, uint32_t id, block_server_actor& server) { readopted(self, id, std::move(server)); },
       [=](servers_atom) { return self->state.servers; },
-      [=](servers_atom, uint32_t id, uint64_t have) -> caf::result<block_server_actor, uint64_t> {
+      [=](servers_atom, uint32_t id, uint64_t have, bool known_down) -> caf::result<block_server_actor, uint64_t, bool> {
         auto& st = self->state;
         if (id >= st.servers.size())
           return make_error(errc::bad_request, "block index: no block server " + std::to_string(id) + " (the store has " +
                                                    std::to_string(st.servers.size()) + ")");
-        if (!st.server_down[id] && st.generation[id] > have) return {st.servers[id], st.generation[id]};
-        auto rp = self->make_response_promise<block_server_actor, uint64_t>();
-        st.waiting.emplace_back(id, rp);
+        const bool down = st.server_down[id];
+        if (st.generation[id] != have || down != known_down) return {st.servers[id], st.generation[id], down};
+        auto asker = caf::actor_cast<caf::actor_addr>(self->current_sender());
+        if (st.watchers.insert(asker).second) self->monitor(caf::actor_cast<caf::actor>(self->current_sender()));
+        auto rp = self->make_response_promise<block_server_actor, uint64_t, bool>();
+        st.waiting.push_back({id, std::move(asker), rp});
         return rp;
       },
       [=](stats_atom) {

@@ -24,6 +24,7 @@ struct decode_balancer_state {
   /// Placements that found no rank (none registered yet, or none with room): retried, oldest
   /// first, after every load report. The requester's place deadline bounds the wait.
   std::deque<parked_placement<decode_placement>> parked;
+  bool grace_timer_armed = false;  ///< a timer_atom is on its way (no rank takes work: arm_grace_check)
   uint64_t rr_cursor = 0;
   /// The balancer's own placements since each rank's last report (charge_ledger.hpp); those no
   /// report followed within cfg.charge_ttl_ms are taken back.
@@ -72,6 +73,18 @@ void expire_charges(pointer self) {
           st.log.add({0, name, std::to_string(n) + " placement(s) no report followed within charge_ttl_ms (" +
                                    std::to_string(st.cfg.charge_ttl_ms) + " ms): taken back"});
       });
+}
+
+/// With no rank taking work (all gone, draining or stepped aside), a timer at the grace's end
+/// refuses the placements parked meanwhile: nothing else may come to wake them (an idle cluster
+/// sends no reports), and each would wait out its asker's timeout for a 504.
+void arm_grace_check(pointer self) {
+  auto& st = self->state;
+  if (st.grace_timer_armed || st.parked.empty()) return;
+  if (auto left = st.registry.grace_left(self->clock().now(), std::chrono::milliseconds{st.cfg.no_rank_grace_ms})) {
+    st.grace_timer_armed = true;
+    self->delayed_send(self, *left + std::chrono::milliseconds{1}, timer_atom::value);
+  }
 }
 
 /// Parked placements are retried after each load report, but what keeps them parked may be
@@ -155,7 +168,7 @@ decode_balancer_actor::behavior_type decode_balancer_impl(pointer self, decode_b
   return {
       [=](place_atom, place_query& q) -> caf::result<decode_placement> {
         auto& st = self->state;
-        if (auto none = st.registry.none_left("decode", self->clock().now(), std::chrono::milliseconds{st.cfg.no_rank_grace_ms});
+        if (auto none = st.registry.none_taking_work("decode", self->clock().now(), std::chrono::milliseconds{st.cfg.no_rank_grace_ms});
             !none.empty())
           return make_error(errc::rank_unavailable, where(q.request_id, "", "place_decode") + ": " + none);
         // Refuse at once what no rank could ever hold, instead of parking it until the deadline.
@@ -173,7 +186,15 @@ decode_balancer_actor::behavior_type decode_balancer_impl(pointer self, decode_b
         drop_expired(st.parked, self->clock().now(), "place_decode");
         park(st.parked, std::move(q), promise, self->clock().now());
         arm_charge_expiry(self);
+        arm_grace_check(self);
         return promise;
+      },
+      [=](timer_atom) {
+        auto& st = self->state;
+        st.grace_timer_armed = false;
+        const auto none = st.registry.none_taking_work("decode", self->clock().now(), std::chrono::milliseconds{st.cfg.no_rank_grace_ms});
+        if (!none.empty()) return refuse_parked(st.parked, "place_decode", none);
+        arm_grace_check(self);  // a rank took work meanwhile and stopped again: a new grace
       },
       [=](load_atom, rank_load& load, decode_rank_actor& rank) {
         auto& st = self->state;

@@ -130,6 +130,9 @@ struct write_job {
 struct write_put {
   uint64_t job = 0;
   uint32_t server = 0;
+  /// The actor that granted the slot: a store node adopted again meanwhile serves the same id as
+  /// a new actor, whose slot ids are not this one's.
+  block_server_actor server_actor;
   uint64_t slot_id = 0;
   uint64_t xfer = 0;
   caf::actor_clock::time_point posted_at{};  ///< given up store_put_limit_ms after this

@@ -60,7 +60,7 @@ void poll_writes(decode_pointer self) {
     if (j == st.writes.end()) continue;
     if (state == transport::xfer_state::failed) {
       // Nothing comes for the slot now: the server takes it back at once, not after its ttl.
-      self->send(st.store.servers[p.server], release_atom::value, p.slot_id);
+      self->send(p.server_actor, release_atom::value, p.slot_id);
       write_done_one(self, p.job, false);
       continue;
     }
@@ -70,7 +70,7 @@ void poll_writes(decode_pointer self) {
     // Bounded: a server that never answers must not hold the job (and this rank's idleness).
     // It answers the bytes it wrote, 0 when it wrote none (the slot's bytes were not what this
     // rank checksummed, its disk failed): that server did not store the block.
-    self->request(st.store.servers[p.server], std::chrono::milliseconds{store_write_order_timeout_ms}, std::move(order))
+    self->request(p.server_actor, std::chrono::milliseconds{store_write_order_timeout_ms}, std::move(order))
         .then([=](uint64_t written) { write_done_one(self, job, written > 0); },
               [=](caf::error&) { write_done_one(self, job, false); });
   }
@@ -127,7 +127,7 @@ void write_back(decode_pointer self, const lease& l) {
       self->request(st.store.servers[server], std::chrono::milliseconds{st.store.write_slot_timeout_ms},
                     store_write_begin{l.request_id, block_bytes})
           .then(
-              [=](store_write_slot& slot) {
+              [=, granted_by = st.store.servers[server]](store_write_slot& slot) {
                 auto& st = self->state;
                 auto j = st.writes.find(job);
                 if (j == st.writes.end()) return;
@@ -136,7 +136,8 @@ void write_back(decode_pointer self, const lease& l) {
                                       st.write_key->region_id,
                                       transport::region_key{r.backend, r.region_id, r.size_bytes, r.packed_key},
                                       {{j->second.offset, slot.offset, block_bytes}}};
-                st.write_puts.push_back({job, server, slot.slot_id, st.core.xport->post_put(d), self->clock().now()});
+                st.write_puts.push_back(
+                    {job, server, granted_by, slot.slot_id, st.core.xport->post_put(d), self->clock().now()});
                 schedule_write_poll(self);
               },
               [=](caf::error&) { write_done_one(self, job, false); });

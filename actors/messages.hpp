@@ -576,6 +576,7 @@ using prefill_balancer_actor = caf::typed_actor<
     caf::reacts_to<undrain_atom, prefill_rank_actor>,                   // placements again (a move was abandoned)
     caf::reacts_to<forget_atom, prefill_rank_actor>,                    // its node is gone: drop it until...
     caf::reacts_to<rejoin_atom, prefill_rank_actor, bool>,                    // ...it may come back
+    caf::reacts_to<timer_atom>,    // its own timer: no rank took work within the grace, parked ones refused
     caf::reacts_to<expire_atom>>;  // its own timer: placements no report followed, parked ones retried
 
 /// Places sequences on decode ranks from their reported loads (policies/decode_placement.hpp).
@@ -589,6 +590,7 @@ using decode_balancer_actor = caf::typed_actor<
     caf::reacts_to<undrain_atom, decode_rank_actor>,             // placements again (a move was abandoned)
     caf::reacts_to<forget_atom, decode_rank_actor>,              // its node is gone: drop it until...
     caf::reacts_to<rejoin_atom, decode_rank_actor, bool>,              // ...it may come back
+    caf::reacts_to<timer_atom>,    // its own timer: no rank took work within the grace, parked ones refused
     caf::reacts_to<expire_atom>>;  // its own timer: placements no report followed, parked ones retried
 
 /// Elastic P/D: one role change, as the controller carried it out.

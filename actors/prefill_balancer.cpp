@@ -53,6 +53,7 @@ struct prefill_balancer_state {
   /// Placements that found no rank (none registered yet, or none with room): retried, oldest
   /// first, after every load report. The requester's place deadline bounds the wait.
   std::deque<parked_placement<prefill_placement>> parked;
+  bool grace_timer_armed = false;  ///< a timer_atom is on its way (no rank takes work: arm_grace_check)
   /// Level 1 of the seed policy; rebuilt when the number of engines changes (ranks joining).
   std::optional<policies::bucket_allocator> buckets;
   /// Levels 2-3 inputs, kept in step with the registry (rank i is engine i / rpe, slot i % rpe)
@@ -210,6 +211,18 @@ void expire_charges(pointer self) {
       });
 }
 
+/// With no rank taking work (all gone, draining or stepped aside), a timer at the grace's end
+/// refuses the placements parked meanwhile: nothing else may come to wake them (an idle cluster
+/// sends no reports), and each would wait out its asker's timeout for a 504.
+void arm_grace_check(pointer self) {
+  auto& st = self->state;
+  if (st.grace_timer_armed || st.parked.empty()) return;
+  if (auto left = st.registry.grace_left(self->clock().now(), std::chrono::milliseconds{st.cfg.no_rank_grace_ms})) {
+    st.grace_timer_armed = true;
+    self->delayed_send(self, *left + std::chrono::milliseconds{1}, timer_atom::value);
+  }
+}
+
 /// Parked placements are retried after each load report, but what keeps them parked may be
 /// charges whose sequences never came, and an idle rank sends no report: retry them when those
 /// charges expire too.
@@ -307,14 +320,22 @@ prefill_balancer_actor::behavior_type prefill_balancer_impl(pointer self, prefil
   return {
       [=](place_atom, place_query& q) -> caf::result<prefill_placement> {
         const auto grace = std::chrono::milliseconds{self->state.cfg.no_rank_grace_ms};
-        if (auto none = self->state.registry.none_left("prefill", self->clock().now(), grace); !none.empty())
+        if (auto none = self->state.registry.none_taking_work("prefill", self->clock().now(), grace); !none.empty())
           return make_error(errc::rank_unavailable, where(q.request_id, "", "place_prefill") + ": " + none);
         if (auto p = try_place(self, q)) return std::move(*p);
         auto promise = self->make_response_promise<prefill_placement>();
         drop_expired(self->state.parked, self->clock().now(), "place_prefill");
         park(self->state.parked, std::move(q), promise, self->clock().now());
         arm_charge_expiry(self);
+        arm_grace_check(self);
         return promise;
+      },
+      [=](timer_atom) {
+        auto& st = self->state;
+        st.grace_timer_armed = false;
+        const auto none = st.registry.none_taking_work("prefill", self->clock().now(), std::chrono::milliseconds{st.cfg.no_rank_grace_ms});
+        if (!none.empty()) return refuse_parked(st.parked, "place_prefill", none);
+        arm_grace_check(self);  // a rank took work meanwhile and stopped again: a new grace
       },
       [=](load_atom, rank_load& load, prefill_rank_actor& rank) {
         auto& st = self->state;

@@ -207,6 +207,9 @@ struct router_state {
   /// died) still counts what it did, or the cluster's counters (bytes written, ...) would go
   /// backwards, which Prometheus reads as a reset.
   std::vector<store_stats> server_stats_seen;
+  /// By server id: the counters of its earlier actors (a store node adopted again starts from 0),
+  /// so the sums /metrics shows as counters never go back.
+  std::vector<store_stats> server_stats_before;
   static inline const char* name = "baton.router";
 };
 
@@ -214,6 +217,15 @@ using router_pointer = router_actor::stateful_pointer<router_state>;
 
 template <class Out, class Add, class Done>
 void ask_store_servers(router_pointer self, Out out, Add add, Done done, std::chrono::seconds timeout);
+
+/// Adds the store actors' counters (and disk use) of `x` into `t`.
+void sum_store_stats(store_stats& t, const store_stats& x) {
+  t.blocks += x.blocks, t.checks += x.checks, t.hit_blocks += x.hit_blocks, t.evicted += x.evicted;
+  t.expired += x.expired, t.blocks_written += x.blocks_written, t.blocks_read += x.blocks_read;
+  t.read_failures += x.read_failures, t.bytes_read += x.bytes_read, t.bytes_written += x.bytes_written;
+  t.write_failures += x.write_failures, t.write_no_space += x.write_no_space;
+  t.disk_bytes += x.disk_bytes, t.disk_evicted += x.disk_evicted;
+}
 
 /// Asks both balancers and every store actor for their numbers, in parallel; whoever does not
 /// answer within a second is left out (the answer is a snapshot, never an error).
@@ -237,14 +249,7 @@ caf::result<cluster_stats> collect_stats(router_pointer self) {
     if (--*left == 0) rp.deliver(*out);
   };
   const auto timeout = std::chrono::seconds{1};
-  auto add = [out](const store_stats& x) {
-    auto& t = out->store;
-    t.blocks += x.blocks, t.checks += x.checks, t.hit_blocks += x.hit_blocks, t.evicted += x.evicted;
-    t.expired += x.expired, t.blocks_written += x.blocks_written, t.blocks_read += x.blocks_read;
-    t.read_failures += x.read_failures, t.bytes_read += x.bytes_read, t.bytes_written += x.bytes_written;
-    t.write_failures += x.write_failures, t.write_no_space += x.write_no_space;
-    t.disk_bytes += x.disk_bytes, t.disk_evicted += x.disk_evicted;
-  };
+  auto add = [out](const store_stats& x) { sum_store_stats(out->store, x); };
   self->request(s.prefill, timeout, stats_atom::value)
       .then([=](std::vector<rank_load>& l) mutable { out->prefill = std::move(l), done(); },
             [=](caf::error&) mutable { done(); });
@@ -255,14 +260,24 @@ caf::result<cluster_stats> collect_stats(router_pointer self) {
     self->request(shard, timeout, stats_atom::value)
         .then([=](store_stats& x) mutable { add(x), done(); }, [=](caf::error&) mutable { done(); });
   s.server_stats_seen.resize(s.store.servers.size());
+  s.server_stats_before.resize(s.store.servers.size());
   out->store_servers = static_cast<uint32_t>(s.store.servers.size());
   if (s.store.servers.empty()) return rp;
   // The servers as the index knows them now: a store node that came back was adopted again, as
-  // a new actor (store_keeper). The ids stay, so the count above holds.
-  self->request(s.store.index.front(), timeout, servers_atom::value)
+  // a new actor (store_keeper). The ids stay, so the count above holds. Briefly: the servers
+  // are asked after this, within the gateway's wait.
+  self->request(s.store.index.front(), std::chrono::milliseconds{250}, servers_atom::value)
       .then(
           [=](std::vector<block_server_actor>& now) mutable {
-            if (now.size() == self->state.store.servers.size()) self->state.store.servers = std::move(now);
+            auto& s = self->state;
+            if (now.size() == s.store.servers.size())
+              for (size_t i = 0; i < now.size(); ++i) {
+                if (now[i] == s.store.servers[i]) continue;
+                auto gone = std::exchange(s.server_stats_seen[i], {});
+                gone.disk_bytes = 0;  // a gauge: the new actor reports the disk as it finds it
+                sum_store_stats(s.server_stats_before[i], gone);
+                s.store.servers[i] = std::move(now[i]);
+              }
             ask_store_servers(self, out, add, done, timeout);
           },
           [=](caf::error&) mutable { ask_store_servers(self, out, add, done, timeout); });
@@ -278,14 +293,14 @@ void ask_store_servers(router_pointer self, Out out, Add add, Done done, std::ch
             [=](store_stats& x) mutable {
               self->state.server_stats_seen[i] = x;
               ++out->store_servers_up;
-              add(x), done();
+              add(self->state.server_stats_before[i]), add(x), done();
             },
             [=](caf::error& e) mutable {
               // Its counters as last seen; its disk use too while it may be only slow, none once
               // it is gone (its files serve nobody).
               auto last = self->state.server_stats_seen[i];
               if (e == caf::sec::request_receiver_down) last.disk_bytes = 0;
-              add(last), done();
+              add(self->state.server_stats_before[i]), add(last), done();
             });
 }
 

@@ -1,5 +1,7 @@
 #include "actors/store_keeper.hpp"
 
+#include <memory>
+
 #include <caf/actor_system.hpp>
 #include <caf/blocking_actor.hpp>
 #include <caf/send.hpp>
@@ -14,7 +16,10 @@ struct store_keeper_state {
   store_keeper_config cfg;
   std::vector<kept_store_node> nodes;
   std::vector<bool> lost;         ///< by node: its server went down, not adopted again yet
-  std::vector<uint32_t> failures;  ///< by node: tries since it was lost (the first failure is logged)
+  std::vector<std::string> last_why;  ///< by node: why the last try failed (logged when it changes)
+  /// The servers now, shared with the exit functor (CAF destroys the state before it runs): the
+  /// cluster's end stops the servers adopted again too, as it stops those it started with.
+  std::shared_ptr<std::vector<block_server_actor>> current = std::make_shared<std::vector<block_server_actor>>();
   static inline const char* name = "baton.store_keeper";
 };
 
@@ -30,10 +35,14 @@ void retry_later(pointer self, uint64_t node) {
 
 void failed(pointer self, uint64_t node, const std::string& why) {
   auto& st = self->state;
-  if (st.failures[node]++ == 0)
+  if (node >= st.nodes.size() || !st.lost[node]) return;
+  // Said once, and again when the reason changes (a node restarted with another cluster id
+  // fails otherwise than one that is not up yet).
+  if (st.last_why[node] != why)
     log(self, st.nodes[node].name + " (block server " + std::to_string(st.nodes[node].adoption.server_id) +
                   "): not adopted again yet (" + why + "); trying every " + std::to_string(st.cfg.retry_interval_ms) +
                   " ms");
+  st.last_why[node] = why;
   retry_later(self, node);
 }
 
@@ -43,14 +52,20 @@ store_keeper_actor::behavior_type store_keeper_impl(pointer self, store_keeper_c
   st.cfg = std::move(cfg);
   st.nodes = std::move(nodes);
   st.lost.assign(st.nodes.size(), false);
-  st.failures.assign(st.nodes.size(), 0);
-  for (const auto& n : st.nodes) self->monitor(n.server);
+  st.last_why.assign(st.nodes.size(), {});
+  for (const auto& n : st.nodes) {
+    self->monitor(n.server);
+    st.current->push_back(n.server);
+  }
+  self->attach_functor([current = st.current] {
+    for (const auto& s : *current) caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
+  });
   self->set_down_handler([=](caf::down_msg& dm) {
     auto& st = self->state;
     for (uint64_t i = 0; i < st.nodes.size(); ++i) {
       if (st.lost[i] || caf::actor_cast<caf::actor_addr>(st.nodes[i].server) != dm.source) continue;
       st.lost[i] = true;
-      st.failures[i] = 0;
+      st.last_why[i].clear();
       log(self, st.nodes[i].name + " (block server " + std::to_string(st.nodes[i].adoption.server_id) +
                     ") went down (" + self->system().render(dm.reason) +
                     "); its prefixes are computed again until it is adopted again");
@@ -61,7 +76,10 @@ store_keeper_actor::behavior_type store_keeper_impl(pointer self, store_keeper_c
       [=](timer_atom, uint64_t node) {
         auto& st = self->state;
         if (node >= st.nodes.size() || !st.lost[node]) return;
-        if (!st.cfg.reconnect) return failed(self, node, "no way to reach it is configured");
+        if (!st.cfg.reconnect) {  // nothing to try: said once, then it stays lost
+          log(self, st.nodes[node].name + ": not adopted again: this cluster has no way to reach it configured");
+          return;
+        }
         // Connecting blocks (a host that is down refuses at once, an unreachable one may take
         // the TCP timeout): on a thread of its own, never on the keeper's.
         self->system().spawn([keeper = caf::actor_cast<store_keeper_actor>(self), node, sys = &self->system(),
@@ -81,6 +99,7 @@ store_keeper_actor::behavior_type store_keeper_impl(pointer self, store_keeper_c
                   auto& st = self->state;
                   auto& n = st.nodes[node];
                   n.server = server;
+                  (*st.current)[node] = server;
                   st.lost[node] = false;
                   self->monitor(server);
                   for (const auto& shard : n.adoption.index) self->send(shard, adopt_atom::value, n.adoption.server_id, server);

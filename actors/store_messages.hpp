@@ -203,11 +203,13 @@ using block_index_actor = caf::typed_actor<
     // A store node that went down was adopted again (store_keeper): server id, its new actor.
     caf::reacts_to<adopt_atom, uint32_t, block_server_actor>,
     caf::replies_to<servers_atom>::with<std::vector<block_server_actor>>,  // the servers now
-    // Server id, the generation of it the asker has (0: as the cluster started) -> a later one:
-    // its actor and generation, answered once it is adopted again (at once if it already was):
-    // how ranks learn of a store node that came back. (A generation, not the asker's old actor:
-    // a handle to a process that is gone is not sent across the network again.)
-    caf::replies_to<servers_atom, uint32_t, uint64_t>::with<block_server_actor, uint64_t>,
+    // A watch on server id: the generation of it the asker has (0: as the cluster started) and
+    // whether it knows it down -> its actor, generation and whether it is down, answered once
+    // either differs from what the asker knows (at once if it already does): how ranks in any
+    // process learn that a store node went down, and that it came back adopted again. (A
+    // generation, not the asker's old actor: a handle to a process that is gone is not sent
+    // across the network again.)
+    caf::replies_to<servers_atom, uint32_t, uint64_t, bool>::with<block_server_actor, uint64_t, bool>,
     caf::replies_to<stats_atom>::with<store_stats>>;
 
 /// How to use the cluster's block store, for ranks that join from other processes (`baton node`

@@ -2,13 +2,12 @@
 
 // How a rank keeps its handles on the store's block servers current. A store node that dies and
 // comes back is adopted again by the head (store_keeper) under the same server id, as a new
-// actor; the index shards learn it first. A rank keeps one question per server waiting at index
-// shard 0 -- "a later adoption of server i than the one I have?" -- which the index answers when
-// there is one; the rank takes the new actor and asks again. So a rank in another process learns
-// of it as soon as the head does, though it never sees the old server's down message (CAF
-// routes its messages to a store node through the head, and only the head's link broke).
-// A rank that does see the down message (one in the head's process) also marks the server down
-// at once: its write-backs skip it until it is back.
+// actor; the index shards learn it first. A rank keeps one watch per server waiting at index
+// shard 0 -- "tell me when server i is other than: generation g, up (or down)" -- which the index
+// answers when the server goes down or is adopted again; the rank takes the news and watches
+// again. So a rank in another process learns both as soon as the head does, though it never
+// sees the old server's down message (CAF routes its messages to a store node through the head,
+// and only the head's link broke). While a server is down, write-backs skip it.
 //
 // Templates over the rank's actor type; the state must have `store` (store_access) and
 // `store_watch` (store_server_watch). Included by the rank files only (CAF-heavy).
@@ -21,7 +20,7 @@
 namespace baton {
 
 struct store_server_watch {
-  std::vector<bool> down;            ///< by server id: seen to stop, no next actor yet
+  std::vector<bool> down;            ///< by server id: seen to stop (or told so), no next actor yet
   std::vector<uint64_t> generation;  ///< by server id: which adoption of it `store.servers` holds
 };
 
@@ -30,18 +29,19 @@ namespace store_watch_detail {
 template <class Self>
 void await_next(Self* self, uint32_t id) {
   auto& st = self->state;
-  // No timeout: the index answers when the store node is adopted again, however long that is. It
-  // fails only if the index itself goes (the head's end), and then there is nothing to ask.
-  self->request(st.store.index.front(), caf::infinite, servers_atom::value, id, st.store_watch.generation[id])
+  // No timeout: the index answers at the server's next change, however long that takes. If the
+  // index goes (the head's end) no answer comes, and there is nothing left to ask.
+  self->request(st.store.index.front(), caf::infinite, servers_atom::value, id, st.store_watch.generation[id],
+                static_cast<bool>(st.store_watch.down[id]))
       .then(
-          [self, id](block_server_actor& next, uint64_t generation) {
+          [self, id](block_server_actor& now, uint64_t generation, bool down) {
             auto& s = self->state;
-            if (next && generation > s.store_watch.generation[id]) {
-              s.store.servers[id] = next;
-              s.store_watch.generation[id] = generation;
-              s.store_watch.down[id] = false;
-              self->monitor(next);  // a dead one comes back down at once
+            s.store_watch.generation[id] = generation;
+            if (now && now != s.store.servers[id]) {
+              s.store.servers[id] = now;
+              self->monitor(now);  // a dead one comes back down at once
             }
+            s.store_watch.down[id] = down || !s.store.servers[id];
             await_next(self, id);
           },
           [](caf::error&) {});
@@ -65,7 +65,7 @@ void watch_store_servers(Self* self) {
 }
 
 /// From the rank's down handler: true if `who` was one of the store's servers (now marked down
-/// until its next adoption comes).
+/// until its next adoption comes; the index's answer to the watch says the same soon after).
 template <class Self>
 bool store_server_went_down(Self* self, const caf::actor_addr& who) {
   auto& st = self->state;

@@ -226,12 +226,13 @@ class connection_impl final : public connection {
   ~connection_impl() override = default;
 
   bool open(const std::string& host, uint16_t port, std::string* why) {
-    if (options_.tls_cert.empty())
-      if (auto err = net::handshake_within(sys_, host, port)) {
-        *why = "cannot reach a Baton router at " + host + ":" + std::to_string(port) + ": " +
-               net::explain_connect_error(sys_, err, false);
-        return false;
-      }
+    const bool tls = !options_.tls_cert.empty();
+    if (auto err = net::handshake_within(sys_, host, port, std::chrono::seconds{10},
+                                         tls ? &sys_.openssl_manager().actor_handle() : nullptr)) {
+      *why = "cannot reach a Baton router at " + host + ":" + std::to_string(port) + ": " +
+             net::explain_connect_error(sys_, err, tls);
+      return false;
+    }
     auto r = options_.tls_cert.empty() ? sys_.middleman().remote_actor<router_actor>(host, port)
                                        : caf::openssl::remote_actor<router_actor>(sys_, host, port);
     if (!r) {

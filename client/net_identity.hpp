@@ -54,11 +54,13 @@ inline std::string explain_connect_error(caf::actor_system& sys, const caf::erro
 /// (an HTTP one waits for a request) hung the caller for good. On success the middleman keeps
 /// the connection, and remote_actor then takes it at once, checking the published interface.
 /// (A connect given up on stays pending in the middleman: asked again, host:port joins it.)
+/// `via`: the middleman that connects (TLS: the OpenSSL manager's); null: the plain one.
 inline caf::error handshake_within(caf::actor_system& sys, const std::string& host, uint16_t port,
-                                   std::chrono::milliseconds limit = std::chrono::seconds{10}) {
+                                   std::chrono::milliseconds limit = std::chrono::seconds{10},
+                                   const caf::io::middleman_actor* via = nullptr) {
   caf::scoped_actor self{sys};
   caf::error out;
-  self->request(sys.middleman().actor_handle(), limit, caf::connect_atom::value, host, port)
+  self->request(via ? *via : sys.middleman().actor_handle(), limit, caf::connect_atom::value, host, port)
       .receive([](caf::node_id&, caf::strong_actor_ptr&, std::set<std::string>&) {},
                [&](caf::error& e) { out = std::move(e); });
   if (out == caf::sec::request_timeout)

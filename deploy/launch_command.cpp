@@ -598,7 +598,8 @@ int run_launch(const std::vector<std::string>& raw_args) {
       }
       if (!cannot_restart && it->node.role == "store" && failed)
         std::printf("baton launch: node %s left (%s); the cluster serves on without its blocks (prefixes there are "
-                    "computed again); started again by hand at the same address, the head adopts it again\n",
+                    "computed again); started again by hand at the same address with the cluster's --cluster-id (`baton "
+                    "launch SPEC --dry-run` prints its command), the head adopts it again\n",
                     it->node.process.c_str(), how.c_str());
       else if (!cannot_restart)
         std::printf("baton launch: node %s left (%s)\n", it->node.process.c_str(), how.c_str());

@@ -46,7 +46,11 @@ using net::explain_connect_error;
 template <class Handle>
 caf::expected<Handle> connect_actor(caf::actor_system& sys, const net_security& sec, const std::string& host,
                                     uint16_t port) {
-  if (sec.tls()) return caf::openssl::remote_actor<Handle>(sys, host, port);
+  if (sec.tls()) {
+    if (auto err = net::handshake_within(sys, host, port, std::chrono::seconds{10}, &sys.openssl_manager().actor_handle()))
+      return err;
+    return caf::openssl::remote_actor<Handle>(sys, host, port);
+  }
   if (auto err = net::handshake_within(sys, host, port)) return err;
   return sys.middleman().remote_actor<Handle>(host, port);
 }

@@ -368,3 +368,54 @@ TEST_CASE("once every rank of a role has been gone past the grace, placements ar
   self->send_exit(decode, caf::exit_reason::user_shutdown);
   self->send_exit(prefill, caf::exit_reason::user_shutdown);
 }
+
+TEST_CASE("a placement parked while every rank of the role drains is refused once the grace runs out (rank_unavailable, "
+          "naming the draining rank), not left to its asker's timeout; one a rank takes work again for within the "
+          "grace is placed") {
+  test::cluster_system t;
+  decode_balancer_config dc;
+  dc.no_rank_grace_ms = 200;
+  prefill_balancer_config pc;
+  pc.no_rank_grace_ms = 200;
+  auto decode = spawn_decode_balancer(t.sys, dc);
+  auto prefill = spawn_prefill_balancer(t.sys, pc);
+  caf::scoped_actor self{t.sys};
+  auto d_rank = stand_in_rank<decode_rank_actor>(t);
+  auto p_rank = stand_in_rank<prefill_rank_actor>(t);
+  self->send(decode, load_atom::value, idle_load("decode-x", 8), d_rank);
+  self->send(prefill, load_atom::value, idle_load("prefill-x", 8), p_rank);
+  const auto ask = [&](const auto& balancer, uint64_t id) {
+    place_query q{id, 16, 0, 64};
+    q.wait_ms = 30'000;
+    return self->request(balancer, std::chrono::seconds{30}, place_atom::value, q);
+  };
+  // Drained within the grace and back: the parked placement goes to it.
+  self->send(decode, drain_atom::value, d_rank);
+  auto parked = ask(decode, 1);
+  self->send(decode, undrain_atom::value, d_rank);
+  self->send(decode, load_atom::value, idle_load("decode-x", 8), d_rank);  // its next report serves the parked ones
+  parked.receive([&](decode_placement& p) { CHECK(p.name == "decode-x"); }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
+  // Draining for good: refused at the grace's end, with no report or other placement to wake it.
+  const auto refused = [&](const auto& balancer, auto placement, const char* stage, const char* rank) {
+    using placement_t = decltype(placement);
+    const auto asked = std::chrono::steady_clock::now();
+    std::string why;
+    ask(balancer, 2).receive([&](placement_t&) { FAIL("placed on a draining rank"); },
+                             [&](caf::error& e) {
+                               CHECK(e.code() == static_cast<uint8_t>(errc::rank_unavailable));
+                               why = t.sys.render(e);
+                             });
+    CHECK(std::chrono::steady_clock::now() - asked < std::chrono::seconds{20});  // not its 30 s
+    CHECK_MESSAGE(why.find(std::string{stage} + ": no ") != std::string::npos, why);
+    CHECK_MESSAGE(why.find(std::string{"rank takes work: the 1 here are draining or stepped aside ("} + rank +
+                           ": draining), and none took work again or joined within 200 ms") != std::string::npos,
+                  why);
+  };
+  self->send(decode, drain_atom::value, d_rank);
+  refused(decode, decode_placement{}, "place_decode", "decode-x");
+  self->send(prefill, drain_atom::value, p_rank);
+  refused(prefill, prefill_placement{}, "place_prefill", "prefill-x");
+  for (auto a : {caf::actor_cast<caf::actor>(decode), caf::actor_cast<caf::actor>(prefill), caf::actor_cast<caf::actor>(d_rank),
+                 caf::actor_cast<caf::actor>(p_rank)})
+    self->send_exit(a, caf::exit_reason::user_shutdown);
+}

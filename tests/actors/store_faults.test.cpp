@@ -332,17 +332,44 @@ TEST_CASE("store node lost and back: the head adopts it again under the same ser
         .receive([&](std::vector<block_server_actor>& s) { out = std::move(s); }, [](caf::error&) {});
     return out;
   };
-  const auto servers_up = [&] {
+  const auto router_stats = [&] {
     cluster_stats out;
     self->request(cluster.router, std::chrono::seconds{5}, stats_atom::value)
         .receive([&](cluster_stats& c) { out = std::move(c); }, [](caf::error&) {});
-    return out.store_servers_up;
+    return out;
   };
+  const auto servers_up = [&] { return router_stats().store_servers_up; };
   CHECK(servers_up() == 1);
+  const uint64_t written_before = router_stats().store.bytes_written;
+  CHECK(written_before > 0);
   const auto old_server = cluster.store_servers.at(0).handle;
   REQUIRE(servers_now() == std::vector<block_server_actor>{old_server});
+  // A watch as a rank keeps one (store_watch.hpp): "server 0 other than generation 0, up?" It is
+  // answered at the first change: the server going down.
+  caf::scoped_actor watcher{t.sys};
+  auto watch = watcher->request(cluster.store_index[0], std::chrono::seconds{30}, servers_atom::value, uint32_t{0},
+                                uint64_t{0}, false);
   // The node's server dies (its process would have); the host answers again at once.
   self->send_exit(old_server, caf::exit_reason::kill);
+  bool told_down = false;
+  std::move(watch).receive(
+      [&](block_server_actor& s, uint64_t generation, bool down) {
+        told_down = down && generation == 0 && s == old_server;
+      },
+      [&](caf::error& e) { FAIL(t.sys.render(e)); });
+  CHECK(told_down);
+  // Watched again knowing it down: answered once it is adopted again, with the new actor.
+  block_server_actor next;
+  watcher->request(cluster.store_index[0], std::chrono::seconds{30}, servers_atom::value, uint32_t{0}, uint64_t{0}, true)
+      .receive(
+          [&](block_server_actor& s, uint64_t generation, bool down) {
+            CHECK(generation == 1);
+            CHECK_FALSE(down);
+            next = s;
+          },
+          [&](caf::error& e) { FAIL(t.sys.render(e)); });
+  CHECK(next);
+  CHECK(next != old_server);
   for (int i = 0; i < 2500 && servers_now().at(0) == old_server; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{4});
   const auto now = servers_now();
   REQUIRE(now.at(0) != old_server);
@@ -352,6 +379,8 @@ TEST_CASE("store node lost and back: the head adopts it again under the same ser
     std::this_thread::sleep_for(std::chrono::milliseconds{4});
   for (size_t b = 0; b < 3; ++b) CHECK(servers_of(t, cluster, key_of(cfg, p, b)) == std::vector<uint32_t>{0});
   CHECK(servers_up() == 1);  // the router asks the new server
+  // Counters of the old server are kept: the sums /metrics shows never go back.
+  CHECK(router_stats().store.bytes_written >= written_before);
 
   // The prefill rank reads from the new actor: a hit again, the same output. (It learns of the
   // new actor asynchronously: a read sent before that recomputes, so allow a few tries.)
