@@ -158,7 +158,8 @@ std::string param_of(std::string_view message) {
   if (word == "prompt" && rest.find("plus max_tokens") != std::string_view::npos) return "max_tokens";
   for (std::string_view field : {"max_tokens", "prompt", "messages", "tools", "top_p", "temperature", "logit_bias", "stop",
                                  "stop_token_ids", "min_p", "min_tokens", "top_logprobs", "prompt_top_logprobs",
-                                 "presence_penalty", "frequency_penalty", "repetition_penalty", "priority"})
+                                 "presence_penalty", "frequency_penalty", "repetition_penalty", "priority",
+                                 "traffic_class"})
     if (word == field) return std::string{field};
   return {};
 }

@@ -30,6 +30,12 @@ bool parse_response_format(const json& j, const ordered_json& body, call* out, a
     return false;
   };
   if (!it->is_object() || !it->contains("type")) return shape();
+  // An unknown type named as such: the shape's "got an object" did not say which part was wrong.
+  if (!type_is(*it, "text") && !type_is(*it, "json_object") && !type_is(*it, "json_schema")) {
+    *err = bad("response_format", "response_format.type must be \"text\", \"json_object\" or \"json_schema\", got " +
+                                      describe((*it)["type"]));
+    return false;
+  }
   if (type_is(*it, "text")) return true;
   if (out->req.output_format != 0) {
     *err = bad("response_format", "response_format cannot be combined with a forced tool_choice");

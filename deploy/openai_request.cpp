@@ -27,6 +27,11 @@ std::string bound(double x) {
   return json(x).dump();
 }
 
+/// The upper bound of a count whose real limit the router holds (max_tokens: its
+/// max_new_tokens_limit and the model's context; min_tokens: max_tokens). The parser does not
+/// know that limit, so a refusal must not quote this bound as if it were the limit.
+constexpr double router_limited = std::numeric_limits<int32_t>::max();
+
 /// Reads an optional number field into `dst` within [lo, hi]; false and `err` when wrong.
 template <class T>
 bool number_field(const json& j, const char* key, double lo, double hi, T* dst, api_error* err) {
@@ -37,8 +42,13 @@ bool number_field(const json& j, const char* key, double lo, double hi, T* dst, 
     return false;
   }
   const double v = it->get<double>();
+  if (hi == router_limited && v > hi) {  // worded as the router words its own limit
+    *err = bad(key, std::string(key) + " " + describe(*it) + " exceeds the server's limit");
+    return false;
+  }
   if (!std::isfinite(v) || v < lo || v > hi) {
-    *err = bad(key, std::string(key) + " must be in [" + bound(lo) + ", " + bound(hi) + "], got " + describe(*it));
+    const std::string range = hi == router_limited ? ">= " + bound(lo) : "in [" + bound(lo) + ", " + bound(hi) + "]";
+    *err = bad(key, std::string(key) + " must be " + range + ", got " + describe(*it));
     return false;
   }
   if constexpr (std::is_integral_v<T>) {
@@ -208,8 +218,19 @@ bool parse_messages(const json& j, const ordered_json& body, generate_request* r
     chat_turn turn{m["role"].get<std::string>(), {}, {}};
     if (turn.role == "developer") turn.role = "system";  // OpenAI's newer name for it
     if (turn.role != "system" && turn.role != "user" && turn.role != "assistant" && turn.role != "tool") {
-      *err = bad(param + ".role",
-                 param + ".role must be system, user, assistant or tool, got '" + turn.role.substr(0, 32) + "'");
+      *err = bad(param + ".role", param + ".role must be system, developer, user, assistant or tool, got '" +
+                                      turn.role.substr(0, 32) + "'");
+      return false;
+    }
+    // Content is required, as OpenAI requires it, except in an assistant turn that made tool
+    // calls (null there): a user turn without it reached the template as nothing said, and passed.
+    const auto& role = m["role"].get_ref<const std::string&>();  // as given ("developer" too)
+    const bool made_calls = m.contains("tool_calls") && !m["tool_calls"].is_null() &&
+                            !(m["tool_calls"].is_array() && m["tool_calls"].empty());
+    if ((!m.contains("content") || m["content"].is_null()) && !(role == "assistant" && made_calls)) {
+      *err = bad(param + ".content", param + ".content is required for " +
+                                         (role == "assistant" ? "an assistant message without tool_calls"
+                                                              : "a " + role + " message"));
       return false;
     }
     if (!message_content(m, i, &turn.content, err)) return false;
@@ -474,8 +495,18 @@ bool parse_checked_body(std::string_view body, bool chat, const std::string& ser
     *err = bad("", "the body nests arrays and objects deeper than " + std::to_string(max_json_depth) + " levels");
     return false;
   }
-  auto j = json::parse(body, nullptr, false);
-  if (j.is_discarded()) {
+  json j;
+  try {
+    j = json::parse(body);
+  } catch (const json::out_of_range& e) {
+    // nlohmann's 406, "number overflow parsing '1e400'": valid JSON, but past a double's range.
+    // Told apart so that the client looks at the number, not at the syntax.
+    const std::string what = e.what();
+    const size_t from = what.find('\''), to = what.rfind('\'');
+    const std::string number = from < to ? what.substr(from + 1, std::min<size_t>(to - from - 1, 40)) : "";
+    *err = bad("", "a number in the body is out of range" + (number.empty() ? "" : ", got " + number));
+    return false;
+  } catch (const json::exception&) {  // parse_error: syntax, ill-formed UTF-8
     *err = bad("", "the body is not valid JSON");
     return false;
   }
@@ -505,7 +536,6 @@ bool parse_checked_body(std::string_view body, bool chat, const std::string& ser
     return false;
   }
   r.max_tokens = chat ? default_chat_tokens : default_completion_tokens;
-  constexpr double big = std::numeric_limits<int32_t>::max();
   // Echo: the prompt comes back first (with its tokens' log-probabilities when logprobs is set),
   // and max_tokens 0 then asks for the prompt alone: scoring, as evaluation harnesses do.
   if (!bool_field(j, "echo", &r.echo, err)) return false;
@@ -513,7 +543,7 @@ bool parse_checked_body(std::string_view body, bool chat, const std::string& ser
     *err = bad("echo", "echo is supported on /v1/completions only");
     return false;
   }
-  if (!number_field(j, "max_tokens", r.echo ? 0 : 1, big, &r.max_tokens, err)) {
+  if (!number_field(j, "max_tokens", r.echo ? 0 : 1, router_limited, &r.max_tokens, err)) {
     if (!r.echo && !chat && j.contains("max_tokens") && j.at("max_tokens").is_number() && j.at("max_tokens") == 0)  // echo allows it
       err->message = "max_tokens must be at least 1 (0 asks for the prompt's scores alone, with echo: true)";
     return false;
@@ -522,7 +552,7 @@ bool parse_checked_body(std::string_view body, bool chat, const std::string& ser
     r.prompt_only = true;
     r.max_tokens = 1;  // the prefill picks one token in any case; it is not returned
   }
-  if (chat && !number_field(j, "max_completion_tokens", 1, big, &r.max_tokens, err)) return false;
+  if (chat && !number_field(j, "max_completion_tokens", 1, router_limited, &r.max_tokens, err)) return false;
   if (!number_field(j, "temperature", 0, 2, &r.temperature, err)) return false;
   const auto given = [&](const char* field) { return j.contains(field) && !j[field].is_null(); };
   out->temperature_given = given("temperature");
@@ -556,7 +586,7 @@ bool parse_checked_body(std::string_view body, bool chat, const std::string& ser
   // vLLM's min_p and min_tokens (the router checks min_tokens against max_tokens).
   if (!number_field(j, "min_p", 0, 1, &r.min_p, err)) return false;
   int64_t min_tokens = 0;
-  if (!number_field(j, "min_tokens", 0, big, &min_tokens, err)) return false;
+  if (!number_field(j, "min_tokens", 0, router_limited, &min_tokens, err)) return false;
   r.min_tokens = static_cast<uint32_t>(min_tokens);
   if (!bool_field(j, "ignore_eos", &r.ignore_eos, err)) return false;
   if (!bool_field(j, "include_stop_str_in_output", &r.include_stop_str_in_output, err)) return false;

@@ -174,6 +174,10 @@ TEST_CASE("the gateway refuses what it cannot serve with the right status and a 
   CHECK(metrics.body.find("baton_rank_free_kv_pages{role=\"decode\",rank=\"decode-0\"}") != std::string::npos);
   CHECK(metrics.body.find("baton_rank_available{role=\"prefill\",rank=\"prefill-0\"} 1\n") != std::string::npos);
   CHECK(metrics.body.find("baton_router_up 1") != std::string::npos);
+  // The router's refusal of traffic_class names it as the param, as every other field's does.
+  auto cls = round_trip(port, post("/v1/completions", R"({"prompt":"a","max_tokens":2,"traffic_class":"gold"})"));
+  CHECK(cls.status == 400);
+  CHECK_MESSAGE(json::parse(cls.body)["error"]["param"] == "traffic_class", cls.body);
 }
 
 TEST_CASE("the gateway keeps serving a client that pipelines thousands of requests behind a stream") {

@@ -198,6 +198,8 @@ TEST_CASE("OpenAI request bodies map onto generate_request, and refusals name th
     return e;
   };
   CHECK(refused("{not json").message == "the body is not valid JSON");
+  // Valid JSON whose number a double cannot hold: said as such, not as a syntax error.
+  CHECK(refused(R"({"prompt":"a","temperature":1e400})").message == "a number in the body is out of range, got 1e400");
   CHECK(refused(R"({"prompt":"a","n":0})").param == "n");
   CHECK(refused(R"({"prompt":"a","n":65})").message == "n must be in [1, 64], got 65");
   CHECK(refused(R"({"prompt":"a","logprobs":21})").message == "logprobs must be in [0, 20], got 21");
@@ -212,6 +214,15 @@ TEST_CASE("OpenAI request bodies map onto generate_request, and refusals name th
   CHECK(refused(R"({"prompt":"a","frequency_penalty":2.5})").message == "frequency_penalty must be in [-2, 2], got 2.5");
   CHECK(refused(R"({"prompt":"a","max_tokens":"5"})").param == "max_tokens");
   CHECK(refused(R"({"prompt":"a","max_tokens":2.5})").message.find("integer") != std::string::npos);
+  // The real upper limit is the router's (max_new_tokens_limit, the context), unknown here: not
+  // quoted as 2147483647.
+  CHECK(refused(R"({"prompt":"a","max_tokens":-1})").message == "max_tokens must be >= 1, got -1");
+  CHECK(refused(R"({"messages":[{"role":"user","content":"x"}],"max_tokens":-1})", true).message ==
+        "max_tokens must be >= 1, got -1");
+  CHECK(refused(R"({"messages":[{"role":"user","content":"x"}],"max_completion_tokens":-1})", true).message ==
+        "max_completion_tokens must be >= 1, got -1");
+  CHECK(refused(R"({"prompt":"a","max_tokens":3000000000})").message == "max_tokens 3000000000 exceeds the server's limit");
+  CHECK(refused(R"({"prompt":"a","min_tokens":-1})").message == "min_tokens must be >= 0, got -1");
   CHECK(refused(R"({"prompt":"a","temperature":7})").message == "temperature must be in [0, 2], got 7");
   for (const char* p : {"0", "2", "-0.5"})  // one range whatever the side (0 said "(0, 1]", 2 "[0, 1]")
     CHECK(refused(std::string{R"({"prompt":"a","top_p":)"} + p + "}").message == std::string{"top_p must be in (0, 1], got "} + p);
@@ -224,6 +235,25 @@ TEST_CASE("OpenAI request bodies map onto generate_request, and refusals name th
   CHECK(refused(R"({"prompt":[1,-2]})").param == "prompt");
   CHECK(refused(R"({"prompt":"a","model":"gpt-4"})").status == 404);
   CHECK(refused(R"({"messages":[{"role":"function","content":"x"}]})", true).param == "messages[0].role");
+  // Every accepted role is listed (developer was accepted but left out).
+  CHECK(refused(R"({"messages":[{"role":"wizard","content":"x"}]})", true).message ==
+        "messages[0].role must be system, developer, user, assistant or tool, got 'wizard'");
+  // Content is required but for an assistant turn with tool calls (a user turn without it passed).
+  for (const char* m : {R"({"role":"user"})", R"({"role":"user","content":null})"}) {
+    const auto e2 = refused(std::string{R"({"messages":[)"} + m + "]}", true);
+    CHECK(e2.param == "messages[0].content");
+    CHECK(e2.message == "messages[0].content is required for a user message");
+  }
+  CHECK(refused(R"({"messages":[{"role":"user","content":"x"},{"role":"tool","tool_call_id":"c"}]})", true).message ==
+        "messages[1].content is required for a tool message");
+  CHECK(refused(R"({"messages":[{"role":"developer"},{"role":"user","content":"x"}]})", true).message ==
+        "messages[0].content is required for a developer message");
+  CHECK(refused(R"({"messages":[{"role":"user","content":"x"},{"role":"assistant"}]})", true).message ==
+        "messages[1].content is required for an assistant message without tool_calls");
+  REQUIRE(deploy::openai::parse_body(R"({"messages":[{"role":"user","content":"x"},{"role":"assistant","tool_calls":
+      [{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c","content":""}]})",
+                                     true, "m", &c, &e));
+  CHECK(c.req.messages.size() == 3);
   CHECK(refused(R"({"messages":[{"role":"user","content":[{"type":"image_url"}]}]})", true).param ==
         "messages[0].content");
   CHECK(refused(R"({"prompt":"a","stop":["ok",""]})").param == "stop");
@@ -258,6 +288,9 @@ TEST_CASE("OpenAI request bodies map onto generate_request, and refusals name th
   // an exception through the gateway (these threw nlohmann's type_error, and the connection died).
   CHECK(refused(R"({"messages":[{"role":"user","content":[{"type":1,"text":"x"}]}]})", true).param == "messages[0].content");
   CHECK(refused(R"({"prompt":"a","response_format":{"type":5}})").param == "response_format");
+  // An unknown type is named, with the accepted ones (it said only "got an object").
+  CHECK(refused(R"({"prompt":"a","response_format":{"type":"xml"}})").message ==
+        R"(response_format.type must be "text", "json_object" or "json_schema", got "xml")");
   CHECK(refused(R"({"prompt":"a","response_format":{"type":"json_schema"}})").param == "response_format");
   CHECK(refused(R"({"prompt":"a","response_format":{"type":"json_schema","json_schema":{"name":"x"}}})").message ==
         "response_format.json_schema needs its schema");
