@@ -223,6 +223,13 @@ void arm_grace_check(pointer self) {
   }
 }
 
+/// After any change of the ranks or their state: whether some rank takes work now, and if none
+/// does, the grace's timer for what is parked.
+void after_change(pointer self) {
+  self->state.registry.refresh(self->clock().now());
+  arm_grace_check(self);
+}
+
 /// Parked placements are retried after each load report, but what keeps them parked may be
 /// charges whose sequences never came, and an idle rank sends no report: retry them when those
 /// charges expire too.
@@ -315,8 +322,10 @@ prefill_balancer_actor::behavior_type prefill_balancer_impl(pointer self, prefil
   st.started = self->clock().now();
   // A rank that goes away (its process ended) takes no more placements; its prompts are
   // re-placed by their request actors, which watch it too.
-  self->set_down_handler(
-      [=](caf::down_msg& dm) { forget_rank(self->state, dm.source, "forgotten: it went down", false, self->clock().now()); });
+  self->set_down_handler([=](caf::down_msg& dm) {
+    forget_rank(self->state, dm.source, "forgotten: it went down", false, self->clock().now());
+    after_change(self);
+  });
   return {
       [=](place_atom, place_query& q) -> caf::result<prefill_placement> {
         const auto grace = std::chrono::milliseconds{self->state.cfg.no_rank_grace_ms};
@@ -334,7 +343,7 @@ prefill_balancer_actor::behavior_type prefill_balancer_impl(pointer self, prefil
         auto& st = self->state;
         st.grace_timer_armed = false;
         const auto none = st.registry.none_taking_work("prefill", self->clock().now(), std::chrono::milliseconds{st.cfg.no_rank_grace_ms});
-        if (!none.empty()) return refuse_parked(st.parked, "place_prefill", none);
+        if (!none.empty()) return refuse_parked(st.parked, "place_prefill", none, self->clock().now());
         arm_grace_check(self);  // a rank took work meanwhile and stopped again: a new grace
       },
       [=](load_atom, rank_load& load, prefill_rank_actor& rank) {
@@ -354,6 +363,7 @@ prefill_balancer_actor::behavior_type prefill_balancer_impl(pointer self, prefil
           sync_view(st, *i);
         }
         serve_parked(st.parked, self->clock().now(), "place_prefill", [=](const place_query& q) { return try_place(self, q); });
+        after_change(self);
       },
       [=](expire_atom) {
         self->state.charges.timer_fired();
@@ -375,6 +385,7 @@ prefill_balancer_actor::behavior_type prefill_balancer_impl(pointer self, prefil
       [=](forget_atom, prefill_rank_actor& rank) {
         forget_rank(self->state, caf::actor_cast<caf::actor_addr>(rank), "forgotten: its node is gone", true,
                     self->clock().now());
+        after_change(self);
       },
       [=](rejoin_atom, prefill_rank_actor& rank, bool keep_draining) {
         self->state.registry.rejoin(caf::actor_cast<caf::actor_addr>(rank), keep_draining);
@@ -386,6 +397,7 @@ prefill_balancer_actor::behavior_type prefill_balancer_impl(pointer self, prefil
           st.registry.draining[*i] = true;
           sync_view(st, *i);
         }
+        after_change(self);
       },
       [=](undrain_atom, prefill_rank_actor& rank) {
         auto& st = self->state;
@@ -395,6 +407,7 @@ prefill_balancer_actor::behavior_type prefill_balancer_impl(pointer self, prefil
           sync_view(st, *i);
           serve_parked(st.parked, self->clock().now(), "place_prefill", [=](const place_query& q) { return try_place(self, q); });
         }
+        after_change(self);
       },
   };
 }

@@ -58,40 +58,43 @@ struct rank_registry {
   static constexpr size_t max_absent = 4096;
   bool had_ranks = false;  ///< some rank has reported since start
   caf::actor_clock::time_point empty_since{};  ///< when the last rank left (had_ranks, none now)
-  /// Since when the ranks here all take no work (draining, stepped aside); unset while one does.
-  /// Set by the first look after that (none_taking_work), not at the change itself.
+  /// Since when the ranks here all take no work (draining, stepped aside); unset while one does,
+  /// or none is here (then empty_since counts). Kept by refresh().
   std::optional<caf::actor_clock::time_point> closed_since;
+
+  /// Keeps closed_since: the balancers call it after every change of the ranks or their state (a
+  /// report, a drain or undrain, a rank forgotten or let back).
+  void refresh(caf::actor_clock::time_point now) {
+    bool any_open = false;
+    for (size_t i = 0; i < ranks.size() && !any_open; ++i) any_open = open(i);
+    if (ranks.empty() || any_open) closed_since.reset();
+    else if (!closed_since) closed_since = now;
+  }
 
   /// Why no placement should wait for a rank: there were ranks, and for longer than `grace` none
   /// has taken work -- every one is gone (their nodes died or stopped, none came back), or those
   /// here are draining or stepped aside. Empty while a rank takes work, within the grace (one may
   /// be on its way back, or mended), and before the first report (at start, ranks are on their
   /// way: a placement waits for them).
-  std::string none_taking_work(const char* role, caf::actor_clock::time_point now, caf::timespan grace) {
+  std::string none_taking_work(const char* role, caf::actor_clock::time_point now, caf::timespan grace) const {
     if (!had_ranks) return {};
     const auto grace_ms = std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(grace).count());
     if (ranks.empty()) {
-      closed_since.reset();
       if (now - empty_since < grace) return {};
       return std::string{"no "} + role + " rank in the cluster: every one that joined has left, none came back within " +
              grace_ms + " ms (a node restarted takes work again once its rank has rejoined)";
     }
+    if (!closed_since || now - *closed_since < grace) return {};  // unset: a rank takes work
     std::string first_aside;
-    for (size_t i = 0; i < ranks.size(); ++i) {
-      if (open(i)) {
-        closed_since.reset();
-        return {};
-      }
-      if (first_aside.empty()) first_aside = loads[i].name + ": " + (draining[i] ? std::string{"draining"} : loads[i].unavailable);
-    }
-    if (!closed_since) closed_since = now;
-    if (now - *closed_since < grace) return {};
+    for (size_t i = 0; i < ranks.size() && first_aside.empty(); ++i)
+      if (!open(i)) first_aside = loads[i].name + ": " + (draining[i] ? std::string{"draining"} : loads[i].unavailable);
     return std::string{"no "} + role + " rank takes work: the " + std::to_string(ranks.size()) +
            " here are draining or stepped aside (" + first_aside + (ranks.size() > 1 ? ", ..." : "") +
            "), and none took work again or joined within " + grace_ms + " ms";
   }
   /// With no rank taking work, the time left until none_taking_work refuses (a timer then
   /// refuses the placements parked meanwhile); none while a rank takes work or before the first.
+  /// (closed_since as refresh() left it.)
   std::optional<caf::timespan> grace_left(caf::actor_clock::time_point now, caf::timespan grace) const {
     if (!had_ranks) return std::nullopt;
     if (ranks.empty()) return std::max(caf::timespan{0}, grace - (now - empty_since));
@@ -177,14 +180,6 @@ struct parked_placement {
   caf::actor_clock::time_point deadline;
 };
 
-/// Refuses every parked placement: no rank takes work (rank_registry::none_taking_work says why).
-template <class Placement>
-void refuse_parked(std::deque<parked_placement<Placement>>& parked, const char* stage, const std::string& why) {
-  for (auto& p : parked)
-    p.promise.deliver(make_error(errc::rank_unavailable, where(p.query.request_id, "", stage) + ": " + why));
-  parked.clear();
-}
-
 /// Parks `q` (no rank has room now) until its asker's wait runs out.
 template <class Placement>
 void park(std::deque<parked_placement<Placement>>& parked, place_query q,
@@ -225,6 +220,16 @@ void serve_parked(std::deque<parked_placement<Placement>>& parked, caf::actor_cl
     parked.front().promise.deliver(std::move(*placed));
     parked.pop_front();
   }
+}
+
+/// Refuses every parked placement: no rank takes work (rank_registry::none_taking_work says why).
+template <class Placement>
+void refuse_parked(std::deque<parked_placement<Placement>>& parked, const char* stage, const std::string& why,
+                   caf::actor_clock::time_point now) {
+  drop_expired(parked, now, stage);  // their askers stopped waiting: told so, as before
+  for (auto& p : parked)
+    p.promise.deliver(make_error(errc::rank_unavailable, where(p.query.request_id, "", stage) + ": " + why));
+  parked.clear();
 }
 
 }  // namespace baton

@@ -290,12 +290,16 @@ void ask_store_servers(router_pointer self, Out out, Add add, Done done, std::ch
   for (size_t i = 0; i < s.store.servers.size(); ++i)
     self->request(s.store.servers[i], timeout, stats_atom::value)
         .then(
-            [=](store_stats& x) mutable {
+            [=, asked = s.store.servers[i]](store_stats& x) mutable {
+              // An answer of an actor replaced meanwhile (an overlapping scrape): its counters
+              // are in server_stats_before already.
+              if (asked != self->state.store.servers[i]) return done();
               self->state.server_stats_seen[i] = x;
               ++out->store_servers_up;
               add(self->state.server_stats_before[i]), add(x), done();
             },
-            [=](caf::error& e) mutable {
+            [=, asked = s.store.servers[i]](caf::error& e) mutable {
+              if (asked != self->state.store.servers[i]) return done();
               // Its counters as last seen; its disk use too while it may be only slow, none once
               // it is gone (its files serve nobody).
               auto last = self->state.server_stats_seen[i];

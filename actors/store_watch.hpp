@@ -22,6 +22,10 @@ namespace baton {
 struct store_server_watch {
   std::vector<bool> down;            ///< by server id: seen to stop (or told so), no next actor yet
   std::vector<uint64_t> generation;  ///< by server id: which adoption of it `store.servers` holds
+  /// By server id: what the index last said (down or up). The watch asks about a change from
+  /// that, not from `down`, which this rank may also set itself (a down message, a handle that
+  /// came invalid): else a mismatch would be answered at once, again and again.
+  std::vector<bool> told_down;
 };
 
 namespace store_watch_detail {
@@ -32,7 +36,7 @@ void await_next(Self* self, uint32_t id) {
   // No timeout: the index answers at the server's next change, however long that takes. If the
   // index goes (the head's end) no answer comes, and there is nothing left to ask.
   self->request(st.store.index.front(), caf::infinite, servers_atom::value, id, st.store_watch.generation[id],
-                static_cast<bool>(st.store_watch.down[id]))
+                static_cast<bool>(st.store_watch.told_down[id]))
       .then(
           [self, id](block_server_actor& now, uint64_t generation, bool down) {
             auto& s = self->state;
@@ -41,6 +45,7 @@ void await_next(Self* self, uint32_t id) {
               s.store.servers[id] = now;
               self->monitor(now);  // a dead one comes back down at once
             }
+            s.store_watch.told_down[id] = down;
             s.store_watch.down[id] = down || !s.store.servers[id];
             await_next(self, id);
           },
@@ -57,9 +62,14 @@ void watch_store_servers(Self* self) {
   if (!st.store.enabled()) return;
   st.store_watch.down.assign(st.store.servers.size(), false);
   st.store_watch.generation.assign(st.store.servers.size(), 0);
+  st.store_watch.told_down.assign(st.store.servers.size(), false);
   for (uint32_t i = 0; i < st.store.servers.size(); ++i) {
-    if (st.store.servers[i]) self->monitor(st.store.servers[i]);
-    else st.store_watch.down[i] = true;
+    if (st.store.servers[i]) {
+      self->monitor(st.store.servers[i]);
+    } else {  // asked as if told down: the index answers at once with the actor it has
+      st.store_watch.down[i] = true;
+      st.store_watch.told_down[i] = true;
+    }
     store_watch_detail::await_next(self, i);
   }
 }

@@ -223,10 +223,13 @@ bool parse_messages(const json& j, const ordered_json& body, generate_request* r
       return false;
     }
     // Content is required, as OpenAI requires it, except in an assistant turn that made tool
-    // calls (null there): a user turn without it reached the template as nothing said, and passed.
+    // calls, a legacy function_call, or carries a refusal (null there, as SDKs echo them back):
+    // a user turn without it reached the template as nothing said, and passed.
     const auto& role = m["role"].get_ref<const std::string&>();  // as given ("developer" too)
-    const bool made_calls = m.contains("tool_calls") && !m["tool_calls"].is_null() &&
-                            !(m["tool_calls"].is_array() && m["tool_calls"].empty());
+    const auto present = [&](const char* key) {
+      return m.contains(key) && !m[key].is_null() && !(m[key].is_array() && m[key].empty());
+    };
+    const bool made_calls = present("tool_calls") || present("function_call") || present("refusal");
     if ((!m.contains("content") || m["content"].is_null()) && !(role == "assistant" && made_calls)) {
       *err = bad(param + ".content", param + ".content is required for " +
                                          (role == "assistant" ? "an assistant message without tool_calls"

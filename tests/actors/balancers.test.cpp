@@ -413,6 +413,18 @@ TEST_CASE("a placement parked while every rank of the role drains is refused onc
   };
   self->send(decode, drain_atom::value, d_rank);
   refused(decode, decode_placement{}, "place_decode", "decode-x");
+  // A placement parked for want of room while the rank took work: the rank then drains, and no
+  // other placement or report comes; the drain starts the grace, whose end refuses it.
+  self->send(decode, undrain_atom::value, d_rank);
+  auto full = idle_load("decode-x", 8);
+  full.num_free_pages = 0;
+  self->send(decode, load_atom::value, full, d_rank);
+  auto parked_for_room = ask(decode, 3);
+  self->send(decode, drain_atom::value, d_rank);
+  std::string why;
+  parked_for_room.receive([&](decode_placement&) { FAIL("placed on a full, draining rank"); },
+                          [&](caf::error& e) { why = t.sys.render(e); });
+  CHECK_MESSAGE(why.find("no decode rank takes work: the 1 here are draining") != std::string::npos, why);
   self->send(prefill, drain_atom::value, p_rank);
   refused(prefill, prefill_placement{}, "place_prefill", "prefill-x");
   for (auto a : {caf::actor_cast<caf::actor>(decode), caf::actor_cast<caf::actor>(prefill), caf::actor_cast<caf::actor>(d_rank),

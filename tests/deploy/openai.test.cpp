@@ -254,6 +254,13 @@ TEST_CASE("OpenAI request bodies map onto generate_request, and refusals name th
       [{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c","content":""}]})",
                                      true, "m", &c, &e));
   CHECK(c.req.messages.size() == 3);
+  // An assistant turn an SDK echoes back with a refusal, or a legacy function_call, and null content.
+  for (const char* a : {R"({"role":"assistant","content":null,"refusal":"I cannot help with that."})",
+                        R"({"role":"assistant","content":null,"function_call":{"name":"f","arguments":"{}"}})"})
+    CHECK_MESSAGE(deploy::openai::parse_body(std::string{R"({"messages":[{"role":"user","content":"x"},)"} + a +
+                                                 R"(,{"role":"user","content":"y"}]})",
+                                             true, "m", &c, &e),
+                  e.message);
   CHECK(refused(R"({"messages":[{"role":"user","content":[{"type":"image_url"}]}]})", true).param ==
         "messages[0].content");
   CHECK(refused(R"({"prompt":"a","stop":["ok",""]})").param == "stop");
