@@ -435,6 +435,21 @@ int run_local(const std::vector<std::string>& args) {
     std::fprintf(stderr, "baton local: --store-node needs --serve\n");
     return 2;
   }
+  // Flags that only a serving head uses were once ignored without a word: the prompts ran and the
+  // process exited, listening nowhere.
+  for (const auto& [flag, value] : {std::pair<const char*, const std::string*>{"--router-listen", &opt.router_listen},
+                                    {"--cluster-listen", &opt.cluster_listen},
+                                    {"--http-listen", &opt.http_listen}})
+    if (!value->empty() && !opt.serve) {
+      std::fprintf(stderr, "baton local: %s needs --serve (without it, baton local answers its prompts and exits)\n", flag);
+      return 2;
+    }
+  // The modelled link moves no bytes (sims time transfers on it): a real cluster on it fails
+  // every request's KV check.
+  if (opt.cluster.transport == "modelled") {
+    std::fprintf(stderr, "baton local: --transport modelled moves no KV (it is the sims' timing model): use loopback or ucx\n");
+    return 2;
+  }
 
   caf::actor_system_config cfg;
   register_message_types(cfg);

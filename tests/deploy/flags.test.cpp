@@ -214,3 +214,12 @@ TEST_CASE("BATON_API_KEYS: keys are trimmed of the blanks around them; set but h
     CHECK(why.find("BATON_API_KEYS is set but holds no key") == 0);
   }
 }
+
+TEST_CASE("baton local refuses flags it would ignore or a transport that moves no KV, naming the flag, before a "
+          "model loads") {
+  // Each once answered its prompts and exited 0, listening nowhere, or failed every request.
+  CHECK(baton::deploy::run_local({"--router-listen", "127.0.0.1:0"}) == 2);
+  CHECK(baton::deploy::run_local({"--http-listen", "127.0.0.1:0"}) == 2);
+  CHECK(baton::deploy::run_local({"--cluster-listen", "127.0.0.1:0", "--decode-ranks", "1"}) == 2);
+  CHECK(baton::deploy::run_local({"--transport", "modelled"}) == 2);
+}
