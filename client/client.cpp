@@ -146,7 +146,7 @@ caf::behavior sink_impl(caf::event_based_actor* self, router_actor router, gener
         if (from_router && *watching_request) return;  // the request's own actor speaks for it now
         end([&] {
           ch->failed = true;
-          ch->err = {"rank_unavailable", why, true};
+          ch->err = {from_router ? "router_gone" : "rank_unavailable", why, true};
         });
         self->quit();
       },

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <random>
 
 #include "client/baton/client.hpp"
 #include "deploy/commands.hpp"
@@ -37,7 +38,7 @@ int run_generate(const std::vector<std::string>& args) {
   flags.add("--max-tokens", &max_tokens,
             "tokens to generate (0: what the context leaves after the prompt, within the router's --default-max-tokens)");
   flags.add("--temperature", &req.temperature, "0 = greedy");
-  flags.add("--seed", &seed, "sampling seed");
+  flags.add("--seed", &seed, "sampling seed (default: a fresh one per prompt; give one to repeat a sampled answer)");
   flags.add("--top-p", &req.top_p, "nucleus sampling (1 = off)");
   flags.add("--top-k", &req.top_k, "top-k sampling (0 = off)");
   flags.add("--min-p", &req.min_p, "keep only tokens at least this fraction as likely as the best (0 = off)");
@@ -94,6 +95,12 @@ int run_generate(const std::vector<std::string>& args) {
     return 1;
   }
   req.max_tokens = static_cast<int32_t>(max_tokens);
+  // Sampling without --seed draws a seed per prompt, as the HTTP gateway does: a fixed default
+  // gave every run the same "random" text.
+  const bool seed_given = std::any_of(args.begin(), args.end(), [](const std::string& a) {
+    return a == "--seed" || a.rfind("--seed=", 0) == 0;
+  });
+  std::random_device entropy;
   req.seed = seed;
   req.prompt_logprobs = score;
   int failures = 0;
@@ -102,6 +109,7 @@ int run_generate(const std::vector<std::string>& args) {
       req.messages = {{"user", p}};
     else
       req.prompt = p;
+    if (!seed_given && req.temperature > 0) req.seed = (uint64_t{entropy()} << 32) | entropy();
     auto s = conn->submit(req);
     baton::client::token_chunk c;
     while (s->next(&c)) {
@@ -112,6 +120,12 @@ int run_generate(const std::vector<std::string>& args) {
     if (s->failed()) {
       ++failures;
       std::fprintf(stderr, "baton generate: %s: %s\n", s->error_info().code.c_str(), s->error_info().message.c_str());
+      // Each prompt sent after it would wait out the client's grace to fail the same way.
+      if (s->error_info().code == "router_gone") {
+        if (const size_t left = prompts.size() - static_cast<size_t>(&p - prompts.data()) - 1; left > 0)
+          std::fprintf(stderr, "baton generate: the router is gone: %zu more prompt(s) not sent\n", left);
+        return 1;
+      }
       continue;
     }
     if (s->timed_out()) {

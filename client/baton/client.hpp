@@ -105,7 +105,9 @@ struct result {
 };
 
 struct error {
-  std::string code;     ///< bad_request, kv_capacity, rank_unavailable, deadline_exceeded, cancelled, ...
+  /// bad_request, kv_capacity, rank_unavailable, deadline_exceeded, cancelled, ...; router_gone:
+  /// the router itself went away (its process, or the link to it): connect again before more.
+  std::string code;
   std::string message;  ///< names the request, the rank and the stage
   bool retryable = false;
 };

@@ -811,6 +811,31 @@ TEST_CASE("the C++ client's stream fails (rank_unavailable, naming who went) whe
   caf::anon_send_exit(router, caf::exit_reason::user_shutdown);
 }
 
+TEST_CASE("the C++ client's stream says router_gone when the router itself ends without an answer: a caller "
+          "(baton generate) stops sending instead of waiting out the grace once per prompt") {
+  caf::actor_system_config cfg;
+  caf::actor_system sys{served_cluster::init(cfg)};
+  // A router stand-in that takes the request and then ends, answering nothing.
+  auto router = sys.spawn([](router_actor::pointer self) -> router_actor::behavior_type {
+    return {
+        [](generate_atom, generate_request&) -> caf::result<completion> { return completion{}; },
+        [=](generate_atom, generate_request&, client_sink_actor) -> caf::result<completion> {
+          self->quit(caf::exit_reason::user_shutdown);
+          return self->make_response_promise<completion>();
+        },
+        [](stats_atom) { return cluster_stats{}; },
+        [](rank_gone_atom, std::vector<std::string>&, std::string&) {},
+    };
+  });
+  auto conn = client_of(sys, router);
+  auto stream = conn->submit(baton::client::request{});
+  baton::client::token_chunk c;
+  CHECK_FALSE(stream->next(&c, std::chrono::seconds{60}));  // the grace is 5 s
+  REQUIRE(stream->failed());
+  CHECK(stream->error_info().code == "router_gone");
+  CHECK_MESSAGE(stream->error_info().message.find("the router ended before the answer") == 0, stream->error_info().message);
+}
+
 TEST_CASE("the C++ client's result carries how the request got through: its failovers, the last failure that "
           "re-placed it, and its decode moves") {
   caf::actor_system_config cfg;
