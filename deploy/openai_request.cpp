@@ -276,6 +276,20 @@ bool parse_tools(const json& j, const ordered_json& body, call* out, api_error* 
       *err = bad("tools", "tools[" + std::to_string(k) + "] must be {type: \"function\", function: {name, ...}}");
       return false;
     }
+    // A call's arguments are a JSON object: its parameters must allow one. (A schema of anything
+    // else, followed for a forced call, answered "false" as plain text, with no tool_calls.)
+    const auto& f = t["function"];
+    if (!f.contains("parameters") || f["parameters"].is_null()) continue;
+    const auto& p = f["parameters"];
+    const auto allows_object = [](const json& type) {
+      if (type.is_string()) return type == "object";
+      return type.is_array() && std::find(type.begin(), type.end(), json("object")) != type.end();
+    };
+    if (!(p.is_boolean() ? p.get<bool>() : p.is_object() && (!p.contains("type") || allows_object(p["type"])))) {
+      *err = bad("tools", "tools[" + std::to_string(k) + "].function.parameters must be the JSON schema of an object " +
+                              "(a call's arguments are one), got " + describe(p.is_object() && p.contains("type") ? p["type"] : p));
+      return false;
+    }
   }
   // A function's parameters as a schema (none: it takes no arguments). Placed inside a larger
   // schema (`at`, a JSON pointer), its own references ("#/$defs/...") are moved along with it.
@@ -284,6 +298,10 @@ bool parse_tools(const json& j, const ordered_json& body, call* out, api_error* 
     if (!f.contains("parameters") || f["parameters"].is_null())
       return ordered_json{{"type", "object"}, {"properties", ordered_json::object()}, {"additionalProperties", false}};
     ordered_json p = f["parameters"];
+    // Held to an object (checked above that the schema allows one): true and {} allow anything,
+    // a type list may allow null too; a forced call's arguments must still be an object.
+    if (p.is_boolean() || p.empty()) p = ordered_json{{"type", "object"}};
+    else p["type"] = "object";
     std::vector<ordered_json*> todo = {&p};
     while (!todo.empty()) {
       ordered_json* v = todo.back();

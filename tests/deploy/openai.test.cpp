@@ -552,6 +552,25 @@ TEST_CASE("tools: OpenAI's tools and tool_choice, tool results and an assistant'
   CHECK(e.message == R"(tools[0] must be {type: "function", function: {name, ...}})");
   CHECK_FALSE(deploy::openai::parse_body(R"({"prompt":"x",)" + tools + "}", false, "m", &c, &e));
   CHECK(e.message == "tools are for /v1/chat/completions");
+  // A call's arguments are an object: parameters that allow none are refused by name; true, {}
+  // and a type list with null are held to an object when the call is forced (they answered a
+  // bare "false", with no tool_calls).
+  const auto with_parameters = [](const std::string& params, const std::string& choice) {
+    return R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f","parameters":)" +
+           params + "}}]" + choice + "}";
+  };
+  for (const char* p : {R"("x")", R"({"type":"string"})", "false", R"({"type":["array","null"]})"}) {
+    CAPTURE(p);
+    CHECK_FALSE(deploy::openai::parse_body(with_parameters(p, ""), true, "m", &c, &e));
+    CHECK(e.param == "tools");
+    CHECK(e.message.find("tools[0].function.parameters must be the JSON schema of an object") == 0);
+  }
+  const std::string named = R"(,"tool_choice":{"type":"function","function":{"name":"f"}})";
+  for (const char* p : {"{}", "true", R"({"type":["object","null"]})", R"({"properties":{"a":{"type":"string"}}})"}) {
+    CAPTURE(p);
+    REQUIRE_MESSAGE(deploy::openai::parse_body(with_parameters(p, named), true, "m", &c, &e), e.message);
+    CHECK(json::parse(c.req.output_spec)["type"] == "object");
+  }
 
   const std::string turns = R"({"messages":[{"role":"user","content":"Paris?"},
       {"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\": \"Paris\", \"unit\": \"c\"}"}}]},
