@@ -8,6 +8,7 @@
 #include "gpu/json_schema_grammar.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <limits>
@@ -276,9 +277,25 @@ bool parse_tools(const json& j, const ordered_json& body, call* out, api_error* 
       *err = bad("tools", "tools[" + std::to_string(k) + "] must be {type: \"function\", function: {name, ...}}");
       return false;
     }
+    // Names as OpenAI takes them (letters, digits, _ and -, at most 64), each once: a call names
+    // its function, and a template or a parser reading a name with a space or a twin misreads it.
+    const auto& f = t["function"];
+    const auto& name = f["name"].get_ref<const std::string&>();
+    if (name.empty() || name.size() > 64 || !std::all_of(name.begin(), name.end(), [](char ch) {
+          return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '-';
+        })) {
+      *err = bad("tools", "tools[" + std::to_string(k) + "].function.name must be 1 to 64 letters, digits, _ or -, got " +
+                              describe(f["name"]));
+      return false;
+    }
+    for (size_t before = 0; before < k; ++before)
+      if ((*it)[before]["function"]["name"] == f["name"]) {
+        *err = bad("tools", "tools[" + std::to_string(k) + "] repeats the function name '" + name + "' of tools[" +
+                                std::to_string(before) + "]");
+        return false;
+      }
     // A call's arguments are a JSON object: its parameters must allow one. (A schema of anything
     // else, followed for a forced call, answered "false" as plain text, with no tool_calls.)
-    const auto& f = t["function"];
     if (!f.contains("parameters") || f["parameters"].is_null()) continue;
     const auto& p = f["parameters"];
     const auto allows_object = [](const json& type) {

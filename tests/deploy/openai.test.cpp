@@ -565,6 +565,15 @@ TEST_CASE("tools: OpenAI's tools and tool_choice, tool results and an assistant'
     CHECK(e.param == "tools");
     CHECK(e.message.find("tools[0].function.parameters must be the JSON schema of an object") == 0);
   }
+  // Names as OpenAI takes them, each once.
+  CHECK_FALSE(deploy::openai::parse_body(
+      R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"get weather"}}]})", true,
+      "m", &c, &e));
+  CHECK(e.message == R"(tools[0].function.name must be 1 to 64 letters, digits, _ or -, got "get weather")");
+  CHECK_FALSE(deploy::openai::parse_body(R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function",
+      "function":{"name":"f"}},{"type":"function","function":{"name":"f"}}]})",
+                                         true, "m", &c, &e));
+  CHECK(e.message == "tools[1] repeats the function name 'f' of tools[0]");
   const std::string named = R"(,"tool_choice":{"type":"function","function":{"name":"f"}})";
   for (const char* p : {"{}", "true", R"({"type":["object","null"]})", R"({"properties":{"a":{"type":"string"}}})"}) {
     CAPTURE(p);
