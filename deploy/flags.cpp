@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <limits>
 #include <stdexcept>
 
 namespace baton::deploy {
@@ -17,6 +18,8 @@ template <class T>
 std::string parse_integer(const std::string& v, T* out) {
   T x{};
   auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+  if (ec == std::errc::result_out_of_range)
+    return "is out of range: at most " + std::to_string(std::numeric_limits<T>::max()) + ", got '" + v + "'";
   if (ec != std::errc{} || p != v.data() + v.size()) return "expects a non-negative integer, got '" + v + "'";
   *out = x;
   return {};
@@ -107,7 +110,9 @@ std::string flag_set::parse(const std::vector<std::string>& args) {
       arg = arg.substr(0, eq);
     }
     auto f = std::find_if(flags_.begin(), flags_.end(), [&](const flag& x) { return x.name == arg; });
-    if (f == flags_.end()) return "unknown flag '" + arg + "' (see --help)";
+    if (f == flags_.end())
+      return arg.rfind("-", 0) == 0 ? "unknown flag '" + arg + "' (see --help)"
+                                    : "unexpected argument '" + arg + "': this command takes flags only (see --help)";
     if (f->takes_value && !inline_value) {
       if (i + 1 >= args.size()) return "flag " + arg + " needs a value";
       value = args[++i];

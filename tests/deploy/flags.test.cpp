@@ -28,6 +28,7 @@ TEST_CASE("flags set the config fields they are bound to, and name what is wrong
   CHECK(prompts == std::vector<std::string>{"a", "b"});
   CHECK(verbose);
   CHECK(f.parse({"--ranks", "-2"}) == "flag --ranks expects a non-negative integer, got '-2'");
+  CHECK(f.parse({"--ranks", "99999999999"}) == "flag --ranks is out of range: at most 4294967295, got '99999999999'");
   CHECK(f.parse({"--ranks"}) == "flag --ranks needs a value");
   CHECK(f.parse({"--rank", "2"}) == "unknown flag '--rank' (see --help)");
   CHECK(f.parse({"--temperature", "hot"}) == "flag --temperature expects a number, got 'hot'");
@@ -37,7 +38,7 @@ TEST_CASE("flags set the config fields they are bound to, and name what is wrong
   CHECK(f.parse({"--verbose=1"}).empty());
   CHECK(verbose);
   CHECK(f.parse({"--verbose=maybe"}) == "flag --verbose takes true or false after '=', got 'maybe'");
-  CHECK(f.parse({"loose"}) == "unknown flag 'loose' (see --help)");
+  CHECK(f.parse({"loose"}) == "unexpected argument 'loose': this command takes flags only (see --help)");
   // Positional arguments, when collected: whatever is neither a flag nor a flag's value, so a
   // boolean flag never swallows the next flag (baton generate --json-compact --max-tokens 9 "p").
   std::vector<std::string> positional;
