@@ -15,7 +15,7 @@ PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill -INT "$p" 2>/dev/null || true; done; sleep 1; for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$WORK"; }
 trap cleanup EXIT
 export UCX_NET_DEVICES=lo
-wait_line() { for _ in $(seq 600); do grep -q "$2" "$1" && return 0; sleep 0.1; done; echo "no '$2' in $1" >&2; exit 1; }
+wait_line() { for _ in $(seq 600); do grep -qs "$2" "$1" && return 0; sleep 0.1; done; echo "no '$2' in $1" >&2; exit 1; }  # -s: the log may not exist yet
 
 "$BATON" local --serve --router-listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --api-key sk-bench-key > "$WORK/head.log" 2>&1 &
 PIDS+=($!)
