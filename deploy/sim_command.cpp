@@ -169,7 +169,7 @@ void add_sim_flags(flag_set& f, sim_options* o) {
   f.add("--page-tokens", &o->cfg.page_tokens, "KV page size of the modelled ranks (block size must be a multiple)");
   f.add("--ttft-slo-ms", &o->ttft_slo_ms, "SLO on time to first token");
   f.add("--tbt-slo-ms", &o->tbt_slo_ms, "SLO on Mooncake's TBT (a request's slowest 10% of intervals)");
-  f.add("--report", &o->report, "write the JSON report here");
+  f.add("--report", &o->report, "run only: write the JSON report here");
   f.add("--svg", &o->svg,
         "write plots PREFIX-{ttft,tbt,throughput,utilisation,queues}.svg");
   f.add("--sample-s", &o->sample_s, "the timeline's interval: rank utilisation and queues (0: none)");
@@ -637,6 +637,14 @@ bool apply_variant(const std::string& v, const sim_options& base, sim_options* o
 }  // namespace
 
 int run_sim(const std::vector<std::string>& raw) {
+  if (raw.size() == 1 && (raw[0] == "--help" || raw[0] == "-h")) {  // asked for: stdout, exit 0
+    std::printf("usage: baton sim run|goodput|compare [flags]\n"
+                "  run      replay a trace (or a synthetic load) into the cluster's actors under virtual time\n"
+                "  goodput  the highest rate scale whose requests meet their TTFT and TBT targets\n"
+                "  compare  the same trace under several variants (--variant NAME=FLAGS), side by side\n"
+                "`baton sim MODE --help` lists each mode's flags; docs/sims.md explains the reports.\n");
+    return 0;
+  }
   if (raw.empty() || (raw[0] != "run" && raw[0] != "goodput" && raw[0] != "compare")) {
     std::fprintf(stderr, "usage: baton sim run|goodput|compare [flags]   (`baton sim run --help` lists them)\n");
     return 2;

@@ -174,3 +174,13 @@ TEST_CASE("sim run says which span each figure covers, and why requests failed")
   CHECK(has(o.out, "10 x, e.g. baton::rank_unavailable: "));
   CHECK(has(o.out, "no decode rank in the cluster"));
 }
+
+TEST_CASE("baton sim --help names the modes on stdout and exits 0; no mode is still a usage error") {
+  const auto help = baton_sim({"--help"});
+  CHECK(help.rc == 0);
+  CHECK(has(help.out, "run      replay a trace"));
+  CHECK(has(help.out, "`baton sim MODE --help` lists each mode's flags"));
+  const auto none = baton_sim({});
+  CHECK(none.rc == 2);
+  CHECK(has(none.err, "usage: baton sim run|goodput|compare"));
+}
