@@ -286,14 +286,16 @@ private:
       at += "/pattern";
     } else if (format != s.end()) {
       // What each format's strings look like; every string they match is valid (email: a
-      // common subset of addresses).
+      // common subset of addresses: dot-separated atoms, so no leading, trailing or doubled dot,
+      // and domain labels that neither start nor end with a hyphen).
       static const std::map<std::string, std::string> formats = {
           {"date", date_regex},
           {"time", "^" + time_regex + "$"},
           {"date-time", date_regex.substr(0, date_regex.size() - 1) + "T" + time_regex + "$"},
           {"uuid", "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"},
           {"ipv4", "^((25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)\\.){3}(25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)$"},
-          {"email", "^[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(\\.[A-Za-z0-9-]+)*\\.[A-Za-z]{2,}$"}};
+          {"email", "^[A-Za-z0-9_%+-]+(\\.[A-Za-z0-9_%+-]+)*@[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?"
+                    "(\\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*\\.[A-Za-z]{2,}$"}};
       const auto f = format->is_string() ? formats.find(format->get<std::string>()) : formats.end();
       if (f == formats.end())
         return fail(where + "/format", "the format " + format->dump() +

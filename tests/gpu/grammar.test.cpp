@@ -223,6 +223,11 @@ TEST_CASE("grammar: string patterns, formats and lengths, as the decoded text; i
   CHECK_FALSE(matches(str(R"("format":"ipv4")"), R"("192.168.0.256")"));
   CHECK(matches(str(R"("format":"email")"), R"("ada@example.org")"));
   CHECK_FALSE(matches(str(R"("format":"email")"), R"("ada@example")"));
+  // Dot-separated atoms and hyphen-trimmed labels (a leading or doubled dot once passed).
+  CHECK(matches(str(R"("format":"email")"), R"("ada.lovelace+x@mail.example-1.org")"));
+  for (const char* bad : {R"(".ada@example.org")", R"("ada.@example.org")", R"("a..b@example.org")",
+                          R"("ada@-example.org")", R"("ada@example-.org")", R"("ada@example..org")"})
+    CHECK_FALSE_MESSAGE(matches(str(R"("format":"email")"), bad), bad);
   const auto len = str(R"("minLength":2,"maxLength":3)");
   CHECK(matches(len, R"("ab")"));
   CHECK(matches(len, R"("a\né")"));  // three characters: a, a newline, é (two bytes)
