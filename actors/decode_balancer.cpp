@@ -75,25 +75,6 @@ void expire_charges(pointer self) {
       });
 }
 
-/// With no rank taking work (all gone, draining or stepped aside), a timer at the grace's end
-/// refuses the placements parked meanwhile: nothing else may come to wake them (an idle cluster
-/// sends no reports), and each would wait out its asker's timeout for a 504.
-void arm_grace_check(pointer self) {
-  auto& st = self->state;
-  if (st.grace_timer_armed || st.parked.empty()) return;
-  if (auto left = st.registry.grace_left(self->clock().now(), std::chrono::milliseconds{st.cfg.no_rank_grace_ms})) {
-    st.grace_timer_armed = true;
-    self->delayed_send(self, *left + std::chrono::milliseconds{1}, timer_atom::value);
-  }
-}
-
-/// After any change of the ranks or their state: whether some rank takes work now, and if none
-/// does, the grace's timer for what is parked.
-void after_change(pointer self) {
-  self->state.registry.refresh(self->clock().now());
-  arm_grace_check(self);
-}
-
 /// Parked placements are retried after each load report, but what keeps them parked may be
 /// charges whose sequences never came, and an idle rank sends no report: retry them when those
 /// charges expire too.
@@ -173,7 +154,7 @@ decode_balancer_actor::behavior_type decode_balancer_impl(pointer self, decode_b
   // A rank that goes away (its process ended, it drained) takes no more placements.
   self->set_down_handler([=](caf::down_msg& dm) {
     self->state.registry.forget(dm.source, self->clock().now());
-    after_change(self);
+    after_rank_change(self);
   });
   return {
       [=](place_atom, place_query& q) -> caf::result<decode_placement> {
@@ -199,13 +180,7 @@ decode_balancer_actor::behavior_type decode_balancer_impl(pointer self, decode_b
         arm_grace_check(self);
         return promise;
       },
-      [=](timer_atom) {
-        auto& st = self->state;
-        st.grace_timer_armed = false;
-        const auto none = st.registry.none_taking_work("decode", self->clock().now(), std::chrono::milliseconds{st.cfg.no_rank_grace_ms});
-        if (!none.empty()) return refuse_parked(st.parked, "place_decode", none, self->clock().now());
-        arm_grace_check(self);  // a rank took work meanwhile and stopped again: a new grace
-      },
+      [=](timer_atom) { grace_timer_fired(self, "decode", "place_decode"); },
       [=](load_atom, rank_load& load, decode_rank_actor& rank) {
         auto& st = self->state;
         const std::string name = load.name;
@@ -222,7 +197,7 @@ decode_balancer_actor::behavior_type decode_balancer_impl(pointer self, decode_b
           st.registry.loads[*i].settled.clear();
         }
         serve_parked(st.parked, self->clock().now(), "place_decode", [=](const place_query& q) { return try_place(self, q); });
-        after_change(self);
+        after_rank_change(self);
       },
       [=](expire_atom) {
         self->state.charges.timer_fired();
@@ -239,7 +214,7 @@ decode_balancer_actor::behavior_type decode_balancer_impl(pointer self, decode_b
           st.log.add({0, st.registry.loads[*i].name, "forgotten: its node is gone"});
           st.registry.forget(caf::actor_cast<caf::actor_addr>(rank), self->clock().now(), true);
         }
-        after_change(self);
+        after_rank_change(self);
       },
       [=](rejoin_atom, decode_rank_actor& rank, bool keep_draining) {
         self->state.registry.rejoin(caf::actor_cast<caf::actor_addr>(rank), keep_draining);
@@ -250,7 +225,7 @@ decode_balancer_actor::behavior_type decode_balancer_impl(pointer self, decode_b
           st.log.add({0, st.registry.loads[*i].name, "draining: no new placements"});
           st.registry.draining[*i] = true;
         }
-        after_change(self);
+        after_rank_change(self);
       },
       [=](undrain_atom, decode_rank_actor& rank) {
         auto& st = self->state;
@@ -259,7 +234,7 @@ decode_balancer_actor::behavior_type decode_balancer_impl(pointer self, decode_b
           st.registry.draining[*i] = false;
           serve_parked(st.parked, self->clock().now(), "place_decode", [=](const place_query& q) { return try_place(self, q); });
         }
-        after_change(self);
+        after_rank_change(self);
       },
   };
 }

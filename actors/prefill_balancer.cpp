@@ -211,25 +211,6 @@ void expire_charges(pointer self) {
       });
 }
 
-/// With no rank taking work (all gone, draining or stepped aside), a timer at the grace's end
-/// refuses the placements parked meanwhile: nothing else may come to wake them (an idle cluster
-/// sends no reports), and each would wait out its asker's timeout for a 504.
-void arm_grace_check(pointer self) {
-  auto& st = self->state;
-  if (st.grace_timer_armed || st.parked.empty()) return;
-  if (auto left = st.registry.grace_left(self->clock().now(), std::chrono::milliseconds{st.cfg.no_rank_grace_ms})) {
-    st.grace_timer_armed = true;
-    self->delayed_send(self, *left + std::chrono::milliseconds{1}, timer_atom::value);
-  }
-}
-
-/// After any change of the ranks or their state: whether some rank takes work now, and if none
-/// does, the grace's timer for what is parked.
-void after_change(pointer self) {
-  self->state.registry.refresh(self->clock().now());
-  arm_grace_check(self);
-}
-
 /// Parked placements are retried after each load report, but what keeps them parked may be
 /// charges whose sequences never came, and an idle rank sends no report: retry them when those
 /// charges expire too.
@@ -324,7 +305,7 @@ prefill_balancer_actor::behavior_type prefill_balancer_impl(pointer self, prefil
   // re-placed by their request actors, which watch it too.
   self->set_down_handler([=](caf::down_msg& dm) {
     forget_rank(self->state, dm.source, "forgotten: it went down", false, self->clock().now());
-    after_change(self);
+    after_rank_change(self);
   });
   return {
       [=](place_atom, place_query& q) -> caf::result<prefill_placement> {
@@ -339,13 +320,7 @@ prefill_balancer_actor::behavior_type prefill_balancer_impl(pointer self, prefil
         arm_grace_check(self);
         return promise;
       },
-      [=](timer_atom) {
-        auto& st = self->state;
-        st.grace_timer_armed = false;
-        const auto none = st.registry.none_taking_work("prefill", self->clock().now(), std::chrono::milliseconds{st.cfg.no_rank_grace_ms});
-        if (!none.empty()) return refuse_parked(st.parked, "place_prefill", none, self->clock().now());
-        arm_grace_check(self);  // a rank took work meanwhile and stopped again: a new grace
-      },
+      [=](timer_atom) { grace_timer_fired(self, "prefill", "place_prefill"); },
       [=](load_atom, rank_load& load, prefill_rank_actor& rank) {
         auto& st = self->state;
         const std::string name = load.name;
@@ -363,7 +338,7 @@ prefill_balancer_actor::behavior_type prefill_balancer_impl(pointer self, prefil
           sync_view(st, *i);
         }
         serve_parked(st.parked, self->clock().now(), "place_prefill", [=](const place_query& q) { return try_place(self, q); });
-        after_change(self);
+        after_rank_change(self);
       },
       [=](expire_atom) {
         self->state.charges.timer_fired();
@@ -385,7 +360,7 @@ prefill_balancer_actor::behavior_type prefill_balancer_impl(pointer self, prefil
       [=](forget_atom, prefill_rank_actor& rank) {
         forget_rank(self->state, caf::actor_cast<caf::actor_addr>(rank), "forgotten: its node is gone", true,
                     self->clock().now());
-        after_change(self);
+        after_rank_change(self);
       },
       [=](rejoin_atom, prefill_rank_actor& rank, bool keep_draining) {
         self->state.registry.rejoin(caf::actor_cast<caf::actor_addr>(rank), keep_draining);
@@ -397,7 +372,7 @@ prefill_balancer_actor::behavior_type prefill_balancer_impl(pointer self, prefil
           st.registry.draining[*i] = true;
           sync_view(st, *i);
         }
-        after_change(self);
+        after_rank_change(self);
       },
       [=](undrain_atom, prefill_rank_actor& rank) {
         auto& st = self->state;
@@ -407,7 +382,7 @@ prefill_balancer_actor::behavior_type prefill_balancer_impl(pointer self, prefil
           sync_view(st, *i);
           serve_parked(st.parked, self->clock().now(), "place_prefill", [=](const place_query& q) { return try_place(self, q); });
         }
-        after_change(self);
+        after_rank_change(self);
       },
   };
 }

@@ -232,4 +232,38 @@ void refuse_parked(std::deque<parked_placement<Placement>>& parked, const char* 
   parked.clear();
 }
 
+/// The grace's timer, for either balancer (its state: registry, parked, grace_timer_armed and
+/// cfg.no_rank_grace_ms). With no rank taking work (all gone, draining or stepped aside), a
+/// timer at the grace's end refuses the placements parked meanwhile: nothing else may come to
+/// wake them (an idle cluster sends no reports), and each would wait out its asker's timeout
+/// for a 504.
+template <class Self>
+void arm_grace_check(Self* self) {
+  auto& st = self->state;
+  if (st.grace_timer_armed || st.parked.empty()) return;
+  if (auto left = st.registry.grace_left(self->clock().now(), std::chrono::milliseconds{st.cfg.no_rank_grace_ms})) {
+    st.grace_timer_armed = true;
+    self->delayed_send(self, *left + std::chrono::milliseconds{1}, timer_atom::value);
+  }
+}
+
+/// After any change of the ranks or their state: whether some rank takes work now, and if none
+/// does, the grace's timer for what is parked.
+template <class Self>
+void after_rank_change(Self* self) {
+  self->state.registry.refresh(self->clock().now());
+  arm_grace_check(self);
+}
+
+/// The timer went off: past the grace with no rank taking work, what is parked is refused.
+template <class Self>
+void grace_timer_fired(Self* self, const char* role, const char* stage) {
+  auto& st = self->state;
+  st.grace_timer_armed = false;
+  const auto now = self->clock().now();
+  const auto none = st.registry.none_taking_work(role, now, std::chrono::milliseconds{st.cfg.no_rank_grace_ms});
+  if (!none.empty()) return refuse_parked(st.parked, stage, none, now);
+  arm_grace_check(self);  // a rank took work meanwhile and stopped again: a new grace
+}
+
 }  // namespace baton
