@@ -17,9 +17,10 @@
 namespace baton::gpu {
 
 std::string cpu_executor_config::validate() const {
-  if (num_threads == 0) return "num_threads must be >= 1";
-  if (num_kv_pages == 0) return "num_kv_pages must be >= 1";
-  if (page_size_tokens == 0) return "page_size_tokens must be >= 1";
+  // The flags that set them named too: a user typed the flag, not the field.
+  if (num_threads == 0) return "num_threads (--executor-threads) must be >= 1";
+  if (num_kv_pages == 0) return "num_kv_pages (--kv-pages) must be >= 1";
+  if (page_size_tokens == 0) return "page_size_tokens (--page-tokens) must be >= 1";
   if (experts && peers) return "an executor is in an expert group or a data-parallel group, not both";
   return {};
 }

@@ -7,8 +7,8 @@ namespace baton::gpu {
 
 std::string cuda_executor_config::validate() const {
   if (device < 0) return "device must be >= 0";
-  if (num_kv_pages == 0) return "num_kv_pages must be >= 1";
-  if (page_size_tokens == 0) return "page_size_tokens must be >= 1";
+  if (num_kv_pages == 0) return "num_kv_pages (--kv-pages) must be >= 1";
+  if (page_size_tokens == 0) return "page_size_tokens (--page-tokens) must be >= 1";
   if (max_batch_tokens == 0) return "max_batch_tokens must be >= 1";
   if (mirror_to_host && !host_pool) return "mirror_to_host needs host_pool";
   return {};
