@@ -435,6 +435,12 @@ int run_local(const std::vector<std::string>& args) {
     std::fprintf(stderr, "baton local: --store-node needs --serve\n");
     return 2;
   }
+  // Checked here, not per request once the model has loaded (the router refuses the same).
+  if (!(opt.temperature >= 0.0f) || !std::isfinite(opt.temperature)) {
+    std::fprintf(stderr, "baton local: --temperature must be a finite number >= 0 (0: greedy), got %g\n",
+                 static_cast<double>(opt.temperature));
+    return 2;
+  }
   // Flags that only a serving head uses were once ignored without a word: the prompts ran and the
   // process exited, listening nowhere.
   for (const auto& [flag, value] : {std::pair<const char*, const std::string*>{"--router-listen", &opt.router_listen},

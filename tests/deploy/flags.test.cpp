@@ -223,6 +223,7 @@ TEST_CASE("baton local refuses flags it would ignore or a transport that moves n
   CHECK(baton::deploy::run_local({"--http-listen", "127.0.0.1:0"}) == 2);
   CHECK(baton::deploy::run_local({"--cluster-listen", "127.0.0.1:0", "--decode-ranks", "1"}) == 2);
   CHECK(baton::deploy::run_local({"--transport", "modelled"}) == 2);
+  CHECK(baton::deploy::run_local({"--temperature", "-1"}) == 2);
   // A config check names the flag that sets the field.
   CHECK(baton::deploy::run_local({"--kv-pages", "0"}) == 2);
   baton::local_cluster_config c;
