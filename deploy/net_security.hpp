@@ -35,8 +35,12 @@ void apply_net_security(caf::actor_system_config& cfg, const net_security& sec);
 template <class Handle>
 caf::expected<uint16_t> publish_actor(caf::actor_system& sys, const net_security& sec, const Handle& handle,
                                       uint16_t port, const std::string& host) {
-  if (sec.tls()) return caf::openssl::publish(handle, port, host.c_str(), true);
-  return sys.middleman().publish(handle, port, host.c_str(), true);
+  auto bound = sec.tls() ? caf::openssl::publish(handle, port, host.c_str(), true)
+                         : sys.middleman().publish(handle, port, host.c_str(), true);
+  if (!bound && bound.error() == caf::sec::cannot_open_port)  // CAF says only "tcp socket creation failed"
+    if (auto why = why_cannot_bind(host, port); !why.empty())
+      return caf::make_error(caf::sec::cannot_open_port, host + ":" + std::to_string(port) + ": " + why);
+  return bound;
 }
 
 using net::explain_connect_error;

@@ -251,6 +251,32 @@ bool tcp_listening(const std::string& host, uint16_t port, int timeout_ms) {
   return ok;
 }
 
+std::string why_cannot_bind(const std::string& host, uint16_t port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  if (const int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), std::to_string(port).c_str(), &hints, &found); rc != 0)
+    return std::string{"the host does not resolve: "} + ::gai_strerror(rc);
+  std::string why;
+  for (auto* a = found; a; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    const int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);  // as CAF binds
+    const bool bound = ::bind(fd, a->ai_addr, a->ai_addrlen) == 0 && ::listen(fd, 1) == 0;
+    if (!bound && why.empty()) why = std::strerror(errno);
+    ::close(fd);
+    if (bound) {
+      why.clear();
+      break;
+    }
+  }
+  ::freeaddrinfo(found);
+  return why;
+}
+
 bool process_alive(pid_t pid) {
   // Looks without reaping (WNOWAIT): the exit stays for process_exited to collect, which the
   // launcher's restarts go by; reaped here, the pid looked alive for good after, and a stop

@@ -66,6 +66,10 @@ bool process_gone(pid_t pid, std::string* how);
 /// connection is closed at once). For the launcher, which says a gateway's address only once it
 /// answers there.
 bool tcp_listening(const std::string& host, uint16_t port, int timeout_ms);
+/// Why host:port cannot be bound for listening, as the system says it ("Address already in
+/// use", "Cannot assign requested address"), or why the host does not resolve; empty when it
+/// can. CAF's own refusal says only "tcp socket creation failed".
+std::string why_cannot_bind(const std::string& host, uint16_t port);
 
 /// This executable's path (/proc/self/exe), to start sibling nodes.
 std::string self_executable();

@@ -1,5 +1,8 @@
 #include <doctest/doctest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "actors/config.hpp"
@@ -9,6 +12,7 @@
 #include "deploy/commands.hpp"
 #include "deploy/flags.hpp"
 #include "deploy/node_options.hpp"
+#include "deploy/processes.hpp"
 
 using baton::deploy::flag_set;
 
@@ -229,4 +233,23 @@ TEST_CASE("baton local refuses flags it would ignore or a transport that moves n
   baton::local_cluster_config c;
   c.executor.num_kv_pages = 0;
   CHECK(c.validate().find("num_kv_pages (--kv-pages) must be >= 1") != std::string::npos);
+}
+
+TEST_CASE("a port that cannot be listened on is explained as the system explains it (CAF says only 'tcp socket "
+          "creation failed')") {
+  // A port held by a listening socket of this test.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(::listen(fd, 1) == 0);
+  socklen_t len = sizeof a;
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  const uint16_t port = ntohs(a.sin_port);
+  CHECK(baton::deploy::why_cannot_bind("127.0.0.1", port) == "Address already in use");
+  ::close(fd);
+  CHECK(baton::deploy::why_cannot_bind("127.0.0.1", port).empty());
+  CHECK(baton::deploy::why_cannot_bind("192.0.2.1", 0) == "Cannot assign requested address");  // not this host's
 }
