@@ -582,6 +582,9 @@ bool write_plots(const std::string& prefix, const sims::sim_result& r, std::stri
 void print_summary(const sims::sim_summary& s) {
   std::printf("  requests %zu, completed %zu, failed %zu; SLO attainment %.1f%%; cache hit ratio %.3f\n", s.requests,
               s.completed, s.failed, 100 * s.slo_attainment, s.cache_hit_ratio);
+  // A --kill run's point: how many requests moved off the failed rank (the JSON report has it too).
+  if (s.failovers) std::printf("  failovers: %llu (requests re-placed after a rank failed)\n",
+                               static_cast<unsigned long long>(s.failovers));
   auto row = [](const char* what, const sims::percentiles& p) {
     std::printf("  %-5s ms  mean %9.1f  p50 %9.1f  p90 %9.1f  p99 %9.1f  max %9.1f\n", what, p.mean, p.p50, p.p90,
                 p.p99, p.max);

@@ -184,3 +184,10 @@ TEST_CASE("baton sim --help names the modes on stdout and exits 0; no mode is st
   CHECK(none.rc == 2);
   CHECK(has(none.err, "usage: baton sim run|goodput|compare"));
 }
+
+TEST_CASE("sim run's text summary counts the failovers a --kill caused, as its JSON report does") {
+  const auto o = baton_sim(with({"run", "--kill", "decode-0@3"}, with(small, {"--rate", "10", "--decode-instances", "2"})));
+  INFO("stdout: " << o.out);
+  CHECK(o.rc == 0);
+  CHECK(has(o.out, "failovers: 5 (requests re-placed after a rank failed)"));
+}
