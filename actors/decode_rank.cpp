@@ -770,6 +770,7 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
         r.last_migrate_error = s.last_migrate_error;
         r.recent_step_us = s.recent_step_us;
         r.active = !s.cfg.standby;
+        r.unavailable = s.core.exec->standing_failure();
         return r;
       },
       [=](migrate_atom) {

@@ -61,6 +61,7 @@ policies::rank_signal signal_of(const rank_stats& s, policies::rank_role role, b
   r.name = s.name;
   r.role = role;
   r.movable = movable;
+  r.open = s.unavailable.empty();
   r.running = s.num_running + s.num_waiting;
   if (role == policies::rank_role::prefill) {
     r.predicted_queue_ms = s.predicted_us / 1e3;

@@ -261,13 +261,16 @@ struct rank_stats {
   uint64_t migrated_out = 0;     ///< decode: running sequences moved, with their KV, to other ranks
   uint64_t migrate_failed = 0;   ///< decode: moves that failed (the sequence went on here)
   std::string last_migrate_error{};  ///< decode: why the last failed move failed (request, peer, stage)
+  /// Non-empty while the rank takes no work, saying why (its executor's standing failure: a
+  /// broken expert group), as rank_load::unavailable.
+  std::string unavailable{};
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, rank_stats& x) {
   return f(caf::meta::type_name("rank_stats"), x.name, x.num_free_pages, x.num_total_pages, x.num_running,
            x.num_waiting, x.num_steps, x.blocks_written_back, x.write_backs_dropped, x.offloaded, x.resumed,
            x.num_writes_in_flight, wire::f64{&x.predicted_us}, wire::f64{&x.recent_step_us}, x.active, x.migrated_out,
-           x.migrate_failed, x.last_migrate_error);
+           x.migrate_failed, x.last_migrate_error, x.unavailable);
 }
 
 // --- actor interfaces ---------------------------------------------------------------------------

@@ -692,6 +692,7 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
                      s.num_jobs_done};
         r.predicted_us = queued_work(s).second;
         r.active = !s.cfg.standby;
+        r.unavailable = s.core.exec->standing_failure();
         return r;
       },
       [=](role_atom, bool active) -> caf::result<bool> {

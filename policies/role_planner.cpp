@@ -76,8 +76,8 @@ std::optional<role_move> role_planner::plan(double now_s, const std::vector<rank
   }
   last_plan_s_ = now_s;
   const double p = smooth_p_, d = smooth_d_;
-  const auto count = [&](rank_role role) {
-    return static_cast<uint32_t>(std::count_if(ranks.begin(), ranks.end(), [&](auto& r) { return r.role == role; }));
+  const auto count = [&](rank_role role) {  // the ranks that serve it: a pool's minimum is about them
+    return static_cast<uint32_t>(std::count_if(ranks.begin(), ranks.end(), [&](auto& r) { return r.role == role && r.open; }));
   };
   // Each condition's clock starts when it first holds and stops as soon as it does not.
   const bool prefill_needs = p >= cfg_.hot && d <= cfg_.cold && count(rank_role::decode) > cfg_.min_decode;

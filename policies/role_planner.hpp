@@ -48,6 +48,9 @@ struct rank_signal {
   double kv_used = 0;             ///< decode: fraction of KV pages in use
   uint32_t running = 0;           ///< prompts in progress / sequences decoding
   bool movable = true;            ///< false: a rank that serves one role only (it counts, never moves)
+  /// false: it takes no work now (its executor stepped aside): it does not count toward a
+  /// pool's minimum, which is about ranks that serve.
+  bool open = true;
   /// prefill: the length bucket its engine serves (the prefill balancer's seed policy; 0 for the
   /// others). Buckets split the pool: see role_planner::pressure.
   uint32_t bucket = 0;

@@ -238,3 +238,17 @@ TEST_CASE("retry backoff: each retry waits twice the last up to a cap, stretched
   b.base_ms = 0;
   CHECK(b.delay_ms(3, 1) == 0);
 }
+
+TEST_CASE("role planner: a rank that stepped aside does not count toward its pool's minimum, so the last rank "
+          "that serves a role is not moved away") {
+  auto c = config();
+  c.min_decode = 1;
+  role_planner planner{c};
+  auto ranks = cluster(3000, 20);  // hot prefill, cold decode: decode-1 would move
+  ranks[3].open = false;           // decode-1 stepped aside (a broken expert group): decode-0 alone serves
+  for (double t = 0; t <= 60; t += 5) CHECK_FALSE(planner.plan(t, ranks));
+  role_planner both_open{c};
+  bool moved = false;
+  for (double t = 0; t <= 60 && !moved; t += 5) moved = both_open.plan(t, cluster(3000, 20)).has_value();
+  CHECK(moved);  // the control: with both serving, one moves
+}
