@@ -630,6 +630,12 @@ bool apply_variant(const std::string& v, const sim_options& base, sim_options* o
     *why = "variant '" + *name + "': bad flags";
     return false;
   }
+  // Files are written by `baton sim run` only: in a variant they were ignored without a word.
+  if (out->report != base.report || out->svg != base.svg) {
+    *why = "variant '" + *name + "': --report and --svg are not per variant (compare writes a table; `baton sim run` "
+           "with the variant's flags writes its files)";
+    return false;
+  }
   if (!finish_options(out, why)) {
     *why = "variant '" + *name + "': " + *why;
     return false;
@@ -791,8 +797,10 @@ int run_sim(const std::vector<std::string>& raw) {
     if (g.below_lo) {
       std::printf("baton sim goodput: even the lowest rate tried (%.3f x the trace's rate = %.2f requests/s) meets the "
                   "SLOs (TTFT <= %.0f ms and TBT <= %.0f ms) for only %.1f%% of requests (target %g%%); the goodput "
-                  "is below it: try a lower --lo\n",
-                  o.lo, g.lo_req_per_s, o.ttft_slo_ms, o.tbt_slo_ms, 100 * g.lo_attainment, 100 * o.target);
+                  "is below it: try a lower --lo. If a lower one does no better, the misses are not the load's (a "
+                  "trace's own long prompts, say, or the placement policy): `baton sim run --rate-scale %g` shows "
+                  "its TTFT and TBT percentiles against the SLOs\n",
+                  o.lo, g.lo_req_per_s, o.ttft_slo_ms, o.tbt_slo_ms, 100 * g.lo_attainment, 100 * o.target, o.lo);
       return 1;
     }
     // At the top of the range the knee was not found: say "at least".

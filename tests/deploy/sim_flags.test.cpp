@@ -116,6 +116,9 @@ TEST_CASE("sim run checks --report and --svg can be written before it simulates,
   // silently ignored.
   refused({"goodput", "--report", "/tmp/r.json"}, "--report is written by `baton sim run` only, not by goodput");
   refused({"compare", "--report", "/tmp/r.json"}, "--report is written by `baton sim run` only, not by compare");
+  // Nor inside a variant, where it was ignored without a word.
+  refused({"compare", "--variant", "a=--report /tmp/x.json"}, "variant 'a': --report and --svg are not per variant");
+  refused({"compare", "--variant", "a=--svg /tmp/x"}, "variant 'a': --report and --svg are not per variant");
   refused({"goodput", "--svg", "/tmp/p"}, "--svg is drawn by `baton sim run` and `compare` only, not by goodput");
   refused({"run", "--then-trace", "/tmp/t.jsonl"}, "--then-trace /tmp/t.jsonl follows a --trace, and none is given");
 }
@@ -158,6 +161,9 @@ TEST_CASE("sim goodput says so when even the lowest rate tried misses the target
   CHECK(o.rc == 1);
   CHECK(has(o.out, "baton sim goodput: even the lowest rate tried (0.250 x the trace's rate = "));
   CHECK(has(o.out, "meets the SLOs (TTFT <= 1 ms and TBT <= 100 ms) for only 0.0% of requests (target 90%)"));
+  // A lower --lo need not help (misses a trace's own prompts cause): it says where to look.
+  CHECK(has(o.out, "If a lower one does no better, the misses are not the load's"));
+  CHECK(has(o.out, "`baton sim run --rate-scale 0.25` shows its TTFT and TBT percentiles against the SLOs"));
   CHECK_FALSE(has(o.out, "0.000 x the trace's rate"));
 }
 
