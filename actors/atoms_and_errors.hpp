@@ -59,6 +59,7 @@ using rank_gone_atom = caf::atom_constant<caf::atom("rank_gone")>;
 using adopt_atom = caf::atom_constant<caf::atom("adopt")>;
 /// The block servers as the index knows them now (a store node adopted again is a new actor).
 using servers_atom = caf::atom_constant<caf::atom("servers")>;
+using lost_atom = caf::atom_constant<caf::atom("lost")>;
 /// A writer of a decode lease (a prefill rank, a part of a split prompt) has no put into it in
 /// flight and will post none: a lease dropped while it still wrote may now give its pages back.
 using writer_done_atom = caf::atom_constant<caf::atom("kv_wdone")>;

@@ -106,6 +106,21 @@ void readopted(pointer self, uint32_t id, block_server_actor server) {
   answer_watches(self, id);
 }
 
+/// Server `id` is down: its actor went down (its store node died, or the link to it broke), or
+/// the store keeper gave up on it (it answered no probe: a node hung or cut off, whose link may
+/// take minutes to break).
+void went_down(pointer self, uint32_t id) {
+  auto& st = self->state;
+  if (id >= st.servers.size() || st.server_down[id]) return;
+  st.server_down[id] = true;
+  // Blocks only it held cannot be read: they must not take the room of blocks that can. No
+  // delete goes anywhere: their files stay on its disk.
+  st.index.forget_server(id);
+  // Ranks in other processes see no down message of their own (their messages to it went
+  // through the head): they learn it here, and stop writing to it.
+  answer_watches(self, id);
+}
+
 void schedule_housekeeping(pointer self) {
   self->delayed_send(self, std::chrono::milliseconds{self->state.cfg.housekeeping_interval_ms}, timer_atom::value,
                      uint64_t{0});
@@ -125,15 +140,7 @@ block_index_actor::behavior_type block_index_impl(pointer self, block_index_conf
       return;
     }
     for (size_t i = 0; i < st.servers.size(); ++i)
-      if (caf::actor_cast<caf::actor_addr>(st.servers[i]) == dm.source && !st.server_down[i]) {
-        st.server_down[i] = true;
-        // Blocks only it held cannot be read: they must not take the room of blocks that can.
-        // No delete goes anywhere: their files stay on its disk.
-        st.index.forget_server(static_cast<uint32_t>(i));
-        // Ranks in other processes see no down message of their own (their messages to it went
-        // through the head): they learn it here, and stop writing to it.
-        answer_watches(self, static_cast<uint32_t>(i));
-      }
+      if (caf::actor_cast<caf::actor_addr>(st.servers[i]) == dm.source) went_down(self, static_cast<uint32_t>(i));
   });
   schedule_housekeeping(self);
   return {
@@ -200,6 +207,10 @@ block_index_actor::behavior_type block_index_impl(pointer self, block_index_conf
       },
       [=](std::vector<block_server_actor>& servers) { set_servers(self, std::move(servers)); },
       [=](adopt_atom, uint32_t id, block_server_actor& server) { readopted(self, id, std::move(server)); },
+      [=](lost_atom, uint32_t id, const block_server_actor& server) {
+        // Only the actor given up on: a keeper's word that crossed its re-adoption is stale.
+        if (id < self->state.servers.size() && self->state.servers[id] == server) went_down(self, id);
+      },
       [=](servers_atom) { return self->state.servers; },
       [=](servers_atom, uint32_t id, uint64_t have, bool known_down) -> caf::result<block_server_actor, uint64_t, bool> {
         auto& st = self->state;

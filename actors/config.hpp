@@ -100,6 +100,11 @@ struct store_config {
   uint32_t housekeeping_interval_ms = 60000;  ///< expiry and eviction run this often
   /// A store node whose server went down is tried this often until it is adopted again.
   uint32_t readopt_interval_ms = 1000;
+  /// Each store node's server is probed this often; one that answers none of missed_probes
+  /// probes in a row is given up as hung or cut off (store_keeper.hpp). 0: no probes (a hung
+  /// node then costs each read and write-back its timeout until TCP gives up on the link).
+  uint32_t probe_interval_ms = 1000;
+  uint32_t missed_probes = 3;
   uint32_t read_timeout_ms = 5000;    ///< a read not answered by then is a miss (recompute)
   /// A write-back's request for a server's write slot not answered by then: that block is not
   /// written to that server (a miss later). Apart from read_timeout_ms: a short read budget keeps
@@ -130,6 +135,8 @@ struct store_config {
     if (housekeeping_interval_ms == 0 || read_timeout_ms == 0 || write_slot_timeout_ms == 0 || readopt_interval_ms == 0)
       return "store intervals (housekeeping_interval_ms, read_timeout_ms, write_slot_timeout_ms, readopt_interval_ms) "
              "must be >= 1 ms";
+    if (probe_interval_ms > 0 && missed_probes == 0)
+      return "store missed_probes must be >= 1 while probe_interval_ms is set (0 turns probes off)";
     return {};
   }
 };

@@ -219,7 +219,9 @@ local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_co
       }
       if (out.setup_error.empty())
         out.store_keeper = spawn_store_keeper(
-            sys, {cfg.reconnect_store_host, cfg.store.readopt_interval_ms, cfg.adopt_timeout_ms, cfg.store_log},
+            sys,
+            {cfg.reconnect_store_host, cfg.store.readopt_interval_ms, cfg.adopt_timeout_ms, cfg.store.probe_interval_ms,
+             cfg.store.missed_probes, cfg.store_log},
             std::move(kept));
     }
     for (const auto& shard : out.store_index) caf::anon_send(shard, access.servers);

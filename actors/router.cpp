@@ -292,14 +292,14 @@ void ask_store_servers(router_pointer self, Out out, Add add, Done done, std::ch
         .then(
             [=, asked = s.store.servers[i]](store_stats& x) mutable {
               // An answer of an actor replaced meanwhile (an overlapping scrape): its counters
-              // are in server_stats_before already.
-              if (asked != self->state.store.servers[i]) return done();
+              // are in server_stats_before already -- counted from there, so the sums never dip.
+              if (asked != self->state.store.servers[i]) return add(self->state.server_stats_before[i]), done();
               self->state.server_stats_seen[i] = x;
               ++out->store_servers_up;
               add(self->state.server_stats_before[i]), add(x), done();
             },
             [=, asked = s.store.servers[i]](caf::error& e) mutable {
-              if (asked != self->state.store.servers[i]) return done();
+              if (asked != self->state.store.servers[i]) return add(self->state.server_stats_before[i]), done();
               // Its counters as last seen; its disk use too while it may be only slow, none once
               // it is gone (its files serve nobody).
               auto last = self->state.server_stats_seen[i];

@@ -17,6 +17,7 @@ struct store_keeper_state {
   std::vector<kept_store_node> nodes;
   std::vector<bool> lost;         ///< by node: its server went down, not adopted again yet
   std::vector<std::string> last_why;  ///< by node: why the last try failed (logged when it changes)
+  std::vector<uint32_t> missed;   ///< by node: probes in a row its server did not answer
   /// The servers now, shared with the exit functor (CAF destroys the state before it runs): the
   /// cluster's end stops the servers adopted again too, as it stops those it started with.
   std::shared_ptr<std::vector<block_server_actor>> current = std::make_shared<std::vector<block_server_actor>>();
@@ -46,6 +47,48 @@ void failed(pointer self, uint64_t node, const std::string& why) {
   retry_later(self, node);
 }
 
+/// Node i's server is down, or given up: it is tried again from now on.
+void lose(pointer self, uint64_t i, const std::string& why) {
+  auto& st = self->state;
+  st.lost[i] = true;
+  st.missed[i] = 0;
+  st.last_why[i].clear();
+  log(self, st.nodes[i].name + " (block server " + std::to_string(st.nodes[i].adoption.server_id) + ") " + why +
+                "; its prefixes are computed again until it is adopted again");
+  self->send(self, timer_atom::value, i);
+}
+
+/// Asks each server that is up for its stats, a probe answered by any live one within the
+/// interval; one that misses missed_probes in a row is given up: the index shards mark it down
+/// (as its down message would) and the node is adopted again once its host answers. (A node
+/// that hangs, or whose packets are dropped, keeps its TCP link for minutes: no down message.)
+void probe(pointer self) {
+  auto& st = self->state;
+  const auto interval = std::chrono::milliseconds{st.cfg.probe_interval_ms};
+  for (uint64_t i = 0; i < st.nodes.size(); ++i) {
+    if (st.lost[i]) continue;
+    const auto server = st.nodes[i].server;
+    self->request(server, interval, stats_atom::value)
+        .then(
+            [=](const store_stats&) {
+              auto& st = self->state;
+              if (!st.lost[i] && st.nodes[i].server == server) st.missed[i] = 0;
+            },
+            [=](caf::error& e) {
+              auto& st = self->state;
+              // A server that went down is the down handler's; one replaced meanwhile is not this one.
+              if (st.lost[i] || st.nodes[i].server != server || e == caf::sec::request_receiver_down) return;
+              if (++st.missed[i] < st.cfg.missed_probes) return;
+              for (const auto& shard : st.nodes[i].adoption.index)
+                self->send(shard, lost_atom::value, st.nodes[i].adoption.server_id, server);
+              lose(self, i,
+                   "answered none of " + std::to_string(st.cfg.missed_probes) + " probes in a row (" +
+                       std::to_string(st.cfg.probe_interval_ms) + " ms each): given up as hung or cut off");
+            });
+  }
+  self->delayed_send(self, interval, poll_atom::value);
+}
+
 store_keeper_actor::behavior_type store_keeper_impl(pointer self, store_keeper_config cfg,
                                                     std::vector<kept_store_node> nodes) {
   auto& st = self->state;
@@ -53,6 +96,7 @@ store_keeper_actor::behavior_type store_keeper_impl(pointer self, store_keeper_c
   st.nodes = std::move(nodes);
   st.lost.assign(st.nodes.size(), false);
   st.last_why.assign(st.nodes.size(), {});
+  st.missed.assign(st.nodes.size(), 0);
   for (const auto& n : st.nodes) {
     self->monitor(n.server);
     st.current->push_back(n.server);
@@ -64,15 +108,12 @@ store_keeper_actor::behavior_type store_keeper_impl(pointer self, store_keeper_c
     auto& st = self->state;
     for (uint64_t i = 0; i < st.nodes.size(); ++i) {
       if (st.lost[i] || caf::actor_cast<caf::actor_addr>(st.nodes[i].server) != dm.source) continue;
-      st.lost[i] = true;
-      st.last_why[i].clear();
-      log(self, st.nodes[i].name + " (block server " + std::to_string(st.nodes[i].adoption.server_id) +
-                    ") went down (" + self->system().render(dm.reason) +
-                    "); its prefixes are computed again until it is adopted again");
-      self->send(self, timer_atom::value, i);
+      lose(self, i, "went down (" + self->system().render(dm.reason) + ")");
     }
   });
+  if (st.cfg.probe_interval_ms > 0 && st.cfg.missed_probes > 0 && !st.nodes.empty()) probe(self);
   return {
+      [=](poll_atom) { probe(self); },
       [=](timer_atom, uint64_t node) {
         auto& st = self->state;
         if (node >= st.nodes.size() || !st.lost[node]) return;
@@ -101,6 +142,7 @@ store_keeper_actor::behavior_type store_keeper_impl(pointer self, store_keeper_c
                   n.server = server;
                   (*st.current)[node] = server;
                   st.lost[node] = false;
+                  st.missed[node] = 0;
                   self->monitor(server);
                   for (const auto& shard : n.adoption.index) self->send(shard, adopt_atom::value, n.adoption.server_id, server);
                   log(self, n.name + " (block server " + std::to_string(n.adoption.server_id) +

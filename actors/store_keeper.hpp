@@ -23,6 +23,12 @@ struct store_keeper_config {
   store_host_connector reconnect;
   uint32_t retry_interval_ms = 1000;  ///< store_config::readopt_interval_ms
   uint32_t adopt_timeout_ms = 10000;  ///< an adoption not answered by then is tried again
+  /// Each adopted server is asked for its stats this often; one that answers none of
+  /// missed_probes probes in a row is given up as if it were down (its node hung, or cut off
+  /// while TCP has not yet noticed): the index stops naming it, ranks stop reading from and
+  /// writing to it, and it is adopted again as soon as its host answers. 0: no probes.
+  uint32_t probe_interval_ms = 1000;   ///< store_config::probe_interval_ms
+  uint32_t missed_probes = 3;          ///< store_config::missed_probes
   /// One line per event (a node lost, adopted again); null: silent (tests).
   std::function<void(const std::string&)> log;
 };
@@ -35,11 +41,13 @@ struct kept_store_node {
 };
 
 using store_keeper_actor = caf::typed_actor<caf::reacts_to<timer_atom, uint64_t>,  // try node i again (internal)
+                                            caf::reacts_to<poll_atom>,              // probe the servers (internal)
                                             caf::reacts_to<adopt_atom, uint64_t, store_host_actor>,  // node i answers (internal)
                                             caf::reacts_to<adopt_atom, uint64_t, std::string>>;  // or not: why (internal)
 
 /// The head's keeper of its store nodes (`baton node --role store`): when one's block server goes
-/// down (the process died, or the link to it broke), it reconnects to the node's host every
+/// down (the process died, or the link to it broke) or stops answering its probes (the process
+/// hangs, or the network drops its packets), it reconnects to the node's host every
 /// retry_interval_ms and adopts it again under the same server id. The new server commits what
 /// the node's disk holds as it starts; the index shards learn its actor (adopt_atom), and ranks
 /// ask them for it (store_watch.hpp). Meanwhile the cluster serves without that server's blocks:

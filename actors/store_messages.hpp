@@ -202,6 +202,9 @@ using block_index_actor = caf::typed_actor<
     caf::reacts_to<std::vector<block_server_actor>>,            // the block servers (index = server id)
     // A store node that went down was adopted again (store_keeper): server id, its new actor.
     caf::reacts_to<adopt_atom, uint32_t, block_server_actor>,
+    // The keeper gave up on server id's actor: it answered no probe (a store node hung, or cut
+    // off while its TCP link lingers). Down as if its process had died, until adopted again.
+    caf::reacts_to<lost_atom, uint32_t, block_server_actor>,
     caf::replies_to<servers_atom>::with<std::vector<block_server_actor>>,  // the servers now
     // A watch on server id: the generation of it the asker has (0: as the cluster started) and
     // whether it knows it down -> its actor, generation and whether it is down, answered once

@@ -510,6 +510,12 @@ int run_local(const std::vector<std::string>& args) {
   opt.cluster.reconnect_store_host = [&sys, sec = opt.sec, store_addrs](size_t i) -> caf::expected<store_host_actor> {
     if (i >= store_addrs.size()) return make_error(errc::bad_request, "no store node " + std::to_string(i));
     const auto& [host, port] = store_addrs[i];
+    // First a bounded TCP connect of our own: CAF's middleman connects blocking, on its one
+    // thread, so a host that drops packets (powered off, cut off) would stall it for the kernel's
+    // SYN timeout (about 2 minutes) on every try -- and every other connect of this process with it.
+    if (!tcp_listening(host, port, 2000))
+      return make_error(errc::rank_unavailable, host + ":" + std::to_string(port) +
+                                                    ": no TCP connection within 2 s (the node is down, or unreachable)");
     auto h = connect_actor<store_host_actor>(sys, sec, host, port);
     if (h) return h;
     return make_error(errc::rank_unavailable, host + ":" + std::to_string(port) + ": " +

@@ -346,6 +346,7 @@ TEST_CASE("block server: a delete the index sent for an older write of a key lea
             },
             [](delete_atom, uint32_t, uint64_t, uint64_t, uint64_t) {}, [](timer_atom, uint64_t) {},
             [](std::vector<block_server_actor>&) {}, [](adopt_atom, uint32_t, block_server_actor&) {},
+            [](lost_atom, uint32_t, const block_server_actor&) {},
             [](servers_atom) { return std::vector<block_server_actor>{}; },
             [](servers_atom, uint32_t, uint64_t, bool) {
               return caf::result<block_server_actor, uint64_t, bool>{block_server_actor{}, 0, false};

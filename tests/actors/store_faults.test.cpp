@@ -1,12 +1,17 @@
 // The block store in a running cluster when a cached block fails: a corrupted or deleted file, a
 // server killed before or during a read, a read slower than its reader's wait, a put that fails.
 // Each ends as a recompute with correct output, and nothing waits for ever. A store node whose
-// server went down is adopted again, and serves its disk's blocks to every rank.
+// server went down, or hangs, is adopted again, and serves its disk's blocks to every rank.
 
 #include <doctest/doctest.h>
 
+#include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
+
 #include "tests/actors/store_fixture.hpp"
+#include "actors/block_index.hpp"
 #include "actors/store_host.hpp"
+#include "actors/store_keeper.hpp"
 #include "transport/fault_proxy.hpp"
 #include "transport/loopback.hpp"
 #include "transport/ucx.hpp"
@@ -402,6 +407,136 @@ TEST_CASE("store node lost and back: the head adopts it again under the same ser
   std::lock_guard<std::mutex> lock{*lines_mutex};
   REQUIRE(lines->size() >= 2);
   CHECK_MESSAGE(lines->front().find("store node 0 (block server 0) went down") == 0, lines->front());
+  CHECK_MESSAGE(lines->back() == "store node 0 (block server 0) adopted again: it serves the blocks its disk holds",
+                lines->back());
+}
+
+namespace {
+
+/// FAKE, for failure injection only: a block server that answers its stats (the keeper's probe)
+/// until `hung` is set, and from then on answers nothing, as a store node's server does when its
+/// process hangs or its packets are dropped while the TCP link lingers. Everything else fails.
+struct fake_hanging_server_state {
+  std::shared_ptr<std::atomic<bool>> hung;
+  std::vector<caf::typed_response_promise<store_stats>> held;  ///< never delivered while hung
+  static inline const char* name = "test.fake_hanging_server";
+};
+
+block_server_actor::behavior_type fake_hanging_server(
+    block_server_actor::stateful_pointer<fake_hanging_server_state> self, std::shared_ptr<std::atomic<bool>> hung) {
+  self->state.hung = std::move(hung);
+  return {
+      [=](store_read_order&) -> caf::result<store_read_result> { return make_error(errc::bad_request, "fake"); },
+      [=](store_write_begin&) -> caf::result<store_write_slot> { return make_error(errc::bad_request, "fake"); },
+      [=](store_write_order&) { return uint64_t{0}; },
+      [=](release_atom, uint64_t) {},
+      [=](expire_atom, uint64_t) {},
+      [=](delete_atom, uint64_t, uint64_t, uint64_t) {},
+      [=](touch_atom, std::vector<uint64_t>&) {},
+      [=](stats_atom) -> caf::result<store_stats> {
+        if (!self->state.hung->load()) return store_stats{};
+        auto rp = self->make_response_promise<store_stats>();
+        self->state.held.push_back(rp);
+        return rp;
+      },
+      [=](io_atom, uint64_t) {},
+  };
+}
+
+}  // namespace
+
+TEST_CASE("store keeper: a store node's server that answers no probe is given up (the index marks it down, its "
+          "watchers are told) and adopted again under the same id once its host answers") {
+  test::cluster_system t;
+  auto hung = std::make_shared<std::atomic<bool>>(false);
+  auto fresh = std::make_shared<std::atomic<bool>>(false);
+  const block_server_actor old_server = t.sys.spawn(fake_hanging_server, hung);
+  const block_server_actor new_server = t.sys.spawn(fake_hanging_server, fresh);
+  auto index = spawn_block_index(t.sys, {}, {old_server});
+  // The node's host: answers the re-adoption with the new server (a real host would stop the
+  // hung one first), once the test lets it be reached.
+  auto adoptions = std::make_shared<std::atomic<int>>(0);
+  store_host_actor host = t.sys.spawn([adoptions, new_server](store_host_actor::pointer) -> store_host_actor::behavior_type {
+    return {[=](adopt_atom, store_adoption& a) -> caf::result<block_server_actor> {
+      ++*adoptions;
+      if (a.server_id != 0) return make_error(errc::bad_request, "fake host: expected server 0");
+      return new_server;
+    }};
+  });
+  auto reachable = std::make_shared<std::atomic<bool>>(false);
+  auto tries = std::make_shared<std::atomic<int>>(0);
+  store_keeper_config kc;
+  kc.reconnect = [host, reachable, tries](size_t) -> caf::expected<store_host_actor> {
+    ++*tries;
+    if (!reachable->load()) return make_error(errc::rank_unavailable, "fake: the node does not answer yet");
+    return host;
+  };
+  kc.retry_interval_ms = 10;
+  kc.probe_interval_ms = 20;
+  kc.missed_probes = 3;
+  auto lines = std::make_shared<std::vector<std::string>>();
+  auto lines_mutex = std::make_shared<std::mutex>();
+  kc.log = [lines, lines_mutex](const std::string& l) {
+    std::lock_guard<std::mutex> lock{*lines_mutex};
+    lines->push_back(l);
+  };
+  store_adoption adoption;
+  adoption.server_id = 0;
+  adoption.index = {index};
+  auto keeper = spawn_store_keeper(t.sys, kc, {{"store node 0", adoption, old_server}});
+  struct stopper {
+    std::vector<caf::actor> actors;
+    ~stopper() {
+      for (auto& a : actors) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+    }
+  } stop{{caf::actor_cast<caf::actor>(keeper), caf::actor_cast<caf::actor>(index), caf::actor_cast<caf::actor>(host),
+          caf::actor_cast<caf::actor>(old_server), caf::actor_cast<caf::actor>(new_server)}};
+
+  caf::scoped_actor self{t.sys};
+  // Answering probes: never given up, however long (20 probe intervals).
+  auto watch = self->request(index, std::chrono::seconds{30}, servers_atom::value, uint32_t{0}, uint64_t{0}, false);
+  std::this_thread::sleep_for(std::chrono::milliseconds{400});
+  CHECK(tries->load() == 0);
+  // Hung: after 3 unanswered probes the index marks it down and answers the watch.
+  hung->store(true);
+  bool told_down = false;
+  std::move(watch).receive(
+      [&](block_server_actor& s, uint64_t generation, bool down) { told_down = down && generation == 0 && s == old_server; },
+      [&](caf::error& e) { FAIL(t.sys.render(e)); });
+  CHECK(told_down);
+  // While its host cannot be reached it stays down, and the keeper keeps trying.
+  for (int i = 0; i < 2500 && tries->load() < 3; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{2});
+  CHECK(tries->load() >= 3);
+  CHECK(adoptions->load() == 0);
+  // The host answers: adopted again, generation 1, the new actor, up.
+  reachable->store(true);
+  block_server_actor next;
+  self->request(index, std::chrono::seconds{30}, servers_atom::value, uint32_t{0}, uint64_t{0}, true)
+      .receive(
+          [&](block_server_actor& s, uint64_t generation, bool down) {
+            CHECK(generation == 1);
+            CHECK_FALSE(down);
+            next = s;
+          },
+          [&](caf::error& e) { FAIL(t.sys.render(e)); });
+  CHECK(next == new_server);
+  CHECK(adoptions->load() == 1);
+  // The hung server answering late, or going down now, changes nothing: the new one is probed.
+  caf::anon_send_exit(old_server, caf::exit_reason::kill);
+  std::this_thread::sleep_for(std::chrono::milliseconds{200});
+  bool still_up = false;
+  self->request(index, std::chrono::seconds{5}, servers_atom::value)
+      .receive([&](std::vector<block_server_actor>& s) { still_up = s == std::vector<block_server_actor>{new_server}; },
+               [&](caf::error& e) { FAIL(t.sys.render(e)); });
+  CHECK(still_up);
+  CHECK(adoptions->load() == 1);
+  std::lock_guard<std::mutex> lock{*lines_mutex};
+  REQUIRE(lines->size() >= 3);
+  CHECK_MESSAGE(lines->front() ==
+                    "store node 0 (block server 0) answered none of 3 probes in a row (20 ms each): given up as hung or "
+                    "cut off; its prefixes are computed again until it is adopted again",
+                lines->front());
+  CHECK_MESSAGE(lines->at(1).find("store node 0 (block server 0): not adopted again yet (") == 0, lines->at(1));
   CHECK_MESSAGE(lines->back() == "store node 0 (block server 0) adopted again: it serves the blocks its disk holds",
                 lines->back());
 }

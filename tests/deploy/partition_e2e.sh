@@ -5,8 +5,11 @@
 # the head's node directory declares "far" gone when its heartbeats stop (2 s), the balancer
 # forgets its ranks and every request on them is re-placed onto "near" -- the token deadline is
 # set to 10 minutes, so only the heartbeat path can do it within this test's bounded wait. Every
-# client gets exactly the undisturbed text. Then the link comes back: "far" heartbeats again,
-# rejoins, and serves. Skips where namespaces cannot be made; always removes what it made.
+# client gets exactly the undisturbed text. Host B also runs the cluster's store node "vault",
+# which the head gives up after 3 unanswered probes while the link is down (its TCP links
+# linger: no down message comes). Then the link comes back: "far" heartbeats again, rejoins, and
+# serves, and the head adopts "vault" again. Skips where namespaces cannot be made; always
+# removes what it made.
 # Usage: partition_e2e.sh BATON_BINARY SOURCE_DIR
 set -uo pipefail
 BATON=$1 SRC=$2
@@ -41,8 +44,13 @@ MODEL="$SRC/models/baton-kjv-tiny"
 # Only run in the background: exec makes the job's pid baton's own, so cleanup can stop it.
 in_a() { exec ip netns exec "$NS1" env UCX_TLS=tcp UCX_NET_DEVICES="$V1" "$@"; }
 in_b() { exec ip netns exec "$NS2" env UCX_TLS=tcp UCX_NET_DEVICES="$V2" "$@"; }
+in_b "$BATON" node --role store --name vault --listen "$B:7200" --store-dir "$WORK/store" --cluster-id cut \
+  > "$WORK/vault.log" 2>&1 &
+PIDS+=($!)
+for _ in $(seq 300); do grep -q "waiting for the head" "$WORK/vault.log" && break; sleep 0.1; done
 in_a "$BATON" local --serve --model "$MODEL" --decode-ranks 0 --router-listen "$A:7100" --cluster-listen "$A:7101" \
-  --http-listen "$A:8000" --token-timeout-ms 600000 --cluster-id cut > "$WORK/head.log" 2>&1 &
+  --http-listen "$A:8000" --token-timeout-ms 600000 --cluster-id cut --store-node "$B:7200" --block-tokens 16 \
+  > "$WORK/head.log" 2>&1 &
 PIDS+=($!)
 for _ in $(seq 600); do grep -q "serving" "$WORK/head.log" && break; sleep 0.1; done
 grep -q "serving" "$WORK/head.log" || fail "the head did not start"
@@ -79,11 +87,23 @@ moved=$(ip netns exec "$NS1" curl -s "$URL/metrics" | grep "^baton_failovers_tot
 [ "${moved:-0}" -ge 1 ] || fail "no request was re-placed (failovers: ${moved:-none})"
 [ "$(ranks)" = 'rank="near" ' ] || fail "the balancer should have forgotten far, it has: $(ranks)"
 echo "partition e2e: far cut off: declared gone by missed heartbeats, $moved request(s) re-placed onto near, $N clients got the undisturbed text"
+GIVEN_UP="store node 0 (block server 0) answered none of 3 probes"
+for _ in $(seq 200); do grep -q "$GIVEN_UP" "$WORK/head.log" && break; sleep 0.1; done
+grep -q "$GIVEN_UP" "$WORK/head.log" || fail "the head did not give up the cut-off store node"
+health() { ip netns exec "$NS1" curl -s -m 10 "$URL/health"; }
+health | grep -q '"store_servers":1,"store_servers_up":0' || fail "/health counts the cut-off store node up: $(health)"
+echo "partition e2e: vault cut off: given up after 3 unanswered probes; /health counts it down"
 
 ip -n "$NS2" link set "$V2" up
 ip netns exec "$NS1" curl -s "$URL/v1/completions" -d '{"prompt":"After","max_tokens":4}' > /dev/null
 for _ in $(seq 300); do [ "$(ranks)" = 'rank="far" rank="near" ' ] && break; sleep 0.1; done
 [ "$(ranks)" = 'rank="far" rank="near" ' ] || fail "far did not rejoin after the link came back: $(ranks)"
-kill -0 "${PIDS[2]}" 2>/dev/null || fail "far's process ended"
+kill -0 "${PIDS[3]}" 2>/dev/null || fail "far's process ended"
 echo "partition e2e: the link came back: far heartbeats again and rejoined the balancer"
+for _ in $(seq 600); do grep -q "store node 0 (block server 0) adopted again" "$WORK/head.log" && break; sleep 0.1; done
+grep -q "store node 0 (block server 0) adopted again" "$WORK/head.log" || fail "the head did not adopt vault again"
+for _ in $(seq 100); do health | grep -q '"store_servers":1,"store_servers_up":1' && break; sleep 0.1; done
+health | grep -q '"store_servers":1,"store_servers_up":1' || fail "/health does not count vault up again: $(health)"
+kill -0 "${PIDS[0]}" 2>/dev/null || fail "vault's process ended"
+echo "partition e2e: the link came back: vault adopted again and counted up"
 echo "partition e2e: all checks passed"

@@ -1,21 +1,31 @@
 #!/usr/bin/env bash
-# A store node killed and restarted while the head lives: a cluster from a spec on 127.0.0.1 whose
-# only block server runs in store node store-a, launched with --restart-failed. Prompts are
-# written back to store-a and hit; store-a is killed with SIGKILL; the launcher starts it again on
-# the same directory and port, and the head adopts it again (store_keeper) without restarting.
-# Then: /health counts the server up again, a prompt written before the kill is a hit again from
-# the blocks the new process found on its disk (read by the head's prefill rank), with the same
-# text, and a prompt first asked after the restart is written back to it by the decode node (in a
-# process of its own) and hits too.
-# Usage: store_restart_e2e.sh BATON_BINARY SOURCE_DIR. Bounded waits; always cleans up.
+# A store node lost while the head lives, and adopted again: a cluster from a spec on 127.0.0.1
+# whose only block server runs in store node store-a, launched with --restart-failed. Prompts are
+# written back to store-a and hit; then, by MODE:
+# - kill: store-a is killed with SIGKILL; the launcher starts it again on the same directory and
+#   port, and the head adopts it again (store_keeper) without restarting. Then /health counts the
+#   server up again, a prompt written before the kill is a hit again from the blocks the new
+#   process found on its disk (read by the head's prefill rank), with the same text, and a prompt
+#   first asked after the restart is written back to it by the decode node (in a process of its
+#   own) and hits too.
+# - stall: store-a is stopped with SIGSTOP: alive, its TCP links open, answering nothing (a hung
+#   node, or one whose packets are dropped). The head gives it up after 3 unanswered probes;
+#   /health counts it down and prompts are answered meanwhile, with the same text. Then SIGCONT:
+#   the head adopts it again (the node's host replaces its old server), /health counts it up, and
+#   a prompt written before the stall is a hit again, with the same text.
+# Usage: store_restart_e2e.sh BATON_BINARY SOURCE_DIR [kill|stall]. Bounded waits; always cleans up.
 set -euo pipefail
 BATON=$1
 SRC=$(cd "$2" && pwd)
+MODE=${3:-kill}
+case "$MODE" in kill|stall) ;; *) echo "store restart e2e: MODE must be kill or stall, not '$MODE'" >&2; exit 2 ;; esac
 WORK=$(mktemp -d /tmp/baton-store-restart-e2e-XXXXXX)
 LAUNCHER=""
 source "$(dirname "$0")/e2e_lib.sh"
-trap stop_launcher EXIT
-fail() { echo "store restart e2e: FAILED: $*" >&2; echo "--- launcher:" >&2; cat "$WORK/launch.log" >&2; exit 1; }
+PID_S=""
+# A stopped store-a would ignore the launcher's stop signal until continued.
+trap '[ -n "$PID_S" ] && kill -CONT "$PID_S" 2>/dev/null; stop_launcher' EXIT
+fail() { echo "store restart e2e ($MODE): FAILED: $*" >&2; echo "--- launcher:" >&2; cat "$WORK/launch.log" >&2; exit 1; }
 
 read -r P_ROUTER P_CLUSTER P_HTTP P_STORE < <(free_ports 4)
 cat > "$WORK/spec.json" <<SPEC
@@ -53,6 +63,43 @@ ask 1 before
 
 PID_S=$(pgrep -f -- "--name store-a --listen 127.0.0.1:$P_STORE" | head -1)
 [ -n "$PID_S" ] || fail "no store-a process"
+if [ "$MODE" = stall ]; then
+  kill -STOP "$PID_S"
+  for _ in $(seq 300); do grep -q "store node 0 (block server 0) answered none of" "$WORK/launch.log" && break; sleep 0.1; done
+  grep -q "store node 0 (block server 0) answered none of" "$WORK/launch.log" || fail "the head did not give up the stopped store-a"
+  for _ in $(seq 100); do
+    curl -s -m 10 "http://127.0.0.1:$P_HTTP/health" | grep -q '"store_servers":1,"store_servers_up":0' && break
+    sleep 0.1
+  done
+  HEALTH=$(curl -s -m 10 "http://127.0.0.1:$P_HTTP/health")
+  echo "$HEALTH" | grep -q '"status":"ok".*"store_servers":1,"store_servers_up":0' ||
+    fail "/health does not count the stopped store-a down (or the cluster is not ok without it): $HEALTH"
+  # Served while store-a hangs, from computation: the same text.
+  ask 3 stalled
+  [ "$(text "$WORK/stalled.json")" = "$(text "$WORK/calm3.json")" ] || fail "prompt 3's text changed while store-a hung"
+  echo "store restart e2e: the stopped store-a was given up; /health counts it down and prompts are answered"
+  kill -CONT "$PID_S"
+  for _ in $(seq 300); do grep -q "store node 0 (block server 0) adopted again" "$WORK/launch.log" && break; sleep 0.1; done
+  grep -q "store node 0 (block server 0) adopted again" "$WORK/launch.log" || fail "the head did not adopt store-a again"
+  for _ in $(seq 100); do
+    curl -s -m 10 "http://127.0.0.1:$P_HTTP/health" | grep -q '"store_servers":1,"store_servers_up":1' && break
+    sleep 0.1
+  done
+  HEALTH=$(curl -s -m 10 "http://127.0.0.1:$P_HTTP/health")
+  echo "$HEALTH" | grep -q '"store_servers":1,"store_servers_up":1' || fail "/health does not count store-a up again: $HEALTH"
+  for k in $(seq 20); do
+    ask 2 "after$k"
+    [ "$(cached "$WORK/after$k.json")" -ge 32 ] && break
+    sleep 0.2
+  done
+  [ "$(cached "$WORK/after$k.json")" -ge 32 ] || fail "prompt 2 is no hit after store-a resumed: $(cat "$WORK/after$k.json")"
+  [ "$(text "$WORK/after$k.json")" = "$(text "$WORK/calm2.json")" ] || fail "prompt 2's text changed after store-a resumed"
+  grep -q "node store-a restarted" "$WORK/launch.log" && fail "the launcher restarted store-a, which only hung"
+  echo "store restart e2e: store-a resumed, adopted again, and a prompt written before the stall is a hit again (try $k)"
+  echo "store restart e2e (stall): all checks passed"
+  exit 0
+fi
+
 kill -9 "$PID_S"
 T_KILL=$(date +%s.%N)
 for _ in $(seq 300); do grep -q "node store-a restarted" "$WORK/launch.log" && break; sleep 0.1; done
@@ -86,4 +133,4 @@ wait_blocks $((FOUND + 3))
 ask 7 fresh_again
 [ "$(cached "$WORK/fresh_again.json")" -ge 32 ] || fail "prompt 7 is no hit: the decode node wrote nothing to store-a: $(cat "$WORK/fresh_again.json")"
 echo "store restart e2e: a prompt first asked after the restart is written to store-a and hits"
-echo "store restart e2e: all checks passed"
+echo "store restart e2e (kill): all checks passed"
