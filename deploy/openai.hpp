@@ -96,6 +96,11 @@ struct call {
   std::string forced_tool;
   /// ... or, with "required", a list of calls, each {"name", "parameters"}.
   bool forced_calls = false;
+  /// Which field asked for req.output_spec, as `param` ("response_format", "tools",
+  /// "guided_json", ...), and how a refusal of it names it ("response_format.json_schema.schema",
+  /// "tools[2].function.parameters"): a schema, expression or grammar that does not compile is
+  /// refused here already, naming its field (check_constraint_compiles).
+  std::string constraint_param, constraint_label;
   /// parallel_tool_calls false: at most one call -- the answer's first (later ones are dropped,
   /// as vLLM does; a "required" call's grammar allows one only).
   bool one_tool_call = false;

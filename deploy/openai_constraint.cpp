@@ -53,6 +53,8 @@ bool parse_response_format(const json& j, const ordered_json& body, call* out, a
   }
   out->req.output_format = static_cast<uint8_t>(gpu::output_format::schema);
   out->req.output_spec = spec["schema"].dump();
+  out->constraint_param = "response_format";
+  out->constraint_label = "response_format.json_schema.schema";
   return true;
 }
 
@@ -177,6 +179,8 @@ bool parse_guided(const json& j, const ordered_json& body, call* out, api_error*
       return false;
     }
   }
+  out->constraint_param = at;
+  out->constraint_label = field;
   return true;
 }
 
@@ -217,7 +221,33 @@ bool parse_sglang_constraint(const json& j, const ordered_json& body, call* out,
   r.output_format = static_cast<uint8_t>(name == "json_schema" ? gpu::output_format::schema
                                          : name == "regex"     ? gpu::output_format::regex
                                                                : gpu::output_format::gbnf);
+  out->constraint_param = out->constraint_label = name;
   return true;
+}
+
+/// The compiler's sentence about the answer's grammar, with the field the client wrote in place
+/// of the compiler's own name for it ("json_schema at /x: ..." for a response_format schema is
+/// "response_format.json_schema.schema at /x: ..."). A "required" tool_choice's schema is a list
+/// of {name, parameters} made here: a place inside tool K's parameters is named as in them.
+std::string name_constraint_error(const call& c, const std::string& why) {
+  static constexpr std::string_view list_part = "json_schema at /items/anyOf/";
+  if (c.forced_calls && why.starts_with(list_part)) {
+    size_t at = list_part.size(), k = 0;
+    const size_t digits = at;
+    while (at < why.size() && std::isdigit(static_cast<unsigned char>(why[at]))) k = k * 10 + (why[at++] - '0');
+    static constexpr std::string_view params = "/properties/parameters";
+    if (at > digits && std::string_view{why}.substr(at).starts_with(params)) {
+      at += params.size();
+      const size_t colon = why.find(": ", at);
+      const std::string inside = colon == std::string::npos ? why.substr(at) : why.substr(at, colon - at);
+      return "tools[" + std::to_string(k) + "].function.parameters at " + (inside.empty() ? "/" : inside) +
+             (colon == std::string::npos ? "" : why.substr(colon));
+    }
+  }
+  for (std::string_view own : {"json_schema", "regex", "grammar"})
+    if (why.starts_with(own) && why.size() > own.size() && (why[own.size()] == ' ' || why[own.size()] == ':'))
+      return c.constraint_label + why.substr(own.size());
+  return c.constraint_label + ": " + why;
 }
 
 }  // namespace
@@ -232,7 +262,16 @@ bool parse_constraint(const json& j, const ordered_json& body, call* out, api_er
   if (r.output_format != static_cast<uint8_t>(gpu::output_format::object) &&
       r.output_format != static_cast<uint8_t>(gpu::output_format::schema))
     r.json_compact = false;
-  return true;
+  // Compiled here already (the process-wide cache makes the router's own check, in this
+  // process, a lookup): a schema, expression or grammar that does not compile is refused naming
+  // the field the client wrote it in, not as the router's unnamed admission error.
+  const auto kind = static_cast<gpu::output_format>(r.output_format);
+  if (kind != gpu::output_format::schema && kind != gpu::output_format::regex && kind != gpu::output_format::gbnf)
+    return true;
+  std::string why;
+  if (gpu::cached_output_grammar(kind, r.output_spec, {.compact = r.json_compact}, &why)) return true;
+  *err = bad(out->constraint_param, name_constraint_error(*out, why));
+  return false;
 }
 
 }  // namespace baton::deploy::openai

@@ -247,6 +247,14 @@ bool parse_messages(const json& j, const ordered_json& body, generate_request* r
       if (!calls.empty()) fields["tool_calls"] = std::move(calls);
     }
     if (turn.role == "tool") {
+      // Which call it answers, as OpenAI requires: templates put it beside the result, and a
+      // model given several results cannot tell them apart without it.
+      if (!m.contains("tool_call_id") || !m["tool_call_id"].is_string() ||
+          m["tool_call_id"].get_ref<const std::string&>().empty()) {
+        *err = bad(param + ".tool_call_id", param + ".tool_call_id is required for a tool message: the id of the "
+                                                    "assistant's tool call it answers, as a non-empty string");
+        return false;
+      }
       for (const char* key : {"tool_call_id", "name"})
         if (m.contains(key) && m[key].is_string()) fields[key] = m[key];
     }
@@ -354,6 +362,7 @@ bool parse_tools(const json& j, const ordered_json& body, call* out, api_error* 
       if (auto p = j.find("parallel_tool_calls"); p != j.end() && p->is_boolean() && !p->get<bool>()) schema["maxItems"] = 1;
       req->output_spec = schema.dump();
       out->forced_calls = true;
+      out->constraint_label = "tools";
     } else if (c->is_object() && type_is(*c, "function") && c->contains("function") && (*c)["function"].is_object() &&
                (*c)["function"].contains("name") && (*c)["function"]["name"].is_string()) {
       const auto name = (*c)["function"]["name"].get<std::string>();
@@ -365,12 +374,16 @@ bool parse_tools(const json& j, const ordered_json& body, call* out, api_error* 
       }
       req->output_spec = parameters(k, "").dump();
       out->forced_tool = name;
+      out->constraint_label = "tools[" + std::to_string(k) + "].function.parameters";
     } else if (*c != "auto") {
       *err = bad("tool_choice", "tool_choice must be \"auto\", \"none\", \"required\" or {type: \"function\", "
                                 "function: {name}}, got " + describe(*c));
       return false;
     }
-    if (!req->output_spec.empty()) req->output_format = static_cast<uint8_t>(gpu::output_format::schema);
+    if (!req->output_spec.empty()) {
+      req->output_format = static_cast<uint8_t>(gpu::output_format::schema);
+      out->constraint_param = "tools";
+    }
   }
   if (!none) {
     req->tools_json = body["tools"].dump();

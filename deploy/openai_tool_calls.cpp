@@ -845,6 +845,24 @@ answer_parts tool_call_splitter::feed(const std::string& content, bool last) {
     return out;
   }
   auto calls = read_held();
+  if (forced_ && calls.tool_calls.empty()) {
+    // A forced answer cut before its JSON closed (max_tokens): the calls as far as they go --
+    // named, their arguments so far, as OpenAI sends a cut call with finish_reason "length" --
+    // never the grammar's JSON as text (a list of {name, parameters} the client never asked for).
+    stream_calls(&out);
+    if (!sent_.empty() && args_open_) {  // what the stream held back (trailing blanks) goes too
+      auto& call = sent_.back();
+      if (call.args_sent < held_.size()) {
+        const auto index = static_cast<uint32_t>(sent_.size() - 1);
+        auto piece = held_.substr(call.args_sent);
+        if (!out.tool_calls.empty() && out.tool_calls.back().index == index) out.tool_calls.back().arguments += piece;
+        else out.tool_calls.push_back({{}, std::move(piece), index, false});
+      }
+    }
+    out.called = !sent_.empty();
+    held_.clear();
+    return out;
+  }
   // The whole answer's calls must go on from the pieces already sent.
   bool agrees = !calls.tool_calls.empty() && calls.tool_calls.size() >= sent_.size();
   for (size_t i = 0; agrees && i < sent_.size(); ++i) {

@@ -110,6 +110,14 @@ TEST_CASE("OpenAI request bodies map onto generate_request, and refusals name th
   }
   CHECK(refused(R"({"messages":[{"role":"user","content":"x"},{"role":"tool","tool_call_id":"c"}]})", true).message ==
         "messages[1].content is required for a tool message");
+  // A tool message names the call it answers (OpenAI requires it; templates print it).
+  for (const char* tool : {R"({"role":"tool","content":"21"})", R"({"role":"tool","tool_call_id":7,"content":"21"})",
+                           R"({"role":"tool","tool_call_id":"","content":"21"})"}) {
+    const auto e3 = refused(std::string{R"({"messages":[{"role":"user","content":"x"},)"} + tool + "]}", true);
+    CHECK(e3.param == "messages[1].tool_call_id");
+    CHECK(e3.message == "messages[1].tool_call_id is required for a tool message: the id of the assistant's tool call "
+                        "it answers, as a non-empty string");
+  }
   CHECK(refused(R"({"messages":[{"role":"developer"},{"role":"user","content":"x"}]})", true).message ==
         "messages[0].content is required for a developer message");
   CHECK(refused(R"({"messages":[{"role":"user","content":"x"},{"role":"assistant"}]})", true).message ==

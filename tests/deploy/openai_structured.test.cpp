@@ -108,10 +108,49 @@ TEST_CASE("structured outputs: response_format and a forced tool_choice become a
   CHECK(second_call.tool_calls[0].index == 1);
   CHECK(second_call.tool_calls[0].name == "get_weather");
   CHECK(second_call.tool_calls[0].arguments == "{}");
-  // Cut by max_tokens: no calls, the text is content, whole.
+  // Cut by max_tokens: the JSON does not read as calls ...
   const auto cut = deploy::openai::read_forced_calls(R"({"city": "Par)", "get_weather");
   CHECK(cut.tool_calls.empty());
   CHECK(cut.content == R"({"city": "Par)");
+  // ... so the answer is the calls as far as they go, whole or streamed: the names read, their
+  // arguments so far (as OpenAI answers a cut call), and never the grammar's JSON as content.
+  for (const bool whole : {true, false}) {
+    CAPTURE(whole);
+    const auto read_cut = [&](const deploy::openai::call& c, const std::string& text) {
+      deploy::openai::answer_reader reader{c, 0};
+      deploy::openai::answer_parts all;
+      const std::vector<std::string> pieces =
+          whole ? std::vector<std::string>{text} : std::vector<std::string>{text.substr(0, text.size() / 2), text.substr(text.size() / 2)};
+      for (size_t k = 0; k < pieces.size(); ++k) {
+        auto p = reader.feed(pieces[k], k + 1 == pieces.size());
+        all.content += p.content;
+        all.called |= p.called;
+        for (auto& t : p.tool_calls) {
+          if (t.index < all.tool_calls.size()) all.tool_calls[t.index].arguments += t.arguments;
+          else all.tool_calls.push_back(std::move(t));
+        }
+      }
+      return all;
+    };
+    const auto named_cut = read_cut(named, R"({"city": "Par)");
+    CHECK(named_cut.content.empty());
+    REQUIRE(named_cut.tool_calls.size() == 1);
+    CHECK(named_cut.tool_calls[0].name == "get_weather");
+    CHECK(named_cut.tool_calls[0].arguments == R"({"city": "Par)");
+    CHECK(named_cut.called);
+    const auto listed_cut = read_cut(required, R"([{"name": "now", "parameters": {}}, {"name": "get_weather", "parameters": {"ci)");
+    CHECK(listed_cut.content.empty());
+    REQUIRE(listed_cut.tool_calls.size() == 2);
+    CHECK(listed_cut.tool_calls[0].name == "now");
+    CHECK(listed_cut.tool_calls[0].arguments == "{}");
+    CHECK(listed_cut.tool_calls[1].name == "get_weather");
+    CHECK(listed_cut.tool_calls[1].arguments == R"({"ci)");
+    // Cut before the first name was read: nothing to call, and no JSON as text either.
+    const auto unnamed = read_cut(required, R"([ { "n)");
+    CHECK(unnamed.content.empty());
+    CHECK(unnamed.tool_calls.empty());
+    CHECK_FALSE(unnamed.called);
+  }
   // After a thinking block the prompt opened: with separate_reasoning the thinking is
   // reasoning_content; without it, content as generated (</think> and the blank lines too).
   // Either way the JSON after it is the call, streamed in any pieces or whole.
@@ -254,4 +293,37 @@ TEST_CASE("vLLM's structured outputs: guided_json, guided_regex, guided_choice a
   std::string many = R"("guided_choice":[)";
   for (int i = 0; i < 600; ++i) many += std::string(i ? "," : "") + "\"choice" + std::to_string(i) + "\"";
   CHECK(parse(many + "]", &c).find("as an expression; at most 4096") != std::string::npos);
+}
+
+TEST_CASE("structured outputs: a schema, expression or grammar that does not compile is refused by the gateway, "
+          "naming the field it was written in (and the tool, for a forced call), not the compiler's own name") {
+  const auto refused = [](const std::string& body) {
+    deploy::openai::call c;
+    deploy::openai::api_error e;
+    if (deploy::openai::parse_body(body, body.find("messages") != std::string::npos, "m", &c, &e)) return std::string("parsed");
+    return e.param + ": " + e.message;
+  };
+  const std::string chat = R"({"messages":[{"role":"user","content":"x"}],)";
+  CHECK(refused(chat + R"("response_format":{"type":"json_schema","json_schema":{"name":"p","schema":
+      {"type":"object","properties":{"a":{"type":"frob"}}}}}})") ==
+        "response_format: response_format.json_schema.schema at /properties/a/type: unknown type 'frob'");
+  CHECK(refused(chat + R"("response_format":{"type":"json_schema","json_schema":{"name":"p","schema":
+      {"type":"object","properties":{"a":{"type":"string","pattern":"(["}}}}}})") ==
+        "response_format: response_format.json_schema.schema at /properties/a/pattern: pattern: an unclosed class (offset 2)");
+  // A forced call: the place inside the tool's own parameters, whichever way it was forced.
+  const std::string tools = R"("tools":[{"type":"function","function":{"name":"ok","parameters":{"type":"object"}}},
+      {"type":"function","function":{"name":"bad","parameters":{"type":"object","properties":{"a":{"type":"frob"}}}}}])";
+  CHECK(refused(chat + R"("tool_choice":"required",)" + tools + "}") ==
+        "tools: tools[1].function.parameters at /properties/a/type: unknown type 'frob'");
+  CHECK(refused(chat + R"("tool_choice":{"type":"function","function":{"name":"bad"}},)" + tools + "}") ==
+        "tools: tools[1].function.parameters at /properties/a/type: unknown type 'frob'");
+  // Not forced: the schema only shows the model the tool (as vLLM, not compiled).
+  CHECK(refused(chat + R"("tool_choice":"auto",)" + tools + "}") == "parsed");
+  CHECK(refused(R"({"prompt":"a","guided_regex":"(["})") == "guided_regex: guided_regex: an unclosed class (offset 2)");
+  CHECK(refused(R"({"prompt":"a","structured_outputs":{"regex":"(["}})") ==
+        "structured_outputs: structured_outputs.regex: an unclosed class (offset 2)");
+  CHECK(refused(R"({"prompt":"a","regex":"(["})") == "regex: regex: an unclosed class (offset 2)");
+  CHECK(refused(R"({"prompt":"a","json_schema":{"type":"frob"}})") == "json_schema: json_schema at /type: unknown type 'frob'");
+  CHECK(refused(R"({"prompt":"a","ebnf":"root ::= missing"})") ==
+        "ebnf: ebnf: the rule 'missing' is used but never defined, at line 1, column 10");
 }
