@@ -41,6 +41,29 @@ public:
     if (q.empty()) by_rank_.erase(it);
   }
 
+  /// The placements of request `id` will never reach their ranks: its attempt gave up between
+  /// placement and order (its client left, another hop failed). Their charges go now, through
+  /// take_back(rank, charge), not a whole TTL later; the count is returned (0: a report settled
+  /// them, or they expired).
+  template <class TakeBack>
+  size_t cancel(uint64_t id, TakeBack take_back) {
+    size_t n = 0;
+    for (auto it = by_rank_.begin(); it != by_rank_.end();) {
+      auto& q = it->second;
+      for (auto c = q.begin(); c != q.end();) {
+        if (c->request_id != id) {
+          ++c;
+          continue;
+        }
+        take_back(it->first, *c);
+        c = q.erase(c);
+        ++n;
+      }
+      it = q.empty() ? by_rank_.erase(it) : std::next(it);
+    }
+    return n;
+  }
+
   /// Calls take_back(rank, charge) for every charge placed at or before `oldest`, oldest first,
   /// and then done(rank, count) once per rank that lost any; forgets them.
   template <class TakeBack, class Done>

@@ -199,6 +199,22 @@ decode_balancer_actor::behavior_type decode_balancer_impl(pointer self, decode_b
         serve_parked(st.parked, self->clock().now(), "place_decode", [=](const place_query& q) { return try_place(self, q); });
         after_rank_change(self);
       },
+      [=](release_atom, uint64_t request_id) {
+        // Its attempt gave up between placement and reservation: the room it was charged is
+        // free, and a placement of it still parked is void (placed later, it would be charged
+        // to a rank that never hears of it).
+        auto& st = self->state;
+        drop_parked(st.parked, request_id, "place_decode");
+        const auto freed = st.charges.cancel(request_id, [&](const std::string& name, const decode_balancer_state::charge& c) {
+          auto i = st.registry.index_of(name);
+          if (!i) return;
+          auto& r = st.registry.loads[*i];
+          r.num_running -= std::min(r.num_running, 1u);
+          r.num_free_pages = std::min(r.num_total_pages, r.num_free_pages + c.pages);
+          r.kv_tokens -= std::min(r.kv_tokens, c.kv_tokens);
+        });
+        if (freed) serve_parked(st.parked, self->clock().now(), "place_decode", [=](const place_query& q) { return try_place(self, q); });
+      },
       [=](expire_atom) {
         self->state.charges.timer_fired();
         expire_charges(self);

@@ -580,7 +580,10 @@ using prefill_balancer_actor = caf::typed_actor<
     caf::reacts_to<forget_atom, prefill_rank_actor>,                    // its node is gone: drop it until...
     caf::reacts_to<rejoin_atom, prefill_rank_actor, bool>,                    // ...it may come back
     caf::reacts_to<timer_atom>,    // its own timer: no rank took work within the grace, parked ones refused
-    caf::reacts_to<expire_atom>>;  // its own timer: placements no report followed, parked ones retried
+    caf::reacts_to<expire_atom>,   // its own timer: placements no report followed, parked ones retried
+    // request id: its attempt gave up before asking its rank (its client left, another hop
+    // failed): its placement, made or parked, is void
+    caf::reacts_to<release_atom, uint64_t>>;
 
 /// Places sequences on decode ranks from their reported loads (policies/decode_placement.hpp).
 using decode_balancer_actor = caf::typed_actor<
@@ -594,7 +597,10 @@ using decode_balancer_actor = caf::typed_actor<
     caf::reacts_to<forget_atom, decode_rank_actor>,              // its node is gone: drop it until...
     caf::reacts_to<rejoin_atom, decode_rank_actor, bool>,              // ...it may come back
     caf::reacts_to<timer_atom>,    // its own timer: no rank took work within the grace, parked ones refused
-    caf::reacts_to<expire_atom>>;  // its own timer: placements no report followed, parked ones retried
+    caf::reacts_to<expire_atom>,   // its own timer: placements no report followed, parked ones retried
+    // request id: its attempt gave up before asking its rank (its client left, another hop
+    // failed): its placement, made or parked, is void
+    caf::reacts_to<release_atom, uint64_t>>;
 
 /// Elastic P/D: one role change, as the controller carried it out.
 struct role_change {

@@ -340,6 +340,22 @@ prefill_balancer_actor::behavior_type prefill_balancer_impl(pointer self, prefil
         serve_parked(st.parked, self->clock().now(), "place_prefill", [=](const place_query& q) { return try_place(self, q); });
         after_rank_change(self);
       },
+      [=](release_atom, uint64_t request_id) {
+        // Its attempt gave up between placement and order: the work it was charged (each part
+        // of a split) never comes, and a placement of it still parked is void.
+        auto& st = self->state;
+        drop_parked(st.parked, request_id, "place_prefill");
+        const auto freed = st.charges.cancel(request_id, [&](const std::string& name, const prefill_balancer_state::charge& c) {
+          auto i = st.registry.index_of(name);
+          if (!i) return;
+          auto& r = st.registry.loads[*i];
+          r.queued_tokens -= std::min(r.queued_tokens, c.tokens);
+          r.num_running -= std::min(r.num_running, 1u);
+          r.predicted_us = std::max(0.0, r.predicted_us - c.predicted_us);
+          sync_view(st, *i);
+        });
+        if (freed) serve_parked(st.parked, self->clock().now(), "place_prefill", [=](const place_query& q) { return try_place(self, q); });
+      },
       [=](expire_atom) {
         self->state.charges.timer_fired();
         expire_charges(self);

@@ -43,6 +43,12 @@ struct request_state {
   uint64_t watch_seq = 0;  ///< the token watchdog only acts on its latest arming
   bool hybrid = false;     ///< hybrid PD: the decode rank prefills the prompt itself
   bool prefill_only = false;  ///< this attempt's one token comes from a prefill rank alone: no decode rank
+  /// A placement asked for (in flight, parked, or made) and its rank not yet asked: the balancer
+  /// counts a placement as the rank's load until the rank settles it (on the reservation, on the
+  /// prefill order). An attempt given up before that (its client left, another hop failed)
+  /// voids it (let_go); else it held its room for a whole charge TTL -- or, placed after its
+  /// request had gone, for good until that TTL -- and placements parked behind it.
+  bool decode_charged = false, prefill_charged = false;
   bool stopped = false;    ///< a stop token or string ended generation (out.text already cut)
   bool eos_hit = false;    ///< ... and it was one of the model's extra end-of-sequence tokens
   std::string text;        ///< with stop strings: the text so far, grown token by token
@@ -184,6 +190,11 @@ std::vector<std::pair<prefill_rank_actor, std::string>> prefill_ranks_of(const r
 /// rank to keep the pages from other requests until they have.
 void let_go(request_pointer self) {
   auto& st = self->state;
+  const auto id = st.plan.request_id;
+  // After the placement request (one sender, in order): the balancer finds it made or parked.
+  if (st.decode_charged) self->send(st.plan.decode_balancer, release_atom::value, id);
+  if (st.prefill_charged) self->send(st.plan.prefill_balancer, release_atom::value, id);
+  st.decode_charged = st.prefill_charged = false;
   const bool writing = (st.num_writers_out > 0 || st.writer_abandoned) && !st.hybrid;
   if (st.lease_id != 0 && st.decode) self->send(st.decode, release_atom::value, st.lease_id, writing);
   // Every part of a split prompt stops too (a later part keeps its pages from other prompts
@@ -579,6 +590,7 @@ void start_prefill(request_pointer self, kv_lease_grant grant) {
   order.prompt_logprobs = scores_prompt(st);
   order.prompt_top_logprobs = p.params.prompt_top_logprobs;
   order.prefill_only = st.prefill_only;
+  st.prefill_charged = false;  // each prefill rank settles its placement on the order
   if (!st.hybrid && st.split.part_ranks.size() > 1) return start_split_prefill(self, std::move(order));
   st.num_writers_out = st.hybrid ? 0 : 1;  // hybrid: the decode rank writes its own pages
   auto pending = st.hybrid ? self->request(st.decode, std::chrono::milliseconds{p.cfg.prefill_timeout_ms}, std::move(order))
@@ -612,6 +624,7 @@ void reserve(request_pointer self) {
   // Watched from here on: a decode rank (or prefill rank) that goes down re-places the request.
   self->monitor(st.decode);
   for (const auto& [rank, name] : prefill_ranks_of(st)) self->monitor(rank);
+  st.decode_charged = false;  // the rank settles its placement on the reservation, granted or not
   self->request(st.decode, std::chrono::milliseconds{p.cfg.reserve_timeout_ms}, reserve_atom::value, req)
       .then(
           [=](kv_lease_grant& grant) {
@@ -650,6 +663,7 @@ void start_prefill_only(request_pointer self) {
 /// reserves the decode lease -- or, prefill-only, starts at once.
 void place_prefill(request_pointer self, const place_query& q) {
   const uint32_t attempt = self->state.attempt;
+  self->state.prefill_charged = true;
   self->request(self->state.plan.prefill_balancer, std::chrono::milliseconds{self->state.plan.cfg.place_timeout_ms},
                 place_atom::value, q)
       .then(
@@ -689,6 +703,7 @@ void place(request_pointer self) {
     return place_prefill(self, q);
   }
   const uint32_t attempt = st.attempt;
+  st.decode_charged = true;
   self->request(p.decode_balancer, timeout, place_atom::value, q)
       .then(
           [=](decode_placement& d) {

@@ -160,7 +160,7 @@ std::string prefill_decision::explain() const {
   std::snprintf(buf, sizeof buf,
                 "bucket %u%s -> engine %u (remaining quota %.0f us) -> rank %u (predicted load %.0f us); "
                 "this request %.0f us",
-                bucket, borrowed ? " (borrowed)" : "", engine, engine_remaining_quota_us, rank, rank_predicted_us,
+                bucket, borrowed ? " (borrowed)" : idle_lent ? " (queued: an idle engine of a longer bucket)" : "", engine, engine_remaining_quota_us, rank, rank_predicted_us,
                 predicted_us);
   return buf;
 }
@@ -182,12 +182,30 @@ std::optional<prefill_decision> place_prefill(const bucket_allocator& buckets,
     if (!best_engine || remaining > best_remaining) best_engine = e, best_remaining = remaining;
   }
   if (!best_engine) return std::nullopt;
-  const auto& ev = engines[*best_engine];
-  std::optional<uint32_t> best_rank;
-  for (uint32_t r = 0; r < ev.ranks.size(); ++r) {
-    if (!ev.ranks[r].available) continue;
-    if (!best_rank || ev.ranks[r].predicted_us < ev.ranks[*best_rank].predicted_us) best_rank = r;
+  const auto least_loaded_rank = [&](uint32_t e) {
+    std::optional<uint32_t> best;
+    for (uint32_t r = 0; r < engines[e].ranks.size(); ++r) {
+      if (!engines[e].ranks[r].available) continue;
+      if (!best || engines[e].ranks[r].predicted_us < engines[e].ranks[*best].predicted_us) best = r;
+    }
+    return best;
+  };
+  std::optional<uint32_t> best_rank = least_loaded_rank(*best_engine);
+  if (engines[*best_engine].ranks[*best_rank].predicted_us > 0.0) {
+    // Queued behind work: an idle engine of a longer-prompt bucket takes it (the lowest-numbered,
+    // a stable choice).
+    const auto& owner = buckets.engine_buckets();
+    for (uint32_t e = 0; e < engines.size() && e < owner.size(); ++e) {
+      if (owner[e] <= d.bucket || !usable(e)) continue;
+      const auto& ranks = engines[e].ranks;
+      if (std::any_of(ranks.begin(), ranks.end(), [](auto& r) { return r.available && r.predicted_us > 0.0; })) continue;
+      best_engine = e;
+      best_rank = least_loaded_rank(e);
+      d.idle_lent = true;
+      break;
+    }
   }
+  const auto& ev = engines[*best_engine];
   d.engine = *best_engine;
   d.rank = *best_rank;
   d.engine_remaining_quota_us = ev.remaining_quota_us();

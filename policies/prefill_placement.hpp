@@ -105,6 +105,10 @@ struct prefill_engine_view {
 struct prefill_decision {
   uint32_t bucket = 0;
   bool borrowed = false;        ///< the bucket owned no engine; a neighbour's was used
+  /// The bucket's engines all had work queued, and an idle engine of a longer-prompt bucket
+  /// took the prompt instead (place_prefill: the buckets keep long prompts off short ones'
+  /// engines, not idle engines from waiting prompts).
+  bool idle_lent = false;
   uint32_t engine = 0;
   uint32_t rank = 0;            ///< index within the engine
   double predicted_us = 0.0;    ///< cost(q, c) of this request
@@ -114,7 +118,12 @@ struct prefill_decision {
 };
 
 /// Levels 1-3 for a prompt of q new tokens after c cached ones. nullopt when no engine of the
-/// (possibly borrowed) bucket has an available rank.
+/// (possibly borrowed) bucket has an available rank. Work-conserving: when the chosen rank has
+/// work queued and an engine of a longer-prompt bucket is idle (every available rank of it
+/// predicts nothing), that engine takes the prompt. A short prompt delays a long one that
+/// arrives meanwhile by little; the buckets exist so that long prompts do not hold up short
+/// ones, and partitioned engines otherwise left idle while prompts queue (at low load, the
+/// buckets' demand estimate lags) cost more than the seed's isolation gains.
 std::optional<prefill_decision> place_prefill(const bucket_allocator& buckets,
                                               const std::vector<prefill_engine_view>& engines,
                                               const cost_model& model, uint64_t q, uint64_t c);

@@ -96,6 +96,57 @@ TEST_CASE("seed prefill: a bucket whose own engines are all unavailable lends it
   CHECK(d->borrowed);
 }
 
+TEST_CASE("seed prefill: a short prompt that would queue on its bucket's engines takes an idle engine of a "
+          "longer-prompt bucket; a long prompt never takes a short bucket's engine, and nothing moves while its own is idle") {
+  bucket_config cfg;
+  cfg.upper_bounds_tokens = {100};
+  cfg.min_move_interval_s = 0;
+  cfg.hysteresis_fraction = 0;
+  bucket_allocator two{cfg, 3};
+  two.record_demand(1, 1e9, 0.0);
+  two.record_demand(0, 2e9, 0.0);
+  for (int i = 0; i < 10 && two.engine_counts() != std::vector<uint32_t>{2, 1}; ++i) two.rebalance(0.0);
+  REQUIRE(two.engine_counts() == std::vector<uint32_t>{2, 1});
+  const auto long_engine = two.engines_for(1)[0];
+  const auto short_a = two.engines_for(0)[0], short_b = two.engines_for(0)[1];
+  std::vector<prefill_engine_view> views(3, prefill_engine_view{1e7, {{0, true}}});
+  // Its own bucket has an idle engine: it stays there.
+  auto d = place_prefill(two, views, gpu_like, 50, 0);
+  REQUIRE(d);
+  CHECK(two.engine_buckets()[d->engine] == 0);
+  CHECK_FALSE(d->idle_lent);
+  // Both short engines are busy, the long one idle: the short prompt goes there, said so.
+  views[short_a].ranks[0].predicted_us = 3e5;
+  views[short_b].ranks[0].predicted_us = 1e5;
+  d = place_prefill(two, views, gpu_like, 50, 0);
+  REQUIRE(d);
+  CHECK(d->engine == long_engine);
+  CHECK(d->idle_lent);
+  CHECK_FALSE(d->borrowed);
+  CHECK(d->explain().find("an idle engine of a longer bucket") != std::string::npos);
+  // The long engine has work too: back to the least-loaded short engine (level 2-3 as before).
+  views[long_engine].ranks[0].predicted_us = 1.0;
+  d = place_prefill(two, views, gpu_like, 50, 0);
+  REQUIRE(d);
+  CHECK(d->engine == short_b);
+  CHECK_FALSE(d->idle_lent);
+  // A long prompt queued on its engine never takes an idle short engine: long prompts stay off
+  // the engines that keep short prompts' TTFT low.
+  views[short_a].ranks[0].predicted_us = 0;
+  views[long_engine].ranks[0].predicted_us = 5e5;
+  d = place_prefill(two, views, gpu_like, 500, 0);
+  REQUIRE(d);
+  CHECK(d->engine == long_engine);
+  CHECK_FALSE(d->idle_lent);
+  // An unavailable idle engine lends nothing.
+  views[long_engine].ranks[0] = {0, false};
+  views[short_a].ranks[0].predicted_us = 3e5;
+  d = place_prefill(two, views, gpu_like, 50, 0);
+  REQUIRE(d);
+  CHECK(d->engine == short_b);
+  CHECK_FALSE(d->idle_lent);
+}
+
 TEST_CASE("seed 000 example: cost of 2K new tokens on a 30K prefix is below an eighth of 32K uncached") {
   // Causal attention makes alpha = beta / 2 in any executor; with a GPU-like gamma:
   CHECK(gpu_like.prefill_us(2048, 30720) < gpu_like.prefill_us(32768, 0) / 8);
