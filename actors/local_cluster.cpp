@@ -137,6 +137,10 @@ std::string model_fingerprint(const gpu::model_config& m) {
          " layers, hidden " + std::to_string(m.hidden_size) + ")";
 }
 
+std::string weights_identity(const std::string& weights_id, uint64_t weights_seed) {
+  return weights_id.empty() ? "weights drawn from seed " + std::to_string(weights_seed) : "weights " + weights_id;
+}
+
 local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_config& cfg,
                                   executor_factory make_executor, transport_wrapper wrap,
                                   block_server_factory make_block_server) {
@@ -288,6 +292,8 @@ local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_co
   welcome.elastic_controller = out.elastic_controller;
   node_directory_config dc;
   dc.model = model_fingerprint(cfg.model);
+  dc.weights = weights_identity(cfg.weights_id, cfg.weights_seed);
+  dc.page_tokens = cfg.executor.page_size_tokens;
   out.directory = spawn_node_directory(sys, dc, welcome);
   if (!out.setup_error.empty())
     for (auto& a : out.actors()) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);

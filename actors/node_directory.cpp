@@ -368,6 +368,18 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
         if (!hello.model.empty() && !head_model.empty() && hello.model != head_model)
           return make_error(errc::bad_request, "node " + hello.name + " serves " + hello.model + ", but this cluster serves " +
                                                    head_model + ": start it with the head's --model (and --weights-seed)");
+        const auto& cfg = self->state.cfg;
+        if (!hello.weights.empty() && !cfg.weights.empty() && hello.weights != cfg.weights)
+          return make_error(errc::bad_request, "node " + hello.name + " serves the model with " + hello.weights +
+                                                   ", but this cluster's are " + cfg.weights +
+                                                   " (another checkpoint of it): its answers would not be this cluster's; "
+                                                   "start it with the head's --model directory or --weights-seed");
+        if (hello.page_tokens != 0 && cfg.page_tokens != 0 && hello.page_tokens != cfg.page_tokens)
+          return make_error(errc::bad_request, "node " + hello.name + " keeps KV in pages of " +
+                                                   std::to_string(hello.page_tokens) + " tokens, but this cluster's are " +
+                                                   std::to_string(cfg.page_tokens) +
+                                                   " (KV handed between them would not fit): start it with --page-tokens " +
+                                                   std::to_string(cfg.page_tokens));
         if (!self->state.sweeping) {
           self->state.sweeping = true;
           self->delayed_send(self, std::chrono::milliseconds{self->state.cfg.heartbeat_interval_ms}, timer_atom::value);

@@ -21,6 +21,10 @@ struct node_directory_config {
   /// The head's model (model_fingerprint): a node that says another is refused at its join.
   /// Empty: not checked.
   std::string model;
+  /// The head's weights (weights_identity) and KV page size: a node that says others is refused
+  /// at its join too. Empty / 0: not checked.
+  std::string weights;
+  uint32_t page_tokens = 0;
   std::string validate() const {
     if (heartbeat_interval_ms == 0 || missed_heartbeats == 0)
       return "node directory: heartbeat_interval_ms and missed_heartbeats must be >= 1";

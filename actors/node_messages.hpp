@@ -24,10 +24,16 @@ struct node_hello {
   /// draws one). A pid is no identity: every container's first process is pid 1, and a node
   /// restarted in its container comes back as pid 1 under the same name.
   uint64_t incarnation = 0;
+  /// Which weights of that model (weights_identity: a checkpoint's sampled fingerprint, or the
+  /// seed of drawn ones), and the tokens of a KV page: a node whose weights differ would answer
+  /// with another model's tokens, one whose pages differ fails every KV handoff with it. The head
+  /// refuses either at the join. Empty / 0: not said (a gateway).
+  std::string weights = {};
+  uint32_t page_tokens = 0;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, node_hello& x) {
-  return f(caf::meta::type_name("node_hello"), x.name, x.roles, x.pid, x.model, x.incarnation);
+  return f(caf::meta::type_name("node_hello"), x.name, x.roles, x.pid, x.model, x.incarnation, x.weights, x.page_tokens);
 }
 
 /// What a joining node needs to start its actors.

@@ -229,6 +229,26 @@ int run_launch(const std::vector<std::string>& raw_args) {
     return 0;
   }
 
+  // Every port this launch listens on here, free before any process starts: a second launch of
+  // a running cluster started nodes that joined the live head under their names -- each
+  // replacing the live process of its name, which left -- before its own head failed to bind.
+  for (const auto& n : spec.nodes) {
+    if (!is_local_host(n.host)) continue;  // another host's ports: its processes say so
+    for (const auto& [what, port] : {std::pair<const char*, uint16_t>{"router", n.router_port},
+                                     {"cluster", n.cluster_port},
+                                     {"http", n.http_port},
+                                     {"store", n.store_port}}) {
+      if (port == 0) continue;
+      if (auto taken = why_cannot_bind(n.host, port); !taken.empty()) {
+        std::fprintf(stderr,
+                     "baton launch: node %s's %s port %s:%u cannot be bound: %s. Is this cluster (or another) already "
+                     "running? Stop it first, or give the spec other ports; nothing was started\n",
+                     n.name.c_str(), what, n.host.c_str(), static_cast<unsigned>(port), taken.c_str());
+        return 1;
+      }
+    }
+  }
+
   net_security sec;  // the launcher's own connection to the head
   sec.cluster_id = spec.name;
   if (spec.tls) {

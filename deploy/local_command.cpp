@@ -457,6 +457,22 @@ int run_local(const std::vector<std::string>& args) {
     return 2;
   }
 
+  // Every address this head listens on, free before anything starts: a head that adopted the
+  // store nodes (each stops its block server for the newcomer) or met its nodes and only then
+  // failed to bind took a running cluster's store down with it (a second launch of one).
+  for (const auto& [flag, value] : {std::pair<const char*, const std::string*>{"--router-listen", &opt.router_listen},
+                                    {"--cluster-listen", &opt.cluster_listen},
+                                    {"--http-listen", &opt.http_listen}}) {
+    std::string host, why;
+    uint16_t port = 0;
+    if (value->empty() || !parse_host_port(*value, flag, &host, &port, &why) || port == 0) continue;
+    if (why = why_cannot_bind(host, port); !why.empty()) {
+      std::fprintf(stderr, "baton local: cannot listen on %s %s: %s (another head running there?); nothing was started\n",
+                   flag, value->c_str(), why.c_str());
+      return 1;
+    }
+  }
+
   caf::actor_system_config cfg;
   register_message_types(cfg);
   const unsigned threads = opt.scheduler_threads ? opt.scheduler_threads : std::max(2u, std::thread::hardware_concurrency());

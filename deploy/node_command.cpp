@@ -349,6 +349,8 @@ int run_rank_node(node_options o) {
     };
   }
   agent_cfg.hello = {o.name, {o.role}, static_cast<int32_t>(::getpid()), model_fingerprint(model)};
+  agent_cfg.hello.weights = weights_identity(loaded.weights_id, o.weights_seed);
+  agent_cfg.hello.page_tokens = o.exec.page_size_tokens;
   // Set by the agent as it stops the ranks because the head went away (before it ends itself).
   agent_cfg.on_head_lost = [state] { state->head_down.store(true); };
   agent_cfg.on_replaced = [state](int32_t pid) { state->replaced_by.store(pid); };

@@ -74,6 +74,19 @@ set -e
 grep -q "refused this node: .*node name decode-a is held by a live decode process" "$WORK/dup_gateway.log" ||
   fail "a gateway under decode-a's name was not refused by name: $(cat "$WORK/dup_gateway.log")"
 echo "launch e2e: names: decode-b's gateway joined as decode-b/gateway; a gateway named decode-a was refused ($(grep -o 'node name decode-a[^:]*' "$WORK/dup_gateway.log"))"
+# The same spec launched again while it runs: refused before any process starts (before, its
+# nodes joined the live head under their names, each replacing the live one, before its head
+# failed to bind), and the running cluster keeps every node.
+set +e
+BATON_E2E_KEYS="$KEY" timeout 60 "$BATON" launch "$WORK/spec.json" --wait-s 20 > "$WORK/relaunch.log" 2>&1
+RELAUNCH_RC=$?
+set -e
+[ "$RELAUNCH_RC" = 1 ] || fail "a second launch of the running spec exited $RELAUNCH_RC, not 1: $(cat "$WORK/relaunch.log")"
+grep -q "node head's router port 127.0.0.1:$P_ROUTER cannot be bound: .*already running" "$WORK/relaunch.log" ||
+  fail "the second launch did not name the taken port: $(cat "$WORK/relaunch.log")"
+grep -q "joined\|(pid " "$WORK/relaunch.log" && fail "the second launch started something: $(cat "$WORK/relaunch.log")"
+grep -q "newer process\|leaves" "$WORK/launch.log" && fail "a node of the running cluster left: $(grep 'newer\|leaves' "$WORK/launch.log")"
+echo "launch e2e: a second launch of the running spec was refused, naming the router's port; no node of the cluster left"
 
 # 1. The same prompts through a single-process cluster and through the launched one.
 "$BATON" local --serve --model "$MODEL_DIR" --router-listen 127.0.0.1:0 > "$WORK/single.log" 2>&1 &

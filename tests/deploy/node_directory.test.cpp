@@ -36,6 +36,40 @@ TEST_CASE("the node directory refuses a node whose model is not the head's, nami
   self->send_exit(dir, caf::exit_reason::user_shutdown);
 }
 
+TEST_CASE("the node directory refuses a node with the head's model but other weights (another checkpoint, another "
+          "seed) or another KV page size, naming what differs and the flag to fix it") {
+  network_system n;
+  node_directory_config dc;
+  dc.model = model_fingerprint(gpu::builtin_tiny_config());
+  dc.weights = weights_identity("", 20261130);
+  dc.page_tokens = 16;
+  auto dir = spawn_node_directory(n.sys, dc, {});
+  caf::scoped_actor self{n.sys};
+  const auto join = [&](const std::string& weights, uint32_t page_tokens) {
+    std::string out = "joined";
+    node_hello h{"node-x", {"decode"}, 1, dc.model};
+    h.weights = weights;
+    h.page_tokens = page_tokens;
+    self->request(dir, std::chrono::seconds{10}, join_atom::value, h)
+        .receive([](cluster_welcome&) {}, [&](caf::error& e) { out = n.sys.render(e); });
+    return out;
+  };
+  auto refused = join(weights_identity("", 2), 16);
+  CHECK_MESSAGE(refused.find("node node-x serves the model with weights drawn from seed 2, but this cluster's are "
+                             "weights drawn from seed 20261130") != std::string::npos,
+                refused);
+  refused = join(weights_identity("00000000000000aa", 0), 16);
+  CHECK_MESSAGE(refused.find("with weights 00000000000000aa, but") != std::string::npos, refused);
+  CHECK_MESSAGE(refused.find("--model directory or --weights-seed") != std::string::npos, refused);
+  refused = join(dc.weights, 32);
+  CHECK_MESSAGE(refused.find("node node-x keeps KV in pages of 32 tokens, but this cluster's are 16") != std::string::npos,
+                refused);
+  CHECK_MESSAGE(refused.find("start it with --page-tokens 16") != std::string::npos, refused);
+  CHECK(join(dc.weights, 16) == "joined");
+  CHECK(join("", 0) == "joined");  // not said (a gateway): not checked
+  self->send_exit(dir, caf::exit_reason::user_shutdown);
+}
+
 TEST_CASE("the node directory's rendezvous: each process posts its members' cards and all get every card in member "
           "order once the last one posts; a member posting twice, a late one and a misfit are refused with a sentence") {
   network_system n;
