@@ -294,6 +294,7 @@ local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_co
   dc.model = model_fingerprint(cfg.model);
   dc.weights = weights_identity(cfg.weights_id, cfg.weights_seed);
   dc.page_tokens = cfg.executor.page_size_tokens;
+  dc.log = cfg.node_log;
   out.directory = spawn_node_directory(sys, dc, welcome);
   if (!out.setup_error.empty())
     for (auto& a : out.actors()) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);

@@ -68,6 +68,9 @@ struct local_cluster_config {
   store_host_connector reconnect_store_host;
   /// A line per store node lost or adopted again; null: silent.
   std::function<void(const std::string&)> store_log;
+  /// A line per node process that joins, is given up, or comes back (node_directory_config::log);
+  /// null: silent.
+  std::function<void(const std::string&)> node_log;
   router_config router;
 
   local_cluster_config() {

@@ -332,8 +332,14 @@ void remember_replaced(node_directory_state& st, uint64_t incarnation, node_dire
 /// A node is gone (silent past the heartbeat timeout, or its agent went down): the balancers
 /// forget its ranks and the router tells every request on them to re-place itself --
 /// without waiting for the network to notice a dead connection, which can take minutes.
+void log_line(pointer self, const std::string& line) {
+  if (self->state.cfg.log) self->state.cfg.log(line);
+}
+
 void mark_gone(pointer self, const std::string& name, node_entry& n, const std::string& why) {
   if (n.state == "gone") return;
+  log_line(self, "node " + name + " (" + roles_text(n.hello.roles) + ", pid " + std::to_string(n.hello.pid) + ") " + why +
+                     (n.ranks.names.empty() ? std::string{} : "; its ranks are taken out of placement"));
   n.gone_draining = n.state == "draining";
   n.state = "gone";
   tell_group_members(self, name, n.hello.pid, why);
@@ -369,7 +375,12 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
           return make_error(errc::bad_request, "node " + hello.name + " serves " + hello.model + ", but this cluster serves " +
                                                    head_model + ": start it with the head's --model (and --weights-seed)");
         const auto& cfg = self->state.cfg;
-        if (!hello.weights.empty() && !cfg.weights.empty() && hello.weights != cfg.weights)
+        // Like for like: a checkpoint's fingerprint against a checkpoint's, a seed against a seed.
+        // A model directory exported from the head's seed (`baton export-model`) holds the
+        // same weights under a fingerprint the seed has none of, and is let in.
+        const auto drawn = [](const std::string& w) { return w.starts_with("weights drawn from seed"); };
+        if (!hello.weights.empty() && !cfg.weights.empty() && drawn(hello.weights) == drawn(cfg.weights) &&
+            hello.weights != cfg.weights)
           return make_error(errc::bad_request, "node " + hello.name + " serves the model with " + hello.weights +
                                                    ", but this cluster's are " + cfg.weights +
                                                    " (another checkpoint of it): its answers would not be this cluster's; "
@@ -419,6 +430,9 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
         n.last_heartbeat = self->clock().now();
         n.state = "joined";
         n.ended = false;
+        // (Not "node <name> joined": that is the launcher's line, which scripts count.)
+        log_line(self, "node " + name + ": in the cluster (" + roles_text(n.hello.roles) + ", pid " +
+                           std::to_string(n.hello.pid) + ")");
         if (auto agent = caf::actor_cast<caf::actor>(self->current_sender())) self->monitor(agent);
         tell_late_node(self, name);  // a group of its lost a member before it could be told
         return self->state.welcome;
@@ -446,6 +460,8 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
         // node was marked gone); they and this directory share a process, so that comes first.
         if (i->second.state == "gone") {
           i->second.state = i->second.gone_draining ? "draining" : "joined";
+          log_line(self, "node " + name + " (pid " + std::to_string(i->second.hello.pid) +
+                             ") is back: its heartbeats resumed; its ranks take work again");
           auto& w = st.welcome;
           for (const auto& r : i->second.ranks.decode) self->send(w.decode_balancer, rejoin_atom::value, r, true);
           for (const auto& r : i->second.ranks.prefill) self->send(w.prefill_balancer, rejoin_atom::value, r, true);

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,10 @@ struct node_directory_config {
   /// at its join too. Empty / 0: not checked.
   std::string weights;
   uint32_t page_tokens = 0;
+  /// One line per change an on-call engineer wants in the head's log: a node joined, was given
+  /// up (its process went down, it missed its heartbeats, a new process took its name), came
+  /// back. Null: silent (tests, sims).
+  std::function<void(const std::string&)> log;
   std::string validate() const {
     if (heartbeat_interval_ms == 0 || missed_heartbeats == 0)
       return "node directory: heartbeat_interval_ms and missed_heartbeats must be >= 1";

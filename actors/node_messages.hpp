@@ -27,7 +27,8 @@ struct node_hello {
   /// Which weights of that model (weights_identity: a checkpoint's sampled fingerprint, or the
   /// seed of drawn ones), and the tokens of a KV page: a node whose weights differ would answer
   /// with another model's tokens, one whose pages differ fails every KV handoff with it. The head
-  /// refuses either at the join. Empty / 0: not said (a gateway).
+  /// refuses either at the join (weights compared like for like: two checkpoints, or two seeds).
+  /// Empty / 0: not said (a gateway).
   std::string weights = {};
   uint32_t page_tokens = 0;
 };

@@ -541,6 +541,7 @@ int run_local(const std::vector<std::string>& args) {
     std::printf("baton local: %s\n", line.c_str());
     std::fflush(stdout);
   };
+  opt.cluster.node_log = opt.cluster.store_log;
   executor_factory make_exec;
   // Engines with expert shards of their own: a lost shard is started afresh (the rank steps
   // aside meanwhile). Declared after the actor system, so it stops first: no shard is started
