@@ -237,6 +237,7 @@ caf::result<cluster_stats> collect_stats(router_pointer self) {
   out->chat_reasoning = s.cfg.tokenizer ? static_cast<uint8_t>(s.cfg.tokenizer->reasoning()) : 0;
   out->chat_tool_calls = s.cfg.tokenizer ? static_cast<uint8_t>(s.cfg.tokenizer->tool_calls()) : 0;
   out->default_temperature = s.cfg.default_temperature;
+  out->max_active_requests = s.cfg.max_active_requests;
   out->default_top_p = s.cfg.default_top_p;
   out->default_top_k = s.cfg.default_top_k;
   out->num_admitted = s.last_request - s.num_rejected;

@@ -69,6 +69,7 @@ struct call_settings {
   float default_temperature = 0.0f;  ///< cluster_stats': what a call without them samples with
   float default_top_p = 1.0f;
   uint32_t default_top_k = 0;
+  uint32_t max_active_requests = 0;  ///< cluster_stats': the router's admission limit (0: none)
 };
 
 /// What every connection of one gateway shares.
@@ -411,6 +412,18 @@ client_sink_actor::behavior_type call_impl(client_sink_actor::pointer self, caf:
   cs->id = std::move(id);
   cs->created = unix_seconds();
   const uint32_t choices = cs->call.num_choices();
+  if (settings.max_active_requests && choices > settings.max_active_requests) {
+    // Each generation is a request of its own at the router: more than it admits at once could
+    // never all be admitted, and a 429 would have a client retry for ever.
+    const bool batch = cs->call.num_prompts() > 1;
+    err = {400,
+           std::string{batch ? "prompt" : "n"} + ": this call asks for " + std::to_string(choices) +
+               " generations (" + (batch ? "prompts x n" : "n, or best_of") + "), more than the cluster runs at once (" +
+               std::to_string(settings.max_active_requests) + ", --max-active-requests): ask for at most that many",
+           "invalid_request_error", batch ? "prompt" : "n"};
+    caf::anon_send(broker, seq, static_cast<int32_t>(err.status), openai::error_json(err));
+    return {[](stream_chunk&) {}};
+  }
   cs->left = choices;
   cs->done.resize(choices);
   if (choices == 1) return run_choice(self, broker, seq, router, cs, 0);
@@ -859,6 +872,7 @@ bool spawn_gateway(caf::actor_system& sys, const gateway_config& cfg, router_act
               g->calls.default_temperature = s.default_temperature;
               g->calls.default_top_p = s.default_top_p;
               g->calls.default_top_k = s.default_top_k;
+              g->calls.max_active_requests = s.max_active_requests;
               ok = true;
             },
             [&](caf::error& e) { *why = "gateway: the router did not answer: " + sys.render(e); });

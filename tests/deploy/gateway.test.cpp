@@ -554,6 +554,24 @@ TEST_CASE("clients that hang up before their answer's first byte, many at once, 
   CHECK_MESSAGE(settled, left);
 }
 
+TEST_CASE("a call of more generations than the router admits at once is refused 400 naming n (or the prompts), "
+          "not 429: no retry could ever get it in") {
+  served_cluster s{{}, 0, 0, BATON_SOURCE_DIR "/models/baton-kjv-tiny", 2};
+  auto a = round_trip(s.gateway.port, post("/v1/completions", R"({"prompt":"In the beginning","max_tokens":2,"n":3})"));
+  CHECK(a.status == 400);
+  auto j = json::parse(a.body);
+  CHECK(j["error"]["param"] == "n");
+  CHECK(j["error"]["message"] == "n: this call asks for 3 generations (n, or best_of), more than the cluster runs at "
+                                 "once (2, --max-active-requests): ask for at most that many");
+  a = round_trip(s.gateway.port, post("/v1/completions", R"({"prompt":["a","b","c"],"max_tokens":2})"));
+  CHECK(a.status == 400);
+  CHECK(json::parse(a.body)["error"]["param"] == "prompt");
+  // Within the limit: answered.
+  a = round_trip(s.gateway.port, post("/v1/completions", R"({"prompt":"In the beginning","max_tokens":2,"n":2})"));
+  CHECK(a.status == 200);
+  CHECK(s.stats().num_rejected == 0);  // nothing of the refused calls reached the router
+}
+
 TEST_CASE("the C++ client library streams a request's tokens and can cancel it") {
   served_cluster s{{}, 0, 5};  // decode steps 5 ms late: the cancel below lands mid-stream on a stalled machine too
   caf::scoped_actor self{s.sys};

@@ -176,11 +176,13 @@ struct served_cluster {
   /// Prefill and decode jobs may start late (a fault executor), to test deadlines. The model: the
   /// trained built-in one by default (its text is real UTF-8; a random model's bytes would not be).
   explicit served_cluster(deploy::gateway_config gc = {}, uint32_t prefill_delay_ms = 0, uint32_t decode_delay_ms = 0,
-                          const std::string& model_dir = BATON_SOURCE_DIR "/models/baton-kjv-tiny")
+                          const std::string& model_dir = BATON_SOURCE_DIR "/models/baton-kjv-tiny",
+                          uint32_t max_active_requests = 0)
       : sys(init(cfg)) {
     local_cluster_config cc;
     std::string why;
     REQUIRE_MESSAGE(deploy::load_model_into(model_dir, &cc, &why), why);
+    if (max_active_requests) cc.router.max_active_requests = max_active_requests;
     executor_factory make_exec;
     if (prefill_delay_ms > 0 || decode_delay_ms > 0)
       make_exec = [model = cc.model, weights = cc.weights, ec = cc.executor, prefill_delay_ms,
