@@ -156,7 +156,17 @@ static parse_result parse_request_at(std::string_view buf, const limits& lim, re
   out->version = std::string(line.substr(sp2 + 1));
   if (out->method.empty() || !std::all_of(out->method.begin(), out->method.end(), is_token_char))
     return fail(400, "malformed method in the request line");
-  if (out->target.empty() || out->target.front() != '/') return fail(400, "the request target must start with '/'");
+  // The absolute form (`POST http://host:8000/v1/completions`), which RFC 9112 §3.2.2 has every
+  // server accept (proxies send it): its path is the target. The authority is not checked
+  // against Host: the gateway serves one origin.
+  for (std::string_view scheme : {"http://", "https://"})
+    if (out->target.size() > scheme.size() && http::iequals(std::string_view{out->target}.substr(0, scheme.size()), scheme)) {
+      const auto slash = out->target.find('/', scheme.size());
+      out->target = slash == std::string::npos ? "/" : out->target.substr(slash);
+      break;
+    }
+  if (out->target.empty() || out->target.front() != '/')
+    return fail(400, "the request target must start with '/' (or be an absolute http:// URL)");
   if (out->version != "HTTP/1.1" && out->version != "HTTP/1.0")
     return fail(505, "HTTP version '" + out->version.substr(0, 16) + "' is not supported (HTTP/1.1 or 1.0)");
   out->path = out->target.substr(0, out->target.find('?'));

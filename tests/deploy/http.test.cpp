@@ -33,6 +33,16 @@ TEST_CASE("the HTTP parser takes whole requests, waits for partial ones and refu
   CHECK(status("POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n") == 501);
   CHECK(status("POST / HTTP/1.1\r\nTransfer-Encoding: identity\r\nTransfer-Encoding: chunked\r\nContent-Length: 2\r\n\r\n{}") == 501);
   CHECK(status("GET / HTTP/2.0\r\n\r\n") == 505);
+  // The absolute form (RFC 9112 §3.2.2, as proxies send it): its path is the target.
+  REQUIRE(deploy::http::parse_request("GET http://gw.example:8000/health?x=1 HTTP/1.1\r\n\r\n", lim, &req).status ==
+          deploy::http::parse_status::complete);
+  CHECK(req.path == "/health");
+  CHECK(req.target == "/health?x=1");
+  REQUIRE(deploy::http::parse_request("GET HTTPS://gw HTTP/1.1\r\n\r\n", lim, &req).status ==
+          deploy::http::parse_status::complete);
+  CHECK(req.path == "/");
+  CHECK(status("GET * HTTP/1.1\r\n\r\n") == 400);
+  CHECK(status("GET ftp://x/ HTTP/1.1\r\n\r\n") == 400);
   // Control characters in a header's value (a bare CR, a NUL): refused, naming the header.
   CHECK(status("GET / HTTP/1.1\r\nX-A: a\rb\r\n\r\n") == 400);
   CHECK(status(std::string("GET / HTTP/1.1\r\nX-A: a") + '\0' + "b\r\n\r\n") == 400);
