@@ -170,8 +170,8 @@ int run_launch(const std::vector<std::string>& raw_args) {
   flags.add("--restart-failed", &restart_failed,
             "start a node again, up to this many times, when it exits with a failure (a signal, or a non-zero code: "
             "3 is a node leaving so that its data-parallel group can re-form or its expert shards start again); the "
-            "head too, which the other nodes wait for and join again; 0: a node that leaves stays away, and the "
-            "head's end stops the cluster");
+            "head too, however it ends (exit code 0 as well: the cluster cannot serve without it), which the other "
+            "nodes wait for and join again; 0: a node that leaves stays away, and the head's end stops the cluster");
   policies::restart_backoff backoff;
   flags.add("--restart-backoff-ms", &backoff.base_ms,
             "wait this long before the first restart of a failed node, twice as long after each failure that "

@@ -531,7 +531,8 @@ int run_local(const std::vector<std::string>& args) {
     // SYN timeout (about 2 minutes) on every try -- and every other connect of this process with it.
     if (!tcp_listening(host, port, 2000))
       return make_error(errc::rank_unavailable, host + ":" + std::to_string(port) +
-                                                    ": no TCP connection within 2 s (the node is down, or unreachable)");
+                                                    ": nothing accepts a TCP connection there (refused, or no answer within 2 s: the node is down or "
+                                                    "unreachable)");
     auto h = connect_actor<store_host_actor>(sys, sec, host, port);
     if (h) return h;
     return make_error(errc::rank_unavailable, host + ":" + std::to_string(port) + ": " +

@@ -1,6 +1,10 @@
 #pragma once
 
 #include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
 #include <vector>
 
 namespace baton::test {
@@ -17,5 +21,28 @@ inline bool same_bits(const std::vector<std::vector<float>>& a, const std::vecto
     if (!same_bits(a[i], b[i])) return false;
   return true;
 }
+
+/// The lines an actor logs through a std::function<void(const std::string&)> (store_log,
+/// node_directory_config::log, ...), kept for a test to read; actors call it from their threads.
+class captured_lines {
+ public:
+  std::function<void(const std::string&)> sink() const {
+    return [s = state_](const std::string& line) {
+      std::lock_guard<std::mutex> lock{s->mutex};
+      s->lines.push_back(line);
+    };
+  }
+  std::vector<std::string> lines() const {
+    std::lock_guard<std::mutex> lock{state_->mutex};
+    return state_->lines;
+  }
+
+ private:
+  struct shared {
+    std::mutex mutex;
+    std::vector<std::string> lines;
+  };
+  std::shared_ptr<shared> state_ = std::make_shared<shared>();
+};
 
 }  // namespace baton::test

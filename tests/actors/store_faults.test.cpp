@@ -306,12 +306,8 @@ TEST_CASE("store node lost and back: the head adopts it again under the same ser
     if (node != 0) return make_error(errc::bad_request, "no such node");
     return host;
   };
-  auto lines = std::make_shared<std::vector<std::string>>();
-  auto lines_mutex = std::make_shared<std::mutex>();
-  cfg.store_log = [lines, lines_mutex](const std::string& l) {
-    std::lock_guard<std::mutex> lock{*lines_mutex};
-    lines->push_back(l);
-  };
+  test::captured_lines log;
+  cfg.store_log = log.sink();
   auto cluster = start_local_cluster(t.sys, cfg);
   REQUIRE_MESSAGE(cluster.setup_error.empty(), cluster.setup_error);
   test::cluster_system::stopper stop{t, cluster};
@@ -404,11 +400,11 @@ TEST_CASE("store node lost and back: the head adopts it again under the same ser
   for (int i = 0; i < 2500 && servers_of(t, cluster, key_of(cfg, q, 2)).empty(); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds{4});
   CHECK(servers_of(t, cluster, key_of(cfg, q, 2)) == std::vector<uint32_t>{0});
-  std::lock_guard<std::mutex> lock{*lines_mutex};
-  REQUIRE(lines->size() >= 2);
-  CHECK_MESSAGE(lines->front().find("store node 0 (block server 0) went down") == 0, lines->front());
-  CHECK_MESSAGE(lines->back() == "store node 0 (block server 0) adopted again: it serves the blocks its disk holds",
-                lines->back());
+  const auto lines = log.lines();
+  REQUIRE(lines.size() >= 2);
+  CHECK_MESSAGE(lines.front().find("store node 0 (block server 0) went down") == 0, lines.front());
+  CHECK_MESSAGE(lines.back() == "store node 0 (block server 0) adopted again: it serves the blocks its disk holds",
+                lines.back());
 }
 
 namespace {
@@ -474,12 +470,8 @@ TEST_CASE("store keeper: a store node's server that answers no probe is given up
   kc.retry_interval_ms = 10;
   kc.probe_interval_ms = 20;
   kc.missed_probes = 3;
-  auto lines = std::make_shared<std::vector<std::string>>();
-  auto lines_mutex = std::make_shared<std::mutex>();
-  kc.log = [lines, lines_mutex](const std::string& l) {
-    std::lock_guard<std::mutex> lock{*lines_mutex};
-    lines->push_back(l);
-  };
+  test::captured_lines log;
+  kc.log = log.sink();
   store_adoption adoption;
   adoption.server_id = 0;
   adoption.index = {index};
@@ -530,13 +522,13 @@ TEST_CASE("store keeper: a store node's server that answers no probe is given up
                [&](caf::error& e) { FAIL(t.sys.render(e)); });
   CHECK(still_up);
   CHECK(adoptions->load() == 1);
-  std::lock_guard<std::mutex> lock{*lines_mutex};
-  REQUIRE(lines->size() >= 3);
-  CHECK_MESSAGE(lines->front() ==
+  const auto lines = log.lines();
+  REQUIRE(lines.size() >= 3);
+  CHECK_MESSAGE(lines.front() ==
                     "store node 0 (block server 0) answered none of 3 probes in a row (20 ms each): given up as hung or "
                     "cut off; its prefixes are computed again until it is adopted again",
-                lines->front());
-  CHECK_MESSAGE(lines->at(1).find("store node 0 (block server 0): not adopted again yet (") == 0, lines->at(1));
-  CHECK_MESSAGE(lines->back() == "store node 0 (block server 0) adopted again: it serves the blocks its disk holds",
-                lines->back());
+                lines.front());
+  CHECK_MESSAGE(lines.at(1).find("store node 0 (block server 0): not adopted again yet (") == 0, lines.at(1));
+  CHECK_MESSAGE(lines.back() == "store node 0 (block server 0) adopted again: it serves the blocks its disk holds",
+                lines.back());
 }

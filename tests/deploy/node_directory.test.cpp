@@ -4,11 +4,11 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
-#include <mutex>
 #include <thread>
 
 #include "actors/local_cluster.hpp"
 #include "gpu/model_config.hpp"
+#include "tests/test_util.hpp"
 #include "tests/deploy/directory_fixture.hpp"
 
 using namespace baton;
@@ -89,12 +89,8 @@ TEST_CASE("the node directory refuses a node with the head's model but other wei
 TEST_CASE("the node directory says in the head's log when a node joins and when it is given up, and why") {
   network_system n;
   node_directory_config dc;
-  auto lines = std::make_shared<std::vector<std::string>>();
-  auto mutex = std::make_shared<std::mutex>();
-  dc.log = [lines, mutex](const std::string& l) {
-    std::lock_guard<std::mutex> lock{*mutex};
-    lines->push_back(l);
-  };
+  test::captured_lines log;
+  dc.log = log.sink();
   auto dir = spawn_node_directory(n.sys, dc, {});
   caf::scoped_actor a{n.sys}, b{n.sys};
   const auto join = [&](caf::scoped_actor& self, int32_t pid, uint64_t incarnation) {
@@ -105,11 +101,11 @@ TEST_CASE("the node directory says in the head's log when a node joins and when 
   };
   REQUIRE(join(a, 11, 1));
   REQUIRE(join(b, 12, 2));  // a new process under its name: the old one is given up
-  std::lock_guard<std::mutex> lock{*mutex};
-  REQUIRE(lines->size() == 3);
-  CHECK((*lines)[0] == "node node-x: in the cluster (decode, pid 11)");
-  CHECK((*lines)[1] == "node node-x (decode, pid 11) was replaced by a new process (pid 12) under its name");
-  CHECK((*lines)[2] == "node node-x: in the cluster (decode, pid 12)");
+  const auto lines = log.lines();
+  REQUIRE(lines.size() == 3);
+  CHECK(lines[0] == "node node-x: in the cluster (decode, pid 11)");
+  CHECK(lines[1] == "node node-x (decode, pid 11) was replaced by a new process (pid 12) under its name");
+  CHECK(lines[2] == "node node-x: in the cluster (decode, pid 12)");
   a->send_exit(dir, caf::exit_reason::user_shutdown);
 }
 

@@ -56,6 +56,34 @@ wait_blocks() {
   [ "$(metric baton_store_blocks)" -ge "$1" ] || fail "the store holds $(metric baton_store_blocks) blocks, expected >= $1"
 }
 
+# wait_log TEXT WHAT: up to 30 s for TEXT in the launcher's log, else fail naming WHAT.
+wait_log() {
+  for _ in $(seq 300); do grep -q "$1" "$WORK/launch.log" && break; sleep 0.1; done
+  grep -q "$1" "$WORK/launch.log" || fail "$2"
+}
+# wait_health UP: up to 10 s for /health to count UP of the 1 block server, else fail.
+wait_health() {
+  for _ in $(seq 100); do
+    curl -s -m 10 "http://127.0.0.1:$P_HTTP/health" | grep -q "\"store_servers\":1,\"store_servers_up\":$1" && break
+    sleep 0.1
+  done
+  HEALTH=$(curl -s -m 10 "http://127.0.0.1:$P_HTTP/health")
+  echo "$HEALTH" | grep -q "\"status\":\"ok\".*\"store_servers\":1,\"store_servers_up\":$1" ||
+    fail "/health does not count $1 store server(s) up (or the cluster is not ok): $HEALTH"
+}
+# hit_again WHEN: prompt 2, written before the fault, is a hit again (the ranks learn of the new
+# server asynchronously, so a few tries), with the text it had; sets k to the try.
+hit_again() {
+  for k in $(seq 20); do
+    ask 2 "after$k"
+    [ "$(cached "$WORK/after$k.json")" -ge 32 ] && break
+    sleep 0.2
+  done
+  [ "$(cached "$WORK/after$k.json")" -ge 32 ] || fail "prompt 2 is no hit $1: $(cat "$WORK/after$k.json")"
+  [ "$(text "$WORK/after$k.json")" = "$(text "$WORK/calm2.json")" ] || fail "prompt 2's text changed $1"
+}
+ADOPTED="store node 0 (block server 0) adopted again"
+
 for i in 1 2 3; do ask "$i" "calm$i"; done
 wait_blocks 9
 ask 1 before
@@ -65,35 +93,16 @@ PID_S=$(pgrep -f -- "--name store-a --listen 127.0.0.1:$P_STORE" | head -1)
 [ -n "$PID_S" ] || fail "no store-a process"
 if [ "$MODE" = stall ]; then
   kill -STOP "$PID_S"
-  for _ in $(seq 300); do grep -q "store node 0 (block server 0) answered none of" "$WORK/launch.log" && break; sleep 0.1; done
-  grep -q "store node 0 (block server 0) answered none of" "$WORK/launch.log" || fail "the head did not give up the stopped store-a"
-  for _ in $(seq 100); do
-    curl -s -m 10 "http://127.0.0.1:$P_HTTP/health" | grep -q '"store_servers":1,"store_servers_up":0' && break
-    sleep 0.1
-  done
-  HEALTH=$(curl -s -m 10 "http://127.0.0.1:$P_HTTP/health")
-  echo "$HEALTH" | grep -q '"status":"ok".*"store_servers":1,"store_servers_up":0' ||
-    fail "/health does not count the stopped store-a down (or the cluster is not ok without it): $HEALTH"
+  wait_log "store node 0 (block server 0) answered none of" "the head did not give up the stopped store-a"
+  wait_health 0
   # Served while store-a hangs, from computation: the same text.
   ask 3 stalled
   [ "$(text "$WORK/stalled.json")" = "$(text "$WORK/calm3.json")" ] || fail "prompt 3's text changed while store-a hung"
   echo "store restart e2e: the stopped store-a was given up; /health counts it down and prompts are answered"
   kill -CONT "$PID_S"
-  for _ in $(seq 300); do grep -q "store node 0 (block server 0) adopted again" "$WORK/launch.log" && break; sleep 0.1; done
-  grep -q "store node 0 (block server 0) adopted again" "$WORK/launch.log" || fail "the head did not adopt store-a again"
-  for _ in $(seq 100); do
-    curl -s -m 10 "http://127.0.0.1:$P_HTTP/health" | grep -q '"store_servers":1,"store_servers_up":1' && break
-    sleep 0.1
-  done
-  HEALTH=$(curl -s -m 10 "http://127.0.0.1:$P_HTTP/health")
-  echo "$HEALTH" | grep -q '"store_servers":1,"store_servers_up":1' || fail "/health does not count store-a up again: $HEALTH"
-  for k in $(seq 20); do
-    ask 2 "after$k"
-    [ "$(cached "$WORK/after$k.json")" -ge 32 ] && break
-    sleep 0.2
-  done
-  [ "$(cached "$WORK/after$k.json")" -ge 32 ] || fail "prompt 2 is no hit after store-a resumed: $(cat "$WORK/after$k.json")"
-  [ "$(text "$WORK/after$k.json")" = "$(text "$WORK/calm2.json")" ] || fail "prompt 2's text changed after store-a resumed"
+  wait_log "$ADOPTED" "the head did not adopt store-a again"
+  wait_health 1
+  hit_again "after store-a resumed"
   grep -q "node store-a restarted" "$WORK/launch.log" && fail "the launcher restarted store-a, which only hung"
   echo "store restart e2e: store-a resumed, adopted again, and a prompt written before the stall is a hit again (try $k)"
   echo "store restart e2e (stall): all checks passed"
@@ -102,29 +111,15 @@ fi
 
 kill -9 "$PID_S"
 T_KILL=$(date +%s.%N)
-for _ in $(seq 300); do grep -q "node store-a restarted" "$WORK/launch.log" && break; sleep 0.1; done
-grep -q "node store-a restarted" "$WORK/launch.log" || fail "the launcher did not restart store-a"
-for _ in $(seq 300); do grep -q "store node 0 (block server 0) adopted again" "$WORK/launch.log" && break; sleep 0.1; done
-grep -q "store node 0 (block server 0) adopted again" "$WORK/launch.log" || fail "the head did not adopt store-a again"
-for _ in $(seq 100); do
-  curl -s -m 10 "http://127.0.0.1:$P_HTTP/health" | grep -q '"store_servers":1,"store_servers_up":1' && break
-  sleep 0.1
-done
-HEALTH=$(curl -s -m 10 "http://127.0.0.1:$P_HTTP/health")
-echo "$HEALTH" | grep -q '"store_servers":1,"store_servers_up":1' || fail "/health does not count store-a up again: $HEALTH"
+wait_log "node store-a restarted" "the launcher did not restart store-a"
+wait_log "$ADOPTED" "the head did not adopt store-a again"
+wait_health 1
 echo "store restart e2e: store-a adopted again and counted up $(python3 -c "import sys; print(round(float(sys.argv[2]) - float(sys.argv[1]), 2))" "$T_KILL" "$(date +%s.%N)") s after the kill"
 FOUND=$(grep -o "store-a: found [0-9]* blocks" "$WORK/launch.log" | grep -o "[0-9]*" | tail -1)
 [ "${FOUND:-0}" -ge 9 ] || fail "the restarted store-a did not find the prompts' 9 blocks on its disk (found ${FOUND:-none})"
 
-# Written before the kill, found on disk by the new process: a hit again (the ranks learn of the
-# new server asynchronously, so a few tries), with the same text.
-for k in $(seq 20); do
-  ask 2 "after$k"
-  [ "$(cached "$WORK/after$k.json")" -ge 32 ] && break
-  sleep 0.2
-done
-[ "$(cached "$WORK/after$k.json")" -ge 32 ] || fail "prompt 2 is no hit after the restart: $(cat "$WORK/after$k.json")"
-[ "$(text "$WORK/after$k.json")" = "$(text "$WORK/calm2.json")" ] || fail "prompt 2's text changed after the restart"
+# Written before the kill, found on disk by the new process: a hit again, with the same text.
+hit_again "after the restart"
 echo "store restart e2e: a prompt written before the kill is a hit again (try $k), same text"
 
 # First asked after the restart: the decode node writes it back to the new server, and it hits.

@@ -32,6 +32,21 @@ bucket_allocator all_in_bucket(uint32_t engines, uint32_t bucket) {
   return b;
 }
 
+/// Two buckets (prompts < 100 tokens, and longer) over `engines` one-rank engines, moved by demand
+/// until they hold `counts` engines.
+bucket_allocator two_buckets(uint32_t engines, const std::vector<uint32_t>& counts, double short_demand,
+                             double long_demand) {
+  bucket_config cfg;
+  cfg.upper_bounds_tokens = {100};
+  cfg.min_move_interval_s = 0;
+  cfg.hysteresis_fraction = 0;
+  bucket_allocator b{cfg, engines};
+  b.record_demand(1, long_demand, 0.0);
+  b.record_demand(0, short_demand, 0.0);
+  for (int i = 0; i < 10 && b.engine_counts() != counts; ++i) b.rebalance(0.0);
+  return b;
+}
+
 }  // namespace
 
 TEST_CASE("seed 000 example: prefill A (32K, 30K cached) goes to an idle machine, cache affinity keeps it on busy machine 1") {
@@ -78,14 +93,7 @@ TEST_CASE("seed prefill: a bucket whose own engines are all unavailable lends it
 
   // Two buckets with engines: bucket 0 owns one, bucket 1 owns one. Bucket 1's engine is
   // unavailable: a long prompt borrows bucket 0's (before: it found bucket 1's list and stopped).
-  bucket_config cfg;
-  cfg.upper_bounds_tokens = {100};
-  cfg.min_move_interval_s = 0;
-  cfg.hysteresis_fraction = 0;
-  bucket_allocator two{cfg, 2};
-  two.record_demand(1, 1e9, 0.0);
-  two.record_demand(0, 1e9, 0.0);
-  for (int i = 0; i < 10 && two.engine_counts() != std::vector<uint32_t>{1, 1}; ++i) two.rebalance(0.0);
+  auto two = two_buckets(2, {1, 1}, 1e9, 1e9);
   REQUIRE(two.engine_counts() == std::vector<uint32_t>{1, 1});
   const auto long_engine = two.engines_for(1)[0];
   std::vector<prefill_engine_view> views = {{1e7, {{0, true}}}, {1e7, {{0, true}}}};
@@ -98,14 +106,7 @@ TEST_CASE("seed prefill: a bucket whose own engines are all unavailable lends it
 
 TEST_CASE("seed prefill: a short prompt that would queue on its bucket's engines takes an idle engine of a "
           "longer-prompt bucket; a long prompt never takes a short bucket's engine, and nothing moves while its own is idle") {
-  bucket_config cfg;
-  cfg.upper_bounds_tokens = {100};
-  cfg.min_move_interval_s = 0;
-  cfg.hysteresis_fraction = 0;
-  bucket_allocator two{cfg, 3};
-  two.record_demand(1, 1e9, 0.0);
-  two.record_demand(0, 2e9, 0.0);
-  for (int i = 0; i < 10 && two.engine_counts() != std::vector<uint32_t>{2, 1}; ++i) two.rebalance(0.0);
+  auto two = two_buckets(3, {2, 1}, 2e9, 1e9);
   REQUIRE(two.engine_counts() == std::vector<uint32_t>{2, 1});
   const auto long_engine = two.engines_for(1)[0];
   const auto short_a = two.engines_for(0)[0], short_b = two.engines_for(0)[1];
