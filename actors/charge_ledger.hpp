@@ -41,17 +41,18 @@ public:
     if (q.empty()) by_rank_.erase(it);
   }
 
-  /// The placements of request `id` will never reach their ranks: its attempt gave up between
-  /// placement and order (its client left, another hop failed). Their charges go now, through
-  /// take_back(rank, charge), not a whole TTL later; the count is returned (0: a report settled
-  /// them, or they expired).
+  /// The placements of request `id`'s attempt `attempt` will never reach their ranks: it gave
+  /// up between placement and order (its client left, another hop failed). Their charges go now
+  /// (every part of a split), through take_back(rank, charge), not a whole TTL later; the count
+  /// is returned (0: a report settled them, or they expired). Another attempt's charges stay: a
+  /// rank's report settles those by request id. `Charge` has a `uint32_t attempt`.
   template <class TakeBack>
-  size_t cancel(uint64_t id, TakeBack take_back) {
+  size_t cancel(uint64_t id, uint32_t attempt, TakeBack take_back) {
     size_t n = 0;
     for (auto it = by_rank_.begin(); it != by_rank_.end();) {
       auto& q = it->second;
       for (auto c = q.begin(); c != q.end();) {
-        if (c->request_id != id) {
+        if (c->request_id != id || c->attempt != attempt) {
           ++c;
           continue;
         }

@@ -100,8 +100,8 @@ struct store_config {
   uint32_t housekeeping_interval_ms = 60000;  ///< expiry and eviction run this often
   /// A store node whose server went down is tried this often until it is adopted again.
   uint32_t readopt_interval_ms = 1000;
-  /// Each store node's server is probed this often; one that answers none of missed_probes
-  /// probes in a row is given up as hung or cut off (store_keeper.hpp). 0: no probes (a hung
+  /// Each store node's server is probed this often; one that leaves a probe unanswered for
+  /// missed_probes intervals is given up as hung or cut off (store_keeper.hpp). 0: no probes (a hung
   /// node then costs each read and write-back its timeout until TCP gives up on the link).
   uint32_t probe_interval_ms = 1000;
   uint32_t missed_probes = 3;

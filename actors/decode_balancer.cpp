@@ -34,6 +34,7 @@ struct decode_balancer_state {
     uint64_t kv_tokens;
     uint64_t request_id;
     uint32_t pages_needed;  ///< what the sequence asked, to take again after a report
+    uint32_t attempt;       ///< place_query::attempt: which placement of the request (a release names it)
   };
   charge_ledger<charge, caf::actor_clock::time_point> charges;
   decision_log log;
@@ -139,7 +140,7 @@ std::optional<decode_placement> try_place(pointer self, const place_query& q) {
   r.num_running += 1;
   r.num_free_pages -= taken;
   r.kv_tokens += uint64_t{pages} * ps;
-  st.charges.add(r.name, {self->clock().now(), taken, uint64_t{pages} * ps, q.request_id, pages});
+  st.charges.add(r.name, {self->clock().now(), taken, uint64_t{pages} * ps, q.request_id, pages, q.attempt});
   why += " [needs " + std::to_string(q.total_tokens) + " tokens]";
   st.log.add({q.request_id, r.name, why});
   return decode_placement{r.name, st.registry.ranks[*pick], why};
@@ -199,13 +200,13 @@ decode_balancer_actor::behavior_type decode_balancer_impl(pointer self, decode_b
         serve_parked(st.parked, self->clock().now(), "place_decode", [=](const place_query& q) { return try_place(self, q); });
         after_rank_change(self);
       },
-      [=](release_atom, uint64_t request_id) {
+      [=](release_atom, uint64_t request_id, uint32_t attempt) {
         // Its attempt gave up between placement and reservation: the room it was charged is
         // free, and a placement of it still parked is void (placed later, it would be charged
         // to a rank that never hears of it).
         auto& st = self->state;
-        drop_parked(st.parked, request_id, "place_decode");
-        const auto freed = st.charges.cancel(request_id, [&](const std::string& name, const decode_balancer_state::charge& c) {
+        drop_parked(st.parked, request_id, attempt, "place_decode");
+        const auto freed = st.charges.cancel(request_id, attempt, [&](const std::string& name, const decode_balancer_state::charge& c) {
           auto i = st.registry.index_of(name);
           if (!i) return;
           auto& r = st.registry.loads[*i];

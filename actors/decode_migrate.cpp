@@ -170,6 +170,7 @@ void start(decode_pointer self, const running_seq& seq) {
       l.lease_ms, st.cfg.migrate_send_timeout_ms +
                       static_cast<uint32_t>(std::chrono::duration_cast<std::chrono::milliseconds>(migrate_timeout).count()));
   place_query q{rid, 0, seq.pos, total};
+  q.attempt = placement_of_move;
   q.wait_ms = static_cast<uint32_t>(std::chrono::duration_cast<std::chrono::milliseconds>(migrate_timeout).count());
   self->request(st.balancer, migrate_timeout, place_atom::value, std::move(q))
       .then(

@@ -235,11 +235,16 @@ struct place_query {
   uint32_t wait_ms = 0;
   /// The prompt must be computed on one rank (prompt scoring): never split.
   bool whole_prompt = false;
+  /// Which of the request's placements this is (its attempt; a decode rank's move of it:
+  /// placement_of_move): a release names it, and voids that placement alone.
+  uint32_t attempt = 0;
 };
+/// place_query::attempt of a sequence's move between decode ranks (never a request's attempt).
+inline constexpr uint32_t placement_of_move = 0xffffffffu;
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, place_query& x) {
   return f(caf::meta::type_name("place_query"), x.request_id, x.new_tokens, x.cached_tokens, x.total_tokens,
-           x.priority, x.block_keys, x.block_tokens, x.wait_ms, x.whole_prompt);
+           x.priority, x.block_keys, x.block_tokens, x.wait_ms, x.whole_prompt, x.attempt);
 }
 
 struct rank_stats {
@@ -581,9 +586,9 @@ using prefill_balancer_actor = caf::typed_actor<
     caf::reacts_to<rejoin_atom, prefill_rank_actor, bool>,                    // ...it may come back
     caf::reacts_to<timer_atom>,    // its own timer: no rank took work within the grace, parked ones refused
     caf::reacts_to<expire_atom>,   // its own timer: placements no report followed, parked ones retried
-    // request id: its attempt gave up before asking its rank (its client left, another hop
-    // failed): its placement, made or parked, is void
-    caf::reacts_to<release_atom, uint64_t>>;
+    // request id, attempt: that attempt gave up before asking its rank (its client left,
+    // another hop failed): its placement, made or parked, is void
+    caf::reacts_to<release_atom, uint64_t, uint32_t>>;
 
 /// Places sequences on decode ranks from their reported loads (policies/decode_placement.hpp).
 using decode_balancer_actor = caf::typed_actor<
@@ -598,9 +603,9 @@ using decode_balancer_actor = caf::typed_actor<
     caf::reacts_to<rejoin_atom, decode_rank_actor, bool>,              // ...it may come back
     caf::reacts_to<timer_atom>,    // its own timer: no rank took work within the grace, parked ones refused
     caf::reacts_to<expire_atom>,   // its own timer: placements no report followed, parked ones retried
-    // request id: its attempt gave up before asking its rank (its client left, another hop
-    // failed): its placement, made or parked, is void
-    caf::reacts_to<release_atom, uint64_t>>;
+    // request id, attempt: that attempt gave up before asking its rank (its client left,
+    // another hop failed): its placement, made or parked, is void
+    caf::reacts_to<release_atom, uint64_t, uint32_t>>;
 
 /// Elastic P/D: one role change, as the controller carried it out.
 struct role_change {

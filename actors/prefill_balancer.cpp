@@ -70,6 +70,7 @@ struct prefill_balancer_state {
     uint64_t tokens;
     double predicted_us;
     uint64_t request_id;
+    uint32_t attempt;  ///< place_query::attempt: which placement of the request (a release names it)
   };
   charge_ledger<charge, caf::actor_clock::time_point> charges;
   decision_log log;
@@ -176,7 +177,7 @@ std::optional<prefill_placement> place_split(pointer self, const place_query& q,
     r.queued_tokens += b - a;
     r.num_running += 1;
     r.predicted_us += st.cfg.cost.prefill_us(b - a, a);
-    st.charges.add(r.name, {self->clock().now(), b - a, st.cfg.cost.prefill_us(b - a, a), q.request_id});
+    st.charges.add(r.name, {self->clock().now(), b - a, st.cfg.cost.prefill_us(b - a, a), q.request_id, q.attempt});
     sync_view(st, order[i]);
     out.part_ranks.push_back(st.registry.ranks[order[i]]);
     out.part_names.push_back(r.name);
@@ -285,7 +286,7 @@ std::optional<prefill_placement> try_place(pointer self, const place_query& q) {
   r.queued_tokens += q.new_tokens;
   r.num_running += 1;
   r.predicted_us += cost;
-  st.charges.add(r.name, {self->clock().now(), q.new_tokens, cost, q.request_id});
+  st.charges.add(r.name, {self->clock().now(), q.new_tokens, cost, q.request_id, q.attempt});
   sync_view(st, *pick);
   if (!q.block_keys.empty()) {
     st.placed_keys.resize(st.registry.loads.size());
@@ -340,12 +341,12 @@ prefill_balancer_actor::behavior_type prefill_balancer_impl(pointer self, prefil
         serve_parked(st.parked, self->clock().now(), "place_prefill", [=](const place_query& q) { return try_place(self, q); });
         after_rank_change(self);
       },
-      [=](release_atom, uint64_t request_id) {
+      [=](release_atom, uint64_t request_id, uint32_t attempt) {
         // Its attempt gave up between placement and order: the work it was charged (each part
         // of a split) never comes, and a placement of it still parked is void.
         auto& st = self->state;
-        drop_parked(st.parked, request_id, "place_prefill");
-        const auto freed = st.charges.cancel(request_id, [&](const std::string& name, const prefill_balancer_state::charge& c) {
+        drop_parked(st.parked, request_id, attempt, "place_prefill");
+        const auto freed = st.charges.cancel(request_id, attempt, [&](const std::string& name, const prefill_balancer_state::charge& c) {
           auto i = st.registry.index_of(name);
           if (!i) return;
           auto& r = st.registry.loads[*i];

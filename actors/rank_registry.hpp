@@ -180,11 +180,12 @@ struct parked_placement {
   caf::actor_clock::time_point deadline;
 };
 
-/// Drops the parked placement of request `id` (its attempt gave up): its asker, if it still
-/// listens, hears `cancelled`. True when one was parked.
+/// Drops the parked placement of request `id`'s attempt `attempt` (it gave up): its asker, if it
+/// still listens, hears `cancelled`. True when one was parked.
 template <class Placement>
-bool drop_parked(std::deque<parked_placement<Placement>>& parked, uint64_t id, const char* stage) {
-  auto p = std::find_if(parked.begin(), parked.end(), [&](const auto& x) { return x.query.request_id == id; });
+bool drop_parked(std::deque<parked_placement<Placement>>& parked, uint64_t id, uint32_t attempt, const char* stage) {
+  auto p = std::find_if(parked.begin(), parked.end(),
+                        [&](const auto& x) { return x.query.request_id == id && x.query.attempt == attempt; });
   if (p == parked.end()) return false;
   p->promise.deliver(make_error(errc::cancelled, where(id, "", stage) + ": the request gave up its placement"));
   parked.erase(p);

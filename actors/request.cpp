@@ -192,8 +192,8 @@ void let_go(request_pointer self) {
   auto& st = self->state;
   const auto id = st.plan.request_id;
   // After the placement request (one sender, in order): the balancer finds it made or parked.
-  if (st.decode_charged) self->send(st.plan.decode_balancer, release_atom::value, id);
-  if (st.prefill_charged) self->send(st.plan.prefill_balancer, release_atom::value, id);
+  if (st.decode_charged) self->send(st.plan.decode_balancer, release_atom::value, id, st.attempt);
+  if (st.prefill_charged) self->send(st.plan.prefill_balancer, release_atom::value, id, st.attempt);
   st.decode_charged = st.prefill_charged = false;
   const bool writing = (st.num_writers_out > 0 || st.writer_abandoned) && !st.hybrid;
   if (st.lease_id != 0 && st.decode) self->send(st.decode, release_atom::value, st.lease_id, writing);
@@ -690,7 +690,7 @@ void place(request_pointer self) {
   const auto cached = static_cast<uint32_t>(st.prefix.size() * p.store.block_tokens());
   place_query q{p.request_id, static_cast<uint32_t>(st.prompt.size()) - cached, cached,
                 static_cast<uint32_t>(st.prompt.size() + st.max_new), p.params.priority,
-                st.block_keys, p.store.block_tokens(), p.cfg.place_timeout_ms, scores_prompt(st)};
+                st.block_keys, p.store.block_tokens(), p.cfg.place_timeout_ms, scores_prompt(st), st.attempt};
   // Seed 002, hybrid PD: a short prompt is cheaper to prefill where it decodes than to ship
   // (a scored prompt is computed on a prefill rank, which scores).
   const bool hybrid = !scores_prompt(st) && policies::prefill_on_decode_rank(st.prompt.size(), p.cfg.hybrid_prefill_below_tokens);

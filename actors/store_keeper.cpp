@@ -17,7 +17,7 @@ struct store_keeper_state {
   std::vector<kept_store_node> nodes;
   std::vector<bool> lost;         ///< by node: its server went down, not adopted again yet
   std::vector<std::string> last_why;  ///< by node: why the last try failed (logged when it changes)
-  std::vector<uint32_t> missed;   ///< by node: probes in a row its server did not answer
+  std::vector<bool> probing;      ///< by node: a probe of its server is in flight
   /// The servers now, shared with the exit functor (CAF destroys the state before it runs): the
   /// cluster's end stops the servers adopted again too, as it stops those it started with.
   std::shared_ptr<std::vector<block_server_actor>> current = std::make_shared<std::vector<block_server_actor>>();
@@ -51,39 +51,45 @@ void failed(pointer self, uint64_t node, const std::string& why) {
 void lose(pointer self, uint64_t i, const std::string& why) {
   auto& st = self->state;
   st.lost[i] = true;
-  st.missed[i] = 0;
   st.last_why[i].clear();
   log(self, st.nodes[i].name + " (block server " + std::to_string(st.nodes[i].adoption.server_id) + ") " + why +
                 "; its prefixes are computed again until it is adopted again");
   self->send(self, timer_atom::value, i);
 }
 
-/// Asks each server that is up for its stats, a probe answered by any live one within the
-/// interval; one that misses missed_probes in a row is given up: the index shards mark it down
-/// (as its down message would) and the node is adopted again once its host answers. (A node
-/// that hangs, or whose packets are dropped, keeps its TCP link for minutes: no down message.)
+/// Asks each server that is up, and not asked already, for its stats: one probe in flight per
+/// server, which must be answered within missed_probes intervals, else the server is given up:
+/// the index shards mark it down (as its down message would) and the node is adopted again once
+/// its host answers. (A node that hangs, or whose packets are dropped, keeps its TCP link for
+/// minutes: no down message.) One probe with the whole wait, not one per interval each with an
+/// interval's: a busy link (a server's recovery sends a commit per block it found, ahead of the
+/// answer) delays an answer without losing it.
 void probe(pointer self) {
   auto& st = self->state;
   const auto interval = std::chrono::milliseconds{st.cfg.probe_interval_ms};
+  const auto wait = interval * st.cfg.missed_probes;
   for (uint64_t i = 0; i < st.nodes.size(); ++i) {
-    if (st.lost[i]) continue;
+    if (st.lost[i] || st.probing[i]) continue;
+    st.probing[i] = true;
     const auto server = st.nodes[i].server;
-    self->request(server, interval, stats_atom::value)
+    self->request(server, wait, stats_atom::value)
         .then(
             [=](const store_stats&) {
               auto& st = self->state;
-              if (!st.lost[i] && st.nodes[i].server == server) st.missed[i] = 0;
+              if (st.nodes[i].server == server) st.probing[i] = false;
             },
             [=](caf::error& e) {
               auto& st = self->state;
-              // A server that went down is the down handler's; one replaced meanwhile is not this one.
-              if (st.lost[i] || st.nodes[i].server != server || e == caf::sec::request_receiver_down) return;
-              if (++st.missed[i] < st.cfg.missed_probes) return;
+              // A server replaced meanwhile is not this one (its own probe is asked afresh).
+              if (st.nodes[i].server != server) return;
+              st.probing[i] = false;
+              // A server that went down is the down handler's.
+              if (st.lost[i] || e == caf::sec::request_receiver_down) return;
               for (const auto& shard : st.nodes[i].adoption.index)
                 self->send(shard, lost_atom::value, st.nodes[i].adoption.server_id, server);
               lose(self, i,
-                   "answered none of " + std::to_string(st.cfg.missed_probes) + " probes in a row (" +
-                       std::to_string(st.cfg.probe_interval_ms) + " ms each): given up as hung or cut off");
+                   "answered no probe within " + std::to_string(wait.count()) + " ms (" +
+                       std::to_string(st.cfg.missed_probes) + " probe intervals): given up as hung or cut off");
             });
   }
   self->delayed_send(self, interval, poll_atom::value);
@@ -96,7 +102,7 @@ store_keeper_actor::behavior_type store_keeper_impl(pointer self, store_keeper_c
   st.nodes = std::move(nodes);
   st.lost.assign(st.nodes.size(), false);
   st.last_why.assign(st.nodes.size(), {});
-  st.missed.assign(st.nodes.size(), 0);
+  st.probing.assign(st.nodes.size(), false);
   for (const auto& n : st.nodes) {
     self->monitor(n.server);
     st.current->push_back(n.server);
@@ -142,7 +148,7 @@ store_keeper_actor::behavior_type store_keeper_impl(pointer self, store_keeper_c
                   n.server = server;
                   (*st.current)[node] = server;
                   st.lost[node] = false;
-                  st.missed[node] = 0;
+                  st.probing[node] = false;
                   self->monitor(server);
                   for (const auto& shard : n.adoption.index) self->send(shard, adopt_atom::value, n.adoption.server_id, server);
                   log(self, n.name + " (block server " + std::to_string(n.adoption.server_id) +

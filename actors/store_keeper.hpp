@@ -23,10 +23,11 @@ struct store_keeper_config {
   store_host_connector reconnect;
   uint32_t retry_interval_ms = 1000;  ///< store_config::readopt_interval_ms
   uint32_t adopt_timeout_ms = 10000;  ///< an adoption not answered by then is tried again
-  /// Each adopted server is asked for its stats this often; one that answers none of
-  /// missed_probes probes in a row is given up as if it were down (its node hung, or cut off
-  /// while TCP has not yet noticed): the index stops naming it, ranks stop reading from and
-  /// writing to it, and it is adopted again as soon as its host answers. 0: no probes.
+  /// Each adopted server is asked for its stats this often (one probe in flight at a time); one
+  /// that leaves a probe unanswered for missed_probes intervals is given up as if it were down
+  /// (its node hung, or cut off while TCP has not yet noticed): the index stops naming it, ranks
+  /// stop reading from and writing to it, and it is adopted again as soon as its host answers.
+  /// 0: no probes.
   uint32_t probe_interval_ms = 1000;   ///< store_config::probe_interval_ms
   uint32_t missed_probes = 3;          ///< store_config::missed_probes
   /// One line per event (a node lost, adopted again); null: silent (tests).

@@ -161,8 +161,8 @@ static parse_result parse_request_at(std::string_view buf, const limits& lim, re
   // against Host: the gateway serves one origin.
   for (std::string_view scheme : {"http://", "https://"})
     if (out->target.size() > scheme.size() && http::iequals(std::string_view{out->target}.substr(0, scheme.size()), scheme)) {
-      const auto slash = out->target.find('/', scheme.size());
-      out->target = slash == std::string::npos ? "/" : out->target.substr(slash);
+      const auto end = out->target.find_first_of("/?#", scheme.size());  // of the authority
+      out->target = end == std::string::npos ? "/" : out->target[end] == '/' ? out->target.substr(end) : "/" + out->target.substr(end);
       break;
     }
   if (out->target.empty() || out->target.front() != '/')

@@ -254,7 +254,8 @@ json completion_object(const call& c, const std::vector<completion>& choices, co
       if (!parts.tool_calls.empty()) {
         if (parts.content.empty()) message["content"] = nullptr;
         message["tool_calls"] = tool_calls_json(c, parts.tool_calls, id, i, false);
-        if (done.finish_reason != "length") choice["finish_reason"] = "tool_calls";  // a cut answer says so
+        // A cut answer says so: by max_tokens, or a stop string inside a forced call's JSON.
+        if (done.finish_reason != "length" && !parts.cut) choice["finish_reason"] = "tool_calls";
       }
       choice["message"] = std::move(message);
     } else if (c.req.echo) {

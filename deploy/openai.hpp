@@ -162,6 +162,9 @@ struct answer_parts {
   std::string content;
   std::vector<tool_call> tool_calls;
   bool called = false;  ///< on the answer's last piece: it made tool calls (its finish_reason is "tool_calls")
+  /// On the last piece of a forced answer whose JSON did not close (max_tokens or a stop string
+  /// cut it): its calls are as far as they went, and its finish_reason stays what it was.
+  bool cut = false;
 };
 
 class reasoning_splitter {

@@ -91,6 +91,7 @@ answer_parts answer_reader::read(const std::string& text, bool last) {
     out.content = std::move(told.content);
     out.tool_calls = std::move(told.tool_calls);
     out.called = told.called;
+    out.cut = told.cut;
   }
   return out;
 }

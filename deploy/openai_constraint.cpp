@@ -262,9 +262,11 @@ bool parse_constraint(const json& j, const ordered_json& body, call* out, api_er
   if (r.output_format != static_cast<uint8_t>(gpu::output_format::object) &&
       r.output_format != static_cast<uint8_t>(gpu::output_format::schema))
     r.json_compact = false;
-  // Compiled here already (the process-wide cache makes the router's own check, in this
-  // process, a lookup): a schema, expression or grammar that does not compile is refused naming
-  // the field the client wrote it in, not as the router's unnamed admission error.
+  // Compiled here already: a schema, expression or grammar that does not compile is refused
+  // naming the field the client wrote it in, not as the router's unnamed admission error. (The
+  // process-wide cache makes the router's own check a lookup when both compile it alike; for a
+  // prompt that opens a thinking block the router compiles the after-thinking form, a second
+  // entry. Parsing runs on the call's actor, a scheduler thread, not the gateway's broker.)
   const auto kind = static_cast<gpu::output_format>(r.output_format);
   if (kind != gpu::output_format::schema && kind != gpu::output_format::regex && kind != gpu::output_format::gbnf)
     return true;

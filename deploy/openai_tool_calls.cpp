@@ -859,7 +859,8 @@ answer_parts tool_call_splitter::feed(const std::string& content, bool last) {
         else out.tool_calls.push_back({{}, std::move(piece), index, false});
       }
     }
-    out.called = !sent_.empty();
+    out.called = false;  // not finished calls: the finish_reason says what cut them
+    out.cut = true;
     held_.clear();
     return out;
   }

@@ -191,14 +191,16 @@ std::optional<prefill_decision> place_prefill(const bucket_allocator& buckets,
     return best;
   };
   std::optional<uint32_t> best_rank = least_loaded_rank(*best_engine);
-  if (engines[*best_engine].ranks[*best_rank].predicted_us > 0.0) {
+  // Loads are reports plus charges taken back by subtraction: "idle" is under a microsecond.
+  constexpr double idle_us = 1.0;
+  if (engines[*best_engine].ranks[*best_rank].predicted_us >= idle_us) {
     // Queued behind work: an idle engine of a longer-prompt bucket takes it (the lowest-numbered,
     // a stable choice).
     const auto& owner = buckets.engine_buckets();
     for (uint32_t e = 0; e < engines.size() && e < owner.size(); ++e) {
       if (owner[e] <= d.bucket || !usable(e)) continue;
       const auto& ranks = engines[e].ranks;
-      if (std::any_of(ranks.begin(), ranks.end(), [](auto& r) { return r.available && r.predicted_us > 0.0; })) continue;
+      if (std::any_of(ranks.begin(), ranks.end(), [&](auto& r) { return r.available && r.predicted_us >= idle_us; })) continue;
       best_engine = e;
       best_rank = least_loaded_rank(e);
       d.idle_lent = true;

@@ -257,6 +257,48 @@ TEST_CASE("two attempts of one request placed on the same rank are two charges: 
   self->send_exit(bal, caf::exit_reason::user_shutdown);
 }
 
+TEST_CASE("a release voids the placement of the attempt it names, made or parked, and no other: its charge goes at "
+          "once (not after the TTL), another attempt's stays") {
+  test::cluster_system t;
+  caf::scoped_actor self{t.sys};
+  decode_balancer_config bc;
+  bc.policy = "least_loaded";
+  auto bal = spawn_decode_balancer(t.sys, bc);
+  auto rank = stand_in_rank<decode_rank_actor>(t);
+  self->send(bal, load_atom::value, idle_load("decode-a", 8), rank);
+  const auto place = [&](uint32_t attempt) {
+    place_query q{7, 60, 0, 64};
+    q.attempt = attempt;
+    return q;
+  };
+  const auto free_pages = [&] {
+    std::vector<rank_load> loads;
+    self->request(bal, std::chrono::seconds{5}, stats_atom::value).receive([&](std::vector<rank_load>& l) { loads = l; }, [](caf::error&) {});
+    return loads.empty() ? 0u : loads[0].num_free_pages;
+  };
+  for (uint32_t attempt : {0u, 1u})  // two attempts of request 7, neither reserved yet: 4 pages each
+    self->request(bal, std::chrono::seconds{5}, place_atom::value, place(attempt))
+        .receive([](decode_placement&) {}, [&](caf::error& e) { FAIL(t.sys.render(e)); });
+  CHECK(free_pages() == 0);
+  // Attempt 1 gave up (its client left): its room is free at once, attempt 0's is still taken.
+  self->send(bal, release_atom::value, uint64_t{7}, uint32_t{1});
+  CHECK(free_pages() == 4);
+  // Request 8 takes the last 4 pages; a third attempt of 7 parks. A release of an attempt never
+  // placed changes nothing; the parked one's release drops it, answered cancelled.
+  self->request(bal, std::chrono::seconds{5}, place_atom::value, place_query{8, 60, 0, 64})
+      .receive([](decode_placement&) {}, [&](caf::error& e) { FAIL(t.sys.render(e)); });
+  auto parked = self->request(bal, std::chrono::seconds{30}, place_atom::value, place(2));
+  self->send(bal, release_atom::value, uint64_t{7}, uint32_t{5});
+  CHECK(free_pages() == 0);
+  self->send(bal, release_atom::value, uint64_t{7}, uint32_t{2});
+  std::string why;
+  std::move(parked).receive([](decode_placement&) {}, [&](caf::error& e) { why = t.sys.render(e); });
+  CHECK_MESSAGE(why.find("request 7, stage place_decode: the request gave up its placement") != std::string::npos, why);
+  CHECK(free_pages() == 0);  // attempt 0 and request 8 still hold theirs
+  self->send_exit(rank, caf::exit_reason::user_shutdown);
+  self->send_exit(bal, caf::exit_reason::user_shutdown);
+}
+
 TEST_CASE("a decode rank's report drops the charges of the placements it settled and keeps those still on their "
           "way, so a burst spreads over the ranks instead of piling onto the one that reported first") {
   test::cluster_system t;

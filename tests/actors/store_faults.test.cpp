@@ -489,7 +489,7 @@ TEST_CASE("store keeper: a store node's server that answers no probe is given up
   auto watch = self->request(index, std::chrono::seconds{30}, servers_atom::value, uint32_t{0}, uint64_t{0}, false);
   std::this_thread::sleep_for(std::chrono::milliseconds{400});
   CHECK(tries->load() == 0);
-  // Hung: after 3 unanswered probes the index marks it down and answers the watch.
+  // Hung: a probe unanswered for 3 intervals, the index marks it down and answers the watch.
   hung->store(true);
   bool told_down = false;
   std::move(watch).receive(
@@ -525,8 +525,8 @@ TEST_CASE("store keeper: a store node's server that answers no probe is given up
   const auto lines = log.lines();
   REQUIRE(lines.size() >= 3);
   CHECK_MESSAGE(lines.front() ==
-                    "store node 0 (block server 0) answered none of 3 probes in a row (20 ms each): given up as hung or "
-                    "cut off; its prefixes are computed again until it is adopted again",
+                    "store node 0 (block server 0) answered no probe within 60 ms (3 probe intervals): given up as hung "
+                    "or cut off; its prefixes are computed again until it is adopted again",
                 lines.front());
   CHECK_MESSAGE(lines.at(1).find("store node 0 (block server 0): not adopted again yet (") == 0, lines.at(1));
   CHECK_MESSAGE(lines.back() == "store node 0 (block server 0) adopted again: it serves the blocks its disk holds",

@@ -41,6 +41,10 @@ TEST_CASE("the HTTP parser takes whole requests, waits for partial ones and refu
   REQUIRE(deploy::http::parse_request("GET HTTPS://gw HTTP/1.1\r\n\r\n", lim, &req).status ==
           deploy::http::parse_status::complete);
   CHECK(req.path == "/");
+  REQUIRE(deploy::http::parse_request("GET http://gw?a=/b HTTP/1.1\r\n\r\n", lim, &req).status ==
+          deploy::http::parse_status::complete);
+  CHECK(req.target == "/?a=/b");
+  CHECK(req.path == "/");
   CHECK(status("GET * HTTP/1.1\r\n\r\n") == 400);
   CHECK(status("GET ftp://x/ HTTP/1.1\r\n\r\n") == 400);
   // Control characters in a header's value (a bare CR, a NUL): refused, naming the header.

@@ -125,6 +125,7 @@ TEST_CASE("structured outputs: response_format and a forced tool_choice become a
         auto p = reader.feed(pieces[k], k + 1 == pieces.size());
         all.content += p.content;
         all.called |= p.called;
+        all.cut |= p.cut;
         for (auto& t : p.tool_calls) {
           if (t.index < all.tool_calls.size()) all.tool_calls[t.index].arguments += t.arguments;
           else all.tool_calls.push_back(std::move(t));
@@ -137,7 +138,9 @@ TEST_CASE("structured outputs: response_format and a forced tool_choice become a
     REQUIRE(named_cut.tool_calls.size() == 1);
     CHECK(named_cut.tool_calls[0].name == "get_weather");
     CHECK(named_cut.tool_calls[0].arguments == R"({"city": "Par)");
-    CHECK(named_cut.called);
+    // Not finished calls: finish_reason stays "length" (or "stop", for a stop string inside).
+    CHECK_FALSE(named_cut.called);
+    CHECK(named_cut.cut);
     const auto listed_cut = read_cut(required, R"([{"name": "now", "parameters": {}}, {"name": "get_weather", "parameters": {"ci)");
     CHECK(listed_cut.content.empty());
     REQUIRE(listed_cut.tool_calls.size() == 2);

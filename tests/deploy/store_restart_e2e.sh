@@ -9,7 +9,7 @@
 #   first asked after the restart is written back to it by the decode node (in a process of its
 #   own) and hits too.
 # - stall: store-a is stopped with SIGSTOP: alive, its TCP links open, answering nothing (a hung
-#   node, or one whose packets are dropped). The head gives it up after 3 unanswered probes;
+#   node, or one whose packets are dropped). The head gives it up after a probe goes unanswered for 3 s;
 #   /health counts it down and prompts are answered meanwhile, with the same text. Then SIGCONT:
 #   the head adopts it again (the node's host replaces its old server), /health counts it up, and
 #   a prompt written before the stall is a hit again, with the same text.
@@ -93,7 +93,7 @@ PID_S=$(pgrep -f -- "--name store-a --listen 127.0.0.1:$P_STORE" | head -1)
 [ -n "$PID_S" ] || fail "no store-a process"
 if [ "$MODE" = stall ]; then
   kill -STOP "$PID_S"
-  wait_log "store node 0 (block server 0) answered none of" "the head did not give up the stopped store-a"
+  wait_log "store node 0 (block server 0) answered no probe within" "the head did not give up the stopped store-a"
   wait_health 0
   # Served while store-a hangs, from computation: the same text.
   ask 3 stalled
