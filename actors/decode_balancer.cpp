@@ -55,20 +55,24 @@ uint32_t need_tokens(const place_query& q, const rank_load& r) {
   return std::min(q.total_tokens, q.new_tokens + q.cached_tokens + r.on_demand_headroom_tokens);
 }
 
+/// A charge on rank `name` taken back: its sequence never comes (expired, or its request gave
+/// its placement up).
+void take_back(decode_balancer_state& st, const std::string& name, const decode_balancer_state::charge& c) {
+  auto i = st.registry.index_of(name);
+  if (!i) return;  // the rank is gone
+  auto& r = st.registry.loads[*i];
+  r.num_running -= std::min(r.num_running, 1u);
+  r.num_free_pages = std::min(r.num_total_pages, r.num_free_pages + c.pages);
+  r.kv_tokens -= std::min(r.kv_tokens, c.kv_tokens);
+}
+
 /// Takes back the charges no report has replaced within cfg.charge_ttl_ms: their sequences
 /// never reached their ranks.
 void expire_charges(pointer self) {
   auto& st = self->state;
   st.charges.expire(
       self->clock().now() - std::chrono::milliseconds{st.cfg.charge_ttl_ms},
-      [&](const std::string& name, const decode_balancer_state::charge& c) {
-        auto i = st.registry.index_of(name);
-        if (!i) return;  // the rank is gone
-        auto& r = st.registry.loads[*i];
-        r.num_running -= std::min(r.num_running, 1u);
-        r.num_free_pages = std::min(r.num_total_pages, r.num_free_pages + c.pages);
-        r.kv_tokens -= std::min(r.kv_tokens, c.kv_tokens);
-      },
+      [&](const std::string& name, const decode_balancer_state::charge& c) { take_back(st, name, c); },
       [&](const std::string& name, size_t n) {
         if (st.registry.index_of(name))
           st.log.add({0, name, std::to_string(n) + " placement(s) no report followed within charge_ttl_ms (" +
@@ -206,13 +210,8 @@ decode_balancer_actor::behavior_type decode_balancer_impl(pointer self, decode_b
         // to a rank that never hears of it).
         auto& st = self->state;
         drop_parked(st.parked, request_id, attempt, "place_decode");
-        const auto freed = st.charges.cancel(request_id, attempt, [&](const std::string& name, const decode_balancer_state::charge& c) {
-          auto i = st.registry.index_of(name);
-          if (!i) return;
-          auto& r = st.registry.loads[*i];
-          r.num_running -= std::min(r.num_running, 1u);
-          r.num_free_pages = std::min(r.num_total_pages, r.num_free_pages + c.pages);
-          r.kv_tokens -= std::min(r.kv_tokens, c.kv_tokens);
+        const auto freed = st.charges.cancel(request_id, attempt, [&](const std::string& name, const auto& c) {
+          take_back(st, name, c);
         });
         if (freed) serve_parked(st.parked, self->clock().now(), "place_decode", [=](const place_query& q) { return try_place(self, q); });
       },

@@ -189,20 +189,24 @@ std::optional<prefill_placement> place_split(pointer self, const place_query& q,
   return out;
 }
 
+/// A charge on rank `name` taken back: its prompt never comes (expired, or its request gave its
+/// placement up). The caller syncs the rank's view.
+void take_back(prefill_balancer_state& st, const std::string& name, const prefill_balancer_state::charge& c) {
+  auto i = st.registry.index_of(name);
+  if (!i) return;  // the rank is gone
+  auto& r = st.registry.loads[*i];
+  r.queued_tokens -= std::min(r.queued_tokens, c.tokens);
+  r.num_running -= std::min(r.num_running, 1u);
+  r.predicted_us = std::max(0.0, r.predicted_us - c.predicted_us);
+}
+
 /// Takes back the charges (see prefill_balancer_state::charges) no report has replaced within
 /// cfg.charge_ttl_ms: their prompts never reached their ranks.
 void expire_charges(pointer self) {
   auto& st = self->state;
   st.charges.expire(
       self->clock().now() - std::chrono::milliseconds{st.cfg.charge_ttl_ms},
-      [&](const std::string& name, const prefill_balancer_state::charge& c) {
-        auto i = st.registry.index_of(name);
-        if (!i) return;  // the rank is gone
-        auto& r = st.registry.loads[*i];
-        r.queued_tokens -= std::min(r.queued_tokens, c.tokens);
-        r.num_running -= std::min(r.num_running, 1u);
-        r.predicted_us = std::max(0.0, r.predicted_us - c.predicted_us);
-      },
+      [&](const std::string& name, const prefill_balancer_state::charge& c) { take_back(st, name, c); },
       [&](const std::string& name, size_t n) {
         auto i = st.registry.index_of(name);
         if (!i) return;
@@ -346,14 +350,9 @@ prefill_balancer_actor::behavior_type prefill_balancer_impl(pointer self, prefil
         // of a split) never comes, and a placement of it still parked is void.
         auto& st = self->state;
         drop_parked(st.parked, request_id, attempt, "place_prefill");
-        const auto freed = st.charges.cancel(request_id, attempt, [&](const std::string& name, const prefill_balancer_state::charge& c) {
-          auto i = st.registry.index_of(name);
-          if (!i) return;
-          auto& r = st.registry.loads[*i];
-          r.queued_tokens -= std::min(r.queued_tokens, c.tokens);
-          r.num_running -= std::min(r.num_running, 1u);
-          r.predicted_us = std::max(0.0, r.predicted_us - c.predicted_us);
-          sync_view(st, *i);
+        const auto freed = st.charges.cancel(request_id, attempt, [&](const std::string& name, const auto& c) {
+          take_back(st, name, c);
+          if (auto i = st.registry.index_of(name)) sync_view(st, *i);
         });
         if (freed) serve_parked(st.parked, self->clock().now(), "place_prefill", [=](const place_query& q) { return try_place(self, q); });
       },

@@ -1,18 +1,12 @@
 #include "deploy/gateway.hpp"
 
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
 #include <chrono>
-#include <cstring>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -27,6 +21,7 @@
 
 #include "deploy/metrics.hpp"
 #include "deploy/openai.hpp"
+#include "deploy/processes.hpp"
 
 namespace baton::deploy {
 
@@ -806,47 +801,6 @@ caf::behavior server(caf::io::broker* self, int fd, shared_ptr g) {
   };
 }
 
-/// A listening TCP socket on host:port (IPv4 literal or "localhost"); -1 and why on failure.
-int open_listener(const std::string& host, uint16_t port, uint16_t* bound, std::string* why) {
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  const std::string h = host == "localhost" ? "127.0.0.1" : host;
-  if (inet_pton(AF_INET, h.c_str(), &addr.sin_addr) != 1) {
-    *why = "gateway: host '" + host + "' is not an IPv4 address";
-    return -1;
-  }
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) {
-    *why = std::string("gateway: socket: ") + std::strerror(errno);
-    return -1;
-  }
-  const int one = 1;
-  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  // A client gone without a FIN or RST (a dropped NAT entry, a laptop asleep) is noticed within
-  // about a minute and its call cancelled, where it used to hold its KV until max_tokens.
-  // Accepted connections inherit both options. Keepalive (30 s idle, then 3 probes 10 s apart)
-  // finds it while nothing is being sent (a call not streamed); the user timeout (60 s of sent
-  // bytes unacknowledged) while a stream sends, where retransmissions alone take ~15 minutes.
-  const int idle_s = 30, interval_s = 10, probes = 3;
-  const unsigned unacked_ms = 60000;
-  ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
-  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_s, sizeof(idle_s));
-  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval_s, sizeof(interval_s));
-  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof(probes));
-  ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &unacked_ms, sizeof(unacked_ms));
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(fd, SOMAXCONN) != 0) {
-    *why = "gateway: cannot listen on " + host + ":" + std::to_string(port) + ": " + std::strerror(errno);
-    ::close(fd);
-    return -1;
-  }
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  *bound = ntohs(addr.sin_port);
-  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
-  return fd;
-}
-
 }  // namespace
 
 bool spawn_gateway(caf::actor_system& sys, const gateway_config& cfg, router_actor router, gateway_handle* out,
@@ -894,7 +848,7 @@ bool spawn_gateway(caf::actor_system& sys, const gateway_config& cfg, router_act
     return false;
   }
   uint16_t port = 0;
-  const int fd = open_listener(cfg.host, cfg.port, &port, why);
+  const int fd = open_tcp_listener(cfg.host, cfg.port, &port, why, "gateway");
   if (fd < 0) return false;
   out->server = sys.middleman().spawn_broker(server, fd, g);
   out->port = port;

@@ -1,7 +1,10 @@
 #include "deploy/processes.hpp"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -250,6 +253,47 @@ bool tcp_listening(const std::string& host, uint16_t port, int timeout_ms) {
   ::freeaddrinfo(found);
   return ok;
 }
+
+int open_tcp_listener(const std::string& host, uint16_t port, uint16_t* bound, std::string* why, const std::string& who) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  const std::string h = host == "localhost" ? "127.0.0.1" : host;
+  if (inet_pton(AF_INET, h.c_str(), &addr.sin_addr) != 1) {
+    *why = who + ": host '" + host + "' is not an IPv4 address";
+    return -1;
+  }
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    *why = who + ": socket: " + std::strerror(errno);
+    return -1;
+  }
+  const int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  // A client gone without a FIN or RST (a dropped NAT entry, a laptop asleep) is noticed within
+  // about a minute and its call cancelled, where it used to hold its KV until max_tokens.
+  // Accepted connections inherit both options. Keepalive (30 s idle, then 3 probes 10 s apart)
+  // finds it while nothing is being sent (a call not streamed); the user timeout (60 s of sent
+  // bytes unacknowledged) while a stream sends, where retransmissions alone take ~15 minutes.
+  const int idle_s = 30, interval_s = 10, probes = 3;
+  const unsigned unacked_ms = 60000;
+  ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_s, sizeof(idle_s));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval_s, sizeof(interval_s));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof(probes));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &unacked_ms, sizeof(unacked_ms));
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(fd, SOMAXCONN) != 0) {
+    *why = who + ": cannot listen on " + host + ":" + std::to_string(port) + ": " + std::strerror(errno);
+    ::close(fd);
+    return -1;
+  }
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  *bound = ntohs(addr.sin_port);
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+  return fd;
+}
+
 
 std::string why_cannot_bind(const std::string& host, uint16_t port) {
   addrinfo hints{};

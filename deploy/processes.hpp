@@ -66,6 +66,11 @@ bool process_gone(pid_t pid, std::string* how);
 /// connection is closed at once). For the launcher, which says a gateway's address only once it
 /// answers there.
 bool tcp_listening(const std::string& host, uint16_t port, int timeout_ms);
+/// A listening TCP socket on host:port (an IPv4 literal or "localhost"), non-blocking, for a
+/// server of this process (the gateway's broker): accepted connections inherit keepalive and a
+/// user timeout, so a client gone without a FIN or RST is noticed within about a minute. -1,
+/// and why (prefixed with `who`), on failure; `*bound` is the port (0 asked: the one chosen).
+int open_tcp_listener(const std::string& host, uint16_t port, uint16_t* bound, std::string* why, const std::string& who);
 /// Why host:port cannot be bound for listening, as the system says it ("Address already in
 /// use", "Cannot assign requested address"), or why the host does not resolve; empty when it
 /// can. CAF's own refusal says only "tcp socket creation failed".

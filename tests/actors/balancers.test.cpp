@@ -30,6 +30,53 @@ rank_load idle_load(const std::string& name, uint32_t pages) {
   return load;
 }
 
+/// Both balancers with a 200 ms no-rank grace, stopped at the end.
+struct graced_balancers {
+  test::cluster_system t;
+  caf::scoped_actor self{t.sys};
+  decode_balancer_actor decode;
+  prefill_balancer_actor prefill;
+  graced_balancers() {
+    decode_balancer_config dc;
+    dc.no_rank_grace_ms = 200;
+    prefill_balancer_config pc;
+    pc.no_rank_grace_ms = 200;
+    decode = spawn_decode_balancer(t.sys, dc);
+    prefill = spawn_prefill_balancer(t.sys, pc);
+  }
+  ~graced_balancers() {
+    self->send_exit(decode, caf::exit_reason::user_shutdown);
+    self->send_exit(prefill, caf::exit_reason::user_shutdown);
+  }
+};
+
+/// A least-loaded decode balancer and one stand-in rank "decode-a" that reported `pages` free;
+/// both stopped at the end.
+struct lone_decode_rank {
+  test::cluster_system t;
+  caf::scoped_actor self{t.sys};
+  decode_balancer_actor bal;
+  decode_rank_actor rank;
+  explicit lone_decode_rank(uint32_t pages) {
+    decode_balancer_config bc;
+    bc.policy = "least_loaded";
+    bal = spawn_decode_balancer(t.sys, bc);
+    rank = stand_in_rank<decode_rank_actor>(t);
+    self->send(bal, load_atom::value, idle_load("decode-a", pages), rank);
+  }
+  ~lone_decode_rank() {
+    self->send_exit(rank, caf::exit_reason::user_shutdown);
+    self->send_exit(bal, caf::exit_reason::user_shutdown);
+  }
+  /// What the balancer counts as the rank's load now (its report and its charges).
+  rank_load load() {
+    std::vector<rank_load> loads;
+    self->request(bal, std::chrono::seconds{5}, stats_atom::value).receive([&](std::vector<rank_load>& l) { loads = l; }, [](caf::error&) {});
+    REQUIRE(loads.size() == 1);
+    return loads[0];
+  }
+};
+
 }  // namespace
 
 TEST_CASE("a placement parked for want of room is given up once its asker stops waiting: served later it charged "
@@ -233,70 +280,49 @@ TEST_CASE("a decode placement whose sequence never reserves on its rank gives it
 
 TEST_CASE("two attempts of one request placed on the same rank are two charges: the report that settles the first "
           "keeps the second") {
-  test::cluster_system t;
-  caf::scoped_actor self{t.sys};
-  decode_balancer_config bc;
-  bc.policy = "least_loaded";
-  auto bal = spawn_decode_balancer(t.sys, bc);
-  auto rank = stand_in_rank<decode_rank_actor>(t);
-  self->send(bal, load_atom::value, idle_load("decode-a", 16), rank);
+  lone_decode_rank d{16};
+  auto& self = d.self;
   for (int attempt = 0; attempt < 2; ++attempt)  // request 7, placed again after its first attempt failed
-    self->request(bal, std::chrono::seconds{5}, place_atom::value, place_query{7, 60, 0, 64})
-        .receive([](decode_placement&) {}, [&](caf::error& e) { FAIL(t.sys.render(e)); });
+    self->request(d.bal, std::chrono::seconds{5}, place_atom::value, place_query{7, 60, 0, 64})
+        .receive([](decode_placement&) {}, [&](caf::error& e) { FAIL(d.t.sys.render(e)); });
   // The rank settled the first attempt's reservation (and freed it: the attempt failed); the
   // second's is still on its way.
   rank_load load = idle_load("decode-a", 16);
   load.settled = {7};
-  self->send(bal, load_atom::value, load, rank);
-  std::vector<rank_load> loads;
-  self->request(bal, std::chrono::seconds{5}, stats_atom::value).receive([&](std::vector<rank_load>& l) { loads = l; }, [](caf::error&) {});
-  REQUIRE(loads.size() == 1);
-  CHECK(loads[0].num_free_pages == 16 - 4);  // the second attempt still takes its room (it used to be 16)
-  CHECK(loads[0].num_running == 1);
-  self->send_exit(rank, caf::exit_reason::user_shutdown);
-  self->send_exit(bal, caf::exit_reason::user_shutdown);
+  self->send(d.bal, load_atom::value, load, d.rank);
+  const auto now = d.load();
+  CHECK(now.num_free_pages == 16 - 4);  // the second attempt still takes its room (it used to be 16)
+  CHECK(now.num_running == 1);
 }
 
 TEST_CASE("a release voids the placement of the attempt it names, made or parked, and no other: its charge goes at "
           "once (not after the TTL), another attempt's stays") {
-  test::cluster_system t;
-  caf::scoped_actor self{t.sys};
-  decode_balancer_config bc;
-  bc.policy = "least_loaded";
-  auto bal = spawn_decode_balancer(t.sys, bc);
-  auto rank = stand_in_rank<decode_rank_actor>(t);
-  self->send(bal, load_atom::value, idle_load("decode-a", 8), rank);
+  lone_decode_rank d{8};
+  auto& self = d.self;
   const auto place = [&](uint32_t attempt) {
     place_query q{7, 60, 0, 64};
     q.attempt = attempt;
     return q;
   };
-  const auto free_pages = [&] {
-    std::vector<rank_load> loads;
-    self->request(bal, std::chrono::seconds{5}, stats_atom::value).receive([&](std::vector<rank_load>& l) { loads = l; }, [](caf::error&) {});
-    return loads.empty() ? 0u : loads[0].num_free_pages;
-  };
   for (uint32_t attempt : {0u, 1u})  // two attempts of request 7, neither reserved yet: 4 pages each
-    self->request(bal, std::chrono::seconds{5}, place_atom::value, place(attempt))
-        .receive([](decode_placement&) {}, [&](caf::error& e) { FAIL(t.sys.render(e)); });
-  CHECK(free_pages() == 0);
+    self->request(d.bal, std::chrono::seconds{5}, place_atom::value, place(attempt))
+        .receive([](decode_placement&) {}, [&](caf::error& e) { FAIL(d.t.sys.render(e)); });
+  CHECK(d.load().num_free_pages == 0);
   // Attempt 1 gave up (its client left): its room is free at once, attempt 0's is still taken.
-  self->send(bal, release_atom::value, uint64_t{7}, uint32_t{1});
-  CHECK(free_pages() == 4);
+  self->send(d.bal, release_atom::value, uint64_t{7}, uint32_t{1});
+  CHECK(d.load().num_free_pages == 4);
   // Request 8 takes the last 4 pages; a third attempt of 7 parks. A release of an attempt never
   // placed changes nothing; the parked one's release drops it, answered cancelled.
-  self->request(bal, std::chrono::seconds{5}, place_atom::value, place_query{8, 60, 0, 64})
-      .receive([](decode_placement&) {}, [&](caf::error& e) { FAIL(t.sys.render(e)); });
-  auto parked = self->request(bal, std::chrono::seconds{30}, place_atom::value, place(2));
-  self->send(bal, release_atom::value, uint64_t{7}, uint32_t{5});
-  CHECK(free_pages() == 0);
-  self->send(bal, release_atom::value, uint64_t{7}, uint32_t{2});
+  self->request(d.bal, std::chrono::seconds{5}, place_atom::value, place_query{8, 60, 0, 64})
+      .receive([](decode_placement&) {}, [&](caf::error& e) { FAIL(d.t.sys.render(e)); });
+  auto parked = self->request(d.bal, std::chrono::seconds{30}, place_atom::value, place(2));
+  self->send(d.bal, release_atom::value, uint64_t{7}, uint32_t{5});
+  CHECK(d.load().num_free_pages == 0);
+  self->send(d.bal, release_atom::value, uint64_t{7}, uint32_t{2});
   std::string why;
-  std::move(parked).receive([](decode_placement&) {}, [&](caf::error& e) { why = t.sys.render(e); });
+  std::move(parked).receive([](decode_placement&) {}, [&](caf::error& e) { why = d.t.sys.render(e); });
   CHECK_MESSAGE(why.find("request 7, stage place_decode: the request gave up its placement") != std::string::npos, why);
-  CHECK(free_pages() == 0);  // attempt 0 and request 8 still hold theirs
-  self->send_exit(rank, caf::exit_reason::user_shutdown);
-  self->send_exit(bal, caf::exit_reason::user_shutdown);
+  CHECK(d.load().num_free_pages == 0);  // attempt 0 and request 8 still hold theirs
 }
 
 TEST_CASE("a decode rank's report drops the charges of the placements it settled and keeps those still on their "
@@ -347,14 +373,11 @@ TEST_CASE("a decode rank's report drops the charges of the placements it settled
 TEST_CASE("once every rank of a role has been gone past the grace, placements are refused at once "
           "(rank_unavailable, naming why) instead of each waiting out its asker's timeout; within the grace, and before "
           "any rank joined, they wait; a rank back takes work again") {
-  test::cluster_system t;
-  decode_balancer_config dc;
-  dc.no_rank_grace_ms = 200;
-  prefill_balancer_config pc;
-  pc.no_rank_grace_ms = 200;
-  auto decode = spawn_decode_balancer(t.sys, dc);
-  auto prefill = spawn_prefill_balancer(t.sys, pc);
-  caf::scoped_actor self{t.sys};
+  graced_balancers b;
+  auto& t = b.t;
+  auto& decode = b.decode;
+  auto& prefill = b.prefill;
+  auto& self = b.self;
   const auto refused_at_once = [&](const auto& balancer, auto placement, const char* stage) {
     using placement_t = decltype(placement);
     const auto asked = std::chrono::steady_clock::now();
@@ -407,21 +430,16 @@ TEST_CASE("once every rank of a role has been gone past the grace, placements ar
   REQUIRE(gone(prefill));
   std::this_thread::sleep_for(std::chrono::milliseconds{250});
   refused_at_once(prefill, prefill_placement{}, "place_prefill");
-  self->send_exit(decode, caf::exit_reason::user_shutdown);
-  self->send_exit(prefill, caf::exit_reason::user_shutdown);
 }
 
 TEST_CASE("a placement parked while every rank of the role drains is refused once the grace runs out (rank_unavailable, "
           "naming the draining rank), not left to its asker's timeout; one a rank takes work again for within the "
           "grace is placed") {
-  test::cluster_system t;
-  decode_balancer_config dc;
-  dc.no_rank_grace_ms = 200;
-  prefill_balancer_config pc;
-  pc.no_rank_grace_ms = 200;
-  auto decode = spawn_decode_balancer(t.sys, dc);
-  auto prefill = spawn_prefill_balancer(t.sys, pc);
-  caf::scoped_actor self{t.sys};
+  graced_balancers b;
+  auto& t = b.t;
+  auto& decode = b.decode;
+  auto& prefill = b.prefill;
+  auto& self = b.self;
   auto d_rank = stand_in_rank<decode_rank_actor>(t);
   auto p_rank = stand_in_rank<prefill_rank_actor>(t);
   self->send(decode, load_atom::value, idle_load("decode-x", 8), d_rank);
@@ -469,7 +487,6 @@ TEST_CASE("a placement parked while every rank of the role drains is refused onc
   CHECK_MESSAGE(why.find("no decode rank takes work: the 1 here are draining") != std::string::npos, why);
   self->send(prefill, drain_atom::value, p_rank);
   refused(prefill, prefill_placement{}, "place_prefill", "prefill-x");
-  for (auto a : {caf::actor_cast<caf::actor>(decode), caf::actor_cast<caf::actor>(prefill), caf::actor_cast<caf::actor>(d_rank),
-                 caf::actor_cast<caf::actor>(p_rank)})
-    self->send_exit(a, caf::exit_reason::user_shutdown);
+  self->send_exit(d_rank, caf::exit_reason::user_shutdown);
+  self->send_exit(p_rank, caf::exit_reason::user_shutdown);
 }

@@ -19,6 +19,27 @@
 using namespace baton;
 using namespace baton::test_store;
 
+namespace {
+
+/// Server 0 as a rank's watch (store_watch.hpp) sees it once it differs from generation 0 and
+/// up (`known_down` false) or down (true): its actor, the generation, and whether it is down.
+/// Waits up to 30 s (a failure names why); what comes is checked by the caller.
+struct watched_server {
+  block_server_actor actor;
+  uint64_t generation = 0;
+  bool down = false;
+};
+watched_server watch_server0(caf::actor_system& sys, caf::scoped_actor& asker, const block_index_actor& index,
+                             bool known_down) {
+  watched_server out;
+  asker->request(index, std::chrono::seconds{30}, servers_atom::value, uint32_t{0}, uint64_t{0}, known_down)
+      .receive([&](block_server_actor& s, uint64_t generation, bool down) { out = {s, generation, down}; },
+               [&](caf::error& e) { FAIL(sys.render(e)); });
+  return out;
+}
+
+}  // namespace
+
 TEST_CASE("store: a corrupted block file and a deleted one end as recomputation with correct output") {
   temp_dir dir{"damage"};
   test::cluster_system t;
@@ -360,15 +381,10 @@ TEST_CASE("store node lost and back: the head adopts it again under the same ser
       [&](caf::error& e) { FAIL(t.sys.render(e)); });
   CHECK(told_down);
   // Watched again knowing it down: answered once it is adopted again, with the new actor.
-  block_server_actor next;
-  watcher->request(cluster.store_index[0], std::chrono::seconds{30}, servers_atom::value, uint32_t{0}, uint64_t{0}, true)
-      .receive(
-          [&](block_server_actor& s, uint64_t generation, bool down) {
-            CHECK(generation == 1);
-            CHECK_FALSE(down);
-            next = s;
-          },
-          [&](caf::error& e) { FAIL(t.sys.render(e)); });
+  const auto readopted = watch_server0(t.sys, watcher, cluster.store_index[0], true);
+  CHECK(readopted.generation == 1);
+  CHECK_FALSE(readopted.down);
+  const auto next = readopted.actor;
   CHECK(next);
   CHECK(next != old_server);
   for (int i = 0; i < 2500 && servers_now().at(0) == old_server; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{4});
@@ -502,16 +518,10 @@ TEST_CASE("store keeper: a store node's server that answers no probe is given up
   CHECK(adoptions->load() == 0);
   // The host answers: adopted again, generation 1, the new actor, up.
   reachable->store(true);
-  block_server_actor next;
-  self->request(index, std::chrono::seconds{30}, servers_atom::value, uint32_t{0}, uint64_t{0}, true)
-      .receive(
-          [&](block_server_actor& s, uint64_t generation, bool down) {
-            CHECK(generation == 1);
-            CHECK_FALSE(down);
-            next = s;
-          },
-          [&](caf::error& e) { FAIL(t.sys.render(e)); });
-  CHECK(next == new_server);
+  const auto readopted = watch_server0(t.sys, self, index, true);
+  CHECK(readopted.generation == 1);
+  CHECK_FALSE(readopted.down);
+  CHECK(readopted.actor == new_server);
   CHECK(adoptions->load() == 1);
   // The hung server answering late, or going down now, changes nothing: the new one is probed.
   caf::anon_send_exit(old_server, caf::exit_reason::kill);

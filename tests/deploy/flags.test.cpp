@@ -1,8 +1,5 @@
 #include <doctest/doctest.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include "actors/config.hpp"
@@ -237,17 +234,11 @@ TEST_CASE("baton local refuses flags it would ignore or a transport that moves n
 
 TEST_CASE("a port that cannot be listened on is explained as the system explains it (CAF says only 'tcp socket "
           "creation failed')") {
-  // A port held by a listening socket of this test.
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  REQUIRE(::listen(fd, 1) == 0);
-  socklen_t len = sizeof a;
-  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
-  const uint16_t port = ntohs(a.sin_port);
+  // A port held by a listening socket of this test (the gateway's kind, on a port of the system's choosing).
+  uint16_t port = 0;
+  std::string why;
+  const int fd = baton::deploy::open_tcp_listener("127.0.0.1", 0, &port, &why, "test");
+  REQUIRE_MESSAGE(fd >= 0, why);
   CHECK(baton::deploy::why_cannot_bind("127.0.0.1", port) == "Address already in use");
   ::close(fd);
   CHECK(baton::deploy::why_cannot_bind("127.0.0.1", port).empty());

@@ -1,0 +1,239 @@
+// The C++ client library (client/baton/client.hpp) against a served cluster or a stand-in
+// router on 127.0.0.1: streaming and cancelling, how a stream fails (the request's actor or the
+// router gone), what a result says of its failovers, and a port that is not a router's.
+
+#include <caf/event_based_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
+
+#include "actors/node_directory.hpp"
+#include "tests/deploy/gateway_fixture.hpp"
+
+using namespace baton;
+using namespace baton::test_gateway;
+
+TEST_CASE("the C++ client library streams a request's tokens and can cancel it") {
+  served_cluster s{{}, 0, 5};  // decode steps 5 ms late: the cancel below lands mid-stream on a stalled machine too
+  caf::scoped_actor self{s.sys};
+  auto port = s.sys.middleman().publish(s.cluster.router, 0, "127.0.0.1", true);
+  REQUIRE(port);
+  std::string why;
+  auto conn = baton::client::connection::connect("127.0.0.1", *port, &why);
+  REQUIRE_MESSAGE(conn, why);
+  std::string model;
+  uint32_t context = 0;
+  REQUIRE(conn->model_info(&model, &context, &why));
+  CHECK(model == s.stats().model);
+  CHECK(context == 256);
+
+  generate_request ref_req;
+  ref_req.prompt = "Disaggregated serving";
+  ref_req.max_tokens = 10;
+  ref_req.ignore_eos = true;
+  const auto ref = s.direct(ref_req);
+  baton::client::request req;
+  req.prompt = ref_req.prompt;
+  req.max_tokens = 10;
+  req.ignore_eos = true;
+  auto stream = conn->submit(req);
+  baton::client::token_chunk c;
+  std::vector<int32_t> tokens;
+  std::string text;
+  uint32_t chunks = 0;
+  while (stream->next(&c, std::chrono::seconds{60})) {
+    CHECK(c.first_index == tokens.size());
+    tokens.insert(tokens.end(), c.tokens.begin(), c.tokens.end());
+    text += c.text;
+    ++chunks;
+  }
+  REQUIRE_FALSE_MESSAGE(stream->failed(), stream->error_info().code << ": " << stream->error_info().message);
+  CHECK(tokens == ref.tokens);
+  CHECK(text == ref.text);
+  // One chunk per token (the first from prefill, then one per decode step) as it is made, and
+  // the last, which only says why it ended.
+  CHECK(chunks == 11);
+  CHECK(stream->final_result().tokens == ref.tokens);
+  CHECK(c.finish_reason == "length");
+
+  // Log-probabilities come with their chunks, one per token.
+  req.logprobs = true;
+  req.top_logprobs = 1;
+  auto scored = conn->submit(req);
+  std::vector<baton::client::token_logprob> lps;
+  while (scored->next(&c, std::chrono::seconds{60})) {
+    CHECK(c.logprobs.size() == c.tokens.size());
+    lps.insert(lps.end(), c.logprobs.begin(), c.logprobs.end());
+  }
+  REQUIRE(lps.size() == ref.tokens.size());
+  for (size_t i = 0; i < lps.size(); ++i) {
+    CHECK(lps[i].token == ref.tokens[i]);
+    CHECK(lps[i].top_tokens == std::vector<int32_t>{ref.tokens[i]});  // greedy
+  }
+  req.logprobs = false;
+  req.top_logprobs = 0;
+
+  // Prompt scoring: the prompt's tokens' log-probabilities in the result, the first NaN.
+  req.prompt_logprobs = true;
+  auto prompt_scored = conn->submit(req);
+  while (prompt_scored->next(&c, std::chrono::seconds{60})) {
+  }
+  REQUIRE_FALSE(prompt_scored->failed());
+  const auto& pl = prompt_scored->final_result().prompt_logprobs;
+  REQUIRE(pl.size() == prompt_scored->final_result().num_prompt_tokens);
+  CHECK(std::isnan(pl[0].logprob));
+  for (size_t i = 1; i < pl.size(); ++i) CHECK(pl[i].logprob <= 0.0f);
+  CHECK(prompt_scored->final_result().tokens == ref.tokens);
+  req.prompt_logprobs = false;
+
+  // Bad input comes back as an error naming the field.
+  req.max_tokens = -1;
+  auto bad = conn->submit(req);
+  while (bad->next(&c, std::chrono::seconds{30})) {
+  }
+  REQUIRE(bad->failed());
+  CHECK(bad->error_info().code == "bad_request");
+  CHECK(bad->error_info().message.find("max_tokens") != std::string::npos);
+
+  // Cancel after the first chunk: the stream ends as cancelled, the cluster frees everything.
+  req.max_tokens = 200;
+  auto long_one = conn->submit(req);
+  REQUIRE(long_one->next(&c, std::chrono::seconds{60}));
+  long_one->cancel();
+  while (long_one->next(&c, std::chrono::seconds{5})) {
+  }
+  CHECK(long_one->failed());
+  CHECK(long_one->error_info().code == "cancelled");
+  CHECK(s.settles());
+}
+
+namespace {
+
+/// A C++ client connected to `router` (a stand-in), published on a port of 127.0.0.1.
+std::unique_ptr<baton::client::connection> client_of(caf::actor_system& sys, const router_actor& router) {
+  auto port = sys.middleman().publish(router, 0, "127.0.0.1", true);
+  REQUIRE(port);
+  std::string why;
+  auto conn = baton::client::connection::connect("127.0.0.1", *port, &why);
+  REQUIRE_MESSAGE(conn, why);
+  return conn;
+}
+
+}  // namespace
+
+TEST_CASE("the C++ client's stream fails (rank_unavailable, naming who went) when the request's actor ends "
+          "without an answer, instead of waiting out the reader's timeout") {
+  caf::actor_system_config cfg;
+  caf::actor_system sys{served_cluster::init(cfg)};  // no cluster: its actor system alone
+  // A router stand-in whose request actor streams one chunk and then fails; the promise of the
+  // answer is kept and never kept, as CAF 0.17 may leave a request whose actor went.
+  auto promises = std::make_shared<std::vector<caf::response_promise>>();
+  auto router = sys.spawn([promises](router_actor::pointer self) -> router_actor::behavior_type {
+    return {
+        [](generate_atom, generate_request&) -> caf::result<completion> { return completion{}; },
+        [=](generate_atom, generate_request&, client_sink_actor sink) -> caf::result<completion> {
+          auto rp = self->make_response_promise<completion>();
+          promises->push_back(rp);
+          self->spawn([sink](caf::event_based_actor* req) {
+            stream_chunk c;
+            c.request_id = 1;
+            c.tokens = {7};
+            c.text = "x";
+            req->send(sink, std::move(c));
+            req->quit(caf::exit_reason::user_shutdown);
+          });
+          return rp;
+        },
+        [](stats_atom) { return cluster_stats{}; },
+        [](rank_gone_atom, std::vector<std::string>&, std::string&) {},
+    };
+  });
+  auto conn = client_of(sys, router);
+  auto stream = conn->submit(baton::client::request{});
+  baton::client::token_chunk c;
+  REQUIRE(stream->next(&c, std::chrono::seconds{60}));
+  CHECK(c.text == "x");
+  CHECK_FALSE(stream->next(&c, std::chrono::seconds{60}));  // the grace is 5 s
+  CHECK_FALSE(stream->timed_out());
+  REQUIRE(stream->failed());
+  CHECK(stream->error_info().code == "rank_unavailable");
+  CHECK(stream->error_info().message.find("the request's actor ended before the answer") == 0);
+  conn.reset();
+  caf::anon_send_exit(router, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("the C++ client's stream says router_gone when the router itself ends without an answer: a caller "
+          "(baton generate) stops sending instead of waiting out the grace once per prompt") {
+  caf::actor_system_config cfg;
+  caf::actor_system sys{served_cluster::init(cfg)};
+  // A router stand-in that takes the request and then ends, answering nothing.
+  auto router = sys.spawn([](router_actor::pointer self) -> router_actor::behavior_type {
+    return {
+        [](generate_atom, generate_request&) -> caf::result<completion> { return completion{}; },
+        [=](generate_atom, generate_request&, client_sink_actor) -> caf::result<completion> {
+          self->quit(caf::exit_reason::user_shutdown);
+          return self->make_response_promise<completion>();
+        },
+        [](stats_atom) { return cluster_stats{}; },
+        [](rank_gone_atom, std::vector<std::string>&, std::string&) {},
+    };
+  });
+  auto conn = client_of(sys, router);
+  auto stream = conn->submit(baton::client::request{});
+  baton::client::token_chunk c;
+  CHECK_FALSE(stream->next(&c, std::chrono::seconds{60}));  // the grace is 5 s
+  REQUIRE(stream->failed());
+  CHECK(stream->error_info().code == "router_gone");
+  CHECK_MESSAGE(stream->error_info().message.find("the router ended before the answer") == 0, stream->error_info().message);
+}
+
+TEST_CASE("the C++ client's result carries how the request got through: its failovers, the last failure that "
+          "re-placed it, and its decode moves") {
+  caf::actor_system_config cfg;
+  caf::actor_system sys{served_cluster::init(cfg)};  // no cluster: its actor system alone
+  // A router stand-in answering with a completion that went through two failovers and a move.
+  auto router = sys.spawn([](router_actor::pointer) -> router_actor::behavior_type {
+    return {
+        [](generate_atom, generate_request&) -> caf::result<completion> { return completion{}; },
+        [](generate_atom, generate_request&, client_sink_actor) -> caf::result<completion> {
+          completion c;
+          c.request_id = 1;
+          c.tokens = {7};
+          c.text = "x";
+          c.finish_reason = "length";
+          c.failovers = 2;
+          c.failover_why = "request 1, rank decode-0, stage decode: the actor is down";
+          c.migrations = 1;
+          return c;
+        },
+        [](stats_atom) { return cluster_stats{}; },
+        [](rank_gone_atom, std::vector<std::string>&, std::string&) {},
+    };
+  });
+  auto conn = client_of(sys, router);
+  auto stream = conn->submit(baton::client::request{});
+  baton::client::token_chunk c;
+  while (stream->next(&c, std::chrono::seconds{60})) {
+  }
+  REQUIRE_FALSE(stream->failed());
+  const auto& r = stream->final_result();
+  CHECK(r.text == "x");
+  CHECK(r.failovers == 2);
+  CHECK(r.failover_why == "request 1, rank decode-0, stage decode: the actor is down");
+  CHECK(r.migrations == 1);
+  conn.reset();
+  caf::anon_send_exit(router, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("the C++ client pointed at another Baton port (a node directory's) says so in a sentence, not CAF's "
+          "screenful of both interfaces") {
+  caf::actor_system_config cfg;
+  caf::actor_system sys{served_cluster::init(cfg)};  // no cluster: its actor system alone
+  auto directory = spawn_node_directory(sys, {}, cluster_welcome{});
+  auto port = sys.middleman().publish(directory, 0, "127.0.0.1", true);
+  REQUIRE(port);
+  std::string why;
+  auto conn = baton::client::connection::connect("127.0.0.1", *port, &why);
+  CHECK_FALSE(conn);
+  CHECK_MESSAGE(why.find("another Baton actor listens there, not the one asked for") != std::string::npos, why);
+  CHECK_MESSAGE(why.size() < 400, why);
+  caf::anon_send_exit(directory, caf::exit_reason::user_shutdown);
+}
