@@ -91,6 +91,7 @@ enum class errc : uint8_t {
   layout_mismatch,    ///< fatal: prefill and decode ranks disagree on the KV page layout
   cancelled,          ///< fatal: the client cancelled the request or went away
   overloaded,         ///< retryable: the cluster is at its admission limit; retry after a moment
+  shutting_down,      ///< retryable: the router is draining (its head stops); retry on another cluster or later
 };
 std::string to_string(errc x);
 bool is_retryable(errc x);

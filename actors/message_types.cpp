@@ -17,6 +17,7 @@ std::string to_string(errc x) {
     case errc::layout_mismatch: return "layout_mismatch";
     case errc::cancelled: return "cancelled";
     case errc::overloaded: return "overloaded";
+    case errc::shutting_down: return "shutting_down";
   }
   return "unknown";
 }
@@ -28,7 +29,8 @@ bool is_retryable(errc x) {
     case errc::deadline_exceeded:
     case errc::transfer_failed:
     case errc::lease_expired:
-    case errc::overloaded: return true;
+    case errc::overloaded:
+    case errc::shutting_down: return true;
     default: return false;
   }
 }

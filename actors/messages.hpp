@@ -696,6 +696,8 @@ using router_actor = caf::typed_actor<
     // Cancel by sending cancel_atom to stream_chunk::request; a sink that goes down cancels too.
     caf::replies_to<generate_atom, generate_request, client_sink_actor>::with<completion>,
     caf::replies_to<stats_atom>::with<cluster_stats>,
+    // Its head stops: new requests are refused (shutting_down), those admitted run to their end.
+    caf::reacts_to<drain_atom>,
     // From the node directory: these ranks are gone; every request on them is re-placed.
     caf::reacts_to<rank_gone_atom, std::vector<std::string>, std::string>>;
 

@@ -201,6 +201,7 @@ struct router_state {
   uint64_t last_request = 0;
   uint64_t num_rejected = 0;
   uint64_t num_overloaded = 0;  ///< of the rejected: refused by admission control
+  bool draining = false;        ///< drain_atom: new requests are refused
   uint64_t num_active = 0;  ///< request actors alive (monitored: their down message counts them out)
   std::unordered_map<caf::actor_addr, request_actor> live;  ///< the same, to tell them of lost ranks
   /// Each block server's last answer to stats_atom: a server that stops answering (its store node
@@ -325,6 +326,12 @@ router_actor::behavior_type router_impl(router_pointer self, router_config cfg, 
   auto admit = [=](generate_request& req, client_sink_actor sink) -> caf::result<completion> {
     auto& s = self->state;
     const uint64_t id = ++s.last_request;
+    if (s.draining) {
+      ++s.num_rejected;
+      return make_error(errc::shutting_down, where(id, "", "admission") +
+                                                 ": the cluster's head is shutting down; it finishes the requests it "
+                                                 "has and takes no new ones");
+    }
     if (s.cfg.max_active_requests && s.num_active >= s.cfg.max_active_requests) {
       ++s.num_rejected;
       ++s.num_overloaded;
@@ -352,6 +359,7 @@ router_actor::behavior_type router_impl(router_pointer self, router_config cfg, 
       [=](generate_atom, generate_request& req) { return admit(req, {}); },
       [=](generate_atom, generate_request& req, client_sink_actor& sink) { return admit(req, std::move(sink)); },
       [=](stats_atom) -> caf::result<cluster_stats> { return collect_stats(self); },
+      [=](drain_atom) { self->state.draining = true; },
       [=](rank_gone_atom, const std::vector<std::string>& ranks, const std::string& why) {
         for (const auto& [addr, r] : self->state.live) self->send(r, rank_gone_atom::value, ranks, why);
       },

@@ -717,7 +717,9 @@ std::string kubernetes_manifests(const cluster_spec& s) {
     first = false;
     y << "apiVersion: v1\nkind: Pod\nmetadata:\n  name: " << object_name(s, n) << "\n  labels:\n"
       << "    app.kubernetes.io/name: baton\n    baton/cluster: " << s.name << "\n    baton/node: " << n.name << "\n"
-      << "spec:\n  restartPolicy: Always\n  containers:\n  - name: baton\n    image: " << yaml_str(s.image) << "\n"
+      // SIGTERM drains: a decode node finishes its streams (--drain-timeout-ms, 60 s), a gateway
+      // or head its calls (30 s); Kubernetes' default 30 s would kill them halfway.
+      << "spec:\n  restartPolicy: Always\n  terminationGracePeriodSeconds: 75\n  containers:\n  - name: baton\n    image: " << yaml_str(s.image) << "\n"
       << "    command: [" << yaml_str(it->argv[0]) << "]\n    args:\n";
     for (size_t i = 1; i < it->argv.size(); ++i) y << "    - " << yaml_str(it->argv[i]) << "\n";
     const bool keyed = (!s.api_keys.empty() || !s.api_keys_env.empty()) &&
@@ -735,6 +737,12 @@ std::string kubernetes_manifests(const cluster_spec& s) {
       y << "    ports:\n";
       yaml_ports(y, n, "    ", false);
     }
+    // A gateway that cannot serve (draining, its head away, no rank of a kind) answers /health
+    // 503: its Service stops sending it calls until it can again. Not the head's: an unready
+    // head would leave its Service, and the decode nodes it waits for could not join it.
+    if (n.http_port && !n.has("router"))
+      y << "    readinessProbe:\n      httpGet:\n        path: /health\n        port: http\n      periodSeconds: 2\n"
+        << "      failureThreshold: 1\n";
     if (n.gpu_rank_node())
       y << "    resources:\n      limits:\n        nvidia.com/gpu: " << n.gpus << "\n";
     if (n.has("router") || n.has("gateway") || n.store_port) {

@@ -11,6 +11,7 @@
 #include <optional>
 #include <random>
 #include <string_view>
+#include <thread>
 
 #include <caf/actor_system.hpp>
 #include <caf/io/broker.hpp>
@@ -18,6 +19,7 @@
 #include <caf/io/middleman.hpp>
 #include <caf/typed_event_based_actor.hpp>
 #include <caf/scoped_actor.hpp>
+#include <caf/send.hpp>
 
 #include "deploy/metrics.hpp"
 #include "deploy/openai.hpp"
@@ -77,6 +79,14 @@ struct gateway_shared {
   gateway_metrics metrics;
   std::atomic<uint32_t> num_connections{0};
   std::atomic<uint64_t> last_id{0};
+  // The server's and its connections' (brokers all run on the middleman's one thread).
+  /// Shutting down (drain_gateway): calls and /health get 503, connections close after their
+  /// answer, and the calls in progress run to their end.
+  bool draining = false;
+  /// Non-empty while the router is gone (its head stopped, or the link to it was cut): why, for
+  /// the 503s that calls get until gateway_set_router.
+  std::string router_away;
+  std::atomic<uint32_t> calls_in_flight{0};  ///< connections with a call between generate and end_call
 };
 using shared_ptr = std::shared_ptr<gateway_shared>;
 
@@ -137,6 +147,9 @@ std::pair<int, std::string> status_of(caf::actor_system& sys, const caf::error& 
   }
   if (err == caf::sec::request_timeout) return {504, "the cluster did not answer in time"};
   if (err == caf::sec::request_receiver_down) return {503, "the router is not reachable"};
+  // The router's process stopped, or the link to it was cut, before it answered.
+  if (err.category() == caf::atom("exit"))
+    return {503, "the cluster's head went away before answering (" + sys.render(err) + "); retry"};
   return {503, "the router failed the request: " + sys.render(err)};
 }
 
@@ -193,8 +206,8 @@ void pump(caf::io::broker* self, caf::io::connection_handle hdl, const shared_pt
 
 /// The call's sink goes: a generation still running is cancelled (its request actor watches the
 /// sink), and chunks still on their way find nobody.
-void end_call(caf::io::broker* self, const state_ptr& st) {
-  st->in_call = false;
+void end_call(caf::io::broker* self, const shared_ptr& g, const state_ptr& st) {
+  if (std::exchange(st->in_call, false)) --g->calls_in_flight;
   if (st->call_sink) self->send_exit(st->call_sink, caf::exit_reason::user_shutdown);
   st->call_sink = nullptr;
 }
@@ -210,7 +223,7 @@ void half_close_when_sent(caf::io::connection_handle hdl, const state_ptr& st) {
 void finish(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st) {
   st->busy = false;
   st->last_activity = st->request_started = std::chrono::steady_clock::now();
-  end_call(self, st);
+  end_call(self, g, st);
   if (!st->keep_alive) {
     st->closed = true;  // a request pipelined behind this one is never started
     // A lingering close (RFC 9112 §9.6): a client still sending (a body past the limit answered
@@ -238,6 +251,7 @@ void reply(caf::io::broker* self, caf::io::connection_handle hdl, const shared_p
            const std::string& body, const char* content_type = "application/json", http::header_list extra = {}) {
   g->metrics.count_response(st->route, status);
   if (status == 503 || status == 429) extra.emplace_back("Retry-After", "1");
+  if (g->draining) st->keep_alive = false;  // the client's next request goes to another replica
   auto out = http::response(status, content_type, body, st->keep_alive, extra);
   if (st->head_only) out.resize(out.size() - body.size());  // Content-Length stays: HEAD's rule
   write(self, hdl, st, out);
@@ -430,6 +444,7 @@ void generate(caf::io::broker* self, const shared_ptr& g, const state_ptr& st, c
   // The call lives in its go-between until its answer is written (finish() ends it).
   st->head_sent = false;
   st->in_call = true;
+  ++g->calls_in_flight;
   st->token_seen = false;
   st->call_started = std::chrono::steady_clock::now();
   const uint64_t seq = ++st->call_seq;
@@ -441,8 +456,9 @@ void generate(caf::io::broker* self, const shared_ptr& g, const state_ptr& st, c
 }
 
 /// The stream's head, once, before its first event.
-void stream_head(caf::io::broker* self, caf::io::connection_handle hdl, const state_ptr& st) {
+void stream_head(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st) {
   if (st->head_sent) return;
+  if (g->draining) st->keep_alive = false;
   if (st->chunked) {
     write(self, hdl, st,
           http::chunked_head(200, "text/event-stream", {{"Connection", st->keep_alive ? "keep-alive" : "close"}}));
@@ -459,7 +475,7 @@ void on_done(caf::io::broker* self, caf::io::connection_handle hdl, const shared
   for (const auto& c : choices) g->metrics.record(c);
   if (!stream) return reply(self, hdl, g, st, 200, json);
   g->metrics.count_response(st->route, 200);
-  stream_head(self, hdl, st);
+  stream_head(self, hdl, g, st);
   if (!json.empty()) event(self, hdl, st, json);
   event(self, hdl, st, "[DONE]");
   end_stream(self, hdl, st);
@@ -536,6 +552,14 @@ void dispatch(caf::io::broker* self, caf::io::connection_handle hdl, const share
                        {405, req.path + " takes " + found->method + ", not " + req.method.substr(0, 16), "invalid_request_error", {}},
                        {{"Allow", std::string_view{found->method} == "GET" ? "GET, HEAD" : found->method}});
   if (!authorized(g, req)) return reply_unauthorized(self, hdl, g, st);
+  // Shutting down, or the head is away: no call can be served here now, and a load balancer
+  // (or a client's retry) should go to another replica or come back shortly.
+  const bool call = req.path == "/v1/completions" || req.path == "/v1/chat/completions";
+  if ((call || req.path == "/health") && (g->draining || !g->router_away.empty()))
+    return reply_error(self, hdl, g, st,
+                       api_error_of(503, g->draining ? "this gateway is shutting down; it finishes the calls it has "
+                                                       "and takes no new ones: retry on another replica"
+                                                     : g->router_away));
   if (req.path == "/v1/completions") return generate(self, g, st, req, false);
   if (req.path == "/v1/chat/completions") return generate(self, g, st, req, true);
   if (req.path == "/v1/models") return reply(self, hdl, g, st, 200, openai::models_json(g->model, g->started_s));
@@ -643,7 +667,10 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
   auto st = std::make_shared<connection_state>();
   self->configure_read(hdl, caf::io::receive_policy::at_most(64 * 1024));
   self->ack_writes(hdl, true);  // data_transferred_msg: how much output is still queued
-  self->attach_functor([g] { --g->num_connections; });
+  self->attach_functor([g, st] {
+    --g->num_connections;
+    if (st->in_call) --g->calls_in_flight;  // a connection gone without end_call: not in flight
+  });
   // The gateway stops (its process ends, or a restarted head gets a new one): an idle keep-alive
   // connection closes now, a busy one after its answer -- instead of serving on with a router
   // that is gone, or holding the actor system's shutdown open.
@@ -710,7 +737,7 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
       [=](const caf::io::connection_closed_msg&) {  // cancels a generation in flight (its sink goes)
         // Counted as nginx counts a client that closed before its answer was done: 499.
         if (st->in_call) g->metrics.count_response(st->route, 499);
-        end_call(self, st);
+        end_call(self, g, st);
         self->quit();
       },
       [=](linger_atom) {
@@ -730,14 +757,14 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
       // are dropped by their number.
       [=](uint64_t seq, std::string& event_json) {
         if (!st->in_call || seq != st->call_seq) return;
-        stream_head(self, hdl, st);
+        stream_head(self, hdl, g, st);
         event(self, hdl, st, event_json);
         if (st->out_pending > g->cfg.max_stream_backlog_bytes) {
           // The client reads, but far slower than the stream is made (the idle limit counts only
           // a client that reads nothing): its events would pile up in memory without bound. The
           // generation and the connection go.
           g->metrics.count_response(st->route, 499);
-          end_call(self, st);
+          end_call(self, g, st);
           abort_connection(self, hdl);
         }
       },
@@ -766,7 +793,7 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
           // The client has read nothing of its answers for that long: whatever it is doing,
           // the queued bytes and the generation behind them go.
           g->metrics.count_response(st->route, 499);
-          end_call(self, st);
+          end_call(self, g, st);
           return abort_connection(self, hdl);
         }
         const bool receiving = st->in_off < st->in.size();
@@ -792,13 +819,49 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
   };
 }
 
+/// How a gateway's router changed (gateway_router_lost, gateway_set_router).
+using router_lost_atom = caf::atom_constant<caf::atom("rtrlost")>;
+using router_set_atom = caf::atom_constant<caf::atom("rtrset")>;
+
+/// What a gateway takes from the router's numbers: the model's name and how calls are served.
+void take_settings(gateway_shared& g, const cluster_stats& s) {
+  g.model = g.cfg.served_model_name.empty() ? s.model : g.cfg.served_model_name;
+  g.calls.chat_reasoning = s.chat_reasoning;
+  g.calls.chat_tool_calls = s.chat_tool_calls;
+  g.calls.default_temperature = s.default_temperature;
+  g.calls.default_top_p = s.default_top_p;
+  g.calls.default_top_k = s.default_top_k;
+  g.calls.max_active_requests = s.max_active_requests;
+}
+
 caf::behavior server(caf::io::broker* self, int fd, shared_ptr g) {
   self->add_doorman(fd);
   return {
       [=](const caf::io::new_connection_msg& msg) {
         self->fork(connection, msg.handle, g, caf::actor_cast<caf::actor>(self));
       },
+      // drain_gateway: from now on, and each time it asks, the calls still running.
+      [=](drain_atom) {
+        g->draining = true;
+        return g->calls_in_flight.load();
+      },
+      [=](router_lost_atom, std::string& why) { g->router_away = std::move(why); },
+      [=](router_set_atom, router_actor& router, cluster_stats& s) {
+        g->router = std::move(router);
+        take_settings(*g, s);
+        g->router_away.clear();
+      },
   };
+}
+
+/// Asks `router` for its numbers, blocking for at most 10 s.
+std::optional<cluster_stats> ask_stats(caf::actor_system& sys, const router_actor& router, std::string* why) {
+  caf::scoped_actor self{sys};
+  std::optional<cluster_stats> got;
+  self->request(router, std::chrono::seconds{10}, stats_atom::value)
+      .receive([&](cluster_stats& s) { got = std::move(s); },
+               [&](caf::error& e) { *why = "gateway: the router did not answer: " + sys.render(e); });
+  return got;
 }
 
 }  // namespace
@@ -814,24 +877,9 @@ bool spawn_gateway(caf::actor_system& sys, const gateway_config& cfg, router_act
   g->calls.unanswered_grace = std::chrono::milliseconds{cfg.unanswered_grace_ms};
   g->router = router;
   g->started_s = unix_seconds();
-  {
-    caf::scoped_actor self{sys};
-    bool ok = false;
-    self->request(router, std::chrono::seconds{10}, stats_atom::value)
-        .receive(
-            [&](cluster_stats& s) {
-              g->model = cfg.served_model_name.empty() ? s.model : cfg.served_model_name;
-              g->calls.chat_reasoning = s.chat_reasoning;
-              g->calls.chat_tool_calls = s.chat_tool_calls;
-              g->calls.default_temperature = s.default_temperature;
-              g->calls.default_top_p = s.default_top_p;
-              g->calls.default_top_k = s.default_top_k;
-              g->calls.max_active_requests = s.max_active_requests;
-              ok = true;
-            },
-            [&](caf::error& e) { *why = "gateway: the router did not answer: " + sys.render(e); });
-    if (!ok) return false;
-  }
+  const auto stats = ask_stats(sys, router, why);
+  if (!stats) return false;
+  take_settings(*g, *stats);
   // Each connection is a descriptor: the soft limit (often 1024, as is max_connections by
   // default) is raised to the hard one, or accept() fails with EMFILE before the gateway's own
   // 503 -- and CAF's acceptor then retries the still-readable socket in a busy loop.
@@ -852,6 +900,30 @@ bool spawn_gateway(caf::actor_system& sys, const gateway_config& cfg, router_act
   if (fd < 0) return false;
   out->server = sys.middleman().spawn_broker(server, fd, g);
   out->port = port;
+  return true;
+}
+
+uint32_t drain_gateway(caf::actor_system& sys, const gateway_handle& gw, std::chrono::milliseconds grace,
+                       const std::function<bool()>& give_up) {
+  caf::scoped_actor self{sys};
+  const auto deadline = std::chrono::steady_clock::now() + grace;
+  uint32_t running = 0;
+  for (;;) {
+    self->request(gw.server, std::chrono::seconds{5}, drain_atom::value)
+        .receive([&](uint32_t n) { running = n; }, [&](caf::error&) { running = 0; });  // gone: nothing runs
+    if (running == 0 || std::chrono::steady_clock::now() >= deadline || (give_up && give_up())) return running;
+    std::this_thread::sleep_for(std::chrono::milliseconds{50});
+  }
+}
+
+void gateway_router_lost(const gateway_handle& gw, std::string why) {
+  caf::anon_send(gw.server, router_lost_atom::value, std::move(why));
+}
+
+bool gateway_set_router(caf::actor_system& sys, const gateway_handle& gw, router_actor router, std::string* why) {
+  const auto stats = ask_stats(sys, router, why);
+  if (!stats) return false;
+  caf::anon_send(gw.server, router_set_atom::value, std::move(router), *stats);
   return true;
 }
 

@@ -5,7 +5,9 @@
 // "stream": true as server-sent events), GET /v1/models, /health and /metrics (Prometheus).
 // With API keys configured, every route but /health needs "Authorization: Bearer <key>".
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -56,5 +58,20 @@ struct gateway_handle {
 /// name for /v1/models comes from the router (asked once here, blocking for at most 10 s).
 bool spawn_gateway(caf::actor_system& sys, const gateway_config& cfg, router_actor router, gateway_handle* out,
                    std::string* why);
+
+/// Shutting down gracefully: from now on calls and /health get 503 (so load balancers and
+/// clients' retries go elsewhere) and connections close after their answer, while the calls in
+/// progress run to their end. Waits until none is left, `grace` has passed, or `give_up` says so
+/// (a second SIGTERM); returns how many were still running.
+uint32_t drain_gateway(caf::actor_system& sys, const gateway_handle& gw, std::chrono::milliseconds grace,
+                       const std::function<bool()>& give_up = {});
+
+/// The router is gone (its head stopped or was cut off): the gateway keeps its port, and calls
+/// and /health get 503 with `why` until gateway_set_router.
+void gateway_router_lost(const gateway_handle& gw, std::string why);
+
+/// Serves through `router` from now on (a head that came back), with its model and settings;
+/// false, with why, when it does not answer within 10 s.
+bool gateway_set_router(caf::actor_system& sys, const gateway_handle& gw, router_actor router, std::string* why);
 
 }  // namespace baton::deploy

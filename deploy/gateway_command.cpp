@@ -70,7 +70,9 @@ int run_gateway(const std::vector<std::string>& args) {
             "a streaming client that lets more than this wait unread is dropped (499; its generation stops)");
   flags.add("--served-model-name", &gc.served_model_name, "the model's id in the API (default: the model's own name)");
   flags.add("--scheduler-threads", &scheduler_threads, "CAF scheduler threads");
-  uint32_t head_wait_s = 60;
+  uint32_t head_wait_s = 60, drain_timeout_ms = 30000;
+  flags.add("--drain-timeout-ms", &drain_timeout_ms,
+            "on SIGTERM, take no new calls and wait this long for those in progress before stopping");
   flags.add("--head-wait-s", &head_wait_s,
             "with --cluster: when the router goes away, wait this long for a head at --cluster to come back "
             "(restarted: `baton launch --restart-failed`) and serve through it, on the same port (0 = leave at once)");
@@ -148,36 +150,46 @@ int run_gateway(const std::vector<std::string>& args) {
     std::fprintf(stderr, "baton gateway: %s\n", why.c_str());
     return 1;
   }
+  gateway_handle gateway;
+  if (!spawn_gateway(sys, gc, target, &gateway, &why)) {
+    std::fprintf(stderr, "baton gateway: %s\n", why.c_str());
+    return 1;
+  }
+  std::printf("baton gateway: listening on http://%s:%u\n", gc.host.c_str(), static_cast<unsigned>(gateway.port));
+  std::fflush(stdout);
   caf::scoped_actor self{sys};
-  for (uint32_t heads = 1;; ++heads) {
-    gateway_handle gateway;
-    bool up = spawn_gateway(sys, gc, target, &gateway, &why);
-    // After a head came back, the old server's port may take a moment to be free again.
-    for (int i = 0; !up && heads > 1 && i < 40 && !stop_requested(); ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds{250});
-      up = spawn_gateway(sys, gc, target, &gateway, &why);
-    }
-    if (!up) {
-      std::fprintf(stderr, "baton gateway: %s\n", why.c_str());
-      return 1;
-    }
-    std::printf("baton gateway: listening on http://%s:%u%s\n", gc.host.c_str(), static_cast<unsigned>(gateway.port),
-                heads > 1 ? " again, through the head that came back" : "");
-    std::fflush(stdout);
-    gc.port = gateway.port;  // a head that comes back is served on the same port
+  auto stop = [&](int rc) {
+    self->send_exit(gateway.server, caf::exit_reason::user_shutdown);
+    if (agent) self->send_exit(agent, caf::exit_reason::user_shutdown);
+    return rc;
+  };
+  for (;;) {
     self->monitor(target);
     bool router_gone = false;
     while (!router_gone && !stop_requested())
       self->receive([&](const caf::down_msg&) { router_gone = true; }, caf::after(std::chrono::milliseconds{200}) >> [] {});
-    self->send_exit(gateway.server, caf::exit_reason::user_shutdown);
-    if (agent) self->send_exit(agent, caf::exit_reason::user_shutdown);
-    if (!router_gone) return 0;
+    if (!router_gone) {
+      // SIGTERM (a rolling restart, `baton launch` stopping): the calls in progress finish,
+      // new ones go elsewhere; a second signal, or --drain-timeout-ms, ends the wait.
+      std::printf("baton gateway: draining: no new calls; waiting up to %u ms for those in progress "
+                  "(a second SIGTERM stops at once)\n", drain_timeout_ms);
+      std::fflush(stdout);
+      const auto left = drain_gateway(sys, gateway, std::chrono::milliseconds{drain_timeout_ms}, stop_insisted);
+      if (left > 0) std::printf("baton gateway: stopping with %u calls still running\n", left);
+      std::printf("baton gateway: stopped\n");
+      return stop(0);
+    }
     if (cluster.empty() || head_wait_s == 0) {
       std::fprintf(stderr, "baton gateway: the router went away\n");
-      return 1;
+      return stop(1);
     }
-    // The head went away (crashed, or restarted): wait for one at the same address, join it,
-    // and serve through its router. Requests that were in flight got their error meanwhile.
+    // The head went away (crashed, or restarted): keep the port, answer 503 meanwhile (a load
+    // balancer sees an unhealthy replica, not a refused connection), wait for a head at the
+    // same address, join it, and serve through its router. Calls in flight got their 503.
+    if (agent) self->send_exit(agent, caf::exit_reason::user_shutdown);
+    agent = {};
+    gateway_router_lost(gateway, "the cluster's head at " + cluster + " went away; this gateway waits up to " +
+                                     std::to_string(head_wait_s) + " s for it to come back: retry shortly");
     std::printf("baton gateway: the router went away; waiting up to %u s for a head at %s\n", head_wait_s,
                 cluster.c_str());
     std::fflush(stdout);
@@ -185,15 +197,19 @@ int run_gateway(const std::vector<std::string>& args) {
     std::optional<router_actor> next;
     while (!next && !stop_requested() && std::chrono::steady_clock::now() < deadline) {
       next = join_cluster(std::chrono::seconds{5}, &why);
+      if (next && !gateway_set_router(sys, gateway, *next, &why)) next.reset();
       if (!next) std::this_thread::sleep_for(std::chrono::milliseconds{250});
     }
     if (!next) {
-      if (stop_requested()) return 0;
+      if (stop_requested()) return stop(0);
       std::fprintf(stderr, "baton gateway: no head came back at %s within %u s (%s)\n", cluster.c_str(), head_wait_s,
                    why.c_str());
-      return 1;
+      return stop(1);
     }
     target = *next;
+    std::printf("baton gateway: serving again on http://%s:%u, through the head that came back\n", gc.host.c_str(),
+                static_cast<unsigned>(gateway.port));
+    std::fflush(stdout);
   }
 }
 

@@ -76,6 +76,7 @@ struct local_options {
   std::string http_listen;         ///< HOST:PORT of an in-process OpenAI-compatible gateway
   gateway_config gateway;          ///< its settings (host, port and keys come from the flags above)
   std::vector<std::string> api_keys;
+  uint32_t drain_timeout_ms = 30000;  ///< on SIGTERM: how long requests in flight may take to end
   net_security sec;                ///< cluster id and TLS of the published router and directory
 };
 
@@ -97,6 +98,39 @@ double percentile_ms(std::vector<int64_t> xs, double p) {
 void print_row(const char* what, const std::vector<int64_t>& us) {
   std::printf("  %-22s p50 %9.3f   p90 %9.3f   p99 %9.3f ms   (%zu samples)\n", what, percentile_ms(us, 50),
               percentile_ms(us, 90), percentile_ms(us, 99), us.size());
+}
+
+/// A stopping head's graceful part: the router refuses new requests (shutting_down), the gateway
+/// new calls (503, so load balancers and retries go elsewhere), and the requests in flight run to
+/// their end -- within `timeout_ms`, until a second signal, or until no decode rank is left (what
+/// is in flight could only wait out the timeout).
+void drain(caf::actor_system& sys, const local_cluster& cluster, const gateway_handle& gateway, uint32_t timeout_ms) {
+  std::printf("baton local: draining: no new requests; waiting up to %u ms for those in progress (a second "
+              "SIGINT or SIGTERM stops at once)\n", timeout_ms);
+  std::fflush(stdout);
+  caf::anon_send(cluster.router, drain_atom::value);
+  caf::scoped_actor self{sys};
+  uint64_t left = 0;
+  // Requests in flight that some rank may still serve; false when the router does not answer.
+  auto ask = [&] {
+    bool answered = false;
+    self->request(cluster.router, std::chrono::seconds{2}, stats_atom::value)
+        .receive(
+            [&](const cluster_stats& s) {
+              // Draining decode ranks still finish what they hold; with none at all (`baton
+              // launch` stops decode nodes first), nothing in flight can end any more.
+              left = s.decode.empty() ? 0 : s.num_active;
+              answered = true;
+            },
+            [&](caf::error&) {});
+    return answered;
+  };
+  const auto grace = std::chrono::milliseconds{timeout_ms};
+  const auto deadline = std::chrono::steady_clock::now() + grace;
+  if (gateway.server) drain_gateway(sys, gateway, grace, [&] { return stop_insisted() || (ask() && left == 0); });
+  while (!stop_insisted() && std::chrono::steady_clock::now() < deadline && ask() && left > 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds{50});
+  if (left > 0) std::printf("baton local: stopping with %llu requests still in flight\n", static_cast<unsigned long long>(left));
 }
 
 /// --serve: publishes what clients and nodes connect to, prints where (one line each, for
@@ -151,6 +185,7 @@ int serve(caf::actor_system& sys, const local_cluster& cluster, const local_opti
   std::fflush(stdout);
   install_stop_signals();
   while (!stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds{100});
+  drain(sys, cluster, gateway, opt.drain_timeout_ms);
   caf::scoped_actor self{sys};
   if (gateway.server) self->send_exit(gateway.server, caf::exit_reason::user_shutdown);
   std::printf("baton local: stopped\n");
@@ -311,6 +346,8 @@ int run_local(const std::vector<std::string>& args) {
   flags.add("--cluster-listen", &opt.cluster_listen,
             "--serve: publish the node directory on HOST:PORT for `baton node` processes to join");
   flags.add("--http-listen", &opt.http_listen, "--serve: an OpenAI-compatible HTTP gateway on HOST:PORT");
+  flags.add("--drain-timeout-ms", &opt.drain_timeout_ms,
+            "--serve: on SIGINT/SIGTERM, take no new requests and wait this long for those in progress");
   add_security_flags(flags, &opt.sec);
   flags.add("--max-active-requests", &opt.cluster.router.max_active_requests,
             "admission control: requests in flight at most, more are refused (HTTP 429); 0 = no limit");

@@ -31,8 +31,8 @@ extern char** environ;
 namespace baton::deploy {
 
 namespace {
-std::atomic<bool> stop_flag{false};
-void on_signal(int) { stop_flag = true; }
+std::atomic<int> stop_signals{0};  // lock-free: written in a signal handler
+void on_signal(int) { stop_signals.fetch_add(1); }
 }  // namespace
 
 std::string net_security::validate() const {
@@ -379,7 +379,8 @@ void install_stop_signals() {
   sigaction(SIGHUP, &sa, nullptr);
 }
 
-bool stop_requested() { return stop_flag.load(); }
+bool stop_requested() { return stop_signals.load() > 0; }
+bool stop_insisted() { return stop_signals.load() > 1; }
 
 bool read_stand_in(std::string* line) {
   line->clear();

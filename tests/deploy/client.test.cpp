@@ -143,6 +143,7 @@ TEST_CASE("the C++ client's stream fails (rank_unavailable, naming who went) whe
           return rp;
         },
         [](stats_atom) { return cluster_stats{}; },
+        [](drain_atom) {},
         [](rank_gone_atom, std::vector<std::string>&, std::string&) {},
     };
   });
@@ -173,6 +174,7 @@ TEST_CASE("the C++ client's stream says router_gone when the router itself ends 
           return self->make_response_promise<completion>();
         },
         [](stats_atom) { return cluster_stats{}; },
+        [](drain_atom) {},
         [](rank_gone_atom, std::vector<std::string>&, std::string&) {},
     };
   });
@@ -205,6 +207,7 @@ TEST_CASE("the C++ client's result carries how the request got through: its fail
           return c;
         },
         [](stats_atom) { return cluster_stats{}; },
+        [](drain_atom) {},
         [](rank_gone_atom, std::vector<std::string>&, std::string&) {},
     };
   });

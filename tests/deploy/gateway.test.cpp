@@ -2,6 +2,7 @@
 // mapping, and the gateway over real sockets on 127.0.0.1 (the C++ client library:
 // client.test.cpp).
 
+#include <future>
 #include <random>
 
 #include <caf/event_based_actor.hpp>
@@ -710,4 +711,85 @@ TEST_CASE("a request that expects 100-continue with a wrong key is answered 401 
   ::close(fd);
   CHECK(a.status == 401);
   CHECK(buf.find("100 Continue") == std::string::npos);
+}
+
+TEST_CASE("a draining gateway answers new calls and /health 503 (Retry-After, Connection: close) while the stream "
+          "in progress runs to its [DONE]; the drain returns when it has ended") {
+  served_cluster s{{}, 0, 40};  // every decode step 40 ms late: the stream runs about 1.5 s
+  const int fd = connect_to(s.gateway.port);
+  send_all(fd, post("/v1/completions", R"({"prompt":"In the beginning","max_tokens":40,"ignore_eos":true,"stream":true})"));
+  const auto head = read_head(fd);  // the stream's head: its first token came
+  CHECK(head.find("200 OK") != std::string::npos);
+  auto drained = std::async(std::launch::async, [&] {
+    return deploy::drain_gateway(s.sys, s.gateway, std::chrono::seconds{60});
+  });
+  http_answer h;
+  for (int i = 0; i < 500 && (h = round_trip(s.gateway.port, get("/health", ""))).status != 503; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds{2});
+  CHECK(h.status == 503);
+  CHECK(h.head.find("Retry-After: 1") != std::string::npos);
+  CHECK(h.head.find("Connection: close") != std::string::npos);
+  const auto call = round_trip(s.gateway.port, post("/v1/chat/completions", R"({"messages":[{"role":"user","content":"hi"}]})"));
+  CHECK(call.status == 503);
+  CHECK_MESSAGE(call.body.find("this gateway is shutting down") != std::string::npos, call.body);
+  CHECK(round_trip(s.gateway.port, get("/v1/models")).status == 200);  // what needs no call still answers
+  CHECK(drained.wait_for(std::chrono::milliseconds{0}) != std::future_status::ready);  // the stream runs on
+  // The stream ends whole, and its connection closes after it.
+  std::string rest = head.substr(head.find("\r\n\r\n") + 4);
+  char tmp[65536];
+  for (int i = 0; i < 10000; ++i) {  // bounded; recv has a 30 s timeout too
+    const auto n = ::recv(fd, tmp, sizeof tmp, 0);
+    if (n <= 0) break;
+    rest.append(tmp, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  CHECK(rest.find("data: [DONE]") != std::string::npos);
+  CHECK(rest.find("\"error\"") == std::string::npos);
+  CHECK(drained.get() == 0);
+}
+
+TEST_CASE("a gateway whose router went away keeps its port and answers calls and /health 503 naming why, and "
+          "serves again once given a router") {
+  served_cluster s;
+  deploy::gateway_router_lost(s.gateway, "the cluster's head went away for a test");
+  http_answer h;
+  for (int i = 0; i < 500 && (h = round_trip(s.gateway.port, get("/health", ""))).status != 503; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds{2});
+  CHECK(h.status == 503);
+  CHECK(h.body.find("the cluster's head went away for a test") != std::string::npos);
+  const auto call = round_trip(s.gateway.port, post("/v1/completions", R"({"prompt":"a","max_tokens":2})"));
+  CHECK(call.status == 503);
+  CHECK(call.head.find("Retry-After: 1") != std::string::npos);
+  CHECK(call.body.find("went away for a test") != std::string::npos);
+  std::string why;
+  REQUIRE_MESSAGE(deploy::gateway_set_router(s.sys, s.gateway, s.cluster.router, &why), why);
+  http_answer again;
+  for (int i = 0; i < 500 && (again = round_trip(s.gateway.port, post("/v1/completions", R"({"prompt":"a","max_tokens":2})"))).status != 200; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds{2});
+  CHECK(again.status == 200);
+  CHECK(round_trip(s.gateway.port, get("/health", "")).status == 200);
+}
+
+TEST_CASE("a draining router refuses new requests as shutting_down (retryable) and lets the admitted ones finish") {
+  served_cluster s{{}, 0, 20};
+  generate_request req;
+  req.prompt = "In the beginning";
+  req.max_tokens = 30;
+  req.ignore_eos = true;
+  auto running = std::async(std::launch::async, [&] { return s.direct(req); });
+  for (int i = 0; i < 2000 && s.stats().num_active == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{1});
+  REQUIRE(s.stats().num_active == 1);
+  caf::scoped_actor self{s.sys};
+  self->send(s.cluster.router, drain_atom::value);
+  std::string refused;
+  self->request(s.cluster.router, std::chrono::seconds{30}, generate_atom::value, req)
+      .receive([&](completion&) { refused = "answered"; },
+               [&](caf::error& e) {
+                 CHECK(e.category() == caf::atom("baton"));
+                 CHECK(static_cast<errc>(e.code()) == errc::shutting_down);
+                 CHECK(is_retryable(errc::shutting_down));
+                 refused = e.context().get_as<std::string>(0);
+               });
+  CHECK_MESSAGE(refused.find("stage admission: the cluster's head is shutting down") != std::string::npos, refused);
+  CHECK(running.get().tokens.size() == 30);
 }

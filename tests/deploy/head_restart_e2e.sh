@@ -3,7 +3,7 @@
 # `baton launch --restart-failed` starts it again, the decode nodes and the gateway keep their
 # processes (and models), wait for it and join it afresh, the store node's block server is
 # adopted again, and the cluster answers as before -- through the C++ client and through the
-# gateway on its same port.
+# gateway on its same port, which answered 503 (not a refused connection) meanwhile.
 # Usage: head_restart_e2e.sh BATON_BINARY SOURCE_DIR. Bounded waits; always cleans up.
 set -euo pipefail
 BATON=$1
@@ -46,7 +46,23 @@ STORE_PID=$(pgrep -f "baton node --role store .*127.0.0.1:$P_STORE" | head -1) |
 [ "$(echo $PIDS_BEFORE | wc -w)" = 3 ] || fail "expected 3 node processes (2 decode, 1 gateway), found: $PIDS_BEFORE"
 HEAD_PID=$(pgrep -f "baton local .*--cluster-listen 127.0.0.1:$P_CLUSTER" | head -1) || fail "no head process found"
 kill -9 "$HEAD_PID"
-for _ in $(seq 600); do grep -q "baton launch: head head up again" "$WORK/launch.log" && break; sleep 0.1; done
+# While the head is away the gateway keeps its port: a load balancer's probe gets 503 saying so
+# (with Retry-After), never a refused connection -- from its "waiting" line to its "serving
+# again" line (a restarted head takes a second or so to load its model: several probes).
+AWAY=0
+for _ in $(seq 600); do
+  waiting=$(count "baton gateway: the router went away; waiting")
+  code=$(curl -s -m 10 -o "$WORK/away.json" -D "$WORK/away.head" -w '%{http_code}' "http://127.0.0.1:$P_HTTP/health" || true)
+  case "$code" in
+    200) ;;  # the restarted head is serving already
+    503) [ "$waiting" -ge 1 ] && grep -q "went away; this gateway waits" "$WORK/away.json" &&
+           grep -qi "^Retry-After: 1" "$WORK/away.head" && AWAY=1 ;;
+    *) fail "while the head was away the gateway answered /health with '$code' (want 503): $(cat "$WORK/away.json" 2>/dev/null)" ;;
+  esac
+  grep -q "baton gateway: serving again" "$WORK/launch.log" && break
+  sleep 0.05
+done
+[ "$AWAY" = 1 ] || fail "no /health probe between the gateway's 'waiting' and 'serving again' lines was answered 503 naming the wait"
 grep -q "baton launch: the head exited (signal 9); restarted it (1 of 1" "$WORK/launch.log" || fail "the launcher did not restart the head"
 grep -q "baton launch: head head up again" "$WORK/launch.log" || fail "the restarted head did not listen"
 for n in decode-a decode-b; do
@@ -55,8 +71,8 @@ for n in decode-a decode-b; do
     fail "$n did not say it waits for the head"
   [ "$(count "baton node $n: joined the head")" -ge 2 ] || fail "$n did not join the restarted head"
 done
-for _ in $(seq 600); do grep -q "baton gateway: listening on http://127.0.0.1:$P_HTTP again" "$WORK/launch.log" && break; sleep 0.1; done
-grep -q "baton gateway: listening on http://127.0.0.1:$P_HTTP again, through the head that came back" "$WORK/launch.log" ||
+for _ in $(seq 600); do grep -q "baton gateway: serving again on http://127.0.0.1:$P_HTTP" "$WORK/launch.log" && break; sleep 0.1; done
+grep -q "baton gateway: serving again on http://127.0.0.1:$P_HTTP, through the head that came back" "$WORK/launch.log" ||
   fail "the gateway did not serve again through the restarted head"
 ask after
 cmp -s "$WORK/before.txt" "$WORK/after.txt" || fail "the client's answers changed: $(diff "$WORK/before.txt" "$WORK/after.txt")"
