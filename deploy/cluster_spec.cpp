@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gpu/text_file.hpp"
+#include "policies/placement.hpp"
 #include "store/block_file.hpp"
 
 namespace baton::deploy {
@@ -398,6 +399,16 @@ bool parse_cluster_spec(const std::string& json_text, const std::string& base_di
       !fs.real("capacity_gib", &out->store_capacity_gib, why) || !fs.no_others(why) ||
       !fh.str("user", &out->ssh_user, why) || !fh.strs("options", &out->ssh_options, why) || !fh.no_others(why))
     return false;
+  // Checked here, not first by the head once launched: `--dry-run` and `baton deploy` refuse a typo.
+  if (!out->prefill_policy.empty() && !policies::parse_prefill_policy(out->prefill_policy)) {
+    *why = "spec.policies.prefill must be seed, least_loaded, round_robin, cache_affinity or split, got '" +
+           out->prefill_policy + "'";
+    return false;
+  }
+  if (!out->decode_policy.empty() && !policies::parse_decode_policy(out->decode_policy)) {
+    *why = "spec.policies.decode must be seed, least_loaded or round_robin, got '" + out->decode_policy + "'";
+    return false;
+  }
   if (!out->ssh_user.empty() && !ssh_word(out->ssh_user, "@")) {  // "user@host" is one word
     *why = "spec.ssh.user '" + out->ssh_user + "' is not a user name";
     return false;

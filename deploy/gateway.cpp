@@ -21,6 +21,7 @@
 #include <caf/scoped_actor.hpp>
 #include <caf/send.hpp>
 
+#include "deploy/gateway_call.hpp"
 #include "deploy/metrics.hpp"
 #include "deploy/openai.hpp"
 #include "deploy/processes.hpp"
@@ -45,29 +46,12 @@ std::string gateway_config::validate() const {
 
 namespace {
 
-/// A call's go-between saw its first token: the call's first-token deadline no longer applies.
-using token_seen_atom = caf::atom_constant<caf::atom("toknseen")>;
 /// A lingering close ran its time (finish()).
 using linger_atom = caf::atom_constant<caf::atom("linger")>;
 
 /// How long a connection closing after its answer keeps reading (and dropping) what the client
 /// still sends, so that the client reads the answer instead of a reset.
 constexpr std::chrono::milliseconds linger_time{2000};
-
-/// A request actor found already ended when its sink's monitor reached it waited on for its
-/// answer (gateway_config::unanswered_grace_ms, run_choice).
-using grace_atom = caf::atom_constant<caf::atom("grace")>;
-
-/// What every call's go-between is told of the gateway and the model (fixed once it starts).
-struct call_settings {
-  std::chrono::milliseconds unanswered_grace{0};  ///< gateway_config::unanswered_grace_ms
-  uint8_t chat_reasoning = 0;   ///< cluster_stats': how chat answers carry reasoning (gpu::chat_reasoning)
-  uint8_t chat_tool_calls = 0;  ///< cluster_stats': how answers write tool calls (gpu::tool_call_format)
-  float default_temperature = 0.0f;  ///< cluster_stats': what a call without them samples with
-  float default_top_p = 1.0f;
-  uint32_t default_top_k = 0;
-  uint32_t max_active_requests = 0;  ///< cluster_stats': the router's admission limit (0: none)
-};
 
 /// What every connection of one gateway shares.
 struct gateway_shared {
@@ -126,10 +110,6 @@ struct connection_state {
   bool head_sent = false;
 };
 using state_ptr = std::shared_ptr<connection_state>;
-
-int64_t unix_seconds() {
-  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
 
 /// The HTTP status and message for a failed generation.
 std::pair<int, std::string> status_of(caf::actor_system& sys, const caf::error& err) {
@@ -273,173 +253,6 @@ void end_stream(caf::io::broker* self, caf::io::connection_handle hdl, const sta
   if (st->chunked) write(self, hdl, st, http::last_chunk());
 }
 
-/// What a call's go-between keeps: the parsed request, and its choices' answers. With n > 1
-/// the choices run on actors of their own, so the answers are kept under a lock.
-struct call_state {
-  openai::call call;
-  std::string id;
-  int64_t created = 0;
-  std::mutex mutex;
-  std::vector<completion> done;  ///< by choice
-  uint32_t left = 0;             ///< choices not yet answered
-  bool failed = false;           ///< an error went to the connection: nothing more does
-  std::chrono::milliseconds unanswered_grace{0};  ///< call_settings'
-};
-
-/// Choice `index` of a call: asks the router for it with `self` as the sink, renders its chunks,
-/// and records its answer; the last choice to be answered sends the call's answer. Each choice
-/// sends its last chunk before its answer is recorded, so the call's answer (sent after) reaches
-/// the connection after every chunk of every choice (local sends keep causal order).
-client_sink_actor::behavior_type run_choice(client_sink_actor::pointer self, caf::actor broker, uint64_t seq,
-                                            router_actor router, std::shared_ptr<call_state> cs, uint32_t index) {
-  auto req = cs->call.choice_request(index);
-  // Ends the call with `e`, once for all its choices: the connection ends the call, and the
-  // other choices stop.
-  auto fail = [=](caf::error e) {
-    {
-      std::lock_guard<std::mutex> lock{cs->mutex};
-      if (std::exchange(cs->failed, true)) return;
-    }
-    caf::anon_send(broker, seq, std::move(e));
-  };
-  // Read by the grace timer below, on another actor's thread.
-  auto answered = std::make_shared<std::atomic<bool>>(false);
-  // No real deadline on the whole call: the connection bounds the wait for the first token, the
-  // request actor each next one. A request actor that ended without an answer is seen by its
-  // down message (monitored from its first chunk on). The day is a backstop, not caf::infinite:
-  // with CAF 0.17.6, n > 1 choices each requesting with an infinite timeout stalled all but one
-  // of them (measured here; the finite one does not).
-  self->set_down_handler([=](caf::down_msg& m) {
-    if (*answered) return;
-    auto why = make_error(errc::rank_unavailable, "the request ended without an answer" +
-                                                      (m.reason ? ": " + self->system().render(m.reason) : std::string{}));
-    if (m.reason != caf::exit_reason::unknown) return fail(std::move(why));
-    // exit_reason::unknown: the request actor had already ended when this node's proxy of it was
-    // announced to its node (on its first chunk) -- a short request can send its last chunk and
-    // its answer first. CAF 0.17's BASP answers that announcement (kill_proxy) from its I/O
-    // handler, ahead of the answer still queued in its broker for the wire, so this down can
-    // overtake the answer (seen in CI: an echo of 16 tokens failed with 503). The answer, if the
-    // actor sent one, is right behind: fail only if it has not come within the grace.
-    self->system().spawn([=](caf::event_based_actor* timer) -> caf::behavior {
-      timer->delayed_send(timer, cs->unanswered_grace, grace_atom::value);
-      return {[=](grace_atom) {
-        if (!*answered) fail(why);
-        timer->quit();
-      }};
-    });
-  });
-  self->request(router, std::chrono::seconds{24 * 3600}, generate_atom::value, std::move(req), caf::actor_cast<client_sink_actor>(self))
-      .then(
-          [=](completion& done) {
-            *answered = true;
-            std::unique_lock<std::mutex> lock{cs->mutex};
-            if (cs->failed) return;
-            cs->done[index] = std::move(done);
-            if (--cs->left > 0) return;
-            const auto& c = cs->call;
-            std::string json = !c.stream         ? openai::completion_json(c, cs->done, cs->id, cs->created)
-                               : c.include_usage ? openai::usage_chunk_json(c, cs->done, cs->id, cs->created)
-                                                 : std::string{};
-            // The connection's metrics count each choice: a generation of its own.
-            std::vector<completion> all = std::move(cs->done);
-            lock.unlock();
-            caf::anon_send(broker, seq, std::move(all), std::move(json), c.stream);
-          },
-          [=](caf::error& e) {
-            *answered = true;
-            fail(std::move(e));
-          });
-  auto first_chunk = std::make_shared<bool>(true);
-  auto text_offset = std::make_shared<uint64_t>(0);  // bytes of the streamed tokens' texts (logprobs.text_offset)
-  auto monitored = std::make_shared<bool>(false);
-  // Reasoning and tool calls, as asked: made at the first chunk, which says whether the prompt
-  // opened <think>.
-  auto reader = std::make_shared<std::optional<openai::answer_reader>>();
-  return {[=](stream_chunk& c) {
-    if (!*monitored) {
-      *monitored = true;
-      if (auto from = self->current_sender()) self->monitor(from);
-      caf::anon_send(broker, seq, token_seen_atom::value);
-    }
-    if (!cs->call.stream) return;
-    // Nothing new to say (e.g. half a UTF-8 character held back, and no log-probabilities asked
-    // for): no event.
-    const bool echo = !c.prompt_text.empty() || !c.prompt_logprobs.empty();
-    std::optional<openai::answer_parts> split;
-    if (!*reader) reader->emplace(cs->call, c.prompt_thinking);
-    if ((*reader)->active()) split = (*reader)->feed(c.text, !c.finish_reason.empty());
-    const bool has_text =
-        split ? !split->reasoning.empty() || !split->content.empty() || !split->tool_calls.empty() : !c.text.empty();
-    const bool shown = !cs->call.req.prompt_only && (has_text || !c.logprobs.empty());  // echo alone: none is
-    if (!shown && c.finish_reason.empty() && !echo && !(*first_chunk && cs->call.chat)) return;
-    caf::anon_send(broker, seq, openai::chunk_json(cs->call, c, cs->id, cs->created, *first_chunk, *text_offset, index,
-                                                   split ? &*split : nullptr));
-    for (const auto& t : c.prompt_logprobs) *text_offset += openai::utf8_chars(t.text);
-    if (!cs->call.req.prompt_only)
-      for (const auto& t : c.logprobs) *text_offset += openai::utf8_chars(t.text);
-    *first_chunk = false;
-  }};
-}
-
-/// One call's go-between, on the scheduler's threads: it parses the body, asks the router with
-/// itself as the sink (or, for n > 1 choices, with a linked actor per choice: run_choice), and
-/// renders every chunk and the answer into JSON -- so the connection's thread, CAF's one I/O
-/// thread serving every socket, only frames and writes bytes (a 1 MiB chat body or thousands of
-/// streams' tokens do not stall the other connections). It passes what it renders to its
-/// connection in the order it gets the chunks and the answer (the request actor sends its last
-/// chunk before its answer; one sender keeps that order). When it exits (finish(), or the
-/// connection closed) the request actors see their sinks go and stop the generation, so a call
-/// that ends early (a timeout, a client gone) frees its KV at once. To the connection:
-///   (seq, status, error JSON)          the body was refused
-///   (seq, event JSON)                  one server-sent event of a stream
-///   (seq, completions, JSON, stream)   the answer (a completion per choice): the whole body, or a stream's usage chunk ("" if none)
-///   (seq, error)                       the generation failed
-client_sink_actor::behavior_type call_impl(client_sink_actor::pointer self, caf::actor broker, uint64_t seq,
-                                           router_actor router, std::string body, bool chat, std::string model,
-                                           std::string id, call_settings settings) {
-  auto cs = std::make_shared<call_state>();
-  cs->unanswered_grace = settings.unanswered_grace;
-  openai::api_error err;
-  if (!openai::parse_body(body, chat, model, &cs->call, &err)) {
-    caf::anon_send(broker, seq, static_cast<int32_t>(err.status), openai::error_json(err));
-    return {[](stream_chunk&) {}};  // the connection answers and ends this actor
-  }
-  // Sampling fields the body left out: the model's defaults (its generation_config.json).
-  auto& req = cs->call.req;
-  if (!cs->call.temperature_given) req.temperature = settings.default_temperature;
-  if (!cs->call.top_p_given) req.top_p = settings.default_top_p;
-  if (!cs->call.top_k_given) req.top_k = settings.default_top_k;
-  if (!cs->call.seeded) {
-    // No seed in the body: one of this call's own, or every call of a prompt at a temperature
-    // would draw the same text (choices i of n still draw with seed + i).
-    thread_local std::mt19937_64 draw{std::random_device{}()};
-    cs->call.req.seed = draw();
-  }
-  cs->call.separate_reasoning = chat && settings.chat_reasoning != 0 && cs->call.reasoning_wanted;
-  if (chat && !cs->call.req.tools_json.empty() && settings.chat_tool_calls <= gpu::max_tool_call_format)
-    cs->call.tool_calls = static_cast<gpu::tool_call_format>(settings.chat_tool_calls);
-  cs->id = std::move(id);
-  cs->created = unix_seconds();
-  const uint32_t choices = cs->call.num_choices();
-  if (settings.max_active_requests && choices > settings.max_active_requests) {
-    // Each generation is a request of its own at the router: more than it admits at once could
-    // never all be admitted, and a 429 would have a client retry for ever.
-    const bool batch = cs->call.num_prompts() > 1;
-    err = {400,
-           std::string{batch ? "prompt" : "n"} + ": this call asks for " + std::to_string(choices) +
-               " generations (" + (batch ? "prompts x n" : "n, or best_of") + "), more than the cluster runs at once (" +
-               std::to_string(settings.max_active_requests) + ", --max-active-requests): ask for at most that many",
-           "invalid_request_error", batch ? "prompt" : "n"};
-    caf::anon_send(broker, seq, static_cast<int32_t>(err.status), openai::error_json(err));
-    return {[](stream_chunk&) {}};
-  }
-  cs->left = choices;
-  cs->done.resize(choices);
-  if (choices == 1) return run_choice(self, broker, seq, router, cs, 0);
-  for (uint32_t i = 0; i < choices; ++i) self->spawn<caf::linked>(run_choice, broker, seq, router, cs, i);
-  return {[](stream_chunk&) {}};  // the choices' sinks are their own actors
-}
-
 void generate(caf::io::broker* self, const shared_ptr& g, const state_ptr& st, const http::request& req, bool chat) {
   // The call lives in its go-between until its answer is written (finish() ends it).
   st->head_sent = false;
@@ -450,8 +263,8 @@ void generate(caf::io::broker* self, const shared_ptr& g, const state_ptr& st, c
   const uint64_t seq = ++st->call_seq;
   std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(g->started_s) + "-" + std::to_string(++g->last_id);
   st->call_sink = caf::actor_cast<caf::actor>(
-      self->spawn(call_impl, caf::actor_cast<caf::actor>(self), seq, g->router, req.body, chat, g->model, std::move(id),
-                  g->calls));
+      spawn_call(self->system(), caf::actor_cast<caf::actor>(self), seq, g->router, req.body, chat, g->model,
+                 std::move(id), g->calls));
   self->monitor(st->call_sink);  // one that ends without answering fails its call (the down handler)
 }
 
@@ -525,28 +338,94 @@ void reply_unauthorized(caf::io::broker* self, caf::io::connection_handle hdl, c
               {{"WWW-Authenticate", "Bearer"}});
 }
 
+// The routes' handlers (the table in dispatch), called once the method and the key are right.
+using route_handler = void (*)(caf::io::broker*, caf::io::connection_handle, const shared_ptr&, const state_ptr&,
+                               const http::request&);
+
+void serve_completions(caf::io::broker* self, caf::io::connection_handle, const shared_ptr& g, const state_ptr& st,
+                       const http::request& req) {
+  generate(self, g, st, req, false);
+}
+
+void serve_chat(caf::io::broker* self, caf::io::connection_handle, const shared_ptr& g, const state_ptr& st,
+                const http::request& req) {
+  generate(self, g, st, req, true);
+}
+
+void serve_models(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st,
+                  const http::request&) {
+  reply(self, hdl, g, st, 200, openai::models_json(g->model, g->started_s));
+}
+
+constexpr std::string_view models_prefix = "/v1/models/";
+
+/// GET /v1/models/{id}: the one served model (the SDKs' models.retrieve).
+void serve_model_by_id(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st,
+                       const http::request& req) {
+  const std::string id = req.path.substr(models_prefix.size());
+  if (id != g->model)
+    return reply_error(self, hdl, g, st,
+                       {404, "the model '" + id.substr(0, 128) + "' does not exist; this cluster serves '" + g->model + "'",
+                        "invalid_request_error", "model"});
+  reply(self, hdl, g, st, 200, openai::model_json(g->model, g->started_s));
+}
+
+void serve_health(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st,
+                  const http::request&) {
+  with_cluster_stats(self, g, [=](const cluster_stats* s) {
+    if (!s) return reply_error(self, hdl, g, st, api_error_of(503, "the router did not answer"));
+    // A gateway that can place nothing is not healthy: a load balancer should send elsewhere.
+    // Ranks that take no new work (draining, stepped aside) do not count.
+    const auto open = [](const std::vector<rank_load>& ranks) {
+      return static_cast<size_t>(std::count_if(ranks.begin(), ranks.end(), [](const rank_load& r) { return r.unavailable.empty(); }));
+    };
+    const size_t prefill = open(s->prefill), decode = open(s->decode);
+    const size_t aside = s->prefill.size() - prefill + s->decode.size() - decode;
+    if (prefill == 0 || decode == 0)
+      return reply_error(self, hdl, g, st,
+                         api_error_of(503, "the cluster has " + std::to_string(prefill) + " prefill and " +
+                                               std::to_string(decode) + " decode ranks taking work" +
+                                               (aside ? " (" + std::to_string(aside) + " more draining or stepped aside)" : "") +
+                                               "; it needs one of each"));
+    // The store is a cache: servers down cost hits, not answers (still 200), but are shown.
+    std::string store;
+    if (s->store_servers)
+      store = ",\"store_servers\":" + std::to_string(s->store_servers) +
+              ",\"store_servers_up\":" + std::to_string(s->store_servers_up);
+    reply(self, hdl, g, st, 200,
+          "{\"status\":\"ok\",\"prefill_ranks\":" + std::to_string(prefill) +
+              ",\"decode_ranks\":" + std::to_string(decode) +
+              (aside ? ",\"ranks_not_taking_work\":" + std::to_string(aside) : std::string{}) + store + "}");
+  });
+}
+
+void serve_metrics(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st,
+                   const http::request&) {
+  with_cluster_stats(self, g, [=](const cluster_stats* s) {
+    reply(self, hdl, g, st, 200, g->metrics.render(s), "text/plain; version=0.0.4; charset=utf-8");
+  });
+}
+
 void dispatch(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st,
               const http::request& req) {
   struct route {
-    const char* path;
-    const char* method;
+    const char* path;    ///< as /metrics' label; "{id}" stands for the rest of a prefix route's path
+    const char* method;  ///< HEAD is taken wherever GET is (RFC 9110 §9.3.2: load balancers' probes)
+    bool needs_cluster;  ///< calls and /health: 503 while the gateway drains or its head is away
+    route_handler serve;
   };
-  static constexpr route routes[] = {{"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"},
-                                     {"/v1/models", "GET"},       {"/health", "GET"},
-                                     {"/metrics", "GET"}};
+  static constexpr route routes[] = {
+      {"/v1/completions", "POST", true, serve_completions}, {"/v1/chat/completions", "POST", true, serve_chat},
+      {"/v1/models", "GET", false, serve_models},            {"/health", "GET", true, serve_health},
+      {"/metrics", "GET", false, serve_metrics},             {"/v1/models/{id}", "GET", false, serve_model_by_id}};
   const route* found = nullptr;
   for (const auto& r : routes)
     if (req.path == r.path) found = &r;
-  // GET /v1/models/{id}: the one served model (the SDKs' models.retrieve).
-  const std::string models_prefix = "/v1/models/";
-  const bool model_by_id = !found && req.path.size() > models_prefix.size() && req.path.compare(0, models_prefix.size(), models_prefix) == 0;
-  static constexpr route model_route{"/v1/models/{id}", "GET"};
-  if (model_by_id) found = &model_route;
+  if (!found && req.path.size() > models_prefix.size() && req.path.compare(0, models_prefix.size(), models_prefix) == 0)
+    found = &routes[std::size(routes) - 1];
   st->route = found ? found->path : "other";
   if (!found)
     return reply_error(self, hdl, g, st, {404, "no route " + req.method + " " + req.path.substr(0, 128), "invalid_request_error", {}});
-  // HEAD /health: load balancers' probes; the status alone.
-  // HEAD wherever GET is served (RFC 9110 §9.3.2): load balancers' probes; the head alone.
   if (req.method != found->method && !(req.method == "HEAD" && std::string_view{found->method} == "GET"))
     return reply_error(self, hdl, g, st,
                        {405, req.path + " takes " + found->method + ", not " + req.method.substr(0, 16), "invalid_request_error", {}},
@@ -554,52 +433,12 @@ void dispatch(caf::io::broker* self, caf::io::connection_handle hdl, const share
   if (!authorized(g, req)) return reply_unauthorized(self, hdl, g, st);
   // Shutting down, or the head is away: no call can be served here now, and a load balancer
   // (or a client's retry) should go to another replica or come back shortly.
-  const bool call = req.path == "/v1/completions" || req.path == "/v1/chat/completions";
-  if ((call || req.path == "/health") && (g->draining || !g->router_away.empty()))
+  if (found->needs_cluster && (g->draining || !g->router_away.empty()))
     return reply_error(self, hdl, g, st,
                        api_error_of(503, g->draining ? "this gateway is shutting down; it finishes the calls it has "
                                                        "and takes no new ones: retry on another replica"
                                                      : g->router_away));
-  if (req.path == "/v1/completions") return generate(self, g, st, req, false);
-  if (req.path == "/v1/chat/completions") return generate(self, g, st, req, true);
-  if (req.path == "/v1/models") return reply(self, hdl, g, st, 200, openai::models_json(g->model, g->started_s));
-  if (model_by_id) {
-    const std::string id = req.path.substr(models_prefix.size());
-    if (id != g->model)
-      return reply_error(self, hdl, g, st,
-                         {404, "the model '" + id.substr(0, 128) + "' does not exist; this cluster serves '" + g->model + "'",
-                          "invalid_request_error", "model"});
-    return reply(self, hdl, g, st, 200, openai::model_json(g->model, g->started_s));
-  }
-  if (req.path == "/health")
-    return with_cluster_stats(self, g, [=](const cluster_stats* s) {
-      if (!s) return reply_error(self, hdl, g, st, api_error_of(503, "the router did not answer"));
-      // A gateway that can place nothing is not healthy: a load balancer should send elsewhere.
-      // Ranks that take no new work (draining, stepped aside) do not count.
-      const auto open = [](const std::vector<rank_load>& ranks) {
-        return static_cast<size_t>(std::count_if(ranks.begin(), ranks.end(), [](const rank_load& r) { return r.unavailable.empty(); }));
-      };
-      const size_t prefill = open(s->prefill), decode = open(s->decode);
-      const size_t aside = s->prefill.size() - prefill + s->decode.size() - decode;
-      if (prefill == 0 || decode == 0)
-        return reply_error(self, hdl, g, st,
-                           api_error_of(503, "the cluster has " + std::to_string(prefill) + " prefill and " +
-                                                 std::to_string(decode) + " decode ranks taking work" +
-                                                 (aside ? " (" + std::to_string(aside) + " more draining or stepped aside)" : "") +
-                                                 "; it needs one of each"));
-      // The store is a cache: servers down cost hits, not answers (still 200), but are shown.
-      std::string store;
-      if (s->store_servers)
-        store = ",\"store_servers\":" + std::to_string(s->store_servers) +
-                ",\"store_servers_up\":" + std::to_string(s->store_servers_up);
-      reply(self, hdl, g, st, 200,
-            "{\"status\":\"ok\",\"prefill_ranks\":" + std::to_string(prefill) +
-                ",\"decode_ranks\":" + std::to_string(decode) +
-                (aside ? ",\"ranks_not_taking_work\":" + std::to_string(aside) : std::string{}) + store + "}");
-    });
-  with_cluster_stats(self, g, [=](const cluster_stats* s) {
-    reply(self, hdl, g, st, 200, g->metrics.render(s), "text/plain; version=0.0.4; charset=utf-8");
-  });
+  found->serve(self, hdl, g, st, req);
 }
 
 /// Starts every complete request that may start now, one after another. A loop, not recursion:

@@ -432,6 +432,11 @@ TEST_CASE("cluster spec errors name the field and the node") {
   CHECK(error_of(R"("name": "t")", R"("name": "t", "store": {"dir": "/s"})").find("no node has the store role") != std::string::npos);
   CHECK(error_of(R"("model": "m")", R"("model": "m", "colour": 1)") == "spec: unknown field 'colour'");
   CHECK(error_of(R"("model": "m")", R"("model": 3)") == "spec.model must be a string");
+  // Policy names are checked with the spec (so `--dry-run` refuses a typo), not first by the head.
+  CHECK(error_of(R"("model": "m")", R"("model": "m", "policies": {"prefill": "leastloaded"})") ==
+        "spec.policies.prefill must be seed, least_loaded, round_robin, cache_affinity or split, got 'leastloaded'");
+  CHECK(error_of(R"("model": "m")", R"("model": "m", "policies": {"decode": "fifo"})") ==
+        "spec.policies.decode must be seed, least_loaded or round_robin, got 'fifo'");
   CHECK(error_of(R"("roles": ["decode"])", R"("roles": ["decode"], "host": "a;b")").find("is not a host") != std::string::npos);
   // ssh would take "-oProxyCommand=..." as an option, not a host.
   CHECK(error_of(R"("roles": ["decode"])", R"("roles": ["decode"], "host": "-oProxyCommand=x")").find("is not a host") !=

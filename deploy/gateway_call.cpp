@@ -1,0 +1,192 @@
+#include "deploy/gateway_call.hpp"
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <vector>
+
+#include <caf/actor_system.hpp>
+#include <caf/event_based_actor.hpp>
+#include <caf/send.hpp>
+#include <caf/typed_event_based_actor.hpp>
+
+#include "deploy/openai.hpp"
+
+namespace baton::deploy {
+
+int64_t unix_seconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+namespace {
+
+/// A request actor found already ended when its sink's monitor reached it waited on for its
+/// answer (gateway_config::unanswered_grace_ms, run_choice).
+using grace_atom = caf::atom_constant<caf::atom("grace")>;
+
+/// What a call's go-between keeps: the parsed request, and its choices' answers. With n > 1
+/// the choices run on actors of their own, so the answers are kept under a lock.
+struct call_state {
+  openai::call call;
+  std::string id;
+  int64_t created = 0;
+  std::mutex mutex;
+  std::vector<completion> done;  ///< by choice
+  uint32_t left = 0;             ///< choices not yet answered
+  bool failed = false;           ///< an error went to the connection: nothing more does
+  std::chrono::milliseconds unanswered_grace{0};  ///< call_settings'
+};
+
+/// Choice `index` of a call: asks the router for it with `self` as the sink, renders its chunks,
+/// and records its answer; the last choice to be answered sends the call's answer. Each choice
+/// sends its last chunk before its answer is recorded, so the call's answer (sent after) reaches
+/// the connection after every chunk of every choice (local sends keep causal order).
+client_sink_actor::behavior_type run_choice(client_sink_actor::pointer self, caf::actor broker, uint64_t seq,
+                                            router_actor router, std::shared_ptr<call_state> cs, uint32_t index) {
+  auto req = cs->call.choice_request(index);
+  // Ends the call with `e`, once for all its choices: the connection ends the call, and the
+  // other choices stop.
+  auto fail = [=](caf::error e) {
+    {
+      std::lock_guard<std::mutex> lock{cs->mutex};
+      if (std::exchange(cs->failed, true)) return;
+    }
+    caf::anon_send(broker, seq, std::move(e));
+  };
+  // Read by the grace timer below, on another actor's thread.
+  auto answered = std::make_shared<std::atomic<bool>>(false);
+  // No real deadline on the whole call: the connection bounds the wait for the first token, the
+  // request actor each next one. A request actor that ended without an answer is seen by its
+  // down message (monitored from its first chunk on). The day is a backstop, not caf::infinite:
+  // with CAF 0.17.6, n > 1 choices each requesting with an infinite timeout stalled all but one
+  // of them (measured here; the finite one does not).
+  self->set_down_handler([=](caf::down_msg& m) {
+    if (*answered) return;
+    auto why = make_error(errc::rank_unavailable, "the request ended without an answer" +
+                                                      (m.reason ? ": " + self->system().render(m.reason) : std::string{}));
+    if (m.reason != caf::exit_reason::unknown) return fail(std::move(why));
+    // exit_reason::unknown: the request actor had already ended when this node's proxy of it was
+    // announced to its node (on its first chunk) -- a short request can send its last chunk and
+    // its answer first. CAF 0.17's BASP answers that announcement (kill_proxy) from its I/O
+    // handler, ahead of the answer still queued in its broker for the wire, so this down can
+    // overtake the answer (seen in CI: an echo of 16 tokens failed with 503). The answer, if the
+    // actor sent one, is right behind: fail only if it has not come within the grace.
+    self->system().spawn([=](caf::event_based_actor* timer) -> caf::behavior {
+      timer->delayed_send(timer, cs->unanswered_grace, grace_atom::value);
+      return {[=](grace_atom) {
+        if (!*answered) fail(why);
+        timer->quit();
+      }};
+    });
+  });
+  self->request(router, std::chrono::seconds{24 * 3600}, generate_atom::value, std::move(req), caf::actor_cast<client_sink_actor>(self))
+      .then(
+          [=](completion& done) {
+            *answered = true;
+            std::unique_lock<std::mutex> lock{cs->mutex};
+            if (cs->failed) return;
+            cs->done[index] = std::move(done);
+            if (--cs->left > 0) return;
+            const auto& c = cs->call;
+            std::string json = !c.stream         ? openai::completion_json(c, cs->done, cs->id, cs->created)
+                               : c.include_usage ? openai::usage_chunk_json(c, cs->done, cs->id, cs->created)
+                                                 : std::string{};
+            // The gateway's metrics count each choice: a generation of its own.
+            std::vector<completion> all = std::move(cs->done);
+            lock.unlock();
+            caf::anon_send(broker, seq, std::move(all), std::move(json), c.stream);
+          },
+          [=](caf::error& e) {
+            *answered = true;
+            fail(std::move(e));
+          });
+  auto first_chunk = std::make_shared<bool>(true);
+  auto text_offset = std::make_shared<uint64_t>(0);  // bytes of the streamed tokens' texts (logprobs.text_offset)
+  auto monitored = std::make_shared<bool>(false);
+  // Reasoning and tool calls, as asked: made at the first chunk, which says whether the prompt
+  // opened <think>.
+  auto reader = std::make_shared<std::optional<openai::answer_reader>>();
+  return {[=](stream_chunk& c) {
+    if (!*monitored) {
+      *monitored = true;
+      if (auto from = self->current_sender()) self->monitor(from);
+      caf::anon_send(broker, seq, token_seen_atom::value);
+    }
+    if (!cs->call.stream) return;
+    // Nothing new to say (e.g. half a UTF-8 character held back, and no log-probabilities asked
+    // for): no event.
+    const bool echo = !c.prompt_text.empty() || !c.prompt_logprobs.empty();
+    std::optional<openai::answer_parts> split;
+    if (!*reader) reader->emplace(cs->call, c.prompt_thinking);
+    if ((*reader)->active()) split = (*reader)->feed(c.text, !c.finish_reason.empty());
+    const bool has_text =
+        split ? !split->reasoning.empty() || !split->content.empty() || !split->tool_calls.empty() : !c.text.empty();
+    const bool shown = !cs->call.req.prompt_only && (has_text || !c.logprobs.empty());  // echo alone: none is
+    if (!shown && c.finish_reason.empty() && !echo && !(*first_chunk && cs->call.chat)) return;
+    caf::anon_send(broker, seq, openai::chunk_json(cs->call, c, cs->id, cs->created, *first_chunk, *text_offset, index,
+                                                   split ? &*split : nullptr));
+    for (const auto& t : c.prompt_logprobs) *text_offset += openai::utf8_chars(t.text);
+    if (!cs->call.req.prompt_only)
+      for (const auto& t : c.logprobs) *text_offset += openai::utf8_chars(t.text);
+    *first_chunk = false;
+  }};
+}
+
+/// The go-between (spawn_call).
+client_sink_actor::behavior_type call_impl(client_sink_actor::pointer self, caf::actor broker, uint64_t seq,
+                                           router_actor router, std::string body, bool chat, std::string model,
+                                           std::string id, call_settings settings) {
+  auto cs = std::make_shared<call_state>();
+  cs->unanswered_grace = settings.unanswered_grace;
+  openai::api_error err;
+  if (!openai::parse_body(body, chat, model, &cs->call, &err)) {
+    caf::anon_send(broker, seq, static_cast<int32_t>(err.status), openai::error_json(err));
+    return {[](stream_chunk&) {}};  // the connection answers and ends this actor
+  }
+  // Sampling fields the body left out: the model's defaults (its generation_config.json).
+  auto& req = cs->call.req;
+  if (!cs->call.temperature_given) req.temperature = settings.default_temperature;
+  if (!cs->call.top_p_given) req.top_p = settings.default_top_p;
+  if (!cs->call.top_k_given) req.top_k = settings.default_top_k;
+  if (!cs->call.seeded) {
+    // No seed in the body: one of this call's own, or every call of a prompt at a temperature
+    // would draw the same text (choices i of n still draw with seed + i).
+    thread_local std::mt19937_64 draw{std::random_device{}()};
+    cs->call.req.seed = draw();
+  }
+  cs->call.separate_reasoning = chat && settings.chat_reasoning != 0 && cs->call.reasoning_wanted;
+  if (chat && !cs->call.req.tools_json.empty() && settings.chat_tool_calls <= gpu::max_tool_call_format)
+    cs->call.tool_calls = static_cast<gpu::tool_call_format>(settings.chat_tool_calls);
+  cs->id = std::move(id);
+  cs->created = unix_seconds();
+  const uint32_t choices = cs->call.num_choices();
+  if (settings.max_active_requests && choices > settings.max_active_requests) {
+    // Each generation is a request of its own at the router: more than it admits at once could
+    // never all be admitted, and a 429 would have a client retry for ever.
+    const bool batch = cs->call.num_prompts() > 1;
+    err = {400,
+           std::string{batch ? "prompt" : "n"} + ": this call asks for " + std::to_string(choices) +
+               " generations (" + (batch ? "prompts x n" : "n, or best_of") + "), more than the cluster runs at once (" +
+               std::to_string(settings.max_active_requests) + ", --max-active-requests): ask for at most that many",
+           "invalid_request_error", batch ? "prompt" : "n"};
+    caf::anon_send(broker, seq, static_cast<int32_t>(err.status), openai::error_json(err));
+    return {[](stream_chunk&) {}};
+  }
+  cs->left = choices;
+  cs->done.resize(choices);
+  if (choices == 1) return run_choice(self, broker, seq, router, cs, 0);
+  for (uint32_t i = 0; i < choices; ++i) self->spawn<caf::linked>(run_choice, broker, seq, router, cs, i);
+  return {[](stream_chunk&) {}};  // the choices' sinks are their own actors
+}
+
+}  // namespace
+
+caf::actor spawn_call(caf::actor_system& sys, caf::actor broker, uint64_t seq, router_actor router, std::string body,
+                      bool chat, std::string model, std::string id, call_settings settings) {
+  return caf::actor_cast<caf::actor>(sys.spawn(call_impl, std::move(broker), seq, std::move(router), std::move(body), chat,
+                                               std::move(model), std::move(id), std::move(settings)));
+}
+
+}  // namespace baton::deploy
