@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include <malloc.h>
+#include <unistd.h>
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
@@ -17,8 +18,10 @@
 
 #include "actors/local_cluster.hpp"
 #include "actors/messages.hpp"
+#include "gpu/kv_cache.hpp"
 #include "policies/cost_fit.hpp"
 #include "policies/eplb.hpp"
+#include "policies/placement.hpp"
 #include "sims/modelled_block_server.hpp"
 #include "sims/modelled_executor.hpp"
 #include "sims/profile_table.hpp"
@@ -49,10 +52,21 @@ std::string sim_config::validate() const {
   if (page_tokens == 0 || block_tokens == 0 || block_tokens % page_tokens != 0)
     return "block_tokens must be a positive multiple of page_tokens";
   if (sim_layers == 0) return "sim_layers must be >= 1";
+  // The balancers parse their policy names only when they start, inside a run: checked here too
+  // (with the parser they use), so a bad name is refused before any run -- compare ran its
+  // earlier variants first. split parses but is refused just below, so it is not offered.
+  if (!policies::parse_prefill_policy(prefill_policy))
+    return "prefill_policy must be seed, least_loaded, round_robin or cache_affinity, got '" + prefill_policy + "'";
+  if (!policies::parse_decode_policy(decode_policy))
+    return "decode_policy must be seed, least_loaded or round_robin, got '" + decode_policy + "'";
   // A split prompt's later parts wait, layer by layer, for the earlier parts' KV through the
   // executor's layer gates; the modelled executor does not honour gates yet, so the timing
   // would be wrong (and with timed links the parts stall).
   if (prefill_policy == "split") return "the split prefill policy is not supported in sims yet (layer gates are not modelled)";
+  // A target of 0 or less makes every request miss (or, negative, reads as no SLO at all); a
+  // negative rate read as "the GPU's default", the same as 0, without a word.
+  if (!(slos.ttft_ms > 0) || !(slos.tbt_ms > 0)) return "the SLOs (ttft_ms, tbt_ms) must be > 0";
+  if (!(nic_gbps >= 0) || !(pcie_gbps >= 0)) return "nic_gbps and pcie_gbps must be >= 0 (0: the GPU's own rate)";
   // A profile measured at one TP degree (its name says which, as `_tp1`) times only that degree.
   if (auto at = profile.rfind("_tp"); !profile.empty() && at != std::string::npos &&
                                       profile.substr(at + 3) != std::to_string(tp))
@@ -171,20 +185,104 @@ struct run_state {
   bool closed = false;  ///< the horizon passed: answers that come later are not counted
 };
 
+/// The two pools' rooflines; an expert-parallel pool's layout sizes its weights, hence its KV.
+struct pool_rooflines {
+  roofline prefill, decode;
+};
+pool_rooflines rooflines_of(const sim_config& cfg, const model_shape& shape) {
+  return {roofline{*named_gpu(cfg.prefill_gpu), shape, cfg.prefill_ep > 1 ? 1 : cfg.tp, ep_layout_for(shape, cfg, cfg.prefill_ep)},
+          roofline{*named_gpu(cfg.decode_gpu), shape, cfg.decode_ep > 1 ? 1 : cfg.tp, ep_layout_for(shape, cfg, cfg.decode_ep)}};
+}
+
+/// KV tokens per instance of a pool: kv_tokens, or the HBM its roofline leaves after the weights.
+uint64_t kv_tokens_of(const sim_config& cfg, const roofline& r) {
+  return cfg.kv_tokens ? cfg.kv_tokens : r.kv_capacity_tokens();
+}
+
+/// "llama-3-8b on 1 x H200": what holds a pool's KV, for messages.
+std::string instance_of(const sim_config& cfg, const roofline& r, const std::string& gpu) {
+  return cfg.model + " on " + std::to_string(r.gpus()) + " x " + gpu;
+}
+
 }  // namespace
 
-bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_name, sim_result* out, std::string* why) {
-  if (auto e = cfg.validate(); !e.empty()) {
-    *why = e;
-    return false;
+std::string kv_memory_problem(const sim_config& cfg) {
+  if (auto e = cfg.validate(); !e.empty()) return e;
+  const auto shape = *named_model(cfg.model);
+  const auto roofs = rooflines_of(cfg, shape);
+  const uint64_t kv_tokens = kv_tokens_of(cfg, roofs.decode);
+  for (const auto& [roof, gpu, is_prefill] :
+       {std::tuple{&roofs.decode, cfg.decode_gpu, false}, std::tuple{&roofs.prefill, cfg.prefill_gpu, true}}) {
+    if (is_prefill && cfg.colocated) continue;  // no prefill pool
+    const uint64_t tokens = kv_tokens_of(cfg, *roof), pages = tokens / cfg.page_tokens;
+    if (pages > UINT32_MAX)
+      return "an instance's " + std::to_string(tokens) + " KV tokens (" + instance_of(cfg, *roof, gpu) + ") make " +
+             std::to_string(pages) + " pages of " + std::to_string(cfg.page_tokens) + ", more than a rank counts (4294967295)";
   }
+  // Each rank's pool holds carrier KV (a few floats per token) in this machine's memory. The
+  // cluster refuses pools that do not fit (local_cluster_config::validate), in the words of
+  // `baton local`'s flags (--kv-pages); the same sum is made here first, in the sim's: every
+  // rank a pool of the decode instances' pages.
+  const auto carrier = carrier_model(shape, cfg);
+  const uint32_t pools = (cfg.colocated ? 0 : cfg.prefill_instances) + cfg.decode_instances + cfg.elastic_instances;
+  const uint64_t pages = kv_tokens / cfg.page_tokens;
+  if (gpu::kv_pools_fit_memory(carrier, pages, cfg.page_tokens, pools).empty()) return {};
+  const auto lay = gpu::model_kv_layout(carrier, 1, cfg.page_tokens);
+  const uint64_t page_bytes = lay.page_bytes() * lay.num_layers;
+  const long double need_mib = static_cast<long double>(pages) * page_bytes * pools / (1 << 20);
+  const long double memory_mib =
+      static_cast<long double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<long double>(::sysconf(_SC_PAGESIZE)) / (1 << 20);
+  char sizes[96];
+  std::snprintf(sizes, sizeof sizes, "%.0Lf MiB, more than this machine's %.0Lf MiB", need_mib, memory_mib);
+  return std::to_string(pools) + " ranks' KV pools of " + std::to_string(pages) + " pages each (" +
+         std::to_string(kv_tokens) + " KV tokens per instance" +
+         (cfg.kv_tokens ? std::string{} : ", the HBM " + instance_of(cfg, roofs.decode, cfg.decode_gpu) + " leaves") +
+         "; " + std::to_string(page_bytes) + " bytes of carrier KV a page) need " + sizes +
+         ": give a smaller kv_tokens, or fewer instances";
+}
+
+std::string run_problem(const sim_config& cfg, const trace& t, const std::string& trace_name) {
+  if (auto e = kv_memory_problem(cfg); !e.empty()) return e;
   // Virtual time counts nanoseconds in an int64 (about 292 years): a trace past that ended with
   // every request failed and no reason given.
   constexpr double max_virtual_s = 9.0e9;  // ~285 years
   if (!t.requests.empty() &&
-      static_cast<double>(t.requests.back().arrival_us) / 1e6 + cfg.horizon_s > max_virtual_s) {
-    *why = trace_name + ": its last arrival (" + std::to_string(t.requests.back().arrival_us / 1000000) +
+      static_cast<double>(t.requests.back().arrival_us) / 1e6 + cfg.horizon_s > max_virtual_s)
+    return trace_name + ": its last arrival (" + std::to_string(t.requests.back().arrival_us / 1000000) +
            " s) plus horizon_s passes what the sims' clock counts (9e9 s)";
+  const auto shape = *named_model(cfg.model);
+  const auto roofs = rooflines_of(cfg, shape);
+  // A prefill rank holds only its prompt's KV (the decode rank generates the rest); a decode rank
+  // the whole sequence.
+  uint64_t longest = 0, longest_prompt = 0;
+  for (const auto& r : t.requests) {
+    longest = std::max<uint64_t>(longest, uint64_t{r.input_tokens} + r.output_tokens);
+    longest_prompt = std::max<uint64_t>(longest_prompt, r.input_tokens);
+  }
+  // Ranks get as many whole pages as the tokens fill: a request fits in those pages, not in the
+  // tokens (a part-page is not allocated).
+  auto pages_for = [&](uint64_t tokens) { return (tokens + cfg.page_tokens - 1) / cfg.page_tokens; };
+  for (const auto& [roof, gpu, is_prefill] :
+       {std::tuple{&roofs.decode, cfg.decode_gpu, false}, std::tuple{&roofs.prefill, cfg.prefill_gpu, true}}) {
+    if (is_prefill && cfg.colocated) continue;  // a colocated cluster has no prefill pool (nor elastic ranks)
+    const uint64_t tokens = kv_tokens_of(cfg, *roof), pages = tokens / cfg.page_tokens;
+    // With faults, a killed decode rank's sequences are prefilled again with their output so far.
+    const uint64_t need = is_prefill && cfg.faults.empty() ? longest_prompt : longest;
+    if (pages < pages_for(need) || pages == 0)
+      return "an instance holds " + std::to_string(tokens) + " KV tokens (" + std::to_string(pages) + " pages of " +
+             std::to_string(cfg.page_tokens) + "; " + instance_of(cfg, *roof, gpu) + "), the longest " +
+             (is_prefill ? "prompt" : "request") + " needs " + std::to_string(need) + " (" +
+             std::to_string(pages_for(need)) + " pages)";
+  }
+  if (longest > shape.max_context)
+    return "a request needs " + std::to_string(longest) + " tokens, beyond " + cfg.model + "'s context of " +
+           std::to_string(shape.max_context);
+  return {};
+}
+
+bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_name, sim_result* out, std::string* why) {
+  if (auto e = run_problem(cfg, t, trace_name); !e.empty()) {
+    *why = e;
     return false;
   }
   const auto shape = *named_model(cfg.model);
@@ -194,50 +292,12 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
     if (!p) return false;
     profile = std::make_shared<const profile_table>(std::move(*p));
   }
-  const roofline prefill_roof{*named_gpu(cfg.prefill_gpu), shape, cfg.prefill_ep > 1 ? 1 : cfg.tp,
-                              ep_layout_for(shape, cfg, cfg.prefill_ep)};
-  const roofline decode_roof{*named_gpu(cfg.decode_gpu), shape, cfg.decode_ep > 1 ? 1 : cfg.tp,
-                             ep_layout_for(shape, cfg, cfg.decode_ep)};
-  const uint64_t kv_tokens = cfg.kv_tokens ? cfg.kv_tokens : decode_roof.kv_capacity_tokens();
+  const auto roofs = rooflines_of(cfg, shape);
+  const roofline& prefill_roof = roofs.prefill;
+  const roofline& decode_roof = roofs.decode;
+  const uint64_t kv_tokens = kv_tokens_of(cfg, decode_roof);
   // Prefill instances hold their prompts (and local tier) in their own GPUs' memory.
-  const uint64_t prefill_kv_tokens = cfg.kv_tokens ? cfg.kv_tokens : prefill_roof.kv_capacity_tokens();
-  // A prefill rank holds only its prompt's KV (the decode rank generates the rest); a decode rank
-  // the whole sequence.
-  uint64_t longest = 0, longest_prompt = 0;
-  for (const auto& r : t.requests) {
-    longest = std::max<uint64_t>(longest, uint64_t{r.input_tokens} + r.output_tokens);
-    longest_prompt = std::max<uint64_t>(longest_prompt, r.input_tokens);
-  }
-  // A colocated cluster has no prefill pool to check (validate() refuses elastic ranks there).
-  const bool prefill_pool = !cfg.colocated;
-  // Ranks get as many whole pages as the tokens fill, counted in a uint32_t: a request fits in
-  // those pages, not in the tokens (a part-page is not allocated).
-  auto pages_for = [&](uint64_t tokens) { return (tokens + cfg.page_tokens - 1) / cfg.page_tokens; };
-  for (const auto& [tokens, gpu, is_prefill] :
-       {std::tuple{kv_tokens, cfg.decode_gpu, false}, std::tuple{prefill_kv_tokens, cfg.prefill_gpu, true}}) {
-    if (is_prefill && !prefill_pool) continue;
-    const uint64_t pages = tokens / cfg.page_tokens;
-    const std::string where = cfg.model + " on " +
-                              std::to_string(is_prefill ? prefill_roof.gpus() : decode_roof.gpus()) + " x " + gpu;
-    if (pages > UINT32_MAX) {
-      *why = "an instance's " + std::to_string(tokens) + " KV tokens (" + where + ") make " + std::to_string(pages) +
-             " pages of " + std::to_string(cfg.page_tokens) + ", more than a rank counts (4294967295)";
-      return false;
-    }
-    // With faults, a killed decode rank's sequences are prefilled again with their output so far.
-    const uint64_t need = is_prefill && cfg.faults.empty() ? longest_prompt : longest;
-    if (pages < pages_for(need) || pages == 0) {
-      *why = "an instance holds " + std::to_string(tokens) + " KV tokens (" + std::to_string(pages) + " pages of " +
-             std::to_string(cfg.page_tokens) + "; " + where + "), the longest " + (is_prefill ? "prompt" : "request") +
-             " needs " + std::to_string(need) + " (" + std::to_string(pages_for(need)) + " pages)";
-      return false;
-    }
-  }
-  if (longest > shape.max_context) {
-    *why = "a request needs " + std::to_string(longest) + " tokens, beyond " + cfg.model + "'s context of " +
-           std::to_string(shape.max_context);
-    return false;
-  }
+  const uint64_t prefill_kv_tokens = kv_tokens_of(cfg, prefill_roof);
 
   local_cluster_config cc;
   cc.model = carrier_model(shape, cfg);

@@ -128,6 +128,17 @@ struct sim_result {
   std::vector<std::string> role_changes;  ///< elastic P/D: each move, "at_s rank from -> to: why"
 };
 
+/// What makes `cfg` unable to run whatever the trace (empty: nothing): validate()'s checks, then
+/// the ranks' KV pages, which a rank counts in a uint32_t and this machine holds as carrier KV
+/// (kv_tokens too large, or the roofline's capacity times many instances). Asked before a run --
+/// by run_sim, and by a caller with several configurations before the first of them runs.
+std::string kv_memory_problem(const sim_config& cfg);
+
+/// kv_memory_problem, then what `t` asks of `cfg`: a last arrival within the virtual clock's
+/// range, KV pages for the longest request (prompt, on a prefill rank) and the model's context.
+/// Everything run_sim refuses before it starts the actors (a profile table's file aside).
+std::string run_problem(const sim_config& cfg, const trace& t, const std::string& trace_name);
+
 /// Replays `t` through the cluster `cfg` describes. False and a sentence when the configuration
 /// cannot run (unknown GPU or model, KV capacity too small for the longest request, ...).
 bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_name, sim_result* out, std::string* why);
@@ -138,8 +149,9 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
 void tune_allocator_for_sims();
 
 /// DistServe's goodput: the highest rate scale at which at least `target` of the requests meet
-/// both SLOs, by bisection over [lo, hi] (`steps` runs). `make_trace(scale)` gives the trace at a
-/// scale. Returns the scale (0 when even `lo` misses) and each run's (scale, attainment).
+/// both SLOs, by bisection over [lo, hi]: runs at lo and hi, then one per step (up to steps + 2).
+/// `make_trace(scale)` gives the trace at a scale. Returns the scale (0 when even `lo` misses)
+/// and each run's (scale, attainment).
 double find_goodput(const sim_config& cfg, const std::function<trace(double)>& make_trace, double lo, double hi,
                     uint32_t steps, double target, std::vector<std::pair<double, double>>* runs, std::string* why);
 

@@ -76,6 +76,17 @@ bool token_count(const json& j, const char* key, uint32_t* out, std::string* why
   return true;
 }
 
+/// A prompt's length: at least one token. An empty prompt has nothing to prefill; it passed here
+/// and failed the run ("prompt is empty") after any runs before it.
+bool prompt_count(const json& j, const char* key, uint32_t* out, std::string* why) {
+  if (!token_count(j, key, out, why)) return false;
+  if (*out == 0) {
+    *why = std::string(key) + " is 0: a request needs a prompt of at least one token";
+    return false;
+  }
+  return true;
+}
+
 bool number(const json& j, const char* key, double* out, std::string* why) {
   auto it = j.find(key);
   if (it == j.end() || !it->is_number() || !std::isfinite(it->get<double>())) {
@@ -93,7 +104,7 @@ bool parse_mooncake(const std::string& line, parsed* p, std::string* why) {
     return false;
   }
   double ms = 0;
-  if (!number(j, "timestamp", &ms, why) || !token_count(j, "input_length", &p->r.input_tokens, why) ||
+  if (!number(j, "timestamp", &ms, why) || !prompt_count(j, "input_length", &p->r.input_tokens, why) ||
       !token_count(j, "output_length", &p->r.output_tokens, why))
     return false;
   p->arrival_s = ms / 1000.0;
@@ -128,7 +139,7 @@ bool parse_vllm(const std::string& line, parsed* p, std::string* why) {
     return false;
   }
   double queued = 0, first = 0, last = 0;
-  if (!number(j, "arrival_time", &p->arrival_s, why) || !token_count(j, "input_toks", &p->r.input_tokens, why) ||
+  if (!number(j, "arrival_time", &p->arrival_s, why) || !prompt_count(j, "input_toks", &p->r.input_tokens, why) ||
       !token_count(j, "output_toks", &p->r.output_tokens, why) || !number(j, "queued_ts", &queued, why) ||
       !number(j, "first_token_ts", &first, why) || !number(j, "last_token_ts", &last, why))
     return false;
@@ -186,6 +197,10 @@ bool parse_azure(const std::string& line, parsed* p, std::string* why) {
     *why = "token counts must be non-negative integers";
     return false;
   }
+  if (p->r.input_tokens == 0) {
+    *why = "ContextTokens is 0: a request needs a prompt of at least one token";
+    return false;
+  }
   return true;
 }
 
@@ -203,7 +218,9 @@ bool read_trace(std::istream& in, trace_format format, const std::string& source
   size_t number_of_line = 0;
   while (std::getline(in, line)) {
     ++number_of_line;
-    if (line.empty() || line == "\r") continue;
+    // Blank lines (spaces, tabs, a CR) separate nothing: skipped, as empty ones are, rather than
+    // refused as malformed rows.
+    if (line.find_first_not_of(" \t\r\n\v\f") == std::string::npos) continue;
     if (format == trace_format::azure_csv && number_of_line == 1 && line.rfind("TIMESTAMP", 0) == 0) continue;
     ++out->lines;
     parsed p;
@@ -245,6 +262,13 @@ bool read_trace(std::istream& in, trace_format format, const std::string& source
       return false;
     }
     p.r.arrival_us = static_cast<int64_t>(std::llround(us));
+    // No output: a prefill-only request. It is replayed as one token, the first, which every
+    // prefill samples anyway (max_tokens 0 would ask the runtime for all the context leaves),
+    // and counted, so a run can say so.
+    if (p.r.output_tokens == 0) {
+      p.r.output_tokens = 1;
+      ++out->zero_output_rows;
+    }
     out->requests.push_back(std::move(p.r));
   }
   if (out->requests.empty()) {

@@ -43,6 +43,9 @@ struct trace {
   size_t lines = 0;                     ///< data lines read
   size_t skipped = 0;                   ///< malformed lines skipped (skip_malformed)
   std::string first_skipped;            ///< why the first one was
+  /// Rows that record 0 output tokens (prefill-only requests), replayed as 1: the first token,
+  /// which the prefill samples anyway. A prompt of 0 tokens is malformed (nothing to prefill).
+  size_t zero_output_rows = 0;
   double span_s() const;                ///< last arrival minus first
 };
 

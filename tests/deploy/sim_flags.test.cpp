@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -76,6 +77,27 @@ std::vector<std::string> with(std::vector<std::string> head, const std::vector<s
   head.insert(head.end(), tail.begin(), tail.end());
   return head;
 }
+
+/// The same cluster without synthetic arrivals' flags, for a --trace.
+const std::vector<std::string> small_cluster = {"--model", "llama-3-8b", "--tp", "1", "--prefill-instances", "1",
+                                                "--decode-instances", "1"};
+
+/// A Mooncake trace file of (timestamp ms, prompt tokens, output tokens) rows, each prompt one
+/// block; removed when it goes.
+struct trace_file {
+  std::string path;
+  explicit trace_file(const std::vector<std::array<int, 3>>& rows) {
+    static int made = 0;
+    path = (std::filesystem::temp_directory_path() /
+            ("baton-sim-flags-" + std::to_string(::getpid()) + "-" + std::to_string(made++) + ".jsonl"))
+               .string();
+    std::ofstream out(path);
+    for (const auto& [ms, input, output] : rows)
+      out << "{\"timestamp\": " << ms << ", \"input_length\": " << input << ", \"output_length\": " << output
+          << ", \"hash_ids\": [" << ms << "]}\n";
+  }
+  ~trace_file() { std::remove(path.c_str()); }
+};
 
 }  // namespace
 
@@ -191,9 +213,122 @@ TEST_CASE("baton sim --help names the modes on stdout and exits 0; no mode is st
   CHECK(has(none.err, "usage: baton sim run|goodput|compare"));
 }
 
-TEST_CASE("sim run's text summary counts the failovers a --kill caused, as its JSON report does") {
+TEST_CASE("sim run's text summary counts the re-placements a --kill caused, as its JSON report does, and says what "
+          "else re-places a request") {
   const auto o = baton_sim(with({"run", "--kill", "decode-0@3"}, with(small, {"--rate", "10", "--decode-instances", "2"})));
   INFO("stdout: " << o.out);
   CHECK(o.rc == 0);
-  CHECK(has(o.out, "failovers: 5 (requests re-placed after a rank failed)"));
+  // The request actors count a decode rank's refusal for lack of KV as they count a failure:
+  // "failovers ... after a rank failed" claimed faults that no run had.
+  CHECK(has(o.out, "re-placements: 5 (a request placed again after a rank failed or timed out, or refused it for lack "
+                   "of KV)"));
+  CHECK_FALSE(has(o.out, "failovers:"));
+}
+
+TEST_CASE("sim compare checks every variant's policy names and trace before the first variant runs") {
+  // The ok variant ran in full (its table row on stdout, and its goodput search) before these
+  // were found: the balancers parsed the names, and the traces were read, only at each run.
+  refused(with({"compare", "--variant", "ok=--prefill-instances 2", "--variant", "bad=--prefill-policy leastloaded"}, small),
+          "variant 'bad': --prefill-policy must be seed, least_loaded, round_robin or cache_affinity, got 'leastloaded'");
+  refused(with({"compare", "--variant", "ok=--prefill-instances 2", "--variant", "bad=--decode-policy fastest"}, small),
+          "variant 'bad': --decode-policy must be seed, least_loaded or round_robin, got 'fastest'");
+  // split parses but sims refuse it: the message for a bad name does not offer it.
+  const auto o = baton_sim(with({"run", "--prefill-policy", "leastloaded"}, small));
+  CHECK(o.rc == 2);
+  CHECK_FALSE(has(o.err, "split"));
+  refused(with({"run", "--prefill-policy", "split"}, small), "the split prefill policy is not supported in sims yet");
+  const trace_file good({{0, 100, 4}, {1000, 100, 4}, {2000, 100, 4}});
+  refused(with({"compare", "--variant", "ok=--trace " + good.path, "--variant", "bad=--trace /nonexistent-baton-dir/t.jsonl"},
+               small_cluster),
+          "variant 'bad': /nonexistent-baton-dir/t.jsonl: cannot read it");
+  // Read, not only opened: a malformed row, named by file and line, is found before the runs too.
+  const trace_file empty_prompt({{0, 100, 4}, {1000, 0, 4}});
+  refused(with({"compare", "--variant", "ok=--trace " + good.path, "--variant", "bad=--trace " + empty_prompt.path},
+               small_cluster),
+          "variant 'bad': " + empty_prompt.path + ":2: input_length is 0: a request needs a prompt of at least one token");
+}
+
+TEST_CASE("sim goodput refuses a trace whose arrivals share one instant: it has no rate to scale") {
+  // It printed ">= 8.000 x the trace's rate = >= 0.00 requests/s" and exited 0.
+  const trace_file burst({{5000, 100, 4}, {5000, 200, 4}, {5000, 300, 4}});
+  refused(with({"goodput", "--trace", burst.path}, small_cluster),
+          burst.path + " has 3 requests, all arriving at the same instant: goodput scales a trace's arrival rate");
+  refused(with({"compare", "--variant", "a=--trace " + burst.path}, small_cluster),
+          "variant 'a': " + burst.path + " has 3 requests, all arriving at the same instant");
+  // One instant of the trace, cut by --max-requests: the same.
+  const trace_file spread({{0, 100, 4}, {1000, 100, 4}});
+  refused(with({"goodput", "--trace", spread.path, "--max-requests", "1"}, small_cluster),
+          spread.path + " holds one request: goodput scales a trace's arrival rate");
+}
+
+TEST_CASE("sim refuses negative or zero rates, bandwidths and SLOs, naming the flag and the value") {
+  // --nic-gbps -3 ran exactly as the default; --ttft-slo-ms 0 failed every request.
+  refused({"run", "--nic-gbps", "-3"}, "--nic-gbps must be > 0 GB/s (or 0: the GPU's own), got -3");
+  refused({"run", "--pcie-gbps", "-1"}, "--pcie-gbps must be > 0 GB/s (or 0: the GPU's own), got -1");
+  refused({"run", "--ttft-slo-ms", "0"}, "--ttft-slo-ms must be > 0 (milliseconds), got 0");
+  refused({"run", "--ttft-slo-ms", "-5"}, "--ttft-slo-ms must be > 0 (milliseconds), got -5");
+  refused({"run", "--tbt-slo-ms", "-1"}, "--tbt-slo-ms must be > 0 (milliseconds), got -1");
+  refused({"run", "--store-gbps", "0"}, "--store-gbps must be > 0 (GB/s), got 0");
+  refused({"run", "--horizon-s", "-1"}, "--horizon-s must be > 0 (seconds), got -1");
+  refused({"run", "--elastic-interval-s", "-2"}, "--elastic-interval-s must be > 0 (seconds), got -2");
+  refused({"run", "--sample-s", "-1"}, "--sample-s must be >= 0 (0: no timeline), got -1");
+  refused({"run", "--expert-skew", "-0.5"}, "--expert-skew must be >= 0 (0: uniform), got -0.5");
+  refused({"run", "--elastic-cold", "0.9"}, "--elastic-cold 0.9 and --elastic-hot 0.8: the planner needs 0 <= cold < hot");
+  refused({"run", "--elastic-signal", "p99"}, "--elastic-signal must be mean or max, got 'p99'");
+  refused({"goodput", "--ttft-slo-ms", "0"}, "--ttft-slo-ms must be > 0");
+  refused({"compare", "--variant", "a=--tbt-slo-ms -1"}, "variant 'a': --tbt-slo-ms must be > 0 (milliseconds), got -1");
+  // A fault's rate and time: "must be NAME@SECONDS=GBPS" said nothing of which part was wrong.
+  refused({"run", "--degrade", "decode-1@30=0"}, "--degrade decode-1@30=0: GBPS must be > 0");
+  refused({"run", "--degrade", "decode-1@30=-4"}, "--degrade decode-1@30=-4: GBPS must be > 0");
+  refused({"run", "--degrade", "decode-1@-30=4"}, "--degrade decode-1@-30=4: SECONDS must be >= 0");
+  refused({"run", "--kill", "decode-1@-5"}, "--kill decode-1@-5: SECONDS must be >= 0");
+  refused({"run", "--kill", "decode-1@"}, "--kill must be RANK@SECONDS (e.g. decode-1@600), got 'decode-1@'");
+}
+
+TEST_CASE("sim refuses flags that the kind of arrivals given would ignore") {
+  const trace_file t({{0, 100, 4}, {1000, 100, 4}});
+  refused({"run", "--trace", t.path, "--rate", "5", "--input-mean", "100"},
+          "--rate 5, --input-mean 100 shape synthetic arrivals, and --trace " + t.path +
+              " replays a trace instead: drop them (--rate-scale scales a trace's rate)");
+  refused({"run", "--trace", t.path, "--day-s", "600"}, "--day-s 600 shapes synthetic arrivals");
+  refused({"run", "--max-requests", "10"},
+          "--max-requests 10 cuts a --trace, and none is given: synthetic arrivals are as many as --rate and "
+          "--duration-s make");
+  refused({"run", "--window-start-s", "5", "--window-s", "60"}, "--window-start-s 5, --window-s 60 cut a --trace");
+  // In compare, over the variant's flags and the common ones together.
+  refused({"compare", "--rate", "5", "--variant", "t=--trace " + t.path}, "variant 't': --rate 5 shapes synthetic arrivals");
+  // Meaningful with either: --rate-scale, --seed (recorded with a trace).
+  refused({"run", "--trace", t.path, "--rate-scale", "2", "--seed", "7", "--report", "/nonexistent-baton-dir/x.json"},
+          "--report /nonexistent-baton-dir/x.json: the directory /nonexistent-baton-dir does not exist");
+}
+
+TEST_CASE("sim refuses KV pools this machine cannot hold in its own flag's words") {
+  // The cluster refused them with "... lower --kv-pages", a flag of `baton local`'s, not sim's.
+  const auto o = baton_sim(with({"run", "--kv-tokens", "99999999999"}, small));
+  INFO("stderr: " << o.err);
+  CHECK(o.rc == 2);
+  CHECK(has(o.err, "2 ranks' KV pools of 1562499999 pages each (99999999999 KV tokens per instance; "));
+  CHECK(has(o.err, "give a smaller --kv-tokens, or fewer instances"));
+  CHECK_FALSE(has(o.err, "kv-pages"));
+  CHECK(o.out.empty());
+  // compare: before the first variant runs.
+  refused(with({"compare", "--variant", "ok=", "--variant", "big=--kv-tokens 99999999999"}, small),
+          "variant 'big': 2 ranks' KV pools of 1562499999 pages each");
+}
+
+TEST_CASE("sim run replays a trace's rows of 0 output tokens as prefill-only, and says how many") {
+  const trace_file t({{0, 100, 0}, {1000, 100, 3}});
+  const auto o = baton_sim(with({"run", "--trace", t.path}, small_cluster));
+  INFO("stdout: " << o.out);
+  INFO("stderr: " << o.err);
+  CHECK(o.rc == 0);
+  CHECK(has(o.out, "requests 2, completed 2, failed 0"));
+  CHECK(has(o.out, "requests that record 0 output tokens: 1, replayed as prefill-only (1 token: the first)"));
+}
+
+TEST_CASE("sim goodput's help says how many runs --steps makes") {
+  const auto o = baton_sim({"goodput", "--help"});
+  CHECK(o.rc == 0);
+  CHECK(has(o.out, "--steps"));
+  CHECK(has(o.out, "after the runs at --lo and --hi: up to steps + 2 runs"));
 }

@@ -496,3 +496,39 @@ TEST_CASE("sim: a trace longer than the virtual clock counts is refused with a s
   CHECK_FALSE(run_sim(small_cluster(), t, "long", &r, &why));
   CHECK(why == "long: its last arrival (10000000000 s) plus horizon_s passes what the sims' clock counts (9e9 s)");
 }
+
+TEST_CASE("sim config: policy names, SLOs and link rates are refused by validate(), before any run; KV pools past this "
+          "machine's memory in the sim's words") {
+  // The balancers parsed their names only when a run started them: compare ran its earlier
+  // variants first. split parses, and is refused for sims: it is not offered.
+  auto cfg = small_cluster();
+  cfg.prefill_policy = "leastloaded";
+  CHECK(cfg.validate() == "prefill_policy must be seed, least_loaded, round_robin or cache_affinity, got 'leastloaded'");
+  cfg = small_cluster();
+  cfg.decode_policy = "fastest";
+  CHECK(cfg.validate() == "decode_policy must be seed, least_loaded or round_robin, got 'fastest'");
+  cfg = small_cluster();
+  cfg.prefill_policy = "split";
+  CHECK(cfg.validate().find("the split prefill policy is not supported in sims yet") == 0);
+  cfg = small_cluster();
+  cfg.slos = {0, 100};
+  CHECK(cfg.validate() == "the SLOs (ttft_ms, tbt_ms) must be > 0");
+  cfg = small_cluster();
+  cfg.nic_gbps = -3;  // ran as the default rate, as 0 does
+  CHECK(cfg.validate() == "nic_gbps and pcie_gbps must be >= 0 (0: the GPU's own rate)");
+  // 4 ranks of 1,562,499,999 pages of carrier KV (4 KB each): terabytes. The cluster refused it in
+  // `baton local`'s words ("lower --kv-pages"); the sim says it first, naming its own field.
+  cfg = small_cluster();
+  cfg.kv_tokens = 99'999'999'999;
+  const auto e = kv_memory_problem(cfg);
+  CHECK(e.find("4 ranks' KV pools of 1562499999 pages each (99999999999 KV tokens per instance; ") == 0);
+  CHECK(e.find("give a smaller kv_tokens, or fewer instances") != std::string::npos);
+  CHECK(e.find("kv-pages") == std::string::npos);
+  sim_result r;
+  std::string why;
+  CHECK(run_problem(cfg, one_request(10, 2), "x") == e);
+  CHECK_FALSE(run_sim(cfg, one_request(10, 2), "x", &r, &why));
+  CHECK(why == e);
+  cfg.kv_tokens = 0;  // the roofline's capacity: ~850K tokens an H200, about 200 MB of carrier KV in all
+  CHECK(kv_memory_problem(cfg).empty());
+}

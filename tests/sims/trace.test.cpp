@@ -94,6 +94,45 @@ TEST_CASE("a malformed trace line is an error naming file and line, or skipped a
   CHECK_FALSE(load_trace("trace.parquet", {}, &t, &why));
 }
 
+TEST_CASE("trace rows: an empty prompt is malformed (file and line), 0 output tokens a prefill-only request replayed "
+          "as 1, and a line of blanks is skipped") {
+  trace t;
+  std::string why;
+  // Empty prompts passed here and failed the run ("prompt is empty"), after any runs before it.
+  const std::string mooncake =
+      "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 2, \"hash_ids\": [0]}\n"
+      "{\"timestamp\": 5, \"input_length\": 0, \"output_length\": 3, \"hash_ids\": []}\n";
+  std::istringstream m{mooncake};
+  CHECK_FALSE(read_trace(m, trace_format::mooncake_jsonl, "m.jsonl", {}, &t, &why));
+  CHECK(why == "m.jsonl:2: input_length is 0: a request needs a prompt of at least one token");
+  std::istringstream a{"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,4808,10\n2023-11-16 18:17:04,0,0\n"};
+  CHECK_FALSE(read_trace(a, trace_format::azure_csv, "a.csv", {}, &t, &why));
+  CHECK(why == "a.csv:3: ContextTokens is 0: a request needs a prompt of at least one token");
+  std::istringstream v{"{\"request_id\": \"a\", \"input_toks\": 0, \"output_toks\": 1, \"arrival_time\": 1, "
+                       "\"queued_ts\": 1, \"first_token_ts\": 2, \"last_token_ts\": 3}\n"};
+  CHECK_FALSE(read_trace(v, trace_format::vllm_jsonl, "v_requests.jsonl", {}, &t, &why));
+  CHECK(why == "v_requests.jsonl:1: input_toks is 0: a request needs a prompt of at least one token");
+  // Like any malformed row, skipped and counted when asked.
+  trace_options skip;
+  skip.skip_malformed = true;
+  std::istringstream m2{mooncake};
+  REQUIRE_MESSAGE(read_trace(m2, trace_format::mooncake_jsonl, "m.jsonl", skip, &t, &why), why);
+  CHECK(t.requests.size() == 1);
+  CHECK(t.skipped == 1);
+  // No output: replayed as one token (the first, which the prefill samples), and counted; a line
+  // of spaces, tabs and a CR separates nothing, as an empty one (it was refused as "not a JSON
+  // object").
+  std::istringstream zero{"{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 0, \"hash_ids\": [0]}\n"
+                          "   \t \r\n"
+                          "{\"timestamp\": 1000, \"input_length\": 10, \"output_length\": 4, \"hash_ids\": [0]}\n"};
+  REQUIRE_MESSAGE(read_trace(zero, trace_format::mooncake_jsonl, "z.jsonl", {}, &t, &why), why);
+  REQUIRE(t.requests.size() == 2);
+  CHECK(t.lines == 2);
+  CHECK(t.requests[0].output_tokens == 1);
+  CHECK(t.requests[1].output_tokens == 4);
+  CHECK(t.zero_output_rows == 1);
+}
+
 TEST_CASE("regression (fuzz): an absurd arrival time is refused, not overflowed out of arrival order") {
   const std::string text =
       "{\"request_id\": \"a\", \"input_toks\": 1, \"output_toks\": 1, \"arrival_time\": 17872679828070.4, "
