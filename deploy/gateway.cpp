@@ -35,6 +35,9 @@ std::string gateway_config::validate() const {
   for (const auto& k : api_keys)
     if (k.empty()) return "gateway: an API key must not be empty";
   if (limits.max_body_bytes == 0 || limits.max_header_bytes < 64) return "gateway: HTTP limits are too small";
+  for (const auto& o : cors_origins)
+    if (o != "*" && o.rfind("http://", 0) != 0 && o.rfind("https://", 0) != 0)
+      return "gateway: --cors-origin '" + o + "' is not an origin (http://host[:port], https://host[:port], or *)";
   if (idle_timeout_ms == 0) return "gateway: idle_timeout_ms must be >= 1";
   if (max_stream_backlog_bytes < 4096) return "gateway: max_stream_backlog_bytes must be >= 4096";
   // Printable ASCII: the name goes into every answer's JSON, which must not meet invalid UTF-8.
@@ -108,6 +111,7 @@ struct connection_state {
   /// timer checks; a timer message per call would pile up for the whole timeout at high rates).
   std::chrono::steady_clock::time_point call_started;
   bool head_sent = false;
+  std::string cors_origin;  ///< the current request's Origin, when the gateway lets it call (cors_origins)
 };
 using state_ptr = std::shared_ptr<connection_state>;
 
@@ -155,7 +159,9 @@ std::string param_of(std::string_view message) {
 
 openai::api_error api_error_of(int status, std::string message) {
   auto param = status == 400 ? param_of(message) : std::string{};
-  return {status, std::move(message), status < 500 ? "invalid_request_error" : "server_error", std::move(param)};
+  // The router's refusals of a prompt (plus max_tokens) longer than the context all say so.
+  std::string code = status == 400 && message.find("the model's context of") != std::string::npos ? "context_length_exceeded" : "";
+  return {status, std::move(message), status < 500 ? "invalid_request_error" : "server_error", std::move(param), std::move(code)};
 }
 
 /// Answers queued for a client that does not read past this stop the connection's further
@@ -227,11 +233,20 @@ void finish(caf::io::broker* self, caf::io::connection_handle hdl, const shared_
   pump(self, hdl, g, st);
 }
 
+/// A browser page of an allowed origin may read the answer (CORS); caches keep answers apart by
+/// origin.
+void add_cors(const state_ptr& st, http::header_list* extra) {
+  if (st->cors_origin.empty()) return;
+  extra->emplace_back("Access-Control-Allow-Origin", st->cors_origin);
+  extra->emplace_back("Vary", "Origin");
+}
+
 void reply(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st, int status,
            const std::string& body, const char* content_type = "application/json", http::header_list extra = {}) {
   g->metrics.count_response(st->route, status);
   if (status == 503 || status == 429) extra.emplace_back("Retry-After", "1");
   if (g->draining) st->keep_alive = false;  // the client's next request goes to another replica
+  add_cors(st, &extra);
   auto out = http::response(status, content_type, body, st->keep_alive, extra);
   if (st->head_only) out.resize(out.size() - body.size());  // Content-Length stays: HEAD's rule
   write(self, hdl, st, out);
@@ -272,12 +287,14 @@ void generate(caf::io::broker* self, const shared_ptr& g, const state_ptr& st, c
 void stream_head(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st) {
   if (st->head_sent) return;
   if (g->draining) st->keep_alive = false;
+  http::header_list extra;
+  add_cors(st, &extra);
   if (st->chunked) {
-    write(self, hdl, st,
-          http::chunked_head(200, "text/event-stream", {{"Connection", st->keep_alive ? "keep-alive" : "close"}}));
+    extra.emplace_back("Connection", st->keep_alive ? "keep-alive" : "close");
+    write(self, hdl, st, http::chunked_head(200, "text/event-stream", extra));
   } else {
     st->keep_alive = false;  // the close is what ends the body
-    write(self, hdl, st, http::close_delimited_head(200, "text/event-stream"));
+    write(self, hdl, st, http::close_delimited_head(200, "text/event-stream", extra));
   }
   st->head_sent = true;
 }
@@ -424,13 +441,35 @@ void dispatch(caf::io::broker* self, caf::io::connection_handle hdl, const share
   if (!found && req.path.size() > models_prefix.size() && req.path.compare(0, models_prefix.size(), models_prefix) == 0)
     found = &routes[std::size(routes) - 1];
   st->route = found ? found->path : "other";
+  st->cors_origin.clear();
+  if (const auto* origin = req.header("origin"))
+    for (const auto& o : g->cfg.cors_origins)
+      if (o == "*" || o == *origin) st->cors_origin = o == "*" ? "*" : *origin;
   if (!found)
     return reply_error(self, hdl, g, st, {404, "no route " + req.method + " " + req.path.substr(0, 128), "invalid_request_error", {}});
+  const std::string allow = std::string_view{found->method} == "GET" ? "GET, HEAD, OPTIONS" : found->method + std::string{", OPTIONS"};
+  if (req.method == "OPTIONS") {
+    // What the route allows; to a browser's preflight from an allowed origin, also that it may
+    // send the key and a JSON body (no key needed: a preflight carries none).
+    http::header_list extra{{"Allow", allow}};
+    if (!st->cors_origin.empty() && req.header("access-control-request-method")) {
+      extra.emplace_back("Access-Control-Allow-Methods", allow);
+      extra.emplace_back("Access-Control-Allow-Headers", "Authorization, Content-Type");
+      extra.emplace_back("Access-Control-Max-Age", "600");
+    }
+    return reply(self, hdl, g, st, 204, "", "text/plain", std::move(extra));
+  }
   if (req.method != found->method && !(req.method == "HEAD" && std::string_view{found->method} == "GET"))
     return reply_error(self, hdl, g, st,
                        {405, req.path + " takes " + found->method + ", not " + req.method.substr(0, 16), "invalid_request_error", {}},
-                       {{"Allow", std::string_view{found->method} == "GET" ? "GET, HEAD" : found->method}});
+                       {{"Allow", allow}});
   if (!authorized(g, req)) return reply_unauthorized(self, hdl, g, st);
+  // A compressed body would read as invalid JSON: say what is wrong with it instead.
+  if (const auto* enc = req.header("content-encoding"); enc && !http::iequals(*enc, "identity"))
+    return reply_error(self, hdl, g, st,
+                       {415, "Content-Encoding " + enc->substr(0, 32) + " is not supported: send the body uncompressed",
+                        "invalid_request_error", {}},
+                       {{"Accept-Encoding", "identity"}});
   // Shutting down, or the head is away: no call can be served here now, and a load balancer
   // (or a client's retry) should go to another replica or come back shortly.
   if (found->needs_cluster && (g->draining || !g->router_away.empty()))

@@ -46,6 +46,10 @@ struct gateway_config {
   /// --served-model-name; empty: the model's own name (config.json's _name_or_path, else its
   /// architecture). Calls naming another model get 404.
   std::string served_model_name;
+  /// Browser origins (`https://app.example.com`, or `*` for any) whose pages may call the API:
+  /// their CORS preflights (OPTIONS) are answered, and answers carry
+  /// Access-Control-Allow-Origin. Empty: none (OPTIONS still answers with what a route allows).
+  std::vector<std::string> cors_origins;
   std::string validate() const;
 };
 

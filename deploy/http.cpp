@@ -268,6 +268,7 @@ static parse_result parse_request_at(std::string_view buf, const limits& lim, re
 const char* reason_phrase(int status) {
   switch (status) {
     case 200: return "OK";
+    case 204: return "No Content";
     case 400: return "Bad Request";
     case 401: return "Unauthorized";
     case 404: return "Not Found";
@@ -275,6 +276,7 @@ const char* reason_phrase(int status) {
     case 408: return "Request Timeout";
     case 411: return "Length Required";
     case 413: return "Content Too Large";
+    case 415: return "Unsupported Media Type";
     case 429: return "Too Many Requests";
     case 431: return "Request Header Fields Too Large";
     case 499: return "Client Closed Request";
@@ -290,9 +292,11 @@ const char* reason_phrase(int status) {
 namespace {
 std::string head(int status, std::string_view content_type, const header_list& extra) {
   std::string out = "HTTP/1.1 " + std::to_string(status) + " " + reason_phrase(status) + "\r\n";
-  out += "Content-Type: ";
-  out += content_type;
-  out += "\r\n";
+  if (status != 204) {  // no content, no type
+    out += "Content-Type: ";
+    out += content_type;
+    out += "\r\n";
+  }
   for (const auto& [k, v] : extra) out += k + ": " + v + "\r\n";
   return out;
 }
@@ -301,7 +305,7 @@ std::string head(int status, std::string_view content_type, const header_list& e
 std::string response(int status, std::string_view content_type, std::string_view body, bool keep_alive,
                      const header_list& extra) {
   std::string out = head(status, content_type, extra);
-  out += "Content-Length: " + std::to_string(body.size()) + "\r\n";
+  if (status != 204) out += "Content-Length: " + std::to_string(body.size()) + "\r\n";  // RFC 9110 §8.6: none on 204
   out += keep_alive ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
   out += body;
   return out;

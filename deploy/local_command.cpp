@@ -356,6 +356,8 @@ int run_local(const std::vector<std::string>& args) {
             "--http-listen: a call's wait for its first token before 504 (later tokens: --token-timeout-ms)");
   flags.add("--idle-timeout-ms", &opt.gateway.idle_timeout_ms, "--http-listen: a connection idle this long is closed");
   flags.add("--max-connections", &opt.gateway.max_connections, "--http-listen: connections beyond this are answered 503");
+  flags.add("--cors-origin", &opt.gateway.cors_origins,
+            "--http-listen: a browser origin (https://host[:port], or *) whose pages may call the API (repeatable)");
   flags.add("--served-model-name", &opt.gateway.served_model_name,
             "--http-listen: the model's id in the API (default: the model's own name)");
   flags.add("--max-body-bytes", &opt.gateway.limits.max_body_bytes,

@@ -358,7 +358,12 @@ std::string usage_chunk_json(const call& c, const std::vector<completion>& choic
 }
 
 std::string error_json(const api_error& e) {
-  json err = {{"message", e.message}, {"type", e.type}, {"code", nullptr}};
+  // The codes OpenAI gives these answers; others have none (null), as many of OpenAI's do.
+  std::string code = e.code;
+  if (code.empty() && e.status == 401) code = "invalid_api_key";
+  if (code.empty() && e.status == 429) code = "rate_limit_exceeded";
+  if (code.empty() && e.status == 404 && e.param == "model") code = "model_not_found";
+  json err = {{"message", e.message}, {"type", e.type}, {"code", code.empty() ? json(nullptr) : json(code)}};
   err["param"] = e.param.empty() ? json(nullptr) : json(e.param);
   return json{{"error", err}}.dump(-1, ' ', false, json::error_handler_t::replace);
 }

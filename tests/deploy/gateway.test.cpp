@@ -161,7 +161,15 @@ TEST_CASE("the gateway refuses what it cannot serve with the right status and a 
   CHECK_MESSAGE(json::parse(bad.body)["error"]["message"].get<std::string>().find("stage admission") != std::string::npos,
                 bad.body);
   CHECK(json::parse(bad.body)["error"]["param"] == "max_tokens");
-  CHECK(round_trip(port, post("/v1/completions", R"({"prompt":"a","model":"nope"})")).status == 404);
+  auto no_model = round_trip(port, post("/v1/completions", R"({"prompt":"a","model":"nope"})"));
+  CHECK(no_model.status == 404);
+  // OpenAI's codes where it has one, which clients branch on; null elsewhere.
+  CHECK(json::parse(no_model.body)["error"]["code"] == "model_not_found");
+  CHECK(json::parse(unauth.body)["error"]["code"] == "invalid_api_key");
+  CHECK(json::parse(bad.body)["error"]["code"].is_null());
+  auto too_long = round_trip(port, post("/v1/completions", R"({"prompt":"In the beginning God created the heaven","max_tokens":250})"));
+  CHECK(too_long.status == 400);
+  CHECK_MESSAGE(json::parse(too_long.body)["error"]["code"] == "context_length_exceeded", too_long.body);
   CHECK(round_trip(port, post("/v1/completions", std::string(5000, ' '))).status == 413);
   CHECK(round_trip(port, "BROKEN\r\n\r\n").status == 400);
   // A chat needs a template; the built-in model has none: a clear 400, not a crash.
@@ -172,7 +180,7 @@ TEST_CASE("the gateway refuses what it cannot serve with the right status and a 
   CHECK(round_trip(port, post("/v1/completions", R"({"prompt":"a","max_tokens":2})")).status == 200);
   auto metrics = round_trip(port, get("/metrics"));
   REQUIRE(metrics.status == 200);
-  CHECK(metrics.body.find("baton_http_responses_total{route=\"/v1/completions\",code=\"400\"} 1") != std::string::npos);
+  CHECK(metrics.body.find("baton_http_responses_total{route=\"/v1/completions\",code=\"400\"} 2") != std::string::npos);
   CHECK(metrics.body.find("baton_ttft_seconds_count 1") != std::string::npos);
   CHECK(metrics.body.find("baton_rank_free_kv_pages{role=\"decode\",rank=\"decode-0\"}") != std::string::npos);
   CHECK(metrics.body.find("baton_rank_available{role=\"prefill\",rank=\"prefill-0\"} 1\n") != std::string::npos);
@@ -792,4 +800,41 @@ TEST_CASE("a draining router refuses new requests as shutting_down (retryable) a
                });
   CHECK_MESSAGE(refused.find("stage admission: the cluster's head is shutting down") != std::string::npos, refused);
   CHECK(running.get().tokens.size() == 30);
+}
+
+TEST_CASE("OPTIONS says what a route allows; a browser's preflight from an allowed origin is answered with CORS "
+          "headers, and that origin's answers carry Access-Control-Allow-Origin; other origins get none") {
+  deploy::gateway_config gc;
+  gc.cors_origins = {"https://app.example.com"};
+  served_cluster s{gc};
+  const uint16_t port = s.gateway.port;
+  const auto preflight = [&](const std::string& origin) {
+    return round_trip(port, "OPTIONS /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: " + origin +
+                                "\r\nAccess-Control-Request-Method: POST\r\nAccess-Control-Request-Headers: authorization, "
+                                "content-type\r\n\r\n");
+  };
+  auto ok = preflight("https://app.example.com");
+  CHECK(ok.status == 204);  // no key: a preflight carries none
+  CHECK(ok.head.find("Allow: POST, OPTIONS") != std::string::npos);
+  CHECK(ok.head.find("Access-Control-Allow-Origin: https://app.example.com") != std::string::npos);
+  CHECK(ok.head.find("Access-Control-Allow-Headers: Authorization, Content-Type") != std::string::npos);
+  CHECK(ok.head.find("Content-Length") == std::string::npos);  // RFC 9110: none on a 204
+  auto other = preflight("https://evil.example.com");
+  CHECK(other.status == 204);
+  CHECK(other.head.find("Access-Control-Allow-Origin") == std::string::npos);
+  // A call from the allowed origin: its answer (a stream's head too) names the origin.
+  const std::string body = R"({"prompt":"a","max_tokens":2,"stream":true})";
+  auto call = round_trip(port, "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: https://app.example.com\r\n"
+                               "Authorization: Bearer sk-test\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body);
+  CHECK(call.status == 200);
+  CHECK(call.head.find("Access-Control-Allow-Origin: https://app.example.com") != std::string::npos);
+  CHECK(round_trip(port, get("/v1/models")).head.find("Access-Control-Allow-Origin") == std::string::npos);  // no Origin
+  // A compressed body is refused as such, not read as broken JSON.
+  auto gz = round_trip(port, "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer sk-test\r\n"
+                             "Content-Encoding: gzip\r\nContent-Length: 3\r\n\r\n\x1f\x8b\x08");
+  CHECK(gz.status == 415);
+  CHECK_MESSAGE(gz.body.find("Content-Encoding gzip is not supported") != std::string::npos, gz.body);
+  deploy::gateway_config bad;
+  bad.cors_origins = {"app.example.com"};
+  CHECK(bad.validate().find("--cors-origin 'app.example.com' is not an origin") != std::string::npos);
 }

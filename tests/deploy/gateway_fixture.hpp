@@ -98,6 +98,7 @@ inline http_answer read_answer(int fd, std::string& buf) {
     }
   }
   const auto cl = a.head.find("Content-Length: ");
+  if (cl == std::string::npos) return a;  // a 204: no body
   const size_t length = std::stoul(a.head.substr(cl + 16));
   while (buf.size() < length)
     if (!fill()) return a;
