@@ -12,7 +12,7 @@ source "$(dirname "$0")/e2e_lib.sh"
 HEAD_PID="" ODD_A="" FALL_A="" LOADERS=()
 # A node left stopped (SIGSTOP) would hold its ports: it is continued before it is told to stop.
 # SIGTERM (a background job may still ignore SIGINT), then SIGKILL: these command lines do not name WORK.
-trap 'for p in $HEAD_PID $ODD_A $FALL_A; do kill -CONT "$p" 2>/dev/null; kill -TERM "$p" 2>/dev/null || true; done
+trap 'for p in $HEAD_PID $ODD_A $FALL_A; do kill -CONT "$p" 2>/dev/null || true; kill -TERM "$p" 2>/dev/null || true; done
       for p in "${LOADERS[@]}"; do kill "$p" 2>/dev/null || true; done; sleep 1
       for p in $HEAD_PID $ODD_A $FALL_A; do kill -9 "$p" 2>/dev/null || true; done; cleanup_launched' EXIT
 fail() { echo "launch EP e2e: FAILED: $*" >&2; echo "--- launcher output:" >&2; cat "$WORK/launch.log" >&2 || true; exit 1; }

@@ -24,7 +24,7 @@ LAUNCHER=""
 source "$(dirname "$0")/e2e_lib.sh"
 PID_S=""
 # A stopped store-a would ignore the launcher's stop signal until continued.
-trap '[ -n "$PID_S" ] && kill -CONT "$PID_S" 2>/dev/null; stop_launcher' EXIT
+trap '{ [ -n "$PID_S" ] && kill -CONT "$PID_S" 2>/dev/null; } || true; stop_launcher' EXIT
 fail() { echo "store restart e2e ($MODE): FAILED: $*" >&2; echo "--- launcher:" >&2; cat "$WORK/launch.log" >&2; exit 1; }
 
 read -r P_ROUTER P_CLUSTER P_HTTP P_STORE < <(free_ports 4)
