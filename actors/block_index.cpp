@@ -171,20 +171,25 @@ block_index_actor::behavior_type block_index_impl(pointer self, block_index_conf
         st.stats.hit_blocks += hits.size();
         return keys;
       },
-      [=](commit_atom, block_commit& c) {
+      [=](commit_atom, std::vector<block_commit>& commits) {
         auto& st = self->state;
-        const auto cls = store::parse_retention(c.retention).value_or(store::retention::chat);
         const double now = now_s(self);
-        const double expires = now + st.cfg.retention.ttl_s(cls) - static_cast<double>(c.age_ms) / 1e3;
-        store::block_meta m{{c.block.hi, c.block.lo}, {c.parent_hi, c.parent_lo}, c.block.servers, c.size_bytes, cls,
-                            expires, now, std::vector<uint64_t>(c.block.servers.size(), c.write_seq)};
-        // Found on disk by a restarted server (age_ms > 0). Even one whose retention ran out while
-        // the store was down is not deleted yet: the ring put its descendants on other servers,
-        // whose scans may not be in, and one of them may keep it alive as the live index did.
-        // Unserved meanwhile; housekeeping deletes it when the hold ends, if nothing extended it.
-        const double hold_until =
-            c.age_ms > 0 ? now + uint64_t{st.cfg.recovery_hold_intervals} * st.cfg.housekeeping_interval_ms / 1e3 : 0.0;
-        st.index.upsert(std::move(m), now, hold_until);
+        for (auto& c : commits) {
+          const auto cls = store::parse_retention(c.retention).value_or(store::retention::chat);
+          const double expires = now + st.cfg.retention.ttl_s(cls) - static_cast<double>(c.age_ms) / 1e3;
+          store::block_meta m{{c.block.hi, c.block.lo}, {c.parent_hi, c.parent_lo}, c.block.servers, c.size_bytes, cls,
+                              expires, now, std::vector<uint64_t>(c.block.servers.size(), c.write_seq)};
+          // Found on disk by a restarted server (age_ms > 0). Even one whose retention ran out
+          // while the store was down is not deleted yet: the ring put its descendants on other
+          // servers, whose scans may not be in, and one of them may keep it alive as the live
+          // index did. Unserved meanwhile; housekeeping deletes it when the hold ends, if nothing
+          // extended it.
+          const double hold_until =
+              c.age_ms > 0 ? now + uint64_t{st.cfg.recovery_hold_intervals} * st.cfg.housekeeping_interval_ms / 1e3 : 0.0;
+          st.index.upsert(std::move(m), now, hold_until);
+        }
+        // Once per message: a recovered batch past the capacity loses its least recent blocks,
+        // as one block at a time would.
         auto evicted = st.index.evict_to_capacity();
         st.stats.evicted += evicted.size();
         drop(self, evicted);

@@ -533,16 +533,25 @@ void recover_blocks(pointer self) {
         st.stats.blocks_recovered += scan.blocks.size();
         st.stats.files_removed += scan.removed;
         uint64_t bytes = 0;
+        // Per index shard, in batches (commit_batch_blocks), least recent first as scanned.
+        std::vector<std::vector<block_commit>> batches(st.index.size());
+        auto send = [&](size_t shard) {
+          if (batches[shard].empty()) return;
+          self->send(st.index[shard], commit_atom::value, std::exchange(batches[shard], {}));
+        };
         for (const auto& b : scan.blocks) {
           bytes += b.file_bytes;
           // The KV bytes, as a write's commit says (the file adds its header).
           const uint64_t header = store::block_header::fixed_header_bytes;
           const uint64_t kv_bytes = b.file_bytes > header ? b.file_bytes - header : 0;
           block_ref ref{b.key.hi, b.key.lo, {st.io->cfg.server_id}};
-          self->send(st.index[shard_of(b.key, static_cast<uint32_t>(st.index.size()))], commit_atom::value,
-                     block_commit{ref, b.parent.hi, b.parent.lo, store::to_string(static_cast<store::retention>(b.retention)),
-                                  kv_bytes, std::max<uint64_t>(b.age_ms, 1)});
+          const size_t shard = shard_of(b.key, static_cast<uint32_t>(st.index.size()));
+          batches[shard].push_back(block_commit{ref, b.parent.hi, b.parent.lo,
+                                                store::to_string(static_cast<store::retention>(b.retention)), kv_bytes,
+                                                std::max<uint64_t>(b.age_ms, 1)});
+          if (batches[shard].size() >= commit_batch_blocks) send(shard);
         }
+        for (size_t shard = 0; shard < batches.size(); ++shard) send(shard);
         if (scan.blocks.empty() && scan.removed == 0 && scan.foreign == 0) return;
         auto line = caf::aout(self);
         line << st.io->cfg.name << ": found " << scan.blocks.size() << " blocks (" << bytes / (1u << 20)
@@ -768,7 +777,7 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
               block_ref b{out.w.block.hi, out.w.block.lo, {s.io->cfg.server_id}};
               if (!s.index.empty())  // a server on its own (tests) has no index to tell
                 self->send(s.index[shard_of({b.hi, b.lo}, static_cast<uint32_t>(s.index.size()))], commit_atom::value,
-                           block_commit{b, out.w.parent_hi, out.w.parent_lo, out.w.retention, out.w.bytes, 0, out.seq});
+                           std::vector<block_commit>{{b, out.w.parent_hi, out.w.parent_lo, out.w.retention, out.w.bytes, 0, out.seq}});
             });
         return promise;
       },

@@ -115,7 +115,7 @@ struct completion {
   uint32_t num_prompt_tokens = 0;
   std::vector<int32_t> tokens;                 ///< generated tokens, first one from prefill
   std::string text;                            ///< detokenized `tokens`
-  std::string finish_reason;                   ///< "length" or "eos"
+  std::string finish_reason;                   ///< "eos", "stop" (a stop string or token) or "length"
   int64_t ttft_us = 0;                         ///< arrival at the request actor -> first token
   std::vector<int64_t> tbt_us;                 ///< each interval between consecutive tokens
   std::vector<std::vector<float>> step_logits; ///< step_logits[i] chose tokens[i] (if asked)

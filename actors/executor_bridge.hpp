@@ -34,9 +34,19 @@ namespace baton {
 /// An order's sampling settings (decode and prefill orders carry the same fields).
 template <class Order>
 gpu::sampling_config sampling_of(const Order& o) {
-  return {o.temperature,       o.seed,           o.top_k,          o.top_p,
-          o.repetition_penalty, o.presence_penalty, o.frequency_penalty, o.output_from,
-          o.logit_bias_tokens,  o.logit_bias_values, o.min_p};
+  // Designated: a field added to sampling_config out of this order fails to compile rather than
+  // taking its neighbour's value.
+  return {.temperature = o.temperature,
+          .seed = o.seed,
+          .top_k = o.top_k,
+          .top_p = o.top_p,
+          .repetition_penalty = o.repetition_penalty,
+          .presence_penalty = o.presence_penalty,
+          .frequency_penalty = o.frequency_penalty,
+          .output_from = o.output_from,
+          .bias_tokens = o.logit_bias_tokens,
+          .bias_values = o.logit_bias_values,
+          .min_p = o.min_p};
 }
 
 /// The order's sampling settings for the token at `position`: min_tokens holds the end tokens

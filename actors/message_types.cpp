@@ -84,6 +84,7 @@ void register_message_types(caf::actor_system_config& cfg) {
       .add_message_type<store_write_begin>("baton::store_write_begin")
       .add_message_type<store_write_slot>("baton::store_write_slot")
       .add_message_type<block_commit>("baton::block_commit")
+      .add_message_type<std::vector<block_commit>>("std::vector<baton::block_commit>")
       .add_message_type<store_stats>("baton::store_stats")
       .add_message_type<store_info>("baton::store_info")
       .add_message_type<std::vector<block_index_actor>>("std::vector<baton::block_index_actor>")

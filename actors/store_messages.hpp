@@ -153,6 +153,9 @@ typename Inspector::result_type inspect(Inspector& f, block_commit& x) {
            x.age_ms, x.write_seq);
 }
 
+/// The most commits one message carries (a server's recovery; block_index_actor).
+inline constexpr size_t commit_batch_blocks = 1024;
+
 /// Counters of the store's actors (index and servers fill their own fields).
 struct store_stats {
   uint64_t blocks = 0;           ///< index: blocks known
@@ -195,7 +198,10 @@ using block_server_actor = caf::typed_actor<
 using block_index_actor = caf::typed_actor<
     // request id, keys -> the same keys, each with the servers holding it (none: absent)
     caf::replies_to<check_atom, uint64_t, std::vector<block_ref>>::with<std::vector<block_ref>>,
-    caf::reacts_to<commit_atom, block_commit>,
+    // Blocks written (one), or found on disk by a server that starts (batches of up to
+    // commit_batch_blocks: a disk of a million blocks is a few hundred messages, not a million,
+    // and a probe behind them on the same link is answered in time).
+    caf::reacts_to<commit_atom, std::vector<block_commit>>,
     // server id, key hi, lo, write_seq: that server deleted its copy to stay within its disk's capacity
     caf::reacts_to<delete_atom, uint32_t, uint64_t, uint64_t, uint64_t>,
     caf::reacts_to<timer_atom, uint64_t>,                       // housekeeping tick (internal)

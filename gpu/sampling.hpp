@@ -107,9 +107,10 @@ struct seq_sampling {
   /// Whether the pick is an argmax of the raw logits, which needs no history and no draw (nor
   /// the row on the host afterwards, for log-probabilities).
   bool plain_greedy() const { return cfg.temperature <= 0.0f && !cfg.adjusted() && !want_logprobs && !grammar; }
-  /// Whether the pick is a draw over the whole vocabulary at a temperature (no top-k, no top-p,
-  /// no penalties, no log-probabilities): one pass to sum, one to find the draw, which the CUDA
-  /// backend runs on the device.
+  /// Whether the pick is a draw over the whole vocabulary at a temperature -- nothing that
+  /// adjusted() names, no top-k, top-p or min_p, no log-probabilities, no grammar: one pass to
+  /// sum, one to find the draw, which the CUDA backend runs on the device. A new sampling field
+  /// that changes the pick must make this (and plain_greedy) false, or the GPU ignores it.
   bool plain_draw() const {
     return cfg.temperature > 0.0f && cfg.top_k == 0 && cfg.top_p >= 1.0f && cfg.min_p <= 0.0f && !cfg.adjusted() &&
            !want_logprobs && !grammar;

@@ -177,7 +177,7 @@ block_server_actor::behavior_type modelled_server(pointer self, block_server_con
           s.stats.bytes_written += static_cast<uint64_t>(static_cast<double>(w.bytes) * s.model.bytes_scale);
           block_ref b{w.block.hi, w.block.lo, {s.cfg.server_id}};
           self->send(s.index[shard_of({b.hi, b.lo}, static_cast<uint32_t>(s.index.size()))], commit_atom::value,
-                     block_commit{b, w.parent_hi, w.parent_lo, w.retention, w.bytes});
+                     std::vector<block_commit>{{b, w.parent_hi, w.parent_lo, w.retention, w.bytes}});
           promise.deliver(w.bytes);
         });
         return promise;

@@ -27,6 +27,36 @@ using namespace baton;
 
 namespace {
 
+/// The index's stand-in: records the commits the server sends it, and the size of each message.
+struct recording_index {
+  std::shared_ptr<std::vector<block_commit>> commits = std::make_shared<std::vector<block_commit>>();
+  std::shared_ptr<std::vector<size_t>> messages = std::make_shared<std::vector<size_t>>();
+  std::shared_ptr<std::mutex> mutex = std::make_shared<std::mutex>();
+  block_index_actor index;
+  explicit recording_index(caf::actor_system& sys) {
+    index = sys.spawn([commits = commits, messages = messages, mutex = mutex](block_index_actor::pointer) -> block_index_actor::behavior_type {
+      return {[](check_atom, uint64_t, std::vector<block_ref>& refs) { return refs; },
+              [=](commit_atom, std::vector<block_commit>& cs) {
+                std::lock_guard<std::mutex> lock{*mutex};
+                commits->insert(commits->end(), cs.begin(), cs.end());
+                messages->push_back(cs.size());
+              },
+              [](delete_atom, uint32_t, uint64_t, uint64_t, uint64_t) {}, [](timer_atom, uint64_t) {},
+              [](std::vector<block_server_actor>&) {}, [](adopt_atom, uint32_t, block_server_actor&) {},
+              [](lost_atom, uint32_t, const block_server_actor&) {},
+              [](servers_atom) { return std::vector<block_server_actor>{}; },
+              [](servers_atom, uint32_t, uint64_t, bool) {
+                return caf::result<block_server_actor, uint64_t, bool>{block_server_actor{}, 0, false};
+              },
+              [](stats_atom) { return store_stats{}; }};
+    });
+  }
+  size_t num_commits() const {
+    std::lock_guard<std::mutex> lock{*mutex};
+    return commits->size();
+  }
+};
+
 /// Two layers, one 16-token page per block, kv_dim 4: a block layer is one page of 512 bytes.
 constexpr uint32_t layers = 2, tokens = 16, kv_dim = 4, reader_pages = 4;
 
@@ -335,24 +365,10 @@ TEST_CASE("block server: a delete the index sent for an older write of a key lea
   test::cluster_system t;
   one_server s;
   auto fabric = transport::make_loopback_fabric();
-  // The index's stand-in: the commits the server sends it.
-  auto commits = std::make_shared<std::vector<block_commit>>();
-  auto mutex = std::make_shared<std::mutex>();
-  auto index = t.sys.spawn([=](block_index_actor::pointer) -> block_index_actor::behavior_type {
-    return {[](check_atom, uint64_t, std::vector<block_ref>& refs) { return refs; },
-            [=](commit_atom, block_commit& c) {
-              std::lock_guard<std::mutex> lock{*mutex};
-              commits->push_back(c);
-            },
-            [](delete_atom, uint32_t, uint64_t, uint64_t, uint64_t) {}, [](timer_atom, uint64_t) {},
-            [](std::vector<block_server_actor>&) {}, [](adopt_atom, uint32_t, block_server_actor&) {},
-            [](lost_atom, uint32_t, const block_server_actor&) {},
-            [](servers_atom) { return std::vector<block_server_actor>{}; },
-            [](servers_atom, uint32_t, uint64_t, bool) {
-              return caf::result<block_server_actor, uint64_t, bool>{block_server_actor{}, 0, false};
-            },
-            [](stats_atom) { return store_stats{}; }};
-  });
+  recording_index rec{t.sys};
+  auto index = rec.index;
+  auto& commits = rec.commits;
+  auto& mutex = rec.mutex;
   block_server_config bc;
   bc.dir = s.dir;
   bc.identity = s.identity;
@@ -596,4 +612,25 @@ TEST_CASE("block server: a block that does not fit the reader's pages is refused
   CHECK(read(s.read_of(4, {a}, pool.key)).empty());  // the same block, fitting: served
   CHECK(pool.bytes[0] == std::byte{0x11});
   self->send_exit(server, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("block server: a server that finds thousands of blocks on its disk at start commits them in batches of at "
+          "most commit_batch_blocks (one message per block flooded the link, and a probe behind them timed out)") {
+  constexpr uint32_t n = 2 * static_cast<uint32_t>(commit_batch_blocks) + 52;
+  test::cluster_system t;
+  one_server s;
+  for (uint32_t i = 0; i < n; ++i) s.store_block({uint64_t{i} + 1, 0xba7c4}, std::byte{0x44});
+  recording_index rec{t.sys};
+  auto fabric = transport::make_loopback_fabric();
+  auto server = spawn_block_server(t.sys, s.config(), transport::make_loopback_transport(fabric, "store-0"), {rec.index});
+  for (int i = 0; i < 5000 && rec.num_commits() < n; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{2});
+  {
+    std::lock_guard<std::mutex> lock{*rec.mutex};
+    CHECK(rec.commits->size() == n);
+    CHECK(*rec.messages == std::vector<size_t>{commit_batch_blocks, commit_batch_blocks, 52});
+    CHECK(std::all_of(rec.commits->begin(), rec.commits->end(), [](const block_commit& c) { return c.age_ms > 0; }));
+  }
+  caf::scoped_actor self{t.sys};
+  self->send_exit(server, caf::exit_reason::user_shutdown);
+  self->send_exit(rec.index, caf::exit_reason::user_shutdown);
 }

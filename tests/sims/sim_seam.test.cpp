@@ -336,7 +336,7 @@ TEST_CASE("store retention under virtual time: agent blocks expire after 3 days,
     c.block = {1, id, {0}};
     c.retention = cls;
     c.size_bytes = 4096;
-    caf::anon_send(index, commit_atom::value, c);
+    caf::anon_send(index, commit_atom::value, std::vector<block_commit>{c});
   };
   commit(10, "agent");
   commit(11, "agent");
