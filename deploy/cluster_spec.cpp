@@ -436,6 +436,9 @@ bool parse_cluster_spec(const std::string& json_text, const std::string& base_di
   if (out->tls_dir.empty()) out->tls_dir = ".baton-tls-" + out->name;
   if (out->tls_dir.front() != '/' && !base_dir.empty())
     out->tls_dir = (std::filesystem::path(base_dir) / out->tls_dir).lexically_normal().string();
+  // The store's directory too, as the model's: "store" next to the spec, wherever the launcher runs.
+  if (!out->store_dir.empty() && out->store_dir.front() != '/' && !base_dir.empty())
+    out->store_dir = (std::filesystem::path(base_dir) / out->store_dir).lexically_normal().string();
   return validate(*out, why);
 }
 

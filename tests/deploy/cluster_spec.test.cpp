@@ -66,6 +66,15 @@ TEST_CASE("a cluster spec parses into nodes and plans one command line per node 
   REQUIRE_MESSAGE(parse_cluster_spec(good, "/base", &s, &why), why);
   CHECK(s.model == "/base/m");  // relative to the spec file
   CHECK(s.head().name == "head");
+  {  // the store's directory too, not the launcher's working directory
+    auto text = good;
+    const auto swap = [&](const std::string& from, const std::string& to) { text.replace(text.find(from), from.size(), to); };
+    swap(R"("model": "m",)", R"("model": "m", "store": {"dir": "cache/store"},)");
+    swap(R"("roles": ["router", "prefill"])", R"("roles": ["router", "prefill", "store"])");
+    cluster_spec st;
+    REQUIRE_MESSAGE(parse_cluster_spec(text, "/base", &st, &why), why);
+    CHECK(st.store_dir == "/base/cache/store");
+  }
   const auto plan = plan_launch(s, "/bin/baton", {"127.0.0.1", ""});
   REQUIRE(plan.size() == 3);
   CHECK(plan[0].role == "head");
