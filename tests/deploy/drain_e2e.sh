@@ -32,8 +32,8 @@ start_streams() {
     curl -sN -m 60 "http://127.0.0.1:$HTTP/v1/completions?drain-e2e" \
       -d '{"prompt":"In the beginning","max_tokens":230,"ignore_eos":true,"stream":true}' > "$WORK/stream-$i.txt" 2>/dev/null &
   done
-  for _ in $(seq 300); do grep -q "^data: {" "$WORK/stream-1.txt" 2>/dev/null && break; sleep 0.01; done
-  grep -q "^data: {" "$WORK/stream-1.txt" || fail "the first stream sent no token within 3 s"
+  for _ in $(seq 1000); do grep -q "^data: {" "$WORK/stream-1.txt" 2>/dev/null && break; sleep 0.01; done
+  grep -q "^data: {" "$WORK/stream-1.txt" || fail "the first stream sent no token within 10 s"
 }
 stopped_within() {  # seconds
   for _ in $(seq $(($1 * 10))); do kill -0 "$PID" 2>/dev/null || break; sleep 0.1; done
