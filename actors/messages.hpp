@@ -681,13 +681,15 @@ struct cluster_stats {
   /// router_config::max_active_requests (0: unbounded): a call of more generations than this can
   /// never be admitted whole, and the gateway refuses it as such rather than with a 429.
   uint32_t max_active_requests = 0;
+  bool draining = false;        ///< the router refuses new requests: its head is stopping (drain_atom)
+  bool decode_answered = true;  ///< false: the decode balancer did not answer in time; `decode` says nothing
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, cluster_stats& x) {
   return f(caf::meta::type_name("cluster_stats"), x.model, x.context_tokens, x.prefill, x.decode, x.store,
            x.num_admitted, x.num_rejected, x.num_active, x.num_overloaded, x.chat_reasoning,
            x.chat_tool_calls, x.default_temperature, x.default_top_p, x.default_top_k, x.store_servers,
-           x.store_servers_up, x.max_active_requests);
+           x.store_servers_up, x.max_active_requests, x.draining, x.decode_answered);
 }
 
 using router_actor = caf::typed_actor<

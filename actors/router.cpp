@@ -245,6 +245,8 @@ caf::result<cluster_stats> collect_stats(router_pointer self) {
   out->num_rejected = s.num_rejected;
   out->num_active = s.num_active;
   out->num_overloaded = s.num_overloaded;
+  out->draining = s.draining;
+  out->decode_answered = false;  // until it does
   auto rp = self->make_response_promise<cluster_stats>();
   auto left = std::make_shared<size_t>(2 + s.store.index.size() + s.store.servers.size());
   auto done = [rp, out, left]() mutable {
@@ -256,7 +258,7 @@ caf::result<cluster_stats> collect_stats(router_pointer self) {
       .then([=](std::vector<rank_load>& l) mutable { out->prefill = std::move(l), done(); },
             [=](caf::error&) mutable { done(); });
   self->request(s.decode, timeout, stats_atom::value)
-      .then([=](std::vector<rank_load>& l) mutable { out->decode = std::move(l), done(); },
+      .then([=](std::vector<rank_load>& l) mutable { out->decode = std::move(l), out->decode_answered = true, done(); },
             [=](caf::error&) mutable { done(); });
   for (const auto& shard : s.store.index)
     self->request(shard, timeout, stats_atom::value)
@@ -322,6 +324,14 @@ router_actor::behavior_type router_impl(router_pointer self, router_config cfg, 
   self->set_down_handler([=](caf::down_msg& dm) {
     --self->state.num_active;
     self->state.live.erase(dm.source);
+  });
+  // Stopped (its process ends, after a drain or at once): the requests still in flight end with
+  // it -- they are not linked to it, and one waiting on a remote rank would hold the process's
+  // actor system open.
+  self->set_exit_handler([=](caf::exit_msg& m) {
+    if (!m.reason) return;  // a linked actor's normal end: CAF's default handler ignores it too
+    for (const auto& [addr, r] : self->state.live) self->send_exit(r, m.reason);
+    self->quit(m.reason);
   });
   auto admit = [=](generate_request& req, client_sink_actor sink) -> caf::result<completion> {
     auto& s = self->state;

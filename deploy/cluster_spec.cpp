@@ -400,12 +400,12 @@ bool parse_cluster_spec(const std::string& json_text, const std::string& base_di
       !fh.str("user", &out->ssh_user, why) || !fh.strs("options", &out->ssh_options, why) || !fh.no_others(why))
     return false;
   // Checked here, not first by the head once launched: `--dry-run` and `baton deploy` refuse a typo.
-  if (!out->prefill_policy.empty() && !policies::parse_prefill_policy(out->prefill_policy)) {
+  if (!policies::parse_prefill_policy(out->prefill_policy)) {
     *why = "spec.policies.prefill must be seed, least_loaded, round_robin, cache_affinity or split, got '" +
            out->prefill_policy + "'";
     return false;
   }
-  if (!out->decode_policy.empty() && !policies::parse_decode_policy(out->decode_policy)) {
+  if (!policies::parse_decode_policy(out->decode_policy)) {
     *why = "spec.policies.decode must be seed, least_loaded or round_robin, got '" + out->decode_policy + "'";
     return false;
   }
@@ -731,8 +731,8 @@ std::string kubernetes_manifests(const cluster_spec& s) {
     first = false;
     y << "apiVersion: v1\nkind: Pod\nmetadata:\n  name: " << object_name(s, n) << "\n  labels:\n"
       << "    app.kubernetes.io/name: baton\n    baton/cluster: " << s.name << "\n    baton/node: " << n.name << "\n"
-      // SIGTERM drains: a decode node finishes its streams (--drain-timeout-ms, 60 s), a gateway
-      // or head its calls (30 s); Kubernetes' default 30 s would kill them halfway.
+      // SIGTERM drains: a decode node finishes its streams, a gateway or the head its calls
+      // (--drain-timeout-ms, 60 s each); Kubernetes' default 30 s would kill them halfway.
       << "spec:\n  restartPolicy: Always\n  terminationGracePeriodSeconds: 75\n  containers:\n  - name: baton\n    image: " << yaml_str(s.image) << "\n"
       << "    command: [" << yaml_str(it->argv[0]) << "]\n    args:\n";
     for (size_t i = 1; i < it->argv.size(); ++i) y << "    - " << yaml_str(it->argv[i]) << "\n";
@@ -755,8 +755,10 @@ std::string kubernetes_manifests(const cluster_spec& s) {
     // 503: its Service stops sending it calls until it can again. Not the head's: an unready
     // head would leave its Service, and the decode nodes it waits for could not join it.
     if (n.http_port && !n.has("router"))
+      // /health asks the head for its numbers (balancers and store servers, up to a second
+      // or two under load): a slow answer once must not take every gateway out at the same time.
       y << "    readinessProbe:\n      httpGet:\n        path: /health\n        port: http\n      periodSeconds: 2\n"
-        << "      failureThreshold: 1\n";
+        << "      timeoutSeconds: 3\n      failureThreshold: 2\n";
     if (n.gpu_rank_node())
       y << "    resources:\n      limits:\n        nvidia.com/gpu: " << n.gpus << "\n";
     if (n.has("router") || n.has("gateway") || n.store_port) {

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -35,9 +36,16 @@ std::string gateway_config::validate() const {
   for (const auto& k : api_keys)
     if (k.empty()) return "gateway: an API key must not be empty";
   if (limits.max_body_bytes == 0 || limits.max_header_bytes < 64) return "gateway: HTTP limits are too small";
-  for (const auto& o : cors_origins)
-    if (o != "*" && o.rfind("http://", 0) != 0 && o.rfind("https://", 0) != 0)
-      return "gateway: --cors-origin '" + o + "' is not an origin (http://host[:port], https://host[:port], or *)";
+  for (const auto& o : cors_origins) {
+    // What a browser sends as Origin: scheme, lower-case host, port; no path, not even "/".
+    const auto rest = o.rfind("https://", 0) == 0 ? o.substr(8) : o.rfind("http://", 0) == 0 ? o.substr(7) : std::string{};
+    const bool host_ok = !rest.empty() && std::all_of(rest.begin(), rest.end(), [](char c) {
+      return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '-' || c == ':' || c == '[' || c == ']';
+    });
+    if (o != "*" && !host_ok)
+      return "gateway: --cors-origin '" + o + "' is not an origin as browsers send it (http://host[:port] or "
+             "https://host[:port], lower case, no path; or *)";
+  }
   if (idle_timeout_ms == 0) return "gateway: idle_timeout_ms must be >= 1";
   if (max_stream_backlog_bytes < 4096) return "gateway: max_stream_backlog_bytes must be >= 4096";
   // Printable ASCII: the name goes into every answer's JSON, which must not meet invalid UTF-8.
@@ -210,6 +218,10 @@ void finish(caf::io::broker* self, caf::io::connection_handle hdl, const shared_
   st->busy = false;
   st->last_activity = st->request_started = std::chrono::steady_clock::now();
   end_call(self, g, st);
+  // Draining: a stream whose head said keep-alive still ends its connection after its last
+  // chunk, so that the client's next call goes to another replica.
+  if (g->draining) st->keep_alive = false;
+  st->cors_origin.clear();  // the next answer's (a malformed request's, a timeout's) has none
   if (!st->keep_alive) {
     st->closed = true;  // a request pipelined behind this one is never started
     // A lingering close (RFC 9112 §9.6): a client still sending (a body past the limit answered
@@ -235,10 +247,13 @@ void finish(caf::io::broker* self, caf::io::connection_handle hdl, const shared_
 
 /// A browser page of an allowed origin may read the answer (CORS); caches keep answers apart by
 /// origin.
-void add_cors(const state_ptr& st, http::header_list* extra) {
+void add_cors(const shared_ptr& g, const state_ptr& st, http::header_list* extra) {
+  // Answers differ by Origin unless any origin may read them: caches must keep them apart.
+  const auto& allowed = g->cfg.cors_origins;
+  if (!allowed.empty() && !(allowed.size() == 1 && allowed[0] == "*")) extra->emplace_back("Vary", "Origin");
   if (st->cors_origin.empty()) return;
   extra->emplace_back("Access-Control-Allow-Origin", st->cors_origin);
-  extra->emplace_back("Vary", "Origin");
+  extra->emplace_back("Access-Control-Expose-Headers", "Retry-After");  // a 503's or 429's wait
 }
 
 void reply(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st, int status,
@@ -246,7 +261,7 @@ void reply(caf::io::broker* self, caf::io::connection_handle hdl, const shared_p
   g->metrics.count_response(st->route, status);
   if (status == 503 || status == 429) extra.emplace_back("Retry-After", "1");
   if (g->draining) st->keep_alive = false;  // the client's next request goes to another replica
-  add_cors(st, &extra);
+  add_cors(g, st, &extra);
   auto out = http::response(status, content_type, body, st->keep_alive, extra);
   if (st->head_only) out.resize(out.size() - body.size());  // Content-Length stays: HEAD's rule
   write(self, hdl, st, out);
@@ -288,7 +303,7 @@ void stream_head(caf::io::broker* self, caf::io::connection_handle hdl, const sh
   if (st->head_sent) return;
   if (g->draining) st->keep_alive = false;
   http::header_list extra;
-  add_cors(st, &extra);
+  add_cors(g, st, &extra);
   if (st->chunked) {
     extra.emplace_back("Connection", st->keep_alive ? "keep-alive" : "close");
     write(self, hdl, st, http::chunked_head(200, "text/event-stream", extra));
@@ -391,6 +406,9 @@ void serve_health(caf::io::broker* self, caf::io::connection_handle hdl, const s
                   const http::request&) {
   with_cluster_stats(self, g, [=](const cluster_stats* s) {
     if (!s) return reply_error(self, hdl, g, st, api_error_of(503, "the router did not answer"));
+    // A separate gateway whose head drains: every call would be refused (shutting_down).
+    if (s->draining)
+      return reply_error(self, hdl, g, st, api_error_of(503, "the cluster's head is shutting down; it takes no new requests"));
     // A gateway that can place nothing is not healthy: a load balancer should send elsewhere.
     // Ranks that take no new work (draining, stepped aside) do not count.
     const auto open = [](const std::vector<rank_load>& ranks) {
@@ -454,7 +472,15 @@ void dispatch(caf::io::broker* self, caf::io::connection_handle hdl, const share
     http::header_list extra{{"Allow", allow}};
     if (!st->cors_origin.empty() && req.header("access-control-request-method")) {
       extra.emplace_back("Access-Control-Allow-Methods", allow);
-      extra.emplace_back("Access-Control-Allow-Headers", "Authorization, Content-Type");
+      // The headers the page asks to send, as asked (SDKs add their own, X-Stainless-* and
+      // the like), when they are header names; else the two every call needs.
+      std::string headers = "Authorization, Content-Type";
+      if (const auto* asked = req.header("access-control-request-headers");
+          asked && !asked->empty() && asked->size() <= 1024 &&
+          std::all_of(asked->begin(), asked->end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == ',' || c == ' '; }))
+        headers = *asked;
+      extra.emplace_back("Access-Control-Allow-Headers", headers);
+      extra.emplace_back("Vary", "Access-Control-Request-Headers");
       extra.emplace_back("Access-Control-Max-Age", "600");
     }
     return reply(self, hdl, g, st, 204, "", "text/plain", std::move(extra));
@@ -549,9 +575,8 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
     --g->num_connections;
     if (st->in_call) --g->calls_in_flight;  // a connection gone without end_call: not in flight
   });
-  // The gateway stops (its process ends, or a restarted head gets a new one): an idle keep-alive
-  // connection closes now, a busy one after its answer -- instead of serving on with a router
-  // that is gone, or holding the actor system's shutdown open.
+  // The gateway stops (its process ends, after its drain): every connection closes now, instead
+  // of serving on with a router that is gone, or holding the actor system's shutdown open.
   self->monitor(server);
   self->set_down_handler([=](caf::down_msg& m) {
     if (m.source != server.address()) {
@@ -563,12 +588,16 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
                   "the gateway's go-between for this call ended without an answer (" + self->system().render(m.reason) + ")");
       return;
     }
-    st->keep_alive = false;
-    if (!st->busy) {
-      st->closed = true;
-      self->close(hdl);
-      self->quit();
+    // Stopped: what a drain left running is cut (the call's sink goes, so its generation stops
+    // and frees its KV) -- the process is ending, and its actor system waits for every actor.
+    if (st->busy) {
+      g->metrics.count_response(st->route, 503);
+      end_call(self, g, st);
+      return abort_connection(self, hdl);
     }
+    st->closed = true;
+    self->close(hdl);
+    self->quit();
   });
   // Slots of max_connections are not held for nothing: a connection idle for idle_timeout_ms
   // between requests is closed, and so is one whose request has not all arrived that long after

@@ -72,7 +72,7 @@ int run_gateway(const std::vector<std::string>& args) {
   flags.add("--cors-origin", &gc.cors_origins,
             "a browser origin (https://host[:port], or * for any) whose pages may call the API (repeatable; default none)");
   flags.add("--scheduler-threads", &scheduler_threads, "CAF scheduler threads");
-  uint32_t head_wait_s = 60, drain_timeout_ms = 30000;
+  uint32_t head_wait_s = 60, drain_timeout_ms = 60000;
   flags.add("--drain-timeout-ms", &drain_timeout_ms,
             "on SIGTERM, take no new calls and wait this long for those in progress before stopping");
   flags.add("--head-wait-s", &head_wait_s,
@@ -199,7 +199,14 @@ int run_gateway(const std::vector<std::string>& args) {
     std::optional<router_actor> next;
     while (!next && !stop_requested() && std::chrono::steady_clock::now() < deadline) {
       next = join_cluster(std::chrono::seconds{5}, &why);
-      if (next && !gateway_set_router(sys, gateway, *next, &why)) next.reset();
+      if (next && !gateway_set_router(sys, gateway, *next, &why)) {
+        // Joined, but its router did not answer: leave, so that the next try joins afresh
+        // (join_cluster refuses the directory it last joined as the head that went away).
+        next.reset();
+        if (agent) self->send_exit(agent, caf::exit_reason::user_shutdown);
+        agent = {};
+        joined = node_directory_actor{};
+      }
       if (!next) std::this_thread::sleep_for(std::chrono::milliseconds{250});
     }
     if (!next) {

@@ -178,7 +178,7 @@ int run_launch(const std::vector<std::string>& raw_args) {
             "follows within a minute of its start (at most 30 s), so a crash loop does not spend its restarts at "
             "once; 0 restarts at once");
   flags.add("--wait-s", &wait_s, "give up when the nodes have not all joined after this long");
-  flags.add("--drain-ms", &drain_ms, "on stop, how long decode nodes may drain before they are killed");
+  flags.add("--drain-ms", &drain_ms, "on stop, how long decode nodes and gateways may drain before they are killed");
   flags.add("--dry-run", &dry_run, "print each node's command line and start nothing");
   if (auto rc = flags.parse_command_line(args, "launch", "baton launch SPEC.json [flags]")) return *rc;
   if (drain_ms > 3'600'000) {

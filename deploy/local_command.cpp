@@ -76,7 +76,7 @@ struct local_options {
   std::string http_listen;         ///< HOST:PORT of an in-process OpenAI-compatible gateway
   gateway_config gateway;          ///< its settings (host, port and keys come from the flags above)
   std::vector<std::string> api_keys;
-  uint32_t drain_timeout_ms = 30000;  ///< on SIGTERM: how long requests in flight may take to end
+  uint32_t drain_timeout_ms = 60000;  ///< on SIGTERM: how long requests in flight may take to end (a node's too)
   net_security sec;                ///< cluster id and TLS of the published router and directory
 };
 
@@ -118,8 +118,9 @@ void drain(caf::actor_system& sys, const local_cluster& cluster, const gateway_h
         .receive(
             [&](const cluster_stats& s) {
               // Draining decode ranks still finish what they hold; with none at all (`baton
-              // launch` stops decode nodes first), nothing in flight can end any more.
-              left = s.decode.empty() ? 0 : s.num_active;
+              // launch` stops decode nodes first), nothing in flight can end any more. A decode
+              // balancer too busy to answer says nothing about its ranks.
+              left = s.decode_answered && s.decode.empty() ? 0 : s.num_active;
               answered = true;
             },
             [&](caf::error&) {});

@@ -33,6 +33,12 @@ namespace baton::deploy {
 namespace {
 std::atomic<int> stop_signals{0};  // lock-free: written in a signal handler
 void on_signal(int) { stop_signals.fetch_add(1); }
+// A hangup asks for a stop but never insists: it comes with a launcher's own signal (an ssh
+// session's end), and must not cut short the drain that one asked for.
+void on_hangup(int) {
+  int none = 0;
+  stop_signals.compare_exchange_strong(none, 1);
+}
 }  // namespace
 
 std::string net_security::validate() const {
@@ -376,7 +382,9 @@ void install_stop_signals() {
   sigaction(SIGTERM, &sa, nullptr);
   // A node started over `ssh -tt` gets SIGHUP when its ssh session ends (the launcher stopped
   // it): the same orderly stop.
-  sigaction(SIGHUP, &sa, nullptr);
+  struct sigaction hup{};
+  hup.sa_handler = on_hangup;
+  sigaction(SIGHUP, &hup, nullptr);
 }
 
 bool stop_requested() { return stop_signals.load() > 0; }

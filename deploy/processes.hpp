@@ -89,7 +89,8 @@ bool parse_stand_in(const std::string& line, uint32_t* dp_first_rank, std::strin
 /// Installs SIGINT/SIGTERM/SIGHUP handlers that set a flag read by stop_requested().
 void install_stop_signals();
 bool stop_requested();
-/// A second signal came: what a graceful stop was waiting for is not waited for any more.
+/// A second SIGINT or SIGTERM came: what a graceful stop was waiting for is not waited for any
+/// more. (SIGHUP asks for a stop, never insists.)
 bool stop_insisted();
 
 }  // namespace baton::deploy

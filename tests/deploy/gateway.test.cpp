@@ -62,13 +62,7 @@ TEST_CASE("the gateway answers OpenAI requests over HTTP with the router's token
     const int fd10 = connect_to(port);
     send_all(fd10, "POST /v1/completions HTTP/1.0\r\nAuthorization: Bearer sk-test\r\nContent-Length: " +
                        std::to_string(body.size()) + "\r\n\r\n" + body);
-    std::string all;
-    char tmp[65536];
-    for (int i = 0; i < 10000; ++i) {  // bounded; recv has a 30 s timeout too
-      const auto n = ::recv(fd10, tmp, sizeof tmp, 0);
-      if (n <= 0) break;
-      all.append(tmp, static_cast<size_t>(n));
-    }
+    const std::string all = read_to_close(fd10);
     ::close(fd10);
     const auto head_end = all.find("\r\n\r\n");
     REQUIRE(head_end != std::string::npos);
@@ -743,13 +737,9 @@ TEST_CASE("a draining gateway answers new calls and /health 503 (Retry-After, Co
   CHECK(round_trip(s.gateway.port, get("/v1/models")).status == 200);  // what needs no call still answers
   CHECK(drained.wait_for(std::chrono::milliseconds{0}) != std::future_status::ready);  // the stream runs on
   // The stream ends whole, and its connection closes after it.
-  std::string rest = head.substr(head.find("\r\n\r\n") + 4);
-  char tmp[65536];
-  for (int i = 0; i < 10000; ++i) {  // bounded; recv has a 30 s timeout too
-    const auto n = ::recv(fd, tmp, sizeof tmp, 0);
-    if (n <= 0) break;
-    rest.append(tmp, static_cast<size_t>(n));
-  }
+  bool closed = false;
+  const std::string rest = read_to_close(fd, head.substr(head.find("\r\n\r\n") + 4), &closed);
+  CHECK(closed);  // by the gateway after the last chunk, not by recv's timeout
   ::close(fd);
   CHECK(rest.find("data: [DONE]") != std::string::npos);
   CHECK(rest.find("\"error\"") == std::string::npos);
@@ -799,6 +789,10 @@ TEST_CASE("a draining router refuses new requests as shutting_down (retryable) a
                  refused = e.context().get_as<std::string>(0);
                });
   CHECK_MESSAGE(refused.find("stage admission: the cluster's head is shutting down") != std::string::npos, refused);
+  // A gateway of that router (one in its own process sees only the router) says so to probes.
+  const auto h = round_trip(s.gateway.port, get("/health", ""));
+  CHECK(h.status == 503);
+  CHECK_MESSAGE(h.body.find("the cluster's head is shutting down") != std::string::npos, h.body);
   CHECK(running.get().tokens.size() == 30);
 }
 
@@ -808,16 +802,21 @@ TEST_CASE("OPTIONS says what a route allows; a browser's preflight from an allow
   gc.cors_origins = {"https://app.example.com"};
   served_cluster s{gc};
   const uint16_t port = s.gateway.port;
-  const auto preflight = [&](const std::string& origin) {
+  const auto preflight = [&](const std::string& origin, const std::string& headers = "authorization, content-type") {
     return round_trip(port, "OPTIONS /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: " + origin +
-                                "\r\nAccess-Control-Request-Method: POST\r\nAccess-Control-Request-Headers: authorization, "
-                                "content-type\r\n\r\n");
+                                "\r\nAccess-Control-Request-Method: POST\r\nAccess-Control-Request-Headers: " + headers +
+                                "\r\n\r\n");
   };
   auto ok = preflight("https://app.example.com");
   CHECK(ok.status == 204);  // no key: a preflight carries none
   CHECK(ok.head.find("Allow: POST, OPTIONS") != std::string::npos);
   CHECK(ok.head.find("Access-Control-Allow-Origin: https://app.example.com") != std::string::npos);
-  CHECK(ok.head.find("Access-Control-Allow-Headers: Authorization, Content-Type") != std::string::npos);
+  CHECK(ok.head.find("Access-Control-Allow-Headers: authorization, content-type") != std::string::npos);
+  // An SDK's own headers are allowed as asked; what is no list of header names is not echoed.
+  CHECK(preflight("https://app.example.com", "authorization, x-stainless-os")
+            .head.find("Access-Control-Allow-Headers: authorization, x-stainless-os") != std::string::npos);
+  CHECK(preflight("https://app.example.com", "a;b").head.find("Access-Control-Allow-Headers: Authorization, Content-Type") !=
+        std::string::npos);
   CHECK(ok.head.find("Content-Length") == std::string::npos);  // RFC 9110: none on a 204
   auto other = preflight("https://evil.example.com");
   CHECK(other.status == 204);
@@ -828,13 +827,18 @@ TEST_CASE("OPTIONS says what a route allows; a browser's preflight from an allow
                                "Authorization: Bearer sk-test\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body);
   CHECK(call.status == 200);
   CHECK(call.head.find("Access-Control-Allow-Origin: https://app.example.com") != std::string::npos);
-  CHECK(round_trip(port, get("/v1/models")).head.find("Access-Control-Allow-Origin") == std::string::npos);  // no Origin
+  CHECK(call.head.find("Access-Control-Expose-Headers: Retry-After") != std::string::npos);
+  const auto plain = round_trip(port, get("/v1/models"));  // no Origin: no CORS, but caches keep the two apart
+  CHECK(plain.head.find("Access-Control-Allow-Origin") == std::string::npos);
+  CHECK(plain.head.find("Vary: Origin") != std::string::npos);
   // A compressed body is refused as such, not read as broken JSON.
   auto gz = round_trip(port, "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer sk-test\r\n"
                              "Content-Encoding: gzip\r\nContent-Length: 3\r\n\r\n\x1f\x8b\x08");
   CHECK(gz.status == 415);
   CHECK_MESSAGE(gz.body.find("Content-Encoding gzip is not supported") != std::string::npos, gz.body);
   deploy::gateway_config bad;
-  bad.cors_origins = {"app.example.com"};
-  CHECK(bad.validate().find("--cors-origin 'app.example.com' is not an origin") != std::string::npos);
+  for (const std::string o : {"app.example.com", "https://app.example.com/", "https://App.example.com"}) {
+    bad.cors_origins = {o};
+    CHECK_MESSAGE(bad.validate().find("--cors-origin '" + o + "' is not an origin") != std::string::npos, o);
+  }
 }

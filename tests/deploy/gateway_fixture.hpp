@@ -107,6 +107,19 @@ inline http_answer read_answer(int fd, std::string& buf) {
   return a;
 }
 
+/// `got` and whatever else comes until the gateway closes the connection (bounded: recv's
+/// timeout is 30 s); `closed`, if given, says whether it did (not the timeout).
+inline std::string read_to_close(int fd, std::string got = {}, bool* closed = nullptr) {
+  char tmp[65536];
+  for (int i = 0; i < 10000; ++i) {
+    const auto n = ::recv(fd, tmp, sizeof tmp, 0);
+    if (closed) *closed = n == 0;
+    if (n <= 0) break;
+    got.append(tmp, static_cast<size_t>(n));
+  }
+  return got;
+}
+
 /// Reads up to the end of an answer's head (a "100 Continue" is all head) into a fresh string.
 inline std::string read_head(int fd) {
   std::string buf;
