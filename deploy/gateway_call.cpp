@@ -124,7 +124,14 @@ client_sink_actor::behavior_type run_choice(client_sink_actor::pointer self, caf
     const bool has_text =
         split ? !split->reasoning.empty() || !split->content.empty() || !split->tool_calls.empty() : !c.text.empty();
     const bool shown = !cs->call.req.prompt_only && (has_text || !c.logprobs.empty());  // echo alone: none is
-    if (!shown && c.finish_reason.empty() && !echo && !(*first_chunk && cs->call.chat)) return;
+    if (*first_chunk && cs->call.chat) {
+      // A chat stream's first event carries the role alone (and empty content), as OpenAI's and
+      // vLLM's do: clients that take that event for the role do not lose text with it.
+      caf::anon_send(broker, seq,
+                     openai::chunk_json(cs->call, stream_chunk{}, cs->id, cs->created, true, *text_offset, index, nullptr));
+      *first_chunk = false;
+    }
+    if (!shown && c.finish_reason.empty() && !echo) return;
     caf::anon_send(broker, seq, openai::chunk_json(cs->call, c, cs->id, cs->created, *first_chunk, *text_offset, index,
                                                    split ? &*split : nullptr));
     for (const auto& t : c.prompt_logprobs) *text_offset += openai::utf8_chars(t.text);

@@ -247,6 +247,12 @@ int run_sim(const std::vector<std::string>& raw) {
     vs("TPOT", r.summary.tpot_ms, r.measured_tpot_ms);
     vs("E2E", r.summary.e2e_ms, r.measured_e2e_ms);
     for (const auto& c : r.role_changes) std::printf("  role change: %s\n", c.c_str());
+    // An elastic run that moved nothing: why that can be right (both pools hot: no rank to give).
+    if (o.cfg.elastic_instances > 0 && r.role_changes.empty())
+      std::printf("  role changes: none -- a rank moves only from a cold pool (pressure <= --elastic-cold %.2f) to a hot "
+                  "one (>= --elastic-hot %.2f) after that has held for 10 s; both pools hot (or both cold) move nothing "
+                  "(docs/elastic.md)\n",
+                  o.cfg.elastic_cold, o.cfg.elastic_hot);
     if (o.cfg.prefill_ep > 1 || o.cfg.decode_ep > 1)
       std::printf("  experts: dispatch + combine %.1f GB across nodes, %.1f GB inside nodes; busiest GPU's routed load "
                   "%.3fx the mean (prefill), %.3fx (decode)\n",

@@ -466,6 +466,12 @@ TEST_CASE("a chat whose own template variables open the thinking block (DeepSeek
   const auto [reasoning, content] = streamed_chat(streamed.body);
   CHECK(reasoning == want.reasoning);
   CHECK(content == want.content);
+  // The first event carries the role alone, as OpenAI's: the text comes after it.
+  std::vector<json> events;
+  sse_text(streamed.body, &events, true);
+  REQUIRE(events.size() >= 3);
+  CHECK(events[0]["choices"][0]["delta"] == json{{"role", "assistant"}, {"content", ""}});
+  CHECK_FALSE(events[1]["choices"][0]["delta"].contains("role"));
   // Without the variable the prompt closes the block: the answer is content.
   const auto no_think = json::parse(round_trip(s.gateway.port, post("/v1/chat/completions", "{" + messages + "}")).body);
   CHECK(no_think["choices"][0]["message"]["content"] == plain);
