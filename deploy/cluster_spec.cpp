@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gpu/text_file.hpp"
+#include "deploy/http.hpp"
 #include "policies/placement.hpp"
 #include "store/block_file.hpp"
 
@@ -190,6 +191,8 @@ bool parse_node(const json& j, size_t i, node_spec* n, std::string* why) {
 }
 
 bool validate(const cluster_spec& s, std::string* why) {
+  for (const auto& o : s.cors_origins)
+    if (auto e = http::origin_problem(o); !e.empty()) return *why = "spec.cors_origins: " + e, false;
   if (s.nodes.empty()) {
     *why = "nodes: a cluster needs at least one node";
     return false;
@@ -357,7 +360,8 @@ bool parse_cluster_spec(const std::string& json_text, const std::string& base_di
   if (!f.str("tls_dir", &out->tls_dir, why)) return false;
   if (!f.str("name", &out->name, why) || !f.str("model", &out->model, why) || !f.str("image", &out->image, why) ||
       !f.str("binary", &out->binary, why) || !f.strs("api_keys", &out->api_keys, why) ||
-      !f.str("api_keys_env", &out->api_keys_env, why) || !f.object("policies", &policies, why) ||
+      !f.str("api_keys_env", &out->api_keys_env, why) || !f.strs("cors_origins", &out->cors_origins, why) ||
+      !f.object("policies", &policies, why) ||
       !f.object("executor", &executor, why) || !f.object("store", &store, why) || !f.object("ssh", &ssh, why) ||
       !f.env("env", &out->env, why) || !f.object("transport", &xport, why) ||
       !f.object("expert_parallel", &ep, why) || !f.object("elastic", &elastic, why))
@@ -544,8 +548,11 @@ std::vector<node_launch> plan_launch(const cluster_spec& s, const std::string& b
   std::vector<std::string> rank_cache;  // prefill ranks, wherever they run
   if (s.rank_cache_blocks >= 0) rank_cache = {"--prefix-cache-blocks", std::to_string(s.rank_cache_blocks)};
   if (h.has("prefill")) head.argv.insert(head.argv.end(), rank_cache.begin(), rank_cache.end());
+  std::vector<std::string> cors;  // every gateway's, the head's included
+  for (const auto& o : s.cors_origins) cors.insert(cors.end(), {"--cors-origin", o});
   if (h.has("gateway")) {
     head.argv.insert(head.argv.end(), {"--http-listen", listen(h, h.http_port)});
+    head.argv.insert(head.argv.end(), cors.begin(), cors.end());
     head.env = key_env;
   }
   out.push_back(std::move(head));
@@ -575,6 +582,7 @@ std::vector<node_launch> plan_launch(const cluster_spec& s, const std::string& b
       out.push_back({n.name, n.host, "gateway",
                      {binary, "gateway", "--name", process, "--cluster", join, "--listen", listen(n, n.http_port)},
                      key_env, false, 0, process});
+      out.back().argv.insert(out.back().argv.end(), cors.begin(), cors.end());
     }
   }
   for (auto& l : out)

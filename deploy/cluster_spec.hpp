@@ -41,6 +41,7 @@ struct cluster_spec {
   std::string binary;             ///< the `baton` executable on remote hosts (default: the same path)
   std::vector<std::string> api_keys;
   std::string api_keys_env;       ///< or: read the keys from this environment variable at launch
+  std::vector<std::string> cors_origins;  ///< browser origins every gateway lets call the API (--cors-origin)
   std::string prefill_policy = "seed", decode_policy = "seed";
   uint32_t executor_threads = 1, kv_pages = 512, page_tokens = 16;
   std::string store_dir;          ///< empty: no block store

@@ -36,16 +36,8 @@ std::string gateway_config::validate() const {
   for (const auto& k : api_keys)
     if (k.empty()) return "gateway: an API key must not be empty";
   if (limits.max_body_bytes == 0 || limits.max_header_bytes < 64) return "gateway: HTTP limits are too small";
-  for (const auto& o : cors_origins) {
-    // What a browser sends as Origin: scheme, lower-case host, port; no path, not even "/".
-    const auto rest = o.rfind("https://", 0) == 0 ? o.substr(8) : o.rfind("http://", 0) == 0 ? o.substr(7) : std::string{};
-    const bool host_ok = !rest.empty() && std::all_of(rest.begin(), rest.end(), [](char c) {
-      return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '-' || c == ':' || c == '[' || c == ']';
-    });
-    if (o != "*" && !host_ok)
-      return "gateway: --cors-origin '" + o + "' is not an origin as browsers send it (http://host[:port] or "
-             "https://host[:port], lower case, no path; or *)";
-  }
+  for (const auto& o : cors_origins)
+    if (auto e = http::origin_problem(o); !e.empty()) return "gateway: --cors-origin " + e;
   if (idle_timeout_ms == 0) return "gateway: idle_timeout_ms must be >= 1";
   if (max_stream_backlog_bytes < 4096) return "gateway: max_stream_backlog_bytes must be >= 4096";
   // Printable ASCII: the name goes into every answer's JSON, which must not meet invalid UTF-8.

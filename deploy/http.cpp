@@ -345,4 +345,15 @@ bool constant_time_equal(std::string_view a, std::string_view b) {
   return diff == 0;
 }
 
+std::string origin_problem(const std::string& o) {
+  if (o == "*") return {};
+  const auto rest = o.rfind("https://", 0) == 0 ? o.substr(8) : o.rfind("http://", 0) == 0 ? o.substr(7) : std::string{};
+  const bool host_ok = !rest.empty() && std::all_of(rest.begin(), rest.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '-' || c == ':' || c == '[' || c == ']';
+  });
+  if (host_ok) return {};
+  return "'" + o + "' is not an origin as browsers send it (http://host[:port] or https://host[:port], lower case, no "
+         "path; or *)";
+}
+
 }  // namespace baton::deploy::http

@@ -90,4 +90,8 @@ bool constant_time_equal(std::string_view a, std::string_view b);
 /// ASCII case-insensitive equality (header values such as auth schemes).
 bool iequals(std::string_view a, std::string_view b);
 
+/// Why `origin` is not one a browser sends as its Origin (scheme, lower-case host, port; no
+/// path, not even "/"), nor "*"; empty when it is. A CORS allow-list entry must match exactly.
+std::string origin_problem(const std::string& origin);
+
 }  // namespace baton::deploy::http

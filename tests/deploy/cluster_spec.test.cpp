@@ -75,6 +75,23 @@ TEST_CASE("a cluster spec parses into nodes and plans one command line per node 
     REQUIRE_MESSAGE(parse_cluster_spec(text, "/base", &st, &why), why);
     CHECK(st.store_dir == "/base/cache/store");
   }
+  {  // CORS origins go to every gateway: the separate one's command line, and the head's with one
+    auto text = good;
+    text.replace(text.find(R"("model": "m",)"), std::string{R"("model": "m",)"}.size(),
+                 R"("model": "m", "cors_origins": ["https://app.example.com"],)");
+    cluster_spec cs;
+    REQUIRE_MESSAGE(parse_cluster_spec(text, "/base", &cs, &why), why);
+    const auto p = plan_launch(cs, "/bin/baton", {"127.0.0.1", ""});
+    const auto gw = std::find_if(p.begin(), p.end(), [](const node_launch& l) { return l.role == "gateway"; });
+    REQUIRE(gw != p.end());
+    const auto at = std::find(gw->argv.begin(), gw->argv.end(), "--cors-origin");
+    REQUIRE(at != gw->argv.end());
+    CHECK(*(at + 1) == "https://app.example.com");
+    text.replace(text.find("https://app.example.com"), 23, "https://app.example.com/");
+    CHECK_FALSE(parse_cluster_spec(text, "/base", &cs, &why));
+    CHECK(why == "spec.cors_origins: 'https://app.example.com/' is not an origin as browsers send it "
+                 "(http://host[:port] or https://host[:port], lower case, no path; or *)");
+  }
   const auto plan = plan_launch(s, "/bin/baton", {"127.0.0.1", ""});
   REQUIRE(plan.size() == 3);
   CHECK(plan[0].role == "head");
