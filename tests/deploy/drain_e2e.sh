@@ -20,9 +20,9 @@ STREAMS=64
 CURLS=()
 
 serve() {
-  # One decode rank on one math thread: the streams take seconds, not a fraction of one, so that
-  # the checks below run while they do, on any machine.
-  "$BATON" local --serve --decode-ranks 1 --executor-threads 1 --http-listen 127.0.0.1:0 --router-listen 127.0.0.1:0 "$@" > "$WORK/serve.log" 2>&1 &
+  # One decode rank on one math thread, with KV for all the streams at once: they run together for
+  # seconds, not a fraction of one, so that the checks below run while they do, on any machine.
+  "$BATON" local --serve --decode-ranks 1 --executor-threads 1 --kv-pages 2048 --http-listen 127.0.0.1:0 --router-listen 127.0.0.1:0 "$@" > "$WORK/serve.log" 2>&1 &
   PID=$!
   for _ in $(seq 600); do grep -q "serving;" "$WORK/serve.log" && break; kill -0 "$PID" 2>/dev/null || break; sleep 0.1; done
   grep -q "serving;" "$WORK/serve.log" || fail "it did not start serving"
