@@ -362,7 +362,8 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
     for (auto& [name, n] : self->state.nodes)
       if (n.agent == dm.source) {
         n.ended = true;
-        mark_gone(self, name, n, "went down (" + self->system().render(dm.reason) + ")");
+        // No reason: its agent ended on its own (the node drained and left); else how it died.
+        mark_gone(self, name, n, dm.reason ? "went down (" + self->system().render(dm.reason) + ")" : "left (its agent ended)");
       }
     take_back_posts_of(self->state, dm.source);
   });

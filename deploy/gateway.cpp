@@ -580,13 +580,15 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
                   "the gateway's go-between for this call ended without an answer (" + self->system().render(m.reason) + ")");
       return;
     }
-    // Stopped: what a drain left running is cut (the call's sink goes, so its generation stops
-    // and frees its KV) -- the process is ending, and its actor system waits for every actor.
-    if (st->busy) {
-      g->metrics.count_response(st->route, 503);
-      end_call(self, g, st);
-      return abort_connection(self, hdl);
-    }
+    // Stopped with a call unfinished (its drain ran out, or a second signal): the client is told
+    // -- a 503, or its stream's last event and end -- and the call's sink goes, so its generation
+    // stops and frees its KV. The connection then closes (a lingering close, bounded).
+    st->keep_alive = false;
+    if (st->busy && st->in_call)
+      return fail_call(self, hdl, g, st, 503,
+                       "this gateway stopped before the answer was done (its drain ran out, or a second signal "
+                       "stopped it at once): retry");
+    if (st->busy) return;  // an answer on its way (a /health waiting on the router): closed after it
     st->closed = true;
     self->close(hdl);
     self->quit();

@@ -169,7 +169,7 @@ int run_gateway(const std::vector<std::string>& args) {
     self->monitor(target);
     bool router_gone = false;
     while (!router_gone && !stop_requested())
-      self->receive([&](const caf::down_msg&) { router_gone = true; }, caf::after(std::chrono::milliseconds{200}) >> [] {});
+      self->receive([&](const caf::down_msg&) { router_gone = true; }, caf::after(std::chrono::milliseconds{50}) >> [] {});
     if (!router_gone) {
       // SIGTERM (a rolling restart, `baton launch` stopping): the calls in progress finish,
       // new ones go elsewhere; a second signal, or --drain-timeout-ms, ends the wait.

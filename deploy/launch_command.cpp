@@ -139,23 +139,37 @@ using remote_wait = std::function<void(const std::vector<std::string>& names, in
 void stop_all(std::vector<child>& children, int drain_ms, const remote_wait& await_remote = {}) {
   // Rank nodes and gateways first: they drain (finish their streams and write-backs) before the
   // head goes; store nodes last, as the write-backs land on them.
-  std::vector<pid_t> nodes, head, stores;
+  std::vector<pid_t> nodes, head, stores, gateways;
   std::vector<std::string> remote;
+  std::map<pid_t, std::string> names;
   for (const auto& c : children)
     if (c.pid > 0) {
       (c.node.role == "head" ? head : c.node.role == "store" ? stores : nodes).push_back(c.pid);
+      if (c.node.role == "gateway") gateways.push_back(c.pid);
       if (c.node.role != "head" && c.node.role != "store" && !is_local_host(c.node.host)) remote.push_back(c.node.process);
+      names[c.pid] = c.node.process;
     }
+  // Said, not silent: a node killed at the end of its time did not finish its drain.
+  const auto stop = [&](std::vector<pid_t>& pids, int grace_ms) {
+    for (auto pid : stop_processes(pids, grace_ms))
+      std::printf("baton launch: %s did not stop within %d ms of SIGTERM; killed it\n", names[pid].c_str(), grace_ms);
+  };
   const auto started = std::chrono::steady_clock::now();
-  stop_processes(nodes, drain_ms);
+  // Gateways a moment before the rank nodes: they turn new calls away (503) at once, instead of
+  // sending them to a cluster whose decode ranks have just stopped taking work (those waited out
+  // the balancer's grace for a rank, seconds, before their 503). Their second SIGTERM below comes
+  // within a second, so it does not insist.
+  for (auto pid : gateways) kill(pid, SIGTERM);
+  if (!gateways.empty()) std::this_thread::sleep_for(std::chrono::milliseconds{300});
+  stop(nodes, drain_ms);
   // A remote node's ssh ends at once (its session's end is the node's SIGHUP): the node drains
   // on its host meanwhile, and the head must outlive that drain, which the head's register shows.
   if (await_remote && !remote.empty()) {
     const auto spent = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started);
     await_remote(remote, std::max<int>(0, drain_ms - static_cast<int>(spent.count())));
   }
-  stop_processes(head, 5000);
-  stop_processes(stores, 5000);
+  stop(head, 5000);
+  stop(stores, 5000);
   children.clear();
 }
 

@@ -185,7 +185,7 @@ int serve(caf::actor_system& sys, const local_cluster& cluster, const local_opti
   std::printf("baton local: serving; SIGINT or SIGTERM stops\n");
   std::fflush(stdout);
   install_stop_signals();
-  while (!stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds{100});
+  while (!stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds{50});
   drain(sys, cluster, gateway, opt.drain_timeout_ms);
   caf::scoped_actor self{sys};
   if (gateway.server) self->send_exit(gateway.server, caf::exit_reason::user_shutdown);

@@ -7,6 +7,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
+#include <time.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -32,12 +33,29 @@ namespace baton::deploy {
 
 namespace {
 std::atomic<int> stop_signals{0};  // lock-free: written in a signal handler
-void on_signal(int) { stop_signals.fetch_add(1); }
+std::atomic<int64_t> first_stop_ns{0};
+std::atomic<bool> insisted{false};
+int64_t monotonic_ns() {  // clock_gettime is async-signal-safe
+  timespec t{};
+  ::clock_gettime(CLOCK_MONOTONIC, &t);
+  return int64_t{t.tv_sec} * 1000000000 + t.tv_nsec;
+}
+// A signal a second or more after the first insists. Closer ones are the same request several
+// times: a parent's death signal is sent again as the child is handed between the dying
+// launcher's threads, and systemd signals a whole process tree, launcher and children alike.
+void on_signal(int) {
+  const int64_t now = monotonic_ns();
+  int64_t none = 0;
+  if (!first_stop_ns.compare_exchange_strong(none, now) && now - first_stop_ns.load() >= 1000000000) insisted.store(true);
+  stop_signals.fetch_add(1);
+}
 // A hangup asks for a stop but never insists: it comes with a launcher's own signal (an ssh
 // session's end), and must not cut short the drain that one asked for.
 void on_hangup(int) {
-  int none = 0;
-  stop_signals.compare_exchange_strong(none, 1);
+  int64_t none = 0;
+  first_stop_ns.compare_exchange_strong(none, monotonic_ns());
+  int zero = 0;
+  stop_signals.compare_exchange_strong(zero, 1);
 }
 }  // namespace
 
@@ -352,21 +370,30 @@ bool process_exited(pid_t pid, std::string* how) {
   return true;
 }
 
-void stop_processes(std::vector<pid_t>& pids, int grace_ms) {
+std::vector<pid_t> stop_processes(std::vector<pid_t>& pids, int grace_ms) {
   for (auto pid : pids) kill(pid, SIGTERM);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds{grace_ms};
-  for (auto pid : pids) {
+  std::vector<pid_t> killed;
+  bool insisted = false;
+  for (size_t i = 0; i < pids.size(); ++i) {
     int status = 0;
-    while (waitpid(pid, &status, WNOHANG) == 0) {
+    while (waitpid(pids[i], &status, WNOHANG) == 0) {
+      // Our own stop insisted (a second signal): so do we, to the children still draining.
+      if (!insisted && stop_insisted()) {
+        insisted = true;
+        for (size_t j = i; j < pids.size(); ++j) kill(pids[j], SIGTERM);
+      }
       if (std::chrono::steady_clock::now() > deadline) {
-        kill(pid, SIGKILL);
-        waitpid(pid, &status, 0);
+        kill(pids[i], SIGKILL);
+        waitpid(pids[i], &status, 0);
+        killed.push_back(pids[i]);
         break;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds{10});
     }
   }
   pids.clear();
+  return killed;
 }
 
 std::string self_executable() {
@@ -388,7 +415,7 @@ void install_stop_signals() {
 }
 
 bool stop_requested() { return stop_signals.load() > 0; }
-bool stop_insisted() { return stop_signals.load() > 1; }
+bool stop_insisted() { return insisted.load(); }
 
 bool read_stand_in(std::string* line) {
   line->clear();

@@ -52,7 +52,9 @@ int run_process_with_input(const std::vector<std::string>& argv, const std::stri
                            std::string* why);
 
 /// SIGTERM to each, wait up to `grace_ms`, then SIGKILL what is left; reaps all.
-void stop_processes(std::vector<pid_t>& pids, int grace_ms = 3000);
+/// Returns those it had to kill. A second signal to this process while it waits (stop_insisted)
+/// is passed on: each child still running gets SIGTERM again.
+std::vector<pid_t> stop_processes(std::vector<pid_t>& pids, int grace_ms = 3000);
 
 /// True while child `pid` has not exited. Never reaps it: process_exited does, once.
 bool process_alive(pid_t pid);
@@ -89,8 +91,10 @@ bool parse_stand_in(const std::string& line, uint32_t* dp_first_rank, std::strin
 /// Installs SIGINT/SIGTERM/SIGHUP handlers that set a flag read by stop_requested().
 void install_stop_signals();
 bool stop_requested();
-/// A second SIGINT or SIGTERM came: what a graceful stop was waiting for is not waited for any
-/// more. (SIGHUP asks for a stop, never insists.)
+/// A second SIGINT or SIGTERM came, a second or more after the first: what a graceful stop was
+/// waiting for is not waited for any more. (Signals closer together are one request sent
+/// several times -- a parent's death signal, systemd signalling a process tree; SIGHUP asks for
+/// a stop, never insists.)
 bool stop_insisted();
 
 }  // namespace baton::deploy

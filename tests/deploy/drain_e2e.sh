@@ -88,11 +88,17 @@ done
 grep -q "baton local: stopped" "$WORK/serve.log" || fail "no 'stopped' line"
 echo "drain e2e: SIGTERM let $RUNNING running streams (of $STREAMS) finish; new calls got 503 meanwhile; exit 0"
 
-# A second SIGTERM does not wait for the streams.
+# A second SIGTERM a second or more after the first does not wait for the streams: each stream
+# cut ends with an error event saying so. (One sooner is the same request again: a parent's
+# death signal repeated, systemd signalling the whole tree.)
 serve --drain-timeout-ms 60000
 start_streams
 kill -TERM "$PID"
 for _ in $(seq 100); do grep -q "baton local: draining" "$WORK/serve.log" && break; sleep 0.05; done
+kill -TERM "$PID"
+sleep 0.3
+kill -0 "$PID" 2>/dev/null || fail "a SIGTERM within a second of the first stopped the head: it must not insist"
+sleep 1
 kill -TERM "$PID"
 stopped_within 10 || fail "a second SIGTERM did not stop it within 10 s"
 PID=""
@@ -100,6 +106,11 @@ wait || true
 CUT=0
 for i in $(seq "$STREAMS"); do grep -q "data: \[DONE\]" "$WORK/stream-$i.txt" || CUT=$((CUT + 1)); done
 [ "$CUT" -gt 0 ] || fail "every stream ended before the second SIGTERM: it was not what stopped the head"
+for i in $(seq "$STREAMS"); do
+  grep -q "data: \[DONE\]" "$WORK/stream-$i.txt" && continue
+  grep -q "this gateway stopped before the answer was done" "$WORK/stream-$i.txt" ||
+    fail "stream $i was cut without an error event: $(tail -c 300 "$WORK/stream-$i.txt")"
+done
 echo "drain e2e: a second SIGTERM stopped the head at once, cutting $CUT of $STREAMS streams"
 
 # A gateway in its own process (`baton gateway`) drains the same way on SIGTERM.
