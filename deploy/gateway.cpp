@@ -559,6 +559,11 @@ void pump(caf::io::broker* self, caf::io::connection_handle hdl, const shared_pt
   st->pumping = false;
 }
 
+/// Whether the gateway's server has stopped (the connections' lingering answers are not waited on).
+bool server_down(caf::io::broker*, const caf::actor& server) {
+  return !server || server->getf(caf::abstract_actor::is_terminated_flag);
+}
+
 caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, shared_ptr g, caf::actor server) {
   auto st = std::make_shared<connection_state>();
   self->configure_read(hdl, caf::io::receive_policy::at_most(64 * 1024));
@@ -588,8 +593,10 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
       return fail_call(self, hdl, g, st, 503,
                        "this gateway stopped before the answer was done (its drain ran out, or a second signal "
                        "stopped it at once): retry");
-    if (st->busy) return;  // an answer on its way (a /health waiting on the router): closed after it
+    if (st->busy || st->lingering) return;  // an answer on its way: closed after it (linger_atom)
     st->closed = true;
+    // Answers a client never read would hold CAF's close (and the process's end) for ever.
+    if (st->out_pending > 0) return abort_connection(self, hdl);
     self->close(hdl);
     self->quit();
   });
@@ -644,7 +651,8 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
       [=](linger_atom) {
         // An answer still going out to a client that reads it (a large body, an HTTP/1.0 stream
         // at the reader's pace): wait on, as the idle limit allows any answer.
-        if (st->out_pending > 0 && std::chrono::steady_clock::now() - st->out_progress < idle) {
+        // Not once the gateway has stopped: its process is ending, and waits for this connection.
+        if (st->out_pending > 0 && std::chrono::steady_clock::now() - st->out_progress < idle && !server_down(self, server)) {
           self->delayed_send(self, linger_time, linger_atom::value);
           return;
         }

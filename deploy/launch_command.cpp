@@ -144,24 +144,26 @@ void stop_all(std::vector<child>& children, int drain_ms, const remote_wait& awa
   std::map<pid_t, std::string> names;
   for (const auto& c : children)
     if (c.pid > 0) {
-      (c.node.role == "head" ? head : c.node.role == "store" ? stores : nodes).push_back(c.pid);
-      if (c.node.role == "gateway") gateways.push_back(c.pid);
+      (c.node.role == "head" ? head : c.node.role == "store" ? stores : c.node.role == "gateway" ? gateways : nodes)
+          .push_back(c.pid);
       if (c.node.role != "head" && c.node.role != "store" && !is_local_host(c.node.host)) remote.push_back(c.node.process);
       names[c.pid] = c.node.process;
     }
   // Said, not silent: a node killed at the end of its time did not finish its drain.
-  const auto stop = [&](std::vector<pid_t>& pids, int grace_ms) {
-    for (auto pid : stop_processes(pids, grace_ms))
+  const auto stop = [&](std::vector<pid_t>& pids, int grace_ms, bool signalled = false) {
+    for (auto pid : stop_processes(pids, grace_ms, signalled))
       std::printf("baton launch: %s did not stop within %d ms of SIGTERM; killed it\n", names[pid].c_str(), grace_ms);
   };
   const auto started = std::chrono::steady_clock::now();
   // Gateways a moment before the rank nodes: they turn new calls away (503) at once, instead of
   // sending them to a cluster whose decode ranks have just stopped taking work (those waited out
-  // the balancer's grace for a rank, seconds, before their 503). Their second SIGTERM below comes
-  // within a second, so it does not insist.
+  // the balancer's grace for a rank, seconds, before their 503). One SIGTERM each.
   for (auto pid : gateways) kill(pid, SIGTERM);
   if (!gateways.empty()) std::this_thread::sleep_for(std::chrono::milliseconds{300});
   stop(nodes, drain_ms);
+  const auto spent_ms = static_cast<int>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started).count());
+  stop(gateways, std::max(0, drain_ms - spent_ms), true);
   // A remote node's ssh ends at once (its session's end is the node's SIGHUP): the node drains
   // on its host meanwhile, and the head must outlive that drain, which the head's register shows.
   if (await_remote && !remote.empty()) {

@@ -357,7 +357,7 @@ int run_rank_node(node_options o) {
   auto agent = spawn_node_agent(sys, *directory, agent_cfg, start);
   caf::scoped_actor self{sys};
   self->monitor(agent);
-  bool gone = false, drain_sent = false, leaving_for_group = false, no_head = false, cut = false;
+  bool gone = false, drain_sent = false, leaving_for_group = false, no_head = false;
   caf::error reason;
   for (uint32_t heads = 1;; ++heads) {
     while (!gone) {
@@ -367,12 +367,6 @@ int run_rank_node(node_options o) {
         state->leaving.store(true);  // re-formings still meeting give up
         self->send(agent, drain_atom::value);
         drain_sent = true;
-      }
-      if (drain_sent && !cut && stop_insisted()) {  // a second signal: what is left is cut
-        std::printf("baton node %s: a second signal: stopping at once\n", o.name.c_str());
-        std::fflush(stdout);
-        self->send_exit(agent, caf::exit_reason::user_shutdown);
-        cut = true;
       }
       self->receive(
           [&](const caf::down_msg& dm) {

@@ -120,7 +120,7 @@ struct api_error {
   std::string param;  ///< the offending field, if one
   /// OpenAI's machine-readable code, which clients branch on (context_length_exceeded: trim and
   /// retry); empty: the one the status implies (error_json), else null.
-  std::string code;
+  std::string code = {};
 };
 
 /// Default max_tokens: OpenAI's (and vLLM's) 16 for completions; for chat, 0, which the router

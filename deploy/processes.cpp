@@ -370,16 +370,19 @@ bool process_exited(pid_t pid, std::string* how) {
   return true;
 }
 
-std::vector<pid_t> stop_processes(std::vector<pid_t>& pids, int grace_ms) {
-  for (auto pid : pids) kill(pid, SIGTERM);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds{grace_ms};
+std::vector<pid_t> stop_processes(std::vector<pid_t>& pids, int grace_ms, bool signalled) {
+  if (!signalled)
+    for (auto pid : pids) kill(pid, SIGTERM);
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + std::chrono::milliseconds{grace_ms};
   std::vector<pid_t> killed;
   bool insisted = false;
   for (size_t i = 0; i < pids.size(); ++i) {
     int status = 0;
     while (waitpid(pids[i], &status, WNOHANG) == 0) {
-      // Our own stop insisted (a second signal): so do we, to the children still draining.
-      if (!insisted && stop_insisted()) {
+      // Our own stop insisted (a second signal): so do we, to the children still draining --
+      // a second or more after their first SIGTERM, or they would take it for a repeat.
+      if (!insisted && stop_insisted() && std::chrono::steady_clock::now() - start >= std::chrono::milliseconds{1100}) {
         insisted = true;
         for (size_t j = i; j < pids.size(); ++j) kill(pids[j], SIGTERM);
       }

@@ -54,7 +54,9 @@ int run_process_with_input(const std::vector<std::string>& argv, const std::stri
 /// SIGTERM to each, wait up to `grace_ms`, then SIGKILL what is left; reaps all.
 /// Returns those it had to kill. A second signal to this process while it waits (stop_insisted)
 /// is passed on: each child still running gets SIGTERM again.
-std::vector<pid_t> stop_processes(std::vector<pid_t>& pids, int grace_ms = 3000);
+/// `signalled`: they had their SIGTERM already (none is sent again: within a second, a second
+/// one would be a repeat, after it an insistence).
+std::vector<pid_t> stop_processes(std::vector<pid_t>& pids, int grace_ms = 3000, bool signalled = false);
 
 /// True while child `pid` has not exited. Never reaps it: process_exited does, once.
 bool process_alive(pid_t pid);
