@@ -117,6 +117,22 @@ std::unique_ptr<baton::client::connection> client_of(caf::actor_system& sys, con
   return conn;
 }
 
+/// A router stand-in: `generate` answers the streamed request (the sink's); the rest are inert.
+template <class Generate>
+router_actor stand_in_router(caf::actor_system& sys, Generate generate) {
+  return sys.spawn([generate](router_actor::pointer self) -> router_actor::behavior_type {
+    return {
+        [](generate_atom, generate_request&) -> caf::result<completion> { return completion{}; },
+        [self, generate](generate_atom, generate_request&, client_sink_actor sink) -> caf::result<completion> {
+          return generate(self, std::move(sink));
+        },
+        [](stats_atom) { return cluster_stats{}; },
+        [](drain_atom) {},
+        [](rank_gone_atom, std::vector<std::string>&, std::string&) {},
+    };
+  });
+}
+
 }  // namespace
 
 TEST_CASE("the C++ client's stream fails (rank_unavailable, naming who went) when the request's actor ends "
@@ -126,26 +142,18 @@ TEST_CASE("the C++ client's stream fails (rank_unavailable, naming who went) whe
   // A router stand-in whose request actor streams one chunk and then fails; the promise of the
   // answer is kept and never kept, as CAF 0.17 may leave a request whose actor went.
   auto promises = std::make_shared<std::vector<caf::response_promise>>();
-  auto router = sys.spawn([promises](router_actor::pointer self) -> router_actor::behavior_type {
-    return {
-        [](generate_atom, generate_request&) -> caf::result<completion> { return completion{}; },
-        [=](generate_atom, generate_request&, client_sink_actor sink) -> caf::result<completion> {
-          auto rp = self->make_response_promise<completion>();
-          promises->push_back(rp);
-          self->spawn([sink](caf::event_based_actor* req) {
-            stream_chunk c;
-            c.request_id = 1;
-            c.tokens = {7};
-            c.text = "x";
-            req->send(sink, std::move(c));
-            req->quit(caf::exit_reason::user_shutdown);
-          });
-          return rp;
-        },
-        [](stats_atom) { return cluster_stats{}; },
-        [](drain_atom) {},
-        [](rank_gone_atom, std::vector<std::string>&, std::string&) {},
-    };
+  auto router = stand_in_router(sys, [promises](router_actor::pointer self, client_sink_actor sink) -> caf::result<completion> {
+    auto rp = self->make_response_promise<completion>();
+    promises->push_back(rp);
+    self->spawn([sink](caf::event_based_actor* req) {
+      stream_chunk c;
+      c.request_id = 1;
+      c.tokens = {7};
+      c.text = "x";
+      req->send(sink, std::move(c));
+      req->quit(caf::exit_reason::user_shutdown);
+    });
+    return rp;
   });
   auto conn = client_of(sys, router);
   auto stream = conn->submit(baton::client::request{});
@@ -166,17 +174,9 @@ TEST_CASE("the C++ client's stream says router_gone when the router itself ends 
   caf::actor_system_config cfg;
   caf::actor_system sys{served_cluster::init(cfg)};
   // A router stand-in that takes the request and then ends, answering nothing.
-  auto router = sys.spawn([](router_actor::pointer self) -> router_actor::behavior_type {
-    return {
-        [](generate_atom, generate_request&) -> caf::result<completion> { return completion{}; },
-        [=](generate_atom, generate_request&, client_sink_actor) -> caf::result<completion> {
-          self->quit(caf::exit_reason::user_shutdown);
-          return self->make_response_promise<completion>();
-        },
-        [](stats_atom) { return cluster_stats{}; },
-        [](drain_atom) {},
-        [](rank_gone_atom, std::vector<std::string>&, std::string&) {},
-    };
+  auto router = stand_in_router(sys, [](router_actor::pointer self, client_sink_actor) -> caf::result<completion> {
+    self->quit(caf::exit_reason::user_shutdown);
+    return self->make_response_promise<completion>();
   });
   auto conn = client_of(sys, router);
   auto stream = conn->submit(baton::client::request{});
@@ -192,24 +192,16 @@ TEST_CASE("the C++ client's result carries how the request got through: its fail
   caf::actor_system_config cfg;
   caf::actor_system sys{served_cluster::init(cfg)};  // no cluster: its actor system alone
   // A router stand-in answering with a completion that went through two failovers and a move.
-  auto router = sys.spawn([](router_actor::pointer) -> router_actor::behavior_type {
-    return {
-        [](generate_atom, generate_request&) -> caf::result<completion> { return completion{}; },
-        [](generate_atom, generate_request&, client_sink_actor) -> caf::result<completion> {
-          completion c;
-          c.request_id = 1;
-          c.tokens = {7};
-          c.text = "x";
-          c.finish_reason = "length";
-          c.failovers = 2;
-          c.failover_why = "request 1, rank decode-0, stage decode: the actor is down";
-          c.migrations = 1;
-          return c;
-        },
-        [](stats_atom) { return cluster_stats{}; },
-        [](drain_atom) {},
-        [](rank_gone_atom, std::vector<std::string>&, std::string&) {},
-    };
+  auto router = stand_in_router(sys, [](router_actor::pointer, client_sink_actor) -> caf::result<completion> {
+    completion c;
+    c.request_id = 1;
+    c.tokens = {7};
+    c.text = "x";
+    c.finish_reason = "length";
+    c.failovers = 2;
+    c.failover_why = "request 1, rank decode-0, stage decode: the actor is down";
+    c.migrations = 1;
+    return c;
   });
   auto conn = client_of(sys, router);
   auto stream = conn->submit(baton::client::request{});
