@@ -6,7 +6,8 @@
 #   2. curl gets the same text over HTTP, whole and streamed;
 #   3. the official OpenAI Node.js SDK passes its checks (tests/node);
 #   4. SIGTERM on a decode node while 4 clients stream: every stream ends well (drain);
-#   5. SIGINT on the launcher stops every process.
+#   5. SIGINT on the launcher: gateways drain first, the stream in progress
+#      finishes, and every process stops.
 # Besides: the gateway beside decode-b's ranks joins the head as decode-b/gateway and serves, and
 # a gateway started under a live decode node's name is refused by name.
 # Usage: launch_e2e.sh BATON_BINARY SOURCE_DIR. Bounded waits throughout; always cleans up.
@@ -205,12 +206,28 @@ wait_for "$WORK/launch.log" "node decode-a left (exit code 0)" 30
 "$BATON" generate --router "127.0.0.1:$P_ROUTER" --cluster-id e2e --prompt "After the drain" --max-tokens 4 > /dev/null || fail "serving after the drain"
 echo "launch e2e: drain: 4 streams finished while decode-a drained and left; the cluster still serves"
 
-# 5. Stop: every process ends.
+# 5. Stop: the gateways first (they turn new calls away at once), then the decode nodes drain
+# (the stream in progress runs to its end), then every process ends.
 PIDS=$(pgrep -P "$LAUNCHER" | tr '\n' ' ')  # its nodes now (pids printed earlier may be reused)
 [ -n "$PIDS" ] || fail "the launcher has no node processes left to stop"
+curl -sN -m 120 -H "Authorization: Bearer $KEY" "$URL/v1/completions" \
+  -d '{"prompt":"The last stream","max_tokens":230,"ignore_eos":true,"stream":true}' > "$WORK/last.txt" &
+LAST=$!
+for _ in $(seq 600); do [ "$(grep -c '^data: ' "$WORK/last.txt" 2>/dev/null)" -ge 2 ] && break; sleep 0.05; done
 kill -INT "$LAUNCHER"
 for _ in $(seq 600); do kill -0 "$LAUNCHER" 2>/dev/null || break; sleep 0.1; done
 ! kill -0 "$LAUNCHER" 2>/dev/null || fail "the launcher did not stop within 60 s"
 for p in $PIDS; do ! kill -0 "$p" 2>/dev/null || fail "node process $p outlived the launcher"; done
 LAUNCHER=""
+wait "$LAST" || true
+grep -q '"finish_reason":"length"' "$WORK/last.txt" && ! grep -q '"error"' "$WORK/last.txt" ||
+  fail "the stream in progress did not finish well during the stop: $(tail -c 400 "$WORK/last.txt")"
+# In the launcher's output (every process writes there, each line flushed): a gateway's drain
+# began before decode-b (the decode node left after step 4) had drained and left; signalled
+# after the decode nodes, it would come after.
+GW_LINE=$(grep -n "baton gateway: draining" "$WORK/launch.log" | head -1 | cut -d: -f1)
+LEFT_LINE=$(grep -n "baton node decode-b: drained and left" "$WORK/launch.log" | head -1 | cut -d: -f1)
+[ -n "$GW_LINE" ] && [ -n "$LEFT_LINE" ] && [ "$GW_LINE" -lt "$LEFT_LINE" ] ||
+  fail "the gateways did not drain before the decode nodes left (lines '$GW_LINE' and '$LEFT_LINE')"
+echo "launch e2e: stop: the gateways drained first, the stream in progress finished, every process ended"
 echo "launch e2e: all checks passed"
