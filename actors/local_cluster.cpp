@@ -150,10 +150,13 @@ local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_co
   if (!make_executor) {
     auto weights = cfg.weights ? cfg.weights
                                : std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
-    make_executor = [weights, &cfg, &pool_transport](const std::string&) -> std::shared_ptr<gpu::executor> {
+    // The i-th rank made here on the i-th device (round), as gpu::backend_config::for_rank says.
+    const int devices = cfg.backend.kind == "cuda" ? gpu::visible_cuda_devices() : 0;
+    make_executor = [weights, &cfg, &pool_transport, devices, made = uint32_t{0}](const std::string&) mutable
+        -> std::shared_ptr<gpu::executor> {
       auto ec = cfg.executor;
       if (pool_transport && cfg.transport == "ucx") ec.kv_memory = kv_pool_in(pool_transport);
-      return gpu::make_backend_executor(cfg.backend, cfg.model, weights, ec);
+      return gpu::make_backend_executor(cfg.backend.for_rank(made++, devices), cfg.model, weights, ec);
     };
   }
   auto fabric = transport::make_loopback_fabric();

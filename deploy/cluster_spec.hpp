@@ -44,6 +44,9 @@ struct cluster_spec {
   std::vector<std::string> cors_origins;  ///< browser origins every gateway lets call the API (--cors-origin)
   std::string prefill_policy = "seed", decode_policy = "seed";
   uint32_t executor_threads = 1, kv_pages = 512, page_tokens = 16;
+  /// executor.backend: cpu, or cuda (every rank process gets `--executor cuda`, and Kubernetes
+  /// and Slurm ask for a GPU per rank; without it they ask for none).
+  std::string executor_backend = "cpu";
   std::string store_dir;          ///< empty: no block store
   int64_t rank_cache_blocks = -1; ///< prefill ranks' local prefix tier, in blocks (-1: their default)
   uint32_t store_servers = 1, block_tokens = 64;

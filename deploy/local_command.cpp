@@ -265,7 +265,7 @@ int run_local(const std::vector<std::string>& args) {
   flags.add("--elastic-signal", &opt.cluster.elastic.planner.pool_signal,
             "elastic P/D: a pool's pressure is the mean over its ranks (default) or the max (a tail signal)");
   flags.add("--executor-threads", &opt.cluster.executor.num_threads, "math threads per rank's executor");
-  flags.add("--executor", &opt.cluster.backend.kind, "executor backend: cpu (default) or cuda (every rank on one GPU)");
+  flags.add("--executor", &opt.cluster.backend.kind, "executor backend: cpu (default) or cuda (ranks in turn on the GPUs this process sees)");
   flags.add("--cuda-fp32", &cuda_fp32, "cuda: fp32 weights and KV instead of bf16 (the conformance mode)");
   flags.add("--kv-pages", &opt.cluster.executor.num_kv_pages, "KV pages per rank");
   flags.add("--page-tokens", &opt.cluster.executor.page_size_tokens, "tokens per KV page");
@@ -538,8 +538,8 @@ int run_local(const std::vector<std::string>& args) {
                      std::to_string(opt.cluster.elastic_prefill_at_start) + " prefill at start)").c_str()
                   : "",
               opt.cluster.backend.kind == "cuda"
-                  ? (std::string{"cuda "} + (opt.cluster.backend.cuda_bf16 ? "bf16" : "fp32") + " on device " +
-                     std::to_string(opt.cluster.backend.cuda_device))
+                  ? (std::string{"cuda "} + (opt.cluster.backend.cuda_bf16 ? "bf16" : "fp32") + " (ranks in turn on the " +
+                     std::to_string(gpu::visible_cuda_devices()) + " device(s) this process sees)")
                         .c_str()
                   : (std::to_string(opt.cluster.executor.num_threads) + " CPU thread(s)").c_str());
   // Store nodes start before the head (the launcher's order); still, keep trying for a while.

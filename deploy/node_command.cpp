@@ -225,7 +225,7 @@ struct rank_starter {
       exec = gpu::make_cpu_executor(model, weights, ec);
       keeper->add(exec, spawn, model, o.eplb);
     } else {
-      exec = gpu::make_backend_executor(o.backend, model, weights, ec);
+      exec = gpu::make_backend_executor(o.backend.for_rank(i, gpu::visible_cuda_devices()), model, weights, ec);
     }
     if (o.fault_job_delay_ms) exec = gpu::make_fault_slow_executor(std::move(exec), o.fault_job_delay_ms);
     return exec;

@@ -60,7 +60,7 @@ void add_node_flags(flag_set& flags, node_options* o, bool* cuda_fp32) {
   flags.add("--kv-pages", &o->exec.num_kv_pages, "KV pages per rank");
   flags.add("--page-tokens", &o->exec.page_size_tokens, "tokens per KV page");
   flags.add("--executor-threads", &o->exec.num_threads, "math threads per rank");
-  flags.add("--executor", &o->backend.kind, "executor backend: cpu (default) or cuda");
+  flags.add("--executor", &o->backend.kind, "executor backend: cpu (default) or cuda (ranks in turn on the GPUs this process sees)");
   flags.add("--cuda-fp32", cuda_fp32, "cuda: fp32 weights and KV instead of bf16");
   flags.add("--weights-seed", &o->weights_seed, "seed of `--model random`'s weights (must match the head)");
   flags.add("--scheduler-threads", &o->scheduler_threads, "CAF scheduler threads");

@@ -113,7 +113,15 @@ struct backend_config {
   std::string validate() const;
   /// How the KV values are computed, for the block store's keys: blocks of two backends differ.
   std::string kv_dtype() const { return kind == "cuda" ? (cuda_bf16 ? "cuda-bf16" : "cuda-f32") : "f32"; }
+  /// The backend of a process's `rank_index`-th rank, given the `devices` it sees (CUDA's count,
+  /// which CUDA_VISIBLE_DEVICES chooses): its ranks spread over them from cuda_device on, one rank
+  /// per GPU as a node's `gpus` means; more ranks than devices share them in turn (one H200 holds
+  /// a whole local cluster). The CPU backend, or no device seen, is returned as it is.
+  backend_config for_rank(uint32_t rank_index, int devices) const;
 };
+
+/// CUDA devices this process sees; 0 in a build without CUDA.
+int visible_cuda_devices();
 
 /// The executor `backend` names, sized by `pool` (pages, page size; threads for the CPU). A CUDA
 /// executor that cannot start (out of device memory, ...) comes back as one that refuses every

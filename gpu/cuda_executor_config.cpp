@@ -26,6 +26,21 @@ std::string backend_config::validate() const {
 #endif
 }
 
+backend_config backend_config::for_rank(uint32_t rank_index, int devices) const {
+  backend_config out = *this;
+  if (kind == "cuda" && devices > 0)
+    out.cuda_device = static_cast<int>((static_cast<uint64_t>(cuda_device) + rank_index) % static_cast<uint64_t>(devices));
+  return out;
+}
+
+int visible_cuda_devices() {
+#ifdef BATON_HAVE_CUDA
+  return cuda::device_count();
+#else
+  return 0;
+#endif
+}
+
 namespace {
 
 /// A rank whose device could not start: every job fails with the reason.

@@ -139,6 +139,7 @@ TEST_CASE("each process of a plan joins the head's node directory under a name o
 TEST_CASE("prefill ranks and block servers in their own node processes: store nodes start first") {
   const std::string spec = R"({
     "name": "t", "model": "m", "store": {"dir": "/s", "block_tokens": 64, "rank_cache_blocks": 0},
+    "executor": {"backend": "cuda"},
     "nodes": [
       {"name": "head", "host": "h0", "roles": ["router"], "ports": {"router": 7100, "cluster": 7101}},
       {"name": "p", "host": "h1", "roles": ["prefill"], "gpus": 4},
@@ -405,6 +406,9 @@ TEST_CASE("elastic nodes: their ranks start as prefill or decode, and the head r
   CHECK(after(plan[1], "--role") == "elastic");
   CHECK(after(plan[1], "--ranks") == "4");
   CHECK(after(plan[1], "--prefill-at-start") == "1");
+  // A GPU per rank with the CUDA executor, none with the CPU's.
+  CHECK(kubernetes_manifests(s).find("nvidia.com/gpu") == std::string::npos);
+  s.executor_backend = "cuda";
   CHECK(kubernetes_manifests(s).find("nvidia.com/gpu: 4") != std::string::npos);
   cluster_spec plain;
   REQUIRE(parse_cluster_spec(good, "/base", &plain, &why));
@@ -615,4 +619,53 @@ TEST_CASE("Kubernetes manifests and the Slurm script match their golden files") 
   CHECK(k8s.find("BATON_PROD_KEYS") == std::string::npos);  // keys come from a Secret, not the file
   CHECK(k8s.find("secretKeyRef") != std::string::npos);
   CHECK(k8s.find("nvidia.com/gpu: 4") != std::string::npos);
+}
+
+TEST_CASE("executor.backend cuda: rank processes get --executor cuda, Kubernetes and Slurm a GPU per rank; "
+          "store directories get volumes; spares are not written for Kubernetes") {
+  const std::string spec = R"({
+    "name": "g", "model": "/m", "executor": {"backend": "cuda"},
+    "store": {"dir": "/var/lib/baton/store", "capacity_gib": 40.5},
+    "nodes": [
+      {"name": "head", "roles": ["router", "prefill", "store"], "prefill_ranks": 2, "ports": {"router": 7100, "cluster": 7101}},
+      {"name": "d", "roles": ["decode"], "gpus": 8},
+      {"name": "s", "roles": ["decode"], "gpus": 8, "spare": true},
+      {"name": "st", "roles": ["store"], "ports": {"store": 7200}},
+      {"name": "gw", "roles": ["gateway"], "ports": {"http": 8000}}
+    ]})";
+  cluster_spec s;
+  std::string why;
+  REQUIRE_MESSAGE(parse_cluster_spec(spec, "/base", &s, &why), why);
+  for (const auto& l : plan_launch(s, "baton", {"127.0.0.1", ""})) {
+    const auto at = std::find(l.argv.begin(), l.argv.end(), "--executor");
+    const bool ranks = l.role == "head" || l.role == "decode";
+    CHECK_MESSAGE((at != l.argv.end() && at + 1 != l.argv.end() && *(at + 1) == "cuda") == ranks, l.name);
+  }
+  const auto k8s = kubernetes_manifests(s);
+  CHECK(k8s.find("nvidia.com/gpu: 2\n") != std::string::npos);  // the head's prefill ranks
+  CHECK(k8s.find("nvidia.com/gpu: 8\n") != std::string::npos);
+  CHECK(k8s.find("name: g-s\n") == std::string::npos);            // the spare
+  CHECK(k8s.find("# node s is a spare: not written") != std::string::npos);
+  CHECK(k8s.find("kind: Pod\n") == std::string::npos);
+  CHECK(k8s.find("name: g-d\n") != std::string::npos);
+  // A claim per store directory (the head's and the store node's), sized by the budget, mounted
+  // at the spec's directory.
+  CHECK(k8s.find("name: g-head-store\n") != std::string::npos);
+  CHECK(k8s.find("name: g-st-store\n") != std::string::npos);
+  CHECK(k8s.find("storage: 41Gi\n") != std::string::npos);
+  CHECK(k8s.find("mountPath: \"/var/lib/baton/store\"") != std::string::npos);
+  CHECK(slurm_script(s).find("#SBATCH --gpus-per-node=8\n") != std::string::npos);
+  // The CPU executor asks for no GPU anywhere.
+  s.executor_backend = "cpu";
+  CHECK(kubernetes_manifests(s).find("nvidia.com/gpu") == std::string::npos);
+  CHECK(slurm_script(s).find("--gpus-per-node") == std::string::npos);
+  // Refused by name: a backend that does not exist; expert parallelism on CUDA (CPU only so far).
+  CHECK(refusal(spec, R"("backend": "cuda")", R"("backend": "tpu")") ==
+        "spec.executor.backend must be cpu or cuda, got 'tpu'");
+  const std::string moe = R"({"name": "g", "model": "deepseek-v3-tiny", "executor": {"backend": "cuda"},
+    "expert_parallel": {"decode": 2},
+    "nodes": [{"name": "head", "roles": ["router"], "ports": {"router": 7100, "cluster": 7101}},
+              {"name": "d", "roles": ["decode"], "gpus": 2}]})";
+  CHECK(refusal(moe, R"("backend": "cuda")", R"("backend": "cuda")") ==
+        "spec.expert_parallel runs on the CPU executor only so far: with spec.executor.backend cuda, leave it out");
 }

@@ -15,6 +15,7 @@
 #include "gpu/byte_tokenizer.hpp"
 #include "gpu/cpu_executor.hpp"
 #include "gpu/cpu_kernels.hpp"
+#include "gpu/cuda_executor.hpp"
 #include "gpu/job_queue.hpp"
 #include "gpu/sampling.hpp"
 #include "gpu/local_generate.hpp"
@@ -758,4 +759,25 @@ TEST_CASE("an exception in a parallel range comes back to the caller once every 
   CHECK(sink->failed[0].second.find("the job threw: ") == 0);
   CHECK(sink->failed[1].first == 3);
   CHECK(sink->done == std::vector<uint64_t>{2});  // the queue's thread lives on
+}
+
+TEST_CASE("a process's CUDA ranks take the devices it sees in turn; the CPU backend and a machine without devices "
+          "are left as they are") {
+  const backend_config cuda{.kind = "cuda"};
+  // A node with 8 ranks on an 8-GPU host: one rank per GPU.
+  for (uint32_t i = 0; i < 8; ++i) CHECK(cuda.for_rank(i, 8).cuda_device == static_cast<int>(i));
+  // More ranks than devices share them in turn; one device holds them all.
+  CHECK(cuda.for_rank(5, 2).cuda_device == 1);
+  CHECK(cuda.for_rank(6, 2).cuda_device == 0);
+  CHECK(cuda.for_rank(3, 1).cuda_device == 0);
+  // From the configured device on.
+  const backend_config from2{.kind = "cuda", .cuda_device = 2};
+  CHECK(from2.for_rank(0, 4).cuda_device == 2);
+  CHECK(from2.for_rank(3, 4).cuda_device == 1);
+  // Nothing else changes; without devices (no CUDA here) validate() names the problem as before.
+  const backend_config fp32{.kind = "cuda", .cuda_bf16 = false};
+  CHECK_FALSE(fp32.for_rank(1, 2).cuda_bf16);
+  CHECK(cuda.for_rank(7, 0).cuda_device == 0);
+  CHECK(backend_config{}.for_rank(3, 8).cuda_device == 0);  // the CPU backend has no device
+  CHECK(backend_config{}.for_rank(3, 8).kind == "cpu");
 }

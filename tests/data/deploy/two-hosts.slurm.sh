@@ -11,14 +11,14 @@ mapfile -t HOSTS < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
 HEAD=${HOSTS[0]}
 
 # head node head
-srun --nodes=1 --ntasks=1 --nodelist="${HOSTS[0]}" "$BATON" 'local' '--serve' '--model' '/srv/models/llama-3.1-8b-instruct' '--prefill-ranks' '4' '--decode-ranks' '0' '--router-listen' '0.0.0.0:7100' '--cluster-listen' '0.0.0.0:7101' '--prefill-policy' 'seed' '--decode-policy' 'seed' '--executor-threads' '8' '--kv-pages' '4096' '--page-tokens' '16' '--store-dir' '/var/lib/baton/store' '--store-servers' '2' '--block-tokens' '512' '--cluster-id' 'prod' &
+srun --nodes=1 --ntasks=1 --nodelist="${HOSTS[0]}" "$BATON" 'local' '--serve' '--model' '/srv/models/llama-3.1-8b-instruct' '--prefill-ranks' '4' '--decode-ranks' '0' '--router-listen' '0.0.0.0:7100' '--cluster-listen' '0.0.0.0:7101' '--prefill-policy' 'seed' '--decode-policy' 'seed' '--executor-threads' '8' '--kv-pages' '4096' '--page-tokens' '16' '--executor' 'cuda' '--store-dir' '/var/lib/baton/store' '--store-servers' '2' '--block-tokens' '512' '--cluster-id' 'prod' &
 for _ in $(seq 120); do (exec 3<>"/dev/tcp/$HEAD/7101") 2>/dev/null && break; sleep 1; done
 
 # decode node decode-0
-srun --nodes=1 --ntasks=1 --nodelist="${HOSTS[1]}" "$BATON" 'node' '--role' 'decode' '--name' 'decode-0' '--connect' "$HEAD"':7101' '--ranks' '4' '--model' '/srv/models/llama-3.1-8b-instruct' '--executor-threads' '8' '--kv-pages' '4096' '--page-tokens' '16' '--cluster-id' 'prod' &
+srun --nodes=1 --ntasks=1 --nodelist="${HOSTS[1]}" "$BATON" 'node' '--role' 'decode' '--name' 'decode-0' '--connect' "$HEAD"':7101' '--ranks' '4' '--model' '/srv/models/llama-3.1-8b-instruct' '--executor-threads' '8' '--kv-pages' '4096' '--page-tokens' '16' '--executor' 'cuda' '--cluster-id' 'prod' &
 
 # decode node decode-1
-srun --nodes=1 --ntasks=1 --nodelist="${HOSTS[2]}" "$BATON" 'node' '--role' 'decode' '--name' 'decode-1' '--connect' "$HEAD"':7101' '--ranks' '4' '--model' '/srv/models/llama-3.1-8b-instruct' '--executor-threads' '8' '--kv-pages' '4096' '--page-tokens' '16' '--cluster-id' 'prod' &
+srun --nodes=1 --ntasks=1 --nodelist="${HOSTS[2]}" "$BATON" 'node' '--role' 'decode' '--name' 'decode-1' '--connect' "$HEAD"':7101' '--ranks' '4' '--model' '/srv/models/llama-3.1-8b-instruct' '--executor-threads' '8' '--kv-pages' '4096' '--page-tokens' '16' '--executor' 'cuda' '--cluster-id' 'prod' &
 
 # gateway node gateway
 srun --nodes=1 --ntasks=1 --nodelist="${HOSTS[0]}" "$BATON" 'gateway' '--name' 'gateway' '--cluster' "$HEAD"':7101' '--listen' '0.0.0.0:8000' '--cluster-id' 'prod' &
