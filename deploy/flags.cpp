@@ -118,8 +118,13 @@ std::string flag_set::parse(const std::vector<std::string>& args) {
       value = args[++i];
     }
     if (auto err = f->set(value); !err.empty()) return "flag " + arg + " " + err;
+    f->given = true;
   }
   return {};
+}
+
+bool flag_set::given(const std::string& name) const {
+  return std::any_of(flags_.begin(), flags_.end(), [&](const flag& f) { return f.name == name && f.given; });
 }
 
 std::optional<int> flag_set::parse_command_line(const std::vector<std::string>& args, const std::string& command,

@@ -29,6 +29,8 @@ public:
   /// Parses args; returns an error sentence, or empty. "--help" sets help_requested().
   std::string parse(const std::vector<std::string>& args);
   bool help_requested() const { return help_; }
+  /// Whether the last parse set flag `name` (a default that depends on other flags yields to it).
+  bool given(const std::string& name) const;
   /// For a subcommand's main: parses; on a bad flag prints "baton <command>: <why>" and returns
   /// 2, on --help prints `usage_line` and the flags and returns 0; otherwise returns nothing.
   std::optional<int> parse_command_line(const std::vector<std::string>& args, const std::string& command,
@@ -41,6 +43,7 @@ private:
     bool takes_value = true;
     std::function<std::string(const std::string&)> set;  ///< returns an error or empty
     std::string current;
+    bool given = false;
   };
   std::vector<flag> flags_;
   bool help_ = false;

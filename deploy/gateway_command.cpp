@@ -196,18 +196,20 @@ int run_gateway(const std::vector<std::string>& args) {
                 cluster.c_str());
     std::fflush(stdout);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds{head_wait_s};
-    std::optional<router_actor> next;
+    router_actor next;  // null until a head is joined and its router answers
     while (!next && !stop_requested() && std::chrono::steady_clock::now() < deadline) {
-      next = join_cluster(std::chrono::seconds{5}, &why);
-      if (next && !gateway_set_router(sys, gateway, *next, &why)) {
+      if (auto r = join_cluster(std::chrono::seconds{5}, &why)) {
+        if (gateway_set_router(sys, gateway, *r, &why)) {
+          next = *r;
+          break;
+        }
         // Joined, but its router did not answer: leave, so that the next try joins afresh
         // (join_cluster refuses the directory it last joined as the head that went away).
-        next.reset();
         if (agent) self->send_exit(agent, caf::exit_reason::user_shutdown);
         agent = {};
         joined = node_directory_actor{};
       }
-      if (!next) std::this_thread::sleep_for(std::chrono::milliseconds{250});
+      std::this_thread::sleep_for(std::chrono::milliseconds{250});
     }
     if (!next) {
       if (stop_requested()) return stop(0);
@@ -215,7 +217,7 @@ int run_gateway(const std::vector<std::string>& args) {
                    why.c_str());
       return stop(1);
     }
-    target = *next;
+    target = next;
     std::printf("baton gateway: serving again on http://%s:%u, through the head that came back\n", gc.host.c_str(),
                 static_cast<unsigned>(gateway.port));
     std::fflush(stdout);

@@ -300,8 +300,10 @@ int run_local(const std::vector<std::string>& args) {
             "disk budget of --store-dir in GiB, split evenly over its block servers: each deletes its least recently "
             "used blocks to make room (0 = unbounded; store nodes take their own)");
   flags.add("--prefix-cache-blocks", &opt.cluster.prefill.prefix_cache_blocks,
-            "prefill ranks: full prompt blocks kept in the rank's KV pages for later prompts (0 = only the block store)");
-  flags.add("--block-tokens", &opt.cluster.store.block_tokens, "tokens per store block");
+            "prefill ranks: full prompt blocks kept in the rank's KV pages for later prompts, with or without a block "
+            "store (0 = none: only the store's)");
+  flags.add("--block-tokens", &opt.cluster.store.block_tokens,
+            "tokens per store block (without a store: per block of the prefill ranks' own prefix tiers, 64 unless given)");
   flags.add("--repeat", &opt.repeat, "send the prompts this many rounds, one round after another (store reuse)");
   flags.add("--weights-seed", &opt.cluster.weights_seed, "seed of the random model's weights (--model random)");
   flags.add("--model", &opt.model,
@@ -397,6 +399,14 @@ int run_local(const std::vector<std::string>& args) {
   }
   opt.cluster.store.enabled = !opt.cluster.store.dir.empty() || !opt.store_nodes.empty();
   if (opt.cluster.store.dir.empty()) opt.cluster.store.num_servers = 0;  // only store nodes' servers
+  // Without a store, prompts are still cut into keyed blocks, so that each prefill rank's own
+  // tier serves a prefix it computed before (a shared system prompt is computed once per rank).
+  // Its blocks are smaller than a store's (64 tokens, not 512: no file per block, and a hit is
+  // counted in whole blocks), unless --block-tokens says.
+  opt.cluster.store.local_tier_only = !opt.cluster.store.enabled && opt.cluster.prefill.prefix_cache_blocks > 0;
+  if (opt.cluster.store.local_tier_only && !flags.given("--block-tokens"))
+    if (const uint32_t page = opt.cluster.executor.page_size_tokens; page > 0)
+      opt.cluster.store.block_tokens = (64 + page - 1) / page * page;
   if (std::string why; !opt.cluster.store.dir.empty() && !ensure_writable_dir(opt.cluster.store.dir, "--store-dir", &why)) {
     std::fprintf(stderr, "baton local: %s\n", why.c_str());
     return 2;
