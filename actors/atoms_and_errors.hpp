@@ -73,6 +73,8 @@ using migrate_poll_atom = caf::atom_constant<caf::atom("migpoll")>;
 using kv_commit_atom = caf::atom_constant<caf::atom("kv_commit")>;
 /// A transfer of the rank's transport settled (transport::set_settled_listener): poll now.
 using settled_atom = caf::atom_constant<caf::atom("settled")>;
+/// A balancer's own timer: a parked placement's deadline has come (arm_parked_expiry).
+using parked_due_atom = caf::atom_constant<caf::atom("parkdue")>;
 using resume_atom = caf::atom_constant<caf::atom("resume")>;
 /// A landed KV layer was checked (and expanded, in a wire form) off the decode rank's thread.
 using layer_checked_atom = caf::atom_constant<caf::atom("kv_checked")>;

@@ -173,6 +173,7 @@ struct write_outcome {
   uint64_t seq = 0;
   std::vector<disk_eviction> evicted{};
   int err_no = 0;
+  bool disk_full = false;  ///< the disk refused it for room first (ENOSPC, EDQUOT) and blocks were deleted
 };
 
 /// What the I/O thread made of a read: the reader's answer, the bytes put, and the blocks whose
@@ -481,6 +482,9 @@ struct block_server_state {
   /// A write the disk refused for room was logged: later ones are only counted until a write
   /// succeeds (a full disk would otherwise log every block of every write-back).
   bool no_space_logged = false;
+  /// A disk full short of the budget (or with none) was logged: said again only after a write
+  /// that found room.
+  bool disk_full_logged = false;
   static inline const char* name = "baton.block_server";
 };
 
@@ -718,6 +722,7 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
                     &err_no, fault);
               };
               auto err = write_file();
+              bool disk_full = false;
               if (!err.empty() && (err_no == ENOSPC || err_no == EDQUOT)) {
                 // The disk filled short of the budget (others write to it too), or with none:
                 // room is made as a budget makes it -- the least recently used blocks, as many
@@ -726,6 +731,7 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
                 auto more = delete_evicted(io, io.on_disk.evict_bytes(disk_bytes));
                 if (!more.empty()) {
                   evicted.insert(evicted.end(), more.begin(), more.end());
+                  disk_full = true;
                   err_no = 0;
                   err = write_file();
                 }
@@ -738,7 +744,7 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
                                   0.0);
                 io.disk_bytes = io.on_disk.bytes();
               }
-              return write_outcome{std::move(w), std::move(err), seq, std::move(evicted), err_no};
+              return write_outcome{std::move(w), std::move(err), seq, std::move(evicted), err_no, disk_full};
             },
             [=](write_outcome out) mutable {
               auto& s = self->state;
@@ -757,6 +763,14 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
                   self->send(s.index[shard_of(e.key, static_cast<uint32_t>(s.index.size()))], delete_atom::value,
                              s.io->cfg.server_id, e.key.hi, e.key.lo, e.write_seq);
               }
+              // The cache shrinks to the disk it has: said once, as the budget's evictions are not.
+              if (out.disk_full && !s.disk_full_logged)
+                caf::aout(self) << s.io->cfg.name << ": the disk is full (short of any --store-capacity-gib): deleted "
+                                << out.evicted.size() << " least recently used block(s) to write one of request "
+                                << out.w.request_id << " (later deletions for room are counted in "
+                                << "baton_store_disk_evicted_blocks_total, not logged, until a write finds room)"
+                                << std::endl;
+              s.disk_full_logged = out.disk_full;
               if (!out.err.empty()) {  // a failed write-back is a future miss, nothing more
                 ++s.stats.write_failures;
                 const bool no_space = out.err_no == ENOSPC || out.err_no == EDQUOT;
@@ -836,53 +850,6 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
 }
 
 }  // namespace
-
-caf::expected<store_write_slot> write_slot_table::grant(const store_write_begin& b, const std::string& server,
-                                                        const std::string& setup_error) {
-  const auto stage = where(b.request_id, server, "store_write");
-  if (!setup_error.empty() || !key_) return make_error(errc::rank_unavailable, stage + ": " + setup_error);
-  // A slot of 0 bytes would share its offset with the next slot granted, and freeing it free that one's range.
-  if (b.bytes == 0) return make_error(errc::bad_request, stage + ": a write slot of 0 bytes");
-  auto off = pool_.acquire(b.bytes);
-  if (!off)
-    return make_error(errc::kv_capacity, stage + ": write staging is full (a slot of " + std::to_string(b.bytes) +
-                                             " bytes asked, of " + std::to_string(pool_.capacity()) + " in all)");
-  const uint64_t id = ++last_;
-  slots_[id] = {{*off, b.bytes}, false};
-  kv_region_desc region;
-  region.backend = key_->backend;
-  region.region_id = key_->region_id;
-  region.size_bytes = key_->size_bytes;
-  region.packed_key = key_->packed;
-  return store_write_slot{id, *off, std::move(region)};
-}
-
-std::optional<write_slot_table::range> write_slot_table::find(uint64_t slot_id) const {
-  auto i = slots_.find(slot_id);
-  if (i == slots_.end()) return std::nullopt;
-  return i->second.at;
-}
-
-std::optional<write_slot_table::range> write_slot_table::claim(uint64_t slot_id) {
-  auto i = slots_.find(slot_id);
-  if (i == slots_.end() || i->second.writing) return std::nullopt;
-  i->second.writing = true;
-  return i->second.at;
-}
-
-void write_slot_table::release(uint64_t slot_id) {
-  auto i = slots_.find(slot_id);
-  if (i == slots_.end()) return;
-  pool_.release(i->second.at.offset);
-  slots_.erase(i);
-}
-
-bool write_slot_table::reclaim(uint64_t slot_id) {
-  auto i = slots_.find(slot_id);
-  if (i == slots_.end() || i->second.writing) return false;
-  release(slot_id);
-  return true;
-}
 
 block_server_actor spawn_block_server(caf::actor_system& sys, block_server_config cfg,
                                       std::shared_ptr<transport::transport> xport,

@@ -25,6 +25,7 @@ struct decode_balancer_state {
   /// first, after every load report. The requester's place deadline bounds the wait.
   std::deque<parked_placement<decode_placement>> parked;
   bool grace_timer_armed = false;  ///< a timer_atom is on its way (no rank takes work: arm_grace_check)
+  std::optional<caf::actor_clock::time_point> parked_timer_at;  ///< a parked_due_atom's (arm_parked_expiry)
   uint64_t rr_cursor = 0;
   /// The balancer's own placements since each rank's last report (charge_ledger.hpp); those no
   /// report followed within cfg.charge_ttl_ms are taken back.
@@ -150,6 +151,35 @@ std::optional<decode_placement> try_place(pointer self, const place_query& q) {
   return decode_placement{r.name, st.registry.ranks[*pick], why};
 }
 
+/// A placement that waited its time out: the KV it needs, and why each rank could not hold it,
+/// so an overload reads as one (kv_capacity: retryable, a 503) rather than a silent balancer.
+caf::error no_room(const decode_balancer_state& st, const place_query& q) {
+  const auto wait = std::chrono::milliseconds{q.wait_ms ? q.wait_ms : parked_wait_default_ms};
+  std::string ranks;
+  for (size_t i = 0; i < st.registry.loads.size(); ++i) {
+    const auto& r = st.registry.loads[i];
+    ranks += (ranks.empty() ? "" : "; ") + r.name + ": ";
+    if (!st.registry.open(i))
+      ranks += "takes no new work (" + (st.registry.draining[i] ? std::string{"draining"} : r.unavailable) + ")";
+    else
+      ranks += std::to_string(r.num_free_pages) + " of " + std::to_string(r.num_total_pages) + " pages free, " +
+               std::to_string(r.num_running) + " running, needs " +
+               std::to_string((need_tokens(q, r) + page_size(st, r) - 1) / page_size(st, r));
+  }
+  return make_error(errc::kv_capacity,
+                    where(q.request_id, "", "place_decode") + ": no decode rank had room for " +
+                        std::to_string(q.total_tokens) + " tokens of KV within " +
+                        std::to_string((wait - parked_answer_margin(wait)).count()) + " ms (" +
+                        (ranks.empty() ? std::string{"no rank registered"} : ranks) + ")");
+}
+
+/// Places what is parked while ranks have room; those past their deadline are told why first.
+void serve(pointer self) {
+  serve_parked(self->state.parked, self->clock().now(), "place_decode",
+               [=](const place_query& q) { return try_place(self, q); },
+               [=](const place_query& q) { return no_room(self->state, q); });
+}
+
 decode_balancer_actor::behavior_type decode_balancer_impl(pointer self, decode_balancer_config cfg, store_info store) {
   auto& st = self->state;
   st.store = std::move(store);
@@ -179,11 +209,17 @@ decode_balancer_actor::behavior_type decode_balancer_impl(pointer self, decode_b
                                                    std::to_string(largest) + " in all");
         if (auto p = try_place(self, q)) return std::move(*p);
         auto promise = self->make_response_promise<decode_placement>();
-        drop_expired(st.parked, self->clock().now(), "place_decode");
+        drop_expired(st.parked, self->clock().now(), "place_decode", [=](const place_query& x) { return no_room(self->state, x); });
         park(st.parked, std::move(q), promise, self->clock().now());
         arm_charge_expiry(self);
         arm_grace_check(self);
+        arm_parked_expiry(self);
         return promise;
+      },
+      [=](parked_due_atom) {
+        self->state.parked_timer_at.reset();
+        serve(self);
+        arm_parked_expiry(self);
       },
       [=](timer_atom) { grace_timer_fired(self, "decode", "place_decode"); },
       [=](load_atom, rank_load& load, decode_rank_actor& rank) {
@@ -201,7 +237,7 @@ decode_balancer_actor::behavior_type decode_balancer_impl(pointer self, decode_b
           });
           st.registry.loads[*i].settled.clear();
         }
-        serve_parked(st.parked, self->clock().now(), "place_decode", [=](const place_query& q) { return try_place(self, q); });
+        serve(self);
         after_rank_change(self);
       },
       [=](release_atom, uint64_t request_id, uint32_t attempt) {
@@ -213,12 +249,12 @@ decode_balancer_actor::behavior_type decode_balancer_impl(pointer self, decode_b
         const auto freed = st.charges.cancel(request_id, attempt, [&](const std::string& name, const auto& c) {
           take_back(st, name, c);
         });
-        if (freed) serve_parked(st.parked, self->clock().now(), "place_decode", [=](const place_query& q) { return try_place(self, q); });
+        if (freed) serve(self);
       },
       [=](expire_atom) {
         self->state.charges.timer_fired();
         expire_charges(self);
-        serve_parked(self->state.parked, self->clock().now(), "place_decode", [=](const place_query& q) { return try_place(self, q); });
+        serve(self);
         arm_charge_expiry(self);
       },
       [=](stats_atom) { return self->state.registry.stats(); },
@@ -248,7 +284,7 @@ decode_balancer_actor::behavior_type decode_balancer_impl(pointer self, decode_b
         if (auto i = st.registry.index_of(rank); i && st.registry.draining[*i]) {
           st.log.add({0, st.registry.loads[*i].name, "undrained: placements again"});
           st.registry.draining[*i] = false;
-          serve_parked(st.parked, self->clock().now(), "place_decode", [=](const place_query& q) { return try_place(self, q); });
+          serve(self);
         }
         after_rank_change(self);
       },

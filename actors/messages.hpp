@@ -586,6 +586,7 @@ using prefill_balancer_actor = caf::typed_actor<
     caf::reacts_to<rejoin_atom, prefill_rank_actor, bool>,                    // ...it may come back
     caf::reacts_to<timer_atom>,    // its own timer: no rank took work within the grace, parked ones refused
     caf::reacts_to<expire_atom>,   // its own timer: placements no report followed, parked ones retried
+    caf::reacts_to<parked_due_atom>,  // its own timer: a parked placement's deadline, answered with why
     // request id, attempt: that attempt gave up before asking its rank (its client left,
     // another hop failed): its placement, made or parked, is void
     caf::reacts_to<release_atom, uint64_t, uint32_t>>;
@@ -603,6 +604,7 @@ using decode_balancer_actor = caf::typed_actor<
     caf::reacts_to<rejoin_atom, decode_rank_actor, bool>,              // ...it may come back
     caf::reacts_to<timer_atom>,    // its own timer: no rank took work within the grace, parked ones refused
     caf::reacts_to<expire_atom>,   // its own timer: placements no report followed, parked ones retried
+    caf::reacts_to<parked_due_atom>,  // its own timer: a parked placement's deadline, answered with why
     // request id, attempt: that attempt gave up before asking its rank (its client left,
     // another hop failed): its placement, made or parked, is void
     caf::reacts_to<release_atom, uint64_t, uint32_t>>;

@@ -54,6 +54,7 @@ struct prefill_balancer_state {
   /// first, after every load report. The requester's place deadline bounds the wait.
   std::deque<parked_placement<prefill_placement>> parked;
   bool grace_timer_armed = false;  ///< a timer_atom is on its way (no rank takes work: arm_grace_check)
+  std::optional<caf::actor_clock::time_point> parked_timer_at;  ///< a parked_due_atom's (arm_parked_expiry)
   /// Level 1 of the seed policy; rebuilt when the number of engines changes (ranks joining).
   std::optional<policies::bucket_allocator> buckets;
   /// Levels 2-3 inputs, kept in step with the registry (rank i is engine i / rpe, slot i % rpe)
@@ -323,9 +324,15 @@ prefill_balancer_actor::behavior_type prefill_balancer_impl(pointer self, prefil
         park(self->state.parked, std::move(q), promise, self->clock().now());
         arm_charge_expiry(self);
         arm_grace_check(self);
+        arm_parked_expiry(self);
         return promise;
       },
       [=](timer_atom) { grace_timer_fired(self, "prefill", "place_prefill"); },
+      [=](parked_due_atom) {
+        self->state.parked_timer_at.reset();
+        serve_parked(self->state.parked, self->clock().now(), "place_prefill", [=](const place_query& q) { return try_place(self, q); });
+        arm_parked_expiry(self);
+      },
       [=](load_atom, rank_load& load, prefill_rank_actor& rank) {
         auto& st = self->state;
         const std::string name = load.name;

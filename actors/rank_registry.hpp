@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -192,40 +193,66 @@ bool drop_parked(std::deque<parked_placement<Placement>>& parked, uint64_t id, u
   return true;
 }
 
-/// Parks `q` (no rank has room now) until its asker's wait runs out.
+/// A parked placement is answered this long before its asker stops waiting: the asker hears why
+/// it was not placed (no rank had room: which, and how much), not its own timeout.
+inline std::chrono::milliseconds parked_answer_margin(std::chrono::milliseconds wait) {
+  return std::min(wait / 10, std::chrono::milliseconds{500});
+}
+
+/// Parks `q` (no rank has room now) until just before its asker's wait runs out.
 template <class Placement>
 void park(std::deque<parked_placement<Placement>>& parked, place_query q,
           caf::typed_response_promise<Placement> promise, caf::actor_clock::time_point now) {
   const auto wait = std::chrono::milliseconds{q.wait_ms ? q.wait_ms : parked_wait_default_ms};
-  parked.push_back({std::move(q), std::move(promise), now + wait});
+  parked.push_back({std::move(q), std::move(promise), now + wait - parked_answer_margin(wait)});
 }
 
-/// Answers the placements whose asker has stopped waiting (deadline_exceeded, which it no
-/// longer hears) and drops them: served later they would charge a rank with load nobody brings,
-/// and during an outage the queue would grow with every retry. Returns how many.
+/// The error a placement parked past its deadline gets; empty: a generic one.
+using parked_expiry = std::function<caf::error(const place_query&)>;
+
+/// Answers the placements whose deadline passed (a balancer's own reason, `expired`, or a
+/// deadline_exceeded) and drops them: served later they would charge a rank with load nobody
+/// brings, and during an outage the queue would grow with every retry. Returns how many.
 template <class Placement>
 size_t drop_expired(std::deque<parked_placement<Placement>>& parked, caf::actor_clock::time_point now,
-                    const char* stage) {
+                    const char* stage, const parked_expiry& expired = {}) {
   size_t n = 0;
   for (auto i = parked.begin(); i != parked.end();) {
     if (i->deadline > now) {
       ++i;
       continue;
     }
-    i->promise.deliver(make_error(errc::deadline_exceeded, where(i->query.request_id, "", stage) +
-                                                               ": no rank had room while the request waited"));
+    i->promise.deliver(expired ? expired(i->query)
+                               : make_error(errc::deadline_exceeded, where(i->query.request_id, "", stage) +
+                                                                         ": no rank had room while the request waited"));
     i = parked.erase(i);
     ++n;
   }
   return n;
 }
 
+/// Arms the balancer's timer for the earliest parked deadline (its state: parked and
+/// parked_timer_at), unless one as early is on its way: a parked placement is answered at its
+/// deadline even when nothing else happens (no report comes from ranks that are full and busy).
+template <class Self>
+void arm_parked_expiry(Self* self) {
+  auto& st = self->state;
+  if (st.parked.empty()) return;
+  auto earliest = st.parked.front().deadline;
+  for (const auto& p : st.parked) earliest = std::min(earliest, p.deadline);
+  if (st.parked_timer_at && *st.parked_timer_at <= earliest) return;
+  st.parked_timer_at = earliest;
+  const auto now = self->clock().now();
+  const auto in = earliest > now ? std::chrono::duration_cast<std::chrono::milliseconds>(earliest - now) : std::chrono::milliseconds{0};
+  self->delayed_send(self, in + std::chrono::milliseconds{1}, parked_due_atom::value);
+}
+
 /// Serves parked placements, oldest first, while `try_place(query)` finds a rank; those whose
-/// asker has stopped waiting are dropped first.
+/// deadline passed are answered first (`expired`).
 template <class Placement, class TryPlace>
 void serve_parked(std::deque<parked_placement<Placement>>& parked, caf::actor_clock::time_point now,
-                  const char* stage, TryPlace try_place) {
-  drop_expired(parked, now, stage);
+                  const char* stage, TryPlace try_place, const parked_expiry& expired = {}) {
+  drop_expired(parked, now, stage, expired);
   while (!parked.empty()) {
     auto placed = try_place(parked.front().query);
     if (!placed) return;

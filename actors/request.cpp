@@ -66,6 +66,8 @@ struct request_state {
   size_t emitted_text = 0;        ///< streaming: bytes of `text` already sent to the sink
   size_t stop_from = 0;           ///< stop strings start at or after this byte of `text` (min_tokens)
   size_t emitted_tokens = 0;      ///< ... and tokens
+  size_t emitted_logprobs = 0;    ///< ... and log-probability entries (they follow the text: logprobs_ready)
+  size_t logprob_bytes = 0;       ///< bytes of `text` the sent entries' texts cover
   bool echo_streamed = false;     ///< streaming an echo: the prompt went with the first chunk
   bool answered = false;
   static inline const char* name = "baton.request";
@@ -142,6 +144,32 @@ std::string decode_text(const request_state& st, size_t n = std::string::npos) {
   return gpu::byte_tokenizer{-1, -1}.decode(tokens);
 }
 
+/// How many log-probability entries lie wholly within the first `sent` bytes of the text (each
+/// entry's text is its token's, which the text grew by: hits_stop). An empty one waits for the
+/// text after it, or for the end.
+size_t logprobs_ready(request_state& st, size_t sent) {
+  size_t n = st.emitted_logprobs;
+  for (; n < st.out.logprobs.size(); ++n) {
+    const size_t len = st.out.logprobs[n].text.size();
+    if (st.logprob_bytes + len > sent || (len == 0 && st.logprob_bytes >= sent)) break;
+    st.logprob_bytes += len;
+  }
+  return n;
+}
+
+/// A stop string cut the text at byte `kept` of `text`: the log-probability entries follow, so
+/// that their texts join to the answer's, as its tokens' would have had the model stopped there
+/// -- those after the cut go, and the token the cut runs through keeps its text before it.
+void cut_logprobs(request_state& st, size_t kept) {
+  size_t at = 0, n = 0;
+  auto& lps = st.out.logprobs;
+  for (; n < lps.size() && at < kept; ++n) {
+    if (at + lps[n].text.size() > kept) lps[n].text.resize(kept - at);
+    at += lps[n].text.size();
+  }
+  lps.resize(n);
+}
+
 /// Streaming: sends the sink the tokens and the text it has not seen yet. Before the end only
 /// text that no later token can change is sent (streamable_prefix); the last chunk carries
 /// the rest of the final text and the finish reason.
@@ -154,8 +182,6 @@ void stream(request_pointer self, bool last) {
   c.request = caf::actor_cast<request_actor>(self);
   c.first_index = static_cast<uint32_t>(st.emitted_tokens);
   c.tokens.assign(st.out.tokens.begin() + static_cast<std::ptrdiff_t>(st.emitted_tokens), st.out.tokens.end());
-  if (st.emitted_tokens < st.out.logprobs.size())
-    c.logprobs.assign(st.out.logprobs.begin() + static_cast<std::ptrdiff_t>(st.emitted_tokens), st.out.logprobs.end());
   c.num_prompt_tokens = st.out.num_prompt_tokens;
   c.prompt_thinking = st.out.prompt_thinking;
   if (st.plan.params.echo && !std::exchange(st.echo_streamed, true)) {
@@ -168,6 +194,13 @@ void stream(request_pointer self, bool last) {
     c.text = text.substr(st.emitted_text, end - st.emitted_text);
     st.emitted_text = end;
   }
+  // Log-probabilities go with their text: with stop strings, an entry once its whole text is
+  // sent (hits_stop has already cut those past a stop string); at the end, every one left.
+  const size_t ready = last || st.plan.params.stop.empty() ? st.out.logprobs.size() : logprobs_ready(st, end);
+  if (st.emitted_logprobs < ready)
+    c.logprobs.assign(st.out.logprobs.begin() + static_cast<std::ptrdiff_t>(st.emitted_logprobs),
+                      st.out.logprobs.begin() + static_cast<std::ptrdiff_t>(ready));
+  st.emitted_logprobs = std::max(st.emitted_logprobs, ready);
   if (last) c.finish_reason = st.out.finish_reason;
   st.emitted_tokens = st.out.tokens.size();
   self->send(st.plan.sink, std::move(c));
@@ -306,6 +339,7 @@ bool hits_stop(request_state& st, int32_t token) {
   }
   if (cut == std::string::npos) return false;
   st.out.text = st.text.substr(0, p.include_stop_str_in_output ? cut + cut_length : cut);
+  if (p.logprobs) cut_logprobs(st, st.out.text.size());
   return true;
 }
 

@@ -122,9 +122,17 @@ caf::behavior sink_impl(caf::event_based_actor* self, router_actor router, gener
       .then(
           [=](completion& c) {
             end([&] {
-              ch->done = {c.request_id,   std::move(c.tokens), std::move(c.text), std::move(c.finish_reason),
-                          c.num_prompt_tokens, c.cached_tokens, c.ttft_us,        std::move(c.tbt_us),
-                          c.prefill_rank, c.decode_rank, {}};
+              ch->done = {};
+              ch->done.request_id = c.request_id;
+              ch->done.tokens = std::move(c.tokens);
+              ch->done.text = std::move(c.text);
+              ch->done.finish_reason = std::move(c.finish_reason);
+              ch->done.num_prompt_tokens = c.num_prompt_tokens;
+              ch->done.cached_tokens = c.cached_tokens;
+              ch->done.ttft_us = c.ttft_us;
+              ch->done.tbt_us = std::move(c.tbt_us);
+              ch->done.prefill_rank = c.prefill_rank;
+              ch->done.decode_rank = c.decode_rank;
               for (auto& t : c.prompt_logprobs)
                 ch->done.prompt_logprobs.push_back({t.token, t.logprob, std::move(t.text), std::move(t.top_tokens),
                                                     std::move(t.top_logprobs), std::move(t.top_texts)});

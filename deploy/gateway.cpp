@@ -22,6 +22,7 @@
 #include <caf/scoped_actor.hpp>
 #include <caf/send.hpp>
 
+#include "deploy/access_log.hpp"
 #include "deploy/gateway_call.hpp"
 #include "deploy/metrics.hpp"
 #include "deploy/openai.hpp"
@@ -106,6 +107,7 @@ struct connection_state {
   bool in_call = false;
   uint64_t call_seq = 0;     ///< numbers the calls: a chunk of an earlier call is dropped
   caf::actor call_sink;      ///< renders the call's chunks; its exit cancels the generation
+  std::string call_id;       ///< the call's answer id (cmpl-..., chatcmpl-...), also its x-request-id header
   bool token_seen = false;   ///< the call's first token came (its first-token deadline is void)
   /// When the call began: its first token is due within first_token_timeout_ms (the connection's
   /// timer checks; a timer message per call would pile up for the whole timeout at high rates).
@@ -245,7 +247,13 @@ void add_cors(const shared_ptr& g, const state_ptr& st, http::header_list* extra
   if (!allowed.empty() && !(allowed.size() == 1 && allowed[0] == "*")) extra->emplace_back("Vary", "Origin");
   if (st->cors_origin.empty()) return;
   extra->emplace_back("Access-Control-Allow-Origin", st->cors_origin);
-  extra->emplace_back("Access-Control-Expose-Headers", "Retry-After");  // a 503's or 429's wait
+  extra->emplace_back("Access-Control-Expose-Headers", "Retry-After, x-request-id");  // a 503's or 429's wait; the call's id
+}
+
+/// A call's answer names it as OpenAI's do (SDKs read x-request-id into `request_id`), with the
+/// id its body carries, so a client's report can be matched to the gateway's logs.
+void add_request_id(const state_ptr& st, http::header_list* extra) {
+  if (st->in_call && !st->call_id.empty()) extra->emplace_back("x-request-id", st->call_id);
 }
 
 void reply(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st, int status,
@@ -253,6 +261,7 @@ void reply(caf::io::broker* self, caf::io::connection_handle hdl, const shared_p
   g->metrics.count_response(st->route, status);
   if (status == 503 || status == 429) extra.emplace_back("Retry-After", "1");
   if (g->draining) st->keep_alive = false;  // the client's next request goes to another replica
+  add_request_id(st, &extra);
   add_cors(g, st, &extra);
   auto out = http::response(status, content_type, body, st->keep_alive, extra);
   if (st->head_only) out.resize(out.size() - body.size());  // Content-Length stays: HEAD's rule
@@ -283,10 +292,10 @@ void generate(caf::io::broker* self, const shared_ptr& g, const state_ptr& st, c
   st->token_seen = false;
   st->call_started = std::chrono::steady_clock::now();
   const uint64_t seq = ++st->call_seq;
-  std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(g->started_s) + "-" + std::to_string(++g->last_id);
+  st->call_id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(g->started_s) + "-" + std::to_string(++g->last_id);
   st->call_sink = caf::actor_cast<caf::actor>(
       spawn_call(self->system(), caf::actor_cast<caf::actor>(self), seq, g->router, req.body, chat, g->model,
-                 std::move(id), g->calls));
+                 st->call_id, g->calls));
   self->monitor(st->call_sink);  // one that ends without answering fails its call (the down handler)
 }
 
@@ -295,6 +304,7 @@ void stream_head(caf::io::broker* self, caf::io::connection_handle hdl, const sh
   if (st->head_sent) return;
   if (g->draining) st->keep_alive = false;
   http::header_list extra;
+  add_request_id(st, &extra);
   add_cors(g, st, &extra);
   if (st->chunked) {
     extra.emplace_back("Connection", st->keep_alive ? "keep-alive" : "close");
@@ -306,10 +316,23 @@ void stream_head(caf::io::broker* self, caf::io::connection_handle hdl, const sh
   st->head_sent = true;
 }
 
+/// The call's line in the request log (gateway_config::log_requests), as it ends.
+void log_call(const shared_ptr& g, const state_ptr& st, int status, bool stream, const std::vector<completion>* choices,
+              std::string error = {}) {
+  if (!g->cfg.log_requests) return;
+  const double took_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - st->call_started).count();
+  const auto line = access_line({std::chrono::system_clock::now(), st->call_id, st->route, status, stream, took_ms,
+                                 choices, std::move(error)});
+  std::fprintf(stdout, "%s\n", line.c_str());
+  std::fflush(stdout);
+}
+
 /// The call's answer: the whole completion, or the end of its stream.
 void on_done(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st,
              const std::vector<completion>& choices, const std::string& json, bool stream) {
   for (const auto& c : choices) g->metrics.record(c);
+  log_call(g, st, 200, stream, &choices);
   if (!stream) return reply(self, hdl, g, st, 200, json);
   g->metrics.count_response(st->route, 200);
   stream_head(self, hdl, g, st);
@@ -324,6 +347,7 @@ void fail_call(caf::io::broker* self, caf::io::connection_handle hdl, const shar
                int status, const std::string& msg) {
   auto error = api_error_of(status, msg);
   if (error.param == "prompt" && st->route == "/v1/chat/completions") error.param = "messages";  // a chat's prompt
+  log_call(g, st, status, st->head_sent, nullptr, msg);
   if (!st->head_sent) return reply_error(self, hdl, g, st, std::move(error));
   // The stream has begun (status 200 is sent): the error travels as an event, as OpenAI's do.
   g->metrics.count_response(st->route, status);
@@ -346,7 +370,9 @@ void with_cluster_stats(caf::io::broker* self, const shared_ptr& g, F then) {
 }
 
 bool authorized(const shared_ptr& g, const http::request& req) {
-  if (g->cfg.api_keys.empty() || req.path == "/health") return true;
+  // Probes and Prometheus scrape without one, as vLLM's /health and /metrics: the keys guard
+  // the model's API; the numbers name ranks and counts, no request's text.
+  if (g->cfg.api_keys.empty() || req.path == "/health" || req.path == "/metrics") return true;
   const auto* auth = req.header("authorization");
   // The scheme is case-insensitive (RFC 9110 §11.1).
   if (!auth || auth->size() < 7 || !http::iequals(std::string_view{*auth}.substr(0, 7), "bearer ")) return false;
@@ -681,7 +707,9 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
         if (st->in_call && seq == st->call_seq) on_done(self, hdl, g, st, choices, json, stream);
       },
       [=](uint64_t seq, int32_t status, std::string& error_json) {
-        if (st->in_call && seq == st->call_seq) reply(self, hdl, g, st, status, error_json);
+        if (!st->in_call || seq != st->call_seq) return;
+        log_call(g, st, status, false, nullptr, error_json);  // refused before it began: the body's fault
+        reply(self, hdl, g, st, status, error_json);
       },
       [=](uint64_t seq, caf::error& e) {
         if (st->in_call && seq == st->call_seq) on_failed(self, hdl, g, st, e);

@@ -50,6 +50,9 @@ struct gateway_config {
   /// their CORS preflights (OPTIONS) are answered, and answers carry
   /// Access-Control-Allow-Origin. Empty: none (OPTIONS still answers with what a route allows).
   std::vector<std::string> cors_origins;
+  /// A line per call on standard output as it ends (deploy/access_log.hpp): its id, status,
+  /// time, and each generation's router request, ranks, tokens and stage times.
+  bool log_requests = false;
   std::string validate() const;
 };
 

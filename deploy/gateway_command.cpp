@@ -71,6 +71,8 @@ int run_gateway(const std::vector<std::string>& args) {
   flags.add("--served-model-name", &gc.served_model_name, "the model's id in the API (default: the model's own name)");
   flags.add("--cors-origin", &gc.cors_origins,
             "a browser origin (https://host[:port], or * for any) whose pages may call the API (repeatable; default none)");
+  flags.add("--log-requests", &gc.log_requests,
+            "a line per call as it ends (its id, status, time; each generation's request, ranks, tokens and stage times)");
   flags.add("--scheduler-threads", &scheduler_threads, "CAF scheduler threads");
   uint32_t head_wait_s = 60, drain_timeout_ms = 60000;
   flags.add("--drain-timeout-ms", &drain_timeout_ms,

@@ -136,7 +136,7 @@ void drain(caf::actor_system& sys, const local_cluster& cluster, const gateway_h
 
 /// --serve: publishes what clients and nodes connect to, prints where (one line each, for
 /// people and for the launcher), and serves until SIGINT or SIGTERM.
-int serve(caf::actor_system& sys, const local_cluster& cluster, const local_options& opt) {
+int serve(caf::actor_system& sys, const local_cluster& cluster, const local_options& opt, std::vector<pid_t>& children) {
   std::string host, why;
   uint16_t port = 0;
   if (opt.router_listen.empty() && opt.http_listen.empty()) {
@@ -185,7 +185,21 @@ int serve(caf::actor_system& sys, const local_cluster& cluster, const local_opti
   std::printf("baton local: serving; SIGINT or SIGTERM stops\n");
   std::fflush(stdout);
   install_stop_signals();
-  while (!stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds{50});
+  while (!stop_requested()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds{50});
+    // A decode process that ended (killed, crashed) is said as such, with how, and reaped; the
+    // node directory says its ranks are out of placement. It is not started again: `baton
+    // launch --restart-failed` does that.
+    for (auto c = children.begin(); c != children.end();)
+      if (std::string how; process_exited(*c, &how)) {
+        std::printf("baton local: decode process pid %d ended (%s); it is not restarted here\n", static_cast<int>(*c),
+                    how.c_str());
+        std::fflush(stdout);
+        c = children.erase(c);  // reaped: never signalled again (its pid may be another's by then)
+      } else {
+        ++c;
+      }
+  }
   drain(sys, cluster, gateway, opt.drain_timeout_ms);
   caf::scoped_actor self{sys};
   if (gateway.server) self->send_exit(gateway.server, caf::exit_reason::user_shutdown);
@@ -363,6 +377,9 @@ int run_local(const std::vector<std::string>& args) {
             "--http-listen: a browser origin (https://host[:port], or *) whose pages may call the API (repeatable)");
   flags.add("--served-model-name", &opt.gateway.served_model_name,
             "--http-listen: the model's id in the API (default: the model's own name)");
+  flags.add("--log-requests", &opt.gateway.log_requests,
+            "--http-listen: a line per call as it ends (its id, status, time; each generation's request, ranks, tokens "
+            "and stage times)");
   flags.add("--max-body-bytes", &opt.gateway.limits.max_body_bytes,
             "--http-listen: request bodies larger than this are answered 413");
   flags.add("--max-stream-backlog-bytes", &opt.gateway.max_stream_backlog_bytes,
@@ -538,11 +555,15 @@ int run_local(const std::vector<std::string>& args) {
   caf::actor_system sys{cfg};
 
   const auto& m = opt.cluster.model;
-  std::printf("baton local: model %s (%u layers, hidden %u, %.2fM parameters, tokenizer %s), %u prefill + %u decode "
+  // Decode ranks in processes of their own are counted with where they run (they join later).
+  const std::string decode_ranks =
+      opt.decode_processes > 0 ? std::to_string(opt.decode_processes) + " decode (one per process)"
+                               : std::to_string(opt.cluster.num_decode_ranks) + " decode";
+  std::printf("baton local: model %s (%u layers, hidden %u, %.2fM parameters, tokenizer %s), %u prefill + %s "
               "ranks%s, executor %s each\n",
               m.name.c_str(), m.num_hidden_layers, m.hidden_size, static_cast<double>(m.num_parameters()) / 1e6,
               opt.cluster.router.tokenizer ? opt.cluster.router.tokenizer->describe().c_str() : "bytes",
-              opt.cluster.num_prefill_ranks, opt.cluster.num_decode_ranks,
+              opt.cluster.num_prefill_ranks, decode_ranks.c_str(),
               opt.cluster.num_elastic_ranks
                   ? (" + " + std::to_string(opt.cluster.num_elastic_ranks) + " elastic (" +
                      std::to_string(opt.cluster.elastic_prefill_at_start) + " prefill at start)").c_str()
@@ -749,7 +770,7 @@ int run_local(const std::vector<std::string>& args) {
     std::fprintf(stderr, "baton local: ranks not registered with their balancers within 120 s:%s\n", names.c_str());
     return 1;
   }
-  if (opt.serve) return serve(sys, cluster, opt);
+  if (opt.serve) return serve(sys, cluster, opt, children);
 
   struct pending {
     std::string prompt;

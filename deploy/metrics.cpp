@@ -35,6 +35,24 @@ void render_histogram(std::string& out, const char* name, const char* help, cons
   out += std::string(name) + "_count " + std::to_string(h.count) + "\n";
 }
 
+/// One family of histograms, one per value of label `key` (a rank's name, say).
+void render_labeled_histograms(std::string& out, const char* name, const char* help, const char* key,
+                               const std::map<std::string, histogram>& hs, std::string (*escape)(const std::string&)) {
+  out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " histogram\n";
+  for (const auto& [value, h] : hs) {
+    const std::string l = std::string(key) + "=\"" + escape(value) + "\"";
+    uint64_t cumulative = 0;
+    for (size_t i = 0; i < h.bounds.size(); ++i) {
+      cumulative += h.counts[i];
+      out += std::string(name) + "_bucket{" + l + ",le=\"" + num(h.bounds[i]) + "\"} " + std::to_string(cumulative) + "\n";
+    }
+    cumulative += h.counts.back();
+    out += std::string(name) + "_bucket{" + l + ",le=\"+Inf\"} " + std::to_string(cumulative) + "\n";
+    out += std::string(name) + "_sum{" + l + "} " + num(h.sum) + "\n";
+    out += std::string(name) + "_count{" + l + "} " + std::to_string(h.count) + "\n";
+  }
+}
+
 void render_counter(std::string& out, const char* name, const char* help, double value, const char* type = "counter") {
   out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" + name + " " + num(value) +
          "\n";
@@ -88,8 +106,14 @@ void gateway_metrics::record(const completion& c) {
   ++completions_;
   ttft_.observe(seconds(c.ttft_us));
   int64_t total = c.ttft_us;
+  // Per decode rank too, so that a slow one shows (a rank whose steps take 4x its peers' did
+  // not, in a trial: the cluster's histogram averaged it away). A moved sequence counts where it ended.
+  histogram* by_rank = nullptr;
+  if (!c.decode_rank.empty() && !c.tbt_us.empty())
+    by_rank = &rank_tbt_.try_emplace(c.decode_rank, tbt_.bounds).first->second;
   for (auto us : c.tbt_us) {
     tbt_.observe(seconds(us));
+    if (by_rank) by_rank->observe(seconds(us));
     total += us;
   }
   e2e_.observe(seconds(total));
@@ -124,10 +148,13 @@ std::string gateway_metrics::render(const cluster_stats* cluster) const {
              "\"} " + std::to_string(n) + "\n";
     render_histogram(out, "baton_ttft_seconds", "time to first token (request actor clock)", ttft_);
     render_histogram(out, "baton_tbt_seconds", "every interval between consecutive tokens", tbt_);
+    render_labeled_histograms(out, "baton_decode_rank_tbt_seconds",
+                              "every interval between consecutive tokens, by the decode rank the sequence ended on",
+                              "rank", rank_tbt_, label);
     render_histogram(out, "baton_e2e_seconds", "first token plus every interval: the whole generation", e2e_);
     render_histogram(out, "baton_kv_transfer_seconds", "per request: first KV put posted to last layer announced",
                      kv_send_);
-    render_histogram(out, "baton_routing_seconds", "per request: the router's CHECK, placement and KV lease round trips",
+    render_histogram(out, "baton_routing_seconds", "per request: the router's CHECK, placement (with any wait for a prefill and a decode rank with room) and KV lease round trips",
                      routing_);
     render_histogram(out, "baton_prefill_queue_seconds", "per request: its prefill order waiting at the prefill rank",
                      prefill_queue_);
@@ -184,7 +211,7 @@ std::string gateway_metrics::render(const cluster_stats* cluster) const {
                  num(static_cast<double>(value(r))) + "\n";
   };
   auto per_rank = [&](const char* name, const char* help, auto value) { family(name, help, "gauge", false, value); };
-  per_rank("baton_rank_queued_tokens", "prefill: prompt tokens accepted but not computed",
+  per_rank("baton_rank_queued_tokens", "prefill: prompt tokens accepted but not computed (decode ranks: 0)",
            [](const rank_load& r) { return static_cast<double>(r.queued_tokens); });
   per_rank("baton_rank_running", "prefill: prompts in progress; decode: sequences and leases",
            [](const rank_load& r) { return static_cast<double>(r.num_running); });
@@ -217,7 +244,7 @@ std::string gateway_metrics::render(const cluster_stats* cluster) const {
   render_counter(out, "baton_store_disk_bytes", "bytes the block servers' files take on disk (4 KiB units)",
                  static_cast<double>(c.store.disk_bytes), "gauge");
   render_counter(out, "baton_store_disk_evicted_blocks_total",
-                 "block files the servers deleted to stay within their --store-capacity-gib",
+                 "block files the servers deleted for room: to stay within --store-capacity-gib, or when the disk was full",
                  static_cast<double>(c.store.disk_evicted));
   render_counter(out, "baton_store_write_failures_total", "blocks the servers did not write (dropped: a future miss)",
                  static_cast<double>(c.store.write_failures));

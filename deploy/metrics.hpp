@@ -43,6 +43,7 @@ class gateway_metrics {
   mutable std::mutex mutex_;
   std::map<std::pair<std::string, int>, uint64_t> responses_;
   histogram ttft_, tbt_, e2e_, kv_send_;
+  std::map<std::string, histogram> rank_tbt_;  ///< tbt_ by decode rank
   /// Where a first token's time went, stage by stage (completion's *_us fields): the router's
   /// round trips, the wait for a prefill rank, the prefill, the decode rank's wait for KV.
   histogram routing_, prefill_queue_, prefill_, decode_queue_;

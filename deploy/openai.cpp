@@ -249,7 +249,7 @@ json completion_object(const call& c, const std::vector<completion>& choices, co
       choice["logprobs"] = logprobs_json(c, done.logprobs, 0);
       // Read as its stream is (answer_reader), so whole and streamed answers agree.
       const auto parts = answer_reader{c, done.prompt_thinking}.feed(done.text, true);
-      json message = {{"role", "assistant"}, {"content", parts.content}};
+      json message = {{"role", "assistant"}, {"content", parts.content}, {"refusal", nullptr}};
       if (c.separate_reasoning) message["reasoning_content"] = parts.reasoning.empty() ? json(nullptr) : json(parts.reasoning);
       if (!parts.tool_calls.empty()) {
         if (parts.content.empty()) message["content"] = nullptr;

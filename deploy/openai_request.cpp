@@ -186,10 +186,9 @@ bool turn_tool_calls(const ordered_json& calls, const std::string& param, ordere
     ordered_json args = ordered_json::object();
     if (auto a = c["function"].find("arguments"); a != c["function"].end() && !a->is_null()) {
       args = a->is_string() ? ordered_json::parse(a->get<std::string>(), nullptr, false) : *a;
-      if (args.is_discarded()) {
-        *err = bad(at + ".function.arguments", at + ".function.arguments is not valid JSON");
-        return false;
-      }
+      // Text that is not JSON -- a call cut by max_tokens, which this gateway answers itself,
+      // and an agent sends back -- reaches the template as the string it is, as OpenAI takes it.
+      if (args.is_discarded()) args = *a;
     }
     ordered_json call = ordered_json::object();
     if (c.contains("id") && c["id"].is_string()) call["id"] = c["id"];
@@ -609,15 +608,17 @@ bool parse_checked_body(std::string_view body, bool chat, const std::string& ser
   out->temperature_given = given("temperature");
   out->top_p_given = given("top_p");
   out->top_k_given = given("top_k");
-  // (0, 1]: 0 would keep no token at all. One range in every refusal, 0 and 2 alike.
-  if (auto p = j.find("top_p"); p != j.end() && p->is_number() && !(p->get<double>() > 0.0 && p->get<double>() <= 1.0)) {
-    *err = bad("top_p", "top_p must be in (0, 1], got " + describe(*p));
-    return false;
-  }
   if (!number_field(j, "top_p", 0, 1, &r.top_p, err)) return false;
   int64_t top_k = r.top_k;
   if (!number_field(j, "top_k", -1, 1 << 20, &top_k, err)) return false;
   r.top_k = top_k < 0 ? 0 : static_cast<uint32_t>(top_k);  // vLLM's -1: off
+  // OpenAI takes top_p 0 (with temperature 0, for answers that repeat): the smallest nucleus,
+  // the most likely token alone -- top_k 1, since the sampler's top_p is in (0, 1].
+  if (out->top_p_given && r.top_p == 0.0f) {
+    r.top_p = 1.0f;
+    r.top_k = 1;
+    out->top_k_given = true;  // not the model's default top_k in its place
+  }
   // Any 64-bit integer, as OpenAI takes (a negative one keeps its bits), read as an integer: a
   // double would round seeds above 2^53.
   if (auto it = j.find("seed"); it != j.end() && !it->is_null()) {
@@ -628,6 +629,11 @@ bool parse_checked_body(std::string_view body, bool chat, const std::string& ser
       return false;
     }
     out->seeded = true;
+  }
+  // Taken and otherwise unused (as `metadata`, `store`, `service_tier`), but of OpenAI's type.
+  if (auto u = j.find("user"); u != j.end() && !u->is_null() && !u->is_string()) {
+    *err = bad("user", "user must be a string, got " + describe(*u));
+    return false;
   }
   if (!number_field(j, "presence_penalty", -2, 2, &r.presence_penalty, err)) return false;
   if (!number_field(j, "frequency_penalty", -2, 2, &r.frequency_penalty, err)) return false;

@@ -112,6 +112,36 @@ TEST_CASE("a placement parked for want of room is given up once its asker stops 
   self->send_exit(rank, caf::exit_reason::user_shutdown);
 }
 
+TEST_CASE("a placement parked for want of room is answered before its asker stops waiting, with why: the KV it "
+          "needs and each rank's free pages (kv_capacity, retryable), not the asker's own timeout") {
+  test::cluster_system t;
+  decode_balancer_config bc;
+  bc.policy = "least_loaded";
+  auto bal = spawn_decode_balancer(t.sys, bc);
+  auto rank = stand_in_rank<decode_rank_actor>(t);
+  caf::scoped_actor self{t.sys};
+  rank_load load = idle_load("decode-x", 8);
+  load.num_free_pages = 2;  // 32 tokens free of 128: a 64-token sequence must wait
+  load.num_running = 3;
+  self->send(bal, load_atom::value, load, rank);
+  place_query q{5, 16, 0, 64};
+  q.wait_ms = 300;  // the request's place timeout; the balancer answers 30 ms before it
+  caf::error got;
+  // The asker listens far longer than it said it would: what it hears is the balancer's answer,
+  // which no report and no other placement prompts (the timer does).
+  self->request(bal, std::chrono::seconds{30}, place_atom::value, q)
+      .receive([&](decode_placement& p) { FAIL("placed on " << p.name << " with no room"); }, [&](caf::error& e) { got = e; });
+  REQUIRE(got);
+  CHECK(got.category() == caf::atom("baton"));
+  CHECK(static_cast<errc>(got.code()) == errc::kv_capacity);
+  CHECK(is_retryable(errc::kv_capacity));
+  CHECK_MESSAGE(t.sys.render(got).find("request 5, stage place_decode: no decode rank had room for 64 tokens of KV within "
+                                       "270 ms (decode-x: 2 of 8 pages free, 3 running, needs 4)") != std::string::npos,
+                t.sys.render(got));
+  self->send_exit(bal, caf::exit_reason::user_shutdown);
+  self->send_exit(rank, caf::exit_reason::user_shutdown);
+}
+
 TEST_CASE("a rank forgotten because its node was given up for lost stays forgotten when a load report it sent "
           "earlier arrives late, and comes back -- still draining if it was -- only once told it may rejoin") {
   test::cluster_system t;

@@ -139,6 +139,9 @@ TEST_CASE("the gateway refuses what it cannot serve with the right status and a 
   served_cluster s{gc};
   const uint16_t port = s.gateway.port;
   CHECK(round_trip(port, get("/health", "")).status == 200);  // no key needed for health checks
+  const auto scraped = round_trip(port, get("/metrics", ""));  // nor for Prometheus' scrape
+  CHECK(scraped.status == 200);
+  CHECK(scraped.body.find("baton_router_up 1") != std::string::npos);
   auto unauth = round_trip(port, get("/v1/models", ""));
   CHECK(unauth.status == 401);
   CHECK(unauth.head.find("WWW-Authenticate: Bearer") != std::string::npos);

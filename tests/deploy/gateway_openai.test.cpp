@@ -92,6 +92,59 @@ TEST_CASE("logprobs over HTTP: the whole answer's and the stream's are the route
   }
 }
 
+TEST_CASE("a stop string that cuts into a token: the log-probability entries' texts join to the answer's text, "
+          "whole and streamed, and a streamed entry never runs ahead of the text sent") {
+  served_cluster s;
+  const uint16_t port = s.gateway.port;
+  generate_request ref_req;
+  ref_req.prompt = "In the beginning";
+  ref_req.max_tokens = 24;
+  ref_req.ignore_eos = true;
+  ref_req.logprobs = true;
+  const auto ref = s.direct(ref_req);
+  // A token of two or more characters whose tail first appears in it: the stop string is that
+  // tail, so the cut runs through the token (as " LORD" by "LO": its leading space stays).
+  REQUIRE(!ref.logprobs.empty());
+  std::string before = ref.logprobs[0].text, stop, want;
+  size_t cut_token = 0;
+  for (size_t k = 1; k < ref.logprobs.size() && stop.empty(); ++k) {
+    const auto& t = ref.logprobs[k].text;
+    if (t.size() >= 2 && static_cast<unsigned char>(t[1]) < 0x80 && (before + t).find(t.substr(1)) == before.size() + 1) {
+      stop = t.substr(1);
+      want = before + t.substr(0, 1);
+      cut_token = k;
+    }
+    before += t;
+  }
+  REQUIRE_MESSAGE(!stop.empty(), "no token of two characters to cut in: " << ref.text);
+  CAPTURE(stop);
+  const std::string body = R"({"prompt":"In the beginning","max_tokens":24,"ignore_eos":true,"logprobs":1,"stop":)" +
+                           json(stop).dump();
+  auto whole = round_trip(port, post("/v1/completions", body + "}"));
+  REQUIRE(whole.status == 200);
+  const auto choice = json::parse(whole.body)["choices"][0];
+  CHECK(choice["text"] == want);
+  CHECK(choice["finish_reason"] == "stop");
+  std::string joined;
+  for (const auto& t : choice["logprobs"]["tokens"]) joined += t.get<std::string>();
+  CHECK(joined == want);
+  CHECK(choice["logprobs"]["tokens"].size() == cut_token + 1);  // the cut token keeps its text before the cut
+  auto streamed = round_trip(port, post("/v1/completions", body + R"(,"stream":true})"));
+  REQUIRE(streamed.status == 200);
+  std::vector<json> events;
+  sse_text(streamed.body, &events);
+  std::string text, tokens;
+  for (const auto& ev : events) {
+    if (!ev.is_object() || ev["choices"].empty()) continue;
+    text += ev["choices"][0]["text"].get<std::string>();
+    if (!ev["choices"][0]["logprobs"].is_null())
+      for (const auto& t : ev["choices"][0]["logprobs"]["tokens"]) tokens += t.get<std::string>();
+    CHECK_MESSAGE(text.compare(0, tokens.size(), tokens) == 0, "entries ran ahead of the text: '" << tokens << "' vs '" << text << "'");
+  }
+  CHECK(text == want);
+  CHECK(tokens == want);
+}
+
 TEST_CASE("echo over HTTP, as evaluation harnesses score: the prompt's token log-probabilities are the router's, "
           "max_tokens 0 answers the prompt alone, and a text prompt comes back ahead of its completion") {
   served_cluster s;

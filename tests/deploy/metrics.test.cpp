@@ -70,6 +70,25 @@ TEST_CASE("/metrics: a completion's stages, lengths and finish reason land in th
   CHECK(value_of(m.render(nullptr), "baton_prefill_seconds_count") == 3);
 }
 
+TEST_CASE("/metrics: token intervals by decode rank, so that a slow rank shows beside its peers") {
+  deploy::gateway_metrics m;
+  completion fast, slow;
+  fast.decode_rank = "decode-a";
+  fast.tbt_us = {2'000, 2'000, 2'000};
+  slow.decode_rank = "decode-b";
+  slow.tbt_us = {40'000, 40'000};
+  m.record(fast);
+  m.record(slow);
+  const auto text = m.render(nullptr);
+  CHECK(text.find("# TYPE baton_decode_rank_tbt_seconds histogram\n") != std::string::npos);
+  CHECK(value_of(text, "baton_decode_rank_tbt_seconds_count{rank=\"decode-a\"}") == 3);
+  CHECK(value_of(text, "baton_decode_rank_tbt_seconds_sum{rank=\"decode-a\"}") == doctest::Approx(0.006));
+  CHECK(value_of(text, "baton_decode_rank_tbt_seconds_bucket{rank=\"decode-b\",le=\"0.025\"}") == 0);
+  CHECK(value_of(text, "baton_decode_rank_tbt_seconds_bucket{rank=\"decode-b\",le=\"0.05\"}") == 2);
+  CHECK(value_of(text, "baton_decode_rank_tbt_seconds_bucket{rank=\"decode-b\",le=\"+Inf\"}") == 2);
+  CHECK(value_of(text, "baton_tbt_seconds_count") == 5);  // the cluster's, as before
+}
+
 TEST_CASE("/metrics: each decode rank's counters (offloads, moves, write-backs) from its last load report, as "
           "counters, and none for prefill ranks") {
   deploy::gateway_metrics m;

@@ -1,0 +1,54 @@
+#include "deploy/access_log.hpp"
+
+#include <cstdio>
+#include <ctime>
+
+namespace baton::deploy {
+
+namespace {
+
+std::string utc_stamp(std::chrono::system_clock::time_point at) {
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(at.time_since_epoch()).count();
+  const std::time_t secs = static_cast<std::time_t>(ms / 1000);
+  std::tm tm{};
+  gmtime_r(&secs, &tm);
+  char out[64];
+  std::snprintf(out, sizeof out, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
+                tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<int>(ms % 1000));
+  return out;
+}
+
+std::string ms(double v) {
+  char out[32];
+  std::snprintf(out, sizeof out, "%.1f ms", v);
+  return out;
+}
+
+std::string ms_of_us(int64_t us) { return ms(static_cast<double>(us) / 1000.0); }
+
+/// A request's ranks and times; its failovers and moves when it had any.
+std::string generation(const completion& c) {
+  std::string out = "request " + std::to_string(c.request_id) + " " + (c.prefill_rank.empty() ? "-" : c.prefill_rank) +
+                    " -> " + (c.decode_rank.empty() ? "-" : c.decode_rank) + ", prompt " +
+                    std::to_string(c.num_prompt_tokens);
+  if (c.cached_tokens) out += " (cached " + std::to_string(c.cached_tokens) + ")";
+  out += ", " + std::to_string(c.tokens.size()) + " tokens (" + c.finish_reason + "), TTFT " + ms_of_us(c.ttft_us) +
+         ", place " + ms_of_us(c.place_us) + ", prefill queue " + ms_of_us(c.prefill_queue_us) + ", decode queue " +
+         ms_of_us(c.decode_queue_us);
+  if (c.failovers) out += ", " + std::to_string(c.failovers) + " failover(s), the last: " + c.failover_why;
+  if (c.migrations) out += ", moved " + std::to_string(c.migrations) + " time(s)";
+  return out;
+}
+
+}  // namespace
+
+std::string access_line(const access_entry& e) {
+  std::string out = utc_stamp(e.at) + " call " + e.call_id + " " + e.route + " " + std::to_string(e.status) +
+                    (e.stream ? " stream " : " ") + ms(e.took_ms);
+  if (!e.error.empty()) return out + ": " + e.error;
+  if (e.choices)
+    for (size_t i = 0; i < e.choices->size(); ++i) out += (i == 0 ? ": " : "; ") + generation((*e.choices)[i]);
+  return out;
+}
+
+}  // namespace baton::deploy

@@ -1,0 +1,43 @@
+// The gateway's request log line (deploy/access_log.hpp): what an on-call engineer matches a
+// client's answer id against.
+
+#include <doctest/doctest.h>
+
+#include "deploy/access_log.hpp"
+
+using namespace baton;
+using namespace baton::deploy;
+
+TEST_CASE("a request log line names the call, its status and time, and each generation's router request, ranks, "
+          "tokens and stage times; a failure its sentence") {
+  completion a;
+  a.request_id = 36;
+  a.prefill_rank = "prefill-0";
+  a.decode_rank = "decode-1";
+  a.num_prompt_tokens = 137;
+  a.cached_tokens = 128;
+  a.tokens = {1, 2, 3, 4, 5, 6, 7, 8};
+  a.finish_reason = "stop";
+  a.ttft_us = 4400;
+  a.place_us = 300;
+  a.prefill_queue_us = 100;
+  a.decode_queue_us = 20;
+  completion b = a;
+  b.request_id = 37;
+  b.cached_tokens = 0;
+  b.failovers = 1;
+  b.failover_why = "request 37, rank decode-0, stage decode: went down";
+  const std::vector<completion> both{a, b};
+  // 2026-12-06T19:40:01.123Z
+  const auto at = std::chrono::system_clock::time_point{std::chrono::milliseconds{1796586001123}};
+  CHECK(access_line({at, "cmpl-1796583301-28", "/v1/completions", 200, true, 12.14, &both, {}}) ==
+        "2026-12-06T19:40:01.123Z call cmpl-1796583301-28 /v1/completions 200 stream 12.1 ms: request 36 prefill-0 -> "
+        "decode-1, prompt 137 (cached 128), 8 tokens (stop), TTFT 4.4 ms, place 0.3 ms, prefill queue 0.1 ms, decode "
+        "queue 0.0 ms; request 37 prefill-0 -> decode-1, prompt 137, 8 tokens (stop), TTFT 4.4 ms, place 0.3 ms, "
+        "prefill queue 0.1 ms, decode queue 0.0 ms, 1 failover(s), the last: request 37, rank decode-0, stage decode: "
+        "went down");
+  CHECK(access_line({at, "chatcmpl-1-2", "/v1/chat/completions", 503, false, 4500.0, nullptr,
+                     "request 12, stage place_decode: no decode rank had room"}) ==
+        "2026-12-06T19:40:01.123Z call chatcmpl-1-2 /v1/chat/completions 503 4500.0 ms: request 12, stage place_decode: "
+        "no decode rank had room");
+}
