@@ -241,7 +241,7 @@ local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_co
   out.prefill_balancer = spawn_prefill_balancer(sys, cfg.prefill_balancer);
   auto dbc = cfg.decode_balancer;
   dbc.page_size_tokens = cfg.executor.page_size_tokens;
-  out.decode_balancer = spawn_decode_balancer(sys, dbc, access.enabled() ? access.to_info() : store_info{});
+  out.decode_balancer = spawn_decode_balancer(sys, dbc, access.keyed() ? access.to_info() : store_info{});
   // Ranks that pick tokens walk the router's vocabulary for constrained decoding.
   auto prefill_cfg = cfg.prefill;
   auto decode_cfg = cfg.decode;
@@ -289,7 +289,9 @@ local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_co
   auto rc = cfg.router;
   if (!rc.tokenizer) rc.tokenizer = gpu::make_byte_tokenizer(cfg.model);
   out.router = spawn_router(sys, rc, cfg.model, out.prefill_balancer, out.decode_balancer, access);
-  if (access.enabled()) out.store = access.to_info();
+  // With the store, or with prompts keyed for the ranks' own tiers alone: prefill ranks joining
+  // from node processes key them alike (store_access::from_info).
+  if (access.keyed()) out.store = access.to_info();
   cluster_welcome welcome{.router = out.router, .prefill_balancer = out.prefill_balancer,
                           .decode_balancer = out.decode_balancer, .store = out.store};
   welcome.elastic_controller = out.elastic_controller;

@@ -44,6 +44,8 @@ struct store_access {
     a.write_slot_timeout_ms = i.write_slot_timeout_ms;
     a.max_pending_write_bytes = i.max_pending_write_bytes;
     a.retention = {i.chat_ttl_s, i.agent_ttl_s, i.batch_ttl_s};
+    // Keyed, with no servers: the cluster keys prompts for the ranks' own tiers alone.
+    a.local_tier_only = a.index.empty() && i.block_tokens > 0;
     return a;
   }
 };

@@ -180,7 +180,7 @@ std::string gateway_metrics::render(const cluster_stats* cluster) const {
     render_counter(out, "baton_generated_tokens_total", "tokens generated", static_cast<double>(generated_tokens_));
     render_counter(out, "baton_kv_transfer_bytes_total", "KV bytes shipped from prefill to decode ranks",
                    static_cast<double>(kv_bytes_));
-    render_counter(out, "baton_failovers_total", "requests re-placed after a rank failed (summed over requests)",
+    render_counter(out, "baton_failovers_total", "re-placements of requests: a rank failed, or none had room in time (summed over requests)",
                    static_cast<double>(failovers_));
     render_counter(out, "baton_cache_hit_ratio", "cached prompt tokens / prompt tokens, since start",
                    prompt_tokens_ ? static_cast<double>(cached_tokens_) / static_cast<double>(prompt_tokens_) : 0.0,
