@@ -770,7 +770,8 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
                                 << out.w.request_id << " (later deletions for room are counted in "
                                 << "baton_store_disk_evicted_blocks_total, not logged, until a write finds room)"
                                 << std::endl;
-              s.disk_full_logged = out.disk_full;
+              if (out.disk_full) s.disk_full_logged = true;
+              else if (out.err.empty()) s.disk_full_logged = false;  // a write that found room
               if (!out.err.empty()) {  // a failed write-back is a future miss, nothing more
                 ++s.stats.write_failures;
                 const bool no_space = out.err_no == ENOSPC || out.err_no == EDQUOT;

@@ -217,7 +217,11 @@ decode_balancer_actor::behavior_type decode_balancer_impl(pointer self, decode_b
         return promise;
       },
       [=](parked_due_atom) {
-        self->state.parked_timer_at.reset();
+        // Only the timer for the earliest deadline acts (one armed for a later deadline, before
+        // an earlier one came, is stale): each that acts arms at most one more.
+        auto& at = self->state.parked_timer_at;
+        if (!at || self->clock().now() < *at) return;
+        at.reset();
         serve(self);
         arm_parked_expiry(self);
       },

@@ -49,7 +49,11 @@ std::string local_cluster_config::validate() const {
                                         num_prefill_ranks + num_decode_ranks + num_elastic_ranks, staging_bytes);
       !e.empty())
     return e;
-  if (auto e = backend.validate(); !e.empty()) return e;
+  // A head that runs no rank (its ranks in node processes) needs no device: its backend only
+  // names the KV form the store's keys carry (kv_dtype), which its nodes must share.
+  if (num_prefill_ranks + num_decode_ranks + num_elastic_ranks > 0)
+    if (auto e = backend.validate(); !e.empty()) return e;
+  if (backend.kind != "cpu" && backend.kind != "cuda") return backend.validate();  // an unknown kind, named
   if (auto e = prefill.validate(); !e.empty()) return e;
   if (auto e = decode.validate(); !e.empty()) return e;
   if (!prefill.checksum_kv && decode.verify_kv_checksums)
@@ -60,6 +64,13 @@ std::string local_cluster_config::validate() const {
   if (auto e = decode_balancer.validate(); !e.empty()) return e;
   if (!remote_store_hosts.empty() && !store.enabled) return "store nodes given but the store is off";
   if (auto e = store.validate(executor.page_size_tokens, remote_store_hosts.size()); !e.empty()) return e;
+  // Keyed for the prefill ranks' own tiers alone: the same block size rule as the store's (a
+  // block of 0 tokens divided by zero; one not of whole pages left every tier off, silently).
+  if (!store.enabled && store.local_tier_only &&
+      (store.block_tokens == 0 || store.block_tokens % executor.page_size_tokens != 0))
+    return "store block_tokens (--block-tokens) must be a positive multiple of the KV page size (" +
+           std::to_string(executor.page_size_tokens) + " tokens), got " + std::to_string(store.block_tokens) +
+           ": prefill ranks keep their prefix tiers in whole pages";
   if (store.enabled && store.staging_bytes && store.staging_bytes < store_block_bytes(*this))
     return "store staging_bytes (" + std::to_string(store.staging_bytes) + ") is smaller than one block of this model (" +
            std::to_string(store_block_bytes(*this)) + " bytes: " + std::to_string(store.block_tokens) +

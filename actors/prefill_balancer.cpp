@@ -329,7 +329,11 @@ prefill_balancer_actor::behavior_type prefill_balancer_impl(pointer self, prefil
       },
       [=](timer_atom) { grace_timer_fired(self, "prefill", "place_prefill"); },
       [=](parked_due_atom) {
-        self->state.parked_timer_at.reset();
+        // Only the timer for the earliest deadline acts (one armed for a later deadline, before
+        // an earlier one came, is stale): each that acts arms at most one more.
+        auto& at = self->state.parked_timer_at;
+        if (!at || self->clock().now() < *at) return;
+        at.reset();
         serve_parked(self->state.parked, self->clock().now(), "place_prefill", [=](const place_query& q) { return try_place(self, q); });
         arm_parked_expiry(self);
       },

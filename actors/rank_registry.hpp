@@ -265,7 +265,7 @@ void serve_parked(std::deque<parked_placement<Placement>>& parked, caf::actor_cl
 template <class Placement>
 void refuse_parked(std::deque<parked_placement<Placement>>& parked, const char* stage, const std::string& why,
                    caf::actor_clock::time_point now) {
-  drop_expired(parked, now, stage);  // their askers stopped waiting: told so, as before
+  drop_expired(parked, now, stage);  // past their deadline: told so, as they would have been
   for (auto& p : parked)
     p.promise.deliver(make_error(errc::rank_unavailable, where(p.query.request_id, "", stage) + ": " + why));
   parked.clear();

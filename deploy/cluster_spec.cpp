@@ -766,7 +766,6 @@ std::string kubernetes_manifests(const cluster_spec& s) {
       y << "# node " << n.name << " is a spare: not written (a Deployment replaces a failed Pod itself)\n";
       continue;
     }
-    const auto it = std::find_if(plan.begin(), plan.end(), [&](const node_launch& l) { return l.name == n.name; });
     const auto name = object_name(s, n);
     const std::string labels = "baton/cluster: " + s.name + "\n" + "baton/node: " + n.name + "\n";
     auto indented = [](const std::string& text, const std::string& indent) {
@@ -799,38 +798,50 @@ std::string kubernetes_manifests(const cluster_spec& s) {
       << indented(labels, "        ")
       // SIGTERM drains: a decode node finishes its streams, a gateway or the head its calls
       // (--drain-timeout-ms, 60 s each); Kubernetes' default 30 s would kill them halfway.
-      << "    spec:\n      terminationGracePeriodSeconds: 75\n      containers:\n      - name: baton\n        image: "
-      << yaml_str(s.image) << "\n        command: [" << yaml_str(it->argv[0]) << "]\n        args:\n";
-    for (size_t i = 1; i < it->argv.size(); ++i) y << "        - " << yaml_str(it->argv[i]) << "\n";
-    const bool keyed = (!s.api_keys.empty() || !s.api_keys_env.empty()) &&
-                       (it->role == "gateway" || (it->role == "head" && n.has("gateway")));
-    bool env_open = false;
-    for (const auto& [k, v] : it->env) {
-      if (k == "BATON_API_KEYS") continue;  // from the Secret below, never written here
-      y << (env_open ? "" : "        env:\n") << "        - name: " << k << "\n          value: " << yaml_str(v) << "\n";
-      env_open = true;
+      << "    spec:\n      terminationGracePeriodSeconds: 75\n      containers:\n";
+    // A container per process of the node: a decode (prefill, elastic) node with the gateway
+    // role runs its ranks and a gateway beside them, which takes the http port.
+    std::vector<const node_launch*> procs;
+    for (const auto& l : plan)
+      if (l.name == n.name) procs.push_back(&l);
+    for (const auto* p : procs) {
+      const bool beside = procs.size() > 1 && p->role == "gateway";
+      node_spec ports = n;  // the ports this container listens on
+      if (beside) ports.router_port = ports.cluster_port = ports.store_port = 0;
+      else if (procs.size() > 1) ports.http_port = 0;
+      y << "      - name: " << (beside ? "gateway" : "baton") << "\n        image: " << yaml_str(s.image)
+        << "\n        command: [" << yaml_str(p->argv[0]) << "]\n        args:\n";
+      for (size_t i = 1; i < p->argv.size(); ++i) y << "        - " << yaml_str(p->argv[i]) << "\n";
+      const bool keyed = (!s.api_keys.empty() || !s.api_keys_env.empty()) &&
+                         (p->role == "gateway" || (p->role == "head" && n.has("gateway")));
+      bool env_open = false;
+      for (const auto& [k, v] : p->env) {
+        if (k == "BATON_API_KEYS") continue;  // from the Secret below, never written here
+        y << (env_open ? "" : "        env:\n") << "        - name: " << k << "\n          value: " << yaml_str(v) << "\n";
+        env_open = true;
+      }
+      if (keyed)
+        y << (env_open ? "" : "        env:\n")
+          << "        - name: BATON_API_KEYS\n          valueFrom:\n            secretKeyRef:\n              name: " << s.name
+          << "-api-keys\n              key: keys\n";
+      if (ports.router_port || ports.cluster_port || ports.http_port || ports.store_port) {
+        y << "        ports:\n";
+        yaml_ports(y, ports, "        ", false);
+      }
+      // A gateway that cannot serve (draining, its head away, no rank of a kind) answers /health
+      // 503: its Service stops sending it calls until it can again. Not the head's: an unready
+      // head would leave its Service, and the decode nodes it waits for could not join it.
+      if (ports.http_port && !n.has("router"))
+        // /health asks the head for its numbers (balancers and store servers, up to a second
+        // or two under load): a slow answer once must not take every gateway out at the same time.
+        y << "        readinessProbe:\n          httpGet:\n            path: /health\n            port: http\n"
+          << "          periodSeconds: 2\n          timeoutSeconds: 3\n          failureThreshold: 2\n";
+      if (const auto gpus = beside ? 0 : gpus_asked(s, n))
+        y << "        resources:\n          limits:\n            nvidia.com/gpu: " << gpus << "\n";
+      if (store && !beside) y << "        volumeMounts:\n        - name: store\n          mountPath: " << yaml_str(s.store_dir) << "\n";
     }
-    if (keyed)
-      y << (env_open ? "" : "        env:\n")
-        << "        - name: BATON_API_KEYS\n          valueFrom:\n            secretKeyRef:\n              name: " << s.name
-        << "-api-keys\n              key: keys\n";
-    if (n.router_port || n.cluster_port || n.http_port || n.store_port) {
-      y << "        ports:\n";
-      yaml_ports(y, n, "        ", false);
-    }
-    // A gateway that cannot serve (draining, its head away, no rank of a kind) answers /health
-    // 503: its Service stops sending it calls until it can again. Not the head's: an unready
-    // head would leave its Service, and the decode nodes it waits for could not join it.
-    if (n.http_port && !n.has("router"))
-      // /health asks the head for its numbers (balancers and store servers, up to a second
-      // or two under load): a slow answer once must not take every gateway out at the same time.
-      y << "        readinessProbe:\n          httpGet:\n            path: /health\n            port: http\n"
-        << "          periodSeconds: 2\n          timeoutSeconds: 3\n          failureThreshold: 2\n";
-    if (const auto gpus = gpus_asked(s, n))
-      y << "        resources:\n          limits:\n            nvidia.com/gpu: " << gpus << "\n";
     if (store)
-      y << "        volumeMounts:\n        - name: store\n          mountPath: " << yaml_str(s.store_dir) << "\n"
-        << "      volumes:\n      - name: store\n        persistentVolumeClaim:\n          claimName: " << name << "-store\n";
+      y << "      volumes:\n      - name: store\n        persistentVolumeClaim:\n          claimName: " << name << "-store\n";
     if (n.has("router") || n.has("gateway") || n.store_port) {
       y << "---\napiVersion: v1\nkind: Service\nmetadata:\n  name: " << name << "\nspec:\n  selector:\n"
         << indented(labels, "    ") << "  ports:\n";

@@ -670,7 +670,10 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
       },
       [=](const caf::io::connection_closed_msg&) {  // cancels a generation in flight (its sink goes)
         // Counted as nginx counts a client that closed before its answer was done: 499.
-        if (st->in_call) g->metrics.count_response(st->route, 499);
+        if (st->in_call) {
+          g->metrics.count_response(st->route, 499);
+          log_call(g, st, 499, st->head_sent, nullptr, "the client closed the connection before the answer was done");
+        }
         end_call(self, g, st);
         self->quit();
       },
@@ -699,6 +702,9 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
           // a client that reads nothing): its events would pile up in memory without bound. The
           // generation and the connection go.
           g->metrics.count_response(st->route, 499);
+          log_call(g, st, 499, true, nullptr,
+                   "the client read the stream too slowly: more than " + std::to_string(g->cfg.max_stream_backlog_bytes) +
+                       " bytes waited unread");
           end_call(self, g, st);
           abort_connection(self, hdl);
         }
@@ -730,6 +736,7 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
           // The client has read nothing of its answers for that long: whatever it is doing,
           // the queued bytes and the generation behind them go.
           g->metrics.count_response(st->route, 499);
+          if (st->in_call) log_call(g, st, 499, st->head_sent, nullptr, "the client read nothing of its answer within the idle limit");
           end_call(self, g, st);
           return abort_connection(self, hdl);
         }

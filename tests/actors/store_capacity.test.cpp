@@ -631,3 +631,28 @@ TEST_CASE("store node: an adoption whose block file would not fit the node's --s
   self->send_exit(index, caf::exit_reason::user_shutdown);
   std::filesystem::remove_all(hc.dir);
 }
+
+TEST_CASE("without a store, prompts are keyed for the prefill ranks' own tiers: a block of 0 tokens or not of whole "
+          "pages is refused by name; a head with no rank of its own needs no CUDA device") {
+  local_cluster_config c;
+  c.store.local_tier_only = true;  // what baton local sets without --store-dir
+  c.store.block_tokens = 64;
+  CHECK(c.validate().empty());
+  c.store.block_tokens = 0;  // divided by, on the first request
+  CHECK(c.validate() == "store block_tokens (--block-tokens) must be a positive multiple of the KV page size (16 tokens), "
+                        "got 0: prefill ranks keep their prefix tiers in whole pages");
+  c.store.block_tokens = 24;  // left every tier off, silently
+  CHECK(c.validate().find("got 24") != std::string::npos);
+  CHECK(deploy::run_local({"--block-tokens", "0"}) == 2);
+  // The head of a spec whose ranks are all in node processes runs none: its --executor cuda only
+  // names the KV form its store keys carry, on a host that may have no GPU.
+  local_cluster_config head;
+  head.backend.kind = "cuda";
+  head.num_prefill_ranks = head.num_decode_ranks = head.num_elastic_ranks = 0;
+  CHECK(head.validate().empty());
+  head.num_prefill_ranks = 1;
+  if (!head.backend.validate().empty()) CHECK(head.validate() == head.backend.validate());  // no device here
+  head.num_prefill_ranks = 0;
+  head.backend.kind = "tpu";
+  CHECK(head.validate() == "executor backend \"tpu\" is unknown (cpu or cuda)");
+}

@@ -631,7 +631,8 @@ TEST_CASE("executor.backend cuda: rank processes get --executor cuda, Kubernetes
       {"name": "d", "roles": ["decode"], "gpus": 8},
       {"name": "s", "roles": ["decode"], "gpus": 8, "spare": true},
       {"name": "st", "roles": ["store"], "ports": {"store": 7200}},
-      {"name": "gw", "roles": ["gateway"], "ports": {"http": 8000}}
+      {"name": "gw", "roles": ["gateway"], "ports": {"http": 8000}},
+      {"name": "dg", "roles": ["decode", "gateway"], "gpus": 2, "ports": {"http": 8001}}
     ]})";
   cluster_spec s;
   std::string why;
@@ -655,6 +656,17 @@ TEST_CASE("executor.backend cuda: rank processes get --executor cuda, Kubernetes
   CHECK(k8s.find("storage: 41Gi\n") != std::string::npos);
   CHECK(k8s.find("mountPath: \"/var/lib/baton/store\"") != std::string::npos);
   CHECK(slurm_script(s).find("#SBATCH --gpus-per-node=8\n") != std::string::npos);
+  // A decode node with a gateway beside its ranks: both processes, as two containers of its Pod
+  // (the gateway was left out before); the GPUs go to the ranks, the http port to the gateway.
+  const auto dg = k8s.substr(k8s.find("name: g-dg\n"));
+  const auto ranks_at = dg.find("      - name: baton\n"), gateway_at = dg.find("      - name: gateway\n");
+  REQUIRE(ranks_at != std::string::npos);
+  REQUIRE(gateway_at != std::string::npos);
+  CHECK(dg.find("nvidia.com/gpu: 2\n", ranks_at) < gateway_at);
+  CHECK(dg.find("- \"dg/gateway\"", gateway_at) != std::string::npos);
+  CHECK(dg.find("containerPort: 8001", gateway_at) != std::string::npos);
+  CHECK(dg.find("containerPort: 8001") > gateway_at);  // not on the ranks' container
+  CHECK(dg.find("readinessProbe", gateway_at) != std::string::npos);
   // The CPU executor asks for no GPU anywhere.
   s.executor_backend = "cpu";
   CHECK(kubernetes_manifests(s).find("nvidia.com/gpu") == std::string::npos);
