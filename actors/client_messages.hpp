@@ -148,6 +148,7 @@ struct completion {
   uint32_t failovers = 0;          ///< times the request was re-placed after a rank failed
   std::string failover_why;        ///< the last failure that re-placed it
   int64_t retry_wait_us = 0;       ///< paused before re-placing it (request_config::retry_backoff_ms)
+  int64_t failed_attempts_us = 0;  ///< spent in attempts that failed before it was re-placed
   uint32_t migrations = 0;         ///< times its decode moved, KV and all, to another rank (no recompute)
 };
 template <class Inspector>
@@ -156,7 +157,7 @@ typename Inspector::result_type inspect(Inspector& f, completion& x) {
            x.ttft_us, x.tbt_us, wire::f32_rows{&x.step_logits}, x.prefill_rank, x.decode_rank, x.place_us,
            x.reserve_us, x.prefill_queue_us, x.prefill_us, x.decode_queue_us, x.prefill_placement_why,
            x.decode_placement_why, x.check_us, x.cached_tokens, x.local_cached_tokens, x.recomputed_blocks,
-           x.kv_bytes, x.kv_send_us, x.failovers, x.failover_why, x.migrations, x.logprobs, x.retry_wait_us,
+           x.kv_bytes, x.kv_send_us, x.failovers, x.failover_why, x.migrations, x.logprobs, x.retry_wait_us, x.failed_attempts_us,
            x.prompt_text, x.prompt_logprobs, x.prompt_thinking);
 }
 

@@ -32,6 +32,7 @@ struct request_state {
   prefill_rank_actor prefill;
   decode_rank_actor decode;
   caf::actor_clock::time_point started, stage_started, last_token_at;
+  caf::actor_clock::time_point attempt_started;  ///< this attempt's start (completion::failed_attempts_us)
   uint64_t lease_id = 0;   ///< 0 = none held
   /// Prefill ranks of this attempt whose order is unanswered (split parts count one each): they
   /// may still put KV into the lease, so a release says so and they are told to stop. An answer,
@@ -95,36 +96,6 @@ int64_t lap(request_pointer self) {
 std::string prompt_text(const request_state& st) {
   const auto& p = st.plan.prompt_tokens;
   return st.plan.tokenizer ? st.plan.tokenizer->decode(p) : gpu::byte_tokenizer{-1, -1}.decode(p);
-}
-
-/// The request's sampling settings and log-probability asks, as both order kinds carry them.
-template <class Order>
-void copy_sampling(const request_plan& p, Order& order) {
-  order.top_k = p.params.top_k;
-  order.top_p = p.params.top_p;
-  order.repetition_penalty = p.params.repetition_penalty;
-  order.presence_penalty = p.params.presence_penalty;
-  order.frequency_penalty = p.params.frequency_penalty;
-  order.output_from = static_cast<uint32_t>(p.prompt_tokens.size());
-  order.logprobs = p.params.logprobs;
-  order.top_logprobs = p.params.top_logprobs;
-  order.logit_bias_tokens = p.params.logit_bias_tokens;
-  order.logit_bias_values = p.params.logit_bias_values;
-  order.min_p = p.params.min_p;
-  order.min_tokens = p.params.min_tokens;
-  if (p.params.min_tokens > 0) {
-    order.end_tokens = p.params.stop_token_ids;
-    if (!p.params.ignore_eos) {  // then <eos> and the model's other end tokens end nothing
-      order.end_tokens.insert(order.end_tokens.end(), p.extra_eos_token_ids.begin(), p.extra_eos_token_ids.end());
-      order.end_tokens.push_back(p.eos_token_id);
-    }
-  }
-  // The router checked the constraint and compiled it with the same options.
-  const auto& q = p.params;
-  if (q.output_format != 0) {
-    order.grammar = {q.output_format, q.output_spec, p.prompt_thinking == 1, q.json_compact, p.extra_eos_token_ids};
-    order.grammar.end_tokens.insert(order.grammar.end_tokens.begin(), p.eos_token_id);
-  }
 }
 
 /// This attempt's prompt is scored (generate_request::prompt_logprobs): asked, and not yet
@@ -409,7 +380,18 @@ void fail_or_retry(request_pointer self, caf::error err) {
     return answer(self, caf::error{});
   }
   const bool retryable = err.category() == caf::atom("baton") && is_retryable(static_cast<errc>(err.code()));
-  if (!retryable || st.attempt + 1 >= st.plan.cfg.max_attempts) return answer(self, std::move(err));
+  const auto now = self->clock().now();
+  if (!retryable || st.attempt + 1 >= st.plan.cfg.max_attempts) {
+    // The last of several attempts says so, and how long they all took: its own sentence
+    // bounds only itself ("within 4500 ms"), while the client waited through every one.
+    if (st.attempt > 0 && err.category() == caf::atom("baton") && err.context().match_elements<std::string>())
+      err = make_error(static_cast<errc>(err.code()),
+                       err.context().get_as<std::string>(0) + " (attempt " + std::to_string(st.attempt + 1) + " of " +
+                           std::to_string(st.plan.cfg.max_attempts) + ", " + std::to_string(micros(now - st.started) / 1000) +
+                           " ms after the request arrived)");
+    return answer(self, std::move(err));
+  }
+  st.out.failed_attempts_us += micros(now - st.attempt_started);
   let_go(self);
   if (st.decode) self->demonitor(caf::actor_cast<caf::actor_addr>(st.decode));
   for (const auto& [rank, name] : prefill_ranks_of(st)) self->demonitor(caf::actor_cast<caf::actor_addr>(rank));
@@ -441,7 +423,7 @@ void fail_or_retry(request_pointer self, caf::error err) {
 /// Places the request again (after fail_or_retry's pause).
 void retry(request_pointer self) {
   auto& st = self->state;
-  st.stage_started = self->clock().now();
+  st.stage_started = st.attempt_started = self->clock().now();
   if (st.plan.store.keyed())
     check(self);
   else
@@ -822,7 +804,7 @@ request_actor::behavior_type request_impl(request_pointer self, request_plan pla
       [=](run_atom) {
         auto& st = self->state;
         st.promise = self->make_response_promise<completion>();
-        st.started = st.stage_started = self->clock().now();
+        st.started = st.stage_started = st.attempt_started = self->clock().now();
         st.out.request_id = st.plan.request_id;
         st.out.num_prompt_tokens = static_cast<uint32_t>(st.plan.prompt_tokens.size());
         st.out.prompt_thinking = st.plan.prompt_thinking;

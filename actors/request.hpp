@@ -32,6 +32,36 @@ struct request_plan {
   uint8_t prompt_thinking = 0;  ///< completion::prompt_thinking, as the router rendered the chat
 };
 
+/// The request's sampling settings and log-probability asks, as both order kinds carry them.
+template <class Order>
+void copy_sampling(const request_plan& p, Order& order) {
+  order.top_k = p.params.top_k;
+  order.top_p = p.params.top_p;
+  order.repetition_penalty = p.params.repetition_penalty;
+  order.presence_penalty = p.params.presence_penalty;
+  order.frequency_penalty = p.params.frequency_penalty;
+  order.output_from = static_cast<uint32_t>(p.prompt_tokens.size());
+  order.logprobs = p.params.logprobs;
+  order.top_logprobs = p.params.top_logprobs;
+  order.logit_bias_tokens = p.params.logit_bias_tokens;
+  order.logit_bias_values = p.params.logit_bias_values;
+  order.min_p = p.params.min_p;
+  order.min_tokens = p.params.min_tokens;
+  if (p.params.min_tokens > 0) {
+    order.end_tokens = p.params.stop_token_ids;
+    if (!p.params.ignore_eos) {  // then <eos> and the model's other end tokens end nothing
+      order.end_tokens.insert(order.end_tokens.end(), p.extra_eos_token_ids.begin(), p.extra_eos_token_ids.end());
+      order.end_tokens.push_back(p.eos_token_id);
+    }
+  }
+  // The router checked the constraint and compiled it with the same options.
+  const auto& q = p.params;
+  if (q.output_format != 0) {
+    order.grammar = {q.output_format, q.output_spec, p.prompt_thinking == 1, q.json_compact, p.extra_eos_token_ids};
+    order.grammar.end_tokens.insert(order.grammar.end_tokens.begin(), p.eos_token_id);
+  }
+}
+
 /// One request's state machine. With a sink it streams chunks as tokens come; cancel_atom, or
 /// the sink going down, ends it with errc::cancelled. It answers `run` exactly once: with the completion, or with an
 /// error naming the request, the rank and the stage that failed. Every hop has a deadline; it

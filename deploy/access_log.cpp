@@ -35,7 +35,9 @@ std::string generation(const completion& c) {
   out += ", " + std::to_string(c.tokens.size()) + " tokens (" + c.finish_reason + "), TTFT " + ms_of_us(c.ttft_us) +
          ", place " + ms_of_us(c.place_us) + ", prefill queue " + ms_of_us(c.prefill_queue_us) + ", decode queue " +
          ms_of_us(c.decode_queue_us);
-  if (c.failovers) out += ", " + std::to_string(c.failovers) + " failover(s), the last: " + c.failover_why;
+  if (c.failovers)
+    out += ", " + std::to_string(c.failovers) + " failover(s) (" + ms_of_us(c.failed_attempts_us) + " in failed attempts, " +
+           ms_of_us(c.retry_wait_us) + " paused), the last: " + c.failover_why;
   if (c.migrations) out += ", moved " + std::to_string(c.migrations) + " time(s)";
   return out;
 }

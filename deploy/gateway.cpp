@@ -64,6 +64,8 @@ struct gateway_shared {
   std::string model;
   call_settings calls;
   int64_t started_s = 0;
+  /// Drawn at start: call ids of gateways started in the same second differ (they repeated).
+  std::string id_prefix;
   gateway_metrics metrics;
   std::atomic<uint32_t> num_connections{0};
   std::atomic<uint64_t> last_id{0};
@@ -292,7 +294,7 @@ void generate(caf::io::broker* self, const shared_ptr& g, const state_ptr& st, c
   st->token_seen = false;
   st->call_started = std::chrono::steady_clock::now();
   const uint64_t seq = ++st->call_seq;
-  st->call_id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(g->started_s) + "-" + std::to_string(++g->last_id);
+  st->call_id = (chat ? "chatcmpl-" : "cmpl-") + g->id_prefix + "-" + std::to_string(++g->last_id);
   st->call_sink = caf::actor_cast<caf::actor>(
       spawn_call(self->system(), caf::actor_cast<caf::actor>(self), seq, g->router, req.body, chat, g->model,
                  st->call_id, g->calls));
@@ -344,9 +346,14 @@ void on_done(caf::io::broker* self, caf::io::connection_handle hdl, const shared
 
 /// The call's failure with `status`: an error answer, or the stream's last event once it began.
 void fail_call(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st,
-               int status, const std::string& msg) {
+               int status, const std::string& msg, const std::string& reason = {}) {
   auto error = api_error_of(status, msg);
   if (error.param == "prompt" && st->route == "/v1/chat/completions") error.param = "messages";  // a chat's prompt
+  // The cluster's reason for a server-side failure (kv_capacity, rank_unavailable, ...) as the
+  // error's code, which a client can test, and every failure counted by it: a 503 for want of
+  // KV reads apart from any other. (A 400 keeps OpenAI's codes, null but for a few.)
+  if (error.code.empty() && status >= 500) error.code = reason;
+  g->metrics.count_failure(reason.empty() ? "http_" + std::to_string(status) : reason);
   log_call(g, st, status, st->head_sent, nullptr, msg);
   if (!st->head_sent) return reply_error(self, hdl, g, st, std::move(error));
   // The stream has begun (status 200 is sent): the error travels as an event, as OpenAI's do.
@@ -359,7 +366,8 @@ void fail_call(caf::io::broker* self, caf::io::connection_handle hdl, const shar
 void on_failed(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st,
                const caf::error& e) {
   auto [status, msg] = status_of(self->system(), e);
-  fail_call(self, hdl, g, st, status, msg);
+  fail_call(self, hdl, g, st, status, msg,
+            e.category() == caf::atom("baton") ? to_string(static_cast<errc>(e.code())) : std::string{});
 }
 
 /// Asks the router for the cluster's numbers; `then` gets them, or null when it did not answer.
@@ -821,6 +829,13 @@ bool spawn_gateway(caf::actor_system& sys, const gateway_config& cfg, router_act
   g->calls.unanswered_grace = std::chrono::milliseconds{cfg.unanswered_grace_ms};
   g->router = router;
   g->started_s = unix_seconds();
+  {
+    std::random_device rd;
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx",
+                  static_cast<unsigned long long>((uint64_t{rd()} << 32) ^ rd() ^ static_cast<uint64_t>(g->started_s)));
+    g->id_prefix = hex;
+  }
   const auto stats = ask_stats(sys, router, why);
   if (!stats) return false;
   take_settings(*g, *stats);

@@ -101,6 +101,11 @@ void gateway_metrics::count_response(const std::string& route, int status) {
   ++responses_[{route, status}];
 }
 
+void gateway_metrics::count_failure(const std::string& reason) {
+  std::lock_guard<std::mutex> guard{mutex_};
+  ++failures_[reason];
+}
+
 void gateway_metrics::record(const completion& c) {
   std::lock_guard<std::mutex> guard{mutex_};
   ++completions_;
@@ -169,6 +174,10 @@ std::string gateway_metrics::render(const cluster_stats* cluster) const {
     out += "# HELP baton_finished_total generations finished, by finish_reason\n# TYPE baton_finished_total counter\n";
     for (const auto& [reason, n] : finished_)
       out += "baton_finished_total{finish_reason=\"" + label(reason) + "\"} " + std::to_string(n) + "\n";
+    out += "# HELP baton_request_failures_total calls that failed, by the cluster's reason (kv_capacity: no decode rank "
+           "had room; rank_unavailable, deadline_exceeded, ...) or http_<status>\n# TYPE baton_request_failures_total counter\n";
+    for (const auto& [reason, n] : failures_)
+      out += "baton_request_failures_total{reason=\"" + label(reason) + "\"} " + std::to_string(n) + "\n";
     render_counter(out, "baton_migrations_total", "decode moves, KV and all, to another rank (summed over finished requests)",
                    static_cast<double>(migrations_));
     render_counter(out, "baton_recomputed_blocks_total", "cached KV blocks found but recomputed (a failed read or check)",

@@ -36,6 +36,8 @@ class gateway_metrics {
   void count_response(const std::string& route, int status);
   /// One finished generation.
   void record(const completion& c);
+  /// One call that failed, by the cluster's reason (kv_capacity, ...) or its HTTP status.
+  void count_failure(const std::string& reason);
   /// Everything, rendered; `cluster` may be null when the router did not answer.
   std::string render(const cluster_stats* cluster) const;
 
@@ -49,6 +51,7 @@ class gateway_metrics {
   histogram routing_, prefill_queue_, prefill_, decode_queue_;
   histogram prompt_len_, generated_len_;  ///< tokens per request
   std::map<std::string, uint64_t> finished_;  ///< by finish_reason
+  std::map<std::string, uint64_t> failures_;  ///< by reason (count_failure)
   uint64_t prompt_tokens_ = 0, cached_tokens_ = 0, generated_tokens_ = 0, kv_bytes_ = 0, completions_ = 0;
   uint64_t failovers_ = 0, migrations_ = 0, recomputed_blocks_ = 0;
 };

@@ -142,6 +142,42 @@ TEST_CASE("a placement parked for want of room is answered before its asker stop
   self->send_exit(rank, caf::exit_reason::user_shutdown);
 }
 
+TEST_CASE("parked placements are served in the order the router admitted their requests: one asking again after a "
+          "refusal goes ahead of those admitted after it") {
+  test::cluster_system t;
+  decode_balancer_config bc;
+  bc.policy = "least_loaded";
+  auto bal = spawn_decode_balancer(t.sys, bc);
+  auto rank = stand_in_rank<decode_rank_actor>(t);
+  caf::scoped_actor self{t.sys};
+  rank_load full = idle_load("decode-x", 8);
+  full.num_free_pages = 0;
+  full.num_running = 2;
+  self->send(bal, load_atom::value, full, rank);
+  const auto ask = [&](uint64_t id, uint32_t attempt) {
+    place_query q{id, 16, 0, 64};  // 4 pages
+    q.wait_ms = 1000;
+    q.attempt = attempt;
+    return self->request(bal, std::chrono::seconds{30}, place_atom::value, q);
+  };
+  auto later = ask(9, 0);    // admitted after request 5
+  auto younger = ask(7, 0);  // the same
+  auto again = ask(5, 1);    // request 5's second attempt: its first was refused
+  // Room for one sequence: the oldest request takes it, the others wait out their time.
+  rank_load room = full;
+  room.num_free_pages = 4;
+  self->send(bal, load_atom::value, room, rank);
+  std::string got5, got7, got9;
+  again.receive([&](decode_placement& p) { got5 = p.name; }, [&](caf::error& e) { got5 = t.sys.render(e); });
+  younger.receive([&](decode_placement& p) { got7 = p.name; }, [&](caf::error& e) { got7 = t.sys.render(e); });
+  later.receive([&](decode_placement& p) { got9 = p.name; }, [&](caf::error& e) { got9 = t.sys.render(e); });
+  CHECK(got5 == "decode-x");
+  CHECK(got7.find("no decode rank had room") != std::string::npos);
+  CHECK(got9.find("no decode rank had room") != std::string::npos);
+  self->send_exit(bal, caf::exit_reason::user_shutdown);
+  self->send_exit(rank, caf::exit_reason::user_shutdown);
+}
+
 TEST_CASE("a rank forgotten because its node was given up for lost stays forgotten when a load report it sent "
           "earlier arrives late, and comes back -- still draining if it was -- only once told it may rejoin") {
   test::cluster_system t;

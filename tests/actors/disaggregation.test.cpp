@@ -1,5 +1,7 @@
 #include <doctest/doctest.h>
 
+#include <regex>
+
 #include <cmath>
 #include <limits>
 #include <map>
@@ -534,6 +536,7 @@ TEST_CASE("failover: a corrupted, a dropped or a stalled layer re-places the req
     CHECK(got->tokens == colocated(f.cfg, encode(f.cfg, prompts[1]), 6).tokens);
     CHECK(got->failovers == 1);
     CHECK(got->retry_wait_us >= 50000);  // it paused before the retry (request_config::retry_backoff_ms)
+    CHECK(got->failed_attempts_us > 0);    // and the failed attempt's time is said apart from it
     CHECK_MESSAGE(got->failover_why.find("layer 1") != std::string::npos, got->failover_why);
     CHECK(f.decode_pages_back());
   }
@@ -798,4 +801,12 @@ TEST_CASE("prefill ranks whose expert group broke step aside on their own: the b
   CHECK_MESSAGE(refusal.find("request 99, rank prefill-0, stage prefill: " + broken) != std::string::npos, refusal);
   for (int round = 0; round < 2; ++round)
     for (const auto& p : prompts) CHECK(ask(p).prefill_rank == "prefill-2");
+}
+
+TEST_CASE("a request whose every attempt fails says which attempt its error is, of how many, and how long after it "
+          "arrived: the sentence of the last alone bounds only that attempt") {
+  faulty_cluster f{{transport::fault_kind::drop, 1, {}, 100, 5}, /*lease_ms*/ 1000, /*max_attempts*/ 2};
+  const auto why = failure_of(f.t, f.cluster.router);
+  CHECK_MESSAGE(why.find("layer 1") != std::string::npos, why);
+  CHECK_MESSAGE(std::regex_search(why, std::regex{R"(\(attempt 2 of 2, [0-9]+ ms after the request arrived\))"}), why);
 }

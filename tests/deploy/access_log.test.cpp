@@ -27,6 +27,8 @@ TEST_CASE("a request log line names the call, its status and time, and each gene
   b.cached_tokens = 0;
   b.failovers = 1;
   b.failover_why = "request 37, rank decode-0, stage decode: went down";
+  b.failed_attempts_us = 4'500'000;
+  b.retry_wait_us = 100'000;
   const std::vector<completion> both{a, b};
   // 2026-12-06T19:40:01.123Z
   const auto at = std::chrono::system_clock::time_point{std::chrono::milliseconds{1796586001123}};
@@ -34,7 +36,8 @@ TEST_CASE("a request log line names the call, its status and time, and each gene
         "2026-12-06T19:40:01.123Z call cmpl-1796583301-28 /v1/completions 200 stream 12.1 ms: request 36 prefill-0 -> "
         "decode-1, prompt 137 (cached 128), 8 tokens (stop), TTFT 4.4 ms, place 0.3 ms, prefill queue 0.1 ms, decode "
         "queue 0.0 ms; request 37 prefill-0 -> decode-1, prompt 137, 8 tokens (stop), TTFT 4.4 ms, place 0.3 ms, "
-        "prefill queue 0.1 ms, decode queue 0.0 ms, 1 failover(s), the last: request 37, rank decode-0, stage decode: "
+        "prefill queue 0.1 ms, decode queue 0.0 ms, 1 failover(s) (4500.0 ms in failed attempts, 100.0 ms paused), the "
+        "last: request 37, rank decode-0, stage decode: "
         "went down");
   CHECK(access_line({at, "chatcmpl-1-2", "/v1/chat/completions", 503, false, 4500.0, nullptr,
                      "request 12, stage place_decode: no decode rank had room"}) ==

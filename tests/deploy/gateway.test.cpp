@@ -638,6 +638,7 @@ TEST_CASE("regression: a request actor reported ended (exit_reason unknown) befo
     } else {
       CHECK(a.status == 503);
       CHECK(a.body.find("the request ended without an answer") != std::string::npos);
+      CHECK(json::parse(a.body)["error"]["code"] == "rank_unavailable");  // the cluster's reason, for clients to test
     }
     caf::anon_send_exit(gw.server, caf::exit_reason::user_shutdown);
     caf::anon_send_exit(router, caf::exit_reason::user_shutdown);

@@ -89,6 +89,16 @@ TEST_CASE("/metrics: token intervals by decode rank, so that a slow rank shows b
   CHECK(value_of(text, "baton_tbt_seconds_count") == 5);  // the cluster's, as before
 }
 
+TEST_CASE("/metrics: failed calls by the cluster's reason, so that running out of KV reads apart from other 503s") {
+  deploy::gateway_metrics m;
+  m.count_failure("kv_capacity");
+  m.count_failure("kv_capacity");
+  m.count_failure("http_503");
+  const auto text = m.render(nullptr);
+  CHECK(value_of(text, "baton_request_failures_total{reason=\"kv_capacity\"}") == 2);
+  CHECK(value_of(text, "baton_request_failures_total{reason=\"http_503\"}") == 1);
+}
+
 TEST_CASE("/metrics: each decode rank's counters (offloads, moves, write-backs) from its last load report, as "
           "counters, and none for prefill ranks") {
   deploy::gateway_metrics m;
