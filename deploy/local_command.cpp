@@ -473,6 +473,12 @@ int run_local(const std::vector<std::string>& args) {
     }
   }
   opt.cluster.router.request.single_token_prefill_only = !opt.one_token_via_decode;
+  // One decode rank per process: --decode-ranks beside it would be dropped without a word.
+  if (opt.decode_processes > 0 && flags.given("--decode-ranks") && opt.cluster.num_decode_ranks != opt.decode_processes) {
+    std::fprintf(stderr, "baton local: --decode-processes %u runs one decode rank in each process: leave --decode-ranks "
+                         "out (it said %u)\n", opt.decode_processes, opt.cluster.num_decode_ranks);
+    return 2;
+  }
   if (opt.decode_processes > 0) opt.cluster.num_decode_ranks = 0;  // they join from their own processes
   if (opt.decode_processes > 0 || !opt.cluster_listen.empty()) opt.cluster.transport = "ucx";  // loopback cannot cross processes
   if (opt.cluster.num_decode_ranks == 0 && opt.decode_processes == 0 && opt.cluster_listen.empty()) {
