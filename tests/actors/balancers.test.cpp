@@ -114,51 +114,41 @@ TEST_CASE("a placement parked for want of room is given up once its asker stops 
 
 TEST_CASE("a placement parked for want of room is answered before its asker stops waiting, with why: the KV it "
           "needs and each rank's free pages (kv_capacity, retryable), not the asker's own timeout") {
-  test::cluster_system t;
-  decode_balancer_config bc;
-  bc.policy = "least_loaded";
-  auto bal = spawn_decode_balancer(t.sys, bc);
-  auto rank = stand_in_rank<decode_rank_actor>(t);
-  caf::scoped_actor self{t.sys};
-  rank_load load = idle_load("decode-x", 8);
+  lone_decode_rank f{8};
+  auto& self = f.self;
+  rank_load load = idle_load("decode-a", 8);
   load.num_free_pages = 2;  // 32 tokens free of 128: a 64-token sequence must wait
   load.num_running = 3;
-  self->send(bal, load_atom::value, load, rank);
+  self->send(f.bal, load_atom::value, load, f.rank);
   place_query q{5, 16, 0, 64};
   q.wait_ms = 300;  // the request's place timeout; the balancer answers 30 ms before it
   caf::error got;
   // The asker listens far longer than it said it would: what it hears is the balancer's answer,
   // which no report and no other placement prompts (the timer does).
-  self->request(bal, std::chrono::seconds{30}, place_atom::value, q)
+  self->request(f.bal, std::chrono::seconds{30}, place_atom::value, q)
       .receive([&](decode_placement& p) { FAIL("placed on " << p.name << " with no room"); }, [&](caf::error& e) { got = e; });
   REQUIRE(got);
   CHECK(got.category() == caf::atom("baton"));
   CHECK(static_cast<errc>(got.code()) == errc::kv_capacity);
   CHECK(is_retryable(errc::kv_capacity));
-  CHECK_MESSAGE(t.sys.render(got).find("request 5, stage place_decode: no decode rank had room for 64 tokens of KV within "
-                                       "270 ms (decode-x: 2 of 8 pages free, 3 running, needs 4)") != std::string::npos,
-                t.sys.render(got));
-  self->send_exit(bal, caf::exit_reason::user_shutdown);
-  self->send_exit(rank, caf::exit_reason::user_shutdown);
+  CHECK_MESSAGE(f.t.sys.render(got).find("request 5, stage place_decode: no decode rank had room for 64 tokens of KV "
+                                         "within 270 ms (decode-a: 2 of 8 pages free, 3 running, needs 4)") != std::string::npos,
+                f.t.sys.render(got));
 }
 
 TEST_CASE("parked placements are served in the order the router admitted their requests: one asking again after a "
           "refusal goes ahead of those admitted after it") {
-  test::cluster_system t;
-  decode_balancer_config bc;
-  bc.policy = "least_loaded";
-  auto bal = spawn_decode_balancer(t.sys, bc);
-  auto rank = stand_in_rank<decode_rank_actor>(t);
-  caf::scoped_actor self{t.sys};
-  rank_load full = idle_load("decode-x", 8);
+  lone_decode_rank f{8};
+  auto& self = f.self;
+  rank_load full = idle_load("decode-a", 8);
   full.num_free_pages = 0;
   full.num_running = 2;
-  self->send(bal, load_atom::value, full, rank);
+  self->send(f.bal, load_atom::value, full, f.rank);
   const auto ask = [&](uint64_t id, uint32_t attempt) {
     place_query q{id, 16, 0, 64};  // 4 pages
     q.wait_ms = 1000;
     q.attempt = attempt;
-    return self->request(bal, std::chrono::seconds{30}, place_atom::value, q);
+    return self->request(f.bal, std::chrono::seconds{30}, place_atom::value, q);
   };
   auto later = ask(9, 0);    // admitted after request 5
   auto younger = ask(7, 0);  // the same
@@ -166,16 +156,14 @@ TEST_CASE("parked placements are served in the order the router admitted their r
   // Room for one sequence: the oldest request takes it, the others wait out their time.
   rank_load room = full;
   room.num_free_pages = 4;
-  self->send(bal, load_atom::value, room, rank);
+  self->send(f.bal, load_atom::value, room, f.rank);
   std::string got5, got7, got9;
-  again.receive([&](decode_placement& p) { got5 = p.name; }, [&](caf::error& e) { got5 = t.sys.render(e); });
-  younger.receive([&](decode_placement& p) { got7 = p.name; }, [&](caf::error& e) { got7 = t.sys.render(e); });
-  later.receive([&](decode_placement& p) { got9 = p.name; }, [&](caf::error& e) { got9 = t.sys.render(e); });
-  CHECK(got5 == "decode-x");
+  again.receive([&](decode_placement& p) { got5 = p.name; }, [&](caf::error& e) { got5 = f.t.sys.render(e); });
+  younger.receive([&](decode_placement& p) { got7 = p.name; }, [&](caf::error& e) { got7 = f.t.sys.render(e); });
+  later.receive([&](decode_placement& p) { got9 = p.name; }, [&](caf::error& e) { got9 = f.t.sys.render(e); });
+  CHECK(got5 == "decode-a");
   CHECK(got7.find("no decode rank had room") != std::string::npos);
   CHECK(got9.find("no decode rank had room") != std::string::npos);
-  self->send_exit(bal, caf::exit_reason::user_shutdown);
-  self->send_exit(rank, caf::exit_reason::user_shutdown);
 }
 
 TEST_CASE("a rank forgotten because its node was given up for lost stays forgotten when a load report it sent "
