@@ -216,15 +216,7 @@ decode_balancer_actor::behavior_type decode_balancer_impl(pointer self, decode_b
         arm_parked_expiry(self);
         return promise;
       },
-      [=](parked_due_atom) {
-        // Only the timer for the earliest deadline acts (one armed for a later deadline, before
-        // an earlier one came, is stale): each that acts arms at most one more.
-        auto& at = self->state.parked_timer_at;
-        if (!at || self->clock().now() < *at) return;
-        at.reset();
-        serve(self);
-        arm_parked_expiry(self);
-      },
+      [=](parked_due_atom) { parked_timer_fired(self, [=] { serve(self); }); },
       [=](timer_atom) { grace_timer_fired(self, "decode", "place_decode"); },
       [=](load_atom, rank_load& load, decode_rank_actor& rank) {
         auto& st = self->state;

@@ -51,9 +51,8 @@ std::string local_cluster_config::validate() const {
     return e;
   // A head that runs no rank (its ranks in node processes) needs no device: its backend only
   // names the KV form the store's keys carry (kv_dtype), which its nodes must share.
-  if (num_prefill_ranks + num_decode_ranks + num_elastic_ranks > 0)
-    if (auto e = backend.validate(); !e.empty()) return e;
-  if (backend.kind != "cpu" && backend.kind != "cuda") return backend.validate();  // an unknown kind, named
+  const bool runs_ranks = num_prefill_ranks + num_decode_ranks + num_elastic_ranks > 0;
+  if (auto e = runs_ranks ? backend.validate() : backend.kind_problem(); !e.empty()) return e;
   if (auto e = prefill.validate(); !e.empty()) return e;
   if (auto e = decode.validate(); !e.empty()) return e;
   if (!prefill.checksum_kv && decode.verify_kv_checksums)

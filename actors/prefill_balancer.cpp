@@ -301,6 +301,12 @@ std::optional<prefill_placement> try_place(pointer self, const place_query& q) {
   return prefill_placement{r.name, st.registry.ranks[*pick], why};
 }
 
+/// Places what is parked while ranks take it; those past their deadline are told so first.
+void serve(pointer self) {
+  serve_parked(self->state.parked, self->clock().now(), "place_prefill",
+               [=](const place_query& q) { return try_place(self, q); });
+}
+
 prefill_balancer_actor::behavior_type prefill_balancer_impl(pointer self, prefill_balancer_config cfg) {
   auto& st = self->state;
   st.policy = *policies::parse_prefill_policy(cfg.policy);  // validated by the caller
@@ -328,15 +334,7 @@ prefill_balancer_actor::behavior_type prefill_balancer_impl(pointer self, prefil
         return promise;
       },
       [=](timer_atom) { grace_timer_fired(self, "prefill", "place_prefill"); },
-      [=](parked_due_atom) {
-        // Only the timer for the earliest deadline acts (one armed for a later deadline, before
-        // an earlier one came, is stale): each that acts arms at most one more.
-        auto& at = self->state.parked_timer_at;
-        if (!at || self->clock().now() < *at) return;
-        at.reset();
-        serve_parked(self->state.parked, self->clock().now(), "place_prefill", [=](const place_query& q) { return try_place(self, q); });
-        arm_parked_expiry(self);
-      },
+      [=](parked_due_atom) { parked_timer_fired(self, [=] { serve(self); }); },
       [=](load_atom, rank_load& load, prefill_rank_actor& rank) {
         auto& st = self->state;
         const std::string name = load.name;
@@ -353,7 +351,7 @@ prefill_balancer_actor::behavior_type prefill_balancer_impl(pointer self, prefil
           st.registry.loads[*i].settled.clear();
           sync_view(st, *i);
         }
-        serve_parked(st.parked, self->clock().now(), "place_prefill", [=](const place_query& q) { return try_place(self, q); });
+        serve(self);
         after_rank_change(self);
       },
       [=](release_atom, uint64_t request_id, uint32_t attempt) {
@@ -365,12 +363,12 @@ prefill_balancer_actor::behavior_type prefill_balancer_impl(pointer self, prefil
           take_back(st, name, c);
           if (auto i = st.registry.index_of(name)) sync_view(st, *i);
         });
-        if (freed) serve_parked(st.parked, self->clock().now(), "place_prefill", [=](const place_query& q) { return try_place(self, q); });
+        if (freed) serve(self);
       },
       [=](expire_atom) {
         self->state.charges.timer_fired();
         expire_charges(self);
-        serve_parked(self->state.parked, self->clock().now(), "place_prefill", [=](const place_query& q) { return try_place(self, q); });
+        serve(self);
         arm_charge_expiry(self);
       },
       [=](stats_atom) {
@@ -407,7 +405,7 @@ prefill_balancer_actor::behavior_type prefill_balancer_impl(pointer self, prefil
           st.log.add({0, st.registry.loads[*i].name, "undrained: placements again"});
           st.registry.draining[*i] = false;
           sync_view(st, *i);
-          serve_parked(st.parked, self->clock().now(), "place_prefill", [=](const place_query& q) { return try_place(self, q); });
+          serve(self);
         }
         after_rank_change(self);
       },

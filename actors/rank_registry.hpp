@@ -252,6 +252,18 @@ void arm_parked_expiry(Self* self) {
   self->delayed_send(self, in + std::chrono::milliseconds{1}, parked_due_atom::value);
 }
 
+/// A parked_due_atom came: only the timer for the earliest deadline acts (one armed for a later
+/// deadline before an earlier one came is stale), so each that acts arms at most one more.
+/// `serve` answers what passed its deadline and places what it can.
+template <class Self, class Serve>
+void parked_timer_fired(Self* self, Serve serve) {
+  auto& at = self->state.parked_timer_at;
+  if (!at || self->clock().now() < *at) return;
+  at.reset();
+  serve();
+  arm_parked_expiry(self);
+}
+
 /// Serves parked placements, oldest first, while `try_place(query)` finds a rank; those whose
 /// deadline passed are answered first (`expired`).
 template <class Placement, class TryPlace>

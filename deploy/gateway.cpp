@@ -19,6 +19,7 @@
 #include <caf/event_based_actor.hpp>
 #include <caf/io/middleman.hpp>
 #include <caf/typed_event_based_actor.hpp>
+#include <caf/actor_ostream.hpp>
 #include <caf/scoped_actor.hpp>
 #include <caf/send.hpp>
 
@@ -252,6 +253,14 @@ void add_cors(const shared_ptr& g, const state_ptr& st, http::header_list* extra
   extra->emplace_back("Access-Control-Expose-Headers", "Retry-After, x-request-id");  // a 503's or 429's wait; the call's id
 }
 
+/// 16 random hex digits, drawn once per gateway: its call ids differ from another gateway's.
+std::string random_id_prefix() {
+  std::random_device rd;
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>((uint64_t{rd()} << 32) | rd()));
+  return hex;
+}
+
 /// A call's answer names it as OpenAI's do (SDKs read x-request-id into `request_id`), with the
 /// id its body carries, so a client's report can be matched to the gateway's logs.
 void add_request_id(const state_ptr& st, http::header_list* extra) {
@@ -318,23 +327,31 @@ void stream_head(caf::io::broker* self, caf::io::connection_handle hdl, const sh
   st->head_sent = true;
 }
 
-/// The call's line in the request log (gateway_config::log_requests), as it ends.
-void log_call(const shared_ptr& g, const state_ptr& st, int status, bool stream, const std::vector<completion>* choices,
-              std::string error = {}) {
+/// The call's line in the request log (gateway_config::log_requests), as it ends. Written by
+/// CAF's printer actor (aout), not here: a slow reader of standard output must not stall the
+/// middleman's one I/O thread, which every connection shares.
+void log_call(caf::io::broker* self, const shared_ptr& g, const state_ptr& st, int status, bool stream,
+              const std::vector<completion>* choices, std::string error = {}) {
   if (!g->cfg.log_requests) return;
   const double took_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - st->call_started).count();
-  const auto line = access_line({std::chrono::system_clock::now(), st->call_id, st->route, status, stream, took_ms,
-                                 choices, std::move(error)});
-  std::fprintf(stdout, "%s\n", line.c_str());
-  std::fflush(stdout);
+  caf::aout(self) << access_line({std::chrono::system_clock::now(), st->call_id, st->route, status, stream, took_ms,
+                                  choices, std::move(error)})
+                  << std::endl;
+}
+
+/// The client went before its answer was done (closed, or read too little): counted as nginx
+/// counts it (499), and a call's cut logged with why; the caller ends the call (end_call).
+void client_cut(caf::io::broker* self, const shared_ptr& g, const state_ptr& st, const std::string& why) {
+  g->metrics.count_response(st->route, 499);
+  if (st->in_call) log_call(self, g, st, 499, st->head_sent, nullptr, why);
 }
 
 /// The call's answer: the whole completion, or the end of its stream.
 void on_done(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st,
              const std::vector<completion>& choices, const std::string& json, bool stream) {
   for (const auto& c : choices) g->metrics.record(c);
-  log_call(g, st, 200, stream, &choices);
+  log_call(self, g, st, 200, stream, &choices);
   if (!stream) return reply(self, hdl, g, st, 200, json);
   g->metrics.count_response(st->route, 200);
   stream_head(self, hdl, g, st);
@@ -354,7 +371,7 @@ void fail_call(caf::io::broker* self, caf::io::connection_handle hdl, const shar
   // KV reads apart from any other. (A 400 keeps OpenAI's codes, null but for a few.)
   if (error.code.empty() && status >= 500) error.code = reason;
   g->metrics.count_failure(reason.empty() ? "http_" + std::to_string(status) : reason);
-  log_call(g, st, status, st->head_sent, nullptr, msg);
+  log_call(self, g, st, status, st->head_sent, nullptr, msg);
   if (!st->head_sent) return reply_error(self, hdl, g, st, std::move(error));
   // The stream has begun (status 200 is sent): the error travels as an event, as OpenAI's do.
   g->metrics.count_response(st->route, status);
@@ -677,11 +694,7 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
         pump(self, hdl, g, st);  // requests held back while the client was not reading
       },
       [=](const caf::io::connection_closed_msg&) {  // cancels a generation in flight (its sink goes)
-        // Counted as nginx counts a client that closed before its answer was done: 499.
-        if (st->in_call) {
-          g->metrics.count_response(st->route, 499);
-          log_call(g, st, 499, st->head_sent, nullptr, "the client closed the connection before the answer was done");
-        }
+        if (st->in_call) client_cut(self, g, st, "the client closed the connection before the answer was done");
         end_call(self, g, st);
         self->quit();
       },
@@ -709,10 +722,9 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
           // The client reads, but far slower than the stream is made (the idle limit counts only
           // a client that reads nothing): its events would pile up in memory without bound. The
           // generation and the connection go.
-          g->metrics.count_response(st->route, 499);
-          log_call(g, st, 499, true, nullptr,
-                   "the client read the stream too slowly: more than " + std::to_string(g->cfg.max_stream_backlog_bytes) +
-                       " bytes waited unread");
+          client_cut(self, g, st,
+                     "the client read the stream too slowly: more than " +
+                         std::to_string(g->cfg.max_stream_backlog_bytes) + " bytes waited unread");
           end_call(self, g, st);
           abort_connection(self, hdl);
         }
@@ -722,7 +734,7 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
       },
       [=](uint64_t seq, int32_t status, std::string& error_json) {
         if (!st->in_call || seq != st->call_seq) return;
-        log_call(g, st, status, false, nullptr, error_json);  // refused before it began: the body's fault
+        log_call(self, g, st, status, false, nullptr, error_json);  // refused before it began: the body's fault
         reply(self, hdl, g, st, status, error_json);
       },
       [=](uint64_t seq, caf::error& e) {
@@ -743,8 +755,7 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
         if (st->out_pending > 0 && now - st->out_progress >= idle) {
           // The client has read nothing of its answers for that long: whatever it is doing,
           // the queued bytes and the generation behind them go.
-          g->metrics.count_response(st->route, 499);
-          if (st->in_call) log_call(g, st, 499, st->head_sent, nullptr, "the client read nothing of its answer within the idle limit");
+          client_cut(self, g, st, "the client read nothing of its answer within the idle limit");
           end_call(self, g, st);
           return abort_connection(self, hdl);
         }
@@ -829,13 +840,7 @@ bool spawn_gateway(caf::actor_system& sys, const gateway_config& cfg, router_act
   g->calls.unanswered_grace = std::chrono::milliseconds{cfg.unanswered_grace_ms};
   g->router = router;
   g->started_s = unix_seconds();
-  {
-    std::random_device rd;
-    char hex[17];
-    std::snprintf(hex, sizeof hex, "%016llx",
-                  static_cast<unsigned long long>((uint64_t{rd()} << 32) ^ rd() ^ static_cast<uint64_t>(g->started_s)));
-    g->id_prefix = hex;
-  }
+  g->id_prefix = random_id_prefix();
   const auto stats = ask_stats(sys, router, why);
   if (!stats) return false;
   take_settings(*g, *stats);

@@ -111,6 +111,8 @@ struct backend_config {
 
   /// Empty when usable here, else a sentence naming the problem (no device, unknown kind).
   std::string validate() const;
+  /// The kind alone (cpu or cuda), for a process that runs no rank and so needs no device.
+  std::string kind_problem() const;
   /// How the KV values are computed, for the block store's keys: blocks of two backends differ.
   std::string kv_dtype() const { return kind == "cuda" ? (cuda_bf16 ? "cuda-bf16" : "cuda-f32") : "f32"; }
   /// The backend of a process's `rank_index`-th rank, given the `devices` it sees (CUDA's count,

@@ -14,9 +14,13 @@ std::string cuda_executor_config::validate() const {
   return {};
 }
 
+std::string backend_config::kind_problem() const {
+  if (kind == "cpu" || kind == "cuda") return {};
+  return "executor backend \"" + kind + "\" is unknown (cpu or cuda)";
+}
+
 std::string backend_config::validate() const {
-  if (kind == "cpu") return {};
-  if (kind != "cuda") return "executor backend \"" + kind + "\" is unknown (cpu or cuda)";
+  if (auto e = kind_problem(); !e.empty() || kind == "cpu") return e;
 #ifndef BATON_HAVE_CUDA
   return "executor backend cuda: this build has no CUDA (nvcc was not found when it was configured)";
 #else
