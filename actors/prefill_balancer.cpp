@@ -301,10 +301,30 @@ std::optional<prefill_placement> try_place(pointer self, const place_query& q) {
   return prefill_placement{r.name, st.registry.ranks[*pick], why};
 }
 
-/// Places what is parked while ranks take it; those past their deadline are told so first.
+/// A placement that waited its time out: a prefill rank refuses nothing for lack of room (its
+/// queue grows), so none took it because none takes work: say which state each is in, so the
+/// operator reads a drain or a broken engine, not a silent balancer (rank_unavailable: retryable).
+caf::error none_took(const prefill_balancer_state& st, const place_query& q) {
+  const auto wait = std::chrono::milliseconds{q.wait_ms ? q.wait_ms : parked_wait_default_ms};
+  std::string ranks;
+  for (size_t i = 0; i < st.registry.loads.size(); ++i) {
+    const auto& r = st.registry.loads[i];
+    ranks += (ranks.empty() ? "" : "; ") + r.name + ": " +
+             (st.registry.draining[i] ? std::string{"draining"}
+              : r.unavailable.empty() ? std::string{"takes work"}
+                                      : "stepped aside (" + r.unavailable + ")");
+  }
+  return make_error(errc::rank_unavailable,
+                    where(q.request_id, "", "place_prefill") + ": no prefill rank took the prompt within " +
+                        std::to_string((wait - parked_answer_margin(wait)).count()) + " ms (" +
+                        (ranks.empty() ? std::string{"none has registered yet"} : ranks) + ")");
+}
+
+/// Places what is parked while ranks take it; those past their deadline are told why first.
 void serve(pointer self) {
   serve_parked(self->state.parked, self->clock().now(), "place_prefill",
-               [=](const place_query& q) { return try_place(self, q); });
+               [=](const place_query& q) { return try_place(self, q); },
+               [=](const place_query& q) { return none_took(self->state, q); });
 }
 
 prefill_balancer_actor::behavior_type prefill_balancer_impl(pointer self, prefill_balancer_config cfg) {
@@ -326,7 +346,8 @@ prefill_balancer_actor::behavior_type prefill_balancer_impl(pointer self, prefil
           return make_error(errc::rank_unavailable, where(q.request_id, "", "place_prefill") + ": " + none);
         if (auto p = try_place(self, q)) return std::move(*p);
         auto promise = self->make_response_promise<prefill_placement>();
-        drop_expired(self->state.parked, self->clock().now(), "place_prefill");
+        drop_expired(self->state.parked, self->clock().now(), "place_prefill",
+                     [=](const place_query& x) { return none_took(self->state, x); });
         park(self->state.parked, std::move(q), promise, self->clock().now());
         arm_charge_expiry(self);
         arm_grace_check(self);

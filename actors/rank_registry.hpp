@@ -280,9 +280,8 @@ void serve_parked(std::deque<parked_placement<Placement>>& parked, caf::actor_cl
 
 /// Refuses every parked placement: no rank takes work (rank_registry::none_taking_work says why).
 template <class Placement>
-void refuse_parked(std::deque<parked_placement<Placement>>& parked, const char* stage, const std::string& why,
-                   caf::actor_clock::time_point now) {
-  drop_expired(parked, now, stage);  // past their deadline: told so, as they would have been
+void refuse_parked(std::deque<parked_placement<Placement>>& parked, const char* stage, const std::string& why) {
+  // Those past their deadline too: the reason they waited for nothing is the same.
   for (auto& p : parked)
     p.promise.deliver(make_error(errc::rank_unavailable, where(p.query.request_id, "", stage) + ": " + why));
   parked.clear();
@@ -318,7 +317,7 @@ void grace_timer_fired(Self* self, const char* role, const char* stage) {
   st.grace_timer_armed = false;
   const auto now = self->clock().now();
   const auto none = st.registry.none_taking_work(role, now, std::chrono::milliseconds{st.cfg.no_rank_grace_ms});
-  if (!none.empty()) return refuse_parked(st.parked, stage, none, now);
+  if (!none.empty()) return refuse_parked(st.parked, stage, none);
   arm_grace_check(self);  // a rank took work meanwhile and stopped again: a new grace
 }
 

@@ -136,6 +136,31 @@ TEST_CASE("a placement parked for want of room is answered before its asker stop
                 f.t.sys.render(got));
 }
 
+TEST_CASE("a prefill placement that no rank takes before its asker stops waiting is answered with why: each rank's "
+          "state, or that none has registered (rank_unavailable, retryable), not a deadline_exceeded that blames room") {
+  test::cluster_system t;
+  caf::scoped_actor self{t.sys};
+  auto bal = spawn_prefill_balancer(t.sys, {});  // its no-rank grace (5 s) outlasts the asker's wait
+  const auto refused_with = [&](uint64_t id, const std::string& expected) {
+    place_query q{id, 16, 0, 64};
+    q.wait_ms = 300;
+    caf::error got;
+    self->request(bal, std::chrono::seconds{30}, place_atom::value, q)
+        .receive([&](prefill_placement& p) { FAIL("placed on " << p.name); }, [&](caf::error& e) { got = e; });
+    REQUIRE(got);
+    CHECK(static_cast<errc>(got.code()) == errc::rank_unavailable);
+    CHECK_MESSAGE(t.sys.render(got).find(expected) != std::string::npos, t.sys.render(got));
+  };
+  refused_with(1, "request 1, stage place_prefill: no prefill rank took the prompt within 270 ms (none has "
+                  "registered yet)");
+  auto rank = stand_in_rank<prefill_rank_actor>(t);
+  self->send(bal, load_atom::value, idle_load("prefill-a", 8), rank);
+  self->send(bal, drain_atom::value, rank);
+  refused_with(2, "request 2, stage place_prefill: no prefill rank took the prompt within 270 ms (prefill-a: draining)");
+  self->send_exit(rank, caf::exit_reason::user_shutdown);
+  self->send_exit(bal, caf::exit_reason::user_shutdown);
+}
+
 TEST_CASE("parked placements are served in the order the router admitted their requests: one asking again after a "
           "refusal goes ahead of those admitted after it") {
   lone_decode_rank f{8};
