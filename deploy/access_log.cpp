@@ -45,8 +45,9 @@ std::string generation(const completion& c) {
 }  // namespace
 
 std::string access_line(const access_entry& e) {
-  std::string out = utc_stamp(e.at) + " call " + e.call_id + " " + e.route + " " + std::to_string(e.status) +
-                    (e.stream ? " stream " : " ") + ms(e.took_ms);
+  std::string out = utc_stamp(e.at) + " call " + e.call_id +
+                    (e.client_request_id.empty() ? "" : " (x-request-id " + e.client_request_id + ")") + " " + e.route +
+                    " " + std::to_string(e.status) + (e.stream ? " stream " : " ") + ms(e.took_ms);
   if (!e.error.empty()) return out + ": " + e.error;
   if (e.choices)
     for (size_t i = 0; i < e.choices->size(); ++i) out += (i == 0 ? ": " : "; ") + generation((*e.choices)[i]);

@@ -22,12 +22,15 @@ struct access_entry {
   double took_ms = 0;                         ///< the call's whole time at the gateway
   const std::vector<completion>* choices = nullptr;  ///< its generations, when it finished
   std::string error;                          ///< why it failed (names the request, rank and stage)
+  std::string client_request_id;              ///< the x-request-id the request came with, if any
 };
 
 /// "2026-12-06T19:40:01.123Z call cmpl-...-28 /v1/completions 200 stream 12.1 ms: request 36
 /// prefill-0 -> decode-1, prompt 137 (cached 128), 8 tokens (stop), TTFT 4.4 ms, place 0.3 ms,
 /// prefill queue 0.1 ms, decode queue 0.0 ms" -- one generation after another; a failure's
-/// sentence after its status.
+/// sentence after its status. A request refused before a call began has "-" for its call id
+/// and "METHOD /path" for its route; one that came with its own x-request-id has
+/// "(x-request-id ...)" after the call's id.
 std::string access_line(const access_entry& e);
 
 }  // namespace baton::deploy

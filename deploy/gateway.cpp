@@ -117,6 +117,11 @@ struct connection_state {
   std::chrono::steady_clock::time_point call_started;
   bool head_sent = false;
   std::string cors_origin;  ///< the current request's Origin, when the gateway lets it call (cors_origins)
+  /// The current request's own x-request-id (an ingress's, Envoy's or the client's), echoed in
+  /// its answer and logged beside the call's id, so the id a client or proxy already logs finds
+  /// the call; empty when it sent none.
+  std::string client_request_id;
+  std::string request_line;  ///< "METHOD /path" of the current request, for the log of a refusal
 };
 using state_ptr = std::shared_ptr<connection_state>;
 
@@ -219,6 +224,8 @@ void finish(caf::io::broker* self, caf::io::connection_handle hdl, const shared_
   // chunk, so that the client's next call goes to another replica.
   if (g->draining) st->keep_alive = false;
   st->cors_origin.clear();  // the next answer's (a malformed request's, a timeout's) has none
+  st->client_request_id.clear();
+  st->request_line.clear();
   if (!st->keep_alive) {
     st->closed = true;  // a request pipelined behind this one is never started
     // A lingering close (RFC 9112 §9.6): a client still sending (a body past the limit answered
@@ -262,9 +269,35 @@ std::string random_id_prefix() {
 }
 
 /// A call's answer names it as OpenAI's do (SDKs read x-request-id into `request_id`), with the
-/// id its body carries, so a client's report can be matched to the gateway's logs.
+/// id its body carries, so a client's report can be matched to the gateway's logs; a request
+/// that came with its own id gets that one back (as Envoy and nginx propagate theirs), and the
+/// log line holds both.
 void add_request_id(const state_ptr& st, http::header_list* extra) {
-  if (st->in_call && !st->call_id.empty()) extra->emplace_back("x-request-id", st->call_id);
+  if (!st->client_request_id.empty()) extra->emplace_back("x-request-id", st->client_request_id);
+  else if (st->in_call && !st->call_id.empty()) extra->emplace_back("x-request-id", st->call_id);
+}
+
+/// The call's line in the request log (gateway_config::log_requests), as it ends. Written by
+/// CAF's printer actor (aout), not here: a slow reader of standard output must not stall the
+/// middleman's one I/O thread, which every connection shares.
+void log_call(caf::io::broker* self, const shared_ptr& g, const state_ptr& st, int status, bool stream,
+              const std::vector<completion>* choices, std::string error = {}) {
+  if (!g->cfg.log_requests) return;
+  const double took_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - st->call_started).count();
+  caf::aout(self) << access_line({std::chrono::system_clock::now(), st->call_id, st->route, status, stream, took_ms,
+                                  choices, std::move(error), st->client_request_id})
+                  << std::endl;
+}
+
+/// A request refused before any call began (a wrong key, no such route, a malformed request,
+/// too many connections, a draining gateway): its line in the request log, so a client that
+/// sees only 401s or 404s finds them there too.
+void log_refusal(caf::io::broker* self, const shared_ptr& g, const state_ptr& st, int status, const std::string& why) {
+  if (!g->cfg.log_requests) return;
+  caf::aout(self) << access_line({std::chrono::system_clock::now(), "-", st->request_line.empty() ? st->route : st->request_line,
+                                  status, false, 0.0, nullptr, why, st->client_request_id})
+                  << std::endl;
 }
 
 void reply(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st, int status,
@@ -282,6 +315,7 @@ void reply(caf::io::broker* self, caf::io::connection_handle hdl, const shared_p
 
 void reply_error(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st,
                  const openai::api_error& e, http::header_list extra = {}) {
+  if (!st->in_call) log_refusal(self, g, st, e.status, e.message);  // a call's failure is logged as the call's
   reply(self, hdl, g, st, e.status, openai::error_json(e), "application/json", std::move(extra));
 }
 
@@ -325,19 +359,6 @@ void stream_head(caf::io::broker* self, caf::io::connection_handle hdl, const sh
     write(self, hdl, st, http::close_delimited_head(200, "text/event-stream", extra));
   }
   st->head_sent = true;
-}
-
-/// The call's line in the request log (gateway_config::log_requests), as it ends. Written by
-/// CAF's printer actor (aout), not here: a slow reader of standard output must not stall the
-/// middleman's one I/O thread, which every connection shares.
-void log_call(caf::io::broker* self, const shared_ptr& g, const state_ptr& st, int status, bool stream,
-              const std::vector<completion>* choices, std::string error = {}) {
-  if (!g->cfg.log_requests) return;
-  const double took_ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - st->call_started).count();
-  caf::aout(self) << access_line({std::chrono::system_clock::now(), st->call_id, st->route, status, stream, took_ms,
-                                  choices, std::move(error)})
-                  << std::endl;
 }
 
 /// The client went before its answer was done (closed, or read too little): counted as nginx
@@ -392,6 +413,21 @@ template <class F>
 void with_cluster_stats(caf::io::broker* self, const shared_ptr& g, F then) {
   self->request(g->router, std::chrono::seconds{2}, stats_atom::value)
       .then([=](cluster_stats& s) mutable { then(&s); }, [=](caf::error&) mutable { then(nullptr); });
+}
+
+/// Takes the request's own x-request-id, if it sent one; a problem with it, else empty. Bounded
+/// and printable: it is echoed in a header and written to the log.
+std::string adopt_request_id(const state_ptr& st, const http::request& req) {
+  st->client_request_id.clear();
+  const auto* id = req.header("x-request-id");
+  if (!id) return {};
+  const bool ok = !id->empty() && id->size() <= 128 &&
+                  std::all_of(id->begin(), id->end(), [](char c) { return c > 0x20 && c < 0x7f; });
+  if (!ok)
+    return "x-request-id must be 1 to 128 visible ASCII characters (no spaces); this one has " +
+           std::to_string(id->size()) + " bytes";
+  st->client_request_id = *id;
+  return {};
 }
 
 bool authorized(const shared_ptr& g, const http::request& req) {
@@ -502,10 +538,13 @@ void dispatch(caf::io::broker* self, caf::io::connection_handle hdl, const share
   if (!found && req.path.size() > models_prefix.size() && req.path.compare(0, models_prefix.size(), models_prefix) == 0)
     found = &routes[std::size(routes) - 1];
   st->route = found ? found->path : "other";
+  st->request_line = req.method.substr(0, 16) + " " + req.path.substr(0, 128);
   st->cors_origin.clear();
   if (const auto* origin = req.header("origin"))
     for (const auto& o : g->cfg.cors_origins)
       if (o == "*" || o == *origin) st->cors_origin = o == "*" ? "*" : *origin;
+  if (auto problem = adopt_request_id(st, req); !problem.empty())
+    return reply_error(self, hdl, g, st, {400, problem, "invalid_request_error", {}});
   if (!found)
     return reply_error(self, hdl, g, st, {404, "no route " + req.method + " " + req.path.substr(0, 128), "invalid_request_error", {}});
   const std::string allow = std::string_view{found->method} == "GET" ? "GET, HEAD, OPTIONS" : found->method + std::string{", OPTIONS"};
@@ -573,6 +612,8 @@ void pump(caf::io::broker* self, caf::io::connection_handle hdl, const shared_pt
           st->busy = true;
           st->keep_alive = false;  // the body may still come: the close reads and drops it
           st->route = "unauthorized";
+          st->request_line = req.method.substr(0, 16) + " " + req.path.substr(0, 128);
+          adopt_request_id(st, req);  // a bad one: the 401 is the answer all the same
           st->head_only = false;  // an earlier HEAD's: this answer has its body
           st->in.clear();
           st->in_off = 0;

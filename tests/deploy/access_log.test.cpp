@@ -32,7 +32,7 @@ TEST_CASE("a request log line names the call, its status and time, and each gene
   const std::vector<completion> both{a, b};
   // 2026-12-06T19:40:01.123Z
   const auto at = std::chrono::system_clock::time_point{std::chrono::milliseconds{1796586001123}};
-  CHECK(access_line({at, "cmpl-1796583301-28", "/v1/completions", 200, true, 12.14, &both, {}}) ==
+  CHECK(access_line({at, "cmpl-1796583301-28", "/v1/completions", 200, true, 12.14, &both, {}, {}}) ==
         "2026-12-06T19:40:01.123Z call cmpl-1796583301-28 /v1/completions 200 stream 12.1 ms: request 36 prefill-0 -> "
         "decode-1, prompt 137 (cached 128), 8 tokens (stop), TTFT 4.4 ms, place 0.3 ms, prefill queue 0.1 ms, decode "
         "queue 0.0 ms; request 37 prefill-0 -> decode-1, prompt 137, 8 tokens (stop), TTFT 4.4 ms, place 0.3 ms, "
@@ -40,7 +40,7 @@ TEST_CASE("a request log line names the call, its status and time, and each gene
         "last: request 37, rank decode-0, stage decode: "
         "went down");
   CHECK(access_line({at, "chatcmpl-1-2", "/v1/chat/completions", 503, false, 4500.0, nullptr,
-                     "request 12, stage place_decode: no decode rank had room"}) ==
+                     "request 12, stage place_decode: no decode rank had room", {}}) ==
         "2026-12-06T19:40:01.123Z call chatcmpl-1-2 /v1/chat/completions 503 4500.0 ms: request 12, stage place_decode: "
         "no decode rank had room");
 }

@@ -663,3 +663,46 @@ TEST_CASE("structured outputs over HTTP: a json_schema answer is JSON that holds
   CHECK(pieces > 2);
   CHECK(last_finish == "tool_calls");
 }
+
+TEST_CASE("a request's own x-request-id comes back in its answer and in the request log beside the call's id; one "
+          "that is not 1 to 128 visible characters is refused 400 naming it; refusals before a call are logged too") {
+  deploy::gateway_config gc;
+  gc.api_keys = {"sk-test"};
+  gc.log_requests = true;
+  // The log goes to standard output through CAF's printer actor: caught here until its lines came.
+  std::ostringstream log;
+  auto* const saved = std::cout.rdbuf(log.rdbuf());
+  {
+    served_cluster s{gc};
+    const uint16_t port = s.gateway.port;
+    const auto with_id = [](std::string raw, const std::string& id) {
+      return raw.insert(raw.find("\r\n") + 2, "X-Request-Id: " + id + "\r\n");
+    };
+    auto own = round_trip(port, with_id(post("/v1/completions", R"({"prompt":"In","max_tokens":2})"), "trace-7f3a"));
+    CHECK(own.status == 200);
+    CHECK(own.head.find("x-request-id: trace-7f3a\r\n") != std::string::npos);
+    const auto call_id = json::parse(own.body)["id"].get<std::string>();
+    // Without one, the answer's id (as before).
+    auto plain = round_trip(port, post("/v1/completions", R"({"prompt":"In","max_tokens":2})"));
+    CHECK(plain.head.find("x-request-id: " + json::parse(plain.body)["id"].get<std::string>() + "\r\n") != std::string::npos);
+    auto spaced = round_trip(port, with_id(post("/v1/completions", R"({"prompt":"In","max_tokens":2})"), "a b"));
+    CHECK(spaced.status == 400);
+    CHECK(json::parse(spaced.body)["error"]["message"].get<std::string>().find("x-request-id must be 1 to 128 visible") !=
+          std::string::npos);
+    auto long_id = round_trip(port, with_id(get("/v1/models"), std::string(129, 'x')));
+    CHECK(long_id.status == 400);
+    CHECK(json::parse(long_id.body)["error"]["message"].get<std::string>().find("this one has 129 bytes") != std::string::npos);
+    CHECK(round_trip(port, with_id(get("/v1/models", "sk-wrong"), "probe-1")).status == 401);
+    CHECK(round_trip(port, get("/v1/nothing")).status == 404);
+    // Every line is in: the printer writes them in order, the 404's last.
+    for (int i = 0; i < 200 && log.str().find("GET /v1/nothing 404") == std::string::npos; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds{10});
+    const auto lines = log.str();
+    std::cout.rdbuf(saved);
+    CHECK_MESSAGE(lines.find(" call " + call_id + " (x-request-id trace-7f3a) /v1/completions 200 ") != std::string::npos, lines);
+    CHECK_MESSAGE(lines.find(" call - POST /v1/completions 400 ") != std::string::npos, lines);
+    CHECK_MESSAGE(lines.find(" call - (x-request-id probe-1) GET /v1/models 401 ") != std::string::npos, lines);
+    CHECK_MESSAGE(lines.find(" call - GET /v1/nothing 404 0.0 ms: no route GET /v1/nothing") != std::string::npos, lines);
+  }
+  std::cout.rdbuf(saved);
+}
