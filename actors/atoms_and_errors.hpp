@@ -75,6 +75,7 @@ using kv_commit_atom = caf::atom_constant<caf::atom("kv_commit")>;
 using settled_atom = caf::atom_constant<caf::atom("settled")>;
 /// A balancer's own timer: a parked placement's deadline has come (arm_parked_expiry).
 using parked_due_atom = caf::atom_constant<caf::atom("parkdue")>;
+using parked_atom = caf::atom_constant<caf::atom("parked")>;
 using resume_atom = caf::atom_constant<caf::atom("resume")>;
 /// A landed KV layer was checked (and expanded, in a wire form) off the decode rank's thread.
 using layer_checked_atom = caf::atom_constant<caf::atom("kv_checked")>;

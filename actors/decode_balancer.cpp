@@ -254,6 +254,7 @@ decode_balancer_actor::behavior_type decode_balancer_impl(pointer self, decode_b
         arm_charge_expiry(self);
       },
       [=](stats_atom) { return self->state.registry.stats(); },
+      [=](parked_atom) { return static_cast<uint32_t>(self->state.parked.size()); },
       [=](events_atom) { return self->state.log.snapshot(); },
       [=](store_atom) { return self->state.store; },
       [=](forget_atom, decode_rank_actor& rank) {

@@ -579,6 +579,7 @@ using prefill_balancer_actor = caf::typed_actor<
     caf::replies_to<place_atom, place_query>::with<prefill_placement>,
     caf::reacts_to<load_atom, rank_load, prefill_rank_actor>,
     caf::replies_to<stats_atom>::with<std::vector<rank_load>>,
+    caf::replies_to<parked_atom>::with<uint32_t>,  // placements waiting now for a rank to take them
     caf::replies_to<events_atom>::with<std::vector<placement_record>>,  // recent decisions
     caf::reacts_to<drain_atom, prefill_rank_actor>,                     // no new placements on this rank
     caf::reacts_to<undrain_atom, prefill_rank_actor>,                   // placements again (a move was abandoned)
@@ -596,6 +597,7 @@ using decode_balancer_actor = caf::typed_actor<
     caf::replies_to<place_atom, place_query>::with<decode_placement>,
     caf::reacts_to<load_atom, rank_load, decode_rank_actor>,
     caf::replies_to<stats_atom>::with<std::vector<rank_load>>,
+    caf::replies_to<parked_atom>::with<uint32_t>,  // placements waiting now for a rank to take them
     caf::replies_to<events_atom>::with<std::vector<placement_record>>,
     caf::replies_to<store_atom>::with<store_info>,               // the store, for ranks joining later
     caf::reacts_to<drain_atom, decode_rank_actor>,               // no new placements on this rank
@@ -685,13 +687,18 @@ struct cluster_stats {
   uint32_t max_active_requests = 0;
   bool draining = false;        ///< the router refuses new requests: its head is stopping (drain_atom)
   bool decode_answered = true;  ///< false: the decode balancer did not answer in time; `decode` says nothing
+  /// Placements each balancer holds waiting for a rank (decode: for KV room; prefill: for a rank
+  /// that takes work): an overload building up shows here before its 503s.
+  uint32_t prefill_parked = 0;
+  uint32_t decode_parked = 0;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, cluster_stats& x) {
   return f(caf::meta::type_name("cluster_stats"), x.model, x.context_tokens, x.prefill, x.decode, x.store,
            x.num_admitted, x.num_rejected, x.num_active, x.num_overloaded, x.chat_reasoning,
            x.chat_tool_calls, x.default_temperature, x.default_top_p, x.default_top_k, x.store_servers,
-           x.store_servers_up, x.max_active_requests, x.draining, x.decode_answered);
+           x.store_servers_up, x.max_active_requests, x.draining, x.decode_answered, x.prefill_parked,
+           x.decode_parked);
 }
 
 using router_actor = caf::typed_actor<

@@ -402,6 +402,7 @@ prefill_balancer_actor::behavior_type prefill_balancer_impl(pointer self, prefil
               loads[i].bucket = st.buckets->engine_buckets()[e];
         return loads;
       },
+      [=](parked_atom) { return static_cast<uint32_t>(self->state.parked.size()); },
       [=](events_atom) { return self->state.log.snapshot(); },
       [=](forget_atom, prefill_rank_actor& rank) {
         forget_rank(self->state, caf::actor_cast<caf::actor_addr>(rank), "forgotten: its node is gone", true,

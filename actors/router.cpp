@@ -248,7 +248,7 @@ caf::result<cluster_stats> collect_stats(router_pointer self) {
   out->draining = s.draining;
   out->decode_answered = false;  // until it does
   auto rp = self->make_response_promise<cluster_stats>();
-  auto left = std::make_shared<size_t>(2 + s.store.index.size() + s.store.servers.size());
+  auto left = std::make_shared<size_t>(4 + s.store.index.size() + s.store.servers.size());
   auto done = [rp, out, left]() mutable {
     if (--*left == 0) rp.deliver(*out);
   };
@@ -260,6 +260,10 @@ caf::result<cluster_stats> collect_stats(router_pointer self) {
   self->request(s.decode, timeout, stats_atom::value)
       .then([=](std::vector<rank_load>& l) mutable { out->decode = std::move(l), out->decode_answered = true, done(); },
             [=](caf::error&) mutable { done(); });
+  self->request(s.prefill, timeout, parked_atom::value)
+      .then([=](uint32_t n) mutable { out->prefill_parked = n, done(); }, [=](caf::error&) mutable { done(); });
+  self->request(s.decode, timeout, parked_atom::value)
+      .then([=](uint32_t n) mutable { out->decode_parked = n, done(); }, [=](caf::error&) mutable { done(); });
   for (const auto& shard : s.store.index)
     self->request(shard, timeout, stats_atom::value)
         .then([=](store_stats& x) mutable { add(x), done(); }, [=](caf::error&) mutable { done(); });

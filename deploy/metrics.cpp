@@ -209,6 +209,11 @@ std::string gateway_metrics::render(const cluster_stats* cluster) const {
                  static_cast<double>(c.num_rejected));
   render_counter(out, "baton_requests_overloaded_total", "requests refused by admission control (HTTP 429)",
                  static_cast<double>(c.num_overloaded));
+  out += "# HELP baton_placements_waiting placements a balancer holds until a rank takes them (decode: KV room; "
+         "prefill: a rank taking work); answered with why before their request's place timeout\n"
+         "# TYPE baton_placements_waiting gauge\n";
+  out += "baton_placements_waiting{stage=\"prefill\"} " + std::to_string(c.prefill_parked) + "\n";
+  out += "baton_placements_waiting{stage=\"decode\"} " + std::to_string(c.decode_parked) + "\n";
   // One family over ranks: a gauge over both roles, or a counter of the decode ranks alone (as of
   // each rank's last load report).
   auto family = [&](const char* name, const char* help, const char* type, bool decode_only, auto value) {

@@ -125,8 +125,17 @@ TEST_CASE("a placement parked for want of room is answered before its asker stop
   caf::error got;
   // The asker listens far longer than it said it would: what it hears is the balancer's answer,
   // which no report and no other placement prompts (the timer does).
-  self->request(f.bal, std::chrono::seconds{30}, place_atom::value, q)
-      .receive([&](decode_placement& p) { FAIL("placed on " << p.name << " with no room"); }, [&](caf::error& e) { got = e; });
+  auto asked = self->request(f.bal, std::chrono::seconds{30}, place_atom::value, q);
+  // Meanwhile it counts as waiting (/metrics' baton_placements_waiting).
+  const auto waiting = [&] {
+    uint32_t n = 99;
+    self->request(f.bal, std::chrono::seconds{5}, parked_atom::value).receive([&](uint32_t x) { n = x; }, [](caf::error&) {});
+    return n;
+  };
+  CHECK(waiting() == 1);
+  std::move(asked).receive([&](decode_placement& p) { FAIL("placed on " << p.name << " with no room"); },
+                           [&](caf::error& e) { got = e; });
+  CHECK(waiting() == 0);
   REQUIRE(got);
   CHECK(got.category() == caf::atom("baton"));
   CHECK(static_cast<errc>(got.code()) == errc::kv_capacity);

@@ -129,3 +129,14 @@ TEST_CASE("/metrics: each decode rank's counters (offloads, moves, write-backs) 
     CHECK(text.find(metric + "{role=\"prefill\"") == std::string::npos);
   }
 }
+
+TEST_CASE("/metrics: the placements each balancer holds waiting for a rank, as a gauge by stage") {
+  deploy::gateway_metrics m;
+  cluster_stats c;
+  c.prefill_parked = 2;
+  c.decode_parked = 7;
+  const auto text = m.render(&c);
+  CHECK(text.find("# TYPE baton_placements_waiting gauge\n") != std::string::npos);
+  CHECK(value_of(text, "baton_placements_waiting{stage=\"prefill\"}") == 2);
+  CHECK(value_of(text, "baton_placements_waiting{stage=\"decode\"}") == 7);
+}
