@@ -538,6 +538,45 @@ bool parse_body(std::string_view body, bool chat, const std::string& served_mode
 }
 
 namespace {
+
+/// The body's members whose key order matters: a template prints a message's or a tool call's
+/// objects in it, and a schema's properties come in it.
+constexpr std::string_view ordered_members[] = {"messages", "tools", "response_format", "structured_outputs",
+                                                 "guided_json", "json_schema"};
+constexpr size_t max_ordered_object_keys = 1024;
+
+/// The most keys of any one object in `v`.
+size_t widest_object(const json& v) {
+  size_t widest = v.is_object() ? v.size() : 0;
+  if (v.is_structured())
+    for (const auto& x : v) widest = std::max(widest, widest_object(x));
+  return widest;
+}
+
+/// The members of ordered_members, in their key order; an empty object when one of them holds an
+/// object of more than max_ordered_object_keys keys (`err` says which). Only those: an ordered
+/// object finds each new key by a linear search, so one of n keys costs n^2 / 2 comparisons, and
+/// an 80,000-key object anywhere in a 1 MiB body (an ignored field, a logit_bias refused later)
+/// held the scheduler's threads for seconds, stalling every other call.
+bool ordered_parts(std::string_view body, const json& j, ordered_json* out, api_error* err) {
+  for (const auto member : ordered_members)
+    if (auto m = j.find(member); m != j.end())
+      if (const size_t keys = widest_object(*m); keys > max_ordered_object_keys) {
+        *err = bad(std::string{member}, std::string{member} + " holds an object of " + std::to_string(keys) +
+                                            " keys; at most " + std::to_string(max_ordered_object_keys));
+        return false;
+      }
+  *out = ordered_json::parse(
+      body,
+      [](int depth, ordered_json::parse_event_t event, ordered_json& parsed) {
+        if (depth != 1 || event != ordered_json::parse_event_t::key) return true;
+        const auto& key = parsed.get_ref<const std::string&>();
+        return std::find(std::begin(ordered_members), std::end(ordered_members), key) != std::end(ordered_members);
+      },
+      false);
+  return true;
+}
+
 bool parse_checked_body(std::string_view body, bool chat, const std::string& served_model, call* out, api_error* err) {
   *out = call{};
   out->chat = chat;
@@ -573,9 +612,9 @@ bool parse_checked_body(std::string_view body, bool chat, const std::string& ser
   if (out->model.empty()) out->model = served_model;
   if (!refuse_unsupported(j, err)) return false;
   auto& r = out->req;
-  // The body again, in its key order (JSON objects in a template print in that order, and a
-  // schema's properties come in it).
-  const auto ordered = ordered_json::parse(body, nullptr, false);
+  // The parts of the body whose key order matters, again in that order.
+  ordered_json ordered;
+  if (!ordered_parts(body, j, &ordered, err)) return false;
   if (chat) {
     if (!parse_messages(j, ordered, &r, &out->num_history_tool_calls, err) || !parse_tools(j, ordered, out, err))
       return false;

@@ -330,3 +330,34 @@ TEST_CASE("structured outputs: a schema, expression or grammar that does not com
   CHECK(refused(R"({"prompt":"a","ebnf":"root ::= missing"})") ==
         "ebnf: ebnf: the rule 'missing' is used but never defined, at line 1, column 10");
 }
+
+TEST_CASE("the members whose key order matters may not hold an object of more than 1024 keys (kept in order, each "
+          "key costs a search of those before it); an object that wide elsewhere is parsed and checked as before") {
+  const auto refused = [](const std::string& body) {
+    deploy::openai::call c;
+    deploy::openai::api_error e;
+    if (deploy::openai::parse_body(body, body.find("messages") != std::string::npos, "m", &c, &e)) return std::string("parsed");
+    return e.param + ": " + e.message;
+  };
+  const auto wide = [](size_t keys, const char* value) {
+    std::string o = "{";
+    for (size_t i = 0; i < keys; ++i) o += (i ? ",\"" : "\"") + std::to_string(i) + "\":" + value;
+    return o + "}";
+  };
+  const std::string props_1025 = wide(1025, R"({"type":"integer"})");
+  CHECK(refused(R"({"prompt":"a","guided_json":{"type":"object","properties":)" + props_1025 + "}}") ==
+        "guided_json: guided_json holds an object of 1025 keys; at most 1024");
+  CHECK(refused(R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f",)"
+                R"("parameters":{"type":"object","properties":)" + props_1025 + "}}}]}") ==
+        "tools: tools holds an object of 1025 keys; at most 1024");
+  // 1024 is fine, and keeps its order: the schema's first property is the first the grammar asks for.
+  deploy::openai::call c;
+  deploy::openai::api_error e;
+  const std::string body = R"({"prompt":"a","guided_json":{"type":"object","properties":)" + wide(1024, R"({"type":"integer"})") +
+                           R"(,"required":["7"]},"unknown_field":)" + wide(50'000, "1") + "}";
+  REQUIRE_MESSAGE(deploy::openai::parse_body(body, false, "m", &c, &e), e.message);
+  CHECK(c.req.output_spec.rfind(R"({"type":"object","properties":{"0":{"type":"integer"},"1":)", 0) == 0);
+  // A wide logit_bias is still refused by its own rule.
+  CHECK(refused(R"({"prompt":"a","logit_bias":)" + wide(80'000, "1") + "}") ==
+        "logit_bias: logit_bias names 80000 tokens; at most 1024");
+}
