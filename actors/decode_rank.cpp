@@ -600,6 +600,14 @@ void on_step_done(decode_pointer self, gpu::forward_output& out) {
       free_lease(self, lease_id);
       continue;
     }
+    if (l.grammar)
+      if (auto why = gpu::too_ambiguous(*l.grammar); !why.empty()) {
+        // Not retried elsewhere (bad_request): the same answer would cost another rank as much.
+        l.promise.deliver(make_error(errc::bad_request, where(l.request_id, st.cfg.name, "decode") + ": " + why));
+        st.batch.erase(s);
+        free_lease(self, lease_id);
+        continue;
+      }
     ++s->num_generated;
     token_event ev{l.request_id, s->num_generated, tok, {}, lease_id};
     if (l.order.return_logits) ev.logits = std::move(out.logits[row]);

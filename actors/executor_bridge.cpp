@@ -45,6 +45,7 @@ caf::expected<std::shared_ptr<gpu::grammar_matcher>> rank_core::follow_grammar(c
     if (!m->accept(output[i]))
       return make_error(errc::bad_request, stage + ": output token " + std::to_string(i) + " (id " +
                                                std::to_string(output[i]) + ") strays from the answer's grammar");
+  if (auto why = gpu::too_ambiguous(*m); !why.empty()) return make_error(errc::bad_request, stage + ": " + why);
   return m;
 }
 

@@ -675,6 +675,37 @@ bool follows(const grammar& g, grammar_arena& a, std::vector<uint32_t>& tops, st
 
 }  // namespace
 
+grammar::ambiguity grammar::probe_ambiguity(uint32_t steps, size_t limit) const {
+  grammar_arena a;
+  a.reset();
+  std::vector<uint32_t> tops;
+  for (uint32_t start : alternatives(start_))
+    expand(*this, a, elements()[start].k == kind::end ? 0 : a.intern(start, 0), tops);
+  std::sort(tops.begin(), tops.end());
+  tops.erase(std::unique(tops.begin(), tops.end()), tops.end());
+  ambiguity out{tops.size(), {}};
+  std::vector<uint32_t> next, best;
+  for (uint32_t step = 0; step < steps && out.parses <= limit; ++step) {
+    int best_byte = -1;
+    bool best_moves = false;
+    for (int b = 0; b < 256; ++b) {
+      advance(*this, a, tops, static_cast<uint8_t>(b), next);
+      if (next.empty() || (next.size() == 1 && next[0] == 0)) continue;  // nothing, or only the end
+      const bool moves = next != tops;
+      if (best_byte < 0 || next.size() > best.size() || (next.size() == best.size() && moves && !best_moves)) {
+        best.swap(next);
+        best_byte = b;
+        best_moves = moves;
+      }
+    }
+    if (best_byte < 0) break;
+    tops.swap(best);
+    out.read.push_back(static_cast<char>(best_byte));
+    out.parses = std::max(out.parses, tops.size());
+  }
+  return out;
+}
+
 bool grammar_matcher::complete() const {
   return !ended_ && std::any_of(stacks_.begin(), stacks_.end(), [](const auto& s) { return s.empty(); });
 }
@@ -846,6 +877,13 @@ std::optional<size_t> grammar_matcher::walk_cached(std::vector<uint8_t>* mask,
     if (arena_->limited) return std::nullopt;  // the caller clears what was set and walks whole
   }
   return added;
+}
+
+std::string too_ambiguous(const grammar_matcher& m) {
+  if (m.parses() <= grammar::max_parses) return {};
+  return "the answer's grammar is too ambiguous to follow: after " + std::to_string(m.consumed()) +
+         " tokens it can be read " + std::to_string(m.parses()) + " ways at once (at most " +
+         std::to_string(grammar::max_parses) + "); nested counts of optional items, such as (.{0,64}){64}, do this";
 }
 
 }  // namespace baton::gpu

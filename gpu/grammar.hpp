@@ -97,6 +97,21 @@ public:
   };
   shape left_shape() const;
 
+  /// The most parses a matcher may keep alive at once. Each is walked for every token's mask,
+  /// so an ambiguous expression that keeps thousands ((.{0,64}){64}: every way of sharing the text
+  /// among the groups, 4,096 here) made each token cost seconds of a rank's time. Patterns people
+  /// write keep far fewer: (\w+,?\s?){0,50} 200, (.?){64} 577 (about 0.2 s a token over a
+  /// 1,024-token vocabulary on one core); a forced call among 128 tools, one per tool.
+  static constexpr size_t max_parses = 1024;
+  /// A greedy probe of ambiguity: from the start, up to `steps` bytes, each the byte that keeps
+  /// the most parses alive (on a tie, one that moves on: not blank space the grammar loops
+  /// over); stops once past `limit`. What it read, and the most parses alive after any byte.
+  struct ambiguity {
+    size_t parses = 0;
+    std::string read;
+  };
+  ambiguity probe_ambiguity(uint32_t steps, size_t limit) const;
+
   /// What the top frames of stacks allow of `vocab`'s tokens, whatever lies below them, as
   /// grammar_matcher::allowed has needed them: filled as answers reach new tops, shared by every
   /// matcher of this grammar and vocabulary, thread-safe. A copy of the grammar starts empty, and
@@ -194,6 +209,8 @@ public:
   bool ended() const { return ended_; }
   /// Tokens accepted so far.
   size_t consumed() const { return consumed_; }
+  /// The parses alive now (grammar::max_parses bounds what a rank follows).
+  size_t parses() const { return stacks_.size(); }
   const std::vector<int32_t>& end_tokens() const { return end_tokens_; }
 
 private:
@@ -227,5 +244,10 @@ private:
   /// Whether the stacks' tops may take enough of the vocabulary for the cache to pay.
   bool worth_caching() const;
 };
+
+/// Why a rank stops following `m` (more than grammar::max_parses alive: each token's mask would
+/// walk them all); empty while it may go on. The gateway's probe refuses most such grammars
+/// before they run; this bounds the rest.
+std::string too_ambiguous(const grammar_matcher& m);
 
 }  // namespace baton::gpu

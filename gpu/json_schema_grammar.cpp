@@ -665,6 +665,21 @@ std::shared_ptr<const grammar> compile_checked(output_format kind, const std::st
            std::to_string(grammar::max_expand_depth);
     return nullptr;
   }
+  // Refused here, before a rank spends seconds on each token's mask: every parse alive is walked
+  // for it. Not GBNF: a recursive grammar written as people write them (items ::= item | item ","
+  // items) doubles its parses with each level of nesting the greedy probe reads, which few
+  // answers reach. A rank stops an answer that goes past the bound where this probe did not look.
+  if (const auto amb = kind == output_format::gbnf ? grammar::ambiguity{} : g->probe_ambiguity(64, grammar::max_parses);
+      amb.parses > grammar::max_parses) {
+    *why = name + ": too ambiguous to follow: " +
+           (amb.read.empty() ? std::string{"at its start"}
+                             : "after the " + std::to_string(amb.read.size()) + " characters " +
+                                   nlohmann::json(amb.read).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)) +
+           " it can be read " +
+           std::to_string(amb.parses) + (amb.parses >= 4096 ? " or more" : "") + " ways at once (at most " +
+           std::to_string(grammar::max_parses) + "); nested counts of optional items, such as (.{0,64}){64}, do this";
+    return nullptr;
+  }
   return g;
 }
 

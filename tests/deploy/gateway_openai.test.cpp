@@ -706,3 +706,28 @@ TEST_CASE("a request's own x-request-id comes back in its answer and in the requ
   }
   std::cout.rdbuf(saved);
 }
+
+TEST_CASE("an expression too ambiguous to follow is refused 400 before any work; one whose ambiguity only shows "
+          "mid-answer is stopped there with a 400 naming it, not placed again on another rank") {
+  served_cluster s;
+  const uint16_t port = s.gateway.port;
+  auto at_once = round_trip(port, post("/v1/completions", R"({"prompt":"In","max_tokens":3,"guided_regex":"(.{0,64}){64}"})"));
+  CHECK(at_once.status == 400);
+  CHECK(json::parse(at_once.body)["error"]["message"].get<std::string>().find("guided_regex: too ambiguous to follow") !=
+        std::string::npos);
+  // 70 forced characters first: deeper than the gateway's probe reads.
+  auto later = round_trip(port, post("/v1/completions", json{{"prompt", "In"}, {"max_tokens", 120},
+                                                            {"guided_regex", std::string(70, 'a') + "(.{0,64}){64}"}}.dump()));
+  CHECK(later.status == 400);
+  const auto why = json::parse(later.body)["error"]["message"].get<std::string>();
+  CHECK_MESSAGE(why.find("stage decode: the answer's grammar is too ambiguous to follow: after ") != std::string::npos, why);
+  CHECK_MESSAGE(why.find("attempt") == std::string::npos, why);  // the only attempt: not retried
+  // Nothing is left behind on the decode ranks.
+  for (int i = 0; i < 100; ++i) {
+    bool idle = true;
+    for (const auto& r : s.stats().decode) idle = idle && r.num_running == 0 && r.num_free_pages == r.num_total_pages;
+    if (idle) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds{50});
+  }
+  for (const auto& r : s.stats().decode) CHECK(r.num_free_pages == r.num_total_pages);
+}

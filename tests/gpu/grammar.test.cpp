@@ -599,3 +599,53 @@ TEST_CASE("grammar: left recursion is found where a rule comes back to itself wi
   CHECK_FALSE(right.left_shape().matches_nothing);
   CHECK(right.left_shape().deepest == 1);
 }
+
+TEST_CASE("grammar: an expression that keeps more parses alive than a rank follows is refused at compile time, "
+          "naming what it read and how many ways; a merely optional repeat and a choice among many names are not") {
+  const auto compiled = [](output_format kind, const std::string& text) {
+    std::string why;
+    auto g = compile_output_grammar(kind, text, {}, &why);
+    return g ? std::string{"compiled"} : why;
+  };
+  // Every way of sharing the text among 64 groups of 0 to 64 characters: thousands.
+  const auto nested = compiled(output_format::regex, "(.{0,64}){64}");
+  CHECK_MESSAGE(nested.find("regex: too ambiguous to follow: after the ") == 0, nested);
+  CHECK_MESSAGE(nested.find("ways at once (at most 1024); nested counts of optional items") != std::string::npos, nested);
+  CHECK(compiled(output_format::regex, "(.?){256}").find("regex: too ambiguous to follow: at its start it can be read ") == 0);
+  // Behind a literal, inside a JSON string's pattern, and in GBNF alike.
+  CHECK(compiled(output_format::regex, "id-(.{0,32}){32}").find("regex: too ambiguous") == 0);
+  CHECK(compiled(output_format::schema, R"({"type":"object","properties":{"a":{"type":"string","pattern":"^(.{0,64}){64}$"}},"required":["a"]})")
+            .find("json_schema: too ambiguous") == 0);
+  // Not GBNF: a list written `items ::= item | item "," items` doubles its parses with each level
+  // of nesting (a rank stops an answer that nests that deep).
+  CHECK(compiled(output_format::gbnf, "root ::= \"[\" items? \"]\"\nitems ::= item | item \",\" items\nitem ::= root | [a-z]") ==
+        "compiled");
+  // Followed as before: repeats of optional items as people write them, and a choice among 200
+  // names read together.
+  CHECK(compiled(output_format::regex, "(.?){64}") == "compiled");
+  CHECK(compiled(output_format::regex, "(\\w+,?\\s?){0,50}") == "compiled");
+  CHECK(compiled(output_format::regex, "[a-z]+@[a-z]+\\.(com|org)") == "compiled");
+  std::string names = "(";
+  for (int i = 0; i < 200; ++i) names += (i ? "|tool_" : "tool_") + std::to_string(i);
+  CHECK(compiled(output_format::regex, names + ")") == "compiled");
+  CHECK(compiled(output_format::object, "") == "compiled");
+}
+
+TEST_CASE("grammar: a matcher says when its parses pass the bound a rank follows (too_ambiguous), with how many and "
+          "after how many tokens") {
+  std::string why;
+  // 70 forced characters hide the ambiguity from the compile-time probe (64 characters deep).
+  auto g = compile_output_grammar(output_format::regex, std::string(70, 'a') + "(.{0,64}){64}", {}, &why);
+  REQUIRE_MESSAGE(g, why);
+  grammar_matcher m(g, byte_vocabulary(258), {257});
+  size_t tokens = 0;
+  while (too_ambiguous(m).empty() && tokens < 200) {
+    REQUIRE(m.accept('a'));
+    ++tokens;
+  }
+  CHECK(tokens >= 70);
+  CHECK(tokens < 200);
+  CHECK(m.parses() > grammar::max_parses);
+  CHECK(too_ambiguous(m).find("the answer's grammar is too ambiguous to follow: after " + std::to_string(tokens) +
+                              " tokens it can be read " + std::to_string(m.parses()) + " ways at once (at most 1024)") == 0);
+}
