@@ -41,7 +41,9 @@ struct request_state {
   /// This attempt's prefill gave up a put that may still land in the lease (prefill_result::
   /// abandoned_put): its pages wait out the decode rank's quarantine whenever they are let go.
   bool writer_abandoned = false;
-  uint64_t watch_seq = 0;  ///< the token watchdog only acts on its latest arming
+  uint64_t watch_seq = 0;  ///< the token watchdog acts only for the current attempt
+  uint64_t watch_armed_seq = UINT64_MAX;  ///< the attempt whose watchdog timer is on its way
+  caf::actor_clock::time_point watch_from;  ///< the last token (or the decode's start): the wait counts from here
   bool hybrid = false;     ///< hybrid PD: the decode rank prefills the prompt itself
   bool prefill_only = false;  ///< this attempt's one token comes from a prefill rank alone: no decode rank
   /// A placement asked for (in flight, parked, or made) and its rank not yet asked: the balancer
@@ -228,11 +230,21 @@ void writer_succeeded(request_pointer self, const prefill_result& r) {
   writer_answered(self, {});
 }
 
+/// Stops watching the attempt's ranks. A monitor lives on the watched actor until it ends: each
+/// one left there kept a finished request's memory (its address holds the actor's storage) for
+/// as long as the rank ran.
+void stop_watching_ranks(request_pointer self) {
+  auto& st = self->state;
+  if (st.decode) self->demonitor(caf::actor_cast<caf::actor_addr>(st.decode));
+  for (const auto& [rank, name] : prefill_ranks_of(st)) self->demonitor(caf::actor_cast<caf::actor_addr>(rank));
+}
+
 void answer(request_pointer self, caf::error err) {
   auto& st = self->state;
   if (st.answered) return;
   st.answered = true;
   let_go(self);
+  stop_watching_ranks(self);
   if (err)
     st.promise.deliver(std::move(err));
   else {
@@ -261,8 +273,13 @@ caf::error hop_error(request_pointer self, const caf::error& err, const std::str
 /// The decode deadline: the next token must come within token_timeout_ms of the last one.
 void arm_watchdog(request_pointer self) {
   auto& st = self->state;
-  self->delayed_send(self, std::chrono::milliseconds{st.plan.cfg.token_timeout_ms}, watchdog_atom::value,
-                     ++st.watch_seq);
+  st.watch_from = self->clock().now();
+  // One timer at a time, which waits out the rest when it fires early: a delayed message per
+  // token held the request actor and the message for the whole timeout (thousands of each in
+  // flight for a long answer, and every finished request kept for token_timeout_ms).
+  if (st.watch_armed_seq == st.watch_seq) return;
+  st.watch_armed_seq = st.watch_seq;
+  self->delayed_send(self, std::chrono::milliseconds{st.plan.cfg.token_timeout_ms}, watchdog_atom::value, st.watch_seq);
 }
 
 /// Stop conditions of the request: a stop token, or a stop string in the text so far (the text
@@ -393,8 +410,7 @@ void fail_or_retry(request_pointer self, caf::error err) {
   }
   st.out.failed_attempts_us += micros(now - st.attempt_started);
   let_go(self);
-  if (st.decode) self->demonitor(caf::actor_cast<caf::actor_addr>(st.decode));
-  for (const auto& [rank, name] : prefill_ranks_of(st)) self->demonitor(caf::actor_cast<caf::actor_addr>(rank));
+  stop_watching_ranks(self);
   ++st.attempt;
   ++st.watch_seq;  // the old attempt's watchdog is void
   st.out.failovers += 1;
@@ -868,6 +884,11 @@ request_actor::behavior_type request_impl(request_pointer self, request_plan pla
       [=](watchdog_atom, uint64_t seq) {
         auto& st = self->state;
         if (seq != st.watch_seq || st.answered) return;
+        const auto due = st.watch_from + std::chrono::milliseconds{st.plan.cfg.token_timeout_ms};
+        if (const auto now = self->clock().now(); now < due) {
+          self->delayed_send(self, due - now, watchdog_atom::value, seq);
+          return;
+        }
         fail_or_retry(self, make_error(errc::deadline_exceeded,
                                 where(st.plan.request_id, st.decode_name, "decode") + ": no token within " +
                                     std::to_string(st.plan.cfg.token_timeout_ms) + " ms after token " +

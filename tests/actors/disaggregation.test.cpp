@@ -2,6 +2,8 @@
 
 #include <regex>
 
+#include <malloc.h>
+
 #include <cmath>
 #include <limits>
 #include <map>
@@ -809,4 +811,30 @@ TEST_CASE("a request whose every attempt fails says which attempt its error is, 
   const auto why = failure_of(f.t, f.cluster.router);
   CHECK_MESSAGE(why.find("layer 1") != std::string::npos, why);
   CHECK_MESSAGE(std::regex_search(why, std::regex{R"(\(attempt 2 of 2, [0-9]+ ms after the request arrived\))"}), why);
+}
+
+TEST_CASE("finished requests leave no memory behind: a monitor a request left on a rank it watched kept the request "
+          "actor's storage for as long as the rank ran, and a watchdog message per token held it past its end") {
+  test::cluster_system t;
+  auto cfg = small_cluster();
+  cfg.router.request.token_timeout_ms = 200;  // the watchdog's one message is gone 200 ms after the request
+  cfg.prefill.event_log_events = cfg.decode.event_log_events = 256;  // full after the warm-up: no growth after
+  auto cluster = start_local_cluster(t.sys, cfg);
+  test::cluster_system::stopper stop{t, cluster};
+  const auto heap = [] { return static_cast<int64_t>(mallinfo2().uordblks); };
+  const auto requests = [&](int n) {
+    for (int i = 0; i < n; ++i) {
+      generate_request req;
+      req.prompt = "a memory check";
+      req.max_tokens = 8;
+      req.ignore_eos = true;
+      REQUIRE(t.generate(cluster.router, req));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds{500});
+  };
+  requests(100);  // warm: pools, caches, the ranks' event logs filling their first blocks
+  const auto before = heap();
+  requests(600);
+  const auto grown = heap() - before;
+  CHECK_MESSAGE(grown < 600'000, "the heap grew by " << grown << " bytes");
 }

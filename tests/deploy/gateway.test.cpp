@@ -8,7 +8,10 @@
 #include <caf/event_based_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
+#include <malloc.h>
+
 #include "tests/deploy/gateway_fixture.hpp"
+#include "tests/deploy/metrics_text.hpp"
 
 using namespace baton;
 using namespace baton::test_gateway;
@@ -845,4 +848,28 @@ TEST_CASE("OPTIONS says what a route allows; a browser's preflight from an allow
     bad.cors_origins = {o};
     CHECK_MESSAGE(bad.validate().find("--cors-origin '" + o + "' is not an origin") != std::string::npos, o);
   }
+}
+
+TEST_CASE("connections that come and go leave no memory behind: a timer a connection had pending when it closed, "
+          "and the monitor it put on the gateway's server, each kept its storage for as long as the server ran") {
+  deploy::gateway_config gc;
+  gc.api_keys = {"sk-test"};
+  gc.idle_timeout_ms = 400;  // each connection's timer ticks every 100 ms: none holds it long after its close
+  served_cluster s{gc};
+  const uint16_t port = s.gateway.port;
+  const auto heap = [] { return static_cast<int64_t>(mallinfo2().uordblks); };
+  const auto connections = [&](int n) {
+    for (int i = 0; i < n; ++i) REQUIRE(round_trip(port, get("/v1/models")).status == 200);  // a connection each
+    // Every connection gone but the scrape's own, and past their last timer.
+    const auto open = [&] { return test::value_of(round_trip(port, get("/metrics")).body, "baton_http_connections"); };
+    for (int i = 0; i < 200 && open() > 1; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{10});
+    REQUIRE(open() == 1);
+    std::this_thread::sleep_for(std::chrono::milliseconds{300});
+  };
+  connections(300);  // warm: pools, caches
+  const auto before = heap();
+  connections(3000);
+  const auto grown = heap() - before;
+  // At 1.5 KB a connection, the leak was 4.5 MB.
+  CHECK_MESSAGE(grown < 1'000'000, "the heap grew by " << grown << " bytes");
 }

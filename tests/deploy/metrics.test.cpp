@@ -6,19 +6,11 @@
 #include "actors/client_messages.hpp"
 #include "actors/messages.hpp"
 #include "deploy/metrics.hpp"
+#include "tests/deploy/metrics_text.hpp"
 
 using namespace baton;
 
-namespace {
-
-/// The value of the line that starts with `series` ("name{labels}" or "name"), or -1.
-double value_of(const std::string& text, const std::string& series) {
-  const auto at = text.find("\n" + series + " ");
-  if (at == std::string::npos) return -1;
-  return std::stod(text.substr(at + series.size() + 2));
-}
-
-}  // namespace
+using test::value_of;
 
 TEST_CASE("/metrics: a completion's stages, lengths and finish reason land in their histograms and counters") {
   deploy::gateway_metrics m;
