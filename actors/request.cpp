@@ -41,6 +41,11 @@ struct request_state {
   /// This attempt's prefill gave up a put that may still land in the lease (prefill_result::
   /// abandoned_put): its pages wait out the decode rank's quarantine whenever they are let go.
   bool writer_abandoned = false;
+  /// KV reservations asked for and not yet answered. A request that ends with one on its way
+  /// stays until it comes (reserve_timeout_ms at most) to give the lease back: a remote decode
+  /// rank that granted it after the request had gone was never told, and held the pages through
+  /// the lease and a minute's quarantine (a soak trial's cut clients took 80% of KV that way).
+  uint32_t reserves_out = 0;
   uint64_t watch_seq = 0;  ///< the token watchdog acts only for the current attempt
   uint64_t watch_armed_seq = UINT64_MAX;  ///< the attempt whose watchdog timer is on its way
   caf::actor_clock::time_point watch_from;  ///< the last token (or the decode's start): the wait counts from here
@@ -253,7 +258,7 @@ void answer(request_pointer self, caf::error err) {
     stream(self, true);  // before the answer: one sender, so the sink sees it first
     st.promise.deliver(std::move(st.out));
   }
-  self->quit();
+  if (st.reserves_out == 0) self->quit();  // else once the reservation is answered (reserve)
 }
 
 /// Turns a failed hop into an error that names request, rank and stage. Errors that ranks
@@ -657,18 +662,25 @@ void reserve(request_pointer self) {
   self->monitor(st.decode);
   for (const auto& [rank, name] : prefill_ranks_of(st)) self->monitor(rank);
   st.decode_charged = false;  // the rank settles its placement on the reservation, granted or not
+  ++st.reserves_out;
+  // An answered request waited only for this: it goes now.
+  const auto settle = [=] {
+    if (--self->state.reserves_out == 0 && self->state.answered) self->quit();
+  };
   self->request(st.decode, std::chrono::milliseconds{p.cfg.reserve_timeout_ms}, reserve_atom::value, req)
       .then(
           [=](kv_lease_grant& grant) {
             if (stale(self, attempt)) {  // too late: give the pages back
               self->send(caf::actor_cast<decode_rank_actor>(self->current_sender()), release_atom::value, grant.lease_id,
                          false);  // nobody was told to write into it
-              return;
+              return settle();
             }
+            settle();
             self->state.lease_id = grant.lease_id;
             start_prefill(self, std::move(grant));
           },
           [=](caf::error& err) {
+            settle();
             if (stale(self, attempt)) return;
             auto& st = self->state;
             fail_or_retry(self, hop_error(self, err, st.decode_name, "kv_reserve", st.plan.cfg.reserve_timeout_ms));
