@@ -45,6 +45,23 @@ std::string where(uint64_t request_id, const std::string& rank, const std::strin
   return out + ", stage " + stage;
 }
 
+std::string quoted_input(std::string_view value, size_t max_bytes) {
+  std::string out;
+  for (size_t i = 0; i < value.size() && i < max_bytes; ++i) {
+    const auto c = static_cast<unsigned char>(value[i]);
+    if (c < 0x20 || c >= 0x7f) {
+      static constexpr char hex[] = "0123456789abcdef";
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  if (value.size() > max_bytes) out += "...";
+  return out;
+}
+
 void register_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<chat_turn>("baton::chat_turn")
       .add_message_type<std::vector<chat_turn>>("std::vector<baton::chat_turn>")

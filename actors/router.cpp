@@ -130,9 +130,9 @@ std::string tokenize_and_validate(generate_request& req, const gpu::model_config
   if (!std::isfinite(req.temperature) || req.temperature < 0.0f)
     return "temperature must be a finite number >= 0, got " + std::to_string(req.temperature);
   if (req.traffic_class != "chat" && req.traffic_class != "agent" && req.traffic_class != "batch")
-    return "traffic_class must be chat, agent or batch, got '" + req.traffic_class + "'";
+    return "traffic_class must be chat, agent or batch, got '" + quoted_input(req.traffic_class) + "'";
   if (req.priority != "interactive" && req.priority != "batch")
-    return "priority must be interactive or batch, got '" + req.priority + "'";
+    return "priority must be interactive or batch, got '" + quoted_input(req.priority) + "'";
   if (!req.prompt_tokens.empty()) {
     for (size_t i = 0; i < req.prompt_tokens.size(); ++i) {
       const auto t = req.prompt_tokens[i];

@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <ctime>
 
+#include "actors/atoms_and_errors.hpp"
+
 namespace baton::deploy {
 
 namespace {
@@ -45,10 +47,12 @@ std::string generation(const completion& c) {
 }  // namespace
 
 std::string access_line(const access_entry& e) {
+  // What a client sent is escaped and bounded (quoted_input): one line per call, whatever it sent.
   std::string out = utc_stamp(e.at) + " call " + e.call_id +
-                    (e.client_request_id.empty() ? "" : " (x-request-id " + e.client_request_id + ")") + " " + e.route +
-                    " " + std::to_string(e.status) + (e.stream ? " stream " : " ") + ms(e.took_ms);
-  if (!e.error.empty()) return out + ": " + e.error;
+                    (e.client_request_id.empty() ? "" : " (x-request-id " + quoted_input(e.client_request_id, 128) + ")") +
+                    " " + quoted_input(e.route, 160) + " " + std::to_string(e.status) + (e.stream ? " stream " : " ") +
+                    ms(e.took_ms);
+  if (!e.error.empty()) return out + ": " + quoted_input(e.error, 2048);
   if (e.choices)
     for (size_t i = 0; i < e.choices->size(); ++i) out += (i == 0 ? ": " : "; ") + generation((*e.choices)[i]);
   return out;

@@ -490,7 +490,7 @@ void serve_model_by_id(caf::io::broker* self, caf::io::connection_handle hdl, co
   const std::string id = req.path.substr(models_prefix.size());
   if (id != g->model)
     return reply_error(self, hdl, g, st,
-                       {404, "the model '" + id.substr(0, 128) + "' does not exist; this cluster serves '" + g->model + "'",
+                       {404, "the model '" + quoted_input(id, 128) + "' does not exist; this cluster serves '" + g->model + "'",
                         "invalid_request_error", "model"});
   reply(self, hdl, g, st, 200, openai::model_json(g->model, g->started_s));
 }
@@ -560,7 +560,7 @@ void dispatch(caf::io::broker* self, caf::io::connection_handle hdl, const share
   if (!found && req.path.size() > models_prefix.size() && req.path.compare(0, models_prefix.size(), models_prefix) == 0)
     found = &routes[std::size(routes) - 1];
   st->route = found ? found->path : "other";
-  st->request_line = req.method.substr(0, 16) + " " + req.path.substr(0, 128);
+  st->request_line = quoted_input(req.method, 16) + " " + quoted_input(req.path, 128);
   st->cors_origin.clear();
   if (const auto* origin = req.header("origin"))
     for (const auto& o : g->cfg.cors_origins)
@@ -568,7 +568,7 @@ void dispatch(caf::io::broker* self, caf::io::connection_handle hdl, const share
   if (auto problem = adopt_request_id(st, req); !problem.empty())
     return reply_error(self, hdl, g, st, {400, problem, "invalid_request_error", {}});
   if (!found)
-    return reply_error(self, hdl, g, st, {404, "no route " + req.method + " " + req.path.substr(0, 128), "invalid_request_error", {}});
+    return reply_error(self, hdl, g, st, {404, "no route " + quoted_input(req.method, 16) + " " + quoted_input(req.path, 128), "invalid_request_error", {}});
   const std::string allow = std::string_view{found->method} == "GET" ? "GET, HEAD, OPTIONS" : found->method + std::string{", OPTIONS"};
   if (req.method == "OPTIONS") {
     // What the route allows; to a browser's preflight from an allowed origin, also that it may
@@ -591,13 +591,13 @@ void dispatch(caf::io::broker* self, caf::io::connection_handle hdl, const share
   }
   if (req.method != found->method && !(req.method == "HEAD" && std::string_view{found->method} == "GET"))
     return reply_error(self, hdl, g, st,
-                       {405, req.path + " takes " + found->method + ", not " + req.method.substr(0, 16), "invalid_request_error", {}},
+                       {405, req.path + " takes " + found->method + ", not " + quoted_input(req.method, 16), "invalid_request_error", {}},
                        {{"Allow", allow}});
   if (!authorized(g, req)) return reply_unauthorized(self, hdl, g, st);
   // A compressed body would read as invalid JSON: say what is wrong with it instead.
   if (const auto* enc = req.header("content-encoding"); enc && !http::iequals(*enc, "identity"))
     return reply_error(self, hdl, g, st,
-                       {415, "Content-Encoding " + enc->substr(0, 32) + " is not supported: send the body uncompressed",
+                       {415, "Content-Encoding " + quoted_input(*enc, 32) + " is not supported: send the body uncompressed",
                         "invalid_request_error", {}},
                        {{"Accept-Encoding", "identity"}});
   // Shutting down, or the head is away: no call can be served here now, and a load balancer
@@ -634,7 +634,7 @@ void pump(caf::io::broker* self, caf::io::connection_handle hdl, const shared_pt
           st->busy = true;
           st->keep_alive = false;  // the body may still come: the close reads and drops it
           st->route = "unauthorized";
-          st->request_line = req.method.substr(0, 16) + " " + req.path.substr(0, 128);
+          st->request_line = quoted_input(req.method, 16) + " " + quoted_input(req.path, 128);
           adopt_request_id(st, req);  // a bad one: the 401 is the answer all the same
           st->head_only = false;  // an earlier HEAD's: this answer has its body
           st->in.clear();

@@ -44,3 +44,19 @@ TEST_CASE("a request log line names the call, its status and time, and each gene
         "2026-12-06T19:40:01.123Z call chatcmpl-1-2 /v1/chat/completions 503 4500.0 ms: request 12, stage place_decode: "
         "no decode rank had room");
 }
+
+TEST_CASE("a request log line holds what a client sent escaped and bounded: no forged line, no terminal escape, no "
+          "megabyte") {
+  const auto at = std::chrono::system_clock::time_point{std::chrono::milliseconds{1796586001123}};
+  const std::string forged = "request 9, stage admission: traffic_class must be chat, agent or batch, got 'x\n"
+                             "2026-12-06T22:00:00.000Z call cmpl-FORGED /v1/completions 200 1.0 ms\x1b[31mRED'";
+  const auto line = access_line({at, "cmpl-1-1", "/v1/completions", 400, false, 0.2, nullptr, forged, "id\x01"});
+  CHECK(line.find('\n') == std::string::npos);
+  CHECK(line.find('\x1b') == std::string::npos);
+  CHECK(line.find("got 'x\\x0a2026-12-06T22:00:00.000Z call cmpl-FORGED") != std::string::npos);
+  CHECK(line.find("1.0 ms\\x1b[31mRED'") != std::string::npos);
+  CHECK(line.find("(x-request-id id\\x01)") != std::string::npos);
+  const auto huge = access_line({at, "cmpl-1-2", "/v1/completions", 400, false, 0.2, nullptr, std::string(1'000'000, 'A'), {}});
+  CHECK(huge.size() < 2300);
+  CHECK(huge.substr(huge.size() - 3) == "...");
+}

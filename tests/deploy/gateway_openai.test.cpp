@@ -731,3 +731,19 @@ TEST_CASE("an expression too ambiguous to follow is refused 400 before any work;
   }
   for (const auto& r : s.stats().decode) CHECK(r.num_free_pages == r.num_total_pages);
 }
+
+TEST_CASE("a refused value is quoted in its error bounded and escaped: a megabyte of traffic_class does not come back "
+          "whole, nor a control character raw") {
+  served_cluster s;
+  auto big = round_trip(s.gateway.port, post("/v1/completions", json{{"prompt", "In"}, {"max_tokens", 2},
+                                                                    {"traffic_class", std::string(1'000'000, 'A')}}.dump()));
+  CHECK(big.status == 400);
+  CHECK(big.body.size() < 1000);
+  const auto msg = json::parse(big.body)["error"]["message"].get<std::string>();
+  CHECK_MESSAGE(msg.find("traffic_class must be chat, agent or batch, got '" + std::string(64, 'A') + "...'") !=
+                    std::string::npos, msg);
+  auto ctl = round_trip(s.gateway.port, post("/v1/completions", json{{"prompt", "In"}, {"max_tokens", 2},
+                                                                    {"priority", "x\n\u00e9"}}.dump()));
+  CHECK(ctl.status == 400);
+  CHECK(json::parse(ctl.body)["error"]["message"].get<std::string>().find("got 'x\\x0a\\xc3\\xa9'") != std::string::npos);
+}
