@@ -61,6 +61,9 @@ using wake_due_atom = caf::atom_constant<caf::atom("wakedue")>;
 /// still sends, so that the client reads the answer instead of a reset.
 constexpr std::chrono::milliseconds linger_time{2000};
 
+/// Connections taken past max_connections for /health and /metrics alone.
+constexpr uint32_t probe_connections = 16;
+
 /// What every connection of one gateway shares.
 struct gateway_shared {
   gateway_config cfg;
@@ -136,6 +139,7 @@ struct connection_state {
   /// the call; empty when it sent none.
   std::string client_request_id;
   std::string request_line;  ///< "METHOD /path" of the current request, for the log of a refusal
+  bool probes_only = false;  ///< one of the connections past max_connections: /health and /metrics only
 };
 using state_ptr = std::shared_ptr<connection_state>;
 
@@ -567,6 +571,14 @@ void dispatch(caf::io::broker* self, caf::io::connection_handle hdl, const share
       if (o == "*" || o == *origin) st->cors_origin = o == "*" ? "*" : *origin;
   if (auto problem = adopt_request_id(st, req); !problem.empty())
     return reply_error(self, hdl, g, st, {400, problem, "invalid_request_error", {}});
+  // RFC 9112 §3.2: a server must refuse an HTTP/1.1 request without one (every client sends it).
+  if (req.version == "HTTP/1.1" && !req.header("host"))
+    return reply_error(self, hdl, g, st, {400, "an HTTP/1.1 request needs a Host header", "invalid_request_error", {}});
+  if (st->probes_only && !(found && (found->serve == serve_health || found->serve == serve_metrics))) {
+    st->keep_alive = false;
+    return reply_error(self, hdl, g, st,
+                       api_error_of(503, "too many connections; retry later (this one may ask /health and /metrics only)"));
+  }
   if (!found)
     return reply_error(self, hdl, g, st, {404, "no route " + quoted_input(req.method, 16) + " " + quoted_input(req.path, 128), "invalid_request_error", {}});
   const std::string allow = std::string_view{found->method} == "GET" ? "GET, HEAD, OPTIONS" : found->method + std::string{", OPTIONS"};
@@ -725,7 +737,12 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
   const auto first_token = std::chrono::milliseconds{g->cfg.first_token_timeout_ms};
   const auto tick = std::max(std::chrono::milliseconds{10}, std::min(idle, first_token) / 4);
   wake_later(self, g, tick, timer_atom::value);
-  if (++g->num_connections > g->cfg.max_connections) {
+  // Past max_connections a few more are taken for load balancers' probes and scrapes alone: when
+  // clients (or idle sockets) hold every slot, /health still answers, and the replica is not
+  // taken out of service for being busy (a red-team trial).
+  if (const uint32_t n = ++g->num_connections; n > g->cfg.max_connections && n <= g->cfg.max_connections + probe_connections)
+    st->probes_only = true;
+  else if (n > g->cfg.max_connections) {
     st->keep_alive = false;
     st->busy = true;
     st->route = "refused";

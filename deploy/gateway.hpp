@@ -30,7 +30,7 @@ struct gateway_config {
   /// first: once tokens flow, the request's own watchdog bounds each next one
   /// (request_config::token_timeout_ms), so a long generation is never cut for its length.
   uint32_t first_token_timeout_ms = 600000;
-  uint32_t max_connections = 1024;       ///< beyond: 503 and close
+  uint32_t max_connections = 1024;       ///< beyond: 503 and close (16 more for /health and /metrics alone)
   /// A connection with no request in progress that completes none for this long is closed.
   uint32_t idle_timeout_ms = 60000;
   /// A stream's events not yet sent beyond this (in the connection's write buffer, the socket's

@@ -191,15 +191,27 @@ static parse_result parse_request_at(std::string_view buf, const limits& lim, re
       out->headers.emplace_back(lower(name), std::string(trim(value)));
     }
   }
+  // One Host (RFC 9112 §3.2), one Authorization: two would be read one way here and another
+  // by a proxy in front (which key, which virtual host).
+  for (const char* once : {"host", "authorization"})
+    if (std::count_if(out->headers.begin(), out->headers.end(), [&](const auto& h) { return h.first == once; }) > 1)
+      return fail(400, std::string{"more than one "} + (once[0] == 'h' ? "Host" : "Authorization") + " header");
   // Every Connection header's options together, and "close" wins: a keep-alive in one header
-  // must not keep open a connection another header closes.
+  // must not keep open a connection another header closes. Options are tokens ("x-enclosed"
+  // is not "close").
   bool close = false, keep = false;
   for (const auto& [k, v] : out->headers)
-    if (k == "connection") {
-      const auto options = lower(v);
-      close |= options.find("close") != std::string::npos;
-      keep |= options.find("keep-alive") != std::string::npos;
-    }
+    if (k == "connection")
+      for (std::string_view rest = v; !rest.empty();) {
+        const auto comma = rest.find(',');
+        const auto option = lower(std::string(trim(rest.substr(0, comma))));
+        close |= option == "close";
+        keep |= option == "keep-alive";
+        rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+      }
+  // An expectation other than 100-continue cannot be met (RFC 9110 §10.1.1).
+  if (const auto* expect = out->header("expect"); expect && lower(*expect) != "100-continue")
+    return fail(417, "Expect: " + expect->substr(0, 32) + " is not supported (only 100-continue)");
   if (close) out->keep_alive = false;
   else if (keep) out->keep_alive = true;
   // Every Transfer-Encoding header, not the first: "identity" then "chunked" framed by its
@@ -248,6 +260,10 @@ static parse_result parse_request_at(std::string_view buf, const limits& lim, re
     return fail(411, "a POST needs a Content-Length header (or a chunked body)");
   if (const auto* cl = out->header("content-length")) {
     const auto [end, ec] = std::from_chars(cl->data(), cl->data() + cl->size(), length);
+    // All digits, past size_t: a length past any limit, not a malformed one.
+    if (ec == std::errc::result_out_of_range && end == cl->data() + cl->size())
+      return fail(413, "the body of " + cl->substr(0, 32) + " bytes exceeds the limit of " +
+                           std::to_string(lim.max_body_bytes));
     if (cl->empty() || ec != std::errc{} || end != cl->data() + cl->size())
       return fail(400, "Content-Length '" + cl->substr(0, 32) + "' is not a number");
     if (length > lim.max_body_bytes)

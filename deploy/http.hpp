@@ -35,7 +35,7 @@ enum class parse_status { incomplete, complete, error };
 struct parse_result {
   parse_status status = parse_status::incomplete;
   size_t consumed = 0;     ///< bytes of the buffer the request took (complete)
-  int error_status = 0;    ///< 400, 411, 413, 431 or 505 (error)
+  int error_status = 0;    ///< 400, 411, 413, 417, 431 or 505 (error)
   std::string why;         ///< what was wrong (error)
   /// incomplete: the headers are in, the body is not, and they ask "Expect: 100-continue"
   bool expects_continue = false;

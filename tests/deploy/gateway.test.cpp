@@ -151,6 +151,16 @@ TEST_CASE("the gateway refuses what it cannot serve with the right status and a 
   CHECK(round_trip(port, get("/v1/models", "sk-wrong")).status == 401);
   CHECK(round_trip(port, get("/v1/models", "sk-other")).status == 200);
   CHECK(round_trip(port, get("/v1/nothing")).status == 404);
+  // HTTP/1.1 without a Host (RFC 9112 §3.2); HTTP/1.0 needs none.
+  auto no_host = round_trip(port, "GET /health HTTP/1.1\r\n\r\n");
+  CHECK(no_host.status == 400);
+  CHECK(json::parse(no_host.body)["error"]["message"] == "an HTTP/1.1 request needs a Host header");
+  {
+    const int fd = connect_to(port);
+    send_all(fd, "GET /health HTTP/1.0\r\n\r\n");
+    CHECK(read_to_close(fd).rfind("HTTP/1.1 200", 0) == 0);
+    ::close(fd);
+  }
   auto wrong_method = round_trip(port, get("/v1/completions"));
   CHECK(wrong_method.status == 405);
   CHECK(wrong_method.head.find("Allow: POST") != std::string::npos);
@@ -198,7 +208,7 @@ TEST_CASE("the gateway keeps serving a client that pipelines thousands of reques
   // (pump, reply, finish, pump ...) and overflowed the stack at about 16,000.
   constexpr int n = 40000;
   std::string flood = post("/v1/completions", R"({"prompt":"a","max_tokens":40,"ignore_eos":true,"stream":true})");
-  for (int i = 0; i < n; ++i) flood += "GET /x HTTP/1.1\r\n\r\n";
+  for (int i = 0; i < n; ++i) flood += "GET /x HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
   std::thread sender{[&] { send_all(fd, flood); }};
   std::string buf;
   CHECK(read_answer(fd, buf).status == 200);
@@ -308,11 +318,11 @@ TEST_CASE("the gateway answers load balancers' and SDKs' small requests: HEAD /h
   REQUIRE(model.status == 200);
   CHECK(json::parse(model.body)["id"] == s.stats().model);
   CHECK(round_trip(port, get("/v1/models/gpt-4")).status == 404);
-  CHECK(round_trip(port, "GET /v1/models HTTP/1.1\r\nAuthorization: bearer sk-test\r\n\r\n").status == 200);
+  CHECK(round_trip(port, "GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: bearer sk-test\r\n\r\n").status == 200);
   {  // Expect: 100-continue: told to go on before the body is sent
     const int fd = connect_to(port);
     const std::string body = R"({"prompt":"a","max_tokens":2})";
-    send_all(fd, "POST /v1/completions HTTP/1.1\r\nAuthorization: Bearer sk-test\r\nExpect: 100-continue\r\nContent-Length: " +
+    send_all(fd, "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer sk-test\r\nExpect: 100-continue\r\nContent-Length: " +
                      std::to_string(body.size()) + "\r\n\r\n");
     CHECK(read_head(fd) == "HTTP/1.1 100 Continue\r\n\r\n");
     std::string buf;
@@ -872,4 +882,40 @@ TEST_CASE("connections that come and go leave no memory behind: a timer a connec
   const auto grown = heap() - before;
   // At 1.5 KB a connection, the leak was 4.5 MB.
   CHECK_MESSAGE(grown < 1'000'000, "the heap grew by " << grown << " bytes");
+}
+
+TEST_CASE("with every connection slot held, a few more connections still answer /health and /metrics (load "
+          "balancers' probes and scrapes), and nothing else; past those, 503 at once") {
+  deploy::gateway_config gc;
+  gc.api_keys = {"sk-test"};
+  gc.max_connections = 2;
+  served_cluster s{gc};
+  const uint16_t port = s.gateway.port;
+  std::vector<int> held;
+  const auto hold = [&] {
+    held.push_back(connect_to(port));
+    send_all(held.back(), get("/health"));  // answered: the connection is the gateway's, and stays open
+    std::string buf;
+    return read_answer(held.back(), buf).status;
+  };
+  CHECK(hold() == 200);
+  CHECK(hold() == 200);
+  // Past the two: a probe is answered, a call is not.
+  CHECK(round_trip(port, get("/health")).status == 200);
+  CHECK(round_trip(port, get("/metrics")).status == 200);
+  auto call = round_trip(port, post("/v1/completions", R"({"prompt":"In","max_tokens":2})"));
+  CHECK(call.status == 503);
+  CHECK(json::parse(call.body)["error"]["message"] ==
+        "too many connections; retry later (this one may ask /health and /metrics only)");
+  // Every probe slot held too: refused before a byte is read.
+  for (int i = 0; i < 16; ++i) CHECK(hold() == 200);
+  CHECK(round_trip(port, get("/health")).status == 503);
+  for (int fd : held) ::close(fd);
+  // Slots come back as the holders go.
+  bool served = false;
+  for (int i = 0; i < 100 && !served; ++i) {
+    served = round_trip(port, post("/v1/completions", R"({"prompt":"In","max_tokens":2})")).status == 200;
+    if (!served) std::this_thread::sleep_for(std::chrono::milliseconds{20});
+  }
+  CHECK(served);
 }

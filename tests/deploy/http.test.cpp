@@ -61,6 +61,21 @@ TEST_CASE("the HTTP parser takes whole requests, waits for partial ones and refu
   REQUIRE(deploy::http::parse_request("GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n", lim, &req).status ==
           deploy::http::parse_status::complete);
   CHECK(req.keep_alive);
+  // Options are tokens: one that merely contains "close" keeps the connection.
+  REQUIRE(deploy::http::parse_request("GET / HTTP/1.1\r\nConnection: x-enclosed, keep-alive\r\n\r\n", lim, &req).status ==
+          deploy::http::parse_status::complete);
+  CHECK(req.keep_alive);
+  REQUIRE(deploy::http::parse_request("GET / HTTP/1.1\r\nConnection: TE,  Close\r\n\r\n", lim, &req).status ==
+          deploy::http::parse_status::complete);
+  CHECK_FALSE(req.keep_alive);
+  // Two Hosts or two keys: read one way here, another by a proxy in front.
+  CHECK(deploy::http::parse_request("GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", lim, &req).why ==
+        "more than one Host header");
+  CHECK(deploy::http::parse_request("GET / HTTP/1.1\r\nAuthorization: Bearer a\r\nauthorization: Bearer b\r\n\r\n", lim,
+                                    &req).why == "more than one Authorization header");
+  // An expectation other than 100-continue: 417. A length past any number: 413, not "not a number".
+  CHECK(status("GET / HTTP/1.1\r\nExpect: 200-ok\r\n\r\n") == 417);
+  CHECK(status("POST / HTTP/1.1\r\nContent-Length: 99999999999999999999999\r\n\r\n") == 413);
   CHECK(status("GET /\r\n\r\n") == 400);
   // Bare LFs (netcat without -C): refused at once, not left waiting for a CRLF CRLF.
   CHECK(status("GET / HTTP/1.1\nHost: x\n\n") == 400);
