@@ -317,7 +317,8 @@ int run_local(const std::vector<std::string>& args) {
             "prefill ranks: full prompt blocks kept in the rank's KV pages for later prompts, with or without a block "
             "store (0 = none: only the store's)");
   flags.add("--block-tokens", &opt.cluster.store.block_tokens,
-            "tokens per store block (without a store: per block of the prefill ranks' own prefix tiers, 64 unless given)");
+            "tokens per store block; unless given: 512, or a quarter of a shorter model's context (without a store: "
+            "per block of the prefill ranks' own prefix tiers, 64)");
   flags.add("--repeat", &opt.repeat, "send the prompts this many rounds, one round after another (store reuse)");
   flags.add("--weights-seed", &opt.cluster.weights_seed, "seed of the random model's weights (--model random)");
   flags.add("--model", &opt.model,
@@ -421,9 +422,14 @@ int run_local(const std::vector<std::string>& args) {
   // Its blocks are smaller than a store's (64 tokens, not 512: no file per block, and a hit is
   // counted in whole blocks), unless --block-tokens says.
   opt.cluster.store.local_tier_only = !opt.cluster.store.enabled && opt.cluster.prefill.prefix_cache_blocks > 0;
-  if (opt.cluster.store.local_tier_only && !flags.given("--block-tokens"))
-    if (const uint32_t page = opt.cluster.executor.page_size_tokens; page > 0)
-      opt.cluster.store.block_tokens = (64 + page - 1) / page * page;
+  if (!flags.given("--block-tokens"))
+    if (const uint32_t page = opt.cluster.executor.page_size_tokens; page > 0) {
+      if (opt.cluster.store.local_tier_only) opt.cluster.store.block_tokens = (64 + page - 1) / page * page;
+      // A model of a short context (the built-in one's is 256 tokens) gets blocks a quarter of
+      // it, so that its prompts fill some; the store's 512 suits models of thousands.
+      const uint32_t quarter = std::max(page, opt.cluster.model.max_position_embeddings / 4 / page * page);
+      opt.cluster.store.block_tokens = std::min(opt.cluster.store.block_tokens, quarter);
+    }
   if (std::string why; !opt.cluster.store.dir.empty() && !ensure_writable_dir(opt.cluster.store.dir, "--store-dir", &why)) {
     std::fprintf(stderr, "baton local: %s\n", why.c_str());
     return 2;
