@@ -702,8 +702,16 @@ int run_launch(const std::vector<std::string>& raw_args) {
 
 int run_deploy(const std::vector<std::string>& raw_args) {
   auto args = raw_args;
+  constexpr const char* usage =
+      "usage: baton deploy k8s|slurm SPEC.json [--out FILE]\n"
+      "  k8s    Kubernetes manifests: a Deployment per node, a PVC per store directory\n"
+      "  slurm  a Slurm batch script that starts every node on its host\n";
+  if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {  // asked for: not an error
+    std::fputs(usage, stdout);
+    return 0;
+  }
   if (args.empty() || (args[0] != "k8s" && args[0] != "slurm")) {
-    std::fprintf(stderr, "usage: baton deploy k8s|slurm SPEC.json [--out FILE]\n");
+    std::fputs(usage, stderr);
     return 2;
   }
   const std::string kind = args[0];

@@ -34,7 +34,7 @@ const char* usage =
     "  sim       run|goodput|compare: replay a request trace through the actors under\n"
     "            virtual time on modelled GPUs (roofline of H200/H100/H800)\n"
     "\n"
-    "`baton <command> --help` lists a command's flags.\n";
+    "`baton <command> --help` lists a command's flags; `baton --version` the version and build.\n";
 
 }  // namespace
 
@@ -62,6 +62,15 @@ int main(int argc, char** argv) {
   if (cmd == "generate") return baton::deploy::run_generate(args);
   if (cmd == "sim") return baton::deploy::run_sim(args);
   if (cmd == "export-model") return baton::deploy::run_export_model(args);
+  if (cmd == "--version" || cmd == "version") {
+#ifdef BATON_HAVE_CUDA
+    constexpr const char* cuda = "with the CUDA executor (sm_90)";
+#else
+    constexpr const char* cuda = "CPU executor only (built without nvcc)";
+#endif
+    std::printf("baton %s, %s\n", BATON_VERSION, cuda);
+    return 0;
+  }
   if (cmd == "--help" || cmd == "-h" || cmd == "help") {
     std::fputs(usage, stdout);
     return 0;
