@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "tests/deploy/gateway_fixture.hpp"
+#include "tests/deploy/metrics_text.hpp"
 
 using namespace baton;
 using namespace baton::test_gateway;
@@ -746,4 +747,16 @@ TEST_CASE("a refused value is quoted in its error bounded and escaped: a megabyt
                                                                     {"priority", "x\n\u00e9"}}.dump()));
   CHECK(ctl.status == 400);
   CHECK(json::parse(ctl.body)["error"]["message"].get<std::string>().find("got 'x\\x0a\\xc3\\xa9'") != std::string::npos);
+}
+
+TEST_CASE("/metrics counts a call the gateway refused for its body as bad_request, as it counts the router's "
+          "refusals: the failures by reason add up to the 400s clients saw") {
+  served_cluster s;
+  const uint16_t port = s.gateway.port;
+  CHECK(round_trip(port, post("/v1/completions", R"({"prompt":"In","temperature":5})")).status == 400);  // the gateway's
+  CHECK(round_trip(port, post("/v1/completions", R"({"max_tokens":2})")).status == 400);                 // the gateway's
+  CHECK(round_trip(port, post("/v1/completions", R"({"prompt":"In the beginning","max_tokens":255})")).status ==
+        400);  // the router's: past the context
+  const auto text = round_trip(port, get("/metrics")).body;
+  CHECK(test::value_of(text, "baton_request_failures_total{reason=\"bad_request\"}") == 3);
 }
