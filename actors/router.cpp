@@ -108,12 +108,12 @@ std::string tokenize_and_validate(generate_request& req, const gpu::model_config
     return "prompt_top_logprobs must be at most " + std::to_string(gpu::max_top_logprobs) + ", got " +
            std::to_string(req.prompt_top_logprobs);
   if (req.prompt_top_logprobs > 0 && !req.prompt_logprobs) return "prompt_top_logprobs needs prompt_logprobs";
-  if (req.stop.size() > 16) return "at most 16 stop strings";
+  if (req.stop.size() > 16) return "stop holds " + std::to_string(req.stop.size()) + " strings; at most 16";
   // Each token's check searches the text's tail as long as the longest stop string: bounded.
   for (size_t i = 0; i < req.stop.size(); ++i)
     if (req.stop[i].size() > 1024)
       return "stop string " + std::to_string(i) + " is " + std::to_string(req.stop[i].size()) + " bytes; at most 1024";
-  if (req.stop_token_ids.size() > 1024) return "at most 1024 stop_token_ids";
+  if (req.stop_token_ids.size() > 1024) return "stop_token_ids holds " + std::to_string(req.stop_token_ids.size()) + " ids; at most 1024";
   if (auto e = check_logit_bias(req, model.vocab_size); !e.empty()) return e;
   if (auto e = check_output_format(req); !e.empty()) return e;
   // A constrained answer ends where its grammar says: holding its end tokens back could leave
@@ -164,7 +164,7 @@ std::string tokenize_and_validate(generate_request& req, const gpu::model_config
   }
   // A tokenizer without BOS can turn text (whitespace under a stripping normalizer) into nothing;
   // a prompt needs one token whose logits give the first output.
-  if (tokens->empty()) return "the prompt encodes to no tokens; send at least one";
+  if (tokens->empty()) return "prompt encodes to no tokens; send at least one";
   const bool given_max = req.max_tokens != 0;
   if (req.max_tokens == 0) {  // not given (OpenAI's chat default): the rest of the context, within the limit
     if (tokens->size() >= ctx)

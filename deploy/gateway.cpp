@@ -180,7 +180,7 @@ std::string param_of(std::string_view message) {
   for (std::string_view field : {"max_tokens", "prompt", "messages", "tools", "top_p", "temperature", "logit_bias", "stop",
                                  "stop_token_ids", "min_p", "min_tokens", "top_logprobs", "prompt_top_logprobs",
                                  "presence_penalty", "frequency_penalty", "repetition_penalty", "priority",
-                                 "traffic_class"})
+                                 "traffic_class", "chat_template_kwargs"})
     if (word == field) return std::string{field};
   return {};
 }

@@ -19,7 +19,8 @@ inline api_error bad(std::string param, std::string message) {
 /// A value for an error message: a scalar as JSON (cut short), an array or object by its type
 /// only (printing one nested 100,000 deep would recurse that deep).
 inline std::string describe(const nlohmann::json& v) {
-  if (v.is_structured()) return v.is_array() ? "an array" : "an object";
+  if (v.is_array()) return "an array of " + std::to_string(v.size());
+  if (v.is_object()) return "an object";
   return v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).substr(0, 40);
 }
 

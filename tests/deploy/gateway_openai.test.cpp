@@ -760,3 +760,18 @@ TEST_CASE("/metrics counts a call the gateway refused for its body as bad_reques
   const auto text = round_trip(port, get("/metrics")).body;
   CHECK(test::value_of(text, "baton_request_failures_total{reason=\"bad_request\"}") == 3);
 }
+
+TEST_CASE("the router's refusals of a list too long name the field in param: stop, stop_token_ids") {
+  served_cluster s;
+  json many_stops = json::array(), many_ids = json::array();
+  for (int i = 0; i < 17; ++i) many_stops.push_back("s" + std::to_string(i));
+  for (int i = 0; i < 1025; ++i) many_ids.push_back(1);
+  auto stops = round_trip(s.gateway.port, post("/v1/completions", json{{"prompt", "In"}, {"stop", many_stops}}.dump()));
+  CHECK(stops.status == 400);
+  CHECK(json::parse(stops.body)["error"]["param"] == "stop");
+  CHECK(json::parse(stops.body)["error"]["message"].get<std::string>().find("stop holds 17 strings; at most 16") !=
+        std::string::npos);
+  auto ids = round_trip(s.gateway.port, post("/v1/completions", json{{"prompt", "In"}, {"stop_token_ids", many_ids}}.dump()));
+  CHECK(ids.status == 400);
+  CHECK(json::parse(ids.body)["error"]["param"] == "stop_token_ids");
+}

@@ -186,7 +186,7 @@ TEST_CASE("OpenAI request bodies map onto generate_request, and refusals name th
   // crashed the process.
   const std::string deep = R"({"prompt":"a","max_tokens":)" + std::string(100000, '[') + std::string(100000, ']') + "}";
   CHECK(refused(deep).message.find("deeper than 64 levels") != std::string::npos);
-  CHECK(refused(R"({"prompt":"a","max_tokens":[[1]]})").message == "max_tokens must be a number, got an array");
+  CHECK(refused(R"({"prompt":"a","max_tokens":[[1]]})").message == "max_tokens must be a number, got an array of 1");
   CHECK(refused(R"({"prompt":"a","stream_options":{"include_usage":true}})").param == "stream_options");
   // Seeds: any 64-bit integer, exactly (a double would round the second).
   REQUIRE(deploy::openai::parse_body(R"({"prompt":"a","seed":-1})", false, "m", &c, &e));

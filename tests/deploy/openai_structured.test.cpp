@@ -259,7 +259,7 @@ TEST_CASE("vLLM's structured outputs: guided_json, guided_regex, guided_choice a
         "structured_outputs: give structured_outputs or the guided_* fields, not both");
   CHECK(parse(R"("guided_regex":"a","response_format":{"type":"json_object"})", &c) ==
         "guided_regex: guided_regex cannot be combined with response_format or a forced tool_choice");
-  CHECK(parse(R"("guided_choice":[])", &c) == "guided_choice: guided_choice must be an array of 1 to 1024 strings, got an array");
+  CHECK(parse(R"("guided_choice":[])", &c) == "guided_choice: guided_choice must be an array of 1 to 1024 strings, got an array of 0");
   CHECK(parse(R"("guided_choice":["a",1])", &c).find("must be an array of 1 to 1024 strings") != std::string::npos);
   CHECK(parse(R"("guided_regex":7)", &c) == "guided_regex: guided_regex must be a non-empty regular expression, got 7");
   CHECK(parse(R"("guided_json":7)", &c) ==
@@ -290,7 +290,7 @@ TEST_CASE("vLLM's structured outputs: guided_json, guided_regex, guided_choice a
         "regex: regex cannot be combined with response_format, a forced tool_choice, guided_* or structured_outputs");
   CHECK(parse(R"("ebnf":7)", &c) == "ebnf: ebnf must be a non-empty grammar (GBNF), got 7");
   CHECK(parse(R"("json_schema":[1])", &c) ==
-        "json_schema: json_schema must be a non-empty JSON schema (its text, or an object), got an array");
+        "json_schema: json_schema must be a non-empty JSON schema (its text, or an object), got an array of 1");
   CHECK(parse(R"("structured_outputs":{"disable_any_whitespace":"yes"})", &c) ==
         "structured_outputs: structured_outputs.disable_any_whitespace must be true or false, got \"yes\"");
   std::string many = R"("guided_choice":[)";
