@@ -42,6 +42,7 @@ std::string gateway_config::validate() const {
     if (auto e = http::origin_problem(o); !e.empty()) return "gateway: --cors-origin " + e;
   if (idle_timeout_ms == 0) return "gateway: idle_timeout_ms must be >= 1";
   if (max_stream_backlog_bytes < 4096) return "gateway: max_stream_backlog_bytes must be >= 4096";
+  if (max_total_backlog_bytes < (uint64_t{1} << 20)) return "gateway: max_total_backlog_bytes must be >= 1 MiB";
   // Printable ASCII: the name goes into every answer's JSON, which must not meet invalid UTF-8.
   for (unsigned char c : served_model_name)
     if (c < 0x20 || c > 0x7e)
@@ -85,6 +86,7 @@ struct gateway_shared {
   std::string router_away;
   std::atomic<uint32_t> calls_in_flight{0};  ///< connections with a call between generate and end_call
   caf::actor_addr server;  ///< the listening broker (weak: it holds this struct), which keeps connections' timers
+  std::atomic<uint64_t> out_pending{0};  ///< every connection's answers queued unsent, together (max_total_backlog_bytes)
 };
 using shared_ptr = std::shared_ptr<gateway_shared>;
 
@@ -140,6 +142,7 @@ struct connection_state {
   std::string client_request_id;
   std::string request_line;  ///< "METHOD /path" of the current request, for the log of a refusal
   bool probes_only = false;  ///< one of the connections past max_connections: /health and /metrics only
+  std::atomic<uint64_t>* total_out = nullptr;  ///< gateway_shared::out_pending, which out_pending counts into
 };
 using state_ptr = std::shared_ptr<connection_state>;
 
@@ -200,6 +203,7 @@ void write(caf::io::broker* self, caf::io::connection_handle hdl, const state_pt
   if (data.empty()) return;
   if (st->out_pending == 0) st->out_progress = std::chrono::steady_clock::now();
   st->out_pending += data.size();  // until the next data_transferred_msg says how much is left
+  if (st->total_out) *st->total_out += data.size();
   self->write(hdl, data.size(), data.data());
   self->flush(hdl);
 }
@@ -692,12 +696,14 @@ bool server_down(caf::io::broker*, const caf::actor& server) {
 
 caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, shared_ptr g, caf::actor server) {
   auto st = std::make_shared<connection_state>();
+  st->total_out = &g->out_pending;  // g outlives the connection (its functors hold it)
   self->configure_read(hdl, caf::io::receive_policy::at_most(64 * 1024));
   self->ack_writes(hdl, true);  // data_transferred_msg: how much output is still queued
   // A monitor lives on the watched actor until it ends: the server's, one per connection ever
   // made, kept each connection's memory (a red-team trial: 1.5 KB a connection, never freed).
   self->attach_functor([self, g, st, server] {
     --g->num_connections;
+    g->out_pending -= st->out_pending;  // what it left unsent goes with it
     if (st->in_call) --g->calls_in_flight;  // a connection gone without end_call: not in flight
     self->demonitor(server);
   });
@@ -767,7 +773,8 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
       [=](const caf::io::data_transferred_msg& msg) {
         if (msg.written > 0) st->out_progress = std::chrono::steady_clock::now();
         const bool was_full = st->out_pending >= out_limit_bytes;
-        st->out_pending = msg.remaining;
+        *st->total_out -= st->out_pending - std::min<uint64_t>(st->out_pending, msg.remaining);
+        st->out_pending = std::min<uint64_t>(st->out_pending, msg.remaining);
         if (st->lingering) return half_close_when_sent(hdl, st);
         if (!was_full || st->out_pending >= out_limit_bytes || st->closed) return;
         if (!st->reading && !st->busy) {
@@ -801,13 +808,17 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
         if (!st->in_call || seq != st->call_seq) return;
         stream_head(self, hdl, g, st);
         event(self, hdl, st, event_json);
-        if (st->out_pending > g->cfg.max_stream_backlog_bytes) {
+        const bool all_full = g->out_pending > g->cfg.max_total_backlog_bytes && st->out_pending > out_limit_bytes;
+        if (st->out_pending > g->cfg.max_stream_backlog_bytes || all_full) {
           // The client reads, but far slower than the stream is made (the idle limit counts only
-          // a client that reads nothing): its events would pile up in memory without bound. The
-          // generation and the connection go.
+          // a client that reads nothing): its events would pile up in memory without bound -- its
+          // own, or with others' past the gateway's bound. The generation and the connection go.
           client_cut(self, g, st,
-                     "the client read the stream too slowly: more than " +
-                         std::to_string(g->cfg.max_stream_backlog_bytes) + " bytes waited unread");
+                     "the client read the stream too slowly: " +
+                         (all_full ? std::to_string(st->out_pending) + " bytes waited unread, and the gateway's " +
+                                         std::to_string(g->cfg.max_total_backlog_bytes) + " for all clients were held"
+                                   : "more than " + std::to_string(g->cfg.max_stream_backlog_bytes) +
+                                         " bytes waited unread"));
           end_call(self, g, st);
           abort_connection(self, hdl);
         }

@@ -38,6 +38,9 @@ struct gateway_config {
   /// limit never comes), and its call and connection are dropped (499) instead of its events
   /// piling up in memory.
   uint64_t max_stream_backlog_bytes = uint64_t{32} << 20;
+  /// The same over every connection together: past it, a stream whose client has more than 1 MiB
+  /// waiting unread is dropped (499). Without it, 1,024 slow readers could hold 32 GiB.
+  uint64_t max_total_backlog_bytes = uint64_t{512} << 20;
   /// A request actor already ended when the gateway first looked (CAF reports exit_reason
   /// unknown) may still have its answer on the wire behind that report: the call waits this long
   /// for it before failing with 503.

@@ -68,6 +68,9 @@ int run_gateway(const std::vector<std::string>& args) {
   flags.add("--max-body-bytes", &gc.limits.max_body_bytes, "request bodies larger than this are answered 413");
   flags.add("--max-stream-backlog-bytes", &gc.max_stream_backlog_bytes,
             "a streaming client that lets more than this wait unread is dropped (499; its generation stops)");
+  flags.add("--max-total-backlog-bytes", &gc.max_total_backlog_bytes,
+            "answers waiting unread for all clients together; past it, a stream with more than 1 MiB unread is dropped "
+            "(499)");
   flags.add("--served-model-name", &gc.served_model_name, "the model's id in the API (default: the model's own name)");
   flags.add("--cors-origin", &gc.cors_origins,
             "a browser origin (https://host[:port], or * for any) whose pages may call the API (repeatable; default none)");

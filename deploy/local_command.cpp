@@ -385,6 +385,9 @@ int run_local(const std::vector<std::string>& args) {
             "--http-listen: request bodies larger than this are answered 413");
   flags.add("--max-stream-backlog-bytes", &opt.gateway.max_stream_backlog_bytes,
             "--http-listen: a streaming client that lets more than this wait unread is dropped (499)");
+  flags.add("--max-total-backlog-bytes", &opt.gateway.max_total_backlog_bytes,
+            "--http-listen: answers waiting unread for all clients together; past it, a stream with more than 1 MiB "
+            "unread is dropped (499)");
   flags.add("--max-tokens-limit", &opt.cluster.router.max_new_tokens_limit,
             "the most tokens one request may ask to generate; 0 = the model's context");
   flags.add("--default-max-tokens", &opt.cluster.router.default_max_tokens,

@@ -687,10 +687,11 @@ TEST_CASE("an answer that closes its connection (HTTP/1.0) is sent whole to a cl
   CHECK_MESSAGE(json::parse(all.substr(head_end + 4))["choices"].size() == 64, all.substr(0, 400));
 }
 
-TEST_CASE("a stream whose client reads far slower than it is made ends (499) once its unsent events pass the "
-          "limit, though the client reads (the idle limit never comes)") {
-  deploy::gateway_config gc;
-  gc.max_stream_backlog_bytes = 1 << 20;
+namespace {
+
+/// A client that reads a 12 MB stream at tens of kB a second, under `gc`: its call ends (499)
+/// within 30 s, and a client that reads at once gets the whole stream under the same limits.
+void slow_reader_is_cut(deploy::gateway_config gc) {
   gc.idle_timeout_ms = 600000;  // the idle limit (which also says 499) cannot be what ends it
   served_cluster s{gc};
   // 64 choices of 240 tokens with 20 alternatives each: 12 MB of events, made in seconds.
@@ -718,6 +719,22 @@ TEST_CASE("a stream whose client reads far slower than it is made ends (499) onc
   ::close(fd);
   CHECK(ended);
   CHECK(s.settles());
+}
+
+}  // namespace
+
+TEST_CASE("a stream whose client reads far slower than it is made ends (499) once its unsent events pass the "
+          "limit, though the client reads (the idle limit never comes)") {
+  deploy::gateway_config gc;
+  gc.max_stream_backlog_bytes = 1 << 20;
+  slow_reader_is_cut(gc);
+}
+
+TEST_CASE("slow readers are bounded together too: past the gateway's max_total_backlog_bytes, a stream with more "
+          "than 1 MiB unread ends (499) though it is under its own limit") {
+  deploy::gateway_config gc;  // its own limit, 32 MiB, is more than the whole stream
+  gc.max_total_backlog_bytes = 4 << 20;
+  slow_reader_is_cut(gc);
 }
 
 TEST_CASE("a request that expects 100-continue with a wrong key is answered 401 at once, and no body is invited") {
