@@ -77,6 +77,7 @@ struct local_options {
   gateway_config gateway;          ///< its settings (host, port and keys come from the flags above)
   std::vector<std::string> api_keys;
   uint32_t drain_timeout_ms = 60000;  ///< on SIGTERM: how long requests in flight may take to end (a node's too)
+  uint32_t event_log_events = 4096;  ///< each rank's diagnostic event ring (event_log_help)
   net_security sec;                ///< cluster id and TLS of the published router and directory
 };
 
@@ -313,6 +314,7 @@ int run_local(const std::vector<std::string>& args) {
   flags.add("--store-capacity-gib", &opt.cluster.store.capacity_gib,
             "disk budget of --store-dir in GiB, split evenly over its block servers: each deletes its least recently "
             "used blocks to make room (0 = unbounded; store nodes take their own)");
+  flags.add("--event-log-events", &opt.event_log_events, event_log_help);
   flags.add("--prefix-cache-blocks", &opt.cluster.prefill.prefix_cache_blocks,
             "prefill ranks: full prompt blocks kept in the rank's KV pages for later prompts, with or without a block "
             "store (0 = none: only the store's)");
@@ -418,6 +420,7 @@ int run_local(const std::vector<std::string>& args) {
       return 2;
     }
   }
+  opt.cluster.prefill.event_log_events = opt.cluster.decode.event_log_events = opt.event_log_events;
   opt.cluster.store.enabled = !opt.cluster.store.dir.empty() || !opt.store_nodes.empty();
   if (opt.cluster.store.dir.empty()) opt.cluster.store.num_servers = 0;  // only store nodes' servers
   // Without a store, prompts are still cut into keyed blocks, so that each prefill rank's own

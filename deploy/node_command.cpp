@@ -253,6 +253,7 @@ int run_rank_node(node_options o) {
   // Constrained decoding walks the model's vocabulary on the ranks that pick tokens (a built-in
   // model has no tokenizer here: the ranks use its byte vocabulary).
   if (loaded.router.tokenizer) o.rank.vocabulary = o.prefill.vocabulary = loaded.router.tokenizer->vocabulary();
+  o.rank.event_log_events = o.prefill.event_log_events = o.event_log_events;
   if (why = o.validate_for(model); !why.empty()) {
     std::fprintf(stderr, "baton node: %s\n", why.c_str());
     return 2;

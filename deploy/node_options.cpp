@@ -55,6 +55,7 @@ void add_node_flags(flag_set& flags, node_options* o, bool* cuda_fp32) {
   flags.add("--prefix-cache-blocks", &o->prefill.prefix_cache_blocks,
             "prefill: full prompt blocks kept in the rank's KV pages for later prompts (0 = only the block store)");
   flags.add("--ranks", &o->num_ranks, "ranks in this process (one per GPU; CPU executors here)");
+  flags.add("--event-log-events", &o->event_log_events, event_log_help);
   flags.add("--chunk-tokens", &o->prefill.chunk_tokens, "prefill: largest chunk, in tokens");
   flags.add("--step-budget-us", &o->prefill.step_budget_us, "prefill: size each chunk to this predicted time (0 = fixed)");
   flags.add("--kv-pages", &o->exec.num_kv_pages, "KV pages per rank");

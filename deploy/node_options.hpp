@@ -17,6 +17,11 @@
 
 namespace baton::deploy {
 
+/// --event-log-events (baton local, baton node): why a server keeps fewer than a test.
+inline constexpr const char* event_log_help =
+    "recent events each rank keeps for diagnostics (a decode step's names every request in its batch: 65,536 "
+    "held tens of MB per rank)";
+
 /// The built-in model: the trained one shipped in the repository (models/baton-kjv-tiny) where it
 /// is there, else `random`. `baton local`'s default, and so a node's: a node started without
 /// --model joins a head started without one.
@@ -33,6 +38,9 @@ struct node_options {
   uint32_t prefill_at_start = 0;  ///< elastic: ranks that start as prefill
   decode_rank_config rank;
   prefill_rank_config prefill;  ///< chunked as the head's own prefill ranks are
+  /// Each rank's diagnostic event ring (event_log_help): smaller than the configs' default, which
+  /// keeps a test's whole history.
+  uint32_t event_log_events = 4096;
   gpu::cpu_executor_config exec;
   gpu::backend_config backend;
   std::string model_dir = builtin_model_dir();  ///< the head's default too (baton local)
