@@ -103,7 +103,7 @@ caf::error make_error(errc code, std::string context);
 /// "request 7, rank decode-0, stage kv_recv: ..." -- the one format for error contexts.
 std::string where(uint64_t request_id, const std::string& rank, const std::string& stage);
 /// A client's value as an error quotes it: at most `max_bytes` (then "..."), bytes other than
-/// printable ASCII as \xNN (a cut never splits a character, and nothing reads as another). An error travels to the client and into logs: a value quoted whole let one request put
+/// printable ASCII, and backslashes, as \xNN (a cut never splits a character, and nothing reads as another). An error travels to the client and into logs: a value quoted whole let one request put
 /// a megabyte, or a forged log line, into both.
 std::string quoted_input(std::string_view value, size_t max_bytes = 64);
 

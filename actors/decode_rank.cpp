@@ -600,7 +600,9 @@ void on_step_done(decode_pointer self, gpu::forward_output& out) {
       free_lease(self, lease_id);
       continue;
     }
-    if (l.grammar)
+    // (Not for the answer's last token: nothing more is walked, and the answer is whole.)
+    const bool last = (tok == eos && !l.order.ignore_eos) || s->num_generated + 1 >= l.order.max_new_tokens;
+    if (l.grammar && !last)
       if (auto why = gpu::too_ambiguous(*l.grammar); !why.empty()) {
         // Not retried elsewhere (bad_request): the same answer would cost another rank as much.
         l.promise.deliver(make_error(errc::bad_request, where(l.request_id, st.cfg.name, "decode") + ": " + why));

@@ -72,10 +72,11 @@ std::string local_cluster_config::validate() const {
            ": prefill ranks keep their prefix tiers in whole pages";
   // A block longer than the context is never filled: the store would hold nothing, silently (a
   // soak trial's store stayed empty under the default 512 with a 256-token model).
-  if ((store.enabled || store.local_tier_only) && store.block_tokens > model.max_position_embeddings)
-    return "store block_tokens (--block-tokens) is " + std::to_string(store.block_tokens) +
-           ", longer than the model's context of " + std::to_string(model.max_position_embeddings) +
-           " tokens: no prompt would fill a block, and nothing would be cached";
+  // (A hit needs the block and a token after it to compute, within the context.)
+  if ((store.enabled || store.local_tier_only) && store.block_tokens + 2 > model.max_position_embeddings)
+    return "store block_tokens (--block-tokens) is " + std::to_string(store.block_tokens) + ", too long for the model's context of " +
+           std::to_string(model.max_position_embeddings) +
+           " tokens: no prompt would fill a block and leave a token to compute, and nothing would be cached";
   if (store.enabled && store.staging_bytes && store.staging_bytes < store_block_bytes(*this))
     return "store staging_bytes (" + std::to_string(store.staging_bytes) + ") is smaller than one block of this model (" +
            std::to_string(store_block_bytes(*this)) + " bytes: " + std::to_string(store.block_tokens) +

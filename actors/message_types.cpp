@@ -49,7 +49,7 @@ std::string quoted_input(std::string_view value, size_t max_bytes) {
   std::string out;
   for (size_t i = 0; i < value.size() && i < max_bytes; ++i) {
     const auto c = static_cast<unsigned char>(value[i]);
-    if (c < 0x20 || c >= 0x7f) {
+    if (c < 0x20 || c >= 0x7f || c == '\\') {  // a backslash too: "\\x0a" sent is not a newline
       static constexpr char hex[] = "0123456789abcdef";
       out += "\\x";
       out += hex[c >> 4];

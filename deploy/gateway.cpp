@@ -62,8 +62,10 @@ using wake_due_atom = caf::atom_constant<caf::atom("wakedue")>;
 /// still sends, so that the client reads the answer instead of a reset.
 constexpr std::chrono::milliseconds linger_time{2000};
 
-/// Connections taken past max_connections for /health and /metrics alone.
+/// Connections taken past max_connections for /health and /metrics alone, and how long one may
+/// idle.
 constexpr uint32_t probe_connections = 16;
+constexpr std::chrono::milliseconds probe_idle{2000};
 
 /// What every connection of one gateway shares.
 struct gateway_shared {
@@ -94,10 +96,14 @@ using shared_ptr = std::shared_ptr<gateway_shared>;
 /// with a delayed message to itself still pending is never freed (CAF 0.17.6, measured: every
 /// connection's idle timer kept its 1.5 KB for good, a soak trial's steady growth); the server
 /// lives as long as the gateway and holds only the connection's address, so one that has ended
-/// is simply not woken.
+/// is simply not woken. Once the server has stopped (the process is ending) the connection times
+/// itself: its lingering close and idle limit must still end it, and nothing is kept for long.
 void wake_later(caf::io::broker* self, const shared_ptr& g, std::chrono::milliseconds delay, caf::atom_value what) {
-  if (auto server = caf::actor_cast<caf::actor>(g->server))
+  auto server = caf::actor_cast<caf::actor>(g->server);
+  if (server && !server->getf(caf::abstract_actor::is_terminated_flag))
     caf::anon_send(server, wake_atom::value, static_cast<uint32_t>(delay.count()), self->address(), what);
+  else
+    self->delayed_send(self, delay, what);
 }
 
 /// One connection's progress. Requests on a connection are answered one at a time, in order
@@ -578,8 +584,8 @@ void dispatch(caf::io::broker* self, caf::io::connection_handle hdl, const share
   // RFC 9112 §3.2: a server must refuse an HTTP/1.1 request without one (every client sends it).
   if (req.version == "HTTP/1.1" && !req.header("host"))
     return reply_error(self, hdl, g, st, {400, "an HTTP/1.1 request needs a Host header", "invalid_request_error", {}});
+  if (st->probes_only) st->keep_alive = false;  // one answer each
   if (st->probes_only && !(found && (found->serve == serve_health || found->serve == serve_metrics))) {
-    st->keep_alive = false;
     return reply_error(self, hdl, g, st,
                        api_error_of(503, "too many connections; retry later (this one may ask /health and /metrics only)"));
   }
@@ -607,7 +613,7 @@ void dispatch(caf::io::broker* self, caf::io::connection_handle hdl, const share
   }
   if (req.method != found->method && !(req.method == "HEAD" && std::string_view{found->method} == "GET"))
     return reply_error(self, hdl, g, st,
-                       {405, req.path + " takes " + found->method + ", not " + quoted_input(req.method, 16), "invalid_request_error", {}},
+                       {405, quoted_input(req.path, 128) + " takes " + found->method + ", not " + quoted_input(req.method, 16), "invalid_request_error", {}},
                        {{"Allow", allow}});
   if (!authorized(g, req)) return reply_unauthorized(self, hdl, g, st);
   // A compressed body would read as invalid JSON: say what is wrong with it instead.
@@ -645,7 +651,7 @@ void pump(caf::io::broker* self, caf::io::connection_handle hdl, const shared_pt
     if (r.status == http::parse_status::incomplete) {
       // Headers in, body not: a client that asked to be told before it sends the body is told,
       // unless its key is wrong: then the 401 is the answer, and no body is invited.
-      if (r.expects_continue && !st->sent_continue) {
+      if (r.expects_continue && !st->sent_continue && !st->probes_only) {  // a probe has no body to invite
         if (!authorized(g, req)) {
           st->busy = true;
           st->keep_alive = false;  // the body may still come: the close reads and drops it
@@ -728,7 +734,10 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
       return fail_call(self, hdl, g, st, 503,
                        "this gateway stopped before the answer was done (its drain ran out, or a second signal "
                        "stopped it at once): retry");
-    if (st->busy || st->lingering) return;  // an answer on its way: closed after it (linger_atom)
+    // An answer on its way: closed after it (linger_atom). A lingering close's timer went with
+    // the server: armed again here, on the connection's own clock.
+    if (st->lingering) wake_later(self, g, linger_time, linger_atom::value);
+    if (st->busy || st->lingering) return;
     st->closed = true;
     // Answers a client never read would hold CAF's close (and the process's end) for ever.
     if (st->out_pending > 0) return abort_connection(self, hdl);
@@ -739,16 +748,18 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
   // between requests is closed, and so is one whose request has not all arrived that long after
   // it began (however slowly it trickles: slowloris), or whose answers the client has not read
   // for that long.
-  const auto idle = std::chrono::milliseconds{g->cfg.idle_timeout_ms};
+  // Past max_connections a few more are taken for load balancers' probes and scrapes alone: when
+  // clients (or idle sockets) hold every slot, /health still answers, and the replica is not
+  // taken out of service for being busy (a red-team trial). Each answers one request, and may
+  // idle 2 s at most: idle sockets cannot hold these slots too.
+  const uint32_t n = ++g->num_connections;
+  st->probes_only = n > g->cfg.max_connections && n <= g->cfg.max_connections + probe_connections;
+  const auto idle = st->probes_only ? std::min(std::chrono::milliseconds{g->cfg.idle_timeout_ms}, probe_idle)
+                                    : std::chrono::milliseconds{g->cfg.idle_timeout_ms};
   const auto first_token = std::chrono::milliseconds{g->cfg.first_token_timeout_ms};
   const auto tick = std::max(std::chrono::milliseconds{10}, std::min(idle, first_token) / 4);
   wake_later(self, g, tick, timer_atom::value);
-  // Past max_connections a few more are taken for load balancers' probes and scrapes alone: when
-  // clients (or idle sockets) hold every slot, /health still answers, and the replica is not
-  // taken out of service for being busy (a red-team trial).
-  if (const uint32_t n = ++g->num_connections; n > g->cfg.max_connections && n <= g->cfg.max_connections + probe_connections)
-    st->probes_only = true;
-  else if (n > g->cfg.max_connections) {
+  if (n > g->cfg.max_connections + probe_connections) {
     st->keep_alive = false;
     st->busy = true;
     st->route = "refused";

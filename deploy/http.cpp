@@ -209,9 +209,10 @@ static parse_result parse_request_at(std::string_view buf, const limits& lim, re
         keep |= option == "keep-alive";
         rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
       }
-  // An expectation other than 100-continue cannot be met (RFC 9110 §10.1.1).
-  if (const auto* expect = out->header("expect"); expect && lower(*expect) != "100-continue")
-    return fail(417, "Expect: " + expect->substr(0, 32) + " is not supported (only 100-continue)");
+  // An expectation other than 100-continue cannot be met (RFC 9110 §10.1.1), in any Expect header.
+  for (const auto& [k, v] : out->headers)
+    if (k == "expect" && lower(v) != "100-continue")
+      return fail(417, "Expect: " + v.substr(0, 32) + " is not supported (only 100-continue)");
   if (close) out->keep_alive = false;
   else if (keep) out->keep_alive = true;
   // Every Transfer-Encoding header, not the first: "identity" then "chunked" framed by its

@@ -435,6 +435,9 @@ int run_local(const std::vector<std::string>& args) {
       // it, so that its prompts fill some; the store's 512 suits models of thousands.
       const uint32_t quarter = std::max(page, opt.cluster.model.max_position_embeddings / 4 / page * page);
       opt.cluster.store.block_tokens = std::min(opt.cluster.store.block_tokens, quarter);
+      // A context too short for a page and a token: no prefix tier to key for (a store is refused).
+      if (opt.cluster.store.block_tokens + 2 > opt.cluster.model.max_position_embeddings)
+        opt.cluster.store.local_tier_only = false;
     }
   if (std::string why; !opt.cluster.store.dir.empty() && !ensure_writable_dir(opt.cluster.store.dir, "--store-dir", &why)) {
     std::fprintf(stderr, "baton local: %s\n", why.c_str());

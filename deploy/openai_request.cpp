@@ -12,6 +12,7 @@
 #include <charconv>
 #include <cmath>
 #include <limits>
+#include <span>
 
 #include <nlohmann/json.hpp>
 
@@ -167,6 +168,53 @@ bool parse_prompt(const json& j, call* c, api_error* err) {
   return true;
 }
 
+/// The body's members whose key order matters: a template prints a message's or a tool call's
+/// objects in it, and a schema's properties come in it.
+constexpr std::string_view ordered_members[] = {"messages", "tools", "response_format", "structured_outputs",
+                                                 "guided_json", "json_schema"};
+constexpr size_t max_ordered_object_keys = 1024;
+
+/// JSON text parsed in its key order, no object of it holding more than max_ordered_object_keys
+/// keys: an ordered object finds each new key by a linear search, so one of n keys costs n^2 / 2
+/// comparisons, and an 80,000-key object held the scheduler's threads for seconds, stalling every
+/// other call (a red-team trial). With `members`, only those members of the top object are kept
+/// (the rest are read past, never built). `too_wide`: some object held more (the value is then
+/// not to be used), in the top member `member` (empty: the top object itself).
+struct ordered_parse {
+  ordered_json value;
+  bool too_wide = false;
+  std::string member;
+};
+ordered_parse parse_ordered(std::string_view text, std::span<const std::string_view> members = {}) {
+  ordered_parse out;
+  std::vector<size_t> keys;  // per open object, kept or not
+  bool kept = true;          // the top member being read is kept
+  out.value = ordered_json::parse(
+      text,
+      [&](int depth, ordered_json::parse_event_t event, ordered_json& parsed) {
+        using ev = ordered_json::parse_event_t;
+        if (event == ev::object_start) keys.push_back(0);
+        if (event == ev::object_end && !keys.empty()) keys.pop_back();
+        if (event != ev::key) return true;
+        if (depth == 1) {
+          const auto& key = parsed.get_ref<const std::string&>();
+          kept = members.empty() || std::find(members.begin(), members.end(), key) != members.end();
+          if (!kept) return false;
+          if (!out.too_wide) out.member = key;
+        }
+        // Counted in what is kept alone (what is not is never built); a duplicate member is kept
+        // as built first, so it is counted too.
+        if (kept && !keys.empty() && ++keys.back() > max_ordered_object_keys) {
+          out.too_wide = true;
+          return false;
+        }
+        return true;
+      },
+      false);
+  if (!out.too_wide) out.member.clear();
+  return out;
+}
+
 /// An assistant turn's tool_calls for the template: OpenAI's shape, each call's arguments (JSON
 /// text on the wire) read into an object, as transformers' templates expect them.
 bool turn_tool_calls(const ordered_json& calls, const std::string& param, ordered_json* out, api_error* err) {
@@ -185,7 +233,17 @@ bool turn_tool_calls(const ordered_json& calls, const std::string& param, ordere
     }
     ordered_json args = ordered_json::object();
     if (auto a = c["function"].find("arguments"); a != c["function"].end() && !a->is_null()) {
-      args = a->is_string() ? ordered_json::parse(a->get<std::string>(), nullptr, false) : *a;
+      if (a->is_string()) {
+        auto parsed = parse_ordered(a->get_ref<const std::string&>());
+        if (parsed.too_wide) {
+          *err = bad(at, at + ".function.arguments holds an object of more than " +
+                             std::to_string(max_ordered_object_keys) + " keys");
+          return false;
+        }
+        args = std::move(parsed.value);
+      } else {
+        args = *a;
+      }
       // Text that is not JSON -- a call cut by max_tokens, which this gateway answers itself,
       // and an agent sends back -- reaches the template as the string it is, as OpenAI takes it.
       if (args.is_discarded()) args = *a;
@@ -539,44 +597,6 @@ bool parse_body(std::string_view body, bool chat, const std::string& served_mode
 
 namespace {
 
-/// The body's members whose key order matters: a template prints a message's or a tool call's
-/// objects in it, and a schema's properties come in it.
-constexpr std::string_view ordered_members[] = {"messages", "tools", "response_format", "structured_outputs",
-                                                 "guided_json", "json_schema"};
-constexpr size_t max_ordered_object_keys = 1024;
-
-/// The most keys of any one object in `v`.
-size_t widest_object(const json& v) {
-  size_t widest = v.is_object() ? v.size() : 0;
-  if (v.is_structured())
-    for (const auto& x : v) widest = std::max(widest, widest_object(x));
-  return widest;
-}
-
-/// The members of ordered_members, in their key order; an empty object when one of them holds an
-/// object of more than max_ordered_object_keys keys (`err` says which). Only those: an ordered
-/// object finds each new key by a linear search, so one of n keys costs n^2 / 2 comparisons, and
-/// an 80,000-key object anywhere in a 1 MiB body (an ignored field, a logit_bias refused later)
-/// held the scheduler's threads for seconds, stalling every other call.
-bool ordered_parts(std::string_view body, const json& j, ordered_json* out, api_error* err) {
-  for (const auto member : ordered_members)
-    if (auto m = j.find(member); m != j.end())
-      if (const size_t keys = widest_object(*m); keys > max_ordered_object_keys) {
-        *err = bad(std::string{member}, std::string{member} + " holds an object of " + std::to_string(keys) +
-                                            " keys; at most " + std::to_string(max_ordered_object_keys));
-        return false;
-      }
-  *out = ordered_json::parse(
-      body,
-      [](int depth, ordered_json::parse_event_t event, ordered_json& parsed) {
-        if (depth != 1 || event != ordered_json::parse_event_t::key) return true;
-        const auto& key = parsed.get_ref<const std::string&>();
-        return std::find(std::begin(ordered_members), std::end(ordered_members), key) != std::end(ordered_members);
-      },
-      false);
-  return true;
-}
-
 bool parse_checked_body(std::string_view body, bool chat, const std::string& served_model, call* out, api_error* err) {
   *out = call{};
   out->chat = chat;
@@ -613,8 +633,13 @@ bool parse_checked_body(std::string_view body, bool chat, const std::string& ser
   if (!refuse_unsupported(j, err)) return false;
   auto& r = out->req;
   // The parts of the body whose key order matters, again in that order.
-  ordered_json ordered;
-  if (!ordered_parts(body, j, &ordered, err)) return false;
+  auto parts = parse_ordered(body, ordered_members);
+  if (parts.too_wide) {
+    *err = bad(parts.member, parts.member + " holds an object of more than " + std::to_string(max_ordered_object_keys) +
+                                 " keys");
+    return false;
+  }
+  const ordered_json& ordered = parts.value;
   if (chat) {
     if (!parse_messages(j, ordered, &r, &out->num_history_tool_calls, err) || !parse_tools(j, ordered, out, err))
       return false;

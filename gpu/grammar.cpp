@@ -685,10 +685,35 @@ grammar::ambiguity grammar::probe_ambiguity(uint32_t steps, size_t limit) const 
   tops.erase(std::unique(tops.begin(), tops.end()), tops.end());
   ambiguity out{tops.size(), {}};
   std::vector<uint32_t> next, best;
-  for (uint32_t step = 0; step < steps && out.parses <= limit; ++step) {
+  // Bytes every top takes or refuses alike lead to the same parses: one of each such class is
+  // tried (a handful, where 256 made (.?){64} cost a second to compile).
+  std::vector<uint32_t> set_ids;
+  std::vector<int> candidates;
+  size_t work = 0;  // parses advanced: bounded, whatever the grammar
+  for (uint32_t step = 0; step < steps && out.parses <= limit && work < 4'000'000; ++step) {
+    set_ids.clear();
+    for (uint32_t id : tops)
+      if (id != 0) set_ids.push_back(elements()[a.nodes[id].pos].value);
+    std::sort(set_ids.begin(), set_ids.end());
+    set_ids.erase(std::unique(set_ids.begin(), set_ids.end()), set_ids.end());
+    candidates.clear();
+    if (set_ids.size() <= 64) {
+      std::vector<uint64_t> seen;
+      for (int b = 0; b < 256; ++b) {
+        uint64_t signature = 0;
+        for (size_t k = 0; k < set_ids.size(); ++k)
+          if (has(sets()[set_ids[k]], static_cast<uint8_t>(b))) signature |= uint64_t{1} << k;
+        if (signature == 0 || std::find(seen.begin(), seen.end(), signature) != seen.end()) continue;
+        seen.push_back(signature);
+        candidates.push_back(b);
+      }
+    } else {
+      for (int b = 0; b < 256; ++b) candidates.push_back(b);
+    }
+    work += tops.size() * candidates.size();
     int best_byte = -1;
     bool best_moves = false;
-    for (int b = 0; b < 256; ++b) {
+    for (int b : candidates) {
       advance(*this, a, tops, static_cast<uint8_t>(b), next);
       if (next.empty() || (next.size() == 1 && next[0] == 0)) continue;  // nothing, or only the end
       const bool moves = next != tops;

@@ -644,6 +644,17 @@ TEST_CASE("without a store, prompts are keyed for the prefill ranks' own tiers: 
   c.store.block_tokens = 24;  // left every tier off, silently
   CHECK(c.validate().find("got 24") != std::string::npos);
   CHECK(deploy::run_local({"--block-tokens", "0"}) == 2);
+  // A block the context cannot hold with a token after it is never hit: refused, store or not.
+  c.store.block_tokens = 64;
+  c.model.max_position_embeddings = 64;
+  CHECK(c.validate().find("store block_tokens (--block-tokens) is 64, too long for the model's context of 64 tokens") == 0);
+  c.store.local_tier_only = false;  // no store and no tier: nothing is keyed, nothing to refuse
+  CHECK(c.validate().empty());
+  c.store.local_tier_only = true;
+  // The built-in model (a 256-token context) with a store: 512-token blocks are refused by name.
+  const auto dir = std::filesystem::temp_directory_path() / ("baton-block-check-" + std::to_string(::getpid()));
+  CHECK(deploy::run_local({"--store-dir", dir.string(), "--block-tokens", "512"}) == 2);
+  std::filesystem::remove_all(dir);
   // The head of a spec whose ranks are all in node processes runs none: its --executor cuda only
   // names the KV form its store keys carry, on a host that may have no GPU.
   local_cluster_config head;

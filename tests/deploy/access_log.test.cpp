@@ -56,6 +56,9 @@ TEST_CASE("a request log line holds what a client sent escaped and bounded: no f
   CHECK(line.find("got 'x\\x0a2026-12-06T22:00:00.000Z call cmpl-FORGED") != std::string::npos);
   CHECK(line.find("1.0 ms\\x1b[31mRED'") != std::string::npos);
   CHECK(line.find("(x-request-id id\\x01)") != std::string::npos);
+  // A backslash the client sent is escaped too: its "\x0a" does not read as an escaped newline.
+  CHECK(access_line({at, "cmpl-1-3", "/v1/completions", 400, false, 0.2, nullptr, "got 'a\\x0a'", {}})
+            .find("got 'a\\x5cx0a'") != std::string::npos);
   const auto huge = access_line({at, "cmpl-1-2", "/v1/completions", 400, false, 0.2, nullptr, std::string(1'000'000, 'A'), {}});
   CHECK(huge.size() < 2300);
   CHECK(huge.substr(huge.size() - 3) == "...");

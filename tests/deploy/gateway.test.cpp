@@ -902,7 +902,7 @@ TEST_CASE("connections that come and go leave no memory behind: a timer a connec
 }
 
 TEST_CASE("with every connection slot held, a few more connections still answer /health and /metrics (load "
-          "balancers' probes and scrapes), and nothing else; past those, 503 at once") {
+          "balancers' probes and scrapes), once each and nothing else; past those, 503 at once; idle ones go in 2 s") {
   deploy::gateway_config gc;
   gc.api_keys = {"sk-test"};
   gc.max_connections = 2;
@@ -917,16 +917,34 @@ TEST_CASE("with every connection slot held, a few more connections still answer 
   };
   CHECK(hold() == 200);
   CHECK(hold() == 200);
-  // Past the two: a probe is answered, a call is not.
-  CHECK(round_trip(port, get("/health")).status == 200);
+  // Past the two: a probe is answered, and its connection closed after it; a call is not.
+  {
+    const int fd = connect_to(port);
+    send_all(fd, get("/health"));
+    const auto all = read_to_close(fd);  // returns: the gateway closed it
+    ::close(fd);
+    CHECK(all.rfind("HTTP/1.1 200", 0) == 0);
+    CHECK(all.find("Connection: close") != std::string::npos);
+  }
   CHECK(round_trip(port, get("/metrics")).status == 200);
   auto call = round_trip(port, post("/v1/completions", R"({"prompt":"In","max_tokens":2})"));
   CHECK(call.status == 503);
   CHECK(json::parse(call.body)["error"]["message"] ==
         "too many connections; retry later (this one may ask /health and /metrics only)");
-  // Every probe slot held too: refused before a byte is read.
-  for (int i = 0; i < 16; ++i) CHECK(hold() == 200);
-  CHECK(round_trip(port, get("/health")).status == 503);
+  // Sixteen idle sockets take the probe slots: refused before a byte is read...
+  std::vector<int> idle;
+  for (int i = 0; i < 16; ++i) idle.push_back(connect_to(port));
+  bool refused = false;
+  for (int i = 0; i < 50 && !refused; ++i) refused = round_trip(port, get("/health")).status == 503;
+  CHECK(refused);
+  // ... but not for long: they are closed after 2 s, and probes are answered again.
+  bool answered = false;
+  for (int i = 0; i < 100 && !answered; ++i) {
+    answered = round_trip(port, get("/health")).status == 200;
+    if (!answered) std::this_thread::sleep_for(std::chrono::milliseconds{50});
+  }
+  CHECK(answered);
+  for (int fd : idle) ::close(fd);
   for (int fd : held) ::close(fd);
   // Slots come back as the holders go.
   bool served = false;
@@ -935,4 +953,27 @@ TEST_CASE("with every connection slot held, a few more connections still answer 
     if (!served) std::this_thread::sleep_for(std::chrono::milliseconds{20});
   }
   CHECK(served);
+}
+
+TEST_CASE("a gateway stopped under a stream still closes that connection after its lingering close, though the "
+          "client neither reads to the end nor closes: the connection's timers do not go with the server") {
+  served_cluster s{{}, 0, 40};  // every decode step 40 ms late: the stream outlasts the stop
+  const int fd = connect_to(s.gateway.port);
+  send_all(fd, post("/v1/completions", R"({"prompt":"In the beginning","max_tokens":100,"ignore_eos":true,"stream":true})"));
+  const auto head = read_head(fd);
+  REQUIRE(head.find("200 OK") != std::string::npos);
+  caf::scoped_actor{s.sys}->send_exit(s.gateway.server, caf::exit_reason::user_shutdown);
+  bool closed = false;
+  const auto rest = read_to_close(fd, {}, &closed);  // the 503 event, then the gateway's half-close
+  CHECK(closed);
+  CHECK(rest.find("this gateway stopped before the answer was done") != std::string::npos);
+  // Lingering, the gateway reads and drops what the client sends; once the linger (2 s) ends it
+  // closes for good, and what the client sends then is refused (a reset).
+  bool reset = false;
+  for (int i = 0; i < 40 && !reset; ++i) {  // bounded: 10 s
+    std::this_thread::sleep_for(std::chrono::milliseconds{250});
+    reset = ::send(fd, "x", 1, MSG_NOSIGNAL) < 0;
+  }
+  ::close(fd);
+  CHECK(reset);
 }

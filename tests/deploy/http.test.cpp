@@ -75,6 +75,7 @@ TEST_CASE("the HTTP parser takes whole requests, waits for partial ones and refu
                                     &req).why == "more than one Authorization header");
   // An expectation other than 100-continue: 417. A length past any number: 413, not "not a number".
   CHECK(status("GET / HTTP/1.1\r\nExpect: 200-ok\r\n\r\n") == 417);
+  CHECK(status("GET / HTTP/1.1\r\nExpect: 100-continue\r\nExpect: 200-ok\r\n\r\n") == 417);  // any of them
   CHECK(status("POST / HTTP/1.1\r\nContent-Length: 99999999999999999999999\r\n\r\n") == 413);
   CHECK(status("GET /\r\n\r\n") == 400);
   // Bare LFs (netcat without -C): refused at once, not left waiting for a CRLF CRLF.

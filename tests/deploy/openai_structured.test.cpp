@@ -346,10 +346,17 @@ TEST_CASE("the members whose key order matters may not hold an object of more th
   };
   const std::string props_1025 = wide(1025, R"({"type":"integer"})");
   CHECK(refused(R"({"prompt":"a","guided_json":{"type":"object","properties":)" + props_1025 + "}}") ==
-        "guided_json: guided_json holds an object of 1025 keys; at most 1024");
+        "guided_json: guided_json holds an object of more than 1024 keys");
   CHECK(refused(R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f",)"
                 R"("parameters":{"type":"object","properties":)" + props_1025 + "}}}]}") ==
-        "tools: tools holds an object of 1025 keys; at most 1024");
+        "tools: tools holds an object of more than 1024 keys");
+  // A duplicate member does not hide one (the ordered parse builds the first), nor does a tool
+  // call's arguments, JSON text parsed in order for the template.
+  CHECK(refused(R"({"prompt":"a","guided_json":)" + props_1025 + R"(,"guided_json":{"type":"object"}})") ==
+        "guided_json: guided_json holds an object of more than 1024 keys");
+  CHECK(refused(R"({"messages":[{"role":"assistant","content":"","tool_calls":[{"id":"c","type":"function",)"
+                R"("function":{"name":"f","arguments":)" + json(wide(1025, "1")).dump() + "}}]}]}") ==
+        "messages[0].tool_calls[0]: messages[0].tool_calls[0].function.arguments holds an object of more than 1024 keys");
   // 1024 is fine, and keeps its order: the schema's first property is the first the grammar asks for.
   deploy::openai::call c;
   deploy::openai::api_error e;
