@@ -306,6 +306,9 @@ struct grammar_arena {
   /// max_live_stacks): its answer is narrowed, and depends on what was expanded before it, so
   /// the cache neither keeps nor trusts it.
   bool limited = false;
+  /// Parses produced by advances (before duplicates go), since the owner last zeroed it: what a
+  /// walk cost, whatever the grammar's shape (reset() keeps it).
+  uint64_t produced = 0;
 
   void reset() {
     nodes.assign(1, {0, 0});
@@ -392,6 +395,7 @@ void advance(const grammar& g, grammar_arena& a, const std::vector<uint32_t>& to
     if (!grammar::has(g.sets()[g.elements()[pos].value], b)) continue;
     expand(g, a, g.elements()[pos + 1].k == grammar::kind::end ? below : a.intern(pos + 1, below), out);
   }
+  a.produced += out.size();
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());
   if (out.size() > max_live_stacks) {
@@ -689,8 +693,7 @@ grammar::ambiguity grammar::probe_ambiguity(uint32_t steps, size_t limit) const 
   // tried (a handful, where 256 made (.?){64} cost a second to compile).
   std::vector<uint32_t> set_ids;
   std::vector<int> candidates;
-  size_t work = 0;  // parses advanced: bounded, whatever the grammar
-  for (uint32_t step = 0; step < steps && out.parses <= limit && work < 4'000'000; ++step) {
+  for (uint32_t step = 0; step < steps && out.parses <= limit && a.produced <= max_probe_work; ++step) {
     set_ids.clear();
     for (uint32_t id : tops)
       if (id != 0) set_ids.push_back(elements()[a.nodes[id].pos].value);
@@ -710,7 +713,6 @@ grammar::ambiguity grammar::probe_ambiguity(uint32_t steps, size_t limit) const 
     } else {
       for (int b = 0; b < 256; ++b) candidates.push_back(b);
     }
-    work += tops.size() * candidates.size();
     int best_byte = -1;
     bool best_moves = false;
     for (int b : candidates) {
@@ -728,6 +730,7 @@ grammar::ambiguity grammar::probe_ambiguity(uint32_t steps, size_t limit) const 
     out.read.push_back(static_cast<char>(best_byte));
     out.parses = std::max(out.parses, tops.size());
   }
+  out.work = a.produced;
   return out;
 }
 
@@ -790,6 +793,7 @@ size_t grammar_matcher::allowed_by(std::vector<uint8_t>* mask, bool cached) cons
   }
   mask->assign(vocab_->size(), 0);
   size_t n = 0;
+  arena_->produced = 0;
   std::optional<size_t> by_tops;
   std::vector<std::vector<uint32_t>> first_tops;  // seen for the first time: the whole walk's count is their verdict
   if (cached && worth_caching()) {
@@ -804,6 +808,7 @@ size_t grammar_matcher::allowed_by(std::vector<uint8_t>* mask, bool cached) cons
   if (complete())
     for (int32_t t : end_tokens_)
       if (t >= 0 && static_cast<size_t>(t) < mask->size()) n += set_token(*mask, static_cast<size_t>(t));
+  last_walk_work_ = arena_->produced;
   if (cached) {
     walked_stacks_ = stacks_;
     walked_mask_ = *mask;
@@ -905,6 +910,10 @@ std::optional<size_t> grammar_matcher::walk_cached(std::vector<uint8_t>* mask,
 }
 
 std::string too_ambiguous(const grammar_matcher& m) {
+  if (m.last_walk_work() > grammar::max_mask_work)
+    return "the answer's grammar is too costly to follow: after " + std::to_string(m.consumed()) +
+           " tokens one token's choice took " + std::to_string(m.last_walk_work()) + " parse steps (at most " +
+           std::to_string(grammar::max_mask_work) + "); optional items repeated many times, such as (\\w?){200}, do this";
   if (m.parses() <= grammar::max_parses) return {};
   return "the answer's grammar is too ambiguous to follow: after " + std::to_string(m.consumed()) +
          " tokens it can be read " + std::to_string(m.parses()) + " ways at once (at most " +

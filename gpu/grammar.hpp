@@ -109,7 +109,14 @@ public:
   struct ambiguity {
     size_t parses = 0;
     std::string read;
+    uint64_t work = 0;  ///< parses the probe's steps produced (max_probe_work)
   };
+  /// What the probe may spend: past it, a grammar is refused as too costly to follow. Each parse a
+  /// step produces is work every token's walk repeats over the vocabulary: (\w?){200} keeps only
+  /// 191 parses but produces about 200 for each (0.3 s a token over 1,024 tokens, a re-trial).
+  static constexpr uint64_t max_probe_work = 300'000;
+  /// The same for one token's choice on a rank (grammar_matcher::last_walk_work).
+  static constexpr uint64_t max_mask_work = 20'000'000;
   ambiguity probe_ambiguity(uint32_t steps, size_t limit) const;
 
   /// What the top frames of stacks allow of `vocab`'s tokens, whatever lies below them, as
@@ -211,6 +218,8 @@ public:
   size_t consumed() const { return consumed_; }
   /// The parses alive now (grammar::max_parses bounds what a rank follows).
   size_t parses() const { return stacks_.size(); }
+  /// Parses the last mask's walk produced (grammar::max_mask_work bounds what a rank spends).
+  uint64_t last_walk_work() const { return last_walk_work_; }
   const std::vector<int32_t>& end_tokens() const { return end_tokens_; }
 
 private:
@@ -231,6 +240,7 @@ private:
   mutable size_t walked_count_ = 0;
   mutable bool walked_ = false;
   std::shared_ptr<top_masks> masks_;  ///< the grammar's, for this vocabulary
+  mutable uint64_t last_walk_work_ = 0;
 
   size_t allowed_by(std::vector<uint8_t>* allowed, bool cached) const;
   /// The whole trie walked from every stack at once (the reference; tops the cache cannot take);

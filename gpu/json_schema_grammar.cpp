@@ -607,6 +607,22 @@ std::shared_ptr<const grammar> compile_output_grammar(output_format kind, const 
 
 namespace {
 
+/// What the ambiguity probe read, as a client can read it: printable ASCII as itself, the rest
+/// as \xNN (it reads the lowest byte of each class: a NUL, tabs).
+std::string shown_probe(const std::string& read) {
+  std::string out = "\"";
+  for (unsigned char c : read) {
+    if (c >= 0x20 && c < 0x7f && c != '"' && c != '\\') {
+      out += static_cast<char>(c);
+    } else {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "\\x%02x", c);
+      out += hex;
+    }
+  }
+  return out + "\"";
+}
+
 std::shared_ptr<const grammar> compile_checked(output_format kind, const std::string& text, const output_options& options,
                                                std::string* why) {
   if (kind == output_format::free || static_cast<uint8_t>(kind) > max_output_format) {
@@ -669,15 +685,19 @@ std::shared_ptr<const grammar> compile_checked(output_format kind, const std::st
   // for it. Not GBNF: a recursive grammar written as people write them (items ::= item | item ","
   // items) doubles its parses with each level of nesting the greedy probe reads, which few
   // answers reach. A rank stops an answer that goes past the bound where this probe did not look.
-  if (const auto amb = kind == output_format::gbnf ? grammar::ambiguity{} : g->probe_ambiguity(64, grammar::max_parses);
-      amb.parses > grammar::max_parses) {
-    *why = name + ": too ambiguous to follow: " +
-           (amb.read.empty() ? std::string{"at its start"}
-                             : "after the " + std::to_string(amb.read.size()) + " characters " +
-                                   nlohmann::json(amb.read).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)) +
-           " it can be read " +
-           std::to_string(amb.parses) + (amb.parses >= 4096 ? " or more" : "") + " ways at once (at most " +
-           std::to_string(grammar::max_parses) + "); nested counts of optional items, such as (.{0,64}){64}, do this";
+  const auto amb = kind == output_format::gbnf ? grammar::ambiguity{} : g->probe_ambiguity(64, grammar::max_parses);
+  const auto read = amb.read.empty() ? std::string{"at its start"}
+                                     : "after the " + std::to_string(amb.read.size()) + " characters " + shown_probe(amb.read);
+  if (amb.parses > grammar::max_parses) {
+    *why = name + ": too ambiguous to follow: " + read + " it can be read " + std::to_string(amb.parses) +
+           (amb.parses >= 4096 ? " or more" : "") + " ways at once (at most " + std::to_string(grammar::max_parses) +
+           "); nested counts of optional items, such as (.{0,64}){64}, do this";
+    return nullptr;
+  }
+  if (amb.work > grammar::max_probe_work) {
+    *why = name + ": too costly to follow: reading " + std::to_string(amb.read.size()) + " characters took " +
+           std::to_string(amb.work) + " parse steps (at most " + std::to_string(grammar::max_probe_work) +
+           "), which every token would repeat; optional items repeated many times, such as (\\w?){200}, do this";
     return nullptr;
   }
   return g;

@@ -622,8 +622,14 @@ TEST_CASE("grammar: an expression that keeps more parses alive than a rank follo
         "compiled");
   // Followed as before: repeats of optional items as people write them, and a choice among 200
   // names read together.
-  CHECK(compiled(output_format::regex, "(.?){64}") == "compiled");
+  CHECK(compiled(output_format::regex, "(.?){16}") == "compiled");
   CHECK(compiled(output_format::regex, "(\\w+,?\\s?){0,50}") == "compiled");
+  CHECK(compiled(output_format::regex, "(\\s*\\w+\\s*){1,100}") == "compiled");
+  // Few parses, each producing hundreds at every character: too costly, refused as such.
+  const auto costly = compiled(output_format::regex, "(\\w?){200}");
+  CHECK_MESSAGE(costly.find("regex: too costly to follow: reading ") == 0, costly);
+  CHECK_MESSAGE(costly.find(" parse steps (at most 300000), which every token would repeat") != std::string::npos, costly);
+  CHECK(compiled(output_format::regex, "(.?){64}").find("regex: too costly to follow") == 0);
   CHECK(compiled(output_format::regex, "[a-z]+@[a-z]+\\.(com|org)") == "compiled");
   std::string names = "(";
   for (int i = 0; i < 200; ++i) names += (i ? "|tool_" : "tool_") + std::to_string(i);
@@ -648,4 +654,31 @@ TEST_CASE("grammar: a matcher says when its parses pass the bound a rank follows
   CHECK(m.parses() > grammar::max_parses);
   CHECK(too_ambiguous(m).find("the answer's grammar is too ambiguous to follow: after " + std::to_string(tokens) +
                               " tokens it can be read " + std::to_string(m.parses()) + " ways at once (at most 1024)") == 0);
+}
+
+TEST_CASE("grammar: a matcher says when one token's choice cost more than a rank spends (too_ambiguous: too costly), "
+          "a bound on the walk itself, whatever the number of parses") {
+  std::string why;
+  // 70 forced characters hide the cost from the compile-time probe.
+  auto g = compile_output_grammar(output_format::regex, std::string(70, 'a') + "(\\w?){200}", {}, &why);
+  REQUIRE_MESSAGE(g, why);
+  // A vocabulary of 8,000 word pieces of 1 to 4 characters: the walk visits each for every parse.
+  std::mt19937 rng{5};
+  std::vector<std::string> text;
+  std::vector<bool> special;
+  for (int i = 0; i < 8000; ++i) {
+    std::string t;
+    for (int k = 0, n = 1 + static_cast<int>(rng() % 4); k < n; ++k) t += static_cast<char>('a' + rng() % 26);
+    text.push_back(t);
+    special.push_back(false);
+  }
+  text.push_back("");
+  special.push_back(true);  // the end token
+  grammar_matcher m(g, std::make_shared<token_vocabulary>(text, special), {8000});
+  REQUIRE(m.accept_bytes(std::string(70, 'a')));
+  std::vector<uint8_t> mask;
+  CHECK(m.allowed(&mask) > 0);
+  CHECK(m.parses() <= grammar::max_parses);  // not too many parses: too much work
+  CHECK(m.last_walk_work() > grammar::max_mask_work);
+  CHECK(too_ambiguous(m).find("the answer's grammar is too costly to follow: after 0 tokens one token's choice took ") == 0);
 }
