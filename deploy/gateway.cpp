@@ -57,6 +57,7 @@ using linger_atom = caf::atom_constant<caf::atom("linger")>;
 /// A connection's timer, kept by the server (wake_later).
 using wake_atom = caf::atom_constant<caf::atom("wake")>;
 using wake_due_atom = caf::atom_constant<caf::atom("wakedue")>;
+using wake_forget_atom = caf::atom_constant<caf::atom("wakeforget")>;
 
 /// How long a connection closing after its answer keeps reading (and dropping) what the client
 /// still sends, so that the client reads the answer instead of a reset.
@@ -89,22 +90,10 @@ struct gateway_shared {
   std::atomic<uint32_t> calls_in_flight{0};  ///< connections with a call between generate and end_call
   caf::actor_addr server;  ///< the listening broker (weak: it holds this struct), which keeps connections' timers
   std::atomic<uint64_t> out_pending{0};  ///< every connection's answers queued unsent, together (max_total_backlog_bytes)
+  uint64_t last_connection = 0;  ///< numbers connections for the server's timers (brokers share one thread)
 };
 using shared_ptr = std::shared_ptr<gateway_shared>;
 
-/// Sends `what` to the connection `self` after `delay`, through the server. A broker that ends
-/// with a delayed message to itself still pending is never freed (CAF 0.17.6, measured: every
-/// connection's idle timer kept its 1.5 KB for good, a soak trial's steady growth); the server
-/// lives as long as the gateway and holds only the connection's address, so one that has ended
-/// is simply not woken. Once the server has stopped (the process is ending) the connection times
-/// itself: its lingering close and idle limit must still end it, and nothing is kept for long.
-void wake_later(caf::io::broker* self, const shared_ptr& g, std::chrono::milliseconds delay, caf::atom_value what) {
-  auto server = caf::actor_cast<caf::actor>(g->server);
-  if (server && !server->getf(caf::abstract_actor::is_terminated_flag))
-    caf::anon_send(server, wake_atom::value, static_cast<uint32_t>(delay.count()), self->address(), what);
-  else
-    self->delayed_send(self, delay, what);
-}
 
 /// One connection's progress. Requests on a connection are answered one at a time, in order
 /// (HTTP/1.1 pipelining); `busy` holds the next one back until the current one is answered.
@@ -148,9 +137,27 @@ struct connection_state {
   std::string client_request_id;
   std::string request_line;  ///< "METHOD /path" of the current request, for the log of a refusal
   bool probes_only = false;  ///< one of the connections past max_connections: /health and /metrics only
+  uint64_t number = 0;       ///< the connection's number at the server (wake_later)
   std::atomic<uint64_t>* total_out = nullptr;  ///< gateway_shared::out_pending, which out_pending counts into
 };
 using state_ptr = std::shared_ptr<connection_state>;
+
+/// Sends `what` to the connection `self` after `delay`, through the server. A broker that ends
+/// with a delayed message to itself still pending is never freed (CAF 0.17.6, measured: every
+/// connection's idle timer kept its 1.5 KB for good, a soak trial's steady growth); the server
+/// lives as long as the gateway, and a connection that has ended is simply not woken. Its timers
+/// name it by number, and it has the server forget its address as it ends: an address kept in a
+/// timer kept the connection's storage as long as the timer (a connect-and-close flood held
+/// hundreds of MB for the idle tick, a re-trial). Once the server has stopped (the process is
+/// ending) the connection times itself: its lingering close and idle limit must still end it.
+void wake_later(caf::io::broker* self, const shared_ptr& g, const state_ptr& st, std::chrono::milliseconds delay,
+                caf::atom_value what) {
+  auto server = caf::actor_cast<caf::actor>(g->server);
+  if (server && !server->getf(caf::abstract_actor::is_terminated_flag))
+    caf::anon_send(server, wake_atom::value, static_cast<uint32_t>(delay.count()), st->number, self->address(), what);
+  else
+    self->delayed_send(self, delay, what);
+}
 
 /// The HTTP status and message for a failed generation.
 std::pair<int, std::string> status_of(caf::actor_system& sys, const caf::error& err) {
@@ -266,7 +273,7 @@ void finish(caf::io::broker* self, caf::io::connection_handle hdl, const shared_
       st->reading = true;
       self->trigger(hdl);
     }
-    wake_later(self, g, linger_time, linger_atom::value);
+    wake_later(self, g, st, linger_time, linger_atom::value);
     half_close_when_sent(hdl, st);
     return;
   }
@@ -343,7 +350,10 @@ void reply(caf::io::broker* self, caf::io::connection_handle hdl, const shared_p
 
 void reply_error(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st,
                  const openai::api_error& e, http::header_list extra = {}) {
-  if (!st->in_call) log_refusal(self, g, st, e.status, e.message);  // a call's failure is logged as the call's
+  if (!st->in_call) {  // a call's failure is logged and counted as the call's
+    log_refusal(self, g, st, e.status, e.message);
+    g->metrics.count_failure(e.status == 400 ? "bad_request" : "http_" + std::to_string(e.status));
+  }
   reply(self, hdl, g, st, e.status, openai::error_json(e), "application/json", std::move(extra));
 }
 
@@ -449,6 +459,8 @@ std::string adopt_request_id(const state_ptr& st, const http::request& req) {
   st->client_request_id.clear();
   const auto* id = req.header("x-request-id");
   if (!id) return {};
+  if (std::count_if(req.headers.begin(), req.headers.end(), [](const auto& h) { return h.first == "x-request-id"; }) > 1)
+    return "more than one x-request-id header";
   const bool ok = !id->empty() && id->size() <= 128 &&
                   std::all_of(id->begin(), id->end(), [](char c) { return c > 0x20 && c < 0x7f; });
   if (!ok)
@@ -703,6 +715,7 @@ bool server_down(caf::io::broker*, const caf::actor& server) {
 caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, shared_ptr g, caf::actor server) {
   auto st = std::make_shared<connection_state>();
   st->total_out = &g->out_pending;  // g outlives the connection (its functors hold it)
+  st->number = ++g->last_connection;
   self->configure_read(hdl, caf::io::receive_policy::at_most(64 * 1024));
   self->ack_writes(hdl, true);  // data_transferred_msg: how much output is still queued
   // A monitor lives on the watched actor until it ends: the server's, one per connection ever
@@ -710,6 +723,7 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
   self->attach_functor([self, g, st, server] {
     --g->num_connections;
     g->out_pending -= st->out_pending;  // what it left unsent goes with it
+    if (auto s = caf::actor_cast<caf::actor>(g->server)) caf::anon_send(s, wake_forget_atom::value, st->number);
     if (st->in_call) --g->calls_in_flight;  // a connection gone without end_call: not in flight
     self->demonitor(server);
   });
@@ -736,7 +750,7 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
                        "stopped it at once): retry");
     // An answer on its way: closed after it (linger_atom). A lingering close's timer went with
     // the server: armed again here, on the connection's own clock.
-    if (st->lingering) wake_later(self, g, linger_time, linger_atom::value);
+    if (st->lingering) wake_later(self, g, st, linger_time, linger_atom::value);
     if (st->busy || st->lingering) return;
     st->closed = true;
     // Answers a client never read would hold CAF's close (and the process's end) for ever.
@@ -758,7 +772,7 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
                                     : std::chrono::milliseconds{g->cfg.idle_timeout_ms};
   const auto first_token = std::chrono::milliseconds{g->cfg.first_token_timeout_ms};
   const auto tick = std::max(std::chrono::milliseconds{10}, std::min(idle, first_token) / 4);
-  wake_later(self, g, tick, timer_atom::value);
+  wake_later(self, g, st, tick, timer_atom::value);
   if (n > g->cfg.max_connections + probe_connections) {
     st->keep_alive = false;
     st->busy = true;
@@ -804,7 +818,7 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
         // at the reader's pace): wait on, as the idle limit allows any answer.
         // Not once the gateway has stopped: its process is ending, and waits for this connection.
         if (st->out_pending > 0 && std::chrono::steady_clock::now() - st->out_progress < idle && !server_down(self, server)) {
-          wake_later(self, g, linger_time, linger_atom::value);
+          wake_later(self, g, st, linger_time, linger_atom::value);
           return;
         }
         // The client neither closed nor stopped sending: close now (abort if the answer itself
@@ -885,7 +899,7 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
                              api_error_of(408, "the request did not arrive whole within " +
                                                    std::to_string(g->cfg.idle_timeout_ms) + " ms"));
         }
-        wake_later(self, g, tick, timer_atom::value);
+        wake_later(self, g, st, tick, timer_atom::value);
       },
   };
 }
@@ -908,13 +922,18 @@ void take_settings(gateway_shared& g, const cluster_stats& s) {
 caf::behavior server(caf::io::broker* self, int fd, shared_ptr g) {
   self->add_doorman(fd);
   g->server = self->address();
+  // The connections whose timers run here, by number; each is forgotten as it ends.
+  auto timed = std::make_shared<std::unordered_map<uint64_t, caf::actor_addr>>();
   return {
-      [=](wake_atom, uint32_t delay_ms, caf::actor_addr& who, caf::atom_value what) {
-        self->delayed_send(self, std::chrono::milliseconds{delay_ms}, wake_due_atom::value, std::move(who), what);
+      [=](wake_atom, uint32_t delay_ms, uint64_t number, caf::actor_addr& who, caf::atom_value what) {
+        (*timed)[number] = std::move(who);
+        self->delayed_send(self, std::chrono::milliseconds{delay_ms}, wake_due_atom::value, number, what);
       },
-      [=](wake_due_atom, const caf::actor_addr& who, caf::atom_value what) {
-        if (auto connection = caf::actor_cast<caf::actor>(who)) caf::anon_send(connection, what);
+      [=](wake_due_atom, uint64_t number, caf::atom_value what) {
+        if (auto i = timed->find(number); i != timed->end())
+          if (auto connection = caf::actor_cast<caf::actor>(i->second)) caf::anon_send(connection, what);
       },
+      [=](wake_forget_atom, uint64_t number) { timed->erase(number); },
       [=](const caf::io::new_connection_msg& msg) {
         self->fork(connection, msg.handle, g, caf::actor_cast<caf::actor>(self));
       },

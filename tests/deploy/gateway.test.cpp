@@ -878,10 +878,11 @@ TEST_CASE("OPTIONS says what a route allows; a browser's preflight from an allow
 }
 
 TEST_CASE("connections that come and go leave no memory behind: a timer a connection had pending when it closed, "
-          "and the monitor it put on the gateway's server, each kept its storage for as long as the server ran") {
+          "and the monitor it put on the gateway's server, each kept its storage for as long as the server ran; the "
+          "server's timer of it, until it fired") {
   deploy::gateway_config gc;
   gc.api_keys = {"sk-test"};
-  gc.idle_timeout_ms = 400;  // each connection's timer ticks every 100 ms: none holds it long after its close
+  // The default idle limit: a connection's tick is 15 s away when it closes, and must not hold it.
   served_cluster s{gc};
   const uint16_t port = s.gateway.port;
   const auto heap = [] { return static_cast<int64_t>(mallinfo2().uordblks); };

@@ -694,6 +694,9 @@ TEST_CASE("a request's own x-request-id comes back in its answer and in the requ
     CHECK(long_id.status == 400);
     CHECK(json::parse(long_id.body)["error"]["message"].get<std::string>().find("this one has 129 bytes") != std::string::npos);
     CHECK(round_trip(port, with_id(get("/v1/models", "sk-wrong"), "probe-1")).status == 401);
+    auto twice = round_trip(port, with_id(with_id(get("/v1/models"), "a"), "b"));
+    CHECK(twice.status == 400);
+    CHECK(json::parse(twice.body)["error"]["message"] == "more than one x-request-id header");
     CHECK(round_trip(port, get("/v1/nothing")).status == 404);
     // Every line is in: the printer writes them in order, the 404's last.
     for (int i = 0; i < 200 && log.str().find("GET /v1/nothing 404") == std::string::npos; ++i)
@@ -757,8 +760,9 @@ TEST_CASE("/metrics counts a call the gateway refused for its body as bad_reques
   CHECK(round_trip(port, post("/v1/completions", R"({"max_tokens":2})")).status == 400);                 // the gateway's
   CHECK(round_trip(port, post("/v1/completions", R"({"prompt":"In the beginning","max_tokens":255})")).status ==
         400);  // the router's: past the context
+  CHECK(round_trip(port, "GET /v1/models HTTP/1.1\r\n\r\n").status == 400);  // no Host: refused before any call
   const auto text = round_trip(port, get("/metrics")).body;
-  CHECK(test::value_of(text, "baton_request_failures_total{reason=\"bad_request\"}") == 3);
+  CHECK(test::value_of(text, "baton_request_failures_total{reason=\"bad_request\"}") == 4);
 }
 
 TEST_CASE("the router's refusals of a list too long name the field in param: stop, stop_token_ids") {
