@@ -25,6 +25,7 @@
 
 #include "deploy/access_log.hpp"
 #include "deploy/gateway_call.hpp"
+#include "deploy/gateway_shared.hpp"
 #include "deploy/metrics.hpp"
 #include "deploy/openai.hpp"
 #include "deploy/processes.hpp"
@@ -52,13 +53,10 @@ std::string gateway_config::validate() const {
 
 namespace {
 
+using shared_ptr = std::shared_ptr<gateway_shared>;
+
 /// A lingering close ran its time (finish()).
 using linger_atom = caf::atom_constant<caf::atom("linger")>;
-/// A connection's timer, kept by the server (wake_later).
-using wake_atom = caf::atom_constant<caf::atom("wake")>;
-using wake_due_atom = caf::atom_constant<caf::atom("wakedue")>;
-using wake_forget_atom = caf::atom_constant<caf::atom("wakeforget")>;
-
 /// How long a connection closing after its answer keeps reading (and dropping) what the client
 /// still sends, so that the client reads the answer instead of a reset.
 constexpr std::chrono::milliseconds linger_time{2000};
@@ -68,31 +66,6 @@ constexpr std::chrono::milliseconds linger_time{2000};
 constexpr uint32_t probe_connections = 16;
 constexpr std::chrono::milliseconds probe_idle{2000};
 
-/// What every connection of one gateway shares.
-struct gateway_shared {
-  gateway_config cfg;
-  router_actor router;
-  std::string model;
-  call_settings calls;
-  int64_t started_s = 0;
-  /// Drawn at start: call ids of gateways started in the same second differ (they repeated).
-  std::string id_prefix;
-  gateway_metrics metrics;
-  std::atomic<uint32_t> num_connections{0};
-  std::atomic<uint64_t> last_id{0};
-  // The server's and its connections' (brokers all run on the middleman's one thread).
-  /// Shutting down (drain_gateway): calls and /health get 503, connections close after their
-  /// answer, and the calls in progress run to their end.
-  bool draining = false;
-  /// Non-empty while the router is gone (its head stopped, or the link to it was cut): why, for
-  /// the 503s that calls get until gateway_set_router.
-  std::string router_away;
-  std::atomic<uint32_t> calls_in_flight{0};  ///< connections with a call between generate and end_call
-  caf::actor_addr server;  ///< the listening broker (weak: it holds this struct), which keeps connections' timers
-  std::atomic<uint64_t> out_pending{0};  ///< every connection's answers queued unsent, together (max_total_backlog_bytes)
-  uint64_t last_connection = 0;  ///< numbers connections for the server's timers (brokers share one thread)
-};
-using shared_ptr = std::shared_ptr<gateway_shared>;
 
 
 /// One connection's progress. Requests on a connection are answered one at a time, in order
@@ -295,13 +268,6 @@ void add_cors(const shared_ptr& g, const state_ptr& st, http::header_list* extra
   extra->emplace_back("Access-Control-Expose-Headers", "Retry-After, x-request-id");  // a 503's or 429's wait; the call's id
 }
 
-/// 16 random hex digits, drawn once per gateway: its call ids differ from another gateway's.
-std::string random_id_prefix() {
-  std::random_device rd;
-  char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>((uint64_t{rd()} << 32) | rd()));
-  return hex;
-}
 
 /// A call's answer names it as OpenAI's do (SDKs read x-request-id into `request_id`), with the
 /// id its body carries, so a client's report can be matched to the gateway's logs; a request
@@ -905,124 +871,11 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
 }
 
 /// How a gateway's router changed (gateway_router_lost, gateway_set_router).
-using router_lost_atom = caf::atom_constant<caf::atom("rtrlost")>;
-using router_set_atom = caf::atom_constant<caf::atom("rtrset")>;
-
-/// What a gateway takes from the router's numbers: the model's name and how calls are served.
-void take_settings(gateway_shared& g, const cluster_stats& s) {
-  g.model = g.cfg.served_model_name.empty() ? s.model : g.cfg.served_model_name;
-  g.calls.chat_reasoning = s.chat_reasoning;
-  g.calls.chat_tool_calls = s.chat_tool_calls;
-  g.calls.default_temperature = s.default_temperature;
-  g.calls.default_top_p = s.default_top_p;
-  g.calls.default_top_k = s.default_top_k;
-  g.calls.max_active_requests = s.max_active_requests;
-}
-
-caf::behavior server(caf::io::broker* self, int fd, shared_ptr g) {
-  self->add_doorman(fd);
-  g->server = self->address();
-  // The connections whose timers run here, by number; each is forgotten as it ends.
-  auto timed = std::make_shared<std::unordered_map<uint64_t, caf::actor_addr>>();
-  return {
-      [=](wake_atom, uint32_t delay_ms, uint64_t number, caf::actor_addr& who, caf::atom_value what) {
-        (*timed)[number] = std::move(who);
-        self->delayed_send(self, std::chrono::milliseconds{delay_ms}, wake_due_atom::value, number, what);
-      },
-      [=](wake_due_atom, uint64_t number, caf::atom_value what) {
-        if (auto i = timed->find(number); i != timed->end())
-          if (auto connection = caf::actor_cast<caf::actor>(i->second)) caf::anon_send(connection, what);
-      },
-      [=](wake_forget_atom, uint64_t number) { timed->erase(number); },
-      [=](const caf::io::new_connection_msg& msg) {
-        self->fork(connection, msg.handle, g, caf::actor_cast<caf::actor>(self));
-      },
-      // drain_gateway: from now on, and each time it asks, the calls still running.
-      [=](drain_atom) {
-        g->draining = true;
-        return g->calls_in_flight.load();
-      },
-      [=](router_lost_atom, std::string& why) { g->router_away = std::move(why); },
-      [=](router_set_atom, router_actor& router, cluster_stats& s) {
-        g->router = std::move(router);
-        take_settings(*g, s);
-        g->router_away.clear();
-      },
-  };
-}
-
-/// Asks `router` for its numbers, blocking for at most 10 s.
-std::optional<cluster_stats> ask_stats(caf::actor_system& sys, const router_actor& router, std::string* why) {
-  caf::scoped_actor self{sys};
-  std::optional<cluster_stats> got;
-  self->request(router, std::chrono::seconds{10}, stats_atom::value)
-      .receive([&](cluster_stats& s) { got = std::move(s); },
-               [&](caf::error& e) { *why = "gateway: the router did not answer: " + sys.render(e); });
-  return got;
-}
-
 }  // namespace
 
-bool spawn_gateway(caf::actor_system& sys, const gateway_config& cfg, router_actor router, gateway_handle* out,
-                   std::string* why) {
-  if (auto e = cfg.validate(); !e.empty()) {
-    *why = e;
-    return false;
-  }
-  auto g = std::make_shared<gateway_shared>();
-  g->cfg = cfg;
-  g->calls.unanswered_grace = std::chrono::milliseconds{cfg.unanswered_grace_ms};
-  g->router = router;
-  g->started_s = unix_seconds();
-  g->id_prefix = random_id_prefix();
-  const auto stats = ask_stats(sys, router, why);
-  if (!stats) return false;
-  take_settings(*g, *stats);
-  // Each connection is a descriptor: the soft limit (often 1024, as is max_connections by
-  // default) is raised to the hard one, or accept() fails with EMFILE before the gateway's own
-  // 503 -- and CAF's acceptor then retries the still-readable socket in a busy loop.
-  rlimit files{};
-  if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
-    files.rlim_cur = files.rlim_max;
-    ::setrlimit(RLIMIT_NOFILE, &files);
-  }
-  if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY &&
-      files.rlim_cur < uint64_t{cfg.max_connections} + 64) {
-    *why = "gateway: max_connections " + std::to_string(cfg.max_connections) + " needs about " +
-           std::to_string(cfg.max_connections + 64) + " file descriptors; this process may open " +
-           std::to_string(files.rlim_cur) + " (ulimit -n)";
-    return false;
-  }
-  uint16_t port = 0;
-  const int fd = open_tcp_listener(cfg.host, cfg.port, &port, why, "gateway");
-  if (fd < 0) return false;
-  out->server = sys.middleman().spawn_broker(server, fd, g);
-  out->port = port;
-  return true;
-}
-
-uint32_t drain_gateway(caf::actor_system& sys, const gateway_handle& gw, std::chrono::milliseconds grace,
-                       const std::function<bool()>& give_up) {
-  caf::scoped_actor self{sys};
-  const auto deadline = std::chrono::steady_clock::now() + grace;
-  uint32_t running = 0;
-  for (;;) {
-    self->request(gw.server, std::chrono::seconds{5}, drain_atom::value)
-        .receive([&](uint32_t n) { running = n; }, [&](caf::error&) { running = 0; });  // gone: nothing runs
-    if (running == 0 || std::chrono::steady_clock::now() >= deadline || (give_up && give_up())) return running;
-    std::this_thread::sleep_for(std::chrono::milliseconds{50});
-  }
-}
-
-void gateway_router_lost(const gateway_handle& gw, std::string why) {
-  caf::anon_send(gw.server, router_lost_atom::value, std::move(why));
-}
-
-bool gateway_set_router(caf::actor_system& sys, const gateway_handle& gw, router_actor router, std::string* why) {
-  const auto stats = ask_stats(sys, router, why);
-  if (!stats) return false;
-  caf::anon_send(gw.server, router_set_atom::value, std::move(router), *stats);
-  return true;
+caf::behavior gateway_connection(caf::io::broker* self, caf::io::connection_handle hdl, std::shared_ptr<gateway_shared> g,
+                                 caf::actor server) {
+  return connection(self, hdl, std::move(g), std::move(server));
 }
 
 }  // namespace baton::deploy
