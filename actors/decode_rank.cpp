@@ -601,7 +601,8 @@ void on_step_done(decode_pointer self, gpu::forward_output& out) {
       continue;
     }
     // (Not for the answer's last token: nothing more is walked, and the answer is whole.)
-    const bool last = (tok == eos && !l.order.ignore_eos) || s->num_generated + 1 >= l.order.max_new_tokens;
+    const bool last = (tok == eos && !l.order.ignore_eos) || (l.grammar && l.grammar->ended()) ||
+                      s->num_generated + 1 >= l.order.max_new_tokens;
     if (l.grammar && !last)
       if (auto why = gpu::too_ambiguous(*l.grammar); !why.empty()) {
         // Not retried elsewhere (bad_request): the same answer would cost another rank as much.

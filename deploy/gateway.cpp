@@ -661,7 +661,7 @@ void pump(caf::io::broker* self, caf::io::connection_handle hdl, const shared_pt
     }
     st->in_off += r.consumed;
     st->request_started = std::chrono::steady_clock::now();  // the next one's clock, if any
-    st->keep_alive = req.keep_alive;
+    st->keep_alive = req.keep_alive && !st->probes_only;  // a probe's connection answers once, whatever it asks
     st->chunked = req.version == "HTTP/1.1";
     st->head_only = req.method == "HEAD";
     dispatch(self, hdl, g, st, req);

@@ -187,14 +187,18 @@ struct ordered_parse {
 };
 ordered_parse parse_ordered(std::string_view text, std::span<const std::string_view> members = {}) {
   ordered_parse out;
-  std::vector<size_t> keys;  // per open object, kept or not
-  bool kept = true;          // the top member being read is kept
+  // Keys of the object open at each depth. (By depth, not a stack: nlohmann reports the end of
+  // a kept object only, and the start of every one.)
+  std::vector<size_t> keys;
+  bool kept = true;  // the top member being read is kept
   out.value = ordered_json::parse(
       text,
       [&](int depth, ordered_json::parse_event_t event, ordered_json& parsed) {
         using ev = ordered_json::parse_event_t;
-        if (event == ev::object_start) keys.push_back(0);
-        if (event == ev::object_end && !keys.empty()) keys.pop_back();
+        if (event == ev::object_start) {  // reported at the depth outside it
+          if (keys.size() <= static_cast<size_t>(depth)) keys.resize(static_cast<size_t>(depth) + 1);
+          keys[static_cast<size_t>(depth)] = 0;
+        }
         if (event != ev::key) return true;
         if (depth == 1) {
           const auto& key = parsed.get_ref<const std::string&>();
@@ -204,7 +208,8 @@ ordered_parse parse_ordered(std::string_view text, std::span<const std::string_v
         }
         // Counted in what is kept alone (what is not is never built); a duplicate member is kept
         // as built first, so it is counted too.
-        if (kept && !keys.empty() && ++keys.back() > max_ordered_object_keys) {
+        if (kept && depth >= 1 && static_cast<size_t>(depth) <= keys.size() &&
+            ++keys[static_cast<size_t>(depth) - 1] > max_ordered_object_keys) {
           out.too_wide = true;
           return false;
         }

@@ -309,6 +309,9 @@ struct grammar_arena {
   /// Parses produced by advances (before duplicates go), since the owner last zeroed it: what a
   /// walk cost, whatever the grammar's shape (reset() keeps it).
   uint64_t produced = 0;
+  /// A walk of the vocabulary stops once `produced` passes this (0: no bound), and says so.
+  uint64_t budget = 0;
+  bool over_budget = false;
 
   void reset() {
     nodes.assign(1, {0, 0});
@@ -611,6 +614,10 @@ size_t walk_trie(const grammar& g, grammar_arena& a, std::vector<uint32_t> tops,
     const auto& node = trie[i];
     if (level.size() <= node.depth) level.resize(node.depth + 1);
     advance(g, a, level[node.depth - 1], node.byte, level[node.depth]);
+    if (a.budget && a.produced > a.budget) {  // the rest unwalked: only tokens found allowed are set
+      a.over_budget = true;
+      break;
+    }
     if (level[node.depth].empty()) {
       i = node.skip;
       continue;
@@ -777,6 +784,8 @@ size_t grammar_matcher::allowed(std::vector<uint8_t>* mask) const { return allow
 size_t grammar_matcher::allowed_by_whole_walk(std::vector<uint8_t>* mask) const { return allowed_by(mask, false); }
 
 size_t grammar_matcher::allowed_by(std::vector<uint8_t>* mask, bool cached) const {
+  last_walk_work_ = 0;  // a mask kept or trivial costs no walk
+  last_walk_over_ = false;
   if (ended_) {  // only more end tokens (a request that ignores them goes on to max_tokens)
     mask->assign(vocab_->size(), 0);
     size_t n = 0;
@@ -794,6 +803,8 @@ size_t grammar_matcher::allowed_by(std::vector<uint8_t>* mask, bool cached) cons
   mask->assign(vocab_->size(), 0);
   size_t n = 0;
   arena_->produced = 0;
+  arena_->over_budget = false;
+  arena_->budget = grammar::max_mask_work_per_trie_node * std::max<uint64_t>(1, vocab_->trie().size());
   std::optional<size_t> by_tops;
   std::vector<std::vector<uint32_t>> first_tops;  // seen for the first time: the whole walk's count is their verdict
   if (cached && worth_caching()) {
@@ -809,6 +820,8 @@ size_t grammar_matcher::allowed_by(std::vector<uint8_t>* mask, bool cached) cons
     for (int32_t t : end_tokens_)
       if (t >= 0 && static_cast<size_t>(t) < mask->size()) n += set_token(*mask, static_cast<size_t>(t));
   last_walk_work_ = arena_->produced;
+  last_walk_over_ = arena_->over_budget;
+  arena_->budget = 0;  // accept() and allows() walk no vocabulary
   if (cached) {
     walked_stacks_ = stacks_;
     walked_mask_ = *mask;
@@ -910,10 +923,12 @@ std::optional<size_t> grammar_matcher::walk_cached(std::vector<uint8_t>* mask,
 }
 
 std::string too_ambiguous(const grammar_matcher& m) {
-  if (m.last_walk_work() > grammar::max_mask_work)
+  if (m.last_walk_over_budget())
     return "the answer's grammar is too costly to follow: after " + std::to_string(m.consumed()) +
-           " tokens one token's choice took " + std::to_string(m.last_walk_work()) + " parse steps (at most " +
-           std::to_string(grammar::max_mask_work) + "); optional items repeated many times, such as (\\w?){200}, do this";
+           " tokens one token's choice passed " + std::to_string(m.last_walk_work()) + " parse steps (at most " +
+           std::to_string(grammar::max_mask_work_per_trie_node) +
+           " per node of the vocabulary's trie) and was cut short; optional items repeated many times, such as "
+           "(\\w?){200}, do this";
   if (m.parses() <= grammar::max_parses) return {};
   return "the answer's grammar is too ambiguous to follow: after " + std::to_string(m.consumed()) +
          " tokens it can be read " + std::to_string(m.parses()) + " ways at once (at most " +

@@ -115,8 +115,12 @@ public:
   /// step produces is work every token's walk repeats over the vocabulary: (\w?){200} keeps only
   /// 191 parses but produces about 200 for each (0.3 s a token over 1,024 tokens, a re-trial).
   static constexpr uint64_t max_probe_work = 300'000;
-  /// The same for one token's choice on a rank (grammar_matcher::last_walk_work).
-  static constexpr uint64_t max_mask_work = 20'000'000;
+  /// The same for one token's choice on a rank, per node of the vocabulary's trie (a walk visits
+  /// each for every parse): past it the walk stops, the token is picked among those it found, and
+  /// the rank stops the answer. Ordinary patterns and schemas make under 300 per node (a review,
+  /// on a 150,000-token vocabulary: a JSON string 10, (\w+,?\s?){0,50} 100, an anyOf of 30
+  /// objects 290); (\w?){100} made thousands (10 s a token).
+  static constexpr uint64_t max_mask_work_per_trie_node = 1000;
   ambiguity probe_ambiguity(uint32_t steps, size_t limit) const;
 
   /// What the top frames of stacks allow of `vocab`'s tokens, whatever lies below them, as
@@ -218,8 +222,10 @@ public:
   size_t consumed() const { return consumed_; }
   /// The parses alive now (grammar::max_parses bounds what a rank follows).
   size_t parses() const { return stacks_.size(); }
-  /// Parses the last mask's walk produced (grammar::max_mask_work bounds what a rank spends).
+  /// Parses the last mask's walk produced, and whether it was cut short for passing
+  /// grammar::max_mask_work_per_trie_node (0 and false for a mask kept from before).
   uint64_t last_walk_work() const { return last_walk_work_; }
+  bool last_walk_over_budget() const { return last_walk_over_; }
   const std::vector<int32_t>& end_tokens() const { return end_tokens_; }
 
 private:
@@ -241,6 +247,7 @@ private:
   mutable bool walked_ = false;
   std::shared_ptr<top_masks> masks_;  ///< the grammar's, for this vocabulary
   mutable uint64_t last_walk_work_ = 0;
+  mutable bool last_walk_over_ = false;
 
   size_t allowed_by(std::vector<uint8_t>* allowed, bool cached) const;
   /// The whole trie walked from every stack at once (the reference; tops the cache cannot take);

@@ -17,6 +17,38 @@ namespace baton::gpu {
 
 namespace {
 
+/// What the ambiguity probe read, as a client can read it: printable ASCII as itself, the rest
+/// as \xNN (it reads the lowest byte of each class: a NUL, tabs).
+std::string shown_probe(const std::string& read) {
+  std::string out = "\"";
+  for (unsigned char c : read) {
+    if (c >= 0x20 && c < 0x7f && c != '"' && c != '\\') {
+      out += static_cast<char>(c);
+    } else {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "\\x%02x", c);
+      out += hex;
+    }
+  }
+  return out + "\"";
+}
+
+/// Why a grammar the greedy probe read is not followed (grammar::max_parses, max_probe_work), as
+/// `name` says it; empty when it is.
+std::string cost_problem(const grammar::ambiguity& amb, const std::string& name) {
+  const auto read = amb.read.empty() ? std::string{"at its start"}
+                                     : "after the " + std::to_string(amb.read.size()) + " characters " + shown_probe(amb.read);
+  if (amb.parses > grammar::max_parses)
+    return name + ": too ambiguous to follow: " + read + " it can be read " + std::to_string(amb.parses) +
+           (amb.parses >= 4096 ? " or more" : "") + " ways at once (at most " + std::to_string(grammar::max_parses) +
+           "); nested counts of optional items, such as (.{0,64}){64}, do this";
+  if (amb.work > grammar::max_probe_work)
+    return name + ": too costly to follow: reading " + std::to_string(amb.read.size()) + " characters made " +
+           std::to_string(amb.work) + " parse steps (at most " + std::to_string(grammar::max_probe_work) +
+           "), which every token would repeat; optional items repeated many times, such as (\\w?){200}, do this";
+  return {};
+}
+
 using json = nlohmann::ordered_json;  // properties keep the schema's order
 using sym = grammar::symbol;
 using seq = std::vector<sym>;
@@ -308,6 +340,15 @@ private:
     }
     std::string why;
     if (!json_string_matching(*g_, regex, rule, &why)) return fail(at, why);
+    // Probed on its own too: the whole schema's probe spends its characters on blank space and
+    // the properties before this one, and never reaches it (a review).
+    grammar alone;
+    uint32_t start = 0;
+    if (json_string_matching(alone, regex, &start, &why)) {
+      alone.set_start(start);
+      if (auto problem = cost_problem(alone.probe_ambiguity(64, grammar::max_parses), "pattern"); !problem.empty())
+        return fail(at, problem);
+    }
     return true;
   }
 
@@ -607,21 +648,6 @@ std::shared_ptr<const grammar> compile_output_grammar(output_format kind, const 
 
 namespace {
 
-/// What the ambiguity probe read, as a client can read it: printable ASCII as itself, the rest
-/// as \xNN (it reads the lowest byte of each class: a NUL, tabs).
-std::string shown_probe(const std::string& read) {
-  std::string out = "\"";
-  for (unsigned char c : read) {
-    if (c >= 0x20 && c < 0x7f && c != '"' && c != '\\') {
-      out += static_cast<char>(c);
-    } else {
-      char hex[8];
-      std::snprintf(hex, sizeof hex, "\\x%02x", c);
-      out += hex;
-    }
-  }
-  return out + "\"";
-}
 
 std::shared_ptr<const grammar> compile_checked(output_format kind, const std::string& text, const output_options& options,
                                                std::string* why) {
@@ -685,21 +711,11 @@ std::shared_ptr<const grammar> compile_checked(output_format kind, const std::st
   // for it. Not GBNF: a recursive grammar written as people write them (items ::= item | item ","
   // items) doubles its parses with each level of nesting the greedy probe reads, which few
   // answers reach. A rank stops an answer that goes past the bound where this probe did not look.
-  const auto amb = kind == output_format::gbnf ? grammar::ambiguity{} : g->probe_ambiguity(64, grammar::max_parses);
-  const auto read = amb.read.empty() ? std::string{"at its start"}
-                                     : "after the " + std::to_string(amb.read.size()) + " characters " + shown_probe(amb.read);
-  if (amb.parses > grammar::max_parses) {
-    *why = name + ": too ambiguous to follow: " + read + " it can be read " + std::to_string(amb.parses) +
-           (amb.parses >= 4096 ? " or more" : "") + " ways at once (at most " + std::to_string(grammar::max_parses) +
-           "); nested counts of optional items, such as (.{0,64}){64}, do this";
-    return nullptr;
-  }
-  if (amb.work > grammar::max_probe_work) {
-    *why = name + ": too costly to follow: reading " + std::to_string(amb.read.size()) + " characters took " +
-           std::to_string(amb.work) + " parse steps (at most " + std::to_string(grammar::max_probe_work) +
-           "), which every token would repeat; optional items repeated many times, such as (\\w?){200}, do this";
-    return nullptr;
-  }
+  if (kind != output_format::gbnf)
+    if (auto problem = cost_problem(g->probe_ambiguity(64, grammar::max_parses), name); !problem.empty()) {
+      *why = std::move(problem);
+      return nullptr;
+    }
   return g;
 }
 

@@ -615,7 +615,14 @@ TEST_CASE("grammar: an expression that keeps more parses alive than a rank follo
   // Behind a literal, inside a JSON string's pattern, and in GBNF alike.
   CHECK(compiled(output_format::regex, "id-(.{0,32}){32}").find("regex: too ambiguous") == 0);
   CHECK(compiled(output_format::schema, R"({"type":"object","properties":{"a":{"type":"string","pattern":"^(.{0,64}){64}$"}},"required":["a"]})")
-            .find("json_schema: too ambiguous") == 0);
+            .find("at /properties/a/pattern: pattern: too ambiguous to follow") != std::string::npos);
+  // A schema's pattern is probed on its own: the whole schema's probe never reaches one behind
+  // other properties (or an optional one).
+  CHECK(compiled(output_format::schema, R"({"type":"object","properties":{"n":{"type":"integer"},"a":{"type":"string",)"
+                                        R"("pattern":"(.{0,64}){64}"}},"required":["n","a"]})")
+            .find("at /properties/a/pattern: pattern: too ambiguous to follow") != std::string::npos);
+  CHECK(compiled(output_format::schema, R"({"type":"object","properties":{"a":{"type":"string","pattern":"(\\w?){200}"}}})")
+            .find("at /properties/a/pattern: pattern: too costly to follow") != std::string::npos);
   // Not GBNF: a list written `items ::= item | item "," items` doubles its parses with each level
   // of nesting (a rank stops an answer that nests that deep).
   CHECK(compiled(output_format::gbnf, "root ::= \"[\" items? \"]\"\nitems ::= item | item \",\" items\nitem ::= root | [a-z]") ==
@@ -656,8 +663,8 @@ TEST_CASE("grammar: a matcher says when its parses pass the bound a rank follows
                               " tokens it can be read " + std::to_string(m.parses()) + " ways at once (at most 1024)") == 0);
 }
 
-TEST_CASE("grammar: a matcher says when one token's choice cost more than a rank spends (too_ambiguous: too costly), "
-          "a bound on the walk itself, whatever the number of parses") {
+TEST_CASE("grammar: a walk that costs more than a rank spends for one token's choice stops there (too_ambiguous: too "
+          "costly), a bound on the walk itself relative to the vocabulary, whatever the number of parses") {
   std::string why;
   // 70 forced characters hide the cost from the compile-time probe.
   auto g = compile_output_grammar(output_format::regex, std::string(70, 'a') + "(\\w?){200}", {}, &why);
@@ -674,11 +681,24 @@ TEST_CASE("grammar: a matcher says when one token's choice cost more than a rank
   }
   text.push_back("");
   special.push_back(true);  // the end token
-  grammar_matcher m(g, std::make_shared<token_vocabulary>(text, special), {8000});
+  const auto vocab = std::make_shared<token_vocabulary>(text, special);
+  grammar_matcher m(g, vocab, {8000});
   REQUIRE(m.accept_bytes(std::string(70, 'a')));
   std::vector<uint8_t> mask;
   CHECK(m.allowed(&mask) > 0);
   CHECK(m.parses() <= grammar::max_parses);  // not too many parses: too much work
-  CHECK(m.last_walk_work() > grammar::max_mask_work);
-  CHECK(too_ambiguous(m).find("the answer's grammar is too costly to follow: after 0 tokens one token's choice took ") == 0);
+  CHECK(m.last_walk_over_budget());
+  CHECK(m.last_walk_work() > grammar::max_mask_work_per_trie_node * vocab->trie().size());  // more than its trie allows
+  CHECK(too_ambiguous(m).find("the answer's grammar is too costly to follow: after 0 tokens one token's choice passed ") == 0);
+  // What the cut walk allowed is allowed: narrowed, never widened.
+  for (size_t t = 0; t < mask.size(); ++t)
+    if (mask[t]) CHECK(m.allows(static_cast<int32_t>(t)));
+  // A plain JSON schema's string over the same vocabulary stays well inside the bound.
+  auto json_string = compile_output_grammar(output_format::schema, R"({"type":"object","properties":{"name":{"type":"string"}},"required":["name"]})", {}, &why);
+  REQUIRE_MESSAGE(json_string, why);
+  grammar_matcher plain(json_string, vocab, {8000});
+  REQUIRE(plain.accept_bytes("{\"name\":\""));
+  CHECK(plain.allowed(&mask) > 0);
+  CHECK_FALSE(plain.last_walk_over_budget());
+  CHECK(too_ambiguous(plain).empty());
 }
