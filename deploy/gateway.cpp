@@ -863,7 +863,7 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
           st->body_progress.clear();
           return reply_error(self, hdl, g, st,
                              api_error_of(408, "the request did not arrive whole within " +
-                                                   std::to_string(g->cfg.idle_timeout_ms) + " ms"));
+                                                   std::to_string(idle.count()) + " ms"));
         }
         wake_later(self, g, st, tick, timer_atom::value);
       },

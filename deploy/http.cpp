@@ -90,6 +90,9 @@ parse_result parse_chunked_body(std::string_view buf, const limits& lim, std::st
       while (!size_text.empty() && (size_text.back() == ' ' || size_text.back() == '\t')) size_text.remove_suffix(1);
     size_t size = 0;
     const auto [end, ec] = std::from_chars(size_text.data(), size_text.data() + size_text.size(), size, 16);
+    // All hex digits, past size_t: a chunk past any limit, not a malformed one (as Content-Length).
+    if (ec == std::errc::result_out_of_range && end == size_text.data() + size_text.size())
+      return fail(413, "the chunked body exceeds the limit of " + std::to_string(lim.max_body_bytes) + " bytes");
     if (size_text.empty() || ec != std::errc{} || end != size_text.data() + size_text.size())
       return fail(400, "chunk size '" + std::string(size_text.substr(0, 32)) + "' is not a hexadecimal number");
     if (size > lim.max_body_bytes || body->size() + size > lim.max_body_bytes)
@@ -196,6 +199,9 @@ static parse_result parse_request_at(std::string_view buf, const limits& lim, re
   for (const char* once : {"host", "authorization"})
     if (std::count_if(out->headers.begin(), out->headers.end(), [&](const auto& h) { return h.first == once; }) > 1)
       return fail(400, std::string{"more than one "} + (once[0] == 'h' ? "Host" : "Authorization") + " header");
+  // A Host is one host[:port] (RFC 9110 §7.2): a list would name two, read apart by a proxy.
+  if (const auto* host = out->header("host"); host && host->find(',') != std::string::npos)
+    return fail(400, "the Host header names more than one host");
   // Every Connection header's options together, and "close" wins: a keep-alive in one header
   // must not keep open a connection another header closes. Options are tokens ("x-enclosed"
   // is not "close").

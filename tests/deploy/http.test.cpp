@@ -77,6 +77,9 @@ TEST_CASE("the HTTP parser takes whole requests, waits for partial ones and refu
   CHECK(status("GET / HTTP/1.1\r\nExpect: 200-ok\r\n\r\n") == 417);
   CHECK(status("GET / HTTP/1.1\r\nExpect: 100-continue\r\nExpect: 200-ok\r\n\r\n") == 417);  // any of them
   CHECK(status("POST / HTTP/1.1\r\nContent-Length: 99999999999999999999999\r\n\r\n") == 413);
+  CHECK(status("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffffffffffffff\r\n") == 413);
+  CHECK(deploy::http::parse_request("GET / HTTP/1.1\r\nHost: a, b\r\n\r\n", lim, &req).why ==
+        "the Host header names more than one host");
   CHECK(status("GET /\r\n\r\n") == 400);
   // Bare LFs (netcat without -C): refused at once, not left waiting for a CRLF CRLF.
   CHECK(status("GET / HTTP/1.1\nHost: x\n\n") == 400);
