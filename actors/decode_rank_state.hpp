@@ -268,6 +268,10 @@ void maybe_admit(decode_pointer self, uint64_t lease_id);
 /// Offloads running sequences or resumes paused ones, and grants waiting reservations, as the
 /// free pages allow (decode_rank.cpp).
 void rebalance_memory(decode_pointer self);
+/// The device pages offload_youngest could free now (decode_memory.cpp), and growing on-demand
+/// leases by a page where their next token needs one, offloading the youngest if the pool is dry.
+uint64_t offloadable_pages(const decode_state& st);
+void grow_pages(decode_pointer self);
 /// On demand: a reservation takes the prompt plus headroom, and running sequences grow a page
 /// at a time (cfg.on_demand_headroom_tokens > 0).
 bool on_demand(const decode_state& st);
