@@ -1,4 +1,5 @@
 #include "actors/request.hpp"
+#include "actors/request_state.hpp"
 
 #include "actors/block_index.hpp"
 
@@ -16,72 +17,10 @@
 
 namespace baton {
 
+using namespace request_detail;
+
 namespace {
 
-//  checking --index answers (or store off)--> placing --both balancers answer--> reserving
-//  --lease granted--> prefilling
-//                                                                     |
-//     answered <--last token-- decoding <--first token (TTFT)---------+
-//  One token to generate (prefill-only): placing --prefill balancer answers--> prefilling --> answered.
-//  Any hop's error or deadline goes straight to `answered` with that error (lease released).
-struct request_state {
-  request_plan plan;
-  caf::typed_response_promise<completion> promise;
-  completion out;
-  std::string prefill_name, decode_name;
-  prefill_rank_actor prefill;
-  decode_rank_actor decode;
-  caf::actor_clock::time_point started, stage_started, last_token_at;
-  caf::actor_clock::time_point attempt_started;  ///< this attempt's start (completion::failed_attempts_us)
-  uint64_t lease_id = 0;   ///< 0 = none held
-  /// Prefill ranks of this attempt whose order is unanswered (split parts count one each): they
-  /// may still put KV into the lease, so a release says so and they are told to stop. An answer,
-  /// even an error, comes only once nothing of theirs is in flight; a timeout proves nothing.
-  uint32_t num_writers_out = 0;
-  /// This attempt's prefill gave up a put that may still land in the lease (prefill_result::
-  /// abandoned_put): its pages wait out the decode rank's quarantine whenever they are let go.
-  bool writer_abandoned = false;
-  /// KV reservations asked for and not yet answered. A request that ends with one on its way
-  /// stays until it comes (reserve_timeout_ms at most) to give the lease back: a remote decode
-  /// rank that granted it after the request had gone was never told, and held the pages through
-  /// the lease and a minute's quarantine (a soak trial's cut clients took 80% of KV that way).
-  uint32_t reserves_out = 0;
-  uint64_t watch_seq = 0;  ///< the token watchdog acts only for the current attempt
-  uint64_t watch_armed_seq = UINT64_MAX;  ///< the attempt whose watchdog timer is on its way
-  caf::actor_clock::time_point watch_from;  ///< the last token (or the decode's start): the wait counts from here
-  bool hybrid = false;     ///< hybrid PD: the decode rank prefills the prompt itself
-  bool prefill_only = false;  ///< this attempt's one token comes from a prefill rank alone: no decode rank
-  /// A placement asked for (in flight, parked, or made) and its rank not yet asked: the balancer
-  /// counts a placement as the rank's load until the rank settles it (on the reservation, on the
-  /// prefill order). An attempt given up before that (its client left, another hop failed)
-  /// voids it (let_go); else it held its room for a whole charge TTL -- or, placed after its
-  /// request had gone, for good until that TTL -- and placements parked behind it.
-  bool decode_charged = false, prefill_charged = false;
-  bool stopped = false;    ///< a stop token or string ended generation (out.text already cut)
-  bool eos_hit = false;    ///< ... and it was one of the model's extra end-of-sequence tokens
-  std::string text;        ///< with stop strings: the text so far, grown token by token
-  prefill_placement split; ///< dynamic prefill split: the parts' ranks and bounds (none: no split)
-  std::vector<block_ref> prefix;  ///< CHECK: the cached leading blocks and their servers
-  std::vector<uint64_t> block_keys;  ///< the prompt's full blocks' keys (hi, lo), store on
-  uint32_t cached_blocks = 0;     ///< blocks the prefill rank actually loaded (after verification)
-  // Failover (design.md §2, failure semantics): a retryable failure re-places the request; the
-  // new attempt's prompt is the request's plus every token generated so far, so greedy output
-  // continues exactly where it stopped (the executor is batch- and chunk-invariant).
-  std::vector<int32_t> prompt;    ///< this attempt's prompt
-  int32_t max_new = 0;            ///< tokens this attempt still generates
-  uint32_t decode_fed = 0;        ///< tokens of this attempt fed at decode ranks it moved away from
-  uint32_t attempt = 0;           ///< failovers so far
-  size_t emitted_text = 0;        ///< streaming: bytes of `text` already sent to the sink
-  size_t stop_from = 0;           ///< stop strings start at or after this byte of `text` (min_tokens)
-  size_t emitted_tokens = 0;      ///< ... and tokens
-  size_t emitted_logprobs = 0;    ///< ... and log-probability entries (they follow the text: logprobs_ready)
-  size_t logprob_bytes = 0;       ///< bytes of `text` the sent entries' texts cover
-  bool echo_streamed = false;     ///< streaming an echo: the prompt went with the first chunk
-  bool answered = false;
-  static inline const char* name = "baton.request";
-};
-
-using request_pointer = request_actor::stateful_pointer<request_state>;
 
 /// The lease id this attempt's prefill ranks know it by (prefill_order::grant), which a cancel
 /// names: the decode lease's, or a prefill-only attempt's tag.
@@ -99,54 +38,14 @@ int64_t lap(request_pointer self) {
   return us;
 }
 
-/// The request's prompt detokenized (echo).
-std::string prompt_text(const request_state& st) {
-  const auto& p = st.plan.prompt_tokens;
-  return st.plan.tokenizer ? st.plan.tokenizer->decode(p) : gpu::byte_tokenizer{-1, -1}.decode(p);
-}
 
 /// This attempt's prompt is scored (generate_request::prompt_logprobs): asked, and not yet
 /// answered by an earlier attempt (a failover after the first token re-prefills unscored).
 bool scores_prompt(const request_state& st) { return st.plan.params.prompt_logprobs && st.out.prompt_logprobs.empty(); }
 
-/// A token alone as text, by the request's tokenizer.
-std::string token_text(const request_state& st, int32_t token) {
-  return st.plan.tokenizer ? st.plan.tokenizer->decode({token}) : gpu::byte_tokenizer{-1, -1}.decode({token});
-}
 
-/// The text of the first `n` generated tokens (all of them by default).
-std::string decode_text(const request_state& st, size_t n = std::string::npos) {
-  const std::vector<int32_t> some(st.out.tokens.begin(), st.out.tokens.begin() + static_cast<std::ptrdiff_t>(std::min(n, st.out.tokens.size())));
-  const auto& tokens = n < st.out.tokens.size() ? some : st.out.tokens;
-  if (st.plan.tokenizer) return st.plan.tokenizer->decode(tokens);
-  return gpu::byte_tokenizer{-1, -1}.decode(tokens);
-}
 
-/// How many log-probability entries lie wholly within the first `sent` bytes of the text (each
-/// entry's text is its token's, which the text grew by: hits_stop). An empty one waits for the
-/// text after it, or for the end.
-size_t logprobs_ready(request_state& st, size_t sent) {
-  size_t n = st.emitted_logprobs;
-  for (; n < st.out.logprobs.size(); ++n) {
-    const size_t len = st.out.logprobs[n].text.size();
-    if (st.logprob_bytes + len > sent || (len == 0 && st.logprob_bytes >= sent)) break;
-    st.logprob_bytes += len;
-  }
-  return n;
-}
 
-/// A stop string cut the text at byte `kept` of `text`: the log-probability entries follow, so
-/// that their texts join to the answer's, as its tokens' would have had the model stopped there
-/// -- those after the cut go, and the token the cut runs through keeps its text before it.
-void cut_logprobs(request_state& st, size_t kept) {
-  size_t at = 0, n = 0;
-  auto& lps = st.out.logprobs;
-  for (; n < lps.size() && at < kept; ++n) {
-    if (at + lps[n].text.size() > kept) lps[n].text.resize(kept - at);
-    at += lps[n].text.size();
-  }
-  lps.resize(n);
-}
 
 /// Streaming: sends the sink the tokens and the text it has not seen yet. Before the end only
 /// text that no later token can change is sent (streamable_prefix); the last chunk carries
@@ -287,54 +186,6 @@ void arm_watchdog(request_pointer self) {
   self->delayed_send(self, std::chrono::milliseconds{st.plan.cfg.token_timeout_ms}, watchdog_atom::value, st.watch_seq);
 }
 
-/// Stop conditions of the request: a stop token, or a stop string in the text so far (the text
-/// is cut before it). True when generation should end here.
-bool hits_stop(request_state& st, int32_t token) {
-  const auto& p = st.plan.params;
-  // Byte-level tokens decode independently, so the text grows by this token's bytes; a stop
-  // string can only end inside them, so only the tail needs searching (not the whole text
-  // again at every token). Streaming sends this text as it grows.
-  const size_t before = st.text.size();
-  if (st.plan.sink || !p.stop.empty())
-    st.text += token_text(st, token);
-  // A stop token's text is not part of the answer unless asked for (vLLM v1's detokenizer
-  // leaves it out the same way); the token itself stays among the tokens.
-  const auto text_to_stop_token = [&] {
-    return decode_text(st, p.include_stop_str_in_output ? st.out.tokens.size() : st.out.tokens.size() - 1);
-  };
-  if (!p.ignore_eos && std::find(st.plan.extra_eos_token_ids.begin(), st.plan.extra_eos_token_ids.end(), token) !=
-                           st.plan.extra_eos_token_ids.end()) {
-    st.out.text = text_to_stop_token();
-    st.eos_hit = true;
-    return true;
-  }
-  if (std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) != p.stop_token_ids.end()) {
-    st.out.text = text_to_stop_token();
-    return true;
-  }
-  // min_tokens: stop strings are looked for only in the text after its first min_tokens tokens
-  // (as vLLM v1's detokenizer does); the end tokens above were never picked before then.
-  if (p.stop.empty()) return false;
-  if (st.out.tokens.size() <= p.min_tokens) {
-    st.stop_from = st.text.size();
-    return false;
-  }
-  // Each stop string must end inside this token's text (an earlier end was found at its own
-  // token, or lies in the text min_tokens shields), and start after what min_tokens shields.
-  // The earliest wins; at the same place the first listed.
-  size_t cut = std::string::npos, cut_length = 0;
-  for (const auto& s : p.stop) {
-    const size_t at = s.empty() ? std::string::npos : st.text.find(s, std::max(st.stop_from, before >= s.size() ? before - s.size() + 1 : 0));
-    if (at < cut) {
-      cut = at;
-      cut_length = s.size();
-    }
-  }
-  if (cut == std::string::npos) return false;
-  st.out.text = st.text.substr(0, p.include_stop_str_in_output ? cut + cut_length : cut);
-  if (p.logprobs) cut_logprobs(st, st.out.text.size());
-  return true;
-}
 
 void record_token(request_pointer self, int32_t token, std::vector<float> logits,
                   std::vector<gpu::token_logprobs> logprobs) {
