@@ -633,7 +633,7 @@ grammar::ambiguity grammar::probe_ambiguity(uint32_t steps, size_t limit) const 
   ambiguity out{tops.size(), {}};
   std::vector<uint32_t> next, best;
   // Bytes every top takes or refuses alike lead to the same parses: one of each such class is
-  // tried (a handful, where 256 made (.?){64} cost a second to compile).
+  // tried (a handful, where 256 made .?.?.? ... cost a second to compile).
   std::vector<uint32_t> set_ids;
   std::vector<int> candidates;
   for (uint32_t step = 0; step < steps && out.parses <= limit && a.produced <= max_probe_work; ++step) {
@@ -863,8 +863,8 @@ std::string too_ambiguous(const grammar_matcher& m) {
     return "the answer's grammar is too costly to follow: after " + std::to_string(m.consumed()) +
            " tokens one token's choice passed " + std::to_string(m.last_walk_work()) + " parse steps (at most " +
            std::to_string(grammar::max_mask_work_per_trie_node) +
-           " per node of the vocabulary's trie) and was cut short; optional items repeated many times, such as "
-           "(\\w?){200}, do this";
+           " per node of the vocabulary's trie) and was cut short; many optional items one after another, such "
+           "as \\w? written 200 times, do this";
   if (m.parses() <= grammar::max_parses) return {};
   return "the answer's grammar is too ambiguous to follow: after " + std::to_string(m.consumed()) +
          " tokens it can be read " + std::to_string(m.parses()) + " ways at once (at most " +

@@ -100,8 +100,8 @@ public:
   /// The most parses a matcher may keep alive at once. Each is walked for every token's mask,
   /// so an ambiguous expression that keeps thousands ((.{0,64}){64}: every way of sharing the text
   /// among the groups, 4,096 here) made each token cost seconds of a rank's time. Patterns people
-  /// write keep far fewer: (\w+,?\s?){0,50} 200, (.?){64} 577 (about 0.2 s a token over a
-  /// 1,024-token vocabulary on one core); a forced call among 128 tools, one per tool.
+  /// write keep far fewer: (\w+,?\s?){0,50} 200, .?.?.? ... (64 of them) 577 (about 0.2 s a
+  /// token over a 1,024-token vocabulary on one core); a forced call among 128 tools, one per tool.
   static constexpr size_t max_parses = 1024;
   /// A greedy probe of ambiguity: from the start, up to `steps` bytes, each the byte that keeps
   /// the most parses alive (on a tie, one that moves on: not blank space the grammar loops
@@ -112,8 +112,9 @@ public:
     uint64_t work = 0;  ///< parses the probe's steps produced (max_probe_work)
   };
   /// What the probe may spend: past it, a grammar is refused as too costly to follow. Each parse a
-  /// step produces is work every token's walk repeats over the vocabulary: (\w?){200} keeps only
-  /// 191 parses but produces about 200 for each (0.3 s a token over 1,024 tokens, a re-trial).
+  /// step produces is work every token's walk repeats over the vocabulary: \w? written 200 times
+  /// keeps only 191 parses but produces about 200 for each (0.3 s a token over 1,024 tokens, a
+  /// re-trial, when (\w?){200} still compiled so: regex_grammar.cpp now repeats non-empty items).
   static constexpr uint64_t max_probe_work = 300'000;
   /// The same for one token's choice on a rank, per node of the vocabulary's trie (a walk visits
   /// each for every parse): past it the walk stops, the token is picked among those it found, and

@@ -45,7 +45,7 @@ std::string cost_problem(const grammar::ambiguity& amb, const std::string& name)
   if (amb.work > grammar::max_probe_work)
     return name + ": too costly to follow: reading " + std::to_string(amb.read.size()) + " characters made " +
            std::to_string(amb.work) + " parse steps (at most " + std::to_string(grammar::max_probe_work) +
-           "), which every token would repeat; optional items repeated many times, such as (\\w?){200}, do this";
+           "), which every token would repeat; many optional items one after another, such as \\w? written 200 times, do this";
   return {};
 }
 

@@ -4,6 +4,7 @@
 #include <bitset>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <vector>
 
 namespace baton::gpu {
@@ -307,6 +308,61 @@ private:
   std::string why_;
 };
 
+/// Whether `n` matches the empty text.
+bool nullable(const node& n) {
+  switch (n.k) {
+    case node::chars: return false;
+    case node::seq: return std::all_of(n.kids.begin(), n.kids.end(), nullable);
+    case node::alt: return std::any_of(n.kids.begin(), n.kids.end(), nullable);
+    case node::repeat: return n.min == 0 || nullable(n.kids[0]);
+  }
+  return false;
+}
+
+/// What `n` matches but the empty text; nothing when that is all it matches. A sequence's
+/// non-empty matches start with its first non-empty part: one alternative for each part that may
+/// be it (the parts before it all empty), the rest of the sequence as written after it.
+std::optional<node> non_empty(const node& n) {
+  switch (n.k) {
+    case node::chars: return n;
+    case node::alt:
+    case node::seq: {
+      node out;
+      out.k = node::alt;
+      for (size_t i = 0; i < n.kids.size(); ++i) {
+        if (auto first = non_empty(n.kids[i])) {
+          if (n.k == node::alt) {
+            out.kids.push_back(std::move(*first));
+          } else {
+            node s;
+            s.k = node::seq;
+            s.kids.push_back(std::move(*first));
+            s.kids.insert(s.kids.end(), n.kids.begin() + static_cast<std::ptrdiff_t>(i) + 1, n.kids.end());
+            out.kids.push_back(std::move(s));
+          }
+        }
+        if (n.k == node::seq && !nullable(n.kids[i])) break;  // a later part can no longer be the first
+      }
+      if (out.kids.empty()) return std::nullopt;
+      if (out.kids.size() == 1) return std::move(out.kids[0]);
+      return out;
+    }
+    case node::repeat: {
+      if (n.max == 0) return std::nullopt;
+      node r = n;
+      r.min = std::max<uint32_t>(r.min, 1);
+      if (nullable(n.kids[0])) {  // X{m,n} of an X that may be empty: 1 to n of X's non-empty matches
+        auto item = non_empty(n.kids[0]);
+        if (!item) return std::nullopt;
+        r.min = 1;
+        r.kids[0] = std::move(*item);
+      }
+      return r;
+    }
+  }
+  return std::nullopt;
+}
+
 /// Grammar rules for a parsed expression, writing its text as itself or as the inside of a JSON
 /// string.
 class builder {
@@ -341,9 +397,25 @@ public:
         }
         break;
       case node::repeat: {
-        uint32_t item = 0;
-        if (!build(n.kids[0], &item, why)) return false;
-        g_.add_alternative(r, {grammar::ref(g_.add_repeat(item, n.min, n.max))});
+        // An item that may match nothing lets each repetition end without reading a byte, so every
+        // parse reaches each later repetition at once: (\w* ?){1,50} kept fifty parses alive, each
+        // re-walked for every token, and was refused as too costly. The same texts are 0 to n of
+        // the item's non-empty matches (empty ones only pad the count), one repetition per parse.
+        const node* item = &n.kids[0];
+        uint32_t min = n.min;
+        std::optional<node> item_non_empty;
+        if (n.max != 0 && nullable(*item)) {
+          item_non_empty = non_empty(*item);
+          if (!item_non_empty) {  // the item matches only the empty text: so does the repeat
+            g_.add_alternative(r, {});
+            break;
+          }
+          item = &*item_non_empty;
+          min = 0;
+        }
+        uint32_t item_rule = 0;
+        if (!build(*item, &item_rule, why)) return false;
+        g_.add_alternative(r, {grammar::ref(g_.add_repeat(item_rule, min, n.max))});
         break;
       }
     }

@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 #include <random>
+#include <regex>
 #include <thread>
 #include <tuple>
 
@@ -20,6 +21,13 @@ std::shared_ptr<const grammar> compile(const std::string& schema, std::string* w
   auto g = compile_output_grammar(schema.empty() ? output_format::object : output_format::schema, schema, {.after_thinking = thinking}, &w);
   if (why) *why = w;
   return g;
+}
+
+/// `piece` written `n` times.
+std::string repeated(const std::string& piece, int n) {
+  std::string out;
+  for (int i = 0; i < n; ++i) out += piece;
+  return out;
 }
 
 /// Whether the whole text is a sentence of the grammar.
@@ -256,6 +264,35 @@ TEST_CASE("grammar: string patterns, formats and lengths, as the decoded text; i
   CHECK_FALSE(viable(compile(""), "{\"\xed\xa0\x80"));
   CHECK_FALSE(viable(compile(""), R"({"\uD800)"));
   CHECK(matches(compile(""), "{\"\xf0\x9f\x98\x80\":\"\\u00e9\"}"));
+}
+
+TEST_CASE("grammar: an expression matches exactly the texts std::regex matches, repeats of items that may be empty "
+          "included (every text of up to 6 characters over a, b, space and comma)") {
+  // Repeats of items that may be empty are compiled as repeats of the items' non-empty matches
+  // (regex_grammar.cpp): these check that rewrite against an independent engine.
+  const std::vector<std::string> patterns = {
+      "(\\w* ?){1,5}", "(a?){3}",  "(a?b?){2,4}", "((a|b)*,?){0,3}", "(a*|b)+", "(|a)+b", "((a?)*)*",
+      "(a?,?)*b",       "( ?(a|)){2}", "(a{0,2}b?){1,3}", "(()|a){2,3}", "(a?){0}b", "((a?)?b?){3}", "(a? ?)+,",
+      "(a?b)*(b?a){1,2}", "(\\s*\\w+\\s*){1,3}", "((a|)(b|)){2,3},?", "(a*b*){0,2}a", "(a|b?){2,}b"};
+  std::vector<std::string> texts{""};
+  for (size_t i = 0; i < texts.size(); ++i)
+    if (texts[i].size() < 6)
+      for (char c : std::string("ab ,")) texts.push_back(texts[i] + c);
+  for (const auto& p : patterns) {
+    CAPTURE(p);
+    std::string why;
+    const auto g = compile_output_grammar(output_format::regex, p, {}, &why);
+    REQUIRE_MESSAGE(g, why);
+    const std::regex reference(p);
+    size_t matched = 0, differ = 0;
+    for (const auto& t : texts) {
+      const bool expected = std::regex_match(t, reference);
+      matched += expected;
+      if (matches(g, t) != expected && ++differ <= 3) CHECK_MESSAGE(false, "'" << t << "': std::regex says " << expected);
+    }
+    CHECK(differ == 0);
+    CHECK(matched > 0);
+  }
 }
 
 TEST_CASE("grammar: a whole answer matching a regular expression, written as itself (guided_regex, guided_choice)") {
@@ -611,7 +648,7 @@ TEST_CASE("grammar: an expression that keeps more parses alive than a rank follo
   const auto nested = compiled(output_format::regex, "(.{0,64}){64}");
   CHECK_MESSAGE(nested.find("regex: too ambiguous to follow: after the ") == 0, nested);
   CHECK_MESSAGE(nested.find("ways at once (at most 1024); nested counts of optional items") != std::string::npos, nested);
-  CHECK(compiled(output_format::regex, "(.?){256}").find("regex: too ambiguous to follow: at its start it can be read ") == 0);
+  CHECK(compiled(output_format::regex, repeated(".?", 300)).find("regex: too ambiguous to follow: at its start it can be read ") == 0);
   // Behind a literal, inside a JSON string's pattern, and in GBNF alike.
   CHECK(compiled(output_format::regex, "id-(.{0,32}){32}").find("regex: too ambiguous") == 0);
   CHECK(compiled(output_format::schema, R"({"type":"object","properties":{"a":{"type":"string","pattern":"^(.{0,64}){64}$"}},"required":["a"]})")
@@ -621,7 +658,8 @@ TEST_CASE("grammar: an expression that keeps more parses alive than a rank follo
   CHECK(compiled(output_format::schema, R"({"type":"object","properties":{"n":{"type":"integer"},"a":{"type":"string",)"
                                         R"("pattern":"(.{0,64}){64}"}},"required":["n","a"]})")
             .find("at /properties/a/pattern: pattern: too ambiguous to follow") != std::string::npos);
-  CHECK(compiled(output_format::schema, R"({"type":"object","properties":{"a":{"type":"string","pattern":"(\\w?){200}"}}})")
+  CHECK(compiled(output_format::schema, R"({"type":"object","properties":{"a":{"type":"string","pattern":")" +
+                                            repeated("\\\\w?", 200) + R"("}}})")
             .find("at /properties/a/pattern: pattern: too costly to follow") != std::string::npos);
   // Not GBNF: a list written `items ::= item | item "," items` doubles its parses with each level
   // of nesting (a rank stops an answer that nests that deep).
@@ -632,11 +670,19 @@ TEST_CASE("grammar: an expression that keeps more parses alive than a rank follo
   CHECK(compiled(output_format::regex, "(.?){16}") == "compiled");
   CHECK(compiled(output_format::regex, "(\\w+,?\\s?){0,50}") == "compiled");
   CHECK(compiled(output_format::regex, "(\\s*\\w+\\s*){1,100}") == "compiled");
-  // Few parses, each producing hundreds at every character: too costly, refused as such.
-  const auto costly = compiled(output_format::regex, "(\\w?){200}");
+  // Repeats of items that may be empty read as repeats of their non-empty matches: one parse
+  // each, not one for every later repeat ((\w?){200} kept 191, each producing 200 at every
+  // character, and was refused as too costly).
+  CHECK(compiled(output_format::regex, "(\\w?){200}") == "compiled");
+  CHECK(compiled(output_format::regex, "(.?){256}") == "compiled");
+  CHECK(compiled(output_format::regex, "^(\\w* ?){1,50}$") == "compiled");
+  CHECK(compiled(output_format::regex, "^([a-z]*\\s*){1,50}$") == "compiled");
+  // Few parses, each producing hundreds at every character (optional items written out one after
+  // another): too costly, refused as such.
+  const auto costly = compiled(output_format::regex, repeated("\\w?", 200));
   CHECK_MESSAGE(costly.find("regex: too costly to follow: reading ") == 0, costly);
   CHECK_MESSAGE(costly.find(" parse steps (at most 300000), which every token would repeat") != std::string::npos, costly);
-  CHECK(compiled(output_format::regex, "(.?){64}").find("regex: too costly to follow") == 0);
+  CHECK(compiled(output_format::regex, repeated(".?", 64)).find("regex: too costly to follow") == 0);
   CHECK(compiled(output_format::regex, "[a-z]+@[a-z]+\\.(com|org)") == "compiled");
   std::string names = "(";
   for (int i = 0; i < 200; ++i) names += (i ? "|tool_" : "tool_") + std::to_string(i);
@@ -667,7 +713,7 @@ TEST_CASE("grammar: a walk that costs more than a rank spends for one token's ch
           "costly), a bound on the walk itself relative to the vocabulary, whatever the number of parses") {
   std::string why;
   // 70 forced characters hide the cost from the compile-time probe.
-  auto g = compile_output_grammar(output_format::regex, std::string(70, 'a') + "(\\w?){200}", {}, &why);
+  auto g = compile_output_grammar(output_format::regex, std::string(70, 'a') + repeated("\\w?", 200), {}, &why);
   REQUIRE_MESSAGE(g, why);
   // A vocabulary of 8,000 word pieces of 1 to 4 characters: the walk visits each for every parse.
   std::mt19937 rng{5};
