@@ -143,7 +143,7 @@ struct local_cluster {
 /// loaded from files on a node, the same weights either way.)
 std::string model_fingerprint(const gpu::model_config& m);
 /// Which weights of the model a process serves, as the node directory compares them: a
-/// checkpoint's sampled fingerprint (gpu::hf_model::weights_id) or, for drawn ones, the seed.
+/// checkpoint's fingerprint (gpu::hf_model::weights_id) or, for drawn ones, the seed.
 std::string weights_identity(const std::string& weights_id, uint64_t weights_seed);
 
 /// Spawns the cluster. The config must validate (callers report validate()'s sentence).

@@ -24,7 +24,7 @@ struct node_hello {
   /// draws one). A pid is no identity: every container's first process is pid 1, and a node
   /// restarted in its container comes back as pid 1 under the same name.
   uint64_t incarnation = 0;
-  /// Which weights of that model (weights_identity: a checkpoint's sampled fingerprint, or the
+  /// Which weights of that model (weights_identity: a checkpoint's fingerprint, or the
   /// seed of drawn ones), and the tokens of a KV page: a node whose weights differ would answer
   /// with another model's tokens, one whose pages differ fails every KV handoff with it. The head
   /// refuses either at the join (weights compared like for like: two checkpoints, or two seeds).

@@ -1,11 +1,13 @@
 #include "gpu/safetensors.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -246,26 +248,79 @@ struct fnv1a {
   }
 };
 
+/// Every byte of `p`, 64 bits: four multiply-xorshift lanes over 8-byte words (several GB/s a
+/// core), a zero-padded tail, folded. Not cryptographic: weights come from whoever runs Baton.
+uint64_t content_hash(const unsigned char* p, uint64_t n) {
+  constexpr uint64_t k = 0x9E3779B97F4A7C15ull;
+  uint64_t lane[4] = {0x243F6A8885A308D3ull, 0x13198A2E03707344ull, 0xA4093822299F31D0ull, 0x082EFA98EC4E6C89ull};
+  uint64_t i = 0;
+  for (; i + 32 <= n; i += 32)
+    for (int l = 0; l < 4; ++l) {
+      uint64_t w;
+      std::memcpy(&w, p + i + 8 * l, 8);
+      lane[l] = (lane[l] ^ w) * k;
+      lane[l] ^= lane[l] >> 29;
+    }
+  unsigned char tail[32] = {};
+  std::memcpy(tail, p + i, n - i);
+  for (int l = 0; l < 4; ++l) {
+    uint64_t w;
+    std::memcpy(&w, tail + 8 * l, 8);
+    lane[l] = (lane[l] ^ w) * k;
+    lane[l] ^= lane[l] >> 29;
+  }
+  uint64_t h = n;
+  for (uint64_t x : lane) h = (h ^ x) * k, h ^= h >> 31;
+  return h;
+}
+
 }  // namespace
 
 std::string safetensors_set::fingerprint(const std::string& salt) const {
+  // Every byte of checkpoints up to fingerprint_all_bytes_limit: a fine-tune that changed a few
+  // rows (new tokens' embeddings) must not pass for its base model, whose KV a shared store would
+  // then serve it (a storage review did exactly that when only samples were hashed). Past the
+  // limit, where reading everything would cost each process minutes (an expert-parallel process
+  // maps only its experts), bytes sampled evenly through each tensor.
+  uint64_t total = 0;
+  for (const auto& [name, t] : by_name_) total += t->bytes;
+  const bool every_byte = total <= fingerprint_all_bytes_limit;
+  std::vector<const st_tensor*> tensors;
+  for (const auto& [name, t] : by_name_) tensors.push_back(t);
+  std::vector<uint64_t> digests(tensors.size());
+  if (every_byte) {
+    // Several threads: a 16 GB checkpoint is read at memory (or disk) speed, not one core's.
+    std::atomic<size_t> next{0};
+    auto work = [&] {
+      for (size_t k; (k = next.fetch_add(1)) < tensors.size();)
+        digests[k] = content_hash(reinterpret_cast<const unsigned char*>(tensors[k]->data), tensors[k]->bytes);
+    };
+    const size_t n = std::clamp<size_t>(std::thread::hardware_concurrency(), 1, std::min<size_t>(16, tensors.size()));
+    std::vector<std::thread> pool;
+    for (size_t t = 1; t < n; ++t) pool.emplace_back(work);
+    work();
+    for (auto& t : pool) t.join();
+  }
   constexpr uint64_t total_samples = 65536, sample_bytes = 64, most_per_tensor = 256;
   const uint64_t per_tensor =
       std::clamp<uint64_t>(total_samples / std::max<size_t>(1, by_name_.size()), 1, most_per_tensor);
   fnv1a f;
   f.add(salt);
+  size_t k = 0;
   for (const auto& [name, t] : by_name_) {  // by name: the files' order and sharding do not matter
     f.add(name);
     f.add(static_cast<uint64_t>(t->dtype));
     f.add(t->shape.size());
     for (auto d : t->shape) f.add(d);
-    if (t->bytes <= per_tensor * sample_bytes) {
+    if (every_byte) {
+      f.add(digests[k++]);
+    } else if (t->bytes <= per_tensor * sample_bytes) {
       f.add(t->data, t->bytes);
-      continue;
+    } else {
+      const uint64_t last = t->bytes - sample_bytes;  // where the last sample may start
+      for (uint64_t s = 0; s < per_tensor; ++s)
+        f.add(t->data + (per_tensor == 1 ? last / 2 : last * s / (per_tensor - 1)), sample_bytes);
     }
-    const uint64_t last = t->bytes - sample_bytes;  // where the last sample may start
-    for (uint64_t k = 0; k < per_tensor; ++k)
-      f.add(t->data + (per_tensor == 1 ? last / 2 : last * k / (per_tensor - 1)), sample_bytes);
   }
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(f.h));

@@ -49,11 +49,14 @@ class safetensors_set {
   const st_tensor* find(const std::string& name) const;
   std::vector<std::string> names() const;
   /// A stable 64-bit fingerprint of the weights, as 16 hex digits: every tensor's name, dtype and
-  /// shape, and bytes sampled evenly through its data (at most 65536 samples of 64 bytes in all,
-  /// at least one per tensor), so two checkpoints of one architecture -- a fine-tune, a merged
-  /// LoRA -- differ while reading a sliver of them. The same on every machine and run. `salt`
+  /// shape, and every byte of its data (read by several threads), so two checkpoints of one
+  /// architecture -- a fine-tune, a merged LoRA, new tokens' embeddings -- differ. Past
+  /// fingerprint_all_bytes_limit of tensors, bytes sampled evenly through each tensor instead (at
+  /// most 65536 samples of 64 bytes in all, at least one per tensor): a sliver of a checkpoint
+  /// that each process would otherwise read whole. The same on every machine and run. `salt`
   /// (config.json's text, say) is mixed in first.
   std::string fingerprint(const std::string& salt = {}) const;
+  static constexpr uint64_t fingerprint_all_bytes_limit = uint64_t{64} << 30;
 
  private:
   std::vector<std::unique_ptr<safetensors_file>> files_;

@@ -19,8 +19,9 @@ namespace baton::store {
 
 struct block_header {
   /// 2: eight-lane layer checksums (kv_layer_checksum); 3: the retention class (a store that
-  /// restarts finds its blocks again and must expire them as they would have been).
-  static constexpr uint32_t version = 3;
+  /// restarts finds its blocks again and must expire them as they would have been); 4: the same
+  /// layout under SHA-256 keys (earlier files are deleted by the scan: nothing asks for their keys).
+  static constexpr uint32_t version = 4;
   block_key salt;     ///< model identity and KV layout (kv_identity)
   block_key key;
   block_key parent;   ///< empty for a prompt's first block

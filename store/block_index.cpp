@@ -257,8 +257,7 @@ std::vector<block_meta> block_index::expire(double now_s) {
 server_ring::server_ring(uint32_t num_servers, uint32_t virtual_nodes) : num_servers_(num_servers) {
   for (uint32_t s = 0; s < num_servers; ++s)
     for (uint32_t v = 0; v < virtual_nodes; ++v) {
-      const int32_t words[2] = {static_cast<int32_t>(s), static_cast<int32_t>(v)};
-      ring_.emplace_back(chain_step({0x5bd1e995, s}, words, 2).lo, s);
+      ring_.emplace_back(spread_words(uint64_t{0x5bd1e995} << 32 | s, v), s);
     }
   std::sort(ring_.begin(), ring_.end());
 }

@@ -1,7 +1,11 @@
 #include "store/block_key.hpp"
 
+#include <openssl/evp.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 
 namespace baton::store {
 
@@ -21,7 +25,7 @@ uint64_t fmix(uint64_t k) {
 
 /// A 128-bit multiply-rotate hash over 64-bit words (two tokens each) in two lanes that feed
 /// each other, finalised with avalanche mixing: not cryptographic, but every input bit reaches
-/// every output bit, and it runs at well under a nanosecond per token (CHECK hashes whole prompts).
+/// every output bit. For spreading (spread_words); block keys are SHA-256 (digest).
 block_key hash_words(block_key seed, const unsigned char* p, size_t n_bytes) {
   uint64_t a = seed.hi, b = seed.lo;
   size_t i = 0;
@@ -51,6 +55,36 @@ block_key hash_words(block_key seed, const unsigned char* p, size_t n_bytes) {
   return {a, b};
 }
 
+/// SHA-256 of `prev` (16 bytes, hi then lo, little-endian) and the bytes, its first 128 bits.
+/// A key names the KV a block holds to every rank and store that shares a prefix cache, so it
+/// must not be forgeable: with the fast hash above, one client could pick tokens whose block key
+/// equals another's (each of its 16-byte steps can be inverted) and have its KV served for the
+/// other's prompt (vLLM's prefix cache had that flaw, CVE-2025-25183). SHA-256 with the CPU's
+/// SHA instructions: ~2 ns a token.
+block_key digest(const block_key& prev, const unsigned char* p, size_t n_bytes) {
+  struct ctx_free {
+    void operator()(EVP_MD_CTX* c) const { EVP_MD_CTX_free(c); }
+  };
+  static EVP_MD* const sha256 = EVP_MD_fetch(nullptr, "SHA256", nullptr);  // fetched once: not per block
+  thread_local std::unique_ptr<EVP_MD_CTX, ctx_free> ctx{EVP_MD_CTX_new()};
+  unsigned char head[16], out[EVP_MAX_MD_SIZE];
+  for (int i = 0; i < 8; ++i) {
+    head[i] = static_cast<unsigned char>(prev.hi >> (8 * i));
+    head[8 + i] = static_cast<unsigned char>(prev.lo >> (8 * i));
+  }
+  unsigned int len = 0;
+  if (sha256 == nullptr || !ctx || EVP_DigestInit_ex(ctx.get(), sha256, nullptr) != 1 ||
+      EVP_DigestUpdate(ctx.get(), head, sizeof head) != 1 || (n_bytes > 0 && EVP_DigestUpdate(ctx.get(), p, n_bytes) != 1) ||
+      EVP_DigestFinal_ex(ctx.get(), out, &len) != 1 || len < 16)
+    std::abort();  // OpenSSL without SHA-256: nothing here can run safely
+  block_key k;
+  for (int i = 0; i < 8; ++i) {
+    k.hi |= uint64_t{out[i]} << (8 * i);
+    k.lo |= uint64_t{out[8 + i]} << (8 * i);
+  }
+  return k;
+}
+
 }  // namespace
 
 std::string block_key::hex() const {
@@ -61,15 +95,21 @@ std::string block_key::hex() const {
 }
 
 block_key salt_of(const kv_identity& id) {
-  std::string s = "baton-kv-v1|" + id.model_id + "|" + std::to_string(id.num_layers) + "|" +
+  std::string s = "baton-kv-v2|" + id.model_id + "|" + std::to_string(id.num_layers) + "|" +
                   std::to_string(id.kv_dim) + "|" + std::to_string(id.block_tokens) + "|" +
                   std::to_string(id.page_tokens) + "|" + id.dtype;
-  return hash_words({0x243F6A8885A308D3ull, 0x13198A2E03707344ull}, reinterpret_cast<const unsigned char*>(s.data()),
-                    s.size());
+  return digest({}, reinterpret_cast<const unsigned char*>(s.data()), s.size());
 }
 
 block_key chain_step(const block_key& prev, const int32_t* tokens, size_t n) {
-  return hash_words(prev, reinterpret_cast<const unsigned char*>(tokens), n * sizeof(int32_t));
+  return digest(prev, reinterpret_cast<const unsigned char*>(tokens), n * sizeof(int32_t));
+}
+
+uint64_t spread_words(uint64_t a, uint64_t b) {
+  const uint64_t words[2] = {a, b};
+  return hash_words({0x243F6A8885A308D3ull, 0x13198A2E03707344ull}, reinterpret_cast<const unsigned char*>(words),
+                    sizeof words)
+      .lo;
 }
 
 std::vector<block_key> chain_keys(const block_key& salt, const std::vector<int32_t>& tokens, uint32_t block_tokens) {

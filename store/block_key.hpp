@@ -2,7 +2,8 @@
 
 // Keys of KV blocks (seed 000 §2.2): a 128-bit hash chain h_i = H(h_{i-1}, tokens of block i),
 // started from a salt of the model identity and KV layout, so a block's key names its whole
-// prefix and blocks of different models or layouts never mix.
+// prefix and blocks of different models or layouts never mix. H is SHA-256 (its first 128 bits):
+// a key must not be forgeable by a client choosing its prompt's tokens.
 
 #include <cstddef>
 #include <cstdint>
@@ -41,6 +42,10 @@ block_key salt_of(const kv_identity& id);
 
 /// H(prev, tokens): one link of the chain.
 block_key chain_step(const block_key& prev, const int32_t* tokens, size_t n);
+
+/// A fast, uniform, non-cryptographic 64-bit mix of two words (where nobody gains by choosing
+/// them: the server ring's points).
+uint64_t spread_words(uint64_t a, uint64_t b);
 
 /// Keys of every *full* block of `tokens` (a partial last block has no key: it is never stored).
 std::vector<block_key> chain_keys(const block_key& salt, const std::vector<int32_t>& tokens, uint32_t block_tokens);

@@ -64,6 +64,15 @@ TEST_CASE("block keys chain over full blocks, and depend on every earlier token 
   CHECK(ka[0].hex().size() == 32);
 }
 
+TEST_CASE("a block key is SHA-256 of the previous key (hi, lo, little-endian) and the block's tokens, its first 128 bits: "
+          "no client can choose tokens that take another prompt's key (Python's hashlib gives the same)") {
+  const int32_t four[4] = {1, 2, 3, 4};
+  CHECK(chain_step({}, four, 4) == block_key{0xb7f5d4b817ee603aull, 0x74669b9a711868d5ull});
+  const int32_t two[2] = {7, -1};
+  CHECK(chain_step({0x0123456789abcdefull, 0xfedcba9876543210ull}, two, 2) ==
+        block_key{0xcb299aa32546c605ull, 0xd8e06bf3188fa869ull});
+}
+
 namespace {
 
 /// kv_layer_checksum's definition, written out plainly: eight multiply-xorshift lanes over the
@@ -250,6 +259,15 @@ TEST_CASE("a store directory scanned at start: this model's blocks least recentl
   const auto junk_key = chain_keys(salt, tokens(192), 32)[5];
   fs::create_directories(fs::path(block_path(dir, junk_key)).parent_path());
   std::ofstream{block_path(dir, junk_key)} << "not a block";
+  // A block of format version 3, keyed before keys were SHA-256: no CHECK asks for it again.
+  const auto old_format = chain_keys(salt, tokens(224), 32)[6];
+  REQUIRE(write_block_file(block_path(dir, old_format), header(salt, old_format, keys[2], 0), layer).empty());
+  {
+    std::fstream f(block_path(dir, old_format), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(8);  // after the magic
+    const uint32_t three = 3;
+    f.write(reinterpret_cast<const char*>(&three), sizeof three);
+  }
   // A good block in the wrong directory (moved by hand): reads and deletes would never find it.
   const auto moved = fs::path(dir) / "zz" / (keys[2].hex() + ".blk");
   fs::create_directories(moved.parent_path());
@@ -281,7 +299,8 @@ TEST_CASE("a store directory scanned at start: this model's blocks least recentl
   CHECK(scan.blocks[0].age_ms >= 3 * 3600 * 1000ull);
   CHECK(scan.blocks[0].age_ms < 4 * 3600 * 1000ull);
   CHECK(scan.foreign == 1);
-  CHECK(scan.removed == 5);
+  CHECK(scan.removed == 6);
+  CHECK(!fs::exists(block_path(dir, old_format)));
   CHECK(!scan.first_removed.empty());
   CHECK(!fs::exists(moved));
   CHECK(fs::exists(block_path(dir, foreign_key)));
