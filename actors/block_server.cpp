@@ -84,7 +84,9 @@ struct io_context {
   uint32_t fault_writes_left = 0;       ///< cfg.fault_write_failures not yet injected
   uint32_t fault_writes_skip = 0;       ///< cfg.fault_write_after: writes still let through first
   std::atomic<bool> stopping{false};  ///< the actor is gone: abandon waits at once
+  int dir_lock = -1;                   ///< store::lock_block_dir's descriptor (-1: not held)
   ~io_context() {
+    if (dir_lock >= 0) ::close(dir_lock);
     for (auto id : abandoned) xport->release(id);
     for (auto& r : retired) {
       for (auto id : r.puts) xport->release(id);
@@ -182,6 +184,7 @@ struct read_outcome {
   store_read_result result;
   uint64_t bytes = 0;
   std::vector<disk_eviction> gone;
+  std::vector<std::string> damaged;  ///< why each damaged block it deleted was (also in gone)
 };
 
 /// Registers the read staging with the transport; an error sentence when it cannot.
@@ -295,11 +298,27 @@ std::string read_layer_reopened(const io_context& io, const store::block_header&
   return err;
 }
 
+/// Forgets block `key` (its file deleted behind the server's back, or `unlink`ed here): the
+/// index hears of it through `gone`, or it would name the block, and readers would miss on it,
+/// until it expires (days).
+void forget_block(io_context& io, const store::block_key& key, bool unlink, std::vector<disk_eviction>* gone) {
+  if (unlink) ::unlink(store::block_path(io.cfg.dir, key).c_str());
+  auto w = io.written.find(key);
+  gone->push_back({key, w == io.written.end() ? 0 : w->second});
+  if (w != io.written.end()) io.written.erase(w);
+  io.on_disk.erase(key);
+  io.disk_bytes = io.on_disk.bytes();
+}
+
 /// Serves a read on the I/O thread: layer-major, each layer of all blocks (in staging-sized
 /// batches) read, checked against its checksum, then put, so the reader's layer l lands before
-/// layer l + 1. No put starts after `deadline`. Blocks whose files are not there go to `gone`.
+/// layer l + 1. No put starts after `deadline`. Blocks whose files are not there go to `gone`;
+/// so do damaged ones (a broken header, a short file, a layer off its checksum), deleted, with
+/// why in `damaged`: each would fail every read of it until a rewrite, which may never come
+/// (a read-only disk, a key only batch traffic reads), and nothing would say which file it is.
 store_read_result serve_read(io_context& io, const store_read_order& order, uint64_t* bytes,
-                             std::chrono::steady_clock::time_point deadline, std::vector<disk_eviction>* gone) {
+                             std::chrono::steady_clock::time_point deadline, std::vector<disk_eviction>* gone,
+                             std::vector<std::string>* damaged) {
   const size_t n = order.blocks.size();
   store_read_result r{order.request_id, order.block_index, std::vector<std::string>(n), std::vector<std::vector<uint64_t>>(n)};
   const std::string bad = io.setup_error.empty() ? malformed(io, order) : io.setup_error;
@@ -339,18 +358,15 @@ store_read_result serve_read(io_context& io, const store_read_order& order, uint
   for (size_t i = 0; i < n; ++i) {
     const store::block_key key{order.blocks[i].hi, order.blocks[i].lo};
     std::string why;
-    bool no_file = false;
-    const int fd = store::open_block_file(store::block_path(io.cfg.dir, key), io.salt, key, &headers[i], &why, &no_file);
+    bool no_file = false, broken = false;
+    const int fd =
+        store::open_block_file(store::block_path(io.cfg.dir, key), io.salt, key, &headers[i], &why, &no_file, &broken);
     if (fd < 0) {
       r.errors[i] = why;
-      // Deleted behind the server's back (an operator freeing the disk): the index hears of it,
-      // or it would name the block, and readers miss on it, until it expires (days).
-      if (no_file) {
-        auto w = io.written.find(key);
-        gone->push_back({key, w == io.written.end() ? 0 : w->second});
-        if (w != io.written.end()) io.written.erase(w);
-        io.on_disk.erase(key);
-        io.disk_bytes = io.on_disk.bytes();
+      if (no_file) forget_block(io, key, false, gone);  // deleted behind the server's back (an operator freeing the disk)
+      if (broken) {
+        forget_block(io, key, true, gone);
+        damaged->push_back(why);
       }
       continue;
     }
@@ -365,6 +381,7 @@ store_read_result serve_read(io_context& io, const store_read_order& order, uint
     else ::close(fd);
   }
   const auto good = [&](size_t i) { return usable[i] && r.errors[i].empty(); };
+  std::vector<char> drop(n, 0);  // a layer could not be read, or was not what was written
   const size_t per_batch = std::max<uint64_t>(1, io.staging.size() / block_layer_bytes);  // >= 1 block layer: malformed()
   bool expired = false;
   for (uint32_t l = 0; l < layout.num_layers && !expired; ++l) {
@@ -387,6 +404,7 @@ store_read_result serve_read(io_context& io, const store_read_order& order, uint
                                    : read_layer_reopened(io, headers[i], l, slot);
         if (!err.empty()) {
           r.errors[i] = "block " + headers[i].key.hex() + " on " + io.cfg.name + ": " + err;
+          drop[i] = 1;
           continue;
         }
         // A layer whose bytes are not what was written never leaves the server: the reader's
@@ -395,6 +413,7 @@ store_read_result serve_read(io_context& io, const store_read_order& order, uint
         if (std::max<uint64_t>(1, gpu::layer_checksum(l, slot, ppb, layout.page_bytes())) != headers[i].layer_checksums[l]) {
           r.errors[i] = "layer " + std::to_string(l) + " of block " + store::block_key{order.blocks[i].hi, order.blocks[i].lo}.hex() +
                         " on " + io.cfg.name + " failed its checksum: the file is corrupt";
+          drop[i] = 1;
           continue;
         }
         for (uint32_t p = 0; p < ppb; ++p)
@@ -434,6 +453,11 @@ store_read_result serve_read(io_context& io, const store_read_order& order, uint
   }
   for (int fd : fds)
     if (fd >= 0) ::close(fd);
+  for (size_t i = 0; i < n; ++i)
+    if (drop[i]) {
+      forget_block(io, headers[i].key, true, gone);
+      damaged->push_back(r.errors[i]);
+    }
   // Blocks served were used: the least recently used go first when room is short (the budget,
   // or a full disk), and a prompt's leading blocks (touched last) after its later ones. With a
   // budget the files keep the use too, for the order after a restart (mark_used).
@@ -512,7 +536,7 @@ void recover_blocks(pointer self) {
   run_io(
       self,
       [](io_context& io) {
-        auto scan = store::scan_block_dir(io.cfg.dir, io.salt);
+        auto scan = store::scan_block_dir(io.cfg.dir, io.salt, io.dir_lock >= 0);
         // Least recently used first (written or read: scan_block_dir), so the last are the most
         // recent; beyond the capacity (it shrank since the blocks were written) the least recent
         // are deleted before the index hears of them.
@@ -599,8 +623,14 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
   std::error_code ec;
   std::filesystem::create_directories(c.dir, ec);
   if (ec) io.setup_error = c.name + ": cannot create " + c.dir + ": " + ec.message();
+  if (io.setup_error.empty()) {
+    std::string why;
+    io.dir_lock = store::lock_block_dir(c.dir, &why);
+    if (io.dir_lock == -1) io.setup_error = c.name + ": " + why;  // -2: its predecessor here is stopping
+  }
   st.worker = std::make_unique<serial_worker>();
   if (io.setup_error.empty()) recover_blocks(self);
+  else caf::aout(self) << io.setup_error << " (every read and write of it fails)" << std::endl;
   // The staging buffer is deregistered when the last holder of the context (the I/O thread's
   // job, or the state) lets go of it.
   return {
@@ -615,13 +645,18 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
             self,
             [order = std::move(order), deadline](io_context& io) {
               read_outcome out;
-              out.result = serve_read(io, order, &out.bytes, deadline, &out.gone);
+              out.result = serve_read(io, order, &out.bytes, deadline, &out.gone, &out.damaged);
               return out;
             },
             [=](read_outcome out) mutable {
               auto& st = self->state;
               for (const auto& e : out.result.errors) ++(e.empty() ? st.stats.blocks_read : st.stats.read_failures);
               st.stats.bytes_read += out.bytes;
+              st.stats.damaged_dropped += out.damaged.size();
+              // Each once: the file is gone, and a write-back of the block makes a fresh one.
+              for (const auto& why : out.damaged)
+                caf::aout(self) << st.io->cfg.name << ": deleted a damaged block (request " << out.result.request_id
+                                << " recomputes it): " << why << std::endl;
               for (const auto& g : out.gone)
                 if (!st.index.empty())
                   self->send(st.index[shard_of(g.key, static_cast<uint32_t>(st.index.size()))], delete_atom::value,

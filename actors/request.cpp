@@ -1,4 +1,5 @@
 #include "actors/request.hpp"
+#include "actors/router.hpp"
 #include "actors/request_state.hpp"
 
 #include "actors/block_index.hpp"
@@ -683,6 +684,19 @@ request_actor::behavior_type request_impl(request_pointer self, request_plan pla
       [=](run_atom) {
         auto& st = self->state;
         st.promise = self->make_response_promise<completion>();
+        if (st.plan.admit) {
+          const auto a = std::move(*st.plan.admit);
+          st.plan.admit.reset();
+          if (auto why = tokenize_and_validate(st.plan.params, *a.model, a.max_new_tokens_limit, &st.plan.prompt_tokens,
+                                               st.plan.tokenizer.get(), a.default_max_tokens, &st.plan.prompt_thinking);
+              !why.empty()) {
+            auto err = make_error(errc::bad_request, where(st.plan.request_id, "", "admission") + ": " + why);
+            st.answered = true;
+            st.promise.deliver(err);
+            self->quit(std::move(err));
+            return st.promise;
+          }
+        }
         st.started = st.stage_started = st.attempt_started = self->clock().now();
         st.out.request_id = st.plan.request_id;
         st.out.num_prompt_tokens = static_cast<uint32_t>(st.plan.prompt_tokens.size());

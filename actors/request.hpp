@@ -1,6 +1,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,7 +17,8 @@ class actor_system;
 
 namespace baton {
 
-/// Everything a request actor is born with: its validated tokens and whom to ask for placement.
+/// Everything a request actor is born with: its validated tokens (or what it needs to make them)
+/// and whom to ask for placement.
 struct request_plan {
   uint64_t request_id = 0;
   std::vector<int32_t> prompt_tokens;
@@ -30,6 +32,17 @@ struct request_plan {
   std::vector<int32_t> extra_eos_token_ids;         ///< also end the sequence (unless ignore_eos)
   client_sink_actor sink;  ///< streaming: receives stream_chunks (null: the completion only)
   uint8_t prompt_thinking = 0;  ///< completion::prompt_thinking, as the router rendered the chat
+  /// Set: `prompt_tokens` is empty and `params` not yet checked; the request actor tokenizes and
+  /// checks it first (tokenize_and_validate), on its own, and answers a bad one with
+  /// errc::bad_request (also its exit reason, which the router counts). The router's one thread
+  /// did this for every request, and a 640 KB prompt (90 ms of tokenizing) held every other
+  /// request's admission that long.
+  struct admission {
+    std::shared_ptr<const gpu::model_config> model;
+    uint32_t max_new_tokens_limit = 0;
+    uint32_t default_max_tokens = 0;
+  };
+  std::optional<admission> admit;
 };
 
 /// The request's sampling settings and log-probability asks, as both order kinds carry them.

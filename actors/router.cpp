@@ -195,6 +195,7 @@ namespace {
 struct router_state {
   router_config cfg;
   gpu::model_config model;
+  std::shared_ptr<const gpu::model_config> shared_model;  ///< the same, for request actors (request_plan::admit)
   prefill_balancer_actor prefill;
   decode_balancer_actor decode;
   store_access store;
@@ -225,7 +226,7 @@ void sum_store_stats(store_stats& t, const store_stats& x) {
   t.expired += x.expired, t.blocks_written += x.blocks_written, t.blocks_read += x.blocks_read;
   t.read_failures += x.read_failures, t.bytes_read += x.bytes_read, t.bytes_written += x.bytes_written;
   t.write_failures += x.write_failures, t.write_no_space += x.write_no_space;
-  t.disk_bytes += x.disk_bytes, t.disk_evicted += x.disk_evicted;
+  t.disk_bytes += x.disk_bytes, t.disk_evicted += x.disk_evicted, t.damaged_dropped += x.damaged_dropped;
 }
 
 /// Asks both balancers and every store actor for their numbers, in parallel; whoever does not
@@ -325,9 +326,13 @@ router_actor::behavior_type router_impl(router_pointer self, router_config cfg, 
   st.model = std::move(model);
   st.prefill = std::move(prefill);
   st.decode = std::move(decode);
+  st.shared_model = std::make_shared<const gpu::model_config>(st.model);
   self->set_down_handler([=](caf::down_msg& dm) {
     --self->state.num_active;
     self->state.live.erase(dm.source);
+    // A request its own actor found malformed (request_plan::admit) ends with that error.
+    if (dm.reason && dm.reason.category() == caf::atom("baton") && dm.reason.code() == static_cast<uint8_t>(errc::bad_request))
+      ++self->state.num_rejected;
   });
   // Stopped (its process ends, after a drain or at once): the requests still in flight end with
   // it -- they are not linked to it, and one waiting on a remote rank would hold the process's
@@ -353,17 +358,22 @@ router_actor::behavior_type router_impl(router_pointer self, router_config cfg, 
                                               " requests in flight, the limit is " +
                                               std::to_string(s.cfg.max_active_requests) + "; retry after a moment");
     }
-    std::vector<int32_t> tokens;
-    uint8_t thinking = 0;
-    if (auto why = tokenize_and_validate(req, s.model, s.cfg.max_new_tokens_limit, &tokens, s.cfg.tokenizer.get(),
-                                         s.cfg.default_max_tokens, &thinking);
-        !why.empty()) {
-      ++s.num_rejected;
-      return make_error(errc::bad_request, where(id, "", "admission") + ": " + why);
-    }
-    auto r = spawn_request(self->system(), request_plan{id, std::move(tokens), std::move(req), s.prefill, s.decode,
-                                                        s.model.eos_token_id, s.cfg.request, s.store, s.cfg.tokenizer,
-                                                        s.cfg.extra_eos_token_ids, std::move(sink), thinking});
+    // Tokenized and checked by the request actor itself, in parallel with every other request's:
+    // this actor is one thread for the whole cluster (request_plan::admit).
+    request_plan plan{id,
+                      {},
+                      std::move(req),
+                      s.prefill,
+                      s.decode,
+                      s.model.eos_token_id,
+                      s.cfg.request,
+                      s.store,
+                      s.cfg.tokenizer,
+                      s.cfg.extra_eos_token_ids,
+                      std::move(sink),
+                      0,
+                      request_plan::admission{s.shared_model, s.cfg.max_new_tokens_limit, s.cfg.default_max_tokens}};
+    auto r = spawn_request(self->system(), std::move(plan));
     self->monitor(r);
     ++s.num_active;
     s.live.emplace(caf::actor_cast<caf::actor_addr>(r), r);

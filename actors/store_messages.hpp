@@ -175,12 +175,14 @@ struct store_stats {
   uint64_t disk_bytes = 0;       ///< server: what its block files take (store::block_disk_bytes each), now
   uint64_t disk_evicted = 0;     ///< server: block files it deleted to stay within its capacity_bytes
   uint64_t write_no_space = 0;   ///< server: of write_failures, those the disk refused for room (ENOSPC, EDQUOT)
+  uint64_t damaged_dropped = 0;  ///< server: of read_failures, damaged block files it deleted (and logged)
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, store_stats& x) {
   return f(caf::meta::type_name("store_stats"), x.blocks, x.checks, x.hit_blocks, x.evicted, x.expired,
            x.blocks_written, x.blocks_read, x.read_failures, x.bytes_read, x.bytes_written, x.write_failures,
-           x.slots_reclaimed, x.blocks_recovered, x.files_removed, x.disk_bytes, x.disk_evicted, x.write_no_space);
+           x.slots_reclaimed, x.blocks_recovered, x.files_removed, x.disk_bytes, x.disk_evicted, x.write_no_space,
+           x.damaged_dropped);
 }
 
 using block_server_actor = caf::typed_actor<

@@ -391,7 +391,8 @@ int run_local(const std::vector<std::string>& args) {
       if (opt.cluster.store.block_tokens + 2 > opt.cluster.model.max_position_embeddings)
         opt.cluster.store.local_tier_only = false;
     }
-  if (std::string why; !opt.cluster.store.dir.empty() && !ensure_writable_dir(opt.cluster.store.dir, "--store-dir", &why)) {
+  if (std::string why; !opt.cluster.store.dir.empty() && (!ensure_writable_dir(opt.cluster.store.dir, "--store-dir", &why) ||
+                                                         !hold_store_dir(opt.cluster.store.dir, "--store-dir", &why))) {
     std::fprintf(stderr, "baton local: %s\n", why.c_str());
     return 2;
   }

@@ -260,6 +260,12 @@ std::string gateway_metrics::render(const cluster_stats* cluster) const {
   render_counter(out, "baton_store_disk_evicted_blocks_total",
                  "block files the servers deleted for room: to stay within --store-capacity-gib, or when the disk was full",
                  static_cast<double>(c.store.disk_evicted));
+  render_counter(out, "baton_store_read_failures_total",
+                 "blocks the servers could not serve (missing, damaged, a read past its budget, a failed put): each a recompute",
+                 static_cast<double>(c.store.read_failures));
+  render_counter(out, "baton_store_damaged_blocks_total",
+                 "of those, damaged block files (a broken header, a short file, a layer off its checksum), deleted and logged",
+                 static_cast<double>(c.store.damaged_dropped));
   render_counter(out, "baton_store_write_failures_total", "blocks the servers did not write (dropped: a future miss)",
                  static_cast<double>(c.store.write_failures));
   render_counter(out, "baton_store_write_no_space_total", "of those, writes the disk refused for room (ENOSPC, EDQUOT)",

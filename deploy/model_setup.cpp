@@ -13,6 +13,7 @@
 #include "gpu/hf_model.hpp"
 #include "gpu/tokenizer.hpp"
 #include "policies/eplb.hpp"
+#include "store/block_file.hpp"
 
 namespace baton::deploy {
 
@@ -27,6 +28,16 @@ bool ensure_writable_dir(const std::string& dir, const std::string& flag, std::s
   if (!ec && ::access(dir.c_str(), W_OK) == 0) return true;
   *why = flag + " " + dir + " is not a writable directory" + (ec ? ": " + ec.message() : std::string{});
   return false;
+}
+
+bool hold_store_dir(const std::string& dir, const std::string& flag, std::string* why) {
+  std::string held_by;
+  const int fd = store::lock_block_dir(dir, &held_by);
+  if (fd == -1) {
+    *why = flag + " " + held_by;
+    return false;
+  }
+  return true;  // held until the process ends (the descriptor stays open on purpose)
 }
 
 bool load_model_into(const std::string& dir, local_cluster_config* cfg, std::string* why, const gpu::expert_filter& keep) {

@@ -54,7 +54,7 @@ namespace {
 
 /// `--role store`: publishes the store host and serves until a stop signal.
 int run_store_node(const node_options& o) {
-  if (std::string why; !ensure_writable_dir(o.store_dir, "--store-dir", &why)) {
+  if (std::string why; !ensure_writable_dir(o.store_dir, "--store-dir", &why) || !hold_store_dir(o.store_dir, "--store-dir", &why)) {
     std::fprintf(stderr, "baton node: %s\n", why.c_str());
     return 2;
   }

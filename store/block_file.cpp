@@ -5,11 +5,13 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <optional>
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -227,9 +229,10 @@ std::optional<header_problem> read_header(int fd, const block_key& salt, block_h
 }  // namespace
 
 int open_block_file(const std::string& path, const block_key& salt, const block_key& key, block_header* out,
-                    std::string* why, bool* no_file) {
+                    std::string* why, bool* no_file, bool* damaged) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (no_file) *no_file = fd < 0 && errno == ENOENT;
+  if (damaged) *damaged = false;
   if (fd < 0) {
     *why = path + ": " + std::strerror(errno);
     return -1;
@@ -240,8 +243,14 @@ int open_block_file(const std::string& path, const block_key& salt, const block_
     return -1;
   };
   block_header h;
-  if (auto bad = read_header(fd, salt, &h)) return fail(bad->why);
-  if (!(h.key == key)) return fail("holds another block");
+  if (auto bad = read_header(fd, salt, &h)) {
+    if (damaged) *damaged = !bad->foreign;
+    return fail(bad->why);
+  }
+  if (!(h.key == key)) {
+    if (damaged) *damaged = true;
+    return fail("holds another block");
+  }
   *out = std::move(h);
   return fd;
 }
@@ -253,7 +262,40 @@ std::string read_block_layer(int fd, const block_header& h, uint32_t layer, std:
   return {};
 }
 
-dir_scan scan_block_dir(const std::string& dir, const block_key& salt) {
+int lock_block_dir(const std::string& dir, std::string* why) {
+  const std::string path = dir + "/.lock";
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    *why = "cannot open " + path + ": " + std::strerror(errno);
+    return -1;
+  }
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    char buf[32] = {};
+    const ssize_t got = ::pread(fd, buf, sizeof buf - 1, 0);
+    ::close(fd);
+    const long holder = got > 0 ? std::strtol(buf, nullptr, 10) : 0;
+    if (err != EWOULDBLOCK) {
+      *why = "cannot lock " + path + ": " + std::strerror(err);
+      return -1;
+    }
+    if (holder == static_cast<long>(::getpid())) {
+      *why = dir + " is locked by this process already";
+      return -2;
+    }
+    *why = dir + " is served by another block server already (process " +
+           (holder > 0 ? std::to_string(holder) : std::string{"unknown"}) + " holds " + path +
+           "); give each server its own directory";
+    return -1;
+  }
+  const std::string pid = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
+    // Held all the same: the pid only names the holder in another server's refusal.
+  }
+  return fd;
+}
+
+dir_scan scan_block_dir(const std::string& dir, const block_key& salt, bool sole_writer) {
   namespace fs = std::filesystem;
   dir_scan out;
   struct dated {
@@ -287,8 +329,10 @@ dir_scan scan_block_dir(const std::string& dir, const block_key& salt) {
     const auto written = it->last_write_time(fe);
     if (fe) continue;
     if (name.find(".blk.tmp.") != std::string::npos) {
-      if (age_of(written) > stale_temp_after) remove(p, "a temporary file older than " +
-                                                       std::to_string(stale_temp_after.count()) + " s");
+      if (sole_writer)
+        remove(p, "a temporary file of a writer that is gone (this server holds the directory's lock)");
+      else if (age_of(written) > stale_temp_after)
+        remove(p, "a temporary file older than " + std::to_string(stale_temp_after.count()) + " s");
       continue;
     }
     if (p.extension() != ".blk") continue;

@@ -67,9 +67,10 @@ std::string write_block_file(const std::string& path, const block_header& h,
 
 /// Opens and validates a block file against the expected salt and key. On failure returns -1
 /// and a sentence (missing, truncated, corrupt header, other model...); `no_file` (if given) says
-/// whether the file was not there at all.
+/// whether the file was not there at all, `damaged` whether it is there but can never be read as
+/// this block (what scan_block_dir deletes: a broken header, another block's bytes).
 int open_block_file(const std::string& path, const block_key& salt, const block_key& key, block_header* out,
-                    std::string* why, bool* no_file = nullptr);
+                    std::string* why, bool* no_file = nullptr, bool* damaged = nullptr);
 
 /// Reads layer `layer` of an open block into dst (h.layer_bytes); error sentence or empty.
 std::string read_block_layer(int fd, const block_header& h, uint32_t layer, std::byte* dst);
@@ -100,7 +101,17 @@ inline constexpr std::chrono::seconds stale_temp_after{600};
 /// directory is an empty one. Headers only: the layers are checked when a block is read. The
 /// blocks come least recently used first: by the later of a file's write and its last use
 /// (mark_block_used), so a restart keeps an old block that is still read (a system prompt's).
-dir_scan scan_block_dir(const std::string& dir, const block_key& salt);
+/// `sole_writer`: the caller holds the directory's lock (lock_block_dir), so no writer is alive
+/// and every temporary file is a dead one's, deleted whatever its age (it took disk nobody counted).
+dir_scan scan_block_dir(const std::string& dir, const block_key& salt, bool sole_writer = false);
+
+/// Takes `dir`'s lock (`dir/.lock`, an flock the kernel lets go of however the process ends): one
+/// block server per directory, or two each hold the disk to their own budget (twice it, in all)
+/// and delete blocks the other one's index lists. The lock's descriptor (closing it lets go), the
+/// file holding this process's pid; -1 and a sentence naming the holder's pid when another
+/// process holds it (or the file cannot be made); -2 when this process holds it already (a server
+/// of the directory still stopping as its successor starts), which the caller may go on without.
+int lock_block_dir(const std::string& dir, std::string* why);
 
 /// Marks a block file used now, in its access time (its write time, from which the block's age
 /// counts, stays): what scan_block_dir orders by after a restart. Set outright, whatever the

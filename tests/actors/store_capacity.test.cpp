@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <thread>
 
@@ -120,14 +121,15 @@ struct capacity_store {
 
   bool on_disk(const store::block_key& k) const { return std::filesystem::exists(store::block_path(dir, k)); }
 
-  /// What the directory's files take on the disk (st_blocks), and how many there are.
+  /// What the directory's files take on the disk (st_blocks), and how many there are (but the
+  /// server's lock, store::lock_block_dir).
   std::pair<uint64_t, size_t> disk_usage() const {
     uint64_t bytes = 0;
     size_t files = 0;
     std::error_code ec;
     for (const auto& e : std::filesystem::recursive_directory_iterator{dir, ec}) {
       struct stat st {};
-      if (!e.is_regular_file() || ::stat(e.path().c_str(), &st) != 0) continue;
+      if (!e.is_regular_file() || e.path().filename() == ".lock" || ::stat(e.path().c_str(), &st) != 0) continue;
       bytes += static_cast<uint64_t>(st.st_blocks) * 512;
       ++files;
     }
@@ -352,6 +354,41 @@ TEST_CASE("block server: a block file deleted behind its back is a miss on the n
   CHECK(s.index_blocks(index, 1) == 1);
   CHECK(s.listed(index, {k1, k2}) == std::vector<store::block_key>{k2});
   CHECK(s.read(server, k2).empty());  // the others are served as before
+}
+
+TEST_CASE("block server: a damaged block file (a layer off its checksum, a broken header, a short file) is deleted by "
+          "the read that finds it, counted, and the index stops naming it (it failed every read until a rewrite)") {
+  capacity_store s;
+  const auto served = s.serve(s.config(0));
+  const auto& index = served.index;
+  const auto& server = served.server;
+  const store::block_key k1{1, 1}, k2{2, 1}, k3{3, 1}, k4{4, 1};
+  for (const auto& k : {k1, k2, k3, k4}) CHECK(s.write(server, k, {}, std::byte{0x33}) > 0);
+  REQUIRE(s.index_blocks(index, 4) == 4);
+  const auto flip = [&](const store::block_key& k, std::streamoff at) {
+    std::fstream f(store::block_path(s.dir, k), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(at);
+    char c = 0;
+    f.get(c);
+    f.seekp(at);
+    f.put(static_cast<char>(c ^ 0x40));
+  };
+  flip(k1, store::block_header::fixed_header_bytes + 5);  // layer 0's bytes
+  flip(k2, 20);                                             // the header's
+  std::filesystem::resize_file(store::block_path(s.dir, k3), store::block_header::fixed_header_bytes + 8);
+  const auto e1 = s.read(server, k1), e2 = s.read(server, k2), e3 = s.read(server, k3);
+  CHECK_MESSAGE(e1.find("failed its checksum") != std::string::npos, e1);
+  CHECK_MESSAGE(e2.find("corrupt header") != std::string::npos, e2);
+  CHECK_MESSAGE(e3.find("truncated (4104 of 8192 bytes)") != std::string::npos, e3);
+  for (const auto& k : {k1, k2, k3}) CHECK_FALSE(s.on_disk(k));
+  CHECK(s.index_blocks(index, 1) == 1);
+  CHECK(s.listed(index, {k1, k2, k3, k4}) == std::vector<store::block_key>{k4});
+  const auto st = s.stats(server);
+  CHECK(st.damaged_dropped == 3);
+  CHECK(st.read_failures == 3);
+  CHECK(s.read(server, k4).empty());  // the others are served as before
+  CHECK(s.read(server, k1).find("No such file") != std::string::npos);  // a miss now, not a failed read
+  CHECK(s.stats(server).damaged_dropped == 3);
 }
 
 TEST_CASE("block server: writes the disk refuses (ENOSPC, injected after the header) are dropped -- 0 bytes to the "

@@ -11,6 +11,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
@@ -212,6 +213,51 @@ TEST_CASE("block files round-trip layer by layer, and every kind of damage is re
     CHECK_FALSE(std::filesystem::exists(path));
   }
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a store directory's lock: one process holds it (the others are refused, naming its pid) until it ends, "
+          "however it ends; its holder may scan away every temporary file, whatever its age") {
+  namespace fs = std::filesystem;
+  const auto dir = temp_dir("lock");
+  std::string why;
+  int ready[2], done[2];
+  REQUIRE(::pipe(ready) == 0);
+  REQUIRE(::pipe(done) == 0);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {  // another process: takes the lock, says so, waits to be told to end
+    std::string w;
+    const char ok = lock_block_dir(dir, &w) >= 0 ? 'y' : 'n';
+    (void)!::write(ready[1], &ok, 1);
+    char c;
+    (void)!::read(done[0], &c, 1);
+    ::_exit(0);  // the lock goes with the process: nothing lets go of it by hand
+  }
+  char ok = 0;
+  REQUIRE(::read(ready[0], &ok, 1) == 1);
+  REQUIRE(ok == 'y');
+  CHECK(lock_block_dir(dir, &why) == -1);
+  CHECK_MESSAGE(why.find("is served by another block server already (process " + std::to_string(child) + " holds") !=
+                    std::string::npos,
+                why);
+  (void)!::write(done[1], "x", 1);
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  for (int fd : {ready[0], ready[1], done[0], done[1]}) ::close(fd);
+  const int fd = lock_block_dir(dir, &why);
+  CHECK(fd >= 0);
+  CHECK(lock_block_dir(dir, &why) == -2);  // this process holds it already
+  // Held: a temporary file written a moment ago is a dead writer's too.
+  const auto key = chain_keys(salt_of(tiny_identity()), tokens(32), 32)[0];
+  fs::create_directories(fs::path(block_path(dir, key)).parent_path());
+  const auto fresh = block_path(dir, key) + ".tmp.999.3";
+  std::ofstream{fresh} << "half";
+  CHECK(scan_block_dir(dir, salt_of(tiny_identity())).removed == 0);
+  CHECK(fs::exists(fresh));
+  CHECK(scan_block_dir(dir, salt_of(tiny_identity()), true).removed == 1);
+  CHECK_FALSE(fs::exists(fresh));
+  ::close(fd);
+  fs::remove_all(dir);
 }
 
 TEST_CASE("a store directory scanned at start: this model's blocks least recently used first with their retention and age; "
