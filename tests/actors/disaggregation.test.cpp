@@ -215,12 +215,15 @@ TEST_CASE("bad input gets a clear error naming the problem, and the cluster keep
   auto cfg = small_cluster();
   auto cluster = start_local_cluster(t.sys, cfg);
   test::cluster_system::stopper stop{t, cluster};
+  uint64_t refused = 0;
   auto expect_bad = [&](generate_request req, const std::string& words) {
     auto got = t.generate(cluster.router, std::move(req));
     REQUIRE_FALSE(got);
     const auto text = t.sys.render(got.error());
     CHECK_MESSAGE(text.find("bad_request") != std::string::npos, text);
     CHECK_MESSAGE(text.find(words) != std::string::npos, text);
+    CHECK_MESSAGE(text.find("stage admission") != std::string::npos, text);
+    ++refused;
   };
   generate_request empty;
   expect_bad(empty, "prompt is empty");
@@ -289,6 +292,18 @@ TEST_CASE("bad input gets a clear error naming the problem, and the cluster keep
   REQUIRE(got);
   CHECK(got->tokens.size() >= 1);
   CHECK(t.stats(cluster.decode[0].handle).num_free_pages == cfg.executor.num_kv_pages);
+  // Each request's actor checks it (the router's one thread only counts it): the router still
+  // counts every refusal, and admits the one good request.
+  caf::scoped_actor self{t.sys};
+  cluster_stats cs;
+  for (int i = 0; i < 500; ++i) {  // a refusal is counted as its actor's end reaches the router
+    self->request(cluster.router, std::chrono::seconds{5}, stats_atom::value)
+        .receive([&](cluster_stats& x) { cs = x; }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
+    if (cs.num_rejected == refused) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds{2});
+  }
+  CHECK(cs.num_rejected == refused);
+  CHECK(cs.num_admitted == 1);
 }
 
 TEST_CASE("a failed transfer fails the request with request, rank and stage named and the next one succeeds") {
