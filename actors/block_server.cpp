@@ -503,9 +503,9 @@ struct block_server_state {
   std::vector<block_index_actor> index;  ///< shards; a commit goes to its key's shard
   uint64_t last_job = 0;
   store_stats stats;
-  /// A write the disk refused for room was logged: later ones are only counted until a write
-  /// succeeds (a full disk would otherwise log every block of every write-back).
-  bool no_space_logged = false;
+  /// A failed write was logged: later ones are only counted until a write succeeds (a full,
+  /// read-only or failing disk would otherwise log every block of every write-back).
+  bool write_failure_logged = false;
   /// A disk full short of the budget (or with none) was logged: said again only after a write
   /// that found room.
   bool disk_full_logged = false;
@@ -811,16 +811,18 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
                 ++s.stats.write_failures;
                 const bool no_space = out.err_no == ENOSPC || out.err_no == EDQUOT;
                 s.stats.write_no_space += no_space;
-                if (!no_space || !s.no_space_logged)
+                // Once until a write succeeds: a read-only or failing disk fails every block of
+                // every write-back, and logged each of them.
+                if (!s.write_failure_logged)
                   caf::aout(self) << s.io->cfg.name << ": block " << store::block_key{out.w.block.hi, out.w.block.lo}.hex()
                                   << " of request " << out.w.request_id << " not written: " << out.err
-                                  << (no_space ? " (more writes refused for room are counted, not logged, until one succeeds)" : "")
-                                  << std::endl;
-                s.no_space_logged |= no_space;
+                                  << " (later failed writes are counted in baton_store_write_failures_total, not logged, "
+                                  << "until one succeeds)" << std::endl;
+                s.write_failure_logged = true;
                 promise.deliver(uint64_t{0});
                 return;
               }
-              s.no_space_logged = false;
+              s.write_failure_logged = false;
               promise.deliver(out.w.bytes);
               ++s.stats.blocks_written;
               s.stats.bytes_written += out.w.bytes;

@@ -134,7 +134,12 @@ std::string write_block_file(const std::string& path, const block_header& h,
   if (h.layer_bytes == 0 || h.layer_bytes > max_layer_bytes)
     return "block header: layers of " + std::to_string(h.layer_bytes) + " bytes (1 to 2^40)";
   std::error_code ec;
-  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  const auto parent = std::filesystem::path(path).parent_path();
+  std::filesystem::create_directories(parent, ec);
+  if (ec) {  // its own error (EROFS, EACCES, ENOSPC), not the open's ENOENT after it
+    code = ec.value();
+    return "cannot create " + parent.string() + ": " + std::strerror(code);
+  }
   // A name of this write's own: two writers of one key (a re-adopted store node's old I/O thread
   // and its new one, in one process and one directory) must not share a temporary file.
   static std::atomic<uint64_t> writes{0};

@@ -468,6 +468,14 @@ TEST_CASE("block file: a write that fails (EIO injected) names the file and the 
   CHECK(store::write_block_file(path, h, pieces, &code).empty());
   CHECK(code == 0);
   CHECK(s.disk_usage().second == 1);
+  // A hash-prefix directory that cannot be made is named, with its own error (it read as the
+  // temporary file's ENOENT, which hid EROFS or EACCES, and ENOSPC from the evictions for room).
+  const store::block_key other{0xab00000000000000ull, 6};
+  std::ofstream{s.dir + "/ab"} << "a file where the directory goes";
+  const auto refused = store::write_block_file(store::block_path(s.dir, other), h, pieces, &code);
+  CHECK_MESSAGE(refused.rfind("cannot create " + s.dir + "/ab: ", 0) == 0, refused);
+  CHECK(code != 0);
+  CHECK(code != ENOENT);
 }
 
 namespace {
