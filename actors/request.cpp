@@ -215,8 +215,18 @@ void record_prompt_logprobs(request_pointer self, std::vector<gpu::token_logprob
   const auto& prompt = st.plan.prompt_tokens;
   auto& out = st.out.prompt_logprobs;
   out.clear();
+  // A special token the prompt's text writes (`<|bos|>`) reads as that text, so that the tokens'
+  // texts join back into the prompt an echo shows, and text_offset counts it; one the tokenizer
+  // added (a begin-of-text the text does not write) stays empty.
+  const std::string& written = st.plan.params.prompt;
+  size_t at = 0;
   for (size_t i = 0; i < prompt.size(); ++i) {
     token_logprob t{prompt[i], std::numeric_limits<float>::quiet_NaN(), token_text(st, prompt[i]), {}, {}, {}};
+    if (t.text.empty() && st.plan.tokenizer && !written.empty())
+      if (auto special = st.plan.tokenizer->special_text(prompt[i]);
+          !special.empty() && at <= written.size() && written.compare(at, special.size(), special) == 0)
+        t.text = std::move(special);
+    at += t.text.size();
     if (i > 0 && i - 1 < scores.size()) {
       auto& s = scores[i - 1];
       t.logprob = s.logprob;

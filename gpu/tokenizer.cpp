@@ -168,6 +168,9 @@ public:
   /// adds none, as transformers' apply_chat_template and vLLM encode a chat.
   std::vector<int32_t> encode_chat(const std::string& text) const override { return t_->encode(text); }
   std::string decode(const std::vector<int32_t>& ids) const override { return t_->decode(ids, true); }
+  std::string special_text(int32_t id) const override {
+    return t_->decode({id}, true).empty() ? t_->decode({id}, false) : std::string{};
+  }
   bool render_chat(const std::vector<chat_message>& messages, const chat_extras& extras, std::string* text,
                    std::string* why) const override {
     for (const auto& m : messages)

@@ -51,6 +51,8 @@ public:
   virtual std::vector<int32_t> encode_chat(const std::string& text) const { return encode_prompt(text); }
   /// Text of generated ids (special tokens left out).
   virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
+  /// A special token's text as a prompt writes it (`<|bos|>`); empty for other tokens.
+  virtual std::string special_text(int32_t) const { return {}; }
   /// The chat as the model was trained to see it, ending where the assistant's answer starts;
   /// false and a sentence when the model has no (supported) chat template. `variables_json`: more
   /// variables and tools for the template; variables may not set what the chat sets (messages,

@@ -237,6 +237,21 @@ TEST_CASE("echo over HTTP, as evaluation harnesses score: the prompt's token log
   REQUIRE(streamed.status == 200);
   std::vector<json> events;
   CHECK(sse_text(streamed.body, &events) == "In the beginning" + gen.text);
+  // A special token the prompt writes reads as itself among the tokens (they join back into the
+  // echoed text, and text_offset counts it); it read as an empty string, and every offset after it
+  // fell 7 characters short.
+  auto special = round_trip(port, post("/v1/completions", R"({"prompt":"<|bos|>In the beginning","echo":true,"max_tokens":1,"logprobs":1,"temperature":0})"));
+  REQUIRE_MESSAGE(special.status == 200, special.body);
+  const auto choice = json::parse(special.body)["choices"][0];
+  const auto text = choice["text"].get<std::string>();
+  REQUIRE(text.rfind("<|bos|>In the beginning", 0) == 0);
+  std::string joined;
+  for (size_t i = 0; i < choice["logprobs"]["tokens"].size(); ++i) {
+    CHECK(choice["logprobs"]["text_offset"][i].get<size_t>() == joined.size());  // ASCII: characters are bytes
+    joined += choice["logprobs"]["tokens"][i].get<std::string>();
+  }
+  CHECK(joined == text);
+  CHECK(choice["logprobs"]["tokens"][0] == "<|bos|>");
 }
 
 TEST_CASE("vLLM's prompt_logprobs over HTTP: each prompt token's log-probability, rank and "
