@@ -104,6 +104,7 @@ struct block_server_state {
   /// A failed write was logged: later ones are only counted until a write succeeds (a full,
   /// read-only or failing disk would otherwise log every block of every write-back).
   bool write_failure_logged = false;
+  int write_failure_errno = 0;  ///< the logged one's errno (0: none): a failure of another kind is logged too
   /// A disk full short of the budget (or with none) was logged: said again only after a write
   /// that found room.
   bool disk_full_logged = false;
@@ -253,7 +254,7 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
               st.stats.damaged_dropped += out.damaged.size();
               // Each once: the file is gone, and a write-back of the block makes a fresh one.
               for (const auto& why : out.damaged)
-                caf::aout(self) << st.io->cfg.name << ": deleted a damaged block (request " << out.result.request_id
+                caf::aout(self) << st.io->cfg.name << ": dropped a damaged block (request " << out.result.request_id
                                 << " recomputes it): " << why << std::endl;
               for (const auto& g : out.gone)
                 if (!st.index.empty())
@@ -409,14 +410,15 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
                 ++s.stats.write_failures;
                 const bool no_space = out.err_no == ENOSPC || out.err_no == EDQUOT;
                 s.stats.write_no_space += no_space;
-                // Once until a write succeeds: a read-only or failing disk fails every block of
-                // every write-back, and logged each of them.
-                if (!s.write_failure_logged)
+                // Once until a write succeeds, for each kind of failure in a row: a read-only or
+                // failing disk fails every block of every write-back, and logged each of them.
+                if (!s.write_failure_logged || out.err_no != s.write_failure_errno)
                   caf::aout(self) << s.io->cfg.name << ": block " << store::block_key{out.w.block.hi, out.w.block.lo}.hex()
                                   << " of request " << out.w.request_id << " not written: " << out.err
                                   << " (later failed writes are counted in baton_store_write_failures_total, not logged, "
                                   << "until one succeeds)" << std::endl;
                 s.write_failure_logged = true;
+                s.write_failure_errno = out.err_no;
                 promise.deliver(uint64_t{0});
                 return;
               }

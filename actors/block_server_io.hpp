@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "actors/block_server.hpp"
+#include "store/block_file.hpp"
 #include "store/block_index.hpp"
 #include "store/block_key.hpp"
 #include "store/staging_pool.hpp"
@@ -78,7 +79,7 @@ struct io_context {
   std::atomic<bool> stopping{false};  ///< the actor is gone: abandon waits at once
   int dir_lock = -1;                   ///< store::lock_block_dir's descriptor (-1: not held)
   ~io_context() {
-    if (dir_lock >= 0) ::close(dir_lock);
+    store::unlock_block_dir(dir_lock);
     for (auto id : abandoned) xport->release(id);
     for (auto& r : retired) {
       for (auto id : r.puts) xport->release(id);

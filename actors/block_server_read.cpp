@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <thread>
 
 #include <unistd.h>
@@ -156,32 +157,38 @@ std::string layout_mismatch(const store::block_header& h, const store_read_order
 }
 
 /// Reads layer `layer` of the block whose header was `h` into `dst` from a file opened for this
-/// read alone and closed again; an error sentence or empty. The caller's checksum of the layer
-/// against `h` catches a file rewritten with other bytes since `h` was read.
-std::string read_layer_reopened(const io_context& io, const store::block_header& h, uint32_t layer, std::byte* dst) {
+/// read alone and closed again; an error sentence or empty (`damaged`: the file's fault, not the
+/// system's). The caller's checksum of the layer against `h` catches a file rewritten with other
+/// bytes since `h` was read.
+std::string read_layer_reopened(const io_context& io, const store::block_header& h, uint32_t layer, std::byte* dst,
+                                bool* damaged) {
   std::string why;
   store::block_header now;
-  const int fd = store::open_block_file(store::block_path(io.cfg.dir, h.key), io.salt, h.key, &now, &why);
+  const int fd = store::open_block_file(store::block_path(io.cfg.dir, h.key), io.salt, h.key, &now, &why, nullptr, damaged);
   if (fd < 0) return "opened again for layer " + std::to_string(layer) + ": " + why;
   std::string err;
   if (now.num_layers != h.num_layers || now.layer_bytes != h.layer_bytes)
     err = "opened again for layer " + std::to_string(layer) + ": its layout changed during the read";
   else
-    err = store::read_block_layer(fd, h, layer, dst);
+    err = store::read_block_layer(fd, h, layer, dst, damaged);
   ::close(fd);
   return err;
 }
 
 /// Forgets block `key` (its file deleted behind the server's back, or `unlink`ed here): the
 /// index hears of it through `gone`, or it would name the block, and readers would miss on it,
-/// until it expires (days).
-void forget_block(io_context& io, const store::block_key& key, bool unlink, std::vector<disk_eviction>* gone) {
-  if (unlink) ::unlink(store::block_path(io.cfg.dir, key).c_str());
+/// until it expires (days). What is left to say when the file could not be deleted (a read-only
+/// disk), else empty.
+std::string forget_block(io_context& io, const store::block_key& key, bool unlink, std::vector<disk_eviction>* gone) {
+  std::string left;
+  if (unlink && ::unlink(store::block_path(io.cfg.dir, key).c_str()) != 0 && errno != ENOENT)
+    left = std::string{" (its file stays: "} + std::strerror(errno) + "; no reader is sent to it)";
   auto w = io.written.find(key);
   gone->push_back({key, w == io.written.end() ? 0 : w->second});
   if (w != io.written.end()) io.written.erase(w);
   io.on_disk.erase(key);
   io.disk_bytes = io.on_disk.bytes();
+  return left;
 }
 
 /// Serves a read on the I/O thread: layer-major, each layer of all blocks (in staging-sized
@@ -239,8 +246,7 @@ store_read_result serve_read(io_context& io, const store_read_order& order, uint
       r.errors[i] = why;
       if (no_file) forget_block(io, key, false, gone);  // deleted behind the server's back (an operator freeing the disk)
       if (broken) {
-        forget_block(io, key, true, gone);
-        damaged->push_back(why);
+        damaged->push_back(why + forget_block(io, key, true, gone));
       }
       continue;
     }
@@ -274,11 +280,12 @@ store_read_result serve_read(io_context& io, const store_read_order& order, uint
       for (size_t i = first; i < std::min(n, first + per_batch); ++i) {
         if (!good(i)) continue;
         std::byte* slot = io.staging.data() + (i - first) * block_layer_bytes;
-        const auto err = keep_open ? store::read_block_layer(fds[i], headers[i], l, slot)
-                                   : read_layer_reopened(io, headers[i], l, slot);
+        bool damaged_file = false;  // the file's fault (it ends early), not the system's (EIO, EMFILE)
+        const auto err = keep_open ? store::read_block_layer(fds[i], headers[i], l, slot, &damaged_file)
+                                   : read_layer_reopened(io, headers[i], l, slot, &damaged_file);
         if (!err.empty()) {
           r.errors[i] = "block " + headers[i].key.hex() + " on " + io.cfg.name + ": " + err;
-          drop[i] = 1;
+          drop[i] = damaged_file;
           continue;
         }
         // A layer whose bytes are not what was written never leaves the server: the reader's
@@ -329,8 +336,7 @@ store_read_result serve_read(io_context& io, const store_read_order& order, uint
     if (fd >= 0) ::close(fd);
   for (size_t i = 0; i < n; ++i)
     if (drop[i]) {
-      forget_block(io, headers[i].key, true, gone);
-      damaged->push_back(r.errors[i]);
+      damaged->push_back(r.errors[i] + forget_block(io, headers[i].key, true, gone));
     }
   // Blocks served were used: the least recently used go first when room is short (the budget,
   // or a full disk), and a prompt's leading blocks (touched last) after its later ones. With a

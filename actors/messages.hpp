@@ -669,7 +669,7 @@ struct cluster_stats {
   store_stats store;                 ///< index and servers summed (zero when the store is off)
   uint32_t store_servers = 0;        ///< block servers the store was started with
   uint32_t store_servers_up = 0;     ///< of those, the ones that answered this collection
-  uint64_t num_admitted = 0;         ///< requests that passed the router's checks
+  uint64_t num_admitted = 0;         ///< requests that passed admission (tokenized and checked)
   uint64_t num_rejected = 0;         ///< requests refused (bad input or overload)
   uint64_t num_active = 0;           ///< request actors alive now
   uint64_t num_overloaded = 0;       ///< of the refused: by admission control

@@ -706,6 +706,7 @@ request_actor::behavior_type request_impl(request_pointer self, request_plan pla
             self->quit(std::move(err));
             return st.promise;
           }
+          if (a.admitted) ++*a.admitted;
         }
         st.started = st.stage_started = st.attempt_started = self->clock().now();
         st.out.request_id = st.plan.request_id;

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <string>
@@ -41,6 +42,7 @@ struct request_plan {
     std::shared_ptr<const gpu::model_config> model;
     uint32_t max_new_tokens_limit = 0;
     uint32_t default_max_tokens = 0;
+    std::shared_ptr<std::atomic<uint64_t>> admitted;  ///< counts the request once it passes (the router's)
   };
   std::optional<admission> admit;
 };

@@ -203,7 +203,7 @@ std::string gateway_metrics::render(const cluster_stats* cluster) const {
   render_counter(out, "baton_router_up", "1 when the router answered this scrape", 1, "gauge");
   render_counter(out, "baton_requests_active", "request actors alive at the router", static_cast<double>(c.num_active),
                  "gauge");
-  render_counter(out, "baton_requests_admitted_total", "requests that passed the router's checks",
+  render_counter(out, "baton_requests_admitted_total", "requests that passed admission (taken in, tokenized and checked)",
                  static_cast<double>(c.num_admitted));
   render_counter(out, "baton_requests_rejected_total", "requests refused (bad input or overload)",
                  static_cast<double>(c.num_rejected));

@@ -319,50 +319,6 @@ bool nullable(const node& n) {
   return false;
 }
 
-/// What `n` matches but the empty text; nothing when that is all it matches. A sequence's
-/// non-empty matches start with its first non-empty part: one alternative for each part that may
-/// be it (the parts before it all empty), the rest of the sequence as written after it.
-std::optional<node> non_empty(const node& n) {
-  switch (n.k) {
-    case node::chars: return n;
-    case node::alt:
-    case node::seq: {
-      node out;
-      out.k = node::alt;
-      for (size_t i = 0; i < n.kids.size(); ++i) {
-        if (auto first = non_empty(n.kids[i])) {
-          if (n.k == node::alt) {
-            out.kids.push_back(std::move(*first));
-          } else {
-            node s;
-            s.k = node::seq;
-            s.kids.push_back(std::move(*first));
-            s.kids.insert(s.kids.end(), n.kids.begin() + static_cast<std::ptrdiff_t>(i) + 1, n.kids.end());
-            out.kids.push_back(std::move(s));
-          }
-        }
-        if (n.k == node::seq && !nullable(n.kids[i])) break;  // a later part can no longer be the first
-      }
-      if (out.kids.empty()) return std::nullopt;
-      if (out.kids.size() == 1) return std::move(out.kids[0]);
-      return out;
-    }
-    case node::repeat: {
-      if (n.max == 0) return std::nullopt;
-      node r = n;
-      r.min = std::max<uint32_t>(r.min, 1);
-      if (nullable(n.kids[0])) {  // X{m,n} of an X that may be empty: 1 to n of X's non-empty matches
-        auto item = non_empty(n.kids[0]);
-        if (!item) return std::nullopt;
-        r.min = 1;
-        r.kids[0] = std::move(*item);
-      }
-      return r;
-    }
-  }
-  return std::nullopt;
-}
-
 /// Grammar rules for a parsed expression, writing its text as itself or as the inside of a JSON
 /// string.
 class builder {
@@ -371,11 +327,7 @@ public:
       : g_(g), name_(std::move(name)), start_rules_(g.rules()), json_escaped_(json_escaped) {}
 
   bool build(const node& n, uint32_t* rule, std::string* why) {
-    if (g_.rules() - start_rules_ > max_regex_rules) {
-      *why = name_ + ": the expression's counts make it too large (more than " + std::to_string(max_regex_rules) +
-             " rules)";
-      return false;
-    }
+    if (too_large(why)) return false;
     const uint32_t r = g_.add_rule();
     switch (n.k) {
       case node::chars: chars(n, r); break;
@@ -401,21 +353,19 @@ public:
         // parse reaches each later repetition at once: (\w* ?){1,50} kept fifty parses alive, each
         // re-walked for every token, and was refused as too costly. The same texts are 0 to n of
         // the item's non-empty matches (empty ones only pad the count), one repetition per parse.
-        const node* item = &n.kids[0];
-        uint32_t min = n.min;
-        std::optional<node> item_non_empty;
-        if (n.max != 0 && nullable(*item)) {
-          item_non_empty = non_empty(*item);
-          if (!item_non_empty) {  // the item matches only the empty text: so does the repeat
+        uint32_t item_rule = 0;
+        if (n.max != 0 && nullable(n.kids[0])) {
+          std::optional<uint32_t> non_empty;
+          if (!build_non_empty(n.kids[0], &non_empty, why)) return false;
+          if (!non_empty) {  // the item matches only the empty text: so does the repeat
             g_.add_alternative(r, {});
             break;
           }
-          item = &*item_non_empty;
-          min = 0;
+          g_.add_alternative(r, {grammar::ref(g_.add_repeat(*non_empty, 0, n.max))});
+          break;
         }
-        uint32_t item_rule = 0;
-        if (!build(*item, &item_rule, why)) return false;
-        g_.add_alternative(r, {grammar::ref(g_.add_repeat(item_rule, min, n.max))});
+        if (!build(n.kids[0], &item_rule, why)) return false;
+        g_.add_alternative(r, {grammar::ref(g_.add_repeat(item_rule, n.min, n.max))});
         break;
       }
     }
@@ -424,6 +374,88 @@ public:
   }
 
 private:
+  bool too_large(std::string* why) const {
+    if (g_.rules() - start_rules_ <= max_regex_rules) return false;
+    *why = name_ + ": the expression's counts make it too large (more than " + std::to_string(max_regex_rules) +
+           " rules)";
+    return true;
+  }
+
+  /// Rules for what `n` matches but the empty text (`*rule` empty when that is all it matches),
+  /// in rules linear in `n`'s size (a copy of the expression per nullable part grew as its square:
+  /// 4 KB of a? in a group, 370 MB).
+  bool build_non_empty(const node& n, std::optional<uint32_t>* rule, std::string* why) {
+    rule->reset();
+    if (too_large(why)) return false;
+    switch (n.k) {
+      case node::chars: {
+        uint32_t r = 0;
+        if (!build(n, &r, why)) return false;
+        *rule = r;
+        return true;
+      }
+      case node::alt: {
+        std::vector<uint32_t> kids;
+        for (const auto& k : n.kids) {
+          std::optional<uint32_t> kr;
+          if (!build_non_empty(k, &kr, why)) return false;
+          if (kr) kids.push_back(*kr);
+        }
+        if (kids.empty()) return true;
+        const uint32_t r = g_.add_rule();
+        for (uint32_t kr : kids) g_.add_alternative(r, {grammar::ref(kr)});
+        *rule = r;
+        return true;
+      }
+      case node::seq: {
+        // The first part that is not empty is part i, every part before it empty: one
+        // alternative each, non-empty(part i) then S_{i+1} (the parts after it as written),
+        // side by side (a chain of rules N_i = ... | N_{i+1} nested as deep as the parts).
+        const size_t count = n.kids.size();
+        size_t last = 0;  // the last part that may be the first non-empty one
+        while (last + 1 < count && nullable(n.kids[last])) ++last;
+        std::vector<std::optional<uint32_t>> after(count + 1);  // after[i]: S_i; after[count]: nothing
+        for (size_t i = count; i-- > 1;) {
+          uint32_t part_rule = 0;
+          if (!build(n.kids[i], &part_rule, why)) return false;
+          const uint32_t r = g_.add_rule();
+          std::vector<grammar::symbol> parts{grammar::ref(part_rule)};
+          if (after[i + 1]) parts.push_back(grammar::ref(*after[i + 1]));
+          g_.add_alternative(r, parts);
+          after[i] = r;
+        }
+        std::optional<uint32_t> r;
+        for (size_t i = 0; i <= last && i < count; ++i) {
+          std::optional<uint32_t> first;
+          if (!build_non_empty(n.kids[i], &first, why)) return false;
+          if (!first) continue;
+          if (!r) r = g_.add_rule();
+          std::vector<grammar::symbol> parts{grammar::ref(*first)};
+          if (after[i + 1]) parts.push_back(grammar::ref(*after[i + 1]));
+          g_.add_alternative(*r, parts);
+        }
+        *rule = r;
+        return true;
+      }
+      case node::repeat: {
+        if (n.max == 0) return true;
+        const node& item = n.kids[0];
+        uint32_t item_rule = 0;
+        if (nullable(item)) {  // X{m,n} of an X that may be empty: 1 to n of X's non-empty matches
+          std::optional<uint32_t> non_empty;
+          if (!build_non_empty(item, &non_empty, why)) return false;
+          if (!non_empty) return true;
+          item_rule = *non_empty;
+        } else if (!build(item, &item_rule, why)) {
+          return false;
+        }
+        *rule = g_.add_repeat(item_rule, std::max<uint32_t>(nullable(item) ? 1 : n.min, 1), n.max);
+        return true;
+      }
+    }
+    return true;
+  }
+
   /// One character of the set, as itself or as JSON writes it inside a string.
   void chars(const node& n, uint32_t r) {
     sym plain;

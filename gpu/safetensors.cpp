@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <system_error>
 #include <thread>
 
 #include <fcntl.h>
@@ -295,9 +296,13 @@ std::string safetensors_set::fingerprint(const std::string& salt) const {
       for (size_t k; (k = next.fetch_add(1)) < tensors.size();)
         digests[k] = content_hash(reinterpret_cast<const unsigned char*>(tensors[k]->data), tensors[k]->bytes);
     };
-    const size_t n = std::clamp<size_t>(std::thread::hardware_concurrency(), 1, std::min<size_t>(16, tensors.size()));
+    const size_t n = std::min<size_t>({std::max(1u, std::thread::hardware_concurrency()), 16, tensors.size()});
     std::vector<std::thread> pool;
-    for (size_t t = 1; t < n; ++t) pool.emplace_back(work);
+    try {
+      for (size_t t = 1; t < n; ++t) pool.emplace_back(work);
+    } catch (const std::system_error&) {
+      // No more threads (a pids cgroup, RLIMIT_NPROC): those started and this one do it all.
+    }
     work();
     for (auto& t : pool) t.join();
   }

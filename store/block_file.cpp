@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <map>
+#include <mutex>
 #include <optional>
 
 #include <fcntl.h>
@@ -192,12 +194,15 @@ namespace {
 struct header_problem {
   std::string why;
   bool foreign = false;
+  bool transient = false;  ///< the system failed to read it (EIO): no evidence against the file
 };
 
 /// Parses and checks the header of the open file `fd` against `salt`; the key is not checked.
 std::optional<header_problem> read_header(int fd, const block_key& salt, block_header* out) {
   unsigned char buf[4096];
-  if (!pread_all(fd, buf, sizeof buf, 0)) return header_problem{"truncated header"};
+  if (!pread_all(fd, buf, sizeof buf, 0))
+    return errno == 0 ? header_problem{"truncated header"}
+                      : header_problem{std::string("cannot read its header: ") + std::strerror(errno), false, true};
   cursor c{buf};
   char m[8];
   for (char& x : m) x = c.get<char>();
@@ -225,7 +230,8 @@ std::optional<header_problem> read_header(int fd, const block_key& salt, block_h
   if (c.get<uint64_t>() != expect) return header_problem{"corrupt header (checksum)"};
   if (!(h.salt == salt)) return header_problem{"written for another model or KV layout", true};
   const off_t size = ::lseek(fd, 0, SEEK_END);
-  if (size < 0 || static_cast<uint64_t>(size) != h.file_bytes())
+  if (size < 0) return header_problem{std::string("cannot find its size: ") + std::strerror(errno), false, true};
+  if (static_cast<uint64_t>(size) != h.file_bytes())
     return header_problem{"truncated (" + std::to_string(size) + " of " + std::to_string(h.file_bytes()) + " bytes)"};
   *out = std::move(h);
   return std::nullopt;
@@ -249,7 +255,7 @@ int open_block_file(const std::string& path, const block_key& salt, const block_
   };
   block_header h;
   if (auto bad = read_header(fd, salt, &h)) {
-    if (damaged) *damaged = !bad->foreign;
+    if (damaged) *damaged = !bad->foreign && !bad->transient;
     return fail(bad->why);
   }
   if (!(h.key == key)) {
@@ -260,12 +266,26 @@ int open_block_file(const std::string& path, const block_key& salt, const block_
   return fd;
 }
 
-std::string read_block_layer(int fd, const block_header& h, uint32_t layer, std::byte* dst) {
+std::string read_block_layer(int fd, const block_header& h, uint32_t layer, std::byte* dst, bool* damaged) {
+  if (damaged) *damaged = false;
   if (layer >= h.num_layers) return "layer " + std::to_string(layer) + " out of range";
-  if (!pread_all(fd, dst, h.layer_bytes, h.layer_offset(layer)))
+  if (!pread_all(fd, dst, h.layer_bytes, h.layer_offset(layer))) {
+    if (damaged) *damaged = errno == 0;  // the file ends early: shorter than its header says
     return "short read of layer " + std::to_string(layer) + ": " + (errno ? std::strerror(errno) : "the file ends early");
+  }
   return {};
 }
+
+namespace {
+
+/// The store directories this process has locked, by the lock file's device and inode: a second
+/// lock of one of them in this process is told apart from another process's (flock alone cannot:
+/// two opens in one process conflict as two processes do, and a pid in the file is no proof --
+/// containers sharing a volume are each pid 1).
+std::mutex locked_mutex;
+std::map<std::pair<dev_t, ino_t>, int> locked_dirs;  // -> the holding descriptor
+
+}  // namespace
 
 int lock_block_dir(const std::string& dir, std::string* why) {
   const std::string path = dir + "/.lock";
@@ -274,20 +294,28 @@ int lock_block_dir(const std::string& dir, std::string* why) {
     *why = "cannot open " + path + ": " + std::strerror(errno);
     return -1;
   }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    *why = "cannot stat " + path + ": " + std::strerror(errno);
+    ::close(fd);
+    return -1;
+  }
+  std::lock_guard<std::mutex> guard{locked_mutex};
+  if (locked_dirs.count({st.st_dev, st.st_ino})) {
+    ::close(fd);
+    *why = dir + " is locked by this process already";
+    return -2;
+  }
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     char buf[32] = {};
     const ssize_t got = ::pread(fd, buf, sizeof buf - 1, 0);
     ::close(fd);
-    const long holder = got > 0 ? std::strtol(buf, nullptr, 10) : 0;
     if (err != EWOULDBLOCK) {
       *why = "cannot lock " + path + ": " + std::strerror(err);
       return -1;
     }
-    if (holder == static_cast<long>(::getpid())) {
-      *why = dir + " is locked by this process already";
-      return -2;
-    }
+    const long holder = got > 0 ? std::strtol(buf, nullptr, 10) : 0;
     *why = dir + " is served by another block server already (process " +
            (holder > 0 ? std::to_string(holder) : std::string{"unknown"}) + " holds " + path +
            "); give each server its own directory";
@@ -297,7 +325,17 @@ int lock_block_dir(const std::string& dir, std::string* why) {
   if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
     // Held all the same: the pid only names the holder in another server's refusal.
   }
+  locked_dirs[{st.st_dev, st.st_ino}] = fd;
   return fd;
+}
+
+void unlock_block_dir(int fd) {
+  if (fd < 0) return;
+  {
+    std::lock_guard<std::mutex> guard{locked_mutex};
+    std::erase_if(locked_dirs, [&](const auto& e) { return e.second == fd; });
+  }
+  ::close(fd);
 }
 
 dir_scan scan_block_dir(const std::string& dir, const block_key& salt, bool sole_writer) {
@@ -355,6 +393,7 @@ dir_scan scan_block_dir(const std::string& dir, const block_key& salt, bool sole
       ++out.foreign;
       continue;
     }
+    if (bad && bad->transient) continue;  // not read now; maybe at the next start
     if (bad) {
       remove(p, bad->why);
       continue;

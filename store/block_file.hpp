@@ -68,12 +68,14 @@ std::string write_block_file(const std::string& path, const block_header& h,
 /// Opens and validates a block file against the expected salt and key. On failure returns -1
 /// and a sentence (missing, truncated, corrupt header, other model...); `no_file` (if given) says
 /// whether the file was not there at all, `damaged` whether it is there but can never be read as
-/// this block (what scan_block_dir deletes: a broken header, another block's bytes).
+/// this block (what scan_block_dir deletes: a broken header, another block's bytes; not a read
+/// the system failed, EIO, nor an open it refused, EMFILE).
 int open_block_file(const std::string& path, const block_key& salt, const block_key& key, block_header* out,
                     std::string* why, bool* no_file = nullptr, bool* damaged = nullptr);
 
 /// Reads layer `layer` of an open block into dst (h.layer_bytes); error sentence or empty.
-std::string read_block_layer(int fd, const block_header& h, uint32_t layer, std::byte* dst);
+/// `damaged`: the failure is the file's (it ends early), not the system's (EIO, ...).
+std::string read_block_layer(int fd, const block_header& h, uint32_t layer, std::byte* dst, bool* damaged = nullptr);
 
 /// A block of this model found in a store directory: what the index needs to know it again.
 struct found_block {
@@ -110,8 +112,11 @@ dir_scan scan_block_dir(const std::string& dir, const block_key& salt, bool sole
 /// and delete blocks the other one's index lists. The lock's descriptor (closing it lets go), the
 /// file holding this process's pid; -1 and a sentence naming the holder's pid when another
 /// process holds it (or the file cannot be made); -2 when this process holds it already (a server
-/// of the directory still stopping as its successor starts), which the caller may go on without.
+/// of the directory still stopping as its successor starts: told by the file's device and inode,
+/// not by the pid), which a server may go on without.
 int lock_block_dir(const std::string& dir, std::string* why);
+/// Lets go of a lock lock_block_dir took (closes `fd`); nothing for a negative one.
+void unlock_block_dir(int fd);
 
 /// Marks a block file used now, in its access time (its write time, from which the block's age
 /// counts, stays): what scan_block_dir orders by after a restart. Set outright, whatever the

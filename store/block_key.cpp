@@ -75,8 +75,10 @@ block_key digest(const block_key& prev, const unsigned char* p, size_t n_bytes) 
   unsigned int len = 0;
   if (sha256 == nullptr || !ctx || EVP_DigestInit_ex(ctx.get(), sha256, nullptr) != 1 ||
       EVP_DigestUpdate(ctx.get(), head, sizeof head) != 1 || (n_bytes > 0 && EVP_DigestUpdate(ctx.get(), p, n_bytes) != 1) ||
-      EVP_DigestFinal_ex(ctx.get(), out, &len) != 1 || len < 16)
-    std::abort();  // OpenSSL without SHA-256: nothing here can run safely
+      EVP_DigestFinal_ex(ctx.get(), out, &len) != 1 || len < 16) {
+    std::fprintf(stderr, "baton: OpenSSL could not compute SHA-256, which block keys need; stopping\n");
+    std::abort();  // nothing here can run safely without it
+  }
   block_key k;
   for (int i = 0; i < 8; ++i) {
     k.hi |= uint64_t{out[i]} << (8 * i);
