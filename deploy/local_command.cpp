@@ -803,9 +803,13 @@ int run_local(const std::vector<std::string>& args) {
             std::printf("  tokens : %zu (%s)   TTFT %.3f ms   mean TBT %.3f ms\n", c.tokens.size(),
                         c.finish_reason.c_str(), static_cast<double>(c.ttft_us) / 1000.0, mean(c.tbt_us) / 1000.0);
             if (opt.cluster.store.enabled)
-              std::printf("  store  : %u of %u prompt tokens loaded from the store%s (CHECK %lld us)\n",
-                          c.cached_tokens, c.num_prompt_tokens,
-                          c.recomputed_blocks ? ", some blocks recomputed" : "", static_cast<long long>(c.check_us));
+              // Apart: a hit in the prefill rank's own pages says nothing of the store (a trial
+              // saw "64 loaded from the store" from a store that had written nothing).
+              std::printf("  store  : %u of %u prompt tokens loaded from the store, %u from the rank's own cache%s "
+                          "(CHECK %lld us)\n",
+                          c.cached_tokens - std::min(c.cached_tokens, c.local_cached_tokens), c.num_prompt_tokens,
+                          c.local_cached_tokens, c.recomputed_blocks ? ", some blocks recomputed" : "",
+                          static_cast<long long>(c.check_us));
             if (opt.explain)
               std::printf("  placed : prefill %s\n           decode  %s\n", c.prefill_placement_why.c_str(),
                           c.decode_placement_why.c_str());
@@ -818,6 +822,20 @@ int run_local(const std::vector<std::string>& args) {
     }
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  if (opt.cluster.store.enabled) {
+    // The last answers' write-backs are on their way (started as each sequence ended, before its
+    // answer): waited for, up to 10 s, so that the store holds what this run computed when the
+    // process ends. A one-round run ended before any landed, and the next run found nothing.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds{10};
+    for (const auto& d : cluster.decode)
+      for (;;) {
+        uint64_t in_flight = 0;
+        self->request(d.handle, std::chrono::seconds{5}, stats_atom::value)
+            .receive([&](rank_stats& s) { in_flight = s.num_writes_in_flight; }, [](caf::error&) {});
+        if (in_flight == 0 || std::chrono::steady_clock::now() > until) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds{5});
+      }
+  }
   std::printf("\nbaton local: %zu requests, %d failed, %zu tokens in %.3f s: %.1f requests/s, %.1f tokens/s\n",
               num_sent, failures, num_tokens, seconds, static_cast<double>(num_sent - failures) / seconds,
               static_cast<double>(num_tokens) / seconds);
