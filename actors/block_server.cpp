@@ -101,10 +101,9 @@ struct block_server_state {
   std::vector<block_index_actor> index;  ///< shards; a commit goes to its key's shard
   uint64_t last_job = 0;
   store_stats stats;
-  /// A failed write was logged: later ones are only counted until a write succeeds (a full,
-  /// read-only or failing disk would otherwise log every block of every write-back).
-  bool write_failure_logged = false;
-  int write_failure_errno = 0;  ///< the logged one's errno (0: none): a failure of another kind is logged too
+  /// The errnos (0: none) of failed writes logged since the last write that succeeded: each kind
+  /// of failure is logged once, later ones only counted.
+  std::vector<int> write_failures_logged;
   /// A disk full short of the budget (or with none) was logged: said again only after a write
   /// that found room.
   bool disk_full_logged = false;
@@ -135,7 +134,7 @@ void recover_blocks(pointer self) {
   run_io(
       self,
       [](io_context& io) {
-        auto scan = store::scan_block_dir(io.cfg.dir, io.salt, io.dir_lock >= 0);
+        auto scan = store::scan_block_dir(io.cfg.dir, io.salt, io.dir_lock >= 0 && !io.dir_lock_shared);
         // Least recently used first (written or read: scan_block_dir), so the last are the most
         // recent; beyond the capacity (it shrank since the blocks were written) the least recent
         // are deleted before the index hears of them.
@@ -224,8 +223,8 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
   if (ec) io.setup_error = c.name + ": cannot create " + c.dir + ": " + ec.message();
   if (io.setup_error.empty()) {
     std::string why;
-    io.dir_lock = store::lock_block_dir(c.dir, &why);
-    if (io.dir_lock == -1) io.setup_error = c.name + ": " + why;  // -2: its predecessor here is stopping
+    io.dir_lock = store::lock_block_dir(c.dir, &why, &io.dir_lock_shared);
+    if (io.dir_lock < 0) io.setup_error = c.name + ": " + why;
   }
   st.worker = std::make_unique<serial_worker>();
   if (io.setup_error.empty()) recover_blocks(self);
@@ -410,19 +409,21 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
                 ++s.stats.write_failures;
                 const bool no_space = out.err_no == ENOSPC || out.err_no == EDQUOT;
                 s.stats.write_no_space += no_space;
-                // Once until a write succeeds, for each kind of failure in a row: a read-only or
-                // failing disk fails every block of every write-back, and logged each of them.
-                if (!s.write_failure_logged || out.err_no != s.write_failure_errno)
+                // Each kind of failure once until a write succeeds: a read-only or failing disk
+                // fails every block of every write-back, and logged each of them.
+                if (std::find(s.write_failures_logged.begin(), s.write_failures_logged.end(), out.err_no) ==
+                    s.write_failures_logged.end())
                   caf::aout(self) << s.io->cfg.name << ": block " << store::block_key{out.w.block.hi, out.w.block.lo}.hex()
                                   << " of request " << out.w.request_id << " not written: " << out.err
                                   << " (later failed writes are counted in baton_store_write_failures_total, not logged, "
                                   << "until one succeeds)" << std::endl;
-                s.write_failure_logged = true;
-                s.write_failure_errno = out.err_no;
+                if (std::find(s.write_failures_logged.begin(), s.write_failures_logged.end(), out.err_no) ==
+                    s.write_failures_logged.end())
+                  s.write_failures_logged.push_back(out.err_no);
                 promise.deliver(uint64_t{0});
                 return;
               }
-              s.write_failure_logged = false;
+              s.write_failures_logged.clear();
               promise.deliver(out.w.bytes);
               ++s.stats.blocks_written;
               s.stats.bytes_written += out.w.bytes;

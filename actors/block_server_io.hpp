@@ -78,6 +78,9 @@ struct io_context {
   uint32_t fault_writes_skip = 0;       ///< cfg.fault_write_after: writes still let through first
   std::atomic<bool> stopping{false};  ///< the actor is gone: abandon waits at once
   int dir_lock = -1;                   ///< store::lock_block_dir's descriptor (-1: not held)
+  /// Shared with a predecessor of this directory in this process, still stopping: its writes may
+  /// still be under way, so the scan leaves young temporary files alone.
+  bool dir_lock_shared = false;
   ~io_context() {
     store::unlock_block_dir(dir_lock);
     for (auto id : abandoned) xport->release(id);

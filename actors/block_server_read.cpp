@@ -161,10 +161,10 @@ std::string layout_mismatch(const store::block_header& h, const store_read_order
 /// system's). The caller's checksum of the layer against `h` catches a file rewritten with other
 /// bytes since `h` was read.
 std::string read_layer_reopened(const io_context& io, const store::block_header& h, uint32_t layer, std::byte* dst,
-                                bool* damaged) {
+                                bool* damaged, bool* no_file) {
   std::string why;
   store::block_header now;
-  const int fd = store::open_block_file(store::block_path(io.cfg.dir, h.key), io.salt, h.key, &now, &why, nullptr, damaged);
+  const int fd = store::open_block_file(store::block_path(io.cfg.dir, h.key), io.salt, h.key, &now, &why, no_file, damaged);
   if (fd < 0) return "opened again for layer " + std::to_string(layer) + ": " + why;
   std::string err;
   if (now.num_layers != h.num_layers || now.layer_bytes != h.layer_bytes)
@@ -181,8 +181,13 @@ std::string read_layer_reopened(const io_context& io, const store::block_header&
 /// disk), else empty.
 std::string forget_block(io_context& io, const store::block_key& key, bool unlink, std::vector<disk_eviction>* gone) {
   std::string left;
-  if (unlink && ::unlink(store::block_path(io.cfg.dir, key).c_str()) != 0 && errno != ENOENT)
-    left = std::string{" (its file stays: "} + std::strerror(errno) + "; no reader is sent to it)";
+  if (unlink) {
+    const std::string path = store::block_path(io.cfg.dir, key);
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+      const int err = errno;
+      left = std::string{" (its file stays: "} + std::strerror(err) + "; no reader is sent to it)";
+    }
+  }
   auto w = io.written.find(key);
   gone->push_back({key, w == io.written.end() ? 0 : w->second});
   if (w != io.written.end()) io.written.erase(w);
@@ -261,7 +266,7 @@ store_read_result serve_read(io_context& io, const store_read_order& order, uint
     else ::close(fd);
   }
   const auto good = [&](size_t i) { return usable[i] && r.errors[i].empty(); };
-  std::vector<char> drop(n, 0);  // a layer could not be read, or was not what was written
+  std::vector<char> drop(n, 0);  // 1: a layer ended early or was not what was written; 2: the file went
   const size_t per_batch = std::max<uint64_t>(1, io.staging.size() / block_layer_bytes);  // >= 1 block layer: malformed()
   bool expired = false;
   for (uint32_t l = 0; l < layout.num_layers && !expired; ++l) {
@@ -281,11 +286,12 @@ store_read_result serve_read(io_context& io, const store_read_order& order, uint
         if (!good(i)) continue;
         std::byte* slot = io.staging.data() + (i - first) * block_layer_bytes;
         bool damaged_file = false;  // the file's fault (it ends early), not the system's (EIO, EMFILE)
+        bool gone_now = false;      // deleted since the read began (an operator freeing the disk)
         const auto err = keep_open ? store::read_block_layer(fds[i], headers[i], l, slot, &damaged_file)
-                                   : read_layer_reopened(io, headers[i], l, slot, &damaged_file);
+                                   : read_layer_reopened(io, headers[i], l, slot, &damaged_file, &gone_now);
         if (!err.empty()) {
           r.errors[i] = "block " + headers[i].key.hex() + " on " + io.cfg.name + ": " + err;
-          drop[i] = damaged_file;
+          drop[i] = damaged_file ? 1 : gone_now ? 2 : 0;
           continue;
         }
         // A layer whose bytes are not what was written never leaves the server: the reader's
@@ -334,10 +340,10 @@ store_read_result serve_read(io_context& io, const store_read_order& order, uint
   }
   for (int fd : fds)
     if (fd >= 0) ::close(fd);
-  for (size_t i = 0; i < n; ++i)
-    if (drop[i]) {
-      damaged->push_back(r.errors[i] + forget_block(io, headers[i].key, true, gone));
-    }
+  for (size_t i = 0; i < n; ++i) {
+    if (drop[i] == 1) damaged->push_back(r.errors[i] + forget_block(io, headers[i].key, true, gone));
+    if (drop[i] == 2) forget_block(io, headers[i].key, false, gone);
+  }
   // Blocks served were used: the least recently used go first when room is short (the budget,
   // or a full disk), and a prompt's leading blocks (touched last) after its later ones. With a
   // budget the files keep the use too, for the order after a restart (mark_used).

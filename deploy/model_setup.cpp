@@ -32,8 +32,10 @@ bool ensure_writable_dir(const std::string& dir, const std::string& flag, std::s
 
 bool hold_store_dir(const std::string& dir, const std::string& flag, std::string* why) {
   std::string held_by;
-  const int fd = store::lock_block_dir(dir, &held_by);
-  if (fd < 0) {  // -2 too: this process serves the directory already
+  bool shared = false;
+  const int fd = store::lock_block_dir(dir, &held_by, &shared);
+  if (fd < 0 || shared) {
+    if (shared) store::unlock_block_dir(fd);  // this process serves the directory already
     *why = flag + " " + held_by;
     return false;
   }

@@ -382,8 +382,9 @@ private:
   }
 
   /// Rules for what `n` matches but the empty text (`*rule` empty when that is all it matches),
-  /// in rules linear in `n`'s size (a copy of the expression per nullable part grew as its square:
-  /// 4 KB of a? in a group, 370 MB).
+  /// each part built once whole and once non-empty (a copy of the expression's tail per nullable
+  /// part grew as its square: 4 KB of a? in a group took 370 MB). Repeats of such groups nested k
+  /// deep build 2^k rules; max_regex_rules refuses them in milliseconds.
   bool build_non_empty(const node& n, std::optional<uint32_t>* rule, std::string* why) {
     rule->reset();
     if (too_large(why)) return false;

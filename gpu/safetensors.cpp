@@ -298,6 +298,7 @@ std::string safetensors_set::fingerprint(const std::string& salt) const {
     };
     const size_t n = std::min<size_t>({std::max(1u, std::thread::hardware_concurrency()), 16, tensors.size()});
     std::vector<std::thread> pool;
+    pool.reserve(n);  // no allocation can throw between a thread's start and its join
     try {
       for (size_t t = 1; t < n; ++t) pool.emplace_back(work);
     } catch (const std::system_error&) {

@@ -279,15 +279,28 @@ std::string read_block_layer(int fd, const block_header& h, uint32_t layer, std:
 namespace {
 
 /// The store directories this process has locked, by the lock file's device and inode: a second
-/// lock of one of them in this process is told apart from another process's (flock alone cannot:
-/// two opens in one process conflict as two processes do, and a pid in the file is no proof --
-/// containers sharing a volume are each pid 1).
-std::mutex locked_mutex;
-std::map<std::pair<dev_t, ino_t>, int> locked_dirs;  // -> the holding descriptor
+/// lock of one in this process is told apart from another process's (flock alone cannot: two
+/// opens in one process conflict as two processes do, and a pid in the file is no proof --
+/// containers sharing a volume are each pid 1). Each holder gets a duplicate of the one locked
+/// descriptor (`anchor`), so the lock lasts until the last of them lets go. Never destroyed: a
+/// server's I/O context may let go during static destruction.
+struct lock_registry {
+  struct entry {
+    int anchor = -1;
+    uint32_t holders = 0;
+  };
+  std::mutex mutex;
+  std::map<std::pair<dev_t, ino_t>, entry> locked;
+};
+lock_registry& registry() {
+  static auto* r = new lock_registry;
+  return *r;
+}
 
 }  // namespace
 
-int lock_block_dir(const std::string& dir, std::string* why) {
+int lock_block_dir(const std::string& dir, std::string* why, bool* shared) {
+  if (shared) *shared = false;
   const std::string path = dir + "/.lock";
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) {
@@ -300,11 +313,19 @@ int lock_block_dir(const std::string& dir, std::string* why) {
     ::close(fd);
     return -1;
   }
-  std::lock_guard<std::mutex> guard{locked_mutex};
-  if (locked_dirs.count({st.st_dev, st.st_ino})) {
+  auto& reg = registry();
+  std::lock_guard<std::mutex> guard{reg.mutex};
+  if (auto e = reg.locked.find({st.st_dev, st.st_ino}); e != reg.locked.end()) {
     ::close(fd);
+    const int dup = ::fcntl(e->second.anchor, F_DUPFD_CLOEXEC, 0);
+    if (dup < 0) {
+      *why = "cannot share " + path + "'s lock: " + std::strerror(errno);
+      return -1;
+    }
+    ++e->second.holders;
+    if (shared) *shared = true;
     *why = dir + " is locked by this process already";
-    return -2;
+    return dup;
   }
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
@@ -325,17 +346,28 @@ int lock_block_dir(const std::string& dir, std::string* why) {
   if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
     // Held all the same: the pid only names the holder in another server's refusal.
   }
-  locked_dirs[{st.st_dev, st.st_ino}] = fd;
-  return fd;
+  const int dup = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (dup < 0) {
+    *why = "cannot hold " + path + "'s lock: " + std::strerror(errno);
+    ::close(fd);
+    return -1;
+  }
+  reg.locked[{st.st_dev, st.st_ino}] = {fd, 1};
+  return dup;
 }
 
 void unlock_block_dir(int fd) {
   if (fd < 0) return;
-  {
-    std::lock_guard<std::mutex> guard{locked_mutex};
-    std::erase_if(locked_dirs, [&](const auto& e) { return e.second == fd; });
-  }
+  struct stat st {};
+  const bool known = ::fstat(fd, &st) == 0;
+  auto& reg = registry();
+  std::lock_guard<std::mutex> guard{reg.mutex};  // held through the closes: a successor waits for them
   ::close(fd);
+  if (!known) return;
+  auto e = reg.locked.find({st.st_dev, st.st_ino});
+  if (e == reg.locked.end() || --e->second.holders > 0) return;
+  ::close(e->second.anchor);
+  reg.locked.erase(e);
 }
 
 dir_scan scan_block_dir(const std::string& dir, const block_key& salt, bool sole_writer) {

@@ -109,13 +109,14 @@ dir_scan scan_block_dir(const std::string& dir, const block_key& salt, bool sole
 
 /// Takes `dir`'s lock (`dir/.lock`, an flock the kernel lets go of however the process ends): one
 /// block server per directory, or two each hold the disk to their own budget (twice it, in all)
-/// and delete blocks the other one's index lists. The lock's descriptor (closing it lets go), the
-/// file holding this process's pid; -1 and a sentence naming the holder's pid when another
-/// process holds it (or the file cannot be made); -2 when this process holds it already (a server
-/// of the directory still stopping as its successor starts: told by the file's device and inode,
-/// not by the pid), which a server may go on without.
-int lock_block_dir(const std::string& dir, std::string* why);
-/// Lets go of a lock lock_block_dir took (closes `fd`); nothing for a negative one.
+/// and delete blocks the other one's index lists. A descriptor to let go of with
+/// unlock_block_dir, the file holding this process's pid; -1 and a sentence naming the holder's
+/// pid when another process holds it (or the file cannot be made). When this process holds it
+/// already (a server of the directory still stopping as its successor starts; told by the file's
+/// device and inode, not by the pid), the holders share it: `shared` says so, and the lock lasts
+/// until the last one lets go.
+int lock_block_dir(const std::string& dir, std::string* why, bool* shared = nullptr);
+/// Lets go of a descriptor lock_block_dir gave (the lock goes with the last one); nothing for -1.
 void unlock_block_dir(int fd);
 
 /// Marks a block file used now, in its access time (its write time, from which the block's age

@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -244,9 +245,26 @@ TEST_CASE("a store directory's lock: one process holds it (the others are refuse
   int status = 0;
   REQUIRE(::waitpid(child, &status, 0) == child);
   for (int fd : {ready[0], ready[1], done[0], done[1]}) ::close(fd);
-  const int fd = lock_block_dir(dir, &why);
+  bool shared = true;
+  const int fd = lock_block_dir(dir, &why, &shared);
   CHECK(fd >= 0);
-  CHECK(lock_block_dir(dir, &why) == -2);  // this process holds it already
+  CHECK_FALSE(shared);
+  // This process holds it already (a server still stopping as its successor starts): shared,
+  // and held until the last holder lets go, whichever goes first.
+  const int successor = lock_block_dir(dir, &why, &shared);
+  CHECK(successor >= 0);
+  CHECK(shared);
+  const auto another_process_locks = [&] {  // (a fork shares this process's registry: flock itself)
+    const pid_t p = ::fork();
+    if (p == 0) {
+      const int f = ::open((dir + "/.lock").c_str(), O_RDWR | O_CLOEXEC);
+      ::_exit(f >= 0 && ::flock(f, LOCK_EX | LOCK_NB) == 0 ? 0 : 1);
+    }
+    int st = 0;
+    ::waitpid(p, &st, 0);
+    return WIFEXITED(st) && WEXITSTATUS(st) == 0;
+  };
+  CHECK_FALSE(another_process_locks());
   // Held: a temporary file written a moment ago is a dead writer's too.
   const auto key = chain_keys(salt_of(tiny_identity()), tokens(32), 32)[0];
   fs::create_directories(fs::path(block_path(dir, key)).parent_path());
@@ -257,8 +275,12 @@ TEST_CASE("a store directory's lock: one process holds it (the others are refuse
   CHECK(scan_block_dir(dir, salt_of(tiny_identity()), true).removed == 1);
   CHECK_FALSE(fs::exists(fresh));
   unlock_block_dir(fd);
-  const int again = lock_block_dir(dir, &why);
-  CHECK(again >= 0);  // let go: this process may take it again
+  CHECK_FALSE(another_process_locks());  // the successor holds it still
+  unlock_block_dir(successor);
+  CHECK(another_process_locks());  // let go by every holder
+  const int again = lock_block_dir(dir, &why, &shared);
+  CHECK(again >= 0);
+  CHECK_FALSE(shared);
   unlock_block_dir(again);
   fs::remove_all(dir);
 }
