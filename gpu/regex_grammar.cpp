@@ -410,8 +410,9 @@ private:
       }
       case node::seq: {
         // The first part that is not empty is part i, every part before it empty: one
-        // alternative each, non-empty(part i) then S_{i+1} (the parts after it as written),
-        // side by side (a chain of rules N_i = ... | N_{i+1} nested as deep as the parts).
+        // alternative each, non-empty(part i) then S_{i+1} (the parts after it as written), side
+        // by side in one rule (not a chain N_i = ... | N_{i+1}, which nests as deep as the parts
+        // are many).
         const size_t count = n.kids.size();
         size_t last = 0;  // the last part that may be the first non-empty one
         while (last + 1 < count && nullable(n.kids[last])) ++last;
