@@ -118,13 +118,16 @@ void rebalance_memory(decode_pointer self) {
     st.reserves.clear();
   }
   auto& kv = st.core.exec->kv();
+  // Offloaded sequences come back first, oldest first, as pages allow; while one is still out,
+  // newcomers wait (and are refused after reserve_wait_ms, to be placed elsewhere). Granting
+  // newcomers first starved an offloaded sequence under steady arrivals, each newcomer taking
+  // the pages it waited for, until its token timeout failed it over to be computed again.
+  bool resumed = false;
+  while (resume_oldest(self)) resumed = true;
   // A sequence back from host memory needs a step, which nothing else may start (the batch was
   // empty; or this runs inside maybe_step, via free_lease): a message to itself starts it.
-  auto step_resumed = [self] { self->send(self, resume_atom::value); };
+  if (resumed) self->send(self, resume_atom::value);
   if (on_demand(st)) {
-    bool resumed = false;
-    while (resume_oldest(self)) resumed = true;
-    if (resumed) step_resumed();
     while (st.paused.empty() && !st.reserves.empty()) {
       auto& r = st.reserves.front();
       const uint32_t need = pages_to_reserve(st, r.req);
@@ -135,13 +138,6 @@ void rebalance_memory(decode_pointer self) {
     report_load(self);
     return;
   }
-  // Offloaded sequences come back first, oldest first, as pages allow; while one is still out,
-  // newcomers wait (and are refused after reserve_wait_ms, to be placed elsewhere). Granting
-  // newcomers first starved an offloaded sequence under steady arrivals, each newcomer taking
-  // the pages it waited for, until its token timeout failed it over to be computed again.
-  bool resumed = false;
-  while (resume_oldest(self)) resumed = true;
-  if (resumed) step_resumed();
   while (st.paused.empty() && !st.reserves.empty()) {
     auto& r = st.reserves.front();
     const uint32_t need = pages_to_reserve(st, r.req);
