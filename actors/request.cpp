@@ -592,11 +592,17 @@ void place_prefill(request_pointer self, const place_query& q) {
 void place(request_pointer self) {
   auto& st = self->state;
   const auto& p = st.plan;
-  const auto timeout = std::chrono::milliseconds{p.cfg.place_timeout_ms};
   const auto cached = static_cast<uint32_t>(st.prefix.size() * p.store.block_tokens());
   place_query q{p.request_id, static_cast<uint32_t>(st.prompt.size()) - cached, cached,
                 static_cast<uint32_t>(st.prompt.size() + st.max_new), p.params.priority,
                 st.block_keys, p.store.block_tokens(), p.cfg.place_timeout_ms, scores_prompt(st), st.attempt};
+  // The queue: the decode balancer parks the placement, in arrival order, until a rank has
+  // room, for what is left of queue_timeout_ms since the request arrived (a re-placement after
+  // a failure at least place_timeout_ms). The prefill balancer's wait stays place_timeout_ms:
+  // its ranks queue prompts themselves.
+  const int64_t queued_ms = micros(self->clock().now() - st.started) / 1000;
+  const auto decode_wait_ms =
+      static_cast<uint32_t>(std::max<int64_t>(p.cfg.place_timeout_ms, int64_t{p.cfg.queue_timeout_ms} - queued_ms));
   // Seed 002, hybrid PD: a short prompt is cheaper to prefill where it decodes than to ship
   // (a scored prompt is computed on a prefill rank, which scores).
   const bool hybrid = !scores_prompt(st) && policies::prefill_on_decode_rank(st.prompt.size(), p.cfg.hybrid_prefill_below_tokens);
@@ -610,7 +616,9 @@ void place(request_pointer self) {
   }
   const uint32_t attempt = st.attempt;
   st.decode_charged = true;
-  self->request(p.decode_balancer, timeout, place_atom::value, q)
+  auto decode_q = q;
+  decode_q.wait_ms = decode_wait_ms;
+  self->request(p.decode_balancer, std::chrono::milliseconds{decode_wait_ms}, place_atom::value, std::move(decode_q))
       .then(
           [=](decode_placement& d) {
             if (stale(self, attempt)) return;
@@ -630,8 +638,11 @@ void place(request_pointer self) {
           },
           [=](caf::error& err) {
             if (stale(self, attempt)) return;
-            fail_or_retry(self,
-                          hop_error(self, err, "decode_balancer", "place_decode", self->state.plan.cfg.place_timeout_ms));
+            // No rank had room while it waited in the queue: another attempt would only queue
+            // again, behind everyone admitted meanwhile.
+            if (err.category() == caf::atom("baton") && static_cast<errc>(err.code()) == errc::kv_capacity)
+              return answer(self, std::move(err));
+            fail_or_retry(self, hop_error(self, err, "decode_balancer", "place_decode", decode_wait_ms));
           });
 }
 

@@ -323,6 +323,9 @@ int run_local(const std::vector<std::string>& args) {
   add_security_flags(flags, &opt.sec);
   flags.add("--max-active-requests", &opt.cluster.router.max_active_requests,
             "admission control: requests in flight at most, more are refused (HTTP 429); 0 = no limit");
+  flags.add("--queue-timeout-ms", &opt.cluster.router.request.queue_timeout_ms,
+            "an admitted request waits this long, in arrival order, for a decode rank with room for its KV, then "
+            "is refused (HTTP 503); lower it to shed load sooner");
   flags.add("--api-key", &opt.api_keys, "--serve: an API key the gateway accepts as a bearer token (repeatable; also BATON_API_KEYS, comma-separated; it guards HTTP only: keep --router-listen and --cluster-listen private, or use --tls-*)");
   flags.add("--first-token-timeout-ms", &opt.gateway.first_token_timeout_ms,
             "--http-listen: a call's wait for its first token before 504 (later tokens: --token-timeout-ms)");

@@ -335,7 +335,8 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
   }  // modelled KV is all zeros: nothing to check, time saved
   // Queueing is what a sim measures: no hop deadline cuts it short (an hour of virtual time).
   auto& rq = cc.router.request;
-  rq.place_timeout_ms = rq.reserve_timeout_ms = rq.prefill_timeout_ms = rq.token_timeout_ms = 3'600'000;
+  rq.place_timeout_ms = rq.queue_timeout_ms = rq.reserve_timeout_ms = rq.prefill_timeout_ms = rq.token_timeout_ms =
+      3'600'000;
   rq.lease_ms = 3'600'000;
   // A decode rank that is full when the reservation arrives (the balancer saw it a step ago)
   // refuses; the request is placed again, as in production, with more attempts than a live

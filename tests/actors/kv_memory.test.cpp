@@ -247,3 +247,44 @@ TEST_CASE("on-demand KV: a reservation that waits for pages longer than reserve_
   auto third = reserve(3, 100);  // the queue is empty again: granted at once
   CHECK(third);
 }
+
+TEST_CASE("a burst beyond the decode rank's KV queues: each request waits its turn far longer than a placement's "
+          "own timeout and is answered as if alone; one still waiting after queue_timeout_ms is refused with "
+          "kv_capacity, once, not retried") {
+  test::cluster_system t;
+  auto cfg = small_cluster();
+  cfg.executor.num_kv_pages = 16;  // 256 tokens: two sequences of 100 at a time
+  cfg.router.request.token_timeout_ms = 600000;
+  cfg.router.request.place_timeout_ms = 200;  // the three attempts of old would give up within ~0.7 s
+  cfg.router.request.queue_timeout_ms = 60000;
+  // Each sequence's 60 steps take over 0.6 s: the third pair waits over 1.2 s for room.
+  auto cluster = test::start_with_slow_ranks(t.sys, cfg, "decode", 10);
+  test::cluster_system::stopper stop{t, cluster};
+  caf::scoped_actor self{t.sys};
+  std::vector<std::string> prompts;
+  std::vector<decltype(send_request(self, cluster.router, "", 1))> handles;
+  for (char c = 'a'; c < 'g'; ++c) {
+    prompts.emplace_back(39, c);  // 40 tokens + 60 = 100: 7 of the 16 pages
+    handles.push_back(send_request(self, cluster.router, prompts.back(), 60));
+  }
+  auto done = collect_all(t, handles);
+  for (const auto& c : done) CHECK(c.failovers == 0);
+  check_colocated(cfg, prompts, done);
+  CHECK(t.stats(cluster.decode[0].handle).num_free_pages == 16);
+
+  // The same cluster with a queue shorter than a pair's turn: the third request is refused.
+  auto short_queue = cfg;
+  short_queue.router.request.queue_timeout_ms = 300;
+  auto shed = test::start_with_slow_ranks(t.sys, short_queue, "decode", 10);
+  test::cluster_system::stopper stop_shed{t, shed};
+  std::vector<decltype(send_request(self, shed.router, "", 1))> more;
+  for (char c = 'a'; c < 'd'; ++c) more.push_back(send_request(self, shed.router, std::string(39, c), 60));
+  std::string why;
+  int answered = 0;
+  for (auto& h : more)
+    h.receive([&](completion&) { ++answered; }, [&](caf::error& e) { why = t.sys.render(e); });
+  CHECK(answered == 2);
+  CHECK_MESSAGE(why.find("kv_capacity") != std::string::npos, why);
+  CHECK_MESSAGE(why.find("no decode rank had room for 100 tokens of KV within 2") != std::string::npos, why);
+  CHECK_MESSAGE(why.find("attempt") == std::string::npos, why);  // answered at the first refusal
+}
