@@ -172,9 +172,12 @@ caf::result<kv_lease_grant> on_reserve(decode_pointer self, const kv_lease_reser
   const bool can_wait = on_demand(s) ? need + watermark_pages(s) <= pool.layout().num_pages
                                      : s.cfg.host_offload_pages > 0 && !s.batch.empty();
   if (can_wait && need <= pool.layout().num_pages) {
+    // Who asked, read before the promise is made: making it takes the sender out of the message
+    // (CAF 0.17), and a waiting reservation's holder was null -- never watched, never matched.
+    const auto holder = caf::actor_cast<caf::actor_addr>(self->current_sender());
     auto promise = self->make_response_promise<kv_lease_grant>();
     const uint64_t id = ++s.last_reserve;
-    s.reserves.push_back({req, caf::actor_cast<caf::actor_addr>(self->current_sender()), promise, id});
+    s.reserves.push_back({req, holder, promise, id});
     self->delayed_send(self, std::chrono::milliseconds{s.cfg.reserve_wait_ms}, reserve_expire_atom::value, id);
     rebalance_memory(self);
     return promise;
@@ -184,6 +187,35 @@ caf::result<kv_lease_grant> on_reserve(decode_pointer self, const kv_lease_reser
                                          std::to_string(pool.num_free_pages()) + " free");
   report_load(self);
   return e;
+}
+
+void on_reserve_cancelled(decode_pointer self, uint64_t request_id) {
+  auto& s = self->state;
+  const auto holder = caf::actor_cast<caf::actor_addr>(self->current_sender());
+  auto r = std::find_if(s.reserves.begin(), s.reserves.end(),
+                        [&](const pending_reserve& x) { return x.req.request_id == request_id && x.holder == holder; });
+  if (r != s.reserves.end()) {
+    s.settled.push_back(request_id);
+    s.core.log->add({0, "reserve_cancelled", request_id, 0, 0, {}, {}});
+    r->promise.deliver(make_error(errc::cancelled, where(request_id, s.cfg.name, "kv_reserve") +
+                                                       ": the request gave its reservation up while it waited"));
+    s.reserves.erase(r);
+    rebalance_memory(self);  // the next one in line may fit now
+    return report_load(self);
+  }
+  // Granted, but the grant reached a request that had stopped listening (CAF drops a response
+  // that comes after its request's timeout): the request ordered nothing into it and will never
+  // release it. Its own releases came before this (one sender, in order), so a lease of it that
+  // is still here, untouched, is that one: freed now, not after lease_ms and a quarantine.
+  std::vector<uint64_t> unread;
+  for (const auto& [id, l] : s.leases)
+    if (l.request_id == request_id && l.holder == holder && !l.decoding && !l.has_order && !l.local_writer &&
+        !l.release_after_step && l.num_landed == 0 && l.writers.num_done == 0)
+      unread.push_back(id);
+  for (auto id : unread) {
+    s.core.log->add({0, "lease_unread", request_id, static_cast<uint32_t>(s.leases.at(id).pages.size()), 0, {}, {}});
+    free_lease(self, id, false);
+  }
 }
 
 void on_layer_ready(decode_pointer self, const kv_layer_ready& ev) {

@@ -196,6 +196,8 @@ void start(decode_pointer self, const running_seq& seq) {
                       send_layers(self, lease_id);
                     },
                     [=](caf::error& e) {
+                      // A grant may yet come, to nobody: the target frees it (or the waiting reservation).
+                      if (e == caf::sec::request_timeout) self->send(p.rank, cancel_atom::value, rid);
                       abandon(self, lease_id, "reserve at " + p.name + ": " + self->system().render(e));
                     });
           },

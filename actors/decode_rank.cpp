@@ -506,6 +506,7 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
       [=](reserve_atom, const kv_lease_reserve& req) -> caf::result<kv_lease_grant> {
         return on_reserve(self, req);
       },
+      [=](cancel_atom, uint64_t request_id) { on_reserve_cancelled(self, request_id); },
       [=](prefill_order& order) -> caf::result<prefill_result> {
         auto& s = self->state;
         const auto stage = where(order.request_id, s.cfg.name, "prefill");

@@ -285,6 +285,9 @@ caf::result<kv_lease_grant> on_reserve(decode_pointer self, const kv_lease_reser
 kv_lease_grant grant_lease(decode_pointer self, const kv_lease_reserve& req, std::vector<uint32_t> pages,
                            const caf::actor_addr& holder);
 uint32_t pages_to_reserve(const decode_state& st, const kv_lease_reserve& req);
+/// The sender, request `request_id`, gave up the reservation it asked for: one still waiting for
+/// pages is refused now, and a lease granted to it that it never heard of is freed now.
+void on_reserve_cancelled(decode_pointer self, uint64_t request_id);
 /// A layer landed (kv_layer_ready): checked, expanded when in wire form, and the sequence
 /// admitted once all layers are in.
 void on_layer_ready(decode_pointer self, const kv_layer_ready& ev);

@@ -390,6 +390,9 @@ using decode_rank_actor = caf::typed_actor<
     // Lease id, and whether a writer may still put into it (its prefill order is unanswered):
     // then its pages are held back until every writer says it is done (writer_done_atom).
     caf::reacts_to<release_atom, uint64_t, bool>,
+    // Request id: its request gave up the reservation it asked for (timed out, or ended while
+    // waiting for it): refused if still waiting, freed if granted but the grant was never read.
+    caf::reacts_to<cancel_atom, uint64_t>,
     caf::reacts_to<writer_done_atom, uint64_t, uint32_t>,       // lease id, writers of the lease (split parts)
     caf::reacts_to<kv_layer_ready>,
     caf::replies_to<kv_commit_atom, uint64_t, uint64_t>::with<bool>,  // lease, request: all its layers landed and checked

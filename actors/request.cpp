@@ -108,6 +108,11 @@ void let_go(request_pointer self) {
   st.decode_charged = st.prefill_charged = false;
   const bool writing = (st.num_writers_out > 0 || st.writer_abandoned) && !st.hybrid;
   if (st.lease_id != 0 && st.decode) self->send(st.decode, release_atom::value, st.lease_id, writing);
+  // A reservation asked for and not yet answered (or answered after its timeout: CAF drops
+  // that answer, and the rank would hold its pages until the lease expired and a quarantine
+  // passed): the rank lets it go now. After the reserve (one sender, in order).
+  if (st.reserving && st.decode) self->send(st.decode, cancel_atom::value, id);
+  st.reserving = false;
   // Every part of a split prompt stops too (a later part keeps its pages from other prompts
   // until the earlier parts' puts into them are past: prefill_rank's return_pages).
   if (writing && writer_tag(st) != 0)
@@ -393,8 +398,10 @@ void start_decode(request_pointer self) {
               st.out.decode_rank = s.moved_rank;
               st.lease_id = s.moved_lease;
               // A put the prefill writer gave up could land only in the source's pages, which
-              // the source quarantines: the target's lease was written by the move alone.
+              // the source quarantines: the target's lease was written by the move alone, and
+              // no prefill writer of this attempt may still put into it.
               st.writer_abandoned = false;
+              st.num_writers_out = 0;
               st.decode_fed += s.num_tokens;
               self->monitor(st.decode);
               ++st.out.migrations;
@@ -525,6 +532,7 @@ void reserve(request_pointer self) {
   for (const auto& [rank, name] : prefill_ranks_of(st)) self->monitor(rank);
   st.decode_charged = false;  // the rank settles its placement on the reservation, granted or not
   ++st.reserves_out;
+  st.reserving = true;
   // An answered request waited only for this: it goes now.
   const auto settle = [=] {
     if (--self->state.reserves_out == 0 && self->state.answered) self->quit();
@@ -538,6 +546,7 @@ void reserve(request_pointer self) {
               return settle();
             }
             settle();
+            self->state.reserving = false;
             self->state.lease_id = grant.lease_id;
             start_prefill(self, std::move(grant));
           },
@@ -545,6 +554,8 @@ void reserve(request_pointer self) {
             settle();
             if (stale(self, attempt)) return;
             auto& st = self->state;
+            // A timeout proves nothing: the grant may be on its way, and let_go tells the rank.
+            if (err != caf::sec::request_timeout) st.reserving = false;
             fail_or_retry(self, hop_error(self, err, st.decode_name, "kv_reserve", st.plan.cfg.reserve_timeout_ms));
           });
 }

@@ -42,6 +42,10 @@ struct request_state {
   /// rank that granted it after the request had gone was never told, and held the pages through
   /// the lease and a minute's quarantine (a soak trial's cut clients took 80% of KV that way).
   uint32_t reserves_out = 0;
+  /// This attempt asked its decode rank for a reservation and has read no answer: an attempt
+  /// that ends so (its reserve timed out, the client hung up) tells the rank (let_go), which
+  /// drops the reservation if it still waits, or frees a grant that came too late to be read.
+  bool reserving = false;
   uint64_t watch_seq = 0;  ///< the token watchdog acts only for the current attempt
   uint64_t watch_armed_seq = UINT64_MAX;  ///< the attempt whose watchdog timer is on its way
   caf::actor_clock::time_point watch_from;  ///< the last token (or the decode's start): the wait counts from here

@@ -7,6 +7,8 @@
 #include <map>
 #include <thread>
 
+#include <caf/event_based_actor.hpp>
+
 #include "tests/actors/batching_fixture.hpp"
 
 using namespace baton;
@@ -287,4 +289,61 @@ TEST_CASE("a burst beyond the decode rank's KV queues: each request waits its tu
   CHECK_MESSAGE(why.find("kv_capacity") != std::string::npos, why);
   CHECK_MESSAGE(why.find("no decode rank had room for 100 tokens of KV within 2") != std::string::npos, why);
   CHECK_MESSAGE(why.find("attempt") == std::string::npos, why);  // answered at the first refusal
+}
+
+TEST_CASE("a request that gives its reservation up tells the decode rank: a waiting reservation is refused at "
+          "once and the queue moves on; a grant it never read is freed at once, not after the lease and a "
+          "quarantine") {
+  test::cluster_system t;
+  auto cfg = on_demand_decode_rank();
+  cfg.decode.reserve_wait_ms = 60000;  // only the cancel can end the wait
+  auto cluster = start_local_cluster(t.sys, cfg);
+  test::cluster_system::stopper stop{t, cluster};
+  const auto& decode = cluster.decode[0].handle;
+  caf::scoped_actor self{t.sys};
+  // A request as the rank sees one whose reserve timed out: it asked, and reads no answer.
+  auto gone = t.sys.spawn([decode](caf::event_based_actor* me) -> caf::behavior {
+    me->set_error_handler([](caf::error&) {});  // the refusal of its cancelled reservation
+    return {
+        [=](reserve_atom, uint64_t rid, uint32_t prompt_tokens) {
+          me->send(decode, reserve_atom::value, kv_lease_reserve{rid, prompt_tokens + 100, 60000, prompt_tokens});
+        },
+        [=](cancel_atom, uint64_t rid) { me->send(decode, cancel_atom::value, rid); },
+        [](kv_lease_grant&) {},  // nobody reads it
+    };
+  });
+  const auto free_pages_become = [&](uint32_t n) {
+    for (int i = 0; i < 2000 && t.stats(decode).num_free_pages != n; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{1});
+    return t.stats(decode).num_free_pages == n;
+  };
+  const auto count = [&](const char* kind) {
+    const auto events = t.events(decode);
+    return std::count_if(events.begin(), events.end(), [&](const auto& e) { return e.kind == kind && e.request_id == 2 + (kind[0] == 'l') * 2; });
+  };
+  caf::expected<kv_lease_grant> first = caf::error{};
+  self->request(decode, std::chrono::seconds{10}, reserve_atom::value, kv_lease_reserve{1, 300, 60000, 200})
+      .receive([&](kv_lease_grant& g) { first = std::move(g); }, [&](caf::error& e) { first = std::move(e); });
+  REQUIRE(first);  // 200 + 16 headroom tokens: 14 of the 16 pages
+  // Request 2 waits for 8 pages, then gives up.
+  self->send(gone, reserve_atom::value, uint64_t{2}, uint32_t{100});
+  self->send(gone, cancel_atom::value, uint64_t{2});
+  for (int i = 0; i < 2000 && count("reserve_cancelled") == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{1});
+  CHECK(count("reserve_cancelled") == 1);
+  // Were request 2 still waiting, the pages released now would go to it, nobody listening, and
+  // request 3 would wait behind it.
+  self->send(decode, release_atom::value, first->lease_id, false);
+  caf::expected<kv_lease_grant> third = caf::error{};
+  self->request(decode, std::chrono::seconds{10}, reserve_atom::value, kv_lease_reserve{3, 200, 60000, 100})
+      .receive([&](kv_lease_grant& g) { third = std::move(g); }, [&](caf::error& e) { third = std::move(e); });
+  REQUIRE_MESSAGE(third, (third ? "" : t.sys.render(third.error())));
+  CHECK(free_pages_become(16 - 8));
+  // Request 4 is granted 4 pages (48 + 16 tokens), reads no grant, and gives up: they come back at once.
+  self->send(gone, reserve_atom::value, uint64_t{4}, uint32_t{48});
+  REQUIRE_MESSAGE(free_pages_become(16 - 8 - 4), t.stats(decode).num_free_pages);
+  self->send(gone, cancel_atom::value, uint64_t{4});
+  CHECK(free_pages_become(16 - 8));
+  CHECK(count("lease_unread") == 1);
+  const auto events = t.events(decode);
+  CHECK(std::count_if(events.begin(), events.end(), [](const auto& e) { return e.kind == "quarantine"; }) == 0);
+  self->send_exit(gone, caf::exit_reason::user_shutdown);
 }
