@@ -4,8 +4,13 @@
 
 #include "client/baton/client.hpp"
 
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
 #include <condition_variable>
 #include <deque>
+#include <fstream>
 #include <mutex>
 
 #include <caf/actor_system.hpp>
@@ -34,6 +39,9 @@ struct channel {
   bool failed = false;
   result done;
   error err;
+  /// The request's sink actor, held here (not by the stream) so that a connection going away
+  /// takes every handle of its actor system with it, from streams that outlive it too.
+  caf::actor sink;
 };
 
 error to_client_error(caf::actor_system& sys, const caf::error& e) {
@@ -95,6 +103,14 @@ generate_request to_request(const request& r) {
 using gone_atom = caf::atom_constant<caf::atom("gone")>;
 constexpr std::chrono::seconds answer_grace{5};
 
+/// Whether the connection's router is still there: set once, by the connection's watcher, when
+/// the router actor ends or the link to its process is lost.
+struct link_state {
+  std::atomic<bool> lost{false};
+  std::mutex mutex;
+  std::string why;  ///< once lost
+};
+
 caf::behavior sink_impl(caf::event_based_actor* self, router_actor router, generate_request req,
                         std::shared_ptr<channel> ch) {
   auto end = [ch](auto&& fill) {
@@ -111,9 +127,25 @@ caf::behavior sink_impl(caf::event_based_actor* self, router_actor router, gener
   // (a short request's actor can end before this node learns of it): it has the grace to come.
   const auto router_addr = caf::actor_cast<caf::actor_addr>(router);
   self->monitor(router);
+  // Ended another way (the connection closed, a cancel): a reader waiting on the stream hears so.
+  self->attach_functor([=] {
+    end([&] {
+      ch->failed = true;
+      ch->err = {"cancelled", "the connection was closed before the answer", false};
+    });
+  });
   auto watching_request = std::make_shared<bool>(false);
   self->set_down_handler([=](caf::down_msg& dm) {
     const bool from_router = dm.source == router_addr;
+    // The link to the router's process is gone (its request actors live there too): no answer
+    // can come behind this, so no grace.
+    if (dm.reason == caf::exit_reason::remote_link_unreachable) {
+      end([&] {
+        ch->failed = true;
+        ch->err = {"router_gone", "the connection to the router was lost before the answer", true};
+      });
+      return self->quit();
+    }
     self->delayed_send(self, answer_grace, gone_atom::value, from_router,
                        std::string{from_router ? "the router" : "the request's actor"} + " ended before the answer (" +
                            self->system().render(dm.reason) + ")");
@@ -176,9 +208,12 @@ caf::behavior sink_impl(caf::event_based_actor* self, router_actor router, gener
 
 class stream_impl final : public stream {
  public:
-  stream_impl(caf::actor sink, std::shared_ptr<channel> ch) : sink_(std::move(sink)), ch_(std::move(ch)) {}
+  explicit stream_impl(std::shared_ptr<channel> ch) : ch_(std::move(ch)) {}
   ~stream_impl() override {
     if (!done()) cancel();
+    caf::actor sink;  // let go outside the lock (the sink's arguments hold the channel: no cycle left)
+    std::lock_guard<std::mutex> guard{ch_->mutex};
+    sink = std::move(ch_->sink);
   }
 
   bool next(token_chunk* out, std::chrono::milliseconds timeout) override {
@@ -190,15 +225,17 @@ class stream_impl final : public stream {
     return true;
   }
   void cancel() override {
+    caf::actor sink;
     {
       std::lock_guard<std::mutex> guard{ch_->mutex};
       if (ch_->ended) return;
       ch_->ended = ch_->failed = true;
       ch_->err = {"cancelled", "cancelled by the client", false};
       ch_->cv.notify_all();
+      sink = ch_->sink;
     }
     // The request actor watches its sink: the sink's exit cancels the generation and frees its KV.
-    caf::anon_send_exit(sink_, caf::exit_reason::user_shutdown);
+    if (sink) caf::anon_send_exit(sink, caf::exit_reason::user_shutdown);
   }
   bool done() const override {
     std::lock_guard<std::mutex> guard{ch_->mutex};
@@ -213,7 +250,6 @@ class stream_impl final : public stream {
   const error& error_info() const override { return ch_->err; }
 
  private:
-  caf::actor sink_;
   std::shared_ptr<channel> ch_;
   bool timed_out_ = false;
 };
@@ -231,7 +267,21 @@ caf::actor_system_config& client_config(caf::actor_system_config& cfg, const con
 class connection_impl final : public connection {
  public:
   explicit connection_impl(connect_options o) : options_(std::move(o)), sys_{client_config(cfg_, options_)} {}
-  ~connection_impl() override = default;
+  /// Streams still going are cancelled (their generations stop, their readers hear "cancelled"):
+  /// the actor system's end waits for every actor, and a sink waits for its answer.
+  ~connection_impl() override {
+    std::lock_guard<std::mutex> guard{channels_mutex_};
+    for (auto& w : channels_)
+      if (auto ch = w.lock()) {
+        caf::actor sink;
+        {
+          std::lock_guard<std::mutex> lock{ch->mutex};
+          sink = std::move(ch->sink);
+        }
+        if (sink) caf::anon_send_exit(sink, caf::exit_reason::user_shutdown);
+      }
+    if (watcher_) caf::anon_send_exit(watcher_, caf::exit_reason::user_shutdown);
+  }
 
   bool open(const std::string& host, uint16_t port, std::string* why) {
     const bool tls = !options_.tls_cert.empty();
@@ -249,14 +299,48 @@ class connection_impl final : public connection {
       return false;
     }
     router_ = *r;
+    const auto where = host + ":" + std::to_string(port);
+    watcher_ = sys_.spawn([link = link_, router = router_, where](caf::event_based_actor* self) -> caf::behavior {
+      self->monitor(router);
+      self->set_down_handler([=](caf::down_msg& dm) {
+        {
+          std::lock_guard<std::mutex> guard{link->mutex};
+          link->why = dm.reason == caf::exit_reason::remote_link_unreachable
+                          ? "the connection to the router at " + where + " was lost: connect again"
+                          : "the router at " + where + " has ended (" + self->system().render(dm.reason) + "): connect again";
+        }
+        link->lost = true;
+        self->quit();
+      });
+      return {[](int32_t) {}};  // it only watches
+    });
     return true;
   }
 
   std::unique_ptr<stream> submit(const request& r) override {
     auto ch = std::make_shared<channel>();
+    if (link_->lost) {  // at once, not after a watch of a router known to be gone
+      std::lock_guard<std::mutex> guard{link_->mutex};
+      ch->ended = ch->failed = true;
+      ch->err = {"router_gone", link_->why, true};
+      return std::make_unique<stream_impl>(std::move(ch));
+    }
     auto sink = sys_.spawn(sink_impl, router_, to_request(r), ch);
-    return std::make_unique<stream_impl>(std::move(sink), std::move(ch));
+    {
+      std::lock_guard<std::mutex> lock{ch->mutex};
+      ch->sink = std::move(sink);
+    }
+    {
+      std::lock_guard<std::mutex> guard{channels_mutex_};
+      // Those of streams gone are dropped as new ones come: the list stays as long as the streams kept.
+      channels_.erase(std::remove_if(channels_.begin(), channels_.end(), [](const auto& w) { return w.expired(); }),
+                      channels_.end());
+      channels_.push_back(ch);
+    }
+    return std::make_unique<stream_impl>(std::move(ch));
   }
+
+  bool connected() const override { return !link_->lost; }
 
   bool model_info(std::string* name, uint32_t* context_tokens, std::string* why) override {
     caf::scoped_actor self{sys_};
@@ -277,6 +361,10 @@ class connection_impl final : public connection {
   caf::actor_system_config cfg_;
   caf::actor_system sys_;
   router_actor router_;
+  std::shared_ptr<link_state> link_ = std::make_shared<link_state>();
+  caf::actor watcher_;
+  std::mutex channels_mutex_;
+  std::vector<std::weak_ptr<channel>> channels_;  ///< each stream's, for the destructor
 };
 
 }  // namespace
@@ -287,11 +375,21 @@ std::unique_ptr<connection> connection::connect(const std::string& host, uint16_
 
 std::unique_ptr<connection> connection::connect(const std::string& host, uint16_t port, const connect_options& options,
                                                 std::string* why) {
+  std::string ignored;
+  if (!why) why = &ignored;
   const int given = !options.tls_cert.empty() + !options.tls_key.empty() + !options.tls_ca.empty();
   if (given != 0 && given != 3) {
     *why = "TLS needs all three of tls_cert, tls_key and tls_ca";
     return nullptr;
   }
+  // Each file read now: CAF's TLS would fail on its I/O thread (an exception printed to stderr)
+  // and the connect would wait out its handshake for a sentence about the wrong port.
+  for (const auto& [name, path] : {std::pair{"tls_cert", &options.tls_cert}, {"tls_key", &options.tls_key},
+                                   {"tls_ca", &options.tls_ca}})
+    if (!path->empty() && !std::ifstream{*path}) {
+      *why = std::string{name} + ": cannot read " + *path + " (" + std::strerror(errno) + ")";
+      return nullptr;
+    }
   auto c = std::make_unique<connection_impl>(options);
   if (!c->open(host, port, why)) return nullptr;
   return c;

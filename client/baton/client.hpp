@@ -4,11 +4,16 @@
 // receive their tokens as a stream of chunks, cancel. This header has no CAF in it; link the
 // `baton::client` library (`find_package(baton)` after `cmake --install`).
 //
+//   std::string why;
 //   auto conn = baton::client::connection::connect("127.0.0.1", 7100, &why);
-//   auto s = conn->submit({.prompt = "Hello", .max_tokens = 16});
+//   if (!conn) { std::cerr << why; return 1; }
+//   baton::client::request r;
+//   r.prompt = "Hello";
+//   r.max_tokens = 16;
+//   auto s = conn->submit(r);
 //   baton::client::token_chunk c;
 //   while (s->next(&c)) std::cout << c.text << std::flush;
-//   if (s->failed()) std::cerr << s->error().message;
+//   if (s->failed()) std::cerr << s->error_info().code << ": " << s->error_info().message;
 
 #include <chrono>
 #include <cstdint>
@@ -136,17 +141,21 @@ struct connect_options {
 };
 
 /// A connection to one router. Thread-safe: several threads may submit. Streams must not
-/// outlive their connection.
+/// outlive their connection; destroying it cancels those still going (their readers hear
+/// "cancelled"). Once the router is gone (its process ended, the link lost) every stream in
+/// flight fails at once with router_gone, and so does every later submit: connect again.
 class connection {
  public:
   virtual ~connection() = default;
-  /// Connects to the router published at host:port; null and why on failure.
+  /// Connects to the router published at host:port; null and why (which may be null) on failure.
   static std::unique_ptr<connection> connect(const std::string& host, uint16_t port, std::string* why);
   static std::unique_ptr<connection> connect(const std::string& host, uint16_t port, const connect_options& options,
                                              std::string* why);
   virtual std::unique_ptr<stream> submit(const request& r) = 0;
   /// The served model's name and context length, asked from the router.
   virtual bool model_info(std::string* name, uint32_t* context_tokens, std::string* why) = 0;
+  /// False once the router is gone (its process ended, or the link to it was lost).
+  virtual bool connected() const = 0;
 };
 
 }  // namespace baton::client

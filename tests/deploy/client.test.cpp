@@ -2,6 +2,14 @@
 // router on 127.0.0.1: streaming and cancelling, how a stream fails (the request's actor or the
 // router gone), what a result says of its failovers, and a port that is not a router's.
 
+#include <sys/socket.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
 #include <caf/event_based_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
@@ -107,6 +115,32 @@ TEST_CASE("the C++ client library streams a request's tokens and can cancel it")
 
 namespace {
 
+/// Cuts the links to this process's TCP port `port` as a network would: shuts down the server
+/// end of each established connection (found in /proc/self/net/tcp, its socket among our fds).
+/// Returns how many it cut.
+int shut_down_connections_to(uint16_t port) {
+  std::set<std::string> inodes;
+  std::ifstream tcp{"/proc/self/net/tcp"};
+  std::string line;
+  std::getline(tcp, line);  // the header
+  char local[64], state[8];
+  while (std::getline(tcp, line)) {
+    unsigned long inode = 0;
+    // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+    if (std::sscanf(line.c_str(), "%*s %63s %*s %7s %*s %*s %*s %*s %*s %lu", local, state, &inode) != 3) continue;
+    const char* colon = std::strchr(local, ':');
+    if (colon && std::strtoul(colon + 1, nullptr, 16) == port && std::string{state} == "01")  // established
+      inodes.insert("socket:[" + std::to_string(inode) + "]");
+  }
+  int cut = 0;
+  for (const auto& entry : std::filesystem::directory_iterator{"/proc/self/fd"}) {
+    std::error_code ec;
+    const auto target = std::filesystem::read_symlink(entry.path(), ec).string();
+    if (!ec && inodes.count(target) && ::shutdown(std::stoi(entry.path().filename().string()), SHUT_RDWR) == 0) ++cut;
+  }
+  return cut;
+}
+
 /// A C++ client connected to `router` (a stand-in), published on a port of 127.0.0.1.
 std::unique_ptr<baton::client::connection> client_of(caf::actor_system& sys, const router_actor& router) {
   auto port = sys.middleman().publish(router, 0, "127.0.0.1", true);
@@ -185,6 +219,93 @@ TEST_CASE("the C++ client's stream says router_gone when the router itself ends 
   REQUIRE(stream->failed());
   CHECK(stream->error_info().code == "router_gone");
   CHECK_MESSAGE(stream->error_info().message.find("the router ended before the answer") == 0, stream->error_info().message);
+}
+
+TEST_CASE("the C++ client hears at once that the link to its router's process was lost: streams in flight and "
+          "every later submit fail with router_gone (not a retryable rank failure after a grace), and connected() "
+          "says so") {
+  caf::actor_system_config cfg;
+  caf::actor_system sys{served_cluster::init(cfg)};  // no cluster: its actor system alone
+  // A router stand-in whose request actor streams a chunk and then waits, as would a live cluster.
+  auto promises = std::make_shared<std::vector<caf::response_promise>>();
+  auto requests = std::make_shared<std::vector<caf::actor>>();
+  auto router = stand_in_router(sys, [promises, requests](router_actor::pointer self, client_sink_actor sink) -> caf::result<completion> {
+    promises->push_back(self->make_response_promise<completion>());
+    requests->push_back(self->spawn([sink](caf::event_based_actor* req) -> caf::behavior {
+      stream_chunk c;
+      c.request_id = 1;
+      c.tokens = {7};
+      c.text = "x";
+      req->send(sink, std::move(c));
+      return {[](int32_t) {}};
+    }));
+    return promises->back();
+  });
+  auto port = sys.middleman().publish(router, 0, "127.0.0.1", true);
+  REQUIRE(port);
+  std::string why;
+  auto conn = baton::client::connection::connect("127.0.0.1", *port, &why);
+  REQUIRE_MESSAGE(conn, why);
+  CHECK(conn->connected());
+  auto stream = conn->submit(baton::client::request{});
+  baton::client::token_chunk c;
+  REQUIRE(stream->next(&c, std::chrono::seconds{60}));
+  // The link goes: the router's end of every connection to its port is shut down.
+  REQUIRE(shut_down_connections_to(*port) > 0);
+  CHECK_FALSE(stream->next(&c, std::chrono::seconds{60}));
+  REQUIRE(stream->failed());
+  CHECK(stream->error_info().code == "router_gone");
+  CHECK_MESSAGE(stream->error_info().message == "the connection to the router was lost before the answer",
+                stream->error_info().message);
+  for (int i = 0; i < 5000 && conn->connected(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds{1});
+  REQUIRE_FALSE(conn->connected());
+  auto later = conn->submit(baton::client::request{});
+  CHECK(later->done());  // at once, before any wait
+  REQUIRE(later->failed());
+  CHECK(later->error_info().code == "router_gone");
+  CHECK_MESSAGE(later->error_info().message.find("the connection to the router at 127.0.0.1:") == 0, later->error_info().message);
+  CHECK_MESSAGE(later->error_info().message.find("was lost: connect again") != std::string::npos, later->error_info().message);
+  conn.reset();
+  for (auto& r : *requests) caf::anon_send_exit(r, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(router, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("destroying a C++ client connection cancels its streams still going: a reader blocked on one wakes with "
+          "cancelled instead of the destructor waiting for an answer that may never come") {
+  caf::actor_system_config cfg;
+  caf::actor_system sys{served_cluster::init(cfg)};
+  // A router stand-in that takes the request and never answers (a frozen cluster).
+  auto promises = std::make_shared<std::vector<caf::response_promise>>();
+  auto router = stand_in_router(sys, [promises](router_actor::pointer self, client_sink_actor) -> caf::result<completion> {
+    promises->push_back(self->make_response_promise<completion>());
+    return promises->back();
+  });
+  auto conn = client_of(sys, router);
+  auto stream = conn->submit(baton::client::request{});
+  bool got = true;
+  std::thread reader{[&] {
+    baton::client::token_chunk c;
+    got = stream->next(&c, std::chrono::seconds{120});
+  }};
+  conn.reset();  // before the fix: blocked until the answer, here never
+  reader.join();
+  CHECK_FALSE(got);
+  CHECK_FALSE(stream->timed_out());
+  REQUIRE(stream->failed());
+  CHECK(stream->error_info().code == "cancelled");
+  CHECK(stream->error_info().message == "the connection was closed before the answer");
+  stream.reset();  // after its connection: it holds nothing of the client's actor system
+  caf::anon_send_exit(router, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("the C++ client refuses TLS files it cannot read at once, naming the file, and takes a null why") {
+  baton::client::connect_options o;
+  o.tls_cert = "/nonexistent/client.pem";
+  o.tls_key = o.tls_ca = "/dev/null";
+  std::string why;
+  CHECK_FALSE(baton::client::connection::connect("127.0.0.1", 1, o, &why));
+  CHECK(why == "tls_cert: cannot read /nonexistent/client.pem (No such file or directory)");
+  CHECK_FALSE(baton::client::connection::connect("127.0.0.1", 1, o, nullptr));
 }
 
 TEST_CASE("the C++ client's result carries how the request got through: its failovers, the last failure that "
