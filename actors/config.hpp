@@ -335,12 +335,12 @@ struct kv_wire_config {
 /// Deadlines of a request's hops. Each failure names the hop (stage) that timed out.
 struct request_config {
   uint32_t place_timeout_ms = 5000;     ///< a balancer answers a placement
-  /// The queue: an admitted request waits this long, from its arrival and in arrival order, for
-  /// a decode rank with room for its KV (a burst beyond the cluster's KV queues, as in vLLM,
-  /// instead of failing); then it is refused with kv_capacity (HTTP 503), not retried. As long
-  /// as the gateway's first-token wait by default, so that an HTTP call is never refused for a
-  /// queue it would have waited out; lower it to shed load sooner. A re-placement after a
-  /// failure waits place_timeout_ms at least.
+  /// The queue: an admitted request waits this long in all, in arrival order, for a decode rank
+  /// with room for its KV (a burst beyond the cluster's KV queues, as in vLLM, instead of
+  /// failing); then it is refused with kv_capacity (HTTP 503), not retried. As long as the
+  /// gateway's first-token wait by default, so that an HTTP call is never refused for a queue it
+  /// would have waited out; lower it to shed load sooner. A re-placement after a failure waits
+  /// place_timeout_ms at least.
   uint32_t queue_timeout_ms = 600000;
   uint32_t reserve_timeout_ms = 5000;   ///< decode rank answers a KV reservation
   uint32_t prefill_timeout_ms = 60000;  ///< prefill rank computes and ships every layer

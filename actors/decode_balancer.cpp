@@ -207,10 +207,13 @@ decode_balancer_actor::behavior_type decode_balancer_impl(pointer self, decode_b
                                                    std::to_string(q.total_tokens) +
                                                    " tokens of KV, the largest decode rank holds " +
                                                    std::to_string(largest) + " in all");
-        if (auto p = try_place(self, q)) return std::move(*p);
+        // Placed at once only when nobody waits: a newcomer that fits where the oldest waiting
+        // request does not would otherwise pass it (a trial saw 99 later arrivals served first).
+        if (st.parked.empty())
+          if (auto p = try_place(self, q)) return std::move(*p);
         auto promise = self->make_response_promise<decode_placement>();
-        drop_expired(st.parked, self->clock().now(), "place_decode", [=](const place_query& x) { return no_room(self->state, x); });
         park(st.parked, std::move(q), promise, self->clock().now());
+        serve(self);  // answers what expired, places from the front (this one, if it is the oldest)
         arm_charge_expiry(self);
         arm_grace_check(self);
         arm_parked_expiry(self);

@@ -608,12 +608,14 @@ void place(request_pointer self) {
                 static_cast<uint32_t>(st.prompt.size() + st.max_new), p.params.priority,
                 st.block_keys, p.store.block_tokens(), p.cfg.place_timeout_ms, scores_prompt(st), st.attempt};
   // The queue: the decode balancer parks the placement, in arrival order, until a rank has
-  // room, for what is left of queue_timeout_ms since the request arrived (a re-placement after
-  // a failure at least place_timeout_ms). The prefill balancer's wait stays place_timeout_ms:
-  // its ranks queue prompts themselves.
-  const int64_t queued_ms = micros(self->clock().now() - st.started) / 1000;
+  // room, for what is left of queue_timeout_ms after the request's earlier placements' waits (a
+  // re-placement after a failure at least place_timeout_ms, or the whole queue time if that is
+  // shorter). The prefill balancer's wait stays place_timeout_ms: its ranks queue prompts
+  // themselves.
+  const int64_t least = st.attempt > 0 ? std::min(p.cfg.place_timeout_ms, p.cfg.queue_timeout_ms) : 1;
   const auto decode_wait_ms =
-      static_cast<uint32_t>(std::max<int64_t>(p.cfg.place_timeout_ms, int64_t{p.cfg.queue_timeout_ms} - queued_ms));
+      static_cast<uint32_t>(std::max<int64_t>(least, int64_t{p.cfg.queue_timeout_ms} - st.queued_us / 1000));
+  const auto asked = self->clock().now();
   // Seed 002, hybrid PD: a short prompt is cheaper to prefill where it decodes than to ship
   // (a scored prompt is computed on a prefill rank, which scores).
   const bool hybrid = !scores_prompt(st) && policies::prefill_on_decode_rank(st.prompt.size(), p.cfg.hybrid_prefill_below_tokens);
@@ -632,6 +634,7 @@ void place(request_pointer self) {
   self->request(p.decode_balancer, std::chrono::milliseconds{decode_wait_ms}, place_atom::value, std::move(decode_q))
       .then(
           [=](decode_placement& d) {
+            self->state.queued_us += micros(self->clock().now() - asked);
             if (stale(self, attempt)) return;
             auto& st = self->state;
             st.decode_name = d.name;
@@ -648,9 +651,10 @@ void place(request_pointer self) {
             place_prefill(self, q);
           },
           [=](caf::error& err) {
+            self->state.queued_us += micros(self->clock().now() - asked);
             if (stale(self, attempt)) return;
-            // No rank had room while it waited in the queue: another attempt would only queue
-            // again, behind everyone admitted meanwhile.
+            // No rank had room while it waited out its queue time: another attempt would only
+            // wait again.
             if (err.category() == caf::atom("baton") && static_cast<errc>(err.code()) == errc::kv_capacity)
               return answer(self, std::move(err));
             fail_or_retry(self, hop_error(self, err, "decode_balancer", "place_decode", decode_wait_ms));
@@ -751,6 +755,15 @@ request_actor::behavior_type request_impl(request_pointer self, request_plan pla
           // The decode rank's quarantine limit covers a writer that never says it is done.)
           on_ranks_lost(self, st.decode && dm.source == caf::actor_cast<caf::actor_addr>(st.decode), prefill_down,
                         "the rank went down (" + self->system().render(dm.reason) + ")");
+        });
+        // The router stops (its process ends, at once or when a drain's time runs out) and stops
+        // its requests: the client hears why, and the attempt's ranks let go now -- a remote
+        // prefill rank would compute for nobody, a lease wait out its time.
+        self->set_exit_handler([=](caf::exit_msg& m) {
+          if (!m.reason) return;  // a linked actor's normal end (none is linked): as CAF's default
+          answer(self, make_error(errc::shutting_down, where(self->state.plan.request_id, "", "router") +
+                                                           ": the router stopped before the answer"));
+          self->quit(m.reason);
         });
         // As a retry does (restart()): keyed for the local tiers too, or cache_affinity routes blind.
         if (st.plan.store.keyed())

@@ -46,6 +46,9 @@ struct request_state {
   /// that ends so (its reserve timed out, the client hung up) tells the rank (let_go), which
   /// drops the reservation if it still waits, or frees a grant that came too late to be read.
   bool reserving = false;
+  /// How long its placements waited at the decode balancer, all attempts together: the queue
+  /// time it has used of request_config::queue_timeout_ms.
+  int64_t queued_us = 0;
   uint64_t watch_seq = 0;  ///< the token watchdog acts only for the current attempt
   uint64_t watch_armed_seq = UINT64_MAX;  ///< the attempt whose watchdog timer is on its way
   caf::actor_clock::time_point watch_from;  ///< the last token (or the decode's start): the wait counts from here

@@ -87,6 +87,17 @@ std::string compile_output_format(const generate_request& req, uint8_t thinking)
 
 }  // namespace
 
+namespace {
+
+/// A number as a person writes it (0.5, 1e+06), not std::to_string's %f (1000000.000000).
+std::string shown(float x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.7g", static_cast<double>(x));
+  return buf;
+}
+
+}  // namespace
+
 std::string tokenize_and_validate(generate_request& req, const gpu::model_config& model,
                                   uint32_t max_new_tokens_limit, std::vector<int32_t>* tokens,
                                   const gpu::tokenizer* tokenizer, uint32_t default_max_tokens, uint8_t* thinking) {
@@ -94,14 +105,14 @@ std::string tokenize_and_validate(generate_request& req, const gpu::model_config
   if (given > 1) return "give one of prompt, prompt_tokens or messages, not several";
   if (given == 0) return "prompt is empty";
   if (req.top_p <= 0.0f || req.top_p > 1.0f || !std::isfinite(req.top_p))
-    return "top_p must be in (0, 1], got " + std::to_string(req.top_p);
+    return "top_p must be in (0, 1], got " + shown(req.top_p);
   if (req.repetition_penalty <= 0.0f || !std::isfinite(req.repetition_penalty))
-    return "repetition_penalty must be > 0, got " + std::to_string(req.repetition_penalty);
+    return "repetition_penalty must be > 0, got " + shown(req.repetition_penalty);
   if (!std::isfinite(req.presence_penalty) || std::abs(req.presence_penalty) > 100.0f)
-    return "presence_penalty must be a finite number in [-100, 100], got " + std::to_string(req.presence_penalty);
+    return "presence_penalty must be a finite number in [-100, 100], got " + shown(req.presence_penalty);
   if (!std::isfinite(req.frequency_penalty) || std::abs(req.frequency_penalty) > 100.0f)
-    return "frequency_penalty must be a finite number in [-100, 100], got " + std::to_string(req.frequency_penalty);
-  if (!(req.min_p >= 0.0f && req.min_p <= 1.0f)) return "min_p must be in [0, 1], got " + std::to_string(req.min_p);
+    return "frequency_penalty must be a finite number in [-100, 100], got " + shown(req.frequency_penalty);
+  if (!(req.min_p >= 0.0f && req.min_p <= 1.0f)) return "min_p must be in [0, 1], got " + shown(req.min_p);
   if (req.top_logprobs > gpu::max_top_logprobs)
     return "top_logprobs must be at most " + std::to_string(gpu::max_top_logprobs) + ", got " + std::to_string(req.top_logprobs);
   if (req.top_logprobs > 0 && !req.logprobs && !req.prompt_logprobs) return "top_logprobs needs logprobs or prompt_logprobs";
@@ -114,7 +125,14 @@ std::string tokenize_and_validate(generate_request& req, const gpu::model_config
   for (size_t i = 0; i < req.stop.size(); ++i)
     if (req.stop[i].size() > 1024)
       return "stop string " + std::to_string(i) + " is " + std::to_string(req.stop[i].size()) + " bytes; at most 1024";
+  // An empty string would match before every token: the answer would end before it began.
+  for (size_t i = 0; i < req.stop.size(); ++i)
+    if (req.stop[i].empty()) return "stop string " + std::to_string(i) + " is empty";
   if (req.stop_token_ids.size() > 1024) return "stop_token_ids holds " + std::to_string(req.stop_token_ids.size()) + " ids; at most 1024";
+  for (size_t i = 0; i < req.stop_token_ids.size(); ++i)
+    if (const auto t = req.stop_token_ids[i]; t < 0 || static_cast<uint32_t>(t) >= model.vocab_size)
+      return "stop_token_ids[" + std::to_string(i) + "] is " + std::to_string(t) + ", outside the vocabulary [0, " +
+             std::to_string(model.vocab_size) + ")";
   if (auto e = check_logit_bias(req, model.vocab_size); !e.empty()) return e;
   if (auto e = check_output_format(req); !e.empty()) return e;
   // A constrained answer ends where its grammar says: holding its end tokens back could leave
@@ -129,7 +147,7 @@ std::string tokenize_and_validate(generate_request& req, const gpu::model_config
   if (static_cast<uint32_t>(req.max_tokens) > limit)
     return "max_tokens " + std::to_string(req.max_tokens) + " exceeds the limit of " + std::to_string(limit);
   if (!std::isfinite(req.temperature) || req.temperature < 0.0f)
-    return "temperature must be a finite number >= 0, got " + std::to_string(req.temperature);
+    return "temperature must be a finite number >= 0, got " + shown(req.temperature);
   if (req.traffic_class != "chat" && req.traffic_class != "agent" && req.traffic_class != "batch")
     return "traffic_class must be chat, agent or batch, got '" + quoted_input(req.traffic_class) + "'";
   if (req.priority != "interactive" && req.priority != "batch")

@@ -157,6 +157,9 @@ std::pair<int, std::string> status_of(caf::actor_system& sys, const caf::error& 
 /// The request field a router's refusal is about, as OpenAI's `param`: the router's checks
 /// start their sentence with the field ("max_tokens 300 exceeds ...", "top_p must be ...").
 std::string param_of(std::string_view message) {
+  // The decode balancer's "needs 207 tokens of KV, the largest decode rank holds 128 in all":
+  // prompt plus max_tokens, of which max_tokens is what a client would lower.
+  if (message.find("stage place_decode: needs ") != std::string_view::npos) return "max_tokens";
   constexpr std::string_view stage = "stage admission: ";
   const size_t at = message.find(stage);
   if (at == std::string_view::npos) return {};
@@ -177,7 +180,10 @@ std::string param_of(std::string_view message) {
 openai::api_error api_error_of(int status, std::string message) {
   auto param = status == 400 ? param_of(message) : std::string{};
   // The router's refusals of a prompt (plus max_tokens) longer than the context all say so.
-  std::string code = status == 400 && message.find("the model's context of") != std::string::npos ? "context_length_exceeded" : "";
+  std::string code = status == 400 && (message.find("the model's context of") != std::string::npos ||
+                                       message.find("the largest decode rank holds") != std::string::npos)
+                         ? "context_length_exceeded"
+                         : "";
   return {status, std::move(message), status < 500 ? "invalid_request_error" : "server_error", std::move(param), std::move(code)};
 }
 

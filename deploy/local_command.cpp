@@ -27,6 +27,7 @@
 #include "deploy/gateway.hpp"
 #include "deploy/net_security.hpp"
 #include "deploy/processes.hpp"
+#include "policies/restart_backoff.hpp"
 #include "deploy/profile_file.hpp"
 #include "gpu/hf_model.hpp"
 #include "gpu/tokenizer.hpp"
@@ -137,7 +138,8 @@ void drain(caf::actor_system& sys, const local_cluster& cluster, const gateway_h
 
 /// --serve: publishes what clients and nodes connect to, prints where (one line each, for
 /// people and for the launcher), and serves until SIGINT or SIGTERM.
-int serve(caf::actor_system& sys, const local_cluster& cluster, const local_options& opt, std::vector<pid_t>& children) {
+int serve(caf::actor_system& sys, const local_cluster& cluster, const local_options& opt, std::vector<pid_t>& children,
+          const std::vector<std::vector<std::string>>& child_argv) {
   std::string host, why;
   uint16_t port = 0;
   if (opt.router_listen.empty() && opt.http_listen.empty()) {
@@ -186,20 +188,50 @@ int serve(caf::actor_system& sys, const local_cluster& cluster, const local_opti
   std::printf("baton local: serving; SIGINT or SIGTERM stops\n");
   std::fflush(stdout);
   install_stop_signals();
+  // Decode process i runs child_argv[i]; one that ended (killed, crashed) is said as such, with
+  // how, reaped, and started again after a wait that doubles while it keeps failing soon after
+  // its start (policies::restart_backoff, as `baton launch --restart-failed`). Meanwhile the node
+  // directory has its ranks out of placement; the new process joins under the same name.
+  struct decode_slot {
+    pid_t pid = -1;  ///< -1 while it waits to be started again
+    std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now(), restart_at;
+    uint32_t backoff_ms = 0;
+  };
+  std::vector<decode_slot> slots(child_argv.size());
+  for (size_t i = 0; i < slots.size() && i < children.size(); ++i) slots[i].pid = children[i];
+  const policies::restart_backoff backoff;
   while (!stop_requested()) {
     std::this_thread::sleep_for(std::chrono::milliseconds{50});
-    // A decode process that ended (killed, crashed) is said as such, with how, and reaped; the
-    // node directory says its ranks are out of placement. It is not started again: `baton
-    // launch --restart-failed` does that.
-    for (auto c = children.begin(); c != children.end();)
-      if (std::string how; process_exited(*c, &how)) {
-        std::printf("baton local: decode process pid %d ended (%s); it is not restarted here\n", static_cast<int>(*c),
-                    how.c_str());
+    const auto now = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < slots.size(); ++i) {
+      auto& slot = slots[i];
+      if (std::string how; slot.pid > 0 && process_exited(slot.pid, &how)) {
+        // Reaped: never signalled again (its pid may be another's by then).
+        children.erase(std::remove(children.begin(), children.end(), slot.pid), children.end());
+        const auto ran_ms = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(now - slot.started).count());
+        slot.backoff_ms = backoff.next_delay_ms(slot.backoff_ms, ran_ms);
+        slot.restart_at = now + std::chrono::milliseconds{slot.backoff_ms};
+        std::printf("baton local: decode process decode-%zu (pid %d) ended (%s); starting it again in %u ms\n", i,
+                    static_cast<int>(slot.pid), how.c_str(), slot.backoff_ms);
         std::fflush(stdout);
-        c = children.erase(c);  // reaped: never signalled again (its pid may be another's by then)
-      } else {
-        ++c;
+        slot.pid = -1;
       }
+      if (slot.pid < 0 && now >= slot.restart_at) {
+        std::string why;
+        slot.started = now;
+        if (auto pid = spawn_process(child_argv[i], &why); pid > 0) {
+          slot.pid = pid;
+          children.push_back(pid);
+          std::printf("baton local: decode process decode-%zu started again (pid %d)\n", i, static_cast<int>(pid));
+        } else {  // tried again after the next wait
+          slot.backoff_ms = backoff.next_delay_ms(slot.backoff_ms, 0);
+          slot.restart_at = now + std::chrono::milliseconds{slot.backoff_ms};
+          std::printf("baton local: decode process decode-%zu could not be started again (%s); next try in %u ms\n", i,
+                      why.c_str(), slot.backoff_ms);
+        }
+        std::fflush(stdout);
+      }
+    }
   }
   drain(sys, cluster, gateway, opt.drain_timeout_ms);
   caf::scoped_actor self{sys};
@@ -311,7 +343,8 @@ int run_local(const std::vector<std::string>& args) {
             "for its own requests and serving 1/N of every MoE layer's experts to its group, in lockstep (prefill "
             "ranks keep their expert processes)");
   flags.add("--decode-processes", &opt.decode_processes,
-            "run this many decode ranks as separate `baton node` processes (KV over UCX) instead of in-process");
+            "run this many decode ranks as separate `baton node` processes (KV over UCX) instead of in-process; "
+            "with --serve one that ends is started again");
   flags.add("--ignore-eos", &opt.ignore_eos, "generate max-tokens even past <eos>");
   flags.add("--serve", &opt.serve, "serve clients until SIGINT/SIGTERM instead of answering sample prompts");
   flags.add("--router-listen", &opt.router_listen, "--serve: publish the router on HOST:PORT (port 0: any free port)");
@@ -445,6 +478,10 @@ int run_local(const std::vector<std::string>& args) {
   }
   opt.cluster.router.request.single_token_prefill_only = !opt.one_token_via_decode;
   // One decode rank per process: --decode-ranks beside it would be dropped without a word.
+  // A call that waits out the gateway's first-token time gets a 504 that cannot say why; the
+  // queue gives up first instead, with a 503 naming the KV it waited for (and Retry-After).
+  if (!flags.given("--queue-timeout-ms") && opt.gateway.first_token_timeout_ms < opt.cluster.router.request.queue_timeout_ms)
+    opt.cluster.router.request.queue_timeout_ms = opt.gateway.first_token_timeout_ms;
   if (opt.decode_processes > 0 && flags.given("--decode-ranks") && opt.cluster.num_decode_ranks != opt.decode_processes) {
     std::fprintf(stderr, "baton local: --decode-processes %u runs one decode rank in each process: leave --decode-ranks "
                          "out (it said %u)\n", opt.decode_processes, opt.cluster.num_decode_ranks);
@@ -677,6 +714,7 @@ int run_local(const std::vector<std::string>& args) {
   caf::scoped_actor self{sys};
 
   std::vector<pid_t> children;
+  std::vector<std::vector<std::string>> child_argv;  // decode process i's command line
   struct reaper {
     std::vector<pid_t>& pids;
     ~reaper() { stop_processes(pids); }
@@ -712,6 +750,7 @@ int run_local(const std::vector<std::string>& args) {
         return 1;
       }
       children.push_back(pid);
+      child_argv.push_back(std::move(argv));
     }
     // Wait (bounded) until every decode process has registered with the balancer.
     // One that exited (a bad flag, no memory, UCX refusing) is said at once, by its pid; its
@@ -747,7 +786,7 @@ int run_local(const std::vector<std::string>& args) {
     std::fprintf(stderr, "baton local: ranks not registered with their balancers within 120 s:%s\n", names.c_str());
     return 1;
   }
-  if (opt.serve) return serve(sys, cluster, opt, children);
+  if (opt.serve) return serve(sys, cluster, opt, children, child_argv);
 
   struct pending {
     std::string prompt;

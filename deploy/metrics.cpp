@@ -72,10 +72,10 @@ std::string label(const std::string& v) {
   return out;
 }
 
-// Seconds per stage, from half a millisecond (a CHECK on an idle cluster) to a minute (a long
-// prompt queued behind others).
-const std::vector<double> stage_bounds{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-                                       0.25,   0.5,   1,      2.5,   5,    10,    30,   60};
+// Seconds per stage, from half a millisecond (a CHECK on an idle cluster) to ten minutes (a
+// request waiting out the whole KV queue, request_config::queue_timeout_ms).
+const std::vector<double> stage_bounds{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                                       1,      2.5,   5,      10,    30,   60,    120,  300,  600};
 // Tokens per request: 1-2-5 steps up to the longest contexts served (Mooncake's traces reach 128K).
 const std::vector<double> length_bounds{1,    2,    5,    10,    20,    50,     100,   200,  500,
                                         1000, 2000, 5000, 10000, 20000, 50000, 100000, 200000};
@@ -85,9 +85,9 @@ double seconds(int64_t us) { return static_cast<double>(us) / 1e6; }
 }  // namespace
 
 gateway_metrics::gateway_metrics()
-    : ttft_({0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30}),
+    : ttft_({0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600}),  // up to the queue's 600 s
       tbt_({0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}),
-      e2e_({0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120}),
+      e2e_({0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200}),
       kv_send_({0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1}),
       routing_(stage_bounds),
       prefill_queue_(stage_bounds),
@@ -210,7 +210,7 @@ std::string gateway_metrics::render(const cluster_stats* cluster) const {
   render_counter(out, "baton_requests_overloaded_total", "requests refused by admission control (HTTP 429)",
                  static_cast<double>(c.num_overloaded));
   out += "# HELP baton_placements_waiting placements a balancer holds until a rank takes them (decode: KV room; "
-         "prefill: a rank taking work); answered with why before their request's place timeout\n"
+         "prefill: a rank taking work), in arrival order: decode's is the KV queue, answered with why (kv_capacity, 503) when a request's queue time runs out\n"
          "# TYPE baton_placements_waiting gauge\n";
   out += "baton_placements_waiting{stage=\"prefill\"} " + std::to_string(c.prefill_parked) + "\n";
   out += "baton_placements_waiting{stage=\"decode\"} " + std::to_string(c.decode_parked) + "\n";

@@ -200,6 +200,37 @@ TEST_CASE("parked placements are served in the order the router admitted their r
   CHECK(got9.find("no decode rank had room") != std::string::npos);
 }
 
+TEST_CASE("a newcomer that would fit does not pass a request waiting for room: it waits behind it, and both are "
+          "placed, oldest first, when room comes") {
+  lone_decode_rank f{8};
+  auto& self = f.self;
+  rank_load load = idle_load("decode-a", 8);
+  load.num_free_pages = 3;
+  load.num_running = 2;
+  self->send(f.bal, load_atom::value, load, f.rank);
+  const auto ask = [&](uint64_t id, uint32_t total_tokens) {
+    place_query q{id, 16, 0, total_tokens};
+    q.wait_ms = 30000;
+    return self->request(f.bal, std::chrono::seconds{60}, place_atom::value, q);
+  };
+  const auto waiting = [&] {
+    uint32_t n = 99;
+    self->request(f.bal, std::chrono::seconds{5}, parked_atom::value).receive([&](uint32_t x) { n = x; }, [](caf::error&) {});
+    return n;
+  };
+  auto big = ask(5, 96);    // 6 pages: waits
+  auto small = ask(7, 32);  // 2 pages would fit now, but request 5 came first
+  CHECK(waiting() == 2);
+  load.num_free_pages = 8;
+  self->send(f.bal, load_atom::value, load, f.rank);
+  std::string got5, got7;
+  big.receive([&](decode_placement& p) { got5 = p.name; }, [&](caf::error& e) { got5 = f.t.sys.render(e); });
+  small.receive([&](decode_placement& p) { got7 = p.name; }, [&](caf::error& e) { got7 = f.t.sys.render(e); });
+  CHECK(got5 == "decode-a");
+  CHECK(got7 == "decode-a");
+  CHECK(waiting() == 0);
+}
+
 TEST_CASE("a rank forgotten because its node was given up for lost stays forgotten when a load report it sent "
           "earlier arrives late, and comes back -- still draining if it was -- only once told it may rejoin") {
   test::cluster_system t;

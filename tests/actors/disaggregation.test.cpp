@@ -268,8 +268,8 @@ TEST_CASE("bad input gets a clear error naming the problem, and the cluster keep
   expect_bad(both, "give one of prompt, prompt_tokens or messages, not several");
   generate_request hot;
   hot.prompt = "a";
-  hot.temperature = -1.0f;
-  expect_bad(hot, "temperature must be");
+  hot.temperature = -1e6f;
+  expect_bad(hot, "temperature must be a finite number >= 0, got -1000000");  // not %f's -1000000.000000
   generate_request sampling;
   sampling.prompt = "a";
   sampling.top_p = 0.0f;
@@ -281,6 +281,11 @@ TEST_CASE("bad input gets a clear error naming the problem, and the cluster keep
   stops.prompt = "a";
   stops.stop = {"fine", std::string(2000, 'x')};
   expect_bad(stops, "stop string 1 is 2000 bytes; at most 1024");
+  stops.stop = {"fine", ""};
+  expect_bad(stops, "stop string 1 is empty");
+  stops.stop = {};
+  stops.stop_token_ids = {72, 300};
+  expect_bad(stops, "stop_token_ids[1] is 300, outside the vocabulary [0, 259)");
   generate_request chat;
   chat.messages = {{"user", "hello"}};
   expect_bad(chat, "the built-in byte model has no chat template");
@@ -852,4 +857,30 @@ TEST_CASE("finished requests leave no memory behind: a monitor a request left on
   requests(600);
   const auto grown = heap() - before;
   CHECK_MESSAGE(grown < 600'000, "the heap grew by " << grown << " bytes");
+}
+
+TEST_CASE("a router that stops answers its requests in flight (shutting_down, naming the router) and their ranks "
+          "let go of their KV, instead of leaving the clients a broken promise") {
+  test::cluster_system t;
+  auto cfg = small_cluster();
+  auto cluster = test::start_with_slow_ranks(t.sys, cfg, "decode", 20);  // 200 steps: seconds
+  test::cluster_system::stopper stop{t, cluster};
+  caf::scoped_actor self{t.sys};
+  generate_request req;
+  req.prompt = "a long answer, cut short";
+  req.max_tokens = 200;
+  req.ignore_eos = true;
+  auto pending = self->request(cluster.router, std::chrono::seconds{60}, generate_atom::value, req);
+  const auto& decode = cluster.decode[0].handle;
+  for (int i = 0; i < 5000 && t.stats(decode).num_steps < 3; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{1});
+  REQUIRE(t.stats(decode).num_steps >= 3);
+  self->send_exit(cluster.router, caf::exit_reason::user_shutdown);
+  std::string why;
+  std::move(pending).receive([&](completion&) { FAIL("finished after its router stopped"); },
+                             [&](caf::error& e) { why = t.sys.render(e); });
+  CHECK_MESSAGE(why.find("shutting_down") != std::string::npos, why);
+  CHECK_MESSAGE(why.find("stage router: the router stopped before the answer") != std::string::npos, why);
+  for (int i = 0; i < 5000 && t.stats(decode).num_free_pages != cfg.executor.num_kv_pages; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds{1});
+  CHECK(t.stats(decode).num_free_pages == cfg.executor.num_kv_pages);
 }

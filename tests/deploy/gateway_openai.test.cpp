@@ -780,7 +780,8 @@ TEST_CASE("/metrics counts a call the gateway refused for its body as bad_reques
   CHECK(test::value_of(text, "baton_request_failures_total{reason=\"bad_request\"}") == 4);
 }
 
-TEST_CASE("the router's refusals of a list too long name the field in param: stop, stop_token_ids") {
+TEST_CASE("the router's refusals of stop and stop_token_ids name the field in param: a list too long, an empty "
+          "string, a token outside the vocabulary") {
   served_cluster s;
   json many_stops = json::array(), many_ids = json::array();
   for (int i = 0; i < 17; ++i) many_stops.push_back("s" + std::to_string(i));
@@ -793,4 +794,16 @@ TEST_CASE("the router's refusals of a list too long name the field in param: sto
   auto ids = round_trip(s.gateway.port, post("/v1/completions", json{{"prompt", "In"}, {"stop_token_ids", many_ids}}.dump()));
   CHECK(ids.status == 400);
   CHECK(json::parse(ids.body)["error"]["param"] == "stop_token_ids");
+  // An empty stop string (it would end every answer before it began) and a token no vocabulary
+  // has (the router's check, which C++ clients meet too).
+  auto empty = round_trip(s.gateway.port, post("/v1/completions", R"({"prompt":"In","stop":["x",""]})"));
+  CHECK(empty.status == 400);
+  CHECK(json::parse(empty.body)["error"]["param"] == "stop");
+  CHECK(json::parse(empty.body)["error"]["message"].get<std::string>().find("stop strings must not be empty") != std::string::npos);  // the gateway's own check
+  auto outside = round_trip(s.gateway.port, post("/v1/completions", R"({"prompt":"In","stop_token_ids":[2,99999]})"));
+  CHECK(outside.status == 400);
+  CHECK(json::parse(outside.body)["error"]["param"] == "stop_token_ids");
+  CHECK_MESSAGE(json::parse(outside.body)["error"]["message"].get<std::string>().find(
+                    "stop_token_ids[1] is 99999, outside the vocabulary [0, ") != std::string::npos,
+                outside.body);
 }
