@@ -57,7 +57,8 @@ struct lone_decode_rank {
   caf::scoped_actor self{t.sys};
   decode_balancer_actor bal;
   decode_rank_actor rank;
-  explicit lone_decode_rank(uint32_t pages) {
+  uint32_t pages;
+  explicit lone_decode_rank(uint32_t total_pages) : pages(total_pages) {
     decode_balancer_config bc;
     bc.policy = "least_loaded";
     bal = spawn_decode_balancer(t.sys, bc);
@@ -74,6 +75,33 @@ struct lone_decode_rank {
     self->request(bal, std::chrono::seconds{5}, stats_atom::value).receive([&](std::vector<rank_load>& l) { loads = l; }, [](caf::error&) {});
     REQUIRE(loads.size() == 1);
     return loads[0];
+  }
+  /// The rank reports `free_pages` of its pages free and `running` sequences.
+  void report(uint32_t free_pages, uint32_t running) {
+    rank_load load = idle_load("decode-a", pages);
+    load.num_free_pages = free_pages;
+    load.num_running = running;
+    self->send(bal, load_atom::value, load, rank);
+  }
+  /// Placements the balancer holds for want of room (/metrics' baton_placements_waiting).
+  uint32_t waiting() {
+    uint32_t n = 99;
+    self->request(bal, std::chrono::seconds{5}, parked_atom::value).receive([&](uint32_t x) { n = x; }, [](caf::error&) {});
+    return n;
+  }
+  /// Asks for a placement of `total_tokens` (16 new) for request `id`, waiting up to `wait_ms`.
+  auto ask(uint64_t id, uint32_t total_tokens, uint32_t wait_ms, uint32_t attempt = 0) {
+    place_query q{id, 16, 0, total_tokens};
+    q.wait_ms = wait_ms;
+    q.attempt = attempt;
+    return self->request(bal, std::chrono::seconds{60}, place_atom::value, q);
+  }
+  /// Where a placement asked for went: its rank's name, or the refusal's text.
+  template <class Handle>
+  std::string outcome(Handle& asked) {
+    std::string out;
+    asked.receive([&](decode_placement& p) { out = p.name; }, [&](caf::error& e) { out = t.sys.render(e); });
+    return out;
   }
 };
 
@@ -127,15 +155,10 @@ TEST_CASE("a placement parked for want of room is answered before its asker stop
   // which no report and no other placement prompts (the timer does).
   auto asked = self->request(f.bal, std::chrono::seconds{30}, place_atom::value, q);
   // Meanwhile it counts as waiting (/metrics' baton_placements_waiting).
-  const auto waiting = [&] {
-    uint32_t n = 99;
-    self->request(f.bal, std::chrono::seconds{5}, parked_atom::value).receive([&](uint32_t x) { n = x; }, [](caf::error&) {});
-    return n;
-  };
-  CHECK(waiting() == 1);
+  CHECK(f.waiting() == 1);
   std::move(asked).receive([&](decode_placement& p) { FAIL("placed on " << p.name << " with no room"); },
                            [&](caf::error& e) { got = e; });
-  CHECK(waiting() == 0);
+  CHECK(f.waiting() == 0);
   REQUIRE(got);
   CHECK(got.category() == caf::atom("baton"));
   CHECK(static_cast<errc>(got.code()) == errc::kv_capacity);
@@ -173,62 +196,28 @@ TEST_CASE("a prefill placement that no rank takes before its asker stops waiting
 TEST_CASE("parked placements are served in the order the router admitted their requests: one asking again after a "
           "refusal goes ahead of those admitted after it") {
   lone_decode_rank f{8};
-  auto& self = f.self;
-  rank_load full = idle_load("decode-a", 8);
-  full.num_free_pages = 0;
-  full.num_running = 2;
-  self->send(f.bal, load_atom::value, full, f.rank);
-  const auto ask = [&](uint64_t id, uint32_t attempt) {
-    place_query q{id, 16, 0, 64};  // 4 pages
-    q.wait_ms = 1000;
-    q.attempt = attempt;
-    return self->request(f.bal, std::chrono::seconds{30}, place_atom::value, q);
-  };
-  auto later = ask(9, 0);    // admitted after request 5
-  auto younger = ask(7, 0);  // the same
-  auto again = ask(5, 1);    // request 5's second attempt: its first was refused
+  f.report(0, 2);
+  auto later = f.ask(9, 64, 1000);     // 4 pages; admitted after request 5
+  auto younger = f.ask(7, 64, 1000);   // the same
+  auto again = f.ask(5, 64, 1000, 1);  // request 5's second attempt: its first was refused
   // Room for one sequence: the oldest request takes it, the others wait out their time.
-  rank_load room = full;
-  room.num_free_pages = 4;
-  self->send(f.bal, load_atom::value, room, f.rank);
-  std::string got5, got7, got9;
-  again.receive([&](decode_placement& p) { got5 = p.name; }, [&](caf::error& e) { got5 = f.t.sys.render(e); });
-  younger.receive([&](decode_placement& p) { got7 = p.name; }, [&](caf::error& e) { got7 = f.t.sys.render(e); });
-  later.receive([&](decode_placement& p) { got9 = p.name; }, [&](caf::error& e) { got9 = f.t.sys.render(e); });
-  CHECK(got5 == "decode-a");
-  CHECK(got7.find("no decode rank had room") != std::string::npos);
-  CHECK(got9.find("no decode rank had room") != std::string::npos);
+  f.report(4, 2);
+  CHECK(f.outcome(again) == "decode-a");
+  CHECK(f.outcome(younger).find("no decode rank had room") != std::string::npos);
+  CHECK(f.outcome(later).find("no decode rank had room") != std::string::npos);
 }
 
 TEST_CASE("a newcomer that would fit does not pass a request waiting for room: it waits behind it, and both are "
           "placed, oldest first, when room comes") {
   lone_decode_rank f{8};
-  auto& self = f.self;
-  rank_load load = idle_load("decode-a", 8);
-  load.num_free_pages = 3;
-  load.num_running = 2;
-  self->send(f.bal, load_atom::value, load, f.rank);
-  const auto ask = [&](uint64_t id, uint32_t total_tokens) {
-    place_query q{id, 16, 0, total_tokens};
-    q.wait_ms = 30000;
-    return self->request(f.bal, std::chrono::seconds{60}, place_atom::value, q);
-  };
-  const auto waiting = [&] {
-    uint32_t n = 99;
-    self->request(f.bal, std::chrono::seconds{5}, parked_atom::value).receive([&](uint32_t x) { n = x; }, [](caf::error&) {});
-    return n;
-  };
-  auto big = ask(5, 96);    // 6 pages: waits
-  auto small = ask(7, 32);  // 2 pages would fit now, but request 5 came first
-  CHECK(waiting() == 2);
-  load.num_free_pages = 8;
-  self->send(f.bal, load_atom::value, load, f.rank);
-  std::string got5, got7;
-  big.receive([&](decode_placement& p) { got5 = p.name; }, [&](caf::error& e) { got5 = f.t.sys.render(e); });
-  small.receive([&](decode_placement& p) { got7 = p.name; }, [&](caf::error& e) { got7 = f.t.sys.render(e); });
-  CHECK(got5 == "decode-a");
-  CHECK(got7 == "decode-a");
-  CHECK(waiting() == 0);
+  f.report(3, 2);
+  auto big = f.ask(5, 96, 30000);    // 6 pages: waits
+  auto small = f.ask(7, 32, 30000);  // 2 pages would fit now, but request 5 came first
+  CHECK(f.waiting() == 2);
+  f.report(8, 2);
+  CHECK(f.outcome(big) == "decode-a");
+  CHECK(f.outcome(small) == "decode-a");
+  CHECK(f.waiting() == 0);
 }
 
 TEST_CASE("a rank forgotten because its node was given up for lost stays forgotten when a load report it sent "

@@ -1,31 +1,14 @@
 #!/usr/bin/env bash
 # Clients that hang up at once leave no KV behind on decode ranks in processes of their own
 # (`baton local --serve --decode-processes 2`): a request cancelled while its reservation was on
-# its way waits for the grant to give it back. Before, the remote rank, never told, held the
+# its way tells the rank, which drops it or frees its grant. Before, the remote rank, never told, held the
 # pages through the lease and a minute's quarantine, and new calls were refused for want of KV.
 # Usage: cut_clients_e2e.sh BATON_BINARY. Bounded waits; always cleans up.
 set -euo pipefail
 BATON=$1
-WORK=$(mktemp -d /tmp/baton-cut-clients-e2e-XXXXXX)
-PID=""
-cleanup() {
-  if [ -n "$PID" ]; then  # SIGINT: its decode processes are stopped with it
-    kill -INT "$PID" 2>/dev/null || true
-    for _ in $(seq 100); do kill -0 "$PID" 2>/dev/null || break; sleep 0.1; done
-    kill -9 "$PID" 2>/dev/null || true
-  fi
-  wait 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-fail() { echo "cut clients e2e: FAILED: $*" >&2; cat "$WORK"/*.log >&2 2>/dev/null || true; exit 1; }
-
-"$BATON" local --serve --decode-processes 2 --kv-pages 64 --http-listen 127.0.0.1:0 > "$WORK/local.log" 2>&1 &
-PID=$!
-for _ in $(seq 900); do grep -q "serving;" "$WORK/local.log" && break; kill -0 "$PID" 2>/dev/null || break; sleep 0.1; done
-grep -q "serving;" "$WORK/local.log" || fail "it did not start serving"
-HTTP=$(grep -o "gateway listening on http://127.0.0.1:[0-9]*" "$WORK/local.log" | grep -o "[0-9]*$")
-for _ in $(seq 300); do curl -sf -m 5 "http://127.0.0.1:$HTTP/health" > /dev/null && break; sleep 0.1; done
+NAME=cut-clients-e2e
+source "$(dirname "$0")/local_serve_lib.sh"
+start_local_serve --decode-processes 2 --kv-pages 64 --http-listen 127.0.0.1:0
 # Free decode pages, summed over the decode ranks, and their total.
 pages() {
   curl -sf -m 10 "http://127.0.0.1:$HTTP/metrics" | python3 -c '

@@ -5,25 +5,9 @@
 # Usage: decode_process_restart_e2e.sh BATON_BINARY. Bounded waits; always cleans up.
 set -euo pipefail
 BATON=$1
-WORK=$(mktemp -d /tmp/baton-decode-restart-e2e-XXXXXX)
-PID=""
-cleanup() {
-  if [ -n "$PID" ]; then  # SIGINT: its decode processes are stopped with it
-    kill -INT "$PID" 2>/dev/null || true
-    for _ in $(seq 100); do kill -0 "$PID" 2>/dev/null || break; sleep 0.1; done
-    kill -9 "$PID" 2>/dev/null || true
-  fi
-  wait 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-fail() { echo "decode process restart e2e: FAILED: $*" >&2; cat "$WORK"/*.log >&2 2>/dev/null || true; exit 1; }
-
-"$BATON" local --serve --decode-processes 1 --http-listen 127.0.0.1:0 --drain-timeout-ms 2000 > "$WORK/local.log" 2>&1 &
-PID=$!
-for _ in $(seq 900); do grep -q "serving;" "$WORK/local.log" && break; kill -0 "$PID" 2>/dev/null || break; sleep 0.1; done
-grep -q "serving;" "$WORK/local.log" || fail "it did not start serving"
-HTTP=$(grep -o "gateway listening on http://127.0.0.1:[0-9]*" "$WORK/local.log" | grep -o "[0-9]*$")
+NAME=decode-process-restart-e2e
+source "$(dirname "$0")/local_serve_lib.sh"
+start_local_serve --decode-processes 1 --http-listen 127.0.0.1:0 --drain-timeout-ms 2000
 call() {
   curl -s -m 30 "http://127.0.0.1:$HTTP/v1/completions" -H "Content-Type: application/json" \
     -d '{"prompt": "In the beginning", "max_tokens": 8, "temperature": 0}'
