@@ -196,9 +196,14 @@ struct decode_balancer_config {
   /// after it they are refused at once (rank_unavailable: a 503 with Retry-After), instead of
   /// each waiting out its asker's timeout for nothing.
   uint32_t no_rank_grace_ms = 5000;
+  /// The KV queue: interactive requests go before batch ones, but the oldest batch request is
+  /// passed over by at most this many younger interactive ones in a row (as the prefill ranks').
+  uint32_t batch_max_bypass = 4;
 
   std::string validate() const {
     if (charge_ttl_ms == 0) return "decode balancer charge_ttl_ms must be >= 1";
+    if (batch_max_bypass == 0)
+      return "decode balancer batch_max_bypass must be >= 1 (0 would put batch requests before interactive ones)";
     if (!policies::parse_decode_policy(policy))
       return "decode balancer policy must be seed, least_loaded or round_robin, got '" + policy + "'";
     if (page_size_tokens == 0) return "decode balancer page_size_tokens must be >= 1";

@@ -21,9 +21,11 @@ struct decode_balancer_state {
   decode_balancer_config cfg;
   policies::decode_policy policy = policies::decode_policy::seed;
   rank_registry<decode_rank_actor> registry;
-  /// Placements that found no rank (none registered yet, or none with room): retried, oldest
-  /// first, after every load report. The requester's place deadline bounds the wait.
+  /// Placements that found no rank (none registered yet, or none with room): the KV queue, in
+  /// request order, served (interactive before batch, `priority`) after every load report; the
+  /// next one that does not fit holds the rest. The requester's wait (wait_ms) bounds each.
   std::deque<parked_placement<decode_placement>> parked;
+  parked_priority priority;  ///< interactive before batch among them, batch never starved
   bool grace_timer_armed = false;  ///< a timer_atom is on its way (no rank takes work: arm_grace_check)
   std::optional<caf::actor_clock::time_point> parked_timer_at;  ///< a parked_due_atom's (arm_parked_expiry)
   uint64_t rr_cursor = 0;
@@ -175,7 +177,7 @@ caf::error no_room(const decode_balancer_state& st, const place_query& q) {
 
 /// Places what is parked while ranks have room; those past their deadline are told why first.
 void serve(pointer self) {
-  serve_parked(self->state.parked, self->clock().now(), "place_decode",
+  serve_parked(self->state.parked, self->state.priority, self->clock().now(), "place_decode",
                [=](const place_query& q) { return try_place(self, q); },
                [=](const place_query& q) { return no_room(self->state, q); });
 }
@@ -185,6 +187,7 @@ decode_balancer_actor::behavior_type decode_balancer_impl(pointer self, decode_b
   st.store = std::move(store);
   st.policy = *policies::parse_decode_policy(cfg.policy);  // validated by the caller
   st.log.capacity = cfg.decision_log_size;
+  st.priority.max_bypass = cfg.batch_max_bypass;
   st.cfg = std::move(cfg);
   // A rank that goes away (its process ended, it drained) takes no more placements.
   self->set_down_handler([=](caf::down_msg& dm) {

@@ -53,6 +53,7 @@ struct prefill_balancer_state {
   /// Placements that found no rank (none registered yet, or none with room): retried, oldest
   /// first, after every load report. The requester's place deadline bounds the wait.
   std::deque<parked_placement<prefill_placement>> parked;
+  parked_priority priority;  ///< interactive before batch among them, batch never starved
   bool grace_timer_armed = false;  ///< a timer_atom is on its way (no rank takes work: arm_grace_check)
   std::optional<caf::actor_clock::time_point> parked_timer_at;  ///< a parked_due_atom's (arm_parked_expiry)
   /// Level 1 of the seed policy; rebuilt when the number of engines changes (ranks joining).
@@ -322,7 +323,7 @@ caf::error none_took(const prefill_balancer_state& st, const place_query& q) {
 
 /// Places what is parked while ranks take it; those past their deadline are told why first.
 void serve(pointer self) {
-  serve_parked(self->state.parked, self->clock().now(), "place_prefill",
+  serve_parked(self->state.parked, self->state.priority, self->clock().now(), "place_prefill",
                [=](const place_query& q) { return try_place(self, q); },
                [=](const place_query& q) { return none_took(self->state, q); });
 }

@@ -264,17 +264,53 @@ void parked_timer_fired(Self* self, Serve serve) {
   arm_parked_expiry(self);
 }
 
-/// Serves parked placements, oldest first, while `try_place(query)` finds a rank; those whose
-/// deadline passed are answered first (`expired`).
+/// Seed 002's request-level priority for what waits at a balancer, as at the prefill ranks:
+/// interactive requests go before batch ones, but the oldest batch request is passed over by at
+/// most `max_bypass` younger interactive ones in a row, so batch work is never starved.
+struct parked_priority {
+  uint32_t max_bypass = 4;
+  uint32_t bypassed = 0;  ///< younger interactive placements made in a row while a batch one waited
+
+  /// Which parked placement goes next (parked is in request order).
+  template <class Placement>
+  size_t next(const std::deque<parked_placement<Placement>>& parked) const {
+    const auto is_batch = [](const parked_placement<Placement>& p) { return p.query.priority == "batch"; };
+    const auto batch = std::find_if(parked.begin(), parked.end(), is_batch);
+    const auto interactive = std::find_if_not(parked.begin(), parked.end(), is_batch);
+    if (batch == parked.end() || interactive == parked.end()) return 0;
+    return static_cast<size_t>((bypassed >= max_bypass ? batch : interactive) - parked.begin());
+  }
+  /// Placement `taken` (an index into `parked`, before it leaves) was made.
+  template <class Placement>
+  void placed(const std::deque<parked_placement<Placement>>& parked, size_t taken) {
+    if (parked[taken].query.priority == "batch") {
+      bypassed = 0;
+      return;
+    }
+    // An interactive one placed while an older batch one waits passed it.
+    for (size_t i = 0; i < taken; ++i)
+      if (parked[i].query.priority == "batch") {
+        ++bypassed;
+        return;
+      }
+  }
+};
+
+/// Serves parked placements while `try_place(query)` finds a rank for the next one (oldest
+/// first, interactive before batch by `priority`); those whose deadline passed are answered
+/// first (`expired`). The next one that does not fit holds those behind it.
 template <class Placement, class TryPlace>
-void serve_parked(std::deque<parked_placement<Placement>>& parked, caf::actor_clock::time_point now,
-                  const char* stage, TryPlace try_place, const parked_expiry& expired = {}) {
+void serve_parked(std::deque<parked_placement<Placement>>& parked, parked_priority& priority,
+                  caf::actor_clock::time_point now, const char* stage, TryPlace try_place,
+                  const parked_expiry& expired = {}) {
   drop_expired(parked, now, stage, expired);
   while (!parked.empty()) {
-    auto placed = try_place(parked.front().query);
+    const size_t head = priority.next(parked);
+    auto placed = try_place(parked[head].query);
     if (!placed) return;
-    parked.front().promise.deliver(std::move(*placed));
-    parked.pop_front();
+    priority.placed(parked, head);
+    parked[head].promise.deliver(std::move(*placed));
+    parked.erase(parked.begin() + static_cast<std::ptrdiff_t>(head));
   }
 }
 

@@ -90,8 +90,9 @@ struct lone_decode_rank {
     return n;
   }
   /// Asks for a placement of `total_tokens` (16 new) for request `id`, waiting up to `wait_ms`.
-  auto ask(uint64_t id, uint32_t total_tokens, uint32_t wait_ms, uint32_t attempt = 0) {
-    place_query q{id, 16, 0, total_tokens};
+  auto ask(uint64_t id, uint32_t total_tokens, uint32_t wait_ms, uint32_t attempt = 0,
+           const std::string& priority = "interactive") {
+    place_query q{id, 16, 0, total_tokens, priority};
     q.wait_ms = wait_ms;
     q.attempt = attempt;
     return self->request(bal, std::chrono::seconds{60}, place_atom::value, q);
@@ -218,6 +219,23 @@ TEST_CASE("a newcomer that would fit does not pass a request waiting for room: i
   CHECK(f.outcome(big) == "decode-a");
   CHECK(f.outcome(small) == "decode-a");
   CHECK(f.waiting() == 0);
+}
+
+TEST_CASE("waiting for room, interactive requests go before batch ones that came earlier, but at most 4 in a row "
+          "pass the oldest batch request (seed 002's priority, as at the prefill ranks)") {
+  lone_decode_rank f{8};
+  f.report(0, 2);
+  std::vector<decltype(f.ask(0, 0, 0))> asked;
+  asked.push_back(f.ask(1, 16, 30000, 0, "batch"));  // one page each
+  for (uint64_t id = 2; id <= 7; ++id) asked.push_back(f.ask(id, 16, 30000));
+  CHECK(f.waiting() == 7);
+  f.report(8, 2);
+  for (auto& a : asked) CHECK(f.outcome(a) == "decode-a");
+  std::vector<uint64_t> order;
+  f.self->request(f.bal, std::chrono::seconds{5}, events_atom::value)
+      .receive([&](std::vector<placement_record>& log) { for (const auto& r : log) if (r.request_id) order.push_back(r.request_id); },
+               [](caf::error&) {});
+  CHECK(order == std::vector<uint64_t>{2, 3, 4, 5, 1, 6, 7});
 }
 
 TEST_CASE("a rank forgotten because its node was given up for lost stays forgotten when a load report it sent "
