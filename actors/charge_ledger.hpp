@@ -65,6 +65,10 @@ public:
     return n;
   }
 
+  /// Rank `rank` is gone: its charges go with it (a new process under its name reports its own
+  /// load; the old one's placements, whose reservations met a dead rank, never settle).
+  void forget(const std::string& rank) { by_rank_.erase(rank); }
+
   /// Calls take_back(rank, charge) for every charge placed at or before `oldest`, oldest first,
   /// and then done(rank, count) once per rank that lost any; forgets them.
   template <class TakeBack, class Done>

@@ -94,10 +94,12 @@ void arm_charge_expiry(pointer self) {
 }
 
 /// The chosen rank with room for the sequence's KV, counted as its load until its next report.
-std::optional<decode_placement> try_place(pointer self, const place_query& q) {
+/// Ranks marked in `held` keep their room for a request ahead in the queue: they take nothing.
+std::optional<decode_placement> try_place(pointer self, const place_query& q, const std::vector<bool>& held = {}) {
   auto& st = self->state;
   expire_charges(self);
   const auto& loads = st.registry.loads;
+  const auto open = [&](size_t i) { return st.registry.open(i) && !(i < held.size() && held[i]); };
   std::optional<size_t> pick;
   std::string why;
   switch (st.policy) {
@@ -109,7 +111,7 @@ std::optional<decode_placement> try_place(pointer self, const place_query& q) {
         // headroom): ranks of a pool need not be alike.
         const uint64_t need = (uint64_t{need_tokens(q, r)} + ps - 1) / ps * ps;
         views.push_back({r.num_running, r.kv_tokens, uint64_t{r.num_free_pages} * ps, uint64_t{r.num_total_pages} * ps,
-                         st.registry.open(views.size()), need});
+                         open(views.size()), need});
       }
       // Long or short by the whole sequence (decode_2d_config::long_context_tokens).
       if (auto d = policies::place_decode_2d(views, q.total_tokens, st.cfg.two_d)) {
@@ -124,9 +126,9 @@ std::optional<decode_placement> try_place(pointer self, const place_query& q) {
       std::vector<bool> fits;
       for (const auto& r : loads) {
         const uint32_t pages = (need_tokens(q, r) + page_size(st, r) - 1) / page_size(st, r);
-        const bool open = st.registry.open(fits.size());
-        views.push_back({r.num_running, r.num_free_pages >= pages ? r.num_free_pages : 0, r.num_total_pages, open});
-        fits.push_back(open && r.num_free_pages >= pages);
+        const bool takes = open(fits.size());
+        views.push_back({r.num_running, r.num_free_pages >= pages ? r.num_free_pages : 0, r.num_total_pages, takes});
+        fits.push_back(takes && r.num_free_pages >= pages);
       }
       if (st.policy == policies::decode_policy::least_loaded) {
         pick = policies::least_loaded_decode(views, 1);
@@ -175,11 +177,44 @@ caf::error no_room(const decode_balancer_state& st, const place_query& q) {
                         (ranks.empty() ? std::string{"no rank registered"} : ranks) + ")");
 }
 
-/// Places what is parked while ranks have room; those past their deadline are told why first.
+/// The rank a waiting request keeps room on: of the ranks taking work and not `held` for one
+/// ahead of it, one that could hold its sequence -- the one with the most pages free, nearest to
+/// holding it. None when no such rank could hold it even empty (its only big rank draining).
+std::optional<size_t> rank_to_hold(const decode_balancer_state& st, const place_query& q, const std::vector<bool>& held) {
+  std::optional<size_t> best;
+  for (size_t i = 0; i < st.registry.loads.size(); ++i) {
+    const auto& r = st.registry.loads[i];
+    const uint32_t pages = (need_tokens(q, r) + page_size(st, r) - 1) / page_size(st, r);
+    if (!st.registry.open(i) || held[i] || pages > r.num_total_pages) continue;
+    if (!best || r.num_free_pages > st.registry.loads[*best].num_free_pages) best = i;
+  }
+  return best;
+}
+
+/// The KV queue: places what is parked while ranks have room, in queue order (interactive before
+/// batch, st.priority); those past their deadline are told why first. One that does not fit
+/// keeps room on the rank nearest to holding it (rank_to_hold): those behind it are placed on
+/// the other ranks, never there, so a long sequence is not starved by short ones while the rest
+/// of the pool keeps taking work. One that no rank taking work could hold even empty holds
+/// nothing and waits (for a rank undrained or joining) without stopping the queue.
 void serve(pointer self) {
-  serve_parked(self->state.parked, self->state.priority, self->clock().now(), "place_decode",
-               [=](const place_query& q) { return try_place(self, q); },
-               [=](const place_query& q) { return no_room(self->state, q); });
+  auto& st = self->state;
+  drop_expired(st.parked, self->clock().now(), "place_decode", [=](const place_query& q) { return no_room(self->state, q); });
+  std::vector<bool> held(st.registry.loads.size(), false);
+  std::vector<bool> passed(st.parked.size(), false);
+  while (const auto head = st.priority.next(st.parked, passed)) {
+    auto& next = st.parked[*head];
+    if (auto placed = try_place(self, next.query, held)) {
+      st.priority.placed(st.parked, *head, passed);
+      next.promise.deliver(std::move(*placed));
+      st.parked.erase(st.parked.begin() + static_cast<std::ptrdiff_t>(*head));
+      passed.erase(passed.begin() + static_cast<std::ptrdiff_t>(*head));
+      continue;
+    }
+    passed[*head] = true;
+    if (auto r = rank_to_hold(st, next.query, held)) held[*r] = true;
+    if (std::all_of(held.begin(), held.end(), [](bool h) { return h; })) return;  // no rank left to place on
+  }
 }
 
 decode_balancer_actor::behavior_type decode_balancer_impl(pointer self, decode_balancer_config cfg, store_info store) {
@@ -191,8 +226,12 @@ decode_balancer_actor::behavior_type decode_balancer_impl(pointer self, decode_b
   st.cfg = std::move(cfg);
   // A rank that goes away (its process ended, it drained) takes no more placements.
   self->set_down_handler([=](caf::down_msg& dm) {
-    self->state.registry.forget(dm.source, self->clock().now());
+    auto& st = self->state;
+    if (auto i = st.registry.index_of_addr(dm.source))
+      st.charges.forget(st.registry.loads[*i].name);
+    st.registry.forget(dm.source, self->clock().now());
     after_rank_change(self);
+    serve(self);  // what waited for it waits for other ranks now
   });
   return {
       [=](place_atom, place_query& q) -> caf::result<decode_placement> {
@@ -210,13 +249,15 @@ decode_balancer_actor::behavior_type decode_balancer_impl(pointer self, decode_b
                                                    std::to_string(q.total_tokens) +
                                                    " tokens of KV, the largest decode rank holds " +
                                                    std::to_string(largest) + " in all");
-        // Placed at once only when nobody waits: a newcomer that fits where the oldest waiting
-        // request does not would otherwise pass it (a trial saw 99 later arrivals served first).
+        // Placed at once only when nobody waits: otherwise it takes its turn in the queue (a
+        // newcomer that fits where the oldest waiting request does not passed it: a trial saw 99
+        // later arrivals served first), placed now if the ranks nobody ahead of it waits for
+        // have room.
         if (st.parked.empty())
           if (auto p = try_place(self, q)) return std::move(*p);
         auto promise = self->make_response_promise<decode_placement>();
         park(st.parked, std::move(q), promise, self->clock().now());
-        serve(self);  // answers what expired, places from the front (this one, if it is the oldest)
+        serve(self);
         arm_charge_expiry(self);
         arm_grace_check(self);
         arm_parked_expiry(self);
@@ -267,9 +308,11 @@ decode_balancer_actor::behavior_type decode_balancer_impl(pointer self, decode_b
         auto& st = self->state;
         if (auto i = st.registry.index_of(rank)) {
           st.log.add({0, st.registry.loads[*i].name, "forgotten: its node is gone"});
+          st.charges.forget(st.registry.loads[*i].name);
           st.registry.forget(caf::actor_cast<caf::actor_addr>(rank), self->clock().now(), true);
         }
         after_rank_change(self);
+        serve(self);
       },
       [=](rejoin_atom, decode_rank_actor& rank, bool keep_draining) {
         self->state.registry.rejoin(caf::actor_cast<caf::actor_addr>(rank), keep_draining);
@@ -281,6 +324,7 @@ decode_balancer_actor::behavior_type decode_balancer_impl(pointer self, decode_b
           st.registry.draining[*i] = true;
         }
         after_rank_change(self);
+        serve(self);  // a request that waited for room there waits for other ranks now
       },
       [=](undrain_atom, decode_rank_actor& rank) {
         auto& st = self->state;

@@ -164,6 +164,12 @@ struct rank_registry {
       if (ranks[i] == rank) return i;
     return std::nullopt;
   }
+  /// By address: a rank that went down (its handle can no longer be made from it).
+  std::optional<size_t> index_of_addr(const caf::actor_addr& addr) const {
+    for (size_t i = 0; i < ranks.size(); ++i)
+      if (caf::actor_cast<caf::actor_addr>(ranks[i]) == addr) return i;
+    return std::nullopt;
+  }
   std::optional<size_t> index_of(const std::string& name) const {
     for (size_t i = 0; i < loads.size(); ++i)
       if (loads[i].name == name) return i;
@@ -271,25 +277,30 @@ struct parked_priority {
   uint32_t max_bypass = 4;
   uint32_t bypassed = 0;  ///< younger interactive placements made in a row while a batch one waited
 
-  /// Which parked placement goes next (parked is in request order).
+  /// Which parked placement goes next (parked is in request order), of those not `passed`
+  /// over already (empty: none is); none when every one is.
   template <class Placement>
-  size_t next(const std::deque<parked_placement<Placement>>& parked) const {
-    const auto is_batch = [](const parked_placement<Placement>& p) { return p.query.priority == "batch"; };
-    const auto batch = std::find_if(parked.begin(), parked.end(), is_batch);
-    const auto interactive = std::find_if_not(parked.begin(), parked.end(), is_batch);
-    if (batch == parked.end() || interactive == parked.end()) return 0;
-    return static_cast<size_t>((bypassed >= max_bypass ? batch : interactive) - parked.begin());
+  std::optional<size_t> next(const std::deque<parked_placement<Placement>>& parked,
+                             const std::vector<bool>& passed = {}) const {
+    std::optional<size_t> batch, interactive;
+    for (size_t i = 0; i < parked.size() && !(batch && interactive); ++i) {
+      if (i < passed.size() && passed[i]) continue;
+      auto& first = parked[i].query.priority == "batch" ? batch : interactive;
+      if (!first) first = i;
+    }
+    if (!batch || !interactive) return batch ? batch : interactive;
+    return bypassed >= max_bypass ? batch : interactive;
   }
   /// Placement `taken` (an index into `parked`, before it leaves) was made.
   template <class Placement>
-  void placed(const std::deque<parked_placement<Placement>>& parked, size_t taken) {
+  void placed(const std::deque<parked_placement<Placement>>& parked, size_t taken, const std::vector<bool>& passed = {}) {
     if (parked[taken].query.priority == "batch") {
       bypassed = 0;
       return;
     }
-    // An interactive one placed while an older batch one waits passed it.
+    // An interactive one placed while an older batch one waits its turn passed it.
     for (size_t i = 0; i < taken; ++i)
-      if (parked[i].query.priority == "batch") {
+      if (parked[i].query.priority == "batch" && !(i < passed.size() && passed[i])) {
         ++bypassed;
         return;
       }
@@ -304,13 +315,12 @@ void serve_parked(std::deque<parked_placement<Placement>>& parked, parked_priori
                   caf::actor_clock::time_point now, const char* stage, TryPlace try_place,
                   const parked_expiry& expired = {}) {
   drop_expired(parked, now, stage, expired);
-  while (!parked.empty()) {
-    const size_t head = priority.next(parked);
-    auto placed = try_place(parked[head].query);
+  while (const auto head = priority.next(parked)) {
+    auto placed = try_place(parked[*head].query);
     if (!placed) return;
-    priority.placed(parked, head);
-    parked[head].promise.deliver(std::move(*placed));
-    parked.erase(parked.begin() + static_cast<std::ptrdiff_t>(head));
+    priority.placed(parked, *head);
+    parked[*head].promise.deliver(std::move(*placed));
+    parked.erase(parked.begin() + static_cast<std::ptrdiff_t>(*head));
   }
 }
 

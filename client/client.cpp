@@ -4,13 +4,16 @@
 
 #include "client/baton/client.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <condition_variable>
 #include <deque>
-#include <fstream>
 #include <mutex>
 
 #include <caf/actor_system.hpp>
@@ -385,11 +388,17 @@ std::unique_ptr<connection> connection::connect(const std::string& host, uint16_
   // Each file read now: CAF's TLS would fail on its I/O thread (an exception printed to stderr)
   // and the connect would wait out its handshake for a sentence about the wrong port.
   for (const auto& [name, path] : {std::pair{"tls_cert", &options.tls_cert}, {"tls_key", &options.tls_key},
-                                   {"tls_ca", &options.tls_ca}})
-    if (!path->empty() && !std::ifstream{*path}) {
-      *why = std::string{name} + ": cannot read " + *path + " (" + std::strerror(errno) + ")";
+                                   {"tls_ca", &options.tls_ca}}) {
+    if (path->empty()) continue;
+    struct stat info {};
+    const int fd = ::open(path->c_str(), O_RDONLY);
+    const int err = fd < 0 ? errno : (::fstat(fd, &info) != 0 ? errno : 0);
+    if (fd >= 0) ::close(fd);
+    if (err != 0 || !S_ISREG(info.st_mode)) {
+      *why = std::string{name} + ": cannot read " + *path + " (" + (err ? std::strerror(err) : "not a file") + ")";
       return nullptr;
     }
+  }
   auto c = std::make_unique<connection_impl>(options);
   if (!c->open(host, port, why)) return nullptr;
   return c;

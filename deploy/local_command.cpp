@@ -480,8 +480,10 @@ int run_local(const std::vector<std::string>& args) {
   // One decode rank per process: --decode-ranks beside it would be dropped without a word.
   // A call that waits out the gateway's first-token time gets a 504 that cannot say why; the
   // queue gives up first instead, with a 503 naming the KV it waited for (and Retry-After).
-  if (!flags.given("--queue-timeout-ms") && opt.gateway.first_token_timeout_ms < opt.cluster.router.request.queue_timeout_ms)
-    opt.cluster.router.request.queue_timeout_ms = opt.gateway.first_token_timeout_ms;
+  // (Less a twentieth, at most 1 s: the gateway's clock starts before admission and CHECK.)
+  if (const auto first = opt.gateway.first_token_timeout_ms;
+      !flags.given("--queue-timeout-ms") && first <= opt.cluster.router.request.queue_timeout_ms)
+    opt.cluster.router.request.queue_timeout_ms = std::max(1u, first - std::min(first / 20, 1000u));
   if (opt.decode_processes > 0 && flags.given("--decode-ranks") && opt.cluster.num_decode_ranks != opt.decode_processes) {
     std::fprintf(stderr, "baton local: --decode-processes %u runs one decode rank in each process: leave --decode-ranks "
                          "out (it said %u)\n", opt.decode_processes, opt.cluster.num_decode_ranks);

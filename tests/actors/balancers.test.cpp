@@ -65,9 +65,27 @@ struct lone_decode_rank {
     rank = stand_in_rank<decode_rank_actor>(t);
     self->send(bal, load_atom::value, idle_load("decode-a", pages), rank);
   }
+  /// More stand-in ranks, "decode-b" on, that reported their pages free (`more_pages[i]`).
+  std::vector<decode_rank_actor> others;
+  std::vector<uint32_t> other_pages;
+  lone_decode_rank(uint32_t total_pages, std::vector<uint32_t> more_pages) : lone_decode_rank(total_pages) {
+    for (auto p : more_pages) {
+      others.push_back(stand_in_rank<decode_rank_actor>(t));
+      other_pages.push_back(p);
+      report_of(others.size(), p, 0);
+    }
+  }
   ~lone_decode_rank() {
     self->send_exit(rank, caf::exit_reason::user_shutdown);
+    for (auto& r : others) self->send_exit(r, caf::exit_reason::user_shutdown);
     self->send_exit(bal, caf::exit_reason::user_shutdown);
+  }
+  /// Rank `i` (0: decode-a, 1: decode-b, ...) reports `free_pages` free and `running` sequences.
+  void report_of(size_t i, uint32_t free_pages, uint32_t running) {
+    rank_load load = idle_load(std::string{"decode-"} + static_cast<char>('a' + i), i == 0 ? pages : other_pages[i - 1]);
+    load.num_free_pages = free_pages;
+    load.num_running = running;
+    self->send(bal, load_atom::value, load, i == 0 ? rank : others[i - 1]);
   }
   /// What the balancer counts as the rank's load now (its report and its charges).
   rank_load load() {
@@ -77,12 +95,7 @@ struct lone_decode_rank {
     return loads[0];
   }
   /// The rank reports `free_pages` of its pages free and `running` sequences.
-  void report(uint32_t free_pages, uint32_t running) {
-    rank_load load = idle_load("decode-a", pages);
-    load.num_free_pages = free_pages;
-    load.num_running = running;
-    self->send(bal, load_atom::value, load, rank);
-  }
+  void report(uint32_t free_pages, uint32_t running) { report_of(0, free_pages, running); }
   /// Placements the balancer holds for want of room (/metrics' baton_placements_waiting).
   uint32_t waiting() {
     uint32_t n = 99;
@@ -236,6 +249,34 @@ TEST_CASE("waiting for room, interactive requests go before batch ones that came
       .receive([&](std::vector<placement_record>& log) { for (const auto& r : log) if (r.request_id) order.push_back(r.request_id); },
                [](caf::error&) {});
   CHECK(order == std::vector<uint64_t>{2, 3, 4, 5, 1, 6, 7});
+}
+
+TEST_CASE("a request waiting for room keeps it on one rank only, the one nearest to holding it: those behind it "
+          "are placed on the other ranks meanwhile, never there; one that no rank taking work could hold stops "
+          "nothing") {
+  lone_decode_rank f{8, {8}};
+  f.report_of(0, 2, 3);  // decode-a: 2 of 8 pages free
+  f.report_of(1, 3, 3);  // decode-b: 3 of 8 free, the nearest to holding 6
+  auto head = f.ask(5, 96, 30000);  // 6 pages: waits, keeping decode-b's room for itself
+  auto behind = f.ask(7, 32, 30000);  // 2 pages: fits on decode-a
+  CHECK(f.outcome(behind) == "decode-a");
+  auto next = f.ask(9, 48, 30000);  // 3 pages: would fit on decode-b only, which is kept
+  CHECK(f.waiting() == 2);
+  f.report_of(1, 8, 0);  // decode-b emptied: the head first, then what fits behind it
+  CHECK(f.outcome(head) == "decode-b");
+  f.report_of(0, 8, 1);  // request 7's pages are still charged on top of it: 6 free
+  CHECK(f.outcome(next) == "decode-a");
+
+  // A pool of 16 and 8 pages whose big rank drains: a request only it could hold waits for it
+  // (undrained, or another joining) without holding up one that the small rank takes now.
+  lone_decode_rank g{16, {8}};
+  g.self->send(g.bal, drain_atom::value, g.rank);
+  auto big = g.ask(5, 208, 30000);  // 13 pages
+  auto small = g.ask(7, 32, 30000);
+  CHECK(g.outcome(small) == "decode-b");
+  CHECK(g.waiting() == 1);  // the big one, still waiting
+  g.self->send(g.bal, undrain_atom::value, g.rank);
+  CHECK(g.outcome(big) == "decode-a");
 }
 
 TEST_CASE("a rank forgotten because its node was given up for lost stays forgotten when a load report it sent "

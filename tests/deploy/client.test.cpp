@@ -301,11 +301,14 @@ TEST_CASE("destroying a C++ client connection cancels its streams still going: a
 TEST_CASE("the C++ client refuses TLS files it cannot read at once, naming the file, and takes a null why") {
   baton::client::connect_options o;
   o.tls_cert = "/nonexistent/client.pem";
-  o.tls_key = o.tls_ca = "/dev/null";
+  o.tls_key = o.tls_ca = __FILE__;  // files that exist
   std::string why;
   CHECK_FALSE(baton::client::connection::connect("127.0.0.1", 1, o, &why));
   CHECK(why == "tls_cert: cannot read /nonexistent/client.pem (No such file or directory)");
   CHECK_FALSE(baton::client::connection::connect("127.0.0.1", 1, o, nullptr));
+  o.tls_cert = "/tmp";  // a directory opens, but is no certificate
+  CHECK_FALSE(baton::client::connection::connect("127.0.0.1", 1, o, &why));
+  CHECK(why == "tls_cert: cannot read /tmp (not a file)");
 }
 
 TEST_CASE("the C++ client's result carries how the request got through: its failovers, the last failure that "
