@@ -288,7 +288,7 @@ class connection_impl final : public connection {
 
   bool open(const std::string& host, uint16_t port, std::string* why) {
     const bool tls = !options_.tls_cert.empty();
-    if (auto err = net::handshake_within(sys_, host, port, std::chrono::seconds{10},
+    if (auto err = net::handshake_within(sys_, host, port, std::chrono::milliseconds{options_.connect_timeout_ms},
                                          tls ? &sys_.openssl_manager().actor_handle() : nullptr)) {
       *why = "cannot reach a Baton router at " + host + ":" + std::to_string(port) + ": " +
              net::explain_connect_error(sys_, err, tls);
@@ -380,6 +380,10 @@ std::unique_ptr<connection> connection::connect(const std::string& host, uint16_
                                                 std::string* why) {
   std::string ignored;
   if (!why) why = &ignored;
+  if (options.connect_timeout_ms == 0) {
+    *why = "connect_timeout_ms must be >= 1";
+    return nullptr;
+  }
   const int given = !options.tls_cert.empty() + !options.tls_key.empty() + !options.tls_ca.empty();
   if (given != 0 && given != 3) {
     *why = "TLS needs all three of tls_cert, tls_key and tls_ca";

@@ -138,6 +138,9 @@ class stream {
 struct connect_options {
   std::string cluster_id = "baton";
   std::string tls_cert, tls_key, tls_ca;  ///< PEM files; all three, or none
+  /// How long connect() waits for the router's handshake (a port that is not a router's, a host
+  /// that drops the packets) before it says why.
+  uint32_t connect_timeout_ms = 10000;
 };
 
 /// A connection to one router. Thread-safe: several threads may submit. Streams must not
