@@ -173,7 +173,8 @@ caf::error no_room(const decode_balancer_state& st, const place_query& q) {
   return make_error(errc::kv_capacity,
                     where(q.request_id, "", "place_decode") + ": no decode rank had room for " +
                         std::to_string(q.total_tokens) + " tokens of KV within " +
-                        std::to_string((wait - parked_answer_margin(wait)).count()) + " ms (" +
+                        std::to_string((wait - parked_answer_margin(wait)).count()) + " ms of its " +
+                        std::to_string(wait.count()) + " ms wait (" +
                         (ranks.empty() ? std::string{"no rank registered"} : ranks) + ")");
 }
 

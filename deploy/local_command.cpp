@@ -477,13 +477,17 @@ int run_local(const std::vector<std::string>& args) {
     }
   }
   opt.cluster.router.request.single_token_prefill_only = !opt.one_token_via_decode;
-  // One decode rank per process: --decode-ranks beside it would be dropped without a word.
   // A call that waits out the gateway's first-token time gets a 504 that cannot say why; the
   // queue gives up first instead, with a 503 naming the KV it waited for (and Retry-After).
   // (Less a twentieth, at most 1 s: the gateway's clock starts before admission and CHECK.)
   if (const auto first = opt.gateway.first_token_timeout_ms;
       !flags.given("--queue-timeout-ms") && first <= opt.cluster.router.request.queue_timeout_ms)
     opt.cluster.router.request.queue_timeout_ms = std::max(1u, first - std::min(first / 20, 1000u));
+  else if (!opt.http_listen.empty() && first > 0 && opt.cluster.router.request.queue_timeout_ms >= first)
+    std::fprintf(stderr, "baton local: warning: --queue-timeout-ms %u is not shorter than --first-token-timeout-ms %u: "
+                         "an HTTP call still waiting for KV room gets a 504 from the gateway first, not the queue's 503 "
+                         "that says why\n", opt.cluster.router.request.queue_timeout_ms, first);
+  // One decode rank per process: --decode-ranks beside it would be dropped without a word.
   if (opt.decode_processes > 0 && flags.given("--decode-ranks") && opt.cluster.num_decode_ranks != opt.decode_processes) {
     std::fprintf(stderr, "baton local: --decode-processes %u runs one decode rank in each process: leave --decode-ranks "
                          "out (it said %u)\n", opt.decode_processes, opt.cluster.num_decode_ranks);

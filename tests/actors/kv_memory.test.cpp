@@ -288,6 +288,7 @@ TEST_CASE("a burst beyond the decode rank's KV queues: each request waits its tu
   CHECK(answered == 2);
   CHECK_MESSAGE(why.find("kv_capacity") != std::string::npos, why);
   CHECK_MESSAGE(why.find("no decode rank had room for 100 tokens of KV within 2") != std::string::npos, why);
+  CHECK_MESSAGE(why.find(" ms of its 300 ms wait (decode-0: ") != std::string::npos, why);  // the queue time, as set
   CHECK_MESSAGE(why.find("attempt") == std::string::npos, why);  // answered at the first refusal
 }
 
