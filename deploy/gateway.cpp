@@ -25,6 +25,7 @@
 
 #include "deploy/access_log.hpp"
 #include "deploy/gateway_call.hpp"
+#include "deploy/gateway_errors.hpp"
 #include "deploy/gateway_shared.hpp"
 #include "deploy/metrics.hpp"
 #include "deploy/openai.hpp"
@@ -103,6 +104,10 @@ struct connection_state {
   /// timer checks; a timer message per call would pile up for the whole timeout at high rates).
   std::chrono::steady_clock::time_point call_started;
   bool head_sent = false;
+  /// A streaming call (its go-between said so): until its first token, the head and a comment
+  /// line go out at keepalive_due and every stream_keepalive_ms after.
+  bool streaming = false;
+  std::chrono::steady_clock::time_point keepalive_due;
   std::string cors_origin;  ///< the current request's Origin, when the gateway lets it call (cors_origins)
   /// The current request's own x-request-id (an ingress's, Envoy's or the client's), echoed in
   /// its answer and logged beside the call's id, so the id a client or proxy already logs finds
@@ -130,61 +135,6 @@ void wake_later(caf::io::broker* self, const shared_ptr& g, const state_ptr& st,
     caf::anon_send(server, wake_atom::value, static_cast<uint32_t>(delay.count()), st->number, self->address(), what);
   else
     self->delayed_send(self, delay, what);
-}
-
-/// The HTTP status and message for a failed generation.
-std::pair<int, std::string> status_of(caf::actor_system& sys, const caf::error& err) {
-  if (err.category() == caf::atom("baton")) {
-    std::string msg = err.context().match_elements<std::string>() ? err.context().get_as<std::string>(0) : sys.render(err);
-    switch (static_cast<errc>(err.code())) {
-      case errc::bad_request: return {400, msg};
-      case errc::deadline_exceeded: return {504, msg};
-      case errc::executor_failed:
-      case errc::layout_mismatch: return {500, msg};
-      case errc::cancelled: return {499, msg};
-      case errc::overloaded: return {429, msg};
-      default: return {503, msg};  // retryable: capacity, ranks, transfers, leases
-    }
-  }
-  if (err == caf::sec::request_timeout) return {504, "the cluster did not answer in time"};
-  if (err == caf::sec::request_receiver_down) return {503, "the router is not reachable"};
-  // The router's process stopped, or the link to it was cut, before it answered.
-  if (err.category() == caf::atom("exit"))
-    return {503, "the cluster's head went away before answering (" + sys.render(err) + "); retry"};
-  return {503, "the router failed the request: " + sys.render(err)};
-}
-
-/// The request field a router's refusal is about, as OpenAI's `param`: the router's checks
-/// start their sentence with the field ("max_tokens 300 exceeds ...", "top_p must be ...").
-std::string param_of(std::string_view message) {
-  // The decode balancer's "needs 207 tokens of KV, the largest decode rank holds 128 in all":
-  // prompt plus max_tokens, of which max_tokens is what a client would lower.
-  if (message.find("stage place_decode: needs ") != std::string_view::npos) return "max_tokens";
-  constexpr std::string_view stage = "stage admission: ";
-  const size_t at = message.find(stage);
-  if (at == std::string_view::npos) return {};
-  const auto rest = message.substr(at + stage.size());
-  size_t n = 0;
-  while (n < rest.size() && ((rest[n] >= 'a' && rest[n] <= 'z') || rest[n] == '_')) ++n;
-  const auto word = rest.substr(0, n);
-  // "prompt of 200 tokens plus max_tokens 100 exceeds the context": the number asked for.
-  if (word == "prompt" && rest.find("plus max_tokens") != std::string_view::npos) return "max_tokens";
-  for (std::string_view field : {"max_tokens", "prompt", "messages", "tools", "top_p", "temperature", "logit_bias", "stop",
-                                 "stop_token_ids", "min_p", "min_tokens", "top_logprobs", "prompt_top_logprobs",
-                                 "presence_penalty", "frequency_penalty", "repetition_penalty", "priority",
-                                 "traffic_class", "chat_template_kwargs"})
-    if (word == field) return std::string{field};
-  return {};
-}
-
-openai::api_error api_error_of(int status, std::string message) {
-  auto param = status == 400 ? param_of(message) : std::string{};
-  // The router's refusals of a prompt (plus max_tokens) longer than the context all say so.
-  std::string code = status == 400 && (message.find("the model's context of") != std::string::npos ||
-                                       message.find("the largest decode rank holds") != std::string::npos)
-                         ? "context_length_exceeded"
-                         : "";
-  return {status, std::move(message), status < 500 ? "invalid_request_error" : "server_error", std::move(param), std::move(code)};
 }
 
 /// Answers queued for a client that does not read past this stop the connection's further
@@ -345,6 +295,7 @@ void generate(caf::io::broker* self, const shared_ptr& g, const state_ptr& st, c
   st->in_call = true;
   ++g->calls_in_flight;
   st->token_seen = false;
+  st->streaming = false;
   st->call_started = std::chrono::steady_clock::now();
   const uint64_t seq = ++st->call_seq;
   st->call_id = (chat ? "chatcmpl-" : "cmpl-") + g->id_prefix + "-" + std::to_string(++g->last_id);
@@ -369,6 +320,14 @@ void stream_head(caf::io::broker* self, caf::io::connection_handle hdl, const sh
     write(self, hdl, st, http::close_delimited_head(200, "text/event-stream", extra));
   }
   st->head_sent = true;
+}
+
+/// A streaming call waiting for its first token: its head, once, and an SSE comment (which
+/// clients skip) that shows a proxy the connection is alive.
+void keep_stream_alive(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st) {
+  stream_head(self, hdl, g, st);
+  const std::string comment = ": waiting for the first token\n\n";
+  write(self, hdl, st, st->chunked ? http::chunk(comment) : comment);
 }
 
 /// The client went before its answer was done (closed, or read too little): counted as nginx
@@ -743,7 +702,8 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
   const auto idle = st->probes_only ? std::min(std::chrono::milliseconds{g->cfg.idle_timeout_ms}, probe_idle)
                                     : std::chrono::milliseconds{g->cfg.idle_timeout_ms};
   const auto first_token = std::chrono::milliseconds{g->cfg.first_token_timeout_ms};
-  const auto tick = std::max(std::chrono::milliseconds{10}, std::min(idle, first_token) / 4);
+  const auto keepalive = std::chrono::milliseconds{g->cfg.stream_keepalive_ms ? g->cfg.stream_keepalive_ms : UINT32_MAX};
+  const auto tick = std::max(std::chrono::milliseconds{10}, std::min({idle / 4, first_token / 4, keepalive / 2}));
   wake_later(self, g, st, tick, timer_atom::value);
   if (n > g->cfg.max_connections + probe_connections) {
     st->keep_alive = false;
@@ -837,6 +797,11 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
       [=](uint64_t seq, token_seen_atom) {
         if (st->in_call && seq == st->call_seq) st->token_seen = true;
       },
+      [=](uint64_t seq, streaming_atom) {
+        if (!st->in_call || seq != st->call_seq || g->cfg.stream_keepalive_ms == 0) return;
+        st->streaming = true;
+        st->keepalive_due = st->call_started + keepalive;
+      },
       [=](timer_atom) {
         if (st->closed) return;
         const auto now = std::chrono::steady_clock::now();
@@ -845,6 +810,10 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
                     make_error(errc::deadline_exceeded, "no token within the gateway's first-token timeout of " +
                                                             std::to_string(g->cfg.first_token_timeout_ms) + " ms"));
           if (st->closed) return;
+        }
+        if (st->in_call && st->streaming && !st->token_seen && now >= st->keepalive_due) {
+          keep_stream_alive(self, hdl, g, st);
+          st->keepalive_due = now + keepalive;
         }
         if (st->out_pending > 0 && now - st->out_progress >= idle) {
           // The client has read nothing of its answers for that long: whatever it is doing,

@@ -30,6 +30,11 @@ struct gateway_config {
   /// first: once tokens flow, the request's own watchdog bounds each next one
   /// (request_config::token_timeout_ms), so a long generation is never cut for its length.
   uint32_t first_token_timeout_ms = 600000;
+  /// A streaming call still waiting for its first token this long (in the KV queue, behind long
+  /// prompts) gets its 200 head and then an SSE comment line this often, so that a proxy or load
+  /// balancer does not cut it as idle (ALB's and nginx's 60 s); a failure after that comes as the
+  /// stream's error event, as one after the first token does. 0: nothing before the first token.
+  uint32_t stream_keepalive_ms = 15000;
   uint32_t max_connections = 1024;       ///< beyond: 503 and close (16 more for /health and /metrics alone)
   /// A connection with no request in progress that completes none for this long is closed.
   uint32_t idle_timeout_ms = 60000;

@@ -186,6 +186,7 @@ client_sink_actor::behavior_type call_impl(client_sink_actor::pointer self, caf:
   }
   cs->left = choices;
   cs->done.resize(choices);
+  if (cs->call.stream) caf::anon_send(broker, seq, streaming_atom::value);
   if (choices == 1) return run_choice(self, broker, seq, router, cs, 0);
   for (uint32_t i = 0; i < choices; ++i) self->spawn<caf::linked>(run_choice, broker, seq, router, cs, i);
   return {[](stream_chunk&) {}};  // the choices' sinks are their own actors

@@ -20,6 +20,9 @@ namespace baton::deploy {
 
 /// A call's go-between saw its first token: the call's first-token deadline no longer applies.
 using token_seen_atom = caf::atom_constant<caf::atom("toknseen")>;
+/// A call's go-between read a streaming call: until its first token the gateway keeps the
+/// connection busy (gateway_config::stream_keepalive_ms).
+using streaming_atom = caf::atom_constant<caf::atom("streaming")>;
 
 /// What every call's go-between is told of the gateway and the model (fixed once it starts).
 struct call_settings {

@@ -62,6 +62,9 @@ int run_gateway(const std::vector<std::string>& args) {
             "authentication)");
   flags.add("--first-token-timeout-ms", &gc.first_token_timeout_ms,
             "a call's wait for its first token before 504 (later tokens: the request's own watchdog)");
+  flags.add("--stream-keepalive-ms", &gc.stream_keepalive_ms,
+            "a streaming call without its first token this long gets its 200 head and a comment line this often, so "
+            "proxies do not cut it as idle (0: nothing before the first token)");
   flags.add("--max-connections", &gc.max_connections, "connections beyond this are answered 503");
   flags.add("--idle-timeout-ms", &gc.idle_timeout_ms,
             "a connection with nothing in progress that completes no request for this long is closed");

@@ -362,6 +362,9 @@ int run_local(const std::vector<std::string>& args) {
   flags.add("--api-key", &opt.api_keys, "--serve: an API key the gateway accepts as a bearer token (repeatable; also BATON_API_KEYS, comma-separated; it guards HTTP only: keep --router-listen and --cluster-listen private, or use --tls-*)");
   flags.add("--first-token-timeout-ms", &opt.gateway.first_token_timeout_ms,
             "--http-listen: a call's wait for its first token before 504 (later tokens: --token-timeout-ms)");
+  flags.add("--stream-keepalive-ms", &opt.gateway.stream_keepalive_ms,
+            "--http-listen: a streaming call without its first token this long gets its 200 head and a comment line "
+            "this often, so proxies do not cut it as idle (0: nothing before the first token)");
   flags.add("--idle-timeout-ms", &opt.gateway.idle_timeout_ms, "--http-listen: a connection idle this long is closed");
   flags.add("--max-connections", &opt.gateway.max_connections, "--http-listen: connections beyond this are answered 503");
   flags.add("--cors-origin", &opt.gateway.cors_origins,

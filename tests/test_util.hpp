@@ -1,5 +1,11 @@
 #pragma once
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -43,6 +49,33 @@ class captured_lines {
     std::vector<std::string> lines;
   };
   std::shared_ptr<shared> state_ = std::make_shared<shared>();
+};
+
+/// A TCP socket bound to a free port of 127.0.0.1, not listening until told; closed at the end
+/// (or by close()). fd < 0 when the system refused one.
+struct loopback_socket {
+  int fd = -1;
+  uint16_t port = 0;
+  loopback_socket() : fd(::socket(AF_INET, SOCK_STREAM, 0)) {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      close();
+      return;
+    }
+    port = ntohs(a.sin_port);
+  }
+  loopback_socket(const loopback_socket&) = delete;
+  loopback_socket& operator=(const loopback_socket&) = delete;
+  ~loopback_socket() { close(); }
+  bool listen(int backlog = 4) { return fd >= 0 && ::listen(fd, backlog) == 0; }
+  void close() {
+    if (fd >= 0) ::close(fd);
+    fd = -1;
+  }
 };
 
 }  // namespace baton::test

@@ -2,10 +2,7 @@
 // router on 127.0.0.1: streaming and cancelling, how a stream fails (the request's actor or the
 // router gone), what a result says of its failovers, and a port that is not a router's.
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
@@ -18,6 +15,7 @@
 
 #include "actors/node_directory.hpp"
 #include "tests/deploy/gateway_fixture.hpp"
+#include "tests/test_util.hpp"
 
 using namespace baton;
 using namespace baton::test_gateway;
@@ -347,24 +345,16 @@ TEST_CASE("the C++ client's result carries how the request got through: its fail
 
 TEST_CASE("the C++ client's connect waits connect_timeout_ms for a port that never answers, then says so") {
   // A TCP port that takes connections and says nothing (another kind of server, a stuck one).
-  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(listener >= 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-  REQUIRE(::listen(listener, 4) == 0);
-  socklen_t len = sizeof addr;
-  REQUIRE(::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  test::loopback_socket silent;
+  REQUIRE(silent.listen());
   baton::client::connect_options o;
   o.connect_timeout_ms = 300;
   std::string why;
-  CHECK_FALSE(baton::client::connection::connect("127.0.0.1", ntohs(addr.sin_port), o, &why));
+  CHECK_FALSE(baton::client::connection::connect("127.0.0.1", silent.port, o, &why));
   CHECK_MESSAGE(why.find("within 300 ms") != std::string::npos, why);
   o.connect_timeout_ms = 0;
-  CHECK_FALSE(baton::client::connection::connect("127.0.0.1", ntohs(addr.sin_port), o, &why));
+  CHECK_FALSE(baton::client::connection::connect("127.0.0.1", silent.port, o, &why));
   CHECK(why == "connect_timeout_ms must be >= 1");
-  ::close(listener);
 }
 
 TEST_CASE("the C++ client pointed at another Baton port (a node directory's) says so in a sentence, not CAF's "

@@ -152,20 +152,14 @@ void run_across_processes(const char* ucx_tls, bool with_store = false,
 }  // namespace
 
 TEST_CASE("tcp_listening answers true only while something listens on the port") {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  socklen_t len = sizeof a;
-  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
-  const uint16_t port = ntohs(a.sin_port);
+  baton::test::loopback_socket s;
+  REQUIRE(s.fd >= 0);
+  const uint16_t port = s.port;
   CHECK_FALSE(baton::deploy::tcp_listening("127.0.0.1", port, 200));  // bound, not listening: refused
-  REQUIRE(::listen(fd, 4) == 0);
+  REQUIRE(s.listen());
   CHECK(baton::deploy::tcp_listening("127.0.0.1", port, 200));
   CHECK(baton::deploy::tcp_listening("localhost", port, 200));
-  ::close(fd);
+  s.close();
   CHECK_FALSE(baton::deploy::tcp_listening("127.0.0.1", port, 200));
   CHECK_FALSE(baton::deploy::tcp_listening("no-such-host.invalid", port, 200));
 }

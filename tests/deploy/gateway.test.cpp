@@ -291,6 +291,40 @@ TEST_CASE("a generation that outlasts the first-token timeout is not cut once it
   CHECK(s.settles());
 }
 
+TEST_CASE("a streaming call that waits for its first token past stream_keepalive_ms gets its 200 head and comment "
+          "lines meanwhile (a proxy sees it alive), then the same events; a failure after that is the stream's "
+          "error event; a whole answer waits as before") {
+  deploy::gateway_config gc;
+  gc.stream_keepalive_ms = 50;
+  served_cluster s{gc, 400};  // every prefill starts 0.4 s late
+  generate_request b;
+  b.prompt = "a";
+  b.max_tokens = 8;
+  b.ignore_eos = true;
+  const auto ref = s.direct(b);
+  auto streamed = round_trip(s.gateway.port, post("/v1/completions", R"({"prompt":"a","max_tokens":8,"ignore_eos":true,"stream":true})"));
+  CHECK(streamed.status == 200);
+  const auto comment = streamed.body.find(": waiting for the first token\n\n");
+  REQUIRE(comment != std::string::npos);
+  CHECK(comment < streamed.body.find("data: "));
+  std::vector<json> events;
+  CHECK(sse_text(streamed.body, &events) == ref.text);  // clients skip the comments
+  auto whole = round_trip(s.gateway.port, post("/v1/completions", R"({"prompt":"a","max_tokens":8,"ignore_eos":true})"));
+  CHECK(whole.status == 200);
+  CHECK(json::parse(whole.body)["choices"][0]["text"] == ref.text);
+
+  deploy::gateway_config late;
+  late.stream_keepalive_ms = 50;
+  late.first_token_timeout_ms = 300;
+  served_cluster t{late, 1500};  // no first token within 300 ms
+  auto cut = round_trip(t.gateway.port, post("/v1/completions", R"({"prompt":"a","max_tokens":8,"stream":true})"));
+  CHECK(cut.status == 200);  // sent with the first comment
+  CHECK(cut.body.find(": waiting for the first token") != std::string::npos);
+  CHECK_MESSAGE(cut.body.find(R"(data: {"error":)") != std::string::npos, cut.body);
+  CHECK(cut.body.find("no token within the gateway's first-token timeout of 300 ms") != std::string::npos);
+  CHECK(t.settles());
+}
+
 TEST_CASE("the gateway answers load balancers' and SDKs' small requests: HEAD /health, a model by id, any case of "
           "Bearer, Expect: 100-continue") {
   served_cluster s;
