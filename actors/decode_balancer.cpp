@@ -51,6 +51,9 @@ uint32_t page_size(const decode_balancer_state& st, const rank_load& r) {
   return r.page_size_tokens ? r.page_size_tokens : st.cfg.page_size_tokens;
 }
 
+/// The most pages rank `r` can ever grant a newcomer (on demand: less its growth watermark).
+uint32_t grantable(const rank_load& r) { return policies::grantable_pages(r.num_total_pages, r.on_demand_headroom_tokens > 0); }
+
 /// KV tokens the sequence takes on rank `r` at first: all of it, or (KV on demand) its prompt
 /// plus the rank's headroom.
 uint32_t need_tokens(const place_query& q, const rank_load& r) {
@@ -179,15 +182,24 @@ caf::error no_room(const decode_balancer_state& st, const place_query& q) {
 }
 
 /// The rank a waiting request keeps room on: of the ranks taking work and not `held` for one
-/// ahead of it, one that could hold its sequence -- the one with the most pages free, nearest to
-/// holding it. None when no such rank could hold it even empty (its only big rank draining).
+/// ahead of it, one that could ever grant its sequence -- the nearest to holding it (the fewest
+/// tokens short; then the most tokens free). None when no such rank could hold it even empty
+/// (its only big rank draining).
 std::optional<size_t> rank_to_hold(const decode_balancer_state& st, const place_query& q, const std::vector<bool>& held) {
   std::optional<size_t> best;
+  uint64_t best_short = 0, best_free = 0;
   for (size_t i = 0; i < st.registry.loads.size(); ++i) {
     const auto& r = st.registry.loads[i];
-    const uint32_t pages = (need_tokens(q, r) + page_size(st, r) - 1) / page_size(st, r);
-    if (!st.registry.open(i) || held[i] || pages > r.num_total_pages) continue;
-    if (!best || r.num_free_pages > st.registry.loads[*best].num_free_pages) best = i;
+    const uint32_t ps = page_size(st, r);
+    const uint32_t pages = (need_tokens(q, r) + ps - 1) / ps;
+    if (!st.registry.open(i) || held[i] || pages > grantable(r)) continue;
+    const uint64_t shortfall = uint64_t{pages > r.num_free_pages ? pages - r.num_free_pages : 0} * ps;
+    const uint64_t free_tokens = uint64_t{r.num_free_pages} * ps;
+    if (!best || shortfall < best_short || (shortfall == best_short && free_tokens > best_free)) {
+      best = i;
+      best_short = shortfall;
+      best_free = free_tokens;
+    }
   }
   return best;
 }
@@ -214,7 +226,9 @@ void serve(pointer self) {
     }
     passed[*head] = true;
     if (auto r = rank_to_hold(st, next.query, held)) held[*r] = true;
-    if (std::all_of(held.begin(), held.end(), [](bool h) { return h; })) return;  // no rank left to place on
+    bool room_left = false;  // a rank taking work that nobody waits for
+    for (size_t i = 0; i < held.size() && !room_left; ++i) room_left = st.registry.open(i) && !held[i];
+    if (!room_left) return;
   }
 }
 
@@ -228,9 +242,11 @@ decode_balancer_actor::behavior_type decode_balancer_impl(pointer self, decode_b
   // A rank that goes away (its process ended, it drained) takes no more placements.
   self->set_down_handler([=](caf::down_msg& dm) {
     auto& st = self->state;
-    if (auto i = st.registry.index_of_addr(dm.source))
-      st.charges.forget(st.registry.loads[*i].name);
+    std::string name;
+    if (auto i = st.registry.index_of_addr(dm.source)) name = st.registry.loads[*i].name;
     st.registry.forget(dm.source, self->clock().now());
+    // Its charges go with it -- unless a successor under its name reported first: they are its.
+    if (!name.empty() && !st.registry.index_of(name)) st.charges.forget(name);
     after_rank_change(self);
     serve(self);  // what waited for it waits for other ranks now
   });

@@ -1,5 +1,6 @@
 #include "actors/decode_rank.hpp"
 #include "actors/decode_rank_state.hpp"
+#include "policies/decode_placement.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/stateful_actor.hpp>
@@ -36,7 +37,7 @@ bool on_demand(const decode_state& st) { return st.cfg.on_demand_headroom_tokens
 
 /// On demand, pages kept free for running sequences to grow into (vLLM's 1% watermark).
 uint32_t watermark_pages(const decode_state& st) {
-  return on_demand(st) ? std::max(1u, st.core.exec->kv().layout().num_pages / 100) : 0;
+  return on_demand(st) ? policies::on_demand_watermark_pages(st.core.exec->kv().layout().num_pages) : 0;
 }
 
 void report_load(decode_pointer self) {

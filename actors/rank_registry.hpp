@@ -289,7 +289,8 @@ struct parked_priority {
       if (!first) first = i;
     }
     if (!batch || !interactive) return batch ? batch : interactive;
-    return bypassed >= max_bypass ? batch : interactive;
+    // The oldest batch one goes first once passed over enough -- if it is older at all.
+    return bypassed >= max_bypass && *batch < *interactive ? batch : interactive;
   }
   /// Placement `taken` (an index into `parked`, before it leaves) was made.
   template <class Placement>
@@ -298,12 +299,14 @@ struct parked_priority {
       bypassed = 0;
       return;
     }
-    // An interactive one placed while an older batch one waits its turn passed it.
+    // An interactive one placed while an older batch one waits its turn passed it; with none
+    // waiting (it was placed, expired or cancelled) the count starts again.
     for (size_t i = 0; i < taken; ++i)
       if (parked[i].query.priority == "batch" && !(i < passed.size() && passed[i])) {
         ++bypassed;
         return;
       }
+    bypassed = 0;
   }
 };
 

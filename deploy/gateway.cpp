@@ -702,8 +702,8 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
   const auto idle = st->probes_only ? std::min(std::chrono::milliseconds{g->cfg.idle_timeout_ms}, probe_idle)
                                     : std::chrono::milliseconds{g->cfg.idle_timeout_ms};
   const auto first_token = std::chrono::milliseconds{g->cfg.first_token_timeout_ms};
-  const auto keepalive = std::chrono::milliseconds{g->cfg.stream_keepalive_ms ? g->cfg.stream_keepalive_ms : UINT32_MAX};
-  const auto tick = std::max(std::chrono::milliseconds{10}, std::min({idle / 4, first_token / 4, keepalive / 2}));
+  const auto tick = std::max(std::chrono::milliseconds{10}, std::min(idle, first_token) / 4);
+  const auto keepalive = std::chrono::milliseconds{g->cfg.stream_keepalive_ms};
   wake_later(self, g, st, tick, timer_atom::value);
   if (n > g->cfg.max_connections + probe_connections) {
     st->keep_alive = false;
@@ -797,10 +797,24 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
       [=](uint64_t seq, token_seen_atom) {
         if (st->in_call && seq == st->call_seq) st->token_seen = true;
       },
+      // A streaming call: its keepalive wakes, on time, apart from the connection's timer.
       [=](uint64_t seq, streaming_atom) {
         if (!st->in_call || seq != st->call_seq || g->cfg.stream_keepalive_ms == 0) return;
         st->streaming = true;
         st->keepalive_due = st->call_started + keepalive;
+        const auto now = std::chrono::steady_clock::now();
+        const auto left = st->keepalive_due > now ? std::chrono::ceil<std::chrono::milliseconds>(st->keepalive_due - now)
+                                                  : std::chrono::milliseconds{0};
+        wake_later(self, g, st, left, streaming_atom::value);
+      },
+      [=](streaming_atom) {
+        // A wake of an earlier call (this one's is not due yet) ends its chain.
+        // (A millisecond early counts as due: timers are kept in whole milliseconds.)
+        const auto now = std::chrono::steady_clock::now() + std::chrono::milliseconds{1};
+        if (st->closed || !st->in_call || !st->streaming || st->token_seen || now < st->keepalive_due) return;
+        keep_stream_alive(self, hdl, g, st);
+        st->keepalive_due = now + keepalive;
+        wake_later(self, g, st, keepalive, streaming_atom::value);
       },
       [=](timer_atom) {
         if (st->closed) return;
@@ -810,10 +824,6 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
                     make_error(errc::deadline_exceeded, "no token within the gateway's first-token timeout of " +
                                                             std::to_string(g->cfg.first_token_timeout_ms) + " ms"));
           if (st->closed) return;
-        }
-        if (st->in_call && st->streaming && !st->token_seen && now >= st->keepalive_due) {
-          keep_stream_alive(self, hdl, g, st);
-          st->keepalive_due = now + keepalive;
         }
         if (st->out_pending > 0 && now - st->out_progress >= idle) {
           // The client has read nothing of its answers for that long: whatever it is doing,

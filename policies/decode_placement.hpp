@@ -12,6 +12,17 @@
 
 namespace baton::policies {
 
+/// On-demand KV: the pages a decode rank of `total_pages` keeps free for its running sequences
+/// to grow into, never a newcomer's (vLLM's 1 % watermark, at least one page).
+inline uint32_t on_demand_watermark_pages(uint32_t total_pages) { return total_pages / 100 > 1 ? total_pages / 100 : 1; }
+
+/// The most pages a newcomer can ever be granted on such a rank, even with nothing running.
+inline uint32_t grantable_pages(uint32_t total_pages, bool on_demand) {
+  if (!on_demand) return total_pages;
+  const uint32_t kept = on_demand_watermark_pages(total_pages);
+  return total_pages > kept ? total_pages - kept : 0;
+}
+
 struct decode_rank_view {
   uint32_t num_running = 0;        ///< sequences decoding or holding a lease
   uint64_t kv_tokens = 0;          ///< tokens of KV held (running + leased)

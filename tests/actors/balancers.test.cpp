@@ -277,6 +277,20 @@ TEST_CASE("a request waiting for room keeps it on one rank only, the one nearest
   CHECK(g.waiting() == 1);  // the big one, still waiting
   g.self->send(g.bal, undrain_atom::value, g.rank);
   CHECK(g.outcome(big) == "decode-a");
+
+  // KV on demand: a rank keeps its growth watermark (1 %, a page here) from newcomers, so a
+  // prompt that needs every page can never be granted there, and holds nothing.
+  lone_decode_rank h{8};
+  rank_load on_demand = idle_load("decode-a", 8);
+  on_demand.on_demand_headroom_tokens = 16;
+  on_demand.num_free_pages = 7;  // as the rank reports: less its watermark
+  h.self->send(h.bal, load_atom::value, on_demand, h.rank);
+  place_query whole{5, 112, 0, 128};  // 112 prompt tokens + 16 headroom: 8 pages
+  whole.wait_ms = 300;
+  auto never = h.self->request(h.bal, std::chrono::seconds{60}, place_atom::value, whole);
+  auto fits = h.ask(7, 32, 30000);
+  CHECK(h.outcome(fits) == "decode-a");
+  CHECK(h.outcome(never).find("no decode rank had room for 128 tokens") != std::string::npos);
 }
 
 TEST_CASE("a rank forgotten because its node was given up for lost stays forgotten when a load report it sent "
