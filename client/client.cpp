@@ -5,6 +5,9 @@
 #include "client/baton/client.hpp"
 
 #include <fcntl.h>
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -288,7 +291,14 @@ class connection_impl final : public connection {
 
   bool open(const std::string& host, uint16_t port, std::string* why) {
     const bool tls = !options_.tls_cert.empty();
-    if (auto err = net::handshake_within(sys_, host, port, std::chrono::milliseconds{options_.connect_timeout_ms},
+    const auto limit = std::chrono::milliseconds{options_.connect_timeout_ms};
+    // CAF's connect would wait out the kernel's SYN retries (minutes) where packets are dropped.
+    if (net::tcp_probe(host, port, static_cast<int>(options_.connect_timeout_ms)) == ETIMEDOUT) {
+      *why = "cannot reach a Baton router at " + host + ":" + std::to_string(port) + ": nothing accepted a TCP connection within " +
+             std::to_string(options_.connect_timeout_ms) + " ms (packets dropped on the way, or a full listen queue)";
+      return false;
+    }
+    if (auto err = net::handshake_within(sys_, host, port, limit,
                                          tls ? &sys_.openssl_manager().actor_handle() : nullptr)) {
       *why = "cannot reach a Baton router at " + host + ":" + std::to_string(port) + ": " +
              net::explain_connect_error(sys_, err, tls);
@@ -346,6 +356,11 @@ class connection_impl final : public connection {
   bool connected() const override { return !link_->lost; }
 
   bool model_info(std::string* name, uint32_t* context_tokens, std::string* why) override {
+    if (link_->lost) {
+      std::lock_guard<std::mutex> guard{link_->mutex};
+      *why = link_->why;
+      return false;
+    }
     caf::scoped_actor self{sys_};
     bool ok = false;
     self->request(router_, std::chrono::seconds{10}, stats_atom::value)
@@ -400,6 +415,22 @@ std::unique_ptr<connection> connection::connect(const std::string& host, uint16_
     if (fd >= 0) ::close(fd);
     if (err != 0 || !S_ISREG(info.st_mode)) {
       *why = std::string{name} + ": cannot read " + *path + " (" + (err ? std::strerror(err) : "not a file") + ")";
+      return nullptr;
+    }
+  }
+  // The certificates must be PEM certificates (a file of something else made CAF throw on its
+  // I/O thread, leak, and the connect wait out its time). The key is left to CAF: it may be
+  // one this check could only read by asking for a passphrase.
+  for (const auto& [name, path] : {std::pair{"tls_cert", &options.tls_cert}, {"tls_ca", &options.tls_ca}}) {
+    if (path->empty()) continue;
+    FILE* f = std::fopen(path->c_str(), "r");
+    X509* cert = f ? PEM_read_X509(f, nullptr, nullptr, nullptr) : nullptr;
+    const bool ok = cert != nullptr;
+    X509_free(cert);
+    if (f) std::fclose(f);
+    ERR_clear_error();
+    if (!ok) {
+      *why = std::string{name} + ": " + *path + " holds no PEM certificate";
       return nullptr;
     }
   }

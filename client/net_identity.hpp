@@ -6,6 +6,12 @@
 // Header-only and internal: included by CAF translation units (client.cpp, deploy/processes.cpp,
 // deploy/net_security.hpp), never by client/baton/client.hpp.
 
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <set>
@@ -47,6 +53,41 @@ inline std::string explain_connect_error(caf::actor_system& sys, const caf::erro
                  "speak TLS?)"
                : " (the peer may require mutual TLS: give the cluster's certificate, key and CA)";
   return out;
+}
+
+/// Whether something at host:port accepts a TCP connection within `timeout_ms`: 0 if so,
+/// ETIMEDOUT if nothing answered in time (packets dropped, a full listen queue), another errno
+/// (ECONNREFUSED, ...) or EAI_FAIL-like -1 when the name does not resolve. The connection is
+/// closed at once. (CAF's own connect waits out the kernel's SYN retries, minutes, when
+/// packets are dropped.)
+inline int tcp_probe(const std::string& host, uint16_t port, int timeout_ms) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) return -1;
+  int result = ECONNREFUSED;
+  for (auto* a = found; a && result != 0; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+      result = 0;
+    } else if (errno == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      int err = 0;
+      socklen_t len = sizeof err;
+      const int ready = ::poll(&p, 1, timeout_ms);
+      if (ready == 0)
+        result = ETIMEDOUT;
+      else if (ready == 1 && ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0)
+        result = err;
+    } else {
+      result = errno;
+    }
+    ::close(fd);
+  }
+  ::freeaddrinfo(found);
+  return result;
 }
 
 /// Connects to the CAF peer at host:port (plain TCP) within `limit`; an error when it cannot. CAF

@@ -255,27 +255,7 @@ int run_process_with_input(const std::vector<std::string>& argv, const std::stri
 }
 
 bool tcp_listening(const std::string& host, uint16_t port, int timeout_ms) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) return false;
-  bool ok = false;
-  for (auto* a = found; a && !ok; a = a->ai_next) {
-    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd < 0) continue;
-    if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
-      ok = true;
-    } else if (errno == EINPROGRESS) {
-      pollfd p{fd, POLLOUT, 0};
-      int err = 0;
-      socklen_t len = sizeof err;
-      ok = ::poll(&p, 1, timeout_ms) == 1 && ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0;
-    }
-    ::close(fd);
-  }
-  ::freeaddrinfo(found);
-  return ok;
+  return net::tcp_probe(host, port, timeout_ms) == 0;
 }
 
 int open_tcp_listener(const std::string& host, uint16_t port, uint16_t* bound, std::string* why, const std::string& who) {

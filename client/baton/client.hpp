@@ -143,9 +143,9 @@ struct connect_options {
   uint32_t connect_timeout_ms = 10000;
 };
 
-/// A connection to one router. Thread-safe: several threads may submit. Streams must not
-/// outlive their connection; destroying it cancels those still going (their readers hear
-/// "cancelled"). Once the router is gone (its process ended, the link lost) every stream in
+/// A connection to one router. Thread-safe: several threads may submit. Destroying it cancels
+/// the streams still going (their readers hear "cancelled", "the connection was closed before
+/// the answer"); a stream may be read and destroyed after its connection. Once the router is gone (its process ended, the link lost) every stream in
 /// flight fails at once with router_gone, and so does every later submit: connect again.
 class connection {
  public:
@@ -155,7 +155,8 @@ class connection {
   static std::unique_ptr<connection> connect(const std::string& host, uint16_t port, const connect_options& options,
                                              std::string* why);
   virtual std::unique_ptr<stream> submit(const request& r) = 0;
-  /// The served model's name and context length, asked from the router.
+  /// The served model's name and context length, asked from the router (once it is gone: false
+  /// at once, as submit).
   virtual bool model_info(std::string* name, uint32_t* context_tokens, std::string* why) = 0;
   /// False once the router is gone (its process ended, or the link to it was lost).
   virtual bool connected() const = 0;

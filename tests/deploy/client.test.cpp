@@ -2,7 +2,9 @@
 // router on 127.0.0.1: streaming and cancelling, how a stream fails (the request's actor or the
 // router gone), what a result says of its failovers, and a port that is not a router's.
 
+#include <netinet/in.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
@@ -260,6 +262,10 @@ TEST_CASE("the C++ client hears at once that the link to its router's process wa
                 stream->error_info().message);
   for (int i = 0; i < 5000 && conn->connected(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds{1});
   REQUIRE_FALSE(conn->connected());
+  std::string model;
+  uint32_t context = 0;
+  CHECK_FALSE(conn->model_info(&model, &context, &why));  // at once, not after its 10 s wait
+  CHECK_MESSAGE(why.find("was lost: connect again") != std::string::npos, why);
   auto later = conn->submit(baton::client::request{});
   CHECK(later->done());  // at once, before any wait
   REQUIRE(later->failed());
@@ -310,6 +316,9 @@ TEST_CASE("the C++ client refuses TLS files it cannot read at once, naming the f
   o.tls_cert = "/tmp";  // a directory opens, but is no certificate
   CHECK_FALSE(baton::client::connection::connect("127.0.0.1", 1, o, &why));
   CHECK(why == "tls_cert: cannot read /tmp (not a file)");
+  o.tls_cert = __FILE__;  // a file, but no certificate
+  CHECK_FALSE(baton::client::connection::connect("127.0.0.1", 1, o, &why));
+  CHECK(why == std::string{"tls_cert: "} + __FILE__ + " holds no PEM certificate");
 }
 
 TEST_CASE("the C++ client's result carries how the request got through: its failovers, the last failure that "
@@ -355,6 +364,26 @@ TEST_CASE("the C++ client's connect waits connect_timeout_ms for a port that nev
   o.connect_timeout_ms = 0;
   CHECK_FALSE(baton::client::connection::connect("127.0.0.1", silent.port, o, &why));
   CHECK(why == "connect_timeout_ms must be >= 1");
+  // A port whose listen queue is full drops new connections' packets (as a firewall would): the
+  // kernel would retry for minutes; the connect gives up within its time.
+  test::loopback_socket full;
+  REQUIRE(full.listen(0));
+  std::vector<int> queued;
+  for (int i = 0; i < 8; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(full.port);
+    ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    queued.push_back(fd);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds{100});
+  o.connect_timeout_ms = 300;
+  CHECK_FALSE(baton::client::connection::connect("127.0.0.1", full.port, o, &why));
+  // (Where the kernel queues it after all, the handshake's wait says the same time.)
+  CHECK_MESSAGE(why.find("within 300 ms") != std::string::npos, why);
+  for (int fd : queued) ::close(fd);
 }
 
 TEST_CASE("the C++ client pointed at another Baton port (a node directory's) says so in a sentence, not CAF's "
