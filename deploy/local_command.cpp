@@ -18,6 +18,7 @@
 #include "actors/local_cluster.hpp"
 #include "actors/messages.hpp"
 #include "deploy/commands.hpp"
+#include "deploy/decode_keeper.hpp"
 #include "gpu/cpu_executor.hpp"
 #include "policies/eplb.hpp"
 #include "gpu/cuda_executor.hpp"
@@ -27,7 +28,6 @@
 #include "deploy/gateway.hpp"
 #include "deploy/net_security.hpp"
 #include "deploy/processes.hpp"
-#include "policies/restart_backoff.hpp"
 #include "deploy/profile_file.hpp"
 #include "gpu/hf_model.hpp"
 #include "gpu/tokenizer.hpp"
@@ -188,50 +188,10 @@ int serve(caf::actor_system& sys, const local_cluster& cluster, const local_opti
   std::printf("baton local: serving; SIGINT or SIGTERM stops\n");
   std::fflush(stdout);
   install_stop_signals();
-  // Decode process i runs child_argv[i]; one that ended (killed, crashed) is said as such, with
-  // how, reaped, and started again after a wait that doubles while it keeps failing soon after
-  // its start (policies::restart_backoff, as `baton launch --restart-failed`). Meanwhile the node
-  // directory has its ranks out of placement; the new process joins under the same name.
-  struct decode_slot {
-    pid_t pid = -1;  ///< -1 while it waits to be started again
-    std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now(), restart_at;
-    uint32_t backoff_ms = 0;
-  };
-  std::vector<decode_slot> slots(child_argv.size());
-  for (size_t i = 0; i < slots.size() && i < children.size(); ++i) slots[i].pid = children[i];
-  const policies::restart_backoff backoff;
+  decode_keeper keeper{children, child_argv};
   while (!stop_requested()) {
     std::this_thread::sleep_for(std::chrono::milliseconds{50});
-    const auto now = std::chrono::steady_clock::now();
-    for (size_t i = 0; i < slots.size(); ++i) {
-      auto& slot = slots[i];
-      if (std::string how; slot.pid > 0 && process_exited(slot.pid, &how)) {
-        // Reaped: never signalled again (its pid may be another's by then).
-        children.erase(std::remove(children.begin(), children.end(), slot.pid), children.end());
-        const auto ran_ms = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(now - slot.started).count());
-        slot.backoff_ms = backoff.next_delay_ms(slot.backoff_ms, ran_ms);
-        slot.restart_at = now + std::chrono::milliseconds{slot.backoff_ms};
-        std::printf("baton local: decode process decode-%zu (pid %d) ended (%s); starting it again in %u ms\n", i,
-                    static_cast<int>(slot.pid), how.c_str(), slot.backoff_ms);
-        std::fflush(stdout);
-        slot.pid = -1;
-      }
-      if (slot.pid < 0 && now >= slot.restart_at) {
-        std::string why;
-        slot.started = now;
-        if (auto pid = spawn_process(child_argv[i], &why); pid > 0) {
-          slot.pid = pid;
-          children.push_back(pid);
-          std::printf("baton local: decode process decode-%zu started again (pid %d)\n", i, static_cast<int>(pid));
-        } else {  // tried again after the next wait
-          slot.backoff_ms = backoff.next_delay_ms(slot.backoff_ms, 0);
-          slot.restart_at = now + std::chrono::milliseconds{slot.backoff_ms};
-          std::printf("baton local: decode process decode-%zu could not be started again (%s); next try in %u ms\n", i,
-                      why.c_str(), slot.backoff_ms);
-        }
-        std::fflush(stdout);
-      }
-    }
+    keeper.check(std::chrono::steady_clock::now());
   }
   drain(sys, cluster, gateway, opt.drain_timeout_ms);
   caf::scoped_actor self{sys};
