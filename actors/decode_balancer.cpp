@@ -159,12 +159,17 @@ std::optional<decode_placement> try_place(pointer self, const place_query& q, co
 }
 
 /// A placement that waited its time out: the KV it needs, and why each rank could not hold it,
-/// so an overload reads as one (kv_capacity: retryable, a 503) rather than a silent balancer.
+/// so an overload reads as one (kv_capacity: retryable, a 503) rather than a silent balancer;
+/// with no rank taking work, rank_unavailable.
 caf::error no_room(const decode_balancer_state& st, const place_query& q) {
   const auto wait = std::chrono::milliseconds{q.wait_ms ? q.wait_ms : parked_wait_default_ms};
+  const auto waited = std::to_string((wait - parked_answer_margin(wait)).count()) + " ms of its " +
+                      std::to_string(wait.count()) + " ms wait";
   std::string ranks;
+  bool any_open = false;
   for (size_t i = 0; i < st.registry.loads.size(); ++i) {
     const auto& r = st.registry.loads[i];
+    any_open = any_open || st.registry.open(i);
     ranks += (ranks.empty() ? "" : "; ") + r.name + ": ";
     if (!st.registry.open(i))
       ranks += "takes no new work (" + (st.registry.draining[i] ? std::string{"draining"} : r.unavailable) + ")";
@@ -173,12 +178,16 @@ caf::error no_room(const decode_balancer_state& st, const place_query& q) {
                std::to_string(r.num_running) + " running, needs " +
                std::to_string((need_tokens(q, r) + page_size(st, r) - 1) / page_size(st, r));
   }
-  return make_error(errc::kv_capacity,
-                    where(q.request_id, "", "place_decode") + ": no decode rank had room for " +
-                        std::to_string(q.total_tokens) + " tokens of KV within " +
-                        std::to_string((wait - parked_answer_margin(wait)).count()) + " ms of its " +
-                        std::to_string(wait.count()) + " ms wait (" +
-                        (ranks.empty() ? std::string{"no rank registered"} : ranks) + ")");
+  // No rank taking work at all (none joined, every one gone, draining or stepped aside) within
+  // a wait shorter than the registry's grace is no shortage of KV: a trial saw streams whose
+  // decode nodes were killed fail as kv_capacity, which sends an operator after capacity.
+  if (!any_open)
+    return make_error(errc::rank_unavailable,
+                      where(q.request_id, "", "place_decode") + ": no decode rank took work within " + waited + " (" +
+                          (ranks.empty() ? std::string{"no rank registered"} : ranks) + ")");
+  return make_error(errc::kv_capacity, where(q.request_id, "", "place_decode") + ": no decode rank had room for " +
+                                           std::to_string(q.total_tokens) + " tokens of KV within " + waited + " (" +
+                                           ranks + ")");
 }
 
 /// The rank a waiting request keeps room on: of the ranks taking work and not `held` for one

@@ -248,6 +248,24 @@ void check(request_pointer self);
 void place(request_pointer self);
 void retry(request_pointer self);
 
+/// The last of several attempts says so, how long they all took (its own sentence bounds only
+/// itself, "within 4500 ms", while the client waited through every one), and what made the
+/// request fail over last: a trial saw a stream whose decode rank was killed fail with only
+/// the last attempt's sentence, naming neither the dead rank nor the failover.
+caf::error last_attempt_error(request_pointer self, caf::error err) {
+  auto& st = self->state;
+  if (st.attempt == 0 || err.category() != caf::atom("baton") || !err.context().match_elements<std::string>())
+    return err;
+  std::string before = st.out.failover_why;  // "baton::rank_unavailable: request 7, ...": the sentence alone
+  if (auto at = before.find("request "); at != std::string::npos) before.erase(0, at);
+  return make_error(static_cast<errc>(err.code()),
+                    err.context().get_as<std::string>(0) + " (attempt " + std::to_string(st.attempt + 1) + " of " +
+                        std::to_string(st.plan.cfg.max_attempts) + ", " +
+                        std::to_string(micros(self->clock().now() - st.started) / 1000) +
+                        " ms after the request arrived; it failed over " + std::to_string(st.out.failovers) +
+                        " time(s), the last after: " + before + ")");
+}
+
 /// A failed attempt: re-placed from the start (CHECK, placement, lease, prefill of the prompt plus
 /// the tokens generated so far) while the failure is retryable and attempts are left; the
 /// request's error otherwise. Answers of the failed attempt that still arrive are ignored.
@@ -270,22 +288,14 @@ void fail_or_retry(request_pointer self, caf::error err) {
   }
   const bool retryable = err.category() == caf::atom("baton") && is_retryable(static_cast<errc>(err.code()));
   const auto now = self->clock().now();
-  if (!retryable || st.attempt + 1 >= st.plan.cfg.max_attempts) {
-    // The last of several attempts says so, and how long they all took: its own sentence
-    // bounds only itself ("within 4500 ms"), while the client waited through every one.
-    if (st.attempt > 0 && err.category() == caf::atom("baton") && err.context().match_elements<std::string>())
-      err = make_error(static_cast<errc>(err.code()),
-                       err.context().get_as<std::string>(0) + " (attempt " + std::to_string(st.attempt + 1) + " of " +
-                           std::to_string(st.plan.cfg.max_attempts) + ", " + std::to_string(micros(now - st.started) / 1000) +
-                           " ms after the request arrived)");
-    return answer(self, std::move(err));
-  }
+  if (!retryable || st.attempt + 1 >= st.plan.cfg.max_attempts) return answer(self, last_attempt_error(self, std::move(err)));
   st.out.failed_attempts_us += micros(now - st.attempt_started);
   let_go(self);
   stop_watching_ranks(self);
   ++st.attempt;
   ++st.watch_seq;  // the old attempt's watchdog is void
   st.out.failovers += 1;
+  if (st.plan.failovers) ++*st.plan.failovers;
   st.out.failover_why = self->system().render(err);
   st.prompt = st.plan.prompt_tokens;
   st.prompt.insert(st.prompt.end(), st.out.tokens.begin(), st.out.tokens.end());
@@ -656,7 +666,7 @@ void place(request_pointer self) {
             // No rank had room while it waited out its queue time: another attempt would only
             // wait again.
             if (err.category() == caf::atom("baton") && static_cast<errc>(err.code()) == errc::kv_capacity)
-              return answer(self, std::move(err));
+              return answer(self, last_attempt_error(self, std::move(err)));
             fail_or_retry(self, hop_error(self, err, "decode_balancer", "place_decode", decode_wait_ms));
           });
 }

@@ -45,6 +45,9 @@ struct request_plan {
     std::shared_ptr<std::atomic<uint64_t>> admitted;  ///< counts the request once it passes (the router's)
   };
   std::optional<admission> admit;
+  /// The router's count of re-placements (cluster_stats::num_failovers), counted as each starts:
+  /// a failed request's too, which a count summed over finished requests never saw.
+  std::shared_ptr<std::atomic<uint64_t>> failovers;
 };
 
 /// The request's sampling settings and log-probability asks, as both order kinds carry them.

@@ -218,6 +218,7 @@ struct router_state {
   /// Requests whose actors found them good (request_plan::admission::admitted): counted as each
   /// passes, so the count never goes back (a Prometheus counter).
   std::shared_ptr<std::atomic<uint64_t>> admitted = std::make_shared<std::atomic<uint64_t>>(0);
+  std::shared_ptr<std::atomic<uint64_t>> failovers = std::make_shared<std::atomic<uint64_t>>(0);  ///< request_plan::failovers
   prefill_balancer_actor prefill;
   decode_balancer_actor decode;
   store_access store;
@@ -265,6 +266,7 @@ caf::result<cluster_stats> collect_stats(router_pointer self) {
   out->default_top_p = s.cfg.default_top_p;
   out->default_top_k = s.cfg.default_top_k;
   out->num_admitted = s.admitted->load();
+  out->num_failovers = s.failovers->load();
   out->num_rejected = s.num_rejected;
   out->num_active = s.num_active;
   out->num_overloaded = s.num_overloaded;
@@ -394,7 +396,8 @@ router_actor::behavior_type router_impl(router_pointer self, router_config cfg, 
                       s.cfg.extra_eos_token_ids,
                       std::move(sink),
                       0,
-                      request_plan::admission{s.shared_model, s.cfg.max_new_tokens_limit, s.cfg.default_max_tokens, s.admitted}};
+                      request_plan::admission{s.shared_model, s.cfg.max_new_tokens_limit, s.cfg.default_max_tokens, s.admitted},
+                      s.failovers};
     auto r = spawn_request(self->system(), std::move(plan));
     self->monitor(r);
     ++s.num_active;

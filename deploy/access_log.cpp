@@ -1,5 +1,6 @@
 #include "deploy/access_log.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <ctime>
 
@@ -8,6 +9,45 @@
 namespace baton::deploy {
 
 namespace {
+
+std::string ms(double v) {
+  char out[32];
+  std::snprintf(out, sizeof out, "%.1f ms", v);
+  return out;
+}
+
+std::string ms_of_us(int64_t us) { return ms(static_cast<double>(us) / 1000.0); }
+
+/// A request's ranks and times; its failovers and moves when it had any; why it was placed where
+/// it was, when asked.
+std::string generation(const completion& c, bool placements) {
+  std::string out = "request " + std::to_string(c.request_id) + " " + (c.prefill_rank.empty() ? "-" : c.prefill_rank) +
+                    " -> " + (c.decode_rank.empty() ? "-" : c.decode_rank) + ", prompt " +
+                    std::to_string(c.num_prompt_tokens);
+  if (c.cached_tokens) out += " (cached " + std::to_string(c.cached_tokens) + ")";
+  // TTFT and the stages it is made of, so that a slow first token is placed from the log alone
+  // (a trial could not place 1.2 s of one: the KV lease and the prefill were missing).
+  out += ", " + std::to_string(c.tokens.size()) + " tokens (" + c.finish_reason + "), TTFT " + ms_of_us(c.ttft_us) +
+         " = check " + ms_of_us(c.check_us) + " + place " + ms_of_us(c.place_us) + " + KV lease " +
+         ms_of_us(c.reserve_us) + " + prefill " + ms_of_us(c.prefill_us) + " (queue " + ms_of_us(c.prefill_queue_us) +
+         "), decode queue " + ms_of_us(c.decode_queue_us);
+  if (!c.tbt_us.empty()) {
+    int64_t sum = 0, most = 0;
+    for (auto us : c.tbt_us) sum += us, most = std::max(most, us);
+    out += ", TBT mean " + ms(static_cast<double>(sum) / static_cast<double>(c.tbt_us.size()) / 1000.0) + " max " +
+           ms_of_us(most);
+  }
+  if (c.failovers)
+    out += ", " + std::to_string(c.failovers) + " failover(s) (" + ms_of_us(c.failed_attempts_us) + " in failed attempts, " +
+           ms_of_us(c.retry_wait_us) + " paused), the last: " + c.failover_why;
+  if (c.migrations) out += ", moved " + std::to_string(c.migrations) + " time(s)";
+  if (placements)
+    out += ", placed: prefill " + (c.prefill_placement_why.empty() ? "-" : c.prefill_placement_why) + "; decode " +
+           (c.decode_placement_why.empty() ? "-" : c.decode_placement_why);
+  return out;
+}
+
+}  // namespace
 
 std::string utc_stamp(std::chrono::system_clock::time_point at) {
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(at.time_since_epoch()).count();
@@ -20,32 +60,6 @@ std::string utc_stamp(std::chrono::system_clock::time_point at) {
   return out;
 }
 
-std::string ms(double v) {
-  char out[32];
-  std::snprintf(out, sizeof out, "%.1f ms", v);
-  return out;
-}
-
-std::string ms_of_us(int64_t us) { return ms(static_cast<double>(us) / 1000.0); }
-
-/// A request's ranks and times; its failovers and moves when it had any.
-std::string generation(const completion& c) {
-  std::string out = "request " + std::to_string(c.request_id) + " " + (c.prefill_rank.empty() ? "-" : c.prefill_rank) +
-                    " -> " + (c.decode_rank.empty() ? "-" : c.decode_rank) + ", prompt " +
-                    std::to_string(c.num_prompt_tokens);
-  if (c.cached_tokens) out += " (cached " + std::to_string(c.cached_tokens) + ")";
-  out += ", " + std::to_string(c.tokens.size()) + " tokens (" + c.finish_reason + "), TTFT " + ms_of_us(c.ttft_us) +
-         ", place " + ms_of_us(c.place_us) + ", prefill queue " + ms_of_us(c.prefill_queue_us) + ", decode queue " +
-         ms_of_us(c.decode_queue_us);
-  if (c.failovers)
-    out += ", " + std::to_string(c.failovers) + " failover(s) (" + ms_of_us(c.failed_attempts_us) + " in failed attempts, " +
-           ms_of_us(c.retry_wait_us) + " paused), the last: " + c.failover_why;
-  if (c.migrations) out += ", moved " + std::to_string(c.migrations) + " time(s)";
-  return out;
-}
-
-}  // namespace
-
 std::string access_line(const access_entry& e) {
   // What a client sent is escaped and bounded (quoted_input): one line per call, whatever it sent.
   std::string out = utc_stamp(e.at) + " call " + e.call_id +
@@ -54,7 +68,7 @@ std::string access_line(const access_entry& e) {
                     ms(e.took_ms);
   if (!e.error.empty()) return out + ": " + quoted_input(e.error, 2048);
   if (e.choices)
-    for (size_t i = 0; i < e.choices->size(); ++i) out += (i == 0 ? ": " : "; ") + generation((*e.choices)[i]);
+    for (size_t i = 0; i < e.choices->size(); ++i) out += (i == 0 ? ": " : "; ") + generation((*e.choices)[i], e.placements);
   return out;
 }
 

@@ -23,14 +23,21 @@ struct access_entry {
   const std::vector<completion>* choices = nullptr;  ///< its generations, when it finished
   std::string error;                          ///< why it failed (names the request, rank and stage)
   std::string client_request_id;              ///< the x-request-id the request came with, if any
+  bool placements = false;                    ///< each generation's placement reasons too (--explain)
 };
 
 /// "2026-12-06T19:40:01.123Z call cmpl-...-28 /v1/completions 200 stream 12.1 ms: request 36
-/// prefill-0 -> decode-1, prompt 137 (cached 128), 8 tokens (stop), TTFT 4.4 ms, place 0.3 ms,
-/// prefill queue 0.1 ms, decode queue 0.0 ms" -- one generation after another; a failure's
-/// sentence after its status. A request refused before a call began has "-" for its call id
+/// prefill-0 -> decode-1, prompt 137 (cached 128), 8 tokens (stop), TTFT 4.4 ms = check 0.1 ms +
+/// place 0.3 ms + KV lease 0.2 ms + prefill 3.6 ms (queue 0.1 ms), decode queue 0.0 ms, TBT mean
+/// 1.2 ms max 2.0 ms" -- one generation after another (TTFT's parts add up to it but for the
+/// router's own hops; after a failover they are the last attempt's); a failure's sentence after
+/// its status. A request refused before a call began has "-" for its call id
 /// and "METHOD /path" for its route; one that came with its own x-request-id has
 /// "(x-request-id ...)" after the call's id.
 std::string access_line(const access_entry& e);
+
+/// "2026-12-06T19:40:01.123Z": UTC to the millisecond, as the request log's lines and the head's
+/// node events start, so that the two line up.
+std::string utc_stamp(std::chrono::system_clock::time_point at);
 
 }  // namespace baton::deploy

@@ -362,6 +362,7 @@ bool parse_cluster_spec(const std::string& json_text, const std::string& base_di
   if (!f.str("name", &out->name, why) || !f.str("model", &out->model, why) || !f.str("image", &out->image, why) ||
       !f.str("binary", &out->binary, why) || !f.strs("api_keys", &out->api_keys, why) ||
       !f.str("api_keys_env", &out->api_keys_env, why) || !f.strs("cors_origins", &out->cors_origins, why) ||
+      !f.boolean("log_requests", &out->log_requests, why) ||
       !f.object("policies", &policies, why) ||
       !f.object("executor", &executor, why) || !f.object("store", &store, why) || !f.object("ssh", &ssh, why) ||
       !f.env("env", &out->env, why) || !f.object("transport", &xport, why) ||
@@ -560,6 +561,7 @@ std::vector<node_launch> plan_launch(const cluster_spec& s, const std::string& b
   if (h.has("prefill")) head.argv.insert(head.argv.end(), rank_cache.begin(), rank_cache.end());
   std::vector<std::string> cors;  // every gateway's, the head's included
   for (const auto& o : s.cors_origins) cors.insert(cors.end(), {"--cors-origin", o});
+  if (s.log_requests) cors.push_back("--log-requests");  // every gateway's flags, as the origins
   if (h.has("gateway")) {
     head.argv.insert(head.argv.end(), {"--http-listen", listen(h, h.http_port)});
     head.argv.insert(head.argv.end(), cors.begin(), cors.end());

@@ -100,6 +100,7 @@ struct connection_state {
   caf::actor call_sink;      ///< renders the call's chunks; its exit cancels the generation
   std::string call_id;       ///< the call's answer id (cmpl-..., chatcmpl-...), also its x-request-id header
   bool token_seen = false;   ///< the call's first token came (its first-token deadline is void)
+  uint64_t first_request = 0;  ///< the router's number of the generation whose token came first
   /// When the call began: its first token is due within first_token_timeout_ms (the connection's
   /// timer checks; a timer message per call would pile up for the whole timeout at high rates).
   std::chrono::steady_clock::time_point call_started;
@@ -243,7 +244,7 @@ void log_call(caf::io::broker* self, const shared_ptr& g, const state_ptr& st, i
   const double took_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - st->call_started).count();
   caf::aout(self) << access_line({std::chrono::system_clock::now(), st->call_id, st->route, status, stream, took_ms,
-                                  choices, std::move(error), st->client_request_id})
+                                  choices, std::move(error), st->client_request_id, g->cfg.log_placements})
                   << std::endl;
 }
 
@@ -270,11 +271,20 @@ void reply(caf::io::broker* self, caf::io::connection_handle hdl, const shared_p
   finish(self, hdl, g, st);
 }
 
+/// A failed call, counted by reason and timed from its arrival.
+void count_call_failure(const shared_ptr& g, const state_ptr& st, const std::string& reason) {
+  g->metrics.count_failure(reason);
+  g->metrics.failed_after(reason, std::chrono::duration<double>(std::chrono::steady_clock::now() - st->call_started).count());
+}
+
 void reply_error(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st,
                  const openai::api_error& e, http::header_list extra = {}) {
   if (!st->in_call) {  // a call's failure is logged and counted as the call's
     log_refusal(self, g, st, e.status, e.message);
-    g->metrics.count_failure(e.status == 400 ? "bad_request" : "http_" + std::to_string(e.status));
+    // A probe's 503, a scrape's refusal, a path that is no route: no API call failed (a trial
+    // saw readiness probes during an outage inflate the failed calls).
+    const bool call_route = st->route != "/health" && st->route != "/metrics" && st->route != "other";
+    if (call_route) g->metrics.count_failure(e.status == 400 ? "bad_request" : "http_" + std::to_string(e.status));
   }
   reply(self, hdl, g, st, e.status, openai::error_json(e), "application/json", std::move(extra));
 }
@@ -334,7 +344,11 @@ void keep_stream_alive(caf::io::broker* self, caf::io::connection_handle hdl, co
 /// counts it (499), and a call's cut logged with why; the caller ends the call (end_call).
 void client_cut(caf::io::broker* self, const shared_ptr& g, const state_ptr& st, const std::string& why) {
   g->metrics.count_response(st->route, 499);
-  if (st->in_call) log_call(self, g, st, 499, st->head_sent, nullptr, why);
+  // The router's number, once a token named it: the line leads to the request's other traces.
+  if (st->in_call)
+    log_call(self, g, st, 499, st->head_sent, nullptr,
+             why + (st->token_seen ? " (request " + std::to_string(st->first_request) + ", after its first token)"
+                                   : " (before its first token)"));
 }
 
 /// The call's answer: the whole completion, or the end of its stream.
@@ -360,7 +374,7 @@ void fail_call(caf::io::broker* self, caf::io::connection_handle hdl, const shar
   // error's code, which a client can test, and every failure counted by it: a 503 for want of
   // KV reads apart from any other. (A 400 keeps OpenAI's codes, null but for a few.)
   if (error.code.empty() && status >= 500) error.code = reason;
-  g->metrics.count_failure(reason.empty() ? "http_" + std::to_string(status) : reason);
+  count_call_failure(g, st, reason.empty() ? "http_" + std::to_string(status) : reason);
   log_call(self, g, st, status, st->head_sent, nullptr, msg);
   if (!st->head_sent) return reply_error(self, hdl, g, st, std::move(error));
   // The stream has begun (status 200 is sent): the error travels as an event, as OpenAI's do.
@@ -787,15 +801,18 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
         if (!st->in_call || seq != st->call_seq) return;
         // Refused before it began (the body's fault): counted as the router's refusals are, so the
         // failures by reason add up to the 4xx a client saw (a soak trial: 475 sent, 254 counted).
-        g->metrics.count_failure(status == 400 ? "bad_request" : "http_" + std::to_string(status));
+        count_call_failure(g, st, status == 400 ? "bad_request" : "http_" + std::to_string(status));
         log_call(self, g, st, status, false, nullptr, error_json);
         reply(self, hdl, g, st, status, error_json);
       },
       [=](uint64_t seq, caf::error& e) {
         if (st->in_call && seq == st->call_seq) on_failed(self, hdl, g, st, e);
       },
-      [=](uint64_t seq, token_seen_atom) {
-        if (st->in_call && seq == st->call_seq) st->token_seen = true;
+      [=](uint64_t seq, token_seen_atom, uint64_t request_id) {
+        if (!st->in_call || seq != st->call_seq || st->token_seen) return;
+        st->token_seen = true;
+        st->first_request = request_id;
+        g->metrics.first_token(std::chrono::duration<double>(std::chrono::steady_clock::now() - st->call_started).count());
       },
       // A streaming call: its keepalive wakes, on time, apart from the connection's timer.
       [=](uint64_t seq, streaming_atom) {

@@ -61,6 +61,8 @@ struct gateway_config {
   /// A line per call on standard output as it ends (deploy/access_log.hpp): its id, status,
   /// time, and each generation's router request, ranks, tokens and stage times.
   bool log_requests = false;
+  /// With log_requests: each generation's placement reasons in its line (`--explain`).
+  bool log_placements = false;
   std::string validate() const;
 };
 

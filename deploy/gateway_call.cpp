@@ -115,7 +115,7 @@ client_sink_actor::behavior_type run_choice(client_sink_actor::pointer self, caf
     if (!*monitored) {
       *monitored = true;
       if (auto from = self->current_sender()) self->monitor(from);
-      caf::anon_send(broker, seq, token_seen_atom::value);
+      caf::anon_send(broker, seq, token_seen_atom::value, c.request_id);
     }
     if (!cs->call.stream) return;
     // Nothing new to say (e.g. half a UTF-8 character held back, and no log-probabilities asked

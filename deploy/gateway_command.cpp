@@ -79,6 +79,8 @@ int run_gateway(const std::vector<std::string>& args) {
             "a browser origin (https://host[:port], or * for any) whose pages may call the API (repeatable; default none)");
   flags.add("--log-requests", &gc.log_requests,
             "a line per call as it ends (its id, status, time; each generation's request, ranks, tokens and stage times)");
+  flags.add("--explain", &gc.log_placements,
+            "--log-requests, with why each generation was placed on its prefill and decode ranks");
   flags.add("--scheduler-threads", &scheduler_threads, "CAF scheduler threads");
   uint32_t head_wait_s = 60, drain_timeout_ms = 60000;
   flags.add("--drain-timeout-ms", &drain_timeout_ms,
@@ -88,6 +90,7 @@ int run_gateway(const std::vector<std::string>& args) {
             "(restarted: `baton launch --restart-failed`) and serve through it, on the same port (0 = leave at once)");
   if (auto rc = flags.parse_command_line(args, "gateway", "baton gateway --router HOST:PORT --listen HOST:PORT [flags]"))
     return *rc;
+  gc.log_requests = gc.log_requests || gc.log_placements;
   std::string host, why;
   uint16_t port = 0;
   if (!api_keys_from_env(&gc.api_keys, &why)) {

@@ -2,6 +2,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <numeric>
 
 #include <unistd.h>
 #include <cstdint>
@@ -17,6 +18,7 @@
 
 #include "actors/local_cluster.hpp"
 #include "actors/messages.hpp"
+#include "deploy/access_log.hpp"
 #include "deploy/commands.hpp"
 #include "deploy/decode_keeper.hpp"
 #include "gpu/cpu_executor.hpp"
@@ -83,10 +85,7 @@ struct local_options {
 };
 
 double mean(const std::vector<int64_t>& xs) {
-  if (xs.empty()) return 0.0;
-  double s = 0;
-  for (auto x : xs) s += static_cast<double>(x);
-  return s / static_cast<double>(xs.size());
+  return xs.empty() ? 0.0 : std::accumulate(xs.begin(), xs.end(), 0.0) / static_cast<double>(xs.size());
 }
 
 /// Nearest-rank percentile of microsecond samples, in milliseconds.
@@ -247,7 +246,8 @@ int run_local(const std::vector<std::string>& args) {
             "decode ranks: host memory (in KV pages) for offloading sequences when pages run short");
   flags.add("--kv-on-demand-tokens", &opt.cluster.decode.on_demand_headroom_tokens,
             "decode ranks: N > 0 allocates KV on demand (prompt + N tokens, then page by page; needs --host-offload-pages)");
-  flags.add("--explain", &opt.explain, "print why each request was placed where it was");
+  flags.add("--explain", &opt.explain,
+            "print why each request was placed where it was (--serve: in each call's --log-requests line, which it turns on)");
   flags.add("--store-dir", &opt.cluster.store.dir,
             "enable the KV block store with its files here (prefixes are reused across requests)");
   flags.add("--store-servers", &opt.cluster.store.num_servers, "block servers sharing the key space");
@@ -592,8 +592,9 @@ int run_local(const std::vector<std::string>& args) {
     return make_error(errc::rank_unavailable, host + ":" + std::to_string(port) + ": " +
                                                   explain_connect_error(sys, h.error(), sec.tls()));
   };
+  // Stamped as the request log's lines: a node's death lines up with the calls it cut.
   opt.cluster.store_log = [](const std::string& line) {
-    std::printf("baton local: %s\n", line.c_str());
+    std::printf("%s baton local: %s\n", utc_stamp(std::chrono::system_clock::now()).c_str(), line.c_str());
     std::fflush(stdout);
   };
   opt.cluster.node_log = opt.cluster.store_log;
@@ -664,6 +665,8 @@ int run_local(const std::vector<std::string>& args) {
     };
   }
   opt.cluster.elastic.print_moves = opt.serve;  // a serving head's operator sees each move as it happens
+  // Serving, placements are said in the calls' log lines (a trial saw --serve print none).
+  if (opt.serve && opt.explain) opt.gateway.log_requests = opt.gateway.log_placements = true;
   auto cluster = start_local_cluster(sys, opt.cluster, make_exec);
   if (!cluster.setup_error.empty()) {
     std::fprintf(stderr, "baton local: %s\n", cluster.setup_error.c_str());

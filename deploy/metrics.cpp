@@ -109,7 +109,6 @@ void gateway_metrics::count_failure(const std::string& reason) {
 void gateway_metrics::record(const completion& c) {
   std::lock_guard<std::mutex> guard{mutex_};
   ++completions_;
-  ttft_.observe(seconds(c.ttft_us));
   int64_t total = c.ttft_us;
   // Per decode rank too, so that a slow one shows (a rank whose steps take 4x its peers' did
   // not, in a trial: the cluster's histogram averaged it away). A moved sequence counts where it ended.
@@ -139,7 +138,16 @@ void gateway_metrics::record(const completion& c) {
   cached_tokens_ += c.cached_tokens;
   generated_tokens_ += c.tokens.size();
   kv_bytes_ += c.kv_bytes;
-  failovers_ += c.failovers;
+}
+
+void gateway_metrics::first_token(double s) {
+  std::lock_guard<std::mutex> guard{mutex_};
+  ttft_.observe(s);
+}
+
+void gateway_metrics::failed_after(const std::string& reason, double s) {
+  std::lock_guard<std::mutex> guard{mutex_};
+  failed_after_.try_emplace(reason, e2e_.bounds).first->second.observe(s);
 }
 
 std::string gateway_metrics::render(const cluster_stats* cluster) const {
@@ -151,12 +159,22 @@ std::string gateway_metrics::render(const cluster_stats* cluster) const {
     for (const auto& [key, n] : responses_)
       out += "baton_http_responses_total{route=\"" + label(key.first) + "\",code=\"" + std::to_string(key.second) +
              "\"} " + std::to_string(n) + "\n";
-    render_histogram(out, "baton_ttft_seconds", "time to first token (request actor clock)", ttft_);
+    render_histogram(out, "baton_ttft_seconds",
+                     "per call: its arrival at the gateway to its first token, observed as the token comes (calls "
+                     "that fail later count too)",
+                     ttft_);
     render_histogram(out, "baton_tbt_seconds", "every interval between consecutive tokens", tbt_);
     render_labeled_histograms(out, "baton_decode_rank_tbt_seconds",
                               "every interval between consecutive tokens, by the decode rank the sequence ended on",
                               "rank", rank_tbt_, label);
-    render_histogram(out, "baton_e2e_seconds", "first token plus every interval: the whole generation", e2e_);
+    render_histogram(out, "baton_e2e_seconds",
+                     "per finished generation: first token plus every interval (failed calls: "
+                     "baton_failed_call_seconds)",
+                     e2e_);
+    render_labeled_histograms(out, "baton_failed_call_seconds",
+                              "per failed call: its arrival at the gateway to its failure, by the reason "
+                              "baton_request_failures_total counts it under",
+                              "reason", failed_after_, label);
     render_histogram(out, "baton_kv_transfer_seconds", "per request: first KV put posted to last layer announced",
                      kv_send_);
     render_histogram(out, "baton_routing_seconds", "per request: the router's CHECK, placement (with any wait for a prefill and a decode rank with room) and KV lease round trips",
@@ -189,8 +207,6 @@ std::string gateway_metrics::render(const cluster_stats* cluster) const {
     render_counter(out, "baton_generated_tokens_total", "tokens generated", static_cast<double>(generated_tokens_));
     render_counter(out, "baton_kv_transfer_bytes_total", "KV bytes shipped from prefill to decode ranks",
                    static_cast<double>(kv_bytes_));
-    render_counter(out, "baton_failovers_total", "re-placements of requests: a rank failed, or none had room in time (summed over requests)",
-                   static_cast<double>(failovers_));
     render_counter(out, "baton_cache_hit_ratio", "cached prompt tokens / prompt tokens, since start",
                    prompt_tokens_ ? static_cast<double>(cached_tokens_) / static_cast<double>(prompt_tokens_) : 0.0,
                    "gauge");
@@ -209,6 +225,10 @@ std::string gateway_metrics::render(const cluster_stats* cluster) const {
                  static_cast<double>(c.num_rejected));
   render_counter(out, "baton_requests_overloaded_total", "requests refused by admission control (HTTP 429)",
                  static_cast<double>(c.num_overloaded));
+  render_counter(out, "baton_failovers_total",
+                 "re-placements of requests after a rank failed mid-request, counted by the router as each starts "
+                 "(failed requests' too)",
+                 static_cast<double>(c.num_failovers));
   out += "# HELP baton_placements_waiting placements a balancer holds until a rank takes them (decode: KV room; "
          "prefill: a rank taking work), in arrival order: decode's is the KV queue, answered with why (kv_capacity, 503) when a request's queue time runs out\n"
          "# TYPE baton_placements_waiting gauge\n";

@@ -36,8 +36,14 @@ class gateway_metrics {
   void count_response(const std::string& route, int status);
   /// One finished generation.
   void record(const completion& c);
+  /// A call's first token came, `seconds` after the call arrived: observed then, so that a TTFT
+  /// spike shows while it lasts, and for calls that fail afterwards too (a trial's p99 counted
+  /// only the calls that finished, each once its whole generation had).
+  void first_token(double seconds);
   /// One call that failed, by the cluster's reason (kv_capacity, ...) or its HTTP status.
   void count_failure(const std::string& reason);
+  /// One call that failed `seconds` after it arrived (after count_failure with the same reason).
+  void failed_after(const std::string& reason, double seconds);
   /// Everything, rendered; `cluster` may be null when the router did not answer.
   std::string render(const cluster_stats* cluster) const;
 
@@ -52,8 +58,9 @@ class gateway_metrics {
   histogram prompt_len_, generated_len_;  ///< tokens per request
   std::map<std::string, uint64_t> finished_;  ///< by finish_reason
   std::map<std::string, uint64_t> failures_;  ///< by reason (count_failure)
+  std::map<std::string, histogram> failed_after_;  ///< by reason (failed_after)
   uint64_t prompt_tokens_ = 0, cached_tokens_ = 0, generated_tokens_ = 0, kv_bytes_ = 0, completions_ = 0;
-  uint64_t failovers_ = 0, migrations_ = 0, recomputed_blocks_ = 0;
+  uint64_t migrations_ = 0, recomputed_blocks_ = 0;
 };
 
 }  // namespace baton::deploy

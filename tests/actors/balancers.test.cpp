@@ -207,6 +207,28 @@ TEST_CASE("a prefill placement that no rank takes before its asker stops waiting
   self->send_exit(bal, caf::exit_reason::user_shutdown);
 }
 
+TEST_CASE("a decode placement that no rank takes before its asker stops waiting is rank_unavailable naming each "
+          "rank's state (a trial saw streams whose decode nodes were killed fail as kv_capacity)") {
+  lone_decode_rank f{8};
+  const auto refused_with = [&](uint64_t id, const std::string& expected) {
+    place_query q{id, 16, 0, 64};
+    q.wait_ms = 300;  // shorter than the balancer's no-rank grace (5 s)
+    caf::error got;
+    f.self->request(f.bal, std::chrono::seconds{30}, place_atom::value, q)
+        .receive([&](decode_placement& p) { FAIL("placed on " << p.name); }, [&](caf::error& e) { got = e; });
+    REQUIRE(got);
+    CHECK(static_cast<errc>(got.code()) == errc::rank_unavailable);
+    CHECK_MESSAGE(f.t.sys.render(got).find(expected) != std::string::npos, f.t.sys.render(got));
+  };
+  f.self->send(f.bal, drain_atom::value, f.rank);
+  refused_with(1, "request 1, stage place_decode: no decode rank took work within 270 ms of its 300 ms wait "
+                  "(decode-a: takes no new work (draining))");
+  // Its rank gone (its node killed): the same, naming that none is registered.
+  f.self->send_exit(f.rank, caf::exit_reason::kill);
+  refused_with(2, "request 2, stage place_decode: no decode rank took work within 270 ms of its 300 ms wait "
+                  "(no rank registered)");
+}
+
 TEST_CASE("parked placements are served in the order the router admitted their requests: one asking again after a "
           "refusal goes ahead of those admitted after it") {
   lone_decode_rank f{8};

@@ -825,12 +825,21 @@ TEST_CASE("prefill ranks whose expert group broke step aside on their own: the b
     for (const auto& p : prompts) CHECK(ask(p).prefill_rank == "prefill-2");
 }
 
-TEST_CASE("a request whose every attempt fails says which attempt its error is, of how many, and how long after it "
-          "arrived: the sentence of the last alone bounds only that attempt") {
+TEST_CASE("a request whose every attempt fails says which attempt its error is, of how many, how long after it "
+          "arrived, and what made it fail over: the sentence of the last alone bounds only that attempt") {
   faulty_cluster f{{transport::fault_kind::drop, 1, {}, 100, 5}, /*lease_ms*/ 1000, /*max_attempts*/ 2};
   const auto why = failure_of(f.t, f.cluster.router);
   CHECK_MESSAGE(why.find("layer 1") != std::string::npos, why);
-  CHECK_MESSAGE(std::regex_search(why, std::regex{R"(\(attempt 2 of 2, [0-9]+ ms after the request arrived\))"}), why);
+  CHECK_MESSAGE(std::regex_search(why, std::regex{R"(\(attempt 2 of 2, [0-9]+ ms after the request arrived; it failed )"
+                                                  R"(over 1 time\(s\), the last after: request [0-9]+, .*layer 1.*\)$)"}),
+                why);
+  // The router counted the failover as it started, though the request failed in the end
+  // (/metrics' baton_failovers_total summed finished requests' and missed it).
+  caf::scoped_actor self{f.t.sys};
+  uint64_t failovers = 0;
+  self->request(f.cluster.router, std::chrono::seconds{5}, stats_atom::value)
+      .receive([&](cluster_stats& s) { failovers = s.num_failovers; }, [](caf::error&) {});
+  CHECK(failovers == 1);
 }
 
 TEST_CASE("finished requests leave no memory behind: a monitor a request left on a rank it watched kept the request "

@@ -19,12 +19,19 @@ TEST_CASE("a request log line names the call, its status and time, and each gene
   a.tokens = {1, 2, 3, 4, 5, 6, 7, 8};
   a.finish_reason = "stop";
   a.ttft_us = 4400;
+  a.check_us = 100;
   a.place_us = 300;
+  a.reserve_us = 200;
+  a.prefill_us = 3600;
   a.prefill_queue_us = 100;
   a.decode_queue_us = 20;
+  a.tbt_us = {1000, 1200, 2000, 1000, 1000, 1000, 1200};
+  a.prefill_placement_why = "least_loaded: 0 queued";
+  a.decode_placement_why = "seed 2D: fits";
   completion b = a;
   b.request_id = 37;
   b.cached_tokens = 0;
+  b.tbt_us.clear();
   b.failovers = 1;
   b.failover_why = "request 37, rank decode-0, stage decode: went down";
   b.failed_attempts_us = 4'500'000;
@@ -32,13 +39,21 @@ TEST_CASE("a request log line names the call, its status and time, and each gene
   const std::vector<completion> both{a, b};
   // 2026-12-06T19:40:01.123Z
   const auto at = std::chrono::system_clock::time_point{std::chrono::milliseconds{1796586001123}};
+  // TTFT with the stages it is made of, and the token intervals' mean and worst (a trial could
+  // not place 1.2 s of a slow first token from the line).
   CHECK(access_line({at, "cmpl-1796583301-28", "/v1/completions", 200, true, 12.14, &both, {}, {}}) ==
         "2026-12-06T19:40:01.123Z call cmpl-1796583301-28 /v1/completions 200 stream 12.1 ms: request 36 prefill-0 -> "
-        "decode-1, prompt 137 (cached 128), 8 tokens (stop), TTFT 4.4 ms, place 0.3 ms, prefill queue 0.1 ms, decode "
-        "queue 0.0 ms; request 37 prefill-0 -> decode-1, prompt 137, 8 tokens (stop), TTFT 4.4 ms, place 0.3 ms, "
-        "prefill queue 0.1 ms, decode queue 0.0 ms, 1 failover(s) (4500.0 ms in failed attempts, 100.0 ms paused), the "
-        "last: request 37, rank decode-0, stage decode: "
-        "went down");
+        "decode-1, prompt 137 (cached 128), 8 tokens (stop), TTFT 4.4 ms = check 0.1 ms + place 0.3 ms + KV lease "
+        "0.2 ms + prefill 3.6 ms (queue 0.1 ms), decode queue 0.0 ms, TBT mean 1.2 ms max 2.0 ms; request 37 "
+        "prefill-0 -> decode-1, prompt 137, 8 tokens (stop), TTFT 4.4 ms = check 0.1 ms + place 0.3 ms + KV lease "
+        "0.2 ms + prefill 3.6 ms (queue 0.1 ms), decode queue 0.0 ms, 1 failover(s) (4500.0 ms in failed attempts, "
+        "100.0 ms paused), the last: request 37, rank decode-0, stage decode: went down");
+  // --explain: why each generation went where it did.
+  const std::vector<completion> one{a};
+  const auto explained = access_line({at, "cmpl-1-5", "/v1/completions", 200, false, 5.0, &one, {}, {}, true});
+  CHECK_MESSAGE(explained.find("TBT mean 1.2 ms max 2.0 ms, placed: prefill least_loaded: 0 queued; decode seed 2D: "
+                               "fits") != std::string::npos,
+                explained);
   CHECK(access_line({at, "chatcmpl-1-2", "/v1/chat/completions", 503, false, 4500.0, nullptr,
                      "request 12, stage place_decode: no decode rank had room", {}}) ==
         "2026-12-06T19:40:01.123Z call chatcmpl-1-2 /v1/chat/completions 503 4500.0 ms: request 12, stage place_decode: "

@@ -92,6 +92,17 @@ TEST_CASE("a cluster spec parses into nodes and plans one command line per node 
     CHECK(why == "spec.cors_origins: 'https://app.example.com/' is not an origin as browsers send it "
                  "(http://host[:port] or https://host[:port], lower case, no path; or *)");
   }
+  {  // log_requests: every gateway logs its calls (a trial had to run a gateway by hand for it)
+    auto text = good;
+    text.replace(text.find(R"("model": "m",)"), std::string{R"("model": "m",)"}.size(), R"("model": "m", "log_requests": true,)");
+    cluster_spec ls;
+    REQUIRE_MESSAGE(parse_cluster_spec(text, "/base", &ls, &why), why);
+    for (const auto& l : plan_launch(ls, "/bin/baton", {"127.0.0.1", ""}))
+      if (l.role == "gateway") CHECK(std::find(l.argv.begin(), l.argv.end(), "--log-requests") != l.argv.end());
+    text.replace(text.find("\"log_requests\": true"), 20, "\"log_requests\": 1");
+    CHECK_FALSE(parse_cluster_spec(text, "/base", &ls, &why));
+    CHECK_MESSAGE(why.find("log_requests") != std::string::npos, why);
+  }
   const auto plan = plan_launch(s, "/bin/baton", {"127.0.0.1", ""});
   REQUIRE(plan.size() == 3);
   CHECK(plan[0].role == "head");

@@ -776,8 +776,12 @@ TEST_CASE("/metrics counts a call the gateway refused for its body as bad_reques
   CHECK(round_trip(port, post("/v1/completions", R"({"prompt":"In the beginning","max_tokens":255})")).status ==
         400);  // the router's: past the context
   CHECK(round_trip(port, "GET /v1/models HTTP/1.1\r\n\r\n").status == 400);  // no Host: refused before any call
+  // Probes, scrapes and paths that are no route are not API calls: not counted.
+  CHECK(round_trip(port, "GET /health HTTP/1.1\r\n\r\n").status == 400);
+  CHECK(round_trip(port, get("/no/such/route")).status == 404);
   const auto text = round_trip(port, get("/metrics")).body;
   CHECK(test::value_of(text, "baton_request_failures_total{reason=\"bad_request\"}") == 4);
+  CHECK(text.find("baton_request_failures_total{reason=\"http_404\"}") == std::string::npos);
 }
 
 TEST_CASE("the router's refusals of stop and stop_token_ids name the field in param: a list too long, an empty "

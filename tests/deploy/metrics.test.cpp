@@ -91,6 +91,34 @@ TEST_CASE("/metrics: failed calls by the cluster's reason, so that running out o
   CHECK(value_of(text, "baton_request_failures_total{reason=\"http_503\"}") == 1);
 }
 
+TEST_CASE("/metrics: a call's first token is timed as it comes and a failed call's time to its failure by reason, "
+          "so that an incident's TTFT and failures show while it lasts (a trial's histograms counted only the calls "
+          "that finished, each once its whole generation had)") {
+  deploy::gateway_metrics m;
+  m.first_token(0.02);
+  m.first_token(3.0);  // a call that fails afterwards: its first token still counts
+  completion c;
+  c.ttft_us = 20'000;
+  m.record(c);  // the finished generation adds no second TTFT
+  m.count_failure("kv_capacity");
+  m.failed_after("kv_capacity", 1.35);
+  m.failed_after("rank_unavailable", 7.0);
+  const auto text = m.render(nullptr);
+  CHECK(value_of(text, "baton_ttft_seconds_count") == 2);
+  CHECK(value_of(text, "baton_ttft_seconds_bucket{le=\"0.025\"}") == 1);
+  CHECK(value_of(text, "baton_ttft_seconds_sum") == doctest::Approx(3.02));
+  CHECK(value_of(text, "baton_e2e_seconds_count") == 1);
+  CHECK(text.find("# TYPE baton_failed_call_seconds histogram\n") != std::string::npos);
+  CHECK(value_of(text, "baton_failed_call_seconds_bucket{reason=\"kv_capacity\",le=\"1\"}") == 0);
+  CHECK(value_of(text, "baton_failed_call_seconds_bucket{reason=\"kv_capacity\",le=\"2.5\"}") == 1);
+  CHECK(value_of(text, "baton_failed_call_seconds_count{reason=\"rank_unavailable\"}") == 1);
+  // Failovers are the router's count, as each starts (a failed request's too): none without it.
+  CHECK(text.find("baton_failovers_total") == std::string::npos);
+  cluster_stats cs;
+  cs.num_failovers = 3;
+  CHECK(value_of(m.render(&cs), "baton_failovers_total") == 3);
+}
+
 TEST_CASE("/metrics: each decode rank's counters (offloads, moves, write-backs) from its last load report, as "
           "counters, and none for prefill ranks") {
   deploy::gateway_metrics m;
