@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <random>
 
+#include <unistd.h>
+
 #include "client/baton/client.hpp"
 #include "deploy/commands.hpp"
 #include "deploy/flags.hpp"
@@ -159,6 +161,10 @@ int run_generate(const std::vector<std::string>& args) {
                       static_cast<double>(r.tbt_us.front()) / 1000.0, static_cast<double>(max) / 1000.0);
         tbt = buf;
       }
+      // On one terminal, the stats start a line of their own, not the text's last one.
+      std::fflush(stdout);
+      if (isatty(STDOUT_FILENO) && isatty(STDERR_FILENO) && !r.text.empty() && r.text.back() != '\n')
+        std::fputc('\n', stderr);
       std::fprintf(stderr, "[request %llu] %zu tokens (%s), %u prompt tokens (%u cached), TTFT %.3f ms%s, %s -> %s\n",
                    static_cast<unsigned long long>(r.request_id), r.tokens.size(), r.finish_reason.c_str(),
                    r.num_prompt_tokens, r.cached_tokens, static_cast<double>(r.ttft_us) / 1000.0, tbt.c_str(),
