@@ -676,7 +676,10 @@ struct cluster_stats {
   uint64_t num_rejected = 0;         ///< requests refused (bad input or overload)
   uint64_t num_active = 0;           ///< request actors alive now
   uint64_t num_overloaded = 0;       ///< of the refused: by admission control
-  uint64_t num_failovers = 0;        ///< re-placements started (a rank failed mid-request), failed requests' too
+  uint64_t num_failovers = 0;        ///< re-placements started (a rank failed, or a re-placement found none), failed requests' too
+  /// Admitted requests that failed, by their error's code (to_string(errc)), from every client.
+  std::vector<std::string> failed_codes;
+  std::vector<uint64_t> failed_counts;  ///< failed_codes[i]'s
   /// How the model's chat answers carry their reasoning: gpu::chat_reasoning's value (0 none, 1 the
   /// template opens <think>, 2 the model may). The gateway gives it as reasoning_content.
   uint8_t chat_reasoning = 0;
@@ -699,7 +702,7 @@ struct cluster_stats {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, cluster_stats& x) {
   return f(caf::meta::type_name("cluster_stats"), x.model, x.context_tokens, x.prefill, x.decode, x.store,
-           x.num_admitted, x.num_rejected, x.num_active, x.num_overloaded, x.num_failovers, x.chat_reasoning,
+           x.num_admitted, x.num_rejected, x.num_active, x.num_overloaded, x.num_failovers, x.failed_codes, x.failed_counts, x.chat_reasoning,
            x.chat_tool_calls, x.default_temperature, x.default_top_p, x.default_top_k, x.store_servers,
            x.store_servers_up, x.max_active_requests, x.draining, x.decode_answered, x.prefill_parked,
            x.decode_parked);

@@ -155,8 +155,11 @@ void answer(request_pointer self, caf::error err) {
   st.answered = true;
   let_go(self);
   stop_watching_ranks(self);
-  if (err)
+  if (err) {
+    if (st.plan.counters && err.category() == caf::atom("baton") && err.code() < st.plan.counters->failed.size())
+      ++st.plan.counters->failed[err.code()];
     st.promise.deliver(std::move(err));
+  }
   else {
     if (!st.stopped) st.out.text = decode_text(st);
     if (st.plan.params.echo) st.out.prompt_text = prompt_text(st);
@@ -250,20 +253,30 @@ void retry(request_pointer self);
 
 /// The last of several attempts says so, how long they all took (its own sentence bounds only
 /// itself, "within 4500 ms", while the client waited through every one), and what made the
-/// request fail over last: a trial saw a stream whose decode rank was killed fail with only
-/// the last attempt's sentence, naming neither the dead rank nor the failover.
-caf::error last_attempt_error(request_pointer self, caf::error err) {
+/// request fail over, first and last: a trial saw a stream whose decode rank was killed fail
+/// with only the last attempt's sentence, naming neither the dead rank nor the failover, and a
+/// re-trial one whose last failover was only a placement that found no rank.
+/// `early`: the attempts end before max_attempts (a KV queue wait that found no room is not
+/// tried again).
+caf::error last_attempt_error(request_pointer self, caf::error err, bool early = false) {
   auto& st = self->state;
   if (st.attempt == 0 || err.category() != caf::atom("baton") || !err.context().match_elements<std::string>())
     return err;
-  std::string before = st.out.failover_why;  // "baton::rank_unavailable: request 7, ...": the sentence alone
-  if (auto at = before.find("request "); at != std::string::npos) before.erase(0, at);
+  // "baton::rank_unavailable: request 7, ..." (as CAF renders it): the sentence alone.
+  const auto sentence = [](std::string s) {
+    if (s.rfind("baton::", 0) == 0)
+      if (auto at = s.find(": "); at != std::string::npos) s.erase(0, at + 2);
+    return s;
+  };
+  std::string why = " ms after the request arrived; it failed over " + std::to_string(st.out.failovers) +
+                    " time(s), first after: " + sentence(st.first_failover_why);
+  if (st.out.failovers > 1 && st.out.failover_why != st.first_failover_why)
+    why += "; the last after: " + sentence(st.out.failover_why);
   return make_error(static_cast<errc>(err.code()),
-                    err.context().get_as<std::string>(0) + " (attempt " + std::to_string(st.attempt + 1) + " of " +
-                        std::to_string(st.plan.cfg.max_attempts) + ", " +
-                        std::to_string(micros(self->clock().now() - st.started) / 1000) +
-                        " ms after the request arrived; it failed over " + std::to_string(st.out.failovers) +
-                        " time(s), the last after: " + before + ")");
+                    err.context().get_as<std::string>(0) + " (attempt " + std::to_string(st.attempt + 1) +
+                        (early ? ", the last: a wait for KV room is not tried again"
+                               : " of " + std::to_string(st.plan.cfg.max_attempts)) +
+                        ", " + std::to_string(micros(self->clock().now() - st.started) / 1000) + why + ")");
 }
 
 /// A failed attempt: re-placed from the start (CHECK, placement, lease, prefill of the prompt plus
@@ -295,8 +308,9 @@ void fail_or_retry(request_pointer self, caf::error err) {
   ++st.attempt;
   ++st.watch_seq;  // the old attempt's watchdog is void
   st.out.failovers += 1;
-  if (st.plan.failovers) ++*st.plan.failovers;
+  if (st.plan.counters) ++st.plan.counters->failovers;
   st.out.failover_why = self->system().render(err);
+  if (st.out.failovers == 1) st.first_failover_why = st.out.failover_why;
   st.prompt = st.plan.prompt_tokens;
   st.prompt.insert(st.prompt.end(), st.out.tokens.begin(), st.out.tokens.end());
   st.decode_fed = 0;
@@ -666,7 +680,7 @@ void place(request_pointer self) {
             // No rank had room while it waited out its queue time: another attempt would only
             // wait again.
             if (err.category() == caf::atom("baton") && static_cast<errc>(err.code()) == errc::kv_capacity)
-              return answer(self, last_attempt_error(self, std::move(err)));
+              return answer(self, last_attempt_error(self, std::move(err), /*early*/ true));
             fail_or_retry(self, hop_error(self, err, "decode_balancer", "place_decode", decode_wait_ms));
           });
 }
@@ -742,7 +756,7 @@ request_actor::behavior_type request_impl(request_pointer self, request_plan pla
             self->quit(std::move(err));
             return st.promise;
           }
-          if (a.admitted) ++*a.admitted;
+          if (st.plan.counters) ++st.plan.counters->admitted;
         }
         st.started = st.stage_started = st.attempt_started = self->clock().now();
         st.out.request_id = st.plan.request_id;

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <memory>
 #include <optional>
@@ -17,6 +18,17 @@ class actor_system;
 }
 
 namespace baton {
+
+/// What the router counts that only its requests see (cluster_stats::num_admitted,
+/// num_failovers and failed_codes): requests admitted, counted as each passes, so that the count
+/// never goes back (a Prometheus counter); re-placements as each starts -- a failed request's too, which a count summed
+/// over finished requests never saw -- and requests that failed, by their error's code, whatever
+/// client sent them (the gateway counts only its own calls).
+struct request_counters {
+  std::atomic<uint64_t> admitted{0};  ///< requests that passed admission (request_plan::admission)
+  std::atomic<uint64_t> failovers{0};
+  std::array<std::atomic<uint64_t>, 32> failed{};  ///< by errc's value
+};
 
 /// Everything a request actor is born with: its validated tokens (or what it needs to make them)
 /// and whom to ask for placement.
@@ -42,12 +54,11 @@ struct request_plan {
     std::shared_ptr<const gpu::model_config> model;
     uint32_t max_new_tokens_limit = 0;
     uint32_t default_max_tokens = 0;
-    std::shared_ptr<std::atomic<uint64_t>> admitted;  ///< counts the request once it passes (the router's)
   };
   std::optional<admission> admit;
-  /// The router's count of re-placements (cluster_stats::num_failovers), counted as each starts:
-  /// a failed request's too, which a count summed over finished requests never saw.
-  std::shared_ptr<std::atomic<uint64_t>> failovers;
+  /// The router's counts, kept by its requests as things happen (cluster_stats): null in tests
+  /// that make plans by hand.
+  std::shared_ptr<request_counters> counters;
 };
 
 /// The request's sampling settings and log-probability asks, as both order kinds carry them.

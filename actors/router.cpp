@@ -215,10 +215,7 @@ struct router_state {
   router_config cfg;
   gpu::model_config model;
   std::shared_ptr<const gpu::model_config> shared_model;  ///< the same, for request actors (request_plan::admit)
-  /// Requests whose actors found them good (request_plan::admission::admitted): counted as each
-  /// passes, so the count never goes back (a Prometheus counter).
-  std::shared_ptr<std::atomic<uint64_t>> admitted = std::make_shared<std::atomic<uint64_t>>(0);
-  std::shared_ptr<std::atomic<uint64_t>> failovers = std::make_shared<std::atomic<uint64_t>>(0);  ///< request_plan::failovers
+  std::shared_ptr<request_counters> counters = std::make_shared<request_counters>();  ///< request_plan::counters
   prefill_balancer_actor prefill;
   decode_balancer_actor decode;
   store_access store;
@@ -265,8 +262,13 @@ caf::result<cluster_stats> collect_stats(router_pointer self) {
   out->max_active_requests = s.cfg.max_active_requests;
   out->default_top_p = s.cfg.default_top_p;
   out->default_top_k = s.cfg.default_top_k;
-  out->num_admitted = s.admitted->load();
-  out->num_failovers = s.failovers->load();
+  out->num_admitted = s.counters->admitted.load();
+  out->num_failovers = s.counters->failovers.load();
+  for (size_t code = 0; code < s.counters->failed.size(); ++code)
+    if (const uint64_t n = s.counters->failed[code].load()) {
+      out->failed_codes.push_back(to_string(static_cast<errc>(code)));
+      out->failed_counts.push_back(n);
+    }
   out->num_rejected = s.num_rejected;
   out->num_active = s.num_active;
   out->num_overloaded = s.num_overloaded;
@@ -396,8 +398,8 @@ router_actor::behavior_type router_impl(router_pointer self, router_config cfg, 
                       s.cfg.extra_eos_token_ids,
                       std::move(sink),
                       0,
-                      request_plan::admission{s.shared_model, s.cfg.max_new_tokens_limit, s.cfg.default_max_tokens, s.admitted},
-                      s.failovers};
+                      request_plan::admission{s.shared_model, s.cfg.max_new_tokens_limit, s.cfg.default_max_tokens},
+                      s.counters};
     auto r = spawn_request(self->system(), std::move(plan));
     self->monitor(r);
     ++s.num_active;

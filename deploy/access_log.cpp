@@ -5,6 +5,7 @@
 #include <ctime>
 
 #include "actors/atoms_and_errors.hpp"
+#include "deploy/utc_stamp.hpp"
 
 namespace baton::deploy {
 
@@ -28,7 +29,8 @@ std::string generation(const completion& c, bool placements) {
   // TTFT and the stages it is made of, so that a slow first token is placed from the log alone
   // (a trial could not place 1.2 s of one: the KV lease and the prefill were missing).
   out += ", " + std::to_string(c.tokens.size()) + " tokens (" + c.finish_reason + "), TTFT " + ms_of_us(c.ttft_us) +
-         " = check " + ms_of_us(c.check_us) + " + place " + ms_of_us(c.place_us) + " + KV lease " +
+         // After a failover TTFT runs from the request's arrival, the stages are its last attempt's.
+         (c.failovers ? "; its last attempt: check " : " = check ") + ms_of_us(c.check_us) + " + place " + ms_of_us(c.place_us) + " + KV lease " +
          ms_of_us(c.reserve_us) + " + prefill " + ms_of_us(c.prefill_us) + " (queue " + ms_of_us(c.prefill_queue_us) +
          "), decode queue " + ms_of_us(c.decode_queue_us);
   if (!c.tbt_us.empty()) {
@@ -41,24 +43,13 @@ std::string generation(const completion& c, bool placements) {
     out += ", " + std::to_string(c.failovers) + " failover(s) (" + ms_of_us(c.failed_attempts_us) + " in failed attempts, " +
            ms_of_us(c.retry_wait_us) + " paused), the last: " + c.failover_why;
   if (c.migrations) out += ", moved " + std::to_string(c.migrations) + " time(s)";
+  // Quoted: the balancers' reasons hold ';' and brackets, as the line's own separators.
   if (placements)
-    out += ", placed: prefill " + (c.prefill_placement_why.empty() ? "-" : c.prefill_placement_why) + "; decode " +
-           (c.decode_placement_why.empty() ? "-" : c.decode_placement_why);
+    out += ", placed: prefill \"" + c.prefill_placement_why + "\" decode \"" + c.decode_placement_why + "\"";
   return out;
 }
 
 }  // namespace
-
-std::string utc_stamp(std::chrono::system_clock::time_point at) {
-  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(at.time_since_epoch()).count();
-  const std::time_t secs = static_cast<std::time_t>(ms / 1000);
-  std::tm tm{};
-  gmtime_r(&secs, &tm);
-  char out[64];
-  std::snprintf(out, sizeof out, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
-                tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<int>(ms % 1000));
-  return out;
-}
 
 std::string access_line(const access_entry& e) {
   // What a client sent is escaped and bounded (quoted_input): one line per call, whatever it sent.

@@ -23,7 +23,7 @@ struct access_entry {
   const std::vector<completion>* choices = nullptr;  ///< its generations, when it finished
   std::string error;                          ///< why it failed (names the request, rank and stage)
   std::string client_request_id;              ///< the x-request-id the request came with, if any
-  bool placements = false;                    ///< each generation's placement reasons too (--explain)
+  bool placements = false;                    ///< each generation's placement reasons too, quoted (--explain)
 };
 
 /// "2026-12-06T19:40:01.123Z call cmpl-...-28 /v1/completions 200 stream 12.1 ms: request 36
@@ -35,9 +35,5 @@ struct access_entry {
 /// and "METHOD /path" for its route; one that came with its own x-request-id has
 /// "(x-request-id ...)" after the call's id.
 std::string access_line(const access_entry& e);
-
-/// "2026-12-06T19:40:01.123Z": UTC to the millisecond, as the request log's lines and the head's
-/// node events start, so that the two line up.
-std::string utc_stamp(std::chrono::system_clock::time_point at);
 
 }  // namespace baton::deploy

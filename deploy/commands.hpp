@@ -63,6 +63,8 @@ int run_deploy(const std::vector<std::string>& args);
 /// `baton generate`: one or more prompts to a running cluster, streamed to stdout.
 int run_generate(const std::vector<std::string>& args);
 
+/// `baton status`: the nodes a head's directory knows and the ranks its router sees.
+int run_status(const std::vector<std::string>& args);
 /// `baton export-model`: writes a seeded built-in model (or a model directory again) as a Hugging
 /// Face directory that `--model DIR` loads.
 int run_export_model(const std::vector<std::string>& args);

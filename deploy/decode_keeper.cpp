@@ -3,15 +3,10 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "deploy/access_log.hpp"
 #include "deploy/processes.hpp"
+#include "deploy/utc_stamp.hpp"
 
 namespace baton::deploy {
-
-namespace {
-/// As the head's node events (local_command): a restart lines up with the calls it cut.
-std::string now_stamp() { return utc_stamp(std::chrono::system_clock::now()); }
-}  // namespace
 
 decode_keeper::decode_keeper(std::vector<pid_t>& children, std::vector<std::vector<std::string>> argv)
     : children_(children), argv_(std::move(argv)), slots_(argv_.size()) {
@@ -31,8 +26,8 @@ void decode_keeper::check(std::chrono::steady_clock::time_point now) {
       const auto ran_ms = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(now - s.started).count());
       s.backoff_ms = backoff_.next_delay_ms(s.backoff_ms, ran_ms);
       s.restart_at = now + std::chrono::milliseconds{s.backoff_ms};
-      std::printf("%s baton local: decode process decode-%zu (pid %d) ended (%s); starting it again in %u ms\n", now_stamp().c_str(), i,
-                  static_cast<int>(s.pid), how.c_str(), s.backoff_ms);
+      std::printf("%s baton local: decode process decode-%zu (pid %d) ended (%s); starting it again in %u ms\n",
+                  utc_stamp().c_str(), i, static_cast<int>(s.pid), how.c_str(), s.backoff_ms);
       std::fflush(stdout);
       s.pid = -1;
     }
@@ -42,12 +37,13 @@ void decode_keeper::check(std::chrono::steady_clock::time_point now) {
     if (auto pid = spawn_process(argv_[i], &why); pid > 0) {
       s.pid = pid;
       children_.push_back(pid);
-      std::printf("%s baton local: decode process decode-%zu started again (pid %d)\n", now_stamp().c_str(), i, static_cast<int>(pid));
+      std::printf("%s baton local: decode process decode-%zu started again (pid %d)\n", utc_stamp().c_str(), i,
+                  static_cast<int>(pid));
     } else {  // tried again after the next wait
       s.backoff_ms = backoff_.next_delay_ms(s.backoff_ms, 0);
       s.restart_at = now + std::chrono::milliseconds{s.backoff_ms};
-      std::printf("%s baton local: decode process decode-%zu could not be started again (%s); next try in %u ms\n", now_stamp().c_str(), i,
-                  why.c_str(), s.backoff_ms);
+      std::printf("%s baton local: decode process decode-%zu could not be started again (%s); next try in %u ms\n",
+                  utc_stamp().c_str(), i, why.c_str(), s.backoff_ms);
     }
     std::fflush(stdout);
   }

@@ -797,12 +797,12 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
       [=](uint64_t seq, std::vector<completion>& choices, std::string& json, bool stream) {
         if (st->in_call && seq == st->call_seq) on_done(self, hdl, g, st, choices, json, stream);
       },
-      [=](uint64_t seq, int32_t status, std::string& error_json) {
+      [=](uint64_t seq, int32_t status, std::string& error_json, std::string& message) {
         if (!st->in_call || seq != st->call_seq) return;
         // Refused before it began (the body's fault): counted as the router's refusals are, so the
         // failures by reason add up to the 4xx a client saw (a soak trial: 475 sent, 254 counted).
         count_call_failure(g, st, status == 400 ? "bad_request" : "http_" + std::to_string(status));
-        log_call(self, g, st, status, false, nullptr, error_json);
+        log_call(self, g, st, status, false, nullptr, message);  // the sentence, as every other line has
         reply(self, hdl, g, st, status, error_json);
       },
       [=](uint64_t seq, caf::error& e) {
@@ -838,8 +838,9 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
         const auto now = std::chrono::steady_clock::now();
         if (st->in_call && !st->token_seen && now - st->call_started >= first_token) {
           on_failed(self, hdl, g, st,
-                    make_error(errc::deadline_exceeded, "no token within the gateway's first-token timeout of " +
-                                                            std::to_string(g->cfg.first_token_timeout_ms) + " ms"));
+                    make_error(errc::deadline_exceeded,
+                               "call " + st->call_id + ", stage first_token: no token within the gateway's "
+                               "first-token timeout of " + std::to_string(g->cfg.first_token_timeout_ms) + " ms"));
           if (st->closed) return;
         }
         if (st->out_pending > 0 && now - st->out_progress >= idle) {

@@ -108,6 +108,7 @@ client_sink_actor::behavior_type run_choice(client_sink_actor::pointer self, caf
   auto first_chunk = std::make_shared<bool>(true);
   auto text_offset = std::make_shared<uint64_t>(0);  // bytes of the streamed tokens' texts (logprobs.text_offset)
   auto monitored = std::make_shared<bool>(false);
+  auto token_told = std::make_shared<bool>(false);
   // Reasoning and tool calls, as asked: made at the first chunk, which says whether the prompt
   // opened <think>.
   auto reader = std::make_shared<std::optional<openai::answer_reader>>();
@@ -115,6 +116,11 @@ client_sink_actor::behavior_type run_choice(client_sink_actor::pointer self, caf
     if (!*monitored) {
       *monitored = true;
       if (auto from = self->current_sender()) self->monitor(from);
+    }
+    // The first generated token, not the first chunk: a scoring call's one chunk (echo, max_tokens
+    // 0) holds none, and its prefill is no TTFT (a review: lm-eval runs would skew the histogram).
+    if (!*token_told && !c.tokens.empty()) {
+      *token_told = true;
       caf::anon_send(broker, seq, token_seen_atom::value, c.request_id);
     }
     if (!cs->call.stream) return;
@@ -152,7 +158,7 @@ client_sink_actor::behavior_type call_impl(client_sink_actor::pointer self, caf:
   cs->unanswered_grace = settings.unanswered_grace;
   openai::api_error err;
   if (!openai::parse_body(body, chat, model, &cs->call, &err)) {
-    caf::anon_send(broker, seq, static_cast<int32_t>(err.status), openai::error_json(err));
+    caf::anon_send(broker, seq, static_cast<int32_t>(err.status), openai::error_json(err), err.message);
     return {[](stream_chunk&) {}};  // the connection answers and ends this actor
   }
   // Sampling fields the body left out: the model's defaults (its generation_config.json).
@@ -181,7 +187,7 @@ client_sink_actor::behavior_type call_impl(client_sink_actor::pointer self, caf:
                " generations (" + (batch ? "prompts x n" : "n, or best_of") + "), more than the cluster runs at once (" +
                std::to_string(settings.max_active_requests) + ", --max-active-requests): ask for at most that many",
            "invalid_request_error", batch ? "prompt" : "n"};
-    caf::anon_send(broker, seq, static_cast<int32_t>(err.status), openai::error_json(err));
+    caf::anon_send(broker, seq, static_cast<int32_t>(err.status), openai::error_json(err), err.message);
     return {[](stream_chunk&) {}};
   }
   cs->left = choices;

@@ -27,6 +27,7 @@ const char* usage =
     "  deploy    k8s|slurm: write Kubernetes manifests or a Slurm batch script for a spec\n"
     "  gateway   an OpenAI-compatible HTTP gateway in front of a running cluster's router\n"
     "  generate  send prompts to a running cluster's router and stream the answers\n"
+    "  status    list a running cluster's nodes (joined, draining, gone) and ranks (load, KV)\n"
     "  profile   measure the CPU executor on the seeded random model, fit the prefill and\n"
     "            decode cost models, write a profile file (--out) that balancers and sims load\n"
     "  export-model  write the seeded random model (or a model directory) as a Hugging Face\n"
@@ -60,6 +61,7 @@ int main(int argc, char** argv) {
   if (cmd == "launch") return baton::deploy::run_launch(args);
   if (cmd == "deploy") return baton::deploy::run_deploy(args);
   if (cmd == "generate") return baton::deploy::run_generate(args);
+  if (cmd == "status") return baton::deploy::run_status(args);
   if (cmd == "sim") return baton::deploy::run_sim(args);
   if (cmd == "export-model") return baton::deploy::run_export_model(args);
   if (cmd == "--version" || cmd == "version") {

@@ -168,12 +168,13 @@ std::string gateway_metrics::render(const cluster_stats* cluster) const {
                               "every interval between consecutive tokens, by the decode rank the sequence ended on",
                               "rank", rank_tbt_, label);
     render_histogram(out, "baton_e2e_seconds",
-                     "per finished generation: first token plus every interval (failed calls: "
-                     "baton_failed_call_seconds)",
+                     "per finished generation: first token plus every interval, on the router's clock (so a short "
+                     "answer's may be below the gateway-timed TTFT; failed calls: baton_failed_call_seconds)",
                      e2e_);
     render_labeled_histograms(out, "baton_failed_call_seconds",
                               "per failed call: its arrival at the gateway to its failure, by the reason "
-                              "baton_request_failures_total counts it under",
+                              "baton_request_failures_total counts it under (refusals before a call began, as a "
+                              "401 or a 405, are counted there alone)",
                               "reason", failed_after_, label);
     render_histogram(out, "baton_kv_transfer_seconds", "per request: first KV put posted to last layer announced",
                      kv_send_);
@@ -226,9 +227,17 @@ std::string gateway_metrics::render(const cluster_stats* cluster) const {
   render_counter(out, "baton_requests_overloaded_total", "requests refused by admission control (HTTP 429)",
                  static_cast<double>(c.num_overloaded));
   render_counter(out, "baton_failovers_total",
-                 "re-placements of requests after a rank failed mid-request, counted by the router as each starts "
-                 "(failed requests' too)",
+                 "re-placements of requests, counted by the router as each starts (failed requests' too): a rank "
+                 "failed mid-request, or a re-placement found no rank in time; router-wide: every gateway of a "
+                 "cluster shows the same count (take max over gateways, not sum)",
                  static_cast<double>(c.num_failovers));
+  out += "# HELP baton_router_request_failures_total admitted requests that failed, by the cluster's code, from every "
+         "client (the C++ client's and baton generate's too; of this gateway's calls, baton_request_failures_total); "
+         "router-wide: every gateway of a cluster shows the same count (take max, not sum)\n"
+         "# TYPE baton_router_request_failures_total counter\n";
+  for (size_t i = 0; i < c.failed_codes.size() && i < c.failed_counts.size(); ++i)
+    out += "baton_router_request_failures_total{code=\"" + label(c.failed_codes[i]) + "\"} " +
+           std::to_string(c.failed_counts[i]) + "\n";
   out += "# HELP baton_placements_waiting placements a balancer holds until a rank takes them (decode: KV room; "
          "prefill: a rank taking work), in arrival order: decode's is the KV queue, answered with why (kv_capacity, 503) when a request's queue time runs out\n"
          "# TYPE baton_placements_waiting gauge\n";

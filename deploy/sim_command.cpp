@@ -36,8 +36,11 @@ void print_failures(const std::vector<sims::request_outcome>& outcomes) {
   for (const auto& out : outcomes) {
     if (out.ok) continue;
     ++failed;
+    // Grouped by the sentence of the last attempt: what the attempts said before it (the
+    // "(attempt N of M, ...; it failed over ...)" that ends it) varies between requests.
+    const std::string_view cause = std::string_view{out.error}.substr(0, out.error.find(" (attempt "));
     std::string kind;
-    for (char ch : out.error)
+    for (char ch : cause)
       if (!std::isdigit(static_cast<unsigned char>(ch))) kind += ch;
       else if (kind.empty() || kind.back() != '#') kind += '#';
     auto& g = groups[kind];

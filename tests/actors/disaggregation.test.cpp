@@ -831,7 +831,7 @@ TEST_CASE("a request whose every attempt fails says which attempt its error is, 
   const auto why = failure_of(f.t, f.cluster.router);
   CHECK_MESSAGE(why.find("layer 1") != std::string::npos, why);
   CHECK_MESSAGE(std::regex_search(why, std::regex{R"(\(attempt 2 of 2, [0-9]+ ms after the request arrived; it failed )"
-                                                  R"(over 1 time\(s\), the last after: request [0-9]+, .*layer 1.*\)$)"}),
+                                                  R"(over 1 time\(s\), first after: request [0-9]+, .*layer 1.*\)$)"}),
                 why);
   // The router counted the failover as it started, though the request failed in the end
   // (/metrics' baton_failovers_total summed finished requests' and missed it).

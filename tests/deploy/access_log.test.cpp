@@ -40,19 +40,19 @@ TEST_CASE("a request log line names the call, its status and time, and each gene
   // 2026-12-06T19:40:01.123Z
   const auto at = std::chrono::system_clock::time_point{std::chrono::milliseconds{1796586001123}};
   // TTFT with the stages it is made of, and the token intervals' mean and worst (a trial could
-  // not place 1.2 s of a slow first token from the line).
+  // not place 1.2 s of a slow first token from the line); after a failover, the last attempt's.
   CHECK(access_line({at, "cmpl-1796583301-28", "/v1/completions", 200, true, 12.14, &both, {}, {}}) ==
         "2026-12-06T19:40:01.123Z call cmpl-1796583301-28 /v1/completions 200 stream 12.1 ms: request 36 prefill-0 -> "
         "decode-1, prompt 137 (cached 128), 8 tokens (stop), TTFT 4.4 ms = check 0.1 ms + place 0.3 ms + KV lease "
         "0.2 ms + prefill 3.6 ms (queue 0.1 ms), decode queue 0.0 ms, TBT mean 1.2 ms max 2.0 ms; request 37 "
-        "prefill-0 -> decode-1, prompt 137, 8 tokens (stop), TTFT 4.4 ms = check 0.1 ms + place 0.3 ms + KV lease "
+        "prefill-0 -> decode-1, prompt 137, 8 tokens (stop), TTFT 4.4 ms; its last attempt: check 0.1 ms + place 0.3 ms + KV lease "
         "0.2 ms + prefill 3.6 ms (queue 0.1 ms), decode queue 0.0 ms, 1 failover(s) (4500.0 ms in failed attempts, "
         "100.0 ms paused), the last: request 37, rank decode-0, stage decode: went down");
   // --explain: why each generation went where it did.
   const std::vector<completion> one{a};
   const auto explained = access_line({at, "cmpl-1-5", "/v1/completions", 200, false, 5.0, &one, {}, {}, true});
-  CHECK_MESSAGE(explained.find("TBT mean 1.2 ms max 2.0 ms, placed: prefill least_loaded: 0 queued; decode seed 2D: "
-                               "fits") != std::string::npos,
+  CHECK_MESSAGE(explained.find("TBT mean 1.2 ms max 2.0 ms, placed: prefill \"least_loaded: 0 queued\" decode \"seed 2D: "
+                               "fits\"") != std::string::npos,
                 explained);
   CHECK(access_line({at, "chatcmpl-1-2", "/v1/chat/completions", 503, false, 4500.0, nullptr,
                      "request 12, stage place_decode: no decode rank had room", {}}) ==

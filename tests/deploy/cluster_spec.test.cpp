@@ -97,8 +97,19 @@ TEST_CASE("a cluster spec parses into nodes and plans one command line per node 
     text.replace(text.find(R"("model": "m",)"), std::string{R"("model": "m",)"}.size(), R"("model": "m", "log_requests": true,)");
     cluster_spec ls;
     REQUIRE_MESSAGE(parse_cluster_spec(text, "/base", &ls, &why), why);
+    size_t gateways = 0;
     for (const auto& l : plan_launch(ls, "/bin/baton", {"127.0.0.1", ""}))
-      if (l.role == "gateway") CHECK(std::find(l.argv.begin(), l.argv.end(), "--log-requests") != l.argv.end());
+      if (l.role == "gateway") {
+        ++gateways;
+        CHECK(std::find(l.argv.begin(), l.argv.end(), "--log-requests") != l.argv.end());
+      }
+    CHECK(gateways == 1);
+    // A head with the gateway in its process gets it too.
+    for (auto& n : ls.nodes)
+      if (n.name == "head") n.roles.push_back("gateway"), n.http_port = 7180;
+    const auto head = plan_launch(ls, "/bin/baton", {"127.0.0.1", ""}).at(0);
+    REQUIRE(head.role == "head");
+    CHECK(std::find(head.argv.begin(), head.argv.end(), "--log-requests") != head.argv.end());
     text.replace(text.find("\"log_requests\": true"), 20, "\"log_requests\": 1");
     CHECK_FALSE(parse_cluster_spec(text, "/base", &ls, &why));
     CHECK_MESSAGE(why.find("log_requests") != std::string::npos, why);

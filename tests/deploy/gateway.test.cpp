@@ -257,6 +257,7 @@ TEST_CASE("a call whose first token misses the gateway's first-token timeout get
   auto a = read_answer(fd, buf);
   CHECK(a.status == 504);
   CHECK(a.body.find("no token within the gateway's first-token timeout of 100 ms") != std::string::npos);
+  CHECK(a.body.find(", stage first_token: ") != std::string::npos);  // and which call it was
   ::close(fd);
   CHECK(s.settles());  // its generation was cancelled: its pages came back
 }

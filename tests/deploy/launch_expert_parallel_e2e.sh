@@ -14,7 +14,7 @@ HEAD_PID="" ODD_A="" FALL_A="" LOADERS=()
 # SIGTERM (a background job may still ignore SIGINT), then SIGKILL: these command lines do not name WORK.
 trap 'for p in $HEAD_PID $ODD_A $FALL_A; do kill -CONT "$p" 2>/dev/null || true; kill -TERM "$p" 2>/dev/null || true; done
       touch "$WORK/stop-loaders"; for p in "${LOADERS[@]}"; do kill "$p" 2>/dev/null || true; done
-      pkill -f "ignore-eos Keep stepping" 2>/dev/null || true; sleep 1
+      [ -e "$WORK/loader-pids" ] && { xargs -r kill < "$WORK/loader-pids" 2>/dev/null || true; }; sleep 1
       for p in $HEAD_PID $ODD_A $FALL_A; do kill -9 "$p" 2>/dev/null || true; done; cleanup_launched' EXIT
 fail() { echo "launch EP e2e: FAILED: $*" >&2; echo "--- launcher output:" >&2; cat "$WORK/launch.log" >&2 || true; exit 1; }
 experts() { pgrep -f "$BATON experts" | wc -l; }
@@ -237,23 +237,35 @@ reformed() { count "baton node $1: data-parallel group dp2 re-formed in place; i
 # another, so the group still steps however fast the requests end), and the stall comes only
 # once text was seen to grow a moment before it: a stall while nothing steps breaks nothing (an
 # idle group waits for no one), so it is tried again (at most 3 times), not failed.
-rm -f "$WORK/stop-loaders"
+# Each request's pid is kept (loader-pids), so that a stop kills these and no other run's.
+rm -f "$WORK/stop-loaders" "$WORK/loader-pids"
+touch "$WORK"/stall{1,2,3,4}.txt "$WORK/loader-pids"
 loader() {
   for _ in $(seq 20); do
     [ -e "$WORK/stop-loaders" ] && return 0
     timeout 60 "$BATON" generate --router "127.0.0.1:$PR" --max-tokens 1500 --ignore-eos "Keep stepping $1" \
-      >> "$WORK/stall$1.txt" 2>/dev/null || true
+      >> "$WORK/stall$1.txt" 2>/dev/null &
+    echo $! >> "$WORK/loader-pids"
+    wait $! || true
   done
 }
 LOADERS=()
 for i in 1 2 3 4; do loader $i & LOADERS+=($!); done
+# Killed until every loader is gone: one that looked for the stop file just before it was made
+# starts one more request, killed on the next pass.
 stop_loaders() {
   touch "$WORK/stop-loaders"
-  pkill -f "generate --router 127.0.0.1:$PR --max-tokens 1500 --ignore-eos Keep stepping" 2>/dev/null || true
+  for _ in $(seq 100); do
+    xargs -r kill < "$WORK/loader-pids" 2>/dev/null || true
+    local alive=0
+    for p in "${LOADERS[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+    [ "$alive" = 0 ] && break
+    sleep 0.1
+  done
   wait "${LOADERS[@]}" 2>/dev/null || true
   LOADERS=()
 }
-text_size() { cat "$WORK"/stall*.txt 2>/dev/null | wc -c; }
+text_size() { cat "$WORK"/stall*.txt | wc -c; }
 # Re-forms counted from here, so that one from before cannot stand for the stall's. The stall
 # (0.7 s) is well past the 400 ms step timeout and well inside the head's 2 s heartbeat limit,
 # also when the last heartbeat is already 0.5 s old and the machine is loaded.

@@ -116,7 +116,13 @@ TEST_CASE("/metrics: a call's first token is timed as it comes and a failed call
   CHECK(text.find("baton_failovers_total") == std::string::npos);
   cluster_stats cs;
   cs.num_failovers = 3;
-  CHECK(value_of(m.render(&cs), "baton_failovers_total") == 3);
+  cs.failed_codes = {"kv_capacity", "rank_unavailable"};
+  cs.failed_counts = {4, 1};
+  const auto routed = m.render(&cs);
+  CHECK(value_of(routed, "baton_failovers_total") == 3);
+  CHECK(routed.find("# TYPE baton_router_request_failures_total counter\n") != std::string::npos);
+  CHECK(value_of(routed, "baton_router_request_failures_total{code=\"kv_capacity\"}") == 4);
+  CHECK(value_of(routed, "baton_router_request_failures_total{code=\"rank_unavailable\"}") == 1);
 }
 
 TEST_CASE("/metrics: each decode rank's counters (offloads, moves, write-backs) from its last load report, as "

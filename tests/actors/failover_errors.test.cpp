@@ -1,0 +1,70 @@
+// What a request that fails after failing over says: the rank failure that made it fail over
+// first, not only its last attempt's sentence (an on-call trial's streams, their decode ranks
+// killed, ended with "no decode rank took work ... (no rank registered)" twice over, the dead
+// rank named nowhere), and which code (rank_unavailable: no rank to place on is no lack of KV).
+
+#include <doctest/doctest.h>
+
+#include <thread>
+
+#include <caf/typed_event_based_actor.hpp>
+
+#include "gpu/cpu_executor.hpp"
+#include "gpu/fault_executor.hpp"
+#include "tests/actors/cluster_fixture.hpp"
+
+using namespace baton;
+
+TEST_CASE("a stream whose only decode rank goes down mid-generation, with no rank to go to, fails as "
+          "rank_unavailable naming the rank that went down and the failovers") {
+  test::cluster_system t;
+  auto cfg = test::small_cluster();
+  cfg.router.request.max_attempts = 3;
+  cfg.router.request.retry_backoff_ms = 1;
+  cfg.router.request.queue_timeout_ms = 300;  // a re-placement waits this long for a decode rank
+  cfg.router.request.place_timeout_ms = 300;
+  // Decode steps 20 ms late: the generation is still going when its rank is killed.
+  auto weights = std::make_shared<const gpu::model_weights>(gpu::make_seeded_weights(cfg.model, cfg.weights_seed));
+  auto cluster = start_local_cluster(t.sys, cfg, [&](const std::string& name) -> std::shared_ptr<gpu::executor> {
+    std::shared_ptr<gpu::executor> x = gpu::make_cpu_executor(cfg.model, weights, cfg.executor);
+    return name == "decode-0" ? gpu::make_fault_slow_executor(x, 20) : x;
+  });
+  test::cluster_system::stopper stop{t, cluster};
+  caf::scoped_actor self{t.sys};
+  auto tokens = std::make_shared<std::atomic<uint32_t>>(0);
+  auto sink = t.sys.spawn([tokens](client_sink_actor::pointer) -> client_sink_actor::behavior_type {
+    return {[tokens](stream_chunk& c) { *tokens += static_cast<uint32_t>(c.tokens.size()); }};
+  });
+  generate_request req;
+  req.prompt = test::prompts[0];
+  req.max_tokens = 200;
+  req.ignore_eos = true;
+  auto asked = self->request(cluster.router, std::chrono::seconds{60}, generate_atom::value, req, sink);
+  for (int i = 0; i < 3000 && tokens->load() < 3; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{1});
+  REQUIRE(tokens->load() >= 3);
+  self->send_exit(cluster.decode[0].handle, caf::exit_reason::kill);
+  std::string why;
+  caf::error got;
+  std::move(asked).receive([](completion&) { FAIL("answered with its decode rank dead"); },
+                           [&](caf::error& e) { got = e, why = t.sys.render(e); });
+  REQUIRE(got);
+  CHECK_MESSAGE(static_cast<errc>(got.code()) == errc::rank_unavailable, why);
+  CHECK_MESSAGE(why.find("stage place_decode: no decode rank took work within") != std::string::npos, why);
+  CHECK_MESSAGE(why.find("(attempt 3 of 3, ") != std::string::npos, why);
+  // The rank failure first, then the last re-placement that found no rank.
+  CHECK_MESSAGE(why.find("it failed over 2 time(s), first after: request ") != std::string::npos, why);
+  CHECK_MESSAGE(why.find("rank decode-0") != std::string::npos, why);
+  CHECK_MESSAGE(why.find("; the last after: request ") != std::string::npos, why);
+  // The router counted both failovers as they started, and the failure by its code: a request
+  // from any client, not the gateway's calls alone (/metrics' baton_router_request_failures_total).
+  self->request(cluster.router, std::chrono::seconds{5}, stats_atom::value)
+      .receive(
+          [&](cluster_stats& s) {
+            CHECK(s.num_failovers == 2);
+            REQUIRE(s.failed_codes.size() == 1);
+            CHECK(s.failed_codes[0] == "rank_unavailable");
+            CHECK(s.failed_counts.at(0) == 1);
+          },
+          [&](caf::error& e) { FAIL(t.sys.render(e)); });
+  self->send_exit(sink, caf::exit_reason::user_shutdown);
+}

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# `baton status` against a serving head: the node that joined is listed as joined with its rank,
+# the ranks with their KV; killed (SIGKILL), the node is listed as gone while its rank leaves the
+# ranks; --json says the same; an address where nothing listens is named, exit code 1.
+# Usage: status_e2e.sh BATON_BINARY. Bounded waits; always cleans up.
+set -euo pipefail
+BATON=$1
+NAME=status-e2e
+source "$(dirname "$0")/local_serve_lib.sh"
+NODE=""
+trap 'kill -9 $NODE 2>/dev/null || true; cleanup' EXIT
+start_local_serve --decode-ranks 1 --http-listen 127.0.0.1:0 --router-listen 127.0.0.1:0 --cluster-listen 127.0.0.1:0
+ROUTER=$(grep -o "router listening on 127.0.0.1:[0-9]*" "$WORK/local.log" | grep -o "[0-9]*$" || true)
+CLUSTER=$(grep -o "cluster listening on 127.0.0.1:[0-9]*" "$WORK/local.log" | grep -o "[0-9]*$" || true)
+[ -n "$ROUTER" ] && [ -n "$CLUSTER" ] || fail "no router or cluster port in the log"
+"$BATON" node --role decode --name dec-a --connect "127.0.0.1:$CLUSTER" > "$WORK/node.log" 2>&1 &
+NODE=$!
+for _ in $(seq 300); do grep -q "joined the head" "$WORK/node.log" && break; sleep 0.1; done
+grep -q "joined the head" "$WORK/node.log" || fail "dec-a did not join"
+status() { timeout 30 "$BATON" status --cluster "127.0.0.1:$CLUSTER" --router "127.0.0.1:$ROUTER" "$@"; }
+# Its rank reports its load within a moment of joining.
+for _ in $(seq 100); do status > "$WORK/status.txt" && grep -q "^  decode  *dec-a " "$WORK/status.txt" && break; sleep 0.1; done
+grep -Eq "^  dec-a +decode +$NODE +joined +[0-9]+ ms +dec-a$" "$WORK/status.txt" || fail "dec-a not listed as joined: $(cat "$WORK/status.txt")"
+grep -Eq "^  decode +dec-a +0 +0 +[0-9]+ of [0-9]+ +taking work$" "$WORK/status.txt" || fail "dec-a's rank not listed: $(cat "$WORK/status.txt")"
+grep -Eq "^  prefill +prefill-0 " "$WORK/status.txt" || fail "the head's prefill rank not listed: $(cat "$WORK/status.txt")"
+kill -9 "$NODE"
+NODE=""
+for _ in $(seq 100); do status > "$WORK/status.txt" && grep -Eq "^  dec-a +decode +[0-9]+ +gone " "$WORK/status.txt" && break; sleep 0.1; done
+grep -Eq "^  dec-a +decode +[0-9]+ +gone " "$WORK/status.txt" || fail "dec-a not listed as gone after SIGKILL: $(cat "$WORK/status.txt")"
+grep -Eq "^  decode +dec-a " "$WORK/status.txt" && fail "dec-a's rank still listed after SIGKILL: $(cat "$WORK/status.txt")"
+status --json > "$WORK/status.json"
+python3 - "$WORK/status.json" <<'PY' || fail "--json does not say the same: $(cat "$WORK/status.json")"
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert [n["state"] for n in j["nodes"] if n["name"] == "dec-a"] == ["gone"], j["nodes"]
+assert "dec-a" not in [r["name"] for r in j["ranks"]], j["ranks"]
+assert any(r["role"] == "decode" and r["taking_work"] for r in j["ranks"]), j["ranks"]
+PY
+# Nothing listening there: said, exit code 1 (the router's table still printed).
+rc=0
+timeout 30 "$BATON" status --cluster 127.0.0.1:1 --router "127.0.0.1:$ROUTER" > "$WORK/down.txt" 2>&1 || rc=$?
+[ "$rc" = 1 ] || fail "status with an unreachable directory exited $rc: $(cat "$WORK/down.txt")"
+grep -q "(the node directory at 127.0.0.1:1 could not be reached: " "$WORK/down.txt" || fail "the unreachable directory was not named: $(cat "$WORK/down.txt")"
+grep -Eq "^  prefill +prefill-0 " "$WORK/down.txt" || fail "the router's table is missing: $(cat "$WORK/down.txt")"
+echo "status e2e: dec-a listed joined, then gone after SIGKILL with its rank out of the ranks; --json agrees; an unreachable directory named"
