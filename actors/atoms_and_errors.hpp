@@ -57,6 +57,7 @@ using forget_atom = caf::atom_constant<caf::atom("forget")>;
 /// an elastic move brings back to this role: no, its drain was that earlier move's).
 using rejoin_atom = caf::atom_constant<caf::atom("rejoin")>;
 using rank_gone_atom = caf::atom_constant<caf::atom("rank_gone")>;
+using directory_atom = caf::atom_constant<caf::atom("directory")>;
 using adopt_atom = caf::atom_constant<caf::atom("adopt")>;
 /// The block servers as the index knows them now (a store node adopted again is a new actor).
 using servers_atom = caf::atom_constant<caf::atom("servers")>;

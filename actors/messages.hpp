@@ -664,6 +664,24 @@ using elastic_controller_actor = caf::typed_actor<
     caf::replies_to<events_atom>::with<std::vector<role_change>>>;  // every role change so far
 
 /// What the router knows of the cluster, for clients (the gateway's /v1/models and /metrics).
+/// A node process as the head's directory knows it (baton status, /metrics): one that went keeps
+/// its entry, "gone", with how.
+struct node_status {
+  std::string name;
+  std::vector<std::string> roles;
+  int32_t pid = 0;
+  int64_t since_heartbeat_ms = 0;  ///< time since its last heartbeat
+  std::string state;               ///< joined | draining | gone (missed heartbeats or left)
+  std::vector<std::string> ranks;  ///< its ranks' names, once it has started them
+  std::string why;                 ///< gone: how (went down (...), left (its agent ended), missed its heartbeats ...)
+  bool left = false;               ///< gone on purpose: its agent ended on its own (drained and left), not lost
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, node_status& x) {
+  return f(caf::meta::type_name("node_status"), x.name, x.roles, x.pid, x.since_heartbeat_ms, x.state, x.ranks, x.why,
+           x.left);
+}
+
 struct cluster_stats {
   std::string model;                 ///< the served model's name
   uint32_t context_tokens = 0;       ///< its context length
@@ -698,6 +716,10 @@ struct cluster_stats {
   /// that takes work): an overload building up shows here before its 503s.
   uint32_t prefill_parked = 0;
   uint32_t decode_parked = 0;
+  /// The head's node processes (its directory's view), when the router knows the directory and
+  /// it answered; in-process ranks have no node.
+  bool nodes_known = false;
+  std::vector<node_status> nodes;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, cluster_stats& x) {
@@ -705,7 +727,7 @@ typename Inspector::result_type inspect(Inspector& f, cluster_stats& x) {
            x.num_admitted, x.num_rejected, x.num_active, x.num_overloaded, x.num_failovers, x.failed_codes, x.failed_counts, x.chat_reasoning,
            x.chat_tool_calls, x.default_temperature, x.default_top_p, x.default_top_k, x.store_servers,
            x.store_servers_up, x.max_active_requests, x.draining, x.decode_answered, x.prefill_parked,
-           x.decode_parked);
+           x.decode_parked, x.nodes_known, x.nodes);
 }
 
 using router_actor = caf::typed_actor<
@@ -717,7 +739,10 @@ using router_actor = caf::typed_actor<
     // Its head stops: new requests are refused (shutting_down), those admitted run to their end.
     caf::reacts_to<drain_atom>,
     // From the node directory: these ranks are gone; every request on them is re-placed.
-    caf::reacts_to<rank_gone_atom, std::vector<std::string>, std::string>>;
+    caf::reacts_to<rank_gone_atom, std::vector<std::string>, std::string>,
+    // The head's node directory (a node_directory_actor, in this process), whose view of the
+    // nodes the router's stats carry.
+    caf::reacts_to<directory_atom, caf::actor>>;
 
 /// Registers every type here and in node_messages.hpp (and the error category) with a config, before the actor
 /// system is built, and sets the default cluster id (CAF's middleman.app-identifiers). Call it

@@ -28,6 +28,8 @@ struct node_entry {
   bool ended = false;
   /// It was draining when it was marked gone: if it comes back, it still is.
   bool gone_draining = false;
+  std::string gone_why;  ///< how it went (node_status::why)
+  bool left = false;     ///< its agent ended on its own: it drained and left (node_status::left)
 };
 
 using cards_promise = caf::typed_response_promise<std::vector<std::string>>;
@@ -342,6 +344,7 @@ void mark_gone(pointer self, const std::string& name, node_entry& n, const std::
                      (n.ranks.names.empty() ? std::string{} : "; its ranks are taken out of placement"));
   n.gone_draining = n.state == "draining";
   n.state = "gone";
+  n.gone_why = why;
   tell_group_members(self, name, n.hello.pid, why);
   auto& w = self->state.welcome;
   for (const auto& r : n.ranks.decode) self->send(w.decode_balancer, forget_atom::value, r);
@@ -362,6 +365,7 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
     for (auto& [name, n] : self->state.nodes)
       if (n.agent == dm.source) {
         n.ended = true;
+        n.left = !dm.reason;
         // No reason: its agent ended on its own (the node drained and left); else how it died.
         mark_gone(self, name, n, dm.reason ? "went down (" + self->system().render(dm.reason) + ")" : "left (its agent ended)");
       }
@@ -431,6 +435,8 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
         n.last_heartbeat = self->clock().now();
         n.state = "joined";
         n.ended = false;
+        n.left = false;
+        n.gone_why.clear();
         // (Not "node <name> joined": that is the launcher's line, which scripts count.)
         log_line(self, "node " + name + ": in the cluster (" + roles_text(n.hello.roles) + ", pid " +
                            std::to_string(n.hello.pid) + ")");
@@ -538,7 +544,7 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
         for (const auto& [name, n] : self->state.nodes)
           out.push_back({name, n.hello.roles, n.hello.pid,
                          std::chrono::duration_cast<std::chrono::milliseconds>(now - n.last_heartbeat).count(), n.state,
-                         n.ranks.names});
+                         n.ranks.names, n.state == "gone" ? n.gone_why : std::string{}, n.state == "gone" && n.left});
         return out;
       },
       [=](timer_atom, const std::string& group, uint64_t timer) { shrink(self, group, timer); },

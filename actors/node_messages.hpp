@@ -54,19 +54,6 @@ typename Inspector::result_type inspect(Inspector& f, cluster_welcome& x) {
            x.heartbeat_interval_ms, x.elastic_controller);
 }
 
-struct node_status {
-  std::string name;
-  std::vector<std::string> roles;
-  int32_t pid = 0;
-  int64_t since_heartbeat_ms = 0;  ///< time since its last heartbeat
-  std::string state;               ///< joined | draining | gone (missed heartbeats or left)
-  std::vector<std::string> ranks;  ///< its ranks' names, once it has started them
-};
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, node_status& x) {
-  return f(caf::meta::type_name("node_status"), x.name, x.roles, x.pid, x.since_heartbeat_ms, x.state, x.ranks);
-}
-
 /// The head's register of node processes: who joined, their heartbeats, who drains.
 using node_directory_actor = caf::typed_actor<
     caf::replies_to<join_atom, node_hello>::with<cluster_welcome>,

@@ -217,6 +217,7 @@ struct router_state {
   std::shared_ptr<const gpu::model_config> shared_model;  ///< the same, for request actors (request_plan::admit)
   std::shared_ptr<request_counters> counters = std::make_shared<request_counters>();  ///< request_plan::counters
   prefill_balancer_actor prefill;
+  node_directory_actor directory;  ///< the head's node directory, once told (directory_atom)
   decode_balancer_actor decode;
   store_access store;
   uint64_t last_request = 0;
@@ -249,7 +250,7 @@ void sum_store_stats(store_stats& t, const store_stats& x) {
   t.disk_bytes += x.disk_bytes, t.disk_evicted += x.disk_evicted, t.damaged_dropped += x.damaged_dropped;
 }
 
-/// Asks both balancers and every store actor for their numbers, in parallel; whoever does not
+/// Asks both balancers, the node directory and every store actor for their numbers, in parallel; whoever does not
 /// answer within a second is left out (the answer is a snapshot, never an error).
 caf::result<cluster_stats> collect_stats(router_pointer self) {
   auto& s = self->state;
@@ -275,7 +276,7 @@ caf::result<cluster_stats> collect_stats(router_pointer self) {
   out->draining = s.draining;
   out->decode_answered = false;  // until it does
   auto rp = self->make_response_promise<cluster_stats>();
-  auto left = std::make_shared<size_t>(4 + s.store.index.size() + s.store.servers.size());
+  auto left = std::make_shared<size_t>(4 + (s.directory ? 1 : 0) + s.store.index.size() + s.store.servers.size());
   auto done = [rp, out, left]() mutable {
     if (--*left == 0) rp.deliver(*out);
   };
@@ -291,6 +292,10 @@ caf::result<cluster_stats> collect_stats(router_pointer self) {
       .then([=](uint32_t n) mutable { out->prefill_parked = n, done(); }, [=](caf::error&) mutable { done(); });
   self->request(s.decode, timeout, parked_atom::value)
       .then([=](uint32_t n) mutable { out->decode_parked = n, done(); }, [=](caf::error&) mutable { done(); });
+  if (s.directory)
+    self->request(s.directory, timeout, stats_atom::value)
+        .then([=](std::vector<node_status>& n) mutable { out->nodes = std::move(n), out->nodes_known = true, done(); },
+              [=](caf::error&) mutable { done(); });
   for (const auto& shard : s.store.index)
     self->request(shard, timeout, stats_atom::value)
         .then([=](store_stats& x) mutable { add(x), done(); }, [=](caf::error&) mutable { done(); });
@@ -413,6 +418,9 @@ router_actor::behavior_type router_impl(router_pointer self, router_config cfg, 
       [=](drain_atom) { self->state.draining = true; },
       [=](rank_gone_atom, const std::vector<std::string>& ranks, const std::string& why) {
         for (const auto& [addr, r] : self->state.live) self->send(r, rank_gone_atom::value, ranks, why);
+      },
+      [=](directory_atom, const caf::actor& directory) {
+        self->state.directory = caf::actor_cast<node_directory_actor>(directory);
       },
   };
 }

@@ -1,6 +1,7 @@
 #include "deploy/metrics.hpp"
 
 #include <cstdio>
+#include <map>
 
 #include "actors/messages.hpp"
 
@@ -243,6 +244,27 @@ std::string gateway_metrics::render(const cluster_stats* cluster) const {
          "# TYPE baton_placements_waiting gauge\n";
   out += "baton_placements_waiting{stage=\"prefill\"} " + std::to_string(c.prefill_parked) + "\n";
   out += "baton_placements_waiting{stage=\"decode\"} " + std::to_string(c.decode_parked) + "\n";
+  // The node processes as the head's directory knows them: one that went keeps its series, as
+  // lost or left, where its ranks' series are gone with it (a trial's alert needed absent() per
+  // rank). One series per node, its state as a label (alert on state="lost").
+  if (c.nodes_known) {
+    const auto state_of = [](const node_status& n) -> std::string {
+      return n.state != "gone" ? n.state : n.left ? "left" : "lost";
+    };
+    std::map<std::string, uint64_t> counts{{"joined", 0}, {"draining", 0}, {"left", 0}, {"lost", 0}};
+    out += "# HELP baton_node_state the head's node processes (baton node, gateways), 1 in their state: joined, "
+           "draining, left (drained and left on purpose) or lost (died, went silent, or replaced)\n"
+           "# TYPE baton_node_state gauge\n";
+    for (const auto& n : c.nodes) {
+      std::string roles;
+      for (const auto& r : n.roles) roles += (roles.empty() ? "" : ",") + r;
+      ++counts[state_of(n)];
+      out += "baton_node_state{node=\"" + label(n.name) + "\",roles=\"" + label(roles) + "\",state=\"" + state_of(n) +
+             "\"} 1\n";
+    }
+    out += "# HELP baton_nodes the head's node processes by state\n# TYPE baton_nodes gauge\n";
+    for (const auto& [state, n] : counts) out += "baton_nodes{state=\"" + state + "\"} " + std::to_string(n) + "\n";
+  }
   // One family over ranks: a gauge over both roles, or a counter of the decode ranks alone (as of
   // each rank's last load report).
   auto family = [&](const char* name, const char* help, const char* type, bool decode_only, auto value) {

@@ -51,9 +51,13 @@ std::string status_text(const std::vector<node_status>* nodes, const std::string
       out += "  (none has joined: every rank runs in the head's process)\n";
     } else {
       out += "  " + pad("NAME", 16) + pad("ROLES", 14) + pad("PID", 8) + pad("STATE", 9) + pad("HEARTBEAT", 10) + "RANKS\n";
-      for (const auto& n : *nodes)
-        out += "  " + pad(n.name, 16) + pad(join(n.roles, ","), 14) + pad(std::to_string(n.pid), 8) + pad(n.state, 9) +
-               pad(std::to_string(n.since_heartbeat_ms) + " ms", 10) + join(n.ranks, " ") + "\n";
+      for (const auto& n : *nodes) {
+        std::string line = "  " + pad(n.name, 16) + pad(join(n.roles, ","), 14) + pad(std::to_string(n.pid), 8) +
+                           pad(n.state, 9) + pad(std::to_string(n.since_heartbeat_ms) + " ms", 10) + join(n.ranks, " ");
+        if (!n.why.empty()) line += (n.ranks.empty() ? "" : " ") + std::string{"("} + n.why + ")";
+        while (!line.empty() && line.back() == ' ') line.pop_back();
+        out += line + "\n";
+      }
     }
   }
   if (ranks || !ranks_why.empty()) {
@@ -89,7 +93,9 @@ std::string status_json(const std::vector<node_status>* nodes, const std::string
                               {"pid", n.pid},
                               {"state", n.state},
                               {"since_heartbeat_ms", n.since_heartbeat_ms},
-                              {"ranks", n.ranks}});
+                              {"ranks", n.ranks},
+                              {"why", n.why},
+                              {"left", n.left}});
   } else if (!nodes_why.empty()) {
     out["nodes"] = nullptr;
     out["nodes_error"] = nodes_why;
@@ -174,6 +180,8 @@ int run_status(const std::vector<std::string>& args) {
           .receive([&](cluster_stats& s) { ranks = std::move(s); },
                    [&](caf::error& e) { ranks_why = "the router at " + router + " did not answer: " + sys.render(e); });
   }
+  // Without --cluster, the nodes as the router's stats carry them (its head's directory).
+  if (cluster.empty() && ranks && ranks->nodes_known) nodes = ranks->nodes;
   const auto* n = nodes ? &*nodes : nullptr;
   const auto* r = ranks ? &*ranks : nullptr;
   std::fputs((json ? status_json(n, nodes_why, r, ranks_why) : status_text(n, nodes_why, r, ranks_why)).c_str(), stdout);

@@ -123,6 +123,18 @@ TEST_CASE("/metrics: a call's first token is timed as it comes and a failed call
   CHECK(routed.find("# TYPE baton_router_request_failures_total counter\n") != std::string::npos);
   CHECK(value_of(routed, "baton_router_request_failures_total{code=\"kv_capacity\"}") == 4);
   CHECK(value_of(routed, "baton_router_request_failures_total{code=\"rank_unavailable\"}") == 1);
+  CHECK(routed.find("baton_node_state") == std::string::npos);  // the router knew no directory
+  // The head's nodes: one series each, its state a label; one that went stays, lost or left.
+  cs.nodes_known = true;
+  cs.nodes = {{"dec-a", {"decode"}, 10, 100, "joined", {"dec-a"}, "", false},
+              {"dec-b", {"decode"}, 11, 9000, "gone", {}, "went down (exit_reason(kill))", false},
+              {"pre-c", {"prefill", "gateway"}, 12, 9000, "gone", {}, "left (its agent ended)", true}};
+  const auto with_nodes = m.render(&cs);
+  CHECK(value_of(with_nodes, "baton_node_state{node=\"dec-a\",roles=\"decode\",state=\"joined\"}") == 1);
+  CHECK(value_of(with_nodes, "baton_node_state{node=\"dec-b\",roles=\"decode\",state=\"lost\"}") == 1);
+  CHECK(value_of(with_nodes, "baton_node_state{node=\"pre-c\",roles=\"prefill,gateway\",state=\"left\"}") == 1);
+  CHECK(value_of(with_nodes, "baton_nodes{state=\"lost\"}") == 1);
+  CHECK(value_of(with_nodes, "baton_nodes{state=\"draining\"}") == 0);
 }
 
 TEST_CASE("/metrics: each decode rank's counters (offloads, moves, write-backs) from its last load report, as "

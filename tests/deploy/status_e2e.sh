@@ -26,16 +26,23 @@ grep -Eq "^  prefill +prefill-0 " "$WORK/status.txt" || fail "the head's prefill
 kill -9 "$NODE"
 NODE=""
 for _ in $(seq 100); do status > "$WORK/status.txt" && grep -Eq "^  dec-a +decode +[0-9]+ +gone " "$WORK/status.txt" && break; sleep 0.1; done
-grep -Eq "^  dec-a +decode +[0-9]+ +gone " "$WORK/status.txt" || fail "dec-a not listed as gone after SIGKILL: $(cat "$WORK/status.txt")"
+grep -Eq "^  dec-a +decode +[0-9]+ +gone +[0-9]+ ms +dec-a \(went down \(" "$WORK/status.txt" ||
+  fail "dec-a not listed as gone, with how, after SIGKILL: $(cat "$WORK/status.txt")"
 grep -Eq "^  decode +dec-a " "$WORK/status.txt" && fail "dec-a's rank still listed after SIGKILL: $(cat "$WORK/status.txt")"
 status --json > "$WORK/status.json"
 python3 - "$WORK/status.json" <<'PY' || fail "--json does not say the same: $(cat "$WORK/status.json")"
 import json, sys
 j = json.load(open(sys.argv[1]))
-assert [n["state"] for n in j["nodes"] if n["name"] == "dec-a"] == ["gone"], j["nodes"]
+assert [(n["state"], n["left"]) for n in j["nodes"] if n["name"] == "dec-a"] == [("gone", False)], j["nodes"]
 assert "dec-a" not in [r["name"] for r in j["ranks"]], j["ranks"]
 assert any(r["role"] == "decode" and r["taking_work"] for r in j["ranks"]), j["ranks"]
 PY
+# The router alone says the same of the nodes (its head's directory), and /metrics has it lost.
+timeout 30 "$BATON" status --router "127.0.0.1:$ROUTER" > "$WORK/router-only.txt"
+grep -Eq "^  dec-a +decode +[0-9]+ +gone " "$WORK/router-only.txt" || fail "--router alone lists no nodes: $(cat "$WORK/router-only.txt")"
+curl -sf -m 10 "http://127.0.0.1:$HTTP/metrics" > "$WORK/metrics.txt" || fail "no /metrics"
+grep -q '^baton_node_state{node="dec-a",roles="decode",state="lost"} 1$' "$WORK/metrics.txt" ||
+  fail "/metrics does not have dec-a lost: $(grep baton_node "$WORK/metrics.txt")"
 # Nothing listening there: said, exit code 1 (the router's table still printed).
 rc=0
 timeout 30 "$BATON" status --cluster 127.0.0.1:1 --router "127.0.0.1:$ROUTER" > "$WORK/down.txt" 2>&1 || rc=$?

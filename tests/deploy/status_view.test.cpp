@@ -15,8 +15,8 @@ using namespace baton::deploy;
 namespace {
 
 std::vector<node_status> two_nodes() {
-  node_status a{"dec-a", {"decode"}, 812, 120, "joined", {"dec-a"}};
-  node_status b{"pre-x", {"prefill"}, 901, 61000, "gone", {}};
+  node_status a{"dec-a", {"decode"}, 812, 120, "joined", {"dec-a"}, "", false};
+  node_status b{"pre-x", {"prefill"}, 901, 61000, "gone", {}, "went down (exit_reason(kill))", false};
   return {a, b};
 }
 
@@ -50,7 +50,9 @@ TEST_CASE("baton status lists each node with its roles, pid, state and last hear
   const auto text = status_text(&nodes, "", &ranks, "");
   CHECK_MESSAGE(text.find("nodes:\n  NAME") != std::string::npos, text);
   CHECK_MESSAGE(text.find("  dec-a             decode          812       joined     120 ms      dec-a\n") != std::string::npos, text);
-  CHECK_MESSAGE(text.find("pre-x             prefill         901       gone       61000 ms") != std::string::npos, text);
+  CHECK_MESSAGE(text.find("pre-x             prefill         901       gone       61000 ms    (went down (exit_reason(kill)))\n") !=
+                    std::string::npos,
+                text);
   CHECK_MESSAGE(text.find("  prefill   prefill-0         1         300       500 of 512      taking work\n") != std::string::npos, text);
   CHECK_MESSAGE(text.find("  decode    dec-a             3         0         28 of 48        draining\n") != std::string::npos, text);
   CHECK_MESSAGE(text.find("placements waiting: prefill 0, decode 2 (the KV queue); requests in flight 5") != std::string::npos, text);
@@ -68,6 +70,8 @@ TEST_CASE("baton status --json: the same for scripts, with a failure in place of
   REQUIRE(j["nodes"].size() == 2);
   CHECK(j["nodes"][1]["state"] == "gone");
   CHECK(j["nodes"][1]["since_heartbeat_ms"] == 61000);
+  CHECK(j["nodes"][1]["why"] == "went down (exit_reason(kill))");
+  CHECK(j["nodes"][1]["left"] == false);
   CHECK(j["nodes"][0]["roles"][0] == "decode");
   REQUIRE(j["ranks"].size() == 2);
   CHECK(j["ranks"][0]["taking_work"] == true);
