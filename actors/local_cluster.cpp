@@ -318,7 +318,8 @@ local_cluster start_local_cluster(caf::actor_system& sys, const local_cluster_co
   dc.page_tokens = cfg.executor.page_size_tokens;
   dc.log = cfg.node_log;
   out.directory = spawn_node_directory(sys, dc, welcome);
-  caf::anon_send(out.router, directory_atom::value, caf::actor_cast<caf::actor>(out.directory));  // its stats name the nodes
+  // Its stats name the nodes. From a scoped actor: the router takes it only from its own process.
+  caf::scoped_actor{sys}->send(out.router, directory_atom::value, node_stats_actor{out.directory});
   if (!out.setup_error.empty())
     for (auto& a : out.actors()) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
   return out;

@@ -128,6 +128,7 @@ void register_message_types(caf::actor_system_config& cfg) {
       .add_message_type<prefill_balancer_actor>("baton::prefill_balancer_actor")
       .add_message_type<decode_balancer_actor>("baton::decode_balancer_actor")
       .add_message_type<router_actor>("baton::router_actor")
+      .add_message_type<node_stats_actor>("baton::node_stats_actor")
       .add_message_type<stream_chunk>("baton::stream_chunk")
       .add_message_type<client_sink_actor>("baton::client_sink_actor")
       .add_message_type<cluster_stats>("baton::cluster_stats")

@@ -663,7 +663,6 @@ using elastic_controller_actor = caf::typed_actor<
     caf::reacts_to<rejoin_atom, node_ranks>,                     // a node given up for gone is back: they may be again
     caf::replies_to<events_atom>::with<std::vector<role_change>>>;  // every role change so far
 
-/// What the router knows of the cluster, for clients (the gateway's /v1/models and /metrics).
 /// A node process as the head's directory knows it (baton status, /metrics): one that went keeps
 /// its entry, "gone", with how.
 struct node_status {
@@ -682,6 +681,7 @@ typename Inspector::result_type inspect(Inspector& f, node_status& x) {
            x.left);
 }
 
+/// What the router knows of the cluster, for clients (the gateway's /v1/models and /metrics).
 struct cluster_stats {
   std::string model;                 ///< the served model's name
   uint32_t context_tokens = 0;       ///< its context length
@@ -730,6 +730,10 @@ typename Inspector::result_type inspect(Inspector& f, cluster_stats& x) {
            x.decode_parked, x.nodes_known, x.nodes);
 }
 
+/// What the router asks of the head's node directory (node_directory_actor answers it): only
+/// that, so a handle that came from elsewhere can do nothing else through the router.
+using node_stats_actor = caf::typed_actor<caf::replies_to<stats_atom>::with<std::vector<node_status>>>;
+
 using router_actor = caf::typed_actor<
     caf::replies_to<generate_atom, generate_request>::with<completion>,
     // The same, streamed: the sink receives stream_chunks; the answer is the whole completion.
@@ -740,9 +744,9 @@ using router_actor = caf::typed_actor<
     caf::reacts_to<drain_atom>,
     // From the node directory: these ranks are gone; every request on them is re-placed.
     caf::reacts_to<rank_gone_atom, std::vector<std::string>, std::string>,
-    // The head's node directory (a node_directory_actor, in this process), whose view of the
-    // nodes the router's stats carry.
-    caf::reacts_to<directory_atom, caf::actor>>;
+    // The head's node directory, whose view of the nodes the router's stats carry: taken once,
+    // from its own process before the router is published (later ones are ignored).
+    caf::reacts_to<directory_atom, node_stats_actor>>;
 
 /// Registers every type here and in node_messages.hpp (and the error category) with a config, before the actor
 /// system is built, and sets the default cluster id (CAF's middleman.app-identifiers). Call it

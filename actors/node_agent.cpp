@@ -95,6 +95,27 @@ void check_drained(pointer self) {
   for (const auto& r : ranks.prefill) ask(r);
 }
 
+/// Drains the node: its ranks take no new work and finish what they have, then it leaves;
+/// `for_restart` tells the head it leaves to be restarted (lost), not on purpose.
+void drain(pointer self, bool for_restart) {
+  auto& st = self->state;
+  if (st.draining) return;
+  st.draining = true;
+  st.drain_started = self->clock().now();
+  if (!st.serving) {
+    stop_all(self);
+    self->quit();
+    return;
+  }
+  self->send(st.directory, drain_atom::value, st.cfg.hello.name, for_restart);
+  for (auto& r : st.actors.ranks.decode) self->send(st.welcome.decode_balancer, drain_atom::value, r);
+  for (auto& r : st.actors.ranks.prefill) self->send(st.welcome.prefill_balancer, drain_atom::value, r);
+  // The elastic controller would otherwise wake a standby side here, which registers with
+  // its balancer afresh, not draining, and takes work the node can no longer finish.
+  if (st.welcome.elastic_controller) self->send(st.welcome.elastic_controller, drain_atom::value, st.actors.ranks);
+  check_drained(self);
+}
+
 node_agent_actor::behavior_type node_agent_impl(pointer self, node_directory_actor directory, node_agent_config cfg,
                                                 node_start start) {
   auto& st = self->state;
@@ -146,24 +167,8 @@ node_agent_actor::behavior_type node_agent_impl(pointer self, node_directory_act
         self->send(st.directory, heartbeat_atom::value, st.cfg.hello.name, st.cfg.hello.incarnation);
         self->delayed_send(self, std::chrono::milliseconds{st.welcome.heartbeat_interval_ms}, heartbeat_atom::value);
       },
-      [=](drain_atom) {
-        auto& st = self->state;
-        if (st.draining) return;
-        st.draining = true;
-        st.drain_started = self->clock().now();
-        if (!st.serving) {
-          stop_all(self);
-          self->quit();
-          return;
-        }
-        self->send(st.directory, drain_atom::value, st.cfg.hello.name);
-        for (auto& r : st.actors.ranks.decode) self->send(st.welcome.decode_balancer, drain_atom::value, r);
-        for (auto& r : st.actors.ranks.prefill) self->send(st.welcome.prefill_balancer, drain_atom::value, r);
-        // The elastic controller would otherwise wake a standby side here, which registers with
-        // its balancer afresh, not draining, and takes work the node can no longer finish.
-        if (st.welcome.elastic_controller) self->send(st.welcome.elastic_controller, drain_atom::value, st.actors.ranks);
-        check_drained(self);
-      },
+      [=](drain_atom) { drain(self, false); },
+      [=](drain_atom, bool for_restart) { drain(self, for_restart); },
       [=](poll_atom) { check_drained(self); },
       [=](member_gone_atom, const std::string& group, const std::vector<uint32_t>& members, const std::string& why,
           bool returned) {

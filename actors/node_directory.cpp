@@ -29,7 +29,10 @@ struct node_entry {
   /// It was draining when it was marked gone: if it comes back, it still is.
   bool gone_draining = false;
   std::string gone_why;  ///< how it went (node_status::why)
-  bool left = false;     ///< its agent ended on its own: it drained and left (node_status::left)
+  /// It went on purpose (node_status::left): its agent ended on its own, or it was draining when
+  /// it went (a drain past its timeout, a kill to hurry it), and not to be restarted.
+  bool left = false;
+  bool drain_for_restart = false;  ///< its drain is a leave to be restarted (a group that could not re-form)
 };
 
 using cards_promise = caf::typed_response_promise<std::vector<std::string>>;
@@ -365,7 +368,8 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
     for (auto& [name, n] : self->state.nodes)
       if (n.agent == dm.source) {
         n.ended = true;
-        n.left = !dm.reason;
+        // Once: a node given up before (missed heartbeats) keeps how it went.
+        if (n.state != "gone") n.left = (!dm.reason || n.state == "draining") && !n.drain_for_restart;
         // No reason: its agent ended on its own (the node drained and left); else how it died.
         mark_gone(self, name, n, dm.reason ? "went down (" + self->system().render(dm.reason) + ")" : "left (its agent ended)");
       }
@@ -435,7 +439,7 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
         n.last_heartbeat = self->clock().now();
         n.state = "joined";
         n.ended = false;
-        n.left = false;
+        n.left = n.drain_for_restart = false;
         n.gone_why.clear();
         // (Not "node <name> joined": that is the launcher's line, which scripts count.)
         log_line(self, "node " + name + ": in the cluster (" + roles_text(n.hello.roles) + ", pid " +
@@ -534,9 +538,11 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
         take_post(self, group, r, {first, std::move(cards), node, pid, promise, shrink_after_ms, poster});
         return promise;
       },
-      [=](drain_atom, const std::string& name) {
-        if (auto i = self->state.nodes.find(name); i != self->state.nodes.end() && i->second.agent == self->current_sender())
+      [=](drain_atom, const std::string& name, bool for_restart) {
+        if (auto i = self->state.nodes.find(name); i != self->state.nodes.end() && i->second.agent == self->current_sender()) {
           i->second.state = "draining";
+          i->second.drain_for_restart = for_restart;
+        }
       },
       [=](stats_atom) {
         std::vector<node_status> out;

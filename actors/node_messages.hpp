@@ -60,7 +60,8 @@ using node_directory_actor = caf::typed_actor<
     // node name and the incarnation it joined as: a process the name no longer belongs to (a
     // newer one joined under it) keeps no entry alive
     caf::reacts_to<heartbeat_atom, std::string, uint64_t>,
-    caf::reacts_to<drain_atom, std::string>,       // node name: it is draining and will leave
+    // node name: it is draining and will leave; true: to be restarted (a failure, not a planned leave)
+    caf::reacts_to<drain_atom, std::string, bool>,
     // node name and its ranks: what to drop if the node goes silent
     caf::reacts_to<std::string, node_ranks>,
     caf::replies_to<stats_atom>::with<std::vector<node_status>>,
@@ -83,6 +84,9 @@ inline constexpr std::string_view absent_card = "absent#";
 using node_agent_actor = caf::typed_actor<
     caf::reacts_to<heartbeat_atom>,  // tick (internal)
     caf::reacts_to<drain_atom>,      // from the process (SIGTERM): finish the work, then leave
+    // the same, to be restarted (true: its data-parallel group could not re-form in place): the
+    // head counts it lost, not left on purpose
+    caf::reacts_to<drain_atom, bool>,
     caf::reacts_to<poll_atom>,       // drain progress check (internal)
     // from the directory: these members of this group (its meeting's name, member indices) were
     // on a node that went down or fell silent, and why; or (true) members that a shrunk meeting

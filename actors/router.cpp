@@ -217,7 +217,7 @@ struct router_state {
   std::shared_ptr<const gpu::model_config> shared_model;  ///< the same, for request actors (request_plan::admit)
   std::shared_ptr<request_counters> counters = std::make_shared<request_counters>();  ///< request_plan::counters
   prefill_balancer_actor prefill;
-  node_directory_actor directory;  ///< the head's node directory, once told (directory_atom)
+  node_stats_actor directory;  ///< the head's node directory, once told (directory_atom)
   decode_balancer_actor decode;
   store_access store;
   uint64_t last_request = 0;
@@ -419,8 +419,11 @@ router_actor::behavior_type router_impl(router_pointer self, router_config cfg, 
       [=](rank_gone_atom, const std::vector<std::string>& ranks, const std::string& why) {
         for (const auto& [addr, r] : self->state.live) self->send(r, rank_gone_atom::value, ranks, why);
       },
-      [=](directory_atom, const caf::actor& directory) {
-        self->state.directory = caf::actor_cast<node_directory_actor>(directory);
+      [=](directory_atom, const node_stats_actor& directory) {
+        // Once: the router is published (remote clients may send this too) after its own
+        // process told it; none may swap the nodes /metrics and baton status show.
+        if (!self->state.directory && self->current_sender() && self->current_sender()->node() == self->node())
+          self->state.directory = directory;
       },
   };
 }

@@ -100,7 +100,7 @@ struct connection_state {
   caf::actor call_sink;      ///< renders the call's chunks; its exit cancels the generation
   std::string call_id;       ///< the call's answer id (cmpl-..., chatcmpl-...), also its x-request-id header
   bool token_seen = false;   ///< the call's first token came (its first-token deadline is void)
-  uint64_t first_request = 0;  ///< the router's number of the generation whose token came first
+  uint64_t first_request = 0;  ///< the router's number of the generation whose token came first (0: none yet)
   /// When the call began: its first token is due within first_token_timeout_ms (the connection's
   /// timer checks; a timer message per call would pile up for the whole timeout at high rates).
   std::chrono::steady_clock::time_point call_started;
@@ -305,6 +305,7 @@ void generate(caf::io::broker* self, const shared_ptr& g, const state_ptr& st, c
   st->in_call = true;
   ++g->calls_in_flight;
   st->token_seen = false;
+  st->first_request = 0;
   st->streaming = false;
   st->call_started = std::chrono::steady_clock::now();
   const uint64_t seq = ++st->call_seq;
@@ -347,8 +348,8 @@ void client_cut(caf::io::broker* self, const shared_ptr& g, const state_ptr& st,
   // The router's number, once a token named it: the line leads to the request's other traces.
   if (st->in_call)
     log_call(self, g, st, 499, st->head_sent, nullptr,
-             why + (st->token_seen ? " (request " + std::to_string(st->first_request) + ", after its first token)"
-                                   : " (before its first token)"));
+             why + (st->first_request ? " (request " + std::to_string(st->first_request) + ", after its first token)"
+                                      : " (before its first token)"));
 }
 
 /// The call's answer: the whole completion, or the end of its stream.
@@ -808,9 +809,11 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
       [=](uint64_t seq, caf::error& e) {
         if (st->in_call && seq == st->call_seq) on_failed(self, hdl, g, st, e);
       },
-      [=](uint64_t seq, token_seen_atom, uint64_t request_id) {
-        if (!st->in_call || seq != st->call_seq || st->token_seen) return;
-        st->token_seen = true;
+      [=](uint64_t seq, token_seen_atom) {
+        if (st->in_call && seq == st->call_seq) st->token_seen = true;
+      },
+      [=](uint64_t seq, first_token_atom, uint64_t request_id) {
+        if (!st->in_call || seq != st->call_seq || st->first_request) return;
         st->first_request = request_id;
         g->metrics.first_token(std::chrono::duration<double>(std::chrono::steady_clock::now() - st->call_started).count());
       },

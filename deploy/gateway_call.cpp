@@ -116,12 +116,13 @@ client_sink_actor::behavior_type run_choice(client_sink_actor::pointer self, caf
     if (!*monitored) {
       *monitored = true;
       if (auto from = self->current_sender()) self->monitor(from);
+      caf::anon_send(broker, seq, token_seen_atom::value);
     }
-    // The first generated token, not the first chunk: a scoring call's one chunk (echo, max_tokens
-    // 0) holds none, and its prefill is no TTFT (a review: lm-eval runs would skew the histogram).
-    if (!*token_told && !c.tokens.empty()) {
+    // TTFT at the first generated token, not the first chunk: a scoring call's one chunk (echo,
+    // max_tokens 0) holds none, and its prefill is no TTFT (lm-eval runs would skew the histogram).
+    if (!*token_told && !c.tokens.empty() && !cs->call.req.prompt_only) {  // (prompt_only: the token is dropped)
       *token_told = true;
-      caf::anon_send(broker, seq, token_seen_atom::value, c.request_id);
+      caf::anon_send(broker, seq, first_token_atom::value, c.request_id);
     }
     if (!cs->call.stream) return;
     // Nothing new to say (e.g. half a UTF-8 character held back, and no log-probabilities asked

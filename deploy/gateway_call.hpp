@@ -18,8 +18,11 @@ class actor_system;
 
 namespace baton::deploy {
 
-/// A call's go-between saw its first token: the call's first-token deadline no longer applies.
+/// A call's go-between saw its first chunk: the call's first-token deadline and its keepalive no
+/// longer apply (a scoring call's one chunk holds no generated token, and ends the call).
 using token_seen_atom = caf::atom_constant<caf::atom("toknseen")>;
+/// ... and its first generated token (with the router's number of its request): TTFT is timed.
+using first_token_atom = caf::atom_constant<caf::atom("firsttok")>;
 /// A call's go-between read a streaming call: until its first token the gateway keeps the
 /// connection busy (gateway_config::stream_keepalive_ms).
 using streaming_atom = caf::atom_constant<caf::atom("streaming")>;

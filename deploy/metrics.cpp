@@ -233,8 +233,9 @@ std::string gateway_metrics::render(const cluster_stats* cluster) const {
                  "cluster shows the same count (take max over gateways, not sum)",
                  static_cast<double>(c.num_failovers));
   out += "# HELP baton_router_request_failures_total admitted requests that failed, by the cluster's code, from every "
-         "client (the C++ client's and baton generate's too; of this gateway's calls, baton_request_failures_total); "
-         "router-wide: every gateway of a cluster shows the same count (take max, not sum)\n"
+         "client (the C++ client's and baton generate's too; of this gateway's calls, baton_request_failures_total), "
+         "a client's cancel or hang-up as cancelled; router-wide: every gateway of a cluster shows the same count "
+         "(take max, not sum)\n"
          "# TYPE baton_router_request_failures_total counter\n";
   for (size_t i = 0; i < c.failed_codes.size() && i < c.failed_counts.size(); ++i)
     out += "baton_router_request_failures_total{code=\"" + label(c.failed_codes[i]) + "\"} " +
@@ -253,17 +254,19 @@ std::string gateway_metrics::render(const cluster_stats* cluster) const {
     };
     std::map<std::string, uint64_t> counts{{"joined", 0}, {"draining", 0}, {"left", 0}, {"lost", 0}};
     out += "# HELP baton_node_state the head's node processes (baton node, gateways), 1 in their state: joined, "
-           "draining, left (drained and left on purpose) or lost (died, went silent, or replaced)\n"
+           "draining, left (went on purpose: drained) or lost (died, went silent, or left to be restarted); a "
+           "process that rejoins under the name takes its entry; router-wide (take max over gateways, not sum)\n"
            "# TYPE baton_node_state gauge\n";
     for (const auto& n : c.nodes) {
       std::string roles;
       for (const auto& r : n.roles) roles += (roles.empty() ? "" : ",") + r;
       ++counts[state_of(n)];
-      out += "baton_node_state{node=\"" + label(n.name) + "\",roles=\"" + label(roles) + "\",state=\"" + state_of(n) +
-             "\"} 1\n";
+      out += "baton_node_state{node=\"" + label(n.name) + "\",roles=\"" + label(roles) + "\",state=\"" +
+             label(state_of(n)) + "\"} 1\n";
     }
     out += "# HELP baton_nodes the head's node processes by state\n# TYPE baton_nodes gauge\n";
-    for (const auto& [state, n] : counts) out += "baton_nodes{state=\"" + state + "\"} " + std::to_string(n) + "\n";
+    for (const auto& [state, n] : counts)
+      out += "baton_nodes{state=\"" + label(state) + "\"} " + std::to_string(n) + "\n";
   }
   // One family over ranks: a gauge over both roles, or a counter of the decode ranks alone (as of
   // each rank's last load report).

@@ -366,7 +366,7 @@ int run_rank_node(node_options o) {
       if ((stop_requested() || state->must_leave.load()) && !drain_sent) {
         leaving_for_group = !stop_requested();
         state->leaving.store(true);  // re-formings still meeting give up
-        self->send(agent, drain_atom::value);
+        self->send(agent, drain_atom::value, leaving_for_group);  // to be restarted: the head counts it lost
         drain_sent = true;
       }
       // 10 ms: a stop is told to the head at once. At 100 ms a trial's replacement, started

@@ -130,14 +130,16 @@ int run_status(const std::vector<std::string>& args) {
   flag_set flags;
   add_security_flags(flags, &sec);
   flags.add("--cluster", &cluster, "HOST:PORT of the head's node directory (baton local --cluster-listen): the nodes");
-  flags.add("--router", &router, "HOST:PORT of the router (--router-listen): the ranks, as the balancers see them");
+  flags.add("--router", &router,
+            "HOST:PORT of the router (--router-listen): the ranks, as the balancers see them, and the head's nodes");
   flags.add("--json", &json, "one JSON object instead of tables");
   flags.add("--timeout-ms", &timeout_ms,
             "how long each of the two may take to answer once connected (a connect gives up after 10 s)");
   if (auto rc = flags.parse_command_line(args, "status", "baton status [--cluster HOST:PORT] [--router HOST:PORT] [flags]"))
     return *rc;
   if (cluster.empty() && router.empty()) {
-    std::fprintf(stderr, "baton status: give --cluster HOST:PORT (the nodes), --router HOST:PORT (the ranks), or both\n");
+    std::fprintf(stderr, "baton status: give --router HOST:PORT (the ranks and the nodes), --cluster HOST:PORT (the "
+                         "nodes, from the head's directory), or both\n");
     return 2;
   }
   if (timeout_ms == 0) {
@@ -181,7 +183,12 @@ int run_status(const std::vector<std::string>& args) {
                    [&](caf::error& e) { ranks_why = "the router at " + router + " did not answer: " + sys.render(e); });
   }
   // Without --cluster, the nodes as the router's stats carry them (its head's directory).
-  if (cluster.empty() && ranks && ranks->nodes_known) nodes = ranks->nodes;
+  if (cluster.empty() && ranks) {
+    if (ranks->nodes_known)
+      nodes = ranks->nodes;
+    else
+      nodes_why = "the router's node directory did not answer within 1 s (--cluster HOST:PORT asks it directly)";
+  }
   const auto* n = nodes ? &*nodes : nullptr;
   const auto* r = ranks ? &*ranks : nullptr;
   std::fputs((json ? status_json(n, nodes_why, r, ranks_why) : status_text(n, nodes_why, r, ranks_why)).c_str(), stdout);

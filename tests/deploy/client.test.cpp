@@ -166,7 +166,7 @@ router_actor stand_in_router(caf::actor_system& sys, Generate generate) {
         [](stats_atom) { return cluster_stats{}; },
         [](drain_atom) {},
         [](rank_gone_atom, std::vector<std::string>&, std::string&) {},
-        [](directory_atom, caf::actor&) {},
+        [](directory_atom, node_stats_actor&) {},
     };
   });
 }

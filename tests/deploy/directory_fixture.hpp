@@ -74,6 +74,7 @@ inline node_directory_config stand_in_directory() {
 inline node_agent_actor spawn_agent_stand_in(caf::actor_system& sys, node_directory_actor dir, const std::string& name,
                                       std::shared_ptr<gone_log> log, std::optional<node_ranks> ranks = {}) {
   return sys.spawn([dir, name, log, ranks](node_agent_actor::pointer self) -> node_agent_actor::behavior_type {
+    // (drain_atom, bool): as a node's agent, tells the directory it drains (to be restarted or not).
     // Once joined, its ranks, as a node's agent tells them (the directory takes them from it alone).
     self->request(dir, std::chrono::seconds{5}, join_atom::value, node_hello{name, {"decode"}, 1})
         .then([=](cluster_welcome&) {
@@ -83,6 +84,11 @@ inline node_agent_actor spawn_agent_stand_in(caf::actor_system& sys, node_direct
             [log](drain_atom) {
               std::lock_guard<std::mutex> lock{log->m};
               ++log->drains;
+            },
+            [self, dir, name, log](drain_atom, bool for_restart) {
+              std::lock_guard<std::mutex> lock{log->m};
+              ++log->drains;
+              self->send(dir, drain_atom::value, name, for_restart);
             },
             [](poll_atom) {},
             [log](member_gone_atom, const std::string& g, const std::vector<uint32_t>& m, const std::string& why,

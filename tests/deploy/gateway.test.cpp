@@ -185,10 +185,13 @@ TEST_CASE("the gateway refuses what it cannot serve with the right status and a 
   CHECK(json::parse(chat.body)["error"]["message"].get<std::string>().find("chat template") != std::string::npos);
   // The gateway still serves after all of that, and counts it.
   CHECK(round_trip(port, post("/v1/completions", R"({"prompt":"a","max_tokens":2})")).status == 200);
+  // A scoring call generates no token: no TTFT (its prefill would skew the histogram).
+  CHECK(round_trip(port, post("/v1/completions", R"({"prompt":"abc","max_tokens":0,"echo":true,"logprobs":1})")).status ==
+        200);
   auto metrics = round_trip(port, get("/metrics"));
   REQUIRE(metrics.status == 200);
   CHECK(metrics.body.find("baton_http_responses_total{route=\"/v1/completions\",code=\"400\"} 2") != std::string::npos);
-  CHECK(metrics.body.find("baton_ttft_seconds_count 1") != std::string::npos);
+  CHECK(metrics.body.find("baton_ttft_seconds_count 1\n") != std::string::npos);
   CHECK(metrics.body.find("baton_rank_free_kv_pages{role=\"decode\",rank=\"decode-0\"}") != std::string::npos);
   CHECK(metrics.body.find("baton_rank_available{role=\"prefill\",rank=\"prefill-0\"} 1\n") != std::string::npos);
   CHECK(metrics.body.find("baton_router_up 1") != std::string::npos);

@@ -14,7 +14,7 @@ HEAD_PID="" ODD_A="" FALL_A="" LOADERS=()
 # SIGTERM (a background job may still ignore SIGINT), then SIGKILL: these command lines do not name WORK.
 trap 'for p in $HEAD_PID $ODD_A $FALL_A; do kill -CONT "$p" 2>/dev/null || true; kill -TERM "$p" 2>/dev/null || true; done
       touch "$WORK/stop-loaders"; for p in "${LOADERS[@]}"; do kill "$p" 2>/dev/null || true; done
-      [ -e "$WORK/loader-pids" ] && { xargs -r kill < "$WORK/loader-pids" 2>/dev/null || true; }; sleep 1
+      for f in "$WORK"/loader-*.pid; do [ -e "$f" ] && kill "$(cat "$f")" 2>/dev/null || true; done; sleep 1
       for p in $HEAD_PID $ODD_A $FALL_A; do kill -9 "$p" 2>/dev/null || true; done; cleanup_launched' EXIT
 fail() { echo "launch EP e2e: FAILED: $*" >&2; echo "--- launcher output:" >&2; cat "$WORK/launch.log" >&2 || true; exit 1; }
 experts() { pgrep -f "$BATON experts" | wc -l; }
@@ -237,15 +237,16 @@ reformed() { count "baton node $1: data-parallel group dp2 re-formed in place; i
 # another, so the group still steps however fast the requests end), and the stall comes only
 # once text was seen to grow a moment before it: a stall while nothing steps breaks nothing (an
 # idle group waits for no one), so it is tried again (at most 3 times), not failed.
-# Each request's pid is kept (loader-pids), so that a stop kills these and no other run's.
-rm -f "$WORK/stop-loaders" "$WORK/loader-pids"
-touch "$WORK"/stall{1,2,3,4}.txt "$WORK/loader-pids"
+# Each loader's running request's pid is kept (loader-N.pid, overwritten), so that a stop kills
+# these and no other run's, nor a pid that ended and may be another's by then.
+rm -f "$WORK/stop-loaders" "$WORK"/loader-*.pid
+touch "$WORK"/stall{1,2,3,4}.txt
 loader() {
   for _ in $(seq 20); do
     [ -e "$WORK/stop-loaders" ] && return 0
     timeout 60 "$BATON" generate --router "127.0.0.1:$PR" --max-tokens 1500 --ignore-eos "Keep stepping $1" \
       >> "$WORK/stall$1.txt" 2>/dev/null &
-    echo $! >> "$WORK/loader-pids"
+    echo $! > "$WORK/loader-$1.pid"
     wait $! || true
   done
 }
@@ -256,7 +257,7 @@ for i in 1 2 3 4; do loader $i & LOADERS+=($!); done
 stop_loaders() {
   touch "$WORK/stop-loaders"
   for _ in $(seq 100); do
-    xargs -r kill < "$WORK/loader-pids" 2>/dev/null || true
+    for f in "$WORK"/loader-*.pid; do [ -e "$f" ] && kill "$(cat "$f")" 2>/dev/null || true; done
     local alive=0
     for p in "${LOADERS[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
     [ "$alive" = 0 ] && break

@@ -372,6 +372,51 @@ TEST_CASE("the node directory: a node whose agent went down is not revived by a 
   self->send_exit(dir, caf::exit_reason::user_shutdown);
 }
 
+TEST_CASE("the node directory says how each node went: one that drained on purpose left, one that left to be "
+          "restarted and one that died are lost (baton_node_state, baton status)") {
+  network_system n;
+  auto dir = spawn_node_directory(n.sys, stand_in_directory(), {});
+  auto log = std::make_shared<gone_log>();
+  caf::scoped_actor self{n.sys};
+  const auto status_of = [&](const std::string& name) {
+    node_status out;
+    self->request(dir, std::chrono::seconds{5}, stats_atom::value)
+        .receive([&](std::vector<node_status>& s) { for (auto& x : s) if (x.name == name) out = x; }, [](caf::error&) {});
+    return out;
+  };
+  const auto gone = [&](const std::string& name) {
+    for (int i = 0; i < 2000 && status_of(name).state != "gone"; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{5});
+    return status_of(name);
+  };
+  const auto joined = [&](const std::string& name) {
+    auto agent = spawn_agent_stand_in(n.sys, dir, name, log);
+    for (int i = 0; i < 2000 && status_of(name).state != "joined"; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{5});
+    REQUIRE(status_of(name).state == "joined");
+    return agent;
+  };
+  const auto drained = [&](const std::string& name, const caf::actor& agent, bool for_restart) {
+    self->send(caf::actor_cast<node_agent_actor>(agent), drain_atom::value, for_restart);
+    for (int i = 0; i < 2000 && status_of(name).state != "draining"; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{5});
+    REQUIRE(status_of(name).state == "draining");
+  };
+  auto on_purpose = caf::actor_cast<caf::actor>(joined("on-purpose"));
+  drained("on-purpose", on_purpose, false);
+  self->send_exit(on_purpose, caf::exit_reason::user_shutdown);  // a drain past its timeout ends so, too
+  auto a = gone("on-purpose");
+  CHECK(a.left);
+  auto for_restart = caf::actor_cast<caf::actor>(joined("for-restart"));
+  drained("for-restart", for_restart, true);
+  self->send_exit(for_restart, caf::exit_reason::user_shutdown);
+  auto b = gone("for-restart");
+  CHECK_FALSE(b.left);
+  auto died = caf::actor_cast<caf::actor>(joined("died"));
+  self->send_exit(died, caf::exit_reason::kill);
+  auto c = gone("died");
+  CHECK_FALSE(c.left);
+  CHECK_MESSAGE(c.why.find("went down (") == 0, c.why);
+  self->send_exit(dir, caf::exit_reason::user_shutdown);
+}
+
 TEST_CASE("the node directory: a node restarted under its name that met its group afresh is not lost when its old "
           "process is given up for lost later (a partition): losses are by process, not by name") {
   network_system n;
@@ -535,7 +580,7 @@ TEST_CASE("the node directory: another kind of process under a live node's name 
   CHECK(forgotten->load() == 1);
   // The old process's late word applies to the new one no more: its drain, and its ranks (which
   // would have replaced the new one's, to be forgotten again when it goes).
-  first->send(dir, drain_atom::value, std::string{"node-a"});
+  first->send(dir, drain_atom::value, std::string{"node-a"}, false);
   first->send(dir, std::string{"node-a"}, node_ranks{{rank}, {}, {"node-a"}});
   CHECK(state() == std::pair<std::string, int32_t>{"joined", 43});
   // Only the old process heartbeats now: that keeps nothing alive, and the silent new one is

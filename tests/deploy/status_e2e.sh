@@ -26,7 +26,8 @@ grep -Eq "^  prefill +prefill-0 " "$WORK/status.txt" || fail "the head's prefill
 kill -9 "$NODE"
 NODE=""
 for _ in $(seq 100); do status > "$WORK/status.txt" && grep -Eq "^  dec-a +decode +[0-9]+ +gone " "$WORK/status.txt" && break; sleep 0.1; done
-grep -Eq "^  dec-a +decode +[0-9]+ +gone +[0-9]+ ms +dec-a \(went down \(" "$WORK/status.txt" ||
+# How it went: its link's loss, or (a stalled host) its heartbeats missed first.
+grep -Eq "^  dec-a +decode +[0-9]+ +gone +[0-9]+ ms +dec-a \((went down \(|missed its heartbeats)" "$WORK/status.txt" ||
   fail "dec-a not listed as gone, with how, after SIGKILL: $(cat "$WORK/status.txt")"
 grep -Eq "^  decode +dec-a " "$WORK/status.txt" && fail "dec-a's rank still listed after SIGKILL: $(cat "$WORK/status.txt")"
 status --json > "$WORK/status.json"
