@@ -262,16 +262,9 @@ caf::error last_attempt_error(request_pointer self, caf::error err, bool early =
   auto& st = self->state;
   if (st.attempt == 0 || err.category() != caf::atom("baton") || !err.context().match_elements<std::string>())
     return err;
-  // "baton::rank_unavailable: request 7, ..." (as CAF renders it): the sentence alone.
-  const auto sentence = [](std::string s) {
-    if (s.rfind("baton::", 0) == 0)
-      if (auto at = s.find(": "); at != std::string::npos) s.erase(0, at + 2);
-    return s;
-  };
   std::string why = " ms after the request arrived; it failed over " + std::to_string(st.out.failovers) +
-                    " time(s), first after: " + sentence(st.first_failover_why);
-  if (st.out.failovers > 1 && st.out.failover_why != st.first_failover_why)
-    why += "; the last after: " + sentence(st.out.failover_why);
+                    " time(s), first after: " + st.first_failover;
+  if (st.out.failovers > 1 && st.last_failover != st.first_failover) why += "; the last after: " + st.last_failover;
   return make_error(static_cast<errc>(err.code()),
                     err.context().get_as<std::string>(0) + " (attempt " + std::to_string(st.attempt + 1) +
                         (early ? ", the last: a wait for KV room is not tried again"
@@ -310,7 +303,9 @@ void fail_or_retry(request_pointer self, caf::error err) {
   st.out.failovers += 1;
   if (st.plan.counters) ++st.plan.counters->failovers;
   st.out.failover_why = self->system().render(err);
-  if (st.out.failovers == 1) st.first_failover_why = st.out.failover_why;
+  // The sentence itself (a retryable error is Baton's, its context the sentence).
+  st.last_failover = err.context().match_elements<std::string>() ? err.context().get_as<std::string>(0) : st.out.failover_why;
+  if (st.out.failovers == 1) st.first_failover = st.last_failover;
   st.prompt = st.plan.prompt_tokens;
   st.prompt.insert(st.prompt.end(), st.out.tokens.begin(), st.out.tokens.end());
   st.decode_fed = 0;

@@ -74,9 +74,10 @@ struct request_state {
   int32_t max_new = 0;            ///< tokens this attempt still generates
   uint32_t decode_fed = 0;        ///< tokens of this attempt fed at decode ranks it moved away from
   uint32_t attempt = 0;           ///< failovers so far
-  /// What made the request fail over first (completion::failover_why is the last): the rank
-  /// that went down, where later attempts may only have found no rank to place on.
-  std::string first_failover_why;
+  /// The sentences of what made the request fail over first and last ("request 7, rank decode-0,
+  /// stage decode: ..."; completion::failover_why is the last, as CAF renders it): the rank that
+  /// went down, where later attempts may only have found no rank to place on.
+  std::string first_failover, last_failover;
   size_t emitted_text = 0;        ///< streaming: bytes of `text` already sent to the sink
   size_t stop_from = 0;           ///< stop strings start at or after this byte of `text` (min_tokens)
   size_t emitted_tokens = 0;      ///< ... and tokens
