@@ -2,6 +2,8 @@
 #include <caf/message.hpp>
 
 #include "actors/messages.hpp"
+#include "actors/wire_identity.hpp"
+#include "baton/wire_fingerprint.hpp"
 
 namespace baton {
 
@@ -33,6 +35,12 @@ bool is_retryable(errc x) {
     case errc::shutting_down: return true;
     default: return false;
   }
+}
+
+const char* wire_fingerprint() { return BATON_WIRE_FINGERPRINT; }
+
+std::string app_identifier(const std::string& cluster_id) {
+  return "baton-cluster:" + cluster_id + "/wire:" + wire_fingerprint();
 }
 
 caf::error make_error(errc code, std::string context) {
@@ -144,7 +152,7 @@ void register_message_types(caf::actor_system_config& cfg) {
       .add_message_type<std::vector<std::string>>("std::vector<std::string>");
   // Every Baton process carries a cluster id in CAF's handshake; this is the default one
   // (deploy's --cluster-id replaces it: processes of different clusters refuse each other).
-  cfg.set("middleman.app-identifiers", std::vector<std::string>{"baton-cluster:baton"});
+  cfg.set("middleman.app-identifiers", std::vector<std::string>{app_identifier("baton")});
   cfg.add_error_category(caf::atom("baton"), [](uint8_t code, caf::atom_value, const caf::message& ctx) {
     std::string out = "baton::" + to_string(static_cast<errc>(code));
     if (ctx.match_elements<std::string>()) out += ": " + ctx.get_as<std::string>(0);

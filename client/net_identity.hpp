@@ -1,8 +1,8 @@
 #pragma once
 
 // Who a Baton process is to its peers, shared by the client library and deploy/'s commands:
-// the cluster id (CAF's middleman.app-identifiers: processes of different clusters refuse each
-// other in the handshake) and, with certificate files, mutual TLS through CAF's OpenSSL module.
+// the cluster id and the build's wire fingerprint (CAF's middleman.app-identifiers: processes of
+// different clusters, or of builds whose messages differ, refuse each other in the handshake) and, with certificate files, mutual TLS through CAF's OpenSSL module.
 // Header-only and internal: included by CAF translation units (client.cpp, deploy/processes.cpp,
 // deploy/net_security.hpp), never by client/baton/client.hpp.
 
@@ -26,12 +26,14 @@
 #include <caf/scoped_actor.hpp>
 #include <caf/sec.hpp>
 
+#include "actors/wire_identity.hpp"
+
 namespace baton::net {
 
 /// Puts the cluster id and, when `tls_cert` is set, the OpenSSL module and its files into `cfg`.
 inline void apply_identity(caf::actor_system_config& cfg, const std::string& cluster_id, const std::string& tls_cert,
                            const std::string& tls_key, const std::string& tls_ca) {
-  cfg.set("middleman.app-identifiers", std::vector<std::string>{"baton-cluster:" + cluster_id});
+  cfg.set("middleman.app-identifiers", std::vector<std::string>{app_identifier(cluster_id)});
   if (tls_cert.empty()) return;
   cfg.load<caf::openssl::manager>();
   cfg.openssl_certificate = tls_cert;
@@ -47,7 +49,9 @@ inline std::string explain_connect_error(caf::actor_system& sys, const caf::erro
            "--router-listen and its node directory on --cluster-listen; a store node its block store on --listen)";
   std::string out = sys.render(err);
   if (err == caf::sec::incompatible_application_ids)
-    out += " (the peer belongs to another cluster: check the cluster id)";
+    out += std::string{" (the peer belongs to another cluster, or is a Baton build whose messages differ from this "
+                       "one's: check the cluster id, and that `baton --version` prints the same wire fingerprint, "
+                       "here "} + wire_fingerprint() + ", on every host)";
   else if (err == caf::sec::disconnect_during_handshake)
     out += tls ? " (the TLS handshake failed: is the certificate signed by the peer's cluster CA, and does the peer "
                  "speak TLS?)"

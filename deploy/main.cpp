@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/wire_identity.hpp"
 #include "deploy/commands.hpp"
 #include "deploy/expert_processes.hpp"
 
@@ -70,7 +71,8 @@ int main(int argc, char** argv) {
 #else
     constexpr const char* cuda = "CPU executor only (built without nvcc)";
 #endif
-    std::printf("baton %s, %s\n", BATON_VERSION, cuda);
+    // The wire fingerprint: processes of builds whose messages differ refuse each other at connect.
+    std::printf("baton %s, %s, wire %s\n", BATON_VERSION, cuda, baton::wire_fingerprint());
     return 0;
   }
   if (cmd == "--help" || cmd == "-h" || cmd == "help") {
