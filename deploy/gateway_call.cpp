@@ -174,7 +174,12 @@ client_sink_actor::behavior_type call_impl(client_sink_actor::pointer self, caf:
     cs->call.req.seed = draw();
   }
   cs->call.separate_reasoning = chat && settings.chat_reasoning != 0 && cs->call.reasoning_wanted;
-  if (chat && !cs->call.req.tools_json.empty() && settings.chat_tool_calls <= gpu::max_tool_call_format)
+  // tool_choice "none" shows the tools to a template that knows them, and to one that does not
+  // asks nothing (the router refuses tools only to a model whose answers could not call them).
+  if (cs->call.tool_choice_none && settings.chat_tool_calls == static_cast<uint8_t>(gpu::tool_call_format::none))
+    cs->call.req.tools_json.clear();
+  if (chat && !cs->call.req.tools_json.empty() && !cs->call.tool_choice_none &&
+      settings.chat_tool_calls <= gpu::max_tool_call_format)
     cs->call.tool_calls = static_cast<gpu::tool_call_format>(settings.chat_tool_calls);
   cs->id = std::move(id);
   cs->created = unix_seconds();

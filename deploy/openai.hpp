@@ -83,6 +83,8 @@ struct call {
   /// The request gave tools (req.tools_json): how the model writes its calls
   /// (cluster_stats::chat_tool_calls), set by the gateway. Answers' calls go to `tool_calls`.
   gpu::tool_call_format tool_calls = gpu::tool_call_format::none;
+  /// tool_choice "none": the template shows the tools, but the answer is not read for calls.
+  bool tool_choice_none = false;
   /// The calls the conversation made before this answer: the assistant messages' tool_calls,
   /// counted by parse_body. Kimi-K2's call ids number every call of a conversation, so each
   /// choice's go on from these (its calls' ids: openai.cpp, tool_call_id).

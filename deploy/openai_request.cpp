@@ -327,7 +327,9 @@ bool parse_messages(const json& j, const ordered_json& body, generate_request* r
 }
 
 /// OpenAI's tools: function definitions, kept in the client's key order for the template.
-/// tool_choice: "auto" (the default), "none" (the tools are left out), or a forced call:
+/// tool_choice: "auto" (the default), "none" (the template still shows the tools, as OpenAI's and
+/// vLLM's by default, so the prompt and its cached prefix stay those of the turns before; the
+/// answer is not read for calls), or a forced call:
 /// "required" (one call or more, of any of the tools; one with parallel_tool_calls false) or
 /// {type: "function", function: {name}} (that one). A forced answer is constrained to JSON (the
 /// named function's parameters, or a list of {name, parameters}), which the gateway reads back
@@ -406,7 +408,11 @@ bool parse_tools(const json& j, const ordered_json& body, call* out, api_error* 
     return p;
   };
   if (auto c = j.find("tool_choice"); c != j.end() && !c->is_null()) {
-    if (*c == "none") return true;
+    if (*c == "none") {
+      if (!none) req->tools_json = body["tools"].dump();
+      out->tool_choice_none = true;
+      return true;
+    }
     if (none && *c != "auto") {
       *err = bad("tool_choice", "tool_choice forces a call, but the request gives no tools");
       return false;

@@ -692,7 +692,10 @@ tool_call_splitter tool_call_splitter::forced(std::string tool) {
 }
 
 answer_parts tool_call_splitter::read_held() const {
-  return forced_ ? read_forced_calls(held_, forced_tool_) : read_tool_calls(held_, format_, parameters_.get());
+  if (forced_) return read_forced_calls(held_, forced_tool_);
+  auto out = read_tool_calls(held_, format_, parameters_.get());
+  const auto undeclared = [&](const tool_call& c) { return !declared(parameters_.get(), c.name); };
+  return std::any_of(out.tool_calls.begin(), out.tool_calls.end(), undeclared) ? whole(held_) : out;
 }
 
 std::string_view tool_call_splitter::sent_arguments(const sent_call& call) const {
@@ -782,7 +785,7 @@ void tool_call_splitter::stream_calls(answer_parts* out) {
       }
     }
     if (head.status == call_head::more) return;
-    if (head.status == call_head::none) {
+    if (head.status == call_head::none || !declared(parameters_.get(), head.name)) {  // (another function's: content)
       stopped_ = true;
       return;
     }

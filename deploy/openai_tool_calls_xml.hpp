@@ -39,6 +39,12 @@
 
 namespace baton::deploy::openai {
 
+/// Whether `name` is one of the request's functions (`tools` null: no list to hold calls to).
+/// OpenAI answers calls only of the tools it was given: an answer that calls another is content.
+inline bool declared(const tool_parameter_kinds* tools, std::string_view name) {
+  return !tools || tools->find(name) != tools->end();
+}
+
 /// JSON's whitespace, which both tool call readers pass over between tokens and trim from values.
 inline bool json_space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
 inline std::string_view trimmed_view(std::string_view s) {

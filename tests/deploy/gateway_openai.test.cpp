@@ -811,3 +811,62 @@ TEST_CASE("the router's refusals of stop and stop_token_ids name the field in pa
                     "stop_token_ids[1] is 99999, outside the vocabulary [0, ") != std::string::npos,
                 outside.body);
 }
+
+TEST_CASE("tool calls are read only as the request asks: a call of a function it did not declare is content, whole "
+          "and streamed; tool_choice none still shows the tools but reads no call; a model without a tool format "
+          "takes tool_choice none") {
+  std::ifstream in{BATON_SOURCE_DIR "/tests/data/chat_templates/chatml_tools.jinja"};
+  std::stringstream tmpl;
+  tmpl << in.rdbuf();
+  const templated_model hermes{"hermes-calls", tmpl.str()};
+  json config = json::parse(std::ifstream{BATON_SOURCE_DIR "/models/baton-kjv-tiny/config.json"});
+  config["max_position_embeddings"] = 1024;  // room for the tools' preamble, as above
+  std::filesystem::remove(hermes.path / "config.json");
+  std::ofstream{hermes.path / "config.json"} << config.dump();
+  served_cluster s{{}, 0, 0, hermes.path.string()};
+  const std::string tools =
+      R"("tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{}}}}])";
+  // The model is made to write a <tool_call> of `name` (vLLM's guided_regex), whatever it would.
+  const auto ask = [&](const std::string& name, const std::string& choice, bool stream) {
+    return round_trip(s.gateway.port,
+                      post("/v1/chat/completions",
+                           R"({"messages":[{"role":"user","content":"Weather in Paris?"}],"max_tokens":100,)" + tools +
+                               R"(,"tool_choice":)" + choice + R"(,"guided_regex":"<tool_call>\\{\"name\": \")" + name +
+                               R"(\", \"arguments\": \\{\\}\\}</tool_call>")" + (stream ? R"(,"stream":true})" : "}")));
+  };
+  const auto declared = ask("get_weather", R"("auto")", false);
+  REQUIRE_MESSAGE(declared.status == 200, declared.body);
+  const auto call = json::parse(declared.body);
+  CHECK(call["choices"][0]["finish_reason"] == "tool_calls");
+  REQUIRE(call["choices"][0]["message"]["tool_calls"].size() == 1);
+  CHECK(call["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_weather");
+  // OpenAI answers calls only of the tools it was given: another function's "call" is text.
+  const std::string other_text = R"(<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>)";
+  const auto other = json::parse(ask("rm_rf", R"("auto")", false).body)["choices"][0];
+  CHECK(other["finish_reason"] == "stop");
+  CHECK(other["message"]["content"] == other_text);
+  CHECK_FALSE(other["message"].contains("tool_calls"));
+  std::vector<json> events;
+  CHECK(sse_text(ask("rm_rf", R"("auto")", true).body, &events, true) == other_text);
+  std::string last_finish;
+  for (const auto& ev : events) {
+    if (!ev.is_object() || ev["choices"].empty()) continue;
+    CHECK_FALSE(ev["choices"][0]["delta"].contains("tool_calls"));
+    if (!ev["choices"][0]["finish_reason"].is_null()) last_finish = ev["choices"][0]["finish_reason"];
+  }
+  CHECK(last_finish == "stop");
+  // tool_choice none: the same prompt (the tools shown, so the turns before stay cached), and
+  // what looks like a call is content.
+  const auto none = json::parse(ask("get_weather", R"("none")", false).body);
+  CHECK(none["usage"]["prompt_tokens"] == call["usage"]["prompt_tokens"]);
+  CHECK(none["choices"][0]["finish_reason"] == "stop");
+  CHECK(none["choices"][0]["message"]["content"] == R"(<tool_call>{"name": "get_weather", "arguments": {}}</tool_call>)");
+  CHECK_FALSE(none["choices"][0]["message"].contains("tool_calls"));
+  // A template that shows no tools: tool_choice none asks nothing of it, so it answers.
+  const templated_model plain{"plain-none", "{% for m in messages %}{{ m['content'] }}{% endfor %}"};
+  served_cluster p{{}, 0, 0, plain.path.string()};
+  const auto plain_none = round_trip(p.gateway.port, post("/v1/chat/completions",
+                                                          R"({"messages":[{"role":"user","content":"x"}],"max_tokens":2,)" +
+                                                              tools + R"(,"tool_choice":"none"})"));
+  CHECK_MESSAGE(plain_none.status == 200, plain_none.body);
+}

@@ -560,7 +560,12 @@ TEST_CASE("tools: OpenAI's tools and tool_choice, tool results and an assistant'
         R"([{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}])");
   REQUIRE(deploy::openai::parse_body(R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"none",)" + tools + "}", true,
                                      "m", &c, &e));
-  CHECK(c.req.tools_json.empty());  // "none": the model is not shown them
+  // "none": the model is shown them, as OpenAI's and vLLM's are (the prompt, and its cached
+  // prefix, stay those of the turns that could call), but its answer is not read for calls.
+  CHECK(c.req.tools_json ==
+        R"([{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}])");
+  CHECK(c.tool_choice_none);
+  CHECK(c.req.output_spec.empty());
   CHECK_FALSE(deploy::openai::parse_body(R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"maybe",)" + tools + "}",
                                          true, "m", &c, &e));
   CHECK(e.param == "tool_choice");
