@@ -90,7 +90,8 @@ public:
           "type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems", "enum", "const",
           "anyOf", "oneOf", "allOf", "$ref", "$defs", "definitions", "title", "description", "default", "examples",
           "$schema", "$id", "$comment", "strict", "nullable", "pattern", "format", "minLength", "maxLength",
-          "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
+          "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "prefixItems", "discriminator",
+          "deprecated", "readOnly", "writeOnly"};
       if (!known.count(key))
         return fail(where, "the keyword '" + key + "' is not supported (Baton's grammars cannot enforce it)");
     }
@@ -98,8 +99,12 @@ public:
     // leaves nothing for others beside it to say: one that would, would be ignored, so it is
     // refused ($defs and annotations aside; a type beside an enum is implied by its values).
     const auto alone = [&](const std::string& key, std::initializer_list<const char*> allowed) {
-      static const std::set<std::string> quiet = {"title", "description", "default", "examples", "$schema",
-                                                  "$id",   "$comment",    "strict",  "$defs",    "definitions"};
+      // (OpenAPI's discriminator, which Pydantic writes beside every tagged union's oneOf, only
+      // names the property that tells its schemas apart: the schemas still decide.)
+      static const std::set<std::string> quiet = {"title",       "description", "default",    "examples",
+                                                  "$schema",     "$id",         "$comment",   "strict",
+                                                  "$defs",       "definitions", "discriminator", "deprecated",
+                                                  "readOnly",    "writeOnly"};
       for (auto it = s.begin(); it != s.end(); ++it) {
         const std::string& k = it.key();
         if (k == key || quiet.count(k)) continue;
@@ -157,7 +162,7 @@ public:
       if (types.empty()) return fail(where + "/type", "type lists no type");
     } else if (s.contains("properties") || s.contains("additionalProperties") || s.contains("required")) {
       types.push_back("object");
-    } else if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) {
+    } else if (s.contains("items") || s.contains("prefixItems") || s.contains("minItems") || s.contains("maxItems")) {
       types.push_back("array");
     } else if (s.contains("pattern") || s.contains("format") || s.contains("minLength") || s.contains("maxLength")) {
       types.push_back("string");  // only strings have them: the answer is one
@@ -326,12 +331,20 @@ private:
           {"date-time", date_regex.substr(0, date_regex.size() - 1) + "T" + time_regex + "$"},
           {"uuid", "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"},
           {"ipv4", "^((25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)\\.){3}(25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)$"},
+          // ipv6 written out in full (eight groups, no ::); hostname as RFC 1123's labels (1 to 63
+          // characters, no hyphen at either end); duration as ISO 8601's
+          // PnW, or a date part (years, months, days, the last given always) and/or a time part.
+          {"ipv6", "^([0-9a-fA-F]{1,4}:){7}[0-9a-fA-F]{1,4}$"},
+          {"hostname", "^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"},
+          {"duration", "^P(\\d+W|((\\d+Y)?(\\d+M)?\\d+D|(\\d+Y)?\\d+M|\\d+Y)(T((\\d+H)?(\\d+M)?\\d+S|(\\d+H)?\\d+M|\\d+H))?|"
+                       "T((\\d+H)?(\\d+M)?\\d+S|(\\d+H)?\\d+M|\\d+H))$"},
           {"email", "^[A-Za-z0-9_%+-]+(\\.[A-Za-z0-9_%+-]+)*@[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?"
                     "(\\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*\\.[A-Za-z]{2,}$"}};
       const auto f = format->is_string() ? formats.find(format->get<std::string>()) : formats.end();
       if (f == formats.end())
         return fail(where + "/format", "the format " + format->dump() +
-                                           " is not supported (date, time, date-time, uuid, ipv4 and email are)");
+                                           " is not supported (date, time, date-time, duration, uuid, ipv4, ipv6, hostname and "
+                                           "email are)");
       regex = f->second;
     } else {
       uint64_t lo = 0, hi = UINT64_MAX;
@@ -477,27 +490,43 @@ private:
     return out;
   }
 
+  /// An array: items (prefixItems' schemas first, one per position -- a tuple, as Pydantic writes
+  /// one -- then `items` for the rest: `false` allows none), between minItems and maxItems.
   bool array(const json& s, const std::string& where, int depth, uint32_t* rule) {
     uint32_t item = any_value_;
-    if (auto it = s.find("items"); it != s.end() && !(it->is_boolean() && it->get<bool>()))
-      if (!value(*it, where + "/items", depth + 1, &item)) return false;
     uint64_t lo = 0, hi = UINT64_MAX;
     if (!count_bounds(s, where, "minItems", "maxItems", max_bounded_items, &lo, &hi)) return false;
+    std::vector<uint32_t> prefix;
+    if (auto it = s.find("prefixItems"); it != s.end()) {
+      if (!it->is_array() || it->size() > max_bounded_items)
+        return fail(where + "/prefixItems", "prefixItems must be an array of at most " +
+                                                std::to_string(max_bounded_items) + " schemas");
+      for (size_t i = 0; i < it->size(); ++i)
+        if (!value((*it)[i], where + "/prefixItems/" + std::to_string(i), depth + 1, &prefix.emplace_back()))
+          return false;
+    }
+    if (auto it = s.find("items"); it != s.end() && !(it->is_boolean() && it->get<bool>())) {
+      if (it->is_boolean()) hi = std::min<uint64_t>(hi, prefix.size());  // items: false, no more than the prefix
+      else if (!value(*it, where + "/items", depth + 1, &item)) return false;
+    }
+    if (lo > hi) return fail(where, "no array holds to these counts (minItems " + std::to_string(lo) +
+                                        ", at most " + std::to_string(hi) + " items)");
+    const auto item_at = [&](uint64_t k) { return k < prefix.size() ? prefix[k] : item; };
     // after[k]: k items written; more may follow while k < hi, the list may close once k >= lo.
-    // Unbounded lists share one rule for every k >= lo (it refers to itself).
-    const uint64_t distinct = hi == UINT64_MAX ? std::max<uint64_t>(lo, 1) : hi;
+    // Unbounded lists share one rule for every k past the prefix and lo (it refers to itself).
+    const uint64_t distinct = hi == UINT64_MAX ? std::max<uint64_t>({lo, prefix.size() + 1, 1}) : hi;
     std::vector<uint32_t> after(distinct + 1);
     for (auto& a : after) a = g_->add_rule();
     for (uint64_t k = 1; k <= distinct; ++k) {
       if (k >= lo) g_->add_alternative(after[k], seq{r(ws_)} + lit("]"));
       if (k < hi) {
         const uint32_t next = after[std::min(k + 1, distinct)];
-        g_->add_alternative(after[k], seq{r(ws_)} + lit(",") + seq{r(ws_), r(item), r(next)});
+        g_->add_alternative(after[k], seq{r(ws_)} + lit(",") + seq{r(ws_), r(item_at(k)), r(next)});
       }
     }
     const uint32_t out = g_->add_rule();
     if (lo == 0) g_->add_alternative(out, lit("[") + seq{r(ws_)} + lit("]"));
-    if (hi >= 1) g_->add_alternative(out, lit("[") + seq{r(ws_), r(item), r(after[1])});
+    if (hi >= 1) g_->add_alternative(out, lit("[") + seq{r(ws_), r(item_at(0)), r(after[1])});
     *rule = out;
     return true;
   }

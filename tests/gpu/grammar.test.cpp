@@ -132,6 +132,42 @@ TEST_CASE("grammar: enum, const, anyOf, type lists, nullable and $ref recursion"
   CHECK_FALSE(matches(compile(R"({"type":"object","additionalProperties":false})"), R"({"a":1})"));
 }
 
+TEST_CASE("grammar: prefixItems (tuples, as Pydantic writes them) and the annotations Pydantic adds to its unions") {
+  // Tuple[int, str]: exactly those two, in order.
+  const auto pair = compile(R"({"type":"array","prefixItems":[{"type":"integer"},{"type":"string"}],"minItems":2,"maxItems":2})");
+  REQUIRE(pair);
+  CHECK(matches(pair, R"([1, "a"])"));
+  CHECK_FALSE(matches(pair, R"(["a", 1])"));
+  CHECK_FALSE(matches(pair, R"([1])"));
+  CHECK_FALSE(matches(pair, R"([1, "a", 2])"));
+  // items: false allows no more than the prefix; items as a schema holds for the rest.
+  const auto closed = compile(R"({"prefixItems":[{"type":"integer"},{"type":"boolean"}],"items":false})");
+  REQUIRE(closed);
+  CHECK(matches(closed, "[]"));
+  CHECK(matches(closed, "[1]"));
+  CHECK(matches(closed, "[1, true]"));
+  CHECK_FALSE(matches(closed, "[1, true, 2]"));
+  CHECK_FALSE(matches(closed, "[true]"));
+  const auto rest = compile(R"({"prefixItems":[{"type":"string"}],"items":{"type":"integer"},"minItems":1})");
+  REQUIRE(rest);
+  CHECK(matches(rest, R"(["x", 1, 2, 3])"));
+  CHECK_FALSE(matches(rest, R"(["x", 1, "y"])"));
+  CHECK_FALSE(matches(rest, "[]"));
+  std::string why;
+  CHECK(compile(R"({"prefixItems":[{"type":"integer"}],"items":false,"minItems":2})", &why) == nullptr);
+  CHECK(why.find("no array holds to these counts") != std::string::npos);
+  // A tagged union: the discriminator only names the telling property; the schemas decide.
+  const auto pet = compile(R"({"oneOf":[{"$ref":"#/$defs/cat"},{"$ref":"#/$defs/dog"}],
+      "discriminator":{"propertyName":"kind","mapping":{"cat":"#/$defs/cat","dog":"#/$defs/dog"}},
+      "$defs":{"cat":{"type":"object","properties":{"kind":{"const":"cat"},"lives":{"type":"integer"}},"required":["kind","lives"]},
+               "dog":{"type":"object","properties":{"kind":{"const":"dog"},"good":{"type":"boolean","deprecated":true}},
+                      "required":["kind","good"]}}})");
+  REQUIRE(pet);
+  CHECK(matches(pet, R"({"kind":"cat","lives":9})"));
+  CHECK(matches(pet, R"({"kind":"dog","good":true})"));
+  CHECK_FALSE(matches(pet, R"({"kind":"cat","good":true})"));
+}
+
 TEST_CASE("grammar: schemas Baton cannot honour are refused, naming the keyword and where it is") {
   const auto refused = [](const std::string& schema) {
     std::string why;
@@ -144,8 +180,8 @@ TEST_CASE("grammar: schemas Baton cannot honour are refused, naming the keyword 
   CHECK(refused(R"({"type":"string","nullable":"yes"})") == "json_schema at /nullable: nullable must be true or false");
   CHECK(refused(R"({"properties":{"a":{"type":"integer","nullable":1}}})").find("/properties/a/nullable") != std::string::npos);
   CHECK(refused(R"({"properties":{"when":{"type":"string","format":"uri"}}})") ==
-        "json_schema at /properties/when/format: the format \"uri\" is not supported (date, time, date-time, uuid, "
-        "ipv4 and email are)");
+        "json_schema at /properties/when/format: the format \"uri\" is not supported (date, time, date-time, "
+        "duration, uuid, ipv4, ipv6, hostname and email are)");
   CHECK(refused(R"({"type":"number","minimum":0})").find("/minimum: minimum is supported on integers only") != std::string::npos);
   CHECK(refused(R"x({"type":"string","pattern":"a(?=b)"})x") ==
         "json_schema at /pattern: pattern: lookarounds are not supported (offset 2)");
@@ -229,6 +265,19 @@ TEST_CASE("grammar: string patterns, formats and lengths, as the decoded text; i
   CHECK(matches(str(R"("format":"uuid")"), R"("123e4567-e89b-12d3-a456-426614174000")"));
   CHECK(matches(str(R"("format":"ipv4")"), R"("192.168.0.255")"));
   CHECK_FALSE(matches(str(R"("format":"ipv4")"), R"("192.168.0.256")"));
+  CHECK(matches(str(R"("format":"ipv6")"), R"("2001:0db8:85a3:0:0:8a2e:370:7334")"));
+  CHECK_FALSE(matches(str(R"("format":"ipv6")"), R"("2001:db8::1:2:3:4:5")"));  // (no :: -- written out)
+  CHECK_FALSE(matches(str(R"("format":"ipv6")"), R"("2001:0db8:85a3:0:0:8a2e:370:7334:1")"));
+  for (const char* good : {R"("localhost")", R"("api.eu-west-1.internal.example.com")", R"("a1")"})
+    CHECK_MESSAGE(matches(str(R"("format":"hostname")"), good), good);
+  for (const char* bad : {R"("-a.com")", R"("a-.com")", R"("a..com")", R"(".a")", R"("a b")"})
+    CHECK_FALSE_MESSAGE(matches(str(R"("format":"hostname")"), bad), bad);
+  CHECK_FALSE(matches(str(R"("format":"hostname")"), "\"" + std::string(64, 'a') + "\""));  // a label of 64
+  for (const char* good : {R"("P3W")", R"("P1Y2M3D")", R"("P2M")", R"("P1DT12H")", R"("PT1H30M")", R"("PT90S")"})
+    CHECK_MESSAGE(matches(str(R"("format":"duration")"), good), good);
+  // (Whole seconds only: a subset, every string of which is a duration.)
+  for (const char* bad : {R"("P")", R"("PT")", R"("P1DT")", R"("1D")", R"("P1H")", R"("P1W2D")", R"("PT0.5S")"})
+    CHECK_FALSE_MESSAGE(matches(str(R"("format":"duration")"), bad), bad);
   CHECK(matches(str(R"("format":"email")"), R"("ada@example.org")"));
   CHECK_FALSE(matches(str(R"("format":"email")"), R"("ada@example")"));
   // Dot-separated atoms and hyphen-trimmed labels (a leading or doubled dot once passed).
