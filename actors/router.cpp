@@ -385,8 +385,8 @@ router_actor::behavior_type router_impl(router_pointer self, router_config cfg, 
     if (s.cfg.max_active_requests && s.num_active >= s.cfg.max_active_requests) {
       ++s.num_rejected;
       ++s.num_overloaded;
-      return make_error(errc::overloaded, where(id, "", "admission") + ": " + std::to_string(s.num_active) +
-                                              " requests in flight, the limit is " +
+      return make_error(errc::overloaded, where(id, "", "admission") + ": the cluster has " +
+                                              std::to_string(s.num_active) + " requests in flight (every caller's), its limit is " +
                                               std::to_string(s.cfg.max_active_requests) + "; retry after a moment");
     }
     // Tokenized and checked by the request actor itself, in parallel with every other request's:

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <ctime>
+#include <map>
 
 #include "actors/atoms_and_errors.hpp"
 #include "deploy/utc_stamp.hpp"
@@ -55,11 +56,30 @@ std::string access_line(const access_entry& e) {
   // What a client sent is escaped and bounded (quoted_input): one line per call, whatever it sent.
   std::string out = utc_stamp(e.at) + " call " + e.call_id +
                     (e.client_request_id.empty() ? "" : " (x-request-id " + quoted_input(e.client_request_id, 128) + ")") +
+                    (e.key.empty() ? "" : " key " + e.key) +
                     " " + quoted_input(e.route, 160) + " " + std::to_string(e.status) + (e.stream ? " stream " : " ") +
                     ms(e.took_ms);
   if (!e.error.empty()) return out + ": " + quoted_input(e.error, 2048);
-  if (e.choices)
-    for (size_t i = 0; i < e.choices->size(); ++i) out += (i == 0 ? ": " : "; ") + generation((*e.choices)[i], e.placements);
+  if (!e.choices) return out;
+  // A batch call's generations (up to 1,024) one by one made one line of 220 KB, which log
+  // shippers cut (Docker's at 16 KiB): past max_logged_generations the rest are summed up.
+  const auto& all = *e.choices;
+  for (size_t i = 0; i < std::min(all.size(), max_logged_generations); ++i) out += (i == 0 ? ": " : "; ") + generation(all[i], e.placements);
+  if (all.size() <= max_logged_generations) return out;
+  uint64_t prompt = 0, cached = 0, tokens = 0, failovers = 0;
+  int64_t worst_ttft = 0;
+  std::map<std::string, uint32_t> reasons;
+  for (size_t i = max_logged_generations; i < all.size(); ++i) {
+    const auto& c = all[i];
+    prompt += c.num_prompt_tokens, cached += c.cached_tokens, tokens += c.tokens.size(), failovers += c.failovers;
+    worst_ttft = std::max(worst_ttft, c.ttft_us);
+    ++reasons[c.finish_reason];
+  }
+  out += "; and " + std::to_string(all.size() - max_logged_generations) + " more generations: prompt " +
+         std::to_string(prompt) + " (cached " + std::to_string(cached) + "), " + std::to_string(tokens) + " tokens (";
+  for (auto it = reasons.begin(); it != reasons.end(); ++it)
+    out += (it == reasons.begin() ? "" : ", ") + std::to_string(it->second) + " " + it->first;
+  out += "), TTFT at most " + ms_of_us(worst_ttft) + (failovers ? ", " + std::to_string(failovers) + " failover(s)" : "");
   return out;
 }
 

@@ -24,6 +24,7 @@ struct access_entry {
   std::string error;                          ///< why it failed (names the request, rank and stage)
   std::string client_request_id;              ///< the x-request-id the request came with, if any
   bool placements = false;                    ///< each generation's placement reasons too, quoted (--explain)
+  std::string key = {};                       ///< the API key's name, when the gateway has keys
 };
 
 /// "2026-12-06T19:40:01.123Z call cmpl-...-28 /v1/completions 200 stream 12.1 ms: request 36
@@ -33,7 +34,10 @@ struct access_entry {
 /// router's own hops; after a failover they are the last attempt's); a failure's sentence after
 /// its status. A request refused before a call began has "-" for its call id
 /// and "METHOD /path" for its route; one that came with its own x-request-id has
-/// "(x-request-id ...)" after the call's id.
+/// "(x-request-id ...)" after the call's id, and one that came with an API key "key NAME".
 std::string access_line(const access_entry& e);
+
+/// Generations a line tells one by one; the rest of a batch call's are summed up in one clause.
+inline constexpr size_t max_logged_generations = 16;
 
 }  // namespace baton::deploy

@@ -361,7 +361,8 @@ bool parse_cluster_spec(const std::string& json_text, const std::string& base_di
   if (!f.str("tls_dir", &out->tls_dir, why)) return false;
   if (!f.str("name", &out->name, why) || !f.str("model", &out->model, why) || !f.str("image", &out->image, why) ||
       !f.str("binary", &out->binary, why) || !f.strs("api_keys", &out->api_keys, why) ||
-      !f.str("api_keys_env", &out->api_keys_env, why) || !f.strs("cors_origins", &out->cors_origins, why) ||
+      !f.str("api_keys_env", &out->api_keys_env, why) || !f.str("api_keys_file", &out->api_keys_file, why) ||
+      !f.strs("cors_origins", &out->cors_origins, why) ||
       !f.boolean("log_requests", &out->log_requests, why) ||
       !f.object("policies", &policies, why) ||
       !f.object("executor", &executor, why) || !f.object("store", &store, why) || !f.object("ssh", &ssh, why) ||
@@ -447,6 +448,8 @@ bool parse_cluster_spec(const std::string& json_text, const std::string& base_di
   const bool named = out->model == "random" || out->model == "deepseek-v2-tiny" || out->model == "deepseek-v3-tiny";
   if (!named && !out->model.empty() && out->model.front() != '/' && !base_dir.empty())
     out->model = (std::filesystem::path(base_dir) / out->model).lexically_normal().string();
+  if (!out->api_keys_file.empty() && out->api_keys_file.front() != '/' && !base_dir.empty())
+    out->api_keys_file = (std::filesystem::path(base_dir) / out->api_keys_file).lexically_normal().string();
   if (out->tls_dir.empty()) out->tls_dir = ".baton-tls-" + out->name;
   if (out->tls_dir.front() != '/' && !base_dir.empty())
     out->tls_dir = (std::filesystem::path(base_dir) / out->tls_dir).lexically_normal().string();
@@ -513,6 +516,7 @@ std::vector<node_launch> plan_launch(const cluster_spec& s, const std::string& b
     for (const auto& k : s.api_keys) keys += (keys.empty() ? "" : ",") + k;
     key_env["BATON_API_KEYS"] = keys;
   }
+  if (!s.api_keys_json.empty()) key_env["BATON_API_KEYS_JSON"] = s.api_keys_json;
   // Each store directory's budget, on every process that has one (only when set: the
   // generated scripts of specs without it stay as they were).
   std::vector<std::string> capacity;

@@ -41,6 +41,10 @@ struct cluster_spec {
   std::string binary;             ///< the `baton` executable on remote hosts (default: the same path)
   std::vector<std::string> api_keys;
   std::string api_keys_env;       ///< or: read the keys from this environment variable at launch
+  /// Named keys with limits (deploy/api_keys.hpp), relative to the spec; the launcher reads it
+  /// and hands its text to every gateway (BATON_API_KEYS_JSON, as the plain keys).
+  std::string api_keys_file;
+  std::string api_keys_json;      ///< that file's text, read at launch
   std::vector<std::string> cors_origins;  ///< browser origins every gateway lets call the API (--cors-origin)
   bool log_requests = false;      ///< every gateway writes a line per call (--log-requests)
   std::string prefill_policy = "seed", decode_policy = "seed";

@@ -54,6 +54,13 @@ int run_gateway(const std::vector<std::string>& args);
 /// Appended to `keys`; false (and `why`) when the variable is set but holds no key.
 bool api_keys_from_env(std::vector<std::string>* keys, std::string* why);
 
+struct gateway_config;
+/// A gateway's keys: the plain ones from the environment (api_keys_from_env), and the named
+/// ones of a keys file (`keys_file`, deploy/api_keys.hpp), or else of BATON_API_KEYS_JSON (the
+/// file's text, as `baton launch` hands it to gateways on other hosts). False and why, naming
+/// the file, when one does not read.
+bool load_gateway_keys(const std::string& keys_file, gateway_config* gc, std::string* why);
+
 /// `baton launch SPEC`: every node of a cluster spec as processes (ssh for other hosts).
 int run_launch(const std::vector<std::string>& args);
 

@@ -39,6 +39,8 @@ std::string gateway_config::validate() const {
   if (max_connections == 0) return "gateway: max_connections must be >= 1";
   for (const auto& k : api_keys)
     if (k.empty()) return "gateway: an API key must not be empty";
+  std::vector<api_key> all;
+  if (std::string why; !merge_api_keys(named_keys, api_keys, &all, &why)) return "gateway: " + why;
   if (limits.max_body_bytes == 0 || limits.max_header_bytes < 64) return "gateway: HTTP limits are too small";
   for (const auto& o : cors_origins)
     if (auto e = http::origin_problem(o); !e.empty()) return "gateway: --cors-origin " + e;
@@ -114,6 +116,7 @@ struct connection_state {
   /// its answer and logged beside the call's id, so the id a client or proxy already logs finds
   /// the call; empty when it sent none.
   std::string client_request_id;
+  api_key_ptr key;  ///< the current request's API key (null: the gateway has none, or the route needs none)
   std::string request_line;  ///< "METHOD /path" of the current request, for the log of a refusal
   bool probes_only = false;  ///< one of the connections past max_connections: /health and /metrics only
   uint64_t number = 0;       ///< the connection's number at the server (wake_later)
@@ -244,7 +247,8 @@ void log_call(caf::io::broker* self, const shared_ptr& g, const state_ptr& st, i
   const double took_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - st->call_started).count();
   caf::aout(self) << access_line({std::chrono::system_clock::now(), st->call_id, st->route, status, stream, took_ms,
-                                  choices, std::move(error), st->client_request_id, g->cfg.log_placements})
+                                  choices, std::move(error), st->client_request_id, g->cfg.log_placements,
+                                  st->key ? st->key->cfg.name : std::string{}})
                   << std::endl;
 }
 
@@ -260,7 +264,7 @@ void log_refusal(caf::io::broker* self, const shared_ptr& g, const state_ptr& st
 
 void reply(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st, int status,
            const std::string& body, const char* content_type = "application/json", http::header_list extra = {}) {
-  g->metrics.count_response(st->route, status);
+  g->metrics.count_response(st->route, status, st->key.get());
   if (status == 503 || status == 429) extra.emplace_back("Retry-After", "1");
   if (g->draining) st->keep_alive = false;  // the client's next request goes to another replica
   add_request_id(st, &extra);
@@ -312,7 +316,7 @@ void generate(caf::io::broker* self, const shared_ptr& g, const state_ptr& st, c
   st->call_id = (chat ? "chatcmpl-" : "cmpl-") + g->id_prefix + "-" + std::to_string(++g->last_id);
   st->call_sink = caf::actor_cast<caf::actor>(
       spawn_call(self->system(), caf::actor_cast<caf::actor>(self), seq, g->router, req.body, chat, g->model,
-                 st->call_id, g->calls));
+                 st->call_id, g->calls, st->key));
   self->monitor(st->call_sink);  // one that ends without answering fails its call (the down handler)
 }
 
@@ -344,7 +348,7 @@ void keep_stream_alive(caf::io::broker* self, caf::io::connection_handle hdl, co
 /// The client went before its answer was done (closed, or read too little): counted as nginx
 /// counts it (499), and a call's cut logged with why; the caller ends the call (end_call).
 void client_cut(caf::io::broker* self, const shared_ptr& g, const state_ptr& st, const std::string& why) {
-  g->metrics.count_response(st->route, 499);
+  g->metrics.count_response(st->route, 499, st->key.get());
   // The router's number, once a token named it: the line leads to the request's other traces.
   if (st->in_call)
     log_call(self, g, st, 499, st->head_sent, nullptr,
@@ -358,7 +362,7 @@ void on_done(caf::io::broker* self, caf::io::connection_handle hdl, const shared
   for (const auto& c : choices) g->metrics.record(c);
   log_call(self, g, st, 200, stream, &choices);
   if (!stream) return reply(self, hdl, g, st, 200, json);
-  g->metrics.count_response(st->route, 200);
+  g->metrics.count_response(st->route, 200, st->key.get());
   stream_head(self, hdl, g, st);
   if (!json.empty()) event(self, hdl, st, json);
   event(self, hdl, st, "[DONE]");
@@ -373,13 +377,14 @@ void fail_call(caf::io::broker* self, caf::io::connection_handle hdl, const shar
   if (error.param == "prompt" && st->route == "/v1/chat/completions") error.param = "messages";  // a chat's prompt
   // The cluster's reason for a server-side failure (kv_capacity, rank_unavailable, ...) as the
   // error's code, which a client can test, and every failure counted by it: a 503 for want of
-  // KV reads apart from any other. (A 400 keeps OpenAI's codes, null but for a few.)
-  if (error.code.empty() && status >= 500) error.code = reason;
+  // KV reads apart from any other; the cluster's admission limit, shared by every caller, is
+  // `overloaded`, not a caller's own rate_limit_exceeded. (A 400 keeps OpenAI's codes.)
+  if (error.code.empty() && (status >= 500 || status == 429)) error.code = reason;
   count_call_failure(g, st, reason.empty() ? "http_" + std::to_string(status) : reason);
   log_call(self, g, st, status, st->head_sent, nullptr, msg);
   if (!st->head_sent) return reply_error(self, hdl, g, st, std::move(error));
   // The stream has begun (status 200 is sent): the error travels as an event, as OpenAI's do.
-  g->metrics.count_response(st->route, status);
+  g->metrics.count_response(st->route, status, st->key.get());
   event(self, hdl, st, openai::error_json(error));
   end_stream(self, hdl, st);
   finish(self, hdl, g, st);
@@ -416,17 +421,16 @@ std::string adopt_request_id(const state_ptr& st, const http::request& req) {
   return {};
 }
 
-bool authorized(const shared_ptr& g, const http::request& req) {
+bool authorized(const shared_ptr& g, const state_ptr& st, const http::request& req) {
   // Probes and Prometheus scrape without one, as vLLM's /health and /metrics: the keys guard
   // the model's API; the numbers name ranks and counts, no request's text.
-  if (g->cfg.api_keys.empty() || req.path == "/health" || req.path == "/metrics") return true;
+  st->key = nullptr;
+  if (g->keys.empty() || req.path == "/health" || req.path == "/metrics") return true;
   const auto* auth = req.header("authorization");
   // The scheme is case-insensitive (RFC 9110 §11.1).
   if (!auth || auth->size() < 7 || !http::iequals(std::string_view{*auth}.substr(0, 7), "bearer ")) return false;
-  const std::string_view key = std::string_view{*auth}.substr(7);
-  bool ok = false;
-  for (const auto& k : g->cfg.api_keys) ok |= http::constant_time_equal(key, k);  // no early exit
-  return ok;
+  st->key = find_api_key(g->keys, std::string_view{*auth}.substr(7));  // (in constant time)
+  return st->key != nullptr;
 }
 
 void reply_unauthorized(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st) {
@@ -532,6 +536,7 @@ void dispatch(caf::io::broker* self, caf::io::connection_handle hdl, const share
   if (!found && req.path.size() > models_prefix.size() && req.path.compare(0, models_prefix.size(), models_prefix) == 0)
     found = &routes[std::size(routes) - 1];
   st->route = found ? found->path : "other";
+  st->key = nullptr;  // (an earlier request's: authorized() names this one's)
   st->request_line = quoted_input(req.method, 16) + " " + quoted_input(req.path, 128);
   st->cors_origin.clear();
   if (const auto* origin = req.header("origin"))
@@ -573,7 +578,7 @@ void dispatch(caf::io::broker* self, caf::io::connection_handle hdl, const share
     return reply_error(self, hdl, g, st,
                        {405, quoted_input(req.path, 128) + " takes " + found->method + ", not " + quoted_input(req.method, 16), "invalid_request_error", {}},
                        {{"Allow", allow}});
-  if (!authorized(g, req)) return reply_unauthorized(self, hdl, g, st);
+  if (!authorized(g, st, req)) return reply_unauthorized(self, hdl, g, st);
   // A compressed body would read as invalid JSON: say what is wrong with it instead.
   if (const auto* enc = req.header("content-encoding"); enc && !http::iequals(*enc, "identity"))
     return reply_error(self, hdl, g, st,
@@ -610,7 +615,7 @@ void pump(caf::io::broker* self, caf::io::connection_handle hdl, const shared_pt
       // Headers in, body not: a client that asked to be told before it sends the body is told,
       // unless its key is wrong: then the 401 is the answer, and no body is invited.
       if (r.expects_continue && !st->sent_continue && !st->probes_only) {  // a probe has no body to invite
-        if (!authorized(g, req)) {
+        if (!authorized(g, st, req)) {
           st->busy = true;
           st->keep_alive = false;  // the body may still come: the close reads and drops it
           st->route = "unauthorized";

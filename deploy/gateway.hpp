@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "actors/messages.hpp"
+#include "deploy/api_keys.hpp"
 #include "deploy/http.hpp"
 
 namespace caf {
@@ -24,7 +25,8 @@ namespace baton::deploy {
 struct gateway_config {
   std::string host = "127.0.0.1";  ///< where to listen
   uint16_t port = 8000;            ///< 0 = any free port
-  std::vector<std::string> api_keys;  ///< empty: no authentication
+  std::vector<std::string> api_keys;  ///< plain keys, named key-1, key-2, ... (none here or in named_keys: no authentication)
+  std::vector<api_key> named_keys;    ///< a keys file's (--api-keys-file): names and limits (deploy/api_keys.hpp)
   http::limits limits;
   /// A call whose first token has not come within this long is cancelled with 504. Only the
   /// first: once tokens flow, the request's own watchdog bounds each next one

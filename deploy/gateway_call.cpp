@@ -37,6 +37,8 @@ struct call_state {
   uint32_t left = 0;             ///< choices not yet answered
   bool failed = false;           ///< an error went to the connection: nothing more does
   std::chrono::milliseconds unanswered_grace{0};  ///< call_settings'
+  api_key_ptr key;          ///< the API key that asked (null: none), whose usage the answer adds to
+  in_flight_hold in_flight;  ///< its generations, held against the key's max_in_flight until the call's last actor ends
 };
 
 /// Choice `index` of a call: asks the router for it with `self` as the sink, renders its chunks,
@@ -96,6 +98,10 @@ client_sink_actor::behavior_type run_choice(client_sink_actor::pointer self, caf
             std::string json = !c.stream         ? openai::completion_json(c, cs->done, cs->id, cs->created)
                                : c.include_usage ? openai::usage_chunk_json(c, cs->done, cs->id, cs->created)
                                                  : std::string{};
+            if (cs->key) {  // the key's usage, as the answer's says
+              const auto u = openai::usage_counts(cs->done, c.n, c.req.prompt_only);
+              cs->key->prompt_tokens += u.prompt, cs->key->completion_tokens += u.generated, cs->key->cached_tokens += u.cached;
+            }
             // The gateway's metrics count each choice: a generation of its own.
             std::vector<completion> all = std::move(cs->done);
             lock.unlock();
@@ -151,10 +157,37 @@ client_sink_actor::behavior_type run_choice(client_sink_actor::pointer self, caf
   }};
 }
 
+/// Holds the call to its API key's limits: its generations against max_in_flight (false and the
+/// error otherwise), its priority batch when the key's calls all are.
+bool hold_for_key(const api_key_ptr& key, uint32_t choices, call_state* cs, openai::api_error* err) {
+  cs->key = key;
+  if (key->cfg.batch) cs->call.req.priority = "batch";
+  const uint32_t limit = key->cfg.max_in_flight;
+  const std::string whose = "the API key '" + key->cfg.name + "'";
+  if (limit && choices > limit) {  // never admitted: a 429 would have the client retry for ever
+    const bool batch = cs->call.num_prompts() > 1;
+    *err = {400,
+            std::string{batch ? "prompt" : "n"} + ": this call asks for " + std::to_string(choices) + " generations, more than " +
+                whose + " may run at once (" + std::to_string(limit) + ", its max_in_flight)",
+            "invalid_request_error", batch ? "prompt" : "n"};
+    return false;
+  }
+  uint32_t had = 0;
+  if (cs->in_flight.take(key, choices, &had)) return true;
+  // Its own limit, not the cluster's: the other keys' calls go on (OpenAI's code for a caller's
+  // rate limit).
+  *err = {429,
+          whose + " has " + std::to_string(had) + " generations in flight at this gateway, its limit is " +
+              std::to_string(limit) + " (max_in_flight); this call asks for " + std::to_string(choices) +
+              " more: retry when some have ended",
+          "invalid_request_error", {}, "rate_limit_exceeded"};
+  return false;
+}
+
 /// The go-between (spawn_call).
 client_sink_actor::behavior_type call_impl(client_sink_actor::pointer self, caf::actor broker, uint64_t seq,
                                            router_actor router, std::string body, bool chat, std::string model,
-                                           std::string id, call_settings settings) {
+                                           std::string id, call_settings settings, api_key_ptr key) {
   auto cs = std::make_shared<call_state>();
   cs->unanswered_grace = settings.unanswered_grace;
   openai::api_error err;
@@ -196,6 +229,10 @@ client_sink_actor::behavior_type call_impl(client_sink_actor::pointer self, caf:
     caf::anon_send(broker, seq, static_cast<int32_t>(err.status), openai::error_json(err), err.message);
     return {[](stream_chunk&) {}};
   }
+  if (key && !hold_for_key(key, choices, cs.get(), &err)) {
+    caf::anon_send(broker, seq, static_cast<int32_t>(err.status), openai::error_json(err), err.message);
+    return {[](stream_chunk&) {}};
+  }
   cs->left = choices;
   cs->done.resize(choices);
   if (cs->call.stream) caf::anon_send(broker, seq, streaming_atom::value);
@@ -207,9 +244,9 @@ client_sink_actor::behavior_type call_impl(client_sink_actor::pointer self, caf:
 }  // namespace
 
 caf::actor spawn_call(caf::actor_system& sys, caf::actor broker, uint64_t seq, router_actor router, std::string body,
-                      bool chat, std::string model, std::string id, call_settings settings) {
+                      bool chat, std::string model, std::string id, call_settings settings, api_key_ptr key) {
   return caf::actor_cast<caf::actor>(sys.spawn(call_impl, std::move(broker), seq, std::move(router), std::move(body), chat,
-                                               std::move(model), std::move(id), std::move(settings)));
+                                               std::move(model), std::move(id), std::move(settings), std::move(key)));
 }
 
 }  // namespace baton::deploy

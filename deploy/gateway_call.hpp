@@ -11,6 +11,7 @@
 #include <caf/actor.hpp>
 
 #include "actors/messages.hpp"
+#include "deploy/api_keys.hpp"
 
 namespace caf {
 class actor_system;
@@ -54,7 +55,9 @@ int64_t unix_seconds();
 ///   (seq, event JSON)                  one server-sent event of a stream
 ///   (seq, completions, JSON, stream)   the answer (a completion per choice): the whole body, or a stream's usage chunk ("" if none)
 ///   (seq, error)                       the generation failed
+/// `key` (may be null): the API key that asked, whose limits the call is held to and whose
+/// numbers it counts into.
 caf::actor spawn_call(caf::actor_system& sys, caf::actor broker, uint64_t seq, router_actor router, std::string body,
-                      bool chat, std::string model, std::string id, call_settings settings);
+                      bool chat, std::string model, std::string id, call_settings settings, api_key_ptr key);
 
 }  // namespace baton::deploy

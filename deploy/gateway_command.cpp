@@ -6,6 +6,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <future>
 #include <optional>
 #include <thread>
@@ -46,6 +48,27 @@ bool api_keys_from_env(std::vector<std::string>* keys, std::string* why) {
   return true;
 }
 
+bool load_gateway_keys(const std::string& keys_file, gateway_config* gc, std::string* why) {
+  if (!api_keys_from_env(&gc->api_keys, why)) return false;
+  std::string text, from = keys_file;
+  if (!keys_file.empty()) {
+    std::ifstream in{keys_file};
+    if (!in) {
+      *why = "cannot read the API keys file " + keys_file;
+      return false;
+    }
+    text.assign(std::istreambuf_iterator<char>{in}, std::istreambuf_iterator<char>{});
+  } else if (const char* v = std::getenv("BATON_API_KEYS_JSON")) {
+    text = v;
+    from = "BATON_API_KEYS_JSON";
+  } else {
+    return true;
+  }
+  if (parse_api_keys(text, &gc->named_keys, why)) return true;
+  *why = from + ": " + *why;
+  return false;
+}
+
 int run_gateway(const std::vector<std::string>& args) {
   std::string router, cluster, name = "gateway", listen = "127.0.0.1:8000";
   gateway_config gc;
@@ -58,8 +81,12 @@ int run_gateway(const std::vector<std::string>& args) {
   flags.add("--name", &name, "the node's name, with --cluster");
   flags.add("--listen", &listen, "HOST:PORT to serve HTTP on (port 0: any free port)");
   flags.add("--api-key", &gc.api_keys,
-            "an API key accepted as a bearer token (repeatable; also BATON_API_KEYS, comma-separated; none: no "
-            "authentication)");
+            "an API key accepted as a bearer token (repeatable; also BATON_API_KEYS, comma-separated; none here or "
+            "in --api-keys-file: no authentication); named key-1, key-2, ... in the log and /metrics");
+  std::string keys_file;
+  flags.add("--api-keys-file", &keys_file,
+            "a JSON file of named API keys, each with its own limits: {\"keys\": [{\"name\", \"key\", "
+            "\"max_in_flight\", \"priority\"}]} (README, Serving several teams)");
   flags.add("--first-token-timeout-ms", &gc.first_token_timeout_ms,
             "a call's wait for its first token before 504 (later tokens: the request's own watchdog)");
   flags.add("--stream-keepalive-ms", &gc.stream_keepalive_ms,
@@ -93,7 +120,7 @@ int run_gateway(const std::vector<std::string>& args) {
   gc.log_requests = gc.log_requests || gc.log_placements;
   std::string host, why;
   uint16_t port = 0;
-  if (!api_keys_from_env(&gc.api_keys, &why)) {
+  if (!load_gateway_keys(keys_file, &gc, &why)) {
     std::fprintf(stderr, "baton gateway: %s\n", why.c_str());
     return 2;
   }

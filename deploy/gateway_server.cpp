@@ -96,6 +96,10 @@ bool spawn_gateway(caf::actor_system& sys, const gateway_config& cfg, router_act
   }
   auto g = std::make_shared<gateway_shared>();
   g->cfg = cfg;
+  std::vector<api_key> keys;
+  merge_api_keys(cfg.named_keys, cfg.api_keys, &keys, why);  // (validate() saw it work)
+  for (auto& k : keys) g->keys.push_back(std::make_shared<api_key_state>(std::move(k)));
+  g->metrics.set_keys(g->keys);
   g->calls.unanswered_grace = std::chrono::milliseconds{cfg.unanswered_grace_ms};
   g->router = router;
   g->started_s = unix_seconds();

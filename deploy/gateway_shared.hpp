@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <caf/actor.hpp>
 #include <caf/actor_addr.hpp>
@@ -39,6 +40,7 @@ struct gateway_shared {
   /// Drawn at start: call ids of gateways started in the same second differ (they repeated).
   std::string id_prefix;
   gateway_metrics metrics;
+  std::vector<api_key_ptr> keys;  ///< cfg's keys, named, with their live numbers (empty: no authentication)
   std::atomic<uint32_t> num_connections{0};
   std::atomic<uint64_t> last_id{0};
   // The server's and its connections' (brokers all run on the middleman's one thread).

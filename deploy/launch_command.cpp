@@ -26,11 +26,13 @@
 #include "actors/messages.hpp"
 #include "actors/node_directory.hpp"
 #include "actors/router.hpp"
+#include "deploy/api_keys.hpp"
 #include "deploy/cluster_spec.hpp"
 #include "deploy/commands.hpp"
 #include "deploy/flags.hpp"
 #include "deploy/net_security.hpp"
 #include "deploy/processes.hpp"
+#include "gpu/text_file.hpp"
 #include "policies/restart_backoff.hpp"
 
 namespace baton::deploy {
@@ -218,6 +220,15 @@ int run_launch(const std::vector<std::string>& raw_args) {
       return 2;
     }
     spec.api_keys = split_list(v);
+  }
+  if (!spec.api_keys_file.empty()) {  // read here, checked, and handed to the gateways as text
+    std::vector<api_key> named;
+    if (!gpu::read_text_file(spec.api_keys_file, &spec.api_keys_json) ||
+        !parse_api_keys(spec.api_keys_json, &named, &why)) {
+      std::fprintf(stderr, "baton launch: spec.api_keys_file %s: %s\n", spec.api_keys_file.c_str(),
+                   why.empty() ? "cannot read it" : why.c_str());
+      return 2;
+    }
   }
   const auto& head = spec.head();
   const std::string binary = spec.binary.empty() ? self_executable() : spec.binary;

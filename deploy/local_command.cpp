@@ -109,7 +109,7 @@ int serve(caf::actor_system& sys, const local_cluster& cluster, const local_opti
   if (!opt.http_listen.empty()) {
     gateway_config gc = opt.gateway;
     gc.api_keys = opt.api_keys;
-    if (!api_keys_from_env(&gc.api_keys, &why) || !parse_host_port(opt.http_listen, "--http-listen", &gc.host, &gc.port, &why) ||
+    if (!load_gateway_keys(opt.api_keys_file, &gc, &why) || !parse_host_port(opt.http_listen, "--http-listen", &gc.host, &gc.port, &why) ||
         !spawn_gateway(sys, gc, cluster.router, &gateway, &why)) {
       std::fprintf(stderr, "baton local: %s\n", why.c_str());
       return 2;
@@ -260,6 +260,7 @@ int run_local(const std::vector<std::string>& args) {
             "an admitted request waits this long, in arrival order, for a decode rank with room for its KV, then "
             "is refused (HTTP 503); lower it to shed load sooner");
   flags.add("--api-key", &opt.api_keys, "--serve: an API key the gateway accepts as a bearer token (repeatable; also BATON_API_KEYS, comma-separated; it guards HTTP only: keep --router-listen and --cluster-listen private, or use --tls-*)");
+  flags.add("--api-keys-file", &opt.api_keys_file, "--serve: a JSON file of named API keys with limits of their own (README, Serving several teams)");
   flags.add("--first-token-timeout-ms", &opt.gateway.first_token_timeout_ms,
             "--http-listen: a call's wait for its first token before 504 (later tokens: --token-timeout-ms)");
   flags.add("--stream-keepalive-ms", &opt.gateway.stream_keepalive_ms,

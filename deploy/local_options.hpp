@@ -56,6 +56,7 @@ struct local_options {
   std::string http_listen;         ///< HOST:PORT of an in-process OpenAI-compatible gateway
   gateway_config gateway;          ///< its settings (host, port and keys come from the flags above)
   std::vector<std::string> api_keys;
+  std::string api_keys_file;       ///< named keys with limits (deploy/api_keys.hpp)
   uint32_t drain_timeout_ms = 60000;  ///< on SIGTERM: how long requests in flight may take to end (a node's too)
   uint32_t event_log_events = 4096;  ///< each rank's diagnostic event ring (event_log_help)
   net_security sec;                ///< cluster id and TLS of the published router and directory

@@ -73,6 +73,35 @@ std::string label(const std::string& v) {
   return out;
 }
 
+/// Each API key's numbers at this gateway, labelled with its name (gateway_config's keys).
+void render_keys(std::string& out, const std::vector<api_key_ptr>& keys) {
+  if (keys.empty()) return;
+  const auto family = [&](const char* name, const char* help, const char* type, auto value) {
+    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+    for (const auto& k : keys) out += std::string(name) + "{key=\"" + label(k->cfg.name) + "\"} " + num(value(*k)) + "\n";
+  };
+  out += "# HELP baton_api_key_responses_total answers to each API key's calls, by HTTP status\n"
+         "# TYPE baton_api_key_responses_total counter\n";
+  for (const auto& k : keys)
+    for (const auto& [code, n] : k->responses_now())
+      out += "baton_api_key_responses_total{key=\"" + label(k->cfg.name) + "\",code=\"" + std::to_string(code) + "\"} " +
+             std::to_string(n) + "\n";
+  family("baton_api_key_prompt_tokens_total",
+         "prompt tokens of each key's answered calls, as their usage counts them (a prompt once per call, whatever its "
+         "n; baton_prompt_tokens_total counts it per generation)",
+         "counter", [](api_key_state& k) { return static_cast<double>(k.prompt_tokens.load()); });
+  family("baton_api_key_cached_prompt_tokens_total", "of those, tokens loaded from the prefix cache", "counter",
+         [](api_key_state& k) { return static_cast<double>(k.cached_tokens.load()); });
+  family("baton_api_key_completion_tokens_total", "tokens generated for each key's answered calls (usage's)", "counter",
+         [](api_key_state& k) { return static_cast<double>(k.completion_tokens.load()); });
+  family("baton_api_key_in_flight", "generations of each key's calls running now through this gateway", "gauge",
+         [](api_key_state& k) { return static_cast<double>(k.in_flight.load()); });
+  family("baton_api_key_max_in_flight", "each key's limit on those (0: none)", "gauge",
+         [](api_key_state& k) { return static_cast<double>(k.cfg.max_in_flight); });
+  family("baton_api_key_limited_total", "calls refused (429) for their key's max_in_flight", "counter",
+         [](api_key_state& k) { return static_cast<double>(k.limited.load()); });
+}
+
 // Seconds per stage, from half a millisecond (a CHECK on an idle cluster) to ten minutes (a
 // request waiting out the whole KV queue, request_config::queue_timeout_ms).
 const std::vector<double> stage_bounds{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
@@ -97,7 +126,8 @@ gateway_metrics::gateway_metrics()
       prompt_len_(length_bounds),
       generated_len_(length_bounds) {}
 
-void gateway_metrics::count_response(const std::string& route, int status) {
+void gateway_metrics::count_response(const std::string& route, int status, api_key_state* key) {
+  if (key) key->count_response(status);
   std::lock_guard<std::mutex> guard{mutex_};
   ++responses_[{route, status}];
 }
@@ -213,6 +243,7 @@ std::string gateway_metrics::render(const cluster_stats* cluster) const {
                    prompt_tokens_ ? static_cast<double>(cached_tokens_) / static_cast<double>(prompt_tokens_) : 0.0,
                    "gauge");
   }
+  render_keys(out, keys_);
   if (!cluster) {
     render_counter(out, "baton_router_up", "1 when the router answered this scrape", 0, "gauge");
     return out;

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "deploy/api_keys.hpp"
+
 namespace baton {
 struct completion;
 struct cluster_stats;
@@ -32,8 +34,11 @@ struct histogram {
 class gateway_metrics {
  public:
   gateway_metrics();
-  /// One HTTP answer: its route (e.g. "/v1/completions") and status code.
-  void count_response(const std::string& route, int status);
+  /// One HTTP answer: its route (e.g. "/v1/completions") and status code; and the API key's
+  /// that asked, if any.
+  void count_response(const std::string& route, int status, api_key_state* key = nullptr);
+  /// The gateway's API keys, whose numbers render() shows by key (once, at start).
+  void set_keys(std::vector<api_key_ptr> keys) { keys_ = std::move(keys); }
   /// One finished generation.
   void record(const completion& c);
   /// A call's first token came, `seconds` after the call arrived: observed then, so that a TTFT
@@ -61,6 +66,7 @@ class gateway_metrics {
   std::map<std::string, histogram> failed_after_;  ///< by reason (failed_after)
   uint64_t prompt_tokens_ = 0, cached_tokens_ = 0, generated_tokens_ = 0, kv_bytes_ = 0, completions_ = 0;
   uint64_t migrations_ = 0, recomputed_blocks_ = 0;
+  std::vector<api_key_ptr> keys_;
 };
 
 }  // namespace baton::deploy

@@ -18,18 +18,23 @@ namespace {
 /// Each prompt once (its n choices share it; choice i answers prompt i / n), and every choice's
 /// tokens.
 json usage_of(const std::vector<completion>& choices, uint32_t n, bool prompt_only = false) {
-  size_t generated = 0, prompt = 0, cached = 0;
-  for (size_t i = 0; i < choices.size(); ++i) {
-    generated += prompt_only ? 0 : choices[i].tokens.size();
-    if (i % std::max<uint32_t>(n, 1) == 0) prompt += choices[i].num_prompt_tokens, cached += choices[i].cached_tokens;
-  }
-  return {{"prompt_tokens", prompt},
-          {"completion_tokens", generated},
-          {"total_tokens", prompt + generated},
-          {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+  const auto u = usage_counts(choices, n, prompt_only);
+  return {{"prompt_tokens", u.prompt},
+          {"completion_tokens", u.generated},
+          {"total_tokens", u.prompt + u.generated},
+          {"prompt_tokens_details", {{"cached_tokens", u.cached}}}};
 }
 
 }  // namespace
+
+usage usage_counts(const std::vector<completion>& choices, uint32_t n, bool prompt_only) {
+  usage u;
+  for (size_t i = 0; i < choices.size(); ++i) {
+    u.generated += prompt_only ? 0 : choices[i].tokens.size();
+    if (i % std::max<uint32_t>(n, 1) == 0) u.prompt += choices[i].num_prompt_tokens, u.cached += choices[i].cached_tokens;
+  }
+  return u;
+}
 
 std::string finish_reason(const std::string& baton_reason) {
   return baton_reason == "length" ? "length" : "stop";

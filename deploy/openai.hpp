@@ -324,6 +324,13 @@ bool parse_body(std::string_view body, bool chat, const std::string& served_mode
 /// OpenAI's finish_reason for Baton's: eos and stop -> "stop", length -> "length".
 std::string finish_reason(const std::string& baton_reason);
 
+/// A call's tokens as its answer's `usage` counts them: each prompt once (choices i·n ... i·n+n-1
+/// share prompt i), every generated token (none for a prompt-only call's).
+struct usage {
+  uint64_t prompt = 0, generated = 0, cached = 0;
+};
+usage usage_counts(const std::vector<completion>& choices, uint32_t n, bool prompt_only);
+
 /// The whole answer: one choice per completion, in order (usage: the prompt once, every choice's tokens).
 std::string completion_json(const call& c, const std::vector<completion>& choices, const std::string& id, int64_t created);
 /// best_of: each prompt's best_of_keep generations with the highest log-probability per token

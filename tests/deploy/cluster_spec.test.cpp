@@ -128,6 +128,15 @@ TEST_CASE("a cluster spec parses into nodes and plans one command line per node 
   const auto keyed = plan_launch(s, "/bin/baton", {"127.0.0.1", ""});
   CHECK(keyed[2].env.at("BATON_API_KEYS") == "sk-secret-1");
   for (const auto& a : keyed[2].argv) CHECK(a.find("sk-secret") == std::string::npos);  // never on a command line
+  // Named keys: the launcher reads the spec's keys file and hands its text over the same way.
+  s.api_keys_json = R"({"keys":[{"name":"search","key":"sk-search-0001"}]})";
+  const auto named = plan_launch(s, "/bin/baton", {"127.0.0.1", ""});
+  CHECK(named[2].env.at("BATON_API_KEYS_JSON") == s.api_keys_json);
+  cluster_spec with_file;
+  std::string text = good;
+  text.replace(text.find(R"("model": "m",)"), std::string{R"("model": "m",)"}.size(), R"("model": "m", "api_keys_file": "keys.json",)");
+  REQUIRE_MESSAGE(parse_cluster_spec(text, "/base", &with_file, &why), why);
+  CHECK(with_file.api_keys_file == "/base/keys.json");  // next to the spec, as its model
 }
 
 TEST_CASE("each process of a plan joins the head's node directory under a name of its own: a gateway beside a "

@@ -718,7 +718,8 @@ TEST_CASE("a request's own x-request-id comes back in its answer and in the requ
       std::this_thread::sleep_for(std::chrono::milliseconds{10});
     const auto lines = log.str();
     std::cout.rdbuf(saved);
-    CHECK_MESSAGE(lines.find(" call " + call_id + " (x-request-id trace-7f3a) /v1/completions 200 ") != std::string::npos, lines);
+    // (a plain key is named by its place: key-1)
+    CHECK_MESSAGE(lines.find(" call " + call_id + " (x-request-id trace-7f3a) key key-1 /v1/completions 200 ") != std::string::npos, lines);
     CHECK_MESSAGE(lines.find(" call - POST /v1/completions 400 ") != std::string::npos, lines);
     CHECK_MESSAGE(lines.find(" call - (x-request-id probe-1) GET /v1/models 401 ") != std::string::npos, lines);
     CHECK_MESSAGE(lines.find(" call - GET /v1/nothing 404 0.0 ms: no route GET /v1/nothing") != std::string::npos, lines);

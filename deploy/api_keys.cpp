@@ -1,0 +1,139 @@
+#include "deploy/api_keys.hpp"
+
+#include <algorithm>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "deploy/http.hpp"
+
+namespace baton::deploy {
+
+namespace {
+
+using nlohmann::json;
+
+bool valid_name(const std::string& name) {
+  return !name.empty() && name.size() <= 64 && std::all_of(name.begin(), name.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.';
+  });
+}
+
+}  // namespace
+
+bool parse_api_keys(std::string_view text, std::vector<api_key>* out, std::string* why) {
+  const auto j = json::parse(text, nullptr, false);
+  if (j.is_discarded()) {
+    *why = "the keys file is not JSON";
+    return false;
+  }
+  if (!j.is_object() || !j.contains("keys") || !j["keys"].is_array() || j.size() != 1) {
+    *why = "the keys file must be {\"keys\": [{\"name\": ..., \"key\": ...}, ...]}";
+    return false;
+  }
+  std::vector<api_key> keys;
+  for (size_t i = 0; i < j["keys"].size(); ++i) {
+    const auto& e = j["keys"][i];
+    const std::string at = "keys[" + std::to_string(i) + "]";
+    if (!e.is_object()) {
+      *why = at + " must be an object";
+      return false;
+    }
+    api_key k;
+    for (const auto& [field, v] : e.items()) {
+      if (field == "name" && v.is_string() && valid_name(v.get<std::string>())) {
+        k.name = v.get<std::string>();
+      } else if (field == "name") {
+        *why = at + ".name must be 1 to 64 letters, digits, _, - or ., got " + v.dump();
+        return false;
+      } else if (field == "key" && v.is_string() && v.get<std::string>().size() >= 8) {
+        k.key = v.get<std::string>();
+      } else if (field == "key") {
+        *why = at + ".key must be a string of at least 8 characters";  // (never the key itself: logs)
+        return false;
+      } else if (field == "max_in_flight" && v.is_number_unsigned() && v.get<uint64_t>() <= UINT32_MAX) {
+        k.max_in_flight = v.get<uint32_t>();
+      } else if (field == "max_in_flight") {
+        *why = at + ".max_in_flight must be an integer from 0 (no limit) to 4294967295, got " + v.dump();
+        return false;
+      } else if (field == "priority" && (v == "batch" || v == "interactive")) {
+        k.batch = v == "batch";
+      } else if (field == "priority") {
+        *why = at + ".priority must be \"interactive\" (the calls choose) or \"batch\" (always), got " + v.dump();
+        return false;
+      } else {
+        *why = at + " has the unknown field '" + field + "' (name, key, max_in_flight and priority are known)";
+        return false;
+      }
+    }
+    if (k.name.empty() || k.key.empty()) {
+      *why = at + " needs a name and a key";
+      return false;
+    }
+    keys.push_back(std::move(k));
+  }
+  if (keys.empty()) {
+    *why = "the keys file lists no key (serving without authentication asks for no file)";
+    return false;
+  }
+  *out = std::move(keys);
+  return true;
+}
+
+bool merge_api_keys(std::vector<api_key> named, const std::vector<std::string>& plain, std::vector<api_key>* out,
+                    std::string* why) {
+  for (size_t i = 0; i < plain.size(); ++i) named.push_back({"key-" + std::to_string(i + 1), plain[i], 0, false});
+  std::set<std::string> names, secrets;
+  for (const auto& k : named) {
+    if (!names.insert(k.name).second) {
+      *why = "the API key name '" + k.name + "' is given twice" +
+             (k.name.rfind("key-", 0) == 0 ? " (plain keys are named key-1, key-2, ...)" : "");
+      return false;
+    }
+    if (!secrets.insert(k.key).second) {
+      *why = "the API key named '" + k.name + "' is given twice (under another name too)";
+      return false;
+    }
+  }
+  *out = std::move(named);
+  return true;
+}
+
+void api_key_state::count_response(int status) {
+  std::lock_guard<std::mutex> lock{mutex};
+  ++responses[status];
+}
+
+std::map<int, uint64_t> api_key_state::responses_now() {
+  std::lock_guard<std::mutex> lock{mutex};
+  return responses;
+}
+
+api_key_ptr find_api_key(const std::vector<api_key_ptr>& keys, std::string_view bearer) {
+  api_key_ptr found;
+  for (const auto& k : keys)  // every key compared: no early exit
+    if (http::constant_time_equal(bearer, k->cfg.key) && !found) found = k;
+  return found;
+}
+
+in_flight_hold::~in_flight_hold() {
+  if (key_) key_->in_flight -= n_;
+}
+
+bool in_flight_hold::take(const api_key_ptr& key, uint32_t n, uint32_t* had) {
+  const uint32_t limit = key->cfg.max_in_flight;
+  uint32_t now = key->in_flight.load();
+  do {
+    *had = now;
+    if (limit && (now > limit || n > limit - now)) {
+      ++key->limited;
+      return false;
+    }
+  } while (!key->in_flight.compare_exchange_weak(now, now + n));
+  if (key_) key_->in_flight -= n_;  // (a hold is taken once; a second take moves it)
+  key_ = key;
+  n_ = n;
+  return true;
+}
+
+}  // namespace baton::deploy

@@ -1,0 +1,80 @@
+#pragma once
+
+// The gateway's API keys as callers (teams, services) of a shared cluster: each key has a name,
+// which the request log and /metrics carry, and what its calls may take -- how many generations
+// run at once (its calls past that get 429, its own limit, while other keys' calls go on), and
+// whether they run as batch whatever they ask. Plain keys (--api-key, BATON_API_KEYS) are keys
+// with no limits, named key-1, key-2, ... in the order given. Pure, but for the live numbers,
+// which a gateway's connections and its calls' go-betweens share (atomics).
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace baton::deploy {
+
+/// One key, as the keys file gives it.
+struct api_key {
+  std::string name;  ///< [A-Za-z0-9_.-], 1 to 64: the request log's and /metrics' `key`
+  std::string key;   ///< the bearer token, 8 characters or more
+  /// Generations of this key's calls running at once through this gateway (each choice of n, each
+  /// prompt of a batch, is one); a call that would pass it is refused with 429 (rate_limit_exceeded,
+  /// naming the key's limit), one that asks more by itself with 400. 0: no limit of its own.
+  uint32_t max_in_flight = 0;
+  /// Its calls run as batch (generate_request::priority), whatever they ask: interactive calls
+  /// of other keys go first at the chunker and the decode KV queue.
+  bool batch = false;
+};
+
+/// Reads a keys file's text: {"keys": [{"name": ..., "key": ..., "max_in_flight": N, "priority":
+/// "batch" | "interactive"}, ...]}. False and why, naming the entry and field, for anything else
+/// (an unknown field, a name or key given twice, a key shorter than 8 characters).
+bool parse_api_keys(std::string_view text, std::vector<api_key>* out, std::string* why);
+
+/// The keys of `named` (a keys file's) and then `plain` (--api-key), named key-1, key-2, ...;
+/// false and why when a key or a name comes twice.
+bool merge_api_keys(std::vector<api_key> named, const std::vector<std::string>& plain, std::vector<api_key>* out,
+                    std::string* why);
+
+/// A key's live numbers at one gateway.
+struct api_key_state {
+  api_key cfg;
+  std::atomic<uint32_t> in_flight{0};  ///< generations of its calls running now
+  std::atomic<uint64_t> prompt_tokens{0}, completion_tokens{0}, cached_tokens{0};  ///< as its answers' usage says
+  std::atomic<uint64_t> limited{0};    ///< calls refused for its max_in_flight
+  std::mutex mutex;                    ///< guards responses
+  std::map<int, uint64_t> responses;   ///< its calls' answers by HTTP status
+
+  explicit api_key_state(api_key k) : cfg(std::move(k)) {}
+  void count_response(int status);
+  std::map<int, uint64_t> responses_now();
+};
+using api_key_ptr = std::shared_ptr<api_key_state>;
+
+/// The key `bearer` is, compared with every key in constant time (no early exit: the time does
+/// not tell how much of a key was right); null when none.
+api_key_ptr find_api_key(const std::vector<api_key_ptr>& keys, std::string_view bearer);
+
+/// `n` generations of `key` held in flight until destroyed (a call's go-between keeps one while
+/// any of its choices runs).
+class in_flight_hold {
+public:
+  in_flight_hold() = default;
+  in_flight_hold(const in_flight_hold&) = delete;
+  in_flight_hold& operator=(const in_flight_hold&) = delete;
+  ~in_flight_hold();
+  /// Takes `n` more for `key`: false (taking none) when that would pass its max_in_flight, with
+  /// how many it had in flight in *had.
+  bool take(const api_key_ptr& key, uint32_t n, uint32_t* had);
+
+private:
+  api_key_ptr key_;
+  uint32_t n_ = 0;
+};
+
+}  // namespace baton::deploy

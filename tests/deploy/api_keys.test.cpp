@@ -1,0 +1,177 @@
+// API keys as callers of a shared cluster (deploy/api_keys.hpp): named in the request log and
+// /metrics, each held to its own generations in flight, its calls pinned to batch if asked.
+
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <sstream>
+#include <thread>
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "deploy/access_log.hpp"
+#include "deploy/api_keys.hpp"
+#include "tests/deploy/gateway_fixture.hpp"
+#include "tests/deploy/metrics_text.hpp"
+
+using namespace baton;
+using namespace baton::test_gateway;
+using nlohmann::json;
+
+TEST_CASE("a keys file names each key and its limits; anything else in it is refused naming the entry and field") {
+  std::vector<deploy::api_key> keys;
+  std::string why;
+  REQUIRE(deploy::parse_api_keys(R"({"keys": [
+      {"name": "search", "key": "sk-search-0001", "max_in_flight": 64},
+      {"name": "evals.nightly", "key": "sk-evals-0001", "priority": "batch"}]})",
+                                 &keys, &why));
+  REQUIRE(keys.size() == 2);
+  CHECK(keys[0].name == "search");
+  CHECK(keys[0].max_in_flight == 64);
+  CHECK_FALSE(keys[0].batch);
+  CHECK(keys[1].batch);
+  CHECK(keys[1].max_in_flight == 0);
+  const auto refused = [&](const std::string& text) {
+    std::vector<deploy::api_key> out;
+    std::string w;
+    CHECK_MESSAGE(!deploy::parse_api_keys(text, &out, &w), text);
+    return w;
+  };
+  CHECK(refused("nope") == "the keys file is not JSON");
+  CHECK(refused(R"([{"name":"a","key":"sk-aaaaaaaa"}])").find("must be {\"keys\"") != std::string::npos);
+  CHECK(refused(R"({"keys":[]})").find("lists no key") != std::string::npos);
+  CHECK(refused(R"({"keys":[{"name":"a","key":"short"}]})") == "keys[0].key must be a string of at least 8 characters");
+  CHECK(refused(R"({"keys":[{"name":"a b","key":"sk-aaaaaaaa"}]})").find("keys[0].name must be 1 to 64") != std::string::npos);
+  CHECK(refused(R"({"keys":[{"name":"a","key":"sk-aaaaaaaa","max_in_flight":-1}]})").find("keys[0].max_in_flight") !=
+        std::string::npos);
+  CHECK(refused(R"({"keys":[{"name":"a","key":"sk-aaaaaaaa","priority":"urgent"}]})").find("keys[0].priority") !=
+        std::string::npos);
+  CHECK(refused(R"({"keys":[{"name":"a","key":"sk-aaaaaaaa"},{"name":"b","key":"sk-bbbbbbbb","rpm":5}]})") ==
+        "keys[1] has the unknown field 'rpm' (name, key, max_in_flight and priority are known)");
+  CHECK(refused(R"({"keys":[{"key":"sk-aaaaaaaa"}]})") == "keys[0] needs a name and a key");
+  // Plain keys follow, named key-1, key-2, ...; a name or a key given twice is refused.
+  std::vector<deploy::api_key> all;
+  REQUIRE(deploy::merge_api_keys(keys, {"sk-plain-0001", "sk-plain-0002"}, &all, &why));
+  REQUIRE(all.size() == 4);
+  CHECK(all[2].name == "key-1");
+  CHECK(all[3].name == "key-2");
+  CHECK_FALSE(deploy::merge_api_keys(keys, {"sk-search-0001"}, &all, &why));
+  CHECK(why == "the API key named 'key-1' is given twice (under another name too)");
+  CHECK_FALSE(deploy::merge_api_keys({{"key-1", "sk-aaaaaaaa", 0, false}}, {"sk-bbbbbbbb"}, &all, &why));
+  CHECK(why.find("'key-1' is given twice (plain keys are named key-1") != std::string::npos);
+}
+
+TEST_CASE("a key's generations in flight are held until their hold ends, and a take past its limit takes none") {
+  auto key = std::make_shared<deploy::api_key_state>(deploy::api_key{"team", "sk-team-0001", 4, false});
+  uint32_t had = 0;
+  {
+    deploy::in_flight_hold a, b, c;
+    CHECK(a.take(key, 3, &had));
+    CHECK(key->in_flight == 3);
+    CHECK_FALSE(b.take(key, 2, &had));  // 3 + 2 > 4
+    CHECK(had == 3);
+    CHECK(key->in_flight == 3);
+    CHECK(key->limited == 1);
+    CHECK(c.take(key, 1, &had));
+    CHECK(key->in_flight == 4);
+  }
+  CHECK(key->in_flight == 0);  // the holds ended
+  auto open = std::make_shared<deploy::api_key_state>(deploy::api_key{"open", "sk-open-0001", 0, false});
+  deploy::in_flight_hold big;
+  CHECK(big.take(open, 100000, &had));  // no limit of its own
+  CHECK(deploy::find_api_key({key, open}, "sk-open-0001") == open);
+  CHECK(deploy::find_api_key({key, open}, "sk-open-000") == nullptr);
+}
+
+TEST_CASE("the request log names a call's API key, and sums up a batch call's generations past the first 16") {
+  std::vector<completion> many(20);
+  for (size_t i = 0; i < many.size(); ++i) {
+    many[i].request_id = i + 1;
+    many[i].num_prompt_tokens = 10;
+    many[i].tokens = {1, 2};
+    many[i].finish_reason = i % 2 ? "stop" : "length";
+    many[i].ttft_us = static_cast<int64_t>(1000 * (i + 1));
+  }
+  const auto line = deploy::access_line({std::chrono::system_clock::now(), "cmpl-1-1", "/v1/completions", 200, false, 9.0,
+                                         &many, {}, {}, false, "evals"});
+  CHECK(line.find(" call cmpl-1-1 key evals /v1/completions 200 ") != std::string::npos);
+  CHECK(line.find("request 16 ") != std::string::npos);
+  CHECK(line.find("request 17 ") == std::string::npos);
+  CHECK_MESSAGE(line.find("; and 4 more generations: prompt 40 (cached 0), 8 tokens (2 length, 2 stop), TTFT at most 20.0 ms") !=
+                    std::string::npos,
+                line);
+}
+
+TEST_CASE("named API keys over HTTP: a key past its max_in_flight gets 429 naming its own limit while another key's "
+          "calls go on; a call asking more than the limit gets 400; the log and /metrics name each key") {
+  deploy::gateway_config gc;
+  gc.named_keys = {{"team-a", "sk-team-a-0001", 1, false}, {"evals", "sk-evals-0001", 0, true}};
+  gc.api_keys = {"sk-plain-0001"};
+  gc.log_requests = true;
+  std::ostringstream log;
+  auto* const saved = std::cout.rdbuf(log.rdbuf());
+  {
+    // Decode steps of 100 ms: team-a's streaming call is still generating when its next call comes.
+    served_cluster s{gc, 0, 100};
+    const uint16_t port = s.gateway.port;
+    const int fd = connect_to(port);
+    send_all(fd, post("/v1/completions", R"({"prompt":"In","max_tokens":40,"ignore_eos":true,"stream":true})", "sk-team-a-0001"));
+    std::string got = read_head(fd);
+    REQUIRE(got.find("200 OK") != std::string::npos);
+    char tmp[4096];
+    for (int i = 0; i < 1000 && got.find("data: {") == std::string::npos; ++i) {  // its first token: it runs
+      const auto n = ::recv(fd, tmp, sizeof tmp, 0);
+      REQUIRE(n > 0);
+      got.append(tmp, static_cast<size_t>(n));
+    }
+    const auto second = round_trip(port, post("/v1/completions", R"({"prompt":"In","max_tokens":2})", "sk-team-a-0001"));
+    CHECK(second.status == 429);
+    CHECK(second.head.find("Retry-After: 1") != std::string::npos);
+    const auto err = json::parse(second.body)["error"];
+    CHECK(err["code"] == "rate_limit_exceeded");
+    CHECK_MESSAGE(err["message"].get<std::string>().find("the API key 'team-a' has 1 generations in flight at this "
+                                                         "gateway, its limit is 1") != std::string::npos,
+                  second.body);
+    // Other keys' calls go on meanwhile.
+    const auto plain = round_trip(port, post("/v1/completions", R"({"prompt":"In","max_tokens":2})", "sk-plain-0001"));
+    CHECK(plain.status == 200);
+    const auto evals = round_trip(port, post("/v1/completions", R"({"prompt":"In","max_tokens":2,"n":3})", "sk-evals-0001"));
+    CHECK(evals.status == 200);
+    // More than the limit in one call could never be admitted: 400, naming it.
+    const auto too_many = round_trip(port, post("/v1/completions", R"({"prompt":"In","max_tokens":2,"n":2})", "sk-team-a-0001"));
+    CHECK(too_many.status == 400);
+    CHECK(json::parse(too_many.body)["error"]["message"].get<std::string>().find("more than the API key 'team-a' may run "
+                                                                                  "at once (1, its max_in_flight)") !=
+          std::string::npos);
+    ::close(fd);  // the first call is cancelled: its generation leaves team-a's count
+    std::string metrics;
+    for (int i = 0; i < 500; ++i) {
+      metrics = round_trip(port, get("/metrics", "")).body;
+      if (metrics.find("baton_api_key_in_flight{key=\"team-a\"} 0\n") != std::string::npos) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds{10});
+    }
+    CHECK_MESSAGE(metrics.find("baton_api_key_in_flight{key=\"team-a\"} 0\n") != std::string::npos, metrics);
+    CHECK(round_trip(port, post("/v1/completions", R"({"prompt":"In","max_tokens":2})", "sk-team-a-0001")).status == 200);
+    metrics = round_trip(port, get("/metrics", "")).body;
+    CHECK(metrics.find("baton_api_key_responses_total{key=\"team-a\",code=\"429\"} 1\n") != std::string::npos);
+    CHECK(metrics.find("baton_api_key_responses_total{key=\"team-a\",code=\"400\"} 1\n") != std::string::npos);
+    CHECK(metrics.find("baton_api_key_responses_total{key=\"key-1\",code=\"200\"} 1\n") != std::string::npos);
+    CHECK(metrics.find("baton_api_key_limited_total{key=\"team-a\"} 1\n") != std::string::npos);
+    CHECK(metrics.find("baton_api_key_max_in_flight{key=\"team-a\"} 1\n") != std::string::npos);
+    // Usage as the answers say it: evals' prompt once for its 3 choices, 6 tokens generated.
+    const auto usage = json::parse(evals.body)["usage"];
+    CHECK(usage["completion_tokens"] == 6);
+    CHECK(metrics.find("baton_api_key_completion_tokens_total{key=\"evals\"} 6\n") != std::string::npos);
+    CHECK(metrics.find("baton_api_key_prompt_tokens_total{key=\"evals\"} " + std::to_string(usage["prompt_tokens"].get<int>()) +
+                       "\n") != std::string::npos);
+    const auto id = json::parse(plain.body)["id"].get<std::string>();
+    for (int i = 0; i < 200 && log.str().find(" call " + id + " ") == std::string::npos; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds{10});
+    const auto lines = log.str();
+    std::cout.rdbuf(saved);
+    CHECK_MESSAGE(lines.find(" call " + id + " key key-1 /v1/completions 200 ") != std::string::npos, lines);
+    CHECK_MESSAGE(lines.find(" key team-a /v1/completions 429 ") != std::string::npos, lines);
+  }
+  std::cout.rdbuf(saved);
+}
