@@ -199,9 +199,17 @@ struct decode_balancer_config {
   /// The KV queue: interactive requests go before batch ones, but the oldest batch request is
   /// passed over by at most this many younger interactive ones in a row (as the prefill ranks').
   uint32_t batch_max_bypass = 4;
+  /// Of each decode rank's KV pages, the share (percent) batch requests leave free for
+  /// interactive ones: a batch flood fills the rest, and an interactive request still finds room
+  /// at once instead of waiting for a batch sequence to end (sequences keep their pages to the
+  /// end: no preemption by priority). 0: none kept.
+  uint32_t interactive_reserve_pct = 0;
 
   std::string validate() const {
     if (charge_ttl_ms == 0) return "decode balancer charge_ttl_ms must be >= 1";
+    if (interactive_reserve_pct > 90)
+      return "decode balancer interactive_reserve_pct must be at most 90 (batch requests need room too), got " +
+             std::to_string(interactive_reserve_pct);
     if (batch_max_bypass == 0)
       return "decode balancer batch_max_bypass must be >= 1 (0 would put batch requests before interactive ones)";
     if (!policies::parse_decode_policy(policy))

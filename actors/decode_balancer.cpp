@@ -54,6 +54,19 @@ uint32_t page_size(const decode_balancer_state& st, const rank_load& r) {
 /// The most pages rank `r` can ever grant a newcomer (on demand: less its growth watermark).
 uint32_t grantable(const rank_load& r) { return policies::grantable_pages(r.num_total_pages, r.on_demand_headroom_tokens > 0); }
 
+/// Pages of rank `r` the query may not take: for a batch request, those kept for interactive
+/// ones (decode_balancer_config::interactive_reserve_pct).
+uint32_t reserved(const decode_balancer_state& st, const place_query& q, const rank_load& r) {
+  if (q.priority != "batch" || st.cfg.interactive_reserve_pct == 0) return 0;
+  return static_cast<uint32_t>(uint64_t{r.num_total_pages} * st.cfg.interactive_reserve_pct / 100);
+}
+
+/// The pages of rank `r` free for the query.
+uint32_t free_for(const decode_balancer_state& st, const place_query& q, const rank_load& r) {
+  const uint32_t keep = reserved(st, q, r);
+  return r.num_free_pages > keep ? r.num_free_pages - keep : 0;
+}
+
 /// KV tokens the sequence takes on rank `r` at first: all of it, or (KV on demand) its prompt
 /// plus the rank's headroom.
 uint32_t need_tokens(const place_query& q, const rank_load& r) {
@@ -113,8 +126,8 @@ std::optional<decode_placement> try_place(pointer self, const place_query& q, co
         // Each rank by its own page size and allocation (whole pages; on demand: the prompt and
         // headroom): ranks of a pool need not be alike.
         const uint64_t need = (uint64_t{need_tokens(q, r)} + ps - 1) / ps * ps;
-        views.push_back({r.num_running, r.kv_tokens, uint64_t{r.num_free_pages} * ps, uint64_t{r.num_total_pages} * ps,
-                         open(views.size()), need});
+        views.push_back({r.num_running, r.kv_tokens, uint64_t{free_for(st, q, r)} * ps,
+                         uint64_t{r.num_total_pages - reserved(st, q, r)} * ps, open(views.size()), need});
       }
       // Long or short by the whole sequence (decode_2d_config::long_context_tokens).
       if (auto d = policies::place_decode_2d(views, q.total_tokens, st.cfg.two_d)) {
@@ -130,8 +143,9 @@ std::optional<decode_placement> try_place(pointer self, const place_query& q, co
       for (const auto& r : loads) {
         const uint32_t pages = (need_tokens(q, r) + page_size(st, r) - 1) / page_size(st, r);
         const bool takes = open(fits.size());
-        views.push_back({r.num_running, r.num_free_pages >= pages ? r.num_free_pages : 0, r.num_total_pages, takes});
-        fits.push_back(takes && r.num_free_pages >= pages);
+        const uint32_t free = free_for(st, q, r);
+        views.push_back({r.num_running, free >= pages ? free : 0, r.num_total_pages, takes});
+        fits.push_back(takes && free >= pages);
       }
       if (st.policy == policies::decode_policy::least_loaded) {
         pick = policies::least_loaded_decode(views, 1);
@@ -174,8 +188,9 @@ caf::error no_room(const decode_balancer_state& st, const place_query& q) {
     if (!st.registry.open(i))
       ranks += "takes no new work (" + (st.registry.draining[i] ? std::string{"draining"} : r.unavailable) + ")";
     else
-      ranks += std::to_string(r.num_free_pages) + " of " + std::to_string(r.num_total_pages) + " pages free, " +
-               std::to_string(r.num_running) + " running, needs " +
+      ranks += std::to_string(r.num_free_pages) + " of " + std::to_string(r.num_total_pages) + " pages free" +
+               (reserved(st, q, r) ? " (" + std::to_string(reserved(st, q, r)) + " kept for interactive requests)" : "") +
+               ", " + std::to_string(r.num_running) + " running, needs " +
                std::to_string((need_tokens(q, r) + page_size(st, r) - 1) / page_size(st, r));
   }
   // No rank taking work at all (none joined, every one gone, draining or stepped aside) within
@@ -201,9 +216,10 @@ std::optional<size_t> rank_to_hold(const decode_balancer_state& st, const place_
     const auto& r = st.registry.loads[i];
     const uint32_t ps = page_size(st, r);
     const uint32_t pages = (need_tokens(q, r) + ps - 1) / ps;
-    if (!st.registry.open(i) || held[i] || pages > grantable(r)) continue;
-    const uint64_t shortfall = uint64_t{pages > r.num_free_pages ? pages - r.num_free_pages : 0} * ps;
-    const uint64_t free_tokens = uint64_t{r.num_free_pages} * ps;
+    const uint32_t keep = reserved(st, q, r), free = free_for(st, q, r);
+    if (!st.registry.open(i) || held[i] || uint64_t{pages} + keep > grantable(r)) continue;
+    const uint64_t shortfall = uint64_t{pages > free ? pages - free : 0} * ps;
+    const uint64_t free_tokens = uint64_t{free} * ps;
     if (!best || shortfall < best_short || (shortfall == best_short && free_tokens > best_free)) {
       best = i;
       best_short = shortfall;

@@ -398,7 +398,7 @@ bool parse_cluster_spec(const std::string& json_text, const std::string& base_di
   }
   fields fp{policies, "spec.policies"}, fe{executor, "spec.executor"}, fs{store, "spec.store"}, fh{ssh, "spec.ssh"};
   if (!fp.str("prefill", &out->prefill_policy, why) || !fp.str("decode", &out->decode_policy, why) ||
-      !fp.no_others(why) || !fe.num("threads", &out->executor_threads, 1, 256, why) ||
+      !fp.num("interactive_reserve_pct", &out->interactive_reserve_pct, 0, 90, why) || !fp.no_others(why) || !fe.num("threads", &out->executor_threads, 1, 256, why) ||
       !fe.num("kv_pages", &out->kv_pages, 1, 1u << 24, why) || !fe.num("page_tokens", &out->page_tokens, 1, 4096, why) ||
       !fe.str("backend", &out->executor_backend, why) || !fe.no_others(why) || !fs.str("dir", &out->store_dir, why) || !fs.num("servers", &out->store_servers, 1, 64, why) ||
       !fs.num("block_tokens", &out->block_tokens, 1, 1u << 20, why) ||
@@ -543,6 +543,8 @@ std::vector<node_launch> plan_launch(const cluster_spec& s, const std::string& b
                                             "--prefill-policy", s.prefill_policy, "--decode-policy", s.decode_policy},
                    {}};
   head.argv.insert(head.argv.end(), executor.begin(), executor.end());
+  if (s.interactive_reserve_pct)
+    head.argv.insert(head.argv.end(), {"--interactive-reserve-pct", std::to_string(s.interactive_reserve_pct)});
   // Elastic nodes: the head runs the controller that moves their ranks.
   if (std::any_of(s.nodes.begin(), s.nodes.end(), [](const node_spec& n) { return n.has("elastic"); })) {
     head.argv.push_back("--elastic-nodes");

@@ -48,6 +48,7 @@ struct cluster_spec {
   std::vector<std::string> cors_origins;  ///< browser origins every gateway lets call the API (--cors-origin)
   bool log_requests = false;      ///< every gateway writes a line per call (--log-requests)
   std::string prefill_policy = "seed", decode_policy = "seed";
+  uint32_t interactive_reserve_pct = 0;  ///< policies' (--interactive-reserve-pct): decode KV batch requests leave free
   uint32_t executor_threads = 1, kv_pages = 512, page_tokens = 16;
   /// executor.backend: cpu, or cuda (every rank process gets `--executor cuda`, and Kubernetes
   /// and Slurm ask for a GPU per rank; without it they ask for none).

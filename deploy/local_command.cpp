@@ -174,6 +174,9 @@ int run_local(const std::vector<std::string>& args) {
   flags.add("--prefill-policy", &opt.cluster.prefill_balancer.policy,
             "prefill placement: seed | least_loaded | round_robin | cache_affinity | split");
   flags.add("--decode-policy", &opt.cluster.decode_balancer.policy, "decode placement: seed | least_loaded | round_robin");
+  flags.add("--interactive-reserve-pct", &opt.cluster.decode_balancer.interactive_reserve_pct,
+            "of each decode rank's KV pages, the percent batch requests (priority batch) leave free for interactive "
+            "ones, so that a batch flood never makes them wait for room (0: none; at most 90)");
   flags.add("--ranks-per-engine", &opt.cluster.prefill_balancer.ranks_per_engine, "prefill ranks per engine (DP group)");
   flags.add("--split-min-tokens", &opt.cluster.prefill_balancer.split_min_tokens,
             "--prefill-policy split: prompts with at least this many new tokens are split over ranks");

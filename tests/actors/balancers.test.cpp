@@ -58,9 +58,13 @@ struct lone_decode_rank {
   decode_balancer_actor bal;
   decode_rank_actor rank;
   uint32_t pages;
-  explicit lone_decode_rank(uint32_t total_pages) : pages(total_pages) {
+  explicit lone_decode_rank(uint32_t total_pages) : lone_decode_rank("least_loaded", total_pages, 0) {}
+  /// With `policy`, and `interactive_reserve_pct` of its pages kept from batch requests.
+  lone_decode_rank(const std::string& policy, uint32_t total_pages, uint32_t interactive_reserve_pct)
+      : pages(total_pages) {
     decode_balancer_config bc;
-    bc.policy = "least_loaded";
+    bc.policy = policy;
+    bc.interactive_reserve_pct = interactive_reserve_pct;
     bal = spawn_decode_balancer(t.sys, bc);
     rank = stand_in_rank<decode_rank_actor>(t);
     self->send(bal, load_atom::value, idle_load("decode-a", pages), rank);
@@ -271,6 +275,22 @@ TEST_CASE("waiting for room, interactive requests go before batch ones that came
       .receive([&](std::vector<placement_record>& log) { for (const auto& r : log) if (r.request_id) order.push_back(r.request_id); },
                [](caf::error&) {});
   CHECK(order == std::vector<uint64_t>{2, 3, 4, 5, 1, 6, 7});
+}
+
+TEST_CASE("batch requests leave the interactive reserve of a rank's pages free: a batch flood fills the rest, an "
+          "interactive request still finds room at once, and a batch one that found none says what was kept") {
+  for (const char* policy : {"least_loaded", "seed"}) {
+    CAPTURE(policy);
+    lone_decode_rank f{policy, 10, 20};  // 2 of 10 pages kept
+    auto flood = f.ask(1, 128, 30000, 0, "batch");  // 8 pages: all that batch may take
+    CHECK(f.outcome(flood) == "decode-a");
+    auto more = f.ask(2, 16, 300, 0, "batch");  // 2 pages are free, both kept
+    const auto refused = f.outcome(more);
+    CHECK_MESSAGE(refused.find("kv_capacity") != std::string::npos, refused);
+    CHECK_MESSAGE(refused.find("2 of 10 pages free (2 kept for interactive requests)") != std::string::npos, refused);
+    auto chat = f.ask(3, 32, 300);  // interactive: the 2 kept pages are its
+    CHECK(f.outcome(chat) == "decode-a");
+  }
 }
 
 TEST_CASE("a request waiting for room keeps it on one rank only, the one nearest to holding it: those behind it "
