@@ -2,7 +2,8 @@
 
 // Who a Baton process is to its peers, shared by the client library and deploy/'s commands:
 // the cluster id and the build's wire fingerprint (CAF's middleman.app-identifiers: processes of
-// different clusters, or of builds whose messages differ, refuse each other in the handshake) and, with certificate files, mutual TLS through CAF's OpenSSL module.
+// different clusters, or of builds whose messages differ, refuse each other in the handshake)
+// and, with certificate files, mutual TLS through CAF's OpenSSL module.
 // Header-only and internal: included by CAF translation units (client.cpp, deploy/processes.cpp,
 // deploy/net_security.hpp), never by client/baton/client.hpp.
 

@@ -1,7 +1,7 @@
 #include "deploy/api_keys.hpp"
 
 #include <algorithm>
-#include <set>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
@@ -82,16 +82,21 @@ bool parse_api_keys(std::string_view text, std::vector<api_key>* out, std::strin
 
 bool merge_api_keys(std::vector<api_key> named, const std::vector<std::string>& plain, std::vector<api_key>* out,
                     std::string* why) {
-  for (size_t i = 0; i < plain.size(); ++i) named.push_back({"key-" + std::to_string(i + 1), plain[i], 0, false});
-  std::set<std::string> names, secrets;
+  // A plain key given twice (--api-key and BATON_API_KEYS alike) is one caller: kept once.
+  size_t number = 0;
+  for (size_t i = 0; i < plain.size(); ++i)
+    if (std::find(plain.begin(), plain.begin() + static_cast<std::ptrdiff_t>(i), plain[i]) == plain.begin() + static_cast<std::ptrdiff_t>(i))
+      named.push_back({"key-" + std::to_string(++number), plain[i], 0, false});
+  std::map<std::string, std::string> names, secrets;  // name -> the key's, key -> its name
   for (const auto& k : named) {
-    if (!names.insert(k.name).second) {
+    if (!names.emplace(k.name, k.key).second) {
       *why = "the API key name '" + k.name + "' is given twice" +
              (k.name.rfind("key-", 0) == 0 ? " (plain keys are named key-1, key-2, ...)" : "");
       return false;
     }
-    if (!secrets.insert(k.key).second) {
-      *why = "the API key named '" + k.name + "' is given twice (under another name too)";
+    if (auto [at, fresh] = secrets.emplace(k.key, k.name); !fresh) {
+      *why = "the API key named '" + k.name + "' is the same key as '" + at->second +
+             "' (one key, one name: its calls are counted and limited under it)";
       return false;
     }
   }
@@ -116,8 +121,10 @@ api_key_ptr find_api_key(const std::vector<api_key_ptr>& keys, std::string_view 
   return found;
 }
 
-in_flight_hold::~in_flight_hold() {
-  if (key_) key_->in_flight -= n_;
+in_flight_hold::~in_flight_hold() { release(); }
+
+void in_flight_hold::release() {
+  if (const uint32_t n = n_.exchange(0); n && key_) key_->in_flight -= n;
 }
 
 bool in_flight_hold::take(const api_key_ptr& key, uint32_t n, uint32_t* had) {
@@ -130,7 +137,7 @@ bool in_flight_hold::take(const api_key_ptr& key, uint32_t n, uint32_t* had) {
       return false;
     }
   } while (!key->in_flight.compare_exchange_weak(now, now + n));
-  if (key_) key_->in_flight -= n_;  // (a hold is taken once; a second take moves it)
+  release();  // (a hold is taken once; a second take moves it)
   key_ = key;
   n_ = n;
   return true;

@@ -69,12 +69,16 @@ public:
   in_flight_hold& operator=(const in_flight_hold&) = delete;
   ~in_flight_hold();
   /// Takes `n` more for `key`: false (taking none) when that would pass its max_in_flight, with
-  /// how many it had in flight in *had.
+  /// how many it had in flight in *had. Once per hold, before it is shared.
   bool take(const api_key_ptr& key, uint32_t n, uint32_t* had);
+  /// Gives them back now (once; later calls, and the destructor, do nothing): as the call's
+  /// answer or failure goes out, so that a client at its limit may send its next call at once.
+  /// Safe from any thread.
+  void release();
 
 private:
   api_key_ptr key_;
-  uint32_t n_ = 0;
+  std::atomic<uint32_t> n_{0};
 };
 
 }  // namespace baton::deploy

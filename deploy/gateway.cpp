@@ -194,6 +194,7 @@ void finish(caf::io::broker* self, caf::io::connection_handle hdl, const shared_
   st->cors_origin.clear();  // the next answer's (a malformed request's, a timeout's) has none
   st->client_request_id.clear();
   st->request_line.clear();
+  st->key = nullptr;  // a shared upstream connection's next bytes are no longer this key's
   if (!st->keep_alive) {
     st->closed = true;  // a request pipelined behind this one is never started
     // A lingering close (RFC 9112 §9.6): a client still sending (a body past the limit answered
@@ -536,7 +537,6 @@ void dispatch(caf::io::broker* self, caf::io::connection_handle hdl, const share
   if (!found && req.path.size() > models_prefix.size() && req.path.compare(0, models_prefix.size(), models_prefix) == 0)
     found = &routes[std::size(routes) - 1];
   st->route = found ? found->path : "other";
-  st->key = nullptr;  // (an earlier request's: authorized() names this one's)
   st->request_line = quoted_input(req.method, 16) + " " + quoted_input(req.path, 128);
   st->cors_origin.clear();
   if (const auto* origin = req.header("origin"))

@@ -55,6 +55,7 @@ client_sink_actor::behavior_type run_choice(client_sink_actor::pointer self, caf
       std::lock_guard<std::mutex> lock{cs->mutex};
       if (std::exchange(cs->failed, true)) return;
     }
+    cs->in_flight.release();  // before the failure goes out: the key's next call may come at once
     caf::anon_send(broker, seq, std::move(e));
   };
   // Read by the grace timer below, on another actor's thread.
@@ -98,9 +99,10 @@ client_sink_actor::behavior_type run_choice(client_sink_actor::pointer self, caf
             std::string json = !c.stream         ? openai::completion_json(c, cs->done, cs->id, cs->created)
                                : c.include_usage ? openai::usage_chunk_json(c, cs->done, cs->id, cs->created)
                                                  : std::string{};
-            if (cs->key) {  // the key's usage, as the answer's says
+            if (cs->key) {  // the key's usage, as the answer's says; its generations end before the answer goes
               const auto u = openai::usage_counts(cs->done, c.n, c.req.prompt_only);
               cs->key->prompt_tokens += u.prompt, cs->key->completion_tokens += u.generated, cs->key->cached_tokens += u.cached;
+              cs->in_flight.release();
             }
             // The gateway's metrics count each choice: a generation of its own.
             std::vector<completion> all = std::move(cs->done);
@@ -167,8 +169,9 @@ bool hold_for_key(const api_key_ptr& key, uint32_t choices, call_state* cs, open
   if (limit && choices > limit) {  // never admitted: a 429 would have the client retry for ever
     const bool batch = cs->call.num_prompts() > 1;
     *err = {400,
-            std::string{batch ? "prompt" : "n"} + ": this call asks for " + std::to_string(choices) + " generations, more than " +
-                whose + " may run at once (" + std::to_string(limit) + ", its max_in_flight)",
+            std::string{batch ? "prompt" : "n"} + ": this call asks for " + std::to_string(choices) + " generations (" +
+                (batch ? "prompts x n" : "n, or best_of") + "), more than " + whose + " may run at once (" +
+                std::to_string(limit) + ", its max_in_flight)",
             "invalid_request_error", batch ? "prompt" : "n"};
     return false;
   }
@@ -233,6 +236,9 @@ client_sink_actor::behavior_type call_impl(client_sink_actor::pointer self, caf:
     caf::anon_send(broker, seq, static_cast<int32_t>(err.status), openai::error_json(err), err.message);
     return {[](stream_chunk&) {}};
   }
+  // A call cut short (the client gone, a timeout) ends here: its generations end with it, not
+  // when the last reference to its state goes (a grace timer may hold one for seconds).
+  if (key) self->attach_functor([cs] { cs->in_flight.release(); });
   cs->left = choices;
   cs->done.resize(choices);
   if (cs->call.stream) caf::anon_send(broker, seq, streaming_atom::value);

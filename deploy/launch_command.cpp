@@ -745,6 +745,14 @@ int run_deploy(const std::vector<std::string>& raw_args) {
                    n.name.c_str(), kind == "k8s" ? "Kubernetes" : "Slurm");
       return 2;
     }
+  // Its gateways would start with no key at all (open to anyone): refused, not written.
+  if (!spec.api_keys_file.empty() && spec.api_keys.empty() && spec.api_keys_env.empty()) {
+    std::fprintf(stderr, "baton deploy: spec.api_keys_file is read by `baton launch` only; the %s output would start "
+                         "its gateways without keys. Drop it and give the gateways BATON_API_KEYS_JSON (the file's "
+                         "text) from a secret of your own, or use api_keys / api_keys_env\n",
+                 kind == "k8s" ? "Kubernetes" : "Slurm");
+    return 2;
+  }
   if (const auto bad = kind == "k8s" ? kubernetes_name_problem(spec) : std::string{}; !bad.empty()) {
     std::fprintf(stderr, "baton deploy: %s\n", bad.c_str());
     return 2;

@@ -95,6 +95,7 @@ public:
       if (!known.count(key))
         return fail(where, "the keyword '" + key + "' is not supported (Baton's grammars cannot enforce it)");
     }
+    if (!discriminator_holds(s, where)) return false;
     // A keyword that takes the whole value (a reference, a list of values, a choice of schemas)
     // leaves nothing for others beside it to say: one that would, would be ignored, so it is
     // refused ($defs and annotations aside; a type beside an enum is implied by its values).
@@ -222,6 +223,44 @@ private:
     return true;
   }
 
+  /// OpenAPI's discriminator names the property that tells a oneOf's (anyOf's) schemas apart. It
+  /// asks nothing the grammar does not hold when every schema pins that property (required, with
+  /// const or enum), as Pydantic's tagged unions do: then it is an annotation. Otherwise an answer
+  /// could carry one schema's tag with another's fields, and it is refused.
+  bool discriminator_holds(const json& s, const std::string& where) {
+    const auto d = s.find("discriminator");
+    if (d == s.end()) return true;
+    const std::string at = where + "/discriminator";
+    if (!d->is_object() || !d->contains("propertyName") || !(*d)["propertyName"].is_string())
+      return fail(at, "discriminator must be an object with a propertyName");
+    const std::string name = (*d)["propertyName"].get<std::string>();
+    const char* key = s.contains("oneOf") ? "oneOf" : "anyOf";
+    const auto list = s.find(key);
+    if (list == s.end() || !list->is_array()) return fail(at, "discriminator goes beside oneOf or anyOf");
+    for (size_t i = 0; i < list->size(); ++i) {
+      const json* b = &(*list)[i];
+      if (b->is_object() && b->contains("$ref") && (*b)["$ref"].is_string()) {
+        const std::string path = (*b)["$ref"].get<std::string>();
+        try {
+          if (path.size() > 1 && path[0] == '#') b = &root_->at(json::json_pointer(path.substr(1)));
+        } catch (const json::exception&) {
+          continue;  // value() names the broken reference
+        }
+      }
+      const json* p = b->is_object() && b->contains("properties") && (*b)["properties"].is_object() &&
+                              (*b)["properties"].contains(name)
+                          ? &(*b)["properties"][name]
+                          : nullptr;
+      const bool required = b->is_object() && b->contains("required") && (*b)["required"].is_array() &&
+                            std::find((*b)["required"].begin(), (*b)["required"].end(), json(name)) != (*b)["required"].end();
+      if (!p || !p->is_object() || !(p->contains("const") || p->contains("enum")) || !required)
+        return fail(at, "discriminator names '" + name + "', which " + key + "/" + std::to_string(i) +
+                            " does not pin (a required property with const or enum): an answer could carry one "
+                            "schema's tag with another's fields");
+    }
+    return true;
+  }
+
   bool ref(const json& target, const std::string& where, int depth, uint32_t* rule) {
     if (!target.is_string()) return fail(where + "/$ref", "$ref must be a string");
     const std::string path = target.get<std::string>();
@@ -331,13 +370,15 @@ private:
           {"date-time", date_regex.substr(0, date_regex.size() - 1) + "T" + time_regex + "$"},
           {"uuid", "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"},
           {"ipv4", "^((25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)\\.){3}(25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)$"},
-          // ipv6 written out in full (eight groups, no ::); hostname as RFC 1123's labels (1 to 63
-          // characters, no hyphen at either end); duration as ISO 8601's
-          // PnW, or a date part (years, months, days, the last given always) and/or a time part.
+          // ipv6 written out in full (eight groups, no ::); hostname as RFC 1123's labels (no hyphen at
+          // either end), at most 8 labels of at most 30 characters, so never past 253 in all;
+          // duration as RFC 3339's Appendix A grammar (which ISO 8601 allows too): PnW, or a date
+          // part (Y, then M, then D, none skipped between the first and last given) and/or a time
+          // part (H, M, S likewise).
           {"ipv6", "^([0-9a-fA-F]{1,4}:){7}[0-9a-fA-F]{1,4}$"},
-          {"hostname", "^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"},
-          {"duration", "^P(\\d+W|((\\d+Y)?(\\d+M)?\\d+D|(\\d+Y)?\\d+M|\\d+Y)(T((\\d+H)?(\\d+M)?\\d+S|(\\d+H)?\\d+M|\\d+H))?|"
-                       "T((\\d+H)?(\\d+M)?\\d+S|(\\d+H)?\\d+M|\\d+H))$"},
+          {"hostname", "^[A-Za-z0-9]([A-Za-z0-9-]{0,28}[A-Za-z0-9])?(\\.[A-Za-z0-9]([A-Za-z0-9-]{0,28}[A-Za-z0-9])?){0,7}$"},
+          {"duration", "^P((\\d+D|\\d+M(\\d+D)?|\\d+Y(\\d+M(\\d+D)?)?)(T(\\d+H(\\d+M"
+                       "(\\d+S)?)?|\\d+M(\\d+S)?|\\d+S))?|T(\\d+H(\\d+M(\\d+S)?)?|\\d+M(\\d+S)?|\\d+S)|\\d+W)$"},
           {"email", "^[A-Za-z0-9_%+-]+(\\.[A-Za-z0-9_%+-]+)*@[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?"
                     "(\\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*\\.[A-Za-z]{2,}$"}};
       const auto f = format->is_string() ? formats.find(format->get<std::string>()) : formats.end();

@@ -57,7 +57,11 @@ TEST_CASE("a keys file names each key and its limits; anything else in it is ref
   CHECK(all[2].name == "key-1");
   CHECK(all[3].name == "key-2");
   CHECK_FALSE(deploy::merge_api_keys(keys, {"sk-search-0001"}, &all, &why));
-  CHECK(why == "the API key named 'key-1' is given twice (under another name too)");
+  CHECK(why == "the API key named 'key-1' is the same key as 'search' (one key, one name: its calls are counted and "
+               "limited under it)");
+  // The same plain key twice (--api-key and BATON_API_KEYS) is one caller.
+  REQUIRE(deploy::merge_api_keys({}, {"sk-plain-0001", "sk-plain-0002", "sk-plain-0001"}, &all, &why));
+  CHECK(all.size() == 2);
   CHECK_FALSE(deploy::merge_api_keys({{"key-1", "sk-aaaaaaaa", 0, false}}, {"sk-bbbbbbbb"}, &all, &why));
   CHECK(why.find("'key-1' is given twice (plain keys are named key-1") != std::string::npos);
 }

@@ -166,6 +166,13 @@ TEST_CASE("grammar: prefixItems (tuples, as Pydantic writes them) and the annota
   CHECK(matches(pet, R"({"kind":"cat","lives":9})"));
   CHECK(matches(pet, R"({"kind":"dog","good":true})"));
   CHECK_FALSE(matches(pet, R"({"kind":"cat","good":true})"));
+  // Branches whose tag is any string: an answer could carry one's tag with another's fields.
+  CHECK(compile(R"({"oneOf":[{"type":"object","properties":{"kind":{"type":"string"},"lives":{"type":"integer"}},
+      "required":["kind","lives"]},{"type":"object","properties":{"kind":{"const":"dog"}},"required":["kind"]}],
+      "discriminator":{"propertyName":"kind"}})",
+                &why) == nullptr);
+  CHECK(why == "json_schema at /discriminator: discriminator names 'kind', which oneOf/0 does not pin (a required "
+               "property with const or enum): an answer could carry one schema's tag with another's fields");
 }
 
 TEST_CASE("grammar: schemas Baton cannot honour are refused, naming the keyword and where it is") {
@@ -268,15 +275,17 @@ TEST_CASE("grammar: string patterns, formats and lengths, as the decoded text; i
   CHECK(matches(str(R"("format":"ipv6")"), R"("2001:0db8:85a3:0:0:8a2e:370:7334")"));
   CHECK_FALSE(matches(str(R"("format":"ipv6")"), R"("2001:db8::1:2:3:4:5")"));  // (no :: -- written out)
   CHECK_FALSE(matches(str(R"("format":"ipv6")"), R"("2001:0db8:85a3:0:0:8a2e:370:7334:1")"));
-  for (const char* good : {R"("localhost")", R"("api.eu-west-1.internal.example.com")", R"("a1")"})
+  for (const char* good : {R"("localhost")", R"("api.eu-west-1.internal.example.com")", R"("a1")", R"("a.b.c.d.e.f.g.h")"})
     CHECK_MESSAGE(matches(str(R"("format":"hostname")"), good), good);
   for (const char* bad : {R"("-a.com")", R"("a-.com")", R"("a..com")", R"(".a")", R"("a b")"})
     CHECK_FALSE_MESSAGE(matches(str(R"("format":"hostname")"), bad), bad);
   CHECK_FALSE(matches(str(R"("format":"hostname")"), "\"" + std::string(64, 'a') + "\""));  // a label of 64
+  CHECK_FALSE(matches(str(R"("format":"hostname")"), R"("a.b.c.d.e.f.g.h.i")"));  // 9 labels: a subset, never past 253
   for (const char* good : {R"("P3W")", R"("P1Y2M3D")", R"("P2M")", R"("P1DT12H")", R"("PT1H30M")", R"("PT90S")"})
     CHECK_MESSAGE(matches(str(R"("format":"duration")"), good), good);
   // (Whole seconds only: a subset, every string of which is a duration.)
-  for (const char* bad : {R"("P")", R"("PT")", R"("P1DT")", R"("1D")", R"("P1H")", R"("P1W2D")", R"("PT0.5S")"})
+  for (const char* bad : {R"("P")", R"("PT")", R"("P1DT")", R"("1D")", R"("P1H")", R"("P1W2D")", R"("PT0.5S")",
+                          R"("P1Y3D")", R"("PT1H5S")"})  // (RFC 3339: no unit skipped inside a part)
     CHECK_FALSE_MESSAGE(matches(str(R"("format":"duration")"), bad), bad);
   CHECK(matches(str(R"("format":"email")"), R"("ada@example.org")"));
   CHECK_FALSE(matches(str(R"("format":"email")"), R"("ada@example")"));
