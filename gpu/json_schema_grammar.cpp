@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gpu/gbnf_grammar.hpp"
+#include "gpu/json_schema_numbers.hpp"
 #include "gpu/regex_grammar.hpp"
 
 namespace baton::gpu {
@@ -169,7 +170,7 @@ public:
       types.push_back("string");  // only strings have them: the answer is one
     } else if (s.contains("minimum") || s.contains("maximum") || s.contains("exclusiveMinimum") ||
                s.contains("exclusiveMaximum")) {
-      return fail(where, "a bound without a type: give type integer (bounds hold on integers only)");
+      return fail(where, "a bound without a type: give type integer or number");
     } else {
       *rule = any_value_;
       return true;
@@ -190,9 +191,7 @@ public:
       } else if (t == "integer") {
         if (!integer_rule(s, where, &one)) return false;
       } else if (t == "number") {
-        for (const char* key : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
-          if (s.contains(key)) return fail(where + "/" + key, std::string(key) + " is supported on integers only");
-        one = number_;
+        if (!number_rule(s, where, &one)) return false;
       }
       else if (t == "boolean") one = boolean_;
       else if (t == "null") one = null_;
@@ -406,6 +405,34 @@ private:
     return true;
   }
 
+  /// A number; with minimum / maximum (exclusive ones too), only those in the range, written
+  /// without an exponent (json_schema_numbers.hpp). Bounds on numbers must be whole numbers (as
+  /// Pydantic's ge=0, le=1 are): a fractional one is refused.
+  bool number_rule(const json& s, const std::string& where, uint32_t* rule) {
+    std::optional<number_bound> lo, hi;
+    for (const char* key : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}) {
+      auto it = s.find(key);
+      if (it == s.end()) continue;
+      if (!it->is_number() || std::abs(it->get<double>()) > 1e15 || it->get<double>() != std::floor(it->get<double>()))
+        return fail(where + "/" + key, std::string(key) + " on a number must be a whole number within +-1e15 (bounds "
+                                                           "between whole numbers are not supported), got " + it->dump());
+      const std::string k = key;
+      const number_bound b{static_cast<int64_t>(it->get<double>()), k == "minimum" || k == "maximum"};
+      auto& end = k == "minimum" || k == "exclusiveMinimum" ? lo : hi;
+      const bool lower = &end == &lo;
+      // The tighter of two: the larger lower bound (the smaller upper one); at a tie, the exclusive one.
+      if (!end || (lower ? b.value > end->value : b.value < end->value) || (b.value == end->value && !b.inclusive)) end = b;
+    }
+    if (!lo && !hi) {
+      *rule = number_;
+      return true;
+    }
+    const auto out = bounded_number(*g_, digits_, lo, hi);
+    if (!out) return fail(where, "no number lies between its minimum and maximum");
+    *rule = *out;
+    return true;
+  }
+
   /// An integer; with minimum / maximum (exclusive ones too), only those in the range: spelled
   /// out digit by digit, as a range of numbers is in a regular expression.
   bool integer_rule(const json& s, const std::string& where, uint32_t* rule) {
@@ -433,69 +460,19 @@ private:
     if (lo && hi && *lo > *hi) return fail(where, "no integer lies between its minimum and maximum");
     const uint32_t out = g_->add_rule();
     const auto minus = [&](std::optional<int64_t> from, std::optional<int64_t> to) {  // -y for y in [from, to]
-      const uint32_t part = naturals(*from, to);
+      const uint32_t part = natural_range(*g_, digits_, *from, to);
       g_->add_alternative(out, lit("-") + seq{r(part)});
     };
     if (lo && *lo >= 0) {
-      g_->add_alternative(out, {r(naturals(*lo, hi))});
+      g_->add_alternative(out, {r(natural_range(*g_, digits_, *lo, hi))});
     } else if (hi && *hi < 0) {
       minus(-*hi, lo ? std::optional<int64_t>(-*lo) : std::nullopt);
     } else {  // the negatives down to lo, then 0 up to hi
       minus(1, lo ? std::optional<int64_t>(-*lo) : std::nullopt);
-      g_->add_alternative(out, {r(naturals(0, hi))});
+      g_->add_alternative(out, {r(natural_range(*g_, digits_, 0, hi))});
     }
     *rule = out;
     return true;
-  }
-
-  /// The integers in [lo, hi] (hi none: no end), lo >= 0, written without leading zeros.
-  uint32_t naturals(int64_t lo, std::optional<int64_t> hi) {
-    const uint32_t out = g_->add_rule();
-    const std::string a = std::to_string(lo);
-    const std::string b = hi ? std::to_string(*hi) : std::string{};
-    const size_t last = hi ? b.size() : a.size();
-    for (size_t n = a.size(); n <= last; ++n) {
-      std::string from = a;  // the smallest n-digit number past a's length: 10...0
-      if (n > a.size()) {
-        from.assign(n, '0');
-        from[0] = '1';
-      }
-      const std::string to = hi && n == b.size() ? b : std::string(n, '9');
-      same_length(from, to, {}, out);
-    }
-    if (!hi) {  // every longer number
-      seq longer = {grammar::range('1', '9')};
-      for (size_t k = 0; k < a.size(); ++k) longer.push_back(grammar::range('0', '9'));
-      longer.push_back(r(digits_));
-      g_->add_alternative(out, longer);
-    }
-    return out;
-  }
-
-  /// Alternatives of `rule` for the digit strings of one length in [from, to], after `prefix`.
-  void same_length(const std::string& from, const std::string& to, seq prefix, uint32_t rule) {
-    if (from.empty()) {
-      g_->add_alternative(rule, prefix);
-      return;
-    }
-    const std::string rest_from = from.substr(1), rest_to = to.substr(1);
-    if (from[0] == to[0]) {
-      prefix.push_back(grammar::byte(static_cast<uint8_t>(from[0])));
-      same_length(rest_from, rest_to, std::move(prefix), rule);
-      return;
-    }
-    const size_t n = rest_from.size();
-    seq low = prefix, high = prefix;
-    low.push_back(grammar::byte(static_cast<uint8_t>(from[0])));
-    same_length(rest_from, std::string(n, '9'), std::move(low), rule);
-    if (to[0] - from[0] > 1) {
-      seq middle = prefix;
-      middle.push_back(grammar::range(static_cast<uint8_t>(from[0] + 1), static_cast<uint8_t>(to[0] - 1)));
-      for (size_t k = 0; k < n; ++k) middle.push_back(grammar::range('0', '9'));
-      g_->add_alternative(rule, middle);
-    }
-    high.push_back(grammar::byte(static_cast<uint8_t>(to[0])));
-    same_length(std::string(n, '0'), rest_to, std::move(high), rule);
   }
 
   static inline const std::string date_regex = "^\\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\\d|3[01])$";

@@ -189,7 +189,9 @@ TEST_CASE("grammar: schemas Baton cannot honour are refused, naming the keyword 
   CHECK(refused(R"({"properties":{"when":{"type":"string","format":"uri"}}})") ==
         "json_schema at /properties/when/format: the format \"uri\" is not supported (date, time, date-time, "
         "duration, uuid, ipv4, ipv6, hostname and email are)");
-  CHECK(refused(R"({"type":"number","minimum":0})").find("/minimum: minimum is supported on integers only") != std::string::npos);
+  CHECK(refused(R"({"type":"number","minimum":0.5})").find("/minimum: minimum on a number must be a whole number") !=
+        std::string::npos);
+  CHECK(refused(R"({"type":"number","exclusiveMinimum":1,"maximum":1})").find("no number lies between") != std::string::npos);
   CHECK(refused(R"x({"type":"string","pattern":"a(?=b)"})x") ==
         "json_schema at /pattern: pattern: lookarounds are not supported (offset 2)");
   CHECK(refused(R"({"type":"string","pattern":"(a)\\1"})").find("backreferences are not supported") != std::string::npos);
@@ -312,6 +314,38 @@ TEST_CASE("grammar: string patterns, formats and lengths, as the decoded text; i
     CHECK_FALSE(matches(g, "-0"));
   }
   CHECK(matches(compile(R"({"type":"integer","minimum":0})"), "123456789012"));
+  // Numbers in a range (Pydantic's confloat(ge=0, le=1), gt=0, ...), and only those, written
+  // without an exponent or -0: every candidate from -3 to 3 by quarters, in several spellings.
+  std::vector<std::string> candidates;
+  for (int q = -12; q <= 12; ++q) {
+    const double v = q / 4.0;
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g", v);
+    candidates.push_back(buf);
+    std::snprintf(buf, sizeof buf, "%.3f", v);
+    candidates.push_back(buf);
+  }
+  for (const char* more : {"-0", "-0.0", "1e0", "0.0001", "-0.0001", "1.0000", "2.9999", "3.0001", "100", "-100"})
+    candidates.push_back(more);
+  for (const auto& [keywords, lo, lo_in, hi, hi_in] : std::vector<std::tuple<std::string, double, bool, double, bool>>{
+           {R"("minimum":0,"maximum":1)", 0, true, 1, true},
+           {R"("exclusiveMinimum":0)", 0, false, 1e9, true},
+           {R"("minimum":-2,"exclusiveMaximum":2)", -2, true, 2, false},
+           {R"("exclusiveMinimum":-1,"exclusiveMaximum":0)", -1, false, 0, false},
+           {R"("maximum":-1)", -1e9, true, -1, true},
+           {R"("minimum":3,"maximum":3)", 3, true, 3, true},
+           {R"("minimum":0,"exclusiveMinimum":0,"maximum":2)", 0, false, 2, true},
+           {R"("minimum":-5,"exclusiveMinimum":-1,"maximum":2,"exclusiveMaximum":9)", -1, false, 2, true}}) {
+    CAPTURE(keywords);
+    const auto g = compile(R"({"type":"number",)" + keywords + "}");
+    REQUIRE(g);
+    for (const auto& c : candidates) {
+      const double v = std::stod(c);
+      const bool written = c.find('e') == std::string::npos && !(c[0] == '-' && v == 0);  // the subset written
+      const bool in = (lo_in ? v >= lo : v > lo) && (hi_in ? v <= hi : v < hi);
+      CHECK_MESSAGE(matches(g, c) == (written && in), c);
+    }
+  }
   // A string's keywords without a type: a string (only strings have them).
   CHECK(matches(compile(R"({"pattern":"^x+$"})"), R"("xx")"));
   CHECK_FALSE(matches(compile(R"({"pattern":"^x+$"})"), "1"));
