@@ -29,6 +29,7 @@
 #include <caf/send.hpp>
 
 #include "actors/messages.hpp"
+#include "actors/wire_identity.hpp"
 #include "client/net_identity.hpp"
 #include "gpu/json_schema_grammar.hpp"
 
@@ -386,6 +387,10 @@ class connection_impl final : public connection {
 };
 
 }  // namespace
+
+const char* library_version() { return BATON_VERSION; }
+
+const char* wire_fingerprint() { return baton::wire_fingerprint(); }
 
 std::unique_ptr<connection> connection::connect(const std::string& host, uint16_t port, std::string* why) {
   return connect(host, port, connect_options{}, why);

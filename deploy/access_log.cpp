@@ -75,8 +75,9 @@ std::string access_line(const access_entry& e) {
     worst_ttft = std::max(worst_ttft, c.ttft_us);
     ++reasons[c.finish_reason];
   }
-  out += "; and " + std::to_string(all.size() - max_logged_generations) + " more generations: prompt " +
-         std::to_string(prompt) + " (cached " + std::to_string(cached) + "), " + std::to_string(tokens) + " tokens (";
+  out += "; and " + std::to_string(all.size() - max_logged_generations) + " more generations: prompts " +
+         std::to_string(prompt) + " (cached " + std::to_string(cached) + ", each generation's counted), " +
+         std::to_string(tokens) + " tokens (";
   for (auto it = reasons.begin(); it != reasons.end(); ++it)
     out += (it == reasons.begin() ? "" : ", ") + std::to_string(it->second) + " " + it->first;
   out += "), TTFT at most " + ms_of_us(worst_ttft) + (failovers ? ", " + std::to_string(failovers) + " failover(s)" : "");

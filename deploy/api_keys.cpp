@@ -19,6 +19,11 @@ bool valid_name(const std::string& name) {
   });
 }
 
+/// What a client can send after "Bearer ": visible ASCII, no spaces.
+bool bearer_token(const std::string& key) {
+  return std::all_of(key.begin(), key.end(), [](char c) { return c > 0x20 && c < 0x7f; });
+}
+
 }  // namespace
 
 bool parse_api_keys(std::string_view text, std::vector<api_key>* out, std::string* why) {
@@ -27,10 +32,15 @@ bool parse_api_keys(std::string_view text, std::vector<api_key>* out, std::strin
     *why = "the keys file is not JSON";
     return false;
   }
-  if (!j.is_object() || !j.contains("keys") || !j["keys"].is_array() || j.size() != 1) {
+  if (!j.is_object() || !j.contains("keys") || !j["keys"].is_array()) {
     *why = "the keys file must be {\"keys\": [{\"name\": ..., \"key\": ...}, ...]}";
     return false;
   }
+  for (const auto& [field, v] : j.items())
+    if (field != "keys") {
+      *why = "the keys file has the unknown field '" + field + "' beside \"keys\"";
+      return false;
+    }
   std::vector<api_key> keys;
   for (size_t i = 0; i < j["keys"].size(); ++i) {
     const auto& e = j["keys"][i];
@@ -46,10 +56,11 @@ bool parse_api_keys(std::string_view text, std::vector<api_key>* out, std::strin
       } else if (field == "name") {
         *why = at + ".name must be 1 to 64 letters, digits, _, - or ., got " + v.dump();
         return false;
-      } else if (field == "key" && v.is_string() && v.get<std::string>().size() >= 8) {
+      } else if (field == "key" && v.is_string() && v.get<std::string>().size() >= 8 && bearer_token(v.get<std::string>())) {
         k.key = v.get<std::string>();
-      } else if (field == "key") {
-        *why = at + ".key must be a string of at least 8 characters";  // (never the key itself: logs)
+      } else if (field == "key") {  // (never the key itself in the error: logs)
+        *why = at + ".key must be a string of at least 8 visible ASCII characters, no spaces (a client sends it in an "
+                    "Authorization: Bearer header)";
         return false;
       } else if (field == "max_in_flight" && v.is_number_unsigned() && v.get<uint64_t>() <= UINT32_MAX) {
         k.max_in_flight = v.get<uint32_t>();
@@ -85,7 +96,11 @@ bool merge_api_keys(std::vector<api_key> named, const std::vector<std::string>& 
   // A plain key given twice (--api-key and BATON_API_KEYS alike) is one caller: kept once.
   size_t number = 0;
   for (size_t i = 0; i < plain.size(); ++i)
-    if (std::find(plain.begin(), plain.begin() + static_cast<std::ptrdiff_t>(i), plain[i]) == plain.begin() + static_cast<std::ptrdiff_t>(i))
+    if (!bearer_token(plain[i])) {
+      *why = "API key " + std::to_string(i + 1) + " (--api-key, BATON_API_KEYS) has a space or a control character: no "
+             "client could send it";
+      return false;
+    } else if (std::find(plain.begin(), plain.begin() + static_cast<std::ptrdiff_t>(i), plain[i]) == plain.begin() + static_cast<std::ptrdiff_t>(i))
       named.push_back({"key-" + std::to_string(++number), plain[i], 0, false});
   std::map<std::string, std::string> names, secrets;  // name -> the key's, key -> its name
   for (const auto& k : named) {
@@ -102,6 +117,15 @@ bool merge_api_keys(std::vector<api_key> named, const std::vector<std::string>& 
   }
   *out = std::move(named);
   return true;
+}
+
+std::string describe_api_keys(const std::vector<api_key>& keys) {
+  std::string out;
+  for (const auto& k : keys) {
+    out += (out.empty() ? "" : ", ") + k.name + " (" + (k.batch ? "batch; " : "") +
+           (k.max_in_flight ? "at most " + std::to_string(k.max_in_flight) + " in flight" : std::string{"no limit of its own"}) + ")";
+  }
+  return out;
 }
 
 void api_key_state::count_response(int status) {

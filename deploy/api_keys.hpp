@@ -41,6 +41,10 @@ bool parse_api_keys(std::string_view text, std::vector<api_key>* out, std::strin
 bool merge_api_keys(std::vector<api_key> named, const std::vector<std::string>& plain, std::vector<api_key>* out,
                     std::string* why);
 
+/// The keys as a gateway's start line tells them: each name with its limits ("search (at most 256
+/// in flight), evals (batch; no limit of its own)"), so that a key left unlimited is seen at once.
+std::string describe_api_keys(const std::vector<api_key>& keys);
+
 /// A key's live numbers at one gateway.
 struct api_key_state {
   api_key cfg;

@@ -38,7 +38,7 @@ struct call_state {
   bool failed = false;           ///< an error went to the connection: nothing more does
   std::chrono::milliseconds unanswered_grace{0};  ///< call_settings'
   api_key_ptr key;          ///< the API key that asked (null: none), whose usage the answer adds to
-  in_flight_hold in_flight;  ///< its generations, held against the key's max_in_flight until the call's last actor ends
+  in_flight_hold in_flight;  ///< its generations, held against the key's max_in_flight until its answer or failure goes out (or its go-between ends)
 };
 
 /// Choice `index` of a call: asks the router for it with `self` as the sink, renders its chunks,

@@ -196,6 +196,8 @@ int run_gateway(const std::vector<std::string>& args) {
     return 1;
   }
   std::printf("baton gateway: listening on http://%s:%u\n", gc.host.c_str(), static_cast<unsigned>(gateway.port));
+  if (std::vector<api_key> keys; merge_api_keys(gc.named_keys, gc.api_keys, &keys, &why) && !keys.empty())
+    std::printf("baton gateway: API keys: %s\n", describe_api_keys(keys).c_str());
   std::fflush(stdout);
   caf::scoped_actor self{sys};
   auto stop = [&](int rc) {

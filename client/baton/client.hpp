@@ -24,6 +24,12 @@
 
 namespace baton::client {
 
+/// This library's version ("0.1.0": the project's) and its wire fingerprint: it connects only to
+/// routers whose processes carry the same fingerprint (`baton --version` prints theirs), and a
+/// refusal names both. For a program's logs and its checks at start.
+const char* library_version();
+const char* wire_fingerprint();
+
 /// What a constrained answer must be (request::output, request::output_spec).
 enum class output_kind : uint8_t {
   text = 0,         ///< free text; no output_spec

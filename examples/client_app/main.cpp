@@ -1,4 +1,5 @@
 // client_app HOST PORT PROMPT: streams one completion from a Baton cluster to stdout.
+// client_app --version: the library's version and wire fingerprint (a cluster's must match).
 #include <baton/client.hpp>
 
 #include <cstdio>
@@ -6,8 +7,12 @@
 #include <string>
 
 int main(int argc, char** argv) {
+  if (argc == 2 && std::string{argv[1]} == "--version") {
+    std::printf("baton client %s, wire %s\n", baton::client::library_version(), baton::client::wire_fingerprint());
+    return 0;
+  }
   if (argc != 4) {
-    std::fprintf(stderr, "usage: client_app HOST PORT PROMPT\n");
+    std::fprintf(stderr, "usage: client_app HOST PORT PROMPT | --version\n");
     return 2;
   }
   std::string why;

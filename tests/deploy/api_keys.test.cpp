@@ -41,7 +41,10 @@ TEST_CASE("a keys file names each key and its limits; anything else in it is ref
   CHECK(refused("nope") == "the keys file is not JSON");
   CHECK(refused(R"([{"name":"a","key":"sk-aaaaaaaa"}])").find("must be {\"keys\"") != std::string::npos);
   CHECK(refused(R"({"keys":[]})").find("lists no key") != std::string::npos);
-  CHECK(refused(R"({"keys":[{"name":"a","key":"short"}]})") == "keys[0].key must be a string of at least 8 characters");
+  CHECK(refused(R"({"keys":[{"name":"a","key":"short"}]})").find("keys[0].key must be a string of at least 8 visible") == 0);
+  CHECK(refused(R"({"keys":[{"name":"a","key":"sk-with space"}]})").find("keys[0].key must be") == 0);
+  CHECK(refused(R"({"keys":[{"name":"a","key":"sk-aaaaaaaa"}],"limits":{}})") ==
+        "the keys file has the unknown field 'limits' beside \"keys\"");
   CHECK(refused(R"({"keys":[{"name":"a b","key":"sk-aaaaaaaa"}]})").find("keys[0].name must be 1 to 64") != std::string::npos);
   CHECK(refused(R"({"keys":[{"name":"a","key":"sk-aaaaaaaa","max_in_flight":-1}]})").find("keys[0].max_in_flight") !=
         std::string::npos);
@@ -62,6 +65,9 @@ TEST_CASE("a keys file names each key and its limits; anything else in it is ref
   // The same plain key twice (--api-key and BATON_API_KEYS) is one caller.
   REQUIRE(deploy::merge_api_keys({}, {"sk-plain-0001", "sk-plain-0002", "sk-plain-0001"}, &all, &why));
   CHECK(all.size() == 2);
+  CHECK_FALSE(deploy::merge_api_keys({}, {"sk-a\tb"}, &all, &why));
+  CHECK(why.find("API key 1 (--api-key, BATON_API_KEYS) has a space or a control character") == 0);
+  CHECK(deploy::describe_api_keys(keys) == "search (at most 64 in flight), evals.nightly (batch; no limit of its own)");
   CHECK_FALSE(deploy::merge_api_keys({{"key-1", "sk-aaaaaaaa", 0, false}}, {"sk-bbbbbbbb"}, &all, &why));
   CHECK(why.find("'key-1' is given twice (plain keys are named key-1") != std::string::npos);
 }
@@ -102,7 +108,8 @@ TEST_CASE("the request log names a call's API key, and sums up a batch call's ge
   CHECK(line.find(" call cmpl-1-1 key evals /v1/completions 200 ") != std::string::npos);
   CHECK(line.find("request 16 ") != std::string::npos);
   CHECK(line.find("request 17 ") == std::string::npos);
-  CHECK_MESSAGE(line.find("; and 4 more generations: prompt 40 (cached 0), 8 tokens (2 length, 2 stop), TTFT at most 20.0 ms") !=
+  CHECK_MESSAGE(line.find("; and 4 more generations: prompts 40 (cached 0, each generation's counted), 8 tokens (2 length, 2 stop), "
+                           "TTFT at most 20.0 ms") !=
                     std::string::npos,
                 line);
 }

@@ -18,6 +18,10 @@ test -f "$WORK/prefix/include/baton/client.hpp"
 ! grep -q "caf/" "$WORK/prefix/include/baton/client.hpp"  # the public header needs no CAF
 cmake -S "$SRC/examples/client_app" -B "$WORK/app" -DCMAKE_PREFIX_PATH="$WORK/prefix" -DCMAKE_BUILD_TYPE=Release > /dev/null
 cmake --build "$WORK/app" -j 2 > /dev/null
+# The installed library speaks this build's wire form: the same fingerprint as the baton binary.
+APP_WIRE=$("$WORK/app/client_app" --version | grep -o "wire [0-9a-f]*$")
+[ -n "$APP_WIRE" ] && "$BATON" --version | grep -q "$APP_WIRE\$" || {
+  echo "client_app's $APP_WIRE differs from: $("$BATON" --version)"; exit 1; }
 "$BATON" local --serve --router-listen 127.0.0.1:0 > "$WORK/server.log" 2>&1 &
 SERVER=$!
 for _ in $(seq 600); do grep -q "router listening" "$WORK/server.log" && break; sleep 0.1; done
