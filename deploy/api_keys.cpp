@@ -128,6 +128,25 @@ std::string describe_api_keys(const std::vector<api_key>& keys) {
   return out;
 }
 
+std::vector<api_key_ptr> renew_api_keys(const std::vector<api_key_ptr>& now, std::vector<api_key> keys) {
+  std::vector<api_key_ptr> out;
+  for (auto& k : keys) {
+    const auto same = std::find_if(now.begin(), now.end(), [&](const api_key_ptr& s) { return s->cfg.name == k.name; });
+    if (same == now.end()) {
+      out.push_back(std::make_shared<api_key_state>(std::move(k)));
+      continue;
+    }
+    auto& s = **same;
+    s.max_in_flight = k.max_in_flight;
+    s.batch = k.batch;
+    s.cfg.max_in_flight = k.max_in_flight;
+    s.cfg.batch = k.batch;
+    s.cfg.key = std::move(k.key);
+    out.push_back(*same);
+  }
+  return out;
+}
+
 void api_key_state::count_response(int status) {
   std::lock_guard<std::mutex> lock{mutex};
   ++responses[status];
@@ -152,7 +171,7 @@ void in_flight_hold::release() {
 }
 
 bool in_flight_hold::take(const api_key_ptr& key, uint32_t n, uint32_t* had) {
-  const uint32_t limit = key->cfg.max_in_flight;
+  const uint32_t limit = key->max_in_flight.load();
   uint32_t now = key->in_flight.load();
   do {
     *had = now;

@@ -45,20 +45,30 @@ bool merge_api_keys(std::vector<api_key> named, const std::vector<std::string>& 
 /// in flight), evals (batch; no limit of its own)"), so that a key left unlimited is seen at once.
 std::string describe_api_keys(const std::vector<api_key>& keys);
 
-/// A key's live numbers at one gateway.
+/// A key's live numbers at one gateway. A keys file read again (gateway_config::keys_file) keeps
+/// the state of each name it still has: its counters go on, its key and limits are the file's.
 struct api_key_state {
+  /// As configured; `name` never changes, `key` only on the gateway's I/O thread (a reload).
   api_key cfg;
+  /// The limits as they are now (a reload changes them; calls on any thread read them here).
+  std::atomic<uint32_t> max_in_flight{0};
+  std::atomic<bool> batch{false};
   std::atomic<uint32_t> in_flight{0};  ///< generations of its calls running now
   std::atomic<uint64_t> prompt_tokens{0}, completion_tokens{0}, cached_tokens{0};  ///< as its answers' usage says
   std::atomic<uint64_t> limited{0};    ///< calls refused for its max_in_flight
   std::mutex mutex;                    ///< guards responses
   std::map<int, uint64_t> responses;   ///< its calls' answers by HTTP status
 
-  explicit api_key_state(api_key k) : cfg(std::move(k)) {}
+  explicit api_key_state(api_key k) : cfg(std::move(k)), max_in_flight(cfg.max_in_flight), batch(cfg.batch) {}
   void count_response(int status);
   std::map<int, uint64_t> responses_now();
 };
 using api_key_ptr = std::shared_ptr<api_key_state>;
+
+/// The states for `keys` (a keys file's, read again): each name's state in `now` kept, with the
+/// key and limits of `keys`; a new name a new state. Names `now` has and `keys` not are dropped
+/// (their calls in progress keep their state to their end).
+std::vector<api_key_ptr> renew_api_keys(const std::vector<api_key_ptr>& now, std::vector<api_key> keys);
 
 /// The key `bearer` is, compared with every key in constant time (no early exit: the time does
 /// not tell how much of a key was right); null when none.

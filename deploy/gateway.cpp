@@ -249,7 +249,7 @@ void log_call(caf::io::broker* self, const shared_ptr& g, const state_ptr& st, i
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - st->call_started).count();
   caf::aout(self) << access_line({std::chrono::system_clock::now(), st->call_id, st->route, status, stream, took_ms,
                                   choices, std::move(error), st->client_request_id, g->cfg.log_placements,
-                                  st->key ? st->key->cfg.name + (st->key->cfg.batch ? " (batch)" : "") : std::string{}})
+                                  st->key ? st->key->cfg.name + (st->key->batch ? " (batch)" : "") : std::string{}})
                   << std::endl;
 }
 

@@ -27,6 +27,11 @@ struct gateway_config {
   uint16_t port = 8000;            ///< 0 = any free port
   std::vector<std::string> api_keys;  ///< plain keys, named key-1, key-2, ... (none here or in named_keys: no authentication)
   std::vector<api_key> named_keys;    ///< a keys file's (--api-keys-file): names and limits (deploy/api_keys.hpp)
+  /// That file, when named_keys came from one: looked at every keys_poll_ms, and read again when it
+  /// changed (a key added, rotated, removed, a limit changed) without a restart; a version that
+  /// does not read is refused (logged), the keys staying as they were. Empty: not watched.
+  std::string keys_file;
+  uint32_t keys_poll_ms = 2000;
   http::limits limits;
   /// A call whose first token has not come within this long is cancelled with 504. Only the
   /// first: once tokens flow, the request's own watchdog bounds each next one

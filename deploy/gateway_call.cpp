@@ -163,8 +163,8 @@ client_sink_actor::behavior_type run_choice(client_sink_actor::pointer self, caf
 /// error otherwise), its priority batch when the key's calls all are.
 bool hold_for_key(const api_key_ptr& key, uint32_t choices, call_state* cs, openai::api_error* err) {
   cs->key = key;
-  if (key->cfg.batch) cs->call.req.priority = "batch";
-  const uint32_t limit = key->cfg.max_in_flight;
+  if (key->batch) cs->call.req.priority = "batch";
+  const uint32_t limit = key->max_in_flight.load();
   const std::string whose = "the API key '" + key->cfg.name + "'";
   if (limit && choices > limit) {  // never admitted: a 429 would have the client retry for ever
     const bool batch = cs->call.num_prompts() > 1;

@@ -64,7 +64,10 @@ bool load_gateway_keys(const std::string& keys_file, gateway_config* gc, std::st
   } else {
     return true;
   }
-  if (parse_api_keys(text, &gc->named_keys, why)) return true;
+  if (parse_api_keys(text, &gc->named_keys, why)) {
+    gc->keys_file = keys_file;  // (watched: a rewrite is read again; the environment's is not)
+    return true;
+  }
   *why = from + ": " + *why;
   return false;
 }

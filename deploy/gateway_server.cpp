@@ -2,15 +2,19 @@
 // timers, and takes the drain and router changes; and the gateway's public functions.
 
 #include <sys/resource.h>
+#include <sys/stat.h>
 
 #include <chrono>
 #include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <random>
 #include <optional>
 #include <thread>
 #include <unordered_map>
 
 #include <caf/actor_system.hpp>
+#include <caf/actor_ostream.hpp>
 #include <caf/io/broker.hpp>
 #include <caf/io/middleman.hpp>
 #include <caf/scoped_actor.hpp>
@@ -44,9 +48,40 @@ void take_settings(gateway_shared& g, const cluster_stats& s) {
   g.calls.max_active_requests = s.max_active_requests;
 }
 
+/// What tells that the keys file changed: its inode, size and modification time ("" when it
+/// cannot be looked at).
+std::string file_stamp(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return {};
+  return std::to_string(st.st_ino) + ":" + std::to_string(st.st_size) + ":" + std::to_string(st.st_mtim.tv_sec) + "." +
+         std::to_string(st.st_mtim.tv_nsec);
+}
+
+/// The keys file read again: the new keys in force, each name's counters kept; or, when it does
+/// not read, why, and the keys as they were.
+void reload_keys(caf::io::broker* self, gateway_shared& g) {
+  std::string text, why;
+  std::vector<api_key> named, all;
+  std::ifstream in{g.cfg.keys_file};
+  if (in) text.assign(std::istreambuf_iterator<char>{in}, std::istreambuf_iterator<char>{});
+  if (!in || !parse_api_keys(text, &named, &why) || !merge_api_keys(named, g.cfg.api_keys, &all, &why)) {
+    caf::aout(self) << "gateway: the API keys file " << g.cfg.keys_file << " does not read ("
+                    << (why.empty() ? "cannot read it" : why) << "); its keys stay as they were" << std::endl;
+    return;
+  }
+  g.keys = renew_api_keys(g.keys, all);
+  g.metrics.set_keys(g.keys);
+  caf::aout(self) << "gateway: API keys read again from " << g.cfg.keys_file << ": " << describe_api_keys(all) << std::endl;
+}
+
 caf::behavior server(caf::io::broker* self, int fd, shared_ptr g) {
   self->add_doorman(fd);
   g->server = self->address();
+  // The keys file, looked at now and then (a stat: cheap); every broker runs on this one thread,
+  // so the keys change between two requests, never during one's check.
+  auto stamp = std::make_shared<std::string>(g->cfg.keys_file.empty() ? "" : file_stamp(g->cfg.keys_file));
+  const auto poll = std::chrono::milliseconds{g->cfg.keys_poll_ms};
+  if (!g->cfg.keys_file.empty()) self->delayed_send(self, poll, keys_poll_atom::value);
   // The connections whose timers run here, by number; each is forgotten as it ends.
   auto timed = std::make_shared<std::unordered_map<uint64_t, caf::actor_addr>>();
   return {
@@ -68,6 +103,13 @@ caf::behavior server(caf::io::broker* self, int fd, shared_ptr g) {
         return g->calls_in_flight.load();
       },
       [=](router_lost_atom, std::string& why) { g->router_away = std::move(why); },
+      [=](keys_poll_atom) {
+        if (auto now = file_stamp(g->cfg.keys_file); now != *stamp) {
+          *stamp = std::move(now);
+          reload_keys(self, *g);
+        }
+        self->delayed_send(self, poll, keys_poll_atom::value);
+      },
       [=](router_set_atom, router_actor& router, cluster_stats& s) {
         g->router = std::move(router);
         take_settings(*g, s);

@@ -29,6 +29,8 @@ using wake_forget_atom = caf::atom_constant<caf::atom("wakeforget")>;
 /// gateway_router_lost, gateway_set_router: the router went away, or here is one.
 using router_lost_atom = caf::atom_constant<caf::atom("rtrlost")>;
 using router_set_atom = caf::atom_constant<caf::atom("rtrset")>;
+/// The server's look at its keys file (gateway_config::keys_file).
+using keys_poll_atom = caf::atom_constant<caf::atom("keyspoll")>;
 
 /// What every connection of one gateway shares.
 struct gateway_shared {

@@ -4,6 +4,8 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <thread>
 
@@ -185,4 +187,58 @@ TEST_CASE("named API keys over HTTP: a key past its max_in_flight gets 429 namin
     CHECK_MESSAGE(lines.find(" key team-a /v1/completions 429 ") != std::string::npos, lines);
   }
   std::cout.rdbuf(saved);
+}
+
+TEST_CASE("a keys file rewritten is read again without a restart: a key added, one rotated (its counters go on), a "
+          "limit changed; a version that does not read leaves the keys as they were, and says so") {
+  const auto dir = std::filesystem::temp_directory_path() / ("baton-keys-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto file = (dir / "keys.json").string();
+  const auto write = [&](const std::string& text) {
+    const auto tmp = file + ".new";
+    std::ofstream{tmp} << text;
+    std::filesystem::rename(tmp, file);  // as an editor or a config manager replaces it
+  };
+  write(R"({"keys":[{"name":"team-a","key":"sk-team-a-0001","max_in_flight":4}]})");
+  deploy::gateway_config gc;
+  std::string why;
+  REQUIRE(deploy::parse_api_keys(R"({"keys":[{"name":"team-a","key":"sk-team-a-0001","max_in_flight":4}]})",
+                                 &gc.named_keys, &why));
+  gc.keys_file = file;
+  gc.keys_poll_ms = 20;
+  std::ostringstream log;
+  auto* const saved = std::cout.rdbuf(log.rdbuf());
+  {
+    served_cluster s{gc};
+    const uint16_t port = s.gateway.port;
+    const auto ask = [&](const std::string& key) {
+      return round_trip(port, post("/v1/completions", R"({"prompt":"In","max_tokens":2})", key)).status;
+    };
+    CHECK(ask("sk-team-a-0001") == 200);
+    CHECK(ask("sk-team-b-0001") == 401);
+    write(R"({"keys":[{"name":"team-a","key":"sk-team-a-0002","max_in_flight":2},
+                      {"name":"team-b","key":"sk-team-b-0001","priority":"batch"}]})");
+    int status = 0;
+    for (int i = 0; i < 500 && (status = ask("sk-team-b-0001")) != 200; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds{10});
+    CHECK(status == 200);
+    CHECK(ask("sk-team-a-0001") == 401);  // rotated: the old secret is gone
+    CHECK(ask("sk-team-a-0002") == 200);
+    auto metrics = round_trip(port, get("/metrics", "")).body;
+    CHECK(metrics.find("baton_api_key_responses_total{key=\"team-a\",code=\"200\"} 2\n") != std::string::npos);
+    CHECK(metrics.find("baton_api_key_max_in_flight{key=\"team-a\"} 2\n") != std::string::npos);
+    write(R"({"keys":[{"name":"team-a","key":"short"}]})");
+    for (int i = 0; i < 500 && log.str().find("does not read") == std::string::npos; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds{10});
+    CHECK(ask("sk-team-b-0001") == 200);  // as they were
+    const auto lines = log.str();
+    std::cout.rdbuf(saved);
+    CHECK_MESSAGE(lines.find("API keys read again from " + file + ": team-a (at most 2 in flight), team-b (batch; no "
+                             "limit of its own)") != std::string::npos,
+                  lines);
+    CHECK_MESSAGE(lines.find("the API keys file " + file + " does not read (keys[0].key must be") != std::string::npos,
+                  lines);
+  }
+  std::cout.rdbuf(saved);
+  std::filesystem::remove_all(dir);
 }
