@@ -36,6 +36,8 @@ struct generate_request {
   std::string prompt;                  ///< text, tokenized by the router; or ...
   std::vector<int32_t> prompt_tokens;  ///< ... token ids (give one of the two)
   int32_t max_tokens = 16;             ///< tokens to generate, >= 1; 0: as many as the context leaves
+  /// With max_tokens 0, the most that default may be (an API key's cap, the gateway's); 0: none.
+  uint32_t max_tokens_cap = 0;
   float temperature = 0.0f;            ///< 0 = greedy
   uint64_t seed = 0;                   ///< sampling seed when temperature > 0
   bool return_logits = false;          ///< attach each step's logits to the completion (tests)
@@ -107,7 +109,7 @@ typename Inspector::result_type inspect(Inspector& f, generate_request& x) {
            wire::f32{&x.frequency_penalty}, x.stop, x.stop_token_ids, x.logprobs, x.top_logprobs, x.echo,
            x.prompt_logprobs, x.prompt_only, x.prompt_top_logprobs, x.chat_template_kwargs,
            x.tools_json, x.logit_bias_tokens, wire::f32s{&x.logit_bias_values}, x.output_format, x.output_spec,
-           x.json_compact, wire::f32{&x.min_p}, x.min_tokens, x.include_stop_str_in_output);
+           x.json_compact, wire::f32{&x.min_p}, x.min_tokens, x.include_stop_str_in_output, x.max_tokens_cap);
 }
 
 struct completion {

@@ -402,6 +402,8 @@ struct router_config {
   float default_temperature = 0.0f;
   float default_top_p = 1.0f;
   uint32_t default_top_k = 0;
+  /// ... and repetition_penalty: generation_config.json's, whether it samples or not (1: off).
+  float default_repetition_penalty = 1.0f;
   /// Upper bound on max_tokens per request; 0 = the model's context length.
   uint32_t max_new_tokens_limit = 0;
   /// max_tokens of a request that gives none (0: OpenAI chat's default, "what the context

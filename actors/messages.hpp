@@ -707,6 +707,7 @@ struct cluster_stats {
   float default_temperature = 0.0f;
   float default_top_p = 1.0f;
   uint32_t default_top_k = 0;
+  float default_repetition_penalty = 1.0f;
   /// router_config::max_active_requests (0: unbounded): a call of more generations than this can
   /// never be admitted whole, and the gateway refuses it as such rather than with a 429.
   uint32_t max_active_requests = 0;
@@ -727,7 +728,7 @@ typename Inspector::result_type inspect(Inspector& f, cluster_stats& x) {
            x.num_admitted, x.num_rejected, x.num_active, x.num_overloaded, x.num_failovers, x.failed_codes, x.failed_counts, x.chat_reasoning,
            x.chat_tool_calls, x.default_temperature, x.default_top_p, x.default_top_k, x.store_servers,
            x.store_servers_up, x.max_active_requests, x.draining, x.decode_answered, x.prefill_parked,
-           x.decode_parked, x.nodes_known, x.nodes);
+           x.decode_parked, x.nodes_known, x.nodes, x.default_repetition_penalty);
 }
 
 /// What the router asks of the head's node directory (node_directory_actor answers it): only

@@ -191,6 +191,7 @@ std::string tokenize_and_validate(generate_request& req, const gpu::model_config
              std::to_string(ctx) + " tokens";
     size_t room = std::min<size_t>(ctx - tokens->size(), limit);
     if (default_max_tokens > 0) room = std::min<size_t>(room, default_max_tokens);
+    if (req.max_tokens_cap > 0) room = std::min<size_t>(room, req.max_tokens_cap);
     req.max_tokens = static_cast<int32_t>(room);
   }
   if (req.min_tokens > static_cast<uint32_t>(req.max_tokens))
@@ -263,6 +264,7 @@ caf::result<cluster_stats> collect_stats(router_pointer self) {
   out->max_active_requests = s.cfg.max_active_requests;
   out->default_top_p = s.cfg.default_top_p;
   out->default_top_k = s.cfg.default_top_k;
+  out->default_repetition_penalty = s.cfg.default_repetition_penalty;
   out->num_admitted = s.counters->admitted.load();
   out->num_failovers = s.counters->failovers.load();
   for (size_t code = 0; code < s.counters->failed.size(); ++code)

@@ -67,13 +67,18 @@ bool parse_api_keys(std::string_view text, std::vector<api_key>* out, std::strin
       } else if (field == "max_in_flight") {
         *why = at + ".max_in_flight must be an integer from 0 (no limit) to 4294967295, got " + v.dump();
         return false;
+      } else if (field == "max_tokens" && v.is_number_unsigned() && v.get<uint64_t>() >= 1 && v.get<uint64_t>() <= INT32_MAX) {
+        k.max_tokens = v.get<uint32_t>();
+      } else if (field == "max_tokens") {
+        *why = at + ".max_tokens must be an integer from 1 to 2147483647, got " + v.dump();
+        return false;
       } else if (field == "priority" && (v == "batch" || v == "interactive")) {
         k.batch = v == "batch";
       } else if (field == "priority") {
         *why = at + ".priority must be \"interactive\" (the calls choose) or \"batch\" (always), got " + v.dump();
         return false;
       } else {
-        *why = at + " has the unknown field '" + field + "' (name, key, max_in_flight and priority are known)";
+        *why = at + " has the unknown field '" + field + "' (name, key, max_in_flight, max_tokens and priority are known)";
         return false;
       }
     }
@@ -123,7 +128,8 @@ std::string describe_api_keys(const std::vector<api_key>& keys) {
   std::string out;
   for (const auto& k : keys) {
     out += (out.empty() ? "" : ", ") + k.name + " (" + (k.batch ? "batch; " : "") +
-           (k.max_in_flight ? "at most " + std::to_string(k.max_in_flight) + " in flight" : std::string{"no limit of its own"}) + ")";
+           (k.max_in_flight ? "at most " + std::to_string(k.max_in_flight) + " in flight" : std::string{"no limit of its own"}) +
+           (k.max_tokens ? "; max_tokens at most " + std::to_string(k.max_tokens) : "") + ")";
   }
   return out;
 }
@@ -139,6 +145,8 @@ std::vector<api_key_ptr> renew_api_keys(const std::vector<api_key_ptr>& now, std
     auto& s = **same;
     s.max_in_flight = k.max_in_flight;
     s.batch = k.batch;
+    s.max_tokens = k.max_tokens;
+    s.cfg.max_tokens = k.max_tokens;
     s.cfg.max_in_flight = k.max_in_flight;
     s.cfg.batch = k.batch;
     s.cfg.key = std::move(k.key);

@@ -29,10 +29,13 @@ struct api_key {
   /// Its calls run as batch (generate_request::priority), whatever they ask: interactive calls
   /// of other keys go first at the chunker and the decode KV queue.
   bool batch = false;
+  /// Each generation's max_tokens at most: a call asking more is refused (400), one that gives
+  /// none gets at most this many (chat: what the context leaves, within it). 0: the cluster's limit.
+  uint32_t max_tokens = 0;
 };
 
-/// Reads a keys file's text: {"keys": [{"name": ..., "key": ..., "max_in_flight": N, "priority":
-/// "batch" | "interactive"}, ...]}. False and why, naming the entry and field, for anything else
+/// Reads a keys file's text: {"keys": [{"name": ..., "key": ..., "max_in_flight": N, "max_tokens":
+/// M, "priority": "batch" | "interactive"}, ...]}. False and why, naming the entry and field, for anything else
 /// (an unknown field, a name or key given twice, a key shorter than 8 characters).
 bool parse_api_keys(std::string_view text, std::vector<api_key>* out, std::string* why);
 
@@ -53,13 +56,15 @@ struct api_key_state {
   /// The limits as they are now (a reload changes them; calls on any thread read them here).
   std::atomic<uint32_t> max_in_flight{0};
   std::atomic<bool> batch{false};
+  std::atomic<uint32_t> max_tokens{0};
   std::atomic<uint32_t> in_flight{0};  ///< generations of its calls running now
   std::atomic<uint64_t> prompt_tokens{0}, completion_tokens{0}, cached_tokens{0};  ///< as its answers' usage says
   std::atomic<uint64_t> limited{0};    ///< calls refused for its max_in_flight
   std::mutex mutex;                    ///< guards responses
   std::map<int, uint64_t> responses;   ///< its calls' answers by HTTP status
 
-  explicit api_key_state(api_key k) : cfg(std::move(k)), max_in_flight(cfg.max_in_flight), batch(cfg.batch) {}
+  explicit api_key_state(api_key k)
+    : cfg(std::move(k)), max_in_flight(cfg.max_in_flight), batch(cfg.batch), max_tokens(cfg.max_tokens) {}
   void count_response(int status);
   std::map<int, uint64_t> responses_now();
 };

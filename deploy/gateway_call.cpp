@@ -166,6 +166,16 @@ bool hold_for_key(const api_key_ptr& key, uint32_t choices, call_state* cs, open
   if (key->batch) cs->call.req.priority = "batch";
   const uint32_t limit = key->max_in_flight.load();
   const std::string whose = "the API key '" + key->cfg.name + "'";
+  if (const uint32_t cap = key->max_tokens.load()) {
+    auto& req = cs->call.req;
+    if (cs->call.max_tokens_given && req.max_tokens > 0 && static_cast<uint32_t>(req.max_tokens) > cap) {
+      *err = {400, "max_tokens " + std::to_string(req.max_tokens) + " exceeds " + whose + "'s limit of " + std::to_string(cap),
+              "invalid_request_error", "max_tokens"};
+      return false;
+    }
+    if (!cs->call.max_tokens_given && req.max_tokens == 0) req.max_tokens_cap = cap;  // chat: the rest of the context, within it
+    else if (!cs->call.max_tokens_given) req.max_tokens = std::min<int32_t>(req.max_tokens, static_cast<int32_t>(cap));
+  }
   if (limit && choices > limit) {  // never admitted: a 429 would have the client retry for ever
     const bool batch = cs->call.num_prompts() > 1;
     *err = {400,
@@ -203,6 +213,7 @@ client_sink_actor::behavior_type call_impl(client_sink_actor::pointer self, caf:
   if (!cs->call.temperature_given) req.temperature = settings.default_temperature;
   if (!cs->call.top_p_given) req.top_p = settings.default_top_p;
   if (!cs->call.top_k_given) req.top_k = settings.default_top_k;
+  if (!cs->call.repetition_penalty_given) req.repetition_penalty = settings.default_repetition_penalty;
   if (!cs->call.seeded) {
     // No seed in the body: one of this call's own, or every call of a prompt at a temperature
     // would draw the same text (choices i of n still draw with seed + i).

@@ -36,6 +36,7 @@ struct call_settings {
   float default_temperature = 0.0f;  ///< cluster_stats': what a call without them samples with
   float default_top_p = 1.0f;
   uint32_t default_top_k = 0;
+  float default_repetition_penalty = 1.0f;
   uint32_t max_active_requests = 0;  ///< cluster_stats': the router's admission limit (0: none)
 };
 

@@ -45,6 +45,7 @@ void take_settings(gateway_shared& g, const cluster_stats& s) {
   g.calls.default_temperature = s.default_temperature;
   g.calls.default_top_p = s.default_top_p;
   g.calls.default_top_k = s.default_top_k;
+  g.calls.default_repetition_penalty = s.default_repetition_penalty;
   g.calls.max_active_requests = s.max_active_requests;
 }
 

@@ -67,6 +67,7 @@ bool load_model_into(const std::string& dir, local_cluster_config* cfg, std::str
   cfg->router.default_temperature = samples ? std::clamp(g.temperature, 0.0f, 2.0f) : 0.0f;
   cfg->router.default_top_p = samples && g.top_p > 0.0f && g.top_p <= 1.0f ? g.top_p : 1.0f;
   cfg->router.default_top_k = samples ? g.top_k : 0;
+  cfg->router.default_repetition_penalty = g.repetition_penalty;  // (HF applies it greedy too)
   return true;
 }
 

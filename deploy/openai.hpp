@@ -62,7 +62,7 @@ struct call {
   bool seeded = false;
   /// The body gave temperature / top_p / top_k; the gateway fills those it did not from the
   /// model's defaults (router_config::default_temperature, ...).
-  bool temperature_given = false, top_p_given = false, top_k_given = false;
+  bool temperature_given = false, top_p_given = false, top_k_given = false, repetition_penalty_given = false;
   std::string model;           ///< the model the client named (echoed back)
   generate_request req;        ///< the request of every choice (its prompt: the first of a batch)
   /// A batch (completions' `prompt` as an array of strings, or of token-id arrays): choice i
@@ -83,6 +83,7 @@ struct call {
   /// The request gave tools (req.tools_json): how the model writes its calls
   /// (cluster_stats::chat_tool_calls), set by the gateway. Answers' calls go to `tool_calls`.
   gpu::tool_call_format tool_calls = gpu::tool_call_format::none;
+  bool max_tokens_given = false;  ///< the body gave max_tokens (or max_completion_tokens)
   /// tool_choice "none": the template shows the tools, but the answer is not read for calls.
   bool tool_choice_none = false;
   /// The calls the conversation made before this answer: the assistant messages' tool_calls,

@@ -680,9 +680,11 @@ bool parse_checked_body(std::string_view body, bool chat, const std::string& ser
   if (chat && !number_field(j, "max_completion_tokens", 1, router_limited, &r.max_tokens, err)) return false;
   if (!number_field(j, "temperature", 0, 2, &r.temperature, err)) return false;
   const auto given = [&](const char* field) { return j.contains(field) && !j[field].is_null(); };
+  out->max_tokens_given = given("max_tokens") || (chat && given("max_completion_tokens"));
   out->temperature_given = given("temperature");
   out->top_p_given = given("top_p");
   out->top_k_given = given("top_k");
+  out->repetition_penalty_given = given("repetition_penalty");
   if (!number_field(j, "top_p", 0, 1, &r.top_p, err)) return false;
   int64_t top_k = r.top_k;
   if (!number_field(j, "top_k", -1, 1 << 20, &top_k, err)) return false;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -251,11 +252,18 @@ bool parse_hf_config_unchecked(const std::string& text, const std::string& sourc
     return fail("attention_bias is not supported for " + c.architecture +
                 " (its o_proj has a bias too; only Qwen2's q/k/v biases are)");
   // transformers 5 writes every RoPE setting, theta included, into rope_parameters; 4 wrote
-  // rope_theta at the top and the scaling into rope_scaling. Accept both.
-  const char* rope_key = j.contains("rope_parameters") && j["rope_parameters"].is_object() ? "rope_parameters"
-                                                                                           : "rope_scaling";
-  if (j.contains(rope_key) && j[rope_key].is_object()) {
-    const auto& rs = j[rope_key];
+  // rope_theta at the top and the scaling into rope_scaling. Accept both; with both (a model card's
+  // rope_scaling added to a config transformers 5 wrote), rope_scaling's settings go over
+  // rope_parameters', as transformers 5 reads them -- it was ignored, serving unscaled RoPE.
+  json rope;
+  std::string rope_key;  // where the settings came from, as a refusal names it
+  for (const char* key : {"rope_parameters", "rope_scaling"})
+    if (j.contains(key) && j[key].is_object()) {
+      rope_key += (rope_key.empty() ? "" : " with ") + std::string{key};
+      for (const auto& [k, v] : j[key].items()) rope[k == "type" ? "rope_type" : k] = v;
+    }
+  if (rope.is_object()) {
+    const auto& rs = rope;
     if (!float_field(rs, "rope_theta", &c.rope_theta)) return false;
     const std::string type = rs.value("rope_type", rs.value("type", std::string{}));
     if (type == "llama3") {
@@ -276,13 +284,13 @@ bool parse_hf_config_unchecked(const std::string& text, const std::string& sourc
         return false;
       y.truncate = rs.value("truncate", true);
       if (!rs.contains("original_max_position_embeddings") || !rs["original_max_position_embeddings"].is_number_unsigned())
-        return fail(std::string{rope_key} + ": yarn needs original_max_position_embeddings");
+        return fail(rope_key + ": yarn needs original_max_position_embeddings");
       y.original_max_position_embeddings = rs["original_max_position_embeddings"].get<uint32_t>();
       if (!(y.factor >= 1.0f) || !(y.beta_fast > 0) || !(y.beta_slow > 0) || y.original_max_position_embeddings == 0)
-        return fail(std::string{rope_key} + ": yarn needs factor >= 1, beta_fast and beta_slow > 0 and a positive "
+        return fail(rope_key + ": yarn needs factor >= 1, beta_fast and beta_slow > 0 and a positive "
                                              "original_max_position_embeddings");
     } else if (!type.empty() && type != "default") {
-      return fail(std::string{rope_key} + " type " + type + " is not supported (llama3 and yarn are)");
+      return fail(rope_key + " type " + type + " is not supported (llama3 and yarn are)");
     }
   }
   auto token_id = [&](const char* key, int32_t* dst) {
@@ -377,8 +385,10 @@ bool load_hf_model_unchecked(const std::string& dir, hf_model* out, std::string*
   auto set = safetensors_set::open_dir(dir, why);
   if (!set) return false;
   const auto& c = m.config;
+  std::set<std::string> used;  // the tensors read: any other in the files is one the math would leave out
   // Finds a tensor with exactly `shape`; names the tensor on any mismatch.
   auto check = [&](const std::string& name, const std::vector<uint64_t>& shape, const st_tensor** found) {
+    used.insert(name);
     const auto* t = set->find(name);
     if (!t) {
       *why = dir + ": missing tensor " + name;
@@ -428,6 +438,24 @@ bool load_hf_model_unchecked(const std::string& dir, hf_model* out, std::string*
                       !get(p + "self_attn.k_norm.weight", {c.head_dim}, &L.k_norm)))
       return false;
   }
+  // A Llama-like model's weights hold nothing its math leaves out: Qwen3's q/k norms under
+  // LlamaForCausalLM, or biases, were dropped in silence (a trial), serving another model. Left
+  // alone: old checkpoints' rotary_emb.inv_freq (computed here), a tied lm_head saved anyway.
+  // (DeepSeek's files hold multi-token-prediction layers past num_hidden_layers: not checked.)
+  if (!c.is_mla()) {
+    std::vector<std::string> unused;
+    for (const auto& name : set->names())
+      if (!used.count(name) && !name.ends_with("rotary_emb.inv_freq") &&
+          !(c.tie_word_embeddings && name == "lm_head.weight"))
+        unused.push_back(name);
+    if (!unused.empty()) {
+      *why = dir + ": tensor " + unused[0] + (unused.size() > 1 ? " (and " + std::to_string(unused.size() - 1) + " more)" : "") +
+             " is in the weights, but " + c.architecture + " as config.json describes it does not use it: serving "
+             "without it would compute another model (is `architectures` right? Qwen3 has q_norm and k_norm, Qwen2 "
+             "biases on q/k/v)";
+      return false;
+    }
+  }
   // Every end-of-sequence id a file lists (a number or a list of them).
   const auto eos_ids = [](const json& o, std::vector<int32_t>* ids) {
     if (!o.contains("eos_token_id")) return;
@@ -451,6 +479,7 @@ bool load_hf_model_unchecked(const std::string& dir, hf_model* out, std::string*
     for (const auto& f : {typed_field{"temperature", &json::is_number, "a number"},
                           typed_field{"top_p", &json::is_number, "a number"},
                           typed_field{"top_k", &json::is_number_unsigned, "a whole number >= 0"},
+                          typed_field{"repetition_penalty", &json::is_number, "a number"},
                           typed_field{"do_sample", &json::is_boolean, "true or false"}})
       if (g.contains(f.key) && !g[f.key].is_null() && !(g[f.key].*f.is)()) {
         *why = source + ": " + f.key + " must be " + f.wanted + ", got " + g[f.key].dump().substr(0, 64);
@@ -459,6 +488,13 @@ bool load_hf_model_unchecked(const std::string& dir, hf_model* out, std::string*
     if (g.contains("temperature") && g["temperature"].is_number()) d.temperature = g["temperature"].get<float>();
     if (g.contains("top_p") && g["top_p"].is_number()) d.top_p = g["top_p"].get<float>();
     if (g.contains("top_k") && g["top_k"].is_number_unsigned()) d.top_k = g["top_k"].get<uint32_t>();
+    if (g.contains("repetition_penalty") && g["repetition_penalty"].is_number()) {
+      d.repetition_penalty = g["repetition_penalty"].get<float>();
+      if (!(d.repetition_penalty >= 0.01f && d.repetition_penalty <= 100.0f)) {  // what a request may ask
+        *why = source + ": repetition_penalty must be in [0.01, 100], got " + g["repetition_penalty"].dump();
+        return false;
+      }
+    }
     d.do_sample = g.value("do_sample", false);
     eos_ids(g, &d.eos_token_ids);
   }

@@ -20,6 +20,7 @@ struct generation_defaults {
   float temperature = 1.0f;
   float top_p = 1.0f;
   uint32_t top_k = 0;
+  float repetition_penalty = 1.0f;  ///< applied sampling or not (a logits processor, as HF's and vLLM's)
   bool do_sample = false;
   std::vector<int32_t> eos_token_ids;
   bool present = false;  ///< the directory has a generation_config.json

@@ -249,6 +249,10 @@ TEST_CASE("bad input gets a clear error naming the problem, and the cluster keep
   zero.max_tokens = 0;  // the router's default cap (router_config::default_max_tokens)
   CHECK(tokenize_and_validate(zero, cfg.model, 0, &tokens, nullptr, 64).empty());
   CHECK(zero.max_tokens == 64);
+  zero.max_tokens = 0;  // and the request's own cap (an API key's), the lower of the two
+  zero.max_tokens_cap = 24;
+  CHECK(tokenize_and_validate(zero, cfg.model, 0, &tokens, nullptr, 64).empty());
+  CHECK(zero.max_tokens == 24);
   generate_request full;
   full.prompt_tokens.assign(cfg.model.max_position_embeddings, 72);
   full.max_tokens = 0;

@@ -25,12 +25,14 @@ TEST_CASE("a keys file names each key and its limits; anything else in it is ref
   std::vector<deploy::api_key> keys;
   std::string why;
   REQUIRE(deploy::parse_api_keys(R"({"keys": [
-      {"name": "search", "key": "sk-search-0001", "max_in_flight": 64},
+      {"name": "search", "key": "sk-search-0001", "max_in_flight": 64, "max_tokens": 512},
       {"name": "evals.nightly", "key": "sk-evals-0001", "priority": "batch"}]})",
                                  &keys, &why));
   REQUIRE(keys.size() == 2);
   CHECK(keys[0].name == "search");
   CHECK(keys[0].max_in_flight == 64);
+  CHECK(keys[0].max_tokens == 512);
+  CHECK(keys[1].max_tokens == 0);
   CHECK_FALSE(keys[0].batch);
   CHECK(keys[1].batch);
   CHECK(keys[1].max_in_flight == 0);
@@ -53,7 +55,8 @@ TEST_CASE("a keys file names each key and its limits; anything else in it is ref
   CHECK(refused(R"({"keys":[{"name":"a","key":"sk-aaaaaaaa","priority":"urgent"}]})").find("keys[0].priority") !=
         std::string::npos);
   CHECK(refused(R"({"keys":[{"name":"a","key":"sk-aaaaaaaa"},{"name":"b","key":"sk-bbbbbbbb","rpm":5}]})") ==
-        "keys[1] has the unknown field 'rpm' (name, key, max_in_flight and priority are known)");
+        "keys[1] has the unknown field 'rpm' (name, key, max_in_flight, max_tokens and priority are known)");
+  CHECK(refused(R"({"keys":[{"name":"a","key":"sk-aaaaaaaa","max_tokens":0}]})").find("keys[0].max_tokens must be") == 0);
   CHECK(refused(R"({"keys":[{"key":"sk-aaaaaaaa"}]})") == "keys[0] needs a name and a key");
   // Plain keys follow, named key-1, key-2, ...; a name or a key given twice is refused.
   std::vector<deploy::api_key> all;
@@ -69,7 +72,8 @@ TEST_CASE("a keys file names each key and its limits; anything else in it is ref
   CHECK(all.size() == 2);
   CHECK_FALSE(deploy::merge_api_keys({}, {"sk-a\tb"}, &all, &why));
   CHECK(why.find("API key 1 (--api-key, BATON_API_KEYS) has a space or a control character") == 0);
-  CHECK(deploy::describe_api_keys(keys) == "search (at most 64 in flight), evals.nightly (batch; no limit of its own)");
+  CHECK(deploy::describe_api_keys(keys) ==
+        "search (at most 64 in flight; max_tokens at most 512), evals.nightly (batch; no limit of its own)");
   CHECK_FALSE(deploy::merge_api_keys({{"key-1", "sk-aaaaaaaa", 0, false}}, {"sk-bbbbbbbb"}, &all, &why));
   CHECK(why.find("'key-1' is given twice (plain keys are named key-1") != std::string::npos);
 }
@@ -119,7 +123,7 @@ TEST_CASE("the request log names a call's API key, and sums up a batch call's ge
 TEST_CASE("named API keys over HTTP: a key past its max_in_flight gets 429 naming its own limit while another key's "
           "calls go on; a call asking more than the limit gets 400; the log and /metrics name each key") {
   deploy::gateway_config gc;
-  gc.named_keys = {{"team-a", "sk-team-a-0001", 1, false}, {"evals", "sk-evals-0001", 0, true}};
+  gc.named_keys = {{"team-a", "sk-team-a-0001", 1, false}, {"evals", "sk-evals-0001", 0, true, 3}};
   gc.api_keys = {"sk-plain-0001"};
   gc.log_requests = true;
   std::ostringstream log;
@@ -150,7 +154,15 @@ TEST_CASE("named API keys over HTTP: a key past its max_in_flight gets 429 namin
     const auto plain = round_trip(port, post("/v1/completions", R"({"prompt":"In","max_tokens":2})", "sk-plain-0001"));
     CHECK(plain.status == 200);
     const auto evals = round_trip(port, post("/v1/completions", R"({"prompt":"In","max_tokens":2,"n":3})", "sk-evals-0001"));
+    REQUIRE(evals.status == 200);
     CHECK(evals.status == 200);
+    // evals' max_tokens cap: a call asking more is refused, one asking none gets at most that many.
+    const auto long_ask = round_trip(port, post("/v1/completions", R"({"prompt":"In","max_tokens":8})", "sk-evals-0001"));
+    CHECK(long_ask.status == 400);
+    CHECK(json::parse(long_ask.body)["error"]["message"] == "max_tokens 8 exceeds the API key 'evals''s limit of 3");
+    CHECK(json::parse(long_ask.body)["error"]["param"] == "max_tokens");
+    const auto capped = round_trip(port, post("/v1/completions", R"({"prompt":"In","ignore_eos":true})", "sk-evals-0001"));
+    CHECK(json::parse(capped.body)["usage"]["completion_tokens"] == 3);  // (OpenAI's default is 16)
     // More than the limit in one call could never be admitted: 400, naming it.
     const auto too_many = round_trip(port, post("/v1/completions", R"({"prompt":"In","max_tokens":2,"n":2})", "sk-team-a-0001"));
     CHECK(too_many.status == 400);
@@ -175,8 +187,8 @@ TEST_CASE("named API keys over HTTP: a key past its max_in_flight gets 429 namin
     // Usage as the answers say it: evals' prompt once for its 3 choices, 6 tokens generated.
     const auto usage = json::parse(evals.body)["usage"];
     CHECK(usage["completion_tokens"] == 6);
-    CHECK(metrics.find("baton_api_key_completion_tokens_total{key=\"evals\"} 6\n") != std::string::npos);
-    CHECK(metrics.find("baton_api_key_prompt_tokens_total{key=\"evals\"} " + std::to_string(usage["prompt_tokens"].get<int>()) +
+    CHECK(metrics.find("baton_api_key_completion_tokens_total{key=\"evals\"} 9\n") != std::string::npos);  // 6 + the capped 3
+    CHECK(metrics.find("baton_api_key_prompt_tokens_total{key=\"evals\"} " + std::to_string(2 * usage["prompt_tokens"].get<int>()) +
                        "\n") != std::string::npos);
     const auto id = json::parse(plain.body)["id"].get<std::string>();
     for (int i = 0; i < 200 && log.str().find(" call " + id + " ") == std::string::npos; ++i)

@@ -433,6 +433,20 @@ TEST_CASE("a call without temperature, top_p or top_k samples as the model's gen
     served_cluster s{{}, 0, 0, m.path.string()};
     CHECK(answer(s, "") == direct(s, 0, 1, 0));
   }
+  {  // its repetition_penalty (Qwen2.5-Instruct ships 1.05), greedy too, as HF's generate and vLLM
+    const json g = {{"do_sample", false}, {"repetition_penalty", 1.8}};
+    generation_model m{"repeat", &g};
+    served_cluster s{{}, 0, 0, m.path.string()};
+    generate_request req;
+    req.prompt = prompt;
+    req.max_tokens = 8;
+    req.ignore_eos = true;
+    req.repetition_penalty = 1.8f;
+    const auto penalised = s.direct(req).text;
+    CHECK(answer(s, "") == penalised);
+    CHECK(penalised != direct(s, 0, 1, 0));  // else the check above could not fail
+    CHECK(answer(s, R"(,"repetition_penalty":1)") == direct(s, 0, 1, 0));
+  }
   {  // no generation_config.json: OpenAI's temperature 1
     generation_model m{"none", nullptr};
     served_cluster s{{}, 0, 0, m.path.string()};

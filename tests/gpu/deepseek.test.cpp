@@ -421,6 +421,17 @@ TEST_CASE("YaRN RoPE from config.json: DeepSeek-V3's settings give the interpola
   j["rope_parameters"] = {{"rope_type", "longrope"}, {"rope_theta", 10000.0}};
   CHECK_FALSE(parse_hf_config(j.dump(), "config.json", &c, &why));
   CHECK_MESSAGE(why.find("type longrope is not supported (llama3 and yarn are)") != std::string::npos, why);
+  // A model card's rope_scaling added to a config whose RoPE transformers 5 wrote in
+  // rope_parameters: its settings count (they were ignored), as transformers 5 reads them.
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000.0}};
+  j["rope_scaling"] = {{"type", "yarn"}, {"factor", 40.0}, {"original_max_position_embeddings", 64}, {"beta_fast", 32.0},
+                       {"beta_slow", 1.0}, {"mscale", 1.0}, {"mscale_all_dim", 1.0}};
+  REQUIRE_MESSAGE(parse_hf_config(j.dump(), "config.json", &c, &why), why);
+  CHECK(c.rope_scaling.type == "yarn");
+  CHECK(rope_inv_freq(c).back() == doctest::Approx(ref.inv_freq.back()).epsilon(1e-6));
+  j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+  CHECK_FALSE(parse_hf_config(j.dump(), "config.json", &c, &why));
+  CHECK_MESSAGE(why.find("type linear is not supported") != std::string::npos, why);
 }
 
 TEST_CASE("config.json: DeepSeek-V2 and V3 fields, transformers' defaults and family rules, and clear refusals") {

@@ -225,10 +225,16 @@ TEST_CASE("a model directory: the built-in weights through safetensors give bit-
   for (size_t i = 0; i < tensors.size(); ++i)
     index["weight_map"][tensors[i].name] = i < half ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
   write_text(dir + "/model.safetensors.index.json", index.dump());
-  write_text(dir + "/generation_config.json", R"({"temperature": 0.6, "top_p": 0.9, "eos_token_id": [257, 258]})");
+  write_text(dir + "/generation_config.json", R"({"temperature": 0.6, "top_p": 0.9, "repetition_penalty": 200,
+                                                  "eos_token_id": [257, 258]})");
   hf_model m;
   std::string why;
+  CHECK_FALSE(load_hf_model(dir, &m, &why));
+  CHECK(why.find("generation_config.json: repetition_penalty must be in [0.01, 100], got 200") != std::string::npos);
+  write_text(dir + "/generation_config.json", R"({"temperature": 0.6, "top_p": 0.9, "repetition_penalty": 1.05,
+                                                  "eos_token_id": [257, 258]})");
   REQUIRE_MESSAGE(load_hf_model(dir, &m, &why), why);
+  CHECK(m.generation.repetition_penalty == 1.05f);
   CHECK(m.generation.temperature == 0.6f);
   CHECK(m.generation.eos_token_ids == std::vector<int32_t>{257, 258});
   const std::vector<int32_t> prompt = {256, 'h', 'e', 'l', 'l', 'o'};
@@ -256,6 +262,19 @@ TEST_CASE("a model directory: the built-in weights through safetensors give bit-
   CHECK_FALSE(load_hf_model(dir, &m, &why));
   CHECK(why.find("tensor model.layers.0.input_layernorm.weight has shape [1, 256], config.json implies [256]") !=
         std::string::npos);
+  tensors[3].shape = {cfg.hidden_size};
+  // A tensor the architecture does not use (Qwen3's q_norm in a Llama's files) is named, not
+  // dropped; an old checkpoint's rotary_emb.inv_freq is left alone.
+  auto extra = tensors;
+  extra.push_back({"model.layers.0.self_attn.rotary_emb.inv_freq", {cfg.head_dim / 2}, std::vector<float>(cfg.head_dim / 2, 1.0f)});
+  REQUIRE(write_safetensors(dir + "/model.safetensors", extra).empty());
+  REQUIRE_MESSAGE(load_hf_model(dir, &m, &why), why);
+  extra.push_back({"model.layers.0.self_attn.q_norm.weight", {cfg.head_dim}, std::vector<float>(cfg.head_dim, 1.0f)});
+  REQUIRE(write_safetensors(dir + "/model.safetensors", extra).empty());
+  CHECK_FALSE(load_hf_model(dir, &m, &why));
+  CHECK_MESSAGE(why.find("tensor model.layers.0.self_attn.q_norm.weight is in the weights, but LlamaForCausalLM as "
+                         "config.json describes it does not use it") != std::string::npos,
+                why);
   tensors.erase(tensors.begin() + 3);
   REQUIRE(write_safetensors(dir + "/model.safetensors", tensors).empty());
   CHECK_FALSE(load_hf_model(dir, &m, &why));
