@@ -54,12 +54,22 @@ uint32_t page_size(const decode_balancer_state& st, const rank_load& r) {
 /// The most pages rank `r` can ever grant a newcomer (on demand: less its growth watermark).
 uint32_t grantable(const rank_load& r) { return policies::grantable_pages(r.num_total_pages, r.on_demand_headroom_tokens > 0); }
 
-/// Pages of rank `r` the query may not take: for a batch request, those kept for interactive
-/// ones (decode_balancer_config::interactive_reserve_pct).
-uint32_t reserved(const decode_balancer_state& st, const place_query& q, const rank_load& r) {
-  if (q.priority != "batch" || st.cfg.interactive_reserve_pct == 0) return 0;
+/// Pages of rank `r` kept for interactive requests (decode_balancer_config::interactive_reserve_pct).
+uint32_t kept(const decode_balancer_state& st, const rank_load& r) {
   return static_cast<uint32_t>(uint64_t{r.num_total_pages} * st.cfg.interactive_reserve_pct / 100);
 }
+
+bool is_batch(const place_query& q) { return q.priority == "batch"; }
+
+/// Pages of rank `r` the query may not take: for a batch request, those kept.
+uint32_t reserved(const decode_balancer_state& st, const place_query& q, const rank_load& r) {
+  return is_batch(q) ? kept(st, r) : 0;
+}
+
+/// A rank a waiting request keeps its room on (serve, rank_to_hold): closed to every newcomer,
+/// or -- held by a batch request, which cannot use the pages kept for interactive ones anyway --
+/// closed to batch requests, and open to interactive ones for those kept pages alone.
+enum class hold : uint8_t { none, all, batch };
 
 /// The pages of rank `r` free for the query.
 uint32_t free_for(const decode_balancer_state& st, const place_query& q, const rank_load& r) {
@@ -110,12 +120,20 @@ void arm_charge_expiry(pointer self) {
 }
 
 /// The chosen rank with room for the sequence's KV, counted as its load until its next report.
-/// Ranks marked in `held` keep their room for a request ahead in the queue: they take nothing.
-std::optional<decode_placement> try_place(pointer self, const place_query& q, const std::vector<bool>& held = {}) {
+/// Ranks marked in `held` keep their room for a request ahead in the queue (enum hold).
+std::optional<decode_placement> try_place(pointer self, const place_query& q, const std::vector<hold>& held = {}) {
   auto& st = self->state;
   expire_charges(self);
   const auto& loads = st.registry.loads;
-  const auto open = [&](size_t i) { return st.registry.open(i) && !(i < held.size() && held[i]); };
+  const auto held_as = [&](size_t i) { return i < held.size() ? held[i] : hold::none; };
+  const auto open = [&](size_t i) {
+    return st.registry.open(i) && held_as(i) != hold::all && !(held_as(i) == hold::batch && is_batch(q));
+  };
+  // The pages rank i has for this query: on a rank a batch request waits for, the kept ones only.
+  const auto free_pages = [&](size_t i) {
+    const auto& r = loads[i];
+    return held_as(i) == hold::batch ? std::min(r.num_free_pages, kept(st, r)) : free_for(st, q, r);
+  };
   std::optional<size_t> pick;
   std::string why;
   switch (st.policy) {
@@ -126,7 +144,9 @@ std::optional<decode_placement> try_place(pointer self, const place_query& q, co
         // Each rank by its own page size and allocation (whole pages; on demand: the prompt and
         // headroom): ranks of a pool need not be alike.
         const uint64_t need = (uint64_t{need_tokens(q, r)} + ps - 1) / ps * ps;
-        views.push_back({r.num_running, r.kv_tokens, uint64_t{free_for(st, q, r)} * ps,
+        // (A batch request sees a rank's capacity less the kept pages, and its fullness counts the
+        // interactive sequences in them too: it leans to emptier ranks a little early.)
+        views.push_back({r.num_running, r.kv_tokens, uint64_t{free_pages(views.size())} * ps,
                          uint64_t{r.num_total_pages - reserved(st, q, r)} * ps, open(views.size()), need});
       }
       // Long or short by the whole sequence (decode_2d_config::long_context_tokens).
@@ -143,7 +163,7 @@ std::optional<decode_placement> try_place(pointer self, const place_query& q, co
       for (const auto& r : loads) {
         const uint32_t pages = (need_tokens(q, r) + page_size(st, r) - 1) / page_size(st, r);
         const bool takes = open(fits.size());
-        const uint32_t free = free_for(st, q, r);
+        const uint32_t free = free_pages(fits.size());
         views.push_back({r.num_running, free >= pages ? free : 0, r.num_total_pages, takes});
         fits.push_back(takes && free >= pages);
       }
@@ -209,7 +229,7 @@ caf::error no_room(const decode_balancer_state& st, const place_query& q) {
 /// ahead of it, one that could ever grant its sequence -- the nearest to holding it (the fewest
 /// tokens short; then the most tokens free). None when no such rank could hold it even empty
 /// (its only big rank draining).
-std::optional<size_t> rank_to_hold(const decode_balancer_state& st, const place_query& q, const std::vector<bool>& held) {
+std::optional<size_t> rank_to_hold(const decode_balancer_state& st, const place_query& q, const std::vector<hold>& held) {
   std::optional<size_t> best;
   uint64_t best_short = 0, best_free = 0;
   for (size_t i = 0; i < st.registry.loads.size(); ++i) {
@@ -217,7 +237,7 @@ std::optional<size_t> rank_to_hold(const decode_balancer_state& st, const place_
     const uint32_t ps = page_size(st, r);
     const uint32_t pages = (need_tokens(q, r) + ps - 1) / ps;
     const uint32_t keep = reserved(st, q, r), free = free_for(st, q, r);
-    if (!st.registry.open(i) || held[i] || uint64_t{pages} + keep > grantable(r)) continue;
+    if (!st.registry.open(i) || held[i] != hold::none || uint64_t{pages} + keep > grantable(r)) continue;
     const uint64_t shortfall = uint64_t{pages > free ? pages - free : 0} * ps;
     const uint64_t free_tokens = uint64_t{free} * ps;
     if (!best || shortfall < best_short || (shortfall == best_short && free_tokens > best_free)) {
@@ -238,7 +258,7 @@ std::optional<size_t> rank_to_hold(const decode_balancer_state& st, const place_
 void serve(pointer self) {
   auto& st = self->state;
   drop_expired(st.parked, self->clock().now(), "place_decode", [=](const place_query& q) { return no_room(self->state, q); });
-  std::vector<bool> held(st.registry.loads.size(), false);
+  std::vector<hold> held(st.registry.loads.size(), hold::none);
   std::vector<bool> passed(st.parked.size(), false);
   while (const auto head = st.priority.next(st.parked, passed)) {
     auto& next = st.parked[*head];
@@ -250,9 +270,10 @@ void serve(pointer self) {
       continue;
     }
     passed[*head] = true;
-    if (auto r = rank_to_hold(st, next.query, held)) held[*r] = true;
-    bool room_left = false;  // a rank taking work that nobody waits for
-    for (size_t i = 0; i < held.size() && !room_left; ++i) room_left = st.registry.open(i) && !held[i];
+    if (auto r = rank_to_hold(st, next.query, held))
+      held[*r] = is_batch(next.query) && st.cfg.interactive_reserve_pct ? hold::batch : hold::all;
+    bool room_left = false;  // a rank taking work that nobody waits for (or, held by a batch request, its kept pages)
+    for (size_t i = 0; i < held.size() && !room_left; ++i) room_left = st.registry.open(i) && held[i] != hold::all;
     if (!room_left) return;
   }
 }
@@ -281,16 +302,22 @@ decode_balancer_actor::behavior_type decode_balancer_impl(pointer self, decode_b
         if (auto none = st.registry.none_taking_work("decode", self->clock().now(), std::chrono::milliseconds{st.cfg.no_rank_grace_ms});
             !none.empty())
           return make_error(errc::rank_unavailable, where(q.request_id, "", "place_decode") + ": " + none);
-        // Refuse at once what no rank could ever hold, instead of parking it until the deadline.
+        // Refuse at once what no rank could ever hold, instead of parking it until the deadline
+        // (a batch request: outside the pages kept for interactive ones).
         uint64_t largest = 0;
         for (const auto& r : st.registry.loads)
-          largest = std::max<uint64_t>(largest, uint64_t{r.num_total_pages} * page_size(st, r));
+          largest = std::max<uint64_t>(largest, uint64_t{r.num_total_pages - reserved(st, q, r)} * page_size(st, r));
         if (!st.registry.loads.empty() && q.total_tokens > largest)
           // bad_request, not kv_capacity: retrying (or a client's Retry-After) cannot help.
           return make_error(errc::bad_request, where(q.request_id, "", "place_decode") + ": needs " +
                                                    std::to_string(q.total_tokens) +
                                                    " tokens of KV, the largest decode rank holds " +
-                                                   std::to_string(largest) + " in all");
+                                                   std::to_string(largest) + " in all" +
+                                                   (is_batch(q) && st.cfg.interactive_reserve_pct
+                                                        ? " for a batch request (the rest is kept for interactive ones: "
+                                                          "interactive_reserve_pct " +
+                                                              std::to_string(st.cfg.interactive_reserve_pct) + ")"
+                                                        : std::string{}));
         // Placed at once only when nobody waits: otherwise it takes its turn in the queue (a
         // newcomer that fits where the oldest waiting request does not passed it: a trial saw 99
         // later arrivals served first), placed now if the ranks nobody ahead of it waits for

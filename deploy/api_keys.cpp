@@ -1,5 +1,7 @@
 #include "deploy/api_keys.hpp"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <map>
 
@@ -134,6 +136,13 @@ std::string describe_api_keys(const std::vector<api_key>& keys) {
   return out;
 }
 
+std::string file_stamp(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return {};
+  return std::to_string(st.st_ino) + ":" + std::to_string(st.st_size) + ":" + std::to_string(st.st_mtim.tv_sec) + "." +
+         std::to_string(st.st_mtim.tv_nsec);
+}
+
 std::vector<api_key_ptr> renew_api_keys(const std::vector<api_key_ptr>& now, std::vector<api_key> keys) {
   std::vector<api_key_ptr> out;
   for (auto& k : keys) {
@@ -143,12 +152,9 @@ std::vector<api_key_ptr> renew_api_keys(const std::vector<api_key_ptr>& now, std
       continue;
     }
     auto& s = **same;
-    s.max_in_flight = k.max_in_flight;
+    s.max_in_flight = k.max_in_flight;  // (cfg's limits stay as first read: nothing reads them)
     s.batch = k.batch;
     s.max_tokens = k.max_tokens;
-    s.cfg.max_tokens = k.max_tokens;
-    s.cfg.max_in_flight = k.max_in_flight;
-    s.cfg.batch = k.batch;
     s.cfg.key = std::move(k.key);
     out.push_back(*same);
   }

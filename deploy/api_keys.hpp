@@ -48,10 +48,15 @@ bool merge_api_keys(std::vector<api_key> named, const std::vector<std::string>& 
 /// in flight), evals (batch; no limit of its own)"), so that a key left unlimited is seen at once.
 std::string describe_api_keys(const std::vector<api_key>& keys);
 
+/// What tells that a file changed: its inode, size and modification time ("" when it cannot be
+/// looked at).
+std::string file_stamp(const std::string& path);
+
 /// A key's live numbers at one gateway. A keys file read again (gateway_config::keys_file) keeps
 /// the state of each name it still has: its counters go on, its key and limits are the file's.
 struct api_key_state {
-  /// As configured; `name` never changes, `key` only on the gateway's I/O thread (a reload).
+  /// As first configured; `name` never changes, `key` only on the gateway's I/O thread (a
+  /// reload), and the limits here are not read again: the atomics below are the current ones.
   api_key cfg;
   /// The limits as they are now (a reload changes them; calls on any thread read them here).
   std::atomic<uint32_t> max_in_flight{0};

@@ -32,6 +32,9 @@ struct gateway_config {
   /// does not read is refused (logged), the keys staying as they were. Empty: not watched.
   std::string keys_file;
   uint32_t keys_poll_ms = 2000;
+  /// The file's stamp when named_keys were read from it (api_keys.hpp's file_stamp): a change
+  /// between that read and the gateway's start is read again at its first look.
+  std::string keys_file_stamp;
   http::limits limits;
   /// A call whose first token has not come within this long is cancelled with 504. Only the
   /// first: once tokens flow, the request's own watchdog bounds each next one

@@ -213,7 +213,8 @@ client_sink_actor::behavior_type call_impl(client_sink_actor::pointer self, caf:
   if (!cs->call.temperature_given) req.temperature = settings.default_temperature;
   if (!cs->call.top_p_given) req.top_p = settings.default_top_p;
   if (!cs->call.top_k_given) req.top_k = settings.default_top_k;
-  if (!cs->call.repetition_penalty_given) req.repetition_penalty = settings.default_repetition_penalty;
+  // (Not on a scoring call: its one picked token is dropped, and a penalty costs the fast pick.)
+  if (!cs->call.repetition_penalty_given && !req.prompt_only) req.repetition_penalty = settings.default_repetition_penalty;
   if (!cs->call.seeded) {
     // No seed in the body: one of this call's own, or every call of a prompt at a temperature
     // would draw the same text (choices i of n still draw with seed + i).

@@ -52,6 +52,7 @@ bool load_gateway_keys(const std::string& keys_file, gateway_config* gc, std::st
   if (!api_keys_from_env(&gc->api_keys, why)) return false;
   std::string text, from = keys_file;
   if (!keys_file.empty()) {
+    gc->keys_file_stamp = file_stamp(keys_file);  // before the read: a change after it is read again
     std::ifstream in{keys_file};
     if (!in) {
       *why = "cannot read the API keys file " + keys_file;

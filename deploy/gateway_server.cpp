@@ -2,7 +2,6 @@
 // timers, and takes the drain and router changes; and the gateway's public functions.
 
 #include <sys/resource.h>
-#include <sys/stat.h>
 
 #include <chrono>
 #include <cstdio>
@@ -49,15 +48,6 @@ void take_settings(gateway_shared& g, const cluster_stats& s) {
   g.calls.max_active_requests = s.max_active_requests;
 }
 
-/// What tells that the keys file changed: its inode, size and modification time ("" when it
-/// cannot be looked at).
-std::string file_stamp(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return {};
-  return std::to_string(st.st_ino) + ":" + std::to_string(st.st_size) + ":" + std::to_string(st.st_mtim.tv_sec) + "." +
-         std::to_string(st.st_mtim.tv_nsec);
-}
-
 /// The keys file read again: the new keys in force, each name's counters kept; or, when it does
 /// not read, why, and the keys as they were.
 void reload_keys(caf::io::broker* self, gateway_shared& g) {
@@ -80,7 +70,7 @@ caf::behavior server(caf::io::broker* self, int fd, shared_ptr g) {
   g->server = self->address();
   // The keys file, looked at now and then (a stat: cheap); every broker runs on this one thread,
   // so the keys change between two requests, never during one's check.
-  auto stamp = std::make_shared<std::string>(g->cfg.keys_file.empty() ? "" : file_stamp(g->cfg.keys_file));
+  auto stamp = std::make_shared<std::string>(g->cfg.keys_file_stamp);
   const auto poll = std::chrono::milliseconds{g->cfg.keys_poll_ms};
   if (!g->cfg.keys_file.empty()) self->delayed_send(self, poll, keys_poll_atom::value);
   // The connections whose timers run here, by number; each is forgotten as it ends.

@@ -37,7 +37,8 @@ class gateway_metrics {
   /// One HTTP answer: its route (e.g. "/v1/completions") and status code; and the API key's
   /// that asked, if any.
   void count_response(const std::string& route, int status, api_key_state* key = nullptr);
-  /// The gateway's API keys, whose numbers render() shows by key (once, at start).
+  /// The gateway's API keys, whose numbers render() shows by key (at start, and at each reload
+  /// of its keys file: both on the I/O thread, as render() is, so no lock).
   void set_keys(std::vector<api_key_ptr> keys) { keys_ = std::move(keys); }
   /// One finished generation.
   void record(const completion& c);

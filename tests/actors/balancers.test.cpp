@@ -290,7 +290,31 @@ TEST_CASE("batch requests leave the interactive reserve of a rank's pages free: 
     CHECK_MESSAGE(refused.find("2 of 10 pages free (2 kept for interactive requests)") != std::string::npos, refused);
     auto chat = f.ask(3, 32, 300);  // interactive: the 2 kept pages are its
     CHECK(f.outcome(chat) == "decode-a");
+    // More than a batch request may ever take of a rank: refused at once, naming the reserve.
+    auto huge = f.ask(4, 144, 30000, 0, "batch");  // 9 pages of the 8 batch may use
+    const auto never = f.outcome(huge);
+    CHECK_MESSAGE(never.find("bad_request") != std::string::npos, never);
+    CHECK_MESSAGE(never.find("holds 128 in all for a batch request (the rest is kept for interactive ones: "
+                             "interactive_reserve_pct 20)") != std::string::npos,
+                  never);
   }
+}
+
+TEST_CASE("a batch request waiting at the head of the KV queue keeps its rank from other batch requests, not from "
+          "interactive ones, which may still take the pages kept for them") {
+  lone_decode_rank f{"least_loaded", 10, 20};  // 2 of 10 pages kept
+  f.report(0, 8);
+  auto batch = f.ask(1, 64, 600, 0, "batch");  // 4 pages
+  std::vector<decltype(f.ask(0, 0, 0))> chats;
+  for (uint64_t id = 2; id <= 6; ++id) chats.push_back(f.ask(id, 16, 30000));  // 1 page each
+  CHECK(f.waiting() == 6);
+  // 6 free: four chats pass the batch request (batch_max_bypass), which then heads the queue with
+  // 2 free -- both kept -- and holds the rank; the fifth chat takes a kept page all the same.
+  f.report(6, 8);
+  CHECK(f.waiting() == 1);  // the batch request alone (a held rank kept the fifth chat waiting with it)
+  for (auto& c : chats) CHECK(f.outcome(c) == "decode-a");
+  const auto refused = f.outcome(batch);
+  CHECK_MESSAGE(refused.find("kv_capacity") != std::string::npos, refused);
 }
 
 TEST_CASE("a request waiting for room keeps it on one rank only, the one nearest to holding it: those behind it "

@@ -217,6 +217,7 @@ TEST_CASE("a keys file rewritten is read again without a restart: a key added, o
   REQUIRE(deploy::parse_api_keys(R"({"keys":[{"name":"team-a","key":"sk-team-a-0001","max_in_flight":4}]})",
                                  &gc.named_keys, &why));
   gc.keys_file = file;
+  gc.keys_file_stamp = deploy::file_stamp(file);
   gc.keys_poll_ms = 20;
   std::ostringstream log;
   auto* const saved = std::cout.rdbuf(log.rdbuf());
