@@ -138,9 +138,19 @@ public:
         if (!alone(key, {})) return false;
         if (!it->is_array() || it->empty()) return fail(where + "/" + key, std::string(key) + " must be a non-empty array");
         const uint32_t r = g_->add_rule();
+        const std::string tag = discriminator_property(s);
         for (size_t i = 0; i < it->size(); ++i) {
           uint32_t alt = 0;
-          if (!value((*it)[i], where + "/" + key + "/" + std::to_string(i), depth + 1, &alt)) return false;
+          // A discriminated branch always writes its tag: Pydantic leaves a defaulted tag
+          // (kind: Literal["cat"] = "cat") out of `required`, yet its validator needs it.
+          const json* branch = &(*it)[i];
+          json tagged;
+          if (const json* b = tag.empty() ? nullptr : resolved(*branch); b && b->is_object() && !lists_required(*b, tag)) {
+            tagged = *b;
+            tagged["required"].push_back(tag);
+            branch = &tagged;
+          }
+          if (!value(*branch, where + "/" + key + "/" + std::to_string(i), depth + 1, &alt)) return false;
           g_->add_alternative(r, {grammar::ref(alt)});
         }
         *rule = r;
@@ -223,9 +233,32 @@ private:
   }
 
   /// OpenAPI's discriminator names the property that tells a oneOf's (anyOf's) schemas apart. It
-  /// asks nothing the grammar does not hold when every schema pins that property (required, with
-  /// const or enum), as Pydantic's tagged unions do: then it is an annotation. Otherwise an answer
-  /// could carry one schema's tag with another's fields, and it is refused.
+  /// asks nothing the grammar does not hold when every schema pins that property (const or enum),
+  /// as Pydantic's tagged unions do, and each writes it (the oneOf's compile makes it required).
+  /// Otherwise an answer could carry one schema's tag with another's fields, and it is refused.
+  /// The schema a oneOf branch is: itself, or what its "$ref" names (null: a broken reference).
+  const json* resolved(const json& b) const {
+    if (!b.is_object() || !b.contains("$ref") || !b["$ref"].is_string()) return &b;
+    const std::string path = b["$ref"].get<std::string>();
+    if (path.size() <= 1 || path[0] != '#') return path == "#" ? root_ : nullptr;
+    try {
+      return &root_->at(json::json_pointer(path.substr(1)));
+    } catch (const json::exception&) {
+      return nullptr;
+    }
+  }
+  static bool lists_required(const json& b, const std::string& name) {
+    return b.contains("required") && b["required"].is_array() &&
+           std::find(b["required"].begin(), b["required"].end(), json(name)) != b["required"].end();
+  }
+  /// The discriminator's propertyName beside a oneOf/anyOf (checked by discriminator_holds), or "".
+  static std::string discriminator_property(const json& s) {
+    const auto d = s.find("discriminator");
+    return d != s.end() && d->is_object() && d->contains("propertyName") && (*d)["propertyName"].is_string()
+               ? (*d)["propertyName"].get<std::string>()
+               : std::string{};
+  }
+
   bool discriminator_holds(const json& s, const std::string& where) {
     const auto d = s.find("discriminator");
     if (d == s.end()) return true;
@@ -237,25 +270,17 @@ private:
     const auto list = s.find(key);
     if (list == s.end() || !list->is_array()) return fail(at, "discriminator goes beside oneOf or anyOf");
     for (size_t i = 0; i < list->size(); ++i) {
-      const json* b = &(*list)[i];
-      if (b->is_object() && b->contains("$ref") && (*b)["$ref"].is_string()) {
-        const std::string path = (*b)["$ref"].get<std::string>();
-        try {
-          if (path.size() > 1 && path[0] == '#') b = &root_->at(json::json_pointer(path.substr(1)));
-        } catch (const json::exception&) {
-          continue;  // value() names the broken reference
-        }
-      }
+      const json* b = resolved((*list)[i]);
+      if (!b) continue;  // value() names the broken reference
       const json* p = b->is_object() && b->contains("properties") && (*b)["properties"].is_object() &&
                               (*b)["properties"].contains(name)
                           ? &(*b)["properties"][name]
                           : nullptr;
-      const bool required = b->is_object() && b->contains("required") && (*b)["required"].is_array() &&
-                            std::find((*b)["required"].begin(), (*b)["required"].end(), json(name)) != (*b)["required"].end();
-      if (!p || !p->is_object() || !(p->contains("const") || p->contains("enum")) || !required)
+      // (Required or not: the grammar has each branch write it, as the oneOf's compile does.)
+      if (!p || !p->is_object() || !(p->contains("const") || p->contains("enum")))
         return fail(at, "discriminator names '" + name + "', which " + key + "/" + std::to_string(i) +
-                            " does not pin (a required property with const or enum): an answer could carry one "
-                            "schema's tag with another's fields");
+                            " does not pin (a property with const or enum): an answer could carry one schema's tag "
+                            "with another's fields");
     }
     return true;
   }

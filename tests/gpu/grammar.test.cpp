@@ -171,8 +171,20 @@ TEST_CASE("grammar: prefixItems (tuples, as Pydantic writes them) and the annota
       "required":["kind","lives"]},{"type":"object","properties":{"kind":{"const":"dog"}},"required":["kind"]}],
       "discriminator":{"propertyName":"kind"}})",
                 &why) == nullptr);
-  CHECK(why == "json_schema at /discriminator: discriminator names 'kind', which oneOf/0 does not pin (a required "
-               "property with const or enum): an answer could carry one schema's tag with another's fields");
+  CHECK(why == "json_schema at /discriminator: discriminator names 'kind', which oneOf/0 does not pin (a property "
+               "with const or enum): an answer could carry one schema's tag with another's fields");
+  // Pydantic's defaulted tag (kind: Literal["cat"] = "cat") is left out of `required`; each
+  // branch still writes it, since its validator needs it to choose.
+  const auto defaulted = compile(R"({"oneOf":[{"$ref":"#/$defs/cat"},{"$ref":"#/$defs/dog"}],
+      "discriminator":{"propertyName":"kind"},
+      "$defs":{"cat":{"type":"object","properties":{"kind":{"const":"cat","default":"cat"},"lives":{"type":"integer"}},
+                      "required":["lives"]},
+               "dog":{"type":"object","properties":{"kind":{"const":"dog","default":"dog"},"good":{"type":"boolean"}}}}})");
+  REQUIRE(defaulted);
+  CHECK(matches(defaulted, R"({"kind":"cat","lives":9})"));
+  CHECK(matches(defaulted, R"({"kind":"dog"})"));
+  CHECK_FALSE(matches(defaulted, R"({"lives":9})"));
+  CHECK_FALSE(matches(defaulted, "{}"));
 }
 
 TEST_CASE("grammar: schemas Baton cannot honour are refused, naming the keyword and where it is") {
