@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "deploy/http.hpp"
+#include "gpu/text_file.hpp"
 
 namespace baton::deploy {
 
@@ -96,6 +97,17 @@ bool parse_api_keys(std::string_view text, std::vector<api_key>* out, std::strin
   }
   *out = std::move(keys);
   return true;
+}
+
+bool read_api_keys_file(const std::string& path, std::vector<api_key>* out, std::string* why) {
+  std::string text;
+  if (!gpu::read_text_file(path, &text)) {
+    *why = "cannot read the API keys file " + path;
+    return false;
+  }
+  if (parse_api_keys(text, out, why)) return true;
+  *why = path + ": " + *why;
+  return false;
 }
 
 bool merge_api_keys(std::vector<api_key> named, const std::vector<std::string>& plain, std::vector<api_key>* out,

@@ -39,6 +39,9 @@ struct api_key {
 /// (an unknown field, a name or key given twice, a key shorter than 8 characters).
 bool parse_api_keys(std::string_view text, std::vector<api_key>* out, std::string* why);
 
+/// A keys file read and parsed (parse_api_keys); false and why, naming the file.
+bool read_api_keys_file(const std::string& path, std::vector<api_key>* out, std::string* why);
+
 /// The keys of `named` (a keys file's) and then `plain` (--api-key), named key-1, key-2, ...;
 /// false and why when a key or a name comes twice.
 bool merge_api_keys(std::vector<api_key> named, const std::vector<std::string>& plain, std::vector<api_key>* out,

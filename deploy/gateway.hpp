@@ -79,6 +79,7 @@ struct gateway_config {
 struct gateway_handle {
   caf::actor server;   ///< the listening broker; send it exit to stop
   uint16_t port = 0;   ///< the port it listens on
+  std::string keys;    ///< its API keys and their limits, as its start line tells them (empty: none)
 };
 
 /// Listens on cfg.host:cfg.port and serves until the returned server is stopped. The model's

@@ -6,8 +6,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
-#include <iterator>
 #include <future>
 #include <optional>
 #include <thread>
@@ -50,26 +48,15 @@ bool api_keys_from_env(std::vector<std::string>* keys, std::string* why) {
 
 bool load_gateway_keys(const std::string& keys_file, gateway_config* gc, std::string* why) {
   if (!api_keys_from_env(&gc->api_keys, why)) return false;
-  std::string text, from = keys_file;
   if (!keys_file.empty()) {
     gc->keys_file_stamp = file_stamp(keys_file);  // before the read: a change after it is read again
-    std::ifstream in{keys_file};
-    if (!in) {
-      *why = "cannot read the API keys file " + keys_file;
-      return false;
-    }
-    text.assign(std::istreambuf_iterator<char>{in}, std::istreambuf_iterator<char>{});
-  } else if (const char* v = std::getenv("BATON_API_KEYS_JSON")) {
-    text = v;
-    from = "BATON_API_KEYS_JSON";
-  } else {
-    return true;
-  }
-  if (parse_api_keys(text, &gc->named_keys, why)) {
+    if (!read_api_keys_file(keys_file, &gc->named_keys, why)) return false;
     gc->keys_file = keys_file;  // (watched: a rewrite is read again; the environment's is not)
     return true;
   }
-  *why = from + ": " + *why;
+  const char* v = std::getenv("BATON_API_KEYS_JSON");
+  if (!v || parse_api_keys(v, &gc->named_keys, why)) return true;
+  *why = "BATON_API_KEYS_JSON: " + *why;
   return false;
 }
 
@@ -90,7 +77,8 @@ int run_gateway(const std::vector<std::string>& args) {
   std::string keys_file;
   flags.add("--api-keys-file", &keys_file,
             "a JSON file of named API keys, each with its own limits: {\"keys\": [{\"name\", \"key\", "
-            "\"max_in_flight\", \"priority\"}]} (README, Serving several teams)");
+            "\"max_in_flight\", \"max_tokens\", \"priority\"}]}, read again when it changes (README, Serving "
+            "several teams)");
   flags.add("--first-token-timeout-ms", &gc.first_token_timeout_ms,
             "a call's wait for its first token before 504 (later tokens: the request's own watchdog)");
   flags.add("--stream-keepalive-ms", &gc.stream_keepalive_ms,
@@ -200,8 +188,7 @@ int run_gateway(const std::vector<std::string>& args) {
     return 1;
   }
   std::printf("baton gateway: listening on http://%s:%u\n", gc.host.c_str(), static_cast<unsigned>(gateway.port));
-  if (std::vector<api_key> keys; merge_api_keys(gc.named_keys, gc.api_keys, &keys, &why) && !keys.empty())
-    std::printf("baton gateway: API keys: %s\n", describe_api_keys(keys).c_str());
+  if (!gateway.keys.empty()) std::printf("baton gateway: API keys: %s\n", gateway.keys.c_str());
   std::fflush(stdout);
   caf::scoped_actor self{sys};
   auto stop = [&](int rc) {

@@ -5,8 +5,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <fstream>
-#include <iterator>
 #include <random>
 #include <optional>
 #include <thread>
@@ -51,13 +49,10 @@ void take_settings(gateway_shared& g, const cluster_stats& s) {
 /// The keys file read again: the new keys in force, each name's counters kept; or, when it does
 /// not read, why, and the keys as they were.
 void reload_keys(caf::io::broker* self, gateway_shared& g) {
-  std::string text, why;
+  std::string why;
   std::vector<api_key> named, all;
-  std::ifstream in{g.cfg.keys_file};
-  if (in) text.assign(std::istreambuf_iterator<char>{in}, std::istreambuf_iterator<char>{});
-  if (!in || !parse_api_keys(text, &named, &why) || !merge_api_keys(named, g.cfg.api_keys, &all, &why)) {
-    caf::aout(self) << "gateway: the API keys file " << g.cfg.keys_file << " does not read ("
-                    << (why.empty() ? "cannot read it" : why) << "); its keys stay as they were" << std::endl;
+  if (!read_api_keys_file(g.cfg.keys_file, &named, &why) || !merge_api_keys(named, g.cfg.api_keys, &all, &why)) {
+    caf::aout(self) << "gateway: the API keys file does not read (" << why << "); the keys stay as they were" << std::endl;
     return;
   }
   g.keys = renew_api_keys(g.keys, all);
@@ -131,6 +126,7 @@ bool spawn_gateway(caf::actor_system& sys, const gateway_config& cfg, router_act
   g->cfg = cfg;
   std::vector<api_key> keys;
   merge_api_keys(cfg.named_keys, cfg.api_keys, &keys, why);  // (validate() saw it work)
+  if (!keys.empty()) out->keys = describe_api_keys(keys);
   for (auto& k : keys) g->keys.push_back(std::make_shared<api_key_state>(std::move(k)));
   g->metrics.set_keys(g->keys);
   g->calls.unanswered_grace = std::chrono::milliseconds{cfg.unanswered_grace_ms};

@@ -115,8 +115,7 @@ int serve(caf::actor_system& sys, const local_cluster& cluster, const local_opti
       return 2;
     }
     std::printf("baton local: gateway listening on http://%s:%u\n", gc.host.c_str(), static_cast<unsigned>(gateway.port));
-    if (std::vector<api_key> keys; merge_api_keys(gc.named_keys, gc.api_keys, &keys, &why) && !keys.empty())
-      std::printf("baton local: API keys: %s\n", describe_api_keys(keys).c_str());
+    if (!gateway.keys.empty()) std::printf("baton local: API keys: %s\n", gateway.keys.c_str());
   }
   // The node directory last: `baton launch` takes its answer (and the nodes joining through it)
   // as "the head is up" and then tells clients the gateway's address, so the gateway must

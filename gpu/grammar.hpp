@@ -189,6 +189,13 @@ private:
 /// The built-in byte model's vocabulary: ids 0-255 are bytes, the rest (<bos>, <eos>) special.
 std::shared_ptr<const token_vocabulary> byte_vocabulary(uint32_t vocab_size);
 
+/// Two sequences of symbols, one after the other (the schema and range compilers build
+/// alternatives this way: lit("[") + seq{...}).
+inline std::vector<grammar::symbol> operator+(std::vector<grammar::symbol> a, const std::vector<grammar::symbol>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
 /// Where one sequence's output stands in a grammar, and what it may produce next. Not
 /// thread-safe: one thread at a time (the rank's, then the executor's while a step picks).
 class grammar_matcher {

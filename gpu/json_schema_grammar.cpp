@@ -61,10 +61,6 @@ constexpr uint64_t max_bounded_items = 1024;
 /// The most rules one schema may make (a guard against schemas that would blow up).
 constexpr uint32_t max_rules = 100000;
 
-seq operator+(seq a, const seq& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
 
 class compiler {
 public:

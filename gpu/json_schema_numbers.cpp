@@ -11,10 +11,6 @@ namespace {
 using sym = grammar::symbol;
 using seq = std::vector<sym>;
 
-seq operator+(seq a, const seq& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
 
 /// Alternatives of `rule` for the digit strings of one length in [from, to], after `prefix`.
 void same_length(grammar& g, const std::string& from, const std::string& to, seq prefix, uint32_t rule) {

@@ -43,6 +43,9 @@ TEST_CASE("a keys file names each key and its limits; anything else in it is ref
     return w;
   };
   CHECK(refused("nope") == "the keys file is not JSON");
+  std::vector<deploy::api_key> none;
+  CHECK_FALSE(deploy::read_api_keys_file("/nonexistent/keys.json", &none, &why));
+  CHECK(why == "cannot read the API keys file /nonexistent/keys.json");
   CHECK(refused(R"([{"name":"a","key":"sk-aaaaaaaa"}])").find("must be {\"keys\"") != std::string::npos);
   CHECK(refused(R"({"keys":[]})").find("lists no key") != std::string::npos);
   CHECK(refused(R"({"keys":[{"name":"a","key":"short"}]})").find("keys[0].key must be a string of at least 8 visible") == 0);
@@ -249,7 +252,7 @@ TEST_CASE("a keys file rewritten is read again without a restart: a key added, o
     CHECK_MESSAGE(lines.find("API keys read again from " + file + ": team-a (at most 2 in flight), team-b (batch; no "
                              "limit of its own)") != std::string::npos,
                   lines);
-    CHECK_MESSAGE(lines.find("the API keys file " + file + " does not read (keys[0].key must be") != std::string::npos,
+    CHECK_MESSAGE(lines.find("the API keys file does not read (" + file + ": keys[0].key must be") != std::string::npos,
                   lines);
   }
   std::cout.rdbuf(saved);
