@@ -153,7 +153,7 @@ void recover_blocks(pointer self) {
         st.stats.disk_evicted += found.second;
         if (found.second)
           caf::aout(self) << st.io->cfg.name << ": deleted " << found.second << " blocks found in " << st.io->cfg.dir
-                          << " beyond its capacity of " << st.io->cfg.capacity_bytes << " bytes, least recently written first"
+                          << " beyond its capacity of " << st.io->cfg.capacity_bytes << " bytes, least recently used first (by their files' access times)"
                           << std::endl;
         if (st.index.empty()) return;
         st.stats.blocks_recovered += scan.blocks.size();

@@ -152,7 +152,7 @@ std::optional<decode_placement> try_place(pointer self, const place_query& q, co
       // Long or short by the whole sequence (decode_2d_config::long_context_tokens).
       if (auto d = policies::place_decode_2d(views, q.total_tokens, st.cfg.two_d)) {
         pick = d->rank;
-        why = "seed 2D: " + d->explain();
+        why = "seed 2D: " + d->explain(loads[d->rank].name);
       }
       break;
     }

@@ -182,9 +182,16 @@ caf::result<kv_lease_grant> on_reserve(decode_pointer self, const kv_lease_reser
     rebalance_memory(self);
     return promise;
   }
+  // Pages may be free and still not this request's: newcomers wait behind reservations queued
+  // and sequences offloaded to host memory (they come back first), and the watermark stays free.
+  std::string behind;
+  if (!s.reserves.empty()) behind += ", " + std::to_string(s.reserves.size()) + " reservations queued ahead";
+  if (!s.paused.empty()) behind += ", " + std::to_string(s.paused.size()) + " offloaded sequences to resume first";
+  if (behind.empty() && pool.num_free_pages() >= need)
+    behind = ", " + std::to_string(watermark_pages(s)) + " of them kept free (the watermark)";
   auto e = refuse(errc::kv_capacity, "needs " + std::to_string(need) + " KV pages for " +
                                          std::to_string(req.num_tokens) + " tokens, " +
-                                         std::to_string(pool.num_free_pages()) + " free");
+                                         std::to_string(pool.num_free_pages()) + " free" + behind);
   report_load(self);
   return e;
 }

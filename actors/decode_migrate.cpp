@@ -160,7 +160,9 @@ void start(decode_pointer self, const running_seq& seq) {
   m.seq = seq;
   const uint32_t remaining = l.order.max_new_tokens > seq.num_generated ? l.order.max_new_tokens - seq.num_generated : 0;
   const uint32_t total = seq.pos + remaining + 1;
-  const bool inexact_kv = l.wire_form;  // the target must not write back expanded KV either
+  // The target must not write back what this rank would not: expanded KV, or KV a late put of
+  // an abandoned writer may have touched.
+  const bool inexact_kv = l.wire_form || l.writers.abandoned;
   const uint64_t lease_id = seq.lease_id, rid = l.request_id;
   // The target's lease must outlive the puts: each landed layer renews it, but a long sequence's
   // first layer may take longer than a request's lease (2 s) to land, and a lease expired there

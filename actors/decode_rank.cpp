@@ -584,6 +584,19 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
         if (!grammar) return grammar.error();
         l.grammar = std::move(*grammar);
         l.writers.abandoned |= order.writer_abandoned;  // its writer's own notice may come later
+        // An abandoned put may still land. Over the prompt's rows it writes what is there; but
+        // an f32 put ships a partly filled last page whole, and the rows past the prompt are
+        // where this sequence's tokens' KV goes: landing mid-decode, it would overwrite them
+        // (wrong tokens, silently). Such a lease is not decoded: its pages are quarantined and
+        // the request goes again on fresh ones (a recompute, in a rare case).
+        if (l.writers.abandoned && !l.wire_form && order.prompt_len % s.core.exec->kv().layout().page_size_tokens != 0) {
+          const uint64_t lease_id = order.lease_id;
+          auto why = where(order.request_id, s.cfg.name, "decode") + ": a put of this prompt's KV was abandoned at its "
+                     "send timeout and could still land in the lease's last page, over the rows decoding writes; "
+                     "the lease is quarantined and the request placed again";
+          free_lease(self, lease_id, /*writer_may_write*/ true, /*unreleased*/ false);
+          return make_error(errc::transfer_failed, std::move(why));
+        }
         l.order = std::move(order);
         l.has_order = true;
         // The receiver of its tokens: after a move, the lease's holder is the rank it came from.
@@ -637,8 +650,10 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
         }
         // Quarantined pages count: freed later by this actor, they must not meet the other role's
         // allocations in the shared pool.
+        // So do pages of a lease freed while its layer checks ran (held_pages), freed as the
+        // checks are answered.
         const bool busy = s.leases.size() + s.local_prefills.size() + s.writes.size() + s.reserves.size() +
-                                  s.quarantine.size() > 0 ||
+                                  s.quarantine.size() + s.held_pages.size() + s.checks_in_flight.size() > 0 ||
                           s.step_in_flight;
         return change_role(
             active, s.cfg.name,

@@ -112,8 +112,9 @@ std::optional<size_t> place_seed(pointer self, const place_query& q, std::string
   auto d = policies::place_prefill(*st.buckets, st.engines, st.cfg.cost, q.new_tokens, q.cached_tokens);
   if (!d) return std::nullopt;
   st.buckets->record_demand(d->bucket, d->predicted_us, now);
-  *why = "seed: " + d->explain() + moved;
-  return static_cast<size_t>(d->engine) * rpe + d->rank;
+  const size_t pick = static_cast<size_t>(d->engine) * rpe + d->rank;
+  *why = "seed: " + d->explain(st.registry.loads[pick].name) + moved;
+  return pick;
 }
 
 /// Mirrors rank i's predicted load into the engine views.

@@ -159,8 +159,10 @@ void return_pages(prefill_pointer self, prefill_job_state& r, bool success) {
       st.core.runner->run_after(std::chrono::milliseconds{hold_ms}, [self, lease] { end_split_hold(self, lease); });
       return;
     }
+    ++st.late_holds;
     st.core.runner->run_after(std::chrono::milliseconds{hold_ms},
                               [self, held = std::move(held), rid = r.order.request_id] {
+                                --self->state.late_holds;
                                 self->state.core.exec->kv().kv_page_free(held);
                                 self->state.core.log->add({0, "pages_unheld", rid, static_cast<uint32_t>(held.size()), 0, {}, {}});
                                 drain_waiting(self);
@@ -512,15 +514,18 @@ bool needs_keepalive(const prefill_state& st, const prefill_job_state& r) {
   return r.load.outstanding > 0 || r.jobs_in_executor == 0;
 }
 
-/// Arms the keepalive tick while prompts wait or run, at a third of the shortest lease.
+/// Arms the keepalive tick while prompts wait or run, at a third of the shortest lease. A prompt
+/// computing now counts too: its chunk may end with the next one queued behind other prompts'
+/// (nothing renews it then), and no other event would arm the tick again.
 void schedule_keepalive(prefill_pointer self) {
   auto& st = self->state;
   uint32_t lease_ms = UINT32_MAX;
   st.waiting.for_each([&](const waiting_order& w) {
     if (!w.order.prefill_only) lease_ms = std::min(lease_ms, w.order.grant.lease_ms);  // prefill-only: no lease
   });
+  const uint32_t layers = st.core.exec->config().num_hidden_layers;
   for (const auto& [id, r] : st.requests)  // started, not every layer announced yet
-    if (needs_keepalive(st, r)) lease_ms = std::min(lease_ms, r.order.grant.lease_ms);
+    if (!r.order.prefill_only && !r.failed && r.layers_ready < layers) lease_ms = std::min(lease_ms, r.order.grant.lease_ms);
   if (st.keepalive_scheduled || lease_ms == UINT32_MAX) return;
   st.keepalive_scheduled = true;
   self->delayed_send(self, std::chrono::milliseconds{std::max<uint32_t>(1, lease_ms / 3)}, keepalive_atom::value);
@@ -697,9 +702,15 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
       },
       [=](role_atom, bool active) -> caf::result<bool> {
         auto& s = self->state;
-        const bool busy = !s.requests.empty() || s.waiting.size() > 0 || !s.job_to_request.empty();
+        // Held pages count: freed later by this actor, they must not meet the other role's
+        // allocations in the shared pool (it has no lock: one actor owns it at a time).
+        const size_t held = s.split_holds.size() + s.late_holds;
+        const bool busy = !s.requests.empty() || s.waiting.size() > 0 || !s.job_to_request.empty() || held > 0;
         return change_role(
-            active, s.cfg.name, busy ? std::to_string(s.requests.size() + s.waiting.size()) + " prompts" : "",
+            active, s.cfg.name,
+            busy ? std::to_string(s.requests.size() + s.waiting.size()) + " prompts, " + std::to_string(held) +
+                       " held page sets"
+                 : "",
             &s.cfg.standby, *s.core.log, [=] { report_load(self); },
             [=] {  // the executor's KV pool is about to serve the other role: give back the local tier
               auto& s = self->state;

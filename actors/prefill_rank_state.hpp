@@ -280,6 +280,9 @@ struct prefill_state {
     caf::actor_clock::time_point until;
   };
   std::unordered_map<uint64_t, split_hold> split_holds;
+  /// Pages held after a late writer's prompt ended (return_pages), freed by a timer: like the
+  /// split holds, they keep the rank from changing role (they go back to the shared pool later).
+  uint32_t late_holds = 0;
   store::block_key salt;
   bool keepalive_scheduled = false;
   static inline const char* name = "baton.prefill_rank";

@@ -207,8 +207,9 @@ int run_local(const std::vector<std::string>& args) {
             "prefill ranks: full prompt blocks kept in the rank's KV pages for later prompts, with or without a block "
             "store (0 = none: only the store's)");
   flags.add("--block-tokens", &opt.cluster.store.block_tokens,
-            "tokens per store block; unless given: 512, or a quarter of a shorter model's context (without a store: "
-            "per block of the prefill ranks' own prefix tiers, 64)");
+            "tokens per store block, which the prefill ranks' own prefix tiers key by too (a shared prefix shorter "
+            "than a block is never reused: 64 suits short system prompts); unless given: 512, or a quarter of a "
+            "shorter model's context (without a store: 64)");
   flags.add("--repeat", &opt.repeat, "send the prompts this many rounds, one round after another (store reuse)");
   flags.add("--weights-seed", &opt.cluster.weights_seed, "seed of the random model's weights (--model random)");
   flags.add("--model", &opt.model,
@@ -289,7 +290,8 @@ int run_local(const std::vector<std::string>& args) {
   flags.add("--max-tokens-limit", &opt.cluster.router.max_new_tokens_limit,
             "the most tokens one request may ask to generate; 0 = the model's context");
   flags.add("--default-max-tokens", &opt.cluster.router.default_max_tokens,
-            "max_tokens of a request that gives none (OpenAI chat): what the context leaves, at most this; 0 = no cap");
+            "max_tokens of a request that gives none (OpenAI chat): what the context leaves, at most this (when not "
+            "given: the model's generation_config.json max_new_tokens, else 4096); 0 = no cap");
   if (auto rc = flags.parse_command_line(args, "local", "baton local [flags]")) return *rc;
   if (auto e = store::capacity_gib_error(opt.cluster.store.capacity_gib, "--store-capacity-gib"); !e.empty()) {
     std::fprintf(stderr, "baton local: %s\n", e.c_str());
@@ -311,10 +313,13 @@ int run_local(const std::vector<std::string>& args) {
   }
   if (opt.model != "random") {
     std::string why;
+    const uint32_t default_max_tokens = opt.cluster.router.default_max_tokens;
     if (!load_model_into(opt.model, &opt.cluster, &why)) {
       std::fprintf(stderr, "baton local: %s\n", why.c_str());
       return 2;
     }
+    // The model's generation_config.json may set the default cap; the flag, given, is the operator's word.
+    if (flags.given("--default-max-tokens")) opt.cluster.router.default_max_tokens = default_max_tokens;
   }
   opt.cluster.prefill.event_log_events = opt.cluster.decode.event_log_events = opt.event_log_events;
   opt.cluster.store.enabled = !opt.cluster.store.dir.empty() || !opt.store_nodes.empty();

@@ -68,6 +68,8 @@ bool load_model_into(const std::string& dir, local_cluster_config* cfg, std::str
   cfg->router.default_top_p = samples && g.top_p > 0.0f && g.top_p <= 1.0f ? g.top_p : 1.0f;
   cfg->router.default_top_k = samples ? g.top_k : 0;
   cfg->router.default_repetition_penalty = g.repetition_penalty;  // (HF applies it greedy too)
+  // vLLM's reading too: the file's max_new_tokens caps a call that names no max_tokens.
+  if (g.max_new_tokens > 0) cfg->router.default_max_tokens = g.max_new_tokens;
   return true;
 }
 

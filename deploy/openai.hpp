@@ -197,7 +197,9 @@ reasoning_splitter::parts split_reasoning(const std::string& text, bool opened =
 /// name is content, whole (nothing is lost). A Llama call counts only where the answer starts.
 /// Qwen3-Coder's XML calls are read leniently instead, as vLLM reads them: a call once named
 /// always reads, text among its parameters passed over (openai_tool_calls_xml.hpp).
-/// `parameters` (may be null): the request's tools, which type a Qwen3-Coder XML call's values.
+/// `parameters` (may be null: any function): the request's tools, which type a Qwen3-Coder XML
+/// call's values; a call of a function not among them ends the calls -- it and what follows are
+/// content, the calls before it stand (with none before it, the answer is content, whole).
 answer_parts read_tool_calls(const std::string& content, gpu::tool_call_format format,
                              const tool_parameter_kinds* parameters = nullptr);
 

@@ -49,13 +49,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "deploy/openai_tool_call_forms.hpp"
+
 namespace baton::deploy::openai {
 
 using nlohmann::ordered_json;
 
 namespace {
-
-constexpr auto npos = std::string_view::npos;
 
 
 char lower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; }
@@ -170,12 +170,6 @@ std::string_view without_cut_tag(std::string_view value) {
   return value;
 }
 
-answer_parts whole(const std::string& content) {
-  answer_parts out;
-  out.content = content;
-  return out;
-}
-
 /// Text among the calls, as content: its <tool_call> and </tool_call> markers are the form's and
 /// go; each piece between them, trimmed, on a line of its own (append_line).
 void append_text(std::string_view text, std::string* rest) {
@@ -257,6 +251,7 @@ answer_parts read_qwen3_xml(const std::string& content, const tool_parameter_kin
     append_text(s.substr(text_from, at - text_from), &rest);
     // The call ends at its first </function> (values are raw text). None: the answer was cut
     // inside the call, which is read with the parameters written so far.
+    if (!declared(parameters, tag.name)) return stop_at_undeclared(s, first, std::move(rest), at, std::move(out));
     const size_t body = tag.close + 1;
     const size_t end = s.find(xml_function_end, body);
     auto args = xml_call_arguments(tag.name, s.substr(body, end == npos ? npos : end - body), parameters);

@@ -88,9 +88,4 @@ answer_parts read_qwen3_xml(const std::string& content, const tool_parameter_kin
 /// as the parameter types a Qwen3-Coder call's values are read by.
 tool_parameter_kinds tool_parameter_kinds_of(const nlohmann::json& tools);
 
-/// openai_tool_calls.cpp's: `before`, right-trimmed, then the text the calls left on a line of
-/// its own; and a line added to that text.
-void join_content(std::string_view before, const std::string& rest, answer_parts* out);
-void append_line(std::string* rest, const std::string& text);
-
 }  // namespace baton::deploy::openai

@@ -242,7 +242,8 @@ bool parse_hf_config_unchecked(const std::string& text, const std::string& sourc
   c.qk_norm = c.architecture == "Qwen3ForCausalLM";
   // Features a family may switch on that Baton does not compute: refused, never ignored (ignoring
   // one would serve confident garbage). DeepSeek's attention_bias was refused above.
-  if (j.contains("hidden_act") && j["hidden_act"] != "silu")
+  // swish is SiLU's other name (x * sigmoid(x)); transformers' ACT2FN maps both to nn.SiLU.
+  if (j.contains("hidden_act") && j["hidden_act"] != "silu" && j["hidden_act"] != "swish")
     return fail("hidden_act " +
                 (j["hidden_act"].is_string() ? "\"" + j["hidden_act"].get<std::string>().substr(0, 64) + "\""
                                              : std::string{"of type "} + j["hidden_act"].type_name()) +
@@ -262,6 +263,13 @@ bool parse_hf_config_unchecked(const std::string& text, const std::string& sourc
       rope_key += (rope_key.empty() ? "" : " with ") + std::string{key};
       for (const auto& [k, v] : j[key].items()) rope[k == "type" ? "rope_type" : k] = v;
     }
+  // RoPE over part of each head (Phi's, GLM's, StableLM's partial_rotary_factor): Baton rotates
+  // the whole head, so a factor below 1 would serve other math.
+  for (const json* o : {&j, &rope})
+    if (o->is_object() && o->contains("partial_rotary_factor") && !(*o)["partial_rotary_factor"].is_null() &&
+        !((*o)["partial_rotary_factor"].is_number() && (*o)["partial_rotary_factor"].get<double>() == 1.0))
+      return fail("partial_rotary_factor " + (*o)["partial_rotary_factor"].dump().substr(0, 64) +
+                  " is not supported (RoPE over the whole head, 1.0, is)");
   if (rope.is_object()) {
     const auto& rs = rope;
     if (!float_field(rs, "rope_theta", &c.rope_theta)) return false;
@@ -480,7 +488,8 @@ bool load_hf_model_unchecked(const std::string& dir, hf_model* out, std::string*
                           typed_field{"top_p", &json::is_number, "a number"},
                           typed_field{"top_k", &json::is_number_unsigned, "a whole number >= 0"},
                           typed_field{"repetition_penalty", &json::is_number, "a number"},
-                          typed_field{"do_sample", &json::is_boolean, "true or false"}})
+                          typed_field{"do_sample", &json::is_boolean, "true or false"},
+                          typed_field{"max_new_tokens", &json::is_number_unsigned, "a whole number >= 0"}})
       if (g.contains(f.key) && !g[f.key].is_null() && !(g[f.key].*f.is)()) {
         *why = source + ": " + f.key + " must be " + f.wanted + ", got " + g[f.key].dump().substr(0, 64);
         return false;
@@ -496,6 +505,8 @@ bool load_hf_model_unchecked(const std::string& dir, hf_model* out, std::string*
       }
     }
     d.do_sample = g.value("do_sample", false);
+    if (g.contains("max_new_tokens") && g["max_new_tokens"].is_number_unsigned())
+      d.max_new_tokens = static_cast<uint32_t>(std::min<uint64_t>(g["max_new_tokens"].get<uint64_t>(), 1u << 31));
     eos_ids(g, &d.eos_token_ids);
   }
   // Without a list there, config.json's (Llama 3 Instruct lists <|eot_id|> after <|end_of_text|>):

@@ -22,6 +22,7 @@ struct generation_defaults {
   uint32_t top_k = 0;
   float repetition_penalty = 1.0f;  ///< applied sampling or not (a logits processor, as HF's and vLLM's)
   bool do_sample = false;
+  uint32_t max_new_tokens = 0;  ///< 0: not given (then the server's default cap holds)
   std::vector<int32_t> eos_token_ids;
   bool present = false;  ///< the directory has a generation_config.json
 };

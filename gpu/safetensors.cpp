@@ -7,6 +7,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
+#include <string_view>
 #include <system_error>
 #include <thread>
 
@@ -84,6 +86,19 @@ uint16_t float_to_half(float f) {  // normal range only, round to nearest (test 
   return static_cast<uint16_t>(sign | (static_cast<uint32_t>(exp) << 10) | (mant >> 13));
 }
 
+/// The first key the top-level object of `text` (already parsed once) lists twice; empty if none.
+std::string first_repeated_top_level_key(std::string_view text) {
+  std::set<std::string> seen;
+  std::string twice;
+  static_cast<void>(nlohmann::json::parse(text, [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    if (depth == 1 && event == nlohmann::json::parse_event_t::key && twice.empty() &&
+        !seen.insert(parsed.get<std::string>()).second)
+      twice = parsed.get<std::string>();
+    return true;
+  }));
+  return twice;
+}
+
 }  // namespace
 
 uint64_t st_tensor::elements() const {
@@ -125,8 +140,12 @@ std::unique_ptr<safetensors_file> safetensors_file::open(const std::string& path
                 " bytes): truncated or not a safetensors file");
   nlohmann::json header;
   std::string bad;
-  if (!parse_json_object({reinterpret_cast<const char*>(base + 8), header_len}, "the header", &header, &bad))
-    return fail(bad);
+  const std::string_view header_text{reinterpret_cast<const char*>(base + 8), header_len};
+  if (!parse_json_object(header_text, "the header", &header, &bad)) return fail(bad);
+  // A name given twice would be read as its last entry (nlohmann keeps one): a writer's bug the
+  // file's own loader refuses, so it is refused here too, naming the tensor.
+  if (auto twice = first_repeated_top_level_key(header_text); !twice.empty())
+    return fail("tensor " + twice + " is listed twice in the header");
   const uint64_t data_size = size - 8 - header_len;
   const auto* data = base + 8 + header_len;
   for (auto it = header.begin(); it != header.end(); ++it) {
@@ -162,6 +181,16 @@ std::unique_ptr<safetensors_file> safetensors_file::open(const std::string& path
     t.bytes = e - b;
     f->tensors_.emplace(name, t);
   }
+  // Two tensors over the same bytes: one of them is not what its name says (safetensors' own
+  // loader refuses such a file too).
+  std::vector<std::pair<uint64_t, std::string>> starts;  // (offset, name): ties in name order
+  for (const auto& [name, t] : f->tensors_)
+    if (t.bytes > 0) starts.emplace_back(static_cast<uint64_t>(t.data - data), name);
+  std::sort(starts.begin(), starts.end());
+  for (size_t i = 1; i < starts.size(); ++i)
+    if (starts[i].first < starts[i - 1].first + f->tensors_.at(starts[i - 1].second).bytes)
+      return fail("tensors " + starts[i - 1].second + " and " + starts[i].second + " share bytes from " +
+                  std::to_string(starts[i].first) + ": overlapping data_offsets");
   return f;
 }
 

@@ -11,11 +11,11 @@ std::string decode_2d_config::validate() const {
   return {};
 }
 
-std::string decode_decision::explain() const {
-  char buf[192];
-  std::snprintf(buf, sizeof buf, "%s context -> rank %zu (%u running, %llu KV tokens)",
-                long_context ? "long" : "short", rank, rank_running, static_cast<unsigned long long>(rank_kv_tokens));
-  return buf;
+std::string decode_decision::explain(std::string_view rank_name) const {
+  char buf[96];
+  std::snprintf(buf, sizeof buf, " (%u running, %llu KV tokens)", rank_running,
+                static_cast<unsigned long long>(rank_kv_tokens));
+  return std::string{long_context ? "long" : "short"} + " context -> " + std::string{rank_name} + buf;
 }
 
 std::optional<decode_decision> place_decode_2d(const std::vector<decode_rank_view>& ranks, uint64_t context_tokens,

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace baton::policies {
@@ -49,7 +50,8 @@ struct decode_decision {
   bool long_context = false;
   uint32_t rank_running = 0;
   uint64_t rank_kv_tokens = 0;
-  std::string explain() const;
+  /// The choice in words, the rank by its name (`rank` is an index into the caller's list).
+  std::string explain(std::string_view rank_name) const;
 };
 
 /// The rank for a request needing `context_tokens` of KV, or nullopt if none can hold it.

@@ -155,14 +155,13 @@ double prefill_engine_view::remaining_quota_us() const {
   return quota_us - used;
 }
 
-std::string prefill_decision::explain() const {
-  char buf[256];
-  std::snprintf(buf, sizeof buf,
-                "bucket %u%s -> engine %u (remaining quota %.0f us) -> rank %u (predicted load %.0f us); "
-                "this request %.0f us",
-                bucket, borrowed ? " (borrowed)" : idle_lent ? " (queued: an idle engine of a longer bucket)" : "", engine, engine_remaining_quota_us, rank, rank_predicted_us,
-                predicted_us);
-  return buf;
+std::string prefill_decision::explain(std::string_view rank_name) const {
+  char head[160], tail[96];
+  std::snprintf(head, sizeof head, "bucket %u%s -> engine %u (remaining quota %.0f us) -> ", bucket,
+                borrowed ? " (borrowed)" : idle_lent ? " (queued: an idle engine of a longer bucket)" : "", engine,
+                engine_remaining_quota_us);
+  std::snprintf(tail, sizeof tail, " (predicted load %.0f us); this request %.0f us", rank_predicted_us, predicted_us);
+  return head + std::string{rank_name} + tail;
 }
 
 std::optional<prefill_decision> place_prefill(const bucket_allocator& buckets,

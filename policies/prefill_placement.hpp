@@ -15,6 +15,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "policies/cost_model.hpp"
@@ -114,7 +115,8 @@ struct prefill_decision {
   double predicted_us = 0.0;    ///< cost(q, c) of this request
   double engine_remaining_quota_us = 0.0;
   double rank_predicted_us = 0.0;  ///< the chosen rank's load before this request
-  std::string explain() const;
+  /// The choice in words, the rank by its name (`rank` is its index within the engine).
+  std::string explain(std::string_view rank_name) const;
 };
 
 /// Levels 1-3 for a prompt of q new tokens after c cached ones. nullopt when no engine of the

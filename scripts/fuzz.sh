@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 SECONDS_EACH=${1:-30}
 shift || true
 TARGETS=("$@")
-[ ${#TARGETS[@]} -eq 0 ] && TARGETS=(http openai tool_calls json_schema cluster_spec trace hf_config tokenizer chat_template safetensors block_file)
+[ ${#TARGETS[@]} -eq 0 ] && TARGETS=(http openai tool_calls json_schema cluster_spec api_keys trace hf_config tokenizer chat_template safetensors block_file)
 if ! command -v clang++ > /dev/null; then echo "fuzz: SKIPPED: no clang++ (Debian: clang, libclang-rt-dev)"; exit 0; fi
 if ! echo 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }' |
      clang++ -x c++ -fsanitize=fuzzer - -o /tmp/baton-fuzz-probe 2> /dev/null; then

@@ -298,7 +298,7 @@ public:
       id = ++last_xfer_;
       if (stopped_) {  // nothing would ever start it
         status_[id] = {xfer_state::failed,
-                       {xfer_errc::backend_error, false, desc.request_id, cfg_.name, desc.layer, "the transport has stopped (quiesce)"}};
+                       {xfer_errc::backend_error, false, desc.request_id, desc.peer, desc.layer, "the transport has stopped (quiesce)"}};
         return id;
       }
       status_[id] = {xfer_state::pending, {}};

@@ -1,7 +1,8 @@
 // What a request that fails after failing over says: the rank failure that made it fail over
 // first, not only its last attempt's sentence (an on-call trial's streams, their decode ranks
 // killed, ended with "no decode rank took work ... (no rank registered)" twice over, the dead
-// rank named nowhere), and which code (rank_unavailable: no rank to place on is no lack of KV).
+// rank named nowhere), and which code (rank_unavailable: no rank to place on is no lack of KV);
+// and what a request hears when its router stops under it.
 
 #include <doctest/doctest.h>
 
@@ -67,4 +68,30 @@ TEST_CASE("a stream whose only decode rank goes down mid-generation, with no ran
           },
           [&](caf::error& e) { FAIL(t.sys.render(e)); });
   self->send_exit(sink, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("a router that stops answers its requests in flight (shutting_down, naming the router) and their ranks "
+          "let go of their KV, instead of leaving the clients a broken promise") {
+  test::cluster_system t;
+  auto cfg = test::small_cluster();
+  auto cluster = test::start_with_slow_ranks(t.sys, cfg, "decode", 20);  // 200 steps: seconds
+  test::cluster_system::stopper stop{t, cluster};
+  caf::scoped_actor self{t.sys};
+  generate_request req;
+  req.prompt = "a long answer, cut short";
+  req.max_tokens = 200;
+  req.ignore_eos = true;
+  auto pending = self->request(cluster.router, std::chrono::seconds{60}, generate_atom::value, req);
+  const auto& decode = cluster.decode[0].handle;
+  for (int i = 0; i < 5000 && t.stats(decode).num_steps < 3; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{1});
+  REQUIRE(t.stats(decode).num_steps >= 3);
+  self->send_exit(cluster.router, caf::exit_reason::user_shutdown);
+  std::string why;
+  std::move(pending).receive([&](completion&) { FAIL("finished after its router stopped"); },
+                             [&](caf::error& e) { why = t.sys.render(e); });
+  CHECK_MESSAGE(why.find("shutting_down") != std::string::npos, why);
+  CHECK_MESSAGE(why.find("stage router: the router stopped before the answer") != std::string::npos, why);
+  for (int i = 0; i < 5000 && t.stats(decode).num_free_pages != cfg.executor.num_kv_pages; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds{1});
+  CHECK(t.stats(decode).num_free_pages == cfg.executor.num_kv_pages);
 }

@@ -507,7 +507,7 @@ std::vector<store::block_key> five_dated_blocks(capacity_store& s) {
 
 }  // namespace
 
-TEST_CASE("block server restarting on a directory beyond its capacity deletes the least recently written blocks "
+TEST_CASE("block server restarting on a directory beyond its capacity deletes the least recently used blocks "
           "before the index hears of them") {
   capacity_store s;
   const auto keys = five_dated_blocks(s);

@@ -385,7 +385,7 @@ TEST_CASE("a sampled call without a seed draws its own (a retry samples anew); w
 }
 
 TEST_CASE("a call without temperature, top_p or top_k samples as the model's generation_config.json says (do_sample "
-          "false: greedy), with OpenAI's temperature 1 where the directory has none") {
+          "false: greedy), with OpenAI's temperature 1 where the directory has none; its max_new_tokens caps chat") {
   // The built-in model's directory under another generation_config.json (none: nullptr).
   struct generation_model {
     std::filesystem::path path;
@@ -446,6 +446,18 @@ TEST_CASE("a call without temperature, top_p or top_k samples as the model's gen
     CHECK(answer(s, "") == penalised);
     CHECK(penalised != direct(s, 0, 1, 0));  // else the check above could not fail
     CHECK(answer(s, R"(,"repetition_penalty":1)") == direct(s, 0, 1, 0));
+  }
+  {  // its max_new_tokens: the cap of a chat call that names no max_tokens (vLLM's reading)
+    const json g = {{"do_sample", false}, {"max_new_tokens", 3}};
+    generation_model m{"cap", &g};
+    std::ofstream{m.path / "chat_template.jinja"} << "{% for m in messages %}{{ m['content'] }}{% endfor %}";
+    served_cluster s{{}, 0, 0, m.path.string()};
+    for (const auto& [fields, tokens] : {std::pair{"", 3}, {R"(,"max_tokens":5)", 5}}) {  // the call's own wins
+      auto r = round_trip(s.gateway.port, post("/v1/chat/completions", std::string{R"({"ignore_eos":true,"messages":[)"
+                                                                                   R"({"role":"user","content":"Hi"}])"} + fields + "}"));
+      REQUIRE_MESSAGE(r.status == 200, r.body);
+      CHECK(json::parse(r.body)["usage"]["completion_tokens"] == tokens);
+    }
   }
   {  // no generation_config.json: OpenAI's temperature 1
     generation_model m{"none", nullptr};

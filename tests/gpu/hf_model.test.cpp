@@ -91,6 +91,19 @@ TEST_CASE("safetensors: f32, bf16 and f16 round trip; truncated and malformed fi
   raw(R"({"x": {"dtype": "F32", "shape": [2]}})");
   CHECK_FALSE(safetensors_file::open(path, &why));
   CHECK(why.find("tensor x: needs dtype, shape and two data_offsets") != std::string::npos);
+  // Two tensors over the same bytes, and one name given twice: each would load the wrong numbers.
+  raw(R"({"x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+          "y": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})");
+  CHECK_FALSE(safetensors_file::open(path, &why));
+  CHECK(why.find("tensors x and y share bytes from 0: overlapping data_offsets") != std::string::npos);
+  raw(R"({"x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+          "x": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})");
+  CHECK_FALSE(safetensors_file::open(path, &why));
+  CHECK(why.find("tensor x is listed twice in the header") != std::string::npos);
+  raw(R"({"x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+          "e": {"dtype": "F32", "shape": [0], "data_offsets": [4, 4]},
+          "y": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})");
+  REQUIRE_MESSAGE(safetensors_file::open(path, &why), why);  // adjacent, and an empty one: fine
   {
     std::ofstream out{path, std::ios::binary | std::ios::trunc};
     const uint64_t n = 1ull << 40;
@@ -159,6 +172,18 @@ TEST_CASE("config.json: the four families, their features, and clear refusals") 
   j["hidden_act"] = "gelu";
   CHECK_FALSE(parse(j));
   CHECK(why == "config.json: hidden_act \"gelu\" is not supported (silu is)");
+  j["hidden_act"] = "swish";  // SiLU's other name
+  CHECK_MESSAGE(parse(j), why);
+  j = base;
+  j["partial_rotary_factor"] = 0.5;
+  CHECK_FALSE(parse(j));
+  CHECK(why == "config.json: partial_rotary_factor 0.5 is not supported (RoPE over the whole head, 1.0, is)");
+  j["partial_rotary_factor"] = 1.0;
+  CHECK_MESSAGE(parse(j), why);
+  j.erase("partial_rotary_factor");
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000.0}, {"partial_rotary_factor", 0.25}};
+  CHECK_FALSE(parse(j));
+  CHECK(why.find("partial_rotary_factor 0.25 is not supported") != std::string::npos);
   j = base;
   j["mlp_bias"] = true;
   CHECK_FALSE(parse(j));
@@ -504,6 +529,12 @@ TEST_CASE("hostile model files are refused by file and field, never crash: nesti
   write_text(dir + "/generation_config.json", R"({"do_sample": "yes"})");
   CHECK_FALSE(load_hf_model(dir, &m, &why));
   CHECK(why == dir + "/generation_config.json: do_sample must be true or false, got \"yes\"");
+  write_text(dir + "/generation_config.json", R"({"max_new_tokens": -5})");
+  CHECK_FALSE(load_hf_model(dir, &m, &why));
+  CHECK(why == dir + "/generation_config.json: max_new_tokens must be a whole number >= 0, got -5");
+  write_text(dir + "/generation_config.json", R"({"max_new_tokens": 512})");
+  REQUIRE_MESSAGE(load_hf_model(dir, &m, &why), why);
+  CHECK(m.generation.max_new_tokens == 512);
   // The weights' id covers config.json even when a generation_config.json is there: RoPE's
   // theta changes the KV (it covered the generation config instead, so two thetas shared blocks).
   write_text(dir + "/generation_config.json", R"({"do_sample": false})");

@@ -124,7 +124,8 @@ TEST_CASE("seed prefill: a short prompt that would queue on its bucket's engines
   CHECK(d->engine == long_engine);
   CHECK(d->idle_lent);
   CHECK_FALSE(d->borrowed);
-  CHECK(d->explain().find("an idle engine of a longer bucket") != std::string::npos);
+  CHECK(d->explain("prefill-3").find("an idle engine of a longer bucket) -> engine ") != std::string::npos);
+  CHECK(d->explain("prefill-3").find("-> prefill-3 (predicted load") != std::string::npos);
   // The long engine has work too: back to the least-loaded short engine (level 2-3 as before).
   views[long_engine].ranks[0].predicted_us = 1.0;
   d = place_prefill(two, views, gpu_like, 50, 0);
@@ -170,7 +171,7 @@ TEST_CASE("seed 000 example: decode 2D sends a short request to GPU B and a long
   REQUIRE(lng);
   CHECK(lng->rank == 0);
   CHECK(lng->long_context);
-  CHECK(lng->explain().find("long context -> rank 0") != std::string::npos);
+  CHECK(lng->explain("decode-7").find("long context -> decode-7 (") != std::string::npos);
 }
 
 TEST_CASE("decode 2D never exceeds KV capacity and keeps short requests off nearly full ranks") {
