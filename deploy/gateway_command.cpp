@@ -209,6 +209,15 @@ int run_gateway(const std::vector<std::string>& args) {
       std::fflush(stdout);
       const auto left = drain_gateway(sys, gateway, std::chrono::milliseconds{drain_timeout_ms}, stop_insisted);
       if (left > 0) std::printf("baton gateway: stopping with %u calls still running\n", left);
+      if (agent) {
+        // Leaving, as a node that drains does: the head's directory records it as left, not
+        // lost (an alert) -- every rolling restart of a gateway stopped it this way. Its agent
+        // has no ranks: it tells the directory and ends; bounded if the head does not answer.
+        caf::scoped_actor leaving{sys};
+        leaving->monitor(agent);
+        leaving->send(agent, drain_atom::value);
+        leaving->receive([](const caf::down_msg&) {}, caf::after(std::chrono::seconds{2}) >> [] {});
+      }
       std::printf("baton gateway: stopped\n");
       return stop(0);
     }

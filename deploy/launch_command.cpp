@@ -196,7 +196,9 @@ int run_launch(const std::vector<std::string>& raw_args) {
             "follows within a minute of its start (at most 30 s), so a crash loop does not spend its restarts at "
             "once; 0 restarts at once");
   flags.add("--wait-s", &wait_s, "give up when the nodes have not all joined after this long");
-  flags.add("--drain-ms", &drain_ms, "on stop, how long decode nodes and gateways may drain before they are killed");
+  flags.add("--drain-ms", &drain_ms,
+            "on stop, how long decode nodes and gateways may drain before they are killed (each process gets it as "
+            "its --drain-timeout-ms; with --restart-failed, nodes and gateways wait --wait-s + 30 s for a restarted head)");
   flags.add("--dry-run", &dry_run, "print each node's command line and start nothing");
   if (auto rc = flags.parse_command_line(args, "launch", "baton launch SPEC.json [flags]")) return *rc;
   if (drain_ms > 3'600'000) {
@@ -235,6 +237,16 @@ int run_launch(const std::vector<std::string>& raw_args) {
   auto plan = plan_launch(spec, self_executable(), {head.host, ""});
   for (auto& n : plan)  // remote hosts run the spec's binary path (default: the same as here)
     if (!is_local_host(n.host)) n.argv[0] = binary;
+  // The launcher's timeouts reach its processes: each drains within --drain-ms (their own
+  // default, 60 s, cut a longer one short), and with restarts a node or gateway waits for a
+  // restarted head as long as the launcher does (--wait-s, plus the longest restart backoff):
+  // their own 60 s gave up on a head that reloads a large model, and spent their restarts.
+  for (auto& n : plan) {
+    const auto has = [&](const char* f) { return std::find(n.argv.begin(), n.argv.end(), f) != n.argv.end(); };
+    if (!has("--drain-timeout-ms")) n.argv.insert(n.argv.end(), {"--drain-timeout-ms", std::to_string(drain_ms)});
+    if (n.role != "head" && restart_failed > 0 && !has("--head-wait-s"))
+      n.argv.insert(n.argv.end(), {"--head-wait-s", std::to_string(std::max<uint32_t>(60, wait_s + 30))});
+  }
   if (dry_run) {
     for (const auto& n : plan) {
       auto shown = n;
@@ -477,9 +489,13 @@ int run_launch(const std::vector<std::string>& raw_args) {
       std::fprintf(stderr, "baton launch: stopped while waiting for the ranks to register\n");
       return 1;
     }
-    if (auto d = dead_child()) {
-      std::printf("baton launch: %s exited while its ranks registered; it is restarted as any failed node is\n",
-                  d->node.process.c_str());
+    if (auto d = dead_child(); d && d->node.role == "head" && restart_failed == 0) {
+      std::fprintf(stderr, "baton launch: the head exited while the ranks registered; stopping the cluster\n");
+      return 1;
+    } else if (d) {
+      std::printf("baton launch: %s exited while its ranks registered; %s\n", d->node.process.c_str(),
+                  restart_failed > 0 ? "it is restarted as any failed node is (--restart-failed)"
+                                     : "it is not restarted (no --restart-failed): the cluster serves without it");
     } else if (!router) {
       std::fprintf(stderr, "baton launch: cannot reach the head's router at %s:%u: %s\n", head.host.c_str(),
                    static_cast<unsigned>(head.router_port), last.c_str());

@@ -423,6 +423,12 @@ int run_rank_node(node_options o) {
     std::fflush(stdout);
   }
   if (no_head) return 1;
+  if (stop_requested() && !drain_sent) {
+    // Stopped while its head was away (waiting for one to come back): asked to stop, not a
+    // failure -- as a stop during the first connect is -- so no supervisor restarts it.
+    std::printf("baton node %s: stopped while waiting for a head\n", o.name.c_str());
+    return 0;
+  }
   if (const int32_t pid = state->replaced_by.load()) {
     // Not a failure to restart: another process serves under the name now (a restart by hand, or
     // by another supervisor, while this one was out of reach or still running).

@@ -1,7 +1,9 @@
 #include "transport/fault_proxy.hpp"
 
 #include <atomic>
+#include <chrono>
 #include <mutex>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -114,11 +116,20 @@ public:
       scratch_key_ = inner_->register_region(&scratch_, 1, &ignored);
       if (!scratch_key_) return real;  // no flip possible: the put lands intact (the test sees no fault)
     }
-    scratch_ = static_cast<std::byte>(~static_cast<uint8_t>(base->second.first[seg.src_offset + off]));
+    const auto flipped = static_cast<std::byte>(~static_cast<uint8_t>(base->second.first[seg.src_offset + off]));
     put_desc flip{d.request_id, d.layer, d.peer, scratch_key_->region_id, d.remote, {{0, seg.dst_offset + off, 1}}};
     lock.unlock();
-    // Ordering: the loopback backend completes puts in post order, so the flip lands last.
-    inner_->release(inner_->post_put(flip));
+    // The flip must land after the put, and read its own byte: one flip at a time. The loopback
+    // backend completes puts in post order (in virtual time too, where waiting here would never
+    // end); a backend across processes (UCX's worker thread) does not: there the flip is posted
+    // once the put has settled, and waited for in turn -- this post blocks, as a fault may.
+    std::lock_guard<std::mutex> one_flip{flip_mutex_};
+    const bool in_order = !inner_->caps().crosses_processes;
+    if (!in_order) settle_inner(real);
+    scratch_ = flipped;
+    const uint64_t f = inner_->post_put(flip);
+    if (!in_order) settle_inner(f);
+    inner_->release(f);
     return real;
   }
 
@@ -211,7 +222,16 @@ private:
 
   std::unique_ptr<transport> inner_;
   fault_plan plan_;
+  /// Waits (10 s at most: a test's fault, never a hang) until the inner transfer is no longer
+  /// pending; its state stays for whoever polls it next.
+  void settle_inner(uint64_t xfer_id) {
+    xfer_error ignored;
+    for (int i = 0; i < 100000 && inner_->poll(xfer_id, &ignored) == xfer_state::pending; ++i)
+      std::this_thread::sleep_for(std::chrono::microseconds{100});
+  }
+
   mutable std::mutex mutex_;
+  std::mutex flip_mutex_;  ///< one corrupt_byte flip in flight at a time (it owns scratch_)
   uint32_t injected_ = 0;
   uint64_t last_own_id_ = 0;
   std::unordered_map<uint64_t, std::pair<std::byte*, uint64_t>> local_bases_;  ///< base and size by region id

@@ -67,8 +67,8 @@ grep -q "baton launch: the head exited (signal 9); restarted it (1 of 1" "$WORK/
 grep -q "baton launch: head head up again" "$WORK/launch.log" || fail "the restarted head did not listen"
 for n in decode-a decode-b; do
   for _ in $(seq 600); do [ "$(count "baton node $n: joined the head")" -ge 2 ] && break; sleep 0.1; done
-  grep -q "baton node $n: the head went away; its ranks stopped; waiting up to 60 s for a head at" "$WORK/launch.log" ||
-    fail "$n did not say it waits for the head"
+  grep -q "baton node $n: the head went away; its ranks stopped; waiting up to 120 s for a head at" "$WORK/launch.log" ||
+    fail "$n did not say it waits for the head (as long as the launcher: --wait-s 90 plus 30 s of backoff)"
   [ "$(count "baton node $n: joined the head")" -ge 2 ] || fail "$n did not join the restarted head"
 done
 for _ in $(seq 600); do grep -q "baton gateway: serving again on http://127.0.0.1:$P_HTTP" "$WORK/launch.log" && break; sleep 0.1; done

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # `baton status` against a serving head: the node that joined is listed as joined with its rank,
 # the ranks with their KV; killed (SIGKILL), the node is listed as gone while its rank leaves the
-# ranks; --json says the same; an address where nothing listens is named, exit code 1.
+# ranks; --json says the same; a gateway node stopped by SIGTERM is left, not lost; an address
+# where nothing listens is named, exit code 1.
 # Usage: status_e2e.sh BATON_BINARY. Bounded waits; always cleans up.
 set -euo pipefail
 BATON=$1
 NAME=status-e2e
 source "$(dirname "$0")/local_serve_lib.sh"
 NODE=""
-trap 'kill -9 $NODE 2>/dev/null || true; cleanup' EXIT
+GW=""
+trap 'kill -9 $NODE $GW 2>/dev/null || true; cleanup' EXIT
 start_local_serve --decode-ranks 1 --http-listen 127.0.0.1:0 --router-listen 127.0.0.1:0 --cluster-listen 127.0.0.1:0
 ROUTER=$(grep -o "router listening on 127.0.0.1:[0-9]*" "$WORK/local.log" | grep -o "[0-9]*$" || true)
 CLUSTER=$(grep -o "cluster listening on 127.0.0.1:[0-9]*" "$WORK/local.log" | grep -o "[0-9]*$" || true)
@@ -44,10 +46,27 @@ grep -Eq "^  dec-a +decode +[0-9]+ +gone " "$WORK/router-only.txt" || fail "--ro
 curl -sf -m 10 "http://127.0.0.1:$HTTP/metrics" > "$WORK/metrics.txt" || fail "no /metrics"
 grep -q '^baton_node_state{node="dec-a",roles="decode",state="lost"} 1$' "$WORK/metrics.txt" ||
   fail "/metrics does not have dec-a lost: $(grep baton_node "$WORK/metrics.txt")"
+# A gateway node stopped by SIGTERM (a rolling restart) drains and leaves: "left", never "lost"
+# (it was recorded lost, an alert on every restart).
+"$BATON" gateway --cluster "127.0.0.1:$CLUSTER" --name gw-a --listen 127.0.0.1:0 > "$WORK/gw.log" 2>&1 &
+GW=$!
+for _ in $(seq 300); do grep -q "listening on http" "$WORK/gw.log" && break; sleep 0.1; done
+grep -q "listening on http" "$WORK/gw.log" || fail "gw-a did not start: $(cat "$WORK/gw.log")"
+kill -TERM "$GW"
+for _ in $(seq 300); do kill -0 "$GW" 2>/dev/null || break; sleep 0.1; done
+kill -0 "$GW" 2>/dev/null && fail "gw-a did not stop after SIGTERM"
+rc=0; wait "$GW" || rc=$?
+[ "$rc" = 0 ] || fail "gw-a exited $rc after SIGTERM: $(cat "$WORK/gw.log")"
+for _ in $(seq 50); do
+  curl -sf -m 10 "http://127.0.0.1:$HTTP/metrics" > "$WORK/metrics.txt" && grep -q 'node="gw-a".*state="left"' "$WORK/metrics.txt" && break
+  sleep 0.1
+done
+grep -q '^baton_node_state{node="gw-a",roles="[a-z]*",state="left"} 1$' "$WORK/metrics.txt" ||
+  fail "gw-a not left after its drain: $(grep baton_node "$WORK/metrics.txt")"
 # Nothing listening there: said, exit code 1 (the router's table still printed).
 rc=0
 timeout 30 "$BATON" status --cluster 127.0.0.1:1 --router "127.0.0.1:$ROUTER" > "$WORK/down.txt" 2>&1 || rc=$?
 [ "$rc" = 1 ] || fail "status with an unreachable directory exited $rc: $(cat "$WORK/down.txt")"
 grep -q "(the node directory at 127.0.0.1:1 could not be reached: " "$WORK/down.txt" || fail "the unreachable directory was not named: $(cat "$WORK/down.txt")"
 grep -Eq "^  prefill +prefill-0 " "$WORK/down.txt" || fail "the router's table is missing: $(cat "$WORK/down.txt")"
-echo "status e2e: dec-a listed joined, then gone after SIGKILL with its rank out of the ranks; --json agrees; an unreachable directory named"
+echo "status e2e: dec-a listed joined, then gone after SIGKILL with its rank out of the ranks; --json agrees; a gateway node's SIGTERM leaves it left; an unreachable directory named"

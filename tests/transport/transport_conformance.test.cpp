@@ -136,6 +136,32 @@ TEST_CASE("UCX calls the settled listener when a transfer settles, done or faile
   }
 }
 
+TEST_CASE("fault proxy over UCX: corrupt flips exactly one byte of the chosen layer, after the put has landed (UCX "
+          "completes puts out of post order: the flip once raced the put it corrupts)") {
+  for (const std::string backend : {"ucx", "ucx-am"}) {
+    CAPTURE(backend);
+    two_ranks t;
+    auto [a, b] = make_endpoints(backend, t);
+    auto proxy = make_fault_proxy(std::move(a), {fault_kind::corrupt_byte, 2, {}, 1, 99});
+    xfer_error err;
+    auto ka = proxy->register_region(t.src.data(), t.src.size(), &err);
+    auto kb = b->register_region(t.dst.data(), t.dst.size(), &err);
+    REQUIRE(ka);
+    REQUIRE(kb);
+    for (uint32_t layer = 0; layer < 4; ++layer) {
+      auto id = proxy->post_put({1, layer, "b", ka->region_id, *kb, {{layer * 1024ull, layer * 1024ull, 1024}}});
+      CHECK(baton::test::settle(*proxy, id, &err) == xfer_state::done);
+      proxy->release(id);
+    }
+    CHECK(proxy->num_injected() == 1);
+    size_t differing = 0, where = 0;
+    for (size_t i = 0; i < t.src.size(); ++i)
+      if (t.src[i] != t.dst[i]) ++differing, where = i;
+    CHECK(differing == 1);
+    CHECK(where / 1024 == 2);
+  }
+}
+
 TEST_CASE("UCX quiesce: its thread stops; a put posted after fails at once, saying so; registering and mapping give "
           "nothing, deregistering and freeing return; its peers serve on") {
   for (const std::string backend : {"ucx", "ucx-am"}) {
@@ -158,6 +184,7 @@ TEST_CASE("UCX quiesce: its thread stops; a put posted after fails at once, sayi
     CHECK(a->poll(late, &err) == xfer_state::failed);
     CHECK(err.what.find("stopped") != std::string::npos);
     CHECK(err.layer == 5);
+    CHECK(err.peer == "b");  // the put's destination (it named this side)
     a->release(late);
     xfer_error reg_err;
     CHECK_FALSE(a->register_region(t.src.data(), 64, &reg_err));
