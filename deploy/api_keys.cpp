@@ -3,6 +3,8 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <map>
 
 #include <nlohmann/json.hpp>
@@ -75,13 +77,24 @@ bool parse_api_keys(std::string_view text, std::vector<api_key>* out, std::strin
       } else if (field == "max_tokens") {
         *why = at + ".max_tokens must be an integer from 1 to 2147483647, got " + v.dump();
         return false;
+      } else if (field == "requests_per_minute" && v.is_number_unsigned() && v.get<uint64_t>() <= UINT32_MAX) {
+        k.requests_per_minute = v.get<uint32_t>();
+      } else if (field == "requests_per_minute") {
+        *why = at + ".requests_per_minute must be an integer from 0 (no limit) to 4294967295, got " + v.dump();
+        return false;
+      } else if (field == "tokens_per_minute" && v.is_number_unsigned()) {
+        k.tokens_per_minute = v.get<uint64_t>();
+      } else if (field == "tokens_per_minute") {
+        *why = at + ".tokens_per_minute must be an integer from 0 (no limit), got " + v.dump();
+        return false;
       } else if (field == "priority" && (v == "batch" || v == "interactive")) {
         k.batch = v == "batch";
       } else if (field == "priority") {
         *why = at + ".priority must be \"interactive\" (the calls choose) or \"batch\" (always), got " + v.dump();
         return false;
       } else {
-        *why = at + " has the unknown field '" + field + "' (name, key, max_in_flight, max_tokens and priority are known)";
+        *why = at + " has the unknown field '" + field +
+               "' (name, key, max_in_flight, max_tokens, requests_per_minute, tokens_per_minute and priority are known)";
         return false;
       }
     }
@@ -143,7 +156,9 @@ std::string describe_api_keys(const std::vector<api_key>& keys) {
   for (const auto& k : keys) {
     out += (out.empty() ? "" : ", ") + k.name + " (" + (k.batch ? "batch; " : "") +
            (k.max_in_flight ? "at most " + std::to_string(k.max_in_flight) + " in flight" : std::string{"no limit of its own"}) +
-           (k.max_tokens ? "; max_tokens at most " + std::to_string(k.max_tokens) : "") + ")";
+           (k.max_tokens ? "; max_tokens at most " + std::to_string(k.max_tokens) : "") +
+           (k.requests_per_minute ? "; " + std::to_string(k.requests_per_minute) + " calls a minute" : "") +
+           (k.tokens_per_minute ? "; " + std::to_string(k.tokens_per_minute) + " tokens a minute" : "") + ")";
   }
   return out;
 }
@@ -167,10 +182,58 @@ std::vector<api_key_ptr> renew_api_keys(const std::vector<api_key_ptr>& now, std
     s.max_in_flight = k.max_in_flight;  // (cfg's limits stay as first read: nothing reads them)
     s.batch = k.batch;
     s.max_tokens = k.max_tokens;
+    s.set_budgets(k.requests_per_minute, k.tokens_per_minute);
     s.cfg.key = std::move(k.key);
     out.push_back(*same);
   }
   return out;
+}
+
+namespace {
+
+double seconds_now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+api_key_state::api_key_state(api_key k)
+  : cfg(std::move(k)), max_in_flight(cfg.max_in_flight), batch(cfg.batch), max_tokens(cfg.max_tokens) {
+  const double now = seconds_now();
+  requests = policies::minute_budget::full(cfg.requests_per_minute, now);
+  tokens = policies::minute_budget::full(static_cast<double>(cfg.tokens_per_minute), now);
+}
+
+bool api_key_state::admit_call(std::string* why, uint32_t* retry_after_s) {
+  std::lock_guard<std::mutex> lock{mutex};
+  const double now = seconds_now();
+  double wait = 0;
+  // Tokens first: a call refused for them spends no request.
+  if (!tokens.admit(now, 0, &wait)) {
+    *why = "the API key '" + cfg.name + "' has used its tokens_per_minute (" +
+           std::to_string(static_cast<uint64_t>(tokens.per_minute)) + " prompt and generated tokens a minute)";
+  } else if (!requests.admit(now, 1, &wait)) {
+    *why = "the API key '" + cfg.name + "' has used its requests_per_minute (" +
+           std::to_string(static_cast<uint64_t>(requests.per_minute)) + " calls a minute)";
+  } else {
+    return true;
+  }
+  *retry_after_s = static_cast<uint32_t>(std::clamp(std::ceil(wait), 1.0, 3600.0));
+  *why += ": retry in " + std::to_string(*retry_after_s) + " s";
+  ++limited;
+  return false;
+}
+
+void api_key_state::charge_tokens(uint64_t n) {
+  std::lock_guard<std::mutex> lock{mutex};
+  tokens.charge(seconds_now(), static_cast<double>(n));
+}
+
+void api_key_state::set_budgets(uint32_t requests_per_minute, uint64_t tokens_per_minute) {
+  std::lock_guard<std::mutex> lock{mutex};
+  const double now = seconds_now();
+  requests.set_rate(requests_per_minute, now);
+  tokens.set_rate(static_cast<double>(tokens_per_minute), now);
 }
 
 void api_key_state::count_response(int status) {

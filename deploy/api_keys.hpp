@@ -2,12 +2,14 @@
 
 // The gateway's API keys as callers (teams, services) of a shared cluster: each key has a name,
 // which the request log and /metrics carry, and what its calls may take -- how many generations
-// run at once (its calls past that get 429, its own limit, while other keys' calls go on), and
-// whether they run as batch whatever they ask. Plain keys (--api-key, BATON_API_KEYS) are keys
+// run at once (its calls past that get 429, its own limit, while other keys' calls go on), how
+// many calls and tokens a minute (policies::minute_budget), and whether they run as batch
+// whatever they ask. Plain keys (--api-key, BATON_API_KEYS) are keys
 // with no limits, named key-1, key-2, ... in the order given. Pure, but for the live numbers,
 // which a gateway's connections and its calls' go-betweens share (atomics).
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -15,6 +17,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "policies/minute_budget.hpp"
 
 namespace baton::deploy {
 
@@ -32,6 +36,14 @@ struct api_key {
   /// Each generation's max_tokens at most: a call asking more is refused (400), one that gives
   /// none gets at most this many (chat: what the context leaves, within it). 0: the cluster's limit.
   uint32_t max_tokens = 0;
+  /// Calls of this key that may start per minute at this gateway (a burst of a minute's worth,
+  /// then evenly: policies::minute_budget); one past it gets 429 naming the limit, with
+  /// Retry-After the seconds until it may. 0: no limit.
+  uint32_t requests_per_minute = 0;
+  /// Prompt and generated tokens of this key's answers per minute at this gateway, as their usage
+  /// counts them, charged as each answer ends: a call starts while the budget is not spent (429 and
+  /// Retry-After otherwise). 0: no limit.
+  uint64_t tokens_per_minute = 0;
 };
 
 /// Reads a keys file's text: {"keys": [{"name": ..., "key": ..., "max_in_flight": N, "max_tokens":
@@ -67,14 +79,21 @@ struct api_key_state {
   std::atomic<uint32_t> max_tokens{0};
   std::atomic<uint32_t> in_flight{0};  ///< generations of its calls running now
   std::atomic<uint64_t> prompt_tokens{0}, completion_tokens{0}, cached_tokens{0};  ///< as its answers' usage says
-  std::atomic<uint64_t> limited{0};    ///< calls refused for its max_in_flight
-  std::mutex mutex;                    ///< guards responses
+  std::atomic<uint64_t> limited{0};    ///< calls refused for its max_in_flight or its per-minute budgets
+  std::mutex mutex;                    ///< guards responses and the budgets
   std::map<int, uint64_t> responses;   ///< its calls' answers by HTTP status
+  policies::minute_budget requests, tokens;  ///< requests_per_minute, tokens_per_minute
 
-  explicit api_key_state(api_key k)
-    : cfg(std::move(k)), max_in_flight(cfg.max_in_flight), batch(cfg.batch), max_tokens(cfg.max_tokens) {}
+  explicit api_key_state(api_key k);
   void count_response(int status);
   std::map<int, uint64_t> responses_now();
+  /// Whether a call may start now under the per-minute budgets (a request spent if so); if not,
+  /// the sentence that says which and *retry_after_s, whole seconds until it may.
+  bool admit_call(std::string* why, uint32_t* retry_after_s);
+  /// An answer's prompt and generated tokens, against tokens_per_minute.
+  void charge_tokens(uint64_t n);
+  /// The budgets after a keys file read again (each kept as spent, capped; see minute_budget).
+  void set_budgets(uint32_t requests_per_minute, uint64_t tokens_per_minute);
 };
 using api_key_ptr = std::shared_ptr<api_key_state>;
 

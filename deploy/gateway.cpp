@@ -266,7 +266,8 @@ void log_refusal(caf::io::broker* self, const shared_ptr& g, const state_ptr& st
 void reply(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st, int status,
            const std::string& body, const char* content_type = "application/json", http::header_list extra = {}) {
   g->metrics.count_response(st->route, status, st->key.get());
-  if (status == 503 || status == 429) extra.emplace_back("Retry-After", "1");
+  const bool told = std::any_of(extra.begin(), extra.end(), [](const auto& h) { return h.first == "Retry-After"; });
+  if ((status == 503 || status == 429) && !told) extra.emplace_back("Retry-After", "1");
   if (g->draining) st->keep_alive = false;  // the client's next request goes to another replica
   add_request_id(st, &extra);
   add_cors(g, st, &extra);
@@ -803,13 +804,15 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
       [=](uint64_t seq, std::vector<completion>& choices, std::string& json, bool stream) {
         if (st->in_call && seq == st->call_seq) on_done(self, hdl, g, st, choices, json, stream);
       },
-      [=](uint64_t seq, int32_t status, std::string& error_json, std::string& message) {
+      [=](uint64_t seq, int32_t status, std::string& error_json, std::string& message, uint32_t retry_after_s) {
         if (!st->in_call || seq != st->call_seq) return;
         // Refused before it began (the body's fault): counted as the router's refusals are, so the
         // failures by reason add up to the 4xx a client saw (a soak trial: 475 sent, 254 counted).
         count_call_failure(g, st, status == 400 ? "bad_request" : "http_" + std::to_string(status));
         log_call(self, g, st, status, false, nullptr, message);  // the sentence, as every other line has
-        reply(self, hdl, g, st, status, error_json);
+        http::header_list wait;  // a 429 of a key's budget knows its wait; others wait a second
+        if (status == 429 || status == 503) wait.emplace_back("Retry-After", std::to_string(retry_after_s));
+        reply(self, hdl, g, st, status, error_json, "application/json", std::move(wait));
       },
       [=](uint64_t seq, caf::error& e) {
         if (st->in_call && seq == st->call_seq) on_failed(self, hdl, g, st, e);

@@ -102,6 +102,7 @@ client_sink_actor::behavior_type run_choice(client_sink_actor::pointer self, caf
             if (cs->key) {  // the key's usage, as the answer's says; its generations end before the answer goes
               const auto u = openai::usage_counts(cs->done, c.n, c.req.prompt_only);
               cs->key->prompt_tokens += u.prompt, cs->key->completion_tokens += u.generated, cs->key->cached_tokens += u.cached;
+              cs->key->charge_tokens(u.prompt + u.generated);  // (no tokens_per_minute: nothing)
               cs->in_flight.release();
             }
             // The gateway's metrics count each choice: a generation of its own.
@@ -159,9 +160,11 @@ client_sink_actor::behavior_type run_choice(client_sink_actor::pointer self, caf
   }};
 }
 
-/// Holds the call to its API key's limits: its generations against max_in_flight (false and the
-/// error otherwise), its priority batch when the key's calls all are.
-bool hold_for_key(const api_key_ptr& key, uint32_t choices, call_state* cs, openai::api_error* err) {
+/// Holds the call to its API key's limits: its generations against max_in_flight, the call
+/// against its per-minute budgets (false and the error otherwise; *retry_after_s for a 429 that
+/// knows its wait), its priority batch when the key's calls all are.
+bool hold_for_key(const api_key_ptr& key, uint32_t choices, call_state* cs, openai::api_error* err,
+                  uint32_t* retry_after_s) {
   cs->key = key;
   if (key->batch) cs->call.req.priority = "batch";
   const uint32_t limit = key->max_in_flight.load();
@@ -186,7 +189,13 @@ bool hold_for_key(const api_key_ptr& key, uint32_t choices, call_state* cs, open
     return false;
   }
   uint32_t had = 0;
-  if (cs->in_flight.take(key, choices, &had)) return true;
+  if (cs->in_flight.take(key, choices, &had)) {
+    std::string why;
+    if (key->admit_call(&why, retry_after_s)) return true;
+    cs->in_flight.release();
+    *err = {429, why, "invalid_request_error", {}, "rate_limit_exceeded"};
+    return false;
+  }
   // Its own limit, not the cluster's: the other keys' calls go on (OpenAI's code for a caller's
   // rate limit).
   *err = {429,
@@ -205,7 +214,7 @@ client_sink_actor::behavior_type call_impl(client_sink_actor::pointer self, caf:
   cs->unanswered_grace = settings.unanswered_grace;
   openai::api_error err;
   if (!openai::parse_body(body, chat, model, &cs->call, &err)) {
-    caf::anon_send(broker, seq, static_cast<int32_t>(err.status), openai::error_json(err), err.message);
+    caf::anon_send(broker, seq, static_cast<int32_t>(err.status), openai::error_json(err), err.message, uint32_t{1});
     return {[](stream_chunk&) {}};  // the connection answers and ends this actor
   }
   // Sampling fields the body left out: the model's defaults (its generation_config.json).
@@ -241,11 +250,11 @@ client_sink_actor::behavior_type call_impl(client_sink_actor::pointer self, caf:
                " generations (" + (batch ? "prompts x n" : "n, or best_of") + "), more than the cluster runs at once (" +
                std::to_string(settings.max_active_requests) + ", --max-active-requests): ask for at most that many",
            "invalid_request_error", batch ? "prompt" : "n"};
-    caf::anon_send(broker, seq, static_cast<int32_t>(err.status), openai::error_json(err), err.message);
+    caf::anon_send(broker, seq, static_cast<int32_t>(err.status), openai::error_json(err), err.message, uint32_t{1});
     return {[](stream_chunk&) {}};
   }
-  if (key && !hold_for_key(key, choices, cs.get(), &err)) {
-    caf::anon_send(broker, seq, static_cast<int32_t>(err.status), openai::error_json(err), err.message);
+  if (uint32_t retry_after_s = 1; key && !hold_for_key(key, choices, cs.get(), &err, &retry_after_s)) {
+    caf::anon_send(broker, seq, static_cast<int32_t>(err.status), openai::error_json(err), err.message, retry_after_s);
     return {[](stream_chunk&) {}};
   }
   // A call cut short (the client gone, a timeout) ends here: its generations end with it, not

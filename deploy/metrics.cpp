@@ -100,7 +100,7 @@ void render_keys(std::string& out, const std::vector<api_key_ptr>& keys) {
          [](api_key_state& k) { return static_cast<double>(k.max_in_flight.load()); });
   family("baton_api_key_max_tokens", "each key's cap on a generation's max_tokens (0: the cluster's)", "gauge",
          [](api_key_state& k) { return static_cast<double>(k.max_tokens.load()); });
-  family("baton_api_key_limited_total", "calls refused (429) for their key's max_in_flight", "counter",
+  family("baton_api_key_limited_total", "calls refused (429) for their key's max_in_flight or per-minute budgets", "counter",
          [](api_key_state& k) { return static_cast<double>(k.limited.load()); });
 }
 

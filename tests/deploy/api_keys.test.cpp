@@ -26,7 +26,8 @@ TEST_CASE("a keys file names each key and its limits; anything else in it is ref
   std::string why;
   REQUIRE(deploy::parse_api_keys(R"({"keys": [
       {"name": "search", "key": "sk-search-0001", "max_in_flight": 64, "max_tokens": 512},
-      {"name": "evals.nightly", "key": "sk-evals-0001", "priority": "batch"}]})",
+      {"name": "evals.nightly", "key": "sk-evals-0001", "priority": "batch", "requests_per_minute": 60,
+       "tokens_per_minute": 100000}]})",
                                  &keys, &why));
   REQUIRE(keys.size() == 2);
   CHECK(keys[0].name == "search");
@@ -36,6 +37,9 @@ TEST_CASE("a keys file names each key and its limits; anything else in it is ref
   CHECK_FALSE(keys[0].batch);
   CHECK(keys[1].batch);
   CHECK(keys[1].max_in_flight == 0);
+  CHECK(keys[1].requests_per_minute == 60);
+  CHECK(keys[1].tokens_per_minute == 100000);
+  CHECK(keys[0].requests_per_minute == 0);
   const auto refused = [&](const std::string& text) {
     std::vector<deploy::api_key> out;
     std::string w;
@@ -58,7 +62,12 @@ TEST_CASE("a keys file names each key and its limits; anything else in it is ref
   CHECK(refused(R"({"keys":[{"name":"a","key":"sk-aaaaaaaa","priority":"urgent"}]})").find("keys[0].priority") !=
         std::string::npos);
   CHECK(refused(R"({"keys":[{"name":"a","key":"sk-aaaaaaaa"},{"name":"b","key":"sk-bbbbbbbb","rpm":5}]})") ==
-        "keys[1] has the unknown field 'rpm' (name, key, max_in_flight, max_tokens and priority are known)");
+        "keys[1] has the unknown field 'rpm' (name, key, max_in_flight, max_tokens, requests_per_minute, "
+        "tokens_per_minute and priority are known)");
+  CHECK(refused(R"({"keys":[{"name":"a","key":"sk-aaaaaaaa","tokens_per_minute":1.5}]})")
+            .find("keys[0].tokens_per_minute must be an integer") == 0);
+  CHECK(refused(R"({"keys":[{"name":"a","key":"sk-aaaaaaaa","requests_per_minute":"ten"}]})")
+            .find("keys[0].requests_per_minute must be an integer") == 0);
   CHECK(refused(R"({"keys":[{"name":"a","key":"sk-aaaaaaaa","max_tokens":0}]})").find("keys[0].max_tokens must be") == 0);
   CHECK(refused(R"({"keys":[{"key":"sk-aaaaaaaa"}]})") == "keys[0] needs a name and a key");
   // Plain keys follow, named key-1, key-2, ...; a name or a key given twice is refused.
@@ -76,7 +85,8 @@ TEST_CASE("a keys file names each key and its limits; anything else in it is ref
   CHECK_FALSE(deploy::merge_api_keys({}, {"sk-a\tb"}, &all, &why));
   CHECK(why.find("API key 1 (--api-key, BATON_API_KEYS) has a space or a control character") == 0);
   CHECK(deploy::describe_api_keys(keys) ==
-        "search (at most 64 in flight; max_tokens at most 512), evals.nightly (batch; no limit of its own)");
+        "search (at most 64 in flight; max_tokens at most 512), evals.nightly (batch; no limit of its own; 60 calls a "
+        "minute; 100000 tokens a minute)");
   CHECK_FALSE(deploy::merge_api_keys({{"key-1", "sk-aaaaaaaa", 0, false}}, {"sk-bbbbbbbb"}, &all, &why));
   CHECK(why.find("'key-1' is given twice (plain keys are named key-1") != std::string::npos);
 }
@@ -257,4 +267,41 @@ TEST_CASE("a keys file rewritten is read again without a restart: a key added, o
   }
   std::cout.rdbuf(saved);
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("named API keys over HTTP: past its requests_per_minute, or once its answers have spent its "
+          "tokens_per_minute, a key's call gets 429 naming the budget, with Retry-After the seconds to wait; other "
+          "keys' calls go on") {
+  deploy::gateway_config gc;
+  deploy::api_key calls{"calls", "sk-calls-0001"}, tokens{"tokens", "sk-tokens-0001"}, other{"other", "sk-other-0001"};
+  calls.requests_per_minute = 2;  // one every 30 s once the burst is spent
+  tokens.tokens_per_minute = 10;  // one call's prompt and 16 tokens spend it for a minute and more
+  gc.named_keys = {calls, tokens, other};
+  served_cluster s{gc};
+  const std::string body = R"({"prompt":"In the beginning","max_tokens":16,"ignore_eos":true})";
+  const auto ask = [&](const char* key) { return round_trip(s.gateway.port, post("/v1/completions", body, key)); };
+  CHECK(ask("sk-calls-0001").status == 200);
+  CHECK(ask("sk-calls-0001").status == 200);
+  const auto third = ask("sk-calls-0001");
+  REQUIRE(third.status == 429);
+  const auto err = json::parse(third.body)["error"];
+  CHECK(err["code"] == "rate_limit_exceeded");
+  CHECK(err["message"].get<std::string>().find("the API key 'calls' has used its requests_per_minute (2 calls a "
+                                               "minute): retry in ") == 0);
+  // Retry-After: the whole seconds until a call's worth has refilled (30 s at 2 a minute).
+  const auto at = third.head.find("Retry-After: ");
+  REQUIRE(at != std::string::npos);
+  const int wait = std::stoi(third.head.substr(at + 13));
+  CHECK(wait >= 29);
+  CHECK(wait <= 30);
+  // Tokens: charged as the answer ends (its usage), so the first call runs; the next waits.
+  const auto first = ask("sk-tokens-0001");
+  REQUIRE(first.status == 200);
+  CHECK(json::parse(first.body)["usage"]["total_tokens"].get<int>() > 10);
+  const auto next = ask("sk-tokens-0001");
+  REQUIRE(next.status == 429);
+  CHECK(json::parse(next.body)["error"]["message"].get<std::string>().find(
+            "the API key 'tokens' has used its tokens_per_minute (10 prompt and generated tokens a minute)") == 0);
+  CHECK(next.head.find("Retry-After: 1\r\n") == std::string::npos);  // more than a second: it overspent
+  CHECK(ask("sk-other-0001").status == 200);  // the budgets are the keys' own
 }
