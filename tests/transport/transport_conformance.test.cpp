@@ -41,6 +41,23 @@ endpoints make_endpoints(const std::string& backend, two_ranks& t) {
   return {std::move(a), std::move(b)};
 }
 
+/// Puts four layers of 1 KiB from `ka` into `kb` through `proxy`, set to corrupt layer 2: exactly
+/// one byte, of layer 2, must differ.
+void check_one_byte_flipped(fault_proxy& proxy, const region_key& ka, const region_key& kb, two_ranks& t) {
+  xfer_error err;
+  for (uint32_t layer = 0; layer < 4; ++layer) {
+    auto id = proxy.post_put({1, layer, "b", ka.region_id, kb, {{layer * 1024ull, layer * 1024ull, 1024}}});
+    CHECK(baton::test::settle(proxy, id, &err) == xfer_state::done);
+    proxy.release(id);
+  }
+  CHECK(proxy.num_injected() == 1);
+  size_t differing = 0, where = 0;
+  for (size_t i = 0; i < t.src.size(); ++i)
+    if (t.src[i] != t.dst[i]) ++differing, where = i;
+  CHECK(differing == 1);
+  CHECK(where / 1024 == 2);
+}
+
 }  // namespace
 
 // The same expectations for every backend (design.md §8: conformance suites).
@@ -148,17 +165,7 @@ TEST_CASE("fault proxy over UCX: corrupt flips exactly one byte of the chosen la
     auto kb = b->register_region(t.dst.data(), t.dst.size(), &err);
     REQUIRE(ka);
     REQUIRE(kb);
-    for (uint32_t layer = 0; layer < 4; ++layer) {
-      auto id = proxy->post_put({1, layer, "b", ka->region_id, *kb, {{layer * 1024ull, layer * 1024ull, 1024}}});
-      CHECK(baton::test::settle(*proxy, id, &err) == xfer_state::done);
-      proxy->release(id);
-    }
-    CHECK(proxy->num_injected() == 1);
-    size_t differing = 0, where = 0;
-    for (size_t i = 0; i < t.src.size(); ++i)
-      if (t.src[i] != t.dst[i]) ++differing, where = i;
-    CHECK(differing == 1);
-    CHECK(where / 1024 == 2);
+    check_one_byte_flipped(*proxy, *ka, *kb, t);
   }
 }
 
@@ -417,17 +424,7 @@ TEST_CASE("fault proxy: corrupt flips exactly one byte of the chosen layer and d
   xfer_error err;
   auto ka = proxy->register_region(t.src.data(), t.src.size(), &err);
   auto kb = b->register_region(t.dst.data(), t.dst.size(), &err);
-  for (uint32_t layer = 0; layer < 4; ++layer) {
-    auto id = proxy->post_put({1, layer, "b", ka->region_id, *kb, {{layer * 1024ull, layer * 1024ull, 1024}}});
-    CHECK(proxy->poll(id, &err) == xfer_state::done);
-    proxy->release(id);
-  }
-  CHECK(proxy->num_injected() == 1);
-  size_t differing = 0, where = 0;
-  for (size_t i = 0; i < t.src.size(); ++i)
-    if (t.src[i] != t.dst[i]) ++differing, where = i;
-  CHECK(differing == 1);
-  CHECK(where / 1024 == 2);
+  check_one_byte_flipped(*proxy, *ka, *kb, t);
   // A put with no bytes at the chosen layer has nothing to flip (it divided by zero before).
   for (const std::vector<segment>& segs : {std::vector<segment>{}, std::vector<segment>{{0, 0, 0}}}) {
     auto empty = make_fault_proxy(make_loopback_transport(t.fabric, segs.empty() ? "z0" : "z1"), {fault_kind::corrupt_byte, 2, {}, 1, 99});
