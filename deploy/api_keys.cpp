@@ -155,7 +155,9 @@ std::string describe_api_keys(const std::vector<api_key>& keys) {
   std::string out;
   for (const auto& k : keys) {
     out += (out.empty() ? "" : ", ") + k.name + " (" + (k.batch ? "batch; " : "") +
-           (k.max_in_flight ? "at most " + std::to_string(k.max_in_flight) + " in flight" : std::string{"no limit of its own"}) +
+           (k.max_in_flight ? "at most " + std::to_string(k.max_in_flight) + " in flight"
+            : k.max_tokens || k.requests_per_minute || k.tokens_per_minute ? std::string{"no in-flight limit"}
+                                                                           : std::string{"no limit of its own"}) +
            (k.max_tokens ? "; max_tokens at most " + std::to_string(k.max_tokens) : "") +
            (k.requests_per_minute ? "; " + std::to_string(k.requests_per_minute) + " calls a minute" : "") +
            (k.tokens_per_minute ? "; " + std::to_string(k.tokens_per_minute) + " tokens a minute" : "") + ")";
@@ -212,13 +214,16 @@ bool api_key_state::admit_call(std::string* why, uint32_t* retry_after_s) {
   if (!tokens.admit(now, 0, &wait)) {
     *why = "the API key '" + cfg.name + "' has used its tokens_per_minute (" +
            std::to_string(static_cast<uint64_t>(tokens.per_minute)) + " prompt and generated tokens a minute)";
+    ++limited_tokens;
   } else if (!requests.admit(now, 1, &wait)) {
     *why = "the API key '" + cfg.name + "' has used its requests_per_minute (" +
            std::to_string(static_cast<uint64_t>(requests.per_minute)) + " calls a minute)";
+    ++limited_requests;
   } else {
     return true;
   }
-  *retry_after_s = static_cast<uint32_t>(std::clamp(std::ceil(wait), 1.0, 3600.0));
+  // (A day at most: a key overspent by far more is better told to ask again then.)
+  *retry_after_s = static_cast<uint32_t>(std::clamp(std::ceil(wait), 1.0, 86400.0));
   *why += ": retry in " + std::to_string(*retry_after_s) + " s";
   ++limited;
   return false;
@@ -227,6 +232,16 @@ bool api_key_state::admit_call(std::string* why, uint32_t* retry_after_s) {
 void api_key_state::charge_tokens(uint64_t n) {
   std::lock_guard<std::mutex> lock{mutex};
   tokens.charge(seconds_now(), static_cast<double>(n));
+}
+
+void api_key_state::refund_request() {
+  std::lock_guard<std::mutex> lock{mutex};
+  requests.charge(seconds_now(), -1.0);
+}
+
+std::pair<double, double> api_key_state::budgets_now() {
+  std::lock_guard<std::mutex> lock{mutex};
+  return {requests.per_minute, tokens.per_minute};
 }
 
 void api_key_state::set_budgets(uint32_t requests_per_minute, uint64_t tokens_per_minute) {

@@ -16,6 +16,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "policies/minute_budget.hpp"
@@ -80,6 +81,7 @@ struct api_key_state {
   std::atomic<uint32_t> in_flight{0};  ///< generations of its calls running now
   std::atomic<uint64_t> prompt_tokens{0}, completion_tokens{0}, cached_tokens{0};  ///< as its answers' usage says
   std::atomic<uint64_t> limited{0};    ///< calls refused for its max_in_flight or its per-minute budgets
+  std::atomic<uint64_t> limited_requests{0}, limited_tokens{0};  ///< of those, for each budget
   std::mutex mutex;                    ///< guards responses and the budgets
   std::map<int, uint64_t> responses;   ///< its calls' answers by HTTP status
   policies::minute_budget requests, tokens;  ///< requests_per_minute, tokens_per_minute
@@ -92,6 +94,10 @@ struct api_key_state {
   bool admit_call(std::string* why, uint32_t* retry_after_s);
   /// An answer's prompt and generated tokens, against tokens_per_minute.
   void charge_tokens(uint64_t n);
+  /// A call the cluster refused before any work (overloaded, shutting down): its request back.
+  void refund_request();
+  /// The budgets' sizes now (per minute; 0: none), for /metrics.
+  std::pair<double, double> budgets_now();
   /// The budgets after a keys file read again (each kept as spent, capped; see minute_budget).
   void set_budgets(uint32_t requests_per_minute, uint64_t tokens_per_minute);
 };

@@ -39,6 +39,16 @@ struct call_state {
   std::chrono::milliseconds unanswered_grace{0};  ///< call_settings'
   api_key_ptr key;          ///< the API key that asked (null: none), whose usage the answer adds to
   in_flight_hold in_flight;  ///< its generations, held against the key's max_in_flight until its answer or failure goes out (or its go-between ends)
+  /// Tokens its chunks carried so far (each prompt once, as usage counts it; every generated one):
+  /// what a call that fails or is cut short spends of its key's tokens_per_minute.
+  std::atomic<uint64_t> tokens_seen{0};
+  std::atomic<bool> tokens_charged{false};  ///< the key's budget has been charged (once)
+
+  /// Charges the key's tokens_per_minute with what this call computed, once: its usage at its
+  /// answer, or what its chunks carried when it fails or its client goes.
+  void charge_key(uint64_t tokens) {
+    if (key && !tokens_charged.exchange(true)) key->charge_tokens(tokens);
+  }
 };
 
 /// Choice `index` of a call: asks the router for it with `self` as the sink, renders its chunks,
@@ -55,7 +65,12 @@ client_sink_actor::behavior_type run_choice(client_sink_actor::pointer self, caf
       std::lock_guard<std::mutex> lock{cs->mutex};
       if (std::exchange(cs->failed, true)) return;
     }
+    cs->charge_key(cs->tokens_seen.load());  // (before its hold ends: the key's next call sees it)
     cs->in_flight.release();  // before the failure goes out: the key's next call may come at once
+    // Refused by the cluster before any work (full, or stopping): not the key's call to count.
+    if (cs->key && e.category() == caf::atom("baton") &&
+        (static_cast<errc>(e.code()) == errc::overloaded || static_cast<errc>(e.code()) == errc::shutting_down))
+      cs->key->refund_request();
     caf::anon_send(broker, seq, std::move(e));
   };
   // Read by the grace timer below, on another actor's thread.
@@ -102,7 +117,7 @@ client_sink_actor::behavior_type run_choice(client_sink_actor::pointer self, caf
             if (cs->key) {  // the key's usage, as the answer's says; its generations end before the answer goes
               const auto u = openai::usage_counts(cs->done, c.n, c.req.prompt_only);
               cs->key->prompt_tokens += u.prompt, cs->key->completion_tokens += u.generated, cs->key->cached_tokens += u.cached;
-              cs->key->charge_tokens(u.prompt + u.generated);  // (no tokens_per_minute: nothing)
+              cs->charge_key(u.prompt + u.generated);  // (no tokens_per_minute: nothing)
               cs->in_flight.release();
             }
             // The gateway's metrics count each choice: a generation of its own.
@@ -121,7 +136,14 @@ client_sink_actor::behavior_type run_choice(client_sink_actor::pointer self, caf
   // Reasoning and tool calls, as asked: made at the first chunk, which says whether the prompt
   // opened <think>.
   auto reader = std::make_shared<std::optional<openai::answer_reader>>();
+  auto prompt_counted = std::make_shared<bool>(false);
   return {[=](stream_chunk& c) {
+    // What a call cut short spends of its key's tokens_per_minute: each prompt once (its first
+    // choice's), every generated token.
+    uint64_t seen = c.tokens.size();
+    if (!*prompt_counted && index % std::max<uint32_t>(1, cs->call.n) == 0) seen += c.num_prompt_tokens;
+    *prompt_counted = true;
+    cs->tokens_seen += seen;
     if (!*monitored) {
       *monitored = true;
       if (auto from = self->current_sender()) self->monitor(from);
@@ -259,7 +281,11 @@ client_sink_actor::behavior_type call_impl(client_sink_actor::pointer self, caf:
   }
   // A call cut short (the client gone, a timeout) ends here: its generations end with it, not
   // when the last reference to its state goes (a grace timer may hold one for seconds).
-  if (key) self->attach_functor([cs] { cs->in_flight.release(); });
+  if (key)
+    self->attach_functor([cs] {
+      cs->charge_key(cs->tokens_seen.load());  // a call cut short (its client gone): what it computed
+      cs->in_flight.release();
+    });
   cs->left = choices;
   cs->done.resize(choices);
   if (cs->call.stream) caf::anon_send(broker, seq, streaming_atom::value);

@@ -77,8 +77,8 @@ int run_gateway(const std::vector<std::string>& args) {
   std::string keys_file;
   flags.add("--api-keys-file", &keys_file,
             "a JSON file of named API keys, each with its own limits: {\"keys\": [{\"name\", \"key\", "
-            "\"max_in_flight\", \"max_tokens\", \"priority\"}]}, read again when it changes (README, Serving "
-            "several teams)");
+            "\"max_in_flight\", \"max_tokens\", \"requests_per_minute\", \"tokens_per_minute\", \"priority\"}]}, read "
+            "again when it changes (README, Serving several teams)");
   flags.add("--first-token-timeout-ms", &gc.first_token_timeout_ms,
             "a call's wait for its first token before 504 (later tokens: the request's own watchdog)");
   flags.add("--stream-keepalive-ms", &gc.stream_keepalive_ms,

@@ -102,6 +102,17 @@ void render_keys(std::string& out, const std::vector<api_key_ptr>& keys) {
          [](api_key_state& k) { return static_cast<double>(k.max_tokens.load()); });
   family("baton_api_key_limited_total", "calls refused (429) for their key's max_in_flight or per-minute budgets", "counter",
          [](api_key_state& k) { return static_cast<double>(k.limited.load()); });
+  family("baton_api_key_requests_per_minute", "each key's budget of calls a minute at this gateway (0: none)", "gauge",
+         [](api_key_state& k) { return k.budgets_now().first; });
+  family("baton_api_key_tokens_per_minute", "each key's budget of prompt and generated tokens a minute (0: none)", "gauge",
+         [](api_key_state& k) { return k.budgets_now().second; });
+  out += "# HELP baton_api_key_budget_limited_total of the calls refused, those refused for each per-minute budget\n"
+         "# TYPE baton_api_key_budget_limited_total counter\n";
+  for (const auto& k : keys)
+    for (const auto& [budget, n] : {std::pair{"requests_per_minute", k->limited_requests.load()},
+                                    std::pair{"tokens_per_minute", k->limited_tokens.load()}})
+      out += "baton_api_key_budget_limited_total{key=\"" + label(k->cfg.name) + "\",budget=\"" + budget + "\"} " +
+             std::to_string(n) + "\n";
 }
 
 // Seconds per stage, from half a millisecond (a CHECK on an idle cluster) to ten minutes (a

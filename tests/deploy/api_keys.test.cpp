@@ -85,7 +85,7 @@ TEST_CASE("a keys file names each key and its limits; anything else in it is ref
   CHECK_FALSE(deploy::merge_api_keys({}, {"sk-a\tb"}, &all, &why));
   CHECK(why.find("API key 1 (--api-key, BATON_API_KEYS) has a space or a control character") == 0);
   CHECK(deploy::describe_api_keys(keys) ==
-        "search (at most 64 in flight; max_tokens at most 512), evals.nightly (batch; no limit of its own; 60 calls a "
+        "search (at most 64 in flight; max_tokens at most 512), evals.nightly (batch; no in-flight limit; 60 calls a "
         "minute; 100000 tokens a minute)");
   CHECK_FALSE(deploy::merge_api_keys({{"key-1", "sk-aaaaaaaa", 0, false}}, {"sk-bbbbbbbb"}, &all, &why));
   CHECK(why.find("'key-1' is given twice (plain keys are named key-1") != std::string::npos);
@@ -304,4 +304,65 @@ TEST_CASE("named API keys over HTTP: past its requests_per_minute, or once its a
             "the API key 'tokens' has used its tokens_per_minute (10 prompt and generated tokens a minute)") == 0);
   CHECK(next.head.find("Retry-After: 1\r\n") == std::string::npos);  // more than a second: it overspent
   CHECK(ask("sk-other-0001").status == 200);  // the budgets are the keys' own
+}
+
+TEST_CASE("a key's budgets over HTTP: a streamed call whose client goes spends the tokens it computed, and a call the "
+          "cluster refuses (overloaded) gives its request back") {
+  deploy::gateway_config gc;
+  deploy::api_key tokens{"tokens", "sk-tokens-0001"}, calls{"calls", "sk-calls-0001"}, other{"other", "sk-other-0001"};
+  tokens.tokens_per_minute = 10;
+  calls.requests_per_minute = 1;
+  gc.named_keys = {tokens, calls, other};
+  // Decode steps of 100 ms; the router admits one request at a time.
+  served_cluster s{gc, 0, 100, BATON_SOURCE_DIR "/models/baton-kjv-tiny", 1};
+  const uint16_t port = s.gateway.port;
+  const auto metric = [&](const std::string& series) {
+    return test::value_of(round_trip(port, get("/metrics", "")).body, series);
+  };
+  {  // A stream read for a dozen tokens, then its client goes: 499, and its tokens are spent.
+    const int fd = connect_to(port);
+    send_all(fd, post("/v1/completions", R"({"prompt":"In","max_tokens":60,"ignore_eos":true,"stream":true})",
+                      "sk-tokens-0001"));
+    std::string got = read_head(fd);
+    REQUIRE(got.find("200 OK") != std::string::npos);
+    char tmp[4096];
+    size_t events = 0;
+    for (int i = 0; i < 2000 && events < 12; ++i) {
+      const auto n = ::recv(fd, tmp, sizeof tmp, 0);
+      REQUIRE(n > 0);
+      got.append(tmp, static_cast<size_t>(n));
+      events = 0;
+      for (size_t at = got.find("data: {"); at != std::string::npos; at = got.find("data: {", at + 1)) ++events;
+    }
+    ::close(fd);
+  }
+  for (int i = 0; i < 500 && metric("baton_api_key_in_flight{key=\"tokens\"}") != 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds{10});
+  REQUIRE(metric("baton_api_key_in_flight{key=\"tokens\"}") == 0);
+  const auto after = round_trip(port, post("/v1/completions", R"({"prompt":"In","max_tokens":2})", "sk-tokens-0001"));
+  CHECK(after.status == 429);
+  CHECK(after.body.find("has used its tokens_per_minute") != std::string::npos);
+  // The cluster full (one request admitted, another key's running): a call refused for that is
+  // not the key's to count, and its one call a minute is still there.
+  const int busy = connect_to(port);
+  send_all(busy, post("/v1/completions", R"({"prompt":"In","max_tokens":30,"ignore_eos":true,"stream":true})",
+                      "sk-other-0001"));
+  REQUIRE(read_head(busy).find("200 OK") != std::string::npos);
+  const auto refused = round_trip(port, post("/v1/completions", R"({"prompt":"In","max_tokens":2})", "sk-calls-0001"));
+  CHECK(refused.status == 429);
+  CHECK(json::parse(refused.body)["error"]["code"] == "overloaded");
+  ::close(busy);
+  const std::string limited = "baton_api_key_budget_limited_total{key=\"calls\",budget=\"requests_per_minute\"}";
+  http_answer ok;
+  for (int i = 0; i < 300; ++i) {  // once the other key's call has ended (its client went)
+    ok = round_trip(port, post("/v1/completions", R"({"prompt":"In","max_tokens":2})", "sk-calls-0001"));
+    if (ok.status != 429 || json::parse(ok.body)["error"]["code"] != "overloaded") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds{20});
+  }
+  CHECK(ok.status == 200);
+  CHECK(metric(limited) == 0);
+  CHECK(round_trip(port, post("/v1/completions", R"({"prompt":"In","max_tokens":2})", "sk-calls-0001")).status == 429);
+  CHECK(metric(limited) == 1);
+  CHECK(metric("baton_api_key_requests_per_minute{key=\"calls\"}") == 1);
+  CHECK(metric("baton_api_key_tokens_per_minute{key=\"tokens\"}") == 10);
 }
