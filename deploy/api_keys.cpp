@@ -206,7 +206,7 @@ api_key_state::api_key_state(api_key k)
   tokens = policies::minute_budget::full(static_cast<double>(cfg.tokens_per_minute), now);
 }
 
-bool api_key_state::admit_call(std::string* why, uint32_t* retry_after_s) {
+bool api_key_state::admit_call(std::string* why, std::string* budget, uint32_t* retry_after_ms) {
   std::lock_guard<std::mutex> lock{mutex};
   const double now = seconds_now();
   double wait = 0;
@@ -215,16 +215,18 @@ bool api_key_state::admit_call(std::string* why, uint32_t* retry_after_s) {
     *why = "the API key '" + cfg.name + "' has used its tokens_per_minute (" +
            std::to_string(static_cast<uint64_t>(tokens.per_minute)) + " prompt and generated tokens a minute)";
     ++limited_tokens;
+    *budget = "tokens";
   } else if (!requests.admit(now, 1, &wait)) {
     *why = "the API key '" + cfg.name + "' has used its requests_per_minute (" +
            std::to_string(static_cast<uint64_t>(requests.per_minute)) + " calls a minute)";
     ++limited_requests;
+    *budget = "requests";
   } else {
     return true;
   }
   // (A day at most: a key overspent by far more is better told to ask again then.)
-  *retry_after_s = static_cast<uint32_t>(std::clamp(std::ceil(wait), 1.0, 86400.0));
-  *why += ": retry in " + std::to_string(*retry_after_s) + " s";
+  *retry_after_ms = static_cast<uint32_t>(std::clamp(std::ceil(wait * 1000.0), 1.0, 86400e3));
+  *why += ": retry in " + std::to_string((*retry_after_ms + 999) / 1000) + " s";
   ++limited;
   return false;
 }

@@ -90,8 +90,9 @@ struct api_key_state {
   void count_response(int status);
   std::map<int, uint64_t> responses_now();
   /// Whether a call may start now under the per-minute budgets (a request spent if so); if not,
-  /// the sentence that says which and *retry_after_s, whole seconds until it may.
-  bool admit_call(std::string* why, uint32_t* retry_after_s);
+  /// the sentence that says which, the budget ("requests" or "tokens", OpenAI's error type for
+  /// it) and *retry_after_ms, how long until it may (a day at most).
+  bool admit_call(std::string* why, std::string* budget, uint32_t* retry_after_ms);
   /// An answer's prompt and generated tokens, against tokens_per_minute.
   void charge_tokens(uint64_t n);
   /// A call the cluster refused before any work (overloaded, shutting down): its request back.

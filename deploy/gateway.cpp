@@ -226,7 +226,7 @@ void add_cors(const shared_ptr& g, const state_ptr& st, http::header_list* extra
   if (!allowed.empty() && !(allowed.size() == 1 && allowed[0] == "*")) extra->emplace_back("Vary", "Origin");
   if (st->cors_origin.empty()) return;
   extra->emplace_back("Access-Control-Allow-Origin", st->cors_origin);
-  extra->emplace_back("Access-Control-Expose-Headers", "Retry-After, x-request-id");  // a 503's or 429's wait; the call's id
+  extra->emplace_back("Access-Control-Expose-Headers", "Retry-After, retry-after-ms, x-request-id");  // a 503's or 429's wait; the call's id
 }
 
 
@@ -804,14 +804,15 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
       [=](uint64_t seq, std::vector<completion>& choices, std::string& json, bool stream) {
         if (st->in_call && seq == st->call_seq) on_done(self, hdl, g, st, choices, json, stream);
       },
-      [=](uint64_t seq, int32_t status, std::string& error_json, std::string& message, uint32_t retry_after_s) {
+      [=](uint64_t seq, int32_t status, std::string& error_json, std::string& message, uint32_t retry_after_ms) {
         if (!st->in_call || seq != st->call_seq) return;
         // Refused before it began (the body's fault): counted as the router's refusals are, so the
         // failures by reason add up to the 4xx a client saw (a soak trial: 475 sent, 254 counted).
         count_call_failure(g, st, status == 400 ? "bad_request" : "http_" + std::to_string(status));
         log_call(self, g, st, status, false, nullptr, message);  // the sentence, as every other line has
-        http::header_list wait;  // a 429 of a key's budget knows its wait; others wait a second
-        if (status == 429 || status == 503) wait.emplace_back("Retry-After", std::to_string(retry_after_s));
+        http::header_list wait;  // a 429 of a key's budget knows its wait (the OpenAI SDK reads the ms); others 1 s
+        if (retry_after_ms > 0 && (status == 429 || status == 503))
+          wait = {{"Retry-After", std::to_string((retry_after_ms + 999) / 1000)}, {"retry-after-ms", std::to_string(retry_after_ms)}};
         reply(self, hdl, g, st, status, error_json, "application/json", std::move(wait));
       },
       [=](uint64_t seq, caf::error& e) {

@@ -183,10 +183,10 @@ client_sink_actor::behavior_type run_choice(client_sink_actor::pointer self, caf
 }
 
 /// Holds the call to its API key's limits: its generations against max_in_flight, the call
-/// against its per-minute budgets (false and the error otherwise; *retry_after_s for a 429 that
+/// against its per-minute budgets (false and the error otherwise; *retry_after_ms for a 429 that
 /// knows its wait), its priority batch when the key's calls all are.
 bool hold_for_key(const api_key_ptr& key, uint32_t choices, call_state* cs, openai::api_error* err,
-                  uint32_t* retry_after_s) {
+                  uint32_t* retry_after_ms) {
   cs->key = key;
   if (key->batch) cs->call.req.priority = "batch";
   const uint32_t limit = key->max_in_flight.load();
@@ -212,10 +212,10 @@ bool hold_for_key(const api_key_ptr& key, uint32_t choices, call_state* cs, open
   }
   uint32_t had = 0;
   if (cs->in_flight.take(key, choices, &had)) {
-    std::string why;
-    if (key->admit_call(&why, retry_after_s)) return true;
+    std::string why, budget;
+    if (key->admit_call(&why, &budget, retry_after_ms)) return true;
     cs->in_flight.release();
-    *err = {429, why, "invalid_request_error", {}, "rate_limit_exceeded"};
+    *err = {429, why, budget, {}, "rate_limit_exceeded"};  // (OpenAI's type: the budget spent)
     return false;
   }
   // Its own limit, not the cluster's: the other keys' calls go on (OpenAI's code for a caller's
@@ -236,7 +236,7 @@ client_sink_actor::behavior_type call_impl(client_sink_actor::pointer self, caf:
   cs->unanswered_grace = settings.unanswered_grace;
   openai::api_error err;
   if (!openai::parse_body(body, chat, model, &cs->call, &err)) {
-    caf::anon_send(broker, seq, static_cast<int32_t>(err.status), openai::error_json(err), err.message, uint32_t{1});
+    caf::anon_send(broker, seq, static_cast<int32_t>(err.status), openai::error_json(err), err.message, uint32_t{0});
     return {[](stream_chunk&) {}};  // the connection answers and ends this actor
   }
   // Sampling fields the body left out: the model's defaults (its generation_config.json).
@@ -272,11 +272,11 @@ client_sink_actor::behavior_type call_impl(client_sink_actor::pointer self, caf:
                " generations (" + (batch ? "prompts x n" : "n, or best_of") + "), more than the cluster runs at once (" +
                std::to_string(settings.max_active_requests) + ", --max-active-requests): ask for at most that many",
            "invalid_request_error", batch ? "prompt" : "n"};
-    caf::anon_send(broker, seq, static_cast<int32_t>(err.status), openai::error_json(err), err.message, uint32_t{1});
+    caf::anon_send(broker, seq, static_cast<int32_t>(err.status), openai::error_json(err), err.message, uint32_t{0});
     return {[](stream_chunk&) {}};
   }
-  if (uint32_t retry_after_s = 1; key && !hold_for_key(key, choices, cs.get(), &err, &retry_after_s)) {
-    caf::anon_send(broker, seq, static_cast<int32_t>(err.status), openai::error_json(err), err.message, retry_after_s);
+  if (uint32_t retry_after_ms = 0; key && !hold_for_key(key, choices, cs.get(), &err, &retry_after_ms)) {
+    caf::anon_send(broker, seq, static_cast<int32_t>(err.status), openai::error_json(err), err.message, retry_after_ms);
     return {[](stream_chunk&) {}};
   }
   // A call cut short (the client gone, a timeout) ends here: its generations end with it, not

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <chrono>
 #include <climits>
 #include <cstdlib>
@@ -56,6 +57,19 @@ void on_hangup(int) {
   first_stop_ns.compare_exchange_strong(none, monotonic_ns());
   int zero = 0;
   stop_signals.compare_exchange_strong(zero, 1);
+}
+/// Reaps `pid` after its SIGKILL, waiting 10 s at most: a child stuck in the kernel (a GPU
+/// driver's teardown, a hung NFS mount: uninterruptible) must not hang its parent's stop of the
+/// others. False when it did not end in time (it is left to init, a zombie until then).
+bool reap_killed(pid_t pid, int* status) {
+  for (int i = 0; i < 1000; ++i) {
+    const pid_t got = waitpid(pid, status, WNOHANG);
+    if (got == pid || (got < 0 && errno != EINTR)) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds{10});
+  }
+  std::fprintf(stderr, "baton: process %d did not end within 10 s of SIGKILL (stuck in the kernel?); left behind\n",
+               static_cast<int>(pid));
+  return false;
 }
 }  // namespace
 
@@ -239,7 +253,7 @@ int run_process_with_input(const std::vector<std::string>& argv, const std::stri
     }
     if (std::chrono::steady_clock::now() >= deadline) {
       ::kill(pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
+      reap_killed(pid, &status);
       *why = argv[0] + " did not finish within " + std::to_string(timeout_ms) + " ms (killed)" +
              (write_error.empty() ? "" : "; " + write_error);
       return -1;
@@ -368,7 +382,7 @@ std::vector<pid_t> stop_processes(std::vector<pid_t>& pids, int grace_ms, bool s
       }
       if (std::chrono::steady_clock::now() > deadline) {
         kill(pids[i], SIGKILL);
-        waitpid(pids[i], &status, 0);
+        reap_killed(pids[i], &status);
         killed.push_back(pids[i]);
         break;
       }

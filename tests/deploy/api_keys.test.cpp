@@ -294,6 +294,13 @@ TEST_CASE("named API keys over HTTP: past its requests_per_minute, or once its a
   const int wait = std::stoi(third.head.substr(at + 13));
   CHECK(wait >= 29);
   CHECK(wait <= 30);
+  // And in milliseconds, as the OpenAI SDKs read it first; the error's type is the budget (OpenAI's).
+  const auto ms_at = third.head.find("retry-after-ms: ");
+  REQUIRE(ms_at != std::string::npos);
+  const int wait_ms = std::stoi(third.head.substr(ms_at + 16));
+  CHECK(wait_ms > 29000);
+  CHECK(wait_ms <= 30000);
+  CHECK(err["type"] == "requests");
   // Tokens: charged as the answer ends (its usage), so the first call runs; the next waits.
   const auto first = ask("sk-tokens-0001");
   REQUIRE(first.status == 200);
@@ -303,6 +310,7 @@ TEST_CASE("named API keys over HTTP: past its requests_per_minute, or once its a
   CHECK(json::parse(next.body)["error"]["message"].get<std::string>().find(
             "the API key 'tokens' has used its tokens_per_minute (10 prompt and generated tokens a minute)") == 0);
   CHECK(next.head.find("Retry-After: 1\r\n") == std::string::npos);  // more than a second: it overspent
+  CHECK(json::parse(next.body)["error"]["type"] == "tokens");
   CHECK(ask("sk-other-0001").status == 200);  // the budgets are the keys' own
 }
 
