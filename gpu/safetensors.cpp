@@ -87,15 +87,16 @@ uint16_t float_to_half(float f) {  // normal range only, round to nearest (test 
 }
 
 /// The first key the top-level object of `text` (already parsed once) lists twice; empty if none.
+/// (nlohmann keeps the last of a key given twice, silently: the first parse cannot tell.)
 std::string first_repeated_top_level_key(std::string_view text) {
   std::set<std::string> seen;
   std::string twice;
-  static_cast<void>(nlohmann::json::parse(text, [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+  [[maybe_unused]] const auto skeleton = nlohmann::json::parse(text, [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
     if (depth == 1 && event == nlohmann::json::parse_event_t::key && twice.empty() &&
         !seen.insert(parsed.get<std::string>()).second)
       twice = parsed.get<std::string>();
-    return true;
-  }));
+    return depth == 0;  // keep nothing: the values were read by the first parse
+  });
   return twice;
 }
 
