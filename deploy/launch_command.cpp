@@ -189,7 +189,8 @@ int run_launch(const std::vector<std::string>& raw_args) {
             "start a node again, up to this many times, when it exits with a failure (a signal, or a non-zero code: "
             "3 is a node leaving so that its data-parallel group can re-form or its expert shards start again); the "
             "head too, however it ends (exit code 0 as well: the cluster cannot serve without it), which the other "
-            "nodes wait for and join again; 0: a node that leaves stays away, and the head's end stops the cluster");
+            "nodes wait for and join again; a node that then serves 10 minutes has its restarts back; 0: a node that "
+            "leaves stays away, and the head's end stops the cluster");
   policies::restart_backoff backoff;
   flags.add("--restart-backoff-ms", &backoff.base_ms,
             "wait this long before the first restart of a failed node, twice as long after each failure that "
@@ -612,10 +613,19 @@ int run_launch(const std::vector<std::string>& raw_args) {
         ++it;
         continue;
       }
+      const auto ran_ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - it->started_at).count();
+      if (auto& used = restarts[it->node.process]; !cannot_restart && used > 0) {
+        // Served long enough since its last restart that this is a new failure, not the same
+        // crash loop: its restarts are its own again.
+        if (const auto kept = backoff.restarts_used(used, static_cast<uint64_t>(ran_ms)); kept != used) {
+          std::printf("baton launch: %s %s ran %.0f min since its last restart; its %u restarts are given back\n",
+                      it->node.role == "head" ? "head" : "node", it->node.process.c_str(), ran_ms / 60000.0, restart_failed);
+          used = kept;
+        }
+      }
       // Failed with tries left: restarted once its backoff has passed.
       const auto schedule_restart = [&] {
         const uint32_t tries = ++restarts[it->node.process];
-        const auto ran_ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - it->started_at).count();
         it->backoff_ms = backoff.next_delay_ms(it->backoff_ms, static_cast<uint64_t>(ran_ms));
         it->restart_at = now + std::chrono::milliseconds{it->backoff_ms};
         it->ended = how;

@@ -12,6 +12,10 @@ struct restart_backoff {
   uint32_t base_ms = 500;     ///< the first wait, and the wait after a run that had settled (0: never wait)
   uint32_t max_ms = 30000;    ///< waits double up to this
   uint64_t settled_ms = 60000;  ///< a run at least this long was not part of a crash loop
+  /// A run at least this long gives the node its restarts back (0: never): a cluster that
+  /// serves for months loses a node now and then, and `--restart-failed 3` means three failures
+  /// in a row, not three in its life (Kubernetes forgets a crash loop after ten minutes too).
+  uint64_t forgive_ms = 600000;
 
   /// The wait before the next start of a node whose run of `ran_ms` just failed, when the wait
   /// before that run was `previous_ms` (0: it had not been restarted). A node that crashes
@@ -23,6 +27,9 @@ struct restart_backoff {
     if (previous_ms == 0 || ran_ms >= settled_ms) return std::min(base_ms, max_ms);
     return static_cast<uint32_t>(std::min<uint64_t>(uint64_t{previous_ms} * 2, max_ms));
   }
+
+  /// The restarts a node whose run of `ran_ms` just failed has used, `used` before that run.
+  uint32_t restarts_used(uint32_t used, uint64_t ran_ms) const { return forgive_ms && ran_ms >= forgive_ms ? 0 : used; }
 };
 
 /// How long a request waits before it is placed again after a retryable failure. Without a

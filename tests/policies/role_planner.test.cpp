@@ -214,6 +214,16 @@ TEST_CASE("restart backoff: a node that fails at once, again and again, waits tw
   CHECK(b.next_delay_ms(30000, 0) == 30000);
 }
 
+TEST_CASE("restart backoff: a node that served ten minutes since its last restart has its restarts back; one that "
+          "failed sooner keeps what it used; forgive 0 never gives them back") {
+  baton::policies::restart_backoff b;
+  CHECK(b.restarts_used(3, 599999) == 3);
+  CHECK(b.restarts_used(3, 600000) == 0);
+  CHECK(b.restarts_used(0, 10) == 0);
+  b.forgive_ms = 0;
+  CHECK(b.restarts_used(2, uint64_t{1} << 40) == 2);
+}
+
 TEST_CASE("retry backoff: each retry waits twice the last up to a cap, stretched by up to half by the request's hash "
           "(so requests that failed together spread out, at the cap too); 0 never waits") {
   baton::policies::retry_backoff b;  // 50 ms, at most 1 s
