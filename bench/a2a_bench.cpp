@@ -26,6 +26,7 @@
 
 #include "transport/all_to_all.hpp"
 #include "transport/ucx.hpp"
+#include "bench/bench_flags.hpp"
 
 using namespace baton;
 using clock_type = std::chrono::steady_clock;
@@ -157,25 +158,19 @@ int run_rank(const options& o, uint32_t rank) {
 
 int main(int argc, char** argv) {
   options o;
-  int rank = -1;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i];
-    char* end = nullptr;
-    const unsigned long parsed = std::strtoul(argv[i + 1], &end, 10);
-    if (end == argv[i + 1] || *end != '\0' || parsed > UINT32_MAX)
-      return std::fprintf(stderr, "%s needs a non-negative integer, not '%s'\n", argv[i], argv[i + 1]), 2;
-    const auto v = static_cast<uint32_t>(parsed);
-    if (a == "--rank") rank = static_cast<int>(v);
-    else if (a == "--ranks") o.ranks = v;
-    else if (a == "--tokens") o.tokens = v;
-    else if (a == "--hidden") o.hidden = v;
-    else if (a == "--experts") o.experts = v;
-    else if (a == "--top-k") o.top_k = v;
-    else if (a == "--rounds") o.rounds = v;
-    else if (a == "--poll-sleep-us") o.poll_sleep_us = v;
-    else if (a == "--direct") o.direct = v;
-    else return std::fprintf(stderr, "unknown flag %s (see the usage at the top of bench/a2a_bench.cpp)\n", a.c_str()), 2;
-  }
+  uint32_t rank_flag = UINT32_MAX;
+  deploy::flag_set flags;
+  flags.add("--ranks", &o.ranks, "rank processes in the all-to-all");
+  flags.add("--tokens", &o.tokens, "tokens per rank per round");
+  flags.add("--hidden", &o.hidden, "hidden size: values per token");
+  flags.add("--experts", &o.experts, "experts, spread over the ranks");
+  flags.add("--top-k", &o.top_k, "experts each token goes to");
+  flags.add("--rounds", &o.rounds, "dispatch + combine rounds timed");
+  flags.add("--poll-sleep-us", &o.poll_sleep_us, "sleep between polls of a rank waiting for its peers (0: spin)");
+  flags.add("--direct", &o.direct, "1: stores into mapped peers where the transport maps them; 0: puts only");
+  flags.add("--rank", &rank_flag, "internal: run as this rank (the launcher starts them)");
+  if (auto rc = bench::parse_flags(flags, argc, argv, "[--ranks N] [--tokens N] [--experts N] [--top-k N] ...")) return *rc;
+  const int rank = rank_flag == UINT32_MAX ? -1 : static_cast<int>(rank_flag);
   if (o.ranks < 2 || o.top_k == 0 || o.top_k > o.experts || o.experts < o.ranks || o.rounds == 0)
     return std::fprintf(stderr, "need --ranks >= 2, 1 <= --top-k <= --experts, --experts >= --ranks, --rounds >= 1\n"), 2;
   if (rank >= 0) return run_rank(o, static_cast<uint32_t>(rank));

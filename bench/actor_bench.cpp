@@ -19,6 +19,7 @@
 #include "actors/messages.hpp"
 #include "gpu/cpu_executor.hpp"
 #include "transport/loopback.hpp"
+#include "bench/bench_flags.hpp"
 
 using namespace baton;
 using clock_type = std::chrono::steady_clock;
@@ -70,11 +71,10 @@ double one_way(caf::actor_system& sys, Handle target, int n) {
 
 int main(int argc, char** argv) {
   uint32_t threads = 2, poll_attempts = 0;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i];
-    if (a == "--scheduler-threads") threads = static_cast<uint32_t>(std::stoul(argv[i + 1]));
-    else if (a == "--poll-attempts") poll_attempts = static_cast<uint32_t>(std::stoul(argv[i + 1]));
-  }
+  deploy::flag_set flags;
+  flags.add("--scheduler-threads", &threads, "CAF scheduler threads (scheduler.max-threads)");
+  flags.add("--poll-attempts", &poll_attempts, "CAF work-stealing.moderate-poll-attempts");
+  if (auto rc = bench::parse_flags(flags, argc, argv, "[--scheduler-threads N] [--poll-attempts N]")) return *rc;
   caf::actor_system_config cfg;
   register_message_types(cfg);
   cfg.set("scheduler.max-threads", threads);

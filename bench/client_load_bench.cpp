@@ -15,26 +15,39 @@
 #include <vector>
 
 #include "client/baton/client.hpp"
+#include "bench/bench_flags.hpp"
 
 int main(int argc, char** argv) {
-  if (argc != 6) {
-    std::fprintf(stderr, "usage: %s HOST:PORT CONCURRENCY SECONDS MAX_TOKENS PROMPT\n", argv[0]);
-    return 2;
-  }
-  const std::string target = argv[1];
-  const auto colon = target.rfind(':');
-  const int concurrency = std::atoi(argv[2]);
-  const double seconds = std::atof(argv[3]);
-  std::string why;
-  auto conn = baton::client::connection::connect(target.substr(0, colon),
-                                                 static_cast<uint16_t>(std::atoi(target.c_str() + colon + 1)), &why);
+  std::vector<std::string> args;
+  baton::deploy::flag_set flags;
+  flags.collect_positional(&args);
+  const std::string usage = "HOST:PORT CONCURRENCY SECONDS MAX_TOKENS PROMPT";
+  if (auto rc = baton::bench::parse_flags(flags, argc, argv, usage)) return *rc;
+  const auto whole = [](const std::string& t, unsigned long max, unsigned long* out) {
+    char* end = nullptr;
+    *out = std::strtoul(t.c_str(), &end, 10);
+    return !t.empty() && t[0] != '-' && *end == '\0' && *out >= 1 && *out <= max;
+  };
+  unsigned long concurrency_n = 0, seconds_n = 0, max_tokens_n = 0;
+  std::string host, why;
+  uint16_t port = 0;
+  if (args.size() != 5) return std::fprintf(stderr, "usage: baton_bench_client_load %s\n", usage.c_str()), 2;
+  if (!baton::deploy::parse_host_port(args[0], "HOST:PORT", &host, &port, &why) || port == 0)
+    return std::fprintf(stderr, "baton_bench_client_load: %s\n", why.empty() ? "HOST:PORT needs a port" : why.c_str()), 2;
+  if (!whole(args[1], 4096, &concurrency_n) || !whole(args[2], 86400, &seconds_n) || !whole(args[3], 1u << 20, &max_tokens_n))
+    return std::fprintf(stderr, "baton_bench_client_load: CONCURRENCY (1-4096), SECONDS (1-86400) and MAX_TOKENS must be "
+                                "positive integers, got '%s' '%s' '%s'\n",
+                        args[1].c_str(), args[2].c_str(), args[3].c_str()), 2;
+  const int concurrency = static_cast<int>(concurrency_n);
+  const double seconds = static_cast<double>(seconds_n);
+  auto conn = baton::client::connection::connect(host, port, &why);
   if (!conn) {
     std::fprintf(stderr, "%s\n", why.c_str());
     return 1;
   }
   baton::client::request req;
-  req.prompt = argv[5];
-  req.max_tokens = std::atoi(argv[4]);
+  req.prompt = args[4];
+  req.max_tokens = static_cast<int32_t>(max_tokens_n);
   std::mutex mutex;
   std::vector<double> latencies_ms;
   std::atomic<int> errors{0};

@@ -24,6 +24,7 @@
 #include "gpu/local_generate.hpp"
 #include "gpu/sampling.hpp"
 #include "gpu/thread_pool.hpp"
+#include "bench/bench_flags.hpp"
 
 extern "C" void openblas_set_num_threads(int);
 
@@ -222,21 +223,14 @@ void sampling_rows(bool quick) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  unsigned threads = 1;
+  uint32_t threads = 1;
   bool quick = false, with_500m = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--threads" && i + 1 < argc)
-      threads = static_cast<unsigned>(std::stoul(argv[++i]));
-    else if (a == "--quick")
-      quick = true;
-    else if (a == "--0.5b")
-      with_500m = true;
-    else {
-      std::fprintf(stderr, "usage: %s [--threads N] [--quick] [--0.5b]\n", argv[0]);
-      return 2;
-    }
-  }
+  baton::deploy::flag_set flags;
+  flags.add("--threads", &threads, "executor and OpenBLAS threads");
+  flags.add("--quick", &quick, "fewer repetitions");
+  flags.add("--0.5b", &with_500m, "also the 0.5B model (Qwen2.5-0.5B's shape, seeded weights)");
+  if (auto rc = baton::bench::parse_flags(flags, argc, argv, "[--threads N] [--quick] [--0.5b]")) return *rc;
+  if (threads == 0) return std::fprintf(stderr, "baton_bench_cpu: --threads must be at least 1\n"), 2;
   std::printf("## CPU executor, %u thread(s)\n\n", threads);
   std::printf("| matmul | m x n x k | OpenBLAS sgemm GFLOP/s | Baton matmul_nt GFLOP/s | ours / OpenBLAS |\n");
   std::printf("|---|---|---|---|---|\n");

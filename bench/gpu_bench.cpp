@@ -36,6 +36,7 @@
 #include "gpu/cuda/kernels.hpp"
 #include "gpu/cuda_executor.hpp"
 #include "gpu/local_generate.hpp"
+#include "bench/bench_flags.hpp"
 
 using namespace baton::gpu;
 #ifdef BATON_HAVE_CUPTI
@@ -793,17 +794,10 @@ int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   bool quick = false;
   std::string json_path;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--quick") {
-      quick = true;
-    } else if (a == "--json" && i + 1 < argc) {
-      json_path = argv[++i];
-    } else {
-      std::fprintf(stderr, "baton_bench_gpu: unknown argument %s (usage: baton_bench_gpu [--quick] [--json FILE])\n", a.c_str());
-      return 2;
-    }
-  }
+  baton::deploy::flag_set flags;
+  flags.add("--quick", &quick, "fewer repetitions");
+  flags.add("--json", &json_path, "also write the figures to this file");
+  if (auto rc = baton::bench::parse_flags(flags, argc, argv, "[--quick] [--json FILE]")) return *rc;
   if (cuda::device_count() == 0) {
     std::printf("baton_bench_gpu: no CUDA device; nothing measured\n");
     return 2;

@@ -21,6 +21,7 @@
 
 #include "bench/bench_stats.hpp"
 #include "gpu/json_schema_grammar.hpp"
+#include "bench/bench_flags.hpp"
 
 using namespace baton::gpu;
 using clock_type = std::chrono::steady_clock;
@@ -111,11 +112,13 @@ std::pair<double, double> first_us(output_format kind, const std::string& spec, 
 
 int main(int argc, char** argv) {
   uint32_t vocab_size = 151643;  // Qwen2.5's byte-level BPE vocabulary
-  int reps = 5;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--vocab")) vocab_size = static_cast<uint32_t>(std::stoul(argv[i + 1]));
-    else if (!std::strcmp(argv[i], "--reps")) reps = std::stoi(argv[i + 1]);
-  }
+  uint32_t reps_flag = 5;
+  baton::deploy::flag_set flags;
+  flags.add("--vocab", &vocab_size, "tokens in the synthetic byte-level vocabulary");
+  flags.add("--reps", &reps_flag, "repetitions per measurement (the median is printed)");
+  if (auto rc = baton::bench::parse_flags(flags, argc, argv, "[--vocab N] [--reps N]")) return *rc;
+  if (reps_flag == 0 || vocab_size < 2) return std::fprintf(stderr, "baton_bench_grammar: --reps must be >= 1, --vocab >= 2\n"), 2;
+  const int reps = static_cast<int>(std::min<uint32_t>(reps_flag, 1000000));
   const auto t0 = clock_type::now();
   const auto vocab = synthetic_vocabulary(vocab_size);
   const double build_ms = std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();

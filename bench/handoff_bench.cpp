@@ -34,6 +34,7 @@
 #include "transport/kv_wire.hpp"
 #include "transport/loopback.hpp"
 #include "transport/ucx.hpp"
+#include "bench/bench_flags.hpp"
 
 using namespace baton;
 using clock_type = std::chrono::steady_clock;
@@ -126,18 +127,19 @@ int main(int argc, char** argv) {
   uint32_t prompt_tokens = 512;
   bool verbose = false;
   bool shapes = false, checksums = true;
-  for (int i = 1; i < argc; ++i) {
-    if (std::string{argv[i]} == "--verbose") verbose = true;
-    if (std::string{argv[i]} == "--compare-shapes") shapes = true;
-    if (std::string{argv[i]} == "--no-checksum") checksums = false;
-  }
-  for (int i = shapes ? 2 : 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i];
-    if (a == "--model") model = argv[i + 1];
-    else if (a == "--prompt-tokens") prompt_tokens = static_cast<uint32_t>(std::stoul(argv[i + 1]));
-    else if (a == "--transport") kind = argv[i + 1];
-    else if (a == "--wire") wire_word = argv[i + 1];
-  }
+  bool no_checksum = false;
+  deploy::flag_set flags;
+  flags.add("--model", &model, "100m, tiny or deepseek-v3-tiny");
+  flags.add("--prompt-tokens", &prompt_tokens, "prompt length");
+  flags.add("--transport", &kind, "ucx or loopback");
+  flags.add("--wire", &wire_word, "KV on the wire: f32, int8 or int4");
+  flags.add("--verbose", &verbose, "print each repetition's timeline");
+  flags.add("--compare-shapes", &shapes, "compare per-layer puts with one put per sequence instead");
+  flags.add("--no-checksum", &no_checksum, "send and check no KV checksums");
+  if (auto rc = bench::parse_flags(flags, argc, argv, "[--model M] [--prompt-tokens N] [--transport T] [--wire W] ...")) return *rc;
+  checksums = !no_checksum;
+  if (model != "100m" && model != "tiny" && model != "deepseek-v3-tiny")
+    return std::fprintf(stderr, "--model must be 100m, tiny or deepseek-v3-tiny, got '%s'\n", model.c_str()), 2;
   const auto wire = transport::wire_format_from(wire_word);
   if (!wire) return std::fprintf(stderr, "--wire must be f32, int8 or int4, got '%s'\n", wire_word.c_str()), 2;
   if (shapes) return compare_shapes(kind, prompt_tokens);

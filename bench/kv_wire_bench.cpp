@@ -15,6 +15,7 @@
 
 #include "bench/bench_stats.hpp"
 #include "transport/kv_wire.hpp"
+#include "bench/bench_flags.hpp"
 
 using namespace baton::transport;
 using baton::bench::median;
@@ -30,18 +31,12 @@ double seconds_of(auto&& fn) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  size_t mib = 64;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--mib" && i + 1 < argc) {
-      mib = std::strtoull(argv[++i], nullptr, 10);
-    } else {
-      std::fprintf(stderr, "baton_bench_kv_wire: unknown argument %s (usage: baton_bench_kv_wire [--mib N])\n", a.c_str());
-      return 2;
-    }
-  }
+  uint64_t mib = 64;
+  baton::deploy::flag_set flags;
+  flags.add("--mib", &mib, "MiB of fp32 KV in the layer (1 to 4096)");
+  if (auto rc = baton::bench::parse_flags(flags, argc, argv, "[--mib N]")) return *rc;
   if (mib == 0 || mib > 4096) {
-    std::fprintf(stderr, "baton_bench_kv_wire: --mib must be 1 to 4096, got %zu\n", mib);
+    std::fprintf(stderr, "baton_bench_kv_wire: --mib must be 1 to 4096, got %llu\n", static_cast<unsigned long long>(mib));
     return 2;
   }
   const size_t values = mib * (size_t{1} << 20) / sizeof(float);

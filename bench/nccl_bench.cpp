@@ -24,6 +24,7 @@
 #include "transport/loopback.hpp"
 #include "transport/nccl.hpp"
 #include "transport/ucx.hpp"
+#include "bench/bench_flags.hpp"
 
 using namespace baton::transport;
 using clock_type = std::chrono::steady_clock;
@@ -61,12 +62,10 @@ bool wait_all(transport& t, const std::vector<uint64_t>& ids) {
 int main(int argc, char** argv) {
   bool quick = false;
   std::string host_kind = "ucx";
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--quick") quick = true;
-    else if (a == "--transport" && i + 1 < argc) host_kind = argv[++i];
-    else return std::fprintf(stderr, "baton_bench_nccl: unknown option %s\n", a.c_str()), 1;
-  }
+  baton::deploy::flag_set flags;
+  flags.add("--quick", &quick, "smaller copies, fewer repetitions");
+  flags.add("--transport", &host_kind, "the staged path's host transport: ucx or loopback");
+  if (auto rc = baton::bench::parse_flags(flags, argc, argv, "[--quick] [--transport T]")) return *rc;
   std::string why;
   auto nccl = make_nccl_transport({.name = "gpu-0"}, &why);
   if (!nccl) return std::fprintf(stderr, "baton_bench_nccl: %s\n", why.c_str()), 2;

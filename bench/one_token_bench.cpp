@@ -21,6 +21,7 @@
 #include "actors/local_cluster.hpp"
 #include "bench/bench_system.hpp"
 #include "gpu/cpu_executor.hpp"
+#include "bench/bench_flags.hpp"
 
 using namespace baton;
 using clock_type = std::chrono::steady_clock;
@@ -122,16 +123,12 @@ run_result run_cluster(const local_cluster_config& cfg, uint32_t requests, uint3
 int main(int argc, char** argv) {
   uint32_t requests = 64, tokens = 512;
   std::string transport = "ucx";
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i];
-    if (a == "--requests") requests = static_cast<uint32_t>(std::stoul(argv[i + 1]));
-    else if (a == "--tokens") tokens = static_cast<uint32_t>(std::stoul(argv[i + 1]));
-    else if (a == "--transport") transport = argv[i + 1];
-    else {
-      std::fprintf(stderr, "baton_bench_one_token: unknown flag %s\n", a.c_str());
-      return 2;
-    }
-  }
+  deploy::flag_set flags;
+  flags.add("--requests", &requests, "one-token requests, all at once");
+  flags.add("--tokens", &tokens, "prompt tokens of each");
+  flags.add("--transport", &transport, "ucx or loopback");
+  if (auto rc = bench::parse_flags(flags, argc, argv, "[--requests N] [--tokens N] [--transport T]")) return *rc;
+  if (requests == 0 || tokens == 0) return std::fprintf(stderr, "baton_bench_one_token: --requests and --tokens must be >= 1\n"), 2;
   local_cluster_config cfg;
   cfg.num_prefill_ranks = 1;
   cfg.num_decode_ranks = 1;

@@ -16,6 +16,7 @@
 #include "policies/decode_placement.hpp"
 #include "policies/placement.hpp"
 #include "policies/prefill_placement.hpp"
+#include "bench/bench_flags.hpp"
 
 using namespace baton::policies;
 using clock_type = std::chrono::steady_clock;
@@ -40,15 +41,14 @@ double median_ns(int decisions, F&& decide) {
 
 int main(int argc, char** argv) {
   uint32_t rpe = 8;
-  int decisions = 20001;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--ranks-per-engine")) rpe = static_cast<uint32_t>(std::stoul(argv[i + 1]));
-    else if (!std::strcmp(argv[i], "--decisions")) decisions = std::stoi(argv[i + 1]);
-    else {
-      std::fprintf(stderr, "usage: baton_bench_placement [--ranks-per-engine N] [--decisions N]\n");
-      return 2;
-    }
-  }
+  uint32_t decisions_flag = 20001;
+  baton::deploy::flag_set flags;
+  flags.add("--ranks-per-engine", &rpe, "prefill ranks per engine (seed's 2D placement)");
+  flags.add("--decisions", &decisions_flag, "decisions timed per row (the median is printed)");
+  if (auto rc = baton::bench::parse_flags(flags, argc, argv, "[--ranks-per-engine N] [--decisions N]")) return *rc;
+  if (rpe == 0 || decisions_flag == 0 || decisions_flag > 100000000)
+    return std::fprintf(stderr, "baton_bench_placement: --ranks-per-engine must be >= 1, --decisions 1 to 1e8\n"), 2;
+  const int decisions = static_cast<int>(decisions_flag);
   const cost_model cost{0.2205, 0.4303, 105.0, 1262.0};
   std::printf("one placement decision, median of %d (ns); prefill engines of %u ranks\n", decisions, rpe);
   std::printf("%7s %12s %12s %12s %12s %12s\n", "ranks", "scan-ceiling", "seed-prefill", "least-loaded", "seed-2D",

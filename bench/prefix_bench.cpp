@@ -19,18 +19,20 @@
 #include <caf/scoped_actor.hpp>
 
 #include "actors/local_cluster.hpp"
+#include "bench/bench_flags.hpp"
 
 using namespace baton;
 
 int main(int argc, char** argv) {
   uint32_t tokens = 4096, block = 512;
   std::string dir = "/var/tmp";
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i];
-    if (a == "--tokens") tokens = static_cast<uint32_t>(std::stoul(argv[i + 1]));
-    else if (a == "--block-tokens") block = static_cast<uint32_t>(std::stoul(argv[i + 1]));
-    else if (a == "--dir") dir = argv[i + 1];
-  }
+  deploy::flag_set flags;
+  flags.add("--tokens", &tokens, "prompt length");
+  flags.add("--block-tokens", &block, "tokens per store block");
+  flags.add("--dir", &dir, "the block store's files go under this folder (removed after)");
+  if (auto rc = bench::parse_flags(flags, argc, argv, "[--tokens N] [--block-tokens N] [--dir DIR]")) return *rc;
+  if (tokens == 0 || block == 0 || block % 16 != 0)
+    return std::fprintf(stderr, "baton_bench_prefix: --tokens must be >= 1, --block-tokens a multiple of 16\n"), 2;
   dir += "/baton-prefix-bench-" + std::to_string(::getpid());
   local_cluster_config cfg;
   cfg.model.max_position_embeddings = tokens + 64;

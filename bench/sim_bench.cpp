@@ -17,6 +17,7 @@
 #include "actors/messages.hpp"
 #include "sims/sim_run.hpp"
 #include "sims/trace.hpp"
+#include "bench/bench_flags.hpp"
 
 using namespace baton;
 using clock_type = std::chrono::steady_clock;
@@ -58,7 +59,12 @@ double bare_events_per_s(uint64_t n) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string path = argc > 1 ? argv[1] : BATON_SOURCE_DIR "/traces/mooncake_conversation_trace.jsonl";
+  std::vector<std::string> positional;
+  deploy::flag_set flags;
+  flags.collect_positional(&positional);
+  if (auto rc = bench::parse_flags(flags, argc, argv, "[TRACE.jsonl]  (default: traces/mooncake_conversation_trace.jsonl)")) return *rc;
+  if (positional.size() > 1) return std::fprintf(stderr, "baton_bench_sim: one trace at most, got %zu\n", positional.size()), 2;
+  const std::string path = positional.empty() ? BATON_SOURCE_DIR "/traces/mooncake_conversation_trace.jsonl" : positional[0];
   sims::trace t;
   std::string why;
   if (!sims::load_trace(path, {}, &t, &why)) {

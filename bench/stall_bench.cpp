@@ -21,6 +21,7 @@
 
 #include "actors/local_cluster.hpp"
 #include "bench/bench_system.hpp"
+#include "bench/bench_flags.hpp"
 
 using namespace baton;
 using clock_type = std::chrono::steady_clock;
@@ -122,17 +123,13 @@ void print(const char* mode, const result& r) {
 
 int main(int argc, char** argv) {
   options opt;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i];
-    const auto v = static_cast<uint32_t>(std::stoul(argv[i + 1]));
-    if (a == "--streams") opt.streams = v;
-    else if (a == "--long-tokens") opt.long_tokens = v;
-    else if (a == "--chunk-tokens") opt.chunk_tokens = v;
-    else {
-      std::fprintf(stderr, "usage: baton_bench_stall [--streams N] [--long-tokens N] [--chunk-tokens N]\n");
-      return 2;
-    }
-  }
+  deploy::flag_set flags;
+  flags.add("--streams", &opt.streams, "streaming requests decoding when the long prompt arrives");
+  flags.add("--long-tokens", &opt.long_tokens, "the long prompt's length");
+  flags.add("--chunk-tokens", &opt.chunk_tokens, "prefill chunk length");
+  if (auto rc = bench::parse_flags(flags, argc, argv, "[--streams N] [--long-tokens N] [--chunk-tokens N]")) return *rc;
+  if (opt.streams == 0 || opt.long_tokens == 0 || opt.chunk_tokens == 0)
+    return std::fprintf(stderr, "baton_bench_stall: --streams, --long-tokens and --chunk-tokens must be >= 1\n"), 2;
   std::printf("TBT of %u streaming requests when a %u-token prompt arrives (chunks of %u tokens), built-in model, "
               "1 executor thread per rank\n",
               opt.streams, opt.long_tokens, opt.chunk_tokens);

@@ -24,6 +24,7 @@
 #include "store/block_file.hpp"
 #include "store/block_index.hpp"
 #include "store/block_key.hpp"
+#include "bench/bench_flags.hpp"
 
 using namespace baton::store;
 using clock_type = std::chrono::steady_clock;
@@ -46,8 +47,9 @@ void drop_cache(const std::vector<std::string>& files) {
 
 int main(int argc, char** argv) {
   std::string dir = "/var/tmp";
-  for (int i = 1; i + 1 < argc; i += 2)
-    if (std::string{argv[i]} == "--dir") dir = argv[i + 1];
+  baton::deploy::flag_set flags;
+  flags.add("--dir", &dir, "the block files go under this folder (removed after)");
+  if (auto rc = baton::bench::parse_flags(flags, argc, argv, "[--dir DIR]")) return *rc;
   dir += "/baton-store-bench-" + std::to_string(::getpid());
 
   // --- 1. CHECK -----------------------------------------------------------------------------

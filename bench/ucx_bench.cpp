@@ -31,6 +31,7 @@
 
 #include <sys/wait.h>
 #include "transport/ucx.hpp"
+#include "bench/bench_flags.hpp"
 
 using namespace baton;
 using clock_type = std::chrono::steady_clock;
@@ -86,35 +87,31 @@ int main(int argc, char** argv) {
   uint64_t total_mib = 2048;
   std::string send = "put", receiver_memory = "transport";
   bool hot = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--receiver" && i + 1 < argc) return run_receiver(argv[i + 1]);
-    if (a == "--send" && i + 1 < argc) send = argv[++i];
-    else if (a == "--receiver-memory" && i + 1 < argc) {
-      receiver_memory = argv[++i];
-      if (receiver_memory != "transport" && receiver_memory != "heap") {
-        std::fprintf(stderr, "--receiver-memory must be transport or heap, not %s\n", receiver_memory.c_str());
-        return 2;
-      }
-    }
-    else if (a == "--buffers" && i + 1 < argc) {
-      const std::string b = argv[++i];
-      if (b != "cold" && b != "hot") {
-        std::fprintf(stderr, "--buffers must be cold or hot, not %s\n", b.c_str());
-        return 2;
-      }
-      hot = b == "hot";
-    } else if (a == "--layer-mib" && i + 1 < argc) layer_mib.push_back(std::stoull(argv[++i]));
-    else if (a == "--inflight" && i + 1 < argc) inflight = static_cast<uint32_t>(std::stoul(argv[++i]));
-    else if (a == "--total-mib" && i + 1 < argc) total_mib = std::stoull(argv[++i]);
-    else {
-      std::fprintf(stderr,
-                   "usage: %s [--layer-mib N ...] [--inflight N] [--total-mib N] [--send put|am] "
-                   "[--receiver-memory transport|heap] [--buffers cold|hot]\n",
-                   argv[0]);
-      return 2;
-    }
+  std::string receiver_role, buffers = "cold";
+  std::vector<std::string> layer_mib_text;
+  deploy::flag_set flags;
+  flags.add("--layer-mib", &layer_mib_text, "a layer's size in MiB, one row each (repeatable; default 1, 4, 16)");
+  flags.add("--inflight", &inflight, "puts in flight at once");
+  flags.add("--total-mib", &total_mib, "MiB sent per row");
+  flags.add("--send", &send, "put (RMA) or am (active messages)");
+  flags.add("--receiver-memory", &receiver_memory, "transport (registered by the transport) or heap");
+  flags.add("--buffers", &buffers, "cold (fresh each pass) or hot (reused)");
+  flags.add("--receiver", &receiver_role, "internal: run as the receiving process, its memory transport or heap");
+  if (auto rc = bench::parse_flags(flags, argc, argv, "[--layer-mib N ...] [--inflight N] [--total-mib N] [--send put|am] ...")) return *rc;
+  if (!receiver_role.empty()) return run_receiver(receiver_role);
+  if (receiver_memory != "transport" && receiver_memory != "heap")
+    return std::fprintf(stderr, "--receiver-memory must be transport or heap, not %s\n", receiver_memory.c_str()), 2;
+  if (buffers != "cold" && buffers != "hot") return std::fprintf(stderr, "--buffers must be cold or hot, not %s\n", buffers.c_str()), 2;
+  if (send != "put" && send != "am") return std::fprintf(stderr, "--send must be put or am, not %s\n", send.c_str()), 2;
+  hot = buffers == "hot";
+  for (const auto& t : layer_mib_text) {
+    char* end = nullptr;
+    const unsigned long long v = std::strtoull(t.c_str(), &end, 10);
+    if (t.empty() || *end != '\0' || v == 0 || v > 65536)
+      return std::fprintf(stderr, "--layer-mib expects 1 to 65536, got '%s'\n", t.c_str()), 2;
+    layer_mib.push_back(v);
   }
+  if (inflight == 0 || total_mib == 0) return std::fprintf(stderr, "--inflight and --total-mib must be >= 1\n"), 2;
   if (layer_mib.empty()) layer_mib = {1, 4, 16};
 
   // The receiver: a second process, talking over a pipe for the key only.
