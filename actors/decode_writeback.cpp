@@ -14,8 +14,9 @@ namespace baton::decode_detail {
 namespace {
 
 /// One server finished (`written`) or gave up on a write-back job; the staging range is freed
-/// after the last. A block no server confirmed is counted as dropped however each one failed (a
-/// server that died before this rank heard of it fails its write_begin, not the ring lookup).
+/// after the last. A block counts as written back once some server confirmed its file, and as
+/// dropped when none did, however each one failed (a server that died before this rank heard
+/// of it fails its write_begin, not the ring lookup): the two never count the same block.
 void write_done_one(decode_pointer self, uint64_t job, bool written) {
   auto& st = self->state;
   auto j = st.writes.find(job);
@@ -23,7 +24,7 @@ void write_done_one(decode_pointer self, uint64_t job, bool written) {
   if (written) ++j->second.servers_written;
   if (--j->second.servers_left > 0) return;
   const bool dropped = j->second.servers_written == 0;
-  if (dropped) ++st.write_backs_dropped;
+  ++(dropped ? st.write_backs_dropped : st.blocks_written_back);
   st.write_slots.release(j->second.offset);
   st.writes.erase(j);
   if (dropped) report_load(self);  // /metrics counts it from the load reports: an idle rank sends no other
@@ -141,7 +142,6 @@ void write_back(decode_pointer self, const lease& l) {
                 schedule_write_poll(self);
               },
               [=](caf::error&) { write_done_one(self, job, false); });
-    ++st.blocks_written_back;
   }
 }
 

@@ -254,7 +254,7 @@ struct rank_stats {
   uint32_t num_running = 0;   ///< requests in the decode batch / prefills in progress
   uint32_t num_waiting = 0;   ///< reserved leases not yet decoding / queued prefill chunks
   uint64_t num_steps = 0;     ///< forward jobs completed
-  uint64_t blocks_written_back = 0;  ///< decode: full blocks sent to the block store
+  uint64_t blocks_written_back = 0;  ///< decode: full blocks a block server confirmed it wrote
   uint64_t write_backs_dropped = 0;  ///< decode: blocks no server stored (staging full, no server up, or every server's write failed)
   uint64_t offloaded = 0;            ///< decode: sequences moved to host memory for lack of pages
   uint64_t resumed = 0;              ///< decode: offloaded sequences brought back

@@ -28,7 +28,7 @@ TEST_CASE("store: a prefix loaded from the store gives the same tokens and logit
   check_equal(*first, reference(cfg, p));
   // Write-back: 100 prompt tokens + 7 fed outputs have KV: 3 full blocks.
   wait_for_blocks(t, cluster, 3);
-  CHECK(t.stats(cluster.decode[0].handle).blocks_written_back == 3);
+  CHECK(written_back(t, cluster.decode[0].handle, 3) == 3);
 
   auto again = t.generate(cluster.router, request_for(p));
   REQUIRE_MESSAGE(again, t.sys.render(again.error()));
@@ -302,7 +302,7 @@ TEST_CASE("store: batch-class requests are not written back (their retention is 
   req.traffic_class = "agent";  // the control: the same prompt as agent traffic is written
   REQUIRE(t.generate(cluster.router, req));
   wait_for_blocks(t, cluster, 3);
-  CHECK(t.stats(cluster.decode[0].handle).blocks_written_back == 3);  // all from the agent request
+  CHECK(written_back(t, cluster.decode[0].handle, 3) == 3);  // all from the agent request
 }
 
 TEST_CASE("store: the rank-local tier shares a finished prompt's full blocks with the next prompt on the rank") {
@@ -362,7 +362,7 @@ TEST_CASE("store: blocks a prompt found in the rank-local tier but not in the st
   // Before, the write-back skipped the 3 blocks the rank had (as if the store had them) and wrote
   // only the 4th, whose chain CHECK could never reach.
   wait_for_blocks(t, cluster, 4);
-  CHECK(t.stats(cluster.decode[0].handle).blocks_written_back == 4);
+  CHECK(written_back(t, cluster.decode[0].handle, 4) == 4);
   caf::scoped_actor self{t.sys};
   std::vector<block_ref> keys;
   for (size_t b = 0; b < 4; ++b) {

@@ -101,6 +101,15 @@ inline void wait_for_blocks(test::cluster_system& t, const local_cluster& c, uin
   REQUIRE(index_stats(t, c).blocks >= n);
 }
 
+/// The decode rank's count of blocks written back, once it reaches `n` (a server indexes a
+/// block before the rank hears that its file is written).
+inline uint64_t written_back(test::cluster_system& t, const decode_rank_actor& rank, uint64_t n) {
+  uint64_t got = 0;
+  for (int i = 0; i < 2500 && (got = t.stats(rank).blocks_written_back) < n; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds{4});
+  return got;
+}
+
 /// The servers the (single) index shard names for `key`: none when absent, expired, or on servers
 /// the index saw go.
 inline std::vector<uint32_t> servers_of(test::cluster_system& t, const local_cluster& c, const store::block_key& key) {
