@@ -58,11 +58,13 @@ struct prefill_rank_config {
   /// others, and so does a request that gives up, so this fires only for a part orphaned with
   /// nobody left to say so (its request and a peer's rank both gone).
   uint32_t split_wait_ms = 120000;
-  /// A later part that failed holds its pages out of reuse for twice the earlier parts' send
-  /// timeout (each posted put settles or is given up by then); when an earlier part said it gave
-  /// one up unsettled (split_abort::abandoned), which may still land, this long instead (as a
-  /// decode rank's kv_quarantine_ms).
-  uint32_t split_quarantine_ms = 60000;
+  /// Pages a put was given up into, unsettled, are held out of reuse this long (as a decode
+  /// rank's kv_quarantine_ms): no transport can cancel a posted put, which may still land. A
+  /// later part of a split prompt that failed holds its pages for twice the earlier parts' send
+  /// timeout (each posted put settles or is given up by then), or this long when an earlier part
+  /// said it gave one up (split_abort::abandoned); a prompt whose store read ended unanswered, or
+  /// whose server gave a put up, holds the pages it named at least this long.
+  uint32_t late_put_quarantine_ms = 60000;
   /// The model's vocabulary as constrained decoding walks it (gpu::tokenizer::vocabulary); null:
   /// the built-in byte model's.
   std::shared_ptr<const gpu::token_vocabulary> vocabulary;

@@ -509,7 +509,7 @@ struct split_abort {
   uint8_t code = 0;       ///< the failure's errc
   std::string why;        ///< the failure, naming request, rank and stage
   /// The sender gave up a put unsettled (at its send timeout), which may still land in the
-  /// receiver's pages: those are held for prefill_rank_config::split_quarantine_ms.
+  /// receiver's pages: those are held for prefill_rank_config::late_put_quarantine_ms.
   bool abandoned = false;
 };
 template <class Inspector>

@@ -135,16 +135,17 @@ void return_pages(prefill_pointer self, prefill_job_state& r, bool success) {
   auto& kv = st.core.exec->kv();
   // Pages someone else may still put into go to no other prompt (nor to the local tier, shared
   // with later prompts) until that writer's last possible put is past:
-  // - a store read that ended unanswered: the server starts no put after the order's budget and
-  //   gives each up after store_put_limit_ms;
+  // - a store read that ended unanswered, or whose server gave a put up: the server starts no
+  //   put after the order's budget and gives each up after store_put_limit_ms, but a put given
+  //   up may land later still (the server keeps its buffer for it): a quarantine;
   // - a later part of a split prompt that failed: the earlier parts (told by split_abort or by
   //   the request) post nothing more, and each posted put settles or is given up within their
   //   kv_send_timeout_ms (this rank's, in a cluster of one configuration), twice for the notice.
   uint32_t hold_ms = 0;
-  if (r.load.late_writer) hold_ms = st.store.read_timeout_ms + store_put_limit_ms;
+  if (r.load.late_writer) hold_ms = std::max(st.store.read_timeout_ms + store_put_limit_ms, st.cfg.late_put_quarantine_ms);
   //   One given up unsettled (split_abort::abandoned) may land later still: a quarantine.
   if (!success && r.split.active && r.split.index > 0)
-    hold_ms = std::max(hold_ms, r.split.peer_abandoned ? st.cfg.split_quarantine_ms : 2 * st.cfg.kv_send_timeout_ms);
+    hold_ms = std::max(hold_ms, r.split.peer_abandoned ? st.cfg.late_put_quarantine_ms : 2 * st.cfg.kv_send_timeout_ms);
   if (hold_ms > 0) {
     size_t own_from = 0;  // the shared blocks' pages belong to the local tier, not to this prompt
     if (st.local) {
@@ -152,7 +153,7 @@ void return_pages(prefill_pointer self, prefill_job_state& r, bool success) {
       own_from = std::min(size_t{r.shared_blocks} * st.local->pages_per_block(), r.local_pages.size());
     }
     std::vector<uint32_t> held(r.local_pages.begin() + own_from, r.local_pages.end());
-    st.core.log->add({0, "pages_held", r.order.request_id, static_cast<uint32_t>(held.size()), 0, {}, {}});
+    st.core.log->add({0, "pages_held", r.order.request_id, static_cast<uint32_t>(held.size()), hold_ms, {}, {}});  // layer: ms
     if (!success && r.split.active && r.split.index > 0) {
       const uint64_t lease = r.order.grant.lease_id;
       st.split_holds[lease] = {r.order.request_id, std::move(held), self->clock().now() + std::chrono::milliseconds{hold_ms}};

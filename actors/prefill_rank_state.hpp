@@ -127,8 +127,9 @@ struct prefix_load {
   std::vector<uint32_t> verified;  ///< per block: leading layers landed and verified this round
   std::shared_ptr<gpu::streamed_layers_gate> gate;  ///< streaming: the running attempt's gate
   bool aborted = false;               ///< streaming: a block failed; compute restarts after the reads
-  /// A read ended without the server's answer (a timeout, a lost link): its puts may still land
-  /// in our pages, which therefore go back to the pool only after store_put_limit_ms more.
+  /// A read ended without the server's answer (a timeout, a lost link), or the server gave a put
+  /// up: its puts may still land in our pages, which therefore go back to the pool only after
+  /// prefill_rank_config::late_put_quarantine_ms (return_pages).
   bool late_writer = false;
 };
 
@@ -273,7 +274,7 @@ struct prefill_state {
   std::unordered_map<uint64_t, early_split_peers> early_peers;
   /// Split: a failed later part's pages, held out of reuse after its request is gone (see
   /// return_pages), by lease: an earlier part's word that it gave a put up unsettled may still
-  /// come (split_abort::abandoned), and pushes `until` out to cfg.split_quarantine_ms.
+  /// come (split_abort::abandoned), and pushes `until` out to cfg.late_put_quarantine_ms.
   struct split_hold {
     uint64_t request_id = 0;
     std::vector<uint32_t> pages;

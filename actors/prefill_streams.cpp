@@ -374,7 +374,7 @@ void on_split_abort(prefill_pointer self, const split_abort& ev) {
   // Our part is over and its pages held (return_pages): a put given up into them pushes the
   // hold out to the quarantine.
   if (auto h = st.split_holds.find(ev.lease_id); ev.abandoned && h != st.split_holds.end() && h->second.request_id == ev.request_id)
-    h->second.until = std::max(h->second.until, self->clock().now() + std::chrono::milliseconds{st.cfg.split_quarantine_ms});
+    h->second.until = std::max(h->second.until, self->clock().now() + std::chrono::milliseconds{st.cfg.late_put_quarantine_ms});
   auto i = st.requests.find(ev.request_id);
   if (i == st.requests.end() || !i->second.split.active || i->second.order.grant.lease_id != ev.lease_id) return;
   if (ev.abandoned) i->second.split.peer_abandoned = true;  // even when failed already: its pages wait longer

@@ -614,13 +614,13 @@ TEST_CASE("dynamic prefill split: a part told that another failed stops with tha
 }
 
 TEST_CASE("dynamic prefill split: a later part told that an earlier part gave a put into its pages up unsettled holds "
-          "them for split_quarantine_ms, not twice the send timeout (the put may still land), also when told after it "
+          "them for late_put_quarantine_ms, not twice the send timeout (the put may still land), also when told after it "
           "answered") {
   test::cluster_system t;
   auto cfg = split_cluster_config();
   cfg.prefill.split_wait_ms = 60000;
   cfg.prefill.kv_send_timeout_ms = 200;        // the usual hold: 0.4 s
-  cfg.prefill.split_quarantine_ms = 60000;     // the quarantine: past this test's end
+  cfg.prefill.late_put_quarantine_ms = 60000;     // the quarantine: past this test's end
   auto cluster = start_local_cluster(t.sys, cfg);
   test::cluster_system::stopper stop{t, cluster};
   REQUIRE(t.wait_registered(cluster));

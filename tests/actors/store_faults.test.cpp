@@ -172,6 +172,9 @@ TEST_CASE("store: a read slower than the reader's timeout: the server starts no 
   // The server's budget: 300 ms, with room on a loaded machine. Write-back's slot requests wait
   // write_slot_timeout_ms (5 s by default), not this, so the first prompt's blocks land.
   cfg.store.read_timeout_ms = 600;
+  // A put given up may land later still: the pages are held this long (60 s by default), more
+  // than read_timeout_ms + store_put_limit_ms.
+  cfg.prefill.late_put_quarantine_ms = 12000;
   // The server takes 900 ms before each layer of a read (reads only: write-back is unaffected).
   auto slow = [](caf::actor_system& sys, block_server_config bc, std::shared_ptr<transport::transport> xport,
                  std::vector<block_index_actor> index) {
@@ -192,6 +195,8 @@ TEST_CASE("store: a read slower than the reader's timeout: the server starts no 
     return std::count_if(ev.begin(), ev.end(), [&](auto& e) { return e.kind == kind; });
   };
   CHECK(held("pages_held") == 1);
+  for (const auto& e : t.events(cluster.prefill[0].handle))
+    if (e.kind == "pages_held") CHECK(e.layer == 12000);  // the hold, in ms
   // The next prompt on the rank gets other pages, and its own answer.
   const auto q = prompt_tokens(cfg, 50, 13);
   auto other = t.generate(cluster.router, request_for(q));
@@ -208,7 +213,7 @@ TEST_CASE("store: a read slower than the reader's timeout: the server starts no 
   CHECK(s.blocks_read == 0);
   CHECK(s.read_failures == 3);
   CHECK(s.bytes_read == 0);
-  // The held pages come back once no put can land: read_timeout_ms + store_put_limit_ms.
+  // The held pages come back after the quarantine.
   for (int i = 0; i < 400 && held("pages_unheld") == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{50});
   CHECK(held("pages_unheld") == 1);
   CHECK(t.stats(cluster.prefill[0].handle).num_free_pages == cfg.executor.num_kv_pages);
