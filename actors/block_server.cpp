@@ -44,9 +44,8 @@ std::vector<disk_eviction> delete_evicted(io_context& io, const std::vector<stor
   std::vector<disk_eviction> out;
   for (const auto& m : gone) {
     ::unlink(store::block_path(io.cfg.dir, m.key).c_str());
-    auto w = io.written.find(m.key);
-    out.push_back({m.key, w == io.written.end() ? 0 : w->second});
-    if (w != io.written.end()) io.written.erase(w);
+    out.push_back({m.key, io.seq_of(m.key)});
+    io.written.erase(m.key);
   }
   io.disk_bytes = io.on_disk.bytes();
   return out;
@@ -174,7 +173,7 @@ void recover_blocks(pointer self) {
           const size_t shard = shard_of(b.key, static_cast<uint32_t>(st.index.size()));
           batches[shard].push_back(block_commit{ref, b.parent.hi, b.parent.lo,
                                                 store::to_string(static_cast<store::retention>(b.retention)), kv_bytes,
-                                                std::max<uint64_t>(b.age_ms, 1)});
+                                                std::max<uint64_t>(b.age_ms, 1), st.io->seq_base});
           if (batches[shard].size() >= commit_batch_blocks) send(shard);
         }
         for (size_t shard = 0; shard < batches.size(); ++shard) send(shard);

@@ -64,10 +64,22 @@ struct io_context {
   std::optional<transport::region_key> write_key;
   std::vector<std::byte> write_copy;  ///< the I/O thread's: a write's bytes, checked and written from here
   std::string setup_error;
+  /// This process's first write sequence number: the wall clock at its start, in nanoseconds, so
+  /// a restarted server's writes (and the blocks it finds on disk, which carry this number) are
+  /// later than any of the process before it. The index keeps the latest write it heard of per
+  /// copy and ignores a delete of an earlier one: counted from 0 again, a restarted server's
+  /// deletes were ignored for keys its predecessor had written (the index kept naming files gone).
+  uint64_t seq_base = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
   /// Each key written since start, with its write's sequence number (block_commit::write_seq):
-  /// the I/O thread's alone. Blocks found on disk at start are 0.
+  /// the I/O thread's alone. Blocks found on disk at start are seq_base.
   std::unordered_map<store::block_key, uint64_t, store::block_key_hash> written;
-  uint64_t last_write_seq = 0;
+  uint64_t last_write_seq = seq_base;
+  /// The write sequence number of `key`'s copy here, for a delete the index is told of.
+  uint64_t seq_of(const store::block_key& key) const {
+    const auto w = written.find(key);
+    return w == written.end() ? seq_base : w->second;
+  }
   /// Its block files, least recently used last (leaf-first, as the index orders blocks), each
   /// counted at store::block_disk_bytes: what cfg.capacity_bytes holds them to. The I/O thread's
   /// alone; a write or a read makes a block recent. Only the order counts here: no times, no

@@ -188,9 +188,8 @@ std::string forget_block(io_context& io, const store::block_key& key, bool unlin
       left = std::string{" (its file stays: "} + std::strerror(err) + "; no reader is sent to it)";
     }
   }
-  auto w = io.written.find(key);
-  gone->push_back({key, w == io.written.end() ? 0 : w->second});
-  if (w != io.written.end()) io.written.erase(w);
+  gone->push_back({key, io.seq_of(key)});
+  io.written.erase(key);
   io.on_disk.erase(key);
   io.disk_bytes = io.on_disk.bytes();
   return left;

@@ -143,8 +143,9 @@ struct block_commit {
   /// 0 for a block just written; for one a restarted server found on disk, how long ago it was
   /// written: its retention counts from then, not from the restart.
   uint64_t age_ms = 0;
-  /// Which write of the block on this server it was (the server's counter; 0 for a block found
-  /// on disk at start). A delete names it, so that it never removes a later write of the same key.
+  /// Which write of the block on this server it was (the server's counter, which starts at its
+  /// process's start time in ns; that start for a block found on disk). A delete names it, so
+  /// that it never removes a later write of the same key.
   uint64_t write_seq = 0;
 };
 template <class Inspector>

@@ -614,6 +614,45 @@ TEST_CASE("block server: a block that does not fit the reader's pages is refused
   self->send_exit(server, caf::exit_reason::user_shutdown);
 }
 
+TEST_CASE("block server: a server started again on its disk numbers its writes after its predecessor's, so the index "
+          "applies its deletes of blocks the one before had written (counted from 0 again, they were ignored and the "
+          "index kept naming files that were gone)") {
+  test::cluster_system t;
+  one_server s;
+  const store::block_key k{5, 55};
+  s.store_block(k, std::byte{0x21});
+  auto fabric = transport::make_loopback_fabric();
+  caf::scoped_actor self{t.sys};
+  // The write sequence number each server process gives the block it finds on its disk.
+  const auto found_seq = [&](const char* name) {
+    recording_index rec{t.sys};
+    auto server = spawn_block_server(t.sys, s.config(), transport::make_loopback_transport(fabric, name), {rec.index});
+    for (int i = 0; i < 2500 && rec.num_commits() < 1; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{2});
+    uint64_t seq = 0;
+    {
+      std::lock_guard<std::mutex> lock{*rec.mutex};
+      REQUIRE(rec.commits->size() == 1);
+      seq = (*rec.commits)[0].write_seq;
+    }
+    self->monitor(server);
+    self->send_exit(server, caf::exit_reason::user_shutdown);
+    self->receive([](caf::down_msg&) {});
+    self->send_exit(rec.index, caf::exit_reason::user_shutdown);
+    return seq;
+  };
+  const uint64_t before = found_seq("store-a");
+  const uint64_t after = found_seq("store-b");
+  CHECK(before > 0);
+  CHECK(after > before);
+  // The index heard of the first process's copy last (a commit that came late over a slow link):
+  // the second process's delete of its copy still removes it.
+  store::block_index index;
+  index.upsert({k, {}, {0}, 1, store::retention::chat, 1e18, 0, {before + 1000}}, 0);
+  index.upsert({k, {}, {0}, 1, store::retention::chat, 1e18, 0, {after}}, 0);
+  CHECK(index.drop_copy(k, 0, after));
+  CHECK(index.find(k) == nullptr);
+}
+
 TEST_CASE("block server: a server that finds thousands of blocks on its disk at start commits them in batches of at "
           "most commit_batch_blocks (one message per block flooded the link, and a probe behind them timed out)") {
   constexpr uint32_t n = 2 * static_cast<uint32_t>(commit_batch_blocks) + 52;
