@@ -177,12 +177,15 @@ void recover_blocks(pointer self) {
           if (batches[shard].size() >= commit_batch_blocks) send(shard);
         }
         for (size_t shard = 0; shard < batches.size(); ++shard) send(shard);
-        if (scan.blocks.empty() && scan.removed == 0 && scan.foreign == 0) return;
+        if (scan.blocks.empty() && scan.removed == 0 && scan.foreign == 0 && scan.unreadable_folders == 0) return;
         auto line = caf::aout(self);
         line << st.io->cfg.name << ": found " << scan.blocks.size() << " blocks (" << bytes / (1u << 20)
              << " MiB) in " << st.io->cfg.dir;
         if (scan.foreign) line << ", left " << scan.foreign << " of another model or layout alone";
         if (scan.removed) line << ", removed " << scan.removed << " unreadable or stale files (first: " << scan.first_removed << ")";
+        if (scan.unreadable_folders)
+          line << ", could not list " << scan.unreadable_folders << " folders (their blocks are not served nor counted "
+               << "against the disk budget until a start that lists them; first: " << scan.first_unreadable << ")";
         line << std::endl;
       });
 }

@@ -50,12 +50,25 @@ struct io_context {
   static constexpr size_t max_retired = 4;
   /// A buffer whose puts have not settled this many put limits after it was set aside is left to
   /// them and stops counting toward max_retired: one stuck peer must not stop every reader's
-  /// reads for good. Its memory stays (kept on purpose, freed if they ever settle).
+  /// reads for good. Its memory stays (kept on purpose, freed if they ever settle: freed before,
+  /// the transport could still read it).
   static constexpr uint32_t retired_counts_for_limits = 6;
+  /// ... up to this many buffers in all, old or recent: past it reads are refused until some
+  /// settle, rather than a peer that never settles (a reader crashing again and again, over
+  /// shared memory that fails no put) costing a staging buffer every few limits without end.
+  static constexpr size_t max_retired_total = 16;
   /// The buffers set aside recently enough to count toward max_retired.
   size_t retired_recently() const {
     const auto horizon = std::chrono::steady_clock::now() - std::chrono::milliseconds{uint64_t{cfg.put_limit_ms} * retired_counts_for_limits};
     return static_cast<size_t>(std::count_if(retired.begin(), retired.end(), [&](const auto& r) { return r.at > horizon; }));
+  }
+  /// Why reads are refused while buffers wait on given-up puts, or empty when they are not.
+  std::string retired_refusal() const {
+    const size_t recent = retired_recently();
+    if (recent < max_retired && retired.size() < max_retired_total) return {};
+    const size_t n = recent >= max_retired ? recent : retired.size();
+    return std::to_string(n) + " staging buffers wait on puts given up after " + std::to_string(cfg.put_limit_ms) + " ms" +
+           (recent >= max_retired ? "" : " (at most " + std::to_string(max_retired_total) + " in all)");
   }
   /// Writes: the writer puts here, the I/O thread writes the file. The transport's own memory, so
   /// a writer on this host stores into it directly (transport::allocate_memory).

@@ -81,9 +81,8 @@ std::string retire_staging(io_context& io) {
   if (io.stopping.load()) return io.cfg.name + " stopped";  // no fresh buffer for a server going away
   io.staging.assign(io.cfg.staging_bytes, std::byte{0});
   if (auto err = register_staging(io); !err.empty()) return err;
-  if (io.retired_recently() >= io_context::max_retired)  // the rest of this read would only add more
-    return io.cfg.name + " stopped this read: " + std::to_string(io.retired_recently()) +
-           " staging buffers wait on puts given up after " + std::to_string(io.cfg.put_limit_ms) + " ms";
+  if (auto why = io.retired_refusal(); !why.empty())  // the rest of this read would only add more
+    return io.cfg.name + " stopped this read: " + why;
   return {};
 }
 
@@ -212,12 +211,10 @@ store_read_result serve_read(io_context& io, const store_read_order& order, uint
     return r;
   }
   reap_retired(io);
-  if (io.staging_region == 0 || io.retired_recently() >= io_context::max_retired) {
+  if (const auto why = io.retired_refusal(); io.staging_region == 0 || !why.empty()) {
     for (auto& e : r.errors)
       e = io.cfg.name + (io.staging_region == 0 ? " has no read staging: registering a fresh one failed"
-                                                : " serves no reads while " + std::to_string(io.retired_recently()) +
-                                                      " staging buffers wait on puts given up after " +
-                                                      std::to_string(io.cfg.put_limit_ms) + " ms");
+                                                : " serves no reads while " + why);
     return r;
   }
   // Queued past its budget (a backlog of reads or deletes ahead of it): answered at once, without

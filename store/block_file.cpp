@@ -388,34 +388,37 @@ dir_scan scan_block_dir(const std::string& dir, const block_key& salt, bool sole
     if (!fs::remove(p, ec) || ec) return;
     if (out.removed++ == 0) out.first_removed = p.string() + ": " + why;
   };
-  std::error_code ec;
-  fs::recursive_directory_iterator it{dir, fs::directory_options::skip_permission_denied, ec};
-  if (ec) return out;  // missing or unreadable: nothing to recover
-  for (const fs::recursive_directory_iterator end; it != end; it.increment(ec)) {
-    if (ec) break;
-    if (it.depth() > 1) {
-      it.disable_recursion_pending();
-      continue;
-    }
+  // dir/<2 hex>/<32 hex>.blk: the top folder and each of its folders walked on their own, so an
+  // error reading one (EIO, a folder removed meanwhile) skips that folder alone -- a walk that
+  // stopped there left the files after it unfound: never deleted, and the disk budget blind to them.
+  const auto walk = [&](const fs::path& folder, const auto& visit) {
+    std::error_code ec;
+    fs::directory_iterator it{folder, ec};  // a folder it may not read is said too
+    for (const fs::directory_iterator end; !ec && it != end; it.increment(ec)) visit(*it);
+    if (ec && ec != std::errc::no_such_file_or_directory && out.unreadable_folders++ == 0)
+      out.first_unreadable = folder.string() + ": " + ec.message();
+  };
+  // One entry of the walk: a block file found, or a file removed, or left alone.
+  const auto consider = [&](const fs::directory_entry& entry) {
     std::error_code fe;
-    if (!it->is_regular_file(fe)) continue;
-    const auto& p = it->path();
+    if (!entry.is_regular_file(fe)) return;
+    const auto& p = entry.path();
     const auto name = p.filename().string();
-    const auto written = it->last_write_time(fe);
-    if (fe) continue;
+    const auto written = entry.last_write_time(fe);
+    if (fe) return;
     if (name.find(".blk.tmp.") != std::string::npos) {
       if (sole_writer)
         remove(p, "a temporary file of a writer that is gone (this server holds the directory's lock)");
       else if (age_of(written) > stale_temp_after)
         remove(p, "a temporary file older than " + std::to_string(stale_temp_after.count()) + " s");
-      continue;
+      return;
     }
-    if (p.extension() != ".blk") continue;
+    if (p.extension() != ".blk") return;
     // Without touching its access time where the file is ours (else the open that only reads its
     // header would count as a use, and the next restart would see every block used at once).
     int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NOATIME);
     if (fd < 0 && errno == EPERM) fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) continue;
+    if (fd < 0) return;
     struct stat st {};
     const bool dated_ok = ::fstat(fd, &st) == 0;
     block_header h;
@@ -423,27 +426,32 @@ dir_scan scan_block_dir(const std::string& dir, const block_key& salt, bool sole
     ::close(fd);
     if (bad && bad->foreign) {
       ++out.foreign;
-      continue;
+      return;
     }
-    if (bad && bad->transient) continue;  // not read now; maybe at the next start
+    if (bad && bad->transient) return;  // not read now; maybe at the next start
     if (bad) {
       remove(p, bad->why);
-      continue;
+      return;
     }
     if (p.stem().string() != h.key.hex()) {
       remove(p, "holds block " + h.key.hex());
-      continue;
+      return;
     }
     // Where reads and deletes look for it, or it could never be served nor deleted (a file
     // moved by hand), only found again at every restart.
     if (std::filesystem::path{block_path(dir, h.key)}.lexically_normal() != p.lexically_normal()) {
       remove(p, "is not where block " + h.key.hex() + " belongs (" + block_path(dir, h.key) + ")");
-      continue;
+      return;
     }
     const auto ns = [](const timespec& t) { return int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec; };
     const int64_t last_used = dated_ok ? std::max(ns(st.st_atim), ns(st.st_mtim)) : 0;
     found.push_back({last_used, {h.key, h.parent, h.retention, h.file_bytes(), static_cast<uint64_t>(age_of(written).count())}});
-  }
+  };
+  walk(dir, [&](const fs::directory_entry& top) {
+    std::error_code fe;
+    if (top.is_directory(fe) && !top.is_symlink(fe)) walk(top.path(), consider);
+    else consider(top);
+  });
   std::stable_sort(found.begin(), found.end(), [](const dated& a, const dated& b) { return a.last_used_ns < b.last_used_ns; });
   out.blocks.reserve(found.size());
   for (auto& d : found) out.blocks.push_back(d.block);

@@ -92,6 +92,8 @@ struct dir_scan {
   uint64_t removed = 0;             ///< unreadable block files and stale temporary files, deleted
   uint64_t foreign = 0;             ///< block files of another model or KV layout (or a newer format), left alone
   std::string first_removed;        ///< why the first removed file went (for the server's log line)
+  uint64_t unreadable_folders = 0;  ///< folders whose listing failed (skipped; their files are found at a later start)
+  std::string first_unreadable;     ///< the first of them, and why
 };
 
 /// Temporary files older than this are a crashed writer's leftovers (a write takes seconds).
