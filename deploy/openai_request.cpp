@@ -586,6 +586,48 @@ bool refuse_unsupported(const json& j, api_error* err) {
     *err = bad("use_beam_search", "use_beam_search is not supported (only false)");
     return false;
   }
+  // vLLM's (and OpenAI's audio) fields that would change the answer and that Baton does not
+  // implement: refused by name when they ask for something, so that a client migrating from vLLM
+  // never takes an unrestricted answer for a restricted one. Their no-op values pass (clients
+  // often send every field at its default).
+  struct unsupported {
+    const char* field;
+    const char* what;                      ///< the sentence's tail: what to do instead
+    bool (*asks)(const json&);             ///< whether this value asks for something
+  };
+  static const unsupported fields[] = {
+      {"allowed_token_ids", "is not supported: use logit_bias, or a structured output (guided_choice, guided_regex)",
+       [](const json& v) { return !(v.is_array() && v.empty()); }},
+      {"bad_words", "is not supported: use logit_bias against their tokens",
+       [](const json& v) { return !(v.is_array() && v.empty()); }},
+      {"truncate_prompt_tokens", "is not supported: shorten the prompt (a prompt longer than the context is refused)",
+       [](const json&) { return true; }},
+      {"skip_special_tokens", "is supported only as true (special tokens are never in the text)",
+       [](const json& v) { return v != true; }},
+      {"spaces_between_special_tokens", "is supported only as true", [](const json& v) { return v != true; }},
+      {"return_tokens_as_token_ids", "is not supported (only false)", [](const json& v) { return v != false; }},
+      {"detokenize", "is supported only as true", [](const json& v) { return v != true; }},
+      {"logits_processors", "is not supported", [](const json& v) { return !(v.is_array() && v.empty()); }},
+      {"chat_template", "is not supported per request: the model directory's template serves every call "
+                        "(docs/chat-templates.md)",
+       [](const json& v) { return !(v.is_string() && v.get<std::string>().empty()); }},
+      {"documents", "is not supported: put the documents in the messages",
+       [](const json& v) { return !(v.is_array() && v.empty()); }},
+      {"modalities", "other than [\"text\"] is not supported: the model answers in text",
+       [](const json& v) { return v != json::array({"text"}); }},
+      {"audio", "is not supported: the model answers in text", [](const json&) { return true; }},
+  };
+  for (const auto& f : fields)
+    if (auto it = j.find(f.field); it != j.end() && !it->is_null() && f.asks(*it)) {
+      *err = bad(f.field, std::string{f.field} + " " + f.what);
+      return false;
+    }
+  if (auto so = j.find("stream_options"); so != j.end() && so->is_object())
+    if (auto it = so->find("continuous_usage_stats"); it != so->end() && !it->is_null() && *it != false) {
+      *err = bad("stream_options", "stream_options.continuous_usage_stats is not supported: include_usage gives the "
+                                   "usage in the last event");
+      return false;
+    }
   return true;
 }
 
@@ -739,6 +781,24 @@ bool parse_checked_body(std::string_view body, bool chat, const std::string& ser
     }
     r.chat_template_kwargs = it->dump();
   }
+  // vLLM's chat options, passed to the template's renderer among its variables (gpu/tokenizer.cpp):
+  // add_generation_prompt false ends the text after the last message; continue_final_message
+  // has the answer continue the last message, an assistant's (a prefilled answer).
+  for (const char* option : {"add_generation_prompt", "continue_final_message"}) {
+    auto it = j.find(option);
+    if (it == j.end() || it->is_null()) continue;
+    if (!chat) {
+      *err = bad(option, std::string{option} + " is for /v1/chat/completions");
+      return false;
+    }
+    if (!it->is_boolean()) {
+      *err = bad(option, std::string{option} + " must be true or false, got " + describe(*it));
+      return false;
+    }
+    auto kwargs = r.chat_template_kwargs.empty() ? json::object() : json::parse(r.chat_template_kwargs);
+    kwargs[option] = *it;  // the field wins over the same name in chat_template_kwargs
+    r.chat_template_kwargs = kwargs.dump();
+  }
   if (!bool_field(j, "stream", &out->stream, err)) return false;
   if (auto it = j.find("stream_options"); it != j.end() && !it->is_null()) {
     if (!out->stream) {  // as OpenAI answers it
@@ -766,7 +826,16 @@ bool parse_checked_body(std::string_view body, bool chat, const std::string& ser
     }
   }
   if (!string_field(j, "traffic_class", &r.traffic_class, err)) return false;
-  if (!string_field(j, "priority", &r.priority, err)) return false;
+  // Baton's priority is a class (interactive or batch, the router checks it); vLLM's an integer,
+  // whose 0 (its default, which its clients send) asks for nothing.
+  if (auto it = j.find("priority"); it != j.end() && it->is_number_integer() && it->get<int64_t>() == 0) {
+  } else if (it != j.end() && it->is_number()) {
+    *err = bad("priority", "priority must be \"interactive\" or \"batch\" (vLLM's integer priorities are not "
+                           "supported; 0 is taken as no priority), got " + describe(*it));
+    return false;
+  } else if (!string_field(j, "priority", &r.priority, err)) {
+    return false;
+  }
   if (!number_field(j, "n", 1, max_choices, &out->n, err)) return false;
   if (out->num_choices() > max_call_requests) {
     *err = bad("n", std::to_string(out->num_prompts()) + " prompts times n " + std::to_string(out->n) + " is " +

@@ -93,9 +93,38 @@ std::vector<const char*> tool_call_markers(tool_call_format f) {
   return {};
 }
 
-/// The variables every chat sets: a request's chat_template_kwargs may not replace them.
+/// The variables every chat sets: a request's chat_template_kwargs may not replace them
+/// (add_generation_prompt it may, as vLLM's request field: chat_options).
 bool chat_sets(const std::string& key) {
-  return key == "messages" || key == "add_generation_prompt" || key == "bos_token" || key == "eos_token" || key == "tools";
+  return key == "messages" || key == "bos_token" || key == "eos_token" || key == "tools";
+}
+
+/// vLLM's chat options, taken from chat_template_kwargs: add_generation_prompt (true: the text
+/// ends where the assistant's answer starts) and continue_final_message (the answer continues
+/// the conversation's last message, an assistant's, as transformers' apply_chat_template does:
+/// the text is cut right after that message's content).
+struct chat_options {
+  bool add_generation_prompt = true;
+  bool continue_final_message = false;
+};
+
+/// Cuts `text` right after the final message's content (transformers' continue_final_message);
+/// false and why when that content is not in the text.
+bool cut_after_final(const std::vector<chat_message>& messages, std::string* text, std::string* why) {
+  const std::string& content = messages.back().content;
+  const auto trimmed_end = content.find_last_not_of(" \t\r\n");
+  const auto trimmed_begin = content.find_first_not_of(" \t\r\n");
+  for (const std::string& piece : {content, trimmed_end == std::string::npos ? std::string{}
+                                                                            : content.substr(trimmed_begin, trimmed_end - trimmed_begin + 1)}) {
+    if (piece.empty()) continue;
+    if (const auto at = text->rfind(piece); at != std::string::npos) {
+      text->resize(at + piece.size());
+      return true;
+    }
+  }
+  *why = "continue_final_message: the final message's content is not in the chat template's text, so there is "
+         "nothing to continue";
+  return false;
 }
 
 nlohmann::ordered_json chat_context(const std::vector<chat_message>& messages, const chat_setup& chat) {
@@ -194,6 +223,7 @@ public:
       return false;
     }
     auto context = chat_context(messages, chat_);
+    chat_options options;
     if (!extras.tools_json.empty()) {
       auto tools = nlohmann::ordered_json::parse(extras.tools_json, nullptr, false);
       if (!tools.is_array()) {
@@ -208,15 +238,38 @@ public:
         *why = "chat_template_kwargs must be a JSON object";
         return false;
       }
+      bool generation_prompt_given = false;
       for (const auto& [k, v] : extra.items()) {
         if (chat_sets(k)) {
           *why = "chat_template_kwargs may not set '" + k + "': the chat sets it";
           return false;
         }
+        if (k == "add_generation_prompt" || k == "continue_final_message") {
+          if (!v.is_boolean()) {
+            *why = k + " must be true or false";
+            return false;
+          }
+          (k == "add_generation_prompt" ? options.add_generation_prompt : options.continue_final_message) = v.get<bool>();
+          generation_prompt_given |= k == "add_generation_prompt";
+          if (k == "continue_final_message") continue;  // the renderer's, not the template's
+        }
         context[k] = v;
       }
+      if (options.continue_final_message) {
+        if (generation_prompt_given && options.add_generation_prompt) {
+          *why = "continue_final_message and add_generation_prompt cannot both be true: the answer either continues "
+                 "the last message or starts a new one";
+          return false;
+        }
+        if (messages.empty() || messages.back().role != "assistant") {
+          *why = "continue_final_message needs the conversation's last message to be the assistant's";
+          return false;
+        }
+        options.add_generation_prompt = false;
+        context["add_generation_prompt"] = false;
+      }
     }
-    if (chat_.tmpl->render(context, text, why)) return true;
+    if (chat_.tmpl->render(context, text, why)) return !options.continue_final_message || cut_after_final(messages, text, why);
     // Templates that fail on transformers' form of a conversation get two more tries, each only
     // when the one before failed: a null content as "" (vLLM's form: Qwen3's tests `'</think>'
     // in message.content`), then also the calls' arguments as JSON text (DeepSeek-V3.1's adds
@@ -229,9 +282,12 @@ public:
       return true;
     };
     const auto empty = null_content_as_empty(context);
-    if (empty && render_instead(*empty)) return true;
-    const auto as_text = arguments_as_text(empty ? *empty : context);
-    return as_text && render_instead(*as_text);
+    bool rendered = empty && render_instead(*empty);
+    if (!rendered) {
+      const auto as_text = arguments_as_text(empty ? *empty : context);
+      rendered = as_text && render_instead(*as_text);
+    }
+    return rendered && (!options.continue_final_message || cut_after_final(messages, text, why));
   }
   chat_reasoning reasoning() const override { return chat_.reasoning; }
   tool_call_format tool_calls() const override { return chat_.tool_calls; }

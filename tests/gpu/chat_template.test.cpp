@@ -186,6 +186,38 @@ TEST_CASE("chat: a template that leaves <think> to the model (Qwen3's) says answ
   CHECK(why == "tools nest arrays and objects deeper than 64 levels");
 }
 
+TEST_CASE("chat: vLLM's add_generation_prompt and continue_final_message (among chat_template_kwargs): the text "
+          "ends after the last message, or inside it, so that the answer continues a prefilled assistant message") {
+  model_dir d{"options", chatml, false};
+  const auto t = d.load();
+  const std::vector<chat_message> prefilled = {{"user", "Name a colour."}, {"assistant", "The colour is "}};
+  std::string text, why;
+  REQUIRE(t->render_chat({{"user", "Hi"}}, chat_extras{R"({"add_generation_prompt": false})", {}}, &text, &why));
+  CHECK(text == "<|im_start|>user\nHi<|im_end|>\n");
+  // Cut right after the content (its trailing space kept: the template's own text, not trimmed).
+  REQUIRE(t->render_chat(prefilled, chat_extras{R"({"continue_final_message": true})", {}}, &text, &why));
+  CHECK(text == "<|im_start|>user\nName a colour.<|im_end|>\n<|im_start|>assistant\nThe colour is ");
+  REQUIRE(t->render_chat(prefilled, chat_extras{R"({"continue_final_message": true, "add_generation_prompt": false})", {}},
+                         &text, &why));
+  CHECK(text == "<|im_start|>user\nName a colour.<|im_end|>\n<|im_start|>assistant\nThe colour is ");
+  // Llama 3's template trims each message: the trimmed content is where the text is cut.
+  model_dir trims{"options-trim", llama3, false};
+  REQUIRE(trims.load()->render_chat(prefilled, chat_extras{R"({"continue_final_message": true})", {}}, &text, &why));
+  CHECK(text.ends_with("<|start_header_id|>assistant<|end_header_id|>\n\nThe colour is"));
+  // Refused, naming why.
+  CHECK_FALSE(t->render_chat(prefilled, chat_extras{R"({"continue_final_message": true, "add_generation_prompt": true})", {}},
+                             &text, &why));
+  CHECK(why == "continue_final_message and add_generation_prompt cannot both be true: the answer either continues the "
+               "last message or starts a new one");
+  CHECK_FALSE(t->render_chat({{"user", "Hi"}}, chat_extras{R"({"continue_final_message": true})", {}}, &text, &why));
+  CHECK(why == "continue_final_message needs the conversation's last message to be the assistant's");
+  CHECK_FALSE(t->render_chat(prefilled, chat_extras{R"({"continue_final_message": "yes"})", {}}, &text, &why));
+  CHECK(why == "continue_final_message must be true or false");
+  model_dir drops{"options-drop", "{% for m in messages %}{% if m.role == 'user' %}{{ m.content }}{% endif %}{% endfor %}", false};
+  CHECK_FALSE(drops.load()->render_chat(prefilled, chat_extras{R"({"continue_final_message": true})", {}}, &text, &why));
+  CHECK(why.find("the final message's content is not in the chat template's text") != std::string::npos);
+}
+
 TEST_CASE("chat: chat_template.jinja beside the tokenizer wins, and of a list of named templates 'default' is used") {
   model_dir file{"jinja-file", chatml, false, "{% for m in messages %}[{{ m.role }}]{% endfor %}"};
   CHECK(render(*file.load(), {{"user", "Hi"}}) == "[user]");
