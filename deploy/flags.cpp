@@ -93,6 +93,7 @@ void flag_set::add(std::string name, bool* t, std::string help) {
 }
 
 std::string flag_set::parse(const std::vector<std::string>& args) {
+  for (auto& f : flags_) f.given = false;  // given(): this parse's
   for (size_t i = 0; i < args.size(); ++i) {
     std::string arg = args[i], value;
     if (arg == "--help" || arg == "-h") {
@@ -118,6 +119,7 @@ std::string flag_set::parse(const std::vector<std::string>& args) {
       value = args[++i];
     }
     if (auto err = f->set(value); !err.empty()) return "flag " + arg + " " + err;
+    // Given twice, the last one wins (as argparse's): wrappers add defaults their callers override.
     f->given = true;
   }
   return {};

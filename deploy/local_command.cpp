@@ -167,6 +167,8 @@ int run_local(const std::vector<std::string>& args) {
   flags.add("--executor", &opt.cluster.backend.kind, "executor backend: cpu (default) or cuda (ranks in turn on the GPUs this process sees)");
   flags.add("--cuda-fp32", &cuda_fp32, "cuda: fp32 weights and KV instead of bf16 (the conformance mode)");
   flags.add("--kv-pages", &opt.cluster.executor.num_kv_pages, "KV pages per rank");
+  flags.add("--max-batch-size", &opt.cluster.decode.max_batch_size,
+            "decode ranks: sequences in one decode step, at most (vLLM's --max-num-seqs); more wait for a place");
   flags.add("--page-tokens", &opt.cluster.executor.page_size_tokens, "tokens per KV page");
   flags.add("--chunk-tokens", &opt.cluster.prefill.chunk_tokens, "largest prefill chunk, in tokens");
   flags.add("--step-budget-us", &opt.cluster.prefill.step_budget_us,
@@ -658,7 +660,8 @@ int run_local(const std::vector<std::string>& args) {
                                        std::to_string(opt.cluster.weights_seed), "--poll-attempts",
                                        std::to_string(opt.poll_attempts), "--model", opt.model,
                                        "--cluster-id", opt.sec.cluster_id, "--expert-parallel",
-                                       std::to_string(opt.expert_parallel), "--ucx-send", opt.cluster.ucx_send};
+                                       std::to_string(opt.expert_parallel), "--ucx-send", opt.cluster.ucx_send,
+                                       "--max-batch-size", std::to_string(opt.cluster.decode.max_batch_size)};
       if (opt.dual_batch_overlap) argv.push_back("--dual-batch-overlap");
       if (opt.eplb.slots_per_rank)
         argv.insert(argv.end(), {"--eplb-slots", std::to_string(opt.eplb.slots_per_rank), "--eplb-interval",

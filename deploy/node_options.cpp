@@ -59,6 +59,8 @@ void add_node_flags(flag_set& flags, node_options* o, bool* cuda_fp32) {
   flags.add("--chunk-tokens", &o->prefill.chunk_tokens, "prefill: largest chunk, in tokens");
   flags.add("--step-budget-us", &o->prefill.step_budget_us, "prefill: size each chunk to this predicted time (0 = fixed)");
   flags.add("--kv-pages", &o->exec.num_kv_pages, "KV pages per rank");
+  flags.add("--max-batch-size", &o->rank.max_batch_size,
+            "decode: sequences in one decode step, at most (vLLM's --max-num-seqs); more wait for a place");
   flags.add("--page-tokens", &o->exec.page_size_tokens, "tokens per KV page");
   flags.add("--executor-threads", &o->exec.num_threads, "math threads per rank");
   flags.add("--executor", &o->backend.kind, "executor backend: cpu (default) or cuda (ranks in turn on the GPUs this process sees)");

@@ -40,6 +40,9 @@ TEST_CASE("flags set the config fields they are bound to, and name what is wrong
   CHECK(verbose);
   CHECK(f.parse({"--verbose=maybe"}) == "flag --verbose takes true or false after '=', got 'maybe'");
   CHECK(f.parse({"loose"}) == "unexpected argument 'loose': this command takes flags only (see --help)");
+  // Given twice, the last one wins (as argparse's): a wrapper's default, then its caller's value.
+  CHECK(f.parse({"--ranks", "2", "--ranks", "5"}).empty());
+  CHECK(ranks == 5);
   // Positional arguments, when collected: whatever is neither a flag nor a flag's value, so a
   // boolean flag never swallows the next flag (baton generate --json-compact --max-tokens 9 "p").
   std::vector<std::string> positional;
