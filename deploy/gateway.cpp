@@ -457,7 +457,7 @@ void serve_chat(caf::io::broker* self, caf::io::connection_handle, const shared_
 
 void serve_models(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st,
                   const http::request&) {
-  reply(self, hdl, g, st, 200, openai::models_json(g->model, g->started_s));
+  reply(self, hdl, g, st, 200, openai::models_json(g->model, g->started_s, g->context_tokens));
 }
 
 constexpr std::string_view models_prefix = "/v1/models/";
@@ -470,7 +470,7 @@ void serve_model_by_id(caf::io::broker* self, caf::io::connection_handle hdl, co
     return reply_error(self, hdl, g, st,
                        {404, "the model '" + quoted_input(id, 128) + "' does not exist; this cluster serves '" + g->model + "'",
                         "invalid_request_error", "model"});
-  reply(self, hdl, g, st, 200, openai::model_json(g->model, g->started_s));
+  reply(self, hdl, g, st, 200, openai::model_json(g->model, g->started_s, g->context_tokens));
 }
 
 void serve_health(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st,

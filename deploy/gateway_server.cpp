@@ -37,6 +37,7 @@ std::string random_id_prefix() {
 /// What a gateway takes from the router's numbers: the model's name and how calls are served.
 void take_settings(gateway_shared& g, const cluster_stats& s) {
   g.model = g.cfg.served_model_name.empty() ? s.model : g.cfg.served_model_name;
+  g.context_tokens = s.context_tokens;
   g.calls.chat_reasoning = s.chat_reasoning;
   g.calls.chat_tool_calls = s.chat_tool_calls;
   g.calls.default_temperature = s.default_temperature;

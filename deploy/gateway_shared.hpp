@@ -37,6 +37,7 @@ struct gateway_shared {
   gateway_config cfg;
   router_actor router;
   std::string model;
+  uint32_t context_tokens = 0;  ///< the model's context, as the router says (/v1/models' max_model_len)
   call_settings calls;
   int64_t started_s = 0;
   /// Drawn at start: call ids of gateways started in the same second differ (they repeated).

@@ -374,15 +374,19 @@ std::string error_json(const api_error& e) {
 }
 
 namespace {
-json model_object(const std::string& model, int64_t created) {
-  return {{"id", model}, {"object", "model"}, {"created", created}, {"owned_by", "baton"}};
+json model_object(const std::string& model, int64_t created, uint32_t context_tokens) {
+  json m = {{"id", model}, {"object", "model"}, {"created", created}, {"owned_by", "baton"}};
+  if (context_tokens) m["max_model_len"] = context_tokens;  // vLLM's: clients size prompts by it
+  return m;
 }
 }  // namespace
 
-std::string models_json(const std::string& model, int64_t created) {
-  return json{{"object", "list"}, {"data", json::array({model_object(model, created)})}}.dump();
+std::string models_json(const std::string& model, int64_t created, uint32_t context_tokens) {
+  return json{{"object", "list"}, {"data", json::array({model_object(model, created, context_tokens)})}}.dump();
 }
 
-std::string model_json(const std::string& model, int64_t created) { return model_object(model, created).dump(); }
+std::string model_json(const std::string& model, int64_t created, uint32_t context_tokens) {
+  return model_object(model, created, context_tokens).dump();
+}
 
 }  // namespace baton::deploy::openai

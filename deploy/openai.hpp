@@ -353,8 +353,9 @@ uint64_t utf8_chars(const std::string& s);
 /// The usage chunk that ends a stream when stream_options.include_usage is set.
 std::string usage_chunk_json(const call& c, const std::vector<completion>& choices, const std::string& id, int64_t created);
 std::string error_json(const api_error& e);
-std::string models_json(const std::string& model, int64_t created);
+/// GET /v1/models: the one served model, with vLLM's max_model_len (its context) when known.
+std::string models_json(const std::string& model, int64_t created, uint32_t context_tokens = 0);
 /// GET /v1/models/{id}: the one model object.
-std::string model_json(const std::string& model, int64_t created);
+std::string model_json(const std::string& model, int64_t created, uint32_t context_tokens = 0);
 
 }  // namespace baton::deploy::openai

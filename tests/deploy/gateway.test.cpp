@@ -107,7 +107,8 @@ TEST_CASE("regression: after a streamed answer, the next request on the connecti
   CHECK(json::parse(second.body)["error"]["message"].get<std::string>().find("context") != std::string::npos);
 }
 
-TEST_CASE("--served-model-name: the API knows the model by that id alone (calls, answers, /v1/models); a name "
+TEST_CASE("--served-model-name: the API knows the model by that id alone (calls, answers, /v1/models with its "
+          "max_model_len); a name "
           "that is not printable ASCII is refused") {
   deploy::gateway_config gc;
   gc.served_model_name = "org/my-kjv";
@@ -116,7 +117,10 @@ TEST_CASE("--served-model-name: the API knows the model by that id alone (calls,
   auto models = json::parse(round_trip(port, get("/v1/models")).body);
   REQUIRE(models["data"].size() == 1);
   CHECK(models["data"][0]["id"] == "org/my-kjv");
-  CHECK(round_trip(port, get("/v1/models/org/my-kjv")).status == 200);
+  CHECK(models["data"][0]["max_model_len"] == 256);  // vLLM's field: the built-in model's context
+  const auto one = round_trip(port, get("/v1/models/org/my-kjv"));
+  CHECK(one.status == 200);
+  CHECK(json::parse(one.body)["max_model_len"] == 256);
   auto named = round_trip(port, post("/v1/completions", R"({"model":"org/my-kjv","prompt":"In","max_tokens":2})"));
   REQUIRE(named.status == 200);
   CHECK(json::parse(named.body)["model"] == "org/my-kjv");
