@@ -834,3 +834,14 @@ TEST_CASE("OPTIONS says what a route allows; a browser's preflight from an allow
     CHECK_MESSAGE(bad.validate().find("--cors-origin '" + o + "' is not an origin") != std::string::npos, o);
   }
 }
+
+TEST_CASE("a batch whose prompt the router refuses says which prompt of the batch it was (the router's sentence "
+          "names only the token and its position)") {
+  served_cluster s;
+  const auto r = round_trip(s.gateway.port, post("/v1/completions", R"({"prompt":[[1,2],[5000]],"max_tokens":2})"));
+  CHECK(r.status == 400);
+  const auto err = json::parse(r.body)["error"];
+  CHECK(err["param"] == "prompt");
+  CHECK_MESSAGE(err["message"].get<std::string>().find("(in prompt 1 of the batch, counted from 0)") != std::string::npos,
+                r.body);
+}
