@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <limits>
@@ -37,13 +39,25 @@ namespace {
 using namespace block_server_io;
 
 
+/// Deletes block `key`'s file, on the I/O thread. A failure other than "not there" (a read-only or
+/// failing disk, a file another user owns) leaves a file the disk budget no longer counts: said
+/// on the first one, counted after.
+void unlink_block(io_context& io, const store::block_key& key) {
+  const std::string path = store::block_path(io.cfg.dir, key);
+  if (::unlink(path.c_str()) == 0 || errno == ENOENT) return;
+  if (io.delete_failures++ == 0)
+    std::fprintf(stderr, "%s: could not delete %s (%s); the disk holds more than its budget counts (later failures are "
+                         "not said again)\n",
+                 io.cfg.name.c_str(), path.c_str(), std::strerror(errno));
+}
+
 /// Deletes the files of `gone` (already out of io.on_disk), on the I/O thread: no read of them is
 /// running (reads are jobs of this thread too), and one that opens them later finds no file, a
 /// miss. Returns them with their writes, for the index.
 std::vector<disk_eviction> delete_evicted(io_context& io, const std::vector<store::block_meta>& gone) {
   std::vector<disk_eviction> out;
   for (const auto& m : gone) {
-    ::unlink(store::block_path(io.cfg.dir, m.key).c_str());
+    unlink_block(io, m.key);
     out.push_back({m.key, io.seq_of(m.key)});
     io.written.erase(m.key);
   }
@@ -445,7 +459,7 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
               const store::block_key key{hi, lo};
               auto w = io.written.find(key);
               if (w != io.written.end() && w->second > seq) return 0;
-              ::unlink(store::block_path(io.cfg.dir, key).c_str());
+              unlink_block(io, key);
               if (w != io.written.end()) io.written.erase(w);
               io.on_disk.erase(key);
               io.disk_bytes = io.on_disk.bytes();

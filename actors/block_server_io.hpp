@@ -99,6 +99,7 @@ struct io_context {
   /// expiry (the index expires blocks and sends the deletes).
   store::block_index on_disk;
   std::atomic<uint64_t> disk_bytes{0};  ///< on_disk.bytes(), for the actor's stats
+  uint64_t delete_failures = 0;         ///< block files that could not be deleted (the I/O thread's)
   uint32_t fault_writes_left = 0;       ///< cfg.fault_write_failures not yet injected
   uint32_t fault_writes_skip = 0;       ///< cfg.fault_write_after: writes still let through first
   std::atomic<bool> stopping{false};  ///< the actor is gone: abandon waits at once
