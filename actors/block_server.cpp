@@ -148,6 +148,10 @@ void recover_blocks(pointer self) {
       self,
       [](io_context& io) {
         auto scan = store::scan_block_dir(io.cfg.dir, io.salt, io.dir_lock >= 0 && !io.dir_lock_shared);
+        // Past every write of the processes before this one, even if the wall clock stepped back
+        // since: each of their sequence numbers is at most the time of their last write, which
+        // the newest file's modification time is (io_context::seq_base).
+        if (scan.newest_write_ns >= io.seq_base) io.seq_base = io.last_write_seq = scan.newest_write_ns + 1;
         // Least recently used first (written or read: scan_block_dir), so the last are the most
         // recent; beyond the capacity (it shrank since the blocks were written) the least recent
         // are deleted before the index hears of them.

@@ -77,8 +77,9 @@ struct io_context {
   std::optional<transport::region_key> write_key;
   std::vector<std::byte> write_copy;  ///< the I/O thread's: a write's bytes, checked and written from here
   std::string setup_error;
-  /// This process's first write sequence number: the wall clock at its start, in nanoseconds, so
-  /// a restarted server's writes (and the blocks it finds on disk, which carry this number) are
+  /// This process's first write sequence number: the wall clock at its start, in nanoseconds (or
+  /// past the newest block file's modification time, if the clock is behind it: recover_blocks),
+  /// so a restarted server's writes (and the blocks it finds on disk, which carry this number) are
   /// later than any of the process before it. The index keeps the latest write it heard of per
   /// copy and ignores a delete of an earlier one: counted from 0 again, a restarted server's
   /// deletes were ignored for keys its predecessor had written (the index kept naming files gone).
@@ -100,6 +101,7 @@ struct io_context {
   store::block_index on_disk;
   std::atomic<uint64_t> disk_bytes{0};  ///< on_disk.bytes(), for the actor's stats
   uint64_t delete_failures = 0;         ///< block files that could not be deleted (the I/O thread's)
+  bool said_retired_full = false;       ///< max_retired_total was reached and said (the I/O thread's)
   uint32_t fault_writes_left = 0;       ///< cfg.fault_write_failures not yet injected
   uint32_t fault_writes_skip = 0;       ///< cfg.fault_write_after: writes still let through first
   std::atomic<bool> stopping{false};  ///< the actor is gone: abandon waits at once

@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <thread>
+#include <utility>
 
 #include <unistd.h>
 
@@ -211,6 +213,14 @@ store_read_result serve_read(io_context& io, const store_read_order& order, uint
     return r;
   }
   reap_retired(io);
+  // Sixteen buffers in all wait on puts that never settle: the server serves no read until some
+  // do, while /health counts it up -- said once each time it comes to that.
+  const bool full = io.retired.size() >= io_context::max_retired_total;
+  if (full && !std::exchange(io.said_retired_full, true))
+    std::fprintf(stderr, "%s: serves no reads while %zu staging buffers wait on puts it gave up (a reader's transport "
+                         "never settles them); its writes go on; restart it (or its stuck readers) to serve reads again\n",
+                 io.cfg.name.c_str(), io.retired.size());
+  if (!full) io.said_retired_full = false;
   if (const auto why = io.retired_refusal(); io.staging_region == 0 || !why.empty()) {
     for (auto& e : r.errors)
       e = io.cfg.name + (io.staging_region == 0 ? " has no read staging: registering a fresh one failed"

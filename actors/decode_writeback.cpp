@@ -27,7 +27,9 @@ void write_done_one(decode_pointer self, uint64_t job, bool written) {
   ++(dropped ? st.write_backs_dropped : st.blocks_written_back);
   st.write_slots.release(j->second.offset);
   st.writes.erase(j);
-  if (dropped) report_load(self);  // /metrics counts it from the load reports: an idle rank sends no other
+  // /metrics counts both from the load reports, and an idle rank sends no other: one report when
+  // a block is dropped or the last write-back settles (not one per block written).
+  if (dropped || st.writes.empty()) report_load(self);
 }
 
 void schedule_write_poll(decode_pointer self) {

@@ -130,7 +130,8 @@ client_sink_actor::behavior_type run_choice(client_sink_actor::pointer self, caf
             // A batch's refused prompt: the router's sentence names the token and its position,
             // not which of the call's prompts it is in.
             if (cs->call.num_prompts() > 1 && e.category() == caf::atom("baton") &&
-                static_cast<errc>(e.code()) == errc::bad_request && e.context().match_elements<std::string>())
+                static_cast<errc>(e.code()) == errc::bad_request && e.context().match_elements<std::string>() &&
+                e.context().get_as<std::string>(0).find("stage admission: prompt") != std::string::npos)
               e = make_error(errc::bad_request, e.context().get_as<std::string>(0) + " (in prompt " +
                                                     std::to_string(index / cs->call.n) + " of the batch, counted from 0)");
             fail(std::move(e));

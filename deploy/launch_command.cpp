@@ -614,7 +614,8 @@ int run_launch(const std::vector<std::string>& raw_args) {
         continue;
       }
       const auto ran_ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - it->started_at).count();
-      if (auto& used = restarts[it->node.process]; !cannot_restart && used > 0) {
+      if (auto r = restarts.find(it->node.process); !cannot_restart && r != restarts.end() && r->second > 0) {
+        auto& used = r->second;
         // Served long enough since its last restart that this is a new failure, not the same
         // crash loop: its restarts are its own again.
         if (const auto kept = backoff.restarts_used(used, static_cast<uint64_t>(ran_ms)); kept != used) {

@@ -445,6 +445,7 @@ dir_scan scan_block_dir(const std::string& dir, const block_key& salt, bool sole
     }
     const auto ns = [](const timespec& t) { return int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec; };
     const int64_t last_used = dated_ok ? std::max(ns(st.st_atim), ns(st.st_mtim)) : 0;
+    if (dated_ok && ns(st.st_mtim) > 0) out.newest_write_ns = std::max<uint64_t>(out.newest_write_ns, static_cast<uint64_t>(ns(st.st_mtim)));
     found.push_back({last_used, {h.key, h.parent, h.retention, h.file_bytes(), static_cast<uint64_t>(age_of(written).count())}});
   };
   walk(dir, [&](const fs::directory_entry& top) {

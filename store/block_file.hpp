@@ -93,6 +93,7 @@ struct dir_scan {
   uint64_t foreign = 0;             ///< block files of another model or KV layout (or a newer format), left alone
   std::string first_removed;        ///< why the first removed file went (for the server's log line)
   uint64_t unreadable_folders = 0;  ///< folders whose listing failed (skipped; their files are found at a later start)
+  uint64_t newest_write_ns = 0;     ///< the latest modification time of a block found, ns since the epoch
   std::string first_unreadable;     ///< the first of them, and why
 };
 

@@ -308,11 +308,21 @@ TEST_CASE("a sequence whose prompt came in a wire form keeps that mark when it m
   req.prompt = "an exact sequence, written back";
   req.max_tokens = 20;
   req.traffic_class = "agent";
-  REQUIRE(t.generate(cluster.router, req));
+  auto control = t.generate(cluster.router, req);
+  REQUIRE(control);
   uint64_t written = 0;
   for (int i = 0; i < 500 && written == 0; ++i) {
     written = t.stats(target).blocks_written_back + t.stats(leaving).blocks_written_back;
     if (written == 0) std::this_thread::sleep_for(std::chrono::milliseconds{10});
   }
   CHECK(written > 0);
+  // A block counts once a server confirmed it (or as dropped): by the control's, any write-back
+  // the wire-form sequences (300 tokens and more: 18 blocks each) had started has settled too.
+  // Every block written or dropped is the control's.
+  const auto settled = [&](const decode_rank_actor& r) {
+    const auto s = t.stats(r);
+    return s.blocks_written_back + s.write_backs_dropped;
+  };
+  const size_t control_blocks = (tok.encode(req.prompt).size() + control->tokens.size()) / cfg.store.block_tokens;
+  CHECK(settled(target) + settled(leaving) <= control_blocks);
 }
