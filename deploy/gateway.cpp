@@ -457,7 +457,9 @@ void serve_chat(caf::io::broker* self, caf::io::connection_handle, const shared_
 
 void serve_models(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st,
                   const http::request&) {
-  reply(self, hdl, g, st, 200, openai::models_json(g->model, g->started_s, g->context_tokens));
+  std::vector<std::string> names{g->model};
+  names.insert(names.end(), g->calls.model_aliases.begin(), g->calls.model_aliases.end());
+  reply(self, hdl, g, st, 200, openai::models_json(names, g->started_s, g->context_tokens));
 }
 
 constexpr std::string_view models_prefix = "/v1/models/";
@@ -466,11 +468,12 @@ constexpr std::string_view models_prefix = "/v1/models/";
 void serve_model_by_id(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st,
                        const http::request& req) {
   const std::string id = req.path.substr(models_prefix.size());
-  if (id != g->model)
+  const auto& aliases = g->calls.model_aliases;
+  if (id != g->model && std::find(aliases.begin(), aliases.end(), id) == aliases.end())
     return reply_error(self, hdl, g, st,
                        {404, "the model '" + quoted_input(id, 128) + "' does not exist; this cluster serves '" + g->model + "'",
                         "invalid_request_error", "model"});
-  reply(self, hdl, g, st, 200, openai::model_json(g->model, g->started_s, g->context_tokens));
+  reply(self, hdl, g, st, 200, openai::model_json(id, g->started_s, g->context_tokens));
 }
 
 void serve_health(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st,

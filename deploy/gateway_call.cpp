@@ -242,7 +242,7 @@ client_sink_actor::behavior_type call_impl(client_sink_actor::pointer self, caf:
   auto cs = std::make_shared<call_state>();
   cs->unanswered_grace = settings.unanswered_grace;
   openai::api_error err;
-  if (!openai::parse_body(body, chat, model, &cs->call, &err)) {
+  if (!openai::parse_body(body, chat, model, &cs->call, &err, settings.model_aliases)) {
     caf::anon_send(broker, seq, static_cast<int32_t>(err.status), openai::error_json(err), err.message, uint32_t{0});
     return {[](stream_chunk&) {}};  // the connection answers and ends this actor
   }

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <caf/actor.hpp>
 
@@ -38,6 +39,9 @@ struct call_settings {
   uint32_t default_top_k = 0;
   float default_repetition_penalty = 1.0f;
   uint32_t max_active_requests = 0;  ///< cluster_stats': the router's admission limit (0: none)
+  /// More names calls may give the model by (--served-model-name a,b: b), answered under the one
+  /// they gave.
+  std::vector<std::string> model_aliases;
 };
 
 /// Seconds since the epoch: OpenAI's `created`.

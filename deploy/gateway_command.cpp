@@ -93,7 +93,9 @@ int run_gateway(const std::vector<std::string>& args) {
   flags.add("--max-total-backlog-bytes", &gc.max_total_backlog_bytes,
             "answers waiting unread for all clients together; past it, a stream with more than 1 MiB unread is dropped "
             "(499)");
-  flags.add("--served-model-name", &gc.served_model_name, "the model's id in the API (default: the model's own name)");
+  flags.add("--served-model-name", &gc.served_model_name,
+            "the model's id in the API (default: the model's own name); NAME,ALIAS,...: calls may name it by any, "
+            "answered under the name they gave (vLLM's list)");
   flags.add("--cors-origin", &gc.cors_origins,
             "a browser origin (https://host[:port], or * for any) whose pages may call the API (repeatable; default none)");
   flags.add("--log-requests", &gc.log_requests,

@@ -17,6 +17,7 @@
 #include <caf/scoped_actor.hpp>
 #include <caf/send.hpp>
 
+#include "deploy/flags.hpp"
 #include "deploy/gateway_shared.hpp"
 #include "deploy/processes.hpp"
 
@@ -36,7 +37,10 @@ std::string random_id_prefix() {
 
 /// What a gateway takes from the router's numbers: the model's name and how calls are served.
 void take_settings(gateway_shared& g, const cluster_stats& s) {
-  g.model = g.cfg.served_model_name.empty() ? s.model : g.cfg.served_model_name;
+  // --served-model-name a,b: answered as a; calls may name b too (vLLM's list of names).
+  const auto names = split_list(g.cfg.served_model_name);
+  g.model = names.empty() ? s.model : names.front();
+  g.calls.model_aliases.assign(names.size() > 1 ? names.begin() + 1 : names.end(), names.end());
   g.context_tokens = s.context_tokens;
   g.calls.chat_reasoning = s.chat_reasoning;
   g.calls.chat_tool_calls = s.chat_tool_calls;

@@ -278,7 +278,8 @@ int run_local(const std::vector<std::string>& args) {
   flags.add("--cors-origin", &opt.gateway.cors_origins,
             "--http-listen: a browser origin (https://host[:port], or *) whose pages may call the API (repeatable)");
   flags.add("--served-model-name", &opt.gateway.served_model_name,
-            "--http-listen: the model's id in the API (default: the model's own name)");
+            "--http-listen: the model's id in the API (default: the model's own name); NAME,ALIAS,...: calls may "
+            "name it by any, answered under the name they gave (vLLM's list)");
   flags.add("--log-requests", &opt.gateway.log_requests,
             "--http-listen: a line per call as it ends (its id, status, time; each generation's request, ranks, tokens "
             "and stage times)");

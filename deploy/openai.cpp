@@ -381,8 +381,10 @@ json model_object(const std::string& model, int64_t created, uint32_t context_to
 }
 }  // namespace
 
-std::string models_json(const std::string& model, int64_t created, uint32_t context_tokens) {
-  return json{{"object", "list"}, {"data", json::array({model_object(model, created, context_tokens)})}}.dump();
+std::string models_json(const std::vector<std::string>& names, int64_t created, uint32_t context_tokens) {
+  json data = json::array();
+  for (const auto& name : names) data.push_back(model_object(name, created, context_tokens));
+  return json{{"object", "list"}, {"data", std::move(data)}}.dump();
 }
 
 std::string model_json(const std::string& model, int64_t created, uint32_t context_tokens) {

@@ -322,7 +322,9 @@ private:
 answer_parts read_forced_calls(const std::string& text, const std::string& forced_tool);
 
 /// Parses a request body; false and `err` (naming the field) when it is not acceptable.
-bool parse_body(std::string_view body, bool chat, const std::string& served_model, call* out, api_error* err);
+/// `aliases`: more names a call may give the model by (it is answered under the one it gave).
+bool parse_body(std::string_view body, bool chat, const std::string& served_model, call* out, api_error* err,
+                const std::vector<std::string>& aliases = {});
 
 /// OpenAI's finish_reason for Baton's: eos and stop -> "stop", length -> "length".
 std::string finish_reason(const std::string& baton_reason);
@@ -353,8 +355,9 @@ uint64_t utf8_chars(const std::string& s);
 /// The usage chunk that ends a stream when stream_options.include_usage is set.
 std::string usage_chunk_json(const call& c, const std::vector<completion>& choices, const std::string& id, int64_t created);
 std::string error_json(const api_error& e);
-/// GET /v1/models: the one served model, with vLLM's max_model_len (its context) when known.
-std::string models_json(const std::string& model, int64_t created, uint32_t context_tokens = 0);
+/// GET /v1/models: the served model under each of its names (vLLM's list), with vLLM's
+/// max_model_len (its context) when known.
+std::string models_json(const std::vector<std::string>& names, int64_t created, uint32_t context_tokens = 0);
 /// GET /v1/models/{id}: the one model object.
 std::string model_json(const std::string& model, int64_t created, uint32_t context_tokens = 0);
 

@@ -631,17 +631,19 @@ bool refuse_unsupported(const json& j, api_error* err) {
   return true;
 }
 
-bool parse_checked_body(std::string_view body, bool chat, const std::string& served_model, call* out, api_error* err);
+bool parse_checked_body(std::string_view body, bool chat, const std::string& served_model, call* out, api_error* err,
+                        const std::vector<std::string>& aliases);
 
 }  // namespace
 
 bool nested_too_deep(std::string_view text) { return gpu::json_nested_deeper_than(text, max_json_depth); }
 
-bool parse_body(std::string_view body, bool chat, const std::string& served_model, call* out, api_error* err) {
+bool parse_body(std::string_view body, bool chat, const std::string& served_model, call* out, api_error* err,
+                const std::vector<std::string>& aliases) {
   // Every field is checked for its type before it is read; this catch is the net under that, so
   // that no body can throw through the gateway's connection.
   try {
-    return parse_checked_body(body, chat, served_model, out, err);
+    return parse_checked_body(body, chat, served_model, out, err, aliases);
   } catch (const json::exception& e) {
     *err = bad("", std::string("the body has a field of an unexpected type (") + e.what() + ")");
     return false;
@@ -650,7 +652,8 @@ bool parse_body(std::string_view body, bool chat, const std::string& served_mode
 
 namespace {
 
-bool parse_checked_body(std::string_view body, bool chat, const std::string& served_model, call* out, api_error* err) {
+bool parse_checked_body(std::string_view body, bool chat, const std::string& served_model, call* out, api_error* err,
+                        const std::vector<std::string>& aliases) {
   *out = call{};
   out->chat = chat;
   if (nested_too_deep(body)) {
@@ -677,7 +680,8 @@ bool parse_checked_body(std::string_view body, bool chat, const std::string& ser
     return false;
   }
   if (!string_field(j, "model", &out->model, err)) return false;
-  if (!out->model.empty() && out->model != served_model) {
+  if (!out->model.empty() && out->model != served_model &&
+      std::find(aliases.begin(), aliases.end(), out->model) == aliases.end()) {
     *err = {404, "the model '" + out->model.substr(0, 128) + "' does not exist; this cluster serves '" + served_model + "'",
             "invalid_request_error", "model"};
     return false;

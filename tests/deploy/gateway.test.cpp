@@ -835,6 +835,29 @@ TEST_CASE("OPTIONS says what a route allows; a browser's preflight from an allow
   }
 }
 
+TEST_CASE("--served-model-name NAME,ALIAS: calls may name the model by either and are answered under the name "
+          "they gave; /v1/models lists both; another name is 404") {
+  deploy::gateway_config gc;
+  gc.served_model_name = "kjv,kjv-old";
+  served_cluster s{gc};
+  const uint16_t port = s.gateway.port;
+  auto models = json::parse(round_trip(port, get("/v1/models")).body);
+  REQUIRE(models["data"].size() == 2);
+  CHECK(models["data"][0]["id"] == "kjv");
+  CHECK(models["data"][1]["id"] == "kjv-old");
+  const auto one = round_trip(port, get("/v1/models/kjv-old"));
+  CHECK(one.status == 200);
+  CHECK(json::parse(one.body)["id"] == "kjv-old");
+  auto old = round_trip(port, post("/v1/completions", R"({"model":"kjv-old","prompt":"In","max_tokens":2})"));
+  REQUIRE(old.status == 200);
+  CHECK(json::parse(old.body)["model"] == "kjv-old");
+  auto plain = round_trip(port, post("/v1/completions", R"({"prompt":"In","max_tokens":2})"));
+  REQUIRE(plain.status == 200);
+  CHECK(json::parse(plain.body)["model"] == "kjv");
+  CHECK(round_trip(port, post("/v1/completions", R"({"model":"kjv,kjv-old","prompt":"In"})")).status == 404);
+  CHECK(round_trip(port, get("/v1/models/other")).status == 404);
+}
+
 TEST_CASE("a batch whose prompt the router refuses says which prompt of the batch it was (the router's sentence "
           "names only the token and its position)") {
   served_cluster s;
