@@ -126,7 +126,7 @@ int main(int argc, char** argv) {
   std::string model = "100m", kind = "ucx", wire_word = "f32";
   uint32_t prompt_tokens = 512;
   bool verbose = false;
-  bool shapes = false, checksums = true;
+  bool shapes = false;
   bool no_checksum = false;
   deploy::flag_set flags;
   flags.add("--model", &model, "100m, tiny or deepseek-v3-tiny");
@@ -137,7 +137,7 @@ int main(int argc, char** argv) {
   flags.add("--compare-shapes", &shapes, "compare per-layer puts with one put per sequence instead");
   flags.add("--no-checksum", &no_checksum, "send and check no KV checksums");
   if (auto rc = bench::parse_flags(flags, argc, argv, "[--model M] [--prompt-tokens N] [--transport T] [--wire W] ...")) return *rc;
-  checksums = !no_checksum;
+  const bool checksums = !no_checksum;
   if (model != "100m" && model != "tiny" && model != "deepseek-v3-tiny")
     return std::fprintf(stderr, "--model must be 100m, tiny or deepseek-v3-tiny, got '%s'\n", model.c_str()), 2;
   const auto wire = transport::wire_format_from(wire_word);

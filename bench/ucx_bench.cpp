@@ -86,7 +86,6 @@ int main(int argc, char** argv) {
   uint32_t inflight = 4;
   uint64_t total_mib = 2048;
   std::string send = "put", receiver_memory = "transport";
-  bool hot = false;
   std::string receiver_role, buffers = "cold";
   std::vector<std::string> layer_mib_text;
   deploy::flag_set flags;
@@ -103,7 +102,7 @@ int main(int argc, char** argv) {
     return std::fprintf(stderr, "--receiver-memory must be transport or heap, not %s\n", receiver_memory.c_str()), 2;
   if (buffers != "cold" && buffers != "hot") return std::fprintf(stderr, "--buffers must be cold or hot, not %s\n", buffers.c_str()), 2;
   if (send != "put" && send != "am") return std::fprintf(stderr, "--send must be put or am, not %s\n", send.c_str()), 2;
-  hot = buffers == "hot";
+  const bool hot = buffers == "hot";
   for (const auto& t : layer_mib_text) {
     char* end = nullptr;
     const unsigned long long v = std::strtoull(t.c_str(), &end, 10);

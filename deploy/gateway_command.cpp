@@ -122,6 +122,10 @@ int run_gateway(const std::vector<std::string>& args) {
     std::fprintf(stderr, "baton gateway: %s\n", e.c_str());
     return 2;
   }
+  if (auto e = gc.validate(); !e.empty()) {  // before any connection: said at once ("gateway: ...")
+    std::fprintf(stderr, "baton %s\n", e.c_str());
+    return 2;
+  }
   if (router.empty() == cluster.empty()) {
     std::fprintf(stderr, "baton gateway: give one of --router or --cluster\n");
     return 2;

@@ -832,11 +832,12 @@ bool parse_checked_body(std::string_view body, bool chat, const std::string& ser
   if (!string_field(j, "traffic_class", &r.traffic_class, err)) return false;
   // Baton's priority is a class (interactive or batch, the router checks it); vLLM's an integer,
   // whose 0 (its default, which its clients send) asks for nothing.
-  if (auto it = j.find("priority"); it != j.end() && it->is_number_integer() && it->get<int64_t>() == 0) {
-  } else if (it != j.end() && it->is_number()) {
-    *err = bad("priority", "priority must be \"interactive\" or \"batch\" (vLLM's integer priorities are not "
-                           "supported; 0 is taken as no priority), got " + describe(*it));
-    return false;
+  if (auto it = j.find("priority"); it != j.end() && it->is_number()) {
+    if (!it->is_number_integer() || it->get<int64_t>() != 0) {
+      *err = bad("priority", "priority must be \"interactive\" or \"batch\" (vLLM's integer priorities are not "
+                             "supported; 0 is taken as no priority), got " + describe(*it));
+      return false;
+    }
   } else if (!string_field(j, "priority", &r.priority, err)) {
     return false;
   }

@@ -94,19 +94,10 @@ std::vector<const char*> tool_call_markers(tool_call_format f) {
 }
 
 /// The variables every chat sets: a request's chat_template_kwargs may not replace them
-/// (add_generation_prompt it may, as vLLM's request field: chat_options).
+/// (add_generation_prompt it may, as vLLM's request field).
 bool chat_sets(const std::string& key) {
   return key == "messages" || key == "bos_token" || key == "eos_token" || key == "tools";
 }
-
-/// vLLM's chat options, taken from chat_template_kwargs: add_generation_prompt (true: the text
-/// ends where the assistant's answer starts) and continue_final_message (the answer continues
-/// the conversation's last message, an assistant's, as transformers' apply_chat_template does:
-/// the text is cut right after that message's content).
-struct chat_options {
-  bool add_generation_prompt = true;
-  bool continue_final_message = false;
-};
 
 /// Cuts `text` right after the final message's content (transformers' continue_final_message);
 /// false and why when that content is not in the text.
@@ -223,7 +214,10 @@ public:
       return false;
     }
     auto context = chat_context(messages, chat_);
-    chat_options options;
+    // vLLM's chat options among the variables: add_generation_prompt (a template variable) and
+    // continue_final_message (the renderer's: the answer continues the last message, an
+    // assistant's, as transformers' apply_chat_template does -- the text is cut after it).
+    bool continue_final = false;
     if (!extras.tools_json.empty()) {
       auto tools = nlohmann::ordered_json::parse(extras.tools_json, nullptr, false);
       if (!tools.is_array()) {
@@ -238,25 +232,25 @@ public:
         *why = "chat_template_kwargs must be a JSON object";
         return false;
       }
-      bool generation_prompt_given = false;
+      bool generation_prompt = false;  // asked for explicitly
       for (const auto& [k, v] : extra.items()) {
         if (chat_sets(k)) {
           *why = "chat_template_kwargs may not set '" + k + "': the chat sets it";
           return false;
         }
-        if (k == "add_generation_prompt" || k == "continue_final_message") {
-          if (!v.is_boolean()) {
-            *why = k + " must be true or false";
-            return false;
-          }
-          (k == "add_generation_prompt" ? options.add_generation_prompt : options.continue_final_message) = v.get<bool>();
-          generation_prompt_given |= k == "add_generation_prompt";
-          if (k == "continue_final_message") continue;  // the renderer's, not the template's
+        if ((k == "add_generation_prompt" || k == "continue_final_message") && !v.is_boolean()) {
+          *why = k + " must be true or false";
+          return false;
         }
+        if (k == "continue_final_message") {
+          continue_final = v.get<bool>();
+          continue;  // the renderer's, not the template's
+        }
+        if (k == "add_generation_prompt") generation_prompt = v.get<bool>();
         context[k] = v;
       }
-      if (options.continue_final_message) {
-        if (generation_prompt_given && options.add_generation_prompt) {
+      if (continue_final) {
+        if (generation_prompt) {
           *why = "continue_final_message and add_generation_prompt cannot both be true: the answer either continues "
                  "the last message or starts a new one";
           return false;
@@ -265,11 +259,10 @@ public:
           *why = "continue_final_message needs the conversation's last message to be the assistant's";
           return false;
         }
-        options.add_generation_prompt = false;
         context["add_generation_prompt"] = false;
       }
     }
-    if (chat_.tmpl->render(context, text, why)) return !options.continue_final_message || cut_after_final(messages, text, why);
+    if (chat_.tmpl->render(context, text, why)) return !continue_final || cut_after_final(messages, text, why);
     // Templates that fail on transformers' form of a conversation get two more tries, each only
     // when the one before failed: a null content as "" (vLLM's form: Qwen3's tests `'</think>'
     // in message.content`), then also the calls' arguments as JSON text (DeepSeek-V3.1's adds
@@ -287,7 +280,7 @@ public:
       const auto as_text = arguments_as_text(empty ? *empty : context);
       rendered = as_text && render_instead(*as_text);
     }
-    return rendered && (!options.continue_final_message || cut_after_final(messages, text, why));
+    return rendered && (!continue_final || cut_after_final(messages, text, why));
   }
   chat_reasoning reasoning() const override { return chat_.reasoning; }
   tool_call_format tool_calls() const override { return chat_.tool_calls; }
