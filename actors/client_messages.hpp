@@ -118,6 +118,11 @@ struct completion {
   std::vector<int32_t> tokens;                 ///< generated tokens, first one from prefill
   std::string text;                            ///< detokenized `tokens`
   std::string finish_reason;                   ///< "eos", "stop" (a stop string or token) or "length"
+  /// What stopped it (vLLM's `stop_reason`): the stop string that matched, or the stop token
+  /// (the request's stop_token_ids, or one of the model's extra end tokens); -1 and empty for
+  /// the model's own end token and for length.
+  std::string stop_string;
+  int32_t stop_token = -1;
   int64_t ttft_us = 0;                         ///< arrival at the request actor -> first token
   std::vector<int64_t> tbt_us;                 ///< each interval between consecutive tokens
   std::vector<std::vector<float>> step_logits; ///< step_logits[i] chose tokens[i] (if asked)
@@ -156,6 +161,7 @@ struct completion {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, completion& x) {
   return f(caf::meta::type_name("completion"), x.request_id, x.num_prompt_tokens, x.tokens, x.text, x.finish_reason,
+           x.stop_string, x.stop_token,
            x.ttft_us, x.tbt_us, wire::f32_rows{&x.step_logits}, x.prefill_rank, x.decode_rank, x.place_us,
            x.reserve_us, x.prefill_queue_us, x.prefill_us, x.decode_queue_us, x.prefill_placement_why,
            x.decode_placement_why, x.check_us, x.cached_tokens, x.local_cached_tokens, x.recomputed_blocks,

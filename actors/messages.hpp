@@ -302,6 +302,8 @@ struct stream_chunk {
   std::vector<int32_t> tokens;   ///< new tokens since the previous chunk
   std::string text;              ///< new text since the previous chunk (may be empty)
   std::string finish_reason;     ///< empty until the last chunk: eos | stop | length
+  std::string stop_string;       ///< the last chunk's: completion::stop_string
+  int32_t stop_token = -1;       ///< the last chunk's: completion::stop_token
   uint32_t num_prompt_tokens = 0;
   std::vector<token_logprob> logprobs;  ///< the chunk's tokens' (generate_request::logprobs)
   /// The first chunk of an echo: the prompt detokenized (generate_request::echo) and its tokens'
@@ -313,7 +315,7 @@ struct stream_chunk {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, stream_chunk& x) {
   return f(caf::meta::type_name("stream_chunk"), x.request_id, x.request, x.first_index, x.tokens, x.text,
-           x.finish_reason, x.num_prompt_tokens, x.logprobs, x.prompt_text, x.prompt_logprobs, x.prompt_thinking);
+           x.finish_reason, x.stop_string, x.stop_token, x.num_prompt_tokens, x.logprobs, x.prompt_text, x.prompt_logprobs, x.prompt_thinking);
 }
 
 /// Whatever receives a streamed completion: a client library's actor, a gateway connection.

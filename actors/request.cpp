@@ -79,7 +79,11 @@ void stream(request_pointer self, bool last) {
     c.logprobs.assign(st.out.logprobs.begin() + static_cast<std::ptrdiff_t>(st.emitted_logprobs),
                       st.out.logprobs.begin() + static_cast<std::ptrdiff_t>(ready));
   st.emitted_logprobs = std::max(st.emitted_logprobs, ready);
-  if (last) c.finish_reason = st.out.finish_reason;
+  if (last) {
+    c.finish_reason = st.out.finish_reason;
+    c.stop_string = st.out.stop_string;
+    c.stop_token = st.out.stop_token;
+  }
   st.emitted_tokens = st.out.tokens.size();
   self->send(st.plan.sink, std::move(c));
 }

@@ -71,11 +71,13 @@ bool hits_stop(request_state& st, int32_t token) {
   if (!p.ignore_eos && std::find(st.plan.extra_eos_token_ids.begin(), st.plan.extra_eos_token_ids.end(), token) !=
                            st.plan.extra_eos_token_ids.end()) {
     st.out.text = text_to_stop_token();
+    st.out.stop_token = token;  // vLLM's stop_reason names a generation config's end token too
     st.eos_hit = true;
     return true;
   }
   if (std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) != p.stop_token_ids.end()) {
     st.out.text = text_to_stop_token();
+    st.out.stop_token = token;
     return true;
   }
   // min_tokens: stop strings are looked for only in the text after its first min_tokens tokens
@@ -88,15 +90,18 @@ bool hits_stop(request_state& st, int32_t token) {
   // Each stop string must end inside this token's text (an earlier end was found at its own
   // token, or lies in the text min_tokens shields), and start after what min_tokens shields.
   // The earliest wins; at the same place the first listed.
-  size_t cut = std::string::npos, cut_length = 0;
+  size_t cut = std::string::npos;
+  const std::string* matched = nullptr;
   for (const auto& s : p.stop) {
     const size_t at = s.empty() ? std::string::npos : st.text.find(s, std::max(st.stop_from, before >= s.size() ? before - s.size() + 1 : 0));
     if (at < cut) {
       cut = at;
-      cut_length = s.size();
+      matched = &s;
     }
   }
   if (cut == std::string::npos) return false;
+  const size_t cut_length = matched->size();
+  st.out.stop_string = *matched;
   st.out.text = st.text.substr(0, p.include_stop_str_in_output ? cut + cut_length : cut);
   if (p.logprobs) cut_logprobs(st, st.out.text.size());
   return true;

@@ -245,11 +245,19 @@ std::vector<completion> best_of_choices(const call& c, const std::vector<complet
 }
 
 namespace {
+/// vLLM's `stop_reason`: the stop string that ended the answer, or the stop token's id; null
+/// when the model's own end token or the length did.
+json stop_reason_json(const std::string& stop_string, int32_t stop_token) {
+  if (!stop_string.empty()) return stop_string;
+  return stop_token >= 0 ? json(stop_token) : json(nullptr);
+}
+
 json completion_object(const call& c, const std::vector<completion>& choices, const std::string& id, int64_t created) {
   json list = json::array();
   for (size_t i = 0; i < choices.size(); ++i) {
     const auto& done = choices[i];
-    json choice = {{"index", i}, {"finish_reason", finish_reason(done.finish_reason)}};
+    json choice = {{"index", i}, {"finish_reason", finish_reason(done.finish_reason)},
+                   {"stop_reason", stop_reason_json(done.stop_string, done.stop_token)}};
     if (c.chat) {
       choice["logprobs"] = logprobs_json(c, done.logprobs, 0);
       // Read as its stream is (answer_reader), so whole and streamed answers agree.
@@ -318,6 +326,7 @@ std::string chunk_json(const call& c, const stream_chunk& chunk, const std::stri
                        uint64_t text_offset, uint32_t index, const answer_parts* split) {
   json choice = {{"index", index}, {"logprobs", logprobs_json(c, chunk.logprobs, text_offset)}};
   choice["finish_reason"] = chunk.finish_reason.empty() ? json(nullptr) : json(finish_reason(chunk.finish_reason));
+  if (!chunk.finish_reason.empty()) choice["stop_reason"] = stop_reason_json(chunk.stop_string, chunk.stop_token);
   if (c.req.echo && !c.chat) {
     // The prompt goes first, in the chunk that brings it (the first).
     std::string text;

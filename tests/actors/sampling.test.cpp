@@ -96,15 +96,22 @@ TEST_CASE("top-k, top-p and penalties sample the same tokens disaggregated as co
   auto s1 = t.generate(cluster.router, stopped);
   REQUIRE(s1);
   CHECK(s1->finish_reason == "stop");
+  // What stopped it, for vLLM's stop_reason: the token; a run to its length names nothing.
+  CHECK(s1->stop_token == full->tokens[3]);
+  CHECK(s1->stop_string.empty());
+  CHECK(full->stop_token == -1);
+  CHECK(full->stop_string.empty());
   const auto first_hit = std::find(full->tokens.begin(), full->tokens.end(), full->tokens[3]) - full->tokens.begin();
   CHECK(s1->tokens.size() == static_cast<size_t>(first_hit) + 1);
   // Stop string: the text ends before it.
   auto by_text = greedy;
   const std::string needle = full->text.substr(5, 2);
-  by_text.stop = {needle};
+  by_text.stop = {"\x01never in the text", needle};
   auto s2 = t.generate(cluster.router, by_text);
   REQUIRE(s2);
   CHECK(s2->finish_reason == "stop");
+  CHECK(s2->stop_string == needle);  // the one that matched, not the first listed
+  CHECK(s2->stop_token == -1);
   CHECK(s2->text == full->text.substr(0, full->text.find(needle)));
   // include_stop_str_in_output keeps the stop string; and a stop token's text, which is cut off
   // without it (the text of the tokens before it, as a run that ends there gives).

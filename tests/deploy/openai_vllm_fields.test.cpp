@@ -93,3 +93,28 @@ TEST_CASE("vLLM's add_generation_prompt and continue_final_message reach the cha
   CHECK(refused(chat_body + R"(,"add_generation_prompt":"no"})", true).message ==
         "add_generation_prompt must be true or false, got \"no\"");
 }
+
+TEST_CASE("vLLM's stop_reason: the stop string that matched, the stop token's id, or null; in a whole answer's "
+          "choices and in a stream's last chunk") {
+  using nlohmann::json;
+  deploy::openai::call c;
+  REQUIRE(taken(R"({"prompt":"a","stop":["x","yz"],"stop_token_ids":[7]})", false, &c));
+  completion by_string, by_token, by_end;
+  by_string.finish_reason = "stop", by_string.stop_string = "yz";
+  by_token.finish_reason = "stop", by_token.stop_token = 7;
+  by_end.finish_reason = "eos";
+  c.n = 3;
+  const auto whole = json::parse(deploy::openai::completion_json(c, {by_string, by_token, by_end}, "id", 0));
+  CHECK(whole["choices"][0]["stop_reason"] == "yz");
+  CHECK(whole["choices"][1]["stop_reason"] == 7);
+  CHECK(whole["choices"][2]["stop_reason"].is_null());
+  CHECK(whole["choices"][2]["finish_reason"] == "stop");
+  stream_chunk middle, last;
+  middle.text = "a";
+  last.finish_reason = "stop", last.stop_string = "x";
+  CHECK_FALSE(json::parse(deploy::openai::chunk_json(c, middle, "id", 0, false, 0))["choices"][0].contains("stop_reason"));
+  CHECK(json::parse(deploy::openai::chunk_json(c, last, "id", 0, false, 0))["choices"][0]["stop_reason"] == "x");
+  deploy::openai::call chat;
+  REQUIRE(taken(chat_body + "}", true, &chat));
+  CHECK(json::parse(deploy::openai::chunk_json(chat, last, "id", 0, false, 0))["choices"][0]["stop_reason"] == "x");
+}
