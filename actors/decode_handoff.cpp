@@ -150,10 +150,9 @@ caf::result<kv_lease_grant> on_reserve(decode_pointer self, const kv_lease_reser
     s.settled.push_back(req.request_id);
     return make_error(code, stage + ": " + why);
   };
-  if (!s.core.setup_error.empty()) return refuse(errc::executor_failed, s.core.setup_error);
-  // An executor that can run nothing (a broken data-parallel group): the request is placed
-  // again elsewhere, and the balancer hears that this rank has no room.
-  if (auto failure = s.core.exec->standing_failure(); !failure.empty()) {
+  // A failed setup, or an executor that can run nothing (a broken data-parallel group): the
+  // request is placed again elsewhere, and the balancer hears that this rank has no room.
+  if (auto failure = s.core.unavailable(); !failure.empty()) {
     auto e = refuse(errc::rank_unavailable, failure);
     report_load(self);
     return e;

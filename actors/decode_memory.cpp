@@ -110,7 +110,7 @@ void rebalance_memory(decode_pointer self) {
   // An executor that can run nothing (a broken data-parallel group) grants no more leases: what
   // waits for pages is placed again elsewhere. (Paused sequences still resume below: their next
   // step fails them over.)
-  if (auto failure = st.core.exec->standing_failure(); !failure.empty()) {
+  if (auto failure = st.core.unavailable(); !failure.empty()) {
     for (auto& r : st.reserves) {
       st.settled.push_back(r.req.request_id);  // the balancer stops charging its placement here
       r.promise.deliver(make_error(errc::rank_unavailable, where(r.req.request_id, st.cfg.name, "kv_reserve") + ": " + failure));

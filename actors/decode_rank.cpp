@@ -51,7 +51,7 @@ void report_load(decode_pointer self) {
   // room: the balancer may place a sequence here, and the rank makes the room between steps.
   // While a sequence is offloaded there is none: newcomers wait for it to come back first.
   auto room = st.paused.empty() ? static_cast<uint32_t>(pool.num_free_pages() + offloadable_pages(st)) : 0u;
-  auto failure = st.core.exec->standing_failure();
+  auto failure = st.core.unavailable();
   if (!failure.empty()) room = 0;  // it refuses new work: place nothing here
   rank_load load{st.cfg.name, 0, static_cast<uint32_t>(st.leases.size()), room, layout.num_pages};
   load.unavailable = std::move(failure);
@@ -620,7 +620,7 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
         r.last_migrate_error = s.last_migrate_error;
         r.recent_step_us = s.recent_step_us;
         r.active = !s.cfg.standby;
-        r.unavailable = s.core.exec->standing_failure();
+        r.unavailable = s.core.unavailable();
         return r;
       },
       [=](migrate_atom) {
@@ -667,7 +667,7 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
         // A refused step fails every request in it; the rank keeps serving the others. When the
         // executor can run nothing any more, its requests fail over to other ranks instead.
         auto& s = self->state;
-        const bool standing = !s.core.exec->standing_failure().empty();
+        const bool standing = !s.core.unavailable().empty();
         const auto code = standing ? errc::rank_unavailable : errc::executor_failed;
         s.step_in_flight = false;
         if (standing) rebalance_memory(self);  // queued reservations go elsewhere; it reports the load

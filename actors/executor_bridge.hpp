@@ -177,6 +177,16 @@ struct rank_core {
   std::shared_ptr<event_log> log = std::make_shared<event_log>();
   std::optional<transport::region_key> pool_key;  ///< how peers address this rank's KV pool
   std::string setup_error;                        ///< non-empty: the rank refuses work, saying why
+
+  /// Why the rank takes no work now: its setup failed (for good), or its executor can run
+  /// nothing (a broken expert or data-parallel group); empty when it can. Reported to its
+  /// balancer as rank_load::unavailable, so that nothing is placed here and what was is placed
+  /// again elsewhere (rank_unavailable): a rank whose pool the transport refused registered
+  /// as idle, drew the least-loaded placements, and failed each of them for good.
+  std::string unavailable() const {
+    if (!setup_error.empty()) return setup_error;
+    return exec ? exec->standing_failure() : std::string{};
+  }
   /// Buffers registered with the transport besides the pool (a decode rank's write-back
   /// staging): kept until the transport is gone, since the actor's state is destroyed first.
   std::shared_ptr<std::vector<std::shared_ptr<void>>> outlive_transport =

@@ -291,13 +291,18 @@ using request_actor = caf::typed_actor<                       //
     caf::reacts_to<watchdog_atom, uint64_t>,                   // token deadline check
     caf::reacts_to<timer_atom, uint64_t>>;                     // a retry's pause is over (attempt)
 
+/// What a client may do to its request: stop it. A chunk carries this, not request_actor, whose
+/// other messages (run, a retry's timer, the watchdog) are the router's and the actor's own: a
+/// client that sent those could start a second placement in one attempt and strand a lease.
+using request_cancel_actor = caf::typed_actor<caf::reacts_to<cancel_atom>>;
+
 /// A piece of a streamed completion, from the request actor to the client's sink, in order.
 /// The first chunk comes with the first token (TTFT); the last one has a finish_reason. The
 /// concatenated `text` of all chunks equals the completion's text: a chunk never ends inside a
 /// UTF-8 character nor inside what could still become a stop string.
 struct stream_chunk {
   uint64_t request_id = 0;
-  request_actor request;         ///< send it cancel_atom to stop the generation
+  request_cancel_actor request;  ///< send it cancel_atom to stop the generation
   uint32_t first_index = 0;      ///< index of tokens[0] among the generated tokens
   std::vector<int32_t> tokens;   ///< new tokens since the previous chunk
   std::string text;              ///< new text since the previous chunk (may be empty)

@@ -82,7 +82,7 @@ void report_load(prefill_pointer self) {
                  kv.num_free_pages(), kv.layout().num_pages};
   load.page_size_tokens = kv.layout().page_size_tokens;
   load.predicted_us = predicted;
-  load.unavailable = st.core.exec->standing_failure();  // the balancer then places nothing here
+  load.unavailable = st.core.unavailable();  // the balancer then places nothing here
   load.settled = std::move(settled);
   self->send(st.balancer, load_atom::value, std::move(load), caf::actor_cast<prefill_rank_actor>(self));
 }
@@ -109,7 +109,7 @@ void refuse_order(prefill_pointer self, waiting_order& w, caf::error err) {
 /// rather than each failing in its first job. Prompts already running fail in their next job.
 void refuse_waiting(prefill_pointer self) {
   auto& st = self->state;
-  const auto failure = st.core.exec->standing_failure();
+  const auto failure = st.core.unavailable();
   if (failure.empty()) return;
   while (auto w = st.waiting.pop())
     refuse_order(self, *w, make_error(errc::rank_unavailable, where(w->order.request_id, st.cfg.name, "prefill") + ": " + failure));
@@ -557,19 +557,18 @@ caf::result<prefill_result> accept_prefill(prefill_pointer self, prefill_order o
   auto& st = self->state;
   const auto rid = order.request_id;
   const auto stage = where(rid, st.cfg.name, "prefill");
-  if (!st.core.setup_error.empty()) return make_error(errc::executor_failed, stage + ": " + st.core.setup_error);
   // On standby the executor's pool belongs to this instance's other role: a placement made
   // before the switch must go elsewhere.
   if (st.cfg.standby) return make_error(errc::rank_unavailable, stage + ": on standby (serving as decode)");
-  auto grammar = st.core.follow_grammar(order.grammar, answer_so_far(order), stage);
-  if (!grammar) return grammar.error();
-  // An executor that can run nothing (a broken expert group): the request is placed again
-  // elsewhere, and the balancer hears that this rank takes no work (a placement made before it
-  // heard may still arrive).
-  if (auto failure = st.core.exec->standing_failure(); !failure.empty()) {
+  // A failed setup, or an executor that can run nothing (a broken expert group): the request
+  // is placed again elsewhere, and the balancer hears that this rank takes no work (a placement
+  // made before it heard may still arrive).
+  if (auto failure = st.core.unavailable(); !failure.empty()) {
     report_load(self);
     return make_error(errc::rank_unavailable, stage + ": " + failure);
   }
+  auto grammar = st.core.follow_grammar(order.grammar, answer_so_far(order), stage);
+  if (!grammar) return grammar.error();
   // The same request again: an earlier attempt of it, which its request actor has given up on
   // (it re-placed itself after losing its decode rank, say) and which may have landed here
   // again. The newer attempt supersedes it: a waiting one is dropped, a running one is stopped
@@ -698,7 +697,7 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
                      s.num_jobs_done};
         r.predicted_us = queued_work(s).second;
         r.active = !s.cfg.standby;
-        r.unavailable = s.core.exec->standing_failure();
+        r.unavailable = s.core.unavailable();
         return r;
       },
       [=](role_atom, bool active) -> caf::result<bool> {
@@ -761,7 +760,7 @@ prefill_rank_actor::behavior_type prefill_rank_impl(prefill_pointer self, prefil
           ++i->second.chunks_done;
         }
         // When the executor can run nothing any more, the prompt fails over to another rank.
-        const bool standing = !self->state.core.exec->standing_failure().empty();
+        const bool standing = !self->state.core.unavailable().empty();
         fail_request(self, cj->request_id, standing ? errc::rank_unavailable : errc::executor_failed, "prefill", what);
         finish_if_done(self, cj->request_id);
         pump(self);

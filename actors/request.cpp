@@ -57,7 +57,7 @@ void stream(request_pointer self, bool last) {
   if (!last && st.emitted_tokens == st.out.tokens.size()) return;
   stream_chunk c;
   c.request_id = st.plan.request_id;
-  c.request = caf::actor_cast<request_actor>(self);
+  c.request = caf::actor_cast<request_cancel_actor>(self);
   c.first_index = static_cast<uint32_t>(st.emitted_tokens);
   c.tokens.assign(st.out.tokens.begin() + static_cast<std::ptrdiff_t>(st.emitted_tokens), st.out.tokens.end());
   c.num_prompt_tokens = st.out.num_prompt_tokens;
@@ -744,6 +744,12 @@ request_actor::behavior_type request_impl(request_pointer self, request_plan pla
   return {
       [=](run_atom) {
         auto& st = self->state;
+        // Run once: a second run would replace the promise its first caller waits on.
+        if (st.promise.pending() || st.answered) {
+          auto again = self->make_response_promise<completion>();
+          again.deliver(make_error(errc::bad_request, where(st.plan.request_id, "", "run") + ": the request is already running"));
+          return again;
+        }
         st.promise = self->make_response_promise<completion>();
         if (st.plan.admit) {
           const auto a = std::move(*st.plan.admit);

@@ -95,3 +95,65 @@ TEST_CASE("a router that stops answers its requests in flight (shutting_down, na
     std::this_thread::sleep_for(std::chrono::milliseconds{1});
   CHECK(t.stats(decode).num_free_pages == cfg.executor.num_kv_pages);
 }
+
+TEST_CASE("a rank whose setup failed (its KV pool refused by the transport) says so to its balancer and draws no "
+          "work: every request goes to the ranks that can serve it") {
+  test::cluster_system t;
+  auto cfg = test::small_cluster();
+  cfg.num_prefill_ranks = 2;
+  cfg.num_decode_ranks = 2;
+  cfg.router.request.max_attempts = 1;  // a placement on a broken rank would fail the request
+  auto cluster = start_local_cluster(t.sys, cfg, {}, [](std::unique_ptr<transport::transport> inner,
+                                                        const std::string& name) -> std::shared_ptr<transport::transport> {
+    if (name == "prefill-1" || name == "decode-0")
+      return std::make_shared<transport::failed_transport>("test: no pool registration");
+    return std::shared_ptr<transport::transport>{std::move(inner)};
+  });
+  test::cluster_system::stopper stop{t, cluster};
+  for (int i = 0; i < 6; ++i) {
+    generate_request req;
+    req.prompt = test::prompts[i % 3] + std::to_string(i);
+    req.max_tokens = 3;
+    auto got = t.generate(cluster.router, req);
+    REQUIRE_MESSAGE(got, t.sys.render(got.error()));
+    CHECK(got->prefill_rank == "prefill-0");
+    CHECK(got->decode_rank == "decode-1");
+  }
+  const auto broken = t.stats(cluster.decode[0].handle).unavailable;
+  CHECK_MESSAGE(broken.find("cannot register the KV pool with the transport") != std::string::npos, broken);
+  CHECK(t.stats(cluster.prefill[1].handle).unavailable.find("test: no pool registration") != std::string::npos);
+  CHECK(t.stats(cluster.decode[1].handle).unavailable.empty());
+}
+
+TEST_CASE("a stream's chunks carry a handle that can only cancel: cancel_atom through it stops the generation, the "
+          "caller hears cancelled, and the decode rank's pages come back") {
+  static_assert(std::is_same_v<decltype(stream_chunk::request), request_cancel_actor>,
+                "a client gets no handle to the request actor's own messages (run, timers, the watchdog)");
+  test::cluster_system t;
+  auto cfg = test::small_cluster();
+  auto cluster = start_local_cluster(t.sys, cfg);
+  test::cluster_system::stopper stop{t, cluster};
+  caf::scoped_actor self{t.sys};
+  auto tokens = std::make_shared<std::atomic<uint32_t>>(0);
+  auto sink = t.sys.spawn([tokens](client_sink_actor::pointer me) -> client_sink_actor::behavior_type {
+    return {[tokens, me](stream_chunk& c) {
+      if (tokens->fetch_add(static_cast<uint32_t>(c.tokens.size())) == 0) me->send(c.request, cancel_atom::value);
+    }};
+  });
+  generate_request req;
+  req.prompt = test::prompts[1];
+  req.max_tokens = 400;
+  req.ignore_eos = true;
+  std::string why;
+  self->request(cluster.router, std::chrono::seconds{60}, generate_atom::value, req, sink)
+      .receive([](completion&) { FAIL("answered in full after its cancel"); },
+               [&](caf::error& e) { why = t.sys.render(e); });
+  CHECK_MESSAGE(why.find("cancelled") != std::string::npos, why);
+  CHECK(tokens->load() < 400);
+  bool back = false;
+  for (int i = 0; i < 500 && !back; ++i) {
+    back = t.stats(cluster.decode[0].handle).num_free_pages == cfg.executor.num_kv_pages;
+    if (!back) std::this_thread::sleep_for(std::chrono::milliseconds{10});
+  }
+  CHECK(back);
+}
