@@ -178,7 +178,12 @@ void start(decode_pointer self, const running_seq& seq) {
       .then(
           [=](decode_placement& p) {
             auto& st = self->state;
-            if (!st.migrations.count(lease_id)) return;
+            // A placement not taken up gives its charge back at once: it would count on the
+            // target's load (on this rank's, placed on itself) until the charge's time ran out.
+            const bool gone = !st.migrations.count(lease_id);
+            if (gone || p.rank == caf::actor_cast<decode_rank_actor>(self))
+              self->send(st.balancer, release_atom::value, rid, placement_of_move);
+            if (gone) return;
             if (p.rank == caf::actor_cast<decode_rank_actor>(self)) return abandon(self, lease_id, "placed on itself");
             st.migrations.at(lease_id).target = p.rank;
             st.migrations.at(lease_id).target_name = p.name;
@@ -203,7 +208,12 @@ void start(decode_pointer self, const running_seq& seq) {
                       abandon(self, lease_id, "reserve at " + p.name + ": " + self->system().render(e));
                     });
           },
-          [=](caf::error& e) { abandon(self, lease_id, "placement: " + self->system().render(e)); });
+          [=](caf::error& e) {
+            // Given up while parked: the balancer drops it (its asker stopped waiting); sent
+            // all the same, as a placement made as the wait ran out would charge a rank.
+            self->send(self->state.balancer, release_atom::value, rid, placement_of_move);
+            abandon(self, lease_id, "placement: " + self->system().render(e));
+          });
 }
 
 }  // namespace

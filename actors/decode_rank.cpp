@@ -131,7 +131,7 @@ void free_lease(decode_pointer self, uint64_t lease_id, bool writer_may_write, b
       break;
     }
   st.leases.erase(i);
-  if (!st.reserves.empty() || !st.paused.empty()) rebalance_memory(self);
+  if ((!st.reserves.empty() || !st.paused.empty()) && !st.taking_step) rebalance_memory(self);
   report_load(self);
 }
 
@@ -397,6 +397,7 @@ void finish_seq(decode_pointer self, uint64_t lease_id, const std::string& reaso
 void on_step_done(decode_pointer self, gpu::forward_output& out) {
   auto& st = self->state;
   st.step_in_flight = false;
+  st.taking_step = true;
   ++st.num_steps;
   const double us = static_cast<double>(micros(self->clock().now() - st.step_started));
   st.recent_step_us = st.num_steps == 1 ? us : st.recent_step_us + (us - st.recent_step_us) / 16;
@@ -450,6 +451,7 @@ void on_step_done(decode_pointer self, gpu::forward_output& out) {
       s->next_input = tok;
     }
   }
+  st.taking_step = false;
   if (!st.reserves.empty() || !st.paused.empty()) rebalance_memory(self);
   maybe_step(self);
 }

@@ -206,6 +206,10 @@ struct decode_state {
   std::unordered_map<uint64_t, std::vector<uint32_t>> held_pages;
   std::vector<running_seq> batch;
   bool step_in_flight = false;
+  /// on_step_done is going through the step's rows: a lease freed meanwhile does not rebalance
+  /// memory (an offload then could move a sequence whose row is not yet taken, dropping its
+  /// token); the loop rebalances once at its end.
+  bool taking_step = false;
   std::vector<uint64_t> step_leases;  ///< lease ids of the step in flight, in row order
   size_t batch_cursor = 0;            ///< where the next step starts when the batch exceeds max_batch_size
   std::deque<local_prefill> local_prefills;  ///< hybrid PD prompts, first come first served

@@ -143,7 +143,11 @@ void forget_rank(prefill_balancer_state& st, const caf::actor_addr& rank, const 
       // One rank per engine: the later engines keep their buckets (with several, the mapping of
       // ranks to engines shifts, and resize() later drops the last engine instead).
       if (st.buckets && st.cfg.ranks_per_engine == 1) st.buckets->remove_engine(static_cast<uint32_t>(i));
+      const std::string name = st.registry.loads[i].name;
       st.registry.forget(rank, now, until_rejoin);
+      // Its charges go with it -- unless a successor under its name reported first: they are
+      // its (a restarted rank's reports had the dead one's charges added back until they expired).
+      if (!st.registry.index_of(name)) st.charges.forget(name);
       resync_views(st);
       return;
     }

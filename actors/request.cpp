@@ -354,8 +354,9 @@ void on_ranks_lost(request_pointer self, bool decode_lost, const std::string& pr
   const bool prefilling = st.out.tokens.size() + static_cast<size_t>(st.max_new) ==
                           static_cast<size_t>(st.plan.params.max_tokens);
   const auto id = st.plan.request_id;
-  // The stage it was at on that rank: its KV reservation, its prompt (hybrid PD), or decoding.
-  const char* decode_stage = st.reserving ? "kv_reserve" : st.hybrid && prefilling ? "prefill" : "decode";
+  // The stage it was at on that rank: its KV reservation, its prompt (hybrid PD) or the prompt's
+  // KV arriving from the prefill rank, or decoding.
+  const char* decode_stage = st.reserving ? "kv_reserve" : prefilling ? (st.hybrid ? "prefill" : "kv_recv") : "decode";
   if (decode_lost)
     fail_or_retry(self, make_error(errc::rank_unavailable, where(id, st.decode_name, decode_stage) + ": " + why));
   else if (!prefill_lost.empty() && prefilling)

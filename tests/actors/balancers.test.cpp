@@ -477,6 +477,38 @@ TEST_CASE("a prefill placement whose prompt never reaches its rank (no report fo
   self->send_exit(rank, caf::exit_reason::user_shutdown);
 }
 
+TEST_CASE("a prefill rank that went down takes its charges with it: a rank restarted under its name starts without "
+          "them") {
+  test::cluster_system t;
+  caf::scoped_actor self{t.sys};
+  prefill_balancer_config bc;
+  bc.policy = "least_loaded";
+  bc.charge_ttl_ms = 600000;  // the charge would outlive the test: only the forgetting can drop it
+  auto bal = spawn_prefill_balancer(t.sys, bc);
+  const auto place = [&](uint64_t id) {
+    std::string why;
+    self->request(bal, std::chrono::seconds{5}, place_atom::value, place_query{id, 100, 0, 120})
+        .receive([&](prefill_placement& p) { why = p.why; }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
+    return why;
+  };
+  const auto ranks = [&] {
+    size_t n = 99;
+    self->request(bal, std::chrono::seconds{5}, stats_atom::value).receive([&](std::vector<rank_load>& l) { n = l.size(); }, [](caf::error&) {});
+    return n;
+  };
+  auto first = stand_in_rank<prefill_rank_actor>(t);
+  self->send(bal, load_atom::value, idle_load("prefill-x", 64), first);
+  CHECK(place(1).rfind("least_loaded: 0 queued tokens", 0) == 0);
+  self->send_exit(first, caf::exit_reason::kill);  // its prompt never ran: no report settles it
+  for (int i = 0; i < 500 && ranks() != 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{2});
+  REQUIRE(ranks() == 0);
+  auto second = stand_in_rank<prefill_rank_actor>(t);
+  self->send(bal, load_atom::value, idle_load("prefill-x", 64), second);
+  CHECK(place(2).rfind("least_loaded: 0 queued tokens", 0) == 0);
+  self->send_exit(bal, caf::exit_reason::user_shutdown);
+  self->send_exit(second, caf::exit_reason::user_shutdown);
+}
+
 TEST_CASE("a decode placement whose sequence never reserves on its rank gives its pages back after charge_ttl_ms, "
           "and a placement parked behind it is then served without waiting for a report") {
   test::cluster_system t;
