@@ -81,6 +81,9 @@ using parked_atom = caf::atom_constant<caf::atom("parked")>;
 using resume_atom = caf::atom_constant<caf::atom("resume")>;
 /// A landed KV layer was checked (and expanded, in a wire form) off the decode rank's thread.
 using layer_checked_atom = caf::atom_constant<caf::atom("kv_checked")>;
+/// Text to the model's token ids and back, as vLLM's /tokenize and /detokenize (router_actor).
+using tokenize_atom = caf::atom_constant<caf::atom("tokenize")>;
+using detokenize_atom = caf::atom_constant<caf::atom("detokenize")>;
 
 // --- errors ---------------------------------------------------------------------------------
 /// Baton's error codes (category atom "baton"). The context string of every error names the

@@ -75,6 +75,10 @@ struct generate_request {
   uint8_t output_format = 0;
   std::string output_spec;     ///< the schema's, expression's or grammar's text; empty for 0 and 1
   bool json_compact = false;   ///< with 1 or 2: the JSON without whitespace between its tokens
+  /// vLLM's add_special_tokens: 1 gives the prompt the model's begin-of-text token (a
+  /// completion's default), 0 leaves it out (a chat's default: its template writes it); -1: the
+  /// default.
+  int8_t add_special_tokens = -1;
   std::vector<std::string> stop;       ///< generation ends when the text contains one (it is cut off)
   std::vector<int32_t> stop_token_ids; ///< ... or when one of these tokens is generated
   /// vLLM's include_stop_str_in_output: the stop string, or the text of the stop token (one of
@@ -109,7 +113,8 @@ typename Inspector::result_type inspect(Inspector& f, generate_request& x) {
            wire::f32{&x.frequency_penalty}, x.stop, x.stop_token_ids, x.logprobs, x.top_logprobs, x.echo,
            x.prompt_logprobs, x.prompt_only, x.prompt_top_logprobs, x.chat_template_kwargs,
            x.tools_json, x.logit_bias_tokens, wire::f32s{&x.logit_bias_values}, x.output_format, x.output_spec,
-           x.json_compact, wire::f32{&x.min_p}, x.min_tokens, x.include_stop_str_in_output, x.max_tokens_cap);
+           x.json_compact, wire::f32{&x.min_p}, x.min_tokens, x.include_stop_str_in_output, x.max_tokens_cap,
+           x.add_special_tokens);
 }
 
 struct completion {

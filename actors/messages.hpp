@@ -748,6 +748,11 @@ using router_actor = caf::typed_actor<
     // Cancel by sending cancel_atom to stream_chunk::request; a sink that goes down cancels too.
     caf::replies_to<generate_atom, generate_request, client_sink_actor>::with<completion>,
     caf::replies_to<stats_atom>::with<cluster_stats>,
+    // A prompt (prompt, prompt_tokens or messages, with add_special_tokens and the chat's
+    // template variables) as the model's token ids, as a generation would see it; nothing runs.
+    caf::replies_to<tokenize_atom, generate_request>::with<std::vector<int32_t>>,
+    // Token ids as text, special tokens written out (vLLM's /detokenize).
+    caf::replies_to<detokenize_atom, std::vector<int32_t>>::with<std::string>,
     // Its head stops: new requests are refused (shutting_down), those admitted run to their end.
     caf::reacts_to<drain_atom>,
     // From the node directory: these ranks are gone; every request on them is re-placed.

@@ -96,14 +96,69 @@ std::string shown(float x) {
   return buf;
 }
 
+/// One form of prompt, and one only.
+std::string prompt_form_problem(const generate_request& req) {
+  const int given = !req.prompt.empty() + !req.prompt_tokens.empty() + !req.messages.empty();
+  if (given > 1) return "give one of prompt, prompt_tokens or messages, not several";
+  if (given == 0) return "prompt is empty";
+  return {};
+}
+
 }  // namespace
+
+std::string encode_prompt(const generate_request& req, const gpu::model_config& model, const gpu::tokenizer* tokenizer,
+                          std::vector<int32_t>* tokens, uint8_t* thinking) {
+  if (auto why = prompt_form_problem(req); !why.empty()) return why;
+  if (req.add_special_tokens < -1 || req.add_special_tokens > 1)
+    return "add_special_tokens must be true or false, got " + std::to_string(req.add_special_tokens);
+  if (!req.prompt_tokens.empty()) {
+    for (size_t i = 0; i < req.prompt_tokens.size(); ++i) {
+      const auto t = req.prompt_tokens[i];
+      if (t < 0 || static_cast<uint32_t>(t) >= model.vocab_size)
+        return "prompt token " + std::to_string(t) + " at position " + std::to_string(i) +
+               " is outside the vocabulary [0, " + std::to_string(model.vocab_size) + ")";
+    }
+    *tokens = req.prompt_tokens;
+  } else if (!req.messages.empty()) {
+    if (!tokenizer) return "messages need the model's chat template; this router has none";
+    std::vector<gpu::chat_message> chat;
+    for (const auto& m : req.messages) chat.push_back({m.role, m.content, m.fields_json});
+    std::string text, why;
+    // Rendered first: a model with no chat template at all is told as such, not as one whose
+    // template writes no tool calls.
+    if (!tokenizer->render_chat(chat, gpu::chat_extras{req.chat_template_kwargs, req.tools_json}, &text, &why)) return why;
+    if (!req.tools_json.empty() && tokenizer->tool_calls() == gpu::tool_call_format::none)
+      return "tools need a model whose chat template asks for tool calls in a form Baton reads (Qwen's and Hermes' "
+             "<tool_call> JSON, Qwen3-Coder's <function=...> XML, Llama 3.1's JSON answer, Mistral's [TOOL_CALLS], "
+             "DeepSeek's or Kimi-K2's tool-call tokens); this model's does not";
+    // Whether this chat's answer starts thinking: the request's own template variables decide
+    // (DeepSeek-V3.1's `thinking`), not only the model's default.
+    if (thinking && tokenizer->reasoning() != gpu::chat_reasoning::none) *thinking = gpu::opens_thinking(text) ? 1 : 2;
+    *tokens = tokenizer->encode_chat(text);
+  } else if (tokenizer) {
+    *tokens = tokenizer->encode_prompt(req.prompt);
+  } else {
+    *tokens = gpu::byte_tokenizer{model.bos_token_id, model.eos_token_id}.encode(req.prompt);
+  }
+  // add_special_tokens against the default: a text prompt's begin-of-text token left out, a
+  // chat's added before its template's text (as transformers' encode does; ids given are as given).
+  const int32_t bos = model.bos_token_id;
+  const bool has_bos = bos >= 0 && !tokens->empty() && tokens->front() == bos;
+  if (req.prompt_tokens.empty() && bos >= 0) {
+    const bool chat = !req.messages.empty();
+    if (req.add_special_tokens == 0 && !chat && has_bos) tokens->erase(tokens->begin());
+    if (req.add_special_tokens == 1 && chat) tokens->insert(tokens->begin(), bos);
+  }
+  // A tokenizer without BOS can turn text (whitespace under a stripping normalizer) into nothing;
+  // a prompt needs one token whose logits give the first output.
+  if (tokens->empty()) return "prompt encodes to no tokens; send at least one";
+  return {};
+}
 
 std::string tokenize_and_validate(generate_request& req, const gpu::model_config& model,
                                   uint32_t max_new_tokens_limit, std::vector<int32_t>* tokens,
                                   const gpu::tokenizer* tokenizer, uint32_t default_max_tokens, uint8_t* thinking) {
-  const int given = !req.prompt.empty() + !req.prompt_tokens.empty() + !req.messages.empty();
-  if (given > 1) return "give one of prompt, prompt_tokens or messages, not several";
-  if (given == 0) return "prompt is empty";
+  if (auto why = prompt_form_problem(req); !why.empty()) return why;
   if (req.top_p <= 0.0f || req.top_p > 1.0f || !std::isfinite(req.top_p))
     return "top_p must be in (0, 1], got " + shown(req.top_p);
   if (req.repetition_penalty <= 0.0f || !std::isfinite(req.repetition_penalty))
@@ -152,38 +207,7 @@ std::string tokenize_and_validate(generate_request& req, const gpu::model_config
     return "traffic_class must be chat, agent or batch, got '" + quoted_input(req.traffic_class) + "'";
   if (req.priority != "interactive" && req.priority != "batch")
     return "priority must be interactive or batch, got '" + quoted_input(req.priority) + "'";
-  if (!req.prompt_tokens.empty()) {
-    for (size_t i = 0; i < req.prompt_tokens.size(); ++i) {
-      const auto t = req.prompt_tokens[i];
-      if (t < 0 || static_cast<uint32_t>(t) >= model.vocab_size)
-        return "prompt token " + std::to_string(t) + " at position " + std::to_string(i) +
-               " is outside the vocabulary [0, " + std::to_string(model.vocab_size) + ")";
-    }
-    *tokens = req.prompt_tokens;
-  } else if (!req.messages.empty()) {
-    if (!tokenizer) return "messages need the model's chat template; this router has none";
-    std::vector<gpu::chat_message> chat;
-    for (const auto& m : req.messages) chat.push_back({m.role, m.content, m.fields_json});
-    std::string text, why;
-    // Rendered first: a model with no chat template at all is told as such, not as one whose
-    // template writes no tool calls.
-    if (!tokenizer->render_chat(chat, gpu::chat_extras{req.chat_template_kwargs, req.tools_json}, &text, &why)) return why;
-    if (!req.tools_json.empty() && tokenizer->tool_calls() == gpu::tool_call_format::none)
-      return "tools need a model whose chat template asks for tool calls in a form Baton reads (Qwen's and Hermes' "
-             "<tool_call> JSON, Qwen3-Coder's <function=...> XML, Llama 3.1's JSON answer, Mistral's [TOOL_CALLS], "
-             "DeepSeek's or Kimi-K2's tool-call tokens); this model's does not";
-    // Whether this chat's answer starts thinking: the request's own template variables decide
-    // (DeepSeek-V3.1's `thinking`), not only the model's default.
-    if (thinking && tokenizer->reasoning() != gpu::chat_reasoning::none) *thinking = gpu::opens_thinking(text) ? 1 : 2;
-    *tokens = tokenizer->encode_chat(text);
-  } else if (tokenizer) {
-    *tokens = tokenizer->encode_prompt(req.prompt);
-  } else {
-    *tokens = gpu::byte_tokenizer{model.bos_token_id, model.eos_token_id}.encode(req.prompt);
-  }
-  // A tokenizer without BOS can turn text (whitespace under a stripping normalizer) into nothing;
-  // a prompt needs one token whose logits give the first output.
-  if (tokens->empty()) return "prompt encodes to no tokens; send at least one";
+  if (auto why = encode_prompt(req, model, tokenizer, tokens, thinking); !why.empty()) return why;
   const bool given_max = req.max_tokens != 0;
   if (req.max_tokens == 0) {  // not given (OpenAI's chat default): the rest of the context, within the limit
     if (tokens->size() >= ctx)
@@ -238,6 +262,48 @@ struct router_state {
 };
 
 using router_pointer = router_actor::stateful_pointer<router_state>;
+
+/// Tokenizes or detokenizes one call's text and ends: a long prompt or chat template is worked
+/// on its own actor, not on the router's (one thread for the whole cluster's admissions).
+using text_worker_actor = caf::typed_actor<caf::replies_to<tokenize_atom, generate_request>::with<std::vector<int32_t>>,
+                                           caf::replies_to<detokenize_atom, std::vector<int32_t>>::with<std::string>>;
+
+text_worker_actor::behavior_type text_worker(text_worker_actor::pointer self, std::shared_ptr<const gpu::model_config> model,
+                                             std::shared_ptr<const gpu::tokenizer> tokenizer) {
+  return {
+      [=](tokenize_atom, const generate_request& req) -> caf::result<std::vector<int32_t>> {
+        self->quit();
+        std::vector<int32_t> tokens;
+        if (auto why = encode_prompt(req, *model, tokenizer.get(), &tokens); !why.empty())
+          return make_error(errc::bad_request, "stage tokenize: " + why);
+        return tokens;
+      },
+      [=](detokenize_atom, const std::vector<int32_t>& ids) -> caf::result<std::string> {
+        self->quit();
+        for (size_t i = 0; i < ids.size(); ++i)
+          if (ids[i] < 0 || static_cast<uint32_t>(ids[i]) >= model->vocab_size)
+            return make_error(errc::bad_request, "stage detokenize: token " + std::to_string(ids[i]) + " at position " +
+                                                     std::to_string(i) + " is outside the vocabulary [0, " +
+                                                     std::to_string(model->vocab_size) + ")");
+        if (!tokenizer) return gpu::byte_tokenizer{model->bos_token_id, model->eos_token_id}.decode(ids);
+        // Special tokens written out, as transformers' decode does by default (vLLM's
+        // /detokenize): the ids between them decoded together, so characters split across
+        // tokens come out whole.
+        std::string text;
+        std::vector<int32_t> run;
+        for (const auto id : ids) {
+          auto special = tokenizer->special_text(id);
+          if (special.empty()) {
+            run.push_back(id);
+            continue;
+          }
+          text += tokenizer->decode(run) + special;
+          run.clear();
+        }
+        return text + tokenizer->decode(run);
+      },
+  };
+}
 
 template <class Out, class Add, class Done>
 void ask_store_servers(router_pointer self, Out out, Add add, Done done, std::chrono::seconds timeout);
@@ -417,6 +483,14 @@ router_actor::behavior_type router_impl(router_pointer self, router_config cfg, 
       [=](generate_atom, generate_request& req) { return admit(req, {}); },
       [=](generate_atom, generate_request& req, client_sink_actor& sink) { return admit(req, std::move(sink)); },
       [=](stats_atom) -> caf::result<cluster_stats> { return collect_stats(self); },
+      [=](tokenize_atom, generate_request& req) {
+        auto worker = self->spawn(text_worker, self->state.shared_model, self->state.cfg.tokenizer);
+        return self->delegate(worker, tokenize_atom::value, std::move(req));
+      },
+      [=](detokenize_atom, std::vector<int32_t>& ids) {
+        auto worker = self->spawn(text_worker, self->state.shared_model, self->state.cfg.tokenizer);
+        return self->delegate(worker, detokenize_atom::value, std::move(ids));
+      },
       [=](drain_atom) { self->state.draining = true; },
       [=](rank_gone_atom, const std::vector<std::string>& ranks, const std::string& why) {
         for (const auto& [addr, r] : self->state.live) self->send(r, rank_gone_atom::value, ranks, why);

@@ -406,28 +406,18 @@ void with_cluster_stats(caf::io::broker* self, const shared_ptr& g, F then) {
       .then([=](cluster_stats& s) mutable { then(&s); }, [=](caf::error&) mutable { then(nullptr); });
 }
 
-/// Takes the request's own x-request-id, if it sent one; a problem with it, else empty. Bounded
-/// and printable: it is echoed in a header and written to the log.
+/// Takes the request's own x-request-id, if it sent one (http::client_request_id); a problem
+/// with it, else empty.
 std::string adopt_request_id(const state_ptr& st, const http::request& req) {
   st->client_request_id.clear();
-  const auto* id = req.header("x-request-id");
-  if (!id) return {};
-  if (std::count_if(req.headers.begin(), req.headers.end(), [](const auto& h) { return h.first == "x-request-id"; }) > 1)
-    return "more than one x-request-id header";
-  const bool ok = !id->empty() && id->size() <= 128 &&
-                  std::all_of(id->begin(), id->end(), [](char c) { return c > 0x20 && c < 0x7f; });
-  if (!ok)
-    return "x-request-id must be 1 to 128 visible ASCII characters (no spaces); this one has " +
-           std::to_string(id->size()) + " bytes";
-  st->client_request_id = *id;
-  return {};
+  return http::client_request_id(req, &st->client_request_id);
 }
 
 bool authorized(const shared_ptr& g, const state_ptr& st, const http::request& req) {
-  // Probes and Prometheus scrape without one, as vLLM's /health and /metrics: the keys guard
-  // the model's API; the numbers name ranks and counts, no request's text.
+  // Probes and Prometheus scrape without one, as vLLM's /health and /metrics (and /version):
+  // the keys guard the model's API; the numbers name ranks and counts, no request's text.
   st->key = nullptr;
-  if (g->keys.empty() || req.path == "/health" || req.path == "/metrics") return true;
+  if (g->keys.empty() || req.path == "/health" || req.path == "/metrics" || req.path == "/version") return true;
   const auto* auth = req.header("authorization");
   // The scheme is case-insensitive (RFC 9110 §11.1).
   if (!auth || auth->size() < 7 || !http::iequals(std::string_view{*auth}.substr(0, 7), "bearer ")) return false;
@@ -479,33 +469,43 @@ void serve_model_by_id(caf::io::broker* self, caf::io::connection_handle hdl, co
 void serve_health(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st,
                   const http::request&) {
   with_cluster_stats(self, g, [=](const cluster_stats* s) {
-    if (!s) return reply_error(self, hdl, g, st, api_error_of(503, "the router did not answer"));
-    // A separate gateway whose head drains: every call would be refused (shutting_down).
-    if (s->draining)
-      return reply_error(self, hdl, g, st, api_error_of(503, "the cluster's head is shutting down; it takes no new requests"));
-    // A gateway that can place nothing is not healthy: a load balancer should send elsewhere.
-    // Ranks that take no new work (draining, stepped aside) do not count.
-    const auto open = [](const std::vector<rank_load>& ranks) {
-      return static_cast<size_t>(std::count_if(ranks.begin(), ranks.end(), [](const rank_load& r) { return r.unavailable.empty(); }));
-    };
-    const size_t prefill = open(s->prefill), decode = open(s->decode);
-    const size_t aside = s->prefill.size() - prefill + s->decode.size() - decode;
-    if (prefill == 0 || decode == 0)
-      return reply_error(self, hdl, g, st,
-                         api_error_of(503, "the cluster has " + std::to_string(prefill) + " prefill and " +
-                                               std::to_string(decode) + " decode ranks taking work" +
-                                               (aside ? " (" + std::to_string(aside) + " more draining or stepped aside)" : "") +
-                                               "; it needs one of each"));
-    // The store is a cache: servers down cost hits, not answers (still 200), but are shown.
-    std::string store;
-    if (s->store_servers)
-      store = ",\"store_servers\":" + std::to_string(s->store_servers) +
-              ",\"store_servers_up\":" + std::to_string(s->store_servers_up);
-    reply(self, hdl, g, st, 200,
-          "{\"status\":\"ok\",\"prefill_ranks\":" + std::to_string(prefill) +
-              ",\"decode_ranks\":" + std::to_string(decode) +
-              (aside ? ",\"ranks_not_taking_work\":" + std::to_string(aside) : std::string{}) + store + "}");
+    auto [status, text] = cluster_health(s);
+    if (status != 200) return reply_error(self, hdl, g, st, api_error_of(status, std::move(text)));
+    reply(self, hdl, g, st, 200, text);
   });
+}
+
+/// vLLM's /tokenize and /detokenize, answered by the router's tokenizer (on a worker of its own);
+/// a refusal names the field, as a call's does.
+void reply_router_error(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st,
+                        const caf::error& e) {
+  auto [status, msg] = status_of(self->system(), e);
+  reply_error(self, hdl, g, st, api_error_of(status, msg));
+}
+
+void serve_tokenize(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st,
+                    const http::request& req) {
+  generate_request r;
+  openai::api_error e;
+  if (!openai::parse_tokenize_body(req.body, g->model, g->calls.model_aliases, &r, &e)) return reply_error(self, hdl, g, st, e);
+  self->request(g->router, std::chrono::seconds{10}, tokenize_atom::value, std::move(r))
+      .then([=](std::vector<int32_t>& ids) { reply(self, hdl, g, st, 200, openai::tokenize_json(ids, g->context_tokens)); },
+            [=](caf::error& err) { reply_router_error(self, hdl, g, st, err); });
+}
+
+void serve_detokenize(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st,
+                      const http::request& req) {
+  std::vector<int32_t> ids;
+  openai::api_error e;
+  if (!openai::parse_detokenize_body(req.body, g->model, g->calls.model_aliases, &ids, &e)) return reply_error(self, hdl, g, st, e);
+  self->request(g->router, std::chrono::seconds{10}, detokenize_atom::value, std::move(ids))
+      .then([=](std::string& text) { reply(self, hdl, g, st, 200, openai::detokenize_json(text)); },
+            [=](caf::error& err) { reply_router_error(self, hdl, g, st, err); });
+}
+
+void serve_version(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st,
+                   const http::request&) {
+  reply(self, hdl, g, st, 200, std::string{"{\"version\":\""} + BATON_VERSION + "\"}");
 }
 
 void serve_metrics(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st,
@@ -534,7 +534,9 @@ void dispatch(caf::io::broker* self, caf::io::connection_handle hdl, const share
   static constexpr route routes[] = {
       {"/v1/completions", "POST", true, serve_completions}, {"/v1/chat/completions", "POST", true, serve_chat},
       {"/v1/models", "GET", false, serve_models},            {"/health", "GET", true, serve_health},
-      {"/metrics", "GET", false, serve_metrics},             {"/v1/models/{id}", "GET", false, serve_model_by_id}};
+      {"/metrics", "GET", false, serve_metrics},             {"/tokenize", "POST", true, serve_tokenize},
+      {"/detokenize", "POST", true, serve_detokenize},       {"/version", "GET", false, serve_version},
+      {"/v1/models/{id}", "GET", false, serve_model_by_id}};  // last: the prefix route
   const route* found = nullptr;
   for (const auto& r : routes)
     if (req.path == r.path) found = &r;
@@ -563,19 +565,8 @@ void dispatch(caf::io::broker* self, caf::io::connection_handle hdl, const share
     // What the route allows; to a browser's preflight from an allowed origin, also that it may
     // send the key and a JSON body (no key needed: a preflight carries none).
     http::header_list extra{{"Allow", allow}};
-    if (!st->cors_origin.empty() && req.header("access-control-request-method")) {
-      extra.emplace_back("Access-Control-Allow-Methods", allow);
-      // The headers the page asks to send, as asked (SDKs add their own, X-Stainless-* and
-      // the like), when they are header names; else the two every call needs.
-      std::string headers = "Authorization, Content-Type";
-      if (const auto* asked = req.header("access-control-request-headers");
-          asked && !asked->empty() && asked->size() <= 1024 &&
-          std::all_of(asked->begin(), asked->end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == ',' || c == ' '; }))
-        headers = *asked;
-      extra.emplace_back("Access-Control-Allow-Headers", headers);
-      extra.emplace_back("Vary", "Access-Control-Request-Headers");
-      extra.emplace_back("Access-Control-Max-Age", "600");
-    }
+    if (!st->cors_origin.empty() && req.header("access-control-request-method"))
+      for (auto& h : http::preflight_headers(req, allow)) extra.push_back(std::move(h));
     return reply(self, hdl, g, st, 204, "", "text/plain", std::move(extra));
   }
   if (req.method != found->method && !(req.method == "HEAD" && std::string_view{found->method} == "GET"))

@@ -3,6 +3,7 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <random>
@@ -22,6 +23,31 @@
 #include "deploy/processes.hpp"
 
 namespace baton::deploy {
+
+std::pair<int, std::string> cluster_health(const cluster_stats* s) {
+  if (!s) return {503, "the router did not answer"};
+  // A separate gateway whose head drains: every call would be refused (shutting_down).
+  if (s->draining) return {503, "the cluster's head is shutting down; it takes no new requests"};
+  // A gateway that can place nothing is not healthy: a load balancer should send elsewhere.
+  // Ranks that take no new work (draining, stepped aside, a failed setup) do not count.
+  const auto open = [](const std::vector<rank_load>& ranks) {
+    return static_cast<size_t>(std::count_if(ranks.begin(), ranks.end(), [](const rank_load& r) { return r.unavailable.empty(); }));
+  };
+  const size_t prefill = open(s->prefill), decode = open(s->decode);
+  const size_t aside = s->prefill.size() - prefill + s->decode.size() - decode;
+  if (prefill == 0 || decode == 0)
+    return {503, "the cluster has " + std::to_string(prefill) + " prefill and " + std::to_string(decode) +
+                     " decode ranks taking work" +
+                     (aside ? " (" + std::to_string(aside) + " more draining or stepped aside)" : "") + "; it needs one of each"};
+  // The store is a cache: servers down cost hits, not answers (still 200), but are shown.
+  std::string store;
+  if (s->store_servers)
+    store = ",\"store_servers\":" + std::to_string(s->store_servers) +
+            ",\"store_servers_up\":" + std::to_string(s->store_servers_up);
+  return {200, "{\"status\":\"ok\",\"prefill_ranks\":" + std::to_string(prefill) + ",\"decode_ranks\":" +
+                   std::to_string(decode) + (aside ? ",\"ranks_not_taking_work\":" + std::to_string(aside) : std::string{}) +
+                   store + "}"};
+}
 
 namespace {
 

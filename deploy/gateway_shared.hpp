@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <caf/actor.hpp>
@@ -31,6 +32,10 @@ using router_lost_atom = caf::atom_constant<caf::atom("rtrlost")>;
 using router_set_atom = caf::atom_constant<caf::atom("rtrset")>;
 /// The server's look at its keys file (gateway_config::keys_file).
 using keys_poll_atom = caf::atom_constant<caf::atom("keyspoll")>;
+
+/// /health's answer for the cluster's numbers (null: the router did not answer): 200 and its
+/// JSON when it can answer calls, else 503 and why.
+std::pair<int, std::string> cluster_health(const cluster_stats* s);
 
 /// What every connection of one gateway shares.
 struct gateway_shared {

@@ -380,4 +380,32 @@ std::string origin_problem(const std::string& o) {
          "path; or *)";
 }
 
+header_list preflight_headers(const request& req, const std::string& allow) {
+  header_list out{{"Access-Control-Allow-Methods", allow}};
+  std::string headers = "Authorization, Content-Type";
+  if (const auto* asked = req.header("access-control-request-headers");
+      asked && !asked->empty() && asked->size() <= 1024 && std::all_of(asked->begin(), asked->end(), [](char c) {
+        return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == ',' || c == ' ';
+      }))
+    headers = *asked;
+  out.emplace_back("Access-Control-Allow-Headers", headers);
+  out.emplace_back("Vary", "Access-Control-Request-Headers");
+  out.emplace_back("Access-Control-Max-Age", "600");
+  return out;
+}
+
+std::string client_request_id(const request& req, std::string* id) {
+  const auto* given = req.header("x-request-id");
+  if (!given) return {};
+  if (std::count_if(req.headers.begin(), req.headers.end(), [](const auto& h) { return h.first == "x-request-id"; }) > 1)
+    return "more than one x-request-id header";
+  const bool ok = !given->empty() && given->size() <= 128 &&
+                  std::all_of(given->begin(), given->end(), [](char c) { return c > 0x20 && c < 0x7f; });
+  if (!ok)
+    return "x-request-id must be 1 to 128 visible ASCII characters (no spaces); this one has " +
+           std::to_string(given->size()) + " bytes";
+  *id = *given;
+  return {};
+}
+
 }  // namespace baton::deploy::http

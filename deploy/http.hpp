@@ -94,4 +94,14 @@ bool iequals(std::string_view a, std::string_view b);
 /// path, not even "/"), nor "*"; empty when it is. A CORS allow-list entry must match exactly.
 std::string origin_problem(const std::string& origin);
 
+/// The answer to a browser's CORS preflight (an OPTIONS with Access-Control-Request-Method) from
+/// an allowed origin, for a route that allows `allow`: that it may call with those methods, and
+/// send the headers it asks to (SDKs add their own, X-Stainless-* and the like) when they are
+/// header names, else the two every call needs. Cached 10 minutes.
+header_list preflight_headers(const request& req, const std::string& allow);
+
+/// The request's own x-request-id into `id` (left alone when it sent none); a problem with it,
+/// else empty. Bounded and printable: it is echoed in a header and written to the log.
+std::string client_request_id(const request& req, std::string* id);
+
 }  // namespace baton::deploy::http

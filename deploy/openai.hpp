@@ -361,4 +361,18 @@ std::string models_json(const std::vector<std::string>& names, int64_t created, 
 /// GET /v1/models/{id}: the one model object.
 std::string model_json(const std::string& model, int64_t created, uint32_t context_tokens = 0);
 
+/// vLLM's POST /tokenize: a completions body's `prompt` (one text, or token ids) or a chat body's
+/// `messages` (with its tools and template variables), and add_special_tokens, read into a
+/// request whose prompt the router encodes (router_actor's tokenize_atom). return_token_strs is
+/// refused: the ids' texts come from /detokenize.
+bool parse_tokenize_body(std::string_view body, const std::string& served_model, const std::vector<std::string>& aliases,
+                         generate_request* out, api_error* err);
+/// vLLM's POST /detokenize: `tokens`, a non-empty array of token ids.
+bool parse_detokenize_body(std::string_view body, const std::string& served_model,
+                           const std::vector<std::string>& aliases, std::vector<int32_t>* out, api_error* err);
+/// /tokenize's answer, vLLM's shape: {count, max_model_len, tokens, token_strs: null}.
+std::string tokenize_json(const std::vector<int32_t>& tokens, uint32_t max_model_len);
+/// /detokenize's answer: {prompt}.
+std::string detokenize_json(const std::string& text);
+
 }  // namespace baton::deploy::openai

@@ -770,6 +770,11 @@ bool parse_checked_body(std::string_view body, bool chat, const std::string& ser
   r.min_tokens = static_cast<uint32_t>(min_tokens);
   if (!bool_field(j, "ignore_eos", &r.ignore_eos, err)) return false;
   if (!bool_field(j, "include_stop_str_in_output", &r.include_stop_str_in_output, err)) return false;
+  // vLLM's: a text prompt's begin-of-text token (default true for completions, false for chats,
+  // whose template writes it).
+  bool special = !chat;
+  if (!bool_field(j, "add_special_tokens", &special, err)) return false;
+  if (special == chat) r.add_special_tokens = special ? 1 : 0;  // not the default
   bool parallel_tool_calls = true;
   if (!bool_field(j, "parallel_tool_calls", &parallel_tool_calls, err)) return false;
   out->one_tool_call = !parallel_tool_calls;

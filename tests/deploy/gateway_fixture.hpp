@@ -17,6 +17,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include <caf/actor_system.hpp>
@@ -249,6 +251,21 @@ struct served_cluster {
     }
     return false;
   }
+};
+
+/// The built-in model (its weights and tokenizer, linked) under another chat template, in a
+/// temporary directory removed with the object.
+struct templated_model {
+  std::filesystem::path path;
+  templated_model(const std::string& name, const std::string& chat_template) {
+    path = std::filesystem::temp_directory_path() / ("baton-chat-" + name + "-" + std::to_string(::getpid()));
+    std::filesystem::create_directories(path);
+    const std::filesystem::path src = BATON_SOURCE_DIR "/models/baton-kjv-tiny";
+    for (const char* f : {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json"})
+      std::filesystem::create_symlink(src / f, path / f);
+    std::ofstream{path / "tokenizer_config.json"} << json{{"add_bos_token", false}, {"chat_template", chat_template}}.dump();
+  }
+  ~templated_model() { std::filesystem::remove_all(path); }
 };
 
 }  // namespace baton::test_gateway
