@@ -98,6 +98,10 @@ struct node_directory_state {
   cluster_welcome welcome;
   std::map<std::string, node_entry> nodes;
   bool sweeping = false;  ///< a liveness sweep is scheduled
+  /// When the last sweep ran (or the first was armed): a sweep that comes far later than its
+  /// interval found this process stalled (stopped, starved), with the nodes' heartbeats of that
+  /// time still queued behind it.
+  caf::actor_clock::time_point last_sweep{};
   /// Processes a newer one under their name replaced while they may still run, by incarnation:
   /// told to leave (their agent, not whoever sends their heartbeats: a starting node's pulse) at
   /// their next heartbeat, or they would run on, serving nothing. Bounded: the oldest go first.
@@ -402,6 +406,7 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
                                                    std::to_string(cfg.page_tokens));
         if (!self->state.sweeping) {
           self->state.sweeping = true;
+          self->state.last_sweep = self->clock().now();
           self->delayed_send(self, std::chrono::milliseconds{self->state.cfg.heartbeat_interval_ms}, timer_atom::value);
         }
         const std::string name = hello.name;
@@ -487,6 +492,7 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
           tell_late_node(self, name);
           if (!st.sweeping) {
             st.sweeping = true;
+            st.last_sweep = self->clock().now();
             self->delayed_send(self, std::chrono::milliseconds{st.cfg.heartbeat_interval_ms}, timer_atom::value);
           }
         }
@@ -558,17 +564,23 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
         auto& st = self->state;
         const auto silence = std::chrono::milliseconds{uint64_t{st.cfg.heartbeat_interval_ms} * st.cfg.missed_heartbeats};
         const auto now = self->clock().now();
+        const auto interval = std::chrono::milliseconds{st.cfg.heartbeat_interval_ms};
+        // Late by more than an interval: this process was stalled, not the nodes silent -- their
+        // heartbeats of that time wait behind this message. A head paused 2.5 s (SIGSTOP, a VM
+        // pause) declared every node gone and failed over every stream. This sweep declares
+        // nothing; the next, an interval on, finds who was really silent.
+        const bool stalled = now - st.last_sweep > 2 * interval;
+        st.last_sweep = now;
         bool watching = false;
         for (auto& [name, n] : st.nodes) {
-          if (n.state != "gone" && now - n.last_heartbeat > silence)
+          if (!stalled && n.state != "gone" && now - n.last_heartbeat > silence)
             mark_gone(self, name, n,
                       "missed its heartbeats for " + std::to_string(silence.count()) + " ms");
           watching = watching || n.state != "gone";
         }
         st.sweeping = watching;  // every node gone: the sweep restarts at the next join
         if (watching)
-          self->delayed_send(self, std::chrono::milliseconds{st.cfg.heartbeat_interval_ms}, timer_atom::value);
-
+          self->delayed_send(self, interval, timer_atom::value);
       },
   };
 }

@@ -447,8 +447,11 @@ void on_prefill_result(request_pointer self, prefill_result& r) {
   auto& st = self->state;
   st.out.prefill_us = lap(self);
   st.out.prefill_queue_us = r.queue_us;
-  st.out.cached_tokens = r.cached_tokens;
-  st.out.local_cached_tokens = r.local_cached_tokens;
+  // What the client's usage reports: of its prompt's tokens. A retry's prefill covers the tokens
+  // generated before it too, and finds those cached as well (they were written back): counted,
+  // the cached tokens outnumbered the prompt's (a trial's hit ratio above 1).
+  st.out.cached_tokens = std::min(r.cached_tokens, st.out.num_prompt_tokens);
+  st.out.local_cached_tokens = std::min(r.local_cached_tokens, st.out.cached_tokens);
   st.out.recomputed_blocks = r.recomputed_blocks;
   st.out.kv_bytes = st.hybrid ? 0 : r.kv_bytes;
   st.out.kv_send_us = st.hybrid ? 0 : r.kv_send_us;

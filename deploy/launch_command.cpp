@@ -162,10 +162,12 @@ void stop_all(std::vector<child>& children, int drain_ms, const remote_wait& awa
   // the balancer's grace for a rank, seconds, before their 503). One SIGTERM each.
   for (auto pid : gateways) kill(pid, SIGTERM);
   if (!gateways.empty()) std::this_thread::sleep_for(std::chrono::milliseconds{300});
-  stop(nodes, drain_ms);
-  const auto spent_ms = static_cast<int>(
-      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started).count());
-  stop(gateways, std::max(0, drain_ms - spent_ms), true);
+  // Then the rank nodes, and all of them drain within the one time: waited on together, so that
+  // a second signal reaches the gateways still draining too, not only once every node has gone.
+  for (auto pid : nodes) kill(pid, SIGTERM);
+  std::vector<pid_t> draining = nodes;
+  draining.insert(draining.end(), gateways.begin(), gateways.end());
+  stop(draining, drain_ms, true);
   // A remote node's ssh ends at once (its session's end is the node's SIGHUP): the node drains
   // on its host meanwhile, and the head must outlive that drain, which the head's register shows.
   if (await_remote && !remote.empty()) {
@@ -180,6 +182,9 @@ void stop_all(std::vector<child>& children, int drain_ms, const remote_wait& awa
 }  // namespace
 
 int run_launch(const std::vector<std::string>& raw_args) {
+  // Line by line, also into a file or pipe: the nodes write into the same output, and a line of
+  // ours held in a buffer came out after theirs (a node "stopped" before it "started").
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   auto args = raw_args;
   const std::string spec_path = take_spec_path(args);
   uint32_t wait_s = 60, drain_ms = 30000, restart_failed = 0;
