@@ -40,7 +40,7 @@ bool ensure_writable_dir(const std::string& dir, const std::string& flag, std::s
 /// Holds `dir`'s lock (store::lock_block_dir) until the process ends: a second process given the
 /// same store directory is refused at its start, naming the first's pid (two block servers on one
 /// directory each hold the disk to their own budget and delete what the other lists).
-bool hold_store_dir(const std::string& dir, const std::string& flag, std::string* why);
+bool hold_store_dir(const std::string& dir, const std::string& flag, std::string* why, const std::string& lock_name = ".lock");
 
 /// `baton profile`: measures the CPU executor over a grid of prefill and decode shapes, fits
 /// the cost models and writes them, with the samples and held-out error, to a profile file.

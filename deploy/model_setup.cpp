@@ -30,10 +30,10 @@ bool ensure_writable_dir(const std::string& dir, const std::string& flag, std::s
   return false;
 }
 
-bool hold_store_dir(const std::string& dir, const std::string& flag, std::string* why) {
+bool hold_store_dir(const std::string& dir, const std::string& flag, std::string* why, const std::string& lock_name) {
   std::string held_by;
   bool shared = false;
-  const int fd = store::lock_block_dir(dir, &held_by, &shared);
+  const int fd = store::lock_block_dir(dir, &held_by, &shared, lock_name);
   if (fd < 0 || shared) {
     if (shared) store::unlock_block_dir(fd);  // this process serves the directory already
     *why = flag + " " + held_by;

@@ -11,6 +11,7 @@
 // start and adopts its block server, whose files live on this node's disk. It outlives heads:
 // a new head adopts it again. SIGTERM or SIGINT stops it.
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -54,7 +55,14 @@ namespace {
 
 /// `--role store`: publishes the store host and serves until a stop signal.
 int run_store_node(const node_options& o) {
-  if (std::string why; !ensure_writable_dir(o.store_dir, "--store-dir", &why) || !hold_store_dir(o.store_dir, "--store-dir", &why)) {
+  // Its own lock in the directory, by name: store nodes (and a head's own servers) may share one
+  // directory on a host, each server in its server-N below it under that folder's own lock (the
+  // block server's); the same node started twice is refused here. (The directory's one lock
+  // refused every second store process on a host: the spec's documented layout did not start.)
+  std::string lock_name = ".lock-" + o.name;
+  std::replace(lock_name.begin(), lock_name.end(), '/', '_');
+  if (std::string why; !ensure_writable_dir(o.store_dir, "--store-dir", &why) ||
+                       !hold_store_dir(o.store_dir, "--store-dir", &why, lock_name)) {
     std::fprintf(stderr, "baton node: %s\n", why.c_str());
     return 2;
   }

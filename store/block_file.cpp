@@ -299,9 +299,9 @@ lock_registry& registry() {
 
 }  // namespace
 
-int lock_block_dir(const std::string& dir, std::string* why, bool* shared) {
+int lock_block_dir(const std::string& dir, std::string* why, bool* shared, const std::string& lock_name) {
   if (shared) *shared = false;
-  const std::string path = dir + "/.lock";
+  const std::string path = dir + "/" + lock_name;
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) {
     *why = "cannot open " + path + ": " + std::strerror(errno);

@@ -118,7 +118,8 @@ dir_scan scan_block_dir(const std::string& dir, const block_key& salt, bool sole
 /// already (a server of the directory still stopping as its successor starts; told by the file's
 /// device and inode, not by the pid), the holders share it: `shared` says so, and the lock lasts
 /// until the last one lets go.
-int lock_block_dir(const std::string& dir, std::string* why, bool* shared = nullptr);
+/// `lock_name`: the lock file's name in `dir` (a store node's own, beside the head's).
+int lock_block_dir(const std::string& dir, std::string* why, bool* shared = nullptr, const std::string& lock_name = ".lock");
 /// Lets go of a descriptor lock_block_dir gave (the lock goes with the last one); nothing for -1.
 void unlock_block_dir(int fd);
 
