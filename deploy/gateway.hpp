@@ -60,6 +60,11 @@ struct gateway_config {
   /// unknown) may still have its answer on the wire behind that report: the call waits this long
   /// for it before failing with 503.
   uint32_t unanswered_grace_ms = 5000;
+  /// The router is asked for its numbers every quarter of this; when it has not answered for this
+  /// long (its head stalled, or a partition that leaves the TCP link open), new calls get 503 at
+  /// once, saying so, until it answers again -- they waited in silence up to the first-token
+  /// timeout. 0: not watched.
+  uint32_t router_silence_ms = 5000;
   /// The model's id in the API (`model` in calls and answers, /v1/models), as vLLM's
   /// --served-model-name; empty: the model's own name (config.json's _name_or_path, else its
   /// architecture). Calls naming another model get 404.

@@ -101,6 +101,8 @@ caf::behavior server(caf::io::broker* self, int fd, shared_ptr g) {
   if (!g->cfg.keys_file.empty()) self->delayed_send(self, poll, keys_poll_atom::value);
   // The connections whose timers run here, by number; each is forgotten as it ends.
   auto timed = std::make_shared<std::unordered_map<uint64_t, caf::actor_addr>>();
+  const auto silence = std::chrono::milliseconds{g->cfg.router_silence_ms};
+  if (silence.count() > 0) self->delayed_send(self, silence / 4, router_probe_atom::value);
   return {
       [=](wake_atom, uint32_t delay_ms, uint64_t number, caf::actor_addr& who, caf::atom_value what) {
         (*timed)[number] = std::move(who);
@@ -119,7 +121,38 @@ caf::behavior server(caf::io::broker* self, int fd, shared_ptr g) {
         g->draining = true;
         return g->calls_in_flight.load();
       },
-      [=](router_lost_atom, std::string& why) { g->router_away = std::move(why); },
+      [=](router_lost_atom, std::string& why) {
+        g->router_away = std::move(why);
+        g->router_silent = false;
+      },
+      // One probe at a time, the next a quarter of the silence after its answer (or its failure:
+      // a router gone fails at once): a router that answers within the silence is up; one that
+      // does not has new calls refused until it does.
+      [=](router_probe_atom) {
+        if (!g->router) return self->delayed_send(self, silence / 4, router_probe_atom::value);
+        const auto asked = g->router;
+        self->request(asked, silence, stats_atom::value)
+            .then(
+                [=](cluster_stats&) {
+                  if (g->router_silent && g->router == asked) {
+                    g->router_away.clear();
+                    g->router_silent = false;
+                    caf::aout(self) << "gateway: the router answers again; calls are served" << std::endl;
+                  }
+                  self->delayed_send(self, silence / 4, router_probe_atom::value);
+                },
+                [=](caf::error&) {
+                  if (g->router == asked && (g->router_away.empty() || g->router_silent)) {
+                    if (!g->router_silent)
+                      caf::aout(self) << "gateway: the router has not answered for " << silence.count()
+                                      << " ms; new calls get 503 until it does" << std::endl;
+                    g->router_away = "the cluster's head has not answered for " + std::to_string(silence.count()) +
+                                     " ms (stalled, or cut off); retry shortly";
+                    g->router_silent = true;
+                  }
+                  self->delayed_send(self, silence / 4, router_probe_atom::value);
+                });
+      },
       [=](keys_poll_atom) {
         if (auto now = file_stamp(g->cfg.keys_file); now != *stamp) {
           *stamp = std::move(now);
@@ -131,6 +164,7 @@ caf::behavior server(caf::io::broker* self, int fd, shared_ptr g) {
         g->router = std::move(router);
         take_settings(*g, s);
         g->router_away.clear();
+        g->router_silent = false;
       },
   };
 }

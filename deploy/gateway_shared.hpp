@@ -32,6 +32,8 @@ using router_lost_atom = caf::atom_constant<caf::atom("rtrlost")>;
 using router_set_atom = caf::atom_constant<caf::atom("rtrset")>;
 /// The server's look at its keys file (gateway_config::keys_file).
 using keys_poll_atom = caf::atom_constant<caf::atom("keyspoll")>;
+/// The server's look at whether the router still answers (gateway_config::router_silence_ms).
+using router_probe_atom = caf::atom_constant<caf::atom("rtrprobe")>;
 
 /// /health's answer for the cluster's numbers (null: the router did not answer): 200 and its
 /// JSON when it can answer calls, else 503 and why.
@@ -58,6 +60,9 @@ struct gateway_shared {
   /// Non-empty while the router is gone (its head stopped, or the link to it was cut): why, for
   /// the 503s that calls get until gateway_set_router.
   std::string router_away;
+  /// router_away says the router has not answered (the server's probe, gateway_config::
+  /// router_silence_ms): cleared by its next answer, unlike a router that went away.
+  bool router_silent = false;
   std::atomic<uint32_t> calls_in_flight{0};  ///< connections with a call between generate and end_call
   caf::actor_addr server;  ///< the listening broker (weak: it holds this struct), which keeps connections' timers
   std::atomic<uint64_t> out_pending{0};  ///< every connection's answers queued unsent, together (max_total_backlog_bytes)

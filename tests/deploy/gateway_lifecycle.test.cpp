@@ -6,6 +6,8 @@
 
 #include <malloc.h>
 
+#include <caf/typed_event_based_actor.hpp>
+
 #include "tests/deploy/gateway_fixture.hpp"
 #include "tests/deploy/metrics_text.hpp"
 
@@ -194,4 +196,53 @@ TEST_CASE("a gateway stopped under a stream still closes that connection after i
   }
   ::close(fd);
   CHECK(reset);
+}
+
+TEST_CASE("a gateway whose router stops answering (a stalled head, a link that stays open) answers new calls 503 "
+          "at once, saying so, and serves again when it answers") {
+  deploy::gateway_config gc;
+  gc.router_silence_ms = 400;
+  served_cluster s{gc};
+  // A router that answers only while `answering`; its unanswered requests are held, not dropped.
+  auto answering = std::make_shared<std::atomic<bool>>(true);
+  auto held = std::make_shared<std::vector<caf::typed_response_promise<cluster_stats>>>();
+  auto stalling = s.sys.spawn([=](router_actor::pointer self) -> router_actor::behavior_type {
+    return {
+        [=](generate_atom, generate_request&) -> caf::result<completion> { return completion{}; },
+        [=](generate_atom, generate_request&, client_sink_actor&) -> caf::result<completion> {
+          completion c;
+          c.finish_reason = "length";
+          return c;
+        },
+        [=](stats_atom) {
+          auto p = self->make_response_promise<cluster_stats>();
+          if (*answering) p.deliver(cluster_stats{});
+          else held->push_back(p);
+          return p;
+        },
+        [](tokenize_atom, generate_request&) { return std::vector<int32_t>{}; },
+        [](detokenize_atom, std::vector<int32_t>&) { return std::string{}; },
+        [](drain_atom) {},
+        [](rank_gone_atom, std::vector<std::string>&, std::string&) {},
+        [](directory_atom, node_stats_actor&) {},
+    };
+  });
+  std::string why;
+  REQUIRE_MESSAGE(deploy::gateway_set_router(s.sys, s.gateway, stalling, &why), why);
+  const std::string body = R"({"prompt":"a","max_tokens":2})";
+  http_answer call;
+  for (int i = 0; i < 500 && (call = round_trip(s.gateway.port, post("/v1/completions", body))).status != 200; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds{10});
+  REQUIRE(call.status == 200);
+  *answering = false;
+  for (int i = 0; i < 1000 && (call = round_trip(s.gateway.port, post("/v1/completions", body))).status != 503; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds{10});
+  CHECK(call.status == 503);
+  CHECK_MESSAGE(call.body.find("the cluster's head has not answered for 400 ms") != std::string::npos, call.body);
+  CHECK(call.head.find("Retry-After") != std::string::npos);
+  *answering = true;
+  for (int i = 0; i < 1000 && (call = round_trip(s.gateway.port, post("/v1/completions", body))).status != 200; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds{10});
+  CHECK(call.status == 200);
+  caf::anon_send_exit(stalling, caf::exit_reason::user_shutdown);
 }
