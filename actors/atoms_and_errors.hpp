@@ -84,6 +84,8 @@ using layer_checked_atom = caf::atom_constant<caf::atom("kv_checked")>;
 /// Text to the model's token ids and back, as vLLM's /tokenize and /detokenize (router_actor).
 using tokenize_atom = caf::atom_constant<caf::atom("tokenize")>;
 using detokenize_atom = caf::atom_constant<caf::atom("detokenize")>;
+/// Whether the router answers at all (a gateway's probe, gateway_config::router_silence_ms).
+using ping_atom = caf::atom_constant<caf::atom("ping")>;
 
 // --- errors ---------------------------------------------------------------------------------
 /// Baton's error codes (category atom "baton"). The context string of every error names the

@@ -753,6 +753,8 @@ using router_actor = caf::typed_actor<
     caf::replies_to<tokenize_atom, generate_request>::with<std::vector<int32_t>>,
     // Token ids as text, special tokens written out (vLLM's /detokenize).
     caf::replies_to<detokenize_atom, std::vector<int32_t>>::with<std::string>,
+    // Answered at once, asking nobody: whether the router's actor runs (a gateway's probe).
+    caf::replies_to<ping_atom>::with<bool>,
     // Its head stops: new requests are refused (shutting_down), those admitted run to their end.
     caf::reacts_to<drain_atom>,
     // From the node directory: these ranks are gone; every request on them is re-placed.

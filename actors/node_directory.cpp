@@ -565,15 +565,17 @@ node_directory_actor::behavior_type node_directory_impl(pointer self, node_direc
         const auto silence = std::chrono::milliseconds{uint64_t{st.cfg.heartbeat_interval_ms} * st.cfg.missed_heartbeats};
         const auto now = self->clock().now();
         const auto interval = std::chrono::milliseconds{st.cfg.heartbeat_interval_ms};
-        // Late by more than an interval: this process was stalled, not the nodes silent -- their
-        // heartbeats of that time wait behind this message. A head paused 2.5 s (SIGSTOP, a VM
-        // pause) declared every node gone and failed over every stream. This sweep declares
-        // nothing; the next, an interval on, finds who was really silent.
-        const bool stalled = now - st.last_sweep > 2 * interval;
+        // This sweep's lateness is time this process was stalled, not time the nodes were silent
+        // -- their heartbeats of then wait behind this message: a head paused 2.5 s (SIGSTOP, a
+        // VM pause) declared every node gone and failed over every stream. So each node is given
+        // the lateness on top of its silence; a node really gone stays silent and is declared
+        // all the same (a later sweep, or this one once its silence outgrows the credit), however
+        // late every sweep runs.
+        const auto late = std::max<caf::timespan>(caf::timespan{0}, now - st.last_sweep - interval);
         st.last_sweep = now;
         bool watching = false;
         for (auto& [name, n] : st.nodes) {
-          if (!stalled && n.state != "gone" && now - n.last_heartbeat > silence)
+          if (n.state != "gone" && now - n.last_heartbeat > silence + late)
             mark_gone(self, name, n,
                       "missed its heartbeats for " + std::to_string(silence.count()) + " ms");
           watching = watching || n.state != "gone";

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <optional>
 #include <cmath>
 #include <cstdio>
 #include <thread>
@@ -107,8 +108,10 @@ std::string prompt_form_problem(const generate_request& req) {
 }  // namespace
 
 std::string encode_prompt(const generate_request& req, const gpu::model_config& model, const gpu::tokenizer* tokenizer,
-                          std::vector<int32_t>* tokens, uint8_t* thinking) {
-  if (auto why = prompt_form_problem(req); !why.empty()) return why;
+                          std::vector<int32_t>* tokens, uint8_t* thinking, bool allow_empty) {
+  // (/tokenize counts an empty prompt: its begin-of-text token alone, or nothing, as vLLM does.)
+  const bool empty = req.prompt.empty() && req.prompt_tokens.empty() && req.messages.empty();
+  if (auto why = prompt_form_problem(req); !why.empty() && !(allow_empty && empty)) return why;
   if (req.add_special_tokens < -1 || req.add_special_tokens > 1)
     return "add_special_tokens must be true or false, got " + std::to_string(req.add_special_tokens);
   if (!req.prompt_tokens.empty()) {
@@ -142,7 +145,7 @@ std::string encode_prompt(const generate_request& req, const gpu::model_config& 
   }
   // add_special_tokens against the default: a text prompt's begin-of-text token left out, a
   // chat's added before its template's text (as transformers' encode does; ids given are as given).
-  const int32_t bos = model.bos_token_id;
+  const int32_t bos = tokenizer ? tokenizer->bos_id() : model.bos_token_id;  // the one encoding puts first
   const bool has_bos = bos >= 0 && !tokens->empty() && tokens->front() == bos;
   if (req.prompt_tokens.empty() && bos >= 0) {
     const bool chat = !req.messages.empty();
@@ -151,7 +154,7 @@ std::string encode_prompt(const generate_request& req, const gpu::model_config& 
   }
   // A tokenizer without BOS can turn text (whitespace under a stripping normalizer) into nothing;
   // a prompt needs one token whose logits give the first output.
-  if (tokens->empty()) return "prompt encodes to no tokens; send at least one";
+  if (tokens->empty() && !allow_empty) return "prompt encodes to no tokens; send at least one";
   return {};
 }
 
@@ -258,6 +261,8 @@ struct router_state {
   /// By server id: the counters of its earlier actors (a store node adopted again starts from 0),
   /// so the sums /metrics shows as counters never go back.
   std::vector<store_stats> server_stats_before;
+  /// /tokenize and /detokenize workers running (text_worker_for); each lowers it as it ends.
+  std::shared_ptr<std::atomic<uint32_t>> text_workers = std::make_shared<std::atomic<uint32_t>>(0);
   static inline const char* name = "baton.router";
 };
 
@@ -274,7 +279,7 @@ text_worker_actor::behavior_type text_worker(text_worker_actor::pointer self, st
       [=](tokenize_atom, const generate_request& req) -> caf::result<std::vector<int32_t>> {
         self->quit();
         std::vector<int32_t> tokens;
-        if (auto why = encode_prompt(req, *model, tokenizer.get(), &tokens); !why.empty())
+        if (auto why = encode_prompt(req, *model, tokenizer.get(), &tokens, nullptr, true); !why.empty())
           return make_error(errc::bad_request, "stage tokenize: " + why);
         return tokens;
       },
@@ -319,6 +324,26 @@ void sum_store_stats(store_stats& t, const store_stats& x) {
 
 /// Asks both balancers, the node directory and every store actor for their numbers, in parallel; whoever does not
 /// answer within a second is left out (the answer is a snapshot, never an error).
+/// At most this many /tokenize and /detokenize calls work at once per head: each may encode a
+/// long prompt or render a chat on the scheduler's threads, which the head's actors share.
+constexpr uint32_t max_text_workers = 64;
+
+/// A worker for one /tokenize or /detokenize call; none while max_text_workers run.
+std::optional<text_worker_actor> text_worker_for(router_pointer self) {
+  auto count = self->state.text_workers;
+  if (count->load() >= max_text_workers) return std::nullopt;
+  ++*count;
+  auto worker = self->spawn(text_worker, self->state.shared_model, self->state.cfg.tokenizer);
+  worker->attach_functor([count] { --*count; });
+  return worker;
+}
+
+caf::error too_many_text_workers(const char* stage) {
+  return make_error(errc::overloaded, std::string{"stage "} + stage + ": " + std::to_string(max_text_workers) +
+                                          " calls to /tokenize and /detokenize are in progress at this head; retry "
+                                          "after a moment");
+}
+
 caf::result<cluster_stats> collect_stats(router_pointer self) {
   auto& s = self->state;
   auto out = std::make_shared<cluster_stats>();
@@ -483,13 +508,16 @@ router_actor::behavior_type router_impl(router_pointer self, router_config cfg, 
       [=](generate_atom, generate_request& req) { return admit(req, {}); },
       [=](generate_atom, generate_request& req, client_sink_actor& sink) { return admit(req, std::move(sink)); },
       [=](stats_atom) -> caf::result<cluster_stats> { return collect_stats(self); },
-      [=](tokenize_atom, generate_request& req) {
-        auto worker = self->spawn(text_worker, self->state.shared_model, self->state.cfg.tokenizer);
-        return self->delegate(worker, tokenize_atom::value, std::move(req));
+      [](ping_atom) { return true; },
+      [=](tokenize_atom, generate_request& req) -> caf::result<std::vector<int32_t>> {
+        auto worker = text_worker_for(self);
+        if (!worker) return too_many_text_workers("tokenize");
+        return self->delegate(*worker, tokenize_atom::value, std::move(req));
       },
-      [=](detokenize_atom, std::vector<int32_t>& ids) {
-        auto worker = self->spawn(text_worker, self->state.shared_model, self->state.cfg.tokenizer);
-        return self->delegate(worker, detokenize_atom::value, std::move(ids));
+      [=](detokenize_atom, std::vector<int32_t>& ids) -> caf::result<std::string> {
+        auto worker = text_worker_for(self);
+        if (!worker) return too_many_text_workers("detokenize");
+        return self->delegate(*worker, detokenize_atom::value, std::move(ids));
       },
       [=](drain_atom) { self->state.draining = true; },
       [=](rank_gone_atom, const std::vector<std::string>& ranks, const std::string& why) {

@@ -24,9 +24,10 @@ router_actor spawn_router(caf::actor_system& sys, router_config cfg, gpu::model_
 
 /// The prompt of `req` as the model's token ids (its text by `tokenizer`, null: the built-in
 /// byte tokenizer; its messages by the chat template), add_special_tokens applied; why not, else
-/// empty. `thinking`, when given, gets completion::prompt_thinking.
+/// empty. `thinking`, when given, gets completion::prompt_thinking. `allow_empty`: no prompt, or
+/// one of no tokens, is encoded as such (/tokenize), not refused.
 std::string encode_prompt(const generate_request& req, const gpu::model_config& model, const gpu::tokenizer* tokenizer,
-                          std::vector<int32_t>* tokens, uint8_t* thinking = nullptr);
+                          std::vector<int32_t>* tokens, uint8_t* thinking = nullptr, bool allow_empty = false);
 
 /// The router's input checks, exposed for tests: fills `tokens` or returns why not.
 /// A max_tokens of 0 becomes what the context leaves after the prompt (at most the limit, and at

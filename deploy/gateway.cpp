@@ -45,6 +45,8 @@ std::string gateway_config::validate() const {
   for (const auto& o : cors_origins)
     if (auto e = http::origin_problem(o); !e.empty()) return "gateway: --cors-origin " + e;
   if (idle_timeout_ms == 0) return "gateway: idle_timeout_ms must be >= 1";
+  if (router_silence_ms > 0 && router_silence_ms < 100)
+    return "gateway: --router-silence-ms must be 0 (not watched) or at least 100, got " + std::to_string(router_silence_ms);
   if (max_stream_backlog_bytes < 4096) return "gateway: max_stream_backlog_bytes must be >= 4096";
   if (max_total_backlog_bytes < (uint64_t{1} << 20)) return "gateway: max_total_backlog_bytes must be >= 1 MiB";
   // Printable ASCII: the name goes into every answer's JSON, which must not meet invalid UTF-8.

@@ -81,6 +81,9 @@ int run_gateway(const std::vector<std::string>& args) {
             "again when it changes (README, Serving several teams)");
   flags.add("--first-token-timeout-ms", &gc.first_token_timeout_ms,
             "a call's wait for its first token before 504 (later tokens: the request's own watchdog)");
+  flags.add("--router-silence-ms", &gc.router_silence_ms,
+            "the router not answering the gateway's probe this long (its head stalled, or cut off with the link open): "
+            "new calls get 503 at once until it answers (0: not watched)");
   flags.add("--stream-keepalive-ms", &gc.stream_keepalive_ms,
             "a streaming call without its first token this long gets its 200 head and a comment line this often, so "
             "proxies do not cut it as idle (0: nothing before the first token)");

@@ -131,9 +131,9 @@ caf::behavior server(caf::io::broker* self, int fd, shared_ptr g) {
       [=](router_probe_atom) {
         if (!g->router) return self->delayed_send(self, silence / 4, router_probe_atom::value);
         const auto asked = g->router;
-        self->request(asked, silence, stats_atom::value)
+        self->request(asked, silence, ping_atom::value)
             .then(
-                [=](cluster_stats&) {
+                [=](bool) {
                   if (g->router_silent && g->router == asked) {
                     g->router_away.clear();
                     g->router_silent = false;

@@ -270,6 +270,9 @@ int run_local(const std::vector<std::string>& args) {
   flags.add("--api-keys-file", &opt.api_keys_file, "--serve: a JSON file of named API keys with limits of their own (README, Serving several teams)");
   flags.add("--first-token-timeout-ms", &opt.gateway.first_token_timeout_ms,
             "--http-listen: a call's wait for its first token before 504 (later tokens: --token-timeout-ms)");
+  flags.add("--router-silence-ms", &opt.gateway.router_silence_ms,
+            "--http-listen: the router not answering the gateway's probe this long: new calls get 503 at once until it "
+            "answers (0: not watched)");
   flags.add("--stream-keepalive-ms", &opt.gateway.stream_keepalive_ms,
             "--http-listen: a streaming call without its first token this long gets its 200 head and a comment line "
             "this often, so proxies do not cut it as idle (0: nothing before the first token)");

@@ -77,6 +77,10 @@ std::string status_text(const std::vector<node_status>* nodes, const std::string
       out += "  placements waiting: prefill " + std::to_string(ranks->prefill_parked) + ", decode " +
              std::to_string(ranks->decode_parked) + " (the KV queue); requests in flight " +
              std::to_string(ranks->num_active) + "\n";
+      // The store is a cache: a server down costs hits, not answers, so nothing above shows it.
+      if (ranks->store_servers)
+        out += "  store servers: " + std::to_string(ranks->store_servers_up) + " of " +
+               std::to_string(ranks->store_servers) + " answering\n";
     }
   }
   return out;
@@ -114,6 +118,7 @@ std::string status_json(const std::vector<node_status>* nodes, const std::string
                                 {"kv_pages", r.num_total_pages}});
     out["placements_waiting"] = {{"prefill", ranks->prefill_parked}, {"decode", ranks->decode_parked}};
     out["requests_active"] = ranks->num_active;
+    if (ranks->store_servers) out["store_servers"] = {{"total", ranks->store_servers}, {"answering", ranks->store_servers_up}};
   } else if (!ranks_why.empty()) {
     out["ranks"] = nullptr;
     out["ranks_error"] = ranks_why;

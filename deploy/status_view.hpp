@@ -21,7 +21,8 @@ std::string status_text(const std::vector<node_status>* nodes, const std::string
                         const cluster_stats* ranks, const std::string& ranks_why);
 
 /// The same as one JSON object: {"nodes": [...] | null, "nodes_error": "..."?, "ranks": [...] |
-/// null, "ranks_error": "..."?, "placements_waiting": {"prefill": N, "decode": N}?}.
+/// null, "ranks_error": "..."?, "placements_waiting": {"prefill": N, "decode": N}?, "store_servers":
+/// {"total": N, "answering": M}? (with a store)}.
 std::string status_json(const std::vector<node_status>* nodes, const std::string& nodes_why,
                         const cluster_stats* ranks, const std::string& ranks_why);
 

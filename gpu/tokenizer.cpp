@@ -20,7 +20,8 @@ namespace {
 
 class bytes final : public tokenizer {
 public:
-  explicit bytes(const model_config& c) : t_(c.bos_token_id, c.eos_token_id), vocab_size_(c.vocab_size) {}
+  explicit bytes(const model_config& c) : t_(c.bos_token_id, c.eos_token_id), bos_(c.bos_token_id), vocab_size_(c.vocab_size) {}
+  int32_t bos_id() const override { return bos_; }
   std::vector<int32_t> encode_prompt(const std::string& text) const override { return t_.encode(text); }
   std::string decode(const std::vector<int32_t>& ids) const override { return t_.decode(ids); }
   bool render_chat(const std::vector<chat_message>&, const chat_extras&, std::string*, std::string* why) const override {
@@ -35,6 +36,7 @@ public:
 
 private:
   byte_tokenizer t_;
+  int32_t bos_;
   uint32_t vocab_size_;
   mutable std::once_flag vocab_once_;
   mutable std::shared_ptr<const token_vocabulary> vocab_;
@@ -177,6 +179,7 @@ class hf final : public tokenizer {
 public:
   /// `bos`: the id the encoder puts first (-1: none).
   hf(std::unique_ptr<bpe_tokenizer> t, int32_t bos, chat_setup chat) : t_(std::move(t)), bos_(bos), chat_(std::move(chat)) {}
+  int32_t bos_id() const override { return bos_; }
   std::vector<int32_t> encode_prompt(const std::string& text) const override {
     std::vector<int32_t> ids;
     if (bos_ >= 0) ids.push_back(bos_);

@@ -53,6 +53,9 @@ public:
   virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
   /// A special token's text as a prompt writes it (`<|bos|>`); empty for other tokens.
   virtual std::string special_text(int32_t) const { return {}; }
+  /// The begin-of-text token encode_prompt puts first (-1: none): add_special_tokens adds or
+  /// drops this one, which is not always config.json's bos_token_id (Qwen's tokenizers add none).
+  virtual int32_t bos_id() const { return -1; }
   /// The chat as the model was trained to see it, ending where the assistant's answer starts;
   /// false and a sentence when the model has no (supported) chat template. `variables_json`: more
   /// variables and tools for the template; variables may not set what the chat sets (messages,

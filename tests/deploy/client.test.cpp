@@ -166,6 +166,7 @@ router_actor stand_in_router(caf::actor_system& sys, Generate generate) {
         [](stats_atom) { return cluster_stats{}; },
         [](tokenize_atom, generate_request&) { return std::vector<int32_t>{}; },
         [](detokenize_atom, std::vector<int32_t>&) { return std::string{}; },
+        [](ping_atom) { return true; },
         [](drain_atom) {},
         [](rank_gone_atom, std::vector<std::string>&, std::string&) {},
         [](directory_atom, node_stats_actor&) {},

@@ -257,13 +257,14 @@ struct served_cluster {
 /// temporary directory removed with the object.
 struct templated_model {
   std::filesystem::path path;
-  templated_model(const std::string& name, const std::string& chat_template) {
+  /// `add_bos`: its tokenizer puts <|bos|> before every text prompt (tokenizer_config.json).
+  templated_model(const std::string& name, const std::string& chat_template, bool add_bos = false) {
     path = std::filesystem::temp_directory_path() / ("baton-chat-" + name + "-" + std::to_string(::getpid()));
     std::filesystem::create_directories(path);
     const std::filesystem::path src = BATON_SOURCE_DIR "/models/baton-kjv-tiny";
     for (const char* f : {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json"})
       std::filesystem::create_symlink(src / f, path / f);
-    std::ofstream{path / "tokenizer_config.json"} << json{{"add_bos_token", false}, {"chat_template", chat_template}}.dump();
+    std::ofstream{path / "tokenizer_config.json"} << json{{"add_bos_token", add_bos}, {"chat_template", chat_template}}.dump();
   }
   ~templated_model() { std::filesystem::remove_all(path); }
 };

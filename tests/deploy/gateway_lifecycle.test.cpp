@@ -205,7 +205,7 @@ TEST_CASE("a gateway whose router stops answering (a stalled head, a link that s
   served_cluster s{gc};
   // A router that answers only while `answering`; its unanswered requests are held, not dropped.
   auto answering = std::make_shared<std::atomic<bool>>(true);
-  auto held = std::make_shared<std::vector<caf::typed_response_promise<cluster_stats>>>();
+  auto held = std::make_shared<std::vector<caf::typed_response_promise<bool>>>();
   auto stalling = s.sys.spawn([=](router_actor::pointer self) -> router_actor::behavior_type {
     return {
         [=](generate_atom, generate_request&) -> caf::result<completion> { return completion{}; },
@@ -214,14 +214,15 @@ TEST_CASE("a gateway whose router stops answering (a stalled head, a link that s
           c.finish_reason = "length";
           return c;
         },
-        [=](stats_atom) {
-          auto p = self->make_response_promise<cluster_stats>();
-          if (*answering) p.deliver(cluster_stats{});
+        [](stats_atom) { return cluster_stats{}; },
+        [](tokenize_atom, generate_request&) { return std::vector<int32_t>{}; },
+        [](detokenize_atom, std::vector<int32_t>&) { return std::string{}; },
+        [=](ping_atom) {
+          auto p = self->make_response_promise<bool>();
+          if (*answering) p.deliver(true);
           else held->push_back(p);
           return p;
         },
-        [](tokenize_atom, generate_request&) { return std::vector<int32_t>{}; },
-        [](detokenize_atom, std::vector<int32_t>&) { return std::string{}; },
         [](drain_atom) {},
         [](rank_gone_atom, std::vector<std::string>&, std::string&) {},
         [](directory_atom, node_stats_actor&) {},

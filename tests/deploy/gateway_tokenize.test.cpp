@@ -11,8 +11,11 @@ using nlohmann::json;
 TEST_CASE("/tokenize counts a prompt as its completion's usage does, /detokenize gives the ids' text back, "
           "add_special_tokens adds or leaves out the begin-of-text token") {
   // The built-in model under a chat template that writes the begin-of-text token itself.
-  const templated_model dir{"tokenize", "{{ bos_token }}{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '\\n' }}"
-                                        "{% endfor %}{% if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}"};
+  // Its tokenizer puts <|bos|> before a text prompt (add_bos_token), as Llama's do.
+  const templated_model dir{"tokenize",
+                            "{{ bos_token }}{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '\\n' }}"
+                            "{% endfor %}{% if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}",
+                            true};
   served_cluster s{{}, 0, 0, dir.path.string()};
   const uint16_t port = s.gateway.port;
   const std::string prompt = "In the beginning God created";
@@ -32,7 +35,7 @@ TEST_CASE("/tokenize counts a prompt as its completion's usage does, /detokenize
   // Back to text.
   const auto detok = round_trip(port, post("/detokenize", json{{"tokens", ids}}.dump()));
   REQUIRE_MESSAGE(detok.status == 200, detok.body);
-  CHECK(json::parse(detok.body)["prompt"] == prompt);
+  CHECK(json::parse(detok.body)["prompt"] == "<|bos|>" + prompt);  // the tokenizer's begin-of-text token first
 
   // A chat: the template's text, its begin-of-text token written out by /detokenize, and the
   // count its chat completion's usage gives.
@@ -57,16 +60,33 @@ TEST_CASE("/tokenize counts a prompt as its completion's usage does, /detokenize
   const auto doubled_ids = json::parse(doubled.body)["tokens"].get<std::vector<int32_t>>();
   REQUIRE(doubled_ids.size() == chat_ids.size() + 1);
   CHECK(doubled_ids[0] == chat_ids[0]);
-  const auto with_bos = round_trip(port, post("/tokenize", json{{"prompt", "<|bos|>" + prompt}}.dump()));
-  const auto without = round_trip(port, post("/tokenize", json{{"prompt", "<|bos|>" + prompt}, {"add_special_tokens", false}}.dump()));
-  REQUIRE(with_bos.status == 200);
+  const auto without = round_trip(port, post("/tokenize", json{{"prompt", prompt}, {"add_special_tokens", false}}.dump()));
   REQUIRE(without.status == 200);
-  const auto with_ids = json::parse(with_bos.body)["tokens"].get<std::vector<int32_t>>();
-  CHECK(json::parse(without.body)["tokens"] == std::vector<int32_t>(with_ids.begin() + 1, with_ids.end()));
-  const auto plain = round_trip(port, post("/v1/completions", json{{"prompt", "<|bos|>" + prompt}, {"max_tokens", 1},
+  CHECK(json::parse(without.body)["tokens"] == std::vector<int32_t>(ids.begin() + 1, ids.end()));
+  const auto plain = round_trip(port, post("/v1/completions", json{{"prompt", prompt}, {"max_tokens", 1},
                                                                    {"add_special_tokens", false}}.dump()));
   REQUIRE(plain.status == 200);
-  CHECK(json::parse(plain.body)["usage"]["prompt_tokens"] == with_ids.size() - 1);
+  CHECK(json::parse(plain.body)["usage"]["prompt_tokens"] == ids.size() - 1);
+  // An empty prompt is its begin-of-text token alone (vLLM's count), not refused.
+  const auto empty = round_trip(port, post("/tokenize", json{{"prompt", ""}}.dump()));
+  REQUIRE_MESSAGE(empty.status == 200, empty.body);
+  CHECK(json::parse(empty.body)["tokens"] == std::vector<int32_t>{ids[0]});
+}
+
+TEST_CASE("add_special_tokens adds or drops only the token the model's tokenizer puts first: with none (the built-in "
+          "model's BPE, as Qwen's), a text prompt's literal begin-of-text stays and a chat gets nothing added") {
+  const templated_model dir{"tokenize-nobos", "{% for m in messages %}{{ m['content'] }}{% endfor %}"};
+  served_cluster s{{}, 0, 0, dir.path.string()};
+  const auto ids = [&](const json& body) {
+    const auto a = round_trip(s.gateway.port, post("/tokenize", body.dump()));
+    REQUIRE_MESSAGE(a.status == 200, a.body);
+    return json::parse(a.body)["tokens"].get<std::vector<int32_t>>();
+  };
+  const std::string literal = "<|bos|>In the beginning";
+  CHECK(ids({{"prompt", literal}, {"add_special_tokens", false}}) == ids({{"prompt", literal}}));
+  const json messages = json::array({{{"role", "user"}, {"content", "In the beginning"}}});
+  CHECK(ids({{"messages", messages}, {"add_special_tokens", true}}) == ids({{"messages", messages}}));
+  CHECK(ids({{"prompt", ""}}).empty());  // no begin-of-text token: nothing
 }
 
 TEST_CASE("/tokenize and /detokenize refuse bad bodies by field, need the API key, and /version needs none") {

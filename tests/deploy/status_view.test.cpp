@@ -56,6 +56,14 @@ TEST_CASE("baton status lists each node with its roles, pid, state and last hear
   CHECK_MESSAGE(text.find("  prefill   prefill-0         1         300       500 of 512      taking work\n") != std::string::npos, text);
   CHECK_MESSAGE(text.find("  decode    dec-a             3         0         28 of 48        draining\n") != std::string::npos, text);
   CHECK_MESSAGE(text.find("placements waiting: prefill 0, decode 2 (the KV queue); requests in flight 5") != std::string::npos, text);
+  CHECK(text.find("store servers") == std::string::npos);  // no store
+  auto stored = ranks;
+  stored.store_servers = 3;
+  stored.store_servers_up = 2;  // a store node stalled: said here, as /health says it
+  CHECK(status_text(&nodes, "", &stored, "").find("  store servers: 2 of 3 answering\n") != std::string::npos);
+  const auto sj = nlohmann::json::parse(status_json(&nodes, "", &stored, ""));
+  CHECK(sj["store_servers"]["answering"] == 2);
+  CHECK(sj["store_servers"]["total"] == 3);
   // What did not answer is said in place of its table; what was not asked is left out.
   const auto half = status_text(nullptr, "the node directory at 127.0.0.1:1 could not be reached: refused", nullptr, "");
   CHECK(half == "nodes:\n  (the node directory at 127.0.0.1:1 could not be reached: refused)\n");
