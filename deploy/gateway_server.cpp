@@ -38,7 +38,7 @@ std::pair<int, std::string> cluster_health(const cluster_stats* s) {
   if (prefill == 0 || decode == 0)
     return {503, "the cluster has " + std::to_string(prefill) + " prefill and " + std::to_string(decode) +
                      " decode ranks taking work" +
-                     (aside ? " (" + std::to_string(aside) + " more draining or stepped aside)" : "") + "; it needs one of each"};
+                     (aside ? " (" + std::to_string(aside) + " more draining, stepped aside or failed)" : "") + "; it needs one of each"};
   // The store is a cache: servers down cost hits, not answers (still 200), but are shown.
   std::string store;
   if (s->store_servers)

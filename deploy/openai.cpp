@@ -326,7 +326,7 @@ std::string chunk_json(const call& c, const stream_chunk& chunk, const std::stri
                        uint64_t text_offset, uint32_t index, const answer_parts* split) {
   json choice = {{"index", index}, {"logprobs", logprobs_json(c, chunk.logprobs, text_offset)}};
   choice["finish_reason"] = chunk.finish_reason.empty() ? json(nullptr) : json(finish_reason(chunk.finish_reason));
-  if (!chunk.finish_reason.empty()) choice["stop_reason"] = stop_reason_json(chunk.stop_string, chunk.stop_token);
+  choice["stop_reason"] = stop_reason_json(chunk.stop_string, chunk.stop_token);  // null until the last, as vLLM's
   if (c.req.echo && !c.chat) {
     // The prompt goes first, in the chunk that brings it (the first).
     std::string text;

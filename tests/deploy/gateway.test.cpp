@@ -242,8 +242,8 @@ TEST_CASE("/health counts only ranks that take work: with every decode rank drai
   for (int i = 0; i < 500 && health().status != 503; ++i) std::this_thread::sleep_for(std::chrono::milliseconds{2});
   h = health();
   CHECK(h.status == 503);
-  CHECK_MESSAGE(h.body.find("the cluster has 2 prefill and 0 decode ranks taking work (2 more draining or stepped "
-                            "aside); it needs one of each") != std::string::npos,
+  CHECK_MESSAGE(h.body.find("the cluster has 2 prefill and 0 decode ranks taking work (2 more draining, stepped "
+                            "aside or failed); it needs one of each") != std::string::npos,
                 h.body);
   // The metrics say which: each draining rank is unavailable.
   const auto m = round_trip(s.gateway.port, get("/metrics"));
