@@ -359,7 +359,8 @@ bool parse_cluster_spec(const std::string& json_text, const std::string& base_di
   }
   f.mark("tls");
   if (!f.str("tls_dir", &out->tls_dir, why)) return false;
-  if (!f.str("name", &out->name, why) || !f.str("model", &out->model, why) || !f.str("image", &out->image, why) ||
+  if (!f.str("name", &out->name, why) || !f.str("model", &out->model, why) ||
+      !f.str("chat_template", &out->chat_template, why) || !f.str("image", &out->image, why) ||
       !f.str("binary", &out->binary, why) || !f.strs("api_keys", &out->api_keys, why) ||
       !f.str("api_keys_env", &out->api_keys_env, why) || !f.str("api_keys_file", &out->api_keys_file, why) ||
       !f.strs("cors_origins", &out->cors_origins, why) ||
@@ -448,6 +449,8 @@ bool parse_cluster_spec(const std::string& json_text, const std::string& base_di
   const bool named = out->model == "random" || out->model == "deepseek-v2-tiny" || out->model == "deepseek-v3-tiny";
   if (!named && !out->model.empty() && out->model.front() != '/' && !base_dir.empty())
     out->model = (std::filesystem::path(base_dir) / out->model).lexically_normal().string();
+  if (!out->chat_template.empty() && out->chat_template.front() != '/' && !base_dir.empty())
+    out->chat_template = (std::filesystem::path(base_dir) / out->chat_template).lexically_normal().string();
   if (!out->api_keys_file.empty() && out->api_keys_file.front() != '/' && !base_dir.empty())
     out->api_keys_file = (std::filesystem::path(base_dir) / out->api_keys_file).lexically_normal().string();
   if (out->tls_dir.empty()) out->tls_dir = ".baton-tls-" + out->name;
@@ -543,6 +546,7 @@ std::vector<node_launch> plan_launch(const cluster_spec& s, const std::string& b
                                             "--prefill-policy", s.prefill_policy, "--decode-policy", s.decode_policy},
                    {}};
   head.argv.insert(head.argv.end(), executor.begin(), executor.end());
+  if (!s.chat_template.empty()) head.argv.insert(head.argv.end(), {"--chat-template", s.chat_template});
   if (s.interactive_reserve_pct)
     head.argv.insert(head.argv.end(), {"--interactive-reserve-pct", std::to_string(s.interactive_reserve_pct)});
   // Elastic nodes: the head runs the controller that moves their ranks.

@@ -37,6 +37,7 @@ struct node_spec {
 struct cluster_spec {
   std::string name = "baton";
   std::string model = "random";   ///< a model directory (relative to the spec file) or `random`
+  std::string chat_template;      ///< a Jinja file for the head's chat template (relative to the spec file), or none
   std::string image = "baton:latest";  ///< container image (Kubernetes)
   std::string binary;             ///< the `baton` executable on remote hosts (default: the same path)
   std::vector<std::string> api_keys;

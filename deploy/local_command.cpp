@@ -218,6 +218,8 @@ int run_local(const std::vector<std::string>& args) {
             "a Hugging Face model directory, `random` for the seeded random model, or `deepseek-v2-tiny` / "
             "`deepseek-v3-tiny` for seeded DeepSeek shapes (MLA latent KV, MoE)");
   flags.add("--chat", &opt.chat, "send each prompt as a user message through the model's chat template");
+  flags.add("--chat-template", &opt.chat_template,
+            "a Jinja chat template file that replaces the model directory's (vLLM's --chat-template)");
   flags.add("--prompt", &opt.prompts, "a prompt to answer (repeat for several)");
   flags.add("--max-tokens", &opt.max_tokens, "tokens to generate per prompt (0: what the context leaves after the prompt)");
   flags.add("--temperature", &opt.temperature, "0 = greedy");
@@ -317,12 +319,25 @@ int run_local(const std::vector<std::string>& args) {
     std::fprintf(stderr, "baton local: --kv-wire: %s\n", e.c_str());
     return 2;
   }
+  if (!opt.chat_template.empty() && (opt.model == "random" || opt.model.rfind("deepseek-", 0) == 0)) {
+    std::fprintf(stderr, "baton local: --chat-template needs a model directory with a tokenizer (--model %s has none)\n",
+                 opt.model.c_str());
+    return 2;
+  }
   if (opt.model != "random") {
     std::string why;
     const uint32_t default_max_tokens = opt.cluster.router.default_max_tokens;
     if (!load_model_into(opt.model, &opt.cluster, &why)) {
       std::fprintf(stderr, "baton local: %s\n", why.c_str());
       return 2;
+    }
+    if (!opt.chat_template.empty()) {
+      auto tok = gpu::load_model_tokenizer(opt.model, opt.cluster.model, &why, opt.chat_template);
+      if (!tok) {
+        std::fprintf(stderr, "baton local: %s\n", why.c_str());
+        return 2;
+      }
+      opt.cluster.router.tokenizer = std::move(tok);
     }
     // The model's generation_config.json may set the default cap; the flag, given, is the operator's word.
     if (flags.given("--default-max-tokens")) opt.cluster.router.default_max_tokens = default_max_tokens;

@@ -46,6 +46,7 @@ struct local_options {
   bool one_token_via_decode = false;  ///< max_tokens 1 through a decode rank too (comparison runs)
   bool explain = false;            ///< print each placement's reasons
   std::string model = builtin_model_dir();  ///< a model directory, or "random"
+  std::string chat_template;  ///< a Jinja file in place of the model directory's chat template (vLLM's --chat-template)
   bool chat = false;               ///< prompts as chat messages
   uint32_t repeat = 1;             ///< rounds of the prompts, sequentially (a later round can hit the store)
   std::string profile;             ///< cost-model profile file; empty = built-in CPU profile

@@ -355,7 +355,20 @@ std::string template_source(const std::string& dir, const nlohmann::json& config
 
 std::shared_ptr<const tokenizer> make_byte_tokenizer(const model_config& cfg) { return std::make_shared<bytes>(cfg); }
 
-std::shared_ptr<const tokenizer> load_model_tokenizer(const std::string& dir, const model_config& cfg, std::string* why) {
+std::shared_ptr<const tokenizer> load_model_tokenizer(const std::string& dir, const model_config& cfg, std::string* why,
+                                                      const std::string& chat_template_file) {
+  std::string given_template;
+  if (!chat_template_file.empty()) {
+    if (!path_exists(chat_template_file)) {
+      *why = "--chat-template " + chat_template_file + ": no such file";
+      return nullptr;
+    }
+    given_template = read_file(chat_template_file);
+    if (given_template.empty()) {
+      *why = "--chat-template " + chat_template_file + ": the file is empty or cannot be read";
+      return nullptr;
+    }
+  }
   auto t = bpe_tokenizer::load(dir + "/tokenizer.json", why);
   if (!t) return nullptr;
   // An id past the embedding table would read outside it (or be served as garbage).
@@ -403,7 +416,7 @@ std::shared_ptr<const tokenizer> load_model_tokenizer(const std::string& dir, co
   chat.eos_text = config.is_object() ? token_text(config, "eos_token") : std::string{};
   if (chat.bos_text.empty()) chat.bos_text = special_text(cfg.bos_token_id);
   if (chat.eos_text.empty()) chat.eos_text = special_text(cfg.eos_token_id);
-  if (const auto source = template_source(dir, config); !source.empty()) {
+  if (const auto source = given_template.empty() ? template_source(dir, config) : given_template; !source.empty()) {
     chat.tmpl = chat_template::compile(source, &chat.unusable);
     // Does the answer start inside a thinking block? The generation prompt of a one-turn chat
     // says; else a template that knows </think> leaves it to the model (Qwen3's).

@@ -82,6 +82,8 @@ std::shared_ptr<const tokenizer> make_byte_tokenizer(const model_config& cfg);
 /// tokenizer_config.json's chat_template) run by Baton's Jinja engine (chat_template.hpp). A
 /// template the engine cannot run still loads: chat requests then get its sentence. nullptr and
 /// a sentence when the tokenizer itself cannot be read.
-std::shared_ptr<const tokenizer> load_model_tokenizer(const std::string& dir, const model_config& cfg, std::string* why);
+/// `chat_template_file`: a Jinja file that replaces the directory's template (vLLM's --chat-template).
+std::shared_ptr<const tokenizer> load_model_tokenizer(const std::string& dir, const model_config& cfg, std::string* why,
+                                                      const std::string& chat_template_file = {});
 
 }  // namespace baton::gpu

@@ -110,6 +110,17 @@ TEST_CASE("a cluster spec parses into nodes and plans one command line per node 
     const auto head = plan_launch(ls, "/bin/baton", {"127.0.0.1", ""}).at(0);
     REQUIRE(head.role == "head");
     CHECK(std::find(head.argv.begin(), head.argv.end(), "--log-requests") != head.argv.end());
+    // chat_template: relative to the spec, to the head (its router renders the chats).
+    auto templated = good;
+    templated.replace(templated.find(R"("model": "m",)"), std::string{R"("model": "m",)"}.size(),
+                      R"("model": "m", "chat_template": "t/chat.jinja",)");
+    cluster_spec ts;
+    REQUIRE_MESSAGE(parse_cluster_spec(templated, "/base", &ts, &why), why);
+    const auto first = plan_launch(ts, "/bin/baton", {"127.0.0.1", ""}).at(0);
+    REQUIRE(first.role == "head");
+    const auto at = std::find(first.argv.begin(), first.argv.end(), "--chat-template");
+    REQUIRE(at + 1 < first.argv.end());
+    CHECK(*(at + 1) == "/base/t/chat.jinja");
     text.replace(text.find("\"log_requests\": true"), 20, "\"log_requests\": 1");
     CHECK_FALSE(parse_cluster_spec(text, "/base", &ls, &why));
     CHECK_MESSAGE(why.find("log_requests") != std::string::npos, why);
@@ -193,6 +204,7 @@ TEST_CASE("prefill ranks and block servers in their own node processes: store no
   CHECK(after(plan[1], "--store-node") == "h2:9000");
   CHECK(after(plan[1], "--prefill-ranks") == "0");
   CHECK(after(plan[1], "--store-dir") == "(none)");  // no block server in the head's process
+  CHECK(after(plan[1], "--chat-template") == "(none)");  // none given: the model directory's
   CHECK(after(plan[1], "--prefix-cache-blocks") == "(none)");  // no prefill rank there either
   CHECK(plan[2].role == "prefill");
   CHECK(after(plan[2], "--role") == "prefill");

@@ -377,3 +377,21 @@ TEST_CASE("chat: the models' own templates (Qwen3-Coder's, Qwen3's, DeepSeek-V3.
     }
   }
 }
+
+TEST_CASE("chat: a template file given in place of the directory's (vLLM's --chat-template) renders instead, and one "
+          "that does not exist is refused by name") {
+  const model_dir dir{"override", chatml, false};
+  const auto file = dir.path / "other.jinja";
+  std::ofstream{file} << llama3;
+  model_config m;
+  m.vocab_size = 512;
+  m.bos_token_id = bos_id;
+  m.eos_token_id = eos_id;
+  std::string why;
+  auto t = load_model_tokenizer(dir.path.string(), m, &why, file.string());
+  REQUIRE_MESSAGE(t, why);
+  CHECK(render(*t, {{"user", "Hi"}}) == render(*model_dir{"override-l3", llama3, false}.load(), {{"user", "Hi"}}));
+  CHECK(render(*t, {{"user", "Hi"}}) != render(*dir.load(), {{"user", "Hi"}}));
+  CHECK_FALSE(load_model_tokenizer(dir.path.string(), m, &why, (dir.path / "missing.jinja").string()));
+  CHECK_MESSAGE(why.find("--chat-template " + (dir.path / "missing.jinja").string() + ": no such file") != std::string::npos, why);
+}
