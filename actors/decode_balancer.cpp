@@ -260,13 +260,15 @@ void serve(pointer self) {
   drop_expired(st.parked, self->clock().now(), "place_decode", [=](const place_query& q) { return no_room(self->state, q); });
   std::vector<hold> held(st.registry.loads.size(), hold::none);
   std::vector<bool> passed(st.parked.size(), false);
-  while (const auto head = st.priority.next(st.parked, passed)) {
+  parked_cursor cursor;
+  while (const auto head = st.priority.next(st.parked, cursor, passed)) {
     auto& next = st.parked[*head];
     if (auto placed = try_place(self, next.query, held)) {
-      st.priority.placed(st.parked, *head, passed);
+      st.priority.placed(st.parked, *head, cursor);
       next.promise.deliver(std::move(*placed));
       st.parked.erase(st.parked.begin() + static_cast<std::ptrdiff_t>(*head));
       passed.erase(passed.begin() + static_cast<std::ptrdiff_t>(*head));
+      cursor.erased(*head);
       continue;
     }
     passed[*head] = true;

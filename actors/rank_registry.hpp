@@ -273,40 +273,52 @@ void parked_timer_fired(Self* self, Serve serve) {
 /// Seed 002's request-level priority for what waits at a balancer, as at the prefill ranks:
 /// interactive requests go before batch ones, but the oldest batch request is passed over by at
 /// most `max_bypass` younger interactive ones in a row, so batch work is never starved.
+/// Where one pass over the parked placements looks next, per class: every entry before a cursor
+/// is passed over, or of the other class. Entries are never un-passed within a pass, so the
+/// cursors only move forward (but for an erasure before them): a pass costs the queue's length,
+/// not its square (a batch flood with an interactive reserve passed thousands of holds at every
+/// load report, each search starting again at the front).
+struct parked_cursor {
+  size_t batch = 0, interactive = 0;
+  /// The entry at `at` left the queue: those after it moved up one.
+  void erased(size_t at) {
+    if (batch > at) --batch;
+    if (interactive > at) --interactive;
+  }
+};
+
 struct parked_priority {
   uint32_t max_bypass = 4;
   uint32_t bypassed = 0;  ///< younger interactive placements made in a row while a batch one waited
 
   /// Which parked placement goes next (parked is in request order), of those not `passed`
-  /// over already (empty: none is); none when every one is.
+  /// over already (empty: none is); none when every one is. `cursor`: this pass's (moved on).
   template <class Placement>
-  std::optional<size_t> next(const std::deque<parked_placement<Placement>>& parked,
+  std::optional<size_t> next(const std::deque<parked_placement<Placement>>& parked, parked_cursor& cursor,
                              const std::vector<bool>& passed = {}) const {
-    std::optional<size_t> batch, interactive;
-    for (size_t i = 0; i < parked.size() && !(batch && interactive); ++i) {
-      if (i < passed.size() && passed[i]) continue;
-      auto& first = parked[i].query.priority == "batch" ? batch : interactive;
-      if (!first) first = i;
-    }
+    const auto first_from = [&](size_t& from, bool batch) {
+      while (from < parked.size() && ((from < passed.size() && passed[from]) || (parked[from].query.priority == "batch") != batch))
+        ++from;
+      return from < parked.size() ? std::optional<size_t>{from} : std::nullopt;
+    };
+    const auto batch = first_from(cursor.batch, true), interactive = first_from(cursor.interactive, false);
     if (!batch || !interactive) return batch ? batch : interactive;
     // The oldest batch one goes first once passed over enough -- if it is older at all.
     return bypassed >= max_bypass && *batch < *interactive ? batch : interactive;
   }
-  /// Placement `taken` (an index into `parked`, before it leaves) was made.
+  /// Placement `taken` (an index into `parked`, before it leaves), just returned by next() with
+  /// `cursor`, was made.
   template <class Placement>
-  void placed(const std::deque<parked_placement<Placement>>& parked, size_t taken, const std::vector<bool>& passed = {}) {
+  void placed(const std::deque<parked_placement<Placement>>& parked, size_t taken, const parked_cursor& cursor) {
     if (parked[taken].query.priority == "batch") {
       bypassed = 0;
       return;
     }
-    // An interactive one placed while an older batch one waits its turn passed it; with none
-    // waiting (it was placed, expired or cancelled) the count starts again.
-    for (size_t i = 0; i < taken; ++i)
-      if (parked[i].query.priority == "batch" && !(i < passed.size() && passed[i])) {
-        ++bypassed;
-        return;
-      }
-    bypassed = 0;
+    // An interactive one placed while an older batch one waits its turn passed it (the oldest
+    // waiting is at the batch cursor); with none waiting (it was placed, expired or cancelled)
+    // the count starts again.
+    if (cursor.batch < taken) ++bypassed;
+    else bypassed = 0;
   }
 };
 
@@ -318,12 +330,14 @@ void serve_parked(std::deque<parked_placement<Placement>>& parked, parked_priori
                   caf::actor_clock::time_point now, const char* stage, TryPlace try_place,
                   const parked_expiry& expired = {}) {
   drop_expired(parked, now, stage, expired);
-  while (const auto head = priority.next(parked)) {
+  parked_cursor cursor;
+  while (const auto head = priority.next(parked, cursor)) {
     auto placed = try_place(parked[*head].query);
     if (!placed) return;
-    priority.placed(parked, *head);
+    priority.placed(parked, *head, cursor);
     parked[*head].promise.deliver(std::move(*placed));
     parked.erase(parked.begin() + static_cast<std::ptrdiff_t>(*head));
+    cursor.erased(*head);
   }
 }
 
