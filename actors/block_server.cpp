@@ -491,6 +491,7 @@ block_server_actor::behavior_type block_server_impl(pointer self, block_server_c
       [=](stats_atom) {
         auto s = self->state.stats;
         s.disk_bytes = self->state.io->disk_bytes.load();
+        s.refusing_reads = self->state.io->refusing_reads.load() ? 1 : 0;
         return s;
       },
       [=](io_atom, uint64_t id) {

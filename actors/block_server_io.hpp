@@ -100,6 +100,9 @@ struct io_context {
   /// expiry (the index expires blocks and sends the deletes).
   store::block_index on_disk;
   std::atomic<uint64_t> disk_bytes{0};  ///< on_disk.bytes(), for the actor's stats
+  /// retired_refusal() held at the last read (the I/O thread's), for the actor's stats: such a
+  /// server answers, but serves no read, and /health must not count it up.
+  std::atomic<bool> refusing_reads{false};
   uint64_t delete_failures = 0;         ///< block files that could not be deleted (the I/O thread's)
   bool said_retired_full = false;       ///< max_retired_total was reached and said (the I/O thread's)
   uint32_t fault_writes_left = 0;       ///< cfg.fault_write_failures not yet injected

@@ -221,7 +221,9 @@ store_read_result serve_read(io_context& io, const store_read_order& order, uint
                          "never settles them); its writes go on; restart it (or its stuck readers) to serve reads again\n",
                  io.cfg.name.c_str(), io.retired.size());
   if (!full) io.said_retired_full = false;
-  if (const auto why = io.retired_refusal(); io.staging_region == 0 || !why.empty()) {
+  const auto why = io.retired_refusal();
+  io.refusing_reads = io.staging_region == 0 || !why.empty();
+  if (io.refusing_reads) {
     for (auto& e : r.errors)
       e = io.cfg.name + (io.staging_region == 0 ? " has no read staging: registering a fresh one failed"
                                                 : " serves no reads while " + why);

@@ -428,7 +428,7 @@ void ask_store_servers(router_pointer self, Out out, Add add, Done done, std::ch
               // are in server_stats_before already -- counted from there, so the sums never dip.
               if (asked != self->state.store.servers[i]) return add(self->state.server_stats_before[i]), done();
               self->state.server_stats_seen[i] = x;
-              ++out->store_servers_up;
+              if (x.refusing_reads == 0) ++out->store_servers_up;  // answering, but serving no read: not up
               add(self->state.server_stats_before[i]), add(x), done();
             },
             [=, asked = s.store.servers[i]](caf::error& e) mutable {

@@ -177,13 +177,16 @@ struct store_stats {
   uint64_t disk_evicted = 0;     ///< server: block files it deleted to stay within its capacity_bytes
   uint64_t write_no_space = 0;   ///< server: of write_failures, those the disk refused for room (ENOSPC, EDQUOT)
   uint64_t damaged_dropped = 0;  ///< server: of read_failures, damaged block files it deleted (and logged)
+  /// server: 1 while it refuses every read (staging buffers wait on given-up puts, or it has no
+  /// read staging), as of its last read: the router leaves it out of cluster_stats::store_servers_up.
+  uint64_t refusing_reads = 0;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, store_stats& x) {
   return f(caf::meta::type_name("store_stats"), x.blocks, x.checks, x.hit_blocks, x.evicted, x.expired,
            x.blocks_written, x.blocks_read, x.read_failures, x.bytes_read, x.bytes_written, x.write_failures,
            x.slots_reclaimed, x.blocks_recovered, x.files_removed, x.disk_bytes, x.disk_evicted, x.write_no_space,
-           x.damaged_dropped);
+           x.damaged_dropped, x.refusing_reads);
 }
 
 using block_server_actor = caf::typed_actor<

@@ -608,8 +608,8 @@ bool refuse_unsupported(const json& j, api_error* err) {
       {"return_tokens_as_token_ids", "is not supported (only false)", [](const json& v) { return v != false; }},
       {"detokenize", "is supported only as true", [](const json& v) { return v != true; }},
       {"logits_processors", "is not supported", [](const json& v) { return !(v.is_array() && v.empty()); }},
-      {"chat_template", "is not supported per request: the model directory's template serves every call "
-                        "(docs/chat-templates.md)",
+      {"chat_template", "is not supported per request: the served template (the server's --chat-template, else the "
+                        "model directory's) serves every call (docs/chat-templates.md)",
        [](const json& v) { return !(v.is_string() && v.get<std::string>().empty()); }},
       {"documents", "is not supported: put the documents in the messages",
        [](const json& v) { return !(v.is_array() && v.empty()); }},

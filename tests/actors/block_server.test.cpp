@@ -284,8 +284,16 @@ TEST_CASE("block server: while four staging buffers wait on given-up puts (sixte
     ++id;
   }
   CHECK(read(++id) == "store-0 serves no reads while 16 staging buffers wait on puts given up after 20 ms (at most 16 in all)");
+  // Its stats say so: the router counts it answering but not up (/health's store_servers_up).
+  const auto refusing = [&] {
+    uint64_t n = 99;
+    self->request(server, std::chrono::seconds{10}, stats_atom::value).receive([&](store_stats& x) { n = x.refusing_reads; }, [](caf::error&) {});
+    return n;
+  };
+  CHECK(refusing() == 1);
   late->land_late();
   CHECK(read(++id).find("still pending after 20 ms") != std::string::npos);
+  CHECK(refusing() == 0);
   self->send_exit(server, caf::exit_reason::user_shutdown);
 }
 
