@@ -44,6 +44,10 @@ struct prefill_rank_config {
   /// The rank-local prefix tier (with the store on): full prompt blocks kept in this rank's KV
   /// pages after their prompt, shared by later prompts with the same prefix; 0 = off.
   uint32_t prefix_cache_blocks = 64;
+  /// With the local tier on: a waiting prompt whose leading blocks a prompt computing on this
+  /// rank will add to the tier waits for it, and shares them, instead of computing them too (a
+  /// burst of prompts with one prefix computes it once). false: each computes its own.
+  bool share_in_flight_prefix = true;
   /// Seed 000 §2.3: compute while a cached prefix streams in from the store, each layer waiting
   /// only for that layer of the prefix (false: load the whole prefix, then compute).
   bool overlap_prefix_load = true;

@@ -459,6 +459,31 @@ void launch(prefill_pointer self, waiting_order w, std::vector<uint32_t> pages, 
   start_prefix_load(self, rid, shared_blocks);
 }
 
+/// Leading blocks of a waiting prompt (its full-block `keys`, of which the first `hit` are in
+/// the rank-local tier and at most `usable` may be shared) that a prompt computing on this rank
+/// will add to the tier when it finishes, and that prompt's id; 0 blocks when none will.
+///
+/// Prompts that share a long prefix often arrive together (a burst of one agent's calls, one
+/// system prompt fanned out): started at once, each computes the prefix. The rank runs one prompt
+/// of a class at a time (pump), so a prompt of the same class behind the computing one would wait
+/// for it anyway: waiting for it to finish costs its puts' last landing and saves the shared
+/// blocks' compute. An interactive prompt does not wait on a batch one (it would overtake it), nor
+/// on one whose pages will not join the tier (a quarantine: return_pages).
+std::pair<size_t, uint64_t> shared_in_flight(const prefill_state& st, const std::vector<store::block_key>& keys,
+                                             size_t hit, size_t usable, bool batch) {
+  std::pair<size_t, uint64_t> best{0, 0};
+  if (usable <= hit || !st.cfg.share_in_flight_prefix) return best;
+  for (const auto& [id, r] : st.requests) {
+    if (r.failed || r.split.active || r.load.late_writer || (r.order.batch_priority && !batch)) continue;
+    // Chained keys: block b's key names every token up to it, so one equal key is an equal prefix.
+    size_t n = hit;
+    while (n < usable && n < r.keys.size() && r.keys[n] == keys[n]) ++n;
+    if (n > hit && n > best.first) best = {n, id};
+  }
+  best.first = best.first > hit ? best.first - hit : 0;
+  return best;
+}
+
 /// Starts waiting prompts, in priority order, while local KV pages last; then feeds the
 /// executor. While a prompt waits, the keepalive tick renews its lease at the decode rank (a
 /// lease otherwise lives only as long as progress: once computing, every landed layer renews it).
@@ -483,7 +508,14 @@ void drain_waiting(prefill_pointer self) {
     if (st.local && !split && !w->order.prompt_logprobs) {  // a scored prompt computes every token
       // The rank-local tier first: blocks already in our pages are shared, pinned, not copied.
       keys = store::chain_keys(st.salt, w->order.tokens, st.store.block_tokens());
-      hit = std::min<size_t>(st.local->match(keys), (len - 1) / st.store.block_tokens());
+      const size_t usable = (len - 1) / st.store.block_tokens();  // the last token is computed
+      hit = std::min<size_t>(st.local->match(keys), usable);
+      if (const auto [more, on] = shared_in_flight(st, keys, hit, usable, w->order.batch_priority); more > 0) {
+        held.push_back(std::move(*st.waiting.pop()));
+        if (!std::exchange(held.back().waits_on_prefix, true))
+          st.core.log->add({0, "prefix_wait", held.back().order.request_id, static_cast<uint32_t>(more), 0, {on}, {}});
+        continue;
+      }
       shared = st.local->acquire(keys, hit);
     }
     const auto fresh_needed = static_cast<uint32_t>(kv.pages_for_tokens(len) - shared.size());

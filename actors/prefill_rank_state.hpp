@@ -224,6 +224,9 @@ struct waiting_order {
   caf::typed_response_promise<prefill_result> promise;
   caf::actor_clock::time_point arrived_at;
   std::shared_ptr<gpu::grammar_matcher> grammar;  ///< see prefill_job_state::grammar
+  /// It waits for a prompt computing on this rank that shares its leading blocks (its event is
+  /// logged once): see shared_in_flight.
+  bool waits_on_prefix = false;
 };
 
 /// A chunk job in the executor: which request, and how many of its tokens.

@@ -33,29 +33,6 @@
 
 namespace baton::deploy {
 
-std::string gateway_config::validate() const {
-  if (host.empty()) return "gateway: host must not be empty";
-  if (first_token_timeout_ms == 0) return "gateway: first_token_timeout_ms must be >= 1";
-  if (max_connections == 0) return "gateway: max_connections must be >= 1";
-  for (const auto& k : api_keys)
-    if (k.empty()) return "gateway: an API key must not be empty";
-  std::vector<api_key> all;
-  if (std::string why; !merge_api_keys(named_keys, api_keys, &all, &why)) return "gateway: " + why;
-  if (limits.max_body_bytes == 0 || limits.max_header_bytes < 64) return "gateway: HTTP limits are too small";
-  for (const auto& o : cors_origins)
-    if (auto e = http::origin_problem(o); !e.empty()) return "gateway: --cors-origin " + e;
-  if (idle_timeout_ms == 0) return "gateway: idle_timeout_ms must be >= 1";
-  if (router_silence_ms > 0 && router_silence_ms < 100)
-    return "gateway: --router-silence-ms must be 0 (not watched) or at least 100, got " + std::to_string(router_silence_ms);
-  if (max_stream_backlog_bytes < 4096) return "gateway: max_stream_backlog_bytes must be >= 4096";
-  if (max_total_backlog_bytes < (uint64_t{1} << 20)) return "gateway: max_total_backlog_bytes must be >= 1 MiB";
-  // Printable ASCII: the name goes into every answer's JSON, which must not meet invalid UTF-8.
-  for (unsigned char c : served_model_name)
-    if (c < 0x20 || c > 0x7e)
-      return "gateway: --served-model-name must be printable ASCII, got '" + served_model_name + "'";
-  return {};
-}
-
 namespace {
 
 using shared_ptr = std::shared_ptr<gateway_shared>;
@@ -100,6 +77,9 @@ struct connection_state {
   std::string route;
   // The answer in progress, if any.
   bool in_call = false;
+  /// A tokenizer call (/tokenize, /detokenize) waits on the router: counted in flight, so a
+  /// drain waits for its answer, but no generation (its refusals are the route's, not a call's).
+  bool in_ask = false;
   uint64_t call_seq = 0;     ///< numbers the calls: a chunk of an earlier call is dropped
   caf::actor call_sink;      ///< renders the call's chunks; its exit cancels the generation
   std::string call_id;       ///< the call's answer id (cmpl-..., chatcmpl-...), also its x-request-id header
@@ -174,6 +154,7 @@ void pump(caf::io::broker* self, caf::io::connection_handle hdl, const shared_pt
 /// sink), and chunks still on their way find nobody.
 void end_call(caf::io::broker* self, const shared_ptr& g, const state_ptr& st) {
   if (std::exchange(st->in_call, false)) --g->calls_in_flight;
+  if (std::exchange(st->in_ask, false)) --g->calls_in_flight;
   if (st->call_sink) self->send_exit(st->call_sink, caf::exit_reason::user_shutdown);
   st->call_sink = nullptr;
 }
@@ -459,7 +440,12 @@ constexpr std::string_view models_prefix = "/v1/models/";
 /// GET /v1/models/{id}: the one served model (the SDKs' models.retrieve).
 void serve_model_by_id(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st,
                        const http::request& req) {
-  const std::string id = req.path.substr(models_prefix.size());
+  std::string id;
+  if (!http::percent_decode(req.path.substr(models_prefix.size()), &id))
+    return reply_error(self, hdl, g, st,
+                       {400, "the model id in the path has a malformed %-escape: '" +
+                                 quoted_input(req.path.substr(models_prefix.size()), 128) + "'",
+                        "invalid_request_error", "model"});
   const auto& aliases = g->calls.model_aliases;
   if (id != g->model && std::find(aliases.begin(), aliases.end(), id) == aliases.end())
     return reply_error(self, hdl, g, st,
@@ -485,11 +471,17 @@ void reply_router_error(caf::io::broker* self, caf::io::connection_handle hdl, c
   reply_error(self, hdl, g, st, api_error_of(status, msg));
 }
 
+void begin_ask(const shared_ptr& g, const state_ptr& st) {
+  st->in_ask = true;
+  ++g->calls_in_flight;  // finish() (end_call) counts it out once its answer is written
+}
+
 void serve_tokenize(caf::io::broker* self, caf::io::connection_handle hdl, const shared_ptr& g, const state_ptr& st,
                     const http::request& req) {
   generate_request r;
   openai::api_error e;
   if (!openai::parse_tokenize_body(req.body, g->model, g->calls.model_aliases, &r, &e)) return reply_error(self, hdl, g, st, e);
+  begin_ask(g, st);
   self->request(g->router, std::chrono::seconds{10}, tokenize_atom::value, std::move(r))
       .then([=](std::vector<int32_t>& ids) { reply(self, hdl, g, st, 200, openai::tokenize_json(ids, g->context_tokens)); },
             [=](caf::error& err) { reply_router_error(self, hdl, g, st, err); });
@@ -500,6 +492,7 @@ void serve_detokenize(caf::io::broker* self, caf::io::connection_handle hdl, con
   std::vector<int32_t> ids;
   openai::api_error e;
   if (!openai::parse_detokenize_body(req.body, g->model, g->calls.model_aliases, &ids, &e)) return reply_error(self, hdl, g, st, e);
+  begin_ask(g, st);
   self->request(g->router, std::chrono::seconds{10}, detokenize_atom::value, std::move(ids))
       .then([=](std::string& text) { reply(self, hdl, g, st, 200, openai::detokenize_json(text)); },
             [=](caf::error& err) { reply_router_error(self, hdl, g, st, err); });
@@ -673,6 +666,7 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
     g->out_pending -= st->out_pending;  // what it left unsent goes with it
     if (auto s = caf::actor_cast<caf::actor>(g->server)) caf::anon_send(s, wake_forget_atom::value, st->number);
     if (st->in_call) --g->calls_in_flight;  // a connection gone without end_call: not in flight
+    if (st->in_ask) --g->calls_in_flight;
     self->demonitor(server);
   });
   // The gateway stops (its process ends, after its drain): every connection closes now, instead

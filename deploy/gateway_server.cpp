@@ -24,6 +24,29 @@
 
 namespace baton::deploy {
 
+std::string gateway_config::validate() const {
+  if (host.empty()) return "gateway: host must not be empty";
+  if (first_token_timeout_ms == 0) return "gateway: first_token_timeout_ms must be >= 1";
+  if (max_connections == 0) return "gateway: max_connections must be >= 1";
+  for (const auto& k : api_keys)
+    if (k.empty()) return "gateway: an API key must not be empty";
+  std::vector<api_key> all;
+  if (std::string why; !merge_api_keys(named_keys, api_keys, &all, &why)) return "gateway: " + why;
+  if (limits.max_body_bytes == 0 || limits.max_header_bytes < 64) return "gateway: HTTP limits are too small";
+  for (const auto& o : cors_origins)
+    if (auto e = http::origin_problem(o); !e.empty()) return "gateway: --cors-origin " + e;
+  if (idle_timeout_ms == 0) return "gateway: idle_timeout_ms must be >= 1";
+  if (router_silence_ms > 0 && router_silence_ms < 100)
+    return "gateway: --router-silence-ms must be 0 (not watched) or at least 100, got " + std::to_string(router_silence_ms);
+  if (max_stream_backlog_bytes < 4096) return "gateway: max_stream_backlog_bytes must be >= 4096";
+  if (max_total_backlog_bytes < (uint64_t{1} << 20)) return "gateway: max_total_backlog_bytes must be >= 1 MiB";
+  // Printable ASCII: the name goes into every answer's JSON, which must not meet invalid UTF-8.
+  for (unsigned char c : served_model_name)
+    if (c < 0x20 || c > 0x7e)
+      return "gateway: --served-model-name must be printable ASCII, got '" + served_model_name + "'";
+  return {};
+}
+
 std::pair<int, std::string> cluster_health(const cluster_stats* s) {
   if (!s) return {503, "the router did not answer"};
   // A separate gateway whose head drains: every call would be refused (shutting_down).

@@ -87,6 +87,10 @@ const char* reason_phrase(int status);
 /// Compares two secrets in time that depends only on their lengths, not on where they differ.
 bool constant_time_equal(std::string_view a, std::string_view b);
 
+/// A path segment's percent-escapes decoded (RFC 3986 §2.1: SDKs encode an id such as
+/// "org/model" as "org%2Fmodel"); false when an escape is not '%' and two hex digits.
+bool percent_decode(std::string_view in, std::string* out);
+
 /// ASCII case-insensitive equality (header values such as auth schemes).
 bool iequals(std::string_view a, std::string_view b);
 

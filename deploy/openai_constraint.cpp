@@ -1,12 +1,15 @@
-// The answer's constraint in a request body (openai_fields.hpp): OpenAI's response_format,
+// The answer's constraint in a request body (openai_fields.hpp): a forced tool call (OpenAI's
+// tools and tool_choice are read here), OpenAI's response_format,
 // vLLM's guided_* and structured_outputs, SGLang's json_schema / regex / ebnf, each refused by
 // name when malformed or mixed. The grammar itself is compiled, and refused by keyword, by the
 // router.
 
 #include <algorithm>
+#include <cctype>
 #include <string_view>
 
 #include "deploy/openai_fields.hpp"
+#include "deploy/openai_tool_calls_xml.hpp"
 #include "gpu/json_schema_grammar.hpp"
 #include "gpu/regex_grammar.hpp"
 
@@ -251,6 +254,141 @@ std::string name_constraint_error(const call& c, const std::string& why) {
 }
 
 }  // namespace
+
+/// OpenAI's tools: function definitions, kept in the client's key order for the template.
+/// tool_choice: "auto" (the default), "none" (the template still shows the tools, as OpenAI's and
+/// vLLM's by default, so the prompt and its cached prefix stay those of the turns before; the
+/// answer is not read for calls), or a forced call:
+/// "required" (one call or more, of any of the tools; one with parallel_tool_calls false) or
+/// {type: "function", function: {name}} (that one). A forced answer is constrained to JSON (the
+/// named function's parameters, or a list of {name, parameters}), which the gateway reads back
+/// as the calls (call::forced_tool, call::forced_calls), as vLLM does.
+bool parse_tools(const json& j, const ordered_json& body, call* out, api_error* err) {
+  generate_request* req = &out->req;
+  auto it = j.find("tools");
+  const bool none = it == j.end() || it->is_null() || (it->is_array() && it->empty());
+  if (!none && !it->is_array()) {
+    *err = bad("tools", "tools must be an array of {type: \"function\", function: {name, ...}}");
+    return false;
+  }
+  for (size_t k = 0; !none && k < it->size(); ++k) {
+    const auto& t = (*it)[k];
+    if (!t.is_object() || !type_is(t, "function") || !t.contains("function") || !t["function"].is_object() ||
+        !t["function"].contains("name") || !t["function"]["name"].is_string()) {
+      *err = bad("tools", "tools[" + std::to_string(k) + "] must be {type: \"function\", function: {name, ...}}");
+      return false;
+    }
+    // Names as OpenAI takes them (letters, digits, _ and -, at most 64), each once: a call names
+    // its function, and a template or a parser reading a name with a space or a twin misreads it.
+    const auto& f = t["function"];
+    const auto& name = f["name"].get_ref<const std::string&>();
+    if (name.empty() || name.size() > 64 || !std::all_of(name.begin(), name.end(), [](char ch) {
+          return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '-';
+        })) {
+      *err = bad("tools", "tools[" + std::to_string(k) + "].function.name must be 1 to 64 letters, digits, _ or -, got " +
+                              describe(f["name"]));
+      return false;
+    }
+    for (size_t before = 0; before < k; ++before)
+      if ((*it)[before]["function"]["name"] == f["name"]) {
+        *err = bad("tools", "tools[" + std::to_string(k) + "] repeats the function name '" + name + "' of tools[" +
+                                std::to_string(before) + "]");
+        return false;
+      }
+    // A call's arguments are a JSON object: its parameters must allow one. (A schema of anything
+    // else, followed for a forced call, answered "false" as plain text, with no tool_calls.)
+    if (!f.contains("parameters") || f["parameters"].is_null()) continue;
+    const auto& p = f["parameters"];
+    const auto allows_object = [](const json& type) {
+      if (type.is_string()) return type == "object";
+      return type.is_array() && std::find(type.begin(), type.end(), json("object")) != type.end();
+    };
+    if (!(p.is_boolean() ? p.get<bool>() : p.is_object() && (!p.contains("type") || allows_object(p["type"])))) {
+      *err = bad("tools", "tools[" + std::to_string(k) + "].function.parameters must be the JSON schema of an object " +
+                              "(a call's arguments are one), got " + describe(p.is_object() && p.contains("type") ? p["type"] : p));
+      return false;
+    }
+  }
+  // A function's parameters as a schema (none: it takes no arguments). Placed inside a larger
+  // schema (`at`, a JSON pointer), its own references ("#/$defs/...") are moved along with it.
+  const auto parameters = [&](size_t k, const std::string& at) {
+    const auto& f = body["tools"][k]["function"];
+    if (!f.contains("parameters") || f["parameters"].is_null())
+      return ordered_json{{"type", "object"}, {"properties", ordered_json::object()}, {"additionalProperties", false}};
+    ordered_json p = f["parameters"];
+    // Held to an object (checked above that the schema allows one): true and {} allow anything,
+    // a type list may allow null too; a forced call's arguments must still be an object.
+    if (p.is_boolean() || p.empty()) p = ordered_json{{"type", "object"}};
+    else p["type"] = "object";
+    std::vector<ordered_json*> todo = {&p};
+    while (!todo.empty()) {
+      ordered_json* v = todo.back();
+      todo.pop_back();
+      if (v->is_object())
+        for (auto& [key, child] : v->items()) {
+          if (key == "$ref" && child.is_string() && child.get<std::string>().rfind('#', 0) == 0)
+            child = "#" + at + child.get<std::string>().substr(1);
+          else
+            todo.push_back(&child);
+        }
+      else if (v->is_array())
+        for (auto& child : *v) todo.push_back(&child);
+    }
+    return p;
+  };
+  if (auto c = j.find("tool_choice"); c != j.end() && !c->is_null()) {
+    if (*c == "none") {
+      if (!none) req->tools_json = body["tools"].dump();
+      out->tool_choice_none = true;
+      return true;
+    }
+    if (none && *c != "auto") {
+      *err = bad("tool_choice", "tool_choice forces a call, but the request gives no tools");
+      return false;
+    }
+    if (*c == "required") {
+      ordered_json calls = ordered_json::array();
+      for (size_t k = 0; k < it->size(); ++k)
+        calls.push_back({{"type", "object"},
+                         {"properties", {{"name", {{"const", (*it)[k]["function"]["name"]}}},
+                                         {"parameters", parameters(k, "/items/anyOf/" + std::to_string(k) +
+                                                                          "/properties/parameters")}}},
+                         {"required", {"name", "parameters"}},
+                         {"additionalProperties", false}});
+      ordered_json schema = {{"type", "array"}, {"items", {{"anyOf", calls}}}, {"minItems", 1}};
+      if (auto p = j.find("parallel_tool_calls"); p != j.end() && p->is_boolean() && !p->get<bool>()) schema["maxItems"] = 1;
+      req->output_spec = schema.dump();
+      out->forced_calls = true;
+      out->constraint_label = "tools";
+    } else if (c->is_object() && type_is(*c, "function") && c->contains("function") && (*c)["function"].is_object() &&
+               (*c)["function"].contains("name") && (*c)["function"]["name"].is_string()) {
+      const auto name = (*c)["function"]["name"].get<std::string>();
+      size_t k = 0;
+      while (k < it->size() && (*it)[k]["function"]["name"] != name) ++k;
+      if (k == it->size()) {
+        *err = bad("tool_choice", "tool_choice names the function '" + name.substr(0, 64) + "', which tools lacks");
+        return false;
+      }
+      req->output_spec = parameters(k, "").dump();
+      out->forced_tool = name;
+      out->constraint_label = "tools[" + std::to_string(k) + "].function.parameters";
+    } else if (*c != "auto") {
+      *err = bad("tool_choice", "tool_choice must be \"auto\", \"none\", \"required\" or {type: \"function\", "
+                                "function: {name}}, got " + describe(*c));
+      return false;
+    }
+    if (!req->output_spec.empty()) {
+      req->output_format = static_cast<uint8_t>(gpu::output_format::schema);
+      out->constraint_param = "tools";
+    }
+  }
+  if (!none) {
+    req->tools_json = body["tools"].dump();
+    // Once per request: every choice's answer reader types a Qwen3-Coder call's values by them.
+    out->tool_parameters = std::make_shared<const tool_parameter_kinds>(tool_parameter_kinds_of(*it));
+  }
+  return true;
+}
 
 bool parse_constraint(const json& j, const ordered_json& body, call* out, api_error* err) {
   if (!parse_response_format(j, body, out, err) || !parse_guided(j, body, out, err) ||

@@ -30,6 +30,10 @@ inline bool type_is(const nlohmann::json& o, const char* t) {
   return it != o.end() && it->is_string() && it->get_ref<const std::string&>() == t;
 }
 
+/// OpenAI's tools and tool_choice (openai_constraint.cpp): the tools for the template, and a
+/// forced call's constraint.
+bool parse_tools(const nlohmann::json& j, const nlohmann::ordered_json& body, call* out, api_error* err);
+
 /// The answer's constraint, in any of the forms clients send: OpenAI's response_format, vLLM's
 /// guided_* and structured_outputs, SGLang's json_schema / regex / ebnf (one form, one
 /// constraint; a forced tool_choice, read before, is one too). Into call::req's output_format,

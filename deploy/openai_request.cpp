@@ -286,13 +286,21 @@ bool parse_messages(const json& j, const ordered_json& body, generate_request* r
       return false;
     }
     // Content is required, as OpenAI requires it, except in an assistant turn that made tool
-    // calls, a legacy function_call, or carries a refusal (null there, as SDKs echo them back):
+    // calls or carries a refusal (null there, as SDKs echo them back):
     // a user turn without it reached the template as nothing said, and passed.
     const auto& role = m["role"].get_ref<const std::string&>();  // as given ("developer" too)
     const auto present = [&](const char* key) {
       return m.contains(key) && !m[key].is_null() && !(m[key].is_array() && m[key].empty());
     };
-    const bool made_calls = present("tool_calls") || present("function_call") || present("refusal");
+    // The legacy form of a call, whose answer came in a "function" turn (refused above): taken
+    // and dropped, the call vanished from the chat (a trial). Refused by name instead.
+    if (present("function_call")) {
+      *err = bad(param + ".function_call", param + ".function_call is the legacy form of a call: send it as tool_calls "
+                                                   "[{id, type: \"function\", function: {name, arguments}}], answered "
+                                                   "by a tool message");
+      return false;
+    }
+    const bool made_calls = present("tool_calls") || present("refusal");
     if ((!m.contains("content") || m["content"].is_null()) && !(role == "assistant" && made_calls)) {
       *err = bad(param + ".content", param + ".content is required for " +
                                          (role == "assistant" ? "an assistant message without tool_calls"
@@ -322,141 +330,6 @@ bool parse_messages(const json& j, const ordered_json& body, generate_request* r
     }
     if (!fields.empty()) turn.fields_json = fields.dump();
     req->messages.push_back(std::move(turn));
-  }
-  return true;
-}
-
-/// OpenAI's tools: function definitions, kept in the client's key order for the template.
-/// tool_choice: "auto" (the default), "none" (the template still shows the tools, as OpenAI's and
-/// vLLM's by default, so the prompt and its cached prefix stay those of the turns before; the
-/// answer is not read for calls), or a forced call:
-/// "required" (one call or more, of any of the tools; one with parallel_tool_calls false) or
-/// {type: "function", function: {name}} (that one). A forced answer is constrained to JSON (the
-/// named function's parameters, or a list of {name, parameters}), which the gateway reads back
-/// as the calls (call::forced_tool, call::forced_calls), as vLLM does.
-bool parse_tools(const json& j, const ordered_json& body, call* out, api_error* err) {
-  generate_request* req = &out->req;
-  auto it = j.find("tools");
-  const bool none = it == j.end() || it->is_null() || (it->is_array() && it->empty());
-  if (!none && !it->is_array()) {
-    *err = bad("tools", "tools must be an array of {type: \"function\", function: {name, ...}}");
-    return false;
-  }
-  for (size_t k = 0; !none && k < it->size(); ++k) {
-    const auto& t = (*it)[k];
-    if (!t.is_object() || !type_is(t, "function") || !t.contains("function") || !t["function"].is_object() ||
-        !t["function"].contains("name") || !t["function"]["name"].is_string()) {
-      *err = bad("tools", "tools[" + std::to_string(k) + "] must be {type: \"function\", function: {name, ...}}");
-      return false;
-    }
-    // Names as OpenAI takes them (letters, digits, _ and -, at most 64), each once: a call names
-    // its function, and a template or a parser reading a name with a space or a twin misreads it.
-    const auto& f = t["function"];
-    const auto& name = f["name"].get_ref<const std::string&>();
-    if (name.empty() || name.size() > 64 || !std::all_of(name.begin(), name.end(), [](char ch) {
-          return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '-';
-        })) {
-      *err = bad("tools", "tools[" + std::to_string(k) + "].function.name must be 1 to 64 letters, digits, _ or -, got " +
-                              describe(f["name"]));
-      return false;
-    }
-    for (size_t before = 0; before < k; ++before)
-      if ((*it)[before]["function"]["name"] == f["name"]) {
-        *err = bad("tools", "tools[" + std::to_string(k) + "] repeats the function name '" + name + "' of tools[" +
-                                std::to_string(before) + "]");
-        return false;
-      }
-    // A call's arguments are a JSON object: its parameters must allow one. (A schema of anything
-    // else, followed for a forced call, answered "false" as plain text, with no tool_calls.)
-    if (!f.contains("parameters") || f["parameters"].is_null()) continue;
-    const auto& p = f["parameters"];
-    const auto allows_object = [](const json& type) {
-      if (type.is_string()) return type == "object";
-      return type.is_array() && std::find(type.begin(), type.end(), json("object")) != type.end();
-    };
-    if (!(p.is_boolean() ? p.get<bool>() : p.is_object() && (!p.contains("type") || allows_object(p["type"])))) {
-      *err = bad("tools", "tools[" + std::to_string(k) + "].function.parameters must be the JSON schema of an object " +
-                              "(a call's arguments are one), got " + describe(p.is_object() && p.contains("type") ? p["type"] : p));
-      return false;
-    }
-  }
-  // A function's parameters as a schema (none: it takes no arguments). Placed inside a larger
-  // schema (`at`, a JSON pointer), its own references ("#/$defs/...") are moved along with it.
-  const auto parameters = [&](size_t k, const std::string& at) {
-    const auto& f = body["tools"][k]["function"];
-    if (!f.contains("parameters") || f["parameters"].is_null())
-      return ordered_json{{"type", "object"}, {"properties", ordered_json::object()}, {"additionalProperties", false}};
-    ordered_json p = f["parameters"];
-    // Held to an object (checked above that the schema allows one): true and {} allow anything,
-    // a type list may allow null too; a forced call's arguments must still be an object.
-    if (p.is_boolean() || p.empty()) p = ordered_json{{"type", "object"}};
-    else p["type"] = "object";
-    std::vector<ordered_json*> todo = {&p};
-    while (!todo.empty()) {
-      ordered_json* v = todo.back();
-      todo.pop_back();
-      if (v->is_object())
-        for (auto& [key, child] : v->items()) {
-          if (key == "$ref" && child.is_string() && child.get<std::string>().rfind('#', 0) == 0)
-            child = "#" + at + child.get<std::string>().substr(1);
-          else
-            todo.push_back(&child);
-        }
-      else if (v->is_array())
-        for (auto& child : *v) todo.push_back(&child);
-    }
-    return p;
-  };
-  if (auto c = j.find("tool_choice"); c != j.end() && !c->is_null()) {
-    if (*c == "none") {
-      if (!none) req->tools_json = body["tools"].dump();
-      out->tool_choice_none = true;
-      return true;
-    }
-    if (none && *c != "auto") {
-      *err = bad("tool_choice", "tool_choice forces a call, but the request gives no tools");
-      return false;
-    }
-    if (*c == "required") {
-      ordered_json calls = ordered_json::array();
-      for (size_t k = 0; k < it->size(); ++k)
-        calls.push_back({{"type", "object"},
-                         {"properties", {{"name", {{"const", (*it)[k]["function"]["name"]}}},
-                                         {"parameters", parameters(k, "/items/anyOf/" + std::to_string(k) +
-                                                                          "/properties/parameters")}}},
-                         {"required", {"name", "parameters"}},
-                         {"additionalProperties", false}});
-      ordered_json schema = {{"type", "array"}, {"items", {{"anyOf", calls}}}, {"minItems", 1}};
-      if (auto p = j.find("parallel_tool_calls"); p != j.end() && p->is_boolean() && !p->get<bool>()) schema["maxItems"] = 1;
-      req->output_spec = schema.dump();
-      out->forced_calls = true;
-      out->constraint_label = "tools";
-    } else if (c->is_object() && type_is(*c, "function") && c->contains("function") && (*c)["function"].is_object() &&
-               (*c)["function"].contains("name") && (*c)["function"]["name"].is_string()) {
-      const auto name = (*c)["function"]["name"].get<std::string>();
-      size_t k = 0;
-      while (k < it->size() && (*it)[k]["function"]["name"] != name) ++k;
-      if (k == it->size()) {
-        *err = bad("tool_choice", "tool_choice names the function '" + name.substr(0, 64) + "', which tools lacks");
-        return false;
-      }
-      req->output_spec = parameters(k, "").dump();
-      out->forced_tool = name;
-      out->constraint_label = "tools[" + std::to_string(k) + "].function.parameters";
-    } else if (*c != "auto") {
-      *err = bad("tool_choice", "tool_choice must be \"auto\", \"none\", \"required\" or {type: \"function\", "
-                                "function: {name}}, got " + describe(*c));
-      return false;
-    }
-    if (!req->output_spec.empty()) {
-      req->output_format = static_cast<uint8_t>(gpu::output_format::schema);
-      out->constraint_param = "tools";
-    }
-  }
-  if (!none) {
-    req->tools_json = body["tools"].dump();
-    // Once per request: every choice's answer reader types a Qwen3-Coder call's values by them.
-    out->tool_parameters = std::make_shared<const tool_parameter_kinds>(tool_parameter_kinds_of(*it));
   }
   return true;
 }
@@ -652,10 +525,67 @@ bool parse_body(std::string_view body, bool chat, const std::string& served_mode
 
 namespace {
 
+/// The body with each escaped half of a surrogate pair that has no other half ("\ud83d" alone:
+/// a JS or Python client that cut a string inside an emoji sends it, and both languages' own
+/// parsers take it) written as U+FFFD, the replacement character, as Python's and JS's decoders
+/// do; false when there is none (nlohmann refuses them).
+bool patch_lone_surrogates(std::string_view body, std::string* out) {
+  const auto escape_at = [&](size_t i, uint32_t* unit) {  // "\uXXXX" at i
+    if (i + 6 > body.size() || body[i] != '\\' || body[i + 1] != 'u') return false;
+    uint32_t v = 0;
+    const auto r = std::from_chars(body.data() + i + 2, body.data() + i + 6, v, 16);
+    if (r.ec != std::errc{} || r.ptr != body.data() + i + 6) return false;
+    *unit = v;
+    return true;
+  };
+  bool in_string = false, patched = false;
+  std::string text;
+  size_t copied = 0;  // body[copied, i) not yet in text
+  for (size_t i = 0; i < body.size(); ++i) {
+    if (body[i] == '"') in_string = !in_string;
+    if (!in_string || body[i] != '\\') continue;
+    uint32_t unit = 0, next = 0;
+    if (!escape_at(i, &unit)) {
+      ++i;  // an escape of one character: \" or \\ does not end or start anything
+      continue;
+    }
+    const bool high = unit >= 0xD800 && unit <= 0xDBFF, low = unit >= 0xDC00 && unit <= 0xDFFF;
+    if (high && escape_at(i + 6, &next) && next >= 0xDC00 && next <= 0xDFFF) {
+      i += 11;  // a whole pair
+      continue;
+    }
+    if (high || low) {
+      text.append(body.substr(copied, i - copied)).append("\\ufffd");
+      copied = i + 6;
+      patched = true;
+    }
+    i += 5;
+  }
+  if (!patched) return false;
+  *out = std::move(text.append(body.substr(copied)));
+  return true;
+}
+
+/// nlohmann's parse error in words a client can act on: where, and what (its quote of the text
+/// is left out: it may hold bytes that are no UTF-8, which the error's JSON could not carry).
+std::string parse_error_words(const std::string& what) {
+  const std::string_view lead = "parse error at ";
+  const auto at = what.find(lead);
+  if (at == std::string::npos) return {};
+  std::string words = what.substr(at + lead.size(), what.find("; last read") - at - lead.size());
+  if (const auto expected = what.rfind("; expected "); expected != std::string::npos && expected > at)
+    words += what.substr(expected);
+  if (words.size() > 160) words.resize(160);
+  std::replace_if(words.begin(), words.end(), [](char c) { return c < 0x20 || c > 0x7e; }, '?');
+  return words;
+}
+
 bool parse_checked_body(std::string_view body, bool chat, const std::string& served_model, call* out, api_error* err,
                         const std::vector<std::string>& aliases) {
   *out = call{};
   out->chat = chat;
+  std::string patched;
+  if (patch_lone_surrogates(body, &patched)) body = patched;
   if (nested_too_deep(body)) {
     *err = bad("", "the body nests arrays and objects deeper than " + std::to_string(max_json_depth) + " levels");
     return false;
@@ -671,8 +601,9 @@ bool parse_checked_body(std::string_view body, bool chat, const std::string& ser
     const std::string number = from < to ? what.substr(from + 1, std::min<size_t>(to - from - 1, 40)) : "";
     *err = bad("", "a number in the body is out of range" + (number.empty() ? "" : ", got " + number));
     return false;
-  } catch (const json::exception&) {  // parse_error: syntax, ill-formed UTF-8
-    *err = bad("", "the body is not valid JSON");
+  } catch (const json::exception& e) {  // parse_error: syntax, ill-formed UTF-8
+    const auto words = parse_error_words(e.what());
+    *err = bad("", "the body is not valid JSON" + (words.empty() ? "" : " (" + words + ")"));
     return false;
   }
   if (!j.is_object()) {

@@ -430,6 +430,8 @@ void add_sim_flags(flag_set& f, sim_options* o) {
         "seed | least_loaded | round_robin | cache_affinity (split: not in sims yet)");
   f.add("--decode-policy", &o->cfg.decode_policy, "seed | least_loaded | round_robin");
   f.add("--prefix-cache-blocks", &o->cfg.prefix_cache_blocks, "per prefill instance: its local tier of prompt blocks");
+  f.add("--no-in-flight-sharing", &o->cfg.no_in_flight_sharing,
+        "a prompt does not wait for one computing its prefix on its instance (each computes it)");
   f.add("--profile", &o->cfg.profile,
         "step times from per-layer profile tables PREFIX_{dense,attention,per_sequence}.csv (vLLM's format)");
   f.add("--store", &o->cfg.store, "the shared KV block store: write-back, and prefix loads by any prefill instance");

@@ -72,6 +72,15 @@ public:
     return std::move(g_);
   }
 
+  /// Keywords that schema writers (Pydantic, zod) emit at values that restrict nothing: taken,
+  /// as they ask for nothing the grammar would have to enforce. At any other value, refused.
+  static bool restricts_nothing(const std::string& key, const json& v, const json& s) {
+    if (key == "uniqueItems") return v == false;
+    if (key == "minProperties") return v == 0;
+    if (key == "multipleOf") return v == 1 && s.contains("type") && s["type"] == "integer";
+    return false;
+  }
+
   /// A rule matching values of `s` (at JSON pointer `where`), or false and why_.
   bool value(const json& s, const std::string& where, int depth, uint32_t* rule) {
     if (depth > max_schema_depth) return fail(where, "the schema nests deeper than " + std::to_string(max_schema_depth));
@@ -89,7 +98,7 @@ public:
           "$schema", "$id", "$comment", "strict", "nullable", "pattern", "format", "minLength", "maxLength",
           "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "prefixItems", "discriminator",
           "deprecated", "readOnly", "writeOnly"};
-      if (!known.count(key))
+      if (!known.count(key) && !restricts_nothing(key, v, s))
         return fail(where, "the keyword '" + key + "' is not supported (Baton's grammars cannot enforce it)");
     }
     if (!discriminator_holds(s, where)) return false;
@@ -697,6 +706,24 @@ uint32_t until(grammar& g, std::string_view marker, uint32_t then) {
   return state[0];
 }
 
+/// Drops a schema's annotations in place (title, description, examples, default, $comment:
+/// they restrict no value), walking schema positions only: a property named "description" stays.
+void drop_annotations(json& s, int depth) {
+  if (depth > max_schema_depth || !s.is_object()) return;
+  for (const char* k : {"title", "description", "examples", "default", "$comment"}) s.erase(k);
+  for (auto& [key, v] : s.items()) {
+    if (key == "properties" || key == "$defs" || key == "definitions") {
+      if (v.is_object())
+        for (auto& [name, sub] : v.items()) drop_annotations(sub, depth + 1);
+    } else if (key == "anyOf" || key == "oneOf" || key == "allOf" || key == "prefixItems") {
+      if (v.is_array())
+        for (auto& sub : v) drop_annotations(sub, depth + 1);
+    } else if (key == "items" || key == "additionalProperties") {
+      drop_annotations(v, depth + 1);
+    }
+  }
+}
+
 std::shared_ptr<const grammar> compile_checked(output_format kind, const std::string& text, const output_options& options,
                                                std::string* why);
 
@@ -725,13 +752,21 @@ std::shared_ptr<const grammar> compile_checked(output_format kind, const std::st
   }
   json root;
   if (kind == output_format::schema) {
-    if (text.size() > max_json_schema_bytes) {
-      *why = "json_schema is " + std::to_string(text.size()) + " bytes; at most " + std::to_string(max_json_schema_bytes);
+    if (text.size() > max_json_schema_text_bytes) {
+      *why = "json_schema is " + std::to_string(text.size()) + " bytes; at most " + std::to_string(max_json_schema_text_bytes);
       return nullptr;
     }
     root = json::parse(text, nullptr, false);
     if (root.is_discarded()) {
       *why = "json_schema is not valid JSON";
+      return nullptr;
+    }
+    // The bound is on what compiles: forty well-described tools of a forced call (one anyOf of
+    // their parameters) passed 64 KiB in descriptions alone.
+    drop_annotations(root, 0);
+    if (const auto size = root.dump().size(); size > max_json_schema_bytes) {
+      *why = "json_schema is " + std::to_string(size) + " bytes without its titles, descriptions and examples; at most " +
+             std::to_string(max_json_schema_bytes);
       return nullptr;
     }
   }

@@ -38,8 +38,10 @@ enum class output_format : uint8_t {
 };
 inline constexpr uint8_t max_output_format = 4;
 
-/// The largest schema text accepted, in bytes.
+/// The largest schema compiled, in bytes of its JSON without annotations (titles, descriptions).
 inline constexpr size_t max_json_schema_bytes = 64 * 1024;
+/// The schema's text as sent, annotations and all (parsed to find what compiles).
+inline constexpr size_t max_json_schema_text_bytes = 1024 * 1024;
 /// The largest grammar compiled, in grammar elements (about 8 bytes each).
 inline constexpr size_t max_grammar_elements = 1'000'000;
 

@@ -209,7 +209,7 @@ public:
       return true;
     };
     for (const auto& m : messages)
-      if (too_deep(m.fields_json, "a " + m.role + " message's fields")) return false;
+      if (too_deep(m.fields_json, (m.role == "assistant" ? "an " : "a ") + m.role + " message's fields")) return false;
     if (too_deep(extras.tools_json, "tools") || too_deep(extras.variables_json, "chat_template_kwargs")) return false;
     if (!chat_.tmpl) {
       *why = chat_.unusable.empty() ? "the model directory has no chat template (chat_template.jinja, or tokenizer_config.json's chat_template)"

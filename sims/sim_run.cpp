@@ -320,6 +320,7 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
   cc.prefill.step_budget_us = 0;
   cc.prefill.cost = cc.prefill_balancer.cost = cfg.use_cost_profile ? cfg.prefill_cost : fitted_cost(prefill_roof);
   cc.prefill.prefix_cache_blocks = cfg.prefix_cache_blocks;
+  cc.prefill.share_in_flight_prefix = !cfg.no_in_flight_sharing;
   cc.prefill.kv_send_timeout_ms = 3'600'000;
   cc.prefill.checksum_kv = false;  // modelled KV is all zeros (the decode side does not verify either)
   cc.prefill_balancer.policy = cfg.prefill_policy;

@@ -71,6 +71,7 @@ struct sim_config {
   std::string decode_policy = "seed";    ///< seed | least_loaded | round_robin
   uint32_t block_tokens = 512;           ///< prefix-cache block (Mooncake's hash ids are 512-token blocks)
   uint32_t prefix_cache_blocks = 4096;   ///< per prefill rank: its local tier of full prompt blocks
+  bool no_in_flight_sharing = false;     ///< prompts do not wait for one computing their prefix on the rank
   /// The shared KV block store (Mooncake's / 3FS-style): finished requests' blocks are written
   /// back and any prefill rank loads them; off: only the prefill ranks' local tiers hit.
   bool store = false;

@@ -341,6 +341,73 @@ TEST_CASE("store: the rank-local tier shares a finished prompt's full blocks wit
   CHECK(st.num_free_pages == cfg.executor.num_kv_pages - 3 * 2);
 }
 
+TEST_CASE("store: prompts that arrive together with one prefix compute it once: the later ones wait for the "
+          "first on the rank and share its blocks; an interactive prompt does not wait on a batch one") {
+  temp_dir dir{"local-together"};
+  test::cluster_system t;
+  auto cfg = store_cluster(dir.path);
+  cfg.prefill.prefix_cache_blocks = 16;
+  auto cluster = start_local_cluster(t.sys, cfg);
+  test::cluster_system::stopper stop{t, cluster};
+  const auto p = prompt_tokens(cfg, 99, 12);  // 3 full blocks of 32, then 3 tokens
+  std::vector<std::vector<int32_t>> prompts;
+  for (char seed = 0; seed < 4; ++seed) {
+    auto longer = p;
+    const auto tail = prompt_tokens(cfg, 20, static_cast<char>(30 + seed));
+    longer.insert(longer.end(), tail.begin() + 1, tail.end());
+    prompts.push_back(std::move(longer));
+  }
+  caf::scoped_actor self{t.sys};
+  std::vector<decltype(self->request(cluster.router, std::chrono::seconds{60}, generate_atom::value, generate_request{}))> sent;
+  for (const auto& prompt : prompts)
+    sent.push_back(self->request(cluster.router, std::chrono::seconds{60}, generate_atom::value, request_for(prompt)));
+  std::vector<completion> done(prompts.size());
+  for (size_t i = 0; i < sent.size(); ++i)
+    sent[i].receive([&](completion& c) { done[i] = std::move(c); },
+                    [&](caf::error& e) { FAIL("request " << i << ": " << t.sys.render(e)); });
+  // One computed the 3 shared blocks; each other one found them in the rank's pages, having
+  // waited for the first (all four were sent before any answered) or come after it.
+  std::vector<uint32_t> cached;
+  for (size_t i = 0; i < done.size(); ++i) {
+    cached.push_back(done[i].local_cached_tokens);
+    check_equal(done[i], reference(cfg, prompts[i]));
+  }
+  std::sort(cached.begin(), cached.end());
+  CHECK(cached == std::vector<uint32_t>{0, 96, 96, 96});
+  const auto events = t.events(cluster.prefill[0].handle);
+  CHECK(std::count_if(events.begin(), events.end(), [](auto& e) { return e.kind == "prefix_wait"; }) >= 1);
+  auto is_one_of_them = [&](uint64_t id) {
+    return std::any_of(done.begin(), done.end(), [&](auto& c) { return c.request_id == id; });
+  };
+  for (const auto& e : events)
+    if (e.kind == "prefix_wait") {
+      CHECK(e.chunk == 3);  // the three shared blocks
+      CHECK(is_one_of_them(e.request_id));
+      REQUIRE(e.batch_requests.size() == 1);  // the prompt it waits on
+      CHECK(is_one_of_them(e.batch_requests[0]));
+      CHECK(e.batch_requests[0] != e.request_id);
+    }
+
+  // A batch prompt computing does not hold up an interactive one with its prefix: the
+  // interactive one starts at once and overtakes it at a chunk boundary.
+  auto batch_prompt = prompt_tokens(cfg, 160, 50);
+  auto interactive_prompt = batch_prompt;
+  interactive_prompt.resize(130);
+  auto batch = request_for(batch_prompt);
+  batch.priority = "batch";
+  auto first = self->request(cluster.router, std::chrono::seconds{60}, generate_atom::value, batch);
+  auto second = self->request(cluster.router, std::chrono::seconds{60}, generate_atom::value, request_for(interactive_prompt));
+  completion a, b;
+  first.receive([&](completion& c) { a = std::move(c); }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
+  second.receive([&](completion& c) { b = std::move(c); }, [&](caf::error& e) { FAIL(t.sys.render(e)); });
+  check_equal(a, reference(cfg, batch_prompt));
+  check_equal(b, reference(cfg, interactive_prompt));
+  // (The batch prompt may have waited on the interactive one, had that reached the rank first.)
+  for (const auto& e : t.events(cluster.prefill[0].handle))
+    if (e.kind == "prefix_wait") CHECK(e.request_id != b.request_id);
+  CHECK(b.request_id != 0);
+}
+
 TEST_CASE("store: blocks a prompt found in the rank-local tier but not in the store are written back, so the "
           "store's chain has no gap") {
   temp_dir dir{"local-gap"};

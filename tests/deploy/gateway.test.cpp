@@ -121,6 +121,12 @@ TEST_CASE("--served-model-name: the API knows the model by that id alone (calls,
   const auto one = round_trip(port, get("/v1/models/org/my-kjv"));
   CHECK(one.status == 200);
   CHECK(json::parse(one.body)["max_model_len"] == 256);
+  const auto encoded = round_trip(port, get("/v1/models/org%2Fmy-kjv"));  // the SDKs' models.retrieve
+  CHECK(encoded.status == 200);
+  CHECK(json::parse(encoded.body)["id"] == "org/my-kjv");
+  const auto malformed = round_trip(port, get("/v1/models/org%2"));
+  CHECK(malformed.status == 400);
+  CHECK_MESSAGE(malformed.body.find("malformed %-escape") != std::string::npos, malformed.body);
   auto named = round_trip(port, post("/v1/completions", R"({"model":"org/my-kjv","prompt":"In","max_tokens":2})"));
   REQUIRE(named.status == 200);
   CHECK(json::parse(named.body)["model"] == "org/my-kjv");

@@ -6,6 +6,7 @@
 
 #include <malloc.h>
 
+#include <caf/event_based_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
 #include "tests/deploy/gateway_fixture.hpp"
@@ -246,4 +247,73 @@ TEST_CASE("a gateway whose router stops answering (a stalled head, a link that s
     std::this_thread::sleep_for(std::chrono::milliseconds{10});
   CHECK(call.status == 200);
   caf::anon_send_exit(stalling, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("a drain waits for a /tokenize call whose answer is still on its way from the router, and the call "
+          "gets it") {
+  served_cluster s;
+  // A router whose tokenizer answers only when told: the call is in flight until then. Its
+  // tokenizer is a plain actor holding the asks (get: how many; put: answer them).
+  auto tokenizer = s.sys.spawn([](caf::event_based_actor* self) -> caf::behavior {
+    auto held = std::make_shared<std::vector<caf::response_promise>>();
+    return {
+        [=](tokenize_atom) {
+          held->push_back(self->make_response_promise());
+          return held->back();
+        },
+        [=](caf::get_atom) { return static_cast<uint32_t>(held->size()); },
+        [=](caf::put_atom) {
+          for (auto& p : *held) p.deliver(std::vector<int32_t>{1, 2, 3});
+          held->clear();
+        },
+    };
+  });
+  auto slow = s.sys.spawn([=](router_actor::pointer self) -> router_actor::behavior_type {
+    return {
+        [=](generate_atom, generate_request&) -> caf::result<completion> { return completion{}; },
+        [=](generate_atom, generate_request&, client_sink_actor&) -> caf::result<completion> { return completion{}; },
+        [](stats_atom) { return cluster_stats{}; },
+        [=](tokenize_atom, generate_request&) {
+          auto p = self->make_response_promise<std::vector<int32_t>>();
+          self->request(tokenizer, caf::infinite, tokenize_atom::value)
+              .then([=](std::vector<int32_t>& ids) mutable { p.deliver(std::move(ids)); });
+          return p;
+        },
+        [](detokenize_atom, std::vector<int32_t>&) { return std::string{}; },
+        [](ping_atom) { return true; },
+        [](drain_atom) {},
+        [](rank_gone_atom, std::vector<std::string>&, std::string&) {},
+        [](directory_atom, node_stats_actor&) {},
+    };
+  });
+  std::string why;
+  REQUIRE_MESSAGE(deploy::gateway_set_router(s.sys, s.gateway, slow, &why), why);
+  const int fd = connect_to(s.gateway.port);
+  send_all(fd, post("/tokenize", R"({"prompt":"In the beginning"})"));
+  caf::scoped_actor self{s.sys};
+  uint32_t asked = 0;
+  for (int i = 0; i < 1000 && asked == 0; ++i) {
+    self->request(tokenizer, std::chrono::seconds{5}, caf::get_atom::value)
+        .receive([&](uint32_t n) { asked = n; }, [](caf::error&) {});
+    if (asked == 0) std::this_thread::sleep_for(std::chrono::milliseconds{5});
+  }
+  REQUIRE(asked == 1);
+  // The gateway's drain asks how many calls still run (drain_gateway repeats it until none).
+  auto in_flight = [&] {
+    uint32_t n = 99;
+    self->request(s.gateway.server, std::chrono::seconds{5}, drain_atom::value)
+        .receive([&](uint32_t x) { n = x; }, [](caf::error&) {});
+    return n;
+  };
+  CHECK(in_flight() == 1);
+  self->send(tokenizer, caf::put_atom::value);
+  bool closed = false;
+  const std::string answer = read_to_close(fd, "", &closed);  // draining: the answer ends the connection
+  ::close(fd);
+  CHECK(closed);
+  CHECK_MESSAGE(answer.find("200 OK") != std::string::npos, answer);
+  CHECK_MESSAGE(answer.find("\"tokens\":[1,2,3]") != std::string::npos, answer);
+  CHECK(in_flight() == 0);
+  caf::anon_send_exit(slow, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(tokenizer, caf::exit_reason::user_shutdown);
 }

@@ -559,7 +559,8 @@ TEST_CASE("a chat whose own template variables open the thinking block (DeepSeek
 }
 
 TEST_CASE("tools over HTTP: a model whose template asks for <tool_call>s is shown the tools (its prompt grows by "
-          "them) and answers; a model whose template has no tool format refuses tools with a sentence") {
+          "them) and answers; a model whose template has no tool format refuses tools with a sentence, unless the call is "
+          "forced") {
   std::ifstream in{BATON_SOURCE_DIR "/tests/data/chat_templates/chatml_tools.jinja"};
   std::stringstream tmpl;
   tmpl << in.rdbuf();
@@ -584,6 +585,13 @@ TEST_CASE("tools over HTTP: a model whose template asks for <tool_call>s is show
   const auto refused = round_trip(s.gateway.port, post("/v1/chat/completions", "{" + messages + "," + tools + "}"));
   CHECK(refused.status == 400);
   CHECK(refused.body.find("tools need a model whose chat template asks for tool calls") != std::string::npos);
+  // A forced call is constrained JSON the gateway reads back, in no template's form: served (a
+  // named function's call is named at once, even if this random model's answer is cut).
+  const auto forced = round_trip(s.gateway.port, post("/v1/chat/completions", R"({"messages":[{"role":"user","content":"Hi"}],
+      "max_tokens":120,"tool_choice":{"type":"function","function":{"name":"f"}},"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object",
+      "properties":{"city":{"enum":["Paris","Oslo"]}},"required":["city"],"additionalProperties":false}}}]})"));
+  REQUIRE_MESSAGE(forced.status == 200, forced.body);
+  CHECK_MESSAGE(json::parse(forced.body)["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "f", forced.body);
   // A chat longer than the context: the router's refusal names the chat's field.
   const auto long_chat = round_trip(
       s.gateway.port, post("/v1/chat/completions", R"({"messages":[{"role":"user","content":")" + std::string(20000, 'a') + R"("}]})"));

@@ -177,3 +177,17 @@ TEST_CASE("the HTTP parser takes whole requests, waits for partial ones and refu
   CHECK_FALSE(deploy::http::constant_time_equal("sk-1", "sk-2"));
   CHECK_FALSE(deploy::http::constant_time_equal("sk-1", "sk-12"));
 }
+
+TEST_CASE("percent_decode: an SDK's encoded path segment decodes; a malformed escape is refused") {
+  std::string out;
+  CHECK(deploy::http::percent_decode("org%2Fmodel%20one%2f", &out));
+  CHECK(out == "org/model one/");
+  CHECK(deploy::http::percent_decode("plain", &out));
+  CHECK(out == "plain");
+  CHECK(deploy::http::percent_decode("", &out));
+  CHECK(out.empty());
+  for (const char* bad : {"%", "a%2", "%zz", "%2g", "x%"}) {
+    CAPTURE(bad);
+    CHECK_FALSE(deploy::http::percent_decode(bad, &out));
+  }
+}

@@ -61,7 +61,16 @@ TEST_CASE("OpenAI request bodies map onto generate_request, and refusals name th
     CHECK_FALSE(deploy::openai::parse_body(body, chat, "m", &c, &e));
     return e;
   };
-  CHECK(refused("{not json").message == "the body is not valid JSON");
+  // Where and what, without nlohmann's quote of the text (it may hold bytes that are no UTF-8).
+  CHECK(refused("{not json").message == "the body is not valid JSON (line 1, column 3: syntax error while parsing "
+                                        "object key - invalid literal; expected string literal)");
+  const auto bad_utf8 = refused("{\"prompt\":\"a\xff\"}").message;
+  CHECK_MESSAGE(bad_utf8.rfind("the body is not valid JSON (line 1, column ", 0) == 0, bad_utf8);
+  CHECK(bad_utf8.find('\xff') == std::string::npos);
+  // Half a surrogate pair, escaped (a JS or Python client cut a string inside an emoji): U+FFFD,
+  // as those languages' own parsers read it; whole pairs and an escaped backslash stay as sent.
+  REQUIRE(deploy::openai::parse_body(R"({"prompt":"a\ud83d|\ude42|\ud83d\ude42|\\ud83d"})", false, "m", &c, &e));
+  CHECK(c.req.prompt == "a\xef\xbf\xbd|\xef\xbf\xbd|\xf0\x9f\x99\x82|\\ud83d");
   // Valid JSON whose number a double cannot hold: said as such, not as a syntax error.
   CHECK(refused(R"({"prompt":"a","temperature":1e400})").message == "a number in the body is out of range, got 1e400");
   CHECK(refused(R"({"prompt":"a","n":0})").param == "n");
@@ -134,13 +143,19 @@ TEST_CASE("OpenAI request bodies map onto generate_request, and refusals name th
       [{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c","content":""}]})",
                                      true, "m", &c, &e));
   CHECK(c.req.messages.size() == 3);
-  // An assistant turn an SDK echoes back with a refusal, or a legacy function_call, and null content.
+  // An assistant turn an SDK echoes back with a refusal and null content, or with function_call
+  // null (the older SDKs' dump of a message).
   for (const char* a : {R"({"role":"assistant","content":null,"refusal":"I cannot help with that."})",
-                        R"({"role":"assistant","content":null,"function_call":{"name":"f","arguments":"{}"}})"})
+                        R"({"role":"assistant","content":"ok","function_call":null})"})
     CHECK_MESSAGE(deploy::openai::parse_body(std::string{R"({"messages":[{"role":"user","content":"x"},)"} + a +
                                                  R"(,{"role":"user","content":"y"}]})",
                                              true, "m", &c, &e),
                   e.message);
+  // A legacy function_call was taken and dropped (the call vanished from the chat): refused by name.
+  const auto legacy = refused(R"({"messages":[{"role":"user","content":"x"},{"role":"assistant","content":null,
+      "function_call":{"name":"f","arguments":"{}"}}]})", true);
+  CHECK(legacy.param == "messages[1].function_call");
+  CHECK(legacy.message.find("send it as tool_calls") != std::string::npos);
   CHECK(refused(R"({"messages":[{"role":"user","content":[{"type":"image_url"}]}]})", true).param ==
         "messages[0].content");
   CHECK(refused(R"({"prompt":"a","stop":["ok",""]})").param == "stop");

@@ -232,6 +232,34 @@ TEST_CASE("grammar: schemas Baton cannot honour are refused, naming the keyword 
   for (int i = 0; i < 100; ++i) deep += R"({"type":"array","items":)";
   deep += "{}" + std::string(100, '}');
   CHECK(refused(deep).find("nests deeper than 64") != std::string::npos);
+  // Keywords at values that restrict nothing are taken (Pydantic and zod write them); at any
+  // other value they restrict, and are refused.
+  CHECK(compile(R"({"type":"array","items":{"type":"integer"},"uniqueItems":false})"));
+  CHECK(compile(R"({"type":"object","properties":{"a":{"type":"integer","multipleOf":1}},"minProperties":0})"));
+  CHECK(refused(R"({"type":"array","uniqueItems":true})").find("'uniqueItems' is not supported") != std::string::npos);
+  CHECK(refused(R"({"type":"object","minProperties":1})").find("'minProperties' is not supported") != std::string::npos);
+  CHECK(refused(R"({"type":"number","multipleOf":1})").find("'multipleOf' is not supported") != std::string::npos);
+}
+
+TEST_CASE("grammar: the schema size bound counts what compiles: titles, descriptions and examples are left out, a "
+          "property named description is not") {
+  // 80 properties, each with a 1 KiB description: 80 KiB sent, a few KiB compiled.
+  nlohmann::json schema = {{"type", "object"}, {"properties", nlohmann::json::object()}};
+  for (int i = 0; i < 80; ++i)
+    schema["properties"]["p" + std::to_string(i)] = {{"type", "string"}, {"description", std::string(1024, 'd')}};
+  schema["properties"]["description"] = {{"type", "integer"}, {"title", "a property named description"}};
+  schema["required"] = {"description"};
+  REQUIRE(schema.dump().size() > max_json_schema_bytes);
+  std::string why;
+  const auto g = compile(schema.dump(), &why);
+  REQUIRE_MESSAGE(g, why);
+  CHECK(matches(g, R"({"description":7})"));
+  CHECK_FALSE(matches(g, R"({"p0":"x"})"));  // the required property named description is kept
+  // What compiles still has its bound.
+  nlohmann::json wide = {{"type", "object"}, {"properties", nlohmann::json::object()}};
+  for (int i = 0; i < 3000; ++i) wide["properties"]["property_number_" + std::to_string(i)] = {{"type", "string"}};
+  CHECK(compile(wide.dump(), &why) == nullptr);
+  CHECK_MESSAGE(why.find("bytes without its titles, descriptions and examples; at most 65536") != std::string::npos, why);
 }
 
 TEST_CASE("grammar: the process-wide cache gives the same grammar for the same schema and kind, and keeps no failures") {
