@@ -251,15 +251,28 @@ std::optional<size_t> rank_to_hold(const decode_balancer_state& st, const place_
 
 /// The KV queue: places what is parked while ranks have room, in queue order (interactive before
 /// batch, st.priority); those past their deadline are told why first. One that does not fit
-/// keeps room on the rank nearest to holding it (rank_to_hold): those behind it are placed on
-/// the other ranks, never there, so a long sequence is not starved by short ones while the rest
-/// of the pool keeps taking work. One that no rank taking work could hold even empty holds
-/// nothing and waits (for a rank undrained or joining) without stopping the queue.
+/// lets those behind it that fit pass it (backfill), each counted, up to kv_queue_max_bypass;
+/// then it keeps room on the rank nearest to holding it (rank_to_hold): those behind it are
+/// placed on the other ranks, never there, so a long sequence is not starved by short ones while
+/// the rest of the pool keeps taking work. One that no rank taking work could hold even empty
+/// holds nothing and waits (for a rank undrained or joining) without stopping the queue.
 void serve(pointer self) {
   auto& st = self->state;
   drop_expired(st.parked, self->clock().now(), "place_decode", [=](const place_query& q) { return no_room(self->state, q); });
   std::vector<hold> held(st.registry.loads.size(), hold::none);
   std::vector<bool> passed(st.parked.size(), false);
+  // Passed this pass, fitting nowhere, keeping no room yet: each placement behind them counts.
+  // (Placements are bounded by the ranks' room, so this costs little even with a long queue.)
+  std::vector<size_t> backfilled;
+  const auto keep_room = [&](const place_query& q) {
+    if (auto r = rank_to_hold(st, q, held))
+      held[*r] = is_batch(q) && st.cfg.interactive_reserve_pct ? hold::batch : hold::all;
+  };
+  const auto room_left = [&] {  // a rank taking work that nobody waits for (or, held by a batch request, its kept pages)
+    for (size_t i = 0; i < held.size(); ++i)
+      if (st.registry.open(i) && held[i] != hold::all) return true;
+    return false;
+  };
   parked_cursor cursor;
   while (const auto head = st.priority.next(st.parked, cursor, passed)) {
     auto& next = st.parked[*head];
@@ -269,14 +282,27 @@ void serve(pointer self) {
       st.parked.erase(st.parked.begin() + static_cast<std::ptrdiff_t>(*head));
       passed.erase(passed.begin() + static_cast<std::ptrdiff_t>(*head));
       cursor.erased(*head);
+      for (auto& i : backfilled)
+        if (i > *head) --i;
+      // It passed each of them; one passed kv_queue_max_bypass times keeps its room from now on.
+      for (auto i = backfilled.begin(); i != backfilled.end();) {
+        if (++st.parked[*i].passed_by < st.cfg.kv_queue_max_bypass) {
+          ++i;
+          continue;
+        }
+        keep_room(st.parked[*i].query);
+        i = backfilled.erase(i);
+      }
+      if (!room_left()) return;
       continue;
     }
     passed[*head] = true;
-    if (auto r = rank_to_hold(st, next.query, held))
-      held[*r] = is_batch(next.query) && st.cfg.interactive_reserve_pct ? hold::batch : hold::all;
-    bool room_left = false;  // a rank taking work that nobody waits for (or, held by a batch request, its kept pages)
-    for (size_t i = 0; i < held.size() && !room_left; ++i) room_left = st.registry.open(i) && held[i] != hold::all;
-    if (!room_left) return;
+    if (next.passed_by < st.cfg.kv_queue_max_bypass) {
+      backfilled.push_back(*head);
+      continue;
+    }
+    keep_room(next.query);
+    if (!room_left()) return;
   }
 }
 
@@ -320,10 +346,10 @@ decode_balancer_actor::behavior_type decode_balancer_impl(pointer self, decode_b
                                                           "interactive_reserve_pct " +
                                                               std::to_string(st.cfg.interactive_reserve_pct) + ")"
                                                         : std::string{}));
-        // Placed at once only when nobody waits: otherwise it takes its turn in the queue (a
-        // newcomer that fits where the oldest waiting request does not passed it: a trial saw 99
-        // later arrivals served first), placed now if the ranks nobody ahead of it waits for
-        // have room.
+        // Placed at once only when nobody waits: otherwise it takes its turn in the queue, placed
+        // now if the ranks nobody ahead of it waits for have room, or passing one that fits
+        // nowhere only as far as its backfill allows (kv_queue_max_bypass: a trial saw 99 later
+        // arrivals served first when nothing counted them).
         if (st.parked.empty())
           if (auto p = try_place(self, q)) return std::move(*p);
         auto promise = self->make_response_promise<decode_placement>();

@@ -45,8 +45,10 @@ std::string local_cluster_config::validate() const {
       router.request.kv_wire.any_quantised() ? num_prefill_ranks + num_decode_ranks + 2 * num_elastic_ranks : 0;
   const uint64_t staging_bytes =
       stagings * kv_wire_staging::bytes_for(gpu::model_kv_layout(model, 1, executor.page_size_tokens), executor.num_kv_pages);
-  if (auto e = gpu::kv_pools_fit_memory(model, executor.num_kv_pages, executor.page_size_tokens,
-                                        num_prefill_ranks + num_decode_ranks + num_elastic_ranks, staging_bytes);
+  if (auto e = kv_pools_untouched ? std::string{}
+                                  : gpu::kv_pools_fit_memory(model, executor.num_kv_pages, executor.page_size_tokens,
+                                                             num_prefill_ranks + num_decode_ranks + num_elastic_ranks,
+                                                             staging_bytes);
       !e.empty())
     return e;
   // A head that runs no rank (its ranks in node processes) needs no device: its backend only

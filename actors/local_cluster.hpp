@@ -48,6 +48,10 @@ struct local_cluster_config {
   elastic_controller_config elastic;
   /// KV handoff backend: loopback (in-process memcpy), ucx, or modelled (sims: no bytes move)
   std::string transport = "loopback";
+  /// Sims: the executors are modelled and write no KV, so their pools take address space, never
+  /// memory (a run whose pools add up to 50 GB peaked at 118 MB): validate() does not hold them
+  /// to this machine's memory.
+  bool kv_pools_untouched = false;
   /// With transport ucx: how this process's ranks send ("put": RMA; "am": rendezvous active
   /// messages, several times faster over TCP). Receivers take either.
   std::string ucx_send = "put";

@@ -185,6 +185,7 @@ struct parked_placement {
   place_query query;
   caf::typed_response_promise<Placement> promise;
   caf::actor_clock::time_point deadline;
+  uint32_t passed_by = 0;  ///< the decode KV queue: later requests placed while this one fit nowhere
 };
 
 /// Drops the parked placement of request `id`'s attempt `attempt` (it gave up): its asker, if it

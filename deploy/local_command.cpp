@@ -265,6 +265,9 @@ int run_local(const std::vector<std::string>& args) {
   add_security_flags(flags, &opt.sec);
   flags.add("--max-active-requests", &opt.cluster.router.max_active_requests,
             "admission control: requests in flight at most, more are refused (HTTP 429); 0 = no limit");
+  flags.add("--kv-queue-max-bypass", &opt.cluster.decode_balancer.kv_queue_max_bypass,
+            "the KV queue's backfill: later requests that fit may pass one that fits no decode rank this many times "
+            "before it keeps room on one (0: strict arrival order)");
   flags.add("--queue-timeout-ms", &opt.cluster.router.request.queue_timeout_ms,
             "an admitted request waits this long, in arrival order, for a decode rank with room for its KV, then "
             "is refused (HTTP 503); lower it to shed load sooner");

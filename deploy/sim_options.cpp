@@ -429,6 +429,8 @@ void add_sim_flags(flag_set& f, sim_options* o) {
   f.add("--prefill-policy", &o->cfg.prefill_policy,
         "seed | least_loaded | round_robin | cache_affinity (split: not in sims yet)");
   f.add("--decode-policy", &o->cfg.decode_policy, "seed | least_loaded | round_robin");
+  f.add("--kv-queue-max-bypass", &o->cfg.kv_queue_max_bypass,
+        "the decode KV queue: later requests that may pass one that fits nowhere before it keeps room (0: strict order)");
   f.add("--prefix-cache-blocks", &o->cfg.prefix_cache_blocks, "per prefill instance: its local tier of prompt blocks");
   f.add("--no-in-flight-sharing", &o->cfg.no_in_flight_sharing,
         "a prompt does not wait for one computing its prefix on its instance (each computes it)");

@@ -210,7 +210,6 @@ std::string kv_memory_problem(const sim_config& cfg) {
   if (auto e = cfg.validate(); !e.empty()) return e;
   const auto shape = *named_model(cfg.model);
   const auto roofs = rooflines_of(cfg, shape);
-  const uint64_t kv_tokens = kv_tokens_of(cfg, roofs.decode);
   for (const auto& [roof, gpu, is_prefill] :
        {std::tuple{&roofs.decode, cfg.decode_gpu, false}, std::tuple{&roofs.prefill, cfg.prefill_gpu, true}}) {
     if (is_prefill && cfg.colocated) continue;  // no prefill pool
@@ -219,26 +218,30 @@ std::string kv_memory_problem(const sim_config& cfg) {
       return "an instance's " + std::to_string(tokens) + " KV tokens (" + instance_of(cfg, *roof, gpu) + ") make " +
              std::to_string(pages) + " pages of " + std::to_string(cfg.page_tokens) + ", more than a rank counts (4294967295)";
   }
-  // Each rank's pool holds carrier KV (a few floats per token) in this machine's memory. The
-  // cluster refuses pools that do not fit (local_cluster_config::validate), in the words of
-  // `baton local`'s flags (--kv-pages); the same sum is made here first, in the sim's: every
-  // rank a pool of the decode instances' pages.
+  // Each rank's pool is carrier KV, allocated and never written (the modelled executors write no
+  // KV, the modelled links move no bytes): it takes address space, not memory, so the pools are
+  // not held to this machine's memory together (local_cluster_config::kv_pools_untouched; the
+  // expert-parallel split, whose pools add up to 50 GB, peaked at 118 MB). Each is still one
+  // allocation, which the kernel refuses past its memory.
   const auto carrier = carrier_model(shape, cfg);
-  const uint32_t pools = (cfg.colocated ? 0 : cfg.prefill_instances) + cfg.decode_instances + cfg.elastic_instances;
-  const uint64_t pages = kv_tokens / cfg.page_tokens;
-  if (gpu::kv_pools_fit_memory(carrier, pages, cfg.page_tokens, pools).empty()) return {};
   const auto lay = gpu::model_kv_layout(carrier, 1, cfg.page_tokens);
   const uint64_t page_bytes = lay.page_bytes() * lay.num_layers;
-  const long double need_mib = static_cast<long double>(pages) * page_bytes * pools / (1 << 20);
   const long double memory_mib =
       static_cast<long double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<long double>(::sysconf(_SC_PAGESIZE)) / (1 << 20);
-  char sizes[96];
-  std::snprintf(sizes, sizeof sizes, "%.0Lf MiB, more than this machine's %.0Lf MiB", need_mib, memory_mib);
-  return std::to_string(pools) + " ranks' KV pools of " + std::to_string(pages) + " pages each (" +
-         std::to_string(kv_tokens) + " KV tokens per instance" +
-         (cfg.kv_tokens ? std::string{} : ", the HBM " + instance_of(cfg, roofs.decode, cfg.decode_gpu) + " leaves") +
-         "; " + std::to_string(page_bytes) + " bytes of carrier KV a page) need " + sizes +
-         ": give a smaller kv_tokens, or fewer instances";
+  for (const auto& [roof, gpu, is_prefill] :
+       {std::tuple{&roofs.decode, cfg.decode_gpu, false}, std::tuple{&roofs.prefill, cfg.prefill_gpu, true}}) {
+    if (is_prefill && cfg.colocated) continue;
+    const uint64_t tokens = kv_tokens_of(cfg, *roof), pages = tokens / cfg.page_tokens;
+    if (gpu::kv_pools_fit_memory(carrier, pages, cfg.page_tokens, 1).empty()) continue;
+    char sizes[96];
+    std::snprintf(sizes, sizeof sizes, "%.0Lf MiB in one allocation, more than this machine's %.0Lf MiB",
+                  static_cast<long double>(pages) * page_bytes / (1 << 20), memory_mib);
+    return std::string{is_prefill ? "a prefill" : "a decode"} + " rank's KV pool of " + std::to_string(pages) +
+           " pages (" + std::to_string(tokens) + " KV tokens per instance" +
+           (cfg.kv_tokens ? std::string{} : ", the HBM " + instance_of(cfg, *roof, gpu) + " leaves") + "; " +
+           std::to_string(page_bytes) + " bytes of carrier KV a page) needs " + sizes + ": give a smaller kv_tokens";
+  }
+  return {};
 }
 
 std::string run_problem(const sim_config& cfg, const trace& t, const std::string& trace_name) {
@@ -316,6 +319,7 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
   cc.decode.first_lease_id = 1;  // lease ids as a run's function, not drawn: runs repeat
   cc.executor.page_size_tokens = cfg.page_tokens;
   cc.executor.num_kv_pages = static_cast<uint32_t>(kv_tokens / cfg.page_tokens);
+  cc.kv_pools_untouched = true;
   cc.prefill.chunk_tokens = cfg.prefill_chunk_tokens;
   cc.prefill.step_budget_us = 0;
   cc.prefill.cost = cc.prefill_balancer.cost = cfg.use_cost_profile ? cfg.prefill_cost : fitted_cost(prefill_roof);
@@ -325,6 +329,7 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
   cc.prefill.checksum_kv = false;  // modelled KV is all zeros (the decode side does not verify either)
   cc.prefill_balancer.policy = cfg.prefill_policy;
   cc.decode_balancer.policy = cfg.decode_policy;
+  cc.decode_balancer.kv_queue_max_bypass = cfg.kv_queue_max_bypass;
   cc.decode.max_batch_size = cfg.max_batch;
   // Nobody reads the ranks' event logs in a sim: keep them small (they hold batch lists).
   cc.prefill.event_log_events = cc.decode.event_log_events = 64;

@@ -11,7 +11,7 @@
 // shared store on, the real block index (capacity, retention, leaf-first LRU) answers CHECK and
 // modelled block servers (sims/modelled_block_server.hpp) take virtual time for every read and
 // write-back on one queue per storage node; prefixes stream in layer by layer while the prefill
-// computes. Not modelled: PCIe between host and GPU (loads land in GPU memory over the NIC).
+// computes. A store load also queues on the reader's PCIe (pcie_gbps), not on its NIC.
 
 #include <cstdint>
 #include <functional>
@@ -69,6 +69,7 @@ struct sim_config {
   uint32_t prefill_chunk_tokens = 16384; ///< disaggregated prefill chunk
   std::string prefill_policy = "seed";   ///< seed | least_loaded | round_robin | cache_affinity | split
   std::string decode_policy = "seed";    ///< seed | least_loaded | round_robin
+  uint32_t kv_queue_max_bypass = 512;    ///< decode_balancer_config::kv_queue_max_bypass (0: strict order)
   uint32_t block_tokens = 512;           ///< prefix-cache block (Mooncake's hash ids are 512-token blocks)
   uint32_t prefix_cache_blocks = 4096;   ///< per prefill rank: its local tier of full prompt blocks
   bool no_in_flight_sharing = false;     ///< prompts do not wait for one computing their prefix on the rank

@@ -59,12 +59,15 @@ struct lone_decode_rank {
   decode_rank_actor rank;
   uint32_t pages;
   explicit lone_decode_rank(uint32_t total_pages) : lone_decode_rank("least_loaded", total_pages, 0) {}
-  /// With `policy`, and `interactive_reserve_pct` of its pages kept from batch requests.
-  lone_decode_rank(const std::string& policy, uint32_t total_pages, uint32_t interactive_reserve_pct)
+  /// With `policy`, and `interactive_reserve_pct` of its pages kept from batch requests; the KV
+  /// queue in strict order unless `max_bypass` (kv_queue_max_bypass) lets requests backfill.
+  lone_decode_rank(const std::string& policy, uint32_t total_pages, uint32_t interactive_reserve_pct,
+                   uint32_t max_bypass = 0)
       : pages(total_pages) {
     decode_balancer_config bc;
     bc.policy = policy;
     bc.interactive_reserve_pct = interactive_reserve_pct;
+    bc.kv_queue_max_bypass = max_bypass;
     bal = spawn_decode_balancer(t.sys, bc);
     rank = stand_in_rank<decode_rank_actor>(t);
     self->send(bal, load_atom::value, idle_load("decode-a", pages), rank);
@@ -258,6 +261,27 @@ TEST_CASE("a newcomer that would fit does not pass a request waiting for room: i
   CHECK(f.outcome(big) == "decode-a");
   CHECK(f.outcome(small) == "decode-a");
   CHECK(f.waiting() == 0);
+}
+
+TEST_CASE("the KV queue's backfill: requests that fit pass one that fits no rank, each counted, up to "
+          "kv_queue_max_bypass; then it keeps its room, and takes it first when room comes") {
+  lone_decode_rank f{"least_loaded", 16, 0, 2};
+  f.report(3, 2);                  // 3 of 16 pages free
+  auto big = f.ask(5, 96, 30000);  // 6 pages: waits
+  auto a = f.ask(6, 16, 30000);    // 1 page: fits, and passes it (1 of 2)
+  CHECK(f.outcome(a) == "decode-a");
+  auto b = f.ask(7, 16, 30000);    // passes it too (2 of 2)
+  CHECK(f.outcome(b) == "decode-a");
+  auto c = f.ask(8, 16, 30000);    // 1 page is still free, but the big one keeps the rank now
+  CHECK(f.waiting() == 2);
+  f.report(16, 2);  // 14 free beside the two placed ones' charges: the big one first, then c
+  CHECK(f.outcome(big) == "decode-a");
+  CHECK(f.outcome(c) == "decode-a");
+  std::vector<uint64_t> order;
+  f.self->request(f.bal, std::chrono::seconds{5}, events_atom::value)
+      .receive([&](std::vector<placement_record>& log) { for (const auto& r : log) if (r.request_id) order.push_back(r.request_id); },
+               [](caf::error&) {});
+  CHECK(order == std::vector<uint64_t>{6, 7, 5, 8});
 }
 
 TEST_CASE("waiting for room, interactive requests go before batch ones that came earlier, but at most 4 in a row "

@@ -307,13 +307,14 @@ TEST_CASE("sim refuses KV pools this machine cannot hold in its own flag's words
   const auto o = baton_sim(with({"run", "--kv-tokens", "99999999999"}, small));
   INFO("stderr: " << o.err);
   CHECK(o.rc == 2);
-  CHECK(has(o.err, "2 ranks' KV pools of 1562499999 pages each (99999999999 KV tokens per instance; "));
-  CHECK(has(o.err, "give a smaller --kv-tokens, or fewer instances"));
+  CHECK(has(o.err, "a decode rank's KV pool of 1562499999 pages (99999999999 KV tokens per instance; "));
+  CHECK(has(o.err, "in one allocation, more than this machine's"));
+  CHECK(has(o.err, "give a smaller --kv-tokens"));
   CHECK_FALSE(has(o.err, "kv-pages"));
   CHECK(o.out.empty());
   // compare: before the first variant runs.
   refused(with({"compare", "--variant", "ok=", "--variant", "big=--kv-tokens 99999999999"}, small),
-          "variant 'big': 2 ranks' KV pools of 1562499999 pages each");
+          "variant 'big': a decode rank's KV pool of 1562499999 pages");
 }
 
 TEST_CASE("sim run replays a trace's rows of 0 output tokens as prefill-only, and says how many") {

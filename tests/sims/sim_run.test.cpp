@@ -1,6 +1,8 @@
 // Issue 8: the sim driver -- roofline step times, trace replay through the production actors
 // under virtual time, deterministic reports, goodput, and faults in virtual time.
 
+#include <unistd.h>
+
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -516,13 +518,16 @@ TEST_CASE("sim config: policy names, SLOs and link rates are refused by validate
   cfg = small_cluster();
   cfg.nic_gbps = -3;  // ran as the default rate, as 0 does
   CHECK(cfg.validate() == "nic_gbps and pcie_gbps must be >= 0 (0: the GPU's own rate)");
-  // 4 ranks of 1,562,499,999 pages of carrier KV (4 KB each): terabytes. The cluster refused it in
-  // `baton local`'s words ("lower --kv-pages"); the sim says it first, naming its own field.
+  // A rank of 1,562,499,999 pages of carrier KV (4 KB each): terabytes in one allocation. The
+  // cluster refused it in `baton local`'s words ("lower --kv-pages"); the sim says it first,
+  // naming its own field. (The pools together are not held to memory: never written, they take
+  // address space only.)
   cfg = small_cluster();
   cfg.kv_tokens = 99'999'999'999;
   const auto e = kv_memory_problem(cfg);
-  CHECK(e.find("4 ranks' KV pools of 1562499999 pages each (99999999999 KV tokens per instance; ") == 0);
-  CHECK(e.find("give a smaller kv_tokens, or fewer instances") != std::string::npos);
+  CHECK_MESSAGE(e.find("a decode rank's KV pool of 1562499999 pages (99999999999 KV tokens per instance; ") == 0, e);
+  CHECK(e.find("in one allocation, more than this machine's") != std::string::npos);
+  CHECK(e.find("give a smaller kv_tokens") != std::string::npos);
   CHECK(e.find("kv-pages") == std::string::npos);
   sim_result r;
   std::string why;
@@ -531,4 +536,9 @@ TEST_CASE("sim config: policy names, SLOs and link rates are refused by validate
   CHECK(why == e);
   cfg.kv_tokens = 0;  // the roofline's capacity: ~850K tokens an H200, about 200 MB of carrier KV in all
   CHECK(kv_memory_problem(cfg).empty());
+  // Pools of 40% of this machine's memory each, 160% together: taken (each is one allocation
+  // that fits; none is written).
+  const uint64_t memory = static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  cfg.kv_tokens = memory * 4 / 10 / 4096 * cfg.page_tokens;
+  CHECK_MESSAGE(kv_memory_problem(cfg).empty(), kv_memory_problem(cfg));
 }
