@@ -156,9 +156,13 @@ double prefill_engine_view::remaining_quota_us() const {
 }
 
 std::string prefill_decision::explain(std::string_view rank_name) const {
-  char head[160], tail[96];
+  char head[192], tail[96];
   std::snprintf(head, sizeof head, "bucket %u%s -> engine %u (remaining quota %.0f us) -> ", bucket,
-                borrowed ? " (borrowed)" : idle_lent ? " (queued: an idle engine of a longer bucket)" : "", engine,
+                borrowed          ? " (borrowed)"
+                : lent_by_shorter ? " (queued: an idle engine of a shorter bucket, which keeps another idle)"
+                : idle_lent       ? " (queued: an idle engine of a longer bucket)"
+                                  : "",
+                engine,
                 engine_remaining_quota_us);
   std::snprintf(tail, sizeof tail, " (predicted load %.0f us); this request %.0f us", rank_predicted_us, predicted_us);
   return head + std::string{rank_name} + tail;
@@ -196,14 +200,32 @@ std::optional<prefill_decision> place_prefill(const bucket_allocator& buckets,
     // Queued behind work: an idle engine of a longer-prompt bucket takes it (the lowest-numbered,
     // a stable choice).
     const auto& owner = buckets.engine_buckets();
-    for (uint32_t e = 0; e < engines.size() && e < owner.size(); ++e) {
-      if (owner[e] <= d.bucket || !usable(e)) continue;
+    const auto idle = [&](uint32_t e) {
       const auto& ranks = engines[e].ranks;
-      if (std::any_of(ranks.begin(), ranks.end(), [&](auto& r) { return r.available && r.predicted_us >= idle_us; })) continue;
+      return usable(e) && !std::any_of(ranks.begin(), ranks.end(), [&](auto& r) { return r.available && r.predicted_us >= idle_us; });
+    };
+    for (uint32_t e = 0; e < engines.size() && e < owner.size(); ++e) {
+      if (owner[e] <= d.bucket || !idle(e)) continue;
       best_engine = e;
       best_rank = least_loaded_rank(e);
       d.idle_lent = true;
       break;
+    }
+    // A long prompt that would wait longer than it computes takes an idle engine of a shorter
+    // bucket, while that bucket keeps another idle one for its own prompts (which then wait
+    // behind nobody): on the Mooncake trace the long-prompt engines queued minutes while the
+    // short ones idled at 40-70% (docs/sims.md, (a)).
+    if (!d.idle_lent && engines[*best_engine].ranks[*best_rank].predicted_us >= d.predicted_us) {
+      std::vector<uint32_t> idle_in(buckets.num_buckets(), 0);
+      for (uint32_t e = 0; e < engines.size() && e < owner.size(); ++e)
+        if (idle(e)) ++idle_in[owner[e]];
+      for (uint32_t e = 0; e < engines.size() && e < owner.size(); ++e) {
+        if (owner[e] >= d.bucket || !idle(e) || idle_in[owner[e]] < 2) continue;
+        best_engine = e;
+        best_rank = least_loaded_rank(e);
+        d.idle_lent = d.lent_by_shorter = true;
+        break;
+      }
     }
   }
   const auto& ev = engines[*best_engine];

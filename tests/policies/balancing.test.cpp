@@ -105,7 +105,8 @@ TEST_CASE("seed prefill: a bucket whose own engines are all unavailable lends it
 }
 
 TEST_CASE("seed prefill: a short prompt that would queue on its bucket's engines takes an idle engine of a "
-          "longer-prompt bucket; a long prompt never takes a short bucket's engine, and nothing moves while its own is idle") {
+          "longer-prompt bucket; a long prompt takes a short bucket's idle engine only while that bucket keeps another "
+          "idle and it would wait longer than it computes; nothing moves while its own engine is idle") {
   auto two = two_buckets(3, {2, 1}, 2e9, 1e9);
   REQUIRE(two.engine_counts() == std::vector<uint32_t>{2, 1});
   const auto long_engine = two.engines_for(1)[0];
@@ -140,6 +141,29 @@ TEST_CASE("seed prefill: a short prompt that would queue on its bucket's engines
   REQUIRE(d);
   CHECK(d->engine == long_engine);
   CHECK_FALSE(d->idle_lent);
+  // Both short engines idle: the short bucket can lend one, but only to a long prompt that would
+  // wait longer than it computes.
+  views[short_b].ranks[0].predicted_us = 0;
+  const double own = gpu_like.prefill_us(500, 0);
+  views[long_engine].ranks[0].predicted_us = own / 2;
+  d = place_prefill(two, views, gpu_like, 500, 0);
+  REQUIRE(d);
+  CHECK(d->engine == long_engine);
+  CHECK_FALSE(d->idle_lent);
+  views[long_engine].ranks[0].predicted_us = 2 * own;
+  d = place_prefill(two, views, gpu_like, 500, 0);
+  REQUIRE(d);
+  CHECK(two.engine_buckets()[d->engine] == 0);
+  CHECK(d->idle_lent);
+  CHECK(d->lent_by_shorter);
+  CHECK(d->explain("prefill-0").find("an idle engine of a shorter bucket, which keeps another idle") != std::string::npos);
+  views[short_b].ranks[0].predicted_us = 1e5;  // one idle short engine left: kept for short prompts
+  views[short_a].ranks[0].predicted_us = 0;
+  d = place_prefill(two, views, gpu_like, 500, 0);
+  REQUIRE(d);
+  CHECK(d->engine == long_engine);
+  CHECK_FALSE(d->idle_lent);
+  views[short_b].ranks[0].predicted_us = 0;
   // An unavailable idle engine lends nothing.
   views[long_engine].ranks[0] = {0, false};
   views[short_a].ranks[0].predicted_us = 3e5;
