@@ -208,10 +208,10 @@ struct decode_balancer_config {
   /// The KV queue's backfill: a waiting request that fits no rank yet lets requests behind it that
   /// do fit take any rank, until this many have passed it; then it keeps room on the rank nearest
   /// to holding it (none pass it there). 0: strict arrival order (vLLM's), where a long sequence
-  /// at the front holds up every short one behind it: on the Mooncake trace (docs/sims.md) that
-  /// took seed placement's TTFT p50 from 1.7 s to 67 s at the same throughput; 512 gives 2.1 s with
-  /// the longest wait no longer than strict order's. Bounded, so a long sequence is not starved
-  /// to its queue timeout (unbounded, the longest wait there was 607 s).
+  /// at the front holds up every short one behind it: on the Mooncake trace's first 600 s
+  /// (docs/sims.md) that took seed placement's TTFT p50 from 1.7 s to 67 s at the same
+  /// throughput; 512 gave 2.1 s, its longest wait 400 s against strict order's 394 s. Bounded, so
+  /// a long sequence is not starved (unbounded, one waited 29 minutes on the whole trace).
   uint32_t kv_queue_max_bypass = 512;
   /// Of each decode rank's KV pages, the share (percent) batch requests leave free for
   /// interactive ones: a batch flood fills the rest, and an interactive request still finds room

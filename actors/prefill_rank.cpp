@@ -494,10 +494,14 @@ void drain_waiting(prefill_pointer self) {
   // Prompts whose superseded attempt still winds down here (its sends, up to their timeout)
   // step aside for the ones behind them, and go back in front after: one used to hold up the
   // whole queue for seconds while pages were free.
+  // They pass no one by stepping aside (pop(false): the batch bypass count stays).
   std::vector<waiting_order> held;
+  // A class with a prompt waiting for a computing one's prefix starts no later prompt of it: they
+  // would take its place in line (the rank runs a class's prompts in the order they start).
+  bool class_held[2] = {false, false};
   while (const auto* w = st.waiting.peek()) {
-    if (st.requests.count(w->order.request_id)) {
-      held.push_back(std::move(*st.waiting.pop()));
+    if (st.requests.count(w->order.request_id) || class_held[w->order.batch_priority]) {
+      held.push_back(std::move(*st.waiting.pop(false)));
       continue;
     }
     const bool split = w->order.part_ranks.size() > 1;
@@ -505,13 +509,14 @@ void drain_waiting(prefill_pointer self) {
     std::vector<store::block_key> keys;
     size_t hit = 0;
     std::vector<uint32_t> shared;
-    if (st.local && !split && !w->order.prompt_logprobs) {  // a scored prompt computes every token
+    if (st.local && !w->keys.empty()) {
       // The rank-local tier first: blocks already in our pages are shared, pinned, not copied.
-      keys = store::chain_keys(st.salt, w->order.tokens, st.store.block_tokens());
+      keys = w->keys;
       const size_t usable = (len - 1) / st.store.block_tokens();  // the last token is computed
       hit = std::min<size_t>(st.local->match(keys), usable);
       if (const auto [more, on] = shared_in_flight(st, keys, hit, usable, w->order.batch_priority); more > 0) {
-        held.push_back(std::move(*st.waiting.pop()));
+        class_held[w->order.batch_priority] = true;
+        held.push_back(std::move(*st.waiting.pop(false)));
         if (!std::exchange(held.back().waits_on_prefix, true))
           st.core.log->add({0, "prefix_wait", held.back().order.request_id, static_cast<uint32_t>(more), 0, {on}, {}});
         continue;
@@ -637,7 +642,11 @@ caf::result<prefill_result> accept_prefill(prefill_pointer self, prefill_order o
                                              " KV pages, this rank has " + std::to_string(local.num_pages) + " in all");
   auto promise = self->make_response_promise<prefill_result>();
   const bool batch = order.batch_priority;
-  st.waiting.push(waiting_order{std::move(order), promise, self->clock().now(), std::move(*grammar)}, batch);
+  waiting_order w{std::move(order), promise, self->clock().now(), std::move(*grammar)};
+  // A scored prompt computes every token; a split part's blocks are not the prompt's from its start.
+  if (st.local && w.order.part_ranks.size() <= 1 && !w.order.prompt_logprobs)
+    w.keys = store::chain_keys(st.salt, w.order.tokens, st.store.block_tokens());
+  st.waiting.push(std::move(w), batch);
   drain_waiting(self);
   schedule_keepalive(self);
   return promise;

@@ -224,6 +224,10 @@ struct waiting_order {
   caf::typed_response_promise<prefill_result> promise;
   caf::actor_clock::time_point arrived_at;
   std::shared_ptr<gpu::grammar_matcher> grammar;  ///< see prefill_job_state::grammar
+  /// The prompt's full blocks' keys for the rank-local tier, made once as it arrives (a held
+  /// prompt is looked at on every drain: SHA-256 over its whole prompt each time); empty without
+  /// the tier, for a split part or a scored prompt.
+  std::vector<store::block_key> keys;
   /// It waits for a prompt computing on this rank that shares its leading blocks (its event is
   /// logged once): see shared_in_flight.
   bool waits_on_prefix = false;

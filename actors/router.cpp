@@ -136,8 +136,8 @@ std::string encode_prompt(const generate_request& req, const gpu::model_config& 
     if (!req.tools_json.empty() && req.output_format == 0 && tokenizer->tool_calls() == gpu::tool_call_format::none)
       return "tools need a model whose chat template asks for tool calls in a form Baton reads (Qwen's and Hermes' "
              "<tool_call> JSON, Qwen3-Coder's <function=...> XML, Llama 3.1's JSON answer, Mistral's [TOOL_CALLS], "
-             "DeepSeek's or Kimi-K2's tool-call tokens), unless the call is forced (tool_choice \"required\" or a "
-             "named function); this model's does not";
+             "DeepSeek's or Kimi-K2's tool-call tokens), unless the answer is constrained (a forced call: "
+             "tool_choice \"required\" or a named function; or a response_format); this model's does not";
     // Whether this chat's answer starts thinking: the request's own template variables decide
     // (DeepSeek-V3.1's `thinking`), not only the model's default.
     if (thinking && tokenizer->reasoning() != gpu::chat_reasoning::none) *thinking = gpu::opens_thinking(text) ? 1 : 2;

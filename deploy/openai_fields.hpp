@@ -30,6 +30,15 @@ inline bool type_is(const nlohmann::json& o, const char* t) {
   return it != o.end() && it->is_string() && it->get_ref<const std::string&>() == t;
 }
 
+/// A request body with each escaped half of a surrogate pair that has no other half ("\ud83d"
+/// alone, from a client that cut a string inside an emoji) written as U+FFFD into `out`; false
+/// when there is none (nlohmann refuses them; Python's and JS's parsers take them).
+bool patch_lone_surrogates(std::string_view body, std::string* out);
+
+/// nlohmann's parse error in words a client can act on: where, and what (never its quote of the
+/// text, which may hold bytes that are no UTF-8).
+std::string parse_error_words(const std::string& what);
+
 /// OpenAI's tools and tool_choice (openai_constraint.cpp): the tools for the template, and a
 /// forced call's constraint.
 bool parse_tools(const nlohmann::json& j, const nlohmann::ordered_json& body, call* out, api_error* err);

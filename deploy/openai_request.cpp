@@ -523,8 +523,6 @@ bool parse_body(std::string_view body, bool chat, const std::string& served_mode
   }
 }
 
-namespace {
-
 /// The body with each escaped half of a surrogate pair that has no other half ("\ud83d" alone:
 /// a JS or Python client that cut a string inside an emoji sends it, and both languages' own
 /// parsers take it) written as U+FFFD, the replacement character, as Python's and JS's decoders
@@ -579,6 +577,8 @@ std::string parse_error_words(const std::string& what) {
   std::replace_if(words.begin(), words.end(), [](char c) { return c < 0x20 || c > 0x7e; }, '?');
   return words;
 }
+
+namespace {
 
 bool parse_checked_body(std::string_view body, bool chat, const std::string& served_model, call* out, api_error* err,
                         const std::vector<std::string>& aliases) {

@@ -22,8 +22,16 @@ bool read_object(std::string_view body, const std::string& served_model, const s
     *err = bad("", "the body nests arrays and objects deeper than " + std::to_string(max_json_depth) + " levels");
     return false;
   }
-  *out = json::parse(body, nullptr, false);
-  if (out->is_discarded() || !out->is_object()) {
+  std::string patched;  // as a call's body is read, so that the count is the call's
+  if (patch_lone_surrogates(body, &patched)) body = patched;
+  try {
+    *out = json::parse(body);
+  } catch (const json::exception& e) {
+    const auto words = parse_error_words(e.what());
+    *err = bad("", "the body is not valid JSON" + (words.empty() ? "" : " (" + words + ")"));
+    return false;
+  }
+  if (!out->is_object()) {
     *err = bad("", "the body must be a JSON object");
     return false;
   }

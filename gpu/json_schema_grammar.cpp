@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gpu/gbnf_grammar.hpp"
+#include "gpu/text_file.hpp"
 #include "gpu/json_schema_numbers.hpp"
 #include "gpu/regex_grammar.hpp"
 
@@ -754,6 +755,13 @@ std::shared_ptr<const grammar> compile_checked(output_format kind, const std::st
   if (kind == output_format::schema) {
     if (text.size() > max_json_schema_text_bytes) {
       *why = "json_schema is " + std::to_string(text.size()) + " bytes; at most " + std::to_string(max_json_schema_text_bytes);
+      return nullptr;
+    }
+    // Parsed and dumped below: nlohmann dumps recursively, and a string of 75,000 brackets (a
+    // 150 KB guided_json, which the body's own depth check does not see inside its string)
+    // overflowed the stack. A schema of max_schema_depth levels nests its JSON about twice that.
+    if (json_nested_deeper_than(text, 4 * max_schema_depth)) {
+      *why = "json_schema nests arrays and objects deeper than " + std::to_string(4 * max_schema_depth) + " levels";
       return nullptr;
     }
     root = json::parse(text, nullptr, false);

@@ -82,13 +82,15 @@ class priority_classes {
     return take_batch() ? &batch_.front() : &interactive_.front();
   }
 
-  std::optional<T> pop() {
+  /// The next item. `counts` false: it steps aside, to be put back (push_front) -- it passes
+  /// no batch item, so the bypass count stays.
+  std::optional<T> pop(bool counts = true) {
     if (empty()) return std::nullopt;
     const bool from_batch = take_batch();
     auto& q = from_batch ? batch_ : interactive_;
     T out = std::move(q.front());
     q.pop_front();
-    bypassed_ = from_batch ? 0 : (batch_.empty() ? 0 : bypassed_ + 1);
+    if (counts) bypassed_ = from_batch ? 0 : (batch_.empty() ? 0 : bypassed_ + 1);
     return out;
   }
 

@@ -32,6 +32,14 @@ TEST_CASE("/tokenize counts a prompt as its completion's usage does, /detokenize
   const auto done = round_trip(port, post("/v1/completions", json{{"prompt", prompt}, {"max_tokens", 1}}.dump()));
   REQUIRE(done.status == 200);
   CHECK(json::parse(done.body)["usage"]["prompt_tokens"] == ids.size());
+  // Half a surrogate pair, escaped: read as U+FFFD by both, so the counts still agree (it was a
+  // 400 at /tokenize alone).
+  const std::string cut = R"({"prompt":"In the beginning \ud83d God")";
+  const auto cut_tok = round_trip(port, post("/tokenize", cut + "}"));
+  REQUIRE_MESSAGE(cut_tok.status == 200, cut_tok.body);
+  const auto cut_done = round_trip(port, post("/v1/completions", cut + R"(,"max_tokens":1})"));
+  REQUIRE_MESSAGE(cut_done.status == 200, cut_done.body);
+  CHECK(json::parse(cut_done.body)["usage"]["prompt_tokens"] == json::parse(cut_tok.body)["count"]);
   // Back to text.
   const auto detok = round_trip(port, post("/detokenize", json{{"tokens", ids}}.dump()));
   REQUIRE_MESSAGE(detok.status == 200, detok.body);

@@ -260,6 +260,11 @@ TEST_CASE("grammar: the schema size bound counts what compiles: titles, descript
   for (int i = 0; i < 3000; ++i) wide["properties"]["property_number_" + std::to_string(i)] = {{"type", "string"}};
   CHECK(compile(wide.dump(), &why) == nullptr);
   CHECK_MESSAGE(why.find("bytes without its titles, descriptions and examples; at most 65536") != std::string::npos, why);
+  // 400,000 brackets inside a guided_json string (the body's depth check does not see them):
+  // refused before the parse, not dumped recursively until the stack overflows (a review).
+  const std::string deep = std::string(400000, '[') + std::string(400000, ']');
+  CHECK(compile(deep, &why) == nullptr);
+  CHECK_MESSAGE(why.find("nests arrays and objects deeper than 256 levels") != std::string::npos, why);
 }
 
 TEST_CASE("grammar: the process-wide cache gives the same grammar for the same schema and kind, and keeps no failures") {
