@@ -84,6 +84,16 @@ uint32_t need_tokens(const place_query& q, const rank_load& r) {
   return std::min(q.total_tokens, q.new_tokens + q.cached_tokens + r.on_demand_headroom_tokens);
 }
 
+/// Whether rank `i` takes the query while ranks are `held` for requests ahead (none: empty),
+/// and the pages it may use there: on a rank a batch request waits for, the kept ones only.
+std::optional<uint32_t> room_for(const decode_balancer_state& st, const place_query& q, const std::vector<hold>& held,
+                                 size_t i) {
+  const hold h = i < held.size() ? held[i] : hold::none;
+  if (!st.registry.open(i) || h == hold::all || (h == hold::batch && is_batch(q))) return std::nullopt;
+  const auto& r = st.registry.loads[i];
+  return h == hold::batch ? std::min(r.num_free_pages, kept(st, r)) : free_for(st, q, r);
+}
+
 /// A charge on rank `name` taken back: its sequence never comes (expired, or its request gave
 /// its placement up).
 void take_back(decode_balancer_state& st, const std::string& name, const decode_balancer_state::charge& c) {
@@ -125,15 +135,8 @@ std::optional<decode_placement> try_place(pointer self, const place_query& q, co
   auto& st = self->state;
   expire_charges(self);
   const auto& loads = st.registry.loads;
-  const auto held_as = [&](size_t i) { return i < held.size() ? held[i] : hold::none; };
-  const auto open = [&](size_t i) {
-    return st.registry.open(i) && held_as(i) != hold::all && !(held_as(i) == hold::batch && is_batch(q));
-  };
-  // The pages rank i has for this query: on a rank a batch request waits for, the kept ones only.
-  const auto free_pages = [&](size_t i) {
-    const auto& r = loads[i];
-    return held_as(i) == hold::batch ? std::min(r.num_free_pages, kept(st, r)) : free_for(st, q, r);
-  };
+  const auto open = [&](size_t i) { return room_for(st, q, held, i).has_value(); };
+  const auto free_pages = [&](size_t i) { return room_for(st, q, held, i).value_or(0); };
   std::optional<size_t> pick;
   std::string why;
   switch (st.policy) {
@@ -278,10 +281,9 @@ void serve(pointer self) {
   // each backfilled, went through try_place on every arrival and report: 66% slower in a sim).
   const auto fits_somewhere = [&](const place_query& q) {
     for (size_t i = 0; i < held.size(); ++i) {
-      if (!st.registry.open(i) || held[i] == hold::all || (held[i] == hold::batch && is_batch(q))) continue;
       const auto& r = st.registry.loads[i];
-      const uint32_t ps = page_size(st, r), pages = (need_tokens(q, r) + ps - 1) / ps;
-      if ((held[i] == hold::batch ? std::min(r.num_free_pages, kept(st, r)) : free_for(st, q, r)) >= pages) return true;
+      const uint32_t ps = page_size(st, r);
+      if (room_for(st, q, held, i).value_or(0) >= (need_tokens(q, r) + ps - 1) / ps) return true;
     }
     return false;
   };

@@ -370,22 +370,17 @@ bool constant_time_equal(std::string_view a, std::string_view b) {
 }
 
 bool percent_decode(std::string_view in, std::string* out) {
-  auto hex = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-  };
   out->clear();
   for (size_t i = 0; i < in.size(); ++i) {
     if (in[i] != '%') {
       out->push_back(in[i]);
       continue;
     }
-    if (i + 2 >= in.size()) return false;
-    const int hi = hex(in[i + 1]), lo = hex(in[i + 2]);
-    if (hi < 0 || lo < 0) return false;
-    out->push_back(static_cast<char>(hi * 16 + lo));
+    unsigned byte = 0;  // two hex digits, no sign (from_chars takes none for an unsigned)
+    const auto r = i + 2 < in.size() ? std::from_chars(in.data() + i + 1, in.data() + i + 3, byte, 16)
+                                     : std::from_chars_result{nullptr, std::errc::invalid_argument};
+    if (r.ec != std::errc{} || r.ptr != in.data() + i + 3) return false;
+    out->push_back(static_cast<char>(byte));
     i += 2;
   }
   return true;

@@ -30,14 +30,12 @@ inline bool type_is(const nlohmann::json& o, const char* t) {
   return it != o.end() && it->is_string() && it->get_ref<const std::string&>() == t;
 }
 
-/// A request body with each escaped half of a surrogate pair that has no other half ("\ud83d"
-/// alone, from a client that cut a string inside an emoji) written as U+FFFD into `out`; false
-/// when there is none (nlohmann refuses them; Python's and JS's parsers take them).
-bool patch_lone_surrogates(std::string_view body, std::string* out);
-
-/// nlohmann's parse error in words a client can act on: where, and what (never its quote of the
-/// text, which may hold bytes that are no UTF-8).
-std::string parse_error_words(const std::string& what);
+/// A request body read as every route reads one: nested at most max_json_depth, each escaped
+/// half of a surrogate pair that has no other half ("\ud83d" alone, from a client that cut a
+/// string inside an emoji) read as U+FFFD, as Python's and JS's parsers read it (`body` then
+/// views `storage`, the patched text), and a JSON object; else false, and `err` says where the
+/// text went wrong, without quoting it (it may hold bytes that are no UTF-8).
+bool read_json_body(std::string_view* body, std::string* storage, nlohmann::json* out, api_error* err);
 
 /// OpenAI's tools and tool_choice (openai_constraint.cpp): the tools for the template, and a
 /// forced call's constraint.

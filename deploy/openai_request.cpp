@@ -523,6 +523,8 @@ bool parse_body(std::string_view body, bool chat, const std::string& served_mode
   }
 }
 
+namespace {
+
 /// The body with each escaped half of a surrogate pair that has no other half ("\ud83d" alone:
 /// a JS or Python client that cut a string inside an emoji sends it, and both languages' own
 /// parsers take it) written as U+FFFD, the replacement character, as Python's and JS's decoders
@@ -578,21 +580,16 @@ std::string parse_error_words(const std::string& what) {
   return words;
 }
 
-namespace {
+}  // namespace
 
-bool parse_checked_body(std::string_view body, bool chat, const std::string& served_model, call* out, api_error* err,
-                        const std::vector<std::string>& aliases) {
-  *out = call{};
-  out->chat = chat;
-  std::string patched;
-  if (patch_lone_surrogates(body, &patched)) body = patched;
-  if (nested_too_deep(body)) {
+bool read_json_body(std::string_view* body, std::string* storage, json* out, api_error* err) {
+  if (patch_lone_surrogates(*body, storage)) *body = *storage;
+  if (nested_too_deep(*body)) {
     *err = bad("", "the body nests arrays and objects deeper than " + std::to_string(max_json_depth) + " levels");
     return false;
   }
-  json j;
   try {
-    j = json::parse(body);
+    *out = json::parse(*body);
   } catch (const json::out_of_range& e) {
     // nlohmann's 406, "number overflow parsing '1e400'": valid JSON, but past a double's range.
     // Told apart so that the client looks at the number, not at the syntax.
@@ -606,10 +603,22 @@ bool parse_checked_body(std::string_view body, bool chat, const std::string& ser
     *err = bad("", "the body is not valid JSON" + (words.empty() ? "" : " (" + words + ")"));
     return false;
   }
-  if (!j.is_object()) {
+  if (!out->is_object()) {
     *err = bad("", "the body must be a JSON object");
     return false;
   }
+  return true;
+}
+
+namespace {
+
+bool parse_checked_body(std::string_view body, bool chat, const std::string& served_model, call* out, api_error* err,
+                        const std::vector<std::string>& aliases) {
+  *out = call{};
+  out->chat = chat;
+  std::string patched;  // the body as read (read_json_body), which `body` may view from here on
+  json j;
+  if (!read_json_body(&body, &patched, &j, err)) return false;
   if (!string_field(j, "model", &out->model, err)) return false;
   if (!out->model.empty() && out->model != served_model &&
       std::find(aliases.begin(), aliases.end(), out->model) == aliases.end()) {

@@ -18,23 +18,8 @@ namespace {
 /// The body as a JSON object, and its model one this gateway serves; false and `err` otherwise.
 bool read_object(std::string_view body, const std::string& served_model, const std::vector<std::string>& aliases,
                  json* out, api_error* err) {
-  if (nested_too_deep(body)) {
-    *err = bad("", "the body nests arrays and objects deeper than " + std::to_string(max_json_depth) + " levels");
-    return false;
-  }
-  std::string patched;  // as a call's body is read, so that the count is the call's
-  if (patch_lone_surrogates(body, &patched)) body = patched;
-  try {
-    *out = json::parse(body);
-  } catch (const json::exception& e) {
-    const auto words = parse_error_words(e.what());
-    *err = bad("", "the body is not valid JSON" + (words.empty() ? "" : " (" + words + ")"));
-    return false;
-  }
-  if (!out->is_object()) {
-    *err = bad("", "the body must be a JSON object");
-    return false;
-  }
+  std::string storage;  // as a call's body is read, so that the count is the call's
+  if (!read_json_body(&body, &storage, out, err)) return false;
   if (auto m = out->find("model"); m != out->end() && !m->is_null()) {
     const bool known = m->is_string() && (*m == served_model || std::find(aliases.begin(), aliases.end(), *m) != aliases.end());
     if (!known) {

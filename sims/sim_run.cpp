@@ -210,6 +210,15 @@ std::string kv_memory_problem(const sim_config& cfg) {
   if (auto e = cfg.validate(); !e.empty()) return e;
   const auto shape = *named_model(cfg.model);
   const auto roofs = rooflines_of(cfg, shape);
+  // Each rank's pool is carrier KV, allocated and never written (the modelled executors write no
+  // KV, the modelled links move no bytes): it takes address space, not memory, so the pools are
+  // not held to this machine's memory together (local_cluster_config::kv_pools_untouched; the
+  // expert-parallel split, whose pools add up to 50 GB, peaked at 118 MB). Each is still one
+  // allocation, which the kernel refuses past its memory.
+  const auto lay = gpu::model_kv_layout(carrier_model(shape, cfg), 1, cfg.page_tokens);
+  const long double page_bytes = static_cast<long double>(lay.page_bytes()) * lay.num_layers;
+  const long double memory =
+      static_cast<long double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<long double>(::sysconf(_SC_PAGESIZE));
   for (const auto& [roof, gpu, is_prefill] :
        {std::tuple{&roofs.decode, cfg.decode_gpu, false}, std::tuple{&roofs.prefill, cfg.prefill_gpu, true}}) {
     if (is_prefill && cfg.colocated) continue;  // no prefill pool
@@ -217,29 +226,15 @@ std::string kv_memory_problem(const sim_config& cfg) {
     if (pages > UINT32_MAX)
       return "an instance's " + std::to_string(tokens) + " KV tokens (" + instance_of(cfg, *roof, gpu) + ") make " +
              std::to_string(pages) + " pages of " + std::to_string(cfg.page_tokens) + ", more than a rank counts (4294967295)";
-  }
-  // Each rank's pool is carrier KV, allocated and never written (the modelled executors write no
-  // KV, the modelled links move no bytes): it takes address space, not memory, so the pools are
-  // not held to this machine's memory together (local_cluster_config::kv_pools_untouched; the
-  // expert-parallel split, whose pools add up to 50 GB, peaked at 118 MB). Each is still one
-  // allocation, which the kernel refuses past its memory.
-  const auto carrier = carrier_model(shape, cfg);
-  const auto lay = gpu::model_kv_layout(carrier, 1, cfg.page_tokens);
-  const uint64_t page_bytes = lay.page_bytes() * lay.num_layers;
-  const long double memory_mib =
-      static_cast<long double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<long double>(::sysconf(_SC_PAGESIZE)) / (1 << 20);
-  for (const auto& [roof, gpu, is_prefill] :
-       {std::tuple{&roofs.decode, cfg.decode_gpu, false}, std::tuple{&roofs.prefill, cfg.prefill_gpu, true}}) {
-    if (is_prefill && cfg.colocated) continue;
-    const uint64_t tokens = kv_tokens_of(cfg, *roof), pages = tokens / cfg.page_tokens;
-    if (gpu::kv_pools_fit_memory(carrier, pages, cfg.page_tokens, 1).empty()) continue;
+    if (memory <= 0 || pages * page_bytes <= memory) continue;  // memory unknown: nothing to compare with
     char sizes[96];
     std::snprintf(sizes, sizeof sizes, "%.0Lf MiB in one allocation, more than this machine's %.0Lf MiB",
-                  static_cast<long double>(pages) * page_bytes / (1 << 20), memory_mib);
+                  pages * page_bytes / (1 << 20), memory / (1 << 20));
     return std::string{is_prefill ? "a prefill" : "a decode"} + " rank's KV pool of " + std::to_string(pages) +
            " pages (" + std::to_string(tokens) + " KV tokens per instance" +
            (cfg.kv_tokens ? std::string{} : ", the HBM " + instance_of(cfg, *roof, gpu) + " leaves") + "; " +
-           std::to_string(page_bytes) + " bytes of carrier KV a page) needs " + sizes + ": give a smaller kv_tokens";
+           std::to_string(static_cast<uint64_t>(page_bytes)) + " bytes of carrier KV a page) needs " + sizes +
+           ": give a smaller kv_tokens";
   }
   return {};
 }

@@ -38,9 +38,7 @@ TEST_CASE("store: a prefix loaded from the store gives the same tokens and logit
   CHECK(again->tokens == first->tokens);
 
   // A longer prompt sharing the 3 blocks, its own last block partial (120 tokens).
-  auto longer = p;
-  const auto tail = prompt_tokens(cfg, 20, 9);
-  longer.insert(longer.end(), tail.begin() + 1, tail.end());
+  auto longer = extended(cfg, p, 20, 9);
   REQUIRE(longer.size() == 120);
   auto ext = t.generate(cluster.router, request_for(longer));
   REQUIRE_MESSAGE(ext, t.sys.render(ext.error()));
@@ -318,9 +316,7 @@ TEST_CASE("store: the rank-local tier shares a finished prompt's full blocks wit
   CHECK(first->local_cached_tokens == 0);
   // A second prompt sharing the first 3 blocks, on the same (only) prefill rank: its prefix is
   // already in the rank's pages. No store read is needed (the store may not even have it yet).
-  auto longer = p;
-  const auto tail = prompt_tokens(cfg, 20, 7);
-  longer.insert(longer.end(), tail.begin() + 1, tail.end());
+  auto longer = extended(cfg, p, 20, 7);
   auto second = t.generate(cluster.router, request_for(longer));
   REQUIRE_MESSAGE(second, t.sys.render(second.error()));
   CHECK(second->local_cached_tokens == 96);
@@ -351,12 +347,7 @@ TEST_CASE("store: prompts that arrive together with one prefix compute it once: 
   test::cluster_system::stopper stop{t, cluster};
   const auto p = prompt_tokens(cfg, 99, 12);  // 3 full blocks of 32, then 3 tokens
   std::vector<std::vector<int32_t>> prompts;
-  for (char seed = 0; seed < 4; ++seed) {
-    auto longer = p;
-    const auto tail = prompt_tokens(cfg, 20, static_cast<char>(30 + seed));
-    longer.insert(longer.end(), tail.begin() + 1, tail.end());
-    prompts.push_back(std::move(longer));
-  }
+  for (char seed = 30; seed < 34; ++seed) prompts.push_back(extended(cfg, p, 20, seed));
   caf::scoped_actor self{t.sys};
   std::vector<decltype(self->request(cluster.router, std::chrono::seconds{60}, generate_atom::value, generate_request{}))> sent;
   for (const auto& prompt : prompts)
@@ -420,9 +411,7 @@ TEST_CASE("store: blocks a prompt found in the rank-local tier but not in the st
   auto first = request_for(p);
   first.traffic_class = "batch";  // never written to the store, yet its 3 blocks stay on the rank
   REQUIRE(t.generate(cluster.router, first));
-  auto longer = p;
-  const auto tail = prompt_tokens(cfg, 40, 11);
-  longer.insert(longer.end(), tail.begin() + 1, tail.end());
+  auto longer = extended(cfg, p, 40, 11);
   auto second = t.generate(cluster.router, request_for(longer));
   REQUIRE_MESSAGE(second, t.sys.render(second.error()));
   CHECK(second->local_cached_tokens == 96);
@@ -461,9 +450,7 @@ TEST_CASE("store: cache-affinity routing sends a prompt to the prefill rank whos
     const auto p = prompt_tokens(cfg, 99, 8);
     auto first = t.generate(cluster.router, request_for(p));
     REQUIRE(first);
-    auto longer = p;
-    const auto tail = prompt_tokens(cfg, 20, 9);
-    longer.insert(longer.end(), tail.begin() + 1, tail.end());
+    auto longer = extended(cfg, p, 20, 9);
     auto second = t.generate(cluster.router, request_for(longer));
     REQUIRE_MESSAGE(second, t.sys.render(second.error()));
     check_equal(*second, reference(cfg, longer));

@@ -57,6 +57,14 @@ inline std::vector<int32_t> prompt_tokens(const local_cluster_config& cfg, size_
   return gpu::byte_tokenizer{cfg.model.bos_token_id, cfg.model.eos_token_id}.encode(text);
 }
 
+/// `p` followed by n more bytes of text (prompt_tokens' with `seed`, its <bos> left out): a
+/// longer prompt that shares p's blocks.
+inline std::vector<int32_t> extended(const local_cluster_config& cfg, std::vector<int32_t> p, size_t n, char seed) {
+  const auto tail = prompt_tokens(cfg, n, seed);
+  p.insert(p.end(), tail.begin() + 1, tail.end());
+  return p;
+}
+
 inline generate_request request_for(const std::vector<int32_t>& tokens) {
   generate_request req;
   req.prompt_tokens = tokens;
