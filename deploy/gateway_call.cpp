@@ -231,7 +231,7 @@ bool hold_for_key(const api_key_ptr& key, uint32_t choices, call_state* cs, open
           whose + " has " + std::to_string(had) + " generations in flight at this gateway, its limit is " +
               std::to_string(limit) + " (max_in_flight); this call asks for " + std::to_string(choices) +
               " more: retry when some have ended",
-          "invalid_request_error", {}, "rate_limit_exceeded"};
+          "requests", {}, "rate_limit_exceeded"};
   return false;
 }
 

@@ -59,7 +59,9 @@ openai::api_error api_error_of(int status, std::string message) {
                                        message.find("the largest decode rank holds") != std::string::npos)
                          ? "context_length_exceeded"
                          : "";
-  return {status, std::move(message), status < 500 ? "invalid_request_error" : "server_error", std::move(param), std::move(code)};
+  // A 429 (the cluster's admission limit) is a limit on requests, OpenAI's type for one.
+  const char* type = status == 429 ? "requests" : status < 500 ? "invalid_request_error" : "server_error";
+  return {status, std::move(message), type, std::move(param), std::move(code)};
 }
 
 }  // namespace baton::deploy

@@ -263,9 +263,13 @@ json completion_object(const call& c, const std::vector<completion>& choices, co
       // Read as its stream is (answer_reader), so whole and streamed answers agree.
       const auto parts = answer_reader{c, done.prompt_thinking}.feed(done.text, true);
       json message = {{"role", "assistant"}, {"content", parts.content}, {"refusal", nullptr}};
+      // No text besides calls, a forced call (even one cut before its name) or reasoning: null,
+      // as OpenAI and vLLM answer, so `content is None` tells a client there is nothing to show.
+      const bool forced = !c.forced_tool.empty() || c.forced_calls;
+      if (parts.content.empty() && (!parts.tool_calls.empty() || forced || !parts.reasoning.empty()))
+        message["content"] = nullptr;
       if (c.separate_reasoning) message["reasoning_content"] = parts.reasoning.empty() ? json(nullptr) : json(parts.reasoning);
       if (!parts.tool_calls.empty()) {
-        if (parts.content.empty()) message["content"] = nullptr;
         message["tool_calls"] = tool_calls_json(c, parts.tool_calls, id, i, false);
         // A cut answer says so: by max_tokens, or a stop string inside a forced call's JSON.
         if (done.finish_reason != "length" && !parts.cut) choice["finish_reason"] = "tool_calls";

@@ -160,6 +160,7 @@ TEST_CASE("named API keys over HTTP: a key past its max_in_flight gets 429 namin
     CHECK(second.head.find("Retry-After: 1") != std::string::npos);
     const auto err = json::parse(second.body)["error"];
     CHECK(err["code"] == "rate_limit_exceeded");
+    CHECK(err["type"] == "requests");  // OpenAI's type for a limit on requests, not invalid_request_error
     CHECK_MESSAGE(err["message"].get<std::string>().find("the API key 'team-a' has 1 generations in flight at this "
                                                          "gateway, its limit is 1") != std::string::npos,
                   second.body);
@@ -359,6 +360,7 @@ TEST_CASE("a key's budgets over HTTP: a streamed call whose client goes spends t
   const auto refused = round_trip(port, post("/v1/completions", R"({"prompt":"In","max_tokens":2})", "sk-calls-0001"));
   CHECK(refused.status == 429);
   CHECK(json::parse(refused.body)["error"]["code"] == "overloaded");
+  CHECK(json::parse(refused.body)["error"]["type"] == "requests");
   ::close(busy);
   const std::string limited = "baton_api_key_budget_limited_total{key=\"calls\",budget=\"requests_per_minute\"}";
   http_answer ok;

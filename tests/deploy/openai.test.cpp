@@ -553,6 +553,13 @@ TEST_CASE("a thinking model's chat answer: reasoning_content up to the first </t
   message = json::parse(deploy::openai::completion_json(c, done, "id", 0))["choices"][0]["message"];
   CHECK(message["reasoning_content"] == "hmm");
   CHECK(message["content"] == "Yes.");
+  done.text = "hmm, still";  // cut while thinking: no content at all (null), as vLLM answers
+  done.finish_reason = "length";
+  message = json::parse(deploy::openai::completion_json(c, done, "id", 0))["choices"][0]["message"];
+  CHECK(message["reasoning_content"] == "hmm, still");
+  CHECK(message["content"].is_null());
+  done.text = "hmm</think>Yes.";
+  done.finish_reason = "eos";
   // Streamed: the delta carries what the splitter told apart; the first has the role.
   stream_chunk chunk;
   chunk.text = "ignored when split";

@@ -154,6 +154,14 @@ TEST_CASE("structured outputs: response_format and a forced tool_choice become a
     CHECK(unnamed.tool_calls.empty());
     CHECK_FALSE(unnamed.called);
   }
+  {  // ... whose whole answer has content null (no text to show), as OpenAI's and vLLM's have
+    completion done;
+    done.text = R"([ { "n)";
+    done.finish_reason = "length";
+    const auto message = json::parse(deploy::openai::completion_json(required, done, "id", 0))["choices"][0]["message"];
+    CHECK(message["content"].is_null());
+    CHECK_FALSE(message.contains("tool_calls"));
+  }
   // After a thinking block the prompt opened: with separate_reasoning the thinking is
   // reasoning_content; without it, content as generated (</think> and the blank lines too).
   // Either way the JSON after it is the call, streamed in any pieces or whole.
