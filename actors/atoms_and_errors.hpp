@@ -102,6 +102,9 @@ enum class errc : uint8_t {
   cancelled,          ///< fatal: the client cancelled the request or went away
   overloaded,         ///< retryable: the cluster is at its admission limit; retry after a moment
   shutting_down,      ///< retryable: the router is draining (its head stops); retry on another cluster or later
+  /// retryable: the cluster's head (its router) went away mid-call, as a gateway on another
+  /// process sees it; not a rank's failure, which rank_unavailable names.
+  router_unavailable,
 };
 std::string to_string(errc x);
 bool is_retryable(errc x);

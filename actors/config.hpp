@@ -249,6 +249,16 @@ struct decode_rank_config {
   /// Hybrid PD: prompts prefilled on this rank run in chunks of at most this many tokens, one
   /// chunk per decode step (riding in the same batch), so running sequences keep stepping.
   uint32_t local_prefill_chunk_tokens = 256;
+  /// Speculative decoding by prompt lookup (vLLM's "ngram" method; gpu/prompt_lookup.hpp): in
+  /// each step a sequence whose last tokens occurred earlier in its prompt or answer also runs up
+  /// to this many of the tokens that followed them, as drafts, and keeps those the model picks
+  /// itself, so one step may give several tokens. The tokens are the ones it gives without (a
+  /// pick depends only on its row's logits, which do not depend on what shares the step, and on
+  /// (seed, position)). 0 = off. Constrained answers and requests for logits step one token at a
+  /// time; executors that cannot pick after every row (CUDA) never speculate.
+  uint32_t speculative_tokens = 0;
+  uint32_t prompt_lookup_min = 2;  ///< shortest n-gram looked up
+  uint32_t prompt_lookup_max = 4;  ///< longest n-gram looked up (preferred)
   /// Host memory for preempted sequences, in pages (each page with all its layers): when a KV
   /// reservation finds too few free pages, running sequences are offloaded here (youngest first)
   /// and resumed, bit-identically, when pages free up. 0 = off (the reservation fails instead).
@@ -291,6 +301,10 @@ struct decode_rank_config {
       return "decode on_demand_headroom_tokens needs host_offload_pages > 0 (preempted sequences wait there)";
     if (max_batch_size == 0) return "decode max_batch_size must be >= 1";
     if (local_prefill_chunk_tokens == 0) return "decode local_prefill_chunk_tokens must be >= 1";
+    if (speculative_tokens > 16) return "decode speculative_tokens must be at most 16, got " + std::to_string(speculative_tokens);
+    if (prompt_lookup_min == 0 || prompt_lookup_min > prompt_lookup_max || prompt_lookup_max > 64)
+      return "decode prompt_lookup_min and prompt_lookup_max must satisfy 1 <= min <= max <= 64, got " +
+             std::to_string(prompt_lookup_min) + " and " + std::to_string(prompt_lookup_max);
     return {};
   }
 };

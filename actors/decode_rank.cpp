@@ -19,6 +19,7 @@
 #include "store/block_key.hpp"
 #include "store/staging_pool.hpp"
 #include "gpu/executor.hpp"
+#include "gpu/prompt_lookup.hpp"
 #include "gpu/sampling.hpp"
 #include "transport/transport.hpp"
 
@@ -38,6 +39,15 @@ bool on_demand(const decode_state& st) { return st.cfg.on_demand_headroom_tokens
 /// On demand, pages kept free for running sequences to grow into (vLLM's 1% watermark).
 uint32_t watermark_pages(const decode_state& st) {
   return on_demand(st) ? policies::on_demand_watermark_pages(st.core.exec->kv().layout().num_pages) : 0;
+}
+
+/// Pages held out of the pool for late writers: quarantined leases', and freed leases' still being
+/// checked or expanded on the worker.
+uint32_t quarantined_pages(const decode_state& st) {
+  size_t n = 0;
+  for (const auto& [id, q] : st.quarantine) n += q.pages.size();
+  for (const auto& [id, pages] : st.held_pages) n += pages.size();
+  return static_cast<uint32_t>(n);
 }
 
 void report_load(decode_pointer self) {
@@ -65,6 +75,9 @@ void report_load(decode_pointer self) {
   load.migrate_failed = st.migrate_failed;
   load.blocks_written_back = st.blocks_written_back;
   load.write_backs_dropped = st.write_backs_dropped;
+  load.drafted_tokens = st.drafted_tokens;
+  load.accepted_tokens = st.accepted_tokens;
+  load.quarantined_pages = quarantined_pages(st);
   if (on_demand(st))  // the watermark is the running sequences' room to grow, not a newcomer's
     load.num_free_pages = load.num_free_pages > watermark_pages(st) ? load.num_free_pages - watermark_pages(st) : 0;
   self->send(st.balancer, load_atom::value, std::move(load), caf::actor_cast<decode_rank_actor>(self));
@@ -210,6 +223,47 @@ bool has_page_for_next(const decode_state& st, const running_seq& s) {
   return st.core.exec->kv().pages_for_tokens(s.pos + 1) <= st.leases.at(s.lease_id).pages.size();
 }
 
+/// Speculative decoding: the drafts a running sequence runs after its input this step, as many
+/// as its pages hold and its answer may still take beyond the step's own pick; none for answers
+/// held to a grammar or returning logits (those need each pick's state before the next row).
+std::vector<int32_t> drafts_for(const decode_state& st, const running_seq& s, const lease& l) {
+  const auto& cfg = st.cfg;
+  if (cfg.speculative_tokens == 0 || !st.core.exec->picks_every_row() || l.grammar || l.order.return_logits) return {};
+  const uint32_t left = l.order.max_new_tokens > s.num_generated + 1 ? l.order.max_new_tokens - s.num_generated - 1 : 0;
+  uint32_t most = std::min(cfg.speculative_tokens, left);
+  const auto& kv = st.core.exec->kv();
+  while (most > 0 && kv.pages_for_tokens(s.pos + 1 + most) > l.pages.size()) --most;  // on demand: no page taken for a guess
+  if (most == 0) return {};
+  // The history: the prompt (and any output before a failover or a move), what was fed here,
+  // and this step's input.
+  std::vector<int32_t> history;
+  history.reserve(l.order.prompt_tokens.size() + l.fed.size() + 1);
+  history.insert(history.end(), l.order.prompt_tokens.begin(), l.order.prompt_tokens.end());
+  history.insert(history.end(), l.fed.begin(), l.fed.end());
+  history.push_back(s.next_input);
+  return gpu::propose_by_lookup(history, cfg.prompt_lookup_min, cfg.prompt_lookup_max, most);
+}
+
+/// A running sequence's row of a decode step: its input, then any drafts, each row with the pick
+/// after it (by position: the draw depends on (seed, position), and the penalties read every
+/// token before it, drafts included, as they would once accepted).
+gpu::forward_seq step_row(const running_seq& s, const lease& l, const std::vector<int32_t>& drafts) {
+  gpu::forward_seq seq{l.request_id, {s.next_input}, s.pos, l.pages, l.order.return_logits};
+  seq.tokens.insert(seq.tokens.end(), drafts.begin(), drafts.end());
+  const auto pick_after = [&](size_t row) {  // the pick after row `row`, at position s.pos + row + 1
+    auto pick = sampling_at(l.order, s.pos + static_cast<uint32_t>(row) + 1, l.grammar);
+    if (pick.cfg.penalised()) {  // every token before the one sampled: prompt, what was fed, the rows up to this one
+      pick.history = l.order.prompt_tokens;
+      pick.history.insert(pick.history.end(), l.fed.begin(), l.fed.end());
+      pick.history.insert(pick.history.end(), seq.tokens.begin(), seq.tokens.begin() + static_cast<ptrdiff_t>(row) + 1);
+    }
+    return pick;
+  };
+  for (size_t r = 0; r < drafts.size(); ++r) seq.row_samples.push_back(pick_after(r));
+  seq.sample = pick_after(drafts.size());  // the executor picks the next token: greedy rows' logits then stay on the device
+  return seq;
+}
+
 void maybe_step(decode_pointer self) {
   auto& st = self->state;
   take_for_migration(self);  // draining (elastic): sequences leave between steps
@@ -231,26 +285,23 @@ void maybe_step(decode_pointer self) {
   }
   gpu::forward_job job{++st.last_job, {}, gpu::forward_job::decode};
   st.step_leases.clear();
+  st.step_drafts.clear();
   st.step_chunks.clear();
   rank_event ev{0, "step", 0, 0, 0, {}, {}};
   // When more sequences wait than one step takes, start each step where the last one stopped,
   // so every sequence advances in turn.
   const size_t n = std::min<size_t>(st.batch.size(), st.cfg.max_batch_size);
   const size_t first = st.batch.size() > n ? st.batch_cursor % st.batch.size() : 0;
+  size_t rows = n;  // decode rows, drafts included (they count in the step's token budget)
   for (size_t k = 0; k < n; ++k) {
     const auto& s = st.batch[(first + k) % st.batch.size()];
     if (!has_page_for_next(st, s)) continue;  // on demand, with host memory full: waits for a page
     const auto& l = st.leases.at(s.lease_id);
-    // The executor picks the next token: greedy rows' logits then stay on the device.
-    gpu::forward_seq seq{l.request_id, {s.next_input}, s.pos, l.pages, l.order.return_logits};
-    seq.sample = sampling_at(l.order, s.pos + 1, l.grammar);
-    if (seq.sample->cfg.penalised()) {  // every token before the one sampled: prompt, what was fed, this input
-      seq.sample->history = l.order.prompt_tokens;
-      seq.sample->history.insert(seq.sample->history.end(), l.fed.begin(), l.fed.end());
-      seq.sample->history.push_back(s.next_input);
-    }
-    job.seqs.push_back(std::move(seq));
+    auto drafts = drafts_for(st, s, l);
+    rows += drafts.size();
+    job.seqs.push_back(step_row(s, l, drafts));
     st.step_leases.push_back(s.lease_id);
+    st.step_drafts.push_back(std::move(drafts));
     ev.batch_requests.push_back(l.request_id);
     ev.batch_contexts.push_back(s.pos + 1);
   }
@@ -262,7 +313,7 @@ void maybe_step(decode_pointer self) {
   // the next prompts'. So a prompt delays each step by at most a budget, never by a whole prompt.
   // The chunks get at least an eighth of the budget, so a full batch cannot starve prompts.
   const uint32_t budget = st.cfg.local_prefill_chunk_tokens;
-  uint32_t left = std::max<uint32_t>(budget > n ? budget - static_cast<uint32_t>(n) : 0, std::max(1u, budget / 8));
+  uint32_t left = std::max<uint32_t>(budget > rows ? budget - static_cast<uint32_t>(rows) : 0, std::max(1u, budget / 8));
   for (auto& p : st.local_prefills) {
     if (left == 0) break;
     if (p.next_pos == 0 && running >= st.cfg.max_batch_size) break;  // no room to start another
@@ -394,6 +445,58 @@ void finish_seq(decode_pointer self, uint64_t lease_id, const std::string& reaso
   free_lease(self, lease_id);
 }
 
+/// Ends a running sequence with an error (its request fails over or gives up, by `code`).
+void fail_seq(decode_pointer self, uint64_t lease_id, errc code, const std::string& what) {
+  auto& st = self->state;
+  auto& l = st.leases.at(lease_id);
+  l.promise.deliver(make_error(code, where(l.request_id, st.cfg.name, "decode") + ": " + what));
+  std::erase_if(st.batch, [&](const running_seq& x) { return x.lease_id == lease_id; });
+  free_lease(self, lease_id);
+}
+
+/// A running sequence's next token, picked after its input `s.next_input`: fed, checked against
+/// its grammar and stop conditions, streamed. False when the sequence ended (finished or failed)
+/// with it; otherwise the token is the next input.
+bool take_token(decode_pointer self, uint64_t lease_id, lease& l, int32_t tok, gpu::token_logprobs* lp,
+                std::vector<float>* logits) {
+  auto& st = self->state;
+  auto s = std::find_if(st.batch.begin(), st.batch.end(), [&](auto& x) { return x.lease_id == lease_id; });
+  if (s == st.batch.end()) return false;
+  const auto eos = st.core.exec->config().eos_token_id;
+  l.fed.push_back(s->next_input);  // its KV is now at position s->pos
+  if (l.grammar && !l.grammar->accept(tok)) {
+    // The executor picks among the tokens the grammar allows, so this never happens; if it
+    // did, the answer could not be kept to its grammar: it fails rather than go on unchecked.
+    fail_seq(self, lease_id, errc::executor_failed, "token " + std::to_string(tok) + " strays from the answer's grammar");
+    return false;
+  }
+  // (Not for the answer's last token: nothing more is walked, and the answer is whole.)
+  const bool last = (tok == eos && !l.order.ignore_eos) || (l.grammar && l.grammar->ended()) ||
+                    s->num_generated + 1 >= l.order.max_new_tokens;
+  if (l.grammar && !last)
+    if (auto why = gpu::too_ambiguous(*l.grammar); !why.empty()) {
+      // Not retried elsewhere (bad_request): the same answer would cost another rank as much.
+      fail_seq(self, lease_id, errc::bad_request, why);
+      return false;
+    }
+  ++s->num_generated;
+  token_event ev{l.request_id, s->num_generated, tok, {}, lease_id};
+  if (l.order.return_logits && logits) ev.logits = std::move(*logits);
+  if (lp) ev.logprobs.push_back(std::move(*lp));
+  self->send(l.order.stream_to, std::move(ev));
+  if (tok == eos && !l.order.ignore_eos) {
+    finish_seq(self, lease_id, "eos");
+    return false;
+  }
+  if (s->num_generated >= l.order.max_new_tokens) {
+    finish_seq(self, lease_id, "length");
+    return false;
+  }
+  ++s->pos;
+  s->next_input = tok;
+  return true;
+}
+
 void on_step_done(decode_pointer self, gpu::forward_output& out) {
   auto& st = self->state;
   st.step_in_flight = false;
@@ -403,52 +506,38 @@ void on_step_done(decode_pointer self, gpu::forward_output& out) {
   st.recent_step_us = st.num_steps == 1 ? us : st.recent_step_us + (us - st.recent_step_us) / 16;
   if (!st.step_chunks.empty())
     on_local_chunks_done(self, out, st.step_leases.size());
-  const auto eos = st.core.exec->config().eos_token_id;
   for (size_t row = 0; row < st.step_leases.size(); ++row) {
     const uint64_t lease_id = st.step_leases[row];
     auto li = st.leases.find(lease_id);
     if (li == st.leases.end()) continue;  // released while the step ran
     auto& l = li->second;
-    auto s = std::find_if(st.batch.begin(), st.batch.end(), [&](auto& x) { return x.lease_id == lease_id; });
-    if (s == st.batch.end()) continue;
+    if (std::none_of(st.batch.begin(), st.batch.end(), [&](auto& x) { return x.lease_id == lease_id; })) continue;
     if (l.release_after_step) {
       finish_seq(self, lease_id, "released");
       continue;
     }
-    l.fed.push_back(s->next_input);  // its KV is now at position s->pos
-    const int32_t tok = out.tokens[row];  // picked by the executor (forward_seq::sample)
-    if (l.grammar && !l.grammar->accept(tok)) {
-      // The executor picks among the tokens the grammar allows, so this never happens; if it
-      // did, the answer could not be kept to its grammar: it fails rather than go on unchecked.
-      l.promise.deliver(make_error(errc::executor_failed, where(l.request_id, st.cfg.name, "decode") + ": token " +
-                                                              std::to_string(tok) + " strays from the answer's grammar"));
-      st.batch.erase(s);
-      free_lease(self, lease_id);
+    const auto& drafts = st.step_drafts[row];
+    if (!drafts.empty() && (row >= out.row_tokens.size() || out.row_tokens[row].size() != drafts.size() ||
+                            out.row_logprobs[row].size() != drafts.size())) {
+      fail_seq(self, lease_id, errc::executor_failed, "the executor gave " +
+               std::to_string(row < out.row_tokens.size() ? out.row_tokens[row].size() : 0) + " picks for " +
+               std::to_string(drafts.size()) + " draft rows");
       continue;
     }
-    // (Not for the answer's last token: nothing more is walked, and the answer is whole.)
-    const bool last = (tok == eos && !l.order.ignore_eos) || (l.grammar && l.grammar->ended()) ||
-                      s->num_generated + 1 >= l.order.max_new_tokens;
-    if (l.grammar && !last)
-      if (auto why = gpu::too_ambiguous(*l.grammar); !why.empty()) {
-        // Not retried elsewhere (bad_request): the same answer would cost another rank as much.
-        l.promise.deliver(make_error(errc::bad_request, where(l.request_id, st.cfg.name, "decode") + ": " + why));
-        st.batch.erase(s);
-        free_lease(self, lease_id);
-        continue;
-      }
-    ++s->num_generated;
-    token_event ev{l.request_id, s->num_generated, tok, {}, lease_id};
-    if (l.order.return_logits) ev.logits = std::move(out.logits[row]);
-    if (l.order.logprobs && row < out.logprobs.size()) ev.logprobs.push_back(std::move(out.logprobs[row]));
-    self->send(l.order.stream_to, std::move(ev));
-    if (tok == eos && !l.order.ignore_eos)
-      finish_seq(self, lease_id, "eos");
-    else if (s->num_generated >= l.order.max_new_tokens)
-      finish_seq(self, lease_id, "length");
-    else {
-      ++s->pos;
-      s->next_input = tok;
+    // The picks after the input and after each draft; a draft is kept when the pick before it
+    // is that draft, and the first pick that differs is the step's last token (as it would be
+    // without drafts: the rows after it read a guess that turned out wrong, and are dropped --
+    // their KV is overwritten when those positions are fed for real).
+    st.drafted_tokens += drafts.size();
+    for (size_t j = 0; j <= drafts.size(); ++j) {
+      const bool last_row = j == drafts.size();
+      const int32_t tok = last_row ? out.tokens[row] : out.row_tokens[row][j];
+      gpu::token_logprobs* lp = nullptr;
+      if (l.order.logprobs)
+        lp = last_row ? (row < out.logprobs.size() ? &out.logprobs[row] : nullptr) : &out.row_logprobs[row][j];
+      if (!take_token(self, lease_id, l, tok, lp, last_row ? &out.logits[row] : nullptr)) break;
+      if (last_row || tok != drafts[j]) break;
+      ++st.accepted_tokens;
     }
   }
   st.taking_step = false;
@@ -623,6 +712,9 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
         r.recent_step_us = s.recent_step_us;
         r.active = !s.cfg.standby;
         r.unavailable = s.core.unavailable();
+        r.drafted_tokens = s.drafted_tokens;
+        r.accepted_tokens = s.accepted_tokens;
+        r.quarantined_pages = quarantined_pages(s);
         return r;
       },
       [=](migrate_atom) {

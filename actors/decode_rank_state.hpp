@@ -211,6 +211,10 @@ struct decode_state {
   /// token); the loop rebalances once at its end.
   bool taking_step = false;
   std::vector<uint64_t> step_leases;  ///< lease ids of the step in flight, in row order
+  /// The drafts each of those rows runs after its input (speculative_tokens; empty: none).
+  std::vector<std::vector<int32_t>> step_drafts;
+  uint64_t drafted_tokens = 0;   ///< drafts run in steps so far (speculative decoding)
+  uint64_t accepted_tokens = 0;  ///< of those, the ones the model picked too (each one a step saved)
   size_t batch_cursor = 0;            ///< where the next step starts when the batch exceeds max_batch_size
   std::deque<local_prefill> local_prefills;  ///< hybrid PD prompts, first come first served
   /// The step in flight carries a chunk of each of the first step_chunks.size() local prompts,

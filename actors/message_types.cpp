@@ -20,6 +20,7 @@ std::string to_string(errc x) {
     case errc::cancelled: return "cancelled";
     case errc::overloaded: return "overloaded";
     case errc::shutting_down: return "shutting_down";
+    case errc::router_unavailable: return "router_unavailable";
   }
   return "unknown";
 }
@@ -32,7 +33,8 @@ bool is_retryable(errc x) {
     case errc::transfer_failed:
     case errc::lease_expired:
     case errc::overloaded:
-    case errc::shutting_down: return true;
+    case errc::shutting_down:
+    case errc::router_unavailable: return true;
     default: return false;
   }
 }

@@ -209,13 +209,19 @@ struct rank_load {
   uint64_t migrate_failed = 0;
   uint64_t blocks_written_back = 0;
   uint64_t write_backs_dropped = 0;
+  /// decode, since the rank started: speculative drafts run, and those the model picked too.
+  uint64_t drafted_tokens = 0;
+  uint64_t accepted_tokens = 0;
+  /// decode, now: pages out of use until a late writer's puts cannot land any more (quarantine),
+  /// counted apart from free ones so that they do not look like a leak.
+  uint32_t quarantined_pages = 0;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, rank_load& x) {
   return f(caf::meta::type_name("rank_load"), x.name, x.queued_tokens, x.num_running, x.num_free_pages,
            x.num_total_pages, x.page_size_tokens, wire::f64{&x.predicted_us}, x.kv_tokens,
            x.on_demand_headroom_tokens, x.bucket, x.unavailable, x.settled, x.offloaded, x.resumed, x.migrated_out,
-           x.migrate_failed, x.blocks_written_back, x.write_backs_dropped);
+           x.migrate_failed, x.blocks_written_back, x.write_backs_dropped, x.drafted_tokens, x.accepted_tokens, x.quarantined_pages);
 }
 
 /// A request asking a balancer for a rank.
@@ -269,13 +275,16 @@ struct rank_stats {
   /// Non-empty while the rank takes no work, saying why (its executor's standing failure: a
   /// broken expert group), as rank_load::unavailable.
   std::string unavailable{};
+  uint64_t drafted_tokens = 0;   ///< decode: speculative drafts run (rank_load::drafted_tokens)
+  uint64_t accepted_tokens = 0;  ///< decode: of those, the ones the model picked too
+  uint32_t quarantined_pages = 0;  ///< decode: pages held for late writers (rank_load::quarantined_pages)
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, rank_stats& x) {
   return f(caf::meta::type_name("rank_stats"), x.name, x.num_free_pages, x.num_total_pages, x.num_running,
            x.num_waiting, x.num_steps, x.blocks_written_back, x.write_backs_dropped, x.offloaded, x.resumed,
            x.num_writes_in_flight, wire::f64{&x.predicted_us}, wire::f64{&x.recent_step_us}, x.active, x.migrated_out,
-           x.migrate_failed, x.last_migrate_error, x.unavailable);
+           x.migrate_failed, x.last_migrate_error, x.unavailable, x.drafted_tokens, x.accepted_tokens, x.quarantined_pages);
 }
 
 // --- actor interfaces ---------------------------------------------------------------------------

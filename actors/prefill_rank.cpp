@@ -146,24 +146,35 @@ void return_pages(prefill_pointer self, prefill_job_state& r, bool success) {
   //   One given up unsettled (split_abort::abandoned) may land later still: a quarantine.
   if (!success && r.split.active && r.split.index > 0)
     hold_ms = std::max(hold_ms, r.split.peer_abandoned ? st.cfg.late_put_quarantine_ms : 2 * st.cfg.kv_send_timeout_ms);
+  // - a put of ours given up at the send timeout: the transport may read its source pages when it
+  //   gets to it (a queued put, a rendezvous the target pulls), and a release does not recall
+  //   it. Reused meanwhile, they would send another prompt's KV into a lease that may be decoding
+  //   (this request's restarted attempt succeeded): the pages, shared blocks too, wait as long
+  //   as the decode rank quarantines the lease.
+  const bool source_held = r.abandoned_put;
+  if (source_held) hold_ms = std::max(hold_ms, st.cfg.late_put_quarantine_ms);
   if (hold_ms > 0) {
     size_t own_from = 0;  // the shared blocks' pages belong to the local tier, not to this prompt
     if (st.local) {
-      st.local->release(r.keys, r.shared_blocks);
+      if (!source_held) st.local->release(r.keys, r.shared_blocks);  // else pinned until the hold ends
       own_from = std::min(size_t{r.shared_blocks} * st.local->pages_per_block(), r.local_pages.size());
     }
     std::vector<uint32_t> held(r.local_pages.begin() + own_from, r.local_pages.end());
     st.core.log->add({0, "pages_held", r.order.request_id, static_cast<uint32_t>(held.size()), hold_ms, {}, {}});  // layer: ms
-    if (!success && r.split.active && r.split.index > 0) {
+    if (!success && r.split.active && r.split.index > 0 && !source_held) {
       const uint64_t lease = r.order.grant.lease_id;
       st.split_holds[lease] = {r.order.request_id, std::move(held), self->clock().now() + std::chrono::milliseconds{hold_ms}};
       st.core.runner->run_after(std::chrono::milliseconds{hold_ms}, [self, lease] { end_split_hold(self, lease); });
       return;
     }
     ++st.late_holds;
+    std::vector<store::block_key> pinned;  // shared blocks a given-up put may still read
+    if (source_held && st.local) pinned.assign(r.keys.begin(), r.keys.begin() + std::min<size_t>(r.shared_blocks, r.keys.size()));
     st.core.runner->run_after(std::chrono::milliseconds{hold_ms},
-                              [self, held = std::move(held), rid = r.order.request_id] {
+                              [self, held = std::move(held), pinned = std::move(pinned), rid = r.order.request_id] {
                                 --self->state.late_holds;
+                                if (self->state.local && !pinned.empty())
+                                  self->state.local->release(pinned, static_cast<uint32_t>(pinned.size()));
                                 self->state.core.exec->kv().kv_page_free(held);
                                 self->state.core.log->add({0, "pages_unheld", rid, static_cast<uint32_t>(held.size()), 0, {}, {}});
                                 drain_waiting(self);

@@ -378,7 +378,7 @@ void on_split_abort(prefill_pointer self, const split_abort& ev) {
   auto i = st.requests.find(ev.request_id);
   if (i == st.requests.end() || !i->second.split.active || i->second.order.grant.lease_id != ev.lease_id) return;
   if (ev.abandoned) i->second.split.peer_abandoned = true;  // even when failed already: its pages wait longer
-  const bool known = ev.code >= static_cast<uint8_t>(errc::bad_request) && ev.code <= static_cast<uint8_t>(errc::shutting_down);
+  const bool known = ev.code >= static_cast<uint8_t>(errc::bad_request) && ev.code <= static_cast<uint8_t>(errc::router_unavailable);
   fail_request(self, ev.request_id, known ? static_cast<errc>(ev.code) : errc::rank_unavailable, "split",
                "part " + std::to_string(ev.from_part) + " failed: " + ev.why);
 }

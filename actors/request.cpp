@@ -390,9 +390,12 @@ void start_decode(request_pointer self) {
                      self};
   // Write-back: the decode rank stores the sequence's full blocks when it finishes, unless the
   // request's class is not kept at all.
+  // The sequence so far goes with every order: for write-back, the penalties' history, a
+  // grammar's answer so far, and speculative decoding's lookups (4 bytes a token, against the
+  // KV's hundreds of kilobytes).
+  order.prompt_tokens = fed_sequence(st);
   if (p.store.enabled()) {
     if (auto cls = store::parse_retention(p.params.traffic_class); cls && p.store.retention.ttl_s(*cls) > 0) {
-      order.prompt_tokens = fed_sequence(st);
       order.traffic_class = p.params.traffic_class;
       order.cached_blocks = st.cached_blocks;
       order.write_back = true;
@@ -400,9 +403,6 @@ void start_decode(request_pointer self) {
   }
   copy_sampling(p, order);
   order.writer_abandoned = st.writer_abandoned;
-  if (order.repetition_penalty != 1.0f || order.presence_penalty != 0.0f || order.frequency_penalty != 0.0f ||
-      order.grammar.kind != 0)
-    order.prompt_tokens = fed_sequence(st);
   arm_watchdog(self);
   // No deadline on the whole generation: the watchdog bounds each token instead.
   self->request(st.decode, caf::infinite, std::move(order))
@@ -447,11 +447,15 @@ void on_prefill_result(request_pointer self, prefill_result& r) {
   auto& st = self->state;
   st.out.prefill_us = lap(self);
   st.out.prefill_queue_us = r.queue_us;
-  // What the client's usage reports: of its prompt's tokens. A retry's prefill covers the tokens
-  // generated before it too, and finds those cached as well (they were written back): counted,
-  // the cached tokens outnumbered the prompt's (a trial's hit ratio above 1).
-  st.out.cached_tokens = std::min(r.cached_tokens, st.out.num_prompt_tokens);
-  st.out.local_cached_tokens = std::min(r.local_cached_tokens, st.out.cached_tokens);
+  // What the client's usage reports: of its prompt's tokens, as its first prefill found them. A
+  // retry after tokens came re-prefills the prompt and those tokens, and finds blocks another
+  // request wrote back since: counted, a failover turned a computed prompt into a cached one (a
+  // trial's hit ratio rose with every failover), and before the clamp to the prompt, cached
+  // tokens outnumbered the prompt's.
+  if (st.out.tokens.empty()) {
+    st.out.cached_tokens = std::min(r.cached_tokens, st.out.num_prompt_tokens);
+    st.out.local_cached_tokens = std::min(r.local_cached_tokens, st.out.cached_tokens);
+  }
   st.out.recomputed_blocks = r.recomputed_blocks;
   st.out.kv_bytes = st.hybrid ? 0 : r.kv_bytes;
   st.out.kv_send_us = st.hybrid ? 0 : r.kv_send_us;

@@ -71,7 +71,9 @@ std::vector<std::string> names_for(const std::string& engine, uint32_t size) {
 
 uint64_t engine_slot_bytes(const gpu::model_config& cfg, const prefill_rank_config& prefill,
                            const decode_rank_config& decode) {
-  const uint64_t rows = std::max<uint64_t>(prefill.chunk_tokens, decode.max_batch_size + decode.local_prefill_chunk_tokens);
+  // A decode step's rows: each sequence's input and drafts, then local prompts' chunks.
+  const uint64_t rows = std::max<uint64_t>(
+      prefill.chunk_tokens, uint64_t{decode.max_batch_size} * (1 + decode.speculative_tokens) + decode.local_prefill_chunk_tokens);
   return gpu::expert_slot_bytes(cfg, 2 * rows);
 }
 

@@ -369,7 +369,9 @@ void fail_call(caf::io::broker* self, caf::io::connection_handle hdl, const shar
   log_call(self, g, st, status, st->head_sent, nullptr, msg);
   if (!st->head_sent) return reply_error(self, hdl, g, st, std::move(error));
   // The stream has begun (status 200 is sent): the error travels as an event, as OpenAI's do.
-  g->metrics.count_response(st->route, status, st->key.get());
+  // Responses count what went on the wire (200, as a load balancer's logs have it); the failure
+  // counts by its reason in baton_request_failures_total above.
+  g->metrics.count_response(st->route, 200, st->key.get());
   event(self, hdl, st, openai::error_json(error));
   end_stream(self, hdl, st);
   finish(self, hdl, g, st);

@@ -83,10 +83,10 @@ client_sink_actor::behavior_type run_choice(client_sink_actor::pointer self, caf
   self->set_down_handler([=](caf::down_msg& m) {
     if (*answered) return;
     // The link to its process went: the head crashed, or was cut off.
-    const std::string what = m.reason == caf::exit_reason::remote_link_unreachable
-                                 ? "the cluster's head went away before answering"
-                                 : "the request ended without an answer";
-    auto why = make_error(errc::rank_unavailable, what + (m.reason ? ": " + self->system().render(m.reason) : std::string{}));
+    const bool head_gone = m.reason == caf::exit_reason::remote_link_unreachable;
+    const std::string what = head_gone ? "the cluster's head went away before answering" : "the request ended without an answer";
+    auto why = make_error(head_gone ? errc::router_unavailable : errc::rank_unavailable,
+                          what + (m.reason ? ": " + self->system().render(m.reason) : std::string{}));
     if (m.reason != caf::exit_reason::unknown) return fail(std::move(why));
     // exit_reason::unknown: the request actor had already ended when this node's proxy of it was
     // announced to its node (on its first chunk) -- a short request can send its last chunk and

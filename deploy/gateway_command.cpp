@@ -19,6 +19,7 @@
 #include "actors/messages.hpp"
 #include "actors/node_agent.hpp"
 #include "deploy/commands.hpp"
+#include "deploy/utc_stamp.hpp"
 #include "deploy/flags.hpp"
 #include "deploy/gateway.hpp"
 #include "deploy/net_security.hpp"
@@ -231,7 +232,7 @@ int run_gateway(const std::vector<std::string>& args) {
       return stop(0);
     }
     if (cluster.empty() || head_wait_s == 0) {
-      std::fprintf(stderr, "baton gateway: the router went away\n");
+      std::fprintf(stderr, "%s baton gateway: the router went away\n", utc_stamp().c_str());
       return stop(1);
     }
     // The head went away (crashed, or restarted): keep the port, answer 503 meanwhile (a load
@@ -241,7 +242,7 @@ int run_gateway(const std::vector<std::string>& args) {
     agent = {};
     gateway_router_lost(gateway, "the cluster's head at " + cluster + " went away; this gateway waits up to " +
                                      std::to_string(head_wait_s) + " s for it to come back: retry shortly");
-    std::printf("baton gateway: the router went away; waiting up to %u s for a head at %s\n", head_wait_s,
+    std::printf("%s baton gateway: the router went away; waiting up to %u s for a head at %s\n", utc_stamp().c_str(), head_wait_s,
                 cluster.c_str());
     std::fflush(stdout);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds{head_wait_s};
@@ -267,7 +268,7 @@ int run_gateway(const std::vector<std::string>& args) {
       return stop(1);
     }
     target = next;
-    std::printf("baton gateway: serving again on http://%s:%u, through the head that came back\n", gc.host.c_str(),
+    std::printf("%s baton gateway: serving again on http://%s:%u, through the head that came back\n", utc_stamp().c_str(), gc.host.c_str(),
                 static_cast<unsigned>(gateway.port));
     std::fflush(stdout);
   }

@@ -32,12 +32,18 @@
 #include "deploy/flags.hpp"
 #include "deploy/net_security.hpp"
 #include "deploy/processes.hpp"
+#include "deploy/utc_stamp.hpp"
 #include "gpu/text_file.hpp"
 #include "policies/restart_backoff.hpp"
 
 namespace baton::deploy {
 
 namespace {
+
+/// A running cluster's lines start with the time (UTC, as the head's node events and the request
+/// log do), so that an incident's timeline reads from the launcher's output alone.
+std::string stamp() { return utc_stamp() + " "; }
+
 
 /// The spec path: the first argument that is neither a flag nor a flag's value (taken out of
 /// `args`). A flag's value follows it unless the flag says `--flag=value`, takes none (`no_value`:
@@ -154,7 +160,7 @@ void stop_all(std::vector<child>& children, int drain_ms, const remote_wait& awa
   // Said, not silent: a node killed at the end of its time did not finish its drain.
   const auto stop = [&](std::vector<pid_t>& pids, int grace_ms, bool signalled = false) {
     for (auto pid : stop_processes(pids, grace_ms, signalled))
-      std::printf("baton launch: %s did not stop within %d ms of SIGTERM; killed it\n", names[pid].c_str(), grace_ms);
+      std::printf("%sbaton launch: %s did not stop within %d ms of SIGTERM; killed it\n", stamp().c_str(), names[pid].c_str(), grace_ms);
   };
   const auto started = std::chrono::steady_clock::now();
   // Gateways a moment before the rank nodes: they turn new calls away (503) at once, instead of
@@ -286,8 +292,8 @@ int run_launch(const std::vector<std::string>& raw_args) {
       if (port == 0) continue;
       if (auto taken = why_cannot_bind(n.host, port); !taken.empty()) {
         std::fprintf(stderr,
-                     "baton launch: node %s's %s port %s:%u cannot be bound: %s. Is this cluster (or another) already "
-                     "running? Stop it first, or give the spec other ports; nothing was started\n",
+                     "%sbaton launch: node %s's %s port %s:%u cannot be bound: %s. Is this cluster (or another) already "
+                     "running? Stop it first, or give the spec other ports; nothing was started\n", stamp().c_str(),
                      n.name.c_str(), what, n.host.c_str(), static_cast<unsigned>(port), taken.c_str());
         return 1;
       }
@@ -298,14 +304,14 @@ int run_launch(const std::vector<std::string>& raw_args) {
   sec.cluster_id = spec.name;
   if (spec.tls) {
     if (!make_certificates(spec, &why)) {
-      std::fprintf(stderr, "baton launch: cannot make the cluster's certificates in %s: %s\n", spec.tls_dir.c_str(),
+      std::fprintf(stderr, "%sbaton launch: cannot make the cluster's certificates in %s: %s\n", stamp().c_str(), spec.tls_dir.c_str(),
                    why.c_str());
       return 1;
     }
     const auto t = tls_files_for(spec, "launcher");
     sec.tls_cert = t.cert, sec.tls_key = t.key, sec.tls_ca = t.ca;
     const auto c = tls_files_for(spec, "client");
-    std::printf("baton launch: mutual TLS; clients use --cluster-id %s --tls-cert %s --tls-key %s --tls-ca %s\n",
+    std::printf("%sbaton launch: mutual TLS; clients use --cluster-id %s --tls-cert %s --tls-key %s --tls-ca %s\n", stamp().c_str(),
                 spec.name.c_str(), c.cert.c_str(), c.key.c_str(), c.ca.c_str());
   }
   install_stop_signals();
@@ -363,13 +369,13 @@ int run_launch(const std::vector<std::string>& raw_args) {
       std::find_if(plan.begin(), plan.end(), [](const node_launch& n) { return n.role == "head"; }) - plan.begin());
   for (size_t i = 0; i < head_at; ++i) {
     if (!start(plan[i])) {
-      std::fprintf(stderr, "baton launch: store node %s: %s\n", plan[i].name.c_str(), why.c_str());
+      std::fprintf(stderr, "%sbaton launch: store node %s: %s\n", stamp().c_str(), plan[i].name.c_str(), why.c_str());
       return 1;
     }
-    std::printf("baton launch: store node %s started (pid %d)\n", plan[i].name.c_str(), static_cast<int>(children.back().pid));
+    std::printf("%sbaton launch: store node %s started (pid %d)\n", stamp().c_str(), plan[i].name.c_str(), static_cast<int>(children.back().pid));
   }
   if (!start(plan[head_at])) {
-    std::fprintf(stderr, "baton launch: head %s: %s\n", head.name.c_str(), why.c_str());
+    std::fprintf(stderr, "%sbaton launch: head %s: %s\n", stamp().c_str(), head.name.c_str(), why.c_str());
     return 1;
   }
 
@@ -382,16 +388,16 @@ int run_launch(const std::vector<std::string>& raw_args) {
   std::string last_error = "nothing listens there yet";
   while (!directory) {
     if (auto d = dead_child()) {
-      std::fprintf(stderr, "baton launch: %s %s exited before the head listened; its output says why\n",
+      std::fprintf(stderr, "%sbaton launch: %s %s exited before the head listened; its output says why\n", stamp().c_str(),
                    d->node.role == "head" ? "the head" : "store node", d->node.name.c_str());
       return 1;
     }
     if (stop_requested()) {
-      std::fprintf(stderr, "baton launch: stopped while waiting for the head\n");
+      std::fprintf(stderr, "%sbaton launch: stopped while waiting for the head\n", stamp().c_str());
       return 1;
     }
     if (std::chrono::steady_clock::now() > deadline) {
-      std::fprintf(stderr, "baton launch: cannot join the head's node directory at %s:%u within %u s: %s\n",
+      std::fprintf(stderr, "%sbaton launch: cannot join the head's node directory at %s:%u within %u s: %s\n", stamp().c_str(),
                    head.host.c_str(), static_cast<unsigned>(head.cluster_port), wait_s, last_error.c_str());
       return 1;
     }
@@ -402,7 +408,7 @@ int run_launch(const std::vector<std::string>& raw_args) {
       std::this_thread::sleep_for(std::chrono::milliseconds{200});
     }
   }
-  std::printf("baton launch: head %s up: router %s:%u (cluster id %s), nodes join at %s:%u\n", head.name.c_str(),
+  std::printf("%sbaton launch: head %s up: router %s:%u (cluster id %s), nodes join at %s:%u\n", stamp().c_str(), head.name.c_str(),
               head.host.c_str(), static_cast<unsigned>(head.router_port), spec.name.c_str(), head.host.c_str(),
               static_cast<unsigned>(head.cluster_port));
   std::fflush(stdout);
@@ -412,17 +418,17 @@ int run_launch(const std::vector<std::string>& raw_args) {
   for (size_t i = head_at + 1; i < plan.size(); ++i) {
     if (plan[i].spare) {
       if (stand_by(plan[i])) {
-        std::printf("baton launch: spare %s standing by (pid %d): it takes the place of a node that fails for good\n",
+        std::printf("%sbaton launch: spare %s standing by (pid %d): it takes the place of a node that fails for good\n", stamp().c_str(),
                     plan[i].name.c_str(), static_cast<int>(children.back().pid));
       } else {
-        std::fprintf(stderr, "baton launch: spare %s cannot stand by (%s): it starts cold if it is needed\n",
+        std::fprintf(stderr, "%sbaton launch: spare %s cannot stand by (%s): it starts cold if it is needed\n", stamp().c_str(),
                      plan[i].name.c_str(), why.c_str());
         spares.push_back(plan[i]);
       }
       continue;
     }
     if (!start(plan[i])) {
-      std::fprintf(stderr, "baton launch: node %s: %s\n", plan[i].name.c_str(), why.c_str());
+      std::fprintf(stderr, "%sbaton launch: node %s: %s\n", stamp().c_str(), plan[i].name.c_str(), why.c_str());
       return 1;
     }
   }
@@ -444,24 +450,24 @@ int run_launch(const std::vector<std::string>& raw_args) {
       std::string how;
       if (restart_failed > 0 && d->node.role != "head" && d->node.role != "store" && process_gone(d->pid, &how) &&
           how != "exit code 0") {
-        std::printf("baton launch: node %s exited before it joined (%s); it is restarted as any failed node is, once "
-                    "the others have joined\n",
+        std::printf("%sbaton launch: node %s exited before it joined (%s); it is restarted as any failed node is, once "
+                    "the others have joined\n", stamp().c_str(),
                     d->node.process.c_str(), how.c_str());
         std::fflush(stdout);
         waiting.erase(d->node.process);
         left_before_join.insert(d->pid);
         continue;
       }
-      std::fprintf(stderr, "baton launch: node %s exited before it joined; its output says why\n", d->node.process.c_str());
+      std::fprintf(stderr, "%sbaton launch: node %s exited before it joined; its output says why\n", stamp().c_str(), d->node.process.c_str());
       return 1;
     }
     if (std::chrono::steady_clock::now() > deadline || stop_requested()) {
       std::string names;
       for (const auto& n : waiting) names += " " + n;
       if (stop_requested())
-        std::fprintf(stderr, "baton launch: stopped while waiting for nodes to join:%s\n", names.c_str());
+        std::fprintf(stderr, "%sbaton launch: stopped while waiting for nodes to join:%s\n", stamp().c_str(), names.c_str());
       else
-        std::fprintf(stderr, "baton launch: nodes not joined after %u s:%s\n", wait_s, names.c_str());
+        std::fprintf(stderr, "%sbaton launch: nodes not joined after %u s:%s\n", stamp().c_str(), wait_s, names.c_str());
       return 1;
     }
     self->request(directory, std::chrono::seconds{5}, stats_atom::value)
@@ -471,7 +477,7 @@ int run_launch(const std::vector<std::string>& raw_args) {
                 if (n.state == "joined" && n.ranks.size() >= num_ranks[n.name] && waiting.erase(n.name)) {
                   joined_pid[n.name] = n.pid;
                   rank_names.insert(rank_names.end(), n.ranks.begin(), n.ranks.end());
-                  std::printf("baton launch: node %s joined (%s, pid %d)\n", n.name.c_str(),
+                  std::printf("%sbaton launch: node %s joined (%s, pid %d)\n", stamp().c_str(), n.name.c_str(),
                               n.roles.empty() ? "?" : n.roles.front().c_str(), n.pid);
                 }
             },
@@ -492,24 +498,24 @@ int run_launch(const std::vector<std::string>& raw_args) {
         router ? await_ranks_registered(sys, *router, rank_names, std::max(left, std::chrono::milliseconds{0}), give_up)
                : rank_names;
     if (stop_requested()) {
-      std::fprintf(stderr, "baton launch: stopped while waiting for the ranks to register\n");
+      std::fprintf(stderr, "%sbaton launch: stopped while waiting for the ranks to register\n", stamp().c_str());
       return 1;
     }
     if (auto d = dead_child(); d && d->node.role == "head" && restart_failed == 0) {
-      std::fprintf(stderr, "baton launch: the head exited while the ranks registered; stopping the cluster\n");
+      std::fprintf(stderr, "%sbaton launch: the head exited while the ranks registered; stopping the cluster\n", stamp().c_str());
       return 1;
     } else if (d) {
-      std::printf("baton launch: %s exited while its ranks registered; %s\n", d->node.process.c_str(),
+      std::printf("%sbaton launch: %s exited while its ranks registered; %s\n", stamp().c_str(), d->node.process.c_str(),
                   restart_failed > 0 ? "it is restarted as any failed node is (--restart-failed)"
                                      : "it is not restarted (no --restart-failed): the cluster serves without it");
     } else if (!router) {
-      std::fprintf(stderr, "baton launch: cannot reach the head's router at %s:%u: %s\n", head.host.c_str(),
+      std::fprintf(stderr, "%sbaton launch: cannot reach the head's router at %s:%u: %s\n", stamp().c_str(), head.host.c_str(),
                    static_cast<unsigned>(head.router_port), last.c_str());
       return 1;
     } else if (!missing.empty()) {
       std::string names;
       for (const auto& n : missing) names += " " + n;
-      std::fprintf(stderr, "baton launch: ranks not registered with the head's balancers after %u s:%s\n", wait_s,
+      std::fprintf(stderr, "%sbaton launch: ranks not registered with the head's balancers after %u s:%s\n", stamp().c_str(), wait_s,
                    names.c_str());
       return 1;
     }
@@ -522,7 +528,7 @@ int run_launch(const std::vector<std::string>& raw_args) {
     if (std::any_of(children.begin(), children.end(), [&](const child& c) {
           return c.node.name == n.name && c.node.role == "gateway" && left_before_join.count(c.pid);
         })) {  // failed before it joined: the loop below restarts it and says when it has joined
-      std::printf("baton launch: gateway %s at http://%s:%u once it is restarted\n", n.name.c_str(), n.host.c_str(),
+      std::printf("%sbaton launch: gateway %s at http://%s:%u once it is restarted\n", stamp().c_str(), n.name.c_str(), n.host.c_str(),
                   static_cast<unsigned>(n.http_port));
       continue;
     }
@@ -531,10 +537,10 @@ int run_launch(const std::vector<std::string>& raw_args) {
       std::this_thread::sleep_for(std::chrono::milliseconds{100});
       answers = tcp_listening(n.host, n.http_port, 200);
     }
-    std::printf("baton launch: gateway %s at http://%s:%u%s\n", n.name.c_str(), n.host.c_str(),
+    std::printf("%sbaton launch: gateway %s at http://%s:%u%s\n", stamp().c_str(), n.name.c_str(), n.host.c_str(),
                 static_cast<unsigned>(n.http_port), answers ? "" : " (it does not answer there yet)");
   }
-  std::printf("baton launch: cluster '%s' is up: %zu processes; SIGINT or SIGTERM stops it\n", spec.name.c_str(),
+  std::printf("%sbaton launch: cluster '%s' is up: %zu processes; SIGINT or SIGTERM stops it\n", stamp().c_str(), spec.name.c_str(),
               children.size());
   std::fflush(stdout);
   // A node that leaves (drained after SIGTERM, or failed) does not take the cluster down with
@@ -554,11 +560,11 @@ int run_launch(const std::vector<std::string>& raw_args) {
         head_back.reset();
         joined_pid.clear();  // every node joins the new head: say so as each does
         for (const auto& c : children) restarts.emplace(c.node.process, 0);
-        std::printf("baton launch: head %s up again: router %s:%u\n", head.name.c_str(), head.host.c_str(),
+        std::printf("%sbaton launch: head %s up again: router %s:%u\n", stamp().c_str(), head.name.c_str(), head.host.c_str(),
                     static_cast<unsigned>(head.router_port));
         std::fflush(stdout);
       } else if (std::chrono::steady_clock::now() >= head_back->deadline) {
-        std::fprintf(stderr, "baton launch: the restarted head did not listen within %u s (%s); stopping the cluster\n",
+        std::fprintf(stderr, "%sbaton launch: the restarted head did not listen within %u s (%s); stopping the cluster\n", stamp().c_str(),
                      wait_s, head_back->last.c_str());
         return 1;
       } else {
@@ -576,7 +582,7 @@ int run_launch(const std::vector<std::string>& raw_args) {
                     if (seen != joined_pid.end() && seen->second == n.pid) continue;
                     const bool again = seen != joined_pid.end();
                     joined_pid[n.name] = n.pid;
-                    std::printf("baton launch: node %s joined%s (pid %d)\n", n.name.c_str(), again ? " again" : "", n.pid);
+                    std::printf("%sbaton launch: node %s joined%s (pid %d)\n", stamp().c_str(), n.name.c_str(), again ? " again" : "", n.pid);
                     std::fflush(stdout);
                   }
               },
@@ -596,21 +602,21 @@ int run_launch(const std::vector<std::string>& raw_args) {
           it->pid = pid;
           it->started_at = now;
           if (it->node.role == "head") {
-            std::printf("baton launch: the head exited (%s); restarted it (%u of %u, pid %d, after %.1f s); the nodes wait "
-                        "for it\n",
+            std::printf("%sbaton launch: the head exited (%s); restarted it (%u of %u, pid %d, after %.1f s); the nodes wait "
+                        "for it\n", stamp().c_str(),
                         it->ended.c_str(), tries, restart_failed, static_cast<int>(pid), it->backoff_ms / 1000.0);
             // Looked for at each pass from now on; one that dies before it listens is seen (not
             // reaped) and restarted by a later pass, while tries are left.
             head_back = awaited_head{now + std::chrono::seconds{wait_s}, {}};
           } else {
-            std::printf("baton launch: node %s restarted (%u of %u, pid %d, after %.1f s)\n", it->node.process.c_str(), tries,
+            std::printf("%sbaton launch: node %s restarted (%u of %u, pid %d, after %.1f s)\n", stamp().c_str(), it->node.process.c_str(), tries,
                         restart_failed, static_cast<int>(pid), it->backoff_ms / 1000.0);
           }
           std::fflush(stdout);
           ++it;
           continue;
         }
-        std::fprintf(stderr, "baton launch: %s %s: cannot restart it: %s\n", it->node.role == "head" ? "head" : "node",
+        std::fprintf(stderr, "%sbaton launch: %s %s: cannot restart it: %s\n", stamp().c_str(), it->node.role == "head" ? "head" : "node",
                      it->node.name.c_str(), why.c_str());
         how = it->ended;
         cannot_restart = true;
@@ -624,7 +630,7 @@ int run_launch(const std::vector<std::string>& raw_args) {
         // Served long enough since its last restart that this is a new failure, not the same
         // crash loop: its restarts are its own again.
         if (const auto kept = backoff.restarts_used(used, static_cast<uint64_t>(ran_ms)); kept != used) {
-          std::printf("baton launch: %s %s ran %.0f min since its last restart; its %u restarts are given back\n",
+          std::printf("%sbaton launch: %s %s ran %.0f min since its last restart; its %u restarts are given back\n", stamp().c_str(),
                       it->node.role == "head" ? "head" : "node", it->node.process.c_str(), ran_ms / 60000.0, restart_failed);
           used = kept;
         }
@@ -639,7 +645,7 @@ int run_launch(const std::vector<std::string>& raw_args) {
         return tries;
       };
       if (it->standby_in >= 0) {  // a spare that was standing by: no node to replace, nothing to restart
-        std::printf("baton launch: spare %s stopped standing by (%s); it starts cold if it is needed\n",
+        std::printf("%sbaton launch: spare %s stopped standing by (%s); it starts cold if it is needed\n", stamp().c_str(),
                     it->node.name.c_str(), how.c_str());
         std::fflush(stdout);
         close(it->standby_in);
@@ -653,13 +659,13 @@ int run_launch(const std::vector<std::string>& raw_args) {
         // Requests in flight when it died are lost (their clients got an error).
         if (!cannot_restart && restart_failed > 0 && restarts[it->node.process] < restart_failed) {
           const uint32_t tries = schedule_restart();
-          std::printf("baton launch: the head exited (%s); restarting it in %.1f s (%u of %u)\n", how.c_str(),
+          std::printf("%sbaton launch: the head exited (%s); restarting it in %.1f s (%u of %u)\n", stamp().c_str(), how.c_str(),
                       it->backoff_ms / 1000.0, tries, restart_failed);
           std::fflush(stdout);
           ++it;
           continue;
         }
-        std::fprintf(stderr, "baton launch: the head exited (%s); stopping the cluster\n", how.c_str());
+        std::fprintf(stderr, "%sbaton launch: the head exited (%s); stopping the cluster\n", stamp().c_str(), how.c_str());
         it->pid = -1;
         return 1;
       }
@@ -668,7 +674,7 @@ int run_launch(const std::vector<std::string>& raw_args) {
       const bool failed = how != "exit code 0";
       if (!cannot_restart && failed && restart_failed > 0 && restarts[it->node.process] < restart_failed) {
         const uint32_t tries = schedule_restart();
-        std::printf("baton launch: node %s left (%s); restarting it in %.1f s (%u of %u)%s\n", it->node.process.c_str(),
+        std::printf("%sbaton launch: node %s left (%s); restarting it in %.1f s (%u of %u)%s\n", stamp().c_str(), it->node.process.c_str(),
                     how.c_str(), it->backoff_ms / 1000.0, tries, restart_failed,
                     it->node.role == "store" ? "; the head adopts it again once it listens" : "");
         std::fflush(stdout);
@@ -676,12 +682,12 @@ int run_launch(const std::vector<std::string>& raw_args) {
         continue;
       }
       if (!cannot_restart && it->node.role == "store" && failed)
-        std::printf("baton launch: node %s left (%s); the cluster serves on without its blocks (prefixes there are "
+        std::printf("%sbaton launch: node %s left (%s); the cluster serves on without its blocks (prefixes there are "
                     "computed again); started again by hand at the same address with the cluster's --cluster-id (`baton "
-                    "launch SPEC --dry-run` prints its command), the head adopts it again\n",
+                    "launch SPEC --dry-run` prints its command), the head adopts it again\n", stamp().c_str(),
                     it->node.process.c_str(), how.c_str());
       else if (!cannot_restart)
-        std::printf("baton launch: node %s left (%s)\n", it->node.process.c_str(), how.c_str());
+        std::printf("%sbaton launch: node %s left (%s)\n", stamp().c_str(), it->node.process.c_str(), how.c_str());
       // Failed for good (restarts used up, or its host cannot start it): a spare of the same
       // role and ranks takes its place, and with it the node's data-parallel members; one
       // standing by first (told the node's flags on its stdin), else one started cold.
@@ -697,7 +703,7 @@ int run_launch(const std::vector<std::string>& raw_args) {
           continue;  // it died meanwhile: the next pass reports it
         close(sb.standby_in);
         sb.standby_in = -1;
-        std::printf("baton launch: node %s failed for good; spare %s, standing by, takes its place (pid %d)\n",
+        std::printf("%sbaton launch: node %s failed for good; spare %s, standing by, takes its place (pid %d)\n", stamp().c_str(),
                     it->node.name.c_str(), in.name.c_str(), static_cast<int>(sb.pid));
         sb.node = in;
         restarts.emplace(in.process, 0);  // a spare may be restarted as any node, and is watched for its join
@@ -710,13 +716,13 @@ int run_launch(const std::vector<std::string>& raw_args) {
         }
         const auto in = stand_in(*sp, it->node);
         if (auto pid = spawn(in); pid > 0) {
-          std::printf("baton launch: node %s failed for good; spare %s started in its place (pid %d)\n",
+          std::printf("%sbaton launch: node %s failed for good; spare %s started in its place (pid %d)\n", stamp().c_str(),
                       it->node.name.c_str(), in.name.c_str(), static_cast<int>(pid));
           *it = child{in, pid};
           restarts.emplace(in.process, 0);  // a spare may be restarted as any node, and is watched for its join
           replaced = true;
         } else {
-          std::fprintf(stderr, "baton launch: spare %s: cannot start it: %s\n", sp->name.c_str(), why.c_str());
+          std::fprintf(stderr, "%sbaton launch: spare %s: cannot start it: %s\n", stamp().c_str(), sp->name.c_str(), why.c_str());
         }
         sp = spares.erase(sp);  // started, or unusable
       }
@@ -730,15 +736,15 @@ int run_launch(const std::vector<std::string>& raw_args) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds{200});
   }
-  std::printf("baton launch: stopping (decode nodes and gateways drain first)\n");
+  std::printf("%sbaton launch: stopping (decode nodes and gateways drain first)\n", stamp().c_str());
   std::fflush(stdout);
   stop_all(children, static_cast<int>(drain_ms), [&](const std::vector<std::string>& names, int budget_ms) {
     std::string list;
     for (const auto& n : names) list += " " + n;
-    std::printf("baton launch: waiting up to %d ms for the remote nodes%s to drain\n", budget_ms, list.c_str());
+    std::printf("%sbaton launch: waiting up to %d ms for the remote nodes%s to drain\n", stamp().c_str(), budget_ms, list.c_str());
     std::fflush(stdout);
     const auto still = wait_nodes_gone(sys, directory, names, std::chrono::milliseconds{budget_ms});
-    for (const auto& n : still) std::printf("baton launch: remote node %s still there after the drain time; stopping the head\n", n.c_str());
+    for (const auto& n : still) std::printf("%sbaton launch: remote node %s still there after the drain time; stopping the head\n", stamp().c_str(), n.c_str());
   });
   return 0;
 }

@@ -168,8 +168,13 @@ int run_local(const std::vector<std::string>& args) {
   flags.add("--cuda-fp32", &cuda_fp32, "cuda: fp32 weights and KV instead of bf16 (the conformance mode)");
   flags.add("--kv-pages", &opt.cluster.executor.num_kv_pages, "KV pages per rank");
   flags.add("--max-batch-size", &opt.cluster.decode.max_batch_size,
-            "decode ranks: sequences in one decode step, at most (vLLM's --max-num-seqs); more wait for a place");
+            "decode ranks: sequences in one decode step, at most; more are admitted as KV allows and steps take them in turn (unlike vLLM's --max-num-seqs, which queues them)");
   flags.add("--page-tokens", &opt.cluster.executor.page_size_tokens, "tokens per KV page");
+  flags.add("--speculative-tokens", &opt.cluster.decode.speculative_tokens,
+            "decode ranks: speculative decoding by prompt lookup, up to this many draft tokens per sequence and step "
+            "(0 = off; at most 16; the tokens are the same either way; CPU executor)");
+  flags.add("--prompt-lookup-min", &opt.cluster.decode.prompt_lookup_min, "speculative decoding: shortest n-gram looked up");
+  flags.add("--prompt-lookup-max", &opt.cluster.decode.prompt_lookup_max, "speculative decoding: longest n-gram looked up");
   flags.add("--chunk-tokens", &opt.cluster.prefill.chunk_tokens, "largest prefill chunk, in tokens");
   flags.add("--step-budget-us", &opt.cluster.prefill.step_budget_us,
             "size each prefill chunk to this predicted time (0 = fixed --chunk-tokens)");
@@ -683,7 +688,10 @@ int run_local(const std::vector<std::string>& args) {
                                        std::to_string(opt.poll_attempts), "--model", opt.model,
                                        "--cluster-id", opt.sec.cluster_id, "--expert-parallel",
                                        std::to_string(opt.expert_parallel), "--ucx-send", opt.cluster.ucx_send,
-                                       "--max-batch-size", std::to_string(opt.cluster.decode.max_batch_size)};
+                                       "--max-batch-size", std::to_string(opt.cluster.decode.max_batch_size),
+                                       "--speculative-tokens", std::to_string(opt.cluster.decode.speculative_tokens),
+                                       "--prompt-lookup-min", std::to_string(opt.cluster.decode.prompt_lookup_min),
+                                       "--prompt-lookup-max", std::to_string(opt.cluster.decode.prompt_lookup_max)};
       if (opt.dual_batch_overlap) argv.push_back("--dual-batch-overlap");
       if (opt.eplb.slots_per_rank)
         argv.insert(argv.end(), {"--eplb-slots", std::to_string(opt.eplb.slots_per_rank), "--eplb-interval",

@@ -155,9 +155,11 @@ void gateway_metrics::record(const completion& c) {
   ++completions_;
   int64_t total = c.ttft_us;
   // Per decode rank too, so that a slow one shows (a rank whose steps take 4x its peers' did
-  // not, in a trial: the cluster's histogram averaged it away). A moved sequence counts where it ended.
+  // not, in a trial: the cluster's histogram averaged it away). Not a request that failed over
+  // or moved: its intervals span ranks, and the gap of the failover itself would be charged to
+  // the rank that took it over (a trial's alert on a slow rank fired on the healthy survivor).
   histogram* by_rank = nullptr;
-  if (!c.decode_rank.empty() && !c.tbt_us.empty())
+  if (!c.decode_rank.empty() && !c.tbt_us.empty() && c.failovers == 0 && c.migrations == 0)
     by_rank = &rank_tbt_.try_emplace(c.decode_rank, tbt_.bounds).first->second;
   for (auto us : c.tbt_us) {
     tbt_.observe(seconds(us));
@@ -209,7 +211,7 @@ std::string gateway_metrics::render(const cluster_stats* cluster) const {
                      ttft_);
     render_histogram(out, "baton_tbt_seconds", "every interval between consecutive tokens", tbt_);
     render_labeled_histograms(out, "baton_decode_rank_tbt_seconds",
-                              "every interval between consecutive tokens, by the decode rank the sequence ended on",
+                              "every interval between consecutive tokens, by the decode rank the sequence ran on (requests that failed over or moved are left out: their intervals span ranks)",
                               "rank", rank_tbt_, label);
     render_histogram(out, "baton_e2e_seconds",
                      "per finished generation: first token plus every interval, on the router's clock (so a short "
@@ -343,6 +345,15 @@ std::string gateway_metrics::render(const cluster_stats* cluster) const {
                   [](const rank_load& r) { return r.blocks_written_back; });
   per_decode_rank("baton_rank_write_backs_dropped_total", "blocks no block server stored (staging full, no server, write failed)",
                   [](const rank_load& r) { return r.write_backs_dropped; });
+  family("baton_rank_quarantined_kv_pages",
+         "decode: KV pages held out of use until a late writer's puts cannot land (kv_quarantine_ms): neither free nor "
+         "running",
+         "gauge", true, [](const rank_load& r) { return static_cast<double>(r.quarantined_pages); });
+  per_decode_rank("baton_rank_spec_draft_tokens_total", "speculative decoding: draft tokens run in decode steps",
+                  [](const rank_load& r) { return r.drafted_tokens; });
+  per_decode_rank("baton_rank_spec_accepted_tokens_total",
+                  "speculative decoding: draft tokens the model picked too (tokens gained beyond one per step)",
+                  [](const rank_load& r) { return r.accepted_tokens; });
   render_counter(out, "baton_store_blocks", "blocks in the KV block store's index", static_cast<double>(c.store.blocks),
                  "gauge");
   render_counter(out, "baton_store_servers", "block servers the store was started with",

@@ -38,6 +38,7 @@
 #include "actors/messages.hpp"
 #include "actors/node_agent.hpp"
 #include "deploy/commands.hpp"
+#include "deploy/utc_stamp.hpp"
 #include "deploy/dp_meeting.hpp"
 #include "deploy/expert_processes.hpp"
 #include "deploy/flags.hpp"
@@ -209,7 +210,7 @@ struct rank_starter {
       }
       out->ranks.names.push_back(rank_name);
     }
-    std::printf("baton node %s: joined the head; %u %s rank(s) serving\n", o.name.c_str(), o.num_ranks, o.role.c_str());
+    std::printf("%s baton node %s: joined the head; %u %s rank(s) serving\n", utc_stamp().c_str(), o.name.c_str(), o.num_ranks, o.role.c_str());
     std::fflush(stdout);
     return {};
   }
@@ -392,8 +393,8 @@ int run_rank_node(node_options o) {
     // stop with them; the model stays loaded. A head that comes back at the same address is
     // joined afresh, and the ranks start again with new executors over the same weights (a
     // data-parallel group's members, broken by the stop, re-form through the new head).
-    std::printf("baton node %s: the head went away; its ranks stopped; waiting up to %u s for a head at %s (the model "
-                "stays loaded)\n",
+    std::printf("%s baton node %s: the head went away; its ranks stopped; waiting up to %u s for a head at %s (the model "
+                "stays loaded)\n", utc_stamp().c_str(),
                 o.name.c_str(), o.head_wait_s, o.connect.c_str());
     std::fflush(stdout);
     if (start.groups) start.groups->head_lost();
@@ -440,8 +441,8 @@ int run_rank_node(node_options o) {
   if (const int32_t pid = state->replaced_by.load()) {
     // Not a failure to restart: another process serves under the name now (a restart by hand, or
     // by another supervisor, while this one was out of reach or still running).
-    std::printf("baton node %s: a newer process (pid %d) joined the head under this node's name; its ranks were "
-                "forgotten, so this one stopped them and leaves (exit code 0)\n",
+    std::printf("%s baton node %s: a newer process (pid %d) joined the head under this node's name; its ranks were "
+                "forgotten, so this one stopped them and leaves (exit code 0)\n", utc_stamp().c_str(),
                 o.name.c_str(), pid);
     return 0;
   }

@@ -60,7 +60,11 @@ void add_node_flags(flag_set& flags, node_options* o, bool* cuda_fp32) {
   flags.add("--step-budget-us", &o->prefill.step_budget_us, "prefill: size each chunk to this predicted time (0 = fixed)");
   flags.add("--kv-pages", &o->exec.num_kv_pages, "KV pages per rank");
   flags.add("--max-batch-size", &o->rank.max_batch_size,
-            "decode: sequences in one decode step, at most (vLLM's --max-num-seqs); more wait for a place");
+            "decode: sequences in one decode step, at most; more are admitted as KV allows and steps take them in turn (unlike vLLM's --max-num-seqs, which queues them)");
+  flags.add("--speculative-tokens", &o->rank.speculative_tokens,
+            "decode: speculative decoding by prompt lookup, up to this many draft tokens per sequence and step (0 = off)");
+  flags.add("--prompt-lookup-min", &o->rank.prompt_lookup_min, "decode, speculative decoding: shortest n-gram looked up");
+  flags.add("--prompt-lookup-max", &o->rank.prompt_lookup_max, "decode, speculative decoding: longest n-gram looked up");
   flags.add("--page-tokens", &o->exec.page_size_tokens, "tokens per KV page");
   flags.add("--executor-threads", &o->exec.num_threads, "math threads per rank");
   flags.add("--executor", &o->backend.kind, "executor backend: cpu (default) or cuda (ranks in turn on the GPUs this process sees)");

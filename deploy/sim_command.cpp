@@ -218,6 +218,11 @@ int run_sim(const std::vector<std::string>& raw) {
       std::fprintf(stderr, "baton sim: %s\n", why.c_str());
       return 2;
     }
+    if (t.requests.empty()) {  // every percentile would read 0.0, as if measured
+      std::fprintf(stderr, "baton sim: synthetic arrivals at --rate %g over --duration-s %g drew no request: raise either\n",
+                   static_cast<double>(o.synthetic_rate * o.rate_scale), static_cast<double>(o.synthetic_duration_s));
+      return 2;
+    }
     // run_sim would refuse the same, in its config's words; these are the flags'.
     if (auto e = trace_run_problem(o, t, name, false); !e.empty()) {
       std::fprintf(stderr, "baton sim: %s\n", e.c_str());

@@ -23,6 +23,12 @@ namespace baton::deploy::sim_cli {
 
 namespace {
 
+/// Synthetic lengths are drawn lognormal (cv 1) and cut here, so that one draw from the tail
+/// stays a request a model serves. A mean near the cut would be a different distribution (a
+/// mean of 65,536 prompt tokens gave 25,000): means go up to a quarter of it, where the cut moves
+/// the mean by a few percent; longer ones come from a trace.
+constexpr uint32_t synthetic_input_cut = 32768, synthetic_output_cut = 4096;
+
 /// The synthetic arrivals (no --trace) at `scale` times the flags' rate: one place, so the checks
 /// before any run see the same spec the runs will draw from.
 sims::synthetic_spec synthetic_spec_of(const sim_options& o, double scale) {
@@ -30,12 +36,12 @@ sims::synthetic_spec synthetic_spec_of(const sim_options& o, double scale) {
   s.rate_per_s = o.synthetic_rate * o.rate_scale * scale;
   s.duration_s = o.synthetic_duration_s;
   s.arrival_cv = o.arrival_cv;
-  s.input = {sims::length_dist::lognormal, static_cast<double>(o.input_mean), 1.0, 1, 32768};
-  s.output = {sims::length_dist::lognormal, static_cast<double>(o.output_mean), 1.0, 1, 4096};
+  s.input = {sims::length_dist::lognormal, static_cast<double>(o.input_mean), 1.0, 1, synthetic_input_cut};
+  s.output = {sims::length_dist::lognormal, static_cast<double>(o.output_mean), 1.0, 1, synthetic_output_cut};
   s.period_s = o.day_s;
   s.rate_swing = o.day_s > 0 ? o.day_swing : 0.0;
-  s.alt_input = {sims::length_dist::lognormal, static_cast<double>(o.alt_input_mean), 1.0, 1, 32768};
-  s.alt_output = {sims::length_dist::lognormal, static_cast<double>(o.alt_output_mean), 1.0, 1, 4096};
+  s.alt_input = {sims::length_dist::lognormal, static_cast<double>(o.alt_input_mean), 1.0, 1, synthetic_input_cut};
+  s.alt_output = {sims::length_dist::lognormal, static_cast<double>(o.alt_output_mean), 1.0, 1, synthetic_output_cut};
   s.seed = o.cfg.seed;
   return s;
 }
@@ -133,6 +139,14 @@ std::string cluster_problem(const sim_options& o) {
            " attention heads" + (shape->kv_heads ? " and " + std::to_string(shape->kv_heads) + " KV heads" : std::string{}) +
            " evenly over an instance's GPUs; " + c.model + " takes --tp " + join(fits);
   }
+  if (!tp_used && c.tp != sim_options{}.cfg.tp)  // (given: the default cannot be told from one typed)
+    return "--tp " + std::to_string(c.tp) + " applies to pools without expert parallelism, and every pool here has "
+           "--prefill-ep or --decode-ep (data-parallel attention): drop --tp";
+  // The roofline times a TP all-reduce at NVLink's bandwidth with no per-call latency: across
+  // nodes it would be the NIC's, and 64 GPUs read as 0.6 ms per token.
+  if (tp_used && c.tp > c.gpus_per_node)
+    return "--tp " + std::to_string(c.tp) + " spans more than one node (--gpus-per-node " + std::to_string(c.gpus_per_node) +
+           "): tensor parallelism is timed over NVLink within a node only";
   // The rest of sim_config::validate()'s checks speak of its fields: with_flag_names below.
   // finish_options() turned --kill and then --degrade into faults, in that order.
   for (size_t i = 0; i < c.faults.size(); ++i) {
@@ -209,13 +223,29 @@ std::string arrivals_problem(const sim_options& o, bool searches) {
   if (!(o.synthetic_rate > 0)) return "--rate must be > 0, got " + num(o.synthetic_rate);
   if (!(o.synthetic_duration_s > 0)) return "--duration-s must be > 0, got " + num(o.synthetic_duration_s);
   if (!(o.arrival_cv > 0)) return "--arrival-cv must be > 0 (1: Poisson), got " + num(o.arrival_cv);
-  if (o.input_mean == 0) return "--input-mean must be >= 1, got 0";
-  if (o.output_mean == 0) return "--output-mean must be >= 1, got 0";
+  const auto mean_fits = [](const char* flag, uint32_t mean, uint32_t cut) -> std::string {
+    if (mean == 0) return std::string{flag} + " must be >= 1, got 0";
+    if (mean > cut / 4)
+      return std::string{flag} + " must be at most " + std::to_string(cut / 4) + ", got " + std::to_string(mean) +
+             ": synthetic lengths are lognormal (cv 1) cut at " + std::to_string(cut) +
+             " tokens, which would pull a larger mean well below what was asked; replay a --trace for longer ones";
+    return {};
+  };
+  if (auto e = mean_fits("--input-mean", o.input_mean, synthetic_input_cut); !e.empty()) return e;
+  if (auto e = mean_fits("--output-mean", o.output_mean, synthetic_output_cut); !e.empty()) return e;
   if (o.day_s < 0) return "--day-s must be >= 0 (0: steady), got " + num(o.day_s);
   if (o.day_s > 0) {
     if (!(o.day_swing >= 0 && o.day_swing < 1)) return "--day-swing must be in [0, 1), got " + num(o.day_swing);
-    if (o.alt_input_mean == 0) return "--alt-input-mean must be >= 1, got 0";
-    if (o.alt_output_mean == 0) return "--alt-output-mean must be >= 1, got 0";
+    if (auto e = mean_fits("--alt-input-mean", o.alt_input_mean, synthetic_input_cut); !e.empty()) return e;
+    if (auto e = mean_fits("--alt-output-mean", o.alt_output_mean, synthetic_output_cut); !e.empty()) return e;
+  } else {
+    given("--day-swing", o.day_swing, defaults.day_swing);
+    given("--alt-input-mean", o.alt_input_mean, defaults.alt_input_mean, true);
+    given("--alt-output-mean", o.alt_output_mean, defaults.alt_output_mean, true);
+    if (!unused.empty())
+      return join(unused) + (unused.size() == 1 ? " shapes" : " shape") +
+             " a synthetic day, and --day-s is 0 (steady arrivals): give --day-s too, or drop " +
+             (unused.size() == 1 ? "it" : "them");
   }
   if (auto e = synthetic_spec_of(o, 1.0).validate(); !e.empty()) return e;
   if (searches && o.hi > 1)
@@ -300,6 +330,7 @@ std::string outputs_problem(const sim_options& o, const std::string& mode) {
 /// none, and the search printed ">= 0.00 requests/s" for it, as if measured.
 std::string no_rate_problem(const sims::trace& t, const std::string& name) {
   if (t.span_s() > 0) return {};
+  if (t.requests.empty()) return name + " holds no request";
   const std::string what = t.requests.size() == 1 ? std::string{"holds one request"}
                                                   : "has " + std::to_string(t.requests.size()) +
                                                         " requests, all arriving at the same instant";
@@ -340,6 +371,24 @@ bool finish_options(sim_options* o, std::string* why) {
     o->cfg.cost_profile_name = o->cost_profile + " (" + p.executor + ", " + p.model + ")";
   }
   o->cfg.model_links = !o->free_links;
+  // The arrivals as the report's config says them: two runs of one trace at two scales, or
+  // two synthetic draws, told apart by their reports alone.
+  if (!o->trace_path.empty()) {
+    o->cfg.arrivals = o->trace_path;
+    for (const auto& t : o->then_traces) o->cfg.arrivals += " then " + t;
+    o->cfg.arrivals += ", rate x " + num(o->rate_scale) + ", window from " + num(o->window_start_s) + " s for " +
+                       (o->window_s > 0 ? num(o->window_s) + " s" : std::string{"the rest"}) +
+                       (o->max_requests ? ", at most " + std::to_string(o->max_requests) + " requests" : "");
+  } else {
+    o->cfg.arrivals = "synthetic: " + num(o->synthetic_rate * o->rate_scale) + " requests/s for " +
+                      num(o->synthetic_duration_s) + " s, arrival cv " + num(o->arrival_cv) + ", prompts mean " +
+                      std::to_string(o->input_mean) + ", outputs mean " + std::to_string(o->output_mean) +
+                      " tokens (lognormal, cv 1)" +
+                      (o->day_s > 0 ? ", a day of " + num(o->day_s) + " s (rate swing " + num(o->day_swing) +
+                                          ", prompts mean " + std::to_string(o->alt_input_mean) + " and outputs mean " +
+                                          std::to_string(o->alt_output_mean) + " half a day later)"
+                                    : "");
+  }
   o->cfg.faults.clear();
   // A number the whole of `text` spells (strtod alone took "decode-1@" as 0 s).
   auto number = [](const std::string& text, double* out) {
@@ -394,8 +443,8 @@ void add_sim_flags(flag_set& f, sim_options* o) {
   f.add("--rate", &o->synthetic_rate, "synthetic: requests per second");
   f.add("--duration-s", &o->synthetic_duration_s, "synthetic: seconds of arrivals");
   f.add("--arrival-cv", &o->arrival_cv, "synthetic: 1 = Poisson, > 1 = bursty (gamma)");
-  f.add("--input-mean", &o->input_mean, "synthetic: mean prompt tokens (lognormal, cv 1)");
-  f.add("--output-mean", &o->output_mean, "synthetic: mean output tokens (lognormal, cv 1)");
+  f.add("--input-mean", &o->input_mean, "synthetic: mean prompt tokens (lognormal, cv 1, cut at 32768; at most 8192)");
+  f.add("--output-mean", &o->output_mean, "synthetic: mean output tokens (lognormal, cv 1, cut at 4096; at most 1024)");
   f.add("--day-s", &o->day_s,
         "synthetic: a diurnal day of this period: the rate swings, the mix drifts to --alt-* and back (0: steady)");
   f.add("--day-swing", &o->day_swing, "synthetic day: the rate's relative swing, in [0, 1)");
@@ -425,7 +474,7 @@ void add_sim_flags(flag_set& f, sim_options* o) {
         "elastic P/D: a pool's pressure is the mean over its ranks (default) or the max (a tail signal)");
   f.add("--colocated", &o->cfg.colocated, "the colocated baseline: chunked prefill on the decode instances");
   f.add("--chunk-tokens", &o->cfg.colocated_chunk_tokens, "colocated: tokens per step (max_num_batched_tokens)");
-  f.add("--max-batch", &o->cfg.max_batch, "sequences per decode step (max_num_seqs)");
+  f.add("--max-batch", &o->cfg.max_batch, "sequences per decode step; unlike vLLM's max_num_seqs, more are admitted (as KV allows) and steps take them in turn, so TPOT grows rather than TTFT");
   f.add("--prefill-policy", &o->cfg.prefill_policy,
         "seed | least_loaded | round_robin | cache_affinity (split: not in sims yet)");
   f.add("--decode-policy", &o->cfg.decode_policy, "seed | least_loaded | round_robin");

@@ -72,7 +72,8 @@ std::string status_text(const std::vector<node_status>* nodes, const std::string
           out += "  " + pad(role, 8) + pad(r.name, 16) + pad(std::to_string(r.num_running), 8) +
                  pad(std::to_string(r.queued_tokens), 8) +
                  pad(std::to_string(r.num_free_pages) + " of " + std::to_string(r.num_total_pages), 14) + rank_state(r) +
-                 "\n";
+                 // Held for late writers: neither free nor running, and not a leak (kv_quarantine_ms).
+                 (r.quarantined_pages ? "; " + std::to_string(r.quarantined_pages) + " KV pages quarantined" : "") + "\n";
       if (!ranks->decode_answered) out += "  (the decode balancer did not answer: no decode rank is shown)\n";
       out += "  placements waiting: prefill " + std::to_string(ranks->prefill_parked) + ", decode " +
              std::to_string(ranks->decode_parked) + " (the KV queue); requests in flight " +
@@ -115,7 +116,8 @@ std::string status_json(const std::vector<node_status>* nodes, const std::string
                                 {"running", r.num_running},
                                 {"queued_tokens", r.queued_tokens},
                                 {"free_kv_pages", r.num_free_pages},
-                                {"kv_pages", r.num_total_pages}});
+                                {"kv_pages", r.num_total_pages},
+                                {"quarantined_kv_pages", r.quarantined_pages}});
     out["placements_waiting"] = {{"prefill", ranks->prefill_parked}, {"decode", ranks->decode_parked}};
     out["requests_active"] = ranks->num_active;
     if (ranks->store_servers) out["store_servers"] = {{"total", ranks->store_servers}, {"answering", ranks->store_servers_up}};

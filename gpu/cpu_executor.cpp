@@ -37,6 +37,10 @@ std::string check_forward_job(const forward_job& job, const model_config& cfg, c
   for (const auto& s : job.seqs) {
     const auto tag = "sequence " + std::to_string(s.seq_id) + ": ";
     if (s.tokens.empty()) return tag + "no tokens to run";
+    if (!s.row_samples.empty() && s.row_samples.size() + 1 != s.tokens.size())
+      return tag + std::to_string(s.row_samples.size()) + " row picks for " + std::to_string(s.tokens.size()) +
+             " rows (one per row before the last)";
+    if (!s.row_samples.empty() && !s.sample) return tag + "row picks without the last row's (sample)";
     for (auto t : s.tokens)
       if (t < 0 || static_cast<uint32_t>(t) >= cfg.vocab_size)
         return tag + "token id " + std::to_string(t) + " outside the vocabulary [0, " +
@@ -227,6 +231,7 @@ public:
 
   const model_config& config() const override { return cfg_; }
   kv_cache& kv() override { return kv_; }
+  bool picks_every_row() const override { return true; }
   std::string describe() const override { return "cpu x" + std::to_string(num_threads_) + " threads"; }
 
   void submit(forward_job job, std::shared_ptr<executor_sink> sink) override { jobs_.submit(std::move(job), std::move(sink)); }
@@ -285,29 +290,52 @@ private:
       sink.on_layer_computed(job.job_id, l);
     }
 
-    // LM head: one matrix product over the last row of every sequence that wants logits or a
-    // token, so the (large) head matrix is streamed once per step, not once per sequence.
-    std::vector<size_t> wanting;
-    size_t last_row = 0;
-    for (size_t s = 0; s < job.seqs.size(); ++s) {
-      last_row += job.seqs[s].tokens.size();
-      if (!job.seqs[s].wants_head()) continue;
-      rmsnorm(act_.x.data() + (last_row - 1) * h, w.final_norm.data(), 1, h, c.rms_norm_eps,
-              act_.hn.data() + wanting.size() * h);
-      wanting.push_back(s);
+    // LM head: one matrix product over the rows that want logits or a token -- every sequence's
+    // last, and each earlier row of a speculating one (row_samples) -- so the (large) head matrix
+    // is streamed once per step, not once per sequence. A row's logits are the same whichever
+    // rows share the product (batch-invariant), so a draft row's pick is the one a step of its
+    // own would make.
+    struct head_row {
+      size_t seq;
+      size_t row;  ///< within its sequence
+    };
+    std::vector<head_row> wanting;
+    bool rows_picked = false;
+    size_t first_row = 0;
+    for (size_t s = 0; s < job.seqs.size(); first_row += job.seqs[s].tokens.size(), ++s) {
+      const auto& q = job.seqs[s];
+      if (!q.wants_head()) continue;
+      rows_picked |= !q.row_samples.empty();
+      for (size_t r = q.row_samples.empty() ? q.tokens.size() - 1 : 0; r < q.tokens.size(); ++r) {
+        rmsnorm(act_.x.data() + (first_row + r) * h, w.final_norm.data(), 1, h, c.rms_norm_eps,
+                act_.hn.data() + wanting.size() * h);
+        wanting.push_back({s, r});
+      }
     }
     std::vector<float> all_logits(wanting.size() * c.vocab_size);
     matmul_nt(act_.hn.data(), wanting.size(), h, w.lm_head_data(), c.vocab_size, all_logits.data(), &pool_);
     forward_output out{std::vector<std::vector<float>>(job.seqs.size()), std::vector<int32_t>(job.seqs.size(), -1), {}};
+    if (rows_picked) {
+      out.row_tokens.resize(job.seqs.size());
+      out.row_logprobs.resize(job.seqs.size());
+    }
     for (size_t i = 0; i < wanting.size(); ++i) {
-      const auto& s = job.seqs[wanting[i]];
+      const auto [si, r] = wanting[i];
+      const auto& s = job.seqs[si];
       const std::span<const float> row(all_logits.data() + i * c.vocab_size, c.vocab_size);
-      if (s.sample) out.tokens[wanting[i]] = sample_token(row, *s.sample, &scratch_);
+      if (r + 1 < s.tokens.size()) {  // a draft's row (row_samples)
+        const auto& pick = s.row_samples[r];
+        out.row_tokens[si].push_back(sample_token(row, pick, &scratch_));
+        out.row_logprobs[si].push_back(pick.want_logprobs ? logprobs_of(row, out.row_tokens[si].back(), pick.top_logprobs)
+                                                          : token_logprobs{});
+        continue;
+      }
+      if (s.sample) out.tokens[si] = sample_token(row, *s.sample, &scratch_);
       if (s.sample && s.sample->want_logprobs) {
         out.logprobs.resize(job.seqs.size());
-        out.logprobs[wanting[i]] = logprobs_of(row, out.tokens[wanting[i]], s.sample->top_logprobs);
+        out.logprobs[si] = logprobs_of(row, out.tokens[si], s.sample->top_logprobs);
       }
-      if (s.want_logits) out.logits[wanting[i]].assign(row.begin(), row.end());
+      if (s.want_logits) out.logits[si].assign(row.begin(), row.end());
     }
     score_rows(job, &out);
     sink.on_done(job.job_id, std::move(out));

@@ -111,6 +111,11 @@ struct forward_seq {
   /// Empty: no row is scored. Otherwise one entry per row.
   std::vector<int32_t> score_targets = {};
   uint32_t score_top = 0;
+  /// Speculative decoding (actors/decode_rank.cpp): the rows after the first are draft tokens,
+  /// and the executor also picks the token after each row but the last, entry r by row_samples[r]
+  /// (forward_output::row_tokens); the last row's pick is `sample`'s. Empty: only the last row
+  /// is picked. Only for executors whose picks_every_row() is true.
+  std::vector<seq_sampling> row_samples = {};
   /// Whether the job computes this sequence's last-token logits at all.
   bool wants_head() const { return want_logits || sample.has_value(); }
 };
@@ -168,6 +173,9 @@ public:
   virtual std::string describe() const = 0;
   /// Queues the job; jobs run in submission order. Never blocks on compute.
   virtual void submit(forward_job job, std::shared_ptr<executor_sink> sink) = 0;
+  /// Whether jobs may carry forward_seq::row_samples (a pick after every row, for speculative
+  /// decoding). Executors that cannot refuse such a job.
+  virtual bool picks_every_row() const { return false; }
   /// Gives a modelled executor its timeline; real executors ignore it.
   virtual void bind_runner(deferred_runner*) {}
   /// A modelled executor on virtual time (sims): work its owner would hand to a thread of its own

@@ -71,6 +71,7 @@ public:
   kv_cache& kv() override { return inner_->kv(); }
   void bind_runner(deferred_runner* r) override { inner_->bind_runner(r); }
   bool on_virtual_time() const override { return inner_->on_virtual_time(); }
+  bool picks_every_row() const override { return inner_->picks_every_row(); }
   void stop() override { inner_->stop(); }
   std::string standing_failure() const override { return inner_->standing_failure(); }
   void on_health_change(std::function<void()> fn) override { inner_->on_health_change(std::move(fn)); }

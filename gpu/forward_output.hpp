@@ -18,6 +18,11 @@ struct forward_output {
   /// Prompt scoring (forward_seq::score_targets): scores[s] has one entry per scored row of
   /// sequence s, in row order; empty as a whole when no sequence asked.
   std::vector<std::vector<token_logprobs>> scores{};
+  /// Speculative decoding (forward_seq::row_samples): row_tokens[s][r] is the pick after row r of
+  /// sequence s, and row_logprobs[s][r] its log-probabilities where asked; both empty as a whole
+  /// when no sequence had row_samples.
+  std::vector<std::vector<int32_t>> row_tokens{};
+  std::vector<std::vector<token_logprobs>> row_logprobs{};
 };
 
 /// The rows of `targets` that are scored (target >= 0), counted.

@@ -13,7 +13,8 @@ public:
   void on_layer_kv_ready(uint64_t, uint32_t) override {}
   void on_done(uint64_t, forward_output out) override {
     promise_.set_value(
-        forward_outcome{std::move(out.logits), {}, std::move(out.tokens), std::move(out.logprobs), std::move(out.scores)});
+        forward_outcome{std::move(out.logits), {}, std::move(out.tokens), std::move(out.logprobs), std::move(out.scores),
+                        std::move(out.row_tokens), std::move(out.row_logprobs)});
   }
   void on_failed(uint64_t, std::string what) override { promise_.set_value(forward_outcome{{}, std::move(what), {}, {}, {}}); }
   std::future<forward_outcome> future() { return promise_.get_future(); }

@@ -18,6 +18,8 @@ struct forward_outcome {
   std::vector<int32_t> tokens;             ///< per sequence: its picked token (forward_seq::sample), or -1
   std::vector<token_logprobs> logprobs;    ///< as forward_output::logprobs
   std::vector<std::vector<token_logprobs>> scores;  ///< as forward_output::scores
+  std::vector<std::vector<int32_t>> row_tokens = {};           ///< as forward_output::row_tokens
+  std::vector<std::vector<token_logprobs>> row_logprobs = {};  ///< as forward_output::row_logprobs
 };
 
 /// Submits one job and waits for it.

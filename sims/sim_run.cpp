@@ -632,8 +632,22 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
   out->measured_ttft_ms = percentiles_of(std::move(mttft));
   out->measured_tpot_ms = percentiles_of(std::move(mtpot));
   out->measured_e2e_ms = percentiles_of(std::move(me2e));
+  // Numbers as typed (2000, 0.5), not std::to_string's 2000.000000.
+  const auto g = [](double x) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%g", x);
+    return std::string{b};
+  };
   std::map<std::string, std::string> echo = {
       {"trace", trace_name},
+      {"batching", "max batch " + std::to_string(cfg.max_batch) + " sequences per decode step, prefill chunk " +
+                       std::to_string(cfg.prefill_chunk_tokens) + " tokens" +
+                       (cfg.colocated ? ", colocated chunk " + std::to_string(cfg.colocated_chunk_tokens) + " tokens" : "") +
+                       ", KV page " + std::to_string(cfg.page_tokens) + " tokens, KV queue bypass " +
+                       std::to_string(cfg.kv_queue_max_bypass) + ", prefix tier " + std::to_string(cfg.prefix_cache_blocks) +
+                       " blocks of " + std::to_string(cfg.block_tokens) + " tokens per prefill rank" +
+                       (cfg.no_in_flight_sharing ? " (no in-flight sharing)" : "") + ", " + std::to_string(cfg.sim_layers) +
+                       " layer groups"},
       {"model", cfg.model},
       {"mode", cfg.colocated ? "colocated" : "disaggregated"},
       {"prefill", cfg.colocated ? "-" : std::to_string(cfg.prefill_instances) + " x " + std::to_string(prefill_roof.gpus()) + " " + cfg.prefill_gpu +
@@ -642,22 +656,23 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
                      (cfg.decode_ep > 1 ? " (EP " + std::to_string(cfg.decode_ep) + ")" : std::string{})},
       {"policies", cfg.prefill_policy + " / " + cfg.decode_policy},
       {"kv_tokens_per_instance", std::to_string(kv_tokens) + " decode, " + std::to_string(prefill_kv_tokens) + " prefill"},
-      {"store", cfg.store ? std::to_string(cfg.store_servers) + " modelled servers at " + std::to_string(cfg.store_gbps) +
-                                " GB/s (PCIe " + std::to_string((cfg.pcie_gbps > 0 ? cfg.pcie_gbps : prefill_roof.gpu.pcie_gbps) * prefill_roof.gpus()) +
+      {"store", cfg.store ? std::to_string(cfg.store_servers) + " modelled servers at " + g(cfg.store_gbps) +
+                                " GB/s (PCIe " + g((cfg.pcie_gbps > 0 ? cfg.pcie_gbps : prefill_roof.gpu.pcie_gbps) * prefill_roof.gpus()) +
                                 " GB/s per prefill instance), capacity " + (cfg.store_capacity_blocks ? std::to_string(cfg.store_capacity_blocks) + " blocks" : std::string{"unbounded"})
                           : std::string{"off (prefill ranks' local tiers only)"}},
       {"step_times", profile                 ? "profile " + profile->source()
                      : cfg.use_cost_profile ? "cost models " + cfg.cost_profile_name
                                             : "roofline"},
       {"kv_allocation", cfg.kv_on_demand_tokens ? "on demand, headroom " + std::to_string(cfg.kv_on_demand_tokens) + " tokens" : "whole sequence"},
-      {"links", cfg.model_links ? std::to_string(timing->gbps) + " GB/s per instance" : "free"},
-      {"slo", "TTFT <= " + std::to_string(cfg.slos.ttft_ms) + " ms, TBT <= " + std::to_string(cfg.slos.tbt_ms) + " ms"},
+      {"links", cfg.model_links ? g(timing->gbps) + " GB/s per instance" : "free"},
+      {"slo", "TTFT <= " + g(cfg.slos.ttft_ms) + " ms, TBT <= " + g(cfg.slos.tbt_ms) + " ms"},
       {"seed", std::to_string(cfg.seed)},
   };
+  if (!cfg.arrivals.empty()) echo["arrivals"] = cfg.arrivals;
   if (cfg.prefill_ep > 1 || cfg.decode_ep > 1)
     echo["experts"] = std::string{cfg.eplb ? "EPLB, " + std::to_string(cfg.eplb_redundant) + " redundant copies per instance"
                                            : "contiguous blocks, no copies"} +
-                      ", Zipf " + std::to_string(cfg.expert_skew) + " popularity, " + std::to_string(cfg.gpus_per_node) +
+                      ", Zipf " + g(cfg.expert_skew) + " popularity, " + std::to_string(cfg.gpus_per_node) +
                       " GPUs per node, dual-batch overlap";
   if (cfg.elastic_instances > 0) {
     echo["elastic"] = std::to_string(cfg.elastic_instances) + " x " + std::to_string(cfg.tp) + " " + cfg.decode_gpu + ", " +
@@ -669,8 +684,8 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
     }
   }
   for (const auto& f : cfg.faults)
-    echo["fault " + f.rank] = f.degrade_gbps > 0 ? "link at " + std::to_string(f.degrade_gbps) + " GB/s from " + std::to_string(f.at_s) + " s"
-                                                 : "killed at " + std::to_string(f.at_s) + " s";
+    echo["fault " + f.rank] = f.degrade_gbps > 0 ? "link at " + g(f.degrade_gbps) + " GB/s from " + g(f.at_s) + " s"
+                                                 : "killed at " + g(f.at_s) + " s";
   std::map<std::string, double> extra = {
       {"events", static_cast<double>(out->events)},
       {"events_per_request", t.requests.empty() ? 0.0 : static_cast<double>(out->events) / static_cast<double>(t.requests.size())},

@@ -82,6 +82,9 @@ struct sim_config {
   double pcie_gbps = 0;                  ///< per GPU, host to device, for store loads; 0: the prefill GPU's
   uint32_t page_tokens = 64;             ///< KV page size of the modelled ranks
   uint32_t sim_layers = 4;               ///< layers the actors see (KV ships per layer group); time uses the real count
+  /// How the arrivals were made (a trace and its cuts and scale, or the synthetic draw's flags),
+  /// as the report's config says it; set by the caller, which knows (empty: only the trace name).
+  std::string arrivals;
   /// Step times from per-layer profile tables (`<prefix>_dense.csv`, ... as in
   /// traces/vllm_measured/profiles/, sims/profile_table.hpp) instead of the roofline;
   /// the GPUs' memory still sizes the KV. One profile times every instance.

@@ -511,6 +511,9 @@ private:
     }
     auto* rkey = remote_rkey(key, &err);
     if (!rkey) return finish(id, xfer_state::failed, err);
+    // A layer's pages are often consecutive on both sides: one put (or one rendezvous) for each
+    // run of them, not one per page.
+    const auto segments = coalesce_segments(d.segments);
     auto& peer = peers_[key.worker_addr];
     transfer t{{}, {}, xfer_state::pending, err, &peer.keys[key.rkey]};
     ++t.key->in_flight;
@@ -521,8 +524,8 @@ private:
       ucp_request_param_t ap{};
       ap.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
       ap.flags = UCP_AM_SEND_FLAG_RNDV;
-      t.headers.reserve(d.segments.size());
-      for (const auto& s : d.segments) {
+      t.headers.reserve(segments.size());
+      for (const auto& s : segments) {
         t.headers.push_back({d.remote.region_id, s.dst_offset});  // reserved: the pointer stays valid
         if (!t.track(ucp_am_send_nbx(peer.ep, put_am_id, &t.headers.back(), sizeof(am_header),
                                      local->second.base + s.src_offset, s.size_bytes, &ap),
@@ -533,7 +536,7 @@ private:
       return;
     }
     bool ok = true;
-    for (const auto& s : d.segments)
+    for (const auto& s : segments)
       if (!(ok = t.track(ucp_put_nbx(peer.ep, local->second.base + s.src_offset, s.size_bytes, key.base + s.dst_offset,
                                      rkey, &rp),
                          "ucp_put_nbx")))

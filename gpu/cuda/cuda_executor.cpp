@@ -365,6 +365,11 @@ private:
     std::vector<uint32_t> scored;  // prompt scoring's rows: head rows after every sequence's own
     for (const auto& s : job.seqs) {
       const auto first_row = static_cast<uint32_t>(a.tokens.size());
+      // (picks_every_row() is false: a draft row would take the prefill kernels, whose numbers
+      // differ from a decode row's, and speculation would change the tokens.)
+      if (!s.row_samples.empty())
+        return "sequence " + std::to_string(s.seq_id) + ": picks after every row (speculative decoding) are not "
+               "supported by the CUDA executor";
       if (!s.score_targets.empty() && s.score_targets.size() != s.tokens.size())
         return "sequence " + std::to_string(s.seq_id) + ": " + std::to_string(s.score_targets.size()) +
                " score targets for " + std::to_string(s.tokens.size()) + " rows";

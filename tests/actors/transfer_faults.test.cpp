@@ -37,6 +37,9 @@ struct two_fault_cluster {
     cfg.router.request.prefill_timeout_ms = 40000;
     cfg.prefill.kv_send_timeout_ms = 300;
     cfg.decode.kv_quarantine_ms = 1500;
+    // The prefill rank holds the source pages of a put it gave up as long (the transport may
+    // still read them): one cluster, one quarantine.
+    cfg.prefill.late_put_quarantine_ms = 1500;
     outer.for_request = 1;
     inner.for_request = 1;
     executor_factory make_exec;
@@ -78,6 +81,11 @@ struct two_fault_cluster {
       if (e.kind == kind) return true;
     return false;
   }
+  bool prefill_event(const std::string& kind) {
+    for (const auto& e : t.events(cluster.prefill[0].handle))
+      if (e.kind == kind) return true;
+    return false;
+  }
   void serves_next() {
     generate_request req;
     req.prompt = "and the next one";
@@ -101,6 +109,11 @@ TEST_CASE("a put that fails while the prompt's other layers stall: the request i
   CHECK_MESSAGE(text.find("layer 3") != std::string::npos, text);  // the first failure, not the prefill timeout
   CHECK(f.pages_back());
   CHECK(f.decode_event("quarantine_expired"));  // the given-up puts' pages waited out the quarantine
+  // ... and so did their source pages on the prefill rank: a put given up is not recalled, and
+  // the transport may read its source when it gets to it (reused, they would send another
+  // prompt's KV).
+  CHECK(f.prefill_event("pages_held"));
+  CHECK(f.prefill_event("pages_unheld"));
   CHECK_FALSE(f.decode_event("step"));
   f.serves_next();
 }

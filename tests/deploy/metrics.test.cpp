@@ -79,6 +79,16 @@ TEST_CASE("/metrics: token intervals by decode rank, so that a slow rank shows b
   CHECK(value_of(text, "baton_decode_rank_tbt_seconds_bucket{rank=\"decode-b\",le=\"0.05\"}") == 2);
   CHECK(value_of(text, "baton_decode_rank_tbt_seconds_bucket{rank=\"decode-b\",le=\"+Inf\"}") == 2);
   CHECK(value_of(text, "baton_tbt_seconds_count") == 5);  // the cluster's, as before
+  // A request that failed over to decode-a: its 150 ms gap was the failover, not decode-a's
+  // step; it counts in the cluster's histogram only.
+  completion moved;
+  moved.decode_rank = "decode-a";
+  moved.failovers = 1;
+  moved.tbt_us = {2'000, 150'000, 2'000};
+  m.record(moved);
+  const auto after = m.render(nullptr);
+  CHECK(value_of(after, "baton_decode_rank_tbt_seconds_count{rank=\"decode-a\"}") == 3);
+  CHECK(value_of(after, "baton_tbt_seconds_count") == 8);
 }
 
 TEST_CASE("/metrics: failed calls by the cluster's reason, so that running out of KV reads apart from other 503s") {

@@ -254,7 +254,7 @@ TEST_CASE("sim: a link degraded in virtual time slows the handoffs through it fr
   const double extra_ms = static_cast<double>(degraded.outcomes[0].ttft_us - timed.outcomes[0].ttft_us) / 1e3;
   CHECK(extra_ms >= 3 * group_ms);
   CHECK(extra_ms <= 4 * group_ms + 2);
-  CHECK(degraded.json.find("\"fault decode-0\": \"link at 1.0") != std::string::npos);
+  CHECK(degraded.json.find("\"fault decode-0\": \"link at 1 GB/s") != std::string::npos);
   cfg.faults = {{0, "decode-0", -1}};
   CHECK(cfg.validate() == "fault on decode-0 degrades its link to a negative rate");
   for (double g : {std::nan(""), std::numeric_limits<double>::infinity()}) {  // NaN killed the rank instead

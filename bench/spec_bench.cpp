@@ -1,0 +1,200 @@
+// Speculative decoding by prompt lookup (decode_rank_config::speculative_tokens) against decoding
+// one token a step, in the same run, on the same requests: an in-process cluster (one prefill,
+// one decode rank) per setting, greedy answers of --tokens tokens.
+//
+// Two workloads from the trained model's held-out text (models/baton-kjv-tiny/heldout.txt):
+// "quote" -- a passage, then its first words again, so an answer that goes on quoting finds its
+// drafts in the prompt (RAG answers, code edits, summaries) -- and "fresh" -- a passage to go on
+// from, where drafts come only from the answer's own repeats. Batch 1 (one request at a time:
+// the memory-bound case speculation is for) and batch 8 (eight at once).
+//
+// The ceiling it chases: a step that checks drafts costing no more than a step without, so the
+// speed-up would equal the tokens per step. The table gives both: tokens per step (the ideal)
+// and the measured speed-up (what verification rows cost on this executor is the gap).
+// Usage: baton_bench_spec [--drafts K] [--tokens N] [--threads T] [--shape kjv|100m|0.5b]
+
+#include <chrono>
+#include <cstdio>
+#include <future>
+#include <string>
+#include <vector>
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/scoped_actor.hpp>
+
+#include "actors/local_cluster.hpp"
+#include "bench/bench_flags.hpp"
+#include "gpu/hf_model.hpp"
+#include "gpu/text_file.hpp"
+#include "gpu/tokenizer.hpp"
+
+using namespace baton;
+
+namespace {
+
+struct outcome {
+  double decode_tok_s = 0;   ///< tokens after the first, over the time after the first tokens
+  uint64_t tokens = 0;       ///< all requests' tokens
+  uint64_t steps = 0;        ///< the decode rank's steps
+  uint64_t drafted = 0, accepted = 0;
+  std::vector<std::vector<int32_t>> answers;
+  bool ok = true;
+};
+
+outcome run(caf::actor_system& sys, local_cluster_config cfg, uint32_t drafts,
+            const std::vector<std::vector<int32_t>>& prompts, uint32_t max_tokens) {
+  cfg.decode.speculative_tokens = drafts;
+  auto cluster = start_local_cluster(sys, cfg);
+  outcome out;
+  caf::scoped_actor self{sys};
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::future<caf::expected<completion>>> sent;
+  for (const auto& p : prompts)
+    sent.push_back(std::async(std::launch::async, [&sys, &cluster, p, max_tokens] {
+      caf::scoped_actor s{sys};
+      generate_request req;
+      req.prompt_tokens = p;
+      req.max_tokens = max_tokens;
+      req.ignore_eos = true;
+      caf::expected<completion> got{caf::error{}};
+      s->request(cluster.router, std::chrono::seconds{3600}, generate_atom::value, std::move(req))
+          .receive([&](completion& c) { got = std::move(c); }, [&](caf::error& e) { got = std::move(e); });
+      return got;
+    }));
+  double last_first_token_s = 0;
+  for (auto& f : sent) {
+    auto got = f.get();
+    if (!got) {
+      std::fprintf(stderr, "request failed: %s\n", sys.render(got.error()).c_str());
+      out.ok = false;
+      continue;
+    }
+    last_first_token_s = std::max(last_first_token_s, static_cast<double>(got->ttft_us) / 1e6);
+    out.tokens += got->tokens.size();
+    out.answers.push_back(got->tokens);
+  }
+  const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // Decode: every token after each request's first, over the time after the last first token.
+  out.decode_tok_s = static_cast<double>(out.tokens - prompts.size()) / std::max(1e-9, wall_s - last_first_token_s);
+  rank_stats st;
+  self->request(cluster.decode[0].handle, std::chrono::seconds{10}, stats_atom::value).receive([&](rank_stats& s) { st = s; }, [](caf::error&) {});
+  out.steps = st.num_steps;
+  out.drafted = st.drafted_tokens;
+  out.accepted = st.accepted_tokens;
+  for (auto& a : cluster.actors()) self->send_exit(a, caf::exit_reason::user_shutdown);
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  uint32_t drafts = 4, tokens = 96, threads = 2;
+  std::string shape = "kjv";
+  deploy::flag_set flags;
+  flags.add("--drafts", &drafts, "draft tokens per sequence and step (speculative_tokens) in the speculative runs");
+  flags.add("--tokens", &tokens, "tokens per answer");
+  flags.add("--threads", &threads, "executor threads per rank");
+  flags.add("--shape", &shape, "kjv (the trained built-in model), 100m or 0.5b (Llama shapes, seeded weights, same tokens)");
+  if (auto rc = bench::parse_flags(flags, argc, argv, "[--drafts K] [--tokens N] [--threads T] [--shape kjv|100m|0.5b]"))
+    return *rc;
+  if (drafts == 0 || drafts > 16) return std::fprintf(stderr, "baton_bench_spec: --drafts must be 1 to 16\n"), 2;
+  gpu::hf_model kjv;
+  std::string why;
+  const std::string dir = BATON_MODELS_DIR "/baton-kjv-tiny";
+  if (!gpu::load_hf_model(dir, &kjv, &why)) return std::fprintf(stderr, "baton_bench_spec: %s\n", why.c_str()), 1;
+  auto tok = gpu::load_model_tokenizer(dir, kjv.config, &why);
+  if (!tok) return std::fprintf(stderr, "baton_bench_spec: %s\n", why.c_str()), 1;
+  std::string text;
+  if (!gpu::read_text_file(dir + "/heldout.txt", &text)) return std::fprintf(stderr, "baton_bench_spec: cannot read %s/heldout.txt\n", dir.c_str()), 1;
+
+  local_cluster_config cfg;
+  cfg.num_prefill_ranks = 1;
+  cfg.num_decode_ranks = 1;
+  cfg.executor.num_threads = threads;
+  cfg.executor.num_kv_pages = 8 * 24 + 16;
+  if (shape == "kjv") {
+    cfg.model = kjv.config;
+    cfg.weights = kjv.weights;
+    cfg.weights_id = kjv.weights_id;
+  } else if (shape == "100m" || shape == "0.5b") {
+    cfg.model = gpu::llama_100m_config();
+    if (shape == "0.5b") {  // as baton_bench_cpu's: Qwen2.5-0.5B's shape
+      cfg.model.name = "llama-0.5b-shape";
+      cfg.model.hidden_size = 1024;
+      cfg.model.intermediate_size = 2816;
+      cfg.model.num_hidden_layers = 36;
+      cfg.model.num_attention_heads = 16;
+      cfg.model.num_key_value_heads = 4;
+      cfg.model.head_dim = 64;
+    }
+  } else {
+    return std::fprintf(stderr, "baton_bench_spec: --shape must be kjv, 100m or 0.5b, got '%s'\n", shape.c_str()), 2;
+  }
+  // Prompts that leave room for the answer in the trained model's 256-token context.
+  const uint32_t room = kjv.config.max_position_embeddings > tokens + 8 ? kjv.config.max_position_embeddings - tokens - 8 : 0;
+  if (room < 48) return std::fprintf(stderr, "baton_bench_spec: --tokens leaves no room for a prompt\n"), 2;
+  const auto all = tok->encode_prompt(text);
+  const auto passage = [&](size_t at, size_t len) {
+    return std::vector<int32_t>(all.begin() + static_cast<ptrdiff_t>(at), all.begin() + static_cast<ptrdiff_t>(at + len));
+  };
+  const size_t body = room - 12;
+  std::vector<std::vector<int32_t>> quote, fresh;
+  for (size_t i = 0; i < 8; ++i) {
+    const size_t at = 1 + i * 211;
+    if (at + body + room >= all.size()) break;
+    auto q = passage(at, body);
+    const auto again = passage(at, 12);  // its first words again: the answer may go on quoting
+    q.insert(q.end(), again.begin(), again.end());
+    q.insert(q.begin(), tok->bos_id() >= 0 ? tok->bos_id() : cfg.model.bos_token_id);
+    quote.push_back(std::move(q));
+    auto f = passage(at + body, room);
+    f.insert(f.begin(), tok->bos_id() >= 0 ? tok->bos_id() : cfg.model.bos_token_id);
+    fresh.push_back(std::move(f));
+  }
+  cfg.model.max_position_embeddings = std::max<uint32_t>(cfg.model.max_position_embeddings, room + tokens + 16);
+
+  caf::actor_system_config sys_cfg;
+  register_message_types(sys_cfg);
+  sys_cfg.set("scheduler.max-threads", 2);
+  sys_cfg.set("logger.console-verbosity", caf::atom("quiet"));
+  caf::actor_system sys{sys_cfg};
+  std::printf("model %s, %u executor thread(s), %u tokens per answer, greedy, %u drafts at most\n\n", cfg.model.name.c_str(),
+              threads, tokens, drafts);
+  std::printf("| workload | batch | decode tok/s, 1 a step | with drafts | speed-up | tokens per step (the ideal) | "
+              "drafts kept | same tokens |\n|---|---|---|---|---|---|---|---|\n");
+  int rc = 0;
+  for (const auto* w : {&quote, &fresh})
+    for (const size_t batch : {size_t{1}, size_t{8}}) {
+      if (w->size() < batch) continue;
+      const std::vector<std::vector<int32_t>> prompts(w->begin(), w->begin() + static_cast<ptrdiff_t>(batch));
+      // Batch 1: each prompt alone, in turn, summed; batch 8: all at once.
+      outcome base, spec;
+      if (batch == 1) {
+        for (size_t i = 0; i < std::min<size_t>(w->size(), 4); ++i) {
+          auto b = run(sys, cfg, 0, {(*w)[i]}, tokens), s = run(sys, cfg, drafts, {(*w)[i]}, tokens);
+          base.decode_tok_s += b.decode_tok_s / 4;  // (mean over 4 prompts)
+          spec.decode_tok_s += s.decode_tok_s / 4;
+          base.steps += b.steps, spec.steps += s.steps, spec.tokens += s.tokens;
+          spec.drafted += s.drafted, spec.accepted += s.accepted;
+          base.ok &= b.ok && b.answers == s.answers, spec.ok &= s.ok;
+        }
+      } else {
+        base = run(sys, cfg, 0, prompts, tokens);
+        spec = run(sys, cfg, drafts, prompts, tokens);
+        base.ok &= base.answers.size() == spec.answers.size();
+        // (answers come back in the order sent)
+        base.ok &= base.answers == spec.answers;
+      }
+      const bool same = base.ok && spec.ok;
+      rc |= same ? 0 : 1;
+      const double per_step = static_cast<double>(base.steps) / std::max<uint64_t>(1, spec.steps);
+      std::printf("| %s | %zu | %.1f | %.1f | %.2fx | %.2f | %.0f %% (%llu of %llu) | %s |\n", w == &quote ? "quote" : "fresh",
+                  batch, base.decode_tok_s, spec.decode_tok_s, spec.decode_tok_s / std::max(1e-9, base.decode_tok_s),
+                  per_step, 100.0 * static_cast<double>(spec.accepted) / std::max<uint64_t>(1, spec.drafted),
+                  static_cast<unsigned long long>(spec.accepted), static_cast<unsigned long long>(spec.drafted),
+                  same ? "yes" : "NO");
+      std::fflush(stdout);
+    }
+  return rc;
+}
