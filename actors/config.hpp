@@ -257,6 +257,11 @@ struct decode_rank_config {
   /// (seed, position)). 0 = off. Constrained answers and requests for logits step one token at a
   /// time; executors that cannot pick after every row (CUDA) never speculate.
   uint32_t speculative_tokens = 0;
+  /// Drafts run only in steps of at most this many sequences (0: any): a draft's row is nearly
+  /// free while a step streams the weights (small batches), and costs its share of compute once
+  /// the step is compute-bound -- the CPU executor lost 25% at 8 sequences of the built-in model
+  /// (docs/perf.md). vLLM's speculative_disable_by_batch_size, inverted.
+  uint32_t speculative_max_batch = 4;
   uint32_t prompt_lookup_min = 2;  ///< shortest n-gram looked up
   uint32_t prompt_lookup_max = 4;  ///< longest n-gram looked up (preferred)
   /// Host memory for preempted sequences, in pages (each page with all its layers): when a KV

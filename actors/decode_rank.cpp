@@ -293,11 +293,12 @@ void maybe_step(decode_pointer self) {
   const size_t n = std::min<size_t>(st.batch.size(), st.cfg.max_batch_size);
   const size_t first = st.batch.size() > n ? st.batch_cursor % st.batch.size() : 0;
   size_t rows = n;  // decode rows, drafts included (they count in the step's token budget)
+  const bool speculate = st.cfg.speculative_max_batch == 0 || n <= st.cfg.speculative_max_batch;
   for (size_t k = 0; k < n; ++k) {
     const auto& s = st.batch[(first + k) % st.batch.size()];
     if (!has_page_for_next(st, s)) continue;  // on demand, with host memory full: waits for a page
     const auto& l = st.leases.at(s.lease_id);
-    auto drafts = drafts_for(st, s, l);
+    auto drafts = speculate ? drafts_for(st, s, l) : std::vector<int32_t>{};
     rows += drafts.size();
     job.seqs.push_back(step_row(s, l, drafts));
     st.step_leases.push_back(s.lease_id);
@@ -306,6 +307,7 @@ void maybe_step(decode_pointer self) {
     ev.batch_contexts.push_back(s.pos + 1);
   }
   st.batch_cursor = first + n;
+  ev.chunk = static_cast<uint32_t>(rows - n);  // "step": its draft rows (speculative decoding)
   if (n > 0) st.core.log->add(std::move(ev));
   // Hybrid PD: local prompts' chunks ride in the same batch (their rows after the decode rows)
   // within a step budget of local_prefill_chunk_tokens tokens, decode rows included (vLLM's

@@ -165,7 +165,7 @@ struct rank_event {
   uint64_t seq = 0;
   std::string kind;  ///< "kv_written", "send_posted", "send_done", "compute_done", "first_token", "layer_ready", "kv_landed", "admit", "step"
   uint64_t request_id = 0;
-  uint32_t chunk = 0;
+  uint32_t chunk = 0;                    ///< a prompt's chunk; "step": its draft rows (speculative decoding)
   uint32_t layer = 0;
   std::vector<uint64_t> batch_requests;  ///< "step": the requests in the step, in row order
   std::vector<uint32_t> batch_contexts;  ///< "step": each one's context length (tokens incl. this one)
@@ -737,6 +737,8 @@ struct cluster_stats {
   /// it answered; in-process ranks have no node.
   bool nodes_known = false;
   std::vector<node_status> nodes;
+  /// When the router (its head) started, Unix ms: the counters above count from then.
+  int64_t started_unix_ms = 0;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, cluster_stats& x) {
@@ -744,7 +746,7 @@ typename Inspector::result_type inspect(Inspector& f, cluster_stats& x) {
            x.num_admitted, x.num_rejected, x.num_active, x.num_overloaded, x.num_failovers, x.failed_codes, x.failed_counts, x.chat_reasoning,
            x.chat_tool_calls, x.default_temperature, x.default_top_p, x.default_top_k, x.store_servers,
            x.store_servers_up, x.max_active_requests, x.draining, x.decode_answered, x.prefill_parked,
-           x.decode_parked, x.nodes_known, x.nodes, x.default_repetition_penalty);
+           x.decode_parked, x.nodes_known, x.nodes, x.default_repetition_penalty, x.started_unix_ms);
 }
 
 /// What the router asks of the head's node directory (node_directory_actor answers it): only

@@ -253,6 +253,11 @@ struct router_state {
   decode_balancer_actor decode;
   store_access store;
   uint64_t last_request = 0;
+  /// When this router started (Unix ms): its counters count from then, so a scrape that sees them
+  /// fall can tell a restart (cluster_stats::started_unix_ms).
+  int64_t started_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                std::chrono::system_clock::now().time_since_epoch())
+                                .count();
   uint64_t num_rejected = 0;
   uint64_t num_overloaded = 0;  ///< of the rejected: refused by admission control
   bool draining = false;        ///< drain_atom: new requests are refused
@@ -360,6 +365,7 @@ caf::result<cluster_stats> collect_stats(router_pointer self) {
   out->default_top_p = s.cfg.default_top_p;
   out->default_top_k = s.cfg.default_top_k;
   out->default_repetition_penalty = s.cfg.default_repetition_penalty;
+  out->started_unix_ms = s.started_unix_ms;
   out->num_admitted = s.counters->admitted.load();
   out->num_failovers = s.counters->failovers.load();
   for (size_t code = 0; code < s.counters->failed.size(); ++code)

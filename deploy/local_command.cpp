@@ -173,6 +173,8 @@ int run_local(const std::vector<std::string>& args) {
   flags.add("--speculative-tokens", &opt.cluster.decode.speculative_tokens,
             "decode ranks: speculative decoding by prompt lookup, up to this many draft tokens per sequence and step "
             "(0 = off; at most 16; the tokens are the same either way; CPU executor)");
+  flags.add("--speculative-max-batch", &opt.cluster.decode.speculative_max_batch,
+            "decode ranks: drafts only in steps of at most this many sequences (0: any; drafts cost compute once a step is compute-bound)");
   flags.add("--prompt-lookup-min", &opt.cluster.decode.prompt_lookup_min, "speculative decoding: shortest n-gram looked up");
   flags.add("--prompt-lookup-max", &opt.cluster.decode.prompt_lookup_max, "speculative decoding: longest n-gram looked up");
   flags.add("--chunk-tokens", &opt.cluster.prefill.chunk_tokens, "largest prefill chunk, in tokens");
@@ -690,6 +692,7 @@ int run_local(const std::vector<std::string>& args) {
                                        std::to_string(opt.expert_parallel), "--ucx-send", opt.cluster.ucx_send,
                                        "--max-batch-size", std::to_string(opt.cluster.decode.max_batch_size),
                                        "--speculative-tokens", std::to_string(opt.cluster.decode.speculative_tokens),
+                                       "--speculative-max-batch", std::to_string(opt.cluster.decode.speculative_max_batch),
                                        "--prompt-lookup-min", std::to_string(opt.cluster.decode.prompt_lookup_min),
                                        "--prompt-lookup-max", std::to_string(opt.cluster.decode.prompt_lookup_max)};
       if (opt.dual_batch_overlap) argv.push_back("--dual-batch-overlap");

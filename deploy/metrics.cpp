@@ -265,6 +265,10 @@ std::string gateway_metrics::render(const cluster_stats* cluster) const {
   }
   const auto& c = *cluster;
   render_counter(out, "baton_router_up", "1 when the router answered this scrape", 1, "gauge");
+  render_counter(out, "baton_router_start_time_seconds",
+                 "when the router (the cluster's head) started, Unix seconds: the router's and the ranks' counters count "
+                 "from then, so a change of it explains counters that fell",
+                 static_cast<double>(c.started_unix_ms) / 1e3, "gauge");
   render_counter(out, "baton_requests_active", "request actors alive at the router", static_cast<double>(c.num_active),
                  "gauge");
   render_counter(out, "baton_requests_admitted_total", "requests that passed admission (taken in, tokenized and checked)",

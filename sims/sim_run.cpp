@@ -266,6 +266,14 @@ std::string run_problem(const sim_config& cfg, const trace& t, const std::string
     const uint64_t tokens = kv_tokens_of(cfg, *roof), pages = tokens / cfg.page_tokens;
     // With faults, a killed decode rank's sequences are prefilled again with their output so far.
     const uint64_t need = is_prefill && cfg.faults.empty() ? longest_prompt : longest;
+    if (tokens == 0 && cfg.kv_tokens == 0) {  // the weights alone fill the HBM ("holds 0 KV tokens" said too little)
+      char gb[64];
+      std::snprintf(gb, sizeof gb, "%.0f GB of weights, %.0f GB of HBM (90%% usable)",
+                    (shape.dense_params + shape.routed_params) * shape.bytes_per_param / 1e9,
+                    roof->gpu.hbm_gb * roof->gpus());
+      return "the weights do not fit " + instance_of(cfg, *roof, gpu) + " (" + gb +
+             "): no room for KV; give more GPUs per instance (--tp, or --prefill-ep/--decode-ep)";
+    }
     if (pages < pages_for(need) || pages == 0)
       return "an instance holds " + std::to_string(tokens) + " KV tokens (" + std::to_string(pages) + " pages of " +
              std::to_string(cfg.page_tokens) + "; " + instance_of(cfg, *roof, gpu) + "), the longest " +

@@ -115,6 +115,42 @@ TEST_CASE("speculative decoding by prompt lookup gives the tokens and log-probab
   }
 }
 
+TEST_CASE("speculative decoding runs drafts only in steps of at most speculative_max_batch sequences: a compute-bound "
+          "step pays for every draft row") {
+  test::cluster_system t;
+  auto cfg = small_cluster();
+  cfg.decode.speculative_tokens = 4;
+  cfg.decode.speculative_max_batch = 1;
+  auto cluster = start_local_cluster(t.sys, cfg);
+  test::cluster_system::stopper stop{t, cluster};
+  generate_request loop;
+  loop.prompt = "one two three, one two three, one two three, one two three, one two";
+  loop.max_tokens = 40;
+  loop.ignore_eos = true;
+  std::vector<std::future<caf::expected<completion>>> together;
+  for (int i = 0; i < 3; ++i) together.push_back(std::async(std::launch::async, [&] { return t.generate(cluster.router, loop); }));
+  std::vector<completion> done;
+  for (auto& f : together) {
+    auto got = f.get();
+    REQUIRE_MESSAGE(got, t.sys.render(got.error()));
+    done.push_back(std::move(*got));
+  }
+  CHECK(done[0].tokens == done[1].tokens);
+  CHECK(done[1].tokens == done[2].tokens);
+  size_t alone = 0, shared = 0;
+  for (const auto& e : t.events(cluster.decode[0].handle)) {
+    if (e.kind != "step") continue;
+    if (e.batch_requests.size() > 1) {
+      CHECK(e.chunk == 0);  // no draft rows with company
+      ++shared;
+    } else if (e.chunk > 0) {
+      ++alone;
+    }
+  }
+  CHECK(shared > 0);
+  MESSAGE(alone << " steps alone with drafts, " << shared << " shared without");
+}
+
 TEST_CASE("speculative decoding's settings are checked: at most 16 drafts, 1 <= prompt_lookup_min <= max <= 64") {
   decode_rank_config cfg;
   cfg.speculative_tokens = 17;

@@ -304,6 +304,8 @@ TEST_CASE("sim refuses flags that the kind of arrivals given would ignore") {
   refused({"run", "--input-mean", "65536"},
           "--input-mean must be at most 8192, got 65536: synthetic lengths are lognormal (cv 1) cut at 32768 tokens");
   refused({"run", "--output-mean", "8192"}, "--output-mean must be at most 1024, got 8192");
+  refused({"run", "--model", "llama-3-70b", "--tp", "1"},
+          "the weights do not fit llama-3-70b on 1 x H200 (141 GB of weights, 141 GB of HBM (90% usable)): no room for KV");
   refused({"run", "--model", "llama-3-70b", "--tp", "16"},
           "--tp 16 spans more than one node (--gpus-per-node 8): tensor parallelism is timed over NVLink within a node only");
   refused({"run", "--model", "deepseek-v3", "--tp", "4", "--prefill-ep", "8", "--decode-ep", "16"},
