@@ -226,7 +226,7 @@ bool has_page_for_next(const decode_state& st, const running_seq& s) {
 /// Speculative decoding: the drafts a running sequence runs after its input this step, as many
 /// as its pages hold and its answer may still take beyond the step's own pick; none for answers
 /// held to a grammar or returning logits (those need each pick's state before the next row).
-std::vector<int32_t> drafts_for(const decode_state& st, const running_seq& s, const lease& l) {
+std::vector<int32_t> drafts_for(const decode_state& st, const running_seq& s, lease& l) {
   const auto& cfg = st.cfg;
   if (cfg.speculative_tokens == 0 || !st.core.exec->picks_every_row() || l.grammar || l.order.return_logits) return {};
   const uint32_t left = l.order.max_new_tokens > s.num_generated + 1 ? l.order.max_new_tokens - s.num_generated - 1 : 0;
@@ -235,13 +235,16 @@ std::vector<int32_t> drafts_for(const decode_state& st, const running_seq& s, co
   while (most > 0 && kv.pages_for_tokens(s.pos + 1 + most) > l.pages.size()) --most;  // on demand: no page taken for a guess
   if (most == 0) return {};
   // The history: the prompt (and any output before a failover or a move), what was fed here,
-  // and this step's input.
-  std::vector<int32_t> history;
-  history.reserve(l.order.prompt_tokens.size() + l.fed.size() + 1);
-  history.insert(history.end(), l.order.prompt_tokens.begin(), l.order.prompt_tokens.end());
-  history.insert(history.end(), l.fed.begin(), l.fed.end());
-  history.push_back(s.next_input);
-  return gpu::propose_by_lookup(history, cfg.prompt_lookup_min, cfg.prompt_lookup_max, most);
+  // and this step's input -- kept on the lease and grown by what was fed since, not copied each
+  // step (a 32K-token context is 128 KB).
+  auto& h = l.lookup_history;
+  const auto& prompt = l.order.prompt_tokens;
+  if (h.size() < prompt.size() || h.size() > prompt.size() + l.fed.size()) h = prompt;
+  for (size_t i = h.size() - prompt.size(); i < l.fed.size(); ++i) h.push_back(l.fed[i]);
+  h.push_back(s.next_input);
+  auto drafts = gpu::propose_by_lookup(h, cfg.prompt_lookup_min, cfg.prompt_lookup_max, most);
+  h.pop_back();
+  return drafts;
 }
 
 /// A running sequence's row of a decode step: its input, then any drafts, each row with the pick
@@ -250,17 +253,16 @@ std::vector<int32_t> drafts_for(const decode_state& st, const running_seq& s, co
 gpu::forward_seq step_row(const running_seq& s, const lease& l, const std::vector<int32_t>& drafts) {
   gpu::forward_seq seq{l.request_id, {s.next_input}, s.pos, l.pages, l.order.return_logits};
   seq.tokens.insert(seq.tokens.end(), drafts.begin(), drafts.end());
-  const auto pick_after = [&](size_t row) {  // the pick after row `row`, at position s.pos + row + 1
-    auto pick = sampling_at(l.order, s.pos + static_cast<uint32_t>(row) + 1, l.grammar);
-    if (pick.cfg.penalised()) {  // every token before the one sampled: prompt, what was fed, the rows up to this one
-      pick.history = l.order.prompt_tokens;
-      pick.history.insert(pick.history.end(), l.fed.begin(), l.fed.end());
-      pick.history.insert(pick.history.end(), seq.tokens.begin(), seq.tokens.begin() + static_cast<ptrdiff_t>(row) + 1);
-    }
-    return pick;
-  };
-  for (size_t r = 0; r < drafts.size(); ++r) seq.row_samples.push_back(pick_after(r));
-  seq.sample = pick_after(drafts.size());  // the executor picks the next token: greedy rows' logits then stay on the device
+  // The pick after row r sits at position s.pos + r + 1 (row picks read the last pick's history,
+  // cut: one copy for the step).
+  for (size_t r = 0; r < drafts.size(); ++r) seq.row_samples.push_back(sampling_at(l.order, s.pos + static_cast<uint32_t>(r) + 1, nullptr));
+  // The executor picks the next token: greedy rows' logits then stay on the device.
+  seq.sample = sampling_at(l.order, s.pos + static_cast<uint32_t>(drafts.size()) + 1, l.grammar);
+  if (seq.sample->cfg.penalised()) {  // every token before the one sampled: prompt, what was fed, the rows
+    seq.sample->history = l.order.prompt_tokens;
+    seq.sample->history.insert(seq.sample->history.end(), l.fed.begin(), l.fed.end());
+    seq.sample->history.insert(seq.sample->history.end(), seq.tokens.begin(), seq.tokens.end());
+  }
   return seq;
 }
 
@@ -297,7 +299,7 @@ void maybe_step(decode_pointer self) {
   for (size_t k = 0; k < n; ++k) {
     const auto& s = st.batch[(first + k) % st.batch.size()];
     if (!has_page_for_next(st, s)) continue;  // on demand, with host memory full: waits for a page
-    const auto& l = st.leases.at(s.lease_id);
+    auto& l = st.leases.at(s.lease_id);
     auto drafts = speculate ? drafts_for(st, s, l) : std::vector<int32_t>{};
     rows += drafts.size();
     job.seqs.push_back(step_row(s, l, drafts));
@@ -499,8 +501,44 @@ bool take_token(decode_pointer self, uint64_t lease_id, lease& l, int32_t tok, g
   return true;
 }
 
+/// A refused step fails every request in it; the rank keeps serving the others. When the
+/// executor can run nothing any more, its requests fail over to other ranks instead.
+void fail_step(decode_pointer self, const std::string& what) {
+  auto& s = self->state;
+  const bool standing = !s.core.unavailable().empty();
+  const auto code = standing ? errc::rank_unavailable : errc::executor_failed;
+  s.step_in_flight = false;
+  if (standing) rebalance_memory(self);  // queued reservations go elsewhere; it reports the load
+  std::vector<uint64_t> released;  // let go while their chunk ran: nothing else frees them now
+  for (size_t k = 0; k < s.step_chunks.size() && !s.local_prefills.empty(); ++k) {
+    auto& p = s.local_prefills.front();
+    p.promise.deliver(make_error(code, where(p.order.request_id, s.cfg.name, "prefill") + ": " + what));
+    if (auto l = s.leases.find(p.lease_id); l != s.leases.end() && l->second.release_after_step)
+      released.push_back(p.lease_id);
+    s.local_prefills.pop_front();
+  }
+  for (auto id : released) free_lease(self, id);
+  s.step_chunks.clear();
+  auto failed = s.step_leases;
+  for (auto id : failed) {
+    auto i = s.leases.find(id);
+    if (i == s.leases.end()) continue;
+    i->second.promise.deliver(make_error(code, where(i->second.request_id, s.cfg.name, "decode") + ": " + what));
+    s.batch.erase(std::remove_if(s.batch.begin(), s.batch.end(), [&](auto& x) { return x.lease_id == id; }),
+                  s.batch.end());
+    free_lease(self, id);
+  }
+  maybe_step(self);
+}
+
 void on_step_done(decode_pointer self, gpu::forward_output& out) {
   auto& st = self->state;
+  // Every row's pick, or the step failed: an executor that answered short would have its rows
+  // read past its output.
+  const size_t rows = st.step_leases.size() + st.step_chunks.size();
+  if (out.tokens.size() < rows || out.logits.size() < rows)
+    return fail_step(self, "the executor (" + st.core.exec->describe() + ") answered " + std::to_string(out.tokens.size()) +
+                               " picks for a step of " + std::to_string(rows) + " sequences");
   st.step_in_flight = false;
   st.taking_step = true;
   ++st.num_steps;
@@ -537,9 +575,10 @@ void on_step_done(decode_pointer self, gpu::forward_output& out) {
       gpu::token_logprobs* lp = nullptr;
       if (l.order.logprobs)
         lp = last_row ? (row < out.logprobs.size() ? &out.logprobs[row] : nullptr) : &out.row_logprobs[row][j];
-      if (!take_token(self, lease_id, l, tok, lp, last_row ? &out.logits[row] : nullptr)) break;
-      if (last_row || tok != drafts[j]) break;
-      ++st.accepted_tokens;
+      const bool kept = !last_row && tok == drafts[j];  // the model picked the draft (counted even if it ends the answer)
+      st.accepted_tokens += kept;
+      if (!take_token(self, lease_id, l, tok, lp, last_row && l.order.return_logits ? &out.logits[row] : nullptr)) break;
+      if (!kept) break;
     }
   }
   st.taking_step = false;
@@ -759,35 +798,7 @@ decode_rank_actor::behavior_type decode_rank_impl(decode_pointer self, decode_ra
       [=](events_atom) { return self->state.core.log->snapshot(); },
       [=](exec_done_atom, uint64_t, gpu::forward_output& out) { on_step_done(self, out);
       },
-      [=](exec_fail_atom, uint64_t, std::string& what) {
-        // A refused step fails every request in it; the rank keeps serving the others. When the
-        // executor can run nothing any more, its requests fail over to other ranks instead.
-        auto& s = self->state;
-        const bool standing = !s.core.unavailable().empty();
-        const auto code = standing ? errc::rank_unavailable : errc::executor_failed;
-        s.step_in_flight = false;
-        if (standing) rebalance_memory(self);  // queued reservations go elsewhere; it reports the load
-        std::vector<uint64_t> released;  // let go while their chunk ran: nothing else frees them now
-        for (size_t k = 0; k < s.step_chunks.size() && !s.local_prefills.empty(); ++k) {
-          auto& p = s.local_prefills.front();
-          p.promise.deliver(make_error(code, where(p.order.request_id, s.cfg.name, "prefill") + ": " + what));
-          if (auto l = s.leases.find(p.lease_id); l != s.leases.end() && l->second.release_after_step)
-            released.push_back(p.lease_id);
-          s.local_prefills.pop_front();
-        }
-        for (auto id : released) free_lease(self, id);
-        s.step_chunks.clear();
-        auto failed = s.step_leases;
-        for (auto id : failed) {
-          auto i = s.leases.find(id);
-          if (i == s.leases.end()) continue;
-          i->second.promise.deliver(make_error(code, where(i->second.request_id, s.cfg.name, "decode") + ": " + what));
-          s.batch.erase(std::remove_if(s.batch.begin(), s.batch.end(), [&](auto& x) { return x.lease_id == id; }),
-                        s.batch.end());
-          free_lease(self, id);
-        }
-        maybe_step(self);
-      },
+      [=](exec_fail_atom, uint64_t, std::string& what) { fail_step(self, what); },
       [=](timer_atom, uint64_t id) { self->state.core.runner->fire(id); },
       [=](health_atom) {
         // The executor's standing failure began (queued reservations go elsewhere, the balancer

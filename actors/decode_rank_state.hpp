@@ -91,6 +91,9 @@ struct lease {
   /// answered when the last one is, or with the reason the lease was dropped.
   std::vector<caf::typed_response_promise<bool>> commits;
   std::vector<int32_t> fed;  ///< tokens fed to steps so far (their KV follows the prompt's)
+  /// Speculative decoding: the order's prompt_tokens then `fed`, kept for the drafts' lookups
+  /// (drafts_for grows it; empty while the rank does not speculate).
+  std::vector<int32_t> lookup_history;
   /// Constrained decoding: the order's grammar after every token of the answer so far (the next
   /// input included); advanced as each step's pick comes back, read by the executor in between.
   std::shared_ptr<gpu::grammar_matcher> grammar;

@@ -361,8 +361,10 @@ struct decode_order {
   bool return_logits = false;
   bool ignore_eos = false;
   request_actor stream_to;       ///< receives one token_event per step
-  // Write-back to the block store when the sequence finishes (empty prompt_tokens: none).
-  std::vector<int32_t> prompt_tokens = {};  ///< for write-back and for the penalties' history
+  /// The sequence so far (prompt, and any output before a failover or move), with every order:
+  /// for write-back, the penalties' history, a grammar's answer so far and speculative decoding's
+  /// lookups. Write-back when the sequence finishes as `write_back` says.
+  std::vector<int32_t> prompt_tokens = {};
   std::string traffic_class = {};  ///< retention class of the written blocks
   uint32_t cached_blocks = 0;    ///< leading blocks that came from the store (not written again)
   bool write_back = false;       ///< write the finished sequence's blocks to the store

@@ -174,7 +174,7 @@ void return_pages(prefill_pointer self, prefill_job_state& r, bool success) {
                               [self, held = std::move(held), pinned = std::move(pinned), rid = r.order.request_id] {
                                 --self->state.late_holds;
                                 if (self->state.local && !pinned.empty())
-                                  self->state.local->release(pinned, static_cast<uint32_t>(pinned.size()));
+                                  self->state.local->release(pinned, pinned.size());
                                 self->state.core.exec->kv().kv_page_free(held);
                                 self->state.core.log->add({0, "pages_unheld", rid, static_cast<uint32_t>(held.size()), 0, {}, {}});
                                 drain_waiting(self);

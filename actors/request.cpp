@@ -388,12 +388,12 @@ void start_decode(request_pointer self) {
                      p.params.return_logits,
                      p.params.ignore_eos,
                      self};
-  // Write-back: the decode rank stores the sequence's full blocks when it finishes, unless the
-  // request's class is not kept at all.
   // The sequence so far goes with every order: for write-back, the penalties' history, a
   // grammar's answer so far, and speculative decoding's lookups (4 bytes a token, against the
   // KV's hundreds of kilobytes).
   order.prompt_tokens = fed_sequence(st);
+  // Write-back: the decode rank stores the sequence's full blocks when it finishes, unless the
+  // request's class is not kept at all.
   if (p.store.enabled()) {
     if (auto cls = store::parse_retention(p.params.traffic_class); cls && p.store.retention.ttl_s(*cls) > 0) {
       order.traffic_class = p.params.traffic_class;

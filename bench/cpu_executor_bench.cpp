@@ -25,6 +25,7 @@
 #include "gpu/sampling.hpp"
 #include "gpu/thread_pool.hpp"
 #include "bench/bench_flags.hpp"
+#include "bench/bench_models.hpp"
 
 extern "C" void openblas_set_num_threads(int);
 
@@ -90,19 +91,6 @@ double memcpy_gbps() {
   std::vector<char> src(bytes, 1), dst(bytes, 0);
   const double t = best_of(3, [&] { std::memcpy(dst.data(), src.data(), bytes); });
   return 2.0 * static_cast<double>(bytes) / t / 1e9;  // bytes read + bytes written
-}
-
-/// A Llama shape of ~0.47B parameters (hidden 1024, 36 layers, GQA 16/4, vocab 32000).
-model_config llama_500m_config() {
-  model_config c = llama_100m_config();
-  c.name = "llama-0.5b-shape";
-  c.hidden_size = 1024;
-  c.intermediate_size = 2816;
-  c.num_hidden_layers = 36;
-  c.num_attention_heads = 16;
-  c.num_key_value_heads = 4;
-  c.head_dim = 64;
-  return c;
 }
 
 /// Runs one job; a refused one ends the benchmark, naming why: timed, it would report the
@@ -253,7 +241,7 @@ int main(int argc, char** argv) {
   sampling_rows(quick);
   if (with_500m) {
     gemm_row("prefill, 0.5B mlp-up", 256, 2816, 1024, threads);
-    model_rows(llama_500m_config(), threads, 256, mem, quick);
+    model_rows(baton::bench::llama_500m_config(), threads, 256, mem, quick);
   }
   return 0;
 }

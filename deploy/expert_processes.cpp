@@ -71,9 +71,12 @@ std::vector<std::string> names_for(const std::string& engine, uint32_t size) {
 
 uint64_t engine_slot_bytes(const gpu::model_config& cfg, const prefill_rank_config& prefill,
                            const decode_rank_config& decode) {
-  // A decode step's rows: each sequence's input and drafts, then local prompts' chunks.
-  const uint64_t rows = std::max<uint64_t>(
-      prefill.chunk_tokens, uint64_t{decode.max_batch_size} * (1 + decode.speculative_tokens) + decode.local_prefill_chunk_tokens);
+  // A decode step's rows: each sequence's input, and drafts in steps of at most
+  // speculative_max_batch sequences, then local prompts' chunks.
+  const uint64_t batch = decode.max_batch_size;
+  const uint64_t drafted = decode.speculative_max_batch ? std::min<uint64_t>(batch, decode.speculative_max_batch) : batch;
+  const uint64_t step_rows = std::max(batch, drafted * (1 + decode.speculative_tokens));
+  const uint64_t rows = std::max<uint64_t>(prefill.chunk_tokens, step_rows + decode.local_prefill_chunk_tokens);
   return gpu::expert_slot_bytes(cfg, 2 * rows);
 }
 

@@ -807,8 +807,12 @@ caf::behavior connection(caf::io::broker* self, caf::io::connection_handle hdl, 
           wait = {{"Retry-After", std::to_string((retry_after_ms + 999) / 1000)}, {"retry-after-ms", std::to_string(retry_after_ms)}};
         reply(self, hdl, g, st, status, error_json, "application/json", std::move(wait));
       },
-      [=](uint64_t seq, caf::error& e) {
-        if (st->in_call && seq == st->call_seq) on_failed(self, hdl, g, st, e);
+      [=](uint64_t seq, caf::error& e, uint64_t generated) {
+        // Tokens a failed call generated before it failed (a stream cut by its head's loss had
+        // shown some): generated all the same, for throughput dashboards.
+        if (!st->in_call || seq != st->call_seq) return;
+        g->metrics.count_generated(generated);
+        on_failed(self, hdl, g, st, e);
       },
       [=](uint64_t seq, token_seen_atom) {
         if (st->in_call && seq == st->call_seq) st->token_seen = true;

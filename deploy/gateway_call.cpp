@@ -42,6 +42,7 @@ struct call_state {
   /// Tokens its chunks carried so far (each prompt once, as usage counts it; every generated one):
   /// what a call that fails or is cut short spends of its key's tokens_per_minute.
   std::atomic<uint64_t> tokens_seen{0};
+  std::atomic<uint64_t> generated_seen{0};  ///< of those, generated ones: a failed call's count in /metrics
   std::atomic<bool> tokens_charged{false};  ///< the key's budget has been charged (once)
 
   /// Charges the key's tokens_per_minute with what this call computed, once: its usage at its
@@ -71,7 +72,7 @@ client_sink_actor::behavior_type run_choice(client_sink_actor::pointer self, caf
     if (cs->key && e.category() == caf::atom("baton") &&
         (static_cast<errc>(e.code()) == errc::overloaded || static_cast<errc>(e.code()) == errc::shutting_down))
       cs->key->refund_request();
-    caf::anon_send(broker, seq, std::move(e));
+    caf::anon_send(broker, seq, std::move(e), cs->generated_seen.load());
   };
   // Read by the grace timer below, on another actor's thread.
   auto answered = std::make_shared<std::atomic<bool>>(false);
@@ -151,6 +152,7 @@ client_sink_actor::behavior_type run_choice(client_sink_actor::pointer self, caf
     if (!*prompt_counted && index % std::max<uint32_t>(1, cs->call.n) == 0) seen += c.num_prompt_tokens;
     *prompt_counted = true;
     cs->tokens_seen += seen;
+    cs->generated_seen += c.tokens.size();
     if (!*monitored) {
       *monitored = true;
       if (auto from = self->current_sender()) self->monitor(from);

@@ -186,6 +186,11 @@ void gateway_metrics::record(const completion& c) {
   kv_bytes_ += c.kv_bytes;
 }
 
+void gateway_metrics::count_generated(uint64_t tokens) {
+  std::lock_guard<std::mutex> guard{mutex_};
+  generated_tokens_ += tokens;
+}
+
 void gateway_metrics::first_token(double s) {
   std::lock_guard<std::mutex> guard{mutex_};
   ttft_.observe(s);
@@ -251,7 +256,7 @@ std::string gateway_metrics::render(const cluster_stats* cluster) const {
                    static_cast<double>(prompt_tokens_));
     render_counter(out, "baton_cached_prompt_tokens_total", "prompt tokens loaded instead of computed",
                    static_cast<double>(cached_tokens_));
-    render_counter(out, "baton_generated_tokens_total", "tokens generated", static_cast<double>(generated_tokens_));
+    render_counter(out, "baton_generated_tokens_total", "tokens generated (by calls that failed after some too)", static_cast<double>(generated_tokens_));
     render_counter(out, "baton_kv_transfer_bytes_total", "KV bytes shipped from prefill to decode ranks",
                    static_cast<double>(kv_bytes_));
     render_counter(out, "baton_cache_hit_ratio", "cached prompt tokens / prompt tokens, since start",

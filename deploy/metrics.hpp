@@ -46,6 +46,8 @@ class gateway_metrics {
   /// spike shows while it lasts, and for calls that fail afterwards too (a trial's p99 counted
   /// only the calls that finished, each once its whole generation had).
   void first_token(double seconds);
+  /// Tokens a call generated before it failed (finished calls count theirs in record()).
+  void count_generated(uint64_t tokens);
   /// One call that failed, by the cluster's reason (kv_capacity, ...) or its HTTP status.
   void count_failure(const std::string& reason);
   /// One call that failed `seconds` after it arrived (after count_failure with the same reason).

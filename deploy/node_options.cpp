@@ -62,7 +62,7 @@ void add_node_flags(flag_set& flags, node_options* o, bool* cuda_fp32) {
   flags.add("--max-batch-size", &o->rank.max_batch_size,
             "decode: sequences in one decode step, at most; more are admitted as KV allows and steps take them in turn (unlike vLLM's --max-num-seqs, which queues them)");
   flags.add("--speculative-tokens", &o->rank.speculative_tokens,
-            "decode: speculative decoding by prompt lookup, up to this many draft tokens per sequence and step (0 = off)");
+            "decode: speculative decoding by prompt lookup, up to this many draft tokens per sequence and step (0 = off; CPU executor: a CUDA rank runs none)");
   flags.add("--speculative-max-batch", &o->rank.speculative_max_batch,
             "decode: drafts only in steps of at most this many sequences (0: any; drafts cost compute once a step is compute-bound)");
   flags.add("--prompt-lookup-min", &o->rank.prompt_lookup_min, "decode, speculative decoding: shortest n-gram looked up");

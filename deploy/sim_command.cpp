@@ -361,6 +361,7 @@ int run_sim(const std::vector<std::string>& raw) {
   double ttft_cut = 0;
   std::printf("%-16s %10s %10s %10s %10s %8s %10s %12s\n", "variant", "TTFT p50", "TTFT p99", "TBT p50", "TBT p99",
               "SLO %", "goodput x", "goodput r/s");
+  std::printf("%-16s %10s %10s %10s %10s %8s %10s %12s\n", "", "ms", "ms", "ms", "ms", "", "rate", "requests/s");
   for (const auto& v : o.variants) {
     sim_options vo;
     std::string vname;

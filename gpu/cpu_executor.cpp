@@ -41,6 +41,8 @@ std::string check_forward_job(const forward_job& job, const model_config& cfg, c
       return tag + std::to_string(s.row_samples.size()) + " row picks for " + std::to_string(s.tokens.size()) +
              " rows (one per row before the last)";
     if (!s.row_samples.empty() && !s.sample) return tag + "row picks without the last row's (sample)";
+    for (const auto& pick : s.row_samples)
+      if (pick.grammar || !pick.history.empty()) return tag + "a row pick with its own grammar or history (it reads sample's)";
     for (auto t : s.tokens)
       if (t < 0 || static_cast<uint32_t>(t) >= cfg.vocab_size)
         return tag + "token id " + std::to_string(t) + " outside the vocabulary [0, " +
@@ -325,7 +327,13 @@ private:
       const std::span<const float> row(all_logits.data() + i * c.vocab_size, c.vocab_size);
       if (r + 1 < s.tokens.size()) {  // a draft's row (row_samples)
         const auto& pick = s.row_samples[r];
-        out.row_tokens[si].push_back(sample_token(row, pick, &scratch_));
+        // Its history: the last pick's, without the rows after this one.
+        const size_t later = s.tokens.size() - 1 - r;
+        const auto& all = s.sample->history;
+        const auto history = pick.cfg.penalised() && all.size() >= later
+                                 ? std::span<const int32_t>(all.data(), all.size() - later)
+                                 : std::span<const int32_t>{};
+        out.row_tokens[si].push_back(sample_token(row, pick.cfg, pick.position, history, &scratch_));
         out.row_logprobs[si].push_back(pick.want_logprobs ? logprobs_of(row, out.row_tokens[si].back(), pick.top_logprobs)
                                                           : token_logprobs{});
         continue;

@@ -114,7 +114,9 @@ struct forward_seq {
   /// Speculative decoding (actors/decode_rank.cpp): the rows after the first are draft tokens,
   /// and the executor also picks the token after each row but the last, entry r by row_samples[r]
   /// (forward_output::row_tokens); the last row's pick is `sample`'s. Empty: only the last row
-  /// is picked. Only for executors whose picks_every_row() is true.
+  /// is picked. Only for executors whose picks_every_row() is true. The entries carry no history
+  /// and no grammar: a penalised pick after row r reads `sample`'s history up to and including
+  /// row r's token (a step's rows share one copy of a long history).
   std::vector<seq_sampling> row_samples = {};
   /// Whether the job computes this sequence's last-token logits at all.
   bool wants_head() const { return want_logits || sample.has_value(); }

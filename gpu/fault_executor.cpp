@@ -87,7 +87,7 @@ protected:
   std::shared_ptr<executor> inner_;
 };
 
-/// Wraps the sink of every prefill job (more than one row) with `wrap`; decode jobs pass.
+/// Wraps the sink of every prefill job (more than one row, of kind prefill) with `wrap`; decode steps pass.
 class fault_prefill_executor final : public wrapping_executor {
 public:
   using wrap_fn = std::function<std::shared_ptr<executor_sink>(std::shared_ptr<executor_sink>)>;
@@ -95,9 +95,11 @@ public:
     : wrapping_executor(std::move(inner)), fault_(std::move(fault)), wrap_(std::move(wrap)) {}
   std::string describe() const override { return inner_->describe() + " (fault: " + fault_ + ")"; }
   void submit(forward_job job, std::shared_ptr<executor_sink> sink) override {
+    // A prompt's rows: a job of more than one row that is no decode step (a decode step may hold
+    // several sequences, or one with speculative drafts).
     size_t rows = 0;
     for (const auto& s : job.seqs) rows += s.tokens.size();
-    if (rows > 1) sink = wrap_(std::move(sink));
+    if (rows > 1 && job.kind == forward_job::prefill) sink = wrap_(std::move(sink));
     inner_->submit(std::move(job), std::move(sink));
   }
 

@@ -1,12 +1,14 @@
 #include "sims/trace.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <fstream>
 #include <istream>
 #include <limits>
 #include <random>
+#include <sstream>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -187,16 +189,21 @@ bool parse_azure(const std::string& line, parsed* p, std::string* why) {
     *why = "bad timestamp '" + line.substr(0, std::min<size_t>(c1, 40)) + "'";
     return false;
   }
-  auto count = [&](size_t from, size_t to, uint32_t* out) {
+  // A count, spaces around it allowed (a trailing one was, a leading one was not); what is wrong
+  // with it named, with its column.
+  auto count = [&](size_t from, size_t to, uint32_t* out, const char* column) {
     std::string_view v(line.data() + from, to - from);
     while (!v.empty() && (v.back() == '\r' || v.back() == ' ')) v.remove_suffix(1);
+    while (!v.empty() && v.front() == ' ') v.remove_prefix(1);
     const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), *out);
-    return ec == std::errc{} && end == v.data() + v.size() && !v.empty();
-  };
-  if (!count(c1 + 1, c2, &p->r.input_tokens) || !count(c2 + 1, line.size(), &p->r.output_tokens)) {
-    *why = "token counts must be non-negative integers";
+    if (ec == std::errc{} && end == v.data() + v.size() && !v.empty()) return true;
+    *why = std::string{column} + " '" + std::string{v.substr(0, 24)} + "' " +
+           (ec == std::errc::result_out_of_range ? "is more than 4294967295" : "is not a non-negative integer");
     return false;
-  }
+  };
+  if (!count(c1 + 1, c2, &p->r.input_tokens, "ContextTokens") ||
+      !count(c2 + 1, line.size(), &p->r.output_tokens, "GeneratedTokens"))
+    return false;
   if (p->r.input_tokens == 0) {
     *why = "ContextTokens is 0: a request needs a prompt of at least one token";
     return false;
@@ -221,7 +228,15 @@ bool read_trace(std::istream& in, trace_format format, const std::string& source
     // Blank lines (spaces, tabs, a CR) separate nothing: skipped, as empty ones are, rather than
     // refused as malformed rows.
     if (line.find_first_not_of(" \t\r\n\v\f") == std::string::npos) continue;
-    if (format == trace_format::azure_csv && number_of_line == 1 && line.rfind("TIMESTAMP", 0) == 0) continue;
+    // A UTF-8 byte-order mark (spreadsheets write one) is no part of the first field, in a CSV as
+    // in JSONL.
+    if (number_of_line == 1 && line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);
+    // The header row, in any letter case (a lowercase one was refused as a bad timestamp).
+    if (format == trace_format::azure_csv && number_of_line == 1) {
+      std::string head = line.substr(0, 9);
+      for (auto& ch : head) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+      if (head == "TIMESTAMP") continue;
+    }
     ++out->lines;
     parsed p;
     std::string what;
@@ -298,7 +313,20 @@ bool load_trace(const std::string& path, const trace_options& opt, trace* out, s
     *why = path + ": cannot read it";
     return false;
   }
-  return read_trace(in, *fmt, path, opt, out, why);
+  // JSONL by its first row's fields where they tell: a Mooncake file named *_requests.jsonl was
+  // read as a vLLM run ("arrival_time must be a number"), and the other way round. (Read whole
+  // first, so a pipe serves as well as a file.)
+  std::stringstream text;
+  text << in.rdbuf();
+  auto kind = *fmt;
+  if (kind != trace_format::azure_csv) {
+    const std::string& all = text.str();
+    const size_t start = all.find_first_not_of(" \t\r\n\v\f");
+    const std::string first = start == std::string::npos ? std::string{} : all.substr(start, all.find('\n', start) - start);
+    if (first.find("\"input_length\"") != std::string::npos) kind = trace_format::mooncake_jsonl;
+    else if (first.find("\"input_toks\"") != std::string::npos) kind = trace_format::vllm_jsonl;
+  }
+  return read_trace(text, kind, path, opt, out, why);
 }
 
 trace synthetic_trace(const synthetic_spec& spec) {

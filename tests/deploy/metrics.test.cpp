@@ -89,6 +89,10 @@ TEST_CASE("/metrics: token intervals by decode rank, so that a slow rank shows b
   const auto after = m.render(nullptr);
   CHECK(value_of(after, "baton_decode_rank_tbt_seconds_count{rank=\"decode-a\"}") == 3);
   CHECK(value_of(after, "baton_tbt_seconds_count") == 8);
+  // A call that failed after 11 tokens generated them all the same.
+  const double generated = value_of(after, "baton_generated_tokens_total");
+  m.count_generated(11);
+  CHECK(value_of(m.render(nullptr), "baton_generated_tokens_total") == generated + 11);
 }
 
 TEST_CASE("/metrics: failed calls by the cluster's reason, so that running out of KV reads apart from other 503s") {

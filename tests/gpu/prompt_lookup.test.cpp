@@ -90,12 +90,10 @@ TEST_CASE("the CPU executor's picks after every row of a drafted sequence are th
     // the rows pick picks[1..3] and the last row picks[4].
     const auto pos = static_cast<uint32_t>(prompt.size());
     gpu::forward_seq drafted{1, {picks[0], picks[1], picks[2], picks[3]}, pos, pages, false};
+    // Row picks carry no history: each reads the last pick's, cut after its own row.
+    for (size_t r = 0; r < 3; ++r) drafted.row_samples.push_back(pick_at(pos + static_cast<uint32_t>(r) + 1, {}));
     std::vector<int32_t> history = prompt;
-    for (size_t r = 0; r < 3; ++r) {
-      history.push_back(drafted.tokens[r]);
-      drafted.row_samples.push_back(pick_at(pos + static_cast<uint32_t>(r) + 1, history));
-    }
-    history.push_back(drafted.tokens[3]);
+    history.insert(history.end(), drafted.tokens.begin(), drafted.tokens.end());
     drafted.sample = pick_at(pos + 4, history);
     auto out = gpu::run_blocking(*exec, gpu::forward_job{3, {drafted}, gpu::forward_job::decode});
     REQUIRE(out.error.empty());
@@ -128,5 +126,9 @@ TEST_CASE("the CPU executor's picks after every row of a drafted sequence are th
   bad.row_samples.resize(1);
   auto out = gpu::run_blocking(*exec, gpu::forward_job{5, {bad}});
   CHECK(out.error.find("sequence 42: 1 row picks for 3 rows") != std::string::npos);
+  bad.tokens = {1, 2};
+  bad.row_samples[0].history = {1};
+  out = gpu::run_blocking(*exec, gpu::forward_job{6, {bad}});
+  CHECK(out.error.find("sequence 42: a row pick with its own grammar or history") != std::string::npos);
   kv.kv_page_free(pages);
 }

@@ -4,7 +4,11 @@
 
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 #include <sstream>
 
@@ -80,6 +84,18 @@ TEST_CASE("a malformed trace line is an error naming file and line, or skipped a
   CHECK(why.rfind("a.csv:1: bad timestamp", 0) == 0);
   std::istringstream leap{"2024-02-29 10:00:00,5,5\n"};
   CHECK(read_trace(leap, trace_format::azure_csv, "a.csv", {}, &t, &why));
+  // A spreadsheet's CSV: a byte-order mark, a lowercase header, spaces around the counts.
+  std::istringstream sheet{"\xEF\xBB\xBFtimestamp,contexttokens,generatedtokens\r\n2024-02-29 10:00:00, 5 ,7\r\n"};
+  REQUIRE_MESSAGE(read_trace(sheet, trace_format::azure_csv, "s.csv", {}, &t, &why), why);
+  CHECK(t.requests.size() == 1);
+  CHECK(t.requests[0].input_tokens == 5);
+  // A count that is not one names its column and value.
+  std::istringstream big{"2024-02-29 10:00:00,5,99999999999\n"};
+  CHECK_FALSE(read_trace(big, trace_format::azure_csv, "b.csv", {}, &t, &why));
+  CHECK(why == "b.csv:1: GeneratedTokens '99999999999' is more than 4294967295");
+  std::istringstream word{"2024-02-29 10:00:00,five,5\n"};
+  CHECK_FALSE(read_trace(word, trace_format::azure_csv, "w.csv", {}, &t, &why));
+  CHECK(why == "w.csv:1: ContextTokens 'five' is not a non-negative integer");
   // Nothing to replay is an error, not an empty success (a sim of it reported goodput 0).
   std::istringstream empty{""};
   CHECK_FALSE(read_trace(empty, trace_format::mooncake_jsonl, "e.jsonl", {}, &t, &why));
@@ -92,6 +108,15 @@ TEST_CASE("a malformed trace line is an error naming file and line, or skipped a
   CHECK_FALSE(load_trace("/nonexistent/x.jsonl", {}, &t, &why));
   CHECK(why == "/nonexistent/x.jsonl: cannot read it");
   CHECK_FALSE(load_trace("trace.parquet", {}, &t, &why));
+  // A Mooncake file named as a vLLM run's is read by its rows' fields, not its name.
+  const auto named = std::filesystem::temp_directory_path() / ("baton-trace-" + std::to_string(::getpid()) + "_requests.jsonl");
+  {
+    std::ofstream f{named};
+    f << "\n{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 2, \"hash_ids\": [0]}\n";
+  }
+  CHECK_MESSAGE(load_trace(named.string(), {}, &t, &why), why);
+  CHECK(t.requests.size() == 1);
+  std::filesystem::remove(named);
 }
 
 TEST_CASE("trace rows: an empty prompt is malformed (file and line), 0 output tokens a prefill-only request replayed "
