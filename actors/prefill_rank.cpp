@@ -84,6 +84,10 @@ void report_load(prefill_pointer self) {
   load.predicted_us = predicted;
   load.unavailable = st.core.unavailable();  // the balancer then places nothing here
   load.settled = std::move(settled);
+  // Pages held for late writers (a late store read, a split part, a put given up): neither free
+  // nor in use, and not a leak.
+  load.quarantined_pages = st.late_held_pages;
+  for (const auto& [lease, h] : st.split_holds) load.quarantined_pages += static_cast<uint32_t>(h.pages.size());
   self->send(st.balancer, load_atom::value, std::move(load), caf::actor_cast<prefill_rank_actor>(self));
 }
 
@@ -168,11 +172,13 @@ void return_pages(prefill_pointer self, prefill_job_state& r, bool success) {
       return;
     }
     ++st.late_holds;
+    st.late_held_pages += static_cast<uint32_t>(held.size());
     std::vector<store::block_key> pinned;  // shared blocks a given-up put may still read
     if (source_held && st.local) pinned.assign(r.keys.begin(), r.keys.begin() + std::min<size_t>(r.shared_blocks, r.keys.size()));
     st.core.runner->run_after(std::chrono::milliseconds{hold_ms},
                               [self, held = std::move(held), pinned = std::move(pinned), rid = r.order.request_id] {
                                 --self->state.late_holds;
+                                self->state.late_held_pages -= static_cast<uint32_t>(held.size());
                                 if (self->state.local && !pinned.empty())
                                   self->state.local->release(pinned, pinned.size());
                                 self->state.core.exec->kv().kv_page_free(held);
@@ -653,7 +659,7 @@ caf::result<prefill_result> accept_prefill(prefill_pointer self, prefill_order o
                                              " KV pages, this rank has " + std::to_string(local.num_pages) + " in all");
   auto promise = self->make_response_promise<prefill_result>();
   const bool batch = order.batch_priority;
-  waiting_order w{std::move(order), promise, self->clock().now(), std::move(*grammar)};
+  waiting_order w{std::move(order), promise, self->clock().now(), std::move(*grammar), {}, false};
   // A scored prompt computes every token; a split part's blocks are not the prompt's from its start.
   if (st.local && w.order.part_ranks.size() <= 1 && !w.order.prompt_logprobs)
     w.keys = store::chain_keys(st.salt, w.order.tokens, st.store.block_tokens());

@@ -291,6 +291,7 @@ struct prefill_state {
   /// Pages held after a late writer's prompt ended (return_pages), freed by a timer: like the
   /// split holds, they keep the rank from changing role (they go back to the shared pool later).
   uint32_t late_holds = 0;
+  uint32_t late_held_pages = 0;  ///< their pages (rank_load::quarantined_pages, with the split holds')
   store::block_key salt;
   bool keepalive_scheduled = false;
   static inline const char* name = "baton.prefill_rank";

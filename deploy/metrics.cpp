@@ -355,9 +355,9 @@ std::string gateway_metrics::render(const cluster_stats* cluster) const {
   per_decode_rank("baton_rank_write_backs_dropped_total", "blocks no block server stored (staging full, no server, write failed)",
                   [](const rank_load& r) { return r.write_backs_dropped; });
   family("baton_rank_quarantined_kv_pages",
-         "decode: KV pages held out of use until a late writer's puts cannot land (kv_quarantine_ms): neither free nor "
-         "running",
-         "gauge", true, [](const rank_load& r) { return static_cast<double>(r.quarantined_pages); });
+         "KV pages held out of use until a late writer's puts cannot land (decode: kv_quarantine_ms; prefill: the "
+         "source pages of a put given up, a late store read's, a failed split part's): neither free nor running",
+         "gauge", false, [](const rank_load& r) { return static_cast<double>(r.quarantined_pages); });
   per_decode_rank("baton_rank_spec_draft_tokens_total", "speculative decoding: draft tokens run in decode steps",
                   [](const rank_load& r) { return r.drafted_tokens; });
   per_decode_rank("baton_rank_spec_accepted_tokens_total",
