@@ -536,7 +536,7 @@ void on_step_done(decode_pointer self, gpu::forward_output& out) {
   // Every row's pick, or the step failed: an executor that answered short would have its rows
   // read past its output.
   const size_t rows = st.step_leases.size() + st.step_chunks.size();
-  if (out.tokens.size() < rows || out.logits.size() < rows)
+  if (out.tokens.size() < rows)
     return fail_step(self, "the executor (" + st.core.exec->describe() + ") answered " + std::to_string(out.tokens.size()) +
                                " picks for a step of " + std::to_string(rows) + " sequences");
   st.step_in_flight = false;
@@ -577,7 +577,7 @@ void on_step_done(decode_pointer self, gpu::forward_output& out) {
         lp = last_row ? (row < out.logprobs.size() ? &out.logprobs[row] : nullptr) : &out.row_logprobs[row][j];
       const bool kept = !last_row && tok == drafts[j];  // the model picked the draft (counted even if it ends the answer)
       st.accepted_tokens += kept;
-      if (!take_token(self, lease_id, l, tok, lp, last_row && l.order.return_logits ? &out.logits[row] : nullptr)) break;
+      if (!take_token(self, lease_id, l, tok, lp, last_row && l.order.return_logits && row < out.logits.size() ? &out.logits[row] : nullptr)) break;
       if (!kept) break;
     }
   }

@@ -18,6 +18,7 @@ namespace {
 struct answers {
   std::vector<completion> done;
   rank_stats decode;
+  uint64_t sequential_steps = 0;  ///< decode steps of the requests sent one at a time
 };
 
 /// The requests: greedy on a prompt that repeats itself (drafts found at once), drawn with
@@ -65,6 +66,7 @@ answers run_all(test::cluster_system& t, const local_cluster_config& cfg) {
   auto cut = t.generate(cluster.router, stopped);
   REQUIRE_MESSAGE(cut, t.sys.render(cut.error()));
   out.done.push_back(std::move(*cut));
+  out.sequential_steps = t.stats(cluster.decode[0].handle).num_steps;  // one request at a time: no timing in it
   std::vector<std::future<caf::expected<completion>>> together;
   for (size_t i = 0; i < 3; ++i)
     together.push_back(std::async(std::launch::async, [&, i] { return t.generate(cluster.router, reqs[i]); }));
@@ -105,13 +107,15 @@ TEST_CASE("speculative decoding by prompt lookup gives the tokens and log-probab
     }
     CHECK(spec.done[2].logprobs.size() == spec.done[2].tokens.size());
     CHECK(spec.done[4].finish_reason == "stop");
-    MESSAGE("drafted " << spec.decode.drafted_tokens << ", accepted " << spec.decode.accepted_tokens << "; steps "
-                       << plain.decode.num_steps << " without, " << spec.decode.num_steps << " with");
-    // The drafts ran, some were kept, and so the same tokens took fewer steps.
+    MESSAGE("drafted " << spec.decode.drafted_tokens << ", accepted " << spec.decode.accepted_tokens
+                       << "; steps of the requests sent one at a time " << plain.sequential_steps << " without, "
+                       << spec.sequential_steps << " with");
+    // The drafts ran, some were kept, and so the same tokens took fewer steps (counted where one
+    // request runs at a time: how the three at once share steps depends on timing).
     CHECK(spec.decode.drafted_tokens > 0);
     CHECK(spec.decode.accepted_tokens > 0);
     CHECK(spec.decode.accepted_tokens <= spec.decode.drafted_tokens);
-    CHECK(spec.decode.num_steps < plain.decode.num_steps);
+    CHECK(spec.sequential_steps < plain.sequential_steps);
   }
 }
 
@@ -125,7 +129,7 @@ TEST_CASE("speculative decoding runs drafts only in steps of at most speculative
   test::cluster_system::stopper stop{t, cluster};
   generate_request loop;
   loop.prompt = "one two three, one two three, one two three, one two three, one two";
-  loop.max_tokens = 40;
+  loop.max_tokens = 300;  // long enough that the three share steps even when their prefills queue (a loaded machine)
   loop.ignore_eos = true;
   std::vector<std::future<caf::expected<completion>>> together;
   for (int i = 0; i < 3; ++i) together.push_back(std::async(std::launch::async, [&] { return t.generate(cluster.router, loop); }));
