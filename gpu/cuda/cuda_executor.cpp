@@ -22,8 +22,10 @@
 #include "gpu/cuda/deepseek_path.hpp"
 #include "gpu/cuda/device_buffer.hpp"
 #include "gpu/cuda/fixed_gemm.hpp"
+#include "gpu/cuda/job_plan.hpp"
 #include "gpu/cuda/kernels.hpp"
 #include "gpu/hf_model.hpp"
+#include "gpu/forward_job_check.hpp"
 #include "gpu/job_queue.hpp"
 #include "gpu/thread_pool.hpp"
 
@@ -34,6 +36,9 @@ namespace {
 using cuda::device_buffer;
 using cuda::dtype;
 using cuda::pinned_buffer;
+using cuda::for_runs;
+using cuda::graph_key;
+using cuda::job_args;
 
 struct device_layer {
   device_buffer wqkv, wo, wgu, wdown;            // matrices, `type`
@@ -50,35 +55,6 @@ void CUDART_CB notify_layer_kv_ready(void* p) {
   auto* n = static_cast<layer_note*>(p);
   n->sink->on_layer_kv_ready(n->job_id, n->layer);
 }
-
-/// Calls fn(first, count) for each run of consecutive page ids in `pages`: a run is one region
-/// of a layer in both pools, so it moves in one copy (128 KiB copies reach half of PCIe).
-template <typename Fn>
-void for_runs(const std::vector<uint32_t>& pages, Fn fn) {
-  for (size_t i = 0; i < pages.size();) {
-    size_t j = i + 1;
-    while (j < pages.size() && pages[j] == pages[j - 1] + 1) ++j;
-    fn(i, j - i);
-    i = j;
-  }
-}
-
-/// What makes two decode jobs one graph's: their row counts and the work they ask for.
-struct graph_key {
-  uint32_t rows, head_rows, splits;
-  uint64_t mirrored_slots;
-  bool picks, draws, logits;
-  auto operator<=>(const graph_key&) const = default;
-};
-
-/// A job's small arrays, packed once into pinned memory and copied to the device in one go.
-struct job_args {
-  std::vector<int32_t> tokens;
-  std::vector<uint32_t> positions, row_pages, page_table, tiles, tile_count, want_rows, upload, mirror;
-  std::vector<uint32_t> flash_tiles, flash_count;  ///< prefill rows' tiles for the tensor-core attention
-  std::vector<uint64_t> kv_slot;
-  std::vector<uint64_t> mirror_slots;  ///< slots mirrored one by one (decode rows), not as whole pages
-};
 
 class cuda_executor final : public executor, public cuda_executor_extras {
 public:
@@ -178,7 +154,12 @@ public:
       ds_->set_tensor_cores(ecfg_.moe_tensor_cores);
     }
     if (!ok(cudaDeviceSynchronize(), "initialise")) return err_;
-    jobs_.start([this](const forward_job& job) { return check_forward_job(job, cfg_, kv_.layout()); },
+    // No picks after every row (picks_every_row() is false): a draft row would take the prefill
+    // kernels, whose numbers differ from a decode row's, and speculation would change the tokens.
+    jobs_.start([this](const forward_job& job) {
+                  if (auto e = row_picks_refusal(job, "the CUDA executor"); !e.empty()) return e;
+                  return check_forward_job(job, cfg_, kv_.layout());
+                },
                 [this](const forward_job& job, executor_sink& sink) { run_job(job, sink); },
                 [this] { cudaSetDevice(ecfg_.device); });
     return {};
@@ -365,11 +346,6 @@ private:
     std::vector<uint32_t> scored;  // prompt scoring's rows: head rows after every sequence's own
     for (const auto& s : job.seqs) {
       const auto first_row = static_cast<uint32_t>(a.tokens.size());
-      // (picks_every_row() is false: a draft row would take the prefill kernels, whose numbers
-      // differ from a decode row's, and speculation would change the tokens.)
-      if (!s.row_samples.empty())
-        return "sequence " + std::to_string(s.seq_id) + ": picks after every row (speculative decoding) are not "
-               "supported by the CUDA executor";
       if (!s.score_targets.empty() && s.score_targets.size() != s.tokens.size())
         return "sequence " + std::to_string(s.seq_id) + ": " + std::to_string(s.score_targets.size()) +
                " score targets for " + std::to_string(s.tokens.size()) + " rows";
