@@ -18,6 +18,7 @@
 #include "deploy/profile_file.hpp"
 #include "sims/profile_table.hpp"
 #include "sims/roofline.hpp"
+#include "sims/sim_report.hpp"
 
 namespace baton::deploy::sim_cli {
 
@@ -47,11 +48,7 @@ sims::synthetic_spec synthetic_spec_of(const sim_options& o, double scale) {
 }
 
 /// A flag's number as it was typed (0.05, not 0.050000).
-std::string num(double x) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%g", x);
-  return b;
-}
+std::string num(double x) { return sims::as_typed(x); }
 
 std::string join(const std::vector<std::string>& items) {
   std::string out;

@@ -10,6 +10,12 @@
 
 namespace baton::sims {
 
+std::string as_typed(double x) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", x);
+  return b;
+}
+
 void summarize_intervals(const std::vector<int64_t>& tbt_us, request_outcome* o) {
   if (tbt_us.empty()) return;
   std::vector<int64_t> sorted = tbt_us;

@@ -72,6 +72,10 @@ struct timeline {
   std::vector<rank_timeline> ranks;  ///< prefill ranks, then decode ranks
 };
 
+/// A number as a person types it (2000, 0.05; "%g"), not std::to_string's 2000.000000: for the
+/// report's config and the sims' messages.
+std::string as_typed(double x);
+
 /// The report as JSON: `config` (whatever the caller records: key -> value), the summary,
 /// `extra` numbers (events processed, ...) and, if given, the ranks' timeline. Fixed key order
 /// and number formatting; a non-finite number is null.

@@ -640,12 +640,7 @@ bool run_sim(const sim_config& cfg, const trace& t, const std::string& trace_nam
   out->measured_ttft_ms = percentiles_of(std::move(mttft));
   out->measured_tpot_ms = percentiles_of(std::move(mtpot));
   out->measured_e2e_ms = percentiles_of(std::move(me2e));
-  // Numbers as typed (2000, 0.5), not std::to_string's 2000.000000.
-  const auto g = [](double x) {
-    char b[32];
-    std::snprintf(b, sizeof b, "%g", x);
-    return std::string{b};
-  };
+  const auto g = as_typed;  // numbers as typed (2000, 0.5)
   std::map<std::string, std::string> echo = {
       {"trace", trace_name},
       {"batching", "max batch " + std::to_string(cfg.max_batch) + " sequences per decode step, prefill chunk " +
